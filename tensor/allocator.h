@@ -1,0 +1,59 @@
+// Device allocators and Storage: the one place tensor memory is obtained and
+// released, so that every byte is charged to the memory ledger.
+#ifndef TENSOR_ALLOCATOR_H_
+#define TENSOR_ALLOCATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "tensor/device.h"
+#include "tensor/memory_ledger.h"
+
+namespace tensor {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory for `bytes` bytes (64-byte aligned on the CPU); throws
+  // std::bad_alloc when the device is out of memory.
+  virtual void* Allocate(int64_t bytes) = 0;
+  virtual void Deallocate(void* ptr, int64_t bytes) = 0;
+};
+
+// The allocator of a device. CUDA devices need a --config=cuda build; without
+// it this throws an OpError that says so.
+Allocator& AllocatorFor(Device device);
+
+// A block of device memory, charged to a ledger under a category for its lifetime.
+class Storage {
+ public:
+  // Allocates `nbytes` on `device`, charged to the calling thread's ledger and category.
+  static std::shared_ptr<Storage> Allocate(int64_t nbytes, Device device);
+  // Wraps memory owned elsewhere (not charged to any ledger); `release` runs at destruction.
+  static std::shared_ptr<Storage> Wrap(void* data, int64_t nbytes, Device device,
+                                       std::function<void()> release);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  MemoryCategory category() const { return category_; }
+  // The ledger charged, or nullptr for wrapped memory.
+  MemoryLedger* ledger() const { return ledger_; }
+
+ private:
+  Storage() = default;
+  void* data_ = nullptr;
+  int64_t nbytes_ = 0;
+  Device device_;
+  MemoryCategory category_ = MemoryCategory::kTemporaries;
+  MemoryLedger* ledger_ = nullptr;
+  std::function<void()> release_;
+};
+
+}  // namespace tensor
+
+#endif  // TENSOR_ALLOCATOR_H_

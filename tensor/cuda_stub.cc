@@ -1,0 +1,21 @@
+// CUDA backend stand-in linked by builds without --config=cuda.
+#include "tensor/cuda_backend.h"
+#include "tensor/error.h"
+
+namespace tensor {
+namespace cuda {
+
+namespace {
+constexpr char kNotBuilt[] =
+    "CUDA support was not built into this binary; rebuild with --config=cuda";
+}
+
+bool Built() { return false; }
+int DeviceCount() { return 0; }
+Allocator& DeviceAllocator(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
+void CopyBytes(void*, Device dst_device, const void*, Device src_device, int64_t) {
+  ThrowOpError("copy", kNotBuilt, " (", src_device.ToString(), " -> ", dst_device.ToString(), ")");
+}
+
+}  // namespace cuda
+}  // namespace tensor

@@ -1,0 +1,381 @@
+// Tensor: construction, views, strided copies with dtype conversion, printing.
+#include "tensor/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "tensor/cuda_backend.h"
+#include "tensor/thread_pool.h"
+
+namespace tensor {
+namespace {
+
+template <typename T>
+constexpr bool kIsHalfLike = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+template <typename Dst, typename Src>
+inline Dst Convert(Src s) {
+  if constexpr (std::is_same_v<Dst, Src>) {
+    return s;
+  } else if constexpr (kIsHalfLike<Src>) {
+    return FromFloat<Dst>(ToFloat(s));
+  } else if constexpr (kIsHalfLike<Dst>) {
+    return FromFloat<Dst>(static_cast<float>(s));
+  } else {
+    return static_cast<Dst>(s);
+  }
+}
+
+// Calls fn(T*) with the C++ type of `dtype` (a null pointer of that type).
+template <typename Fn>
+void DispatchAll(Dtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case Dtype::kF32: return fn(static_cast<float*>(nullptr));
+    case Dtype::kF16: return fn(static_cast<f16*>(nullptr));
+    case Dtype::kBF16: return fn(static_cast<bf16*>(nullptr));
+    case Dtype::kI32: return fn(static_cast<int32_t*>(nullptr));
+    case Dtype::kI64: return fn(static_cast<int64_t*>(nullptr));
+    case Dtype::kU8: return fn(static_cast<uint8_t*>(nullptr));
+  }
+}
+
+int NormalizeDim(int dim, int rank, const char* op) {
+  const int d = dim < 0 ? dim + rank : dim;
+  OP_CHECK(d >= 0 && d < rank, op, "dimension ", dim, " out of range for rank ", rank);
+  return d;
+}
+
+// Resolves a single -1 in `shape` so that it has `numel` elements.
+Shape InferShape(const Shape& shape, int64_t numel, const char* op, const Shape& from) {
+  Shape out = shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (int i = 0; i < out.rank(); ++i) {
+    if (out[i] == -1) {
+      OP_CHECK(infer < 0, op, "only one dimension can be -1, got ", shape.ToString());
+      infer = i;
+    } else {
+      OP_CHECK(out[i] >= 0, op, "negative dimension in ", shape.ToString());
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) {
+    OP_CHECK(known != 0 && numel % known == 0, op, "cannot reshape ", from.ToString(), " to ",
+             shape.ToString());
+    out[infer] = numel / known;
+  }
+  OP_CHECK(out.numel() == numel, op, "cannot reshape ", from.ToString(), " (", numel,
+           " elements) to ", shape.ToString());
+  return out;
+}
+
+// Strides for viewing (shape, strides) as new_shape without a copy, if possible
+// (the algorithm of numpy/PyTorch: each group of old dims that maps onto a group
+// of new dims must be contiguous within itself).
+bool ViewStrides(const Shape& shape, const Dims& strides, const Shape& new_shape, Dims* out) {
+  out->assign(new_shape.rank(), 0);
+  if (shape.numel() == 0) {
+    *out = ContiguousStrides(new_shape);
+    return true;
+  }
+  int view_d = new_shape.rank() - 1;
+  int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
+  int64_t tensor_numel = 1;
+  int64_t view_numel = 1;
+  for (int d = shape.rank() - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        (*out)[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+template <typename Dst, typename Src>
+void CopyKernel(const Tensor& src, const Tensor& dst) {
+  const Src* s = static_cast<const Src*>(src.raw_data());
+  Dst* d = static_cast<Dst*>(dst.raw_data());
+  const int64_t n = src.numel();
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    if constexpr (std::is_same_v<Dst, Src>) {
+      ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
+        std::memcpy(d + b, s + b, (e - b) * sizeof(Src));
+      });
+    } else {
+      ParallelFor(n, 1 << 14, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) d[i] = Convert<Dst>(s[i]);
+      });
+    }
+    return;
+  }
+  // General case: walk rows of the last dimension.
+  const int rank = src.rank();
+  const int64_t inner = rank == 0 ? 1 : src.dim(-1);
+  const int64_t s_inner = rank == 0 ? 1 : src.strides()[rank - 1];
+  const int64_t d_inner = rank == 0 ? 1 : dst.strides()[rank - 1];
+  const int64_t rows = inner == 0 ? 0 : n / inner;
+  ParallelFor(rows, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(inner, 1)),
+              [&](int64_t b, int64_t e) {
+                for (int64_t r = b; r < e; ++r) {
+                  int64_t so = 0, dO = 0, rem = r;
+                  for (int k = rank - 2; k >= 0; --k) {
+                    const int64_t idx = rem % src.dim(k);
+                    rem /= src.dim(k);
+                    so += idx * src.strides()[k];
+                    dO += idx * dst.strides()[k];
+                  }
+                  const Src* sp = s + so;
+                  Dst* dp = d + dO;
+                  for (int64_t i = 0; i < inner; ++i) dp[i * d_inner] = Convert<Dst>(sp[i * s_inner]);
+                }
+              });
+}
+
+template <typename T>
+void AppendElement(std::string* out, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    absl::StrAppend(out, static_cast<int64_t>(v));
+  } else {
+    absl::StrAppendFormat(out, "%.6g", static_cast<double>(ToFloat(v)));
+  }
+}
+
+}  // namespace
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, const Shape& shape, const Dims& strides,
+               int64_t offset, Dtype dtype)
+    : storage_(std::move(storage)), shape_(shape), strides_(strides), offset_(offset),
+      dtype_(dtype) {
+  OP_CHECK(strides_.size() == static_cast<size_t>(shape_.rank()), "tensor", "shape ",
+           shape_.ToString(), " has rank ", shape_.rank(), " but ", strides_.size(), " strides");
+}
+
+Tensor Tensor::Empty(const Shape& shape, Dtype dtype, Device device) {
+  for (int64_t d : shape.dims()) {
+    OP_CHECK(d >= 0, "empty", "negative dimension in shape ", shape.ToString());
+  }
+  auto storage = Storage::Allocate(shape.numel() * DtypeSize(dtype), device);
+  return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
+}
+
+Tensor Tensor::Zeros(const Shape& shape, Dtype dtype, Device device) {
+  return Full(shape, 0.0, dtype, device);
+}
+
+Tensor Tensor::Full(const Shape& shape, double value, Dtype dtype, Device device) {
+  Tensor cpu = Empty(shape, dtype, Device::Cpu());
+  DispatchAll(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T v = Convert<T>(value);
+    T* p = cpu.data<T>();
+    ParallelFor(cpu.numel(), 1 << 16, [&](int64_t b, int64_t e) { std::fill(p + b, p + e, v); });
+  });
+  return cpu.To(device);
+}
+
+Tensor Tensor::FromVector(const std::vector<float>& values, const Shape& shape, Dtype dtype) {
+  return FromData<float>(values, shape).To(dtype);
+}
+
+Device Tensor::device() const { return storage_ ? storage_->device() : Device::Cpu(); }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int i = rank() - 1; i >= 0; --i) {
+    if (shape_[i] != 1 && strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  OP_CHECK(defined(), "data", "tensor is undefined");
+  return static_cast<char*>(storage_->data()) + offset_ * element_size();
+}
+
+Tensor Tensor::View(const Shape& shape) const {
+  const Shape target = InferShape(shape, numel(), "view", shape_);
+  Dims strides;
+  OP_CHECK(ViewStrides(shape_, strides_, target, &strides), "view", "cannot view shape ",
+           shape_.ToString(), " with strides (", absl::StrJoin(strides_, ","), ") as ",
+           target.ToString(), " without a copy; use Reshape");
+  return Tensor(storage_, target, strides, offset_, dtype_);
+}
+
+Tensor Tensor::Reshape(const Shape& shape) const {
+  const Shape target = InferShape(shape, numel(), "reshape", shape_);
+  Dims strides;
+  if (ViewStrides(shape_, strides_, target, &strides)) {
+    return Tensor(storage_, target, strides, offset_, dtype_);
+  }
+  return Contiguous().View(target);
+}
+
+Tensor Tensor::Transpose(int dim0, int dim1) const {
+  const int a = NormalizeDim(dim0, rank(), "transpose");
+  const int b = NormalizeDim(dim1, rank(), "transpose");
+  Tensor t = *this;
+  std::swap(t.shape_[a], t.shape_[b]);
+  std::swap(t.strides_[a], t.strides_[b]);
+  return t;
+}
+
+Tensor Tensor::Narrow(int dim, int64_t start, int64_t length) const {
+  const int d = NormalizeDim(dim, rank(), "narrow");
+  OP_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], "narrow", "range [", start,
+           ", ", start + length, ") out of bounds for dimension ", d, " of shape ",
+           shape_.ToString());
+  Tensor t = *this;
+  t.shape_[d] = length;
+  t.offset_ = offset_ + start * strides_[d];
+  return t;
+}
+
+Tensor Tensor::Select(int dim, int64_t index) const {
+  const int d = NormalizeDim(dim, rank(), "select");
+  OP_CHECK(index >= 0 && index < shape_[d], "select", "index ", index,
+           " out of range for dimension ", d, " of shape ", shape_.ToString());
+  Shape shape;
+  Dims strides;
+  for (int i = 0; i < rank(); ++i) {
+    if (i == d) continue;
+    shape.push_back(shape_[i]);
+    strides.push_back(strides_[i]);
+  }
+  return Tensor(storage_, shape, strides, offset_ + index * strides_[d], dtype_);
+}
+
+Tensor Tensor::Unsqueeze(int dim) const {
+  const int d = dim < 0 ? dim + rank() + 1 : dim;
+  OP_CHECK(d >= 0 && d <= rank(), "unsqueeze", "dimension ", dim, " out of range for rank ",
+           rank());
+  Shape shape;
+  Dims strides;
+  for (int i = 0; i <= rank(); ++i) {
+    if (i == d) {
+      shape.push_back(1);
+      strides.push_back(i < rank() ? strides_[i] * shape_[i] : 1);
+    }
+    if (i < rank()) {
+      shape.push_back(shape_[i]);
+      strides.push_back(strides_[i]);
+    }
+  }
+  return Tensor(storage_, shape, strides, offset_, dtype_);
+}
+
+Tensor Tensor::Contiguous() const {
+  if (is_contiguous()) return *this;
+  return Clone();
+}
+
+Tensor Tensor::Clone() const {
+  Tensor out = Empty(shape_, dtype_, device());
+  out.CopyFrom(*this);
+  return out;
+}
+
+Tensor Tensor::To(Dtype dtype) const {
+  if (dtype == dtype_) return *this;
+  Tensor out = Empty(shape_, dtype, device());
+  out.CopyFrom(*this);
+  return out;
+}
+
+Tensor Tensor::To(Device device) const {
+  if (device == this->device()) return *this;
+  Tensor src = Contiguous();
+  Tensor out = Empty(shape_, dtype_, device);
+  cuda::CopyBytes(out.raw_data(), device, src.raw_data(), src.device(), nbytes());
+  return out;
+}
+
+void Tensor::CopyFrom(const Tensor& src) {
+  OP_CHECK(src.shape() == shape_, "copy", "source shape ", src.shape().ToString(),
+           " does not match destination shape ", shape_.ToString());
+  if (src.device() != device()) {
+    OP_CHECK(src.dtype() == dtype_ && is_contiguous(), "copy",
+             "a copy across devices needs the same dtype and a contiguous destination");
+    Tensor s = src.Contiguous();
+    cuda::CopyBytes(raw_data(), device(), s.raw_data(), s.device(), nbytes());
+    return;
+  }
+  OP_CHECK(device().is_cpu(), "copy", "copies on ", device().ToString(),
+           " need the CUDA backend");
+  CopyStrided(src, *this);
+}
+
+void CopyStrided(const Tensor& src, const Tensor& dst) {
+  OP_CHECK(src.shape() == dst.shape(), "copy", "shapes ", src.shape().ToString(), " and ",
+           dst.shape().ToString(), " differ");
+  DispatchAll(src.dtype(), [&](auto* s_tag) {
+    using S = std::remove_pointer_t<decltype(s_tag)>;
+    DispatchAll(dst.dtype(), [&](auto* d_tag) {
+      using D = std::remove_pointer_t<decltype(d_tag)>;
+      CopyKernel<D, S>(src, dst);
+    });
+  });
+}
+
+double Tensor::Item() const {
+  OP_CHECK(numel() == 1, "item", "tensor of shape ", shape_.ToString(), " has ", numel(),
+           " elements, expected 1");
+  Tensor c = To(Device::Cpu());
+  double v = 0;
+  DispatchAll(dtype_, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    v = Convert<double>(*c.data<T>());
+  });
+  return v;
+}
+
+std::string Tensor::ToString(int64_t max_per_dim) const {
+  std::string out = absl::StrCat("Tensor(shape=", shape_.ToString(), ", dtype=",
+                                 DtypeName(dtype_), ", device=", device().ToString(), ")");
+  if (!defined()) return out + " undefined";
+  Tensor c = To(Device::Cpu()).Contiguous();
+  out += "\n";
+  DispatchAll(dtype_, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* p = c.data<T>();
+    const Dims strides = ContiguousStrides(shape_);
+    // Recursive printer over dimension d at element offset base.
+    auto print = [&](auto&& self, int d, int64_t base) -> void {
+      if (d == rank()) {
+        AppendElement(&out, p[base]);
+        return;
+      }
+      out += "[";
+      const int64_t n = shape_[d];
+      for (int64_t i = 0; i < n; ++i) {
+        if (n > max_per_dim && i == max_per_dim / 2) {
+          out += "..., ";
+          i = n - max_per_dim / 2;
+        }
+        self(self, d + 1, base + i * strides[d]);
+        if (i + 1 < n) out += d + 1 == rank() ? ", " : ",\n";
+      }
+      out += "]";
+    };
+    print(print, 0, 0);
+  });
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.ToString(); }
+
+}  // namespace tensor

@@ -1,0 +1,134 @@
+// Tensor: construction, views that alias, copies, dtype conversion, printing, errors.
+#include "tensor/tensor.h"
+
+#include "tensor/cuda_backend.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tensor {
+namespace {
+
+std::vector<float> Iota(int n) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<float>(i);
+  return v;
+}
+
+TEST(TensorTest, EmptyZerosFull) {
+  Tensor z = Tensor::Zeros({2, 3});
+  EXPECT_EQ(z.shape(), Shape({2, 3}));
+  EXPECT_EQ(z.numel(), 6);
+  EXPECT_EQ(z.nbytes(), 24);
+  EXPECT_TRUE(z.is_contiguous());
+  for (float v : z.ToVector<float>()) EXPECT_EQ(v, 0.0f);
+  Tensor f = Tensor::Full({4}, 2.5, Dtype::kBF16);
+  EXPECT_EQ(f.dtype(), Dtype::kBF16);
+  for (float v : f.ToVector<float>()) EXPECT_EQ(v, 2.5f);
+  EXPECT_FALSE(Tensor().defined());
+}
+
+TEST(TensorTest, TransposeIsAViewThatAliases) {
+  Tensor a = Tensor::FromVector(Iota(6), {2, 3});
+  Tensor t = a.Transpose(0, 1);
+  EXPECT_TRUE(t.SharesStorageWith(a));
+  EXPECT_EQ(t.shape(), Shape({3, 2}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.Contiguous().ToVector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  a.data<float>()[1] = 100.0f;  // writes through the base are seen by the view
+  EXPECT_EQ(t.Contiguous().ToVector<float>()[2], 100.0f);
+}
+
+TEST(TensorTest, NarrowSelectUnsqueeze) {
+  Tensor a = Tensor::FromVector(Iota(24), {2, 3, 4});
+  Tensor n = a.Narrow(2, 1, 2);  // (2,3,2)
+  EXPECT_TRUE(n.SharesStorageWith(a));
+  EXPECT_EQ(n.shape(), Shape({2, 3, 2}));
+  EXPECT_EQ(n.Contiguous().ToVector<float>(),
+            (std::vector<float>{1, 2, 5, 6, 9, 10, 13, 14, 17, 18, 21, 22}));
+  Tensor s = a.Select(1, 2);  // (2,4)
+  EXPECT_EQ(s.ToVector<float>(), (std::vector<float>{8, 9, 10, 11, 20, 21, 22, 23}));
+  Tensor u = s.Unsqueeze(1);
+  EXPECT_EQ(u.shape(), Shape({2, 1, 4}));
+  EXPECT_EQ(u.ToVector<float>(), s.ToVector<float>());
+  // Writing into a narrowed view changes the base.
+  n.Select(0, 1).Select(0, 0).data<float>()[0] = -1.0f;  // element (1,0,1)
+  EXPECT_EQ(a.ToVector<float>()[13], -1.0f);
+}
+
+TEST(TensorTest, ReshapeViewsWhenPossibleAndCopiesOtherwise) {
+  Tensor a = Tensor::FromVector(Iota(24), {2, 3, 4});
+  Tensor r = a.Reshape({6, -1});
+  EXPECT_EQ(r.shape(), Shape({6, 4}));
+  EXPECT_TRUE(r.SharesStorageWith(a));
+  // Splitting a non-contiguous transposed dimension still views when strides allow.
+  Tensor t = a.Transpose(0, 1);  // (3,2,4)
+  Tensor v = t.View({3, 2, 2, 2});
+  EXPECT_TRUE(v.SharesStorageWith(a));
+  EXPECT_EQ(v.Contiguous().ToVector<float>(), t.Contiguous().ToVector<float>());
+  // Merging the transposed dims needs a copy: View refuses, Reshape copies.
+  EXPECT_THROW(t.View({6, 4}), OpError);
+  Tensor c = t.Reshape({6, 4});
+  EXPECT_FALSE(c.SharesStorageWith(a));
+  EXPECT_EQ(c.ToVector<float>(), t.Contiguous().ToVector<float>());
+  try {
+    a.Reshape({5, 5});
+    FAIL();
+  } catch (const OpError& e) {
+    EXPECT_EQ(std::string(e.what()), "[reshape] cannot reshape (2,3,4) (24 elements) to (5,5)");
+  }
+}
+
+TEST(TensorTest, ToDtypeConvertsAndCopies) {
+  Tensor a = Tensor::FromVector({1.0f, -2.5f, 3.25f, 1e6f}, {4});
+  Tensor b = a.To(Dtype::kBF16);
+  EXPECT_EQ(b.dtype(), Dtype::kBF16);
+  EXPECT_EQ(b.ToVector<float>(), (std::vector<float>{1.0f, -2.5f, 3.25f, 999424.0f}));
+  Tensor i = a.To(Dtype::kI64);
+  EXPECT_EQ(i.ToVector<int64_t>(), (std::vector<int64_t>{1, -2, 3, 1000000}));
+  EXPECT_TRUE(a.To(Dtype::kF32).SharesStorageWith(a));
+  // Converting a strided view.
+  Tensor m = Tensor::FromVector(Iota(6), {2, 3}).Transpose(0, 1).To(Dtype::kF16);
+  EXPECT_EQ(m.ToVector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  EXPECT_DOUBLE_EQ(Tensor::FromVector({7.0f}, {1}).Item(), 7.0);
+}
+
+TEST(TensorTest, CopyFromChecksShapes) {
+  Tensor a = Tensor::Zeros({2, 2});
+  Tensor b = Tensor::FromVector(Iota(4), {2, 2}, Dtype::kBF16);
+  a.CopyFrom(b);
+  EXPECT_EQ(a.ToVector<float>(), Iota(4));
+  try {
+    a.CopyFrom(Tensor::Zeros({3}));
+    FAIL();
+  } catch (const OpError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[copy] source shape (3) does not match destination shape (2,2)");
+  }
+}
+
+TEST(TensorTest, BadViewsAreErrorsNotCrashes) {
+  Tensor a = Tensor::Zeros({2, 3});
+  EXPECT_THROW(a.Narrow(1, 2, 2), OpError);
+  EXPECT_THROW(a.Transpose(0, 2), OpError);
+  EXPECT_THROW(a.Select(0, 2), OpError);
+  EXPECT_THROW(a.data<int32_t>(), OpError);
+  EXPECT_THROW(a.Item(), OpError);
+  EXPECT_THROW(Tensor::Empty({2, -1}), OpError);
+}
+
+TEST(TensorTest, CudaTensorWithoutADeviceIsAClearError) {
+  if (cuda::DeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_THROW(Tensor::Empty({2}, Dtype::kF32, Device::Cuda(0)), std::exception);
+}
+
+TEST(TensorTest, Printing) {
+  Tensor a = Tensor::FromVector(Iota(6), {2, 3});
+  EXPECT_EQ(a.ToString(), "Tensor(shape=(2,3), dtype=f32, device=cpu)\n[[0, 1, 2],\n[3, 4, 5]]");
+  Tensor big = Tensor::FromVector(Iota(10), {10}, Dtype::kI32);
+  EXPECT_EQ(big.ToString(4), "Tensor(shape=(10), dtype=i32, device=cpu)\n[0, 1, ..., 8, 9]");
+}
+
+}  // namespace
+}  // namespace tensor

@@ -1,0 +1,88 @@
+"""cuda_library: compiles .cu files with nvcc and links them as a cc_library.
+
+The nvcc actions see the headers, include paths and defines of the C++ deps,
+so CUDA sources include project headers the same way C++ sources do. Targets
+are only compatible with --config=cuda (define cuda=true); elsewhere
+`bazel build //...` skips them.
+"""
+
+_CUDA_ARCHS = ["90"]  # H100 / H200 (sm_90).
+
+def _cuda_objects_impl(ctx):
+    cc_infos = [dep[CcInfo] for dep in ctx.attr.deps if CcInfo in dep]
+    compilation = cc_common.merge_cc_infos(cc_infos = cc_infos).compilation_context
+    include_args = []
+    for path in compilation.includes.to_list() + compilation.quote_includes.to_list():
+        include_args += ["-I", path]
+    for path in compilation.system_includes.to_list():
+        include_args += ["-isystem", path]
+    define_args = ["-D" + d for d in compilation.defines.to_list()]
+    arch_args = []
+    for arch in _CUDA_ARCHS:
+        arch_args += ["-gencode", "arch=compute_{0},code=sm_{0}".format(arch)]
+
+    inputs = depset(ctx.files.hdrs, transitive = [compilation.headers])
+    objects = []
+    for src in ctx.files.srcs:
+        obj = ctx.actions.declare_file("_objs/{}/{}.o".format(ctx.label.name, src.basename[:-len(src.extension) - 1]))
+        args = ctx.actions.args()
+        args.add_all(["-c", src.path, "-o", obj.path])
+        args.add_all(["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr"])
+        args.add_all(["-I", ".", "-I", ctx.bin_dir.path])
+        if ctx.label.workspace_root:
+            args.add_all(["-I", ctx.label.workspace_root])
+        args.add_all(include_args + define_args + arch_args + ctx.attr.copts)
+        ctx.actions.run(
+            executable = ctx.file._nvcc,
+            arguments = [args],
+            inputs = depset([src], transitive = [inputs]),
+            outputs = [obj],
+            mnemonic = "Nvcc",
+            progress_message = "nvcc {}".format(src.short_path),
+            use_default_shell_env = True,
+        )
+        objects.append(obj)
+    return [DefaultInfo(files = depset(objects))]
+
+_cuda_objects = rule(
+    implementation = _cuda_objects_impl,
+    attrs = {
+        "srcs": attr.label_list(allow_files = [".cu"]),
+        "hdrs": attr.label_list(allow_files = [".h", ".cuh"]),
+        "deps": attr.label_list(providers = [CcInfo]),
+        "copts": attr.string_list(),
+        "_nvcc": attr.label(default = "@cuda//:bin/nvcc", allow_single_file = True, cfg = "exec"),
+    },
+)
+
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
+    """A cc_library whose .cu sources are compiled by nvcc."""
+    compatible = select({
+        "@fsdp//third_party/cuda:enabled": [],
+        "//conditions:default": ["@platforms//:incompatible"],
+    })
+    _cuda_objects(
+        name = name + "_objs",
+        srcs = srcs,
+        hdrs = hdrs,
+        deps = deps + ["@cuda//:headers"],
+        copts = copts,
+        target_compatible_with = compatible,
+        visibility = ["//visibility:private"],
+    )
+    native.cc_library(
+        name = name,
+        srcs = [":" + name + "_objs"],
+        hdrs = hdrs,
+        deps = deps + ["@cuda//:cudart"],
+        target_compatible_with = compatible,
+        visibility = visibility,
+        **kwargs
+    )
+
+def cuda_enabled_select(if_cuda, if_not = []):
+    """select() over --config=cuda."""
+    return select({
+        "@fsdp//third_party/cuda:enabled": if_cuda,
+        "//conditions:default": if_not,
+    })
