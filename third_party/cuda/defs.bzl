@@ -33,7 +33,9 @@ def _cuda_objects_impl(ctx):
             args.add_all(["-I", ctx.label.workspace_root])
         args.add_all(include_args + define_args + arch_args + ctx.attr.copts)
         ctx.actions.run(
-            executable = ctx.file._nvcc,
+            # The installed nvcc by absolute path: it finds cicc, ptxas and the
+            # CUDA headers relative to itself, which a symlinked copy would not.
+            executable = ctx.attr.nvcc_path,
             arguments = [args],
             inputs = depset([src], transitive = [inputs]),
             outputs = [obj],
@@ -51,7 +53,7 @@ _cuda_objects = rule(
         "hdrs": attr.label_list(allow_files = [".h", ".cuh"]),
         "deps": attr.label_list(providers = [CcInfo]),
         "copts": attr.string_list(),
-        "_nvcc": attr.label(default = "@cuda//:bin/nvcc", allow_single_file = True, cfg = "exec"),
+        "nvcc_path": attr.string(default = "/usr/local/cuda/bin/nvcc"),
     },
 )
 
