@@ -17,6 +17,8 @@ namespace cuda {
 bool Built();
 // Number of visible CUDA devices (0 without a GPU or without CUDA support).
 int DeviceCount();
+// Compute capability of cuda:index as major*10 + minor (e.g. 90 for H100).
+int ComputeCapability(int index);
 // The caching allocator of cuda:index.
 Allocator& DeviceAllocator(int index);
 // Copies bytes between any two devices (host<->device, device<->device).

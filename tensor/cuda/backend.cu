@@ -103,6 +103,15 @@ int DeviceCount() {
   return n;
 }
 
+int ComputeCapability(int index) {
+  int major = 0, minor = 0;
+  Check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index),
+        "cudaDeviceGetAttribute");
+  Check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index),
+        "cudaDeviceGetAttribute");
+  return major * 10 + minor;
+}
+
 Allocator& DeviceAllocator(int index) {
   static std::mutex mu;
   static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();

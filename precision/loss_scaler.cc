@@ -1,0 +1,90 @@
+// Dynamic loss scaler and the non-finite checks it relies on.
+#include "precision/loss_scaler.h"
+
+#include <atomic>
+#include <cmath>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/cpu/dispatch.h"
+#include "tensor/ops/check.h"
+#include "tensor/thread_pool.h"
+
+namespace precision {
+
+using tensor::Tensor;
+
+absl::StatusOr<DynamicLossScaler> DynamicLossScaler::Create(LossScalerOptions o) {
+  if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0) ||
+      !(o.backoff_factor < 1) || o.growth_interval < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scaler options: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
+        "growth_interval >= 1; got init_scale=", o.init_scale, " growth_factor=", o.growth_factor,
+        " backoff_factor=", o.backoff_factor, " growth_interval=", o.growth_interval));
+  }
+  return DynamicLossScaler(o);
+}
+
+bool DynamicLossScaler::Update(bool found_non_finite) {
+  if (found_non_finite) {
+    scale_ *= options_.backoff_factor;
+    good_steps_ = 0;
+    ++skipped_steps_;
+    return false;
+  }
+  if (++good_steps_ >= options_.growth_interval) {
+    const double grown = scale_ * options_.growth_factor;
+    if (std::isfinite(grown)) scale_ = grown;
+    good_steps_ = 0;
+  }
+  return true;
+}
+
+void DynamicLossScaler::SetState(const State& state) {
+  scale_ = state.scale;
+  good_steps_ = state.good_steps;
+  skipped_steps_ = state.skipped_steps;
+}
+
+namespace {
+
+// Runs fn(T* data, n) over chunks of a contiguous floating CPU tensor; ORs the results.
+template <typename Fn>
+bool AnyOverChunks(const char* op, const Tensor& t, Fn fn) {
+  tensor::CheckCpu(op, {&t});
+  OP_CHECK(t.is_contiguous(), op, "tensor ", t.shape().ToString(), " must be contiguous");
+  std::atomic<bool> any{false};
+  tensor::DispatchFloating(op, t.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* p = static_cast<T*>(t.raw_data());
+    tensor::ParallelFor(t.numel(), 1 << 15, [&](int64_t b, int64_t e) {
+      if (fn(p + b, e - b)) any.store(true, std::memory_order_relaxed);
+    });
+  });
+  return any.load();
+}
+
+}  // namespace
+
+bool HasNonFinite(const Tensor& t) {
+  return AnyOverChunks("has_non_finite", t.Contiguous(), [](auto* p, int64_t n) {
+    bool bad = false;
+    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(tensor::ToFloat(p[i]));
+    return bad;
+  });
+}
+
+bool ScaleAndCheckNonFinite(Tensor& grad, float factor) {
+  return AnyOverChunks("scale_and_check", grad, [factor](auto* p, int64_t n) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    bool bad = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = tensor::ToFloat(p[i]) * factor;
+      bad |= !std::isfinite(v);
+      p[i] = tensor::FromFloat<T>(v);
+    }
+    return bad;
+  });
+}
+
+}  // namespace precision

@@ -1,0 +1,109 @@
+// Policy presets and validation, dtype support errors, the loss scaler schedule.
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "precision/dtype_support.h"
+#include "precision/loss_scaler.h"
+#include "precision/policy.h"
+
+namespace precision {
+namespace {
+
+using tensor::Device;
+using tensor::Dtype;
+using tensor::Tensor;
+
+TEST(PolicyTest, PresetsAndNames) {
+  auto bf16 = MixedPrecisionPolicy::FromName("bf16");
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->param_dtype, Dtype::kBF16);
+  EXPECT_EQ(bf16->reduce_dtype, Dtype::kBF16);
+  EXPECT_TRUE(bf16->KeepsFp32("BatchNorm1d"));
+  EXPECT_EQ(bf16->ComputeDtype("BatchNorm1d"), Dtype::kF32);
+  EXPECT_EQ(bf16->ComputeDtype("Linear"), Dtype::kBF16);
+  EXPECT_FALSE(bf16->NeedsLossScaling());
+  EXPECT_TRUE(MixedPrecisionPolicy::Fp16().NeedsLossScaling());
+  EXPECT_FALSE(MixedPrecisionPolicy::Fp32().IsMixed());
+  EXPECT_EQ(bf16->ToString(), "param=bf16 reduce=bf16 buffer=bf16 fp32_modules=[BatchNorm1d]");
+  auto bad = MixedPrecisionPolicy::FromName("fp8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "unknown precision 'fp8'; expected fp32, bf16 or fp16");
+}
+
+TEST(DtypeSupportTest, Fp32AlwaysAndClearErrorsOtherwise) {
+  EXPECT_TRUE(CheckComputeDtype(Dtype::kF32, Device::Cpu()).ok());
+  EXPECT_FALSE(CheckComputeDtype(Dtype::kI32, Device::Cpu()).ok());
+  // No CPU f16 GEMM: a clear error naming the device.
+  absl::Status f16 = CheckComputeDtype(Dtype::kF16, Device::Cpu());
+  ASSERT_FALSE(f16.ok());
+  EXPECT_NE(f16.message().find("f16 is not supported on cpu"), std::string::npos);
+  // A CUDA device that is not there.
+  absl::Status gpu = CheckComputeDtype(Dtype::kBF16, Device::Cuda(99));
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_NE(gpu.message().find("cuda:99"), std::string::npos);
+  absl::Status policy = MixedPrecisionPolicy::Fp16().Validate(Device::Cpu());
+  ASSERT_FALSE(policy.ok());
+  EXPECT_NE(policy.message().find("param_dtype=f16"), std::string::npos);
+  // bf16 on the CPU follows the CPU's units.
+  const bool units = __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+  if (units) {
+    EXPECT_TRUE(Bf16Supported(Device::Cpu()));
+  }
+}
+
+TEST(LossScalerTest, BacksOffSkipsAndGrows) {
+  LossScalerOptions o;
+  o.growth_interval = 3;
+  auto s = DynamicLossScaler::Create(o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->scale(), 65536.0);
+  EXPECT_FALSE(s->Update(true));  // inf: skip and halve
+  EXPECT_EQ(s->scale(), 32768.0);
+  EXPECT_EQ(s->skipped_steps(), 1);
+  EXPECT_TRUE(s->Update(false));
+  EXPECT_TRUE(s->Update(false));
+  EXPECT_EQ(s->scale(), 32768.0);
+  EXPECT_TRUE(s->Update(false));  // third good step in a row: grow
+  EXPECT_EQ(s->scale(), 65536.0);
+  EXPECT_EQ(s->good_steps(), 0);
+  // A bad step resets the run of good steps.
+  EXPECT_TRUE(s->Update(false));
+  EXPECT_FALSE(s->Update(true));
+  EXPECT_EQ(s->good_steps(), 0);
+  DynamicLossScaler::State st = s->GetState();
+  auto restored = DynamicLossScaler::Create(o);
+  restored->SetState(st);
+  EXPECT_EQ(restored->scale(), s->scale());
+  EXPECT_EQ(restored->skipped_steps(), 2);
+}
+
+TEST(LossScalerTest, DefaultsMatchTheSpecAndBadOptionsAreErrors) {
+  auto s = DynamicLossScaler::Create();
+  for (int i = 0; i < 1999; ++i) s->Update(false);
+  EXPECT_EQ(s->scale(), 65536.0);
+  s->Update(false);
+  EXPECT_EQ(s->scale(), 131072.0);
+  LossScalerOptions bad;
+  bad.backoff_factor = 1.5;
+  EXPECT_FALSE(DynamicLossScaler::Create(bad).ok());
+}
+
+TEST(NonFiniteTest, FindsInfAndNanInEveryFloatDtype) {
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+    Tensor t = Tensor::Full({100000}, 1.0, d);
+    EXPECT_FALSE(HasNonFinite(t));
+    Tensor bad = Tensor::FromVector({1, 2, std::numeric_limits<float>::infinity()}, {3}, d);
+    EXPECT_TRUE(HasNonFinite(bad));
+    Tensor nan = Tensor::FromVector({std::nanf(""), 0}, {2}, d);
+    EXPECT_TRUE(HasNonFinite(nan));
+  }
+  Tensor g = Tensor::FromVector({2, 4, 8}, {3});
+  EXPECT_FALSE(ScaleAndCheckNonFinite(g, 0.5f));
+  EXPECT_EQ(g.ToVector<float>(), (std::vector<float>{1, 2, 4}));
+  Tensor h = Tensor::FromVector({3e38f}, {1});
+  EXPECT_TRUE(ScaleAndCheckNonFinite(h, 10.0f));  // overflow to inf
+}
+
+}  // namespace
+}  // namespace precision
