@@ -1,0 +1,77 @@
+// Parameter initialization by slice and gradient buffers.
+#include "nn/parameter.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/memory_ledger.h"
+#include "tensor/ops/check.h"
+#include "tensor/random.h"
+#include "tensor/thread_pool.h"
+
+namespace nn {
+namespace {
+
+// FNV-1a 64: a stable key per parameter name.
+uint64_t NameKey(uint64_t seed, absl::string_view name) {
+  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
+  for (char c : name) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Normal(mean, std) redrawn until inside mean +- 2 std; each redraw uses the
+// next word pair of the same counter, then further counters in a disjoint
+// range, so the value still depends only on (key, element).
+float TruncatedNormal(const tensor::Generator& gen, uint64_t element, float mean, float std) {
+  for (uint64_t attempt = 0;; ++attempt) {
+    const float z = gen.Normal(element + (attempt << 48));
+    if (std::fabs(z) <= 2.0f) return mean + std * z;
+  }
+}
+
+}  // namespace
+
+void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name, int64_t begin,
+               tensor::Tensor& out) {
+  tensor::CheckCpu("init_slice", {&out});
+  OP_CHECK(out.is_contiguous(), "init_slice", "output ", out.shape().ToString(),
+           " must be contiguous");
+  const tensor::Generator gen(NameKey(seed, full_name));
+  tensor::DispatchFloating("init_slice", out.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* p = static_cast<T*>(out.raw_data());
+    tensor::ParallelFor(out.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const uint64_t element = static_cast<uint64_t>(begin + i);
+        float v = 0.0f;
+        switch (spec.kind) {
+          case InitSpec::Kind::kZeros: v = 0.0f; break;
+          case InitSpec::Kind::kOnes: v = 1.0f; break;
+          case InitSpec::Kind::kNormal: v = spec.a + spec.b * gen.Normal(element); break;
+          case InitSpec::Kind::kUniform:
+            v = spec.a + (spec.b - spec.a) * gen.Uniform(element);
+            break;
+          case InitSpec::Kind::kTruncatedNormal:
+            v = TruncatedNormal(gen, element, spec.a, spec.b);
+            break;
+        }
+        p[i] = tensor::FromFloat<T>(v);
+      }
+    });
+  });
+}
+
+tensor::Tensor& Parameter::GradBuffer() {
+  if (!grad.defined()) {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
+    grad = tensor::Tensor::Zeros(shape, tensor::Dtype::kF32,
+                                 value.defined() ? value.device() : tensor::Device::Cpu());
+  }
+  return grad;
+}
+
+}  // namespace nn

@@ -1,0 +1,61 @@
+// Parameter: a named trainable tensor with its fp32 gradient and the recipe
+// that initializes it.
+//
+// The init recipe is deterministic per element: element i of a parameter is
+// drawn from Philox counter i under a key made of the model seed and the
+// parameter's full name. So any slice of any parameter can be materialized on
+// its own, which is how FSDP initializes a shard without ever holding the full
+// weights (sharded initialization).
+#ifndef NN_PARAMETER_H_
+#define NN_PARAMETER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "tensor/tensor.h"
+
+namespace nn {
+
+struct InitSpec {
+  enum class Kind { kZeros, kOnes, kNormal, kUniform, kTruncatedNormal };
+  Kind kind = Kind::kZeros;
+  float a = 0.0f;  // normal/truncated: mean; uniform: low
+  float b = 0.0f;  // normal/truncated: std; uniform: high
+
+  static InitSpec Zeros() { return {Kind::kZeros, 0, 0}; }
+  static InitSpec Ones() { return {Kind::kOnes, 0, 0}; }
+  static InitSpec Normal(float mean, float std) { return {Kind::kNormal, mean, std}; }
+  static InitSpec Uniform(float lo, float hi) { return {Kind::kUniform, lo, hi}; }
+  // Normal(mean, std) truncated to [mean - 2 std, mean + 2 std].
+  static InitSpec TruncatedNormal(float mean, float std) {
+    return {Kind::kTruncatedNormal, mean, std};
+  }
+};
+
+// Writes elements [begin, begin + out.numel()) of a parameter initialized by
+// `spec` under (seed, full_name) into `out` (contiguous, floating, CPU).
+void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name, int64_t begin,
+               tensor::Tensor& out);
+
+struct Parameter {
+  tensor::Shape shape;
+  InitSpec init;
+  // AdamW/SGD apply weight decay (false for biases, norms and embeddings by default).
+  bool weight_decay = true;
+  // What layers compute with: the fp32 master, a low-precision copy, or a view
+  // into an FSDP unit's unsharded flat parameter. Undefined while sharded or
+  // before materialization.
+  tensor::Tensor value;
+  // The fp32 gradient; undefined until a backward writes one. FSDP points it
+  // into its flat gradient buffer.
+  tensor::Tensor grad;
+
+  int64_t numel() const { return shape.numel(); }
+  // The gradient, allocated as fp32 zeros (category: gradients) if undefined.
+  tensor::Tensor& GradBuffer();
+};
+
+}  // namespace nn
+
+#endif  // NN_PARAMETER_H_
