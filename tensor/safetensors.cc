@@ -1,0 +1,495 @@
+// safetensors reader and writer with a small JSON header parser.
+#include "tensor/safetensors.h"
+
+#include <fcntl.h>
+#include <nmmintrin.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace tensor {
+namespace {
+
+constexpr char kChecksumKey[] = "fsdp.crc32c";
+constexpr int64_t kMaxHeaderBytes = 100 << 20;
+
+const char* SafetensorsDtypeName(Dtype d) {
+  switch (d) {
+    case Dtype::kF32: return "F32";
+    case Dtype::kF16: return "F16";
+    case Dtype::kBF16: return "BF16";
+    case Dtype::kI32: return "I32";
+    case Dtype::kI64: return "I64";
+    case Dtype::kU8: return "U8";
+  }
+  return "?";
+}
+
+absl::StatusOr<Dtype> DtypeFromSafetensorsName(const std::string& s) {
+  if (s == "F32") return Dtype::kF32;
+  if (s == "F16") return Dtype::kF16;
+  if (s == "BF16") return Dtype::kBF16;
+  if (s == "I32") return Dtype::kI32;
+  if (s == "I64") return Dtype::kI64;
+  if (s == "U8") return Dtype::kU8;
+  return absl::InvalidArgumentError(absl::StrCat("unsupported safetensors dtype '", s, "'"));
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A JSON value of the subset a safetensors header uses.
+struct Json {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
+  std::string text;  // string contents, or the number's literal
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> fields;
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& s) : s_(s) {}
+
+  absl::StatusOr<Json> ParseDocument() {
+    absl::StatusOr<Json> v = Parse(0);
+    if (!v.ok()) return v;
+    SkipSpace();
+    if (pos_ != s_.size()) return Error("trailing characters");
+    return v;
+  }
+
+ private:
+  absl::Status Error(const std::string& what) const {
+    return absl::DataLossError(absl::StrCat("bad JSON header at byte ", pos_, ": ", what));
+  }
+  void SkipSpace() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' ||
+                                s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool Consume(char c) {
+    SkipSpace();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+
+  absl::StatusOr<std::string> ParseString() {
+    if (!Consume('"')) return Error("expected a string");
+    std::string out;
+    while (pos_ < s_.size() && s_[pos_] != '"') {
+      char c = s_[pos_++];
+      if (c == '\\') {
+        if (pos_ >= s_.size()) break;
+        const char e = s_[pos_++];
+        switch (e) {
+          case 'n': out += '\n'; break;
+          case 't': out += '\t'; break;
+          case 'r': out += '\r'; break;
+          case 'b': out += '\b'; break;
+          case 'f': out += '\f'; break;
+          case 'u': {
+            if (pos_ + 4 > s_.size()) return Error("short \\u escape");
+            unsigned code = 0;
+            for (int i = 0; i < 4; ++i) {
+              const char h = s_[pos_++];
+              code = code * 16 + (std::isdigit(h) ? h - '0' : (std::tolower(h) - 'a' + 10));
+            }
+            if (code < 0x80) {
+              out += static_cast<char>(code);
+            } else if (code < 0x800) {
+              out += static_cast<char>(0xc0 | (code >> 6));
+              out += static_cast<char>(0x80 | (code & 0x3f));
+            } else {
+              out += static_cast<char>(0xe0 | (code >> 12));
+              out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+              out += static_cast<char>(0x80 | (code & 0x3f));
+            }
+            break;
+          }
+          default: out += e;
+        }
+      } else {
+        out += c;
+      }
+    }
+    if (pos_ >= s_.size()) return Error("unterminated string");
+    ++pos_;
+    return out;
+  }
+
+  absl::StatusOr<Json> Parse(int depth) {
+    if (depth > 16) return Error("nested too deeply");
+    SkipSpace();
+    if (pos_ >= s_.size()) return Error("unexpected end");
+    Json v;
+    const char c = s_[pos_];
+    if (c == '{') {
+      ++pos_;
+      v.kind = Json::Kind::kObject;
+      if (Consume('}')) return v;
+      do {
+        absl::StatusOr<std::string> key = ParseString();
+        if (!key.ok()) return key.status();
+        if (!Consume(':')) return Error("expected ':'");
+        absl::StatusOr<Json> value = Parse(depth + 1);
+        if (!value.ok()) return value;
+        v.fields.emplace_back(std::move(*key), std::move(*value));
+      } while (Consume(','));
+      if (!Consume('}')) return Error("expected '}'");
+    } else if (c == '[') {
+      ++pos_;
+      v.kind = Json::Kind::kArray;
+      if (Consume(']')) return v;
+      do {
+        absl::StatusOr<Json> item = Parse(depth + 1);
+        if (!item.ok()) return item;
+        v.items.push_back(std::move(*item));
+      } while (Consume(','));
+      if (!Consume(']')) return Error("expected ']'");
+    } else if (c == '"') {
+      absl::StatusOr<std::string> s = ParseString();
+      if (!s.ok()) return s.status();
+      v.kind = Json::Kind::kString;
+      v.text = std::move(*s);
+    } else if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
+      const size_t start = pos_;
+      while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
+                                  std::strchr("+-.eE", s_[pos_]))) {
+        ++pos_;
+      }
+      v.kind = Json::Kind::kNumber;
+      v.text = s_.substr(start, pos_ - start);
+    } else if (s_.compare(pos_, 4, "true") == 0 || s_.compare(pos_, 4, "null") == 0) {
+      v.kind = s_[pos_] == 't' ? Json::Kind::kBool : Json::Kind::kNull;
+      v.text = s_.substr(pos_, 4);
+      pos_ += 4;
+    } else if (s_.compare(pos_, 5, "false") == 0) {
+      v.kind = Json::Kind::kBool;
+      v.text = "false";
+      pos_ += 5;
+    } else {
+      return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
+    }
+    return v;
+  }
+
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+absl::StatusOr<int64_t> JsonInt(const Json& v, const std::string& what) {
+  int64_t out = 0;
+  if (v.kind != Json::Kind::kNumber || !absl::SimpleAtoi(v.text, &out)) {
+    return absl::DataLossError(absl::StrCat(what, " is not an integer"));
+  }
+  return out;
+}
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, const void* data, int64_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, std::min<int64_t>(size, 1 << 30));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot write", path);
+    }
+    p += n;
+    size -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAt(int fd, void* data, int64_t size, int64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, p, std::min<int64_t>(size, 1 << 30), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot read", path);
+    }
+    if (n == 0) return absl::DataLossError(absl::StrCat("'", path, "' is truncated"));
+    p += n;
+    size -= n;
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+uint32_t Crc32c(const void* data, int64_t size, uint32_t crc) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~crc;
+  while (size >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+    p += 8;
+    size -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (size-- > 0) c32 = _mm_crc32_u8(c32, *p++);
+  return ~c32;
+}
+
+const SafetensorsEntry* SafetensorsHeader::Find(const std::string& name) const {
+  for (const SafetensorsEntry& e : entries) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  // Host copies, contiguous, and their offsets.
+  std::vector<Tensor> host;
+  host.reserve(tensors.size());
+  int64_t offset = 0;
+  uint32_t crc = 0;
+  std::string header = "{";
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
+    }
+    if (name == "__metadata__") {
+      return absl::InvalidArgumentError("'__metadata__' is reserved in safetensors");
+    }
+    host.push_back(t.To(Device::Cpu()).Contiguous());
+    const int64_t bytes = t.nbytes();
+    crc = Crc32c(host.back().raw_data(), bytes, crc);
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonString(name), ":{\"dtype\":\"",
+                    SafetensorsDtypeName(t.dtype()), "\",\"shape\":[",
+                    absl::StrJoin(t.shape().dims(), ","), "],\"data_offsets\":[", offset, ",",
+                    offset + bytes, "]}");
+    offset += bytes;
+  }
+  std::map<std::string, std::string> meta = metadata;
+  meta[kChecksumKey] = absl::StrFormat("%08x", crc);
+  absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"__metadata__\":{");
+  bool first = true;
+  for (const auto& [k, v] : meta) {
+    absl::StrAppend(&header, first ? "" : ",", JsonString(k), ":", JsonString(v));
+    first = false;
+  }
+  header += "}}";
+  while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data section
+
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return ErrnoError("cannot create", tmp);
+    unsigned char len[8];
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    absl::Status s = WriteAll(fd.get(), len, 8, tmp);
+    if (s.ok()) s = WriteAll(fd.get(), header.data(), header.size(), tmp);
+    for (size_t i = 0; s.ok() && i < host.size(); ++i) {
+      s = WriteAll(fd.get(), host[i].raw_data(), host[i].nbytes(), tmp);
+    }
+    if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoError("cannot fsync", tmp);
+    if (!s.ok()) {
+      ::unlink(tmp.c_str());
+      return s;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = ErrnoError("cannot rename onto", path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  // Make the rename durable.
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() >= 0) ::fsync(dfd.get());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("cannot open", path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError("cannot stat", path);
+  const int64_t file_size = st.st_size;
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is not a valid safetensors file: ", what));
+  };
+  if (file_size < 8) return bad(absl::StrCat("only ", file_size, " bytes (truncated?)"));
+  unsigned char len[8];
+  absl::Status s = ReadAt(fd.get(), len, 8, 0, path);
+  if (!s.ok()) return s;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > static_cast<uint64_t>(kMaxHeaderBytes) || 8 + static_cast<int64_t>(n) > file_size) {
+    return bad(absl::StrCat("header length ", n, " exceeds the file size ", file_size,
+                            " (truncated?)"));
+  }
+  std::string text(n, '\0');
+  s = ReadAt(fd.get(), text.data(), n, 8, path);
+  if (!s.ok()) return s;
+  absl::StatusOr<Json> doc = JsonParser(text).ParseDocument();
+  if (!doc.ok()) return bad(std::string(doc.status().message()));
+  if (doc->kind != Json::Kind::kObject) return bad("header is not a JSON object");
+
+  SafetensorsHeader header;
+  header.data_start = 8 + n;
+  const int64_t data_size = file_size - header.data_start;
+  for (const auto& [name, v] : doc->fields) {
+    if (name == "__metadata__") {
+      for (const auto& [k, mv] : v.fields) {
+        if (mv.kind != Json::Kind::kString) return bad("metadata values must be strings");
+        header.metadata[k] = mv.text;
+      }
+      continue;
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    const Json* dtype = nullptr;
+    const Json* shape = nullptr;
+    const Json* offsets = nullptr;
+    for (const auto& [k, fv] : v.fields) {
+      if (k == "dtype") dtype = &fv;
+      if (k == "shape") shape = &fv;
+      if (k == "data_offsets") offsets = &fv;
+    }
+    if (!dtype || !shape || !offsets || offsets->items.size() != 2) {
+      return bad(absl::StrCat("entry '", name, "' lacks dtype, shape or data_offsets"));
+    }
+    absl::StatusOr<Dtype> d = DtypeFromSafetensorsName(dtype->text);
+    if (!d.ok()) return bad(absl::StrCat("entry '", name, "': ", d.status().message()));
+    e.dtype = *d;
+    for (const Json& dim : shape->items) {
+      absl::StatusOr<int64_t> x = JsonInt(dim, "shape");
+      if (!x.ok() || *x < 0) return bad(absl::StrCat("entry '", name, "' has a bad shape"));
+      e.shape.push_back(*x);
+    }
+    absl::StatusOr<int64_t> b = JsonInt(offsets->items[0], "data_offsets");
+    absl::StatusOr<int64_t> en = JsonInt(offsets->items[1], "data_offsets");
+    if (!b.ok() || !en.ok()) return bad(absl::StrCat("entry '", name, "' has bad offsets"));
+    e.begin = *b;
+    e.end = *en;
+    if (e.begin < 0 || e.end < e.begin || e.end > data_size) {
+      return bad(absl::StrCat("entry '", name, "' spans bytes [", e.begin, ", ", e.end,
+                              ") but the data section has ", data_size, " (truncated?)"));
+    }
+    if (e.end - e.begin != e.shape.numel() * DtypeSize(e.dtype)) {
+      return bad(absl::StrCat("entry '", name, "' has ", e.end - e.begin, " bytes for shape ",
+                              e.shape.ToString(), " ", DtypeName(e.dtype)));
+    }
+    header.entries.push_back(std::move(e));
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& e : header.entries) spans.emplace_back(e.begin, e.end);
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) return bad("tensor data overlaps");
+  }
+  return header;
+}
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
+  if (!header.ok()) return header.status();
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("cannot open", path);
+  SafetensorsFile file;
+  // Checksum over the data in offset order (the writer's order).
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : header->entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin < b->begin; });
+  std::map<std::string, Tensor> loaded;
+  uint32_t crc = 0;
+  for (const SafetensorsEntry* e : by_offset) {
+    Tensor t = Tensor::Empty(e->shape, e->dtype);
+    absl::Status s = ReadAt(fd.get(), t.raw_data(), e->end - e->begin, header->data_start + e->begin,
+                            path);
+    if (!s.ok()) return s;
+    crc = Crc32c(t.raw_data(), e->end - e->begin, crc);
+    loaded[e->name] = std::move(t);
+  }
+  auto it = header->metadata.find(kChecksumKey);
+  if (it != header->metadata.end() && it->second != absl::StrFormat("%08x", crc)) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is corrupted: checksum ",
+                                            absl::StrFormat("%08x", crc), " does not match ",
+                                            it->second, " recorded at write time"));
+  }
+  for (const auto& e : header->entries) file.tensors.emplace_back(e.name, loaded[e.name]);
+  file.header = std::move(*header);
+  return file;
+}
+
+absl::Status ReadSafetensorsSlice(const std::string& path, const SafetensorsHeader& header,
+                                  const std::string& name, int64_t begin, Tensor& out) {
+  const SafetensorsEntry* e = header.Find(name);
+  if (e == nullptr) {
+    return absl::NotFoundError(absl::StrCat("'", path, "' has no tensor named '", name, "'"));
+  }
+  const int64_t numel = e->shape.numel();
+  if (begin < 0 || begin + out.numel() > numel) {
+    return absl::OutOfRangeError(absl::StrCat("slice [", begin, ", ", begin + out.numel(),
+                                              ") of '", name, "' exceeds its ", numel,
+                                              " elements in '", path, "'"));
+  }
+  if (!out.device().is_cpu() || !out.is_contiguous()) {
+    return absl::InvalidArgumentError("slice output must be a contiguous CPU tensor");
+  }
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("cannot open", path);
+  const int64_t elem = DtypeSize(e->dtype);
+  Tensor raw = e->dtype == out.dtype() ? out : Tensor::Empty(out.shape(), e->dtype);
+  absl::Status s = ReadAt(fd.get(), raw.raw_data(), out.numel() * elem,
+                          header.data_start + e->begin + begin * elem, path);
+  if (!s.ok()) return s;
+  if (!raw.SharesStorageWith(out)) out.CopyFrom(raw);
+  return absl::OkStatus();
+}
+
+}  // namespace tensor

@@ -1,0 +1,68 @@
+// Reading and writing tensors in the safetensors format (Hugging Face):
+//   8 bytes little-endian header length N | N bytes of JSON header | data.
+// The header maps each name to {"dtype", "shape", "data_offsets"} and may hold
+// "__metadata__" (string -> string). Files written here are readable by the
+// `safetensors` Python package; they also carry a CRC-32C of the data section in
+// the metadata ("fsdp.crc32c"), checked on read. Writes are atomic: a temporary
+// file is written, fsync'ed and renamed over the target.
+#ifndef TENSOR_SAFETENSORS_H_
+#define TENSOR_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensor/tensor.h"
+
+namespace tensor {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct SafetensorsEntry {
+  std::string name;
+  Dtype dtype;
+  Shape shape;
+  int64_t begin = 0;  // byte offsets within the data section
+  int64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // in file order
+  std::map<std::string, std::string> metadata;
+  int64_t data_start = 0;  // byte offset of the data section in the file
+  // The entry with this name, or nullptr.
+  const SafetensorsEntry* Find(const std::string& name) const;
+};
+
+// Writes `tensors` (any device; copied to the host) and `metadata` to `path` atomically.
+absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+// Parses and validates the header (offsets inside the file, no overlaps, sizes
+// matching dtype x shape) without reading the data.
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
+
+struct SafetensorsFile {
+  SafetensorsHeader header;
+  NamedTensors tensors;  // CPU tensors, in file order
+};
+
+// Reads the whole file and verifies the checksum when present.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// Reads elements [begin, begin + out.numel()) of entry `name` (flattened) into
+// `out` (contiguous CPU tensor; the entry's dtype is converted to out's).
+// Used to load a shard of a tensor without reading the rest.
+absl::Status ReadSafetensorsSlice(const std::string& path, const SafetensorsHeader& header,
+                                  const std::string& name, int64_t begin, Tensor& out);
+
+// CRC-32C (Castagnoli) of a byte range, continuing from `crc`.
+uint32_t Crc32c(const void* data, int64_t size, uint32_t crc = 0);
+
+}  // namespace tensor
+
+#endif  // TENSOR_SAFETENSORS_H_

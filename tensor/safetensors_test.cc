@@ -1,0 +1,158 @@
+// safetensors: round trips, files written by other tools, slices, and clear
+// errors for truncated, corrupted and malformed files.
+#include "tensor/safetensors.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), bytes.size());
+}
+
+TEST(SafetensorsTest, RoundTripEveryDtypeAndMetadata) {
+  const std::string path = TempPath("round_trip.safetensors");
+  NamedTensors in = {
+      {"transformer.wte.weight", testing::RandomTensor({5, 3}, 1)},
+      {"half", testing::RandomTensor({4}, 2, -1, 1, Dtype::kF16)},
+      {"b16", testing::RandomTensor({2, 2}, 3, -1, 1, Dtype::kBF16)},
+      {"step", Tensor::FromVector({7}, {1}, Dtype::kI64)},
+      {"ids", Tensor::FromVector({1, 2, 3}, {3}, Dtype::kI32)},
+      {"mask", Tensor::FromVector({0, 1}, {2}, Dtype::kU8)},
+      {"scalar", Tensor::FromVector({2.5f}, {})},
+      {"view", testing::RandomTensor({3, 4}, 4).Transpose(0, 1)},  // non-contiguous
+  };
+  ASSERT_TRUE(WriteSafetensors(path, in, {{"format", "pt"}}).ok());
+  EXPECT_NE(access((path + ".tmp." + std::to_string(getpid())).c_str(), F_OK), 0);
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(file->tensors[i].first, in[i].first);
+    EXPECT_EQ(file->tensors[i].second.dtype(), in[i].second.dtype());
+    EXPECT_EQ(file->tensors[i].second.shape(), in[i].second.shape());
+    EXPECT_TRUE(testing::AllClose(file->tensors[i].second, in[i].second, 0, 0)) << in[i].first;
+  }
+  EXPECT_EQ(file->header.metadata.at("format"), "pt");
+  EXPECT_EQ(file->header.metadata.count("fsdp.crc32c"), 1u);
+  // The header is 8-byte aligned JSON.
+  const std::string bytes = ReadBytes(path);
+  EXPECT_EQ(bytes[8], '{');
+  EXPECT_EQ(file->header.data_start % 8, 0);
+}
+
+TEST(SafetensorsTest, ReadsAFileWithoutOurChecksum) {
+  // As written by the Python safetensors package: no fsdp.crc32c, no padding.
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header;
+  const float values[2] = {1.5f, -2.0f};
+  bytes.append(reinterpret_cast<const char*>(values), 8);
+  const std::string path = TempPath("foreign.safetensors");
+  WriteBytes(path, bytes);
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors[0].second.ToVector<float>(), (std::vector<float>{1.5f, -2.0f}));
+}
+
+TEST(SafetensorsTest, SliceReadsPartOfATensorWithConversion) {
+  const std::string path = TempPath("slice.safetensors");
+  Tensor w = testing::RandomTensor({10, 10}, 5);
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", w}, {"b", Tensor::Zeros({3})}}).ok());
+  auto header = ReadSafetensorsHeader(path);
+  ASSERT_TRUE(header.ok());
+  Tensor part = Tensor::Empty({15});
+  ASSERT_TRUE(ReadSafetensorsSlice(path, *header, "w", 42, part).ok());
+  EXPECT_EQ(part.ToVector<float>(), w.Flatten().Narrow(0, 42, 15).ToVector<float>());
+  Tensor half = Tensor::Empty({15}, Dtype::kBF16);
+  ASSERT_TRUE(ReadSafetensorsSlice(path, *header, "w", 42, half).ok());
+  EXPECT_TRUE(testing::AllClose(half, part, 0, 1e-2));
+  absl::Status out_of_range = ReadSafetensorsSlice(path, *header, "w", 90, part);
+  EXPECT_EQ(out_of_range.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ReadSafetensorsSlice(path, *header, "nope", 0, part).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsTest, TruncatedFileIsAClearError) {
+  const std::string path = TempPath("truncated.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", testing::RandomTensor({100}, 6)}}).ok());
+  const std::string bytes = ReadBytes(path);
+  WriteBytes(path, bytes.substr(0, bytes.size() - 10));
+  auto file = ReadSafetensors(path);
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(file.status().message().find("truncated"), std::string::npos) << file.status();
+  WriteBytes(path, bytes.substr(0, 5));
+  EXPECT_NE(ReadSafetensors(path).status().message().find("truncated"), std::string::npos);
+}
+
+TEST(SafetensorsTest, CorruptedDataIsCaughtByTheChecksum) {
+  const std::string path = TempPath("corrupt.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", testing::RandomTensor({100}, 7)}}).ok());
+  std::string bytes = ReadBytes(path);
+  bytes[bytes.size() - 3] ^= 0x10;
+  WriteBytes(path, bytes);
+  auto file = ReadSafetensors(path);
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("corrupted: checksum"), std::string::npos)
+      << file.status();
+}
+
+TEST(SafetensorsTest, MalformedHeadersAndMissingFiles) {
+  const std::string path = TempPath("bad.safetensors");
+  auto with_header = [&](const std::string& header, int data_bytes) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    WriteBytes(path, bytes + header + std::string(data_bytes, '\0'));
+    return ReadSafetensors(path).status();
+  };
+  EXPECT_EQ(with_header("{not json", 0).code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)
+                .message()
+                .find("has 8 bytes for shape (3)"),
+            std::string::npos);
+  EXPECT_NE(with_header(R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1)
+                .message()
+                .find("unsupported safetensors dtype 'Q4'"),
+            std::string::npos);
+  EXPECT_NE(with_header(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                        R"("b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
+                        3)
+                .message()
+                .find("overlaps"),
+            std::string::npos);
+  absl::Status missing = ReadSafetensors(TempPath("does_not_exist.safetensors")).status();
+  EXPECT_NE(missing.message().find("cannot open"), std::string::npos);
+  EXPECT_FALSE(WriteSafetensors("/nonexistent_dir/x.safetensors", {{"a", Tensor::Zeros({1})}}).ok());
+}
+
+TEST(SafetensorsTest, Crc32cKnownValue) {
+  // RFC 3720 test vector: 32 bytes of zeros -> 0x8a9136aa.
+  const std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8a9136aau);
+  EXPECT_EQ(Crc32c("123456789", 9), 0xe3069283u);
+}
+
+}  // namespace
+}  // namespace tensor
