@@ -1,0 +1,58 @@
+// minGPT configurations: the presets of Karpathy's minGPT plus GPT-2 sizes and
+// the two models of the PyTorch FSDP paper's benchmark (GPT 175B, GPT 1T), and
+// the parameter counts and memory needs of any configuration, computed from
+// the shapes alone (nothing is allocated).
+#ifndef MODELS_MINGPT_CONFIG_H_
+#define MODELS_MINGPT_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace mingpt {
+
+struct GptConfig {
+  std::string name;
+  int64_t n_layer = 3;
+  int64_t n_head = 3;
+  int64_t n_embd = 48;
+  int64_t vocab_size = 50257;
+  int64_t block_size = 128;  // longest sequence (positions of wpe)
+  float dropout = 0.1f;      // embd, attn and resid dropout, as minGPT
+
+  // n_embd divisible by n_head, every size positive, dropout in [0, 1).
+  absl::Status Validate() const;
+  std::string ToString() const;
+};
+
+// Names: gpt-nano, gpt-micro, gpt-mini, gopher-44m, gpt2, gpt2-medium,
+// gpt2-large, gpt2-xl, gpt-175b, gpt-1t. vocab_size 50257, block_size 1024 for
+// the GPT-2 sizes and larger, 128 for the small ones; both can be overridden.
+absl::StatusOr<GptConfig> Preset(absl::string_view name);
+std::vector<std::string> PresetNames();
+
+// One parameter tensor of the model: Hugging Face GPT-2 name and shape.
+struct ParamShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+// Every parameter, in the order the model registers them.
+std::vector<ParamShape> ParameterShapes(const GptConfig& config);
+
+struct ParamCount {
+  int64_t total = 0;             // every parameter, lm_head included
+  int64_t per_block = 0;         // one transformer Block
+  int64_t embeddings = 0;        // wte + wpe
+  int64_t lm_head = 0;
+  int64_t non_embedding = 0;     // total - wte - wpe (minGPT prints total - lm_head)
+};
+ParamCount CountParameters(const GptConfig& config);
+
+}  // namespace mingpt
+
+#endif  // MODELS_MINGPT_CONFIG_H_

@@ -1,0 +1,52 @@
+// Presets and parameter counts (checked against minGPT's and GPT-2's published sizes).
+#include "models/mingpt/config.h"
+
+#include "gtest/gtest.h"
+
+namespace mingpt {
+namespace {
+
+TEST(ConfigTest, PresetsAndErrors) {
+  auto g = Preset("gopher-44m");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->n_layer, 8);
+  EXPECT_EQ(g->n_head, 16);
+  EXPECT_EQ(g->n_embd, 512);
+  EXPECT_TRUE(g->Validate().ok());
+  auto big = Preset("gpt-175b");
+  EXPECT_EQ(big->n_embd, 12288);
+  EXPECT_EQ(Preset("gpt-1t")->n_head, 160);
+  auto bad = Preset("gpt5");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unknown gpt preset 'gpt5'; known: gpt-nano"),
+            std::string::npos);
+  GptConfig c = *Preset("gpt-nano");
+  c.n_head = 5;
+  EXPECT_NE(c.Validate().message().find("n_embd 48 is not divisible by n_head 5"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, CountsMatchKnownSizes) {
+  // GPT-2 small: 124,439,808 parameters with tied embeddings (HF). minGPT unties
+  // lm_head, adding vocab x C.
+  GptConfig gpt2 = *Preset("gpt2");
+  const ParamCount n = CountParameters(gpt2);
+  EXPECT_EQ(n.total - n.lm_head, 124439808);
+  // gopher-44m: per block 12*512^2 + 13*512; embeddings (50257 + 128) * 512; ln_f 2*512.
+  const ParamCount gopher = CountParameters(*Preset("gopher-44m"));
+  EXPECT_EQ(gopher.per_block, 3152384);
+  EXPECT_EQ(gopher.total - gopher.lm_head, 8 * 3152384 + 25797120 + 1024);
+  // GPT 175B: 12 * L * C^2 dominates: about 174.6B.
+  const ParamCount g175 = CountParameters(*Preset("gpt-175b"));
+  EXPECT_NEAR(g175.total / 1e9, 175.0, 1.5);
+  const ParamCount g1t = CountParameters(*Preset("gpt-1t"));
+  EXPECT_NEAR(g1t.total / 1e12, 1.0, 0.02);
+  // Shapes and counts agree.
+  int64_t sum = 0;
+  for (const ParamShape& p : ParameterShapes(gpt2)) sum += p.numel();
+  EXPECT_EQ(sum, n.total);
+  EXPECT_EQ(ParameterShapes(gpt2)[2].name, "transformer.h.0.ln_1.weight");
+}
+
+}  // namespace
+}  // namespace mingpt
