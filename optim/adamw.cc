@@ -1,0 +1,92 @@
+// AdamW: option checks and the fused update loop.
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace optim {
+
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(const AdamWOptions& o) {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[adamw] invalid options: ", what, " (lr=", o.lr, " beta1=", o.beta1,
+                     " beta2=", o.beta2, " eps=", o.eps, " weight_decay=", o.weight_decay, ")"));
+  };
+  if (!std::isfinite(o.lr) || o.lr < 0) return bad(absl::StrCat("lr must be >= 0, got ", o.lr));
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) {
+    return bad(absl::StrCat("beta1 must be in [0, 1), got ", o.beta1));
+  }
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) {
+    return bad(absl::StrCat("beta2 must be in [0, 1), got ", o.beta2));
+  }
+  if (!std::isfinite(o.eps) || o.eps < 0) {
+    return bad(absl::StrCat("eps must be >= 0, got ", o.eps));
+  }
+  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) {
+    return bad(absl::StrCat("weight_decay must be >= 0, got ", o.weight_decay));
+  }
+  return std::unique_ptr<AdamW>(new AdamW(o));
+}
+
+namespace {
+
+struct AdamWScalars {
+  float decay;  // 1 - lr * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float neg_step_size;          // -lr / (1 - beta1^t)
+  float eps;
+};
+
+// One fused pass over elements [0, n) in the order of PyTorch's single-tensor
+// AdamW: decay, moments, then p += -step_size * m / (sqrt(v) / bc2_sqrt + eps).
+template <bool kDecay>
+void AdamWKernel(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const AdamWScalars s) {
+  for (int64_t i = 0; i < n; ++i) {
+    float pi = p[i];
+    if (kDecay) pi = pi * s.decay;
+    const float gi = g[i];
+    const float mi = m[i] * s.beta1 + s.one_minus_beta1 * gi;
+    const float vi = v[i] * s.beta2 + s.one_minus_beta2 * gi * gi;
+    const float denom = std::sqrt(vi) / s.bias_correction2_sqrt + s.eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + s.neg_step_size * (mi / denom);
+  }
+}
+
+}  // namespace
+
+void AdamW::Update(const ParamRef& ref, ParamState& state) {
+  const double lr = this->lr();
+  const double t = static_cast<double>(state.step);
+  const double bias_correction1 = 1.0 - std::pow(options_.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(options_.beta2, t);
+  const AdamWScalars s{static_cast<float>(1.0 - lr * options_.weight_decay),
+                       static_cast<float>(options_.beta1),
+                       static_cast<float>(1.0 - options_.beta1),
+                       static_cast<float>(options_.beta2),
+                       static_cast<float>(1.0 - options_.beta2),
+                       static_cast<float>(std::sqrt(bias_correction2)),
+                       static_cast<float>(-(lr / bias_correction1)),
+                       static_cast<float>(options_.eps)};
+  const bool any_decay = options_.weight_decay != 0;
+  float* p = ref.param.data<float>();
+  const float* g = ref.grad.data<float>();
+  float* m = state.buffers[0].data<float>();
+  float* v = state.buffers[1].data<float>();
+  ForEachSegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool decay) {
+    if (decay && any_decay) {
+      AdamWKernel<true>(p + b, g + b, m + b, v + b, e - b, s);
+    } else {
+      AdamWKernel<false>(p + b, g + b, m + b, v + b, e - b, s);
+    }
+  });
+}
+
+}  // namespace optim

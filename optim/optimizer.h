@@ -1,0 +1,105 @@
+// Optimizer: the interface SGD and AdamW share, and the per-parameter state
+// they keep. State is created lazily, per ParamRef name, on the first Step
+// that sees the name: a step counter and fp32 buffers shaped like the
+// parameter, allocated under MemoryCategory::kOptimizerState so the memory
+// ledger counts exactly what StateBytes() reports. State is saved and restored
+// as named tensors ("<param>.exp_avg", "<param>.step", ...) for checkpoints.
+#ifndef OPTIM_OPTIMIZER_H_
+#define OPTIM_OPTIMIZER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "optim/param_ref.h"
+#include "tensor/tensor.h"
+
+namespace optim {
+
+using NamedTensors = std::vector<std::pair<std::string, tensor::Tensor>>;
+
+// The state of one parameter (or shard).
+struct ParamState {
+  // Steps taken with this parameter, this one included while Update runs.
+  int64_t step = 0;
+  // One fp32 buffer per Optimizer::BufferNames() entry, shaped like the
+  // parameter, contiguous, on the CPU.
+  std::vector<tensor::Tensor> buffers;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // "sgd", "adamw": starts error messages.
+  virtual const char* name() const = 0;
+  // Keys of the per-parameter buffers, in ParamState::buffers order
+  // ("momentum_buffer"; "exp_avg", "exp_avg_sq"). "step" is always kept too.
+  virtual std::vector<std::string> BufferNames() const = 0;
+
+  // Updates every ref in place with the current lr, creating state for names
+  // seen the first time. Throws tensor::OpError, before changing anything,
+  // when a ref is invalid (see CheckParamRefs) or its shape differs from the
+  // state kept under its name.
+  void Step(const std::vector<ParamRef>& params);
+
+  double lr() const { return lr_; }
+  // lr must be finite and >= 0 (throws tensor::OpError otherwise).
+  void set_lr(double lr);
+
+  // Bytes of all state buffers (what the ledger charges to kOptimizerState).
+  int64_t StateBytes() const;
+  // Steps taken with `param_name` (0 when it has no state).
+  int64_t StepCount(const std::string& param_name) const;
+  bool HasState(const std::string& param_name) const { return state_.count(param_name) > 0; }
+  // Drops all state (frees its memory).
+  void ClearState();
+
+  // The state as named tensors, parameters in the order their state was
+  // created: "<param>.step" (a 1-element i64 copy) then "<param>.<key>" for
+  // each BufferNames() key (the live buffers themselves, not copies).
+  NamedTensors StateTensors() const;
+
+  // Replaces the whole state with `tensors` (as StateTensors() gives them;
+  // any order). Each parameter needs "<param>.step" (one element, integral,
+  // >= 0, any numeric dtype) and every buffer key (f32, CPU, all of one
+  // shape). Also an error: an entry with an unknown key or given twice, and
+  // a parameter whose current state has another shape or that has state now
+  // but none in `tensors`. Data is copied (into fresh kOptimizerState
+  // buffers, or into the existing ones where shapes agree). On error the
+  // state is left unchanged and the message names the offending entry.
+  absl::Status LoadStateTensors(const NamedTensors& tensors);
+  // As above, and the loaded parameters must be exactly the names of
+  // `params`, each with buffers of its ref's param shape.
+  absl::Status LoadStateTensors(const NamedTensors& tensors, const std::vector<ParamRef>& params);
+
+ protected:
+  explicit Optimizer(double lr) : lr_(lr) {}
+
+  // Applies one step to `ref`; state.step has already been incremented and
+  // state.buffers exist (zeros when just created).
+  virtual void Update(const ParamRef& ref, ParamState& state) = 0;
+
+  // Runs fn(begin, end, decay) over [0, numel) in parallel chunks
+  // (tensor::ParallelFor), each chunk split where `decay_ranges` (sorted,
+  // disjoint) begin and end; decay tells whether [begin, end) lies in a range.
+  static void ForEachSegment(int64_t numel, const ElementRanges& decay_ranges,
+                             const std::function<void(int64_t, int64_t, bool)>& fn);
+
+ private:
+  absl::Status Load(const NamedTensors& tensors, const std::vector<ParamRef>* params);
+
+  double lr_;
+  std::vector<std::string> order_;  // parameter names, in order of state creation
+  std::unordered_map<std::string, ParamState> state_;
+};
+
+}  // namespace optim
+
+#endif  // OPTIM_OPTIMIZER_H_

@@ -1,0 +1,78 @@
+// Building and checking ParamRefs.
+#include "optim/param_ref.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "tensor/ops/check.h"
+
+namespace optim {
+
+using tensor::Tensor;
+
+ParamRef MakeParamRef(std::string name, Tensor param, Tensor grad, bool decay) {
+  ParamRef ref{std::move(name), std::move(param), std::move(grad), {}};
+  if (decay && ref.param.defined() && ref.param.numel() > 0) {
+    ref.decay_ranges.emplace_back(0, ref.param.numel());
+  }
+  return ref;
+}
+
+std::vector<ParamRef> FromModule(nn::Module& module) {
+  std::vector<ParamRef> refs;
+  for (auto& [name, p] : module.NamedParameters()) {
+    if (!p->value.defined() || !p->grad.defined()) continue;
+    refs.push_back(MakeParamRef(name, p->value, p->grad, p->weight_decay));
+  }
+  return refs;
+}
+
+ElementRanges SliceRanges(const ElementRanges& ranges, int64_t begin, int64_t end) {
+  ElementRanges out;
+  for (const auto& [b, e] : ranges) {
+    const int64_t lo = std::max(b, begin);
+    const int64_t hi = std::min(e, end);
+    if (lo < hi) out.emplace_back(lo - begin, hi - begin);
+  }
+  return out;
+}
+
+namespace {
+
+void CheckOne(const char* op, const ParamRef& ref) {
+  const std::string& n = ref.name;
+  OP_CHECK(ref.param.defined(), op, "parameter '", n, "' is undefined");
+  OP_CHECK(ref.grad.defined(), op, "parameter '", n, "' has no gradient");
+  OP_CHECK(ref.param.device().is_cpu() && ref.grad.device().is_cpu(), op, "parameter '", n,
+           "': param and grad must be on the CPU (param on ", ref.param.device().ToString(),
+           ", grad on ", ref.grad.device().ToString(), ")");
+  OP_CHECK(ref.param.dtype() == tensor::Dtype::kF32 && ref.grad.dtype() == tensor::Dtype::kF32, op,
+           "parameter '", n, "': param and grad must be f32, got ",
+           tensor::Describe("param", ref.param), " and ", tensor::Describe("grad", ref.grad));
+  OP_CHECK(ref.param.shape() == ref.grad.shape(), op, "parameter '", n,
+           "': ", tensor::Describe("param", ref.param), " and ", tensor::Describe("grad", ref.grad),
+           " differ in shape");
+  OP_CHECK(ref.param.is_contiguous() && ref.grad.is_contiguous(), op, "parameter '", n,
+           "': param and grad must be contiguous");
+  int64_t last_end = 0;
+  for (const auto& [b, e] : ref.decay_ranges) {
+    OP_CHECK(b >= last_end && b < e && e <= ref.param.numel(), op, "parameter '", n,
+             "': decay range [", b, ", ", e,
+             ") is empty, out of order, overlapping or "
+             "outside [0, ",
+             ref.param.numel(), ")");
+    last_end = e;
+  }
+}
+
+}  // namespace
+
+void CheckParamRefs(const char* op, const std::vector<ParamRef>& refs) {
+  std::unordered_set<std::string> names;
+  for (const ParamRef& ref : refs) {
+    CheckOne(op, ref);
+    OP_CHECK(names.insert(ref.name).second, op, "parameter name '", ref.name, "' appears twice");
+  }
+}
+
+}  // namespace optim

@@ -1,0 +1,55 @@
+// ParamRef: what an optimizer updates. A name, an fp32 parameter tensor updated
+// in place, its fp32 gradient, and the element ranges where weight decay
+// applies. A ref may be a whole parameter or a shard (a view) of an FSDP flat
+// buffer, which mixes weights (decayed) with biases and norm weights (not), so
+// optimizers never assume they see whole parameters.
+#ifndef OPTIM_PARAM_REF_H_
+#define OPTIM_PARAM_REF_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace optim {
+
+// [begin, end) element ranges of a tensor, in its flat (row-major) order.
+using ElementRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+struct ParamRef {
+  // Names the optimizer state ("h.0.attn.c_attn.weight", or a shard's name).
+  std::string name;
+  // fp32, contiguous, CPU; updated in place.
+  tensor::Tensor param;
+  // fp32, contiguous, CPU, same shape as param.
+  tensor::Tensor grad;
+  // Where weight decay applies: sorted, disjoint, non-empty ranges within
+  // [0, param.numel()). Elements outside get no decay.
+  ElementRanges decay_ranges;
+};
+
+// A ref over a whole tensor, decayed everywhere (decay = true) or nowhere.
+ParamRef MakeParamRef(std::string name, tensor::Tensor param, tensor::Tensor grad, bool decay);
+
+// One ref per parameter of `module`, named as NamedParameters() names it, with
+// decay over the whole parameter iff Parameter::weight_decay. Parameters
+// without a value or without a gradient are skipped. The refs share the
+// parameters' tensors (no copy).
+std::vector<ParamRef> FromModule(nn::Module& module);
+
+// The part of `ranges` (sorted, disjoint) inside [begin, end), shifted so that
+// `begin` becomes 0: the decay ranges of a slice of a flat buffer.
+ElementRanges SliceRanges(const ElementRanges& ranges, int64_t begin, int64_t end);
+
+// Throws tensor::OpError ("[op] ...", naming the ref) unless every ref is
+// valid: param and grad defined, fp32, CPU, contiguous and of the same shape;
+// decay ranges sorted, disjoint, non-empty and within the parameter; names
+// unique among `refs`.
+void CheckParamRefs(const char* op, const std::vector<ParamRef>& refs);
+
+}  // namespace optim
+
+#endif  // OPTIM_PARAM_REF_H_
