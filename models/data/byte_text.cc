@@ -1,0 +1,83 @@
+// Byte-level text source: memory-mapped file, random windows, decoding.
+#include "models/data/byte_text.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "models/data/runfiles.h"
+
+namespace data {
+
+ByteTextSource::ByteTextSource(std::shared_ptr<const MappedFile> file, std::string owned,
+                               std::string name, uint64_t seed)
+    : file_(std::move(file)), owned_(std::move(owned)), name_(std::move(name)), seed_(seed) {
+  text_ = file_ != nullptr ? file_->bytes() : absl::string_view(owned_);
+}
+
+absl::StatusOr<std::unique_ptr<ByteTextSource>> ByteTextSource::Open(const std::string& path,
+                                                                     uint64_t seed) {
+  absl::StatusOr<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("[byte text] ", file.status().message()));
+  }
+  if ((*file)->size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("[byte text] text file ", path, " is empty"));
+  }
+  return std::unique_ptr<ByteTextSource>(
+      new ByteTextSource(*std::move(file), std::string(), path, seed));
+}
+
+absl::StatusOr<std::unique_ptr<ByteTextSource>> ByteTextSource::OpenDefault(uint64_t seed) {
+  absl::StatusOr<std::string> path = ResolveRunfile(kDefaultTextPath);
+  if (!path.ok()) {
+    return absl::Status(path.status().code(),
+                        absl::StrCat("[byte text] the default text: ", path.status().message(),
+                                     " (depend on //models/data:byte_text and run through "
+                                     "bazel, or run from the repository root)"));
+  }
+  return Open(*path, seed);
+}
+
+absl::StatusOr<std::unique_ptr<ByteTextSource>> ByteTextSource::FromString(std::string text,
+                                                                           uint64_t seed,
+                                                                           absl::string_view name) {
+  if (text.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("[byte text] text ", name, " is empty"));
+  }
+  return std::unique_ptr<ByteTextSource>(
+      new ByteTextSource(nullptr, std::move(text), std::string(name), seed));
+}
+
+void ByteTextSource::SampleSequence(int64_t step, int64_t row, absl::Span<int64_t> out) const {
+  const int64_t length = static_cast<int64_t>(out.size());
+  const int64_t start =
+      SampleWindowStart(seed_, step, row, static_cast<int64_t>(text_.size()), length);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(text_.data()) + start;
+  for (int64_t i = 0; i < length; ++i) out[i] = bytes[i];
+}
+
+std::string ByteTextSource::Describe() const {
+  return absl::StrCat("bytes of ", name_, " (", text_.size(), " bytes)");
+}
+
+std::string ByteTextSource::Fingerprint() const {
+  return absl::StrCat("byte_text(bytes=", text_.size(), ",seed=", seed_, ")");
+}
+
+std::string DecodeBytes(absl::Span<const int64_t> ids) {
+  std::string out;
+  out.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (id >= 0 && id < kByteVocabSize) {
+      out.push_back(static_cast<char>(static_cast<uint8_t>(id)));
+    } else {
+      absl::StrAppend(&out, "<", id, ">");
+    }
+  }
+  return out;
+}
+
+}  // namespace data

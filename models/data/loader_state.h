@@ -1,0 +1,53 @@
+// Data-parallel batch geometry and the saveable position of a data loader.
+//
+// Rank r of W with a per-rank batch of B rows gets rows [r*B, (r+1)*B) of the
+// global batch of W*B rows at each step, so the union over ranks of a step is
+// exactly what one process with batch W*B sees, in the same order.
+//
+// A loader's state is its next step plus a description of everything that
+// determines its samples (source fingerprint, global batch, lengths), so a
+// restore into a differently configured loader fails instead of silently
+// changing the data. Data-parallel layout (W, B) may change on resume as long as
+// the global batch W*B stays the same.
+#ifndef MODELS_DATA_LOADER_STATE_H_
+#define MODELS_DATA_LOADER_STATE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace data {
+
+struct DataParallel {
+  int64_t batch_size = 1;  // B: rows per rank
+  int rank = 0;            // r in [0, world_size)
+  int world_size = 1;      // W
+
+  int64_t global_batch_size() const { return batch_size * world_size; }
+  // The global row of local row i.
+  int64_t GlobalRow(int64_t i) const { return rank * batch_size + i; }
+  // InvalidArgument (naming `who`) unless B >= 1, W >= 1, 0 <= r < W and
+  // W*B < 2^31.
+  absl::Status Validate(absl::string_view who) const;
+};
+
+struct LoaderState {
+  int64_t step = 0;    // the step Next() returns next
+  std::string config;  // what determines the samples; see above
+
+  // "step=<n>;<config>": fits in checkpoint metadata (a string map).
+  std::string ToString() const;
+  static absl::StatusOr<LoaderState> FromString(absl::string_view s);
+};
+
+// OK when `saved` may be restored into a loader whose config is `config`;
+// otherwise InvalidArgument showing both configs.
+absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
+                          absl::string_view who);
+
+}  // namespace data
+
+#endif  // MODELS_DATA_LOADER_STATE_H_

@@ -1,0 +1,192 @@
+// Reading, validating and writing nanoGPT / llm.c uint16 token files.
+#include "models/data/token_file.h"
+
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace data {
+namespace {
+
+int32_t ReadInt32Le(const uint8_t* p) {
+  const uint32_t u = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                     (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+  return static_cast<int32_t>(u);
+}
+
+void AppendInt32Le(int32_t v, std::string* out) {
+  const uint32_t u = static_cast<uint32_t>(v);
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+}
+
+inline int64_t ReadUint16Le(const uint8_t* p) {
+  return static_cast<int64_t>(p[0]) | (static_cast<int64_t>(p[1]) << 8);
+}
+
+absl::Status Invalid(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("[token file] ", path, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const TokenFile>> TokenFile::Open(const std::string& path,
+                                                                 int64_t vocab_size,
+                                                                 TokenFileFormat format) {
+  if (vocab_size < 1 || vocab_size > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[token file] vocab_size must be in [1, 2^31], got ", vocab_size, " for ", path));
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
+  if (!mapped.ok()) {
+    return absl::Status(mapped.status().code(),
+                        absl::StrCat("[token file] ", mapped.status().message()));
+  }
+  std::shared_ptr<const MappedFile> file = *std::move(mapped);
+  const int64_t size = file->size();
+  const uint8_t* bytes = file->data();
+  if (size == 0) return Invalid(path, "the file is empty");
+
+  const int32_t first = size >= 4 ? ReadInt32Le(bytes) : 0;
+  if (format == TokenFileFormat::kAuto) {
+    if (size >= 4 && first == kLlmcUint32Magic) {
+      return Invalid(path, absl::StrCat("an llm.c file of uint32 tokens (magic ", kLlmcUint32Magic,
+                                        "); only uint16 tokens are supported"));
+    }
+    format = (size >= 4 && first == kLlmcMagic) ? TokenFileFormat::kLlmc : TokenFileFormat::kRaw;
+  }
+
+  const uint8_t* tokens = bytes;
+  int64_t num_tokens = 0;
+  if (format == TokenFileFormat::kLlmc) {
+    if (size < kLlmcHeaderBytes) {
+      return Invalid(path, absl::StrCat("too small for the llm.c header: ", size,
+                                        " bytes, the header alone is ", kLlmcHeaderBytes,
+                                        " bytes (256 x int32)"));
+    }
+    if (first != kLlmcMagic) {
+      return Invalid(path, absl::StrCat("bad magic ", first, " in the llm.c header (expected ",
+                                        kLlmcMagic, ")"));
+    }
+    const int32_t version = ReadInt32Le(bytes + 4);
+    if (version != kLlmcVersion) {
+      return Invalid(path, absl::StrCat("unsupported llm.c header version ", version, " (expected ",
+                                        kLlmcVersion, ": uint16 tokens)"));
+    }
+    const int64_t count = ReadInt32Le(bytes + 8);
+    const int64_t payload = size - kLlmcHeaderBytes;
+    if (count < 0) {
+      return Invalid(path, absl::StrCat("the header's token count is negative (", count, ")"));
+    }
+    if (payload < 2 * count) {
+      return Invalid(path, absl::StrCat("truncated: the header says ", count, " tokens (",
+                                        2 * count, " bytes) but only ", payload,
+                                        " bytes follow the ", kLlmcHeaderBytes, "-byte header"));
+    }
+    if (payload > 2 * count) {
+      return Invalid(path,
+                     absl::StrCat(payload - 2 * count, " trailing bytes after the ", count,
+                                  " tokens the header announces (file size ", size, " bytes)"));
+    }
+    tokens = bytes + kLlmcHeaderBytes;
+    num_tokens = count;
+  } else {
+    if (size % 2 != 0) {
+      return Invalid(path, absl::StrCat("odd number of bytes (", size,
+                                        "): not a file of uint16 tokens, or truncated"));
+    }
+    num_tokens = size / 2;
+  }
+  if (num_tokens == 0) return Invalid(path, "the file holds no tokens");
+
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    const int64_t t = ReadUint16Le(tokens + 2 * i);
+    if (t >= vocab_size) {
+      return Invalid(path, absl::StrCat("token ", t, " at position ", i,
+                                        " is out of range (>= ", "vocab_size ", vocab_size, ")"));
+    }
+  }
+  return std::shared_ptr<const TokenFile>(
+      new TokenFile(std::move(file), format, tokens, num_tokens, vocab_size));
+}
+
+int64_t TokenFile::token(int64_t i) const {
+  CHECK(i >= 0 && i < num_tokens_) << "token index " << i << " out of [0, " << num_tokens_ << ")";
+  return ReadUint16Le(tokens_ + 2 * i);
+}
+
+void TokenFile::Read(int64_t start, absl::Span<int64_t> out) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  CHECK(start >= 0 && start + n <= num_tokens_)
+      << "tokens [" << start << ", " << start + n << ") out of [0, " << num_tokens_ << ")";
+  const uint8_t* p = tokens_ + 2 * start;
+  for (int64_t i = 0; i < n; ++i) out[i] = ReadUint16Le(p + 2 * i);
+}
+
+absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> tokens,
+                            TokenFileFormat format) {
+  if (format == TokenFileFormat::kAuto) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[token file] writing ", path, ": choose kRaw or kLlmc"));
+  }
+  if (format == TokenFileFormat::kLlmc && tokens.size() > 0x7fffffffu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[token file] writing ", path, ": ", tokens.size(), " tokens do not fit an llm.c header"));
+  }
+  std::string bytes;
+  bytes.reserve((format == TokenFileFormat::kLlmc ? kLlmcHeaderBytes : 0) + 2 * tokens.size());
+  if (format == TokenFileFormat::kLlmc) {
+    AppendInt32Le(kLlmcMagic, &bytes);
+    AppendInt32Le(kLlmcVersion, &bytes);
+    AppendInt32Le(static_cast<int32_t>(tokens.size()), &bytes);
+    for (int64_t i = 3; i < kLlmcHeaderInts; ++i) AppendInt32Le(0, &bytes);
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int64_t t = tokens[i];
+    if (t < 0 || t > 0xffff) {
+      return absl::InvalidArgumentError(absl::StrCat("[token file] writing ", path, ": token ", t,
+                                                     " at position ", i, " is not a uint16"));
+    }
+    bytes.push_back(static_cast<char>(t & 0xff));
+    bytes.push_back(static_cast<char>(t >> 8));
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("[token file] cannot create ", path));
+  }
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    return absl::DataLossError(absl::StrCat("[token file] short write to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TokenFileSource>> TokenFileSource::Open(const std::string& path,
+                                                                       uint64_t seed,
+                                                                       int64_t vocab_size,
+                                                                       TokenFileFormat format) {
+  absl::StatusOr<std::shared_ptr<const TokenFile>> file = TokenFile::Open(path, vocab_size, format);
+  if (!file.ok()) return file.status();
+  return std::make_unique<TokenFileSource>(*std::move(file), seed);
+}
+
+void TokenFileSource::SampleSequence(int64_t step, int64_t row, absl::Span<int64_t> out) const {
+  const int64_t length = static_cast<int64_t>(out.size());
+  file_->Read(SampleWindowStart(seed_, step, row, file_->num_tokens(), length), out);
+}
+
+std::string TokenFileSource::Describe() const {
+  return absl::StrCat("tokens of ", file_->path(), " (",
+                      file_->format() == TokenFileFormat::kLlmc ? "llm.c" : "raw uint16", ", ",
+                      file_->num_tokens(), " tokens, vocab ", file_->vocab_size(), ")");
+}
+
+std::string TokenFileSource::Fingerprint() const {
+  return absl::StrCat("token_file(tokens=", file_->num_tokens(), ",vocab=", file_->vocab_size(),
+                      ",seed=", seed_, ")");
+}
+
+}  // namespace data

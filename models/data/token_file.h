@@ -1,0 +1,104 @@
+// uint16 token files in the nanoGPT / llm.c ".bin" layouts, and a TokenSource
+// over one:
+//   raw (nanoGPT):  a flat array of little-endian uint16 tokens;
+//   llm.c:          a header of 256 little-endian int32 (header[0] = 20240520,
+//                   header[1] = 1, header[2] = number of tokens), then the
+//                   uint16 tokens.
+// Auto-detection reads the first int32: the llm.c magic means llm.c. (For
+// vocabularies up to 54600, GPT-2's included, a raw file cannot start with
+// those bytes: its first token would be 0xD548 = 54600.) The file is
+// memory-mapped, its size checked against the token count, and every token
+// checked against the vocabulary when it is opened.
+#ifndef MODELS_DATA_TOKEN_FILE_H_
+#define MODELS_DATA_TOKEN_FILE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/data/mapped_file.h"
+#include "models/data/random_tokens.h"
+#include "models/data/token_source.h"
+
+namespace data {
+
+enum class TokenFileFormat { kAuto, kRaw, kLlmc };
+
+inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcVersion = 1;
+// llm.c's uint32-token files (LLaMA 3): recognized only to be refused clearly.
+inline constexpr int32_t kLlmcUint32Magic = 20240801;
+inline constexpr int64_t kLlmcHeaderInts = 256;
+inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+
+// A validated, memory-mapped token file.
+class TokenFile {
+ public:
+  // Errors (messages name the file): NotFound; InvalidArgument for an empty
+  // file, an odd byte count, a header shorter than 1024 bytes, a wrong magic
+  // (kLlmc) or version, a token count that disagrees with the file size
+  // (truncated or trailing bytes), zero tokens, or a token >= vocab_size
+  // (naming its position).
+  static absl::StatusOr<std::shared_ptr<const TokenFile>> Open(
+      const std::string& path, int64_t vocab_size = kGpt2VocabSize,
+      TokenFileFormat format = TokenFileFormat::kAuto);
+
+  const std::string& path() const { return file_->path(); }
+  TokenFileFormat format() const { return format_; }  // kRaw or kLlmc
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  // Token i (0 <= i < num_tokens()).
+  int64_t token(int64_t i) const;
+  // Tokens [start, start + out.size()) into out.
+  void Read(int64_t start, absl::Span<int64_t> out) const;
+
+ private:
+  TokenFile(std::shared_ptr<const MappedFile> file, TokenFileFormat format, const uint8_t* tokens,
+            int64_t num_tokens, int64_t vocab_size)
+      : file_(std::move(file)),
+        format_(format),
+        tokens_(tokens),
+        num_tokens_(num_tokens),
+        vocab_size_(vocab_size) {}
+
+  std::shared_ptr<const MappedFile> file_;
+  TokenFileFormat format_;
+  const uint8_t* tokens_;  // little-endian uint16 values inside the mapping
+  int64_t num_tokens_;
+  int64_t vocab_size_;
+};
+
+// Writes `tokens` (each in [0, 65536)) as a token file of `format` (kRaw or
+// kLlmc); for tests and dataset tools.
+absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> tokens,
+                            TokenFileFormat format);
+
+// Random windows of a token file.
+class TokenFileSource : public TokenSource {
+ public:
+  TokenFileSource(std::shared_ptr<const TokenFile> file, uint64_t seed)
+      : file_(std::move(file)), seed_(seed) {}
+  // Open(path, vocab_size, format) then a source over it.
+  static absl::StatusOr<std::unique_ptr<TokenFileSource>> Open(
+      const std::string& path, uint64_t seed, int64_t vocab_size = kGpt2VocabSize,
+      TokenFileFormat format = TokenFileFormat::kAuto);
+
+  int64_t vocab_size() const override { return file_->vocab_size(); }
+  int64_t max_sequence_length() const override { return file_->num_tokens(); }
+  void SampleSequence(int64_t step, int64_t row, absl::Span<int64_t> out) const override;
+  std::string Describe() const override;
+  std::string Fingerprint() const override;
+
+  const TokenFile& file() const { return *file_; }
+
+ private:
+  std::shared_ptr<const TokenFile> file_;
+  uint64_t seed_;
+};
+
+}  // namespace data
+
+#endif  // MODELS_DATA_TOKEN_FILE_H_

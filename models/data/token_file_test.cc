@@ -1,0 +1,229 @@
+// Token files: both layouts written here and read back, auto-detection,
+// windows that match the file, and a clear error for each kind of bad file.
+#include "models/data/token_file.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace data {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), bytes.size());
+}
+
+std::string Int32Le(int32_t v) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i)
+    s[i] = static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xff);
+  return s;
+}
+
+// An llm.c header by hand (not through WriteTokenFile).
+std::string LlmcHeader(int32_t magic, int32_t version, int32_t count) {
+  std::string h = Int32Le(magic) + Int32Le(version) + Int32Le(count);
+  h.resize(1024, '\0');
+  return h;
+}
+
+std::string Uint16Le(const std::vector<int>& tokens) {
+  std::string s;
+  for (int t : tokens) {
+    s.push_back(static_cast<char>(t & 0xff));
+    s.push_back(static_cast<char>(t >> 8));
+  }
+  return s;
+}
+
+std::vector<int64_t> Tokens(int n) {
+  std::vector<int64_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 7919) % 50257;
+  return t;
+}
+
+std::string ErrorOf(const std::string& path, int64_t vocab = 50257,
+                    TokenFileFormat format = TokenFileFormat::kAuto) {
+  auto f = TokenFile::Open(path, vocab, format);
+  EXPECT_FALSE(f.ok()) << path;
+  if (f.ok()) return "";
+  EXPECT_NE(f.status().message().find(path), absl::string_view::npos) << f.status();
+  return std::string(f.status().message());
+}
+
+TEST(TokenFileTest, RawFileRoundTrip) {
+  const std::string path = TempPath("raw.bin");
+  const std::vector<int64_t> tokens = Tokens(1000);
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenFileFormat::kRaw).ok());
+  EXPECT_EQ(ReadBytes(path).size(), 2000u);
+  // Little-endian uint16: the second token 7919 = 0x1eef.
+  EXPECT_EQ(ReadBytes(path).substr(2, 2), std::string("\xef\x1e"));
+  auto file = TokenFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->format(), TokenFileFormat::kRaw);
+  ASSERT_EQ((*file)->num_tokens(), 1000);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ((*file)->token(i), tokens[i]) << i;
+}
+
+TEST(TokenFileTest, LlmcFileRoundTripAndLayout) {
+  const std::string path = TempPath("llmc.bin");
+  const std::vector<int64_t> tokens = Tokens(777);
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenFileFormat::kLlmc).ok());
+  const std::string bytes = ReadBytes(path);
+  ASSERT_EQ(bytes.size(), 1024u + 2 * 777);
+  EXPECT_EQ(bytes.substr(0, 12), Int32Le(20240520) + Int32Le(1) + Int32Le(777));
+  EXPECT_EQ(bytes.substr(12, 1012), std::string(1012, '\0'));
+  for (TokenFileFormat format : {TokenFileFormat::kAuto, TokenFileFormat::kLlmc}) {
+    auto file = TokenFile::Open(path, 50257, format);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->format(), TokenFileFormat::kLlmc);
+    ASSERT_EQ((*file)->num_tokens(), 777);
+    std::vector<int64_t> all(777);
+    (*file)->Read(0, absl::MakeSpan(all));
+    EXPECT_EQ(all, tokens);
+  }
+}
+
+TEST(TokenFileTest, HandWrittenFilesOfBothLayouts) {
+  const std::string raw = TempPath("hand_raw.bin");
+  WriteBytes(raw, Uint16Le({1, 258, 65535}));
+  auto a = TokenFile::Open(raw, 65536);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->num_tokens(), 3);
+  EXPECT_EQ((*a)->token(1), 258);
+  EXPECT_EQ((*a)->token(2), 65535);
+
+  const std::string llmc = TempPath("hand_llmc.bin");
+  WriteBytes(llmc, LlmcHeader(20240520, 1, 2) + Uint16Le({50256, 11}));
+  auto b = TokenFile::Open(llmc);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->format(), TokenFileFormat::kLlmc);
+  EXPECT_EQ((*b)->token(0), 50256);
+  EXPECT_EQ((*b)->token(1), 11);
+}
+
+TEST(TokenFileTest, SourceWindowsAreRunsOfTheFile) {
+  const std::string path = TempPath("source.bin");
+  std::vector<int64_t> tokens(5000);
+  for (int i = 0; i < 5000; ++i) tokens[i] = i % 4000;  // consecutive runs
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenFileFormat::kLlmc).ok());
+  auto source = TokenFileSource::Open(path, 11);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->vocab_size(), 50257);
+  EXPECT_EQ((*source)->max_sequence_length(), 5000);
+  std::vector<int64_t> window(33);
+  for (int64_t row = 0; row < 50; ++row) {
+    (*source)->SampleSequence(2, row, absl::MakeSpan(window));
+    // Find the window's start from its first token; all of it must match.
+    bool found = false;
+    for (int64_t s = 0; s + 33 <= 5000 && !found; ++s) {
+      found = std::equal(window.begin(), window.end(), tokens.begin() + s);
+    }
+    EXPECT_TRUE(found) << "row " << row;
+  }
+  EXPECT_NE((*source)->Describe().find("llm.c, 5000 tokens, vocab 50257"), std::string::npos)
+      << (*source)->Describe();
+}
+
+TEST(TokenFileTest, TruncatedLlmcFile) {
+  const std::string path = TempPath("truncated.bin");
+  ASSERT_TRUE(WriteTokenFile(path, Tokens(100), TokenFileFormat::kLlmc).ok());
+  const std::string bytes = ReadBytes(path);
+  WriteBytes(path, bytes.substr(0, bytes.size() - 3));
+  EXPECT_NE(ErrorOf(path).find("truncated: the header says 100 tokens (200 bytes) but only 197 "
+                               "bytes follow the 1024-byte header"),
+            std::string::npos)
+      << ErrorOf(path);
+}
+
+TEST(TokenFileTest, TrailingBytesAfterTheAnnouncedTokens) {
+  const std::string path = TempPath("trailing.bin");
+  WriteBytes(path, LlmcHeader(20240520, 1, 2) + Uint16Le({1, 2, 3}));
+  EXPECT_NE(ErrorOf(path).find("2 trailing bytes after the 2 tokens"), std::string::npos)
+      << ErrorOf(path);
+}
+
+TEST(TokenFileTest, BadMagicWhenLlmcIsRequired) {
+  const std::string path = TempPath("bad_magic.bin");
+  WriteBytes(path, LlmcHeader(12345, 1, 2) + Uint16Le({1, 2}));
+  EXPECT_NE(ErrorOf(path, 50257, TokenFileFormat::kLlmc)
+                .find("bad magic 12345 in the llm.c header (expected 20240520)"),
+            std::string::npos);
+}
+
+TEST(TokenFileTest, UnsupportedVersionAndUint32Files) {
+  const std::string v2 = TempPath("version2.bin");
+  WriteBytes(v2, LlmcHeader(20240520, 2, 2) + Uint16Le({1, 2}));
+  EXPECT_NE(ErrorOf(v2).find("unsupported llm.c header version 2 (expected 1"), std::string::npos)
+      << ErrorOf(v2);
+  const std::string u32 = TempPath("uint32.bin");
+  WriteBytes(u32, LlmcHeader(20240801, 7, 1) + Int32Le(5));
+  EXPECT_NE(ErrorOf(u32).find("uint32 tokens (magic 20240801)"), std::string::npos) << ErrorOf(u32);
+}
+
+TEST(TokenFileTest, TooSmallFiles) {
+  const std::string header_only = TempPath("short_header.bin");
+  WriteBytes(header_only, LlmcHeader(20240520, 1, 10).substr(0, 100));
+  EXPECT_NE(ErrorOf(header_only).find("too small for the llm.c header: 100 bytes"),
+            std::string::npos)
+      << ErrorOf(header_only);
+
+  const std::string empty = TempPath("empty.bin");
+  WriteBytes(empty, "");
+  EXPECT_NE(ErrorOf(empty).find("the file is empty"), std::string::npos);
+
+  const std::string no_tokens = TempPath("no_tokens.bin");
+  WriteBytes(no_tokens, LlmcHeader(20240520, 1, 0));
+  EXPECT_NE(ErrorOf(no_tokens).find("holds no tokens"), std::string::npos);
+
+  const std::string odd = TempPath("odd.bin");
+  WriteBytes(odd, Uint16Le({1, 2}) + "x");
+  EXPECT_NE(ErrorOf(odd).find("odd number of bytes (5)"), std::string::npos) << ErrorOf(odd);
+}
+
+TEST(TokenFileTest, TokenOutsideTheVocabularyNamesItsPosition) {
+  const std::string path = TempPath("out_of_vocab.bin");
+  std::vector<int64_t> tokens = Tokens(50);
+  tokens[37] = 50300;
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenFileFormat::kLlmc).ok());
+  EXPECT_NE(ErrorOf(path).find("token 50300 at position 37 is out of range (>= vocab_size 50257)"),
+            std::string::npos)
+      << ErrorOf(path);
+  // With a larger vocabulary the same file is fine.
+  EXPECT_TRUE(TokenFile::Open(path, 65536).ok());
+  // A small vocabulary catches the first offender.
+  EXPECT_NE(ErrorOf(path, 5000).find("at position 1 "), std::string::npos) << ErrorOf(path, 5000);
+}
+
+TEST(TokenFileTest, MissingFileIsNotFound) {
+  const std::string path = TempPath("absent.bin");
+  auto f = TokenFileSource::Open(path, 0);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(f.status().message().find(path), absl::string_view::npos);
+}
+
+TEST(TokenFileTest, WriteRefusesNonUint16Tokens) {
+  const std::string path = TempPath("bad_write.bin");
+  auto s = WriteTokenFile(path, {1, 70000}, TokenFileFormat::kRaw);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("token 70000 at position 1 is not a uint16"), absl::string_view::npos)
+      << s;
+}
+
+}  // namespace
+}  // namespace data
