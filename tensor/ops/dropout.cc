@@ -1,0 +1,228 @@
+// Dropout: argument checks and the mask kernel, shared by the forward and the
+// backward (both multiply by the same regenerated mask). Work is split into
+// blocks of 32 elements (8 Philox counters, generated 8 at a time with AVX2),
+// so a block's mask is the same whichever thread computes it.
+#include "tensor/ops/dropout.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/nn_simd.h"
+#include "tensor/ops/check.h"
+#include "tensor/thread_pool.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace tensor {
+namespace {
+
+using cpu::simd::F8;
+using cpu::simd::I8;
+using cpu::simd::kW;
+
+// Elements are kept iff (word >> 8) >= Threshold(p), i.e. (word >> 8) * 2^-24 >= p.
+uint32_t Threshold(float p) {
+  return static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0));
+}
+
+constexpr int64_t kCountersPerBlock = 8;
+constexpr int64_t kBlock = 4 * kCountersPerBlock;  // elements per block
+
+#if defined(__AVX2__)
+// Philox4x32-10 as in tensor/random.cc, 8 counters at a time; the tests check
+// it against Philox4x32 word for word.
+inline void MulHiLo(__m256i a, __m256i k, __m256i* hi, __m256i* lo) {
+  const __m256i even = _mm256_mul_epu32(a, k);                        // lanes 0, 2, 4, 6
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), k);  // lanes 1, 3, 5, 7
+  *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+#endif
+
+// words[w][j] = Philox4x32(seed, 0, base + j)[w] for j < 8.
+inline void Philox8(uint64_t seed, uint64_t base, uint32_t words[4][kCountersPerBlock]) {
+#if defined(__AVX2__)
+  alignas(32) uint32_t lo[kCountersPerBlock], hi[kCountersPerBlock];
+  for (int j = 0; j < kCountersPerBlock; ++j) {
+    lo[j] = static_cast<uint32_t>(base + j);
+    hi[j] = static_cast<uint32_t>((base + j) >> 32);
+  }
+  __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+  __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+  __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+  __m256i k0 = _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(seed)));
+  __m256i k1 = _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(seed >> 32)));
+  const __m256i mul0 = _mm256_set1_epi32(static_cast<int32_t>(0xD2511F53u));
+  const __m256i mul1 = _mm256_set1_epi32(static_cast<int32_t>(0xCD9E8D57u));
+  const __m256i weyl0 = _mm256_set1_epi32(static_cast<int32_t>(0x9E3779B9u));
+  const __m256i weyl1 = _mm256_set1_epi32(static_cast<int32_t>(0xBB67AE85u));
+  for (int round = 0; round < 10; ++round) {
+    __m256i hi0, lo0, hi1, lo1;
+    MulHiLo(c0, mul0, &hi0, &lo0);
+    MulHiLo(c2, mul1, &hi1, &lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), k0);
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), k1);
+    c3 = lo0;
+    k0 = _mm256_add_epi32(k0, weyl0);
+    k1 = _mm256_add_epi32(k1, weyl1);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[0]), c0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[1]), c1);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[2]), c2);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[3]), c3);
+#else
+  for (int j = 0; j < kCountersPerBlock; ++j) {
+    const std::array<uint32_t, 4> r = Philox4x32(seed, 0, base + j);
+    for (int w = 0; w < 4; ++w) words[w][j] = r[w];
+  }
+#endif
+}
+
+// keep[e] = -1 (keep) or 0 (drop) for element kBlock * block + e.
+inline void KeepBlock(const DropoutState& s, uint32_t threshold, int64_t block,
+                      int32_t keep[kBlock]) {
+  alignas(32) uint32_t words[4][kCountersPerBlock];
+  Philox8(s.seed, s.offset + kCountersPerBlock * static_cast<uint64_t>(block), words);
+#if defined(__AVX2__)
+  // Compare word vectors ((word >> 8) < 2^24, so a signed compare with
+  // threshold - 1 works), then transpose (word, counter) to element order 4 j + w.
+  const __m256i limit = _mm256_set1_epi32(static_cast<int32_t>(threshold) - 1);
+  __m256i k[4];
+  for (int w = 0; w < 4; ++w) {
+    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(words[w]));
+    k[w] = _mm256_cmpgt_epi32(_mm256_srli_epi32(v, 8), limit);
+  }
+  const __m256i t0 = _mm256_unpacklo_epi32(k[0], k[1]);  // counters 0,1 | 4,5: words 0,1
+  const __m256i t1 = _mm256_unpacklo_epi32(k[2], k[3]);  // counters 0,1 | 4,5: words 2,3
+  const __m256i t2 = _mm256_unpackhi_epi32(k[0], k[1]);  // counters 2,3 | 6,7: words 0,1
+  const __m256i t3 = _mm256_unpackhi_epi32(k[2], k[3]);  // counters 2,3 | 6,7: words 2,3
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t1);      // counters 0 | 4
+  const __m256i u1 = _mm256_unpackhi_epi64(t0, t1);      // counters 1 | 5
+  const __m256i u2 = _mm256_unpacklo_epi64(t2, t3);      // counters 2 | 6
+  const __m256i u3 = _mm256_unpackhi_epi64(t2, t3);      // counters 3 | 7
+  __m256i* out = reinterpret_cast<__m256i*>(keep);
+  _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(u0, u1, 0x20));  // counters 0, 1
+  _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u2, u3, 0x20));  // counters 2, 3
+  _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u0, u1, 0x31));  // counters 4, 5
+  _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u2, u3, 0x31));  // counters 6, 7
+#else
+  for (int j = 0; j < kCountersPerBlock; ++j) {
+    for (int w = 0; w < 4; ++w) keep[4 * j + w] = (words[w][j] >> 8) >= threshold ? -1 : 0;
+  }
+#endif
+}
+
+// out = in * mask / (1 - p); in and out contiguous with n elements (out may be in).
+template <typename T>
+void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
+  const uint32_t threshold = Threshold(s.p);
+  const F8 scale = cpu::simd::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
+  const F8 zero = cpu::simd::Splat(0.0f);
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  ParallelFor(blocks, 1024, [&](int64_t b0, int64_t b1) {
+    int32_t keep[kBlock];
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      KeepBlock(s, threshold, blk, keep);
+      for (int64_t v = 0; v < kBlock; v += kW) {
+        const int64_t i = blk * kBlock + v;
+        if (i >= n) break;
+        I8 keep_v;
+        std::memcpy(&keep_v, keep + v, sizeof(keep_v));
+        auto apply = [&](auto k) {
+          // A select, not a multiply by 0: dropped inf / NaN inputs give 0 too.
+          const F8 x = keep_v ? cpu::simd::LoadAs(in + i, k) * scale : zero;
+          cpu::simd::StoreAs(out + i, x, k);
+        };
+        if (i + kW <= n) {
+          apply(std::integral_constant<int64_t, kW>{});
+        } else {
+          apply(n - i);
+        }
+      }
+    }
+  });
+}
+
+void CheckP(const char* op, float p) {
+  OP_CHECK(p >= 0.0f && p <= 1.0f, op, "p must be in [0, 1]; got ", p);
+}
+
+}  // namespace
+
+DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
+  const char* op = "dropout";
+  CheckCpu(op, {&x});
+  CheckFloating(op, x);
+  CheckP(op, p);
+  DropoutResult out;
+  out.state.p = p;
+  out.state.numel = x.numel();
+  if (!training || p == 0.0f) {
+    out.y = x;
+    return out;
+  }
+  out.state.active = true;
+  if (p == 1.0f) {
+    out.y = Tensor::Zeros(x.shape(), x.dtype());
+    return out;
+  }
+  out.state.seed = gen.seed();
+  out.state.offset = gen.Reserve((static_cast<uint64_t>(x.numel()) + 3) / 4);
+  const Tensor xc = x.Contiguous();
+  out.y = Tensor::Empty(x.shape(), x.dtype());
+  DispatchFloating(op, x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ApplyMask(xc.data<T>(), out.y.data<T>(), x.numel(), out.state);
+  });
+  return out;
+}
+
+Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state) {
+  const char* op = "dropout_backward";
+  CheckCpu(op, {&grad_y});
+  CheckFloating(op, grad_y);
+  CheckP(op, state.p);
+  OP_CHECK(grad_y.numel() == state.numel, op, Describe("grad_y", grad_y), " has ",
+           grad_y.numel(), " elements but the forward's x had ", state.numel);
+  if (!state.active) return grad_y;
+  if (state.p == 1.0f) return Tensor::Zeros(grad_y.shape(), grad_y.dtype());
+  const Tensor gc = grad_y.Contiguous();
+  Tensor grad_x = Tensor::Empty(grad_y.shape(), grad_y.dtype());
+  DispatchFloating(op, grad_y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ApplyMask(gc.data<T>(), grad_x.data<T>(), grad_y.numel(), state);
+  });
+  return grad_x;
+}
+
+Tensor DropoutMask(const Shape& shape, const DropoutState& state) {
+  const char* op = "dropout_mask";
+  CheckP(op, state.p);
+  Tensor mask = Tensor::Empty(shape, Dtype::kU8);
+  uint8_t* m = mask.data<uint8_t>();
+  const int64_t n = shape.numel();
+  if (!state.active || state.p == 1.0f) {
+    std::fill(m, m + n, state.active ? 0 : 1);
+    return mask;
+  }
+  const uint32_t threshold = Threshold(state.p);
+  ParallelFor((n + kBlock - 1) / kBlock, 1024, [&](int64_t b0, int64_t b1) {
+    int32_t keep[kBlock];
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      KeepBlock(state, threshold, blk, keep);
+      for (int64_t e = 0; e < kBlock && blk * kBlock + e < n; ++e) {
+        m[blk * kBlock + e] = keep[e] != 0;
+      }
+    }
+  });
+  return mask;
+}
+
+}  // namespace tensor

@@ -1,0 +1,51 @@
+// Inverted dropout: in training each element is kept with probability 1 - p
+// and scaled by 1 / (1 - p), else zeroed. The mask is never stored: it is a
+// function of (seed, offset) through the counter-based Philox generator
+// (tensor/random.h), so the backward regenerates it and the result does not
+// depend on the thread count.
+//
+// Mask definition: element i (row-major index in x) uses Philox4x32 word
+// i % 4 of counter offset + i / 4 under key seed, and is kept iff
+// (word >> 8) * 2^-24 >= p (the generator's 24-bit uniform, UniformFromBits).
+// A forward reserves ceil(numel / 4) counters of the generator.
+#ifndef TENSOR_OPS_DROPOUT_H_
+#define TENSOR_OPS_DROPOUT_H_
+
+#include <cstdint>
+
+#include "tensor/random.h"
+#include "tensor/tensor.h"
+
+namespace tensor {
+
+// What the backward needs (a few bytes instead of a mask).
+struct DropoutState {
+  float p = 0.0f;        // drop probability in [0, 1]
+  uint64_t seed = 0;     // Philox key
+  uint64_t offset = 0;   // first Philox counter
+  int64_t numel = 0;     // elements of x (the backward checks grad_y against it)
+  // false when the forward was the identity (eval mode or p == 0): the backward
+  // then passes the gradient through.
+  bool active = false;
+};
+
+struct DropoutResult {
+  Tensor y;  // x's shape and dtype; x itself (no copy) when state.active is false
+  DropoutState state;
+};
+
+// x floating (f32, bf16, f16). training false or p == 0: y is x; p == 1: zeros;
+// p outside [0, 1] throws OpError.
+DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training = true);
+
+// grad_x = grad_y * mask / (1 - p) with the forward's mask (grad_y itself when
+// the forward was the identity; zeros for p == 1).
+Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state);
+
+// The keep mask (1 kept, 0 dropped) of a forward over `shape`, as u8; all ones
+// when the state is inactive.
+Tensor DropoutMask(const Shape& shape, const DropoutState& state);
+
+}  // namespace tensor
+
+#endif  // TENSOR_OPS_DROPOUT_H_

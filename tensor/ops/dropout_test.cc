@@ -1,0 +1,193 @@
+// Tests of Dropout / DropoutBackward / DropoutMask: keep rate and scaling, the
+// documented Philox mask, reproducibility from (seed, offset), the backward
+// reusing the forward's mask, identity and p == 1 cases, and errors.
+#include "tensor/ops/dropout.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+using testing::AllClose;
+using testing::Dot;
+using testing::NumericalGradient;
+using testing::RandomTensor;
+
+// The mask as documented in dropout.h, element by element.
+std::vector<uint8_t> ReferenceMask(int64_t n, float p, uint64_t seed, uint64_t offset) {
+  Generator gen(seed);
+  std::vector<uint8_t> mask(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = gen.Bits(offset + i / 4)[i % 4];
+    mask[i] = UniformFromBits(word) >= p;
+  }
+  return mask;
+}
+
+TEST(DropoutTest, KeepsAboutOneMinusPAndScalesKeptValues) {
+  const int64_t n = 200003;
+  const Tensor x = RandomTensor({n}, 1, 0.5f, 1.5f);
+  const std::vector<float> xv = x.ToVector<float>();
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    Generator gen(42);
+    const DropoutResult res = Dropout(x, p, gen);
+    ASSERT_TRUE(res.state.active);
+    const std::vector<float> y = res.y.ToVector<float>();
+    const float scale = static_cast<float>(1.0 / (1.0 - p));
+    int64_t kept = 0;
+    double sum_x = 0, sum_y = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (y[i] != 0.0f) {
+        ++kept;
+        ASSERT_EQ(y[i], xv[i] * scale) << i;
+      }
+      sum_x += xv[i];
+      sum_y += y[i];
+    }
+    const double frac = static_cast<double>(kept) / n;
+    const double sigma = std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(frac, 1 - p, 5 * sigma) << p;
+    // The expected value is preserved (inverted dropout).
+    EXPECT_NEAR(sum_y / n, sum_x / n, 0.02 * sum_x / n) << p;
+  }
+}
+
+TEST(DropoutTest, MaskFollowsTheDocumentedPhiloxDefinition) {
+  const Tensor x = Tensor::Full({3, 37}, 1.0);
+  Generator gen(7, 1000);
+  const DropoutResult res = Dropout(x, 0.3f, gen);
+  EXPECT_EQ(res.state.seed, 7u);
+  EXPECT_EQ(res.state.offset, 1000u);
+  EXPECT_EQ(gen.offset(), 1000u + (3 * 37 + 3) / 4);  // ceil(numel / 4) counters reserved
+  const std::vector<uint8_t> ref = ReferenceMask(3 * 37, 0.3f, 7, 1000);
+  EXPECT_EQ(DropoutMask(x.shape(), res.state).ToVector<uint8_t>(), ref);
+  const std::vector<float> y = res.y.ToVector<float>();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(y[i], ref[i] ? static_cast<float>(1.0 / 0.7) : 0.0f) << i;
+  }
+  // Seeds with high bits, counters crossing 2^32, several sizes and rates.
+  const uint64_t seeds[] = {0, 0x123456789abcdefull, ~0ull};
+  const uint64_t offsets[] = {0, 0xfffffff0ull, 0xfffffffffffffff0ull};
+  for (uint64_t seed : seeds) {
+    for (uint64_t offset : offsets) {
+      for (int64_t n : {1, 31, 32, 33, 1000}) {
+        Generator g(seed, offset);
+        const DropoutResult r = Dropout(Tensor::Full({n}, 1.0), 0.6f, g);
+        EXPECT_EQ(DropoutMask({n}, r.state).ToVector<uint8_t>(),
+                  ReferenceMask(n, 0.6f, seed, offset))
+            << seed << " " << offset << " " << n;
+      }
+    }
+  }
+}
+
+TEST(DropoutTest, SameSeedAndOffsetGiveTheSameMask) {
+  const Tensor x = RandomTensor({64, 33}, 2);
+  Generator a(5), b(5);
+  const DropoutResult ra = Dropout(x, 0.5f, a);
+  const DropoutResult rb = Dropout(x, 0.5f, b);
+  EXPECT_TRUE(AllClose(ra.y, rb.y, 0, 0));
+  // The generator moved on: the next call draws another mask.
+  const DropoutResult rc = Dropout(x, 0.5f, a);
+  EXPECT_NE(rc.state.offset, ra.state.offset);
+  EXPECT_FALSE(AllClose(rc.y, ra.y, 0, 0));
+  // Element i depends only on (seed, offset + i): a prefix of a bigger tensor
+  // gets the same decisions, whatever the split into threads.
+  DropoutState big = ra.state;
+  big.numel = 10 * x.numel();
+  const std::vector<uint8_t> long_mask = DropoutMask({10 * x.numel()}, big).ToVector<uint8_t>();
+  const std::vector<uint8_t> short_mask = DropoutMask(x.shape(), ra.state).ToVector<uint8_t>();
+  EXPECT_TRUE(std::equal(short_mask.begin(), short_mask.end(), long_mask.begin()));
+}
+
+TEST(DropoutTest, BackwardUsesTheForwardMask) {
+  const Tensor x = RandomTensor({5, 29}, 3);
+  const Tensor g = RandomTensor({5, 29}, 4);
+  Generator gen(11);
+  const DropoutResult res = Dropout(x, 0.4f, gen);
+  const Tensor gx = DropoutBackward(g, res.state);
+  const std::vector<uint8_t> mask = DropoutMask(x.shape(), res.state).ToVector<uint8_t>();
+  const std::vector<float> gv = g.ToVector<float>(), gxv = gx.ToVector<float>();
+  const float scale = static_cast<float>(1.0 / 0.6);
+  for (size_t i = 0; i < gv.size(); ++i) EXPECT_EQ(gxv[i], mask[i] ? gv[i] * scale : 0.0f) << i;
+  // And against finite differences, replaying the same (seed, offset).
+  Tensor xx = x.Clone();
+  const Tensor w = RandomTensor({5, 29}, 5);
+  auto loss = [&](const Tensor& t) {
+    Generator replay(res.state.seed, res.state.offset);
+    return Dot(Dropout(t, 0.4f, replay).y, w);
+  };
+  EXPECT_TRUE(AllClose(DropoutBackward(w, res.state), NumericalGradient(loss, xx), 1e-3, 1e-3));
+}
+
+TEST(DropoutTest, EvalAndZeroPAreTheIdentity) {
+  const Tensor x = RandomTensor({4, 4}, 6);
+  Generator gen(1);
+  for (const DropoutResult& res : {Dropout(x, 0.5f, gen, /*training=*/false), Dropout(x, 0.0f, gen)}) {
+    EXPECT_FALSE(res.state.active);
+    EXPECT_TRUE(res.y.SharesStorageWith(x));
+    const Tensor g = RandomTensor({4, 4}, 7);
+    EXPECT_TRUE(DropoutBackward(g, res.state).SharesStorageWith(g));
+  }
+  EXPECT_EQ(gen.offset(), 0u);  // nothing drawn
+}
+
+TEST(DropoutTest, POneGivesZeros) {
+  const Tensor x = RandomTensor({3, 5}, 8);
+  Generator gen(1);
+  const DropoutResult res = Dropout(x, 1.0f, gen);
+  for (float v : res.y.ToVector<float>()) EXPECT_EQ(v, 0.0f);
+  for (float v : DropoutBackward(x, res.state).ToVector<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(DropoutTest, LowPrecisionStridedAndNonFiniteInputs) {
+  const Tensor x = RandomTensor({9, 13}, 9);
+  for (Dtype dtype : {Dtype::kBF16, Dtype::kF16}) {
+    const Tensor xl = x.To(dtype);
+    Generator a(3), b(3);
+    const DropoutResult rl = Dropout(xl, 0.25f, a);
+    const DropoutResult r32 = Dropout(xl.To(Dtype::kF32), 0.25f, b);
+    EXPECT_EQ(rl.y.dtype(), dtype);
+    // The same mask; kept values rounded once to the low precision type.
+    EXPECT_TRUE(AllClose(rl.y, r32.y.To(dtype), 0, 0)) << DtypeName(dtype);
+  }
+  // A transposed view is masked by its logical (row-major) index.
+  const Tensor xt = x.Transpose(0, 1);
+  Generator a(4), b(4);
+  EXPECT_TRUE(AllClose(Dropout(xt, 0.5f, a).y, Dropout(xt.Contiguous(), 0.5f, b).y, 0, 0));
+  // Dropped infinities and NaNs become 0, kept ones stay.
+  const Tensor bad = Tensor::Full({64}, INFINITY);
+  Generator c(5);
+  const DropoutResult rb = Dropout(bad, 0.5f, c);
+  const std::vector<uint8_t> mask = DropoutMask(bad.shape(), rb.state).ToVector<uint8_t>();
+  const std::vector<float> y = rb.y.ToVector<float>();
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], mask[i] ? INFINITY : 0.0f) << i;
+}
+
+TEST(DropoutTest, ErrorsNameTheOpAndShapes) {
+  Generator gen(1);
+  try {
+    Dropout(Tensor::Zeros({2, 3}), 1.5f, gen);
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_STREQ(e.what(), "[dropout] p must be in [0, 1]; got 1.5");
+  }
+  EXPECT_THROW(Dropout(Tensor::Zeros({2}), -0.1f, gen), OpError);
+  EXPECT_THROW(Dropout(Tensor::Zeros({2}), NAN, gen), OpError);
+  EXPECT_THROW(Dropout(Tensor::Zeros({2}, Dtype::kI32), 0.5f, gen), OpError);
+  const DropoutResult res = Dropout(Tensor::Zeros({2, 3}), 0.5f, gen);
+  try {
+    DropoutBackward(Tensor::Zeros({2, 4}), res.state);
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[dropout_backward] grad_y (2,4) f32 has 8 elements but the forward's x had 6");
+  }
+}
+
+}  // namespace
+}  // namespace tensor

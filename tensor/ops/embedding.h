@@ -1,0 +1,30 @@
+// Embedding lookup: rows of a (V, C) table gathered by integer ids, and its
+// backward, a deterministic scatter-add of gradient rows into a (V, C) table.
+#ifndef TENSOR_OPS_EMBEDDING_H_
+#define TENSOR_OPS_EMBEDDING_H_
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace tensor {
+
+// weight (V, C) any dtype, ids (...) i32 or i64 -> (..., C) in weight's dtype.
+// An id outside [0, V) throws OpError naming the id, its position and V.
+Tensor Embedding(const Tensor& weight, const Tensor& ids);
+
+// grad_weight (V, C) with V = num_embeddings: row v is the sum of the rows of
+// grad_out (..., C) at the positions where ids == v (repeated ids add up, rows
+// never looked up are 0). Summed in f32 in position order (deterministic);
+// grad_out's dtype (floating).
+Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_embeddings);
+
+// The same sums added into an existing contiguous floating grad_weight (V, C)
+// (e.g. an f32 gradient buffer for bf16 activations, or tied embeddings that
+// also receive the LM head's gradient).
+void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
+                                 const Tensor& grad_weight);
+
+}  // namespace tensor
+
+#endif  // TENSOR_OPS_EMBEDDING_H_

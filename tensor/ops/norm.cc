@@ -1,0 +1,128 @@
+// Norm ops: argument checks, f32 parameters, then the CPU kernels in
+// tensor/cpu/norm.h.
+#include "tensor/ops/norm.h"
+
+#include <cmath>
+
+#include "tensor/cpu/norm.h"
+#include "tensor/ops/check.h"
+
+namespace tensor {
+namespace {
+
+// x's shape without the last dimension: the shape of the per-row statistics.
+Shape RowsShape(const Tensor& x) {
+  return Shape(absl::MakeConstSpan(x.shape().dims()).subspan(0, x.rank() - 1));
+}
+
+void CheckInput(const char* op, const Tensor& x, float eps) {
+  CheckCpu(op, {&x});
+  CheckFloating(op, x);
+  OP_CHECK(x.rank() >= 1 && x.dim(-1) > 0, op,
+           "x needs a non-empty last dimension to normalize over; got ", Describe("x", x));
+  OP_CHECK(std::isfinite(eps) && eps >= 0.0f, op, "eps must be finite and >= 0; got ", eps);
+}
+
+// weight or bias: undefined, or (C) in f32 or x's dtype.
+void CheckParam(const char* op, const char* name, const Tensor& p, const Tensor& x) {
+  if (!p.defined()) return;
+  CheckCpu(op, {&p});
+  OP_CHECK(p.rank() == 1 && p.dim(0) == x.dim(-1), op, name, " ", p.shape().ToString(),
+           " does not match the last dimension of x ", x.shape().ToString());
+  OP_CHECK(p.dtype() == Dtype::kF32 || p.dtype() == x.dtype(), op, name, " dtype ",
+           DtypeName(p.dtype()), " must be f32 or the dtype of x ", x.shape().ToString(), " ",
+           DtypeName(x.dtype()));
+}
+
+// Saved statistics: (rows of x) f32.
+void CheckStat(const char* op, const char* name, const Tensor& s, const Tensor& x) {
+  CheckCpu(op, {&s});
+  const Shape rows = RowsShape(x);
+  OP_CHECK(s.shape() == rows && s.dtype() == Dtype::kF32, op, Describe(name, s),
+           " does not match x ", x.shape().ToString(), ": expected ", rows.ToString(), " f32");
+}
+
+// p as a contiguous f32 (C) tensor, or `fill` when undefined.
+Tensor ParamF32(const Tensor& p, int64_t c, double fill) {
+  if (!p.defined()) return Tensor::Full({c}, fill);
+  return p.To(Dtype::kF32).Contiguous();
+}
+
+}  // namespace
+
+LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  const char* op = "layer_norm";
+  CheckInput(op, x, eps);
+  CheckParam(op, "weight", weight, x);
+  CheckParam(op, "bias", bias, x);
+  if (weight.defined() && bias.defined()) {
+    OP_CHECK(weight.dtype() == bias.dtype(), op, "weight and bias dtypes differ: ",
+             Describe("weight", weight), " and ", Describe("bias", bias));
+  }
+  const int64_t c = x.dim(-1);
+  LayerNormResult out;
+  out.y = Tensor::Empty(x.shape(), x.dtype());
+  out.mean = Tensor::Empty(RowsShape(x));
+  out.rstd = Tensor::Empty(RowsShape(x));
+  cpu::LayerNormForward(x.Contiguous(), ParamF32(weight, c, 1.0), ParamF32(bias, c, 0.0), eps,
+                        out.y, out.mean, out.rstd);
+  return out;
+}
+
+LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                                 const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layer_norm_backward";
+  CheckInput(op, x, 0.0f);
+  CheckCpu(op, {&grad_y});
+  CheckSameShape(op, grad_y, x);
+  CheckSameDtype(op, grad_y, x);
+  CheckParam(op, "weight", weight, x);
+  CheckStat(op, "mean", mean, x);
+  CheckStat(op, "rstd", rstd, x);
+  const int64_t c = x.dim(-1);
+  const Tensor grad_w32 = Tensor::Empty({c});
+  const Tensor grad_b32 = Tensor::Empty({c});
+  LayerNormGrads out;
+  out.grad_x = Tensor::Empty(x.shape(), x.dtype());
+  cpu::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
+                         mean.Contiguous(), rstd.Contiguous(), out.grad_x, grad_w32, grad_b32);
+  if (weight.defined()) {
+    out.grad_weight = grad_w32.To(weight.dtype());
+    out.grad_bias = grad_b32.To(weight.dtype());
+  } else {
+    out.grad_bias = grad_b32;
+  }
+  return out;
+}
+
+RmsNormResult RmsNorm(const Tensor& x, const Tensor& weight, float eps) {
+  const char* op = "rms_norm";
+  CheckInput(op, x, eps);
+  CheckParam(op, "weight", weight, x);
+  RmsNormResult out;
+  out.y = Tensor::Empty(x.shape(), x.dtype());
+  out.rstd = Tensor::Empty(RowsShape(x));
+  cpu::RmsNormForward(x.Contiguous(), ParamF32(weight, x.dim(-1), 1.0), eps, out.y, out.rstd);
+  return out;
+}
+
+RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                             const Tensor& rstd) {
+  const char* op = "rms_norm_backward";
+  CheckInput(op, x, 0.0f);
+  CheckCpu(op, {&grad_y});
+  CheckSameShape(op, grad_y, x);
+  CheckSameDtype(op, grad_y, x);
+  CheckParam(op, "weight", weight, x);
+  CheckStat(op, "rstd", rstd, x);
+  const int64_t c = x.dim(-1);
+  const Tensor grad_w32 = Tensor::Empty({c});
+  RmsNormGrads out;
+  out.grad_x = Tensor::Empty(x.shape(), x.dtype());
+  cpu::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
+                       rstd.Contiguous(), out.grad_x, grad_w32);
+  if (weight.defined()) out.grad_weight = grad_w32.To(weight.dtype());
+  return out;
+}
+
+}  // namespace tensor
