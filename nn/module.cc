@@ -1,6 +1,8 @@
 // nn::Module traversal, hooks and materialization.
 #include "nn/module.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
@@ -120,8 +122,16 @@ void Module::Train(bool training) {
   for (auto& [name, child] : children_) child->Train(training);
 }
 
-void Module::ZeroGrad() {
-  for (auto& [name, p] : NamedParameters()) p->grad = Tensor();
+void Module::ZeroGrad(bool set_to_none) {
+  for (auto& [name, p] : NamedParameters()) {
+    if (set_to_none || !p->grad.defined()) {
+      p->grad = Tensor();
+    } else if (p->grad.is_contiguous() && p->grad.device().is_cpu()) {
+      std::memset(p->grad.raw_data(), 0, p->grad.nbytes());
+    } else {
+      p->grad.CopyFrom(Tensor::Zeros(p->grad.shape(), p->grad.dtype(), p->grad.device()));
+    }
+  }
 }
 
 void Module::Materialize(uint64_t seed, tensor::Device device) {

@@ -21,6 +21,7 @@
 
 #include "absl/strings/string_view.h"
 #include "nn/parameter.h"
+#include "tensor/random.h"
 #include "tensor/tensor.h"
 
 namespace nn {
@@ -61,6 +62,15 @@ class Context {
 };
 
 class Module;
+
+// A module that draws random numbers (dropout) from its own generator. Activation
+// checkpointing records and replays these generators so a recompute draws the
+// same masks; SeedRandomSources (checkpoint.h) gives each a distinct stream.
+class RandomSource {
+ public:
+  virtual ~RandomSource() = default;
+  virtual tensor::Generator& generator() = 0;
+};
 
 // Callbacks around a module's forward and backward (installed by wrappers such
 // as FSDP units and activation checkpointing).
@@ -110,8 +120,9 @@ class Module {
   // ---- State ----
   void Train(bool training);
   bool is_training() const { return training_; }
-  // Drops every gradient (undefined), as zero_grad(set_to_none=True).
-  void ZeroGrad();
+  // Zeroes every gradient in place, keeping the buffers (set_to_none=false,
+  // the default here: no re-allocation next step), or drops them (undefined).
+  void ZeroGrad(bool set_to_none = false);
   // Allocates and initializes every parameter that has no value yet (fp32, on
   // `device`), deterministically from `seed` and the parameter names.
   void Materialize(uint64_t seed, tensor::Device device = tensor::Device::Cpu());

@@ -106,6 +106,8 @@ TEST(ModuleTest, RunBackwardChainsChildrenAndRunsHooks) {
   EXPECT_EQ(rec.log, "F<PairF<Scale>>B<PairB<Scale>>");
   EXPECT_FALSE(ctx.has_saved());  // backward released the activations
   p.ZeroGrad();
+  EXPECT_EQ(p.b_->w_->grad.ToVector<float>(), (std::vector<float>{0, 0, 0}));
+  p.ZeroGrad(/*set_to_none=*/true);
   EXPECT_FALSE(p.b_->w_->grad.defined());
 }
 

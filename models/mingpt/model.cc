@@ -1,0 +1,112 @@
+// minGPT forward and backward, written as a straight list of layer calls.
+#include "models/mingpt/model.h"
+
+#include "absl/strings/str_cat.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/loss.h"
+#include "tensor/ops/reduce.h"
+
+namespace mingpt {
+
+using tensor::Dtype;
+
+Block::Block(const GptConfig& c) : Module("Block") {
+  nn::CausalSelfAttentionOptions attn_options;
+  attn_options.c_proj_init = nn::MinGptProjInit(c.n_layer);
+  ln_1_ = RegisterModule("ln_1", std::make_unique<nn::LayerNorm>(c.n_embd));
+  attn_ = RegisterModule("attn", std::make_unique<nn::CausalSelfAttention>(
+                                     c.n_embd, c.n_head, c.dropout, c.dropout, attn_options));
+  ln_2_ = RegisterModule("ln_2", std::make_unique<nn::LayerNorm>(c.n_embd));
+  mlp_ = RegisterModule("mlp", std::make_unique<nn::FeedForward>(
+                                   c.n_embd, 4 * c.n_embd,
+                                   nn::FeedForwardOptions::Gpt2(c.n_layer, c.dropout)));
+}
+
+Tensors Block::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x = inputs.at(0);                          // (B, T, C)
+  Tensor a = attn_->Run(ln_1_->Run(x, ctx.Child(0)), ctx.Child(1));
+  Tensor x1 = tensor::Add(x, a.To(x.dtype()));             // (B, T, C)
+  Tensor m = mlp_->Run(ln_2_->Run(x1, ctx.Child(2)), ctx.Child(3));
+  return {tensor::Add(x1, m.To(x1.dtype()))};              // (B, T, C)
+}
+
+Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {
+  Tensor g = grad_outputs.at(0);  // dL/dy (B, T, C), also dL/dx1 through the residual
+  Tensor g_mlp = ln_2_->RunBackward(mlp_->RunBackward(g, ctx.Child(3)), ctx.Child(2));
+  Tensor g_x1 = tensor::Add(g, g_mlp.To(g.dtype()));  // dL/dx1 (B, T, C)
+  Tensor g_attn = ln_1_->RunBackward(attn_->RunBackward(g_x1, ctx.Child(1)), ctx.Child(0));
+  return {tensor::Add(g_x1, g_attn.To(g_x1.dtype()))};  // dL/dx (B, T, C)
+}
+
+Transformer::Transformer(const GptConfig& c) : Module("Transformer"), config_(c) {
+  wte_ = RegisterModule("wte", std::make_unique<nn::Embedding>(c.vocab_size, c.n_embd));
+  wpe_ = RegisterModule("wpe", std::make_unique<nn::Embedding>(c.block_size, c.n_embd));
+  drop_ = RegisterModule("drop", std::make_unique<nn::Dropout>(c.dropout));
+  h_ = RegisterModule("h", std::make_unique<nn::ModuleList>());
+  for (int64_t l = 0; l < c.n_layer; ++l) h_->Append(std::make_unique<Block>(c));
+  ln_f_ = RegisterModule("ln_f", std::make_unique<nn::LayerNorm>(c.n_embd));
+}
+
+Tensors Transformer::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& idx = inputs.at(0);  // (B, T)
+  OP_CHECK(idx.rank() == 2, "gpt", "idx must be (B, T), got ", idx.shape().ToString());
+  const int64_t T = idx.dim(1);
+  OP_CHECK(T <= config_.block_size, "gpt", "sequence length ", T, " exceeds block_size ",
+           config_.block_size);
+  std::vector<int64_t> positions(T);
+  for (int64_t t = 0; t < T; ++t) positions[t] = t;
+  Tensor pos = Tensor::FromData<int64_t>(positions, {1, T});                 // (1, T)
+  Tensor tok_emb = wte_->Run(idx, ctx.Child(0));                             // (B, T, C)
+  Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                             // (1, T, C)
+  Tensor x = drop_->Run(tensor::Add(tok_emb, pos_emb), ctx.Child(2));       // (B, T, C)
+  for (size_t l = 0; l < h_->size(); ++l) x = h_->RunAt(l, x, ctx.Child(3 + l));
+  x = ln_f_->Run(x, ctx.Child(3 + h_->size()));                              // (B, T, C)
+  ctx.Save(Saved{T});
+  return {x};
+}
+
+Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const int64_t T = ctx.Saved<Saved>().T;
+  Tensor g = ln_f_->RunBackward(grad_outputs.at(0), ctx.Child(3 + h_->size()));
+  for (size_t l = h_->size(); l-- > 0;) g = h_->RunBackwardAt(l, g, ctx.Child(3 + l));
+  g = drop_->RunBackward(g, ctx.Child(2));                                   // (B, T, C)
+  wte_->RunBackward(g, ctx.Child(0));
+  wpe_->RunBackward(tensor::Sum(g, 0, /*keepdim=*/true).Reshape({1, T, -1}), ctx.Child(1));
+  return {Tensor()};  // token ids have no gradient
+}
+
+GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config) {
+  transformer_ = RegisterModule("transformer", std::make_unique<Transformer>(config));
+  nn::LinearOptions head;
+  head.bias = false;
+  lm_head_ = RegisterModule("lm_head",
+                            std::make_unique<nn::Linear>(config.n_embd, config.vocab_size, head));
+}
+
+Tensors GPT::Forward(const Tensors& inputs, Context& ctx) {
+  Tensor x = transformer_->Run(inputs.at(0), ctx.Child(0));  // (B, T, C)
+  return {lm_head_->Run(x, ctx.Child(1))};                  // (B, T, V)
+}
+
+Tensors GPT::Backward(const Tensors& grad_outputs, Context& ctx) {
+  Tensor g = lm_head_->RunBackward(grad_outputs.at(0), ctx.Child(1));
+  return {transformer_->RunBackward(g, ctx.Child(0))};
+}
+
+double GPT::ForwardBackward(const Tensor& idx, const Tensor& targets) {
+  Context ctx;
+  Tensor logits = Run(idx, ctx);  // (B, T, V)
+  // The fused op overwrites the logits with dL/dlogits.
+  tensor::CrossEntropyResult ce = tensor::CrossEntropyForwardBackwardInPlace(logits, targets);
+  const double loss = ce.loss.Item();
+  RunBackward(logits, ctx);
+  return loss;
+}
+
+double GPT::Loss(const Tensor& idx, const Tensor& targets) {
+  Context ctx;
+  Tensor logits = Run(idx, ctx);
+  return tensor::CrossEntropy(logits, targets).loss.Item();
+}
+
+}  // namespace mingpt

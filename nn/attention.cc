@@ -1,0 +1,93 @@
+// CausalSelfAttention forward and backward.
+#include "nn/attention.h"
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "tensor/ops/dropout.h"
+
+namespace nn {
+namespace {
+
+constexpr char kOp[] = "causal_self_attention";
+
+LinearOptions ProjOptions(const InitSpec& weight_init) {
+  LinearOptions o;
+  o.weight_init = weight_init;
+  return o;
+}
+
+}  // namespace
+
+InitSpec MinGptProjInit(int64_t n_layer) {
+  OP_CHECK(n_layer > 0, kOp, "n_layer must be positive; got ", n_layer);
+  return InitSpec::Normal(0.0f, 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer)));
+}
+
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, float attn_pdrop,
+                                         float resid_pdrop, CausalSelfAttentionOptions options)
+    : Module("CausalSelfAttention"),
+      n_embd_(n_embd),
+      n_head_(n_head),
+      attn_pdrop_(attn_pdrop),
+      resid_pdrop_(resid_pdrop),
+      gen_(options.seed) {
+  OP_CHECK(n_embd > 0 && n_head > 0 && n_embd % n_head == 0, kOp, "n_embd ", n_embd,
+           " must be a positive multiple of n_head ", n_head);
+  OP_CHECK(attn_pdrop >= 0.0f && attn_pdrop <= 1.0f && resid_pdrop >= 0.0f && resid_pdrop <= 1.0f,
+           kOp, "dropout probabilities must be in [0, 1]; got attn_pdrop ", attn_pdrop,
+           " and resid_pdrop ", resid_pdrop);
+  c_attn_ = RegisterModule("c_attn", std::make_unique<Linear>(n_embd, 3 * n_embd));
+  c_proj_ = RegisterModule(
+      "c_proj", std::make_unique<Linear>(n_embd, n_embd, ProjOptions(options.c_proj_init)));
+}
+
+Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
+  OP_CHECK(inputs.size() == 1 && inputs[0].defined(), kOp, "expects one input x (B, T, C); got ",
+           inputs.size());
+  const Tensor& x = inputs[0];
+  const int64_t c = n_embd_;
+  OP_CHECK(x.rank() == 3 && x.dim(2) == c, kOp, "input ", x.shape().ToString(),
+           " is not (B, T, C) with C = n_embd ", c);
+  Saved s;
+  s.x_shape = x.shape();
+
+  const Tensor qkv = c_attn_->Run(x, ctx.Child(0));               // (B, T, 3C), compute dtype
+  const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), n_head_);      // (B, nh, T, hs)
+  const Tensor k = SplitHeads(qkv.Narrow(2, c, c), n_head_);      // (B, nh, T, hs)
+  const Tensor v = SplitHeads(qkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
+  AttentionOptions opts;
+  opts.op = kOp;
+  opts.scale = 1.0f / std::sqrt(static_cast<float>(c / n_head_));
+  opts.causal = true;
+  opts.dropout = attn_pdrop_;
+  opts.training = is_training();
+  const Tensor y =
+      AttentionForward(q, k, v, Tensor(), Tensor(), opts, gen_, &s.attn);  // (B, nh, T, hs)
+  const Tensor out = c_proj_->Run(MergeHeads(y), ctx.Child(1));            // (B, T, C)
+  tensor::DropoutResult resid = tensor::Dropout(out, resid_pdrop_, gen_, is_training());
+  s.resid = resid.state;
+  ctx.Save(std::move(s));
+  return {resid.y};
+}
+
+Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx) {
+  Saved& s = ctx.Saved<Saved>();
+  const Tensor& g = grad_outputs.at(0);
+  OP_CHECK(g.defined() && g.shape() == s.x_shape, kOp, "grad ",
+           g.defined() ? g.shape().ToString() : "undefined", " does not match the output ",
+           s.x_shape.ToString());
+  const int64_t c = n_embd_;
+  const Tensor g_out = tensor::DropoutBackward(g, s.resid);     // (B, T, C)
+  const Tensor dy = c_proj_->RunBackward(g_out, ctx.Child(1));  // (B, T, C), compute dtype
+  const AttentionGrads ag = AttentionBackward(SplitHeads(dy, n_head_), s.attn);
+  // dqkv (B, T, 3C): the heads' gradients written back into the fused layout.
+  const Tensor dqkv = Tensor::Empty({s.x_shape[0], s.x_shape[1], 3 * c}, ag.dq.dtype());
+  SplitHeads(dqkv.Narrow(2, 0, c), n_head_).CopyFrom(ag.dq);
+  SplitHeads(dqkv.Narrow(2, c, c), n_head_).CopyFrom(ag.dk);
+  SplitHeads(dqkv.Narrow(2, 2 * c, c), n_head_).CopyFrom(ag.dv);
+  return {c_attn_->RunBackward(dqkv, ctx.Child(0))};
+}
+
+}  // namespace nn

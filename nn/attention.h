@@ -1,0 +1,78 @@
+// CausalSelfAttention: minGPT's (GPT-2's) multi-head masked self-attention.
+//
+//   qkv = c_attn(x)                         // (B, T, 3C), one fused projection
+//   q, k, v = heads of qkv                  // (B, nh, T, hs) views, no copies
+//   att = softmax(q k^T / sqrt(hs), causal) // (B, nh, T, T)
+//   y = attn_dropout(att) @ v               // (B, nh, T, hs)
+//   out = resid_dropout(c_proj(y merged))   // (B, T, C)
+//
+// Children are `c_attn` = Linear(C, 3C) and `c_proj` = Linear(C, C), so inside
+// a GPT-2 block the parameters are named `attn.c_attn.weight`, ... as in
+// Hugging Face checkpoints (whose Conv1D weights are the transpose).
+//
+// Computes in the dtype of the projections' weights (f32 or bf16; inputs are
+// cast to it); scores and softmax are f32 (see nn/attention_core.h); the input
+// gradient comes back in the caller's dtype; parameter gradients accumulate in
+// fp32. Dropout (attention probabilities and output) draws from the layer's
+// seeded generator and is off in eval mode (Train(false)).
+#ifndef NN_ATTENTION_H_
+#define NN_ATTENTION_H_
+
+#include <cstdint>
+
+#include "nn/attention_core.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "tensor/random.h"
+
+namespace nn {
+
+struct CausalSelfAttentionOptions {
+  // Init of c_proj.weight. minGPT scales it down with depth:
+  // MinGptProjInit(n_layer) = Normal(0, 0.02 / sqrt(2 * n_layer)).
+  InitSpec c_proj_init = InitSpec::Normal(0.0f, 0.02f);
+  // Seed of the dropout generator.
+  uint64_t seed = 0;
+};
+
+// minGPT's special init of residual projections: Normal(0, 0.02 / sqrt(2 * n_layer)).
+InitSpec MinGptProjInit(int64_t n_layer);
+
+class CausalSelfAttention : public Module, public RandomSource {
+ public:
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, float attn_pdrop, float resid_pdrop,
+                      CausalSelfAttentionOptions options = {});
+
+  int64_t n_embd() const { return n_embd_; }
+  int64_t n_head() const { return n_head_; }
+  Linear* c_attn() { return c_attn_; }
+  Linear* c_proj() { return c_proj_; }
+  // The dropout generator: each training forward advances it; set_offset()
+  // replays a forward's masks.
+  tensor::Generator& generator() override { return gen_; }
+
+ protected:
+  // inputs[0]: x (B, T, C) -> {y (B, T, C)} in the compute dtype.
+  Tensors Forward(const Tensors& inputs, Context& ctx) override;
+  // {grad_y (B, T, C)} -> {grad_x (B, T, C)} in x's dtype; accumulates the
+  // gradients of c_attn and c_proj.
+  Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
+
+ private:
+  struct Saved {
+    AttentionState attn;         // q, k, v views of c_attn's output, probs (B, nh, T, T)
+    tensor::DropoutState resid;  // residual dropout of the output
+    tensor::Shape x_shape;       // (B, T, C)
+  };
+  const int64_t n_embd_;
+  const int64_t n_head_;
+  const float attn_pdrop_;
+  const float resid_pdrop_;
+  tensor::Generator gen_;
+  Linear* c_attn_;  // (3C, C) weight, (3C) bias
+  Linear* c_proj_;  // (C, C) weight, (C) bias
+};
+
+}  // namespace nn
+
+#endif  // NN_ATTENTION_H_

@@ -1,0 +1,192 @@
+// Attention scores, masks, softmax and value mixing, forward and backward.
+#include "nn/attention_core.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "tensor/ops/check.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/matmul.h"
+#include "tensor/ops/reduce.h"
+#include "tensor/ops/softmax.h"
+
+namespace nn {
+namespace {
+
+using tensor::Dtype;
+using tensor::MatmulOptions;
+
+// Checks that q, k, v, bias and key_mask fit together.
+void CheckShapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                 const Tensor& key_mask, const AttentionOptions& o) {
+  OP_CHECK(q.defined() && k.defined() && v.defined(), o.op, "q, k and v must be defined");
+  OP_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, o.op,
+           "q, k, v must be (B, nh, T, hs); got ", q.shape().ToString(), ", ", k.shape().ToString(),
+           ", ", v.shape().ToString());
+  const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
+  OP_CHECK(k.dim(0) == b && v.dim(0) == b && k.dim(1) == nh && v.dim(1) == nh &&
+               k.dim(3) == q.dim(3) && v.dim(2) == t_k,
+           o.op, "q ", q.shape().ToString(), ", k ", k.shape().ToString(), " and v ",
+           v.shape().ToString(), " do not fit together");
+  OP_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
+               (q.dtype() == Dtype::kF32 || q.dtype() == Dtype::kBF16),
+           o.op, "q, k, v must share dtype f32 or bf16; got ", DtypeName(q.dtype()), ", ",
+           DtypeName(k.dtype()), ", ", DtypeName(v.dtype()));
+  if (bias.defined()) {
+    OP_CHECK(bias.rank() == 4 && (bias.dim(0) == 1 || bias.dim(0) == b) && bias.dim(1) == nh &&
+                 bias.dim(2) == t_q && bias.dim(3) == t_k,
+             o.op, "position bias ", bias.shape().ToString(), " must be (", b, " or 1, ", nh, ", ",
+             t_q, ", ", t_k, ") for scores (", b, ",", nh, ",", t_q, ",", t_k, ")");
+    tensor::CheckFloating(o.op, bias);
+  }
+  if (key_mask.defined()) {
+    OP_CHECK(key_mask.rank() == 2 && key_mask.dim(0) == b && key_mask.dim(1) == t_k, o.op,
+             "key padding mask ", key_mask.shape().ToString(), " must be (B, T_k) = (", b, ",", t_k,
+             ")");
+  }
+  OP_CHECK(o.dropout >= 0.0f && o.dropout <= 1.0f, o.op, "dropout must be in [0, 1]; got ",
+           o.dropout);
+}
+
+// Writes -inf into the masked scores (B, nh, T_q, T_k) (f32, contiguous): keys
+// with key_mask 0 (if given) and, when causal, keys after the query's
+// position. Rows left without any key are set to 0 and listed in dead_rows
+// (flat row indices) for the caller to zero after the softmax.
+void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
+                std::vector<int64_t>* dead_rows) {
+  const int64_t b = scores.dim(0), nh = scores.dim(1), t_q = scores.dim(2), t_k = scores.dim(3);
+  std::vector<uint8_t> keep(b * t_k, 1);  // (B, T_k)
+  if (key_mask.defined()) {
+    const std::vector<float> m = key_mask.ToVector<float>();
+    for (size_t i = 0; i < keep.size(); ++i) keep[i] = m[i] != 0.0f;
+  }
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float* s = scores.data<float>();
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const uint8_t* kb = keep.data() + bi * t_k;
+    for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t i = 0; i < t_q; ++i) {
+        const int64_t row = (bi * nh + h) * t_q + i;
+        float* r = s + row * t_k;
+        const int64_t limit = causal ? std::min(t_k, i + (t_k - t_q) + 1) : t_k;  // keys < limit
+        bool any = false;
+        for (int64_t j = 0; j < t_k; ++j) {
+          if (j < limit && kb[j]) {
+            any = true;
+          } else {
+            r[j] = kNegInf;
+          }
+        }
+        if (!any) {
+          std::fill(r, r + t_k, 0.0f);
+          dead_rows->push_back(row);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                        const Tensor& key_mask, const AttentionOptions& options,
+                        tensor::Generator& gen, AttentionState* state) {
+  CheckShapes(q, k, v, bias, key_mask, options);
+  const Dtype dt = q.dtype();
+  const int64_t t_q = q.dim(2), t_k = k.dim(2);
+  // Masks the softmax op cannot express (key padding, or causal with T_q > T_k)
+  // are written into the scores.
+  const bool manual_mask = key_mask.defined() || (options.causal && t_q > t_k);
+  // A bias is added after the scale, so the scale is applied to the scores
+  // first; without one it is folded into the softmax.
+  const bool prescale = bias.defined() && options.scale != 1.0f;
+
+  // scores (B, nh, T_q, T_k) = q @ k^T, f32.
+  MatmulOptions qk;
+  qk.trans_b = true;
+  qk.out_dtype = Dtype::kF32;
+  Tensor scores = tensor::Matmul(q, k, qk);
+  if (prescale) tensor::ScaleInPlace(scores, options.scale);
+  if (bias.defined()) {
+    const Tensor bias32 = bias.To(Dtype::kF32);  // (B or 1, nh, T_q, T_k)
+    for (int64_t b = 0; b < scores.dim(0); ++b) {
+      tensor::AddInPlace(scores.Select(0, b), bias32.Select(0, bias32.dim(0) == 1 ? 0 : b));
+    }
+  }
+  std::vector<int64_t> dead_rows;
+  if (manual_mask) MaskScores(scores, key_mask, options.causal, &dead_rows);
+  tensor::SoftmaxOptions sm;
+  sm.scale = bias.defined() ? 1.0f : options.scale;
+  sm.causal = options.causal && !manual_mask;
+  tensor::SoftmaxInto(scores, scores, sm);  // now the probabilities, in place
+  if (!dead_rows.empty()) {
+    float* p = scores.data<float>();
+    for (int64_t row : dead_rows) std::fill(p + row * t_k, p + (row + 1) * t_k, 0.0f);
+  }
+  Tensor probs = scores.To(dt);  // (B, nh, T_q, T_k), compute dtype
+
+  tensor::DropoutResult drop = tensor::Dropout(probs, options.dropout, gen, options.training);
+  Tensor y = tensor::Matmul(drop.y, v);  // (B, nh, T_q, hs_v)
+
+  state->q = q;
+  state->k = k;
+  state->v = v;
+  state->probs = probs;
+  state->dropout = drop.state;
+  state->scale = options.scale;
+  state->softmax_causal = sm.causal;
+  state->has_bias = bias.defined();
+  if (bias.defined()) {
+    state->bias_shape = bias.shape();
+    state->bias_dtype = bias.dtype();
+  }
+  return y;
+}
+
+AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s) {
+  const Dtype dt = s.q.dtype();
+  const Tensor gy = grad_y.To(dt);  // (B, nh, T_q, hs_v)
+  AttentionGrads grads;
+  // Probabilities after dropout: dropout's backward multiplies by the same
+  // regenerated mask and 1 / (1 - p), which is exactly the forward's output.
+  const Tensor probs_d = tensor::DropoutBackward(s.probs, s.dropout);  // (B, nh, T_q, T_k)
+  // dv (B, nh, T_k, hs_v) = probs_d^T @ gy.
+  MatmulOptions ta;
+  ta.trans_a = true;
+  grads.dv = tensor::Matmul(probs_d, gy, ta);
+  // d probs_d (B, nh, T_q, T_k) = gy @ v^T, f32; back through dropout and softmax.
+  MatmulOptions tb;
+  tb.trans_b = true;
+  tb.out_dtype = Dtype::kF32;
+  const Tensor dprobs = tensor::DropoutBackward(tensor::Matmul(gy, s.v, tb), s.dropout);
+  tensor::SoftmaxOptions sm;
+  sm.scale = s.has_bias ? 1.0f : s.scale;
+  sm.causal = s.softmax_causal;
+  Tensor dscores = tensor::SoftmaxBackward(dprobs, s.probs.To(Dtype::kF32), sm);  // f32
+  if (s.has_bias) {
+    grads.dbias = tensor::ReduceToShape(dscores, s.bias_shape).To(s.bias_dtype);
+    if (s.scale != 1.0f) {
+      if (grads.dbias.SharesStorageWith(dscores)) grads.dbias = grads.dbias.Clone();
+      tensor::ScaleInPlace(dscores, s.scale);
+    }
+  }
+  const Tensor ds = dscores.To(dt);
+  // dq (B, nh, T_q, hs) = ds @ k; dk (B, nh, T_k, hs) = ds^T @ q.
+  grads.dq = tensor::Matmul(ds, s.k);
+  grads.dk = tensor::Matmul(ds, s.q, ta);
+  return grads;
+}
+
+Tensor SplitHeads(const Tensor& x, int64_t n_heads) {
+  OP_CHECK(x.rank() == 3 && n_heads > 0 && x.dim(2) % n_heads == 0, "split_heads", "x ",
+           x.shape().ToString(), " cannot be split into ", n_heads, " heads");
+  return x.View({x.dim(0), x.dim(1), n_heads, x.dim(2) / n_heads}).Transpose(1, 2);
+}
+
+Tensor MergeHeads(const Tensor& x) {
+  OP_CHECK(x.rank() == 4, "merge_heads", "x ", x.shape().ToString(), " is not (B, nh, T, hs)");
+  return x.Transpose(1, 2).Reshape({x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});
+}
+
+}  // namespace nn

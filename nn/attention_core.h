@@ -1,0 +1,89 @@
+// The attention computation shared by the attention layers (minGPT's
+// CausalSelfAttention, T5Attention): softmax(scale * q k^T + bias, masked) @ v
+// over a batch of heads, with dropout on the probabilities, and its backward.
+// The layers own the projections and the head layout; this part owns the
+// (B, nh, T_q, T_k) scores.
+//
+// Work is batched over (B, nh): two batched GEMMs that read q, k and v as
+// strided views (e.g. heads sliced out of a fused qkv projection, no transposed
+// copies), one row softmax in place on the scores (with the causal mask of the
+// softmax op when no other mask applies). No per-head loops.
+//
+// Precision: q, k, v share the compute dtype (f32 or bf16). Scores and the
+// softmax are f32 (bf16 inputs give f32 GEMM outputs); the probabilities are
+// kept and saved in the compute dtype; gradients of q, k, v come back in it,
+// the bias gradient in the bias's dtype.
+#ifndef NN_ATTENTION_CORE_H_
+#define NN_ATTENTION_CORE_H_
+
+#include <cstdint>
+
+#include "nn/module.h"
+#include "tensor/ops/dropout.h"
+#include "tensor/random.h"
+
+namespace nn {
+
+struct AttentionOptions {
+  // Layer name for error messages ("[t5_attention] ...").
+  const char* op = "attention";
+  // Multiplies q k^T (before the bias is added).
+  float scale = 1.0f;
+  // Query i (of T_q) attends keys j <= i + (T_k - T_q) only.
+  bool causal = false;
+  // Dropout on the probabilities (inverted; off when !training or 0).
+  float dropout = 0.0f;
+  bool training = true;
+};
+
+// What the backward needs. Holds views of q, k, v (no copies) and the
+// probabilities: (B, nh, T_q, T_k) in the compute dtype.
+struct AttentionState {
+  Tensor q;      // (B, nh, T_q, hs)
+  Tensor k;      // (B, nh, T_k, hs)
+  Tensor v;      // (B, nh, T_k, hs_v)
+  Tensor probs;  // (B, nh, T_q, T_k), before dropout; 0 where masked
+  tensor::DropoutState dropout;
+  float scale = 1.0f;
+  // Whether the softmax op applied the causal mask (else masks were written
+  // into the scores as -inf).
+  bool softmax_causal = false;
+  bool has_bias = false;
+  tensor::Shape bias_shape;
+  tensor::Dtype bias_dtype = tensor::Dtype::kF32;
+};
+
+struct AttentionGrads {
+  Tensor dq;     // (B, nh, T_q, hs), contiguous, compute dtype
+  Tensor dk;     // (B, nh, T_k, hs)
+  Tensor dv;     // (B, nh, T_k, hs_v)
+  Tensor dbias;  // the bias's shape and dtype; undefined without a bias
+};
+
+// y (B, nh, T_q, hs_v), contiguous, compute dtype, where
+//   p = softmax(scale * q k^T + bias) with masked keys at -inf,
+//   y = dropout(p) @ v.
+// q (B, nh, T_q, hs), k (B, nh, T_k, hs), v (B, nh, T_k, hs_v): any strides
+// with a unit stride in the last dim or the one before (views of projections).
+// bias: undefined, or additive (B or 1, nh, T_q, T_k), any floating dtype.
+// key_mask: undefined, or (B, T_k) of 0/1 (any dtype; nonzero keeps the key).
+// A query row left with no key (all masked) gets probabilities 0, so output 0
+// and no gradient, instead of NaN. Throws OpError("[options.op] ...") on shapes
+// that do not fit together. Dropout draws from `gen`.
+Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                        const Tensor& key_mask, const AttentionOptions& options,
+                        tensor::Generator& gen, AttentionState* state);
+
+// Gradients from grad_y (B, nh, T_q, hs_v) (any strides, any floating dtype:
+// converted to the compute dtype) and the forward's state.
+AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& state);
+
+// (B, T, nh * hs) -> (B, nh, T, hs): a view, no copy (x may itself be a view,
+// e.g. a Narrow of a fused qkv projection).
+Tensor SplitHeads(const Tensor& x, int64_t n_heads);
+// (B, nh, T, hs) -> (B, T, nh * hs), contiguous (one copy).
+Tensor MergeHeads(const Tensor& x);
+
+}  // namespace nn
+
+#endif  // NN_ATTENTION_CORE_H_

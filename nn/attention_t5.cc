@@ -1,0 +1,166 @@
+// T5Attention forward and backward.
+#include "nn/attention_t5.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/ops/check.h"
+#include "tensor/ops/elementwise.h"
+
+namespace nn {
+namespace {
+
+constexpr char kOp[] = "t5_attention";
+
+// Context children, in forward order.
+enum ChildIndex : size_t { kQ = 0, kK = 1, kV = 2, kBias = 3, kO = 4 };
+
+LinearOptions NoBias(float std) {
+  LinearOptions o;
+  o.bias = false;
+  o.weight_init = InitSpec::Normal(0.0f, std);
+  return o;
+}
+
+// "(2,3,4)" or "undefined", for error messages.
+std::string ShapeText(const Tensor& t) { return t.defined() ? t.shape().ToString() : "undefined"; }
+
+// a + b in f32 (b may be undefined), converted to dtype.
+Tensor SumTo(const Tensor& a, const Tensor& b, tensor::Dtype dtype) {
+  if (!b.defined()) return a.To(dtype);
+  return tensor::Add(a.To(tensor::Dtype::kF32), b.To(tensor::Dtype::kF32)).To(dtype);
+}
+
+}  // namespace
+
+T5Attention::T5Attention(int64_t d_model, int64_t n_heads, int64_t d_kv, T5AttentionOptions options)
+    : Module("T5Attention"),
+      d_model_(d_model),
+      n_heads_(n_heads),
+      d_kv_(d_kv),
+      options_(options),
+      gen_(options.seed) {
+  OP_CHECK(d_model > 0 && n_heads > 0 && d_kv > 0, kOp,
+           "d_model, n_heads and d_kv must be positive; got ", d_model, ", ", n_heads, ", ", d_kv);
+  OP_CHECK(!(options.cross_attention && (options.causal || options.has_relative_bias)), kOp,
+           "cross-attention takes neither a causal mask nor its own relative bias");
+  OP_CHECK(options.dropout >= 0.0f && options.dropout <= 1.0f, kOp,
+           "dropout must be in [0, 1]; got ", options.dropout);
+  const int64_t inner = n_heads * d_kv;
+  const float f = options.initializer_factor;
+  const float kv_std = f / std::sqrt(static_cast<float>(d_model));
+  q_ = RegisterModule(
+      "q", std::make_unique<Linear>(d_model, inner,
+                                    NoBias(f / std::sqrt(static_cast<float>(d_model * d_kv)))));
+  k_ = RegisterModule("k", std::make_unique<Linear>(d_model, inner, NoBias(kv_std)));
+  v_ = RegisterModule("v", std::make_unique<Linear>(d_model, inner, NoBias(kv_std)));
+  o_ = RegisterModule("o", std::make_unique<Linear>(
+                               inner, d_model, NoBias(f / std::sqrt(static_cast<float>(inner)))));
+  if (options.has_relative_bias) {
+    RelativePositionBiasOptions rpb;
+    rpb.n_buckets = options.relative_attention_num_buckets;
+    rpb.max_distance = options.relative_attention_max_distance;
+    rpb.init = InitSpec::Normal(0.0f, kv_std);
+    relative_bias_ = RegisterModule(
+        "relative_attention_bias",
+        std::make_unique<RelativePositionBias>(n_heads, /*bidirectional=*/!options.causal, rpb));
+  }
+}
+
+Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
+  OP_CHECK(!inputs.empty() && inputs.size() <= 4 && inputs[0].defined(), kOp,
+           "expects inputs {x, kv, position_bias, key_mask} (x defined, the others optional); "
+           "got ",
+           inputs.size(), " inputs");
+  auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : Tensor(); };
+  const Tensor& x = inputs[0];
+  const Tensor kv = input(1);
+  const Tensor bias = input(2);
+  const Tensor mask = input(3);
+  OP_CHECK(x.rank() == 3 && x.dim(2) == d_model_, kOp, "input ", x.shape().ToString(),
+           " is not (B, T, d_model) with d_model ", d_model_);
+  if (options_.cross_attention) {
+    OP_CHECK(kv.defined() && kv.rank() == 3 && kv.dim(0) == x.dim(0) && kv.dim(2) == d_model_, kOp,
+             "cross-attention needs kv (B, S, d_model) for x ", x.shape().ToString(), "; got ",
+             ShapeText(kv));
+  } else {
+    OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv),
+             " (construct with cross_attention for encoder-decoder attention)");
+  }
+  OP_CHECK(!(bias.defined() && relative_bias_ != nullptr), kOp, "got a position_bias ",
+           ShapeText(bias), " but this layer computes its own relative_attention_bias");
+  const Tensor& w = q_->weight()->value;
+  OP_CHECK(w.defined(), kOp, "weights are not materialized");
+  const tensor::Dtype dt = w.dtype();
+
+  Saved s;
+  s.num_inputs = inputs.size();
+  s.x_shape = x.shape();
+  s.x_dtype = x.dtype();
+  const Tensor xc = x.To(dt);                                    // (B, T, d_model)
+  const Tensor kvc = options_.cross_attention ? kv.To(dt) : xc;  // (B, S, d_model)
+  if (options_.cross_attention) s.kv_dtype = kv.dtype();
+  const int64_t t_q = x.dim(1), t_k = kvc.dim(1);
+
+  const Tensor q = SplitHeads(q_->Run(xc, ctx.Child(kQ)), n_heads_);   // (B, nh, T, d_kv)
+  const Tensor k = SplitHeads(k_->Run(kvc, ctx.Child(kK)), n_heads_);  // (B, nh, S, d_kv)
+  const Tensor v = SplitHeads(v_->Run(kvc, ctx.Child(kV)), n_heads_);  // (B, nh, S, d_kv)
+  Tensor own_bias;                                                     // (1, nh, T, S)
+  if (relative_bias_ != nullptr) {
+    own_bias = relative_bias_->Run(t_q, t_k, ctx.Child(kBias));
+    s.own_bias_shape = own_bias.shape();
+  }
+  AttentionOptions opts;
+  opts.op = kOp;
+  opts.scale = 1.0f;  // T5: no 1/sqrt(d_kv)
+  opts.causal = options_.causal;
+  opts.dropout = options_.dropout;
+  opts.training = is_training();
+  const Tensor y = AttentionForward(q, k, v, own_bias.defined() ? own_bias : bias, mask, opts, gen_,
+                                    &s.attn);                // (B, nh, T, d_kv)
+  const Tensor out = o_->Run(MergeHeads(y), ctx.Child(kO));  // (B, T, d_model)
+  ctx.Save(std::move(s));
+  if (own_bias.defined()) return {out, own_bias};
+  return {out};
+}
+
+Tensors T5Attention::Backward(const Tensors& grad_outputs, Context& ctx) {
+  Saved& s = ctx.Saved<Saved>();
+  const Tensor gy = grad_outputs.at(0);
+  OP_CHECK(gy.defined() && gy.shape() == s.x_shape, kOp, "grad ", ShapeText(gy),
+           " does not match the output ", s.x_shape.ToString());
+  const Tensor g_bias_out = grad_outputs.size() > 1 ? grad_outputs[1] : Tensor();
+  OP_CHECK(!g_bias_out.defined() ||
+               (relative_bias_ != nullptr && g_bias_out.shape() == s.own_bias_shape),
+           kOp, "grad of the returned bias ", ShapeText(g_bias_out),
+           relative_bias_ != nullptr
+               ? absl::StrCat(" does not match the bias ", s.own_bias_shape.ToString())
+               : std::string(" given, but this layer returns no bias"));
+
+  // Children in reverse order: o, relative bias, v, k, q.
+  const Tensor dmerged = o_->RunBackward(gy, ctx.Child(kO));  // (B, T, nh * d_kv)
+  const AttentionGrads ag = AttentionBackward(SplitHeads(dmerged, n_heads_), s.attn);
+  Tensors grads(s.num_inputs);
+  if (relative_bias_ != nullptr) {
+    // Its own use (ag.dbias) plus the other layers' uses of the returned bias.
+    const Tensor g = SumTo(ag.dbias, g_bias_out, tensor::Dtype::kF32);  // (1, nh, T, S)
+    relative_bias_->RunBackward(Tensors{g}, ctx.Child(kBias));
+  } else if (ag.dbias.defined()) {
+    grads.at(2) = ag.dbias;  // the position_bias input's shape and dtype
+  }
+  const Tensor dv = v_->RunBackward(MergeHeads(ag.dv), ctx.Child(kV));  // (B, S, d_model)
+  const Tensor dk = k_->RunBackward(MergeHeads(ag.dk), ctx.Child(kK));  // (B, S, d_model)
+  const Tensor dq = q_->RunBackward(MergeHeads(ag.dq), ctx.Child(kQ));  // (B, T, d_model)
+  if (options_.cross_attention) {
+    grads[0] = dq.To(s.x_dtype);
+    grads[1] = SumTo(dk, dv, s.kv_dtype);
+  } else {
+    grads[0] = SumTo(SumTo(dq, dk, tensor::Dtype::kF32), dv, s.x_dtype);
+  }
+  return grads;
+}
+
+}  // namespace nn

@@ -1,0 +1,39 @@
+// Embedding layer forward and backward.
+#include "nn/embedding.h"
+
+#include "tensor/error.h"
+#include "tensor/ops/embedding.h"
+
+namespace nn {
+
+using tensor::Dtype;
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, EmbeddingOptions options)
+    : Module("Embedding"), num_embeddings_(num_embeddings), dim_(dim) {
+  OP_CHECK(num_embeddings > 0 && dim > 0, "embedding", "num_embeddings and dim must be > 0; got (",
+           num_embeddings, ",", dim, ")");
+  weight_ = RegisterParameter("weight", {num_embeddings_, dim_}, options.weight_init,
+                              /*weight_decay=*/false);
+}
+
+Tensors Embedding::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& ids = inputs.at(0);
+  const Tensor& w = weight_->value;
+  OP_CHECK(w.defined(), "embedding", "weight is not materialized");
+  OP_CHECK(ids.defined() && (ids.dtype() == Dtype::kI32 || ids.dtype() == Dtype::kI64), "embedding",
+           "ids must be i32 or i64; got ", ids.defined() ? ids.shape().ToString() : "undefined",
+           " ", ids.defined() ? tensor::DtypeName(ids.dtype()) : "");
+  // Out-of-range ids throw "[embedding] ..." from the op, naming id and position.
+  Tensor y = tensor::Embedding(w, ids);  // (..., dim)
+  ctx.Save(Saved{ids});
+  return {y};
+}
+
+Tensors Embedding::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  // f32 (V, dim) += rows of grad (..., dim), in any floating dtype.
+  tensor::EmbeddingBackwardAccumulate(grad_outputs.at(0), s.ids, weight_->GradBuffer());
+  return {Tensor()};
+}
+
+}  // namespace nn

@@ -1,0 +1,179 @@
+// FeedForward forward and backward (GELU with fused bias, ReLU, gated GELU).
+#include "nn/feed_forward.h"
+
+#include <cmath>
+#include <memory>
+
+#include "tensor/error.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/matmul.h"
+
+namespace nn {
+namespace {
+
+// Children's context slots (fixed, whatever the form).
+constexpr int kIn0 = 0, kIn1 = 1, kOut = 2, kDropout = 3;
+
+}  // namespace
+
+FeedForwardOptions FeedForwardOptions::Gpt2(int n_layer, float dropout) {
+  FeedForwardOptions o;
+  o.activation = FfnActivation::kGelu;
+  o.bias = true;
+  o.in_init = InitSpec::Normal(0.0f, 0.02f);
+  o.out_init = InitSpec::Normal(0.0f, 0.02f / std::sqrt(2.0f * n_layer));
+  o.dropout = dropout;
+  o.dropout_on_hidden = false;
+  return o;
+}
+
+FeedForwardOptions FeedForwardOptions::T5(int64_t d_model, int64_t d_ff, bool gated, float dropout,
+                                          float factor) {
+  FeedForwardOptions o;
+  o.activation = gated ? FfnActivation::kGatedGelu : FfnActivation::kRelu;
+  o.bias = false;
+  o.in_init = InitSpec::Normal(0.0f, factor / std::sqrt(static_cast<float>(d_model)));
+  o.out_init = InitSpec::Normal(0.0f, factor / std::sqrt(static_cast<float>(d_ff)));
+  o.dropout = dropout;
+  o.dropout_on_hidden = true;
+  return o;
+}
+
+FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, FeedForwardOptions options)
+    : Module("FeedForward"),
+      dim_(dim),
+      hidden_(hidden_dim),
+      activation_(options.activation),
+      dropout_on_hidden_(options.dropout_on_hidden) {
+  OP_CHECK(dim > 0 && hidden_dim > 0, "feed_forward", "dim and hidden_dim must be > 0; got (", dim,
+           ",", hidden_dim, ")");
+  LinearOptions in_opts{options.bias, options.in_init, InitSpec::Zeros()};
+  LinearOptions out_opts{options.bias, options.out_init, InitSpec::Zeros()};
+  switch (activation_) {
+    case FfnActivation::kGelu:
+      in_[0] = RegisterModule("c_fc", std::make_unique<Linear>(dim_, hidden_, in_opts));
+      out_ = RegisterModule("c_proj", std::make_unique<Linear>(hidden_, dim_, out_opts));
+      break;
+    case FfnActivation::kRelu:
+      in_[0] = RegisterModule("wi", std::make_unique<Linear>(dim_, hidden_, in_opts));
+      out_ = RegisterModule("wo", std::make_unique<Linear>(hidden_, dim_, out_opts));
+      break;
+    case FfnActivation::kGatedGelu:
+      in_[0] = RegisterModule("wi_0", std::make_unique<Linear>(dim_, hidden_, in_opts));
+      in_[1] = RegisterModule("wi_1", std::make_unique<Linear>(dim_, hidden_, in_opts));
+      out_ = RegisterModule("wo", std::make_unique<Linear>(hidden_, dim_, out_opts));
+      break;
+  }
+  if (options.dropout > 0.0f) {
+    dropout_ =
+        RegisterModule("dropout", std::make_unique<Dropout>(options.dropout, options.dropout_seed));
+  }
+}
+
+bool FeedForward::Fused() const {
+  return activation_ == FfnActivation::kGelu && in_[0]->bias() != nullptr;
+}
+
+// gelu(x W^T + b) for x (N, dim) with c_fc's parameters, as c_fc.Run + Gelu
+// would compute it but with the bias fused into the activation.
+Tensor FeedForward::FusedFcGelu(const Tensor& x2, Saved& s) {
+  Linear& fc = *in_[0];
+  if (fc.hooks() != nullptr) fc.hooks()->PreForward(fc);  // may all-gather the weight
+  const Tensor& w = fc.weight()->value;                   // (hidden, dim)
+  OP_CHECK(w.defined() && fc.bias()->value.defined(), "feed_forward", "c_fc is not materialized");
+  s.x = x2.To(w.dtype());  // (N, dim)
+  tensor::MatmulOptions opts;
+  opts.trans_b = true;
+  s.h0 = tensor::Matmul(s.x, w, opts);                                   // (N, hidden)
+  Tensor a = tensor::BiasGelu(s.h0, fc.bias()->value.To(s.h0.dtype()));  // (N, hidden)
+  if (fc.hooks() != nullptr) fc.hooks()->PostForward(fc);
+  return a;
+}
+
+Tensor FeedForward::FusedFcGeluBackward(const Tensor& grad_a, const Saved& s) {
+  Linear& fc = *in_[0];
+  if (fc.hooks() != nullptr) fc.hooks()->PreBackward(fc);
+  const Tensor& w = fc.weight()->value;
+  tensor::BiasGeluGrads g =
+      tensor::BiasGeluBackward(grad_a.To(s.h0.dtype()), s.h0, fc.bias()->value.To(s.h0.dtype()));
+  tensor::AddInPlace(fc.bias()->GradBuffer(), g.grad_bias);
+  // dW (hidden, dim) += gh^T @ x in fp32; dx (N, dim) = gh @ W.
+  tensor::MatmulOptions dw_opts;
+  dw_opts.trans_a = true;
+  tensor::MatmulInto(g.grad_x, s.x, fc.weight()->GradBuffer(), dw_opts, /*beta=*/1.0f);
+  Tensor dx = tensor::Matmul(g.grad_x, w);
+  if (fc.hooks() != nullptr) fc.hooks()->PostBackward(fc);
+  return dx;
+}
+
+Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x_in = inputs.at(0);
+  OP_CHECK(x_in.defined() && x_in.rank() >= 1 && x_in.dim(-1) == dim_, "feed_forward", "input ",
+           x_in.defined() ? x_in.shape().ToString() : "undefined", " does not end in dim ", dim_);
+  Saved s;
+  s.input_dtype = x_in.dtype();
+  s.input_shape = x_in.shape();
+  const Tensor x2 = x_in.Reshape({-1, dim_});  // (N, dim)
+  Tensor a;                                    // (N, hidden): the output projection's input
+  switch (activation_) {
+    case FfnActivation::kGelu:
+      if (Fused()) {
+        a = FusedFcGelu(x2, s);
+      } else {
+        s.h0 = in_[0]->Run(x2, ctx.Child(kIn0));
+        a = tensor::Gelu(s.h0);
+      }
+      break;
+    case FfnActivation::kRelu:
+      // relu(h) > 0 exactly where h > 0, so the output serves the backward
+      // (and h is freed now).
+      s.act = tensor::Relu(in_[0]->Run(x2, ctx.Child(kIn0)));
+      a = s.act;
+      break;
+    case FfnActivation::kGatedGelu:
+      s.h0 = in_[0]->Run(x2, ctx.Child(kIn0));
+      s.h1 = in_[1]->Run(x2, ctx.Child(kIn1));
+      s.act = tensor::Gelu(s.h0);
+      a = tensor::Mul(s.act, s.h1);
+      break;
+  }
+  if (dropout_ != nullptr && dropout_on_hidden_) a = dropout_->Run(a, ctx.Child(kDropout));
+  Tensor y = out_->Run(a, ctx.Child(kOut));  // (N, dim)
+  if (dropout_ != nullptr && !dropout_on_hidden_) y = dropout_->Run(y, ctx.Child(kDropout));
+  tensor::Shape out_shape = s.input_shape;
+  ctx.Save(std::move(s));
+  return {y.Reshape(out_shape)};
+}
+
+Tensors FeedForward::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  Tensor g = grad_outputs.at(0).Reshape({-1, dim_});  // (N, dim)
+  if (dropout_ != nullptr && !dropout_on_hidden_) g = dropout_->RunBackward(g, ctx.Child(kDropout));
+  Tensor ga = out_->RunBackward(g, ctx.Child(kOut));  // (N, hidden), a's dtype
+  if (dropout_ != nullptr && dropout_on_hidden_)
+    ga = dropout_->RunBackward(ga, ctx.Child(kDropout));
+  Tensor gx;  // (N, dim)
+  switch (activation_) {
+    case FfnActivation::kGelu:
+      if (Fused()) {
+        gx = FusedFcGeluBackward(ga, s);
+      } else {
+        gx = in_[0]->RunBackward(tensor::GeluBackward(ga, s.h0), ctx.Child(kIn0));
+      }
+      break;
+    case FfnActivation::kRelu:
+      gx = in_[0]->RunBackward(tensor::ReluBackward(ga, s.act), ctx.Child(kIn0));
+      break;
+    case FfnActivation::kGatedGelu: {
+      tensor::BinaryGrads mg = tensor::MulBackward(ga, s.act, s.h1);
+      Tensor gx1 = in_[1]->RunBackward(mg.grad_b, ctx.Child(kIn1));
+      gx = in_[0]->RunBackward(tensor::GeluBackward(mg.grad_a, s.h0), ctx.Child(kIn0));
+      // Both are fresh tensors from Linear's backward, in x's dtype.
+      tensor::AddInPlace(gx, gx1);
+      break;
+    }
+  }
+  return {gx.To(s.input_dtype).Reshape(s.input_shape)};
+}
+
+}  // namespace nn

@@ -1,0 +1,56 @@
+// LayerNorm layer forward and backward.
+#include "nn/layer_norm.h"
+
+#include "tensor/error.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/norm.h"
+
+namespace nn {
+
+using tensor::Dtype;
+
+LayerNorm::LayerNorm(int64_t dim, LayerNormOptions options)
+    : Module("LayerNorm"), dim_(dim), eps_(options.eps) {
+  OP_CHECK(dim > 0, "layer_norm", "dim must be > 0; got ", dim);
+  weight_ = options.elementwise_affine
+                ? RegisterParameter("weight", {dim_}, InitSpec::Ones(), /*weight_decay=*/false)
+                : nullptr;
+  bias_ = options.elementwise_affine && options.bias
+              ? RegisterParameter("bias", {dim_}, InitSpec::Zeros(), /*weight_decay=*/false)
+              : nullptr;
+}
+
+Tensors LayerNorm::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x_in = inputs.at(0);
+  OP_CHECK(x_in.defined() && x_in.rank() >= 1 && x_in.dim(-1) == dim_, "layer_norm", "input ",
+           x_in.defined() ? x_in.shape().ToString() : "undefined", " does not end in dim ", dim_);
+  Tensor w, b;
+  if (weight_ != nullptr) {
+    w = weight_->value;
+    OP_CHECK(w.defined(), "layer_norm", "weight is not materialized");
+  }
+  if (bias_ != nullptr) {
+    b = bias_->value;
+    OP_CHECK(b.defined(), "layer_norm", "bias is not materialized");
+    if (w.defined()) b = b.To(w.dtype());
+  }
+  // x keeps its dtype unless the weight is a low-precision copy (see the header).
+  const Dtype compute = (w.defined() && w.dtype() != Dtype::kF32) ? w.dtype() : x_in.dtype();
+  Tensor x = x_in.To(compute).Contiguous();  // no copy when already so
+  tensor::LayerNormResult r = tensor::LayerNorm(x, w, b, eps_);
+  ctx.Save(Saved{x, r.mean, r.rstd, x_in.dtype()});
+  return {r.y};
+}
+
+Tensors LayerNorm::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  const Tensor g = grad_outputs.at(0).To(s.x.dtype());
+  // An f32 weight makes the op return f32 parameter gradients.
+  const Tensor w32 = weight_ != nullptr ? weight_->value.To(Dtype::kF32) : Tensor();
+  tensor::LayerNormGrads grads = tensor::LayerNormBackward(g, s.x, w32, s.mean, s.rstd);
+  if (weight_ != nullptr) tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
+  if (bias_ != nullptr) tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
+  return {grads.grad_x.To(s.input_dtype)};
+}
+
+}  // namespace nn

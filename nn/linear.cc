@@ -1,0 +1,50 @@
+// Linear layer forward and backward.
+#include "nn/linear.h"
+
+#include "absl/strings/str_cat.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/matmul.h"
+
+namespace nn {
+
+using tensor::Dtype;
+using tensor::MatmulOptions;
+
+Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
+    : Module("Linear"), in_(in_features), out_(out_features) {
+  weight_ = RegisterParameter("weight", {out_, in_}, options.weight_init, /*weight_decay=*/true);
+  bias_ = options.bias ? RegisterParameter("bias", {out_}, options.bias_init, false) : nullptr;
+}
+
+Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x_in = inputs.at(0);
+  const Tensor& w = weight_->value;
+  OP_CHECK(w.defined(), "linear", "weight is not materialized");
+  OP_CHECK(x_in.rank() >= 1 && x_in.dim(-1) == in_, "linear", "input ", x_in.shape().ToString(),
+           " does not end in in_features ", in_);
+  tensor::Shape out_shape = x_in.shape();
+  out_shape[out_shape.rank() - 1] = out_;
+  Tensor x = x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
+  MatmulOptions opts;
+  opts.trans_b = true;
+  Tensor y = tensor::Matmul(x, w, opts);  // (N, out)
+  if (bias_ != nullptr) y = tensor::AddBias(y, bias_->value.To(y.dtype()));
+  ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
+  return {y.Reshape(out_shape)};
+}
+
+Tensors Linear::Backward(const Tensors& grad_outputs, Context& ctx) {
+  Saved& s = ctx.Saved<Saved>();
+  const Tensor& w = weight_->value;
+  Tensor g = grad_outputs.at(0).To(w.dtype()).Reshape({-1, out_});  // (N, out)
+  // dW (out, in) += g^T @ x, accumulated in fp32.
+  MatmulOptions dw_opts;
+  dw_opts.trans_a = true;
+  tensor::MatmulInto(g, s.x, weight_->GradBuffer(), dw_opts, /*beta=*/1.0f);
+  if (bias_ != nullptr) tensor::AddBiasBackwardInto(g, bias_->GradBuffer());
+  // dx (N, in) = g @ W.
+  Tensor dx = tensor::Matmul(g, w);
+  return {dx.To(s.input_dtype).Reshape(s.input_shape)};
+}
+
+}  // namespace nn

@@ -1,0 +1,90 @@
+// Linear: forward against a reference, gradients by finite differences,
+// accumulation over calls, and the bf16 compute path with fp32 gradients.
+#include "nn/linear.h"
+
+#include "gtest/gtest.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/testing.h"
+
+namespace nn {
+namespace {
+
+using tensor::Dtype;
+using tensor::testing::AllClose;
+using tensor::testing::Dot;
+using tensor::testing::NumericalGradient;
+using tensor::testing::RandomTensor;
+
+TEST(LinearTest, ForwardMatchesReference) {
+  Linear lin(3, 2);
+  lin.Materialize(1);
+  lin.weight()->value = Tensor::FromVector({1, 2, 3, 4, 5, 6}, {2, 3});
+  lin.bias()->value = Tensor::FromVector({0.5f, -1}, {2});
+  Context ctx;
+  Tensor y = lin.Run(Tensor::FromVector({1, 0, -1, 2, 2, 2}, {2, 3}), ctx);
+  EXPECT_EQ(y.ToVector<float>(), (std::vector<float>{-1.5f, -3, 12.5f, 29}));
+  EXPECT_EQ(lin.class_name(), "Linear");
+  EXPECT_EQ(lin.NamedParameters()[1].first, "bias");
+  EXPECT_FALSE(lin.NamedParameters()[1].second->weight_decay);
+}
+
+TEST(LinearTest, GradientsMatchFiniteDifferences) {
+  Linear lin(5, 4);
+  lin.Materialize(2);
+  lin.weight()->value = RandomTensor({4, 5}, 3);
+  lin.bias()->value = RandomTensor({4}, 4);
+  Tensor x = RandomTensor({2, 3, 5}, 5);
+  Tensor w_out = RandomTensor({2, 3, 4}, 6);
+  auto loss = [&](const Tensor&) {
+    Context c;
+    return Dot(lin.Run(x, c), w_out);
+  };
+  Context ctx;
+  lin.Run(x, ctx);
+  Tensor gx = lin.RunBackward(w_out, ctx);
+  EXPECT_TRUE(AllClose(gx, NumericalGradient(loss, x), 1e-3, 1e-2));
+  EXPECT_TRUE(AllClose(lin.weight()->grad, NumericalGradient(loss, lin.weight()->value), 1e-3,
+                       1e-2));
+  EXPECT_TRUE(AllClose(lin.bias()->grad, NumericalGradient(loss, lin.bias()->value), 1e-3, 1e-2));
+  // A second backward accumulates.
+  Tensor g1 = lin.weight()->grad.Clone();
+  lin.Run(x, ctx);
+  lin.RunBackward(w_out, ctx);
+  EXPECT_TRUE(AllClose(lin.weight()->grad, tensor::Scale(g1, 2.0), 1e-5, 1e-5));
+}
+
+TEST(LinearTest, Bf16ComputeKeepsFp32Gradients) {
+  Linear ref(8, 6), low(8, 6);
+  ref.Materialize(9);
+  low.Materialize(9);
+  low.weight()->value = ref.weight()->value.To(Dtype::kBF16);
+  low.bias()->value = ref.bias()->value.To(Dtype::kBF16);
+  Tensor x = RandomTensor({4, 8}, 10);
+  Tensor g = RandomTensor({4, 6}, 11);
+  Context c1, c2;
+  Tensor y_ref = ref.Run(x, c1);
+  Tensor y_low = low.Run(x, c2);  // f32 input cast to bf16
+  EXPECT_EQ(y_low.dtype(), Dtype::kBF16);
+  EXPECT_TRUE(AllClose(y_low, y_ref, 2e-2, 2e-2));
+  Tensor gx = low.RunBackward(g, c2);
+  ref.RunBackward(g, c1);
+  EXPECT_EQ(gx.dtype(), Dtype::kF32);  // back in the caller's dtype
+  EXPECT_EQ(low.weight()->grad.dtype(), Dtype::kF32);
+  EXPECT_TRUE(AllClose(low.weight()->grad, ref.weight()->grad, 3e-2, 3e-2));
+  EXPECT_TRUE(AllClose(low.bias()->grad, ref.bias()->grad, 3e-2, 3e-2));
+}
+
+TEST(LinearTest, WrongInputIsAClearError) {
+  Linear lin(3, 2);
+  lin.Materialize(1);
+  Context ctx;
+  try {
+    lin.Run(Tensor::Zeros({2, 4}), ctx);
+    FAIL();
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()), "[linear] input (2,4) does not end in in_features 3");
+  }
+}
+
+}  // namespace
+}  // namespace nn

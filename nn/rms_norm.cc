@@ -1,0 +1,41 @@
+// RMSNorm layer forward and backward.
+#include "nn/rms_norm.h"
+
+#include "tensor/error.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/norm.h"
+
+namespace nn {
+
+using tensor::Dtype;
+
+RMSNorm::RMSNorm(int64_t dim, float eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
+  OP_CHECK(dim > 0, "rms_norm", "dim must be > 0; got ", dim);
+  weight_ = RegisterParameter("weight", {dim_}, InitSpec::Ones(), /*weight_decay=*/false);
+}
+
+Tensors RMSNorm::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x_in = inputs.at(0);
+  OP_CHECK(x_in.defined() && x_in.rank() >= 1 && x_in.dim(-1) == dim_, "rms_norm", "input ",
+           x_in.defined() ? x_in.shape().ToString() : "undefined", " does not end in dim ", dim_);
+  const Tensor& w = weight_->value;
+  OP_CHECK(w.defined(), "rms_norm", "weight is not materialized");
+  // x keeps its dtype unless the weight is a low-precision copy (see the header).
+  const Dtype compute = w.dtype() != Dtype::kF32 ? w.dtype() : x_in.dtype();
+  Tensor x = x_in.To(compute).Contiguous();  // no copy when already so
+  tensor::RmsNormResult r = tensor::RmsNorm(x, w, eps_);
+  ctx.Save(Saved{x, r.rstd, x_in.dtype()});
+  return {r.y};
+}
+
+Tensors RMSNorm::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  const Tensor g = grad_outputs.at(0).To(s.x.dtype());
+  // An f32 weight makes the op return an f32 weight gradient.
+  tensor::RmsNormGrads grads =
+      tensor::RmsNormBackward(g, s.x, weight_->value.To(Dtype::kF32), s.rstd);
+  tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
+  return {grads.grad_x.To(s.input_dtype)};
+}
+
+}  // namespace nn
