@@ -1,0 +1,148 @@
+// Checkpoints, step logs and metrics for the train binaries.
+#include "models/common/train_support.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "nn/state_dict.h"
+#include "tensor/safetensors.h"
+
+namespace train {
+namespace {
+
+constexpr char kStepKey[] = "fsdp.step";
+constexpr char kLoaderKey[] = "fsdp.loader_state";
+constexpr char kExtraPrefix[] = "fsdp.extra.";
+
+absl::Status MakeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create directory '", path, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// Writes `text` to `path` atomically (temp file + rename).
+absl::Status WriteTextAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) return absl::UnavailableError(absl::StrCat("cannot write '", tmp, "'"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename onto '", path, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
+                            const optim::Optimizer& optimizer, const TrainState& state) {
+  absl::Status s = MakeDir(dir);
+  if (!s.ok()) return s;
+  const std::string name = absl::StrFormat("step_%06d", state.step);
+  const std::string step_dir = absl::StrCat(dir, "/", name);
+  s = MakeDir(step_dir);
+  if (!s.ok()) return s;
+  std::map<std::string, std::string> meta = {{kStepKey, absl::StrCat(state.step)},
+                                             {kLoaderKey, state.loader_state}};
+  for (const auto& [k, v] : state.extra) meta[kExtraPrefix + k] = v;
+  s = tensor::WriteSafetensors(step_dir + "/model.safetensors", nn::StateDict(model), meta);
+  if (!s.ok()) return s;
+  s = tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer.StateTensors(),
+                               {{"optimizer", optimizer.name()}});
+  if (!s.ok()) return s;
+  return WriteTextAtomically(dir + "/latest", name + "\n");
+}
+
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
+                                              const std::string& checkpoint_dir) {
+  if (resume != "latest") return resume;
+  if (checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("--resume=latest needs --checkpoint_dir");
+  }
+  std::ifstream f(checkpoint_dir + "/latest");
+  std::string name;
+  if (!(f >> name)) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint to resume: '", checkpoint_dir, "/latest' is missing"));
+  }
+  return absl::StrCat(checkpoint_dir, "/", name);
+}
+
+absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
+                                          optim::Optimizer& optimizer) {
+  absl::StatusOr<tensor::SafetensorsFile> weights =
+      tensor::ReadSafetensors(step_dir + "/model.safetensors");
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<tensor::SafetensorsFile> opt =
+      tensor::ReadSafetensors(step_dir + "/optimizer.safetensors");
+  if (!opt.ok()) return opt.status();
+  const auto& meta = weights->header.metadata;
+  TrainState state;
+  auto step = meta.find(kStepKey);
+  if (step == meta.end() || !absl::SimpleAtoi(step->second, &state.step)) {
+    return absl::DataLossError(
+        absl::StrCat("'", step_dir, "/model.safetensors' lacks the training step (", kStepKey,
+                     "); is it a checkpoint of this framework?"));
+  }
+  auto loader = meta.find(kLoaderKey);
+  if (loader != meta.end()) state.loader_state = loader->second;
+  for (const auto& [k, v] : meta) {
+    absl::string_view key = k;
+    if (absl::ConsumePrefix(&key, kExtraPrefix)) state.extra[std::string(key)] = v;
+  }
+  absl::Status s = nn::LoadStateDict(model, weights->tensors);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
+  s = optimizer.LoadStateTensors(opt->tensors);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
+  return state;
+}
+
+std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const tensor::Device cpu = tensor::Device::Cpu();
+  using tensor::MemoryCategory;
+  auto peak = [&](MemoryCategory c) { return ledger.Stats(cpu, c).peak / kMiB; };
+  return absl::StrFormat(
+      "step %5d | loss %.4f | lr %.2e | %7.1f ms | %8.0f tok/s | peak MiB: params %.1f grads %.1f "
+      "optim %.1f act %.1f comm %.1f tmp %.1f total %.1f",
+      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, peak(MemoryCategory::kParameters),
+      peak(MemoryCategory::kGradients), peak(MemoryCategory::kOptimizerState),
+      peak(MemoryCategory::kActivations), peak(MemoryCategory::kCommunication),
+      peak(MemoryCategory::kTemporaries), ledger.Total(cpu).peak / kMiB);
+}
+
+absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path) {
+  std::unique_ptr<MetricsWriter> w(new MetricsWriter(path));
+  if (path.empty()) return w;
+  w->out_.open(path, std::ios::app);
+  if (!w->out_) return absl::UnavailableError(absl::StrCat("cannot open '", path, "' for append"));
+  return w;
+}
+
+absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedger& ledger) {
+  if (path_.empty()) return absl::OkStatus();
+  out_ << absl::StrFormat(
+              "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+              "\"grad_norm\":%.6g,\"memory\":%s}",
+              m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, ledger.ToJson())
+       << "\n";
+  out_.flush();
+  if (!out_) return absl::UnavailableError(absl::StrCat("cannot write to '", path_, "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace train

@@ -1,0 +1,89 @@
+// What the train binaries share: checkpoints (model + optimizer + training
+// state, safetensors, written atomically), per-step log lines and JSON-lines
+// metrics, and a monotonic step timer.
+//
+// A checkpoint directory holds one folder per saved step and a `latest` file
+// naming the newest:
+//   <dir>/step_000100/model.safetensors      fp32 weights, Hugging Face names
+//   <dir>/step_000100/optimizer.safetensors  optimizer state ("<param>.exp_avg", ...)
+//   <dir>/latest                             "step_000100"
+#ifndef MODELS_COMMON_TRAIN_SUPPORT_H_
+#define MODELS_COMMON_TRAIN_SUPPORT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "tensor/memory_ledger.h"
+
+namespace train {
+
+// What besides weights and optimizer state a resumed run needs.
+struct TrainState {
+  int64_t step = 0;                          // steps completed
+  std::string loader_state;                  // data::LoaderState::ToString()
+  std::map<std::string, std::string> extra;  // e.g. the model config, the loss scale
+};
+
+// Writes <dir>/step_<N>/ and then points <dir>/latest at it (both atomic).
+absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
+                            const optim::Optimizer& optimizer, const TrainState& state);
+
+// `resume` is "latest" (the newest checkpoint in checkpoint_dir) or the path of
+// a step folder. Returns the step folder.
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
+                                              const std::string& checkpoint_dir);
+
+// Loads weights into `model` (fp32 values) and state into `optimizer` from a
+// step folder; a missing, truncated or corrupted file is a clear error.
+absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
+                                          optim::Optimizer& optimizer);
+
+// One step's figures.
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double ms = 0;
+  double tokens_per_s = 0;
+  double grad_norm = 0;
+};
+
+// "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."
+std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger);
+
+// Appends one JSON object per line: the step metrics and the ledger's JSON.
+class MetricsWriter {
+ public:
+  // An empty path writes nothing.
+  static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(const std::string& path);
+  absl::Status Write(const StepMetrics& m, const tensor::MemoryLedger& ledger);
+
+ private:
+  explicit MetricsWriter(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+  std::ofstream out_;
+};
+
+class StepTimer {
+ public:
+  void Start() { start_ = std::chrono::steady_clock::now(); }
+  double ElapsedMs() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_TRAIN_SUPPORT_H_

@@ -1,0 +1,292 @@
+// Trains minGPT in one process: `./bazelw run //models/mingpt:train` trains
+// gpt-mini on the shipped text with the embedded defaults; every flag below
+// changes one thing. Each step logs loss, ms/step, tokens/s and peak memory by
+// category; --metrics_out writes the same as JSON lines; --checkpoint_dir and
+// --resume save and continue exactly.
+//
+// A training step, top to bottom:
+//   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
+//   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "models/common/train_support.h"
+#include "models/data/byte_text.h"
+#include "models/data/lm_loader.h"
+#include "models/data/random_tokens.h"
+#include "models/data/runfiles.h"
+#include "models/data/token_file.h"
+#include "models/mingpt/config.h"
+#include "models/mingpt/model.h"
+#include "nn/checkpoint.h"
+#include "nn/mixed_precision.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/lr_schedule.h"
+#include "optim/param_ref.h"
+#include "optim/sgd.h"
+#include "precision/policy.h"
+#include "tensor/memory_ledger.h"
+#include "tensor/thread_pool.h"
+
+ABSL_FLAG(std::string, preset, "gpt-mini",
+          "model preset: gpt-nano, gpt-micro, gpt-mini, gopher-44m, gpt2, gpt2-medium, "
+          "gpt2-large, gpt2-xl, gpt-175b, gpt-1t");
+ABSL_FLAG(int64_t, vocab_size, 0, "vocabulary size; 0 = the data's (256 for text, 50257 otherwise)");
+ABSL_FLAG(int64_t, steps, 150, "optimizer steps to run (in all, counting resumed ones)");
+ABSL_FLAG(int64_t, batch_size, 16, "sequences per step");
+ABSL_FLAG(int64_t, seq_len, 128, "tokens per sequence (at most the preset's block_size)");
+ABSL_FLAG(double, lr, 1e-3, "learning rate (the peak, with --lr_schedule=cosine)");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "constant, cosine (10% warmup, decay to lr/10 at --steps), or a spec such as "
+          "cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=100,total_steps=2000");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(double, weight_decay, 0.1, "weight decay (Linear weights only, as minGPT)");
+ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
+ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (mixed: fp32 masters and grads)");
+ABSL_FLAG(uint64_t, seed, 1337, "seed of the weights, dropout and data");
+ABSL_FLAG(std::string, data, "shipped",
+          "shipped (the text in models/data/text), random (uniform tokens), a .txt file "
+          "(bytes) or a .bin file of uint16 tokens (nanoGPT / llm.c layout)");
+ABSL_FLAG(double, dropout, 0.1, "dropout of embeddings, attention and residuals");
+ABSL_FLAG(bool, activation_checkpointing, false, "recompute each Block's activations in backward");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
+ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
+ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
+ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
+ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
+
+namespace mingpt {
+namespace {
+
+using tensor::MemoryLedger;
+
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenData(const std::string& spec,
+                                                                  uint64_t seed, int64_t vocab) {
+  if (spec == "shipped") return data::ByteTextSource::OpenDefault(seed);
+  if (spec == "random") return data::RandomTokenSource::Create(seed, vocab > 0 ? vocab : 50257);
+  if (absl::EndsWith(spec, ".bin")) {
+    return data::TokenFileSource::Open(spec, seed, vocab > 0 ? vocab : 50257);
+  }
+  return data::ByteTextSource::Open(spec, seed);
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer() {
+  const std::string name = absl::GetFlag(FLAGS_optimizer);
+  if (name == "adamw") {
+    optim::AdamWOptions o;
+    o.lr = absl::GetFlag(FLAGS_lr);
+    o.beta2 = 0.95;  // minGPT's betas (0.9, 0.95)
+    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+    auto opt = optim::AdamW::Create(o);
+    if (!opt.ok()) return opt.status();
+    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
+  }
+  if (name == "sgd") {
+    optim::SgdOptions o;
+    o.lr = absl::GetFlag(FLAGS_lr);
+    o.momentum = absl::GetFlag(FLAGS_momentum);
+    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+    auto opt = optim::SGD::Create(o);
+    if (!opt.ok()) return opt.status();
+    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--optimizer='", name, "' is not one of adamw, sgd"));
+}
+
+absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeSchedule(int64_t steps) {
+  const std::string spec = absl::GetFlag(FLAGS_lr_schedule);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (spec == "constant") return optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
+  if (spec == "cosine") {
+    return optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
+                                               ",warmup_steps=", std::max<int64_t>(1, steps / 10),
+                                               ",total_steps=", steps));
+  }
+  return optim::ParseLrSchedule(spec);
+}
+
+absl::Status Train() {
+  // ---- Configuration ----
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const int64_t T = absl::GetFlag(FLAGS_seq_len);
+  if (steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
+      OpenData(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
+  if (!source.ok()) return source.status();
+  absl::StatusOr<GptConfig> config = Preset(absl::GetFlag(FLAGS_preset));
+  if (!config.ok()) return config.status();
+  config->vocab_size = absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size)
+                                                           : (*source)->vocab_size();
+  if (config->vocab_size < (*source)->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("--vocab_size=", config->vocab_size,
+                                                   " is smaller than the data's vocabulary ",
+                                                   (*source)->vocab_size()));
+  }
+  config->dropout = static_cast<float>(absl::GetFlag(FLAGS_dropout));
+  if (T > config->block_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_len=", T, " exceeds the block_size ",
+                                                   config->block_size, " of ", config->name));
+  }
+  absl::Status valid = config->Validate();
+  if (!valid.ok()) return valid;
+  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
+      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
+  if (!policy.ok()) return policy.status();
+  valid = policy->Validate(tensor::Device::Cpu());
+  if (!valid.ok()) return valid;
+  if (policy->NeedsLossScaling()) {
+    return absl::InvalidArgumentError("fp16 training is not supported on the CPU; use bf16");
+  }
+  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1}, T);
+  if (!loader.ok()) return loader.status();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = MakeOptimizer();
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule = MakeSchedule(steps);
+  if (!schedule.ok()) return schedule.status();
+  absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
+      train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
+  if (!metrics.ok()) return metrics.status();
+
+  // ---- Model ----
+  MemoryLedger& ledger = MemoryLedger::Process();
+  GPT model(*config);
+  model.Materialize(seed);
+  const ParamCount count = CountParameters(*config);
+  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
+              config->ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
+  std::printf("data: %s | batch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
+              (*source)->Describe().c_str(), static_cast<long long>(B),
+              static_cast<long long>(T), (*optimizer)->name(), (*schedule)->ToString().c_str(),
+              policy->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
+  if (absl::GetFlag(FLAGS_activation_checkpointing)) {
+    for (size_t l = 0; l < model.transformer()->blocks()->size(); ++l) {
+      model.transformer()->blocks()->set_checkpointed(l, true);
+    }
+  }
+
+  // ---- Resume ----
+  int64_t start = 0;
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!absl::GetFlag(FLAGS_resume).empty()) {
+    absl::StatusOr<std::string> step_dir =
+        train::ResolveCheckpoint(absl::GetFlag(FLAGS_resume), checkpoint_dir);
+    if (!step_dir.ok()) return step_dir.status();
+    absl::StatusOr<train::TrainState> state = train::LoadCheckpoint(*step_dir, model, **optimizer);
+    if (!state.ok()) return state.status();
+    if (state->extra["config"] != config->ToString()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", *step_dir, " is of model ", state->extra["config"], ", not ",
+          config->ToString()));
+    }
+    absl::StatusOr<data::LoaderState> loader_state =
+        data::LoaderState::FromString(state->loader_state);
+    if (!loader_state.ok()) return loader_state.status();
+    absl::Status restored = loader->Restore(*loader_state);
+    if (!restored.ok()) return restored;
+    start = state->step;
+    std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
+                static_cast<long long>(start));
+  }
+  nn::MixedPrecision mixed(model, *policy);
+  auto save = [&](int64_t step_done) -> absl::Status {
+    if (checkpoint_dir.empty()) return absl::OkStatus();
+    train::TrainState state;
+    state.step = step_done;
+    state.loader_state = loader->state().ToString();
+    state.extra["config"] = config->ToString();
+    return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
+  };
+
+  // ---- Training loop ----
+  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
+  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  train::StepTimer timer;
+  double total_ms = 0;
+  int64_t timed_steps = 0;
+  for (int64_t step = start; step < steps; ++step) {
+    timer.Start();
+    data::LmBatch batch = loader->Next();                // inputs, targets (B, T)
+    nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
+    (*optimizer)->set_lr((*schedule)->LrAt(step));
+    mixed.CastForCompute();
+    const double loss = model.ForwardBackward(batch.inputs, batch.targets);
+    mixed.RestoreMasters();
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
+                                              "; lower --lr or check the data"));
+    }
+    std::vector<optim::ParamRef> refs = optim::FromModule(model);
+    const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;
+    (*optimizer)->Step(refs);
+    model.ZeroGrad();
+    const double ms = timer.ElapsedMs();
+    if (step > start) {  // the first step includes one-time set-up (primitive creation)
+      total_ms += ms;
+      ++timed_steps;
+    }
+
+    train::StepMetrics m;
+    m.step = step + 1;
+    m.loss = loss;
+    m.lr = (*optimizer)->lr();
+    m.ms = ms;
+    m.tokens_per_s = B * T / (ms / 1000.0);
+    m.grad_norm = grad_norm;
+    if (step == start || (step + 1) % log_every == 0 || step + 1 == steps) {
+      std::printf("%s\n", train::FormatStep(m, ledger).c_str());
+      std::fflush(stdout);
+    }
+    absl::Status written = (*metrics)->Write(m, ledger);
+    if (!written.ok()) return written;
+    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
+      absl::Status saved = save(step + 1);
+      if (!saved.ok()) return saved;
+    }
+  }
+  if (steps > start) {
+    absl::Status saved = save(steps);
+    if (!saved.ok()) return saved;
+  }
+  if (timed_steps > 0) {
+    std::printf("mean %.1f ms/step, %.0f tokens/s over %lld steps (after the first)\n",
+                total_ms / timed_steps, B * T * timed_steps / (total_ms / 1000.0),
+                static_cast<long long>(timed_steps));
+  }
+  std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace mingpt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Trains minGPT. With no flags: gpt-mini on the shipped text.");
+  absl::ParseCommandLine(argc, argv);
+  data::SetProgramPath(argv[0]);
+  try {
+    absl::Status s = mingpt::Train();
+    if (!s.ok()) {
+      std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
+      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
