@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""Training speed of our minGPT against PyTorch eager, side by side in one run.
+
+The issue's setting: preset gopher-44m (8 layers, 512 wide, 16 heads), vocab 50257,
+block 128, batch 8, SGD (momentum 0.9), random tokens, dropout 0, all cores.
+PyTorch (Debian's python3-torch 1.13, CPU, fp32 eager, the same model as
+tools/mingpt_reference.py) and our train binary (fp32 and bf16 mixed precision)
+run one after the other, and the ratios of tokens/s are printed with the
+absolute figures. Steps after the warm-up ones are timed.
+
+  ./bazelw build //models/mingpt:train
+  /usr/bin/python3 tools/bench_vs_pytorch.py [--steps 8] [--json_out result.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mingpt_reference  # noqa: E402  (the same minGPT as the parity fixture)
+
+PRESETS = {"gopher-44m": (8, 16, 512), "gpt-mini": (6, 6, 192), "gpt-micro": (4, 4, 128)}
+
+
+def torch_tokens_per_s(args, autocast_bf16=False):
+    n_layer, n_head, n_embd = PRESETS[args.preset]
+
+    class Config(mingpt_reference.Config):
+        pass
+
+    Config.n_layer, Config.n_head, Config.n_embd = n_layer, n_head, n_embd
+    Config.vocab_size, Config.block_size = args.vocab_size, args.seq_len
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    model = mingpt_reference.GPT(Config)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    times = []
+    for step in range(args.warmup + args.steps):
+        idx = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len))
+        targets = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len))
+        start = time.perf_counter()
+        if autocast_bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = model(idx, targets)
+        else:
+            _, loss = model(idx, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        if step >= args.warmup:
+            times.append(elapsed)
+    return args.batch_size * args.seq_len / statistics.median(times), statistics.median(times)
+
+
+def ours_tokens_per_s(args, precision):
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "metrics.jsonl")
+        cmd = [args.train_binary, f"--preset={args.preset}", "--data=random",
+               f"--vocab_size={args.vocab_size}", f"--seq_len={args.seq_len}",
+               f"--batch_size={args.batch_size}", "--optimizer=sgd", "--momentum=0.9",
+               "--weight_decay=0", "--grad_clip=0", "--dropout=0", f"--lr={args.lr}",
+               f"--precision={precision}", f"--steps={args.warmup + args.steps}",
+               f"--metrics_out={metrics}", "--log_every=1000"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(metrics) as f:
+            rows = [json.loads(line) for line in f]
+    ms = [r["ms"] for r in rows[args.warmup:]]
+    return args.batch_size * args.seq_len / (statistics.median(ms) / 1000), statistics.median(ms) / 1000
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--preset", default="gopher-44m", choices=sorted(PRESETS))
+    p.add_argument("--vocab_size", type=int, default=50257)
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--steps", type=int, default=8, help="timed steps (median)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--train_binary", default="bazel-bin/models/mingpt/train")
+    p.add_argument("--torch_bf16", action="store_true", help="also time torch.autocast bf16")
+    p.add_argument("--json_out", default="")
+    args = p.parse_args()
+    if not os.path.exists(args.train_binary):
+        sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
+
+    results = {}
+    results["pytorch_fp32"] = torch_tokens_per_s(args)
+    if args.torch_bf16:
+        results["pytorch_autocast_bf16"] = torch_tokens_per_s(args, autocast_bf16=True)
+    results["ours_fp32"] = ours_tokens_per_s(args, "fp32")
+    results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
+
+    base = results["pytorch_fp32"][0]
+    print(f"{args.preset}, vocab {args.vocab_size}, block {args.seq_len}, batch {args.batch_size}, "
+          f"SGD, {os.cpu_count()} cores, torch {torch.__version__}, median of {args.steps} steps")
+    print(f"{'run':24s} {'s/step':>8s} {'tokens/s':>10s} {'vs PyTorch fp32':>16s}")
+    for name, (tps, sec) in results.items():
+        print(f"{name:24s} {sec:8.3f} {tps:10.1f} {tps / base:15.2f}x")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({k: {"tokens_per_s": v[0], "s_per_step": v[1], "ratio": v[0] / base}
+                       for k, v in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
