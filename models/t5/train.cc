@@ -1,0 +1,433 @@
+// Trains T5 with its pretraining objective, span corruption, in one process:
+// `./bazelw run //models/t5:train` trains a small T5 ("t5-tiny") on
+// span-corrupted bytes of the shipped text with the embedded defaults; every
+// flag below changes one thing. Each step logs loss, ms/step, tokens/s
+// (encoder + decoder tokens) and peak memory by category; --metrics_out writes
+// the same as JSON lines; --checkpoint_dir and --resume save and continue
+// exactly. The structure is minGPT's (models/mingpt/train.cc).
+//
+// Data: a token source (the shipped text, random tokens, a text file or a
+// uint16 .bin file) -> data::SpanCorruptionLoader: each row is a window of
+// raw tokens with ~15% of them dropped in spans of mean length 3; the encoder
+// sees the rest with one sentinel per span, the decoder predicts each
+// sentinel followed by the tokens it replaced. The model's vocabulary is the
+// source's plus --num_sentinels sentinels (bytes: 256 + 100).
+//
+// A training step, top to bottom:
+//   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
+//   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "models/common/train_support.h"
+#include "models/data/byte_text.h"
+#include "models/data/random_tokens.h"
+#include "models/data/runfiles.h"
+#include "models/data/span_corruption.h"
+#include "models/data/token_file.h"
+#include "models/t5/config.h"
+#include "models/t5/model.h"
+#include "nn/checkpoint.h"
+#include "nn/mixed_precision.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/lr_schedule.h"
+#include "optim/param_ref.h"
+#include "optim/sgd.h"
+#include "precision/policy.h"
+#include "tensor/memory_ledger.h"
+#include "tensor/thread_pool.h"
+
+ABSL_FLAG(std::string, preset, "t5-tiny",
+          "model preset: t5-tiny (this binary's: d_model 128, 4 heads of 32, d_ff 512, 2+2 "
+          "layers), t5-small, t5-base, t5-large, t5-3b, t5-11b; the vocabulary is always the "
+          "data's plus the sentinels");
+ABSL_FLAG(bool, v1_1, false, "T5 v1.1 form of the preset: gated-GELU feed-forward, untied lm_head");
+ABSL_FLAG(int64_t, vocab_size, 0,
+          "vocabulary of random tokens and .bin files (before sentinels); 0 = 50257 (GPT-2's); "
+          "byte text is always 256");
+ABSL_FLAG(int64_t, steps, 300, "optimizer steps to run (in all, counting resumed ones)");
+ABSL_FLAG(int64_t, batch_size, 16, "examples per step");
+ABSL_FLAG(int64_t, encoder_length, 128,
+          "encoder tokens per example (S); the raw window is the longest whose corrupted form "
+          "fills S, the decoder length is what its targets need");
+ABSL_FLAG(int64_t, num_sentinels, 100, "sentinel ids added above the source vocabulary");
+ABSL_FLAG(double, noise_density, 0.15, "fraction of raw tokens dropped");
+ABSL_FLAG(double, mean_noise_span_length, 3.0, "mean length of a dropped span");
+ABSL_FLAG(double, lr, 3e-3, "learning rate (the peak, with --lr_schedule=cosine)");
+ABSL_FLAG(std::string, lr_schedule, "cosine",
+          "cosine (10% warmup, decay to lr/10 at --steps; it depends on --steps, so resuming "
+          "with another --steps changes it), constant, or a spec such as "
+          "cosine:max_lr=1e-3,min_lr=1e-4,warmup_steps=100,total_steps=2000");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(double, weight_decay, 0.01,
+          "weight decay (Linear weights only: not the embedding, not the RMSNorm weights)");
+ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
+ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (mixed: fp32 masters and grads)");
+ABSL_FLAG(uint64_t, seed, 1337, "seed of the weights, dropout, data windows and noise masks");
+ABSL_FLAG(std::string, data, "shipped",
+          "shipped (the text in models/data/text), random (uniform tokens), a .txt file "
+          "(bytes) or a .bin file of uint16 tokens (nanoGPT / llm.c layout)");
+ABSL_FLAG(double, dropout, 0.1,
+          "dropout_rate: embeddings, attention probabilities, sub-layer outputs, FFN hidden");
+ABSL_FLAG(bool, activation_checkpointing, false,
+          "recompute each T5Block's activations (encoder and decoder) in backward");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
+ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
+ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
+ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
+ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
+
+namespace t5 {
+namespace {
+
+using tensor::MemoryLedger;
+
+constexpr char kTinyPreset[] = "t5-tiny";
+
+// The binary's default: small enough to train on the shipped text in about a
+// minute on a few CPU cores. T5 v1.0 otherwise (ReLU, tied embeddings).
+T5Config TinyConfig() {
+  T5Config c;
+  c.name = kTinyPreset;
+  c.d_model = 128;
+  c.num_heads = 4;
+  c.d_kv = 32;
+  c.d_ff = 512;
+  c.num_layers = 2;
+  c.num_decoder_layers = 2;
+  return c;
+}
+
+absl::StatusOr<T5Config> MakeConfig(const std::string& name) {
+  if (name == kTinyPreset) return TinyConfig();
+  absl::StatusOr<T5Config> c = Preset(name);
+  if (!c.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--preset: unknown t5 preset '", name, "'; known: ", kTinyPreset, ", ",
+        absl::StrJoin(PresetNames(), ", ")));
+  }
+  return c;
+}
+
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenData(const std::string& spec,
+                                                                  uint64_t seed, int64_t vocab) {
+  if (spec == "shipped") return data::ByteTextSource::OpenDefault(seed);
+  if (spec == "random") {
+    return data::RandomTokenSource::Create(seed, vocab > 0 ? vocab : data::kGpt2VocabSize);
+  }
+  if (absl::EndsWith(spec, ".bin")) {
+    return data::TokenFileSource::Open(spec, seed, vocab > 0 ? vocab : data::kGpt2VocabSize);
+  }
+  return data::ByteTextSource::Open(spec, seed);
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer() {
+  const std::string name = absl::GetFlag(FLAGS_optimizer);
+  if (name == "adamw") {
+    optim::AdamWOptions o;
+    o.lr = absl::GetFlag(FLAGS_lr);
+    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+    auto opt = optim::AdamW::Create(o);
+    if (!opt.ok()) return opt.status();
+    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
+  }
+  if (name == "sgd") {
+    optim::SgdOptions o;
+    o.lr = absl::GetFlag(FLAGS_lr);
+    o.momentum = absl::GetFlag(FLAGS_momentum);
+    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+    auto opt = optim::SGD::Create(o);
+    if (!opt.ok()) return opt.status();
+    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--optimizer='", name, "' is not one of adamw, sgd"));
+}
+
+absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeSchedule(int64_t steps) {
+  const std::string spec = absl::GetFlag(FLAGS_lr_schedule);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (spec == "constant") return optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
+  if (spec == "cosine") {
+    return optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
+                                               ",warmup_steps=", std::max<int64_t>(1, steps / 10),
+                                               ",total_steps=", steps));
+  }
+  return optim::ParseLrSchedule(spec);
+}
+
+// Prefixes an error with `context` (e.g. the flags it came from), keeping its code.
+absl::Status WithContext(const absl::Status& s, const std::string& context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+// At most `max_chars` of a rendered example, for the start-up sample lines.
+std::string Clip(std::string s, size_t max_chars) {
+  for (char& ch : s) {
+    if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+  }
+  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
+  return s;
+}
+
+absl::Status Train() {
+  // ---- Configuration ----
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const int64_t S = absl::GetFlag(FLAGS_encoder_length);
+  if (steps < 0) return absl::InvalidArgumentError(absl::StrCat("--steps=", steps, " must be >= 0"));
+  if (B < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch_size=", B, " must be >= 1"));
+  }
+  if (S < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--encoder_length=", S, " must be >= 1"));
+  }
+  if (absl::GetFlag(FLAGS_vocab_size) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " must be >= 0"));
+  }
+  const double dropout = absl::GetFlag(FLAGS_dropout);
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--dropout=", dropout, " is not in [0, 1)"));
+  }
+  absl::StatusOr<T5Config> config = MakeConfig(absl::GetFlag(FLAGS_preset));
+  if (!config.ok()) return config.status();
+  if (absl::GetFlag(FLAGS_v1_1)) *config = AsV1_1(*config);
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
+      OpenData(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
+  if (!source.ok()) return WithContext(source.status(), "--data");
+  const int64_t source_vocab = (*source)->vocab_size();
+  if (absl::GetFlag(FLAGS_vocab_size) > 0 && absl::GetFlag(FLAGS_vocab_size) != source_vocab) {
+    // Sentinels are numbered right above the data's ids, so the vocabulary of
+    // byte text is 256 (+ sentinels), not a padded size.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " does not apply to ",
+        (*source)->Describe(), " (vocabulary ", source_vocab,
+        "); it sets the vocabulary of random tokens and .bin files"));
+  }
+  data::SpanCorruptionOptions span;
+  span.encoder_length = S;
+  span.noise_density = absl::GetFlag(FLAGS_noise_density);
+  span.mean_noise_span_length = absl::GetFlag(FLAGS_mean_noise_span_length);
+  span.num_sentinels = absl::GetFlag(FLAGS_num_sentinels);
+  span.seed = seed;
+  absl::StatusOr<data::SpanCorruptionLoader> loader =
+      data::SpanCorruptionLoader::Create(*source, {B, 0, 1}, span);
+  if (!loader.ok()) {
+    return WithContext(loader.status(),
+                       absl::StrCat("--encoder_length=", S, " --num_sentinels=", span.num_sentinels,
+                                    " --noise_density=", span.noise_density,
+                                    " --mean_noise_span_length=", span.mean_noise_span_length,
+                                    " --data=", absl::GetFlag(FLAGS_data)));
+  }
+  // The model's vocabulary: the source's plus the sentinels, which the loader
+  // numbers right above the source's ids.
+  config->vocab_size = loader->vocab_size();
+  config->dropout_rate = static_cast<float>(dropout);
+  absl::Status valid = config->Validate();
+  if (!valid.ok()) return WithContext(valid, "--preset");
+  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
+      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
+  if (!policy.ok()) return WithContext(policy.status(), "--precision");
+  valid = policy->Validate(tensor::Device::Cpu());
+  if (!valid.ok()) return WithContext(valid, "--precision");
+  if (policy->NeedsLossScaling()) {
+    return absl::InvalidArgumentError(
+        "--precision: fp16 training is not supported on the CPU; use bf16");
+  }
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = MakeOptimizer();
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule = MakeSchedule(steps);
+  if (!schedule.ok()) return WithContext(schedule.status(), "--lr_schedule");
+  absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
+      train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
+  if (!metrics.ok()) return WithContext(metrics.status(), "--metrics_out");
+
+  // ---- Model ----
+  MemoryLedger& ledger = MemoryLedger::Process();
+  T5Model model(*config);
+  model.Materialize(seed);
+  const ParamCount count = CountParameters(*config);
+  const data::SpanCorruptor& corruptor = loader->corruptor();
+  const int64_t T_dec = corruptor.decoder_length();
+  // Tokens a step processes: every encoder and decoder position (the encoder
+  // input is full; decoder rows all have the same length).
+  const int64_t tokens_per_step = B * (S + T_dec);
+  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
+              config->ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
+  std::printf(
+      "data: span corruption of %s | vocab %lld + %lld sentinels | %lld raw tokens -> "
+      "encoder %lld, decoder %lld (%lld noise tokens in %lld spans)\n",
+      (*source)->Describe().c_str(), static_cast<long long>(source_vocab),
+      static_cast<long long>(span.num_sentinels), static_cast<long long>(corruptor.raw_length()),
+      static_cast<long long>(S), static_cast<long long>(T_dec),
+      static_cast<long long>(corruptor.counts().num_noise),
+      static_cast<long long>(corruptor.counts().num_spans));
+  std::printf(
+      "batch %lld x (%lld encoder + %lld decoder) = %lld tokens/step (tok/s counts encoder + "
+      "decoder tokens) | %s | %s | precision %s | %d threads\n",
+      static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(T_dec),
+      static_cast<long long>(tokens_per_step), (*optimizer)->name(),
+      (*schedule)->ToString().c_str(), policy->ToString().c_str(),
+      tensor::DefaultThreadPool().num_threads());
+  if (source_vocab == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random") {
+    // One example of step 0, decoded, so the objective is visible.
+    const data::Seq2SeqBatch sample = loader->Batch(loader->step());
+    const int64_t* enc = sample.encoder_inputs.data<int64_t>();
+    const int64_t* tgt = sample.decoder_targets.data<int64_t>();
+    std::printf("sample inputs:  %s\n",
+                Clip(corruptor.Render(absl::MakeConstSpan(enc, S), data::DecodeBytes), 160)
+                    .c_str());
+    std::printf("sample targets: %s\n",
+                Clip(corruptor.Render(absl::MakeConstSpan(tgt, T_dec), data::DecodeBytes), 160)
+                    .c_str());
+  }
+  if (absl::GetFlag(FLAGS_activation_checkpointing)) {
+    for (T5Stack* stack : {model.encoder(), model.decoder()}) {
+      for (size_t l = 0; l < stack->blocks()->size(); ++l) {
+        stack->blocks()->set_checkpointed(l, true);
+      }
+    }
+  }
+
+  // ---- Resume ----
+  int64_t start = 0;
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!absl::GetFlag(FLAGS_resume).empty()) {
+    absl::StatusOr<std::string> step_dir =
+        train::ResolveCheckpoint(absl::GetFlag(FLAGS_resume), checkpoint_dir);
+    if (!step_dir.ok()) return step_dir.status();
+    absl::StatusOr<train::TrainState> state = train::LoadCheckpoint(*step_dir, model, **optimizer);
+    if (!state.ok()) {
+      return WithContext(state.status(), absl::StrCat("--resume=", absl::GetFlag(FLAGS_resume)));
+    }
+    if (state->extra["config"] != config->ToString()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", *step_dir, " is of model ", state->extra["config"], ", not ",
+          config->ToString()));
+    }
+    absl::StatusOr<data::LoaderState> loader_state =
+        data::LoaderState::FromString(state->loader_state);
+    if (!loader_state.ok()) return loader_state.status();
+    absl::Status restored = loader->Restore(*loader_state);
+    if (!restored.ok()) return restored;
+    if (state->extra["lr_schedule"] != (*schedule)->ToString()) {
+      std::fprintf(stderr,
+                   "train: note: the checkpoint was trained with lr schedule %s; continuing "
+                   "with %s\n",
+                   state->extra["lr_schedule"].c_str(), (*schedule)->ToString().c_str());
+    }
+    start = state->step;
+    std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
+                static_cast<long long>(start));
+  }
+  nn::MixedPrecision mixed(model, *policy);
+  auto save = [&](int64_t step_done) -> absl::Status {
+    if (checkpoint_dir.empty()) return absl::OkStatus();
+    train::TrainState state;
+    state.step = step_done;
+    state.loader_state = loader->state().ToString();
+    state.extra["config"] = config->ToString();
+    state.extra["lr_schedule"] = (*schedule)->ToString();
+    return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
+  };
+
+  // ---- Training loop ----
+  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
+  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  train::StepTimer timer;
+  double total_ms = 0;
+  int64_t timed_steps = 0;
+  for (int64_t step = start; step < steps; ++step) {
+    timer.Start();
+    data::Seq2SeqBatch batch = loader->Next();  // encoder (B, S) + mask, decoder (B, T_dec) x 2
+    nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
+    (*optimizer)->set_lr((*schedule)->LrAt(step));
+    mixed.CastForCompute();
+    const double loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
+                                              batch.decoder_inputs, batch.decoder_targets);
+    mixed.RestoreMasters();
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
+                                              "; lower --lr or check the data"));
+    }
+    std::vector<optim::ParamRef> refs = optim::FromModule(model);
+    const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;
+    (*optimizer)->Step(refs);
+    model.ZeroGrad();
+    const double ms = timer.ElapsedMs();
+    if (step > start) {  // the first step includes one-time set-up (primitive creation)
+      total_ms += ms;
+      ++timed_steps;
+    }
+
+    train::StepMetrics m;
+    m.step = step + 1;
+    m.loss = loss;
+    m.lr = (*optimizer)->lr();
+    m.ms = ms;
+    m.tokens_per_s = tokens_per_step / (ms / 1000.0);
+    m.grad_norm = grad_norm;
+    if (step == start || (step + 1) % log_every == 0 || step + 1 == steps) {
+      std::printf("%s\n", train::FormatStep(m, ledger).c_str());
+      std::fflush(stdout);
+    }
+    absl::Status written = (*metrics)->Write(m, ledger);
+    if (!written.ok()) return written;
+    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
+      absl::Status saved = save(step + 1);
+      if (!saved.ok()) return saved;
+    }
+  }
+  if (steps > start) {
+    absl::Status saved = save(steps);
+    if (!saved.ok()) return saved;
+  }
+  if (timed_steps > 0) {
+    std::printf(
+        "mean %.1f ms/step, %.0f tokens/s (encoder + decoder) over %lld steps (after the first)\n",
+        total_ms / timed_steps, tokens_per_step * timed_steps / (total_ms / 1000.0),
+        static_cast<long long>(timed_steps));
+  }
+  std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace t5
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains T5 on span corruption. With no flags: t5-tiny on the shipped text.");
+  absl::ParseCommandLine(argc, argv);
+  data::SetProgramPath(argv[0]);
+  try {
+    absl::Status s = t5::Train();
+    if (!s.ok()) {
+      std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
+      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# //models/t5:train: --resume continues with exactly the losses of an
+# uninterrupted run, with dropout on; a corrupted checkpoint is a clear error;
+# bad flags exit 2 with a message naming the flag.
+set -euo pipefail
+train="$1"
+dir="${TEST_TMPDIR}/resume"
+mkdir -p "$dir"
+# A schedule that does not depend on --steps, so the 3-step run and the
+# resumed one follow the 6-step run's learning rates (warmup and decay included).
+common=(--preset=t5-tiny --steps=6 --batch_size=4 --encoder_length=32 --dropout=0.1
+        --lr_schedule=cosine:max_lr=3e-3,min_lr=3e-4,warmup_steps=2,total_steps=6 --log_every=1)
+
+losses() { sed -E 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/' "$1"; }
+
+"$train" "${common[@]}" --metrics_out="$dir/full.jsonl" > "$dir/full.log"
+"$train" "${common[@]}" --steps=3 --checkpoint_dir="$dir/ckpt" --metrics_out="$dir/part1.jsonl" > /dev/null
+"$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest \
+  --metrics_out="$dir/part2.jsonl" > "$dir/resumed.log"
+grep -q "resumed from .*step_000003 at step 3" "$dir/resumed.log"
+grep -q "tok/s counts encoder + decoder tokens" "$dir/full.log"
+
+diff <(losses "$dir/full.jsonl") <(cat <(losses "$dir/part1.jsonl") <(losses "$dir/part2.jsonl"))
+[[ $(losses "$dir/full.jsonl" | wc -l) == 6 ]]
+echo "resumed losses equal the uninterrupted run's:"
+losses "$dir/full.jsonl"
+
+# Dropout is on: the same run without dropout gives other losses (so the
+# equality above covers the per-step dropout masks).
+"$train" "${common[@]}" --dropout=0 --metrics_out="$dir/nodrop.jsonl" > /dev/null
+! diff -q <(losses "$dir/full.jsonl") <(losses "$dir/nodrop.jsonl") > /dev/null
+
+# The loss falls over the 6 steps.
+first=$(losses "$dir/full.jsonl" | head -1 | cut -d' ' -f2)
+last=$(losses "$dir/full.jsonl" | tail -1 | cut -d' ' -f2)
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+
+# A checkpoint of another model is refused.
+set +e
+"$train" "${common[@]}" --dropout=0.2 --checkpoint_dir="$dir/ckpt" --resume=latest \
+  > /dev/null 2> "$dir/err_config.txt"; code=$?
+set -e
+[[ $code == 2 ]] && grep -q "is of model" "$dir/err_config.txt"
+
+# A corrupted checkpoint is refused with a message naming the file.
+model="$dir/ckpt/step_000006/model.safetensors"
+printf '\x01' | dd of="$model" bs=1 seek=$(( $(stat -c %s "$model") - 5 )) conv=notrunc 2>/dev/null
+if "$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest > /dev/null 2> "$dir/err.txt"; then
+  echo "resuming from a corrupted checkpoint should fail"; exit 1
+fi
+grep -q "model.safetensors' is corrupted: checksum" "$dir/err.txt"
+
+# Bad flags: exit code 2 and a message naming the flag.
+bad_flag() {  # expected message, then the flags
+  local want="$1"; shift
+  local code
+  set +e
+  "$train" "$@" > /dev/null 2> "$dir/err_flag.txt"; code=$?
+  set -e
+  if [[ $code != 2 ]] || ! grep -qF -- "$want" "$dir/err_flag.txt"; then
+    echo "flags $* gave exit code $code and:"; cat "$dir/err_flag.txt"
+    echo "expected exit code 2 and a message with: $want"; exit 1
+  fi
+}
+bad_flag "--preset: unknown t5 preset 't5-9000'" --preset=t5-9000 --steps=1
+bad_flag "--encoder_length=1 --num_sentinels=100" --encoder_length=1 --steps=1
+bad_flag "--encoder_length=0 must be >= 1" --encoder_length=0 --steps=1
+bad_flag "--optimizer='lion' is not one of adamw, sgd" --optimizer=lion --steps=1
+bad_flag "--precision: unknown precision 'fp8'" --precision=fp8 --steps=1
+bad_flag "--batch_size=0 must be >= 1" --batch_size=0 --steps=1
+bad_flag "--dropout=1.5 is not in [0, 1)" --dropout=1.5 --steps=1
+bad_flag "--num_sentinels=1" --num_sentinels=1 --steps=1
+echo PASS
