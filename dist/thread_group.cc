@@ -1,0 +1,681 @@
+// The `threads` engine: rendezvous state shared by the handles of a group,
+// the per-handle communication worker, the copy-free collectives, and
+// RunRanks.
+#include "dist/thread_group.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "dist/cpu_reduce.h"
+#include "glog/logging.h"
+
+namespace dist {
+namespace internal {
+
+// What every group of a world shares: one lock and condition variable for all
+// rendezvous state, and which ranks' threads have finished.
+struct WorldState {
+  explicit WorldState(int size) : finished(size, false), finish_status(size) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bool> finished;               // by world rank; guarded by mu
+  std::vector<absl::Status> finish_status;  // by world rank; guarded by mu
+  int live_handles = 0;                     // guarded by mu
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One rank's call as its peers see it during a round. Lives on the stack of
+// the rank's worker until every member has left the round's compute phase.
+struct Arrival {
+  bool is_split = false;
+  const CollectiveCall* call = nullptr;  // when !is_split
+  int color = -1;                        // split
+  int key = 0;                           // split
+  const void* in = nullptr;              // contiguous buffers (staged when needed)
+  void* out = nullptr;
+  absl::Status error;  // this rank's arguments are invalid
+};
+
+std::string Describe(const Arrival& a) {
+  return a.is_split ? absl::StrCat("split(color ", a.color, ", key ", a.key, ")")
+                    : DescribeCall(*a.call);
+}
+
+bool SameCall(const Arrival& a, const Arrival& b) {
+  if (a.is_split != b.is_split) return false;
+  if (a.is_split) return true;
+  const CollectiveCall& x = *a.call;
+  const CollectiveCall& y = *b.call;
+  if (x.kind != y.kind) return false;
+  if (x.kind == CollectiveKind::kBarrier) return true;
+  if ((x.kind == CollectiveKind::kAllReduce || x.kind == CollectiveKind::kReduceScatter) &&
+      x.op != y.op) {
+    return false;
+  }
+  if (x.kind == CollectiveKind::kBroadcast && x.root != y.root) return false;
+  if (x.input.dtype() != y.input.dtype() || x.input.numel() != y.input.numel()) return false;
+  if (x.output.defined() != y.output.defined()) return false;
+  return !x.output.defined() || x.output.numel() == y.output.numel();
+}
+
+// "2.0 s", "0.5 s", "0.25 s".
+std::string FormatSeconds(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return "inf s";
+  const double s = absl::ToDoubleSeconds(d);
+  const double tenths = s * 10.0;
+  if (s >= 1.0 || tenths == static_cast<double>(static_cast<int64_t>(tenths))) {
+    return absl::StrFormat("%.1f s", s);
+  }
+  return absl::StrFormat("%.3g s", s);
+}
+
+bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(a);
+  const auto pb = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+}  // namespace
+
+struct GroupState;
+
+// The state of one collective call (the seq-th of the group) while its
+// members pass through it.
+struct Round {
+  std::vector<const Arrival*> arrivals;  // by group rank; null until arrived
+  int num_arrived = 0;
+  int num_done = 0;
+  int num_left = 0;
+  std::map<int, std::shared_ptr<GroupState>> splits;  // by color (split rounds)
+};
+
+// What the handles of one group share. Guarded by world->mu.
+struct GroupState {
+  GroupState(std::shared_ptr<WorldState> w, std::vector<int> ranks, std::string name)
+      : world(std::move(w)),
+        world_ranks(std::move(ranks)),
+        label(std::move(name)),
+        pending(world_ranks.size(), 0),
+        closed(world_ranks.size(), false) {}
+  int size() const { return static_cast<int>(world_ranks.size()); }
+
+  const std::shared_ptr<WorldState> world;
+  const std::vector<int> world_ranks;  // group rank -> world rank
+  const std::string label;             // "" for the world group
+  std::map<int64_t, Round> rounds;     // by call number
+  std::vector<int> pending;            // calls queued or running, by group rank
+  std::vector<bool> closed;            // the member's handle was destroyed
+  absl::Status abort;                  // not OK once a call failed for good
+};
+
+class ThreadProcessGroup final : public ProcessGroup {
+ public:
+  ThreadProcessGroup(std::shared_ptr<GroupState> group, int rank, tensor::MemoryLedger* ledger,
+                     absl::Duration timeout)
+      : ProcessGroup(timeout), group_(std::move(group)), rank_(rank), ledger_(ledger) {
+    {
+      std::lock_guard<std::mutex> lock(group_->world->mu);
+      ++group_->world->live_handles;
+    }
+    worker_ = std::thread([this] { WorkerLoop(); });
+  }
+
+  ~ThreadProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    worker_.join();  // The worker runs what is still queued first.
+    WorldState& world = *group_->world;
+    {
+      std::lock_guard<std::mutex> lock(world.mu);
+      group_->closed[rank_] = true;
+      --world.live_handles;
+    }
+    world.cv.notify_all();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  absl::string_view backend() const override { return "threads"; }
+
+  void WaitIdle() {
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    queue_cv_.wait(lock, [this] { return jobs_.empty() && !busy_; });
+  }
+
+ protected:
+  std::string Who() const override {
+    std::string who = absl::StrCat("rank ", rank_, " of ", size());
+    if (!group_->label.empty()) absl::StrAppend(&who, " in group ", group_->label);
+    return who;
+  }
+
+  WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
+    auto work = std::make_shared<CompletionWork>();
+    Enqueue([this, work, call] { work->Complete(Execute(*call)); });
+    return work;
+  }
+
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int color, int key,
+                                                        absl::Duration timeout) override {
+    auto done = std::make_shared<CompletionWork>();
+    auto result = std::make_shared<std::unique_ptr<ProcessGroup>>();
+    const absl::Duration child_timeout = this->timeout();
+    Enqueue([this, color, key, timeout, child_timeout, done, result] {
+      done->Complete(ExecuteSplit(color, key, timeout, child_timeout, result.get()));
+    });
+    absl::Status status = done->Wait();
+    if (!status.ok()) return status;
+    return std::move(*result);
+  }
+
+ private:
+  void Enqueue(std::function<void()> job) {
+    WorldState& world = *group_->world;
+    {
+      std::lock_guard<std::mutex> lock(world.mu);
+      ++group_->pending[rank_];
+    }
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      jobs_.push_back(std::move(job));
+    }
+    queue_cv_.notify_all();
+  }
+
+  void WorkerLoop() {
+    tensor::ScopedLedger scoped_ledger(ledger_);
+    tensor::ScopedMemoryCategory scoped_category(tensor::MemoryCategory::kCommunication);
+    WorldState& world = *group_->world;
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(queue_mu_);
+        queue_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and nothing left to run
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+        busy_ = true;
+      }
+      job();
+      job = nullptr;  // Release the call's tensors before reporting idle.
+      {
+        std::lock_guard<std::mutex> lock(world.mu);
+        --group_->pending[rank_];
+      }
+      world.cv.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        busy_ = false;
+      }
+      queue_cv_.notify_all();
+    }
+  }
+
+  // "ranks 2, 3" (+ " (world ranks 5, 6)" in a subgroup).
+  std::string NameRanks(const std::vector<int>& ranks) const {
+    std::string s =
+        absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+    if (!group_->label.empty()) {
+      std::vector<int> world_ranks;
+      for (int r : ranks) world_ranks.push_back(group_->world_ranks[r]);
+      absl::StrAppend(&s, " (world ", absl::StrJoin(world_ranks, ", "), ")");
+    }
+    return s;
+  }
+
+  // The error of a call on an aborted group. world.mu held.
+  absl::Status AbortedError(absl::string_view op) const {
+    return absl::Status(
+        group_->abort.code(),
+        absl::StrCat("[", op, "] ", Who(), ": the group was aborted: ", group_->abort.message()));
+  }
+
+  // Publishes `me` as this rank's seq-th call and waits until every member has
+  // arrived (filling *arrivals), the timeout passes, a missing member is gone
+  // for good, or the group is aborted. Takes world.mu.
+  absl::Status Arrive(int64_t seq, const Arrival& me, absl::string_view op, absl::Duration timeout,
+                      std::vector<const Arrival*>* arrivals) {
+    WorldState& world = *group_->world;
+    GroupState& g = *group_;
+    std::unique_lock<std::mutex> lock(world.mu);
+    if (!g.abort.ok()) return AbortedError(op);
+    Round& round = g.rounds[seq];
+    if (round.arrivals.empty()) round.arrivals.assign(g.size(), nullptr);
+    round.arrivals[rank_] = &me;
+    ++round.num_arrived;
+    world.cv.notify_all();
+    // Timeouts beyond a century (and InfiniteDuration) mean: wait forever.
+    const bool bounded = timeout < absl::Hours(24 * 365 * 100);
+    const Clock::time_point deadline =
+        bounded ? Clock::now() + absl::ToChronoNanoseconds(timeout) : Clock::time_point::max();
+    while (round.num_arrived < g.size()) {
+      if (!g.abort.ok()) return AbortedError(op);
+      std::vector<int> missing, gone;
+      for (int m = 0; m < g.size(); ++m) {
+        if (round.arrivals[m] != nullptr) continue;
+        missing.push_back(m);
+        const int w = g.world_ranks[m];
+        if (g.closed[m] || (world.finished[w] && g.pending[m] == 0)) gone.push_back(m);
+      }
+      if (!gone.empty()) {
+        std::vector<std::string> why;
+        for (int m : gone) {
+          const int w = g.world_ranks[m];
+          if (g.closed[m]) {
+            why.push_back(absl::StrCat("rank ", m, " destroyed its handle of the group"));
+          } else if (world.finish_status[w].ok()) {
+            why.push_back(absl::StrCat("rank ", m, "'s thread finished without making this call"));
+          } else {
+            why.push_back(absl::StrCat("rank ", m, "'s thread failed (",
+                                       world.finish_status[w].ToString(), ")"));
+          }
+        }
+        const std::string reason = absl::StrCat(NameRanks(gone), " will never join ", op,
+                                                " (call #", seq, "): ", absl::StrJoin(why, "; "));
+        g.abort = absl::AbortedError(absl::StrCat(Who(), " saw that ", reason));
+        world.cv.notify_all();
+        return absl::AbortedError(absl::StrCat("[", op, "] ", Who(), ": ", reason));
+      }
+      if (bounded && Clock::now() >= deadline) {
+        const std::string waited = absl::StrCat("timed out after ", FormatSeconds(timeout),
+                                                " waiting for ", NameRanks(missing));
+        g.abort = absl::DeadlineExceededError(
+            absl::StrCat(Who(), " ", waited, " in ", op, " (call #", seq, ")"));
+        world.cv.notify_all();
+        return absl::DeadlineExceededError(absl::StrCat("[", op, "] ", Who(), " ", waited));
+      }
+      if (bounded) {
+        world.cv.wait_until(lock, deadline);
+      } else {
+        world.cv.wait(lock);
+      }
+    }
+    *arrivals = round.arrivals;
+    return absl::OkStatus();
+  }
+
+  // Marks this rank's share of round seq done and waits for the others (no
+  // timeout: every member has arrived and only has bounded copies left, and
+  // peers may still be reading this rank's buffers). Takes world.mu.
+  // `before_leave` runs under the lock once all are done.
+  void Leave(int64_t seq, const std::function<void(Round&)>& before_leave = nullptr) {
+    WorldState& world = *group_->world;
+    std::unique_lock<std::mutex> lock(world.mu);
+    Round& round = group_->rounds[seq];
+    ++round.num_done;
+    world.cv.notify_all();
+    world.cv.wait(lock, [&] { return round.num_done == group_->size(); });
+    if (before_leave) before_leave(round);
+    if (++round.num_left == group_->size()) group_->rounds.erase(seq);
+  }
+
+  // The error when some member's arguments were invalid or the calls differ;
+  // identical on every rank, so no rank needs to abort the group.
+  absl::Status CheckArrivals(const std::vector<const Arrival*>& all, absl::string_view op) const {
+    const Arrival& me = *all[rank_];
+    if (!me.error.ok()) return me.error;
+    for (int r = 0; r < size(); ++r) {
+      if (!all[r]->error.ok()) {
+        return absl::Status(all[r]->error.code(),
+                            absl::StrCat("[", op, "] ", Who(), ": rank ", r,
+                                         "'s call is invalid: ", all[r]->error.message()));
+      }
+    }
+    bool same = true;
+    for (int r = 1; r < size(); ++r) same = same && SameCall(*all[0], *all[r]);
+    if (same) return absl::OkStatus();
+    std::vector<std::string> calls;
+    for (int r = 0; r < size(); ++r)
+      calls.push_back(absl::StrCat("rank ", r, ": ", Describe(*all[r])));
+    return absl::InvalidArgumentError(
+        absl::StrCat("[", op, "] ", Who(),
+                     ": the calls do not match across ranks: ", absl::StrJoin(calls, "; ")));
+  }
+
+  // Engine checks (device, overlap) and staging copies of non-contiguous
+  // tensors. Sets *in / *out to the buffers to publish.
+  absl::Status Prepare(const CollectiveCall& call, tensor::Tensor* in, tensor::Tensor* out) {
+    const std::string op(CollectiveName(call.kind));
+    if (call.kind == CollectiveKind::kBarrier) return absl::OkStatus();
+    for (const tensor::Tensor* t : {&call.input, &call.output}) {
+      if (t->defined() && !t->device().is_cpu()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "[", op, "] ", Who(), ": the threads engine needs CPU tensors, got one on ",
+            t->device().ToString()));
+      }
+    }
+    *in = call.input.Contiguous();  // staging copy when not contiguous
+    if (!call.output.defined()) {
+      *out = *in;  // in place
+      return absl::OkStatus();
+    }
+    *out = call.output.is_contiguous()
+               ? call.output
+               : tensor::Tensor::Empty(call.output.shape(), call.output.dtype());
+    if (in->SharesStorageWith(call.input) && out->SharesStorageWith(call.output) &&
+        Overlaps(in->raw_data(), in->nbytes(), out->raw_data(), out->nbytes())) {
+      // Only the in-place layouts are allowed: output = this rank's chunk of
+      // the input (reduce_scatter) or input = this rank's chunk of the output
+      // (all_gather).
+      const char* base_in = static_cast<const char*>(in->raw_data());
+      const char* base_out = static_cast<const char*>(out->raw_data());
+      const bool in_place = call.kind == CollectiveKind::kReduceScatter
+                                ? base_out == base_in + rank_ * out->nbytes()
+                                : base_in == base_out + rank_ * in->nbytes();
+      if (!in_place) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "[", op, "] ", Who(), ": input and output overlap other than at this rank's chunk"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // This rank's share of a matched, valid collective, reading and writing the
+  // peers' published buffers.
+  void Compute(const CollectiveCall& call, const std::vector<const Arrival*>& all) {
+    const int n = size();
+    const tensor::Dtype dtype = call.input.defined() ? call.input.dtype() : tensor::Dtype::kF32;
+    const int64_t es = tensor::DtypeSize(dtype);
+    switch (call.kind) {
+      case CollectiveKind::kAllReduce: {
+        const int64_t numel = call.input.numel();
+        const int64_t begin = numel * rank_ / n;
+        const int64_t end = numel * (rank_ + 1) / n;
+        std::vector<const void*> ins;
+        std::vector<void*> outs;
+        for (const Arrival* a : all) {
+          ins.push_back(static_cast<const char*>(a->in) + begin * es);
+          outs.push_back(static_cast<char*>(a->out) + begin * es);
+        }
+        ReduceBuffers(dtype, call.op, ins, outs, end - begin);
+        break;
+      }
+      case CollectiveKind::kReduceScatter: {
+        const int64_t k = call.output.numel();
+        std::vector<const void*> ins;
+        for (const Arrival* a : all) {
+          ins.push_back(static_cast<const char*>(a->in) + rank_ * k * es);
+        }
+        std::vector<void*> outs = {all[rank_]->out};
+        ReduceBuffers(dtype, call.op, ins, outs, k);
+        break;
+      }
+      case CollectiveKind::kAllGather: {
+        const int64_t bytes = call.input.numel() * es;
+        char* out = static_cast<char*>(all[rank_]->out);
+        for (int r = 0; r < n; ++r) {
+          if (out + r * bytes != all[r]->in && bytes > 0) {
+            std::memcpy(out + r * bytes, all[r]->in, bytes);
+          }
+        }
+        break;
+      }
+      case CollectiveKind::kBroadcast: {
+        const int64_t bytes = call.input.numel() * es;
+        if (rank_ != call.root && all[rank_]->out != all[call.root]->in && bytes > 0) {
+          std::memcpy(all[rank_]->out, all[call.root]->in, bytes);
+        }
+        break;
+      }
+      case CollectiveKind::kBarrier:
+        break;
+    }
+  }
+
+  absl::Status Execute(const CollectiveCall& call) {
+    const std::string op(CollectiveName(call.kind));
+    const int64_t seq = next_seq_++;
+    Arrival me;
+    me.call = &call;
+    me.error = call.error;
+    tensor::Tensor in, out;
+    if (me.error.ok()) {
+      try {
+        me.error = Prepare(call, &in, &out);
+      } catch (const std::exception& e) {
+        me.error = absl::ResourceExhaustedError(
+            absl::StrCat("[", op, "] ", Who(), ": preparing buffers failed: ", e.what()));
+      }
+    }
+    if (me.error.ok() && in.defined()) {
+      me.in = in.raw_data();
+      me.out = out.raw_data();
+    }
+    std::vector<const Arrival*> all;
+    absl::Status status = Arrive(seq, me, op, call.timeout, &all);
+    if (!status.ok()) return status;  // Never entered the compute phase.
+    status = CheckArrivals(all, op);
+    if (status.ok()) Compute(call, all);
+    Leave(seq);
+    if (!status.ok()) return status;
+    try {
+      // Copy staged results back.
+      if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast) {
+        tensor::Tensor dst = call.input;
+        if (!in.SharesStorageWith(dst)) dst.CopyFrom(in);
+      } else if (call.output.defined() && !out.SharesStorageWith(call.output)) {
+        tensor::Tensor dst = call.output;
+        dst.CopyFrom(out);
+      }
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat("[", op, "] ", Who(), ": copying the result back failed: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ExecuteSplit(int color, int key, absl::Duration timeout,
+                            absl::Duration child_timeout, std::unique_ptr<ProcessGroup>* result) {
+    const int64_t seq = next_seq_++;
+    Arrival me;
+    me.is_split = true;
+    me.color = color;
+    me.key = key;
+    std::vector<const Arrival*> all;
+    absl::Status status = Arrive(seq, me, "split", timeout, &all);
+    if (!status.ok()) return status;
+    status = CheckArrivals(all, "split");
+    std::shared_ptr<GroupState> child;
+    int child_rank = -1;
+    if (status.ok() && color >= 0) {
+      // Members of my color ordered by (key, rank).
+      std::vector<int> members;
+      for (int r = 0; r < size(); ++r) {
+        if (all[r]->color == color) members.push_back(r);
+      }
+      std::stable_sort(members.begin(), members.end(),
+                       [&](int a, int b) { return all[a]->key < all[b]->key; });
+      child_rank =
+          static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      Leave(seq, [&](Round& round) {
+        std::shared_ptr<GroupState>& slot = round.splits[color];
+        if (slot == nullptr) {
+          std::vector<int> world_ranks;
+          for (int m : members) world_ranks.push_back(group_->world_ranks[m]);
+          const std::string parent = group_->label.empty() ? "world" : group_->label;
+          slot = std::make_shared<GroupState>(group_->world, std::move(world_ranks),
+                                              absl::StrCat(parent, "/split(", color, ")"));
+        }
+        child = slot;
+      });
+    } else {
+      Leave(seq);
+    }
+    if (!status.ok()) return status;
+    if (child != nullptr) {
+      *result = std::make_unique<ThreadProcessGroup>(child, child_rank, ledger_, child_timeout);
+    }
+    return absl::OkStatus();
+  }
+
+  const std::shared_ptr<GroupState> group_;
+  const int rank_;
+  tensor::MemoryLedger* const ledger_;
+  int64_t next_seq_ = 0;  // worker thread only
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by queue_mu_
+  bool busy_ = false;                       // guarded by queue_mu_
+  bool stopping_ = false;                   // guarded by queue_mu_
+  std::thread worker_;
+};
+
+}  // namespace internal
+
+namespace {
+
+// Ledgers that tensors still point to when their world is destroyed: kept
+// (reachable, so leak checkers stay quiet) until the process exits.
+void KeepForever(std::unique_ptr<tensor::MemoryLedger> ledger) {
+  static std::mutex* mu = new std::mutex;
+  static auto* kept = new std::vector<std::unique_ptr<tensor::MemoryLedger>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  kept->push_back(std::move(ledger));
+}
+
+}  // namespace
+
+ThreadWorld::ThreadWorld(int size, ThreadWorldOptions options)
+    : size_(size), state_(std::make_shared<internal::WorldState>(size)) {
+  CHECK_GE(size, 1) << "a ThreadWorld needs at least one rank";
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  auto group = std::make_shared<internal::GroupState>(state_, ranks, "");
+  for (int r = 0; r < size; ++r) {
+    ledgers_.push_back(std::make_unique<tensor::MemoryLedger>());
+  }
+  for (int r = 0; r < size; ++r) {
+    groups_.push_back(std::make_unique<internal::ThreadProcessGroup>(group, r, ledgers_[r].get(),
+                                                                     options.timeout));
+  }
+}
+
+ThreadWorld::~ThreadWorld() {
+  // Let every handle know that all ranks are done, so calls still queued fail
+  // fast instead of waiting for peers that will never come.
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (int r = 0; r < size(); ++r) state_->finished[r] = true;
+  }
+  state_->cv.notify_all();
+  groups_.clear();
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    CHECK_EQ(state_->live_handles, 0)
+        << "groups split from a ThreadWorld must be destroyed before the world";
+  }
+  for (int r = 0; r < size(); ++r) {
+    int64_t held = 0;
+    held += ledgers_[r]->Total(tensor::Device::Cpu()).current;
+    for (int d = 0; d < tensor::MemoryLedger::kMaxCudaDevices; ++d) {
+      held += ledgers_[r]->Total(tensor::Device::Cuda(d)).current;
+    }
+    if (held != 0) {
+      LOG(WARNING) << "ThreadWorld destroyed while rank " << r << "'s ledger still holds " << held
+                   << " bytes; keeping the ledger alive for the tensors that still use it";
+      KeepForever(std::move(ledgers_[r]));
+    }
+  }
+}
+
+ProcessGroup& ThreadWorld::group(int rank) {
+  CHECK(rank >= 0 && rank < size()) << "rank " << rank << " of " << size();
+  return *groups_[rank];
+}
+
+tensor::MemoryLedger& ThreadWorld::ledger(int rank) {
+  CHECK(rank >= 0 && rank < size()) << "rank " << rank << " of " << size();
+  return *ledgers_[rank];
+}
+
+void ThreadWorld::MarkRankFinished(int rank, const absl::Status& status) {
+  CHECK(rank >= 0 && rank < size()) << "rank " << rank << " of " << size();
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->finished[rank] = true;
+    state_->finish_status[rank] = status;
+  }
+  state_->cv.notify_all();
+}
+
+void ThreadWorld::ResetFinished() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (int r = 0; r < size(); ++r) {
+    state_->finished[r] = false;
+    state_->finish_status[r] = absl::OkStatus();
+  }
+}
+
+void ThreadWorld::WaitIdle() {
+  for (auto& group : groups_) group->WaitIdle();
+}
+
+namespace internal {
+
+absl::Status RunRanksImpl(ThreadWorld& world, const RankFn& fn) {
+  const int n = world.size();
+  world.ResetFinished();
+  std::mutex mu;
+  std::vector<std::pair<int, absl::Status>> failures;  // in the order they happened
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      absl::Status status;
+      {
+        tensor::ScopedLedger scoped(&world.ledger(r));
+        try {
+          status = fn(r, world.group(r));
+        } catch (const std::invalid_argument& e) {
+          status = absl::InvalidArgumentError(absl::StrCat("uncaught exception: ", e.what()));
+        } catch (const std::exception& e) {
+          status = absl::InternalError(absl::StrCat("uncaught exception: ", e.what()));
+        } catch (...) {
+          status = absl::UnknownError("uncaught exception of unknown type");
+        }
+      }
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.emplace_back(r, status);
+      }
+      world.MarkRankFinished(r, status);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  world.WaitIdle();
+  if (failures.empty()) return absl::OkStatus();
+  const auto& [first_rank, first] = failures.front();
+  std::string message = absl::StrCat("rank ", first_rank, ": ", first.message());
+  if (failures.size() > 1) {
+    std::vector<std::string> others;
+    for (size_t i = 1; i < failures.size(); ++i) {
+      others.push_back(
+          absl::StrCat("rank ", failures[i].first, ": ", failures[i].second.ToString()));
+    }
+    absl::StrAppend(&message, " [then: ", absl::StrJoin(others, "; "), "]");
+  }
+  return absl::Status(first.code(), message);
+}
+
+}  // namespace internal
+}  // namespace dist
