@@ -1,0 +1,238 @@
+// dist::DistributedDataParallel: buckets, hooks and the overlapped all-reduce.
+#include "dist/ddp.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/error.h"
+#include "tensor/memory_ledger.h"
+
+namespace dist {
+
+absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root) {
+  std::vector<WorkPtr> works;
+  for (auto& [name, p] : module.NamedParameters()) {
+    if (!p->value.defined()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("broadcast_module_state: parameter ", name, " is not materialized"));
+    }
+    works.push_back(pg.Broadcast(p->value, root));
+  }
+  for (auto& [name, b] : module.NamedBuffers()) {
+    if (b->defined()) works.push_back(pg.Broadcast(*b, root));
+  }
+  absl::Status status;
+  for (auto& w : works) status.Update(w->Wait());
+  return status;
+}
+
+namespace internal {
+
+BackwardHooks::BackwardHooks(nn::Module& root, std::function<void()> root_pre_backward,
+                             std::function<void(nn::Module&)> post_backward)
+    : root_(root),
+      root_pre_backward_(std::move(root_pre_backward)),
+      post_backward_(std::move(post_backward)) {
+  for (auto& [name, m] : root.NamedModules()) {
+    previous_[m] = m->hooks();
+    m->set_hooks(this);
+  }
+}
+
+BackwardHooks::~BackwardHooks() {
+  for (auto& [m, prev] : previous_) {
+    if (m->hooks() == this) m->set_hooks(prev);
+  }
+}
+
+nn::ModuleHooks* BackwardHooks::Previous(nn::Module& module) const {
+  auto it = previous_.find(&module);
+  return it == previous_.end() ? nullptr : it->second;
+}
+
+void BackwardHooks::PreForward(nn::Module& module) {
+  if (nn::ModuleHooks* prev = Previous(module)) prev->PreForward(module);
+}
+
+void BackwardHooks::PostForward(nn::Module& module) {
+  if (nn::ModuleHooks* prev = Previous(module)) prev->PostForward(module);
+}
+
+void BackwardHooks::PreBackward(nn::Module& module) {
+  if (nn::ModuleHooks* prev = Previous(module)) prev->PreBackward(module);
+  if (&module == &root_ && root_pre_backward_) root_pre_backward_();
+}
+
+void BackwardHooks::PostBackward(nn::Module& module) {
+  if (nn::ModuleHooks* prev = Previous(module)) prev->PostBackward(module);
+  if (post_backward_) post_backward_(module);
+}
+
+std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root) {
+  std::unordered_map<nn::Parameter*, int> index;
+  int i = 0;
+  for (auto& [name, p] : root.NamedParameters()) index[p] = i++;
+  std::unordered_map<nn::Module*, std::vector<int>> out;
+  for (auto& [name, m] : root.NamedModules()) {
+    std::vector<int>& v = out[m];
+    for (auto& [pname, p] : m->NamedParameters()) v.push_back(index.at(p));
+  }
+  return out;
+}
+
+}  // namespace internal
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup& pg,
+                                                 DdpOptions options)
+    : model_(model), pg_(pg), options_(options), params_(model.NamedParameters()) {
+  OP_CHECK(options_.bucket_cap_mb > 0, "ddp", "bucket_cap_mb must be > 0, got ",
+           options_.bucket_cap_mb);
+  for (auto& [name, p] : params_) {
+    OP_CHECK(p->value.defined(), "ddp", "parameter ", name, " is not materialized");
+    OP_CHECK(p->value.dtype() == tensor::Dtype::kF32 && p->value.device().is_cpu() &&
+                 p->value.is_contiguous(),
+             "ddp", "parameter ", name, " must be a contiguous fp32 CPU tensor");
+  }
+  absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
+  OP_CHECK(status.ok(), "ddp", "initial broadcast failed: ", status.ToString());
+
+  // Buckets: parameters in reverse registration order, up to the cap.
+  const int64_t cap_bytes =
+      std::max<int64_t>(1, static_cast<int64_t>(options_.bucket_cap_mb * 1024.0 * 1024.0));
+  const int n = static_cast<int>(params_.size());
+  bucket_of_.assign(n, -1);
+  std::vector<std::vector<int>> groups;
+  int64_t bytes = 0;
+  for (int i = n - 1; i >= 0; --i) {
+    const int64_t b = params_[i].second->numel() * 4;
+    if (groups.empty() || (bytes > 0 && bytes + b > cap_bytes)) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += b;
+  }
+  grad_views_.resize(n);
+  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
+  for (auto& group : groups) {
+    int64_t numel = 0;
+    for (int i : group) numel += params_[i].second->numel();
+    Bucket bucket;
+    bucket.flat = tensor::Tensor::Zeros({numel}, tensor::Dtype::kF32);
+    bucket.params = group;
+    int64_t offset = 0;
+    for (int i : group) {
+      nn::Parameter* p = params_[i].second;
+      tensor::Tensor view = bucket.flat.Narrow(0, offset, p->numel()).View(p->shape);
+      if (p->grad.defined()) view.CopyFrom(p->grad);
+      p->grad = view;
+      grad_views_[i] = view;
+      bucket_of_[i] = static_cast<int>(buckets_.size());
+      offset += p->numel();
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  ready_.assign(n, false);
+  subtree_ = internal::SubtreeParameterIndices(model_);
+  hooks_ = std::make_unique<internal::BackwardHooks>(
+      model_, [this] { OnRootPreBackward(); },
+      [this](nn::Module& m) { OnPostBackward(m); });
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  hooks_.reset();
+  for (auto& b : buckets_) {
+    if (b.work) b.work->Wait().IgnoreError();
+  }
+}
+
+std::vector<std::string> DistributedDataParallel::BucketParameterNames(int i) const {
+  std::vector<std::string> names;
+  for (int p : buckets_.at(i).params) names.push_back(params_[p].first);
+  return names;
+}
+
+void DistributedDataParallel::ZeroGrad() {
+  for (auto& b : buckets_) std::memset(b.flat.raw_data(), 0, b.flat.nbytes());
+}
+
+void DistributedDataParallel::OnRootPreBackward() {
+  // A step still in flight (a backward whose root PostBackward never ran).
+  if (!finished_) Finish().IgnoreError();
+  // Re-point grads that were dropped (ZeroGrad(set_to_none)) or replaced.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    nn::Parameter* p = params_[i].second;
+    tensor::Tensor& view = grad_views_[i];
+    if (!p->grad.defined()) {
+      std::memset(view.raw_data(), 0, view.nbytes());
+      p->grad = view;
+    } else if (p->grad.raw_data() != view.raw_data()) {
+      view.CopyFrom(p->grad);
+      p->grad = view;
+    }
+  }
+  syncing_this_step_ = require_sync_;
+  if (!syncing_this_step_) return;
+  events_.clear();
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.work.reset();
+  }
+  next_to_issue_ = 0;
+  finished_ = false;
+  status_ = absl::OkStatus();
+}
+
+void DistributedDataParallel::MarkReady(int param) {
+  if (ready_[param]) return;
+  ready_[param] = true;
+  --buckets_[bucket_of_[param]].pending;
+}
+
+void DistributedDataParallel::IssueReadyBuckets() {
+  // In bucket order, so every rank issues the same sequence.
+  while (next_to_issue_ < num_buckets() && buckets_[next_to_issue_].pending == 0) {
+    Bucket& b = buckets_[next_to_issue_];
+    b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
+    events_.push_back({Event::Kind::kBucketIssued, next_to_issue_});
+    ++next_to_issue_;
+  }
+}
+
+void DistributedDataParallel::OnPostBackward(nn::Module& module) {
+  if (!syncing_this_step_ || finished_) return;
+  if (&module == &model_) {
+    events_.push_back({Event::Kind::kRootPostBackward, -1});
+    absl::Status status = Finish();
+    OP_CHECK(status.ok(), "ddp", "gradient all-reduce failed: ", status.ToString());
+    return;
+  }
+  auto it = subtree_.find(&module);
+  if (it == subtree_.end()) return;
+  for (int i : it->second) MarkReady(i);
+  IssueReadyBuckets();
+}
+
+absl::Status DistributedDataParallel::Finish() {
+  if (finished_) return status_;
+  for (size_t i = 0; i < params_.size(); ++i) MarkReady(static_cast<int>(i));
+  IssueReadyBuckets();
+  absl::Status status;
+  for (auto& b : buckets_) {
+    if (b.work) status.Update(b.work->Wait());
+  }
+  events_.push_back({Event::Kind::kAllReducesDone, -1});
+  finished_ = true;
+  status_ = status;
+  return status;
+}
+
+absl::Status DistributedDataParallel::FinishBackward() {
+  if (!syncing_this_step_) return absl::OkStatus();
+  return Finish();
+}
+
+}  // namespace dist

@@ -1,0 +1,180 @@
+// dist::DistributedDataParallel: plain data parallelism with bucketed,
+// asynchronous gradient all-reduce (PyTorch DDP's design, over ProcessGroup).
+//
+//   dist::DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 25});
+//   model.ForwardBackward(idx, targets);   // buckets all-reduce during backward
+//   optimizer->Step(optim::FromModule(model));
+//   ddp.ZeroGrad();
+//
+// At construction every parameter value and buffer is broadcast from rank 0,
+// so the ranks start equal. The parameters, in reverse registration order (the
+// order backward produces their gradients), are packed into flat fp32 buckets
+// of at most bucket_cap_mb (a parameter larger than the cap gets a bucket of
+// its own); each Parameter::grad becomes a view of its bucket, so layers
+// accumulate straight into the buckets.
+//
+// Hooks: a ModuleHooks object of this class is installed on every module of
+// the model (chaining to hooks installed before it, which still run first in
+// PostBackward and last in PreBackward). When a module's backward is done, the
+// gradients of every parameter in its subtree are final; a bucket whose
+// parameters are all final is all-reduced (avg) asynchronously, in bucket
+// order on every rank, while backward goes on. At the root's PostBackward the
+// remaining buckets are issued and all are waited for (FinishBackward), so when
+// the root's RunBackward returns, every rank holds the averaged gradients.
+// Hooks installed on the model's modules after this object are not chained:
+// install other wrappers first.
+//
+// no_sync(): while the returned guard lives, backward accumulates locally and
+// communicates nothing; the next synced backward all-reduces the accumulated
+// sum (PyTorch semantics).
+//
+// The model's parameters must be materialized fp32 CPU tensors.
+#ifndef DIST_DDP_H_
+#define DIST_DDP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "dist/process_group.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+
+// Broadcasts every parameter value and every buffer of `module` from `root`
+// (all issued, then all waited for).
+absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root = 0);
+
+namespace internal {
+
+// A ModuleHooks installed on every module of `root`'s tree, chaining to the
+// hooks each module had. Calls `post_backward(module)` after each module's
+// backward (after the chained hook) and `root_pre_backward()` before the
+// root's backward (after the chained hook). Restores the previous hooks on
+// destruction.
+class BackwardHooks : public nn::ModuleHooks {
+ public:
+  BackwardHooks(nn::Module& root, std::function<void()> root_pre_backward,
+                std::function<void(nn::Module&)> post_backward);
+  ~BackwardHooks() override;
+  BackwardHooks(const BackwardHooks&) = delete;
+  BackwardHooks& operator=(const BackwardHooks&) = delete;
+
+  void PreForward(nn::Module& module) override;
+  void PostForward(nn::Module& module) override;
+  void PreBackward(nn::Module& module) override;
+  void PostBackward(nn::Module& module) override;
+
+ private:
+  nn::ModuleHooks* Previous(nn::Module& module) const;
+
+  nn::Module& root_;
+  std::function<void()> root_pre_backward_;
+  std::function<void(nn::Module&)> post_backward_;
+  std::unordered_map<nn::Module*, nn::ModuleHooks*> previous_;
+};
+
+// For each module of `root`'s tree, the indices (into root.NamedParameters())
+// of the parameters in its subtree.
+std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);
+
+}  // namespace internal
+
+struct DdpOptions {
+  // The largest bucket, in MiB of fp32 gradients.
+  double bucket_cap_mb = 25;
+};
+
+class DistributedDataParallel {
+ public:
+  // Throws tensor::OpError if a parameter is not a materialized fp32 CPU
+  // tensor or if the initial broadcast fails.
+  DistributedDataParallel(nn::Module& model, ProcessGroup& pg, DdpOptions options = {});
+  // Waits for all-reduces still in flight and restores the modules' hooks.
+  // The parameters' grads stay views of the buckets.
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  nn::Module& module() { return model_; }
+
+  // Issues the buckets not issued yet and waits for all; idempotent within a
+  // step (the root's PostBackward calls it; it throws there on error). Returns
+  // the first error of this step's all-reduces. OK and nothing to do under
+  // no_sync.
+  absl::Status FinishBackward();
+
+  // Sets every gradient (every bucket) to zero in place.
+  void ZeroGrad();
+
+  // While the guard lives, backward passes do not all-reduce.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp), previous_(ddp->require_sync_) {
+      ddp_->require_sync_ = false;
+    }
+    ~NoSyncGuard() { ddp_->require_sync_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  bool require_sync() const { return require_sync_; }
+
+  // ---- Introspection (tests, logs) ----
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Names of bucket i's parameters, in their order in the bucket.
+  std::vector<std::string> BucketParameterNames(int i) const;
+  int64_t BucketNumel(int i) const { return buckets_.at(i).flat.numel(); }
+
+  // What happened during the last synced backward, in order.
+  struct Event {
+    enum class Kind { kBucketIssued, kRootPostBackward, kAllReducesDone };
+    Kind kind;
+    int bucket = -1;  // kBucketIssued
+  };
+  const std::vector<Event>& last_backward_events() const { return events_; }
+
+ private:
+  struct Bucket {
+    tensor::Tensor flat;       // fp32 (numel), the gradients
+    std::vector<int> params;   // indices into params_, in bucket order
+    int pending = 0;           // parameters not final yet this step
+    WorkPtr work;              // set once issued this step
+  };
+
+  void OnRootPreBackward();
+  void OnPostBackward(nn::Module& module);
+  void MarkReady(int param);
+  void IssueReadyBuckets();
+  absl::Status Finish();
+
+  nn::Module& model_;
+  ProcessGroup& pg_;
+  DdpOptions options_;
+  std::vector<std::pair<std::string, nn::Parameter*>> params_;
+  std::vector<tensor::Tensor> grad_views_;  // per parameter: its view of its bucket
+  std::vector<int> bucket_of_;              // per parameter
+  std::vector<bool> ready_;                 // per parameter, this step
+  std::vector<Bucket> buckets_;
+  int next_to_issue_ = 0;
+  bool finished_ = true;  // this step's all-reduces waited for
+  absl::Status status_;   // their result
+  bool require_sync_ = true;
+  bool syncing_this_step_ = false;
+  std::vector<Event> events_;
+  std::unordered_map<nn::Module*, std::vector<int>> subtree_;
+  std::unique_ptr<internal::BackwardHooks> hooks_;
+};
+
+}  // namespace dist
+
+#endif  // DIST_DDP_H_
