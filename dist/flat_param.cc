@@ -1,0 +1,88 @@
+#include "dist/flat_param.h"
+
+#include <algorithm>
+
+#include "tensor/error.h"
+#include "tensor/memory_ledger.h"
+
+namespace dist {
+
+FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>> params,
+                             int num_shards, int shard)
+    : num_shards_(num_shards), shard_index_(shard) {
+  OP_CHECK(num_shards >= 1 && shard >= 0 && shard < num_shards, "FlatParameter", "shard ", shard,
+           " of ", num_shards);
+  optim::ElementRanges decay;
+  for (auto& [name, p] : params) {
+    Entry e;
+    e.name = name;
+    e.param = p;
+    e.offset = numel_;
+    e.numel = p->numel();
+    if (p->weight_decay && e.numel > 0) {
+      if (!decay.empty() && decay.back().second == e.offset) {
+        decay.back().second += e.numel;
+      } else {
+        decay.emplace_back(e.offset, e.offset + e.numel);
+      }
+    }
+    numel_ += e.numel;
+    entries_.push_back(std::move(e));
+  }
+  shard_numel_ = (numel_ + num_shards - 1) / num_shards;
+  if (shard_numel_ == 0) shard_numel_ = 1;  // keep every tensor non-empty
+  shard_decay_ = optim::SliceRanges(decay, shard_begin(), shard_end());
+}
+
+void FlatParameter::InitShard(uint64_t seed) {
+  {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+    shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);
+  }
+  {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
+    grad_shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);
+  }
+  const int64_t begin = shard_begin();
+  const int64_t end = shard_end();
+  for (Entry& e : entries_) {
+    const int64_t lo = std::max(begin, e.offset);
+    const int64_t hi = std::min(end, e.offset + e.numel);
+    if (lo < hi) {
+      tensor::Tensor out = shard_.Narrow(0, lo - begin, hi - lo);
+      if (e.param->value.defined()) {
+        out.CopyFrom(e.param->value.Reshape({e.numel}).Narrow(0, lo - e.offset, hi - lo));
+      } else {
+        nn::InitSlice(e.param->init, seed, e.name, lo - e.offset, out);
+      }
+    }
+    e.param->value = tensor::Tensor();
+    e.param->grad = tensor::Tensor();
+  }
+}
+
+void FlatParameter::SetValueViews(const tensor::Tensor& flat) {
+  OP_CHECK(flat.numel() == padded_numel() && flat.is_contiguous(), "FlatParameter",
+           "flat buffer of ", flat.numel(), " elements, expected ", padded_numel());
+  for (Entry& e : entries_) e.param->value = flat.Narrow(0, e.offset, e.numel).View(e.param->shape);
+}
+
+void FlatParameter::ClearValues() {
+  for (Entry& e : entries_) e.param->value = tensor::Tensor();
+}
+
+void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad) {
+  OP_CHECK(flat_grad.numel() == padded_numel() && flat_grad.is_contiguous() &&
+               flat_grad.dtype() == tensor::Dtype::kF32,
+           "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
+           padded_numel());
+  for (Entry& e : entries_) {
+    e.param->grad = flat_grad.Narrow(0, e.offset, e.numel).View(e.param->shape);
+  }
+}
+
+void FlatParameter::ClearGrads() {
+  for (Entry& e : entries_) e.param->grad = tensor::Tensor();
+}
+
+}  // namespace dist

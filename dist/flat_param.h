@@ -1,0 +1,85 @@
+// FlatParameter: one FSDP unit's parameters, in registration order, flattened
+// and concatenated, right-padded to a multiple of the number of shards and
+// split into equal shards. This rank owns one shard as an fp32 tensor (memory
+// category kParameters) and an fp32 sharded gradient (kGradients); the full
+// ("unsharded") flat parameter exists only transiently, and each Parameter's
+// `value` / `grad` are then views (Narrow + View) into the unsharded buffers.
+//
+// Layout for numel elements over N shards: padded = ceil(numel / N) * N,
+// shard_numel = padded / N, shard r = elements [r * shard_numel, (r+1) * shard_numel)
+// of the padded flat buffer. The padding is zero.
+#ifndef DIST_FLAT_PARAM_H_
+#define DIST_FLAT_PARAM_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/parameter.h"
+#include "optim/param_ref.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+
+class FlatParameter {
+ public:
+  struct Entry {
+    std::string name;  // full name relative to the root module
+    nn::Parameter* param = nullptr;
+    int64_t offset = 0;  // in the flat buffer
+    int64_t numel = 0;
+  };
+
+  // `params`: (full name, parameter) in registration order. num_shards >= 1,
+  // shard in [0, num_shards).
+  FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>> params, int num_shards,
+                int shard);
+  FlatParameter(const FlatParameter&) = delete;
+  FlatParameter& operator=(const FlatParameter&) = delete;
+
+  // Allocates and fills this rank's shard (and a zero sharded gradient). For
+  // each parameter overlapping the shard: if the parameter already has a value
+  // (a materialized model), the overlap is copied from it; otherwise it is
+  // initialized by nn::InitSlice(init, seed, full name, ...), which gives the
+  // values a single-process Materialize(seed) gives, bit for bit. Parameter
+  // values are then dropped (undefined): no full unit is ever allocated here.
+  void InitShard(uint64_t seed);
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  int num_shards() const { return num_shards_; }
+  int shard_index() const { return shard_index_; }
+  int64_t numel() const { return numel_; }                // without padding
+  int64_t padded_numel() const { return shard_numel_ * num_shards_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  // [begin, end) of this rank's shard in the flat buffer.
+  int64_t shard_begin() const { return shard_numel_ * shard_index_; }
+  int64_t shard_end() const { return shard_begin() + shard_numel_; }
+
+  // fp32 (shard_numel), contiguous.
+  const tensor::Tensor& shard() const { return shard_; }
+  const tensor::Tensor& grad_shard() const { return grad_shard_; }
+  // Weight-decay ranges of the shard (elements of decayed parameters).
+  const optim::ElementRanges& shard_decay_ranges() const { return shard_decay_; }
+
+  // Points every parameter's value at its view of `flat` (padded_numel elements).
+  void SetValueViews(const tensor::Tensor& flat);
+  void ClearValues();
+  // Points every parameter's grad at its view of `flat_grad` (fp32, padded_numel).
+  void SetGradViews(const tensor::Tensor& flat_grad);
+  void ClearGrads();
+
+ private:
+  std::vector<Entry> entries_;
+  int num_shards_;
+  int shard_index_;
+  int64_t numel_ = 0;
+  int64_t shard_numel_ = 0;
+  tensor::Tensor shard_;
+  tensor::Tensor grad_shard_;
+  optim::ElementRanges shard_decay_;
+};
+
+}  // namespace dist
+
+#endif  // DIST_FLAT_PARAM_H_

@@ -1,0 +1,218 @@
+#include "dist/fsdp.h"
+
+#include <cstring>
+#include <map>
+
+#include "optim/clip_grad.h"
+#include "tensor/error.h"
+#include "tensor/ops/elementwise.h"
+
+namespace dist {
+
+const char* ShardingStrategyName(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard:
+      return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp:
+      return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard:
+      return "NO_SHARD";
+  }
+  return "?";
+}
+
+namespace internal {
+
+class FsdpUnit : public nn::ModuleHooks {
+ public:
+  FsdpUnit(UnitPlan plan, bool is_root, ProcessGroup& pg, ShardingStrategy strategy)
+      : name_(plan.name),
+        module_(plan.module),
+        is_root_(is_root),
+        pg_(pg),
+        strategy_(strategy),
+        flat_(std::move(plan.params), strategy == ShardingStrategy::kNoShard ? 1 : pg.size(),
+              strategy == ShardingStrategy::kNoShard ? 0 : pg.rank()) {}
+
+  const std::string& name() const { return name_; }
+  nn::Module* module() const { return module_; }
+  FlatParameter& flat() { return flat_; }
+  bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
+
+  void Init(uint64_t seed) {
+    flat_.InitShard(seed);
+    if (no_shard()) flat_.SetValueViews(flat_.shard());
+  }
+
+  // Gathers the unsharded flat parameter into `out` (padded_numel, fp32).
+  void GatherInto(const tensor::Tensor& out) {
+    Check(pg_.AllGatherSync(flat_.shard(), out), "all_gather");
+  }
+
+  void Unshard() {
+    if (no_shard()) return;
+    if (!full_.defined()) {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+      full_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32);
+    }
+    GatherInto(full_);
+    flat_.SetValueViews(full_);
+  }
+
+  void Reshard() {
+    if (no_shard()) return;
+    flat_.ClearValues();
+    full_ = tensor::Tensor();
+  }
+
+  void PreForward(nn::Module&) override {
+    // Always gather: the shard may have changed since the last gather (an
+    // optimizer step, a loaded checkpoint).
+    Unshard();
+  }
+
+  void PostForward(nn::Module&) override {
+    if (strategy_ == ShardingStrategy::kFullShard && !is_root_) Reshard();
+  }
+
+  void PreBackward(nn::Module&) override {
+    if (!no_shard() && !full_.defined()) Unshard();
+    {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
+      full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32);
+    }
+    flat_.SetGradViews(full_grad_);
+  }
+
+  void PostBackward(nn::Module&) override {
+    OP_CHECK(full_grad_.defined(), "fsdp", "unit '", name_, "': post-backward without pre-backward");
+    if (no_shard()) {
+      Check(pg_.AllReduceSync(full_grad_, ReduceOp::kAvg), "all_reduce");
+      tensor::AddInPlace(flat_.grad_shard(), full_grad_);
+    } else {
+      tensor::Tensor chunk = full_grad_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
+      Check(pg_.ReduceScatterSync(full_grad_, chunk, ReduceOp::kAvg), "reduce_scatter");
+      tensor::AddInPlace(flat_.grad_shard(), chunk);
+    }
+    flat_.ClearGrads();
+    full_grad_ = tensor::Tensor();
+    Reshard();
+  }
+
+ private:
+  void Check(const absl::Status& s, const char* what) {
+    OP_CHECK(s.ok(), "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what, ": ",
+             s.ToString());
+  }
+
+  std::string name_;
+  nn::Module* module_;
+  bool is_root_;
+  ProcessGroup& pg_;
+  ShardingStrategy strategy_;
+  FlatParameter flat_;
+  tensor::Tensor full_;       // unsharded flat parameter (undefined while sharded)
+  tensor::Tensor full_grad_;  // unsharded flat gradient (during backward only)
+};
+
+}  // namespace internal
+
+FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOptions options)
+    : root_(&root), pg_(&pg), options_(std::move(options)), ledger_(&tensor::MemoryLedger::Current()) {
+  std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard", "module '", plans[i].name,
+             "' already has hooks");
+  }
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
+    auto unit = std::make_unique<internal::FsdpUnit>(std::move(plans[i]), i == 0, pg,
+                                                     options_.strategy);
+    unit->Init(options_.seed);
+    unit->module()->set_hooks(unit.get());
+    units_.push_back(std::move(unit));
+  }
+}
+
+FullyShardedModel::~FullyShardedModel() {
+  for (auto& u : units_) u->module()->set_hooks(nullptr);
+}
+
+const std::string& FullyShardedModel::unit_name(int i) const { return units_.at(i)->name(); }
+const FlatParameter& FullyShardedModel::flat_param(int i) const { return units_.at(i)->flat(); }
+
+std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
+  std::vector<optim::ParamRef> refs;
+  for (auto& u : units_) {
+    optim::ParamRef r;
+    r.name = "fsdp." + (u->name().empty() ? std::string("root") : u->name());
+    r.param = u->flat().shard();
+    r.grad = u->flat().grad_shard();
+    r.decay_ranges = u->flat().shard_decay_ranges();
+    refs.push_back(std::move(r));
+  }
+  return refs;
+}
+
+void FullyShardedModel::ZeroGrad() {
+  for (auto& u : units_) {
+    const tensor::Tensor& g = u->flat().grad_shard();
+    std::memset(g.raw_data(), 0, g.nbytes());
+  }
+}
+
+double FullyShardedModel::ClipGradNorm(double max_norm) {
+  if (options_.strategy == ShardingStrategy::kNoShard) {
+    return optim::ClipGradNorm(ParamRefs(), max_norm);  // every rank has the whole gradient
+  }
+  // The collectives have no f64: each rank's double is sent as a (hi, lo) f32
+  // pair and the sum is taken in double, in rank order (the same on every rank).
+  auto all_reduce_sum = [this](double local) {
+    const float hi = static_cast<float>(local);
+    const float lo = static_cast<float>(local - static_cast<double>(hi));
+    tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});
+    tensor::Tensor out = tensor::Tensor::Empty({2 * pg_->size()}, tensor::Dtype::kF32);
+    absl::Status s = pg_->AllGatherSync(in, out);
+    OP_CHECK(s.ok(), "fsdp", "clip_grad_norm all_gather: ", s.ToString());
+    const float* p = out.data<float>();
+    double sum = 0;
+    for (int r = 0; r < pg_->size(); ++r) sum += double(p[2 * r]) + double(p[2 * r + 1]);
+    return sum;
+  };
+  return optim::ClipGradNorm(ParamRefs(), max_norm, all_reduce_sum);
+}
+
+std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullStateDict() {
+  std::map<std::string, tensor::Tensor> gathered;
+  const bool keep = pg_->rank() == 0;
+  for (auto& u : units_) {
+    FlatParameter& flat = u->flat();
+    tensor::Tensor full;
+    if (u->no_shard()) {
+      full = flat.shard();
+    } else {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+      full = tensor::Tensor::Empty({flat.padded_numel()}, tensor::Dtype::kF32);
+      u->GatherInto(full);
+    }
+    if (!keep) continue;
+    for (const FlatParameter::Entry& e : flat.entries()) {
+      gathered[e.name] = full.Narrow(0, e.offset, e.numel).View(e.param->shape).Clone();
+    }
+  }
+  std::vector<std::pair<std::string, tensor::Tensor>> out;
+  if (!keep) return out;
+  for (auto& [name, p] : root_->NamedParameters()) {
+    auto it = gathered.find(name);
+    OP_CHECK(it != gathered.end(), "FullStateDict", "parameter ", name, " is in no unit");
+    out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
+std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
+                                              FsdpOptions options) {
+  return std::unique_ptr<FullyShardedModel>(new FullyShardedModel(root, pg, std::move(options)));
+}
+
+}  // namespace dist

@@ -1,0 +1,109 @@
+// FSDP (Fully Sharded Data Parallel, as PyTorch FSDP / DeepSpeed ZeRO-3) over a
+// dist::ProcessGroup, fp32.
+//
+// FullyShard(root, pg, options) splits the model into units by the wrap
+// policy (see wrap_policy.h), gives each unit a FlatParameter whose shard this
+// rank owns (sharded initialization: no rank ever materializes the model), and
+// installs nn::ModuleHooks on each unit's module:
+//   PreForward   all-gather the flat parameter (shard -> unsharded buffer,
+//                copy-free) and point every parameter's value at its view.
+//   PostForward  FULL_SHARD: free the unsharded buffer (values undefined),
+//                except the root unit, kept unsharded until its backward (as
+//                PyTorch). SHARD_GRAD_OP keeps it.
+//   PreBackward  all-gather again if freed; point every parameter's grad at a
+//                view of a zeroed unsharded fp32 flat gradient buffer.
+//   PostBackward reduce-scatter (avg) the flat gradient; this rank's chunk is
+//                added to its sharded fp32 gradient; free the unsharded
+//                gradient and parameters.
+//   NO_SHARD (= DDP): every rank holds the whole flat parameter (values stay
+//   views of it) and the gradient is all-reduced (avg) into the full fp32 grad.
+// The hooks run inside Module::Run / RunBackward, so a model whose containers
+// call their children through Run / RunBackward (minGPT does) needs no change.
+//
+// Collective failures inside hooks throw tensor::OpError naming the unit.
+// Every rank must call the same FSDP methods in the same order (they issue
+// collectives).
+#ifndef DIST_FSDP_H_
+#define DIST_FSDP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/flat_param.h"
+#include "dist/process_group.h"
+#include "dist/wrap_policy.h"
+#include "nn/module.h"
+#include "optim/param_ref.h"
+#include "tensor/memory_ledger.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
+const char* ShardingStrategyName(ShardingStrategy s);  // "FULL_SHARD", ...
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  WrapPolicy policy = WrapPolicy::None();
+  // Seed of sharded initialization (parameters that have no value yet).
+  uint64_t seed = 0;
+};
+
+namespace internal {
+class FsdpUnit;
+}
+
+class FullyShardedModel {
+ public:
+  ~FullyShardedModel();  // uninstalls the hooks
+  FullyShardedModel(const FullyShardedModel&) = delete;
+  FullyShardedModel& operator=(const FullyShardedModel&) = delete;
+
+  // One ref per unit: this rank's fp32 shard, its sharded fp32 gradient and
+  // its weight-decay ranges, named "fsdp.<unit>" ("fsdp.root" for the root).
+  std::vector<optim::ParamRef> ParamRefs();
+  // Zeroes the sharded gradients (in place).
+  void ZeroGrad();
+  // Clips the global 2-norm of the gradients over all shards (sum of squares
+  // summed across ranks; collective except under NO_SHARD) and returns the
+  // norm before clipping.
+  double ClipGradNorm(double max_norm);
+  // Gathers every unit (collective) and returns, on rank 0, fp32 copies of all
+  // parameters named relative to the root (Hugging Face names for minGPT), in
+  // registration order; other ranks get an empty list.
+  std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  // Unit i's name relative to the root ("" for the root) and flat parameter.
+  const std::string& unit_name(int i) const;
+  const FlatParameter& flat_param(int i) const;
+  ShardingStrategy strategy() const { return options_.strategy; }
+
+  // The memory ledger this rank charges (the one current when FullyShard ran).
+  const tensor::MemoryLedger& ledger() const { return *ledger_; }
+  tensor::MemoryStats Memory(tensor::MemoryCategory category) const {
+    return ledger_->Stats(tensor::Device::Cpu(), category);
+  }
+
+ private:
+  friend std::unique_ptr<FullyShardedModel> FullyShard(nn::Module&, ProcessGroup&, FsdpOptions);
+  FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOptions options);
+
+  nn::Module* root_;
+  ProcessGroup* pg_;
+  FsdpOptions options_;
+  tensor::MemoryLedger* ledger_;
+  std::vector<std::unique_ptr<internal::FsdpUnit>> units_;
+};
+
+// Shards `root` over `pg` (CPU tensors; the threads engine or any other).
+// Throws tensor::OpError when a unit module already has hooks.
+std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
+                                              FsdpOptions options = {});
+
+}  // namespace dist
+
+#endif  // DIST_FSDP_H_

@@ -1,0 +1,109 @@
+#include "dist/wrap_policy.h"
+
+#include <map>
+#include <utility>
+
+namespace dist {
+namespace {
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+void SelectOutermost(nn::Module& m, const std::string& name, const WrapPolicy::Predicate& pred,
+               std::vector<std::pair<std::string, nn::Module*>>* out) {
+  for (auto& [child_name, child] : m.NamedChildren()) {
+    const std::string full = Join(name, child_name);
+    if (pred(full, *child)) {
+      out->emplace_back(full, child);
+    } else {
+      SelectOutermost(*child, full, pred, out);
+    }
+  }
+}
+
+// Returns the number of parameters of m's subtree not in a unit at or below m.
+int64_t SelectBySize(nn::Module& m, const std::string& name, int64_t min_params, bool is_root,
+                  std::vector<std::pair<std::string, nn::Module*>>* out) {
+  int64_t remaining = 0;
+  for (auto& [pname, p] : m.LocalParameters()) remaining += p->numel();
+  std::vector<std::pair<std::string, nn::Module*>> below;
+  for (auto& [child_name, child] : m.NamedChildren()) {
+    remaining += SelectBySize(*child, Join(name, child_name), min_params, false, &below);
+  }
+  // A ModuleList is never called (its parent calls the children through
+  // RunAt / RunBackwardAt), so its hooks would never fire: never a unit.
+  if (!is_root && m.class_name() != "ModuleList" && remaining >= min_params && remaining > 0) {
+    out->emplace_back(name, &m);  // pre-order: the parent before its nested units
+    remaining = 0;
+  }
+  out->insert(out->end(), below.begin(), below.end());
+  return remaining;
+}
+
+void Assign(nn::Module& m, const std::string& name, int unit,
+            const std::map<nn::Module*, int>& index, std::vector<UnitPlan>* plans) {
+  auto it = index.find(&m);
+  if (it != index.end()) unit = it->second;
+  for (auto& [pname, p] : m.LocalParameters()) {
+    (*plans)[unit].params.emplace_back(Join(name, pname), p);
+  }
+  for (auto& [child_name, child] : m.NamedChildren()) {
+    Assign(*child, Join(name, child_name), unit, index, plans);
+  }
+}
+
+}  // namespace
+
+WrapPolicy WrapPolicy::None() { return WrapPolicy(); }
+
+WrapPolicy WrapPolicy::Transformer(std::set<std::string> block_class_names) {
+  return FromPredicate([names = std::move(block_class_names)](const std::string&, nn::Module& m) {
+    return names.count(m.class_name()) > 0;
+  });
+}
+
+WrapPolicy WrapPolicy::SizeBased(int64_t min_params) {
+  WrapPolicy p;
+  p.kind_ = Kind::kSizeBased;
+  p.min_params_ = min_params;
+  return p;
+}
+
+WrapPolicy WrapPolicy::FromPredicate(Predicate predicate) {
+  WrapPolicy p;
+  p.kind_ = Kind::kOutermost;
+  p.predicate_ = std::move(predicate);
+  return p;
+}
+
+std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Module& root) const {
+  std::vector<std::pair<std::string, nn::Module*>> out = {{"", &root}};
+  switch (kind_) {
+    case Kind::kNone:
+      break;
+    case Kind::kOutermost:
+      SelectOutermost(root, "", predicate_, &out);
+      break;
+    case Kind::kSizeBased:
+      SelectBySize(root, "", min_params_, /*is_root=*/true, &out);
+      break;
+  }
+  return out;
+}
+
+std::vector<UnitPlan> PlanUnits(nn::Module& root, const WrapPolicy& policy) {
+  std::vector<UnitPlan> plans;
+  std::map<nn::Module*, int> index;
+  for (auto& [name, m] : policy.SelectUnits(root)) {
+    index[m] = static_cast<int>(plans.size());
+    UnitPlan plan;
+    plan.name = name;
+    plan.module = m;
+    plans.push_back(std::move(plan));
+  }
+  Assign(root, "", 0, index, &plans);
+  return plans;
+}
+
+}  // namespace dist

@@ -1,0 +1,65 @@
+// FSDP wrap policies: which modules of a model become FSDP units.
+//
+// Units are the modules a policy selects plus the root, which always forms a
+// unit of its own holding every parameter not inside a selected module. Each
+// parameter belongs to its nearest enclosing unit module.
+//
+//   transformer({"Block", "T5Block"}) and predicate(fn): walk the modules
+//     pre-order; a match becomes a unit and its subtree is not searched further
+//     (the outermost match wins).
+//   size_based(min_params): bottom-up like PyTorch's size_based_auto_wrap_policy:
+//     a (non-root) module becomes a unit when the parameters of its subtree not
+//     already in a unit below it number at least min_params (units may nest).
+//     A ModuleList (never called itself, so its hooks would never run) is
+//     never wrapped.
+//   none(): the root is the only unit.
+#ifndef DIST_WRAP_POLICY_H_
+#define DIST_WRAP_POLICY_H_
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace dist {
+
+class WrapPolicy {
+ public:
+  // fn(name relative to the root, module) -> wrap it.
+  using Predicate = std::function<bool(const std::string& name, nn::Module& module)>;
+
+  static WrapPolicy None();
+  static WrapPolicy Transformer(std::set<std::string> block_class_names);
+  static WrapPolicy SizeBased(int64_t min_params);
+  static WrapPolicy FromPredicate(Predicate predicate);
+
+  // The unit modules (name relative to the root, module) in pre-order; the
+  // root ("") is always first.
+  std::vector<std::pair<std::string, nn::Module*>> SelectUnits(nn::Module& root) const;
+
+ private:
+  enum class Kind { kNone, kOutermost, kSizeBased };
+  Kind kind_ = Kind::kNone;
+  Predicate predicate_;
+  int64_t min_params_ = 0;
+};
+
+// One unit and the parameters it holds (full names relative to the root, in
+// registration order).
+struct UnitPlan {
+  std::string name;  // "" for the root
+  nn::Module* module = nullptr;
+  std::vector<std::pair<std::string, nn::Parameter*>> params;
+};
+
+// Selects the units and assigns every parameter of `root` to its nearest
+// enclosing unit. The root's plan is first; units are in pre-order.
+std::vector<UnitPlan> PlanUnits(nn::Module& root, const WrapPolicy& policy);
+
+}  // namespace dist
+
+#endif  // DIST_WRAP_POLICY_H_
