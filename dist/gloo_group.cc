@@ -1,0 +1,502 @@
+// The `gloo` engine (see gloo_group.h): a worker thread per group that runs
+// each call as a descriptor exchange (Gloo all-gather) followed by the Gloo
+// collective, with the call's timeout.
+#include "dist/gloo_group.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/file_store.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/rendezvous/redis_store.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace dist {
+namespace {
+
+using tensor::Dtype;
+using tensor::Tensor;
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+// Elementwise reductions for gloo::AllreduceOptions::setReduceFunction:
+// c[i] = op(a[i], b[i]). Max/min propagate NaN (as the threads engine does).
+template <typename T>
+void SumFn(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] + y[i]);
+}
+template <typename T>
+void MaxFn(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(x[i]) || std::isnan(y[i])) {
+        out[i] = std::isnan(x[i]) ? x[i] : y[i];
+        continue;
+      }
+    }
+    out[i] = x[i] > y[i] ? x[i] : y[i];
+  }
+}
+template <typename T>
+void MinFn(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(x[i]) || std::isnan(y[i])) {
+        out[i] = std::isnan(x[i]) ? x[i] : y[i];
+        continue;
+      }
+    }
+    out[i] = x[i] < y[i] ? x[i] : y[i];
+  }
+}
+
+template <typename T>
+void GlooAllReduce(gloo::Context* ctx, T* data, size_t count, ReduceOp op,
+                   std::chrono::milliseconds timeout) {
+  gloo::AllreduceOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
+  opts.setOutput<T>(data, count);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      opts.setReduceFunction(&SumFn<T>);
+      break;
+    case ReduceOp::kMax:
+      opts.setReduceFunction(&MaxFn<T>);
+      break;
+    case ReduceOp::kMin:
+      opts.setReduceFunction(&MinFn<T>);
+      break;
+  }
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+  if (op == ReduceOp::kAvg) {
+    if constexpr (std::is_floating_point_v<T>) {
+      const T n = static_cast<T>(ctx->size);
+      for (size_t i = 0; i < count; ++i) data[i] /= n;
+    }
+  }
+}
+
+// In-place all-reduce of a contiguous tensor whose dtype Gloo reduces natively
+// here (f32, i32, i64, u8).
+void AllReduceNative(gloo::Context* ctx, const Tensor& t, ReduceOp op,
+                     std::chrono::milliseconds timeout) {
+  const size_t n = static_cast<size_t>(t.numel());
+  switch (t.dtype()) {
+    case Dtype::kF32:
+      GlooAllReduce<float>(ctx, static_cast<float*>(t.raw_data()), n, op, timeout);
+      return;
+    case Dtype::kI32:
+      GlooAllReduce<int32_t>(ctx, static_cast<int32_t*>(t.raw_data()), n, op, timeout);
+      return;
+    case Dtype::kI64:
+      GlooAllReduce<int64_t>(ctx, static_cast<int64_t*>(t.raw_data()), n, op, timeout);
+      return;
+    case Dtype::kU8:
+      GlooAllReduce<uint8_t>(ctx, static_cast<uint8_t*>(t.raw_data()), n, op, timeout);
+      return;
+    default:
+      throw std::logic_error("AllReduceNative: unsupported dtype");
+  }
+}
+
+// All-reduces `t` in place (any dtype; f16/bf16 through f32; non-contiguous
+// through a contiguous copy).
+void AllReduceTensor(gloo::Context* ctx, const Tensor& t, ReduceOp op,
+                     std::chrono::milliseconds timeout) {
+  if (t.numel() == 0) return;
+  if (t.dtype() == Dtype::kF16 || t.dtype() == Dtype::kBF16) {
+    Tensor stage = t.To(Dtype::kF32);
+    AllReduceNative(ctx, stage, op, timeout);
+    Tensor back = stage.To(t.dtype());
+    Tensor target = t;
+    target.CopyFrom(back);
+    return;
+  }
+  if (t.is_contiguous()) {
+    AllReduceNative(ctx, t, op, timeout);
+    return;
+  }
+  Tensor work = t.Contiguous();
+  AllReduceNative(ctx, work, op, timeout);
+  Tensor target = t;
+  target.CopyFrom(work);
+}
+
+void AllGatherBytes(gloo::Context* ctx, const void* in, void* out, size_t bytes_per_rank,
+                    std::chrono::milliseconds timeout) {
+  gloo::AllgatherOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
+  opts.setInput<uint8_t>(static_cast<uint8_t*>(const_cast<void*>(in)), bytes_per_rank);
+  opts.setOutput<uint8_t>(static_cast<uint8_t*>(out), bytes_per_rank * ctx->size);
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+}
+
+// The descriptor every rank publishes before a call.
+constexpr int kDescLen = 8;
+std::vector<int64_t> Describe(const CollectiveCall& call) {
+  return {1,
+          call.error.ok() ? 0 : 1,
+          static_cast<int64_t>(call.kind),
+          static_cast<int64_t>(call.op),
+          call.input.defined() ? static_cast<int64_t>(call.input.dtype()) : -1,
+          call.input.defined() ? call.input.numel() : -1,
+          call.output.defined() ? call.output.numel() : -1,
+          call.root};
+}
+
+std::string DescribeRemote(const int64_t* d) {
+  CollectiveKind kind = static_cast<CollectiveKind>(d[2]);
+  const std::string name(CollectiveName(kind));
+  const std::string dtype =
+      d[4] >= 0 ? std::string(tensor::DtypeName(static_cast<Dtype>(d[4]))) : "?";
+  const std::string op(ReduceOpName(static_cast<ReduceOp>(d[3])));
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return absl::StrCat(name, "(", op, ", ", dtype, ", ", d[5], " elements)");
+    case CollectiveKind::kReduceScatter:
+      return absl::StrCat(name, "(", op, ", ", dtype, ", ", d[5], " -> ", d[6], " elements)");
+    case CollectiveKind::kAllGather:
+      return absl::StrCat(name, "(", dtype, ", ", d[5], " -> ", d[6], " elements)");
+    case CollectiveKind::kBroadcast:
+      return absl::StrCat(name, "(root ", d[7], ", ", dtype, ", ", d[5], " elements)");
+    case CollectiveKind::kBarrier:
+      return absl::StrCat(name, "()");
+  }
+  return name;
+}
+
+bool SameCall(const int64_t* a, const int64_t* b) {
+  for (int i = 2; i < kDescLen; ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+// The store and device shared by a world group and the groups split from it.
+struct Shared {
+  std::shared_ptr<gloo::rendezvous::Store> root_store;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::string where;  // The store, for messages.
+};
+
+absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(const std::shared_ptr<Shared>& shared,
+                                                       const std::string& prefix, int rank,
+                                                       int size, absl::Duration timeout,
+                                                       const std::string& who) {
+  try {
+    gloo::rendezvous::PrefixStore store(prefix, *shared->root_store);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(ToMillis(timeout));
+    ctx->connectFullMesh(store, shared->device);
+    return std::shared_ptr<gloo::Context>(ctx);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string msg =
+        absl::StrCat("[rendezvous] ", who, ": could not connect the group through ",
+                     shared->where, " (prefix \"", prefix, "\") within ", Seconds(timeout), ": ",
+                     what);
+    if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout")) {
+      return absl::DeadlineExceededError(msg);
+    }
+    return absl::UnavailableError(msg);
+  }
+}
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx,
+                   std::string prefix, absl::Duration timeout)
+      : ProcessGroup(timeout),
+        shared_(std::move(shared)),
+        ctx_(std::move(ctx)),
+        prefix_(std::move(prefix)),
+        worker_([this] { Loop(); }) {}
+
+  ~GlooProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  absl::string_view backend() const override { return "gloo"; }
+
+ protected:
+  WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
+    auto work = std::make_shared<CompletionWork>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.emplace_back(std::move(call), work);
+    }
+    cv_.notify_all();
+    return work;
+  }
+
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int color, int key,
+                                                        absl::Duration timeout) override {
+    const int seq = split_seq_++;
+    Tensor mine = Tensor::FromData<int64_t>(std::vector<int64_t>{color, key}, {2});
+    Tensor all = Tensor::Empty({2 * size()}, Dtype::kI64);
+    absl::Status st = AllGatherSync(mine, all, CollectiveOptions::WithTimeout(timeout));
+    if (!st.ok()) return st;
+    if (color < 0) return std::unique_ptr<ProcessGroup>();
+    const std::vector<int64_t> v = all.ToVector<int64_t>();
+    std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
+    for (int r = 0; r < size(); ++r) {
+      if (v[2 * r] == color) members.emplace_back(v[2 * r + 1], r);
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = -1;
+    for (int i = 0; i < static_cast<int>(members.size()); ++i) {
+      if (members[i].second == rank()) new_rank = i;
+    }
+    const std::string prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
+    auto ctx = Connect(shared_, prefix, new_rank, static_cast<int>(members.size()), timeout,
+                       absl::StrCat("[split] ", Who()));
+    if (!ctx.ok()) return ctx.status();
+    return std::unique_ptr<ProcessGroup>(
+        new GlooProcessGroup(shared_, *std::move(ctx), prefix, this->timeout()));
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::pair<std::shared_ptr<CollectiveCall>, std::shared_ptr<CompletionWork>> item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      item.second->Complete(Run(*item.first));
+    }
+  }
+
+  std::string Prefix(const CollectiveCall& call) const {
+    return absl::StrCat("[", CollectiveName(call.kind), "] ", Who());
+  }
+
+  absl::Status Run(CollectiveCall& call) {
+    if (!broken_.ok()) {
+      return absl::Status(broken_.code(), absl::StrCat(Prefix(call),
+                                                       ": the group is unusable after an earlier "
+                                                       "failure: ",
+                                                       broken_.message()));
+    }
+    const absl::Time deadline = absl::Now() + call.timeout;
+    auto remaining = [&] { return ToMillis(deadline - absl::Now()); };
+    try {
+      // 1. Descriptors: every rank learns what every rank called.
+      std::vector<int64_t> mine = Describe(call);
+      std::vector<int64_t> all(kDescLen * size());
+      AllGatherBytes(ctx_.get(), mine.data(), all.data(), kDescLen * sizeof(int64_t),
+                     remaining());
+      std::vector<int> invalid;
+      std::vector<int> differ;
+      for (int r = 0; r < size(); ++r) {
+        const int64_t* d = &all[kDescLen * r];
+        if (d[1] != 0) invalid.push_back(r);
+        if (!SameCall(d, mine.data())) differ.push_back(r);
+      }
+      if (!call.error.ok()) return call.error;
+      if (!invalid.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Prefix(call), ": ", invalid.size() == 1 ? "rank " : "ranks ",
+                         absl::StrJoin(invalid, ", "), " passed invalid arguments"));
+      }
+      if (!differ.empty()) {
+        std::vector<std::string> calls;
+        for (int r = 0; r < size(); ++r) {
+          calls.push_back(absl::StrCat("rank ", r, ": ", DescribeRemote(&all[kDescLen * r])));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            Prefix(call), ": mismatched collective calls (", absl::StrJoin(calls, "; "), ")"));
+      }
+      // 2. Data.
+      RunData(call, remaining());
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      std::vector<int> peers;
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) peers.push_back(r);
+      }
+      if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout")) {
+        broken_ = absl::DeadlineExceededError(absl::StrCat(
+            Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
+            peers.size() == 1 ? "rank " : "ranks ", absl::StrJoin(peers, ", "),
+            " (gloo: ", what, ")"));
+      } else {
+        broken_ = absl::AbortedError(absl::StrCat(
+            Prefix(call), ": lost a peer (one of ", peers.size() == 1 ? "rank " : "ranks ",
+            absl::StrJoin(peers, ", "), " left or its connection broke; gloo: ", what, ")"));
+      }
+      return broken_;
+    }
+  }
+
+  void RunData(CollectiveCall& call, std::chrono::milliseconds timeout) {
+    gloo::Context* ctx = ctx_.get();
+    switch (call.kind) {
+      case CollectiveKind::kAllReduce:
+        AllReduceTensor(ctx, call.input, call.op, timeout);
+        return;
+      case CollectiveKind::kReduceScatter: {
+        // All-reduce a copy of the whole input, keep chunk rank().
+        Tensor work = call.input.Clone().Flatten();
+        AllReduceTensor(ctx, work, call.op, timeout);
+        const int64_t k = call.output.numel();
+        const Tensor chunk = work.Narrow(0, rank() * k, k);
+        Tensor out = call.output;
+        out.CopyFrom(chunk.Reshape(call.output.shape()));
+        return;
+      }
+      case CollectiveKind::kAllGather: {
+        const Tensor in = call.input.Contiguous().Clone();  // may alias output
+        Tensor out = call.output.is_contiguous()
+                         ? call.output
+                         : Tensor::Empty(call.output.shape(), call.output.dtype());
+        if (in.nbytes() > 0) {
+          AllGatherBytes(ctx, in.raw_data(), out.raw_data(), static_cast<size_t>(in.nbytes()),
+                         timeout);
+        }
+        if (!call.output.is_contiguous()) {
+          Tensor target = call.output;
+          target.CopyFrom(out);
+        }
+        return;
+      }
+      case CollectiveKind::kBroadcast: {
+        Tensor buf = call.input.is_contiguous() ? call.input : call.input.Contiguous();
+        if (buf.nbytes() > 0) {
+          gloo::BroadcastOptions opts(
+              std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
+          opts.setOutput<uint8_t>(static_cast<uint8_t*>(buf.raw_data()),
+                                  static_cast<size_t>(buf.nbytes()));
+          opts.setRoot(call.root);
+          opts.setTimeout(timeout);
+          gloo::broadcast(opts);
+        }
+        if (!call.input.is_contiguous()) {
+          Tensor target = call.input;
+          target.CopyFrom(buf);
+        }
+        return;
+      }
+      case CollectiveKind::kBarrier: {
+        gloo::BarrierOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
+        opts.setTimeout(timeout);
+        gloo::barrier(opts);
+        return;
+      }
+    }
+  }
+
+  const std::shared_ptr<Shared> shared_;
+  const std::shared_ptr<gloo::Context> ctx_;
+  const std::string prefix_;
+  int split_seq_ = 0;            // Issuing thread only.
+  absl::Status broken_;          // Worker thread only.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::shared_ptr<CollectiveCall>, std::shared_ptr<CompletionWork>>> queue_;
+  bool stop_ = false;
+  std::thread worker_;  // Last: starts after the members above exist.
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
+    int rank, int size, const GlooGroupOptions& options) {
+  const std::string who = absl::StrCat("rank ", rank, " of ", size);
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[gloo] invalid rank ", rank, " for a group of size ", size));
+  }
+  auto shared = std::make_shared<Shared>();
+  try {
+    if (absl::StartsWith(options.store, "redis://")) {
+      absl::string_view hp = absl::string_view(options.store).substr(8);
+      std::vector<std::string> parts = absl::StrSplit(hp, absl::MaxSplits(':', 1));
+      int port = 6379;
+      if (parts.size() == 2 && !absl::SimpleAtoi(parts[1], &port)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("[gloo] ", who, ": bad port in store \"", options.store, "\""));
+      }
+      shared->root_store = std::make_shared<gloo::rendezvous::RedisStore>(parts[0], port);
+    } else {
+      std::string dir = options.store;
+      if (absl::StartsWith(dir, "file://")) dir = dir.substr(7);
+      if (dir.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "[gloo] ", who, ": no store given (a directory or redis://host:port)"));
+      }
+      // mkdir -p
+      for (size_t pos = 1; pos != std::string::npos;) {
+        pos = dir.find('/', pos + 1);
+        ::mkdir(dir.substr(0, pos).c_str(), 0755);
+      }
+      shared->root_store = std::make_shared<gloo::rendezvous::FileStore>(dir);
+    }
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    attr.iface = options.iface;
+    if (!attr.iface.empty()) attr.hostname.clear();
+    shared->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[gloo] ", who, ": cannot open store \"",
+                                               options.store, "\" or device: ", e.what()));
+  }
+  shared->where = options.store;
+  auto ctx = Connect(shared, options.prefix, rank, size, options.timeout, who);
+  if (!ctx.ok()) return ctx.status();
+  return std::unique_ptr<ProcessGroup>(
+      new GlooProcessGroup(shared, *std::move(ctx), options.prefix, options.timeout));
+}
+
+}  // namespace dist

@@ -1,0 +1,396 @@
+// The gloo engine across real processes: each test forks 2 or 3 ranks that
+// rendezvous through a FileStore under TEST_TMPDIR (or a Redis server started
+// here) on 127.0.0.1 and check every collective; failure cases check that a
+// missing or dead peer fails the others fast with a message naming the op.
+#include "dist/gloo_group.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+namespace {
+
+using tensor::Dtype;
+using tensor::Tensor;
+
+std::string TmpDir(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(t ? t : "/tmp", "/", name, "_", getpid(), "_", absl::ToUnixMicros(absl::Now()));
+}
+
+// A rank's body: returns "" on success, else the failure.
+using RankBody = std::function<std::string(int rank, int size)>;
+
+struct Outcome {
+  std::vector<int> exit_codes;
+  std::vector<std::string> messages;
+  absl::Duration elapsed;
+};
+
+// Forks `size` ranks running body(rank, size); each writes its message to a
+// file. Kills everything after `limit`.
+Outcome RunProcesses(int size, const RankBody& body, absl::Duration limit = absl::Seconds(60)) {
+  const std::string dir = TmpDir("msgs");
+  mkdir(dir.c_str(), 0755);
+  std::vector<pid_t> pids;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string msg;
+      try {
+        msg = body(r, size);
+      } catch (const std::exception& e) {
+        msg = absl::StrCat("exception: ", e.what());
+      }
+      std::ofstream(absl::StrCat(dir, "/", r)) << msg;
+      _exit(msg.empty() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  Outcome out;
+  out.exit_codes.assign(size, -1);
+  int left = size;
+  while (left > 0) {
+    for (int r = 0; r < size; ++r) {
+      if (out.exit_codes[r] != -1) continue;
+      int status = 0;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        out.exit_codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --left;
+      }
+    }
+    if (absl::Now() - start > limit) {
+      for (int r = 0; r < size; ++r) {
+        if (out.exit_codes[r] == -1) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], nullptr, 0);
+          out.exit_codes[r] = 999;
+        }
+      }
+      break;
+    }
+    usleep(10000);
+  }
+  out.elapsed = absl::Now() - start;
+  for (int r = 0; r < size; ++r) {
+    std::ifstream in(absl::StrCat(dir, "/", r));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.messages.push_back(ss.str());
+  }
+  return out;
+}
+
+#define RETURN_IF_ERROR_MSG(expr)                        \
+  do {                                                   \
+    absl::Status _s = (expr);                            \
+    if (!_s.ok()) return std::string(_s.ToString());     \
+  } while (0)
+#define EXPECT_OR_MSG(cond, what)                                      \
+  do {                                                                 \
+    if (!(cond)) return absl::StrCat("rank ", rank, ": ", what);       \
+  } while (0)
+
+std::string CheckAllCollectives(ProcessGroup& pg) {
+  const int rank = pg.rank();
+  const int n = pg.size();
+  if (pg.backend() != "gloo") return "backend is not gloo";
+  // all_reduce sum / avg / max, f32.
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    std::vector<float> v(1000);
+    for (int i = 0; i < 1000; ++i) v[i] = static_cast<float>((rank + 1) * i % 7 + rank);
+    Tensor t = Tensor::FromData<float>(v, {10, 100});
+    RETURN_IF_ERROR_MSG(pg.AllReduceSync(t, op));
+    std::vector<float> got = t.ToVector<float>();
+    for (int i = 0; i < 1000; ++i) {
+      float sum = 0, mx = -1e30f, mn = 1e30f;
+      for (int r = 0; r < n; ++r) {
+        float x = static_cast<float>((r + 1) * i % 7 + r);
+        sum += x;
+        mx = std::max(mx, x);
+        mn = std::min(mn, x);
+      }
+      float want = op == ReduceOp::kSum ? sum
+                   : op == ReduceOp::kAvg ? sum / n
+                   : op == ReduceOp::kMax ? mx
+                                          : mn;
+      EXPECT_OR_MSG(std::fabs(got[i] - want) < 1e-4,
+                    absl::StrCat("all_reduce ", ReduceOpName(op), " [", i, "] = ", got[i],
+                                 " want ", want));
+    }
+  }
+  // all_reduce on bf16, f16, i32, i64.
+  for (Dtype dt : {Dtype::kBF16, Dtype::kF16, Dtype::kI32, Dtype::kI64}) {
+    std::vector<float> v = {1.0f * (rank + 1), -2.0f, 3.0f * rank};
+    Tensor t = Tensor::FromData<float>(v, {3}).To(dt);
+    RETURN_IF_ERROR_MSG(pg.AllReduceSync(t, ReduceOp::kSum));
+    EXPECT_OR_MSG(t.dtype() == dt, "dtype changed");
+    std::vector<float> got = t.ToVector<float>();
+    const float want0 = n * (n + 1) / 2.0f, want1 = -2.0f * n, want2 = 3.0f * n * (n - 1) / 2;
+    EXPECT_OR_MSG(got[0] == want0 && got[1] == want1 && got[2] == want2,
+                  absl::StrCat("all_reduce sum ", tensor::DtypeName(dt), " got ", got[0], ",",
+                               got[1], ",", got[2]));
+  }
+  // reduce_scatter: input (n * 4), out (4).
+  {
+    std::vector<float> v(n * 4);
+    for (int i = 0; i < n * 4; ++i) v[i] = static_cast<float>(i * (rank + 1));
+    Tensor in = Tensor::FromData<float>(v, {n * 4});
+    Tensor out = Tensor::Empty({4});
+    RETURN_IF_ERROR_MSG(pg.ReduceScatterSync(in, out, ReduceOp::kSum));
+    std::vector<float> got = out.ToVector<float>();
+    for (int j = 0; j < 4; ++j) {
+      const float want = static_cast<float>((rank * 4 + j) * n * (n + 1) / 2);
+      EXPECT_OR_MSG(got[j] == want, absl::StrCat("reduce_scatter [", j, "] = ", got[j], " want ",
+                                                 want));
+    }
+    // bf16 reduce_scatter, in place on the own chunk.
+    Tensor inb = Tensor::FromData<float>(std::vector<float>(n * 2, 1.5f), {n * 2}).To(Dtype::kBF16);
+    Tensor own = inb.Narrow(0, rank * 2, 2);
+    RETURN_IF_ERROR_MSG(pg.ReduceScatterSync(inb, own, ReduceOp::kAvg));
+    std::vector<float> g = own.ToVector<float>();
+    EXPECT_OR_MSG(g[0] == 1.5f && g[1] == 1.5f, "reduce_scatter bf16 avg");
+  }
+  // all_gather into a flat buffer, in place (FSDP layout) and not.
+  {
+    Tensor out = Tensor::Empty({n * 3}, Dtype::kI64);
+    Tensor in = Tensor::FromData<int64_t>({rank * 10LL, rank * 10LL + 1, rank * 10LL + 2}, {3});
+    RETURN_IF_ERROR_MSG(pg.AllGatherSync(in, out));
+    std::vector<int64_t> got = out.ToVector<int64_t>();
+    for (int r = 0; r < n; ++r) {
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_OR_MSG(got[r * 3 + j] == r * 10 + j, "all_gather i64");
+      }
+    }
+    Tensor flat = Tensor::Empty({n * 2});
+    Tensor mine = flat.Narrow(0, rank * 2, 2);
+    mine.CopyFrom(Tensor::FromData<float>({rank + 0.5f, -rank - 0.5f}, {2}));
+    RETURN_IF_ERROR_MSG(pg.AllGatherSync(mine, flat));
+    std::vector<float> g = flat.ToVector<float>();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_OR_MSG(g[2 * r] == r + 0.5f && g[2 * r + 1] == -r - 0.5f, "all_gather in place");
+    }
+  }
+  // broadcast from every root.
+  for (int root = 0; root < n; ++root) {
+    Tensor t = Tensor::FromData<float>({rank * 1.0f, rank * 2.0f, 7.0f}, {3});
+    RETURN_IF_ERROR_MSG(pg.BroadcastSync(t, root));
+    std::vector<float> g = t.ToVector<float>();
+    EXPECT_OR_MSG(g[0] == root && g[1] == 2.0f * root && g[2] == 7.0f, "broadcast");
+  }
+  RETURN_IF_ERROR_MSG(pg.BarrierSync());
+  // Async: several calls in flight, completed in order.
+  {
+    Tensor a = Tensor::FromData<float>({1.0f}, {1});
+    Tensor b = Tensor::FromData<float>({2.0f}, {1});
+    WorkPtr wa = pg.AllReduce(a);
+    WorkPtr wb = pg.AllReduce(b, ReduceOp::kMax);
+    RETURN_IF_ERROR_MSG(wb->Wait());
+    EXPECT_OR_MSG(wa->IsCompleted(), "earlier work not completed");
+    RETURN_IF_ERROR_MSG(wa->Wait());
+    EXPECT_OR_MSG(a.ToVector<float>()[0] == n && b.ToVector<float>()[0] == 2.0f, "async");
+  }
+  // Mismatched calls fail on every rank, naming them; the group stays usable.
+  {
+    Tensor t = Tensor::Empty({rank == 0 ? 4 : 5});
+    absl::Status s = pg.AllReduceSync(t);
+    EXPECT_OR_MSG(!s.ok() && absl::StrContains(s.message(), "mismatched") &&
+                      absl::StrContains(s.message(), "rank 0: all_reduce(sum, f32, 4 elements)"),
+                  absl::StrCat("mismatch status: ", s.ToString()));
+    RETURN_IF_ERROR_MSG(pg.BarrierSync());
+  }
+  // Split: even/odd ranks, ordered by descending key.
+  {
+    auto sub = pg.Split(rank % 2, -rank);
+    RETURN_IF_ERROR_MSG(sub.status());
+    ProcessGroup& g = **sub;
+    const int members = (n - rank % 2 + 1) / 2;
+    EXPECT_OR_MSG(g.size() == members, absl::StrCat("split size ", g.size()));
+    Tensor t = Tensor::FromData<int32_t>({rank}, {1});
+    RETURN_IF_ERROR_MSG(g.AllReduceSync(t));
+    int want = 0;
+    for (int r = rank % 2; r < n; r += 2) want += r;
+    EXPECT_OR_MSG(t.ToVector<int32_t>()[0] == want, "split all_reduce");
+    // Rank order: descending parent rank.
+    Tensor me = Tensor::FromData<int32_t>({rank}, {1});
+    Tensor all = Tensor::Empty({members}, Dtype::kI32);
+    RETURN_IF_ERROR_MSG(g.AllGatherSync(me, all));
+    std::vector<int32_t> order = all.ToVector<int32_t>();
+    for (int i = 1; i < members; ++i) EXPECT_OR_MSG(order[i - 1] > order[i], "split order");
+  }
+  return "";
+}
+
+void ExpectAllOk(const Outcome& o) {
+  for (size_t r = 0; r < o.exit_codes.size(); ++r) {
+    EXPECT_EQ(o.exit_codes[r], 0) << "rank " << r << ": " << o.messages[r];
+  }
+}
+
+GlooGroupOptions FileOptions(const std::string& dir, absl::Duration timeout) {
+  GlooGroupOptions opt;
+  opt.store = dir;
+  opt.timeout = timeout;
+  return opt;
+}
+
+class GlooGroupSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooGroupSizes, EveryCollectiveThroughFileStore) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(GetParam(), [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    return CheckAllCollectives(**pg);
+  });
+  ExpectAllOk(o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GlooGroupSizes, ::testing::Values(2, 3));
+
+TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingTheCollective) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    if (rank == 0) {
+      sleep(6);  // Joined, but never calls the all_reduce.
+      return "";
+    }
+    Tensor t = Tensor::Empty({8});
+    const absl::Time start = absl::Now();
+    absl::Status s = (*pg)->AllReduceSync(t, ReduceOp::kSum,
+                                          CollectiveOptions::WithTimeout(absl::Seconds(2)));
+    const absl::Duration took = absl::Now() - start;
+    if (s.code() != absl::StatusCode::kDeadlineExceeded ||
+        !absl::StrContains(s.message(), "[all_reduce] rank 1 of 2 timed out after 2.0 s "
+                                        "waiting for rank 0")) {
+      return absl::StrCat("unexpected status: ", s.ToString());
+    }
+    if (took > absl::Seconds(4)) return absl::StrCat("took ", absl::FormatDuration(took));
+    // Later calls fail at once with the same error.
+    absl::Status later = (*pg)->BarrierSync();
+    if (later.ok() || !absl::StrContains(later.message(), "unusable")) {
+      return absl::StrCat("later call: ", later.ToString());
+    }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
+TEST(GlooGroup, PeerThatExitsFailsTheOtherFast) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    if (rank == 0) _exit(0);  // Leaves without a word.
+    Tensor t = Tensor::Empty({8});
+    const absl::Time start = absl::Now();
+    absl::Status s = (*pg)->BroadcastSync(t, 0, CollectiveOptions::WithTimeout(absl::Seconds(20)));
+    const absl::Duration took = absl::Now() - start;
+    if (s.ok() || !absl::StrContains(s.message(), "[broadcast] rank 1 of 2")) {
+      return absl::StrCat("unexpected status: ", s.ToString());
+    }
+    if (took > absl::Seconds(5)) {
+      return absl::StrCat("took ", absl::FormatDuration(took), ": ", s.ToString());
+    }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
+TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(1, [&](int rank, int) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, 2, FileOptions(dir, absl::Seconds(2)));
+    if (pg.ok()) return "joined a group whose peer never came";
+    if (!absl::StrContains(pg.status().message(), "rank 0 of 2")) {
+      return pg.status().ToString();
+    }
+    return "";
+  }, absl::Seconds(30));
+  ExpectAllOk(o);
+  EXPECT_LT(o.elapsed, absl::Seconds(20));
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(GlooGroup, RendezvousThroughRedis) {
+  const char* candidates[] = {"/usr/bin/redis-server", "/usr/local/bin/redis-server"};
+  std::string server;
+  for (const char* c : candidates) {
+    if (access(c, X_OK) == 0) server = c;
+  }
+  if (server.empty()) GTEST_SKIP() << "redis-server is not installed: skipping the Redis case";
+  const int port = FreePort();
+  pid_t redis = fork();
+  if (redis == 0) {
+    const std::string p = absl::StrCat(port);
+    execl(server.c_str(), server.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save",
+          "", "--appendonly", "no", (char*)nullptr);
+    _exit(127);
+  }
+  // Wait until it accepts connections.
+  bool up = false;
+  for (int i = 0; i < 200 && !up; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    up = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (!up) usleep(20000);
+  }
+  ASSERT_TRUE(up) << "redis-server did not start on port " << port;
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    GlooGroupOptions opt;
+    opt.store = absl::StrCat("redis://127.0.0.1:", port);
+    opt.timeout = absl::Seconds(30);
+    auto pg = CreateGlooProcessGroup(rank, size, opt);
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor t = Tensor::FromData<float>({rank + 1.0f}, {1});
+    absl::Status s = (*pg)->AllReduceSync(t);
+    if (!s.ok()) return s.ToString();
+    if (t.ToVector<float>()[0] != 3.0f) return "wrong sum over redis";
+    auto sub = (*pg)->Split(0);
+    if (!sub.ok()) return sub.status().ToString();
+    return (*sub)->BarrierSync().ToString() == "OK" ? "" : "split barrier failed";
+  });
+  kill(redis, SIGTERM);
+  waitpid(redis, nullptr, 0);
+  ExpectAllOk(o);
+}
+
+}  // namespace
+}  // namespace dist

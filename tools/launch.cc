@@ -1,0 +1,279 @@
+// launch: starts the worker processes of a training job on this node, like
+// torchrun.
+//
+//   launch --nproc_per_node=4 [--nnodes=2 --node_rank=0
+//          --rdzv_endpoint=host:port] [--max_restarts=3] [--grace_period_s=5]
+//          -- ./train --flags...
+//
+// Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT and RESTART_COUNT in
+// its environment; every line it writes (stdout and stderr) is printed
+// prefixed with "[rank N] ". When a worker fails (non-zero exit or a signal),
+// the launcher names it, stops the others (SIGTERM to each worker's process
+// group, SIGKILL after the grace period) and either restarts all of them
+// (they resume from their own latest checkpoint) while --max_restarts allows,
+// or exits 1. SIGINT/SIGTERM to the launcher stop the workers the same way.
+// With several nodes each node's launcher restarts only its own workers (no
+// cross-node restart coordination).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::mutex out_mu;
+std::atomic<int> stop_signal{0};
+
+void OnSignal(int sig) { stop_signal = sig; }
+
+void Say(const std::string& s) {
+  std::lock_guard<std::mutex> lock(out_mu);
+  std::fprintf(stderr, "launch: %s\n", s.c_str());
+  std::fflush(stderr);
+}
+
+[[noreturn]] void Usage(const std::string& problem) {
+  std::fprintf(stderr,
+               "launch: %s\nusage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
+               "[--rdzv_endpoint=host:port] [--max_restarts=0] [--grace_period_s=5] -- "
+               "command [args...]\n",
+               problem.c_str());
+  std::exit(2);
+}
+
+bool ParseInt(const std::string& s, int* v) {
+  char* end = nullptr;
+  long x = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0') return false;
+  *v = static_cast<int>(x);
+  return true;
+}
+
+// Copies lines from `fd` to stdout, each prefixed with `prefix`.
+void Pump(int fd, std::string prefix) {
+  std::string pending;
+  char buf[4096];
+  auto emit = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(out_mu);
+    std::fwrite(prefix.data(), 1, prefix.size(), stdout);
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  };
+  while (true) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t pos;
+    while ((pos = pending.find('\n')) != std::string::npos) {
+      emit(pending.substr(0, pos));
+      pending.erase(0, pos + 1);
+    }
+  }
+  if (!pending.empty()) emit(pending);
+  close(fd);
+}
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  bool done = false;
+  int status = 0;
+  std::thread pump;
+};
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nproc = -1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;
+  std::string endpoint;
+  std::vector<std::string> cmd;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      for (int j = i + 1; j < argc; ++j) cmd.push_back(argv[j]);
+      break;
+    }
+    auto eq = a.find('=');
+    std::string name = a.substr(0, eq), value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      Usage("flag " + a + " needs a value");
+    }
+    int* target = name == "--nproc_per_node"   ? &nproc
+                  : name == "--nnodes"         ? &nnodes
+                  : name == "--node_rank"      ? &node_rank
+                  : name == "--max_restarts"   ? &max_restarts
+                  : name == "--grace_period_s" ? &grace_s
+                                               : nullptr;
+    if (name == "--rdzv_endpoint") {
+      endpoint = value;
+    } else if (target == nullptr) {
+      Usage("unknown flag " + name);
+    } else if (!ParseInt(value, target)) {
+      Usage("flag " + name + " needs an integer, got \"" + value + "\"");
+    }
+  }
+  if (cmd.empty()) Usage("no worker command after --");
+  if (nproc < 1) Usage("--nproc_per_node must be >= 1");
+  if (nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
+    Usage("--node_rank must be in [0, --nnodes)");
+  }
+  if (max_restarts < 0 || grace_s < 0) Usage("--max_restarts and --grace_period_s must be >= 0");
+  if (endpoint.empty()) {
+    if (nnodes > 1) Usage("--rdzv_endpoint=host:port is required with --nnodes > 1");
+    endpoint = "127.0.0.1:29500";
+  }
+  const auto colon = endpoint.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !ParseInt(endpoint.substr(colon + 1), &port) || port <= 0) {
+    Usage("--rdzv_endpoint must be host:port, got \"" + endpoint + "\"");
+  }
+  const std::string master_addr = endpoint.substr(0, colon);
+  const int world = nproc * nnodes;
+
+  struct sigaction sa{};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  for (int attempt = 0;; ++attempt) {
+    std::vector<Worker> workers(nproc);
+    for (int local = 0; local < nproc; ++local) {
+      Worker& w = workers[local];
+      w.rank = node_rank * nproc + local;
+      int fds[2];
+      if (pipe(fds) != 0) {
+        Say(std::string("pipe: ") + strerror(errno));
+        return 1;
+      }
+      pid_t pid = fork();
+      if (pid == 0) {
+        setpgid(0, 0);
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
+        set("RANK", std::to_string(w.rank));
+        set("LOCAL_RANK", std::to_string(local));
+        set("WORLD_SIZE", std::to_string(world));
+        set("LOCAL_WORLD_SIZE", std::to_string(nproc));
+        set("GROUP_RANK", std::to_string(node_rank));
+        set("MASTER_ADDR", master_addr);
+        set("MASTER_PORT", std::to_string(port));
+        set("RESTART_COUNT", std::to_string(attempt));
+        std::vector<char*> args;
+        for (auto& c : cmd) args.push_back(const_cast<char*>(c.c_str()));
+        args.push_back(nullptr);
+        execvp(args[0], args.data());
+        std::fprintf(stderr, "launch: cannot run %s: %s\n", args[0], strerror(errno));
+        _exit(127);
+      }
+      close(fds[1]);
+      if (pid < 0) {
+        Say(std::string("fork: ") + strerror(errno));
+        return 1;
+      }
+      setpgid(pid, pid);
+      w.pid = pid;
+      w.pump = std::thread(Pump, fds[0], "[rank " + std::to_string(w.rank) + "] ");
+    }
+
+    // Wait until all succeed, one fails, or we are told to stop.
+    int failed = -1;
+    int running = nproc;
+    while (running > 0 && failed < 0 && stop_signal == 0) {
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        usleep(20000);
+        continue;
+      }
+      for (int i = 0; i < nproc; ++i) {
+        if (workers[i].pid == pid && !workers[i].done) {
+          workers[i].done = true;
+          workers[i].status = status;
+          --running;
+          if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed = i;
+        }
+      }
+    }
+    if (failed >= 0) {
+      Say("rank " + std::to_string(workers[failed].rank) + " (local rank " +
+          std::to_string(failed) + ", pid " + std::to_string(workers[failed].pid) + ") failed with " +
+          DescribeStatus(workers[failed].status) +
+          (running > 0 ? "; stopping the other workers" : ""));
+    } else if (stop_signal != 0) {
+      Say(std::string("received ") + strsignal(stop_signal) + "; stopping the workers");
+    }
+    // Stop the rest: SIGTERM, then SIGKILL after the grace period.
+    if (running > 0) {
+      for (auto& w : workers) {
+        if (!w.done) kill(-w.pid, SIGTERM);
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+      bool killed = false;
+      while (running > 0) {
+        if (!killed && std::chrono::steady_clock::now() >= deadline) {
+          for (auto& w : workers) {
+            if (!w.done) {
+              Say("rank " + std::to_string(w.rank) + " did not stop within " +
+                  std::to_string(grace_s) + " s of SIGTERM; sending SIGKILL");
+              kill(-w.pid, SIGKILL);
+            }
+          }
+          killed = true;
+        }
+        for (auto& w : workers) {
+          int status = 0;
+          if (!w.done && waitpid(w.pid, &status, WNOHANG) == w.pid) {
+            w.done = true;
+            w.status = status;
+            --running;
+          }
+        }
+        if (running > 0) usleep(20000);
+      }
+    }
+    for (auto& w : workers) w.pump.join();
+    if (stop_signal != 0) return 128 + stop_signal;
+    if (failed < 0) return 0;
+    if (attempt < max_restarts) {
+      Say("restarting all " + std::to_string(nproc) + " workers (restart " +
+          std::to_string(attempt + 1) + " of " + std::to_string(max_restarts) + ")");
+      continue;
+    }
+    Say("giving up: rank " + std::to_string(workers[failed].rank) + " failed with " +
+        DescribeStatus(workers[failed].status) +
+        (max_restarts > 0 ? " after " + std::to_string(max_restarts) + " restarts" : ""));
+    return 1;
+  }
+}

@@ -1,0 +1,64 @@
+#!/bin/bash
+# Tests //tools:launch with shell workers: env vars and line prefixes, a
+# failing worker stopping the others, and --max_restarts.
+set -u
+LAUNCH="$1"
+T="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. Two workers print their environment.
+out=$("$LAUNCH" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:1234 -- \
+  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"; echo "err line" >&2') \
+  || fail "env run exited $?"
+echo "$out"
+for r in 0 1; do
+  echo "$out" | grep -qx "\[rank $r\] RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234" \
+    || fail "rank $r env line missing"
+  echo "$out" | grep -qx "\[rank $r\] err line" || fail "rank $r stderr line missing"
+done
+[ "$(echo "$out" | wc -l)" -eq 4 ] || fail "expected 4 lines"
+
+# Second node of two: global ranks 2, 3.
+out=$("$LAUNCH" --nproc_per_node=2 --nnodes=2 --node_rank=1 --rdzv_endpoint=10.0.0.1:29400 -- \
+  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE GROUP_RANK=$GROUP_RANK $MASTER_ADDR:$MASTER_PORT"') \
+  || fail "node 1 run exited $?"
+echo "$out" | grep -qx "\[rank 3\] RANK=3 LOCAL_RANK=1 WORLD_SIZE=4 GROUP_RANK=1 10.0.0.1:29400" || fail "node 1 rank 3"
+
+# 2. Rank 1 exits 3; rank 0 sleeps (and ignores SIGTERM, so SIGKILL is needed).
+start=$(date +%s)
+out=$("$LAUNCH" --nproc_per_node=2 --grace_period_s=1 -- \
+  sh -c 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; echo $$ > '"$T"'/pid0; trap "" TERM; sleep 100' 2>&1)
+rc=$?
+took=$(( $(date +%s) - start ))
+echo "$out"
+[ $rc -ne 0 ] || fail "launcher succeeded although rank 1 failed"
+echo "$out" | grep -q "rank 1 (local rank 1, pid [0-9]*) failed with exit status 3" || fail "no message naming rank 1 and status 3"
+echo "$out" | grep -q "rank 0 did not stop within 1 s of SIGTERM; sending SIGKILL" || fail "no SIGKILL of rank 0"
+[ $took -le 6 ] || fail "took $took s"
+pid0=$(cat "$T/pid0")
+kill -0 "$pid0" 2>/dev/null && fail "rank 0 (pid $pid0) still running"
+
+# A worker killed by a signal is named with the signal.
+out=$("$LAUNCH" --nproc_per_node=1 -- sh -c 'kill -9 $$' 2>&1) && fail "signal run succeeded"
+echo "$out" | grep -q "rank 0 (local rank 0, pid [0-9]*) failed with signal 9" || fail "signal not named: $out"
+
+# 3. --max_restarts=1: rank 1 fails on the first attempt only.
+out=$("$LAUNCH" --nproc_per_node=2 --max_restarts=1 -- \
+  sh -c 'echo "attempt $RESTART_COUNT"; if [ "$RANK" = 1 ] && [ ! -e '"$T"'/failed_once ]; then touch '"$T"'/failed_once; exit 3; fi; sleep 0.2' 2>&1)
+rc=$?
+echo "$out"
+[ $rc -eq 0 ] || fail "restart run exited $rc"
+echo "$out" | grep -q "restarting all 2 workers (restart 1 of 1)" || fail "no restart message"
+echo "$out" | grep -qx "\[rank 0\] attempt 1" || fail "rank 0 not restarted"
+echo "$out" | grep -qx "\[rank 1\] attempt 1" || fail "rank 1 not restarted"
+
+# Always failing: one restart, then give up.
+out=$("$LAUNCH" --nproc_per_node=1 --max_restarts=1 -- sh -c 'echo "attempt $RESTART_COUNT"; exit 3' 2>&1) \
+  && fail "always-failing run succeeded"
+[ "$(echo "$out" | grep -c '^\[rank 0\] attempt')" -eq 2 ] || fail "expected exactly 2 attempts: $out"
+echo "$out" | grep -q "giving up: rank 0 failed with exit status 3 after 1 restarts" || fail "no give-up message"
+
+# Usage errors.
+"$LAUNCH" --nproc_per_node=2 2>/dev/null && fail "no command accepted"
+"$LAUNCH" --nproc_per_node=2 --nnodes=2 -- true 2>/dev/null && fail "multi-node without endpoint accepted"
+echo PASS
