@@ -4,14 +4,26 @@
 // category; --metrics_out writes the same as JSON lines; --checkpoint_dir and
 // --resume save and continue exactly.
 //
+// Data parallelism (the `threads` engine: ranks are threads of this process):
+// --world_size=N --strategy=ddp|zero1|shard_grad_op|full_shard|no_shard
+// --auto_wrap=none|transformer. --batch_size is per rank: each rank trains on
+// its rows of the global batch of N * batch_size sequences; rank 0 logs the
+// loss averaged over the ranks and global tokens/s, and prints every rank's
+// peak memory by category at the end. Not yet under data parallelism (refused
+// with a message): --checkpoint_dir/--resume, --precision=bf16,
+// --activation_checkpointing.
+//
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
 //   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -19,6 +31,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "dist/ddp.h"
+#include "dist/fsdp.h"
+#include "dist/thread_group.h"
+#include "dist/wrap_policy.h"
+#include "dist/zero1.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
 #include "models/data/lm_loader.h"
@@ -65,6 +83,14 @@ ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0:
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
+ABSL_FLAG(int, world_size, 1,
+          "data-parallel ranks (threads of this process, the `threads` engine); "
+          "--batch_size is per rank");
+ABSL_FLAG(std::string, strategy, "",
+          "with --world_size > 1: ddp, zero1, shard_grad_op, full_shard or no_shard; "
+          "empty: full_shard (and the plain single-process loop when --world_size=1)");
+ABSL_FLAG(std::string, auto_wrap, "transformer",
+          "FSDP units: none (the root only) or transformer (one unit per Block)");
 
 namespace mingpt {
 namespace {
@@ -117,6 +143,234 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeSchedule(int64_t steps) {
   return optim::ParseLrSchedule(spec);
 }
 
+// ---- Data parallelism (threads engine) ----
+
+enum class Strategy { kDdp, kZero1, kShardGradOp, kFullShard, kNoShard };
+
+absl::StatusOr<Strategy> ParseStrategy(const std::string& name) {
+  if (name == "ddp") return Strategy::kDdp;
+  if (name == "zero1") return Strategy::kZero1;
+  if (name == "shard_grad_op") return Strategy::kShardGradOp;
+  if (name == "full_shard" || name.empty()) return Strategy::kFullShard;
+  if (name == "no_shard") return Strategy::kNoShard;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--strategy='", name, "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard"));
+}
+
+// The mean of `x` over the ranks, exact to double rounding: each rank's value
+// travels as two floats (hi, lo) through an all-gather (there is no f64 dtype).
+absl::StatusOr<double> MeanOverRanks(dist::ProcessGroup& pg, double x) {
+  const float hi = static_cast<float>(x);
+  const float lo = static_cast<float>(x - hi);
+  tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});
+  tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()});
+  absl::Status s = pg.AllGatherSync(in, out);
+  if (!s.ok()) return s;
+  double sum = 0;
+  for (int r = 0; r < pg.size(); ++r) {
+    sum += static_cast<double>(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
+  }
+  return sum / pg.size();
+}
+
+// Sum over the ranks of a non-negative double (a squared norm), as above.
+double SumOverRanks(dist::ProcessGroup& pg, double x) {
+  absl::StatusOr<double> mean = MeanOverRanks(pg, x);
+  if (!mean.ok()) throw std::runtime_error(std::string(mean.status().message()));
+  return *mean * pg.size();
+}
+
+std::string PerRankMemoryTable(dist::ThreadWorld& world) {
+  std::string out = absl::StrFormat("%-5s %11s %11s %11s %11s %11s %11s %11s\n", "rank",
+                                    "params", "grads", "optim", "activ", "comm", "temp", "total");
+  for (int r = 0; r < world.size(); ++r) {
+    const tensor::MemoryLedger& l = world.ledger(r);
+    absl::StrAppendFormat(&out, "%-5d", r);
+    for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
+      absl::StrAppendFormat(
+          &out, " %11.2f",
+          l.Stats(tensor::Device::Cpu(), static_cast<tensor::MemoryCategory>(c)).peak / 1048576.0);
+    }
+    absl::StrAppendFormat(&out, " %11.2f\n", l.Total(tensor::Device::Cpu()).peak / 1048576.0);
+  }
+  return out;
+}
+
+struct DpSetup {
+  GptConfig config;
+  std::shared_ptr<const data::TokenSource> source;
+  const optim::LrSchedule* schedule = nullptr;
+  train::MetricsWriter* metrics = nullptr;
+  int world = 1;
+  Strategy strategy = Strategy::kFullShard;
+  std::string strategy_name;
+  dist::WrapPolicy policy = dist::WrapPolicy::None();
+};
+
+// One rank's training loop; rank 0 logs.
+absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
+                       dist::ThreadWorld& world) {
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const int64_t T = absl::GetFlag(FLAGS_seq_len);
+  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
+  const int W = setup.world;
+  absl::StatusOr<data::LmLoader> loader =
+      data::LmLoader::Create(setup.source, {B, rank, W}, T);
+  if (!loader.ok()) return loader.status();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = MakeOptimizer();
+  if (!optimizer.ok()) return optimizer.status();
+
+  GPT model(setup.config);
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<dist::Zero1> zero;
+  std::unique_ptr<dist::FullyShardedModel> fsdp;
+  optim::Optimizer* opt = optimizer->get();
+  switch (setup.strategy) {
+    case Strategy::kDdp:
+      model.Materialize(seed);
+      ddp = std::make_unique<dist::DistributedDataParallel>(model, pg);
+      break;
+    case Strategy::kZero1:
+      model.Materialize(seed);
+      zero = std::make_unique<dist::Zero1>(model, pg, std::move(*optimizer));
+      opt = &zero->optimizer();
+      break;
+    default: {
+      dist::FsdpOptions o;
+      o.strategy = setup.strategy == Strategy::kShardGradOp ? dist::ShardingStrategy::kShardGradOp
+                   : setup.strategy == Strategy::kNoShard   ? dist::ShardingStrategy::kNoShard
+                                                            : dist::ShardingStrategy::kFullShard;
+      o.policy = setup.policy;
+      o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)
+      fsdp = dist::FullyShard(model, pg, o);
+      break;
+    }
+  }
+  if (rank == 0) {
+    const ParamCount count = CountParameters(setup.config);
+    std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
+                setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
+    std::printf(
+        "data: %s | %d ranks (threads) x batch %lld x %lld tokens | %s%s | %s | %s | %d threads\n",
+        setup.source->Describe().c_str(), W, static_cast<long long>(B),
+        static_cast<long long>(T), setup.strategy_name.c_str(),
+        fsdp ? absl::StrCat(", ", fsdp->num_units(), " FSDP units").c_str() : "", opt->name(),
+        setup.schedule->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
+    std::fflush(stdout);
+  }
+
+  train::StepTimer timer;
+  double total_ms = 0;
+  int64_t timed_steps = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    timer.Start();
+    data::LmBatch batch = loader->Next();                 // this rank's rows (B, T)
+    nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
+    opt->set_lr(setup.schedule->LrAt(step));
+    const double local_loss = model.ForwardBackward(batch.inputs, batch.targets);
+    absl::StatusOr<double> loss = MeanOverRanks(pg, local_loss);
+    if (!loss.ok()) return loss.status();
+    if (!std::isfinite(*loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", *loss, " at step ", step,
+                                              "; lower --lr or check the data"));
+    }
+    double grad_norm = 0;
+    auto sum = [&pg](double x) { return SumOverRanks(pg, x); };
+    if (ddp) {
+      std::vector<optim::ParamRef> refs = optim::FromModule(model);
+      if (grad_clip > 0) grad_norm = optim::ClipGradNorm(refs, grad_clip);  // grads equal
+      opt->Step(refs);
+      ddp->ZeroGrad();
+    } else if (zero) {
+      absl::Status s = zero->FinishBackward();
+      if (!s.ok()) return s;
+      if (grad_clip > 0) {
+        grad_norm = optim::ClipGradNorm(
+            {optim::MakeParamRef("zero1.shard", zero->master_shard(), zero->grad_shard(), true)},
+            grad_clip, sum);
+      }
+      s = zero->Step();
+      if (!s.ok()) return s;
+      zero->ZeroGrad();
+    } else {
+      if (grad_clip > 0) grad_norm = fsdp->ClipGradNorm(grad_clip);
+      opt->Step(fsdp->ParamRefs());
+      fsdp->ZeroGrad();
+    }
+    const double ms = timer.ElapsedMs();
+    if (step > 0) {
+      total_ms += ms;
+      ++timed_steps;
+    }
+    if (rank != 0) continue;
+    train::StepMetrics m;
+    m.step = step + 1;
+    m.loss = *loss;
+    m.lr = opt->lr();
+    m.ms = ms;
+    m.tokens_per_s = W * B * T / (ms / 1000.0);  // global
+    m.grad_norm = grad_norm;
+    if (step == 0 || (step + 1) % log_every == 0 || step + 1 == steps) {
+      std::printf("%s\n", train::FormatStep(m, world.ledger(0)).c_str());
+      std::fflush(stdout);
+    }
+    absl::Status written = setup.metrics->Write(m, world.ledger(0));
+    if (!written.ok()) return written;
+  }
+  if (rank == 0 && timed_steps > 0) {
+    std::printf("mean %.1f ms/step, %.0f tokens/s (global) over %lld steps (after the first)\n",
+                total_ms / timed_steps, W * B * T * timed_steps / (total_ms / 1000.0),
+                static_cast<long long>(timed_steps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainDataParallel(DpSetup setup) {
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty()) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_dir and --resume are not supported with --world_size > 1 or --strategy "
+        "yet: the optimizer state of zero1 and FSDP is sharded and saving it is not implemented; "
+        "train with --world_size=1 to checkpoint");
+  }
+  if (absl::GetFlag(FLAGS_precision) != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--precision=", absl::GetFlag(FLAGS_precision),
+        " is not supported with --world_size > 1 or --strategy yet (DDP, ZeRO-1 and FSDP "
+        "train in fp32 here); use --precision=fp32"));
+  }
+  if (absl::GetFlag(FLAGS_activation_checkpointing)) {
+    return absl::InvalidArgumentError(
+        "--activation_checkpointing is not supported with --world_size > 1 or --strategy yet");
+  }
+  const std::string wrap = absl::GetFlag(FLAGS_auto_wrap);
+  if (wrap == "transformer") {
+    setup.policy = dist::WrapPolicy::Transformer({"Block"});
+  } else if (wrap != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auto_wrap='", wrap, "' is not one of none, transformer"));
+  }
+  absl::StatusOr<Strategy> strategy = ParseStrategy(absl::GetFlag(FLAGS_strategy));
+  if (!strategy.ok()) return strategy.status();
+  setup.strategy = *strategy;
+  const char* names[] = {"DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD",
+                         "FSDP NO_SHARD"};
+  setup.strategy_name = names[static_cast<int>(*strategy)];
+  if (*strategy != Strategy::kDdp && *strategy != Strategy::kZero1) {
+    absl::StrAppend(&setup.strategy_name, " (auto_wrap ", wrap, ")");
+  }
+  dist::ThreadWorld world(setup.world);
+  absl::Status s = dist::RunRanks(world, [&](int rank, dist::ProcessGroup& pg) {
+    return TrainRank(setup, rank, pg, world);
+  });
+  if (!s.ok()) return s;
+  std::printf("per-rank peak memory by category (MiB, ledger):\n%s",
+              PerRankMemoryTable(world).c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Train() {
   // ---- Configuration ----
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
@@ -160,6 +414,17 @@ absl::Status Train() {
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  if (world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
+  if (world_size > 1 || !absl::GetFlag(FLAGS_strategy).empty()) {
+    DpSetup setup;
+    setup.config = *config;
+    setup.source = *source;
+    setup.schedule = schedule->get();
+    setup.metrics = metrics->get();
+    setup.world = world_size;
+    return TrainDataParallel(std::move(setup));
+  }
 
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
