@@ -1,32 +1,14 @@
-// CPU allocator and Storage.
+// AllocatorFor and Storage. The CPU allocator itself is in tensor/cpu_allocator.h.
 #include "tensor/allocator.h"
 
-#include <cstdlib>
-#include <new>
-
+#include "tensor/cpu_allocator.h"
 #include "tensor/cuda_backend.h"
 
 namespace tensor {
-namespace {
-
-class CpuAllocator final : public Allocator {
- public:
-  void* Allocate(int64_t bytes) override {
-    constexpr int64_t kAlign = 64;
-    const int64_t rounded = ((bytes + kAlign - 1) / kAlign) * kAlign;
-    void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-  }
-  void Deallocate(void* ptr, int64_t) override { std::free(ptr); }
-};
-
-}  // namespace
 
 Allocator& AllocatorFor(Device device) {
   if (device.is_cuda()) return cuda::DeviceAllocator(device.index);
-  static CpuAllocator* const cpu = new CpuAllocator();
-  return *cpu;
+  return ProcessCpuAllocator();
 }
 
 std::shared_ptr<Storage> Storage::Allocate(int64_t nbytes, Device device) {

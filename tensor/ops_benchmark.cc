@@ -3,16 +3,22 @@
 // transformer shapes, in GFLOP/s (2*M*N*K per iteration): separately, and
 // paired (alternating in one loop, steadier on a shared machine), with a
 // summary table of ours / raw at the end. Also: what OpenMP spinning after a
-// GEMM costs our thread pool, and the per-call cost of tiny GEMMs.
+// GEMM costs our thread pool, and the per-call cost of tiny GEMMs; layer norm
+// (forward, backward) and softmax (causal attention scores, LM-head logits) in
+// GB/s against a memcpy of the same bytes, with a second summary table; and
+// allocating + touching + freeing a 200 MB block with and without the CPU
+// caching allocator.
 //
 //   ./bazelw run -c opt //tensor:ops_benchmark -- --benchmark_min_time=0.5
 //   (--benchmark_repetitions=3: the summary then uses the medians)
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -22,7 +28,10 @@
 #include "benchmark/benchmark.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tensor/cpu/matmul.h"
+#include "tensor/cpu_allocator.h"
 #include "tensor/ops/matmul.h"
+#include "tensor/ops/norm.h"
+#include "tensor/ops/softmax.h"
 #include "tensor/tensor.h"
 #include "tensor/thread_pool.h"
 
@@ -238,7 +247,227 @@ void BM_SmallGemm(benchmark::State& state, Dtype dtype) {
   SetGflops(state, {"small", 64, 64, 64, false});
 }
 
-// Layer norm and softmax benchmarks: added with those ops.
+// ---- Layer norm and softmax: bandwidth ----
+// Memory-bound kernels in GB/s of the tensors they read and write (each counted
+// once), next to a memcpy that moves the same bytes (half read, half written),
+// on our thread pool as the kernels are: the bandwidth they could reach. The
+// causal softmax counts its whole (T, T) input although it reads only the
+// unmasked part (it writes every element), so its GB/s is an effective rate.
+enum class BwKind { kLayerNormForward, kLayerNormBackward, kSoftmaxForward, kSoftmaxBackward };
+
+struct BwCase {
+  std::string name;
+  BwKind kind;
+  Shape shape;  // LayerNorm (rows, C); softmax (..., cols), causal: (B*nh, T, T)
+  bool causal;
+  Dtype dtype;
+};
+
+// The bytes a case reads and writes, from its shape (checked against the
+// tensors in the benchmark).
+int64_t TrafficBytes(const BwCase& c) {
+  const int64_t e = DtypeSize(c.dtype);
+  const int64_t numel = c.shape.numel();
+  const int64_t cols = c.shape.dim(-1);
+  const int64_t rows = numel / cols;
+  switch (c.kind) {
+    case BwKind::kLayerNormForward:  // x, weight, bias -> y, mean, rstd
+      return 2 * numel * e + 2 * cols * 4 + 2 * rows * 4;
+    case BwKind::kLayerNormBackward:  // grad_y, x, weight, mean, rstd -> grad_x, grad_w, grad_b
+      return 3 * numel * e + 3 * cols * 4 + 2 * rows * 4;
+    case BwKind::kSoftmaxForward:  // x -> y
+      return 2 * numel * e;
+    case BwKind::kSoftmaxBackward:  // grad_y, y -> grad_x
+      return 3 * numel * e;
+  }
+  return 0;
+}
+
+int64_t TotalBytes(std::initializer_list<Tensor> tensors) {
+  int64_t total = 0;
+  for (const Tensor& t : tensors) total += t.nbytes();
+  return total;
+}
+
+void BM_Bandwidth(benchmark::State& state, BwCase c) {
+  const int64_t cols = c.shape.dim(-1);
+  const Tensor x = Random(c.shape, 7, c.dtype);
+  int64_t bytes = 0;
+  switch (c.kind) {
+    case BwKind::kLayerNormForward:
+    case BwKind::kLayerNormBackward: {
+      const Tensor w = Random({cols}, 8, Dtype::kF32);
+      const Tensor b = Random({cols}, 9, Dtype::kF32);
+      const LayerNormResult fwd = LayerNorm(x, w, b);
+      if (c.kind == BwKind::kLayerNormForward) {
+        bytes = TotalBytes({x, w, b, fwd.y, fwd.mean, fwd.rstd});
+        for (auto _ : state) {
+          const LayerNormResult r = LayerNorm(x, w, b);
+          benchmark::DoNotOptimize(r.y.raw_data());
+        }
+      } else {
+        const Tensor gy = Random(c.shape, 10, c.dtype);
+        const LayerNormGrads g0 = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+        bytes = TotalBytes({gy, x, w, fwd.mean, fwd.rstd, g0.grad_x, g0.grad_weight,
+                            g0.grad_bias});
+        for (auto _ : state) {
+          const LayerNormGrads g = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+          benchmark::DoNotOptimize(g.grad_x.raw_data());
+        }
+      }
+      break;
+    }
+    case BwKind::kSoftmaxForward:
+    case BwKind::kSoftmaxBackward: {
+      SoftmaxOptions opts;
+      opts.causal = c.causal;
+      opts.scale = c.causal ? 0.125f : 1.0f;  // 1/sqrt(head_dim 64) for attention scores
+      if (c.kind == BwKind::kSoftmaxForward) {
+        const Tensor y = Tensor::Empty(c.shape, c.dtype);
+        SoftmaxInto(x, y, opts);
+        bytes = TotalBytes({x, y});
+        for (auto _ : state) {
+          SoftmaxInto(x, y, opts);
+          benchmark::DoNotOptimize(y.raw_data());
+        }
+      } else {
+        const Tensor y = Softmax(x, opts);
+        const Tensor gy = Random(c.shape, 11, c.dtype);
+        const Tensor gx0 = SoftmaxBackward(gy, y, opts);
+        bytes = TotalBytes({gy, y, gx0});
+        for (auto _ : state) {
+          const Tensor gx = SoftmaxBackward(gy, y, opts);
+          benchmark::DoNotOptimize(gx.raw_data());
+        }
+      }
+      break;
+    }
+  }
+  if (bytes != TrafficBytes(c)) state.SkipWithError("traffic bytes do not match the tensors");
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+// memcpy of traffic / 2 bytes (so traffic bytes move: read + write), split
+// over our thread pool in 256 KiB chunks, or on one thread.
+void BM_Memcpy(benchmark::State& state, int64_t traffic, bool pool) {
+  const int64_t n = traffic / 2;
+  std::vector<unsigned char> src(n, 1), dst(n, 0);
+  for (auto _ : state) {
+    if (pool) {
+      ParallelFor(n, int64_t{256} << 10, [&](int64_t begin, int64_t end) {
+        std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+      });
+    } else {
+      std::memcpy(dst.data(), src.data(), n);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * n);
+}
+
+std::vector<BwCase> BandwidthCases() {
+  std::vector<BwCase> cases;
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    const std::string dt(DtypeName(dtype));
+    // GPT-2 small: B=8, T=1024, C=768; attention B*nh = 8*12 heads at T=256;
+    // the LM head's softmax over a (B*T = 8*128, vocab 50257) logits matrix.
+    cases.push_back({"LayerNorm/fwd/8192x768/" + dt, BwKind::kLayerNormForward,
+                     {8 * 1024, 768}, false, dtype});
+    cases.push_back({"LayerNorm/bwd/8192x768/" + dt, BwKind::kLayerNormBackward,
+                     {8 * 1024, 768}, false, dtype});
+    cases.push_back({"Softmax/fwd/causal_96x256x256/" + dt, BwKind::kSoftmaxForward,
+                     {8 * 12, 256, 256}, true, dtype});
+    cases.push_back({"Softmax/bwd/causal_96x256x256/" + dt, BwKind::kSoftmaxBackward,
+                     {8 * 12, 256, 256}, true, dtype});
+    cases.push_back({"Softmax/fwd/1024x50257/" + dt, BwKind::kSoftmaxForward,
+                     {8 * 128, 50257}, false, dtype});
+  }
+  return cases;
+}
+
+std::string MemcpyName(int64_t traffic, bool pool) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "Memcpy/%.1fMB/%s", traffic * 1e-6, pool ? "pool" : "1thread");
+  return buf;
+}
+
+void RegisterBandwidthBenchmarks() {
+  std::vector<std::string> registered;  // one memcpy per size to 0.1 MB
+  for (const BwCase& c : BandwidthCases()) {
+    benchmark::RegisterBenchmark(c.name.c_str(), BM_Bandwidth, c)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+    const int64_t traffic = TrafficBytes(c);
+    const std::string name = MemcpyName(traffic, true);
+    if (std::find(registered.begin(), registered.end(), name) != registered.end()) continue;
+    registered.push_back(name);
+    for (const bool pool : {true, false}) {
+      benchmark::RegisterBenchmark(MemcpyName(traffic, pool).c_str(), BM_Memcpy, traffic, pool)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+  }
+}
+
+// ---- Allocation of a large tensor ----
+// Allocating a 200 MB block, touching it (one write per 4 KiB page: the page
+// faults a fresh mapping costs) or filling it (what an op writing its output
+// does), and freeing it. The CPU caching allocator (tensor/cpu_allocator.h)
+// against the system allocator (cap 0: aligned_alloc / free, as before it).
+constexpr int64_t kAllocBytes = 200'000'000;
+
+void TouchPages(void* p, int64_t bytes) {
+  char* c = static_cast<char*>(p);
+  for (int64_t i = 0; i < bytes; i += 4096) c[i] = 1;
+}
+
+void BM_AllocTouchFree(benchmark::State& state, bool cache, bool fill) {
+  CpuCacheOptions options;
+  options.cap_bytes = cache ? options.cap_bytes : 0;
+  CpuCachingAllocator alloc(options);
+  for (auto _ : state) {
+    void* p = alloc.Allocate(kAllocBytes);
+    if (fill) {
+      std::memset(p, 1, kAllocBytes);
+    } else {
+      TouchPages(p, kAllocBytes);
+    }
+    benchmark::ClobberMemory();
+    alloc.Deallocate(p, kAllocBytes);
+  }
+  const CpuCacheStats s = alloc.Stats();
+  state.counters["hits"] = static_cast<double>(s.hits);
+  state.counters["misses"] = static_cast<double>(s.misses);
+  state.SetBytesProcessed(state.iterations() * kAllocBytes);
+}
+
+// The same through Tensor::Empty and the process allocator (so it follows
+// FSDP_CPU_CACHE_MB: run once with FSDP_CPU_CACHE_MB=0 for the uncached time).
+void BM_TensorAllocTouchFree(benchmark::State& state) {
+  for (auto _ : state) {
+    Tensor t = Tensor::Empty({kAllocBytes / 4});
+    TouchPages(t.raw_data(), t.nbytes());
+    benchmark::ClobberMemory();
+  }
+  const int64_t cap = ProcessCpuAllocator().options().cap_bytes;
+  state.SetLabel(cap == 0 ? "process allocator, caching off" : "process allocator, caching on");
+  state.SetBytesProcessed(state.iterations() * kAllocBytes);
+}
+
+void RegisterAllocBenchmarks() {
+  for (const bool fill : {false, true}) {
+    for (const bool cache : {false, true}) {
+      const std::string name = std::string("Alloc200MB/") + (fill ? "fill" : "touch") + "/" +
+                               (cache ? "cached" : "system");
+      benchmark::RegisterBenchmark(name.c_str(), BM_AllocTouchFree, cache, fill)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+  }
+  benchmark::RegisterBenchmark("Alloc200MB/touch/tensor", BM_TensorAllocTouchFree)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
 
 void RegisterGemmBenchmarks() {
   for (const GemmShape& s : kShapes) {
@@ -312,6 +541,16 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                     Percent(alloc, raw), p_raw, p_ours, 100 * p_ratio);
       }
     }
+
+    std::printf("\nLayer norm / softmax bandwidth (GB/s = 1e9 bytes/s read + written) vs memcpy "
+                "of the same bytes on the pool\n");
+    std::printf("%-36s %9s %10s %8s\n", "kernel", "GB/s", "memcpy", "ratio");
+    for (const BwCase& c : BandwidthCases()) {
+      const double bw = Get(c.name + "#bytes_per_second") * 1e-9;
+      const double ref = Get(MemcpyName(TrafficBytes(c), true) + "#bytes_per_second") * 1e-9;
+      if (bw <= 0) continue;
+      std::printf("%-36s %9.2f %10.2f %7.1f%%\n", c.name.c_str(), bw, ref, Percent(bw, ref));
+    }
   }
 
  private:
@@ -331,6 +570,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   tensor::RegisterGemmBenchmarks();
+  tensor::RegisterBandwidthBenchmarks();
+  tensor::RegisterAllocBenchmarks();
   tensor::SummaryReporter reporter(isatty(STDOUT_FILENO)
                                        ? benchmark::ConsoleReporter::OO_ColorTabular
                                        : benchmark::ConsoleReporter::OO_Tabular);

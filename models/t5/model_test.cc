@@ -103,7 +103,10 @@ void ExpectGradientsMatchFiniteDifferences(const T5Config& c, uint64_t seed) {
     ASSERT_TRUE(p->grad.defined()) << name;
     const Tensor numeric =
         NumericalGradient([&](const Tensor&) { return Loss(model, b); }, p->value, 1e-3);
-    EXPECT_TRUE(AllClose(p->grad, numeric, 3e-4, 2e-2)) << name;
+    // The loss comes from an f32 forward: its rounding (~1e-6 absolute at loss ~3)
+    // puts a noise floor of ~5e-4 under central differences with eps 1e-3, which
+    // a 1-ulp change in GELU's exp was enough to cross at 3e-4.
+    EXPECT_TRUE(AllClose(p->grad, numeric, 1e-3, 2e-2)) << name;
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>(ParameterShapes(c).size()));

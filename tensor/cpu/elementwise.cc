@@ -2,7 +2,7 @@
 // operands (dims coalesced, elements split into chunks across the thread
 // pool) and per-op row loops over blocks of 8 floats, written with GCC vector
 // extensions so they compile to AVX2 at -O2 whatever the auto-vectorizer's
-// cost model decides. GELU uses its own vector exp.
+// cost model decides (tensor/cpu/vec8.h, which also has the exp GELU uses).
 #include "tensor/cpu/elementwise.h"
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
-#include "tensor/cpu/nn_simd.h"
+#include "tensor/cpu/vec8.h"
 #include "tensor/thread_pool.h"
 
 namespace tensor {
@@ -31,27 +31,27 @@ template <typename G, typename W>
 void ScatterAdd(const G* grad_out, const std::vector<int64_t>& start,
                 const std::vector<int64_t>& order, W* grad_weight, int64_t vocab, int64_t c,
                 bool accumulate) {
-  ParallelFor(vocab, simd::RowGrain(c), [&](int64_t v0, int64_t v1) {
+  ParallelFor(vocab, vec::RowGrain(c), [&](int64_t v0, int64_t v1) {
     std::vector<float> acc(c);  // (C)
     for (int64_t v = v0; v < v1; ++v) {
       W* dst = grad_weight + v * c;  // (C)
       if (start[v] == start[v + 1]) {
-        if (!accumulate) simd::ZeroRow(dst, c);
+        if (!accumulate) vec::ZeroRow(dst, c);
         continue;
       }
       if (accumulate) {
-        simd::LoadRow(dst, acc.data(), c);
+        vec::LoadRow(dst, acc.data(), c);
       } else {
         std::fill(acc.begin(), acc.end(), 0.0f);
       }
       for (int64_t s = start[v]; s < start[v + 1]; ++s) {
         const G* src = grad_out + order[s] * c;  // (C)
         float* a = acc.data();
-        simd::ForEachBlock(c, [&](int64_t i, auto k) {
-          simd::StoreK(a + i, simd::LoadK(a + i, k) + simd::LoadAs(src + i, k), k);
+        vec::ForEachBlock(c, [&](int64_t i, auto k) {
+          vec::StoreAs(a + i, vec::LoadAs(a + i, k) + vec::LoadAs(src + i, k), k);
         });
       }
-      simd::StoreRow(acc.data(), dst, c);
+      vec::StoreRow(acc.data(), dst, c);
     }
   });
 }
@@ -66,7 +66,7 @@ void EmbeddingForward(const Tensor& weight, const Tensor& ids, const Tensor& out
   DispatchIndex("embedding", ids.dtype(), [&](auto* tag) {
     using I = std::remove_pointer_t<decltype(tag)>;
     const I* id = ids.data<I>();
-    ParallelFor(ids.numel(), simd::RowGrain(c), [&](int64_t begin, int64_t end) {
+    ParallelFor(ids.numel(), vec::RowGrain(c), [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
         std::memcpy(o + n * row_bytes, w + static_cast<int64_t>(id[n]) * row_bytes, row_bytes);
       }

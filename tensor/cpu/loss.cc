@@ -1,5 +1,5 @@
 // Cross-entropy kernels. Per row: max, sum of exp(x - max) (8-wide vectors,
-// tensor/cpu/nn_simd.h), log-sum-exp and the row's loss; the backward
+// tensor/cpu/vec8.h), log-sum-exp and the row's loss; the backward
 // recomputes the softmax from the logits and the saved log-sum-exp instead of
 // keeping a probability copy (the vocabulary makes that a large tensor).
 #include "tensor/cpu/loss.h"
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
-#include "tensor/cpu/nn_simd.h"
+#include "tensor/cpu/vec8.h"
 #include "tensor/thread_pool.h"
 
 namespace tensor {
@@ -25,41 +25,41 @@ double Rows(const T* logits, const I* targets, int64_t ignore_index, float* lse,
   constexpr bool kForward = kMode != Mode::kBackward;
   constexpr bool kBackward = kMode != Mode::kForward;
   std::vector<double> row_loss(kForward ? rows : 0, 0.0);  // (N)
-  ParallelFor(rows, simd::RowGrain(v), [&](int64_t begin, int64_t end) {
+  ParallelFor(rows, vec::RowGrain(v), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(std::is_same_v<T, float> ? 0 : v);
-    const simd::F8 gs = simd::Splat(grad_scale);
+    const vec::F8 gs = vec::Splat(grad_scale);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t t = static_cast<int64_t>(targets[r]);
       if (t == ignore_index) {
         if constexpr (kForward) lse[r] = 0.0f;
-        if constexpr (kBackward) simd::ZeroRow(grad + r * v, v);
+        if constexpr (kBackward) vec::ZeroRow(grad + r * v, v);
         continue;
       }
       // The softmax is exp((x - shift) - log_sum).
       float shift, log_sum;
       const float* x;  // (V): the row as float
       if constexpr (kForward) {
-        x = simd::RowAsFloatScaledMax(logits + r * v, v, scratch.data(), 1.0f, &shift);
-        log_sum = std::log(simd::RowExpSumOnly(x, 1.0f, shift, v));
+        x = vec::RowAsFloatScaledMax(logits + r * v, v, scratch.data(), 1.0f, &shift);
+        log_sum = std::log(vec::RowExpSumOnly(x, 1.0f, shift, v));
         lse[r] = shift + log_sum;
         // (max - x_t) + log(sum): keeps the precision that max + log(sum) would
         // round away when the logits are large.
         row_loss[r] = static_cast<double>(shift - x[t]) + static_cast<double>(log_sum);
       } else {
-        x = simd::RowAsFloat(logits + r * v, v, scratch.data());
+        x = vec::RowAsFloat(logits + r * v, v, scratch.data());
         shift = lse[r];
         log_sum = 0.0f;
       }
       if constexpr (kBackward) {
         T* out = grad + r * v;  // (V), may be the logits row
-        const simd::F8 sh = simd::Splat(shift), ls = simd::Splat(log_sum);
-        auto prob_times_scale = [&](simd::F8 xv) { return simd::Exp((xv - sh) - ls) * gs; };
+        const vec::F8 sh = vec::Splat(shift), ls = vec::Splat(log_sum);
+        auto prob_times_scale = [&](vec::F8 xv) { return vec::Exp((xv - sh) - ls) * gs; };
         const float x_target = x[t];  // read before an in-place f32 row is overwritten
-        simd::ForEachBlock(v, [&](int64_t i, auto k) {
-          simd::StoreAs(out + i, prob_times_scale(simd::LoadK(x + i, k)), k);
+        vec::ForEachBlock(v, [&](int64_t i, auto k) {
+          vec::StoreAs(out + i, prob_times_scale(vec::LoadAs(x + i, k)), k);
         });
         // The target's entry again, minus the one-hot term, rounded once.
-        out[t] = FromFloat<T>(prob_times_scale(simd::Splat(x_target))[0] - grad_scale);
+        out[t] = FromFloat<T>(prob_times_scale(vec::Splat(x_target))[0] - grad_scale);
       }
     }
   });

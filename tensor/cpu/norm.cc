@@ -1,6 +1,6 @@
 // LayerNorm / RMSNorm kernels. One template serves both (kCentered: subtract
 // the mean, as LayerNorm does). Rows are converted to float once (bf16 / f16)
-// and every pass runs on 8-wide vectors (tensor/cpu/nn_simd.h).
+// and every pass runs on 8-wide vectors (tensor/cpu/vec8.h).
 #include "tensor/cpu/norm.h"
 
 #include <algorithm>
@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
-#include "tensor/cpu/nn_simd.h"
+#include "tensor/cpu/vec8.h"
 #include "tensor/thread_pool.h"
 
 namespace tensor {
 namespace cpu {
 namespace {
 
-using simd::F8;
-using simd::LoadK;
-using simd::Splat;
-using simd::StoreK;
+using vec::F8;
+using vec::LoadAs;
+using vec::Splat;
+using vec::StoreAs;
 
 // Rows per block of the param-grad partial sums: fixed, so the summation order
 // depends only on the shapes.
@@ -32,31 +32,31 @@ inline void RowStats(const float* xr, float sum, int64_t c, float eps, float* me
   const float m = kCentered ? sum / static_cast<float>(c) : 0.0f;
   const F8 mv = Splat(m);
   F8 acc = Splat(0.0f);
-  simd::ForEachBlock(c, [&](int64_t i, auto k) {
-    const F8 d = LoadK(xr + i, k, m) - mv;  // padding lanes hold m: d = 0
+  vec::ForEachBlock(c, [&](int64_t i, auto k) {
+    const F8 d = LoadAs(xr + i, k, m) - mv;  // padding lanes hold m: d = 0
     acc += d * d;
   });
   *mean = m;
-  *rstd = 1.0f / std::sqrt(simd::HSum(acc) / static_cast<float>(c) + eps);
+  *rstd = 1.0f / std::sqrt(vec::HSum(acc) / static_cast<float>(c) + eps);
 }
 
 // y = (x - mean) * rstd * w (+ b). mean and bias are null for RMSNorm.
 template <typename T, bool kCentered>
 void ForwardRows(const T* x, const float* w, const float* b, float eps, T* y, float* mean,
                  float* rstd, int64_t rows, int64_t c) {
-  ParallelFor(rows, simd::RowGrain(c), [&](int64_t begin, int64_t end) {
+  ParallelFor(rows, vec::RowGrain(c), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(std::is_same_v<T, float> ? 0 : c);
     for (int64_t r = begin; r < end; ++r) {
       // Three passes: (convert and) sum, squared deviations, normalize (and convert).
       float sum, m, rs;
-      const float* xr = simd::RowAsFloatSum(x + r * c, c, scratch.data(), &sum);  // (C)
+      const float* xr = vec::RowAsFloatSum(x + r * c, c, scratch.data(), &sum);  // (C)
       RowStats<kCentered>(xr, sum, c, eps, &m, &rs);
       T* out = y + r * c;  // (C)
       const F8 mv = Splat(m), rv = Splat(rs);
-      simd::ForEachBlock(c, [&](int64_t i, auto k) {
-        F8 v = (LoadK(xr + i, k) - mv) * rv * LoadK(w + i, k);
-        if constexpr (kCentered) v += LoadK(b + i, k);
-        simd::StoreAs(out + i, v, k);
+      vec::ForEachBlock(c, [&](int64_t i, auto k) {
+        F8 v = (LoadAs(xr + i, k) - mv) * rv * LoadAs(w + i, k);
+        if constexpr (kCentered) v += LoadAs(b + i, k);
+        vec::StoreAs(out + i, v, k);
       });
       if constexpr (kCentered) mean[r] = m;
       rstd[r] = rs;
@@ -86,26 +86,26 @@ void BackwardRows(const T* gy, const T* x, const float* w, const float* mean, co
       std::fill(pw, pw + kParams * c, 0.0f);
       const int64_t row_end = std::min(rows, (blk + 1) * kBlockRows);
       for (int64_t r = blk * kBlockRows; r < row_end; ++r) {
-        const float* xr = simd::RowAsFloat(x + r * c, c, x_buf.data());  // (C)
-        const float* g = simd::RowAsFloat(gy + r * c, c, g_buf.data());  // (C)
+        const float* xr = vec::RowAsFloat(x + r * c, c, x_buf.data());  // (C)
+        const float* g = vec::RowAsFloat(gy + r * c, c, g_buf.data());  // (C)
         const F8 mv = Splat(kCentered ? mean[r] : 0.0f), rv = Splat(rstd[r]);
         F8 sum_dxhat = Splat(0.0f), sum_dxhat_xhat = Splat(0.0f);
-        simd::ForEachBlock(c, [&](int64_t i, auto k) {
-          const F8 xhat = (LoadK(xr + i, k) - mv) * rv;
-          const F8 gv = LoadK(g + i, k);  // padding lanes 0: they add nothing
-          const F8 dxhat = gv * LoadK(w + i, k);
+        vec::ForEachBlock(c, [&](int64_t i, auto k) {
+          const F8 xhat = (LoadAs(xr + i, k) - mv) * rv;
+          const F8 gv = LoadAs(g + i, k);  // padding lanes 0: they add nothing
+          const F8 dxhat = gv * LoadAs(w + i, k);
           sum_dxhat += dxhat;
           sum_dxhat_xhat += dxhat * xhat;
-          StoreK(pw + i, LoadK(pw + i, k) + gv * xhat, k);
-          if constexpr (kCentered) StoreK(pb + i, LoadK(pb + i, k) + gv, k);
+          StoreAs(pw + i, LoadAs(pw + i, k) + gv * xhat, k);
+          if constexpr (kCentered) StoreAs(pb + i, LoadAs(pb + i, k) + gv, k);
         });
-        const F8 a = Splat(kCentered ? simd::HSum(sum_dxhat) * inv_c : 0.0f);
-        const F8 bc = Splat(simd::HSum(sum_dxhat_xhat) * inv_c);
+        const F8 a = Splat(kCentered ? vec::HSum(sum_dxhat) * inv_c : 0.0f);
+        const F8 bc = Splat(vec::HSum(sum_dxhat_xhat) * inv_c);
         T* out = gx + r * c;  // (C)
-        simd::ForEachBlock(c, [&](int64_t i, auto k) {
-          const F8 xhat = (LoadK(xr + i, k) - mv) * rv;
-          const F8 dxhat = LoadK(g + i, k) * LoadK(w + i, k);
-          simd::StoreAs(out + i, rv * (dxhat - a - xhat * bc), k);
+        vec::ForEachBlock(c, [&](int64_t i, auto k) {
+          const F8 xhat = (LoadAs(xr + i, k) - mv) * rv;
+          const F8 dxhat = LoadAs(g + i, k) * LoadAs(w + i, k);
+          vec::StoreAs(out + i, rv * (dxhat - a - xhat * bc), k);
         });
       }
     }

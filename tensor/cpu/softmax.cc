@@ -1,6 +1,6 @@
 // Softmax kernels: per row, max (of scale * x), exp and sum, normalize; the
 // backward is one dot product and one pass. Rows are converted to float once
-// (bf16 / f16) and the passes run on 8-wide vectors (tensor/cpu/nn_simd.h).
+// (bf16 / f16) and the passes run on 8-wide vectors (tensor/cpu/vec8.h).
 #include "tensor/cpu/softmax.h"
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
-#include "tensor/cpu/nn_simd.h"
+#include "tensor/cpu/vec8.h"
 #include "tensor/thread_pool.h"
 
 namespace tensor {
@@ -24,7 +24,7 @@ inline int64_t ValidCols(const SoftmaxShape& s, int64_t r) {
 template <typename T>
 void ForwardRows(const T* x, T* y, const SoftmaxShape& s, float scale) {
   const int64_t cols = s.cols;
-  ParallelFor(s.rows, simd::RowGrain(cols), [&](int64_t begin, int64_t end) {
+  ParallelFor(s.rows, vec::RowGrain(cols), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(std::is_same_v<T, float> ? 0 : cols);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = ValidCols(s, r);
@@ -32,12 +32,12 @@ void ForwardRows(const T* x, T* y, const SoftmaxShape& s, float scale) {
         // Three passes: (convert and) max, exp and sum, normalize (and convert).
         float m;
         const float* xr =
-            simd::RowAsFloatScaledMax(x + r * cols, n, scratch.data(), scale, &m);  // (n)
-        float* e = simd::OutRowAsFloat(y + r * cols, scratch.data());  // (n), may alias xr
-        const float sum = simd::RowExpSum(xr, scale, m, e, n);
-        simd::StoreRowScaled(e, 1.0f / sum, y + r * cols, n);
+            vec::RowAsFloatScaledMax(x + r * cols, n, scratch.data(), scale, &m);  // (n)
+        float* e = vec::OutRowAsFloat(y + r * cols, scratch.data());  // (n), may alias xr
+        const float sum = vec::RowExpSum(xr, scale, m, e, n);
+        vec::StoreRowScaled(e, 1.0f / sum, y + r * cols, n);
       }
-      simd::ZeroRow(y + r * cols + n, cols - n);
+      vec::ZeroRow(y + r * cols + n, cols - n);
     }
   });
 }
@@ -45,21 +45,21 @@ void ForwardRows(const T* x, T* y, const SoftmaxShape& s, float scale) {
 template <typename T>
 void BackwardRows(const T* gy, const T* y, T* gx, const SoftmaxShape& s, float scale) {
   const int64_t cols = s.cols;
-  ParallelFor(s.rows, simd::RowGrain(cols, 16384), [&](int64_t begin, int64_t end) {
+  ParallelFor(s.rows, vec::RowGrain(cols, 16384), [&](int64_t begin, int64_t end) {
     const bool convert = !std::is_same_v<T, float>;
     std::vector<float> g_buf(convert ? cols : 0), y_buf(convert ? cols : 0);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = ValidCols(s, r);
-      const float* g = simd::RowAsFloat(gy + r * cols, n, g_buf.data());   // (n)
-      const float* yr = simd::RowAsFloat(y + r * cols, n, y_buf.data());   // (n)
-      T* out = gx + r * cols;                                              // (cols)
-      const simd::F8 dot = simd::Splat(simd::RowDot(g, yr, n));
-      const simd::F8 sc = simd::Splat(scale);
-      simd::ForEachBlock(n, [&](int64_t i, auto k) {
-        const simd::F8 v = simd::LoadK(yr + i, k) * (simd::LoadK(g + i, k) - dot);
-        simd::StoreAs(out + i, v * sc, k);
+      const float* g = vec::RowAsFloat(gy + r * cols, n, g_buf.data());  // (n)
+      const float* yr = vec::RowAsFloat(y + r * cols, n, y_buf.data());  // (n)
+      T* out = gx + r * cols;                                            // (cols)
+      const vec::F8 dot = vec::Splat(vec::RowDot(g, yr, n));
+      const vec::F8 sc = vec::Splat(scale);
+      vec::ForEachBlock(n, [&](int64_t i, auto k) {
+        const vec::F8 v = vec::LoadAs(yr + i, k) * (vec::LoadAs(g + i, k) - dot);
+        vec::StoreAs(out + i, v * sc, k);
       });
-      simd::ZeroRow(out + n, cols - n);
+      vec::ZeroRow(out + n, cols - n);
     }
   });
 }

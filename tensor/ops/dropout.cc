@@ -11,7 +11,7 @@
 #include <type_traits>
 
 #include "tensor/cpu/dispatch.h"
-#include "tensor/cpu/nn_simd.h"
+#include "tensor/cpu/vec8.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -22,9 +22,9 @@
 namespace tensor {
 namespace {
 
-using cpu::simd::F8;
-using cpu::simd::I8;
-using cpu::simd::kW;
+using cpu::vec::F8;
+using cpu::vec::I8;
+using cpu::vec::kLanes;
 
 // Elements are kept iff (word >> 8) >= Threshold(p), i.e. (word >> 8) * 2^-24 >= p.
 uint32_t Threshold(float p) {
@@ -123,25 +123,25 @@ inline void KeepBlock(const DropoutState& s, uint32_t threshold, int64_t block,
 template <typename T>
 void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
   const uint32_t threshold = Threshold(s.p);
-  const F8 scale = cpu::simd::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
-  const F8 zero = cpu::simd::Splat(0.0f);
+  const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
+  const F8 zero = cpu::vec::Splat(0.0f);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   ParallelFor(blocks, 1024, [&](int64_t b0, int64_t b1) {
     int32_t keep[kBlock];
     for (int64_t blk = b0; blk < b1; ++blk) {
       KeepBlock(s, threshold, blk, keep);
-      for (int64_t v = 0; v < kBlock; v += kW) {
+      for (int64_t v = 0; v < kBlock; v += kLanes) {
         const int64_t i = blk * kBlock + v;
         if (i >= n) break;
         I8 keep_v;
         std::memcpy(&keep_v, keep + v, sizeof(keep_v));
         auto apply = [&](auto k) {
           // A select, not a multiply by 0: dropped inf / NaN inputs give 0 too.
-          const F8 x = keep_v ? cpu::simd::LoadAs(in + i, k) * scale : zero;
-          cpu::simd::StoreAs(out + i, x, k);
+          const F8 x = keep_v ? cpu::vec::LoadAs(in + i, k) * scale : zero;
+          cpu::vec::StoreAs(out + i, x, k);
         };
-        if (i + kW <= n) {
-          apply(std::integral_constant<int64_t, kW>{});
+        if (i + kLanes <= n) {
+          apply(cpu::vec::FullBlock{});
         } else {
           apply(n - i);
         }
