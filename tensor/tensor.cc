@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "tensor/cpu/vec8.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/thread_pool.h"
 
@@ -16,6 +17,8 @@ namespace {
 
 template <typename T>
 constexpr bool kIsHalfLike = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+template <typename T>
+constexpr bool kIsFloating = kIsHalfLike<T> || std::is_same_v<T, float>;
 
 template <typename Dst, typename Src>
 inline Dst Convert(Src s) {
@@ -114,6 +117,13 @@ void CopyKernel(const Tensor& src, const Tensor& dst) {
     if constexpr (std::is_same_v<Dst, Src>) {
       ParallelFor(n, 1 << 16, [&](int64_t b, int64_t e) {
         std::memcpy(d + b, s + b, (e - b) * sizeof(Src));
+      });
+    } else if constexpr (kIsFloating<Src> && kIsFloating<Dst>) {
+      // 8 at a time (F16C / bit tricks), bit-identical to Convert.
+      ParallelFor(n, 1 << 14, [&](int64_t b, int64_t e) {
+        cpu::vec::ForEachBlock(e - b, [&](int64_t i, auto k) {
+          cpu::vec::StoreAs(d + b + i, cpu::vec::LoadAs(s + b + i, k), k);
+        });
       });
     } else {
       ParallelFor(n, 1 << 14, [&](int64_t b, int64_t e) {

@@ -3,6 +3,7 @@
 
 #include "tensor/cuda_backend.h"
 
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -128,6 +129,40 @@ TEST(TensorTest, Printing) {
   EXPECT_EQ(a.ToString(), "Tensor(shape=(2,3), dtype=f32, device=cpu)\n[[0, 1, 2],\n[3, 4, 5]]");
   Tensor big = Tensor::FromVector(Iota(10), {10}, Dtype::kI32);
   EXPECT_EQ(big.ToString(4), "Tensor(shape=(10), dtype=i32, device=cpu)\n[0, 1, ..., 8, 9]");
+}
+
+}  // namespace
+}  // namespace tensor
+
+namespace tensor {
+namespace {
+
+// To(dtype) converts 8 at a time; it must agree bit for bit with the scalar
+// conversions on every kind of value (NaN, inf, subnormals, ties).
+TEST(TensorTest, VectorizedCastsMatchScalarConversions) {
+  std::vector<float> values;
+  uint32_t state = 12345;
+  for (int i = 0; i < 100003; ++i) {  // not a multiple of 8: exercises the tail
+    state = state * 1664525u + 1013904223u;
+    float f;
+    std::memcpy(&f, &state, 4);
+    values.push_back(f);
+  }
+  Tensor x = Tensor::FromVector(values, {static_cast<int64_t>(values.size())});
+  Tensor b = x.To(Dtype::kBF16);
+  Tensor h = x.To(Dtype::kF16);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(b.data<bf16>()[i].bits, FloatToBf16(values[i]).bits) << i;
+    ASSERT_EQ(h.data<f16>()[i].bits, FloatToF16(values[i]).bits) << i;
+  }
+  Tensor back = b.To(Dtype::kF32);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float want = Bf16ToFloat(b.data<bf16>()[i]);
+    uint32_t got_bits, want_bits;
+    std::memcpy(&got_bits, &back.data<float>()[i], 4);
+    std::memcpy(&want_bits, &want, 4);
+    ASSERT_EQ(got_bits, want_bits) << i;
+  }
 }
 
 }  // namespace
