@@ -19,9 +19,9 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <stdexcept>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,6 +37,7 @@
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
 #include "models/data/lm_loader.h"
@@ -59,7 +60,8 @@
 ABSL_FLAG(std::string, preset, "gpt-mini",
           "model preset: gpt-nano, gpt-micro, gpt-mini, gopher-44m, gpt2, gpt2-medium, "
           "gpt2-large, gpt2-xl, gpt-175b, gpt-1t");
-ABSL_FLAG(int64_t, vocab_size, 0, "vocabulary size; 0 = the data's (256 for text, 50257 otherwise)");
+ABSL_FLAG(int64_t, vocab_size, 0,
+          "vocabulary size; 0 = the data's (256 for text, 50257 otherwise)");
 ABSL_FLAG(int64_t, steps, 150, "optimizer steps to run (in all, counting resumed ones)");
 ABSL_FLAG(int64_t, batch_size, 16, "sequences per step");
 ABSL_FLAG(int64_t, seq_len, 128, "tokens per sequence (at most the preset's block_size)");
@@ -96,52 +98,6 @@ namespace mingpt {
 namespace {
 
 using tensor::MemoryLedger;
-
-absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenData(const std::string& spec,
-                                                                  uint64_t seed, int64_t vocab) {
-  if (spec == "shipped") return data::ByteTextSource::OpenDefault(seed);
-  if (spec == "random") return data::RandomTokenSource::Create(seed, vocab > 0 ? vocab : 50257);
-  if (absl::EndsWith(spec, ".bin")) {
-    return data::TokenFileSource::Open(spec, seed, vocab > 0 ? vocab : 50257);
-  }
-  return data::ByteTextSource::Open(spec, seed);
-}
-
-absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer() {
-  const std::string name = absl::GetFlag(FLAGS_optimizer);
-  if (name == "adamw") {
-    optim::AdamWOptions o;
-    o.lr = absl::GetFlag(FLAGS_lr);
-    o.beta2 = 0.95;  // minGPT's betas (0.9, 0.95)
-    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-    auto opt = optim::AdamW::Create(o);
-    if (!opt.ok()) return opt.status();
-    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
-  }
-  if (name == "sgd") {
-    optim::SgdOptions o;
-    o.lr = absl::GetFlag(FLAGS_lr);
-    o.momentum = absl::GetFlag(FLAGS_momentum);
-    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-    auto opt = optim::SGD::Create(o);
-    if (!opt.ok()) return opt.status();
-    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--optimizer='", name, "' is not one of adamw, sgd"));
-}
-
-absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeSchedule(int64_t steps) {
-  const std::string spec = absl::GetFlag(FLAGS_lr_schedule);
-  const double lr = absl::GetFlag(FLAGS_lr);
-  if (spec == "constant") return optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
-  if (spec == "cosine") {
-    return optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
-                                               ",warmup_steps=", std::max<int64_t>(1, steps / 10),
-                                               ",total_steps=", steps));
-  }
-  return optim::ParseLrSchedule(spec);
-}
 
 // ---- Data parallelism (threads engine) ----
 
@@ -181,8 +137,8 @@ double SumOverRanks(dist::ProcessGroup& pg, double x) {
 }
 
 std::string PerRankMemoryTable(dist::ThreadWorld& world) {
-  std::string out = absl::StrFormat("%-5s %11s %11s %11s %11s %11s %11s %11s\n", "rank",
-                                    "params", "grads", "optim", "activ", "comm", "temp", "total");
+  std::string out = absl::StrFormat("%-5s %11s %11s %11s %11s %11s %11s %11s\n", "rank", "params",
+                                    "grads", "optim", "activ", "comm", "temp", "total");
   for (int r = 0; r < world.size(); ++r) {
     const tensor::MemoryLedger& l = world.ledger(r);
     absl::StrAppendFormat(&out, "%-5d", r);
@@ -217,10 +173,11 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
   const int W = setup.world;
-  absl::StatusOr<data::LmLoader> loader =
-      data::LmLoader::Create(setup.source, {B, rank, W}, T);
+  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(setup.source, {B, rank, W}, T);
   if (!loader.ok()) return loader.status();
-  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = MakeOptimizer();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
+      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
+       absl::GetFlag(FLAGS_weight_decay)});
   if (!optimizer.ok()) return optimizer.status();
 
   GPT model(setup.config);
@@ -255,8 +212,8 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
     std::printf(
         "data: %s | %d ranks (threads) x batch %lld x %lld tokens | %s%s | %s | %s | %d threads\n",
-        setup.source->Describe().c_str(), W, static_cast<long long>(B),
-        static_cast<long long>(T), setup.strategy_name.c_str(),
+        setup.source->Describe().c_str(), W, static_cast<long long>(B), static_cast<long long>(T),
+        setup.strategy_name.c_str(),
         fsdp ? absl::StrCat(", ", fsdp->num_units(), " FSDP units").c_str() : "", opt->name(),
         setup.schedule->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
     std::fflush(stdout);
@@ -274,8 +231,8 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
     absl::StatusOr<double> loss = MeanOverRanks(pg, local_loss);
     if (!loss.ok()) return loss.status();
     if (!std::isfinite(*loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", *loss, " at step ", step,
-                                              "; lower --lr or check the data"));
+      return absl::InternalError(
+          absl::StrCat("loss is ", *loss, " at step ", step, "; lower --lr or check the data"));
     }
     double grad_norm = 0;
     auto sum = [&pg](double x) { return SumOverRanks(pg, x); };
@@ -355,16 +312,14 @@ absl::Status TrainDataParallel(DpSetup setup) {
   absl::StatusOr<Strategy> strategy = ParseStrategy(absl::GetFlag(FLAGS_strategy));
   if (!strategy.ok()) return strategy.status();
   setup.strategy = *strategy;
-  const char* names[] = {"DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD",
-                         "FSDP NO_SHARD"};
+  const char* names[] = {"DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD"};
   setup.strategy_name = names[static_cast<int>(*strategy)];
   if (*strategy != Strategy::kDdp && *strategy != Strategy::kZero1) {
     absl::StrAppend(&setup.strategy_name, " (auto_wrap ", wrap, ")");
   }
   dist::ThreadWorld world(setup.world);
-  absl::Status s = dist::RunRanks(world, [&](int rank, dist::ProcessGroup& pg) {
-    return TrainRank(setup, rank, pg, world);
-  });
+  absl::Status s = dist::RunRanks(
+      world, [&](int rank, dist::ProcessGroup& pg) { return TrainRank(setup, rank, pg, world); });
   if (!s.ok()) return s;
   std::printf("per-rank peak memory by category (MiB, ledger):\n%s",
               PerRankMemoryTable(world).c_str());
@@ -379,7 +334,7 @@ absl::Status Train() {
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   if (steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
   absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
-      OpenData(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
+      train::OpenTokenSource(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
   if (!source.ok()) return source.status();
   absl::StatusOr<GptConfig> config = Preset(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
@@ -407,9 +362,12 @@ absl::Status Train() {
   }
   absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1}, T);
   if (!loader.ok()) return loader.status();
-  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = MakeOptimizer();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
+      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
+       absl::GetFlag(FLAGS_weight_decay)});
   if (!optimizer.ok()) return optimizer.status();
-  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule = MakeSchedule(steps);
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
+      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
@@ -431,12 +389,12 @@ absl::Status Train() {
   GPT model(*config);
   model.Materialize(seed);
   const ParamCount count = CountParameters(*config);
-  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
-              config->ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
+  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
+              count.total / 1e6, count.non_embedding / 1e6);
   std::printf("data: %s | batch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
-              (*source)->Describe().c_str(), static_cast<long long>(B),
-              static_cast<long long>(T), (*optimizer)->name(), (*schedule)->ToString().c_str(),
-              policy->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
+              (*source)->Describe().c_str(), static_cast<long long>(B), static_cast<long long>(T),
+              (*optimizer)->name(), (*schedule)->ToString().c_str(), policy->ToString().c_str(),
+              tensor::DefaultThreadPool().num_threads());
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     for (size_t l = 0; l < model.transformer()->blocks()->size(); ++l) {
       model.transformer()->blocks()->set_checkpointed(l, true);
@@ -453,9 +411,9 @@ absl::Status Train() {
     absl::StatusOr<train::TrainState> state = train::LoadCheckpoint(*step_dir, model, **optimizer);
     if (!state.ok()) return state.status();
     if (state->extra["config"] != config->ToString()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", *step_dir, " is of model ", state->extra["config"], ", not ",
-          config->ToString()));
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", *step_dir, " is of model ",
+                                                     state->extra["config"], ", not ",
+                                                     config->ToString()));
     }
     absl::StatusOr<data::LoaderState> loader_state =
         data::LoaderState::FromString(state->loader_state);
@@ -463,8 +421,7 @@ absl::Status Train() {
     absl::Status restored = loader->Restore(*loader_state);
     if (!restored.ok()) return restored;
     start = state->step;
-    std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
-                static_cast<long long>(start));
+    std::printf("resumed from %s at step %lld\n", step_dir->c_str(), static_cast<long long>(start));
   }
   nn::MixedPrecision mixed(model, *policy);
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -485,15 +442,15 @@ absl::Status Train() {
   int64_t timed_steps = 0;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
-    data::LmBatch batch = loader->Next();                // inputs, targets (B, T)
+    data::LmBatch batch = loader->Next();                 // inputs, targets (B, T)
     nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
     const double loss = model.ForwardBackward(batch.inputs, batch.targets);
     mixed.RestoreMasters();
     if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
-                                              "; lower --lr or check the data"));
+      return absl::InternalError(
+          absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
     }
     std::vector<optim::ParamRef> refs = optim::FromModule(model);
     const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;

@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
 #include "models/data/random_tokens.h"
@@ -117,58 +118,11 @@ absl::StatusOr<T5Config> MakeConfig(const std::string& name) {
   if (name == kTinyPreset) return TinyConfig();
   absl::StatusOr<T5Config> c = Preset(name);
   if (!c.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--preset: unknown t5 preset '", name, "'; known: ", kTinyPreset, ", ",
-        absl::StrJoin(PresetNames(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat("--preset: unknown t5 preset '", name,
+                                                   "'; known: ", kTinyPreset, ", ",
+                                                   absl::StrJoin(PresetNames(), ", ")));
   }
   return c;
-}
-
-absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenData(const std::string& spec,
-                                                                  uint64_t seed, int64_t vocab) {
-  if (spec == "shipped") return data::ByteTextSource::OpenDefault(seed);
-  if (spec == "random") {
-    return data::RandomTokenSource::Create(seed, vocab > 0 ? vocab : data::kGpt2VocabSize);
-  }
-  if (absl::EndsWith(spec, ".bin")) {
-    return data::TokenFileSource::Open(spec, seed, vocab > 0 ? vocab : data::kGpt2VocabSize);
-  }
-  return data::ByteTextSource::Open(spec, seed);
-}
-
-absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer() {
-  const std::string name = absl::GetFlag(FLAGS_optimizer);
-  if (name == "adamw") {
-    optim::AdamWOptions o;
-    o.lr = absl::GetFlag(FLAGS_lr);
-    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-    auto opt = optim::AdamW::Create(o);
-    if (!opt.ok()) return opt.status();
-    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
-  }
-  if (name == "sgd") {
-    optim::SgdOptions o;
-    o.lr = absl::GetFlag(FLAGS_lr);
-    o.momentum = absl::GetFlag(FLAGS_momentum);
-    o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-    auto opt = optim::SGD::Create(o);
-    if (!opt.ok()) return opt.status();
-    return std::unique_ptr<optim::Optimizer>(std::move(*opt));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--optimizer='", name, "' is not one of adamw, sgd"));
-}
-
-absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeSchedule(int64_t steps) {
-  const std::string spec = absl::GetFlag(FLAGS_lr_schedule);
-  const double lr = absl::GetFlag(FLAGS_lr);
-  if (spec == "constant") return optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
-  if (spec == "cosine") {
-    return optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
-                                               ",warmup_steps=", std::max<int64_t>(1, steps / 10),
-                                               ",total_steps=", steps));
-  }
-  return optim::ParseLrSchedule(spec);
 }
 
 // Prefixes an error with `context` (e.g. the flags it came from), keeping its code.
@@ -192,7 +146,8 @@ absl::Status Train() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t S = absl::GetFlag(FLAGS_encoder_length);
-  if (steps < 0) return absl::InvalidArgumentError(absl::StrCat("--steps=", steps, " must be >= 0"));
+  if (steps < 0)
+    return absl::InvalidArgumentError(absl::StrCat("--steps=", steps, " must be >= 0"));
   if (B < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--batch_size=", B, " must be >= 1"));
   }
@@ -211,16 +166,16 @@ absl::Status Train() {
   if (!config.ok()) return config.status();
   if (absl::GetFlag(FLAGS_v1_1)) *config = AsV1_1(*config);
   absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
-      OpenData(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
+      train::OpenTokenSource(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
   if (!source.ok()) return WithContext(source.status(), "--data");
   const int64_t source_vocab = (*source)->vocab_size();
   if (absl::GetFlag(FLAGS_vocab_size) > 0 && absl::GetFlag(FLAGS_vocab_size) != source_vocab) {
     // Sentinels are numbered right above the data's ids, so the vocabulary of
     // byte text is 256 (+ sentinels), not a padded size.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " does not apply to ",
-        (*source)->Describe(), " (vocabulary ", source_vocab,
-        "); it sets the vocabulary of random tokens and .bin files"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " does not apply to ",
+                     (*source)->Describe(), " (vocabulary ", source_vocab,
+                     "); it sets the vocabulary of random tokens and .bin files"));
   }
   data::SpanCorruptionOptions span;
   span.encoder_length = S;
@@ -252,9 +207,12 @@ absl::Status Train() {
     return absl::InvalidArgumentError(
         "--precision: fp16 training is not supported on the CPU; use bf16");
   }
-  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = MakeOptimizer();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
+      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
+       0.999, absl::GetFlag(FLAGS_weight_decay)});
   if (!optimizer.ok()) return optimizer.status();
-  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule = MakeSchedule(steps);
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
+      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
   if (!schedule.ok()) return WithContext(schedule.status(), "--lr_schedule");
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
@@ -270,8 +228,8 @@ absl::Status Train() {
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
   const int64_t tokens_per_step = B * (S + T_dec);
-  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
-              config->ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
+  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
+              count.total / 1e6, count.non_embedding / 1e6);
   std::printf(
       "data: span corruption of %s | vocab %lld + %lld sentinels | %lld raw tokens -> "
       "encoder %lld, decoder %lld (%lld noise tokens in %lld spans)\n",
@@ -292,12 +250,12 @@ absl::Status Train() {
     const data::Seq2SeqBatch sample = loader->Batch(loader->step());
     const int64_t* enc = sample.encoder_inputs.data<int64_t>();
     const int64_t* tgt = sample.decoder_targets.data<int64_t>();
-    std::printf("sample inputs:  %s\n",
-                Clip(corruptor.Render(absl::MakeConstSpan(enc, S), data::DecodeBytes), 160)
-                    .c_str());
-    std::printf("sample targets: %s\n",
-                Clip(corruptor.Render(absl::MakeConstSpan(tgt, T_dec), data::DecodeBytes), 160)
-                    .c_str());
+    std::printf(
+        "sample inputs:  %s\n",
+        Clip(corruptor.Render(absl::MakeConstSpan(enc, S), data::DecodeBytes), 160).c_str());
+    std::printf(
+        "sample targets: %s\n",
+        Clip(corruptor.Render(absl::MakeConstSpan(tgt, T_dec), data::DecodeBytes), 160).c_str());
   }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     for (T5Stack* stack : {model.encoder(), model.decoder()}) {
@@ -319,9 +277,9 @@ absl::Status Train() {
       return WithContext(state.status(), absl::StrCat("--resume=", absl::GetFlag(FLAGS_resume)));
     }
     if (state->extra["config"] != config->ToString()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", *step_dir, " is of model ", state->extra["config"], ", not ",
-          config->ToString()));
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", *step_dir, " is of model ",
+                                                     state->extra["config"], ", not ",
+                                                     config->ToString()));
     }
     absl::StatusOr<data::LoaderState> loader_state =
         data::LoaderState::FromString(state->loader_state);
@@ -335,8 +293,7 @@ absl::Status Train() {
                    state->extra["lr_schedule"].c_str(), (*schedule)->ToString().c_str());
     }
     start = state->step;
-    std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
-                static_cast<long long>(start));
+    std::printf("resumed from %s at step %lld\n", step_dir->c_str(), static_cast<long long>(start));
   }
   nn::MixedPrecision mixed(model, *policy);
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -366,8 +323,8 @@ absl::Status Train() {
                                               batch.decoder_inputs, batch.decoder_targets);
     mixed.RestoreMasters();
     if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
-                                              "; lower --lr or check the data"));
+      return absl::InternalError(
+          absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
     }
     std::vector<optim::ParamRef> refs = optim::FromModule(model);
     const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;

@@ -1,0 +1,40 @@
+// Set-up shared by the train binaries: the token source a --data flag names,
+// the optimizer an --optimizer flag names, and the LR schedule of --lr_schedule.
+#ifndef MODELS_COMMON_TRAIN_SETUP_H_
+#define MODELS_COMMON_TRAIN_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "models/data/token_source.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
+namespace train {
+
+// "shipped" (the text in models/data/text), "random" (uniform tokens), a .bin
+// file of uint16 tokens, or any other path as byte-level text. vocab_size 0
+// means the default (50257) for random and .bin data.
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const std::string& spec,
+                                                                          uint64_t seed,
+                                                                          int64_t vocab_size);
+
+struct OptimizerSpec {
+  std::string name;  // "adamw" or "sgd"
+  double lr = 1e-3;
+  double momentum = 0.9;  // sgd
+  double beta2 = 0.999;   // adamw (minGPT uses 0.95)
+  double weight_decay = 0.0;
+};
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec);
+
+// "constant", "cosine" (10% warmup, then down to lr/10 at `steps`), or a spec
+// optim::ParseLrSchedule reads.
+absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
+                                                                  double lr, int64_t steps);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_TRAIN_SETUP_H_
