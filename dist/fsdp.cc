@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "optim/clip_grad.h"
 #include "tensor/error.h"
@@ -25,14 +26,27 @@ namespace internal {
 
 class FsdpUnit : public nn::ModuleHooks {
  public:
-  FsdpUnit(UnitPlan plan, bool is_root, ProcessGroup& pg, ShardingStrategy strategy)
+  // `kept_fp32`: parameters of modules the mixed-precision policy keeps fp32.
+  FsdpUnit(UnitPlan plan, bool is_root, ProcessGroup& pg, ShardingStrategy strategy,
+           const precision::MixedPrecisionPolicy& mp, const std::set<const nn::Parameter*>& kept_fp32)
       : name_(plan.name),
         module_(plan.module),
         is_root_(is_root),
         pg_(pg),
         strategy_(strategy),
+        param_dtype_(mp.param_dtype),
+        reduce_dtype_(mp.reduce_dtype),
         flat_(std::move(plan.params), strategy == ShardingStrategy::kNoShard ? 1 : pg.size(),
-              strategy == ShardingStrategy::kNoShard ? 0 : pg.rank()) {}
+              strategy == ShardingStrategy::kNoShard ? 0 : pg.rank()) {
+    gather_dtype_ = param_dtype_;
+    if (param_dtype_ != tensor::Dtype::kF32) {
+      for (const FlatParameter::Entry& e : flat_.entries()) {
+        const bool keep = kept_fp32.count(e.param) > 0;
+        keep_fp32_.push_back(keep);
+        if (keep) gather_dtype_ = tensor::Dtype::kF32;  // gather fp32, cast the others
+      }
+    }
+  }
 
   const std::string& name() const { return name_; }
   nn::Module* module() const { return module_; }
@@ -41,8 +55,12 @@ class FsdpUnit : public nn::ModuleHooks {
 
   void Init(uint64_t seed) {
     flat_.InitShard(seed);
-    if (no_shard()) flat_.SetValueViews(flat_.shard());
+    if (no_shard() && !mixed()) flat_.SetValueViews(flat_.shard());
   }
+
+  // Low-precision compute copies (param_dtype not f32).
+  bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
+  tensor::Dtype gather_dtype() const { return gather_dtype_; }
 
   // Gathers the unsharded flat parameter into `out` (padded_numel, fp32).
   void GatherInto(const tensor::Tensor& out) {
@@ -50,17 +68,53 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   void Unshard() {
-    if (no_shard()) return;
-    if (!full_.defined()) {
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-      full_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32);
+    if (!mixed()) {
+      if (no_shard()) return;
+      if (!full_.defined()) {
+        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+        full_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32);
+      }
+      GatherInto(full_);
+      flat_.SetValueViews(full_);
+      return;
     }
-    GatherInto(full_);
+    // Mixed precision: the unsharded buffer is in gather_dtype_ (param_dtype,
+    // or f32 when the unit holds kept-fp32 parameters).
+    {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+      if (no_shard()) {
+        full_ = flat_.shard().To(gather_dtype_);  // f32: the shard itself
+      } else {
+        if (!full_.defined()) {
+          full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_);
+        }
+      }
+    }
+    if (!no_shard()) {
+      if (gather_dtype_ == tensor::Dtype::kF32) {
+        GatherInto(full_);
+      } else {
+        tensor::Tensor send;
+        {
+          tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+          send = flat_.shard().To(gather_dtype_);
+        }
+        Check(pg_.AllGatherSync(send, full_), "all_gather");
+      }
+    }
     flat_.SetValueViews(full_);
+    if (gather_dtype_ != param_dtype_) {
+      // fp32 gather: cast the parameters not kept fp32 (as nn::MixedPrecision).
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+      const auto& entries = flat_.entries();
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (!keep_fp32_[i]) entries[i].param->value = entries[i].param->value.To(param_dtype_);
+      }
+    }
   }
 
   void Reshard() {
-    if (no_shard()) return;
+    if (no_shard() && !mixed()) return;
     flat_.ClearValues();
     full_ = tensor::Tensor();
   }
@@ -76,7 +130,7 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   void PreBackward(nn::Module&) override {
-    if (!no_shard() && !full_.defined()) Unshard();
+    if ((!no_shard() || mixed()) && !full_.defined()) Unshard();
     {
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
       full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32);
@@ -86,7 +140,22 @@ class FsdpUnit : public nn::ModuleHooks {
 
   void PostBackward(nn::Module&) override {
     OP_CHECK(full_grad_.defined(), "fsdp", "unit '", name_, "': post-backward without pre-backward");
-    if (no_shard()) {
+    if (reduce_dtype_ != tensor::Dtype::kF32) {
+      // Reduce in reduce_dtype; the result is added into the fp32 shard.
+      tensor::Tensor low;
+      {
+        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+        low = full_grad_.To(reduce_dtype_);
+      }
+      if (no_shard()) {
+        Check(pg_.AllReduceSync(low, ReduceOp::kAvg), "all_reduce");
+        tensor::AddInPlace(flat_.grad_shard(), low);
+      } else {
+        tensor::Tensor chunk = low.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
+        Check(pg_.ReduceScatterSync(low, chunk, ReduceOp::kAvg), "reduce_scatter");
+        tensor::AddInPlace(flat_.grad_shard(), chunk);
+      }
+    } else if (no_shard()) {
       Check(pg_.AllReduceSync(full_grad_, ReduceOp::kAvg), "all_reduce");
       tensor::AddInPlace(flat_.grad_shard(), full_grad_);
     } else {
@@ -110,6 +179,10 @@ class FsdpUnit : public nn::ModuleHooks {
   bool is_root_;
   ProcessGroup& pg_;
   ShardingStrategy strategy_;
+  tensor::Dtype param_dtype_;
+  tensor::Dtype reduce_dtype_;
+  tensor::Dtype gather_dtype_ = tensor::Dtype::kF32;
+  std::vector<bool> keep_fp32_;  // per flat entry (mixed precision only)
   FlatParameter flat_;
   tensor::Tensor full_;       // unsharded flat parameter (undefined while sharded)
   tensor::Tensor full_grad_;  // unsharded flat gradient (during backward only)
@@ -119,6 +192,17 @@ class FsdpUnit : public nn::ModuleHooks {
 
 FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOptions options)
     : root_(&root), pg_(&pg), options_(std::move(options)), ledger_(&tensor::MemoryLedger::Current()) {
+  {
+    absl::Status s = options_.mixed_precision.Validate(tensor::Device::Cpu());
+    OP_CHECK(s.ok(), "FullyShard", "mixed precision: ", s.ToString());
+  }
+  std::set<const nn::Parameter*> kept_fp32;
+  if (options_.mixed_precision.IsMixed()) {
+    for (auto& [prefix, module] : root.NamedModules()) {
+      if (!options_.mixed_precision.KeepsFp32(module->class_name())) continue;
+      for (auto& [name, p] : module->LocalParameters()) kept_fp32.insert(p);
+    }
+  }
   std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
   for (size_t i = 0; i < plans.size(); ++i) {
     OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard", "module '", plans[i].name,
@@ -127,7 +211,8 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
     auto unit = std::make_unique<internal::FsdpUnit>(std::move(plans[i]), i == 0, pg,
-                                                     options_.strategy);
+                                                     options_.strategy,
+                                                     options_.mixed_precision, kept_fp32);
     unit->Init(options_.seed);
     unit->module()->set_hooks(unit.get());
     units_.push_back(std::move(unit));

@@ -1,5 +1,5 @@
 // FSDP (Fully Sharded Data Parallel, as PyTorch FSDP / DeepSpeed ZeRO-3) over a
-// dist::ProcessGroup, fp32.
+// dist::ProcessGroup: fp32 masters, optional mixed-precision compute (below).
 //
 // FullyShard(root, pg, options) splits the model into units by the wrap
 // policy (see wrap_policy.h), gives each unit a FlatParameter whose shard this
@@ -20,6 +20,21 @@
 // The hooks run inside Module::Run / RunBackward, so a model whose containers
 // call their children through Run / RunBackward (minGPT does) needs no change.
 //
+// Mixed precision (FsdpOptions::mixed_precision, default fp32 = the above bit
+// for bit): shards, sharded gradients and optimizer state stay fp32. With
+// param_dtype bf16/f16 PreForward/PreBackward cast the fp32 shard into a
+// low-precision send buffer and all-gather it into a low-precision unsharded
+// buffer; parameter values are views of it. Parameters of modules whose class
+// the policy keeps fp32 (fp32_module_classes) get fp32 values: a unit that
+// holds any such parameter is gathered in fp32 (communication in fp32 for that
+// unit only), its kept parameters are fp32 views and its other parameters get
+// param_dtype copies of their views -- per parameter the same values as
+// nn::MixedPrecision gives in one process. Layers accumulate into fp32 grad
+// views (unchanged); PostBackward casts the fp32 unsharded gradient to
+// reduce_dtype, reduce-scatters (all-reduces under NO_SHARD) in that dtype and
+// adds the result into the fp32 gradient shard (reduce_dtype f32: as before).
+// FullStateDict always gathers the fp32 shards.
+//
 // Collective failures inside hooks throw tensor::OpError naming the unit.
 // Every rank must call the same FSDP methods in the same order (they issue
 // collectives).
@@ -37,6 +52,7 @@
 #include "dist/wrap_policy.h"
 #include "nn/module.h"
 #include "optim/param_ref.h"
+#include "precision/policy.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/tensor.h"
 
@@ -50,6 +66,8 @@ struct FsdpOptions {
   WrapPolicy policy = WrapPolicy::None();
   // Seed of sharded initialization (parameters that have no value yet).
   uint64_t seed = 0;
+  // Compute / communication dtypes (see above). Default: everything fp32.
+  precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
 };
 
 namespace internal {
