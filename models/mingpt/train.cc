@@ -10,7 +10,7 @@
 // its rows of the global batch of N * batch_size sequences; rank 0 logs the
 // loss averaged over the ranks and global tokens/s, and prints every rank's
 // peak memory by category at the end. Not yet under data parallelism (refused
-// with a message): --checkpoint_dir/--resume, --precision=bf16,
+// with a message): --checkpoint_dir/--resume, --precision=bf16 with ddp/zero1,
 // --activation_checkpointing.
 //
 // A training step, top to bottom:
@@ -161,6 +161,7 @@ struct DpSetup {
   Strategy strategy = Strategy::kFullShard;
   std::string strategy_name;
   dist::WrapPolicy policy = dist::WrapPolicy::None();
+  precision::MixedPrecisionPolicy mixed_precision;  // FSDP strategies only
 };
 
 // One rank's training loop; rank 0 logs.
@@ -201,6 +202,7 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
                    : setup.strategy == Strategy::kNoShard   ? dist::ShardingStrategy::kNoShard
                                                             : dist::ShardingStrategy::kFullShard;
       o.policy = setup.policy;
+      o.mixed_precision = setup.mixed_precision;
       o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)
       fsdp = dist::FullyShard(model, pg, o);
       break;
@@ -292,12 +294,6 @@ absl::Status TrainDataParallel(DpSetup setup) {
         "yet: the optimizer state of zero1 and FSDP is sharded and saving it is not implemented; "
         "train with --world_size=1 to checkpoint");
   }
-  if (absl::GetFlag(FLAGS_precision) != "fp32") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--precision=", absl::GetFlag(FLAGS_precision),
-        " is not supported with --world_size > 1 or --strategy yet (DDP, ZeRO-1 and FSDP "
-        "train in fp32 here); use --precision=fp32"));
-  }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     return absl::InvalidArgumentError(
         "--activation_checkpointing is not supported with --world_size > 1 or --strategy yet");
@@ -312,6 +308,17 @@ absl::Status TrainDataParallel(DpSetup setup) {
   absl::StatusOr<Strategy> strategy = ParseStrategy(absl::GetFlag(FLAGS_strategy));
   if (!strategy.ok()) return strategy.status();
   setup.strategy = *strategy;
+  absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
+      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
+  if (!mixed.ok()) return mixed.status();
+  if (mixed->IsMixed() && (*strategy == Strategy::kDdp || *strategy == Strategy::kZero1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--precision=", absl::GetFlag(FLAGS_precision), " with --strategy=",
+        absl::GetFlag(FLAGS_strategy),
+        " is not supported yet (DDP and ZeRO-1 train in fp32 here); use an FSDP strategy "
+        "(full_shard, shard_grad_op, no_shard) or --precision=fp32"));
+  }
+  setup.mixed_precision = *mixed;
   const char* names[] = {"DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD"};
   setup.strategy_name = names[static_cast<int>(*strategy)];
   if (*strategy != Strategy::kDdp && *strategy != Strategy::kZero1) {
