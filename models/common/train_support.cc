@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -94,9 +95,9 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   TrainState state;
   auto step = meta.find(kStepKey);
   if (step == meta.end() || !absl::SimpleAtoi(step->second, &state.step)) {
-    return absl::DataLossError(
-        absl::StrCat("'", step_dir, "/model.safetensors' lacks the training step (", kStepKey,
-                     "); is it a checkpoint of this framework?"));
+    return absl::DataLossError(absl::StrCat("'", step_dir,
+                                            "/model.safetensors' lacks the training step (",
+                                            kStepKey, "); is it a checkpoint of this framework?"));
   }
   auto loader = meta.find(kLoaderKey);
   if (loader != meta.end()) state.loader_state = loader->second;
@@ -143,6 +144,36 @@ absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedg
   out_.flush();
   if (!out_) return absl::UnavailableError(absl::StrCat("cannot write to '", path_, "'"));
   return absl::OkStatus();
+}
+
+StepReporter::StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& metrics,
+                           int64_t first_step, int64_t last_step, int64_t log_every,
+                           double tokens_per_step)
+    : ledger_(ledger),
+      metrics_(metrics),
+      first_step_(first_step),
+      last_step_(last_step),
+      log_every_(std::max<int64_t>(1, log_every)),
+      tokens_per_step_(tokens_per_step) {}
+
+absl::Status StepReporter::Report(StepMetrics m) {
+  m.tokens_per_s = tokens_per_step_ / (m.ms / 1000.0);
+  if (m.step > first_step_ + 1) {  // the first step includes one-time set-up (primitive creation)
+    total_ms_ += m.ms;
+    ++timed_steps_;
+  }
+  if (m.step == first_step_ + 1 || m.step % log_every_ == 0 || m.step == last_step_) {
+    std::printf("%s\n", FormatStep(m, ledger_).c_str());
+    std::fflush(stdout);
+  }
+  return metrics_.Write(m, ledger_);
+}
+
+void StepReporter::PrintSummary(absl::string_view tokens_note) const {
+  if (timed_steps_ == 0) return;
+  std::printf("mean %.1f ms/step, %.0f tokens/s%s over %lld steps (after the first)\n",
+              total_ms_ / timed_steps_, tokens_per_step_ * timed_steps_ / (total_ms_ / 1000.0),
+              std::string(tokens_note).c_str(), static_cast<long long>(timed_steps_));
 }
 
 }  // namespace train

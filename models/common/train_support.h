@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "tensor/memory_ledger.h"
@@ -70,6 +71,32 @@ class MetricsWriter {
   explicit MetricsWriter(std::string path) : path_(std::move(path)) {}
   std::string path_;
   std::ofstream out_;
+};
+
+// Reports each step of a train loop: prints the step line (FormatStep) on the
+// first step, every log_every-th and the last, appends the metrics, and keeps
+// the mean over the steps after the first (which includes one-time set-up).
+class StepReporter {
+ public:
+  // Steps first_step+1 .. last_step (1-based) will be reported; each moves
+  // tokens_per_step tokens; `metrics` may write nothing (empty path).
+  StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& metrics, int64_t first_step,
+               int64_t last_step, int64_t log_every, double tokens_per_step);
+  // m.step is 1-based; m.tokens_per_s is computed here from m.ms.
+  absl::Status Report(StepMetrics m);
+  // "mean 12.3 ms/step, 4567 tokens/s<tokens_note> over N steps (after the first)",
+  // printed when any step after the first was reported.
+  void PrintSummary(absl::string_view tokens_note = "") const;
+
+ private:
+  const tensor::MemoryLedger& ledger_;
+  MetricsWriter& metrics_;
+  const int64_t first_step_;
+  const int64_t last_step_;
+  const int64_t log_every_;
+  const double tokens_per_step_;
+  double total_ms_ = 0;
+  int64_t timed_steps_ = 0;
 };
 
 class StepTimer {

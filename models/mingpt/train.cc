@@ -172,7 +172,6 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
   const int W = setup.world;
   absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(setup.source, {B, rank, W}, T);
   if (!loader.ok()) return loader.status();
@@ -221,9 +220,10 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
     std::fflush(stdout);
   }
 
+  // Rank 0 reports; global tokens per step.
+  train::StepReporter reporter(world.ledger(0), *setup.metrics, 0, steps,
+                               absl::GetFlag(FLAGS_log_every), W * B * T);
   train::StepTimer timer;
-  double total_ms = 0;
-  int64_t timed_steps = 0;
   for (int64_t step = 0; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();                 // this rank's rows (B, T)
@@ -259,31 +259,17 @@ absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
       opt->Step(fsdp->ParamRefs());
       fsdp->ZeroGrad();
     }
-    const double ms = timer.ElapsedMs();
-    if (step > 0) {
-      total_ms += ms;
-      ++timed_steps;
-    }
     if (rank != 0) continue;
     train::StepMetrics m;
     m.step = step + 1;
     m.loss = *loss;
     m.lr = opt->lr();
-    m.ms = ms;
-    m.tokens_per_s = W * B * T / (ms / 1000.0);  // global
+    m.ms = timer.ElapsedMs();
     m.grad_norm = grad_norm;
-    if (step == 0 || (step + 1) % log_every == 0 || step + 1 == steps) {
-      std::printf("%s\n", train::FormatStep(m, world.ledger(0)).c_str());
-      std::fflush(stdout);
-    }
-    absl::Status written = setup.metrics->Write(m, world.ledger(0));
-    if (!written.ok()) return written;
+    absl::Status reported = reporter.Report(m);
+    if (!reported.ok()) return reported;
   }
-  if (rank == 0 && timed_steps > 0) {
-    std::printf("mean %.1f ms/step, %.0f tokens/s (global) over %lld steps (after the first)\n",
-                total_ms / timed_steps, W * B * T * timed_steps / (total_ms / 1000.0),
-                static_cast<long long>(timed_steps));
-  }
+  if (rank == 0) reporter.PrintSummary(" (global)");
   return absl::OkStatus();
 }
 
@@ -313,8 +299,8 @@ absl::Status TrainDataParallel(DpSetup setup) {
   if (!mixed.ok()) return mixed.status();
   if (mixed->IsMixed() && (*strategy == Strategy::kDdp || *strategy == Strategy::kZero1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--precision=", absl::GetFlag(FLAGS_precision), " with --strategy=",
-        absl::GetFlag(FLAGS_strategy),
+        "--precision=", absl::GetFlag(FLAGS_precision),
+        " with --strategy=", absl::GetFlag(FLAGS_strategy),
         " is not supported yet (DDP and ZeRO-1 train in fp32 here); use an FSDP strategy "
         "(full_shard, shard_grad_op, no_shard) or --precision=fp32"));
   }
@@ -442,11 +428,10 @@ absl::Status Train() {
 
   // ---- Training loop ----
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
+                               B * T);
   train::StepTimer timer;
-  double total_ms = 0;
-  int64_t timed_steps = 0;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();                 // inputs, targets (B, T)
@@ -463,25 +448,15 @@ absl::Status Train() {
     const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;
     (*optimizer)->Step(refs);
     model.ZeroGrad();
-    const double ms = timer.ElapsedMs();
-    if (step > start) {  // the first step includes one-time set-up (primitive creation)
-      total_ms += ms;
-      ++timed_steps;
-    }
 
     train::StepMetrics m;
     m.step = step + 1;
     m.loss = loss;
     m.lr = (*optimizer)->lr();
-    m.ms = ms;
-    m.tokens_per_s = B * T / (ms / 1000.0);
+    m.ms = timer.ElapsedMs();
     m.grad_norm = grad_norm;
-    if (step == start || (step + 1) % log_every == 0 || step + 1 == steps) {
-      std::printf("%s\n", train::FormatStep(m, ledger).c_str());
-      std::fflush(stdout);
-    }
-    absl::Status written = (*metrics)->Write(m, ledger);
-    if (!written.ok()) return written;
+    absl::Status reported = reporter.Report(m);
+    if (!reported.ok()) return reported;
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status saved = save(step + 1);
       if (!saved.ok()) return saved;
@@ -491,11 +466,7 @@ absl::Status Train() {
     absl::Status saved = save(steps);
     if (!saved.ok()) return saved;
   }
-  if (timed_steps > 0) {
-    std::printf("mean %.1f ms/step, %.0f tokens/s over %lld steps (after the first)\n",
-                total_ms / timed_steps, B * T * timed_steps / (total_ms / 1000.0),
-                static_cast<long long>(timed_steps));
-  }
+  reporter.PrintSummary();
   std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
   return absl::OkStatus();
 }

@@ -308,11 +308,10 @@ absl::Status Train() {
 
   // ---- Training loop ----
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  const int64_t log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
+                               tokens_per_step);
   train::StepTimer timer;
-  double total_ms = 0;
-  int64_t timed_steps = 0;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::Seq2SeqBatch batch = loader->Next();  // encoder (B, S) + mask, decoder (B, T_dec) x 2
@@ -330,25 +329,15 @@ absl::Status Train() {
     const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;
     (*optimizer)->Step(refs);
     model.ZeroGrad();
-    const double ms = timer.ElapsedMs();
-    if (step > start) {  // the first step includes one-time set-up (primitive creation)
-      total_ms += ms;
-      ++timed_steps;
-    }
 
     train::StepMetrics m;
     m.step = step + 1;
     m.loss = loss;
     m.lr = (*optimizer)->lr();
-    m.ms = ms;
-    m.tokens_per_s = tokens_per_step / (ms / 1000.0);
+    m.ms = timer.ElapsedMs();
     m.grad_norm = grad_norm;
-    if (step == start || (step + 1) % log_every == 0 || step + 1 == steps) {
-      std::printf("%s\n", train::FormatStep(m, ledger).c_str());
-      std::fflush(stdout);
-    }
-    absl::Status written = (*metrics)->Write(m, ledger);
-    if (!written.ok()) return written;
+    absl::Status reported = reporter.Report(m);
+    if (!reported.ok()) return reported;
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status saved = save(step + 1);
       if (!saved.ok()) return saved;
@@ -358,12 +347,7 @@ absl::Status Train() {
     absl::Status saved = save(steps);
     if (!saved.ok()) return saved;
   }
-  if (timed_steps > 0) {
-    std::printf(
-        "mean %.1f ms/step, %.0f tokens/s (encoder + decoder) over %lld steps (after the first)\n",
-        total_ms / timed_steps, tokens_per_step * timed_steps / (total_ms / 1000.0),
-        static_cast<long long>(timed_steps));
-  }
+  reporter.PrintSummary(" (encoder + decoder)");
   std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
   return absl::OkStatus();
 }
