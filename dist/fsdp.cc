@@ -226,11 +226,28 @@ FullyShardedModel::~FullyShardedModel() {
 const std::string& FullyShardedModel::unit_name(int i) const { return units_.at(i)->name(); }
 const FlatParameter& FullyShardedModel::flat_param(int i) const { return units_.at(i)->flat(); }
 
+int FullyShardedModel::shard_group_rank() const { return units_.front()->flat().shard_index(); }
+int FullyShardedModel::shard_group_size() const { return units_.front()->flat().num_shards(); }
+
+int FullyShardedModel::replica_index() const {
+  return options_.strategy == ShardingStrategy::kNoShard ? pg_->rank() : 0;
+}
+
+int FullyShardedModel::num_replicas() const {
+  return options_.strategy == ShardingStrategy::kNoShard ? pg_->size() : 1;
+}
+
+std::string FullyShardedModel::param_ref_name(int i) const {
+  const std::string& name = units_.at(i)->name();
+  return "fsdp." + (name.empty() ? std::string("root") : name);
+}
+
 std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
   std::vector<optim::ParamRef> refs;
-  for (auto& u : units_) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    auto& u = units_[i];
     optim::ParamRef r;
-    r.name = "fsdp." + (u->name().empty() ? std::string("root") : u->name());
+    r.name = param_ref_name(static_cast<int>(i));
     r.param = u->flat().shard();
     r.grad = u->flat().grad_shard();
     r.decay_ranges = u->flat().shard_decay_ranges();

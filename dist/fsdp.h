@@ -99,6 +99,18 @@ class FullyShardedModel {
   const std::string& unit_name(int i) const;
   const FlatParameter& flat_param(int i) const;
   ShardingStrategy strategy() const { return options_.strategy; }
+  // The shard group: the ranks that each hold one shard of every unit (all
+  // ranks, except under HYBRID_SHARD, where it is this rank's node group), and
+  // the replicas: groups holding the same shards (1 except under HYBRID_SHARD;
+  // NO_SHARD: every rank is a replica of one shard). Checkpoint writers save
+  // from replica 0 only.
+  int shard_group_rank() const;
+  int shard_group_size() const;
+  int replica_index() const;
+  int num_replicas() const;
+  // The ParamRef name of unit i ("fsdp.<unit>", "fsdp.root"): the optimizer
+  // keeps its state under this name.
+  std::string param_ref_name(int i) const;
 
   // The memory ledger this rank charges (the one current when FullyShard ran).
   const tensor::MemoryLedger& ledger() const { return *ledger_; }
