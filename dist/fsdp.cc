@@ -1,9 +1,11 @@
 #include "dist/fsdp.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
 
+#include "nn/checkpoint.h"
 #include "optim/clip_grad.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
@@ -18,26 +20,69 @@ const char* ShardingStrategyName(ShardingStrategy s) {
       return "SHARD_GRAD_OP";
     case ShardingStrategy::kNoShard:
       return "NO_SHARD";
+    case ShardingStrategy::kHybridShard:
+      return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+const char* BackwardPrefetchName(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::kPre:
+      return "BACKWARD_PRE";
+    case BackwardPrefetch::kPost:
+      return "BACKWARD_POST";
+    case BackwardPrefetch::kNone:
+      return "NONE";
   }
   return "?";
 }
 
 namespace internal {
 
+// What the units of one model share: the pass counter, the unit order recorded
+// in the last forward and backward (for prefetch), the reduce-scatters in
+// flight, and the no_sync flag.
+struct FsdpShared {
+  FsdpOptions options;
+  std::vector<FsdpUnit*> units;  // units[0] is the root
+  // Incremented at the root's PreForward: gathers of an earlier pass are stale.
+  int64_t pass = 0;
+  // Unit ids in the order PreForward / PreBackward ran in the last complete
+  // pass, and the ones of the pass running now.
+  std::vector<int> forward_order, backward_order;
+  std::vector<int> forward_now, backward_now;
+  // Reduce-scatters issued and not yet finished, oldest first.
+  std::vector<FsdpUnit*> pending_reduces;
+  bool require_sync = true;
+
+  bool recorded(const std::vector<int>& order, const std::vector<int>& now) const {
+    return now.size() <= order.size() && std::equal(now.begin(), now.end(), order.begin());
+  }
+  // Issues the all-gathers of the units that follow `now` in `order` (when the
+  // pass so far matches it), up to max_inflight_all_gathers not yet used.
+  void Prefetch(const std::vector<int>& order, const std::vector<int>& now);
+  void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
+};
+
 class FsdpUnit : public nn::ModuleHooks {
  public:
-  // `kept_fp32`: parameters of modules the mixed-precision policy keeps fp32.
-  FsdpUnit(UnitPlan plan, bool is_root, ProcessGroup& pg, ShardingStrategy strategy,
-           const precision::MixedPrecisionPolicy& mp, const std::set<const nn::Parameter*>& kept_fp32)
-      : name_(plan.name),
+  // `shard_pg`: the group this unit is sharded over; `replicate_pg`: HYBRID_SHARD's
+  // group of ranks holding the same shard (else null). `kept_fp32`: parameters
+  // of modules the mixed-precision policy keeps fp32.
+  FsdpUnit(int id, UnitPlan plan, FsdpShared& shared, ProcessGroup& shard_pg,
+           ProcessGroup* replicate_pg, const std::set<const nn::Parameter*>& kept_fp32)
+      : id_(id),
+        name_(plan.name),
         module_(plan.module),
-        is_root_(is_root),
-        pg_(pg),
-        strategy_(strategy),
-        param_dtype_(mp.param_dtype),
-        reduce_dtype_(mp.reduce_dtype),
-        flat_(std::move(plan.params), strategy == ShardingStrategy::kNoShard ? 1 : pg.size(),
-              strategy == ShardingStrategy::kNoShard ? 0 : pg.rank()) {
+        shared_(shared),
+        pg_(shard_pg),
+        replicate_pg_(replicate_pg),
+        strategy_(shared.options.strategy),
+        param_dtype_(shared.options.mixed_precision.param_dtype),
+        reduce_dtype_(shared.options.mixed_precision.reduce_dtype),
+        flat_(std::move(plan.params), no_shard() ? 1 : shard_pg.size(),
+              no_shard() ? 0 : shard_pg.rank()) {
     gather_dtype_ = param_dtype_;
     if (param_dtype_ != tensor::Dtype::kF32) {
       for (const FlatParameter::Entry& e : flat_.entries()) {
@@ -48,61 +93,73 @@ class FsdpUnit : public nn::ModuleHooks {
     }
   }
 
+  ~FsdpUnit() override {
+    // Collectives still in flight complete (or time out) on their own; wait so
+    // that no engine writes into buffers of a unit that is gone.
+    if (gather_work_) gather_work_->Wait().IgnoreError();
+    if (reduce_work_) reduce_work_->Wait().IgnoreError();
+  }
+
+  int id() const { return id_; }
+  bool is_root() const { return id_ == 0; }
   const std::string& name() const { return name_; }
   nn::Module* module() const { return module_; }
   FlatParameter& flat() { return flat_; }
   bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
+  // Low-precision compute copies (param_dtype not f32).
+  bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
 
   void Init(uint64_t seed) {
     flat_.InitShard(seed);
     if (no_shard() && !mixed()) flat_.SetValueViews(flat_.shard());
   }
 
-  // Low-precision compute copies (param_dtype not f32).
-  bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
-  tensor::Dtype gather_dtype() const { return gather_dtype_; }
-
-  // Gathers the unsharded flat parameter into `out` (padded_numel, fp32).
+  // Gathers the unsharded fp32 flat parameter into `out` (padded_numel).
   void GatherInto(const tensor::Tensor& out) {
     Check(pg_.AllGatherSync(flat_.shard(), out), "all_gather");
   }
 
-  void Unshard() {
-    if (!mixed()) {
-      if (no_shard()) return;
-      if (!full_.defined()) {
-        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-        full_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32);
-      }
-      GatherInto(full_);
-      flat_.SetValueViews(full_);
+  // ---- Unsharding: issue (maybe early, a prefetch), then wait ----
+
+  // True when this pass's gather is issued or done and not yet resharded.
+  bool gathered_this_pass() const { return gather_pass_ == shared_.pass && full_.defined(); }
+  bool prefetched() const { return prefetched_; }
+
+  // Issues the all-gather of this pass unless already issued. `prefetch`: for
+  // a later module (counted against max_inflight_all_gathers until used).
+  void IssueUnshard(bool prefetch) {
+    if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
+    if (no_shard() && !mixed()) return;  // values are views of the shard
+    if (gathered_this_pass()) return;
+    gather_pass_ = shared_.pass;
+    prefetched_ = prefetch;
+    tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
+    if (no_shard()) {  // mixed NO_SHARD: a local cast, nothing to communicate
+      full_ = flat_.shard().To(gather_dtype_);
       return;
     }
-    // Mixed precision: the unsharded buffer is in gather_dtype_ (param_dtype,
-    // or f32 when the unit holds kept-fp32 parameters).
-    {
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-      if (no_shard()) {
-        full_ = flat_.shard().To(gather_dtype_);  // f32: the shard itself
-      } else {
-        if (!full_.defined()) {
-          full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_);
-        }
-      }
+    full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_);
+    if (gather_dtype_ == tensor::Dtype::kF32) {
+      gather_work_ = pg_.AllGather(flat_.shard(), full_);
+    } else {
+      tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+      gather_send_ = flat_.shard().To(gather_dtype_);
+      gather_work_ = pg_.AllGather(gather_send_, full_);
     }
-    if (!no_shard()) {
-      if (gather_dtype_ == tensor::Dtype::kF32) {
-        GatherInto(full_);
-      } else {
-        tensor::Tensor send;
-        {
-          tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-          send = flat_.shard().To(gather_dtype_);
-        }
-        Check(pg_.AllGatherSync(send, full_), "all_gather");
-      }
+  }
+
+  // Waits for this pass's gather and points the parameters at it.
+  void WaitUnshard() {
+    prefetched_ = false;
+    if (no_shard() && !mixed()) return;
+    if (gather_work_) {
+      WorkPtr work = std::move(gather_work_);
+      gather_send_ = tensor::Tensor();
+      Check(work->Wait(), "all_gather");
     }
+    if (views_set_) return;
     flat_.SetValueViews(full_);
+    views_set_ = true;
     if (gather_dtype_ != param_dtype_) {
       // fp32 gather: cast the parameters not kept fp32 (as nn::MixedPrecision).
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
@@ -113,25 +170,57 @@ class FsdpUnit : public nn::ModuleHooks {
     }
   }
 
-  void Reshard() {
-    if (no_shard() && !mixed()) return;
-    flat_.ClearValues();
-    full_ = tensor::Tensor();
+  void Unshard() {
+    IssueUnshard(false);
+    WaitUnshard();
   }
 
+  void Reshard() {
+    if (no_shard() && !mixed()) return;
+    if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
+    gather_work_ = nullptr;
+    gather_send_ = tensor::Tensor();
+    flat_.ClearValues();
+    full_ = tensor::Tensor();
+    views_set_ = false;
+    prefetched_ = false;
+  }
+
+  // ---- Hooks ----
+
   void PreForward(nn::Module&) override {
-    // Always gather: the shard may have changed since the last gather (an
-    // optimizer step, a loaded checkpoint).
-    Unshard();
+    if (nn::IsRecomputing()) {  // activation checkpointing, inside the backward
+      Unshard();
+      return;
+    }
+    if (is_root()) {
+      ++shared_.pass;
+      shared_.forward_now.clear();
+      shared_.backward_now.clear();
+    }
+    shared_.forward_now.push_back(id_);
+    IssueUnshard(false);
+    if (shared_.options.forward_prefetch) {
+      shared_.Prefetch(shared_.forward_order, shared_.forward_now);
+    }
+    WaitUnshard();
   }
 
   void PostForward(nn::Module&) override {
-    if (strategy_ == ShardingStrategy::kFullShard && !is_root_) Reshard();
+    if (is_root()) shared_.forward_order = shared_.forward_now;
+    if (nn::IsRecomputing()) return;  // its backward follows at once
+    if (reshards_after_forward() && !is_root()) Reshard();
   }
 
   void PreBackward(nn::Module&) override {
-    if ((!no_shard() || mixed()) && !full_.defined()) Unshard();
-    {
+    if (is_root()) shared_.backward_now.clear();
+    shared_.backward_now.push_back(id_);
+    IssueUnshard(false);
+    if (shared_.options.backward_prefetch == BackwardPrefetch::kPre) {
+      shared_.Prefetch(shared_.backward_order, shared_.backward_now);
+    }
+    WaitUnshard();
+    if (!full_grad_.defined()) {  // else: accumulated under no_sync
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
       full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32);
     }
@@ -140,62 +229,152 @@ class FsdpUnit : public nn::ModuleHooks {
 
   void PostBackward(nn::Module&) override {
     OP_CHECK(full_grad_.defined(), "fsdp", "unit '", name_, "': post-backward without pre-backward");
-    if (reduce_dtype_ != tensor::Dtype::kF32) {
-      // Reduce in reduce_dtype; the result is added into the fp32 shard.
-      tensor::Tensor low;
-      {
-        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-        low = full_grad_.To(reduce_dtype_);
-      }
-      if (no_shard()) {
-        Check(pg_.AllReduceSync(low, ReduceOp::kAvg), "all_reduce");
-        tensor::AddInPlace(flat_.grad_shard(), low);
-      } else {
-        tensor::Tensor chunk = low.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
-        Check(pg_.ReduceScatterSync(low, chunk, ReduceOp::kAvg), "reduce_scatter");
-        tensor::AddInPlace(flat_.grad_shard(), chunk);
-      }
-    } else if (no_shard()) {
-      Check(pg_.AllReduceSync(full_grad_, ReduceOp::kAvg), "all_reduce");
-      tensor::AddInPlace(flat_.grad_shard(), full_grad_);
-    } else {
-      tensor::Tensor chunk = full_grad_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
-      Check(pg_.ReduceScatterSync(full_grad_, chunk, ReduceOp::kAvg), "reduce_scatter");
-      tensor::AddInPlace(flat_.grad_shard(), chunk);
-    }
     flat_.ClearGrads();
-    full_grad_ = tensor::Tensor();
+    if (shared_.options.backward_prefetch == BackwardPrefetch::kPost) {
+      shared_.Prefetch(shared_.backward_order, shared_.backward_now);
+    }
+    if (shared_.require_sync) {
+      IssueReduce();
+      shared_.pending_reduces.push_back(this);
+      // Keep this unit's reduce in flight while the next unit computes.
+      shared_.FinishReducesBefore(is_root() ? 0 : 1);
+    }
     Reshard();
+    if (is_root()) shared_.backward_order = shared_.backward_now;
   }
 
+  // ---- Gradient reduction ----
+
+  // Issues the reduce-scatter (all-reduce under NO_SHARD) of the unsharded
+  // gradient in reduce_dtype; the buffers live until FinishReduce.
+  void IssueReduce() {
+    if (reduce_dtype_ != tensor::Dtype::kF32) {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+      reduce_buf_ = full_grad_.To(reduce_dtype_);
+      full_grad_ = tensor::Tensor();
+    } else {
+      reduce_buf_ = std::move(full_grad_);
+    }
+    if (no_shard()) {
+      reduce_out_ = reduce_buf_;
+      reduce_work_ = pg_.AllReduce(reduce_buf_, ReduceOp::kAvg);
+    } else {
+      reduce_out_ = reduce_buf_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
+      reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
+    }
+  }
+
+  // Waits for the reduce, averages over the replicas (HYBRID_SHARD) and adds
+  // the result into the fp32 gradient shard.
+  void FinishReduce() {
+    WorkPtr work = std::move(reduce_work_);
+    Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
+    if (replicate_pg_ != nullptr) {
+      Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
+    }
+    tensor::AddInPlace(flat_.grad_shard(), reduce_out_);
+    reduce_out_ = tensor::Tensor();
+    reduce_buf_ = tensor::Tensor();
+  }
+
+  // Drops the unsharded gradient accumulated under no_sync.
+  void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
+
  private:
+  bool reshards_after_forward() const {
+    return strategy_ == ShardingStrategy::kFullShard ||
+           strategy_ == ShardingStrategy::kHybridShard;
+  }
+
   void Check(const absl::Status& s, const char* what) {
     OP_CHECK(s.ok(), "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what, ": ",
              s.ToString());
   }
 
+  int id_;
   std::string name_;
   nn::Module* module_;
-  bool is_root_;
+  FsdpShared& shared_;
   ProcessGroup& pg_;
+  ProcessGroup* replicate_pg_;
   ShardingStrategy strategy_;
   tensor::Dtype param_dtype_;
   tensor::Dtype reduce_dtype_;
   tensor::Dtype gather_dtype_ = tensor::Dtype::kF32;
   std::vector<bool> keep_fp32_;  // per flat entry (mixed precision only)
   FlatParameter flat_;
-  tensor::Tensor full_;       // unsharded flat parameter (undefined while sharded)
-  tensor::Tensor full_grad_;  // unsharded flat gradient (during backward only)
+  // Unsharding: the unsharded flat parameter (padded_numel, gather dtype;
+  // undefined while sharded), the pass it was gathered in, the all-gather in
+  // flight and its low-precision send buffer.
+  tensor::Tensor full_;
+  int64_t gather_pass_ = -1;
+  WorkPtr gather_work_;
+  tensor::Tensor gather_send_;
+  bool views_set_ = false;
+  bool prefetched_ = false;
+  // The unsharded fp32 gradient (padded_numel; from PreBackward to
+  // PostBackward, or across backwards under no_sync), and the reduce in
+  // flight: its buffer (reduce dtype) and where this rank's result lands.
+  tensor::Tensor full_grad_;
+  tensor::Tensor reduce_buf_;
+  tensor::Tensor reduce_out_;
+  WorkPtr reduce_work_;
 };
+
+void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>& now) {
+  if (!recorded(order, now)) return;  // first pass, or the order changed
+  int in_flight = 1;                  // the unit now running
+  for (FsdpUnit* u : units) in_flight += u->prefetched() ? 1 : 0;
+  for (size_t j = now.size(); j < order.size() && in_flight < options.max_inflight_all_gathers;
+       ++j) {
+    FsdpUnit* next = units[order[j]];
+    if (next->gathered_this_pass()) continue;
+    next->IssueUnshard(/*prefetch=*/true);
+    ++in_flight;
+  }
+}
+
+void FsdpShared::FinishReducesBefore(size_t keep) {
+  while (pending_reduces.size() > keep) {
+    FsdpUnit* u = pending_reduces.front();
+    pending_reduces.erase(pending_reduces.begin());
+    u->FinishReduce();
+  }
+}
 
 }  // namespace internal
 
 FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOptions options)
-    : root_(&root), pg_(&pg), options_(std::move(options)), ledger_(&tensor::MemoryLedger::Current()) {
+    : root_(&root),
+      pg_(&pg),
+      options_(std::move(options)),
+      ledger_(&tensor::MemoryLedger::Current()),
+      shared_(std::make_unique<internal::FsdpShared>()) {
   {
     absl::Status s = options_.mixed_precision.Validate(tensor::Device::Cpu());
     OP_CHECK(s.ok(), "FullyShard", "mixed precision: ", s.ToString());
   }
+  OP_CHECK(options_.max_inflight_all_gathers >= 1, "FullyShard", "max_inflight_all_gathers=",
+           options_.max_inflight_all_gathers, " must be >= 1 (1: no prefetch)");
+  ProcessGroup* shard_pg = &pg;
+  ProcessGroup* replicate_pg = nullptr;
+  if (options_.strategy == ShardingStrategy::kHybridShard) {
+    const int g = options_.hybrid_shard_group_size;
+    OP_CHECK(g >= 1 && pg.size() % g == 0, "FullyShard", "HYBRID_SHARD: hybrid_shard_group_size=",
+             g, " must be >= 1 and divide the world size ", pg.size());
+    // Shard groups: consecutive ranks (a node); replicate groups: the ranks
+    // with the same index in their shard group.
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> shard = pg.Split(pg.rank() / g);
+    OP_CHECK(shard.ok(), "FullyShard", "HYBRID_SHARD shard group: ", shard.status().ToString());
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> replicate = pg.Split(pg.rank() % g);
+    OP_CHECK(replicate.ok(), "FullyShard", "HYBRID_SHARD replicate group: ",
+             replicate.status().ToString());
+    shard_pg_ = std::move(*shard);
+    replicate_pg_ = std::move(*replicate);
+    shard_pg = shard_pg_.get();
+    replicate_pg = replicate_pg_->size() > 1 ? replicate_pg_.get() : nullptr;
+  }
+  shared_->options = options_;
   std::set<const nn::Parameter*> kept_fp32;
   if (options_.mixed_precision.IsMixed()) {
     for (auto& [prefix, module] : root.NamedModules()) {
@@ -210,11 +389,12 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
-    auto unit = std::make_unique<internal::FsdpUnit>(std::move(plans[i]), i == 0, pg,
-                                                     options_.strategy,
-                                                     options_.mixed_precision, kept_fp32);
+    auto unit = std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()),
+                                                     std::move(plans[i]), *shared_, *shard_pg,
+                                                     replicate_pg, kept_fp32);
     unit->Init(options_.seed);
     unit->module()->set_hooks(unit.get());
+    shared_->units.push_back(unit.get());
     units_.push_back(std::move(unit));
   }
 }
@@ -230,12 +410,23 @@ int FullyShardedModel::shard_group_rank() const { return units_.front()->flat().
 int FullyShardedModel::shard_group_size() const { return units_.front()->flat().num_shards(); }
 
 int FullyShardedModel::replica_index() const {
-  return options_.strategy == ShardingStrategy::kNoShard ? pg_->rank() : 0;
+  if (options_.strategy == ShardingStrategy::kNoShard) return pg_->rank();
+  if (options_.strategy == ShardingStrategy::kHybridShard) return pg_->rank() / shard_group_size();
+  return 0;
 }
 
 int FullyShardedModel::num_replicas() const {
-  return options_.strategy == ShardingStrategy::kNoShard ? pg_->size() : 1;
+  if (options_.strategy == ShardingStrategy::kNoShard) return pg_->size();
+  if (options_.strategy == ShardingStrategy::kHybridShard) return pg_->size() / shard_group_size();
+  return 1;
 }
+
+FullyShardedModel::NoSyncGuard::NoSyncGuard(FullyShardedModel* m)
+    : m_(m), previous_(m->shared_->require_sync) {
+  m_->shared_->require_sync = false;
+}
+
+FullyShardedModel::NoSyncGuard::~NoSyncGuard() { m_->shared_->require_sync = previous_; }
 
 std::string FullyShardedModel::param_ref_name(int i) const {
   const std::string& name = units_.at(i)->name();
@@ -258,6 +449,7 @@ std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
 
 void FullyShardedModel::ZeroGrad() {
   for (auto& u : units_) {
+    u->DropAccumulatedGrad();
     const tensor::Tensor& g = u->flat().grad_shard();
     std::memset(g.raw_data(), 0, g.nbytes());
   }
@@ -269,19 +461,23 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
   }
   // The collectives have no f64: each rank's double is sent as a (hi, lo) f32
   // pair and the sum is taken in double, in rank order (the same on every rank).
-  auto all_reduce_sum = [this](double local) {
+  auto all_reduce_sum = [](ProcessGroup& pg, double local) {
     const float hi = static_cast<float>(local);
     const float lo = static_cast<float>(local - static_cast<double>(hi));
     tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});
-    tensor::Tensor out = tensor::Tensor::Empty({2 * pg_->size()}, tensor::Dtype::kF32);
-    absl::Status s = pg_->AllGatherSync(in, out);
+    tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32);
+    absl::Status s = pg.AllGatherSync(in, out);
     OP_CHECK(s.ok(), "fsdp", "clip_grad_norm all_gather: ", s.ToString());
     const float* p = out.data<float>();
     double sum = 0;
-    for (int r = 0; r < pg_->size(); ++r) sum += double(p[2 * r]) + double(p[2 * r + 1]);
+    for (int r = 0; r < pg.size(); ++r) sum += double(p[2 * r]) + double(p[2 * r + 1]);
     return sum;
   };
-  return optim::ClipGradNorm(ParamRefs(), max_norm, all_reduce_sum);
+  // HYBRID_SHARD: the shard group holds every element once (replicas agree).
+  ProcessGroup* group = shard_pg_ ? shard_pg_.get() : pg_;
+  return optim::ClipGradNorm(ParamRefs(), max_norm, [&](double local) {
+    return all_reduce_sum(*group, local);
+  });
 }
 
 std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullStateDict() {

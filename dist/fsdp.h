@@ -35,6 +35,36 @@
 // adds the result into the fp32 gradient shard (reduce_dtype f32: as before).
 // FullStateDict always gathers the fp32 shards.
 //
+// Overlap (communication runs on the process group's worker thread while this
+// thread computes). The first forward and backward record the order in which
+// units run; later passes use it:
+//   forward_prefetch   PreForward of a unit issues the all-gather of the next
+//                      unit(s) in forward order before waiting for its own.
+//   backward_prefetch  kPre: PreBackward issues the next unit's all-gather
+//                      (backward order) before this unit's backward computes;
+//                      kPost: PostBackward issues it before this unit's
+//                      reduce-scatter; kNone: each unit gathers when it runs.
+//   max_inflight_all_gathers  at most this many all-gathers issued and not yet
+//                      used by their unit (the waiting unit's own included):
+//                      bounds the unsharded units held at once; 1 = no prefetch.
+//   Reduce-scatters are issued asynchronously by PostBackward; each unit's is
+//   finished (waited, added into the fp32 shard) by the next unit's
+//   PostBackward, and all by the root's, so when the root's backward returns
+//   every gradient shard is final. A unit's prefetched gather is used only in
+//   the same forward/backward pass (a pass starts at the root's PreForward);
+//   otherwise PreForward gathers again (the shard may have changed: an
+//   optimizer step, a loaded checkpoint).
+//
+// no_sync(): while the guard lives, backward accumulates each unit's unsharded
+// fp32 gradient locally (kept between backwards: one full gradient per unit,
+// as PyTorch) and communicates nothing; the next synced backward adds to it
+// and reduce-scatters the sum.
+//
+// HYBRID_SHARD: FULL_SHARD within shard groups of hybrid_shard_group_size
+// consecutive ranks (a node), replicated across groups: gradients are
+// reduce-scattered (avg) in the shard group, then all-reduced (avg) over the
+// replicate group (ranks holding the same shard).
+//
 // Collective failures inside hooks throw tensor::OpError naming the unit.
 // Every rank must call the same FSDP methods in the same order (they issue
 // collectives).
@@ -58,8 +88,11 @@
 
 namespace dist {
 
-enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 const char* ShardingStrategyName(ShardingStrategy s);  // "FULL_SHARD", ...
+
+enum class BackwardPrefetch { kPre, kPost, kNone };
+const char* BackwardPrefetchName(BackwardPrefetch p);  // "BACKWARD_PRE", ...
 
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -68,10 +101,18 @@ struct FsdpOptions {
   uint64_t seed = 0;
   // Compute / communication dtypes (see above). Default: everything fp32.
   precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
+  // Prefetch and overlap (see above); PyTorch's defaults.
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
+  bool forward_prefetch = false;
+  int max_inflight_all_gathers = 2;
+  // HYBRID_SHARD only: ranks per shard group (e.g. ranks per node); must
+  // divide the world size.
+  int hybrid_shard_group_size = 0;
 };
 
 namespace internal {
 class FsdpUnit;
+struct FsdpShared;
 }
 
 class FullyShardedModel {
@@ -83,8 +124,23 @@ class FullyShardedModel {
   // One ref per unit: this rank's fp32 shard, its sharded fp32 gradient and
   // its weight-decay ranges, named "fsdp.<unit>" ("fsdp.root" for the root).
   std::vector<optim::ParamRef> ParamRefs();
-  // Zeroes the sharded gradients (in place).
+  // Zeroes the sharded gradients (in place) and drops gradients accumulated
+  // under no_sync.
   void ZeroGrad();
+
+  // While the guard lives, backward communicates nothing (see above).
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedModel* m);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    FullyShardedModel* m_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
   // Clips the global 2-norm of the gradients over all shards (sum of squares
   // summed across ranks; collective except under NO_SHARD) and returns the
   // norm before clipping.
@@ -126,11 +182,15 @@ class FullyShardedModel {
   ProcessGroup* pg_;
   FsdpOptions options_;
   tensor::MemoryLedger* ledger_;
+  std::unique_ptr<ProcessGroup> shard_pg_;      // HYBRID_SHARD only
+  std::unique_ptr<ProcessGroup> replicate_pg_;  // HYBRID_SHARD only
+  std::unique_ptr<internal::FsdpShared> shared_;
   std::vector<std::unique_ptr<internal::FsdpUnit>> units_;
 };
 
 // Shards `root` over `pg` (CPU tensors; the threads engine or any other).
-// Throws tensor::OpError when a unit module already has hooks.
+// Throws tensor::OpError when a unit module already has hooks or an option is
+// invalid (the message names it).
 std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
                                               FsdpOptions options = {});
 

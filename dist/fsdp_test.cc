@@ -14,6 +14,7 @@
 #include <random>
 #include <tuple>
 
+#include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
@@ -29,124 +30,7 @@ namespace {
 
 using tensor::Tensor;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
-constexpr uint64_t kSeed = 1234;
-constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4
-constexpr int kSteps = 5;
-constexpr double kClip = 0.5;  // below the gradient norms seen: clipping is active
-
-mingpt::GptConfig Tiny() {
-  mingpt::GptConfig c;
-  c.name = "tiny";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 11;
-  c.block_size = 6;
-  c.dropout = 0.0f;
-  return c;
-}
-
-Tensor RandomIds(int64_t B, int64_t T, int64_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> v(B * T);
-  for (auto& x : v) x = static_cast<int64_t>(rng() % V);
-  return Tensor::FromData<int64_t>(v, {B, T});
-}
-
-optim::SgdOptions Sgd() {
-  optim::SgdOptions o;
-  o.lr = 0.1;
-  o.momentum = 0.9;
-  o.weight_decay = 0.1;
-  return o;
-}
-
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<double> norms;
-  NamedTensors params;
-};
-
-// One process training the global batch.
-// With a mixed policy: nn::MixedPrecision (bf16 compute copies of fp32 masters).
-RunResult SingleProcess(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt,
-                        const precision::MixedPrecisionPolicy& mp =
-                            precision::MixedPrecisionPolicy::Fp32()) {
-  mingpt::GPT gpt(c);
-  gpt.Materialize(kSeed);
-  auto opt = optim::SGD::Create(Sgd()).value();
-  std::unique_ptr<nn::MixedPrecision> mixed;
-  if (mp.IsMixed()) mixed = std::make_unique<nn::MixedPrecision>(gpt, mp);
-  RunResult r;
-  for (int s = 0; s < kSteps; ++s) {
-    gpt.ZeroGrad();
-    if (mixed) mixed->CastForCompute();
-    r.losses.push_back(gpt.ForwardBackward(idx, tgt));
-    if (mixed) mixed->RestoreMasters();
-    auto refs = optim::FromModule(gpt);
-    r.norms.push_back(optim::ClipGradNorm(refs, kClip));
-    opt->Step(refs);
-  }
-  for (auto& [name, p] : gpt.NamedParameters()) r.params.emplace_back(name, p->value.Clone());
-  return r;
-}
-
-// Mean of a double over the ranks (sent as hi/lo f32 pairs, summed in double).
-double MeanOverRanks(ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - hi);
-  Tensor in = Tensor::FromVector({hi, lo}, {2});
-  Tensor out = Tensor::Empty({2 * pg.size()});
-  EXPECT_TRUE(pg.AllGatherSync(in, out).ok());
-  double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) sum += double(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
-  return sum / pg.size();
-}
-
-RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt, int world,
-                  ShardingStrategy strategy, const WrapPolicy& policy,
-                  const precision::MixedPrecisionPolicy& mp =
-                      precision::MixedPrecisionPolicy::Fp32()) {
-  RunResult result;
-  std::mutex mu;
-  const int64_t B = kGlobalBatch / world;
-  ThreadWorld thread_world(world);
-  absl::Status s = RunRanks(thread_world, [&](int rank, ProcessGroup& pg) {
-    mingpt::GPT gpt(c);
-    FsdpOptions options;
-    options.strategy = strategy;
-    options.policy = policy;
-    options.seed = kSeed;
-    options.mixed_precision = mp;
-    auto fsdp = FullyShard(gpt, pg, options);
-    auto opt = optim::SGD::Create(Sgd()).value();
-    const Tensor my_idx = idx.Narrow(0, rank * B, B).Contiguous();
-    const Tensor my_tgt = tgt.Narrow(0, rank * B, B).Contiguous();
-    RunResult mine;
-    for (int step = 0; step < kSteps; ++step) {
-      fsdp->ZeroGrad();
-      const double loss = gpt.ForwardBackward(my_idx, my_tgt);
-      mine.losses.push_back(MeanOverRanks(pg, loss));
-      mine.norms.push_back(fsdp->ClipGradNorm(kClip));
-      opt->Step(fsdp->ParamRefs());
-    }
-    mine.params = fsdp->FullStateDict();
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      result = std::move(mine);
-    } else {
-      EXPECT_TRUE(mine.params.empty());
-    }
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  // Copies charged to the process ledger, so rank 0's ledger is empty when the
-  // world goes away.
-  for (auto& [name, t] : result.params) t = t.Clone();
-  return result;
-}
-
-// ---- Wrap policies ----
+using namespace dist::testing;  // NOLINT: the shared fixtures
 
 std::vector<std::string> UnitNames(const std::vector<UnitPlan>& plans) {
   std::vector<std::string> names;
@@ -291,20 +175,6 @@ using ParityParam = std::tuple<ShardingStrategy, int, bool>;  // strategy, world
 
 class FsdpParityTest : public ::testing::TestWithParam<ParityParam> {};
 
-void ExpectSameTraining(const RunResult& got, const RunResult& want) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 + 1e-5 * std::abs(want.losses[i])) << "step " << i;
-    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-5 + 1e-5 * std::abs(want.norms[i])) << "step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < want.params.size(); ++i) {
-    EXPECT_EQ(got.params[i].first, want.params[i].first);
-    EXPECT_TRUE(tensor::testing::AllClose(got.params[i].second, want.params[i].second, 1e-5, 1e-5))
-        << want.params[i].first;
-  }
-}
-
 TEST_P(FsdpParityTest, FiveStepsMatchOneProcessOnTheGlobalBatch) {
   const auto [strategy, world, auto_wrap] = GetParam();
   const mingpt::GptConfig c = Tiny();
@@ -350,21 +220,6 @@ TEST(FsdpParityTest, NestedSizeBasedUnitsMatchToo) {
 // master parameters within 2.4e-4 / 6.6e-4 absolute. Asserted with ~15x
 // margin: losses 2e-3 relative, clip norms 2e-2 relative, parameters
 // 2e-3 absolute + 2e-2 relative.
-void ExpectCloseTraining(const RunResult& got, const RunResult& want) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 2e-3 * std::abs(want.losses[i])) << "step " << i;
-    EXPECT_NEAR(got.norms[i], want.norms[i], 2e-2 * std::abs(want.norms[i])) << "step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < want.params.size(); ++i) {
-    EXPECT_EQ(got.params[i].first, want.params[i].first);
-    EXPECT_EQ(got.params[i].second.dtype(), tensor::Dtype::kF32);
-    EXPECT_TRUE(tensor::testing::AllClose(got.params[i].second, want.params[i].second, 2e-2, 2e-3))
-        << want.params[i].first;
-  }
-}
-
 class FsdpMixedPrecisionTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(FsdpMixedPrecisionTest, Bf16FullShardMatchesOneProcessMixedPrecision) {

@@ -1,0 +1,208 @@
+#include "dist/fsdp_testing.h"
+
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <random>
+
+#include "dist/thread_group.h"
+#include "gtest/gtest.h"
+#include "models/mingpt/model.h"
+#include "nn/mixed_precision.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+#include "tensor/testing.h"
+
+namespace dist {
+namespace testing {
+
+using tensor::Tensor;
+
+mingpt::GptConfig Tiny() {
+  mingpt::GptConfig c;
+  c.name = "tiny";
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.vocab_size = 11;
+  c.block_size = 6;
+  c.dropout = 0.0f;
+  return c;
+}
+
+Tensor RandomIds(int64_t B, int64_t T, int64_t V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> v(B * T);
+  for (auto& x : v) x = static_cast<int64_t>(rng() % V);
+  return Tensor::FromData<int64_t>(v, {B, T});
+}
+
+optim::SgdOptions Sgd() {
+  optim::SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+namespace {
+
+// Rows [r R + j b, r R + (j + 1) b) of every rank r (R = rows per rank): the
+// global rows of micro-batch j.
+Tensor MicroBatchRows(const Tensor& t, int world, int micro_batches, int j) {
+  const int64_t per_rank = t.dim(0) / world;
+  const int64_t b = per_rank / micro_batches;
+  const int64_t T = t.dim(1);
+  std::vector<int64_t> all = t.Contiguous().ToVector<int64_t>();
+  std::vector<int64_t> rows;
+  for (int r = 0; r < world; ++r) {
+    const int64_t first = r * per_rank + j * b;
+    rows.insert(rows.end(), all.begin() + first * T, all.begin() + (first + b) * T);
+  }
+  return Tensor::FromData<int64_t>(rows, {world * b, T});
+}
+
+}  // namespace
+
+RunResult SingleProcess(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt,
+                        const precision::MixedPrecisionPolicy& mp, int micro_batches, int world) {
+  mingpt::GPT gpt(c);
+  gpt.Materialize(kSeed);
+  auto opt = optim::SGD::Create(Sgd()).value();
+  std::unique_ptr<nn::MixedPrecision> mixed;
+  if (mp.IsMixed()) mixed = std::make_unique<nn::MixedPrecision>(gpt, mp);
+  RunResult r;
+  for (int s = 0; s < kSteps; ++s) {
+    gpt.ZeroGrad();
+    if (mixed) mixed->CastForCompute();
+    double loss = 0;
+    for (int j = 0; j < micro_batches; ++j) {
+      if (micro_batches == 1) {
+        loss += gpt.ForwardBackward(idx, tgt);
+      } else {
+        loss += gpt.ForwardBackward(MicroBatchRows(idx, world, micro_batches, j),
+                                    MicroBatchRows(tgt, world, micro_batches, j));
+      }
+    }
+    r.losses.push_back(loss / micro_batches);
+    if (mixed) mixed->RestoreMasters();
+    auto refs = optim::FromModule(gpt);
+    r.norms.push_back(optim::ClipGradNorm(refs, kClip));
+    opt->Step(refs);
+  }
+  for (auto& [name, p] : gpt.NamedParameters()) r.params.emplace_back(name, p->value.Clone());
+  return r;
+}
+
+double MeanOverRanks(ProcessGroup& pg, double x) {
+  const float hi = static_cast<float>(x);
+  const float lo = static_cast<float>(x - hi);
+  Tensor in = Tensor::FromVector({hi, lo}, {2});
+  Tensor out = Tensor::Empty({2 * pg.size()});
+  EXPECT_TRUE(pg.AllGatherSync(in, out).ok());
+  double sum = 0;
+  for (int r = 0; r < pg.size(); ++r) {
+    sum += double(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
+  }
+  return sum / pg.size();
+}
+
+RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt, int world,
+                  FsdpOptions options, int micro_batches) {
+  RunResult result;
+  std::mutex mu;
+  const int64_t B = idx.dim(0) / world;
+  const int64_t b = B / micro_batches;
+  options.seed = kSeed;
+  ThreadWorld thread_world(world);
+  absl::Status s = RunRanks(thread_world, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    auto fsdp = FullyShard(gpt, pg, options);
+    auto opt = optim::SGD::Create(Sgd()).value();
+    RunResult mine;
+    for (int step = 0; step < kSteps; ++step) {
+      fsdp->ZeroGrad();
+      double loss = 0;
+      for (int j = 0; j < micro_batches; ++j) {
+        const Tensor my_idx = idx.Narrow(0, rank * B + j * b, b).Contiguous();
+        const Tensor my_tgt = tgt.Narrow(0, rank * B + j * b, b).Contiguous();
+        if (j + 1 < micro_batches) {
+          auto no_sync = fsdp->no_sync();
+          loss += gpt.ForwardBackward(my_idx, my_tgt);
+        } else {
+          loss += gpt.ForwardBackward(my_idx, my_tgt);
+        }
+      }
+      mine.losses.push_back(MeanOverRanks(pg, loss / micro_batches));
+      mine.norms.push_back(fsdp->ClipGradNorm(kClip));
+      opt->Step(fsdp->ParamRefs());
+    }
+    mine.params = fsdp->FullStateDict();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(mine);
+    } else {
+      EXPECT_TRUE(mine.params.empty());
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  // Copies charged to the process ledger, so rank 0's ledger is empty when the
+  // world goes away.
+  for (auto& [name, t] : result.params) t = t.Clone();
+  return result;
+}
+
+RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt, int world,
+                  ShardingStrategy strategy, const WrapPolicy& policy,
+                  const precision::MixedPrecisionPolicy& mp) {
+  FsdpOptions options;
+  options.strategy = strategy;
+  options.policy = policy;
+  options.mixed_precision = mp;
+  return Sharded(c, idx, tgt, world, options);
+}
+
+void ExpectSameTraining(const RunResult& got, const RunResult& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 + 1e-5 * std::abs(want.losses[i]))
+        << "step " << i;
+    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-5 + 1e-5 * std::abs(want.norms[i]))
+        << "step " << i;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].first, want.params[i].first);
+    EXPECT_TRUE(tensor::testing::AllClose(got.params[i].second, want.params[i].second, 1e-5, 1e-5))
+        << want.params[i].first;
+  }
+}
+
+void ExpectBitwiseEqual(const RunResult& got, const RunResult& want) {
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].first, want.params[i].first);
+    EXPECT_EQ(got.params[i].second.ToVector<float>(), want.params[i].second.ToVector<float>())
+        << want.params[i].first;
+  }
+}
+
+void ExpectCloseTraining(const RunResult& got, const RunResult& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 2e-3 * std::abs(want.losses[i])) << "step " << i;
+    EXPECT_NEAR(got.norms[i], want.norms[i], 2e-2 * std::abs(want.norms[i])) << "step " << i;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].first, want.params[i].first);
+    EXPECT_EQ(got.params[i].second.dtype(), tensor::Dtype::kF32);
+    EXPECT_TRUE(tensor::testing::AllClose(got.params[i].second, want.params[i].second, 2e-2, 2e-3))
+        << want.params[i].first;
+  }
+}
+
+}  // namespace testing
+}  // namespace dist
