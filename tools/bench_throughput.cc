@@ -1,22 +1,22 @@
 // Step time of DDP vs FSDP FULL_SHARD (transformer auto-wrap, one unit per
-// "Block") at one world size of the `threads` engine, fp32 + AdamW, random
-// tokens, measured side by side in one process:
+// "Block") without and with prefetch, at one world size of the `threads`
+// engine, fp32 + AdamW, random tokens, measured side by side in one process:
 //
 //   ./bazelw run //tools:bench_throughput -- --presets=gpt-mini --world_size=2
 //
-// The two strategies are interleaved step by step: in each of --reps runs (a
-// fresh world) every rank builds a DDP-wrapped GPT and an FSDP-sharded GPT
-// (each with its own AdamW) and steps them alternately, ABBA ABBA..., on the
-// same batch, --warmup untimed + --steps timed steps each, so slow drifts in
-// machine load hit both alike. A step = forward + backward (incl. the
+// The three are interleaved step by step: in each of --reps runs (a fresh
+// world) every rank builds a DDP-wrapped GPT and two FSDP-sharded GPTs (each
+// with its own AdamW) and steps them in turn, ABC CBA ABC ..., on the same
+// batch, --warmup untimed + --steps timed steps each, so slow drifts in
+// machine load hit all alike. "FULL_SHARD+wrap" issues each unit's all-gather
+// when the unit runs (backward_prefetch NONE, one all-gather in flight);
+// "+prefetch" uses --backward_prefetch and --forward_prefetch with
+// --max_inflight_all_gathers (reduce-scatters overlap the next unit's
+// backward in both). A step = forward + backward (incl. the
 // gradient collectives) + AdamW step + zero-grad, timed on every rank; the
 // step's time is the max over ranks. Reported: median ms/step over all timed
 // steps of a strategy, tokens/s (global: world * batch * seq_len / step time),
 // the FSDP/DDP ratio of the medians and the median of the per-step-pair ratios.
-//
-// Note: FSDP here issues its all-gathers / reduce-scatters synchronously (no
-// prefetch, no overlap), while DDP overlaps its bucketed all-reduces with
-// backward.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -55,6 +55,9 @@ ABSL_FLAG(int64_t, warmup, 2, "untimed steps per run");
 ABSL_FLAG(int64_t, steps, 6, "timed steps per run");
 ABSL_FLAG(int, reps, 2, "independent runs (fresh world, models, optimizers)");
 ABSL_FLAG(double, target_ratio, 1.15, "target FSDP/DDP step-time ratio (reported only)");
+ABSL_FLAG(std::string, backward_prefetch, "pre", "the prefetching FSDP's: pre, post or none");
+ABSL_FLAG(bool, forward_prefetch, true, "the prefetching FSDP's forward prefetch");
+ABSL_FLAG(int, max_inflight_all_gathers, 2, "the prefetching FSDP's limit");
 ABSL_FLAG(std::string, json_out, "", "write the results as JSON to this file");
 
 namespace {
@@ -76,19 +79,34 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One world, both strategies side by side on every rank: a DDP-wrapped GPT and
-// an FSDP-sharded GPT (separate modules, separate optimizers, the same batch),
-// stepped alternately ABBA ABBA ... so that any drift in machine load hits both.
-absl::Status RunPair(const mingpt::GptConfig& config, int world, Result res[2],
-                     std::vector<double>& pair_ratios) {
+constexpr int kNumVariants = 3;  // DDP, FSDP without prefetch, FSDP with prefetch
+
+absl::StatusOr<dist::BackwardPrefetch> ParsePrefetch(const std::string& name) {
+  if (name == "pre") return dist::BackwardPrefetch::kPre;
+  if (name == "post") return dist::BackwardPrefetch::kPost;
+  if (name == "none") return dist::BackwardPrefetch::kNone;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backward_prefetch='", name, "' is not one of pre, post, none"));
+}
+
+// One world, the three side by side on every rank: a DDP-wrapped GPT and two
+// FSDP-sharded GPTs (separate modules, separate optimizers, the same batch),
+// stepped in turn ABC CBA ... so that any drift in machine load hits all.
+// pair_ratios[k]: per timed step, variant k's time over DDP's.
+absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumVariants],
+                    std::vector<double> pair_ratios[kNumVariants]) {
   const int64_t B = absl::GetFlag(FLAGS_batch_size), T = absl::GetFlag(FLAGS_seq_len);
   const int64_t warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
+  absl::StatusOr<dist::BackwardPrefetch> prefetch =
+      ParsePrefetch(absl::GetFlag(FLAGS_backward_prefetch));
+  if (!prefetch.ok()) return prefetch.status();
   auto source = data::RandomTokenSource::Create(7, config.vocab_size);
   if (!source.ok()) return source.status();
   std::shared_ptr<const data::TokenSource> src(std::move(*source));
   std::mutex mu;
-  // times[rank][k]: timed steps of strategy k (0 DDP, 1 FSDP) on that rank.
-  std::vector<std::vector<std::vector<double>>> times(world, std::vector<std::vector<double>>(2));
+  // times[rank][k]: timed steps of variant k on that rank.
+  std::vector<std::vector<std::vector<double>>> times(
+      world, std::vector<std::vector<double>>(kNumVariants));
   int units = 0;
   dist::ThreadWorld tw(world);
   absl::Status s = dist::RunRanks(tw, [&](int rank, dist::ProcessGroup& pg) -> absl::Status {
@@ -96,50 +114,57 @@ absl::Status RunPair(const mingpt::GptConfig& config, int world, Result res[2],
     if (!loader.ok()) return loader.status();
     optim::AdamWOptions ao;
     ao.lr = 1e-4;
-    std::unique_ptr<optim::Optimizer> opt[2];
+    std::unique_ptr<optim::Optimizer> opt[kNumVariants];
     for (auto& o : opt) {
       auto adamw = optim::AdamW::Create(ao);
       if (!adamw.ok()) return adamw.status();
       o = std::move(*adamw);
     }
-    mingpt::GPT model_ddp(config), model_fsdp(config);
+    mingpt::GPT model_ddp(config), model_fsdp(config), model_prefetch(config);
     model_ddp.Materialize(1);
     dist::DistributedDataParallel ddp(model_ddp, pg);
     dist::FsdpOptions o;
     o.strategy = dist::ShardingStrategy::kFullShard;
     o.policy = dist::WrapPolicy::Transformer({"Block"});
     o.seed = 1;
+    o.backward_prefetch = dist::BackwardPrefetch::kNone;
+    o.max_inflight_all_gathers = 1;
     std::unique_ptr<dist::FullyShardedModel> fsdp = dist::FullyShard(model_fsdp, pg, o);
-    std::vector<double> mine[2];
+    o.backward_prefetch = *prefetch;
+    o.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
+    o.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+    std::unique_ptr<dist::FullyShardedModel> prefetching =
+        dist::FullyShard(model_prefetch, pg, o);
+    dist::FullyShardedModel* sharded[kNumVariants] = {nullptr, fsdp.get(), prefetching.get()};
+    mingpt::GPT* models[kNumVariants] = {&model_ddp, &model_fsdp, &model_prefetch};
+    std::vector<double> mine[kNumVariants];
     for (int64_t step = 0; step < warmup + steps; ++step) {
       data::LmBatch batch = loader->Next();
-      for (int j = 0; j < 2; ++j) {
-        const int k = (step % 2 == 0) ? j : 1 - j;  // ABBA
+      for (int j = 0; j < kNumVariants; ++j) {
+        const int k = (step % 2 == 0) ? j : kNumVariants - 1 - j;  // ABC CBA
         const auto t0 = Clock::now();
+        models[k]->ForwardBackward(batch.inputs, batch.targets);
         if (k == 0) {
-          model_ddp.ForwardBackward(batch.inputs, batch.targets);
           absl::Status st = ddp.FinishBackward();
           if (!st.ok()) return st;
           opt[0]->Step(optim::FromModule(model_ddp));
           ddp.ZeroGrad();
         } else {
-          model_fsdp.ForwardBackward(batch.inputs, batch.targets);
-          opt[1]->Step(fsdp->ParamRefs());
-          fsdp->ZeroGrad();
+          opt[k]->Step(sharded[k]->ParamRefs());
+          sharded[k]->ZeroGrad();
         }
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         if (step >= warmup) mine[k].push_back(ms);
       }
     }
     std::lock_guard<std::mutex> lock(mu);
-    times[rank][0] = std::move(mine[0]);
-    times[rank][1] = std::move(mine[1]);
+    for (int k = 0; k < kNumVariants; ++k) times[rank][k] = std::move(mine[k]);
     if (rank == 0) units = fsdp->num_units();
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  std::vector<double> run[2];
-  for (int k = 0; k < 2; ++k) {
+  std::vector<double> run[kNumVariants];
+  for (int k = 0; k < kNumVariants; ++k) {
     for (int64_t i = 0; i < steps; ++i) {
       double m = 0;
       for (int r = 0; r < world; ++r) m = std::max(m, times[r][k][i]);
@@ -148,12 +173,18 @@ absl::Status RunPair(const mingpt::GptConfig& config, int world, Result res[2],
     res[k].run_median_ms.push_back(Median(run[k]));
     res[k].step_ms.insert(res[k].step_ms.end(), run[k].begin(), run[k].end());
   }
-  for (int64_t i = 0; i < steps; ++i) pair_ratios.push_back(run[1][i] / run[0][i]);
-  res[1].units = units;
+  for (int k = 1; k < kNumVariants; ++k) {
+    for (int64_t i = 0; i < steps; ++i) pair_ratios[k].push_back(run[k][i] / run[0][i]);
+    res[k].units = units;
+  }
   return absl::OkStatus();
 }
 
-std::string Label(const std::string& s) { return s == "ddp" ? "DDP" : "FULL_SHARD+wrap"; }
+std::string Label(const std::string& s) {
+  if (s == "ddp") return "DDP";
+  if (s == "full_shard_wrap") return "FULL_SHARD+wrap";
+  return "FULL_SHARD+wrap+prefetch";
+}
 
 std::string JsonList(const std::vector<double>& v) {
   std::vector<std::string> items;
@@ -179,7 +210,7 @@ int Main() {
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), reps,
       static_cast<long long>(absl::GetFlag(FLAGS_warmup)),
       static_cast<long long>(absl::GetFlag(FLAGS_steps)));
-  std::printf("%-10s %-15s %5s | %10s %10s %10s | %-20s\n", "preset", "strategy", "units",
+  std::printf("%-10s %-25s %5s | %10s %10s %10s | %-20s\n", "preset", "strategy", "units",
               "median ms", "min ms", "tokens/s", "median ms per run");
   std::vector<std::string> json_rows;
   bool all_within = true;
@@ -197,15 +228,15 @@ int Main() {
                    preset.c_str());
       return 2;
     }
-    Result res[2];
-    const std::string strategies[2] = {"ddp", "full_shard_wrap"};
-    std::vector<double> pair_ratios;
-    for (int r = 0; r < 2; ++r) {
-      res[r].preset = preset;
-      res[r].strategy = strategies[r];
+    Result res[kNumVariants];
+    const std::string variants[kNumVariants] = {"ddp", "full_shard_wrap", "full_shard_wrap_prefetch"};
+    std::vector<double> pair_ratios[kNumVariants];
+    for (int k = 0; k < kNumVariants; ++k) {
+      res[k].preset = preset;
+      res[k].strategy = variants[k];
     }
     for (int r = 0; r < reps; ++r) {
-      absl::Status s = RunPair(*config, world, res, pair_ratios);
+      absl::Status s = RunSet(*config, world, res, pair_ratios);
       if (!s.ok()) {
         std::fprintf(stderr, "bench_throughput: error: %s: %s\n", preset.c_str(),
                      std::string(s.message()).c_str());
@@ -217,32 +248,36 @@ int Main() {
       r.tokens_per_s = tokens_per_step / (r.median_ms / 1000.0);
       std::vector<std::string> per_run;
       for (double m : r.run_median_ms) per_run.push_back(absl::StrFormat("%.1f", m));
-      std::printf("%-10s %-15s %5s | %10.1f %10.1f %10.0f | %s\n", preset.c_str(),
+      std::printf("%-10s %-25s %5s | %10.1f %10.1f %10.0f | %s\n", preset.c_str(),
                   Label(r.strategy).c_str(), r.units ? absl::StrCat(r.units).c_str() : "-",
                   r.median_ms, *std::min_element(r.step_ms.begin(), r.step_ms.end()),
                   r.tokens_per_s, absl::StrJoin(per_run, " ").c_str());
     }
-    const double ratio = res[1].median_ms / res[0].median_ms;
-    const double paired = Median(pair_ratios);
-    const bool within = ratio <= target;
+    double ratio[kNumVariants] = {1, 0, 0}, paired[kNumVariants] = {1, 0, 0};
+    for (int k = 1; k < kNumVariants; ++k) {
+      ratio[k] = res[k].median_ms / res[0].median_ms;
+      paired[k] = Median(pair_ratios[k]);
+      std::printf("%-10s %s / DDP step time: %.3f of medians, %.3f median of paired steps\n",
+                  preset.c_str(), Label(res[k].strategy).c_str(), ratio[k], paired[k]);
+    }
+    const bool within = ratio[2] <= target;
     all_within = all_within && within;
-    std::printf(
-        "%-10s FSDP/DDP step-time ratio: %.3f of medians, %.3f median of paired steps "
-        "(target <= %.2f: %s)\n",
-        preset.c_str(), ratio, paired, target, within ? "yes" : "NO");
+    std::printf("%-10s FULL_SHARD with prefetch within %.2fx of DDP: %s\n", preset.c_str(),
+                target, within ? "yes" : "NO");
     std::fflush(stdout);
-    for (const Result& r : res) {
+    for (int k = 0; k < kNumVariants; ++k) {
+      const Result& r = res[k];
       json_rows.push_back(absl::StrCat(
           "{\"preset\":\"", preset, "\",\"strategy\":\"", Label(r.strategy), "\",\"units\":",
           r.units, ",\"median_ms\":", r.median_ms, ",\"tokens_per_s\":", r.tokens_per_s,
           ",\"run_median_ms\":", JsonList(r.run_median_ms), ",\"step_ms\":", JsonList(r.step_ms),
-          ",\"fsdp_over_ddp\":", ratio,
-          ",\"fsdp_over_ddp_paired_median\":", paired, "}"));
+          ",\"over_ddp\":", ratio[k], ",\"over_ddp_paired_median\":", paired[k], "}"));
     }
   }
   std::printf(
-      "FSDP issues its collectives synchronously (no prefetch/overlap); DDP overlaps bucketed\n"
-      "all-reduce with backward. Step time = max over ranks of fwd+bwd+collectives+AdamW+zero.\n");
+      "Step time = max over ranks of fwd+bwd+collectives+AdamW+zero. DDP overlaps bucketed\n"
+      "all-reduce with backward; FSDP overlaps each unit's reduce-scatter with the next unit's\n"
+      "backward, and with prefetch its all-gathers with the previous unit's compute.\n");
   const std::string json_out = absl::GetFlag(FLAGS_json_out);
   if (!json_out.empty()) {
     std::ofstream out(json_out);
