@@ -153,6 +153,26 @@ TEST(FsdpPrefetchTest, ZeroLimitIsAClearError) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Activation checkpointing recomputes each block's forward inside its
+// backward: the recompute's PreForward/PostForward must neither reshard the
+// unit its backward needs nor disturb the recorded order.
+TEST(FsdpPrefetchTest, ActivationCheckpointingTrainsTheSame) {
+  const mingpt::GptConfig c = Tiny();
+  const Batch b = GlobalBatch(c);
+  const RunResult want = SingleProcess(c, b.idx, b.tgt);
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                    ShardingStrategy::kNoShard}) {
+    FsdpOptions options;
+    options.strategy = strategy;
+    options.policy = WrapPolicy::Transformer({"Block"});
+    options.forward_prefetch = true;
+    const RunResult plain = Sharded(c, b.idx, b.tgt, 2, options);
+    const RunResult checkpointed = Sharded(c, b.idx, b.tgt, 2, options, 1, true);
+    ExpectBitwiseEqual(checkpointed, plain);
+    ExpectSameTraining(checkpointed, want);
+  }
+}
+
 // ---- no_sync: gradient accumulation ----
 
 class FsdpNoSyncTest : public ::testing::TestWithParam<ShardingStrategy> {};

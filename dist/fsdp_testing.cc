@@ -108,7 +108,7 @@ double MeanOverRanks(ProcessGroup& pg, double x) {
 }
 
 RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt, int world,
-                  FsdpOptions options, int micro_batches) {
+                  FsdpOptions options, int micro_batches, bool checkpoint_blocks) {
   RunResult result;
   std::mutex mu;
   const int64_t B = idx.dim(0) / world;
@@ -117,6 +117,11 @@ RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& t
   ThreadWorld thread_world(world);
   absl::Status s = RunRanks(thread_world, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
+    if (checkpoint_blocks) {
+      for (size_t l = 0; l < gpt.transformer()->blocks()->size(); ++l) {
+        gpt.transformer()->blocks()->set_checkpointed(l, true);
+      }
+    }
     auto fsdp = FullyShard(gpt, pg, options);
     auto opt = optim::SGD::Create(Sgd()).value();
     RunResult mine;

@@ -55,9 +55,10 @@ double MeanOverRanks(ProcessGroup& pg, double x);
 // The same training with FullyShard(options) (options.seed is set to kSeed)
 // over `world` threads-engine ranks, each on its B / world rows; with
 // micro_batches > 1 the first m - 1 backwards of a step run under no_sync.
+// `checkpoint_blocks`: activation checkpointing of every Block.
 RunResult Sharded(const mingpt::GptConfig& c, const tensor::Tensor& idx,
                   const tensor::Tensor& tgt, int world, FsdpOptions options,
-                  int micro_batches = 1);
+                  int micro_batches = 1, bool checkpoint_blocks = false);
 // Shorthand: strategy, policy and mixed precision, the rest default.
 RunResult Sharded(const mingpt::GptConfig& c, const tensor::Tensor& idx,
                   const tensor::Tensor& tgt, int world, ShardingStrategy strategy,
