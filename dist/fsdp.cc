@@ -7,6 +7,7 @@
 
 #include "nn/checkpoint.h"
 #include "optim/clip_grad.h"
+#include "precision/loss_scaler.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
 
@@ -478,6 +479,21 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
   return optim::ClipGradNorm(ParamRefs(), max_norm, [&](double local) {
     return all_reduce_sum(*group, local);
   });
+}
+
+bool FullyShardedModel::UnscaleGradsAndCheck(double inv_scale) {
+  bool found = false;
+  for (auto& u : units_) {
+    tensor::Tensor g = u->flat().grad_shard();
+    found |= precision::ScaleAndCheckNonFinite(g, static_cast<float>(inv_scale));
+  }
+  // Under every strategy some rank may hold an inf the others do not (a shard
+  // of it, or its own gradient before an all-reduce that already spread it):
+  // agree on the OR of the flags.
+  tensor::Tensor flag = tensor::Tensor::FromVector({found ? 1.0f : 0.0f}, {1});
+  absl::Status s = pg_->AllReduceSync(flag, ReduceOp::kMax);
+  OP_CHECK(s.ok(), "fsdp", "unscale_grads all_reduce: ", s.ToString());
+  return flag.data<float>()[0] != 0.0f;
 }
 
 std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullStateDict() {

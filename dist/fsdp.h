@@ -145,6 +145,11 @@ class FullyShardedModel {
   // summed across ranks; collective except under NO_SHARD) and returns the
   // norm before clipping.
   double ClipGradNorm(double max_norm);
+  // Dynamic loss scaling (fp16): multiplies every gradient shard by
+  // `inv_scale` and returns whether any rank found an inf or NaN (collective:
+  // every rank gets the same answer, so all skip the step together; pass it
+  // to precision::DynamicLossScaler::Update).
+  bool UnscaleGradsAndCheck(double inv_scale);
   // Gathers every unit (collective) and returns, on rank 0, fp32 copies of all
   // parameters named relative to the root (Hugging Face names for minGPT), in
   // registration order; other ranks get an empty list.

@@ -4,6 +4,7 @@
 // shows the prefetched units (one more unsharded unit while the next one's
 // all-gather is in flight).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "optim/sgd.h"
 #include "tensor/error.h"
 
 namespace dist {
@@ -203,6 +205,65 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpNoSyncTest,
                          [](const ::testing::TestParamInfo<ShardingStrategy>& info) {
                            return std::string(ShardingStrategyName(info.param));
                          });
+
+// ---- Dynamic loss scaling ----
+
+// Backward from a scaled loss, then UnscaleGradsAndCheck: the same training as
+// without scaling (a power of two: exact in fp32).
+TEST(FsdpLossScalingTest, ScaledLossThenUnscaleTrainsTheSame) {
+  const mingpt::GptConfig c = Tiny();
+  const Batch b = GlobalBatch(c);
+  const RunResult want = SingleProcess(c, b.idx, b.tgt);
+  constexpr double kScale = 1024.0;
+  RunResult got;
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    FsdpOptions options;
+    options.policy = WrapPolicy::Transformer({"Block"});
+    options.seed = kSeed;
+    auto fsdp = FullyShard(gpt, pg, options);
+    auto opt = optim::SGD::Create(Sgd()).value();
+    const int64_t B = kGlobalBatch / 2;
+    RunResult mine;
+    for (int step = 0; step < kSteps; ++step) {
+      fsdp->ZeroGrad();
+      const double loss = gpt.ForwardBackward(b.idx.Narrow(0, rank * B, B).Contiguous(),
+                                              b.tgt.Narrow(0, rank * B, B).Contiguous(), kScale);
+      mine.losses.push_back(MeanOverRanks(pg, loss));
+      EXPECT_FALSE(fsdp->UnscaleGradsAndCheck(1.0 / kScale));
+      mine.norms.push_back(fsdp->ClipGradNorm(kClip));
+      opt->Step(fsdp->ParamRefs());
+    }
+    mine.params = fsdp->FullStateDict();
+    if (rank == 0) got = std::move(mine);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (auto& [name, t] : got.params) t = t.Clone();
+  ExpectSameTraining(got, want);
+}
+
+// An inf in one rank's gradient shard only: every rank is told, so all skip.
+TEST(FsdpLossScalingTest, NonFiniteOnOneRankIsSeenByAll) {
+  const mingpt::GptConfig c = Tiny();
+  const Batch b = GlobalBatch(c);
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    std::vector<int> found(3, -1);
+    absl::Status s = RunRanks(3, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      FsdpOptions options;
+      options.strategy = strategy;
+      options.seed = kSeed;
+      auto fsdp = FullyShard(gpt, pg, options);
+      gpt.ForwardBackward(b.idx.Narrow(0, rank * 4, 4).Contiguous(),
+                          b.tgt.Narrow(0, rank * 4, 4).Contiguous());
+      ASSERT_FALSE(fsdp->UnscaleGradsAndCheck(1.0));
+      if (rank == 1) fsdp->flat_param(0).grad_shard().data<float>()[0] = INFINITY;
+      found[rank] = fsdp->UnscaleGradsAndCheck(1.0) ? 1 : 0;
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(found, (std::vector<int>{1, 1, 1})) << ShardingStrategyName(strategy);
+  }
+}
 
 // ---- HYBRID_SHARD ----
 

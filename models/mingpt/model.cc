@@ -93,12 +93,13 @@ Tensors GPT::Backward(const Tensors& grad_outputs, Context& ctx) {
   return {transformer_->RunBackward(g, ctx.Child(0))};
 }
 
-double GPT::ForwardBackward(const Tensor& idx, const Tensor& targets) {
+double GPT::ForwardBackward(const Tensor& idx, const Tensor& targets, double loss_scale) {
   Context ctx;
   Tensor logits = Run(idx, ctx);  // (B, T, V)
   // The fused op overwrites the logits with dL/dlogits.
   tensor::CrossEntropyResult ce = tensor::CrossEntropyForwardBackwardInPlace(logits, targets);
   const double loss = ce.loss.Item();
+  if (loss_scale != 1.0) tensor::ScaleInPlace(logits, loss_scale);
   RunBackward(logits, ctx);
   return loss;
 }

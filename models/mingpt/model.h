@@ -79,7 +79,9 @@ class GPT : public nn::Module {
   // Forward, loss and backward of one batch: parameter gradients accumulate
   // into their fp32 buffers. idx and targets (B, T) i64; returns the mean
   // cross-entropy. The logits' memory is reused for their gradient (llm.c style).
-  double ForwardBackward(const Tensor& idx, const Tensor& targets);
+  // `loss_scale`: backward starts from loss_scale * dL/dlogits (dynamic loss
+  // scaling for fp16: the gradients come out scaled; the returned loss not).
+  double ForwardBackward(const Tensor& idx, const Tensor& targets, double loss_scale = 1.0);
   // Mean cross-entropy without backward (evaluation).
   double Loss(const Tensor& idx, const Tensor& targets);
 
