@@ -1,0 +1,74 @@
+// FSDP planning without allocation: the units a wrap policy gives, each
+// unit's FlatParameter layout (numel, padding, shard size) at a world size,
+// and the per-rank model-state bytes that follow. Nothing is materialized,
+// so a gpt-175b or gpt-1t plan costs only its nn::Parameter objects (shapes):
+//
+//   mingpt::GPT gpt(*mingpt::Preset("gpt-175b"));   // no weights allocated
+//   dist::ShardingPlan plan = dist::PlanSharding(gpt, WrapPolicy::Transformer({"Block"}), 1024);
+//   dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, {...});
+//
+// The layouts are FlatParameter's own (the same code FullyShard runs), so
+// plan.units[i].shard_numel equals FullyShard(...)->flat_param(i).shard_numel().
+#ifndef DIST_FSDP_PLAN_H_
+#define DIST_FSDP_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/wrap_policy.h"
+#include "nn/module.h"
+
+namespace dist {
+
+struct ShardingPlan {
+  struct Unit {
+    std::string name;  // "" for the root
+    int num_params = 0;
+    int64_t numel = 0;         // parameters' elements
+    int64_t padded_numel = 0;  // a multiple of num_shards
+    int64_t shard_numel = 0;   // padded_numel / num_shards
+  };
+  int num_shards = 1;
+  std::vector<Unit> units;  // FullyShard's order: the root first (units without parameters dropped)
+  int64_t total_numel = 0;       // Psi
+  int64_t shard_numel = 0;       // elements one rank owns (sum over units)
+  int64_t max_padded_numel = 0;  // the largest unit (the root excluded, when others exist)
+};
+
+// `num_shards` >= 1: the shard group size (world size; HYBRID_SHARD: its
+// group size).
+ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards);
+
+struct FsdpEstimateOptions {
+  int param_bytes = 4;       // unsharded compute copies: 4 fp32, 2 bf16/fp16
+  int optimizer_bytes = 8;   // K per element: AdamW 8, SGD with momentum 4
+  int max_inflight_all_gathers = 2;
+  bool reshard_after_forward = true;  // FULL_SHARD (false: SHARD_GRAD_OP)
+};
+
+// Bytes one rank holds (FULL_SHARD / SHARD_GRAD_OP), as the memory ledger
+// counts them: sharded state exactly; the unsharded peaks as an upper
+// estimate from the layout (activations and temporaries are not included).
+struct FsdpRankBytes {
+  int64_t sharded_parameters = 0;  // fp32 shards: 4 * shard_numel
+  int64_t sharded_gradients = 0;   // fp32: 4 * shard_numel
+  int64_t optimizer_state = 0;     // K * shard_numel
+  // FULL_SHARD: the root unit (kept from its forward to its backward) plus
+  // max_inflight_all_gathers of the largest units, in param_bytes;
+  // SHARD_GRAD_OP: every unit.
+  int64_t unsharded_parameters_peak = 0;
+  // fp32 unsharded gradients: the root plus two of the largest units (the one
+  // computing and the one whose reduce-scatter is in flight).
+  int64_t unsharded_gradients_peak = 0;
+  int64_t model_state() const { return sharded_parameters + sharded_gradients + optimizer_state; }
+  int64_t peak() const {
+    return model_state() + unsharded_parameters_peak + unsharded_gradients_peak;
+  }
+};
+
+FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptions& options);
+
+}  // namespace dist
+
+#endif  // DIST_FSDP_PLAN_H_

@@ -1,0 +1,139 @@
+// The FSDP planner: for a minGPT or T5 preset, the units a wrap policy gives
+// and what one rank holds at each world size, from shapes alone (nothing is
+// allocated: gpt-175b and gpt-1t plan in well under a second).
+//
+//   ./bazelw run //tools:fsdp_plan -- --preset=gpt-175b --world_sizes=64,512,1024
+//   ./bazelw run //tools:fsdp_plan -- --preset=t5-11b --auto_wrap=transformer --json
+//
+// Per world size: elements per rank, the sharded model state (fp32 parameter
+// and gradient shards + optimizer state: (4 + 4 + K) Psi / N plus padding),
+// and an upper estimate of the unsharded peaks (the root unit and
+// --max_inflight_all_gathers of the largest units in the compute dtype; fp32
+// gradients of the root and two units). Activations are not included.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "dist/fsdp_plan.h"
+#include "dist/wrap_policy.h"
+#include "models/common/memory_estimate.h"
+#include "models/mingpt/config.h"
+#include "models/mingpt/model.h"
+#include "models/t5/config.h"
+#include "models/t5/model.h"
+
+ABSL_FLAG(std::string, preset, "gpt-175b", "a minGPT preset (gpt-nano .. gpt-1t) or a T5 preset");
+ABSL_FLAG(std::string, world_sizes, "8,64,512,1024", "comma-separated shard group sizes");
+ABSL_FLAG(std::string, auto_wrap, "transformer", "none, transformer (Block / T5Block) or size:N");
+ABSL_FLAG(std::string, precision, "bf16", "compute dtype of the unsharded parameters: fp32 or bf16");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd (sets K, optimizer bytes per element)");
+ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the root");
+ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a table");
+ABSL_FLAG(bool, units, false, "also list every unit (name, elements, padded, shard)");
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "fsdp_plan: error: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("FSDP units and per-rank memory of a preset, without allocating.");
+  absl::ParseCommandLine(argc, argv);
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  std::unique_ptr<nn::Module> model;
+  std::string block_class;
+  if (absl::StartsWith(preset, "t5")) {
+    absl::StatusOr<t5::T5Config> config = t5::Preset(preset);
+    if (!config.ok()) return Fail(std::string(config.status().message()));
+    model = std::make_unique<t5::T5Model>(*config);
+    block_class = "T5Block";
+  } else {
+    absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);
+    if (!config.ok()) return Fail(std::string(config.status().message()));
+    model = std::make_unique<mingpt::GPT>(*config);
+    block_class = "Block";
+  }
+  const std::string wrap = absl::GetFlag(FLAGS_auto_wrap);
+  dist::WrapPolicy policy = dist::WrapPolicy::None();
+  if (wrap == "transformer") {
+    policy = dist::WrapPolicy::Transformer({block_class});
+  } else if (absl::StartsWith(wrap, "size:")) {
+    int64_t min_params = 0;
+    if (!absl::SimpleAtoi(wrap.substr(5), &min_params) || min_params < 1) {
+      return Fail(absl::StrCat("--auto_wrap='", wrap, "': size:N needs an integer N >= 1"));
+    }
+    policy = dist::WrapPolicy::SizeBased(min_params);
+  } else if (wrap != "none") {
+    return Fail(absl::StrCat("--auto_wrap='", wrap, "' is not one of none, transformer, size:N"));
+  }
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision != "fp32" && precision != "bf16") {
+    return Fail(absl::StrCat("--precision='", precision, "' is not one of fp32, bf16"));
+  }
+  absl::StatusOr<int> k = train::OptimizerBytesPerParameter(absl::GetFlag(FLAGS_optimizer));
+  if (!k.ok()) return Fail(std::string(k.status().message()));
+  std::vector<int> worlds;
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_world_sizes), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(w, &n) || n < 1) {
+      return Fail(absl::StrCat("--world_sizes: '", w, "' is not an integer >= 1"));
+    }
+    worlds.push_back(n);
+  }
+  dist::FsdpEstimateOptions options;
+  options.param_bytes = precision == "bf16" ? 2 : 4;
+  options.optimizer_bytes = *k;
+  options.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf("%s | auto_wrap %s | %s compute, %s (K=%d) | parameters: %lld\n", preset.c_str(),
+                wrap.c_str(), precision.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), *k,
+                static_cast<long long>(model->NumParameters()));
+    std::printf("%7s %6s %16s %12s %14s %14s %12s\n", "world", "units", "elements/rank",
+                "state GiB", "unsh. params", "unsh. grads", "total GiB");
+  }
+  for (int world : worlds) {
+    const dist::ShardingPlan plan = dist::PlanSharding(*model, policy, world);
+    const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
+    if (json) {
+      std::printf(
+          "{\"preset\":\"%s\",\"auto_wrap\":\"%s\",\"world_size\":%d,\"units\":%zu,"
+          "\"parameters\":%lld,\"elements_per_rank\":%lld,\"model_state_bytes\":%lld,"
+          "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
+          "\"peak_bytes\":%lld}\n",
+          preset.c_str(), wrap.c_str(), world, plan.units.size(),
+          static_cast<long long>(plan.total_numel), static_cast<long long>(plan.shard_numel),
+          static_cast<long long>(b.model_state()),
+          static_cast<long long>(b.unsharded_parameters_peak),
+          static_cast<long long>(b.unsharded_gradients_peak), static_cast<long long>(b.peak()));
+    } else {
+      std::printf("%7d %6zu %16lld %12.3f %14.3f %14.3f %12.3f\n", world, plan.units.size(),
+                  static_cast<long long>(plan.shard_numel), b.model_state() / kGiB,
+                  b.unsharded_parameters_peak / kGiB, b.unsharded_gradients_peak / kGiB,
+                  b.peak() / kGiB);
+    }
+    if (absl::GetFlag(FLAGS_units)) {
+      for (const dist::ShardingPlan::Unit& u : plan.units) {
+        std::printf("    %-28s %4d params %16lld elements %16lld padded %14lld per rank\n",
+                    u.name.empty() ? "<root>" : u.name.c_str(), u.num_params,
+                    static_cast<long long>(u.numel), static_cast<long long>(u.padded_numel),
+                    static_cast<long long>(u.shard_numel));
+      }
+    }
+  }
+  return 0;
+}
