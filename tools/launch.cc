@@ -2,19 +2,23 @@
 // torchrun.
 //
 //   launch --nproc_per_node=4 [--nnodes=2 --node_rank=0
-//          --rdzv_endpoint=host:port] [--max_restarts=3] [--grace_period_s=5]
-//          -- ./train --flags...
+//          --rdzv_endpoint=host:port --rdzv_id=job42] [--max_restarts=3]
+//          [--grace_period_s=5] -- ./train --flags...
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT and RESTART_COUNT in
-// its environment; every line it writes (stdout and stderr) is printed
-// prefixed with "[rank N] ". When a worker fails (non-zero exit or a signal),
-// the launcher names it, stops the others (SIGTERM to each worker's process
-// group, SIGKILL after the grace period) and either restarts all of them
-// (they resume from their own latest checkpoint) while --max_restarts allows,
-// or exits 1. SIGINT/SIGTERM to the launcher stop the workers the same way.
-// With several nodes each node's launcher restarts only its own workers (no
-// cross-node restart coordination).
+// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT and
+// RUN_ID in its environment. RUN_ID names this run, so that workers can keep
+// their rendezvous keys apart from those an earlier run left in a store:
+// --rdzv_id when given (give every node's launcher the same one), otherwise a
+// fresh id per launch on one node ("<pid>-<microseconds since the epoch>") and
+// "none" on several nodes (as torchrun). Every line a worker writes (stdout
+// and stderr) is printed prefixed with "[rank N] ". When a worker fails
+// (non-zero exit or a signal), the launcher names it, stops the others
+// (SIGTERM to each worker's process group, SIGKILL after the grace period) and
+// either restarts all of them (they resume from their own latest checkpoint)
+// while --max_restarts allows, or exits 1. SIGINT/SIGTERM to the launcher
+// stop the workers the same way. With several nodes each node's launcher
+// restarts only its own workers (no cross-node restart coordination).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
@@ -47,7 +51,8 @@ void Say(const std::string& s) {
 [[noreturn]] void Usage(const std::string& problem) {
   std::fprintf(stderr,
                "launch: %s\nusage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
-               "[--rdzv_endpoint=host:port] [--max_restarts=0] [--grace_period_s=5] -- "
+               "[--rdzv_endpoint=host:port] [--rdzv_id=ID] [--max_restarts=0] "
+               "[--grace_period_s=5] -- "
                "command [args...]\n",
                problem.c_str());
   std::exit(2);
@@ -108,7 +113,7 @@ std::string DescribeStatus(int status) {
 
 int main(int argc, char** argv) {
   int nproc = -1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;
-  std::string endpoint;
+  std::string endpoint, run_id;
   std::vector<std::string> cmd;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -133,6 +138,9 @@ int main(int argc, char** argv) {
                                                : nullptr;
     if (name == "--rdzv_endpoint") {
       endpoint = value;
+    } else if (name == "--rdzv_id") {
+      if (value.empty()) Usage("--rdzv_id must not be empty");
+      run_id = value;
     } else if (target == nullptr) {
       Usage("unknown flag " + name);
     } else if (!ParseInt(value, target)) {
@@ -156,8 +164,14 @@ int main(int argc, char** argv) {
   }
   const std::string master_addr = endpoint.substr(0, colon);
   const int world = nproc * nnodes;
+  if (run_id.empty()) {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    run_id = nnodes > 1 ? "none" : std::to_string(getpid()) + "-" + std::to_string(us);
+  }
 
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
@@ -190,6 +204,7 @@ int main(int argc, char** argv) {
         set("MASTER_ADDR", master_addr);
         set("MASTER_PORT", std::to_string(port));
         set("RESTART_COUNT", std::to_string(attempt));
+        set("RUN_ID", run_id);
         std::vector<char*> args;
         for (auto& c : cmd) args.push_back(const_cast<char*>(c.c_str()));
         args.push_back(nullptr);
@@ -228,8 +243,8 @@ int main(int argc, char** argv) {
     }
     if (failed >= 0) {
       Say("rank " + std::to_string(workers[failed].rank) + " (local rank " +
-          std::to_string(failed) + ", pid " + std::to_string(workers[failed].pid) + ") failed with " +
-          DescribeStatus(workers[failed].status) +
+          std::to_string(failed) + ", pid " + std::to_string(workers[failed].pid) +
+          ") failed with " + DescribeStatus(workers[failed].status) +
           (running > 0 ? "; stopping the other workers" : ""));
     } else if (stop_signal != 0) {
       Say(std::string("received ") + strsignal(stop_signal) + "; stopping the workers");

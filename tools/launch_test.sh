@@ -24,6 +24,22 @@ out=$("$LAUNCH" --nproc_per_node=2 --nnodes=2 --node_rank=1 --rdzv_endpoint=10.0
   || fail "node 1 run exited $?"
 echo "$out" | grep -qx "\[rank 3\] RANK=3 LOCAL_RANK=1 WORLD_SIZE=4 GROUP_RANK=1 10.0.0.1:29400" || fail "node 1 rank 3"
 
+# RUN_ID: one fresh id per launch, the same for every worker; --rdzv_id sets
+# it; several nodes without --rdzv_id share "none" (as torchrun).
+ids1=$("$LAUNCH" --nproc_per_node=2 -- sh -c 'echo "id=$RUN_ID"') || fail "run id run 1"
+ids2=$("$LAUNCH" --nproc_per_node=2 -- sh -c 'echo "id=$RUN_ID"') || fail "run id run 2"
+echo "$ids1"; echo "$ids2"
+[ "$(echo "$ids1" | sed 's/^\[rank [01]\] //' | sort -u | wc -l)" -eq 1 ] || fail "workers of one launch got different RUN_IDs"
+echo "$ids1" | grep -qx '\[rank 0\] id=[0-9]*-[0-9]*' || fail "RUN_ID missing or malformed: $ids1"
+id1=$(echo "$ids1" | grep '^\[rank 0\]'); id2=$(echo "$ids2" | grep '^\[rank 0\]')
+[ "$id1" != "$id2" ] || fail "two launches got the same RUN_ID: $id1"
+out=$("$LAUNCH" --nproc_per_node=1 --rdzv_id=job42 -- sh -c 'echo "id=$RUN_ID"') || fail "rdzv_id run"
+[ "$out" = "[rank 0] id=job42" ] || fail "--rdzv_id not passed as RUN_ID: $out"
+out=$("$LAUNCH" --nproc_per_node=1 --nnodes=2 --node_rank=0 --rdzv_endpoint=10.0.0.1:29400 -- \
+  sh -c 'echo "id=$RUN_ID"') || fail "multi-node run id run"
+[ "$out" = "[rank 0] id=none" ] || fail "multi-node default RUN_ID: $out"
+"$LAUNCH" --nproc_per_node=1 --rdzv_id= -- true 2>/dev/null && fail "empty --rdzv_id accepted"
+
 # 2. Rank 1 exits 3; rank 0 sleeps (and ignores SIGTERM, so SIGKILL is needed).
 start=$(date +%s)
 out=$("$LAUNCH" --nproc_per_node=2 --grace_period_s=1 -- \

@@ -1,27 +1,39 @@
-// Trains minGPT in one process: `./bazelw run //models/mingpt:train` trains
-// gpt-mini on the shipped text with the embedded defaults; every flag below
+// Trains minGPT: `./bazelw run //models/mingpt:train` trains gpt-mini on the
+// shipped text in one process with the embedded defaults; every flag below
 // changes one thing. Each step logs loss, ms/step, tokens/s and peak memory by
 // category; --metrics_out writes the same as JSON lines; --checkpoint_dir and
 // --resume save and continue exactly.
 //
-// Data parallelism (the `threads` engine: ranks are threads of this process):
-// --world_size=N --strategy=ddp|zero1|shard_grad_op|full_shard|no_shard
-// --auto_wrap=none|transformer. --batch_size is per rank: each rank trains on
-// its rows of the global batch of N * batch_size sequences; rank 0 logs the
-// loss averaged over the ranks and global tokens/s, and prints every rank's
-// peak memory by category at the end. Not yet under data parallelism (refused
-// with a message): --checkpoint_dir/--resume, --precision=bf16 with ddp/zero1,
-// --activation_checkpointing.
+// Data parallelism (models/common/data_parallel.h):
+// --strategy=ddp|zero1|shard_grad_op|full_shard|no_shard
+// --auto_wrap=none|transformer|size:N, and either
+//   --backend=threads --world_size=N   ranks as threads of this process, or
+//   --backend=gloo                     this process is one rank of a job that
+//                                      //tools:launch starts (RANK, WORLD_SIZE,
+//                                      MASTER_ADDR, ... from its environment):
+//   bazel-bin/tools/launch --nproc_per_node=2 -- bazel-bin/models/mingpt/train
+//       --backend=gloo --strategy=full_shard
+// --batch_size is per rank: each rank trains on its rows of the global batch
+// of N * batch_size sequences, so the losses equal those of one rank with an N
+// times larger batch (dropout 0). Rank 0 logs the loss averaged over the ranks
+// and global tokens/s; at the end each rank's peak memory by category is
+// printed (threads: one table; gloo: one line per rank). A collective that
+// waits longer than --timeout_s for a peer fails, naming the op and the ranks.
+// Not yet under data parallelism (refused with a message): --checkpoint_dir /
+// --resume, --precision=bf16 with ddp/zero1, --activation_checkpointing,
+// --strategy=hybrid_shard.
 //
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
 //   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
+// and on each rank under data parallelism (TrainRank):
+//   this rank's rows -> forward, loss, backward (DDP / FSDP communicate the
+//   gradients during backward) -> loss averaged over the ranks -> finish the
+//   gradient communication -> clip by the global norm -> step -> zero grads
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <memory>
-#include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,11 +44,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "dist/ddp.h"
-#include "dist/fsdp.h"
-#include "dist/thread_group.h"
-#include "dist/wrap_policy.h"
-#include "dist/zero1.h"
+#include "models/common/data_parallel.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -85,237 +93,117 @@ ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0:
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
-ABSL_FLAG(int, world_size, 1,
-          "data-parallel ranks (threads of this process, the `threads` engine); "
-          "--batch_size is per rank");
+ABSL_FLAG(std::string, backend, "threads",
+          "data-parallel engine: threads (ranks as threads of this process, --world_size of "
+          "them) or gloo (this process is one rank; start the job with //tools:launch); nccl "
+          "needs --config=cuda and a GPU");
+ABSL_FLAG(int, world_size, 0,
+          "data-parallel ranks; threads: how many (0 = 1); gloo: 0 or WORLD_SIZE (the launcher "
+          "sets it); --batch_size is per rank");
 ABSL_FLAG(std::string, strategy, "",
-          "with --world_size > 1: ddp, zero1, shard_grad_op, full_shard or no_shard; "
-          "empty: full_shard (and the plain single-process loop when --world_size=1)");
+          "ddp, zero1, shard_grad_op, full_shard or no_shard (hybrid_shard: not yet); empty: "
+          "full_shard under data parallelism (--world_size > 1 or --backend=gloo), else the "
+          "plain single-process loop");
 ABSL_FLAG(std::string, auto_wrap, "transformer",
-          "FSDP units: none (the root only) or transformer (one unit per Block)");
+          "FSDP units: none (the root only), transformer (one unit per Block) or size:N (a "
+          "module with at least N parameters not in a unit below it)");
+ABSL_FLAG(double, timeout_s, 300,
+          "data parallelism: seconds a collective (and the gloo rendezvous) waits for the "
+          "other ranks before it fails naming them");
+ABSL_FLAG(std::string, rdzv, "",
+          "--backend=gloo: where the ranks meet, redis://host:port or a directory every rank "
+          "sees; empty: a directory under $TMPDIR named after MASTER_ADDR and MASTER_PORT, keys "
+          "under RUN_ID and RESTART_COUNT (one node)");
 
 namespace mingpt {
 namespace {
 
 using tensor::MemoryLedger;
 
-// ---- Data parallelism (threads engine) ----
-
-enum class Strategy { kDdp, kZero1, kShardGradOp, kFullShard, kNoShard };
-
-absl::StatusOr<Strategy> ParseStrategy(const std::string& name) {
-  if (name == "ddp") return Strategy::kDdp;
-  if (name == "zero1") return Strategy::kZero1;
-  if (name == "shard_grad_op") return Strategy::kShardGradOp;
-  if (name == "full_shard" || name.empty()) return Strategy::kFullShard;
-  if (name == "no_shard") return Strategy::kNoShard;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--strategy='", name, "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard"));
-}
-
-// The mean of `x` over the ranks, exact to double rounding: each rank's value
-// travels as two floats (hi, lo) through an all-gather (there is no f64 dtype).
-absl::StatusOr<double> MeanOverRanks(dist::ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - hi);
-  tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});
-  tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()});
-  absl::Status s = pg.AllGatherSync(in, out);
-  if (!s.ok()) return s;
-  double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) {
-    sum += static_cast<double>(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
-  }
-  return sum / pg.size();
-}
-
-// Sum over the ranks of a non-negative double (a squared norm), as above.
-double SumOverRanks(dist::ProcessGroup& pg, double x) {
-  absl::StatusOr<double> mean = MeanOverRanks(pg, x);
-  if (!mean.ok()) throw std::runtime_error(std::string(mean.status().message()));
-  return *mean * pg.size();
-}
-
-std::string PerRankMemoryTable(dist::ThreadWorld& world) {
-  std::string out = absl::StrFormat("%-5s %11s %11s %11s %11s %11s %11s %11s\n", "rank", "params",
-                                    "grads", "optim", "activ", "comm", "temp", "total");
-  for (int r = 0; r < world.size(); ++r) {
-    const tensor::MemoryLedger& l = world.ledger(r);
-    absl::StrAppendFormat(&out, "%-5d", r);
-    for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
-      absl::StrAppendFormat(
-          &out, " %11.2f",
-          l.Stats(tensor::Device::Cpu(), static_cast<tensor::MemoryCategory>(c)).peak / 1048576.0);
-    }
-    absl::StrAppendFormat(&out, " %11.2f\n", l.Total(tensor::Device::Cpu()).peak / 1048576.0);
-  }
-  return out;
-}
+// ---- Data parallelism ----
 
 struct DpSetup {
   GptConfig config;
   std::shared_ptr<const data::TokenSource> source;
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
-  int world = 1;
-  Strategy strategy = Strategy::kFullShard;
-  std::string strategy_name;
-  dist::WrapPolicy policy = dist::WrapPolicy::None();
-  precision::MixedPrecisionPolicy mixed_precision;  // FSDP strategies only
+  train::DataParallelConfig dp;
 };
 
-// One rank's training loop; rank 0 logs.
-absl::Status TrainRank(const DpSetup& setup, int rank, dist::ProcessGroup& pg,
-                       dist::ThreadWorld& world) {
+// One rank's training loop (a thread of this process, or this process under
+// --backend=gloo); rank 0 logs.
+absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  const int W = setup.world;
-  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(setup.source, {B, rank, W}, T);
+  const int W = rank.world_size;
+  absl::StatusOr<data::LmLoader> loader =
+      data::LmLoader::Create(setup.source, {B, rank.rank, W}, T);
   if (!loader.ok()) return loader.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
        absl::GetFlag(FLAGS_weight_decay)});
   if (!optimizer.ok()) return optimizer.status();
 
+  // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
-  std::unique_ptr<dist::DistributedDataParallel> ddp;
-  std::unique_ptr<dist::Zero1> zero;
-  std::unique_ptr<dist::FullyShardedModel> fsdp;
-  optim::Optimizer* opt = optimizer->get();
-  switch (setup.strategy) {
-    case Strategy::kDdp:
-      model.Materialize(seed);
-      ddp = std::make_unique<dist::DistributedDataParallel>(model, pg);
-      break;
-    case Strategy::kZero1:
-      model.Materialize(seed);
-      zero = std::make_unique<dist::Zero1>(model, pg, std::move(*optimizer));
-      opt = &zero->optimizer();
-      break;
-    default: {
-      dist::FsdpOptions o;
-      o.strategy = setup.strategy == Strategy::kShardGradOp ? dist::ShardingStrategy::kShardGradOp
-                   : setup.strategy == Strategy::kNoShard   ? dist::ShardingStrategy::kNoShard
-                                                            : dist::ShardingStrategy::kFullShard;
-      o.policy = setup.policy;
-      o.mixed_precision = setup.mixed_precision;
-      o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)
-      fsdp = dist::FullyShard(model, pg, o);
-      break;
-    }
-  }
-  if (rank == 0) {
+  absl::StatusOr<std::unique_ptr<train::DataParallelModel>> dp =
+      train::DataParallelModel::Create(model, rank.pg, setup.dp, std::move(*optimizer), seed);
+  if (!dp.ok()) return dp.status();
+  optim::Optimizer& opt = (*dp)->optimizer();
+  if (rank.logs()) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
-    std::printf(
-        "data: %s | %d ranks (threads) x batch %lld x %lld tokens | %s%s | %s | %s | %d threads\n",
-        setup.source->Describe().c_str(), W, static_cast<long long>(B), static_cast<long long>(T),
-        setup.strategy_name.c_str(),
-        fsdp ? absl::StrCat(", ", fsdp->num_units(), " FSDP units").c_str() : "", opt->name(),
-        setup.schedule->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
+    std::printf("data: %s | %d ranks (%s) x batch %lld x %lld tokens | %s | %s | %s | %d threads\n",
+                setup.source->Describe().c_str(), W,
+                std::string(train::BackendName(setup.dp.backend)).c_str(),
+                static_cast<long long>(B), static_cast<long long>(T), (*dp)->Describe().c_str(),
+                opt.name(), setup.schedule->ToString().c_str(),
+                tensor::DefaultThreadPool().num_threads());
     std::fflush(stdout);
   }
 
-  // Rank 0 reports; global tokens per step.
-  train::StepReporter reporter(world.ledger(0), *setup.metrics, 0, steps,
+  // ---- Training loop (rank 0 reports; global tokens per step) ----
+  train::StepReporter reporter(rank.ledger, *setup.metrics, 0, steps,
                                absl::GetFlag(FLAGS_log_every), W * B * T);
   train::StepTimer timer;
   for (int64_t step = 0; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();                 // this rank's rows (B, T)
     nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
-    opt->set_lr(setup.schedule->LrAt(step));
+    opt.set_lr(setup.schedule->LrAt(step));
     const double local_loss = model.ForwardBackward(batch.inputs, batch.targets);
-    absl::StatusOr<double> loss = MeanOverRanks(pg, local_loss);
+    absl::StatusOr<double> loss = train::MeanOverRanks(rank.pg, local_loss);
     if (!loss.ok()) return loss.status();
     if (!std::isfinite(*loss)) {
       return absl::InternalError(
           absl::StrCat("loss is ", *loss, " at step ", step, "; lower --lr or check the data"));
     }
+    absl::Status s = (*dp)->FinishBackward();  // every rank holds averaged gradients
+    if (!s.ok()) return s;
     double grad_norm = 0;
-    auto sum = [&pg](double x) { return SumOverRanks(pg, x); };
-    if (ddp) {
-      std::vector<optim::ParamRef> refs = optim::FromModule(model);
-      if (grad_clip > 0) grad_norm = optim::ClipGradNorm(refs, grad_clip);  // grads equal
-      opt->Step(refs);
-      ddp->ZeroGrad();
-    } else if (zero) {
-      absl::Status s = zero->FinishBackward();
-      if (!s.ok()) return s;
-      if (grad_clip > 0) {
-        grad_norm = optim::ClipGradNorm(
-            {optim::MakeParamRef("zero1.shard", zero->master_shard(), zero->grad_shard(), true)},
-            grad_clip, sum);
-      }
-      s = zero->Step();
-      if (!s.ok()) return s;
-      zero->ZeroGrad();
-    } else {
-      if (grad_clip > 0) grad_norm = fsdp->ClipGradNorm(grad_clip);
-      opt->Step(fsdp->ParamRefs());
-      fsdp->ZeroGrad();
+    if (grad_clip > 0) {
+      absl::StatusOr<double> norm = (*dp)->ClipGradNorm(grad_clip);  // global, over all ranks
+      if (!norm.ok()) return norm.status();
+      grad_norm = *norm;
     }
-    if (rank != 0) continue;
+    s = (*dp)->Step();
+    if (!s.ok()) return s;
+    (*dp)->ZeroGrad();
+    if (!rank.logs()) continue;
     train::StepMetrics m;
     m.step = step + 1;
     m.loss = *loss;
-    m.lr = opt->lr();
+    m.lr = opt.lr();
     m.ms = timer.ElapsedMs();
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
   }
-  if (rank == 0) reporter.PrintSummary(" (global)");
-  return absl::OkStatus();
-}
-
-absl::Status TrainDataParallel(DpSetup setup) {
-  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty()) {
-    return absl::InvalidArgumentError(
-        "--checkpoint_dir and --resume are not supported with --world_size > 1 or --strategy "
-        "yet: the optimizer state of zero1 and FSDP is sharded and saving it is not implemented; "
-        "train with --world_size=1 to checkpoint");
-  }
-  if (absl::GetFlag(FLAGS_activation_checkpointing)) {
-    return absl::InvalidArgumentError(
-        "--activation_checkpointing is not supported with --world_size > 1 or --strategy yet");
-  }
-  const std::string wrap = absl::GetFlag(FLAGS_auto_wrap);
-  if (wrap == "transformer") {
-    setup.policy = dist::WrapPolicy::Transformer({"Block"});
-  } else if (wrap != "none") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auto_wrap='", wrap, "' is not one of none, transformer"));
-  }
-  absl::StatusOr<Strategy> strategy = ParseStrategy(absl::GetFlag(FLAGS_strategy));
-  if (!strategy.ok()) return strategy.status();
-  setup.strategy = *strategy;
-  absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
-      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
-  if (!mixed.ok()) return mixed.status();
-  if (mixed->IsMixed() && (*strategy == Strategy::kDdp || *strategy == Strategy::kZero1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--precision=", absl::GetFlag(FLAGS_precision),
-        " with --strategy=", absl::GetFlag(FLAGS_strategy),
-        " is not supported yet (DDP and ZeRO-1 train in fp32 here); use an FSDP strategy "
-        "(full_shard, shard_grad_op, no_shard) or --precision=fp32"));
-  }
-  setup.mixed_precision = *mixed;
-  const char* names[] = {"DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD"};
-  setup.strategy_name = names[static_cast<int>(*strategy)];
-  if (*strategy != Strategy::kDdp && *strategy != Strategy::kZero1) {
-    absl::StrAppend(&setup.strategy_name, " (auto_wrap ", wrap, ")");
-  }
-  dist::ThreadWorld world(setup.world);
-  absl::Status s = dist::RunRanks(
-      world, [&](int rank, dist::ProcessGroup& pg) { return TrainRank(setup, rank, pg, world); });
-  if (!s.ok()) return s;
-  std::printf("per-rank peak memory by category (MiB, ledger):\n%s",
-              PerRankMemoryTable(world).c_str());
+  if (rank.logs()) reporter.PrintSummary(" (global)");
   return absl::OkStatus();
 }
 
@@ -365,16 +253,29 @@ absl::Status Train() {
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
-  const int world_size = absl::GetFlag(FLAGS_world_size);
-  if (world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
-  if (world_size > 1 || !absl::GetFlag(FLAGS_strategy).empty()) {
+  train::DataParallelFlags dp_flags;
+  dp_flags.backend = absl::GetFlag(FLAGS_backend);
+  dp_flags.world_size = absl::GetFlag(FLAGS_world_size);
+  dp_flags.strategy = absl::GetFlag(FLAGS_strategy);
+  dp_flags.auto_wrap = absl::GetFlag(FLAGS_auto_wrap);
+  dp_flags.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  dp_flags.rdzv = absl::GetFlag(FLAGS_rdzv);
+  dp_flags.precision = absl::GetFlag(FLAGS_precision);
+  dp_flags.checkpointing =
+      !absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty();
+  dp_flags.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  if (train::WantsDataParallel(dp_flags)) {
     DpSetup setup;
+    absl::StatusOr<train::DataParallelConfig> dp =
+        train::ConfigureDataParallel(dp_flags, {"Block"});
+    if (!dp.ok()) return dp.status();
+    setup.dp = *std::move(dp);
     setup.config = *config;
     setup.source = *source;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
-    setup.world = world_size;
-    return TrainDataParallel(std::move(setup));
+    return train::RunDataParallel(
+        setup.dp, [&setup](train::RankContext& rank) { return TrainRank(setup, rank); });
   }
 
   // ---- Model ----

@@ -13,9 +13,23 @@
 // sentinel followed by the tokens it replaced. The model's vocabulary is the
 // source's plus --num_sentinels sentinels (bytes: 256 + 100).
 //
+// Data parallelism (models/common/data_parallel.h), flags as minGPT's:
+// --strategy=ddp|zero1|shard_grad_op|full_shard|no_shard
+// --auto_wrap=none|transformer|size:N with --backend=threads --world_size=N or
+// --backend=gloo under //tools:launch. The transformer policy makes every
+// T5Block (encoder and decoder) an FSDP unit; the shared embedding
+// (shared.weight: both stacks' lookups and the tied lm_head) always stays in
+// the root unit, which FSDP keeps gathered from the root's forward to its
+// backward; a policy that would move it out (a small size:N) is refused.
+// --batch_size is per rank (global batch N * batch_size examples).
+//
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
 //   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
+// and on each rank under data parallelism (TrainRank):
+//   this rank's rows -> forward, loss, backward (DDP / FSDP communicate the
+//   gradients during backward) -> loss averaged over the ranks -> finish the
+//   gradient communication -> clip by the global norm -> step -> zero grads
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "models/common/data_parallel.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -92,6 +107,28 @@ ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0:
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
+ABSL_FLAG(std::string, backend, "threads",
+          "data-parallel engine: threads (ranks as threads of this process, --world_size of "
+          "them) or gloo (this process is one rank; start the job with //tools:launch); nccl "
+          "needs --config=cuda and a GPU");
+ABSL_FLAG(int, world_size, 0,
+          "data-parallel ranks; threads: how many (0 = 1); gloo: 0 or WORLD_SIZE (the launcher "
+          "sets it); --batch_size is per rank");
+ABSL_FLAG(std::string, strategy, "",
+          "ddp, zero1, shard_grad_op, full_shard or no_shard (hybrid_shard: not yet); empty: "
+          "full_shard under data parallelism (--world_size > 1 or --backend=gloo), else the "
+          "plain single-process loop");
+ABSL_FLAG(std::string, auto_wrap, "transformer",
+          "FSDP units: none (the root only), transformer (one unit per T5Block) or size:N (a "
+          "module with at least N parameters not in a unit below it); the shared embedding "
+          "stays in the root unit");
+ABSL_FLAG(double, timeout_s, 300,
+          "data parallelism: seconds a collective (and the gloo rendezvous) waits for the "
+          "other ranks before it fails naming them");
+ABSL_FLAG(std::string, rdzv, "",
+          "--backend=gloo: where the ranks meet, redis://host:port or a directory every rank "
+          "sees; empty: a directory under $TMPDIR named after MASTER_ADDR and MASTER_PORT, keys "
+          "under RUN_ID and RESTART_COUNT (one node)");
 
 namespace t5 {
 namespace {
@@ -138,6 +175,135 @@ std::string Clip(std::string s, size_t max_chars) {
   }
   if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
   return s;
+}
+
+// The start-up lines: the model, the data (and a decoded sample of byte
+// text), the batch. `ranks` is "" in one process, else "2 ranks (gloo) x ";
+// tokens_per_step counts every rank's; `scheme` names the optimizer, the
+// schedule and the precision or strategy.
+void PrintStartup(const T5Config& config, const data::TokenSource& source,
+                  const data::SpanCorruptionOptions& span, const data::SpanCorruptionLoader& loader,
+                  const std::string& ranks, int64_t B, int64_t tokens_per_step,
+                  const std::string& scheme) {
+  const ParamCount count = CountParameters(config);
+  const data::SpanCorruptor& corruptor = loader.corruptor();
+  const int64_t S = span.encoder_length;
+  const int64_t T_dec = corruptor.decoder_length();
+  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config.ToString().c_str(),
+              count.total / 1e6, count.non_embedding / 1e6);
+  std::printf(
+      "data: span corruption of %s | vocab %lld + %lld sentinels | %lld raw tokens -> "
+      "encoder %lld, decoder %lld (%lld noise tokens in %lld spans)\n",
+      source.Describe().c_str(), static_cast<long long>(source.vocab_size()),
+      static_cast<long long>(span.num_sentinels), static_cast<long long>(corruptor.raw_length()),
+      static_cast<long long>(S), static_cast<long long>(T_dec),
+      static_cast<long long>(corruptor.counts().num_noise),
+      static_cast<long long>(corruptor.counts().num_spans));
+  std::printf(
+      "batch %s%lld x (%lld encoder + %lld decoder) = %lld tokens/step (tok/s counts encoder + "
+      "decoder tokens) | %s | %d threads\n",
+      ranks.c_str(), static_cast<long long>(B), static_cast<long long>(S),
+      static_cast<long long>(T_dec), static_cast<long long>(tokens_per_step), scheme.c_str(),
+      tensor::DefaultThreadPool().num_threads());
+  if (source.vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random") {
+    // One example of the first step, decoded, so the objective is visible.
+    const data::Seq2SeqBatch sample = loader.Batch(loader.step());
+    const int64_t* enc = sample.encoder_inputs.data<int64_t>();
+    const int64_t* tgt = sample.decoder_targets.data<int64_t>();
+    std::printf(
+        "sample inputs:  %s\n",
+        Clip(corruptor.Render(absl::MakeConstSpan(enc, S), data::DecodeBytes), 160).c_str());
+    std::printf(
+        "sample targets: %s\n",
+        Clip(corruptor.Render(absl::MakeConstSpan(tgt, T_dec), data::DecodeBytes), 160).c_str());
+  }
+  std::fflush(stdout);
+}
+
+// ---- Data parallelism ----
+
+struct DpSetup {
+  T5Config config;
+  std::shared_ptr<const data::TokenSource> source;
+  data::SpanCorruptionOptions span;
+  const optim::LrSchedule* schedule = nullptr;
+  train::MetricsWriter* metrics = nullptr;
+  train::DataParallelConfig dp;
+};
+
+// One rank's training loop (a thread of this process, or this process under
+// --backend=gloo); rank 0 logs.
+absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  const int W = rank.world_size;
+  absl::StatusOr<data::SpanCorruptionLoader> loader =
+      data::SpanCorruptionLoader::Create(setup.source, {B, rank.rank, W}, setup.span);
+  if (!loader.ok()) return loader.status();
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
+      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
+       0.999, absl::GetFlag(FLAGS_weight_decay)});
+  if (!optimizer.ok()) return optimizer.status();
+
+  // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards (the
+  // shared embedding in the root unit) ----
+  T5Model model(setup.config);
+  absl::StatusOr<std::unique_ptr<train::DataParallelModel>> dp = train::DataParallelModel::Create(
+      model, rank.pg, setup.dp, std::move(*optimizer), seed, {"shared.weight"});
+  if (!dp.ok()) return dp.status();
+  optim::Optimizer& opt = (*dp)->optimizer();
+  const int64_t tokens_per_step =
+      W * B * (setup.span.encoder_length + loader->corruptor().decoder_length());
+  if (rank.logs()) {
+    PrintStartup(
+        setup.config, *setup.source, setup.span, *loader,
+        absl::StrCat(W, " ranks (", train::BackendName(setup.dp.backend), ") x "), B,
+        tokens_per_step,
+        absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
+  }
+
+  // ---- Training loop (rank 0 reports; global tokens per step) ----
+  train::StepReporter reporter(rank.ledger, *setup.metrics, 0, steps,
+                               absl::GetFlag(FLAGS_log_every), tokens_per_step);
+  train::StepTimer timer;
+  for (int64_t step = 0; step < steps; ++step) {
+    timer.Start();
+    data::Seq2SeqBatch batch = loader->Next();  // this rank's rows: encoder (B, S), decoder (B, T)
+    nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
+    opt.set_lr(setup.schedule->LrAt(step));
+    const double local_loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
+                                                    batch.decoder_inputs, batch.decoder_targets);
+    absl::StatusOr<double> loss = train::MeanOverRanks(rank.pg, local_loss);
+    if (!loss.ok()) return loss.status();
+    if (!std::isfinite(*loss)) {
+      return absl::InternalError(
+          absl::StrCat("loss is ", *loss, " at step ", step, "; lower --lr or check the data"));
+    }
+    absl::Status s = (*dp)->FinishBackward();  // every rank holds averaged gradients
+    if (!s.ok()) return s;
+    double grad_norm = 0;
+    if (grad_clip > 0) {
+      absl::StatusOr<double> norm = (*dp)->ClipGradNorm(grad_clip);  // global, over all ranks
+      if (!norm.ok()) return norm.status();
+      grad_norm = *norm;
+    }
+    s = (*dp)->Step();
+    if (!s.ok()) return s;
+    (*dp)->ZeroGrad();
+    if (!rank.logs()) continue;
+    train::StepMetrics m;
+    m.step = step + 1;
+    m.loss = *loss;
+    m.lr = opt.lr();
+    m.ms = timer.ElapsedMs();
+    m.grad_norm = grad_norm;
+    absl::Status reported = reporter.Report(m);
+    if (!reported.ok()) return reported;
+  }
+  if (rank.logs()) reporter.PrintSummary(" (global, encoder + decoder)");
+  return absl::OkStatus();
 }
 
 absl::Status Train() {
@@ -218,45 +384,42 @@ absl::Status Train() {
       train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return WithContext(metrics.status(), "--metrics_out");
 
+  train::DataParallelFlags dp_flags;
+  dp_flags.backend = absl::GetFlag(FLAGS_backend);
+  dp_flags.world_size = absl::GetFlag(FLAGS_world_size);
+  dp_flags.strategy = absl::GetFlag(FLAGS_strategy);
+  dp_flags.auto_wrap = absl::GetFlag(FLAGS_auto_wrap);
+  dp_flags.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  dp_flags.rdzv = absl::GetFlag(FLAGS_rdzv);
+  dp_flags.precision = absl::GetFlag(FLAGS_precision);
+  dp_flags.checkpointing =
+      !absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty();
+  dp_flags.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  if (train::WantsDataParallel(dp_flags)) {
+    DpSetup setup;
+    absl::StatusOr<train::DataParallelConfig> dp =
+        train::ConfigureDataParallel(dp_flags, {"T5Block"});
+    if (!dp.ok()) return dp.status();
+    setup.dp = *std::move(dp);
+    setup.config = *config;
+    setup.source = *source;
+    setup.span = span;
+    setup.schedule = schedule->get();
+    setup.metrics = metrics->get();
+    return train::RunDataParallel(
+        setup.dp, [&setup](train::RankContext& rank) { return TrainRank(setup, rank); });
+  }
+
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   T5Model model(*config);
   model.Materialize(seed);
-  const ParamCount count = CountParameters(*config);
-  const data::SpanCorruptor& corruptor = loader->corruptor();
-  const int64_t T_dec = corruptor.decoder_length();
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
-  const int64_t tokens_per_step = B * (S + T_dec);
-  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
-              count.total / 1e6, count.non_embedding / 1e6);
-  std::printf(
-      "data: span corruption of %s | vocab %lld + %lld sentinels | %lld raw tokens -> "
-      "encoder %lld, decoder %lld (%lld noise tokens in %lld spans)\n",
-      (*source)->Describe().c_str(), static_cast<long long>(source_vocab),
-      static_cast<long long>(span.num_sentinels), static_cast<long long>(corruptor.raw_length()),
-      static_cast<long long>(S), static_cast<long long>(T_dec),
-      static_cast<long long>(corruptor.counts().num_noise),
-      static_cast<long long>(corruptor.counts().num_spans));
-  std::printf(
-      "batch %lld x (%lld encoder + %lld decoder) = %lld tokens/step (tok/s counts encoder + "
-      "decoder tokens) | %s | %s | precision %s | %d threads\n",
-      static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(T_dec),
-      static_cast<long long>(tokens_per_step), (*optimizer)->name(),
-      (*schedule)->ToString().c_str(), policy->ToString().c_str(),
-      tensor::DefaultThreadPool().num_threads());
-  if (source_vocab == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random") {
-    // One example of step 0, decoded, so the objective is visible.
-    const data::Seq2SeqBatch sample = loader->Batch(loader->step());
-    const int64_t* enc = sample.encoder_inputs.data<int64_t>();
-    const int64_t* tgt = sample.decoder_targets.data<int64_t>();
-    std::printf(
-        "sample inputs:  %s\n",
-        Clip(corruptor.Render(absl::MakeConstSpan(enc, S), data::DecodeBytes), 160).c_str());
-    std::printf(
-        "sample targets: %s\n",
-        Clip(corruptor.Render(absl::MakeConstSpan(tgt, T_dec), data::DecodeBytes), 160).c_str());
-  }
+  const int64_t tokens_per_step = B * (S + loader->corruptor().decoder_length());
+  PrintStartup(*config, **source, span, *loader, "", B, tokens_per_step,
+               absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
+                            policy->ToString()));
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     for (T5Stack* stack : {model.encoder(), model.decoder()}) {
       for (size_t l = 0; l < stack->blocks()->size(); ++l) {

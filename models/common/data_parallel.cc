@@ -1,0 +1,560 @@
+// Data parallelism for the train binaries: flags, the launcher's environment,
+// rendezvous, running the ranks, wrapping the model, memory by rank.
+#include "models/common/data_parallel.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "dist/gloo_group.h"
+#include "dist/thread_group.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+#include "tensor/tensor.h"
+
+namespace train {
+namespace {
+
+// The variable's value parsed as an int in [min, max]; `fallback` when unset
+// (nullopt fallback: required).
+absl::StatusOr<int> EnvInt(const GetEnvFn& getenv, const char* name, std::optional<int> fallback,
+                           int min, int max) {
+  const char* value = getenv(name);
+  if (value == nullptr || value[0] == '\0') {
+    if (fallback.has_value()) return *fallback;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend=gloo: ", name,
+                     " is not set; start the workers with //tools:launch (or torchrun), which "
+                     "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, "
+                     "RESTART_COUNT and RUN_ID, or use --backend=threads"));
+  }
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=gloo: ", name, "='", value, "' is not an integer in [", min, ", ", max, "]"));
+  }
+  return static_cast<int>(v);
+}
+
+// Keeps [A-Za-z0-9.-], maps the rest to '_': a safe piece of a file name.
+std::string FileNamePiece(absl::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  return out;
+}
+
+// Runs fn, turning exceptions (collective failures inside FSDP hooks throw
+// tensor::OpError) into errors.
+template <typename Fn>
+absl::Status Guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
+absl::Status WithRank(int rank, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("rank ", rank, ": ", s.message()));
+}
+
+}  // namespace
+
+// ---- Flags ----
+
+absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
+  if (name == "threads") return Backend::kThreads;
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "nccl") {
+    return absl::InvalidArgumentError(
+        "--backend=nccl needs --config=cuda and a GPU, and the NCCL engine is not part of this "
+        "build yet; use --backend=threads (ranks as threads) or --backend=gloo (processes, "
+        "through //tools:launch)");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend='", name, "' is not one of threads, gloo, nccl"));
+}
+
+absl::string_view BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kThreads:
+      return "threads";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
+  if (name == "ddp") return Strategy::kDdp;
+  if (name == "zero1") return Strategy::kZero1;
+  if (name == "shard_grad_op") return Strategy::kShardGradOp;
+  if (name == "full_shard" || name.empty()) return Strategy::kFullShard;
+  if (name == "no_shard") return Strategy::kNoShard;
+  if (name == "hybrid_shard") {
+    // Lifted when dist::ShardingStrategy has kHybridShard.
+    return absl::InvalidArgumentError(
+        "--strategy=hybrid_shard is not supported yet (dist has no HYBRID_SHARD); use "
+        "full_shard, shard_grad_op, no_shard, ddp or zero1");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--strategy='", name, "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard"));
+}
+
+absl::string_view StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDdp:
+      return "DDP";
+    case Strategy::kZero1:
+      return "ZeRO-1";
+    case Strategy::kShardGradOp:
+      return "FSDP SHARD_GRAD_OP";
+    case Strategy::kFullShard:
+      return "FSDP FULL_SHARD";
+    case Strategy::kNoShard:
+      return "FSDP NO_SHARD";
+  }
+  return "?";
+}
+
+bool IsFsdp(Strategy strategy) {
+  return strategy != Strategy::kDdp && strategy != Strategy::kZero1;
+}
+
+absl::StatusOr<dist::WrapPolicy> ParseAutoWrap(absl::string_view spec,
+                                               const std::set<std::string>& block_classes) {
+  if (spec == "none") return dist::WrapPolicy::None();
+  if (spec == "transformer") return dist::WrapPolicy::Transformer(block_classes);
+  if (absl::StartsWith(spec, "size:")) {
+    int64_t min_params = 0;
+    if (!absl::SimpleAtoi(spec.substr(5), &min_params) || min_params < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--auto_wrap='", spec,
+                                                     "': size:N needs a whole number N >= 1 (the "
+                                                     "fewest parameters of a unit)"));
+    }
+    return dist::WrapPolicy::SizeBased(min_params);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--auto_wrap='", spec, "' is not one of none, transformer, size:N"));
+}
+
+// ---- The launcher's environment ----
+
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv) {
+  LaunchEnv env;
+  absl::StatusOr<int> world = EnvInt(getenv, "WORLD_SIZE", std::nullopt, 1, 1 << 20);
+  if (!world.ok()) return world.status();
+  env.world_size = *world;
+  absl::StatusOr<int> rank = EnvInt(getenv, "RANK", std::nullopt, 0, env.world_size - 1);
+  if (!rank.ok()) return rank.status();
+  env.rank = *rank;
+  absl::StatusOr<int> local_world =
+      EnvInt(getenv, "LOCAL_WORLD_SIZE", env.world_size, 1, env.world_size);
+  if (!local_world.ok()) return local_world.status();
+  env.local_world_size = *local_world;
+  absl::StatusOr<int> local_rank =
+      EnvInt(getenv, "LOCAL_RANK", env.rank % env.local_world_size, 0, env.local_world_size - 1);
+  if (!local_rank.ok()) return local_rank.status();
+  env.local_rank = *local_rank;
+  absl::StatusOr<int> port = EnvInt(getenv, "MASTER_PORT", 0, 0, 65535);
+  if (!port.ok()) return port.status();
+  env.master_port = *port;
+  absl::StatusOr<int> restart = EnvInt(getenv, "RESTART_COUNT", 0, 0, INT_MAX);
+  if (!restart.ok()) return restart.status();
+  env.restart_count = *restart;
+  const char* addr = getenv("MASTER_ADDR");
+  env.master_addr = addr == nullptr ? "" : addr;
+  const char* run_id = getenv("RUN_ID");
+  env.run_id = run_id == nullptr ? "" : run_id;
+  return env;
+}
+
+std::string TempDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
+                                             const std::string& temp_dir) {
+  Rendezvous r;
+  const std::string attempt = absl::StrCat("restart", env.restart_count);
+  if (!rdzv.empty()) {
+    if (rdzv == "file://" || rdzv == "redis://") {
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv='", rdzv, "' names no store"));
+    }
+    r.store = rdzv;
+    r.prefix = absl::StrCat(env.run_id.empty() ? "run" : FileNamePiece(env.run_id), "/", attempt);
+    return r;
+  }
+  if (env.local_world_size < env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=gloo on several nodes (WORLD_SIZE=", env.world_size,
+        ", LOCAL_WORLD_SIZE=", env.local_world_size,
+        ") needs --rdzv=redis://host:port or a directory every node shares; the default "
+        "rendezvous directory is local to one node"));
+  }
+  std::vector<std::string> missing;
+  if (env.master_addr.empty()) missing.push_back("MASTER_ADDR");
+  if (env.master_port == 0) missing.push_back("MASTER_PORT");
+  if (env.run_id.empty()) missing.push_back("RUN_ID");
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=gloo without --rdzv needs ", absl::StrJoin(missing, ", "),
+        " in the environment (//tools:launch sets them; RUN_ID keeps the rendezvous keys of "
+        "earlier runs apart), or --rdzv=<a fresh directory> or redis://host:port"));
+  }
+  r.store =
+      absl::StrCat(temp_dir, "/fsdp_rdzv_", FileNamePiece(env.master_addr), "_", env.master_port);
+  r.prefix = absl::StrCat(FileNamePiece(env.run_id), "/", attempt);
+  return r;
+}
+
+// ---- The configuration ----
+
+bool WantsDataParallel(const DataParallelFlags& flags) {
+  // A negative --world_size goes on to ConfigureDataParallel, which names it.
+  return flags.world_size < 0 || flags.world_size > 1 || !flags.strategy.empty() ||
+         flags.backend != "threads";
+}
+
+absl::Status CheckCheckpointingSupported(bool checkpointing) {
+  if (!checkpointing) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "--checkpoint_dir and --resume are not supported with --world_size > 1, --strategy or "
+      "--backend=gloo yet: the optimizer state of zero1 and FSDP is sharded and saving it is "
+      "not implemented; train with --world_size=1 to checkpoint");
+}
+
+absl::Status CheckPrecisionSupported(Strategy strategy, absl::string_view precision_flag,
+                                     const precision::MixedPrecisionPolicy& policy) {
+  if (!policy.IsMixed() || IsFsdp(strategy)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--precision=", precision_flag,
+      " with --strategy=", strategy == Strategy::kDdp ? "ddp" : "zero1",
+      " is not supported yet (DDP and ZeRO-1 train in fp32 here); use an FSDP strategy "
+      "(full_shard, shard_grad_op, no_shard) or --precision=fp32"));
+}
+
+std::string DataParallelConfig::Describe() const {
+  std::string s(StrategyName(strategy));
+  if (IsFsdp(strategy)) absl::StrAppend(&s, " (auto_wrap ", auto_wrap, ")");
+  absl::StrAppend(&s, " over ", world_size, world_size == 1 ? " rank (" : " ranks (",
+                  BackendName(backend), ")");
+  return s;
+}
+
+absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags& flags,
+                                                         const std::set<std::string>& block_classes,
+                                                         const GetEnvFn& getenv) {
+  DataParallelConfig config;
+  absl::StatusOr<Backend> backend = ParseBackend(flags.backend);
+  if (!backend.ok()) return backend.status();
+  config.backend = *backend;
+  absl::StatusOr<Strategy> strategy = ParseStrategy(flags.strategy);
+  if (!strategy.ok()) return strategy.status();
+  config.strategy = *strategy;
+  absl::StatusOr<dist::WrapPolicy> policy = ParseAutoWrap(flags.auto_wrap, block_classes);
+  if (!policy.ok()) return policy.status();
+  config.policy = *policy;
+  config.auto_wrap = flags.auto_wrap;
+  absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
+      precision::MixedPrecisionPolicy::FromName(flags.precision);
+  if (!mixed.ok()) return mixed.status();
+  absl::Status s = CheckPrecisionSupported(*strategy, flags.precision, *mixed);
+  if (!s.ok()) return s;
+  config.mixed_precision = *mixed;
+  s = CheckCheckpointingSupported(flags.checkpointing);
+  if (!s.ok()) return s;
+  if (flags.activation_checkpointing) {
+    return absl::InvalidArgumentError(
+        "--activation_checkpointing is not supported with --world_size > 1, --strategy or "
+        "--backend=gloo yet");
+  }
+  if (!(flags.timeout_s > 0) || flags.timeout_s > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout_s=", flags.timeout_s, " must be in (0, 1e6] seconds"));
+  }
+  config.timeout = absl::Seconds(flags.timeout_s);
+  if (flags.world_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world_size=", flags.world_size, " must be >= 1"));
+  }
+  if (config.backend == Backend::kThreads) {
+    config.world_size = flags.world_size == 0 ? 1 : flags.world_size;
+    if (!flags.rdzv.empty()) {
+      return absl::InvalidArgumentError(
+          "--rdzv applies to --backend=gloo only (the threads engine needs no rendezvous)");
+    }
+    return config;
+  }
+  absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(getenv);
+  if (!env.ok()) return env.status();
+  if (flags.world_size != 0 && flags.world_size != env->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--world_size=", flags.world_size, " disagrees with WORLD_SIZE=", env->world_size,
+        " from the launcher; with --backend=gloo the launcher sets the world size "
+        "(--nproc_per_node x --nnodes): leave --world_size out"));
+  }
+  config.env = *env;
+  config.world_size = env->world_size;
+  absl::StatusOr<Rendezvous> rdzv = ResolveRendezvous(flags.rdzv, *env, TempDir());
+  if (!rdzv.ok()) return rdzv.status();
+  config.rendezvous = *rdzv;
+  return config;
+}
+
+// ---- Running the ranks ----
+
+absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn) {
+  if (config.backend == Backend::kThreads) {
+    dist::ThreadWorldOptions options;
+    options.timeout = config.timeout;
+    dist::ThreadWorld world(config.world_size, options);
+    absl::Status s = dist::RunRanks(world, [&](int rank, dist::ProcessGroup& pg) {
+      RankContext context{rank, config.world_size, pg, world.ledger(rank)};
+      return fn(context);
+    });
+    if (!s.ok()) return s;
+    std::vector<const tensor::MemoryLedger*> ledgers;
+    for (int r = 0; r < world.size(); ++r) ledgers.push_back(&world.ledger(r));
+    std::printf("per-rank peak memory by category (MiB, ledger):\n%s",
+                PerRankMemoryTable(ledgers).c_str());
+    std::fflush(stdout);
+    return absl::OkStatus();
+  }
+  if (config.backend != Backend::kGloo) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend=", BackendName(config.backend), " cannot run here"));
+  }
+  const LaunchEnv& env = config.env;
+  dist::GlooGroupOptions options;
+  options.store = config.rendezvous.store;
+  options.prefix = config.rendezvous.prefix;
+  options.timeout = config.timeout;
+  if (env.local_world_size < env.world_size) {
+    // Several nodes: announce this host's name (loopback would not reach it).
+    char host[256] = {0};
+    if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') options.hostname = host;
+  }
+  absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> pg =
+      dist::CreateGlooProcessGroup(env.rank, env.world_size, options);
+  if (!pg.ok()) return WithRank(env.rank, pg.status());
+  tensor::MemoryLedger& ledger = tensor::MemoryLedger::Current();
+  absl::Status s = Guarded([&] {
+    RankContext context{env.rank, env.world_size, **pg, ledger};
+    return fn(context);
+  });
+  if (!s.ok()) return WithRank(env.rank, s);
+  std::printf("%s\n", RankMemoryLine(env.rank, ledger).c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+// ---- Inside a rank ----
+
+absl::StatusOr<double> MeanOverRanks(dist::ProcessGroup& pg, double x) {
+  const float hi = static_cast<float>(x);
+  const float lo = static_cast<float>(x - hi);
+  tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});  // (2)
+  tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()});    // (2 * ranks)
+  absl::Status s = pg.AllGatherSync(in, out);
+  if (!s.ok()) return s;
+  double sum = 0;
+  for (int r = 0; r < pg.size(); ++r) {
+    sum += static_cast<double>(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
+  }
+  return sum / pg.size();
+}
+
+absl::StatusOr<double> SumOverRanks(dist::ProcessGroup& pg, double x) {
+  absl::StatusOr<double> mean = MeanOverRanks(pg, x);
+  if (!mean.ok()) return mean.status();
+  return *mean * pg.size();
+}
+
+DataParallelModel::DataParallelModel(nn::Module& model, dist::ProcessGroup& pg,
+                                     const DataParallelConfig& config)
+    : model_(model), pg_(pg), strategy_(config.strategy), auto_wrap_(config.auto_wrap) {}
+
+DataParallelModel::~DataParallelModel() = default;
+
+absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
+    nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config,
+    std::unique_ptr<optim::Optimizer> optimizer, uint64_t seed,
+    const std::vector<std::string>& root_params) {
+  if (optimizer == nullptr) return absl::InvalidArgumentError("DataParallelModel: no optimizer");
+  std::unique_ptr<DataParallelModel> dp(new DataParallelModel(model, pg, config));
+  if (IsFsdp(config.strategy)) {
+    // Tied weights must stay in the root unit: check the plan before sharding.
+    const std::vector<dist::UnitPlan> plan = dist::PlanUnits(model, config.policy);
+    for (const std::string& name : root_params) {
+      const dist::UnitPlan* holder = nullptr;
+      for (const dist::UnitPlan& unit : plan) {
+        for (const auto& [param_name, param] : unit.params) {
+          if (param_name == name) holder = &unit;
+        }
+      }
+      if (holder == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("DataParallelModel: the model has no parameter '", name, "'"));
+      }
+      if (!holder->name.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--auto_wrap=", config.auto_wrap, " puts '", name, "' into the FSDP unit '",
+            holder->name, "', but it must stay in the root unit (the model reads it outside ",
+            holder->name,
+            "'s forward: a tied weight); use --auto_wrap=transformer or a larger "
+            "size:N"));
+      }
+    }
+  }
+  absl::Status s = Guarded([&]() -> absl::Status {
+    switch (config.strategy) {
+      case Strategy::kDdp:
+        model.Materialize(seed);
+        dp->ddp_ = std::make_unique<dist::DistributedDataParallel>(model, pg);
+        dp->owned_optimizer_ = std::move(optimizer);
+        dp->optimizer_ = dp->owned_optimizer_.get();
+        return absl::OkStatus();
+      case Strategy::kZero1:
+        model.Materialize(seed);
+        dp->zero1_ = std::make_unique<dist::Zero1>(model, pg, std::move(optimizer));
+        dp->optimizer_ = &dp->zero1_->optimizer();
+        return absl::OkStatus();
+      case Strategy::kShardGradOp:
+      case Strategy::kFullShard:
+      case Strategy::kNoShard: {
+        dist::FsdpOptions o;
+        o.strategy = config.strategy == Strategy::kShardGradOp
+                         ? dist::ShardingStrategy::kShardGradOp
+                     : config.strategy == Strategy::kNoShard ? dist::ShardingStrategy::kNoShard
+                                                             : dist::ShardingStrategy::kFullShard;
+        o.policy = config.policy;
+        o.mixed_precision = config.mixed_precision;
+        o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)
+        dp->fsdp_ = dist::FullyShard(model, pg, o);
+        dp->owned_optimizer_ = std::move(optimizer);
+        dp->optimizer_ = dp->owned_optimizer_.get();
+        return absl::OkStatus();
+      }
+    }
+    return absl::InternalError("DataParallelModel: unknown strategy");
+  });
+  if (!s.ok()) return s;
+  return dp;
+}
+
+std::string DataParallelModel::Describe() const {
+  if (fsdp_ == nullptr) return std::string(StrategyName(strategy_));
+  return absl::StrCat(StrategyName(strategy_), ", ", fsdp_->num_units(), " units (auto_wrap ",
+                      auto_wrap_, ")");
+}
+
+absl::Status DataParallelModel::FinishBackward() {
+  if (ddp_ != nullptr) return ddp_->FinishBackward();
+  if (zero1_ != nullptr) return zero1_->FinishBackward();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
+  double norm = 0;
+  absl::Status s = Guarded([&]() -> absl::Status {
+    if (ddp_ != nullptr) {
+      // Every rank holds the same averaged gradients: the local norm is global.
+      norm = optim::ClipGradNorm(optim::FromModule(model_), max_norm);
+    } else if (zero1_ != nullptr) {
+      // Each rank holds its shard of the averaged gradients: sum the squares.
+      auto sum = [this](double x) {
+        absl::StatusOr<double> total = SumOverRanks(pg_, x);
+        if (!total.ok()) throw std::runtime_error(std::string(total.status().message()));
+        return *total;
+      };
+      norm = optim::ClipGradNorm(
+          {optim::MakeParamRef("zero1.shard", zero1_->master_shard(), zero1_->grad_shard(), true)},
+          max_norm, sum);
+    } else {
+      norm = fsdp_->ClipGradNorm(max_norm);
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return norm;
+}
+
+absl::Status DataParallelModel::Step() {
+  return Guarded([&]() -> absl::Status {
+    if (ddp_ != nullptr) {
+      std::vector<optim::ParamRef> refs = optim::FromModule(model_);
+      optimizer_->Step(refs);
+      return absl::OkStatus();
+    }
+    if (zero1_ != nullptr) return zero1_->Step();
+    optimizer_->Step(fsdp_->ParamRefs());
+    return absl::OkStatus();
+  });
+}
+
+void DataParallelModel::ZeroGrad() {
+  if (ddp_ != nullptr) {
+    ddp_->ZeroGrad();
+  } else if (zero1_ != nullptr) {
+    zero1_->ZeroGrad();
+  } else {
+    fsdp_->ZeroGrad();
+  }
+}
+
+// ---- Memory ----
+
+namespace {
+double PeakMiB(const tensor::MemoryLedger& l, int category) {
+  return l.Stats(tensor::Device::Cpu(), static_cast<tensor::MemoryCategory>(category)).peak /
+         1048576.0;
+}
+}  // namespace
+
+std::string PerRankMemoryTable(const std::vector<const tensor::MemoryLedger*>& ledgers) {
+  std::string out = absl::StrFormat("%-5s %11s %11s %11s %11s %11s %11s %11s\n", "rank", "params",
+                                    "grads", "optim", "activ", "comm", "temp", "total");
+  for (size_t r = 0; r < ledgers.size(); ++r) {
+    absl::StrAppendFormat(&out, "%-5d", r);
+    for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
+      absl::StrAppendFormat(&out, " %11.2f", PeakMiB(*ledgers[r], c));
+    }
+    absl::StrAppendFormat(&out, " %11.2f\n",
+                          ledgers[r]->Total(tensor::Device::Cpu()).peak / 1048576.0);
+  }
+  return out;
+}
+
+std::string RankMemoryLine(int rank, const tensor::MemoryLedger& ledger) {
+  const char* names[] = {"params", "grads", "optim", "activ", "comm", "temp"};
+  static_assert(sizeof(names) / sizeof(names[0]) == tensor::kNumMemoryCategories);
+  std::string out = absl::StrCat("peak memory of rank ", rank, " by category (MiB, ledger):");
+  for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
+    absl::StrAppendFormat(&out, " %s %.2f", names[c], PeakMiB(ledger, c));
+  }
+  absl::StrAppendFormat(&out, " total %.2f", ledger.Total(tensor::Device::Cpu()).peak / 1048576.0);
+  return out;
+}
+
+}  // namespace train

@@ -1,0 +1,273 @@
+// Data parallelism for the train binaries: the flags --backend, --world_size,
+// --strategy, --auto_wrap, --timeout_s and --rdzv read into one
+// DataParallelConfig; the ranks this process runs; each rank's model wrapped
+// for the strategy (DDP, ZeRO-1 or FSDP) with the optimizer that steps it; the
+// loss averaged over the ranks; peak memory by category per rank. The binaries
+// keep their training step written out top to bottom:
+//
+//   train::RunDataParallel(config, [&](train::RankContext& rank) {
+//     GPT model(gpt_config);
+//     auto dp = train::DataParallelModel::Create(model, rank.pg, config, std::move(opt), seed);
+//     for (step ...) {
+//       double local = model.ForwardBackward(batch.inputs, batch.targets);
+//       auto loss = train::MeanOverRanks(rank.pg, local);     // what rank 0 logs
+//       (*dp)->FinishBackward();                              // gradients averaged
+//       auto norm = (*dp)->ClipGradNorm(grad_clip);           // global norm, all ranks
+//       (*dp)->Step();
+//       (*dp)->ZeroGrad();
+//     }
+//   });
+//
+// Backends (--backend):
+//   threads  ranks are threads of this process (--world_size of them; default
+//            1); each has its own memory ledger; at the end the process prints
+//            every rank's peak memory by category as one table.
+//   gloo     this process is ONE rank of a job of processes, as //tools:launch
+//            (or torchrun) starts them: RANK and WORLD_SIZE (required),
+//            LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+//            RESTART_COUNT and RUN_ID come from the environment. The ranks
+//            rendezvous through a store (ResolveRendezvous) and talk over Gloo
+//            TCP (loopback when the job is on one node). Each rank prints its
+//            own peak-memory line at the end (the launcher prefixes "[rank N]").
+//   nccl     refused for now: it needs --config=cuda and a GPU.
+//
+// Not supported yet under data parallelism, each refused in one place so that
+// it can be lifted there: checkpoints (CheckCheckpointingSupported), bf16 with
+// DDP / ZeRO-1 (CheckPrecisionSupported), HYBRID_SHARD (ParseStrategy),
+// activation checkpointing (ConfigureDataParallel).
+#ifndef MODELS_COMMON_DATA_PARALLEL_H_
+#define MODELS_COMMON_DATA_PARALLEL_H_
+
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "dist/ddp.h"
+#include "dist/fsdp.h"
+#include "dist/process_group.h"
+#include "dist/wrap_policy.h"
+#include "dist/zero1.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "precision/policy.h"
+#include "tensor/memory_ledger.h"
+
+namespace train {
+
+// ---- Flags ----
+
+enum class Backend { kThreads, kGloo, kNccl };
+// "threads" or "gloo"; "nccl" is an error until the CUDA build has it.
+absl::StatusOr<Backend> ParseBackend(absl::string_view name);
+absl::string_view BackendName(Backend backend);  // "threads", "gloo", "nccl"
+
+enum class Strategy { kDdp, kZero1, kShardGradOp, kFullShard, kNoShard };
+// "ddp", "zero1", "shard_grad_op", "full_shard" (also ""), "no_shard";
+// "hybrid_shard" is an error until dist has it.
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
+// "DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD".
+absl::string_view StrategyName(Strategy strategy);
+bool IsFsdp(Strategy strategy);
+
+// --auto_wrap: "none" (the root is the only unit), "transformer" (one unit per
+// module whose class is in block_classes: "Block" for minGPT, "T5Block" for
+// T5) or "size:N" (dist::WrapPolicy::SizeBased(N): a module becomes a unit
+// when at least N parameters of its subtree are not in a unit below it).
+absl::StatusOr<dist::WrapPolicy> ParseAutoWrap(absl::string_view spec,
+                                               const std::set<std::string>& block_classes);
+
+// ---- The launcher's environment (gloo) ----
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;        // LOCAL_RANK; default: rank
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE; default: world_size (one node)
+  std::string master_addr;   // MASTER_ADDR; empty when unset
+  int master_port = 0;       // MASTER_PORT; 0 when unset
+  int restart_count = 0;     // RESTART_COUNT; default 0
+  std::string run_id;        // RUN_ID (//tools:launch sets a fresh one per launch); may be empty
+};
+
+// Reads the variables above through `getenv` (std::getenv, or a fake in
+// tests). RANK and WORLD_SIZE must be set; every number must be a
+// well-formed integer in range. Errors name the variable and its value.
+using GetEnvFn = std::function<const char*(const char*)>;
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv);
+
+// Where the gloo ranks of one run meet: a store and a key prefix inside it.
+struct Rendezvous {
+  std::string store;   // a directory (Gloo's FileStore) or "redis://host:port"
+  std::string prefix;  // "<run id>/restart<RESTART_COUNT>"
+};
+
+// --rdzv given: that store ("redis://host:port", or a directory, optionally
+// "file://<dir>"), keys under "<RUN_ID or 'run'>/restart<RESTART_COUNT>".
+// --rdzv empty (one node): the directory
+//   <temp_dir>/fsdp_rdzv_<MASTER_ADDR>_<MASTER_PORT>
+// with keys under "<RUN_ID>/restart<RESTART_COUNT>". RUN_ID is fresh for each
+// launch and RESTART_COUNT for each restart, so keys an earlier run (or an
+// earlier attempt of this one) left in the directory are never read. Needs
+// MASTER_ADDR, MASTER_PORT and RUN_ID; on several nodes (LOCAL_WORLD_SIZE <
+// WORLD_SIZE) a local directory cannot be shared, so --rdzv is required.
+absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
+                                             const std::string& temp_dir);
+// $TMPDIR, or /tmp.
+std::string TempDir();
+
+// ---- The configuration ----
+
+// The flag values as given.
+struct DataParallelFlags {
+  std::string backend = "threads";
+  int world_size = 0;    // 0: 1 with threads, WORLD_SIZE with gloo
+  std::string strategy;  // empty: full_shard
+  std::string auto_wrap = "transformer";
+  double timeout_s = 300;
+  std::string rdzv;
+  std::string precision = "fp32";
+  bool checkpointing = false;  // --checkpoint_dir or --resume given
+  bool activation_checkpointing = false;
+};
+
+// Whether the flags ask for data parallelism (otherwise the binaries run
+// their plain single-process loop): --world_size other than 0 and 1 (a
+// negative one is then an error), --strategy, or a backend other than threads.
+bool WantsDataParallel(const DataParallelFlags& flags);
+
+// Under data parallelism the optimizer state of ZeRO-1 and FSDP is sharded
+// and saving it is not implemented yet: --checkpoint_dir / --resume are
+// refused (InvalidArgument) while `checkpointing`.
+absl::Status CheckCheckpointingSupported(bool checkpointing);
+// DDP and ZeRO-1 train in fp32 here: a mixed-precision policy with them is
+// refused (InvalidArgument, naming --precision=<precision_flag>); the FSDP
+// strategies take any.
+absl::Status CheckPrecisionSupported(Strategy strategy, absl::string_view precision_flag,
+                                     const precision::MixedPrecisionPolicy& policy);
+
+struct DataParallelConfig {
+  Backend backend = Backend::kThreads;
+  int world_size = 1;
+  Strategy strategy = Strategy::kFullShard;
+  std::string auto_wrap = "transformer";  // the flag, for logs
+  dist::WrapPolicy policy = dist::WrapPolicy::None();
+  precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
+  absl::Duration timeout = dist::DefaultCollectiveTimeout();
+  // gloo only: this process's rank and where the ranks meet.
+  LaunchEnv env;
+  Rendezvous rendezvous;
+
+  // "FSDP FULL_SHARD (auto_wrap transformer) over 2 ranks (gloo)".
+  std::string Describe() const;
+};
+
+// Checks the flags and reads the launcher's environment (gloo) through
+// `getenv`. Errors are InvalidArgument and name the flag or variable:
+// unknown names, --world_size that disagrees with WORLD_SIZE, unsupported
+// combinations (the Check... functions above).
+absl::StatusOr<DataParallelConfig> ConfigureDataParallel(
+    const DataParallelFlags& flags, const std::set<std::string>& block_classes,
+    const GetEnvFn& getenv = [](const char* name) -> const char* { return std::getenv(name); });
+
+// ---- Running the ranks ----
+
+// What one rank's training function gets.
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  dist::ProcessGroup& pg;
+  // This rank's ledger (threads: one per rank; gloo: the process's).
+  tensor::MemoryLedger& ledger;
+  // Rank 0 prints the step log and writes the metrics.
+  bool logs() const { return rank == 0; }
+};
+using RankFn = std::function<absl::Status(RankContext& rank)>;
+
+// threads: runs fn for every rank on its own thread and joins them; then
+// prints every rank's peak memory by category (PerRankMemoryTable).
+// gloo: joins the job's group (blocks until every rank has arrived, or the
+// timeout), runs fn for this process's rank, then prints this rank's line
+// (RankMemoryLine). Exceptions thrown by fn (a collective failing inside an
+// FSDP hook) become errors. Errors are prefixed "rank N: ".
+absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn);
+
+// ---- Inside a rank ----
+
+// The mean of `x` over the ranks, exact to double rounding: each rank's value
+// travels as two floats (hi, lo) through an all-gather (collectives have no
+// f64), summed in rank order, so every rank gets the same double.
+absl::StatusOr<double> MeanOverRanks(dist::ProcessGroup& pg, double x);
+// The sum over the ranks, as above.
+absl::StatusOr<double> SumOverRanks(dist::ProcessGroup& pg, double x);
+
+// One rank's model wrapped for the strategy, and the optimizer that steps it.
+class DataParallelModel {
+ public:
+  // DDP and ZeRO-1: materializes `model` from `seed` and broadcasts rank 0's
+  // values. FSDP: shards it by the configured policy with sharded
+  // initialization from `seed` (bitwise the values Materialize(seed) gives;
+  // no rank materializes the whole model). Every parameter named in
+  // `root_params` must stay in the root FSDP unit (tied weights read outside
+  // their module's forward, such as T5's shared embedding): a policy that
+  // moves one into another unit is an InvalidArgument error naming the unit.
+  // Collective failures are errors.
+  static absl::StatusOr<std::unique_ptr<DataParallelModel>> Create(
+      nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config,
+      std::unique_ptr<optim::Optimizer> optimizer, uint64_t seed,
+      const std::vector<std::string>& root_params = {});
+  ~DataParallelModel();
+  DataParallelModel(const DataParallelModel&) = delete;
+  DataParallelModel& operator=(const DataParallelModel&) = delete;
+
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  // "DDP", "ZeRO-1", "FSDP FULL_SHARD, 7 units (auto_wrap transformer)".
+  std::string Describe() const;
+  // The FSDP model (nullptr for DDP and ZeRO-1).
+  dist::FullyShardedModel* fsdp() { return fsdp_.get(); }
+
+  // After ForwardBackward: waits until every rank holds the averaged
+  // gradients (ZeRO-1: of its shard; FSDP: done inside backward).
+  absl::Status FinishBackward();
+  // Clips the gradients to a global 2-norm of max_norm (> 0) over all ranks'
+  // shards and returns the norm before clipping; the same on every rank.
+  absl::StatusOr<double> ClipGradNorm(double max_norm);
+  // One optimizer step (ZeRO-1: of this rank's shard, then the all-gather of
+  // the parameters).
+  absl::Status Step();
+  void ZeroGrad();
+
+ private:
+  DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);
+
+  nn::Module& model_;
+  dist::ProcessGroup& pg_;
+  const Strategy strategy_;
+  const std::string auto_wrap_;
+  std::unique_ptr<optim::Optimizer> owned_optimizer_;  // DDP, FSDP
+  optim::Optimizer* optimizer_ = nullptr;
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;
+  std::unique_ptr<dist::Zero1> zero1_;
+  std::unique_ptr<dist::FullyShardedModel> fsdp_;
+};
+
+// ---- Memory ----
+
+// A table of peak MiB by category (params, grads, optim, activ, comm, temp,
+// total), one row per rank (CPU, from the ledgers):
+//   rank       params       grads ...
+//   0            0.84        0.84 ...
+std::string PerRankMemoryTable(const std::vector<const tensor::MemoryLedger*>& ledgers);
+// One rank's line: "peak memory of rank 1 by category (MiB, ledger): params
+// 0.84 grads 0.84 optim 0.42 activ 1.50 comm 0.10 temp 0.33 total 3.21".
+std::string RankMemoryLine(int rank, const tensor::MemoryLedger& ledger);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_DATA_PARALLEL_H_

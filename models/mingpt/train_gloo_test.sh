@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# //models/mingpt:train over processes: two workers started by //tools:launch
+# with --backend=gloo (loopback, the default FileStore rendezvous) print the
+# per-step losses of the threads engine at the same world size, for FSDP
+# FULL_SHARD, DDP and ZeRO-1 (dropout on: both engines seed it alike). Only
+# rank 0 logs steps; each rank prints its own peak-memory line. A restart
+# rendezvouses under fresh keys (a rank that died in the first attempt left
+# keys behind). Bad launch environments and flags are clear errors (exit 2).
+set -euo pipefail
+launch="$1"
+train="$2"
+dir="${TEST_TMPDIR}/gloo"
+mkdir -p "$dir"
+export TMPDIR="$dir/tmp"  # the default rendezvous directory goes under it
+mkdir -p "$TMPDIR"
+
+common=(--preset=gpt-nano --data=random --steps=4 --batch_size=2 --seq_len=32 --log_every=1
+        --timeout_s=120)
+losses() { sed -E 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/' "$1"; }
+# same_losses A B NAME: the same steps, losses within 2e-6 (the JSON keeps 6
+# decimals; the engines add the same two numbers, so they are normally equal).
+same_losses() {
+  [[ $(losses "$1" | wc -l) == 4 ]] || { echo "$3: expected 4 steps in $1"; cat "$1"; exit 1; }
+  paste -d' ' <(losses "$1") <(losses "$2") |
+    awk -v s="$3" '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-6) {
+      print s ": step " $1 " threads " $2 " vs gloo " $4; bad = 1 } } END { exit bad }'
+}
+
+for strategy in full_shard ddp zero1; do
+  "$train" "${common[@]}" --world_size=2 --strategy=$strategy \
+    --metrics_out="$dir/threads_$strategy.jsonl" > "$dir/threads_$strategy.log"
+  "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29531 -- \
+    "$train" "${common[@]}" --backend=gloo --strategy=$strategy \
+    --metrics_out="$dir/gloo_$strategy.jsonl" > "$dir/gloo_$strategy.log" 2>&1 ||
+    { echo "gloo $strategy run failed:"; cat "$dir/gloo_$strategy.log"; exit 1; }
+  cat "$dir/gloo_$strategy.log"
+  same_losses "$dir/threads_$strategy.jsonl" "$dir/gloo_$strategy.jsonl" "$strategy"
+  log="$dir/gloo_$strategy.log"
+  grep -q "^\[rank 0\] data: .* | 2 ranks (gloo) x batch 2 x 32 tokens" "$log"
+  grep -q "^\[rank 0\] step     4 | loss" "$log"
+  if grep -q "^\[rank 1\] step" "$log"; then echo "rank 1 printed step lines"; exit 1; fi
+  for r in 0 1; do
+    grep -Eq "^\[rank $r\] peak memory of rank $r by category \(MiB, ledger\): params [0-9.]+ grads [0-9.]+ optim [0-9.]+ activ [0-9.]+ comm [0-9.]+ temp [0-9.]+ total [0-9.]+$" "$log"
+  done
+  echo "gloo $strategy: losses equal the threads engine's"
+done
+# FSDP shards: each rank holds half of the optimizer state DDP holds.
+optim() { grep "^\[rank 1\] peak memory" "$1" | sed -E 's/.* optim ([0-9.]+) .*/\1/'; }
+awk -v f="$(optim "$dir/gloo_full_shard.log")" -v d="$(optim "$dir/gloo_ddp.log")" \
+  'BEGIN { r = f / d; if (r < 0.45 || r > 0.55) { print "optim full_shard/ddp " r; exit 1 } }'
+
+# A restart meets under fresh keys: in attempt 0 rank 1 dies before the
+# rendezvous (rank 0 has written its keys and is stopped); attempt 1 trains.
+marker="$dir/failed_once"
+"$launch" --nproc_per_node=2 --max_restarts=1 --grace_period_s=1 --rdzv_endpoint=127.0.0.1:29531 -- \
+  sh -c 'if [ "$RANK" = 1 ] && [ ! -e "$0" ]; then sleep 1; touch "$0"; exit 3; fi; exec "$@"' \
+  "$marker" "$train" "${common[@]}" --backend=gloo --strategy=full_shard \
+  --metrics_out="$dir/restarted.jsonl" > "$dir/restarted.log" 2>&1 ||
+  { echo "restarted run failed:"; cat "$dir/restarted.log"; exit 1; }
+grep -q "restarting all 2 workers (restart 1 of 1)" "$dir/restarted.log"
+same_losses "$dir/threads_full_shard.jsonl" "$dir/restarted.jsonl" "restarted"
+ls "$TMPDIR"/fsdp_rdzv_127.0.0.1_29531/ > /dev/null  # the default directory was used
+echo "a restarted job rendezvouses again and trains the same losses"
+
+# Errors: exit code 2, a message naming what is wrong.
+expect_error() {  # expect_error PATTERN COMMAND...
+  local pattern="$1"
+  shift
+  set +e
+  "$@" > "$dir/err.out" 2> "$dir/err.txt"
+  local code=$?
+  set -e
+  if [[ $code != 2 ]] || ! grep -q -- "$pattern" "$dir/err.txt"; then
+    echo "expected exit 2 and '$pattern', got $code:"; cat "$dir/err.txt"; exit 1
+  fi
+}
+quick=(--preset=gpt-nano --data=random --steps=1 --batch_size=2 --seq_len=32)
+expect_error "RANK is not set" env -u RANK WORLD_SIZE=2 "$train" "${quick[@]}" --backend=gloo
+expect_error "WORLD_SIZE='x' is not an integer" \
+  env RANK=0 WORLD_SIZE=x "$train" "${quick[@]}" --backend=gloo
+expect_error "RANK='2' is not an integer in \[0, 1\]" \
+  env RANK=2 WORLD_SIZE=2 "$train" "${quick[@]}" --backend=gloo
+expect_error "--world_size=4 disagrees with WORLD_SIZE=2" \
+  env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 RUN_ID=x \
+  "$train" "${quick[@]}" --backend=gloo --world_size=4
+expect_error "needs MASTER_ADDR, MASTER_PORT, RUN_ID" \
+  env -u MASTER_ADDR -u MASTER_PORT -u RUN_ID RANK=0 WORLD_SIZE=2 \
+  "$train" "${quick[@]}" --backend=gloo
+expect_error "--backend=nccl needs --config=cuda and a GPU" "$train" "${quick[@]}" --backend=nccl
+expect_error "--backend='mpi' is not one of threads, gloo, nccl" \
+  "$train" "${quick[@]}" --backend=mpi
+expect_error "--strategy=hybrid_shard is not supported yet" \
+  "$train" "${quick[@]}" --world_size=2 --strategy=hybrid_shard
+expect_error "--auto_wrap='size:0': size:N needs a whole number N >= 1" \
+  "$train" "${quick[@]}" --world_size=2 --auto_wrap=size:0
+expect_error "--world_size=-1 must be >= 1" "$train" "${quick[@]}" --world_size=-1
+expect_error "--timeout_s=0 must be in" "$train" "${quick[@]}" --world_size=2 --timeout_s=0
+expect_error "--checkpoint_dir and --resume are not supported" \
+  env RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 RUN_ID=x \
+  "$train" "${quick[@]}" --backend=gloo --checkpoint_dir="$dir/ck"
+# size:N trains (threads): gpt-nano's blocks and embeddings become units.
+"$train" "${quick[@]}" --world_size=2 --auto_wrap=size:100000 > "$dir/size.log"
+grep -Eq "FSDP FULL_SHARD, [0-9]+ units \(auto_wrap size:100000\)" "$dir/size.log"
+echo PASS
