@@ -34,6 +34,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "tensor/memory_ledger.h"
 
 namespace dist {
 namespace {
@@ -250,6 +251,7 @@ class GlooProcessGroup final : public ProcessGroup {
         shared_(std::move(shared)),
         ctx_(std::move(ctx)),
         prefix_(std::move(prefix)),
+        ledger_(&tensor::MemoryLedger::Current()),
         worker_([this] { Loop(); }) {}
 
   ~GlooProcessGroup() override {
@@ -304,6 +306,10 @@ class GlooProcessGroup final : public ProcessGroup {
 
  private:
   void Loop() {
+    // Staging buffers count for the rank that created the group, as
+    // communication (as the threads engine's worker).
+    tensor::ScopedLedger scoped_ledger(ledger_);
+    tensor::ScopedMemoryCategory scoped_category(tensor::MemoryCategory::kCommunication);
     while (true) {
       std::pair<std::shared_ptr<CollectiveCall>, std::shared_ptr<CompletionWork>> item;
       {
@@ -313,7 +319,10 @@ class GlooProcessGroup final : public ProcessGroup {
         item = std::move(queue_.front());
         queue_.pop_front();
       }
-      item.second->Complete(Run(*item.first));
+      std::shared_ptr<CollectiveCall> call = std::move(item.first);
+      const absl::Status status = Run(*call);
+      call.reset();  // free the call's buffers before the waiter goes on
+      item.second->Complete(status);
     }
   }
 
@@ -446,6 +455,7 @@ class GlooProcessGroup final : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<CollectiveCall>, std::shared_ptr<CompletionWork>>> queue_;
   bool stop_ = false;
+  tensor::MemoryLedger* ledger_;  // the creating rank's
   std::thread worker_;  // Last: starts after the members above exist.
 };
 
