@@ -108,14 +108,10 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   if (name == "shard_grad_op") return Strategy::kShardGradOp;
   if (name == "full_shard" || name.empty()) return Strategy::kFullShard;
   if (name == "no_shard") return Strategy::kNoShard;
-  if (name == "hybrid_shard") {
-    // Lifted when dist::ShardingStrategy has kHybridShard.
-    return absl::InvalidArgumentError(
-        "--strategy=hybrid_shard is not supported yet (dist has no HYBRID_SHARD); use "
-        "full_shard, shard_grad_op, no_shard, ddp or zero1");
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--strategy='", name, "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard"));
+  if (name == "hybrid_shard") return Strategy::kHybridShard;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--strategy='", name,
+                   "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard, hybrid_shard"));
 }
 
 absl::string_view StrategyName(Strategy strategy) {
@@ -128,6 +124,8 @@ absl::string_view StrategyName(Strategy strategy) {
       return "FSDP SHARD_GRAD_OP";
     case Strategy::kFullShard:
       return "FSDP FULL_SHARD";
+    case Strategy::kHybridShard:
+      return "FSDP HYBRID_SHARD";
     case Strategy::kNoShard:
       return "FSDP NO_SHARD";
   }
@@ -262,6 +260,37 @@ std::string DataParallelConfig::Describe() const {
   return s;
 }
 
+namespace {
+
+// HYBRID_SHARD's shard group: --hybrid_shard_group_size, or the ranks of one
+// node (LOCAL_WORLD_SIZE, `local_world_size` > 0) with gloo; it must divide
+// the world size. Other strategies: the flag must be 0.
+absl::Status ResolveHybridShardGroup(int flag, int local_world_size, DataParallelConfig& config) {
+  if (config.strategy != Strategy::kHybridShard) {
+    if (flag != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--hybrid_shard_group_size=", flag,
+                                                     " applies to --strategy=hybrid_shard only"));
+    }
+    return absl::OkStatus();
+  }
+  const int group = flag > 0 ? flag : local_world_size;
+  if (group == 0) {
+    return absl::InvalidArgumentError(
+        "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size (the "
+        "ranks of one shard group, e.g. the GPUs of a node)");
+  }
+  if (config.world_size % group != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--strategy=hybrid_shard: a shard group of ", group,
+                     flag > 0 ? " (--hybrid_shard_group_size)" : " (LOCAL_WORLD_SIZE)",
+                     " ranks does not divide the world size ", config.world_size));
+  }
+  config.hybrid_shard_group_size = group;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags& flags,
                                                          const std::set<std::string>& block_classes,
                                                          const GetEnvFn& getenv) {
@@ -284,10 +313,26 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   config.mixed_precision = *mixed;
   s = CheckCheckpointingSupported(flags.checkpointing);
   if (!s.ok()) return s;
-  if (flags.activation_checkpointing) {
-    return absl::InvalidArgumentError(
-        "--activation_checkpointing is not supported with --world_size > 1, --strategy or "
-        "--backend=gloo yet");
+  if (flags.backward_prefetch == "pre") {
+    config.backward_prefetch = dist::BackwardPrefetch::kPre;
+  } else if (flags.backward_prefetch == "post") {
+    config.backward_prefetch = dist::BackwardPrefetch::kPost;
+  } else if (flags.backward_prefetch == "none") {
+    config.backward_prefetch = dist::BackwardPrefetch::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backward_prefetch='", flags.backward_prefetch, "' is not one of pre, post, none"));
+  }
+  config.forward_prefetch = flags.forward_prefetch;
+  if (flags.max_inflight_all_gathers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_inflight_all_gathers=",
+                                                   flags.max_inflight_all_gathers,
+                                                   " must be >= 1 (1: no prefetch)"));
+  }
+  config.max_inflight_all_gathers = flags.max_inflight_all_gathers;
+  if (flags.hybrid_shard_group_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hybrid_shard_group_size=", flags.hybrid_shard_group_size, " must be >= 0"));
   }
   if (!(flags.timeout_s > 0) || flags.timeout_s > 1e6) {
     return absl::InvalidArgumentError(
@@ -304,6 +349,8 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
       return absl::InvalidArgumentError(
           "--rdzv applies to --backend=gloo only (the threads engine needs no rendezvous)");
     }
+    s = ResolveHybridShardGroup(flags.hybrid_shard_group_size, 0, config);
+    if (!s.ok()) return s;
     return config;
   }
   absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(getenv);
@@ -319,6 +366,8 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   absl::StatusOr<Rendezvous> rdzv = ResolveRendezvous(flags.rdzv, *env, TempDir());
   if (!rdzv.ok()) return rdzv.status();
   config.rendezvous = *rdzv;
+  s = ResolveHybridShardGroup(flags.hybrid_shard_group_size, env->local_world_size, config);
+  if (!s.ok()) return s;
   return config;
 }
 
@@ -442,12 +491,19 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         return absl::OkStatus();
       case Strategy::kShardGradOp:
       case Strategy::kFullShard:
-      case Strategy::kNoShard: {
+      case Strategy::kNoShard:
+      case Strategy::kHybridShard: {
         dist::FsdpOptions o;
         o.strategy = config.strategy == Strategy::kShardGradOp
                          ? dist::ShardingStrategy::kShardGradOp
                      : config.strategy == Strategy::kNoShard ? dist::ShardingStrategy::kNoShard
-                                                             : dist::ShardingStrategy::kFullShard;
+                     : config.strategy == Strategy::kHybridShard
+                         ? dist::ShardingStrategy::kHybridShard
+                         : dist::ShardingStrategy::kFullShard;
+        o.hybrid_shard_group_size = config.hybrid_shard_group_size;
+        o.backward_prefetch = config.backward_prefetch;
+        o.forward_prefetch = config.forward_prefetch;
+        o.max_inflight_all_gathers = config.max_inflight_all_gathers;
         o.policy = config.policy;
         o.mixed_precision = config.mixed_precision;
         o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)

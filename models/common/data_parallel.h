@@ -33,8 +33,7 @@
 //
 // Not supported yet under data parallelism, each refused in one place so that
 // it can be lifted there: checkpoints (CheckCheckpointingSupported), bf16 with
-// DDP / ZeRO-1 (CheckPrecisionSupported), HYBRID_SHARD (ParseStrategy),
-// activation checkpointing (ConfigureDataParallel).
+// DDP / ZeRO-1 (CheckPrecisionSupported).
 #ifndef MODELS_COMMON_DATA_PARALLEL_H_
 #define MODELS_COMMON_DATA_PARALLEL_H_
 
@@ -68,11 +67,12 @@ enum class Backend { kThreads, kGloo, kNccl };
 absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 absl::string_view BackendName(Backend backend);  // "threads", "gloo", "nccl"
 
-enum class Strategy { kDdp, kZero1, kShardGradOp, kFullShard, kNoShard };
-// "ddp", "zero1", "shard_grad_op", "full_shard" (also ""), "no_shard";
-// "hybrid_shard" is an error until dist has it.
+enum class Strategy { kDdp, kZero1, kShardGradOp, kFullShard, kNoShard, kHybridShard };
+// "ddp", "zero1", "shard_grad_op", "full_shard" (also ""), "no_shard",
+// "hybrid_shard".
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
-// "DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD".
+// "DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD",
+// "FSDP HYBRID_SHARD".
 absl::string_view StrategyName(Strategy strategy);
 bool IsFsdp(Strategy strategy);
 
@@ -135,6 +135,12 @@ struct DataParallelFlags {
   std::string precision = "fp32";
   bool checkpointing = false;  // --checkpoint_dir or --resume given
   bool activation_checkpointing = false;
+  // FSDP: prefetch and overlap (dist::FsdpOptions), HYBRID_SHARD's group
+  // (0: LOCAL_WORLD_SIZE with gloo; required with threads).
+  std::string backward_prefetch = "pre";
+  bool forward_prefetch = false;
+  int max_inflight_all_gathers = 2;
+  int hybrid_shard_group_size = 0;
 };
 
 // Whether the flags ask for data parallelism (otherwise the binaries run
@@ -160,6 +166,10 @@ struct DataParallelConfig {
   dist::WrapPolicy policy = dist::WrapPolicy::None();
   precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
   absl::Duration timeout = dist::DefaultCollectiveTimeout();
+  dist::BackwardPrefetch backward_prefetch = dist::BackwardPrefetch::kPre;
+  bool forward_prefetch = false;
+  int max_inflight_all_gathers = 2;
+  int hybrid_shard_group_size = 0;  // HYBRID_SHARD only
   // gloo only: this process's rank and where the ranks meet.
   LaunchEnv env;
   Rendezvous rendezvous;

@@ -20,8 +20,7 @@
 // printed (threads: one table; gloo: one line per rank). A collective that
 // waits longer than --timeout_s for a peer fails, naming the op and the ranks.
 // Not yet under data parallelism (refused with a message): --checkpoint_dir /
-// --resume, --precision=bf16 with ddp/zero1, --activation_checkpointing,
-// --strategy=hybrid_shard.
+// --resume, --precision=bf16 with ddp/zero1.
 //
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
@@ -45,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "models/common/data_parallel.h"
+#include "models/common/data_parallel_flags.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -93,27 +93,6 @@ ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0:
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
-ABSL_FLAG(std::string, backend, "threads",
-          "data-parallel engine: threads (ranks as threads of this process, --world_size of "
-          "them) or gloo (this process is one rank; start the job with //tools:launch); nccl "
-          "needs --config=cuda and a GPU");
-ABSL_FLAG(int, world_size, 0,
-          "data-parallel ranks; threads: how many (0 = 1); gloo: 0 or WORLD_SIZE (the launcher "
-          "sets it); --batch_size is per rank");
-ABSL_FLAG(std::string, strategy, "",
-          "ddp, zero1, shard_grad_op, full_shard or no_shard (hybrid_shard: not yet); empty: "
-          "full_shard under data parallelism (--world_size > 1 or --backend=gloo), else the "
-          "plain single-process loop");
-ABSL_FLAG(std::string, auto_wrap, "transformer",
-          "FSDP units: none (the root only), transformer (one unit per Block) or size:N (a "
-          "module with at least N parameters not in a unit below it)");
-ABSL_FLAG(double, timeout_s, 300,
-          "data parallelism: seconds a collective (and the gloo rendezvous) waits for the "
-          "other ranks before it fails naming them");
-ABSL_FLAG(std::string, rdzv, "",
-          "--backend=gloo: where the ranks meet, redis://host:port or a directory every rank "
-          "sees; empty: a directory under $TMPDIR named after MASTER_ADDR and MASTER_PORT, keys "
-          "under RUN_ID and RESTART_COUNT (one node)");
 
 namespace mingpt {
 namespace {
@@ -149,6 +128,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
 
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
+  if (absl::GetFlag(FLAGS_activation_checkpointing)) {
+    nn::ApplyCheckpointing(model, [](const std::string&, nn::Module& m) {
+      return m.class_name() == "Block";
+    });
+  }
   absl::StatusOr<std::unique_ptr<train::DataParallelModel>> dp =
       train::DataParallelModel::Create(model, rank.pg, setup.dp, std::move(*optimizer), seed);
   if (!dp.ok()) return dp.status();
@@ -253,13 +237,7 @@ absl::Status Train() {
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
-  train::DataParallelFlags dp_flags;
-  dp_flags.backend = absl::GetFlag(FLAGS_backend);
-  dp_flags.world_size = absl::GetFlag(FLAGS_world_size);
-  dp_flags.strategy = absl::GetFlag(FLAGS_strategy);
-  dp_flags.auto_wrap = absl::GetFlag(FLAGS_auto_wrap);
-  dp_flags.timeout_s = absl::GetFlag(FLAGS_timeout_s);
-  dp_flags.rdzv = absl::GetFlag(FLAGS_rdzv);
+  train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
   dp_flags.checkpointing =
       !absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty();

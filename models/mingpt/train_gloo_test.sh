@@ -44,6 +44,25 @@ for strategy in full_shard ddp zero1; do
   done
   echo "gloo $strategy: losses equal the threads engine's"
 done
+# HYBRID_SHARD over 4 processes: shard groups of LOCAL_WORLD_SIZE=2 (two
+# "nodes" of 2 ranks each: --nnodes is emulated by two launchers), replicated
+# across them; equal to the threads engine with --hybrid_shard_group_size=2.
+"$train" "${common[@]}" --world_size=4 --batch_size=1 --strategy=hybrid_shard \
+  --hybrid_shard_group_size=2 --metrics_out="$dir/threads_hybrid.jsonl" > "$dir/threads_hybrid.log"
+for node in 0 1; do
+  "$launch" --nproc_per_node=2 --nnodes=2 --node_rank=$node --rdzv_endpoint=127.0.0.1:29533 \
+    --rdzv_id=hybrid -- "$train" "${common[@]}" --batch_size=1 --backend=gloo \
+    --strategy=hybrid_shard --rdzv="$dir/hybrid_rdzv" --metrics_out="$dir/gloo_hybrid.jsonl" \
+    > "$dir/gloo_hybrid_$node.log" 2>&1 &
+  pids[$node]=$!
+done
+for node in 0 1; do
+  wait "${pids[$node]}" || { echo "gloo hybrid_shard run failed:"; cat "$dir"/gloo_hybrid_*.log; exit 1; }
+done
+grep -q "FSDP HYBRID_SHARD" "$dir/gloo_hybrid_0.log"
+same_losses "$dir/threads_hybrid.jsonl" "$dir/gloo_hybrid.jsonl" "hybrid_shard"
+echo "gloo hybrid_shard (2 nodes x 2 ranks): losses equal the threads engine's"
+
 # FSDP shards: each rank holds half of the optimizer state DDP holds.
 optim() { grep "^\[rank 1\] peak memory" "$1" | sed -E 's/.* optim ([0-9.]+) .*/\1/'; }
 awk -v f="$(optim "$dir/gloo_full_shard.log")" -v d="$(optim "$dir/gloo_ddp.log")" \
@@ -89,7 +108,7 @@ expect_error "needs MASTER_ADDR, MASTER_PORT, RUN_ID" \
 expect_error "--backend=nccl needs --config=cuda and a GPU" "$train" "${quick[@]}" --backend=nccl
 expect_error "--backend='mpi' is not one of threads, gloo, nccl" \
   "$train" "${quick[@]}" --backend=mpi
-expect_error "--strategy=hybrid_shard is not supported yet" \
+expect_error "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size" \
   "$train" "${quick[@]}" --world_size=2 --strategy=hybrid_shard
 expect_error "--auto_wrap='size:0': size:N needs a whole number N >= 1" \
   "$train" "${quick[@]}" --world_size=2 --auto_wrap=size:0

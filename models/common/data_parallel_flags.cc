@@ -1,0 +1,56 @@
+#include "models/common/data_parallel_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, backend, "threads",
+          "data-parallel engine: threads (ranks as threads of this process, --world_size of "
+          "them) or gloo (this process is one rank; start the job with //tools:launch); nccl "
+          "needs --config=cuda and a GPU");
+ABSL_FLAG(int, world_size, 0,
+          "data-parallel ranks; threads: how many (0 = 1); gloo: 0 or WORLD_SIZE (the launcher "
+          "sets it); --batch_size is per rank");
+ABSL_FLAG(std::string, strategy, "",
+          "ddp, zero1, shard_grad_op, full_shard, no_shard or hybrid_shard; empty: full_shard "
+          "under data parallelism (--world_size > 1 or --backend=gloo), else the plain "
+          "single-process loop");
+ABSL_FLAG(std::string, auto_wrap, "transformer",
+          "FSDP units: none (the root only), transformer (one unit per block: Block, T5Block) or "
+          "size:N (a module with at least N parameters not in a unit below it)");
+ABSL_FLAG(double, timeout_s, 300,
+          "data parallelism: seconds a collective (and the gloo rendezvous) waits for the "
+          "other ranks before it fails naming them");
+ABSL_FLAG(std::string, rdzv, "",
+          "--backend=gloo: where the ranks meet, redis://host:port or a directory every rank "
+          "sees; empty: a directory under $TMPDIR named after MASTER_ADDR and MASTER_PORT, keys "
+          "under RUN_ID and RESTART_COUNT (one node)");
+ABSL_FLAG(std::string, backward_prefetch, "pre",
+          "FSDP: pre (all-gather the next unit before this unit's backward), post (after it) "
+          "or none");
+ABSL_FLAG(bool, forward_prefetch, false, "FSDP: all-gather the next unit before this one's forward");
+ABSL_FLAG(int, max_inflight_all_gathers, 2,
+          "FSDP: all-gathers issued and not yet used, the running unit's included (1: no "
+          "prefetch)");
+ABSL_FLAG(int, hybrid_shard_group_size, 0,
+          "--strategy=hybrid_shard: ranks per shard group (replicated across groups); 0 = "
+          "LOCAL_WORLD_SIZE (the ranks of a node) with gloo");
+
+namespace train {
+
+DataParallelFlags DataParallelFlagsFromCommandLine() {
+  DataParallelFlags f;
+  f.backend = absl::GetFlag(FLAGS_backend);
+  f.world_size = absl::GetFlag(FLAGS_world_size);
+  f.strategy = absl::GetFlag(FLAGS_strategy);
+  f.auto_wrap = absl::GetFlag(FLAGS_auto_wrap);
+  f.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  f.rdzv = absl::GetFlag(FLAGS_rdzv);
+  f.backward_prefetch = absl::GetFlag(FLAGS_backward_prefetch);
+  f.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
+  f.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+  f.hybrid_shard_group_size = absl::GetFlag(FLAGS_hybrid_shard_group_size);
+  return f;
+}
+
+}  // namespace train

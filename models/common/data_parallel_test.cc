@@ -1,0 +1,544 @@
+// models/common:data_parallel: flag parsing, the launcher's environment and
+// the rendezvous it implies, the configuration checks, the exact mean over
+// ranks, running ranks as threads, and every strategy's step (clip included)
+// against one process training the global batch.
+#include "models/common/data_parallel.h"
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "dist/thread_group.h"
+#include "dist/wrap_policy.h"
+#include "gtest/gtest.h"
+#include "models/mingpt/model.h"
+#include "nn/containers.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+#include "tensor/memory_ledger.h"
+
+namespace train {
+namespace {
+
+using tensor::Tensor;
+
+// ---- Flags ----
+
+TEST(ParseTest, Backends) {
+  EXPECT_EQ(*ParseBackend("threads"), Backend::kThreads);
+  EXPECT_EQ(*ParseBackend("gloo"), Backend::kGloo);
+  absl::StatusOr<Backend> nccl = ParseBackend("nccl");
+  ASSERT_FALSE(nccl.ok());
+  EXPECT_EQ(nccl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(nccl.status().message(), "needs --config=cuda and a GPU"))
+      << nccl.status();
+  absl::StatusOr<Backend> bad = ParseBackend("mpi");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--backend='mpi' is not one of"));
+}
+
+TEST(ParseTest, Strategies) {
+  EXPECT_EQ(*ParseStrategy("ddp"), Strategy::kDdp);
+  EXPECT_EQ(*ParseStrategy("zero1"), Strategy::kZero1);
+  EXPECT_EQ(*ParseStrategy("shard_grad_op"), Strategy::kShardGradOp);
+  EXPECT_EQ(*ParseStrategy("full_shard"), Strategy::kFullShard);
+  EXPECT_EQ(*ParseStrategy(""), Strategy::kFullShard);
+  EXPECT_EQ(*ParseStrategy("no_shard"), Strategy::kNoShard);
+  EXPECT_FALSE(IsFsdp(Strategy::kDdp));
+  EXPECT_FALSE(IsFsdp(Strategy::kZero1));
+  EXPECT_TRUE(IsFsdp(Strategy::kNoShard));
+  EXPECT_EQ(StrategyName(Strategy::kFullShard), "FSDP FULL_SHARD");
+  EXPECT_EQ(*ParseStrategy("hybrid_shard"), Strategy::kHybridShard);
+  EXPECT_TRUE(IsFsdp(Strategy::kHybridShard));
+  absl::StatusOr<Strategy> bad = ParseStrategy("fsdp");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--strategy='fsdp' is not one of"));
+}
+
+mingpt::GptConfig Tiny() {
+  mingpt::GptConfig c;
+  c.name = "tiny";
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.vocab_size = 11;
+  c.block_size = 6;
+  c.dropout = 0.0f;
+  return c;
+}
+
+std::vector<std::string> UnitNames(nn::Module& model, const dist::WrapPolicy& policy) {
+  std::vector<std::string> names;
+  for (const dist::UnitPlan& unit : dist::PlanUnits(model, policy)) names.push_back(unit.name);
+  return names;
+}
+
+TEST(ParseTest, AutoWrap) {
+  mingpt::GPT model(Tiny());
+  EXPECT_EQ(UnitNames(model, *ParseAutoWrap("none", {"Block"})), std::vector<std::string>{""});
+  const std::vector<std::string> blocks =
+      UnitNames(model, *ParseAutoWrap("transformer", {"Block"}));
+  EXPECT_EQ(blocks, (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
+  // size:N is dist's size-based policy: the same units.
+  for (int64_t n : {1, 100, 300, 100000}) {
+    SCOPED_TRACE(n);
+    absl::StatusOr<dist::WrapPolicy> p = ParseAutoWrap(absl::StrCat("size:", n), {"Block"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(UnitNames(model, *p), UnitNames(model, dist::WrapPolicy::SizeBased(n)));
+  }
+  EXPECT_GT(UnitNames(model, *ParseAutoWrap("size:1", {"Block"})).size(), blocks.size());
+  EXPECT_EQ(UnitNames(model, *ParseAutoWrap("size:100000", {"Block"})).size(), 1u);
+  for (const char* bad : {"size:", "size:0", "size:-3", "size:1e3", "blocks", ""}) {
+    SCOPED_TRACE(bad);
+    absl::StatusOr<dist::WrapPolicy> p = ParseAutoWrap(bad, {"Block"});
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(p.status().message(), "--auto_wrap=")) << p.status();
+  }
+}
+
+// ---- The launcher's environment ----
+
+GetEnvFn FakeEnv(std::map<std::string, std::string> vars) {
+  auto owned = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
+  return [owned](const char* name) -> const char* {
+    auto it = owned->find(name);
+    return it == owned->end() ? nullptr : it->second.c_str();
+  };
+}
+
+std::map<std::string, std::string> LaunchVars(int rank, int world) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"RESTART_COUNT", "0"},
+          {"RUN_ID", "123-456"}};
+}
+
+TEST(LaunchEnvTest, ReadsTheLaunchersVariables) {
+  absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(FakeEnv(LaunchVars(1, 2)));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 1);
+  EXPECT_EQ(env->world_size, 2);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 2);
+  EXPECT_EQ(env->master_addr, "127.0.0.1");
+  EXPECT_EQ(env->master_port, 29500);
+  EXPECT_EQ(env->restart_count, 0);
+  EXPECT_EQ(env->run_id, "123-456");
+  // Only RANK and WORLD_SIZE are required.
+  env = ReadLaunchEnv(FakeEnv({{"RANK", "3"}, {"WORLD_SIZE", "4"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 3);
+  EXPECT_EQ(env->local_world_size, 4);
+  EXPECT_EQ(env->master_port, 0);
+  EXPECT_EQ(env->run_id, "");
+}
+
+TEST(LaunchEnvTest, MissingOrInvalidVariablesAreNamed) {
+  struct Case {
+    std::string var, value, expected;  // value "" removes the variable
+  };
+  const std::vector<Case> cases = {
+      {"RANK", "", "RANK is not set"},
+      {"WORLD_SIZE", "", "WORLD_SIZE is not set"},
+      {"RANK", "2", "RANK='2' is not an integer in [0, 1]"},
+      {"RANK", "-1", "RANK='-1' is not an integer"},
+      {"RANK", "one", "RANK='one' is not an integer"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE='0' is not an integer"},
+      {"LOCAL_WORLD_SIZE", "3", "LOCAL_WORLD_SIZE='3' is not an integer in [1, 2]"},
+      {"MASTER_PORT", "70000", "MASTER_PORT='70000'"},
+      {"RESTART_COUNT", "x", "RESTART_COUNT='x'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.var + "=" + c.value);
+    std::map<std::string, std::string> vars = LaunchVars(1, 2);
+    if (c.value.empty()) {
+      vars.erase(c.var);
+    } else {
+      vars[c.var] = c.value;
+    }
+    absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(FakeEnv(vars));
+    ASSERT_FALSE(env.ok());
+    EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(env.status().message(), c.expected)) << env.status();
+  }
+}
+
+TEST(RendezvousTest, DefaultDirectoryAndPerRunPrefix) {
+  LaunchEnv env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 2)));
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/scratch");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_127.0.0.1_29500");
+  EXPECT_EQ(r->prefix, "123-456/restart0");
+  // Another run, or a restart of this one, meets under other keys in the
+  // same directory.
+  env.run_id = "124-999";
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch")->prefix, "124-999/restart0");
+  env.restart_count = 2;
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch")->prefix, "124-999/restart2");
+  // Odd characters do not reach the file names.
+  env.master_addr = "node-1/x";
+  env.run_id = "a b";
+  r = ResolveRendezvous("", env, "/scratch");
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_node-1_x_29500");
+  EXPECT_EQ(r->prefix, "a_b/restart2");
+  // An explicit store is used as given.
+  r = ResolveRendezvous("redis://10.0.0.1:6379", env, "/scratch");
+  EXPECT_EQ(r->store, "redis://10.0.0.1:6379");
+  EXPECT_EQ(r->prefix, "a_b/restart2");
+  env.run_id = "";
+  EXPECT_EQ(ResolveRendezvous("/shared/rdzv", env, "/scratch")->prefix, "run/restart2");
+}
+
+TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
+  LaunchEnv env = *ReadLaunchEnv(FakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/tmp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "needs MASTER_ADDR, MASTER_PORT, RUN_ID"))
+      << r.status();
+  env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 4)));
+  env.local_world_size = 2;  // two nodes
+  r = ResolveRendezvous("", env, "/tmp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "several nodes")) << r.status();
+  EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp").ok());
+  EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp").ok());
+}
+
+// ---- The configuration ----
+
+DataParallelFlags Flags(std::string backend, std::string strategy, int world_size = 0) {
+  DataParallelFlags f;
+  f.backend = std::move(backend);
+  f.strategy = std::move(strategy);
+  f.world_size = world_size;
+  return f;
+}
+
+absl::Status ConfigError(const DataParallelFlags& f, int world = 2) {
+  return ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(0, world))).status();
+}
+
+TEST(ConfigureTest, ThreadsAndGloo) {
+  EXPECT_FALSE(WantsDataParallel(Flags("threads", "", 0)));
+  EXPECT_FALSE(WantsDataParallel(Flags("threads", "", 1)));
+  EXPECT_TRUE(WantsDataParallel(Flags("threads", "", 2)));
+  EXPECT_TRUE(WantsDataParallel(Flags("threads", "ddp", 1)));
+  EXPECT_TRUE(WantsDataParallel(Flags("gloo", "", 0)));
+  EXPECT_TRUE(WantsDataParallel(Flags("threads", "", -2)));  // to be refused
+
+  absl::StatusOr<DataParallelConfig> c =
+      ConfigureDataParallel(Flags("threads", "ddp", 0), {"Block"}, FakeEnv({}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->world_size, 1);
+  EXPECT_EQ(c->Describe(), "DDP over 1 rank (threads)");
+
+  DataParallelFlags gloo = Flags("gloo", "", 0);
+  gloo.timeout_s = 7.5;
+  c = ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->world_size, 3);
+  EXPECT_EQ(c->env.rank, 1);
+  EXPECT_EQ(c->timeout, absl::Seconds(7.5));
+  EXPECT_EQ(c->rendezvous.prefix, "123-456/restart0");
+  EXPECT_TRUE(absl::StartsWith(c->rendezvous.store, TempDir() + "/fsdp_rdzv_127.0.0.1_29500"));
+  EXPECT_EQ(c->Describe(), "FSDP FULL_SHARD (auto_wrap transformer) over 3 ranks (gloo)");
+  gloo.world_size = 3;  // agrees with WORLD_SIZE
+  EXPECT_TRUE(ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3))).ok());
+}
+
+TEST(ConfigureTest, RefusesWithClearMessages) {
+  struct Case {
+    DataParallelFlags flags;
+    std::string expected;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Flags("gloo", "", 4), "--world_size=4 disagrees with WORLD_SIZE=2"});
+  cases.push_back({Flags("nccl", ""), "--backend=nccl needs --config=cuda and a GPU"});
+  cases.push_back({Flags("threads", "hybrid_shard", 4),
+                   "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size"});
+  DataParallelFlags hybrid = Flags("threads", "hybrid_shard", 4);
+  hybrid.hybrid_shard_group_size = 3;
+  cases.push_back({hybrid, "a shard group of 3 (--hybrid_shard_group_size) ranks does not divide "
+                           "the world size 4"});
+  hybrid = Flags("threads", "full_shard", 4);
+  hybrid.hybrid_shard_group_size = 2;
+  cases.push_back({hybrid, "--hybrid_shard_group_size=2 applies to --strategy=hybrid_shard only"});
+  hybrid = Flags("threads", "full_shard", 4);
+  hybrid.backward_prefetch = "early";
+  cases.push_back({hybrid, "--backward_prefetch='early' is not one of pre, post, none"});
+  hybrid = Flags("threads", "full_shard", 4);
+  hybrid.max_inflight_all_gathers = 0;
+  cases.push_back({hybrid, "--max_inflight_all_gathers=0 must be >= 1"});
+  cases.push_back({Flags("threads", "", -1), "--world_size=-1 must be >= 1"});
+  DataParallelFlags f = Flags("threads", "ddp", 2);
+  f.precision = "bf16";
+  cases.push_back({f, "--precision=bf16 with --strategy=ddp is not supported yet"});
+  f = Flags("threads", "zero1", 2);
+  f.precision = "bf16";
+  cases.push_back({f, "--precision=bf16 with --strategy=zero1 is not supported yet"});
+  f = Flags("gloo", "full_shard");
+  f.checkpointing = true;
+  cases.push_back({f, "--checkpoint_dir and --resume are not supported"});
+  f = Flags("threads", "", 2);
+  f.timeout_s = 0;
+  cases.push_back({f, "--timeout_s=0 must be in (0, 1e6]"});
+  f = Flags("threads", "", 2);
+  f.rdzv = "/tmp/x";
+  cases.push_back({f, "--rdzv applies to --backend=gloo only"});
+  f = Flags("threads", "", 2);
+  f.auto_wrap = "blocks";
+  cases.push_back({f, "--auto_wrap='blocks'"});
+  f = Flags("threads", "", 2);
+  f.precision = "fp8";
+  cases.push_back({f, "fp8"});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expected);
+    absl::Status s = ConfigError(c.flags);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
+  }
+  // bf16 with an FSDP strategy is fine.
+  f = Flags("threads", "full_shard", 2);
+  f.precision = "bf16";
+  EXPECT_TRUE(ConfigError(f).ok());
+  EXPECT_TRUE(CheckCheckpointingSupported(false).ok());
+}
+
+// ---- Running ranks, the mean over ranks ----
+
+DataParallelConfig ThreadsConfig(const std::string& strategy, int world_size,
+                                 const std::string& auto_wrap = "transformer",
+                                 int hybrid_shard_group_size = 0) {
+  DataParallelFlags f = Flags("threads", strategy, world_size);
+  f.auto_wrap = auto_wrap;
+  f.hybrid_shard_group_size = hybrid_shard_group_size;
+  absl::StatusOr<DataParallelConfig> c = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(RunDataParallelTest, ThreadsRunEveryRankWithItsLedger) {
+  std::vector<int> seen(3, 0);
+  std::vector<const tensor::MemoryLedger*> ledgers(3, nullptr);
+  absl::Status s = RunDataParallel(ThreadsConfig("ddp", 3), [&](RankContext& rank) {
+    EXPECT_EQ(rank.world_size, 3);
+    EXPECT_EQ(rank.pg.rank(), rank.rank);
+    EXPECT_EQ(rank.logs(), rank.rank == 0);
+    EXPECT_EQ(&rank.ledger, &tensor::MemoryLedger::Current());
+    seen[rank.rank] += 1;
+    ledgers[rank.rank] = &rank.ledger;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(seen, (std::vector<int>{1, 1, 1}));
+  EXPECT_NE(ledgers[0], ledgers[1]);
+  EXPECT_NE(ledgers[1], ledgers[2]);
+
+  s = RunDataParallel(ThreadsConfig("ddp", 2), [](RankContext& rank) {
+    return rank.rank == 1 ? absl::InvalidArgumentError("bad rows") : absl::OkStatus();
+  });
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1: bad rows")) << s;
+}
+
+TEST(MeanOverRanksTest, ExactToDoubleRoundingAndEqualOnEveryRank) {
+  // Values a float cannot hold: the mean must keep their low bits.
+  const std::vector<double> values = {1.0 + 1e-12, 2.0 / 3.0, 1e6 + 1.0 / 7.0, -0.1};
+  double expected = 0;
+  for (double v : values) expected += v;
+  std::vector<double> means(4), sums(4);
+  absl::Status s = dist::RunRanks(4, [&](int rank, dist::ProcessGroup& pg) -> absl::Status {
+    absl::StatusOr<double> mean = MeanOverRanks(pg, values[rank]);
+    if (!mean.ok()) return mean.status();
+    absl::StatusOr<double> sum = SumOverRanks(pg, values[rank]);
+    if (!sum.ok()) return sum.status();
+    means[rank] = *mean;
+    sums[rank] = *sum;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(means[r], means[0]);
+    EXPECT_NEAR(means[r], expected / 4, 1e-15 * std::fabs(expected));
+    EXPECT_NEAR(sums[r], expected, 1e-15 * std::fabs(expected));
+  }
+  // A float-only mean would be off by far more than that.
+  EXPECT_GT(std::fabs(static_cast<float>(values[2]) - values[2]), 1e-3);
+}
+
+// ---- Each strategy's step against one process on the global batch ----
+
+constexpr int64_t kRows = 4;  // global batch
+constexpr int64_t kT = 6;
+constexpr uint64_t kSeed = 11;
+
+// Rows [r B, (r+1) B) of `v` (kRows, kT), B = kRows / n.
+Tensor Rows(const std::vector<int64_t>& v, int r, int n) {
+  const int64_t B = kRows / n;
+  std::vector<int64_t> out(v.begin() + r * B * kT, v.begin() + (r + 1) * B * kT);
+  return Tensor::FromData<int64_t>(out, {B, kT});
+}
+
+struct Trace {
+  std::vector<double> losses, norms;
+};
+
+std::unique_ptr<optim::Optimizer> AdamW() {
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  return *optim::AdamW::Create(o);
+}
+
+std::vector<int64_t> RandomTokens(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int64_t> tok(0, 10);
+  std::vector<int64_t> v(kRows * kT);
+  for (int64_t& x : v) x = tok(gen);
+  return v;
+}
+
+// Three steps of AdamW with clipping at 0.05 (every step clips).
+constexpr int kSteps = 3;
+constexpr double kClip = 0.05;
+
+Trace SingleProcess() {
+  mingpt::GPT model(Tiny());
+  model.Materialize(kSeed);
+  std::unique_ptr<optim::Optimizer> opt = AdamW();
+  Trace t;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
+    t.losses.push_back(model.ForwardBackward(Rows(idx, 0, 1), Rows(tgt, 0, 1)));
+    std::vector<optim::ParamRef> refs = optim::FromModule(model);
+    t.norms.push_back(optim::ClipGradNorm(refs, kClip));
+    opt->Step(refs);
+    model.ZeroGrad();
+  }
+  return t;
+}
+
+class StrategyStepTest : public testing::TestWithParam<std::string> {};
+
+// hybrid_shard: 4 ranks in 2 shard groups of 2; the others: 2 ranks. With
+// and without activation checkpointing of every Block.
+TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
+  const Trace reference = SingleProcess();
+  ASSERT_GT(reference.norms[0], kClip);  // clipping is exercised
+  const bool hybrid = GetParam() == "hybrid_shard";
+  const int world = hybrid ? 4 : 2;
+  for (bool checkpointing : {false, true}) {
+  SCOPED_TRACE(checkpointing ? "activation checkpointing" : "no activation checkpointing");
+  const DataParallelConfig config = ThreadsConfig(GetParam(), world, "transformer", hybrid ? 2 : 0);
+  std::vector<Trace> traces(world);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    mingpt::GPT model(Tiny());
+    if (checkpointing) {
+      const int flagged = nn::ApplyCheckpointing(
+          model, [](const std::string&, nn::Module& m) { return m.class_name() == "Block"; });
+      EXPECT_EQ(flagged, 2);
+    }
+    absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+        DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    for (int step = 0; step < kSteps; ++step) {
+      const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
+      const double local =
+          model.ForwardBackward(Rows(idx, rank.rank, world), Rows(tgt, rank.rank, world));
+      absl::StatusOr<double> loss = MeanOverRanks(rank.pg, local);
+      if (!loss.ok()) return loss.status();
+      absl::Status st = (*dp)->FinishBackward();
+      if (!st.ok()) return st;
+      absl::StatusOr<double> norm = (*dp)->ClipGradNorm(kClip);
+      if (!norm.ok()) return norm.status();
+      st = (*dp)->Step();
+      if (!st.ok()) return st;
+      (*dp)->ZeroGrad();
+      traces[rank.rank].losses.push_back(*loss);
+      traces[rank.rank].norms.push_back(*norm);
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < world; ++r) {
+    for (int step = 0; step < kSteps; ++step) {
+      SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
+      EXPECT_NEAR(traces[r].losses[step], reference.losses[step], 1e-5);
+      EXPECT_NEAR(traces[r].norms[step], reference.norms[step], 1e-5);
+    }
+  }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyStepTest,
+                         testing::Values("ddp", "zero1", "shard_grad_op", "full_shard",
+                                         "no_shard", "hybrid_shard"));
+
+TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
+  const DataParallelConfig transformer = ThreadsConfig("full_shard", 1);
+  const DataParallelConfig small_units = ThreadsConfig("full_shard", 1, "size:50");
+  absl::Status s = RunDataParallel(transformer, [&](RankContext& rank) -> absl::Status {
+    {
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, transformer, AdamW(), kSeed,
+                                          {"transformer.wte.weight"});
+      EXPECT_TRUE(dp.ok()) << dp.status();
+      EXPECT_EQ((*dp)->Describe(), "FSDP FULL_SHARD, 3 units (auto_wrap transformer)");
+    }
+    {
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, small_units, AdamW(), kSeed,
+                                          {"transformer.wte.weight"});
+      EXPECT_FALSE(dp.ok());
+      EXPECT_EQ(dp.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(absl::StrContains(dp.status().message(),
+                                    "--auto_wrap=size:50 puts 'transformer.wte.weight' into the "
+                                    "FSDP unit 'transformer.wte', but it must stay in the root"))
+          << dp.status();
+    }
+    {
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, transformer, AdamW(), kSeed,
+                                          {"no.such.weight"});
+      EXPECT_FALSE(dp.ok());
+      EXPECT_TRUE(absl::StrContains(dp.status().message(), "no parameter 'no.such.weight'"));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+}
+
+// ---- Memory ----
+
+TEST(MemoryTest, TableAndLine) {
+  tensor::MemoryLedger a, b;
+  a.RecordAlloc(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters, 1 << 20);
+  a.RecordAlloc(tensor::Device::Cpu(), tensor::MemoryCategory::kActivations, 3 << 19);
+  b.RecordAlloc(tensor::Device::Cpu(), tensor::MemoryCategory::kOptimizerState, 2 << 20);
+  b.RecordFree(tensor::Device::Cpu(), tensor::MemoryCategory::kOptimizerState, 2 << 20);
+  EXPECT_EQ(PerRankMemoryTable({&a, &b}),
+            "rank       params       grads       optim       activ        comm        temp       "
+            "total\n"
+            "0            1.00        0.00        0.00        1.50        0.00        0.00        "
+            "2.50\n"
+            "1            0.00        0.00        2.00        0.00        0.00        0.00        "
+            "2.00\n");
+  EXPECT_EQ(RankMemoryLine(1, b),
+            "peak memory of rank 1 by category (MiB, ledger): params 0.00 grads 0.00 optim 2.00 "
+            "activ 0.00 comm 0.00 temp 0.00 total 2.00");
+}
+
+}  // namespace
+}  // namespace train
