@@ -1,0 +1,561 @@
+// The `nccl` engine (see nccl_group.h): its CUDA and NCCL side. The host-side
+// logic (unique id exchange, the call thread, timeouts naming the missing
+// ranks, tensor rules) lives in nccl_rendezvous and nccl_worker, which are
+// tested without a GPU; this file enqueues the NCCL calls and polls events.
+#include "dist/nccl_group.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "dist/nccl_rendezvous.h"
+#include "dist/nccl_worker.h"
+#include "tensor/tensor.h"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the nccl engine needs NCCL >= 2.18 (non-blocking communicators, ncclCommSplit)"
+#endif
+
+namespace dist {
+namespace {
+
+using tensor::Dtype;
+
+absl::Status CudaCheck(cudaError_t err, absl::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(err)));
+}
+
+absl::Status NcclError(ncclResult_t result, absl::string_view what, ncclComm_t comm) {
+  std::string message = absl::StrCat(what, ": ", ncclGetErrorString(result));
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') absl::StrAppend(&message, " (", last, ")");
+  switch (result) {
+    case ncclRemoteError:
+      return absl::AbortedError(absl::StrCat(message, "; a peer exited or its connection broke"));
+    case ncclSystemError:
+      return absl::UnavailableError(message);
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// Prefixes `status` with "[op] rank r of n: ".
+absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank, int size) {
+  return absl::Status(status.code(),
+                      absl::StrCat("[", op, "] ", nccl::Who(rank, size), ": ", status.message()));
+}
+
+// Whether `comm` has finished its background work (init, split, enqueue,
+// finalize); an error when NCCL reports one (e.g. a peer died).
+absl::StatusOr<bool> CommReady(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+  if (result != ncclSuccess) return NcclError(result, "ncclCommGetAsyncError", comm);
+  if (state == ncclInProgress) return false;
+  if (state != ncclSuccess) return NcclError(state, "NCCL reported an error", comm);
+  return true;
+}
+
+// Makes `device` current on this thread for its lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+ncclDataType_t NcclType(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kF32:
+      return ncclFloat32;
+    case Dtype::kF16:
+      return ncclFloat16;
+    case Dtype::kBF16:
+      return ncclBfloat16;
+    case Dtype::kI32:
+      return ncclInt32;
+    case Dtype::kI64:
+      return ncclInt64;
+    case Dtype::kU8:
+      return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+cudaStream_t AsStream(void* stream) {
+  return stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream);
+}
+
+// A communicator with its stream and barrier buffer. The group destroys it
+// after its worker thread (the only other user) has stopped.
+struct Comm {
+  int device = 0;
+  ncclComm_t comm = nullptr;  // nullptr once aborted
+  cudaStream_t stream = nullptr;
+  float* barrier = nullptr;  // (1): the operand of barrier()
+  absl::Duration finalize_timeout;
+
+  // Aborts the communicator: kernels waiting for peers exit.
+  void Abort() {
+    if (comm == nullptr) return;
+    DeviceGuard guard(device);
+    ncclCommAbort(comm);
+    comm = nullptr;
+  }
+
+  ~Comm() {
+    DeviceGuard guard(device);
+    if (comm != nullptr) {
+      // Finalize (flushes the calls, may wait for the peers) and destroy; abort
+      // when that does not finish in time.
+      bool clean = false;
+      const ncclResult_t result = ncclCommFinalize(comm);
+      if (result == ncclSuccess || result == ncclInProgress) {
+        absl::StatusOr<bool> done =
+            nccl::PollUntil([this] { return CommReady(comm); }, absl::Now() + finalize_timeout,
+                            nccl::Clock(), absl::Milliseconds(1));
+        clean = done.ok() && *done;
+      }
+      if (clean) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
+      }
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (barrier != nullptr) cudaFree(barrier);
+  }
+};
+
+// Wraps an initialized communicator: a non-blocking stream and the barrier
+// buffer on `device` (current on this thread).
+absl::StatusOr<std::unique_ptr<Comm>> MakeComm(ncclComm_t nccl_comm, int device,
+                                               absl::Duration finalize_timeout) {
+  auto comm = std::make_unique<Comm>();
+  comm->device = device;
+  comm->comm = nccl_comm;
+  comm->finalize_timeout = finalize_timeout;
+  absl::Status s = CudaCheck(cudaStreamCreateWithFlags(&comm->stream, cudaStreamNonBlocking),
+                             "cudaStreamCreateWithFlags");
+  if (s.ok()) {
+    s = CudaCheck(cudaMalloc(reinterpret_cast<void**>(&comm->barrier), sizeof(float)),
+                  "cudaMalloc");
+  }
+  if (s.ok()) s = CudaCheck(cudaMemset(comm->barrier, 0, sizeof(float)), "cudaMemset");
+  if (!s.ok()) {
+    comm->Abort();
+    return s;
+  }
+  return comm;
+}
+
+// One collective: waits for the compute stream's event, enqueues the NCCL
+// call on the communication stream, records the completion event.
+class NcclCollective final : public nccl::PendingCall {
+ public:
+  NcclCollective(Comm* comm, std::shared_ptr<CollectiveCall> call)
+      : comm_(comm), call_(std::move(call)) {}
+  ~NcclCollective() override {
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
+  }
+
+  // On the issuing thread, with the group's device current: marks the point
+  // of `compute` the call waits for.
+  absl::Status RecordReady(cudaStream_t compute) {
+    absl::Status s = CudaCheck(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming),
+                               "cudaEventCreateWithFlags");
+    if (s.ok()) {
+      s = CudaCheck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming),
+                    "cudaEventCreateWithFlags");
+    }
+    if (s.ok()) s = CudaCheck(cudaEventRecord(ready_, compute), "cudaEventRecord (compute stream)");
+    return s;
+  }
+
+  absl::Status Start() override {
+    absl::Status s =
+        CudaCheck(cudaStreamWaitEvent(comm_->stream, ready_, 0), "cudaStreamWaitEvent");
+    if (!s.ok()) return s;
+    const ncclResult_t result = Launch();
+    if (result == ncclInProgress) return absl::OkStatus();  // Enqueued() completes it.
+    if (result != ncclSuccess) return NcclError(result, "enqueuing the NCCL call", comm_->comm);
+    return RecordDone();
+  }
+
+  absl::StatusOr<bool> Enqueued() override {
+    if (recorded_) return true;
+    absl::StatusOr<bool> ready = CommReady(comm_->comm);
+    if (!ready.ok() || !*ready) return ready;
+    if (absl::Status s = RecordDone(); !s.ok()) return s;
+    return true;
+  }
+
+  absl::StatusOr<bool> Finished() override {
+    const cudaError_t err = cudaEventQuery(done_);
+    if (err == cudaSuccess) return true;
+    if (err != cudaErrorNotReady) return CudaCheck(err, "cudaEventQuery");
+    // Still running: NCCL may have seen a peer fail.
+    absl::StatusOr<bool> state = CommReady(comm_->comm);
+    if (!state.ok()) return state.status();
+    return false;
+  }
+
+ private:
+  absl::Status RecordDone() {
+    recorded_ = true;
+    return CudaCheck(cudaEventRecord(done_, comm_->stream),
+                     "cudaEventRecord (communication stream)");
+  }
+
+  ncclResult_t Launch() {
+    const CollectiveCall& c = *call_;
+    ncclComm_t comm = comm_->comm;
+    cudaStream_t stream = comm_->stream;
+    switch (c.kind) {
+      case CollectiveKind::kAllReduce:
+        return ncclAllReduce(c.input.raw_data(), c.input.raw_data(),
+                             static_cast<size_t>(c.input.numel()), NcclType(c.input.dtype()),
+                             NcclOp(c.op), comm, stream);
+      case CollectiveKind::kReduceScatter:
+        return ncclReduceScatter(c.input.raw_data(), c.output.raw_data(),
+                                 static_cast<size_t>(c.output.numel()), NcclType(c.input.dtype()),
+                                 NcclOp(c.op), comm, stream);
+      case CollectiveKind::kAllGather:
+        return ncclAllGather(c.input.raw_data(), c.output.raw_data(),
+                             static_cast<size_t>(c.input.numel()), NcclType(c.input.dtype()), comm,
+                             stream);
+      case CollectiveKind::kBroadcast:
+        return ncclBroadcast(c.input.raw_data(), c.input.raw_data(),
+                             static_cast<size_t>(c.input.numel()), NcclType(c.input.dtype()),
+                             c.root, comm, stream);
+      case CollectiveKind::kBarrier:
+        return ncclAllReduce(comm_->barrier, comm_->barrier, 1, ncclFloat32, ncclSum, comm, stream);
+    }
+    return ncclInvalidArgument;
+  }
+
+  Comm* const comm_;
+  const std::shared_ptr<CollectiveCall> call_;  // Keeps the tensors alive.
+  cudaEvent_t ready_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  bool recorded_ = false;
+};
+
+// ncclCommSplit of the parent communicator; runs once the earlier calls have
+// finished. Aborts the new communicator unless TakeChild() took it.
+class NcclSplit final : public nccl::PendingCall {
+ public:
+  NcclSplit(Comm* parent, int color, int key) : parent_(parent), color_(color), key_(key) {
+    config_.blocking = 0;
+  }
+  ~NcclSplit() override {
+    if (child_ != nullptr) ncclCommAbort(child_);
+  }
+
+  bool NeedsIdle() const override { return true; }
+
+  absl::Status Start() override {
+    const ncclResult_t result = ncclCommSplit(
+        parent_->comm, color_ < 0 ? NCCL_SPLIT_NOCOLOR : color_, key_, &child_, &config_);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      return NcclError(result, "ncclCommSplit", parent_->comm);
+    }
+    return absl::OkStatus();
+  }
+
+  // The split is "enqueued" once done, so no later call starts meanwhile.
+  absl::StatusOr<bool> Enqueued() override { return Finished(); }
+
+  absl::StatusOr<bool> Finished() override {
+    absl::StatusOr<bool> parent = CommReady(parent_->comm);
+    if (!parent.ok() || !*parent || child_ == nullptr) return parent;
+    return CommReady(child_);
+  }
+
+  // The new communicator (nullptr for a negative color), once finished.
+  ncclComm_t TakeChild() {
+    ncclComm_t child = child_;
+    child_ = nullptr;
+    return child;
+  }
+
+ private:
+  Comm* const parent_;
+  const int color_;
+  const int key_;
+  ncclConfig_t config_ = NCCL_CONFIG_INITIALIZER;
+  ncclComm_t child_ = nullptr;
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(int rank, int size, Store* store, std::unique_ptr<Comm> comm,
+                   const NcclGroupOptions& options)
+      : ProcessGroup(options.timeout),
+        rank_(rank),
+        size_(size),
+        store_(store),
+        prefix_(options.prefix),
+        report_wait_(options.report_wait),
+        compute_stream_(AsStream(options.compute_stream)),
+        comm_(std::move(comm)),
+        worker_(WorkerOptions()) {}
+
+  // The worker finishes the calls in flight (each within its timeout); then
+  // the communicator is finalized within the group's current timeout.
+  ~NcclProcessGroup() override { comm_->finalize_timeout = timeout(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::string_view backend() const override { return "nccl"; }
+
+  void set_compute_stream(void* stream) { compute_stream_ = AsStream(stream); }
+  void* communication_stream() const { return comm_->stream; }
+
+ protected:
+  WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
+    if (!call->error.ok()) return Work::Done(call->error);
+    if (OnlyCpuTensors(*call)) return Work::Done(RunStaged(*call));
+    return IssueOnDevice(std::move(call), compute_stream_);
+  }
+
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int color, int key,
+                                                        absl::Duration timeout) override;
+
+ private:
+  static bool OnlyCpuTensors(const CollectiveCall& call) {
+    if (call.kind == CollectiveKind::kBarrier) return false;
+    return call.input.device().is_cpu() &&
+           (!call.output.defined() || call.output.device().is_cpu());
+  }
+
+  // A call on CPU tensors: copies them to the device (on the legacy default
+  // stream, which the call then waits for), runs the call there and waits for
+  // it, then copies the result back. Out of place on the device, so the
+  // in-place forms need nothing special.
+  absl::Status RunStaged(const CollectiveCall& call) {
+    const std::string op(CollectiveName(call.kind));
+    const tensor::Device device = tensor::Device::Cuda(comm_->device);
+    auto staged = std::make_shared<CollectiveCall>(call);
+    try {
+      staged->input = call.input.To(device);
+      if (call.output.defined()) {
+        staged->output = tensor::Tensor::Empty(call.output.shape(), call.output.dtype(), device);
+      }
+    } catch (const std::exception& e) {
+      return Prefixed(absl::InternalError(absl::StrCat("staging the CPU tensors on ",
+                                                       device.ToString(), ": ", e.what())),
+                      op, rank_, size_);
+    }
+    const bool result_in_input =
+        call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast;
+    absl::Status status = IssueOnDevice(staged, cudaStreamLegacy)->Wait();
+    if (!status.ok()) return status;
+    try {
+      tensor::Tensor target = result_in_input ? call.input : call.output;
+      target.CopyFrom((result_in_input ? staged->input : staged->output).To(tensor::Device::Cpu()));
+    } catch (const std::exception& e) {
+      return Prefixed(absl::InternalError(absl::StrCat("copying the result back from ",
+                                                       device.ToString(), ": ", e.what())),
+                      op, rank_, size_);
+    }
+    return absl::OkStatus();
+  }
+
+  // Issues a call on device tensors, ordered after the work queued so far on
+  // `after`.
+  WorkPtr IssueOnDevice(std::shared_ptr<CollectiveCall> call, cudaStream_t after) {
+    const tensor::Device device = tensor::Device::Cuda(comm_->device);
+    if (absl::Status s = nccl::CheckNcclTensors(*call, device, rank_, size_); !s.ok()) {
+      return Work::Done(s);
+    }
+    const std::string op(CollectiveName(call->kind));
+    if (!worker_.broken().ok()) return Work::Done(worker_.BrokenError(op));
+    DeviceGuard guard(comm_->device);
+    auto pending = std::make_shared<NcclCollective>(comm_.get(), call);
+    if (absl::Status s = pending->RecordReady(after); !s.ok()) {
+      return Work::Done(Prefixed(s, op, rank_, size_));
+    }
+    return worker_.Submit(op, call->timeout, std::move(pending));
+  }
+
+  nccl::CallWorkerOptions WorkerOptions();
+
+  const int rank_;
+  const int size_;
+  Store* const store_;
+  const std::string prefix_;
+  const absl::Duration report_wait_;
+  cudaStream_t compute_stream_;  // Issuing thread only.
+  int split_seq_ = 0;            // Issuing thread only.
+  // Declared before the worker, which uses it, so destroyed after it.
+  const std::unique_ptr<Comm> comm_;
+  nccl::CallWorker worker_;
+};
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int color, int key,
+                                                                        absl::Duration timeout) {
+  const int seq = split_seq_++;
+  auto split = std::make_shared<NcclSplit>(comm_.get(), color, key);
+  if (absl::Status s = worker_.Submit("split", timeout, split)->Wait(); !s.ok()) return s;
+  ncclComm_t child = split->TakeChild();
+  if (color < 0) {
+    if (child != nullptr) ncclCommAbort(child);
+    return std::unique_ptr<ProcessGroup>();
+  }
+  if (child == nullptr) {
+    return Prefixed(
+        absl::InternalError(absl::StrCat("NCCL made no communicator for color ", color)), "split",
+        rank_, size_);
+  }
+  int new_rank = 0;
+  int new_size = 0;
+  ncclResult_t result = ncclCommUserRank(child, &new_rank);
+  if (result == ncclSuccess) result = ncclCommCount(child, &new_size);
+  if (result != ncclSuccess) {
+    const absl::Status s = NcclError(result, "ncclCommUserRank/ncclCommCount", child);
+    ncclCommAbort(child);
+    return Prefixed(s, "split", rank_, size_);
+  }
+  DeviceGuard guard(comm_->device);
+  absl::StatusOr<std::unique_ptr<Comm>> comm = MakeComm(child, comm_->device, this->timeout());
+  if (!comm.ok()) return Prefixed(comm.status(), "split", rank_, size_);
+  NcclGroupOptions options;
+  options.prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
+  options.timeout = this->timeout();
+  options.report_wait = report_wait_;
+  options.compute_stream = compute_stream_ == cudaStreamLegacy ? nullptr : compute_stream_;
+  return std::unique_ptr<ProcessGroup>(
+      new NcclProcessGroup(new_rank, new_size, store_, *std::move(comm), options));
+}
+
+nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
+  nccl::CallWorkerOptions options;
+  options.rank = rank_;
+  options.size = size_;
+  options.store = store_;
+  options.prefix = prefix_;
+  options.report_wait = report_wait_;
+  const int device = comm_->device;
+  options.on_thread_start = [device] { cudaSetDevice(device); };
+  Comm* comm = comm_.get();
+  options.abort = [comm] { comm->Abort(); };
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
+    int rank, int size, int device_index, Store& store, const NcclGroupOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[nccl_init] invalid rank ", rank, " for a group of size ", size));
+  }
+  const std::string who = nccl::Who(rank, size);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (device_index < 0 || device_index >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("[nccl_init] ", who, ": device cuda:", device_index, " does not exist (",
+                     count, " CUDA devices visible)"));
+  }
+  DeviceGuard guard(device_index);
+  const absl::Time deadline = absl::Now() + options.timeout;
+  absl::StatusOr<std::string> id = nccl::ExchangeUniqueId(
+      store, options.prefix, rank, size, sizeof(ncclUniqueId),
+      []() -> absl::StatusOr<std::string> {
+        ncclUniqueId unique;
+        const ncclResult_t result = ncclGetUniqueId(&unique);
+        if (result != ncclSuccess) return NcclError(result, "ncclGetUniqueId", nullptr);
+        return std::string(unique.internal, sizeof(unique.internal));
+      },
+      options.timeout);
+  if (!id.ok()) return id.status();
+  ncclUniqueId unique;
+  std::memcpy(unique.internal, id->data(), sizeof(unique.internal));
+  if (absl::Status s = nccl::MarkInitArrival(store, options.prefix, rank); !s.ok()) {
+    return Prefixed(s, "nccl_init", rank, size);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // Init runs in the background: it can time out.
+  ncclComm_t nccl_comm = nullptr;
+  const ncclResult_t result = ncclCommInitRankConfig(&nccl_comm, size, unique, rank, &config);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    const absl::Status s = NcclError(result, "ncclCommInitRankConfig", nccl_comm);
+    if (nccl_comm != nullptr) ncclCommAbort(nccl_comm);
+    return Prefixed(s, "nccl_init", rank, size);
+  }
+  absl::StatusOr<bool> ready = nccl::PollUntil([&] { return CommReady(nccl_comm); }, deadline,
+                                               nccl::Clock(), absl::Milliseconds(1));
+  if (!ready.ok() || !*ready) {
+    const absl::Status s =
+        ready.ok() ? nccl::InitTimeoutError(store, options.prefix, rank, size, options.timeout, "")
+                   : Prefixed(ready.status(), "nccl_init", rank, size);
+    ncclCommAbort(nccl_comm);
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<Comm>> comm = MakeComm(nccl_comm, device_index, options.timeout);
+  if (!comm.ok()) return Prefixed(comm.status(), "nccl_init", rank, size);
+  return std::unique_ptr<ProcessGroup>(
+      new NcclProcessGroup(rank, size, &store, *std::move(comm), options));
+}
+
+absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream) {
+  auto* nccl_group = dynamic_cast<NcclProcessGroup*>(&group);
+  if (nccl_group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[nccl] SetNcclComputeStream: the group's engine is ", group.backend(), ", not nccl"));
+  }
+  nccl_group->set_compute_stream(stream);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> NcclCommunicationStream(ProcessGroup& group) {
+  auto* nccl_group = dynamic_cast<NcclProcessGroup*>(&group);
+  if (nccl_group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[nccl] NcclCommunicationStream: the group's engine is ", group.backend(), ", not nccl"));
+  }
+  return nccl_group->communication_stream();
+}
+
+}  // namespace dist

@@ -1,0 +1,100 @@
+// The `nccl` engine: ranks as processes or threads, one CUDA device per rank,
+// collectives over NCCL. Built with --config=cuda only.
+//
+// Rendezvous goes through a dist::Store every rank reaches (HashStore for
+// ranks as threads, FileStore across processes or hosts): rank 0 creates the
+// NCCL unique id and sets it under "<prefix>/unique_id", the others wait for
+// it; then each rank initializes its communicator (non-blocking, so init has
+// the group's timeout as well and fails naming the ranks that never arrived).
+// Use a fresh prefix (or store directory) per run: a stale id in the store
+// makes init time out.
+//
+// Each group has its own communicator, a communication stream
+// (cudaStreamNonBlocking) and a worker thread. A collective is ordered after
+// the work the caller queued so far on its compute stream (the legacy default
+// stream unless set with options or SetNcclComputeStream): an event recorded
+// there when the call is issued is waited for on the communication stream.
+// The worker enqueues the NCCL kernel, records a completion event and polls
+// it; Work::Wait() returns once the collective has finished on the device, so
+// its results may then be read from any stream.
+//
+// Dtypes f32, f16, bf16, i32, i64, u8 go to NCCL as they are (f16 and bf16
+// are reduced by NCCL in their own precision, as in PyTorch; max and min of
+// NaN follow NCCL). avg is ncclAvg; barrier is a one-element all-reduce.
+// Tensors must be contiguous and on the group's device; reduce-scatter and
+// all-gather accept NCCL's in-place forms (output = chunk rank of the input,
+// input = chunk rank of the output). A call whose tensors are all on the CPU
+// (small host values: flags, lengths, the list check of NewSubgroup) is
+// staged through the device and runs synchronously: the returned Work is
+// already complete. A call mixing devices, or on another GPU, fails:
+//   "[all_gather] rank 0 of 2: the input tensor is on cpu; the nccl group of rank 0 uses cuda:0"
+//
+// Timeouts: each call's timeout counts from when it became this rank's oldest
+// unfinished call. When it expires, the rank sets its count of issued calls
+// under "<prefix>/seq/<rank>", reads the other ranks' (waiting up to
+// report_wait for ranks whose own timeout comes later), aborts the
+// communicator and fails the call with DeadlineExceeded:
+//   "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3 (call #4 ...)"
+// naming the ranks that had not issued the call or sent no report. An error
+// NCCL reports (a peer's process died: ncclRemoteError) fails the call too.
+// After either, the group is unusable: every later call fails at once with
+// that error. The store must outlive the group and the groups split from it.
+//
+// Unlike the threads and gloo engines, calls are not compared across ranks
+// before they run (that would cost a host round trip per call): an invalid
+// call fails at once on the rank that made it (and is not issued, so its
+// peers time out naming that rank), and calls that do not match across
+// ranks are NCCL's undefined behaviour (usually a hang, caught by the
+// timeout).
+//
+// Split / NewSubgroup use ncclCommSplit (NCCL >= 2.18); the new group's
+// keys live under "<prefix>/split<n>/color<c>".
+#ifndef DIST_NCCL_GROUP_H_
+#define DIST_NCCL_GROUP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+
+namespace dist {
+
+struct NcclGroupOptions {
+  // Namespaces the keys in the store (e.g. a run id).
+  std::string prefix = "nccl";
+  // The timeout of the rendezvous and communicator init, and of calls
+  // without their own.
+  absl::Duration timeout = DefaultCollectiveTimeout();
+  // How long a rank whose call timed out waits for the other ranks' progress
+  // reports before naming the ranks it waited for.
+  absl::Duration report_wait = absl::Seconds(5);
+  // The caller's compute stream (a cudaStream_t on the group's device);
+  // nullptr: the legacy default stream.
+  void* compute_stream = nullptr;
+};
+
+// Joins the group of `size` ranks as rank `rank`, on CUDA device
+// `device_index` (one rank per device: NCCL refuses two ranks of a group on
+// one device). Blocks until every rank has joined or options.timeout passes
+// (DeadlineExceeded naming the missing ranks). `store` must outlive the
+// group.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
+    int rank, int size, int device_index, Store& store, const NcclGroupOptions& options = {});
+
+// Sets the stream (a cudaStream_t on the group's device; nullptr: the legacy
+// default stream) whose queued work later collectives of `group` wait for.
+// Call it from the thread that issues the collectives. InvalidArgument when
+// `group` is not an nccl group.
+absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream);
+
+// The communication stream (a cudaStream_t) of an nccl group, e.g. to make
+// another stream wait for it.
+absl::StatusOr<void*> NcclCommunicationStream(ProcessGroup& group);
+
+}  // namespace dist
+
+#endif  // DIST_NCCL_GROUP_H_

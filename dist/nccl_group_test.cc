@@ -1,0 +1,435 @@
+// Tests of the nccl engine on GPUs: every collective (in-place forms too) and
+// dtype against the threads engine on the CPU, at world size 1 and, with two
+// or more GPUs, 2 ranks as threads (one per device); init timeouts naming the
+// missing rank; argument errors; splits; ordering after a caller's stream;
+// with two GPUs, a call one rank never makes times out naming that rank.
+// Skips (GTEST_SKIP) where no GPU is visible.
+#include "dist/nccl_group.h"
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+#include "dist/thread_group.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tensor/cuda_backend.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+namespace {
+
+using tensor::Device;
+using tensor::Dtype;
+using tensor::Tensor;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr Dtype kDtypes[] = {Dtype::kF32, Dtype::kF16, Dtype::kBF16,
+                             Dtype::kI32, Dtype::kI64, Dtype::kU8};
+
+#define SKIP_WITHOUT_GPUS(n)                                                         \
+  do {                                                                               \
+    const int visible = tensor::cuda::DeviceCount();                                 \
+    if (visible < (n))                                                               \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << visible << " visible"; \
+  } while (0)
+
+struct Case {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  ReduceOp op = ReduceOp::kSum;
+  Dtype dtype = Dtype::kF32;
+  bool in_place = false;  // reduce_scatter / all_gather: NCCL's in-place form
+
+  std::string Name() const {
+    return absl::StrCat(CollectiveName(kind), "/", ReduceOpName(op), "/", tensor::DtypeName(dtype),
+                        in_place ? "/in_place" : "");
+  }
+};
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (Dtype dtype : kDtypes) {
+    const bool floating = tensor::IsFloatingPoint(dtype);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      if (op == ReduceOp::kAvg && !floating) continue;
+      cases.push_back({CollectiveKind::kAllReduce, op, dtype, false});
+      cases.push_back({CollectiveKind::kReduceScatter, op, dtype, false});
+    }
+    cases.push_back({CollectiveKind::kReduceScatter, ReduceOp::kSum, dtype, true});
+    cases.push_back({CollectiveKind::kAllGather, ReduceOp::kSum, dtype, false});
+    cases.push_back({CollectiveKind::kAllGather, ReduceOp::kSum, dtype, true});
+    cases.push_back({CollectiveKind::kBroadcast, ReduceOp::kSum, dtype, false});
+  }
+  return cases;
+}
+
+// Small integers, different per rank and element, so that sums, averages of
+// two, maxima and minima are exact in every dtype (and u8 stays >= 0).
+Tensor Input(Dtype dtype, int64_t n, int rank, int salt) {
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int v = static_cast<int>((i * 7 + rank * 3 + salt) % 11);
+    values[i] = static_cast<float>(dtype == Dtype::kU8 ? v : v - 5);
+  }
+  return Tensor::FromVector(values, {n}, dtype);
+}
+
+// Runs `c` on `pg` with tensors on `device`; returns the result on the CPU.
+absl::StatusOr<Tensor> RunCase(ProcessGroup& pg, const Case& c, int salt, Device device) {
+  const int rank = pg.rank();
+  const int size = pg.size();
+  switch (c.kind) {
+    case CollectiveKind::kAllReduce: {
+      Tensor t = Input(c.dtype, 7, rank, salt).To(device);
+      if (absl::Status s = pg.AllReduceSync(t, c.op); !s.ok()) return s;
+      return t.To(Device::Cpu());
+    }
+    case CollectiveKind::kReduceScatter: {
+      constexpr int64_t k = 3;
+      Tensor in = Input(c.dtype, k * size, rank, salt).To(device);
+      Tensor out = c.in_place ? in.Narrow(0, rank * k, k) : Tensor::Empty({k}, c.dtype, device);
+      if (absl::Status s = pg.ReduceScatterSync(in, out, c.op); !s.ok()) return s;
+      return out.To(Device::Cpu());
+    }
+    case CollectiveKind::kAllGather: {
+      constexpr int64_t k = 5;
+      Tensor out = Tensor::Zeros({k * size}, c.dtype, device);
+      Tensor in = Input(c.dtype, k, rank, salt).To(device);
+      if (c.in_place) {
+        Tensor chunk = out.Narrow(0, rank * k, k);
+        chunk.CopyFrom(Input(c.dtype, k, rank, salt));
+        in = chunk;
+      }
+      if (absl::Status s = pg.AllGatherSync(in, out); !s.ok()) return s;
+      return out.To(Device::Cpu());
+    }
+    case CollectiveKind::kBroadcast: {
+      Tensor t = Input(c.dtype, 9, rank, salt).To(device);
+      if (absl::Status s = pg.BroadcastSync(t, size - 1); !s.ok()) return s;
+      return t.To(Device::Cpu());
+    }
+    case CollectiveKind::kBarrier: {
+      if (absl::Status s = pg.BarrierSync(); !s.ok()) return s;
+      return Tensor::Zeros({1});
+    }
+  }
+  return absl::InternalError("unknown kind");
+}
+
+// results[rank][case] from the threads engine on the CPU.
+std::vector<std::vector<Tensor>> CpuReference(int size, const std::vector<Case>& cases) {
+  std::vector<std::vector<Tensor>> results(size, std::vector<Tensor>(cases.size()));
+  absl::Status status = RunRanks(size, [&](int rank, ProcessGroup& pg) -> absl::Status {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      absl::StatusOr<Tensor> r = RunCase(pg, cases[i], static_cast<int>(i), Device::Cpu());
+      if (!r.ok()) return r.status();
+      results[rank][i] = *r;
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  return results;
+}
+
+void ExpectSame(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_TRUE(want.defined()) << what;
+  EXPECT_EQ(got.dtype(), want.dtype()) << what;
+  if (tensor::IsFloatingPoint(want.dtype())) {
+    EXPECT_EQ(got.ToVector<float>(), want.ToVector<float>()) << what;
+  } else {
+    EXPECT_EQ(got.ToVector<int64_t>(), want.ToVector<int64_t>()) << what;
+  }
+}
+
+NcclGroupOptions Options(absl::string_view prefix, absl::Duration timeout = absl::Seconds(60)) {
+  NcclGroupOptions options;
+  options.prefix = std::string(prefix);
+  options.timeout = timeout;
+  options.report_wait = absl::Seconds(2);
+  return options;
+}
+
+TEST(NcclGroupTest, WorldOfOneMatchesTheCpuReference) {
+  ASSERT_TRUE(tensor::cuda::Built());
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("w1"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  EXPECT_EQ((*pg)->backend(), "nccl");
+  EXPECT_EQ((*pg)->rank(), 0);
+  EXPECT_EQ((*pg)->size(), 1);
+  const std::vector<Case> cases = AllCases();
+  const auto want = CpuReference(1, cases);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    absl::StatusOr<Tensor> got = RunCase(**pg, cases[i], static_cast<int>(i), Device::Cuda(0));
+    ASSERT_TRUE(got.ok()) << cases[i].Name() << ": " << got.status();
+    ExpectSame(*got, want[0][i], cases[i].Name());
+  }
+  EXPECT_TRUE((*pg)->BarrierSync().ok());
+  // Asynchronous calls complete in order.
+  Tensor a = Tensor::Full({1000}, 2.0, Dtype::kF32, Device::Cuda(0));
+  Tensor b = Tensor::Full({10}, 3.0, Dtype::kI64, Device::Cuda(0));
+  WorkPtr wa = (*pg)->AllReduce(a, ReduceOp::kMax);
+  WorkPtr wb = (*pg)->Broadcast(b, 0);
+  EXPECT_TRUE(wb->Wait().ok());
+  EXPECT_TRUE(wa->IsCompleted());
+  EXPECT_TRUE(wa->Wait().ok());
+  EXPECT_EQ(b.ToVector<int64_t>(), std::vector<int64_t>(10, 3));
+}
+
+TEST(NcclGroupTest, TwoRanksAsThreadsMatchTheCpuReference) {
+  SKIP_WITHOUT_GPUS(2);
+  constexpr int kSize = 2;
+  HashStore store;
+  const std::vector<Case> cases = AllCases();
+  const auto want = CpuReference(kSize, cases);
+  std::vector<std::vector<Tensor>> got(kSize, std::vector<Tensor>(cases.size()));
+  std::vector<absl::Status> statuses(kSize);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kSize; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto pg = CreateNcclProcessGroup(rank, kSize, rank, store, Options("w2"));
+      if (!pg.ok()) {
+        statuses[rank] = pg.status();
+        return;
+      }
+      for (size_t i = 0; i < cases.size(); ++i) {
+        absl::StatusOr<Tensor> r = RunCase(**pg, cases[i], static_cast<int>(i), Device::Cuda(rank));
+        if (!r.ok()) {
+          statuses[rank] = r.status();
+          return;
+        }
+        got[rank][i] = *r;
+      }
+      // Split: reversed order (key 1 - rank), then one group per rank.
+      auto both = (*pg)->Split(0, 1 - rank);
+      if (!both.ok()) {
+        statuses[rank] = both.status();
+        return;
+      }
+      if ((*both)->rank() != 1 - rank || (*both)->size() != 2) {
+        statuses[rank] = absl::InternalError(absl::StrCat("split: rank ", (*both)->rank()));
+        return;
+      }
+      Tensor mine = Tensor::Full({1}, static_cast<double>(rank), Dtype::kI32, Device::Cuda(rank));
+      Tensor all = Tensor::Empty({2}, Dtype::kI32, Device::Cuda(rank));
+      statuses[rank] = (*both)->AllGatherSync(mine, all);
+      if (statuses[rank].ok() && all.ToVector<int>() != std::vector<int>{1, 0}) {
+        statuses[rank] = absl::InternalError("split: all_gather is not in the new rank order");
+      }
+      auto alone = (*pg)->Split(rank);
+      if (statuses[rank].ok() && !alone.ok()) statuses[rank] = alone.status();
+      if (statuses[rank].ok()) statuses[rank] = (*alone)->BarrierSync();
+      // NewSubgroup compares the lists with a CPU all-gather (staged).
+      auto listed = (*pg)->NewSubgroup({1});
+      if (statuses[rank].ok() && !listed.ok()) statuses[rank] = listed.status();
+      if (statuses[rank].ok() && (*listed == nullptr) != (rank == 0)) {
+        statuses[rank] = absl::InternalError("new_subgroup: wrong membership");
+      }
+      if (statuses[rank].ok() && rank == 1) statuses[rank] = (*listed)->BarrierSync();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < kSize; ++rank) {
+    ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+    for (size_t i = 0; i < cases.size(); ++i) {
+      ExpectSame(got[rank][i], want[rank][i], absl::StrCat("rank ", rank, " ", cases[i].Name()));
+    }
+  }
+}
+
+TEST(NcclGroupTest, InitTimesOutNamingTheMissingRank) {
+  SKIP_WITHOUT_GPUS(1);
+  {
+    // Rank 0 of 2 alone: rank 1 never arrives.
+    HashStore store;
+    const absl::Time start = absl::Now();
+    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("lonely0", absl::Seconds(2)));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+    ASSERT_FALSE(pg.ok());
+    EXPECT_TRUE(absl::IsDeadlineExceeded(pg.status())) << pg.status();
+    EXPECT_THAT(std::string(pg.status().message()),
+                StartsWith("[nccl_init] rank 0 of 2 timed out after 2.0 s waiting for rank 1 (it "
+                           "never reached communicator init"));
+  }
+  {
+    // Rank 1 of 2 alone: no unique id from rank 0.
+    HashStore store;
+    auto pg = CreateNcclProcessGroup(1, 2, 0, store, Options("lonely1", absl::Milliseconds(500)));
+    ASSERT_FALSE(pg.ok());
+    EXPECT_TRUE(absl::IsDeadlineExceeded(pg.status())) << pg.status();
+    EXPECT_THAT(std::string(pg.status().message()),
+                StartsWith("[nccl_init] rank 1 of 2 timed out after 0.5 s waiting for rank 0 (no "
+                           "NCCL unique id at key lonely1/unique_id"));
+  }
+}
+
+TEST(NcclGroupTest, BadArgumentsFailAtOnceAndLeaveTheGroupUsable) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  const int devices = tensor::cuda::DeviceCount();
+  auto missing = CreateNcclProcessGroup(0, 1, devices, store, Options("bad0"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing.status())) << missing.status();
+  EXPECT_EQ(missing.status().message(),
+            absl::StrCat("[nccl_init] rank 0 of 1: device cuda:", devices, " does not exist (",
+                         devices, " CUDA devices visible)"));
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateNcclProcessGroup(1, 1, 0, store).status()));
+
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("bad"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  absl::Status s =
+      (*pg)->AllGatherSync(Tensor::Zeros({4}), Tensor::Zeros({4}, Dtype::kF32, Device::Cuda(0)));
+  EXPECT_EQ(s, absl::InvalidArgumentError("[all_gather] rank 0 of 1: the input tensor is on cpu; "
+                                          "the nccl group of rank 0 uses cuda:0"));
+  Tensor strided = Tensor::Zeros({2, 3}, Dtype::kF32, Device::Cuda(0)).Transpose(0, 1);
+  s = (*pg)->AllReduceSync(strided);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is not contiguous"));
+  s = (*pg)->AllReduceSync(Tensor::Zeros({3}, Dtype::kI32, Device::Cuda(0)), ReduceOp::kAvg);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  // Still usable.
+  Tensor x = Tensor::Full({5}, 1.5, Dtype::kF32, Device::Cuda(0));
+  EXPECT_TRUE((*pg)->AllReduceSync(x, ReduceOp::kSum).ok());
+  EXPECT_EQ(x.ToVector<float>(), std::vector<float>(5, 1.5f));
+  // Not an nccl group.
+  ThreadWorld world(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(SetNcclComputeStream(world.group(0), nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(NcclCommunicationStream(world.group(0)).status()));
+}
+
+TEST(NcclGroupTest, CpuTensorsAreStagedThroughTheDevice) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("cpu"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  const std::vector<Case> cases = AllCases();
+  const auto want = CpuReference(1, cases);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    absl::StatusOr<Tensor> got = RunCase(**pg, cases[i], static_cast<int>(i), Device::Cpu());
+    ASSERT_TRUE(got.ok()) << cases[i].Name() << ": " << got.status();
+    ExpectSame(*got, want[0][i], cases[i].Name());
+  }
+  // A strided CPU tensor is written back through its strides.
+  Tensor base = Tensor::FromVector({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor strided = base.Transpose(0, 1);
+  WorkPtr work = (*pg)->Broadcast(strided, 0);
+  EXPECT_TRUE(work->IsCompleted());  // staged calls are synchronous
+  EXPECT_TRUE(work->Wait().ok());
+  EXPECT_EQ(base.ToVector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(NcclGroupTest, SplitsOfAGroupOfOne) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("split"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  auto none = (*pg)->Split(-1);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  auto sub = (*pg)->Split(3);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ASSERT_NE(*sub, nullptr);
+  EXPECT_EQ((*sub)->backend(), "nccl");
+  EXPECT_EQ((*sub)->size(), 1);
+  Tensor x = Tensor::Full({4}, 2.0, Dtype::kBF16, Device::Cuda(0));
+  EXPECT_TRUE((*sub)->AllReduceSync(x, ReduceOp::kAvg).ok());
+  EXPECT_EQ(x.ToVector<float>(), std::vector<float>(4, 2.0f));
+  auto listed = (*pg)->NewSubgroup({0});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_NE(*listed, nullptr);
+  EXPECT_TRUE((*listed)->BarrierSync().ok());
+  // The parent still works after its splits.
+  EXPECT_TRUE((*pg)->BarrierSync().ok());
+}
+
+TEST(NcclGroupTest, CollectivesWaitForTheComputeStream) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("stream"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  absl::StatusOr<void*> comm_stream = NcclCommunicationStream(**pg);
+  ASSERT_TRUE(comm_stream.ok());
+  EXPECT_NE(*comm_stream, nullptr);
+
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(SetNcclComputeStream(**pg, stream).ok());
+  // A large copy queued on the compute stream fills the input; the all-gather
+  // (a copy to another buffer at world size 1) must see all of it.
+  constexpr int64_t n = int64_t{32} << 20;  // 128 MiB of f32
+  float* host = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000 + 1);
+  Tensor in = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+  Tensor out = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the zeros are in place
+  ASSERT_EQ(cudaMemcpyAsync(in.raw_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  ASSERT_TRUE((*pg)->AllGatherSync(in, out).ok());
+  const std::vector<float> result = out.ToVector<float>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += result[i] != host[i];
+  EXPECT_EQ(wrong, 0);
+  cudaFreeHost(host);
+  ASSERT_TRUE(SetNcclComputeStream(**pg, nullptr).ok());
+  cudaStreamDestroy(stream);
+}
+
+TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  absl::Status timed_out;
+  absl::Status later;
+  absl::Status rank1;
+  std::thread rank0_thread([&] {
+    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("stuck", absl::Seconds(30)));
+    if (!pg.ok()) {
+      timed_out = pg.status();
+      return;
+    }
+    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
+    timed_out = (*pg)->BarrierSync();  // call #0, both ranks
+    if (!timed_out.ok()) return;
+    timed_out =
+        (*pg)->AllReduceSync(x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
+    const absl::Time start = absl::Now();
+    later = (*pg)->BarrierSync();
+    if (absl::Now() - start > absl::Seconds(1)) later = absl::InternalError("not at once");
+    ASSERT_TRUE(store.Set("test/rank0_done", "1").ok());
+  });
+  std::thread rank1_thread([&] {
+    NcclGroupOptions options = Options("stuck", absl::Seconds(30));
+    auto pg = CreateNcclProcessGroup(1, 2, 1, store, options);
+    if (!pg.ok()) {
+      rank1 = pg.status();
+      return;
+    }
+    rank1 = (*pg)->BarrierSync();
+    // Skips the all-reduce, stays alive until rank 0 has failed.
+    (*pg)->set_timeout(absl::Seconds(3));  // bounds this group's shutdown (finalize)
+    rank1.Update(store.Get("test/rank0_done", absl::Seconds(60)).status());
+  });
+  rank0_thread.join();
+  rank1_thread.join();
+  ASSERT_TRUE(rank1.ok()) << rank1;
+  ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
+  EXPECT_THAT(std::string(timed_out.message()),
+              StartsWith("[all_reduce] rank 0 of 2 timed out after 1.0 s waiting for rank 1 (call "
+                         "#1 of this rank; rank 1 sent no report"));
+  EXPECT_THAT(std::string(later.message()),
+              StartsWith("[barrier] rank 0 of 2: the group is unusable after an earlier failure: "
+                         "[all_reduce] rank 0 of 2 timed out"));
+}
+
+}  // namespace
+}  // namespace dist

@@ -1,0 +1,196 @@
+// The store side of the `nccl` engine: unique id exchange, arrival marks,
+// progress reports and the messages that name missing ranks.
+#include "dist/nccl_rendezvous.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dist {
+namespace nccl {
+namespace {
+
+std::string NameRanks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+std::string InitDir(absl::string_view prefix) { return absl::StrCat(prefix, "/init"); }
+std::string SeqDir(absl::string_view prefix) { return absl::StrCat(prefix, "/seq"); }
+
+bool IsHex(absl::string_view text) {
+  for (char c : text) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string Who(int rank, int size) { return absl::StrCat("rank ", rank, " of ", size); }
+
+std::string UniqueIdKey(absl::string_view prefix) { return absl::StrCat(prefix, "/unique_id"); }
+
+std::string RankKey(absl::string_view dir, int rank) { return absl::StrCat(dir, "/", rank); }
+
+absl::StatusOr<std::string> ExchangeUniqueId(
+    Store& store, absl::string_view prefix, int rank, int size, size_t id_bytes,
+    absl::FunctionRef<absl::StatusOr<std::string>()> create, absl::Duration timeout) {
+  const std::string key = UniqueIdKey(prefix);
+  const std::string head = absl::StrCat("[nccl_init] ", Who(rank, size));
+  if (rank == 0) {
+    absl::StatusOr<std::string> id = create();
+    if (!id.ok()) {
+      return absl::Status(id.status().code(), absl::StrCat(head,
+                                                           ": could not create the NCCL "
+                                                           "unique id: ",
+                                                           id.status().message()));
+    }
+    if (id->size() != id_bytes) {
+      return absl::InternalError(absl::StrCat(head, ": the NCCL unique id has ", id->size(),
+                                              " bytes, expected ", id_bytes));
+    }
+    if (absl::Status s = store.Set(key, absl::BytesToHexString(*id)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(head,
+                                                 ": could not publish the NCCL unique id "
+                                                 "at key ",
+                                                 key, ": ", s.message()));
+    }
+    return id;
+  }
+  absl::StatusOr<std::string> hex = store.Get(key, timeout);
+  if (!hex.ok()) {
+    if (absl::IsDeadlineExceeded(hex.status())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          head, " timed out after ", internal::FormatSeconds(timeout),
+          " waiting for rank 0 (no NCCL unique id at key ", key,
+          " in the store: rank 0 has not started, failed, or uses another store or prefix)"));
+    }
+    return absl::Status(hex.status().code(),
+                        absl::StrCat(head, ": could not read the NCCL unique id at key ", key, ": ",
+                                     hex.status().message()));
+  }
+  if (hex->size() != 2 * id_bytes || !IsHex(*hex)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        head, ": key ", key, " holds ", hex->size(), " characters, not the ", 2 * id_bytes,
+        " hex digits of a NCCL unique id (a stale or foreign key? use a fresh prefix per run)"));
+  }
+  return absl::HexStringToBytes(*hex);
+}
+
+absl::Status PublishCount(Store& store, absl::string_view dir, int rank, int64_t count) {
+  return store.Set(RankKey(dir, rank), absl::StrCat(count));
+}
+
+RankCounts ReadCounts(Store& store, absl::string_view dir, int size, absl::Duration wait) {
+  std::vector<std::string> keys;
+  keys.reserve(size);
+  for (int r = 0; r < size; ++r) keys.push_back(RankKey(dir, r));
+  // Waits for all; on a timeout the keys that are there are read below.
+  store.Wait(keys, wait).IgnoreError();
+  RankCounts counts(size);
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::string> value = store.Get(keys[r], absl::ZeroDuration());
+    int64_t count = 0;
+    if (value.ok() && absl::SimpleAtoi(*value, &count)) counts[r] = count;
+  }
+  return counts;
+}
+
+std::vector<int> MissingRanks(const RankCounts& counts, int64_t needed, int rank) {
+  std::vector<int> missing;
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    if (r == rank) continue;
+    if (!counts[r].has_value() || *counts[r] < needed) missing.push_back(r);
+  }
+  return missing;
+}
+
+absl::Status MarkInitArrival(Store& store, absl::string_view prefix, int rank) {
+  return PublishCount(store, InitDir(prefix), rank, 1);
+}
+
+absl::Status InitTimeoutError(Store& store, absl::string_view prefix, int rank, int size,
+                              absl::Duration timeout, absl::string_view detail) {
+  const RankCounts arrived = ReadCounts(store, InitDir(prefix), size, absl::ZeroDuration());
+  const std::vector<int> missing = MissingRanks(arrived, 1, rank);
+  std::string message = absl::StrCat("[nccl_init] ", Who(rank, size), " timed out after ",
+                                     internal::FormatSeconds(timeout), " waiting for ");
+  if (missing.empty()) {
+    absl::StrAppend(&message, "the communicator to connect (every rank reached communicator init",
+                    " under prefix \"", prefix, "\": the ranks cannot reach each other)");
+  } else {
+    absl::StrAppend(&message, NameRanks(missing), " (",
+                    missing.size() == 1 ? "it never reached" : "they never reached",
+                    " communicator init under prefix \"", prefix,
+                    "\": exited, hung earlier, or use another store, prefix or world size)");
+  }
+  if (!detail.empty()) absl::StrAppend(&message, "; ", detail);
+  return absl::DeadlineExceededError(message);
+}
+
+ProgressReport ReportProgress(Store* store, absl::string_view prefix, int rank, int size,
+                              int64_t call, int64_t issued, absl::Duration wait) {
+  ProgressReport report;
+  report.counts.assign(size, std::nullopt);
+  report.counts[rank] = issued;
+  if (store == nullptr) {
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) report.missing.push_back(r);
+    }
+    report.have_store = false;
+    return report;
+  }
+  const std::string dir = SeqDir(prefix);
+  report.publish_error = PublishCount(*store, dir, rank, issued);
+  report.counts = ReadCounts(*store, dir, size, wait);
+  report.counts[rank] = issued;
+  report.missing = MissingRanks(report.counts, call + 1, rank);
+  return report;
+}
+
+absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Duration timeout,
+                              int64_t call, const ProgressReport& report, absl::Duration wait) {
+  std::string message = absl::StrCat("[", op, "] ", Who(rank, size), " timed out after ",
+                                     internal::FormatSeconds(timeout), " waiting for ");
+  if (report.missing.empty() && size == 1) {
+    absl::StrAppend(&message, "the call to finish (call #", call,
+                    ": the device never finished it)");
+  } else if (report.missing.empty()) {
+    absl::StrAppend(&message, "the call to finish (call #", call,
+                    "; every rank had issued it: a peer may have aborted the group, or the "
+                    "transport is stuck)");
+  } else if (!report.have_store) {
+    absl::StrAppend(&message, NameRanks(report.missing), " (call #", call,
+                    " of this rank; no store to learn which of them had not issued it)");
+  } else {
+    std::vector<std::string> why;
+    std::vector<int> silent;
+    for (int r : report.missing) {
+      if (report.counts.size() > static_cast<size_t>(r) && report.counts[r].has_value()) {
+        const int64_t n = *report.counts[r];
+        why.push_back(absl::StrCat("rank ", r, " had issued ", n, n == 1 ? " call" : " calls"));
+      } else {
+        silent.push_back(r);
+      }
+    }
+    if (!silent.empty()) {
+      why.push_back(absl::StrCat(NameRanks(silent), " sent no report within ",
+                                 internal::FormatSeconds(wait),
+                                 ": exited, hung, or busy outside this group"));
+    }
+    absl::StrAppend(&message, NameRanks(report.missing), " (call #", call, " of this rank; ",
+                    absl::StrJoin(why, "; "), ")");
+  }
+  if (!report.publish_error.ok()) {
+    absl::StrAppend(
+        &message, " [could not report this rank's progress: ", report.publish_error.message(), "]");
+  }
+  return absl::DeadlineExceededError(message);
+}
+
+}  // namespace nccl
+}  // namespace dist

@@ -1,0 +1,116 @@
+// The store side of the `nccl` engine (dist/nccl_group.h), free of CUDA so
+// that it is tested without a GPU:
+//   - the NCCL unique id: rank 0 creates it and sets it (hex) under
+//     "<prefix>/unique_id"; the other ranks wait for it;
+//   - arrival marks ("<prefix>/init/<rank>") set by every rank that reaches
+//     communicator init, so that an init that times out names the ranks that
+//     never came;
+//   - progress reports: when a call times out, the rank sets its count of
+//     issued calls under "<prefix>/seq/<rank>" and reads the others' (waiting
+//     a little for ranks whose own timeout comes later); ranks that had issued
+//     fewer calls than the one that timed out, or that sent no report, are the
+//     ones it waited for;
+//   - the messages of those failures, in the form every engine uses:
+//     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3".
+//
+// Calls are numbered from 0 in issue order on each rank's group (as in the
+// threads engine's messages); a rank's count of issued calls is the number of
+// the next one.
+#ifndef DIST_NCCL_RENDEZVOUS_H_
+#define DIST_NCCL_RENDEZVOUS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "dist/store.h"
+
+namespace dist {
+namespace nccl {
+
+// "rank 1 of 4".
+std::string Who(int rank, int size);
+
+// The key of the unique id: "<prefix>/unique_id".
+std::string UniqueIdKey(absl::string_view prefix);
+
+// Rank 0 calls create() and sets its bytes under UniqueIdKey(prefix); every
+// other rank waits up to `timeout` for that key. Returns the id (id_bytes raw
+// bytes) on every rank. Fails with DeadlineExceeded naming rank 0 when the id
+// does not come, InvalidArgument when the key holds something that is not an
+// id of id_bytes bytes (a stale or foreign key: use a fresh prefix per run).
+absl::StatusOr<std::string> ExchangeUniqueId(
+    Store& store, absl::string_view prefix, int rank, int size, size_t id_bytes,
+    absl::FunctionRef<absl::StatusOr<std::string>()> create, absl::Duration timeout);
+
+// Counts per rank read from "<dir>/<rank>" keys; nullopt where a rank set no
+// key (or an unreadable one).
+using RankCounts = std::vector<std::optional<int64_t>>;
+
+// Sets "<dir>/<rank>" to `count` (decimal).
+absl::Status PublishCount(Store& store, absl::string_view dir, int rank, int64_t count);
+
+// The counts of ranks 0 .. size-1 under "<dir>/", after waiting up to `wait`
+// for all of them to be set (returns early once all are). Store errors leave
+// the rank's entry empty.
+RankCounts ReadCounts(Store& store, absl::string_view dir, int size, absl::Duration wait);
+
+// The ranks other than `rank` whose count is missing or below `needed`, in
+// increasing order.
+std::vector<int> MissingRanks(const RankCounts& counts, int64_t needed, int rank);
+
+// Marks that `rank` reached communicator init: sets "<prefix>/init/<rank>".
+absl::Status MarkInitArrival(Store& store, absl::string_view prefix, int rank);
+
+// The error of an init that timed out on `rank` after `timeout`: reads the
+// arrival marks (no waiting) and names the ranks without one:
+// "[nccl_init] rank 0 of 2 timed out after 2.0 s waiting for rank 1 (it never
+// reached communicator init: ...)". DeadlineExceeded. `detail` (may be empty)
+// is appended, e.g. what NCCL said.
+absl::Status InitTimeoutError(Store& store, absl::string_view prefix, int rank, int size,
+                              absl::Duration timeout, absl::string_view detail);
+
+// What a rank learned when its call number `call` timed out.
+struct ProgressReport {
+  // The ranks it waited for (see MissingRanks), in increasing order.
+  std::vector<int> missing;
+  // Every rank's count of issued calls as reported (this rank's included).
+  RankCounts counts;
+  // Set when this rank could not publish its own count (the peers then
+  // cannot tell it was there).
+  absl::Status publish_error;
+  // False when there was no store: every other rank is named.
+  bool have_store = true;
+};
+
+// On a timeout of this rank's call number `call` with `issued` calls issued
+// so far (issued > call): sets "<prefix>/seq/<rank>" = issued, then reads the
+// other ranks' counts, waiting up to `wait` for them, and names the ranks
+// whose count is below call + 1 or missing. Without a store (nullptr) every
+// other rank is named.
+ProgressReport ReportProgress(Store* store, absl::string_view prefix, int rank, int size,
+                              int64_t call, int64_t issued, absl::Duration wait);
+
+// "[<op>] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3 (call #4
+// of this rank; rank 2 had issued 4 calls; rank 3 sent no report within
+// 5.0 s: ...)". When no rank is missing (every rank had issued the call):
+// "[<op>] rank 1 of 4 timed out after 2.0 s waiting for the call to finish
+// (call #4; every rank had issued it: ...)", or for a group of one "...
+// (call #4: the device never finished it)". DeadlineExceeded.
+absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Duration timeout,
+                              int64_t call, const ProgressReport& report, absl::Duration wait);
+
+// "<dir>/<rank>".
+std::string RankKey(absl::string_view dir, int rank);
+
+}  // namespace nccl
+}  // namespace dist
+
+#endif  // DIST_NCCL_RENDEZVOUS_H_

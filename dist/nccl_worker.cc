@@ -1,0 +1,256 @@
+// The host side of the `nccl` engine's calls: PollUntil, the CallWorker
+// thread (in-order start, completion polling, timeouts that name the missing
+// ranks and break the group) and the tensor rules of NCCL calls.
+#include "dist/nccl_worker.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dist/nccl_rendezvous.h"
+
+namespace dist {
+namespace nccl {
+
+absl::StatusOr<bool> PollUntil(absl::FunctionRef<absl::StatusOr<bool>()> poll, absl::Time deadline,
+                               const Clock& clock, absl::Duration max_sleep) {
+  absl::Duration sleep = absl::Microseconds(1);
+  while (true) {
+    absl::StatusOr<bool> done = poll();
+    if (!done.ok() || *done) return done;
+    const absl::Time now = clock.now();
+    if (now >= deadline) return false;
+    clock.sleep(std::min(sleep, deadline - now));
+    sleep = std::min(2 * sleep, max_sleep);
+  }
+}
+
+CallWorker::CallWorker(CallWorkerOptions options)
+    : options_(std::move(options)), thread_([this] { Loop(); }) {}
+
+CallWorker::~CallWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+WorkPtr CallWorker::Submit(std::string op, absl::Duration timeout,
+                           std::shared_ptr<PendingCall> call) {
+  auto work = std::make_shared<CompletionWork>();
+  absl::Status rejected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) {
+      rejected = BrokenErrorLocked(op);
+    } else {
+      Item item;
+      item.op = std::move(op);
+      item.timeout = timeout;
+      item.number = submitted_++;
+      item.call = std::move(call);
+      item.work = work;
+      queue_.push_back(std::move(item));
+    }
+  }
+  if (!rejected.ok()) {
+    work->Complete(rejected);
+    return work;
+  }
+  cv_.notify_all();
+  return work;
+}
+
+int64_t CallWorker::submitted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return submitted_;
+}
+
+absl::Status CallWorker::broken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
+absl::Status CallWorker::BrokenError(absl::string_view op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return BrokenErrorLocked(op);
+}
+
+absl::Status CallWorker::BrokenErrorLocked(absl::string_view op) const {
+  return absl::Status(
+      broken_.code(),
+      absl::StrCat("[", op, "] ", Who(options_.rank, options_.size),
+                   ": the group is unusable after an earlier failure: ", broken_.message()));
+}
+
+absl::Status CallWorker::CallError(const Item& item, const absl::Status& status) const {
+  return absl::Status(
+      status.code(),
+      absl::StrCat("[", item.op, "] ", Who(options_.rank, options_.size), ": ", status.message()));
+}
+
+absl::Status CallWorker::TimeoutError(const Item& item) {
+  const int64_t issued = submitted();
+  const ProgressReport report =
+      ReportProgress(options_.store, options_.prefix, options_.rank, options_.size, item.number,
+                     issued, options_.report_wait);
+  return CallTimeoutError(item.op, options_.rank, options_.size, item.timeout, item.number, report,
+                          options_.report_wait);
+}
+
+void CallWorker::Break(Item& failed, const absl::Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.ok()) broken_ = error;
+  }
+  if (options_.abort) options_.abort();
+  // Buffers are released before the waiters wake.
+  failed.call.reset();
+  failed.work->Complete(error);
+  for (Item& other : in_flight_) {
+    if (&other == &failed) continue;
+    other.call.reset();
+    other.work->Complete(BrokenError(other.op));
+  }
+  in_flight_.clear();
+}
+
+bool CallWorker::StartItem(Item& item) {
+  const absl::Time start = options_.clock.now();
+  if (absl::Status started = item.call->Start(); !started.ok()) {
+    Break(item, CallError(item, started));
+    return false;
+  }
+  PendingCall* call = item.call.get();
+  absl::StatusOr<bool> enqueued =
+      PollUntil([call] { return call->Enqueued(); }, start + item.timeout, options_.clock,
+                options_.max_poll_sleep);
+  if (!enqueued.ok()) {
+    Break(item, CallError(item, enqueued.status()));
+    return false;
+  }
+  if (!*enqueued) {
+    Break(item, TimeoutError(item));
+    return false;
+  }
+  return true;
+}
+
+void CallWorker::Loop() {
+  if (options_.on_thread_start) options_.on_thread_start();
+  const Clock& clock = options_.clock;
+  absl::Time oldest_since;  // When in_flight_.front() became the oldest call.
+  absl::Duration sleep = absl::Microseconds(1);
+  while (true) {
+    std::optional<Item> next;
+    std::deque<Item> rejected;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (in_flight_.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (!broken_.ok()) {
+        rejected.swap(queue_);
+      } else if (!queue_.empty() && (in_flight_.empty() || !queue_.front().call->NeedsIdle())) {
+        next = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (stop_ && rejected.empty() && !next.has_value() && queue_.empty() && in_flight_.empty()) {
+        return;
+      }
+    }
+    if (!rejected.empty()) {
+      for (Item& item : rejected) {
+        item.call.reset();
+        item.work->Complete(BrokenError(item.op));
+      }
+      continue;
+    }
+    if (next.has_value()) {
+      const bool was_idle = in_flight_.empty();
+      const absl::Time start = clock.now();
+      if (StartItem(*next)) {
+        in_flight_.push_back(std::move(*next));
+        if (was_idle) oldest_since = start;
+      }
+      sleep = absl::Microseconds(1);
+      continue;
+    }
+    if (in_flight_.empty()) continue;
+    Item& oldest = in_flight_.front();
+    absl::StatusOr<bool> finished = oldest.call->Finished();
+    if (!finished.ok()) {
+      Break(oldest, CallError(oldest, finished.status()));
+      continue;
+    }
+    if (*finished) {
+      Item done = std::move(oldest);
+      in_flight_.pop_front();
+      oldest_since = clock.now();
+      done.call.reset();
+      done.work->Complete(absl::OkStatus());
+      sleep = absl::Microseconds(1);
+      continue;
+    }
+    const absl::Time now = clock.now();
+    const absl::Time deadline = oldest_since + oldest.timeout;
+    if (now >= deadline) {
+      Break(oldest, TimeoutError(oldest));
+      continue;
+    }
+    clock.sleep(std::min(sleep, deadline - now));
+    sleep = std::min(2 * sleep, options_.max_poll_sleep);
+  }
+}
+
+absl::Status CheckNcclTensors(const CollectiveCall& call, tensor::Device device, int rank,
+                              int size) {
+  const std::string head =
+      absl::StrCat("[", CollectiveName(call.kind), "] ", Who(rank, size), ": ");
+  auto check = [&](const tensor::Tensor& t, absl::string_view name) -> absl::Status {
+    if (t.device() != device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(head, "the ", name, " is on ", t.device().ToString(),
+                       "; the nccl group of rank ", rank, " uses ", device.ToString()));
+    }
+    if (!t.is_contiguous()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(head, "the ", name,
+                       " is not contiguous (the nccl engine takes contiguous tensors only)"));
+    }
+    return absl::OkStatus();
+  };
+  switch (call.kind) {
+    case CollectiveKind::kBarrier:
+      return absl::OkStatus();
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kBroadcast:
+      return check(call.input, "tensor");
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+      break;
+  }
+  if (absl::Status s = check(call.input, "input tensor"); !s.ok()) return s;
+  if (absl::Status s = check(call.output, "output tensor"); !s.ok()) return s;
+  const char* in = static_cast<const char*>(call.input.raw_data());
+  const char* out = static_cast<const char*>(call.output.raw_data());
+  const int64_t in_bytes = call.input.nbytes();
+  const int64_t out_bytes = call.output.nbytes();
+  const bool overlap = in_bytes > 0 && out_bytes > 0 && in < out + out_bytes && out < in + in_bytes;
+  if (!overlap) return absl::OkStatus();
+  if (call.kind == CollectiveKind::kReduceScatter) {
+    if (out == in + rank * out_bytes) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(head, "the output overlaps the input but is not chunk ", rank,
+                     " of it (the only in-place form NCCL supports)"));
+  }
+  if (in == out + rank * in_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(head, "the input overlaps the output but is not chunk ", rank,
+                   " of it (the only in-place form NCCL supports)"));
+}
+
+}  // namespace nccl
+}  // namespace dist

@@ -1,0 +1,160 @@
+// The host side of the `nccl` engine's calls (dist/nccl_group.h), free of
+// CUDA so that it is tested without a GPU:
+//   - PollUntil: polls a predicate until it holds, fails, or a deadline
+//     passes, with an injectable clock;
+//   - CallWorker: one thread per group that starts the rank's calls in issue
+//     order and watches them finish. A call is a PendingCall (the engine
+//     supplies it: enqueue NCCL kernels, query a CUDA event); the worker
+//     counts each call's timeout from when it became the oldest unfinished
+//     call, and on a timeout publishes this rank's progress to the store to
+//     name the ranks it waited for (dist/nccl_rendezvous.h), aborts the
+//     communicator (a callback) and fails that call and every later one: the
+//     group is then unusable, as with the other engines;
+//   - CheckNcclTensors: the device, layout and aliasing rules of NCCL calls.
+#ifndef DIST_NCCL_WORKER_H_
+#define DIST_NCCL_WORKER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+#include "dist/work.h"
+#include "tensor/device.h"
+
+namespace dist {
+namespace nccl {
+
+// Time as the worker sees it; tests substitute a fake one.
+struct Clock {
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+  std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
+};
+
+// Calls poll() until it returns true (then true), an error (returned), or
+// `deadline` has passed with poll() still false (then false). poll() is
+// called at least once, and once more at or after the deadline before giving
+// up. Sleeps between polls, from 1 us doubling up to max_sleep, never past
+// the deadline.
+absl::StatusOr<bool> PollUntil(absl::FunctionRef<absl::StatusOr<bool>()> poll, absl::Time deadline,
+                               const Clock& clock = Clock(),
+                               absl::Duration max_sleep = absl::Microseconds(100));
+
+// One call as the worker drives it. The worker calls these on its thread, in
+// this order: Start once, Enqueued until true, Finished until true. After the
+// first failure of the group none is called again.
+class PendingCall {
+ public:
+  virtual ~PendingCall() = default;
+  // Starts the call (enqueues its work). An error fails it.
+  virtual absl::Status Start() = 0;
+  // Whether the work of Start() is fully enqueued, so that the next call may
+  // start (NCCL's non-blocking communicators may finish enqueuing in the
+  // background). Counted against the call's timeout.
+  virtual absl::StatusOr<bool> Enqueued() { return true; }
+  // Whether the call has finished; an error fails it.
+  virtual absl::StatusOr<bool> Finished() = 0;
+  // True for calls that may only start once every earlier call has finished
+  // (communicator management such as a split).
+  virtual bool NeedsIdle() const { return false; }
+};
+
+struct CallWorkerOptions {
+  int rank = 0;
+  int size = 1;
+  // Where ranks report their progress when a call times out (keys
+  // "<prefix>/seq/<rank>"); without one, a timeout names every other rank.
+  // Must outlive the worker.
+  Store* store = nullptr;
+  std::string prefix = "nccl";
+  // How long a rank whose call timed out waits for the other ranks' reports.
+  absl::Duration report_wait = absl::Seconds(5);
+  // Runs first on the worker thread (e.g. selects the CUDA device).
+  std::function<void()> on_thread_start;
+  // Runs once, on the worker thread, at the group's first failure, before the
+  // calls are failed (aborts the communicator so that stuck kernels exit).
+  std::function<void()> abort;
+  Clock clock;
+  // The longest sleep between two polls of an unfinished call.
+  absl::Duration max_poll_sleep = absl::Microseconds(100);
+};
+
+class CallWorker {
+ public:
+  explicit CallWorker(CallWorkerOptions options);
+  // Lets every submitted call finish (each one completes or fails within its
+  // timeout), then stops the thread.
+  ~CallWorker();
+  CallWorker(const CallWorker&) = delete;
+  CallWorker& operator=(const CallWorker&) = delete;
+
+  // Queues `call` as this rank's next call (numbered submitted() before it).
+  // On a broken worker the call is not started and its work fails at once
+  // with BrokenError(op).
+  WorkPtr Submit(std::string op, absl::Duration timeout, std::shared_ptr<PendingCall> call);
+
+  // The number of calls submitted so far.
+  int64_t submitted() const;
+  // OK while the group is usable; else the error that broke it.
+  absl::Status broken() const;
+  // "[<op>] rank 1 of 4: the group is unusable after an earlier failure: <broken()>",
+  // with broken()'s code.
+  absl::Status BrokenError(absl::string_view op) const;
+
+ private:
+  struct Item {
+    std::string op;
+    absl::Duration timeout;
+    int64_t number = 0;
+    std::shared_ptr<PendingCall> call;
+    std::shared_ptr<CompletionWork> work;
+  };
+
+  void Loop();
+  // Starts `item` and waits until it is enqueued; false when it failed.
+  bool StartItem(Item& item);
+  // Breaks the group with `error` (the failure of `failed`): aborts, then
+  // fails `failed` with `error` and every other call in flight or queued with
+  // BrokenError.
+  void Break(Item& failed, const absl::Status& error);
+  absl::Status TimeoutError(const Item& item);
+  absl::Status CallError(const Item& item, const absl::Status& status) const;
+  absl::Status BrokenErrorLocked(absl::string_view op) const;
+
+  const CallWorkerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;      // Submitted, not started. Guarded by mu_.
+  int64_t submitted_ = 0;       // Guarded by mu_.
+  absl::Status broken_;         // Guarded by mu_.
+  bool stop_ = false;           // Guarded by mu_.
+  std::deque<Item> in_flight_;  // Started, unfinished, oldest first. Worker thread only.
+  std::thread thread_;          // Last: starts after the members above exist.
+};
+
+// The NCCL rules for the tensors of `call` (whose generic checks passed) on a
+// group whose rank `rank` of `size` uses `device`: every tensor on `device`
+// and contiguous; an output that overlaps the input only in the in-place
+// forms NCCL supports (reduce_scatter: output is chunk `rank` of the input;
+// all_gather: input is chunk `rank` of the output). InvalidArgument naming
+// the op: "[all_gather] rank 0 of 2: the input tensor is on cpu; the nccl
+// group of rank 0 uses cuda:0".
+absl::Status CheckNcclTensors(const CollectiveCall& call, tensor::Device device, int rank,
+                              int size);
+
+}  // namespace nccl
+}  // namespace dist
+
+#endif  // DIST_NCCL_WORKER_H_
