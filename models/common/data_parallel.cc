@@ -18,7 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "dist/gloo_group.h"
+#include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
@@ -234,14 +236,6 @@ bool WantsDataParallel(const DataParallelFlags& flags) {
          flags.backend != "threads";
 }
 
-absl::Status CheckCheckpointingSupported(bool checkpointing) {
-  if (!checkpointing) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      "--checkpoint_dir and --resume are not supported with --world_size > 1, --strategy or "
-      "--backend=gloo yet: the optimizer state of zero1 and FSDP is sharded and saving it is "
-      "not implemented; train with --world_size=1 to checkpoint");
-}
-
 absl::Status CheckPrecisionSupported(Strategy strategy, absl::string_view precision_flag,
                                      const precision::MixedPrecisionPolicy& policy) {
   if (!policy.IsMixed() || IsFsdp(strategy)) return absl::OkStatus();
@@ -311,8 +305,6 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   absl::Status s = CheckPrecisionSupported(*strategy, flags.precision, *mixed);
   if (!s.ok()) return s;
   config.mixed_precision = *mixed;
-  s = CheckCheckpointingSupported(flags.checkpointing);
-  if (!s.ok()) return s;
   if (flags.backward_prefetch == "pre") {
     config.backward_prefetch = dist::BackwardPrefetch::kPre;
   } else if (flags.backward_prefetch == "post") {
@@ -577,6 +569,104 @@ void DataParallelModel::ZeroGrad() {
   } else {
     fsdp_->ZeroGrad();
   }
+}
+
+// ---- Checkpoints ----
+
+namespace {
+
+constexpr char kStepKey[] = "step";
+constexpr char kLoaderKey[] = "loader_state";
+constexpr char kExtraPrefix[] = "extra.";
+
+// Every rank learns whether every rank's `local` is OK: the first failing
+// rank's message when it is this one, else a message naming the ranks that
+// failed (their own errors carry the details).
+absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
+                           absl::string_view what) {
+  tensor::Tensor in = tensor::Tensor::FromVector({local.ok() ? 0.0f : 1.0f}, {1});
+  tensor::Tensor all = tensor::Tensor::Empty({pg.size()});
+  absl::Status s = pg.AllGatherSync(in, all);
+  if (!s.ok()) return s;
+  if (!local.ok()) return local;
+  std::vector<int> failed;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (all.data<float>()[r] != 0.0f) failed.push_back(r);
+  }
+  if (failed.empty()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(what, " failed on rank(s) ", absl::StrJoin(failed, ", "),
+                                         " (see their errors)"));
+}
+
+bool IsShardedCheckpoint(const std::string& step_dir) {
+  return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
+}
+
+}  // namespace
+
+absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir,
+                                               const TrainState& state) {
+  const std::string step_dir = absl::StrCat(checkpoint_dir, "/", CheckpointStepName(state.step));
+  absl::Status saved;
+  if (ddp_ != nullptr) {
+    // Every rank holds the same parameters and optimizer state.
+    if (pg_.rank() == 0) saved = WriteCheckpointStep(checkpoint_dir, model_, *optimizer_, state);
+  } else {
+    std::map<std::string, std::string> extra = {{kStepKey, absl::StrCat(state.step)},
+                                                {kLoaderKey, state.loader_state}};
+    for (const auto& [k, v] : state.extra) extra[kExtraPrefix + k] = v;
+    if (pg_.rank() == 0) saved = MakeCheckpointDir(checkpoint_dir);
+    saved = AgreeOnStatus(pg_, saved, "creating the checkpoint directory");
+    if (saved.ok()) {
+      saved = zero1_ != nullptr ? dist::SaveSharded(step_dir, *zero1_, pg_, extra)
+                                : dist::SaveSharded(step_dir, *fsdp_, *optimizer_, pg_, extra);
+    }
+  }
+  saved = AgreeOnStatus(pg_, saved, absl::StrCat("saving ", step_dir));
+  if (!saved.ok()) return saved;
+  absl::Status latest;
+  if (pg_.rank() == 0) latest = SetLatestCheckpoint(checkpoint_dir, state.step);
+  return AgreeOnStatus(pg_, latest, absl::StrCat("pointing ", checkpoint_dir, "/latest at it"));
+}
+
+absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& step_dir) {
+  const bool sharded = IsShardedCheckpoint(step_dir);
+  absl::Status mismatch;
+  if (ddp_ != nullptr && sharded) {
+    mismatch = absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", step_dir, " is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy "
+        "or --strategy=zero1 (any world size), not ddp"));
+  } else if (ddp_ == nullptr && !sharded) {
+    mismatch = absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", step_dir, " is not sharded (no index.json: a single-process or DDP "
+        "checkpoint, or not a checkpoint); resume it with --strategy=ddp or --world_size=1"));
+  }
+  // The same on every rank unless the folder is not shared: agree anyway.
+  absl::Status s = AgreeOnStatus(pg_, mismatch, absl::StrCat("loading ", step_dir));
+  if (!s.ok()) return s;
+  if (ddp_ != nullptr) {
+    absl::StatusOr<TrainState> state = train::LoadCheckpoint(step_dir, model_, *optimizer_);
+    s = AgreeOnStatus(pg_, state.status(), absl::StrCat("loading ", step_dir));
+    if (!s.ok()) return s;
+    return state;
+  }
+  absl::StatusOr<std::map<std::string, std::string>> extra =
+      zero1_ != nullptr ? dist::LoadSharded(step_dir, *zero1_, pg_)
+                        : dist::LoadSharded(step_dir, *fsdp_, *optimizer_, pg_);
+  if (!extra.ok()) return extra.status();  // the same error on every rank
+  TrainState state;
+  auto step = extra->find(kStepKey);
+  if (step == extra->end() || !absl::SimpleAtoi(step->second, &state.step) || state.step < 0) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", step_dir, " lacks the training step ('", kStepKey, "')"));
+  }
+  auto loader = extra->find(kLoaderKey);
+  if (loader != extra->end()) state.loader_state = loader->second;
+  for (const auto& [k, v] : *extra) {
+    absl::string_view key = k;
+    if (absl::ConsumePrefix(&key, kExtraPrefix)) state.extra[std::string(key)] = v;
+  }
+  return state;
 }
 
 // ---- Memory ----

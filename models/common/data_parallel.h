@@ -31,9 +31,8 @@
 //            own peak-memory line at the end (the launcher prefixes "[rank N]").
 //   nccl     refused for now: it needs --config=cuda and a GPU.
 //
-// Not supported yet under data parallelism, each refused in one place so that
-// it can be lifted there: checkpoints (CheckCheckpointingSupported), bf16 with
-// DDP / ZeRO-1 (CheckPrecisionSupported).
+// Not supported yet under data parallelism, refused in one place so that it
+// can be lifted there: bf16 with DDP / ZeRO-1 (CheckPrecisionSupported).
 #ifndef MODELS_COMMON_DATA_PARALLEL_H_
 #define MODELS_COMMON_DATA_PARALLEL_H_
 
@@ -53,6 +52,7 @@
 #include "dist/process_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "models/common/train_support.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "precision/policy.h"
@@ -133,8 +133,6 @@ struct DataParallelFlags {
   double timeout_s = 300;
   std::string rdzv;
   std::string precision = "fp32";
-  bool checkpointing = false;  // --checkpoint_dir or --resume given
-  bool activation_checkpointing = false;
   // FSDP: prefetch and overlap (dist::FsdpOptions), HYBRID_SHARD's group
   // (0: LOCAL_WORLD_SIZE with gloo; required with threads).
   std::string backward_prefetch = "pre";
@@ -148,10 +146,6 @@ struct DataParallelFlags {
 // negative one is then an error), --strategy, or a backend other than threads.
 bool WantsDataParallel(const DataParallelFlags& flags);
 
-// Under data parallelism the optimizer state of ZeRO-1 and FSDP is sharded
-// and saving it is not implemented yet: --checkpoint_dir / --resume are
-// refused (InvalidArgument) while `checkpointing`.
-absl::Status CheckCheckpointingSupported(bool checkpointing);
 // DDP and ZeRO-1 train in fp32 here: a mixed-precision policy with them is
 // refused (InvalidArgument, naming --precision=<precision_flag>); the FSDP
 // strategies take any.
@@ -252,6 +246,21 @@ class DataParallelModel {
   // the parameters).
   absl::Status Step();
   void ZeroGrad();
+
+  // ---- Checkpoints (collective: every rank calls) ----
+  // Saves <checkpoint_dir>/step_<N> and, once every rank is done, points
+  // <checkpoint_dir>/latest at it. FSDP and ZeRO-1: a sharded checkpoint
+  // (dist::SaveSharded: a file per writing rank + index.json; loadable at
+  // another world size, strategy or wrap policy, FSDP <-> ZeRO-1). DDP: every
+  // rank holds everything, so rank 0 writes the single-process format
+  // (model.safetensors + optimizer.safetensors), which --world_size=1 resumes
+  // too. The directory must be one every rank sees. Every rank returns the
+  // same success or failure.
+  absl::Status SaveCheckpoint(const std::string& checkpoint_dir, const TrainState& state);
+  // Loads a step folder SaveCheckpoint wrote: sharded ones into FSDP or
+  // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
+  // naming the strategy to resume with). Returns the saved TrainState.
+  absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir);
 
  private:
   DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);

@@ -10,8 +10,8 @@
 
 namespace train {
 
-// The flags above, after absl::ParseCommandLine. The fields the binary owns
-// (precision, checkpointing, activation_checkpointing) keep their defaults.
+// The flags above, after absl::ParseCommandLine. `precision`, which the
+// binary owns, keeps its default.
 DataParallelFlags DataParallelFlagsFromCommandLine();
 
 }  // namespace train

@@ -288,9 +288,6 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   f = Flags("threads", "zero1", 2);
   f.precision = "bf16";
   cases.push_back({f, "--precision=bf16 with --strategy=zero1 is not supported yet"});
-  f = Flags("gloo", "full_shard");
-  f.checkpointing = true;
-  cases.push_back({f, "--checkpoint_dir and --resume are not supported"});
   f = Flags("threads", "", 2);
   f.timeout_s = 0;
   cases.push_back({f, "--timeout_s=0 must be in (0, 1e6]"});
@@ -314,7 +311,6 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   f = Flags("threads", "full_shard", 2);
   f.precision = "bf16";
   EXPECT_TRUE(ConfigError(f).ok());
-  EXPECT_TRUE(CheckCheckpointingSupported(false).ok());
 }
 
 // ---- Running ranks, the mean over ranks ----

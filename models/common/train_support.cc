@@ -49,12 +49,26 @@ absl::Status WriteTextAtomically(const std::string& path, const std::string& tex
 
 }  // namespace
 
+std::string CheckpointStepName(int64_t step) { return absl::StrFormat("step_%06d", step); }
+
+absl::Status MakeCheckpointDir(const std::string& dir) { return MakeDir(dir); }
+
+absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step) {
+  return WriteTextAtomically(dir + "/latest", CheckpointStepName(step) + "\n");
+}
+
 absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
                             const optim::Optimizer& optimizer, const TrainState& state) {
+  absl::Status s = WriteCheckpointStep(dir, model, optimizer, state);
+  if (!s.ok()) return s;
+  return SetLatestCheckpoint(dir, state.step);
+}
+
+absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
+                                 const optim::Optimizer& optimizer, const TrainState& state) {
   absl::Status s = MakeDir(dir);
   if (!s.ok()) return s;
-  const std::string name = absl::StrFormat("step_%06d", state.step);
-  const std::string step_dir = absl::StrCat(dir, "/", name);
+  const std::string step_dir = absl::StrCat(dir, "/", CheckpointStepName(state.step));
   s = MakeDir(step_dir);
   if (!s.ok()) return s;
   std::map<std::string, std::string> meta = {{kStepKey, absl::StrCat(state.step)},
@@ -62,10 +76,8 @@ absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
   for (const auto& [k, v] : state.extra) meta[kExtraPrefix + k] = v;
   s = tensor::WriteSafetensors(step_dir + "/model.safetensors", nn::StateDict(model), meta);
   if (!s.ok()) return s;
-  s = tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer.StateTensors(),
-                               {{"optimizer", optimizer.name()}});
-  if (!s.ok()) return s;
-  return WriteTextAtomically(dir + "/latest", name + "\n");
+  return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer.StateTensors(),
+                                 {{"optimizer", optimizer.name()}});
 }
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
@@ -110,6 +122,18 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   s = optimizer.LoadStateTensors(opt->tensors);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
   return state;
+}
+
+absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
+                                                 const std::string& step_dir,
+                                                 const std::string& config) {
+  auto it = state.extra.find("config");
+  const std::string saved = it == state.extra.end() ? "" : it->second;
+  if (saved != config) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", step_dir, " is of model ", saved, ", not ", config));
+  }
+  return data::LoaderState::FromString(state.loader_state);
 }
 
 std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger) {

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "models/data/loader_state.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "tensor/memory_ledger.h"
@@ -36,6 +37,15 @@ struct TrainState {
 // Writes <dir>/step_<N>/ and then points <dir>/latest at it (both atomic).
 absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
                             const optim::Optimizer& optimizer, const TrainState& state);
+// The two halves of SaveCheckpoint: the step folder, then the `latest` file
+// (data-parallel runs point `latest` at a step only once every rank saved).
+absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
+                                 const optim::Optimizer& optimizer, const TrainState& state);
+absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step);
+// "step_000100": the folder of a step under a checkpoint directory.
+std::string CheckpointStepName(int64_t step);
+// Creates `dir` (one level) unless it exists.
+absl::Status MakeCheckpointDir(const std::string& dir);
 
 // `resume` is "latest" (the newest checkpoint in checkpoint_dir) or the path of
 // a step folder. Returns the step folder.
@@ -46,6 +56,13 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 // step folder; a missing, truncated or corrupted file is a clear error.
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
                                           optim::Optimizer& optimizer);
+
+// The loader position to continue from, once a checkpoint's state is loaded:
+// InvalidArgument when the checkpoint is of another model (extra["config"]
+// differs from `config`) or its loader state does not parse.
+absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
+                                                 const std::string& step_dir,
+                                                 const std::string& config);
 
 // One step's figures.
 struct StepMetrics {

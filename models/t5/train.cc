@@ -248,11 +248,42 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
         absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
   }
 
+  // ---- Resume (every rank loads its part; any world size) ----
+  int64_t start = 0;
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!absl::GetFlag(FLAGS_resume).empty()) {
+    absl::StatusOr<std::string> step_dir =
+        train::ResolveCheckpoint(absl::GetFlag(FLAGS_resume), checkpoint_dir);
+    if (!step_dir.ok()) return step_dir.status();
+    absl::StatusOr<train::TrainState> state = (*dp)->LoadCheckpoint(*step_dir);
+    if (!state.ok()) return state.status();
+    absl::StatusOr<data::LoaderState> loader_state =
+        train::CheckResumable(*state, *step_dir, setup.config.ToString());
+    if (!loader_state.ok()) return loader_state.status();
+    absl::Status restored = loader->Restore(*loader_state);  // the same global batch
+    if (!restored.ok()) return restored;
+    start = state->step;
+    if (rank.logs()) {
+      std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
+                  static_cast<long long>(start));
+    }
+  }
+  auto save = [&](int64_t step_done) -> absl::Status {
+    if (checkpoint_dir.empty()) return absl::OkStatus();
+    train::TrainState state;
+    state.step = step_done;
+    state.loader_state = loader->state().ToString();
+    state.extra["config"] = setup.config.ToString();
+    state.extra["lr_schedule"] = setup.schedule->ToString();
+    return (*dp)->SaveCheckpoint(checkpoint_dir, state);
+  };
+
   // ---- Training loop (rank 0 reports; global tokens per step) ----
-  train::StepReporter reporter(rank.ledger, *setup.metrics, 0, steps,
+  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
                                absl::GetFlag(FLAGS_log_every), tokens_per_step);
   train::StepTimer timer;
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::Seq2SeqBatch batch = loader->Next();  // this rank's rows: encoder (B, S), decoder (B, T)
     nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
@@ -276,15 +307,24 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     s = (*dp)->Step();
     if (!s.ok()) return s;
     (*dp)->ZeroGrad();
-    if (!rank.logs()) continue;
-    train::StepMetrics m;
-    m.step = step + 1;
-    m.loss = *loss;
-    m.lr = opt.lr();
-    m.ms = timer.ElapsedMs();
-    m.grad_norm = grad_norm;
-    absl::Status reported = reporter.Report(m);
-    if (!reported.ok()) return reported;
+    if (rank.logs()) {
+      train::StepMetrics m;
+      m.step = step + 1;
+      m.loss = *loss;
+      m.lr = opt.lr();
+      m.ms = timer.ElapsedMs();
+      m.grad_norm = grad_norm;
+      absl::Status reported = reporter.Report(m);
+      if (!reported.ok()) return reported;
+    }
+    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
+      s = save(step + 1);
+      if (!s.ok()) return s;
+    }
+  }
+  if (steps > start) {
+    absl::Status saved = save(steps);
+    if (!saved.ok()) return saved;
   }
   if (rank.logs()) reporter.PrintSummary(" (global, encoder + decoder)");
   return absl::OkStatus();
@@ -370,9 +410,6 @@ absl::Status Train() {
 
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
-  dp_flags.checkpointing =
-      !absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty();
-  dp_flags.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
   if (train::WantsDataParallel(dp_flags)) {
     DpSetup setup;
     absl::StatusOr<train::DataParallelConfig> dp =
@@ -417,13 +454,8 @@ absl::Status Train() {
     if (!state.ok()) {
       return WithContext(state.status(), absl::StrCat("--resume=", absl::GetFlag(FLAGS_resume)));
     }
-    if (state->extra["config"] != config->ToString()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", *step_dir, " is of model ",
-                                                     state->extra["config"], ", not ",
-                                                     config->ToString()));
-    }
     absl::StatusOr<data::LoaderState> loader_state =
-        data::LoaderState::FromString(state->loader_state);
+        train::CheckResumable(*state, *step_dir, config->ToString());
     if (!loader_state.ok()) return loader_state.status();
     absl::Status restored = loader->Restore(*loader_state);
     if (!restored.ok()) return restored;

@@ -34,6 +34,18 @@ compare "$dir/threads.jsonl" "$dir/gloo.jsonl" 2e-6 "gloo vs threads"
 grep -q "^\[rank 1\] peak memory of rank 1 by category (MiB, ledger): params" "$dir/gloo.log"
 echo "T5 FULL_SHARD over 2 ranks (threads and gloo) trains the losses of one process"
 
+# A sharded checkpoint at world 2 (steps 1-2) resumes at world 1 under ZeRO-1
+# (batch 4): steps 3-4 have the losses of the uninterrupted runs.
+"$train" "${common[@]}" --steps=2 --batch_size=2 --world_size=2 --strategy=full_shard \
+  --checkpoint_dir="$dir/ck" > "$dir/first.log"
+"$train" "${common[@]}" --batch_size=4 --world_size=1 --strategy=zero1 --checkpoint_dir="$dir/ck" \
+  --resume=latest --metrics_out="$dir/resumed.jsonl" > "$dir/resumed.log"
+grep -q "resumed from $dir/ck/step_000002 at step 2" "$dir/resumed.log"
+paste -d' ' <(losses "$dir/threads.jsonl" | tail -2) <(losses "$dir/resumed.jsonl") |
+  awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5) { print "resume: " $0; bad = 1 } }
+       END { exit bad }'
+echo "T5 sharded checkpoint: world 2 FULL_SHARD -> world 1 ZeRO-1 continues with the same losses"
+
 set +e
 "$train" "${common[@]}" --world_size=2 --auto_wrap=size:1000 2> "$dir/err.txt"; code=$?
 set -e

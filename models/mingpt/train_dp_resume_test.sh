@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Checkpoints under data parallelism, through //models/mingpt:train: a sharded
+# checkpoint saved at world size 4 (FSDP FULL_SHARD, threads) resumes at world
+# size 2 with the same global batch and continues with the losses of an
+# uninterrupted world-4 run; the same checkpoint resumes under ZeRO-1 at world
+# size 1 and under HYBRID_SHARD; one saved by two gloo processes through
+# //tools:launch resumes on threads; DDP's (single-process format) resumes in
+# the single-process loop. Dropout 0: masks depend on each rank's rows.
+set -euo pipefail
+launch="$1"
+train="$2"
+dir="${TEST_TMPDIR}/dp_resume"
+mkdir -p "$dir"
+export TMPDIR="$dir/tmp"
+mkdir -p "$TMPDIR"
+
+common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --dropout=0
+        --optimizer=adamw --lr=3e-3)
+losses() { sed -E 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/' "$1"; }
+# same_losses WANT GOT NAME: every step of GOT is in WANT with a loss within
+# 1e-5 relative (the JSON keeps 6 decimals; world sizes sum in other orders).
+same_losses() {
+  local n
+  n=$(losses "$2" | wc -l)
+  [[ $n -ge 1 ]] || { echo "$3: no steps in $2"; exit 1; }
+  join <(losses "$1") <(losses "$2") | awk -v s="$3" -v n="$n" '
+    { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2 + 2e-6) { print s ": step " $1 " want " $2 " got " $3; bad = 1 } m++ }
+    END { if (m != n) { print s ": steps missing"; bad = 1 } exit bad }'
+}
+
+# Uninterrupted: 6 steps at world 4 (global batch 8).
+"$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=full_shard \
+  --metrics_out="$dir/full.jsonl" > "$dir/full.log"
+
+# 3 steps at world 4, then resume at world 2 (batch 4 per rank).
+"$train" "${common[@]}" --steps=3 --world_size=4 --batch_size=2 --strategy=full_shard \
+  --checkpoint_dir="$dir/ck" > "$dir/first.log"
+[[ "$(cat "$dir/ck/latest")" == step_000003 ]]
+ls "$dir/ck/step_000003/index.json" "$dir/ck/step_000003/shard_3_of_4.safetensors" > /dev/null
+cp -r "$dir/ck" "$dir/ck_copy"  # the resumed runs below write step_000006 into their own copies
+"$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
+  --checkpoint_dir="$dir/ck" --resume=latest --metrics_out="$dir/resumed.jsonl" > "$dir/resumed.log"
+grep -q "resumed from $dir/ck/step_000003 at step 3" "$dir/resumed.log"
+[[ $(losses "$dir/resumed.jsonl" | head -1 | cut -d' ' -f1) == 4 ]]
+same_losses "$dir/full.jsonl" "$dir/resumed.jsonl" "full_shard world 4 -> 2"
+echo "world 4 -> 2: the losses of the uninterrupted run"
+
+# The same checkpoint under ZeRO-1 at world 1, and HYBRID_SHARD (2 groups of 2).
+"$train" "${common[@]}" --world_size=1 --batch_size=8 --strategy=zero1 \
+  --resume="$dir/ck_copy/step_000003" --metrics_out="$dir/zero1.jsonl" > "$dir/zero1.log"
+same_losses "$dir/full.jsonl" "$dir/zero1.jsonl" "full_shard world 4 -> zero1 world 1"
+"$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=hybrid_shard \
+  --hybrid_shard_group_size=2 --auto_wrap=none --resume="$dir/ck_copy/step_000003" \
+  --metrics_out="$dir/hybrid.jsonl" > "$dir/hybrid.log"
+same_losses "$dir/full.jsonl" "$dir/hybrid.jsonl" "full_shard -> hybrid_shard (no wrap)"
+echo "full_shard checkpoint -> zero1 world 1 and hybrid_shard: the same losses"
+
+# Saved by two gloo processes through the launcher, resumed on threads.
+"$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29541 -- \
+  "$train" "${common[@]}" --steps=3 --batch_size=4 --backend=gloo --strategy=shard_grad_op \
+  --checkpoint_dir="$dir/ck_gloo" > "$dir/gloo.log" 2>&1 ||
+  { echo "gloo run failed:"; cat "$dir/gloo.log"; exit 1; }
+"$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=full_shard \
+  --checkpoint_dir="$dir/ck_gloo" --resume=latest --metrics_out="$dir/from_gloo.jsonl" \
+  > "$dir/from_gloo.log"
+same_losses "$dir/full.jsonl" "$dir/from_gloo.jsonl" "gloo shard_grad_op -> threads full_shard"
+echo "gloo processes -> threads: the same losses"
+
+# DDP writes the single-process format, which the plain loop resumes.
+"$train" "${common[@]}" --steps=3 --world_size=2 --batch_size=4 --strategy=ddp \
+  --checkpoint_dir="$dir/ck_ddp" > "$dir/ddp.log"
+ls "$dir/ck_ddp/step_000003/model.safetensors" > /dev/null
+"$train" "${common[@]}" --batch_size=8 --checkpoint_dir="$dir/ck_ddp" --resume=latest \
+  --metrics_out="$dir/from_ddp.jsonl" > "$dir/from_ddp.log"
+same_losses "$dir/full.jsonl" "$dir/from_ddp.jsonl" "ddp world 2 -> one process"
+echo "ddp -> one process: the same losses"
+
+# Mismatches are clear errors (exit 2).
+expect_error() {  # expect_error PATTERN COMMAND...
+  local pattern="$1"
+  shift
+  set +e
+  "$@" > "$dir/err.out" 2> "$dir/err.txt"
+  local code=$?
+  set -e
+  if [[ $code != 2 ]] || ! grep -q -- "$pattern" "$dir/err.txt"; then
+    echo "expected exit 2 and '$pattern', got $code:"; cat "$dir/err.txt"; exit 1
+  fi
+}
+expect_error "is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy" \
+  "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=ddp \
+  --resume="$dir/ck_copy/step_000003"
+expect_error "is not sharded (no index.json" \
+  "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
+  --resume="$dir/ck_ddp/step_000003"
+expect_error "saved state is for another data configuration" \
+  "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
+  --resume="$dir/ck_copy/step_000003"
+echo "mismatched resumes are refused"
