@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/json.h"
 #include "tensor/safetensors.h"
 
 namespace dist {
@@ -130,176 +131,10 @@ absl::StatusOr<std::vector<std::string>> Exchange(ProcessGroup& pg, const absl::
 }
 
 // ---------------------------------------------------------------------------
-// A small JSON reader (the subset index.json uses) and writer helpers.
+// index.json (tensor/json.h reads it).
 
-struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
-  std::string text;
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> fields;
-
-  const Json* Get(const std::string& key) const {
-    for (const auto& [k, v] : fields) {
-      if (k == key) return &v;
-    }
-    return nullptr;
-  }
-};
-
-std::string JsonStr(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-
-  absl::StatusOr<Json> ParseDocument() {
-    absl::StatusOr<Json> v = Parse(0);
-    if (!v.ok()) return v;
-    SkipSpace();
-    if (pos_ != s_.size()) return Error("trailing characters");
-    return v;
-  }
-
- private:
-  absl::Status Error(const std::string& what) const {
-    return absl::DataLossError(absl::StrCat("bad JSON at byte ", pos_, ": ", what));
-  }
-  void SkipSpace() {
-    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
-  }
-  bool Consume(char c) {
-    SkipSpace();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  absl::StatusOr<std::string> ParseString() {
-    if (!Consume('"')) return Error("expected a string");
-    std::string out;
-    while (pos_ < s_.size() && s_[pos_] != '"') {
-      const char c = s_[pos_++];
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= s_.size()) break;
-      const char e = s_[pos_++];
-      switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'u': {
-          if (pos_ + 4 > s_.size()) return Error("short \\u escape");
-          unsigned code = 0;
-          for (int i = 0; i < 4; ++i) {
-            const char h = s_[pos_++];
-            if (!std::isxdigit(static_cast<unsigned char>(h))) return Error("bad \\u escape");
-            code = code * 16 + (std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
-                                                                             : std::tolower(h) - 'a' + 10);
-          }
-          if (code < 0x80) {
-            out += static_cast<char>(code);
-          } else if (code < 0x800) {
-            out += static_cast<char>(0xc0 | (code >> 6));
-            out += static_cast<char>(0x80 | (code & 0x3f));
-          } else {
-            out += static_cast<char>(0xe0 | (code >> 12));
-            out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
-            out += static_cast<char>(0x80 | (code & 0x3f));
-          }
-          break;
-        }
-        default: out += e;
-      }
-    }
-    if (pos_ >= s_.size()) return Error("unterminated string");
-    ++pos_;
-    return out;
-  }
-  absl::StatusOr<Json> Parse(int depth) {
-    if (depth > 32) return Error("nested too deeply");
-    SkipSpace();
-    if (pos_ >= s_.size()) return Error("unexpected end");
-    Json v;
-    const char c = s_[pos_];
-    if (c == '{') {
-      ++pos_;
-      v.kind = Json::Kind::kObject;
-      if (Consume('}')) return v;
-      do {
-        absl::StatusOr<std::string> key = ParseString();
-        if (!key.ok()) return key.status();
-        if (!Consume(':')) return Error("expected ':'");
-        absl::StatusOr<Json> value = Parse(depth + 1);
-        if (!value.ok()) return value;
-        v.fields.emplace_back(std::move(*key), std::move(*value));
-      } while (Consume(','));
-      if (!Consume('}')) return Error("expected '}'");
-    } else if (c == '[') {
-      ++pos_;
-      v.kind = Json::Kind::kArray;
-      if (Consume(']')) return v;
-      do {
-        absl::StatusOr<Json> item = Parse(depth + 1);
-        if (!item.ok()) return item;
-        v.items.push_back(std::move(*item));
-      } while (Consume(','));
-      if (!Consume(']')) return Error("expected ']'");
-    } else if (c == '"') {
-      absl::StatusOr<std::string> s = ParseString();
-      if (!s.ok()) return s.status();
-      v.kind = Json::Kind::kString;
-      v.text = std::move(*s);
-    } else if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
-      const size_t start = pos_;
-      while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
-                                  std::strchr("+-.eE", s_[pos_]) != nullptr)) {
-        ++pos_;
-      }
-      v.kind = Json::Kind::kNumber;
-      v.text = s_.substr(start, pos_ - start);
-    } else if (s_.compare(pos_, 4, "true") == 0 || s_.compare(pos_, 4, "null") == 0) {
-      v.kind = s_[pos_] == 't' ? Json::Kind::kBool : Json::Kind::kNull;
-      v.text = s_.substr(pos_, 4);
-      pos_ += 4;
-    } else if (s_.compare(pos_, 5, "false") == 0) {
-      v.kind = Json::Kind::kBool;
-      v.text = "false";
-      pos_ += 5;
-    } else {
-      return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
-    }
-    return v;
-  }
-
-  const std::string& s_;
-  size_t pos_ = 0;
-};
-
-// ---------------------------------------------------------------------------
-// The index.
+using tensor::Json;
+using tensor::JsonQuote;
 
 struct SliceRec {
   int file = 0;
@@ -346,8 +181,8 @@ struct Index {
 
 std::string SliceJson(const SliceRec& s) {
   std::vector<std::string> crcs;
-  for (uint32_t c : s.crcs) crcs.push_back(JsonStr(Hex32(c)));
-  return absl::StrCat("{\"file\": ", s.file, ", \"tensor\": ", JsonStr(s.tensor),
+  for (uint32_t c : s.crcs) crcs.push_back(JsonQuote(Hex32(c)));
+  return absl::StrCat("{\"file\": ", s.file, ", \"tensor\": ", JsonQuote(s.tensor),
                       ", \"begin\": ", s.begin, ", \"end\": ", s.end, ", \"crc32c\": [",
                       absl::StrJoin(crcs, ", "), "]}");
 }
@@ -361,30 +196,30 @@ std::string SlicesJson(const std::vector<SliceRec>& slices, const std::string& i
 
 std::string IndexToJson(const Index& x) {
   std::string out = "{\n";
-  absl::StrAppend(&out, "  \"format\": ", JsonStr(kFormat), ",\n");
+  absl::StrAppend(&out, "  \"format\": ", JsonQuote(kFormat), ",\n");
   absl::StrAppend(&out, "  \"version\": ", x.version, ",\n");
-  absl::StrAppend(&out, "  \"checkpoint_id\": ", JsonStr(x.id), ",\n");
-  absl::StrAppend(&out, "  \"writer\": ", JsonStr(x.writer), ",\n");
-  absl::StrAppend(&out, "  \"strategy\": ", JsonStr(x.strategy), ",\n");
+  absl::StrAppend(&out, "  \"checkpoint_id\": ", JsonQuote(x.id), ",\n");
+  absl::StrAppend(&out, "  \"writer\": ", JsonQuote(x.writer), ",\n");
+  absl::StrAppend(&out, "  \"strategy\": ", JsonQuote(x.strategy), ",\n");
   absl::StrAppend(&out, "  \"world_size\": ", x.world_size, ",\n");
   std::vector<std::string> units;
-  for (const auto& u : x.units) units.push_back(JsonStr(u));
+  for (const auto& u : x.units) units.push_back(JsonQuote(u));
   absl::StrAppend(&out, "  \"units\": [", absl::StrJoin(units, ", "), "],\n");
   std::vector<std::string> files;
   for (const auto& f : x.files) {
-    files.push_back(absl::StrCat("    {\"name\": ", JsonStr(f.name), ", \"bytes\": ", f.bytes, "}"));
+    files.push_back(absl::StrCat("    {\"name\": ", JsonQuote(f.name), ", \"bytes\": ", f.bytes, "}"));
   }
   absl::StrAppend(&out, "  \"files\": [\n", absl::StrJoin(files, ",\n"), "\n  ],\n");
   absl::StrAppend(&out, "  \"crc32c_block_elements\": ", x.crc_block, ",\n");
   std::vector<std::string> bufs;
-  for (const auto& b : x.buffers) bufs.push_back(JsonStr(b));
-  absl::StrAppend(&out, "  \"optimizer\": {\"name\": ", JsonStr(x.optimizer), ", \"buffers\": [",
-                  absl::StrJoin(bufs, ", "), "], \"lr\": ", JsonStr(x.lr),
+  for (const auto& b : x.buffers) bufs.push_back(JsonQuote(b));
+  absl::StrAppend(&out, "  \"optimizer\": {\"name\": ", JsonQuote(x.optimizer), ", \"buffers\": [",
+                  absl::StrJoin(bufs, ", "), "], \"lr\": ", JsonQuote(x.lr),
                   ", \"has_state\": ", x.has_state ? "true" : "false", ", \"step\": ", x.step,
                   "},\n");
   std::vector<std::string> params;
   for (const ParamRec& p : x.params) {
-    std::string s = absl::StrCat("    {\"name\": ", JsonStr(p.name), ", \"shape\": [",
+    std::string s = absl::StrCat("    {\"name\": ", JsonQuote(p.name), ", \"shape\": [",
                                  absl::StrJoin(p.shape.dims(), ", "), "], \"numel\": ", p.numel,
                                  ", \"dtype\": \"F32\"");
     if (p.has_state) absl::StrAppend(&s, ", \"step\": ", p.step);
@@ -393,7 +228,7 @@ std::string IndexToJson(const Index& x) {
       std::vector<std::string> st;
       for (const std::string& b : x.buffers) {
         auto it = p.state.find(b);
-        st.push_back(absl::StrCat("      ", JsonStr(b), ": ",
+        st.push_back(absl::StrCat("      ", JsonQuote(b), ": ",
                                   SlicesJson(it == p.state.end() ? std::vector<SliceRec>{} : it->second,
                                              "      ")));
       }
@@ -404,7 +239,7 @@ std::string IndexToJson(const Index& x) {
   }
   absl::StrAppend(&out, "  \"params\": [\n", absl::StrJoin(params, ",\n"), "\n  ],\n");
   std::vector<std::string> extra;
-  for (const auto& [k, v] : x.extra) extra.push_back(absl::StrCat("    ", JsonStr(k), ": ", JsonStr(v)));
+  for (const auto& [k, v] : x.extra) extra.push_back(absl::StrCat("    ", JsonQuote(k), ": ", JsonQuote(v)));
   absl::StrAppend(&out, "  \"extra\": {", extra.empty() ? "" : "\n", absl::StrJoin(extra, ",\n"),
                   extra.empty() ? "" : "\n  ", "}\n}\n");
   return out;
@@ -572,7 +407,7 @@ absl::Status ValidateIndex(Index& x) {
 }
 
 absl::StatusOr<Index> ParseIndex(const std::string& text) {
-  absl::StatusOr<Json> doc = JsonParser(text).ParseDocument();
+  absl::StatusOr<Json> doc = tensor::ParseJson(text);
   if (!doc.ok()) return doc.status();
   if (doc->kind != Json::Kind::kObject) return absl::DataLossError("not a JSON object");
   Fields f(*doc, "");

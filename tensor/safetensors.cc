@@ -1,4 +1,4 @@
-// safetensors reader and writer with a small JSON header parser.
+// safetensors reader and writer (the header is JSON: tensor/json.h).
 #include "tensor/safetensors.h"
 
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "tensor/json.h"
 
 namespace tensor {
 namespace {
@@ -45,168 +46,6 @@ absl::StatusOr<Dtype> DtypeFromSafetensorsName(const std::string& s) {
   if (s == "U8") return Dtype::kU8;
   return absl::InvalidArgumentError(absl::StrCat("unsupported safetensors dtype '", s, "'"));
 }
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// A JSON value of the subset a safetensors header uses.
-struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
-  std::string text;  // string contents, or the number's literal
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> fields;
-};
-
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-
-  absl::StatusOr<Json> ParseDocument() {
-    absl::StatusOr<Json> v = Parse(0);
-    if (!v.ok()) return v;
-    SkipSpace();
-    if (pos_ != s_.size()) return Error("trailing characters");
-    return v;
-  }
-
- private:
-  absl::Status Error(const std::string& what) const {
-    return absl::DataLossError(absl::StrCat("bad JSON header at byte ", pos_, ": ", what));
-  }
-  void SkipSpace() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' ||
-                                s_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-  bool Consume(char c) {
-    SkipSpace();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-
-  absl::StatusOr<std::string> ParseString() {
-    if (!Consume('"')) return Error("expected a string");
-    std::string out;
-    while (pos_ < s_.size() && s_[pos_] != '"') {
-      char c = s_[pos_++];
-      if (c == '\\') {
-        if (pos_ >= s_.size()) break;
-        const char e = s_[pos_++];
-        switch (e) {
-          case 'n': out += '\n'; break;
-          case 't': out += '\t'; break;
-          case 'r': out += '\r'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'u': {
-            if (pos_ + 4 > s_.size()) return Error("short \\u escape");
-            unsigned code = 0;
-            for (int i = 0; i < 4; ++i) {
-              const char h = s_[pos_++];
-              code = code * 16 + (std::isdigit(h) ? h - '0' : (std::tolower(h) - 'a' + 10));
-            }
-            if (code < 0x80) {
-              out += static_cast<char>(code);
-            } else if (code < 0x800) {
-              out += static_cast<char>(0xc0 | (code >> 6));
-              out += static_cast<char>(0x80 | (code & 0x3f));
-            } else {
-              out += static_cast<char>(0xe0 | (code >> 12));
-              out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
-              out += static_cast<char>(0x80 | (code & 0x3f));
-            }
-            break;
-          }
-          default: out += e;
-        }
-      } else {
-        out += c;
-      }
-    }
-    if (pos_ >= s_.size()) return Error("unterminated string");
-    ++pos_;
-    return out;
-  }
-
-  absl::StatusOr<Json> Parse(int depth) {
-    if (depth > 16) return Error("nested too deeply");
-    SkipSpace();
-    if (pos_ >= s_.size()) return Error("unexpected end");
-    Json v;
-    const char c = s_[pos_];
-    if (c == '{') {
-      ++pos_;
-      v.kind = Json::Kind::kObject;
-      if (Consume('}')) return v;
-      do {
-        absl::StatusOr<std::string> key = ParseString();
-        if (!key.ok()) return key.status();
-        if (!Consume(':')) return Error("expected ':'");
-        absl::StatusOr<Json> value = Parse(depth + 1);
-        if (!value.ok()) return value;
-        v.fields.emplace_back(std::move(*key), std::move(*value));
-      } while (Consume(','));
-      if (!Consume('}')) return Error("expected '}'");
-    } else if (c == '[') {
-      ++pos_;
-      v.kind = Json::Kind::kArray;
-      if (Consume(']')) return v;
-      do {
-        absl::StatusOr<Json> item = Parse(depth + 1);
-        if (!item.ok()) return item;
-        v.items.push_back(std::move(*item));
-      } while (Consume(','));
-      if (!Consume(']')) return Error("expected ']'");
-    } else if (c == '"') {
-      absl::StatusOr<std::string> s = ParseString();
-      if (!s.ok()) return s.status();
-      v.kind = Json::Kind::kString;
-      v.text = std::move(*s);
-    } else if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
-      const size_t start = pos_;
-      while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
-                                  std::strchr("+-.eE", s_[pos_]))) {
-        ++pos_;
-      }
-      v.kind = Json::Kind::kNumber;
-      v.text = s_.substr(start, pos_ - start);
-    } else if (s_.compare(pos_, 4, "true") == 0 || s_.compare(pos_, 4, "null") == 0) {
-      v.kind = s_[pos_] == 't' ? Json::Kind::kBool : Json::Kind::kNull;
-      v.text = s_.substr(pos_, 4);
-      pos_ += 4;
-    } else if (s_.compare(pos_, 5, "false") == 0) {
-      v.kind = Json::Kind::kBool;
-      v.text = "false";
-      pos_ += 5;
-    } else {
-      return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
-    }
-    return v;
-  }
-
-  const std::string& s_;
-  size_t pos_ = 0;
-};
 
 absl::StatusOr<int64_t> JsonInt(const Json& v, const std::string& what) {
   int64_t out = 0;
@@ -304,7 +143,7 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
     host.push_back(t.To(Device::Cpu()).Contiguous());
     const int64_t bytes = t.nbytes();
     crc = Crc32c(host.back().raw_data(), bytes, crc);
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonString(name), ":{\"dtype\":\"",
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(name), ":{\"dtype\":\"",
                     SafetensorsDtypeName(t.dtype()), "\",\"shape\":[",
                     absl::StrJoin(t.shape().dims(), ","), "],\"data_offsets\":[", offset, ",",
                     offset + bytes, "]}");
@@ -315,7 +154,7 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"__metadata__\":{");
   bool first = true;
   for (const auto& [k, v] : meta) {
-    absl::StrAppend(&header, first ? "" : ",", JsonString(k), ":", JsonString(v));
+    absl::StrAppend(&header, first ? "" : ",", JsonQuote(k), ":", JsonQuote(v));
     first = false;
   }
   header += "}}";
@@ -374,7 +213,7 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   std::string text(n, '\0');
   s = ReadAt(fd.get(), text.data(), n, 8, path);
   if (!s.ok()) return s;
-  absl::StatusOr<Json> doc = JsonParser(text).ParseDocument();
+  absl::StatusOr<Json> doc = ParseJson(text, 16);
   if (!doc.ok()) return bad(std::string(doc.status().message()));
   if (doc->kind != Json::Kind::kObject) return bad("header is not a JSON object");
 

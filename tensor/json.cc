@@ -1,0 +1,182 @@
+#include "tensor/json.h"
+
+#include <cctype>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tensor {
+namespace {
+
+class JsonParser {
+ public:
+  JsonParser(const std::string& s, int max_depth) : s_(s), max_depth_(max_depth) {}
+
+  absl::StatusOr<Json> ParseDocument() {
+    absl::StatusOr<Json> v = Parse(0);
+    if (!v.ok()) return v;
+    SkipSpace();
+    if (pos_ != s_.size()) return Error("trailing characters");
+    return v;
+  }
+
+ private:
+  absl::Status Error(const std::string& what) const {
+    return absl::DataLossError(absl::StrCat("bad JSON at byte ", pos_, ": ", what));
+  }
+  void SkipSpace() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' ||
+                                s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool Consume(char c) {
+    SkipSpace();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+
+  absl::StatusOr<std::string> ParseString() {
+    if (!Consume('"')) return Error("expected a string");
+    std::string out;
+    while (pos_ < s_.size() && s_[pos_] != '"') {
+      char c = s_[pos_++];
+      if (c == '\\') {
+        if (pos_ >= s_.size()) break;
+        const char e = s_[pos_++];
+        switch (e) {
+          case 'n': out += '\n'; break;
+          case 't': out += '\t'; break;
+          case 'r': out += '\r'; break;
+          case 'b': out += '\b'; break;
+          case 'f': out += '\f'; break;
+          case 'u': {
+            if (pos_ + 4 > s_.size()) return Error("short \\u escape");
+            unsigned code = 0;
+            for (int i = 0; i < 4; ++i) {
+              const char h = s_[pos_++];
+              code = code * 16 + (std::isdigit(h) ? h - '0' : (std::tolower(h) - 'a' + 10));
+            }
+            if (code < 0x80) {
+              out += static_cast<char>(code);
+            } else if (code < 0x800) {
+              out += static_cast<char>(0xc0 | (code >> 6));
+              out += static_cast<char>(0x80 | (code & 0x3f));
+            } else {
+              out += static_cast<char>(0xe0 | (code >> 12));
+              out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+              out += static_cast<char>(0x80 | (code & 0x3f));
+            }
+            break;
+          }
+          default: out += e;
+        }
+      } else {
+        out += c;
+      }
+    }
+    if (pos_ >= s_.size()) return Error("unterminated string");
+    ++pos_;
+    return out;
+  }
+
+  absl::StatusOr<Json> Parse(int depth) {
+    if (depth > max_depth_) return Error("nested too deeply");
+    SkipSpace();
+    if (pos_ >= s_.size()) return Error("unexpected end");
+    Json v;
+    const char c = s_[pos_];
+    if (c == '{') {
+      ++pos_;
+      v.kind = Json::Kind::kObject;
+      if (Consume('}')) return v;
+      do {
+        absl::StatusOr<std::string> key = ParseString();
+        if (!key.ok()) return key.status();
+        if (!Consume(':')) return Error("expected ':'");
+        absl::StatusOr<Json> value = Parse(depth + 1);
+        if (!value.ok()) return value;
+        v.fields.emplace_back(std::move(*key), std::move(*value));
+      } while (Consume(','));
+      if (!Consume('}')) return Error("expected '}'");
+    } else if (c == '[') {
+      ++pos_;
+      v.kind = Json::Kind::kArray;
+      if (Consume(']')) return v;
+      do {
+        absl::StatusOr<Json> item = Parse(depth + 1);
+        if (!item.ok()) return item;
+        v.items.push_back(std::move(*item));
+      } while (Consume(','));
+      if (!Consume(']')) return Error("expected ']'");
+    } else if (c == '"') {
+      absl::StatusOr<std::string> s = ParseString();
+      if (!s.ok()) return s.status();
+      v.kind = Json::Kind::kString;
+      v.text = std::move(*s);
+    } else if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
+      const size_t start = pos_;
+      while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
+                                  std::strchr("+-.eE", s_[pos_]))) {
+        ++pos_;
+      }
+      v.kind = Json::Kind::kNumber;
+      v.text = s_.substr(start, pos_ - start);
+    } else if (s_.compare(pos_, 4, "true") == 0 || s_.compare(pos_, 4, "null") == 0) {
+      v.kind = s_[pos_] == 't' ? Json::Kind::kBool : Json::Kind::kNull;
+      v.text = s_.substr(pos_, 4);
+      pos_ += 4;
+    } else if (s_.compare(pos_, 5, "false") == 0) {
+      v.kind = Json::Kind::kBool;
+      v.text = "false";
+      pos_ += 5;
+    } else {
+      return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
+    }
+    return v;
+  }
+
+  const std::string& s_;
+  const int max_depth_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+const Json* Json::Get(const std::string& key) const {
+  for (const auto& [k, v] : fields) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth) {
+  return JsonParser(text, max_depth).ParseDocument();
+}
+
+std::string JsonQuote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace tensor

@@ -1,0 +1,36 @@
+// A small JSON reader and string quoting, for the project's own file headers
+// and indexes (safetensors headers, sharded checkpoint indexes): RFC 8259
+// values; \u escapes of the Basic Multilingual Plane (no surrogate pairs);
+// numbers are kept as their literal text.
+#ifndef TENSOR_JSON_H_
+#define TENSOR_JSON_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tensor {
+
+struct Json {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
+  std::string text;  // string contents, a number's literal, "true"/"false"/"null"
+  std::vector<Json> items;                          // arrays
+  std::vector<std::pair<std::string, Json>> fields;  // objects, in document order
+
+  // The first field named `key` (objects), or nullptr.
+  const Json* Get(const std::string& key) const;
+};
+
+// Parses one JSON document. DataLoss "bad JSON at byte N: <what>" on a syntax
+// error, trailing characters, or nesting deeper than max_depth.
+absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth = 32);
+
+// `s` as a JSON string literal: quoted, with '"', '\\' and control characters
+// escaped.
+std::string JsonQuote(const std::string& s);
+
+}  // namespace tensor
+
+#endif  // TENSOR_JSON_H_

@@ -1,0 +1,48 @@
+#include "tensor/json.h"
+
+#include "gtest/gtest.h"
+
+namespace tensor {
+namespace {
+
+TEST(JsonTest, ParsesNestedValuesInOrder) {
+  absl::StatusOr<Json> j =
+      ParseJson(R"({"a": [1, -2.5e3, "x\"y\u00e9"], "b": {"c": true, "d": null}, "a": false})");
+  ASSERT_TRUE(j.ok()) << j.status();
+  ASSERT_EQ(j->kind, Json::Kind::kObject);
+  ASSERT_EQ(j->fields.size(), 3u);
+  const Json* a = j->Get("a");  // the first of two
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(a->kind, Json::Kind::kArray);
+  ASSERT_EQ(a->items.size(), 3u);
+  EXPECT_EQ(a->items[0].text, "1");
+  EXPECT_EQ(a->items[1].kind, Json::Kind::kNumber);
+  EXPECT_EQ(a->items[1].text, "-2.5e3");
+  EXPECT_EQ(a->items[2].text, "x\"y\xc3\xa9");
+  EXPECT_EQ(j->Get("b")->Get("c")->text, "true");
+  EXPECT_EQ(j->Get("b")->Get("d")->kind, Json::Kind::kNull);
+  EXPECT_EQ(j->Get("missing"), nullptr);
+}
+
+TEST(JsonTest, ErrorsNameTheByte) {
+  for (const char* bad : {"{\"a\" 1}", "[1, 2", "{} x", "\"abc", "tru"}) {
+    absl::StatusOr<Json> j = ParseJson(bad);
+    ASSERT_FALSE(j.ok()) << bad;
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(j.status().message().find("bad JSON at byte"), absl::string_view::npos) << bad;
+  }
+  EXPECT_FALSE(ParseJson("[[[[1]]]]", 2).ok());
+  EXPECT_TRUE(ParseJson("[[[[1]]]]", 4).ok());
+}
+
+TEST(JsonTest, QuoteRoundTrips) {
+  const std::string s = "a\"b\\c\nd\te\rf\x01g";
+  const std::string q = JsonQuote(s);
+  EXPECT_EQ(q, "\"a\\\"b\\\\c\\nd\\te\\rf\\u0001g\"");
+  absl::StatusOr<Json> j = ParseJson(q);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->text, s);
+}
+
+}  // namespace
+}  // namespace tensor
