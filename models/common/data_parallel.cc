@@ -669,6 +669,21 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
   return state;
 }
 
+absl::StatusOr<DataParallelModel::Resumed> DataParallelModel::Resume(
+    const std::string& resume, const std::string& checkpoint_dir, const std::string& config) {
+  absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
+  if (!step_dir.ok()) return step_dir.status();
+  absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir);
+  if (!state.ok()) return state.status();
+  absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
+  if (!loader.ok()) return loader.status();
+  if (pg_.rank() == 0) {
+    std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
+                static_cast<long long>(state->step));
+  }
+  return Resumed{std::move(*state), std::move(*loader)};
+}
+
 // ---- Memory ----
 
 namespace {

@@ -261,6 +261,16 @@ class DataParallelModel {
   // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
   // naming the strategy to resume with). Returns the saved TrainState.
   absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir);
+  // --resume: "latest" in checkpoint_dir or a step folder; LoadCheckpoint,
+  // then CheckResumable against `config` (the model's config string). Rank 0
+  // prints "resumed from <step folder> at step N". The caller restores its
+  // data loader to `loader` (the global batch must be the same).
+  struct Resumed {
+    TrainState state;
+    data::LoaderState loader;
+  };
+  absl::StatusOr<Resumed> Resume(const std::string& resume, const std::string& checkpoint_dir,
+                                 const std::string& config);
 
  private:
   DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);

@@ -252,21 +252,12 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   int64_t start = 0;
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (!absl::GetFlag(FLAGS_resume).empty()) {
-    absl::StatusOr<std::string> step_dir =
-        train::ResolveCheckpoint(absl::GetFlag(FLAGS_resume), checkpoint_dir);
-    if (!step_dir.ok()) return step_dir.status();
-    absl::StatusOr<train::TrainState> state = (*dp)->LoadCheckpoint(*step_dir);
-    if (!state.ok()) return state.status();
-    absl::StatusOr<data::LoaderState> loader_state =
-        train::CheckResumable(*state, *step_dir, setup.config.ToString());
-    if (!loader_state.ok()) return loader_state.status();
-    absl::Status restored = loader->Restore(*loader_state);  // the same global batch
+    absl::StatusOr<train::DataParallelModel::Resumed> resumed =
+        (*dp)->Resume(absl::GetFlag(FLAGS_resume), checkpoint_dir, setup.config.ToString());
+    if (!resumed.ok()) return resumed.status();
+    absl::Status restored = loader->Restore(resumed->loader);  // the same global batch
     if (!restored.ok()) return restored;
-    start = state->step;
-    if (rank.logs()) {
-      std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
-                  static_cast<long long>(start));
-    }
+    start = resumed->state.step;
   }
   auto save = [&](int64_t step_done) -> absl::Status {
     if (checkpoint_dir.empty()) return absl::OkStatus();
