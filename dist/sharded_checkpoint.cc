@@ -1,772 +1,72 @@
-// Sharded checkpoints: per-parameter element ranges in per-rank safetensors
-// files, an index.json, and the save / load protocols (see the header).
+// Sharded checkpoints: the save / load protocols (see the header) over the
+// format of sharded_checkpoint_index.h: which rank writes and reads what
+// (the FSDP and ZeRO-1 mappings onto flat buffers), the phases and their
+// all-gathered statuses, and staging so that a failed load changes nothing.
 #include "dist/sharded_checkpoint.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <random>
 #include <set>
-#include <sstream>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
+#include "dist/sharded_checkpoint_exchange.h"
+#include "dist/sharded_checkpoint_folder.h"
+#include "dist/sharded_checkpoint_index.h"
+#include "dist/sharded_checkpoint_reader.h"
 #include "tensor/memory_ledger.h"
-#include "tensor/json.h"
 #include "tensor/safetensors.h"
 
 namespace dist {
 namespace {
 
+using sharded::BlockCrcs;
+using sharded::CheckReplaceable;
+using sharded::ErrnoStatus;
+using sharded::Exchange;
+using sharded::FileRec;
+using sharded::FsyncDir;
+using sharded::Hex32;
+using sharded::Index;
+using sharded::IndexToJson;
+using sharded::kDefaultCrcBlock;
+using sharded::kIdKey;
+using sharded::kIndexFile;
+using sharded::kShardKey;
+using sharded::kValueKind;
+using sharded::ParamRec;
+using sharded::ParentOf;
+using sharded::Publish;
+using sharded::ReadIndex;
+using sharded::RemoveTree;
+using sharded::ShardFileName;
+using sharded::SliceReader;
+using sharded::SliceRec;
+using sharded::SliceTensorName;
+using sharded::StripTrailingSlashes;
+using sharded::ValidateIndex;
+using sharded::WriteFileDurably;
 using tensor::Tensor;
-
-constexpr char kIndexFile[] = "index.json";
-constexpr char kFormat[] = "fsdp.sharded_checkpoint";
-constexpr int kVersion = 1;
-constexpr char kIdKey[] = "fsdp.checkpoint_id";
-constexpr char kShardKey[] = "fsdp.shard";
-constexpr char kValueKind[] = "value";
-// Slices are checksummed in blocks of this many elements (1 MiB of fp32), so
-// a reader that needs part of a slice reads and checks at most one partial
-// block at each end.
-constexpr int64_t kDefaultCrcBlock = int64_t{1} << 18;
 
 std::mutex g_hooks_mu;
 std::function<absl::Status(int)> g_write_fault;  // guarded by g_hooks_mu
 
-// ---------------------------------------------------------------------------
-// Errors across ranks.
-
-std::string Hex32(uint32_t x) { return absl::StrFormat("%08x", x); }
-
-// Every rank's (status, payload) as strings: "+<payload>" or "-<code>:<message>".
-absl::StatusOr<std::vector<std::string>> AllGatherStrings(ProcessGroup& pg, const std::string& mine) {
-  const int n = pg.size();
-  const int64_t my_len = static_cast<int64_t>(mine.size());
-  Tensor len = Tensor::FromData<int64_t>(absl::MakeConstSpan(&my_len, 1), {1});
-  Tensor lens = Tensor::Empty({n}, tensor::Dtype::kI64);
-  absl::Status s = pg.AllGatherSync(len, lens);
-  if (!s.ok()) return s;
-  int64_t max_len = 1;
-  for (int r = 0; r < n; ++r) max_len = std::max(max_len, lens.data<int64_t>()[r]);
-  Tensor buf = Tensor::Zeros({max_len}, tensor::Dtype::kU8);
-  std::memcpy(buf.raw_data(), mine.data(), mine.size());
-  Tensor all = Tensor::Empty({n * max_len}, tensor::Dtype::kU8);
-  s = pg.AllGatherSync(buf, all);
-  if (!s.ok()) return s;
-  std::vector<std::string> out(n);
-  const char* p = static_cast<const char*>(all.raw_data());
-  for (int r = 0; r < n; ++r) out[r].assign(p + r * max_len, lens.data<int64_t>()[r]);
-  return out;
-}
-
-// All-gathers every rank's status and payload. OK (with every payload) when
-// every rank is OK; otherwise the same error on every rank, naming the failed
-// ranks: "<what>: rank 1 of 4: <message>" ("ranks 0, 2 of 4: ..." for one
-// message shared by several, "all 4 ranks: ..." when shared by all).
-absl::StatusOr<std::vector<std::string>> Exchange(ProcessGroup& pg, const absl::Status& mine,
-                                                  const std::string& payload,
-                                                  const std::string& what) {
-  const std::string enc = mine.ok() ? absl::StrCat("+", payload)
-                                    : absl::StrCat("-", static_cast<int>(mine.code()), ":",
-                                                   mine.message());
-  absl::StatusOr<std::vector<std::string>> all = AllGatherStrings(pg, enc);
-  if (!all.ok()) {
-    return absl::Status(all.status().code(),
-                        absl::StrCat(what, ": exchanging statuses failed: ", all.status().message(),
-                                     mine.ok() ? "" : absl::StrCat(" (this rank: ", mine.message(), ")")));
-  }
-  std::vector<std::pair<std::string, std::vector<int>>> errors;  // message -> ranks
-  absl::StatusCode code = absl::StatusCode::kOk;
-  std::vector<std::string> payloads(all->size());
-  for (size_t r = 0; r < all->size(); ++r) {
-    const std::string& e = (*all)[r];
-    if (!e.empty() && e[0] == '+') {
-      payloads[r] = e.substr(1);
-      continue;
-    }
-    const size_t colon = e.find(':');
-    int c = static_cast<int>(absl::StatusCode::kUnknown);
-    if (colon == std::string::npos || !absl::SimpleAtoi(e.substr(1, colon - 1), &c)) {
-      c = static_cast<int>(absl::StatusCode::kUnknown);
-    }
-    if (code == absl::StatusCode::kOk) code = static_cast<absl::StatusCode>(c);
-    const std::string msg = colon == std::string::npos ? e : e.substr(colon + 1);
-    auto it = std::find_if(errors.begin(), errors.end(), [&](auto& x) { return x.first == msg; });
-    if (it == errors.end()) {
-      errors.emplace_back(msg, std::vector<int>{static_cast<int>(r)});
-    } else {
-      it->second.push_back(static_cast<int>(r));
-    }
-  }
-  if (errors.empty()) return payloads;
-  const int n = pg.size();
-  std::vector<std::string> parts;
-  for (auto& [msg, ranks] : errors) {
-    std::string who;
-    if (static_cast<int>(ranks.size()) == n && n > 1) {
-      who = absl::StrCat("all ", n, " ranks");
-    } else {
-      who = absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "), " of ",
-                         n);
-    }
-    parts.push_back(absl::StrCat(who, ": ", msg));
-  }
-  return absl::Status(code, absl::StrCat(what, ": ", absl::StrJoin(parts, "; ")));
-}
-
-// ---------------------------------------------------------------------------
-// index.json (tensor/json.h reads it).
-
-using tensor::Json;
-using tensor::JsonQuote;
-
-struct SliceRec {
-  int file = 0;
-  std::string tensor;
-  int64_t begin = 0;
-  int64_t end = 0;
-  std::vector<uint32_t> crcs;  // one per crc_block elements
-};
-
-struct ParamRec {
-  std::string name;
-  tensor::Shape shape;
-  int64_t numel = 0;
-  std::vector<SliceRec> value;
-  bool has_state = false;
-  int64_t step = 0;
-  std::map<std::string, std::vector<SliceRec>> state;  // buffer key -> slices
-};
-
-struct FileRec {
-  std::string name;
-  int64_t bytes = 0;
-};
-
-struct Index {
-  int version = kVersion;
-  std::string id;
-  std::string writer;
-  std::string strategy;
-  int world_size = 0;
-  std::vector<std::string> units;
-  std::vector<FileRec> files;
-  int64_t crc_block = kDefaultCrcBlock;
-  std::string optimizer;
-  std::vector<std::string> buffers;
-  std::string lr;
-  bool has_state = false;
-  int64_t step = -1;
-  std::vector<ParamRec> params;
-  std::map<std::string, std::string> extra;
-
-  std::map<std::string, size_t> by_name;  // filled by Validate
-};
-
-std::string SliceJson(const SliceRec& s) {
-  std::vector<std::string> crcs;
-  for (uint32_t c : s.crcs) crcs.push_back(JsonQuote(Hex32(c)));
-  return absl::StrCat("{\"file\": ", s.file, ", \"tensor\": ", JsonQuote(s.tensor),
-                      ", \"begin\": ", s.begin, ", \"end\": ", s.end, ", \"crc32c\": [",
-                      absl::StrJoin(crcs, ", "), "]}");
-}
-
-std::string SlicesJson(const std::vector<SliceRec>& slices, const std::string& indent) {
-  if (slices.empty()) return "[]";
-  std::vector<std::string> parts;
-  for (const SliceRec& s : slices) parts.push_back(absl::StrCat(indent, "  ", SliceJson(s)));
-  return absl::StrCat("[\n", absl::StrJoin(parts, ",\n"), "\n", indent, "]");
-}
-
-std::string IndexToJson(const Index& x) {
-  std::string out = "{\n";
-  absl::StrAppend(&out, "  \"format\": ", JsonQuote(kFormat), ",\n");
-  absl::StrAppend(&out, "  \"version\": ", x.version, ",\n");
-  absl::StrAppend(&out, "  \"checkpoint_id\": ", JsonQuote(x.id), ",\n");
-  absl::StrAppend(&out, "  \"writer\": ", JsonQuote(x.writer), ",\n");
-  absl::StrAppend(&out, "  \"strategy\": ", JsonQuote(x.strategy), ",\n");
-  absl::StrAppend(&out, "  \"world_size\": ", x.world_size, ",\n");
-  std::vector<std::string> units;
-  for (const auto& u : x.units) units.push_back(JsonQuote(u));
-  absl::StrAppend(&out, "  \"units\": [", absl::StrJoin(units, ", "), "],\n");
-  std::vector<std::string> files;
-  for (const auto& f : x.files) {
-    files.push_back(absl::StrCat("    {\"name\": ", JsonQuote(f.name), ", \"bytes\": ", f.bytes, "}"));
-  }
-  absl::StrAppend(&out, "  \"files\": [\n", absl::StrJoin(files, ",\n"), "\n  ],\n");
-  absl::StrAppend(&out, "  \"crc32c_block_elements\": ", x.crc_block, ",\n");
-  std::vector<std::string> bufs;
-  for (const auto& b : x.buffers) bufs.push_back(JsonQuote(b));
-  absl::StrAppend(&out, "  \"optimizer\": {\"name\": ", JsonQuote(x.optimizer), ", \"buffers\": [",
-                  absl::StrJoin(bufs, ", "), "], \"lr\": ", JsonQuote(x.lr),
-                  ", \"has_state\": ", x.has_state ? "true" : "false", ", \"step\": ", x.step,
-                  "},\n");
-  std::vector<std::string> params;
-  for (const ParamRec& p : x.params) {
-    std::string s = absl::StrCat("    {\"name\": ", JsonQuote(p.name), ", \"shape\": [",
-                                 absl::StrJoin(p.shape.dims(), ", "), "], \"numel\": ", p.numel,
-                                 ", \"dtype\": \"F32\"");
-    if (p.has_state) absl::StrAppend(&s, ", \"step\": ", p.step);
-    absl::StrAppend(&s, ",\n     \"value\": ", SlicesJson(p.value, "     "));
-    if (p.has_state) {
-      std::vector<std::string> st;
-      for (const std::string& b : x.buffers) {
-        auto it = p.state.find(b);
-        st.push_back(absl::StrCat("      ", JsonQuote(b), ": ",
-                                  SlicesJson(it == p.state.end() ? std::vector<SliceRec>{} : it->second,
-                                             "      ")));
-      }
-      absl::StrAppend(&s, ",\n     \"state\": {\n", absl::StrJoin(st, ",\n"), "\n     }");
-    }
-    s += "}";
-    params.push_back(std::move(s));
-  }
-  absl::StrAppend(&out, "  \"params\": [\n", absl::StrJoin(params, ",\n"), "\n  ],\n");
-  std::vector<std::string> extra;
-  for (const auto& [k, v] : x.extra) extra.push_back(absl::StrCat("    ", JsonQuote(k), ": ", JsonQuote(v)));
-  absl::StrAppend(&out, "  \"extra\": {", extra.empty() ? "" : "\n", absl::StrJoin(extra, ",\n"),
-                  extra.empty() ? "" : "\n  ", "}\n}\n");
-  return out;
-}
-
-// Field readers: errors name the field ("index.json: params[3].shape ...").
-class Fields {
- public:
-  Fields(const Json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
-
-  absl::Status Bad(const std::string& key, const std::string& what) const {
-    return absl::DataLossError(absl::StrCat(where_, key.empty() ? "" : ".", key, " ", what));
-  }
-  absl::StatusOr<const Json*> Get(const std::string& key, Json::Kind kind, bool optional = false) const {
-    const Json* v = obj_.Get(key);
-    if (v == nullptr) {
-      if (optional) return nullptr;
-      return Bad(key, "is missing");
-    }
-    if (v->kind != kind) return Bad(key, "has the wrong type");
-    return v;
-  }
-  absl::StatusOr<std::string> Str(const std::string& key) const {
-    absl::StatusOr<const Json*> v = Get(key, Json::Kind::kString);
-    if (!v.ok()) return v.status();
-    return (*v)->text;
-  }
-  absl::StatusOr<int64_t> Int(const std::string& key) const {
-    absl::StatusOr<const Json*> v = Get(key, Json::Kind::kNumber);
-    if (!v.ok()) return v.status();
-    int64_t x = 0;
-    if (!absl::SimpleAtoi((*v)->text, &x)) return Bad(key, "is not an integer");
-    return x;
-  }
-  absl::StatusOr<bool> Bool(const std::string& key) const {
-    absl::StatusOr<const Json*> v = Get(key, Json::Kind::kBool);
-    if (!v.ok()) return v.status();
-    return (*v)->text == "true";
-  }
-
- private:
-  const Json& obj_;
-  std::string where_;
-};
-
-#define SC_ASSIGN(lhs, expr)              \
-  do {                                    \
-    auto _sc_v = (expr);                  \
-    if (!_sc_v.ok()) return _sc_v.status(); \
-    lhs = std::move(*_sc_v);              \
+#define SC_RETURN_IF_ERROR(expr)   \
+  do {                             \
+    absl::Status _sc_s = (expr);   \
+    if (!_sc_s.ok()) return _sc_s; \
   } while (0)
-
-#define SC_RETURN_IF_ERROR(expr)     \
-  do {                               \
-    absl::Status _sc_s = (expr);     \
-    if (!_sc_s.ok()) return _sc_s;   \
-  } while (0)
-
-absl::StatusOr<std::vector<SliceRec>> ParseSlices(const Json& arr, const std::string& where) {
-  if (arr.kind != Json::Kind::kArray) {
-    return absl::DataLossError(absl::StrCat(where, " is not an array"));
-  }
-  std::vector<SliceRec> out;
-  for (size_t i = 0; i < arr.items.size(); ++i) {
-    const std::string w = absl::StrCat(where, "[", i, "]");
-    if (arr.items[i].kind != Json::Kind::kObject) {
-      return absl::DataLossError(absl::StrCat(w, " is not an object"));
-    }
-    Fields f(arr.items[i], w);
-    SliceRec s;
-    int64_t file = 0;
-    SC_ASSIGN(file, f.Int("file"));
-    s.file = static_cast<int>(file);
-    SC_ASSIGN(s.tensor, f.Str("tensor"));
-    SC_ASSIGN(s.begin, f.Int("begin"));
-    SC_ASSIGN(s.end, f.Int("end"));
-    const Json* crcs = nullptr;
-    SC_ASSIGN(crcs, f.Get("crc32c", Json::Kind::kArray));
-    for (const Json& c : crcs->items) {
-      uint32_t x = 0;
-      if (c.kind != Json::Kind::kString || c.text.size() != 8 || !absl::SimpleHexAtoi(c.text, &x)) {
-        return absl::DataLossError(absl::StrCat(w, ".crc32c holds a bad checksum"));
-      }
-      s.crcs.push_back(x);
-    }
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// The slices must tile [0, numel) exactly, name existing files and carry one
-// checksum per block.
-absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Index& x,
-                         const std::string& what) {
-  std::sort(slices.begin(), slices.end(),
-            [](const SliceRec& a, const SliceRec& b) { return a.begin < b.begin; });
-  int64_t pos = 0;
-  for (const SliceRec& s : slices) {
-    if (s.file < 0 || s.file >= static_cast<int>(x.files.size())) {
-      return absl::DataLossError(absl::StrCat(what, ": slice '", s.tensor, "' names file #", s.file,
-                                              " of ", x.files.size()));
-    }
-    if (s.begin != pos || s.end <= s.begin) {
-      return absl::DataLossError(absl::StrCat(what, ": slices do not tile its ", numel,
-                                              " elements (a slice [", s.begin, ", ", s.end,
-                                              ") where element ", pos, " was expected)"));
-    }
-    const int64_t blocks = (s.end - s.begin + x.crc_block - 1) / x.crc_block;
-    if (static_cast<int64_t>(s.crcs.size()) != blocks) {
-      return absl::DataLossError(absl::StrCat(what, ": slice '", s.tensor, "' has ", s.crcs.size(),
-                                              " checksums for ", blocks, " blocks"));
-    }
-    pos = s.end;
-  }
-  if (pos != numel) {
-    return absl::DataLossError(absl::StrCat(what, ": slices cover ", pos, " of its ", numel,
-                                            " elements"));
-  }
-  return absl::OkStatus();
-}
-
-// Checks the index's consistency and fills by_name.
-absl::Status ValidateIndex(Index& x) {
-  std::set<std::string> file_names;
-  for (const FileRec& f : x.files) {
-    if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.' ||
-        !file_names.insert(f.name).second || f.bytes < 0) {
-      return absl::DataLossError(absl::StrCat("bad file entry '", f.name, "'"));
-    }
-  }
-  if (x.crc_block <= 0) return absl::DataLossError("bad crc32c_block_elements");
-  x.by_name.clear();
-  for (size_t i = 0; i < x.params.size(); ++i) {
-    ParamRec& p = x.params[i];
-    const std::string what = absl::StrCat("parameter '", p.name, "'");
-    if (!x.by_name.emplace(p.name, i).second) {
-      return absl::DataLossError(absl::StrCat(what, " is listed twice"));
-    }
-    if (p.shape.numel() != p.numel || p.numel < 0) {
-      return absl::DataLossError(absl::StrCat(what, ": numel ", p.numel, " does not match shape ",
-                                              p.shape.ToString()));
-    }
-    SC_RETURN_IF_ERROR(CheckTiling(p.value, p.numel, x, what));
-    if (p.has_state) {
-      if (!x.has_state) {
-        return absl::DataLossError(absl::StrCat(what, " has optimizer state but the optimizer has none"));
-      }
-      for (const auto& [key, slices] : p.state) {
-        if (std::find(x.buffers.begin(), x.buffers.end(), key) == x.buffers.end()) {
-          return absl::DataLossError(absl::StrCat(what, ": unknown optimizer buffer '", key, "'"));
-        }
-      }
-      for (const std::string& b : x.buffers) {
-        auto it = p.state.find(b);
-        if (it == p.state.end()) {
-          return absl::DataLossError(absl::StrCat(what, ": optimizer buffer '", b, "' is missing"));
-        }
-        SC_RETURN_IF_ERROR(CheckTiling(it->second, p.numel, x, absl::StrCat(what, " ", b)));
-      }
-    } else if (!p.state.empty()) {
-      return absl::DataLossError(absl::StrCat(what, " has optimizer buffers but no step"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Index> ParseIndex(const std::string& text) {
-  absl::StatusOr<Json> doc = tensor::ParseJson(text);
-  if (!doc.ok()) return doc.status();
-  if (doc->kind != Json::Kind::kObject) return absl::DataLossError("not a JSON object");
-  Fields f(*doc, "");
-  Index x;
-  std::string format;
-  SC_ASSIGN(format, f.Str("format"));
-  if (format != kFormat) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("format is '", format, "', expected '", kFormat, "'"));
-  }
-  int64_t version = 0;
-  SC_ASSIGN(version, f.Int("version"));
-  if (version != kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("format version ", version, " (this build reads version ",
-                                                   kVersion, version > kVersion ? "; written by a newer build" : "",
-                                                   ")"));
-  }
-  x.version = static_cast<int>(version);
-  SC_ASSIGN(x.id, f.Str("checkpoint_id"));
-  SC_ASSIGN(x.writer, f.Str("writer"));
-  SC_ASSIGN(x.strategy, f.Str("strategy"));
-  int64_t world = 0;
-  SC_ASSIGN(world, f.Int("world_size"));
-  x.world_size = static_cast<int>(world);
-  const Json* units = nullptr;
-  SC_ASSIGN(units, f.Get("units", Json::Kind::kArray));
-  for (const Json& u : units->items) x.units.push_back(u.text);
-  const Json* files = nullptr;
-  SC_ASSIGN(files, f.Get("files", Json::Kind::kArray));
-  for (size_t i = 0; i < files->items.size(); ++i) {
-    if (files->items[i].kind != Json::Kind::kObject) return absl::DataLossError("files[] entry is not an object");
-    Fields ff(files->items[i], absl::StrCat("files[", i, "]"));
-    FileRec r;
-    SC_ASSIGN(r.name, ff.Str("name"));
-    SC_ASSIGN(r.bytes, ff.Int("bytes"));
-    x.files.push_back(std::move(r));
-  }
-  SC_ASSIGN(x.crc_block, f.Int("crc32c_block_elements"));
-  const Json* opt = nullptr;
-  SC_ASSIGN(opt, f.Get("optimizer", Json::Kind::kObject));
-  Fields fo(*opt, "optimizer");
-  SC_ASSIGN(x.optimizer, fo.Str("name"));
-  const Json* bufs = nullptr;
-  SC_ASSIGN(bufs, fo.Get("buffers", Json::Kind::kArray));
-  for (const Json& b : bufs->items) x.buffers.push_back(b.text);
-  SC_ASSIGN(x.lr, fo.Str("lr"));
-  SC_ASSIGN(x.has_state, fo.Bool("has_state"));
-  SC_ASSIGN(x.step, fo.Int("step"));
-  const Json* params = nullptr;
-  SC_ASSIGN(params, f.Get("params", Json::Kind::kArray));
-  for (size_t i = 0; i < params->items.size(); ++i) {
-    const std::string where = absl::StrCat("params[", i, "]");
-    if (params->items[i].kind != Json::Kind::kObject) {
-      return absl::DataLossError(absl::StrCat(where, " is not an object"));
-    }
-    Fields fp(params->items[i], where);
-    ParamRec p;
-    SC_ASSIGN(p.name, fp.Str("name"));
-    const Json* shape = nullptr;
-    SC_ASSIGN(shape, fp.Get("shape", Json::Kind::kArray));
-    for (const Json& d : shape->items) {
-      int64_t v = 0;
-      if (d.kind != Json::Kind::kNumber || !absl::SimpleAtoi(d.text, &v) || v < 0) {
-        return absl::DataLossError(absl::StrCat(where, ".shape is not a shape"));
-      }
-      p.shape.push_back(v);
-    }
-    SC_ASSIGN(p.numel, fp.Int("numel"));
-    std::string dtype;
-    SC_ASSIGN(dtype, fp.Str("dtype"));
-    if (dtype != "F32") return absl::DataLossError(absl::StrCat(where, ".dtype is ", dtype, ", expected F32"));
-    const Json* step = nullptr;
-    SC_ASSIGN(step, fp.Get("step", Json::Kind::kNumber, /*optional=*/true));
-    if (step != nullptr) {
-      p.has_state = true;
-      SC_ASSIGN(p.step, fp.Int("step"));
-    }
-    const Json* value = nullptr;
-    SC_ASSIGN(value, fp.Get("value", Json::Kind::kArray));
-    SC_ASSIGN(p.value, ParseSlices(*value, where + ".value"));
-    const Json* state = nullptr;
-    SC_ASSIGN(state, fp.Get("state", Json::Kind::kObject, /*optional=*/true));
-    if (state != nullptr) {
-      for (const auto& [key, arr] : state->fields) {
-        SC_ASSIGN(p.state[key], ParseSlices(arr, absl::StrCat(where, ".state.", key)));
-      }
-    }
-    x.params.push_back(std::move(p));
-  }
-  const Json* extra = nullptr;
-  SC_ASSIGN(extra, f.Get("extra", Json::Kind::kObject));
-  for (const auto& [k, v] : extra->fields) {
-    if (v.kind != Json::Kind::kString) return absl::DataLossError("extra values must be strings");
-    x.extra[k] = v.text;
-  }
-  SC_RETURN_IF_ERROR(ValidateIndex(x));
-  return x;
-}
-
-// Reads and parses <dir>/index.json; errors name the folder or the file.
-absl::StatusOr<Index> ReadIndex(const std::string& dir) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("checkpoint folder '", dir, "' does not exist"));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", dir, "' is not a folder"));
-  }
-  const std::string path = absl::StrCat(dir, "/", kIndexFile);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "'", path, "' is missing: not a sharded checkpoint, or written by a world that did not "
-        "finish its save (shard files without index.json are never valid)"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read '", path, "'"));
-  absl::StatusOr<Index> x = ParseIndex(ss.str());
-  if (!x.ok()) {
-    return absl::Status(x.status().code(),
-                        absl::StrCat("'", path, "' is invalid: ", x.status().message()));
-  }
-  return x;
-}
-
-// ---------------------------------------------------------------------------
-// Files.
-
-absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
-}
-
-void FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-absl::Status WriteFileDurably(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create", tmp);
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = ErrnoStatus("cannot write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    p += n;
-    left -= n;
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = ErrnoStatus("cannot fsync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename onto", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return absl::OkStatus();
-}
-
-std::string ShardFileName(int r, int n) { return absl::StrCat("shard_", r, "_of_", n, ".safetensors"); }
-
-// Whether `name` is one of the files a sharded checkpoint folder holds.
-bool IsCheckpointFile(const std::string& name) {
-  if (name == kIndexFile) return true;
-  if (absl::StartsWith(name, "index.json.tmp.")) return true;
-  int r = 0, n = 0;
-  char tail[32] = {0};
-  if (std::sscanf(name.c_str(), "shard_%d_of_%d.safetenso%31s", &r, &n, tail) == 3) {
-    return std::string(tail) == "rs" || absl::StartsWith(std::string(tail), "rs.tmp.");
-  }
-  return false;
-}
-
-// OK when `dir` does not exist, or is a folder that holds nothing but a
-// sharded checkpoint's files (so replacing it loses nothing else).
-absl::Status CheckReplaceable(const std::string& dir) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return ErrnoStatus("cannot stat", dir);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("refusing to replace '", dir, "': it exists and is not a folder"));
-  }
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus("cannot list", dir);
-  std::string stray;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    if (!IsCheckpointFile(name)) {
-      stray = name;
-      break;
-    }
-  }
-  ::closedir(d);
-  if (!stray.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "refusing to replace '", dir, "': it holds '", stray,
-        "', which is not part of a sharded checkpoint (save into a new or empty folder)"));
-  }
-  return absl::OkStatus();
-}
-
-void RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
-
-// Moves the finished folder `tmp` onto `dir` (replacing a previous checkpoint
-// atomically when the filesystem supports RENAME_EXCHANGE).
-absl::Status Publish(const std::string& tmp, const std::string& dir, const std::string& id) {
-  SC_RETURN_IF_ERROR(CheckReplaceable(dir));
-  if (::rename(tmp.c_str(), dir.c_str()) == 0) return absl::OkStatus();
-  if (errno != EEXIST && errno != ENOTEMPTY) return ErrnoStatus("cannot rename a checkpoint onto", dir);
-  // `dir` holds an older checkpoint: swap the two folders, then drop the old one.
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    RemoveTree(tmp);
-    return absl::OkStatus();
-  }
-  // No RENAME_EXCHANGE here: two renames (a crash between them leaves the old
-  // checkpoint in "<dir>.old-<id>" and no `dir`).
-  const std::string old = absl::StrCat(dir, ".old-", id);
-  if (::rename(dir.c_str(), old.c_str()) != 0) return ErrnoStatus("cannot move aside", dir);
-  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename a checkpoint onto", dir);
-    ::rename(old.c_str(), dir.c_str());
-    return s;
-  }
-  RemoveTree(old);
-  return absl::OkStatus();
-}
-
-std::string ParentOf(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string StripTrailingSlashes(std::string s) {
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
-}
-
-// Reads stored slices, checking each file (size, checkpoint id) once and each
-// checksum block it reads.
-class SliceReader {
- public:
-  SliceReader(const std::string& dir, const Index& index) : dir_(dir), index_(index) {}
-
-  // Elements [lo, hi) of the parameter (or buffer) that `s` belongs to (lo, hi
-  // within [s.begin, s.end)) into `out` (hi - lo elements, f32, contiguous).
-  absl::Status Read(const SliceRec& s, int64_t lo, int64_t hi, Tensor out) {
-    const tensor::SafetensorsHeader* header = nullptr;
-    SC_ASSIGN(header, Header(s.file));
-    const std::string path = Path(s.file);
-    const tensor::SafetensorsEntry* e = header->Find(s.tensor);
-    if (e == nullptr) {
-      return absl::DataLossError(
-          absl::StrCat("'", path, "' lacks tensor '", s.tensor, "' that index.json lists"));
-    }
-    if (e->dtype != tensor::Dtype::kF32 || e->shape.numel() != s.end - s.begin) {
-      return absl::DataLossError(absl::StrCat("'", path, "': tensor '", s.tensor, "' is ",
-                                              tensor::DtypeName(e->dtype), " ", e->shape.ToString(),
-                                              ", index.json records f32 of ", s.end - s.begin,
-                                              " elements"));
-    }
-    // Read whole checksum blocks around [lo, hi).
-    const int64_t block = index_.crc_block;
-    const int64_t first = (lo - s.begin) / block;
-    const int64_t last = (hi - s.begin + block - 1) / block;  // exclusive
-    const int64_t rb = first * block;
-    const int64_t re = std::min(last * block, s.end - s.begin);
-    Tensor raw;
-    {
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kTemporaries);
-      raw = Tensor::Empty({re - rb}, tensor::Dtype::kF32);
-    }
-    SC_RETURN_IF_ERROR(tensor::ReadSafetensorsSlice(path, *header, s.tensor, rb, raw));
-    for (int64_t b = first; b < last; ++b) {
-      const int64_t bb = b * block - rb;
-      const int64_t be = std::min((b + 1) * block, s.end - s.begin) - rb;
-      const uint32_t crc = tensor::Crc32c(raw.data<float>() + bb, (be - bb) * 4);
-      if (crc != s.crcs[b]) {
-        return absl::DataLossError(absl::StrCat(
-            "'", path, "' is corrupted: tensor '", s.tensor, "' elements [", rb + bb, ", ", rb + be,
-            ") have checksum ", Hex32(crc), " but index.json records ", Hex32(s.crcs[b])));
-      }
-    }
-    out.CopyFrom(raw.Narrow(0, lo - s.begin - rb, hi - lo));
-    return absl::OkStatus();
-  }
-
-  // Fills out (hi - lo elements) with elements [lo, hi) of the tensor stored
-  // as `slices` (which tile it).
-  absl::Status ReadRange(const std::vector<SliceRec>& slices, int64_t lo, int64_t hi, Tensor out) {
-    for (const SliceRec& s : slices) {
-      const int64_t a = std::max(lo, s.begin);
-      const int64_t b = std::min(hi, s.end);
-      if (a >= b) continue;
-      SC_RETURN_IF_ERROR(Read(s, a, b, out.Narrow(0, a - lo, b - a)));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string Path(int file) const { return absl::StrCat(dir_, "/", index_.files[file].name); }
-
-  absl::StatusOr<const tensor::SafetensorsHeader*> Header(int file) {
-    auto it = headers_.find(file);
-    if (it != headers_.end()) return &it->second;
-    const std::string path = Path(file);
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      if (errno == ENOENT) {
-        return absl::NotFoundError(
-            absl::StrCat("shard file '", path, "' is missing (index.json lists it)"));
-      }
-      return ErrnoStatus("cannot stat", path);
-    }
-    const FileRec& rec = index_.files[file];
-    if (st.st_size != rec.bytes) {
-      return absl::DataLossError(absl::StrCat(
-          "'", path, "' has ", static_cast<int64_t>(st.st_size), " bytes but index.json records ",
-          rec.bytes, st.st_size < rec.bytes ? " (truncated)" : " (replaced or appended to)"));
-    }
-    absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadSafetensorsHeader(path);
-    if (!h.ok()) return h.status();
-    auto id = h->metadata.find(kIdKey);
-    if (id == h->metadata.end() || id->second != index_.id) {
-      return absl::DataLossError(absl::StrCat(
-          "'", path, "' belongs to another checkpoint (id ",
-          id == h->metadata.end() ? std::string("none") : id->second, ", index.json has ",
-          index_.id, ")"));
-    }
-    return &headers_.emplace(file, std::move(*h)).first->second;
-  }
-
-  std::string dir_;
-  const Index& index_;
-  std::map<int, tensor::SafetensorsHeader> headers_;
-};
 
 // ---------------------------------------------------------------------------
 // What a rank holds: one or more flat buffers over original parameters.
@@ -782,7 +82,7 @@ struct FlatLayout {
   std::vector<Entry> entries;
   int64_t shard_begin = 0;
   int64_t shard_numel = 0;
-  Tensor shard;              // fp32 (shard_numel), contiguous; written in place by Load
+  Tensor shard;               // fp32 (shard_numel), contiguous; written in place by Load
   optim::ParamRef param_ref;  // for Optimizer::LoadStateTensors
 };
 
@@ -810,14 +110,12 @@ absl::StatusOr<std::string> WriteShard(const std::string& tmp_dir, const Partici
   for (auto& [name, t] : opt.StateTensors()) state[name] = t;
   tensor::NamedTensors tensors;
   std::string manifest;
-  auto add = [&](const std::string& kind, const std::string& param, int64_t begin, const Tensor& t) {
-    const std::string name = kind == kValueKind ? absl::StrCat("model/", param, "@", begin)
-                                                : absl::StrCat("optim/", kind, "/", param, "@", begin);
+  auto add = [&](const std::string& kind, const std::string& param, int64_t begin,
+                 const Tensor& t) {
+    const std::string name = SliceTensorName(kind, param, begin);
     const int64_t n = t.numel();
     std::vector<std::string> crcs;
-    for (int64_t b = 0; b < n; b += crc_block) {
-      crcs.push_back(Hex32(tensor::Crc32c(t.data<float>() + b, std::min(crc_block, n - b) * 4)));
-    }
+    for (uint32_t crc : BlockCrcs(t.data<float>(), n, crc_block)) crcs.push_back(Hex32(crc));
     absl::StrAppend(&manifest, "S\t", kind, "\t", param, "\t", begin, "\t", begin + n, "\t", name,
                     "\t", absl::StrJoin(crcs, ","), "\n");
     tensors.emplace_back(name, t);
@@ -829,7 +127,8 @@ absl::StatusOr<std::string> WriteShard(const std::string& tmp_dir, const Partici
       for (const std::string& k : keys) {
         auto it = state.find(absl::StrCat(L.ref, ".", k));
         if (it == state.end()) {
-          return absl::InternalError(absl::StrCat("optimizer state '", L.ref, ".", k, "' is missing"));
+          return absl::InternalError(
+              absl::StrCat("optimizer state '", L.ref, ".", k, "' is missing"));
         }
         const Tensor& t = it->second;
         if (t.dtype() != tensor::Dtype::kF32 || t.numel() != L.shard_numel || !t.is_contiguous()) {
@@ -895,7 +194,9 @@ absl::StatusOr<Index> AssembleIndex(const Participant& p, const optim::Optimizer
   std::map<std::string, size_t> pos;
   for (const FlatLayout& L : p.layouts) {
     for (const FlatLayout::Entry& e : L.entries) {
-      if (pos.count(e.name)) return absl::InternalError(absl::StrCat("parameter '", e.name, "' is in two units"));
+      if (pos.count(e.name)) {
+        return absl::InternalError(absl::StrCat("parameter '", e.name, "' is in two units"));
+      }
       pos[e.name] = x.params.size();
       ParamRec r;
       r.name = e.name;
@@ -912,7 +213,8 @@ absl::StatusOr<Index> AssembleIndex(const Participant& p, const optim::Optimizer
     for (absl::string_view line : absl::StrSplit(manifests[r], '\n', absl::SkipEmpty())) {
       std::vector<std::string> f = absl::StrSplit(line, '\t');
       auto bad = [&] {
-        return absl::InternalError(absl::StrCat("rank ", r, " sent a bad manifest line '", line, "'"));
+        return absl::InternalError(
+            absl::StrCat("rank ", r, " sent a bad manifest line '", line, "'"));
       };
       if (f[0] == "F" && f.size() == 4) {
         int64_t bytes = 0;
@@ -938,7 +240,8 @@ absl::StatusOr<Index> AssembleIndex(const Participant& p, const optim::Optimizer
         SliceRec s;
         s.file = file;
         s.tensor = f[5];
-        if (it == pos.end() || !absl::SimpleAtoi(f[3], &s.begin) || !absl::SimpleAtoi(f[4], &s.end)) {
+        if (it == pos.end() || !absl::SimpleAtoi(f[3], &s.begin) ||
+            !absl::SimpleAtoi(f[4], &s.end)) {
           return bad();
         }
         for (absl::string_view c : absl::StrSplit(f[6], ',', absl::SkipEmpty())) {
@@ -966,16 +269,17 @@ absl::StatusOr<Index> AssembleIndex(const Participant& p, const optim::Optimizer
     auto it = param_steps.find(rec.name);
     if (it == param_steps.end()) continue;
     if (it->second.size() != 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the ranks holding parameter '", rec.name, "' disagree on its optimizer step (",
-          absl::StrJoin(it->second, ", "), ")"));
+      return absl::FailedPreconditionError(absl::StrCat("the ranks holding parameter '", rec.name,
+                                                        "' disagree on its optimizer step (",
+                                                        absl::StrJoin(it->second, ", "), ")"));
     }
     rec.has_state = true;
     rec.step = *it->second.begin();
   }
   absl::Status s = ValidateIndex(x);
   if (!s.ok()) {
-    return absl::InternalError(absl::StrCat("the ranks' shards do not form a checkpoint: ", s.message()));
+    return absl::InternalError(
+        absl::StrCat("the ranks' shards do not form a checkpoint: ", s.message()));
   }
   return x;
 }
@@ -995,8 +299,8 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   if (rank == 0) {
     std::random_device rd;
     const uint64_t hi = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    const uint64_t lo = static_cast<uint64_t>(
-        std::chrono::system_clock::now().time_since_epoch().count());
+    const uint64_t lo =
+        static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
     id = absl::StrFormat("%016x%08x", hi ^ lo, static_cast<uint32_t>(::getpid()));
     if (dir.empty()) s = absl::InvalidArgumentError("the checkpoint folder name is empty");
     if (s.ok()) s = CheckReplaceable(dir);
@@ -1079,27 +383,28 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
       if (it == x.by_name.end()) {
         missing.push_back(e.name);
       } else if (x.params[it->second].shape != e.shape) {
-        shape_errors.push_back(absl::StrCat("'", e.name, "' is ", x.params[it->second].shape.ToString(),
-                                            " in the checkpoint but ", e.shape.ToString(),
-                                            " in the model"));
+        shape_errors.push_back(
+            absl::StrCat("'", e.name, "' is ", x.params[it->second].shape.ToString(),
+                         " in the checkpoint but ", e.shape.ToString(), " in the model"));
       }
     }
   }
   auto first_few = [](const std::vector<std::string>& v) {
     std::vector<std::string> head(v.begin(), v.begin() + std::min<size_t>(v.size(), 5));
-    return absl::StrCat(absl::StrJoin(head, ", "), v.size() > 5 ? absl::StrCat(", ... (", v.size(), " in all)") : "");
+    return absl::StrCat(absl::StrJoin(head, ", "),
+                        v.size() > 5 ? absl::StrCat(", ... (", v.size(), " in all)") : "");
   };
   if (!missing.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameters of the model missing from the checkpoint: ", first_few(missing)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameters of the model missing from the checkpoint: ", first_few(missing)));
   }
   std::vector<std::string> unexpected;
   for (const ParamRec& r : x.params) {
     if (model_names.count(r.name) == 0) unexpected.push_back(r.name);
   }
   if (!unexpected.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameters in the checkpoint that the model lacks: ", first_few(unexpected)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameters in the checkpoint that the model lacks: ", first_few(unexpected)));
   }
   if (!shape_errors.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("shape mismatch: ", first_few(shape_errors)));
@@ -1142,10 +447,10 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
               state ? e.name : first_name, "' has none"));
         }
         if (state && r.step != step) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "cannot form the optimizer state of '", L.ref, "': parameters '", first_name,
-              "' (step ", step, ") and '", e.name, "' (step ", r.step,
-              ") were stepped a different number of times"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("cannot form the optimizer state of '", L.ref, "': parameters '",
+                           first_name, "' (step ", step, ") and '", e.name, "' (step ", r.step,
+                           ") were stepped a different number of times"));
         }
       }
       if (!seen) {  // a flat buffer without elements: the checkpoint's common step
@@ -1177,7 +482,9 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
     st.values.push_back(Tensor::Zeros({L.shard_numel}));
     st.buffers.emplace_back();
     if (has[i]) {
-      for (size_t k = 0; k < keys.size(); ++k) st.buffers.back().push_back(Tensor::Zeros({L.shard_numel}));
+      for (size_t k = 0; k < keys.size(); ++k) {
+        st.buffers.back().push_back(Tensor::Zeros({L.shard_numel}));
+      }
     }
     const int64_t sb = L.shard_begin;
     const int64_t se = L.shard_begin + L.shard_numel;
@@ -1280,9 +587,9 @@ Participant FromFsdp(FullyShardedModel& fsdp) {
 
 absl::Status CheckFsdpGroup(FullyShardedModel& fsdp, ProcessGroup& pg) {
   if (fsdp.shard_group_size() * fsdp.num_replicas() != pg.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the process group has ", pg.size(), " ranks but the model is sharded ",
-        fsdp.shard_group_size(), " ways with ", fsdp.num_replicas(), " replicas"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the process group has ", pg.size(), " ranks but the model is sharded ",
+                     fsdp.shard_group_size(), " ways with ", fsdp.num_replicas(), " replicas"));
   }
   return absl::OkStatus();
 }
@@ -1318,10 +625,10 @@ Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
 absl::Status CheckZero1Group(Zero1& zero, ProcessGroup& pg) {
   if (zero.shard_numel() * pg.size() != zero.padded_numel() ||
       zero.shard_begin() != zero.shard_numel() * pg.rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the process group (rank ", pg.rank(), " of ", pg.size(),
-        ") is not the one this Zero1 shards over (shard [", zero.shard_begin(), ", ",
-        zero.shard_begin() + zero.shard_numel(), ") of ", zero.padded_numel(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the process group (rank ", pg.rank(), " of ", pg.size(),
+                     ") is not the one this Zero1 shards over (shard [", zero.shard_begin(), ", ",
+                     zero.shard_begin() + zero.shard_numel(), ") of ", zero.padded_numel(), ")"));
   }
   return absl::OkStatus();
 }
@@ -1335,7 +642,9 @@ absl::Status RefreshZero1Params(Zero1& zero, ProcessGroup& pg) {
     full = Tensor::Empty({zero.padded_numel()}, tensor::Dtype::kF32);
   }
   absl::Status s = pg.AllGatherSync(zero.master_shard(), full);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("all-gather of the master shards: ", s.message()));
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all-gather of the master shards: ", s.message()));
+  }
   int64_t offset = 0;
   for (auto& [name, param] : zero.module().NamedParameters()) {
     param->value.CopyFrom(full.Narrow(0, offset, param->numel()).View(param->shape));
@@ -1372,9 +681,11 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedModel& fsdp,
   return SaveImpl(dir, FromFsdp(fsdp), optimizer, pg, extra);
 }
 
-absl::StatusOr<std::map<std::string, std::string>> LoadSharded(
-    const std::string& dir, FullyShardedModel& fsdp, optim::Optimizer& optimizer,
-    ProcessGroup& pg, const ShardedLoadOptions& options) {
+absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string& dir,
+                                                               FullyShardedModel& fsdp,
+                                                               optim::Optimizer& optimizer,
+                                                               ProcessGroup& pg,
+                                                               const ShardedLoadOptions& options) {
   SC_RETURN_IF_ERROR(CheckFsdpGroup(fsdp, pg));
   Participant p = FromFsdp(fsdp);
   return LoadImpl(dir, p, optimizer, pg, options, nullptr);

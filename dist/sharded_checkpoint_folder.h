@@ -1,0 +1,42 @@
+// The checkpoint folder on disk, for the sharded checkpoint protocol: durable
+// writes, the check that a folder may be replaced (it holds nothing but a
+// sharded checkpoint's files), and the atomic swap of a finished folder onto
+// its name. Private to the sharded_checkpoint library.
+#ifndef DIST_SHARDED_CHECKPOINT_FOLDER_H_
+#define DIST_SHARDED_CHECKPOINT_FOLDER_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace dist::sharded {
+
+// Unavailable "<what> '<path>': <strerror(errno)>".
+absl::Status ErrnoStatus(const std::string& what, const std::string& path);
+
+// fsync of a folder (its entries); errors are ignored.
+void FsyncDir(const std::string& dir);
+
+// Writes `text` to "<path>.tmp.<pid>", fsyncs it and renames it onto `path`.
+absl::Status WriteFileDurably(const std::string& path, const std::string& text);
+
+// OK when `dir` does not exist, or is a folder that holds nothing but a
+// sharded checkpoint's files (so replacing it loses nothing else).
+absl::Status CheckReplaceable(const std::string& dir);
+
+// Removes `path` and everything below it; errors are ignored.
+void RemoveTree(const std::string& path);
+
+// Moves the finished folder `tmp` onto `dir` (replacing a previous checkpoint
+// atomically when the filesystem supports RENAME_EXCHANGE).
+absl::Status Publish(const std::string& tmp, const std::string& dir, const std::string& id);
+
+// The folder holding `path` ("." for a bare name, "/" for a top-level one).
+std::string ParentOf(const std::string& path);
+
+// `s` without trailing '/' (but "/" stays "/").
+std::string StripTrailingSlashes(std::string s);
+
+}  // namespace dist::sharded
+
+#endif  // DIST_SHARDED_CHECKPOINT_FOLDER_H_

@@ -1,0 +1,422 @@
+// index.json of a sharded checkpoint: its records as JSON, and reading and
+// validating them (see sharded_checkpoint_index.h).
+#include "dist/sharded_checkpoint_index.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "tensor/json.h"
+#include "tensor/safetensors.h"
+
+namespace dist::sharded {
+namespace {
+
+using tensor::Json;
+using tensor::JsonQuote;
+
+std::string SliceJson(const SliceRec& s) {
+  std::vector<std::string> crcs;
+  for (uint32_t c : s.crcs) crcs.push_back(JsonQuote(Hex32(c)));
+  return absl::StrCat("{\"file\": ", s.file, ", \"tensor\": ", JsonQuote(s.tensor),
+                      ", \"begin\": ", s.begin, ", \"end\": ", s.end, ", \"crc32c\": [",
+                      absl::StrJoin(crcs, ", "), "]}");
+}
+
+std::string SlicesJson(const std::vector<SliceRec>& slices, const std::string& indent) {
+  if (slices.empty()) return "[]";
+  std::vector<std::string> parts;
+  for (const SliceRec& s : slices) parts.push_back(absl::StrCat(indent, "  ", SliceJson(s)));
+  return absl::StrCat("[\n", absl::StrJoin(parts, ",\n"), "\n", indent, "]");
+}
+
+// Field readers: errors name the field ("index.json: params[3].shape ...").
+class Fields {
+ public:
+  Fields(const Json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  absl::Status Bad(const std::string& key, const std::string& what) const {
+    return absl::DataLossError(absl::StrCat(where_, key.empty() ? "" : ".", key, " ", what));
+  }
+  absl::StatusOr<const Json*> Get(const std::string& key, Json::Kind kind,
+                                  bool optional = false) const {
+    const Json* v = obj_.Get(key);
+    if (v == nullptr) {
+      if (optional) return nullptr;
+      return Bad(key, "is missing");
+    }
+    if (v->kind != kind) return Bad(key, "has the wrong type");
+    return v;
+  }
+  absl::StatusOr<std::string> Str(const std::string& key) const {
+    absl::StatusOr<const Json*> v = Get(key, Json::Kind::kString);
+    if (!v.ok()) return v.status();
+    return (*v)->text;
+  }
+  absl::StatusOr<int64_t> Int(const std::string& key) const {
+    absl::StatusOr<const Json*> v = Get(key, Json::Kind::kNumber);
+    if (!v.ok()) return v.status();
+    int64_t x = 0;
+    if (!absl::SimpleAtoi((*v)->text, &x)) return Bad(key, "is not an integer");
+    return x;
+  }
+  absl::StatusOr<bool> Bool(const std::string& key) const {
+    absl::StatusOr<const Json*> v = Get(key, Json::Kind::kBool);
+    if (!v.ok()) return v.status();
+    return (*v)->text == "true";
+  }
+
+ private:
+  const Json& obj_;
+  std::string where_;
+};
+
+#define SC_ASSIGN(lhs, expr)                \
+  do {                                      \
+    auto _sc_v = (expr);                    \
+    if (!_sc_v.ok()) return _sc_v.status(); \
+    lhs = std::move(*_sc_v);                \
+  } while (0)
+
+absl::StatusOr<std::vector<SliceRec>> ParseSlices(const Json& arr, const std::string& where) {
+  if (arr.kind != Json::Kind::kArray) {
+    return absl::DataLossError(absl::StrCat(where, " is not an array"));
+  }
+  std::vector<SliceRec> out;
+  for (size_t i = 0; i < arr.items.size(); ++i) {
+    const std::string w = absl::StrCat(where, "[", i, "]");
+    if (arr.items[i].kind != Json::Kind::kObject) {
+      return absl::DataLossError(absl::StrCat(w, " is not an object"));
+    }
+    Fields f(arr.items[i], w);
+    SliceRec s;
+    int64_t file = 0;
+    SC_ASSIGN(file, f.Int("file"));
+    s.file = static_cast<int>(file);
+    SC_ASSIGN(s.tensor, f.Str("tensor"));
+    SC_ASSIGN(s.begin, f.Int("begin"));
+    SC_ASSIGN(s.end, f.Int("end"));
+    const Json* crcs = nullptr;
+    SC_ASSIGN(crcs, f.Get("crc32c", Json::Kind::kArray));
+    for (const Json& c : crcs->items) {
+      uint32_t x = 0;
+      if (c.kind != Json::Kind::kString || c.text.size() != 8 || !absl::SimpleHexAtoi(c.text, &x)) {
+        return absl::DataLossError(absl::StrCat(w, ".crc32c holds a bad checksum"));
+      }
+      s.crcs.push_back(x);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The slices must tile [0, numel) exactly, name existing files and carry one
+// checksum per block.
+absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Index& x,
+                         const std::string& what) {
+  std::sort(slices.begin(), slices.end(),
+            [](const SliceRec& a, const SliceRec& b) { return a.begin < b.begin; });
+  int64_t pos = 0;
+  for (const SliceRec& s : slices) {
+    if (s.file < 0 || s.file >= static_cast<int>(x.files.size())) {
+      return absl::DataLossError(absl::StrCat(what, ": slice '", s.tensor, "' names file #", s.file,
+                                              " of ", x.files.size()));
+    }
+    if (s.begin != pos || s.end <= s.begin) {
+      return absl::DataLossError(absl::StrCat(what, ": slices do not tile its ", numel,
+                                              " elements (a slice [", s.begin, ", ", s.end,
+                                              ") where element ", pos, " was expected)"));
+    }
+    const int64_t blocks = (s.end - s.begin + x.crc_block - 1) / x.crc_block;
+    if (static_cast<int64_t>(s.crcs.size()) != blocks) {
+      return absl::DataLossError(absl::StrCat(what, ": slice '", s.tensor, "' has ", s.crcs.size(),
+                                              " checksums for ", blocks, " blocks"));
+    }
+    pos = s.end;
+  }
+  if (pos != numel) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": slices cover ", pos, " of its ", numel, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Hex32(uint32_t x) { return absl::StrFormat("%08x", x); }
+
+std::string ShardFileName(int r, int n) {
+  return absl::StrCat("shard_", r, "_of_", n, ".safetensors");
+}
+
+bool IsCheckpointFile(const std::string& name) {
+  if (name == kIndexFile) return true;
+  if (absl::StartsWith(name, "index.json.tmp.")) return true;
+  int r = 0, n = 0;
+  char tail[32] = {0};
+  if (std::sscanf(name.c_str(), "shard_%d_of_%d.safetenso%31s", &r, &n, tail) == 3) {
+    return std::string(tail) == "rs" || absl::StartsWith(std::string(tail), "rs.tmp.");
+  }
+  return false;
+}
+
+std::string SliceTensorName(const std::string& kind, const std::string& param, int64_t begin) {
+  return kind == kValueKind ? absl::StrCat("model/", param, "@", begin)
+                            : absl::StrCat("optim/", kind, "/", param, "@", begin);
+}
+
+std::vector<uint32_t> BlockCrcs(const float* data, int64_t n, int64_t block) {
+  std::vector<uint32_t> crcs;
+  for (int64_t b = 0; b < n; b += block) {
+    crcs.push_back(tensor::Crc32c(data + b, std::min(block, n - b) * 4));
+  }
+  return crcs;
+}
+
+std::string IndexToJson(const Index& x) {
+  std::string out = "{\n";
+  absl::StrAppend(&out, "  \"format\": ", JsonQuote(kFormat), ",\n");
+  absl::StrAppend(&out, "  \"version\": ", x.version, ",\n");
+  absl::StrAppend(&out, "  \"checkpoint_id\": ", JsonQuote(x.id), ",\n");
+  absl::StrAppend(&out, "  \"writer\": ", JsonQuote(x.writer), ",\n");
+  absl::StrAppend(&out, "  \"strategy\": ", JsonQuote(x.strategy), ",\n");
+  absl::StrAppend(&out, "  \"world_size\": ", x.world_size, ",\n");
+  std::vector<std::string> units;
+  for (const auto& u : x.units) units.push_back(JsonQuote(u));
+  absl::StrAppend(&out, "  \"units\": [", absl::StrJoin(units, ", "), "],\n");
+  std::vector<std::string> files;
+  for (const auto& f : x.files) {
+    files.push_back(
+        absl::StrCat("    {\"name\": ", JsonQuote(f.name), ", \"bytes\": ", f.bytes, "}"));
+  }
+  absl::StrAppend(&out, "  \"files\": [\n", absl::StrJoin(files, ",\n"), "\n  ],\n");
+  absl::StrAppend(&out, "  \"crc32c_block_elements\": ", x.crc_block, ",\n");
+  std::vector<std::string> bufs;
+  for (const auto& b : x.buffers) bufs.push_back(JsonQuote(b));
+  absl::StrAppend(&out, "  \"optimizer\": {\"name\": ", JsonQuote(x.optimizer), ", \"buffers\": [",
+                  absl::StrJoin(bufs, ", "), "], \"lr\": ", JsonQuote(x.lr),
+                  ", \"has_state\": ", x.has_state ? "true" : "false", ", \"step\": ", x.step,
+                  "},\n");
+  std::vector<std::string> params;
+  for (const ParamRec& p : x.params) {
+    std::string s = absl::StrCat("    {\"name\": ", JsonQuote(p.name), ", \"shape\": [",
+                                 absl::StrJoin(p.shape.dims(), ", "), "], \"numel\": ", p.numel,
+                                 ", \"dtype\": \"F32\"");
+    if (p.has_state) absl::StrAppend(&s, ", \"step\": ", p.step);
+    absl::StrAppend(&s, ",\n     \"value\": ", SlicesJson(p.value, "     "));
+    if (p.has_state) {
+      std::vector<std::string> st;
+      for (const std::string& b : x.buffers) {
+        auto it = p.state.find(b);
+        st.push_back(absl::StrCat(
+            "      ", JsonQuote(b), ": ",
+            SlicesJson(it == p.state.end() ? std::vector<SliceRec>{} : it->second, "      ")));
+      }
+      absl::StrAppend(&s, ",\n     \"state\": {\n", absl::StrJoin(st, ",\n"), "\n     }");
+    }
+    s += "}";
+    params.push_back(std::move(s));
+  }
+  absl::StrAppend(&out, "  \"params\": [\n", absl::StrJoin(params, ",\n"), "\n  ],\n");
+  std::vector<std::string> extra;
+  for (const auto& [k, v] : x.extra) {
+    extra.push_back(absl::StrCat("    ", JsonQuote(k), ": ", JsonQuote(v)));
+  }
+  absl::StrAppend(&out, "  \"extra\": {", extra.empty() ? "" : "\n", absl::StrJoin(extra, ",\n"),
+                  extra.empty() ? "" : "\n  ", "}\n}\n");
+  return out;
+}
+
+absl::Status ValidateIndex(Index& x) {
+  std::set<std::string> file_names;
+  for (const FileRec& f : x.files) {
+    if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.' ||
+        !file_names.insert(f.name).second || f.bytes < 0) {
+      return absl::DataLossError(absl::StrCat("bad file entry '", f.name, "'"));
+    }
+  }
+  if (x.crc_block <= 0) return absl::DataLossError("bad crc32c_block_elements");
+  x.by_name.clear();
+  for (size_t i = 0; i < x.params.size(); ++i) {
+    ParamRec& p = x.params[i];
+    const std::string what = absl::StrCat("parameter '", p.name, "'");
+    if (!x.by_name.emplace(p.name, i).second) {
+      return absl::DataLossError(absl::StrCat(what, " is listed twice"));
+    }
+    if (p.shape.numel() != p.numel || p.numel < 0) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": numel ", p.numel, " does not match shape ", p.shape.ToString()));
+    }
+    absl::Status tiled = CheckTiling(p.value, p.numel, x, what);
+    if (!tiled.ok()) return tiled;
+    if (p.has_state) {
+      if (!x.has_state) {
+        return absl::DataLossError(
+            absl::StrCat(what, " has optimizer state but the optimizer has none"));
+      }
+      for (const auto& [key, slices] : p.state) {
+        if (std::find(x.buffers.begin(), x.buffers.end(), key) == x.buffers.end()) {
+          return absl::DataLossError(absl::StrCat(what, ": unknown optimizer buffer '", key, "'"));
+        }
+      }
+      for (const std::string& b : x.buffers) {
+        auto it = p.state.find(b);
+        if (it == p.state.end()) {
+          return absl::DataLossError(absl::StrCat(what, ": optimizer buffer '", b, "' is missing"));
+        }
+        tiled = CheckTiling(it->second, p.numel, x, absl::StrCat(what, " ", b));
+        if (!tiled.ok()) return tiled;
+      }
+    } else if (!p.state.empty()) {
+      return absl::DataLossError(absl::StrCat(what, " has optimizer buffers but no step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Index> ParseIndex(const std::string& text) {
+  absl::StatusOr<Json> doc = tensor::ParseJson(text);
+  if (!doc.ok()) return doc.status();
+  if (doc->kind != Json::Kind::kObject) return absl::DataLossError("not a JSON object");
+  Fields f(*doc, "");
+  Index x;
+  std::string format;
+  SC_ASSIGN(format, f.Str("format"));
+  if (format != kFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format is '", format, "', expected '", kFormat, "'"));
+  }
+  int64_t version = 0;
+  SC_ASSIGN(version, f.Int("version"));
+  if (version != kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format version ", version, " (this build reads version ", kVersion,
+                     version > kVersion ? "; written by a newer build" : "", ")"));
+  }
+  x.version = static_cast<int>(version);
+  SC_ASSIGN(x.id, f.Str("checkpoint_id"));
+  SC_ASSIGN(x.writer, f.Str("writer"));
+  SC_ASSIGN(x.strategy, f.Str("strategy"));
+  int64_t world = 0;
+  SC_ASSIGN(world, f.Int("world_size"));
+  x.world_size = static_cast<int>(world);
+  const Json* units = nullptr;
+  SC_ASSIGN(units, f.Get("units", Json::Kind::kArray));
+  for (const Json& u : units->items) x.units.push_back(u.text);
+  const Json* files = nullptr;
+  SC_ASSIGN(files, f.Get("files", Json::Kind::kArray));
+  for (size_t i = 0; i < files->items.size(); ++i) {
+    if (files->items[i].kind != Json::Kind::kObject) {
+      return absl::DataLossError("files[] entry is not an object");
+    }
+    Fields ff(files->items[i], absl::StrCat("files[", i, "]"));
+    FileRec r;
+    SC_ASSIGN(r.name, ff.Str("name"));
+    SC_ASSIGN(r.bytes, ff.Int("bytes"));
+    x.files.push_back(std::move(r));
+  }
+  SC_ASSIGN(x.crc_block, f.Int("crc32c_block_elements"));
+  const Json* opt = nullptr;
+  SC_ASSIGN(opt, f.Get("optimizer", Json::Kind::kObject));
+  Fields fo(*opt, "optimizer");
+  SC_ASSIGN(x.optimizer, fo.Str("name"));
+  const Json* bufs = nullptr;
+  SC_ASSIGN(bufs, fo.Get("buffers", Json::Kind::kArray));
+  for (const Json& b : bufs->items) x.buffers.push_back(b.text);
+  SC_ASSIGN(x.lr, fo.Str("lr"));
+  SC_ASSIGN(x.has_state, fo.Bool("has_state"));
+  SC_ASSIGN(x.step, fo.Int("step"));
+  const Json* params = nullptr;
+  SC_ASSIGN(params, f.Get("params", Json::Kind::kArray));
+  for (size_t i = 0; i < params->items.size(); ++i) {
+    const std::string where = absl::StrCat("params[", i, "]");
+    if (params->items[i].kind != Json::Kind::kObject) {
+      return absl::DataLossError(absl::StrCat(where, " is not an object"));
+    }
+    Fields fp(params->items[i], where);
+    ParamRec p;
+    SC_ASSIGN(p.name, fp.Str("name"));
+    const Json* shape = nullptr;
+    SC_ASSIGN(shape, fp.Get("shape", Json::Kind::kArray));
+    for (const Json& d : shape->items) {
+      int64_t v = 0;
+      if (d.kind != Json::Kind::kNumber || !absl::SimpleAtoi(d.text, &v) || v < 0) {
+        return absl::DataLossError(absl::StrCat(where, ".shape is not a shape"));
+      }
+      p.shape.push_back(v);
+    }
+    SC_ASSIGN(p.numel, fp.Int("numel"));
+    std::string dtype;
+    SC_ASSIGN(dtype, fp.Str("dtype"));
+    if (dtype != "F32") {
+      return absl::DataLossError(absl::StrCat(where, ".dtype is ", dtype, ", expected F32"));
+    }
+    const Json* step = nullptr;
+    SC_ASSIGN(step, fp.Get("step", Json::Kind::kNumber, /*optional=*/true));
+    if (step != nullptr) {
+      p.has_state = true;
+      SC_ASSIGN(p.step, fp.Int("step"));
+    }
+    const Json* value = nullptr;
+    SC_ASSIGN(value, fp.Get("value", Json::Kind::kArray));
+    SC_ASSIGN(p.value, ParseSlices(*value, where + ".value"));
+    const Json* state = nullptr;
+    SC_ASSIGN(state, fp.Get("state", Json::Kind::kObject, /*optional=*/true));
+    if (state != nullptr) {
+      for (const auto& [key, arr] : state->fields) {
+        SC_ASSIGN(p.state[key], ParseSlices(arr, absl::StrCat(where, ".state.", key)));
+      }
+    }
+    x.params.push_back(std::move(p));
+  }
+  const Json* extra = nullptr;
+  SC_ASSIGN(extra, f.Get("extra", Json::Kind::kObject));
+  for (const auto& [k, v] : extra->fields) {
+    if (v.kind != Json::Kind::kString) return absl::DataLossError("extra values must be strings");
+    x.extra[k] = v.text;
+  }
+  absl::Status valid = ValidateIndex(x);
+  if (!valid.ok()) return valid;
+  return x;
+}
+
+absl::StatusOr<Index> ReadIndex(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("checkpoint folder '", dir, "' does not exist"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", dir, "' is not a folder"));
+  }
+  const std::string path = absl::StrCat(dir, "/", kIndexFile);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("'", path,
+                     "' is missing: not a sharded checkpoint, or written by a world that did not "
+                     "finish its save (shard files without index.json are never valid)"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read '", path, "'"));
+  absl::StatusOr<Index> x = ParseIndex(ss.str());
+  if (!x.ok()) {
+    return absl::Status(x.status().code(),
+                        absl::StrCat("'", path, "' is invalid: ", x.status().message()));
+  }
+  return x;
+}
+
+#undef SC_ASSIGN
+
+}  // namespace dist::sharded

@@ -1,0 +1,113 @@
+// The on-disk format of a sharded checkpoint (see dist/sharded_checkpoint.h)
+// without any process group: the records of index.json (files, parameters,
+// slices), writing them as JSON, reading and validating them, and the
+// format's names (files, tensors, metadata keys) and block checksums.
+// Private to the sharded_checkpoint library.
+#ifndef DIST_SHARDED_CHECKPOINT_INDEX_H_
+#define DIST_SHARDED_CHECKPOINT_INDEX_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensor/shape.h"
+
+namespace dist::sharded {
+
+inline constexpr char kIndexFile[] = "index.json";
+inline constexpr char kFormat[] = "fsdp.sharded_checkpoint";
+inline constexpr int kVersion = 1;
+// Shard file metadata: the checkpoint id, and "<file index>/<files>".
+inline constexpr char kIdKey[] = "fsdp.checkpoint_id";
+inline constexpr char kShardKey[] = "fsdp.shard";
+// The slice kind of parameter values (the others are optimizer buffer keys).
+inline constexpr char kValueKind[] = "value";
+// Slices are checksummed in blocks of this many elements (1 MiB of fp32), so
+// a reader that needs part of a slice reads and checks at most one partial
+// block at each end.
+inline constexpr int64_t kDefaultCrcBlock = int64_t{1} << 18;
+
+// Elements [begin, end) of one parameter (or optimizer buffer), stored as the
+// 1-D f32 tensor `tensor` of file #`file`.
+struct SliceRec {
+  int file = 0;
+  std::string tensor;
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<uint32_t> crcs;  // one per crc_block elements
+};
+
+struct ParamRec {
+  std::string name;
+  tensor::Shape shape;
+  int64_t numel = 0;
+  std::vector<SliceRec> value;
+  bool has_state = false;
+  int64_t step = 0;
+  std::map<std::string, std::vector<SliceRec>> state;  // buffer key -> slices
+};
+
+struct FileRec {
+  std::string name;
+  int64_t bytes = 0;
+};
+
+struct Index {
+  int version = kVersion;
+  std::string id;
+  std::string writer;
+  std::string strategy;
+  int world_size = 0;
+  std::vector<std::string> units;
+  std::vector<FileRec> files;
+  int64_t crc_block = kDefaultCrcBlock;
+  std::string optimizer;
+  std::vector<std::string> buffers;
+  std::string lr;
+  bool has_state = false;
+  int64_t step = -1;
+  std::vector<ParamRec> params;
+  std::map<std::string, std::string> extra;
+
+  std::map<std::string, size_t> by_name;  // filled by ValidateIndex
+};
+
+// A checksum as index.json writes it: 8 lowercase hex digits.
+std::string Hex32(uint32_t x);
+
+// "shard_<r>_of_<n>.safetensors".
+std::string ShardFileName(int r, int n);
+
+// Whether `name` is one of the files a sharded checkpoint folder holds
+// (index.json, shard files, and their temporaries).
+bool IsCheckpointFile(const std::string& name);
+
+// The tensor name of a slice starting at element `begin` of `param`:
+// "model/<param>@<begin>" (kind kValueKind) or "optim/<kind>/<param>@<begin>".
+std::string SliceTensorName(const std::string& kind, const std::string& param, int64_t begin);
+
+// CRC-32C of each `block` elements of data[0, n) (the last block may be
+// shorter).
+std::vector<uint32_t> BlockCrcs(const float* data, int64_t n, int64_t block);
+
+// index.json's text.
+std::string IndexToJson(const Index& x);
+
+// Checks the index's consistency (file names, slices that tile every
+// parameter with one checksum per block, optimizer buffers), sorts each
+// parameter's slices by `begin` and fills by_name. DataLoss on error.
+absl::Status ValidateIndex(Index& x);
+
+// Parses and validates index.json's text. Errors name the field
+// ("params[3].shape is not a shape").
+absl::StatusOr<Index> ParseIndex(const std::string& text);
+
+// Reads and parses <dir>/index.json; errors name the folder or the file.
+absl::StatusOr<Index> ReadIndex(const std::string& dir);
+
+}  // namespace dist::sharded
+
+#endif  // DIST_SHARDED_CHECKPOINT_INDEX_H_
