@@ -205,7 +205,7 @@ int Main() {
   const double tokens_per_step = static_cast<double>(world) * B * T;
   std::printf(
       "step time, threads engine N=%d | fp32, AdamW | batch %lld x %lld tokens per rank, vocab "
-      "%lld | %d runs x (%lld warmup + %lld timed steps), ABBA per step\n",
+      "%lld | %d runs x (%lld warmup + %lld timed steps), ABC CBA per step\n",
       world, static_cast<long long>(B), static_cast<long long>(T),
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), reps,
       static_cast<long long>(absl::GetFlag(FLAGS_warmup)),
