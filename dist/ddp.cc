@@ -1,4 +1,5 @@
-// dist::DistributedDataParallel: buckets, hooks and the overlapped all-reduce.
+// dist::DistributedDataParallel: buckets, hooks, the overlapped all-reduce and
+// the mixed-precision casts.
 #include "dist/ddp.h"
 
 #include <algorithm>
@@ -31,10 +32,12 @@ absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root
 namespace internal {
 
 BackwardHooks::BackwardHooks(nn::Module& root, std::function<void()> root_pre_backward,
-                             std::function<void(nn::Module&)> post_backward)
+                             std::function<void(nn::Module&)> post_backward,
+                             std::function<void(nn::Module&)> pre_forward)
     : root_(root),
       root_pre_backward_(std::move(root_pre_backward)),
-      post_backward_(std::move(post_backward)) {
+      post_backward_(std::move(post_backward)),
+      pre_forward_(std::move(pre_forward)) {
   for (auto& [name, m] : root.NamedModules()) {
     previous_[m] = m->hooks();
     m->set_hooks(this);
@@ -54,6 +57,7 @@ nn::ModuleHooks* BackwardHooks::Previous(nn::Module& module) const {
 
 void BackwardHooks::PreForward(nn::Module& module) {
   if (nn::ModuleHooks* prev = Previous(module)) prev->PreForward(module);
+  if (pre_forward_) pre_forward_(module);
 }
 
 void BackwardHooks::PostForward(nn::Module& module) {
@@ -89,6 +93,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
     : model_(model), pg_(pg), options_(options), params_(model.NamedParameters()) {
   OP_CHECK(options_.bucket_cap_mb > 0, "ddp", "bucket_cap_mb must be > 0, got ",
            options_.bucket_cap_mb);
+  {
+    absl::Status s = options_.mixed_precision.Validate(tensor::Device::Cpu());
+    OP_CHECK(s.ok(), "ddp", "mixed precision: ", s.ToString());
+  }
   for (auto& [name, p] : params_) {
     OP_CHECK(p->value.defined(), "ddp", "parameter ", name, " is not materialized");
     OP_CHECK(p->value.dtype() == tensor::Dtype::kF32 && p->value.device().is_cpu() &&
@@ -136,9 +144,14 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
   }
   ready_.assign(n, false);
   subtree_ = internal::SubtreeParameterIndices(model_);
+  for (auto& [module, indices] : subtree_) calls_[module] = {0, 0};
+  const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
+  reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1;
+  // The masters are the (broadcast) fp32 values.
+  if (mp.IsMixed()) casts_ = std::make_unique<nn::MixedPrecision>(model_, mp);
   hooks_ = std::make_unique<internal::BackwardHooks>(
-      model_, [this] { OnRootPreBackward(); },
-      [this](nn::Module& m) { OnPostBackward(m); });
+      model_, [this] { OnRootPreBackward(); }, [this](nn::Module& m) { OnPostBackward(m); },
+      [this](nn::Module& m) { OnPreForward(m); });
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -146,6 +159,7 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (auto& b : buckets_) {
     if (b.work) b.work->Wait().IgnoreError();
   }
+  if (casts_) casts_->RestoreMasters();
 }
 
 std::vector<std::string> DistributedDataParallel::BucketParameterNames(int i) const {
@@ -158,7 +172,18 @@ void DistributedDataParallel::ZeroGrad() {
   for (auto& b : buckets_) std::memset(b.flat.raw_data(), 0, b.flat.nbytes());
 }
 
+void DistributedDataParallel::OnPreForward(nn::Module& module) {
+  if (&module == &model_) {
+    for (auto& [m, calls] : calls_) calls = {0, 0};
+    forward_phase_ = true;
+    if (casts_) casts_->CastForCompute();
+  }
+  // Forwards recomputed during backward (activation checkpointing) do not count.
+  if (forward_phase_) ++calls_[&module].first;
+}
+
 void DistributedDataParallel::OnRootPreBackward() {
+  forward_phase_ = false;
   // A step still in flight (a backward whose root PostBackward never ran).
   if (!finished_) Finish().IgnoreError();
   // Re-point grads that were dropped (ZeroGrad(set_to_none)) or replaced.
@@ -196,20 +221,50 @@ void DistributedDataParallel::IssueReadyBuckets() {
   // In bucket order, so every rank issues the same sequence.
   while (next_to_issue_ < num_buckets() && buckets_[next_to_issue_].pending == 0) {
     Bucket& b = buckets_[next_to_issue_];
-    b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
+    if (reduce_low_) {
+      {
+        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+        b.low = b.flat.To(options_.mixed_precision.reduce_dtype);
+      }
+      b.work = pg_.AllReduce(b.low, ReduceOp::kAvg);
+    } else {
+      b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
+    }
     events_.push_back({Event::Kind::kBucketIssued, next_to_issue_});
     ++next_to_issue_;
   }
+  // Free the copies of the buckets already reduced (errors surface in Finish).
+  if (reduce_low_) UnpackLowPrecision(/*wait=*/false).IgnoreError();
+}
+
+absl::Status DistributedDataParallel::UnpackLowPrecision(bool wait) {
+  absl::Status status;
+  for (int i = 0; i < next_to_issue_; ++i) {
+    Bucket& b = buckets_[i];
+    if (!b.low.defined() || (!wait && !b.work->IsCompleted())) continue;
+    absl::Status s = b.work->Wait();
+    if (s.ok()) b.flat.CopyFrom(b.low);  // reduce_dtype -> fp32
+    if (s.ok() || wait) b.low = tensor::Tensor();
+    status.Update(s);
+  }
+  return status;
 }
 
 void DistributedDataParallel::OnPostBackward(nn::Module& module) {
-  if (!syncing_this_step_ || finished_) return;
   if (&module == &model_) {
+    // Backward is over: the optimizer steps the fp32 masters.
+    if (casts_) casts_->RestoreMasters();
+    if (!syncing_this_step_ || finished_) return;
     events_.push_back({Event::Kind::kRootPostBackward, -1});
     absl::Status status = Finish();
     OP_CHECK(status.ok(), "ddp", "gradient all-reduce failed: ", status.ToString());
     return;
   }
+  if (!syncing_this_step_ || finished_) return;
+  // A module run k times in forward (a shared embedding) is done with its
+  // parameters after its k-th backward.
+  std::pair<int, int>& calls = calls_[&module];
+  if (++calls.second < calls.first) return;
   auto it = subtree_.find(&module);
   if (it == subtree_.end()) return;
   for (int i : it->second) MarkReady(i);
@@ -224,6 +279,7 @@ absl::Status DistributedDataParallel::Finish() {
   for (auto& b : buckets_) {
     if (b.work) status.Update(b.work->Wait());
   }
+  if (reduce_low_) status.Update(UnpackLowPrecision(/*wait=*/true));
   events_.push_back({Event::Kind::kAllReducesDone, -1});
   finished_ = true;
   status_ = status;

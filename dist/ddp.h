@@ -1,5 +1,6 @@
 // dist::DistributedDataParallel: plain data parallelism with bucketed,
-// asynchronous gradient all-reduce (PyTorch DDP's design, over ProcessGroup).
+// asynchronous gradient all-reduce (PyTorch DDP's design, over ProcessGroup),
+// in fp32 or with bf16/f16 mixed precision.
 //
 //   dist::DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 25});
 //   model.ForwardBackward(idx, targets);   // buckets all-reduce during backward
@@ -15,7 +16,9 @@
 //
 // Hooks: a ModuleHooks object of this class is installed on every module of
 // the model (chaining to hooks installed before it, which still run first in
-// PostBackward and last in PreBackward). When a module's backward is done, the
+// PostBackward and last in PreBackward). When a module's backward is done --
+// its last backward of the step, for a module run several times in forward
+// (T5's shared embedding, run by the encoder and the decoder) -- the
 // gradients of every parameter in its subtree are final; a bucket whose
 // parameters are all final is all-reduced (avg) asynchronously, in bucket
 // order on every rank, while backward goes on. At the root's PostBackward the
@@ -28,6 +31,40 @@
 // communicates nothing; the next synced backward all-reduces the accumulated
 // sum (PyTorch semantics).
 //
+// Mixed precision (DdpOptions::mixed_precision; default fp32 = the above, bit
+// for bit). The module's own fp32 Parameter::value tensors are the masters
+// (the optimizer updates them, as in one process). The training loop does not
+// change: the root's PreForward sets each parameter's value to a param_dtype
+// copy of its master (parameters of modules whose class the policy keeps fp32
+// keep their fp32 value) -- nn::MixedPrecision::CastForCompute, the same
+// values as one process gets -- and the root's PostBackward, after the
+// all-reduces, points the values back at the fp32 masters
+// (RestoreMasters), so the optimizer step and anything after it see fp32.
+// Layers accumulate fp32 gradients into the fp32 buckets (as in one process).
+// With reduce_dtype != f32 and more than one rank, each bucket is cast to a
+// reduce_dtype copy (kCommunication) when it is issued, all-reduced (avg) in
+// that dtype (PyTorch's bf16 compress hook) and cast back into its fp32 bucket
+// as soon as its all-reduce has completed; the copy is then freed. With one
+// rank nothing is communicated and the fp32 gradients are kept exactly, so a
+// world-1 run equals nn::MixedPrecision in one process bit for bit.
+//
+// Memory per rank (ledger categories; Psi parameters; S the optimizer's bytes
+// of state per parameter, AdamW 8):
+//   held between steps   kParameters 4 Psi (fp32 masters), kGradients 4 Psi
+//                        (fp32 buckets), kOptimizerState S Psi: 16 Psi for
+//                        AdamW in fp32 and in mixed precision alike = the ZeRO
+//                        paper's DDP formula, (4+4+K) Psi with K = S in fp32
+//                        and (2+2+K) Psi with K = 4 + S (the fp32 master
+//                        counted in K) in mixed precision;
+//   added during a step  mixed: kParameters 2 Psi (param_dtype compute copies,
+//                        forward to backward), kCommunication up to 2 Psi
+//                        (reduce_dtype bucket copies in flight).
+// After a forward without backward (evaluation), values stay param_dtype copies
+// until the next backward or the destruction of this object; the next forward
+// casts again from the masters. The masters are the value tensors at
+// construction: update them in place (the optimizer does), do not assign new
+// tensors to Parameter::value.
+//
 // The model's parameters must be materialized fp32 CPU tensors.
 #ifndef DIST_DDP_H_
 #define DIST_DDP_H_
@@ -37,11 +74,14 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "dist/process_group.h"
+#include "nn/mixed_precision.h"
 #include "nn/module.h"
+#include "precision/policy.h"
 #include "tensor/tensor.h"
 
 namespace dist {
@@ -54,13 +94,14 @@ namespace internal {
 
 // A ModuleHooks installed on every module of `root`'s tree, chaining to the
 // hooks each module had. Calls `post_backward(module)` after each module's
-// backward (after the chained hook) and `root_pre_backward()` before the
-// root's backward (after the chained hook). Restores the previous hooks on
-// destruction.
+// backward (after the chained hook), `root_pre_backward()` before the root's
+// backward and `pre_forward(module)` (if set) before each module's forward
+// (both after the chained hook). Restores the previous hooks on destruction.
 class BackwardHooks : public nn::ModuleHooks {
  public:
   BackwardHooks(nn::Module& root, std::function<void()> root_pre_backward,
-                std::function<void(nn::Module&)> post_backward);
+                std::function<void(nn::Module&)> post_backward,
+                std::function<void(nn::Module&)> pre_forward = nullptr);
   ~BackwardHooks() override;
   BackwardHooks(const BackwardHooks&) = delete;
   BackwardHooks& operator=(const BackwardHooks&) = delete;
@@ -76,6 +117,7 @@ class BackwardHooks : public nn::ModuleHooks {
   nn::Module& root_;
   std::function<void()> root_pre_backward_;
   std::function<void(nn::Module&)> post_backward_;
+  std::function<void(nn::Module&)> pre_forward_;
   std::unordered_map<nn::Module*, nn::ModuleHooks*> previous_;
 };
 
@@ -88,20 +130,29 @@ std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Mo
 struct DdpOptions {
   // The largest bucket, in MiB of fp32 gradients.
   double bucket_cap_mb = 25;
+  // Compute / communication dtypes (see above). Default: everything fp32.
+  precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
 };
 
 class DistributedDataParallel {
  public:
   // Throws tensor::OpError if a parameter is not a materialized fp32 CPU
-  // tensor or if the initial broadcast fails.
+  // tensor, the mixed-precision policy names a dtype the CPU lacks, or the
+  // initial broadcast fails.
   DistributedDataParallel(nn::Module& model, ProcessGroup& pg, DdpOptions options = {});
-  // Waits for all-reduces still in flight and restores the modules' hooks.
-  // The parameters' grads stay views of the buckets.
+  // Waits for all-reduces still in flight, points the values back at the fp32
+  // masters (mixed precision) and restores the modules' hooks. The
+  // parameters' grads stay views of the buckets.
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   nn::Module& module() { return model_; }
+  const precision::MixedPrecisionPolicy& mixed_precision() const {
+    return options_.mixed_precision;
+  }
+  // True when gradients travel in reduce_dtype (not f32, more than one rank).
+  bool reduces_in_low_precision() const { return reduce_low_; }
 
   // Issues the buckets not issued yet and waits for all; idempotent within a
   // step (the root's PostBackward calls it; it throws there on error). Returns
@@ -145,16 +196,21 @@ class DistributedDataParallel {
 
  private:
   struct Bucket {
-    tensor::Tensor flat;       // fp32 (numel), the gradients
-    std::vector<int> params;   // indices into params_, in bucket order
-    int pending = 0;           // parameters not final yet this step
-    WorkPtr work;              // set once issued this step
+    tensor::Tensor flat;      // fp32 (numel), the gradients
+    tensor::Tensor low;       // reduce_dtype (numel) copy while its all-reduce is in flight
+    std::vector<int> params;  // indices into params_, in bucket order
+    int pending = 0;          // parameters not final yet this step
+    WorkPtr work;             // set once issued this step
   };
 
+  void OnPreForward(nn::Module& module);
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void MarkReady(int param);
   void IssueReadyBuckets();
+  // Casts completed low-precision all-reduces back into their fp32 buckets
+  // and frees their copies (all issued buckets when `wait`).
+  absl::Status UnpackLowPrecision(bool wait);
   absl::Status Finish();
 
   nn::Module& model_;
@@ -172,6 +228,12 @@ class DistributedDataParallel {
   bool syncing_this_step_ = false;
   std::vector<Event> events_;
   std::unordered_map<nn::Module*, std::vector<int>> subtree_;
+  // Per module this step: {forward calls, backward calls}; forwards count
+  // from the root's PreForward to the root's PreBackward.
+  std::unordered_map<nn::Module*, std::pair<int, int>> calls_;
+  bool forward_phase_ = false;
+  bool reduce_low_ = false;                    // all-reduce in reduce_dtype
+  std::unique_ptr<nn::MixedPrecision> casts_;  // param_dtype compute copies (mixed only)
   std::unique_ptr<internal::BackwardHooks> hooks_;
 };
 

@@ -1,9 +1,12 @@
 // DDP and ZeRO-1 over the threads engine against one process training the
-// global batch: losses, parameters, bucket overlap, no_sync accumulation and
-// the optimizer-state bytes in each rank's ledger.
+// global batch: losses, parameters, bucket overlap, no_sync accumulation, the
+// optimizer-state bytes in each rank's ledger, and under bf16 mixed precision
+// the dtypes held, the bf16 gradient reduction and the model-state bytes
+// (the bf16 training parity tests are in mixed_precision_parity_test.cc).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,9 +17,12 @@
 #include "dist/zero1.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "nn/linear.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
+#include "precision/policy.h"
+#include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
@@ -178,10 +184,10 @@ std::vector<RankResult> Train(Mode mode, Opt opt, int n, const Batch& batch,
         ASSERT_TRUE(zero.Step().ok());
         zero.ZeroGrad();
       }
-      r.optimizer_state_bytes = tensor::MemoryLedger::Current()
-                                    .Stats(tensor::Device::Cpu(),
-                                           tensor::MemoryCategory::kOptimizerState)
-                                    .current;
+      r.optimizer_state_bytes =
+          tensor::MemoryLedger::Current()
+              .Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kOptimizerState)
+              .current;
       EXPECT_EQ(r.optimizer_state_bytes, zero.optimizer().StateBytes());
     }
     r.t.params = FlatParams(model);
@@ -390,6 +396,342 @@ TEST(Zero1Test, ShardDecayRangesFollowWeightDecayFlags) {
                   EXPECT_GE(b, 0);
                   EXPECT_LE(e, zero.shard_numel());
                 }
+              }).ok());
+}
+
+// ---- A module run twice in forward (T5's shared embedding) ----
+
+// y = shared(mid(shared(x))); `shared` is registered first, so its parameters
+// sit in the last bucket, which every other bucket precedes: after shared's
+// first backward (its second use) and mid's, the old readiness rule issued
+// that bucket before shared's second backward had accumulated into it.
+class SharedTwice : public nn::Module {
+ public:
+  explicit SharedTwice(int64_t d) : nn::Module("SharedTwice") {
+    nn::LinearOptions o;
+    o.weight_init = nn::InitSpec::Normal(0.0f, 0.3f);
+    o.bias_init = nn::InitSpec::Normal(0.0f, 0.1f);
+    shared_ = RegisterModule("shared", std::make_unique<nn::Linear>(d, d, o));
+    mid_ = RegisterModule("mid", std::make_unique<nn::Linear>(d, d, o));
+  }
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    nn::Tensors h = shared_->Run(in, ctx.Child(0));
+    h = mid_->Run(h, ctx.Child(1));
+    return shared_->Run(h, ctx.Child(2));
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    nn::Tensors g = shared_->RunBackward(grad, ctx.Child(2));
+    g = mid_->RunBackward(g, ctx.Child(1));
+    return shared_->RunBackward(g, ctx.Child(0));
+  }
+
+ private:
+  nn::Linear* shared_;
+  nn::Linear* mid_;
+};
+
+// Gradients of 0.5 * sum(y^2) / rows for x (rows, d), rows = x's rows.
+std::vector<float> SharedTwiceGrads(SharedTwice& m, const Tensor& x, int64_t rows) {
+  nn::Context ctx;
+  Tensor y = m.Run(x, ctx);
+  std::vector<float> g = y.ToVector<float>();
+  for (float& v : g) v /= static_cast<float>(rows);
+  m.RunBackward(Tensor::FromVector(g, y.shape()), ctx);
+  return FlatGrads(m);
+}
+
+TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
+  constexpr int64_t kD = 16, kRows = 8;
+  const int n = 2;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> xs(kRows * kD);
+  for (float& v : xs) v = normal(gen);
+  const Tensor x = Tensor::FromVector(xs, {kRows, kD});
+  SharedTwice ref(kD);
+  ref.Materialize(kSeed);
+  const std::vector<float> want = SharedTwiceGrads(ref, x, kRows);
+  // fp32 reduction (exact up to summation order) and bf16 reduction (the copy
+  // is taken when the bucket is issued: an early issue loses a contribution).
+  for (tensor::Dtype reduce : {tensor::Dtype::kF32, tensor::Dtype::kBF16}) {
+    std::vector<std::vector<float>> got(n);
+    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
+                  SharedTwice m(kD);
+                  m.Materialize(kSeed);
+                  DdpOptions o;
+                  o.bucket_cap_mb = 0.002;  // one Linear per bucket
+                  o.mixed_precision.reduce_dtype = reduce;
+                  DistributedDataParallel ddp(m, pg, o);
+                  ASSERT_EQ(ddp.num_buckets(), 2);
+                  EXPECT_EQ(ddp.BucketParameterNames(1).back(), "shared.weight");
+                  const int64_t B = kRows / n;
+                  // Local means, averaged by DDP: the global mean.
+                  got[rank] = SharedTwiceGrads(m, x.Narrow(0, rank * B, B).Contiguous(), B);
+                }).ok());
+    const double tol = reduce == tensor::Dtype::kF32 ? 1e-6 : 1e-2 * 0.5;
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(got[r].size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(got[r][i], want[i], tol + 1e-2 * std::abs(want[i]))
+            << "rank " << r << " element " << i << " reduce " << tensor::DtypeName(reduce);
+      }
+    }
+  }
+}
+
+// ---- Mixed precision ----
+
+using precision::MixedPrecisionPolicy;
+using tensor::Dtype;
+using tensor::MemoryCategory;
+
+int64_t Current(MemoryCategory c) {
+  return tensor::MemoryLedger::Current().Stats(tensor::Device::Cpu(), c).current;
+}
+
+// True when every element is a bf16 value (its low 16 bits are zero).
+bool AllBf16Representable(const std::vector<float>& v) {
+  for (float x : v) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    if ((bits & 0xffffu) != 0) return false;
+  }
+  return true;
+}
+
+DdpOptions MixedDdp(const MixedPrecisionPolicy& mp) {
+  DdpOptions o;
+  o.bucket_cap_mb = 0.002;
+  o.mixed_precision = mp;
+  return o;
+}
+
+// Forward computes with bf16 copies; after backward the values are the fp32
+// masters again (the same tensors), the gradients fp32, all-reduced in bf16
+// (so every element is a bf16 value) at world 2 and untouched at world 1.
+TEST(DdpMixedPrecisionTest, Bf16ComputeCopiesFp32MastersBf16Reduction) {
+  const Batch batch = RandomBatch(21);
+  for (int n : {1, 2}) {
+    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
+                  mingpt::GPT model(Tiny());
+                  model.Materialize(kSeed);
+                  std::vector<Tensor> masters;
+                  for (auto& [name, p] : model.NamedParameters()) masters.push_back(p->value);
+                  DistributedDataParallel ddp(model, pg, MixedDdp(MixedPrecisionPolicy::Bf16()));
+                  EXPECT_EQ(ddp.reduces_in_low_precision(), n > 1);
+                  const Tensor idx = Rows(batch.idx, rank, n), tgt = Rows(batch.targets, rank, n);
+                  model.Loss(idx, tgt);  // a forward alone leaves the compute copies in place
+                  for (auto& [name, p] : model.NamedParameters()) {
+                    EXPECT_EQ(p->value.dtype(), Dtype::kBF16) << name;
+                  }
+                  model.ForwardBackward(idx, tgt);
+                  auto params = model.NamedParameters();
+                  for (size_t i = 0; i < params.size(); ++i) {
+                    nn::Parameter* p = params[i].second;
+                    EXPECT_TRUE(p->value.SharesStorageWith(masters[i])) << params[i].first;
+                    EXPECT_EQ(p->value.dtype(), Dtype::kF32);
+                    EXPECT_EQ(p->grad.dtype(), Dtype::kF32);
+                  }
+                  EXPECT_EQ(AllBf16Representable(FlatGrads(model)), n > 1) << "world " << n;
+                  // The bucket copies are gone once backward returns. (The
+                  // engine's worker drops its own reference to a finished
+                  // call's buffer just after completing it; a later call on
+                  // the same in-order worker makes sure that has happened.)
+                  ASSERT_TRUE(pg.BarrierSync().ok());
+                  EXPECT_EQ(Current(MemoryCategory::kCommunication), 0);
+                }).ok());
+  }
+}
+
+// The ledger after a few AdamW steps, against what the headers say is held:
+// DDP (2+2+K) Psi = 16 Psi in fp32 and in bf16 (fp32 masters and gradients,
+// no compute copies between steps); ZeRO-1 (4+4) Psi + 8 Psi/N in fp32 and
+// 2 Psi + 4 Psi/N + 4 Psi + 8 Psi/N in bf16, Psi padded to a multiple of N.
+TEST(MixedPrecisionMemoryTest, ModelStateBytesBetweenSteps) {
+  const int n = 3;
+  const int64_t psi = mingpt::GPT(Tiny()).NumParameters();
+  const int64_t padded = (psi + n - 1) / n * n, k = padded / n;
+  ASSERT_NE(padded, psi);  // the padding is exercised
+  const Batch batch = RandomBatch(22);
+  for (bool mixed : {false, true}) {
+    const MixedPrecisionPolicy mp =
+        mixed ? MixedPrecisionPolicy::Bf16() : MixedPrecisionPolicy::Fp32();
+    ThreadWorld world(n);
+    ASSERT_TRUE(
+        RunRanks(world, [&](int rank, ProcessGroup& pg) {
+          const Tensor idx = Rows(batch.idx, rank, n), tgt = Rows(batch.targets, rank, n);
+          {
+            mingpt::GPT model(Tiny());
+            model.Materialize(kSeed);
+            DistributedDataParallel ddp(model, pg, MixedDdp(mp));
+            auto opt = MakeOptimizer(Opt::kAdamW);
+            world.ledger(rank).ResetPeaks();
+            for (int step = 0; step < 2; ++step) {
+              model.ForwardBackward(idx, tgt);
+              opt->Step(optim::FromModule(model));
+              ddp.ZeroGrad();
+            }
+            EXPECT_EQ(Current(MemoryCategory::kParameters), 4 * psi);
+            EXPECT_EQ(Current(MemoryCategory::kGradients), 4 * psi);
+            EXPECT_EQ(Current(MemoryCategory::kOptimizerState), 8 * psi);
+            // bf16 compute copies exist during the step only.
+            const int64_t params_peak =
+                world.ledger(rank).Stats(tensor::Device::Cpu(), MemoryCategory::kParameters).peak;
+            EXPECT_EQ(params_peak, mixed ? 6 * psi : 4 * psi);
+          }
+          {
+            mingpt::GPT model(Tiny());
+            model.Materialize(kSeed);
+            Zero1Options options;
+            options.mixed_precision = mp;
+            Zero1 zero(model, pg, MakeOptimizer(Opt::kAdamW), options);
+            EXPECT_EQ(zero.flat_param_dtype(), mixed ? Dtype::kBF16 : Dtype::kF32);
+            EXPECT_EQ(zero.master_shard().dtype(), Dtype::kF32);
+            EXPECT_EQ(zero.master_shard().numel(), k);
+            for (int step = 0; step < 2; ++step) {
+              model.ForwardBackward(idx, tgt);
+              ASSERT_TRUE(zero.Step().ok());
+              zero.ZeroGrad();
+            }
+            for (auto& [name, p] : model.NamedParameters()) {
+              EXPECT_EQ(p->value.dtype(), mixed ? Dtype::kBF16 : Dtype::kF32) << name;
+            }
+            EXPECT_EQ(Current(MemoryCategory::kParameters),
+                      mixed ? 2 * padded + 4 * k : 4 * padded);
+            EXPECT_EQ(Current(MemoryCategory::kGradients), 4 * padded);
+            EXPECT_EQ(Current(MemoryCategory::kOptimizerState), 8 * k);
+            ASSERT_TRUE(pg.BarrierSync().ok());  // see above
+            EXPECT_EQ(Current(MemoryCategory::kCommunication), 0);
+          }
+        }).ok());
+  }
+}
+
+// ZeRO-1 in bf16: the gradient shard is reduced in bf16 and lands fp32; the
+// masters gathered by FullStateDict are fp32 and round to the bf16 values the
+// layers compute with.
+TEST(Zero1MixedPrecisionTest, Bf16ReductionIntoFp32ShardAndFp32Masters) {
+  const int n = 2;
+  const Batch batch = RandomBatch(23);
+  ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
+                mingpt::GPT model(Tiny());
+                model.Materialize(RankSeed(rank));
+                Zero1Options options;
+                options.mixed_precision = MixedPrecisionPolicy::Bf16();
+                Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd), options);
+                EXPECT_TRUE(zero.reduces_in_low_precision());
+                model.ForwardBackward(Rows(batch.idx, rank, n), Rows(batch.targets, rank, n));
+                ASSERT_TRUE(zero.FinishBackward().ok());
+                EXPECT_EQ(zero.grad_shard().dtype(), Dtype::kF32);
+                const std::vector<float> g = zero.grad_shard().ToVector<float>();
+                EXPECT_TRUE(AllBf16Representable(g));
+                EXPECT_GT(MaxAbsDiff(g, std::vector<float>(g.size(), 0.0f)), 0.0);
+                ASSERT_TRUE(zero.Step().ok());
+                auto full = zero.FullStateDict();
+                if (rank != 0) {
+                  EXPECT_TRUE(full.empty());
+                  return;
+                }
+                auto params = model.NamedParameters();
+                ASSERT_EQ(full.size(), params.size());
+                bool any_not_bf16 = false;
+                for (size_t i = 0; i < full.size(); ++i) {
+                  EXPECT_EQ(full[i].first, params[i].first);
+                  ASSERT_EQ(full[i].second.dtype(), Dtype::kF32);
+                  EXPECT_EQ(full[i].second.To(Dtype::kBF16).ToVector<float>(),
+                            params[i].second->value.ToVector<float>())
+                      << full[i].first;
+                  any_not_bf16 |= !AllBf16Representable(full[i].second.ToVector<float>());
+                }
+                EXPECT_TRUE(any_not_bf16);  // the masters keep fp32 precision
+              }).ok());
+}
+
+// A policy keeping LayerNorm fp32: ZeRO-1 keeps an fp32 flat parameter; the
+// other parameters compute with bf16 copies from forward to backward only.
+TEST(Zero1MixedPrecisionTest, KeptFp32ClassesKeepAnFp32FlatParameter) {
+  const Batch batch = RandomBatch(24);
+  ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                mingpt::GPT model(Tiny());
+                model.Materialize(kSeed);
+                Zero1Options options;
+                options.mixed_precision = MixedPrecisionPolicy::Bf16();
+                options.mixed_precision.fp32_module_classes = {"LayerNorm"};
+                Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd), options);
+                EXPECT_EQ(zero.flat_param_dtype(), Dtype::kF32);
+                const Tensor idx = Rows(batch.idx, rank, 2), tgt = Rows(batch.targets, rank, 2);
+                model.Loss(idx, tgt);
+                for (auto& [name, p] : model.NamedParameters()) {
+                  const bool ln = name.find(".ln_") != std::string::npos;
+                  EXPECT_EQ(p->value.dtype(), ln ? Dtype::kF32 : Dtype::kBF16) << name;
+                }
+                model.ForwardBackward(idx, tgt);
+                for (auto& [name, p] : model.NamedParameters()) {
+                  EXPECT_EQ(p->value.dtype(), Dtype::kF32) << name;
+                }
+                ASSERT_TRUE(zero.Step().ok());
+              }).ok());
+}
+
+TEST(MixedPrecisionOptionsTest, Fp32PolicyIsBitwiseTheDefault) {
+  const Batch batch = RandomBatch(25);
+  for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
+    std::vector<std::vector<float>> a(3), b(3);
+    for (bool explicit_policy : {false, true}) {
+      auto& out = explicit_policy ? b : a;
+      ASSERT_TRUE(RunRanks(3, [&](int rank, ProcessGroup& pg) {
+                    mingpt::GPT model(Tiny());
+                    model.Materialize(kSeed);
+                    const Tensor idx = Rows(batch.idx, rank, 3), tgt = Rows(batch.targets, rank, 3);
+                    std::unique_ptr<DistributedDataParallel> ddp;
+                    std::unique_ptr<Zero1> zero;
+                    auto opt = MakeOptimizer(Opt::kAdamW);
+                    if (mode == Mode::kDdp) {
+                      ddp = explicit_policy ? std::make_unique<DistributedDataParallel>(
+                                                  model, pg, MixedDdp(MixedPrecisionPolicy::Fp32()))
+                                            : std::make_unique<DistributedDataParallel>(
+                                                  model, pg, DdpOptions{0.002});
+                    } else {
+                      zero = explicit_policy ? std::make_unique<Zero1>(
+                                                   model, pg, std::move(opt),
+                                                   Zero1Options{MixedPrecisionPolicy::Fp32()})
+                                             : std::make_unique<Zero1>(model, pg, std::move(opt));
+                    }
+                    for (int step = 0; step < 3; ++step) {
+                      model.ForwardBackward(idx, tgt);
+                      if (ddp) {
+                        opt->Step(optim::FromModule(model));
+                        ddp->ZeroGrad();
+                      } else {
+                        ASSERT_TRUE(zero->Step().ok());
+                        zero->ZeroGrad();
+                      }
+                    }
+                    out[rank] = FlatParams(model);
+                  }).ok());
+    }
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST(MixedPrecisionOptionsTest, UnknownDtypeInThePolicyIsAClearError) {
+  ASSERT_TRUE(RunRanks(1, [&](int rank, ProcessGroup& pg) {
+                mingpt::GPT model(Tiny());
+                model.Materialize(kSeed);
+                MixedPrecisionPolicy mp = MixedPrecisionPolicy::Bf16();
+                mp.param_dtype = Dtype::kI32;
+                try {
+                  DistributedDataParallel ddp(model, pg, MixedDdp(mp));
+                  ADD_FAILURE() << "an i32 param_dtype was accepted";
+                } catch (const tensor::OpError& e) {
+                  EXPECT_NE(std::string(e.what()).find("param_dtype"), std::string::npos)
+                      << e.what();
+                }
+                Zero1Options options;
+                options.mixed_precision = mp;
+                EXPECT_THROW(Zero1(model, pg, MakeOptimizer(Opt::kSgd), options), tensor::OpError);
               }).ok());
 }
 
