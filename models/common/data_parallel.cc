@@ -236,16 +236,6 @@ bool WantsDataParallel(const DataParallelFlags& flags) {
          flags.backend != "threads";
 }
 
-absl::Status CheckPrecisionSupported(Strategy strategy, absl::string_view precision_flag,
-                                     const precision::MixedPrecisionPolicy& policy) {
-  if (!policy.IsMixed() || IsFsdp(strategy)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--precision=", precision_flag,
-      " with --strategy=", strategy == Strategy::kDdp ? "ddp" : "zero1",
-      " is not supported yet (DDP and ZeRO-1 train in fp32 here); use an FSDP strategy "
-      "(full_shard, shard_grad_op, no_shard) or --precision=fp32"));
-}
-
 std::string DataParallelConfig::Describe() const {
   std::string s(StrategyName(strategy));
   if (IsFsdp(strategy)) absl::StrAppend(&s, " (auto_wrap ", auto_wrap, ")");
@@ -302,9 +292,8 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
       precision::MixedPrecisionPolicy::FromName(flags.precision);
   if (!mixed.ok()) return mixed.status();
-  absl::Status s = CheckPrecisionSupported(*strategy, flags.precision, *mixed);
-  if (!s.ok()) return s;
-  config.mixed_precision = *mixed;
+  config.mixed_precision = *mixed;  // every strategy: fp32 masters, low-precision compute
+  absl::Status s;
   if (flags.backward_prefetch == "pre") {
     config.backward_prefetch = dist::BackwardPrefetch::kPre;
   } else if (flags.backward_prefetch == "post") {
@@ -470,17 +459,23 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
   }
   absl::Status s = Guarded([&]() -> absl::Status {
     switch (config.strategy) {
-      case Strategy::kDdp:
+      case Strategy::kDdp: {
         model.Materialize(seed);
-        dp->ddp_ = std::make_unique<dist::DistributedDataParallel>(model, pg);
+        dist::DdpOptions o;
+        o.mixed_precision = config.mixed_precision;
+        dp->ddp_ = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
         dp->owned_optimizer_ = std::move(optimizer);
         dp->optimizer_ = dp->owned_optimizer_.get();
         return absl::OkStatus();
-      case Strategy::kZero1:
+      }
+      case Strategy::kZero1: {
         model.Materialize(seed);
-        dp->zero1_ = std::make_unique<dist::Zero1>(model, pg, std::move(optimizer));
+        dist::Zero1Options o;
+        o.mixed_precision = config.mixed_precision;
+        dp->zero1_ = std::make_unique<dist::Zero1>(model, pg, std::move(optimizer), o);
         dp->optimizer_ = &dp->zero1_->optimizer();
         return absl::OkStatus();
+      }
       case Strategy::kShardGradOp:
       case Strategy::kFullShard:
       case Strategy::kNoShard:

@@ -30,9 +30,7 @@
 //            TCP (loopback when the job is on one node). Each rank prints its
 //            own peak-memory line at the end (the launcher prefixes "[rank N]").
 //   nccl     refused for now: it needs --config=cuda and a GPU.
-//
-// Not supported yet under data parallelism, refused in one place so that it
-// can be lifted there: bf16 with DDP / ZeRO-1 (CheckPrecisionSupported).
+
 #ifndef MODELS_COMMON_DATA_PARALLEL_H_
 #define MODELS_COMMON_DATA_PARALLEL_H_
 
@@ -145,12 +143,6 @@ struct DataParallelFlags {
 // their plain single-process loop): --world_size other than 0 and 1 (a
 // negative one is then an error), --strategy, or a backend other than threads.
 bool WantsDataParallel(const DataParallelFlags& flags);
-
-// DDP and ZeRO-1 train in fp32 here: a mixed-precision policy with them is
-// refused (InvalidArgument, naming --precision=<precision_flag>); the FSDP
-// strategies take any.
-absl::Status CheckPrecisionSupported(Strategy strategy, absl::string_view precision_flag,
-                                     const precision::MixedPrecisionPolicy& policy);
 
 struct DataParallelConfig {
   Backend backend = Backend::kThreads;

@@ -282,13 +282,7 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   hybrid.max_inflight_all_gathers = 0;
   cases.push_back({hybrid, "--max_inflight_all_gathers=0 must be >= 1"});
   cases.push_back({Flags("threads", "", -1), "--world_size=-1 must be >= 1"});
-  DataParallelFlags f = Flags("threads", "ddp", 2);
-  f.precision = "bf16";
-  cases.push_back({f, "--precision=bf16 with --strategy=ddp is not supported yet"});
-  f = Flags("threads", "zero1", 2);
-  f.precision = "bf16";
-  cases.push_back({f, "--precision=bf16 with --strategy=zero1 is not supported yet"});
-  f = Flags("threads", "", 2);
+  DataParallelFlags f = Flags("threads", "", 2);
   f.timeout_s = 0;
   cases.push_back({f, "--timeout_s=0 must be in (0, 1e6]"});
   f = Flags("threads", "", 2);
@@ -307,10 +301,12 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
   }
-  // bf16 with an FSDP strategy is fine.
-  f = Flags("threads", "full_shard", 2);
-  f.precision = "bf16";
-  EXPECT_TRUE(ConfigError(f).ok());
+  // bf16 with every strategy is fine.
+  for (const char* strategy : {"ddp", "zero1", "full_shard", "shard_grad_op", "no_shard"}) {
+    f = Flags("threads", strategy, 2);
+    f.precision = "bf16";
+    EXPECT_TRUE(ConfigError(f).ok()) << strategy;
+  }
 }
 
 // ---- Running ranks, the mean over ranks ----

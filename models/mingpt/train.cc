@@ -22,8 +22,8 @@
 // --checkpoint_dir/--resume work under data parallelism too: FSDP and ZeRO-1
 // save sharded checkpoints (a file per rank + index.json) that resume at
 // another world size (the same global batch), strategy or wrap policy; DDP
-// saves the single-process format from rank 0. Not yet: --precision=bf16 with
-// ddp/zero1 (refused with a message).
+// saves the single-process format from rank 0. --precision=bf16 works with
+// every strategy (fp32 masters, bf16 compute, gradients reduced in bf16).
 //
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)

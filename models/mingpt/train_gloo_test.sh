@@ -63,6 +63,18 @@ grep -q "FSDP HYBRID_SHARD" "$dir/gloo_hybrid_0.log"
 same_losses "$dir/threads_hybrid.jsonl" "$dir/gloo_hybrid.jsonl" "hybrid_shard"
 echo "gloo hybrid_shard (2 nodes x 2 ranks): losses equal the threads engine's"
 
+# bf16 mixed precision with DDP and ZeRO-1: gloo equals threads too.
+for strategy in ddp zero1; do
+  "$train" "${common[@]}" --world_size=2 --strategy=$strategy --precision=bf16 \
+    --metrics_out="$dir/threads_bf16_$strategy.jsonl" > "$dir/threads_bf16_$strategy.log"
+  "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29535 -- \
+    "$train" "${common[@]}" --backend=gloo --strategy=$strategy --precision=bf16 \
+    --metrics_out="$dir/gloo_bf16_$strategy.jsonl" > "$dir/gloo_bf16_$strategy.log" 2>&1 ||
+    { echo "gloo bf16 $strategy run failed:"; cat "$dir/gloo_bf16_$strategy.log"; exit 1; }
+  same_losses "$dir/threads_bf16_$strategy.jsonl" "$dir/gloo_bf16_$strategy.jsonl" "bf16 $strategy"
+  echo "gloo bf16 $strategy: losses equal the threads engine's"
+done
+
 # FSDP shards: each rank holds half of the optimizer state DDP holds.
 optim() { grep "^\[rank 1\] peak memory" "$1" | sed -E 's/.* optim ([0-9.]+) .*/\1/'; }
 awk -v f="$(optim "$dir/gloo_full_shard.log")" -v d="$(optim "$dir/gloo_ddp.log")" \
@@ -114,9 +126,6 @@ expect_error "--auto_wrap='size:0': size:N needs a whole number N >= 1" \
   "$train" "${quick[@]}" --world_size=2 --auto_wrap=size:0
 expect_error "--world_size=-1 must be >= 1" "$train" "${quick[@]}" --world_size=-1
 expect_error "--timeout_s=0 must be in" "$train" "${quick[@]}" --world_size=2 --timeout_s=0
-expect_error "--checkpoint_dir and --resume are not supported" \
-  env RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 RUN_ID=x \
-  "$train" "${quick[@]}" --backend=gloo --checkpoint_dir="$dir/ck"
 # size:N trains (threads): gpt-nano's blocks and embeddings become units.
 "$train" "${quick[@]}" --world_size=2 --auto_wrap=size:100000 > "$dir/size.log"
 grep -Eq "FSDP FULL_SHARD, [0-9]+ units \(auto_wrap size:100000\)" "$dir/size.log"
