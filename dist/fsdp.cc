@@ -81,7 +81,11 @@ class FsdpUnit : public nn::ModuleHooks {
         replicate_pg_(replicate_pg),
         strategy_(shared.options.strategy),
         param_dtype_(shared.options.mixed_precision.param_dtype),
-        reduce_dtype_(shared.options.mixed_precision.reduce_dtype),
+        // A group of one communicates nothing: keep the gradient fp32 (as
+        // DDP and ZeRO-1 do), so world 1 equals one process bit for bit.
+        reduce_dtype_(shard_pg.size() == 1 && replicate_pg == nullptr
+                          ? tensor::Dtype::kF32
+                          : shared.options.mixed_precision.reduce_dtype),
         flat_(std::move(plan.params), no_shard() ? 1 : shard_pg.size(),
               no_shard() ? 0 : shard_pg.rank()) {
     gather_dtype_ = param_dtype_;

@@ -4,11 +4,8 @@
 // process training the global batch with nn::MixedPrecision (bf16 compute
 // copies of fp32 masters, fp32 gradients) on the threads engine.
 //
-// World 1: DDP and ZeRO-1 communicate nothing, so they equal the one-process
-// run bit for bit. FSDP rounds its gradients to reduce_dtype even at world 1
-// (it reduce-scatters a bf16 copy of one rank's gradient), so it is held to
-// the tolerance below; with reduce_dtype f32 every strategy is bitwise at
-// world 1, which shows that this rounding is the only difference there.
+// World 1: no strategy communicates anything (a group of one keeps its
+// gradients fp32), so every one equals the one-process run bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -48,15 +45,14 @@ constexpr uint64_t kSeed = 1234;
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4
 constexpr int kSteps = 5;
 
-// Tolerance of world 2..4 (and FSDP at world 1) against one process, on every
+// Tolerance of world 2..4 against one process, on every
 // loss (relative) and every final fp32 master parameter (absolute + relative).
 // Not bitwise: each rank's gradient is rounded to bf16 (8 significant bits,
 // relative step 2^-8 = 3.9e-3) before the average, one process rounds nothing;
 // and each rank's bf16 matmuls see another split of the batch. Measured over
 // the 5 steps of the parity test (SGD with momentum), the same for every
 // strategy at a given world size (they all round the same gradients):
-//   world 1 (FSDP only)  losses 2.8e-5 relative, parameters 1.8e-4 absolute
-//   world 2              2.3e-5                              2.1e-4
+//   world 2              losses 2.3e-5 relative, parameters 2.1e-4 absolute
 //   world 3              2.1e-4                              1.0e-3
 //   world 4              3.1e-5                              3.1e-4
 // Asserted as FSDP's own bf16 tests do on parameters (2e-3 absolute + 2e-2
@@ -329,7 +325,7 @@ TEST_P(MixedPrecisionParityTest, Bf16MatchesOneProcessBf16OnTheGlobalBatch) {
   const RunResult fp32 = SingleProcess(batch, MixedPrecisionPolicy::Fp32(), Opt::kSgd);
   ASSERT_NE(want.losses.back(), fp32.losses.back());
   const RunResult got = Distributed(strategy, world, batch, bf16, Opt::kSgd);
-  const bool exact = world == 1 && (strategy == Strategy::kDdp || strategy == Strategy::kZero1);
+  const bool exact = world == 1;
   if (exact) {
     ExpectBitwiseEqual(got, want);
   } else {
@@ -350,8 +346,7 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<1>(info.param));
     });
 
-// With fp32 gradient reduction, world 1 is bitwise for every strategy: what
-// remains at world 1 under Bf16() (FSDP) is the bf16 rounding of the gradient.
+// With fp32 gradient reduction too, world 1 is bitwise for every strategy.
 TEST(MixedPrecisionParityTest, WorldOneWithFp32ReductionIsBitwiseForEveryStrategy) {
   const Batch batch = MakeBatch(9);
   MixedPrecisionPolicy mp = MixedPrecisionPolicy::Bf16();
@@ -405,8 +400,7 @@ TEST(MixedPrecisionParityTest, KeptFp32ClassesMatchOneProcess) {
             SingleProcess(batch, MixedPrecisionPolicy::Bf16(), Opt::kSgd).losses.back());
   for (Strategy s : {Strategy::kDdp, Strategy::kZero1, Strategy::kFullShardWrap}) {
     SCOPED_TRACE(StrategyName(s));
-    if (s != Strategy::kFullShardWrap)
-      ExpectBitwiseEqual(Distributed(s, 1, batch, mp, Opt::kSgd), want);
+    ExpectBitwiseEqual(Distributed(s, 1, batch, mp, Opt::kSgd), want);
     ExpectClose(Distributed(s, 3, batch, mp, Opt::kSgd), want);
   }
 }
