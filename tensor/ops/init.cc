@@ -3,6 +3,8 @@
 // a function of each element's Philox counter.
 #include "tensor/ops/init.h"
 
+#include "tensor/cuda/cast.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <utility>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cuda/cast.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -146,6 +149,11 @@ inline double OpenUniform(const std::array<uint32_t, 4>& w) {
 }  // namespace
 
 void Fill(const Tensor& t, double value) {
+  if (t.device().is_cuda()) {
+    OP_CHECK(t.is_contiguous(), "fill", "a CUDA tensor must be contiguous here");
+    cuda::Fill(t, value);
+    return;
+  }
   CheckCpu("fill", {&t});
   DispatchAny(t.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

@@ -1,0 +1,40 @@
+// Fill and casts on the GPU against the CPU.
+#include "gtest/gtest.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/ops/init.h"
+#include "tensor/ops/shape_ops.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+using cuda::testing::FloatDtypes;
+using cuda::testing::MatchesCpu;
+using cuda::testing::ToGpu;
+
+TEST(CudaCastTest, FillEveryDtype) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16, Dtype::kI32, Dtype::kI64, Dtype::kU8}) {
+    Tensor cpu = Tensor::Empty({3, 1000}, d);
+    Fill(cpu, 3.3);
+    Tensor gpu = Tensor::Empty({3, 1000}, d, Device::Cuda(0));
+    Fill(gpu, 3.3);
+    EXPECT_TRUE(MatchesCpu(gpu, cpu)) << DtypeName(d);
+  }
+}
+
+TEST(CudaCastTest, EveryFloatingPairAndStridedInput) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype from : FloatDtypes()) {
+    for (Dtype to : FloatDtypes()) {
+      const Tensor x = testing::RandomTensor({7, 129}, 3, -2.0f, 2.0f, from);
+      EXPECT_TRUE(MatchesCpu(Cast(ToGpu(x), to), Cast(x, to)))
+          << DtypeName(from) << " -> " << DtypeName(to);
+      const Tensor t = x.Transpose(0, 1);  // strided: copied contiguous first
+      EXPECT_TRUE(MatchesCpu(Cast(ToGpu(x).Transpose(0, 1), to), Cast(t, to)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tensor

@@ -1,0 +1,92 @@
+// What every CUDA kernel file of the tensor library shares: error checks that
+// throw tensor::OpError naming the op, the stream kernels run on, launch
+// geometry, and element access in float for f32 / bf16 / f16.
+//
+// Conventions of tensor/cuda/*.cu (each family: <family>.h declares host
+// functions without CUDA types, <family>.cu implements them, <family>_stub.cc
+// throws "CUDA support was not built" for builds without --config=cuda):
+// - The op layer (tensor/ops/*.cc) checks shapes, dtypes and devices and
+//   allocates outputs; kernels get contiguous tensors on one CUDA device.
+// - Kernels run on ComputeStream() (the calling thread's per-thread default
+//   stream, so rank threads of the threads engine do not serialize) and are
+//   asynchronous; anything returning a host value synchronizes that stream.
+// - Floating inputs are read as float and written rounded (RNE) to the
+//   output dtype; accumulation is float.
+#ifndef TENSOR_CUDA_COMMON_CUH_
+#define TENSOR_CUDA_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace tensor {
+namespace cuda {
+
+// Throws OpError "[op] <what>: <cuda error>" when err is not cudaSuccess.
+inline void CheckCuda(cudaError_t err, const char* op, const char* what) {
+  if (err != cudaSuccess) ThrowOpError(op, what, ": ", cudaGetErrorString(err));
+}
+// After a kernel launch: launch errors (bad geometry, no device code for this
+// GPU) surface here, not at the next synchronization.
+inline void CheckLaunch(const char* op) { CheckCuda(cudaGetLastError(), op, "kernel launch"); }
+
+inline cudaStream_t ComputeStream() { return cudaStreamPerThread; }
+
+// Makes `t`'s device current on this thread.
+inline void SetDevice(const Tensor& t, const char* op) {
+  CheckCuda(cudaSetDevice(t.device().index), op, "cudaSetDevice");
+}
+
+constexpr int kThreads = 256;
+inline unsigned Blocks(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+
+// Element access in float.
+__device__ __forceinline__ float ToF(float x) { return x; }
+__device__ __forceinline__ float ToF(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T FromF(float x);
+template <>
+__device__ __forceinline__ float FromF<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half FromF<__half>(float x) { return __float2half_rn(x); }
+
+// Calls fn(T{}) with T the CUDA type of a floating dtype; throws otherwise.
+template <typename Fn>
+void DispatchFloat(Dtype dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case Dtype::kF32:
+      fn(float{});
+      return;
+    case Dtype::kBF16:
+      fn(__nv_bfloat16{});
+      return;
+    case Dtype::kF16:
+      fn(__half{});
+      return;
+    default:
+      ThrowOpError(op, "dtype ", DtypeName(dtype), " is not a floating dtype (f32, bf16, f16)");
+  }
+}
+
+template <typename T>
+T* Ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+
+}  // namespace cuda
+}  // namespace tensor
+
+#endif  // TENSOR_CUDA_COMMON_CUH_
