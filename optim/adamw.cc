@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "tensor/cuda/optim_step.h"
 
 namespace optim {
 
@@ -76,6 +77,16 @@ void AdamW::Update(const ParamRef& ref, ParamState& state) {
                        static_cast<float>(-(lr / bias_correction1)),
                        static_cast<float>(options_.eps)};
   const bool any_decay = options_.weight_decay != 0;
+  if (ref.param.device().is_cuda()) {
+    const tensor::cuda::AdamWScalars cs{s.decay,        s.beta1, s.one_minus_beta1,
+                                        s.beta2,        s.one_minus_beta2,
+                                        s.bias_correction2_sqrt, s.neg_step_size, s.eps};
+    ForEachDecaySegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool d) {
+      tensor::cuda::AdamWStep(ref.param, ref.grad, state.buffers[0], state.buffers[1], b, e, cs,
+                              d && any_decay);
+    });
+    return;
+  }
   float* p = ref.param.data<float>();
   const float* g = ref.grad.data<float>();
   float* m = state.buffers[0].data<float>();

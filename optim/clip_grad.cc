@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tensor/cuda/optim_step.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -18,7 +19,7 @@ namespace {
 constexpr int64_t kBlock = 1 << 13;
 
 void CheckGrad(const char* op, const Tensor& g) {
-  tensor::CheckCpu(op, {&g});
+  if (!g.device().is_cuda()) tensor::CheckCpu(op, {&g});
   OP_CHECK(g.dtype() == tensor::Dtype::kF32, op, tensor::Describe("gradient", g), " must be f32");
   OP_CHECK(g.is_contiguous(), op, tensor::Describe("gradient", g), " must be contiguous");
 }
@@ -49,6 +50,10 @@ double GradNormSquared(absl::Span<const Tensor> grads) {
     CheckGrad("grad_norm", g);
     const int64_t n = g.numel();
     if (n == 0) continue;
+    if (g.device().is_cuda()) {
+      total += tensor::cuda::GradSumSquares(g);
+      continue;
+    }
     const float* p = g.data<float>();
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     partial.assign(blocks, 0.0);
@@ -66,6 +71,10 @@ double GradNormSquared(absl::Span<const Tensor> grads) {
 void ScaleGrads(absl::Span<Tensor> grads, float factor) {
   for (const Tensor& g : grads) CheckGrad("scale_grads", g);
   for (Tensor& g : grads) {
+    if (g.device().is_cuda()) {
+      tensor::cuda::ScaleGrad(g, factor);
+      continue;
+    }
     float* p = g.data<float>();
     tensor::ParallelFor(g.numel(), 1 << 15, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) p[i] *= factor;

@@ -41,7 +41,8 @@ void Optimizer::Step(const std::vector<ParamRef>& params) {
       {
         tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kOptimizerState);
         for (size_t k = 0; k < num_buffers; ++k) {
-          fresh.buffers.push_back(Tensor::Zeros(ref.param.shape()));
+          fresh.buffers.push_back(
+              Tensor::Zeros(ref.param.shape(), tensor::Dtype::kF32, ref.param.device()));
         }
       }
       it = state_.emplace(ref.name, std::move(fresh)).first;
@@ -249,6 +250,17 @@ absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<Para
   state_ = std::move(next);
   order_ = std::move(order);
   return absl::OkStatus();
+}
+
+void Optimizer::ForEachDecaySegment(int64_t numel, const ElementRanges& decay_ranges,
+                                    const std::function<void(int64_t, int64_t, bool)>& fn) {
+  int64_t pos = 0;
+  for (const auto& [b, e] : decay_ranges) {
+    if (b > pos) fn(pos, std::min(b, numel), false);
+    if (b < numel) fn(std::max(b, pos), std::min(e, numel), true);
+    pos = std::max(pos, e);
+  }
+  if (pos < numel) fn(pos, numel, false);
 }
 
 void Optimizer::ForEachSegment(int64_t numel, const ElementRanges& decay_ranges,

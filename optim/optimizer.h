@@ -89,6 +89,10 @@ class Optimizer {
   // Runs fn(begin, end, decay) over [0, numel) in parallel chunks
   // (tensor::ParallelFor), each chunk split where `decay_ranges` (sorted,
   // disjoint) begin and end; decay tells whether [begin, end) lies in a range.
+  // The same segments in order on this thread, whole (for device kernels,
+  // which parallelize a segment themselves).
+  static void ForEachDecaySegment(int64_t numel, const ElementRanges& decay_ranges,
+                                  const std::function<void(int64_t, int64_t, bool)>& fn);
   static void ForEachSegment(int64_t numel, const ElementRanges& decay_ranges,
                              const std::function<void(int64_t, int64_t, bool)>& fn);
 

@@ -43,8 +43,8 @@ void CheckOne(const char* op, const ParamRef& ref) {
   const std::string& n = ref.name;
   OP_CHECK(ref.param.defined(), op, "parameter '", n, "' is undefined");
   OP_CHECK(ref.grad.defined(), op, "parameter '", n, "' has no gradient");
-  OP_CHECK(ref.param.device().is_cpu() && ref.grad.device().is_cpu(), op, "parameter '", n,
-           "': param and grad must be on the CPU (param on ", ref.param.device().ToString(),
+  OP_CHECK(ref.param.device() == ref.grad.device(), op, "parameter '", n,
+           "': param and grad must be on one device (param on ", ref.param.device().ToString(),
            ", grad on ", ref.grad.device().ToString(), ")");
   OP_CHECK(ref.param.dtype() == tensor::Dtype::kF32 && ref.grad.dtype() == tensor::Dtype::kF32, op,
            "parameter '", n, "': param and grad must be f32, got ",

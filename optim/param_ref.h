@@ -22,9 +22,9 @@ using ElementRanges = std::vector<std::pair<int64_t, int64_t>>;
 struct ParamRef {
   // Names the optimizer state ("h.0.attn.c_attn.weight", or a shard's name).
   std::string name;
-  // fp32, contiguous, CPU; updated in place.
+  // fp32, contiguous, on the CPU or a CUDA device; updated in place.
   tensor::Tensor param;
-  // fp32, contiguous, CPU, same shape as param.
+  // fp32, contiguous, same shape and device as param.
   tensor::Tensor grad;
   // Where weight decay applies: sorted, disjoint, non-empty ranges within
   // [0, param.numel()). Elements outside get no decay.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "tensor/cuda/optim_step.h"
 
 namespace optim {
 
@@ -82,6 +83,19 @@ void SGD::Update(const ParamRef& ref, ParamState& state) {
                      static_cast<float>(1.0 - options_.dampening)};
   // No decay at all when weight_decay == 0 (as PyTorch, which then skips the add).
   const bool any_decay = options_.weight_decay != 0;
+  if (ref.param.device().is_cuda()) {
+    const tensor::cuda::SgdScalars cs{s.lr, s.weight_decay, s.momentum, s.one_minus_dampening};
+    const tensor::Tensor buf = momentum ? state.buffers[0] : tensor::Tensor();
+    ForEachDecaySegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool d) {
+      tensor::cuda::SgdFlags flags;
+      flags.decay = d && any_decay;
+      flags.momentum = momentum;
+      flags.first = first;
+      flags.nesterov = options_.nesterov;
+      tensor::cuda::SgdStep(ref.param, ref.grad, buf, b, e, cs, flags);
+    });
+    return;
+  }
   const KernelFn plain = PickKernel<false>(momentum, first, options_.nesterov);
   const KernelFn decayed = PickKernel<true>(momentum, first, options_.nesterov);
   float* p = ref.param.data<float>();

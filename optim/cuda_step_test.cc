@@ -1,0 +1,79 @@
+// AdamW, SGD (momentum, nesterov) and global-norm clipping with parameters on
+// a CUDA device against the same steps on the CPU, over weight-decay ranges
+// that split a tensor. Tagged gpu; skips where no device is visible.
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+#include "optim/sgd.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/testing.h"
+
+namespace optim {
+namespace {
+
+using tensor::Tensor;
+using tensor::cuda::testing::MatchesCpu;
+using tensor::cuda::testing::ToGpu;
+
+// Three steps of `opt_cpu` and `opt_gpu` on the same parameter (10007
+// elements, decay on [100, 5000) and [9000, 10007)) with changing gradients.
+void ExpectSameSteps(Optimizer& opt_cpu, Optimizer& opt_gpu) {
+  Tensor p_cpu = tensor::testing::RandomTensor({10007}, 1);
+  Tensor p_gpu = ToGpu(p_cpu);
+  const ElementRanges decay = {{100, 5000}, {9000, 10007}};
+  for (int step = 0; step < 3; ++step) {
+    const Tensor g = tensor::testing::RandomTensor({10007}, 10 + step);
+    ParamRef cpu{"w", p_cpu, g, decay};
+    ParamRef gpu{"w", p_gpu, ToGpu(g), decay};
+    opt_cpu.Step({cpu});
+    opt_gpu.Step({gpu});
+    EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7})) << "step " << step;
+  }
+}
+
+TEST(CudaOptimizerTest, AdamWMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  auto cpu = AdamW::Create(o).value();
+  auto gpu = AdamW::Create(o).value();
+  ExpectSameSteps(*cpu, *gpu);
+}
+
+TEST(CudaOptimizerTest, SgdVariantsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (bool nesterov : {false, true}) {
+    for (double momentum : {0.0, 0.9}) {
+      if (nesterov && momentum == 0.0) continue;
+      SgdOptions o;
+      o.lr = 0.1;
+      o.momentum = momentum;
+      o.nesterov = nesterov;
+      o.weight_decay = 0.05;
+      auto cpu = SGD::Create(o).value();
+      auto gpu = SGD::Create(o).value();
+      SCOPED_TRACE(testing::Message() << "momentum " << momentum << " nesterov " << nesterov);
+      ExpectSameSteps(*cpu, *gpu);
+    }
+  }
+}
+
+TEST(CudaOptimizerTest, ClipGradNormMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Tensor p = tensor::testing::RandomTensor({3, 70001}, 5);
+  const Tensor g = tensor::testing::RandomTensor({3, 70001}, 6);
+  std::vector<ParamRef> cpu = {MakeParamRef("w", p.Clone(), g.Clone(), true)};
+  std::vector<ParamRef> gpu = {MakeParamRef("w", ToGpu(p), ToGpu(g), true)};
+  const double n_cpu = ClipGradNorm(cpu, 0.5);
+  const double n_gpu = ClipGradNorm(gpu, 0.5);
+  EXPECT_NEAR(n_gpu, n_cpu, 1e-5 * n_cpu);
+  EXPECT_TRUE(MatchesCpu(gpu[0].grad, cpu[0].grad, {1e-5, 1e-7}));
+}
+
+}  // namespace
+}  // namespace optim

@@ -1,0 +1,57 @@
+// CUDA kernels of the optimizers (optim/adamw.cc, optim/sgd.cc) and of
+// global-norm clipping (optim/clip_grad.cc): fused per-element updates over an
+// element range [begin, end) of f32 tensors on one device, in the float
+// operations and order of the CPU kernels (see common.cuh for conventions).
+#ifndef TENSOR_CUDA_OPTIM_STEP_H_
+#define TENSOR_CUDA_OPTIM_STEP_H_
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace tensor {
+namespace cuda {
+
+struct AdamWScalars {
+  float decay;  // 1 - lr * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float neg_step_size;          // -lr / (1 - beta1^t)
+  float eps;
+};
+
+// p, g, m, v: f32, contiguous, same numel, one CUDA device. Elements
+// [begin, end): (decay: p *= s.decay), m = beta1 m + (1 - beta1) g,
+// v = beta2 v + (1 - beta2) g^2, p += neg_step_size * m / (sqrt(v) / bc2 + eps).
+void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t begin,
+               int64_t end, const AdamWScalars& s, bool decay);
+
+struct SgdScalars {
+  float lr;
+  float weight_decay;
+  float momentum;
+  float one_minus_dampening;
+};
+struct SgdFlags {
+  bool decay = false;     // d = g + weight_decay p
+  bool momentum = false;  // buf = first ? d : momentum buf + (1 - dampening) d
+  bool first = false;
+  bool nesterov = false;  // d = d + momentum buf, else d = buf
+};
+// p, g (and buf when flags.momentum): f32, contiguous, one device; p -= lr d.
+void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
+             const SgdScalars& s, const SgdFlags& flags);
+
+// Sum of squares of an f32 tensor (contiguous): per-block float sums of
+// squares, added in block order in double on the host (deterministic).
+double GradSumSquares(const Tensor& g);
+// g *= factor (f32, contiguous).
+void ScaleGrad(const Tensor& g, float factor);
+
+}  // namespace cuda
+}  // namespace tensor
+
+#endif  // TENSOR_CUDA_OPTIM_STEP_H_
