@@ -3,6 +3,7 @@
 // collective, with the call's timeout.
 #include "dist/gloo_group.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -461,9 +462,26 @@ class GlooProcessGroup final : public ProcessGroup {
 
 }  // namespace
 
+namespace {
+
+// A peer that exits closes its sockets; Gloo's next write to one raises
+// SIGPIPE, whose default action kills this process (exit status 141) before
+// the engine can report the lost peer. Ignore it unless the program installed
+// a handler of its own: writes then fail with EPIPE and the call fails naming
+// the peer.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
     int rank, int size, const GlooGroupOptions& options) {
   const std::string who = absl::StrCat("rank ", rank, " of ", size);
+  IgnoreSigpipeUnlessHandled();
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("[gloo] invalid rank ", rank, " for a group of size ", size));

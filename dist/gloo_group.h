@@ -20,6 +20,9 @@
 // generic reduce-scatter for custom types): it moves the whole input, about
 // twice the bytes of a true reduce-scatter.
 //
+// SIGPIPE: joining a group ignores it (unless the program handles it), so a
+// write to a peer that exited fails the call instead of killing the process.
+//
 // Timeouts: every call runs with its timeout (descriptor exchange + data);
 // when it expires, or when a peer's connection breaks (process exited), the
 // call fails ("[all_reduce] rank 1 of 2 timed out after 2.0 s waiting for
