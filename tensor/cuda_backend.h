@@ -9,6 +9,7 @@
 
 #include "tensor/allocator.h"
 #include "tensor/device.h"
+#include "tensor/dtype.h"
 
 namespace tensor {
 namespace cuda {
@@ -23,6 +24,22 @@ int ComputeCapability(int index);
 Allocator& DeviceAllocator(int index);
 // Copies bytes between any two devices (host<->device, device<->device).
 void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes);
+
+// A strided view of device memory for CopyStridedOnDevice: `data` points at
+// element (0, ..., 0); sizes and strides in elements, at most kMaxCopyDims.
+constexpr int kMaxCopyDims = 8;
+struct DeviceView {
+  void* data = nullptr;
+  Dtype dtype = Dtype::kF32;
+  int rank = 0;
+  int64_t sizes[kMaxCopyDims] = {};
+  int64_t strides[kMaxCopyDims] = {};
+};
+// dst[i] = src[i] for every index of the common shape, on cuda:`device` (on
+// the calling thread's stream): a strided copy, and a cast between floating
+// dtypes (RNE) when the dtypes differ (equal dtypes: any dtype, bit exact).
+// What Tensor::CopyFrom / Contiguous / Clone / To(dtype) run for CUDA tensors.
+void CopyStridedOnDevice(const DeviceView& src, const DeviceView& dst, int device);
 
 }  // namespace cuda
 }  // namespace tensor

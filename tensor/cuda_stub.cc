@@ -18,5 +18,9 @@ void CopyBytes(void*, Device dst_device, const void*, Device src_device, int64_t
   ThrowOpError("copy", kNotBuilt, " (", src_device.ToString(), " -> ", dst_device.ToString(), ")");
 }
 
+void CopyStridedOnDevice(const DeviceView&, const DeviceView&, int device) {
+  ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
+}
+
 }  // namespace cuda
 }  // namespace tensor

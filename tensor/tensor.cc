@@ -324,8 +324,23 @@ void Tensor::CopyFrom(const Tensor& src) {
     cuda::CopyBytes(raw_data(), device(), s.raw_data(), s.device(), nbytes());
     return;
   }
-  OP_CHECK(device().is_cpu(), "copy", "copies on ", device().ToString(),
-           " need the CUDA backend");
+  if (device().is_cuda()) {
+    OP_CHECK(shape_.rank() <= cuda::kMaxCopyDims, "copy", "tensors of rank ", shape_.rank(),
+             " (at most ", cuda::kMaxCopyDims, " on CUDA)");
+    cuda::DeviceView s, d;
+    s.data = src.raw_data();
+    s.dtype = src.dtype();
+    d.data = raw_data();
+    d.dtype = dtype_;
+    s.rank = d.rank = shape_.rank();
+    for (int i = 0; i < shape_.rank(); ++i) {
+      s.sizes[i] = d.sizes[i] = shape_[i];
+      s.strides[i] = src.strides()[i];
+      d.strides[i] = strides()[i];
+    }
+    cuda::CopyStridedOnDevice(s, d, device().index);
+    return;
+  }
   CopyStrided(src, *this);
 }
 

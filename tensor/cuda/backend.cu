@@ -1,6 +1,9 @@
 // The CUDA backend of the tensor library: device count, a caching device
-// allocator per GPU, and copies between devices. Linked by --config=cuda builds
+// allocator per GPU, copies between devices, and strided copies / casts on a
+// device. Linked by --config=cuda builds
 // in place of tensor/cuda_stub.cc.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <map>
@@ -130,6 +133,121 @@ void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
   if (dst_device.is_cuda()) Check(cudaSetDevice(dst_device.index), "cudaSetDevice");
   else if (src_device.is_cuda()) Check(cudaSetDevice(src_device.index), "cudaSetDevice");
   Check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy");
+}
+
+namespace {
+
+struct Geometry {
+  int rank;
+  int64_t sizes[kMaxCopyDims];
+  int64_t src_strides[kMaxCopyDims];
+  int64_t dst_strides[kMaxCopyDims];
+};
+
+__device__ __forceinline__ float LoadF(const float* p) { return *p; }
+__device__ __forceinline__ float LoadF(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float LoadF(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ void StoreF(float* p, float x) { *p = x; }
+__device__ __forceinline__ void StoreF(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void StoreF(__half* p, float x) { *p = __float2half_rn(x); }
+
+// Element i of the row-major index space -> source and destination offsets.
+template <typename S, typename D, bool kSame>
+__global__ void StridedCopyKernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n,
+                                  Geometry g) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t rest = i, so = 0, d_off = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      const int64_t idx = rest % g.sizes[d];
+      rest /= g.sizes[d];
+      so += idx * g.src_strides[d];
+      d_off += idx * g.dst_strides[d];
+    }
+    if constexpr (kSame) {
+      dst[d_off] = src[so];
+    } else {
+      StoreF(dst + d_off, LoadF(src + so));
+    }
+  }
+}
+
+template <typename S, typename D, bool kSame>
+void LaunchCopy(const DeviceView& src, const DeviceView& dst, int64_t n, const Geometry& g) {
+  const int threads = 256;
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 65535 * 32) blocks = 65535 * 32;
+  StridedCopyKernel<S, D, kSame><<<static_cast<unsigned>(blocks), threads, 0,
+                                   cudaStreamPerThread>>>(static_cast<const S*>(src.data),
+                                                          static_cast<D*>(dst.data), n, g);
+}
+
+// Same dtype: copy elements of its size exactly.
+void CopySame(const DeviceView& src, const DeviceView& dst, int64_t n, const Geometry& g) {
+  switch (DtypeSize(src.dtype)) {
+    case 1:
+      return LaunchCopy<uint8_t, uint8_t, true>(src, dst, n, g);
+    case 2:
+      return LaunchCopy<uint16_t, uint16_t, true>(src, dst, n, g);
+    case 4:
+      return LaunchCopy<uint32_t, uint32_t, true>(src, dst, n, g);
+    case 8:
+      return LaunchCopy<uint64_t, uint64_t, true>(src, dst, n, g);
+  }
+  ThrowOpError("copy", "unsupported element size ", DtypeSize(src.dtype));
+}
+
+template <typename S>
+void CastTo(const DeviceView& src, const DeviceView& dst, int64_t n, const Geometry& g) {
+  switch (dst.dtype) {
+    case Dtype::kF32:
+      return LaunchCopy<S, float, false>(src, dst, n, g);
+    case Dtype::kBF16:
+      return LaunchCopy<S, __nv_bfloat16, false>(src, dst, n, g);
+    case Dtype::kF16:
+      return LaunchCopy<S, __half, false>(src, dst, n, g);
+    default:
+      ThrowOpError("copy", "a cast on CUDA goes between floating dtypes, not to ",
+                   DtypeName(dst.dtype));
+  }
+}
+
+}  // namespace
+
+void CopyStridedOnDevice(const DeviceView& src, const DeviceView& dst, int device) {
+  OP_CHECK(src.rank == dst.rank && src.rank >= 0 && src.rank <= kMaxCopyDims, "copy",
+           "ranks ", src.rank, " and ", dst.rank, " (at most ", kMaxCopyDims, " on CUDA)");
+  Geometry g{};
+  g.rank = src.rank;
+  int64_t n = 1;
+  for (int d = 0; d < src.rank; ++d) {
+    OP_CHECK(src.sizes[d] == dst.sizes[d], "copy", "sizes differ in dimension ", d);
+    g.sizes[d] = src.sizes[d];
+    g.src_strides[d] = src.strides[d];
+    g.dst_strides[d] = dst.strides[d];
+    n *= src.sizes[d];
+  }
+  if (n == 0) return;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  if (src.dtype == dst.dtype) {
+    CopySame(src, dst, n, g);
+  } else {
+    switch (src.dtype) {
+      case Dtype::kF32:
+        CastTo<float>(src, dst, n, g);
+        break;
+      case Dtype::kBF16:
+        CastTo<__nv_bfloat16>(src, dst, n, g);
+        break;
+      case Dtype::kF16:
+        CastTo<__half>(src, dst, n, g);
+        break;
+      default:
+        ThrowOpError("copy", "a cast on CUDA goes between floating dtypes, not from ",
+                     DtypeName(src.dtype));
+    }
+  }
+  Check(cudaGetLastError(), "strided copy kernel launch");
 }
 
 }  // namespace cuda

@@ -1,4 +1,4 @@
-// CUDA kernels: fill and dtype casts.
+// CUDA kernels: fill.
 #include "tensor/cuda/cast.h"
 #include "tensor/cuda/common.cuh"
 
@@ -11,14 +11,6 @@ __global__ void FillKernel(T* p, int64_t n, T value) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     p[i] = value;
-  }
-}
-
-template <typename In, typename Out>
-__global__ void CastKernel(const In* x, Out* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    y[i] = FromF<Out>(ToF(x[i]));
   }
 }
 
@@ -58,19 +50,6 @@ void Fill(const Tensor& t, double value) {
       });
   }
   CheckLaunch("fill");
-}
-
-void Cast(const Tensor& x, const Tensor& out) {
-  SetDevice(x, "cast");
-  const int64_t n = x.numel();
-  DispatchFloat(x.dtype(), "cast", [&](auto in_zero) {
-    using In = decltype(in_zero);
-    DispatchFloat(out.dtype(), "cast", [&](auto out_zero) {
-      using Out = decltype(out_zero);
-      CastKernel<In, Out><<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<In>(x), Ptr<Out>(out), n);
-    });
-  });
-  CheckLaunch("cast");
 }
 
 }  // namespace cuda

@@ -1,4 +1,6 @@
-// CUDA kernels: fill and dtype casts (see common.cuh for the conventions).
+// CUDA kernels: fill (see common.cuh for the conventions). Casts and strided
+// copies are the backend's (tensor/cuda_backend.h: CopyStridedOnDevice), which
+// Tensor::To(dtype) / Contiguous / CopyFrom run for CUDA tensors.
 #ifndef TENSOR_CUDA_CAST_H_
 #define TENSOR_CUDA_CAST_H_
 
@@ -9,9 +11,6 @@ namespace cuda {
 
 // Every element of `t` (contiguous, floating or integral) set to `value`.
 void Fill(const Tensor& t, double value);
-// out = x converted to out's dtype (floating <-> floating, RNE); same numel,
-// both contiguous on one device.
-void Cast(const Tensor& x, const Tensor& out);
 
 }  // namespace cuda
 }  // namespace tensor

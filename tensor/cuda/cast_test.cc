@@ -1,4 +1,5 @@
-// Fill and casts on the GPU against the CPU.
+// Fill, and casts / strided copies (the backend's kernel behind Tensor::To and
+// Contiguous) on the GPU against the CPU.
 #include "gtest/gtest.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/ops/init.h"
@@ -34,6 +35,17 @@ TEST(CudaCastTest, EveryFloatingPairAndStridedInput) {
       EXPECT_TRUE(MatchesCpu(Cast(ToGpu(x).Transpose(0, 1), to), Cast(t, to)));
     }
   }
+}
+
+TEST(CudaCastTest, ContiguousOfPermutedViewsAndIntegers) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = testing::RandomTensor({2, 3, 5, 7}, 4);
+  const Tensor view = x.Transpose(1, 3).Narrow(2, 1, 3);
+  EXPECT_TRUE(MatchesCpu(ToGpu(x).Transpose(1, 3).Narrow(2, 1, 3).Contiguous(), view.Contiguous()));
+  Tensor ids = Tensor::Empty({4, 9}, Dtype::kI64);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = i * 1000003;
+  EXPECT_TRUE(MatchesCpu(ToGpu(ids).Transpose(0, 1).Contiguous(), ids.Transpose(0, 1).Contiguous(),
+                         {0, 0}));
 }
 
 }  // namespace

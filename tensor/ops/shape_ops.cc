@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tensor/cuda/cast.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -80,30 +79,13 @@ std::vector<Tensor> SplitImpl(const char* op, const Tensor& x, absl::Span<const 
 
 }  // namespace
 
-namespace {
-
-// On a CUDA device: a contiguous copy in `dtype` by the cast kernel.
-Tensor CastOnCuda(const char* op, const Tensor& x, Dtype dtype) {
-  OP_CHECK(IsFloatingPoint(x.dtype()) && IsFloatingPoint(dtype), op, "on CUDA only between floating "
-           "dtypes, not ", DtypeName(x.dtype()), " -> ", DtypeName(dtype));
-  const Tensor src = x.is_contiguous() ? x : x.Contiguous();
-  if (dtype == x.dtype()) return src;
-  Tensor out = Tensor::Empty(x.shape(), dtype, x.device());
-  cuda::Cast(src, out);
-  return out;
-}
-
-}  // namespace
-
 Tensor Cast(const Tensor& x, Dtype dtype) {
   OP_CHECK(x.defined(), "cast", "got an undefined tensor");
-  if (x.device().is_cuda()) return CastOnCuda("cast", x, dtype);
-  return x.To(dtype);
+  return x.To(dtype);  // CUDA tensors: the backend's strided cast kernel
 }
 
 Tensor CastBackward(const Tensor& grad_out, Dtype input_dtype) {
   OP_CHECK(grad_out.defined(), "cast_backward", "got an undefined tensor");
-  if (grad_out.device().is_cuda()) return CastOnCuda("cast_backward", grad_out, input_dtype);
   return grad_out.To(input_dtype);
 }
 
