@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "tensor/cuda/attention.h"
 #include "tensor/ops/check.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/matmul.h"
@@ -18,8 +19,9 @@ using tensor::Dtype;
 using tensor::MatmulOptions;
 
 // Checks that q, k, v, bias and key_mask fit together.
+// (f16 is accepted on CUDA only, where the fused kernels take it.)
 void CheckShapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                 const Tensor& key_mask, const AttentionOptions& o) {
+                 const Tensor& key_mask, const AttentionOptions& o, bool cuda) {
   OP_CHECK(q.defined() && k.defined() && v.defined(), o.op, "q, k and v must be defined");
   OP_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, o.op,
            "q, k, v must be (B, nh, T, hs); got ", q.shape().ToString(), ", ", k.shape().ToString(),
@@ -30,9 +32,10 @@ void CheckShapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
            o.op, "q ", q.shape().ToString(), ", k ", k.shape().ToString(), " and v ",
            v.shape().ToString(), " do not fit together");
   OP_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
-               (q.dtype() == Dtype::kF32 || q.dtype() == Dtype::kBF16),
-           o.op, "q, k, v must share dtype f32 or bf16; got ", DtypeName(q.dtype()), ", ",
-           DtypeName(k.dtype()), ", ", DtypeName(v.dtype()));
+               (q.dtype() == Dtype::kF32 || q.dtype() == Dtype::kBF16 ||
+                (cuda && q.dtype() == Dtype::kF16)),
+           o.op, "q, k, v must share dtype f32 or bf16", cuda ? " (or f16 on CUDA)" : "", "; got ",
+           DtypeName(q.dtype()), ", ", DtypeName(k.dtype()), ", ", DtypeName(v.dtype()));
   if (bias.defined()) {
     OP_CHECK(bias.rank() == 4 && (bias.dim(0) == 1 || bias.dim(0) == b) && bias.dim(1) == nh &&
                  bias.dim(2) == t_q && bias.dim(3) == t_k,
@@ -87,12 +90,65 @@ void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
   }
 }
 
+// The CUDA path: the fused kernels, for plain attention only.
+Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                    const Tensor& key_mask, const AttentionOptions& o, AttentionState* state) {
+  const tensor::Device dev = q.device();
+  OP_CHECK(k.device() == dev && v.device() == dev, o.op, "q, k and v must be on one device; got ",
+           dev.ToString(), ", ", k.device().ToString(), ", ", v.device().ToString());
+  OP_CHECK(!bias.defined(), o.op, "an attention bias is not supported on CUDA (", dev.ToString(),
+           "): the fused flash-attention kernel takes plain (causal) attention only");
+  OP_CHECK(!key_mask.defined(), o.op, "a key padding mask is not supported on CUDA (",
+           dev.ToString(),
+           "): the fused flash-attention kernel takes plain (causal) attention only");
+  OP_CHECK(!(o.training && o.dropout > 0.0f), o.op, "attention dropout (p = ", o.dropout,
+           ") is not supported on CUDA (", dev.ToString(),
+           ") by the fused flash-attention kernel; use 0 or eval mode");
+  const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2);
+  Tensor y = Tensor::Empty({b, nh, t_q, v.dim(3)}, q.dtype(), dev);  // (B, nh, T_q, hs)
+  Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);        // (B, nh, T_q)
+  tensor::cuda::FlashAttentionForward(q, k, v, o.scale, o.causal, y, lse);
+  state->q = q;
+  state->k = k;
+  state->v = v;
+  state->probs = Tensor();
+  state->dropout = tensor::DropoutState();
+  state->scale = o.scale;
+  state->softmax_causal = false;
+  state->has_bias = false;
+  state->flash = true;
+  state->causal = o.causal;
+  state->out = y;
+  state->lse = lse;
+  return y;
+}
+
+AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s) {
+  OP_CHECK(grad_y.defined() && grad_y.shape() == s.out.shape(), "attention", "grad_y ",
+           grad_y.defined() ? grad_y.shape().ToString() : "undefined",
+           " does not match the output ", s.out.shape().ToString());
+  OP_CHECK(grad_y.device() == s.q.device(), "attention", "grad_y is on ",
+           grad_y.device().ToString(), ", the forward ran on ", s.q.device().ToString());
+  // Any strides with a unit stride in hs go to the kernel as they are.
+  Tensor gy = grad_y.To(s.q.dtype());
+  if (gy.strides()[3] != 1) gy = gy.Contiguous();
+  AttentionGrads grads;
+  grads.dq = Tensor::Empty(s.q.shape(), s.q.dtype(), s.q.device());
+  grads.dk = Tensor::Empty(s.k.shape(), s.q.dtype(), s.q.device());
+  grads.dv = Tensor::Empty(s.v.shape(), s.q.dtype(), s.q.device());
+  tensor::cuda::FlashAttentionBackward(s.q, s.k, s.v, s.out, s.lse, gy, s.scale, s.causal, grads.dq,
+                                       grads.dk, grads.dv);
+  return grads;
+}
+
 }  // namespace
 
 Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                         const Tensor& key_mask, const AttentionOptions& options,
                         tensor::Generator& gen, AttentionState* state) {
-  CheckShapes(q, k, v, bias, key_mask, options);
+  const bool cuda = q.defined() && q.device().is_cuda();
+  CheckShapes(q, k, v, bias, key_mask, options, cuda);
+  if (cuda) return FlashForward(q, k, v, bias, key_mask, options, state);
   const Dtype dt = q.dtype();
   const int64_t t_q = q.dim(2), t_k = k.dim(2);
   // Masks the softmax op cannot express (key padding, or causal with T_q > T_k)
@@ -137,6 +193,9 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   state->scale = options.scale;
   state->softmax_causal = sm.causal;
   state->has_bias = bias.defined();
+  state->flash = false;
+  state->out = Tensor();
+  state->lse = Tensor();
   if (bias.defined()) {
     state->bias_shape = bias.shape();
     state->bias_dtype = bias.dtype();
@@ -145,6 +204,7 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
 }
 
 AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s) {
+  if (s.flash) return FlashBackward(grad_y, s);
   const Dtype dt = s.q.dtype();
   const Tensor gy = grad_y.To(dt);  // (B, nh, T_q, hs_v)
   AttentionGrads grads;

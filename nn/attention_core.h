@@ -13,6 +13,13 @@
 // softmax are f32 (bf16 inputs give f32 GEMM outputs); the probabilities are
 // kept and saved in the compute dtype; gradients of q, k, v come back in it,
 // the bias gradient in the bias's dtype.
+//
+// On a CUDA device the work goes to the fused FlashAttention-2 style kernels
+// (tensor/cuda/attention.h): nothing (T_q, T_k) is ever allocated, the state
+// keeps the output and a (B, nh, T_q) logsumexp. That path takes plain
+// attention only (causal or not, scale, no bias, no key mask, no attention
+// dropout while training: a clear error otherwise), head sizes 32, 64 or 128
+// (hs_v == hs), and f32, bf16 or f16.
 #ifndef NN_ATTENTION_CORE_H_
 #define NN_ATTENTION_CORE_H_
 
@@ -51,6 +58,13 @@ struct AttentionState {
   bool has_bias = false;
   tensor::Shape bias_shape;
   tensor::Dtype bias_dtype = tensor::Dtype::kF32;
+  // The CUDA path (fused flash attention, tensor/cuda/attention.h) keeps no
+  // (T_q, T_k) tensor: probs stays undefined and the backward recomputes the
+  // probabilities from q, k and the per-row logsumexp.
+  bool flash = false;
+  bool causal = false;
+  Tensor out;  // (B, nh, T_q, hs), the forward's y (shared, not a copy)
+  Tensor lse;  // (B, nh, T_q) f32: logsumexp of the scaled scores; -inf for rows with no key
 };
 
 struct AttentionGrads {

@@ -1,0 +1,184 @@
+// The attention core on CUDA (the fused flash-attention kernels behind
+// AttentionForward / AttentionBackward) against the CPU path: outputs and
+// gradients at several (B, nh, T, hs) with q, k, v viewed out of a fused qkv
+// projection as minGPT does; memory O(T) from the ledger; clear errors for
+// what the CUDA path does not take. Tagged gpu; skips without a device.
+//
+// Tolerances: the CPU reference runs in f32 on exactly the rounded inputs, so
+// the difference is the GPU's roundings: |gpu - cpu| <= tol * (max|cpu| +
+// |cpu|) with tol 2e-2 for bf16 (unit roundoff 2^-9: one rounding of the
+// result plus the probabilities and dS rounded before their tensor-core
+// products, a few roundoffs of the largest value) and 5e-3 for f16 (2^-11).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nn/attention_core.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/memory_ledger.h"
+#include "tensor/testing.h"
+
+namespace nn {
+namespace {
+
+using tensor::Device;
+using tensor::Dtype;
+using tensor::MemoryCategory;
+using tensor::cuda::testing::ToGpu;
+using tensor::testing::RandomTensor;
+
+::testing::AssertionResult Near(const Tensor& gpu, const Tensor& cpu, double tol) {
+  if (gpu.shape() != cpu.shape()) {
+    return ::testing::AssertionFailure()
+           << "shape " << gpu.shape().ToString() << " vs " << cpu.shape().ToString();
+  }
+  const std::vector<float> g = gpu.ToVector<float>(), c = cpu.ToVector<float>();
+  double max_c = 0;
+  for (float x : c) max_c = std::max(max_c, std::abs(double(x)));
+  int64_t bad = 0;
+  size_t worst = 0;
+  double worst_err = -1;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const double err = std::abs(double(g[i]) - c[i]);
+    if (!(err <= tol * (max_c + std::abs(double(c[i]))))) {
+      ++bad;
+      if (!(err <= worst_err)) {
+        worst = i;
+        worst_err = err;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << c.size() << " off (tol " << tol << ", max|cpu| " << max_c
+         << "); worst [" << worst << "] gpu " << g[worst] << " cpu " << c[worst];
+}
+
+// q, k, v (B, nh, T, hs) as heads of a fused qkv (B, T, 3C), C = nh * hs.
+struct Heads {
+  Tensor q, k, v;
+};
+Heads SplitQkv(const Tensor& qkv, int64_t nh) {
+  const int64_t c = qkv.dim(2) / 3;
+  return {SplitHeads(qkv.Narrow(2, 0, c), nh), SplitHeads(qkv.Narrow(2, c, c), nh),
+          SplitHeads(qkv.Narrow(2, 2 * c, c), nh)};
+}
+
+struct Case {
+  int64_t b, nh, t, hs;
+};
+
+TEST(AttentionCudaTest, CausalForwardAndBackwardMatchTheCpuPath) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<Case> cases = {
+      {2, 2, 1, 64}, {1, 2, 17, 64}, {2, 2, 200, 128}, {1, 2, 1024, 64}, {1, 1, 1024, 128}};
+  for (const Case& c : cases) {
+    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
+      SCOPED_TRACE(::testing::Message() << "B" << c.b << " nh" << c.nh << " T" << c.t << " hs"
+                                        << c.hs << " " << DtypeName(dt));
+      const int64_t cc = c.nh * c.hs;
+      const Tensor qkv = RandomTensor({c.b, c.t, 3 * cc}, 11, -1.5f, 1.5f, dt);
+      const Tensor dy = RandomTensor({c.b, c.t, cc}, 12, -1.0f, 1.0f, dt);
+      AttentionOptions o;
+      o.scale = 1.0f / std::sqrt(static_cast<float>(c.hs));
+      o.causal = true;
+      o.dropout = 0.1f;
+      o.training = false;  // eval: no attention dropout
+
+      // CPU reference in f32 on the same (rounded) values.
+      const Heads cpu = SplitQkv(qkv.To(Dtype::kF32), c.nh);
+      tensor::Generator gen(1);
+      AttentionState cpu_state;
+      const Tensor y_cpu =
+          AttentionForward(cpu.q, cpu.k, cpu.v, Tensor(), Tensor(), o, gen, &cpu_state);
+      const AttentionGrads g_cpu =
+          AttentionBackward(SplitHeads(dy.To(Dtype::kF32), c.nh), cpu_state);
+
+      const Heads gpu = SplitQkv(ToGpu(qkv), c.nh);
+      AttentionState st;
+      const Tensor y = AttentionForward(gpu.q, gpu.k, gpu.v, Tensor(), Tensor(), o, gen, &st);
+      ASSERT_TRUE(y.device().is_cuda());
+      EXPECT_EQ(y.dtype(), dt);
+      EXPECT_TRUE(st.flash);
+      EXPECT_FALSE(st.probs.defined()) << "no (T, T) tensor is kept";
+      EXPECT_EQ(st.lse.shape(), tensor::Shape({c.b, c.nh, c.t}));
+      const AttentionGrads g = AttentionBackward(SplitHeads(ToGpu(dy), c.nh), st);
+      const double tol = dt == Dtype::kBF16 ? 2e-2 : 5e-3;
+      EXPECT_TRUE(Near(y, y_cpu, tol)) << "y";
+      EXPECT_TRUE(Near(g.dq, g_cpu.dq, tol)) << "dq";
+      EXPECT_TRUE(Near(g.dk, g_cpu.dk, tol)) << "dk";
+      EXPECT_TRUE(Near(g.dv, g_cpu.dv, tol)) << "dv";
+      EXPECT_FALSE(g.dbias.defined());
+    }
+  }
+}
+
+TEST(AttentionCudaTest, MemoryIsLinearInT) {
+  SKIP_WITHOUT_GPU();
+  const int64_t b = 1, nh = 2, t = 2048, hs = 64;
+  tensor::MemoryLedger ledger;
+  tensor::ScopedLedger use(&ledger);
+  const Tensor q = ToGpu(RandomTensor({b, nh, t, hs}, 1, -1, 1, Dtype::kBF16));
+  const Tensor k = ToGpu(RandomTensor({b, nh, t, hs}, 2, -1, 1, Dtype::kBF16));
+  const Tensor v = ToGpu(RandomTensor({b, nh, t, hs}, 3, -1, 1, Dtype::kBF16));
+  const Tensor gy = ToGpu(RandomTensor({b, nh, t, hs}, 4, -1, 1, Dtype::kBF16));
+  const int64_t head_bytes = b * nh * t * hs * 2;  // one (B, nh, T, hs) bf16 tensor
+  const int64_t row_bytes = b * nh * t * 4;        // one (B, nh, T) f32 tensor
+  const int64_t probs_bytes = b * nh * t * t * 2;  // what the CPU path keeps
+  const Device gpu = Device::Cuda(0);
+
+  tensor::ScopedMemoryCategory act(MemoryCategory::kActivations);
+  ledger.ResetPeaks();
+  AttentionOptions o;
+  o.scale = 0.125f;
+  o.causal = true;
+  tensor::Generator gen(1);
+  AttentionState st;
+  const Tensor y = AttentionForward(q, k, v, Tensor(), Tensor(), o, gen, &st);
+  const tensor::MemoryStats fwd = ledger.Stats(gpu, MemoryCategory::kActivations);
+  EXPECT_EQ(fwd.peak, head_bytes + row_bytes) << "forward: y and lse only";
+  const AttentionGrads g = AttentionBackward(gy, st);
+  const tensor::MemoryStats bwd = ledger.Stats(gpu, MemoryCategory::kActivations);
+  // y, lse, then dq, dk, dv and the delta workspace (B, nh, T) f32.
+  EXPECT_LE(bwd.peak, 4 * head_bytes + 2 * row_bytes);
+  EXPECT_LT(bwd.peak * 4, probs_bytes) << "nothing O(T^2)";
+  EXPECT_EQ(g.dq.nbytes(), head_bytes);
+}
+
+TEST(AttentionCudaTest, UnsupportedOptionsAreClearErrors) {
+  SKIP_WITHOUT_GPU();
+  const Tensor q = ToGpu(RandomTensor({1, 2, 8, 64}, 1, -1, 1, Dtype::kBF16));
+  auto error_of = [&](const Tensor& qq, const Tensor& bias, const Tensor& mask,
+                      const AttentionOptions& o) -> std::string {
+    tensor::Generator gen(1);
+    AttentionState st;
+    try {
+      AttentionForward(qq, qq, qq, bias, mask, o, gen, &st);
+    } catch (const tensor::OpError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  AttentionOptions o;
+  o.op = "causal_self_attention";
+  o.causal = true;
+  const Tensor bias = ToGpu(RandomTensor({1, 2, 8, 8}, 2));
+  EXPECT_NE(error_of(q, bias, Tensor(), o)
+                .find("[causal_self_attention] an attention bias is not "
+                      "supported on CUDA"),
+            std::string::npos);
+  const Tensor mask = ToGpu(Tensor::Full({1, 8}, 1.0));
+  EXPECT_NE(error_of(q, Tensor(), mask, o).find("key padding mask is not supported on CUDA"),
+            std::string::npos);
+  AttentionOptions drop = o;
+  drop.dropout = 0.1f;
+  EXPECT_NE(error_of(q, Tensor(), Tensor(), drop).find("attention dropout (p = 0.1) is not"),
+            std::string::npos);
+  const Tensor q48 = ToGpu(RandomTensor({1, 2, 8, 48}, 3, -1, 1, Dtype::kBF16));
+  EXPECT_NE(error_of(q48, Tensor(), Tensor(), o).find("[flash_attention] head size 48"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace nn

@@ -1,0 +1,163 @@
+// CUDA kernels: fused (FlashAttention-2 style) attention forward and backward
+// that never materialize the (T_q, T_k) scores or probabilities (see
+// common.cuh for the conventions of this folder).
+//
+//   out = softmax(scale * q k^T, causal) @ v     (B, H, T_q, D)
+//   lse = logsumexp(scale * q k^T, causal)       (B, H, T_q) f32, natural log
+//
+// Forward: one CTA per (batch*head, block of queries) streams the keys and
+// values in tiles through shared memory with the online softmax (running row
+// max and sum, output rescaled per tile); it writes the output and the
+// per-row logsumexp. Backward recomputes the probabilities tile by tile as
+// exp(scale * q k^T - lse) and runs three kernels, deterministic (no atomics):
+//   1. delta = rowsum(grad_out * out)             (B, H, T_q) f32 workspace
+//   2. dk, dv: one CTA per block of keys, looping over the queries
+//   3. dq:     one CTA per block of queries, looping over the keys
+// (the scores are recomputed in 2 and 3: one more q k^T than FlashAttention-2's
+// atomic dq, in exchange for bitwise-reproducible gradients and no fp32 dq
+// accumulator). Memory beyond the outputs: the (B, H, T_q) delta. O(T), never
+// O(T^2).
+//
+// Kernels (FlashAttentionKernel):
+// - kTensorCore (bf16, f16): warp-level mma.sync.m16n8k16 with f32
+//   accumulation, 4 warps of 16 rows each, tiles of 64 (see
+//   FlashAttentionTilesFor); the probabilities (and dS in the backward) are
+//   rounded to the input dtype before their products, as FlashAttention does.
+// - kFloat (f32, bf16, f16): plain float FMA, one warp per query (or key) row,
+//   K/V (or Q/dO) tiles of 32 rows staged as float in shared memory. Slower; the
+//   f32 path and a reference for the tensor-core kernel.
+// Masking: causal means query i sees keys j <= i + (T_k - T_q) (as
+// nn::AttentionForward). Rows that see no key get out 0, lse -inf and no
+// gradient. No bias, key mask or dropout.
+#ifndef TENSOR_CUDA_ATTENTION_H_
+#define TENSOR_CUDA_ATTENTION_H_
+
+#include <cstdint>
+
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace tensor {
+namespace cuda {
+
+enum class FlashAttentionKernel {
+  kAuto,        // kTensorCore for bf16 / f16, kFloat for f32
+  kTensorCore,  // bf16 / f16 only
+  kFloat,       // any floating dtype
+};
+
+// out (B, H, T_q, D) and lse (B, H, T_q) f32, both contiguous, allocated by the
+// caller on q's device. q (B, H, T_q, D), k (B, H, T_k, D), v (B, H, T_k, D):
+// one dtype (f32, bf16, f16), D in {32, 64, 128}, any strides with a unit
+// stride in D (e.g. heads viewed out of a fused qkv projection). Asynchronous
+// on ComputeStream(). Throws OpError("[flash_attention] ...") on anything else.
+void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                           bool causal, const Tensor& out, const Tensor& lse,
+                           FlashAttentionKernel kernel = FlashAttentionKernel::kAuto);
+
+// dq, dk, dv (contiguous, shaped and typed like q, k, v) from the forward's
+// inputs, out and lse, and grad_out (like out; any strides with unit stride in
+// D). Allocates the (B, H, T_q) f32 delta workspace on q's device.
+void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
+                            const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                            FlashAttentionKernel kernel = FlashAttentionKernel::kAuto);
+
+// The unfused baseline's softmax (for benchmarks and tests: it needs the whole
+// (B, H, T_q, T_k) scores): probs = softmax(scale * scores, causal) with scores
+// f32 and probs f32/bf16/f16, both contiguous (B, H, T_q, T_k) on one device.
+void UnfusedAttentionSoftmax(const Tensor& scores, float scale, bool causal, const Tensor& probs);
+// Its backward: dscores = scale * probs * (dprobs - rowsum(probs * dprobs)),
+// dprobs f32, probs and dscores f32/bf16/f16, contiguous (B, H, T_q, T_k).
+void UnfusedAttentionSoftmaxBackward(const Tensor& dprobs, const Tensor& probs, float scale,
+                                     const Tensor& dscores);
+
+// ---- Host-side geometry (shared by the .cu and the tests; no CUDA needed) ----
+
+enum class FlashAttentionPass { kForward, kBackwardDkDv, kBackwardDq };
+
+struct FlashAttentionTiles {
+  int rows;            // query rows (forward, dq) or key rows (dk/dv) per CTA
+  int step;            // keys (forward, dq) or queries (dk/dv) per inner step
+  int threads;         // per CTA
+  int64_t smem_bytes;  // dynamic shared memory per CTA
+};
+
+constexpr bool FlashAttentionHeadDimSupported(int64_t head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+// Tiles of one kernel. kernel must be resolved (not kAuto); elem_size is the
+// input dtype's size. Tensor cores: shared-memory rows padded by 8 elements
+// (16 bytes: no bank conflicts on the fragment loads, rows stay 16-byte
+// aligned). Float: tiles of 32 float rows padded by 1 (conflict-free per-lane
+// dot products) plus the CTA's own 8 rows unpadded.
+constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel,
+                                                     FlashAttentionPass pass, int64_t head_dim,
+                                                     int64_t elem_size) {
+  if (kernel == FlashAttentionKernel::kTensorCore) {
+    const int64_t ld = head_dim + 8;
+    if (pass == FlashAttentionPass::kForward) {
+      return {64, 64, 128, 3 * 64 * ld * elem_size};  // Q, K, V tiles
+    }
+    if (pass == FlashAttentionPass::kBackwardDkDv) {
+      // D = 128 takes 32 queries per step to keep dK, dV, S^T and dP^T in registers.
+      const int step = head_dim >= 128 ? 32 : 64;
+      return {64, step, 128, (2 * 64 + 2 * step) * ld * elem_size + 2 * step * 4};  // +lse, delta
+    }
+    return {64, 64, 128, 4 * 64 * ld * elem_size};  // dq: Q, dO, K, V tiles
+  }
+  const int64_t ldf = head_dim + 1;
+  if (pass == FlashAttentionPass::kForward) {
+    return {8, 32, 256, (8 * head_dim + 2 * 32 * ldf) * 4};  // own Q rows; K, V tiles
+  }
+  if (pass == FlashAttentionPass::kBackwardDkDv) {
+    return {8, 32, 256,
+            (2 * 8 * head_dim + 2 * 32 * ldf + 2 * 32) * 4};  // K, V rows; Q, dO; lse, delta
+  }
+  return {8, 32, 256, (2 * 8 * head_dim + 2 * 32 * ldf) * 4};  // dq: Q, dO rows; K, V tiles
+}
+
+// Bytes the backward allocates besides dq, dk, dv: delta (B, H, T_q) f32.
+constexpr int64_t FlashAttentionBackwardWorkspaceBytes(int64_t batch, int64_t heads, int64_t t_q) {
+  return batch * heads * t_q * 4;
+}
+
+// Throws OpError("[flash_attention] ...") unless q (B, H, T_q, D), k (B, H, T_k,
+// D) and v (B, H, T_k, D) fit the kernels: one floating dtype, D in {32, 64,
+// 128}, unit stride in D, sizes that fit the launch geometry. Devices are
+// checked by the kernels' entry points.
+inline void CheckFlashAttentionInputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  constexpr char kOp[] = "flash_attention";
+  OP_CHECK(q.defined() && k.defined() && v.defined(), kOp, "q, k and v must be defined");
+  OP_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, kOp,
+           "q, k, v must be (B, H, T, D); got ", q.shape().ToString(), ", ", k.shape().ToString(),
+           ", ", v.shape().ToString());
+  OP_CHECK(k.dim(0) == q.dim(0) && v.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) &&
+               v.dim(1) == q.dim(1) && v.dim(2) == k.dim(2) && k.dim(3) == q.dim(3),
+           kOp, "q ", q.shape().ToString(), ", k ", k.shape().ToString(), " and v ",
+           v.shape().ToString(), " do not fit together");
+  OP_CHECK(v.dim(3) == q.dim(3), kOp, "the value head size ", v.dim(3),
+           " must equal the query/key head size ", q.dim(3));
+  OP_CHECK(FlashAttentionHeadDimSupported(q.dim(3)), kOp, "head size ", q.dim(3),
+           " is not supported (32, 64 or 128)");
+  OP_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
+               (q.dtype() == Dtype::kF32 || q.dtype() == Dtype::kBF16 || q.dtype() == Dtype::kF16),
+           kOp, "q, k, v must share dtype f32, bf16 or f16; got ", DtypeName(q.dtype()), ", ",
+           DtypeName(k.dtype()), ", ", DtypeName(v.dtype()));
+  for (const Tensor* t : {&q, &k, &v}) {
+    OP_CHECK(t->strides()[3] == 1, kOp, "the head dimension must have unit stride; got strides (",
+             t->strides()[0], ",", t->strides()[1], ",", t->strides()[2], ",", t->strides()[3],
+             ") for shape ", t->shape().ToString());
+  }
+  constexpr int64_t kMaxInt = 0x7fffffff;
+  OP_CHECK(q.dim(0) * q.dim(1) <= kMaxInt && q.dim(2) <= (int64_t{65535} * 8) &&
+               k.dim(2) <= (int64_t{65535} * 8),
+           kOp, "sizes too large for the launch geometry: B*H ", q.dim(0) * q.dim(1), ", T_q ",
+           q.dim(2), ", T_k ", k.dim(2), " (at most 2^31-1 and 524280)");
+}
+
+}  // namespace cuda
+}  // namespace tensor
+
+#endif  // TENSOR_CUDA_ATTENTION_H_

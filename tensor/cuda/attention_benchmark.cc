@@ -1,0 +1,172 @@
+// Fused causal attention (tensor/cuda/attention.h) against the unfused path
+// that materializes the scores: cuBLAS batched GEMMs (bf16 in, f32 compute)
+// and a row softmax over (B, H, T, T), forward and forward + backward, at
+// GPT-2 head shapes (H = 12, D = 64, bf16). Timed with CUDA events on the
+// compute stream; prints ms, TFLOP/s of the causal half (the useful work:
+// forward 2 * 2 * B*H*T*T*D / 2, backward 2.5x that) and the bytes of the
+// (T, T) tensors the unfused path allocates. Also prints how far apart the
+// two outputs are.
+//
+//   ./bazelw run --config=cuda //tensor/cuda:attention_benchmark -- [B] [iters]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "tensor/cuda/attention.h"
+#include "tensor/cuda_backend.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+void Check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+void Check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s: cuBLAS status %d\n", what, static_cast<int>(st));
+    std::exit(1);
+  }
+}
+
+cudaDataType CudaType(Dtype d) {
+  return d == Dtype::kF32 ? CUDA_R_32F : d == Dtype::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// Column-major batched GEMM C = op(A) op(B) over B*H matrices (row-major
+// callers pass the transposed problem, see the uses).
+void Gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, const Tensor& a, int lda,
+          int64_t sa, const Tensor& b, int ldb, int64_t sb, const Tensor& c, int ldc, int64_t sc,
+          int batch) {
+  const float one = 1.0f, zero = 0.0f;
+  Check(cublasGemmStridedBatchedEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &one, a.raw_data(),
+                                   CudaType(a.dtype()), lda, sa, b.raw_data(), CudaType(b.dtype()),
+                                   ldb, sb, &zero, c.raw_data(), CudaType(c.dtype()), ldc, sc,
+                                   batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx");
+}
+
+// Milliseconds per call of fn, averaged over iters after 2 warm-up calls.
+double TimeMs(const std::function<void()>& fn, int iters) {
+  for (int i = 0; i < 2; ++i) fn();
+  cudaEvent_t start, stop;
+  Check(cudaEventCreate(&start), "cudaEventCreate");
+  Check(cudaEventCreate(&stop), "cudaEventCreate");
+  Check(cudaEventRecord(start, cudaStreamPerThread), "cudaEventRecord");
+  for (int i = 0; i < iters; ++i) fn();
+  Check(cudaEventRecord(stop, cudaStreamPerThread), "cudaEventRecord");
+  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / iters;
+}
+
+double MaxAbsDiff(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.ToVector<float>(), y = b.ToVector<float>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(double(x[i]) - y[i]));
+  return m;
+}
+
+void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int iters) {
+  const Dtype dt = Dtype::kBF16;
+  const Device dev = Device::Cuda(0);
+  const Shape shape({b, h, t, d});
+  const Tensor q = testing::RandomTensor(shape, 1, -1, 1, dt).To(dev);
+  const Tensor k = testing::RandomTensor(shape, 2, -1, 1, dt).To(dev);
+  const Tensor v = testing::RandomTensor(shape, 3, -1, 1, dt).To(dev);
+  const Tensor dout = testing::RandomTensor(shape, 4, -1, 1, dt).To(dev);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int bh = static_cast<int>(b * h), ti = static_cast<int>(t), di = static_cast<int>(d);
+  const int64_t td = t * d, tt = t * t;
+
+  // Fused.
+  Tensor y = Tensor::Empty(shape, dt, dev), lse = Tensor::Empty({b, h, t}, Dtype::kF32, dev);
+  Tensor dq = Tensor::Empty(shape, dt, dev), dk = Tensor::Empty(shape, dt, dev),
+         dv = Tensor::Empty(shape, dt, dev);
+  auto fused_fwd = [&] { cuda::FlashAttentionForward(q, k, v, scale, true, y, lse); };
+  auto fused_bwd = [&] {
+    cuda::FlashAttentionBackward(q, k, v, y, lse, dout, scale, true, dq, dk, dv);
+  };
+
+  // Unfused: S = Q K^T (f32), P = softmax (bf16), Y = P V; backward dV = P^T dO,
+  // dP = dO V^T (f32), dS = softmax backward (bf16), dQ = dS K, dK = dS^T Q.
+  Tensor s = Tensor::Empty({b, h, t, t}, Dtype::kF32, dev);
+  Tensor p = Tensor::Empty({b, h, t, t}, dt, dev);
+  Tensor ds = Tensor::Empty({b, h, t, t}, dt, dev);
+  Tensor y2 = Tensor::Empty(shape, dt, dev), dq2 = Tensor::Empty(shape, dt, dev),
+         dk2 = Tensor::Empty(shape, dt, dev), dv2 = Tensor::Empty(shape, dt, dev);
+  auto unfused_fwd = [&] {
+    Gemm(handle, true, false, ti, ti, di, k, di, td, q, di, td, s, ti, tt, bh);  // S^T = K Q^T
+    cuda::UnfusedAttentionSoftmax(s, scale, true, p);
+    Gemm(handle, false, false, di, ti, ti, v, di, td, p, ti, tt, y2, di, td, bh);  // Y^T = V^T P^T
+  };
+  auto unfused_bwd = [&] {
+    Gemm(handle, false, true, di, ti, ti, dout, di, td, p, ti, tt, dv2, di, td,
+         bh);                                                                       // dV^T = dO^T P
+    Gemm(handle, true, false, ti, ti, di, v, di, td, dout, di, td, s, ti, tt, bh);  // dP^T = V dO^T
+    cuda::UnfusedAttentionSoftmaxBackward(s, p, scale, ds);
+    Gemm(handle, false, false, di, ti, ti, k, di, td, ds, ti, tt, dq2, di, td,
+         bh);  // dQ^T = K^T dS^T
+    Gemm(handle, false, true, di, ti, ti, q, di, td, ds, ti, tt, dk2, di, td, bh);  // dK^T = Q^T dS
+  };
+
+  const double f_ms = TimeMs(fused_fwd, iters);
+  const double fb_ms = TimeMs(
+      [&] {
+        fused_fwd();
+        fused_bwd();
+      },
+      iters);
+  const double u_ms = TimeMs(unfused_fwd, iters);
+  const double ub_ms = TimeMs(
+      [&] {
+        unfused_fwd();
+        unfused_bwd();
+      },
+      iters);
+  const double fwd_flops = 2.0 * b * h * t * t * d;  // causal half of 4 B H T^2 D
+  const double all_flops = fwd_flops * 3.5;          // + backward at 2.5x
+  const double tt_bytes = double(s.nbytes() + p.nbytes() + ds.nbytes());
+  std::printf("B=%lld H=%lld T=%lld D=%lld bf16 causal\n", static_cast<long long>(b),
+              static_cast<long long>(h), static_cast<long long>(t), static_cast<long long>(d));
+  std::printf("  forward:        fused %8.3f ms (%6.1f TFLOP/s)  unfused %8.3f ms (%6.1f)  x%.2f\n",
+              f_ms, fwd_flops / f_ms * 1e-9, u_ms, fwd_flops / u_ms * 1e-9, u_ms / f_ms);
+  std::printf("  fwd + bwd:      fused %8.3f ms (%6.1f TFLOP/s)  unfused %8.3f ms (%6.1f)  x%.2f\n",
+              fb_ms, all_flops / fb_ms * 1e-9, ub_ms, all_flops / ub_ms * 1e-9, ub_ms / fb_ms);
+  std::printf("  unfused (T, T) buffers: %.1f MiB; fused extra: lse %.2f MiB + delta %.2f MiB\n",
+              tt_bytes / (1 << 20), lse.nbytes() / double(1 << 20),
+              cuda::FlashAttentionBackwardWorkspaceBytes(b, h, t) / double(1 << 20));
+  std::printf("  max |fused - unfused|: y %.3g  dq %.3g  dk %.3g  dv %.3g\n", MaxAbsDiff(y, y2),
+              MaxAbsDiff(dq, dq2), MaxAbsDiff(dk, dk2), MaxAbsDiff(dv, dv2));
+}
+
+}  // namespace
+}  // namespace tensor
+
+int main(int argc, char** argv) {
+  const int64_t b = argc > 1 ? std::atoll(argv[1]) : 8;
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 20;
+  if (tensor::cuda::DeviceCount() == 0) {
+    std::fprintf(stderr, "no CUDA device visible\n");
+    return 1;
+  }
+  cublasHandle_t handle;
+  tensor::Check(cublasCreate(&handle), "cublasCreate");
+  tensor::Check(cublasSetStream(handle, cudaStreamPerThread), "cublasSetStream");
+  for (int64_t t : {1024, 2048}) tensor::Run(handle, b, 12, t, 64, iters);
+  cublasDestroy(handle);
+  return 0;
+}

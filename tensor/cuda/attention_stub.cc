@@ -1,0 +1,25 @@
+// Builds without --config=cuda: the fused attention kernels fail with a clear message.
+#include "tensor/cuda/attention.h"
+#include "tensor/cuda/stub.h"
+
+namespace tensor {
+namespace cuda {
+
+void FlashAttentionForward(const Tensor& q, const Tensor&, const Tensor&, float, bool,
+                           const Tensor&, const Tensor&, FlashAttentionKernel) {
+  NotBuilt("flash_attention", q);
+}
+void FlashAttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
+                            const Tensor&, const Tensor&, float, bool, const Tensor&, const Tensor&,
+                            const Tensor&, FlashAttentionKernel) {
+  NotBuilt("flash_attention", q);
+}
+void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {
+  NotBuilt("unfused_attention_softmax", scores);
+}
+void UnfusedAttentionSoftmaxBackward(const Tensor& dprobs, const Tensor&, float, const Tensor&) {
+  NotBuilt("unfused_attention_softmax_backward", dprobs);
+}
+
+}  // namespace cuda
+}  // namespace tensor

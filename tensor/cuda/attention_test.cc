@@ -1,0 +1,346 @@
+// The fused attention kernels against a plain-loop reference in double:
+// output, logsumexp and dq, dk, dv, for both kernels (tensor cores, float),
+// bf16 / f16 / f32, causal or not, T_q = T_k and not, lengths that are not
+// multiples of the tiles, strided and unaligned inputs, reproducibility; plus
+// the host-side checks and geometry, which run without a GPU.
+//
+// Tolerances (|gpu - ref| <= tol * (max|ref| + |ref|), per tensor): the
+// reference sees exactly the rounded inputs, so the error is the kernels'
+// own roundings. bf16 has 8 significant bits (unit roundoff 2^-9 = 0.002):
+// the output is rounded once, and on tensor cores each probability (and dS)
+// is rounded before its product, which adds at most 2^-9 of the sum of
+// |terms|; for sums of terms of random sign that stays within a few 2^-9 of
+// the largest result, so 2e-2 (10 roundoffs) for bf16. f16 (2^-11): 5e-3. f32
+// (float FMA, exp2f): 1e-4. lse is f32 in every case: 1e-4.
+#include "tensor/cuda/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+using cuda::FlashAttentionKernel;
+using cuda::FlashAttentionPass;
+using cuda::FlashAttentionTilesFor;
+using cuda::testing::ToGpu;
+using testing::RandomTensor;
+
+struct Case {
+  int64_t b, h, t_q, t_k, d;
+  bool causal;
+};
+
+std::string Name(const Case& c, Dtype dt, FlashAttentionKernel k) {
+  return absl::StrCat("B", c.b, " H", c.h, " Tq", c.t_q, " Tk", c.t_k, " D", c.d,
+                      c.causal ? " causal " : " full ", DtypeName(dt),
+                      k == FlashAttentionKernel::kFloat ? " float" : " tensor-core");
+}
+
+// Plain loops in double over (B*H, T, D) row-major vectors.
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                  const std::vector<float>& v, const std::vector<float>& dout, double scale) {
+  const int64_t bh = c.b * c.h, tq = c.t_q, tk = c.t_k, d = c.d;
+  Reference r;
+  r.out.assign(bh * tq * d, 0.0);
+  r.lse.assign(bh * tq, -INFINITY);
+  r.dq.assign(bh * tq * d, 0.0);
+  r.dk.assign(bh * tk * d, 0.0);
+  r.dv.assign(bh * tk * d, 0.0);
+  std::vector<double> p(tk), dp(tk);
+  for (int64_t n = 0; n < bh; ++n) {
+    const float* qn = q.data() + n * tq * d;
+    const float* kn = k.data() + n * tk * d;
+    const float* vn = v.data() + n * tk * d;
+    const float* don = dout.data() + n * tq * d;
+    for (int64_t i = 0; i < tq; ++i) {
+      const int64_t limit = c.causal ? std::min(tk, i + (tk - tq) + 1) : tk;  // keys < limit
+      if (limit <= 0) continue;
+      double m = -INFINITY;
+      for (int64_t j = 0; j < limit; ++j) {
+        double s = 0;
+        for (int64_t x = 0; x < d; ++x) s += double(qn[i * d + x]) * kn[j * d + x];
+        p[j] = s * scale;
+        m = std::max(m, p[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < limit; ++j) sum += (p[j] = std::exp(p[j] - m));
+      for (int64_t j = 0; j < limit; ++j) p[j] /= sum;
+      r.lse[n * tq + i] = m + std::log(sum);
+      double delta = 0;
+      for (int64_t j = 0; j < limit; ++j) {
+        double s = 0;
+        for (int64_t x = 0; x < d; ++x) {
+          r.out[(n * tq + i) * d + x] += p[j] * vn[j * d + x];
+          s += double(don[i * d + x]) * vn[j * d + x];
+        }
+        dp[j] = s;
+        delta += p[j] * s;
+      }
+      for (int64_t j = 0; j < limit; ++j) {
+        const double ds = p[j] * (dp[j] - delta) * scale;
+        for (int64_t x = 0; x < d; ++x) {
+          r.dq[(n * tq + i) * d + x] += ds * kn[j * d + x];
+          r.dk[(n * tk + j) * d + x] += ds * qn[i * d + x];
+          r.dv[(n * tk + j) * d + x] += p[j] * don[i * d + x];
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// |gpu - ref| <= tol * (max|ref| + |ref|) everywhere; NaN never passes.
+::testing::AssertionResult Near(const Tensor& gpu, const std::vector<double>& ref, double tol) {
+  const std::vector<float> g = gpu.ToVector<float>();
+  if (g.size() != ref.size()) {
+    return ::testing::AssertionFailure() << "size " << g.size() << " vs " << ref.size();
+  }
+  double max_ref = 0;
+  for (double x : ref) {
+    if (std::isfinite(x)) max_ref = std::max(max_ref, std::abs(x));
+  }
+  int64_t bad = 0, worst = -1;
+  double worst_err = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isinf(ref[i]) && g[i] == ref[i]) continue;  // lse of a row with no key
+    const double err = std::abs(double(g[i]) - ref[i]);
+    if (!(err <= tol * (max_ref + std::abs(ref[i])))) {
+      ++bad;
+      if (worst < 0 || !(err <= worst_err)) {
+        worst = static_cast<int64_t>(i);
+        worst_err = err;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << g.size() << " elements off (tol " << tol << ", max|ref| " << max_ref
+         << "); worst [" << worst << "] gpu " << g[worst] << " ref " << ref[worst];
+}
+
+double Tol(Dtype dt) { return dt == Dtype::kBF16 ? 2e-2 : dt == Dtype::kF16 ? 5e-3 : 1e-4; }
+
+// q, k, v as (B, H, T, D) views of (B, T, H, D) GPU tensors (as heads of a
+// projection are); `unaligned` pads rows to D + 1 (no 16-byte loads).
+struct Inputs {
+  Tensor q, k, v, dout;  // GPU views
+};
+
+Tensor GpuView(const Shape& bhtd, uint64_t seed, Dtype dt, bool unaligned) {
+  const int64_t b = bhtd[0], h = bhtd[1], t = bhtd[2], d = bhtd[3];
+  if (unaligned) {
+    const Tensor base = ToGpu(RandomTensor({b, h, t, d + 1}, seed, -1.0f, 1.0f, dt));
+    return base.Narrow(3, 1, d);
+  }
+  return ToGpu(RandomTensor({b, t, h, d}, seed, -1.0f, 1.0f, dt)).Transpose(1, 2);
+}
+
+void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligned = false) {
+  SCOPED_TRACE(Name(c, dt, kernel) + (unaligned ? " unaligned" : ""));
+  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 1, dt, unaligned);
+  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 2, dt, unaligned);
+  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 3, dt, unaligned);
+  const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 4, dt, unaligned);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  const Device dev = q.device();
+  Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, dt, dev);
+  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+  cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse, kernel);
+  Tensor dq = Tensor::Empty(q.shape(), dt, dev);
+  Tensor dk = Tensor::Empty(k.shape(), dt, dev);
+  Tensor dv = Tensor::Empty(v.shape(), dt, dev);
+  cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv, kernel);
+
+  const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
+                                dout.ToVector<float>(), scale);
+  const double tol = Tol(dt);
+  EXPECT_TRUE(Near(out, ref.out, tol)) << "out";
+  EXPECT_TRUE(Near(lse, ref.lse, 1e-4)) << "lse";
+  EXPECT_TRUE(Near(dq, ref.dq, tol)) << "dq";
+  EXPECT_TRUE(Near(dk, ref.dk, tol)) << "dk";
+  EXPECT_TRUE(Near(dv, ref.dv, tol)) << "dv";
+}
+
+std::vector<Case> Cases() {
+  return {
+      {2, 3, 1, 1, 64, true},       // one token
+      {1, 2, 17, 17, 64, true},     // shorter than a tile
+      {1, 2, 200, 200, 128, true},  // not a multiple of 64 (or 32)
+      {1, 1, 129, 129, 32, true},   // D = 32
+      {2, 1, 130, 130, 64, false},  // full attention
+      {1, 2, 33, 100, 64, true},    // fewer queries than keys: query i sees j <= i + 67
+      {1, 2, 100, 33, 64, true},    // more queries: the first 67 rows see no key
+  };
+}
+
+TEST(CudaFlashAttentionTest, TensorCoreMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : Cases()) {
+    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) RunCase(c, dt, FlashAttentionKernel::kTensorCore);
+  }
+}
+
+TEST(CudaFlashAttentionTest, FloatKernelMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : Cases()) {
+    for (Dtype dt : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+      RunCase(c, dt, FlashAttentionKernel::kFloat);
+    }
+  }
+}
+
+TEST(CudaFlashAttentionTest, LongSequenceBothKernels) {
+  SKIP_WITHOUT_GPU();
+  const Case c{1, 2, 1024, 1024, 64, true};
+  RunCase(c, Dtype::kBF16, FlashAttentionKernel::kTensorCore);
+  RunCase(c, Dtype::kF32, FlashAttentionKernel::kFloat);
+}
+
+TEST(CudaFlashAttentionTest, UnalignedRowsTakeTheScalarLoads) {
+  SKIP_WITHOUT_GPU();
+  const Case c{1, 2, 77, 77, 64, true};
+  RunCase(c, Dtype::kBF16, FlashAttentionKernel::kTensorCore, /*unaligned=*/true);
+  RunCase(c, Dtype::kF16, FlashAttentionKernel::kFloat, /*unaligned=*/true);
+}
+
+TEST(CudaFlashAttentionTest, BackwardIsBitwiseReproducible) {
+  SKIP_WITHOUT_GPU();
+  const Case c{2, 2, 300, 300, 64, true};
+  const Dtype dt = Dtype::kBF16;
+  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 5, dt, false);
+  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 6, dt, false);
+  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 7, dt, false);
+  const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 8, dt, false);
+  Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, dt, q.device());
+  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, q.device());
+  cuda::FlashAttentionForward(q, k, v, 0.125f, true, out, lse);
+  std::vector<std::vector<float>> first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor dq = Tensor::Empty(q.shape(), dt, q.device());
+    Tensor dk = Tensor::Empty(k.shape(), dt, q.device());
+    Tensor dv = Tensor::Empty(v.shape(), dt, q.device());
+    cuda::FlashAttentionBackward(q, k, v, out, lse, dout, 0.125f, true, dq, dk, dv);
+    const std::vector<std::vector<float>> now = {dq.ToVector<float>(), dk.ToVector<float>(),
+                                                 dv.ToVector<float>()};
+    if (run == 0) {
+      first = now;
+    } else {
+      EXPECT_EQ(now, first);
+    }
+  }
+}
+
+TEST(CudaFlashAttentionTest, UnfusedSoftmaxMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  // probs of the unfused baseline against the reference through out = probs @ v
+  // with v = identity (T_k = D).
+  const Case c{1, 2, 50, 64, 64, true};
+  const Tensor q = ToGpu(RandomTensor({1, 2, 50, 64}, 9));
+  const Tensor k = ToGpu(RandomTensor({1, 2, 64, 64}, 10));
+  std::vector<float> eye(2 * 64 * 64, 0.0f);
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 64; ++j) eye[(h * 64 + j) * 64 + j] = 1.0f;
+  }
+  // scores = q k^T on the host (f32), then the kernel.
+  const std::vector<float> qv = q.ToVector<float>(), kv = k.ToVector<float>();
+  std::vector<float> scores(2 * 50 * 64);
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 50; ++i) {
+      for (int j = 0; j < 64; ++j) {
+        double s = 0;
+        for (int x = 0; x < 64; ++x)
+          s += double(qv[(h * 50 + i) * 64 + x]) * kv[(h * 64 + j) * 64 + x];
+        scores[(h * 50 + i) * 64 + j] = static_cast<float>(s);
+      }
+    }
+  }
+  const Tensor s_gpu = ToGpu(Tensor::FromVector(scores, {1, 2, 50, 64}));
+  Tensor probs = Tensor::Empty({1, 2, 50, 64}, Dtype::kF32, q.device());
+  cuda::UnfusedAttentionSoftmax(s_gpu, 0.125f, true, probs);
+  const std::vector<float> zeros(2 * 50 * 64, 0.0f);
+  const Reference ref = Compute(c, qv, kv, eye, zeros, 0.125);
+  EXPECT_TRUE(Near(probs, ref.out, 1e-5));
+}
+
+// ---- Host side: runs without a GPU ----
+
+TEST(CudaFlashAttentionHostTest, RejectsUnsupportedInputs) {
+  auto expect_error = [](const Tensor& q, const Tensor& k, const Tensor& v,
+                         const std::string& what) {
+    try {
+      cuda::CheckFlashAttentionInputs(q, k, v);
+      ADD_FAILURE() << "no error; expected " << what;
+    } catch (const OpError& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("[flash_attention] ", 0), 0u) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  };
+  const Tensor q = Tensor::Zeros({2, 3, 10, 64}, Dtype::kBF16);
+  const Tensor k = Tensor::Zeros({2, 3, 12, 64}, Dtype::kBF16);
+  EXPECT_NO_THROW(cuda::CheckFlashAttentionInputs(q, k, k));
+  const Tensor q48 = Tensor::Zeros({2, 3, 10, 48}, Dtype::kBF16);
+  expect_error(q48, q48, q48, "head size 48 is not supported (32, 64 or 128)");
+  expect_error(q, k, Tensor::Zeros({2, 3, 12, 32}, Dtype::kBF16), "value head size 32");
+  expect_error(q, k, Tensor::Zeros({2, 3, 11, 64}, Dtype::kBF16), "do not fit together");
+  expect_error(q, k.To(Dtype::kF32), k, "must share dtype");
+  const Tensor strided = Tensor::Zeros({2, 3, 64, 10}, Dtype::kBF16).Transpose(2, 3);
+  expect_error(strided, k, k, "unit stride");
+  expect_error(Tensor::Zeros({3, 10, 64}, Dtype::kBF16), k, k, "(B, H, T, D)");
+}
+
+TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
+  constexpr int64_t kSm90MaxSmem = 227 * 1024;
+  for (int64_t d : {32, 64, 128}) {
+    for (FlashAttentionKernel k :
+         {FlashAttentionKernel::kTensorCore, FlashAttentionKernel::kFloat}) {
+      for (FlashAttentionPass p : {FlashAttentionPass::kForward, FlashAttentionPass::kBackwardDkDv,
+                                   FlashAttentionPass::kBackwardDq}) {
+        const cuda::FlashAttentionTiles t = FlashAttentionTilesFor(k, p, d, 2);
+        EXPECT_LE(t.smem_bytes, kSm90MaxSmem) << d;
+        EXPECT_GT(t.rows, 0);
+        EXPECT_EQ(t.step % 16, 0);
+        EXPECT_EQ(t.threads % 32, 0);
+        if (k == FlashAttentionKernel::kTensorCore) {
+          EXPECT_EQ(t.rows, 16 * t.threads / 32) << "16 rows per warp";
+        } else {
+          EXPECT_EQ(t.rows, t.threads / 32) << "a row per warp";
+        }
+      }
+    }
+  }
+  // Q, K, V tiles of 64 rows of D + 8 bf16.
+  EXPECT_EQ(
+      FlashAttentionTilesFor(FlashAttentionKernel::kTensorCore, FlashAttentionPass::kForward, 64, 2)
+          .smem_bytes,
+      3 * 64 * 72 * 2);
+  // The only workspace: delta, 4 bytes per query row.
+  EXPECT_EQ(cuda::FlashAttentionBackwardWorkspaceBytes(2, 12, 1024), 2 * 12 * 1024 * 4);
+}
+
+TEST(CudaFlashAttentionHostTest, CpuTensorsAreRejected) {
+  const Tensor q = Tensor::Zeros({1, 1, 4, 32}, Dtype::kBF16);
+  Tensor out = Tensor::Zeros({1, 1, 4, 32}, Dtype::kBF16);
+  Tensor lse = Tensor::Zeros({1, 1, 4});
+  try {
+    cuda::FlashAttentionForward(q, q, q, 1.0f, true, out, lse);
+    ADD_FAILURE() << "no error";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tensor
