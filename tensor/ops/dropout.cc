@@ -1,7 +1,9 @@
 // Dropout: argument checks and the mask kernel, shared by the forward and the
 // backward (both multiply by the same regenerated mask). Work is split into
 // blocks of 32 elements (8 Philox counters, generated 8 at a time with AVX2),
-// so a block's mask is the same whichever thread computes it.
+// so a block's mask is the same whichever thread computes it. Tensors on a
+// CUDA device go to tensor/cuda/dropout.h, which evaluates the same mask
+// function per element (GPU and CPU dropout agree bit for bit).
 #include "tensor/ops/dropout.h"
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/vec8.h"
+#include "tensor/cuda/dropout.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -154,11 +157,17 @@ void CheckP(const char* op, float p) {
   OP_CHECK(p >= 0.0f && p <= 1.0f, op, "p must be in [0, 1]; got ", p);
 }
 
+// Throws unless t is defined; true when it is on a CUDA device.
+bool OnCuda(const char* op, const Tensor& t) {
+  OP_CHECK(t.defined(), op, "got an undefined tensor");
+  return t.device().is_cuda();
+}
+
 }  // namespace
 
 DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
   const char* op = "dropout";
-  CheckCpu(op, {&x});
+  const bool on_cuda = OnCuda(op, x);
   CheckFloating(op, x);
   CheckP(op, p);
   DropoutResult out;
@@ -170,13 +179,17 @@ DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
   }
   out.state.active = true;
   if (p == 1.0f) {
-    out.y = Tensor::Zeros(x.shape(), x.dtype());
+    out.y = Tensor::Zeros(x.shape(), x.dtype(), x.device());
     return out;
   }
   out.state.seed = gen.seed();
   out.state.offset = gen.Reserve((static_cast<uint64_t>(x.numel()) + 3) / 4);
   const Tensor xc = x.Contiguous();
-  out.y = Tensor::Empty(x.shape(), x.dtype());
+  out.y = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  if (on_cuda) {
+    cuda::DropoutApply(op, xc, out.y, p, out.state.seed, out.state.offset);
+    return out;
+  }
   DispatchFloating(op, x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     ApplyMask(xc.data<T>(), out.y.data<T>(), x.numel(), out.state);
@@ -186,15 +199,19 @@ DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
 
 Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state) {
   const char* op = "dropout_backward";
-  CheckCpu(op, {&grad_y});
+  const bool on_cuda = OnCuda(op, grad_y);
   CheckFloating(op, grad_y);
   CheckP(op, state.p);
-  OP_CHECK(grad_y.numel() == state.numel, op, Describe("grad_y", grad_y), " has ",
-           grad_y.numel(), " elements but the forward's x had ", state.numel);
+  OP_CHECK(grad_y.numel() == state.numel, op, Describe("grad_y", grad_y), " has ", grad_y.numel(),
+           " elements but the forward's x had ", state.numel);
   if (!state.active) return grad_y;
-  if (state.p == 1.0f) return Tensor::Zeros(grad_y.shape(), grad_y.dtype());
+  if (state.p == 1.0f) return Tensor::Zeros(grad_y.shape(), grad_y.dtype(), grad_y.device());
   const Tensor gc = grad_y.Contiguous();
-  Tensor grad_x = Tensor::Empty(grad_y.shape(), grad_y.dtype());
+  Tensor grad_x = Tensor::Empty(grad_y.shape(), grad_y.dtype(), grad_y.device());
+  if (on_cuda) {
+    cuda::DropoutApply(op, gc, grad_x, state.p, state.seed, state.offset);
+    return grad_x;
+  }
   DispatchFloating(op, grad_y.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     ApplyMask(gc.data<T>(), grad_x.data<T>(), grad_y.numel(), state);

@@ -1,32 +1,85 @@
 // Elementwise ops: argument checks, output allocation and the calls into the
-// CPU kernels of tensor/cpu/elementwise.h; backward passes of broadcasting ops
-// sum through ReduceToShape (tensor/ops/reduce.h).
+// kernels of the tensors' device: tensor/cpu/elementwise.h, or
+// tensor/cuda/elementwise.h for tensors on a CUDA device (same signatures:
+// any strides, every broadcast). Backward passes of broadcasting ops sum
+// through ReduceToShape (tensor/ops/reduce.h), which has both devices too.
 #include "tensor/ops/elementwise.h"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "tensor/cpu/elementwise.h"
+#include "tensor/cuda/elementwise.h"
 #include "tensor/ops/check.h"
 #include "tensor/ops/reduce.h"
 
 namespace tensor {
 namespace {
 
+// Throws unless every tensor is defined and all are on one device; true when
+// that device is a CUDA device (the CUDA kernels run), false on the CPU.
+bool OnCuda(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    OP_CHECK(t->defined(), op, "got an undefined tensor");
+    if (first == nullptr) first = t;
+    OP_CHECK(t->device() == first->device(), op,
+             "tensors are on different devices: ", first->shape().ToString(), " on ",
+             first->device().ToString(), " and ", t->shape().ToString(), " on ",
+             t->device().ToString());
+  }
+  return first != nullptr && first->device().is_cuda();
+}
+
 void CheckInputs(const char* op, const Tensor& a, const Tensor& b) {
-  CheckCpu(op, {&a, &b});
+  OnCuda(op, {&a, &b});
   CheckFloating(op, a);
   CheckSameDtype(op, a, b);
 }
 
 void CheckInput(const char* op, const Tensor& x) {
-  CheckCpu(op, {&x});
+  OnCuda(op, {&x});
   CheckFloating(op, x);
+}
+
+cuda::BinaryOp CudaKind(cpu::BinaryOp kind) {
+  switch (kind) {
+    case cpu::BinaryOp::kAdd:
+      return cuda::BinaryOp::kAdd;
+    case cpu::BinaryOp::kSub:
+      return cuda::BinaryOp::kSub;
+    case cpu::BinaryOp::kMul:
+      break;
+  }
+  return cuda::BinaryOp::kMul;
+}
+
+// The kernels of out's device (operands checked to share it).
+void RunBinary(cpu::BinaryOp kind, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.device().is_cuda()) return cuda::Binary(CudaKind(kind), a, b, out);
+  cpu::Binary(kind, a, b, out);
+}
+
+void ScaleKernel(const Tensor& x, float alpha, const Tensor& out) {
+  if (out.device().is_cuda()) return cuda::Scale(x, alpha, out);
+  cpu::Scale(x, alpha, out);
+}
+
+void BiasGeluKernel(const Tensor& x, const Tensor& bias, const Tensor& out) {
+  if (out.device().is_cuda()) return cuda::BiasGelu(x, bias, out);
+  cpu::BiasGelu(x, bias, out);
+}
+
+void BiasGeluBackwardKernel(const Tensor& grad_out, const Tensor& x, const Tensor& bias,
+                            const Tensor& grad_in) {
+  if (grad_in.device().is_cuda()) return cuda::BiasGeluBackward(grad_out, x, bias, grad_in);
+  cpu::BiasGeluBackward(grad_out, x, bias, grad_in);
 }
 
 Tensor BinaryOp(const char* op, cpu::BinaryOp kind, const Tensor& a, const Tensor& b) {
   CheckInputs(op, a, b);
-  Tensor out = Tensor::Empty(BroadcastShapes(op, a.shape(), b.shape()), a.dtype());
-  cpu::Binary(kind, a, b, out);
+  Tensor out = Tensor::Empty(BroadcastShapes(op, a.shape(), b.shape()), a.dtype(), a.device());
+  RunBinary(kind, a, b, out);
   return out;
 }
 
@@ -47,7 +100,7 @@ void CheckBias(const char* op, const Tensor& x, const Tensor& bias) {
 
 // grad (..., C) summed over the leading dims into a new (C) tensor.
 Tensor BiasGrad(const Tensor& grad) {
-  Tensor grad_bias = Tensor::Empty({grad.dim(-1)}, grad.dtype());
+  Tensor grad_bias = Tensor::Empty({grad.dim(-1)}, grad.dtype(), grad.device());
   ReduceToShapeInto(grad, grad_bias, /*accumulate=*/false);
   return grad_bias;
 }
@@ -100,8 +153,8 @@ BinaryGrads MulBackward(const Tensor& grad_out, const Tensor& a, const Tensor& b
 
 Tensor Scale(const Tensor& x, double alpha) {
   CheckInput("scale", x);
-  Tensor out = Tensor::Empty(x.shape(), x.dtype());
-  cpu::Scale(x, static_cast<float>(alpha), out);
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  ScaleKernel(x, static_cast<float>(alpha), out);
   return out;
 }
 
@@ -109,19 +162,23 @@ Tensor ScaleBackward(const Tensor& grad_out, double alpha) { return Scale(grad_o
 
 void ScaleInPlace(const Tensor& x, double alpha) {
   CheckInput("scale_in_place", x);
-  cpu::Scale(x, static_cast<float>(alpha), x);
+  ScaleKernel(x, static_cast<float>(alpha), x);
 }
 
 namespace {
 
 void AccumulateChecked(const char* op, double alpha, const Tensor& x, const Tensor& y) {
-  CheckCpu(op, {&x, &y});
+  const bool on_cuda = OnCuda(op, {&x, &y});
   CheckFloating(op, x);
   CheckFloating(op, y);
   OP_CHECK(y.dtype() == x.dtype() || y.dtype() == Dtype::kF32, op, "cannot accumulate ",
            Describe("x", x), " into ", Describe("y", y), ": y must have x's dtype or be f32");
   CheckSameShape(op, y, x);
-  cpu::Axpy(static_cast<float>(alpha), x, y);
+  if (on_cuda) {
+    cuda::Axpy(static_cast<float>(alpha), x, y);
+  } else {
+    cpu::Axpy(static_cast<float>(alpha), x, y);
+  }
 }
 
 }  // namespace
@@ -134,8 +191,8 @@ void AddInPlace(const Tensor& y, const Tensor& x) { AccumulateChecked("add_in_pl
 
 Tensor AddBias(const Tensor& x, const Tensor& bias) {
   CheckBias("add_bias", x, bias);
-  Tensor out = Tensor::Empty(x.shape(), x.dtype());
-  cpu::Binary(cpu::BinaryOp::kAdd, x, bias, out);
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  RunBinary(cpu::BinaryOp::kAdd, x, bias, out);
   return out;
 }
 
@@ -149,7 +206,7 @@ Tensor AddBiasBackward(const Tensor& grad_out) {
 
 void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias) {
   const char* op = "add_bias_backward";
-  CheckCpu(op, {&grad_out, &grad_bias});
+  OnCuda(op, {&grad_out, &grad_bias});
   CheckFloating(op, grad_out);
   CheckFloating(op, grad_bias);
   OP_CHECK(grad_out.rank() >= 1 && grad_bias.rank() == 1 && grad_bias.dim(0) == grad_out.dim(-1),
@@ -164,8 +221,8 @@ void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias) {
 
 Tensor Gelu(const Tensor& x) {
   CheckInput("gelu", x);
-  Tensor out = Tensor::Empty(x.shape(), x.dtype());
-  cpu::BiasGelu(x, Tensor(), out);
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  BiasGeluKernel(x, Tensor(), out);
   return out;
 }
 
@@ -173,15 +230,15 @@ Tensor GeluBackward(const Tensor& grad_out, const Tensor& x) {
   const char* op = "gelu_backward";
   CheckInputs(op, grad_out, x);
   CheckSameShape(op, grad_out, x);
-  Tensor grad_in = Tensor::Empty(x.shape(), x.dtype());
-  cpu::BiasGeluBackward(grad_out, x, Tensor(), grad_in);
+  Tensor grad_in = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  BiasGeluBackwardKernel(grad_out, x, Tensor(), grad_in);
   return grad_in;
 }
 
 Tensor BiasGelu(const Tensor& x, const Tensor& bias) {
   CheckBias("bias_gelu", x, bias);
-  Tensor out = Tensor::Empty(x.shape(), x.dtype());
-  cpu::BiasGelu(x, bias, out);
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  BiasGeluKernel(x, bias, out);
   return out;
 }
 
@@ -191,16 +248,20 @@ BiasGeluGrads BiasGeluBackward(const Tensor& grad_out, const Tensor& x, const Te
   CheckInputs(op, grad_out, x);
   CheckSameShape(op, grad_out, x);
   BiasGeluGrads grads;
-  grads.grad_x = Tensor::Empty(x.shape(), x.dtype());
-  cpu::BiasGeluBackward(grad_out, x, bias, grads.grad_x);
+  grads.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  BiasGeluBackwardKernel(grad_out, x, bias, grads.grad_x);
   grads.grad_bias = BiasGrad(grads.grad_x);
   return grads;
 }
 
 Tensor Relu(const Tensor& x) {
   CheckInput("relu", x);
-  Tensor out = Tensor::Empty(x.shape(), x.dtype());
-  cpu::Relu(x, out);
+  Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    cuda::Relu(x, out);
+  } else {
+    cpu::Relu(x, out);
+  }
   return out;
 }
 
@@ -208,8 +269,12 @@ Tensor ReluBackward(const Tensor& grad_out, const Tensor& x) {
   const char* op = "relu_backward";
   CheckInputs(op, grad_out, x);
   CheckSameShape(op, grad_out, x);
-  Tensor grad_in = Tensor::Empty(x.shape(), x.dtype());
-  cpu::ReluBackward(grad_out, x, grad_in);
+  Tensor grad_in = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    cuda::ReluBackward(grad_out, x, grad_in);
+  } else {
+    cpu::ReluBackward(grad_out, x, grad_in);
+  }
   return grad_in;
 }
 

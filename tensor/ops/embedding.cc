@@ -1,7 +1,10 @@
-// Embedding ops: argument and id-range checks, then the CPU kernels in
-// tensor/cpu/embedding.h.
+// Embedding ops: argument and id-range checks, then the kernels of the
+// tensors' device: tensor/cpu/embedding.h, or tensor/cuda/embedding.h for
+// tensors on a CUDA device (ids checked there by a kernel whose first bad
+// position is read back, so the error names the same id and position).
 #include "tensor/ops/embedding.h"
 
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -10,10 +13,26 @@
 #include "absl/strings/str_join.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/embedding.h"
+#include "tensor/cuda/embedding.h"
 #include "tensor/ops/check.h"
 
 namespace tensor {
 namespace {
+
+// Throws unless every tensor is defined and all are on one device; true when
+// that device is a CUDA device.
+bool OnCuda(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    OP_CHECK(t->defined(), op, "got an undefined tensor");
+    if (first == nullptr) first = t;
+    OP_CHECK(t->device() == first->device(), op,
+             "tensors are on different devices: ", first->shape().ToString(), " on ",
+             first->device().ToString(), " and ", t->shape().ToString(), " on ",
+             t->device().ToString());
+  }
+  return first != nullptr && first->device().is_cuda();
+}
 
 // The multi-index of flat position p in `shape`, as "[i,j,k]".
 std::string PositionString(int64_t p, const Shape& shape) {
@@ -27,6 +46,17 @@ std::string PositionString(int64_t p, const Shape& shape) {
 
 // Throws unless every id is in [0, vocab); names the first one that is not.
 void CheckIds(const char* op, const Tensor& ids, int64_t vocab, const std::string& context) {
+  if (ids.device().is_cuda()) {
+    DispatchIndex(op, ids.dtype(), [](auto*) {});  // i32 or i64
+    int64_t id = 0;
+    const int64_t bad = cuda::FindBadId(op, ids, vocab, &id);
+    if (bad >= 0) {
+      ThrowOpError(op, "id ", id, " at position ", PositionString(bad, ids.shape()), " of ids ",
+                   ids.shape().ToString(), " is out of range for ", vocab, " embeddings (", context,
+                   ")");
+    }
+    return;
+  }
   DispatchIndex(op, ids.dtype(), [&](auto* tag) {
     using I = std::remove_pointer_t<decltype(tag)>;
     const I* id = ids.data<I>();
@@ -52,28 +82,32 @@ void CheckGradOut(const char* op, const Tensor& grad_out, const Tensor& ids, int
   CheckFloating(op, grad_out);
   Shape expected = ids.shape();
   expected.push_back(c);
-  OP_CHECK(grad_out.shape() == expected, op, Describe("grad_out", grad_out),
-           " does not match ids ", ids.shape().ToString(), ": expected ", expected.ToString());
+  OP_CHECK(grad_out.shape() == expected, op, Describe("grad_out", grad_out), " does not match ids ",
+           ids.shape().ToString(), ": expected ", expected.ToString());
 }
 
 }  // namespace
 
 Tensor Embedding(const Tensor& weight, const Tensor& ids) {
   const char* op = "embedding";
-  CheckCpu(op, {&weight, &ids});
+  const bool on_cuda = OnCuda(op, {&weight, &ids});
   OP_CHECK(weight.rank() == 2, op, "weight must be (V, C); got ", Describe("weight", weight));
   const Tensor ids_c = ids.Contiguous();
   CheckIds(op, ids_c, weight.dim(0), Describe("weight", weight));
   Shape out_shape = ids.shape();
   out_shape.push_back(weight.dim(1));
-  Tensor out = Tensor::Empty(out_shape, weight.dtype());
-  cpu::EmbeddingForward(weight.Contiguous(), ids_c, out);
+  Tensor out = Tensor::Empty(out_shape, weight.dtype(), weight.device());
+  if (on_cuda) {
+    cuda::EmbeddingForward(weight.Contiguous(), ids_c, out);
+  } else {
+    cpu::EmbeddingForward(weight.Contiguous(), ids_c, out);
+  }
   return out;
 }
 
 Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_embeddings) {
   const char* op = "embedding_backward";
-  CheckCpu(op, {&grad_out, &ids});
+  const bool on_cuda = OnCuda(op, {&grad_out, &ids});
   OP_CHECK(num_embeddings >= 0, op, "num_embeddings must be >= 0; got ", num_embeddings);
   OP_CHECK(grad_out.rank() >= 1, op, "grad_out must be (..., C); got ",
            Describe("grad_out", grad_out));
@@ -81,15 +115,19 @@ Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_
   CheckGradOut(op, grad_out, ids, c);
   const Tensor ids_c = ids.Contiguous();
   CheckIds(op, ids_c, num_embeddings, absl::StrCat("num_embeddings ", num_embeddings));
-  Tensor grad_weight = Tensor::Empty({num_embeddings, c}, grad_out.dtype());
-  cpu::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/false);
+  Tensor grad_weight = Tensor::Empty({num_embeddings, c}, grad_out.dtype(), grad_out.device());
+  if (on_cuda) {
+    cuda::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/false);
+  } else {
+    cpu::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/false);
+  }
   return grad_weight;
 }
 
 void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
                                  const Tensor& grad_weight) {
   const char* op = "embedding_backward";
-  CheckCpu(op, {&grad_out, &ids, &grad_weight});
+  const bool on_cuda = OnCuda(op, {&grad_out, &ids, &grad_weight});
   OP_CHECK(grad_weight.rank() == 2, op, "grad_weight must be (V, C); got ",
            Describe("grad_weight", grad_weight));
   CheckFloating(op, grad_weight);
@@ -98,7 +136,11 @@ void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
   CheckGradOut(op, grad_out, ids, grad_weight.dim(1));
   const Tensor ids_c = ids.Contiguous();
   CheckIds(op, ids_c, grad_weight.dim(0), Describe("grad_weight", grad_weight));
-  cpu::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/true);
+  if (on_cuda) {
+    cuda::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/true);
+  } else {
+    cpu::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/true);
+  }
 }
 
 }  // namespace tensor

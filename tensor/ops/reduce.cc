@@ -1,17 +1,62 @@
 // Reductions: argument checks, (outer, reduce, inner) views of the input, and
-// calls into the CPU kernels of tensor/cpu/reduce.h.
+// calls into the kernels of the tensors' device: tensor/cpu/reduce.h, or
+// tensor/cuda/reduce.h (same signatures) for tensors on a CUDA device.
 #include "tensor/ops/reduce.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/cpu/reduce.h"
+#include "tensor/cuda/reduce.h"
 #include "tensor/ops/check.h"
 
 namespace tensor {
 namespace {
+
+// Throws unless every tensor is defined and all are on one device.
+void CheckOneDevice(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    OP_CHECK(t->defined(), op, "got an undefined tensor");
+    if (first == nullptr) first = t;
+    OP_CHECK(t->device() == first->device(), op,
+             "tensors are on different devices: ", first->shape().ToString(), " on ",
+             first->device().ToString(), " and ", t->shape().ToString(), " on ",
+             t->device().ToString());
+  }
+}
+
+// The kernels of the data's device (the op layer checked that all share it).
+void SumDim(const Tensor& x, int64_t outer, int64_t reduce, int64_t inner, double scale,
+            bool accumulate, const Tensor& out) {
+  if (x.device().is_cuda()) return cuda::SumDim(x, outer, reduce, inner, scale, accumulate, out);
+  cpu::SumDim(x, outer, reduce, inner, scale, accumulate, out);
+}
+
+void MaxDim(const Tensor& x, int64_t outer, int64_t reduce, int64_t inner, const Tensor& values,
+            const Tensor& indices) {
+  if (x.device().is_cuda()) return cuda::MaxDim(x, outer, reduce, inner, values, indices);
+  cpu::MaxDim(x, outer, reduce, inner, values, indices);
+}
+
+void BroadcastDim(const Tensor& grad_out, int64_t outer, int64_t reduce, int64_t inner,
+                  double scale, const Tensor& grad_in) {
+  if (grad_in.device().is_cuda()) {
+    return cuda::BroadcastDim(grad_out, outer, reduce, inner, scale, grad_in);
+  }
+  cpu::BroadcastDim(grad_out, outer, reduce, inner, scale, grad_in);
+}
+
+void ScatterDim(const Tensor& grad_out, const Tensor& indices, int64_t outer, int64_t reduce,
+                int64_t inner, const Tensor& grad_in) {
+  if (grad_in.device().is_cuda()) {
+    return cuda::ScatterDim(grad_out, indices, outer, reduce, inner, grad_in);
+  }
+  cpu::ScatterDim(grad_out, indices, outer, reduce, inner, grad_in);
+}
 
 // x seen as (outer, reduce, inner) around one dimension.
 struct Blocks {
@@ -48,7 +93,7 @@ Shape ReducedShape(const Shape& shape, int d, bool keepdim) {
 }
 
 void CheckInput(const char* op, const Tensor& x) {
-  CheckCpu(op, {&x});
+  CheckOneDevice(op, {&x});
   CheckFloating(op, x);
 }
 
@@ -63,7 +108,7 @@ int CheckBackward(const char* op, const Tensor& grad_out, const Tensor* indices,
            " does not match the output shape ", expected.ToString(), " of reducing ",
            input_shape.ToString(), " over dim ", dim, keepdim ? " (keepdim)" : "");
   if (indices != nullptr) {
-    CheckCpu(op, {indices});
+    CheckOneDevice(op, {&grad_out, indices});
     OP_CHECK(indices->dtype() == Dtype::kI64 && indices->shape() == expected, op,
              "expected i64 indices of shape ", expected.ToString(), ", got ",
              Describe("indices", *indices));
@@ -75,9 +120,9 @@ Tensor SumOrMean(const char* op, const Tensor& x, int dim, bool keepdim, bool me
   CheckInput(op, x);
   const int d = NormalizeDim(op, x.shape(), dim);
   const Blocks b = BlocksAround(x.shape(), d);
-  Tensor out = Tensor::Empty(ReducedShape(x.shape(), d, keepdim), x.dtype());
+  Tensor out = Tensor::Empty(ReducedShape(x.shape(), d, keepdim), x.dtype(), x.device());
   const double scale = mean ? 1.0 / static_cast<double>(b.reduce) : 1.0;
-  cpu::SumDim(x.Contiguous(), b.outer, b.reduce, b.inner, scale, false, out);
+  SumDim(x.Contiguous(), b.outer, b.reduce, b.inner, scale, false, out);
   return out;
 }
 
@@ -129,11 +174,11 @@ void ReduceToShapeImpl(const Tensor& x, const Tensor& out, bool accumulate) {
       }
     }
     if (last) {
-      cpu::SumDim(cur, outer, reduce, inner, 1.0, accumulate, out);
+      SumDim(cur, outer, reduce, inner, 1.0, accumulate, out);
       return;
     }
-    Tensor next = Tensor::Empty({outer * inner}, Dtype::kF32);
-    cpu::SumDim(cur, outer, reduce, inner, 1.0, false, next);
+    Tensor next = Tensor::Empty({outer * inner}, Dtype::kF32, x.device());
+    SumDim(cur, outer, reduce, inner, 1.0, false, next);
     cur = next;
     groups[pick].first = 1;
     groups[pick].second = false;
@@ -157,8 +202,9 @@ MaxResult MaxWithIndices(const Tensor& x, int dim, bool keepdim) {
            Describe("x", x));
   const Blocks b = BlocksAround(x.shape(), d);
   const Shape shape = ReducedShape(x.shape(), d, keepdim);
-  MaxResult r{Tensor::Empty(shape, x.dtype()), Tensor::Empty(shape, Dtype::kI64)};
-  cpu::MaxDim(x.Contiguous(), b.outer, b.reduce, b.inner, r.values, r.indices);
+  MaxResult r{Tensor::Empty(shape, x.dtype(), x.device()),
+              Tensor::Empty(shape, Dtype::kI64, x.device())};
+  MaxDim(x.Contiguous(), b.outer, b.reduce, b.inner, r.values, r.indices);
   return r;
 }
 
@@ -169,17 +215,17 @@ Tensor Max(const Tensor& x, int dim, bool keepdim) {
 Tensor SumBackward(const Tensor& grad_out, const Shape& input_shape, int dim, bool keepdim) {
   const int d = CheckBackward("sum_backward", grad_out, nullptr, input_shape, dim, keepdim);
   const Blocks b = BlocksAround(input_shape, d);
-  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype());
-  cpu::BroadcastDim(grad_out.Contiguous(), b.outer, b.reduce, b.inner, 1.0, grad_in);
+  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype(), grad_out.device());
+  BroadcastDim(grad_out.Contiguous(), b.outer, b.reduce, b.inner, 1.0, grad_in);
   return grad_in;
 }
 
 Tensor MeanBackward(const Tensor& grad_out, const Shape& input_shape, int dim, bool keepdim) {
   const int d = CheckBackward("mean_backward", grad_out, nullptr, input_shape, dim, keepdim);
   const Blocks b = BlocksAround(input_shape, d);
-  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype());
-  cpu::BroadcastDim(grad_out.Contiguous(), b.outer, b.reduce, b.inner,
-                    1.0 / static_cast<double>(b.reduce), grad_in);
+  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype(), grad_out.device());
+  BroadcastDim(grad_out.Contiguous(), b.outer, b.reduce, b.inner,
+               1.0 / static_cast<double>(b.reduce), grad_in);
   return grad_in;
 }
 
@@ -187,30 +233,30 @@ Tensor MaxBackward(const Tensor& grad_out, const Tensor& indices, const Shape& i
                    bool keepdim) {
   const int d = CheckBackward("max_backward", grad_out, &indices, input_shape, dim, keepdim);
   const Blocks b = BlocksAround(input_shape, d);
-  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype());
-  cpu::ScatterDim(grad_out.Contiguous(), indices.Contiguous(), b.outer, b.reduce, b.inner, grad_in);
+  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype(), grad_out.device());
+  ScatterDim(grad_out.Contiguous(), indices.Contiguous(), b.outer, b.reduce, b.inner, grad_in);
   return grad_in;
 }
 
 Tensor SumAll(const Tensor& x) {
   CheckInput("sum", x);
-  Tensor out = Tensor::Empty({}, x.dtype());
-  cpu::SumDim(x.Contiguous(), 1, x.numel(), 1, 1.0, false, out);
+  Tensor out = Tensor::Empty({}, x.dtype(), x.device());
+  SumDim(x.Contiguous(), 1, x.numel(), 1, 1.0, false, out);
   return out;
 }
 
 Tensor MeanAll(const Tensor& x) {
   CheckInput("mean", x);
-  Tensor out = Tensor::Empty({}, x.dtype());
-  cpu::SumDim(x.Contiguous(), 1, x.numel(), 1, 1.0 / static_cast<double>(x.numel()), false, out);
+  Tensor out = Tensor::Empty({}, x.dtype(), x.device());
+  SumDim(x.Contiguous(), 1, x.numel(), 1, 1.0 / static_cast<double>(x.numel()), false, out);
   return out;
 }
 
 MaxResult MaxAllWithIndex(const Tensor& x) {
   CheckInput("max", x);
   OP_CHECK(x.numel() > 0, "max", "cannot take the max of an empty tensor ", Describe("x", x));
-  MaxResult r{Tensor::Empty({}, x.dtype()), Tensor::Empty({}, Dtype::kI64)};
-  cpu::MaxDim(x.Contiguous(), 1, x.numel(), 1, r.values, r.indices);
+  MaxResult r{Tensor::Empty({}, x.dtype(), x.device()), Tensor::Empty({}, Dtype::kI64, x.device())};
+  MaxDim(x.Contiguous(), 1, x.numel(), 1, r.values, r.indices);
   return r;
 }
 
@@ -222,8 +268,8 @@ Tensor AllBackward(const char* op, const Tensor& grad_out, const Shape& input_sh
   CheckInput(op, grad_out);
   OP_CHECK(grad_out.numel() == 1, op, "grad_out ", grad_out.shape().ToString(),
            " must have one element (the output of a reduction over all elements)");
-  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype());
-  cpu::BroadcastDim(grad_out.Contiguous(), 1, input_shape.numel(), 1, scale, grad_in);
+  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype(), grad_out.device());
+  BroadcastDim(grad_out.Contiguous(), 1, input_shape.numel(), 1, scale, grad_in);
   return grad_in;
 }
 
@@ -241,12 +287,12 @@ Tensor MeanAllBackward(const Tensor& grad_out, const Shape& input_shape) {
 Tensor MaxAllBackward(const Tensor& grad_out, const Tensor& index, const Shape& input_shape) {
   const char* op = "max_backward";
   CheckInput(op, grad_out);
-  CheckCpu(op, {&index});
+  CheckOneDevice(op, {&grad_out, &index});
   OP_CHECK(grad_out.numel() == 1 && index.numel() == 1 && index.dtype() == Dtype::kI64, op,
            "expected a one-element grad_out and i64 index, got ", Describe("grad_out", grad_out),
            " and ", Describe("index", index));
-  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype());
-  cpu::ScatterDim(grad_out.Contiguous(), index.Contiguous(), 1, input_shape.numel(), 1, grad_in);
+  Tensor grad_in = Tensor::Empty(input_shape, grad_out.dtype(), grad_out.device());
+  ScatterDim(grad_out.Contiguous(), index.Contiguous(), 1, input_shape.numel(), 1, grad_in);
   return grad_in;
 }
 
@@ -255,7 +301,7 @@ Tensor ReduceToShape(const Tensor& x, const Shape& shape) {
   CheckInput(op, x);
   CheckReducible(op, x.shape(), shape);
   if (x.shape() == shape) return x;
-  Tensor out = Tensor::Empty(shape, x.dtype());
+  Tensor out = Tensor::Empty(shape, x.dtype(), x.device());
   ReduceToShapeImpl(x.Contiguous(), out, /*accumulate=*/false);
   return out;
 }
@@ -264,6 +310,7 @@ void ReduceToShapeInto(const Tensor& x, const Tensor& out, bool accumulate) {
   const char* op = "reduce_to_shape";
   CheckInput(op, x);
   CheckInput(op, out);
+  CheckOneDevice(op, {&x, &out});
   OP_CHECK(out.is_contiguous(), op, "out ", out.shape().ToString(), " must be contiguous");
   OP_CHECK(out.dtype() == x.dtype() || out.dtype() == Dtype::kF32, op, "cannot sum ",
            Describe("x", x), " into ", Describe("out", out), ": out must have x's dtype or be f32");
@@ -273,6 +320,7 @@ void ReduceToShapeInto(const Tensor& x, const Tensor& out, bool accumulate) {
 
 double SumSquares(const Tensor& x) {
   CheckInput("sum_squares", x);
+  if (x.device().is_cuda()) return cuda::SumSquares(x.Contiguous());
   return cpu::SumSquares(x.Contiguous());
 }
 

@@ -1,0 +1,209 @@
+// CUDA embedding kernels: an id range check reported through a device flag, a
+// row gather in the widest aligned unit (up to 16 bytes), and a deterministic
+// backward: positions sorted by id with CUB's stable radix sort, then one
+// block per run of equal ids summing the run's gradient rows in position
+// order (one thread per column), so no two threads write the same element.
+#include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/embedding.h"
+
+namespace tensor {
+namespace cuda {
+namespace {
+
+constexpr unsigned long long kNoPosition = 0x7f7f7f7f7f7f7f7full;  // memset 0x7f
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+}
+__device__ __forceinline__ int64_t ThreadCount() { return int64_t{gridDim.x} * blockDim.x; }
+
+template <typename I>
+__global__ void FindBadIdKernel(const I* ids, int64_t n, int64_t vocab, unsigned long long* bad) {
+  for (int64_t p = GlobalThread(); p < n; p += ThreadCount()) {
+    const int64_t v = static_cast<int64_t>(ids[p]);
+    if (v < 0 || v >= vocab) atomicMin(bad, static_cast<unsigned long long>(p));
+  }
+}
+
+// out row n = weight row ids[n], copied in units of U (row_units per row).
+template <typename U, typename I>
+__global__ void GatherKernel(const U* weight, const I* ids, int64_t rows, int64_t row_units,
+                             U* out) {
+  const int64_t total = rows * row_units;
+  for (int64_t e = GlobalThread(); e < total; e += ThreadCount()) {
+    const int64_t n = e / row_units, u = e % row_units;
+    out[e] = weight[static_cast<int64_t>(ids[n]) * row_units + u];
+  }
+}
+
+// Sort input: key = id, value = position.
+template <typename I>
+__global__ void MakeKeysKernel(const I* ids, int64_t n, uint32_t* keys, int32_t* positions) {
+  for (int64_t p = GlobalThread(); p < n; p += ThreadCount()) {
+    keys[p] = static_cast<uint32_t>(ids[p]);
+    positions[p] = static_cast<int32_t>(p);
+  }
+}
+
+// Block per sorted index k (grid-stride): where k starts a run of equal ids v,
+// grad_weight row v = (its old value when accumulating, else 0) + the
+// grad_out rows of the run's positions, added in ascending position order.
+template <typename G, typename W>
+__global__ void ScatterAddKernel(const G* grad_out, const uint32_t* keys, const int32_t* positions,
+                                 int64_t n, int64_t c, bool accumulate, W* grad_weight) {
+  for (int64_t k = blockIdx.x; k < n; k += gridDim.x) {
+    const uint32_t v = keys[k];
+    if (k > 0 && keys[k - 1] == v) continue;  // not the start of a run (uniform per block)
+    W* dst = grad_weight + static_cast<int64_t>(v) * c;
+    for (int64_t col = threadIdx.x; col < c; col += blockDim.x) {
+      float acc = accumulate ? ToF(dst[col]) : 0.0f;
+      for (int64_t s = k; s < n && keys[s] == v; ++s) {
+        acc = __fadd_rn(acc, ToF(grad_out[static_cast<int64_t>(positions[s]) * c + col]));
+      }
+      dst[col] = FromF<W>(acc);
+    }
+  }
+}
+
+template <typename Fn>
+void DispatchIds(const Tensor& ids, const char* op, Fn&& fn) {
+  switch (ids.dtype()) {
+    case Dtype::kI32:
+      return fn(int32_t{});
+    case Dtype::kI64:
+      return fn(int64_t{});
+    default:
+      ThrowOpError(op, "index dtype ", DtypeName(ids.dtype()),
+                   " is not supported; expected i32 or i64");
+  }
+}
+
+template <typename U, typename I>
+void LaunchGather(const Tensor& weight, const I* ids, int64_t rows, int64_t row_bytes,
+                  const Tensor& out) {
+  const int64_t row_units = row_bytes / static_cast<int64_t>(sizeof(U));
+  GatherKernel<U, I><<<Blocks(rows * row_units), kThreads, 0, ComputeStream()>>>(
+      static_cast<const U*>(weight.raw_data()), ids, rows, row_units,
+      static_cast<U*>(out.raw_data()));
+}
+
+bool Aligned(const void* p, int64_t unit) { return reinterpret_cast<uintptr_t>(p) % unit == 0; }
+
+}  // namespace
+
+int64_t FindBadId(const char* op, const Tensor& ids, int64_t vocab, int64_t* bad_id) {
+  const int64_t n = ids.numel();
+  if (n == 0) return -1;
+  SetDevice(ids, op);
+  Tensor flag = Tensor::Empty({1}, Dtype::kI64, ids.device());
+  auto* bad = static_cast<unsigned long long*>(flag.raw_data());
+  CheckCuda(cudaMemsetAsync(bad, 0x7f, sizeof(*bad), ComputeStream()), op, "cudaMemsetAsync");
+  DispatchIds(ids, op, [&](auto zero) {
+    using I = decltype(zero);
+    FindBadIdKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<I>(ids), n, vocab, bad);
+  });
+  CheckLaunch(op);
+  unsigned long long first = kNoPosition;
+  CheckCuda(cudaMemcpyAsync(&first, bad, sizeof(first), cudaMemcpyDeviceToHost, ComputeStream()),
+            op, "cudaMemcpyAsync");
+  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "cudaStreamSynchronize");
+  if (first == kNoPosition) return -1;
+  const int64_t p = static_cast<int64_t>(first);
+  DispatchIds(ids, op, [&](auto zero) {
+    using I = decltype(zero);
+    I id = 0;
+    CheckCuda(
+        cudaMemcpyAsync(&id, Ptr<I>(ids) + p, sizeof(I), cudaMemcpyDeviceToHost, ComputeStream()),
+        op, "cudaMemcpyAsync");
+    CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "cudaStreamSynchronize");
+    *bad_id = static_cast<int64_t>(id);
+  });
+  return p;
+}
+
+void EmbeddingForward(const Tensor& weight, const Tensor& ids, const Tensor& out) {
+  const char* op = "embedding";
+  const int64_t rows = ids.numel();
+  const int64_t row_bytes = weight.dim(1) * weight.element_size();
+  if (rows == 0 || row_bytes == 0) return;
+  SetDevice(weight, op);
+  DispatchIds(ids, op, [&](auto zero) {
+    using I = decltype(zero);
+    const I* pid = Ptr<I>(ids);
+    // The widest unit that divides a row and aligns both tables.
+    int64_t unit = 16;
+    while (unit > 1 && (row_bytes % unit != 0 || !Aligned(weight.raw_data(), unit) ||
+                        !Aligned(out.raw_data(), unit))) {
+      unit /= 2;
+    }
+    switch (unit) {
+      case 16:
+        return LaunchGather<uint4>(weight, pid, rows, row_bytes, out);
+      case 8:
+        return LaunchGather<uint2>(weight, pid, rows, row_bytes, out);
+      case 4:
+        return LaunchGather<uint32_t>(weight, pid, rows, row_bytes, out);
+      case 2:
+        return LaunchGather<uint16_t>(weight, pid, rows, row_bytes, out);
+      default:
+        return LaunchGather<uint8_t>(weight, pid, rows, row_bytes, out);
+    }
+  });
+  CheckLaunch(op);
+}
+
+void EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight,
+                       bool accumulate) {
+  const char* op = "embedding_backward";
+  const int64_t vocab = grad_weight.dim(0);
+  const int64_t c = grad_weight.dim(1);
+  const int64_t n = ids.numel();
+  SetDevice(grad_weight, op);
+  if (!accumulate && grad_weight.numel() > 0) {
+    CheckCuda(cudaMemsetAsync(grad_weight.raw_data(), 0, grad_weight.nbytes(), ComputeStream()), op,
+              "cudaMemsetAsync");  // all-zero bits: +0 in every floating dtype
+  }
+  if (n == 0 || c == 0) return;
+  OP_CHECK(vocab <= (int64_t{1} << 31) && n < (int64_t{1} << 31), op,
+           "on CUDA the vocabulary and the number of ids must be below 2^31; got ", vocab, " and ",
+           n);
+  // Keys and positions, unsorted and sorted: one i32 buffer of 4 n.
+  Tensor buffers = Tensor::Empty({4 * n}, Dtype::kI32, grad_weight.device());
+  auto* keys_in = static_cast<uint32_t*>(buffers.raw_data());
+  uint32_t* keys_out = keys_in + n;
+  auto* pos_in = reinterpret_cast<int32_t*>(keys_in + 2 * n);
+  int32_t* pos_out = pos_in + n;
+  DispatchIds(ids, op, [&](auto zero) {
+    using I = decltype(zero);
+    MakeKeysKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<I>(ids), n, keys_in, pos_in);
+  });
+  CheckLaunch(op);
+  int end_bit = 1;  // bits of the largest id, vocab - 1
+  while (end_bit < 32 && (int64_t{1} << end_bit) < vocab) ++end_bit;
+  size_t temp_bytes = 0;
+  CheckCuda(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out,
+                                            static_cast<int>(n), 0, end_bit, ComputeStream()),
+            op, "cub::DeviceRadixSort::SortPairs (size query)");
+  Tensor temp = Tensor::Empty({static_cast<int64_t>(temp_bytes)}, Dtype::kU8, grad_weight.device());
+  CheckCuda(
+      cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, keys_in, keys_out, pos_in,
+                                      pos_out, static_cast<int>(n), 0, end_bit, ComputeStream()),
+      op, "cub::DeviceRadixSort::SortPairs");
+  const int threads = c >= 256 ? 256 : static_cast<int>((c + 31) / 32 * 32);
+  const unsigned blocks = static_cast<unsigned>(n < 65535 * 32 ? n : 65535 * 32);
+  DispatchFloat(grad_out.dtype(), op, [&](auto g_zero) {
+    using G = decltype(g_zero);
+    DispatchFloat(grad_weight.dtype(), op, [&](auto w_zero) {
+      using W = decltype(w_zero);
+      ScatterAddKernel<<<blocks, threads, 0, ComputeStream()>>>(
+          Ptr<G>(grad_out), keys_out, pos_out, n, c, accumulate, Ptr<W>(grad_weight));
+    });
+  });
+  CheckLaunch(op);
+}
+
+}  // namespace cuda
+}  // namespace tensor

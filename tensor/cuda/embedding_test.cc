@@ -1,0 +1,128 @@
+// Embedding on the GPU against the CPU: the gather (any dtype, i32 / i64 ids)
+// and the backward, both bit for bit (the GPU sums each row in the CPU's
+// position order), accumulation into f32, out-of-range ids, determinism.
+#include "tensor/ops/embedding.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+using cuda::testing::FloatDtypes;
+using cuda::testing::MatchesCpu;
+using cuda::testing::ToCpu;
+using cuda::testing::ToGpu;
+using cuda::testing::Tolerance;
+using testing::RandomTensor;
+
+constexpr Tolerance kExact{0.0, 0.0};
+
+Tensor Ids(const std::vector<int64_t>& v, const Shape& shape, Dtype dtype) {
+  return Tensor::FromData<int64_t>(v, shape).To(dtype);
+}
+
+// n ids in [0, hi) (many repeats when hi is small).
+Tensor RandomIds(const Shape& shape, uint64_t seed, float hi, Dtype dtype = Dtype::kI64) {
+  return RandomTensor(shape, seed, 0.0f, hi).To(dtype);
+}
+
+TEST(CudaEmbeddingTest, GatherEveryDtypeBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype id_dtype : {Dtype::kI32, Dtype::kI64}) {
+    const Tensor ids = RandomIds({4, 33}, 1, 50.0f, id_dtype);
+    // Row widths: 16-byte units (768 f32), 8-byte (2 f32), 2-byte (3 bf16).
+    for (int64_t c : {768, 2, 3, 37}) {
+      for (Dtype d : FloatDtypes()) {
+        const Tensor w = RandomTensor({50, c}, 2, -1.0f, 1.0f, d);
+        EXPECT_TRUE(MatchesCpu(Embedding(ToGpu(w), ToGpu(ids)), Embedding(w, ids), kExact))
+            << DtypeName(d) << " C=" << c;
+      }
+    }
+  }
+  // A strided (transposed) id tensor and a u8 table.
+  const Tensor ids = RandomIds({6, 5}, 3, 10.0f);
+  const Tensor w = RandomTensor({10, 7}, 4, 0.0f, 200.0f).To(Dtype::kU8);
+  EXPECT_TRUE(MatchesCpu(Embedding(ToGpu(w), ToGpu(ids).Transpose(0, 1)),
+                         Embedding(w, ids.Transpose(0, 1)), kExact));
+}
+
+TEST(CudaEmbeddingTest, BackwardBitForBitWithRepeatedIds) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : FloatDtypes()) {
+    for (int64_t vocab : {1, 7, 1000, 50257}) {
+      const Tensor ids = RandomIds({2, 2048}, 5, std::min<float>(vocab, 60.0f));
+      const Tensor g = RandomTensor({2, 2048, 96}, 6, -1.0f, 1.0f, d);
+      EXPECT_TRUE(MatchesCpu(EmbeddingBackward(ToGpu(g), ToGpu(ids), vocab),
+                             EmbeddingBackward(g, ids, vocab), kExact))
+          << DtypeName(d) << " V=" << vocab;
+    }
+  }
+}
+
+TEST(CudaEmbeddingTest, AccumulateIntoF32BitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : FloatDtypes()) {
+    const Tensor ids = RandomIds({513}, 7, 40.0f, Dtype::kI32);
+    const Tensor g = RandomTensor({513, 65}, 8, -1.0f, 1.0f, d);
+    const Tensor gw0 = RandomTensor({100, 65}, 9);
+    Tensor gw_cpu = gw0.Clone();
+    Tensor gw_gpu = ToGpu(gw0);
+    for (int i = 0; i < 2; ++i) {
+      EmbeddingBackwardAccumulate(g, ids, gw_cpu);
+      EmbeddingBackwardAccumulate(ToGpu(g), ToGpu(ids), gw_gpu);
+    }
+    EXPECT_TRUE(MatchesCpu(gw_gpu, gw_cpu, kExact)) << DtypeName(d);
+  }
+}
+
+TEST(CudaEmbeddingTest, BackwardIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const Tensor ids = ToGpu(RandomIds({16384}, 10, 5.0f));  // heavy repeats
+  const Tensor g = ToGpu(RandomTensor({16384, 256}, 11));
+  const std::vector<float> a = ToCpu(EmbeddingBackward(g, ids, 5)).ToVector<float>();
+  const std::vector<float> b = ToCpu(EmbeddingBackward(g, ids, 5)).ToVector<float>();
+  EXPECT_EQ(a, b);
+}
+
+TEST(CudaEmbeddingTest, EmptyIds) {
+  SKIP_WITHOUT_GPU();
+  const Tensor ids = Tensor::Empty({0}, Dtype::kI64);
+  const Tensor w = RandomTensor({4, 3}, 12);
+  EXPECT_EQ(Embedding(ToGpu(w), ToGpu(ids)).shape(), Shape({0, 3}));
+  EXPECT_TRUE(MatchesCpu(EmbeddingBackward(ToGpu(Tensor::Empty({0, 3})), ToGpu(ids), 4),
+                         EmbeddingBackward(Tensor::Empty({0, 3}), ids, 4), kExact));  // zeros
+}
+
+TEST(CudaEmbeddingTest, OutOfRangeIdsAreReportedAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Tensor w = Tensor::Zeros({5, 3});
+  for (Dtype id_dtype : {Dtype::kI32, Dtype::kI64}) {
+    // Two bad ids: the first position is named.
+    const Tensor ids = Ids({1, 2, 7, -1}, {2, 2}, id_dtype);
+    try {
+      Embedding(ToGpu(w), ToGpu(ids));
+      FAIL() << "expected OpError";
+    } catch (const OpError& e) {
+      EXPECT_STREQ(e.what(),
+                   "[embedding] id 7 at position [1,0] of ids (2,2) is out of range for 5 "
+                   "embeddings (weight (5,3) f32)");
+    }
+  }
+  try {
+    EmbeddingBackward(ToGpu(Tensor::Zeros({2, 4})), ToGpu(Ids({0, -3}, {2}, Dtype::kI32)), 5);
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("[embedding_backward] id -3 at position [1]"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(Embedding(ToGpu(w), Ids({0}, {1}, Dtype::kI64)), OpError);  // devices differ
+  EXPECT_THROW(Embedding(ToGpu(w), ToGpu(Tensor::Zeros({2}))), OpError);   // f32 ids
+}
+
+}  // namespace
+}  // namespace tensor
