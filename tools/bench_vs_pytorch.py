@@ -10,6 +10,15 @@ absolute figures. Steps after the warm-up ones are timed.
 
   ./bazelw build //models/mingpt:train
   /usr/bin/python3 tools/bench_vs_pytorch.py [--steps 8] [--json_out result.json]
+
+On a GPU (the issue's GPU setting: gpt2 124M, bf16 mixed precision, batch
+16 x 1024, AdamW): PyTorch eager on cuda with torch.autocast(bf16) against our
+train binary with --device=cuda:0 --precision=bf16 (built with --config=cuda
+and carried with tools/gpu_bundle.sh), with model FLOPs utilization (MFU:
+6 N + 12 L C T FLOPs per token, as PaLM / llm.c count, over --peak_tflops):
+
+  python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 --seq_len 1024 \
+      --batch_size 16 --optimizer adamw --train_cmd "gpu_bundle/run.sh gpu_bundle/bin/train"
 """
 
 import argparse
@@ -21,12 +30,27 @@ import sys
 import tempfile
 import time
 
+import shlex
+
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mingpt_reference  # noqa: E402  (the same minGPT as the parity fixture)
 
-PRESETS = {"gopher-44m": (8, 16, 512), "gpt-mini": (6, 6, 192), "gpt-micro": (4, 4, 128)}
+PRESETS = {"gopher-44m": (8, 16, 512), "gpt-mini": (6, 6, 192), "gpt-micro": (4, 4, 128),
+           "gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}
+
+
+def flops_per_token(args):
+    """6 N (forward + backward of every weight) + 12 L C T (attention scores and values)."""
+    n_layer, _, c = PRESETS[args.preset]
+    n = 12 * n_layer * c * c + 13 * n_layer * c + 2 * args.vocab_size * c + args.seq_len * c + 2 * c
+    return 6 * n + 12 * n_layer * c * args.seq_len
+
+
+def sync(args):
+    if args.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def torch_tokens_per_s(args, autocast_bf16=False):
@@ -39,22 +63,28 @@ def torch_tokens_per_s(args, autocast_bf16=False):
     Config.vocab_size, Config.block_size = args.vocab_size, args.seq_len
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
-    model = mingpt_reference.GPT(Config)
+    model = mingpt_reference.GPT(Config).to(args.device)
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     times = []
     for step in range(args.warmup + args.steps):
-        idx = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len))
-        targets = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len))
+        idx = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), device=args.device)
+        targets = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len),
+                                device=args.device)
+        sync(args)
         start = time.perf_counter()
         if autocast_bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(args.device, dtype=torch.bfloat16):
                 _, loss = model(idx, targets)
         else:
             _, loss = model(idx, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sync(args)
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             times.append(elapsed)
@@ -64,9 +94,10 @@ def torch_tokens_per_s(args, autocast_bf16=False):
 def ours_tokens_per_s(args, precision):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.jsonl")
-        cmd = [args.train_binary, f"--preset={args.preset}", "--data=random",
+        cmd = shlex.split(args.train_cmd) if args.train_cmd else [args.train_binary]
+        cmd += [f"--preset={args.preset}", "--data=random", f"--device={args.device}",
                f"--vocab_size={args.vocab_size}", f"--seq_len={args.seq_len}",
-               f"--batch_size={args.batch_size}", "--optimizer=sgd", "--momentum=0.9",
+               f"--batch_size={args.batch_size}", f"--optimizer={args.optimizer}", "--momentum=0.9",
                "--weight_decay=0", "--grad_clip=0", "--dropout=0", f"--lr={args.lr}",
                f"--precision={precision}", f"--steps={args.warmup + args.steps}",
                f"--metrics_out={metrics}", "--log_every=1000"]
@@ -87,23 +118,38 @@ def main():
     p.add_argument("--steps", type=int, default=8, help="timed steps (median)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--train_binary", default="bazel-bin/models/mingpt/train")
+    p.add_argument("--train_cmd", default="",
+                   help="command that runs our train binary (e.g. through gpu_bundle/run.sh)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    p.add_argument("--peak_tflops", type=float, default=989.5,
+                   help="dense bf16 peak of the GPU for MFU (H100/H200 SXM: 989.5)")
     p.add_argument("--torch_bf16", action="store_true", help="also time torch.autocast bf16")
     p.add_argument("--json_out", default="")
     args = p.parse_args()
-    if not os.path.exists(args.train_binary):
+    if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
 
     results = {}
-    results["pytorch_fp32"] = torch_tokens_per_s(args)
-    if args.torch_bf16:
+    if args.device == "cuda":
+        # The issue's GPU comparison: bf16 on both sides.
         results["pytorch_autocast_bf16"] = torch_tokens_per_s(args, autocast_bf16=True)
-    results["ours_fp32"] = ours_tokens_per_s(args, "fp32")
-    results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
-
-    base = results["pytorch_fp32"][0]
+        results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
+        base = results["pytorch_autocast_bf16"][0]
+        print(f"device {torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16")
+        for name, (tps, _) in results.items():
+            mfu = tps * flops_per_token(args) / (args.peak_tflops * 1e12)
+            print(f"{name:24s} MFU {100 * mfu:5.1f}%")
+    else:
+        results["pytorch_fp32"] = torch_tokens_per_s(args)
+        if args.torch_bf16:
+            results["pytorch_autocast_bf16"] = torch_tokens_per_s(args, autocast_bf16=True)
+        results["ours_fp32"] = ours_tokens_per_s(args, "fp32")
+        results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
+        base = results["pytorch_fp32"][0]
     print(f"{args.preset}, vocab {args.vocab_size}, block {args.seq_len}, batch {args.batch_size}, "
           f"SGD, {os.cpu_count()} cores, torch {torch.__version__}, median of {args.steps} steps")
-    print(f"{'run':24s} {'s/step':>8s} {'tokens/s':>10s} {'vs PyTorch fp32':>16s}")
+    print(f"{'run':24s} {'s/step':>8s} {'tokens/s':>10s} {'vs PyTorch':>16s}")
     for name, (tps, sec) in results.items():
         print(f"{name:24s} {sec:8.3f} {tps:10.1f} {tps / base:15.2f}x")
     if args.json_out:

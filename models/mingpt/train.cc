@@ -65,6 +65,7 @@
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
 #include "precision/policy.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/thread_pool.h"
 
@@ -85,6 +86,8 @@ ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(double, weight_decay, 0.1, "weight decay (Linear weights only, as minGPT)");
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (mixed: fp32 masters and grads)");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu or cuda[:N] (one process; needs a --config=cuda build and a GPU)");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the weights, dropout and data");
 ABSL_FLAG(std::string, data, "shipped",
           "shipped (the text in models/data/text), random (uniform tokens), a .txt file "
@@ -253,7 +256,25 @@ absl::Status Train() {
   absl::StatusOr<precision::MixedPrecisionPolicy> policy =
       precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
   if (!policy.ok()) return policy.status();
-  valid = policy->Validate(tensor::Device::Cpu());
+  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
+  if (device->is_cuda()) {
+    if (!tensor::cuda::Built()) {
+      return absl::InvalidArgumentError(
+          "--device=" + absl::GetFlag(FLAGS_device) +
+          ": this binary was built without CUDA; rebuild with --config=cuda");
+    }
+    if (device->index >= tensor::cuda::DeviceCount()) {
+      return absl::InvalidArgumentError(absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
+                                                     ": ", tensor::cuda::DeviceCount(),
+                                                     " CUDA devices are visible"));
+    }
+    if (!absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty()) {
+      return absl::InvalidArgumentError(
+          "--checkpoint_dir/--resume with --device=cuda are not supported yet");
+    }
+  }
+  valid = policy->Validate(*device);
   if (!valid.ok()) return valid;
   if (policy->NeedsLossScaling()) {
     return absl::InvalidArgumentError("fp16 training is not supported on the CPU; use bf16");
@@ -273,6 +294,11 @@ absl::Status Train() {
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
   if (train::WantsDataParallel(dp_flags)) {
+    if (device->is_cuda()) {
+      return absl::InvalidArgumentError(
+          "--device=cuda with data parallelism is not supported yet (it needs the nccl engine "
+          "in the train binaries); train one process on the GPU");
+    }
     DpSetup setup;
     absl::StatusOr<train::DataParallelConfig> dp =
         train::ConfigureDataParallel(dp_flags, {"Block"});
@@ -289,7 +315,7 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   GPT model(*config);
-  model.Materialize(seed);
+  model.Materialize(seed, *device);
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
@@ -339,6 +365,10 @@ absl::Status Train() {
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();                 // inputs, targets (B, T)
+    if (device->is_cuda()) {
+      batch.inputs = batch.inputs.To(*device);
+      batch.targets = batch.targets.To(*device);
+    }
     nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
