@@ -1,10 +1,11 @@
-// Norm ops: argument checks, f32 parameters, then the CPU kernels in
-// tensor/cpu/norm.h.
+// Norm ops: argument checks, then the CUDA kernels (tensor/cuda/norm.h) for
+// tensors on a GPU, or f32 parameters and the CPU kernels (tensor/cpu/norm.h).
 #include "tensor/ops/norm.h"
 
 #include <cmath>
 
 #include "tensor/cpu/norm.h"
+#include "tensor/cuda/norm.h"
 #include "tensor/ops/check.h"
 
 namespace tensor {
@@ -15,8 +16,18 @@ Shape RowsShape(const Tensor& x) {
   return Shape(absl::MakeConstSpan(x.shape().dims()).subspan(0, x.rank() - 1));
 }
 
+// t is defined and on x's device (x on the CPU: t on the CPU too).
+void CheckDevice(const char* op, const Tensor& t, const Tensor& x) {
+  if (!x.device().is_cuda()) return CheckCpu(op, {&t});
+  OP_CHECK(t.defined(), op, "got an undefined tensor");
+  OP_CHECK(t.device() == x.device(), op, "tensor ", t.shape().ToString(), " is on ",
+           t.device().ToString(), " but x ", x.shape().ToString(), " is on ",
+           x.device().ToString());
+}
+
 void CheckInput(const char* op, const Tensor& x, float eps) {
-  CheckCpu(op, {&x});
+  OP_CHECK(x.defined(), op, "got an undefined tensor");
+  CheckDevice(op, x, x);
   CheckFloating(op, x);
   OP_CHECK(x.rank() >= 1 && x.dim(-1) > 0, op,
            "x needs a non-empty last dimension to normalize over; got ", Describe("x", x));
@@ -26,7 +37,7 @@ void CheckInput(const char* op, const Tensor& x, float eps) {
 // weight or bias: undefined, or (C) in f32 or x's dtype.
 void CheckParam(const char* op, const char* name, const Tensor& p, const Tensor& x) {
   if (!p.defined()) return;
-  CheckCpu(op, {&p});
+  CheckDevice(op, p, x);
   OP_CHECK(p.rank() == 1 && p.dim(0) == x.dim(-1), op, name, " ", p.shape().ToString(),
            " does not match the last dimension of x ", x.shape().ToString());
   OP_CHECK(p.dtype() == Dtype::kF32 || p.dtype() == x.dtype(), op, name, " dtype ",
@@ -36,11 +47,15 @@ void CheckParam(const char* op, const char* name, const Tensor& p, const Tensor&
 
 // Saved statistics: (rows of x) f32.
 void CheckStat(const char* op, const char* name, const Tensor& s, const Tensor& x) {
-  CheckCpu(op, {&s});
+  CheckDevice(op, s, x);
   const Shape rows = RowsShape(x);
   OP_CHECK(s.shape() == rows && s.dtype() == Dtype::kF32, op, Describe(name, s),
            " does not match x ", x.shape().ToString(), ": expected ", rows.ToString(), " f32");
 }
+
+// Undefined stays undefined (the CUDA kernels read parameters in their own
+// dtype and treat absent ones as 1 / 0).
+Tensor ContiguousOrUndefined(const Tensor& p) { return p.defined() ? p.Contiguous() : p; }
 
 // p as a contiguous f32 (C) tensor, or `fill` when undefined.
 Tensor ParamF32(const Tensor& p, int64_t c, double fill) {
@@ -61,9 +76,14 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
   }
   const int64_t c = x.dim(-1);
   LayerNormResult out;
-  out.y = Tensor::Empty(x.shape(), x.dtype());
-  out.mean = Tensor::Empty(RowsShape(x));
-  out.rstd = Tensor::Empty(RowsShape(x));
+  out.y = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  out.mean = Tensor::Empty(RowsShape(x), Dtype::kF32, x.device());
+  out.rstd = Tensor::Empty(RowsShape(x), Dtype::kF32, x.device());
+  if (x.device().is_cuda()) {
+    cuda::LayerNormForward(x.Contiguous(), ContiguousOrUndefined(weight),
+                           ContiguousOrUndefined(bias), eps, out.y, out.mean, out.rstd);
+    return out;
+  }
   cpu::LayerNormForward(x.Contiguous(), ParamF32(weight, c, 1.0), ParamF32(bias, c, 0.0), eps,
                         out.y, out.mean, out.rstd);
   return out;
@@ -73,13 +93,24 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
                                  const Tensor& mean, const Tensor& rstd) {
   const char* op = "layer_norm_backward";
   CheckInput(op, x, 0.0f);
-  CheckCpu(op, {&grad_y});
+  CheckDevice(op, grad_y, x);
   CheckSameShape(op, grad_y, x);
   CheckSameDtype(op, grad_y, x);
   CheckParam(op, "weight", weight, x);
   CheckStat(op, "mean", mean, x);
   CheckStat(op, "rstd", rstd, x);
   const int64_t c = x.dim(-1);
+  if (x.device().is_cuda()) {
+    const Dtype param_dtype = weight.defined() ? weight.dtype() : Dtype::kF32;
+    LayerNormGrads out;
+    out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
+    if (weight.defined()) out.grad_weight = Tensor::Empty({c}, param_dtype, x.device());
+    out.grad_bias = Tensor::Empty({c}, param_dtype, x.device());
+    cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
+                            mean.Contiguous(), rstd.Contiguous(), out.grad_x, out.grad_weight,
+                            out.grad_bias);
+    return out;
+  }
   const Tensor grad_w32 = Tensor::Empty({c});
   const Tensor grad_b32 = Tensor::Empty({c});
   LayerNormGrads out;
@@ -100,8 +131,12 @@ RmsNormResult RmsNorm(const Tensor& x, const Tensor& weight, float eps) {
   CheckInput(op, x, eps);
   CheckParam(op, "weight", weight, x);
   RmsNormResult out;
-  out.y = Tensor::Empty(x.shape(), x.dtype());
-  out.rstd = Tensor::Empty(RowsShape(x));
+  out.y = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  out.rstd = Tensor::Empty(RowsShape(x), Dtype::kF32, x.device());
+  if (x.device().is_cuda()) {
+    cuda::RmsNormForward(x.Contiguous(), ContiguousOrUndefined(weight), eps, out.y, out.rstd);
+    return out;
+  }
   cpu::RmsNormForward(x.Contiguous(), ParamF32(weight, x.dim(-1), 1.0), eps, out.y, out.rstd);
   return out;
 }
@@ -110,12 +145,20 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
                              const Tensor& rstd) {
   const char* op = "rms_norm_backward";
   CheckInput(op, x, 0.0f);
-  CheckCpu(op, {&grad_y});
+  CheckDevice(op, grad_y, x);
   CheckSameShape(op, grad_y, x);
   CheckSameDtype(op, grad_y, x);
   CheckParam(op, "weight", weight, x);
   CheckStat(op, "rstd", rstd, x);
   const int64_t c = x.dim(-1);
+  if (x.device().is_cuda()) {
+    RmsNormGrads out;
+    out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
+    if (weight.defined()) out.grad_weight = Tensor::Empty({c}, weight.dtype(), x.device());
+    cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
+                          rstd.Contiguous(), out.grad_x, out.grad_weight);
+    return out;
+  }
   const Tensor grad_w32 = Tensor::Empty({c});
   RmsNormGrads out;
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());

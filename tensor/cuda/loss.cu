@@ -1,0 +1,402 @@
+// CUDA kernels: cross-entropy fused with log-softmax (the language-model head's
+// loss, V = 50257 for GPT-2).
+//
+// Three launches on the compute stream, then one read-back:
+// 1. TargetStatsKernel (one block): counts the targets that are not
+//    ignore_index, finds the first out-of-range one, and computes the gradient
+//    scale grad_loss / count on the device (no host round trip before the
+//    gradient is written).
+// 2. CrossEntropyRowsKernel: one block per row (grid-stride over rows). The
+//    forward reads the row once for an online max / sum of exponentials; the
+//    backward writes (softmax - onehot) * scale in a second pass (llm.c's
+//    fused classifier; in place over the logits for the fused op). Rows of
+//    odd length are not 16-byte aligned, so each row is a scalar head up to
+//    the first aligned element, 16-byte vectors, and a scalar tail.
+// 3. LossSumKernel (one block): the per-row losses added in double in a fixed
+//    order (deterministic), loss = total / count written on the device.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/loss.h"
+
+namespace tensor {
+namespace cuda {
+namespace {
+
+// ---- Row helpers (as in norm.cu and softmax.cu) ----
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxRowThreads = 1024;            // the row kernel's __launch_bounds__
+constexpr int64_t kMaxGrid = int64_t{1} << 20;  // row loops stride past this many blocks
+
+// N elements of T loaded or stored as one access (16 bytes at most).
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
+  T v[N];
+};
+
+template <int N, typename T>
+__device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
+  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = ToF(pk.v[k]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void StoreF(T* p, const float (&in)[N]) {
+  Pack<T, N> pk;
+#pragma unroll
+  for (int k = 0; k < N; ++k) pk.v[k] = FromF<T>(in[k]);
+  *reinterpret_cast<Pack<T, N>*>(p) = pk;
+}
+
+// ---- Online max / sum of exponentials (as in softmax.cu) ----
+
+// The running max m of a set of values and s = sum(exp(v - m)) over it.
+struct MaxSum {
+  float m;
+  float s;
+};
+
+__device__ __forceinline__ void Add(MaxSum& a, float v) {
+  if (v > a.m) {
+    a.s = a.s * expf(a.m - v) + 1.0f;  // a.m = -inf: a.s = 0 * 0 + 1
+    a.m = v;
+  } else if (v != -INFINITY) {  // -inf adds exp(-inf) = 0 (and would make NaN against m = -inf)
+    a.s += expf(v - a.m);
+  }
+}
+
+// Symmetric in a and b, bit for bit (the products are rounded on their own, not
+// fused into an FMA), so every lane of a butterfly gets the same result.
+__device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, __fmul_rn(a.s, expf(a.m - m)) + __fmul_rn(b.s, expf(b.m - m))};
+}
+
+__device__ __forceinline__ MaxSum WarpMaxSum(MaxSum a) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const MaxSum b{__shfl_xor_sync(kFullMask, a.m, o), __shfl_xor_sync(kFullMask, a.s, o)};
+    a = Combine(a, b);
+  }
+  return a;
+}
+
+// Over the block; every thread gets the same result. smem holds 2 * 32 floats.
+__device__ __forceinline__ MaxSum BlockMaxSum(MaxSum a, float* smem) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  a = WarpMaxSum(a);
+  __syncthreads();  // an earlier call's readers are done with smem
+  if (lane == 0) {
+    smem[warp] = a.m;
+    smem[kWarp + warp] = a.s;
+  }
+  __syncthreads();
+  const bool live = lane < blockDim.x / kWarp;
+  a = {live ? smem[lane] : -INFINITY, live ? smem[kWarp + lane] : 0.0f};
+  return WarpMaxSum(a);
+}
+
+// ---- Rows that are not 16-byte aligned ----
+
+// Elements before the first 16-byte aligned one of p[0, n) (0 for N == 1).
+template <int N, typename T>
+__device__ __forceinline__ int64_t AlignedHead(const T* p, int64_t n) {
+  if constexpr (N == 1) return 0;
+  const int64_t off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % 16 / sizeof(T));
+  const int64_t head = off == 0 ? 0 : N - off;
+  return head < n ? head : n;
+}
+
+// Calls f(i, row[i] as float) for the elements of row[0, n) this thread owns:
+// a scalar head, N-wide vectors, a scalar tail; the block covers the row.
+template <int N, typename T, typename F>
+__device__ __forceinline__ void ForEachInRow(const T* row, int64_t n, F&& f) {
+  const int64_t head = AlignedHead<N>(row, n);
+  const int64_t body_end = head + (n - head) / N * N;
+  for (int64_t i = threadIdx.x; i < head; i += blockDim.x) f(i, ToF(row[i]));
+  for (int64_t i = head + int64_t{threadIdx.x} * N; i < body_end; i += int64_t{blockDim.x} * N) {
+    float v[N];
+    LoadF<N>(row + i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) f(i + k, v[k]);
+  }
+  for (int64_t i = body_end + threadIdx.x; i < n; i += blockDim.x) f(i, ToF(row[i]));
+}
+
+// out[i] = f(i, row[i] as float) (or f(i, 0) without kRead) for i in [0, n).
+// out may be row; out and row lie at the same address modulo 16 (or N == 1).
+template <bool kRead, int N, typename T, typename F>
+__device__ __forceinline__ void MapRow(const T* row, T* out, int64_t n, F&& f) {
+  const int64_t head = AlignedHead<N>(out, n);
+  const int64_t body_end = head + (n - head) / N * N;
+  for (int64_t i = threadIdx.x; i < head; i += blockDim.x) {
+    out[i] = FromF<T>(f(i, kRead ? ToF(row[i]) : 0.0f));
+  }
+  for (int64_t i = head + int64_t{threadIdx.x} * N; i < body_end; i += int64_t{blockDim.x} * N) {
+    float v[N];
+    if constexpr (kRead) {
+      LoadF<N>(row + i, v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = f(i + k, v[k]);
+    StoreF<N>(out + i, v);
+  }
+  for (int64_t i = body_end + threadIdx.x; i < n; i += blockDim.x) {
+    out[i] = FromF<T>(f(i, kRead ? ToF(row[i]) : 0.0f));
+  }
+}
+
+// ---- Cross-entropy kernels ----
+
+// Device-side results, read back once at the end (kStatsWords 8-byte words).
+struct Stats {
+  double total;
+  long long count;
+  long long first_bad;  // -1: every target valid
+  long long bad_value;
+  float grad_scale;  // grad_loss / count, 0 when count is 0
+  float unused;
+};
+constexpr int64_t kStatsWords = sizeof(Stats) / 8;
+static_assert(sizeof(Stats) % 8 == 0, "Stats is allocated as 8-byte words");
+
+constexpr int kStatThreads = 1024;  // the single-block kernels
+
+enum Mode { kForward = 1, kBackward = 2, kBoth = 3 };
+
+// One block: count, first out-of-range target, gradient scale.
+template <typename I>
+__global__ void __launch_bounds__(kStatThreads)
+    TargetStatsKernel(const I* __restrict__ targets, int64_t rows, int64_t v, int64_t ignore_index,
+                      float grad_loss, Stats* stats) {
+  __shared__ long long s_count[kWarp], s_bad[kWarp];
+  long long count = 0, bad = LLONG_MAX;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= v) {
+      bad = r < bad ? r : bad;
+    } else {
+      ++count;
+    }
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    count += __shfl_xor_sync(kFullMask, count, o);
+    const long long other = __shfl_xor_sync(kFullMask, bad, o);
+    bad = other < bad ? other : bad;
+  }
+  if (lane == 0) {
+    s_count[warp] = count;
+    s_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long total_count = 0, first_bad = LLONG_MAX;
+    for (int w = 0; w < blockDim.x / kWarp; ++w) {
+      total_count += s_count[w];
+      first_bad = s_bad[w] < first_bad ? s_bad[w] : first_bad;
+    }
+    stats->total = 0.0;
+    stats->count = total_count;
+    stats->first_bad = first_bad == LLONG_MAX ? -1 : first_bad;
+    stats->bad_value = first_bad == LLONG_MAX ? 0 : static_cast<long long>(targets[first_bad]);
+    stats->grad_scale =
+        total_count == 0 ? 0.0f : static_cast<float>(static_cast<double>(grad_loss) / total_count);
+    stats->unused = 0.0f;
+  }
+}
+
+// One block per row. kForward: lse[r] and row_loss[r] = (max - x_t) + log(sum)
+// (the CPU's formula: keeps the precision max + log(sum) would round away).
+// kBackward: grad[r] = exp((x - shift) - log_sum) * scale, minus scale at the
+// target, with (shift, log_sum) = (max, log(sum)) or (lse[r], 0).
+template <int kMode, int N, typename T, typename I>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    CrossEntropyRowsKernel(const T* logits, const I* __restrict__ targets, int64_t ignore_index,
+                           float* __restrict__ lse, const Stats* __restrict__ stats, T* grad,
+                           double* __restrict__ row_loss, int64_t rows, int64_t v) {
+  constexpr bool kFwd = (kMode & kForward) != 0;
+  constexpr bool kBwd = (kMode & kBackward) != 0;
+  __shared__ float smem[2 * kWarp];
+  float gs = 0.0f;
+  if constexpr (kBwd) {
+    if (stats->first_bad >= 0) return;  // the op throws; leave the outputs alone
+    gs = stats->grad_scale;
+  }
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t t = static_cast<int64_t>(targets[r]);  // the same in the whole block
+    const T* xr = logits + r * v;                        // (V)
+    if (t == ignore_index || t < 0 || t >= v) {  // out of range: forward only, the op throws
+      if constexpr (kFwd) {
+        if (threadIdx.x == 0) {
+          lse[r] = 0.0f;
+          row_loss[r] = 0.0;
+        }
+      }
+      if constexpr (kBwd)
+        MapRow<false, N>(xr, grad + r * v, v, [](int64_t, float) { return 0.0f; });
+      continue;
+    }
+    float shift, log_sum;
+    if constexpr (kFwd) {
+      // Read before the reduction: in place, the row is overwritten after it.
+      const float x_target = threadIdx.x == 0 ? ToF(xr[t]) : 0.0f;
+      MaxSum ms{-INFINITY, 0.0f};
+      ForEachInRow<N>(xr, v, [&](int64_t, float x) { Add(ms, x); });
+      ms = BlockMaxSum(ms, smem);
+      shift = ms.m;
+      log_sum = logf(ms.s);
+      if (threadIdx.x == 0) {
+        lse[r] = shift + log_sum;
+        row_loss[r] = static_cast<double>(shift - x_target) + static_cast<double>(log_sum);
+      }
+    } else {
+      shift = lse[r];
+      log_sum = 0.0f;
+    }
+    if constexpr (kBwd) {
+      MapRow<true, N>(xr, grad + r * v, v, [&](int64_t i, float x) {
+        const float p = __fmul_rn(expf((x - shift) - log_sum), gs);
+        return i == t ? p - gs : p;
+      });
+    }
+  }
+}
+
+// One block: total = sum of row_loss in a fixed order (per thread strided,
+// then a fixed tree), in double; loss = total / count.
+__global__ void __launch_bounds__(kStatThreads)
+    LossSumKernel(const double* __restrict__ row_loss, int64_t rows, Stats* stats,
+                  float* __restrict__ loss) {
+  __shared__ double s_sum[kWarp];
+  double acc = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) acc += row_loss[r];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(kFullMask, acc, o);
+  if (lane == 0) s_sum[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < blockDim.x / kWarp; ++w) total += s_sum[w];
+    stats->total = total;
+    const long long count = stats->count;
+    *loss = count == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(count));
+  }
+}
+
+template <typename Fn>
+void DispatchIndexType(const char* op, Dtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case Dtype::kI32:
+      fn(int32_t{});
+      return;
+    case Dtype::kI64:
+      fn(int64_t{});
+      return;
+    default:
+      ThrowOpError(op, "index dtype ", DtypeName(dtype), " is not supported; expected i32 or i64");
+  }
+}
+
+// Threads per row block: about 4 loads a thread, 128 to 1024.
+unsigned RowThreads(int64_t v, int vec) {
+  const int64_t loads = (v + vec - 1) / vec;
+  int64_t threads = ((loads + 3) / 4 + kWarp - 1) / kWarp * kWarp;
+  threads = threads < 128 ? 128 : (threads > kMaxRowThreads ? kMaxRowThreads : threads);
+  return static_cast<unsigned>(threads);
+}
+
+template <int kMode>
+CrossEntropyStats Run(const char* op, const Tensor& logits, const Tensor& targets,
+                      int64_t ignore_index, float grad_loss, const Tensor& lse, const Tensor& loss,
+                      const Tensor& grad) {
+  constexpr bool kFwd = (kMode & kForward) != 0;
+  constexpr bool kBwd = (kMode & kBackward) != 0;
+  SetDevice(logits, op);
+  const int64_t v = logits.dim(-1);
+  const int64_t rows = v == 0 ? 0 : logits.numel() / v;
+  const cudaStream_t stream = ComputeStream();
+  // Scratch: the Stats words and, for the forward, one double per row (8-byte
+  // words: the tensor library has no f64 dtype).
+  const Tensor stats_buf = Tensor::Empty({kStatsWords}, Dtype::kI64, logits.device());
+  Stats* stats = static_cast<Stats*>(stats_buf.raw_data());
+  const Tensor row_loss =
+      kFwd && rows > 0 ? Tensor::Empty({rows}, Dtype::kI64, logits.device()) : Tensor();
+  double* row_loss_p = row_loss.defined() ? static_cast<double*>(row_loss.raw_data()) : nullptr;
+  DispatchIndexType(op, targets.dtype(), [&](auto iz) {
+    using I = decltype(iz);
+    const I* t = rows > 0 ? Ptr<I>(targets) : nullptr;
+    TargetStatsKernel<I>
+        <<<1, kStatThreads, 0, stream>>>(t, rows, v, ignore_index, grad_loss, stats);
+    CheckLaunch(op);
+    if (rows == 0) return;
+    DispatchFloat(logits.dtype(), op, [&](auto tz) {
+      using T = decltype(tz);
+      constexpr int kVec = 16 / sizeof(T);
+      // Vector accesses need the gradient rows to share the logits rows' alignment.
+      const bool vec = !kBwd || reinterpret_cast<uintptr_t>(logits.raw_data()) % 16 ==
+                                    reinterpret_cast<uintptr_t>(grad.raw_data()) % 16;
+      const unsigned grid = static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
+      const unsigned block = RowThreads(v, vec ? kVec : 1);
+      float* lse_p = Ptr<float>(lse);
+      T* grad_p = kBwd ? Ptr<T>(grad) : nullptr;
+      if (vec) {
+        CrossEntropyRowsKernel<kMode, kVec, T, I><<<grid, block, 0, stream>>>(
+            Ptr<T>(logits), t, ignore_index, lse_p, stats, grad_p, row_loss_p, rows, v);
+      } else {
+        CrossEntropyRowsKernel<kMode, 1, T, I><<<grid, block, 0, stream>>>(
+            Ptr<T>(logits), t, ignore_index, lse_p, stats, grad_p, row_loss_p, rows, v);
+      }
+      CheckLaunch(op);
+    });
+  });
+  if constexpr (kFwd) {
+    LossSumKernel<<<1, kStatThreads, 0, stream>>>(row_loss_p, rows, stats, Ptr<float>(loss));
+    CheckLaunch(op);
+  }
+  Stats host;
+  CheckCuda(cudaMemcpyAsync(&host, stats, sizeof(Stats), cudaMemcpyDeviceToHost, stream), op,
+            "reading back the loss statistics");
+  CheckCuda(cudaStreamSynchronize(stream), op, "cross-entropy kernels");
+  CrossEntropyStats out;
+  out.total = host.total;
+  out.count = host.count;
+  out.first_bad = host.first_bad;
+  out.bad_target = host.bad_value;
+  return out;
+}
+
+}  // namespace
+
+CrossEntropyStats CrossEntropyForward(const Tensor& logits, const Tensor& targets,
+                                      int64_t ignore_index, const Tensor& lse, const Tensor& loss) {
+  return Run<kForward>("cross_entropy", logits, targets, ignore_index, 0.0f, lse, loss, Tensor());
+}
+
+CrossEntropyStats CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                       const Tensor& lse, int64_t ignore_index, float grad_loss,
+                                       const Tensor& grad_logits) {
+  return Run<kBackward>("cross_entropy_backward", logits, targets, ignore_index, grad_loss, lse,
+                        Tensor(), grad_logits);
+}
+
+CrossEntropyStats CrossEntropyForwardBackwardInPlace(const Tensor& logits, const Tensor& targets,
+                                                     int64_t ignore_index, float grad_loss,
+                                                     const Tensor& lse, const Tensor& loss) {
+  return Run<kBoth>("cross_entropy", logits, targets, ignore_index, grad_loss, lse, loss, logits);
+}
+
+}  // namespace cuda
+}  // namespace tensor

@@ -1,0 +1,467 @@
+// CUDA kernels: LayerNorm and RMSNorm over the last dimension (one template
+// serves both; kCentered subtracts the mean, as LayerNorm does).
+//
+// Forward and grad_x: a row per warp (rows of up to kWarpRowMaxCols elements)
+// or per block (longer rows), float accumulation, reductions by warp shuffles
+// (and shared memory across warps); 16-byte vector loads where every pointer
+// is aligned and C is a multiple of the vector width, scalar loads otherwise.
+// The row is read from global memory once; the later passes over it hit L1/L2.
+//
+// Parameter gradients (column sums over rows) without atomics: a partial-sum
+// kernel over a grid of (32-column tiles) x (fixed chunks of rows), then a
+// column kernel that adds the chunks in order in double. Deterministic: the
+// summation order depends only on the shapes.
+#include <type_traits>
+
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/norm.h"
+
+namespace tensor {
+namespace cuda {
+namespace {
+
+// ---- Row helpers (the same in norm.cu, softmax.cu and loss.cu) ----
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxRowThreads = 1024;       // the row kernels' __launch_bounds__
+constexpr int64_t kWarpRowMaxCols = 1024;  // rows up to this long: a warp per row
+constexpr int kWarpRowsPerBlock = 8;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;  // row loops stride past this many blocks
+
+// N elements of T loaded or stored as one access (16 bytes at most).
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
+  T v[N];
+};
+
+template <int N, typename T>
+__device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
+  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = ToF(pk.v[k]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void StoreF(T* p, const float (&in)[N]) {
+  Pack<T, N> pk;
+#pragma unroll
+  for (int k = 0; k < N; ++k) pk.v[k] = FromF<T>(in[k]);
+  *reinterpret_cast<Pack<T, N>*>(p) = pk;
+}
+
+// Sums of K values over a warp; every lane gets the same bits (a butterfly:
+// each step adds the same two operands in every lane of a pair).
+template <int K>
+__device__ __forceinline__ void WarpSum(float (&v)[K]) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], o);
+  }
+}
+
+// Sums of K values over the block (blockDim.x a multiple of 32); every thread
+// gets the same result. smem holds K * 32 floats.
+template <int K>
+__device__ __forceinline__ void BlockSum(float (&v)[K], float* smem) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  WarpSum(v);
+  __syncthreads();  // an earlier call's readers are done with smem
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) smem[k * kWarp + warp] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = lane < blockDim.x / kWarp ? smem[k * kWarp + lane] : 0.0f;
+  WarpSum(v);
+}
+
+// The threads that share a row: a warp (kWarpRows) or the whole block. Rows
+// are visited in a grid-stride loop, so any number of rows fits the grid.
+template <bool kWarpRows>
+struct RowGroup {
+  int rank;  // thread index within the group
+  int size;  // threads in the group
+  __device__ RowGroup()
+      : rank(kWarpRows ? threadIdx.x % kWarp : threadIdx.x), size(kWarpRows ? kWarp : blockDim.x) {}
+  __device__ int64_t FirstRow() const {
+    return kWarpRows ? int64_t{blockIdx.x} * (blockDim.x / kWarp) + threadIdx.x / kWarp
+                     : int64_t{blockIdx.x};
+  }
+  __device__ int64_t RowStride() const {
+    return kWarpRows ? int64_t{gridDim.x} * (blockDim.x / kWarp) : int64_t{gridDim.x};
+  }
+  template <int K>
+  __device__ void Sum(float (&v)[K], float* smem) const {
+    if constexpr (kWarpRows) {
+      WarpSum(v);
+    } else {
+      BlockSum(v, smem);
+    }
+  }
+};
+
+// Launch geometry of a row kernel.
+struct RowPlan {
+  bool warp_rows;
+  unsigned grid;
+  unsigned block;
+};
+
+// `vec`: elements per load. Block rows get about 4 loads per thread.
+RowPlan PlanRows(int64_t rows, int64_t cols, int vec) {
+  RowPlan p;
+  p.warp_rows = cols <= kWarpRowMaxCols;
+  int64_t grid;
+  if (p.warp_rows) {
+    p.block = kWarp * kWarpRowsPerBlock;
+    grid = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+  } else {
+    const int64_t loads = (cols + vec - 1) / vec;
+    int64_t threads = ((loads + 3) / 4 + kWarp - 1) / kWarp * kWarp;
+    threads = threads < 128 ? 128 : (threads > kMaxRowThreads ? kMaxRowThreads : threads);
+    p.block = static_cast<unsigned>(threads);
+    grid = rows;
+  }
+  p.grid = static_cast<unsigned>(grid < 1 ? 1 : (grid > kMaxGrid ? kMaxGrid : grid));
+  return p;
+}
+
+// Calls fn(std::bool_constant<warp_rows>, std::integral_constant<int, N>) with
+// N = kVec when `vec`, else 1.
+template <int kVec, typename Fn>
+void DispatchRows(bool warp_rows, bool vec, Fn&& fn) {
+  using W = std::true_type;
+  using B = std::false_type;
+  using V = std::integral_constant<int, kVec>;
+  using S = std::integral_constant<int, 1>;
+  if (warp_rows) {
+    vec ? fn(W{}, V{}) : fn(W{}, S{});
+  } else {
+    vec ? fn(B{}, V{}) : fn(B{}, S{});
+  }
+}
+
+bool Aligned16(const Tensor& t) {
+  return !t.defined() || reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
+}
+
+// ---- Norm kernels ----
+
+template <typename W>
+const W* ParamPtr(const Tensor& p) {
+  return p.defined() ? Ptr<W>(p) : nullptr;
+}
+
+// N elements of a parameter (or `fill` when it is absent).
+template <int N, typename W>
+__device__ __forceinline__ void LoadParam(const W* p, int64_t i, float fill, float (&out)[N]) {
+  if (p != nullptr) {
+    LoadF<N>(p + i, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = fill;
+  }
+}
+
+// y = (x - mean) * rstd * w (+ b), saving mean (kCentered) and rstd.
+template <bool kCentered, bool kWarpRows, int N, typename T, typename W>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    NormForwardKernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
+                      float eps, T* __restrict__ y, float* __restrict__ mean,
+                      float* __restrict__ rstd, int64_t rows, int64_t c) {
+  __shared__ float smem[kWarp];
+  const RowGroup<kWarpRows> g;
+  const int64_t first = int64_t{g.rank} * N, step = int64_t{g.size} * N;
+  const float fc = static_cast<float>(c);
+  for (int64_t r = g.FirstRow(); r < rows; r += g.RowStride()) {
+    const T* xr = x + r * c;  // (C)
+    float m = 0.0f;
+    if constexpr (kCentered) {
+      float s[1] = {0.0f};
+      for (int64_t i = first; i < c; i += step) {
+        float v[N];
+        LoadF<N>(xr + i, v);
+#pragma unroll
+        for (int k = 0; k < N; ++k) s[0] += v[k];
+      }
+      g.Sum(s, smem);
+      m = s[0] / fc;
+    }
+    // Squared deviations from the mean (two passes: no cancellation).
+    float ss[1] = {0.0f};
+    for (int64_t i = first; i < c; i += step) {
+      float v[N];
+      LoadF<N>(xr + i, v);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float d = v[k] - m;
+        ss[0] += d * d;
+      }
+    }
+    g.Sum(ss, smem);
+    const float rs = 1.0f / sqrtf(ss[0] / fc + eps);
+    T* yr = y + r * c;  // (C)
+    for (int64_t i = first; i < c; i += step) {
+      float v[N], wv[N], o[N];
+      LoadF<N>(xr + i, v);
+      LoadParam<N>(w, i, 1.0f, wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] = (v[k] - m) * rs * wv[k];
+      if constexpr (kCentered) {
+        float bv[N];
+        LoadParam<N>(b, i, 0.0f, bv);
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] += bv[k];
+      }
+      StoreF<N>(yr + i, o);
+    }
+    if (g.rank == 0) {
+      if constexpr (kCentered) mean[r] = m;
+      rstd[r] = rs;
+    }
+  }
+}
+
+// grad_x per row: xhat = (x - mean) * rstd, dxhat = grad_y * w,
+// grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+// (RMSNorm: no mean(dxhat) term).
+template <bool kCentered, bool kWarpRows, int N, typename T, typename W>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    NormBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const W* __restrict__ w,
+                       const float* __restrict__ mean, const float* __restrict__ rstd,
+                       T* __restrict__ gx, int64_t rows, int64_t c) {
+  __shared__ float smem[2 * kWarp];
+  const RowGroup<kWarpRows> g;
+  const int64_t first = int64_t{g.rank} * N, step = int64_t{g.size} * N;
+  const float inv_c = 1.0f / static_cast<float>(c);
+  for (int64_t r = g.FirstRow(); r < rows; r += g.RowStride()) {
+    const T* xr = x + r * c;   // (C)
+    const T* gr = gy + r * c;  // (C)
+    const float m = kCentered ? mean[r] : 0.0f, rs = rstd[r];
+    float sums[2] = {0.0f, 0.0f};  // sum(dxhat), sum(dxhat * xhat)
+    for (int64_t i = first; i < c; i += step) {
+      float xv[N], gv[N], wv[N];
+      LoadF<N>(xr + i, xv);
+      LoadF<N>(gr + i, gv);
+      LoadParam<N>(w, i, 1.0f, wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float dxhat = gv[k] * wv[k];
+        sums[0] += dxhat;
+        sums[1] += dxhat * ((xv[k] - m) * rs);
+      }
+    }
+    g.Sum(sums, smem);
+    const float a = kCentered ? sums[0] * inv_c : 0.0f, bc = sums[1] * inv_c;
+    T* out = gx + r * c;  // (C)
+    for (int64_t i = first; i < c; i += step) {
+      float xv[N], gv[N], wv[N], o[N];
+      LoadF<N>(xr + i, xv);
+      LoadF<N>(gr + i, gv);
+      LoadParam<N>(w, i, 1.0f, wv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float xhat = (xv[k] - m) * rs;
+        o[k] = rs * (gv[k] * wv[k] - a - xhat * bc);
+      }
+      StoreF<N>(out + i, o);
+    }
+  }
+}
+
+constexpr int kColTile = 32;  // columns per partial-sum block (a warp's width)
+constexpr int kRowLanes = 8;  // rows in flight per partial-sum block
+constexpr int64_t kMaxChunks = 512;
+
+// Rows per chunk of the parameter-gradient partial sums: at least 64, and at
+// most kMaxChunks chunks (bounds the scratch to kMaxChunks x C floats a param).
+int64_t RowsPerChunk(int64_t rows) {
+  const int64_t by_count = (rows + kMaxChunks - 1) / kMaxChunks;
+  return by_count > 64 ? by_count : 64;
+}
+
+// part (kParams, chunks, C): per chunk of rows, the column sums of
+// grad_y * xhat (param 0, grad_weight) and of grad_y (param 1, LayerNorm's
+// grad_bias). Block: kColTile columns x kRowLanes row lanes; grid (column
+// tiles, chunks). Each row lane adds every kRowLanes-th row of the chunk, then
+// the lanes are added in order.
+template <bool kCentered, typename T>
+__global__ void __launch_bounds__(kColTile* kRowLanes)
+    NormParamPartialKernel(const T* __restrict__ gy, const T* __restrict__ x,
+                           const float* __restrict__ mean, const float* __restrict__ rstd,
+                           float* __restrict__ part, int64_t rows, int64_t c,
+                           int64_t rows_per_chunk) {
+  __shared__ float sw[kRowLanes][kColTile];
+  __shared__ float sb[kRowLanes][kColTile];
+  const int tx = threadIdx.x % kColTile, ty = threadIdx.x / kColTile;
+  const int64_t col = int64_t{blockIdx.x} * kColTile + tx;
+  const int64_t chunk = blockIdx.y, chunks = gridDim.y;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float aw = 0.0f, ab = 0.0f;
+  if (col < c) {
+    for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
+      const float gv = ToF(gy[r * c + col]);
+      const float xhat = (ToF(x[r * c + col]) - (kCentered ? mean[r] : 0.0f)) * rstd[r];
+      aw += gv * xhat;
+      ab += gv;
+    }
+  }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty == 0 && col < c) {
+    float w = 0.0f, b = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRowLanes; ++k) {
+      w += sw[k][tx];
+      b += sb[k][tx];
+    }
+    part[chunk * c + col] = w;
+    if constexpr (kCentered) part[(chunks + chunk) * c + col] = b;
+  }
+}
+
+// out[j] = sum over chunks of part[chunk, j], added in chunk order in double.
+template <typename Out>
+__global__ void ColumnSumKernel(const float* __restrict__ part, int64_t chunks, int64_t c,
+                                Out* __restrict__ out) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < c;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    double s = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) s += part[k * c + j];
+    out[j] = FromF<Out>(static_cast<float>(s));
+  }
+}
+
+// Calls fn(W{}) with W the parameters' element type: float when the
+// parameter is f32 or undefined, else T.
+template <typename T, typename Fn>
+void DispatchParam(const Tensor& p, Fn&& fn) {
+  if (!p.defined() || p.dtype() == Dtype::kF32) {
+    fn(float{});
+  } else {
+    fn(T{});
+  }
+}
+
+template <bool kCentered>
+void Forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  SetDevice(x, op);
+  const int64_t c = x.dim(-1);
+  const int64_t rows = c == 0 ? 0 : x.numel() / c;
+  if (rows == 0) return;
+  DispatchFloat(x.dtype(), op, [&](auto tz) {
+    using T = decltype(tz);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec =
+        c % kVec == 0 && Aligned16(x) && Aligned16(y) && Aligned16(weight) && Aligned16(bias);
+    const RowPlan plan = PlanRows(rows, c, vec ? kVec : 1);
+    // weight and bias share a dtype (checked by the op); either may be absent.
+    DispatchParam<T>(weight.defined() ? weight : bias, [&](auto wz) {
+      using W = decltype(wz);
+      DispatchRows<kVec>(plan.warp_rows, vec, [&](auto warp_rows, auto n) {
+        NormForwardKernel<kCentered, decltype(warp_rows)::value, decltype(n)::value, T, W>
+            <<<plan.grid, plan.block, 0, ComputeStream()>>>(
+                Ptr<T>(x), ParamPtr<W>(weight), kCentered ? ParamPtr<W>(bias) : nullptr, eps,
+                Ptr<T>(y), kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd), rows, c);
+      });
+    });
+  });
+  CheckLaunch(op);
+}
+
+// The column sums of the parameter gradients into grad_weight / grad_bias
+// (each written when defined).
+template <bool kCentered, typename T>
+void ParamGrads(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                const Tensor& rstd, int64_t rows, int64_t c, const Tensor& grad_weight,
+                const Tensor& grad_bias) {
+  constexpr int kParams = kCentered ? 2 : 1;
+  const int64_t rows_per_chunk = RowsPerChunk(rows);
+  const int64_t chunks = rows == 0 ? 0 : (rows + rows_per_chunk - 1) / rows_per_chunk;
+  // (kParams, chunks, C) f32 scratch.
+  const Tensor part = Tensor::Empty({kParams, chunks, c}, Dtype::kF32, x.device());
+  if (chunks > 0) {
+    const dim3 grid(static_cast<unsigned>((c + kColTile - 1) / kColTile),
+                    static_cast<unsigned>(chunks));
+    NormParamPartialKernel<kCentered, T><<<grid, kColTile * kRowLanes, 0, ComputeStream()>>>(
+        Ptr<T>(grad_y), Ptr<T>(x), kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd),
+        Ptr<float>(part), rows, c, rows_per_chunk);
+    CheckLaunch(op);
+  }
+  const float* base = chunks > 0 ? Ptr<float>(part) : nullptr;
+  auto column_sums = [&](const float* src, const Tensor& out) {
+    DispatchFloat(out.dtype(), op, [&](auto oz) {
+      using O = decltype(oz);
+      ColumnSumKernel<O><<<Blocks(c), kThreads, 0, ComputeStream()>>>(src, chunks, c, Ptr<O>(out));
+    });
+    CheckLaunch(op);
+  };
+  if (grad_weight.defined()) column_sums(base, grad_weight);
+  if (kCentered && grad_bias.defined()) {
+    column_sums(base == nullptr ? nullptr : base + chunks * c, grad_bias);
+  }
+}
+
+template <bool kCentered>
+void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+              const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+              const Tensor& grad_weight, const Tensor& grad_bias) {
+  SetDevice(x, op);
+  const int64_t c = x.dim(-1);
+  const int64_t rows = c == 0 ? 0 : x.numel() / c;
+  DispatchFloat(x.dtype(), op, [&](auto tz) {
+    using T = decltype(tz);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = c % kVec == 0 && Aligned16(x) && Aligned16(grad_y) && Aligned16(grad_x) &&
+                     Aligned16(weight);
+    const RowPlan plan = PlanRows(rows, c, vec ? kVec : 1);
+    if (rows > 0) {
+      DispatchParam<T>(weight, [&](auto wz) {
+        using W = decltype(wz);
+        DispatchRows<kVec>(plan.warp_rows, vec, [&](auto warp_rows, auto n) {
+          NormBackwardKernel<kCentered, decltype(warp_rows)::value, decltype(n)::value, T, W>
+              <<<plan.grid, plan.block, 0, ComputeStream()>>>(
+                  Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
+                  kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd), Ptr<T>(grad_x), rows,
+                  c);
+        });
+      });
+      CheckLaunch(op);
+    }
+    ParamGrads<kCentered, T>(op, grad_y, x, mean, rstd, rows, c, grad_weight, grad_bias);
+  });
+}
+
+}  // namespace
+
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  Forward<true>("layer_norm", x, weight, bias, eps, y, mean, rstd);
+}
+
+void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                       const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                       const Tensor& grad_weight, const Tensor& grad_bias) {
+  Backward<true>("layer_norm_backward", grad_y, x, weight, mean, rstd, grad_x, grad_weight,
+                 grad_bias);
+}
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                    const Tensor& rstd) {
+  Forward<false>("rms_norm", x, weight, Tensor(), eps, y, Tensor(), rstd);
+}
+
+void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight) {
+  Backward<false>("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, grad_x, grad_weight,
+                  Tensor());
+}
+
+}  // namespace cuda
+}  // namespace tensor

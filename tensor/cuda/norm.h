@@ -1,0 +1,40 @@
+// CUDA kernels: LayerNorm and RMSNorm over the last dimension, forward and
+// backward (see common.cuh for the conventions; tensor/ops/norm.h for the ops).
+#ifndef TENSOR_CUDA_NORM_H_
+#define TENSOR_CUDA_NORM_H_
+
+#include "tensor/tensor.h"
+
+namespace tensor {
+namespace cuda {
+
+// Shapes in all kernels below: x, y, grad_y, grad_x (rows, C) contiguous in one
+// floating dtype; weight, bias (C) contiguous, f32 or x's dtype, both the same
+// dtype, or undefined (weight 1, bias 0); mean, rstd (rows) f32. All on one
+// CUDA device. Compute is f32.
+//
+// The parameter gradients are column sums over rows, reduced deterministically
+// (no atomics): f32 partial sums over fixed chunks of rows, then the chunks
+// added in order in double. The result depends only on the shapes.
+
+// LayerNorm: y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps)
+// (biased variance), saving mean and rstd.
+void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                      const Tensor& y, const Tensor& mean, const Tensor& rstd);
+// grad_weight (C, weight's dtype) is written when defined; grad_bias (C, f32 or
+// weight's dtype: the sum of grad_y over rows) always.
+void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                       const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                       const Tensor& grad_weight, const Tensor& grad_bias);
+
+// RMSNorm (T5): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saving rstd.
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                    const Tensor& rstd);
+// grad_weight (C, weight's dtype) is written when defined.
+void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight);
+
+}  // namespace cuda
+}  // namespace tensor
+
+#endif  // TENSOR_CUDA_NORM_H_

@@ -1,0 +1,25 @@
+// Builds without --config=cuda: the norm kernels fail with a clear message.
+#include "tensor/cuda/norm.h"
+#include "tensor/cuda/stub.h"
+
+namespace tensor {
+namespace cuda {
+
+void LayerNormForward(const Tensor& x, const Tensor&, const Tensor&, float, const Tensor&,
+                      const Tensor&, const Tensor&) {
+  NotBuilt("layer_norm", x);
+}
+void LayerNormBackward(const Tensor&, const Tensor& x, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, const Tensor&, const Tensor&) {
+  NotBuilt("layer_norm_backward", x);
+}
+void RmsNormForward(const Tensor& x, const Tensor&, float, const Tensor&, const Tensor&) {
+  NotBuilt("rms_norm", x);
+}
+void RmsNormBackward(const Tensor&, const Tensor& x, const Tensor&, const Tensor&, const Tensor&,
+                     const Tensor&) {
+  NotBuilt("rms_norm_backward", x);
+}
+
+}  // namespace cuda
+}  // namespace tensor

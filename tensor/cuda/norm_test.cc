@@ -1,0 +1,185 @@
+// LayerNorm and RMSNorm forward and backward on the GPU against the CPU: rows
+// per warp and per block, vector and scalar paths (row lengths that are not
+// multiples of the vector width), more than 65535 rows, parameters in f32 or
+// x's dtype or absent, and bit-identical parameter gradients across runs.
+#include "tensor/ops/norm.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+using cuda::testing::DefaultTolerance;
+using cuda::testing::FloatDtypes;
+using cuda::testing::MatchesCpu;
+using cuda::testing::ToCpu;
+using cuda::testing::ToGpu;
+using cuda::testing::Tolerance;
+using testing::RandomTensor;
+
+// Shapes (rows..., C): warp rows (C <= 1024) and block rows, C a multiple of
+// the vector width or not, many rows.
+std::vector<Shape> Shapes() {
+  return {{1, 8}, {3, 77}, {4, 5, 768}, {6, 1025}, {5, 4096}, {3, 5003}, {2, 50257}, {70000, 24}};
+}
+
+// Parameter dtypes to try with x's dtype d: none, f32, and d itself.
+struct ParamCase {
+  bool defined;
+  Dtype dtype;
+};
+std::vector<ParamCase> ParamCases(Dtype d) {
+  std::vector<ParamCase> cases = {{false, Dtype::kF32}, {true, Dtype::kF32}};
+  if (d != Dtype::kF32) cases.push_back({true, d});
+  return cases;
+}
+
+Tensor MaybeParam(const ParamCase& p, int64_t c, uint64_t seed, float lo, float hi) {
+  return p.defined ? RandomTensor({c}, seed, lo, hi, p.dtype) : Tensor();
+}
+
+Tensor GpuOrUndefined(const Tensor& t) { return t.defined() ? ToGpu(t) : Tensor(); }
+
+// Tolerance for results that depend on sums over a row of length n.
+Tolerance RowTolerance(Dtype d, int64_t n) { return DefaultTolerance(d, n > 4096 ? 10.0 : 2.0); }
+
+// Parameter gradients: column sums over up to 70000 rows, added in another
+// order than the CPU's (f32 partial sums, then double); low-precision results
+// are dominated by their final rounding.
+Tolerance ParamTolerance(Dtype d) {
+  return d == Dtype::kF32 ? Tolerance{1e-4, 1e-3} : DefaultTolerance(d, 2.0);
+}
+
+TEST(CudaNormTest, LayerNormForwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1;
+  for (const Shape& shape : Shapes()) {
+    const int64_t c = shape[shape.rank() - 1];
+    for (Dtype d : FloatDtypes()) {
+      for (const ParamCase& p : ParamCases(d)) {
+        SCOPED_TRACE(shape.ToString() + " " + std::string(DtypeName(d)) + " weight " +
+                     std::string(p.defined ? DtypeName(p.dtype) : "none"));
+        const Tensor x = RandomTensor(shape, ++seed, -2.0f, 3.0f, d);
+        const Tensor w = MaybeParam(p, c, ++seed, 0.5f, 1.5f);
+        const Tensor b = MaybeParam(p, c, ++seed, -0.5f, 0.5f);
+        const LayerNormResult cpu = LayerNorm(x, w, b);
+        const LayerNormResult gpu = LayerNorm(ToGpu(x), GpuOrUndefined(w), GpuOrUndefined(b));
+        EXPECT_TRUE(MatchesCpu(gpu.y, cpu.y, RowTolerance(d, c)));
+        EXPECT_TRUE(MatchesCpu(gpu.mean, cpu.mean, RowTolerance(Dtype::kF32, c)));
+        EXPECT_TRUE(MatchesCpu(gpu.rstd, cpu.rstd, RowTolerance(Dtype::kF32, c)));
+      }
+    }
+  }
+}
+
+TEST(CudaNormTest, LayerNormBiasWithoutWeightAndEps) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : FloatDtypes()) {
+    const Tensor x = RandomTensor({9, 40}, 3, -1.0f, 1.0f, d);
+    const Tensor b = RandomTensor({40}, 4, -1.0f, 1.0f, d);
+    const LayerNormResult cpu = LayerNorm(x, Tensor(), b, 0.1f);
+    const LayerNormResult gpu = LayerNorm(ToGpu(x), Tensor(), ToGpu(b), 0.1f);
+    EXPECT_TRUE(MatchesCpu(gpu.y, cpu.y)) << DtypeName(d);
+    EXPECT_TRUE(MatchesCpu(gpu.rstd, cpu.rstd)) << DtypeName(d);
+  }
+}
+
+TEST(CudaNormTest, LayerNormBackwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (const Shape& shape : Shapes()) {
+    const int64_t c = shape[shape.rank() - 1];
+    for (Dtype d : FloatDtypes()) {
+      for (const ParamCase& p : ParamCases(d)) {
+        SCOPED_TRACE(shape.ToString() + " " + std::string(DtypeName(d)) + " weight " +
+                     std::string(p.defined ? DtypeName(p.dtype) : "none"));
+        const Tensor x = RandomTensor(shape, ++seed, -2.0f, 3.0f, d);
+        const Tensor gy = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
+        const Tensor w = MaybeParam(p, c, ++seed, 0.5f, 1.5f);
+        // The same saved statistics on both sides: only the backward is compared.
+        const LayerNormResult fwd = LayerNorm(x, w, Tensor());
+        const LayerNormGrads cpu = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+        const LayerNormGrads gpu = LayerNormBackward(ToGpu(gy), ToGpu(x), GpuOrUndefined(w),
+                                                     ToGpu(fwd.mean), ToGpu(fwd.rstd));
+        EXPECT_TRUE(MatchesCpu(gpu.grad_x, cpu.grad_x, RowTolerance(d, c)));
+        EXPECT_EQ(gpu.grad_weight.defined(), cpu.grad_weight.defined());
+        if (cpu.grad_weight.defined()) {
+          EXPECT_TRUE(MatchesCpu(gpu.grad_weight, cpu.grad_weight,
+                                 ParamTolerance(cpu.grad_weight.dtype())));
+        }
+        EXPECT_TRUE(
+            MatchesCpu(gpu.grad_bias, cpu.grad_bias, ParamTolerance(cpu.grad_bias.dtype())));
+      }
+    }
+  }
+}
+
+TEST(CudaNormTest, RmsNormForwardAndBackwardMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 200;
+  for (const Shape& shape : Shapes()) {
+    const int64_t c = shape[shape.rank() - 1];
+    for (Dtype d : FloatDtypes()) {
+      for (const ParamCase& p : ParamCases(d)) {
+        SCOPED_TRACE(shape.ToString() + " " + std::string(DtypeName(d)) + " weight " +
+                     std::string(p.defined ? DtypeName(p.dtype) : "none"));
+        const Tensor x = RandomTensor(shape, ++seed, -2.0f, 3.0f, d);
+        const Tensor gy = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
+        const Tensor w = MaybeParam(p, c, ++seed, 0.5f, 1.5f);
+        const RmsNormResult cpu = RmsNorm(x, w);
+        const RmsNormResult gpu = RmsNorm(ToGpu(x), GpuOrUndefined(w));
+        EXPECT_TRUE(MatchesCpu(gpu.y, cpu.y, RowTolerance(d, c)));
+        EXPECT_TRUE(MatchesCpu(gpu.rstd, cpu.rstd, RowTolerance(Dtype::kF32, c)));
+        const RmsNormGrads gcpu = RmsNormBackward(gy, x, w, cpu.rstd);
+        const RmsNormGrads ggpu =
+            RmsNormBackward(ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(cpu.rstd));
+        EXPECT_TRUE(MatchesCpu(ggpu.grad_x, gcpu.grad_x, RowTolerance(d, c)));
+        EXPECT_EQ(ggpu.grad_weight.defined(), gcpu.grad_weight.defined());
+        if (gcpu.grad_weight.defined()) {
+          EXPECT_TRUE(MatchesCpu(ggpu.grad_weight, gcpu.grad_weight,
+                                 ParamTolerance(gcpu.grad_weight.dtype())));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaNormTest, ParameterGradientsAreBitIdenticalAcrossRuns) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = ToGpu(RandomTensor({3000, 768}, 7, -2.0f, 2.0f, Dtype::kBF16));
+  const Tensor gy = ToGpu(RandomTensor({3000, 768}, 8, -1.0f, 1.0f, Dtype::kBF16));
+  const Tensor w = ToGpu(RandomTensor({768}, 9, 0.5f, 1.5f));
+  const LayerNormResult fwd = LayerNorm(x, w, Tensor());
+  const LayerNormGrads a = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+  const LayerNormGrads b = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+  EXPECT_EQ(ToCpu(a.grad_weight).ToVector<float>(), ToCpu(b.grad_weight).ToVector<float>());
+  EXPECT_EQ(ToCpu(a.grad_bias).ToVector<float>(), ToCpu(b.grad_bias).ToVector<float>());
+  EXPECT_EQ(ToCpu(a.grad_x).ToVector<float>(), ToCpu(b.grad_x).ToVector<float>());
+}
+
+TEST(CudaNormTest, StridedInputAndOutputsOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = RandomTensor({40, 6}, 11, -1.0f, 1.0f);  // normalized over 40 after transpose
+  const LayerNormResult cpu = LayerNorm(x.Transpose(0, 1), Tensor(), Tensor());
+  const LayerNormResult gpu = LayerNorm(ToGpu(x).Transpose(0, 1), Tensor(), Tensor());
+  EXPECT_TRUE(MatchesCpu(gpu.y, cpu.y));
+  EXPECT_TRUE(gpu.mean.device().is_cuda());
+}
+
+TEST(CudaNormTest, MixedDevicesAreAnError) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = RandomTensor({2, 8}, 12);
+  EXPECT_THROW(LayerNorm(ToGpu(x), Tensor::Full({8}, 1.0), Tensor()), OpError);
+  EXPECT_THROW(RmsNorm(x, ToGpu(Tensor::Full({8}, 1.0))), OpError);
+  const RmsNormResult fwd = RmsNorm(ToGpu(x), Tensor());
+  EXPECT_THROW(RmsNormBackward(x, ToGpu(x), Tensor(), fwd.rstd), OpError);
+}
+
+}  // namespace
+}  // namespace tensor
