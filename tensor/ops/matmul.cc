@@ -1,6 +1,7 @@
 // Matmul op layer: argument checks, output allocation, the operands laid out as
 // one strided batched GEMM (batch dims collapsed, the batch folded into M when
-// b is broadcast), and the backward built from forward matmuls.
+// b is broadcast) for the CPU kernels (cpu/matmul.h) or cuBLASLt on a CUDA
+// device (cuda/matmul.h), and the backward built from forward matmuls.
 #include "tensor/ops/matmul.h"
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/cpu/matmul.h"
+#include "tensor/cuda/matmul.h"
 #include "tensor/ops/check.h"
 
 namespace tensor {
@@ -44,24 +46,39 @@ Shape BatchDims(const Tensor& t) {
   return s;
 }
 
-Plan MakePlan(const Tensor& a, const Tensor& b, const MatmulOptions& opts) {
+// Both operands on the CPU, or both on one CUDA device.
+void CheckDevices(const Tensor& a, const Tensor& b, const std::string& shapes) {
+  OP_CHECK(a.defined() && b.defined(), kOp, "got an undefined tensor");
+  if (a.device().is_cuda() || b.device().is_cuda()) {
+    OP_CHECK(a.device() == b.device(), kOp, shapes, " cannot be multiplied: operands are on ",
+             a.device().ToString(), " and ", b.device().ToString(), "; move both to one device");
+    return;
+  }
   CheckCpu(kOp, {&a, &b});
+}
+
+Plan MakePlan(const Tensor& a, const Tensor& b, const MatmulOptions& opts) {
   const std::string shapes = ShapesText(a, b, opts);
+  CheckDevices(a, b, shapes);
+  const bool on_cuda = a.device().is_cuda();
   OP_CHECK(a.rank() >= 2 && b.rank() >= 2, kOp, shapes,
            " cannot be multiplied: both operands need at least 2 dimensions (got rank ", a.rank(),
            " and ", b.rank(), ")");
   OP_CHECK(a.dtype() == b.dtype(), kOp, shapes, " cannot be multiplied: dtypes ",
            DtypeName(a.dtype()), " and ", DtypeName(b.dtype()),
            " differ; convert one with To() (both f32, or both bf16)");
-  OP_CHECK(a.dtype() == Dtype::kF32 || a.dtype() == Dtype::kBF16, kOp, shapes,
-           " cannot be multiplied: dtype ", DtypeName(a.dtype()),
-           " is not supported; expected f32 or bf16");
+  // f16 has tensor-core GEMMs on CUDA only (the CPU libraries have none).
+  OP_CHECK(a.dtype() == Dtype::kF32 || a.dtype() == Dtype::kBF16 ||
+               (on_cuda && a.dtype() == Dtype::kF16),
+           kOp, shapes, " cannot be multiplied: dtype ", DtypeName(a.dtype()), " is not supported",
+           on_cuda ? " on CUDA" : "",
+           on_cuda ? "; expected f32, bf16 or f16" : "; expected f32 or bf16");
   Plan p;
   p.out_dtype = opts.out_dtype.value_or(a.dtype());
-  OP_CHECK(p.out_dtype == a.dtype() || (a.dtype() == Dtype::kBF16 && p.out_dtype == Dtype::kF32),
+  OP_CHECK(p.out_dtype == a.dtype() || (a.dtype() != Dtype::kF32 && p.out_dtype == Dtype::kF32),
            kOp, shapes, ": output dtype ", DtypeName(p.out_dtype), " is not supported for ",
            DtypeName(a.dtype()), " inputs; expected ",
-           a.dtype() == Dtype::kBF16 ? "bf16 or f32" : "f32");
+           a.dtype() == Dtype::kF32 ? "f32" : absl::StrCat(DtypeName(a.dtype()), " or f32"));
   p.m = a.dim(opts.trans_a ? -1 : -2);
   p.k = a.dim(opts.trans_a ? -2 : -1);
   const int64_t k_b = b.dim(opts.trans_b ? -1 : -2);
@@ -108,6 +125,31 @@ void ScaleInPlace(const Tensor& out, float beta) {
       p[i] = FloatToBf16(beta == 0.0f ? 0.0f : beta * Bf16ToFloat(p[i]));
     }
   }
+}
+
+// The GEMM for cuBLASLt: the same description, on cuda:device.
+cuda::GemmArgs ToCuda(const cpu::GemmArgs& g, int device) {
+  auto operand = [](const cpu::GemmOperand& op) {
+    cuda::GemmOperand o;
+    o.data = op.data;
+    o.batch_strides = op.batch_strides;
+    o.row_stride = op.row_stride;
+    o.col_stride = op.col_stride;
+    return o;
+  };
+  cuda::GemmArgs c;
+  c.device = device;
+  c.in_dtype = g.in_dtype;
+  c.out_dtype = g.out_dtype;
+  c.batch = g.batch;
+  c.m = g.m;
+  c.n = g.n;
+  c.k = g.k;
+  c.a = operand(g.a);
+  c.b = operand(g.b);
+  c.c = operand(g.c);
+  c.beta = g.beta;
+  return c;
 }
 
 // The last two dims of t as a GEMM operand over `batch_rank` batch dims of
@@ -171,8 +213,13 @@ void FoldBatchIntoM(cpu::GemmArgs* g) {
 void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOptions& opts, float beta,
          const Plan& p) {
   if (out.numel() == 0) return;
+  const bool on_cuda = out.device().is_cuda();
   if (p.k == 0) {
-    ScaleInPlace(out, beta);
+    if (on_cuda) {
+      cuda::MatmulScale(out, beta);
+    } else {
+      ScaleInPlace(out, beta);
+    }
     return;
   }
   Tensor av = opts.trans_a ? a.Transpose(-1, -2) : a;  // (..., M, K)
@@ -199,27 +246,33 @@ void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOption
   g.beta = beta;
   CollapseBatch(&g);
   FoldBatchIntoM(&g);
-  cpu::Gemm(g);
+  if (on_cuda) {
+    cuda::Gemm(ToCuda(g, out.device().index));
+  } else {
+    cpu::Gemm(g);
+  }
 }
 
 }  // namespace
 
 Tensor Matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opts) {
   const Plan p = MakePlan(a, b, opts);
-  Tensor out = Tensor::Empty(p.out_shape, p.out_dtype);
+  Tensor out = Tensor::Empty(p.out_shape, p.out_dtype, a.device());
   Run(a, b, out, opts, 0.0f, p);
   return out;
 }
 
 void MatmulInto(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOptions& opts,
                 float beta) {
-  CheckCpu(kOp, {&out});
+  OP_CHECK(out.defined(), kOp, "got an undefined tensor");
   OP_CHECK(!opts.out_dtype.has_value() || *opts.out_dtype == out.dtype(), kOp, "opts.out_dtype is ",
            DtypeName(opts.out_dtype.value_or(out.dtype())), " but out has dtype ",
            DtypeName(out.dtype()));
   MatmulOptions with_out = opts;
   with_out.out_dtype = out.dtype();
   const Plan p = MakePlan(a, b, with_out);
+  OP_CHECK(out.device() == a.device(), kOp, "out ", out.shape().ToString(), " is on ",
+           out.device().ToString(), " but the operands are on ", a.device().ToString());
   OP_CHECK(out.shape() == p.out_shape, kOp, ShapesText(a, b, opts), " give ",
            p.out_shape.ToString(), " but out has shape ", out.shape().ToString());
   OP_CHECK(out.is_contiguous(), kOp, "out ", out.shape().ToString(), " must be contiguous");
@@ -231,7 +284,9 @@ void MatmulInto(const Tensor& a, const Tensor& b, const Tensor& out, const Matmu
 MatmulGrads MatmulBackward(const Tensor& grad_out, const Tensor& a, const Tensor& b,
                            const MatmulOptions& opts) {
   const Plan p = MakePlan(a, b, opts);
-  CheckCpu(kOp, {&grad_out});
+  OP_CHECK(grad_out.defined(), kOp, "got an undefined tensor");
+  OP_CHECK(grad_out.device() == a.device(), kOp, "grad_out is on ", grad_out.device().ToString(),
+           " but the operands are on ", a.device().ToString());
   OP_CHECK(grad_out.shape() == p.out_shape, kOp, "grad_out has shape ", grad_out.shape().ToString(),
            " but ", ShapesText(a, b, opts), " give ", p.out_shape.ToString());
   CheckFloating(kOp, grad_out);
@@ -246,8 +301,9 @@ MatmulGrads MatmulBackward(const Tensor& grad_out, const Tensor& a, const Tensor
     // a was broadcast over b's batch: sum the per-item products, in f32.
     const Tensor g3 = g.Reshape({-1, p.m, p.n});              // (B, M, N)
     const Tensor b3 = b.Reshape({-1, b.dim(-2), b.dim(-1)});  // (B, K, N) or (B, N, K)
-    const Dtype acc = dt == Dtype::kBF16 ? Dtype::kF32 : dt;
-    Tensor grad_a = g3.dim(0) == 0 ? Tensor::Zeros(a.shape(), acc) : Tensor::Empty(a.shape(), acc);
+    const Dtype acc = Dtype::kF32;  // f32, or bf16 / f16 products summed in f32
+    Tensor grad_a = g3.dim(0) == 0 ? Tensor::Zeros(a.shape(), acc, a.device())
+                                   : Tensor::Empty(a.shape(), acc, a.device());
     for (int64_t i = 0; i < g3.dim(0); ++i) {
       const float beta = i == 0 ? 0.0f : 1.0f;
       if (ta) {

@@ -1,7 +1,9 @@
 // Matrix multiplication: Matmul (plain, transposed, batched, broadcast 2-D
 // operand), MatmulInto (c = a @ b + beta * c, for accumulating gradients in
-// place) and MatmulBackward. f32 x f32 -> f32; bf16 x bf16 -> bf16 or f32,
-// accumulated in fp32. CPU kernels: tensor/cpu/matmul.h (oneDNN, OpenBLAS).
+// place) and MatmulBackward. f32 x f32 -> f32; bf16 x bf16 -> bf16 or f32
+// (also f16 x f16 on CUDA), accumulated in fp32. CPU kernels:
+// tensor/cpu/matmul.h (oneDNN, OpenBLAS); on a CUDA device the GEMM runs
+// through cuBLASLt (tensor/cuda/matmul.h).
 #ifndef TENSOR_OPS_MATMUL_H_
 #define TENSOR_OPS_MATMUL_H_
 
@@ -18,7 +20,7 @@ struct MatmulOptions {
   // (the Linear layer: x @ W^T with W (C_out, C_in)).
   bool trans_b = false;
   // dtype of the result (and of the gradients in MatmulBackward). Unset: the
-  // inputs' dtype. f32 is allowed for bf16 inputs (mixed precision).
+  // inputs' dtype. f32 is allowed for bf16/f16 inputs (mixed precision).
   std::optional<Dtype> out_dtype;
 };
 

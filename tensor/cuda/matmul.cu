@@ -1,0 +1,483 @@
+// CUDA GEMMs through cuBLASLt: the row-major -> column-major plan (see
+// matmul.h for the operand swap), a per-(device, thread) handle and
+// workspace, an LRU cache of descriptors, layouts and heuristic results, and
+// the scale kernel for an empty K.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/matmul.h"
+#include "tensor/cuda_backend.h"
+
+namespace tensor {
+namespace cuda {
+namespace {
+
+constexpr char kOp[] = "matmul";
+// Most items handed to one strided-batched cuBLASLt call; longer batches are
+// split (the grid's z dimension is 65535 for some kernels).
+constexpr int64_t kMaxLtBatch = 65535;
+
+void CheckLt(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    ThrowOpError(kOp, what, " failed: ", cublasLtGetStatusString(status));
+  }
+}
+
+// A strided matrix as BLAS sees it (as in tensor/cpu/matmul.cc): row major
+// (col stride 1) or column major (row stride 1), with its leading dimension.
+// Strides of size-1 dims are ignored; row major is preferred when both fit.
+bool GetLayout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, bool* col_major,
+               int64_t* ld) {
+  if ((col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= std::max<int64_t>(cols, 1))) {
+    *col_major = false;
+    *ld = rows == 1 ? std::max<int64_t>(cols, 1) : row_stride;
+    return true;
+  }
+  if ((row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= std::max<int64_t>(rows, 1))) {
+    *col_major = true;
+    *ld = cols == 1 ? std::max<int64_t>(rows, 1) : col_stride;
+    return true;
+  }
+  return false;
+}
+
+cudaDataType_t LtType(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kBF16:
+      return CUDA_R_16BF;
+    case Dtype::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Per-(device, thread) cuBLASLt handle and workspace.
+// ---------------------------------------------------------------------------
+
+struct ThreadContext {
+  int device = 0;
+  cublasLtHandle_t handle = nullptr;
+  Allocator* allocator = nullptr;
+  void* workspace = nullptr;
+
+  ThreadContext() = default;
+  ThreadContext(const ThreadContext&) = delete;
+  ThreadContext& operator=(const ThreadContext&) = delete;
+  ~ThreadContext() {
+    if (workspace != nullptr) {
+      // GEMMs this thread queued may still be using the workspace: let them
+      // finish before the block goes back to the (shared) caching allocator.
+      if (cudaSetDevice(device) == cudaSuccess) cudaStreamSynchronize(cudaStreamPerThread);
+      cudaGetLastError();  // errors at process exit are of no interest
+      allocator->Deallocate(workspace, kMatmulWorkspaceBytes);
+    }
+    if (handle != nullptr) cublasLtDestroy(handle);
+  }
+};
+
+// The calling thread's context for `device` (the device is current).
+ThreadContext& Context(int device) {
+  thread_local std::vector<std::unique_ptr<ThreadContext>> contexts;
+  if (device >= static_cast<int>(contexts.size())) contexts.resize(device + 1);
+  std::unique_ptr<ThreadContext>& slot = contexts[device];
+  if (slot == nullptr) {
+    auto ctx = std::make_unique<ThreadContext>();
+    ctx->device = device;
+    CheckLt(cublasLtCreate(&ctx->handle), "cublasLtCreate");
+    ctx->allocator = &DeviceAllocator(device);
+    ctx->workspace = ctx->allocator->Allocate(kMatmulWorkspaceBytes);
+    slot = std::move(ctx);
+  }
+  return *slot;
+}
+
+// ---------------------------------------------------------------------------
+// Cached descriptors.
+// ---------------------------------------------------------------------------
+
+// Everything one cublasLtMatmul needs besides the pointers and beta. The
+// descriptors are only read by cublasLtMatmul, so threads share an entry.
+struct LtEntry {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;
+  cublasLtMatrixLayout_t b = nullptr;
+  cublasLtMatrixLayout_t c = nullptr;  // C and D
+  cublasLtMatmulAlgo_t algo = {};
+  size_t workspace_bytes = 0;
+
+  LtEntry() = default;
+  LtEntry(const LtEntry&) = delete;
+  LtEntry& operator=(const LtEntry&) = delete;
+  ~LtEntry() {
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+using CacheKey = absl::InlinedVector<int64_t, 24>;
+
+struct CacheKeyHash {
+  size_t operator()(const CacheKey& key) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : key) {
+      h ^= static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// LRU cache of entries (as the CPU primitive cache). Creation runs outside
+// the lock; two threads missing on one key both create and the first wins.
+class LtCache {
+ public:
+  std::shared_ptr<const LtEntry> Find(const CacheKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) {
+      ++misses_;
+      return nullptr;
+    }
+    ++hits_;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+
+  std::shared_ptr<const LtEntry> Insert(const CacheKey& key, std::shared_ptr<const LtEntry> entry) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second->second;
+    lru_.emplace_front(key, std::move(entry));
+    map_.emplace(key, lru_.begin());
+    while (static_cast<int64_t>(lru_.size()) > kMatmulCacheCapacity) {
+      map_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return lru_.front().second;
+  }
+
+  MatmulCacheStats Stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {static_cast<int64_t>(lru_.size()), hits_, misses_};
+  }
+
+ private:
+  using Item = std::pair<CacheKey, std::shared_ptr<const LtEntry>>;
+  std::mutex mu_;
+  std::list<Item> lru_;  // most recently used first
+  std::unordered_map<CacheKey, std::list<Item>::iterator, CacheKeyHash> map_;
+  int64_t hits_ = 0;
+  int64_t misses_ = 0;
+};
+
+LtCache& Cache() {
+  static LtCache* const cache = new LtCache;  // leaked: no exit-time destruction
+  return *cache;
+}
+
+bool Tf32FromEnv() {
+  const char* env = std::getenv("FSDP_CUDA_TF32");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+std::atomic<bool>& AllowTf32Flag() {
+  static std::atomic<bool> flag{Tf32FromEnv()};
+  return flag;
+}
+
+// One cuBLASLt call: `count` items of the strided batch.
+struct LtCall {
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  int64_t count = 1;
+  int align_a = 256;  // bytes, of cuBLASLt's A (our b)
+  int align_b = 256;  // of cuBLASLt's B (our a)
+  int align_c = 256;
+};
+
+std::string Describe(const GemmArgs& args, const LtPlan& plan, const LtCall& call) {
+  return absl::StrCat(DtypeName(args.in_dtype), " -> ", DtypeName(args.out_dtype), " (", args.m,
+                      "x", args.k, ") @ (", args.k, "x", args.n, "), batch ", call.count,
+                      ", cuBLASLt m=", plan.m, " n=", plan.n, " k=", plan.k,
+                      " op(A)=", plan.a.trans ? "T" : "N", " lda=", plan.a.ld,
+                      " op(B)=", plan.b.trans ? "T" : "N", " ldb=", plan.b.ld, " ldc=", plan.c.ld,
+                      ", alignment ", call.align_a, "/", call.align_b, "/", call.align_c, " bytes",
+                      call.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? ", tf32" : "");
+}
+
+cublasLtMatrixLayout_t MakeLayout(cudaDataType_t type, const LtMatrix& m, int64_t count) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  CheckLt(cublasLtMatrixLayoutCreate(&layout, type, m.rows, m.cols, m.ld),
+          "cublasLtMatrixLayoutCreate");
+  if (count > 1) {
+    const int32_t count32 = static_cast<int32_t>(count);
+    const int64_t stride = m.batch_stride;
+    cublasStatus_t st = cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &count32, sizeof(count32));
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &stride, sizeof(stride));
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatrixLayoutDestroy(layout);
+      CheckLt(st, "cublasLtMatrixLayoutSetAttribute");
+    }
+  }
+  return layout;
+}
+
+std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmArgs& args,
+                                           const LtPlan& plan, const LtCall& call) {
+  auto e = std::make_shared<LtEntry>();
+  CheckLt(cublasLtMatmulDescCreate(&e->desc, call.compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const int32_t trans_a = plan.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t trans_b = plan.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                         sizeof(trans_a)),
+          "cublasLtMatmulDescSetAttribute(TRANSA)");
+  CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                         sizeof(trans_b)),
+          "cublasLtMatmulDescSetAttribute(TRANSB)");
+  e->a = MakeLayout(LtType(args.in_dtype), plan.a, call.count);
+  e->b = MakeLayout(LtType(args.in_dtype), plan.b, call.count);
+  e->c = MakeLayout(LtType(args.out_dtype), plan.c, call.count);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CheckLt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                  decltype(&cublasLtMatmulPreferenceDestroy)>
+      pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
+  const uint64_t workspace = kMatmulWorkspaceBytes;
+  const uint32_t align_a = call.align_a, align_b = call.align_b, align_c = call.align_c;
+  CheckLt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace, sizeof(workspace)),
+          "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const uint32_t*> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c},
+  };
+  for (const auto& [attr, value] : aligns) {
+    CheckLt(cublasLtMatmulPreferenceSetAttribute(pref, attr, value, sizeof(*value)),
+            "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+  }
+  cublasLtMatmulHeuristicResult_t result = {};
+  int returned = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c,
+                                                           pref, 1, &result, &returned);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    ThrowOpError(kOp, "cublasLtMatmulAlgoGetHeuristic failed for ", Describe(args, plan, call),
+                 ": ", cublasLtGetStatusString(st));
+  }
+  if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    ThrowOpError(
+        kOp, "cuBLASLt has no algorithm for ", Describe(args, plan, call),
+        returned == 0 ? "" : absl::StrCat(" (", cublasLtGetStatusString(result.state), ")"));
+  }
+  e->algo = result.algo;
+  e->workspace_bytes = result.workspaceSize;
+  return e;
+}
+
+// One cublasLtMatmul over `call.count` batch items starting at a / b / c
+// (our operands).
+void RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const LtCall& call,
+           const void* a, const void* b, void* c) {
+  CacheKey key = {args.device,
+                  static_cast<int64_t>(args.in_dtype),
+                  static_cast<int64_t>(args.out_dtype),
+                  static_cast<int64_t>(call.compute),
+                  plan.m,
+                  plan.n,
+                  plan.k,
+                  plan.a.trans,
+                  plan.b.trans,
+                  plan.a.ld,
+                  plan.b.ld,
+                  plan.c.ld,
+                  call.count,
+                  call.count > 1 ? plan.a.batch_stride : 0,
+                  call.count > 1 ? plan.b.batch_stride : 0,
+                  call.count > 1 ? plan.c.batch_stride : 0,
+                  call.align_a,
+                  call.align_b,
+                  call.align_c};
+  std::shared_ptr<const LtEntry> e = Cache().Find(key);
+  if (e == nullptr) e = Cache().Insert(key, CreateEntry(ctx.handle, args, plan, call));
+  const float alpha = 1.0f;
+  const float beta = args.beta;
+  // cuBLASLt's A is our b and its B is our a (see matmul.h); D is C in place.
+  const cublasStatus_t st =
+      cublasLtMatmul(ctx.handle, e->desc, &alpha, b, e->a, a, e->b, &beta, c, e->c, c, e->c,
+                     &e->algo, ctx.workspace, kMatmulWorkspaceBytes, ComputeStream());
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    ThrowOpError(kOp, "cublasLtMatmul failed for ", Describe(args, plan, call), ": ",
+                 cublasLtGetStatusString(st));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+__global__ void ScaleKernel(T* p, int64_t n, float beta) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    p[i] = FromF<T>(beta == 0.0f ? 0.0f : beta * ToF(p[i]));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// The plan.
+// ---------------------------------------------------------------------------
+
+bool MakeLtPlan(const GemmArgs& args, LtPlan* plan, std::string* why) {
+  const size_t nb = args.batch.size();
+  if (args.a.batch_strides.size() != nb || args.b.batch_strides.size() != nb ||
+      args.c.batch_strides.size() != nb) {
+    *why = absl::StrCat("batch strides of a, b, c (", args.a.batch_strides.size(), ", ",
+                        args.b.batch_strides.size(), ", ", args.c.batch_strides.size(),
+                        ") do not match the ", nb, " batch dims");
+    return false;
+  }
+  bool a_col = false, b_col = false, c_col = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  if (!GetLayout(args.m, args.k, args.a.row_stride, args.a.col_stride, &a_col, &lda)) {
+    *why = absl::StrCat("a (", args.m, "x", args.k, ", strides ", args.a.row_stride, ",",
+                        args.a.col_stride, ") is neither row nor column major");
+    return false;
+  }
+  if (!GetLayout(args.k, args.n, args.b.row_stride, args.b.col_stride, &b_col, &ldb)) {
+    *why = absl::StrCat("b (", args.k, "x", args.n, ", strides ", args.b.row_stride, ",",
+                        args.b.col_stride, ") is neither row nor column major");
+    return false;
+  }
+  if (!GetLayout(args.m, args.n, args.c.row_stride, args.c.col_stride, &c_col, &ldc) || c_col) {
+    *why = absl::StrCat("c (", args.m, "x", args.n, ", strides ", args.c.row_stride, ",",
+                        args.c.col_stride, ") is not row major");
+    return false;
+  }
+  LtPlan p;
+  p.m = args.n;
+  p.n = args.m;
+  p.k = args.k;
+  // cuBLASLt's A = our b, to be read as b^T (n x k).
+  p.a = b_col ? LtMatrix{true, args.k, args.n, ldb} : LtMatrix{false, args.n, args.k, ldb};
+  // cuBLASLt's B = our a, to be read as a^T (k x m).
+  p.b = a_col ? LtMatrix{true, args.m, args.k, lda} : LtMatrix{false, args.k, args.m, lda};
+  // C = D = our c: column-major c^T (n x m).
+  p.c = LtMatrix{false, args.n, args.m, ldc};
+  if (nb > 0) {
+    p.batch = args.batch.back();
+    p.a.batch_stride = args.b.batch_strides.back();
+    p.b.batch_stride = args.a.batch_strides.back();
+    p.c.batch_stride = args.c.batch_strides.back();
+    p.outer.assign(args.batch.begin(), args.batch.end() - 1);
+    p.outer_a.assign(args.a.batch_strides.begin(), args.a.batch_strides.end() - 1);
+    p.outer_b.assign(args.b.batch_strides.begin(), args.b.batch_strides.end() - 1);
+    p.outer_c.assign(args.c.batch_strides.begin(), args.c.batch_strides.end() - 1);
+  }
+  *plan = std::move(p);
+  return true;
+}
+
+int AlignmentBytes(const void* ptr, std::initializer_list<int64_t> offsets) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(ptr) | 256;
+  for (int64_t o : offsets) bits |= static_cast<uint64_t>(o < 0 ? -o : o);
+  return static_cast<int>(bits & (~bits + 1));  // lowest set bit
+}
+
+// ---------------------------------------------------------------------------
+// Entry points.
+// ---------------------------------------------------------------------------
+
+void Gemm(const GemmArgs& args) {
+  OP_CHECK(args.m > 0 && args.n > 0 && args.k > 0, kOp, "empty GEMM (", args.m, "x", args.k, " @ ",
+           args.k, "x", args.n, ") reached the CUDA kernel");
+  const Dtype in = args.in_dtype;
+  OP_CHECK(in == Dtype::kF32 || in == Dtype::kBF16 || in == Dtype::kF16, kOp, "dtype ",
+           DtypeName(in), " is not supported on CUDA; expected f32, bf16 or f16");
+  OP_CHECK(args.out_dtype == in || args.out_dtype == Dtype::kF32, kOp, "output dtype ",
+           DtypeName(args.out_dtype), " is not supported for ", DtypeName(in), " inputs");
+  LtPlan plan;
+  std::string why;
+  OP_CHECK(MakeLtPlan(args, &plan, &why), kOp,
+           "the CUDA kernel got operands it cannot take: ", why);
+  CheckCuda(cudaSetDevice(args.device), kOp, "cudaSetDevice");
+  ThreadContext& ctx = Context(args.device);
+
+  LtCall call;
+  call.compute =
+      in == Dtype::kF32 && MatmulAllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const int64_t in_size = DtypeSize(in);
+  const int64_t out_size = DtypeSize(args.out_dtype);
+  int64_t outer_count = 1;
+  for (int64_t d : plan.outer) outer_count *= d;
+  for (int64_t i = 0; i < outer_count; ++i) {
+    // Element offsets of outer item i (row-major over plan.outer).
+    int64_t oa = 0, ob = 0, oc = 0;
+    int64_t rest = i;
+    for (int d = static_cast<int>(plan.outer.size()) - 1; d >= 0; --d) {
+      const int64_t idx = rest % plan.outer[d];
+      rest /= plan.outer[d];
+      oa += idx * plan.outer_a[d];
+      ob += idx * plan.outer_b[d];
+      oc += idx * plan.outer_c[d];
+    }
+    for (int64_t first = 0; first < plan.batch; first += kMaxLtBatch) {
+      call.count = std::min(kMaxLtBatch, plan.batch - first);
+      // Our a is cuBLASLt's B (plan.b), our b its A (plan.a).
+      const char* a =
+          static_cast<const char*>(args.a.data) + (oa + first * plan.b.batch_stride) * in_size;
+      const char* b =
+          static_cast<const char*>(args.b.data) + (ob + first * plan.a.batch_stride) * in_size;
+      char* c = static_cast<char*>(args.c.data) + (oc + first * plan.c.batch_stride) * out_size;
+      const bool batched = call.count > 1;
+      call.align_a = AlignmentBytes(b, {batched ? plan.a.batch_stride * in_size : 0});
+      call.align_b = AlignmentBytes(a, {batched ? plan.b.batch_stride * in_size : 0});
+      call.align_c = AlignmentBytes(c, {batched ? plan.c.batch_stride * out_size : 0});
+      RunLt(ctx, args, plan, call, a, b, c);
+    }
+  }
+}
+
+void MatmulScale(const Tensor& out, float beta) {
+  SetDevice(out, kOp);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DispatchFloat(out.dtype(), kOp, [&](auto zero) {
+    using T = decltype(zero);
+    ScaleKernel<T><<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<T>(out), n, beta);
+  });
+  CheckLaunch(kOp);
+}
+
+void SetMatmulAllowTf32(bool allow) { AllowTf32Flag().store(allow); }
+
+bool MatmulAllowTf32() { return AllowTf32Flag().load(std::memory_order_relaxed); }
+
+MatmulCacheStats GetMatmulCacheStats() { return Cache().Stats(); }
+
+}  // namespace cuda
+}  // namespace tensor

@@ -1,0 +1,156 @@
+// CUDA GEMM kernels behind tensor::Matmul (tensor/ops/matmul.h): cuBLASLt
+// matmuls in f32, bf16 and f16 with fp32 accumulation, the descriptors, layouts
+// and heuristic's algorithm cached by shape, strides, dtypes and alignment (the
+// CUDA twin of tensor/cpu/matmul.h). The op layer checks arguments and lays
+// the operands out as GemmArgs; see common.cuh for the backend conventions.
+//
+// Row-major operands through a column-major library. cuBLASLt reads every
+// matrix column major: X (rows x cols, leading dimension ld) has X(i, j) at
+// i + j * ld. Our row-major C (m x n, row stride ldc) has C(r, c) at
+// r * ldc + c, which is exactly the column-major matrix C^T (n x m, ld ldc).
+// Since C^T = B^T A^T, we ask cuBLASLt for D = op(A') op(B') with
+//   A' = our b, read as an n x k operand (op(A') = b^T),
+//   B' = our a, read as a k x m operand (op(B') = a^T),
+//   D = C = our c, column-major n x m with ld = ldc,
+// i.e. the operands are swapped and cuBLASLt's (m, n) is our (n, m). Each
+// operand chooses its own transpose flag from its strides:
+//   b row major (col stride 1, ld = row stride): its memory already is the
+//     column-major n x k matrix b^T, so A' is (n x k, ld), op N;
+//   b column major (row stride 1, ld = col stride): its memory is the
+//     column-major k x n matrix b, so A' is (k x n, ld), op T;
+//   a row major: memory = column-major k x m a^T, B' is (k x m, ld), op N;
+//   a column major: memory = column-major m x k a, B' is (m x k, ld), op T.
+// So transposed views (Matmul's trans_a / trans_b, x.Transpose(-1, -2)) cost
+// nothing: they only flip a flag. c must be row major (it is always the op's
+// contiguous output).
+//
+// Batches: after the op layer merged uniform batch dims, the last batch dim
+// becomes cuBLASLt's strided batch (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and
+// STRIDED_BATCH_OFFSET; a stride of 0 broadcasts a or b) and any earlier batch
+// dims (strides that could not be merged) are looped over on the host.
+#ifndef TENSOR_CUDA_MATMUL_H_
+#define TENSOR_CUDA_MATMUL_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+#include "tensor/tensor.h"
+
+namespace tensor {
+namespace cuda {
+
+// One operand of a batched GEMM: a stack of strided matrices on the GPU.
+// Element (batch index i..., row r, col c) is at
+//   data + sum_d(i_d * batch_strides[d]) + r * row_stride + c * col_stride
+// (in elements). A batch stride of 0 broadcasts the operand over that dim.
+struct GemmOperand {
+  void* data = nullptr;
+  Dims batch_strides;  // one per GemmArgs::batch dim
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+};
+
+// c = a @ b + beta * c over the batch on cuda:device: a (batch..., m, k),
+// b (batch..., k, n), c (batch..., m, n). Requirements (the op layer
+// guarantees them, as for cpu::GemmArgs):
+//  - m, n, k > 0 and every batch dim > 0;
+//  - a and b have dtype in_dtype (f32, bf16 or f16); c has out_dtype
+//    (in_dtype, or f32 for bf16 / f16 inputs);
+//  - a and b are GemmFriendly (tensor/cpu/matmul.h: a unit stride along rows
+//    or columns, leading dimension large enough); c is row major (col_stride
+//    1, row_stride >= n) and never broadcast;
+//  - c does not overlap a or b. With beta == 0, c is only written (NaNs in it
+//    are ignored).
+struct GemmArgs {
+  int device = 0;
+  Dtype in_dtype = Dtype::kF32;
+  Dtype out_dtype = Dtype::kF32;
+  Dims batch;  // may be empty
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  GemmOperand a;
+  GemmOperand b;
+  GemmOperand c;
+  float beta = 0.0f;
+};
+
+// Runs the GEMM with cuBLASLt on the calling thread's stream (asynchronous).
+// Each (device, thread) has its own cuBLASLt handle and a 32 MiB workspace
+// (from the device's caching allocator, not charged to the memory ledger,
+// returned when the thread exits). Throws OpError("[matmul] ...") when
+// cuBLASLt has no algorithm for the case or fails.
+void Gemm(const GemmArgs& args);
+
+// out = beta * out (zeros when beta == 0, whatever out held): the product of
+// an empty K. out is contiguous.
+void MatmulScale(const Tensor& out, float beta);
+
+// f32 inputs: TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32, 10-bit
+// mantissa products, fp32 accumulation) when allowed; exact fp32
+// (CUBLAS_COMPUTE_32F) by default. Environment FSDP_CUDA_TF32=1 at startup
+// allows it. bf16 and f16 inputs always use tensor cores with fp32
+// accumulation (CUBLAS_COMPUTE_32F).
+void SetMatmulAllowTf32(bool allow);
+bool MatmulAllowTf32();
+
+// The cache of descriptors and heuristic results: entries now, and lookups
+// that hit or missed. Shared by all threads and devices (keyed by device).
+struct MatmulCacheStats {
+  int64_t entries = 0;
+  int64_t hits = 0;
+  int64_t misses = 0;
+};
+MatmulCacheStats GetMatmulCacheStats();
+inline constexpr int64_t kMatmulCacheCapacity = 512;
+inline constexpr int64_t kMatmulWorkspaceBytes = int64_t{32} << 20;
+
+// ---------------------------------------------------------------------------
+// The host-side plan (pure C++, no CUDA calls; tested without a GPU in
+// matmul_test.cc). Defined in matmul.cu, so only in --config=cuda builds.
+// ---------------------------------------------------------------------------
+
+// One matrix as cuBLASLt is told about it: stored column major as
+// rows x cols with leading dimension ld, used transposed when `trans`
+// (CUBLASLT_MATMUL_DESC_TRANSA / TRANSB; always false for C).
+struct LtMatrix {
+  bool trans = false;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;  // elements between items of the strided batch
+};
+
+// The cuBLASLt call(s) for one GemmArgs. cuBLASLt's m / n are our n / m.
+struct LtPlan {
+  int64_t m = 0;  // = args.n
+  int64_t n = 0;  // = args.m
+  int64_t k = 0;
+  LtMatrix a;         // cuBLASLt's A: our b
+  LtMatrix b;         // cuBLASLt's B: our a
+  LtMatrix c;         // cuBLASLt's C and D: our c
+  int64_t batch = 1;  // cuBLASLt's strided batch count (our last batch dim)
+  // Earlier batch dims, looped over on the host, and each operand's strides
+  // along them (elements, in our a / b / c terms).
+  Dims outer;
+  Dims outer_a;
+  Dims outer_b;
+  Dims outer_c;
+};
+
+// Builds the plan; false (with *why set) when an operand is not GEMM-friendly
+// or c is not row major, i.e. when the op layer broke its promise.
+bool MakeLtPlan(const GemmArgs& args, LtPlan* plan, std::string* why);
+
+// The largest power of two (at most 256) dividing the byte address `ptr` and
+// every byte offset in `offsets`: the alignment cuBLASLt may assume for a
+// matrix whose batch items start at ptr + offsets.
+int AlignmentBytes(const void* ptr, std::initializer_list<int64_t> offsets);
+
+}  // namespace cuda
+}  // namespace tensor
+
+#endif  // TENSOR_CUDA_MATMUL_H_

@@ -1,0 +1,257 @@
+// GEMM TFLOP/s on one GPU: tensor::Matmul (the op: checks, descriptor cache,
+// output from the caching allocator, cuBLASLt) and tensor::MatmulInto against
+// a raw cublasLtMatmul call built by hand with the same descriptors (same
+// layouts, compute type, 32 MiB workspace, heuristic's first algorithm), side
+// by side in one run. Shapes: the minGPT MLP GEMMs, the 50257-vocab LM head
+// (and its 64-padded 50304), and 4096^3; in f32 (exact), tf32 and bf16.
+// Timed with CUDA events on the calling thread's stream: warmup samples, then
+// the median of --samples samples of --reps back-to-back calls each.
+//
+//   bazel-bin/tensor/cuda/matmul_benchmark --samples=20 --reps=10
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "tensor/cuda/matmul.h"
+#include "tensor/cuda_backend.h"
+#include "tensor/ops/matmul.h"
+#include "tensor/tensor.h"
+
+ABSL_FLAG(int, samples, 20, "timed samples per measurement (the median is reported)");
+ABSL_FLAG(int, reps, 10, "back-to-back calls per sample");
+ABSL_FLAG(int, warmup, 3, "untimed samples first");
+ABSL_FLAG(int, device, 0, "CUDA device index");
+
+namespace tensor {
+namespace {
+
+void Check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+
+void CheckLt(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s: %s\n", what, cublasLtGetStatusString(st));
+    std::exit(1);
+  }
+}
+
+struct Case {
+  const char* name;
+  int64_t m;
+  int64_t k;
+  int64_t n;
+  bool trans_b;  // b stored (n, k): the Linear layer x @ W^T
+};
+
+struct Precision {
+  const char* name;
+  Dtype dtype;
+  bool tf32;
+};
+
+// Seconds per call: median over samples of (reps calls between two events).
+double TimeCall(const std::function<void()>& call) {
+  const cudaStream_t stream = cudaStreamPerThread;
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup) * reps; ++i) call();
+  Check(cudaStreamSynchronize(stream), "warmup");
+  cudaEvent_t start, stop;
+  Check(cudaEventCreate(&start), "cudaEventCreate");
+  Check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> seconds;
+  for (int s = 0; s < absl::GetFlag(FLAGS_samples); ++s) {
+    Check(cudaEventRecord(start, stream), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i) call();
+    Check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    seconds.push_back(ms * 1e-3 / reps);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+// A device tensor of deterministic values in [-1, 1).
+Tensor DeviceRandom(const Shape& shape, Dtype dtype, uint64_t seed, int device) {
+  std::vector<float> values(shape.numel());
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (float& v : values) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<float>(x >> 40) / static_cast<float>(1 << 23) - 1.0f;
+  }
+  return Tensor::FromVector(values, shape, dtype).To(Device::Cuda(device));
+}
+
+cudaDataType_t LtType(Dtype dtype) {
+  return dtype == Dtype::kBF16 ? CUDA_R_16BF : dtype == Dtype::kF16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+// The hand-written cuBLASLt call for row-major c (m, n) = a (m, k) @ op(b):
+// c^T = op(b)^T a^T in cuBLASLt's column-major terms (see matmul.h).
+class RawLt {
+ public:
+  RawLt(const Case& c, const Precision& p, const Tensor& a, const Tensor& b, const Tensor& out)
+      : a_(a.raw_data()), b_(b.raw_data()), c_(out.raw_data()) {
+    CheckLt(cublasLtCreate(&handle_), "cublasLtCreate");
+    Check(cudaMalloc(&workspace_, cuda::kMatmulWorkspaceBytes), "cudaMalloc");
+    const cublasComputeType_t compute = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CheckLt(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    // cuBLASLt's A = b: (n, k) row major is column-major k x n, used transposed;
+    // (k, n) row major is column-major n x k, used as is.
+    const int32_t op_a = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int32_t op_b = CUBLAS_OP_N;  // a (m, k) row major = column-major k x m
+    CheckLt(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+            "TRANSA");
+    CheckLt(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+            "TRANSB");
+    const cudaDataType_t t = LtType(p.dtype);
+    if (c.trans_b) {
+      CheckLt(cublasLtMatrixLayoutCreate(&la_, t, c.k, c.n, c.k), "layout A");
+    } else {
+      CheckLt(cublasLtMatrixLayoutCreate(&la_, t, c.n, c.k, c.n), "layout A");
+    }
+    CheckLt(cublasLtMatrixLayoutCreate(&lb_, t, c.k, c.m, c.k), "layout B");
+    CheckLt(cublasLtMatrixLayoutCreate(&lc_, t, c.n, c.m, c.n), "layout C");
+    cublasLtMatmulPreference_t pref;
+    CheckLt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t ws = cuda::kMatmulWorkspaceBytes;
+    CheckLt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &ws, sizeof(ws)),
+            "workspace preference");
+    cublasLtMatmulHeuristicResult_t result = {};
+    int returned = 0;
+    CheckLt(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, 1, &result,
+                                           &returned),
+            "cublasLtMatmulAlgoGetHeuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (returned == 0) {
+      std::fprintf(stderr, "no cuBLASLt algorithm for %s\n", c.name);
+      std::exit(1);
+    }
+    algo_ = result.algo;
+  }
+  ~RawLt() {
+    cublasLtMatrixLayoutDestroy(lc_);
+    cublasLtMatrixLayoutDestroy(lb_);
+    cublasLtMatrixLayoutDestroy(la_);
+    cublasLtMatmulDescDestroy(desc_);
+    cudaFree(workspace_);
+    cublasLtDestroy(handle_);
+  }
+  RawLt(const RawLt&) = delete;
+  RawLt& operator=(const RawLt&) = delete;
+
+  void Run() {
+    const float alpha = 1.0f, beta = 0.0f;
+    CheckLt(cublasLtMatmul(handle_, desc_, &alpha, b_, la_, a_, lb_, &beta, c_, lc_, c_, lc_,
+                           &algo_, workspace_, cuda::kMatmulWorkspaceBytes, cudaStreamPerThread),
+            "cublasLtMatmul");
+  }
+
+ private:
+  const void* a_;
+  const void* b_;
+  void* c_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
+  cublasLtMatmulAlgo_t algo_ = {};
+};
+
+// Largest |x - y| over the first elements of two same-shaped device tensors.
+double MaxDiffHead(const Tensor& x, const Tensor& y) {
+  const int64_t n = std::min<int64_t>(x.numel(), int64_t{1} << 20);
+  const std::vector<float> vx = x.Flatten().Narrow(0, 0, n).To(Device::Cpu()).ToVector<float>();
+  const std::vector<float> vy = y.Flatten().Narrow(0, 0, n).To(Device::Cpu()).ToVector<float>();
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(vx[i]) - vy[i]));
+  return worst;
+}
+
+int Main() {
+  const int device = absl::GetFlag(FLAGS_device);
+  if (cuda::DeviceCount() <= device) {
+    std::fprintf(stderr, "no CUDA device cuda:%d visible\n", device);
+    return 1;
+  }
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop;
+  Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  std::printf("device: %s (sm_%d%d); median of %d samples x %d calls, %d warmup samples\n",
+              prop.name, prop.major, prop.minor, absl::GetFlag(FLAGS_samples),
+              absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_warmup));
+  const Case cases[] = {
+      {"mlp up    x@W^T", 1024, 768, 3072, true},   {"mlp down  x@W^T", 1024, 3072, 768, true},
+      {"lm head   x@W^T", 8192, 768, 50257, true},  {"lm head   50304", 8192, 768, 50304, true},
+      {"square    a@b  ", 4096, 4096, 4096, false},
+  };
+  const Precision precisions[] = {
+      {"f32 ", Dtype::kF32, false},
+      {"tf32", Dtype::kF32, true},
+      {"bf16", Dtype::kBF16, false},
+  };
+  std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s | %7s %9s\n", "case", "dtype", "M", "K", "N",
+              "Matmul", "Into", "raw Lt", "ours/Lt", "max|diff|");
+  std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s |\n", "", "", "", "", "", "TFLOP/s", "TFLOP/s",
+              "TFLOP/s");
+  uint64_t seed = 1;
+  for (const Precision& p : precisions) {
+    cuda::SetMatmulAllowTf32(p.tf32);
+    for (const Case& c : cases) {
+      const Tensor a = DeviceRandom({c.m, c.k}, p.dtype, seed++, device);
+      const Tensor b =
+          DeviceRandom(c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, p.dtype, seed++, device);
+      const MatmulOptions opts{false, c.trans_b, std::nullopt};
+      const Tensor into = Tensor::Empty({c.m, c.n}, p.dtype, Device::Cuda(device));
+      const Tensor raw_out = Tensor::Empty({c.m, c.n}, p.dtype, Device::Cuda(device));
+      RawLt raw(c, p, a, b, raw_out);
+
+      const double t_ours = TimeCall([&] { Matmul(a, b, opts); });
+      const double t_into = TimeCall([&] { MatmulInto(a, b, into, opts); });
+      const double t_raw = TimeCall([&] { raw.Run(); });
+      Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");
+      const double diff = MaxDiffHead(into, raw_out);
+
+      const double flops = 2.0 * c.m * c.n * c.k;
+      std::printf("%-16s %-5s %6lld %6lld %6lld | %9.1f %9.1f %9.1f | %7.3f %9.2g\n", c.name,
+                  p.name, static_cast<long long>(c.m), static_cast<long long>(c.k),
+                  static_cast<long long>(c.n), flops / t_ours * 1e-12, flops / t_into * 1e-12,
+                  flops / t_raw * 1e-12, t_raw / t_ours, diff);
+      std::fflush(stdout);
+    }
+  }
+  cuda::SetMatmulAllowTf32(false);
+  const cuda::MatmulCacheStats stats = cuda::GetMatmulCacheStats();
+  std::printf("descriptor cache: %lld entries, %lld hits, %lld misses\n",
+              static_cast<long long>(stats.entries), static_cast<long long>(stats.hits),
+              static_cast<long long>(stats.misses));
+  return 0;
+}
+
+}  // namespace
+}  // namespace tensor
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tensor::Main();
+}

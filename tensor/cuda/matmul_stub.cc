@@ -1,0 +1,26 @@
+// Builds without --config=cuda: the CUDA GEMM entry points fail with a clear
+// message; the TF32 switch and the cache statistics still answer.
+#include <atomic>
+
+#include "tensor/cuda/matmul.h"
+#include "tensor/cuda/stub.h"
+
+namespace tensor {
+namespace cuda {
+namespace {
+
+std::atomic<bool> allow_tf32{false};
+
+}  // namespace
+
+void Gemm(const GemmArgs& args) {
+  ThrowOpError("matmul", "CUDA support was not built into this binary; rebuild with --config=cuda ",
+               "(tensor on cuda:", args.device, ")");
+}
+void MatmulScale(const Tensor& out, float) { NotBuilt("matmul", out); }
+void SetMatmulAllowTf32(bool allow) { allow_tf32.store(allow); }
+bool MatmulAllowTf32() { return allow_tf32.load(); }
+MatmulCacheStats GetMatmulCacheStats() { return {}; }
+
+}  // namespace cuda
+}  // namespace tensor
