@@ -19,73 +19,14 @@
 #include <cstdint>
 
 #include "tensor/cuda/common.cuh"
+#include "tensor/cuda/rows.cuh"
 #include "tensor/cuda/loss.h"
 
 namespace tensor {
 namespace cuda {
 namespace {
 
-// ---- Row helpers (as in norm.cu and softmax.cu) ----
-
-constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kMaxRowThreads = 1024;            // the row kernel's __launch_bounds__
-constexpr int64_t kMaxGrid = int64_t{1} << 20;  // row loops stride past this many blocks
-
-// N elements of T loaded or stored as one access (16 bytes at most).
-template <typename T, int N>
-struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
-  T v[N];
-};
-
-template <int N, typename T>
-__device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
-  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = ToF(pk.v[k]);
-}
-
-template <int N, typename T>
-__device__ __forceinline__ void StoreF(T* p, const float (&in)[N]) {
-  Pack<T, N> pk;
-#pragma unroll
-  for (int k = 0; k < N; ++k) pk.v[k] = FromF<T>(in[k]);
-  *reinterpret_cast<Pack<T, N>*>(p) = pk;
-}
-
-// ---- Online max / sum of exponentials (as in softmax.cu) ----
-
-// The running max m of a set of values and s = sum(exp(v - m)) over it.
-struct MaxSum {
-  float m;
-  float s;
-};
-
-__device__ __forceinline__ void Add(MaxSum& a, float v) {
-  if (v > a.m) {
-    a.s = a.s * expf(a.m - v) + 1.0f;  // a.m = -inf: a.s = 0 * 0 + 1
-    a.m = v;
-  } else if (v != -INFINITY) {  // -inf adds exp(-inf) = 0 (and would make NaN against m = -inf)
-    a.s += expf(v - a.m);
-  }
-}
-
-// Symmetric in a and b, bit for bit (the products are rounded on their own, not
-// fused into an FMA), so every lane of a butterfly gets the same result.
-__device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f};
-  return {m, __fmul_rn(a.s, expf(a.m - m)) + __fmul_rn(b.s, expf(b.m - m))};
-}
-
-__device__ __forceinline__ MaxSum WarpMaxSum(MaxSum a) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const MaxSum b{__shfl_xor_sync(kFullMask, a.m, o), __shfl_xor_sync(kFullMask, a.s, o)};
-    a = Combine(a, b);
-  }
-  return a;
-}
+using namespace rows;  // NOLINT: the shared row helpers (rows.cuh)
 
 // Over the block; every thread gets the same result. smem holds 2 * 32 floats.
 __device__ __forceinline__ MaxSum BlockMaxSum(MaxSum a, float* smem) {
