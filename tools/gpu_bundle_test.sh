@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Test of the GPU bundle's packing and running half (tools/gpu_bundle_collect.sh and the
+# run.sh it installs, tools/gpu_bundle_run.sh), without Bazel and without a GPU.
+#   gpu_bundle_test.sh cpu  COLLECT RUN_SH CC_BINARY CC_TEST   (//tools:gpu_bundle_test, in //...)
+#   gpu_bundle_test.sh cuda COLLECT RUN_SH CUDA_TEST...        (//tools:gpu_bundle_cuda_test,
+#                                                               manual, needs --config=cuda)
+# cpu: bundles a cc_binary (project libraries static) and a cc_test (project libraries from
+# _solib_k8), unpacks the .tar.xz elsewhere, runs both through run.sh under `env -i` and checks
+# their output and that every object they load comes from the bundle; then checks run.sh's
+# messages for missing CUDA libraries with made-up needs.
+# cuda: bundles CUDA tests; checks no CUDA library went in, each needs libcudart + libcuda.so.1,
+# and run.sh stops with a message naming the missing driver (or, on a machine with one, runs).
+set -euo pipefail
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+expect_in() {  # expect_in NEEDLE HAYSTACK WHAT
+  [[ "$2" == *"$1"* ]] || { printf '%s\n' "$2" >&2; fail "$3: expected to find '$1'"; }
+}
+
+mode=$1 collect=$2 run_sh=$3; shift 3
+[[ -x "$collect" && -f "$run_sh" ]] || fail "usage: $0 cpu|cuda COLLECT RUN_SH BINARY..."
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+work=$tmp/gpu_bundle_test
+rm -rf "$work"; mkdir -p "$work/made" "$work/unpacked" "$work/empty"
+
+if [[ "$mode" == cpu ]]; then
+  (( $# == 2 )) || fail "cpu mode takes CC_BINARY CC_TEST"
+  cc_binary=$1 cc_test=$2
+  bin_name=$(basename "$cc_binary") test_name=$(basename "$cc_test")
+
+  GPU_BUNDLE_RUN_SH=$run_sh "$collect" "$work/made/gpu_bundle" "$cc_binary" "$cc_test" \
+    > "$work/collect.log" 2>&1 || { cat "$work/collect.log" >&2; fail "collect failed"; }
+  cat "$work/collect.log"
+  b=$work/made/gpu_bundle
+  for f in run.sh MANIFEST lib/ld-linux-x86-64.so.2 lib/libc.so.6 lib/libstdc++.so.6 \
+           lib/libgcc_s.so.1 lib/libm.so.6 lib/libpthread.so.0 "bin/$bin_name" "bin/$test_name" \
+           "bin/$bin_name.ldd" "bin/$bin_name.cuda-libs" "wrap/$bin_name"; do
+    [[ -e "$b/$f" ]] || fail "the bundle lacks $f"
+  done
+  compgen -G "$b/lib/libabsl_*.so.*" >/dev/null || fail "no Abseil in lib/"
+  # The cc_test's project libraries (_solib_k8) are bundled.
+  solibs=$(ldd "$cc_test" | awk '/_solib_/ { print $1 }')
+  [[ -n "$solibs" ]] || fail "$cc_test links no project shared object: pick a cc_test that does"
+  for so in $solibs; do [[ -f "$b/lib/$so" ]] || fail "project library $so not bundled"; done
+  [[ ! -s "$b/bin/$bin_name.cuda-libs" ]] || fail "a CPU binary needs CUDA libraries?"
+  [[ -f "$work/made/gpu_bundle.tar.xz" ]] || fail "no gpu_bundle.tar.xz"
+
+  # Unpack elsewhere and remove the original: nothing may point back at it.
+  tar -C "$work/unpacked" -xJf "$work/made/gpu_bundle.tar.xz"
+  rm -rf "$work/made"
+  u=$work/unpacked/gpu_bundle
+
+  # A clean environment: no PATH, no LD_LIBRARY_PATH; only what run.sh adds.
+  out=$(cd "$work" && env -i "$u/run.sh" "$u/bin/$bin_name" 2>&1) || { echo "$out" >&2; fail "$bin_name through run.sh"; }
+  expect_in "gpt-mini" "$out" "$bin_name's table"
+  expect_in "21992832" "$out" "$bin_name's gpt-mini parameter count"
+  out=$(env -i "$u/run.sh" "$bin_name" --json 2>&1) || { echo "$out" >&2; fail "$bin_name --json (by bare name)"; }
+  expect_in '"preset"' "$out" "$bin_name --json"
+  out=$(env -i "$u/wrap/$bin_name" --json 2>&1) || { echo "$out" >&2; fail "wrap/$bin_name"; }
+  expect_in '"preset"' "$out" "wrap/$bin_name"
+  out=$(env -i "$u/run.sh" "$u/bin/$test_name" 2>&1) || { echo "$out" >&2; fail "$test_name through run.sh"; }
+  expect_in "[  PASSED  ]" "$out" "$test_name"
+
+  # Every object the programs load comes from the bundle (the loader prints them with
+  # LD_DEBUG=files; run.sh's own tools are left out by starting at the binary's first line).
+  for name in "$bin_name" "$test_name"; do
+    loaded=$(env -i LD_DEBUG=files "$u/run.sh" "$name" 2>&1 >/dev/null |
+      awk -v b="$u/bin/$name" 'index($0, b) { on = 1 } on && /calling init:/ { print $NF }' | sort -u)
+    [[ -n "$loaded" ]] || fail "LD_DEBUG=files showed nothing for $name"
+    outside=$(grep -v "^$u/lib/" <<< "$loaded" || true)
+    [[ -z "$outside" ]] || fail "$name loaded objects from outside the bundle: $outside"
+    echo "ok: $name loads $(wc -l <<< "$loaded") objects, all from the bundle"
+  done
+
+  # run.sh's messages.
+  out=$(env -i "$u/run.sh" no_such_binary 2>&1) && fail "an unknown binary ran"
+  expect_in "no binary 'no_such_binary'" "$out" "unknown binary"
+  expect_in "$bin_name" "$out" "unknown binary lists the bundled ones"
+
+  printf 'libcuda.so.1\nlibcudart.so.13\nlibnccl.so.2\n' > "$u/bin/$bin_name.cuda-libs"
+  rc=0; out=$(env -i GPU_BUNDLE_CUDA_DIRS="$work/empty" "$u/run.sh" "$bin_name" 2>&1) || rc=$?
+  (( rc == 127 )) || { echo "$out" >&2; fail "missing CUDA libraries: status $rc, want 127"; }
+  expect_in "lacks: libcudart.so.13 libnccl.so.2" "$out" "missing CUDA libraries"
+  expect_in "$work/empty" "$out" "the folders looked in"
+  expect_in "libcuda.so.1" "$out" "the missing driver"
+
+  mkdir -p "$work/fakecuda" "$work/fakedriver"
+  touch "$work/fakecuda/libcudart.so.13" "$work/fakecuda/libnccl.so.2" "$work/fakedriver/libcuda.so.1"
+  rc=0; out=$(env -i GPU_BUNDLE_CUDA_DIRS="$work/fakecuda" "$u/run.sh" "$bin_name" 2>&1) || rc=$?
+  (( rc == 127 )) || { echo "$out" >&2; fail "missing driver: status $rc, want 127"; }
+  expect_in "no CUDA driver library (libcuda.so.1) found" "$out" "missing driver"
+  out=$(env -i GPU_BUNDLE_CUDA_DIRS="$work/fakecuda" GPU_BUNDLE_ALLOW_NO_DRIVER=1 "$u/run.sh" "$bin_name" 2>&1) ||
+    { echo "$out" >&2; fail "GPU_BUNDLE_ALLOW_NO_DRIVER=1 did not run"; }
+  expect_in "gpt-mini" "$out" "GPU_BUNDLE_ALLOW_NO_DRIVER=1"
+  out=$(env -i GPU_BUNDLE_VERBOSE=1 GPU_BUNDLE_CUDA_DIRS="$work/fakedriver:$work/fakecuda" "$u/run.sh" "$bin_name" 2>&1) ||
+    { echo "$out" >&2; fail "with every CUDA library found"; }
+  expect_in "library path: $u/lib:$work/fakedriver:$work/fakecuda" "$out" "the library path"
+  expect_in "gpt-mini" "$out" "with every CUDA library found"
+
+  # collect refuses what it cannot bundle.
+  printf '#!/bin/sh\necho hi\n' > "$work/script.sh"; chmod +x "$work/script.sh"
+  out=$(GPU_BUNDLE_RUN_SH=$run_sh "$collect" "$work/bad" "$work/script.sh" 2>&1) && fail "collect took a script"
+  expect_in "not an ELF binary" "$out" "collect of a script"
+  echo "PASS (cpu)"
+  exit 0
+fi
+
+[[ "$mode" == cuda ]] || fail "mode must be cpu or cuda, not $mode"
+(( $# >= 1 )) || fail "cuda mode takes CUDA test binaries"
+GPU_BUNDLE_RUN_SH=$run_sh GPU_BUNDLE_NO_TAR=1 "$collect" "$work/gpu_bundle" "$@"
+b=$work/gpu_bundle
+bundled_cuda=$(find "$b/lib" -maxdepth 1 -regextype egrep \
+  -regex '.*/lib(cuda|cudart|cublas|cublasLt|cudnn|nccl)[._].*' -printf '%f ')
+[[ -z "$bundled_cuda" ]] || fail "CUDA libraries were bundled: $bundled_cuda"
+for t in "$@"; do
+  name=$(basename "$t")
+  grep -qx 'libcudart.so.13' "$b/bin/$name.cuda-libs" || fail "$name.cuda-libs lacks libcudart.so.13"
+  grep -qx 'libcuda.so.1' "$b/bin/$name.cuda-libs" || fail "$name.cuda-libs lacks libcuda.so.1"
+  echo "$name needs: $(tr '\n' ' ' < "$b/bin/$name.cuda-libs")"
+  if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' || [[ -e /usr/local/nvidia/lib64/libcuda.so.1 ]]; then
+    echo "a CUDA driver is here: running $name"
+    env -i "$b/run.sh" "$name" || fail "$name failed on this GPU machine"
+  else
+    rc=0; out=$(env -i "$b/run.sh" "$name" 2>&1) || rc=$?
+    (( rc == 127 )) || { echo "$out" >&2; fail "$name without a driver: status $rc, want 127"; }
+    expect_in "no CUDA driver library (libcuda.so.1) found" "$out" "$name without a driver"
+    echo "ok: $name stops without a driver: $(head -1 <<< "$out")"
+    # With the toolkit here (it built them), the binaries load and the GPU tests skip.
+    out=$(env -i GPU_BUNDLE_ALLOW_NO_DRIVER=1 "$b/run.sh" "$name" 2>&1) ||
+      { echo "$out" >&2; fail "$name with GPU_BUNDLE_ALLOW_NO_DRIVER=1"; }
+    expect_in "[  PASSED  ]" "$out" "$name with GPU_BUNDLE_ALLOW_NO_DRIVER=1"
+    echo "ok: $name loads from the bundle and skips without a GPU"
+  fi
+done
+echo "PASS (cuda)"
