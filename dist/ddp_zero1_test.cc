@@ -15,6 +15,7 @@
 #include "dist/ddp.h"
 #include "dist/thread_group.h"
 #include "dist/zero1.h"
+#include "dist/fsdp_testing.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
 #include "nn/linear.h"
@@ -38,17 +39,7 @@ constexpr int64_t kGlobalRows = 12;  // divisible by 1, 2, 3, 4
 constexpr int64_t kT = 6;
 constexpr int kSteps = 5;
 
-mingpt::GptConfig Tiny() {
-  mingpt::GptConfig c;
-  c.name = "tiny";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 11;
-  c.block_size = 6;
-  c.dropout = 0.0f;
-  return c;
-}
+using testing::Tiny;  // dist/fsdp_testing.h
 
 struct Batch {
   std::vector<int64_t> idx, targets;  // (kGlobalRows, kT)

@@ -24,6 +24,7 @@
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "dist/fsdp_testing.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
@@ -62,24 +63,9 @@ constexpr double kLossRel = 1e-3;
 constexpr double kParamAbs = 2e-3;
 constexpr double kParamRel = 2e-2;
 
-mingpt::GptConfig Tiny() {
-  mingpt::GptConfig c;
-  c.name = "tiny";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 11;
-  c.block_size = 6;
-  c.dropout = 0.0f;
-  return c;
-}
+using testing::Tiny;  // dist/fsdp_testing.h
 
-Tensor RandomIds(int64_t B, int64_t T, int64_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> v(B * T);
-  for (auto& x : v) x = static_cast<int64_t>(rng() % V);
-  return Tensor::FromData<int64_t>(v, {B, T});
-}
+using testing::RandomIds;
 
 enum class Opt { kSgd, kAdamW };
 

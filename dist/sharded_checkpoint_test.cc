@@ -31,6 +31,7 @@
 #include "dist/thread_group.h"
 #include "dist/zero1.h"
 #include "gmock/gmock.h"
+#include "dist/fsdp_testing.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
@@ -63,12 +64,7 @@ mingpt::GptConfig Tiny(int n_layer = 2, int64_t vocab = 11) {
   return c;
 }
 
-Tensor RandomIds(int64_t B, int64_t T, int64_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> v(B * T);
-  for (auto& x : v) x = static_cast<int64_t>(rng() % V);
-  return Tensor::FromData<int64_t>(v, {B, T});
-}
+using testing::RandomIds;  // dist/fsdp_testing.h
 
 // The global batch of step s: every run, interrupted or not, sees the same.
 Tensor StepIdx(const mingpt::GptConfig& c, int step) {
@@ -342,7 +338,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ShardedCheckpointTest, World3ToWorld1AndWorld1ToWorld3) {
   const std::string dir = TestDir("world3_1");
   for (auto [from, to] : {std::pair<int, int>{3, 1}, std::pair<int, int>{1, 3}}) {
-    SCOPED_TRACE(testing::Message() << from << " -> " << to);
+    SCOPED_TRACE(::testing::Message() << from << " -> " << to);
     Segment base;
     base.world = from;
     base.opt = Opt::kAdamW;
