@@ -11,7 +11,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -23,6 +22,7 @@
 #include "glog/logging.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tensor/error.h"
+#include "tensor/lru_cache.h"
 #include "tensor/tensor.h"
 
 namespace tensor {
@@ -255,52 +255,11 @@ struct CacheKeyHash {
 };
 
 // LRU cache of primitives. Creation (milliseconds: JIT code generation) runs
-// outside the lock; two threads missing on the same key both create one and
-// the first inserted wins.
-class PrimitiveCache {
- public:
-  std::shared_ptr<const Primitive> Find(const CacheKey& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) {
-      ++misses_;
-      return nullptr;
-    }
-    ++hits_;
-    lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->second;
-  }
-
-  std::shared_ptr<const Primitive> Insert(const CacheKey& key,
-                                          std::shared_ptr<const Primitive> primitive) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    if (it != map_.end()) return it->second->second;
-    lru_.emplace_front(key, std::move(primitive));
-    map_.emplace(key, lru_.begin());
-    while (static_cast<int64_t>(lru_.size()) > kGemmCacheCapacity) {
-      map_.erase(lru_.back().first);
-      lru_.pop_back();
-    }
-    return lru_.front().second;
-  }
-
-  GemmCacheStats Stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {static_cast<int64_t>(lru_.size()), hits_, misses_};
-  }
-
- private:
-  using Entry = std::pair<CacheKey, std::shared_ptr<const Primitive>>;
-  std::mutex mu_;
-  std::list<Entry> lru_;  // most recently used first
-  std::unordered_map<CacheKey, std::list<Entry>::iterator, CacheKeyHash> map_;
-  int64_t hits_ = 0;
-  int64_t misses_ = 0;
-};
+// outside the lock (tensor/lru_cache.h).
+using PrimitiveCache = LruCache<CacheKey, Primitive, CacheKeyHash>;
 
 PrimitiveCache& Cache() {
-  static PrimitiveCache* const cache = new PrimitiveCache;
+  static PrimitiveCache* const cache = new PrimitiveCache(kGemmCacheCapacity);
   return *cache;
 }
 
@@ -520,7 +479,10 @@ void SetGemmBackend(GemmBackend backend) { Backend().store(backend); }
 
 std::string LastGemmPath() { return last_gemm_path; }
 
-GemmCacheStats GetGemmCacheStats() { return Cache().Stats(); }
+GemmCacheStats GetGemmCacheStats() {
+  const LruCacheStats s = Cache().Stats();
+  return {s.entries, s.hits, s.misses};
+}
 
 }  // namespace cpu
 }  // namespace tensor

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +21,7 @@
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/lru_cache.h"
 
 namespace tensor {
 namespace cuda {
@@ -147,49 +147,10 @@ struct CacheKeyHash {
 
 // LRU cache of entries (as the CPU primitive cache). Creation runs outside
 // the lock; two threads missing on one key both create and the first wins.
-class LtCache {
- public:
-  std::shared_ptr<const LtEntry> Find(const CacheKey& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) {
-      ++misses_;
-      return nullptr;
-    }
-    ++hits_;
-    lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->second;
-  }
-
-  std::shared_ptr<const LtEntry> Insert(const CacheKey& key, std::shared_ptr<const LtEntry> entry) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    if (it != map_.end()) return it->second->second;
-    lru_.emplace_front(key, std::move(entry));
-    map_.emplace(key, lru_.begin());
-    while (static_cast<int64_t>(lru_.size()) > kMatmulCacheCapacity) {
-      map_.erase(lru_.back().first);
-      lru_.pop_back();
-    }
-    return lru_.front().second;
-  }
-
-  MatmulCacheStats Stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {static_cast<int64_t>(lru_.size()), hits_, misses_};
-  }
-
- private:
-  using Item = std::pair<CacheKey, std::shared_ptr<const LtEntry>>;
-  std::mutex mu_;
-  std::list<Item> lru_;  // most recently used first
-  std::unordered_map<CacheKey, std::list<Item>::iterator, CacheKeyHash> map_;
-  int64_t hits_ = 0;
-  int64_t misses_ = 0;
-};
+using LtCache = LruCache<CacheKey, LtEntry, CacheKeyHash>;
 
 LtCache& Cache() {
-  static LtCache* const cache = new LtCache;  // leaked: no exit-time destruction
+  static LtCache* const cache = new LtCache(kMatmulCacheCapacity);  // leaked: no exit-time destruction
   return *cache;
 }
 
@@ -477,7 +438,10 @@ void SetMatmulAllowTf32(bool allow) { AllowTf32Flag().store(allow); }
 
 bool MatmulAllowTf32() { return AllowTf32Flag().load(std::memory_order_relaxed); }
 
-MatmulCacheStats GetMatmulCacheStats() { return Cache().Stats(); }
+MatmulCacheStats GetMatmulCacheStats() {
+  const LruCacheStats s = Cache().Stats();
+  return {s.entries, s.hits, s.misses};
+}
 
 }  // namespace cuda
 }  // namespace tensor
