@@ -604,8 +604,9 @@ absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir
   const std::string step_dir = absl::StrCat(checkpoint_dir, "/", CheckpointStepName(state.step));
   absl::Status saved;
   if (ddp_ != nullptr) {
-    // Every rank holds the same parameters and optimizer state.
+    // Every rank holds the same parameters and optimizer state: rank 0 writes.
     if (pg_.rank() == 0) saved = WriteCheckpointStep(checkpoint_dir, model_, *optimizer_, state);
+    saved = AgreeOnStatus(pg_, saved, absl::StrCat("saving ", step_dir));
   } else {
     std::map<std::string, std::string> extra = {{kStepKey, absl::StrCat(state.step)},
                                                 {kLoaderKey, state.loader_state}};
@@ -613,11 +614,11 @@ absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir
     if (pg_.rank() == 0) saved = MakeCheckpointDir(checkpoint_dir);
     saved = AgreeOnStatus(pg_, saved, "creating the checkpoint directory");
     if (saved.ok()) {
+      // The same status on every rank (SaveSharded agrees on it).
       saved = zero1_ != nullptr ? dist::SaveSharded(step_dir, *zero1_, pg_, extra)
                                 : dist::SaveSharded(step_dir, *fsdp_, *optimizer_, pg_, extra);
     }
   }
-  saved = AgreeOnStatus(pg_, saved, absl::StrCat("saving ", step_dir));
   if (!saved.ok()) return saved;
   absl::Status latest;
   if (pg_.rank() == 0) latest = SetLatestCheckpoint(checkpoint_dir, state.step);
