@@ -633,26 +633,6 @@ absl::Status CheckZero1Group(Zero1& zero, ProcessGroup& pg) {
   return absl::OkStatus();
 }
 
-// After loading the master shards: every rank's full parameters, as
-// Zero1::Step refreshes them (all-gather of the master shards).
-absl::Status RefreshZero1Params(Zero1& zero, ProcessGroup& pg) {
-  Tensor full;
-  {
-    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-    full = Tensor::Empty({zero.padded_numel()}, tensor::Dtype::kF32);
-  }
-  absl::Status s = pg.AllGatherSync(zero.master_shard(), full);
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("all-gather of the master shards: ", s.message()));
-  }
-  int64_t offset = 0;
-  for (auto& [name, param] : zero.module().NamedParameters()) {
-    param->value.CopyFrom(full.Narrow(0, offset, param->numel()).View(param->shape));
-    offset += param->numel();
-  }
-  return absl::OkStatus();
-}
-
 std::mutex g_block_mu;
 int64_t g_crc_block = kDefaultCrcBlock;  // guarded by g_block_mu
 
@@ -703,7 +683,13 @@ absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string
   SC_RETURN_IF_ERROR(CheckZero1Group(zero, pg));
   Participant p = FromZero1(zero, pg);
   return LoadImpl(dir, p, zero.optimizer(), pg, options,
-                  [&zero, &pg] { return RefreshZero1Params(zero, pg); });
+                  [&zero]() -> absl::Status {
+                    // Every rank's full parameters from the loaded master shards.
+                    absl::Status s = zero.RefreshParameters();
+                    if (s.ok()) return s;
+                    return absl::Status(
+                        s.code(), absl::StrCat("all-gather of the master shards: ", s.message()));
+                  });
 }
 
 absl::StatusOr<ShardedCheckpointInfo> ReadShardedCheckpointInfo(const std::string& dir) {

@@ -178,6 +178,10 @@ absl::Status Zero1::Step() {
   ref.grad = grad_shard();
   ref.decay_ranges = shard_decay_ranges();
   optimizer_->Step({ref});
+  return RefreshParameters();
+}
+
+absl::Status Zero1::RefreshParameters() {
   tensor::Tensor mine = flat_param_.Narrow(0, shard_begin_, master_.numel());
   if (!mine.SharesStorageWith(master_)) mine.CopyFrom(master_);  // rounded to param_dtype
   return pg_.AllGatherSync(mine, flat_param_);

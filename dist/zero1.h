@@ -123,6 +123,11 @@ class Zero1 {
   // all-gather of the parameters. FailedPrecondition when no synced backward
   // ran since the last Step.
   absl::Status Step();
+  // Writes this rank's master shard into the flat parameter (rounded to the
+  // compute dtype) and all-gathers it, so every Parameter::value reflects the
+  // master shards (what Step does after the update; also after a checkpoint
+  // load wrote master_shard()). Collective.
+  absl::Status RefreshParameters();
   // Zeroes the whole flat gradient in place.
   void ZeroGrad();
 
