@@ -464,24 +464,12 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
   if (options_.strategy == ShardingStrategy::kNoShard) {
     return optim::ClipGradNorm(ParamRefs(), max_norm);  // every rank has the whole gradient
   }
-  // The collectives have no f64: each rank's double is sent as a (hi, lo) f32
-  // pair and the sum is taken in double, in rank order (the same on every rank).
-  auto all_reduce_sum = [](ProcessGroup& pg, double local) {
-    const float hi = static_cast<float>(local);
-    const float lo = static_cast<float>(local - static_cast<double>(hi));
-    tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});
-    tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32);
-    absl::Status s = pg.AllGatherSync(in, out);
-    OP_CHECK(s.ok(), "fsdp", "clip_grad_norm all_gather: ", s.ToString());
-    const float* p = out.data<float>();
-    double sum = 0;
-    for (int r = 0; r < pg.size(); ++r) sum += double(p[2 * r]) + double(p[2 * r + 1]);
-    return sum;
-  };
   // HYBRID_SHARD: the shard group holds every element once (replicas agree).
   ProcessGroup* group = shard_pg_ ? shard_pg_.get() : pg_;
-  return optim::ClipGradNorm(ParamRefs(), max_norm, [&](double local) {
-    return all_reduce_sum(*group, local);
+  return optim::ClipGradNorm(ParamRefs(), max_norm, [group](double local) {
+    absl::StatusOr<double> sum = SumOverRanks(*group, local);  // exact, the same on every rank
+    OP_CHECK(sum.ok(), "fsdp", "clip_grad_norm all_gather: ", sum.status().ToString());
+    return *sum;
   });
 }
 

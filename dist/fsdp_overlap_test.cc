@@ -229,7 +229,7 @@ TEST(FsdpLossScalingTest, ScaledLossThenUnscaleTrainsTheSame) {
       fsdp->ZeroGrad();
       const double loss = gpt.ForwardBackward(b.idx.Narrow(0, rank * B, B).Contiguous(),
                                               b.tgt.Narrow(0, rank * B, B).Contiguous(), kScale);
-      mine.losses.push_back(MeanOverRanks(pg, loss));
+      mine.losses.push_back(RankMean(pg, loss));
       EXPECT_FALSE(fsdp->UnscaleGradsAndCheck(1.0 / kScale));
       mine.norms.push_back(fsdp->ClipGradNorm(kClip));
       opt->Step(fsdp->ParamRefs());

@@ -94,17 +94,10 @@ RunResult SingleProcess(const mingpt::GptConfig& c, const Tensor& idx, const Ten
   return r;
 }
 
-double MeanOverRanks(ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - hi);
-  Tensor in = Tensor::FromVector({hi, lo}, {2});
-  Tensor out = Tensor::Empty({2 * pg.size()});
-  EXPECT_TRUE(pg.AllGatherSync(in, out).ok());
-  double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) {
-    sum += double(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
-  }
-  return sum / pg.size();
+double RankMean(ProcessGroup& pg, double x) {
+  absl::StatusOr<double> mean = dist::MeanOverRanks(pg, x);
+  EXPECT_TRUE(mean.ok()) << mean.status();
+  return mean.ok() ? *mean : 0.0;
 }
 
 RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt, int world,
@@ -138,7 +131,7 @@ RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& t
           loss += gpt.ForwardBackward(my_idx, my_tgt);
         }
       }
-      mine.losses.push_back(MeanOverRanks(pg, loss / micro_batches));
+      mine.losses.push_back(RankMean(pg, loss / micro_batches));
       mine.norms.push_back(fsdp->ClipGradNorm(kClip));
       opt->Step(fsdp->ParamRefs());
     }

@@ -50,7 +50,7 @@ RunResult SingleProcess(const mingpt::GptConfig& c, const tensor::Tensor& idx,
                         int micro_batches = 1, int world = 1);
 
 // Mean of a double over the ranks (sent as hi/lo f32 pairs, summed in double).
-double MeanOverRanks(ProcessGroup& pg, double x);
+double RankMean(ProcessGroup& pg, double x);
 
 // The same training with FullyShard(options) (options.seed is set to kSeed)
 // over `world` threads-engine ranks, each on its B / world rows; with

@@ -136,20 +136,7 @@ RunResult SingleProcess(const Batch& batch, const MixedPrecisionPolicy& mp, Opt 
   return r;
 }
 
-// Mean of a double over the ranks, exact for one rank (hi/lo f32 pairs,
-// summed in double in rank order).
-double MeanOverRanks(ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - hi);
-  Tensor in = Tensor::FromVector({hi, lo}, {2});
-  Tensor out = Tensor::Empty({2 * pg.size()});
-  EXPECT_TRUE(pg.AllGatherSync(in, out).ok());
-  double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) {
-    sum += static_cast<double>(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
-  }
-  return sum / pg.size();
-}
+using testing::RankMean;  // dist/fsdp_testing.h
 
 NamedTensors CloneValues(nn::Module& m) {
   NamedTensors out;
@@ -180,7 +167,7 @@ RunResult Distributed(Strategy strategy, int world, const Batch& batch,
       DistributedDataParallel ddp(gpt, pg, options);
       auto optimizer = MakeOptimizer(opt);
       for (int step = 0; step < kSteps; ++step) {
-        mine.losses.push_back(MeanOverRanks(pg, gpt.ForwardBackward(idx, tgt)));
+        mine.losses.push_back(RankMean(pg, gpt.ForwardBackward(idx, tgt)));
         optimizer->Step(optim::FromModule(gpt));
         ddp.ZeroGrad();
       }
@@ -193,7 +180,7 @@ RunResult Distributed(Strategy strategy, int world, const Batch& batch,
       options.mixed_precision = mp;
       Zero1 zero(gpt, pg, MakeOptimizer(opt), options);
       for (int step = 0; step < kSteps; ++step) {
-        mine.losses.push_back(MeanOverRanks(pg, gpt.ForwardBackward(idx, tgt)));
+        mine.losses.push_back(RankMean(pg, gpt.ForwardBackward(idx, tgt)));
         ASSERT_TRUE(zero.Step().ok());
         zero.ZeroGrad();
       }
@@ -211,7 +198,7 @@ RunResult Distributed(Strategy strategy, int world, const Batch& batch,
       auto optimizer = MakeOptimizer(opt);
       for (int step = 0; step < kSteps; ++step) {
         fsdp->ZeroGrad();
-        mine.losses.push_back(MeanOverRanks(pg, gpt.ForwardBackward(idx, tgt)));
+        mine.losses.push_back(RankMean(pg, gpt.ForwardBackward(idx, tgt)));
         optimizer->Step(fsdp->ParamRefs());
       }
       mine.params = fsdp->FullStateDict();

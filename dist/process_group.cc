@@ -249,4 +249,23 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::NewSubgroup(
   return Split(position >= 0 ? 0 : -1, position, options);
 }
 
+absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x) {
+  const float hi = static_cast<float>(x);
+  const float lo = static_cast<float>(x - static_cast<double>(hi));
+  tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});                 // (2)
+  tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32);  // (2 * ranks)
+  absl::Status s = pg.AllGatherSync(in, out);
+  if (!s.ok()) return s;
+  const float* p = out.data<float>();
+  double sum = 0;
+  for (int r = 0; r < pg.size(); ++r) sum += static_cast<double>(p[2 * r]) + p[2 * r + 1];
+  return sum;
+}
+
+absl::StatusOr<double> MeanOverRanks(ProcessGroup& pg, double x) {
+  absl::StatusOr<double> sum = SumOverRanks(pg, x);
+  if (!sum.ok()) return sum.status();
+  return *sum / pg.size();
+}
+
 }  // namespace dist

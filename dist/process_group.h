@@ -181,6 +181,14 @@ class ProcessGroup {
   absl::Duration timeout_;
 };
 
+// The sum over the ranks of a double (a loss, a squared norm), the same on
+// every rank and exact to double rounding: each rank's value travels as an
+// f32 (hi, lo) pair through an all-gather (collectives have no f64) and the
+// pairs are added in double in rank order. Errors are the all-gather's.
+absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x);
+// SumOverRanks / size.
+absl::StatusOr<double> MeanOverRanks(ProcessGroup& pg, double x);
+
 }  // namespace dist
 
 #endif  // DIST_PROCESS_GROUP_H_

@@ -116,18 +116,7 @@ struct SegmentResult {
   std::map<std::string, std::string> extra;  // what the load returned
 };
 
-double MeanOverRanks(ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - hi);
-  Tensor in = Tensor::FromVector({hi, lo}, {2});
-  Tensor out = Tensor::Empty({2 * pg.size()});
-  EXPECT_TRUE(pg.AllGatherSync(in, out).ok());
-  double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) {
-    sum += double(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
-  }
-  return sum / pg.size();
-}
+using testing::RankMean;  // dist/fsdp_testing.h
 
 // A model on one rank: FSDP or ZeRO-1 over a fresh tiny GPT.
 struct RankModel {
@@ -159,11 +148,11 @@ struct RankModel {
     double loss = 0;
     if (fsdp) {
       fsdp->ZeroGrad();
-      loss = MeanOverRanks(pg, gpt->ForwardBackward(idx, tgt));
+      loss = RankMean(pg, gpt->ForwardBackward(idx, tgt));
       if (seg.clip) fsdp->ClipGradNorm(kClip);
       fsdp_opt->Step(fsdp->ParamRefs());
     } else {
-      loss = MeanOverRanks(pg, gpt->ForwardBackward(idx, tgt));
+      loss = RankMean(pg, gpt->ForwardBackward(idx, tgt));
       EXPECT_TRUE(zero->Step().ok());
       zero->ZeroGrad();
     }

@@ -401,26 +401,6 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
 
 // ---- Inside a rank ----
 
-absl::StatusOr<double> MeanOverRanks(dist::ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - hi);
-  tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});  // (2)
-  tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()});    // (2 * ranks)
-  absl::Status s = pg.AllGatherSync(in, out);
-  if (!s.ok()) return s;
-  double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) {
-    sum += static_cast<double>(out.data<float>()[2 * r]) + out.data<float>()[2 * r + 1];
-  }
-  return sum / pg.size();
-}
-
-absl::StatusOr<double> SumOverRanks(dist::ProcessGroup& pg, double x) {
-  absl::StatusOr<double> mean = MeanOverRanks(pg, x);
-  if (!mean.ok()) return mean.status();
-  return *mean * pg.size();
-}
-
 DataParallelModel::DataParallelModel(nn::Module& model, dist::ProcessGroup& pg,
                                      const DataParallelConfig& config)
     : model_(model), pg_(pg), strategy_(config.strategy), auto_wrap_(config.auto_wrap) {}
@@ -527,7 +507,7 @@ absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
     } else if (zero1_ != nullptr) {
       // Each rank holds its shard of the averaged gradients: sum the squares.
       auto sum = [this](double x) {
-        absl::StatusOr<double> total = SumOverRanks(pg_, x);
+        absl::StatusOr<double> total = dist::SumOverRanks(pg_, x);
         if (!total.ok()) throw std::runtime_error(std::string(total.status().message()));
         return *total;
       };

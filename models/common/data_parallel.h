@@ -10,7 +10,7 @@
 //     auto dp = train::DataParallelModel::Create(model, rank.pg, config, std::move(opt), seed);
 //     for (step ...) {
 //       double local = model.ForwardBackward(batch.inputs, batch.targets);
-//       auto loss = train::MeanOverRanks(rank.pg, local);     // what rank 0 logs
+//       auto loss = dist::MeanOverRanks(rank.pg, local);      // what rank 0 logs
 //       (*dp)->FinishBackward();                              // gradients averaged
 //       auto norm = (*dp)->ClipGradNorm(grad_clip);           // global norm, all ranks
 //       (*dp)->Step();
@@ -195,13 +195,6 @@ using RankFn = std::function<absl::Status(RankContext& rank)>;
 absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn);
 
 // ---- Inside a rank ----
-
-// The mean of `x` over the ranks, exact to double rounding: each rank's value
-// travels as two floats (hi, lo) through an all-gather (collectives have no
-// f64), summed in rank order, so every rank gets the same double.
-absl::StatusOr<double> MeanOverRanks(dist::ProcessGroup& pg, double x);
-// The sum over the ranks, as above.
-absl::StatusOr<double> SumOverRanks(dist::ProcessGroup& pg, double x);
 
 // One rank's model wrapped for the strategy, and the optimizer that steps it.
 class DataParallelModel {

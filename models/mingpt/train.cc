@@ -187,7 +187,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
     opt.set_lr(setup.schedule->LrAt(step));
     const double local_loss = model.ForwardBackward(batch.inputs, batch.targets);
-    absl::StatusOr<double> loss = train::MeanOverRanks(rank.pg, local_loss);
+    absl::StatusOr<double> loss = dist::MeanOverRanks(rank.pg, local_loss);
     if (!loss.ok()) return loss.status();
     if (!std::isfinite(*loss)) {
       return absl::InternalError(

@@ -176,7 +176,7 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
       const data::Seq2SeqBatch b = loader.Next();  // this rank's rows: (2, S), (2, T_dec)
       const double local = model.ForwardBackward(b.encoder_inputs, b.encoder_mask, b.decoder_inputs,
                                                  b.decoder_targets);
-      absl::StatusOr<double> loss = train::MeanOverRanks(rank.pg, local);
+      absl::StatusOr<double> loss = dist::MeanOverRanks(rank.pg, local);
       if (!loss.ok()) return loss.status();
       absl::Status st = (*dp)->FinishBackward();
       if (!st.ok()) return st;

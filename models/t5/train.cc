@@ -281,7 +281,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     opt.set_lr(setup.schedule->LrAt(step));
     const double local_loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
                                                     batch.decoder_inputs, batch.decoder_targets);
-    absl::StatusOr<double> loss = train::MeanOverRanks(rank.pg, local_loss);
+    absl::StatusOr<double> loss = dist::MeanOverRanks(rank.pg, local_loss);
     if (!loss.ok()) return loss.status();
     if (!std::isfinite(*loss)) {
       return absl::InternalError(
