@@ -34,14 +34,14 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>>
   shard_decay_ = optim::SliceRanges(decay, shard_begin(), shard_end());
 }
 
-void FlatParameter::InitShard(uint64_t seed) {
+void FlatParameter::InitShard(uint64_t seed, tensor::Device device) {
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-    shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);
+    shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);  // on the host
   }
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-    grad_shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);
+    grad_shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32, device);
   }
   const int64_t begin = shard_begin();
   const int64_t end = shard_end();
@@ -58,6 +58,10 @@ void FlatParameter::InitShard(uint64_t seed) {
     }
     e.param->value = tensor::Tensor();
     e.param->grad = tensor::Tensor();
+  }
+  if (!device.is_cpu()) {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+    shard_ = shard_.To(device);
   }
 }
 

@@ -44,7 +44,9 @@ class FlatParameter {
   // initialized by nn::InitSlice(init, seed, full name, ...), which gives the
   // values a single-process Materialize(seed) gives, bit for bit. Parameter
   // values are then dropped (undefined): no full unit is ever allocated here.
-  void InitShard(uint64_t seed);
+  // The shard is filled on the host, then moved to `device` (with the
+  // gradient shard).
+  void InitShard(uint64_t seed, tensor::Device device = tensor::Device::Cpu());
 
   const std::vector<Entry>& entries() const { return entries_; }
   int num_shards() const { return num_shards_; }
@@ -56,7 +58,7 @@ class FlatParameter {
   int64_t shard_begin() const { return shard_numel_ * shard_index_; }
   int64_t shard_end() const { return shard_begin() + shard_numel_; }
 
-  // fp32 (shard_numel), contiguous.
+  // fp32 (shard_numel), contiguous, on the device given to InitShard.
   const tensor::Tensor& shard() const { return shard_; }
   const tensor::Tensor& grad_shard() const { return grad_shard_; }
   // Weight-decay ranges of the shard (elements of decayed parameters).

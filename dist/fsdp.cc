@@ -8,8 +8,10 @@
 #include "nn/checkpoint.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/init.h"
 
 namespace dist {
 
@@ -80,6 +82,8 @@ class FsdpUnit : public nn::ModuleHooks {
         pg_(shard_pg),
         replicate_pg_(replicate_pg),
         strategy_(shared.options.strategy),
+        device_(shared.options.device),
+        offload_(shared.options.cpu_offload),
         param_dtype_(shared.options.mixed_precision.param_dtype),
         // A group of one communicates nothing: keep the gradient fp32 (as
         // DDP and ZeRO-1 do), so world 1 equals one process bit for bit.
@@ -113,15 +117,24 @@ class FsdpUnit : public nn::ModuleHooks {
   bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
   // Low-precision compute copies (param_dtype not f32).
   bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
+  // NO_SHARD in fp32 on the compute device: parameter values are views of
+  // the (whole) shard itself; nothing is ever gathered.
+  bool values_are_shard() const { return no_shard() && !mixed() && !offload_; }
 
   void Init(uint64_t seed) {
-    flat_.InitShard(seed);
-    if (no_shard() && !mixed()) flat_.SetValueViews(flat_.shard());
+    flat_.InitShard(seed, offload_ ? tensor::Device::Cpu() : device_);
+    if (values_are_shard()) flat_.SetValueViews(flat_.shard());
   }
 
-  // Gathers the unsharded fp32 flat parameter into `out` (padded_numel).
+  // Gathers the unsharded fp32 flat parameter into `out` (padded_numel, on
+  // the compute device).
   void GatherInto(const tensor::Tensor& out) {
-    Check(pg_.AllGatherSync(flat_.shard(), out), "all_gather");
+    tensor::Tensor send;
+    {
+      tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+      send = ShardOnDevice(tensor::Dtype::kF32);
+    }
+    Check(pg_.AllGatherSync(send, out), "all_gather");
   }
 
   // ---- Unsharding: issue (maybe early, a prefetch), then wait ----
@@ -134,21 +147,21 @@ class FsdpUnit : public nn::ModuleHooks {
   // a later module (counted against max_inflight_all_gathers until used).
   void IssueUnshard(bool prefetch) {
     if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
-    if (no_shard() && !mixed()) return;  // values are views of the shard
+    if (values_are_shard()) return;
     if (gathered_this_pass()) return;
     gather_pass_ = shared_.pass;
     prefetched_ = prefetch;
     tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
-    if (no_shard()) {  // mixed NO_SHARD: a local cast, nothing to communicate
-      full_ = flat_.shard().To(gather_dtype_);
+    if (no_shard()) {  // a local cast and/or copy to the device, nothing to communicate
+      full_ = ShardOnDevice(gather_dtype_);
       return;
     }
-    full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_);
-    if (gather_dtype_ == tensor::Dtype::kF32) {
+    full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
+    if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
       gather_work_ = pg_.AllGather(flat_.shard(), full_);
     } else {
       tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-      gather_send_ = flat_.shard().To(gather_dtype_);
+      gather_send_ = ShardOnDevice(gather_dtype_);
       gather_work_ = pg_.AllGather(gather_send_, full_);
     }
   }
@@ -156,7 +169,7 @@ class FsdpUnit : public nn::ModuleHooks {
   // Waits for this pass's gather and points the parameters at it.
   void WaitUnshard() {
     prefetched_ = false;
-    if (no_shard() && !mixed()) return;
+    if (values_are_shard()) return;
     if (gather_work_) {
       WorkPtr work = std::move(gather_work_);
       gather_send_ = tensor::Tensor();
@@ -181,7 +194,7 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   void Reshard() {
-    if (no_shard() && !mixed()) return;
+    if (values_are_shard()) return;
     if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
     gather_work_ = nullptr;
     gather_send_ = tensor::Tensor();
@@ -227,7 +240,7 @@ class FsdpUnit : public nn::ModuleHooks {
     WaitUnshard();
     if (!full_grad_.defined()) {  // else: accumulated under no_sync
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-      full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32);
+      full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32, device_);
     }
     flat_.SetGradViews(full_grad_);
   }
@@ -270,12 +283,17 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   // Waits for the reduce, averages over the replicas (HYBRID_SHARD) and adds
-  // the result into the fp32 gradient shard.
+  // the result into the fp32 gradient shard (offloaded: copied to the host
+  // in reduce_dtype first).
   void FinishReduce() {
     WorkPtr work = std::move(reduce_work_);
     Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
     if (replicate_pg_ != nullptr) {
       Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
+    }
+    if (reduce_out_.device() != flat_.grad_shard().device()) {
+      tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+      reduce_out_ = reduce_out_.To(flat_.grad_shard().device());
     }
     tensor::AddInPlace(flat_.grad_shard(), reduce_out_);
     reduce_out_ = tensor::Tensor();
@@ -291,6 +309,14 @@ class FsdpUnit : public nn::ModuleHooks {
            strategy_ == ShardingStrategy::kHybridShard;
   }
 
+  // This rank's shard in `dtype` on the compute device: the shard itself, or
+  // a copy (cast on the host first when offloaded: fewer bytes to copy).
+  tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const {
+    tensor::Tensor shard = flat_.shard();
+    if (dtype != shard.dtype()) shard = shard.To(dtype);
+    return shard.To(device_);
+  }
+
   void Check(const absl::Status& s, const char* what) {
     OP_CHECK(s.ok(), "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what, ": ",
              s.ToString());
@@ -303,6 +329,8 @@ class FsdpUnit : public nn::ModuleHooks {
   ProcessGroup& pg_;
   ProcessGroup* replicate_pg_;
   ShardingStrategy strategy_;
+  tensor::Device device_;  // compute
+  bool offload_;           // shards in host memory
   tensor::Dtype param_dtype_;
   tensor::Dtype reduce_dtype_;
   tensor::Dtype gather_dtype_ = tensor::Dtype::kF32;
@@ -355,8 +383,20 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
       options_(std::move(options)),
       ledger_(&tensor::MemoryLedger::Current()),
       shared_(std::make_unique<internal::FsdpShared>()) {
+  const tensor::Device device = options_.device;
+  if (device.is_cuda()) {
+    OP_CHECK(tensor::cuda::Built(), "FullyShard", "device ", device.ToString(),
+             ": this binary was built without CUDA support (build with --config=cuda)");
+    const int count = tensor::cuda::DeviceCount();
+    OP_CHECK(device.index >= 0 && device.index < count, "FullyShard", "device ",
+             device.ToString(), " is not available: this machine has ", count,
+             " CUDA device(s)");
+  }
+  OP_CHECK(!options_.cpu_offload || device.is_cuda(), "FullyShard", "cpu_offload keeps shards ",
+           "in host memory instead of the compute device's; with device ", device.ToString(),
+           " they are there already (offload needs a CUDA device)");
   {
-    absl::Status s = options_.mixed_precision.Validate(tensor::Device::Cpu());
+    absl::Status s = options_.mixed_precision.Validate(device);
     OP_CHECK(s.ok(), "FullyShard", "mixed precision: ", s.ToString());
   }
   OP_CHECK(options_.max_inflight_all_gathers >= 1, "FullyShard", "max_inflight_all_gathers=",
@@ -386,6 +426,11 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
       if (!options_.mixed_precision.KeepsFp32(module->class_name())) continue;
       for (auto& [name, p] : module->LocalParameters()) kept_fp32.insert(p);
     }
+  }
+  // Buffers (BatchNorm's running statistics) are not sharded: every rank
+  // keeps its own on the compute device.
+  for (auto& [name, buffer] : root.NamedBuffers()) {
+    if (buffer->defined() && buffer->device() != device) *buffer = buffer->To(device);
   }
   std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -455,8 +500,7 @@ std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
 void FullyShardedModel::ZeroGrad() {
   for (auto& u : units_) {
     u->DropAccumulatedGrad();
-    const tensor::Tensor& g = u->flat().grad_shard();
-    std::memset(g.raw_data(), 0, g.nbytes());
+    tensor::Zero(u->flat().grad_shard());
   }
 }
 
@@ -498,12 +542,13 @@ std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullState
       full = flat.shard();
     } else {
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-      full = tensor::Tensor::Empty({flat.padded_numel()}, tensor::Dtype::kF32);
+      full = tensor::Tensor::Empty({flat.padded_numel()}, tensor::Dtype::kF32, options_.device);
       u->GatherInto(full);
     }
     if (!keep) continue;
     for (const FlatParameter::Entry& e : flat.entries()) {
-      gathered[e.name] = full.Narrow(0, e.offset, e.numel).View(e.param->shape).Clone();
+      tensor::Tensor view = full.Narrow(0, e.offset, e.numel).View(e.param->shape);
+      gathered[e.name] = view.device().is_cpu() ? view.Clone() : view.To(tensor::Device::Cpu());
     }
   }
   std::vector<std::pair<std::string, tensor::Tensor>> out;

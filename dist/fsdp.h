@@ -65,6 +65,22 @@
 // reduce-scattered (avg) in the shard group, then all-reduced (avg) over the
 // replicate group (ranks holding the same shard).
 //
+// Devices (FsdpOptions::device): the unsharded parameters and gradients, the
+// module's buffers and its computation live on the compute device (inputs
+// must be there too); so do the shards, the sharded gradients and thus the
+// optimizer state, unless offloaded. On a CUDA device the collectives run
+// on device buffers: the nccl engine, or the threads engine (ranks sharing a
+// GPU, staged through host memory).
+//
+// CPU offload (FsdpOptions::cpu_offload; PyTorch's
+// CPUOffload(offload_params=True), ZeRO-Offload): the fp32 shards and sharded
+// gradients stay in host memory, and so the optimizer steps on the host with
+// its state there. The compute device holds only unsharded units: each
+// unshard copies the shard to the device (cast to param_dtype on the host
+// first: fewer bytes to copy) and all-gathers it there; each reduced gradient
+// shard is copied back (in reduce_dtype) and accumulated into the fp32 host
+// shard. Needs a CUDA compute device.
+//
 // Collective failures inside hooks throw tensor::OpError naming the unit.
 // Every rank must call the same FSDP methods in the same order (they issue
 // collectives).
@@ -108,6 +124,11 @@ struct FsdpOptions {
   // HYBRID_SHARD only: ranks per shard group (e.g. ranks per node); must
   // divide the world size.
   int hybrid_shard_group_size = 0;
+  // The compute device (see above): cpu, or cuda:N available to this rank.
+  tensor::Device device = tensor::Device::Cpu();
+  // Shards, sharded gradients and optimizer state in host memory (see
+  // above); needs a CUDA device.
+  bool cpu_offload = false;
 };
 
 namespace internal {
@@ -175,9 +196,14 @@ class FullyShardedModel {
 
   // The memory ledger this rank charges (the one current when FullyShard ran).
   const tensor::MemoryLedger& ledger() const { return *ledger_; }
+  // This rank's memory on the compute device, and on any device.
   tensor::MemoryStats Memory(tensor::MemoryCategory category) const {
-    return ledger_->Stats(tensor::Device::Cpu(), category);
+    return ledger_->Stats(options_.device, category);
   }
+  tensor::MemoryStats Memory(tensor::Device device, tensor::MemoryCategory category) const {
+    return ledger_->Stats(device, category);
+  }
+  tensor::Device device() const { return options_.device; }
 
  private:
   friend std::unique_ptr<FullyShardedModel> FullyShard(nn::Module&, ProcessGroup&, FsdpOptions);
@@ -193,9 +219,10 @@ class FullyShardedModel {
   std::vector<std::unique_ptr<internal::FsdpUnit>> units_;
 };
 
-// Shards `root` over `pg` (CPU tensors; the threads engine or any other).
-// Throws tensor::OpError when a unit module already has hooks or an option is
-// invalid (the message names it).
+// Shards `root` over `pg` (any engine whose collectives take tensors on
+// options.device). Throws tensor::OpError when a unit module already has
+// hooks or an option is invalid (the message names it), e.g. a CUDA device
+// this binary or machine does not have.
 std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
                                               FsdpOptions options = {});
 

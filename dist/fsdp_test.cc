@@ -23,6 +23,8 @@
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
+#include "tensor/cuda_backend.h"
+#include "tensor/error.h"
 #include "tensor/testing.h"
 
 namespace dist {
@@ -402,6 +404,42 @@ TEST(FsdpMemoryTest, FullShardHoldsOneNthPlusTheUnitsInUse) {
                   (long long)root_bytes, (long long)max_block_bytes, (long long)params.peak,
                   double(params.peak) / model_bytes, (long long)grads.peak);
     }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Devices this binary or machine lacks, and offload without a GPU, are
+// refused with a message naming the option (no rank allocates anything).
+TEST(FsdpDeviceTest, UnavailableDeviceAndOffloadWithoutGpuAreRefused) {
+  if (tensor::cuda::DeviceCount() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  ThreadWorld world(1);
+  absl::Status s = RunRanks(world, [&](int, ProcessGroup& pg) {
+    mingpt::GPT gpt(Tiny());
+    FsdpOptions options;
+    options.device = tensor::Device::Cuda(0);
+    try {
+      auto fsdp = FullyShard(gpt, pg, options);
+      ADD_FAILURE() << "device cuda:0 accepted without a GPU";
+    } catch (const tensor::OpError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("device cuda:0"), std::string::npos) << what;
+      EXPECT_TRUE(what.find("without CUDA support") != std::string::npos ||
+                  what.find("0 CUDA device(s)") != std::string::npos)
+          << what;
+    }
+    options.device = tensor::Device::Cpu();
+    options.cpu_offload = true;
+    try {
+      auto fsdp = FullyShard(gpt, pg, options);
+      ADD_FAILURE() << "cpu_offload accepted with device cpu";
+    } catch (const tensor::OpError& e) {
+      EXPECT_NE(std::string(e.what()).find("offload needs a CUDA device"), std::string::npos)
+          << e.what();
+    }
+    for (auto& [n, p] : gpt.NamedParameters()) EXPECT_FALSE(p->value.defined()) << n;
+    EXPECT_EQ(world.ledger(0).Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters)
+                  .current,
+              0);
   });
   EXPECT_TRUE(s.ok()) << s;
 }

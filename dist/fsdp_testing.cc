@@ -65,9 +65,10 @@ Tensor MicroBatchRows(const Tensor& t, int world, int micro_batches, int j) {
 }  // namespace
 
 RunResult SingleProcess(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt,
-                        const precision::MixedPrecisionPolicy& mp, int micro_batches, int world) {
+                        const precision::MixedPrecisionPolicy& mp, int micro_batches, int world,
+                        tensor::Device device) {
   mingpt::GPT gpt(c);
-  gpt.Materialize(kSeed);
+  gpt.Materialize(kSeed, device);
   auto opt = optim::SGD::Create(Sgd()).value();
   std::unique_ptr<nn::MixedPrecision> mixed;
   if (mp.IsMixed()) mixed = std::make_unique<nn::MixedPrecision>(gpt, mp);
@@ -78,10 +79,10 @@ RunResult SingleProcess(const mingpt::GptConfig& c, const Tensor& idx, const Ten
     double loss = 0;
     for (int j = 0; j < micro_batches; ++j) {
       if (micro_batches == 1) {
-        loss += gpt.ForwardBackward(idx, tgt);
+        loss += gpt.ForwardBackward(idx.To(device), tgt.To(device));
       } else {
-        loss += gpt.ForwardBackward(MicroBatchRows(idx, world, micro_batches, j),
-                                    MicroBatchRows(tgt, world, micro_batches, j));
+        loss += gpt.ForwardBackward(MicroBatchRows(idx, world, micro_batches, j).To(device),
+                                    MicroBatchRows(tgt, world, micro_batches, j).To(device));
       }
     }
     r.losses.push_back(loss / micro_batches);
@@ -90,7 +91,9 @@ RunResult SingleProcess(const mingpt::GptConfig& c, const Tensor& idx, const Ten
     r.norms.push_back(optim::ClipGradNorm(refs, kClip));
     opt->Step(refs);
   }
-  for (auto& [name, p] : gpt.NamedParameters()) r.params.emplace_back(name, p->value.Clone());
+  for (auto& [name, p] : gpt.NamedParameters()) {
+    r.params.emplace_back(name, device.is_cpu() ? p->value.Clone() : p->value.To(tensor::Device::Cpu()));
+  }
   return r;
 }
 
@@ -122,8 +125,8 @@ RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& t
       fsdp->ZeroGrad();
       double loss = 0;
       for (int j = 0; j < micro_batches; ++j) {
-        const Tensor my_idx = idx.Narrow(0, rank * B + j * b, b).Contiguous();
-        const Tensor my_tgt = tgt.Narrow(0, rank * B + j * b, b).Contiguous();
+        const Tensor my_idx = idx.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);
+        const Tensor my_tgt = tgt.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);
         if (j + 1 < micro_batches) {
           auto no_sync = fsdp->no_sync();
           loss += gpt.ForwardBackward(my_idx, my_tgt);
@@ -160,18 +163,18 @@ RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& t
   return Sharded(c, idx, tgt, world, options);
 }
 
-void ExpectSameTraining(const RunResult& got, const RunResult& want) {
+void ExpectSameTraining(const RunResult& got, const RunResult& want, double tol) {
   ASSERT_EQ(got.losses.size(), want.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 + 1e-5 * std::abs(want.losses[i]))
+    EXPECT_NEAR(got.losses[i], want.losses[i], tol + tol * std::abs(want.losses[i]))
         << "step " << i;
-    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-5 + 1e-5 * std::abs(want.norms[i]))
+    EXPECT_NEAR(got.norms[i], want.norms[i], tol + tol * std::abs(want.norms[i]))
         << "step " << i;
   }
   ASSERT_EQ(got.params.size(), want.params.size());
   for (size_t i = 0; i < want.params.size(); ++i) {
     EXPECT_EQ(got.params[i].first, want.params[i].first);
-    EXPECT_TRUE(tensor::testing::AllClose(got.params[i].second, want.params[i].second, 1e-5, 1e-5))
+    EXPECT_TRUE(tensor::testing::AllClose(got.params[i].second, want.params[i].second, tol, tol))
         << want.params[i].first;
   }
 }

@@ -111,7 +111,8 @@ absl::StatusOr<std::string> WriteShard(const std::string& tmp_dir, const Partici
   tensor::NamedTensors tensors;
   std::string manifest;
   auto add = [&](const std::string& kind, const std::string& param, int64_t begin,
-                 const Tensor& t) {
+                 const Tensor& device_t) {
+    const Tensor t = device_t.To(tensor::Device::Cpu());  // shards on a GPU: a host copy
     const std::string name = SliceTensorName(kind, param, begin);
     const int64_t n = t.numel();
     std::vector<std::string> crcs;

@@ -351,24 +351,22 @@ class ThreadProcessGroup final : public ProcessGroup {
                      ": the calls do not match across ranks: ", absl::StrJoin(calls, "; ")));
   }
 
-  // Engine checks (device, overlap) and staging copies of non-contiguous
-  // tensors. Sets *in / *out to the buffers to publish.
+  // Engine checks (overlap) and staging copies: of non-contiguous tensors,
+  // and of tensors in device memory, which are copied to host buffers here
+  // and back after the call (cudaMemcpy on the legacy default stream: it
+  // waits for the kernels every rank thread queued before, and the copy back
+  // completes before the Work does). Sets *in / *out to the buffers to
+  // publish.
   absl::Status Prepare(const CollectiveCall& call, tensor::Tensor* in, tensor::Tensor* out) {
     const std::string op(CollectiveName(call.kind));
     if (call.kind == CollectiveKind::kBarrier) return absl::OkStatus();
-    for (const tensor::Tensor* t : {&call.input, &call.output}) {
-      if (t->defined() && !t->device().is_cpu()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "[", op, "] ", Who(), ": the threads engine needs CPU tensors, got one on ",
-            t->device().ToString()));
-      }
-    }
-    *in = call.input.Contiguous();  // staging copy when not contiguous
+    *in = call.input.device().is_cpu() ? call.input.Contiguous()  // copies when not contiguous
+                                       : call.input.To(tensor::Device::Cpu());
     if (!call.output.defined()) {
       *out = *in;  // in place
       return absl::OkStatus();
     }
-    *out = call.output.is_contiguous()
+    *out = call.output.is_contiguous() && call.output.device().is_cpu()
                ? call.output
                : tensor::Tensor::Empty(call.output.shape(), call.output.dtype());
     if (in->SharesStorageWith(call.input) && out->SharesStorageWith(call.output) &&

@@ -9,6 +9,11 @@
 // across ranks and with no intermediate copies. Waiting is a mutex/condvar
 // barrier with the call's timeout.
 //
+// Tensors in CUDA memory (ranks sharing one GPU, FSDP over device memory) are
+// staged through host buffers: correct, ordered after the kernels queued
+// before the call, and slow (two PCIe copies per call); the nccl engine is
+// the fast path on GPUs.
+//
 // Each handle has a communication worker thread that runs the rank's calls in
 // order, so compute overlaps communication (as a CUDA stream would). The
 // worker charges the rank's ledger under kCommunication for the buffers it

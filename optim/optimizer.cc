@@ -147,10 +147,13 @@ absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<Para
 
   // What shape each parameter's buffers must have, where known.
   std::unordered_map<std::string, tensor::Shape> expected;
+  // Where each parameter's buffers live: its device (CPU without `params`).
+  std::unordered_map<std::string, tensor::Device> device_of;
   if (params != nullptr) {
     for (const ParamRef& ref : *params) {
       if (!ref.param.defined()) return error("parameter '", ref.name, "' is undefined");
       expected[ref.name] = ref.param.shape();
+      device_of.emplace(ref.name, ref.param.device());
       if (groups.count(ref.name) == 0) {
         return error("missing state for parameter '", ref.name, "' (no '", ref.name,
                      ".step' entry)");
@@ -224,11 +227,14 @@ absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<Para
       auto old = state_.find(param);
       for (size_t k = 0; k < keys.size(); ++k) {
         const tensor::Shape& shape = g.buffers[k]->shape();
+        auto on = device_of.find(param);
+        const tensor::Device device = on != device_of.end() ? on->second : tensor::Device::Cpu();
         if (old != state_.end() && old->second.buffers.size() == keys.size() &&
-            old->second.buffers[k].shape() == shape) {
+            old->second.buffers[k].shape() == shape &&
+            old->second.buffers[k].device() == device) {
           state.buffers.push_back(old->second.buffers[k]);
         } else {
-          state.buffers.push_back(Tensor::Empty(shape));
+          state.buffers.push_back(Tensor::Empty(shape, tensor::Dtype::kF32, device));
         }
       }
       next.emplace(param, std::move(state));

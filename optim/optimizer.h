@@ -76,7 +76,8 @@ class Optimizer {
   // state is left unchanged and the message names the offending entry.
   absl::Status LoadStateTensors(const NamedTensors& tensors);
   // As above, and the loaded parameters must be exactly the names of
-  // `params`, each with buffers of its ref's param shape.
+  // `params`, each with buffers of its ref's param shape; the state is kept
+  // on each param's device (a CUDA shard's state on the GPU).
   absl::Status LoadStateTensors(const NamedTensors& tensors, const std::vector<ParamRef>& params);
 
  protected:

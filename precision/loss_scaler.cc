@@ -75,6 +75,12 @@ bool HasNonFinite(const Tensor& t) {
 }
 
 bool ScaleAndCheckNonFinite(Tensor& grad, float factor) {
+  if (!grad.device().is_cpu()) {  // a GPU gradient: scaled and checked on a host copy
+    Tensor host = grad.To(tensor::Device::Cpu());
+    const bool bad = ScaleAndCheckNonFinite(host, factor);
+    grad.CopyFrom(host);
+    return bad;
+  }
   return AnyOverChunks("scale_and_check", grad, [factor](auto* p, int64_t n) {
     using T = std::remove_pointer_t<decltype(p)>;
     bool bad = false;

@@ -54,8 +54,8 @@ class DynamicLossScaler {
 
 // True when any element of a floating tensor (CPU) is inf or NaN.
 bool HasNonFinite(const tensor::Tensor& t);
-// grad *= factor in place (CPU, floating, contiguous); returns true when any
-// element of the result is inf or NaN.
+// grad *= factor in place (floating, contiguous; a CUDA tensor goes through a
+// host copy); returns true when any element of the result is inf or NaN.
 bool ScaleAndCheckNonFinite(tensor::Tensor& grad, float factor);
 
 }  // namespace precision
