@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "models/common/nccl_backend.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -22,6 +23,7 @@
 #include "dist/gloo_group.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
+#include "models/common/nccl_backend.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
 #include "tensor/tensor.h"
@@ -82,12 +84,7 @@ absl::Status WithRank(int rank, const absl::Status& s) {
 absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
   if (name == "threads") return Backend::kThreads;
   if (name == "gloo") return Backend::kGloo;
-  if (name == "nccl") {
-    return absl::InvalidArgumentError(
-        "--backend=nccl needs --config=cuda and a GPU, and the NCCL engine is not part of this "
-        "build yet; use --backend=threads (ranks as threads) or --backend=gloo (processes, "
-        "through //tools:launch)");
-  }
+  if (name == "nccl") return Backend::kNccl;
   return absl::InvalidArgumentError(
       absl::StrCat("--backend='", name, "' is not one of threads, gloo, nccl"));
 }
@@ -241,6 +238,10 @@ std::string DataParallelConfig::Describe() const {
   if (IsFsdp(strategy)) absl::StrAppend(&s, " (auto_wrap ", auto_wrap, ")");
   absl::StrAppend(&s, " over ", world_size, world_size == 1 ? " rank (" : " ranks (",
                   BackendName(backend), ")");
+  if (!device.is_cpu()) {
+    absl::StrAppend(&s, " on ", backend == Backend::kNccl ? "cuda:LOCAL_RANK" : device.ToString());
+  }
+  if (cpu_offload) absl::StrAppend(&s, ", CPU offload");
   return s;
 }
 
@@ -270,6 +271,43 @@ absl::Status ResolveHybridShardGroup(int flag, int local_world_size, DataParalle
                      " ranks does not divide the world size ", config.world_size));
   }
   config.hybrid_shard_group_size = group;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+
+// --device and --cpu_offload against the backend and strategy.
+absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& config) {
+  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(flags.device);
+  if (!device.ok()) return device.status();
+  config.device = *device;
+  if (device->is_cuda()) {
+    if (!IsFsdp(config.strategy)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device=", flags.device, " with --strategy=", flags.strategy,
+          ": DDP and ZeRO-1 run on the CPU only; on a GPU use an FSDP strategy (no_shard has "
+          "DDP's arithmetic, shard_grad_op and full_shard ZeRO-2 and ZeRO-3's)"));
+    }
+    if (config.backend == Backend::kGloo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend=gloo runs collectives on the CPU; with --device=", flags.device,
+          " use --backend=nccl (one process per GPU, through //tools:launch) or "
+          "--backend=threads (ranks sharing the GPU)"));
+    }
+  } else if (config.backend == Backend::kNccl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=nccl needs --device=cuda (each rank on cuda:LOCAL_RANK), got --device=",
+        flags.device));
+  }
+  config.cpu_offload = flags.cpu_offload;
+  if (flags.cpu_offload && (!device->is_cuda() || !IsFsdp(config.strategy))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cpu_offload keeps FSDP's shards, gradients and optimizer state in host memory: it "
+        "needs an FSDP strategy and --device=cuda (got --device=",
+        flags.device, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -320,6 +358,8 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
         absl::StrCat("--timeout_s=", flags.timeout_s, " must be in (0, 1e6] seconds"));
   }
   config.timeout = absl::Seconds(flags.timeout_s);
+  s = ResolveDevice(flags, config);
+  if (!s.ok()) return s;
   if (flags.world_size < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--world_size=", flags.world_size, " must be >= 1"));
@@ -339,13 +379,23 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   if (flags.world_size != 0 && flags.world_size != env->world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--world_size=", flags.world_size, " disagrees with WORLD_SIZE=", env->world_size,
-        " from the launcher; with --backend=gloo the launcher sets the world size "
-        "(--nproc_per_node x --nnodes): leave --world_size out"));
+        " from the launcher; with --backend=", BackendName(config.backend),
+        " the launcher sets the world size (--nproc_per_node x --nnodes): leave --world_size "
+        "out"));
   }
   config.env = *env;
   config.world_size = env->world_size;
   absl::StatusOr<Rendezvous> rdzv = ResolveRendezvous(flags.rdzv, *env, TempDir());
   if (!rdzv.ok()) return rdzv.status();
+  if (config.backend == Backend::kNccl) {
+    if (absl::StartsWith(rdzv->store, "redis://")) {
+      return absl::InvalidArgumentError(
+          "--backend=nccl meets through a directory store: --rdzv=<a directory every rank "
+          "sees>, not redis://");
+    }
+    if (absl::StartsWith(rdzv->store, "file://")) rdzv->store = rdzv->store.substr(7);
+    config.device = tensor::Device::Cuda(env->local_rank);  // one GPU per rank of a node
+  }
   config.rendezvous = *rdzv;
   s = ResolveHybridShardGroup(flags.hybrid_shard_group_size, env->local_world_size, config);
   if (!s.ok()) return s;
@@ -366,16 +416,33 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
     if (!s.ok()) return s;
     std::vector<const tensor::MemoryLedger*> ledgers;
     for (int r = 0; r < world.size(); ++r) ledgers.push_back(&world.ledger(r));
-    std::printf("per-rank peak memory by category (MiB, ledger):\n%s",
-                PerRankMemoryTable(ledgers).c_str());
+    if (!config.device.is_cpu()) {
+      std::printf("per-rank peak memory on %s by category (MiB, ledger):\n%s",
+                  config.device.ToString().c_str(),
+                  PerRankMemoryTable(ledgers, config.device).c_str());
+    }
+    std::printf("per-rank peak memory by category (MiB, ledger%s):\n%s",
+                config.device.is_cpu() ? "" : ", host", PerRankMemoryTable(ledgers).c_str());
     std::fflush(stdout);
     return absl::OkStatus();
   }
-  if (config.backend != Backend::kGloo) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend=", BackendName(config.backend), " cannot run here"));
-  }
   const LaunchEnv& env = config.env;
+  if (config.backend == Backend::kNccl) {
+    absl::StatusOr<NcclJob> job =
+        JoinNcclJob(env.rank, env.world_size, config.device.index, config.rendezvous.store,
+                    config.rendezvous.prefix, config.timeout);
+    if (!job.ok()) return WithRank(env.rank, job.status());
+    tensor::MemoryLedger& ledger = tensor::MemoryLedger::Current();
+    absl::Status s = Guarded([&] {
+      RankContext context{env.rank, env.world_size, *job->group, ledger};
+      return fn(context);
+    });
+    if (!s.ok()) return WithRank(env.rank, s);
+    std::printf("%s\n%s\n", RankMemoryLine(env.rank, ledger, config.device).c_str(),
+                RankMemoryLine(env.rank, ledger).c_str());
+    std::fflush(stdout);
+    return absl::OkStatus();
+  }
   dist::GlooGroupOptions options;
   options.store = config.rendezvous.store;
   options.prefix = config.rendezvous.prefix;
@@ -473,6 +540,8 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         o.max_inflight_all_gathers = config.max_inflight_all_gathers;
         o.policy = config.policy;
         o.mixed_precision = config.mixed_precision;
+        o.device = config.device;
+        o.cpu_offload = config.cpu_offload;
         o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)
         dp->fsdp_ = dist::FullyShard(model, pg, o);
         dp->owned_optimizer_ = std::move(optimizer);
@@ -663,34 +732,35 @@ absl::StatusOr<DataParallelModel::Resumed> DataParallelModel::Resume(
 // ---- Memory ----
 
 namespace {
-double PeakMiB(const tensor::MemoryLedger& l, int category) {
-  return l.Stats(tensor::Device::Cpu(), static_cast<tensor::MemoryCategory>(category)).peak /
-         1048576.0;
+double PeakMiB(const tensor::MemoryLedger& l, tensor::Device device, int category) {
+  return l.Stats(device, static_cast<tensor::MemoryCategory>(category)).peak / 1048576.0;
 }
 }  // namespace
 
-std::string PerRankMemoryTable(const std::vector<const tensor::MemoryLedger*>& ledgers) {
+std::string PerRankMemoryTable(const std::vector<const tensor::MemoryLedger*>& ledgers,
+                               tensor::Device device) {
   std::string out = absl::StrFormat("%-5s %11s %11s %11s %11s %11s %11s %11s\n", "rank", "params",
                                     "grads", "optim", "activ", "comm", "temp", "total");
   for (size_t r = 0; r < ledgers.size(); ++r) {
     absl::StrAppendFormat(&out, "%-5d", r);
     for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
-      absl::StrAppendFormat(&out, " %11.2f", PeakMiB(*ledgers[r], c));
+      absl::StrAppendFormat(&out, " %11.2f", PeakMiB(*ledgers[r], device, c));
     }
-    absl::StrAppendFormat(&out, " %11.2f\n",
-                          ledgers[r]->Total(tensor::Device::Cpu()).peak / 1048576.0);
+    absl::StrAppendFormat(&out, " %11.2f\n", ledgers[r]->Total(device).peak / 1048576.0);
   }
   return out;
 }
 
-std::string RankMemoryLine(int rank, const tensor::MemoryLedger& ledger) {
+std::string RankMemoryLine(int rank, const tensor::MemoryLedger& ledger, tensor::Device device) {
   const char* names[] = {"params", "grads", "optim", "activ", "comm", "temp"};
   static_assert(sizeof(names) / sizeof(names[0]) == tensor::kNumMemoryCategories);
-  std::string out = absl::StrCat("peak memory of rank ", rank, " by category (MiB, ledger):");
+  std::string out =
+      absl::StrCat("peak memory of rank ", rank, device.is_cpu() ? "" : " on ",
+                   device.is_cpu() ? "" : device.ToString(), " by category (MiB, ledger):");
   for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
-    absl::StrAppendFormat(&out, " %s %.2f", names[c], PeakMiB(ledger, c));
+    absl::StrAppendFormat(&out, " %s %.2f", names[c], PeakMiB(ledger, device, c));
   }
-  absl::StrAppendFormat(&out, " total %.2f", ledger.Total(tensor::Device::Cpu()).peak / 1048576.0);
+  absl::StrAppendFormat(&out, " total %.2f", ledger.Total(device).peak / 1048576.0);
   return out;
 }
 

@@ -29,7 +29,17 @@
 //            rendezvous through a store (ResolveRendezvous) and talk over Gloo
 //            TCP (loopback when the job is on one node). Each rank prints its
 //            own peak-memory line at the end (the launcher prefixes "[rank N]").
-//   nccl     refused for now: it needs --config=cuda and a GPU.
+//   nccl     as gloo (one process per rank, through //tools:launch), over
+//            NCCL on cuda:LOCAL_RANK; the ranks meet in a directory store
+//            (the default rendezvous directory, or --rdzv=<shared dir>).
+//            Needs a --config=cuda build and --device=cuda.
+//
+// Devices (--device, which the binary owns): cpu, or cuda[:N]. With CUDA the
+// strategy must be an FSDP one (no_shard is DDP's arithmetic): FSDP runs on
+// device memory; DDP and ZeRO-1 are CPU-only. threads: every rank on the
+// given device (ranks sharing one GPU; collectives staged through host
+// memory); nccl: rank r of a node on cuda:LOCAL_RANK. --cpu_offload keeps
+// FSDP's shards, gradients and optimizer state in host memory.
 
 #ifndef MODELS_COMMON_DATA_PARALLEL_H_
 #define MODELS_COMMON_DATA_PARALLEL_H_
@@ -61,7 +71,7 @@ namespace train {
 // ---- Flags ----
 
 enum class Backend { kThreads, kGloo, kNccl };
-// "threads" or "gloo"; "nccl" is an error until the CUDA build has it.
+// "threads", "gloo" or "nccl".
 absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 absl::string_view BackendName(Backend backend);  // "threads", "gloo", "nccl"
 
@@ -137,6 +147,9 @@ struct DataParallelFlags {
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
   int hybrid_shard_group_size = 0;
+  // The binary's --device ("cpu", "cuda", "cuda:N") and FSDP CPU offload.
+  std::string device = "cpu";
+  bool cpu_offload = false;
 };
 
 // Whether the flags ask for data parallelism (otherwise the binaries run
@@ -156,7 +169,11 @@ struct DataParallelConfig {
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
   int hybrid_shard_group_size = 0;  // HYBRID_SHARD only
-  // gloo only: this process's rank and where the ranks meet.
+  // Where this process's ranks compute (nccl: cuda:LOCAL_RANK), and FSDP's
+  // CPU offload.
+  tensor::Device device = tensor::Device::Cpu();
+  bool cpu_offload = false;
+  // gloo and nccl: this process's rank and where the ranks meet.
   LaunchEnv env;
   Rendezvous rendezvous;
 
@@ -274,13 +291,16 @@ class DataParallelModel {
 // ---- Memory ----
 
 // A table of peak MiB by category (params, grads, optim, activ, comm, temp,
-// total), one row per rank (CPU, from the ledgers):
+// total) on `device`, one row per rank (from the ledgers):
 //   rank       params       grads ...
 //   0            0.84        0.84 ...
-std::string PerRankMemoryTable(const std::vector<const tensor::MemoryLedger*>& ledgers);
+std::string PerRankMemoryTable(const std::vector<const tensor::MemoryLedger*>& ledgers,
+                               tensor::Device device = tensor::Device::Cpu());
 // One rank's line: "peak memory of rank 1 by category (MiB, ledger): params
-// 0.84 grads 0.84 optim 0.42 activ 1.50 comm 0.10 temp 0.33 total 3.21".
-std::string RankMemoryLine(int rank, const tensor::MemoryLedger& ledger);
+// 0.84 grads 0.84 optim 0.42 activ 1.50 comm 0.10 temp 0.33 total 3.21"
+// (" on cuda:0" after "rank 1" for a device other than the CPU).
+std::string RankMemoryLine(int rank, const tensor::MemoryLedger& ledger,
+                           tensor::Device device = tensor::Device::Cpu());
 
 }  // namespace train
 

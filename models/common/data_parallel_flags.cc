@@ -6,8 +6,8 @@
 
 ABSL_FLAG(std::string, backend, "threads",
           "data-parallel engine: threads (ranks as threads of this process, --world_size of "
-          "them) or gloo (this process is one rank; start the job with //tools:launch); nccl "
-          "needs --config=cuda and a GPU");
+          "them), gloo (this process is one rank; start the job with //tools:launch) or nccl "
+          "(as gloo, one GPU per rank: --device=cuda, a --config=cuda build)");
 ABSL_FLAG(int, world_size, 0,
           "data-parallel ranks; threads: how many (0 = 1); gloo: 0 or WORLD_SIZE (the launcher "
           "sets it); --batch_size is per rank");
@@ -32,6 +32,9 @@ ABSL_FLAG(bool, forward_prefetch, false, "FSDP: all-gather the next unit before 
 ABSL_FLAG(int, max_inflight_all_gathers, 2,
           "FSDP: all-gathers issued and not yet used, the running unit's included (1: no "
           "prefetch)");
+ABSL_FLAG(bool, cpu_offload, false,
+          "FSDP with --device=cuda: keep the shards, gradients and optimizer state in host "
+          "memory (the GPU holds only the units in use)");
 ABSL_FLAG(int, hybrid_shard_group_size, 0,
           "--strategy=hybrid_shard: ranks per shard group (replicated across groups); 0 = "
           "LOCAL_WORLD_SIZE (the ranks of a node) with gloo");
@@ -50,6 +53,7 @@ DataParallelFlags DataParallelFlagsFromCommandLine() {
   f.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
   f.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
   f.hybrid_shard_group_size = absl::GetFlag(FLAGS_hybrid_shard_group_size);
+  f.cpu_offload = absl::GetFlag(FLAGS_cpu_offload);
   return f;
 }
 

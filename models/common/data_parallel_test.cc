@@ -22,6 +22,7 @@
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/memory_ledger.h"
 
 namespace train {
@@ -34,11 +35,7 @@ using tensor::Tensor;
 TEST(ParseTest, Backends) {
   EXPECT_EQ(*ParseBackend("threads"), Backend::kThreads);
   EXPECT_EQ(*ParseBackend("gloo"), Backend::kGloo);
-  absl::StatusOr<Backend> nccl = ParseBackend("nccl");
-  ASSERT_FALSE(nccl.ok());
-  EXPECT_EQ(nccl.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(nccl.status().message(), "needs --config=cuda and a GPU"))
-      << nccl.status();
+  EXPECT_EQ(*ParseBackend("nccl"), Backend::kNccl);
   absl::StatusOr<Backend> bad = ParseBackend("mpi");
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "--backend='mpi' is not one of"));
@@ -258,6 +255,53 @@ TEST(ConfigureTest, ThreadsAndGloo) {
   EXPECT_TRUE(ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3))).ok());
 }
 
+TEST(ConfigureTest, DevicesAndNccl) {
+  // Threads: every rank on the given GPU, optionally offloading.
+  DataParallelFlags f = Flags("threads", "full_shard", 2);
+  f.device = "cuda:1";
+  f.cpu_offload = true;
+  absl::StatusOr<DataParallelConfig> c = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, tensor::Device::Cuda(1));
+  EXPECT_TRUE(c->cpu_offload);
+  EXPECT_EQ(c->Describe(),
+            "FSDP FULL_SHARD (auto_wrap transformer) over 2 ranks (threads) on cuda:1, CPU "
+            "offload");
+  // nccl: one process per GPU, cuda:LOCAL_RANK, meeting in a directory.
+  f = Flags("nccl", "no_shard", 0);
+  f.device = "cuda";
+  c = ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->backend, Backend::kNccl);
+  EXPECT_EQ(c->device, tensor::Device::Cuda(1));  // LOCAL_RANK defaults to RANK
+  EXPECT_TRUE(absl::StartsWith(c->rendezvous.store, TempDir() + "/fsdp_rdzv_"));
+  EXPECT_EQ(c->Describe(),
+            "FSDP NO_SHARD (auto_wrap transformer) over 3 ranks (nccl) on cuda:LOCAL_RANK");
+  f.rdzv = "file:///shared/rdzv";
+  c = ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rendezvous.store, "/shared/rdzv");
+}
+
+TEST(RunDataParallelTest, NcclWithoutCudaSaysHowToBuildIt) {
+  if (tensor::cuda::Built()) GTEST_SKIP() << "a --config=cuda build";
+  DataParallelFlags f = Flags("nccl", "", 0);
+  f.device = "cuda";
+  absl::StatusOr<DataParallelConfig> c =
+      ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 2)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  bool ran = false;
+  absl::Status s = RunDataParallel(*c, [&](RankContext&) {
+    ran = true;
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1: --backend=nccl: this binary was built "
+                                             "without CUDA support; build it with --config=cuda"))
+      << s;
+}
+
 TEST(ConfigureTest, RefusesWithClearMessages) {
   struct Case {
     DataParallelFlags flags;
@@ -265,7 +309,26 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   };
   std::vector<Case> cases;
   cases.push_back({Flags("gloo", "", 4), "--world_size=4 disagrees with WORLD_SIZE=2"});
-  cases.push_back({Flags("nccl", ""), "--backend=nccl needs --config=cuda and a GPU"});
+  cases.push_back({Flags("nccl", ""), "--backend=nccl needs --device=cuda"});
+  DataParallelFlags on_gpu = Flags("threads", "ddp", 2);
+  on_gpu.device = "cuda:0";
+  cases.push_back({on_gpu, "--device=cuda:0 with --strategy=ddp: DDP and ZeRO-1 run on the CPU"});
+  on_gpu = Flags("gloo", "", 0);
+  on_gpu.device = "cuda";
+  cases.push_back({on_gpu, "--backend=gloo runs collectives on the CPU; with --device=cuda"});
+  on_gpu = Flags("nccl", "", 0);
+  on_gpu.device = "cuda";
+  on_gpu.rdzv = "redis://127.0.0.1:6379";
+  cases.push_back({on_gpu, "--backend=nccl meets through a directory store"});
+  on_gpu = Flags("threads", "full_shard", 2);
+  on_gpu.cpu_offload = true;
+  cases.push_back({on_gpu, "--cpu_offload keeps FSDP's shards"});
+  on_gpu.device = "cuda";
+  on_gpu.strategy = "zero1";
+  cases.push_back({on_gpu, "DDP and ZeRO-1 run on the CPU only"});
+  on_gpu = Flags("threads", "full_shard", 2);
+  on_gpu.device = "tpu";
+  cases.push_back({on_gpu, "tpu"});
   cases.push_back({Flags("threads", "hybrid_shard", 4),
                    "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size"});
   DataParallelFlags hybrid = Flags("threads", "hybrid_shard", 4);

@@ -87,7 +87,8 @@ ABSL_FLAG(double, weight_decay, 0.1, "weight decay (Linear weights only, as minG
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (mixed: fp32 masters and grads)");
 ABSL_FLAG(std::string, device, "cpu",
-          "cpu or cuda[:N] (one process; needs a --config=cuda build and a GPU)");
+          "cpu or cuda[:N] (a --config=cuda build and a GPU; data parallelism on a GPU: an FSDP "
+          "strategy, --backend=threads (ranks sharing it) or nccl)");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the weights, dropout and data");
 ABSL_FLAG(std::string, data, "shipped",
           "shipped (the text in models/data/text), random (uniform tokens), a .txt file "
@@ -184,6 +185,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();                 // this rank's rows (B, T)
+    batch.inputs = batch.inputs.To(setup.dp.device);
+    batch.targets = batch.targets.To(setup.dp.device);
     nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
     opt.set_lr(setup.schedule->LrAt(step));
     const double local_loss = model.ForwardBackward(batch.inputs, batch.targets);
@@ -293,12 +296,8 @@ absl::Status Train() {
   if (!metrics.ok()) return metrics.status();
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
+  dp_flags.device = absl::GetFlag(FLAGS_device);
   if (train::WantsDataParallel(dp_flags)) {
-    if (device->is_cuda()) {
-      return absl::InvalidArgumentError(
-          "--device=cuda with data parallelism is not supported yet (it needs the nccl engine "
-          "in the train binaries); train one process on the GPU");
-    }
     DpSetup setup;
     absl::StatusOr<train::DataParallelConfig> dp =
         train::ConfigureDataParallel(dp_flags, {"Block"});

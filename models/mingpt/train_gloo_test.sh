@@ -117,7 +117,11 @@ expect_error "--world_size=4 disagrees with WORLD_SIZE=2" \
 expect_error "needs MASTER_ADDR, MASTER_PORT, RUN_ID" \
   env -u MASTER_ADDR -u MASTER_PORT -u RUN_ID RANK=0 WORLD_SIZE=2 \
   "$train" "${quick[@]}" --backend=gloo
-expect_error "--backend=nccl needs --config=cuda and a GPU" "$train" "${quick[@]}" --backend=nccl
+expect_error "--backend=nccl needs --device=cuda" "$train" "${quick[@]}" --backend=nccl
+expect_error "--cpu_offload keeps FSDP's shards, gradients and optimizer state in host memory" \
+  "$train" "${quick[@]}" --world_size=2 --cpu_offload
+expect_error "--device=cuda: this binary was built without CUDA" \
+  "$train" "${quick[@]}" --world_size=2 --device=cuda
 expect_error "--backend='mpi' is not one of threads, gloo, nccl" \
   "$train" "${quick[@]}" --backend=mpi
 expect_error "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size" \
