@@ -118,7 +118,9 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 }
 
 cudaStream_t AsStream(void* stream) {
-  return stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream);
+  // nullptr: the issuing thread's per-thread default stream, where the tensor
+  // kernels run (tensor/cuda/common.cuh).
+  return stream == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(stream);
 }
 
 // A communicator with its stream and barrier buffer. The group destroys it
@@ -460,7 +462,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   options.prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
   options.timeout = this->timeout();
   options.report_wait = report_wait_;
-  options.compute_stream = compute_stream_ == cudaStreamLegacy ? nullptr : compute_stream_;
+  options.compute_stream = compute_stream_ == cudaStreamPerThread ? nullptr : compute_stream_;
   return std::unique_ptr<ProcessGroup>(
       new NcclProcessGroup(new_rank, new_size, store_, *std::move(comm), options));
 }

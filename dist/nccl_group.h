@@ -11,8 +11,9 @@
 //
 // Each group has its own communicator, a communication stream
 // (cudaStreamNonBlocking) and a worker thread. A collective is ordered after
-// the work the caller queued so far on its compute stream (the legacy default
-// stream unless set with options or SetNcclComputeStream): an event recorded
+// the work the caller queued so far on its compute stream (the issuing
+// thread's per-thread default stream, where the tensor kernels run, unless
+// set with options or SetNcclComputeStream): an event recorded
 // there when the call is issued is waited for on the communication stream.
 // The worker enqueues the NCCL kernel, records a completion event and polls
 // it; Work::Wait() returns once the collective has finished on the device, so
@@ -73,7 +74,7 @@ struct NcclGroupOptions {
   // reports before naming the ranks it waited for.
   absl::Duration report_wait = absl::Seconds(5);
   // The caller's compute stream (a cudaStream_t on the group's device);
-  // nullptr: the legacy default stream.
+  // nullptr: the issuing thread's per-thread default stream.
   void* compute_stream = nullptr;
 };
 
@@ -85,8 +86,8 @@ struct NcclGroupOptions {
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     int rank, int size, int device_index, Store& store, const NcclGroupOptions& options = {});
 
-// Sets the stream (a cudaStream_t on the group's device; nullptr: the legacy
-// default stream) whose queued work later collectives of `group` wait for.
+// Sets the stream (a cudaStream_t on the group's device; nullptr: the
+// issuing thread's per-thread default stream) whose queued work later collectives of `group` wait for.
 // Call it from the thread that issues the collectives. InvalidArgument when
 // `group` is not an nccl group.
 absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream);
