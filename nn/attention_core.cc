@@ -90,20 +90,33 @@ void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
   }
 }
 
-// The CUDA path: the fused kernels, for plain attention only.
-Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                    const Tensor& key_mask, const AttentionOptions& o, AttentionState* state) {
+// On CUDA: the fused kernels take plain (causal) attention with head sizes
+// 32, 64 and 128 (tensor/cuda/attention.h) and never hold the (T_q, T_k)
+// probabilities. A bias, attention dropout or another head size runs the
+// unfused path below on the GPU's matmul, softmax and dropout kernels (which
+// keeps the probabilities, as on the CPU). A key padding mask (or causal with
+// T_q > T_k outside the fused kernels) is masked by host code: refused on
+// CUDA.
+bool UsesFlash(const Tensor& q, const Tensor& v, const Tensor& bias, const Tensor& key_mask,
+               const AttentionOptions& o) {
+  const int64_t d = q.dim(3);
+  return !bias.defined() && !key_mask.defined() && !(o.training && o.dropout > 0.0f) &&
+         (d == 32 || d == 64 || d == 128) && v.dim(3) == d;
+}
+
+void CheckCudaInputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
+                     const AttentionOptions& o) {
   const tensor::Device dev = q.device();
   OP_CHECK(k.device() == dev && v.device() == dev, o.op, "q, k and v must be on one device; got ",
            dev.ToString(), ", ", k.device().ToString(), ", ", v.device().ToString());
-  OP_CHECK(!bias.defined(), o.op, "an attention bias is not supported on CUDA (", dev.ToString(),
-           "): the fused flash-attention kernel takes plain (causal) attention only");
   OP_CHECK(!key_mask.defined(), o.op, "a key padding mask is not supported on CUDA (",
-           dev.ToString(),
-           "): the fused flash-attention kernel takes plain (causal) attention only");
-  OP_CHECK(!(o.training && o.dropout > 0.0f), o.op, "attention dropout (p = ", o.dropout,
-           ") is not supported on CUDA (", dev.ToString(),
-           ") by the fused flash-attention kernel; use 0 or eval mode");
+           dev.ToString(), "): it is applied by host code");
+}
+
+// The fused CUDA path (UsesFlash).
+Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                    AttentionState* state) {
+  const tensor::Device dev = q.device();
   const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2);
   Tensor y = Tensor::Empty({b, nh, t_q, v.dim(3)}, q.dtype(), dev);  // (B, nh, T_q, hs)
   Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);        // (B, nh, T_q)
@@ -148,12 +161,18 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         tensor::Generator& gen, AttentionState* state) {
   const bool cuda = q.defined() && q.device().is_cuda();
   CheckShapes(q, k, v, bias, key_mask, options, cuda);
-  if (cuda) return FlashForward(q, k, v, bias, key_mask, options, state);
+  if (cuda) {
+    CheckCudaInputs(q, k, v, key_mask, options);
+    if (UsesFlash(q, v, bias, key_mask, options)) return FlashForward(q, k, v, options, state);
+  }
   const Dtype dt = q.dtype();
   const int64_t t_q = q.dim(2), t_k = k.dim(2);
   // Masks the softmax op cannot express (key padding, or causal with T_q > T_k)
   // are written into the scores.
   const bool manual_mask = key_mask.defined() || (options.causal && t_q > t_k);
+  OP_CHECK(!(cuda && manual_mask), options.op, "causal attention with T_q ", t_q, " > T_k ", t_k,
+           " and a bias, dropout or head size ", q.dim(3),
+           " the fused kernels do not take is not supported on CUDA");
   // A bias is added after the scale, so the scale is applied to the scores
   // first; without one it is folded into the softmax.
   const bool prescale = bias.defined() && options.scale != 1.0f;

@@ -14,12 +14,14 @@
 // kept and saved in the compute dtype; gradients of q, k, v come back in it,
 // the bias gradient in the bias's dtype.
 //
-// On a CUDA device the work goes to the fused FlashAttention-2 style kernels
+// On a CUDA device plain attention (causal or not, scale; no bias, no key
+// mask, no attention dropout while training) with head sizes 32, 64 or 128
+// (hs_v == hs) goes to the fused FlashAttention-2 style kernels
 // (tensor/cuda/attention.h): nothing (T_q, T_k) is ever allocated, the state
-// keeps the output and a (B, nh, T_q) logsumexp. That path takes plain
-// attention only (causal or not, scale, no bias, no key mask, no attention
-// dropout while training: a clear error otherwise), head sizes 32, 64 or 128
-// (hs_v == hs), and f32, bf16 or f16.
+// keeps the output and a (B, nh, T_q) logsumexp. A bias, attention dropout or
+// another head size runs the path above on the GPU's kernels (it keeps the
+// probabilities; dropout masks equal the CPU's for the same generator). A key
+// padding mask is refused on CUDA (host code masks it). f32, bf16 or f16.
 #ifndef NN_ATTENTION_CORE_H_
 #define NN_ATTENTION_CORE_H_
 

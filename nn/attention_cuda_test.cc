@@ -1,8 +1,9 @@
 // The attention core on CUDA (the fused flash-attention kernels behind
 // AttentionForward / AttentionBackward) against the CPU path: outputs and
 // gradients at several (B, nh, T, hs) with q, k, v viewed out of a fused qkv
-// projection as minGPT does; memory O(T) from the ledger; clear errors for
-// what the CUDA path does not take. Tagged gpu; skips without a device.
+// projection as minGPT does; memory O(T) from the ledger; bias, dropout and
+// other head sizes on the unfused GPU path; a clear error for a key padding
+// mask. Tagged gpu; skips without a device.
 //
 // Tolerances: the CPU reference runs in f32 on exactly the rounded inputs, so
 // the difference is the GPU's roundings: |gpu - cpu| <= tol * (max|cpu| +
@@ -146,38 +147,75 @@ TEST(AttentionCudaTest, MemoryIsLinearInT) {
   EXPECT_EQ(g.dq.nbytes(), head_bytes);
 }
 
-TEST(AttentionCudaTest, UnsupportedOptionsAreClearErrors) {
+// A bias, attention dropout (training) and head sizes the fused kernels do
+// not take run the unfused path on the GPU: the same results as the CPU (the
+// dropout masks too: the device Philox stream equals the CPU's).
+TEST(AttentionCudaTest, BiasDropoutAndOtherHeadSizesRunUnfusedOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  struct Variant {
+    const char* name;
+    int64_t hs;
+    bool bias;
+    float dropout;
+  };
+  const std::vector<Variant> variants = {
+      {"bias (T5)", 64, true, 0.0f}, {"dropout", 64, false, 0.1f}, {"hs 48", 48, false, 0.0f},
+      {"hs 16 + bias + dropout", 16, true, 0.2f}};
+  for (const Variant& var : variants) {
+    for (Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << var.name << " " << DtypeName(dt));
+      const int64_t b = 2, nh = 2, t = 37, cc = nh * var.hs;
+      const Tensor qkv = RandomTensor({b, t, 3 * cc}, 21, -1.5f, 1.5f, dt);
+      const Tensor dy = RandomTensor({b, t, cc}, 22, -1.0f, 1.0f, dt);
+      const Tensor bias = var.bias ? RandomTensor({1, nh, t, t}, 23, -1.0f, 1.0f) : Tensor();
+      AttentionOptions o;
+      o.scale = 1.0f / std::sqrt(static_cast<float>(var.hs));
+      o.causal = true;
+      o.dropout = var.dropout;
+      o.training = true;
+
+      const Heads cpu = SplitQkv(qkv.To(Dtype::kF32), nh);
+      tensor::Generator cpu_gen(5);
+      AttentionState cpu_state;
+      const Tensor y_cpu = AttentionForward(cpu.q, cpu.k, cpu.v, bias, Tensor(), o, cpu_gen,
+                                            &cpu_state);
+      const AttentionGrads g_cpu = AttentionBackward(SplitHeads(dy.To(Dtype::kF32), nh), cpu_state);
+
+      const Heads gpu = SplitQkv(ToGpu(qkv), nh);
+      tensor::Generator gpu_gen(5);
+      AttentionState st;
+      const Tensor y = AttentionForward(gpu.q, gpu.k, gpu.v, var.bias ? ToGpu(bias) : Tensor(),
+                                        Tensor(), o, gpu_gen, &st);
+      ASSERT_TRUE(y.device().is_cuda());
+      EXPECT_FALSE(st.flash);
+      const AttentionGrads g = AttentionBackward(SplitHeads(ToGpu(dy), nh), st);
+      const double tol = dt == Dtype::kBF16 ? 2e-2 : 1e-4;
+      EXPECT_TRUE(Near(y, y_cpu, tol)) << "y";
+      EXPECT_TRUE(Near(g.dq, g_cpu.dq, tol)) << "dq";
+      EXPECT_TRUE(Near(g.dk, g_cpu.dk, tol)) << "dk";
+      EXPECT_TRUE(Near(g.dv, g_cpu.dv, tol)) << "dv";
+      EXPECT_EQ(g.dbias.defined(), var.bias);
+      if (var.bias) EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, tol)) << "dbias";
+    }
+  }
+}
+
+TEST(AttentionCudaTest, KeyPaddingMaskIsAClearError) {
   SKIP_WITHOUT_GPU();
   const Tensor q = ToGpu(RandomTensor({1, 2, 8, 64}, 1, -1, 1, Dtype::kBF16));
-  auto error_of = [&](const Tensor& qq, const Tensor& bias, const Tensor& mask,
-                      const AttentionOptions& o) -> std::string {
-    tensor::Generator gen(1);
-    AttentionState st;
-    try {
-      AttentionForward(qq, qq, qq, bias, mask, o, gen, &st);
-    } catch (const tensor::OpError& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   AttentionOptions o;
-  o.op = "causal_self_attention";
-  o.causal = true;
-  const Tensor bias = ToGpu(RandomTensor({1, 2, 8, 8}, 2));
-  EXPECT_NE(error_of(q, bias, Tensor(), o)
-                .find("[causal_self_attention] an attention bias is not "
-                      "supported on CUDA"),
-            std::string::npos);
-  const Tensor mask = ToGpu(Tensor::Full({1, 8}, 1.0));
-  EXPECT_NE(error_of(q, Tensor(), mask, o).find("key padding mask is not supported on CUDA"),
-            std::string::npos);
-  AttentionOptions drop = o;
-  drop.dropout = 0.1f;
-  EXPECT_NE(error_of(q, Tensor(), Tensor(), drop).find("attention dropout (p = 0.1) is not"),
-            std::string::npos);
-  const Tensor q48 = ToGpu(RandomTensor({1, 2, 8, 48}, 3, -1, 1, Dtype::kBF16));
-  EXPECT_NE(error_of(q48, Tensor(), Tensor(), o).find("[flash_attention] head size 48"),
-            std::string::npos);
+  o.op = "t5_attention";
+  tensor::Generator gen(1);
+  AttentionState st;
+  try {
+    AttentionForward(q, q, q, Tensor(), ToGpu(Tensor::Full({1, 8}, 1.0)), o, gen, &st);
+    ADD_FAILURE() << "a key padding mask was accepted on CUDA";
+  } catch (const tensor::OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("[t5_attention] a key padding mask is not supported on "
+                                         "CUDA"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
