@@ -6,11 +6,16 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "tensor/cuda_backend.h"
@@ -26,22 +31,41 @@ void Check(cudaError_t err, const char* what) {
   }
 }
 
-// Caching allocator: freed blocks are kept in a size-keyed pool and reused for
-// requests of the same rounded size, so steady-state training does no
-// cudaMalloc/cudaFree. On out-of-memory the cache is released and the request
-// retried once.
+// Caching allocator: freed blocks are kept and reused for requests of the same
+// rounded size (512 B granularity below 1 MiB, 2 MiB above), so steady-state
+// training does no cudaMalloc/cudaFree.
+//
+// Stream safety. Kernels run asynchronously on the calling thread's per-thread
+// default stream (ComputeStream()), and the rank threads of the threads engine
+// share one GPU, so a block freed on the host may still be in use by kernels
+// queued on its thread's stream. The rule:
+// - each live block remembers the thread that allocated it; when freed (by
+//   any thread) it returns to that thread's pool;
+// - Allocate reuses only blocks of the calling thread's own pool: the new
+//   user's kernels queue behind the old ones on the same stream, so reuse
+//   needs no synchronization. A block is never handed to another thread.
+// - Work on another stream (a communication stream) that touches a block must
+//   be finished before the block is freed: the dist engines wait for their
+//   collectives before dropping their buffers.
+// On out-of-memory every thread's free blocks are released
+// (cudaDeviceSynchronize first: they may still be in use on their streams)
+// and the request is retried once. The pool of a thread that has ended stays
+// cached until then (a new thread that gets the same id reuses it: a thread
+// is assumed to have waited for its kernels before it ends).
 class CachingAllocator final : public Allocator {
  public:
   explicit CachingAllocator(int device) : device_(device) {}
 
   void* Allocate(int64_t bytes) override {
     const int64_t size = RoundSize(bytes);
+    const std::thread::id self = std::this_thread::get_id();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(size);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
+      std::vector<void*>& blocks = pools_[self][size];
+      if (!blocks.empty()) {
+        void* p = blocks.back();
+        blocks.pop_back();
+        owner_.emplace(p, self);
         return p;
       }
     }
@@ -60,27 +84,41 @@ class CachingAllocator final : public Allocator {
     Check(err, "cudaMalloc");
     std::lock_guard<std::mutex> lock(mu_);
     reserved_ += size;
+    owner_.emplace(p, self);
     return p;
   }
 
   void Deallocate(void* ptr, int64_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    free_[RoundSize(bytes)].push_back(ptr);
+    auto it = owner_.find(ptr);
+    if (it == owner_.end()) {  // a broken invariant: not a block of this allocator
+      std::fprintf(stderr, "[cuda] Deallocate(%p): not a live block of cuda:%d\n", ptr, device_);
+      std::abort();
+    }
+    pools_[it->second][RoundSize(bytes)].push_back(ptr);
+    owner_.erase(it);
   }
 
+  // Frees every thread's cached blocks (live blocks are untouched).
   void ReleaseCache() {
     std::lock_guard<std::mutex> lock(mu_);
     cudaSetDevice(device_);
-    for (auto& [size, blocks] : free_) {
-      for (void* p : blocks) {
-        cudaFree(p);
-        reserved_ -= size;
+    cudaDeviceSynchronize();  // the blocks' last kernels may still be queued
+    for (auto& [thread, pool] : pools_) {
+      for (auto& [size, blocks] : pool) {
+        for (void* p : blocks) {
+          cudaFree(p);
+          reserved_ -= size;
+        }
       }
     }
-    free_.clear();
+    pools_.clear();
   }
 
  private:
+  // Free blocks by rounded size.
+  using Pool = std::map<int64_t, std::vector<void*>>;
+
   // 512-byte granularity below 1 MiB, 2 MiB granularity above.
   static int64_t RoundSize(int64_t bytes) {
     const int64_t align = bytes < (1 << 20) ? 512 : (2 << 20);
@@ -89,7 +127,8 @@ class CachingAllocator final : public Allocator {
 
   const int device_;
   std::mutex mu_;
-  std::map<int64_t, std::vector<void*>> free_;
+  std::unordered_map<std::thread::id, Pool> pools_;   // free blocks, by owning thread
+  std::unordered_map<void*, std::thread::id> owner_;  // live block -> allocating thread
   int64_t reserved_ = 0;
 };
 

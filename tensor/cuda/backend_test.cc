@@ -1,4 +1,8 @@
-// CUDA backend: allocation charged to the ledger, round trips host <-> device.
+// CUDA backend: allocation charged to the ledger, round trips host <-> device,
+// and the caching allocator's per-thread pools (a freed block goes back to the
+// thread that allocated it; concurrent rank threads never share a block).
+#include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -27,6 +31,50 @@ TEST(CudaBackendTest, RoundTripAndLedger) {
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   const int n = cuda::DeviceCount();
   EXPECT_THROW(Tensor::Empty({4}, Dtype::kF32, Device::Cuda(n)), std::exception);
+}
+
+TEST(CudaBackendTest, FreedBlockReturnsToTheAllocatingThread) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Allocator& alloc = cuda::DeviceAllocator(0);
+  const int64_t bytes = 3 << 20;  // 4 MiB rounded
+  void* mine = alloc.Allocate(bytes);
+  void* theirs = nullptr;
+  std::thread other([&] {
+    alloc.Deallocate(mine, bytes);   // freed here: back to the main thread's pool
+    theirs = alloc.Allocate(bytes);  // never `mine`: main's stream may still use it
+  });
+  other.join();
+  EXPECT_NE(theirs, mine);
+  void* again = alloc.Allocate(bytes);
+  EXPECT_EQ(again, mine);  // reused from the main thread's own pool
+  alloc.Deallocate(again, bytes);
+  alloc.Deallocate(theirs, bytes);
+}
+
+// Two threads each run chains of asynchronous copy kernels on their own
+// stream, dropping every intermediate at once (its block is reused by the
+// next step while the kernels that read it may still be queued).
+TEST(CudaBackendTest, ConcurrentThreadsReuseBlocksSafely) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  constexpr int kThreads = 2, kIters = 50, kSteps = 8;
+  constexpr int64_t kRows = 256, kCols = 384;
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int it = 0; it < kIters; ++it) {
+        std::vector<float> values(kRows * kCols);
+        for (size_t i = 0; i < values.size(); ++i) {
+          values[i] = static_cast<float>((t * 7919 + it * 104729 + int64_t(i)) % 65536);
+        }
+        Tensor x = Tensor::FromVector(values, {kRows, kCols}).To(Device::Cuda(0));
+        for (int s = 0; s < kSteps; ++s) x = x.Transpose(0, 1).Contiguous();  // even: same layout
+        if (x.ToVector<float>() != values) ++failures[t];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
 }
 
 }  // namespace
