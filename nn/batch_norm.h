@@ -11,6 +11,8 @@
 // their storage dtype, and the input's gradient comes back in the caller's
 // dtype. The running statistics are not updated while a checkpointed forward
 // is recomputed (nn::IsRecomputing), so a checkpointed step updates them once.
+// The math is tensor::BatchNorm (tensor/ops/batch_norm.h): on the CPU, or on
+// the input's CUDA device, where the parameters and the buffers must be too.
 #ifndef NN_BATCH_NORM_H_
 #define NN_BATCH_NORM_H_
 
