@@ -75,5 +75,28 @@ TEST(CudaOptimizerTest, ClipGradNormMatchesTheCpu) {
   EXPECT_TRUE(MatchesCpu(gpu[0].grad, cpu[0].grad, {1e-5, 1e-7}));
 }
 
+// State loaded from a checkpoint (host tensors) for a GPU parameter moves to
+// the GPU at the next step and continues like the CPU optimizer it came from.
+TEST(CudaOptimizerTest, StateLoadedOnTheHostFollowsAGpuParameter) {
+  SKIP_WITHOUT_GPU();
+  AdamWOptions o;
+  o.lr = 1e-2;
+  auto cpu = AdamW::Create(o).value();
+  Tensor p_cpu = tensor::testing::RandomTensor({513}, 1);
+  Tensor p_gpu = ToGpu(p_cpu);
+  const Tensor g0 = tensor::testing::RandomTensor({513}, 2);
+  cpu->Step({MakeParamRef("w", p_cpu, g0, true)});
+  p_gpu.CopyFrom(p_cpu);
+  auto gpu = AdamW::Create(o).value();
+  ASSERT_TRUE(gpu->LoadStateTensors(cpu->StateTensors()).ok());  // host buffers
+  const Tensor g1 = tensor::testing::RandomTensor({513}, 3);
+  cpu->Step({MakeParamRef("w", p_cpu, g1, true)});
+  gpu->Step({MakeParamRef("w", p_gpu, ToGpu(g1), true)});
+  EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7}));
+  for (auto& [name, t] : gpu->StateTensors()) {
+    if (t.numel() > 1) EXPECT_TRUE(t.device().is_cuda()) << name;
+  }
+}
+
 }  // namespace
 }  // namespace optim

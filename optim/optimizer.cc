@@ -49,6 +49,14 @@ void Optimizer::Step(const std::vector<ParamRef>& params) {
       order_.push_back(ref.name);
     }
     ParamState& state = it->second;
+    // State follows its parameter: state loaded from a checkpoint (host
+    // tensors) for a parameter on a GPU moves there once.
+    for (Tensor& b : state.buffers) {
+      if (b.device() != ref.param.device()) {
+        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kOptimizerState);
+        b = b.To(ref.param.device());
+      }
+    }
     ++state.step;
     Update(ref, state);
   }

@@ -44,7 +44,9 @@ class Optimizer {
   virtual std::vector<std::string> BufferNames() const = 0;
 
   // Updates every ref in place with the current lr, creating state for names
-  // seen the first time. Throws tensor::OpError, before changing anything,
+  // seen the first time on the param's device (state on another device, such
+  // as host tensors loaded from a checkpoint for a GPU parameter, moves to
+  // the param's device first). Throws tensor::OpError, before changing anything,
   // when a ref is invalid (see CheckParamRefs) or its shape differs from the
   // state kept under its name.
   void Step(const std::vector<ParamRef>& params);

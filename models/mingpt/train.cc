@@ -272,10 +272,6 @@ absl::Status Train() {
                                                      ": ", tensor::cuda::DeviceCount(),
                                                      " CUDA devices are visible"));
     }
-    if (!absl::GetFlag(FLAGS_checkpoint_dir).empty() || !absl::GetFlag(FLAGS_resume).empty()) {
-      return absl::InvalidArgumentError(
-          "--checkpoint_dir/--resume with --device=cuda are not supported yet");
-    }
   }
   valid = policy->Validate(*device);
   if (!valid.ok()) return valid;
