@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/init.h"
 
 namespace dist {
 
@@ -27,6 +28,22 @@ absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root
   absl::Status status;
   for (auto& w : works) status.Update(w->Wait());
   return status;
+}
+
+tensor::Device ModelDevice(const char* op,
+                           const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
+  tensor::Device device = tensor::Device::Cpu();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    OP_CHECK(p->value.defined(), op, "parameter ", name, " is not materialized");
+    OP_CHECK(p->value.dtype() == tensor::Dtype::kF32 && p->value.is_contiguous(), op,
+             "parameter ", name, " must be a contiguous fp32 tensor");
+    if (i == 0) device = p->value.device();
+    OP_CHECK(p->value.device() == device, op, "parameter ", name, " is on ",
+             p->value.device().ToString(), " but ", params[0].first, " is on ", device.ToString(),
+             ": the model must be on one device");
+  }
+  return device;
 }
 
 namespace internal {
@@ -93,15 +110,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
     : model_(model), pg_(pg), options_(options), params_(model.NamedParameters()) {
   OP_CHECK(options_.bucket_cap_mb > 0, "ddp", "bucket_cap_mb must be > 0, got ",
            options_.bucket_cap_mb);
+  const tensor::Device device = ModelDevice("ddp", params_);
   {
-    absl::Status s = options_.mixed_precision.Validate(tensor::Device::Cpu());
+    absl::Status s = options_.mixed_precision.Validate(device);
     OP_CHECK(s.ok(), "ddp", "mixed precision: ", s.ToString());
-  }
-  for (auto& [name, p] : params_) {
-    OP_CHECK(p->value.defined(), "ddp", "parameter ", name, " is not materialized");
-    OP_CHECK(p->value.dtype() == tensor::Dtype::kF32 && p->value.device().is_cpu() &&
-                 p->value.is_contiguous(),
-             "ddp", "parameter ", name, " must be a contiguous fp32 CPU tensor");
   }
   absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
   OP_CHECK(status.ok(), "ddp", "initial broadcast failed: ", status.ToString());
@@ -128,7 +140,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
     int64_t numel = 0;
     for (int i : group) numel += params_[i].second->numel();
     Bucket bucket;
-    bucket.flat = tensor::Tensor::Zeros({numel}, tensor::Dtype::kF32);
+    bucket.flat = tensor::Tensor::Zeros({numel}, tensor::Dtype::kF32, device);
     bucket.params = group;
     int64_t offset = 0;
     for (int i : group) {
@@ -169,7 +181,7 @@ std::vector<std::string> DistributedDataParallel::BucketParameterNames(int i) co
 }
 
 void DistributedDataParallel::ZeroGrad() {
-  for (auto& b : buckets_) std::memset(b.flat.raw_data(), 0, b.flat.nbytes());
+  for (auto& b : buckets_) tensor::Zero(b.flat);
 }
 
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
@@ -191,7 +203,7 @@ void DistributedDataParallel::OnRootPreBackward() {
     nn::Parameter* p = params_[i].second;
     tensor::Tensor& view = grad_views_[i];
     if (!p->grad.defined()) {
-      std::memset(view.raw_data(), 0, view.nbytes());
+      tensor::Zero(view);
       p->grad = view;
     } else if (p->grad.raw_data() != view.raw_data()) {
       view.CopyFrom(p->grad);

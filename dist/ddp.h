@@ -65,7 +65,9 @@
 // construction: update them in place (the optimizer does), do not assign new
 // tensors to Parameter::value.
 //
-// The model's parameters must be materialized fp32 CPU tensors.
+// The model's parameters must be materialized contiguous fp32 tensors on one
+// device (the CPU, or a GPU: buckets, casts and all-reduces then run in device
+// memory, through an engine that takes device tensors: nccl, or threads).
 #ifndef DIST_DDP_H_
 #define DIST_DDP_H_
 
@@ -89,6 +91,12 @@ namespace dist {
 // Broadcasts every parameter value and every buffer of `module` from `root`
 // (all issued, then all waited for).
 absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root = 0);
+
+// The device of `params` (CPU when empty). Throws tensor::OpError naming the
+// parameter when one is undefined, not a contiguous fp32 tensor, or on
+// another device than the first. DDP's and ZeRO-1's check of the model.
+tensor::Device ModelDevice(const char* op,
+                           const std::vector<std::pair<std::string, nn::Parameter*>>& params);
 
 namespace internal {
 
@@ -136,9 +144,9 @@ struct DdpOptions {
 
 class DistributedDataParallel {
  public:
-  // Throws tensor::OpError if a parameter is not a materialized fp32 CPU
-  // tensor, the mixed-precision policy names a dtype the CPU lacks, or the
-  // initial broadcast fails.
+  // Throws tensor::OpError if a parameter is not a materialized fp32 tensor
+  // on the model's one device, the mixed-precision policy names a dtype that
+  // device lacks, or the initial broadcast fails.
   DistributedDataParallel(nn::Module& model, ProcessGroup& pg, DdpOptions options = {});
   // Waits for all-reduces still in flight, points the values back at the fp32
   // masters (mixed precision) and restores the modules' hooks. The

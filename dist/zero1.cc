@@ -9,6 +9,7 @@
 
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/init.h"
 
 namespace dist {
 namespace {
@@ -32,17 +33,12 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
       params_(model.NamedParameters()) {
   OP_CHECK(optimizer_ != nullptr, "zero1", "the optimizer is null");
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
+  const tensor::Device device = ModelDevice("zero1", params_);
   {
-    absl::Status s = mp.Validate(tensor::Device::Cpu());
+    absl::Status s = mp.Validate(device);
     OP_CHECK(s.ok(), "zero1", "mixed precision: ", s.ToString());
   }
-  for (auto& [name, p] : params_) {
-    OP_CHECK(p->value.defined(), "zero1", "parameter ", name, " is not materialized");
-    OP_CHECK(p->value.dtype() == tensor::Dtype::kF32 && p->value.device().is_cpu() &&
-                 p->value.is_contiguous(),
-             "zero1", "parameter ", name, " must be a contiguous fp32 CPU tensor");
-    numel_ += p->numel();
-  }
+  for (auto& [name, p] : params_) numel_ += p->numel();
   absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
   OP_CHECK(status.ok(), "zero1", "initial broadcast failed: ", status.ToString());
 
@@ -55,12 +51,13 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && n > 1;
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-    flat_param_ = tensor::Tensor::Zeros({padded}, low_flat ? mp.param_dtype : tensor::Dtype::kF32);
-    if (low_flat) master_ = tensor::Tensor::Zeros({k}, tensor::Dtype::kF32);
+    flat_param_ = tensor::Tensor::Zeros(
+        {padded}, low_flat ? mp.param_dtype : tensor::Dtype::kF32, device);
+    if (low_flat) master_ = tensor::Tensor::Zeros({k}, tensor::Dtype::kF32, device);
   }
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-    flat_grad_ = tensor::Tensor::Zeros({padded}, tensor::Dtype::kF32);
+    flat_grad_ = tensor::Tensor::Zeros({padded}, tensor::Dtype::kF32, device);
   }
   grad_views_.resize(params_.size());
   int64_t offset = 0;
@@ -111,7 +108,7 @@ optim::ElementRanges Zero1::shard_decay_ranges() const {
   return optim::SliceRanges(decay_ranges_, shard_begin_, shard_begin_ + master_.numel());
 }
 
-void Zero1::ZeroGrad() { std::memset(flat_grad_.raw_data(), 0, flat_grad_.nbytes()); }
+void Zero1::ZeroGrad() { tensor::Zero(flat_grad_); }
 
 void Zero1::OnRootPreBackward() {
   if (reduce_scatter_) FinishBackward().IgnoreError();
@@ -119,7 +116,7 @@ void Zero1::OnRootPreBackward() {
     nn::Parameter* p = params_[i].second;
     tensor::Tensor& view = grad_views_[i];
     if (!p->grad.defined()) {
-      std::memset(view.raw_data(), 0, view.nbytes());
+      tensor::Zero(view);
       p->grad = view;
     } else if (p->grad.raw_data() != view.raw_data()) {
       view.CopyFrom(p->grad);
@@ -191,7 +188,7 @@ std::vector<std::pair<std::string, tensor::Tensor>> Zero1::FullStateDict() {
   tensor::Tensor full = flat_param_;
   if (!master_.SharesStorageWith(flat_param_)) {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-    full = tensor::Tensor::Empty({flat_param_.numel()}, tensor::Dtype::kF32);
+    full = tensor::Tensor::Empty({flat_param_.numel()}, tensor::Dtype::kF32, master_.device());
     absl::Status s = pg_.AllGatherSync(master_, full);
     OP_CHECK(s.ok(), "zero1", "full_state_dict all_gather: ", s.ToString());
   }
@@ -199,7 +196,8 @@ std::vector<std::pair<std::string, tensor::Tensor>> Zero1::FullStateDict() {
   if (pg_.rank() != 0) return out;
   int64_t offset = 0;
   for (auto& [name, p] : params_) {
-    out.emplace_back(name, full.Narrow(0, offset, p->numel()).View(p->shape).Clone());
+    const tensor::Tensor view = full.Narrow(0, offset, p->numel()).View(p->shape);
+    out.emplace_back(name, view.device().is_cpu() ? view.Clone() : view.To(tensor::Device::Cpu()));
     offset += p->numel();
   }
   return out;

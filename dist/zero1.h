@@ -104,9 +104,11 @@ struct Zero1Options {
 
 class Zero1 {
  public:
-  // Throws tensor::OpError if a parameter is not a materialized fp32 CPU
-  // tensor, the optimizer is null, the mixed-precision policy names a dtype
-  // the CPU lacks, or the initial broadcast fails.
+  // Throws tensor::OpError if a parameter is not a materialized fp32 tensor
+  // on the model's one device (CPU or GPU: the flat buffers, the master shard
+  // and so the optimizer state live there), the optimizer is null, the
+  // mixed-precision policy names a dtype that device lacks, or the initial
+  // broadcast fails.
   Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimizer> optimizer,
         Zero1Options options = {});
   // Waits for a reduce-scatter in flight; points values back at the fp32

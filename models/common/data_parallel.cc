@@ -284,12 +284,6 @@ absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& c
   if (!device.ok()) return device.status();
   config.device = *device;
   if (device->is_cuda()) {
-    if (!IsFsdp(config.strategy)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--device=", flags.device, " with --strategy=", flags.strategy,
-          ": DDP and ZeRO-1 run on the CPU only; on a GPU use an FSDP strategy (no_shard has "
-          "DDP's arithmetic, shard_grad_op and full_shard ZeRO-2 and ZeRO-3's)"));
-    }
     if (config.backend == Backend::kGloo) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--backend=gloo runs collectives on the CPU; with --device=", flags.device,
@@ -507,7 +501,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
   absl::Status s = Guarded([&]() -> absl::Status {
     switch (config.strategy) {
       case Strategy::kDdp: {
-        model.Materialize(seed);
+        model.Materialize(seed, config.device);
         dist::DdpOptions o;
         o.mixed_precision = config.mixed_precision;
         dp->ddp_ = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
@@ -516,7 +510,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         return absl::OkStatus();
       }
       case Strategy::kZero1: {
-        model.Materialize(seed);
+        model.Materialize(seed, config.device);
         dist::Zero1Options o;
         o.mixed_precision = config.mixed_precision;
         dp->zero1_ = std::make_unique<dist::Zero1>(model, pg, std::move(optimizer), o);

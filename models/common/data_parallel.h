@@ -34,12 +34,12 @@
 //            (the default rendezvous directory, or --rdzv=<shared dir>).
 //            Needs a --config=cuda build and --device=cuda.
 //
-// Devices (--device, which the binary owns): cpu, or cuda[:N]. With CUDA the
-// strategy must be an FSDP one (no_shard is DDP's arithmetic): FSDP runs on
-// device memory; DDP and ZeRO-1 are CPU-only. threads: every rank on the
+// Devices (--device, which the binary owns): cpu, or cuda[:N], where every
+// strategy keeps its buffers in device memory. threads: every rank on the
 // given device (ranks sharing one GPU; collectives staged through host
-// memory); nccl: rank r of a node on cuda:LOCAL_RANK. --cpu_offload keeps
-// FSDP's shards, gradients and optimizer state in host memory.
+// memory); nccl: rank r of a node on cuda:LOCAL_RANK; gloo: CPU only.
+// --cpu_offload keeps FSDP's shards, gradients and optimizer state in host
+// memory.
 
 #ifndef MODELS_COMMON_DATA_PARALLEL_H_
 #define MODELS_COMMON_DATA_PARALLEL_H_
