@@ -136,18 +136,19 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
   return data::LoaderState::FromString(state.loader_state);
 }
 
-std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger) {
+std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger,
+                       tensor::Device device) {
   constexpr double kMiB = 1024.0 * 1024.0;
-  const tensor::Device cpu = tensor::Device::Cpu();
   using tensor::MemoryCategory;
-  auto peak = [&](MemoryCategory c) { return ledger.Stats(cpu, c).peak / kMiB; };
+  auto peak = [&](MemoryCategory c) { return ledger.Stats(device, c).peak / kMiB; };
+  const std::string where = device.is_cpu() ? "" : " on " + device.ToString();
   return absl::StrFormat(
-      "step %5d | loss %.4f | lr %.2e | %7.1f ms | %8.0f tok/s | peak MiB: params %.1f grads %.1f "
-      "optim %.1f act %.1f comm %.1f tmp %.1f total %.1f",
-      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, peak(MemoryCategory::kParameters),
+      "step %5d | loss %.4f | lr %.2e | %7.1f ms | %8.0f tok/s | peak MiB%s: params %.1f grads "
+      "%.1f optim %.1f act %.1f comm %.1f tmp %.1f total %.1f",
+      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, where, peak(MemoryCategory::kParameters),
       peak(MemoryCategory::kGradients), peak(MemoryCategory::kOptimizerState),
       peak(MemoryCategory::kActivations), peak(MemoryCategory::kCommunication),
-      peak(MemoryCategory::kTemporaries), ledger.Total(cpu).peak / kMiB);
+      peak(MemoryCategory::kTemporaries), ledger.Total(device).peak / kMiB);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path) {
@@ -172,13 +173,14 @@ absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedg
 
 StepReporter::StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& metrics,
                            int64_t first_step, int64_t last_step, int64_t log_every,
-                           double tokens_per_step)
+                           double tokens_per_step, tensor::Device device)
     : ledger_(ledger),
       metrics_(metrics),
       first_step_(first_step),
       last_step_(last_step),
       log_every_(std::max<int64_t>(1, log_every)),
-      tokens_per_step_(tokens_per_step) {}
+      tokens_per_step_(tokens_per_step),
+      device_(device) {}
 
 absl::Status StepReporter::Report(StepMetrics m) {
   m.tokens_per_s = tokens_per_step_ / (m.ms / 1000.0);
@@ -187,7 +189,7 @@ absl::Status StepReporter::Report(StepMetrics m) {
     ++timed_steps_;
   }
   if (m.step == first_step_ + 1 || m.step % log_every_ == 0 || m.step == last_step_) {
-    std::printf("%s\n", FormatStep(m, ledger_).c_str());
+    std::printf("%s\n", FormatStep(m, ledger_, device_).c_str());
     std::fflush(stdout);
   }
   return metrics_.Write(m, ledger_);

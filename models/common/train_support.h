@@ -75,7 +75,10 @@ struct StepMetrics {
 };
 
 // "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."
-std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger);
+// Memory: the ledger's peaks on `device` ("peak MiB on cuda:0:" when not the
+// CPU).
+std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger,
+                       tensor::Device device = tensor::Device::Cpu());
 
 // Appends one JSON object per line: the step metrics and the ledger's JSON.
 class MetricsWriter {
@@ -96,9 +99,11 @@ class MetricsWriter {
 class StepReporter {
  public:
   // Steps first_step+1 .. last_step (1-based) will be reported; each moves
-  // tokens_per_step tokens; `metrics` may write nothing (empty path).
+  // tokens_per_step tokens; `metrics` may write nothing (empty path). The
+  // step lines show the peak memory on `device` (where the model computes).
   StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& metrics, int64_t first_step,
-               int64_t last_step, int64_t log_every, double tokens_per_step);
+               int64_t last_step, int64_t log_every, double tokens_per_step,
+               tensor::Device device = tensor::Device::Cpu());
   // m.step is 1-based; m.tokens_per_s is computed here from m.ms.
   absl::Status Report(StepMetrics m);
   // "mean 12.3 ms/step, 4567 tokens/s<tokens_note> over N steps (after the first)",
@@ -112,6 +117,7 @@ class StepReporter {
   const int64_t last_step_;
   const int64_t log_every_;
   const double tokens_per_step_;
+  const tensor::Device device_;
   double total_ms_ = 0;
   int64_t timed_steps_ = 0;
 };

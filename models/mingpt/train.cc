@@ -180,7 +180,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // ---- Training loop (rank 0 reports; global tokens per step) ----
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
-                               absl::GetFlag(FLAGS_log_every), W * B * T);
+                               absl::GetFlag(FLAGS_log_every), W * B * T, setup.dp.device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
@@ -355,7 +355,7 @@ absl::Status Train() {
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               B * T);
+                               B * T, *device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The checks and benchmarks of issue 5 on a lent GPU machine, in few device calls: run in the
+# repository root there (the device tool copies the working tree), with the bundle made here
+# by tools/gpu_bundle.sh and carried as gpu_bundle.tar.xz. Every phase writes a short summary
+# to stdout and its full logs under $OUT (at most 8 files come back; each phase writes <= 3).
+#
+#   tools/gpu_session.sh tests   every bundled *_test: PASS / FAIL / SKIP per binary, the tail
+#                                of each failure ($OUT/tests.txt, $OUT/tests.log)
+#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark and :attention_benchmark as JSON
+#                                ($OUT/matmul.json, $OUT/attention.json)
+#   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
+#                                sharing it (threads), the same with --cpu_offload, and DDP;
+#                                losses and per-rank memory ($OUT/train.log)
+#   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
+#                                ours and of PyTorch eager ($OUT/vs_pytorch.json)
+#
+# Device tool: carry ["gpu_bundle.tar.xz"]; command
+#   tar xJf gpu_bundle.tar.xz && tools/gpu_session.sh tests
+# (the bundle unpacks to gpu_bundle/; GPU_SESSION_BUNDLE names another folder).
+set -uo pipefail
+
+phase=${1:-}
+bundle=${GPU_SESSION_BUNDLE:-gpu_bundle}
+out=${OUT:-/tmp/gpu_session_out}
+mkdir -p "$out"
+run=$bundle/run.sh
+[[ -x "$run" ]] || { echo "gpu_session: no $run (unpack gpu_bundle.tar.xz first)" >&2; exit 2; }
+has() { [[ -x "$bundle/bin/$1" ]]; }
+
+case "$phase" in
+  tests)
+    : > "$out/tests.log"
+    : > "$out/tests.txt"
+    failed=0
+    for t in $("$run" --list | grep '_test$'); do
+      start=$(date +%s)
+      "$run" "$t" > "$out/$t.tmp" 2>&1
+      code=$?
+      secs=$(( $(date +%s) - start ))
+      passed=$(grep -c '^\[       OK \]' "$out/$t.tmp")
+      skipped=$(grep -c '^\[  SKIPPED \]' "$out/$t.tmp")
+      failures=$(grep -c '^\[  FAILED  \]' "$out/$t.tmp")
+      if (( code == 0 )); then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
+      line="$verdict $t (exit $code, ${secs}s): $passed ok, $skipped skipped, $failures failed"
+      echo "$line" | tee -a "$out/tests.txt"
+      { echo "=== $line"; cat "$out/$t.tmp"; } >> "$out/tests.log"
+      if (( code != 0 )); then
+        grep -B2 -A12 -m 5 -E 'Failure|FAILED|error|Error' "$out/$t.tmp" | head -60 >> "$out/tests.txt"
+      fi
+      rm -f "$out/$t.tmp"
+    done
+    echo "failed binaries: $failed" | tee -a "$out/tests.txt"
+    ;;
+  bench)
+    for b in matmul_benchmark attention_benchmark; do
+      has "$b" || { echo "gpu_session: $b is not in the bundle" >&2; continue; }
+      "$run" "$b" --benchmark_format=json --benchmark_out="$out/${b%_benchmark}.json" \
+        --benchmark_out_format=json --benchmark_min_time=0.2 2>&1 | tail -40
+    done
+    ;;
+  train)
+    has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
+    common=(--device=cuda:0 --preset=gpt-mini --data=random --steps=6 --batch_size=8
+            --seq_len=128 --log_every=1 --seed=7)
+    {
+      echo "=== one process on cuda:0";              "$run" train "${common[@]}"
+      echo "=== FSDP FULL_SHARD, 2 ranks sharing cuda:0 (batch 4 each)"
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard
+      echo "=== the same with --cpu_offload"
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard --cpu_offload
+      echo "=== DDP, 2 ranks sharing cuda:0"
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=ddp
+      echo "=== bf16, FSDP FULL_SHARD, 2 ranks"
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --precision=bf16
+    } > "$out/train.log" 2>&1
+    grep -E '^===|step +6|error|per-rank|^[0-9] ' "$out/train.log" | head -80
+    ;;
+  pytorch)
+    has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
+    PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
+      --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 \
+      --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
+    ;;
+  *)
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
+    exit 2
+    ;;
+esac
