@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Test of the GPU bundle's packing and running half (tools/gpu_bundle_collect.sh and the
 # run.sh it installs, tools/gpu_bundle_run.sh), without Bazel and without a GPU.
-#   gpu_bundle_test.sh cpu  COLLECT RUN_SH CC_BINARY CC_TEST   (//tools:gpu_bundle_test, in //...)
+#   gpu_bundle_test.sh cpu  COLLECT RUN_SH CC_BINARY CC_TEST SESSION_SH
+#                                                              (//tools:gpu_bundle_test, in //...)
 #   gpu_bundle_test.sh cuda COLLECT RUN_SH CUDA_TEST...        (//tools:gpu_bundle_cuda_test,
 #                                                               manual, needs --config=cuda)
 # cpu: bundles a cc_binary (project libraries static) and a cc_test (project libraries from
 # _solib_k8), unpacks the .tar.xz elsewhere, runs both through run.sh under `env -i` and checks
 # their output and that every object they load comes from the bundle; then checks run.sh's
-# messages for missing CUDA libraries with made-up needs.
+# messages for missing CUDA libraries with made-up needs, and tools/gpu_session.sh's tests
+# phase over the bundle.
 # cuda: bundles CUDA tests; checks no CUDA library went in, each needs libcudart + libcuda.so.1,
 # and run.sh stops with a message naming the missing driver (or, on a machine with one, runs).
 set -euo pipefail
@@ -24,8 +26,8 @@ work=$tmp/gpu_bundle_test
 rm -rf "$work"; mkdir -p "$work/made" "$work/unpacked" "$work/empty"
 
 if [[ "$mode" == cpu ]]; then
-  (( $# == 2 )) || fail "cpu mode takes CC_BINARY CC_TEST"
-  cc_binary=$1 cc_test=$2
+  (( $# == 3 )) || fail "cpu mode takes CC_BINARY CC_TEST SESSION_SH"
+  cc_binary=$1 cc_test=$2 session_sh=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
   bin_name=$(basename "$cc_binary") test_name=$(basename "$cc_test")
 
   GPU_BUNDLE_RUN_SH=$run_sh "$collect" "$work/made/gpu_bundle" "$cc_binary" "$cc_test" \
@@ -96,6 +98,16 @@ if [[ "$mode" == cpu ]]; then
     { echo "$out" >&2; fail "with every CUDA library found"; }
   expect_in "library path: $u/lib:$work/fakedriver:$work/fakecuda" "$out" "the library path"
   expect_in "gpt-mini" "$out" "with every CUDA library found"
+
+  # The session script's tests phase: every bundled *_test, a summary and the log under $OUT.
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session" \
+    bash "$session_sh" tests 2>&1) || { echo "$out" >&2; fail "gpu_session.sh tests"; }
+  expect_in "PASS $test_name (exit 0" "$out" "gpu_session.sh tests"
+  expect_in "failed binaries: 0" "$(cat "$work/session/tests.txt")" "tests.txt"
+  expect_in "[  PASSED  ]" "$(cat "$work/session/tests.log")" "tests.log"
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" bash "$session_sh" nope 2>&1) &&
+    fail "gpu_session.sh took an unknown phase"
+  expect_in "tools/gpu_session.sh tests" "$out" "gpu_session.sh usage"
 
   # collect refuses what it cannot bundle.
   printf '#!/bin/sh\necho hi\n' > "$work/script.sh"; chmod +x "$work/script.sh"
