@@ -71,6 +71,7 @@
 #include "models/data/random_tokens.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "tensor/cuda_backend.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
@@ -95,6 +96,9 @@ ABSL_FLAG(int64_t, steps, 2,
           "training steps per run (2: the second step's forward and "
           "backward see the optimizer state)");
 ABSL_FLAG(std::string, json_out, "", "also write the results as JSON to this file");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the ranks (threads) compute and the ledger is read: cpu, or cuda[:N] (every rank "
+          "on that GPU; a --config=cuda build)");
 
 namespace {
 
@@ -180,11 +184,11 @@ Check MakeCheck(const Row& row, const std::string& when, const std::string& stag
   return c;
 }
 
-int64_t ModelState(const tensor::MemoryLedger& ledger) {
+int64_t ModelState(const tensor::MemoryLedger& ledger, tensor::Device device) {
   int64_t state = 0;
   for (MemoryCategory c :
        {MemoryCategory::kParameters, MemoryCategory::kGradients, MemoryCategory::kOptimizerState}) {
-    state += ledger.Stats(tensor::Device::Cpu(), c).current;
+    state += ledger.Stats(device, c).current;
   }
   return state;
 }
@@ -206,7 +210,7 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const std::strin
 }
 
 absl::Status RunOne(const std::string& preset, int world, const std::string& strategy, bool mixed,
-                    Row& row) {
+                    tensor::Device device, Row& row) {
   absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);
   if (!config.ok()) return config.status();
   config->vocab_size = absl::GetFlag(FLAGS_vocab_size);
@@ -241,12 +245,12 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
     std::unique_ptr<dist::FullyShardedModel> fsdp;
     int64_t padding = 0;
     if (strategy == "ddp") {
-      model.Materialize(1);
+      model.Materialize(1, device);
       dist::DdpOptions o;
       o.mixed_precision = policy;
       ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
     } else if (strategy == "zero1") {
-      model.Materialize(1);
+      model.Materialize(1, device);
       dist::Zero1Options o;
       o.mixed_precision = policy;
       zero = std::make_unique<dist::Zero1>(model, pg, std::move(opt), o);
@@ -258,6 +262,7 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
       if (strategy == "full_shard_wrap") o.policy = dist::WrapPolicy::Transformer({"Block"});
       o.seed = 1;
       o.mixed_precision = policy;
+      o.device = device;
       fsdp = dist::FullyShard(model, pg, o);
       for (int u = 0; u < fsdp->num_units(); ++u) {
         padding += fsdp->flat_param(u).padded_numel() - fsdp->flat_param(u).numel();
@@ -268,10 +273,12 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
     int64_t after_forward = 0;
     for (int64_t step = 0; step < steps; ++step) {
       data::LmBatch batch = loader->Next();
+      batch.inputs = batch.inputs.To(device);
+      batch.targets = batch.targets.To(device);
       // model.ForwardBackward, split to read the ledger between forward and backward.
       nn::Context ctx;
       tensor::Tensor logits = model.Run(batch.inputs, ctx);  // (B, T, V)
-      if (step == steps - 1) after_forward = ModelState(ledger);
+      if (step == steps - 1) after_forward = ModelState(ledger, device);
       tensor::CrossEntropyForwardBackwardInPlace(logits, batch.targets);
       model.RunBackward(logits, ctx);
       logits = tensor::Tensor();
@@ -292,7 +299,7 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
     // guarantees that has happened before the ledger is read.
     absl::Status barrier = pg.BarrierSync();
     if (!barrier.ok()) return barrier;
-    const int64_t steady = ModelState(ledger);
+    const int64_t steady = ModelState(ledger, device);
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       row.steady = steady;
@@ -306,9 +313,9 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const tensor::MemoryLedger& l0 = tw.ledger(0);
   for (int c = 0; c < tensor::kNumMemoryCategories; ++c) {
-    row.peak[c] = l0.Stats(tensor::Device::Cpu(), static_cast<MemoryCategory>(c)).peak;
+    row.peak[c] = l0.Stats(device, static_cast<MemoryCategory>(c)).peak;
   }
-  row.peak_total = l0.Total(tensor::Device::Cpu()).peak;
+  row.peak_total = l0.Total(device).peak;
   if (strategy == "ddp") {
     row.checks.push_back(MakeCheck(row, "steps", "DDP", row.steady));
   } else if (strategy == "zero1") {
@@ -411,11 +418,18 @@ int Main() {
       absl::GetFlag(FLAGS_steps) < 1) {
     return usage_error("--batch_size, --seq_len and --steps must be >= 1");
   }
+  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return usage_error(std::string(device.status().message()));
+  if (device->is_cuda() && device->index >= tensor::cuda::DeviceCount()) {
+    return usage_error(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": ",
+                                    tensor::cuda::Built() ? "" : "built without CUDA; ",
+                                    tensor::cuda::DeviceCount(), " CUDA devices are visible"));
+  }
 
   std::printf(
-      "per-rank peak memory (rank 0, MiB, memory ledger) | %s (K = %d fp32, %d bf16) | batch "
-      "%lld x %lld tokens per rank, vocab %lld, %lld steps\n",
-      optimizer.c_str(), optimizer == "adamw" ? 8 : 4, optimizer == "adamw" ? 12 : 8,
+      "per-rank peak memory on %s (rank 0, MiB, memory ledger) | %s (K = %d fp32, %d bf16) | "
+      "batch %lld x %lld tokens per rank, vocab %lld, %lld steps\n",
+      device->ToString().c_str(), optimizer.c_str(), optimizer == "adamw" ? 8 : 4, optimizer == "adamw" ? 12 : 8,
       static_cast<long long>(absl::GetFlag(FLAGS_batch_size)),
       static_cast<long long>(absl::GetFlag(FLAGS_seq_len)),
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)),
@@ -432,7 +446,7 @@ int Main() {
         std::map<std::string, int64_t> totals;
         for (const std::string& strategy : strategies) {
           Row row;
-          absl::Status s = RunOne(preset, n, strategy, mixed, row);
+          absl::Status s = RunOne(preset, n, strategy, mixed, *device, row);
           if (!s.ok()) {
             std::fprintf(stderr, "bench_memory: error: %s N=%d %s %s: %s\n", preset.c_str(), n,
                          mixed ? "bf16" : "fp32", strategy.c_str(),

@@ -13,6 +13,9 @@
 #                                losses and per-rank memory ($OUT/train.log)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours and of PyTorch eager ($OUT/vs_pytorch.json)
+#   tools/gpu_session.sh memory  //tools:bench_memory over GPU memory: per-rank peaks of DDP,
+#                                ZeRO-1, SHARD_GRAD_OP, FULL_SHARD (+wrap), ranks sharing
+#                                cuda:0, and the ZeRO formula checks ($OUT/memory.json)
 #
 # Device tool: carry ["gpu_bundle.tar.xz"]; command
 #   tar xJf gpu_bundle.tar.xz && tools/gpu_session.sh tests
@@ -80,6 +83,11 @@ case "$phase" in
     PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
       --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 \
       --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
+    ;;
+  memory)
+    has bench_memory || { echo "gpu_session: bench_memory is not in the bundle" >&2; exit 2; }
+    "$run" bench_memory --device=cuda:0 --presets=gpt-mini,gopher-44m --world_sizes=2,4 \
+      --json_out="$out/memory.json"
     ;;
   *)
     awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
