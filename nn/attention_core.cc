@@ -8,6 +8,7 @@
 #include "tensor/cuda/attention.h"
 #include "tensor/ops/check.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/init.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/ops/reduce.h"
 #include "tensor/ops/softmax.h"
@@ -90,13 +91,48 @@ void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
   }
 }
 
+// MaskScores on a CUDA device: the (B, T_q, T_k) mask (0, or -inf where
+// masked; rows left without any key stay 0 and are listed in dead_rows) is
+// built on the host, copied over and added to every head's scores.
+void MaskScoresOnDevice(const Tensor& scores, const Tensor& key_mask, bool causal,
+                        std::vector<int64_t>* dead_rows) {
+  const int64_t b = scores.dim(0), nh = scores.dim(1), t_q = scores.dim(2), t_k = scores.dim(3);
+  std::vector<float> keep(b * t_k, 1.0f);  // (B, T_k)
+  if (key_mask.defined()) keep = key_mask.ToVector<float>();
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> add(b * t_q * t_k, 0.0f);  // (B, T_q, T_k)
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t i = 0; i < t_q; ++i) {
+      float* r = add.data() + (bi * t_q + i) * t_k;
+      const int64_t limit = causal ? std::min(t_k, i + (t_k - t_q) + 1) : t_k;  // keys < limit
+      bool any = false;
+      for (int64_t j = 0; j < t_k; ++j) {
+        if (j < limit && keep[bi * t_k + j] != 0.0f) {
+          any = true;
+        } else {
+          r[j] = kNegInf;
+        }
+      }
+      if (!any) {
+        std::fill(r, r + t_k, 0.0f);
+        for (int64_t h = 0; h < nh; ++h) dead_rows->push_back((bi * nh + h) * t_q + i);
+      }
+    }
+  }
+  const Tensor mask = Tensor::FromVector(add, {b, t_q, t_k}).To(scores.device());
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t h = 0; h < nh; ++h) {
+      tensor::AddInPlace(scores.Select(0, bi).Select(0, h), mask.Select(0, bi));
+    }
+  }
+}
+
 // On CUDA: the fused kernels take plain (causal) attention with head sizes
 // 32, 64 and 128 (tensor/cuda/attention.h) and never hold the (T_q, T_k)
 // probabilities. A bias, attention dropout or another head size runs the
 // unfused path below on the GPU's matmul, softmax and dropout kernels (which
-// keeps the probabilities, as on the CPU). A key padding mask (or causal with
-// T_q > T_k outside the fused kernels) is masked by host code: refused on
-// CUDA.
+// keeps the probabilities, as on the CPU), and so does a key padding mask
+// (MaskScoresOnDevice).
 bool UsesFlash(const Tensor& q, const Tensor& v, const Tensor& bias, const Tensor& key_mask,
                const AttentionOptions& o) {
   const int64_t d = q.dim(3);
@@ -104,13 +140,10 @@ bool UsesFlash(const Tensor& q, const Tensor& v, const Tensor& bias, const Tenso
          (d == 32 || d == 64 || d == 128) && v.dim(3) == d;
 }
 
-void CheckCudaInputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
-                     const AttentionOptions& o) {
+void CheckCudaInputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   const tensor::Device dev = q.device();
   OP_CHECK(k.device() == dev && v.device() == dev, o.op, "q, k and v must be on one device; got ",
            dev.ToString(), ", ", k.device().ToString(), ", ", v.device().ToString());
-  OP_CHECK(!key_mask.defined(), o.op, "a key padding mask is not supported on CUDA (",
-           dev.ToString(), "): it is applied by host code");
 }
 
 // The fused CUDA path (UsesFlash).
@@ -162,7 +195,7 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const bool cuda = q.defined() && q.device().is_cuda();
   CheckShapes(q, k, v, bias, key_mask, options, cuda);
   if (cuda) {
-    CheckCudaInputs(q, k, v, key_mask, options);
+    CheckCudaInputs(q, k, v, options);
     if (UsesFlash(q, v, bias, key_mask, options)) return FlashForward(q, k, v, options, state);
   }
   const Dtype dt = q.dtype();
@@ -170,9 +203,6 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   // Masks the softmax op cannot express (key padding, or causal with T_q > T_k)
   // are written into the scores.
   const bool manual_mask = key_mask.defined() || (options.causal && t_q > t_k);
-  OP_CHECK(!(cuda && manual_mask), options.op, "causal attention with T_q ", t_q, " > T_k ", t_k,
-           " and a bias, dropout or head size ", q.dim(3),
-           " the fused kernels do not take is not supported on CUDA");
   // A bias is added after the scale, so the scale is applied to the scores
   // first; without one it is folded into the softmax.
   const bool prescale = bias.defined() && options.scale != 1.0f;
@@ -190,14 +220,25 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
     }
   }
   std::vector<int64_t> dead_rows;
-  if (manual_mask) MaskScores(scores, key_mask, options.causal, &dead_rows);
+  if (manual_mask) {
+    if (cuda) {
+      MaskScoresOnDevice(scores, key_mask, options.causal, &dead_rows);
+    } else {
+      MaskScores(scores, key_mask, options.causal, &dead_rows);
+    }
+  }
   tensor::SoftmaxOptions sm;
   sm.scale = bias.defined() ? 1.0f : options.scale;
   sm.causal = options.causal && !manual_mask;
   tensor::SoftmaxInto(scores, scores, sm);  // now the probabilities, in place
   if (!dead_rows.empty()) {
-    float* p = scores.data<float>();
-    for (int64_t row : dead_rows) std::fill(p + row * t_k, p + (row + 1) * t_k, 0.0f);
+    if (cuda) {
+      const Tensor rows = scores.View({scores.dim(0) * scores.dim(1) * t_q, t_k});  // (B nh T_q, T_k)
+      for (int64_t row : dead_rows) tensor::Zero(rows.Select(0, row));
+    } else {
+      float* p = scores.data<float>();
+      for (int64_t row : dead_rows) std::fill(p + row * t_k, p + (row + 1) * t_k, 0.0f);
+    }
   }
   Tensor probs = scores.To(dt);  // (B, nh, T_q, T_k), compute dtype
 

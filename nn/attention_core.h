@@ -20,8 +20,9 @@
 // (tensor/cuda/attention.h): nothing (T_q, T_k) is ever allocated, the state
 // keeps the output and a (B, nh, T_q) logsumexp. A bias, attention dropout or
 // another head size runs the path above on the GPU's kernels (it keeps the
-// probabilities; dropout masks equal the CPU's for the same generator). A key
-// padding mask is refused on CUDA (host code masks it). f32, bf16 or f16.
+// probabilities; dropout masks equal the CPU's for the same generator), and
+// so does a key padding mask (the mask is built on the host and added on the
+// GPU). f32, bf16 or f16.
 #ifndef NN_ATTENTION_CORE_H_
 #define NN_ATTENTION_CORE_H_
 

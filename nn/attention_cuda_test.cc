@@ -2,8 +2,8 @@
 // AttentionForward / AttentionBackward) against the CPU path: outputs and
 // gradients at several (B, nh, T, hs) with q, k, v viewed out of a fused qkv
 // projection as minGPT does; memory O(T) from the ledger; bias, dropout and
-// other head sizes on the unfused GPU path; a clear error for a key padding
-// mask. Tagged gpu; skips without a device.
+// other head sizes and a key padding mask on the unfused GPU path. Tagged gpu;
+// skips without a device.
 //
 // Tolerances: the CPU reference runs in f32 on exactly the rounded inputs, so
 // the difference is the GPU's roundings: |gpu - cpu| <= tol * (max|cpu| +
@@ -200,21 +200,50 @@ TEST(AttentionCudaTest, BiasDropoutAndOtherHeadSizesRunUnfusedOnTheGpu) {
   }
 }
 
-TEST(AttentionCudaTest, KeyPaddingMaskIsAClearError) {
+// A key padding mask (T5's encoder), alone, with causal and with a bias, and
+// with T_q > T_k: masked on the GPU like the CPU masks, rows left without a
+// key (a fully padded example) give zeros.
+TEST(AttentionCudaTest, KeyPaddingMaskMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  const Tensor q = ToGpu(RandomTensor({1, 2, 8, 64}, 1, -1, 1, Dtype::kBF16));
-  AttentionOptions o;
-  o.op = "t5_attention";
-  tensor::Generator gen(1);
-  AttentionState st;
-  try {
-    AttentionForward(q, q, q, Tensor(), ToGpu(Tensor::Full({1, 8}, 1.0)), o, gen, &st);
-    ADD_FAILURE() << "a key padding mask was accepted on CUDA";
-  } catch (const tensor::OpError& e) {
-    EXPECT_NE(std::string(e.what()).find("[t5_attention] a key padding mask is not supported on "
-                                         "CUDA"),
-              std::string::npos)
-        << e.what();
+  const int64_t b = 3, nh = 2, hs = 32;
+  for (int64_t t_q : {9, 12}) {
+    const int64_t t_k = 9;
+    for (bool causal : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "T_q " << t_q << (causal ? " causal" : "")
+                                          << (with_bias ? " bias" : ""));
+        const Tensor q = RandomTensor({b, nh, t_q, hs}, 31, -1.5f, 1.5f);
+        const Tensor k = RandomTensor({b, nh, t_k, hs}, 32, -1.5f, 1.5f);
+        const Tensor v = RandomTensor({b, nh, t_k, hs}, 33, -1.5f, 1.5f);
+        const Tensor dy = RandomTensor({b, nh, t_q, hs}, 34, -1.0f, 1.0f);
+        const Tensor bias = with_bias ? RandomTensor({1, nh, t_q, t_k}, 35) : Tensor();
+        // Example 0: keys 6.. padded; example 1: nothing padded; example 2: all padded.
+        std::vector<float> m(b * t_k, 1.0f);
+        for (int64_t j = 6; j < t_k; ++j) m[j] = 0.0f;
+        for (int64_t j = 0; j < t_k; ++j) m[2 * t_k + j] = 0.0f;
+        const Tensor mask = Tensor::FromVector(m, {b, t_k});
+        AttentionOptions o;
+        o.scale = 0.25f;
+        o.causal = causal;
+        tensor::Generator gen(1);
+        AttentionState cpu_state, st;
+        const Tensor y_cpu = AttentionForward(q, k, v, bias, mask, o, gen, &cpu_state);
+        const AttentionGrads g_cpu = AttentionBackward(dy, cpu_state);
+        const Tensor y = AttentionForward(ToGpu(q), ToGpu(k), ToGpu(v),
+                                          with_bias ? ToGpu(bias) : Tensor(), ToGpu(mask), o, gen,
+                                          &st);
+        const AttentionGrads g = AttentionBackward(ToGpu(dy), st);
+        EXPECT_TRUE(Near(y, y_cpu, 1e-4)) << "y";
+        EXPECT_TRUE(Near(g.dq, g_cpu.dq, 1e-4)) << "dq";
+        EXPECT_TRUE(Near(g.dk, g_cpu.dk, 1e-4)) << "dk";
+        EXPECT_TRUE(Near(g.dv, g_cpu.dv, 1e-4)) << "dv";
+        if (with_bias) EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, 1e-4)) << "dbias";
+        const std::vector<float> out = y.ToVector<float>();
+        for (int64_t i = 2 * nh * t_q * hs; i < b * nh * t_q * hs; ++i) {
+          ASSERT_EQ(out[i], 0.0f) << "the fully padded example";
+        }
+      }
+    }
   }
 }
 

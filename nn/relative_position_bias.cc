@@ -102,7 +102,9 @@ Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
 
   // Bucket ids (T_q, T_k), through a table over the range of relative
   // positions present (T_q + T_k - 1 values for the usual j - i grid).
-  const Tensor rel64 = rel.To(tensor::Dtype::kI64).Contiguous();
+  // Bucketed on the host (a (T_q, T_k) integer table), then moved to the
+  // table's device for the lookup.
+  const Tensor rel64 = rel.To(tensor::Device::Cpu()).To(tensor::Dtype::kI64).Contiguous();
   Tensor buckets = Tensor::Empty({t_q, t_k}, tensor::Dtype::kI64);
   const int64_t* r = rel64.data<int64_t>();
   int64_t* b = buckets.data<int64_t>();
@@ -126,6 +128,7 @@ Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
     }
   }
 
+  buckets = buckets.To(w.device());
   // (T_q, T_k, nh) rows of the table -> (1, nh, T_q, T_k).
   const Tensor rows = tensor::Embedding(w, buckets);
   Tensor bias = rows.Transpose(0, 2).Transpose(1, 2).Contiguous().Unsqueeze(0);

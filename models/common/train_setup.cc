@@ -10,8 +10,25 @@
 #include "models/data/token_file.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
+#include "tensor/cuda_backend.h"
 
 namespace train {
+
+absl::StatusOr<tensor::Device> ResolveDevice(const std::string& flag) {
+  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(flag);
+  if (!device.ok()) return device.status();
+  if (!device->is_cuda()) return device;
+  if (!tensor::cuda::Built()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", flag, ": this binary was built without CUDA; rebuild with "
+                     "--config=cuda"));
+  }
+  if (device->index >= tensor::cuda::DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", flag, ": ", tensor::cuda::DeviceCount(), " CUDA devices are visible"));
+  }
+  return device;
+}
 
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const std::string& spec,
                                                                           uint64_t seed,

@@ -1,5 +1,6 @@
 // Set-up shared by the train binaries: the token source a --data flag names,
-// the optimizer an --optimizer flag names, and the LR schedule of --lr_schedule.
+// the optimizer an --optimizer flag names, the LR schedule of --lr_schedule,
+// and the device of --device.
 #ifndef MODELS_COMMON_TRAIN_SETUP_H_
 #define MODELS_COMMON_TRAIN_SETUP_H_
 
@@ -11,6 +12,7 @@
 #include "models/data/token_source.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "tensor/device.h"
 
 namespace train {
 
@@ -34,6 +36,10 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerS
 // optim::ParseLrSchedule reads.
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
                                                                   double lr, int64_t steps);
+
+// --device: "cpu", "cuda" or "cuda:N", checked against this binary (built
+// with --config=cuda?) and machine (that many GPUs?); errors name the flag.
+absl::StatusOr<tensor::Device> ResolveDevice(const std::string& flag);
 
 }  // namespace train
 

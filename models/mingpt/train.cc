@@ -259,20 +259,8 @@ absl::Status Train() {
   absl::StatusOr<precision::MixedPrecisionPolicy> policy =
       precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
   if (!policy.ok()) return policy.status();
-  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
-  if (device->is_cuda()) {
-    if (!tensor::cuda::Built()) {
-      return absl::InvalidArgumentError(
-          "--device=" + absl::GetFlag(FLAGS_device) +
-          ": this binary was built without CUDA; rebuild with --config=cuda");
-    }
-    if (device->index >= tensor::cuda::DeviceCount()) {
-      return absl::InvalidArgumentError(absl::StrCat("--device=", absl::GetFlag(FLAGS_device),
-                                                     ": ", tensor::cuda::DeviceCount(),
-                                                     " CUDA devices are visible"));
-    }
-  }
   valid = policy->Validate(*device);
   if (!valid.ok()) return valid;
   if (policy->NeedsLossScaling()) {

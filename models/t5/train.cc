@@ -95,6 +95,9 @@ ABSL_FLAG(double, weight_decay, 0.01,
           "weight decay (Linear weights only: not the embedding, not the RMSNorm weights)");
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (mixed: fp32 masters and grads)");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu or cuda[:N] (a --config=cuda build and a GPU; with data parallelism: "
+          "--backend=threads, ranks sharing it, or nccl)");
 ABSL_FLAG(uint64_t, seed, 1337, "seed of the weights, dropout, data windows and noise masks");
 ABSL_FLAG(std::string, data, "shipped",
           "shipped (the text in models/data/text), random (uniform tokens), a .txt file "
@@ -201,6 +204,14 @@ void PrintStartup(const T5Config& config, const data::TokenSource& source,
 
 // ---- Data parallelism ----
 
+// The batch's tensors on the device the model computes on.
+void MoveBatch(data::Seq2SeqBatch& batch, tensor::Device device) {
+  batch.encoder_inputs = batch.encoder_inputs.To(device);
+  batch.encoder_mask = batch.encoder_mask.To(device);
+  batch.decoder_inputs = batch.decoder_inputs.To(device);
+  batch.decoder_targets = batch.decoder_targets.To(device);
+}
+
 struct DpSetup {
   T5Config config;
   std::shared_ptr<const data::TokenSource> source;
@@ -272,11 +283,12 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // ---- Training loop (rank 0 reports; global tokens per step) ----
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
-                               absl::GetFlag(FLAGS_log_every), tokens_per_step);
+                               absl::GetFlag(FLAGS_log_every), tokens_per_step, setup.dp.device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::Seq2SeqBatch batch = loader->Next();  // this rank's rows: encoder (B, S), decoder (B, T)
+    MoveBatch(batch, setup.dp.device);
     nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
     opt.set_lr(setup.schedule->LrAt(step));
     const double local_loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
@@ -382,7 +394,9 @@ absl::Status Train() {
   absl::StatusOr<precision::MixedPrecisionPolicy> policy =
       precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
   if (!policy.ok()) return WithContext(policy.status(), "--precision");
-  valid = policy->Validate(tensor::Device::Cpu());
+  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
+  valid = policy->Validate(*device);
   if (!valid.ok()) return WithContext(valid, "--precision");
   if (policy->NeedsLossScaling()) {
     return absl::InvalidArgumentError(
@@ -401,6 +415,7 @@ absl::Status Train() {
 
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
+  dp_flags.device = absl::GetFlag(FLAGS_device);
   if (train::WantsDataParallel(dp_flags)) {
     DpSetup setup;
     absl::StatusOr<train::DataParallelConfig> dp =
@@ -419,7 +434,7 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   T5Model model(*config);
-  model.Materialize(seed);
+  model.Materialize(seed, *device);
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
   const int64_t tokens_per_step = B * (S + loader->corruptor().decoder_length());
@@ -474,11 +489,12 @@ absl::Status Train() {
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               tokens_per_step);
+                               tokens_per_step, *device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::Seq2SeqBatch batch = loader->Next();  // encoder (B, S) + mask, decoder (B, T_dec) x 2
+    MoveBatch(batch, *device);
     nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
