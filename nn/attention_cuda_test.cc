@@ -195,7 +195,9 @@ TEST(AttentionCudaTest, BiasDropoutAndOtherHeadSizesRunUnfusedOnTheGpu) {
       EXPECT_TRUE(Near(g.dk, g_cpu.dk, tol)) << "dk";
       EXPECT_TRUE(Near(g.dv, g_cpu.dv, tol)) << "dv";
       EXPECT_EQ(g.dbias.defined(), var.bias);
-      if (var.bias) EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, tol)) << "dbias";
+      if (var.bias) {
+        EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, tol)) << "dbias";
+      }
     }
   }
 }
@@ -237,7 +239,9 @@ TEST(AttentionCudaTest, KeyPaddingMaskMatchesTheCpu) {
         EXPECT_TRUE(Near(g.dq, g_cpu.dq, 1e-4)) << "dq";
         EXPECT_TRUE(Near(g.dk, g_cpu.dk, 1e-4)) << "dk";
         EXPECT_TRUE(Near(g.dv, g_cpu.dv, 1e-4)) << "dv";
-        if (with_bias) EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, 1e-4)) << "dbias";
+        if (with_bias) {
+          EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, 1e-4)) << "dbias";
+        }
         const std::vector<float> out = y.ToVector<float>();
         for (int64_t i = 2 * nh * t_q * hs; i < b * nh * t_q * hs; ++i) {
           ASSERT_EQ(out[i], 0.0f) << "the fully padded example";

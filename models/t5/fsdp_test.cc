@@ -96,7 +96,9 @@ TEST(T5FsdpPlanTest, TransformerPolicyKeepsTheSharedEmbeddingInTheRoot) {
     EXPECT_EQ(unit_of.at("encoder.final_layer_norm.weight"), "");
     EXPECT_EQ(unit_of.at("decoder.final_layer_norm.weight"), "");
     EXPECT_EQ(unit_of.count("lm_head.weight"), v1_1 ? 1u : 0u);
-    if (v1_1) EXPECT_EQ(unit_of.at("lm_head.weight"), "");
+    if (v1_1) {
+      EXPECT_EQ(unit_of.at("lm_head.weight"), "");
+    }
     // Block 0 owns its stack's relative position bias.
     EXPECT_EQ(unit_of.at("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
               "encoder.block.0");
