@@ -13,6 +13,9 @@
 #                                losses and per-rank memory ($OUT/train.log)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours and of PyTorch eager ($OUT/vs_pytorch.json)
+#   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
+#                                (Nsight Compute's durations, tools/ncu_summary.py;
+#                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
 #   tools/gpu_session.sh memory  //tools:bench_memory over GPU memory: per-rank peaks of DDP,
 #                                ZeRO-1, SHARD_GRAD_OP, FULL_SHARD (+wrap), ranks sharing
 #                                cuda:0, and the ZeRO formula checks ($OUT/memory.json)
@@ -23,6 +26,10 @@
 set -uo pipefail
 
 phase=${1:-}
+case "$phase" in
+  tests|bench|train|pytorch|profile|memory) ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
+esac
 bundle=${GPU_SESSION_BUNDLE:-gpu_bundle}
 out=${OUT:-/tmp/gpu_session_out}
 mkdir -p "$out"
@@ -84,13 +91,21 @@ case "$phase" in
       --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 \
       --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
     ;;
+  profile)
+    has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    [[ -n "$ncu" ]] || { echo "gpu_session: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
+    "$ncu" --clock-control none --target-processes all --metrics gpu__time_duration.sum \
+      --csv --page raw "$run" train --device=cuda:0 --preset=gpt2 --precision=bf16 \
+      --batch_size=${GPU_SESSION_BATCH:-16} --seq_len=1024 --steps=2 --data=random --dropout=0 \
+      --optimizer=adamw --log_every=1 > "$out/ncu.csv" 2> "$out/ncu.err"
+    echo "ncu exit $?"; tail -5 "$out/ncu.err"
+    python3 tools/ncu_summary.py "$out/ncu.csv" --top 30 --json_out "$out/profile.json" |
+      tee "$out/profile.txt"
+    ;;
   memory)
     has bench_memory || { echo "gpu_session: bench_memory is not in the bundle" >&2; exit 2; }
     "$run" bench_memory --device=cuda:0 --presets=gpt-mini,gopher-44m --world_sizes=2,4 \
       --json_out="$out/memory.json"
-    ;;
-  *)
-    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
-    exit 2
     ;;
 esac
