@@ -26,6 +26,7 @@
 #include "models/common/nccl_backend.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "precision/loss_scaler.h"
 #include "tensor/tensor.h"
 
 namespace train {
@@ -584,6 +585,34 @@ absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
   });
   if (!s.ok()) return s;
   return norm;
+}
+
+absl::StatusOr<bool> DataParallelModel::UnscaleGradsAndCheck(double inv_scale) {
+  bool found = false;
+  absl::Status s = Guarded([&]() -> absl::Status {
+    if (fsdp_ != nullptr) {
+      found = fsdp_->UnscaleGradsAndCheck(inv_scale);
+      return absl::OkStatus();
+    }
+    tensor::Tensor g = zero1_ != nullptr ? zero1_->grad_shard() : tensor::Tensor();
+    if (zero1_ != nullptr) {
+      found = precision::ScaleAndCheckNonFinite(g, static_cast<float>(inv_scale));
+    } else {
+      for (const optim::ParamRef& r : optim::FromModule(model_)) {
+        tensor::Tensor grad = r.grad;
+        found |= precision::ScaleAndCheckNonFinite(grad, static_cast<float>(inv_scale));
+      }
+    }
+    // ZeRO-1 ranks hold different shards; DDP ranks agree already: OR the
+    // flags either way, so every rank skips together.
+    tensor::Tensor flag = tensor::Tensor::FromVector({found ? 1.0f : 0.0f}, {1});
+    absl::Status st = pg_.AllReduceSync(flag, dist::ReduceOp::kMax);
+    if (!st.ok()) return st;
+    found = flag.data<float>()[0] != 0.0f;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return found;
 }
 
 absl::Status DataParallelModel::Step() {

@@ -244,6 +244,9 @@ class DataParallelModel {
   // Clips the gradients to a global 2-norm of max_norm (> 0) over all ranks'
   // shards and returns the norm before clipping; the same on every rank.
   absl::StatusOr<double> ClipGradNorm(double max_norm);
+  // Loss scaling: multiplies this rank's (averaged) gradients by inv_scale
+  // and returns whether any rank found an inf or NaN (the same on every rank).
+  absl::StatusOr<bool> UnscaleGradsAndCheck(double inv_scale);
   // One optimizer step (ZeRO-1: of this rank's shard, then the all-gather of
   // the parameters).
   absl::Status Step();

@@ -1,0 +1,93 @@
+#include "models/common/loss_scaling.h"
+
+#include <cmath>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace train {
+
+absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec, double init_scale,
+                                                   bool needs_scaling) {
+  LossScaling s;
+  const std::string mode = spec == "auto" ? (needs_scaling ? "dynamic" : "none") : spec;
+  if (mode == "none") {
+    if (needs_scaling) {
+      return absl::InvalidArgumentError(
+          "--loss_scale=none with --precision=fp16: fp16 gradients underflow without loss "
+          "scaling; use --loss_scale=dynamic (the default) or a fixed scale");
+    }
+    return s;
+  }
+  s.enabled_ = true;
+  if (mode == "dynamic") {
+    if (!(init_scale > 0) || !std::isfinite(init_scale)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--init_loss_scale=", init_scale, " must be a positive finite number"));
+    }
+    precision::LossScalerOptions o;
+    o.init_scale = init_scale;
+    absl::StatusOr<precision::DynamicLossScaler> d = precision::DynamicLossScaler::Create(o);
+    if (!d.ok()) return d.status();
+    s.dynamic_ = *d;
+    return s;
+  }
+  double fixed = 0;
+  if (!absl::SimpleAtod(mode, &fixed) || !(fixed > 0) || !std::isfinite(fixed)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss_scale='", spec, "' is not auto, none, dynamic or a positive finite number"));
+  }
+  s.fixed_ = fixed;
+  return s;
+}
+
+double LossScaling::scale() const {
+  if (!enabled_) return 1.0;
+  return dynamic_ ? dynamic_->scale() : fixed_;
+}
+
+bool LossScaling::Update(bool found_non_finite) {
+  const bool apply = dynamic_ ? dynamic_->Update(found_non_finite) : !found_non_finite;
+  if (!apply) ++skipped_;
+  return apply;
+}
+
+std::string LossScaling::Describe() const {
+  if (!enabled_) return "none";
+  if (dynamic_) return absl::StrFormat("dynamic (now %g)", dynamic_->scale());
+  return absl::StrFormat("fixed %g", fixed_);
+}
+
+void LossScaling::Save(std::map<std::string, std::string>& extra) const {
+  if (!dynamic_) return;
+  const precision::DynamicLossScaler::State st = dynamic_->GetState();
+  extra["loss_scale"] = absl::StrFormat("%.17g", st.scale);
+  extra["loss_scale_good_steps"] = absl::StrCat(st.good_steps);
+}
+
+absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extra) {
+  auto scale = extra.find("loss_scale");
+  if (!dynamic_ || scale == extra.end()) return absl::OkStatus();
+  precision::DynamicLossScaler::State st = dynamic_->GetState();
+  auto good = extra.find("loss_scale_good_steps");
+  if (!absl::SimpleAtod(scale->second, &st.scale) || !(st.scale > 0) ||
+      good == extra.end() || !absl::SimpleAtoi(good->second, &st.good_steps) ||
+      st.good_steps < 0) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's loss scale state ('",
+                                            scale->second, "') is not valid"));
+  }
+  dynamic_->SetState(st);
+  return absl::OkStatus();
+}
+
+bool UnscaleGradients(const std::vector<optim::ParamRef>& refs, double inv_scale) {
+  bool found = false;
+  for (const optim::ParamRef& r : refs) {
+    tensor::Tensor g = r.grad;
+    found |= precision::ScaleAndCheckNonFinite(g, static_cast<float>(inv_scale));
+  }
+  return found;
+}
+
+}  // namespace train

@@ -1,0 +1,68 @@
+// Loss scaling in the train binaries (--loss_scale, --init_loss_scale), as
+// torch.cuda.amp.GradScaler: the backward starts from loss * scale(); the
+// gradients are unscaled and checked for inf/nan (on every rank: the flag is
+// agreed); a step with a non-finite gradient is skipped and, with "dynamic",
+// the scale backs off (x0.5), growing (x2) after 2000 good steps in a row.
+//
+//   --loss_scale=auto     dynamic for fp16 (--precision=fp16 needs it), none
+//                         otherwise (the default)
+//   --loss_scale=none     no scaling
+//   --loss_scale=dynamic  precision::DynamicLossScaler from --init_loss_scale
+//   --loss_scale=<x>      a fixed scale x > 0 (steps with inf/nan still skipped)
+//
+// Scaling by a power of two is exact in floating point: an fp32 run with
+// --loss_scale=1024 trains bit for bit like one without (barring overflow).
+#ifndef MODELS_COMMON_LOSS_SCALING_H_
+#define MODELS_COMMON_LOSS_SCALING_H_
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "optim/param_ref.h"
+#include "precision/loss_scaler.h"
+
+namespace train {
+
+class LossScaling {
+ public:
+  // `needs_scaling`: the precision policy asks for it (fp16). Errors name the
+  // flag: an unknown spec, a scale that is not a positive finite number,
+  // --loss_scale=none with fp16.
+  static absl::StatusOr<LossScaling> FromFlags(const std::string& spec, double init_scale,
+                                               bool needs_scaling);
+
+  bool enabled() const { return enabled_; }
+  // The factor of this step's backward (1 when disabled).
+  double scale() const;
+  // After the gradients were unscaled by 1 / scale() and checked
+  // (`found_non_finite` agreed by every rank): whether to apply the step.
+  bool Update(bool found_non_finite);
+  int64_t skipped_steps() const { return skipped_; }
+  // "none", "dynamic (init 65536)", "fixed 1024".
+  std::string Describe() const;
+
+  // Checkpoints: the scale and its run of good steps under "loss_scale" and
+  // "loss_scale_good_steps" in TrainState::extra (nothing when disabled);
+  // Restore reads them when present.
+  void Save(std::map<std::string, std::string>& extra) const;
+  absl::Status Restore(const std::map<std::string, std::string>& extra);
+
+ private:
+  LossScaling() = default;
+  bool enabled_ = false;
+  double fixed_ = 1.0;
+  std::optional<precision::DynamicLossScaler> dynamic_;
+  int64_t skipped_ = 0;
+};
+
+// One process: multiplies every gradient by `inv_scale` in place and returns
+// whether any is inf or NaN.
+bool UnscaleGradients(const std::vector<optim::ParamRef>& refs, double inv_scale);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_LOSS_SCALING_H_

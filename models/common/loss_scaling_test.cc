@@ -1,0 +1,87 @@
+// --loss_scale: the modes, their errors, skipping and backing off, and the
+// checkpointed state.
+#include "models/common/loss_scaling.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tensor/tensor.h"
+
+namespace train {
+namespace {
+
+TEST(LossScalingTest, ModesAndTheirDefaults) {
+  LossScaling none = *LossScaling::FromFlags("auto", 65536, /*needs_scaling=*/false);
+  EXPECT_FALSE(none.enabled());
+  EXPECT_EQ(none.scale(), 1.0);
+  EXPECT_EQ(none.Describe(), "none");
+  LossScaling fp16 = *LossScaling::FromFlags("auto", 65536, /*needs_scaling=*/true);
+  EXPECT_TRUE(fp16.enabled());
+  EXPECT_EQ(fp16.scale(), 65536.0);
+  EXPECT_EQ(fp16.Describe(), "dynamic (now 65536)");
+  LossScaling fixed = *LossScaling::FromFlags("1024", 65536, false);
+  EXPECT_EQ(fixed.scale(), 1024.0);
+  EXPECT_EQ(fixed.Describe(), "fixed 1024");
+}
+
+TEST(LossScalingTest, BadFlagsAreNamed) {
+  auto error = [](const std::string& spec, double init, bool fp16) {
+    return std::string(LossScaling::FromFlags(spec, init, fp16).status().message());
+  };
+  EXPECT_NE(error("lots", 1, false).find("--loss_scale='lots' is not auto, none, dynamic"),
+            std::string::npos);
+  EXPECT_NE(error("-2", 1, false).find("--loss_scale='-2'"), std::string::npos);
+  EXPECT_NE(error("inf", 1, false).find("--loss_scale='inf'"), std::string::npos);
+  EXPECT_NE(error("dynamic", 0, false).find("--init_loss_scale=0 must be a positive"),
+            std::string::npos);
+  EXPECT_NE(error("none", 1, true).find("--loss_scale=none with --precision=fp16"),
+            std::string::npos);
+}
+
+TEST(LossScalingTest, NonFiniteStepsAreSkippedAndTheDynamicScaleBacksOff) {
+  LossScaling d = *LossScaling::FromFlags("dynamic", 1024, false);
+  EXPECT_FALSE(d.Update(true));
+  EXPECT_EQ(d.scale(), 512.0);
+  EXPECT_TRUE(d.Update(false));
+  EXPECT_EQ(d.scale(), 512.0);
+  EXPECT_EQ(d.skipped_steps(), 1);
+  LossScaling f = *LossScaling::FromFlags("8", 1, false);
+  EXPECT_FALSE(f.Update(true));
+  EXPECT_EQ(f.scale(), 8.0);  // a fixed scale stays
+  EXPECT_TRUE(f.Update(false));
+  EXPECT_EQ(f.skipped_steps(), 1);
+}
+
+TEST(LossScalingTest, StateRoundTripsThroughACheckpoint) {
+  LossScaling a = *LossScaling::FromFlags("dynamic", 1024, false);
+  a.Update(true);
+  a.Update(false);
+  std::map<std::string, std::string> extra;
+  a.Save(extra);
+  EXPECT_EQ(extra.at("loss_scale"), "512");
+  EXPECT_EQ(extra.at("loss_scale_good_steps"), "1");
+  LossScaling b = *LossScaling::FromFlags("dynamic", 65536, false);
+  ASSERT_TRUE(b.Restore(extra).ok());
+  EXPECT_EQ(b.scale(), 512.0);
+  extra["loss_scale"] = "-1";
+  EXPECT_EQ(b.Restore(extra).code(), absl::StatusCode::kDataLoss);
+  std::map<std::string, std::string> none;
+  EXPECT_TRUE(b.Restore(none).ok());  // a checkpoint from a run without scaling
+  EXPECT_EQ(b.scale(), 512.0);
+}
+
+TEST(LossScalingTest, UnscaleGradientsFindsInfAndNan) {
+  tensor::Tensor g = tensor::Tensor::FromVector({2.0f, 4.0f}, {2});
+  std::vector<optim::ParamRef> refs = {
+      optim::MakeParamRef("w", tensor::Tensor::Zeros({2}), g, true)};
+  EXPECT_FALSE(UnscaleGradients(refs, 0.5));
+  EXPECT_EQ(g.ToVector<float>(), (std::vector<float>{1.0f, 2.0f}));
+  g.data<float>()[1] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(UnscaleGradients(refs, 0.5));
+}
+
+}  // namespace
+}  // namespace train
