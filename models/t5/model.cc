@@ -210,7 +210,8 @@ void T5Model::CheckTargets(const Tensor& decoder_inputs, const Tensor& decoder_t
 }
 
 double T5Model::ForwardBackward(const Tensor& encoder_inputs, const Tensor& encoder_mask,
-                                const Tensor& decoder_inputs, const Tensor& decoder_targets) {
+                                const Tensor& decoder_inputs, const Tensor& decoder_targets,
+                                double loss_scale) {
   CheckTargets(decoder_inputs, decoder_targets);
   Context ctx;
   Tensor logits = Run(Tensors{encoder_inputs, encoder_mask, decoder_inputs}, ctx).at(0);
@@ -218,6 +219,7 @@ double T5Model::ForwardBackward(const Tensor& encoder_inputs, const Tensor& enco
   const tensor::CrossEntropyResult ce =
       tensor::CrossEntropyForwardBackwardInPlace(logits, decoder_targets);
   const double loss = ce.loss.Item();
+  if (loss_scale != 1.0) tensor::ScaleInPlace(logits, loss_scale);
   RunBackward(Tensors{logits}, ctx);
   return loss;
 }

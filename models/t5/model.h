@@ -106,9 +106,12 @@ class T5Model : public nn::Module {
   // may be undefined: no padding), decoder_inputs and decoder_targets (B, T)
   // (targets -100 are ignored), as data::Seq2SeqBatch holds them. Returns the
   // mean cross-entropy over the targets that are not ignored (0 if none). The
-  // logits' memory is reused for their gradient.
+  // logits' memory is reused for their gradient. `loss_scale`: the backward
+  // starts from loss * loss_scale (loss scaling; the returned loss is not
+  // scaled).
   double ForwardBackward(const Tensor& encoder_inputs, const Tensor& encoder_mask,
-                         const Tensor& decoder_inputs, const Tensor& decoder_targets);
+                         const Tensor& decoder_inputs, const Tensor& decoder_targets,
+                         double loss_scale = 1.0);
   // The same mean cross-entropy without backward (evaluation; dropout follows
   // Train(): call Train(false) for deterministic results).
   double Loss(const Tensor& encoder_inputs, const Tensor& encoder_mask,

@@ -48,6 +48,7 @@
 #include "absl/types/span.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
+#include "models/common/loss_scaling.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -94,7 +95,12 @@ ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(double, weight_decay, 0.01,
           "weight decay (Linear weights only: not the embedding, not the RMSNorm weights)");
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
-ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (mixed: fp32 masters and grads)");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32, bf16 or fp16 (mixed: fp32 masters and grads; fp16 on a GPU, with loss scaling)");
+ABSL_FLAG(std::string, loss_scale, "auto",
+          "auto (dynamic for fp16, else none), none, dynamic, or a fixed scale: the backward "
+          "starts from loss x scale; steps with inf/nan gradients are skipped");
+ABSL_FLAG(double, init_loss_scale, 65536, "--loss_scale=dynamic: the first scale");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu or cuda[:N] (a --config=cuda build and a GPU; with data parallelism: "
           "--backend=threads, ranks sharing it, or nccl)");
@@ -214,6 +220,7 @@ void MoveBatch(data::Seq2SeqBatch& batch, tensor::Device device) {
 
 struct DpSetup {
   T5Config config;
+  train::LossScaling scaling;
   std::shared_ptr<const data::TokenSource> source;
   data::SpanCorruptionOptions span;
   const optim::LrSchedule* schedule = nullptr;
@@ -260,6 +267,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   }
 
   // ---- Resume (every rank loads its part; any world size) ----
+  train::LossScaling scaling = setup.scaling;  // this rank's copy; all ranks update alike
   int64_t start = 0;
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (!absl::GetFlag(FLAGS_resume).empty()) {
@@ -267,6 +275,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
         (*dp)->Resume(absl::GetFlag(FLAGS_resume), checkpoint_dir, setup.config.ToString());
     if (!resumed.ok()) return resumed.status();
     absl::Status restored = loader->Restore(resumed->loader);  // the same global batch
+    if (!restored.ok()) return restored;
+    restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
     start = resumed->state.step;
   }
@@ -277,6 +287,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     state.loader_state = loader->state().ToString();
     state.extra["config"] = setup.config.ToString();
     state.extra["lr_schedule"] = setup.schedule->ToString();
+    scaling.Save(state.extra);
     return (*dp)->SaveCheckpoint(checkpoint_dir, state);
   };
 
@@ -291,8 +302,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     MoveBatch(batch, setup.dp.device);
     nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
     opt.set_lr(setup.schedule->LrAt(step));
-    const double local_loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
-                                                    batch.decoder_inputs, batch.decoder_targets);
+    const double scale = scaling.scale();
+    const double local_loss =
+        model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask, batch.decoder_inputs,
+                              batch.decoder_targets, scale);
     absl::StatusOr<double> loss = dist::MeanOverRanks(rank.pg, local_loss);
     if (!loss.ok()) return loss.status();
     if (!std::isfinite(*loss)) {
@@ -301,14 +314,25 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     }
     absl::Status s = (*dp)->FinishBackward();  // every rank holds averaged gradients
     if (!s.ok()) return s;
-    double grad_norm = 0;
-    if (grad_clip > 0) {
-      absl::StatusOr<double> norm = (*dp)->ClipGradNorm(grad_clip);  // global, over all ranks
-      if (!norm.ok()) return norm.status();
-      grad_norm = *norm;
+    bool apply = true;
+    if (scaling.enabled()) {  // unscale; inf/nan on any rank skips the step on all
+      absl::StatusOr<bool> found = (*dp)->UnscaleGradsAndCheck(1.0 / scale);
+      if (!found.ok()) return found.status();
+      apply = scaling.Update(*found);
     }
-    s = (*dp)->Step();
-    if (!s.ok()) return s;
+    double grad_norm = 0;
+    if (apply) {
+      if (grad_clip > 0) {
+        absl::StatusOr<double> norm = (*dp)->ClipGradNorm(grad_clip);  // global, over all ranks
+        if (!norm.ok()) return norm.status();
+        grad_norm = *norm;
+      }
+      s = (*dp)->Step();
+      if (!s.ok()) return s;
+    } else if (rank.logs()) {
+      std::printf("step %lld: inf/nan gradients at loss scale %g: skipped; loss scale %s\n",
+                  static_cast<long long>(step + 1), scale, scaling.Describe().c_str());
+    }
     (*dp)->ZeroGrad();
     if (rank.logs()) {
       train::StepMetrics m;
@@ -398,10 +422,10 @@ absl::Status Train() {
   if (!device.ok()) return device.status();
   valid = policy->Validate(*device);
   if (!valid.ok()) return WithContext(valid, "--precision");
-  if (policy->NeedsLossScaling()) {
-    return absl::InvalidArgumentError(
-        "--precision: fp16 training is not supported on the CPU; use bf16");
-  }
+  absl::StatusOr<train::LossScaling> scaling = train::LossScaling::FromFlags(
+      absl::GetFlag(FLAGS_loss_scale), absl::GetFlag(FLAGS_init_loss_scale),
+      policy->NeedsLossScaling());
+  if (!scaling.ok()) return scaling.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
        0.999, absl::GetFlag(FLAGS_weight_decay)});
@@ -417,7 +441,7 @@ absl::Status Train() {
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
   dp_flags.device = absl::GetFlag(FLAGS_device);
   if (train::WantsDataParallel(dp_flags)) {
-    DpSetup setup;
+    DpSetup setup{*config, *scaling};
     absl::StatusOr<train::DataParallelConfig> dp =
         train::ConfigureDataParallel(dp_flags, {"T5Block"});
     if (!dp.ok()) return dp.status();
@@ -465,6 +489,8 @@ absl::Status Train() {
     if (!loader_state.ok()) return loader_state.status();
     absl::Status restored = loader->Restore(*loader_state);
     if (!restored.ok()) return restored;
+    restored = scaling->Restore(state->extra);
+    if (!restored.ok()) return restored;
     if (state->extra["lr_schedule"] != (*schedule)->ToString()) {
       std::fprintf(stderr,
                    "train: note: the checkpoint was trained with lr schedule %s; continuing "
@@ -482,6 +508,7 @@ absl::Status Train() {
     state.loader_state = loader->state().ToString();
     state.extra["config"] = config->ToString();
     state.extra["lr_schedule"] = (*schedule)->ToString();
+    scaling->Save(state.extra);
     return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
   };
 
@@ -498,16 +525,26 @@ absl::Status Train() {
     nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
+    const double scale = scaling->scale();
     const double loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
-                                              batch.decoder_inputs, batch.decoder_targets);
+                                              batch.decoder_inputs, batch.decoder_targets, scale);
     mixed.RestoreMasters();
     if (!std::isfinite(loss)) {
       return absl::InternalError(
           absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
     }
     std::vector<optim::ParamRef> refs = optim::FromModule(model);
-    const double grad_norm = grad_clip > 0 ? optim::ClipGradNorm(refs, grad_clip) : 0.0;
-    (*optimizer)->Step(refs);
+    // Loss scaling: unscale the fp32 gradients; inf/nan skips the step.
+    const bool apply = !scaling->enabled() ||
+                       scaling->Update(train::UnscaleGradients(refs, 1.0 / scale));
+    double grad_norm = 0;
+    if (apply) {
+      if (grad_clip > 0) grad_norm = optim::ClipGradNorm(refs, grad_clip);
+      (*optimizer)->Step(refs);
+    } else {
+      std::printf("step %lld: inf/nan gradients at loss scale %g: skipped; loss scale %s\n",
+                  static_cast<long long>(step + 1), scale, scaling->Describe().c_str());
+    }
     model.ZeroGrad();
 
     train::StepMetrics m;

@@ -70,4 +70,17 @@ bad_flag "--precision: unknown precision 'fp8'" --precision=fp8 --steps=1
 bad_flag "--batch_size=0 must be >= 1" --batch_size=0 --steps=1
 bad_flag "--dropout=1.5 is not in [0, 1)" --dropout=1.5 --steps=1
 bad_flag "--num_sentinels=1" --num_sentinels=1 --steps=1
+bad_flag "--loss_scale='big' is not auto, none, dynamic" --loss_scale=big --steps=1
+
+# Loss scaling: a power of two trains bit for bit like none; an overflowing
+# dynamic scale skips steps (every rank together) and backs off.
+strip() { sed -E 's/"ms":[^,]*,"tokens_per_s":[^,]*,//; s/"memory".*//' "$1"; }
+ls_flags=(--preset=t5-tiny --steps=3 --batch_size=4 --log_every=1 --dropout=0)
+"$train" "${ls_flags[@]}" --metrics_out="$dir/ls_none.jsonl" > /dev/null
+"$train" "${ls_flags[@]}" --loss_scale=4096 --metrics_out="$dir/ls_fixed.jsonl" > /dev/null
+diff <(strip "$dir/ls_none.jsonl") <(strip "$dir/ls_fixed.jsonl")
+"$train" "${ls_flags[@]}" --steps=8 --world_size=2 --loss_scale=dynamic --init_loss_scale=1e40 \
+  > "$dir/ls_dynamic.log"
+grep -q "step 1: inf/nan gradients at loss scale 1e+40: skipped" "$dir/ls_dynamic.log"
+grep -Eq "^step +8 \| loss [0-9]" "$dir/ls_dynamic.log"
 echo PASS
