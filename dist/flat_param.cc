@@ -4,6 +4,7 @@
 
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/init.h"
 
 namespace dist {
 
@@ -34,14 +35,21 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>>
   shard_decay_ = optim::SliceRanges(decay, shard_begin(), shard_end());
 }
 
-void FlatParameter::InitShard(uint64_t seed, tensor::Device device) {
+void FlatParameter::InitShard(uint64_t seed, tensor::Device device, bool pinned) {
+  OP_CHECK(!pinned || device.is_cpu(), "FlatParameter", "pinned shards are host memory, not ",
+           device.ToString());
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
     shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);  // on the host
   }
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-    grad_shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32, device);
+    if (pinned) {
+      grad_shard_ = tensor::Tensor::EmptyPinned({shard_numel_}, tensor::Dtype::kF32);
+      tensor::Zero(grad_shard_);
+    } else {
+      grad_shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32, device);
+    }
   }
   const int64_t begin = shard_begin();
   const int64_t end = shard_end();
@@ -59,9 +67,13 @@ void FlatParameter::InitShard(uint64_t seed, tensor::Device device) {
     e.param->value = tensor::Tensor();
     e.param->grad = tensor::Tensor();
   }
+  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
   if (!device.is_cpu()) {
-    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
     shard_ = shard_.To(device);
+  } else if (pinned) {
+    tensor::Tensor page_locked = tensor::Tensor::EmptyPinned({shard_numel_}, tensor::Dtype::kF32);
+    page_locked.CopyFrom(shard_);
+    shard_ = page_locked;
   }
 }
 

@@ -45,8 +45,10 @@ class FlatParameter {
   // values a single-process Materialize(seed) gives, bit for bit. Parameter
   // values are then dropped (undefined): no full unit is ever allocated here.
   // The shard is filled on the host, then moved to `device` (with the
-  // gradient shard).
-  void InitShard(uint64_t seed, tensor::Device device = tensor::Device::Cpu());
+  // gradient shard); `pinned`: both in page-locked host memory (device must
+  // be the CPU; CPU offload, where they travel to and from a GPU).
+  void InitShard(uint64_t seed, tensor::Device device = tensor::Device::Cpu(),
+                 bool pinned = false);
 
   const std::vector<Entry>& entries() const { return entries_; }
   int num_shards() const { return num_shards_; }

@@ -122,7 +122,9 @@ class FsdpUnit : public nn::ModuleHooks {
   bool values_are_shard() const { return no_shard() && !mixed() && !offload_; }
 
   void Init(uint64_t seed) {
-    flat_.InitShard(seed, offload_ ? tensor::Device::Cpu() : device_);
+    // Offloaded shards live in page-locked host memory: they travel to the
+    // GPU at every unshard and their gradients back at every reduce.
+    flat_.InitShard(seed, offload_ ? tensor::Device::Cpu() : device_, /*pinned=*/offload_);
     if (values_are_shard()) flat_.SetValueViews(flat_.shard());
   }
 
@@ -291,9 +293,11 @@ class FsdpUnit : public nn::ModuleHooks {
     if (replicate_pg_ != nullptr) {
       Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
     }
-    if (reduce_out_.device() != flat_.grad_shard().device()) {
+    if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
       tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-      reduce_out_ = reduce_out_.To(flat_.grad_shard().device());
+      tensor::Tensor host = tensor::Tensor::EmptyPinned(reduce_out_.shape(), reduce_out_.dtype());
+      host.CopyFrom(reduce_out_);
+      reduce_out_ = host;
     }
     tensor::AddInPlace(flat_.grad_shard(), reduce_out_);
     reduce_out_ = tensor::Tensor();
@@ -310,10 +314,19 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   // This rank's shard in `dtype` on the compute device: the shard itself, or
-  // a copy (cast on the host first when offloaded: fewer bytes to copy).
+  // a copy (offloaded: cast on the host first, into page-locked memory, so
+  // fewer bytes cross to the device).
   tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const {
     tensor::Tensor shard = flat_.shard();
-    if (dtype != shard.dtype()) shard = shard.To(dtype);
+    if (dtype != shard.dtype()) {
+      if (offload_) {
+        tensor::Tensor cast = tensor::Tensor::EmptyPinned(shard.shape(), dtype);
+        cast.CopyFrom(shard);
+        shard = cast;
+      } else {
+        shard = shard.To(dtype);
+      }
+    }
     return shard.To(device_);
   }
 

@@ -15,6 +15,7 @@
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
@@ -103,6 +104,9 @@ TEST(FsdpCudaTest, LedgerShowsShardsOnTheGpuOrOffloadedToTheHost) {
       for (const optim::ParamRef& r : fsdp->ParamRefs()) {
         EXPECT_EQ(r.param.device(), home) << r.name;
         EXPECT_EQ(r.grad.device(), home) << r.name;
+        // Offloaded shards are page-locked: the GPU copies them directly.
+        EXPECT_EQ(tensor::cuda::IsPinnedHost(r.param.raw_data()), offload) << r.name;
+        EXPECT_EQ(tensor::cuda::IsPinnedHost(r.grad.raw_data()), offload) << r.name;
       }
       auto opt = optim::AdamW::Create({}).value();
       world.ledger(rank).ResetPeaks();

@@ -12,8 +12,13 @@ Allocator& AllocatorFor(Device device) {
 }
 
 std::shared_ptr<Storage> Storage::Allocate(int64_t nbytes, Device device) {
+  return Allocate(nbytes, device, AllocatorFor(device));
+}
+
+std::shared_ptr<Storage> Storage::Allocate(int64_t nbytes, Device device, Allocator& allocator) {
   std::shared_ptr<Storage> s(new Storage());
-  s->data_ = AllocatorFor(device).Allocate(nbytes);
+  s->data_ = allocator.Allocate(nbytes);
+  s->allocator_ = &allocator;
   s->nbytes_ = nbytes;
   s->device_ = device;
   s->category_ = CurrentMemoryCategory();
@@ -34,7 +39,7 @@ std::shared_ptr<Storage> Storage::Wrap(void* data, int64_t nbytes, Device device
 
 Storage::~Storage() {
   if (ledger_ != nullptr) {
-    AllocatorFor(device_).Deallocate(data_, nbytes_);
+    allocator_->Deallocate(data_, nbytes_);
     ledger_->RecordFree(device_, category_, nbytes_);
   } else if (release_) {
     release_();

@@ -30,6 +30,9 @@ class Storage {
  public:
   // Allocates `nbytes` on `device`, charged to the calling thread's ledger and category.
   static std::shared_ptr<Storage> Allocate(int64_t nbytes, Device device);
+  // The same from `allocator` (memory of `device`, e.g. page-locked host
+  // memory for a CPU tensor), which must outlive the storage.
+  static std::shared_ptr<Storage> Allocate(int64_t nbytes, Device device, Allocator& allocator);
   // Wraps memory owned elsewhere (not charged to any ledger); `release` runs at destruction.
   static std::shared_ptr<Storage> Wrap(void* data, int64_t nbytes, Device device,
                                        std::function<void()> release);
@@ -51,6 +54,7 @@ class Storage {
   Device device_;
   MemoryCategory category_ = MemoryCategory::kTemporaries;
   MemoryLedger* ledger_ = nullptr;
+  Allocator* allocator_ = nullptr;  // what Allocate took the memory from
   std::function<void()> release_;
 };
 

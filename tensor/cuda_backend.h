@@ -22,6 +22,13 @@ int DeviceCount();
 int ComputeCapability(int index);
 // The caching allocator of cuda:index.
 Allocator& DeviceAllocator(int index);
+// Page-locked host memory (cudaHostAlloc, freed blocks cached by size) for CPU
+// tensors that travel to and from GPUs, such as FSDP's offloaded shards:
+// copies need no staging buffer. nullptr without CUDA support or a visible
+// device (Tensor::EmptyPinned then gives ordinary host memory).
+Allocator* PinnedHostAllocator();
+// True when `p` points into page-locked host memory (tests).
+bool IsPinnedHost(const void* p);
 // Copies bytes between any two devices (host<->device, device<->device).
 void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes);
 

@@ -14,6 +14,8 @@ bool Built() { return false; }
 int DeviceCount() { return 0; }
 int ComputeCapability(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
 Allocator& DeviceAllocator(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
+Allocator* PinnedHostAllocator() { return nullptr; }
+bool IsPinnedHost(const void*) { return false; }
 void CopyBytes(void*, Device dst_device, const void*, Device src_device, int64_t) {
   ThrowOpError("copy", kNotBuilt, " (", src_device.ToString(), " -> ", dst_device.ToString(), ")");
 }

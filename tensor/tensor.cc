@@ -182,6 +182,16 @@ Tensor Tensor::Empty(const Shape& shape, Dtype dtype, Device device) {
   return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
 }
 
+Tensor Tensor::EmptyPinned(const Shape& shape, Dtype dtype) {
+  Allocator* pinned = cuda::PinnedHostAllocator();
+  if (pinned == nullptr) return Empty(shape, dtype);
+  for (int64_t d : shape.dims()) {
+    OP_CHECK(d >= 0, "empty_pinned", "negative dimension in shape ", shape.ToString());
+  }
+  auto storage = Storage::Allocate(shape.numel() * DtypeSize(dtype), Device::Cpu(), *pinned);
+  return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
+}
+
 Tensor Tensor::Zeros(const Shape& shape, Dtype dtype, Device device) {
   return Full(shape, 0.0, dtype, device);
 }

@@ -27,6 +27,10 @@ class Tensor {
   // Uninitialized memory, charged to the calling thread's ledger and category.
   static Tensor Empty(const Shape& shape, Dtype dtype = Dtype::kF32,
                       Device device = Device::Cpu());
+  // A CPU tensor in page-locked host memory when this binary has CUDA and the
+  // machine a GPU (copies to and from GPUs run without a staging copy);
+  // ordinary host memory otherwise. Charged to the ledger as CPU memory.
+  static Tensor EmptyPinned(const Shape& shape, Dtype dtype = Dtype::kF32);
   static Tensor Zeros(const Shape& shape, Dtype dtype = Dtype::kF32,
                       Device device = Device::Cpu());
   static Tensor Full(const Shape& shape, double value, Dtype dtype = Dtype::kF32,

@@ -17,6 +17,21 @@ std::vector<float> Iota(int n) {
   return v;
 }
 
+// Without a GPU (or CUDA) EmptyPinned is ordinary host memory, charged alike.
+TEST(TensorTest, EmptyPinnedWithoutAGpuIsHostMemory) {
+  if (cuda::DeviceCount() > 0) GTEST_SKIP() << "a GPU is visible (see cuda/backend_test)";
+  MemoryLedger ledger;
+  ScopedLedger use(&ledger);
+  Tensor t = Tensor::EmptyPinned({3, 5}, Dtype::kBF16);
+  EXPECT_TRUE(t.device().is_cpu());
+  EXPECT_EQ(t.dtype(), Dtype::kBF16);
+  EXPECT_EQ(t.shape(), Shape({3, 5}));
+  EXPECT_EQ(ledger.Total(Device::Cpu()).current, 30);
+  t.CopyFrom(Tensor::Full({3, 5}, 2.0, Dtype::kF32));
+  EXPECT_EQ(t.To(Dtype::kF32).ToVector<float>(), std::vector<float>(15, 2.0f));
+  EXPECT_FALSE(cuda::IsPinnedHost(t.raw_data()));
+}
+
 TEST(TensorTest, EmptyZerosFull) {
   Tensor z = Tensor::Zeros({2, 3});
   EXPECT_EQ(z.shape(), Shape({2, 3}));

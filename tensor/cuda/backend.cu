@@ -31,6 +31,12 @@ void Check(cudaError_t err, const char* what) {
   }
 }
 
+// Cached block sizes: 512-byte granularity below 1 MiB, 2 MiB granularity above.
+int64_t RoundSize(int64_t bytes) {
+  const int64_t align = bytes < (1 << 20) ? 512 : (2 << 20);
+  return std::max<int64_t>(align, (bytes + align - 1) / align * align);
+}
+
 // Caching allocator: freed blocks are kept and reused for requests of the same
 // rounded size (512 B granularity below 1 MiB, 2 MiB above), so steady-state
 // training does no cudaMalloc/cudaFree.
@@ -119,12 +125,6 @@ class CachingAllocator final : public Allocator {
   // Free blocks by rounded size.
   using Pool = std::map<int64_t, std::vector<void*>>;
 
-  // 512-byte granularity below 1 MiB, 2 MiB granularity above.
-  static int64_t RoundSize(int64_t bytes) {
-    const int64_t align = bytes < (1 << 20) ? 512 : (2 << 20);
-    return std::max<int64_t>(align, (bytes + align - 1) / align * align);
-  }
-
   const int device_;
   std::mutex mu_;
   std::unordered_map<std::thread::id, Pool> pools_;   // free blocks, by owning thread
@@ -164,6 +164,76 @@ Allocator& DeviceAllocator(int index) {
   if (allocators->empty()) allocators->resize(count);
   if (!(*allocators)[index]) (*allocators)[index] = std::make_unique<CachingAllocator>(index);
   return *(*allocators)[index];
+}
+
+namespace {
+
+// Page-locked host memory: freed blocks are kept by rounded size and reused
+// (cudaHostAlloc is slow). Host memory has no stream: a block is idle once
+// the synchronous copies that used it returned, so any thread may reuse it.
+// On out-of-memory the cache is released and the request retried once.
+class PinnedHostCache final : public Allocator {
+ public:
+  void* Allocate(int64_t bytes) override {
+    const int64_t size = RoundSize(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<void*>& blocks = free_[size];
+      if (!blocks.empty()) {
+        void* p = blocks.back();
+        blocks.pop_back();
+        return p;
+      }
+    }
+    void* p = nullptr;
+    cudaError_t err = cudaHostAlloc(&p, size, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      ReleaseCache();
+      err = cudaHostAlloc(&p, size, cudaHostAllocPortable);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    Check(err, "cudaHostAlloc");
+    return p;
+  }
+
+  void Deallocate(void* ptr, int64_t bytes) override {
+    const int64_t size = RoundSize(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(ptr);
+  }
+
+ private:
+  void ReleaseCache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, blocks] : free_) {
+      for (void* p : blocks) cudaFreeHost(p);
+    }
+    free_.clear();
+  }
+
+  std::mutex mu_;
+  std::map<int64_t, std::vector<void*>> free_;
+};
+
+}  // namespace
+
+Allocator* PinnedHostAllocator() {
+  static Allocator* const pinned =
+      DeviceCount() > 0 ? static_cast<Allocator*>(new PinnedHostCache()) : nullptr;
+  return pinned;
+}
+
+bool IsPinnedHost(const void* p) {
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
 }
 
 void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {

@@ -28,6 +28,29 @@ TEST(CudaBackendTest, RoundTripAndLedger) {
   EXPECT_EQ(ledger.Total(Device::Cuda(0)).peak, 24);
 }
 
+// Page-locked host tensors: CPU tensors whose memory the GPU copies from and
+// to directly; charged to the ledger as CPU memory; freed blocks reused.
+TEST(CudaBackendTest, PinnedHostTensors) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  MemoryLedger ledger;
+  ScopedLedger use(&ledger);
+  Tensor pinned = Tensor::EmptyPinned({1000}, Dtype::kF32);
+  EXPECT_TRUE(pinned.device().is_cpu());
+  EXPECT_TRUE(cuda::IsPinnedHost(pinned.raw_data()));
+  EXPECT_FALSE(cuda::IsPinnedHost(Tensor::Empty({1000}).raw_data()));
+  EXPECT_GE(ledger.Total(Device::Cpu()).current, 4000);
+  std::vector<float> values(1000);
+  for (int i = 0; i < 1000; ++i) values[i] = 0.5f * i;
+  pinned.CopyFrom(Tensor::FromVector(values, {1000}));
+  Tensor dev = pinned.To(Device::Cuda(0));
+  Tensor back = Tensor::EmptyPinned({1000}, Dtype::kF32);
+  back.CopyFrom(dev);
+  EXPECT_EQ(back.ToVector<float>(), values);
+  const void* first = pinned.raw_data();
+  pinned = Tensor();
+  EXPECT_EQ(Tensor::EmptyPinned({1000}, Dtype::kF32).raw_data(), first) << "a cached block";
+}
+
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   const int n = cuda::DeviceCount();
   EXPECT_THROW(Tensor::Empty({4}, Dtype::kF32, Device::Cuda(n)), std::exception);
