@@ -94,7 +94,9 @@ TEST(CudaOptimizerTest, StateLoadedOnTheHostFollowsAGpuParameter) {
   gpu->Step({MakeParamRef("w", p_gpu, ToGpu(g1), true)});
   EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7}));
   for (auto& [name, t] : gpu->StateTensors()) {
-    if (t.numel() > 1) EXPECT_TRUE(t.device().is_cuda()) << name;
+    if (t.numel() > 1) {
+      EXPECT_TRUE(t.device().is_cuda()) << name;
+    }
   }
 }
 
