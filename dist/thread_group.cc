@@ -439,6 +439,16 @@ class ThreadProcessGroup final : public ProcessGroup {
     }
   }
 
+  // The staged host result into the caller's tensor (any strides, any
+  // device: a strided device destination gets a device copy first).
+  static void CopyBack(const tensor::Tensor& staged, tensor::Tensor& dst) {
+    if (dst.device() != staged.device() && !dst.is_contiguous()) {
+      dst.CopyFrom(staged.To(dst.device()));
+    } else {
+      dst.CopyFrom(staged);
+    }
+  }
+
   absl::Status Execute(const CollectiveCall& call) {
     const std::string op(CollectiveName(call.kind));
     const int64_t seq = next_seq_++;
@@ -469,10 +479,10 @@ class ThreadProcessGroup final : public ProcessGroup {
       // Copy staged results back.
       if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast) {
         tensor::Tensor dst = call.input;
-        if (!in.SharesStorageWith(dst)) dst.CopyFrom(in);
+        if (!in.SharesStorageWith(dst)) CopyBack(in, dst);
       } else if (call.output.defined() && !out.SharesStorageWith(call.output)) {
         tensor::Tensor dst = call.output;
-        dst.CopyFrom(out);
+        CopyBack(out, dst);
       }
     } catch (const std::exception& e) {
       return absl::InternalError(

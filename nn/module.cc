@@ -142,6 +142,10 @@ void Module::Materialize(uint64_t seed, tensor::Device device) {
     InitSlice(p->init, seed, name, 0, cpu);
     p->value = cpu.To(device);
   }
+  // Buffers (BatchNorm's running statistics) go with the parameters.
+  for (auto& [name, b] : NamedBuffers()) {
+    if (b->defined() && b->device() != device) *b = b->To(device);
+  }
 }
 
 }  // namespace nn

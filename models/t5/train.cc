@@ -213,7 +213,7 @@ void PrintStartup(const T5Config& config, const data::TokenSource& source,
 // The batch's tensors on the device the model computes on.
 void MoveBatch(data::Seq2SeqBatch& batch, tensor::Device device) {
   batch.encoder_inputs = batch.encoder_inputs.To(device);
-  batch.encoder_mask = batch.encoder_mask.To(device);
+  if (batch.encoder_mask.defined()) batch.encoder_mask = batch.encoder_mask.To(device);
   batch.decoder_inputs = batch.decoder_inputs.To(device);
   batch.decoder_targets = batch.decoder_targets.To(device);
 }

@@ -37,6 +37,15 @@ int64_t RoundSize(int64_t bytes) {
   return std::max<int64_t>(align, (bytes + align - 1) / align * align);
 }
 
+// Drains the calling thread's per-thread stream when the thread ends, so the
+// blocks in its pool are idle before a new thread can get the same id (and
+// so the pool). Errors are ignored (at process exit the runtime may be gone).
+struct DrainStreamAtThreadExit {
+  ~DrainStreamAtThreadExit() {
+    if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) cudaGetLastError();
+  }
+};
+
 // Caching allocator: freed blocks are kept and reused for requests of the same
 // rounded size (512 B granularity below 1 MiB, 2 MiB above), so steady-state
 // training does no cudaMalloc/cudaFree.
@@ -56,8 +65,8 @@ int64_t RoundSize(int64_t bytes) {
 // On out-of-memory every thread's free blocks are released
 // (cudaDeviceSynchronize first: they may still be in use on their streams)
 // and the request is retried once. The pool of a thread that has ended stays
-// cached until then (a new thread that gets the same id reuses it: a thread
-// is assumed to have waited for its kernels before it ends).
+// cached until then (a new thread that gets the same id reuses it: every
+// allocating thread drains its stream when it ends, DrainStreamAtThreadExit).
 class CachingAllocator final : public Allocator {
  public:
   explicit CachingAllocator(int device) : device_(device) {}
@@ -65,6 +74,8 @@ class CachingAllocator final : public Allocator {
   void* Allocate(int64_t bytes) override {
     const int64_t size = RoundSize(bytes);
     const std::thread::id self = std::this_thread::get_id();
+    thread_local DrainStreamAtThreadExit drain;  // constructed on this thread's first use
+    (void)drain;
     {
       std::lock_guard<std::mutex> lock(mu_);
       std::vector<void*>& blocks = pools_[self][size];
