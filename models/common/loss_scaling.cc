@@ -1,6 +1,7 @@
 #include "models/common/loss_scaling.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,20 @@ double LossScaling::scale() const {
 bool LossScaling::Update(bool found_non_finite) {
   const bool apply = dynamic_ ? dynamic_->Update(found_non_finite) : !found_non_finite;
   if (!apply) ++skipped_;
+  return apply;
+}
+
+absl::StatusOr<bool> LossScaling::FinishStep(
+    double scale, int64_t step, bool log,
+    const std::function<absl::StatusOr<bool>(double)>& unscale) {
+  if (!enabled_) return true;
+  absl::StatusOr<bool> found = unscale(1.0 / scale);
+  if (!found.ok()) return found.status();
+  const bool apply = Update(*found);
+  if (!apply && log) {
+    std::printf("step %lld: inf/nan gradients at loss scale %g: skipped; loss scale %s\n",
+                static_cast<long long>(step), scale, Describe().c_str());
+  }
   return apply;
 }
 

@@ -15,6 +15,8 @@
 #ifndef MODELS_COMMON_LOSS_SCALING_H_
 #define MODELS_COMMON_LOSS_SCALING_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,6 +43,14 @@ class LossScaling {
   // After the gradients were unscaled by 1 / scale() and checked
   // (`found_non_finite` agreed by every rank): whether to apply the step.
   bool Update(bool found_non_finite);
+  // The train loops' use of the above after a backward from loss * `scale`:
+  // `unscale(1 / scale)` multiplies the gradients and says whether any rank
+  // found an inf or NaN; then Update. Returns whether to apply the step
+  // (always true when disabled, without calling `unscale`); a skipped step is
+  // printed when `log` ("step 3: inf/nan gradients at loss scale 65536:
+  // skipped; loss scale dynamic (now 32768)").
+  absl::StatusOr<bool> FinishStep(double scale, int64_t step, bool log,
+                                  const std::function<absl::StatusOr<bool>(double)>& unscale);
   int64_t skipped_steps() const { return skipped_; }
   // "none", "dynamic (init 65536)", "fixed 1024".
   std::string Describe() const;

@@ -55,6 +55,31 @@ TEST(LossScalingTest, NonFiniteStepsAreSkippedAndTheDynamicScaleBacksOff) {
   EXPECT_EQ(f.skipped_steps(), 1);
 }
 
+TEST(LossScalingTest, FinishStepUnscalesUpdatesAndPassesErrorsOn) {
+  LossScaling none = *LossScaling::FromFlags("none", 1, false);
+  bool called = false;
+  auto unscale = [&](double) -> absl::StatusOr<bool> {
+    called = true;
+    return false;
+  };
+  EXPECT_TRUE(*none.FinishStep(1.0, 1, false, unscale));
+  EXPECT_FALSE(called) << "nothing to unscale without scaling";
+  LossScaling d = *LossScaling::FromFlags("dynamic", 8, false);
+  double seen = 0;
+  absl::StatusOr<bool> apply = d.FinishStep(8.0, 1, false, [&](double inv) -> absl::StatusOr<bool> {
+    seen = inv;
+    return true;  // inf/nan found
+  });
+  EXPECT_EQ(seen, 0.125);
+  EXPECT_FALSE(*apply);
+  EXPECT_EQ(d.scale(), 4.0);
+  apply = d.FinishStep(4.0, 2, false, [](double) -> absl::StatusOr<bool> {
+    return absl::DeadlineExceededError("peer gone");
+  });
+  EXPECT_EQ(apply.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(d.scale(), 4.0) << "an error changes nothing";
+}
+
 TEST(LossScalingTest, StateRoundTripsThroughACheckpoint) {
   LossScaling a = *LossScaling::FromFlags("dynamic", 1024, false);
   a.Update(true);

@@ -211,14 +211,12 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     }
     absl::Status s = (*dp)->FinishBackward();  // every rank holds averaged gradients
     if (!s.ok()) return s;
-    bool apply = true;
-    if (scaling.enabled()) {  // unscale; inf/nan on any rank skips the step on all
-      absl::StatusOr<bool> found = (*dp)->UnscaleGradsAndCheck(1.0 / scale);
-      if (!found.ok()) return found.status();
-      apply = scaling.Update(*found);
-    }
+    // Loss scaling: unscale; inf/nan on any rank skips the step on all.
+    absl::StatusOr<bool> apply = scaling.FinishStep(
+        scale, step + 1, rank.logs(), [&](double inv) { return (*dp)->UnscaleGradsAndCheck(inv); });
+    if (!apply.ok()) return apply.status();
     double grad_norm = 0;
-    if (apply) {
+    if (*apply) {
       if (grad_clip > 0) {
         absl::StatusOr<double> norm = (*dp)->ClipGradNorm(grad_clip);  // global, over all ranks
         if (!norm.ok()) return norm.status();
@@ -226,9 +224,6 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       }
       s = (*dp)->Step();
       if (!s.ok()) return s;
-    } else if (rank.logs()) {
-      std::printf("step %lld: inf/nan gradients at loss scale %g: skipped; loss scale %s\n",
-                  static_cast<long long>(step + 1), scale, scaling.Describe().c_str());
     }
     (*dp)->ZeroGrad();
     if (rank.logs()) {
@@ -393,15 +388,14 @@ absl::Status Train() {
     }
     std::vector<optim::ParamRef> refs = optim::FromModule(model);
     // Loss scaling: unscale the fp32 gradients; inf/nan skips the step.
-    const bool apply = !scaling->enabled() ||
-                       scaling->Update(train::UnscaleGradients(refs, 1.0 / scale));
+    absl::StatusOr<bool> apply = scaling->FinishStep(
+        scale, step + 1, /*log=*/true,
+        [&](double inv) -> absl::StatusOr<bool> { return train::UnscaleGradients(refs, inv); });
+    if (!apply.ok()) return apply.status();
     double grad_norm = 0;
-    if (apply) {
+    if (*apply) {
       if (grad_clip > 0) grad_norm = optim::ClipGradNorm(refs, grad_clip);
       (*optimizer)->Step(refs);
-    } else {
-      std::printf("step %lld: inf/nan gradients at loss scale %g: skipped; loss scale %s\n",
-                  static_cast<long long>(step + 1), scale, scaling->Describe().c_str());
     }
     model.ZeroGrad();
 
