@@ -49,6 +49,7 @@
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/loss_scaling.h"
+#include "models/common/loss_scaling_flags.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -97,10 +98,6 @@ ABSL_FLAG(double, weight_decay, 0.01,
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
 ABSL_FLAG(std::string, precision, "fp32",
           "fp32, bf16 or fp16 (mixed: fp32 masters and grads; fp16 on a GPU, with loss scaling)");
-ABSL_FLAG(std::string, loss_scale, "auto",
-          "auto (dynamic for fp16, else none), none, dynamic, or a fixed scale: the backward "
-          "starts from loss x scale; steps with inf/nan gradients are skipped");
-ABSL_FLAG(double, init_loss_scale, 65536, "--loss_scale=dynamic: the first scale");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu or cuda[:N] (a --config=cuda build and a GPU; with data parallelism: "
           "--backend=threads, ranks sharing it, or nccl)");
@@ -417,9 +414,8 @@ absl::Status Train() {
   if (!device.ok()) return device.status();
   valid = policy->Validate(*device);
   if (!valid.ok()) return WithContext(valid, "--precision");
-  absl::StatusOr<train::LossScaling> scaling = train::LossScaling::FromFlags(
-      absl::GetFlag(FLAGS_loss_scale), absl::GetFlag(FLAGS_init_loss_scale),
-      policy->NeedsLossScaling());
+  absl::StatusOr<train::LossScaling> scaling =
+      train::LossScalingFromCommandLine(policy->NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
