@@ -539,10 +539,9 @@ bool FullyShardedModel::UnscaleGradsAndCheck(double inv_scale) {
   // Under every strategy some rank may hold an inf the others do not (a shard
   // of it, or its own gradient before an all-reduce that already spread it):
   // agree on the OR of the flags.
-  tensor::Tensor flag = tensor::Tensor::FromVector({found ? 1.0f : 0.0f}, {1});
-  absl::Status s = pg_->AllReduceSync(flag, ReduceOp::kMax);
-  OP_CHECK(s.ok(), "fsdp", "unscale_grads all_reduce: ", s.ToString());
-  return flag.data<float>()[0] != 0.0f;
+  absl::StatusOr<bool> any = AnyOverRanks(*pg_, found);
+  OP_CHECK(any.ok(), "fsdp", "unscale_grads all_reduce: ", any.status().ToString());
+  return *any;
 }
 
 std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullStateDict() {

@@ -262,6 +262,13 @@ absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x) {
   return sum;
 }
 
+absl::StatusOr<bool> AnyOverRanks(ProcessGroup& pg, bool flag) {
+  tensor::Tensor t = tensor::Tensor::FromVector({flag ? 1.0f : 0.0f}, {1});
+  absl::Status s = pg.AllReduceSync(t, ReduceOp::kMax);
+  if (!s.ok()) return s;
+  return t.data<float>()[0] != 0.0f;
+}
+
 absl::StatusOr<double> MeanOverRanks(ProcessGroup& pg, double x) {
   absl::StatusOr<double> sum = SumOverRanks(pg, x);
   if (!sum.ok()) return sum.status();

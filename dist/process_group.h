@@ -188,6 +188,10 @@ class ProcessGroup {
 absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x);
 // SumOverRanks / size.
 absl::StatusOr<double> MeanOverRanks(ProcessGroup& pg, double x);
+// True on every rank when `flag` is true on any rank (an all-reduce max of
+// one element): e.g. an inf/nan some rank found in its gradient shard, so
+// that every rank skips the step. Errors are the all-reduce's.
+absl::StatusOr<bool> AnyOverRanks(ProcessGroup& pg, bool flag);
 
 }  // namespace dist
 

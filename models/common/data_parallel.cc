@@ -12,7 +12,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "models/common/nccl_backend.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -23,10 +22,10 @@
 #include "dist/gloo_group.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
+#include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
-#include "precision/loss_scaler.h"
 #include "tensor/tensor.h"
 
 namespace train {
@@ -594,21 +593,16 @@ absl::StatusOr<bool> DataParallelModel::UnscaleGradsAndCheck(double inv_scale) {
       found = fsdp_->UnscaleGradsAndCheck(inv_scale);
       return absl::OkStatus();
     }
-    tensor::Tensor g = zero1_ != nullptr ? zero1_->grad_shard() : tensor::Tensor();
-    if (zero1_ != nullptr) {
-      found = precision::ScaleAndCheckNonFinite(g, static_cast<float>(inv_scale));
-    } else {
-      for (const optim::ParamRef& r : optim::FromModule(model_)) {
-        tensor::Tensor grad = r.grad;
-        found |= precision::ScaleAndCheckNonFinite(grad, static_cast<float>(inv_scale));
-      }
-    }
+    const bool mine = UnscaleGradients(
+        zero1_ != nullptr ? std::vector<optim::ParamRef>{optim::MakeParamRef(
+                                "zero1.shard", zero1_->master_shard(), zero1_->grad_shard(), true)}
+                          : optim::FromModule(model_),
+        inv_scale);
     // ZeRO-1 ranks hold different shards; DDP ranks agree already: OR the
     // flags either way, so every rank skips together.
-    tensor::Tensor flag = tensor::Tensor::FromVector({found ? 1.0f : 0.0f}, {1});
-    absl::Status st = pg_.AllReduceSync(flag, dist::ReduceOp::kMax);
-    if (!st.ok()) return st;
-    found = flag.data<float>()[0] != 0.0f;
+    absl::StatusOr<bool> any = dist::AnyOverRanks(pg_, mine);
+    if (!any.ok()) return any.status();
+    found = *any;
     return absl::OkStatus();
   });
   if (!s.ok()) return s;

@@ -433,6 +433,20 @@ TEST(MeanOverRanksTest, ExactToDoubleRoundingAndEqualOnEveryRank) {
   EXPECT_GT(std::fabs(static_cast<float>(values[2]) - values[2]), 1e-3);
 }
 
+TEST(AnyOverRanksTest, TrueOnEveryRankWhenAnyRankSaysSo) {
+  for (int raiser : {-1, 0, 2}) {
+    std::vector<int> got(3, -1);
+    absl::Status s = dist::RunRanks(3, [&](int rank, dist::ProcessGroup& pg) -> absl::Status {
+      absl::StatusOr<bool> any = dist::AnyOverRanks(pg, rank == raiser);
+      if (!any.ok()) return any.status();
+      got[rank] = *any ? 1 : 0;
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(got, std::vector<int>(3, raiser >= 0 ? 1 : 0)) << "rank " << raiser << " raises";
+  }
+}
+
 // ---- Each strategy's step against one process on the global batch ----
 
 constexpr int64_t kRows = 4;  // global batch
