@@ -67,11 +67,11 @@
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "models/common/train_setup.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
-#include "tensor/cuda_backend.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
@@ -418,13 +418,8 @@ int Main() {
       absl::GetFlag(FLAGS_steps) < 1) {
     return usage_error("--batch_size, --seq_len and --steps must be >= 1");
   }
-  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return usage_error(std::string(device.status().message()));
-  if (device->is_cuda() && device->index >= tensor::cuda::DeviceCount()) {
-    return usage_error(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": ",
-                                    tensor::cuda::Built() ? "" : "built without CUDA; ",
-                                    tensor::cuda::DeviceCount(), " CUDA devices are visible"));
-  }
 
   std::printf(
       "per-rank peak memory on %s (rank 0, MiB, memory ledger) | %s (K = %d fp32, %d bf16) | "
