@@ -53,49 +53,14 @@ void CheckShapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
            o.dropout);
 }
 
-// Writes -inf into the masked scores (B, nh, T_q, T_k) (f32, contiguous): keys
+// Masks the scores (B, nh, T_q, T_k) (f32, contiguous, on any device): keys
 // with key_mask 0 (if given) and, when causal, keys after the query's
-// position. Rows left without any key are set to 0 and listed in dead_rows
-// (flat row indices) for the caller to zero after the softmax.
+// position get -inf. The (B, T_q, T_k) mask (0 or -inf) is built on the host
+// and added to every head's scores. Rows left without any key are left as
+// they are and listed in dead_rows (flat row indices) for the caller to zero
+// after the softmax.
 void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
                 std::vector<int64_t>* dead_rows) {
-  const int64_t b = scores.dim(0), nh = scores.dim(1), t_q = scores.dim(2), t_k = scores.dim(3);
-  std::vector<uint8_t> keep(b * t_k, 1);  // (B, T_k)
-  if (key_mask.defined()) {
-    const std::vector<float> m = key_mask.ToVector<float>();
-    for (size_t i = 0; i < keep.size(); ++i) keep[i] = m[i] != 0.0f;
-  }
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float* s = scores.data<float>();
-  for (int64_t bi = 0; bi < b; ++bi) {
-    const uint8_t* kb = keep.data() + bi * t_k;
-    for (int64_t h = 0; h < nh; ++h) {
-      for (int64_t i = 0; i < t_q; ++i) {
-        const int64_t row = (bi * nh + h) * t_q + i;
-        float* r = s + row * t_k;
-        const int64_t limit = causal ? std::min(t_k, i + (t_k - t_q) + 1) : t_k;  // keys < limit
-        bool any = false;
-        for (int64_t j = 0; j < t_k; ++j) {
-          if (j < limit && kb[j]) {
-            any = true;
-          } else {
-            r[j] = kNegInf;
-          }
-        }
-        if (!any) {
-          std::fill(r, r + t_k, 0.0f);
-          dead_rows->push_back(row);
-        }
-      }
-    }
-  }
-}
-
-// MaskScores on a CUDA device: the (B, T_q, T_k) mask (0, or -inf where
-// masked; rows left without any key stay 0 and are listed in dead_rows) is
-// built on the host, copied over and added to every head's scores.
-void MaskScoresOnDevice(const Tensor& scores, const Tensor& key_mask, bool causal,
-                        std::vector<int64_t>* dead_rows) {
   const int64_t b = scores.dim(0), nh = scores.dim(1), t_q = scores.dim(2), t_k = scores.dim(3);
   std::vector<float> keep(b * t_k, 1.0f);  // (B, T_k)
   if (key_mask.defined()) keep = key_mask.ToVector<float>();
@@ -131,8 +96,7 @@ void MaskScoresOnDevice(const Tensor& scores, const Tensor& key_mask, bool causa
 // 32, 64 and 128 (tensor/cuda/attention.h) and never hold the (T_q, T_k)
 // probabilities. A bias, attention dropout or another head size runs the
 // unfused path below on the GPU's matmul, softmax and dropout kernels (which
-// keeps the probabilities, as on the CPU), and so does a key padding mask
-// (MaskScoresOnDevice).
+// keeps the probabilities, as on the CPU), and so does a key padding mask.
 bool UsesFlash(const Tensor& q, const Tensor& v, const Tensor& bias, const Tensor& key_mask,
                const AttentionOptions& o) {
   const int64_t d = q.dim(3);
@@ -220,25 +184,14 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
     }
   }
   std::vector<int64_t> dead_rows;
-  if (manual_mask) {
-    if (cuda) {
-      MaskScoresOnDevice(scores, key_mask, options.causal, &dead_rows);
-    } else {
-      MaskScores(scores, key_mask, options.causal, &dead_rows);
-    }
-  }
+  if (manual_mask) MaskScores(scores, key_mask, options.causal, &dead_rows);
   tensor::SoftmaxOptions sm;
   sm.scale = bias.defined() ? 1.0f : options.scale;
   sm.causal = options.causal && !manual_mask;
   tensor::SoftmaxInto(scores, scores, sm);  // now the probabilities, in place
   if (!dead_rows.empty()) {
-    if (cuda) {
-      const Tensor rows = scores.View({scores.dim(0) * scores.dim(1) * t_q, t_k});  // (B nh T_q, T_k)
-      for (int64_t row : dead_rows) tensor::Zero(rows.Select(0, row));
-    } else {
-      float* p = scores.data<float>();
-      for (int64_t row : dead_rows) std::fill(p + row * t_k, p + (row + 1) * t_k, 0.0f);
-    }
+    const Tensor rows = scores.View({scores.dim(0) * scores.dim(1) * t_q, t_k});  // (B nh T_q, T_k)
+    for (int64_t row : dead_rows) tensor::Zero(rows.Select(0, row));
   }
   Tensor probs = scores.To(dt);  // (B, nh, T_q, T_k), compute dtype
 
