@@ -57,34 +57,80 @@ _cuda_objects = rule(
     },
 )
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
-    """A cc_library whose .cu sources are compiled by nvcc."""
-    compatible = select({
+def cuda_compatible():
+    """target_compatible_with for targets that need --config=cuda or --config=cuda_emu."""
+    return select({
         "@fsdp//third_party/cuda:enabled": [],
+        "@fsdp//third_party/cuda:emu": [],
         "//conditions:default": ["@platforms//:incompatible"],
     })
+
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
+    """A cc_library whose .cu sources are compiled by nvcc (--config=cuda).
+
+    With --config=cuda_emu the same sources are rewritten by
+    //third_party/cuda/emu:transform.py and compiled as C++ against the CPU
+    emulation (//third_party/cuda/emu), so their tests run without a GPU.
+    """
     _cuda_objects(
         name = name + "_objs",
         srcs = srcs,
         hdrs = hdrs,
         deps = deps + ["@cuda//:headers"],
         copts = copts,
-        target_compatible_with = compatible,
+        target_compatible_with = select({
+            "@fsdp//third_party/cuda:enabled": [],
+            "//conditions:default": ["@platforms//:incompatible"],
+        }),
         visibility = ["//visibility:private"],
     )
+    emu_srcs = []
+    for src in srcs:
+        out = "_emu/{}/{}.cc".format(name, src.rsplit("/", 1)[-1].rsplit(".", 1)[0])
+        native.genrule(
+            name = "{}_emu_{}".format(name, len(emu_srcs)),
+            srcs = [src],
+            outs = [out],
+            cmd = "python3 $(location @fsdp//third_party/cuda/emu:transform.py) $< $@",
+            tools = ["@fsdp//third_party/cuda/emu:transform.py"],
+            target_compatible_with = select({
+                "@fsdp//third_party/cuda:emu": [],
+                "//conditions:default": ["@platforms//:incompatible"],
+            }),
+            visibility = ["//visibility:private"],
+        )
+        emu_srcs.append(out)
     native.cc_library(
         name = name,
-        srcs = [":" + name + "_objs"],
+        srcs = select({
+            "@fsdp//third_party/cuda:emu": emu_srcs,
+            "//conditions:default": [":" + name + "_objs"],
+        }),
         hdrs = hdrs,
-        deps = deps + ["@cuda//:cudart"],
-        target_compatible_with = compatible,
+        copts = select({
+            "@fsdp//third_party/cuda:emu": [
+                "-include",
+                "third_party/cuda/emu/cuda_emu.h",
+                "-ffp-contract=off",
+                "-Wno-unknown-pragmas",
+                "-Wno-unused-variable",
+                "-Wno-unused-function",
+            ],
+            "//conditions:default": [],
+        }),
+        deps = deps + select({
+            "@fsdp//third_party/cuda:emu": ["@fsdp//third_party/cuda/emu:device"],
+            "//conditions:default": ["@cuda//:cudart"],
+        }),
+        target_compatible_with = cuda_compatible(),
         visibility = visibility,
         **kwargs
     )
 
-def cuda_enabled_select(if_cuda, if_not = []):
-    """select() over --config=cuda."""
+def cuda_enabled_select(if_cuda, if_not = [], if_emu = None):
+    """select() over --config=cuda; --config=cuda_emu takes if_cuda unless if_emu is given."""
     return select({
         "@fsdp//third_party/cuda:enabled": if_cuda,
+        "@fsdp//third_party/cuda:emu": if_cuda if if_emu == None else if_emu,
         "//conditions:default": if_not,
     })

@@ -1,0 +1,244 @@
+// The part of cuBLASLt the project calls, for the CPU emulation (see
+// cuda_emu.h): D = alpha op(A) op(B) + beta C over column-major layouts with
+// leading dimensions, strided batches, TRANSA / TRANSB, f32 / bf16 / f16
+// storage and f32 accumulation, as cublasLtMatmul defines it. The point is to
+// check how the project describes its GEMMs to cuBLASLt (row-major tensors
+// as transposed column-major matrices, leading dimensions, batch strides), so
+// descriptors are validated the way the library validates them and anything
+// else the project does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace {
+
+struct Desc {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  int32_t trans_a = CUBLAS_OP_N;
+  int32_t trans_b = CUBLAS_OP_N;
+};
+
+struct Layout {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+  int32_t batch = 1;
+  int64_t batch_stride = 0;
+};
+
+struct Pref {};
+
+Desc* D(cublasLtMatmulDesc_t d) { return reinterpret_cast<Desc*>(d); }
+Layout* L(cublasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l); }
+
+size_t Size(cudaDataType t) {
+  switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16BF:
+    case CUDA_R_16F: return 2;
+    default: return 0;
+  }
+}
+
+float Load(const void* base, cudaDataType t, int64_t i) {
+  switch (t) {
+    case CUDA_R_32F: return static_cast<const float*>(base)[i];
+    case CUDA_R_16BF: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default: return __half2float(static_cast<const __half*>(base)[i]);
+  }
+}
+
+void Store(void* base, cudaDataType t, int64_t i, float v) {
+  switch (t) {
+    case CUDA_R_32F: static_cast<float*>(base)[i] = v; break;
+    case CUDA_R_16BF: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
+  }
+}
+
+bool ValidLayout(const Layout& l) {
+  return Size(l.type) != 0 && l.ld >= static_cast<int64_t>(l.rows > 0 ? l.rows : 1) &&
+         l.batch >= 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = reinterpret_cast<cublasLtHandle_t>(new int(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete reinterpret_cast<int*>(handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasLtGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS (cuda_emu)";
+  }
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (scale != CUDA_R_32F ||
+      (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  auto* d = new Desc;
+  d->compute = compute;
+  d->scale = scale;
+  *desc = reinterpret_cast<cublasLtMatmulDesc_t>(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete D(desc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t bytes) {
+  if (desc == nullptr || buf == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr != CUBLASLT_MATMUL_DESC_TRANSA && attr != CUBLASLT_MATMUL_DESC_TRANSB) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (bytes != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  int32_t op;
+  std::memcpy(&op, buf, sizeof(op));
+  if (op != CUBLAS_OP_N && op != CUBLAS_OP_T) return CUBLAS_STATUS_NOT_SUPPORTED;
+  (attr == CUBLASLT_MATMUL_DESC_TRANSA ? D(desc)->trans_a : D(desc)->trans_b) = op;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  auto* l = new Layout{type, rows, cols, ld};
+  if (!ValidLayout(*l)) {
+    delete l;
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  *layout = reinterpret_cast<cublasLtMatrixLayout_t>(l);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete L(layout);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
+                                                cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t bytes) {
+  if (layout == nullptr || buf == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+    if (bytes != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&L(layout)->batch, buf, bytes);
+    return L(layout)->batch >= 1 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) {
+    if (bytes != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&L(layout)->batch_stride, buf, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  *pref = reinterpret_cast<cublasLtMatmulPreference_t>(new Pref);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete reinterpret_cast<Pref*>(pref);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t,
+                                                    const void* buf, size_t) {
+  return pref != nullptr && buf != nullptr ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// Shapes agree: op(A) is m x k, op(B) k x n, C and D m x n, batches equal.
+static cublasStatus_t CheckShapes(const Desc& d, const Layout& a, const Layout& b,
+                                  const Layout& c, const Layout& dd) {
+  const uint64_t m = d.trans_a == CUBLAS_OP_N ? a.rows : a.cols;
+  const uint64_t k = d.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
+  const uint64_t kb = d.trans_b == CUBLAS_OP_N ? b.rows : b.cols;
+  const uint64_t n = d.trans_b == CUBLAS_OP_N ? b.cols : b.rows;
+  if (k != kb || c.rows != m || c.cols != n || dd.rows != m || dd.cols != n) {
+    std::fprintf(stderr,
+                 "cuda_emu cublasLt: shapes disagree: op(A) %llux%llu, op(B) %llux%llu, C %llux%llu, "
+                 "D %llux%llu\n",
+                 (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb,
+                 (unsigned long long)n, (unsigned long long)c.rows, (unsigned long long)c.cols,
+                 (unsigned long long)dd.rows, (unsigned long long)dd.cols);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (a.batch != dd.batch || b.batch != dd.batch || c.batch != dd.batch) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (c.type != dd.type || a.type != b.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
+  if (handle == nullptr || desc == nullptr || pref == nullptr || requested <= 0) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const cublasStatus_t st = CheckShapes(*D(desc), *L(a), *L(b), *L(c), *L(d));
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  std::memset(&results[0], 0, sizeof(results[0]));
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].workspaceSize = 0;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t adesc, const void* B,
+                              cublasLtMatrixLayout_t bdesc, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t cdesc, void* Dp, cublasLtMatrixLayout_t ddesc,
+                              const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+  if (handle == nullptr || desc == nullptr || alpha == nullptr || beta == nullptr) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const Desc& d = *D(desc);
+  const Layout &a = *L(adesc), &b = *L(bdesc), &c = *L(cdesc), &dl = *L(ddesc);
+  const cublasStatus_t st = CheckShapes(d, a, b, c, dl);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const int64_t m = dl.rows, n = dl.cols;
+  const int64_t k = d.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
+  const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
+  for (int32_t batch = 0; batch < dl.batch; ++batch) {
+    const int64_t oa = batch * a.batch_stride, ob = batch * b.batch_stride;
+    const int64_t oc = batch * c.batch_stride, od = batch * dl.batch_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int64_t p = 0; p < k; ++p) {
+          // Column-major: element (r, s) of a stored matrix is at r + s * ld.
+          const int64_t ia = ta ? p + i * a.ld : i + p * a.ld;
+          const int64_t ib = tb ? j + p * b.ld : p + j * b.ld;
+          acc += Load(A, a.type, oa + ia) * Load(B, b.type, ob + ib);
+        }
+        float out = al * acc;
+        if (be != 0.0f) out += be * Load(C, c.type, oc + i + j * c.ld);
+        Store(Dp, dl.type, od + i + j * dl.ld, out);
+      }
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,77 @@
+// Block execution of the CUDA emulation (see cuda_emu.h): the CUDA threads of
+// a block run as fibers on the launching thread and switch only where CUDA
+// threads meet (__syncthreads, warp collectives).
+#ifndef THIRD_PARTY_CUDA_EMU_FIBER_H_
+#define THIRD_PARTY_CUDA_EMU_FIBER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+namespace cuda_emu {
+
+struct ThreadState {
+  uint3 thread_idx;
+  int lane;  // linear thread index % 32
+  int warp;  // linear thread index / 32
+};
+
+struct BlockState {
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+
+// The CUDA thread / block running now (only inside a launch).
+const ThreadState& CurrentThread();
+const BlockState& CurrentBlock();
+
+// Runs `body` once per thread of every block of the grid. Invalid geometry
+// (empty or oversized grid or block, too much dynamic shared memory) records
+// cudaErrorInvalidConfiguration for cudaGetLastError and runs nothing. A
+// block whose threads cannot all proceed (a barrier or warp collective that
+// some of them never reach) aborts the process naming the kernel's block.
+void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
+
+// The block's dynamic shared memory (`extern __shared__`), 16-byte aligned,
+// filled with 0xff bytes (NaN in every float type) when each block starts.
+void* DynamicSharedMemory();
+template <typename T>
+T* DynamicShared() {
+  return static_cast<T*>(DynamicSharedMemory());
+}
+
+// __syncthreads: waits until every thread of the block that has not exited
+// arrives.
+void SyncThreads();
+// __syncwarp(mask): waits until every lane in mask that has not exited
+// arrives with the same mask.
+void SyncWarp(unsigned mask);
+// Lanes of the current warp that exist and have not exited.
+unsigned LiveLanes();
+
+// A warp collective over `mask`: every participating lane contributes `bytes`
+// (at most 64) from `mine`; `all` receives 32 slots of `bytes`, lane order
+// (slots of lanes outside the mask or exited hold 0xff bytes).
+void WarpGather(unsigned mask, const void* mine, size_t bytes, void* all);
+
+template <typename T>
+T WarpExchange(unsigned mask, T v, int src_lane) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+  unsigned char all[32 * sizeof(T)];
+  WarpGather(mask, &v, sizeof(T), all);
+  T r;
+  std::memcpy(&r, all + src_lane * sizeof(T), sizeof(T));
+  return r;
+}
+unsigned WarpBallot(unsigned mask, int pred);
+
+// Records an error for the runtime's cudaGetLastError (runtime.cc).
+void SetLastError(cudaError_t err);
+
+}  // namespace cuda_emu
+
+#endif  // THIRD_PARTY_CUDA_EMU_FIBER_H_

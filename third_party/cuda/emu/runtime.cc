@@ -1,0 +1,352 @@
+// The CUDA runtime API of the CPU emulation (see cuda_emu.h): one device,
+// cuda:0, an sm_90 stand-in whose memory is host memory. Work is done when
+// it is issued (every stream is in order and always idle), so streams and
+// events only keep their bookkeeping: events still time what happened
+// between them, and the runtime checks what a GPU would refuse: copies whose
+// kind does not match where the pointers live, frees of unknown pointers,
+// devices other than 0.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "third_party/cuda/emu/fiber.h"
+
+namespace cuda_emu {
+namespace {
+
+constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cuda:0 reports and allows
+constexpr int kSmCount = 132;
+
+enum class Kind { kDevice, kPinned };
+struct Allocation {
+  size_t bytes;
+  Kind kind;
+};
+
+struct Memory {
+  std::mutex mu;
+  std::map<uintptr_t, Allocation> blocks;  // by start address
+  size_t device_bytes = 0;
+};
+Memory& Mem() {
+  static Memory* m = new Memory;
+  return *m;
+}
+
+thread_local cudaError_t g_last_error = cudaSuccess;
+thread_local int g_device = 0;
+
+cudaError_t Fail(cudaError_t err) {
+  g_last_error = err;
+  return err;
+}
+
+// Where p points: a device allocation, a pinned host allocation, or neither.
+bool Find(const void* p, Kind* kind) {
+  Memory& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = m.blocks.upper_bound(addr);
+  if (it == m.blocks.begin()) return false;
+  --it;
+  if (addr >= it->first + std::max<size_t>(it->second.bytes, 1)) return false;
+  *kind = it->second.kind;
+  return true;
+}
+bool OnDevice(const void* p) {
+  Kind k;
+  return Find(p, &k) && k == Kind::kDevice;
+}
+
+void* Allocate(size_t bytes, Kind kind) {
+  Memory& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (kind == Kind::kDevice && m.device_bytes + bytes > kDeviceBytes) return nullptr;
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (p == nullptr) return nullptr;
+  // Fresh device memory is not zero on a GPU either: all-ones bytes (NaN in
+  // every float type) make a kernel that reads what nobody wrote fail.
+  if (kind == Kind::kDevice) std::memset(p, 0xff, bytes);
+  m.blocks[reinterpret_cast<uintptr_t>(p)] = {bytes, kind};
+  if (kind == Kind::kDevice) m.device_bytes += bytes;
+  return p;
+}
+
+cudaError_t Release(void* p, Kind kind) {
+  if (p == nullptr) return cudaSuccess;
+  Memory& m = Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.blocks.find(reinterpret_cast<uintptr_t>(p));
+  if (it == m.blocks.end() || it->second.kind != kind) return Fail(cudaErrorInvalidValue);
+  if (kind == Kind::kDevice) m.device_bytes -= it->second.bytes;
+  m.blocks.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+// The kind says where each side lives; cudaMemcpyDefault infers it.
+cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
+  const bool dst_dev = OnDevice(dst), src_dev = OnDevice(src);
+  bool ok = true;
+  switch (kind) {
+    case cudaMemcpyHostToHost: ok = !dst_dev && !src_dev; break;
+    case cudaMemcpyHostToDevice: ok = dst_dev && !src_dev; break;
+    case cudaMemcpyDeviceToHost: ok = !dst_dev && src_dev; break;
+    case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
+    case cudaMemcpyDefault: break;
+    default: ok = false;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "cuda_emu: cudaMemcpy kind %d does not match the pointers (dst %s, src %s)\n",
+                 static_cast<int>(kind), dst_dev ? "device" : "host", src_dev ? "device" : "host");
+    return Fail(cudaErrorInvalidValue);
+  }
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+
+cudaError_t CheckDevice(int device) {
+  return device == 0 ? cudaSuccess : Fail(cudaErrorInvalidDevice);
+}
+
+struct Event {
+  bool recorded = false;
+  bool timing = true;
+  std::chrono::steady_clock::time_point at;
+};
+
+struct Stream {};
+
+}  // namespace
+
+void SetLastError(cudaError_t err) { g_last_error = err; }
+
+}  // namespace cuda_emu
+
+using cuda_emu::Fail;
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = cuda_emu::g_last_error;
+  cuda_emu::g_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return cuda_emu::g_last_error; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    default: return "unknown error (cuda_emu)";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (cuda_emu::CheckDevice(device) != cudaSuccess) return cudaErrorInvalidDevice;
+  cuda_emu::g_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = cuda_emu::g_device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (cuda_emu::CheckDevice(device) != cudaSuccess) return cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "cuda_emu (sm_90 emulated on the CPU)");
+  prop->totalGlobalMem = cuda_emu::kDeviceBytes;
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->sharedMemPerBlockOptin = 227 << 10;
+  prop->sharedMemPerMultiprocessor = 228 << 10;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = cuda_emu::kSmCount;
+  prop->l2CacheSize = 50 << 20;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (cuda_emu::CheckDevice(device) != cudaSuccess) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMultiProcessorCount: *value = cuda_emu::kSmCount; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 << 10; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 << 10; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrL2CacheSize: *value = 50 << 20; break;
+    default: return Fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (func == nullptr) return Fail(cudaErrorInvalidValue);
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > (227 << 10)) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  cuda_emu::Memory& m = cuda_emu::Mem();
+  std::lock_guard<std::mutex> lock(m.mu);
+  *total = cuda_emu::kDeviceBytes;
+  *free_bytes = cuda_emu::kDeviceBytes - m.device_bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = cuda_emu::Allocate(bytes, cuda_emu::Kind::kDevice);
+  return *p != nullptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFree(void* p) { return cuda_emu::Release(p, cuda_emu::Kind::kDevice); }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  *p = cuda_emu::Allocate(bytes, cuda_emu::Kind::kPinned);
+  return *p != nullptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+cudaError_t cudaFreeHost(void* p) { return cuda_emu::Release(p, cuda_emu::Kind::kPinned); }
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  std::memset(attr, 0, sizeof(*attr));
+  cuda_emu::Kind kind;
+  if (!cuda_emu::Find(p, &kind)) {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -1;
+    attr->hostPointer = const_cast<void*>(p);
+    return cudaSuccess;
+  }
+  attr->type = kind == cuda_emu::Kind::kDevice ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+  attr->device = 0;
+  if (kind == cuda_emu::Kind::kDevice) {
+    attr->devicePointer = const_cast<void*>(p);
+  } else {
+    attr->hostPointer = const_cast<void*>(p);
+    attr->devicePointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  return cuda_emu::Copy(dst, src, n, kind);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cuda_emu::Copy(dst, src, n, kind);
+}
+cudaError_t cudaMemset(void* p, int value, size_t n) {
+  if (n == 0) return cudaSuccess;
+  if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
+  std::memset(p, value, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
+  return cudaMemset(p, value, n);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = reinterpret_cast<cudaStream_t>(new cuda_emu::Stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    return Fail(cudaErrorInvalidResourceHandle);
+  }
+  delete reinterpret_cast<cuda_emu::Stream*>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
+  return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  auto* ev = new cuda_emu::Event;
+  ev->timing = (flags & cudaEventDisableTiming) == 0;
+  *e = reinterpret_cast<cudaEvent_t>(ev);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  delete reinterpret_cast<cuda_emu::Event*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  auto* ev = reinterpret_cast<cuda_emu::Event*>(e);
+  ev->recorded = true;
+  ev->at = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  auto* a = reinterpret_cast<cuda_emu::Event*>(start);
+  auto* b = reinterpret_cast<cuda_emu::Event*>(end);
+  if (a == nullptr || b == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (!a->timing || !b->timing || !a->recorded || !b->recorded) {
+    return Fail(cudaErrorInvalidResourceHandle);
+  }
+  *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"

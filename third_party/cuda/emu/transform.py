@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Rewrites a CUDA source (.cu) into C++ for the CPU emulation (cuda_emu.h).
+
+usage: transform.py IN.cu OUT.cc
+
+Three rewrites, everything else is left to the force-included cuda_emu.h:
+  K<<<grid, block, smem, stream>>>(args)
+      -> ::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(grid, block, smem, stream),
+                                  [&]() { K(args); })
+     (every CUDA thread calls K with its own copy of the arguments, converted
+     and, for a template kernel, deduced as nvcc would)
+  extern __shared__ [__align__(N)] T name[];
+      -> T* name = ::cuda_emu::DynamicShared<T>();
+  #include <cub/...>
+      -> #include "third_party/cuda/emu/cub.h"
+A #line directive keeps compiler messages pointing at the .cu file.
+"""
+import re
+import sys
+
+
+def _kernel_start(text: str, end: int) -> int:
+    """Start of the kernel expression that ends before `end`: a name, maybe
+    qualified, maybe with template arguments (`ns::Kernel<T, 4>`)."""
+    i = end - 1
+    while text[i].isspace():
+        i -= 1
+    if text[i] == ">":
+        depth = 0
+        while True:
+            c = text[i]
+            if c in ">)":
+                depth += 1
+            elif c in "<(":
+                depth -= 1
+                if depth == 0:
+                    break
+            i -= 1
+        i -= 1
+        while text[i].isspace():
+            i -= 1
+    while i >= 0 and (text[i].isalnum() or text[i] in "_:"):
+        i -= 1
+    return i + 1
+
+
+def _closing_paren(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise SystemExit("transform.py: unbalanced parentheses in a kernel launch")
+
+
+def _rewrite_launches(text: str) -> str:
+    while True:
+        lt = text.rfind("<<<")
+        if lt < 0:
+            return text
+        gt = text.index(">>>", lt)
+        paren = gt + 3
+        while text[paren].isspace():
+            paren += 1
+        if text[paren] != "(":
+            raise SystemExit("transform.py: a launch without arguments after >>>")
+        close = _closing_paren(text, paren)
+        start = _kernel_start(text, lt)
+        kernel = text[start:lt].strip()
+        config = text[lt + 3:gt]
+        args = text[paren + 1:close]
+        # Line breaks dropped between the kernel, <<< and ( go after the
+        # launch, so later lines keep their numbers.
+        dropped = "\n" * (text[start:lt].count("\n") + text[gt:paren].count("\n"))
+        text = (text[:start] + "::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(%s), [&]() { %s(%s); })"
+                % (config, kernel, args) + text[close + 1:])
+        semicolon = text.index(";", start)
+        text = text[:semicolon + 1] + dropped + text[semicolon + 1:]
+
+
+def transform(text: str) -> str:
+    text = _rewrite_launches(text)
+    text = re.sub(
+        r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w\s:]*?)\s+(\w+)\s*\[\s*\]\s*;",
+        lambda m: "%s* %s = ::cuda_emu::DynamicShared<%s>();" % (m.group(1), m.group(2), m.group(1)),
+        text,
+    )
+    text = re.sub(r"#include\s*<cub/[^>]*>", '#include "third_party/cuda/emu/cub.h"', text)
+    if "<<<" in text or ">>>" in text or "extern __shared__" in text:
+        raise SystemExit("transform.py: a launch or extern __shared__ declaration was not rewritten")
+    return text
+
+
+def main() -> None:
+    src, out = sys.argv[1], sys.argv[2]
+    with open(src) as f:
+        text = f.read()
+    with open(out, "w") as f:
+        f.write('#line 1 "%s"\n' % src)
+        f.write(transform(text))
+
+
+if __name__ == "__main__":
+    main()
