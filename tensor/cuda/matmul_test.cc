@@ -201,7 +201,7 @@ const std::vector<Case>& Cases() {
       {{1, 17}, {17, 1}, false, false},
       {{3, 1}, {1, 5}, false, false},
       {{64, 128}, {128, 96}, false, false},
-      {{130, 257}, {257, 65}, false, true},
+      {{130, 257}, {65, 257}, false, true},
       // Batched, equal batch dims.
       {{3, 7, 11}, {3, 11, 5}, false, false},
       {{2, 3, 11, 7}, {2, 3, 5, 11}, true, true},

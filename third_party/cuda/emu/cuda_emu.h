@@ -252,7 +252,7 @@ void MmaM16N8K16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1
   auto half = [](uint32_t reg, int hi) {
     T x;
     const uint16_t bits = static_cast<uint16_t>(hi ? reg >> 16 : reg & 0xffffu);
-    std::memcpy(&x, &bits, 2);
+    std::memcpy(static_cast<void*>(&x), &bits, 2);
     if constexpr (std::is_same_v<T, __half>) {
       return __half2float(x);
     } else {

@@ -57,7 +57,20 @@ struct Fiber {
   void* sp = nullptr;
   ThreadState t{};
   State state = State::kRunnable;
-  unsigned mask = 0;  // of the warp collective it waits in
+};
+
+// A warp's collective in progress (one at a time per warp: the lanes in its
+// mask arrive, the last one releases them) and its data slots, two buffers
+// used in turn, so a lane may write the next collective's slot while slower
+// lanes still read this one's.
+struct Warp {
+  unsigned exists = 0;   // lanes the block has
+  unsigned exited = 0;   // lanes whose thread returned
+  unsigned mask = 0;     // of the collective in progress
+  unsigned arrived = 0;  // lanes waiting in it
+  int buffer = 0;        // the slots it writes
+  unsigned delivered[2] = {0, 0};  // lanes whose slot a released collective holds
+  unsigned char slots[2][32][kMaxGatherBytes];
 };
 
 // Stacks owned by one launching thread, reused by its launches.
@@ -87,10 +100,12 @@ class StackPool {
 struct Run {
   BlockState block{};
   std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
   int current = -1;
+  int at_barrier = 0;
+  int done = 0;
   void* sched_sp = nullptr;
   const std::function<void()>* body = nullptr;
-  std::vector<unsigned char> slots;  // warps x 32 lanes x kMaxGatherBytes
   std::vector<unsigned char> shared;  // dynamic shared memory (+16 for alignment)
   size_t shared_bytes = 0;
 };
@@ -106,17 +121,59 @@ Run& CurrentRun() {
   return *g_run;
 }
 
-Fiber& Self() {
-  Run& r = CurrentRun();
-  return r.fibers[r.current];
+// Back to the scheduler until this fiber is runnable again.
+void Park(Run& r, Fiber& f) {
+  cuda_emu_switch(&f.sp, r.sched_sp);
 }
 
-void Yield(State state, unsigned mask) {
+void MaybeReleaseWarp(Run& r, int w) {
+  Warp& wp = r.warps[w];
+  if (wp.arrived == 0 || ((wp.arrived | wp.exited) & wp.mask) != wp.mask) return;
+  for (int l = 0; l < 32; ++l) {
+    if ((wp.arrived >> l) & 1u) r.fibers[w * 32 + l].state = State::kRunnable;
+  }
+  wp.delivered[wp.buffer] = wp.arrived;
+  wp.buffer ^= 1;
+  wp.arrived = 0;
+  wp.mask = 0;
+}
+
+void MaybeReleaseBarrier(Run& r) {
+  if (r.at_barrier == 0 || r.at_barrier + r.done != static_cast<int>(r.fibers.size())) return;
+  for (Fiber& f : r.fibers) {
+    if (f.state == State::kAtBarrier) f.state = State::kRunnable;
+  }
+  r.at_barrier = 0;
+}
+
+// Joins the warp collective over `mask` (writing `bytes` of `mine` to this
+// lane's slot first); returns once every lane of the mask that has not exited
+// has joined, with the index of the buffer that holds the slots.
+int JoinWarp(unsigned mask, const void* mine, size_t bytes) {
   Run& r = CurrentRun();
   Fiber& f = r.fibers[r.current];
-  f.state = state;
-  f.mask = mask;
-  cuda_emu_switch(&f.sp, r.sched_sp);
+  const int lane = f.t.lane;
+  Warp& wp = r.warps[f.t.warp];
+  if (!((mask >> lane) & 1u)) {
+    std::fprintf(stderr, "cuda_emu: lane %d calls a warp collective with mask %08x, which omits it\n",
+                 lane, mask);
+    std::abort();
+  }
+  if (wp.arrived != 0 && wp.mask != mask) {
+    std::fprintf(stderr,
+                 "cuda_emu: lane %d of warp %d joins a warp collective with mask %08x while one "
+                 "with mask %08x is in progress (different masks at once are not emulated)\n",
+                 lane, f.t.warp, mask, wp.mask);
+    std::abort();
+  }
+  const int buffer = wp.buffer;
+  if (bytes > 0) std::memcpy(wp.slots[buffer][lane], mine, bytes);
+  wp.mask = mask;
+  wp.arrived |= 1u << lane;
+  f.state = State::kAtWarp;
+  MaybeReleaseWarp(r, f.t.warp);
+  if (f.state != State::kRunnable) Park(r, f);
+  return buffer;
 }
 
 [[noreturn]] void Trampoline() {
@@ -124,52 +181,12 @@ void Yield(State state, unsigned mask) {
   (*r.body)();
   Fiber& f = r.fibers[r.current];
   f.state = State::kDone;
+  ++r.done;
+  r.warps[f.t.warp].exited |= 1u << f.t.lane;
+  MaybeReleaseWarp(r, f.t.warp);
+  MaybeReleaseBarrier(r);
   cuda_emu_switch(&f.sp, r.sched_sp);
   __builtin_unreachable();
-}
-
-// Releases the warp collectives and the block barrier that every thread they
-// wait for has reached; true if any thread became runnable.
-bool Release(Run& r) {
-  bool released = false;
-  const int n = static_cast<int>(r.fibers.size());
-  for (int w = 0; w * 32 < n; ++w) {
-    const int first = w * 32, last = std::min(n, first + 32);
-    for (int i = first; i < last; ++i) {
-      if (r.fibers[i].state != State::kAtWarp) continue;
-      const unsigned mask = r.fibers[i].mask;
-      bool ready = true;
-      for (int l = 0; l < 32 && ready; ++l) {
-        if (!((mask >> l) & 1u) || first + l >= last) continue;
-        const Fiber& o = r.fibers[first + l];
-        ready = o.state == State::kDone || (o.state == State::kAtWarp && o.mask == mask);
-      }
-      if (!ready) continue;
-      for (int l = 0; l < 32; ++l) {
-        if (!((mask >> l) & 1u) || first + l >= last) continue;
-        Fiber& o = r.fibers[first + l];
-        if (o.state == State::kAtWarp) o.state = State::kRunnable;
-      }
-      released = true;
-    }
-  }
-  if (released) return true;
-  bool any_waiting = false, all_at_barrier = true;
-  for (const Fiber& f : r.fibers) {
-    if (f.state == State::kDone) continue;
-    if (f.state == State::kAtBarrier) {
-      any_waiting = true;
-    } else {
-      all_at_barrier = false;
-    }
-  }
-  if (any_waiting && all_at_barrier) {
-    for (Fiber& f : r.fibers) {
-      if (f.state == State::kAtBarrier) f.state = State::kRunnable;
-    }
-    return true;
-  }
-  return false;
 }
 
 [[noreturn]] void Deadlock(const Run& r) {
@@ -185,8 +202,7 @@ bool Release(Run& r) {
                     : f.state == State::kAtWarp  ? "in a warp collective"
                     : f.state == State::kDone    ? "exited"
                                                  : "runnable";
-    std::fprintf(stderr, "  thread %zu (warp %d lane %d): %s mask %08x\n", i, f.t.warp, f.t.lane, s,
-                 f.mask);
+    std::fprintf(stderr, "  thread %zu (warp %d lane %d): %s\n", i, f.t.warp, f.t.lane, s);
   }
   std::abort();
 }
@@ -196,7 +212,6 @@ void RunBlock(Run& r) {
   for (int i = 0; i < n; ++i) {
     Fiber& f = r.fibers[i];
     f.state = State::kRunnable;
-    f.mask = 0;
     // The first switch "returns" into Trampoline with the stack aligned as at
     // a function's entry: slot S (16-aligned) holds Trampoline, S + 8 a null
     // return address, below S the six callee-saved registers.
@@ -208,27 +223,31 @@ void RunBlock(Run& r) {
     for (int k = 0; k < 6; ++k) regs[k] = nullptr;
     f.sp = regs;
   }
+  for (Warp& w : r.warps) {
+    w.exited = ~w.exists;
+    w.mask = w.arrived = 0;
+    w.buffer = 0;
+    w.delivered[0] = w.delivered[1] = 0;
+  }
+  r.at_barrier = 0;
+  r.done = 0;
   if (r.shared_bytes > 0) std::memset(DynamicSharedMemory(), 0xff, r.shared_bytes);
-  int live = n;
-  while (live > 0) {
+  current_block = &r.block;
+  while (r.done < n) {
     bool ran = false;
     for (int i = 0; i < n; ++i) {
       if (r.fibers[i].state != State::kRunnable) continue;
       r.current = i;
+      current_thread = &r.fibers[i].t;
       cuda_emu_switch(&r.sched_sp, r.fibers[i].sp);
       ran = true;
-      if (r.fibers[i].state == State::kDone) --live;
     }
     r.current = -1;
-    if (live == 0) break;
-    if (!Release(r) && !ran) Deadlock(r);
+    if (!ran) Deadlock(r);
   }
 }
 
 }  // namespace
-
-const ThreadState& CurrentThread() { return Self().t; }
-const BlockState& CurrentBlock() { return CurrentRun().block; }
 
 void* DynamicSharedMemory() {
   Run& r = *g_run;
@@ -236,27 +255,21 @@ void* DynamicSharedMemory() {
   return reinterpret_cast<void*>((addr + 15) & ~uintptr_t{15});
 }
 
-void SyncThreads() { Yield(State::kAtBarrier, 0); }
-
-void SyncWarp(unsigned mask) {
-  const Fiber& f = Self();
-  if (!((mask >> f.t.lane) & 1u)) {
-    std::fprintf(stderr, "cuda_emu: lane %d calls a warp collective with mask %08x, which omits it\n",
-                 f.t.lane, mask);
-    std::abort();
-  }
-  Yield(State::kAtWarp, mask);
+void SyncThreads() {
+  Run& r = CurrentRun();
+  Fiber& f = r.fibers[r.current];
+  f.state = State::kAtBarrier;
+  ++r.at_barrier;
+  MaybeReleaseBarrier(r);
+  if (f.state != State::kRunnable) Park(r, f);
 }
+
+void SyncWarp(unsigned mask) { JoinWarp(mask, nullptr, 0); }
 
 unsigned LiveLanes() {
   Run& r = CurrentRun();
-  const Fiber& f = r.fibers[r.current];
-  const int first = f.t.warp * 32;
-  unsigned live = 0;
-  for (int l = 0; l < 32 && first + l < static_cast<int>(r.fibers.size()); ++l) {
-    if (r.fibers[first + l].state != State::kDone) live |= 1u << l;
-  }
-  return live;
+  const Warp& w = r.warps[r.fibers[r.current].t.warp];
+  return w.exists & ~w.exited;
 }
 
 void WarpGather(unsigned mask, const void* mine, size_t bytes, void* all) {
@@ -264,34 +277,37 @@ void WarpGather(unsigned mask, const void* mine, size_t bytes, void* all) {
     std::fprintf(stderr, "cuda_emu: a warp collective of %zu bytes per lane\n", bytes);
     std::abort();
   }
+  const int buffer = JoinWarp(mask, mine, bytes);
   Run& r = CurrentRun();
-  const int me = r.current;
-  const ThreadState t = r.fibers[me].t;
-  unsigned char* warp_slots = r.slots.data() + static_cast<size_t>(t.warp) * 32 * kMaxGatherBytes;
-  std::memcpy(warp_slots + t.lane * kMaxGatherBytes, mine, bytes);
-  SyncWarp(mask);  // everyone has written
-  const int first = t.warp * 32;
+  const Warp& w = r.warps[r.fibers[r.current].t.warp];
   auto* out = static_cast<unsigned char*>(all);
   for (int l = 0; l < 32; ++l) {
-    const bool there = ((mask >> l) & 1u) && first + l < static_cast<int>(r.fibers.size()) &&
-                       r.fibers[first + l].state != State::kDone;
-    if (there) {
-      std::memcpy(out + l * bytes, warp_slots + l * kMaxGatherBytes, bytes);
+    if ((w.delivered[buffer] >> l) & 1u) {
+      std::memcpy(out + l * bytes, w.slots[buffer][l], bytes);
     } else {
       std::memset(out + l * bytes, 0xff, bytes);
     }
   }
-  SyncWarp(mask);  // everyone has read: the slots may be written again
+}
+
+void WarpShuffle(unsigned mask, const void* mine, size_t bytes, int src_lane, void* out) {
+  const int buffer = JoinWarp(mask, mine, bytes);
+  Run& r = CurrentRun();
+  const Warp& w = r.warps[r.fibers[r.current].t.warp];
+  if ((w.delivered[buffer] >> src_lane) & 1u) {
+    std::memcpy(out, w.slots[buffer][src_lane], bytes);
+  } else {
+    std::memset(out, 0xff, bytes);
+  }
 }
 
 unsigned WarpBallot(unsigned mask, int pred) {
   const int mine = pred != 0;
   int all[32];
   WarpGather(mask, &mine, sizeof(int), all);
-  const unsigned live = LiveLanes();
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l) {
-    if (((mask & live) >> l) & 1u && all[l] == 1) ballot |= 1u << l;
+    if (((mask >> l) & 1u) && all[l] == 1) ballot |= 1u << l;
   }
   return ballot;
 }
@@ -315,13 +331,14 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
   r.block.block_dim = block;
   r.block.grid_dim = grid;
   r.fibers.resize(threads);
+  r.warps.resize((threads + 31) / 32);
   for (uint32_t i = 0; i < threads; ++i) {
     ThreadState& t = r.fibers[i].t;
     t.thread_idx = make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
     t.lane = static_cast<int>(i % 32);
     t.warp = static_cast<int>(i / 32);
+    r.warps[t.warp].exists |= 1u << t.lane;
   }
-  r.slots.resize((threads + 31) / 32 * 32 * kMaxGatherBytes);
   r.shared_bytes = dynamic_shared_bytes;
   r.shared.resize(dynamic_shared_bytes + 16);
   g_run = &r;
@@ -334,6 +351,8 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
     }
   }
   g_run = nullptr;
+  current_thread = nullptr;
+  current_block = nullptr;
 }
 
 }  // namespace cuda_emu

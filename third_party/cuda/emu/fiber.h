@@ -25,9 +25,12 @@ struct BlockState {
   dim3 grid_dim;
 };
 
-// The CUDA thread / block running now (only inside a launch).
-const ThreadState& CurrentThread();
-const BlockState& CurrentBlock();
+// The CUDA thread / block running now (set by the scheduler before it
+// switches to a fiber; only meaningful inside a launch).
+inline thread_local const ThreadState* current_thread = nullptr;
+inline thread_local const BlockState* current_block = nullptr;
+inline const ThreadState& CurrentThread() { return *current_thread; }
+inline const BlockState& CurrentBlock() { return *current_block; }
 
 // Runs `body` once per thread of every block of the grid. Invalid geometry
 // (empty or oversized grid or block, too much dynamic shared memory) records
@@ -57,14 +60,15 @@ unsigned LiveLanes();
 // (at most 64) from `mine`; `all` receives 32 slots of `bytes`, lane order
 // (slots of lanes outside the mask or exited hold 0xff bytes).
 void WarpGather(unsigned mask, const void* mine, size_t bytes, void* all);
+// The same for one source lane (a shuffle): its `bytes` into `out`, 0xff
+// bytes when that lane is outside the mask or has exited.
+void WarpShuffle(unsigned mask, const void* mine, size_t bytes, int src_lane, void* out);
 
 template <typename T>
 T WarpExchange(unsigned mask, T v, int src_lane) {
   static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-  unsigned char all[32 * sizeof(T)];
-  WarpGather(mask, &v, sizeof(T), all);
   T r;
-  std::memcpy(&r, all + src_lane * sizeof(T), sizeof(T));
+  WarpShuffle(mask, &v, sizeof(T), src_lane, &r);
   return r;
 }
 unsigned WarpBallot(unsigned mask, int pred);

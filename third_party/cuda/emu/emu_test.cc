@@ -1,0 +1,93 @@
+// The semantics the CUDA emulation reproduces, checked on whatever runs the
+// kernels: with --config=cuda_emu the emulation, with --config=cuda a GPU
+// (where the test pins the emulation's model to the hardware; skipped
+// without one).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "third_party/cuda/emu/emu_test_kernels.h"
+
+namespace cuda_emu_test {
+namespace {
+
+bool Emulated() {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess &&
+         std::strstr(prop.name, "cuda_emu") != nullptr;
+}
+
+#define SKIP_WITHOUT_DEVICE()                                         \
+  do {                                                                \
+    int n = 0;                                                        \
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {            \
+      GTEST_SKIP() << "no CUDA device (or emulation) visible";        \
+    }                                                                 \
+  } while (0)
+
+TEST(CudaSemanticsTest, WarpShuffles) {
+  SKIP_WITHOUT_DEVICE();
+  const std::vector<int64_t> got = Shuffles();
+  for (int t = 0; t < 64; ++t) {
+    SCOPED_TRACE(t);
+    const int lane = t % 32, base = t - lane;
+    auto v = [&](int l) { return int64_t{10} * (base + l) + 1; };
+    const int64_t* o = got.data() + t * 6;
+    EXPECT_EQ(o[0], v(lane ^ 5));
+    EXPECT_EQ(o[1], lane + 3 < 32 ? v(lane + 3) : v(lane));
+    EXPECT_EQ(o[2], lane >= 2 ? v(lane - 2) : v(lane));
+    EXPECT_EQ(o[3], v((lane & ~15) + 7));
+    int64_t sum = 0;
+    for (int l = 0; l < 32; ++l) sum += v(l);
+    EXPECT_EQ(o[4], sum);
+    int64_t ballot = 0;
+    for (int l = 0; l < 32; ++l) {
+      if (v(l) % 20 == 11) ballot |= int64_t{1} << l;
+    }
+    EXPECT_EQ(static_cast<uint32_t>(o[5]), static_cast<uint32_t>(ballot));
+  }
+}
+
+TEST(CudaSemanticsTest, BarriersAndSharedMemory) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<float> in(3 * 256);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f;
+  const std::vector<float> out = ReverseThroughSharedMemory(in);
+  for (int b = 0; b < 3; ++b) {
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(out[b * 256 + i], in[b * 256 + 255 - i] + b) << b << " " << i;
+  }
+}
+
+TEST(CudaSemanticsTest, MmaFragmentLayouts) {
+  SKIP_WITHOUT_DEVICE();
+  // Small integers: exact in bf16 and in any summation order.
+  std::vector<float> a(256), b(128), c(128);
+  for (int i = 0; i < 256; ++i) a[i] = static_cast<float>((i * 7) % 11 - 5);
+  for (int i = 0; i < 128; ++i) b[i] = static_cast<float>((i * 5) % 9 - 4);
+  for (int i = 0; i < 128; ++i) c[i] = static_cast<float>(i % 13);
+  const std::vector<float> d = MmaBf16(a, b, c);
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      float want = c[m * 8 + n];
+      for (int k = 0; k < 16; ++k) want += a[m * 16 + k] * b[k * 8 + n];
+      EXPECT_EQ(d[m * 8 + n], want) << "row " << m << " column " << n;
+    }
+  }
+}
+
+TEST(CudaSemanticsTest, OversizedBlockIsALaunchError) {
+  SKIP_WITHOUT_DEVICE();
+  EXPECT_EQ(OversizedBlockError(), "cudaErrorInvalidConfiguration");
+}
+
+TEST(CudaSemanticsDeathTest, MismatchedBarriersAreReportedNotHung) {
+  SKIP_WITHOUT_DEVICE();
+  if (!Emulated()) GTEST_SKIP() << "a GPU would hang: emulation only";
+  EXPECT_DEATH(MismatchedBarriers(), "deadlock in block \\(0, 0, 0\\)");
+}
+
+}  // namespace
+}  // namespace cuda_emu_test

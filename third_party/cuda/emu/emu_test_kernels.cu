@@ -1,0 +1,152 @@
+#include "third_party/cuda/emu/emu_test_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace cuda_emu_test {
+namespace {
+
+void Check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
+constexpr int kShuffleResults = 6;
+
+__global__ void ShuffleKernel(int64_t* out) {
+  const int t = threadIdx.x;
+  const int v = 10 * t + 1;
+  int64_t* o = out + t * kShuffleResults;
+  o[0] = __shfl_xor_sync(0xffffffffu, v, 5);
+  o[1] = __shfl_down_sync(0xffffffffu, v, 3);
+  o[2] = __shfl_up_sync(0xffffffffu, v, 2);
+  o[3] = __shfl_sync(0xffffffffu, v, 7, 16);
+  int sum = v;
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  o[4] = sum;
+  o[5] = __ballot_sync(0xffffffffu, v % 20 == 11);
+}
+
+__global__ void ReverseKernel(const float* in, float* out) {
+  __shared__ float stage[256];
+  extern __shared__ float dyn[];
+  const int i = threadIdx.x, b = blockIdx.x;
+  stage[i] = in[b * 256 + i];
+  __syncthreads();
+  dyn[i] = stage[255 - i] + static_cast<float>(b);
+  __syncthreads();
+  out[b * 256 + i] = dyn[i];
+}
+
+__device__ uint32_t Pack(const __nv_bfloat16* p) {
+  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) |
+         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p + 1)) << 16);
+}
+
+__device__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::MmaM16N8K16<__nv_bfloat16>(c, a, b0, b1);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// a: 16x16 row major; bt: B transposed (8 x 16, row major: column n of B is
+// row n, so a lane's two k values are adjacent); c, d: 16x8 row major.
+__global__ void MmaKernel(const __nv_bfloat16* a, const __nv_bfloat16* bt, const float* c,
+                          float* d) {
+  const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+  const uint32_t af[4] = {Pack(a + g * 16 + 2 * t), Pack(a + (g + 8) * 16 + 2 * t),
+                          Pack(a + g * 16 + 2 * t + 8), Pack(a + (g + 8) * 16 + 2 * t + 8)};
+  const uint32_t b0 = Pack(bt + g * 16 + 2 * t), b1 = Pack(bt + g * 16 + 2 * t + 8);
+  float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+                  c[(g + 8) * 8 + 2 * t + 1]};
+  Mma(acc, af, b0, b1);
+  d[g * 8 + 2 * t] = acc[0];
+  d[g * 8 + 2 * t + 1] = acc[1];
+  d[(g + 8) * 8 + 2 * t] = acc[2];
+  d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+}
+
+__global__ void EmptyKernel() {}
+
+__global__ void MismatchedKernel() {
+  if (threadIdx.x == 0) {
+    __syncwarp(0xffffffffu);
+  } else {
+    __syncthreads();
+  }
+}
+
+template <typename T>
+T* ToDevice(const std::vector<T>& v) {
+  T* p = nullptr;
+  Check(cudaMalloc(&p, v.size() * sizeof(T)), "cudaMalloc");
+  Check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return p;
+}
+template <typename T>
+std::vector<T> ToHost(T* p, size_t n) {
+  std::vector<T> v(n);
+  Check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  Check(cudaFree(p), "cudaFree");
+  return v;
+}
+
+}  // namespace
+
+std::vector<int64_t> Shuffles() {
+  int64_t* out = ToDevice(std::vector<int64_t>(64 * kShuffleResults, 0));
+  ShuffleKernel<<<1, 64>>>(out);
+  Check(cudaGetLastError(), "ShuffleKernel");
+  return ToHost(out, 64 * kShuffleResults);
+}
+
+std::vector<float> ReverseThroughSharedMemory(const std::vector<float>& in) {
+  const float* d_in = ToDevice(in);
+  float* out = ToDevice(std::vector<float>(in.size(), 0.0f));
+  ReverseKernel<<<static_cast<unsigned>(in.size() / 256), 256, 256 * sizeof(float)>>>(d_in, out);
+  Check(cudaGetLastError(), "ReverseKernel");
+  Check(cudaFree(const_cast<float*>(d_in)), "cudaFree");
+  return ToHost(out, in.size());
+}
+
+std::vector<float> MmaBf16(const std::vector<float>& a, const std::vector<float>& b,
+                           const std::vector<float>& c) {
+  std::vector<__nv_bfloat16> ha(256), hbt(128);
+  for (int i = 0; i < 256; ++i) ha[i] = __float2bfloat16_rn(a[i]);
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < 8; ++n) hbt[n * 16 + k] = __float2bfloat16_rn(b[k * 8 + n]);
+  }
+  const __nv_bfloat16* da = ToDevice(ha);
+  const __nv_bfloat16* dbt = ToDevice(hbt);
+  const float* dc = ToDevice(c);
+  float* dd = ToDevice(std::vector<float>(128, 0.0f));
+  MmaKernel<<<1, 32>>>(da, dbt, dc, dd);
+  Check(cudaGetLastError(), "MmaKernel");
+  Check(cudaFree(const_cast<__nv_bfloat16*>(da)), "cudaFree");
+  Check(cudaFree(const_cast<__nv_bfloat16*>(dbt)), "cudaFree");
+  Check(cudaFree(const_cast<float*>(dc)), "cudaFree");
+  return ToHost(dd, 128);
+}
+
+std::string OversizedBlockError() {
+  EmptyKernel<<<1, 2048>>>();
+  return cudaGetErrorName(cudaGetLastError());
+}
+
+void MismatchedBarriers() {
+  MismatchedKernel<<<1, 64>>>();
+  Check(cudaDeviceSynchronize(), "MismatchedKernel");
+}
+
+}  // namespace cuda_emu_test

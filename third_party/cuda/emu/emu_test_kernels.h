@@ -1,0 +1,41 @@
+// Kernels that pin down the CUDA semantics the emulation reproduces (warp
+// shuffles, block barriers, mma.sync fragment layouts). Host functions: they
+// take and return host vectors. Built by nvcc (--config=cuda) or against the
+// emulation (--config=cuda_emu); emu_test.cc runs them on either, so on a GPU
+// the same test checks the emulation's model of the hardware.
+#ifndef THIRD_PARTY_CUDA_EMU_EMU_TEST_KERNELS_H_
+#define THIRD_PARTY_CUDA_EMU_EMU_TEST_KERNELS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cuda_emu_test {
+
+// For each of 64 threads (two warps) the results of, in order:
+// __shfl_xor_sync(v, 5), __shfl_down_sync(v, 3), __shfl_up_sync(v, 2),
+// __shfl_sync(v, 7, width 16), a warp sum by butterfly, __ballot_sync(odd v),
+// where v = 10 * thread + 1.
+std::vector<int64_t> Shuffles();
+
+// 256 threads reverse a 256-element array through shared memory (static and
+// dynamic) with __syncthreads, over 3 blocks: out[b * 256 + i] = in[b * 256 +
+// 255 - i] + b.
+std::vector<float> ReverseThroughSharedMemory(const std::vector<float>& in);
+
+// D (16x8, row major) = A (16x16, row major) B (16x16 x 8, row major) with one
+// mma.sync.m16n8k16 (bf16 inputs, f32 accumulators starting from C).
+std::vector<float> MmaBf16(const std::vector<float>& a, const std::vector<float>& b,
+                           const std::vector<float>& c);
+
+// A launch with 2048 threads per block: the error cudaGetLastError reports.
+std::string OversizedBlockError();
+
+// A kernel whose lanes of one warp wait in different places (lane 0 in
+// __syncwarp, the others at __syncthreads). On a GPU that hangs; the
+// emulation aborts naming the block.
+void MismatchedBarriers();
+
+}  // namespace cuda_emu_test
+
+#endif  // THIRD_PARTY_CUDA_EMU_EMU_TEST_KERNELS_H_
