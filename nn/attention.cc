@@ -83,7 +83,8 @@ Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx)
   const Tensor dy = c_proj_->RunBackward(g_out, ctx.Child(1));  // (B, T, C), compute dtype
   const AttentionGrads ag = AttentionBackward(SplitHeads(dy, n_head_), s.attn);
   // dqkv (B, T, 3C): the heads' gradients written back into the fused layout.
-  const Tensor dqkv = Tensor::Empty({s.x_shape[0], s.x_shape[1], 3 * c}, ag.dq.dtype());
+  const Tensor dqkv =
+      Tensor::Empty({s.x_shape[0], s.x_shape[1], 3 * c}, ag.dq.dtype(), ag.dq.device());
   SplitHeads(dqkv.Narrow(2, 0, c), n_head_).CopyFrom(ag.dq);
   SplitHeads(dqkv.Narrow(2, c, c), n_head_).CopyFrom(ag.dk);
   SplitHeads(dqkv.Narrow(2, 2 * c, c), n_head_).CopyFrom(ag.dv);

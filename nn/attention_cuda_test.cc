@@ -10,6 +10,7 @@
 // |cpu|) with tol 2e-2 for bf16 (unit roundoff 2^-9: one rounding of the
 // result plus the probabilities and dS rounded before their tensor-core
 // products, a few roundoffs of the largest value) and 5e-3 for f16 (2^-11).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -42,7 +43,10 @@ using tensor::testing::RandomTensor;
   double worst_err = -1;
   for (size_t i = 0; i < c.size(); ++i) {
     const double err = std::abs(double(g[i]) - c[i]);
-    if (!(err <= tol * (max_c + std::abs(double(c[i]))))) {
+    // Gradients that are exactly zero on the CPU (one key: the softmax is
+    // constant) are the rounding of terms of size ~1 cancelling on the GPU,
+    // so the scale never drops below 1e-2.
+    if (!(err <= tol * (std::max(max_c, 1e-2) + std::abs(double(c[i]))))) {
       ++bad;
       if (!(err <= worst_err)) {
         worst = i;

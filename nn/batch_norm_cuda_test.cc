@@ -60,7 +60,11 @@ TEST(BatchNorm1dCudaTest, MatchesCpu) {
 TEST(BatchNorm1dCudaTest, BuffersOnAnotherDeviceAreAnError) {
   SKIP_WITHOUT_GPU();
   BatchNorm1d bn(3);
-  bn.Materialize(1, Device::Cuda(0));  // parameters only: the buffers stay on the CPU
+  bn.Materialize(1, Device::Cuda(0));  // parameters and buffers on cuda:0
+  // A buffer left behind (set by hand, as a half-done load would).
+  for (auto& [name, buffer] : bn.NamedBuffers()) {
+    if (name == "running_mean") *buffer = tensor::Tensor::Zeros({3});
+  }
   Context ctx;
   try {
     bn.Run(ToGpu(RandomTensor({4, 3}, 7)), ctx);

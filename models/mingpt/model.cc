@@ -55,7 +55,7 @@ Tensors Transformer::Forward(const Tensors& inputs, Context& ctx) {
            config_.block_size);
   std::vector<int64_t> positions(T);
   for (int64_t t = 0; t < T; ++t) positions[t] = t;
-  Tensor pos = Tensor::FromData<int64_t>(positions, {1, T});                 // (1, T)
+  Tensor pos = Tensor::FromData<int64_t>(positions, {1, T}).To(idx.device());  // (1, T)
   Tensor tok_emb = wte_->Run(idx, ctx.Child(0));                             // (B, T, C)
   Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                             // (1, T, C)
   Tensor x = drop_->Run(tensor::Add(tok_emb, pos_emb), ctx.Child(2));       // (B, T, C)
