@@ -57,6 +57,14 @@ _cuda_objects = rule(
     },
 )
 
+def nvcc_compatible():
+    """target_compatible_with for targets that need the real CUDA build (--config=cuda):
+    GPU benchmarks, NCCL, nvcc objects."""
+    return select({
+        "@fsdp//third_party/cuda:enabled": [],
+        "//conditions:default": ["@platforms//:incompatible"],
+    })
+
 def cuda_compatible():
     """target_compatible_with for targets that need --config=cuda or --config=cuda_emu."""
     return select({
@@ -78,10 +86,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         hdrs = hdrs,
         deps = deps + ["@cuda//:headers"],
         copts = copts,
-        target_compatible_with = select({
-            "@fsdp//third_party/cuda:enabled": [],
-            "//conditions:default": ["@platforms//:incompatible"],
-        }),
+        target_compatible_with = nvcc_compatible(),
         visibility = ["//visibility:private"],
     )
     emu_srcs = []

@@ -15,9 +15,8 @@
 
 namespace {
 
+// F32 and F32_FAST_TF32 both accumulate in f32 here (no TF32 rounding).
 struct Desc {
-  cublasComputeType_t compute;
-  cudaDataType_t scale;
   int32_t trans_a = CUBLAS_OP_N;
   int32_t trans_b = CUBLAS_OP_N;
 };
@@ -92,10 +91,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComput
       (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  auto* d = new Desc;
-  d->compute = compute;
-  d->scale = scale;
-  *desc = reinterpret_cast<cublasLtMatmulDesc_t>(d);
+  *desc = reinterpret_cast<cublasLtMatmulDesc_t>(new Desc);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {

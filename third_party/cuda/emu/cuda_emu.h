@@ -25,13 +25,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
+#include <math.h>  // expf, fmaxf, ... in the global namespace, as CUDA has them
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <tuple>
+#include <functional>
 #include <type_traits>
-#include <utility>
 
 #include "third_party/cuda/emu/fiber.h"
 
@@ -209,7 +209,6 @@ inline float min(float a, float b) { return std::fmin(a, b); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
-#include <math.h>  // expf, fmaxf, ... in the global namespace, as CUDA has them
 
 // cuda_runtime.h's template overload for kernels (nvcc only).
 template <typename T>
