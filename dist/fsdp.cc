@@ -531,11 +531,11 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
 }
 
 bool FullyShardedModel::UnscaleGradsAndCheck(double inv_scale) {
-  bool found = false;
-  for (auto& u : units_) {
-    tensor::Tensor g = u->flat().grad_shard();
-    found |= precision::ScaleAndCheckNonFinite(g, static_cast<float>(inv_scale));
-  }
+  std::vector<tensor::Tensor> grads;
+  grads.reserve(units_.size());
+  for (auto& u : units_) grads.push_back(u->flat().grad_shard());
+  const bool found =
+      precision::ScaleAndCheckNonFinite(absl::MakeSpan(grads), static_cast<float>(inv_scale));
   // Under every strategy some rank may hold an inf the others do not (a shard
   // of it, or its own gradient before an all-reduce that already spread it):
   // agree on the OR of the flags.

@@ -31,8 +31,10 @@ Tensors Embedding::Forward(const Tensors& inputs, Context& ctx) {
 
 Tensors Embedding::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
-  // f32 (V, dim) += rows of grad (..., dim), in any floating dtype.
-  tensor::EmbeddingBackwardAccumulate(grad_outputs.at(0), s.ids, weight_->GradBuffer());
+  // f32 (V, dim) += rows of grad (..., dim), in any floating dtype. Forward
+  // checked these ids against V: a GPU does not wait to check them again.
+  tensor::EmbeddingBackwardAccumulate(grad_outputs.at(0), s.ids, weight_->GradBuffer(),
+                                      /*ids_checked=*/true);
   return {Tensor()};
 }
 

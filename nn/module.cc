@@ -1,11 +1,11 @@
 // nn::Module traversal, hooks and materialization.
 #include "nn/module.h"
 
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/init.h"
 
 namespace nn {
 namespace {
@@ -126,8 +126,8 @@ void Module::ZeroGrad(bool set_to_none) {
   for (auto& [name, p] : NamedParameters()) {
     if (set_to_none || !p->grad.defined()) {
       p->grad = Tensor();
-    } else if (p->grad.is_contiguous() && p->grad.device().is_cpu()) {
-      std::memset(p->grad.raw_data(), 0, p->grad.nbytes());
+    } else if (p->grad.is_contiguous()) {
+      tensor::Zero(p->grad);  // in place; on a GPU a memset queued on its stream
     } else {
       p->grad.CopyFrom(Tensor::Zeros(p->grad.shape(), p->grad.dtype(), p->grad.device()));
     }

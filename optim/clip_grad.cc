@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "tensor/cuda/optim_step.h"
@@ -45,13 +46,15 @@ double SumSquares(const float* p, int64_t n) {
 
 double GradNormSquared(absl::Span<const Tensor> grads) {
   double total = 0;
+  // GPU gradients, by device: one kernel each and one read back per device.
+  std::map<int, std::vector<Tensor>> on_gpu;
   std::vector<double> partial;
   for (const Tensor& g : grads) {
     CheckGrad("grad_norm", g);
     const int64_t n = g.numel();
     if (n == 0) continue;
     if (g.device().is_cuda()) {
-      total += tensor::cuda::GradSumSquares(g);
+      on_gpu[g.device().index].push_back(g);
       continue;
     }
     const float* p = g.data<float>();
@@ -64,6 +67,9 @@ double GradNormSquared(absl::Span<const Tensor> grads) {
       }
     });
     for (double s : partial) total += s;
+  }
+  for (const auto& [device, device_grads] : on_gpu) {
+    total += tensor::cuda::GradSumSquares(device_grads);
   }
   return total;
 }

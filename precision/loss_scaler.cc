@@ -3,10 +3,13 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cuda/optim_step.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -75,22 +78,38 @@ bool HasNonFinite(const Tensor& t) {
 }
 
 bool ScaleAndCheckNonFinite(Tensor& grad, float factor) {
-  if (!grad.device().is_cpu()) {  // a GPU gradient: scaled and checked on a host copy
-    Tensor host = grad.To(tensor::Device::Cpu());
-    const bool bad = ScaleAndCheckNonFinite(host, factor);
-    grad.CopyFrom(host);
-    return bad;
-  }
-  return AnyOverChunks("scale_and_check", grad, [factor](auto* p, int64_t n) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    bool bad = false;
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = tensor::ToFloat(p[i]) * factor;
-      bad |= !std::isfinite(v);
-      p[i] = tensor::FromFloat<T>(v);
+  return ScaleAndCheckNonFinite(absl::MakeSpan(&grad, 1), factor);
+}
+
+bool ScaleAndCheckNonFinite(absl::Span<Tensor> grads, float factor) {
+  bool found = false;
+  // f32 GPU gradients, by device: scaled and checked in place, one host wait
+  // per device.
+  std::map<int, std::vector<Tensor>> on_gpu;
+  for (Tensor& grad : grads) {
+    if (grad.device().is_cuda() && grad.dtype() == tensor::Dtype::kF32 && grad.is_contiguous()) {
+      on_gpu[grad.device().index].push_back(grad);
+    } else if (!grad.device().is_cpu()) {  // other GPU gradients go through a host copy
+      Tensor host = grad.To(tensor::Device::Cpu());
+      found |= ScaleAndCheckNonFinite(host, factor);
+      grad.CopyFrom(host);
+    } else {
+      found |= AnyOverChunks("scale_and_check", grad, [factor](auto* p, int64_t n) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        bool bad = false;
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = tensor::ToFloat(p[i]) * factor;
+          bad |= !std::isfinite(v);
+          p[i] = tensor::FromFloat<T>(v);
+        }
+        return bad;
+      });
     }
-    return bad;
-  });
+  }
+  for (const auto& [device, device_grads] : on_gpu) {
+    found |= tensor::cuda::ScaleGradsAndCheckNonFinite(device_grads, factor);
+  }
+  return found;
 }
 
 }  // namespace precision

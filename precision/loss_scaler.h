@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "tensor/tensor.h"
 
 namespace precision {
@@ -54,8 +55,12 @@ class DynamicLossScaler {
 
 // True when any element of a floating tensor (CPU) is inf or NaN.
 bool HasNonFinite(const tensor::Tensor& t);
-// grad *= factor in place (floating, contiguous; a CUDA tensor goes through a
-// host copy); returns true when any element of the result is inf or NaN.
+// grad *= factor in place (floating, contiguous); returns true when any
+// element of the result is inf or NaN. f32 CUDA gradients are scaled and
+// checked on their device with one host wait per call and device (the flag's
+// read back), whatever their number: pass them all at once. Other CUDA
+// gradients go through a host copy.
+bool ScaleAndCheckNonFinite(absl::Span<tensor::Tensor> grads, float factor);
 bool ScaleAndCheckNonFinite(tensor::Tensor& grad, float factor);
 
 }  // namespace precision

@@ -47,6 +47,14 @@ struct DeviceView {
 // dtypes (RNE) when the dtypes differ (equal dtypes: any dtype, bit exact).
 // What Tensor::CopyFrom / Contiguous / Clone / To(dtype) run for CUDA tensors.
 void CopyStridedOnDevice(const DeviceView& src, const DeviceView& dst, int device);
+// Sets the `n` elements at `data` on cuda:`device`, each `element_bytes`
+// long (1, 2, 4 or 8), to the bit pattern at `element` (the value converted
+// on the host, so the same bits as a CPU fill), on the calling thread's
+// stream: no host wait. What Tensor::Full / Zeros and Fill run for CUDA tensors.
+void FillOnDevice(void* data, int64_t n, const void* element, int element_bytes, int device);
+// data[i] = i for i in [0, n), elements of an integer dtype (i32 or i64) on
+// cuda:`device`, on the calling thread's stream. What Arange runs on a GPU.
+void IotaOnDevice(void* data, Dtype dtype, int64_t n, int device);
 
 }  // namespace cuda
 }  // namespace tensor

@@ -24,5 +24,13 @@ void CopyStridedOnDevice(const DeviceView&, const DeviceView&, int device) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }
 
+void FillOnDevice(void*, int64_t, const void*, int, int device) {
+  ThrowOpError("fill", kNotBuilt, " (cuda:", device, ")");
+}
+
+void IotaOnDevice(void*, Dtype, int64_t, int device) {
+  ThrowOpError("arange", kNotBuilt, " (cuda:", device, ")");
+}
+
 }  // namespace cuda
 }  // namespace tensor

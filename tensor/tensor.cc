@@ -197,6 +197,15 @@ Tensor Tensor::Zeros(const Shape& shape, Dtype dtype, Device device) {
 }
 
 Tensor Tensor::Full(const Shape& shape, double value, Dtype dtype, Device device) {
+  if (device.is_cuda()) {  // filled on the device: no host buffer, no copy, no wait
+    Tensor t = Empty(shape, dtype, device);
+    DispatchAll(dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T v = Convert<T>(value);
+      cuda::FillOnDevice(t.raw_data(), t.numel(), &v, sizeof(T), device.index);
+    });
+    return t;
+  }
   Tensor cpu = Empty(shape, dtype, Device::Cpu());
   DispatchAll(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

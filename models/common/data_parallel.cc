@@ -632,6 +632,36 @@ void DataParallelModel::ZeroGrad() {
   }
 }
 
+absl::StatusOr<DataParallelModel::StepResult> DataParallelModel::FinishTrainingStep(
+    double local_loss, double scale, int64_t step, double grad_clip, LossScaling& scaling,
+    bool log) {
+  StepResult result;
+  absl::StatusOr<double> loss = dist::MeanOverRanks(pg_, local_loss);
+  if (!loss.ok()) return loss.status();
+  if (!std::isfinite(*loss)) {
+    return absl::InternalError(
+        absl::StrCat("loss is ", *loss, " at step ", step, "; lower --lr or check the data"));
+  }
+  result.loss = *loss;
+  absl::Status s = FinishBackward();  // every rank holds averaged gradients
+  if (!s.ok()) return s;
+  // Loss scaling: unscale; inf/nan on any rank skips the step on all.
+  absl::StatusOr<bool> apply = scaling.FinishStep(
+      scale, step + 1, log, [&](double inv) { return UnscaleGradsAndCheck(inv); });
+  if (!apply.ok()) return apply.status();
+  if (*apply) {
+    if (grad_clip > 0) {
+      absl::StatusOr<double> norm = ClipGradNorm(grad_clip);  // global, over all ranks
+      if (!norm.ok()) return norm.status();
+      result.grad_norm = *norm;
+    }
+    s = Step();
+    if (!s.ok()) return s;
+  }
+  ZeroGrad();
+  return result;
+}
+
 // ---- Checkpoints ----
 
 namespace {

@@ -60,6 +60,7 @@
 #include "dist/process_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "models/common/loss_scaling.h"
 #include "models/common/train_support.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -251,6 +252,19 @@ class DataParallelModel {
   // the parameters).
   absl::Status Step();
   void ZeroGrad();
+
+  // The rest of a training step once this rank's ForwardBackward returned
+  // `local_loss` at loss scale `scale`, in order: the loss averaged over the
+  // ranks (not finite: an error naming the 0-based `step`) -> FinishBackward
+  // -> unscale, where an inf or NaN on any rank skips the step on every rank
+  // (`scaling`; `log`: say so) -> clip to a global norm of `grad_clip` (when
+  // > 0) -> Step -> ZeroGrad. The same result on every rank.
+  struct StepResult {
+    double loss = 0;       // averaged over the ranks
+    double grad_norm = 0;  // before clipping; 0 when not clipped or skipped
+  };
+  absl::StatusOr<StepResult> FinishTrainingStep(double local_loss, double scale, int64_t step,
+                                                double grad_clip, LossScaling& scaling, bool log);
 
   // ---- Checkpoints (collective: every rank calls) ----
   // Saves <checkpoint_dir>/step_<N> and, once every rank is done, points

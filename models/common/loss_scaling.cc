@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 
 namespace train {
 
@@ -97,12 +99,10 @@ absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extr
 }
 
 bool UnscaleGradients(const std::vector<optim::ParamRef>& refs, double inv_scale) {
-  bool found = false;
-  for (const optim::ParamRef& r : refs) {
-    tensor::Tensor g = r.grad;
-    found |= precision::ScaleAndCheckNonFinite(g, static_cast<float>(inv_scale));
-  }
-  return found;
+  std::vector<tensor::Tensor> grads;
+  grads.reserve(refs.size());
+  for (const optim::ParamRef& r : refs) grads.push_back(r.grad);
+  return precision::ScaleAndCheckNonFinite(absl::MakeSpan(grads), static_cast<float>(inv_scale));
 }
 
 }  // namespace train

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/init.h"
 #include "tensor/ops/loss.h"
 #include "tensor/ops/reduce.h"
 
@@ -53,9 +54,7 @@ Tensors Transformer::Forward(const Tensors& inputs, Context& ctx) {
   const int64_t T = idx.dim(1);
   OP_CHECK(T <= config_.block_size, "gpt", "sequence length ", T, " exceeds block_size ",
            config_.block_size);
-  std::vector<int64_t> positions(T);
-  for (int64_t t = 0; t < T; ++t) positions[t] = t;
-  Tensor pos = Tensor::FromData<int64_t>(positions, {1, T}).To(idx.device());  // (1, T)
+  const Tensor pos = tensor::Arange(T, tensor::Dtype::kI64, idx.device()).View({1, T});  // (1, T)
   Tensor tok_emb = wte_->Run(idx, ctx.Child(0));                             // (B, T, C)
   Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                             // (1, T, C)
   Tensor x = drop_->Run(tensor::Add(tok_emb, pos_emb), ctx.Child(2));       // (B, T, C)

@@ -200,41 +200,24 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     opt.set_lr(setup.schedule->LrAt(step));
     const double scale = scaling.scale();
     const double local_loss = model.ForwardBackward(batch.inputs, batch.targets, scale);
-    absl::StatusOr<double> loss = dist::MeanOverRanks(rank.pg, local_loss);
-    if (!loss.ok()) return loss.status();
-    if (!std::isfinite(*loss)) {
-      return absl::InternalError(
-          absl::StrCat("loss is ", *loss, " at step ", step, "; lower --lr or check the data"));
-    }
-    absl::Status s = (*dp)->FinishBackward();  // every rank holds averaged gradients
-    if (!s.ok()) return s;
-    // Loss scaling: unscale; inf/nan on any rank skips the step on all.
-    absl::StatusOr<bool> apply = scaling.FinishStep(
-        scale, step + 1, rank.logs(), [&](double inv) { return (*dp)->UnscaleGradsAndCheck(inv); });
-    if (!apply.ok()) return apply.status();
-    double grad_norm = 0;
-    if (*apply) {
-      if (grad_clip > 0) {
-        absl::StatusOr<double> norm = (*dp)->ClipGradNorm(grad_clip);  // global, over all ranks
-        if (!norm.ok()) return norm.status();
-        grad_norm = *norm;
-      }
-      s = (*dp)->Step();
-      if (!s.ok()) return s;
-    }
-    (*dp)->ZeroGrad();
+    // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
+    // any rank skips the step on all) -> clip by the global norm -> optimizer
+    // step -> zero grads.
+    absl::StatusOr<train::DataParallelModel::StepResult> done =
+        (*dp)->FinishTrainingStep(local_loss, scale, step, grad_clip, scaling, rank.logs());
+    if (!done.ok()) return done.status();
     if (rank.logs()) {
       train::StepMetrics m;
       m.step = step + 1;
-      m.loss = *loss;
+      m.loss = done->loss;
       m.lr = opt.lr();
       m.ms = timer.ElapsedMs();
-      m.grad_norm = grad_norm;
+      m.grad_norm = done->grad_norm;
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
-      s = save(step + 1);
+      absl::Status s = save(step + 1);
       if (!s.ok()) return s;
     }
   }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -368,6 +369,79 @@ void CopyStridedOnDevice(const DeviceView& src, const DeviceView& dst, int devic
     }
   }
   Check(cudaGetLastError(), "strided copy kernel launch");
+}
+
+namespace {
+
+template <typename U>
+__global__ void FillKernel(U* p, int64_t n, U bits) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    p[i] = bits;
+  }
+}
+
+template <typename U>
+void LaunchFill(void* data, int64_t n, const void* element) {
+  U bits;
+  std::memcpy(&bits, element, sizeof(U));
+  const int threads = 256;
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 65535 * 32) blocks = 65535 * 32;
+  FillKernel<U><<<static_cast<unsigned>(blocks), threads, 0, cudaStreamPerThread>>>(
+      static_cast<U*>(data), n, bits);
+}
+
+}  // namespace
+
+void FillOnDevice(void* data, int64_t n, const void* element, int element_bytes, int device) {
+  OP_CHECK(element_bytes == 1 || element_bytes == 2 || element_bytes == 4 || element_bytes == 8,
+           "fill", "unsupported element size ", element_bytes);
+  if (n == 0) return;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  const unsigned char* e = static_cast<const unsigned char*>(element);
+  if (std::all_of(e, e + element_bytes, [e](unsigned char b) { return b == e[0]; })) {
+    // One repeated byte (zeros above all): the copy engine's memset.
+    Check(cudaMemsetAsync(data, e[0], n * element_bytes, cudaStreamPerThread), "cudaMemsetAsync");
+    return;
+  }
+  switch (element_bytes) {
+    case 1: LaunchFill<uint8_t>(data, n, element); break;
+    case 2: LaunchFill<uint16_t>(data, n, element); break;
+    case 4: LaunchFill<uint32_t>(data, n, element); break;
+    case 8: LaunchFill<uint64_t>(data, n, element); break;
+  }
+  Check(cudaGetLastError(), "fill kernel launch");
+}
+
+namespace {
+
+template <typename I>
+__global__ void IotaKernel(I* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    p[i] = static_cast<I>(i);
+  }
+}
+
+}  // namespace
+
+void IotaOnDevice(void* data, Dtype dtype, int64_t n, int device) {
+  OP_CHECK(dtype == Dtype::kI32 || dtype == Dtype::kI64, "arange", "dtype must be i32 or i64, not ",
+           DtypeName(dtype));
+  if (n == 0) return;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  const int threads = 256;
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 65535 * 32) blocks = 65535 * 32;
+  if (dtype == Dtype::kI32) {
+    IotaKernel<int32_t><<<static_cast<unsigned>(blocks), threads, 0, cudaStreamPerThread>>>(
+        static_cast<int32_t*>(data), n);
+  } else {
+    IotaKernel<int64_t><<<static_cast<unsigned>(blocks), threads, 0, cudaStreamPerThread>>>(
+        static_cast<int64_t*>(data), n);
+  }
+  Check(cudaGetLastError(), "arange kernel launch");
 }
 
 }  // namespace cuda

@@ -24,6 +24,31 @@ TEST(CudaCastTest, FillEveryDtype) {
   }
 }
 
+// Made on the device (a kernel, or a memset when every byte of the value is
+// the same): the same bits as on the CPU.
+TEST(CudaCastTest, FullAndZerosEveryDtype) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16, Dtype::kI32, Dtype::kI64, Dtype::kU8}) {
+    for (double value : {0.0, -0.0, 1.0, -2.7, 7.0}) {
+      const Tensor gpu = Tensor::Full({3, 777}, value, d, Device::Cuda(0));
+      EXPECT_EQ(gpu.device(), Device::Cuda(0));
+      EXPECT_TRUE(MatchesCpu(gpu, Tensor::Full({3, 777}, value, d))) << DtypeName(d) << " " << value;
+    }
+    EXPECT_TRUE(MatchesCpu(Tensor::Zeros({5}, d, Device::Cuda(0)), Tensor::Zeros({5}, d)));
+  }
+}
+
+TEST(CudaCastTest, ArangeOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : {Dtype::kI32, Dtype::kI64}) {
+    for (int64_t n : {0, 1, 1000, 70000}) {
+      const Tensor gpu = Arange(n, d, Device::Cuda(0));
+      EXPECT_EQ(gpu.device(), Device::Cuda(0));
+      EXPECT_TRUE(MatchesCpu(gpu, Arange(n, d))) << DtypeName(d) << " " << n;
+    }
+  }
+}
+
 TEST(CudaCastTest, EveryFloatingPairAndStridedInput) {
   SKIP_WITHOUT_GPU();
   for (Dtype from : FloatDtypes()) {

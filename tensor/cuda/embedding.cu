@@ -39,11 +39,15 @@ __global__ void GatherKernel(const U* weight, const I* ids, int64_t rows, int64_
   }
 }
 
-// Sort input: key = id, value = position.
+// Sort input: key = id, value = position. An id outside [0, vocab) (the
+// callers check ids first, or trust a check the forward made) gets key vocab,
+// which the scatter skips: never a write out of bounds.
 template <typename I>
-__global__ void MakeKeysKernel(const I* ids, int64_t n, uint32_t* keys, int32_t* positions) {
+__global__ void MakeKeysKernel(const I* ids, int64_t n, int64_t vocab, uint32_t* keys,
+                               int32_t* positions) {
   for (int64_t p = GlobalThread(); p < n; p += ThreadCount()) {
-    keys[p] = static_cast<uint32_t>(ids[p]);
+    const int64_t v = static_cast<int64_t>(ids[p]);
+    keys[p] = static_cast<uint32_t>(v >= 0 && v < vocab ? v : vocab);
     positions[p] = static_cast<int32_t>(p);
   }
 }
@@ -53,10 +57,12 @@ __global__ void MakeKeysKernel(const I* ids, int64_t n, uint32_t* keys, int32_t*
 // grad_out rows of the run's positions, added in ascending position order.
 template <typename G, typename W>
 __global__ void ScatterAddKernel(const G* grad_out, const uint32_t* keys, const int32_t* positions,
-                                 int64_t n, int64_t c, bool accumulate, W* grad_weight) {
+                                 int64_t n, int64_t c, int64_t vocab, bool accumulate,
+                                 W* grad_weight) {
   for (int64_t k = blockIdx.x; k < n; k += gridDim.x) {
     const uint32_t v = keys[k];
     if (k > 0 && keys[k - 1] == v) continue;  // not the start of a run (uniform per block)
+    if (v >= vocab) continue;                 // an out-of-range id (MakeKeysKernel)
     W* dst = grad_weight + static_cast<int64_t>(v) * c;
     for (int64_t col = threadIdx.x; col < c; col += blockDim.x) {
       float acc = accumulate ? ToF(dst[col]) : 0.0f;
@@ -167,7 +173,7 @@ void EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, const Tensor& 
               "cudaMemsetAsync");  // all-zero bits: +0 in every floating dtype
   }
   if (n == 0 || c == 0) return;
-  OP_CHECK(vocab <= (int64_t{1} << 31) && n < (int64_t{1} << 31), op,
+  OP_CHECK(vocab < (int64_t{1} << 31) && n < (int64_t{1} << 31), op,
            "on CUDA the vocabulary and the number of ids must be below 2^31; got ", vocab, " and ",
            n);
   // Keys and positions, unsorted and sorted: one i32 buffer of 4 n.
@@ -178,11 +184,12 @@ void EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, const Tensor& 
   int32_t* pos_out = pos_in + n;
   DispatchIds(ids, op, [&](auto zero) {
     using I = decltype(zero);
-    MakeKeysKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<I>(ids), n, keys_in, pos_in);
+    MakeKeysKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<I>(ids), n, vocab, keys_in,
+                                                                pos_in);
   });
   CheckLaunch(op);
-  int end_bit = 1;  // bits of the largest id, vocab - 1
-  while (end_bit < 32 && (int64_t{1} << end_bit) < vocab) ++end_bit;
+  int end_bit = 1;  // bits of the largest key, vocab (the out-of-range key)
+  while (end_bit < 32 && (int64_t{1} << end_bit) <= vocab) ++end_bit;
   size_t temp_bytes = 0;
   CheckCuda(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out,
                                             static_cast<int>(n), 0, end_bit, ComputeStream()),
@@ -199,7 +206,7 @@ void EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, const Tensor& 
     DispatchFloat(grad_weight.dtype(), op, [&](auto w_zero) {
       using W = decltype(w_zero);
       ScatterAddKernel<<<blocks, threads, 0, ComputeStream()>>>(
-          Ptr<G>(grad_out), keys_out, pos_out, n, c, accumulate, Ptr<W>(grad_weight));
+          Ptr<G>(grad_out), keys_out, pos_out, n, c, vocab, accumulate, Ptr<W>(grad_weight));
     });
   });
   CheckLaunch(op);

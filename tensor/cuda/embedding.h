@@ -28,7 +28,8 @@ void EmbeddingForward(const Tensor& weight, const Tensor& ids, const Tensor& out
 
 // grad_weight (V, C) (=, or += with accumulate) the sum of grad_out (N, C) rows
 // over the positions n with ids[n] == v, in ascending n, in f32. grad_out and
-// grad_weight floating, dtypes may differ. Ids must be in range.
+// grad_weight floating, dtypes may differ. Ids outside [0, V) add nothing
+// (checking them is the caller's: FindBadId).
 void EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight,
                        bool accumulate);
 

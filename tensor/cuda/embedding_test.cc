@@ -80,6 +80,28 @@ TEST(CudaEmbeddingTest, AccumulateIntoF32BitForBit) {
   }
 }
 
+// ids_checked (nn::Embedding's backward, after its forward checked the
+// ids): the same sums, and an id out of range adds nothing rather than
+// writing outside the table.
+TEST(CudaEmbeddingTest, AccumulateWithIdsCheckedByTheForward) {
+  SKIP_WITHOUT_GPU();
+  const Tensor ids = RandomIds({300}, 13, 50.0f, Dtype::kI64);
+  const Tensor g = RandomTensor({300, 33}, 14);
+  const Tensor gw0 = RandomTensor({50, 33}, 15);
+  Tensor checked = ToGpu(gw0);
+  Tensor trusted = ToGpu(gw0);
+  EmbeddingBackwardAccumulate(ToGpu(g), ToGpu(ids), checked);
+  EmbeddingBackwardAccumulate(ToGpu(g), ToGpu(ids), trusted, /*ids_checked=*/true);
+  EXPECT_TRUE(MatchesCpu(trusted, ToCpu(checked), kExact));
+
+  // Rows 0 and 3 receive their gradient; ids 5, -1 and 4 (V = 4) add nothing.
+  Tensor table = ToGpu(Tensor::Zeros({4, 2}));
+  const Tensor rows = Tensor::FromVector({1, 1, 2, 2, 3, 3, 4, 4, 5, 5}, {5, 2});
+  EmbeddingBackwardAccumulate(ToGpu(rows), ToGpu(Ids({0, 5, -1, 3, 4}, {5}, Dtype::kI64)), table,
+                              /*ids_checked=*/true);
+  EXPECT_EQ(ToCpu(table).ToVector<float>(), std::vector<float>({1, 1, 0, 0, 0, 0, 4, 4}));
+}
+
 TEST(CudaEmbeddingTest, BackwardIsDeterministic) {
   SKIP_WITHOUT_GPU();
   const Tensor ids = ToGpu(RandomIds({16384}, 10, 5.0f));  // heavy repeats

@@ -98,6 +98,19 @@ __global__ void ScaleKernel(float* g, int64_t n, float factor) {
   }
 }
 
+// g *= factor; any result that is inf or NaN sets *found (every writer
+// stores the same 1).
+__global__ void ScaleCheckKernel(float* g, int64_t n, float factor, int* found) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = __fmul_rn(g[i], factor);
+    g[i] = v;
+    bad |= !(fabsf(v) <= 3.402823466e38f);  // inf or NaN
+  }
+  if (bad) *found = 1;
+}
+
 }  // namespace
 
 void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t begin,
@@ -148,25 +161,67 @@ void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin,
   CheckLaunch(op);
 }
 
-double GradSumSquares(const Tensor& g) {
+double GradSumSquares(const std::vector<Tensor>& grads) {
   const char* op = "grad_norm";
-  CheckF32(op, g, g);
-  const int64_t n = g.numel();
-  if (n == 0) return 0.0;
-  SetDevice(g, op);
-  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
-  Tensor partial = Tensor::Empty({blocks}, Dtype::kF32, g.device());
-  SumSquaresKernel<<<static_cast<unsigned>(blocks), kThreads, 0, ComputeStream()>>>(
-      Ptr<float>(g), n, Ptr<float>(partial));
-  CheckLaunch(op);
+  if (grads.empty()) return 0.0;
+  // Each tensor's blocks get a run of `partial`: [first[i], first[i + 1]).
+  std::vector<int64_t> first(grads.size() + 1, 0);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    CheckF32(op, grads[i], grads[i]);
+    OP_CHECK(grads[i].device() == grads[0].device(), op, "gradients on ",
+             grads[0].device().ToString(), " and ", grads[i].device().ToString());
+    first[i + 1] = first[i] + (grads[i].numel() + kSumBlock - 1) / kSumBlock;
+  }
+  const int64_t blocks = first.back();
+  if (blocks == 0) return 0.0;
+  SetDevice(grads[0], op);
+  Tensor partial = Tensor::Empty({blocks}, Dtype::kF32, grads[0].device());  // (blocks,)
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (first[i + 1] == first[i]) continue;
+    SumSquaresKernel<<<static_cast<unsigned>(first[i + 1] - first[i]), kThreads, 0,
+                       ComputeStream()>>>(Ptr<float>(grads[i]), grads[i].numel(),
+                                          Ptr<float>(partial) + first[i]);
+    CheckLaunch(op);
+  }
+  // The one wait: every tensor's block sums come back in one copy.
   std::vector<float> host(blocks);
   CheckCuda(cudaMemcpyAsync(host.data(), Ptr<float>(partial), blocks * sizeof(float),
                             cudaMemcpyDeviceToHost, ComputeStream()),
             op, "copy of the partial sums");
   CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "synchronize");
   double total = 0.0;
-  for (float x : host) total += x;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    double sum = 0.0;  // this tensor's blocks in order, then tensors in order
+    for (int64_t b = first[i]; b < first[i + 1]; ++b) sum += host[b];
+    total += sum;
+  }
   return total;
+}
+
+bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float factor) {
+  const char* op = "unscale_grads";
+  if (grads.empty()) return false;
+  for (const Tensor& g : grads) {
+    CheckF32(op, g, g);
+    OP_CHECK(g.device() == grads[0].device(), op, "gradients on ", grads[0].device().ToString(),
+             " and ", g.device().ToString());
+  }
+  SetDevice(grads[0], op);
+  Tensor found = Tensor::Zeros({1}, Dtype::kI32, grads[0].device());  // (1,): a memset
+  for (const Tensor& g : grads) {
+    const int64_t n = g.numel();
+    if (n == 0) continue;
+    ScaleCheckKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<float>(g), n, factor,
+                                                                   Ptr<int>(found));
+    CheckLaunch(op);
+  }
+  // The one wait: the flag of every tensor.
+  int host = 0;
+  CheckCuda(cudaMemcpyAsync(&host, Ptr<int>(found), sizeof(int), cudaMemcpyDeviceToHost,
+                            ComputeStream()),
+            op, "copy of the flag");
+  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "synchronize");
+  return host != 0;
 }
 
 void ScaleGrad(const Tensor& g, float factor) {

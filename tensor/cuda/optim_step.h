@@ -6,6 +6,7 @@
 #define TENSOR_CUDA_OPTIM_STEP_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -45,11 +46,17 @@ struct SgdFlags {
 void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
              const SgdScalars& s, const SgdFlags& flags);
 
-// Sum of squares of an f32 tensor (contiguous): per-block float sums of
-// squares, added in block order in double on the host (deterministic).
-double GradSumSquares(const Tensor& g);
+// Sum of squares of all elements of f32 contiguous tensors on one CUDA
+// device: per-block float sums of squares, read back in one copy (one host
+// wait however many tensors), added in double on the host in block order
+// within a tensor, then tensor by tensor (deterministic).
+double GradSumSquares(const std::vector<Tensor>& grads);
 // g *= factor (f32, contiguous).
 void ScaleGrad(const Tensor& g, float factor);
+// Every g *= factor (f32, contiguous, one CUDA device), the loss scaler's
+// unscale: true when any result is inf or NaN. One host wait however many
+// tensors (the flag's read back).
+bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float factor);
 
 }  // namespace cuda
 }  // namespace tensor

@@ -13,8 +13,13 @@ void SgdStep(const Tensor& p, const Tensor&, const Tensor&, int64_t, int64_t, co
              const SgdFlags&) {
   NotBuilt("sgd", p);
 }
-double GradSumSquares(const Tensor& g) { NotBuilt("grad_norm", g); }
+double GradSumSquares(const std::vector<Tensor>& grads) {
+  NotBuilt("grad_norm", grads.empty() ? Tensor() : grads[0]);
+}
 void ScaleGrad(const Tensor& g, float) { NotBuilt("clip_grad", g); }
+bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float) {
+  NotBuilt("unscale_grads", grads.empty() ? Tensor() : grads[0]);
+}
 
 }  // namespace cuda
 }  // namespace tensor

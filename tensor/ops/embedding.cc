@@ -125,7 +125,7 @@ Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_
 }
 
 void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
-                                 const Tensor& grad_weight) {
+                                 const Tensor& grad_weight, bool ids_checked) {
   const char* op = "embedding_backward";
   const bool on_cuda = OnCuda(op, {&grad_out, &ids, &grad_weight});
   OP_CHECK(grad_weight.rank() == 2, op, "grad_weight must be (V, C); got ",
@@ -135,7 +135,9 @@ void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
            " must be contiguous to accumulate into");
   CheckGradOut(op, grad_out, ids, grad_weight.dim(1));
   const Tensor ids_c = ids.Contiguous();
-  CheckIds(op, ids_c, grad_weight.dim(0), Describe("grad_weight", grad_weight));
+  if (!(on_cuda && ids_checked)) {
+    CheckIds(op, ids_c, grad_weight.dim(0), Describe("grad_weight", grad_weight));
+  }
   if (on_cuda) {
     cuda::EmbeddingBackward(grad_out.Contiguous(), ids_c, grad_weight, /*accumulate=*/true);
   } else {

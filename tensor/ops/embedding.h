@@ -22,8 +22,13 @@ Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_
 // The same sums added into an existing contiguous floating grad_weight (V, C)
 // (e.g. an f32 gradient buffer for bf16 activations, or tied embeddings that
 // also receive the LM head's gradient).
+//
+// ids_checked: the caller has already checked these ids against V (the
+// forward's Embedding did, on the same ids), so a GPU skips the check and the
+// host wait for its result; ids out of range then add nothing. On the CPU
+// the check costs no wait and always runs.
 void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
-                                 const Tensor& grad_weight);
+                                 const Tensor& grad_weight, bool ids_checked = false);
 
 }  // namespace tensor
 

@@ -3,17 +3,16 @@
 // a function of each element's Philox counter.
 #include "tensor/ops/init.h"
 
-#include "tensor/cuda/cast.h"
-
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
 #include "tensor/cpu/dispatch.h"
-#include "tensor/cuda/cast.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/ops/check.h"
 #include "tensor/thread_pool.h"
 
@@ -151,7 +150,11 @@ inline double OpenUniform(const std::array<uint32_t, 4>& w) {
 void Fill(const Tensor& t, double value) {
   if (t.device().is_cuda()) {
     OP_CHECK(t.is_contiguous(), "fill", "a CUDA tensor must be contiguous here");
-    cuda::Fill(t, value);
+    DispatchAny(t.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T v = FromDouble<T>(value);
+      cuda::FillOnDevice(t.raw_data(), t.numel(), &v, sizeof(T), t.device().index);
+    });
     return;
   }
   CheckCpu("fill", {&t});
@@ -186,6 +189,21 @@ void NormalInit(const Tensor& t, Generator& gen, double mean, double std) {
   const float fmean = static_cast<float>(mean);
   const float fstd = static_cast<float>(std);
   FillRandom("normal_init", t, gen, [&](uint64_t c) { return fmean + fstd * gen.Normal(c); });
+}
+
+Tensor Arange(int64_t n, Dtype dtype, Device device) {
+  OP_CHECK(n >= 0, "arange", "n must be >= 0, got ", n);
+  OP_CHECK(dtype == Dtype::kI32 || dtype == Dtype::kI64, "arange", "dtype must be i32 or i64, not ",
+           DtypeName(dtype));
+  Tensor t = Tensor::Empty({n}, dtype, device);
+  if (device.is_cuda()) {
+    cuda::IotaOnDevice(t.raw_data(), dtype, n, device.index);
+  } else if (dtype == Dtype::kI32) {
+    std::iota(t.data<int32_t>(), t.data<int32_t>() + n, 0);
+  } else {
+    std::iota(t.data<int64_t>(), t.data<int64_t>() + n, int64_t{0});
+  }
+  return t;
 }
 
 void TruncatedNormalInit(const Tensor& t, Generator& gen, double mean, double std, double a,

@@ -25,6 +25,10 @@ void Fill(const Tensor& t, double value);
 // Fill(t, 0).
 void Zero(const Tensor& t);
 
+// (n,) 0, 1, ..., n - 1 in an integer dtype (i32 or i64) on `device`: on a
+// GPU made there (position ids with no copy from the host).
+Tensor Arange(int64_t n, Dtype dtype = Dtype::kI64, Device device = Device::Cpu());
+
 // Uniform in [lo, hi).
 void UniformInit(const Tensor& t, Generator& gen, double lo, double hi);
 

@@ -244,3 +244,20 @@ TEST(InitTest, ErrorMessages) {
 
 }  // namespace
 }  // namespace tensor
+
+namespace tensor {
+namespace {
+
+TEST(ArangeTest, CountsFromZeroInI32AndI64) {
+  EXPECT_EQ(Arange(5).ToVector<int64_t>(), std::vector<int64_t>({0, 1, 2, 3, 4}));
+  const Tensor i32 = Arange(3, Dtype::kI32);
+  EXPECT_EQ(i32.dtype(), Dtype::kI32);
+  EXPECT_EQ(i32.shape(), Shape({3}));
+  EXPECT_EQ(i32.ToVector<int32_t>(), std::vector<int32_t>({0, 1, 2}));
+  EXPECT_EQ(Arange(0).numel(), 0);
+  EXPECT_THROW(Arange(-1), OpError);
+  EXPECT_THROW(Arange(3, Dtype::kF32), OpError);
+}
+
+}  // namespace
+}  // namespace tensor

@@ -73,6 +73,14 @@ def cuda_compatible():
         "//conditions:default": ["@platforms//:incompatible"],
     })
 
+def emu_compatible():
+    """target_compatible_with for tests of the CUDA emulation itself (--config=cuda_emu):
+    what they read (third_party/cuda/emu/counters.h) a GPU does not count."""
+    return select({
+        "@fsdp//third_party/cuda:emu": [],
+        "//conditions:default": ["@platforms//:incompatible"],
+    })
+
 def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
     """A cc_library whose .cu sources are compiled by nvcc (--config=cuda).
 

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "third_party/cuda/emu/counters.h"
+
 namespace {
 
 // F32 and F32_FAST_TF32 both accumulate in f32 here (no TF32 rounding).
@@ -211,6 +213,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const Desc& d = *D(desc);
   const Layout &a = *L(adesc), &b = *L(bdesc), &c = *L(cdesc), &dl = *L(ddesc);
   const cublasStatus_t st = CheckShapes(d, a, b, c, dl);
+  cuda_emu::CountLaunch();
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const int64_t m = dl.rows, n = dl.cols;

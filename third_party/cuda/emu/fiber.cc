@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "third_party/cuda/emu/counters.h"
+
 #if !defined(__x86_64__)
 #error "the CUDA emulation's fibers are written for x86-64"
 #endif
@@ -326,6 +328,7 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
     std::fprintf(stderr, "cuda_emu: a kernel launched from inside a kernel\n");
     std::abort();
   }
+  CountLaunch();
   Run r;
   r.body = &body;
   r.block.block_dim = block;

@@ -4,9 +4,11 @@
 // events only keep their bookkeeping: events still time what happened
 // between them, and the runtime checks what a GPU would refuse: copies whose
 // kind does not match where the pointers live, frees of unknown pointers,
-// devices other than 0.
+// devices other than 0. It also counts what costs time on a GPU beyond the
+// kernels (counters.h).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,10 +16,42 @@
 #include <map>
 #include <mutex>
 
+#include "absl/strings/str_format.h"
+#include "third_party/cuda/emu/counters.h"
 #include "third_party/cuda/emu/fiber.h"
 
 namespace cuda_emu {
 namespace {
+
+// The process's counters (counters.h), like the device's own state one per
+// process.
+struct AtomicCounters {
+  std::atomic<int64_t> kernel_launches{0};
+  std::atomic<int64_t> host_syncs{0};
+  std::atomic<int64_t> device_allocs{0};
+  std::atomic<int64_t> device_frees{0};
+  std::atomic<int64_t> pinned_allocs{0};
+  std::atomic<int64_t> copies_to_host{0};
+  std::atomic<int64_t> copies_to_device{0};
+};
+AtomicCounters& Count() {
+  static AtomicCounters* c = new AtomicCounters;
+  return *c;
+}
+
+// Whether work this host thread queued (kernels, asynchronous copies and
+// memsets) may still be running on a GPU. Each thread of this project issues
+// on its own per-thread default stream, so this is that stream's state.
+thread_local bool g_work_queued = false;
+
+void Queued() { g_work_queued = true; }
+
+// The host waits for the stream to drain: a wait with nothing queued costs
+// nothing and is not counted.
+void Wait() {
+  if (g_work_queued) ++Count().host_syncs;
+  g_work_queued = false;
+}
 
 constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cuda:0 reports and allows
 constexpr int kSmCount = 132;
@@ -89,11 +123,19 @@ cudaError_t Release(void* p, Kind kind) {
   return cudaSuccess;
 }
 
-// The kind says where each side lives; cudaMemcpyDefault infers it.
-cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+// The kind says where each side lives; cudaMemcpyDefault infers it. Which
+// copies make the host wait follows the runtime's "API synchronization
+// behavior": a synchronous copy between host and device always does (from
+// pageable memory the stream is synchronized before the copy starts); an
+// asynchronous one does when the device copies into pageable host memory.
+// A wait counts only when work was queued (Wait).
+cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool async) {
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
-  const bool dst_dev = OnDevice(dst), src_dev = OnDevice(src);
+  Kind dst_kind = Kind::kPinned, src_kind = Kind::kPinned;
+  const bool dst_known = Find(dst, &dst_kind), src_known = Find(src, &src_kind);
+  const bool dst_dev = dst_known && dst_kind == Kind::kDevice;
+  const bool src_dev = src_known && src_kind == Kind::kDevice;
   bool ok = true;
   switch (kind) {
     case cudaMemcpyHostToHost: ok = !dst_dev && !src_dev; break;
@@ -107,6 +149,17 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     std::fprintf(stderr, "cuda_emu: cudaMemcpy kind %d does not match the pointers (dst %s, src %s)\n",
                  static_cast<int>(kind), dst_dev ? "device" : "host", src_dev ? "device" : "host");
     return Fail(cudaErrorInvalidValue);
+  }
+  if (src_dev && !dst_dev) {
+    ++Count().copies_to_host;
+    if (!async || !dst_known) Wait();  // dst_known: pinned
+    else Queued();
+  } else if (dst_dev && !src_dev) {
+    ++Count().copies_to_device;
+    if (!async) Wait();
+    else Queued();
+  } else if (dst_dev || src_dev) {
+    Queued();  // device to device: never waits
   }
   std::memmove(dst, src, n);
   return cudaSuccess;
@@ -127,6 +180,44 @@ struct Stream {};
 }  // namespace
 
 void SetLastError(cudaError_t err) { g_last_error = err; }
+
+void CountLaunch() {
+  ++Count().kernel_launches;
+  Queued();
+}
+
+Counters ReadCounters() {
+  const AtomicCounters& c = Count();
+  Counters r;
+  r.kernel_launches = c.kernel_launches;
+  r.host_syncs = c.host_syncs;
+  r.device_allocs = c.device_allocs;
+  r.device_frees = c.device_frees;
+  r.pinned_allocs = c.pinned_allocs;
+  r.copies_to_host = c.copies_to_host;
+  r.copies_to_device = c.copies_to_device;
+  return r;
+}
+
+Counters Counters::operator-(const Counters& e) const {
+  Counters r;
+  r.kernel_launches = kernel_launches - e.kernel_launches;
+  r.host_syncs = host_syncs - e.host_syncs;
+  r.device_allocs = device_allocs - e.device_allocs;
+  r.device_frees = device_frees - e.device_frees;
+  r.pinned_allocs = pinned_allocs - e.pinned_allocs;
+  r.copies_to_host = copies_to_host - e.copies_to_host;
+  r.copies_to_device = copies_to_device - e.copies_to_device;
+  return r;
+}
+
+std::string Counters::ToString() const {
+  return absl::StrFormat(
+      "kernel launches %d, host syncs %d, cudaMalloc %d, cudaFree %d, cudaHostAlloc %d, "
+      "copies to host %d, copies to device %d",
+      kernel_launches, host_syncs, device_allocs, device_frees, pinned_allocs, copies_to_host,
+      copies_to_device);
+}
 
 }  // namespace cuda_emu
 
@@ -179,7 +270,10 @@ cudaError_t cudaGetDevice(int* device) {
   *device = cuda_emu::g_device;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  cuda_emu::Wait();
+  return cudaSuccess;
+}
 cudaError_t cudaDriverGetVersion(int* v) {
   *v = CUDART_VERSION;
   return cudaSuccess;
@@ -247,11 +341,17 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  ++cuda_emu::Count().device_allocs;
   *p = cuda_emu::Allocate(bytes, cuda_emu::Kind::kDevice);
   return *p != nullptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
 }
-cudaError_t cudaFree(void* p) { return cuda_emu::Release(p, cuda_emu::Kind::kDevice); }
+cudaError_t cudaFree(void* p) {
+  ++cuda_emu::Count().device_frees;
+  cuda_emu::Wait();  // cudaFree waits for the device
+  return cuda_emu::Release(p, cuda_emu::Kind::kDevice);
+}
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  ++cuda_emu::Count().pinned_allocs;
   *p = cuda_emu::Allocate(bytes, cuda_emu::Kind::kPinned);
   return *p != nullptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
 }
@@ -279,16 +379,17 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-  return cuda_emu::Copy(dst, src, n, kind);
+  return cuda_emu::Copy(dst, src, n, kind, /*async=*/false);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t) {
-  return cuda_emu::Copy(dst, src, n, kind);
+  return cuda_emu::Copy(dst, src, n, kind, /*async=*/true);
 }
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   std::memset(p, value, n);
+  cuda_emu::Queued();  // a device memset does not wait, even the synchronous one
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
@@ -307,7 +408,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<cuda_emu::Stream*>(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  cuda_emu::Wait();
+  return cudaSuccess;
+}
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
   return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
@@ -333,7 +437,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  cuda_emu::Wait();
+  return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;

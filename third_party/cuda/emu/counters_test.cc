@@ -1,0 +1,97 @@
+// The emulation's counters (counters.h): which calls count as launches, host
+// synchronizations, allocations and copies.
+#include "third_party/cuda/emu/counters.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "third_party/cuda/emu/emu_test_kernels.h"
+
+namespace cuda_emu {
+namespace {
+
+// The host syncs a call adds.
+template <typename Fn>
+int64_t SyncsOf(Fn&& fn) {
+  const Counters before = ReadCounters();
+  fn();
+  return (ReadCounters() - before).host_syncs;
+}
+
+TEST(CountersTest, ClassifiesCallsAsTheRuntimeDocumentsThem) {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // nothing queued from here on
+  const Counters start = ReadCounters();
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 64 * sizeof(float)), cudaSuccess);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, 64 * sizeof(float), 0), cudaSuccess);
+  float pageable[64] = {};
+  const size_t bytes = sizeof(pageable);
+  Counters c = ReadCounters() - start;
+  EXPECT_EQ(c.device_allocs, 1);
+  EXPECT_EQ(c.pinned_allocs, 1);
+  EXPECT_EQ(c.host_syncs, 0);
+
+  auto queue_work = [&] {  // a device memset queues and never waits
+    EXPECT_EQ(SyncsOf([&] { cudaMemsetAsync(device, 0, bytes, cudaStreamPerThread); }), 0);
+  };
+
+  // Host -> device: a synchronous copy waits for the queued work, an
+  // asynchronous one from pinned memory does not; with nothing queued a
+  // synchronous copy has nothing to wait for.
+  const Counters copies = ReadCounters();
+  queue_work();
+  EXPECT_EQ(SyncsOf([&] { cudaMemcpy(device, pageable, bytes, cudaMemcpyHostToDevice); }), 1);
+  EXPECT_EQ(SyncsOf([&] { cudaMemcpy(device, pageable, bytes, cudaMemcpyHostToDevice); }), 0);
+  queue_work();
+  EXPECT_EQ(SyncsOf([&] {
+              cudaMemcpyAsync(device, pinned, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
+            }),
+            0);
+  EXPECT_EQ(SyncsOf([&] { cudaStreamSynchronize(cudaStreamPerThread); }), 1);
+  EXPECT_EQ(SyncsOf([&] { cudaStreamSynchronize(cudaStreamPerThread); }), 0);
+
+  // Device -> host: asynchronous into pinned memory only; into pageable
+  // memory even cudaMemcpyAsync returns when the copy is done.
+  queue_work();
+  EXPECT_EQ(SyncsOf([&] {
+              cudaMemcpyAsync(pinned, device, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread);
+            }),
+            0);
+  EXPECT_EQ(SyncsOf([&] {
+              cudaMemcpyAsync(pageable, device, bytes, cudaMemcpyDeviceToHost,
+                              cudaStreamPerThread);
+            }),
+            1);
+  queue_work();
+  EXPECT_EQ(SyncsOf([&] { cudaMemcpy(pageable, device, bytes, cudaMemcpyDeviceToHost); }), 1);
+  c = ReadCounters() - copies;
+  EXPECT_EQ(c.copies_to_device, 3);
+  EXPECT_EQ(c.copies_to_host, 3);
+
+  // Device -> device copies queue; synchronizations and cudaFree wait for them.
+  EXPECT_EQ(SyncsOf([&] {
+              cudaMemcpy(device + 32, device, 32 * sizeof(float), cudaMemcpyDeviceToDevice);
+            }),
+            0);
+  EXPECT_EQ(SyncsOf([&] { cudaDeviceSynchronize(); }), 1);
+  queue_work();
+  EXPECT_EQ(SyncsOf([&] { cudaFree(device); }), 1);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ((ReadCounters() - start).device_frees, 1);
+}
+
+TEST(CountersTest, CountsKernelLaunches) {
+  const Counters before = ReadCounters();
+  const std::vector<float> out = cuda_emu_test::ReverseThroughSharedMemory(std::vector<float>(768));
+  const Counters c = ReadCounters() - before;
+  EXPECT_EQ(out.size(), 768u);
+  EXPECT_EQ(c.kernel_launches, 1);
+  EXPECT_NE(c.ToString().find("kernel launches 1"), std::string::npos) << c.ToString();
+}
+
+}  // namespace
+}  // namespace cuda_emu
