@@ -10,9 +10,7 @@
 // |cpu|) with tol 2e-2 for bf16 (unit roundoff 2^-9: one rounding of the
 // result plus the probabilities and dS rounded before their tensor-core
 // products, a few roundoffs of the largest value) and 5e-3 for f16 (2^-11).
-#include <algorithm>
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -27,38 +25,9 @@ namespace {
 using tensor::Device;
 using tensor::Dtype;
 using tensor::MemoryCategory;
+using tensor::cuda::testing::NearScaled;
 using tensor::cuda::testing::ToGpu;
 using tensor::testing::RandomTensor;
-
-::testing::AssertionResult Near(const Tensor& gpu, const Tensor& cpu, double tol) {
-  if (gpu.shape() != cpu.shape()) {
-    return ::testing::AssertionFailure()
-           << "shape " << gpu.shape().ToString() << " vs " << cpu.shape().ToString();
-  }
-  const std::vector<float> g = gpu.ToVector<float>(), c = cpu.ToVector<float>();
-  double max_c = 0;
-  for (float x : c) max_c = std::max(max_c, std::abs(double(x)));
-  int64_t bad = 0;
-  size_t worst = 0;
-  double worst_err = -1;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const double err = std::abs(double(g[i]) - c[i]);
-    // Gradients that are exactly zero on the CPU (one key: the softmax is
-    // constant) are the rounding of terms of size ~1 cancelling on the GPU,
-    // so the scale never drops below 1e-2.
-    if (!(err <= tol * (std::max(max_c, 1e-2) + std::abs(double(c[i]))))) {
-      ++bad;
-      if (!(err <= worst_err)) {
-        worst = i;
-        worst_err = err;
-      }
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << c.size() << " off (tol " << tol << ", max|cpu| " << max_c
-         << "); worst [" << worst << "] gpu " << g[worst] << " cpu " << c[worst];
-}
 
 // q, k, v (B, nh, T, hs) as heads of a fused qkv (B, T, 3C), C = nh * hs.
 struct Heads {
@@ -110,10 +79,10 @@ TEST(AttentionCudaTest, CausalForwardAndBackwardMatchTheCpuPath) {
       EXPECT_EQ(st.lse.shape(), tensor::Shape({c.b, c.nh, c.t}));
       const AttentionGrads g = AttentionBackward(SplitHeads(ToGpu(dy), c.nh), st);
       const double tol = dt == Dtype::kBF16 ? 2e-2 : 5e-3;
-      EXPECT_TRUE(Near(y, y_cpu, tol)) << "y";
-      EXPECT_TRUE(Near(g.dq, g_cpu.dq, tol)) << "dq";
-      EXPECT_TRUE(Near(g.dk, g_cpu.dk, tol)) << "dk";
-      EXPECT_TRUE(Near(g.dv, g_cpu.dv, tol)) << "dv";
+      EXPECT_TRUE(NearScaled(y, y_cpu, tol)) << "y";
+      EXPECT_TRUE(NearScaled(g.dq, g_cpu.dq, tol)) << "dq";
+      EXPECT_TRUE(NearScaled(g.dk, g_cpu.dk, tol)) << "dk";
+      EXPECT_TRUE(NearScaled(g.dv, g_cpu.dv, tol)) << "dv";
       EXPECT_FALSE(g.dbias.defined());
     }
   }
@@ -194,13 +163,13 @@ TEST(AttentionCudaTest, BiasDropoutAndOtherHeadSizesRunUnfusedOnTheGpu) {
       EXPECT_FALSE(st.flash);
       const AttentionGrads g = AttentionBackward(SplitHeads(ToGpu(dy), nh), st);
       const double tol = dt == Dtype::kBF16 ? 2e-2 : 1e-4;
-      EXPECT_TRUE(Near(y, y_cpu, tol)) << "y";
-      EXPECT_TRUE(Near(g.dq, g_cpu.dq, tol)) << "dq";
-      EXPECT_TRUE(Near(g.dk, g_cpu.dk, tol)) << "dk";
-      EXPECT_TRUE(Near(g.dv, g_cpu.dv, tol)) << "dv";
+      EXPECT_TRUE(NearScaled(y, y_cpu, tol)) << "y";
+      EXPECT_TRUE(NearScaled(g.dq, g_cpu.dq, tol)) << "dq";
+      EXPECT_TRUE(NearScaled(g.dk, g_cpu.dk, tol)) << "dk";
+      EXPECT_TRUE(NearScaled(g.dv, g_cpu.dv, tol)) << "dv";
       EXPECT_EQ(g.dbias.defined(), var.bias);
       if (var.bias) {
-        EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, tol)) << "dbias";
+        EXPECT_TRUE(NearScaled(g.dbias, g_cpu.dbias, tol)) << "dbias";
       }
     }
   }
@@ -239,12 +208,12 @@ TEST(AttentionCudaTest, KeyPaddingMaskMatchesTheCpu) {
                                           with_bias ? ToGpu(bias) : Tensor(), ToGpu(mask), o, gen,
                                           &st);
         const AttentionGrads g = AttentionBackward(ToGpu(dy), st);
-        EXPECT_TRUE(Near(y, y_cpu, 1e-4)) << "y";
-        EXPECT_TRUE(Near(g.dq, g_cpu.dq, 1e-4)) << "dq";
-        EXPECT_TRUE(Near(g.dk, g_cpu.dk, 1e-4)) << "dk";
-        EXPECT_TRUE(Near(g.dv, g_cpu.dv, 1e-4)) << "dv";
+        EXPECT_TRUE(NearScaled(y, y_cpu, 1e-4)) << "y";
+        EXPECT_TRUE(NearScaled(g.dq, g_cpu.dq, 1e-4)) << "dq";
+        EXPECT_TRUE(NearScaled(g.dk, g_cpu.dk, 1e-4)) << "dk";
+        EXPECT_TRUE(NearScaled(g.dv, g_cpu.dv, 1e-4)) << "dv";
         if (with_bias) {
-          EXPECT_TRUE(Near(g.dbias, g_cpu.dbias, 1e-4)) << "dbias";
+          EXPECT_TRUE(NearScaled(g.dbias, g_cpu.dbias, 1e-4)) << "dbias";
         }
         const std::vector<float> out = y.ToVector<float>();
         for (int64_t i = 2 * nh * t_q * hs; i < b * nh * t_q * hs; ++i) {

@@ -30,6 +30,7 @@ namespace {
 using cuda::FlashAttentionKernel;
 using cuda::FlashAttentionPass;
 using cuda::FlashAttentionTilesFor;
+using cuda::testing::NearScaled;
 using cuda::testing::ToGpu;
 using testing::RandomTensor;
 
@@ -101,39 +102,6 @@ Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<
   return r;
 }
 
-// |gpu - ref| <= tol * (max|ref| + |ref|) everywhere; NaN never passes.
-::testing::AssertionResult Near(const Tensor& gpu, const std::vector<double>& ref, double tol) {
-  const std::vector<float> g = gpu.ToVector<float>();
-  if (g.size() != ref.size()) {
-    return ::testing::AssertionFailure() << "size " << g.size() << " vs " << ref.size();
-  }
-  double max_ref = 0;
-  for (double x : ref) {
-    if (std::isfinite(x)) max_ref = std::max(max_ref, std::abs(x));
-  }
-  // A gradient that is exactly zero in exact arithmetic (one key: the
-  // softmax is constant) comes out as the rounding left by terms of size ~1
-  // cancelling (dP - delta), so the scale never drops below 1e-2.
-  const double scale = std::max(max_ref, 1e-2);
-  int64_t bad = 0, worst = -1;
-  double worst_err = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isinf(ref[i]) && g[i] == ref[i]) continue;  // lse of a row with no key
-    const double err = std::abs(double(g[i]) - ref[i]);
-    if (!(err <= tol * (scale + std::abs(ref[i])))) {
-      ++bad;
-      if (worst < 0 || !(err <= worst_err)) {
-        worst = static_cast<int64_t>(i);
-        worst_err = err;
-      }
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << g.size() << " elements off (tol " << tol << ", max|ref| " << max_ref
-         << "); worst [" << worst << "] gpu " << g[worst] << " ref " << ref[worst];
-}
-
 double Tol(Dtype dt) { return dt == Dtype::kBF16 ? 2e-2 : dt == Dtype::kF16 ? 5e-3 : 1e-4; }
 
 // q, k, v as (B, H, T, D) views of (B, T, H, D) GPU tensors (as heads of a
@@ -170,11 +138,11 @@ void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligne
   const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
                                 dout.ToVector<float>(), scale);
   const double tol = Tol(dt);
-  EXPECT_TRUE(Near(out, ref.out, tol)) << "out";
-  EXPECT_TRUE(Near(lse, ref.lse, 1e-4)) << "lse";
-  EXPECT_TRUE(Near(dq, ref.dq, tol)) << "dq";
-  EXPECT_TRUE(Near(dk, ref.dk, tol)) << "dk";
-  EXPECT_TRUE(Near(dv, ref.dv, tol)) << "dv";
+  EXPECT_TRUE(NearScaled(out, ref.out, tol)) << "out";
+  EXPECT_TRUE(NearScaled(lse, ref.lse, 1e-4)) << "lse";
+  EXPECT_TRUE(NearScaled(dq, ref.dq, tol)) << "dq";
+  EXPECT_TRUE(NearScaled(dk, ref.dk, tol)) << "dk";
+  EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
 }
 
 std::vector<Case> Cases() {
@@ -275,7 +243,7 @@ TEST(CudaFlashAttentionTest, UnfusedSoftmaxMatchesReference) {
   cuda::UnfusedAttentionSoftmax(s_gpu, 0.125f, true, probs);
   const std::vector<float> zeros(2 * 50 * 64, 0.0f);
   const Reference ref = Compute(c, qv, kv, eye, zeros, 0.125);
-  EXPECT_TRUE(Near(probs, ref.out, 1e-5));
+  EXPECT_TRUE(NearScaled(probs, ref.out, 1e-5));
 }
 
 // ---- Host side: runs without a GPU ----

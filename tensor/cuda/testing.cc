@@ -1,7 +1,9 @@
 #include "tensor/cuda/testing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/cuda_backend.h"
@@ -55,6 +57,45 @@ Tolerance DefaultTolerance(Dtype dtype, double factor) {
   return ::testing::AssertionFailure() << n_bad << " of " << c.size()
                                        << " elements differ beyond rtol " << tol.rtol << " atol "
                                        << tol.atol << ":" << bad;
+}
+
+::testing::AssertionResult NearScaled(const Tensor& gpu, const std::vector<double>& ref,
+                                      double tol) {
+  const std::vector<float> g = ToCpu(gpu).Contiguous().To(Dtype::kF32).ToVector<float>();
+  if (g.size() != ref.size()) {
+    return ::testing::AssertionFailure() << "size " << g.size() << " vs " << ref.size();
+  }
+  double max_ref = 0;
+  for (double x : ref) {
+    if (std::isfinite(x)) max_ref = std::max(max_ref, std::abs(x));
+  }
+  const double scale = std::max(max_ref, 1e-2);
+  int64_t bad = 0, worst = -1;
+  double worst_err = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isinf(ref[i]) && g[i] == ref[i]) continue;
+    const double err = std::abs(double(g[i]) - ref[i]);
+    if (!(err <= tol * (scale + std::abs(ref[i])))) {
+      ++bad;
+      if (worst < 0 || !(err <= worst_err)) {
+        worst = static_cast<int64_t>(i);
+        worst_err = err;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << g.size() << " elements off (tol " << tol << ", max|ref| " << max_ref
+         << "); worst [" << worst << "] gpu " << g[worst] << " ref " << ref[worst];
+}
+
+::testing::AssertionResult NearScaled(const Tensor& gpu, const Tensor& cpu, double tol) {
+  if (gpu.shape() != cpu.shape()) {
+    return ::testing::AssertionFailure()
+           << "shape " << gpu.shape().ToString() << " vs " << cpu.shape().ToString();
+  }
+  const std::vector<float> c = cpu.Contiguous().To(Dtype::kF32).ToVector<float>();
+  return NearScaled(gpu, std::vector<double>(c.begin(), c.end()), tol);
 }
 
 std::vector<Dtype> FloatDtypes() { return {Dtype::kF32, Dtype::kBF16, Dtype::kF16}; }

@@ -50,6 +50,18 @@ Tolerance DefaultTolerance(Dtype dtype, double factor = 1.0);
 ::testing::AssertionResult MatchesCpu(const Tensor& gpu, const Tensor& cpu);
 ::testing::AssertionResult MatchesCpu(const Tensor& gpu, const Tensor& cpu, Tolerance tol);
 
+// For results of long reductions (attention, its gradients): |gpu - ref| <=
+// tol * (max(max|ref|, 1e-2) + |ref|) everywhere, an error relative to the
+// largest reference value. The floor of 1e-2 covers values that are exactly
+// zero in exact arithmetic (a gradient through a constant softmax) and come
+// out as the rounding of cancelling terms of size ~1. An infinite reference
+// must be matched exactly; NaN never passes. The message names the worst
+// element.
+::testing::AssertionResult NearScaled(const Tensor& gpu, const std::vector<double>& ref,
+                                      double tol);
+// The same against a CPU tensor of the same shape.
+::testing::AssertionResult NearScaled(const Tensor& gpu, const Tensor& cpu, double tol);
+
 // f32, bf16, f16.
 std::vector<Dtype> FloatDtypes();
 
