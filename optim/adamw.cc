@@ -2,6 +2,7 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/cuda/optim_step.h"
@@ -61,32 +62,53 @@ void AdamWKernel(float* __restrict p, const float* __restrict g, float* __restri
   }
 }
 
+// The scalars of a step of a param whose state has taken `step` steps.
+AdamWScalars ScalarsAt(const AdamWOptions& o, double lr, int64_t step) {
+  const double t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(o.beta2, t);
+  return AdamWScalars{static_cast<float>(1.0 - lr * o.weight_decay),
+                      static_cast<float>(o.beta1),
+                      static_cast<float>(1.0 - o.beta1),
+                      static_cast<float>(o.beta2),
+                      static_cast<float>(1.0 - o.beta2),
+                      static_cast<float>(std::sqrt(bias_correction2)),
+                      static_cast<float>(-(lr / bias_correction1)),
+                      static_cast<float>(o.eps)};
+}
+
 }  // namespace
 
-void AdamW::Update(const ParamRef& ref, ParamState& state) {
-  const double lr = this->lr();
-  const double t = static_cast<double>(state.step);
-  const double bias_correction1 = 1.0 - std::pow(options_.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(options_.beta2, t);
-  const AdamWScalars s{static_cast<float>(1.0 - lr * options_.weight_decay),
-                       static_cast<float>(options_.beta1),
-                       static_cast<float>(1.0 - options_.beta1),
-                       static_cast<float>(options_.beta2),
-                       static_cast<float>(1.0 - options_.beta2),
-                       static_cast<float>(std::sqrt(bias_correction2)),
-                       static_cast<float>(-(lr / bias_correction1)),
-                       static_cast<float>(options_.eps)};
+void AdamW::UpdateAll(const std::vector<Updating>& params) {
   const bool any_decay = options_.weight_decay != 0;
-  if (ref.param.device().is_cuda()) {
+  // GPU params by device: one list of segments each.
+  std::map<int, std::vector<tensor::cuda::AdamWSegment>> on_gpu;
+  for (const Updating& u : params) {
+    const ParamRef& ref = *u.ref;
+    if (!ref.param.device().is_cuda()) {
+      Update(ref, *u.state);
+      continue;
+    }
+    const AdamWScalars s = ScalarsAt(options_, lr(), u.state->step);
     const tensor::cuda::AdamWScalars cs{s.decay,        s.beta1, s.one_minus_beta1,
                                         s.beta2,        s.one_minus_beta2,
                                         s.bias_correction2_sqrt, s.neg_step_size, s.eps};
+    std::vector<tensor::cuda::AdamWSegment>& segments = on_gpu[ref.param.device().index];
     ForEachDecaySegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool d) {
-      tensor::cuda::AdamWStep(ref.param, ref.grad, state.buffers[0], state.buffers[1], b, e, cs,
-                              d && any_decay);
+      segments.push_back({ref.param, ref.grad, u.state->buffers[0], u.state->buffers[1], b, e, cs,
+                          d && any_decay});
     });
+  }
+  for (const auto& [device, segments] : on_gpu) tensor::cuda::AdamWStepMany(segments);
+}
+
+void AdamW::Update(const ParamRef& ref, ParamState& state) {
+  if (ref.param.device().is_cuda()) {
+    UpdateAll({{&ref, &state}});
     return;
   }
+  const AdamWScalars s = ScalarsAt(options_, lr(), state.step);
+  const bool any_decay = options_.weight_decay != 0;
   float* p = ref.param.data<float>();
   const float* g = ref.grad.data<float>();
   float* m = state.buffers[0].data<float>();

@@ -38,6 +38,9 @@ class AdamW : public Optimizer {
 
  protected:
   void Update(const ParamRef& ref, ParamState& state) override;
+  // GPU params: every decay segment of every param of a device in one
+  // launch per 32 segments (tensor::cuda::AdamWStepMany); CPU params: Update.
+  void UpdateAll(const std::vector<Updating>& params) override;
 
  private:
   explicit AdamW(const AdamWOptions& options) : Optimizer(options.lr), options_(options) {}

@@ -46,7 +46,7 @@ double SumSquares(const float* p, int64_t n) {
 
 double GradNormSquared(absl::Span<const Tensor> grads) {
   double total = 0;
-  // GPU gradients, by device: one kernel each and one read back per device.
+  // GPU gradients, by device: a launch per 64 and one read back per device.
   std::map<int, std::vector<Tensor>> on_gpu;
   std::vector<double> partial;
   for (const Tensor& g : grads) {
@@ -76,15 +76,19 @@ double GradNormSquared(absl::Span<const Tensor> grads) {
 
 void ScaleGrads(absl::Span<Tensor> grads, float factor) {
   for (const Tensor& g : grads) CheckGrad("scale_grads", g);
+  std::map<int, std::vector<Tensor>> on_gpu;  // by device: a few launches each
   for (Tensor& g : grads) {
     if (g.device().is_cuda()) {
-      tensor::cuda::ScaleGrad(g, factor);
+      on_gpu[g.device().index].push_back(g);
       continue;
     }
     float* p = g.data<float>();
     tensor::ParallelFor(g.numel(), 1 << 15, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) p[i] *= factor;
     });
+  }
+  for (const auto& [device, device_grads] : on_gpu) {
+    tensor::cuda::ScaleGrads(device_grads, factor);
   }
 }
 

@@ -2,6 +2,7 @@
 // a CUDA device against the same steps on the CPU, over weight-decay ranges
 // that split a tensor. Tagged gpu; skips where no device is visible.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -73,6 +74,45 @@ TEST(CudaOptimizerTest, ClipGradNormMatchesTheCpu) {
   const double n_gpu = ClipGradNorm(gpu, 0.5);
   EXPECT_NEAR(n_gpu, n_cpu, 1e-5 * n_cpu);
   EXPECT_TRUE(MatchesCpu(gpu[0].grad, cpu[0].grad, {1e-5, 1e-7}));
+}
+
+// Many parameters of many sizes, some decayed in parts (more segments than
+// one launch of the batched kernels takes): every one as on the CPU;
+// and clipping, whose norm is one read back of all gradients' block sums.
+TEST(CudaOptimizerTest, AdamWAndClippingOfManyParametersMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  auto opt_cpu = AdamW::Create(o).value();
+  auto opt_gpu = AdamW::Create(o).value();
+  std::vector<Tensor> p_cpu, p_gpu;
+  for (int i = 0; i < 70; ++i) {  // more than one launch takes (32 AdamW segments, 64 tensors)
+    const int64_t n = 1 + (i * 977) % 20011;
+    p_cpu.push_back(tensor::testing::RandomTensor({n}, 100 + i));
+    p_gpu.push_back(ToGpu(p_cpu.back()));
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<ParamRef> cpu, gpu;
+    for (size_t i = 0; i < p_cpu.size(); ++i) {
+      const int64_t n = p_cpu[i].numel();
+      const Tensor g = tensor::testing::RandomTensor({n}, 1000 * step + i);
+      ParamRef c{"p" + std::to_string(i), p_cpu[i], g.Clone(), {}};
+      if (i % 3 == 1) c.decay_ranges = {{0, n}};
+      if (i % 3 == 2 && n > 4) c.decay_ranges = {{n / 4, n / 2}, {3 * n / 4, n}};
+      ParamRef d{c.name, p_gpu[i], ToGpu(g), c.decay_ranges};
+      cpu.push_back(c);
+      gpu.push_back(d);
+    }
+    const double n_cpu = ClipGradNorm(cpu, 1.0);
+    const double n_gpu = ClipGradNorm(gpu, 1.0);
+    EXPECT_NEAR(n_gpu, n_cpu, 1e-5 * n_cpu) << "step " << step;
+    opt_cpu->Step(cpu);
+    opt_gpu->Step(gpu);
+    for (size_t i = 0; i < p_cpu.size(); ++i) {
+      EXPECT_TRUE(MatchesCpu(p_gpu[i], p_cpu[i], {1e-6, 1e-7})) << "step " << step << " p" << i;
+    }
+  }
 }
 
 // State loaded from a checkpoint (host tensors) for a GPU parameter moves to

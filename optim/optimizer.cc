@@ -33,6 +33,8 @@ void Optimizer::Step(const std::vector<ParamRef>& params) {
              ref.param.shape().ToString(), " but its optimizer state has shape ", kept.ToString());
   }
   const size_t num_buffers = BufferNames().size();
+  std::vector<Updating> updating;
+  updating.reserve(params.size());
   for (const ParamRef& ref : params) {
     auto it = state_.find(ref.name);
     if (it == state_.end()) {
@@ -58,8 +60,13 @@ void Optimizer::Step(const std::vector<ParamRef>& params) {
       }
     }
     ++state.step;
-    Update(ref, state);
+    updating.push_back({&ref, &state});
   }
+  UpdateAll(updating);
+}
+
+void Optimizer::UpdateAll(const std::vector<Updating>& params) {
+  for (const Updating& u : params) Update(*u.ref, *u.state);
 }
 
 void Optimizer::set_lr(double lr) {

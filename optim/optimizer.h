@@ -88,6 +88,14 @@ class Optimizer {
   // Applies one step to `ref`; state.step has already been incremented and
   // state.buffers exist (zeros when just created).
   virtual void Update(const ParamRef& ref, ParamState& state) = 0;
+  // One step of every param (the same preconditions); by default Update each
+  // in order. An optimizer overrides it to update GPU params of many tensors
+  // in a few kernel launches.
+  struct Updating {
+    const ParamRef* ref;
+    ParamState* state;
+  };
+  virtual void UpdateAll(const std::vector<Updating>& params);
 
   // Runs fn(begin, end, decay) over [0, numel) in parallel chunks
   // (tensor::ParallelFor), each chunk split where `decay_ranges` (sorted,

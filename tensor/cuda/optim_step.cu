@@ -1,4 +1,5 @@
 // CUDA kernels of the optimizers and of gradient clipping.
+#include <algorithm>
 #include <vector>
 
 #include "tensor/cuda/common.cuh"
@@ -15,24 +16,50 @@ void CheckF32(const char* op, const Tensor& t, const Tensor& like) {
            like.device().ToString());
 }
 
-// Explicit _rn intrinsics: no FMA contraction, so every rounding is the one a
-// separate multiply and add make.
+// Element i of an AdamW step. Explicit _rn intrinsics: no FMA contraction,
+// so every rounding is the one a separate multiply and add make.
 template <bool kDecay>
-__global__ void AdamWKernel(float* __restrict__ p, const float* __restrict__ g,
-                            float* __restrict__ m, float* __restrict__ v, int64_t n,
-                            AdamWScalars s) {
+__device__ __forceinline__ void AdamWElement(float* __restrict__ p, const float* __restrict__ g,
+                                             float* __restrict__ m, float* __restrict__ v,
+                                             int64_t i, const AdamWScalars& s) {
+  float pi = p[i];
+  if (kDecay) pi = __fmul_rn(pi, s.decay);
+  const float gi = g[i];
+  const float mi = __fadd_rn(__fmul_rn(m[i], s.beta1), __fmul_rn(s.one_minus_beta1, gi));
+  const float vi =
+      __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias_correction2_sqrt), s.eps);
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = __fadd_rn(pi, __fmul_rn(s.neg_step_size, __fdiv_rn(mi, denom)));
+}
+
+// Up to kSegmentsPerLaunch segments of AdamWStepMany, passed by value (the
+// launch's parameters, so no copy of pointers to the device: about 2.5 KiB of
+// the 4 KiB a launch may carry).
+constexpr int kSegmentsPerLaunch = 32;
+struct AdamWBatch {
+  float* p[kSegmentsPerLaunch];
+  const float* g[kSegmentsPerLaunch];
+  float* m[kSegmentsPerLaunch];
+  float* v[kSegmentsPerLaunch];
+  int64_t n[kSegmentsPerLaunch];
+  AdamWScalars s[kSegmentsPerLaunch];
+  int decay[kSegmentsPerLaunch];
+};
+
+// blockIdx.y picks the segment; its blocks stride over it.
+__global__ void AdamWBatchKernel(AdamWBatch b) {
+  const int k = blockIdx.y;
+  const int64_t n = b.n[k];
+  const AdamWScalars s = b.s[k];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    float pi = p[i];
-    if (kDecay) pi = __fmul_rn(pi, s.decay);
-    const float gi = g[i];
-    const float mi = __fadd_rn(__fmul_rn(m[i], s.beta1), __fmul_rn(s.one_minus_beta1, gi));
-    const float vi =
-        __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias_correction2_sqrt), s.eps);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = __fadd_rn(pi, __fmul_rn(s.neg_step_size, __fdiv_rn(mi, denom)));
+    if (b.decay[k]) {
+      AdamWElement<true>(b.p[k], b.g[k], b.m[k], b.v[k], i, s);
+    } else {
+      AdamWElement<false>(b.p[k], b.g[k], b.m[k], b.v[k], i, s);
+    }
   }
 }
 
@@ -73,12 +100,40 @@ void LaunchSgd(float* p, const float* g, float* buf, int64_t n, const SgdScalars
 }
 
 constexpr int kSumBlock = 1 << 13;  // elements per partial sum (as the CPU's block)
+constexpr int kScaleChunk = 1 << 13;  // elements per block of the scaling kernels
 
-// One block of kThreads threads per kSumBlock elements: its sum of squares.
-__global__ void SumSquaresKernel(const float* __restrict__ g, int64_t n, float* partial) {
+// Up to kTensorsPerLaunch f32 tensors cut into chunks of `chunk` elements,
+// passed by value (about 1.6 KiB of launch parameters): block c of a launch
+// works on the chunk of tensor k with first_chunk[k] <= c < first_chunk[k + 1].
+constexpr int kTensorsPerLaunch = 64;
+struct TensorChunks {
+  float* data[kTensorsPerLaunch];
+  int64_t n[kTensorsPerLaunch];
+  int64_t first_chunk[kTensorsPerLaunch + 1];
+  int count;
+};
+
+// The tensor of chunk c (binary search over first_chunk), and where the
+// chunk starts in it.
+__device__ __forceinline__ int ChunkTensor(const TensorChunks& t, int64_t c, int64_t chunk,
+                                           int64_t* begin) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.first_chunk[mid] <= c) lo = mid; else hi = mid - 1;
+  }
+  *begin = (c - t.first_chunk[lo]) * chunk;
+  return lo;
+}
+
+// One block of kThreads threads per kSumBlock elements: its sum of squares,
+// written to partial[blockIdx.x].
+__global__ void SumSquaresKernel(TensorChunks t, float* partial) {
   __shared__ float warp_sums[kThreads / 32];
-  const int64_t begin = int64_t{blockIdx.x} * kSumBlock;
-  const int64_t end = begin + kSumBlock < n ? begin + kSumBlock : n;
+  int64_t begin = 0;
+  const int k = ChunkTensor(t, blockIdx.x, kSumBlock, &begin);
+  const float* g = t.data[k];
+  const int64_t end = begin + kSumBlock < t.n[k] ? begin + kSumBlock : t.n[k];
   float acc = 0.0f;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc += g[i] * g[i];
   for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
@@ -91,50 +146,111 @@ __global__ void SumSquaresKernel(const float* __restrict__ g, int64_t n, float* 
   }
 }
 
-__global__ void ScaleKernel(float* g, int64_t n, float factor) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    g[i] *= factor;
-  }
-}
-
-// g *= factor; any result that is inf or NaN sets *found (every writer
-// stores the same 1).
-__global__ void ScaleCheckKernel(float* g, int64_t n, float factor, int* found) {
+// g *= factor over a chunk; with `found`, any result that is inf or NaN sets
+// *found (every writer stores the same 1).
+__global__ void ScaleKernel(TensorChunks t, float factor, int* found) {
+  int64_t begin = 0;
+  const int k = ChunkTensor(t, blockIdx.x, kScaleChunk, &begin);
+  float* g = t.data[k];
+  const int64_t end = begin + kScaleChunk < t.n[k] ? begin + kScaleChunk : t.n[k];
   bool bad = false;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float v = __fmul_rn(g[i], factor);
     g[i] = v;
     bad |= !(fabsf(v) <= 3.402823466e38f);  // inf or NaN
   }
-  if (bad) *found = 1;
+  if (bad && found != nullptr) *found = 1;
+}
+
+// Calls launch(chunks, blocks, first_block) for groups of at most
+// kTensorsPerLaunch of `tensors` (f32, contiguous, one device, checked by
+// the caller), cut into chunks of `chunk` elements; empty tensors are skipped.
+// first_block: the group's first chunk among all of them.
+template <typename Launch>
+void ForEachChunkBatch(const std::vector<Tensor>& tensors, int64_t chunk, Launch&& launch) {
+  TensorChunks batch;
+  batch.count = 0;
+  batch.first_chunk[0] = 0;
+  int64_t done = 0;  // chunks of earlier groups
+  auto flush = [&] {
+    if (batch.count == 0) return;
+    const int64_t blocks = batch.first_chunk[batch.count];
+    launch(batch, blocks, done);
+    done += blocks;
+    batch.count = 0;
+  };
+  for (const Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    if (n == 0) continue;
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    // A launch's grid.x holds at most 2^31 - 1 blocks.
+    if (batch.count == kTensorsPerLaunch ||
+        batch.first_chunk[batch.count] + chunks > int64_t{0x7fffffff}) {
+      flush();
+    }
+    batch.data[batch.count] = Ptr<float>(t);
+    batch.n[batch.count] = n;
+    batch.first_chunk[batch.count + 1] = batch.first_chunk[batch.count] + chunks;
+    ++batch.count;
+  }
+  flush();
+}
+
+void CheckSameDevice(const char* op, const std::vector<Tensor>& tensors) {
+  for (const Tensor& t : tensors) {
+    CheckF32(op, t, t);
+    OP_CHECK(t.device() == tensors[0].device(), op, "gradients on ",
+             tensors[0].device().ToString(), " and ", t.device().ToString());
+  }
 }
 
 }  // namespace
 
 void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t begin,
                int64_t end, const AdamWScalars& s, bool decay) {
+  AdamWStepMany({AdamWSegment{p, g, m, v, begin, end, s, decay}});
+}
+
+void AdamWStepMany(const std::vector<AdamWSegment>& segments) {
   const char* op = "adamw";
-  CheckF32(op, p, p);
-  CheckF32(op, g, p);
-  CheckF32(op, m, p);
-  CheckF32(op, v, p);
-  OP_CHECK(0 <= begin && begin <= end && end <= p.numel(), op, "range [", begin, ", ", end,
-           ") outside ", p.numel(), " elements");
-  if (begin == end) return;
-  SetDevice(p, op);
-  const int64_t n = end - begin;
-  float* pp = Ptr<float>(p) + begin;
-  const float* gp = Ptr<float>(g) + begin;
-  float* mp = Ptr<float>(m) + begin;
-  float* vp = Ptr<float>(v) + begin;
-  if (decay) {
-    AdamWKernel<true><<<Blocks(n), kThreads, 0, ComputeStream()>>>(pp, gp, mp, vp, n, s);
-  } else {
-    AdamWKernel<false><<<Blocks(n), kThreads, 0, ComputeStream()>>>(pp, gp, mp, vp, n, s);
+  if (segments.empty()) return;
+  const Tensor& first = segments[0].p;
+  for (const AdamWSegment& seg : segments) {
+    CheckF32(op, seg.p, seg.p);
+    CheckF32(op, seg.g, seg.p);
+    CheckF32(op, seg.m, seg.p);
+    CheckF32(op, seg.v, seg.p);
+    OP_CHECK(seg.p.device() == first.device(), op, "parameters on ", first.device().ToString(),
+             " and ", seg.p.device().ToString());
+    OP_CHECK(0 <= seg.begin && seg.begin <= seg.end && seg.end <= seg.p.numel(), op, "range [",
+             seg.begin, ", ", seg.end, ") outside ", seg.p.numel(), " elements");
   }
-  CheckLaunch(op);
+  SetDevice(first, op);
+  AdamWBatch batch;
+  int count = 0;
+  int64_t longest = 0;
+  auto launch = [&] {
+    // Enough blocks for the longest segment, at most 1024 (they stride).
+    const unsigned x = std::min<unsigned>(Blocks(longest), 1024);
+    AdamWBatchKernel<<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(
+        batch);
+    CheckLaunch(op);
+    count = 0;
+    longest = 0;
+  };
+  for (const AdamWSegment& seg : segments) {
+    if (seg.begin == seg.end) continue;
+    batch.p[count] = Ptr<float>(seg.p) + seg.begin;
+    batch.g[count] = Ptr<float>(seg.g) + seg.begin;
+    batch.m[count] = Ptr<float>(seg.m) + seg.begin;
+    batch.v[count] = Ptr<float>(seg.v) + seg.begin;
+    batch.n[count] = seg.end - seg.begin;
+    batch.s[count] = seg.s;
+    batch.decay[count] = seg.decay ? 1 : 0;
+    longest = std::max(longest, seg.end - seg.begin);
+    if (++count == kSegmentsPerLaunch) launch();
+  }
+  if (count > 0) launch();
 }
 
 void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
@@ -164,25 +280,21 @@ void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin,
 double GradSumSquares(const std::vector<Tensor>& grads) {
   const char* op = "grad_norm";
   if (grads.empty()) return 0.0;
+  CheckSameDevice(op, grads);
   // Each tensor's blocks get a run of `partial`: [first[i], first[i + 1]).
   std::vector<int64_t> first(grads.size() + 1, 0);
   for (size_t i = 0; i < grads.size(); ++i) {
-    CheckF32(op, grads[i], grads[i]);
-    OP_CHECK(grads[i].device() == grads[0].device(), op, "gradients on ",
-             grads[0].device().ToString(), " and ", grads[i].device().ToString());
     first[i + 1] = first[i] + (grads[i].numel() + kSumBlock - 1) / kSumBlock;
   }
   const int64_t blocks = first.back();
   if (blocks == 0) return 0.0;
   SetDevice(grads[0], op);
   Tensor partial = Tensor::Empty({blocks}, Dtype::kF32, grads[0].device());  // (blocks,)
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (first[i + 1] == first[i]) continue;
-    SumSquaresKernel<<<static_cast<unsigned>(first[i + 1] - first[i]), kThreads, 0,
-                       ComputeStream()>>>(Ptr<float>(grads[i]), grads[i].numel(),
-                                          Ptr<float>(partial) + first[i]);
+  ForEachChunkBatch(grads, kSumBlock, [&](const TensorChunks& batch, int64_t n, int64_t at) {
+    SumSquaresKernel<<<static_cast<unsigned>(n), kThreads, 0, ComputeStream()>>>(
+        batch, Ptr<float>(partial) + at);
     CheckLaunch(op);
-  }
+  });
   // The one wait: every tensor's block sums come back in one copy.
   std::vector<float> host(blocks);
   CheckCuda(cudaMemcpyAsync(host.data(), Ptr<float>(partial), blocks * sizeof(float),
@@ -198,23 +310,29 @@ double GradSumSquares(const std::vector<Tensor>& grads) {
   return total;
 }
 
+void ScaleGrads(const std::vector<Tensor>& grads, float factor) {
+  const char* op = "clip_grad";
+  if (grads.empty()) return;
+  CheckSameDevice(op, grads);
+  SetDevice(grads[0], op);
+  ForEachChunkBatch(grads, kScaleChunk, [&](const TensorChunks& batch, int64_t n, int64_t) {
+    ScaleKernel<<<static_cast<unsigned>(n), kThreads, 0, ComputeStream()>>>(batch, factor,
+                                                                            nullptr);
+    CheckLaunch(op);
+  });
+}
+
 bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float factor) {
   const char* op = "unscale_grads";
   if (grads.empty()) return false;
-  for (const Tensor& g : grads) {
-    CheckF32(op, g, g);
-    OP_CHECK(g.device() == grads[0].device(), op, "gradients on ", grads[0].device().ToString(),
-             " and ", g.device().ToString());
-  }
+  CheckSameDevice(op, grads);
   SetDevice(grads[0], op);
   Tensor found = Tensor::Zeros({1}, Dtype::kI32, grads[0].device());  // (1,): a memset
-  for (const Tensor& g : grads) {
-    const int64_t n = g.numel();
-    if (n == 0) continue;
-    ScaleCheckKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<float>(g), n, factor,
-                                                                   Ptr<int>(found));
+  ForEachChunkBatch(grads, kScaleChunk, [&](const TensorChunks& batch, int64_t n, int64_t) {
+    ScaleKernel<<<static_cast<unsigned>(n), kThreads, 0, ComputeStream()>>>(batch, factor,
+                                                                            Ptr<int>(found));
     CheckLaunch(op);
-  }
+  });
   // The one wait: the flag of every tensor.
   int host = 0;
   CheckCuda(cudaMemcpyAsync(&host, Ptr<int>(found), sizeof(int), cudaMemcpyDeviceToHost,
@@ -222,16 +340,6 @@ bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float factor)
             op, "copy of the flag");
   CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "synchronize");
   return host != 0;
-}
-
-void ScaleGrad(const Tensor& g, float factor) {
-  const char* op = "clip_grad";
-  CheckF32(op, g, g);
-  const int64_t n = g.numel();
-  if (n == 0) return;
-  SetDevice(g, op);
-  ScaleKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<float>(g), n, factor);
-  CheckLaunch(op);
 }
 
 }  // namespace cuda

@@ -30,6 +30,19 @@ struct AdamWScalars {
 void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t begin,
                int64_t end, const AdamWScalars& s, bool decay);
 
+// One AdamWStep, as a segment of AdamWStepMany.
+struct AdamWSegment {
+  Tensor p, g, m, v;
+  int64_t begin = 0;
+  int64_t end = 0;
+  AdamWScalars s{};
+  bool decay = false;
+};
+// Every segment's AdamWStep (all on one device; segments of different
+// tensors, or disjoint ranges of one) in one launch per 32 segments: the same
+// results, without a launch per parameter.
+void AdamWStepMany(const std::vector<AdamWSegment>& segments);
+
 struct SgdScalars {
   float lr;
   float weight_decay;
@@ -46,16 +59,19 @@ struct SgdFlags {
 void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
              const SgdScalars& s, const SgdFlags& flags);
 
-// Sum of squares of all elements of f32 contiguous tensors on one CUDA
-// device: per-block float sums of squares, read back in one copy (one host
-// wait however many tensors), added in double on the host in block order
-// within a tensor, then tensor by tensor (deterministic).
+// The clipping and loss-scaling kernels take lists of f32 contiguous tensors
+// on one CUDA device and launch once per 64 tensors (a launch's blocks find
+// their tensor in a table passed as the launch's parameters).
+
+// Sum of squares of all their elements: per-block (8192 elements) float sums
+// of squares, read back in one copy (one host wait however many tensors),
+// added in double on the host in block order within a tensor, then tensor by
+// tensor (deterministic).
 double GradSumSquares(const std::vector<Tensor>& grads);
-// g *= factor (f32, contiguous).
-void ScaleGrad(const Tensor& g, float factor);
-// Every g *= factor (f32, contiguous, one CUDA device), the loss scaler's
-// unscale: true when any result is inf or NaN. One host wait however many
-// tensors (the flag's read back).
+// Every g *= factor.
+void ScaleGrads(const std::vector<Tensor>& grads, float factor);
+// Every g *= factor (the loss scaler's unscale): true when any result is inf
+// or NaN. One host wait (the flag's read back).
 bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float factor);
 
 }  // namespace cuda

@@ -9,6 +9,9 @@ void AdamWStep(const Tensor& p, const Tensor&, const Tensor&, const Tensor&, int
                const AdamWScalars&, bool) {
   NotBuilt("adamw", p);
 }
+void AdamWStepMany(const std::vector<AdamWSegment>& segments) {
+  NotBuilt("adamw", segments.empty() ? Tensor() : segments[0].p);
+}
 void SgdStep(const Tensor& p, const Tensor&, const Tensor&, int64_t, int64_t, const SgdScalars&,
              const SgdFlags&) {
   NotBuilt("sgd", p);
@@ -16,7 +19,9 @@ void SgdStep(const Tensor& p, const Tensor&, const Tensor&, int64_t, int64_t, co
 double GradSumSquares(const std::vector<Tensor>& grads) {
   NotBuilt("grad_norm", grads.empty() ? Tensor() : grads[0]);
 }
-void ScaleGrad(const Tensor& g, float) { NotBuilt("clip_grad", g); }
+void ScaleGrads(const std::vector<Tensor>& grads, float) {
+  NotBuilt("clip_grad", grads.empty() ? Tensor() : grads[0]);
+}
 bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float) {
   NotBuilt("unscale_grads", grads.empty() ? Tensor() : grads[0]);
 }
