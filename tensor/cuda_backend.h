@@ -6,6 +6,7 @@
 #define TENSOR_CUDA_BACKEND_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/allocator.h"
 #include "tensor/device.h"
@@ -55,6 +56,16 @@ void FillOnDevice(void* data, int64_t n, const void* element, int element_bytes,
 // data[i] = i for i in [0, n), elements of an integer dtype (i32 or i64) on
 // cuda:`device`, on the calling thread's stream. What Arange runs on a GPU.
 void IotaOnDevice(void* data, Dtype dtype, int64_t n, int device);
+// dst = src cast from src_dtype to dst_dtype (floating, RNE), n contiguous
+// elements, for every pair, all on cuda:`device`, on the calling thread's
+// stream, in one launch per 64 pairs. What CastAll runs for CUDA tensors.
+struct CastPair {
+  const void* src;
+  void* dst;
+  int64_t n;
+};
+void CastManyOnDevice(const std::vector<CastPair>& pairs, Dtype src_dtype, Dtype dst_dtype,
+                      int device);
 
 }  // namespace cuda
 }  // namespace tensor

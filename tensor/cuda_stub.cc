@@ -32,5 +32,9 @@ void IotaOnDevice(void*, Dtype, int64_t, int device) {
   ThrowOpError("arange", kNotBuilt, " (cuda:", device, ")");
 }
 
+void CastManyOnDevice(const std::vector<CastPair>&, Dtype, Dtype, int device) {
+  ThrowOpError("cast", kNotBuilt, " (cuda:", device, ")");
+}
+
 }  // namespace cuda
 }  // namespace tensor

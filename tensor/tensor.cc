@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -322,6 +324,26 @@ Tensor Tensor::To(Dtype dtype) const {
   if (dtype == dtype_) return *this;
   Tensor out = Empty(shape_, dtype, device());
   out.CopyFrom(*this);
+  return out;
+}
+
+std::vector<Tensor> CastAll(const std::vector<Tensor>& tensors, Dtype dtype) {
+  std::vector<Tensor> out(tensors.size());
+  // Castable on a device in one go: by (device, source dtype).
+  std::map<std::pair<int, Dtype>, std::vector<cuda::CastPair>> batches;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!t.device().is_cuda() || !t.is_contiguous() || t.dtype() == dtype ||
+        !IsFloatingPoint(t.dtype()) || !IsFloatingPoint(dtype)) {
+      out[i] = t.To(dtype);
+      continue;
+    }
+    out[i] = Tensor::Empty(t.shape(), dtype, t.device());
+    batches[{t.device().index, t.dtype()}].push_back({t.raw_data(), out[i].raw_data(), t.numel()});
+  }
+  for (const auto& [key, pairs] : batches) {
+    cuda::CastManyOnDevice(pairs, key.second, dtype, key.first);
+  }
   return out;
 }
 

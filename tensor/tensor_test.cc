@@ -180,5 +180,18 @@ TEST(TensorTest, VectorizedCastsMatchScalarConversions) {
   }
 }
 
+// On the CPU CastAll is To(dtype) for each: a converted copy, or the tensor
+// itself when already of the dtype.
+TEST(TensorTest, CastAllIsToForEach) {
+  const Tensor a = Tensor::FromVector({1.5f, -2.25f, 3.0f}, {3});
+  const Tensor b = Tensor::FromVector({0.1f}, {1}).To(Dtype::kBF16);
+  const std::vector<Tensor> cast = CastAll({a, b}, Dtype::kBF16);
+  ASSERT_EQ(cast.size(), 2u);
+  EXPECT_EQ(cast[0].dtype(), Dtype::kBF16);
+  EXPECT_EQ(cast[0].To(Dtype::kF32).ToVector<float>(), std::vector<float>({1.5f, -2.25f, 3.0f}));
+  EXPECT_TRUE(cast[1].SharesStorageWith(b));
+  EXPECT_TRUE(CastAll({}, Dtype::kF32).empty());
+}
+
 }  // namespace
 }  // namespace tensor

@@ -444,5 +444,103 @@ void IotaOnDevice(void* data, Dtype dtype, int64_t n, int device) {
   Check(cudaGetLastError(), "arange kernel launch");
 }
 
+namespace {
+
+// Up to kCastsPerLaunch pairs cut into chunks of kCastChunk elements, passed
+// by value (about 2 KiB of launch parameters): block c casts the chunk of
+// pair k with first_chunk[k] <= c < first_chunk[k + 1].
+constexpr int kCastsPerLaunch = 64;
+constexpr int64_t kCastChunk = 1 << 13;
+struct CastTable {
+  const void* src[kCastsPerLaunch];
+  void* dst[kCastsPerLaunch];
+  int64_t n[kCastsPerLaunch];
+  int64_t first_chunk[kCastsPerLaunch + 1];
+  int count;
+};
+
+template <typename S, typename D>
+__global__ void CastManyKernel(CastTable t) {
+  const int64_t c = blockIdx.x;
+  int lo = 0, hi = t.count - 1;  // the pair of chunk c
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.first_chunk[mid] <= c) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const S* src = static_cast<const S*>(t.src[lo]);
+  D* dst = static_cast<D*>(t.dst[lo]);
+  const int64_t begin = (c - t.first_chunk[lo]) * kCastChunk;
+  const int64_t end = begin + kCastChunk < t.n[lo] ? begin + kCastChunk : t.n[lo];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) StoreF(dst + i, LoadF(src + i));
+}
+
+template <typename S, typename D>
+void LaunchCastMany(const CastTable& t) {
+  CastManyKernel<S, D><<<static_cast<unsigned>(t.first_chunk[t.count]), 256, 0,
+                         cudaStreamPerThread>>>(t);
+}
+
+template <typename S>
+void CastManyFrom(const CastTable& t, Dtype dst) {
+  switch (dst) {
+    case Dtype::kF32:
+      return LaunchCastMany<S, float>(t);
+    case Dtype::kBF16:
+      return LaunchCastMany<S, __nv_bfloat16>(t);
+    case Dtype::kF16:
+      return LaunchCastMany<S, __half>(t);
+    default:
+      ThrowOpError("cast", "a cast on CUDA goes between floating dtypes, not to ", DtypeName(dst));
+  }
+}
+
+}  // namespace
+
+void CastManyOnDevice(const std::vector<CastPair>& pairs, Dtype src_dtype, Dtype dst_dtype,
+                      int device) {
+  OP_CHECK(src_dtype != dst_dtype, "cast", "source and destination are both ",
+           DtypeName(src_dtype));
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  CastTable t;
+  t.count = 0;
+  t.first_chunk[0] = 0;
+  auto flush = [&] {
+    if (t.count == 0) return;
+    switch (src_dtype) {
+      case Dtype::kF32:
+        CastManyFrom<float>(t, dst_dtype);
+        break;
+      case Dtype::kBF16:
+        CastManyFrom<__nv_bfloat16>(t, dst_dtype);
+        break;
+      case Dtype::kF16:
+        CastManyFrom<__half>(t, dst_dtype);
+        break;
+      default:
+        ThrowOpError("cast", "a cast on CUDA goes between floating dtypes, not from ",
+                     DtypeName(src_dtype));
+    }
+    Check(cudaGetLastError(), "cast kernel launch");
+    t.count = 0;
+  };
+  for (const CastPair& p : pairs) {
+    if (p.n == 0) continue;
+    const int64_t chunks = (p.n + kCastChunk - 1) / kCastChunk;
+    if (t.count == kCastsPerLaunch || t.first_chunk[t.count] + chunks > int64_t{0x7fffffff}) {
+      flush();
+    }
+    t.src[t.count] = p.src;
+    t.dst[t.count] = p.dst;
+    t.n[t.count] = p.n;
+    t.first_chunk[t.count + 1] = t.first_chunk[t.count] + chunks;
+    ++t.count;
+  }
+  flush();
+}
+
 }  // namespace cuda
 }  // namespace tensor

@@ -11,6 +11,7 @@ namespace {
 
 using cuda::testing::FloatDtypes;
 using cuda::testing::MatchesCpu;
+using cuda::testing::ToCpu;
 using cuda::testing::ToGpu;
 
 TEST(CudaCastTest, FillEveryDtype) {
@@ -45,6 +46,28 @@ TEST(CudaCastTest, ArangeOnTheDevice) {
       const Tensor gpu = Arange(n, d, Device::Cuda(0));
       EXPECT_EQ(gpu.device(), Device::Cuda(0));
       EXPECT_TRUE(MatchesCpu(gpu, Arange(n, d))) << DtypeName(d) << " " << n;
+    }
+  }
+}
+
+// More tensors than one launch takes, of many sizes (and an empty one): the
+// values To(dtype) gives, for every pair of floating dtypes.
+TEST(CudaCastTest, CastAllMatchesToForEveryFloatingPair) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype from : FloatDtypes()) {
+    for (Dtype to : FloatDtypes()) {
+      std::vector<Tensor> gpu;
+      for (int i = 0; i < 70; ++i) {
+        const int64_t n = i == 5 ? 0 : 1 + (i * 1543) % 20011;
+        gpu.push_back(ToGpu(testing::RandomTensor({n}, 200 + i, -3.0f, 3.0f, from)));
+      }
+      const std::vector<Tensor> cast = CastAll(gpu, to);
+      ASSERT_EQ(cast.size(), gpu.size());
+      for (size_t i = 0; i < gpu.size(); ++i) {
+        EXPECT_EQ(cast[i].dtype(), to);
+        EXPECT_TRUE(MatchesCpu(cast[i], ToCpu(gpu[i].To(to)), {0, 0}))
+            << DtypeName(from) << " -> " << DtypeName(to) << " [" << i << "]";
+      }
     }
   }
 }
