@@ -230,6 +230,13 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(const std::shared_ptr<Sha
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(timeout));
     ctx->connectFullMesh(store, shared->device);
+    // A rank's connectFullMesh can return while a peer is still finishing
+    // its side of the handshake; a barrier over the new connections makes
+    // the group exist on every rank before any rank returns it (a rank that
+    // then exits fails its peers' next collective, not their rendezvous).
+    gloo::BarrierOptions barrier(ctx);
+    barrier.setTimeout(ToMillis(timeout));
+    gloo::barrier(barrier);
     return std::shared_ptr<gloo::Context>(ctx);
   } catch (const std::exception& e) {
     const std::string what = e.what();
