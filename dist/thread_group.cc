@@ -1,6 +1,7 @@
 // The `threads` engine: rendezvous state shared by the handles of a group,
-// the per-handle communication worker, the copy-free collectives, and
-// RunRanks.
+// the per-handle communication worker, the copy-free collectives (on host
+// buffers, or with kernels on a communication stream when every rank's
+// tensors are on one GPU), and RunRanks.
 #include "dist/thread_group.h"
 
 #include <algorithm>
@@ -19,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "dist/cpu_reduce.h"
+#include "dist/collective_share.h"
+#include "dist/device_lane.h"
 #include "glog/logging.h"
+#include "tensor/cuda_backend.h"
 
 namespace dist {
 namespace internal {
@@ -49,7 +52,12 @@ struct Arrival {
   int key = 0;                           // split
   const void* in = nullptr;              // contiguous buffers (staged when needed)
   void* out = nullptr;
-  absl::Status error;  // this rank's arguments are invalid
+  // Where in / out are: the host, or a GPU (the device path: see Execute).
+  tensor::Device device = tensor::Device::Cpu();
+  tensor::cuda::EventHandle issued = nullptr;  // device path: the issuing stream's mark
+  tensor::cuda::EventHandle done = nullptr;    // device path: the end of this rank's share
+  absl::Status error;                          // this rank's arguments are invalid
+  absl::Status failed;  // staging or device work failed on this rank (set before leaving)
 };
 
 std::string Describe(const Arrival& a) {
@@ -100,6 +108,7 @@ struct GroupState;
 struct Round {
   std::vector<const Arrival*> arrivals;  // by group rank; null until arrived
   int num_arrived = 0;
+  int num_staged = 0;  // calls mixing devices: ranks whose buffers are on the host now
   int num_done = 0;
   int num_left = 0;
   std::map<int, std::shared_ptr<GroupState>> splits;  // by color (split rounds)
@@ -170,7 +179,18 @@ class ThreadProcessGroup final : public ProcessGroup {
 
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     auto work = std::make_shared<CompletionWork>();
-    Enqueue([this, work, call] { work->Complete(Execute(*call)); });
+    // Tensors on a GPU: mark where this thread's stream stands, so that the
+    // collective's kernels start after the ones producing its inputs.
+    tensor::cuda::EventHandle issued = nullptr;
+    if (call->error.ok() && call->input.defined() && call->input.device().is_cuda()) {
+      try {
+        issued = lane_.MarkIssued(call->input.device().index);
+      } catch (const std::exception& e) {
+        call->error = absl::InternalError(absl::StrCat("[", CollectiveName(call->kind), "] ",
+                                                       Who(), ": ", e.what()));
+      }
+    }
+    Enqueue([this, work, call, issued] { work->Complete(Execute(*call, issued)); });
     return work;
   }
 
@@ -351,24 +371,43 @@ class ThreadProcessGroup final : public ProcessGroup {
                      ": the calls do not match across ranks: ", absl::StrJoin(calls, "; ")));
   }
 
+  // Whether this rank can take the device path: contiguous tensors on the
+  // lane's GPU (`issued` is its mark) and a group small enough for one
+  // reduction launch. The path is taken when every rank can, on one GPU.
+  bool DeviceEligible(const CollectiveCall& call, tensor::cuda::EventHandle issued) const {
+    if (issued == nullptr || size() > tensor::cuda::kMaxReduceBuffers) return false;
+    if (!call.input.is_contiguous()) return false;
+    return !call.output.defined() ||
+           (call.output.device() == call.input.device() && call.output.is_contiguous());
+  }
+
   // Engine checks (overlap) and staging copies: of non-contiguous tensors,
-  // and of tensors in device memory, which are copied to host buffers here
-  // and back after the call (cudaMemcpy on the legacy default stream: it
-  // waits for the kernels every rank thread queued before, and the copy back
-  // completes before the Work does). Sets *in / *out to the buffers to
-  // publish.
-  absl::Status Prepare(const CollectiveCall& call, tensor::Tensor* in, tensor::Tensor* out) {
+  // and of tensors in device memory off the device path, which are copied to
+  // host buffers here and back after the call (cudaMemcpy on the legacy
+  // default stream: it waits for the kernels every rank thread queued before,
+  // and the copy back completes before the Work does). Sets *in / *out to the
+  // buffers to publish: the call's own tensors on the device path.
+  absl::Status Prepare(const CollectiveCall& call, bool on_device, tensor::Tensor* in,
+                       tensor::Tensor* out) {
     const std::string op(CollectiveName(call.kind));
     if (call.kind == CollectiveKind::kBarrier) return absl::OkStatus();
-    *in = call.input.device().is_cpu() ? call.input.Contiguous()  // copies when not contiguous
-                                       : call.input.To(tensor::Device::Cpu());
+    if (on_device) {
+      *in = call.input;
+    } else {
+      *in = call.input.device().is_cpu() ? call.input.Contiguous()  // copies when not contiguous
+                                         : call.input.To(tensor::Device::Cpu());
+    }
     if (!call.output.defined()) {
       *out = *in;  // in place
       return absl::OkStatus();
     }
-    *out = call.output.is_contiguous() && call.output.device().is_cpu()
-               ? call.output
-               : tensor::Tensor::Empty(call.output.shape(), call.output.dtype());
+    if (on_device) {
+      *out = call.output;
+    } else {
+      *out = call.output.is_contiguous() && call.output.device().is_cpu()
+                 ? call.output
+                 : tensor::Tensor::Empty(call.output.shape(), call.output.dtype());
+    }
     if (in->SharesStorageWith(call.input) && out->SharesStorageWith(call.output) &&
         Overlaps(in->raw_data(), in->nbytes(), out->raw_data(), out->nbytes())) {
       // Only the in-place layouts are allowed: output = this rank's chunk of
@@ -387,56 +426,73 @@ class ThreadProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  // This rank's share of a matched, valid collective, reading and writing the
-  // peers' published buffers.
-  void Compute(const CollectiveCall& call, const std::vector<const Arrival*>& all) {
-    const int n = size();
-    const tensor::Dtype dtype = call.input.defined() ? call.input.dtype() : tensor::Dtype::kF32;
-    const int64_t es = tensor::DtypeSize(dtype);
-    switch (call.kind) {
-      case CollectiveKind::kAllReduce: {
-        const int64_t numel = call.input.numel();
-        const int64_t begin = numel * rank_ / n;
-        const int64_t end = numel * (rank_ + 1) / n;
-        std::vector<const void*> ins;
-        std::vector<void*> outs;
-        for (const Arrival* a : all) {
-          ins.push_back(static_cast<const char*>(a->in) + begin * es);
-          outs.push_back(static_cast<char*>(a->out) + begin * es);
-        }
-        ReduceBuffers(dtype, call.op, ins, outs, end - begin);
-        break;
-      }
-      case CollectiveKind::kReduceScatter: {
-        const int64_t k = call.output.numel();
-        std::vector<const void*> ins;
-        for (const Arrival* a : all) {
-          ins.push_back(static_cast<const char*>(a->in) + rank_ * k * es);
-        }
-        std::vector<void*> outs = {all[rank_]->out};
-        ReduceBuffers(dtype, call.op, ins, outs, k);
-        break;
-      }
-      case CollectiveKind::kAllGather: {
-        const int64_t bytes = call.input.numel() * es;
-        char* out = static_cast<char*>(all[rank_]->out);
-        for (int r = 0; r < n; ++r) {
-          if (out + r * bytes != all[r]->in && bytes > 0) {
-            std::memcpy(out + r * bytes, all[r]->in, bytes);
-          }
-        }
-        break;
-      }
-      case CollectiveKind::kBroadcast: {
-        const int64_t bytes = call.input.numel() * es;
-        if (rank_ != call.root && all[rank_]->out != all[call.root]->in && bytes > 0) {
-          std::memcpy(all[rank_]->out, all[call.root]->in, bytes);
-        }
-        break;
-      }
-      case CollectiveKind::kBarrier:
-        break;
+  // Compute's work (dist/collective_share.h) on this rank's communication
+  // stream, after every rank's issue mark; records the end of the share in
+  // me->done. Every rank's buffers are on me->device. Errors are CUDA's.
+  absl::Status ComputeOnDevice(const CollectiveCall& call, const std::vector<const Arrival*>& all,
+                               Arrival* me) {
+    try {
+      std::vector<tensor::cuda::EventHandle> marks;
+      for (const Arrival* a : all) marks.push_back(a->issued);
+      lane_.WaitFor(marks);
+      QueueShareOnDevice(call, rank_, Buffers(all), me->device.index, lane_.stream());
+      me->done = lane_.MarkShareDone();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("[", CollectiveName(call.kind), "] ", Who(),
+                                              ": the work on ", me->device.ToString(),
+                                              " failed: ", e.what()));
     }
+    return absl::OkStatus();
+  }
+
+  static std::vector<RankBuffers> Buffers(const std::vector<const Arrival*>& all) {
+    std::vector<RankBuffers> buffers;
+    for (const Arrival* a : all) buffers.push_back({a->in, a->out});
+    return buffers;
+  }
+
+  // A call whose ranks' buffers are not all on one GPU, though some are on a
+  // GPU: those ranks stage theirs on the host now (Prepare's copies), then
+  // every rank waits until all have, so that Compute reads host memory only.
+  // Identical result on every rank. Takes world.mu.
+  absl::Status StageOnHost(int64_t seq, const CollectiveCall& call,
+                           const std::vector<const Arrival*>& all, Arrival* me, tensor::Tensor* in,
+                           tensor::Tensor* out) {
+    const std::string op(CollectiveName(call.kind));
+    absl::Status staged;
+    tensor::Tensor host_in, host_out;
+    if (me->device.is_cuda()) {
+      try {
+        staged = Prepare(call, /*on_device=*/false, &host_in, &host_out);
+      } catch (const std::exception& e) {
+        staged = absl::ResourceExhaustedError(
+            absl::StrCat("[", op, "] ", Who(), ": staging on the host failed: ", e.what()));
+      }
+    }
+    WorldState& world = *group_->world;
+    std::unique_lock<std::mutex> lock(world.mu);
+    if (me->device.is_cuda() && staged.ok()) {
+      *in = host_in;
+      *out = host_out;
+      // me->device stays: every rank decided this round's path from the
+      // devices published at arrival, and a peer may still be reading them.
+      me->in = in->raw_data();
+      me->out = out->raw_data();
+    }
+    me->failed = staged;
+    Round& round = group_->rounds[seq];
+    ++round.num_staged;
+    world.cv.notify_all();
+    world.cv.wait(lock, [&] { return round.num_staged == group_->size(); });
+    if (!me->failed.ok()) return me->failed;
+    for (int r = 0; r < size(); ++r) {
+      if (!all[r]->failed.ok()) {
+        return absl::Status(all[r]->failed.code(),
+                            absl::StrCat("[", op, "] ", Who(), ": rank ", r,
+                                         " failed: ", all[r]->failed.message()));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // The staged host result into the caller's tensor (any strides, any
@@ -449,16 +505,23 @@ class ThreadProcessGroup final : public ProcessGroup {
     }
   }
 
-  absl::Status Execute(const CollectiveCall& call) {
+  // One collective of this rank. The device path, when every rank's tensors
+  // are contiguous on one GPU: the ranks' communication streams do Compute's
+  // work with kernels and device copies, ordered after each issuing stream's
+  // mark (dist/device_lane.h), and nothing goes through host memory; the
+  // Work completes once every rank's share has finished on the device.
+  // Otherwise host buffers (Prepare, StageOnHost).
+  absl::Status Execute(const CollectiveCall& call, tensor::cuda::EventHandle issued) {
     const std::string op(CollectiveName(call.kind));
     const int64_t seq = next_seq_++;
     Arrival me;
     me.call = &call;
     me.error = call.error;
+    const bool eligible = me.error.ok() && DeviceEligible(call, issued);
     tensor::Tensor in, out;
     if (me.error.ok()) {
       try {
-        me.error = Prepare(call, &in, &out);
+        me.error = Prepare(call, eligible, &in, &out);
       } catch (const std::exception& e) {
         me.error = absl::ResourceExhaustedError(
             absl::StrCat("[", op, "] ", Who(), ": preparing buffers failed: ", e.what()));
@@ -467,16 +530,63 @@ class ThreadProcessGroup final : public ProcessGroup {
     if (me.error.ok() && in.defined()) {
       me.in = in.raw_data();
       me.out = out.raw_data();
+      if (eligible) {
+        me.device = call.input.device();
+        me.issued = issued;
+      }
     }
     std::vector<const Arrival*> all;
     absl::Status status = Arrive(seq, me, op, call.timeout, &all);
-    if (!status.ok()) return status;  // Never entered the compute phase.
+    if (!status.ok()) {  // Never entered the compute phase.
+      lane_.Recycle(issued);
+      return status;
+    }
     status = CheckArrivals(all, op);
-    if (status.ok()) Compute(call, all);
-    Leave(seq);
+    bool on_device = status.ok();
+    bool any_on_device = false;
+    for (const Arrival* a : all) {
+      on_device = on_device && a->device.is_cuda() && a->device == all[0]->device;
+      any_on_device = any_on_device || a->device.is_cuda();
+    }
+    if (status.ok() && !on_device && any_on_device) {
+      status = StageOnHost(seq, call, all, &me, &in, &out);
+    }
+    if (status.ok() && on_device) {
+      me.failed = ComputeOnDevice(call, all, &me);
+    } else if (status.ok()) {
+      ShareOnHost(call, rank_, Buffers(all));
+    }
+    // The peers' ends of their shares (device path), and whether a peer's failed.
+    std::vector<tensor::cuda::EventHandle> peers_done;
+    absl::Status peer_failed;
+    Leave(seq, [&](Round&) {
+      for (int r = 0; r < size(); ++r) {
+        if (r == rank_) continue;
+        peers_done.push_back(all[r]->done);
+        if (peer_failed.ok() && !all[r]->failed.ok()) {
+          peer_failed = absl::Status(all[r]->failed.code(),
+                                     absl::StrCat("[", op, "] ", Who(), ": rank ", r,
+                                                  " failed: ", all[r]->failed.message()));
+        }
+      }
+    });
+    if (status.ok() && on_device) {
+      try {  // My buffers are done with once every peer's share has finished.
+        lane_.WaitFor(peers_done);
+        lane_.Drain();
+      } catch (const std::exception& e) {
+        if (me.failed.ok()) {
+          me.failed = absl::InternalError(absl::StrCat("[", op, "] ", Who(), ": waiting on ",
+                                                       me.device.ToString(), " failed: ", e.what()));
+        }
+      }
+    }
+    lane_.Recycle(issued);  // Every peer's stream has queued its wait for it.
     if (!status.ok()) return status;
+    if (on_device && !me.failed.ok()) return me.failed;
+    if (on_device && !peer_failed.ok()) return peer_failed;
     try {
-      // Copy staged results back.
+      // Copy staged results back (nothing to do on the device path).
       if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast) {
         tensor::Tensor dst = call.input;
         if (!in.SharesStorageWith(dst)) CopyBack(in, dst);
@@ -539,6 +649,7 @@ class ThreadProcessGroup final : public ProcessGroup {
   const int rank_;
   tensor::MemoryLedger* const ledger_;
   int64_t next_seq_ = 0;  // worker thread only
+  DeviceLane lane_;       // calls on a GPU: the communication stream and events
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;

@@ -67,6 +67,40 @@ struct CastPair {
 void CastManyOnDevice(const std::vector<CastPair>& pairs, Dtype src_dtype, Dtype dst_dtype,
                       int device);
 
+// ---- Streams, events and device-to-device work on a given stream, for host
+// code without CUDA headers (the threads engine's communication streams:
+// dist/thread_group.h). Handles are cudaStream_t / cudaEvent_t; a null
+// StreamHandle is the calling thread's stream (where the tensor kernels run).
+// Each call makes cuda:`device` current first. Failures throw OpError.
+using StreamHandle = void*;
+using EventHandle = void*;
+// A stream that does not synchronize with the legacy default stream.
+StreamHandle CreateStream(int device);
+void DestroyStream(StreamHandle stream, int device);
+// An event without timing (cheap to record and wait for).
+EventHandle CreateEvent(int device);
+void DestroyEvent(EventHandle event, int device);
+void RecordEvent(EventHandle event, StreamHandle stream, int device);
+// Later work on `stream` waits for the work `event` captured when recorded.
+void StreamWaitEvent(StreamHandle stream, EventHandle event, int device);
+// The host waits until the work `event` captured has finished.
+void SynchronizeEvent(EventHandle event, int device);
+// `bytes` from src to dst, both in memory of cuda:`device`, queued on `stream`.
+void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream);
+// The device twin of the CPU collectives' arithmetic
+// (dist/cpu_reduce.h ReduceBuffers), with the same results: for i in
+// [0, count), v = op(inputs[0][i], inputs[1][i], ...) combined in order (avg =
+// sum / inputs.size(); f16 and bf16 accumulate in f32 and round once; integer
+// sums wrap; max/min propagate NaN), then outputs[j][i] = v for every j. An
+// output may be one of the inputs; otherwise they must not overlap. At most
+// kMaxReduceBuffers inputs and as many outputs, all on cuda:`device`; queued
+// on `stream`. Avg of an integer dtype fails.
+enum class BufferReduceOp { kSum, kAvg, kMax, kMin };
+constexpr int kMaxReduceBuffers = 32;
+void ReduceBuffersOnDevice(Dtype dtype, BufferReduceOp op, const std::vector<const void*>& inputs,
+                           const std::vector<void*>& outputs, int64_t count, int device,
+                           StreamHandle stream);
+
 }  // namespace cuda
 }  // namespace tensor
 

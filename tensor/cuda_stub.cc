@@ -36,5 +36,28 @@ void CastManyOnDevice(const std::vector<CastPair>&, Dtype, Dtype, int device) {
   ThrowOpError("cast", kNotBuilt, " (cuda:", device, ")");
 }
 
+StreamHandle CreateStream(int device) {
+  ThrowOpError("stream", kNotBuilt, " (cuda:", device, ")");
+}
+void DestroyStream(StreamHandle, int) {}
+EventHandle CreateEvent(int device) { ThrowOpError("event", kNotBuilt, " (cuda:", device, ")"); }
+void DestroyEvent(EventHandle, int) {}
+void RecordEvent(EventHandle, StreamHandle, int device) {
+  ThrowOpError("event", kNotBuilt, " (cuda:", device, ")");
+}
+void StreamWaitEvent(StreamHandle, EventHandle, int device) {
+  ThrowOpError("event", kNotBuilt, " (cuda:", device, ")");
+}
+void SynchronizeEvent(EventHandle, int device) {
+  ThrowOpError("event", kNotBuilt, " (cuda:", device, ")");
+}
+void CopyOnStream(void*, const void*, int64_t, int device, StreamHandle) {
+  ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
+}
+void ReduceBuffersOnDevice(Dtype, BufferReduceOp, const std::vector<const void*>&,
+                           const std::vector<void*>&, int64_t, int device, StreamHandle) {
+  ThrowOpError("reduce", kNotBuilt, " (cuda:", device, ")");
+}
+
 }  // namespace cuda
 }  // namespace tensor
