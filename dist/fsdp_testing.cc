@@ -103,47 +103,56 @@ double RankMean(ProcessGroup& pg, double x) {
   return mean.ok() ? *mean : 0.0;
 }
 
+RunResult TrainRank(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt,
+                    ProcessGroup& pg, FsdpOptions options, int micro_batches,
+                    bool checkpoint_blocks) {
+  const int rank = pg.rank();
+  const int64_t B = idx.dim(0) / pg.size();
+  const int64_t b = B / micro_batches;
+  options.seed = kSeed;
+  mingpt::GPT gpt(c);
+  if (checkpoint_blocks) {
+    for (size_t l = 0; l < gpt.transformer()->blocks()->size(); ++l) {
+      gpt.transformer()->blocks()->set_checkpointed(l, true);
+    }
+  }
+  auto fsdp = FullyShard(gpt, pg, options);
+  auto opt = optim::SGD::Create(Sgd()).value();
+  RunResult mine;
+  for (int step = 0; step < kSteps; ++step) {
+    fsdp->ZeroGrad();
+    double loss = 0;
+    for (int j = 0; j < micro_batches; ++j) {
+      const Tensor my_idx = idx.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);
+      const Tensor my_tgt = tgt.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);
+      if (j + 1 < micro_batches) {
+        auto no_sync = fsdp->no_sync();
+        loss += gpt.ForwardBackward(my_idx, my_tgt);
+      } else {
+        loss += gpt.ForwardBackward(my_idx, my_tgt);
+      }
+    }
+    mine.losses.push_back(RankMean(pg, loss / micro_batches));
+    mine.norms.push_back(fsdp->ClipGradNorm(kClip));
+    opt->Step(fsdp->ParamRefs());
+  }
+  mine.params = fsdp->FullStateDict();
+  if (rank != 0) {
+    EXPECT_TRUE(mine.params.empty());
+  }
+  return mine;
+}
+
 RunResult Sharded(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& tgt, int world,
                   FsdpOptions options, int micro_batches, bool checkpoint_blocks) {
   RunResult result;
   std::mutex mu;
-  const int64_t B = idx.dim(0) / world;
-  const int64_t b = B / micro_batches;
-  options.seed = kSeed;
   ThreadWorld thread_world(world);
   absl::Status s = RunRanks(thread_world, [&](int rank, ProcessGroup& pg) {
-    mingpt::GPT gpt(c);
-    if (checkpoint_blocks) {
-      for (size_t l = 0; l < gpt.transformer()->blocks()->size(); ++l) {
-        gpt.transformer()->blocks()->set_checkpointed(l, true);
-      }
-    }
-    auto fsdp = FullyShard(gpt, pg, options);
-    auto opt = optim::SGD::Create(Sgd()).value();
-    RunResult mine;
-    for (int step = 0; step < kSteps; ++step) {
-      fsdp->ZeroGrad();
-      double loss = 0;
-      for (int j = 0; j < micro_batches; ++j) {
-        const Tensor my_idx = idx.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);
-        const Tensor my_tgt = tgt.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);
-        if (j + 1 < micro_batches) {
-          auto no_sync = fsdp->no_sync();
-          loss += gpt.ForwardBackward(my_idx, my_tgt);
-        } else {
-          loss += gpt.ForwardBackward(my_idx, my_tgt);
-        }
-      }
-      mine.losses.push_back(RankMean(pg, loss / micro_batches));
-      mine.norms.push_back(fsdp->ClipGradNorm(kClip));
-      opt->Step(fsdp->ParamRefs());
-    }
-    mine.params = fsdp->FullStateDict();
+    RunResult mine = TrainRank(c, idx, tgt, pg, options, micro_batches, checkpoint_blocks);
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       result = std::move(mine);
-    } else {
-      EXPECT_TRUE(mine.params.empty());
     }
   });
   EXPECT_TRUE(s.ok()) << s;

@@ -54,6 +54,14 @@ RunResult SingleProcess(const mingpt::GptConfig& c, const tensor::Tensor& idx,
 // Mean of a double over the ranks (sent as hi/lo f32 pairs, summed in double).
 double RankMean(ProcessGroup& pg, double x);
 
+// One rank's part of Sharded over any process group (rank pg.rank() of
+// pg.size(), rows [rank B / size, (rank + 1) B / size) of the batch). Rank 0
+// returns the losses, norms and full state dict (on the host); the other
+// ranks the losses and norms.
+RunResult TrainRank(const mingpt::GptConfig& c, const tensor::Tensor& idx,
+                    const tensor::Tensor& tgt, ProcessGroup& pg, FsdpOptions options,
+                    int micro_batches = 1, bool checkpoint_blocks = false);
+
 // The same training with FullyShard(options) (options.seed is set to kSeed)
 // over `world` threads-engine ranks, each on its B / world rows; with
 // micro_batches > 1 the first m - 1 backwards of a step run under no_sync.

@@ -1,24 +1,30 @@
-// The CUDA runtime API of the CPU emulation (see cuda_emu.h): one device,
-// cuda:0, an sm_90 stand-in whose memory is host memory. Work is done when
-// it is issued (every stream is in order and always idle), so streams and
-// events only keep their bookkeeping: events still time what happened
-// between them, and the runtime checks what a GPU would refuse: copies whose
-// kind does not match where the pointers live, frees of unknown pointers,
-// devices other than 0. It also counts what costs time on a GPU beyond the
-// kernels (counters.h).
+// The CUDA runtime API of the CPU emulation (see cuda_emu.h): sm_90
+// stand-ins whose memory is host memory, cuda:0 only unless CUDA_EMU_DEVICES
+// says more (pending.h). Work is done when it is issued (every stream is in
+// order and idle), except what the emulated NCCL leaves pending until its
+// peers come (pending.h), so streams and events mostly keep bookkeeping:
+// events time what happened between them and capture pending work, and the
+// runtime checks what a GPU would refuse: copies whose kind does not match
+// where the pointers live, frees of unknown pointers, devices that do not
+// exist. It also counts what costs time on a GPU beyond the kernels
+// (counters.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "third_party/cuda/emu/counters.h"
 #include "third_party/cuda/emu/fiber.h"
+#include "third_party/cuda/emu/pending.h"
 
 namespace cuda_emu {
 namespace {
@@ -60,6 +66,7 @@ enum class Kind { kDevice, kPinned };
 struct Allocation {
   size_t bytes;
   Kind kind;
+  int device;  // current when allocated
 };
 
 struct Memory {
@@ -81,7 +88,7 @@ cudaError_t Fail(cudaError_t err) {
 }
 
 // Where p points: a device allocation, a pinned host allocation, or neither.
-bool Find(const void* p, Kind* kind) {
+bool Find(const void* p, Kind* kind, int* device = nullptr) {
   Memory& m = Mem();
   std::lock_guard<std::mutex> lock(m.mu);
   const auto addr = reinterpret_cast<uintptr_t>(p);
@@ -90,6 +97,7 @@ bool Find(const void* p, Kind* kind) {
   --it;
   if (addr >= it->first + std::max<size_t>(it->second.bytes, 1)) return false;
   *kind = it->second.kind;
+  if (device != nullptr) *device = it->second.device;
   return true;
 }
 bool OnDevice(const void* p) {
@@ -106,7 +114,7 @@ void* Allocate(size_t bytes, Kind kind) {
   // Fresh device memory is not zero on a GPU either: all-ones bytes (NaN in
   // every float type) make a kernel that reads what nobody wrote fail.
   if (kind == Kind::kDevice) std::memset(p, 0xff, bytes);
-  m.blocks[reinterpret_cast<uintptr_t>(p)] = {bytes, kind};
+  m.blocks[reinterpret_cast<uintptr_t>(p)] = {bytes, kind, g_device};
   if (kind == Kind::kDevice) m.device_bytes += bytes;
   return p;
 }
@@ -166,18 +174,80 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool
 }
 
 cudaError_t CheckDevice(int device) {
-  return device == 0 ? cudaSuccess : Fail(cudaErrorInvalidDevice);
+  return device >= 0 && device < DeviceCount() ? cudaSuccess : Fail(cudaErrorInvalidDevice);
 }
+
+using PendingList = std::vector<std::shared_ptr<PendingWork>>;
 
 struct Event {
   bool recorded = false;
   bool timing = true;
   std::chrono::steady_clock::time_point at;
+  PendingList captured;  // the stream's pending work when recorded
 };
 
 struct Stream {};
 
+// Pending work by stream (pending.h). The per-thread default stream is a
+// different stream on every thread: its key is a thread_local's address.
+struct PendingStreams {
+  std::mutex mu;
+  std::map<const void*, PendingList> by_stream;
+};
+PendingStreams& Pendings() {
+  static PendingStreams* p = new PendingStreams;
+  return *p;
+}
+thread_local char g_per_thread_stream_key;
+
+const void* StreamKey(cudaStream_t s) {
+  if (s == cudaStreamPerThread) return &g_per_thread_stream_key;
+  if (s == nullptr) return cudaStreamLegacy;
+  return s;
+}
+
+// The unfinished work queued on `s` (finished work is dropped).
+PendingList Unfinished(cudaStream_t s) {
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.by_stream.find(StreamKey(s));
+  if (it == p.by_stream.end()) return {};
+  PendingList& list = it->second;
+  list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w->done(); }),
+             list.end());
+  if (list.empty()) {
+    p.by_stream.erase(it);
+    return {};
+  }
+  return list;
+}
+
+void AddPending(cudaStream_t s, const PendingList& works) {
+  if (works.empty()) return;
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  PendingList& list = p.by_stream[StreamKey(s)];
+  list.insert(list.end(), works.begin(), works.end());
+}
+
+void WaitAll(const PendingList& works) {
+  for (const auto& w : works) w->Wait();
+}
+
 }  // namespace
+
+int DeviceCount() {
+  static const int count = [] {
+    const char* env = std::getenv("CUDA_EMU_DEVICES");
+    const int n = env != nullptr ? std::atoi(env) : 1;
+    return std::clamp(n, 1, 8);
+  }();
+  return count;
+}
+
+void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work) {
+  AddPending(stream, {std::move(work)});
+}
 
 void SetLastError(cudaError_t err) { g_last_error = err; }
 
@@ -258,7 +328,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = cuda_emu::DeviceCount();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
@@ -271,6 +341,13 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  cuda_emu::PendingList all;
+  {
+    cuda_emu::PendingStreams& p = cuda_emu::Pendings();
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (const auto& [key, list] : p.by_stream) all.insert(all.end(), list.begin(), list.end());
+  }
+  cuda_emu::WaitAll(all);
   cuda_emu::Wait();
   return cudaSuccess;
 }
@@ -361,14 +438,15 @@ cudaError_t cudaFreeHost(void* p) { return cuda_emu::Release(p, cuda_emu::Kind::
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
   std::memset(attr, 0, sizeof(*attr));
   cuda_emu::Kind kind;
-  if (!cuda_emu::Find(p, &kind)) {
+  int device = 0;
+  if (!cuda_emu::Find(p, &kind, &device)) {
     attr->type = cudaMemoryTypeUnregistered;
     attr->device = -1;
     attr->hostPointer = const_cast<void*>(p);
     return cudaSuccess;
   }
   attr->type = kind == cuda_emu::Kind::kDevice ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
-  attr->device = 0;
+  attr->device = device;
   if (kind == cuda_emu::Kind::kDevice) {
     attr->devicePointer = const_cast<void*>(p);
   } else {
@@ -405,16 +483,28 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     return Fail(cudaErrorInvalidResourceHandle);
   }
+  // As on a GPU, work still queued on a destroyed stream goes on; nothing
+  // can name the stream any more.
+  {
+    cuda_emu::PendingStreams& p = cuda_emu::Pendings();
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.by_stream.erase(s);
+  }
   delete reinterpret_cast<cuda_emu::Stream*>(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  cuda_emu::WaitAll(cuda_emu::Unfinished(s));
   cuda_emu::Wait();
   return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
-  return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  return cuda_emu::Unfinished(s).empty() ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  cuda_emu::AddPending(s, reinterpret_cast<cuda_emu::Event*>(e)->captured);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
@@ -429,20 +519,26 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<cuda_emu::Event*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   auto* ev = reinterpret_cast<cuda_emu::Event*>(e);
   ev->recorded = true;
+  ev->captured = cuda_emu::Unfinished(s);
   ev->at = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  cuda_emu::WaitAll(reinterpret_cast<cuda_emu::Event*>(e)->captured);
   cuda_emu::Wait();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  return e == nullptr ? Fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  for (const auto& w : reinterpret_cast<cuda_emu::Event*>(e)->captured) {
+    if (!w->done()) return cudaErrorNotReady;
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   auto* a = reinterpret_cast<cuda_emu::Event*>(start);
