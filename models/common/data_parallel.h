@@ -36,8 +36,9 @@
 //
 // Devices (--device, which the binary owns): cpu, or cuda[:N], where every
 // strategy keeps its buffers in device memory. threads: every rank on the
-// given device (ranks sharing one GPU; collectives staged through host
-// memory); nccl: rank r of a node on cuda:LOCAL_RANK; gloo: CPU only.
+// given device (ranks sharing one GPU; collectives on each rank's
+// communication stream in device memory); nccl: rank r of a node on
+// cuda:LOCAL_RANK; gloo: CPU only.
 // --cpu_offload keeps FSDP's shards, gradients and optimizer state in host
 // memory.
 

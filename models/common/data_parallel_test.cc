@@ -18,6 +18,7 @@
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "gtest/gtest.h"
+#include "models/common/data_parallel_testing.h"
 #include "models/mingpt/model.h"
 #include "nn/containers.h"
 #include "optim/adamw.h"
@@ -30,6 +31,7 @@ namespace train {
 namespace {
 
 using tensor::Tensor;
+using namespace dp_testing;  // NOLINT: the shared step fixtures
 
 // ---- Flags ----
 
@@ -58,18 +60,6 @@ TEST(ParseTest, Strategies) {
   absl::StatusOr<Strategy> bad = ParseStrategy("fsdp");
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "--strategy='fsdp' is not one of"));
-}
-
-mingpt::GptConfig Tiny() {
-  mingpt::GptConfig c;
-  c.name = "tiny";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 11;
-  c.block_size = 6;
-  c.dropout = 0.0f;
-  return c;
 }
 
 std::vector<std::string> UnitNames(nn::Module& model, const dist::WrapPolicy& policy) {
@@ -103,25 +93,6 @@ TEST(ParseTest, AutoWrap) {
 }
 
 // ---- The launcher's environment ----
-
-GetEnvFn FakeEnv(std::map<std::string, std::string> vars) {
-  auto owned = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
-  return [owned](const char* name) -> const char* {
-    auto it = owned->find(name);
-    return it == owned->end() ? nullptr : it->second.c_str();
-  };
-}
-
-std::map<std::string, std::string> LaunchVars(int rank, int world) {
-  return {{"RANK", std::to_string(rank)},
-          {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", std::to_string(rank)},
-          {"LOCAL_WORLD_SIZE", std::to_string(world)},
-          {"MASTER_ADDR", "127.0.0.1"},
-          {"MASTER_PORT", "29500"},
-          {"RESTART_COUNT", "0"},
-          {"RUN_ID", "123-456"}};
-}
 
 TEST(LaunchEnvTest, ReadsTheLaunchersVariables) {
   absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(FakeEnv(LaunchVars(1, 2)));
@@ -449,57 +420,6 @@ TEST(AnyOverRanksTest, TrueOnEveryRankWhenAnyRankSaysSo) {
 
 // ---- Each strategy's step against one process on the global batch ----
 
-constexpr int64_t kRows = 4;  // global batch
-constexpr int64_t kT = 6;
-constexpr uint64_t kSeed = 11;
-
-// Rows [r B, (r+1) B) of `v` (kRows, kT), B = kRows / n.
-Tensor Rows(const std::vector<int64_t>& v, int r, int n) {
-  const int64_t B = kRows / n;
-  std::vector<int64_t> out(v.begin() + r * B * kT, v.begin() + (r + 1) * B * kT);
-  return Tensor::FromData<int64_t>(out, {B, kT});
-}
-
-struct Trace {
-  std::vector<double> losses, norms;
-};
-
-std::unique_ptr<optim::Optimizer> AdamW() {
-  optim::AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
-  return *optim::AdamW::Create(o);
-}
-
-std::vector<int64_t> RandomTokens(uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int64_t> tok(0, 10);
-  std::vector<int64_t> v(kRows * kT);
-  for (int64_t& x : v) x = tok(gen);
-  return v;
-}
-
-// Three steps of AdamW with clipping at 0.05 (every step clips).
-constexpr int kSteps = 3;
-constexpr double kClip = 0.05;
-
-Trace SingleProcess(tensor::Device device) {
-  mingpt::GPT model(Tiny());
-  model.Materialize(kSeed, device);
-  std::unique_ptr<optim::Optimizer> opt = AdamW();
-  Trace t;
-  for (int step = 0; step < kSteps; ++step) {
-    const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
-    t.losses.push_back(
-        model.ForwardBackward(Rows(idx, 0, 1).To(device), Rows(tgt, 0, 1).To(device)));
-    std::vector<optim::ParamRef> refs = optim::FromModule(model);
-    t.norms.push_back(optim::ClipGradNorm(refs, kClip));
-    opt->Step(refs);
-    model.ZeroGrad();
-  }
-  return t;
-}
-
 // (strategy, device): "cpu", or "cuda:0" (ranks sharing the GPU; skipped
 // without one; the reference runs on the GPU too).
 class StrategyStepTest : public testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -522,31 +442,9 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
       ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
   std::vector<Trace> traces(world);
   absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
-    mingpt::GPT model(Tiny());
-    if (checkpointing) {
-      const int flagged = nn::ApplyCheckpointing(
-          model, [](const std::string&, nn::Module& m) { return m.class_name() == "Block"; });
-      EXPECT_EQ(flagged, 2);
-    }
-    absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
-        DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
-    if (!dp.ok()) return dp.status();
-    for (int step = 0; step < kSteps; ++step) {
-      const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
-      const double local = model.ForwardBackward(Rows(idx, rank.rank, world).To(device),
-                                                 Rows(tgt, rank.rank, world).To(device));
-      absl::StatusOr<double> loss = MeanOverRanks(rank.pg, local);
-      if (!loss.ok()) return loss.status();
-      absl::Status st = (*dp)->FinishBackward();
-      if (!st.ok()) return st;
-      absl::StatusOr<double> norm = (*dp)->ClipGradNorm(kClip);
-      if (!norm.ok()) return norm.status();
-      st = (*dp)->Step();
-      if (!st.ok()) return st;
-      (*dp)->ZeroGrad();
-      traces[rank.rank].losses.push_back(*loss);
-      traces[rank.rank].norms.push_back(*norm);
-    }
+    absl::StatusOr<Trace> trace = TrainSteps(config, rank.pg, device, checkpointing);
+    if (!trace.ok()) return trace.status();
+    traces[rank.rank] = *std::move(trace);
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;

@@ -1,0 +1,123 @@
+// Fixtures of the data-parallel step tests (data_parallel_testing.h).
+#include "models/common/data_parallel_testing.h"
+
+#include <random>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "models/mingpt/model.h"
+#include "dist/process_group.h"
+#include "nn/containers.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+
+namespace train {
+namespace dp_testing {
+
+using tensor::Tensor;
+
+GetEnvFn FakeEnv(std::map<std::string, std::string> vars) {
+  auto owned = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
+  return [owned](const char* name) -> const char* {
+    auto it = owned->find(name);
+    return it == owned->end() ? nullptr : it->second.c_str();
+  };
+}
+
+std::map<std::string, std::string> LaunchVars(int rank, int world, const std::string& run_id) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"RESTART_COUNT", "0"},
+          {"RUN_ID", run_id}};
+}
+
+mingpt::GptConfig Tiny() {
+  mingpt::GptConfig c;
+  c.name = "tiny";
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.vocab_size = 11;
+  c.block_size = 6;
+  c.dropout = 0.0f;
+  return c;
+}
+
+Tensor Rows(const std::vector<int64_t>& v, int r, int n) {
+  const int64_t B = kRows / n;
+  std::vector<int64_t> out(v.begin() + r * B * kT, v.begin() + (r + 1) * B * kT);
+  return Tensor::FromData<int64_t>(out, {B, kT});
+}
+
+std::unique_ptr<optim::Optimizer> AdamW() {
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  return *optim::AdamW::Create(o);
+}
+
+std::vector<int64_t> RandomTokens(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int64_t> tok(0, 10);
+  std::vector<int64_t> v(kRows * kT);
+  for (int64_t& x : v) x = tok(gen);
+  return v;
+}
+
+Trace SingleProcess(tensor::Device device) {
+  mingpt::GPT model(Tiny());
+  model.Materialize(kSeed, device);
+  std::unique_ptr<optim::Optimizer> opt = AdamW();
+  Trace t;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
+    t.losses.push_back(
+        model.ForwardBackward(Rows(idx, 0, 1).To(device), Rows(tgt, 0, 1).To(device)));
+    std::vector<optim::ParamRef> refs = optim::FromModule(model);
+    t.norms.push_back(optim::ClipGradNorm(refs, kClip));
+    opt->Step(refs);
+    model.ZeroGrad();
+  }
+  return t;
+}
+
+absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& pg,
+                                 tensor::Device device, bool checkpointing) {
+  const int rank = pg.rank();
+  const int world = pg.size();
+  mingpt::GPT model(Tiny());
+  if (checkpointing) {
+    const int flagged = nn::ApplyCheckpointing(
+        model, [](const std::string&, nn::Module& m) { return m.class_name() == "Block"; });
+    EXPECT_EQ(flagged, 2);
+  }
+  absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+      DataParallelModel::Create(model, pg, config, AdamW(), kSeed);
+  if (!dp.ok()) return dp.status();
+  Trace trace;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
+    const double local = model.ForwardBackward(Rows(idx, rank, world).To(device),
+                                               Rows(tgt, rank, world).To(device));
+    absl::StatusOr<double> loss = dist::MeanOverRanks(pg, local);
+    if (!loss.ok()) return loss.status();
+    absl::Status st = (*dp)->FinishBackward();
+    if (!st.ok()) return st;
+    absl::StatusOr<double> norm = (*dp)->ClipGradNorm(kClip);
+    if (!norm.ok()) return norm.status();
+    st = (*dp)->Step();
+    if (!st.ok()) return st;
+    (*dp)->ZeroGrad();
+    trace.losses.push_back(*loss);
+    trace.norms.push_back(*norm);
+  }
+  return trace;
+}
+
+}  // namespace dp_testing
+}  // namespace train

@@ -1,0 +1,68 @@
+// Fixtures of the data-parallel step tests (data_parallel_test,
+// data_parallel_nccl_test): a tiny minGPT, a global batch of kRows rows,
+// one process training it (the reference), and one rank's kSteps steps of
+// AdamW with clipping through DataParallelModel over any process group.
+#ifndef MODELS_COMMON_DATA_PARALLEL_TESTING_H_
+#define MODELS_COMMON_DATA_PARALLEL_TESTING_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dist/process_group.h"
+#include "models/common/data_parallel.h"
+#include "models/mingpt/config.h"
+#include "optim/optimizer.h"
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+
+namespace train {
+namespace dp_testing {
+
+constexpr int64_t kRows = 4;  // global batch
+constexpr int64_t kT = 6;
+constexpr uint64_t kSeed = 11;
+// Three steps of AdamW with clipping at 0.05 (every step clips).
+constexpr int kSteps = 3;
+constexpr double kClip = 0.05;
+
+// A getenv that reads `vars`.
+GetEnvFn FakeEnv(std::map<std::string, std::string> vars);
+// What //tools:launch sets for rank `rank` of `world` on one node (RUN_ID
+// `run_id`, MASTER_ADDR 127.0.0.1, MASTER_PORT 29500, RESTART_COUNT 0).
+std::map<std::string, std::string> LaunchVars(int rank, int world,
+                                              const std::string& run_id = "123-456");
+
+// 2 layers, 2 heads, n_embd 8, vocab 11, block 6, no dropout.
+mingpt::GptConfig Tiny();
+
+// Rows [r B, (r+1) B) of `v` (kRows, kT), B = kRows / n.
+tensor::Tensor Rows(const std::vector<int64_t>& v, int r, int n);
+
+// lr 1e-2, weight decay 0.1.
+std::unique_ptr<optim::Optimizer> AdamW();
+
+// kRows * kT ids in [0, 10].
+std::vector<int64_t> RandomTokens(uint32_t seed);
+
+struct Trace {
+  std::vector<double> losses, norms;  // per step
+};
+
+// kSteps steps of one process on the global batch, on `device`.
+Trace SingleProcess(tensor::Device device);
+
+// Rank pg.rank()'s kSteps steps of `config`'s strategy over `pg` (its rows of
+// the global batch, on `device`): the losses averaged over the ranks and the
+// global gradient norms. `checkpointing`: activation checkpointing of every
+// Block.
+absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& pg,
+                                 tensor::Device device, bool checkpointing = false);
+
+}  // namespace dp_testing
+}  // namespace train
+
+#endif  // MODELS_COMMON_DATA_PARALLEL_TESTING_H_
