@@ -18,6 +18,7 @@
 #include "dist/store.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
+#include "tensor/cuda/testing.h"
 #include "tensor/cuda_backend.h"
 
 namespace dist {
@@ -29,13 +30,6 @@ using namespace dist::testing;  // NOLINT: the shared fixtures
 
 // As fsdp_cuda_test: GPU reductions sum in other orders than one process.
 constexpr double kGpuTol = 1e-4;
-
-#define SKIP_WITHOUT_GPUS(n)                                                         \
-  do {                                                                               \
-    const int visible = tensor::cuda::DeviceCount();                                 \
-    if (visible < (n))                                                               \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << visible << " visible"; \
-  } while (0)
 
 // TrainRank on `world` ranks, rank r a thread with an nccl group on cuda:r
 // and its model there; rank 0's result.

@@ -20,6 +20,7 @@
 #include "dist/thread_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tensor/cuda/testing.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 
@@ -34,13 +35,6 @@ using ::testing::StartsWith;
 
 constexpr Dtype kDtypes[] = {Dtype::kF32, Dtype::kF16, Dtype::kBF16,
                              Dtype::kI32, Dtype::kI64, Dtype::kU8};
-
-#define SKIP_WITHOUT_GPUS(n)                                                         \
-  do {                                                                               \
-    const int visible = tensor::cuda::DeviceCount();                                 \
-    if (visible < (n))                                                               \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << visible << " visible"; \
-  } while (0)
 
 struct Case {
   CollectiveKind kind = CollectiveKind::kAllReduce;

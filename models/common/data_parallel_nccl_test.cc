@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_testing.h"
-#include "tensor/cuda_backend.h"
+#include "tensor/cuda/testing.h"
 
 namespace train {
 namespace {
@@ -30,8 +30,7 @@ TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
   const std::string strategy = GetParam();
   const bool hybrid = strategy == "hybrid_shard";
   const int world = hybrid ? 4 : 2;
-  const int visible = tensor::cuda::DeviceCount();
-  if (visible < world) GTEST_SKIP() << "needs " << world << " CUDA devices, " << visible << " visible";
+  SKIP_WITHOUT_GPUS(world);
   const Trace reference = SingleProcess(tensor::Device::Cuda(0));
   std::vector<Trace> traces(world);
   std::vector<absl::Status> statuses(world);

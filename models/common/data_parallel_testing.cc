@@ -36,18 +36,6 @@ std::map<std::string, std::string> LaunchVars(int rank, int world, const std::st
           {"RUN_ID", run_id}};
 }
 
-mingpt::GptConfig Tiny() {
-  mingpt::GptConfig c;
-  c.name = "tiny";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 11;
-  c.block_size = 6;
-  c.dropout = 0.0f;
-  return c;
-}
-
 Tensor Rows(const std::vector<int64_t>& v, int r, int n) {
   const int64_t B = kRows / n;
   std::vector<int64_t> out(v.begin() + r * B * kT, v.begin() + (r + 1) * B * kT);

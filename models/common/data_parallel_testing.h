@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "dist/fsdp_testing.h"
 #include "dist/process_group.h"
 #include "models/common/data_parallel.h"
 #include "models/mingpt/config.h"
@@ -37,7 +38,7 @@ std::map<std::string, std::string> LaunchVars(int rank, int world,
                                               const std::string& run_id = "123-456");
 
 // 2 layers, 2 heads, n_embd 8, vocab 11, block 6, no dropout.
-mingpt::GptConfig Tiny();
+using dist::testing::Tiny;
 
 // Rows [r B, (r+1) B) of `v` (kRows, kT), B = kRows / n.
 tensor::Tensor Rows(const std::vector<int64_t>& v, int r, int n);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 
 namespace tensor {
@@ -30,6 +31,16 @@ bool HasGpu();
     if (!::tensor::cuda::testing::HasGpu()) {                \
       GTEST_SKIP() << "no CUDA device visible (or no CUDA)"; \
     }                                                        \
+  } while (0)
+
+// Skips unless at least n CUDA devices are visible (one rank per device, as
+// NCCL requires; the CUDA emulation has CUDA_EMU_DEVICES of them).
+#define SKIP_WITHOUT_GPUS(n)                                                         \
+  do {                                                                               \
+    const int visible = ::tensor::cuda::DeviceCount();                               \
+    if (visible < (n)) {                                                             \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << visible << " visible"; \
+    }                                                                                \
   } while (0)
 
 // Copies to cuda:index / to the host.
