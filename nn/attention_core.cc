@@ -93,14 +93,15 @@ void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
 }
 
 // On CUDA: the fused kernels take plain (causal) attention with head sizes
-// 32, 64 and 128 (tensor/cuda/attention.h) and never hold the (T_q, T_k)
-// probabilities. A bias, attention dropout or another head size runs the
-// unfused path below on the GPU's matmul, softmax and dropout kernels (which
-// keeps the probabilities, as on the CPU), and so does a key padding mask.
+// 32, 64 and 128 (tensor/cuda/attention.h), attention dropout included, and
+// never hold the (T_q, T_k) probabilities. A bias or another head size runs
+// the unfused path below on the GPU's matmul, softmax and dropout kernels
+// (which keeps the probabilities, as on the CPU), and so does a key padding
+// mask or a dropout of 1 (all zeros).
 bool UsesFlash(const Tensor& q, const Tensor& v, const Tensor& bias, const Tensor& key_mask,
                const AttentionOptions& o) {
   const int64_t d = q.dim(3);
-  return !bias.defined() && !key_mask.defined() && !(o.training && o.dropout > 0.0f) &&
+  return !bias.defined() && !key_mask.defined() && !(o.training && o.dropout >= 1.0f) &&
          (d == 32 || d == 64 || d == 128) && v.dim(3) == d;
 }
 
@@ -110,19 +111,44 @@ void CheckCudaInputs(const Tensor& q, const Tensor& k, const Tensor& v, const At
            dev.ToString(), ", ", k.device().ToString(), ", ", v.device().ToString());
 }
 
+// The generator state of a fused dropout: what tensor::Dropout of the
+// (B, nh, T_q, T_k) probabilities would draw (the same mask).
+tensor::DropoutState FlashDropoutState(int64_t numel, const AttentionOptions& o,
+                                       tensor::Generator& gen) {
+  tensor::DropoutState d;
+  d.p = o.dropout;
+  d.numel = numel;
+  if (!o.training || o.dropout == 0.0f) return d;
+  d.active = true;
+  d.seed = gen.seed();
+  d.offset = gen.Reserve((static_cast<uint64_t>(numel) + 3) / 4);
+  return d;
+}
+
+tensor::cuda::FlashDropout ToFlash(const tensor::DropoutState& d) {
+  tensor::cuda::FlashDropout f;
+  if (!d.active) return f;
+  f.p = d.p;
+  f.seed = d.seed;
+  f.offset = d.offset;
+  return f;
+}
+
 // The fused CUDA path (UsesFlash).
 Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                    AttentionState* state) {
+                    tensor::Generator& gen, AttentionState* state) {
   const tensor::Device dev = q.device();
-  const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2);
+  const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
   Tensor y = Tensor::Empty({b, nh, t_q, v.dim(3)}, q.dtype(), dev);  // (B, nh, T_q, hs)
   Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);        // (B, nh, T_q)
-  tensor::cuda::FlashAttentionForward(q, k, v, o.scale, o.causal, y, lse);
+  const tensor::DropoutState drop = FlashDropoutState(b * nh * t_q * t_k, o, gen);
+  tensor::cuda::FlashAttentionForward(q, k, v, o.scale, o.causal, y, lse,
+                                      tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(drop));
   state->q = q;
   state->k = k;
   state->v = v;
   state->probs = Tensor();
-  state->dropout = tensor::DropoutState();
+  state->dropout = drop;
   state->scale = o.scale;
   state->softmax_causal = false;
   state->has_bias = false;
@@ -147,7 +173,8 @@ AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s) {
   grads.dk = Tensor::Empty(s.k.shape(), s.q.dtype(), s.q.device());
   grads.dv = Tensor::Empty(s.v.shape(), s.q.dtype(), s.q.device());
   tensor::cuda::FlashAttentionBackward(s.q, s.k, s.v, s.out, s.lse, gy, s.scale, s.causal, grads.dq,
-                                       grads.dk, grads.dv);
+                                       grads.dk, grads.dv, tensor::cuda::FlashAttentionKernel::kAuto,
+                                       ToFlash(s.dropout));
   return grads;
 }
 
@@ -160,7 +187,9 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   CheckShapes(q, k, v, bias, key_mask, options, cuda);
   if (cuda) {
     CheckCudaInputs(q, k, v, options);
-    if (UsesFlash(q, v, bias, key_mask, options)) return FlashForward(q, k, v, options, state);
+    if (UsesFlash(q, v, bias, key_mask, options)) {
+      return FlashForward(q, k, v, options, gen, state);
+    }
   }
   const Dtype dt = q.dtype();
   const int64_t t_q = q.dim(2), t_k = k.dim(2);

@@ -14,15 +14,16 @@
 // kept and saved in the compute dtype; gradients of q, k, v come back in it,
 // the bias gradient in the bias's dtype.
 //
-// On a CUDA device plain attention (causal or not, scale; no bias, no key
-// mask, no attention dropout while training) with head sizes 32, 64 or 128
-// (hs_v == hs) goes to the fused FlashAttention-2 style kernels
-// (tensor/cuda/attention.h): nothing (T_q, T_k) is ever allocated, the state
-// keeps the output and a (B, nh, T_q) logsumexp. A bias, attention dropout or
-// another head size runs the path above on the GPU's kernels (it keeps the
-// probabilities; dropout masks equal the CPU's for the same generator), and
-// so does a key padding mask (the mask is built on the host and added on the
-// GPU). f32, bf16 or f16.
+// On a CUDA device plain attention (causal or not, scale, attention dropout
+// below 1; no bias, no key mask) with head sizes 32, 64 or 128 (hs_v == hs)
+// goes to the fused FlashAttention-2 style kernels (tensor/cuda/attention.h):
+// nothing (T_q, T_k) is ever allocated, the state keeps the output and a
+// (B, nh, T_q) logsumexp, and the dropout mask is regenerated in the kernels
+// from the generator state the unfused path's dropout would draw (the same
+// mask). A bias or another head size runs the path above on the GPU's
+// kernels (it keeps the probabilities; dropout masks equal the CPU's for the
+// same generator), and so does a key padding mask (the mask is built on the
+// host and added on the GPU). f32, bf16 or f16.
 #ifndef NN_ATTENTION_CORE_H_
 #define NN_ATTENTION_CORE_H_
 

@@ -103,47 +103,62 @@ TEST(AttentionCudaTest, MemoryIsLinearInT) {
   const Device gpu = Device::Cuda(0);
 
   tensor::ScopedMemoryCategory act(MemoryCategory::kActivations);
-  ledger.ResetPeaks();
-  AttentionOptions o;
-  o.scale = 0.125f;
-  o.causal = true;
-  tensor::Generator gen(1);
-  AttentionState st;
-  const Tensor y = AttentionForward(q, k, v, Tensor(), Tensor(), o, gen, &st);
-  const tensor::MemoryStats fwd = ledger.Stats(gpu, MemoryCategory::kActivations);
-  EXPECT_EQ(fwd.peak, head_bytes + row_bytes) << "forward: y and lse only";
-  const AttentionGrads g = AttentionBackward(gy, st);
-  const tensor::MemoryStats bwd = ledger.Stats(gpu, MemoryCategory::kActivations);
-  // y, lse, then dq, dk, dv and the delta workspace (B, nh, T) f32.
-  EXPECT_LE(bwd.peak, 4 * head_bytes + 2 * row_bytes);
-  EXPECT_LT(bwd.peak * 4, probs_bytes) << "nothing O(T^2)";
-  EXPECT_EQ(g.dq.nbytes(), head_bytes);
+  for (float dropout : {0.0f, 0.1f}) {  // training: the dropout mask is not stored either
+    SCOPED_TRACE(::testing::Message() << "dropout " << dropout);
+    ledger.ResetPeaks();
+    AttentionOptions o;
+    o.scale = 0.125f;
+    o.causal = true;
+    o.dropout = dropout;
+    o.training = true;
+    tensor::Generator gen(1);
+    AttentionState st;
+    const Tensor y = AttentionForward(q, k, v, Tensor(), Tensor(), o, gen, &st);
+    const tensor::MemoryStats fwd = ledger.Stats(gpu, MemoryCategory::kActivations);
+    EXPECT_EQ(fwd.peak, head_bytes + row_bytes) << "forward: y and lse only";
+    const AttentionGrads g = AttentionBackward(gy, st);
+    const tensor::MemoryStats bwd = ledger.Stats(gpu, MemoryCategory::kActivations);
+    // y, lse, then dq, dk, dv and the delta workspace (B, nh, T) f32.
+    EXPECT_LE(bwd.peak, 4 * head_bytes + 2 * row_bytes);
+    EXPECT_LT(bwd.peak * 4, probs_bytes) << "nothing O(T^2)";
+    EXPECT_EQ(g.dq.nbytes(), head_bytes);
+  }
 }
 
-// A bias, attention dropout (training) and head sizes the fused kernels do
-// not take run the unfused path on the GPU: the same results as the CPU (the
-// dropout masks too: the device Philox stream equals the CPU's).
-TEST(AttentionCudaTest, BiasDropoutAndOtherHeadSizesRunUnfusedOnTheGpu) {
+// Attention dropout (training) runs in the fused kernels, which regenerate
+// the mask the CPU's dropout draws (the device Philox stream equals the
+// CPU's): the same results as the CPU path, which keeps the probabilities.
+// A bias and head sizes the fused kernels do not take run the unfused path on
+// the GPU: the same results too. f32 takes the float kernels, bf16 the
+// tensor-core ones.
+TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   struct Variant {
     const char* name;
     int64_t hs;
     bool bias;
     float dropout;
+    int64_t t = 37;
+    bool causal = true;
+    bool fused = false;
   };
   const std::vector<Variant> variants = {
-      {"bias (T5)", 64, true, 0.0f}, {"dropout", 64, false, 0.1f}, {"hs 48", 48, false, 0.0f},
+      {"bias (T5)", 64, true, 0.0f},
+      {"dropout (fused)", 64, false, 0.1f, 37, true, true},
+      {"dropout 0.5, T 150 (fused)", 32, false, 0.5f, 150, true, true},
+      {"dropout, not causal, T 130 (fused)", 128, false, 0.2f, 130, false, true},
+      {"hs 48", 48, false, 0.0f},
       {"hs 16 + bias + dropout", 16, true, 0.2f}};
   for (const Variant& var : variants) {
     for (Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
       SCOPED_TRACE(::testing::Message() << var.name << " " << DtypeName(dt));
-      const int64_t b = 2, nh = 2, t = 37, cc = nh * var.hs;
+      const int64_t b = 2, nh = 2, t = var.t, cc = nh * var.hs;
       const Tensor qkv = RandomTensor({b, t, 3 * cc}, 21, -1.5f, 1.5f, dt);
       const Tensor dy = RandomTensor({b, t, cc}, 22, -1.0f, 1.0f, dt);
       const Tensor bias = var.bias ? RandomTensor({1, nh, t, t}, 23, -1.0f, 1.0f) : Tensor();
       AttentionOptions o;
       o.scale = 1.0f / std::sqrt(static_cast<float>(var.hs));
-      o.causal = true;
+      o.causal = var.causal;
       o.dropout = var.dropout;
       o.training = true;
 
@@ -160,7 +175,9 @@ TEST(AttentionCudaTest, BiasDropoutAndOtherHeadSizesRunUnfusedOnTheGpu) {
       const Tensor y = AttentionForward(gpu.q, gpu.k, gpu.v, var.bias ? ToGpu(bias) : Tensor(),
                                         Tensor(), o, gpu_gen, &st);
       ASSERT_TRUE(y.device().is_cuda());
-      EXPECT_FALSE(st.flash);
+      EXPECT_EQ(st.flash, var.fused);
+      EXPECT_EQ(st.probs.defined(), !var.fused) << "the fused path keeps no (T, T) tensor";
+      EXPECT_EQ(gpu_gen.offset(), cpu_gen.offset()) << "the same counters drawn";
       const AttentionGrads g = AttentionBackward(SplitHeads(ToGpu(dy), nh), st);
       const double tol = dt == Dtype::kBF16 ? 2e-2 : 1e-4;
       EXPECT_TRUE(NearScaled(y, y_cpu, tol)) << "y";

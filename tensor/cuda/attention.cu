@@ -1,5 +1,6 @@
 // CUDA kernels: fused causal attention forward and backward (FlashAttention-2
-// style, see attention.h for the design), and the unfused baseline's softmax.
+// style, see attention.h for the design), with attention dropout. The
+// unfused baseline's softmax is in attention_unfused.cu.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,6 +8,7 @@
 
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/common.cuh"
+#include "tensor/cuda/philox.cuh"
 
 namespace tensor {
 namespace cuda {
@@ -46,19 +48,26 @@ struct Args {
   bool vec;  // every (q, k, v, grad_out) row start is 16-byte aligned
   float scale;
   float scale_log2;  // scale * log2(e): scores go through exp2
+  // Dropout of the probabilities (FlashDropout); drop_scale 1 when none.
+  bool dropout;
+  uint32_t drop_threshold;  // ceil(p 2^24)
+  float drop_scale;         // float(1 / (1 - p))
+  uint64_t drop_seed, drop_offset;
 };
 
 __device__ __forceinline__ bool Visible(const Args& a, int query, int key) {
   return query < a.t_q && key < a.t_k && (!a.causal || key <= query + a.causal_offset);
 }
 
-__device__ __forceinline__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
-  return x;
-}
-__device__ __forceinline__ float WarpSum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
+// The dropout factor of probability (bh, query, key): 0 or drop_scale; 1
+// in the kernels compiled without dropout (kDrop false: the kernels of plain
+// attention keep their registers). Outside the (T_q, T_k) range the
+// probability is 0 anyway.
+template <bool kDrop>
+__device__ __forceinline__ float DropFactor(const Args& a, int bh, int query, int key) {
+  if constexpr (!kDrop) return 1.0f;
+  const uint64_t i = (static_cast<uint64_t>(bh) * a.t_q + query) * a.t_k + key;
+  return DropoutKeeps(a.drop_seed, a.drop_offset, a.drop_threshold, i) ? a.drop_scale : 0.0f;
 }
 
 // ---------------------------------------------------------------------------
@@ -190,7 +199,7 @@ constexpr FlashAttentionTiles MmaTiles(FlashAttentionPass pass) {
 
 // Forward: CTA = 64 queries (4 warps x 16 rows) of one (batch, head); loops
 // over key tiles of 64 up to the causal limit with the online softmax.
-template <typename T, int kD>
+template <typename T, int kD, bool kDrop>
 __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kForward);
   constexpr int kBr = kTiles.rows, kBc = kTiles.step, kLd = kD + 8;
@@ -259,6 +268,15 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
         o[j][2 * r + 1] *= alpha;
       }
     }
+    if constexpr (kDrop) {  // after the row sums: they normalize the undropped softmax
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] *= DropFactor<kDrop>(a, bh, row[e / 2], k0 + j * 8 + 2 * t + (e & 1));
+        }
+      }
+    }
     WarpGemmPB<T, kBc, kD>(o, s, vs, kLd, g, t);
   }
 
@@ -288,7 +306,7 @@ __device__ __forceinline__ float Lse2(float lse) { return lse == -kInf ? kInf : 
 
 // Backward dk, dv: CTA = 64 keys (4 warps x 16 rows) of one (batch, head);
 // loops over query tiles from the first query that sees the block.
-template <typename T, int kD>
+template <typename T, int kD, bool kDrop>
 __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
   constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kBackwardDkDv);
   constexpr int kBc = kTiles.rows, kBr = kTiles.step, kLd = kD + 8;
@@ -342,16 +360,22 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
             Visible(a, q0 + qi, key[e / 2]) ? exp2f(p[j][e] * a.scale_log2 - lse_s[qi]) : 0.0f;
       }
     }
-    WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);  // dV += P^T dO
-    // dS^T = P^T * (V dO^T - delta).
+    if constexpr (!kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);  // dV += P^T dO
+    // dS^T = P^T * (M * (V dO^T) - delta) with M the dropout factors; with
+    // dropout, then P^T *= M and dV += (M P)^T dO.
     float ds[kBr / 8][4] = {};
     WarpGemmABt<T, kD, kBr>(ds, vs + warp * 16 * kLd, dos, kLd, g, t);
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        ds[j][e] = p[j][e] * (ds[j][e] - delta_s[j * 8 + 2 * t + (e & 1)]);
+      for (int e = 0; e < 4; ++e) {
+        const int qi = j * 8 + 2 * t + (e & 1);
+        const float f = DropFactor<kDrop>(a, bh, q0 + qi, key[e / 2]);
+        ds[j][e] = p[j][e] * (ds[j][e] * f - delta_s[qi]);
+        if constexpr (kDrop) p[j][e] *= f;
+      }
     }
+    if constexpr (kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);
     WarpGemmPB<T, kBr, kD>(dk, ds, qs, kLd, g, t);  // dK += dS^T Q (times scale below)
   }
 
@@ -371,7 +395,7 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
 }
 
 // Backward dq: CTA = 64 queries (4 warps x 16 rows); loops over key tiles.
-template <typename T, int kD>
+template <typename T, int kD, bool kDrop>
 __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kBackwardDq);
   constexpr int kBr = kTiles.rows, kBc = kTiles.step, kLd = kD + 8;
@@ -421,7 +445,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, kj = k0 + j * 8 + 2 * t + (e & 1);
         const float pr = Visible(a, row[r], kj) ? exp2f(p[j][e] * a.scale_log2 - lse2[r]) : 0.0f;
-        ds[j][e] = pr * (ds[j][e] - delta[r]);
+        ds[j][e] = pr * (ds[j][e] * DropFactor<kDrop>(a, bh, row[r], kj) - delta[r]);
       }
     }
     WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, g, t);  // dQ += dS K (times scale below)
@@ -469,7 +493,7 @@ __device__ __forceinline__ float Dot(const float* x, const float* y) {
 }
 
 // Forward: CTA = 8 query rows (a warp each); lane j scores key k0 + j.
-template <typename T, int kD>
+template <typename T, int kD, bool kDrop>
 __global__ void __launch_bounds__(256) ForwardFloatKernel(const Args a) {
   constexpr FlashAttentionTiles kTiles = FloatTiles<kD>(FlashAttentionPass::kForward);
   constexpr int kRows = kTiles.rows, kTile = kTiles.step, kLd = kD + 1, kPer = kD / 32;
@@ -498,16 +522,17 @@ __global__ void __launch_bounds__(256) ForwardFloatKernel(const Args a) {
     __syncthreads();
     const float s = Dot<kD>(qs + warp * kD, ks + lane * kLd);
     const float x = Visible(a, row, k0 + lane) ? s * a.scale_log2 : -kInf;
-    const float m_new = fmaxf(m, WarpMax(x));
+    const float m_new = fmaxf(m, WarpAllMax(x));
     const float m_use = m_new == -kInf ? 0.0f : m_new;
     const float alpha = exp2f(m - m_use);
     const float p = exp2f(x - m_use);
-    l = l * alpha + WarpSum(p);
+    l = l * alpha + WarpAllSum(p);
     m = m_new;
 #pragma unroll
     for (int c = 0; c < kPer; ++c) o[c] *= alpha;
+    const float pd = p * DropFactor<kDrop>(a, bh, row, k0 + lane);  // the sum above is undropped
     for (int jj = 0; jj < kTile; ++jj) {
-      const float pj = __shfl_sync(kFullMask, p, jj);
+      const float pj = __shfl_sync(kFullMask, pd, jj);
 #pragma unroll
       for (int c = 0; c < kPer; ++c) o[c] = fmaf(pj, vs[jj * kLd + lane + 32 * c], o[c]);
     }
@@ -523,7 +548,7 @@ __global__ void __launch_bounds__(256) ForwardFloatKernel(const Args a) {
 }
 
 // Backward dq: CTA = 8 query rows; lane j takes key k0 + j.
-template <typename T, int kD>
+template <typename T, int kD, bool kDrop>
 __global__ void __launch_bounds__(256) BackwardDqFloatKernel(const Args a) {
   constexpr FlashAttentionTiles kTiles = FloatTiles<kD>(FlashAttentionPass::kBackwardDq);
   constexpr int kRows = kTiles.rows, kTile = kTiles.step, kLd = kD + 1, kPer = kD / 32;
@@ -558,7 +583,7 @@ __global__ void __launch_bounds__(256) BackwardDqFloatKernel(const Args a) {
     const float s = Dot<kD>(qs + warp * kD, ks + lane * kLd);
     const float dp = Dot<kD>(dos + warp * kD, vs + lane * kLd);
     const float p = Visible(a, row, k0 + lane) ? exp2f(s * a.scale_log2 - lse2) : 0.0f;
-    const float ds = p * (dp - delta);
+    const float ds = p * (dp * DropFactor<kDrop>(a, bh, row, k0 + lane) - delta);
     for (int jj = 0; jj < kTile; ++jj) {
       const float dsj = __shfl_sync(kFullMask, ds, jj);
 #pragma unroll
@@ -572,7 +597,7 @@ __global__ void __launch_bounds__(256) BackwardDqFloatKernel(const Args a) {
 }
 
 // Backward dk, dv: CTA = 8 key rows (a warp each); lane i takes query q0 + i.
-template <typename T, int kD>
+template <typename T, int kD, bool kDrop>
 __global__ void __launch_bounds__(256) BackwardDkDvFloatKernel(const Args a) {
   constexpr FlashAttentionTiles kTiles = FloatTiles<kD>(FlashAttentionPass::kBackwardDkDv);
   constexpr int kRows = kTiles.rows, kTile = kTiles.step, kLd = kD + 1, kPer = kD / 32;
@@ -613,9 +638,11 @@ __global__ void __launch_bounds__(256) BackwardDkDvFloatKernel(const Args a) {
     const float s = Dot<kD>(kr + warp * kD, qs + lane * kLd);
     const float dp = Dot<kD>(vr + warp * kD, dos + lane * kLd);
     const float p = Visible(a, q0 + lane, key) ? exp2f(s * a.scale_log2 - lse_s[lane]) : 0.0f;
-    const float ds = p * (dp - delta_s[lane]);
+    const float f = DropFactor<kDrop>(a, bh, q0 + lane, key);
+    const float ds = p * (dp * f - delta_s[lane]);
+    const float pd = p * f;
     for (int ii = 0; ii < kTile; ++ii) {
-      const float pi = __shfl_sync(kFullMask, p, ii);
+      const float pi = __shfl_sync(kFullMask, pd, ii);
       const float dsi = __shfl_sync(kFullMask, ds, ii);
 #pragma unroll
       for (int c = 0; c < kPer; ++c) {
@@ -647,62 +674,8 @@ __global__ void DeltaKernel(const Args a, int d, int64_t rows) {
     const T* dout = static_cast<const T*>(a.grad_out) + b * a.sdo.b + h * a.sdo.h + i * a.sdo.t;
     float s = 0.0f;
     for (int c = lane; c < d; c += 32) s = fmaf(ToF(o[c]), ToF(dout[c]), s);
-    s = WarpSum(s);
+    s = WarpAllSum(s);
     if (lane == 0) a.delta[row] = s;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Unfused baseline: row softmax over materialized scores, and its backward.
-// A CTA of 256 threads per row.
-// ---------------------------------------------------------------------------
-
-__device__ float BlockReduce(float x, bool is_max, float* scratch) {
-  x = is_max ? WarpMax(x) : WarpSum(x);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockDim.x / 32;
-  __syncthreads();  // scratch is free
-  if (lane == 0) scratch[warp] = x;
-  __syncthreads();
-  float r = is_max ? -kInf : 0.0f;
-  for (int i = 0; i < n; ++i) r = is_max ? fmaxf(r, scratch[i]) : r + scratch[i];
-  return r;
-}
-
-template <typename P>
-__global__ void SoftmaxKernel(const float* scores, P* probs, int t_q, int t_k, float scale_log2,
-                              bool causal) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
-  const int i = static_cast<int>(row % t_q);
-  const int limit = causal ? min(t_k, i + (t_k - t_q) + 1) : t_k;  // keys < limit
-  const float* s = scores + row * t_k;
-  P* p = probs + row * t_k;
-  float mx = -kInf;
-  for (int j = threadIdx.x; j < limit; j += blockDim.x) mx = fmaxf(mx, s[j] * scale_log2);
-  mx = BlockReduce(mx, true, scratch);
-  const float m_use = mx == -kInf ? 0.0f : mx;
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < limit; j += blockDim.x) sum += exp2f(s[j] * scale_log2 - m_use);
-  sum = BlockReduce(sum, false, scratch);
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  for (int j = threadIdx.x; j < t_k; j += blockDim.x) {
-    p[j] = FromF<P>(j < limit ? exp2f(s[j] * scale_log2 - m_use) * inv : 0.0f);
-  }
-}
-
-template <typename P, typename G>
-__global__ void SoftmaxBackwardKernel(const float* dprobs, const P* probs, G* dscores, int t_k,
-                                      float scale) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
-  const float* dp = dprobs + row * t_k;
-  const P* p = probs + row * t_k;
-  float dot = 0.0f;
-  for (int j = threadIdx.x; j < t_k; j += blockDim.x) dot = fmaf(ToF(p[j]), dp[j], dot);
-  dot = BlockReduce(dot, false, scratch);
-  G* ds = dscores + row * t_k;
-  for (int j = threadIdx.x; j < t_k; j += blockDim.x) {
-    ds[j] = FromF<G>(scale * ToF(p[j]) * (dp[j] - dot));
   }
 }
 
@@ -741,7 +714,10 @@ FlashAttentionKernel Resolve(FlashAttentionKernel kernel, Dtype dtype) {
   return kernel;
 }
 
-Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bool causal) {
+Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bool causal,
+              const FlashDropout& dropout) {
+  OP_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, kOp, "dropout p must be in [0, 1); got ",
+           dropout.p);
   Args a{};
   a.q = q.raw_data();
   a.k = k.raw_data();
@@ -757,6 +733,13 @@ Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bo
   a.vec = Aligned16(q) && Aligned16(k) && Aligned16(v);
   a.scale = scale;
   a.scale_log2 = scale * kLog2e;
+  // As tensor/ops/dropout.cc: the threshold and the float scale.
+  a.dropout = dropout.p > 0.0f;
+  a.drop_threshold =
+      static_cast<uint32_t>(std::ceil(static_cast<double>(dropout.p) * 16777216.0));
+  a.drop_scale = static_cast<float>(1.0 / (1.0 - dropout.p));
+  a.drop_seed = dropout.seed;
+  a.drop_offset = dropout.offset;
   return a;
 }
 
@@ -796,11 +779,22 @@ void DispatchHeadDim(int64_t d, Fn&& fn) {
   }
 }
 
+// Calls fn(std::bool_constant<dropout>{}): the kernels with or without the
+// dropout code.
+template <typename Fn>
+void DispatchDrop(bool dropout, Fn&& fn) {
+  if (dropout) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
+}
+
 }  // namespace
 
 void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                            bool causal, const Tensor& out, const Tensor& lse,
-                           FlashAttentionKernel kernel) {
+                           FlashAttentionKernel kernel, const FlashDropout& dropout) {
   CheckFlashAttentionInputs(q, k, v);
   OP_CHECK(q.device().is_cuda(), kOp, "q is on ", q.device().ToString(), ", not a CUDA device");
   CheckOnDevice(q, k, "k");
@@ -810,7 +804,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
   CheckOutput(q, lse, "lse", Shape({b, h, t_q}), Dtype::kF32);
   kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
-  Args a = MakeArgs(q, k, v, scale, causal);
+  Args a = MakeArgs(q, k, v, scale, causal, dropout);
   a.y = out.raw_data();
   a.lse = lse.data<float>();
   const unsigned bh = static_cast<unsigned>(b * h);
@@ -822,11 +816,15 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
           FlashAttentionTilesFor(kernel, FlashAttentionPass::kForward, kD, sizeof(T));
       if constexpr (!std::is_same_v<T, float>) {
         if (kernel == FlashAttentionKernel::kTensorCore) {
-          Launch(ForwardMmaKernel<T, kD>, bh, CeilDiv(t_q, tiles.rows), tiles, a);
+          DispatchDrop(a.dropout, [&](auto drop) {
+            Launch(ForwardMmaKernel<T, kD, decltype(drop)::value>, bh, CeilDiv(t_q, tiles.rows), tiles, a);
+          });
           return;
         }
       }
-      Launch(ForwardFloatKernel<T, kD>, bh, CeilDiv(t_q, tiles.rows), tiles, a);
+      DispatchDrop(a.dropout, [&](auto drop) {
+        Launch(ForwardFloatKernel<T, kD, decltype(drop)::value>, bh, CeilDiv(t_q, tiles.rows), tiles, a);
+      });
     });
   });
 }
@@ -834,7 +832,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
 void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                            FlashAttentionKernel kernel) {
+                            FlashAttentionKernel kernel, const FlashDropout& dropout) {
   CheckFlashAttentionInputs(q, k, v);
   OP_CHECK(q.device().is_cuda(), kOp, "q is on ", q.device().ToString(), ", not a CUDA device");
   CheckOnDevice(q, k, "k");
@@ -854,7 +852,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
   Tensor delta = Tensor::Empty({b, h, t_q}, Dtype::kF32, q.device());
-  Args a = MakeArgs(q, k, v, scale, causal);
+  Args a = MakeArgs(q, k, v, scale, causal, dropout);
   a.out = out.raw_data();
   a.grad_out = grad_out.raw_data();
   a.sdo = StridesOf(grad_out);
@@ -881,59 +879,19 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
           FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDq, kD, sizeof(T));
       if constexpr (!std::is_same_v<T, float>) {
         if (kernel == FlashAttentionKernel::kTensorCore) {
-          Launch(BackwardDkDvMmaKernel<T, kD>, bh, CeilDiv(t_k, kv.rows), kv, a);
-          Launch(BackwardDqMmaKernel<T, kD>, bh, CeilDiv(t_q, qt.rows), qt, a);
+          DispatchDrop(a.dropout, [&](auto drop) {
+            Launch(BackwardDkDvMmaKernel<T, kD, decltype(drop)::value>, bh, CeilDiv(t_k, kv.rows), kv, a);
+            Launch(BackwardDqMmaKernel<T, kD, decltype(drop)::value>, bh, CeilDiv(t_q, qt.rows), qt, a);
+          });
           return;
         }
       }
-      Launch(BackwardDkDvFloatKernel<T, kD>, bh, CeilDiv(t_k, kv.rows), kv, a);
-      Launch(BackwardDqFloatKernel<T, kD>, bh, CeilDiv(t_q, qt.rows), qt, a);
+      DispatchDrop(a.dropout, [&](auto drop) {
+        Launch(BackwardDkDvFloatKernel<T, kD, decltype(drop)::value>, bh, CeilDiv(t_k, kv.rows), kv, a);
+        Launch(BackwardDqFloatKernel<T, kD, decltype(drop)::value>, bh, CeilDiv(t_q, qt.rows), qt, a);
+      });
     });
   });
-}
-
-void UnfusedAttentionSoftmax(const Tensor& scores, float scale, bool causal, const Tensor& probs) {
-  constexpr char kSm[] = "unfused_attention_softmax";
-  OP_CHECK(scores.rank() == 4 && scores.dtype() == Dtype::kF32 && scores.is_contiguous() &&
-               scores.device().is_cuda() && probs.shape() == scores.shape() &&
-               probs.is_contiguous() && probs.device() == scores.device(),
-           kSm, "scores must be contiguous f32 (B, H, T_q, T_k) on CUDA and probs alike; got ",
-           scores.shape().ToString(), " ", DtypeName(scores.dtype()), " and ",
-           probs.shape().ToString(), " ", DtypeName(probs.dtype()));
-  SetDevice(scores, kSm);
-  const int64_t rows = scores.numel() / std::max<int64_t>(scores.dim(3), 1);
-  if (rows == 0 || scores.dim(3) == 0) return;
-  DispatchFloat(probs.dtype(), kSm, [&](auto zero) {
-    using P = decltype(zero);
-    SoftmaxKernel<P><<<static_cast<unsigned>(rows), 256, 0, ComputeStream()>>>(
-        scores.data<float>(), Ptr<P>(probs), static_cast<int>(scores.dim(2)),
-        static_cast<int>(scores.dim(3)), scale * kLog2e, causal);
-  });
-  CheckLaunch(kSm);
-}
-
-void UnfusedAttentionSoftmaxBackward(const Tensor& dprobs, const Tensor& probs, float scale,
-                                     const Tensor& dscores) {
-  constexpr char kSm[] = "unfused_attention_softmax_backward";
-  OP_CHECK(dprobs.rank() == 4 && dprobs.dtype() == Dtype::kF32 && dprobs.is_contiguous() &&
-               dprobs.device().is_cuda() && probs.shape() == dprobs.shape() &&
-               probs.is_contiguous() && probs.device() == dprobs.device() &&
-               dscores.shape() == dprobs.shape() && dscores.is_contiguous() &&
-               dscores.device() == dprobs.device(),
-           kSm, "dprobs must be contiguous f32 (B, H, T_q, T_k) on CUDA and probs, dscores alike");
-  SetDevice(dprobs, kSm);
-  const int64_t t_k = dprobs.dim(3);
-  const int64_t rows = t_k == 0 ? 0 : dprobs.numel() / t_k;
-  if (rows == 0) return;
-  DispatchFloat(probs.dtype(), kSm, [&](auto pz) {
-    using P = decltype(pz);
-    DispatchFloat(dscores.dtype(), kSm, [&](auto gz) {
-      using G = decltype(gz);
-      SoftmaxBackwardKernel<P, G><<<static_cast<unsigned>(rows), 256, 0, ComputeStream()>>>(
-          dprobs.data<float>(), Ptr<P>(probs), Ptr<G>(dscores), static_cast<int>(t_k), scale);
-    });
-  });
-  CheckLaunch(kSm);
 }
 
 }  // namespace cuda

@@ -28,7 +28,17 @@
 //   f32 path and a reference for the tensor-core kernel.
 // Masking: causal means query i sees keys j <= i + (T_k - T_q) (as
 // nn::AttentionForward). Rows that see no key get out 0, lse -inf and no
-// gradient. No bias, key mask or dropout.
+// gradient. No bias or key mask.
+// Dropout on the probabilities (FlashDropout): the mask of tensor/ops/dropout.h
+// over the (B, H, T_q, T_k) probabilities (element i = ((b H + h) T_q + query)
+// T_k + key uses Philox word i % 4 of counter offset + i / 4), regenerated in
+// every kernel from (seed, offset), so nothing O(T^2) is stored: the forward
+// multiplies the probabilities by mask / (1 - p) before P V (the row sums and
+// lse stay those of the undropped softmax), the backward applies the same
+// mask to P for dV and to dP before the softmax backward (delta =
+// rowsum(dO * out) already includes it). The unfused path's
+// tensor::Dropout on the probabilities draws the same mask from the same
+// generator state.
 #ifndef TENSOR_CUDA_ATTENTION_H_
 #define TENSOR_CUDA_ATTENTION_H_
 
@@ -39,6 +49,15 @@
 
 namespace tensor {
 namespace cuda {
+
+// Dropout of the probabilities: p in [0, 1) (0: none), the Philox key and
+// first counter (tensor::DropoutState's seed and offset; the forward of a
+// dropout over B H T_q T_k elements reserves ceil(B H T_q T_k / 4) counters).
+struct FlashDropout {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
 
 enum class FlashAttentionKernel {
   kAuto,        // kTensorCore for bf16 / f16, kFloat for f32
@@ -53,15 +72,18 @@ enum class FlashAttentionKernel {
 // on ComputeStream(). Throws OpError("[flash_attention] ...") on anything else.
 void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                            bool causal, const Tensor& out, const Tensor& lse,
-                           FlashAttentionKernel kernel = FlashAttentionKernel::kAuto);
+                           FlashAttentionKernel kernel = FlashAttentionKernel::kAuto,
+                           const FlashDropout& dropout = {});
 
 // dq, dk, dv (contiguous, shaped and typed like q, k, v) from the forward's
 // inputs, out and lse, and grad_out (like out; any strides with unit stride in
 // D). Allocates the (B, H, T_q) f32 delta workspace on q's device.
+// `dropout`: the forward's.
 void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                            FlashAttentionKernel kernel = FlashAttentionKernel::kAuto);
+                            FlashAttentionKernel kernel = FlashAttentionKernel::kAuto,
+                            const FlashDropout& dropout = {});
 
 // The unfused baseline's softmax (for benchmarks and tests: it needs the whole
 // (B, H, T_q, T_k) scores): probs = softmax(scale * scores, causal) with scores

@@ -6,12 +6,12 @@ namespace tensor {
 namespace cuda {
 
 void FlashAttentionForward(const Tensor& q, const Tensor&, const Tensor&, float, bool,
-                           const Tensor&, const Tensor&, FlashAttentionKernel) {
+                           const Tensor&, const Tensor&, FlashAttentionKernel, const FlashDropout&) {
   NotBuilt("flash_attention", q);
 }
 void FlashAttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
                             const Tensor&, const Tensor&, float, bool, const Tensor&, const Tensor&,
-                            const Tensor&, FlashAttentionKernel) {
+                            const Tensor&, FlashAttentionKernel, const FlashDropout&) {
   NotBuilt("flash_attention", q);
 }
 void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {

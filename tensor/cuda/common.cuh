@@ -63,6 +63,16 @@ __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float x) {
 template <>
 __device__ __forceinline__ __half FromF<__half>(float x) { return __float2half_rn(x); }
 
+// The max / sum of one float per lane over a full warp, in every lane.
+__device__ __forceinline__ float WarpAllMax(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float WarpAllSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 // Calls fn(T{}) with T the CUDA type of a floating dtype; throws otherwise.
 template <typename Fn>
 void DispatchFloat(Dtype dtype, const char* op, Fn&& fn) {

@@ -5,35 +5,11 @@
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/dropout.h"
+#include "tensor/cuda/philox.cuh"
 
 namespace tensor {
 namespace cuda {
 namespace {
-
-// Philox4x32-10 (key, counter_hi = 0, counter_lo = counter), as
-// tensor::Philox4x32: words w[0..3].
-__device__ __forceinline__ void Philox(uint64_t key, uint64_t counter, uint32_t w[4]) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-#pragma unroll
-  for (int round = 0; round < 10; ++round) {
-    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    const uint32_t n0 = hi1 ^ c1 ^ k0;
-    const uint32_t n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  w[0] = c0;
-  w[1] = c1;
-  w[2] = c2;
-  w[3] = c3;
-}
 
 template <typename T>
 __global__ void DropoutKernel(const T* in, T* out, int64_t n, uint64_t seed, uint64_t offset,
