@@ -429,12 +429,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   cudaGetDevice(&device);
   const std::string key(id.internal, strnlen(id.internal, sizeof(id.internal)));
   std::unique_lock<std::mutex> lock(emu::Mu());
-  std::shared_ptr<emu::Clique>& clique = emu::Cliques()[key];
-  if (clique == nullptr) {
-    clique = std::make_shared<emu::Clique>();
-    clique->size = nranks;
-    clique->members.assign(nranks, nullptr);
+  std::shared_ptr<emu::Clique>& slot = emu::Cliques()[key];
+  if (slot == nullptr) {
+    slot = std::make_shared<emu::Clique>();
+    slot->size = nranks;
+    slot->members.assign(nranks, nullptr);
   }
+  const std::shared_ptr<emu::Clique> clique = slot;  // the map entry may go below
   if (clique->size != nranks || clique->members[rank] != nullptr) return ncclInvalidUsage;
   auto* c = new ncclComm;
   c->clique = clique;
@@ -462,9 +463,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   }
   const bool blocking = config == nullptr || config->blocking != 0;
   if (!blocking) return ncclInProgress;
-  std::shared_ptr<emu::Clique> mine = clique;
-  emu::Cv().wait(lock, [&] { return mine->joined == mine->size; });
-  return ncclSuccess;
+  emu::Cv().wait(lock, [&] { return clique->joined == clique->size; });
+  return c->error;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {

@@ -1,0 +1,221 @@
+// The emulated NCCL's model (nccl.cc), where the project's nccl engine tests
+// do not reach it: a collective stays pending on its stream (events after it
+// not ready) until every rank has made it; calls that differ across ranks
+// fail every communicator; a rank that aborts during a call fails its peers'
+// (ncclRemoteError) instead of hanging them; two ranks on one device are
+// refused; non-blocking init and split report ncclInProgress until complete.
+// Emulation only (--config=cuda_emu, CUDA_EMU_DEVICES=3 from the BUILD file).
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace {
+
+// Rank r's non-blocking communicator of `n` on cuda:`devices[r]`, through
+// one unique id; each rank's init runs on its own thread.
+std::vector<ncclComm_t> InitAll(const std::vector<int>& devices, std::vector<ncclResult_t>* states) {
+  const int n = static_cast<int>(devices.size());
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n, nullptr);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(devices[r]);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t result = ncclCommInitRankConfig(&comms[r], n, id, r, &config);
+      EXPECT_TRUE(result == ncclSuccess || result == ncclInProgress) << result;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  states->assign(n, ncclInProgress);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ncclCommGetAsyncError(comms[r], &(*states)[r]), ncclSuccess);
+  return comms;
+}
+
+float* DeviceFloats(int device, std::vector<float> values) {
+  cudaSetDevice(device);
+  float* p = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), values.size() * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return p;
+}
+
+std::vector<float> HostFloats(const float* p, size_t n) {
+  std::vector<float> out(n);
+  EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+TEST(EmulatedNccl, ACallIsPendingUntilEveryRankMakesIt) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);
+  EXPECT_EQ(states, std::vector<ncclResult_t>(2, ncclSuccess));
+  float* a = DeviceFloats(0, {1, 2, 3});
+  float* b = DeviceFloats(1, {10, 20, 30});
+  cudaStream_t s0, s1;
+  cudaSetDevice(0);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  cudaSetDevice(1);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t done0;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming), cudaSuccess);
+
+  ASSERT_EQ(ncclAllReduce(a, a, 3, ncclFloat32, ncclSum, comms[0], s0), ncclSuccess);
+  ASSERT_EQ(cudaEventRecord(done0, s0), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(done0), cudaErrorNotReady) << "rank 1 has not made the call";
+  EXPECT_EQ(cudaStreamQuery(s0), cudaErrorNotReady);
+  EXPECT_EQ(ncclCommFinalize(comms[0]), ncclInProgress) << "a call is unfinished";
+  ASSERT_EQ(ncclAllReduce(b, b, 3, ncclFloat32, ncclSum, comms[1], s1), ncclSuccess);
+  EXPECT_EQ(cudaEventQuery(done0), cudaSuccess);
+  EXPECT_EQ(HostFloats(a, 3), (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(HostFloats(b, 3), (std::vector<float>{11, 22, 33}));
+
+  // All-gather and an in-place reduce-scatter (rank r's output is chunk r).
+  float* g0 = DeviceFloats(0, {0, 0, 0, 0});
+  float* g1 = DeviceFloats(1, {0, 0, 0, 0});
+  ASSERT_EQ(ncclAllGather(a, g0, 2, ncclFloat32, comms[0], s0), ncclSuccess);
+  ASSERT_EQ(ncclAllGather(b + 1, g1, 2, ncclFloat32, comms[1], s1), ncclSuccess);
+  EXPECT_EQ(HostFloats(g0, 4), (std::vector<float>{11, 22, 22, 33}));
+  EXPECT_EQ(HostFloats(g1, 4), HostFloats(g0, 4));
+  ASSERT_EQ(ncclReduceScatter(g0, g0, 2, ncclFloat32, ncclMax, comms[0], s0), ncclSuccess);
+  ASSERT_EQ(ncclReduceScatter(g1, g1 + 2, 2, ncclFloat32, ncclMax, comms[1], s1), ncclSuccess);
+  EXPECT_EQ(HostFloats(g0, 2), (std::vector<float>{11, 22}));
+  EXPECT_EQ(HostFloats(g1 + 2, 2), (std::vector<float>{22, 33}));
+
+  for (ncclComm_t c : comms) {
+    EXPECT_EQ(ncclCommFinalize(c), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
+  cudaEventDestroy(done0);
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+  for (float* p : {a, b, g0, g1}) cudaFree(p);
+}
+
+TEST(EmulatedNccl, CallsThatDifferAcrossRanksFailEveryCommunicator) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);
+  float* a = DeviceFloats(0, {1, 2, 3});
+  float* b = DeviceFloats(1, {1, 2, 3});
+  ASSERT_EQ(ncclAllReduce(a, a, 3, ncclFloat32, ncclSum, comms[0], cudaStreamPerThread), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(b, b, 2, ncclFloat32, ncclSum, comms[1], cudaStreamPerThread), ncclSuccess);
+  for (ncclComm_t c : comms) {
+    ncclResult_t state = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInvalidUsage);
+    EXPECT_NE(std::strstr(ncclGetLastError(c), "differs across ranks"), nullptr)
+        << ncclGetLastError(c);
+  }
+  EXPECT_EQ(HostFloats(a, 3), (std::vector<float>{1, 2, 3})) << "nothing written";
+  for (ncclComm_t c : comms) ncclCommAbort(c);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+// An abort ends the aborting rank's calls. Peers that made a call with it
+// get ncclRemoteError; a peer that comes to the call later waits, as on one
+// node where nothing tells it (the engine's watchdog times it out).
+TEST(EmulatedNccl, AbortEndsTheCallsAndFailsThePeersInThem) {
+  cudaEvent_t done0, done1;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&done1, cudaEventDisableTiming), cudaSuccess);
+  cudaStream_t s0, s1;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  float* a = DeviceFloats(0, {1});
+  float* b = DeviceFloats(1, {1});
+  {
+    std::vector<ncclResult_t> states;
+    std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);
+    ASSERT_EQ(ncclAllReduce(a, a, 1, ncclFloat32, ncclSum, comms[0], s0), ncclSuccess);
+    ASSERT_EQ(cudaEventRecord(done0, s0), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(done0), cudaErrorNotReady);
+    ASSERT_EQ(ncclCommAbort(comms[0]), ncclSuccess);  // as the engine's watchdog does
+    EXPECT_EQ(cudaEventQuery(done0), cudaSuccess);
+    ASSERT_EQ(ncclAllReduce(b, b, 1, ncclFloat32, ncclSum, comms[1], s1), ncclSuccess);
+    ASSERT_EQ(cudaEventRecord(done1, s1), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(done1), cudaErrorNotReady) << "rank 1 came after: it waits";
+    ncclResult_t state = ncclInProgress;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[1], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess);
+    ASSERT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+    EXPECT_EQ(cudaEventQuery(done1), cudaSuccess);
+  }
+  {
+    std::vector<ncclResult_t> states;
+    std::vector<ncclComm_t> comms = InitAll({0, 1, 2}, &states);
+    ASSERT_EQ(ncclAllReduce(a, a, 1, ncclFloat32, ncclSum, comms[0], s0), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(b, b, 1, ncclFloat32, ncclSum, comms[1], s1), ncclSuccess);
+    ASSERT_EQ(cudaEventRecord(done1, s1), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(done1), cudaErrorNotReady) << "rank 2 has not come";
+    ASSERT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+    EXPECT_EQ(cudaEventQuery(done1), cudaSuccess) << "rank 1's call ended";
+    ncclResult_t state = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[1], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclRemoteError);
+    ASSERT_EQ(ncclCommGetAsyncError(comms[2], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess) << "rank 2 was not in the call";
+    ncclCommAbort(comms[1]);
+    ncclCommAbort(comms[2]);
+  }
+  cudaEventDestroy(done0);
+  cudaEventDestroy(done1);
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+TEST(EmulatedNccl, TwoRanksOnOneDeviceAreRefused) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> comms = InitAll({0, 0}, &states);
+  EXPECT_EQ(states, std::vector<ncclResult_t>(2, ncclInvalidUsage));
+  EXPECT_NE(std::strstr(ncclGetLastError(comms[0]), "Duplicate GPU detected"), nullptr);
+  for (ncclComm_t c : comms) ncclCommAbort(c);
+}
+
+TEST(EmulatedNccl, InitAndSplitAreInProgressUntilEveryRankCame) {
+  cudaSetDevice(0);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t c0 = nullptr, c1 = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&c0, 2, id, 0, &config), ncclInProgress);
+  ncclResult_t state = ncclSuccess;
+  ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
+  cudaSetDevice(1);
+  ASSERT_EQ(ncclCommInitRankConfig(&c1, 2, id, 1, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+
+  // Split by color, reversed by key; then rank 1 alone with the other out.
+  ncclComm_t s0 = nullptr, s1 = nullptr;
+  ASSERT_EQ(ncclCommSplit(c0, 5, 1, &s0, &config), ncclInProgress);
+  ASSERT_EQ(ncclCommGetAsyncError(s0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
+  ASSERT_EQ(ncclCommSplit(c1, 5, 0, &s1, &config), ncclSuccess);
+  int rank = -1, count = -1;
+  ASSERT_EQ(ncclCommUserRank(s0, &rank), ncclSuccess);
+  ASSERT_EQ(ncclCommCount(s0, &count), ncclSuccess);
+  EXPECT_EQ(rank, 1);
+  EXPECT_EQ(count, 2);
+  ncclComm_t none = c0, alone = nullptr;
+  ASSERT_EQ(ncclCommSplit(c0, NCCL_SPLIT_NOCOLOR, 0, &none, &config), ncclSuccess);
+  EXPECT_EQ(none, nullptr);
+  ASSERT_EQ(ncclCommSplit(c1, 0, 0, &alone, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommCount(alone, &count), ncclSuccess);
+  EXPECT_EQ(count, 1);
+  for (ncclComm_t c : {s0, s1, alone, c0, c1}) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+}  // namespace
