@@ -549,7 +549,7 @@ namespace {
 
 // Takes `comm` out of its clique; its part in unfinished calls fails them for
 // every rank (the peers' communicators get ncclRemoteError). With Mu() held.
-void Leave(ncclComm_t comm, bool abort) {
+void Leave(ncclComm_t comm) {
   if (comm->clique != nullptr) {
     emu::Clique& clique = *comm->clique;
     for (auto it = clique.calls.begin(); it != clique.calls.end();) {
@@ -575,7 +575,6 @@ void Leave(ncclComm_t comm, bool abort) {
     if (clique.members[comm->rank] == comm) clique.members[comm->rank] = nullptr;
   }
   for (const auto& w : comm->outstanding) w->Finish();  // aborted kernels exit
-  (void)abort;
   emu::Cv().notify_all();
 }
 
@@ -584,7 +583,7 @@ void Leave(ncclComm_t comm, bool abort) {
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
   std::lock_guard<std::mutex> lock(emu::Mu());
-  Leave(comm, /*abort=*/false);
+  Leave(comm);  // destroying with calls unfinished is an abort
   delete comm;
   return ncclSuccess;
 }
@@ -592,7 +591,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   std::lock_guard<std::mutex> lock(emu::Mu());
-  Leave(comm, /*abort=*/true);
+  Leave(comm);
   delete comm;
   return ncclSuccess;
 }
