@@ -52,7 +52,9 @@ struct Arrival {
   int key = 0;                           // split
   const void* in = nullptr;              // contiguous buffers (staged when needed)
   void* out = nullptr;
-  // Where in / out are: the host, or a GPU (the device path: see Execute).
+  // Where in / out were at arrival: the host, or a GPU (the device path:
+  // see Execute). Fixed once published: every rank decides the round's path
+  // from it (StageOnHost may then move in / out to host buffers).
   tensor::Device device = tensor::Device::Cpu();
   tensor::cuda::EventHandle issued = nullptr;  // device path: the issuing stream's mark
   tensor::cuda::EventHandle done = nullptr;    // device path: the end of this rank's share
