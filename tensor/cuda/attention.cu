@@ -70,6 +70,22 @@ __device__ __forceinline__ float DropFactor(const Args& a, int bh, int query, in
   return DropoutKeeps(a.drop_seed, a.drop_offset, a.drop_threshold, i) ? a.drop_scale : 0.0f;
 }
 
+// The factors of (bh, query, key) and (bh, query, key + 1), mostly from one
+// Philox evaluation (the tensor-core kernels hold keys in pairs).
+template <bool kDrop>
+__device__ __forceinline__ void DropFactorPair(const Args& a, int bh, int query, int key,
+                                               float (&f)[2]) {
+  if constexpr (!kDrop) {
+    f[0] = f[1] = 1.0f;
+  } else {
+    const uint64_t i = (static_cast<uint64_t>(bh) * a.t_q + query) * a.t_k + key;
+    bool keep[2];
+    DropoutKeepsPair(a.drop_seed, a.drop_offset, a.drop_threshold, i, keep);
+    f[0] = keep[0] ? a.drop_scale : 0.0f;
+    f[1] = keep[1] ? a.drop_scale : 0.0f;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Tensor-core path: mma.sync.m16n8k16, bf16/f16 inputs, f32 accumulators.
 //
@@ -272,8 +288,11 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
 #pragma unroll
       for (int j = 0; j < kBc / 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] *= DropFactor<kDrop>(a, bh, row[e / 2], k0 + j * 8 + 2 * t + (e & 1));
+        for (int r = 0; r < 2; ++r) {
+          float f[2];
+          DropFactorPair<kDrop>(a, bh, row[r], k0 + j * 8 + 2 * t, f);
+          s[j][2 * r] *= f[0];
+          s[j][2 * r + 1] *= f[1];
         }
       }
     }
@@ -441,11 +460,14 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     WarpGemmABt<T, kD, kBc>(ds, dos + warp * 16 * kLd, vs, kLd, g, t);  // dP = dO V^T
 #pragma unroll
     for (int j = 0; j < kBc / 8; ++j) {
+      float f[2][2];
+      DropFactorPair<kDrop>(a, bh, row[0], k0 + j * 8 + 2 * t, f[0]);
+      DropFactorPair<kDrop>(a, bh, row[1], k0 + j * 8 + 2 * t, f[1]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, kj = k0 + j * 8 + 2 * t + (e & 1);
         const float pr = Visible(a, row[r], kj) ? exp2f(p[j][e] * a.scale_log2 - lse2[r]) : 0.0f;
-        ds[j][e] = pr * (ds[j][e] * DropFactor<kDrop>(a, bh, row[r], kj) - delta[r]);
+        ds[j][e] = pr * (ds[j][e] * f[r][e & 1] - delta[r]);
       }
     }
     WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, g, t);  // dQ += dS K (times scale below)

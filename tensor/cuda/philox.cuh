@@ -33,13 +33,39 @@ __device__ __forceinline__ void Philox(uint64_t key, uint64_t counter, uint32_t 
   w[3] = c3;
 }
 
-// Whether element i of a dropout over mask (seed, offset) is kept: word i % 4
-// of counter offset + i / 4, kept iff (word >> 8) >= threshold = ceil(p 2^24).
+// w[k] for a k known only at run time, as a select: indexing w directly would
+// put it in local memory.
+__device__ __forceinline__ uint32_t PhiloxWord(const uint32_t (&w)[4], uint32_t k) {
+  return k == 0 ? w[0] : (k == 1 ? w[1] : (k == 2 ? w[2] : w[3]));
+}
+
+// Whether elements i and i + 1 of a dropout over mask (seed, offset) are kept:
+// element i uses word i % 4 of counter offset + i / 4 and is kept iff
+// (word >> 8) >= threshold = ceil(p 2^24). One Philox evaluation serves both
+// unless i % 4 == 3.
+__device__ __forceinline__ void DropoutKeepsPair(uint64_t seed, uint64_t offset,
+                                                 uint32_t threshold, uint64_t i, bool keep[2]) {
+  uint32_t w[4];
+  Philox(seed, offset + i / 4, w);
+  const uint32_t k = static_cast<uint32_t>(i & 3);
+  uint32_t next;
+  if (k == 3) {
+    uint32_t v[4];
+    Philox(seed, offset + i / 4 + 1, v);
+    next = v[0];
+  } else {
+    next = PhiloxWord(w, k + 1);
+  }
+  keep[0] = (PhiloxWord(w, k) >> 8) >= threshold;
+  keep[1] = (next >> 8) >= threshold;
+}
+
+// Whether element i of such a dropout is kept.
 __device__ __forceinline__ bool DropoutKeeps(uint64_t seed, uint64_t offset, uint32_t threshold,
                                              uint64_t i) {
   uint32_t w[4];
   Philox(seed, offset + i / 4, w);
-  return (w[i % 4] >> 8) >= threshold;
+  return (PhiloxWord(w, static_cast<uint32_t>(i & 3)) >> 8) >= threshold;
 }
 
 }  // namespace cuda
