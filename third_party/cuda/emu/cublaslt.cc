@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "third_party/cuda/emu/counters.h"
+#include "third_party/cuda/emu/pending.h"
 
 namespace {
 
@@ -206,7 +207,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               const void* A, cublasLtMatrixLayout_t adesc, const void* B,
                               cublasLtMatrixLayout_t bdesc, const void* beta, const void* C,
                               cublasLtMatrixLayout_t cdesc, void* Dp, cublasLtMatrixLayout_t ddesc,
-                              const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t stream) {
+  cuda_emu::WaitForStream(stream);
   if (handle == nullptr || desc == nullptr || alpha == nullptr || beta == nullptr) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }

@@ -228,7 +228,12 @@ struct LaunchConfig {
   cudaStream_t stream;
 };
 
+// Waits until the work left pending on `stream` (pending.h: an emulated NCCL
+// call) has finished: what the GPU would do before the next work queued there.
+void WaitForStream(cudaStream_t stream);
+
 inline void LaunchKernel(const LaunchConfig& config, const std::function<void()>& call) {
+  WaitForStream(config.stream);
   Launch(config.grid, config.block, config.shared_bytes, call);
 }
 

@@ -1,6 +1,6 @@
 // The emulated NCCL's model (nccl.cc), where the project's nccl engine tests
 // do not reach it: a collective stays pending on its stream (events after it
-// not ready) until every rank has made it; calls that differ across ranks
+// not ready, work queued after it waits) until every rank has made it; calls that differ across ranks
 // fail every communicator; a rank that aborts during a call fails its peers'
 // (ncclRemoteError) instead of hanging them; two ranks on one device are
 // refused; non-blocking init and split report ncclInProgress until complete.
@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -98,6 +99,39 @@ TEST(EmulatedNccl, ACallIsPendingUntilEveryRankMakesIt) {
   cudaStreamDestroy(s0);
   cudaStreamDestroy(s1);
   for (float* p : {a, b, g0, g1}) cudaFree(p);
+}
+
+// Work queued behind a pending call runs after it: rank 0's copy of its
+// result, queued right after its all-reduce, sees the reduced values although
+// rank 1 makes the call only later (the emulation's host waits for it).
+TEST(EmulatedNccl, WorkQueuedBehindAPendingCallRunsAfterIt) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);
+  float* a = DeviceFloats(0, {1, 2});
+  float* b = DeviceFloats(1, {10, 20});
+  std::vector<float> copied(2, 0.0f);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 2 * sizeof(float)), cudaSuccess);
+  std::thread rank0([&] {
+    cudaSetDevice(0);
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(ncclAllReduce(a, a, 2, ncclFloat32, ncclSum, comms[0], s), ncclSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(pinned, a, 2 * sizeof(float), cudaMemcpyDeviceToHost, s),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    copied.assign(pinned, pinned + 2);
+    cudaStreamDestroy(s);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(ncclAllReduce(b, b, 2, ncclFloat32, ncclSum, comms[1], cudaStreamPerThread),
+            ncclSuccess);
+  rank0.join();
+  EXPECT_EQ(copied, (std::vector<float>{11, 22}));
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+  cudaFreeHost(pinned);
+  cudaFree(a);
+  cudaFree(b);
 }
 
 TEST(EmulatedNccl, CallsThatDifferAcrossRanksFailEveryCommunicator) {

@@ -7,9 +7,10 @@
 // for such an event (cudaStreamWaitEvent) inherits the work; synchronizing
 // a stream or the device waits for it.
 //
-// Not modeled: a kernel or copy issued on a stream after pending work runs at
-// once, not after it (the project's nccl engine queues only collectives and
-// events on its communication stream).
+// A kernel, asynchronous copy or memset or cuBLASLt matmul issued on a stream
+// with pending work first waits on the host until that work has finished
+// (WaitForStream), so it runs after it as on a GPU (where the host would not
+// wait).
 #ifndef THIRD_PARTY_CUDA_EMU_PENDING_H_
 #define THIRD_PARTY_CUDA_EMU_PENDING_H_
 
@@ -48,6 +49,9 @@ class PendingWork {
 
 // `work` is queued on `stream` (cudaStreamPerThread: the calling thread's).
 void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work);
+
+// Waits until the work pending on `stream` has finished.
+void WaitForStream(cudaStream_t stream);
 
 // The number of emulated devices: CUDA_EMU_DEVICES (1 to 8) when set, else 1.
 int DeviceCount();

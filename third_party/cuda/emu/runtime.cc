@@ -249,6 +249,8 @@ void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work) {
   AddPending(stream, {std::move(work)});
 }
 
+void WaitForStream(cudaStream_t stream) { WaitAll(Unfinished(stream)); }
+
 void SetLastError(cudaError_t err) { g_last_error = err; }
 
 void CountLaunch() {
@@ -460,7 +462,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
   return cuda_emu::Copy(dst, src, n, kind, /*async=*/false);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
+  cuda_emu::WaitForStream(stream);
   return cuda_emu::Copy(dst, src, n, kind, /*async=*/true);
 }
 cudaError_t cudaMemset(void* p, int value, size_t n) {
@@ -470,7 +473,8 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
   cuda_emu::Queued();  // a device memset does not wait, even the synchronous one
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
+  cuda_emu::WaitForStream(stream);
   return cudaMemset(p, value, n);
 }
 
