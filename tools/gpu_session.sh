@@ -6,8 +6,8 @@
 #
 #   tools/gpu_session.sh tests   every bundled *_test: PASS / FAIL / SKIP per binary, the tail
 #                                of each failure ($OUT/tests.txt, $OUT/tests.log)
-#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark and :attention_benchmark as JSON
-#                                ($OUT/matmul.json, $OUT/attention.json)
+#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark and :attention_benchmark (tables)
+#                                ($OUT/matmul.txt, $OUT/attention.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
 #                                losses and per-rank memory ($OUT/train.log)
@@ -62,11 +62,17 @@ case "$phase" in
     echo "failed binaries: $failed" | tee -a "$out/tests.txt"
     ;;
   bench)
-    for b in matmul_benchmark attention_benchmark; do
-      has "$b" || { echo "gpu_session: $b is not in the bundle" >&2; continue; }
-      "$run" "$b" --benchmark_format=json --benchmark_out="$out/${b%_benchmark}.json" \
-        --benchmark_out_format=json --benchmark_min_time=0.2 2>&1 | tail -40
-    done
+    # Both print tables (their own mains, not Google Benchmark): kept under $OUT.
+    if has matmul_benchmark; then
+      "$run" matmul_benchmark --samples=20 --reps=10 2>&1 | tee "$out/matmul.txt" | tail -40
+    else
+      echo "gpu_session: matmul_benchmark is not in the bundle" >&2
+    fi
+    if has attention_benchmark; then  # B=8, 20 iterations; T = 1024 and 2048
+      "$run" attention_benchmark 8 20 2>&1 | tee "$out/attention.txt" | tail -40
+    else
+      echo "gpu_session: attention_benchmark is not in the bundle" >&2
+    fi
     ;;
   train)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }

@@ -167,9 +167,23 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
 }  // namespace
 }  // namespace tensor
 
+// argv[i] as a positive integer, or `fallback` when absent; exits with a
+// message naming the argument otherwise.
+int64_t PositiveArg(int argc, char** argv, int i, const char* name, int64_t fallback) {
+  if (argc <= i) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(argv[i], &end, 10);
+  if (end == argv[i] || *end != '\0' || v <= 0) {
+    std::fprintf(stderr, "attention_benchmark: %s must be a positive integer, got '%s'\n"
+                 "usage: attention_benchmark [B] [iters]\n", name, argv[i]);
+    std::exit(2);
+  }
+  return v;
+}
+
 int main(int argc, char** argv) {
-  const int64_t b = argc > 1 ? std::atoll(argv[1]) : 8;
-  const int iters = argc > 2 ? std::atoi(argv[2]) : 20;
+  const int64_t b = PositiveArg(argc, argv, 1, "B", 8);
+  const int iters = static_cast<int>(PositiveArg(argc, argv, 2, "iters", 20));
   if (tensor::cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "no CUDA device visible\n");
     return 1;
