@@ -428,7 +428,7 @@ class ThreadProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  // Compute's work (dist/collective_share.h) on this rank's communication
+  // This rank's share (dist/collective_share.h) on its communication
   // stream, after every rank's issue mark; records the end of the share in
   // me->done. Every rank's buffers are on me->device. Errors are CUDA's.
   absl::Status ComputeOnDevice(const CollectiveCall& call, const std::vector<const Arrival*>& all,
@@ -447,6 +447,18 @@ class ThreadProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
+  // "[op] rank r of n: rank p failed: <why>" for the first peer whose staging
+  // or device work failed (read once every rank has set its own), else OK.
+  absl::Status PeerFailure(const std::string& op, const std::vector<const Arrival*>& all) const {
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank_ && !all[r]->failed.ok()) {
+        return absl::Status(all[r]->failed.code(), absl::StrCat("[", op, "] ", Who(), ": rank ", r,
+                                                                " failed: ", all[r]->failed.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   static std::vector<RankBuffers> Buffers(const std::vector<const Arrival*>& all) {
     std::vector<RankBuffers> buffers;
     for (const Arrival* a : all) buffers.push_back({a->in, a->out});
@@ -455,7 +467,7 @@ class ThreadProcessGroup final : public ProcessGroup {
 
   // A call whose ranks' buffers are not all on one GPU, though some are on a
   // GPU: those ranks stage theirs on the host now (Prepare's copies), then
-  // every rank waits until all have, so that Compute reads host memory only.
+  // every rank waits until all have, so that ShareOnHost reads host memory only.
   // Identical result on every rank. Takes world.mu.
   absl::Status StageOnHost(int64_t seq, const CollectiveCall& call,
                            const std::vector<const Arrival*>& all, Arrival* me, tensor::Tensor* in,
@@ -487,14 +499,7 @@ class ThreadProcessGroup final : public ProcessGroup {
     world.cv.notify_all();
     world.cv.wait(lock, [&] { return round.num_staged == group_->size(); });
     if (!me->failed.ok()) return me->failed;
-    for (int r = 0; r < size(); ++r) {
-      if (!all[r]->failed.ok()) {
-        return absl::Status(all[r]->failed.code(),
-                            absl::StrCat("[", op, "] ", Who(), ": rank ", r,
-                                         " failed: ", all[r]->failed.message()));
-      }
-    }
-    return absl::OkStatus();
+    return PeerFailure(op, all);
   }
 
   // The staged host result into the caller's tensor (any strides, any
@@ -508,8 +513,8 @@ class ThreadProcessGroup final : public ProcessGroup {
   }
 
   // One collective of this rank. The device path, when every rank's tensors
-  // are contiguous on one GPU: the ranks' communication streams do Compute's
-  // work with kernels and device copies, ordered after each issuing stream's
+  // are contiguous on one GPU: the ranks' communication streams do their
+  // shares with kernels and device copies, ordered after each issuing stream's
   // mark (dist/device_lane.h), and nothing goes through host memory; the
   // Work completes once every rank's share has finished on the device.
   // Otherwise host buffers (Prepare, StageOnHost).
@@ -563,14 +568,9 @@ class ThreadProcessGroup final : public ProcessGroup {
     absl::Status peer_failed;
     Leave(seq, [&](Round&) {
       for (int r = 0; r < size(); ++r) {
-        if (r == rank_) continue;
-        peers_done.push_back(all[r]->done);
-        if (peer_failed.ok() && !all[r]->failed.ok()) {
-          peer_failed = absl::Status(all[r]->failed.code(),
-                                     absl::StrCat("[", op, "] ", Who(), ": rank ", r,
-                                                  " failed: ", all[r]->failed.message()));
-        }
+        if (r != rank_) peers_done.push_back(all[r]->done);
       }
+      peer_failed = PeerFailure(op, all);
     });
     if (status.ok() && on_device) {
       try {  // My buffers are done with once every peer's share has finished.

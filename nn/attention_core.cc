@@ -111,20 +111,6 @@ void CheckCudaInputs(const Tensor& q, const Tensor& k, const Tensor& v, const At
            dev.ToString(), ", ", k.device().ToString(), ", ", v.device().ToString());
 }
 
-// The generator state of a fused dropout: what tensor::Dropout of the
-// (B, nh, T_q, T_k) probabilities would draw (the same mask).
-tensor::DropoutState FlashDropoutState(int64_t numel, const AttentionOptions& o,
-                                       tensor::Generator& gen) {
-  tensor::DropoutState d;
-  d.p = o.dropout;
-  d.numel = numel;
-  if (!o.training || o.dropout == 0.0f) return d;
-  d.active = true;
-  d.seed = gen.seed();
-  d.offset = gen.Reserve((static_cast<uint64_t>(numel) + 3) / 4);
-  return d;
-}
-
 tensor::cuda::FlashDropout ToFlash(const tensor::DropoutState& d) {
   tensor::cuda::FlashDropout f;
   if (!d.active) return f;
@@ -141,7 +127,10 @@ Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
   Tensor y = Tensor::Empty({b, nh, t_q, v.dim(3)}, q.dtype(), dev);  // (B, nh, T_q, hs)
   Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);        // (B, nh, T_q)
-  const tensor::DropoutState drop = FlashDropoutState(b * nh * t_q * t_k, o, gen);
+  // The state tensor::Dropout of the (B, nh, T_q, T_k) probabilities would
+  // draw: the same mask.
+  const tensor::DropoutState drop =
+      tensor::DrawDropoutState(b * nh * t_q * t_k, o.dropout, gen, o.training);
   tensor::cuda::FlashAttentionForward(q, k, v, o.scale, o.causal, y, lse,
                                       tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(drop));
   state->q = q;

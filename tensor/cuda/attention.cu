@@ -63,11 +63,17 @@ __device__ __forceinline__ bool Visible(const Args& a, int query, int key) {
 // in the kernels compiled without dropout (kDrop false: the kernels of plain
 // attention keep their registers). Outside the (T_q, T_k) range the
 // probability is 0 anyway.
+// The element index of probability (bh, query, key) in (B, H, T_q, T_k).
+__device__ __forceinline__ uint64_t ProbIndex(const Args& a, int bh, int query, int key) {
+  return (static_cast<uint64_t>(bh) * a.t_q + query) * a.t_k + key;
+}
+
 template <bool kDrop>
 __device__ __forceinline__ float DropFactor(const Args& a, int bh, int query, int key) {
   if constexpr (!kDrop) return 1.0f;
-  const uint64_t i = (static_cast<uint64_t>(bh) * a.t_q + query) * a.t_k + key;
-  return DropoutKeeps(a.drop_seed, a.drop_offset, a.drop_threshold, i) ? a.drop_scale : 0.0f;
+  return DropoutKeeps(a.drop_seed, a.drop_offset, a.drop_threshold, ProbIndex(a, bh, query, key))
+             ? a.drop_scale
+             : 0.0f;
 }
 
 // The factors of (bh, query, key) and (bh, query, key + 1), mostly from one
@@ -78,9 +84,9 @@ __device__ __forceinline__ void DropFactorPair(const Args& a, int bh, int query,
   if constexpr (!kDrop) {
     f[0] = f[1] = 1.0f;
   } else {
-    const uint64_t i = (static_cast<uint64_t>(bh) * a.t_q + query) * a.t_k + key;
     bool keep[2];
-    DropoutKeepsPair(a.drop_seed, a.drop_offset, a.drop_threshold, i, keep);
+    DropoutKeepsPair(a.drop_seed, a.drop_offset, a.drop_threshold, ProbIndex(a, bh, query, key),
+                     keep);
     f[0] = keep[0] ? a.drop_scale : 0.0f;
     f[1] = keep[1] ? a.drop_scale : 0.0f;
   }

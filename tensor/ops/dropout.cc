@@ -165,25 +165,33 @@ bool OnCuda(const char* op, const Tensor& t) {
 
 }  // namespace
 
+DropoutState DrawDropoutState(int64_t numel, float p, Generator& gen, bool training) {
+  CheckP("dropout", p);
+  DropoutState state;
+  state.p = p;
+  state.numel = numel;
+  if (!training || p == 0.0f) return state;
+  state.active = true;
+  if (p == 1.0f) return state;  // all zeros: no mask to draw
+  state.seed = gen.seed();
+  state.offset = gen.Reserve((static_cast<uint64_t>(numel) + 3) / 4);
+  return state;
+}
+
 DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
   const char* op = "dropout";
   const bool on_cuda = OnCuda(op, x);
   CheckFloating(op, x);
-  CheckP(op, p);
   DropoutResult out;
-  out.state.p = p;
-  out.state.numel = x.numel();
-  if (!training || p == 0.0f) {
+  out.state = DrawDropoutState(x.numel(), p, gen, training);
+  if (!out.state.active) {
     out.y = x;
     return out;
   }
-  out.state.active = true;
   if (p == 1.0f) {
     out.y = Tensor::Zeros(x.shape(), x.dtype(), x.device());
     return out;
   }
-  out.state.seed = gen.seed();
-  out.state.offset = gen.Reserve((static_cast<uint64_t>(x.numel()) + 3) / 4);
   const Tensor xc = x.Contiguous();
   out.y = Tensor::Empty(x.shape(), x.dtype(), x.device());
   if (on_cuda) {

@@ -34,6 +34,14 @@ struct DropoutResult {
   DropoutState state;
 };
 
+// The state of a dropout over `numel` elements: inactive when training is
+// false or p == 0; otherwise active, and for p < 1 it reserves the
+// ceil(numel / 4) counters of `gen` the mask uses. Dropout draws its state
+// here; kernels that apply the mask themselves (the fused CUDA attention)
+// draw theirs here too, so they get the mask Dropout would. p outside
+// [0, 1] throws OpError.
+DropoutState DrawDropoutState(int64_t numel, float p, Generator& gen, bool training);
+
 // x floating (f32, bf16, f16). training false or p == 0: y is x; p == 1: zeros;
 // p outside [0, 1] throws OpError.
 DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training = true);

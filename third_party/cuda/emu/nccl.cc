@@ -51,6 +51,7 @@ struct Part {
   void* recv = nullptr;
   std::shared_ptr<cuda_emu::PendingWork> work;
   ncclComm_t comm = nullptr;
+  int color = 0, key = 0;  // splits (recv is then the new communicator)
 };
 
 struct Call {
@@ -63,8 +64,6 @@ struct Call {
   std::vector<Part> parts;  // by rank; work == nullptr until the rank came
   int arrived = 0;
   bool failed = false;  // a member aborted: the others finish without a result
-  // Splits: each rank's (color, key) and the communicator it gets.
-  std::vector<int> colors, keys;
 };
 
 // The ranks of one unique id (or of one color of a split).
@@ -317,10 +316,11 @@ std::string Describe(const Call& c) {
 void FinishSplit(Call& c) {
   std::map<int, std::vector<int>> by_color;  // parent ranks
   for (int r = 0; r < static_cast<int>(c.parts.size()); ++r) {
-    if (c.colors[r] != NCCL_SPLIT_NOCOLOR) by_color[c.colors[r]].push_back(r);
+    if (c.parts[r].color != NCCL_SPLIT_NOCOLOR) by_color[c.parts[r].color].push_back(r);
   }
   for (auto& [color, ranks] : by_color) {
-    std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return c.keys[a] < c.keys[b]; });
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&](int a, int b) { return c.parts[a].key < c.parts[b].key; });
     auto clique = std::make_shared<Clique>();
     clique->size = static_cast<int>(ranks.size());
     clique->members.assign(ranks.size(), nullptr);
@@ -344,16 +344,10 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   const int64_t number = comm->next_call++;
   auto [it, fresh] = clique.calls.try_emplace(number, proto);
   Call& call = it->second;
-  if (fresh) {
-    call.parts.resize(clique.size);
-    call.colors.assign(clique.size, 0);
-    call.keys.assign(clique.size, 0);
-  }
+  if (fresh) call.parts.resize(clique.size);
   part.work = std::make_shared<cuda_emu::PendingWork>();
   part.comm = comm;
   call.parts[comm->rank] = part;
-  call.colors[comm->rank] = proto.colors.empty() ? 0 : proto.colors[0];
-  call.keys[comm->rank] = proto.keys.empty() ? 0 : proto.keys[0];
   ++call.arrived;
   if (proto.kind != 4) {
     comm->outstanding.push_back(part.work);
@@ -485,9 +479,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   }
   emu::Call proto;
   proto.kind = 4;
-  proto.colors = {color};
-  proto.keys = {key};
-  const ncclResult_t result = emu::Arrive(comm, proto, emu::Part{nullptr, child}, nullptr);
+  emu::Part part;
+  part.recv = child;
+  part.color = color;
+  part.key = key;
+  const ncclResult_t result = emu::Arrive(comm, proto, part, nullptr);
   if (result != ncclSuccess) {
     delete child;
     return result;

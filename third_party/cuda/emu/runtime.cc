@@ -498,7 +498,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  cuda_emu::WaitAll(cuda_emu::Unfinished(s));
+  cuda_emu::WaitForStream(s);
   cuda_emu::Wait();
   return cudaSuccess;
 }
