@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -114,6 +115,11 @@ struct Round {
   int num_done = 0;
   int num_left = 0;
   std::map<int, std::shared_ptr<GroupState>> splits;  // by color (split rounds)
+  // Collectives, by group rank, published by each rank as it finishes its
+  // share (Leave): read after every rank has, when a peer's Arrival may
+  // already be gone (a peer that left returns and destroys it).
+  std::vector<tensor::cuda::EventHandle> share_done;  // device path: the end of its share
+  std::vector<absl::Status> failed;                   // its staging or device work failed
 };
 
 // What the handles of one group share. Guarded by world->mu.
@@ -338,11 +344,23 @@ class ThreadProcessGroup final : public ProcessGroup {
   // Marks this rank's share of round seq done and waits for the others (no
   // timeout: every member has arrived and only has bounded copies left, and
   // peers may still be reading this rank's buffers). Takes world.mu.
-  // `before_leave` runs under the lock once all are done.
-  void Leave(int64_t seq, const std::function<void(Round&)>& before_leave = nullptr) {
+  // `before_leave` runs under the lock once all are done; it must read the
+  // peers' results from the Round (`mine`'s done and failed are published
+  // there), never through their Arrivals, which a peer that already left has
+  // destroyed.
+  void Leave(int64_t seq, const std::function<void(Round&)>& before_leave = nullptr,
+             const Arrival* mine = nullptr) {
     WorldState& world = *group_->world;
     std::unique_lock<std::mutex> lock(world.mu);
     Round& round = group_->rounds[seq];
+    if (mine != nullptr) {
+      if (round.failed.empty()) {
+        round.share_done.assign(group_->size(), nullptr);
+        round.failed.assign(group_->size(), absl::OkStatus());
+      }
+      round.share_done[rank_] = mine->done;
+      round.failed[rank_] = mine->failed;
+    }
     ++round.num_done;
     world.cv.notify_all();
     world.cv.wait(lock, [&] { return round.num_done == group_->size(); });
@@ -447,13 +465,16 @@ class ThreadProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  // "[op] rank r of n: rank p failed: <why>" for the first peer whose staging
-  // or device work failed (read once every rank has set its own), else OK.
-  absl::Status PeerFailure(const std::string& op, const std::vector<const Arrival*>& all) const {
+  // "[op] rank r of n: rank p failed: <why>" for the first peer p whose
+  // staging or device work failed (failed_of(p), read once every rank has set
+  // its own), else OK.
+  absl::Status PeerFailure(const std::string& op,
+                           absl::FunctionRef<const absl::Status&(int)> failed_of) const {
     for (int r = 0; r < size(); ++r) {
-      if (r != rank_ && !all[r]->failed.ok()) {
-        return absl::Status(all[r]->failed.code(), absl::StrCat("[", op, "] ", Who(), ": rank ", r,
-                                                                " failed: ", all[r]->failed.message()));
+      const absl::Status& failed = failed_of(r);
+      if (r != rank_ && !failed.ok()) {
+        return absl::Status(failed.code(), absl::StrCat("[", op, "] ", Who(), ": rank ", r,
+                                                        " failed: ", failed.message()));
       }
     }
     return absl::OkStatus();
@@ -499,7 +520,9 @@ class ThreadProcessGroup final : public ProcessGroup {
     world.cv.notify_all();
     world.cv.wait(lock, [&] { return round.num_staged == group_->size(); });
     if (!me->failed.ok()) return me->failed;
-    return PeerFailure(op, all);
+    // The peers are all still in this round (none can leave before this rank
+    // has finished its share): their Arrivals are alive.
+    return PeerFailure(op, [&](int r) -> const absl::Status& { return all[r]->failed; });
   }
 
   // The staged host result into the caller's tensor (any strides, any
@@ -566,12 +589,16 @@ class ThreadProcessGroup final : public ProcessGroup {
     // The peers' ends of their shares (device path), and whether a peer's failed.
     std::vector<tensor::cuda::EventHandle> peers_done;
     absl::Status peer_failed;
-    Leave(seq, [&](Round&) {
-      for (int r = 0; r < size(); ++r) {
-        if (r != rank_) peers_done.push_back(all[r]->done);
-      }
-      peer_failed = PeerFailure(op, all);
-    });
+    Leave(
+        seq,
+        [&](Round& round) {
+          for (int r = 0; r < size(); ++r) {
+            if (r != rank_) peers_done.push_back(round.share_done[r]);
+          }
+          peer_failed =
+              PeerFailure(op, [&](int r) -> const absl::Status& { return round.failed[r]; });
+        },
+        &me);
     if (status.ok() && on_device) {
       try {  // My buffers are done with once every peer's share has finished.
         lane_.WaitFor(peers_done);
