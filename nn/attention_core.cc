@@ -92,17 +92,15 @@ void MaskScores(const Tensor& scores, const Tensor& key_mask, bool causal,
   }
 }
 
-// On CUDA: the fused kernels take plain (causal) attention with head sizes
-// 32, 64 and 128 (tensor/cuda/attention.h), attention dropout included, and
-// never hold the (T_q, T_k) probabilities. A bias or another head size runs
-// the unfused path below on the GPU's matmul, softmax and dropout kernels
-// (which keeps the probabilities, as on the CPU), and so does a key padding
-// mask or a dropout of 1 (all zeros).
-bool UsesFlash(const Tensor& q, const Tensor& v, const Tensor& bias, const Tensor& key_mask,
-               const AttentionOptions& o) {
+// On CUDA: the fused kernels (tensor/cuda/attention.h) take head sizes 32,
+// 64 and 128 with any mix of causal masking, a bias, a key padding mask and
+// attention dropout, and never hold the (T_q, T_k) probabilities. Other head
+// sizes run the unfused path below on the GPU's matmul, softmax and dropout
+// kernels (which keeps the probabilities, as on the CPU), and so does a
+// dropout of 1 (all zeros).
+bool UsesFlash(const Tensor& q, const Tensor& v, const AttentionOptions& o) {
   const int64_t d = q.dim(3);
-  return !bias.defined() && !key_mask.defined() && !(o.training && o.dropout >= 1.0f) &&
-         (d == 32 || d == 64 || d == 128) && v.dim(3) == d;
+  return !(o.training && o.dropout >= 1.0f) && (d == 32 || d == 64 || d == 128) && v.dim(3) == d;
 }
 
 void CheckCudaInputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
@@ -120,9 +118,21 @@ tensor::cuda::FlashDropout ToFlash(const tensor::DropoutState& d) {
   return f;
 }
 
+// The score terms as the fused kernels take them: on q's device, contiguous;
+// a bias of another floating dtype than f32 / bf16 / f16 is not possible
+// (CheckShapes), so it keeps its dtype (no f32 copy).
+tensor::cuda::FlashScoreTerms FlashTerms(const Tensor& q, const Tensor& bias,
+                                         const Tensor& key_mask) {
+  tensor::cuda::FlashScoreTerms terms;
+  if (bias.defined()) terms.bias = bias.To(q.device()).Contiguous();          // (B or 1, nh, T_q, T_k)
+  if (key_mask.defined()) terms.key_mask = key_mask.To(q.device()).Contiguous();  // (B, T_k)
+  return terms;
+}
+
 // The fused CUDA path (UsesFlash).
-Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                    tensor::Generator& gen, AttentionState* state) {
+Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                    const Tensor& key_mask, const AttentionOptions& o, tensor::Generator& gen,
+                    AttentionState* state) {
   const tensor::Device dev = q.device();
   const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
   Tensor y = Tensor::Empty({b, nh, t_q, v.dim(3)}, q.dtype(), dev);  // (B, nh, T_q, hs)
@@ -131,8 +141,10 @@ Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   // draw: the same mask.
   const tensor::DropoutState drop =
       tensor::DrawDropoutState(b * nh * t_q * t_k, o.dropout, gen, o.training);
+  const tensor::cuda::FlashScoreTerms terms = FlashTerms(q, bias, key_mask);
   tensor::cuda::FlashAttentionForward(q, k, v, o.scale, o.causal, y, lse,
-                                      tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(drop));
+                                      tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(drop),
+                                      terms);
   state->q = q;
   state->k = k;
   state->v = v;
@@ -140,11 +152,17 @@ Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   state->dropout = drop;
   state->scale = o.scale;
   state->softmax_causal = false;
-  state->has_bias = false;
+  state->has_bias = bias.defined();
+  if (bias.defined()) {
+    state->bias_shape = bias.shape();
+    state->bias_dtype = bias.dtype();
+  }
   state->flash = true;
   state->causal = o.causal;
   state->out = y;
   state->lse = lse;
+  state->flash_bias = terms.bias;
+  state->flash_key_mask = terms.key_mask;
   return y;
 }
 
@@ -161,9 +179,20 @@ AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s) {
   grads.dq = Tensor::Empty(s.q.shape(), s.q.dtype(), s.q.device());
   grads.dk = Tensor::Empty(s.k.shape(), s.q.dtype(), s.q.device());
   grads.dv = Tensor::Empty(s.v.shape(), s.q.dtype(), s.q.device());
+  tensor::cuda::FlashScoreTerms terms;
+  terms.bias = s.flash_bias;
+  terms.key_mask = s.flash_key_mask;
+  // With a bias: dS, the scores' gradient (B, nh, T_q, T_k) f32, for this
+  // backward only; summed over a broadcast batch into the bias's shape.
+  Tensor dscores;
+  if (s.has_bias) {
+    dscores = Tensor::Empty({s.q.dim(0), s.q.dim(1), s.q.dim(2), s.k.dim(2)}, Dtype::kF32,
+                            s.q.device());
+  }
   tensor::cuda::FlashAttentionBackward(s.q, s.k, s.v, s.out, s.lse, gy, s.scale, s.causal, grads.dq,
                                        grads.dk, grads.dv, tensor::cuda::FlashAttentionKernel::kAuto,
-                                       ToFlash(s.dropout));
+                                       ToFlash(s.dropout), terms, dscores);
+  if (s.has_bias) grads.dbias = tensor::ReduceToShape(dscores, s.bias_shape).To(s.bias_dtype);
   return grads;
 }
 
@@ -176,9 +205,7 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   CheckShapes(q, k, v, bias, key_mask, options, cuda);
   if (cuda) {
     CheckCudaInputs(q, k, v, options);
-    if (UsesFlash(q, v, bias, key_mask, options)) {
-      return FlashForward(q, k, v, options, gen, state);
-    }
+    if (UsesFlash(q, v, options)) return FlashForward(q, k, v, bias, key_mask, options, gen, state);
   }
   const Dtype dt = q.dtype();
   const int64_t t_q = q.dim(2), t_k = k.dim(2);

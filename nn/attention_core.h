@@ -14,16 +14,17 @@
 // kept and saved in the compute dtype; gradients of q, k, v come back in it,
 // the bias gradient in the bias's dtype.
 //
-// On a CUDA device plain attention (causal or not, scale, attention dropout
-// below 1; no bias, no key mask) with head sizes 32, 64 or 128 (hs_v == hs)
-// goes to the fused FlashAttention-2 style kernels (tensor/cuda/attention.h):
-// nothing (T_q, T_k) is ever allocated, the state keeps the output and a
-// (B, nh, T_q) logsumexp, and the dropout mask is regenerated in the kernels
-// from the generator state the unfused path's dropout would draw (the same
-// mask). A bias or another head size runs the path above on the GPU's
-// kernels (it keeps the probabilities; dropout masks equal the CPU's for the
-// same generator), and so does a key padding mask (the mask is built on the
-// host and added on the GPU). f32, bf16 or f16.
+// On a CUDA device attention with head sizes 32, 64 or 128 (hs_v == hs) goes
+// to the fused FlashAttention-2 style kernels (tensor/cuda/attention.h),
+// with any mix of causal masking, scale, a bias, a key padding mask and
+// attention dropout below 1: the forward allocates nothing (T_q, T_k), the
+// state keeps the output and a (B, nh, T_q) logsumexp, and the dropout mask
+// is regenerated in the kernels from the generator state the unfused path's
+// dropout would draw (the same mask). With a bias, the backward holds the
+// scores' gradient (B, nh, T_q, T_k) f32 while it runs (then sums it into the
+// bias's shape). Another head size runs the path above on the GPU's kernels
+// (it keeps the probabilities; dropout masks equal the CPU's for the same
+// generator). f32, bf16 or f16.
 #ifndef NN_ATTENTION_CORE_H_
 #define NN_ATTENTION_CORE_H_
 
@@ -69,6 +70,8 @@ struct AttentionState {
   bool causal = false;
   Tensor out;  // (B, nh, T_q, hs), the forward's y (shared, not a copy)
   Tensor lse;  // (B, nh, T_q) f32: logsumexp of the scaled scores; -inf for rows with no key
+  Tensor flash_bias;      // (B or 1, nh, T_q, T_k) on the device, contiguous; or undefined
+  Tensor flash_key_mask;  // (B, T_k) on the device, contiguous; or undefined
 };
 
 struct AttentionGrads {

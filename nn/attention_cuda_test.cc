@@ -1,9 +1,9 @@
 // The attention core on CUDA (the fused flash-attention kernels behind
 // AttentionForward / AttentionBackward) against the CPU path: outputs and
 // gradients at several (B, nh, T, hs) with q, k, v viewed out of a fused qkv
-// projection as minGPT does; memory O(T) from the ledger; bias, dropout and
-// other head sizes and a key padding mask on the unfused GPU path. Tagged gpu;
-// skips without a device.
+// projection as minGPT does; memory O(T) from the ledger; bias, dropout and a
+// key padding mask in the fused kernels, other head sizes on the unfused GPU
+// path. Tagged gpu; skips without a device.
 //
 // Tolerances: the CPU reference runs in f32 on exactly the rounded inputs, so
 // the difference is the GPU's roundings: |gpu - cpu| <= tol * (max|cpu| +
@@ -125,12 +125,12 @@ TEST(AttentionCudaTest, MemoryIsLinearInT) {
   }
 }
 
-// Attention dropout (training) runs in the fused kernels, which regenerate
-// the mask the CPU's dropout draws (the device Philox stream equals the
-// CPU's): the same results as the CPU path, which keeps the probabilities.
-// A bias and head sizes the fused kernels do not take run the unfused path on
-// the GPU: the same results too. f32 takes the float kernels, bf16 the
-// tensor-core ones.
+// Attention dropout (training) and a bias run in the fused kernels, which
+// regenerate the mask the CPU's dropout draws (the device Philox stream
+// equals the CPU's): the same results as the CPU path, which keeps the
+// probabilities. Head sizes the fused kernels do not take run the unfused
+// path on the GPU: the same results too. f32 takes the float kernels, bf16
+// the tensor-core ones.
 TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   struct Variant {
@@ -143,7 +143,8 @@ TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
     bool fused = false;
   };
   const std::vector<Variant> variants = {
-      {"bias (T5)", 64, true, 0.0f},
+      {"bias (T5, fused)", 64, true, 0.0f, 37, true, true},
+      {"bias + dropout, not causal, T 70 (fused)", 32, true, 0.2f, 70, false, true},
       {"dropout (fused)", 64, false, 0.1f, 37, true, true},
       {"dropout 0.5, T 150 (fused)", 32, false, 0.5f, 150, true, true},
       {"dropout, not causal, T 130 (fused)", 128, false, 0.2f, 130, false, true},
@@ -193,52 +194,94 @@ TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
 }
 
 // A key padding mask (T5's encoder), alone, with causal and with a bias, and
-// with T_q > T_k: masked on the GPU like the CPU masks, rows left without a
-// key (a fully padded example) give zeros.
+// with T_q > T_k: masked in the fused kernels like the CPU masks, rows left
+// without a key (a fully padded example) give zeros. f32 (float kernels) and
+// bf16 (tensor cores); the mask comes as T5's data gives it (i64 on the
+// device) or as f32 on the host.
 TEST(AttentionCudaTest, KeyPaddingMaskMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   const int64_t b = 3, nh = 2, hs = 32;
-  for (int64_t t_q : {9, 12}) {
-    const int64_t t_k = 9;
-    for (bool causal : {false, true}) {
-      for (bool with_bias : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "T_q " << t_q << (causal ? " causal" : "")
-                                          << (with_bias ? " bias" : ""));
-        const Tensor q = RandomTensor({b, nh, t_q, hs}, 31, -1.5f, 1.5f);
-        const Tensor k = RandomTensor({b, nh, t_k, hs}, 32, -1.5f, 1.5f);
-        const Tensor v = RandomTensor({b, nh, t_k, hs}, 33, -1.5f, 1.5f);
-        const Tensor dy = RandomTensor({b, nh, t_q, hs}, 34, -1.0f, 1.0f);
-        const Tensor bias = with_bias ? RandomTensor({1, nh, t_q, t_k}, 35) : Tensor();
-        // Example 0: keys 6.. padded; example 1: nothing padded; example 2: all padded.
-        std::vector<float> m(b * t_k, 1.0f);
-        for (int64_t j = 6; j < t_k; ++j) m[j] = 0.0f;
-        for (int64_t j = 0; j < t_k; ++j) m[2 * t_k + j] = 0.0f;
-        const Tensor mask = Tensor::FromVector(m, {b, t_k});
-        AttentionOptions o;
-        o.scale = 0.25f;
-        o.causal = causal;
-        tensor::Generator gen(1);
-        AttentionState cpu_state, st;
-        const Tensor y_cpu = AttentionForward(q, k, v, bias, mask, o, gen, &cpu_state);
-        const AttentionGrads g_cpu = AttentionBackward(dy, cpu_state);
-        const Tensor y = AttentionForward(ToGpu(q), ToGpu(k), ToGpu(v),
-                                          with_bias ? ToGpu(bias) : Tensor(), ToGpu(mask), o, gen,
-                                          &st);
-        const AttentionGrads g = AttentionBackward(ToGpu(dy), st);
-        EXPECT_TRUE(NearScaled(y, y_cpu, 1e-4)) << "y";
-        EXPECT_TRUE(NearScaled(g.dq, g_cpu.dq, 1e-4)) << "dq";
-        EXPECT_TRUE(NearScaled(g.dk, g_cpu.dk, 1e-4)) << "dk";
-        EXPECT_TRUE(NearScaled(g.dv, g_cpu.dv, 1e-4)) << "dv";
-        if (with_bias) {
-          EXPECT_TRUE(NearScaled(g.dbias, g_cpu.dbias, 1e-4)) << "dbias";
-        }
-        const std::vector<float> out = y.ToVector<float>();
-        for (int64_t i = 2 * nh * t_q * hs; i < b * nh * t_q * hs; ++i) {
-          ASSERT_EQ(out[i], 0.0f) << "the fully padded example";
+  for (Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
+    for (int64_t t_q : {9, 12}) {
+      const int64_t t_k = 9;
+      for (bool causal : {false, true}) {
+        for (bool with_bias : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << DtypeName(dt) << " T_q " << t_q
+                                            << (causal ? " causal" : "")
+                                            << (with_bias ? " bias" : ""));
+          const Tensor q = RandomTensor({b, nh, t_q, hs}, 31, -1.5f, 1.5f, dt);
+          const Tensor k = RandomTensor({b, nh, t_k, hs}, 32, -1.5f, 1.5f, dt);
+          const Tensor v = RandomTensor({b, nh, t_k, hs}, 33, -1.5f, 1.5f, dt);
+          const Tensor dy = RandomTensor({b, nh, t_q, hs}, 34, -1.0f, 1.0f, dt);
+          const Tensor bias = with_bias ? RandomTensor({1, nh, t_q, t_k}, 35) : Tensor();
+          // Example 0: keys 6.. padded; example 1: nothing padded; example 2: all padded.
+          std::vector<int64_t> m(b * t_k, 1);
+          for (int64_t j = 6; j < t_k; ++j) m[j] = 0;
+          for (int64_t j = 0; j < t_k; ++j) m[2 * t_k + j] = 0;
+          const Tensor mask = Tensor::FromData<int64_t>(m, {b, t_k});
+          AttentionOptions o;
+          o.scale = 0.25f;
+          o.causal = causal;
+          tensor::Generator gen(1);
+          AttentionState cpu_state, st;
+          const Tensor y_cpu =
+              AttentionForward(q.To(Dtype::kF32), k.To(Dtype::kF32), v.To(Dtype::kF32), bias,
+                               mask.To(Dtype::kF32), o, gen, &cpu_state);
+          const AttentionGrads g_cpu = AttentionBackward(dy.To(Dtype::kF32), cpu_state);
+          // i64 on the device for the f32 case, f32 on the host for bf16.
+          const Tensor gpu_mask = dt == Dtype::kF32 ? ToGpu(mask) : mask.To(Dtype::kF32);
+          const Tensor y = AttentionForward(ToGpu(q), ToGpu(k), ToGpu(v),
+                                            with_bias ? ToGpu(bias) : Tensor(), gpu_mask, o, gen,
+                                            &st);
+          EXPECT_TRUE(st.flash);
+          EXPECT_FALSE(st.probs.defined()) << "no (T, T) tensor is kept";
+          const AttentionGrads g = AttentionBackward(ToGpu(dy), st);
+          const double tol = dt == Dtype::kBF16 ? 2e-2 : 1e-4;
+          EXPECT_TRUE(NearScaled(y, y_cpu, tol)) << "y";
+          EXPECT_TRUE(NearScaled(g.dq, g_cpu.dq, tol)) << "dq";
+          EXPECT_TRUE(NearScaled(g.dk, g_cpu.dk, tol)) << "dk";
+          EXPECT_TRUE(NearScaled(g.dv, g_cpu.dv, tol)) << "dv";
+          EXPECT_EQ(g.dbias.defined(), with_bias);
+          if (with_bias) {
+            EXPECT_EQ(g.dbias.shape(), bias.shape());
+            EXPECT_TRUE(NearScaled(g.dbias, g_cpu.dbias, tol)) << "dbias";
+          }
+          const std::vector<float> out = y.ToVector<float>();
+          for (int64_t i = 2 * nh * t_q * hs; i < b * nh * t_q * hs; ++i) {
+            ASSERT_EQ(out[i], 0.0f) << "the fully padded example";
+          }
         }
       }
     }
   }
+}
+
+// T5's encoder self-attention on the fused path keeps O(T) in its forward:
+// a key padding mask and a bias shared by the batch add nothing (T_q, T_k)
+// per example beyond the bias itself.
+TEST(AttentionCudaTest, BiasAndKeyMaskKeepTheForwardLinearInT) {
+  SKIP_WITHOUT_GPU();
+  const int64_t b = 4, nh = 2, t = 512, hs = 64;
+  const Tensor q = ToGpu(RandomTensor({b, nh, t, hs}, 1, -1, 1, Dtype::kBF16));
+  const Tensor k = ToGpu(RandomTensor({b, nh, t, hs}, 2, -1, 1, Dtype::kBF16));
+  const Tensor v = ToGpu(RandomTensor({b, nh, t, hs}, 3, -1, 1, Dtype::kBF16));
+  const Tensor bias = ToGpu(RandomTensor({1, nh, t, t}, 4, -1, 1, Dtype::kBF16));
+  const Tensor mask = ToGpu(Tensor::Full({b, t}, 1.0));
+  tensor::MemoryLedger ledger;
+  tensor::ScopedLedger use(&ledger);
+  tensor::ScopedMemoryCategory act(MemoryCategory::kActivations);
+  AttentionOptions o;
+  o.dropout = 0.1f;
+  tensor::Generator gen(1);
+  AttentionState st;
+  const Tensor y = AttentionForward(q, k, v, bias, mask, o, gen, &st);
+  const tensor::MemoryStats fwd = ledger.Stats(Device::Cuda(0), MemoryCategory::kActivations);
+  const int64_t head_bytes = b * nh * t * hs * 2;  // y (B, nh, T, hs) bf16
+  const int64_t row_bytes = b * nh * t * 4;        // lse (B, nh, T) f32
+  // y, lse and, while the kernel is queued, the mask as bytes (B, T); the
+  // unfused path kept b * nh * t * t * 2 bytes of probabilities (8x y).
+  EXPECT_EQ(fwd.peak, head_bytes + row_bytes + b * t) << "forward";
+  EXPECT_TRUE(st.flash);
 }
 
 }  // namespace

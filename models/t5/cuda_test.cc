@@ -1,7 +1,8 @@
 // T5 on a GPU (tagged gpu; skips without one): a tiny T5 (v1.0 tied and v1.1
 // gated) with a padded encoder batch gives the CPU's loss and gradients on
 // cuda:0 -- relative position biases, the encoder padding mask and the
-// shared embedding on the unfused attention path of the GPU.
+// shared embedding, with head size 8 (the unfused attention path of the GPU)
+// and 32 (the fused attention kernels, which take the bias and the mask).
 #include <cmath>
 #include <string>
 #include <utility>
@@ -18,13 +19,13 @@ namespace {
 using tensor::Device;
 using tensor::Tensor;
 
-T5Config Tiny(bool v1_1) {
+T5Config Tiny(bool v1_1, int64_t d_kv) {
   T5Config c;
   c.name = "tiny";
   c.vocab_size = 13;
   c.d_model = 16;
   c.num_heads = 2;
-  c.d_kv = 8;
+  c.d_kv = d_kv;
   c.d_ff = 32;
   c.num_layers = 2;
   c.num_decoder_layers = 2;
@@ -44,13 +45,14 @@ Tensor Ids(std::vector<int64_t> v, int64_t B, int64_t T, Device device) {
 
 TEST(T5CudaTest, LossAndGradientsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (bool v1_1 : {false, true}) {
-    SCOPED_TRACE(v1_1 ? "v1.1" : "v1.0");
+  for (auto [v1_1, d_kv] : {std::pair{false, 8}, std::pair{true, 8}, std::pair{false, 32},
+                            std::pair{true, 32}}) {
+    SCOPED_TRACE(::testing::Message() << (v1_1 ? "v1.1" : "v1.0") << " d_kv " << d_kv);
     double losses[2];
     std::vector<std::pair<std::string, Tensor>> grads[2];
     const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
     for (int d = 0; d < 2; ++d) {
-      T5Model model(Tiny(v1_1));
+      T5Model model(Tiny(v1_1, d_kv));
       model.Materialize(5, devices[d]);
       // Row 1's encoder input ends in 2 padding positions; one ignored target.
       losses[d] = model.ForwardBackward(

@@ -28,7 +28,16 @@
 //   f32 path and a reference for the tensor-core kernel.
 // Masking: causal means query i sees keys j <= i + (T_k - T_q) (as
 // nn::AttentionForward). Rows that see no key get out 0, lse -inf and no
-// gradient. No bias or key mask.
+// gradient.
+// Score terms (FlashScoreTerms, T5's attention): an additive bias
+// (B or 1, H, T_q, T_k) read from memory as each score tile is formed, and a
+// (B, T_k) key padding mask. Both are compile-time kernel flags, like
+// dropout, so plain attention keeps its registers. The backward can write
+// dS, the gradient of the scores, into a (B, H, T_q, T_k) f32 tensor (the
+// bias gradient before the sum over a broadcast batch, as PyTorch's
+// memory-efficient attention returns it): deterministic, written by the dq
+// kernel, but O(T^2) for the duration of the backward only. The forward and
+// what it keeps stay O(T).
 // Dropout on the probabilities (FlashDropout): the mask of tensor/ops/dropout.h
 // over the (B, H, T_q, T_k) probabilities (element i = ((b H + h) T_q + query)
 // T_k + key uses Philox word i % 4 of counter offset + i / 4), regenerated in
@@ -59,6 +68,17 @@ struct FlashDropout {
   uint64_t offset = 0;
 };
 
+// Extra terms of the scores: scale * q k^T + bias, with the keys whose
+// key_mask is 0 masked out.
+struct FlashScoreTerms {
+  // Undefined, or (B or 1, H, T_q, T_k), f32 / bf16 / f16, contiguous, on
+  // q's device (added after the scale).
+  Tensor bias;
+  // Undefined, or (B, T_k), any dtype, contiguous, on q's device: nonzero
+  // keeps the key.
+  Tensor key_mask;
+};
+
 enum class FlashAttentionKernel {
   kAuto,        // kTensorCore for bf16 / f16, kFloat for f32
   kTensorCore,  // bf16 / f16 only
@@ -73,17 +93,20 @@ enum class FlashAttentionKernel {
 void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                            bool causal, const Tensor& out, const Tensor& lse,
                            FlashAttentionKernel kernel = FlashAttentionKernel::kAuto,
-                           const FlashDropout& dropout = {});
+                           const FlashDropout& dropout = {}, const FlashScoreTerms& terms = {});
 
 // dq, dk, dv (contiguous, shaped and typed like q, k, v) from the forward's
 // inputs, out and lse, and grad_out (like out; any strides with unit stride in
 // D). Allocates the (B, H, T_q) f32 delta workspace on q's device.
-// `dropout`: the forward's.
+// `dropout` and `terms`: the forward's. dscores: undefined, or a contiguous
+// (B, H, T_q, T_k) f32 tensor that receives dS = d loss / d scores (0 where
+// masked).
 void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
                             FlashAttentionKernel kernel = FlashAttentionKernel::kAuto,
-                            const FlashDropout& dropout = {});
+                            const FlashDropout& dropout = {}, const FlashScoreTerms& terms = {},
+                            const Tensor& dscores = Tensor());
 
 // The unfused baseline's softmax (for benchmarks and tests: it needs the whole
 // (B, H, T_q, T_k) scores): probs = softmax(scale * scores, causal) with scores

@@ -4,8 +4,9 @@
 // GPT-2 head shapes (H = 12, D = 64, bf16). Timed with CUDA events on the
 // compute stream; prints ms, TFLOP/s of the causal half (the useful work:
 // forward 2 * 2 * B*H*T*T*D / 2, backward 2.5x that) and the bytes of the
-// (T, T) tensors the unfused path allocates. Also prints how far apart the
-// two outputs are.
+// (T, T) tensors the unfused path allocates; the fused kernels' cost of
+// attention dropout and of T5's score terms (bias, key mask, dS). Also prints
+// how far apart the two outputs are.
 //
 //   ./bazelw run --config=cuda //tensor/cuda:attention_benchmark -- [B] [iters]
 #include <cublas_v2.h>
@@ -108,6 +109,18 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
     cuda::FlashAttentionBackward(q, k, v, y, lse, dout, scale, true, dq, dk, dv,
                                  cuda::FlashAttentionKernel::kAuto, drop);
   };
+  // Fused with T5's score terms: a (1, H, T, T) bf16 bias shared by the
+  // batch, a key padding mask, and dS written for the bias gradient.
+  cuda::FlashScoreTerms terms;
+  terms.bias = testing::RandomTensor({1, h, t, t}, 5, -1, 1, dt).To(dev);
+  terms.key_mask = Tensor::Full({b, t}, 1.0).To(dev);
+  Tensor dscores = Tensor::Empty({b, h, t, t}, Dtype::kF32, dev);
+  auto fused_terms = [&] {
+    cuda::FlashAttentionForward(q, k, v, scale, true, y, lse, cuda::FlashAttentionKernel::kAuto, {},
+                                terms);
+    cuda::FlashAttentionBackward(q, k, v, y, lse, dout, scale, true, dq, dk, dv,
+                                 cuda::FlashAttentionKernel::kAuto, {}, terms, dscores);
+  };
 
   // Unfused: S = Q K^T (f32), P = softmax (bf16), Y = P V; backward dV = P^T dO,
   // dP = dO V^T (f32), dS = softmax backward (bf16), dQ = dS K, dK = dS^T Q.
@@ -139,6 +152,7 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
       },
       iters);
   const double fd_ms = TimeMs(fused_drop, iters);
+  const double ft_ms = TimeMs(fused_terms, iters);
   const double u_ms = TimeMs(unfused_fwd, iters);
   const double ub_ms = TimeMs(
       [&] {
@@ -157,6 +171,9 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
               fb_ms, all_flops / fb_ms * 1e-9, ub_ms, all_flops / ub_ms * 1e-9, ub_ms / fb_ms);
   std::printf("  fwd + bwd, attention dropout 0.1: fused %8.3f ms (x%.2f the fused time without)\n",
               fd_ms, fd_ms / fb_ms);
+  std::printf("  fwd + bwd, bias + key mask, dS out (T5): fused %8.3f ms (x%.2f the fused time "
+              "without)\n",
+              ft_ms, ft_ms / fb_ms);
   std::printf("  unfused (T, T) buffers: %.1f MiB; fused extra: lse %.2f MiB + delta %.2f MiB\n",
               tt_bytes / (1 << 20), lse.nbytes() / double(1 << 20),
               cuda::FlashAttentionBackwardWorkspaceBytes(b, h, t) / double(1 << 20));

@@ -6,12 +6,14 @@ namespace tensor {
 namespace cuda {
 
 void FlashAttentionForward(const Tensor& q, const Tensor&, const Tensor&, float, bool,
-                           const Tensor&, const Tensor&, FlashAttentionKernel, const FlashDropout&) {
+                           const Tensor&, const Tensor&, FlashAttentionKernel, const FlashDropout&,
+                           const FlashScoreTerms&) {
   NotBuilt("flash_attention", q);
 }
 void FlashAttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
                             const Tensor&, const Tensor&, float, bool, const Tensor&, const Tensor&,
-                            const Tensor&, FlashAttentionKernel, const FlashDropout&) {
+                            const Tensor&, FlashAttentionKernel, const FlashDropout&,
+                            const FlashScoreTerms&, const Tensor&) {
   NotBuilt("flash_attention", q);
 }
 void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {

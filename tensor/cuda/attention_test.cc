@@ -1,7 +1,8 @@
 // The fused attention kernels against a plain-loop reference in double:
 // output, logsumexp and dq, dk, dv, for both kernels (tensor cores, float),
 // bf16 / f16 / f32, causal or not, T_q = T_k and not, lengths that are not
-// multiples of the tiles, strided and unaligned inputs, reproducibility; plus
+// multiples of the tiles, strided and unaligned inputs, a bias and a key
+// padding mask (with dS), reproducibility; plus
 // the host-side checks and geometry, which run without a GPU.
 //
 // Tolerances (|gpu - ref| <= tol * (max|ref| + |ref|), per tensor): the
@@ -48,10 +49,20 @@ std::string Name(const Case& c, Dtype dt, FlashAttentionKernel k) {
 // Plain loops in double over (B*H, T, D) row-major vectors.
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
+  std::vector<double> dscores;  // (B*H, T_q, T_k): d loss / d (scale q k^T + bias)
+};
+
+// Score terms of the reference: bias (bias_batch (1 or B), H, T_q, T_k) and
+// keep (B, T_k), each empty for none.
+struct Terms {
+  std::vector<float> bias;
+  int64_t bias_batch = 1;
+  std::vector<float> keep;
 };
 
 Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
-                  const std::vector<float>& v, const std::vector<float>& dout, double scale) {
+                  const std::vector<float>& v, const std::vector<float>& dout, double scale,
+                  const Terms& terms = {}) {
   const int64_t bh = c.b * c.h, tq = c.t_q, tk = c.t_k, d = c.d;
   Reference r;
   r.out.assign(bh * tq * d, 0.0);
@@ -59,28 +70,37 @@ Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<
   r.dq.assign(bh * tq * d, 0.0);
   r.dk.assign(bh * tk * d, 0.0);
   r.dv.assign(bh * tk * d, 0.0);
+  r.dscores.assign(bh * tq * tk, 0.0);
   std::vector<double> p(tk), dp(tk);
+  std::vector<bool> seen(tk);
   for (int64_t n = 0; n < bh; ++n) {
+    const int64_t b = n / c.h, h = n % c.h;
     const float* qn = q.data() + n * tq * d;
     const float* kn = k.data() + n * tk * d;
     const float* vn = v.data() + n * tk * d;
     const float* don = dout.data() + n * tq * d;
+    const float* bn = terms.bias.empty()
+                          ? nullptr
+                          : terms.bias.data() + ((terms.bias_batch == 1 ? 0 : b) * c.h + h) * tq * tk;
     for (int64_t i = 0; i < tq; ++i) {
       const int64_t limit = c.causal ? std::min(tk, i + (tk - tq) + 1) : tk;  // keys < limit
-      if (limit <= 0) continue;
       double m = -INFINITY;
-      for (int64_t j = 0; j < limit; ++j) {
+      for (int64_t j = 0; j < tk; ++j) {
+        seen[j] = j < limit && (terms.keep.empty() || terms.keep[b * tk + j] != 0.0f);
+        if (!seen[j]) continue;
         double s = 0;
         for (int64_t x = 0; x < d; ++x) s += double(qn[i * d + x]) * kn[j * d + x];
-        p[j] = s * scale;
+        p[j] = s * scale + (bn != nullptr ? bn[i * tk + j] : 0.0);
         m = std::max(m, p[j]);
       }
+      if (m == -INFINITY) continue;  // no key: out 0, lse -inf, no gradient
       double sum = 0;
-      for (int64_t j = 0; j < limit; ++j) sum += (p[j] = std::exp(p[j] - m));
-      for (int64_t j = 0; j < limit; ++j) p[j] /= sum;
+      for (int64_t j = 0; j < tk; ++j) sum += seen[j] ? (p[j] = std::exp(p[j] - m)) : 0.0;
+      for (int64_t j = 0; j < tk; ++j) p[j] = seen[j] ? p[j] / sum : 0.0;
       r.lse[n * tq + i] = m + std::log(sum);
       double delta = 0;
-      for (int64_t j = 0; j < limit; ++j) {
+      for (int64_t j = 0; j < tk; ++j) {
+        if (!seen[j]) continue;
         double s = 0;
         for (int64_t x = 0; x < d; ++x) {
           r.out[(n * tq + i) * d + x] += p[j] * vn[j * d + x];
@@ -89,8 +109,11 @@ Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<
         dp[j] = s;
         delta += p[j] * s;
       }
-      for (int64_t j = 0; j < limit; ++j) {
-        const double ds = p[j] * (dp[j] - delta) * scale;
+      for (int64_t j = 0; j < tk; ++j) {
+        if (!seen[j]) continue;
+        const double dsc = p[j] * (dp[j] - delta);
+        r.dscores[(n * tq + i) * tk + j] = dsc;
+        const double ds = dsc * scale;
         for (int64_t x = 0; x < d; ++x) {
           r.dq[(n * tq + i) * d + x] += ds * kn[j * d + x];
           r.dk[(n * tk + j) * d + x] += ds * qn[i * d + x];
@@ -145,6 +168,53 @@ void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligne
   EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
 }
 
+// With score terms: a random bias (1 or B, H, T_q, T_k) in `bias_dt` and a
+// key padding mask (i64: example 0 pads its last third of keys, example 1
+// none, example 2, if any, every key), against the reference; dS too.
+void RunTermsCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool bias_per_example,
+                  Dtype bias_dt, bool with_mask) {
+  SCOPED_TRACE(absl::StrCat(Name(c, dt, kernel), bias_per_example ? " bias per example " : " bias ",
+                            DtypeName(bias_dt), with_mask ? " key mask" : ""));
+  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 11, dt, false);
+  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 12, dt, false);
+  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 13, dt, false);
+  const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 14, dt, false);
+  Terms ref_terms;
+  ref_terms.bias_batch = bias_per_example ? c.b : 1;
+  const Tensor bias =
+      RandomTensor({ref_terms.bias_batch, c.h, c.t_q, c.t_k}, 15, -2.0f, 2.0f, bias_dt);
+  ref_terms.bias = bias.ToVector<float>();
+  cuda::FlashScoreTerms terms;
+  terms.bias = ToGpu(bias);
+  if (with_mask) {
+    std::vector<int64_t> keep(c.b * c.t_k, 1);
+    for (int64_t j = c.t_k - c.t_k / 3; j < c.t_k; ++j) keep[j] = 0;
+    if (c.b > 2) std::fill(keep.begin() + 2 * c.t_k, keep.begin() + 3 * c.t_k, 0);
+    ref_terms.keep.assign(keep.begin(), keep.end());
+    terms.key_mask = ToGpu(Tensor::FromData<int64_t>(keep, {c.b, c.t_k}));
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  const Device dev = q.device();
+  Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, dt, dev);
+  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+  cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse, kernel, {}, terms);
+  Tensor dq = Tensor::Empty(q.shape(), dt, dev);
+  Tensor dk = Tensor::Empty(k.shape(), dt, dev);
+  Tensor dv = Tensor::Empty(v.shape(), dt, dev);
+  Tensor dscores = Tensor::Empty({c.b, c.h, c.t_q, c.t_k}, Dtype::kF32, dev);
+  cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv, kernel, {},
+                               terms, dscores);
+  const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
+                                dout.ToVector<float>(), scale, ref_terms);
+  const double tol = Tol(dt);
+  EXPECT_TRUE(NearScaled(out, ref.out, tol)) << "out";
+  EXPECT_TRUE(NearScaled(lse, ref.lse, 1e-4)) << "lse";
+  EXPECT_TRUE(NearScaled(dq, ref.dq, tol)) << "dq";
+  EXPECT_TRUE(NearScaled(dk, ref.dk, tol)) << "dk";
+  EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
+  EXPECT_TRUE(NearScaled(dscores, ref.dscores, tol)) << "dscores";
+}
+
 std::vector<Case> Cases() {
   return {
       {2, 3, 1, 1, 64, true},       // one token
@@ -185,6 +255,28 @@ TEST(CudaFlashAttentionTest, UnalignedRowsTakeTheScalarLoads) {
   const Case c{1, 2, 77, 77, 64, true};
   RunCase(c, Dtype::kBF16, FlashAttentionKernel::kTensorCore, /*unaligned=*/true);
   RunCase(c, Dtype::kF16, FlashAttentionKernel::kFloat, /*unaligned=*/true);
+}
+
+// T5's attention: a relative position bias shared by the batch (or one per
+// example), a key padding mask, causal (the decoder) or not (the encoder),
+// T_q != T_k (cross-attention), a fully padded example; both kernels.
+TEST(CudaFlashAttentionTest, BiasAndKeyMaskMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<Case> cases = {
+      {3, 2, 70, 70, 64, false},  // encoder: 2 key tiles, the last one partial
+      {2, 2, 45, 45, 32, true},   // decoder
+      {3, 1, 20, 90, 128, false}  // cross-attention
+  };
+  for (const Case& c : cases) {
+    for (FlashAttentionKernel kernel :
+         {FlashAttentionKernel::kTensorCore, FlashAttentionKernel::kFloat}) {
+      const Dtype dt = kernel == FlashAttentionKernel::kTensorCore ? Dtype::kBF16 : Dtype::kF32;
+      RunTermsCase(c, dt, kernel, /*bias_per_example=*/false, Dtype::kF32, /*with_mask=*/true);
+      RunTermsCase(c, dt, kernel, /*bias_per_example=*/true, Dtype::kBF16, /*with_mask=*/false);
+    }
+  }
+  RunTermsCase({2, 2, 33, 33, 64, true}, Dtype::kF16, FlashAttentionKernel::kTensorCore, false,
+               Dtype::kF16, true);
 }
 
 TEST(CudaFlashAttentionTest, BackwardIsBitwiseReproducible) {

@@ -1,0 +1,452 @@
+// CUDA kernels: the tensor-core family of the fused attention (bf16, f16;
+// warp-level mma.sync.m16n8k16 with f32 accumulation). The design is in
+// attention.h, the shared argument block and score terms in
+// attention_internal.cuh, the launches in attention.cu.
+#include <type_traits>
+
+#include "tensor/cuda/attention_internal.cuh"
+
+namespace tensor {
+namespace cuda {
+namespace flash {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Tensor-core path: mma.sync.m16n8k16, bf16/f16 inputs, f32 accumulators.
+//
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
+// g = lane / 4 and t = lane % 4:
+//   A (16x16, row major), 4 registers of 2 elements (low half = lower column):
+//     a0: (g, 2t..2t+1)  a1: (g+8, 2t..)  a2: (g, 2t+8..)  a3: (g+8, 2t+8..)
+//   B (16x8, "col"): b0: (k = 2t..2t+1, n = g)  b1: (k = 2t+8..2t+9, n = g)
+//   C (16x8) f32: c0, c1: (g, 2t..2t+1)  c2, c3: (g+8, 2t..2t+1)
+// Two C tiles side by side (columns 0-7 and 8-15) are exactly the A fragment
+// of a 16x16 block, which is how the probabilities feed the next product
+// without going through shared memory.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ uint16_t Bits(T x) {
+  return *reinterpret_cast<const uint16_t*>(&x);
+}
+// Two elements as one register, lo in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(T lo, T hi) {
+  return static_cast<uint32_t>(Bits(lo)) | (static_cast<uint32_t>(Bits(hi)) << 16);
+}
+template <typename T>
+__device__ __forceinline__ uint32_t PackF(float lo, float hi) {
+  return Pack2(FromF<T>(lo), FromF<T>(hi));
+}
+template <typename T>
+__device__ __forceinline__ uint32_t Ld32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+template <typename T>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1);
+template <>
+__device__ __forceinline__ void Mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
+                                                   uint32_t b0, uint32_t b1) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::MmaM16N8K16<__nv_bfloat16>(c, a, b0, b1);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+template <>
+__device__ __forceinline__ void Mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::MmaM16N8K16<__half>(c, a, b0, b1);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// acc (16 x kN) += A (16 x kK) * B^T, A: 16 rows of shared memory at `a`, B:
+// kN rows at `b` (both row major, leading dimension ld): e.g. S = Q K^T.
+template <typename T, int kK, int kN>
+__device__ __forceinline__ void WarpGemmABt(float (&acc)[kN / 8][4], const T* a, const T* b, int ld,
+                                            int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    const int c = kk * 16 + 2 * t;
+    const uint32_t af[4] = {Ld32(a + g * ld + c), Ld32(a + (g + 8) * ld + c),
+                            Ld32(a + g * ld + c + 8), Ld32(a + (g + 8) * ld + c + 8)};
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const T* brow = b + (j * 8 + g) * ld + c;
+      Mma<T>(acc[j], af, Ld32(brow), Ld32(brow + 8));
+    }
+  }
+}
+
+// acc (16 x kN) += P (16 x kK, registers in C layout) * B, B: kK rows x kN
+// columns of shared memory at `b` (row major, ld): e.g. O += P V. P is rounded
+// to T for the product.
+template <typename T, int kK, int kN>
+__device__ __forceinline__ void WarpGemmPB(float (&acc)[kN / 8][4], const float (&p)[kK / 8][4],
+                                           const T* b, int ld, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    const uint32_t af[4] = {
+        PackF<T>(p[2 * kk][0], p[2 * kk][1]), PackF<T>(p[2 * kk][2], p[2 * kk][3]),
+        PackF<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), PackF<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const T* r0 = b + (kk * 16 + 2 * t) * ld + g;  // rows k = 2t, 2t+1, 2t+8, 2t+9; column n = g
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const T* col = r0 + j * 8;
+      Mma<T>(acc[j], af, Pack2(col[0], col[ld]), Pack2(col[8 * ld], col[9 * ld]));
+    }
+  }
+}
+
+// Copies rows [row0, row0 + n_rows) of a (T, kD) slice (row stride `stride`)
+// into shared memory (leading dimension ld); rows at or past `valid` (relative
+// to row0) become zeros, so padded keys and values never inject NaN.
+template <typename T, int kD>
+__device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t stride, int row0,
+                                         int valid, int n_rows, bool vec) {
+  if (vec) {
+    constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+    for (int i = threadIdx.x; i < n_rows * kChunks; i += blockDim.x) {
+      const int r = i / kChunks, c = (i % kChunks) * 8;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (r < valid) val = *reinterpret_cast<const uint4*>(src + (row0 + r) * stride + c);
+      *reinterpret_cast<uint4*>(s + r * ld + c) = val;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n_rows * kD; i += blockDim.x) {
+      const int r = i / kD, c = i % kD;
+      s[r * ld + c] = r < valid ? src[(row0 + r) * stride + c] : FromF<T>(0.0f);
+    }
+  }
+}
+
+template <typename T, int kD>
+constexpr FlashAttentionTiles MmaTiles(FlashAttentionPass pass) {
+  return FlashAttentionTilesFor(FlashAttentionKernel::kTensorCore, pass, kD, sizeof(T));
+}
+
+// Forward: CTA = 64 queries (4 warps x 16 rows) of one (batch, head); loops
+// over key tiles of 64 up to the causal limit with the online softmax.
+template <typename T, int kD, bool kDrop, bool kTerms>
+__global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
+  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kForward);
+  constexpr int kBr = kTiles.rows, kBc = kTiles.step, kLd = kD + 8;
+  static_assert(kBr == 64 && kBc % 16 == 0, "4 warps of 16 rows");
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);  // [kBr][kLd]
+  T* ks = qs + kBr * kLd;              // [kBc][kLd]
+  T* vs = ks + kBc * kLd;              // [kBc][kLd]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBr;  // causal: the longest rows start first
+  const T* q = static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h;
+  const T* k = static_cast<const T*>(a.k) + b * a.sk.b + h * a.sk.h;
+  const T* v = static_cast<const T*>(a.v) + b * a.sv.b + h * a.sv.h;
+
+  LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float o[kD / 8][4] = {};
+  float m[2] = {-kInf, -kInf};  // running max of the base-2 scores
+  float l[2] = {0.0f, 0.0f};    // this thread's part of the running sum
+  int k_end = a.t_k;
+  if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
+
+  for (int k0 = 0; k0 < k_end; k0 += kBc) {
+    __syncthreads();  // the previous tiles are consumed (and Q is loaded)
+    LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
+    LoadTile<T, kD>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
+    __syncthreads();
+
+    float s[kBc / 8][4] = {};
+    WarpGemmABt<T, kD, kBc>(s, qs + warp * 16 * kLd, ks, kLd, g, t);
+    // With score terms every tile is checked (padded keys can be anywhere).
+    const bool masked = kTerms || k0 + kBc > a.t_k ||
+                        (a.causal && k0 + kBc - 1 > q0 + a.causal_offset);
+#pragma unroll
+    for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + j * 8 + 2 * t + (e & 1);
+        if (!masked) {
+          s[j][e] *= a.scale_log2;
+        } else if (Visible<kTerms>(a, b, row[e / 2], key)) {
+          s[j][e] = s[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[e / 2], key);
+        } else {
+          s[j][e] = -kInf;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -kInf;
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));  // the 4 threads of a row
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float m_new = fmaxf(m[r], mx);
+      const float m_use = m_new == -kInf ? 0.0f : m_new;  // no row key yet: avoid inf - inf
+      const float alpha = exp2f(m[r] - m_use);
+      m[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
+        s[j][2 * r] = exp2f(s[j][2 * r] - m_use);
+        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - m_use);
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+    if constexpr (kDrop) {  // after the row sums: they normalize the undropped softmax
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float f[2];
+          DropFactorPair<kDrop>(a, bh, row[r], k0 + j * 8 + 2 * t, f);
+          s[j][2 * r] *= f[0];
+          s[j][2 * r + 1] *= f[1];
+        }
+      }
+    }
+    WarpGemmPB<T, kBc, kD>(o, s, vs, kLd, g, t);
+  }
+
+  T* y = static_cast<T*>(a.y) + static_cast<int64_t>(bh) * a.t_q * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lt = l[r];
+    lt += __shfl_xor_sync(kFullMask, lt, 1);
+    lt += __shfl_xor_sync(kFullMask, lt, 2);
+    if (row[r] >= a.t_q) continue;
+    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+    T* yr = y + static_cast<int64_t>(row[r]) * kD + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(yr + j * 8) = PackF<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    }
+    if (t == 0) {
+      a.lse[static_cast<int64_t>(bh) * a.t_q + row[r]] =
+          lt > 0.0f ? (m[r] + log2f(lt)) * kLn2 : -kInf;
+    }
+  }
+}
+
+
+// Backward dk, dv: CTA = 64 keys (4 warps x 16 rows) of one (batch, head);
+// loops over query tiles from the first query that sees the block.
+template <typename T, int kD, bool kDrop, bool kTerms>
+__global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
+  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kBackwardDkDv);
+  constexpr int kBc = kTiles.rows, kBr = kTiles.step, kLd = kD + 8;
+  static_assert(kBc == 64 && kBr % 16 == 0, "4 warps of 16 keys");
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);                        // [kBc][kLd]
+  T* vs = ks + kBc * kLd;                                    // [kBc][kLd]
+  T* qs = vs + kBc * kLd;                                    // [kBr][kLd]
+  T* dos = qs + kBr * kLd;                                   // [kBr][kLd]
+  float* lse_s = reinterpret_cast<float*>(dos + kBr * kLd);  // [kBr], base 2
+  float* delta_s = lse_s + kBr;                              // [kBr]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int k0 = blockIdx.y * kBc;  // causal: the first key blocks see the most queries
+  const T* q = static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h;
+  const T* k = static_cast<const T*>(a.k) + b * a.sk.b + h * a.sk.h;
+  const T* v = static_cast<const T*>(a.v) + b * a.sv.b + h * a.sv.h;
+  const T* dout = static_cast<const T*>(a.grad_out) + b * a.sdo.b + h * a.sdo.h;
+  const float* lse = a.lse + static_cast<int64_t>(bh) * a.t_q;
+  const float* delta = a.delta + static_cast<int64_t>(bh) * a.t_q;
+
+  LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
+  LoadTile<T, kD>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
+  const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  float dk[kD / 8][4] = {};
+  float dv[kD / 8][4] = {};
+  int q_begin = 0;
+  if (a.causal) q_begin = max(0, k0 - a.causal_offset) / kBr * kBr;
+
+  for (int q0 = q_begin; q0 < a.t_q; q0 += kBr) {
+    __syncthreads();
+    LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
+    LoadTile<T, kD>(dos, kLd, dout, a.sdo.t, q0, a.t_q - q0, kBr, a.vec);
+    for (int i = threadIdx.x; i < kBr; i += blockDim.x) {
+      const bool in = q0 + i < a.t_q;
+      lse_s[i] = in ? Lse2(lse[q0 + i]) : kInf;
+      delta_s[i] = in ? delta[q0 + i] : 0.0f;
+    }
+    __syncthreads();
+
+    // P^T (16 keys x kBr queries) = exp2(scale_log2 * K Q^T - lse2).
+    float p[kBr / 8][4] = {};
+    WarpGemmABt<T, kD, kBr>(p, ks + warp * 16 * kLd, qs, kLd, g, t);
+#pragma unroll
+    for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = j * 8 + 2 * t + (e & 1);
+        p[j][e] = Visible<kTerms>(a, b, q0 + qi, key[e / 2])
+                      ? exp2f(p[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, q0 + qi, key[e / 2]) -
+                              lse_s[qi])
+                      : 0.0f;
+      }
+    }
+    if constexpr (!kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);  // dV += P^T dO
+    // dS^T = P^T * (M * (V dO^T) - delta) with M the dropout factors; with
+    // dropout, then P^T *= M and dV += (M P)^T dO.
+    float ds[kBr / 8][4] = {};
+    WarpGemmABt<T, kD, kBr>(ds, vs + warp * 16 * kLd, dos, kLd, g, t);
+#pragma unroll
+    for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = j * 8 + 2 * t + (e & 1);
+        const float f = DropFactor<kDrop>(a, bh, q0 + qi, key[e / 2]);
+        ds[j][e] = p[j][e] * (ds[j][e] * f - delta_s[qi]);
+        if constexpr (kDrop) p[j][e] *= f;
+      }
+    }
+    if constexpr (kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);
+    WarpGemmPB<T, kBr, kD>(dk, ds, qs, kLd, g, t);  // dK += dS^T Q (times scale below)
+  }
+
+  T* dkp = static_cast<T*>(a.dk) + static_cast<int64_t>(bh) * a.t_k * kD;
+  T* dvp = static_cast<T*>(a.dv) + static_cast<int64_t>(bh) * a.t_k * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= a.t_k) continue;
+    const int64_t off = static_cast<int64_t>(key[r]) * kD + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dkp + off + j * 8) =
+          PackF<T>(dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dvp + off + j * 8) = PackF<T>(dv[j][2 * r], dv[j][2 * r + 1]);
+    }
+  }
+}
+
+// Backward dq: CTA = 64 queries (4 warps x 16 rows); loops over key tiles.
+template <typename T, int kD, bool kDrop, bool kTerms>
+__global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
+  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kBackwardDq);
+  constexpr int kBr = kTiles.rows, kBc = kTiles.step, kLd = kD + 8;
+  static_assert(kBr == 64 && kBc % 16 == 0, "4 warps of 16 rows");
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);  // [kBr][kLd]
+  T* dos = qs + kBr * kLd;             // [kBr][kLd]
+  T* ks = dos + kBr * kLd;             // [kBc][kLd]
+  T* vs = ks + kBc * kLd;              // [kBc][kLd]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBr;
+  const T* q = static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h;
+  const T* k = static_cast<const T*>(a.k) + b * a.sk.b + h * a.sk.h;
+  const T* v = static_cast<const T*>(a.v) + b * a.sv.b + h * a.sv.h;
+  const T* dout = static_cast<const T*>(a.grad_out) + b * a.sdo.b + h * a.sdo.h;
+
+  LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
+  LoadTile<T, kD>(dos, kLd, dout, a.sdo.t, q0, a.t_q - q0, kBr, a.vec);
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool in = row[r] < a.t_q;
+    const int64_t i = static_cast<int64_t>(bh) * a.t_q + row[r];
+    lse2[r] = in ? Lse2(a.lse[i]) : kInf;
+    delta[r] = in ? a.delta[i] : 0.0f;
+  }
+  float dq[kD / 8][4] = {};
+  int k_end = a.t_k;
+  if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
+
+  for (int k0 = 0; k0 < k_end; k0 += kBc) {
+    __syncthreads();
+    LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
+    LoadTile<T, kD>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
+    __syncthreads();
+
+    float p[kBc / 8][4] = {};
+    WarpGemmABt<T, kD, kBc>(p, qs + warp * 16 * kLd, ks, kLd, g, t);
+    float ds[kBc / 8][4] = {};
+    WarpGemmABt<T, kD, kBc>(ds, dos + warp * 16 * kLd, vs, kLd, g, t);  // dP = dO V^T
+#pragma unroll
+    for (int j = 0; j < kBc / 8; ++j) {
+      float f[2][2];
+      DropFactorPair<kDrop>(a, bh, row[0], k0 + j * 8 + 2 * t, f[0]);
+      DropFactorPair<kDrop>(a, bh, row[1], k0 + j * 8 + 2 * t, f[1]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, kj = k0 + j * 8 + 2 * t + (e & 1);
+        const float pr = Visible<kTerms>(a, b, row[r], kj)
+                             ? exp2f(p[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[r], kj) -
+                                     lse2[r])
+                             : 0.0f;
+        ds[j][e] = pr * (ds[j][e] * f[r][e & 1] - delta[r]);
+        StoreDScore<kTerms>(a, bh, row[r], kj, ds[j][e]);
+      }
+    }
+    WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, g, t);  // dQ += dS K (times scale below)
+  }
+
+  T* dqp = static_cast<T*>(a.dq) + static_cast<int64_t>(bh) * a.t_q * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= a.t_q) continue;
+    T* dr = dqp + static_cast<int64_t>(row[r]) * kD + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dr + j * 8) =
+          PackF<T>(dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale);
+    }
+  }
+}
+
+}  // namespace
+
+Kernels MmaKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
+  OP_CHECK(dtype == Dtype::kBF16 || dtype == Dtype::kF16, "flash_attention",
+           "the tensor-core kernels take bf16 or f16, not ", DtypeName(dtype));
+  Kernels out{};
+  auto pick = [&](auto zero) {
+    using T = decltype(zero);
+    DispatchHeadDim(d, [&](auto dim) {
+      constexpr int kD = decltype(dim)::value;
+      DispatchBool(dropout, [&](auto drop) {
+        DispatchBool(terms, [&](auto extra) {
+          constexpr bool kDrop = decltype(drop)::value, kTerms = decltype(extra)::value;
+          out = {ForwardMmaKernel<T, kD, kDrop, kTerms>, BackwardDkDvMmaKernel<T, kD, kDrop, kTerms>,
+                 BackwardDqMmaKernel<T, kD, kDrop, kTerms>};
+        });
+      });
+    });
+  };
+  if (dtype == Dtype::kBF16) {
+    pick(__nv_bfloat16{});
+  } else {
+    pick(__half{});
+  }
+  return out;
+}
+
+}  // namespace flash
+}  // namespace cuda
+}  // namespace tensor
