@@ -142,6 +142,16 @@ Tensor GpuView(const Shape& bhtd, uint64_t seed, Dtype dt, bool unaligned) {
   return ToGpu(RandomTensor({b, t, h, d}, seed, -1.0f, 1.0f, dt)).Transpose(1, 2);
 }
 
+// The kernels' results against the reference (lse is f32 whatever the dtype).
+void ExpectNear(const Reference& ref, const Tensor& out, const Tensor& lse, const Tensor& dq,
+                const Tensor& dk, const Tensor& dv, double tol) {
+  EXPECT_TRUE(NearScaled(out, ref.out, tol)) << "out";
+  EXPECT_TRUE(NearScaled(lse, ref.lse, 1e-4)) << "lse";
+  EXPECT_TRUE(NearScaled(dq, ref.dq, tol)) << "dq";
+  EXPECT_TRUE(NearScaled(dk, ref.dk, tol)) << "dk";
+  EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
+}
+
 void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligned = false) {
   SCOPED_TRACE(Name(c, dt, kernel) + (unaligned ? " unaligned" : ""));
   const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 1, dt, unaligned);
@@ -160,12 +170,7 @@ void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligne
 
   const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
                                 dout.ToVector<float>(), scale);
-  const double tol = Tol(dt);
-  EXPECT_TRUE(NearScaled(out, ref.out, tol)) << "out";
-  EXPECT_TRUE(NearScaled(lse, ref.lse, 1e-4)) << "lse";
-  EXPECT_TRUE(NearScaled(dq, ref.dq, tol)) << "dq";
-  EXPECT_TRUE(NearScaled(dk, ref.dk, tol)) << "dk";
-  EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
+  ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
 }
 
 // With score terms: a random bias (1 or B, H, T_q, T_k) in `bias_dt` and a
@@ -206,13 +211,8 @@ void RunTermsCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool bia
                                terms, dscores);
   const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
                                 dout.ToVector<float>(), scale, ref_terms);
-  const double tol = Tol(dt);
-  EXPECT_TRUE(NearScaled(out, ref.out, tol)) << "out";
-  EXPECT_TRUE(NearScaled(lse, ref.lse, 1e-4)) << "lse";
-  EXPECT_TRUE(NearScaled(dq, ref.dq, tol)) << "dq";
-  EXPECT_TRUE(NearScaled(dk, ref.dk, tol)) << "dk";
-  EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
-  EXPECT_TRUE(NearScaled(dscores, ref.dscores, tol)) << "dscores";
+  ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
+  EXPECT_TRUE(NearScaled(dscores, ref.dscores, Tol(dt))) << "dscores";
 }
 
 std::vector<Case> Cases() {
