@@ -11,7 +11,10 @@ using tensor::Dtype;
 using tensor::MatmulOptions;
 
 Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
-    : Module("Linear"), in_(in_features), out_(out_features) {
+    : Module("Linear"),
+      in_(in_features),
+      out_(out_features),
+      align_output_rows_(options.align_output_rows) {
   weight_ = RegisterParameter("weight", {out_, in_}, options.weight_init, /*weight_decay=*/true);
   bias_ = options.bias ? RegisterParameter("bias", {out_}, options.bias_init, false) : nullptr;
 }
@@ -27,7 +30,15 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   Tensor x = x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
   MatmulOptions opts;
   opts.trans_b = true;
-  Tensor y = tensor::Matmul(x, w, opts);  // (N, out)
+  Tensor y;  // (N, out)
+  constexpr int64_t kAlign = 64;  // elements
+  if (align_output_rows_ && bias_ == nullptr && w.device().is_cuda() && out_ % kAlign != 0) {
+    const int64_t ld = (out_ + kAlign - 1) / kAlign * kAlign;
+    y = Tensor::Empty({x.dim(0), ld}, w.dtype(), w.device()).Narrow(1, 0, out_);  // rows ld apart
+    tensor::MatmulInto(x, w, y, opts);
+  } else {
+    y = tensor::Matmul(x, w, opts);
+  }
   if (bias_ != nullptr) y = tensor::AddBias(y, bias_->value.To(y.dtype()));
   ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
   return {y.Reshape(out_shape)};

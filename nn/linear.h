@@ -16,6 +16,14 @@ struct LinearOptions {
   bool bias = true;
   InitSpec weight_init = InitSpec::Normal(0.0f, 0.02f);  // minGPT's init
   InitSpec bias_init = InitSpec::Zeros();
+  // On a CUDA device, without a bias: when out_features is not a multiple of
+  // 64, the output's rows are laid out 64-element aligned (a (N, out) view of
+  // an (N, ceil64(out)) buffer; Tensor::RowStride() gives the stride), so the
+  // GEMM that writes it and the two that read its gradient run cuBLASLt's
+  // aligned tensor-core kernels. For a language-model head over an odd
+  // vocabulary (GPT-2's 50257, llm.c pads it to 50304); its consumers must
+  // take strided rows (the cross-entropy does).
+  bool align_output_rows = false;
 };
 
 class Linear : public Module {
@@ -41,6 +49,7 @@ class Linear : public Module {
   };
   const int64_t in_;
   const int64_t out_;
+  const bool align_output_rows_;
   Parameter* weight_;  // (out, in)
   Parameter* bias_;    // (out) or nullptr
 };

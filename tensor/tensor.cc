@@ -233,6 +233,26 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+int64_t Tensor::RowStride() const {
+  const int r = rank();
+  if (r == 0) return -1;
+  const int64_t cols = shape_[r - 1];
+  if (cols != 1 && strides_[r - 1] != 1) return -1;
+  // The row stride: the innermost leading dim that is not 1 decides it.
+  int64_t ld = cols;
+  int d = r - 2;
+  while (d >= 0 && shape_[d] == 1) --d;
+  if (d < 0) return ld;  // one row
+  ld = strides_[d];
+  if (ld < cols) return -1;
+  int64_t expected = ld * shape_[d];
+  for (--d; d >= 0; --d) {
+    if (shape_[d] != 1 && strides_[d] != expected) return -1;
+    expected *= shape_[d];
+  }
+  return ld;
+}
+
 void* Tensor::raw_data() const {
   OP_CHECK(defined(), "data", "tensor is undefined");
   return static_cast<char*>(storage_->data()) + offset_ * element_size();

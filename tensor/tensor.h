@@ -58,6 +58,12 @@ class Tensor {
   int64_t element_size() const { return DtypeSize(dtype_); }
   int64_t nbytes() const { return numel() * element_size(); }
   bool is_contiguous() const;
+  // When the tensor is a stack of rows of its last dimension -- unit stride
+  // in it, and the leading dimensions laid out as one run of rows a uniform
+  // stride >= dim(-1) apart (a contiguous tensor, or a row-padded view such
+  // as Empty({N, ld}).Narrow(1, 0, V)) -- the elements between consecutive
+  // rows; -1 otherwise. Rank 0: -1.
+  int64_t RowStride() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   bool SharesStorageWith(const Tensor& other) const { return storage_ == other.storage_; }
 

@@ -56,6 +56,24 @@ TEST(TensorTest, TransposeIsAViewThatAliases) {
   EXPECT_EQ(t.Contiguous().ToVector<float>()[2], 100.0f);
 }
 
+TEST(TensorTest, RowStrideOfContiguousAndRowPaddedViews) {
+  EXPECT_EQ(Tensor::Zeros({2, 3, 5}).RowStride(), 5);
+  EXPECT_EQ(Tensor::Zeros({7}).RowStride(), 7);
+  EXPECT_EQ(Tensor::Zeros({}).RowStride(), -1);
+  // (N, V) rows of a (N, ld) buffer, and that view reshaped to (B, T, V).
+  const Tensor padded = Tensor::Zeros({6, 8}).Narrow(1, 0, 5);
+  EXPECT_EQ(padded.RowStride(), 8);
+  EXPECT_EQ(padded.Reshape({2, 3, 5}).RowStride(), 8);
+  EXPECT_TRUE(padded.Reshape({2, 3, 5}).SharesStorageWith(padded)) << "a view, not a copy";
+  EXPECT_EQ(padded.Narrow(0, 2, 1).RowStride(), 5) << "one row";
+  // Every other row is a run of rows too, 16 apart.
+  EXPECT_EQ(Tensor::Zeros({6, 8}).View({3, 2, 8}).Select(1, 0).RowStride(), 16);
+  // Not a run of rows: a transpose, and rows sliced out of a 3-d tensor
+  // (the outer stride skips more than the rows kept).
+  EXPECT_EQ(Tensor::Zeros({4, 5}).Transpose(0, 1).RowStride(), -1);
+  EXPECT_EQ(Tensor::Zeros({2, 4, 8}).Narrow(1, 0, 3).RowStride(), -1);
+}
+
 TEST(TensorTest, NarrowSelectUnsqueeze) {
   Tensor a = Tensor::FromVector(Iota(24), {2, 3, 4});
   Tensor n = a.Narrow(2, 1, 2);  // (2,3,2)

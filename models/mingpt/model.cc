@@ -78,6 +78,7 @@ GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config) {
   transformer_ = RegisterModule("transformer", std::make_unique<Transformer>(config));
   nn::LinearOptions head;
   head.bias = false;
+  head.align_output_rows = true;  // on a GPU: 64-aligned logits rows (50257 -> 50304 apart)
   lm_head_ = RegisterModule("lm_head",
                             std::make_unique<nn::Linear>(config.n_embd, config.vocab_size, head));
 }

@@ -166,7 +166,8 @@ template <int kMode, int N, typename T, typename I>
 __global__ void __launch_bounds__(kMaxRowThreads)
     CrossEntropyRowsKernel(const T* logits, const I* __restrict__ targets, int64_t ignore_index,
                            float* __restrict__ lse, const Stats* __restrict__ stats, T* grad,
-                           double* __restrict__ row_loss, int64_t rows, int64_t v) {
+                           double* __restrict__ row_loss, int64_t rows, int64_t v,
+                           int64_t ld, int64_t gld) {
   constexpr bool kFwd = (kMode & kForward) != 0;
   constexpr bool kBwd = (kMode & kBackward) != 0;
   __shared__ float smem[2 * kWarp];
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = static_cast<int64_t>(targets[r]);  // the same in the whole block
-    const T* xr = logits + r * v;                        // (V)
+    const T* xr = logits + r * ld;                       // (V)
     if (t == ignore_index || t < 0 || t >= v) {  // out of range: forward only, the op throws
       if constexpr (kFwd) {
         if (threadIdx.x == 0) {
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         }
       }
       if constexpr (kBwd)
-        MapRow<false, N>(xr, grad + r * v, v, [](int64_t, float) { return 0.0f; });
+        MapRow<false, N>(xr, grad + r * gld, v, [](int64_t, float) { return 0.0f; });
       continue;
     }
     float shift, log_sum;
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       log_sum = 0.0f;
     }
     if constexpr (kBwd) {
-      MapRow<true, N>(xr, grad + r * v, v, [&](int64_t i, float x) {
+      MapRow<true, N>(xr, grad + r * gld, v, [&](int64_t i, float x) {
         const float p = __fmul_rn(expf((x - shift) - log_sum), gs);
         return i == t ? p - gs : p;
       });
@@ -268,6 +269,11 @@ CrossEntropyStats Run(const char* op, const Tensor& logits, const Tensor& target
   SetDevice(logits, op);
   const int64_t v = logits.dim(-1);
   const int64_t rows = v == 0 ? 0 : logits.numel() / v;
+  // Rows may be padded (a view of a wider buffer): their strides.
+  const int64_t ld = logits.RowStride();
+  const int64_t gld = kBwd ? grad.RowStride() : ld;
+  OP_CHECK(ld >= 0 && gld >= 0, op, "logits and their gradient must be stacked rows (contiguous "
+           "or row-padded); got strides of shape ", logits.shape().ToString());
   const cudaStream_t stream = ComputeStream();
   // Scratch: the Stats words and, for the forward, one double per row (8-byte
   // words: the tensor library has no f64 dtype).
@@ -286,19 +292,21 @@ CrossEntropyStats Run(const char* op, const Tensor& logits, const Tensor& target
     DispatchFloat(logits.dtype(), op, [&](auto tz) {
       using T = decltype(tz);
       constexpr int kVec = 16 / sizeof(T);
-      // Vector accesses need the gradient rows to share the logits rows' alignment.
-      const bool vec = !kBwd || reinterpret_cast<uintptr_t>(logits.raw_data()) % 16 ==
-                                    reinterpret_cast<uintptr_t>(grad.raw_data()) % 16;
+      // Vector accesses need every gradient row to share its logits row's
+      // alignment: the same start modulo 16 bytes and row strides that keep it.
+      const bool vec = !kBwd || (reinterpret_cast<uintptr_t>(logits.raw_data()) % 16 ==
+                                     reinterpret_cast<uintptr_t>(grad.raw_data()) % 16 &&
+                                 (ld - gld) * static_cast<int64_t>(sizeof(T)) % 16 == 0);
       const unsigned grid = static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
       const unsigned block = RowThreads(v, vec ? kVec : 1);
       float* lse_p = Ptr<float>(lse);
       T* grad_p = kBwd ? Ptr<T>(grad) : nullptr;
       if (vec) {
         CrossEntropyRowsKernel<kMode, kVec, T, I><<<grid, block, 0, stream>>>(
-            Ptr<T>(logits), t, ignore_index, lse_p, stats, grad_p, row_loss_p, rows, v);
+            Ptr<T>(logits), t, ignore_index, lse_p, stats, grad_p, row_loss_p, rows, v, ld, gld);
       } else {
         CrossEntropyRowsKernel<kMode, 1, T, I><<<grid, block, 0, stream>>>(
-            Ptr<T>(logits), t, ignore_index, lse_p, stats, grad_p, row_loss_p, rows, v);
+            Ptr<T>(logits), t, ignore_index, lse_p, stats, grad_p, row_loss_p, rows, v, ld, gld);
       }
       CheckLaunch(op);
     });

@@ -23,7 +23,9 @@ struct CrossEntropyStats {
   int64_t bad_target = 0;  // that row's target
 };
 
-// Shapes: logits (N, V) contiguous floating; targets (N) i32/i64 contiguous;
+// Shapes: logits (N, V) floating, contiguous or row-padded (rows a uniform
+// stride apart, Tensor::RowStride() >= 0; so is grad_logits); targets (N)
+// i32/i64 contiguous;
 // lse (N) f32; loss () f32; all on one CUDA device. Rows whose target is
 // ignore_index get lse 0 and a zero gradient. When some target is out of
 // range (first_bad >= 0) the gradient kernels write nothing (the logits of the

@@ -122,6 +122,40 @@ TEST(CudaLossTest, FusedInPlaceMatchesCpu) {
   }
 }
 
+// Logits as an aligned LM head writes them (nn::LinearOptions::
+// align_output_rows): (B, T, V) rows of a (B*T, ceil64(V)) buffer. The
+// kernels read and overwrite the rows in place, leave the padding alone, and
+// give what contiguous logits give.
+TEST(CudaLossTest, RowPaddedLogitsMatchContiguous) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  for (const Shape& shape : {Shape({2, 3, 50257}), Shape({4, 37})}) {
+    for (Dtype d : {Dtype::kBF16, Dtype::kF32}) {
+      SCOPED_TRACE(shape.ToString() + " " + std::string(DtypeName(d)));
+      const int64_t v = shape[shape.rank() - 1], ld = (v + 63) / 64 * 64, n = shape.numel() / v;
+      const Tensor x = RandomTensor(shape, ++seed, -5.0f, 5.0f, d);
+      const Tensor t = RandomTargets(RowsOf(shape), v, ++seed, 3, Dtype::kI64);
+      const Tensor buffer = ToGpu(Tensor::Full({n, ld}, 9.0, d));  // (N, ld); pads stay 9
+      Tensor padded = buffer.Narrow(1, 0, v).Reshape(shape);
+      ASSERT_EQ(padded.RowStride(), ld);
+      padded.CopyFrom(ToGpu(x));
+      const CrossEntropyResult plain = CrossEntropy(ToGpu(x), ToGpu(t));
+      const CrossEntropyResult strided = CrossEntropy(padded, ToGpu(t));
+      EXPECT_EQ(strided.count, plain.count);
+      EXPECT_TRUE(MatchesCpu(strided.loss, ToCpu(plain.loss), LossTolerance()));
+      EXPECT_TRUE(MatchesCpu(CrossEntropyBackward(padded, ToGpu(t), strided, 2.0f),
+                             ToCpu(CrossEntropyBackward(ToGpu(x), ToGpu(t), plain, 2.0f)),
+                             GradTolerance(d)));
+      const Tensor contiguous = ToGpu(x);
+      const CrossEntropyResult in_place = CrossEntropyForwardBackwardInPlace(contiguous, ToGpu(t));
+      const CrossEntropyResult in_place_padded = CrossEntropyForwardBackwardInPlace(padded, ToGpu(t));
+      EXPECT_TRUE(MatchesCpu(in_place_padded.loss, ToCpu(in_place.loss), LossTolerance()));
+      EXPECT_TRUE(MatchesCpu(padded, ToCpu(contiguous), GradTolerance(d)));
+      for (float pad : buffer.Narrow(1, v, ld - v).ToVector<float>()) ASSERT_EQ(pad, 9.0f);
+    }
+  }
+}
+
 TEST(CudaLossTest, IgnoreIndexAllIgnoredAndClassIdIgnoreIndex) {
   SKIP_WITHOUT_GPU();
   for (Dtype d : FloatDtypes()) {

@@ -3,7 +3,9 @@
 // a raw cublasLtMatmul call built by hand with the same descriptors (same
 // layouts, compute type, 32 MiB workspace, heuristic's first algorithm), side
 // by side in one run. Shapes: the minGPT MLP GEMMs, the 50257-vocab LM head
-// (and its 64-padded 50304), and 4096^3; in f32 (exact), tf32 and bf16.
+// (contiguous, 64-padded to 50304, and 50257 columns written into rows 50304
+// apart as the aligned LM head does), and 4096^3; in f32 (exact), tf32 and
+// bf16.
 // Timed with CUDA events on the calling thread's stream: warmup samples, then
 // the median of --samples samples of --reps back-to-back calls each.
 //
@@ -55,6 +57,7 @@ struct Case {
   int64_t k;
   int64_t n;
   bool trans_b;  // b stored (n, k): the Linear layer x @ W^T
+  int64_t ldc = 0;  // 0: n; else C's rows are ldc apart (a row-padded output)
 };
 
 struct Precision {
@@ -130,7 +133,7 @@ class RawLt {
       CheckLt(cublasLtMatrixLayoutCreate(&la_, t, c.n, c.k, c.n), "layout A");
     }
     CheckLt(cublasLtMatrixLayoutCreate(&lb_, t, c.k, c.m, c.k), "layout B");
-    CheckLt(cublasLtMatrixLayoutCreate(&lc_, t, c.n, c.m, c.n), "layout C");
+    CheckLt(cublasLtMatrixLayoutCreate(&lc_, t, c.n, c.m, c.ldc > 0 ? c.ldc : c.n), "layout C");
     cublasLtMatmulPreference_t pref;
     CheckLt(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const uint64_t ws = cuda::kMatmulWorkspaceBytes;
@@ -203,6 +206,9 @@ int Main() {
   const Case cases[] = {
       {"mlp up    x@W^T", 1024, 768, 3072, true},   {"mlp down  x@W^T", 1024, 3072, 768, true},
       {"lm head   x@W^T", 8192, 768, 50257, true},  {"lm head   50304", 8192, 768, 50304, true},
+      // What the aligned LM head runs (nn::LinearOptions::align_output_rows):
+      // 50257 columns into rows 50304 apart.
+      {"lm head   rows64", 8192, 768, 50257, true, 50304},
       {"square    a@b  ", 4096, 4096, 4096, false},
   };
   const Precision precisions[] = {
@@ -222,11 +228,17 @@ int Main() {
       const Tensor b =
           DeviceRandom(c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, p.dtype, seed++, device);
       const MatmulOptions opts{false, c.trans_b, std::nullopt};
-      const Tensor into = Tensor::Empty({c.m, c.n}, p.dtype, Device::Cuda(device));
-      const Tensor raw_out = Tensor::Empty({c.m, c.n}, p.dtype, Device::Cuda(device));
+      const int64_t ldc = c.ldc > 0 ? c.ldc : c.n;
+      const Tensor into =
+          Tensor::Empty({c.m, ldc}, p.dtype, Device::Cuda(device)).Narrow(1, 0, c.n);
+      const Tensor raw_out =
+          Tensor::Empty({c.m, ldc}, p.dtype, Device::Cuda(device)).Narrow(1, 0, c.n);
       RawLt raw(c, p, a, b, raw_out);
 
-      const double t_ours = TimeCall([&] { Matmul(a, b, opts); });
+      // Matmul allocates a contiguous output: for a padded case it is the
+      // same call as Into.
+      const double t_ours = c.ldc > 0 ? TimeCall([&] { MatmulInto(a, b, into, opts); })
+                                      : TimeCall([&] { Matmul(a, b, opts); });
       const double t_into = TimeCall([&] { MatmulInto(a, b, into, opts); });
       const double t_raw = TimeCall([&] { raw.Run(); });
       Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");

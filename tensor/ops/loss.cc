@@ -115,6 +115,13 @@ CrossEntropyResult CudaResult(const cuda::CrossEntropyStats& stats, const Tensor
   return out;
 }
 
+// What the CUDA kernels read: logits as they are when they are stacked rows
+// (contiguous, or a row-padded view such as an aligned LM head's), else a
+// contiguous copy.
+Tensor AsRows(const Tensor& logits) {
+  return logits.RowStride() >= 0 ? logits : logits.Contiguous();
+}
+
 }  // namespace
 
 CrossEntropyResult CrossEntropy(const Tensor& logits, const Tensor& targets,
@@ -125,7 +132,7 @@ CrossEntropyResult CrossEntropy(const Tensor& logits, const Tensor& targets,
     const Tensor lse = Tensor::Empty(targets.shape(), Dtype::kF32, logits.device());
     const Tensor loss = Tensor::Empty(Shape(), Dtype::kF32, logits.device());
     const cuda::CrossEntropyStats stats = cuda::CrossEntropyForward(
-        logits.Contiguous(), targets.Contiguous(), ignore_index, lse, loss);
+        AsRows(logits), targets.Contiguous(), ignore_index, lse, loss);
     CheckCudaTargets(op, stats, logits, targets, ignore_index);
     return CudaResult(stats, lse, loss, ignore_index);
   }
@@ -152,7 +159,7 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
              targets.shape().ToString(), " on ", logits.device().ToString());
     Tensor grad = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
     const cuda::CrossEntropyStats stats =
-        cuda::CrossEntropyBackward(logits.Contiguous(), targets.Contiguous(),
+        cuda::CrossEntropyBackward(AsRows(logits), targets.Contiguous(),
                                    forward.lse.Contiguous(), forward.ignore_index, grad_loss, grad);
     CheckCudaTargets(op, stats, logits, targets, forward.ignore_index);
     OP_CHECK(stats.count == forward.count, op, "targets ", targets.shape().ToString(), " have ",
@@ -180,8 +187,9 @@ CrossEntropyResult CrossEntropyForwardBackwardInPlace(const Tensor& logits,
                                                       int64_t ignore_index) {
   const char* op = "cross_entropy";
   CheckGradLoss(op, grad_loss);
-  OP_CHECK(logits.defined() && logits.is_contiguous(), op,
-           "logits must be contiguous to be overwritten with their gradient; got ",
+  OP_CHECK(logits.defined() && logits.RowStride() >= 0, op,
+           "logits must be contiguous (or a row-padded view of a contiguous buffer) to be "
+           "overwritten with their gradient; got ",
            Describe("logits", logits));
   if (OnCuda(op, logits, targets)) {
     CheckShapes(op, logits, targets);
@@ -197,8 +205,14 @@ CrossEntropyResult CrossEntropyForwardBackwardInPlace(const Tensor& logits,
   out.count = CheckAndCount(op, logits, targets_c, ignore_index);
   out.ignore_index = ignore_index;
   out.lse = Tensor::Empty(targets.shape());
+  // The CPU kernel takes contiguous rows: a row-padded view goes through a copy.
+  const Tensor rows = logits.Contiguous();
   const double total = cpu::CrossEntropyForwardBackwardInPlace(
-      logits, targets_c, ignore_index, GradScale(grad_loss, out.count), out.lse);
+      rows, targets_c, ignore_index, GradScale(grad_loss, out.count), out.lse);
+  if (!rows.SharesStorageWith(logits)) {
+    Tensor dst = logits;  // a handle on the caller's storage
+    dst.CopyFrom(rows);
+  }
   out.loss = MeanLoss(total, out.count);
   return out;
 }

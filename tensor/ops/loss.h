@@ -39,7 +39,10 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                             const CrossEntropyResult& forward, float grad_loss = 1.0f);
 
 // The forward and backward above in one pass: returns the forward's result and
-// overwrites `logits` (which must be contiguous) with the gradient.
+// overwrites `logits` with the gradient. logits must be contiguous or a
+// row-padded view (Tensor::RowStride() >= 0: e.g. an aligned LM head's
+// output, nn::LinearOptions::align_output_rows), which the CUDA kernels read
+// and write in place.
 CrossEntropyResult CrossEntropyForwardBackwardInPlace(const Tensor& logits,
                                                       const Tensor& targets,
                                                       float grad_loss = 1.0f,

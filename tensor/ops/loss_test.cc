@@ -155,6 +155,23 @@ TEST(CrossEntropyTest, FusedInPlaceMatchesSeparateCalls) {
   }
 }
 
+// Row-padded logits (rows of a wider buffer, as an aligned LM head writes
+// them on a GPU) are overwritten in place with the gradient contiguous
+// logits get; the padding is left alone.
+TEST(CrossEntropyTest, FusedInPlaceTakesRowPaddedLogits) {
+  const Tensor logits = RandomTensor({5, 300}, 7, -6.0f, 6.0f);
+  const Tensor targets = Targets({299, 0, -100, 150, 7}, {5}, Dtype::kI32);
+  const Tensor buf = logits.Clone();
+  const CrossEntropyResult plain = CrossEntropyForwardBackwardInPlace(buf, targets);
+  const Tensor wide = Tensor::Full({5, 320}, 4.0);
+  Tensor padded = wide.Narrow(1, 0, 300);
+  padded.CopyFrom(logits);
+  const CrossEntropyResult res = CrossEntropyForwardBackwardInPlace(padded, targets);
+  EXPECT_EQ(res.loss.Item(), plain.loss.Item());
+  EXPECT_EQ(padded.Contiguous().ToVector<float>(), buf.ToVector<float>());
+  for (float pad : wide.Narrow(1, 300, 20).Contiguous().ToVector<float>()) EXPECT_EQ(pad, 4.0f);
+}
+
 TEST(CrossEntropyTest, LowPrecisionLogitsMatchF32) {
   for (Dtype dtype : {Dtype::kBF16, Dtype::kF16}) {
     const Tensor logits = RandomTensor({8, 100}, 7, -4.0f, 4.0f, dtype);

@@ -209,7 +209,8 @@ void FoldBatchIntoM(cpu::GemmArgs* g) {
   for (cpu::GemmOperand* op : {&g->a, &g->b, &g->c}) op->batch_strides.clear();
 }
 
-// out = op(a) @ op(b) + beta * out for a checked call; out is contiguous.
+// out = op(a) @ op(b) + beta * out for a checked call; out is stacked rows
+// (Tensor::RowStride() >= 0).
 void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOptions& opts, float beta,
          const Plan& p) {
   if (out.numel() == 0) return;
@@ -275,7 +276,9 @@ void MatmulInto(const Tensor& a, const Tensor& b, const Tensor& out, const Matmu
            out.device().ToString(), " but the operands are on ", a.device().ToString());
   OP_CHECK(out.shape() == p.out_shape, kOp, ShapesText(a, b, opts), " give ",
            p.out_shape.ToString(), " but out has shape ", out.shape().ToString());
-  OP_CHECK(out.is_contiguous(), kOp, "out ", out.shape().ToString(), " must be contiguous");
+  OP_CHECK(out.RowStride() >= 0, kOp, "out ", out.shape().ToString(),
+           " must be contiguous or a row-padded view of a contiguous buffer (unit stride in the "
+           "last dim, rows a uniform stride apart)");
   OP_CHECK(!Overlaps(out, a) && !Overlaps(out, b), kOp, "out ", out.shape().ToString(),
            " overlaps an input (", ShapesText(a, b, opts), ")");
   Run(a, b, out, opts, beta, p);

@@ -35,7 +35,8 @@ struct MatmulOptions {
 // with the shapes on bad arguments.
 Tensor Matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opts = {});
 
-// out = op(a) @ op(b) + beta * out. `out` must be contiguous, have the result's
+// out = op(a) @ op(b) + beta * out. `out` must be contiguous (or a row-padded
+// view of a contiguous buffer: Tensor::RowStride() >= 0), have the result's
 // shape, and a dtype allowed for the inputs (their dtype, or f32 for bf16
 // inputs; opts.out_dtype, if set, must agree); it must not overlap a or b.
 // beta == 0 overwrites out (its old contents, even NaN, are ignored); beta == 1

@@ -224,6 +224,23 @@ TEST_P(MatmulBackendTest, IntoWithBeta) {
   EXPECT_TRUE(AllClose(out, Tensor::FromVector(twice, ref.shape()), 2 * kF32Tol, kF32Tol));
 }
 
+// A row-padded output (a language-model head's logits with their rows
+// rounded up to an aligned length): the GEMM writes the rows in place and
+// leaves the padding alone.
+TEST_P(MatmulBackendTest, IntoRowPaddedView) {
+  const Tensor a = RandomTensor({2, 6, 20}, 26, -1, 1, Dtype::kBF16);
+  const Tensor b = RandomTensor({13, 20}, 27, -1, 1, Dtype::kBF16);
+  MatmulOptions tb;
+  tb.trans_b = true;
+  const Tensor ref = Matmul(a, b, tb);  // (2, 6, 13), contiguous
+  const Tensor buffer = Tensor::Full({12, 16}, 7.0, Dtype::kBF16);
+  const Tensor out = buffer.Narrow(1, 0, 13).Reshape({2, 6, 13});  // rows 16 apart
+  ASSERT_EQ(out.RowStride(), 16);
+  MatmulInto(a, b, out, tb);
+  EXPECT_TRUE(AllClose(out, ref, 1e-2, 1e-2));  // bf16 results: a rounding apart at most
+  for (float pad : buffer.Narrow(1, 13, 3).ToVector<float>()) EXPECT_EQ(pad, 7.0f);
+}
+
 TEST_P(MatmulBackendTest, Bf16IntoF32AccumulatesGradients) {
   // Mixed precision: bf16 products accumulated into an fp32 gradient buffer.
   const Tensor x = RandomTensor({16, 24}, 23, -1, 1, Dtype::kBF16);
@@ -526,7 +543,7 @@ TEST(MatmulErrorTest, BadOutputs) {
       [&] {
         MatmulInto(a, b, Tensor::Zeros({4, 2}).Transpose(0, 1));
       },
-      {"must be contiguous"});
+      {"must be contiguous or a row-padded view"});
   const Tensor buffer = Tensor::Zeros({16});
   ExpectMatmulError(
       [&] {

@@ -1,0 +1,72 @@
+// minGPT on a GPU (tagged gpu; skips without one): the loss and every
+// gradient of ForwardBackward, and Loss, equal the CPU's for vocabularies
+// whose logits rows the GPU lays out 64-aligned (11 and 67 columns in rows of
+// 64 and 128: the LM head's align_output_rows) and one that needs no padding
+// (64), in f32 and with a loss scale (the gradient scaled in the padded rows).
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "models/mingpt/model.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/testing.h"
+
+namespace mingpt {
+namespace {
+
+using tensor::Device;
+using tensor::Tensor;
+
+GptConfig Tiny(int64_t vocab) {
+  GptConfig c;
+  c.name = "tiny";
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.vocab_size = vocab;
+  c.block_size = 6;
+  c.dropout = 0.0f;
+  return c;
+}
+
+TEST(GptCudaTest, LossAndGradientsMatchTheCpuWithAlignedLogitsRows) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t vocab : {11, 64, 67}) {
+    for (double loss_scale : {1.0, 8.0}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " loss scale " << loss_scale);
+      std::vector<int64_t> ids(2 * 6), targets(2 * 6);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ids[i] = static_cast<int64_t>((i * 5 + 1) % vocab);
+        targets[i] = static_cast<int64_t>((i * 7 + 3) % vocab);
+      }
+      double losses[2], eval[2];
+      std::vector<std::pair<std::string, Tensor>> grads[2];
+      const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
+      for (int d = 0; d < 2; ++d) {
+        GPT model(Tiny(vocab));
+        model.Materialize(9, devices[d]);
+        const Tensor idx = Tensor::FromData<int64_t>(ids, {2, 6}).To(devices[d]);
+        const Tensor tgt = Tensor::FromData<int64_t>(targets, {2, 6}).To(devices[d]);
+        losses[d] = model.ForwardBackward(idx, tgt, loss_scale);
+        eval[d] = model.Loss(idx, tgt);
+        for (auto& [name, p] : model.NamedParameters()) {
+          ASSERT_TRUE(p->grad.defined()) << name;
+          grads[d].emplace_back(name, p->grad.To(Device::Cpu()));
+        }
+      }
+      EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::abs(losses[0]));
+      EXPECT_NEAR(eval[1], eval[0], 1e-5 * std::abs(eval[0]));
+      ASSERT_EQ(grads[0].size(), grads[1].size());
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        EXPECT_TRUE(tensor::testing::AllClose(grads[1][i].second, grads[0][i].second, 1e-4,
+                                              1e-5 * loss_scale))
+            << grads[0][i].first;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mingpt
