@@ -118,13 +118,13 @@ tensor::cuda::FlashDropout ToFlash(const tensor::DropoutState& d) {
   return f;
 }
 
-// The score terms as the fused kernels take them: on q's device, contiguous;
-// a bias of another floating dtype than f32 / bf16 / f16 is not possible
-// (CheckShapes), so it keeps its dtype (no f32 copy).
+// The score terms as the fused kernels take them: on q's device, contiguous.
+// The bias keeps its dtype (the kernels read f32, bf16 and f16, the only
+// floating dtypes), so no f32 copy of it is made.
 tensor::cuda::FlashScoreTerms FlashTerms(const Tensor& q, const Tensor& bias,
                                          const Tensor& key_mask) {
   tensor::cuda::FlashScoreTerms terms;
-  if (bias.defined()) terms.bias = bias.To(q.device()).Contiguous();          // (B or 1, nh, T_q, T_k)
+  if (bias.defined()) terms.bias = bias.To(q.device()).Contiguous();  // (B or 1, nh, T_q, T_k)
   if (key_mask.defined()) terms.key_mask = key_mask.To(q.device()).Contiguous();  // (B, T_k)
   return terms;
 }
@@ -186,12 +186,12 @@ AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s) {
   // backward only; summed over a broadcast batch into the bias's shape.
   Tensor dscores;
   if (s.has_bias) {
-    dscores = Tensor::Empty({s.q.dim(0), s.q.dim(1), s.q.dim(2), s.k.dim(2)}, Dtype::kF32,
-                            s.q.device());
+    dscores =
+        Tensor::Empty({s.q.dim(0), s.q.dim(1), s.q.dim(2), s.k.dim(2)}, Dtype::kF32, s.q.device());
   }
-  tensor::cuda::FlashAttentionBackward(s.q, s.k, s.v, s.out, s.lse, gy, s.scale, s.causal, grads.dq,
-                                       grads.dk, grads.dv, tensor::cuda::FlashAttentionKernel::kAuto,
-                                       ToFlash(s.dropout), terms, dscores);
+  tensor::cuda::FlashAttentionBackward(
+      s.q, s.k, s.v, s.out, s.lse, gy, s.scale, s.causal, grads.dq, grads.dk, grads.dv,
+      tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(s.dropout), terms, dscores);
   if (s.has_bias) grads.dbias = tensor::ReduceToShape(dscores, s.bias_shape).To(s.bias_dtype);
   return grads;
 }

@@ -166,8 +166,8 @@ TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
       const Heads cpu = SplitQkv(qkv.To(Dtype::kF32), nh);
       tensor::Generator cpu_gen(5);
       AttentionState cpu_state;
-      const Tensor y_cpu = AttentionForward(cpu.q, cpu.k, cpu.v, bias, Tensor(), o, cpu_gen,
-                                            &cpu_state);
+      const Tensor y_cpu =
+          AttentionForward(cpu.q, cpu.k, cpu.v, bias, Tensor(), o, cpu_gen, &cpu_state);
       const AttentionGrads g_cpu = AttentionBackward(SplitHeads(dy.To(Dtype::kF32), nh), cpu_state);
 
       const Heads gpu = SplitQkv(ToGpu(qkv), nh);
@@ -206,9 +206,9 @@ TEST(AttentionCudaTest, KeyPaddingMaskMatchesTheCpu) {
       const int64_t t_k = 9;
       for (bool causal : {false, true}) {
         for (bool with_bias : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << DtypeName(dt) << " T_q " << t_q
-                                            << (causal ? " causal" : "")
-                                            << (with_bias ? " bias" : ""));
+          SCOPED_TRACE(::testing::Message()
+                       << DtypeName(dt) << " T_q " << t_q << (causal ? " causal" : "")
+                       << (with_bias ? " bias" : ""));
           const Tensor q = RandomTensor({b, nh, t_q, hs}, 31, -1.5f, 1.5f, dt);
           const Tensor k = RandomTensor({b, nh, t_k, hs}, 32, -1.5f, 1.5f, dt);
           const Tensor v = RandomTensor({b, nh, t_k, hs}, 33, -1.5f, 1.5f, dt);
@@ -230,9 +230,9 @@ TEST(AttentionCudaTest, KeyPaddingMaskMatchesTheCpu) {
           const AttentionGrads g_cpu = AttentionBackward(dy.To(Dtype::kF32), cpu_state);
           // i64 on the device for the f32 case, f32 on the host for bf16.
           const Tensor gpu_mask = dt == Dtype::kF32 ? ToGpu(mask) : mask.To(Dtype::kF32);
-          const Tensor y = AttentionForward(ToGpu(q), ToGpu(k), ToGpu(v),
-                                            with_bias ? ToGpu(bias) : Tensor(), gpu_mask, o, gen,
-                                            &st);
+          const Tensor y =
+              AttentionForward(ToGpu(q), ToGpu(k), ToGpu(v), with_bias ? ToGpu(bias) : Tensor(),
+                               gpu_mask, o, gen, &st);
           EXPECT_TRUE(st.flash);
           EXPECT_FALSE(st.probs.defined()) << "no (T, T) tensor is kept";
           const AttentionGrads g = AttentionBackward(ToGpu(dy), st);

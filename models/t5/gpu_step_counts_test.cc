@@ -63,7 +63,8 @@ Counters SteadyStepCounts(int64_t layers) {
     const Tensor decoder_inputs = Tensor::FromData<int64_t>(dec, {kB, kT}).To(gpu);  // (B, T)
     const Tensor targets = Tensor::FromData<int64_t>(tgt, {kB, kT}).To(gpu);         // (B, T)
     mixed.CastForCompute();
-    const double loss = model.ForwardBackward(encoder_inputs, encoder_mask, decoder_inputs, targets);
+    const double loss =
+        model.ForwardBackward(encoder_inputs, encoder_mask, decoder_inputs, targets);
     mixed.RestoreMasters();
     std::vector<optim::ParamRef> refs = optim::FromModule(model);
     optim::ClipGradNorm(refs, 1.0);

@@ -40,8 +40,6 @@ __global__ void DeltaKernel(const Args a, int d, int64_t rows) {
   }
 }
 
-
-
 void CheckOnDevice(const Tensor& ref, const Tensor& t, const char* name) {
   OP_CHECK(t.defined() && t.device() == ref.device(), kOp, name, " must be on ",
            ref.device().ToString(), " with q");
@@ -94,8 +92,7 @@ Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bo
   a.scale_log2 = scale * kLog2e;
   // As tensor/ops/dropout.cc: the threshold and the float scale.
   a.dropout = dropout.p > 0.0f;
-  a.drop_threshold =
-      static_cast<uint32_t>(std::ceil(static_cast<double>(dropout.p) * 16777216.0));
+  a.drop_threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(dropout.p) * 16777216.0));
   a.drop_scale = static_cast<float>(1.0 / (1.0 - dropout.p));
   a.drop_seed = dropout.seed;
   a.drop_offset = dropout.offset;
@@ -147,7 +144,8 @@ bool SetTerms(const FlashScoreTerms& terms, const Tensor& q, const Tensor& k, Ar
     OP_CHECK(bias.rank() == 4 && (bias.dim(0) == 1 || bias.dim(0) == b) && bias.dim(1) == h &&
                  bias.dim(2) == t_q && bias.dim(3) == t_k && bias.is_contiguous(),
              kOp, "bias must be a contiguous (", b, " or 1, ", h, ", ", t_q, ", ", t_k,
-             ") tensor; got ", bias.shape().ToString(), bias.is_contiguous() ? "" : " (not contiguous)");
+             ") tensor; got ", bias.shape().ToString(),
+             bias.is_contiguous() ? "" : " (not contiguous)");
     switch (bias.dtype()) {
       case Dtype::kF32:
         a->bias_type = flash::BiasType::kF32;

@@ -189,10 +189,10 @@ __global__ void __launch_bounds__(256) BackwardDkDvFloatKernel(const Args a) {
     __syncthreads();
     const float s = Dot<kD>(kr + warp * kD, qs + lane * kLd);
     const float dp = Dot<kD>(vr + warp * kD, dos + lane * kLd);
-    const float p = Visible<kTerms>(a, b, q0 + lane, key)
-                        ? exp2f(s * a.scale_log2 + Bias2<kTerms>(a, b, h, q0 + lane, key) -
-                                lse_s[lane])
-                        : 0.0f;
+    const float p =
+        Visible<kTerms>(a, b, q0 + lane, key)
+            ? exp2f(s * a.scale_log2 + Bias2<kTerms>(a, b, h, q0 + lane, key) - lse_s[lane])
+            : 0.0f;
     const float f = DropFactor<kDrop>(a, bh, q0 + lane, key);
     const float ds = p * (dp * f - delta_s[lane]);
     const float pd = p * f;

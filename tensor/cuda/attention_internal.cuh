@@ -61,7 +61,7 @@ struct Args {
   float drop_scale;         // float(1 / (1 - p))
   uint64_t drop_seed, drop_offset;
   // Score terms (FlashScoreTerms), read by the kernels compiled with kTerms:
-  const void* bias;         // (B or 1, H, T_q, T_k) contiguous, or null
+  const void* bias;  // (B or 1, H, T_q, T_k) contiguous, or null
   BiasType bias_type;
   int64_t bias_sb, bias_sh;  // element strides of its batch (0: broadcast) and head
   const uint8_t* key_keep;   // (B, T_k): 0 masks the key; or null

@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     float s[kBc / 8][4] = {};
     WarpGemmABt<T, kD, kBc>(s, qs + warp * 16 * kLd, ks, kLd, g, t);
     // With score terms every tile is checked (padded keys can be anywhere).
-    const bool masked = kTerms || k0 + kBc > a.t_k ||
-                        (a.causal && k0 + kBc - 1 > q0 + a.causal_offset);
+    const bool masked =
+        kTerms || k0 + kBc > a.t_k || (a.causal && k0 + kBc - 1 > q0 + a.causal_offset);
 #pragma unroll
     for (int j = 0; j < kBc / 8; ++j) {
 #pragma unroll
@@ -249,7 +249,6 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     }
   }
 }
-
 
 // Backward dk, dv: CTA = 64 keys (4 warps x 16 rows) of one (batch, head);
 // loops over query tiles from the first query that sees the block.
@@ -396,10 +395,10 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, kj = k0 + j * 8 + 2 * t + (e & 1);
-        const float pr = Visible<kTerms>(a, b, row[r], kj)
-                             ? exp2f(p[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[r], kj) -
-                                     lse2[r])
-                             : 0.0f;
+        const float pr =
+            Visible<kTerms>(a, b, row[r], kj)
+                ? exp2f(p[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[r], kj) - lse2[r])
+                : 0.0f;
         ds[j][e] = pr * (ds[j][e] * f[r][e & 1] - delta[r]);
         StoreDScore<kTerms>(a, bh, row[r], kj, ds[j][e]);
       }
@@ -433,7 +432,8 @@ Kernels MmaKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
       DispatchBool(dropout, [&](auto drop) {
         DispatchBool(terms, [&](auto extra) {
           constexpr bool kDrop = decltype(drop)::value, kTerms = decltype(extra)::value;
-          out = {ForwardMmaKernel<T, kD, kDrop, kTerms>, BackwardDkDvMmaKernel<T, kD, kDrop, kTerms>,
+          out = {ForwardMmaKernel<T, kD, kDrop, kTerms>,
+                 BackwardDkDvMmaKernel<T, kD, kDrop, kTerms>,
                  BackwardDqMmaKernel<T, kD, kDrop, kTerms>};
         });
       });

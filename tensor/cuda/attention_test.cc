@@ -79,9 +79,10 @@ Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<
     const float* kn = k.data() + n * tk * d;
     const float* vn = v.data() + n * tk * d;
     const float* don = dout.data() + n * tq * d;
-    const float* bn = terms.bias.empty()
-                          ? nullptr
-                          : terms.bias.data() + ((terms.bias_batch == 1 ? 0 : b) * c.h + h) * tq * tk;
+    const float* bn =
+        terms.bias.empty()
+            ? nullptr
+            : terms.bias.data() + ((terms.bias_batch == 1 ? 0 : b) * c.h + h) * tq * tk;
     for (int64_t i = 0; i < tq; ++i) {
       const int64_t limit = c.causal ? std::min(tk, i + (tk - tq) + 1) : tk;  // keys < limit
       double m = -INFINITY;

@@ -148,7 +148,8 @@ TEST(CudaLossTest, RowPaddedLogitsMatchContiguous) {
                              GradTolerance(d)));
       const Tensor contiguous = ToGpu(x);
       const CrossEntropyResult in_place = CrossEntropyForwardBackwardInPlace(contiguous, ToGpu(t));
-      const CrossEntropyResult in_place_padded = CrossEntropyForwardBackwardInPlace(padded, ToGpu(t));
+      const CrossEntropyResult in_place_padded =
+          CrossEntropyForwardBackwardInPlace(padded, ToGpu(t));
       EXPECT_TRUE(MatchesCpu(in_place_padded.loss, ToCpu(in_place.loss), LossTolerance()));
       EXPECT_TRUE(MatchesCpu(padded, ToCpu(contiguous), GradTolerance(d)));
       for (float pad : buffer.Narrow(1, v, ld - v).ToVector<float>()) ASSERT_EQ(pad, 9.0f);
