@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "tensor/ops/check.h"
@@ -112,6 +113,10 @@ Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
   if (n > 0) {
     const auto [lo, hi] = std::minmax_element(r, r + n);
     const int64_t min_rel = *lo;
+    // Bucket() maps every other position into [0, n_buckets) (its distance
+    // -min_rel must not overflow), which lets the GPU lookup skip its id check.
+    OP_CHECK(min_rel > std::numeric_limits<int64_t>::min(), kOp,
+             "relative positions must be > -2^63; got ", min_rel);
     // (unsigned: the span of extreme positions must not overflow)
     if (static_cast<uint64_t>(*hi) - static_cast<uint64_t>(min_rel) <
         static_cast<uint64_t>(4 * n)) {
@@ -130,7 +135,7 @@ Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
 
   buckets = buckets.To(w.device());
   // (T_q, T_k, nh) rows of the table -> (1, nh, T_q, T_k).
-  const Tensor rows = tensor::Embedding(w, buckets);
+  const Tensor rows = tensor::Embedding(w, buckets, /*ids_checked=*/true);  // ids of Bucket()
   Tensor bias = rows.Transpose(0, 2).Transpose(1, 2).Contiguous().Unsqueeze(0);
   ctx.Save(Saved{buckets});
   return {bias};

@@ -11,7 +11,10 @@ namespace tensor {
 
 // weight (V, C) any dtype, ids (...) i32 or i64 -> (..., C) in weight's dtype.
 // An id outside [0, V) throws OpError naming the id, its position and V.
-Tensor Embedding(const Tensor& weight, const Tensor& ids);
+// ids_checked: the caller made the ids itself and guarantees [0, V) (e.g. T5's
+// relative position buckets), so a GPU skips the check and the host wait for
+// its result. On the CPU the check costs no wait and always runs.
+Tensor Embedding(const Tensor& weight, const Tensor& ids, bool ids_checked = false);
 
 // grad_weight (V, C) with V = num_embeddings: row v is the sum of the rows of
 // grad_out (..., C) at the positions where ids == v (repeated ids add up, rows
