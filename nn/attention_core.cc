@@ -120,12 +120,16 @@ tensor::cuda::FlashDropout ToFlash(const tensor::DropoutState& d) {
 
 // The score terms as the fused kernels take them: on q's device, contiguous.
 // The bias keeps its dtype (the kernels read f32, bf16 and f16, the only
-// floating dtypes), so no f32 copy of it is made.
+// floating dtypes), so no f32 copy of it is made; the key mask becomes bytes
+// here, once for the forward and the backward.
 tensor::cuda::FlashScoreTerms FlashTerms(const Tensor& q, const Tensor& bias,
                                          const Tensor& key_mask) {
   tensor::cuda::FlashScoreTerms terms;
   if (bias.defined()) terms.bias = bias.To(q.device()).Contiguous();  // (B or 1, nh, T_q, T_k)
-  if (key_mask.defined()) terms.key_mask = key_mask.To(q.device()).Contiguous();  // (B, T_k)
+  if (key_mask.defined()) {
+    terms.key_mask =
+        tensor::cuda::FlashKeyMaskBytes(key_mask.To(q.device()).Contiguous());  // (B, T_k) u8
+  }
   return terms;
 }
 

@@ -71,7 +71,7 @@ struct AttentionState {
   Tensor out;  // (B, nh, T_q, hs), the forward's y (shared, not a copy)
   Tensor lse;  // (B, nh, T_q) f32: logsumexp of the scaled scores; -inf for rows with no key
   Tensor flash_bias;      // (B or 1, nh, T_q, T_k) on the device, contiguous; or undefined
-  Tensor flash_key_mask;  // (B, T_k) on the device, contiguous; or undefined
+  Tensor flash_key_mask;  // (B, T_k) u8 on the device, contiguous; or undefined
 };
 
 struct AttentionGrads {

@@ -5,6 +5,7 @@
 // attention_unfused.cu.
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "tensor/cuda/attention.h"
@@ -134,7 +135,8 @@ __global__ void KeepMaskKernel(const S* mask, uint8_t* keep, int64_t n) {
 
 // Checks the score terms against q (B, H, T_q, D) and k (B, H, T_k, D) and
 // points the argument block at them; `keep` receives the key mask as bytes
-// (a copy unless it already is u8). Returns whether any term is set.
+// (FlashKeyMaskBytes: a copy unless it already is u8). Returns whether any
+// term is set.
 bool SetTerms(const FlashScoreTerms& terms, const Tensor& q, const Tensor& k, Args* a,
               Tensor* keep) {
   const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
@@ -169,32 +171,23 @@ bool SetTerms(const FlashScoreTerms& terms, const Tensor& q, const Tensor& k, Ar
     OP_CHECK(mask.rank() == 2 && mask.dim(0) == b && mask.dim(1) == t_k && mask.is_contiguous(),
              kOp, "key_mask must be a contiguous (B, T_k) = (", b, ", ", t_k, ") tensor; got ",
              mask.shape().ToString(), mask.is_contiguous() ? "" : " (not contiguous)");
-    if (mask.dtype() == Dtype::kU8) {
-      *keep = mask;
-    } else {
-      *keep = Tensor::Empty({b, t_k}, Dtype::kU8, q.device());
-      const int64_t n = b * t_k;
-      auto launch = [&](auto zero) {
-        using S = decltype(zero);
-        if (n == 0) return;
-        KeepMaskKernel<S><<<Blocks(n), kThreads, 0, ComputeStream()>>>(
-            static_cast<const S*>(mask.raw_data()), keep->data<uint8_t>(), n);
-        CheckLaunch(kOp);
-      };
-      switch (mask.dtype()) {
-        case Dtype::kI32:
-          launch(int32_t{});
-          break;
-        case Dtype::kI64:
-          launch(int64_t{});
-          break;
-        default:
-          DispatchFloat(mask.dtype(), kOp, launch);
-      }
-    }
+    *keep = FlashKeyMaskBytes(mask);
     a->key_keep = keep->data<uint8_t>();
   }
   return terms.bias.defined() || terms.key_mask.defined();
+}
+
+// What both entry points check: q, k, v on one CUDA device, fitting the
+// kernels, and the forward's out (B, H, T_q, D) and lse (B, H, T_q).
+void CheckInputsAndOutputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse) {
+  CheckFlashAttentionInputs(q, k, v);
+  OP_CHECK(q.device().is_cuda(), kOp, "q is on ", q.device().ToString(), ", not a CUDA device");
+  CheckOnDevice(q, k, "k");
+  CheckOnDevice(q, v, "v");
+  const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), d = q.dim(3);
+  CheckOutput(q, out, "out", Shape({b, h, t_q, d}), q.dtype());
+  CheckOutput(q, lse, "lse", Shape({b, h, t_q}), Dtype::kF32);
 }
 
 flash::Kernels KernelsFor(FlashAttentionKernel kernel, Dtype dtype, int64_t d, const Args& a,
@@ -206,17 +199,41 @@ flash::Kernels KernelsFor(FlashAttentionKernel kernel, Dtype dtype, int64_t d, c
 
 }  // namespace
 
+Tensor FlashKeyMaskBytes(const Tensor& key_mask) {
+  OP_CHECK(key_mask.defined() && key_mask.device().is_cuda() && key_mask.is_contiguous(), kOp,
+           "key_mask must be a contiguous tensor on a CUDA device; got ",
+           key_mask.defined() ? key_mask.shape().ToString() + " on " + key_mask.device().ToString()
+                              : std::string("undefined"));
+  if (key_mask.dtype() == Dtype::kU8) return key_mask;
+  Tensor keep = Tensor::Empty(key_mask.shape(), Dtype::kU8, key_mask.device());
+  const int64_t n = key_mask.numel();
+  if (n == 0) return keep;
+  SetDevice(key_mask, kOp);
+  auto launch = [&](auto zero) {
+    using S = decltype(zero);
+    KeepMaskKernel<S><<<Blocks(n), kThreads, 0, ComputeStream()>>>(
+        static_cast<const S*>(key_mask.raw_data()), keep.data<uint8_t>(), n);
+    CheckLaunch(kOp);
+  };
+  switch (key_mask.dtype()) {
+    case Dtype::kI32:
+      launch(int32_t{});
+      break;
+    case Dtype::kI64:
+      launch(int64_t{});
+      break;
+    default:
+      DispatchFloat(key_mask.dtype(), kOp, launch);
+  }
+  return keep;
+}
+
 void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                            bool causal, const Tensor& out, const Tensor& lse,
                            FlashAttentionKernel kernel, const FlashDropout& dropout,
                            const FlashScoreTerms& terms) {
-  CheckFlashAttentionInputs(q, k, v);
-  OP_CHECK(q.device().is_cuda(), kOp, "q is on ", q.device().ToString(), ", not a CUDA device");
-  CheckOnDevice(q, k, "k");
-  CheckOnDevice(q, v, "v");
+  CheckInputsAndOutputs(q, k, v, out, lse);
   const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), d = q.dim(3);
-  CheckOutput(q, out, "out", Shape({b, h, t_q, d}), q.dtype());
-  CheckOutput(q, lse, "lse", Shape({b, h, t_q}), Dtype::kF32);
   kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
   Args a = MakeArgs(q, k, v, scale, causal, dropout);
@@ -235,13 +252,8 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
                             FlashAttentionKernel kernel, const FlashDropout& dropout,
                             const FlashScoreTerms& terms, const Tensor& dscores) {
-  CheckFlashAttentionInputs(q, k, v);
-  OP_CHECK(q.device().is_cuda(), kOp, "q is on ", q.device().ToString(), ", not a CUDA device");
-  CheckOnDevice(q, k, "k");
-  CheckOnDevice(q, v, "v");
+  CheckInputsAndOutputs(q, k, v, out, lse);
   const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), t_k = k.dim(2), d = q.dim(3);
-  CheckOutput(q, out, "out", Shape({b, h, t_q, d}), q.dtype());
-  CheckOutput(q, lse, "lse", Shape({b, h, t_q}), Dtype::kF32);
   CheckOnDevice(q, grad_out, "grad_out");
   OP_CHECK(grad_out.shape() == out.shape() && grad_out.dtype() == q.dtype() &&
                grad_out.strides()[3] == 1,

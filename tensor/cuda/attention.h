@@ -117,6 +117,12 @@ void UnfusedAttentionSoftmax(const Tensor& scores, float scale, bool causal, con
 void UnfusedAttentionSoftmaxBackward(const Tensor& dprobs, const Tensor& probs, float scale,
                                      const Tensor& dscores);
 
+// A (B, T_k) key padding mask as the kernels read it: u8, nonzero where the
+// key is kept. A u8 mask comes back as it is; any other dtype is converted
+// on its device (asynchronous). Callers that run the forward and backward
+// with one mask convert it once and pass the bytes to both.
+Tensor FlashKeyMaskBytes(const Tensor& key_mask);
+
 // ---- Host-side geometry (shared by the .cu and the tests; no CUDA needed) ----
 
 enum class FlashAttentionPass { kForward, kBackwardDkDv, kBackwardDq };

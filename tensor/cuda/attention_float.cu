@@ -220,22 +220,14 @@ __global__ void __launch_bounds__(256) BackwardDkDvFloatKernel(const Args a) {
 }  // namespace
 
 Kernels FloatKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
-  Kernels out{};
-  DispatchFloat(dtype, "flash_attention", [&](auto zero) {
+  return SelectKernels(dtype, d, dropout, terms, [](auto zero, auto dim, auto drop, auto extra) {
     using T = decltype(zero);
-    DispatchHeadDim(d, [&](auto dim) {
-      constexpr int kD = decltype(dim)::value;
-      DispatchBool(dropout, [&](auto drop) {
-        DispatchBool(terms, [&](auto extra) {
-          constexpr bool kDrop = decltype(drop)::value, kTerms = decltype(extra)::value;
-          out = {ForwardFloatKernel<T, kD, kDrop, kTerms>,
-                 BackwardDkDvFloatKernel<T, kD, kDrop, kTerms>,
-                 BackwardDqFloatKernel<T, kD, kDrop, kTerms>};
-        });
-      });
-    });
+    constexpr int kD = decltype(dim)::value;
+    constexpr bool kDrop = decltype(drop)::value, kTerms = decltype(extra)::value;
+    return Kernels{ForwardFloatKernel<T, kD, kDrop, kTerms>,
+                   BackwardDkDvFloatKernel<T, kD, kDrop, kTerms>,
+                   BackwardDqFloatKernel<T, kD, kDrop, kTerms>};
   });
-  return out;
 }
 
 }  // namespace flash

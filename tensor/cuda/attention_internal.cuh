@@ -198,6 +198,23 @@ void DispatchBool(bool on, Fn&& fn) {
   }
 }
 
+// The kernels of one configuration, from make(T{}, dim, drop, terms): T the
+// CUDA type of a floating dtype, dim an integral constant (the head size),
+// drop and terms bool constants (the compile-time flags). Each family passes
+// a lambda naming its three kernel templates.
+template <typename Make>
+Kernels SelectKernels(Dtype dtype, int64_t d, bool dropout, bool terms, Make&& make) {
+  Kernels out{};
+  DispatchFloat(dtype, "flash_attention", [&](auto zero) {
+    DispatchHeadDim(d, [&](auto dim) {
+      DispatchBool(dropout, [&](auto drop) {
+        DispatchBool(terms, [&](auto extra) { out = make(zero, dim, drop, extra); });
+      });
+    });
+  });
+  return out;
+}
+
 }  // namespace flash
 }  // namespace cuda
 }  // namespace tensor

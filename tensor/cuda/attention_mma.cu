@@ -424,27 +424,18 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
 Kernels MmaKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
   OP_CHECK(dtype == Dtype::kBF16 || dtype == Dtype::kF16, "flash_attention",
            "the tensor-core kernels take bf16 or f16, not ", DtypeName(dtype));
-  Kernels out{};
-  auto pick = [&](auto zero) {
+  return SelectKernels(dtype, d, dropout, terms, [](auto zero, auto dim, auto drop, auto extra) {
     using T = decltype(zero);
-    DispatchHeadDim(d, [&](auto dim) {
-      constexpr int kD = decltype(dim)::value;
-      DispatchBool(dropout, [&](auto drop) {
-        DispatchBool(terms, [&](auto extra) {
-          constexpr bool kDrop = decltype(drop)::value, kTerms = decltype(extra)::value;
-          out = {ForwardMmaKernel<T, kD, kDrop, kTerms>,
-                 BackwardDkDvMmaKernel<T, kD, kDrop, kTerms>,
-                 BackwardDqMmaKernel<T, kD, kDrop, kTerms>};
-        });
-      });
-    });
-  };
-  if (dtype == Dtype::kBF16) {
-    pick(__nv_bfloat16{});
-  } else {
-    pick(__half{});
-  }
-  return out;
+    constexpr int kD = decltype(dim)::value;
+    constexpr bool kDrop = decltype(drop)::value, kTerms = decltype(extra)::value;
+    if constexpr (std::is_same_v<T, float>) {
+      return Kernels{};  // refused above: no f32 tensor-core kernels
+    } else {
+      return Kernels{ForwardMmaKernel<T, kD, kDrop, kTerms>,
+                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms>,
+                     BackwardDqMmaKernel<T, kD, kDrop, kTerms>};
+    }
+  });
 }
 
 }  // namespace flash

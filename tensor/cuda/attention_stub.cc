@@ -16,6 +16,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const
                             const FlashScoreTerms&, const Tensor&) {
   NotBuilt("flash_attention", q);
 }
+Tensor FlashKeyMaskBytes(const Tensor& key_mask) { NotBuilt("flash_attention", key_mask); }
 void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {
   NotBuilt("unfused_attention_softmax", scores);
 }
