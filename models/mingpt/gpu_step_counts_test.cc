@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "models/mingpt/config.h"
 #include "models/common/loss_scaling.h"
+#include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "nn/mixed_precision.h"
 #include "optim/adamw.h"
@@ -26,7 +26,6 @@ namespace mingpt {
 namespace {
 
 using cuda_emu::Counters;
-using cuda_emu::ReadCounters;
 using tensor::Device;
 using tensor::Dtype;
 
@@ -47,7 +46,7 @@ Counters SteadyStepCounts(int64_t n_layer, bool fp16 = false) {
   GPT model(config);
   model.Materialize(7, gpu);
   nn::MixedPrecision mixed(model, fp16 ? precision::MixedPrecisionPolicy::Fp16()
-                                      : precision::MixedPrecisionPolicy::Bf16());
+                                       : precision::MixedPrecisionPolicy::Bf16());
   const double scale = fp16 ? 1024.0 : 1.0;
   std::unique_ptr<optim::AdamW> adamw = *optim::AdamW::Create({});
   std::vector<int64_t> ids(kB * kT);
@@ -56,7 +55,7 @@ Counters SteadyStepCounts(int64_t n_layer, bool fp16 = false) {
   // The single-process step of //models/mingpt:train, top to bottom.
   auto step = [&] {
     tensor::Tensor inputs = tensor::Tensor::FromData<int64_t>(ids, {kB, kT}).To(gpu);  // (B, T)
-    tensor::Tensor targets = inputs;                                                  // (B, T)
+    tensor::Tensor targets = inputs;                                                   // (B, T)
     mixed.CastForCompute();
     const double loss = model.ForwardBackward(inputs, targets, scale);
     mixed.RestoreMasters();
@@ -67,11 +66,7 @@ Counters SteadyStepCounts(int64_t n_layer, bool fp16 = false) {
     model.ZeroGrad();
     return loss;
   };
-  step();
-  step();
-  const Counters before = ReadCounters();
-  step();
-  const Counters counts = ReadCounters() - before;
+  const Counters counts = cuda_emu::CountSteadyCall(step);
   std::printf("n_layer %lld, %s: one steady-state step: %s\n", static_cast<long long>(n_layer),
               fp16 ? "fp16, loss scale" : "bf16", counts.ToString().c_str());
   return counts;

@@ -22,7 +22,6 @@ namespace t5 {
 namespace {
 
 using cuda_emu::Counters;
-using cuda_emu::ReadCounters;
 using tensor::Device;
 using tensor::Tensor;
 
@@ -72,11 +71,7 @@ Counters SteadyStepCounts(int64_t layers) {
     model.ZeroGrad();
     return loss;
   };
-  step();
-  step();
-  const Counters before = ReadCounters();
-  step();
-  const Counters counts = ReadCounters() - before;
+  const Counters counts = cuda_emu::CountSteadyCall(step);
   std::printf("T5, %lld + %lld layers, bf16: one steady-state step: %s\n",
               static_cast<long long>(layers), static_cast<long long>(layers),
               counts.ToString().c_str());

@@ -8,6 +8,7 @@
 #define THIRD_PARTY_CUDA_EMU_COUNTERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace cuda_emu {
@@ -30,6 +31,11 @@ struct Counters {
 // per host thread (each issues on its own per-thread default stream), and an
 // event synchronization counts as a wait for the calling thread's stream.
 Counters ReadCounters();
+
+// What one steady-state call of `step` asks: `step` runs warmup + 1 times and
+// the counts of the last run come back (the warm-up runs fill the caching
+// allocator and the libraries' caches, as the first steps of training do).
+Counters CountSteadyCall(const std::function<void()>& step, int warmup = 2);
 
 // Called by the emulation itself.
 void CountLaunch();

@@ -62,8 +62,7 @@ TEST(CountersTest, ClassifiesCallsAsTheRuntimeDocumentsThem) {
             }),
             0);
   EXPECT_EQ(SyncsOf([&] {
-              cudaMemcpyAsync(pageable, device, bytes, cudaMemcpyDeviceToHost,
-                              cudaStreamPerThread);
+              cudaMemcpyAsync(pageable, device, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread);
             }),
             1);
   queue_work();
@@ -91,6 +90,27 @@ TEST(CountersTest, CountsKernelLaunches) {
   EXPECT_EQ(out.size(), 768u);
   EXPECT_EQ(c.kernel_launches, 1);
   EXPECT_NE(c.ToString().find("kernel launches 1"), std::string::npos) << c.ToString();
+}
+
+// Only the call after the warm-up is counted: an allocation made by the
+// first call alone (a cache filling) does not show.
+TEST(CountersTest, CountSteadyCallCountsTheCallAfterTheWarmUp) {
+  float* cached = nullptr;
+  int calls = 0;
+  const Counters c = CountSteadyCall([&] {
+    if (cached == nullptr) ASSERT_EQ(cudaMalloc(&cached, 16 * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(cached, 0, 16 * sizeof(float)), cudaSuccess);
+    ++calls;
+  });
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(c.device_allocs, 0) << c.ToString();
+  ASSERT_EQ(cudaFree(cached), cudaSuccess);
+  // Without warm-up the first call is the one counted.
+  float* fresh = nullptr;
+  const Counters first = CountSteadyCall(
+      [&] { ASSERT_EQ(cudaMalloc(&fresh, 16 * sizeof(float)), cudaSuccess); }, /*warmup=*/0);
+  EXPECT_EQ(first.device_allocs, 1) << first.ToString();
+  ASSERT_EQ(cudaFree(fresh), cudaSuccess);
 }
 
 }  // namespace

@@ -271,6 +271,13 @@ Counters ReadCounters() {
   return r;
 }
 
+Counters CountSteadyCall(const std::function<void()>& step, int warmup) {
+  for (int i = 0; i < warmup; ++i) step();
+  const Counters before = ReadCounters();
+  step();
+  return ReadCounters() - before;
+}
+
 Counters Counters::operator-(const Counters& e) const {
   Counters r;
   r.kernel_launches = kernel_launches - e.kernel_launches;
