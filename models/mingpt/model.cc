@@ -2,6 +2,7 @@
 #include "models/mingpt/model.h"
 
 #include "absl/strings/str_cat.h"
+#include "models/common/lm_loss.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/init.h"
 #include "tensor/ops/loss.h"
@@ -96,10 +97,12 @@ Tensors GPT::Backward(const Tensors& grad_outputs, Context& ctx) {
 double GPT::ForwardBackward(const Tensor& idx, const Tensor& targets, double loss_scale) {
   Context ctx;
   Tensor logits = Run(idx, ctx);  // (B, T, V)
-  // The fused op overwrites the logits with dL/dlogits.
-  tensor::CrossEntropyResult ce = tensor::CrossEntropyForwardBackwardInPlace(logits, targets);
+  // The fused op overwrites the logits with d(loss * loss_scale)/dlogits.
+  const tensor::CrossEntropyResult ce =
+      train::ScaledCrossEntropyInPlace(logits, targets, loss_scale);
+  // On a GPU the op has waited for its target check: reading the loss now
+  // adds no wait (after the backward it would add one).
   const double loss = ce.loss.Item();
-  if (loss_scale != 1.0) tensor::ScaleInPlace(logits, loss_scale);
   RunBackward(logits, ctx);
   return loss;
 }

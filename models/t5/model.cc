@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "models/common/lm_loss.h"
 #include "nn/checkpoint.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
@@ -215,11 +216,12 @@ double T5Model::ForwardBackward(const Tensor& encoder_inputs, const Tensor& enco
   CheckTargets(decoder_inputs, decoder_targets);
   Context ctx;
   Tensor logits = Run(Tensors{encoder_inputs, encoder_mask, decoder_inputs}, ctx).at(0);
-  // The fused op overwrites the logits with dL/dlogits.
+  // The fused op overwrites the logits with d(loss * loss_scale)/dlogits.
   const tensor::CrossEntropyResult ce =
-      tensor::CrossEntropyForwardBackwardInPlace(logits, decoder_targets);
+      train::ScaledCrossEntropyInPlace(logits, decoder_targets, loss_scale);
+  // On a GPU the op has waited for its target check: reading the loss now
+  // adds no wait (after the backward it would add one).
   const double loss = ce.loss.Item();
-  if (loss_scale != 1.0) tensor::ScaleInPlace(logits, loss_scale);
   RunBackward(Tensors{logits}, ctx);
   return loss;
 }
