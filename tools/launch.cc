@@ -13,7 +13,9 @@
 // fresh id per launch on one node ("<pid>-<microseconds since the epoch>") and
 // "none" on several nodes (as torchrun). Every line a worker writes (stdout
 // and stderr) is printed prefixed with "[rank N] ". When a worker fails
-// (non-zero exit or a signal), the launcher names it, stops the others
+// (non-zero exit or a signal), the launcher names it (when several fail
+// within 200 ms, as peers of a dead worker do, the root cause first: one killed
+// by a signal, else the first reaped; then the others), stops the others
 // (SIGTERM to each worker's process group, SIGKILL after the grace period) and
 // either restarts all of them (they resume from their own latest checkpoint)
 // while --max_restarts allows, or exits 1. SIGINT/SIGTERM to the launcher
@@ -99,6 +101,33 @@ struct Worker {
   int status = 0;
   std::thread pump;
 };
+
+// Reaps every worker that has exited, without blocking; a failed one (non-zero
+// exit or a signal) is appended to `failures`. Returns whether any was reaped.
+bool ReapExited(std::vector<Worker>& workers, int& running, std::vector<int>& failures) {
+  bool any = false;
+  for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
+    Worker& w = workers[i];
+    int status = 0;
+    if (w.done || waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.done = true;
+    w.status = status;
+    --running;
+    any = true;
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failures.push_back(i);
+  }
+  return any;
+}
+
+// The failure that most likely caused the others, as torchrun's "root cause":
+// a worker killed by a signal (nothing of ours has signalled the workers yet,
+// and it cannot have been reacting to a peer), else the first one reaped.
+int RootCause(const std::vector<Worker>& workers, const std::vector<int>& failures) {
+  for (int i : failures) {
+    if (WIFSIGNALED(workers[i].status)) return i;
+  }
+  return failures.front();
+}
 
 std::string DescribeStatus(int status) {
   if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
@@ -223,29 +252,31 @@ int main(int argc, char** argv) {
     }
 
     // Wait until all succeed, one fails, or we are told to stop.
-    int failed = -1;
+    std::vector<int> failures;  // local ranks, in the order they were reaped
     int running = nproc;
-    while (running > 0 && failed < 0 && stop_signal == 0) {
-      int status = 0;
-      pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) {
-        usleep(20000);
-        continue;
-      }
-      for (int i = 0; i < nproc; ++i) {
-        if (workers[i].pid == pid && !workers[i].done) {
-          workers[i].done = true;
-          workers[i].status = status;
-          --running;
-          if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed = i;
-        }
-      }
+    while (running > 0 && failures.empty() && stop_signal == 0) {
+      if (!ReapExited(workers, running, failures)) usleep(20000);
     }
-    if (failed >= 0) {
+    int failed = -1;
+    if (!failures.empty()) {
+      // A worker's failure makes its peers fail too (a lost peer ends their
+      // collectives), often within one poll: let those settle, then name the
+      // root cause first and the others after it.
+      const auto settle = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      while (running > 0 && std::chrono::steady_clock::now() < settle) {
+        if (!ReapExited(workers, running, failures)) usleep(10000);
+      }
+      failed = RootCause(workers, failures);
       Say("rank " + std::to_string(workers[failed].rank) + " (local rank " +
           std::to_string(failed) + ", pid " + std::to_string(workers[failed].pid) +
           ") failed with " + DescribeStatus(workers[failed].status) +
           (running > 0 ? "; stopping the other workers" : ""));
+      for (int i : failures) {
+        if (i == failed) continue;
+        Say("rank " + std::to_string(workers[i].rank) + " (local rank " + std::to_string(i) +
+            ", pid " + std::to_string(workers[i].pid) + ") also failed with " +
+            DescribeStatus(workers[i].status));
+      }
     } else if (stop_signal != 0) {
       Say(std::string("received ") + strsignal(stop_signal) + "; stopping the workers");
     }

@@ -58,6 +58,18 @@ kill -0 "$pid0" 2>/dev/null && fail "rank 0 (pid $pid0) still running"
 out=$("$LAUNCH" --nproc_per_node=1 -- sh -c 'kill -9 $$' 2>&1) && fail "signal run succeeded"
 echo "$out" | grep -q "rank 0 (local rank 0, pid [0-9]*) failed with signal 9" || fail "signal not named: $out"
 
+# A killed worker is the root cause even when the peer it took down is reaped
+# first (rank 0 exits 1 at once, as a worker does on losing a peer; rank 1 is
+# killed 50 ms later, within the launcher's settling window).
+out=$("$LAUNCH" --nproc_per_node=2 -- \
+  sh -c 'if [ "$RANK" = 0 ]; then exit 1; fi; sleep 0.05; kill -9 $$' 2>&1) && fail "run succeeded"
+echo "$out"
+echo "$out" | grep -q "launch: rank 1 (local rank 1, pid [0-9]*) failed with signal 9 (Killed)" ||
+  fail "root cause not the killed rank 1"
+echo "$out" | grep -q "launch: rank 0 (local rank 0, pid [0-9]*) also failed with exit status 1" ||
+  fail "rank 0's failure not listed"
+echo "$out" | grep -q "giving up: rank 1 failed with signal 9" || fail "give-up names the wrong rank"
+
 # 3. --max_restarts=1: rank 1 fails on the first attempt only.
 out=$("$LAUNCH" --nproc_per_node=2 --max_restarts=1 -- \
   sh -c 'echo "attempt $RESTART_COUNT"; if [ "$RANK" = 1 ] && [ ! -e '"$T"'/failed_once ]; then touch '"$T"'/failed_once; exit 3; fi; sleep 0.2' 2>&1)
