@@ -6,6 +6,7 @@
 
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/linear.h"
 #include "tensor/ops/matmul.h"
 
 namespace nn {
@@ -75,33 +76,31 @@ bool FeedForward::Fused() const {
 }
 
 // gelu(x W^T + b) for x (N, dim) with c_fc's parameters, as c_fc.Run + Gelu
-// would compute it but with the bias fused into the activation.
+// would compute it but with the bias and GELU fused into the GEMM (on a GPU,
+// cuBLASLt's epilogue: tensor::LinearGeluForward). Keeps x W^T + b in s.h0.
 Tensor FeedForward::FusedFcGelu(const Tensor& x2, Saved& s) {
   Linear& fc = *in_[0];
   if (fc.hooks() != nullptr) fc.hooks()->PreForward(fc);  // may all-gather the weight
   const Tensor& w = fc.weight()->value;                   // (hidden, dim)
   OP_CHECK(w.defined() && fc.bias()->value.defined(), "feed_forward", "c_fc is not materialized");
   s.x = x2.To(w.dtype());  // (N, dim)
-  tensor::MatmulOptions opts;
-  opts.trans_b = true;
-  s.h0 = tensor::Matmul(s.x, w, opts);                                   // (N, hidden)
-  Tensor a = tensor::BiasGelu(s.h0, fc.bias()->value.To(s.h0.dtype()));  // (N, hidden)
+  tensor::LinearGeluResult r = tensor::LinearGeluForward(s.x, w, fc.bias()->value.To(w.dtype()));
+  s.h0 = r.pre;  // (N, hidden)
   if (fc.hooks() != nullptr) fc.hooks()->PostForward(fc);
-  return a;
+  return r.out;  // (N, hidden)
 }
 
 Tensor FeedForward::FusedFcGeluBackward(const Tensor& grad_a, const Saved& s) {
   Linear& fc = *in_[0];
   if (fc.hooks() != nullptr) fc.hooks()->PreBackward(fc);
   const Tensor& w = fc.weight()->value;
-  tensor::BiasGeluGrads g =
-      tensor::BiasGeluBackward(grad_a.To(s.h0.dtype()), s.h0, fc.bias()->value.To(s.h0.dtype()));
-  tensor::AddInPlace(fc.bias()->GradBuffer(), g.grad_bias);
+  const Tensor gh = tensor::GeluBackward(grad_a.To(s.h0.dtype()), s.h0);  // (N, hidden)
+  tensor::AddBiasBackwardInto(gh, fc.bias()->GradBuffer());
   // dW (hidden, dim) += gh^T @ x in fp32; dx (N, dim) = gh @ W.
   tensor::MatmulOptions dw_opts;
   dw_opts.trans_a = true;
-  tensor::MatmulInto(g.grad_x, s.x, fc.weight()->GradBuffer(), dw_opts, /*beta=*/1.0f);
-  Tensor dx = tensor::Matmul(g.grad_x, w);
+  tensor::MatmulInto(gh, s.x, fc.weight()->GradBuffer(), dw_opts, /*beta=*/1.0f);
+  Tensor dx = tensor::Matmul(gh, w);
   if (fc.hooks() != nullptr) fc.hooks()->PostBackward(fc);
   return dx;
 }

@@ -68,7 +68,7 @@ class FeedForward : public Module {
  private:
   struct Saved {
     Tensor x;    // (N, dim) c_fc's compute dtype: fused GELU only
-    Tensor h0;   // (N, hidden) pre-activation: GELU (c_fc / wi_0 output)
+    Tensor h0;   // (N, hidden) pre-activation: GELU (c_fc / wi_0 output, + bias when fused)
     Tensor h1;   // (N, hidden) gated: wi_1 output
     Tensor act;  // (N, hidden) ReLU: relu output; gated: gelu(h0)
     tensor::Dtype input_dtype;

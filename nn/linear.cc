@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/linear.h"
 #include "tensor/ops/matmul.h"
 
 namespace nn {
@@ -32,14 +33,15 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   opts.trans_b = true;
   Tensor y;  // (N, out)
   constexpr int64_t kAlign = 64;  // elements
-  if (align_output_rows_ && bias_ == nullptr && w.device().is_cuda() && out_ % kAlign != 0) {
+  if (bias_ != nullptr) {
+    y = tensor::LinearForward(x, w, bias_->value.To(w.dtype()));  // the bias fused on a GPU
+  } else if (align_output_rows_ && w.device().is_cuda() && out_ % kAlign != 0) {
     const int64_t ld = (out_ + kAlign - 1) / kAlign * kAlign;
     y = Tensor::Empty({x.dim(0), ld}, w.dtype(), w.device()).Narrow(1, 0, out_);  // rows ld apart
     tensor::MatmulInto(x, w, y, opts);
   } else {
     y = tensor::Matmul(x, w, opts);
   }
-  if (bias_ != nullptr) y = tensor::AddBias(y, bias_->value.To(y.dtype()));
   ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
   return {y.Reshape(out_shape)};
 }

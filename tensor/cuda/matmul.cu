@@ -121,6 +121,9 @@ struct LtEntry {
   cublasLtMatrixLayout_t c = nullptr;  // C and D
   cublasLtMatmulAlgo_t algo = {};
   size_t workspace_bytes = 0;
+  // False: cuBLASLt has no algorithm for this fused epilogue (only fused
+  // entries are kept in that state; plain GEMMs without one throw).
+  bool supported = true;
 
   LtEntry() = default;
   LtEntry(const LtEntry&) = delete;
@@ -164,6 +167,54 @@ std::atomic<bool>& AllowTf32Flag() {
   return flag;
 }
 
+std::atomic<int64_t> epilogues_fused{0};
+std::atomic<int64_t> epilogues_unfused{0};
+
+bool FuseEpiloguesFromEnv() {
+  const char* env = std::getenv("FSDP_CUDA_FUSE_EPILOGUES");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+std::atomic<bool>& FuseEpiloguesFlag() {
+  static std::atomic<bool> flag{FuseEpiloguesFromEnv()};
+  return flag;
+}
+
+cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
+  switch (kind) {
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    default:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+const char* EpilogueName(GemmEpilogue kind) {
+  switch (kind) {
+    case GemmEpilogue::kBias:
+      return "bias";
+    case GemmEpilogue::kGeluAuxBias:
+      return "gelu_aux_bias";
+    default:
+      return "none";
+  }
+}
+
+// Sets the epilogue's pointers on a (per-thread) fused descriptor; before
+// the heuristic query too, which reads their alignment.
+void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& epi) {
+  CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias,
+                                         sizeof(epi.bias)),
+          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  if (epi.kind == GemmEpilogue::kGeluAuxBias) {
+    CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                           &epi.aux, sizeof(epi.aux)),
+            "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)");
+  }
+}
+
 // One cuBLASLt call: `count` items of the strided batch.
 struct LtCall {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
@@ -171,6 +222,12 @@ struct LtCall {
   int align_a = 256;  // bytes, of cuBLASLt's A (our b)
   int align_b = 256;  // of cuBLASLt's B (our a)
   int align_c = 256;
+  // A fused epilogue (kNone: a plain GEMM) and the alignment of its vectors.
+  const GemmEpilogueArgs* epilogue = nullptr;
+  int align_bias = 256;
+  int align_aux = 256;
+
+  GemmEpilogue kind() const { return epilogue == nullptr ? GemmEpilogue::kNone : epilogue->kind; }
 };
 
 std::string Describe(const GemmArgs& args, const LtPlan& plan, const LtCall& call) {
@@ -180,7 +237,10 @@ std::string Describe(const GemmArgs& args, const LtPlan& plan, const LtCall& cal
                       " op(A)=", plan.a.trans ? "T" : "N", " lda=", plan.a.ld,
                       " op(B)=", plan.b.trans ? "T" : "N", " ldb=", plan.b.ld, " ldc=", plan.c.ld,
                       ", alignment ", call.align_a, "/", call.align_b, "/", call.align_c, " bytes",
-                      call.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? ", tf32" : "");
+                      call.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? ", tf32" : "",
+                      call.kind() == GemmEpilogue::kNone
+                          ? ""
+                          : absl::StrCat(", epilogue ", EpilogueName(call.kind())));
 }
 
 cublasLtMatrixLayout_t MakeLayout(cudaDataType_t type, const LtMatrix& m, int64_t count) {
@@ -216,6 +276,19 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
   CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
                                          sizeof(trans_b)),
           "cublasLtMatmulDescSetAttribute(TRANSB)");
+  if (call.kind() != GemmEpilogue::kNone) {
+    const uint32_t epilogue = LtEpilogue(call.kind());
+    CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                           sizeof(epilogue)),
+            "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+    if (call.kind() == GemmEpilogue::kGeluAuxBias) {
+      const int64_t aux_ld = call.epilogue->aux_ld;
+      CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                             &aux_ld, sizeof(aux_ld)),
+              "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)");
+    }
+    SetEpiloguePointers(e->desc, *call.epilogue);
+  }
   e->a = MakeLayout(LtType(args.in_dtype), plan.a, call.count);
   e->b = MakeLayout(LtType(args.in_dtype), plan.b, call.count);
   e->c = MakeLayout(LtType(args.out_dtype), plan.c, call.count);
@@ -244,6 +317,12 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
   int returned = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c,
                                                            pref, 1, &result, &returned);
+  const bool found =
+      st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (!found && call.kind() != GemmEpilogue::kNone) {
+    e->supported = false;  // the caller runs the plain GEMM and its own kernel
+    return e;
+  }
   if (st != CUBLAS_STATUS_SUCCESS) {
     ThrowOpError(kOp, "cublasLtMatmulAlgoGetHeuristic failed for ", Describe(args, plan, call),
                  ": ", cublasLtGetStatusString(st));
@@ -259,9 +338,11 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
 }
 
 // One cublasLtMatmul over `call.count` batch items starting at a / b / c
-// (our operands).
-void RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const LtCall& call,
+// (our operands). False (nothing queued) when the call's fused epilogue has
+// no algorithm.
+bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const LtCall& call,
            const void* a, const void* b, void* c) {
+  const GemmEpilogue kind = call.kind();
   CacheKey key = {args.device,
                   static_cast<int64_t>(args.in_dtype),
                   static_cast<int64_t>(args.out_dtype),
@@ -281,8 +362,15 @@ void RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const L
                   call.align_a,
                   call.align_b,
                   call.align_c};
+  if (kind != GemmEpilogue::kNone) {
+    // Fused entries are this thread's own (the pointers are set per call).
+    key.insert(key.end(), {static_cast<int64_t>(kind), call.epilogue->aux_ld, call.align_bias,
+                           call.align_aux, static_cast<int64_t>(reinterpret_cast<uintptr_t>(&ctx))});
+  }
   std::shared_ptr<const LtEntry> e = Cache().Find(key);
   if (e == nullptr) e = Cache().Insert(key, CreateEntry(ctx.handle, args, plan, call));
+  if (!e->supported) return false;
+  if (kind != GemmEpilogue::kNone) SetEpiloguePointers(e->desc, *call.epilogue);
   const float alpha = 1.0f;
   const float beta = args.beta;
   // cuBLASLt's A is our b and its B is our a (see matmul.h); D is C in place.
@@ -293,6 +381,7 @@ void RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const L
     ThrowOpError(kOp, "cublasLtMatmul failed for ", Describe(args, plan, call), ": ",
                  cublasLtGetStatusString(st));
   }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -373,7 +462,10 @@ int AlignmentBytes(const void* ptr, std::initializer_list<int64_t> offsets) {
 // Entry points.
 // ---------------------------------------------------------------------------
 
-void Gemm(const GemmArgs& args) {
+namespace {
+
+// The checks both entry points make, the plan, and the call's compute type.
+LtPlan CheckAndPlan(const GemmArgs& args, LtCall* call) {
   OP_CHECK(args.m > 0 && args.n > 0 && args.k > 0, kOp, "empty GEMM (", args.m, "x", args.k, " @ ",
            args.k, "x", args.n, ") reached the CUDA kernel");
   const Dtype in = args.in_dtype;
@@ -386,11 +478,49 @@ void Gemm(const GemmArgs& args) {
   OP_CHECK(MakeLtPlan(args, &plan, &why), kOp,
            "the CUDA kernel got operands it cannot take: ", why);
   CheckCuda(cudaSetDevice(args.device), kOp, "cudaSetDevice");
-  ThreadContext& ctx = Context(args.device);
-
-  LtCall call;
-  call.compute =
+  call->compute =
       in == Dtype::kF32 && MatmulAllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  return plan;
+}
+
+}  // namespace
+
+bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
+  OP_CHECK(epilogue.kind != GemmEpilogue::kNone && epilogue.bias != nullptr, kOp,
+           "a fused epilogue needs its kind and bias");
+  OP_CHECK(args.batch.empty() && args.beta == 0.0f, kOp,
+           "fused epilogues take one unbatched GEMM with beta 0 (got ", args.batch.size(),
+           " batch dims, beta ", args.beta, ")");
+  const bool gelu = epilogue.kind == GemmEpilogue::kGeluAuxBias;
+  OP_CHECK(!gelu || (epilogue.aux != nullptr && epilogue.aux_ld >= args.n), kOp,
+           "the GELU epilogue needs aux (", args.m, "x", args.n, ") with aux_ld >= ", args.n,
+           "; got aux_ld ", epilogue.aux_ld);
+  // cuBLASLt's rule for aux_ld; 16-byte vectors, as its fused kernels assume.
+  if (!MatmulFuseEpilogues() || (gelu && epilogue.aux_ld % 8 != 0) ||
+      AlignmentBytes(epilogue.bias, {}) < 16 || (gelu && AlignmentBytes(epilogue.aux, {}) < 16)) {
+    epilogues_unfused.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  LtCall call;
+  const LtPlan plan = CheckAndPlan(args, &call);
+  ThreadContext& ctx = Context(args.device);
+  call.count = 1;
+  call.epilogue = &epilogue;
+  call.align_a = AlignmentBytes(args.b.data, {});
+  call.align_b = AlignmentBytes(args.a.data, {});
+  call.align_c = AlignmentBytes(args.c.data, {});
+  call.align_bias = AlignmentBytes(epilogue.bias, {});
+  call.align_aux = gelu ? AlignmentBytes(epilogue.aux, {}) : 256;
+  const bool fused = RunLt(ctx, args, plan, call, args.a.data, args.b.data, args.c.data);
+  (fused ? epilogues_fused : epilogues_unfused).fetch_add(1, std::memory_order_relaxed);
+  return fused;
+}
+
+void Gemm(const GemmArgs& args) {
+  LtCall call;
+  const LtPlan plan = CheckAndPlan(args, &call);
+  ThreadContext& ctx = Context(args.device);
+  const Dtype in = args.in_dtype;
   const int64_t in_size = DtypeSize(in);
   const int64_t out_size = DtypeSize(args.out_dtype);
   int64_t outer_count = 1;
@@ -434,13 +564,17 @@ void MatmulScale(const Tensor& out, float beta) {
   CheckLaunch(kOp);
 }
 
+void SetMatmulFuseEpilogues(bool fuse) { FuseEpiloguesFlag().store(fuse); }
+
+bool MatmulFuseEpilogues() { return FuseEpiloguesFlag().load(std::memory_order_relaxed); }
+
 void SetMatmulAllowTf32(bool allow) { AllowTf32Flag().store(allow); }
 
 bool MatmulAllowTf32() { return AllowTf32Flag().load(std::memory_order_relaxed); }
 
 MatmulCacheStats GetMatmulCacheStats() {
   const LruCacheStats s = Cache().Stats();
-  return {s.entries, s.hits, s.misses};
+  return {s.entries, s.hits, s.misses, epilogues_fused.load(), epilogues_unfused.load()};
 }
 
 }  // namespace cuda

@@ -85,6 +85,35 @@ struct GemmArgs {
 // cuBLASLt has no algorithm for the case or fails.
 void Gemm(const GemmArgs& args);
 
+// A cuBLASLt epilogue fused into a GEMM, so its output is written once:
+//   kBias:        c = a @ b + bias
+//   kGeluAuxBias: aux = a @ b + bias, c = gelu(aux) (the tanh form)
+// bias (n) is contiguous; aux is (m, n), row major with rows aux_ld apart.
+// Both have c's dtype (out_dtype).
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias };
+struct GemmEpilogueArgs {
+  GemmEpilogue kind = GemmEpilogue::kNone;
+  const void* bias = nullptr;
+  void* aux = nullptr;  // kGeluAuxBias only
+  int64_t aux_ld = 0;   // elements
+};
+
+// Gemm with the epilogue, for an unbatched GEMM (args.batch empty) with beta
+// 0. Returns false, having queued nothing, when it cannot be fused: fusing is
+// switched off (SetMatmulFuseEpilogues), aux_ld is not a multiple of 8
+// (cuBLASLt's rule), bias or aux is not 16-byte aligned (e.g. a view into a
+// flat FSDP buffer), or cuBLASLt has no algorithm for the case (the answer
+// is cached with the descriptors). The caller then runs Gemm and adds the
+// bias (and GELU) itself. Descriptors of fused GEMMs are cached per thread:
+// the bias and aux pointers are set on them at each call.
+bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue);
+
+// Whether GemmWithEpilogue fuses at all (default on; environment
+// FSDP_CUDA_FUSE_EPILOGUES=0 at startup turns it off): for comparing the
+// fused and unfused paths.
+void SetMatmulFuseEpilogues(bool fuse);
+bool MatmulFuseEpilogues();
+
 // out = beta * out (zeros when beta == 0, whatever out held): the product of
 // an empty K. out is contiguous.
 void MatmulScale(const Tensor& out, float beta);
@@ -99,10 +128,13 @@ bool MatmulAllowTf32();
 
 // The cache of descriptors and heuristic results: entries now, and lookups
 // that hit or missed. Shared by all threads and devices (keyed by device).
+// Also: GemmWithEpilogue calls that fused, and those that returned false.
 struct MatmulCacheStats {
   int64_t entries = 0;
   int64_t hits = 0;
   int64_t misses = 0;
+  int64_t epilogues_fused = 0;
+  int64_t epilogues_unfused = 0;
 };
 MatmulCacheStats GetMatmulCacheStats();
 inline constexpr int64_t kMatmulCacheCapacity = 512;

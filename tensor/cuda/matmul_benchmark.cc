@@ -5,7 +5,8 @@
 // by side in one run. Shapes: the minGPT MLP GEMMs, the 50257-vocab LM head
 // (contiguous, 64-padded to 50304, and 50257 columns written into rows 50304
 // apart as the aligned LM head does), and 4096^3; in f32 (exact), tf32 and
-// bf16.
+// bf16. Then the gpt2 block's Linear layers with the bias (and GELU) fused
+// into cuBLASLt's epilogue against the unfused GEMM + bias kernel.
 // Timed with CUDA events on the calling thread's stream: warmup samples, then
 // the median of --samples samples of --reps back-to-back calls each.
 //
@@ -26,6 +27,7 @@
 #include "absl/flags/parse.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/ops/linear.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/tensor.h"
 
@@ -191,6 +193,48 @@ double MaxDiffHead(const Tensor& x, const Tensor& y) {
   return worst;
 }
 
+// The Linear layers of a gpt2 block at batch 16 x 1024 tokens in bf16, with
+// the bias (and GELU) in cuBLASLt's epilogue against the GEMM followed by our
+// bias / bias-GELU kernel (tensor::LinearForward / LinearGeluForward with
+// fusing switched off): the passes over the output the epilogue saves.
+void FusedEpilogues(int device) {
+  struct Layer {
+    const char* name;
+    int64_t in, out;
+    bool gelu;
+  };
+  const Layer layers[] = {{"attn qkv  +bias", 768, 2304, false},
+                          {"attn proj +bias", 768, 768, false},
+                          {"mlp fc    +bias+gelu", 768, 3072, true},
+                          {"mlp proj  +bias", 3072, 768, false}};
+  const int64_t tokens = 16 * 1024;
+  std::printf("\nfused epilogues, bf16, %lld tokens (the gpt2 block's Linear layers)\n",
+              static_cast<long long>(tokens));
+  std::printf("%-22s %6s %6s | %9s %9s | %7s %9s\n", "layer", "K", "N", "fused ms", "unfused ms",
+              "speedup", "max|diff|");
+  uint64_t seed = 100;
+  for (const Layer& l : layers) {
+    const Tensor x = DeviceRandom({tokens, l.in}, Dtype::kBF16, seed++, device);
+    const Tensor w = DeviceRandom({l.out, l.in}, Dtype::kBF16, seed++, device);
+    const Tensor b = DeviceRandom({l.out}, Dtype::kBF16, seed++, device);
+    auto run = [&] { return l.gelu ? LinearGeluForward(x, w, b).out : LinearForward(x, w, b); };
+    const int64_t fused_before = cuda::GetMatmulCacheStats().epilogues_fused;
+    const Tensor fused_out = run();
+    const bool fused = cuda::GetMatmulCacheStats().epilogues_fused > fused_before;
+    const double t_fused = TimeCall([&] { run(); });
+    cuda::SetMatmulFuseEpilogues(false);
+    const Tensor unfused_out = run();
+    const double t_unfused = TimeCall([&] { run(); });
+    cuda::SetMatmulFuseEpilogues(true);
+    Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");
+    std::printf("%-22s %6lld %6lld | %9.3f %9.3f | %7.3f %9.2g%s\n", l.name,
+                static_cast<long long>(l.in), static_cast<long long>(l.out), t_fused * 1e3,
+                t_unfused * 1e3, t_unfused / t_fused, MaxDiffHead(fused_out, unfused_out),
+                fused ? "" : "  (cuBLASLt declined: not fused)");
+    std::fflush(stdout);
+  }
+}
+
 int Main() {
   const int device = absl::GetFlag(FLAGS_device);
   if (cuda::DeviceCount() <= device) {
@@ -253,6 +297,7 @@ int Main() {
     }
   }
   cuda::SetMatmulAllowTf32(false);
+  FusedEpilogues(device);
   const cuda::MatmulCacheStats stats = cuda::GetMatmulCacheStats();
   std::printf("descriptor cache: %lld entries, %lld hits, %lld misses\n",
               static_cast<long long>(stats.entries), static_cast<long long>(stats.hits),

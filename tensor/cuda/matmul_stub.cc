@@ -10,6 +10,7 @@ namespace cuda {
 namespace {
 
 std::atomic<bool> allow_tf32{false};
+std::atomic<bool> fuse_epilogues{true};
 
 }  // namespace
 
@@ -17,6 +18,12 @@ void Gemm(const GemmArgs& args) {
   ThrowOpError("matmul", "CUDA support was not built into this binary; rebuild with --config=cuda ",
                "(tensor on cuda:", args.device, ")");
 }
+bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs&) {
+  Gemm(args);  // throws: not built
+  return false;
+}
+void SetMatmulFuseEpilogues(bool fuse) { fuse_epilogues.store(fuse); }
+bool MatmulFuseEpilogues() { return fuse_epilogues.load(); }
 void MatmulScale(const Tensor& out, float) { NotBuilt("matmul", out); }
 void SetMatmulAllowTf32(bool allow) { allow_tf32.store(allow); }
 bool MatmulAllowTf32() { return allow_tf32.load(); }

@@ -6,10 +6,15 @@
 // as transposed column-major matrices, leading dimensions, batch strides), so
 // descriptors are validated the way the library validates them and anything
 // else the project does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED.
+// Epilogues: BIAS and GELU_AUX_BIAS (the tanh GELU, its input stored in the
+// aux matrix), unbatched, with the library's rules on their attributes (a
+// bias pointer; an aux pointer and an aux leading dimension that is a
+// multiple of 8 and at least D's rows).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -22,6 +27,10 @@ namespace {
 struct Desc {
   int32_t trans_a = CUBLAS_OP_N;
   int32_t trans_b = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
 
 struct Layout {
@@ -105,8 +114,36 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
                                               cublasLtMatmulDescAttributes_t attr, const void* buf,
                                               size_t bytes) {
   if (desc == nullptr || buf == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-  if (attr != CUBLASLT_MATMUL_DESC_TRANSA && attr != CUBLASLT_MATMUL_DESC_TRANSB) {
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  Desc& d = *D(desc);
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+      if (bytes != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      uint32_t e;
+      std::memcpy(&e, buf, sizeof(e));
+      if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
+          e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+      }
+      d.epilogue = e;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (bytes != sizeof(void*)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.bias, buf, bytes);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      if (bytes != sizeof(void*)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.aux, buf, bytes);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      if (bytes != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.aux_ld, buf, bytes);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      break;
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (bytes != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
   int32_t op;
@@ -181,7 +218,23 @@ static cublasStatus_t CheckShapes(const Desc& d, const Layout& a, const Layout& 
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (c.type != dd.type || a.type != b.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    if (dd.batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
+    if (d.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+        (d.aux == nullptr || d.aux_ld % 8 != 0 || d.aux_ld < static_cast<int64_t>(dd.rows))) {
+      std::fprintf(stderr, "cuda_emu cublasLt: GELU aux %p with ld %lld for D of %llu rows\n",
+                   d.aux, (long long)d.aux_ld, (unsigned long long)dd.rows);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
   return CUBLAS_STATUS_SUCCESS;
+}
+
+// The tanh GELU in fp32.
+static float Gelu(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(u));
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -235,6 +288,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         }
         float out = al * acc;
         if (be != 0.0f) out += be * Load(C, c.type, oc + i + j * c.ld);
+        if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) out += Load(d.bias, dl.type, i);
+        if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+          Store(d.aux, dl.type, i + j * d.aux_ld, out);
+          out = Gelu(out);
+        }
         Store(Dp, dl.type, od + i + j * dl.ld, out);
       }
     }

@@ -1,0 +1,136 @@
+// tensor::LinearForward / LinearGeluForward on the GPU: the bias (and GELU)
+// in cuBLASLt's epilogue, against the CPU's unfused ops, in f32, bf16 and f16.
+// Also the cases that are not fused (an aux leading dimension that is not a
+// multiple of 8, a misaligned bias, fusing switched off), which must give the
+// same values, and threads fusing at once (each with its own descriptors,
+// whose bias pointers are set per call). Tagged gpu; skips without a device.
+#include "tensor/ops/linear.h"
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/cuda/matmul.h"
+#include "tensor/cuda/testing.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/matmul.h"
+#include "tensor/testing.h"
+
+namespace tensor {
+namespace {
+
+using cuda::testing::DefaultTolerance;
+using cuda::testing::FloatDtypes;
+using cuda::testing::MatchesCpu;
+using cuda::testing::ToGpu;
+using ::tensor::testing::RandomTensor;
+
+struct Case {
+  Tensor x, w, b;   // CPU, in the case's dtype
+  Tensor pre, out;  // f32 CPU reference: x @ w^T + b and its GELU
+};
+
+// x (n, k), w (m, k), b (m) in dtype; the reference in f32 from the same values.
+Case MakeCase(int64_t n, int64_t k, int64_t m, Dtype dtype, uint64_t seed) {
+  Case c;
+  c.x = RandomTensor({n, k}, seed, -1, 1, dtype);
+  c.w = RandomTensor({m, k}, seed + 1, -1, 1, dtype);
+  c.b = RandomTensor({m}, seed + 2, -1, 1, dtype);
+  MatmulOptions opts;
+  opts.trans_b = true;
+  c.pre = AddBias(Matmul(c.x.To(Dtype::kF32), c.w.To(Dtype::kF32), opts), c.b.To(Dtype::kF32));
+  c.out = Gelu(c.pre);
+  return c;
+}
+
+// Each dtype: (n, k, m) with m a multiple of 8 (both epilogues fuse) and not
+// (the GELU's aux cannot be given to cuBLASLt; the bias still fuses).
+TEST(CudaLinearTest, FusedEpiloguesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Shape3 {
+    int64_t n, k, m;
+    bool gelu_fuses;
+  };
+  for (Dtype dtype : FloatDtypes()) {
+    for (const Shape3& s : {Shape3{37, 24, 64, true}, Shape3{16, 40, 12, false}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << DtypeName(dtype) << " " << s.n << "x" << s.k << " @ " << s.k << "x" << s.m);
+      const Case c = MakeCase(s.n, s.k, s.m, dtype, 10 + s.m);
+      const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+      const Tensor x = ToGpu(c.x), w = ToGpu(c.w), b = ToGpu(c.b);
+
+      cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+      const Tensor y = LinearForward(x, w, b);
+      cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+      EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + 1) << "the bias was not fused";
+      EXPECT_TRUE(MatchesCpu(y.To(Dtype::kF32), c.pre, tol));
+
+      before = after;
+      const LinearGeluResult r = LinearGeluForward(x, w, b);
+      after = cuda::GetMatmulCacheStats();
+      EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (s.gelu_fuses ? 1 : 0));
+      EXPECT_EQ(r.out.dtype(), dtype);
+      EXPECT_EQ(r.pre.dtype(), dtype);
+      EXPECT_TRUE(MatchesCpu(r.pre.To(Dtype::kF32), c.pre, tol));
+      EXPECT_TRUE(MatchesCpu(r.out.To(Dtype::kF32), c.out, tol));
+    }
+  }
+}
+
+TEST(CudaLinearTest, AMisalignedBiasOrFusingOffGivesTheSameValuesUnfused) {
+  SKIP_WITHOUT_GPU();
+  const Dtype dtype = Dtype::kBF16;
+  const Case c = MakeCase(33, 48, 32, dtype, 40);
+  const Tensor x = ToGpu(c.x), w = ToGpu(c.w);
+  // The bias one element into a larger buffer, as a flat FSDP shard may hold it.
+  const Tensor padded = ToGpu(Tensor::Zeros({33}, dtype));
+  Tensor b = padded.Narrow(0, 1, 32);
+  b.CopyFrom(ToGpu(c.b));
+  const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+
+  const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+  const Tensor y = LinearForward(x, w, b);
+  const LinearGeluResult r = LinearGeluForward(x, w, b);
+  const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+  EXPECT_EQ(after.epilogues_fused, before.epilogues_fused);
+  EXPECT_EQ(after.epilogues_unfused, before.epilogues_unfused + 2);
+  EXPECT_TRUE(MatchesCpu(y.To(Dtype::kF32), c.pre, tol));
+  EXPECT_TRUE(MatchesCpu(r.out.To(Dtype::kF32), c.out, tol));
+
+  const Tensor aligned_b = ToGpu(c.b);
+  const LinearGeluResult fused = LinearGeluForward(x, w, aligned_b);
+  cuda::SetMatmulFuseEpilogues(false);
+  const LinearGeluResult unfused = LinearGeluForward(x, w, aligned_b);
+  const Tensor unfused_y = LinearForward(x, w, aligned_b);
+  cuda::SetMatmulFuseEpilogues(true);
+  EXPECT_EQ(cuda::GetMatmulCacheStats().epilogues_fused, after.epilogues_fused + 1);
+  EXPECT_TRUE(MatchesCpu(unfused.pre.To(Dtype::kF32), fused.pre.To(Dtype::kF32), tol));
+  EXPECT_TRUE(MatchesCpu(unfused.out.To(Dtype::kF32), fused.out.To(Dtype::kF32), tol));
+  EXPECT_TRUE(MatchesCpu(unfused_y.To(Dtype::kF32), c.pre, tol));
+}
+
+// Ranks as threads: each fuses with its own bias at once.
+TEST(CudaLinearTest, ThreadsFuseWithTheirOwnBias) {
+  SKIP_WITHOUT_GPU();
+  const Dtype dtype = Dtype::kBF16;
+  constexpr int kThreads = 4;
+  std::vector<Case> cases;
+  for (int t = 0; t < kThreads; ++t) cases.push_back(MakeCase(29, 32, 48, dtype, 60 + 3 * t));
+  std::vector<Tensor> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Tensor x = ToGpu(cases[t].x), w = ToGpu(cases[t].w), b = ToGpu(cases[t].b);
+      Tensor out;
+      for (int i = 0; i < 3; ++i) out = LinearGeluForward(x, w, b).out;
+      results[t] = out.To(Dtype::kF32);
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(MatchesCpu(results[t], cases[t].out, DefaultTolerance(dtype, 4))) << "thread " << t;
+  }
+}
+
+}  // namespace
+}  // namespace tensor

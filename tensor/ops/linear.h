@@ -1,0 +1,28 @@
+// The Linear layer's forward GEMM with its bias (and GELU) fused in: on a
+// CUDA device cuBLASLt adds them in the GEMM's epilogue, so the output is
+// written once instead of written, read back and written again; elsewhere (the
+// CPU, or a case cuBLASLt has no fused kernel for: see
+// cuda::GemmWithEpilogue) Matmul is followed by AddBias / Gelu. Both paths
+// give the same values up to rounding (the fused GELU reads its fp32 input
+// before it is rounded to the output dtype).
+#ifndef TENSOR_OPS_LINEAR_H_
+#define TENSOR_OPS_LINEAR_H_
+
+#include "tensor/tensor.h"
+
+namespace tensor {
+
+// x (N, K) @ w^T + bias: w (M, K), bias (M) -> (N, M). x, w and bias share
+// dtype (f32, bf16, or f16 on CUDA) and device.
+Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias);
+
+struct LinearGeluResult {
+  Tensor out;  // (N, M) gelu(pre), the tanh form (tensor::Gelu)
+  Tensor pre;  // (N, M) x @ w^T + bias: what GeluBackward takes
+};
+// gelu(x @ w^T + bias), keeping the GELU's input for the backward.
+LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tensor& bias);
+
+}  // namespace tensor
+
+#endif  // TENSOR_OPS_LINEAR_H_
