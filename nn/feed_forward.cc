@@ -90,11 +90,12 @@ Tensor FeedForward::FusedFcGelu(const Tensor& x2, Saved& s) {
   return r.out;  // (N, hidden)
 }
 
-Tensor FeedForward::FusedFcGeluBackward(const Tensor& grad_a, const Saved& s) {
+// c_fc's backward from the gradient of s.h0 = x W^T + b (N, hidden).
+Tensor FeedForward::FusedFcBackward(const Tensor& grad_h0, const Saved& s) {
   Linear& fc = *in_[0];
   if (fc.hooks() != nullptr) fc.hooks()->PreBackward(fc);
   const Tensor& w = fc.weight()->value;
-  const Tensor gh = tensor::GeluBackward(grad_a.To(s.h0.dtype()), s.h0);  // (N, hidden)
+  const Tensor gh = grad_h0.To(w.dtype());  // (N, hidden)
   tensor::AddBiasBackwardInto(gh, fc.bias()->GradBuffer());
   // dW (hidden, dim) += gh^T @ x in fp32; dx (N, dim) = gh @ W.
   tensor::MatmulOptions dw_opts;
@@ -148,18 +149,23 @@ Tensors FeedForward::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
   Tensor g = grad_outputs.at(0).Reshape({-1, dim_});  // (N, dim)
   if (dropout_ != nullptr && !dropout_on_hidden_) g = dropout_->RunBackward(g, ctx.Child(kDropout));
-  Tensor ga = out_->RunBackward(g, ctx.Child(kOut));  // (N, hidden), a's dtype
-  if (dropout_ != nullptr && dropout_on_hidden_)
-    ga = dropout_->RunBackward(ga, ctx.Child(kDropout));
+  const bool hidden_dropout = dropout_ != nullptr && dropout_on_hidden_;
   Tensor gx;  // (N, dim)
+  if (activation_ == FfnActivation::kGelu) {
+    Tensor gh;  // (N, hidden): the gradient of h0, the GELU's input
+    if (!hidden_dropout) {
+      gh = out_->RunBackwardThroughGelu(g, ctx.Child(kOut), s.h0);
+    } else {
+      const Tensor ga = dropout_->RunBackward(out_->RunBackward(g, ctx.Child(kOut)),
+                                              ctx.Child(kDropout));  // (N, hidden)
+      gh = tensor::GeluBackward(ga.To(s.h0.dtype()), s.h0);
+    }
+    gx = Fused() ? FusedFcBackward(gh, s) : in_[0]->RunBackward(gh, ctx.Child(kIn0));
+    return {gx.To(s.input_dtype).Reshape(s.input_shape)};
+  }
+  Tensor ga = out_->RunBackward(g, ctx.Child(kOut));  // (N, hidden), a's dtype
+  if (hidden_dropout) ga = dropout_->RunBackward(ga, ctx.Child(kDropout));
   switch (activation_) {
-    case FfnActivation::kGelu:
-      if (Fused()) {
-        gx = FusedFcGeluBackward(ga, s);
-      } else {
-        gx = in_[0]->RunBackward(tensor::GeluBackward(ga, s.h0), ctx.Child(kIn0));
-      }
-      break;
     case FfnActivation::kRelu:
       gx = in_[0]->RunBackward(tensor::ReluBackward(ga, s.act), ctx.Child(kIn0));
       break;
@@ -171,6 +177,8 @@ Tensors FeedForward::Backward(const Tensors& grad_outputs, Context& ctx) {
       tensor::AddInPlace(gx, gx1);
       break;
     }
+    case FfnActivation::kGelu:
+      break;  // above
   }
   return {gx.To(s.input_dtype).Reshape(s.input_shape)};
 }

@@ -8,12 +8,15 @@
 // accumulates fp32 gradients (see nn/linear.h); the input's gradient comes
 // back in the caller's dtype.
 //
-// With a bias on c_fc, the GELU form fuses the bias into the activation
-// (tensor::BiasGelu): the layer runs c_fc's GEMM itself (no x W^T + b
-// temporary) and calls c_fc's hooks around it as c_fc.Run would. Its bias
-// gradient then comes from BiasGeluBackward in the activations' dtype (bf16
-// under a bf16 policy, as PyTorch computes it) before landing in the fp32
-// buffer.
+// The GELU form fuses the activation into the GEMMs around it. With a bias on
+// c_fc, the layer runs c_fc's GEMM itself (tensor::LinearGeluForward: on a
+// GPU the bias and GELU run in cuBLASLt's epilogue, which also keeps
+// x W^T + b for the backward) and calls c_fc's hooks around it as c_fc.Run
+// would. Without dropout on the hidden activations, the backward takes c_proj
+// straight to the GELU input's gradient (Linear::RunBackwardThroughGelu: on a
+// GPU the GELU's backward runs in the epilogue of c_proj's input-gradient
+// GEMM). Bias gradients are summed into the fp32 buffers from the
+// activations' dtype (bf16 under a bf16 policy, as PyTorch computes them).
 #ifndef NN_FEED_FORWARD_H_
 #define NN_FEED_FORWARD_H_
 
@@ -76,7 +79,7 @@ class FeedForward : public Module {
   };
   bool Fused() const;
   Tensor FusedFcGelu(const Tensor& x2, Saved& s);
-  Tensor FusedFcGeluBackward(const Tensor& grad_a, const Saved& s);
+  Tensor FusedFcBackward(const Tensor& grad_h0, const Saved& s);
 
   const int64_t dim_;
   const int64_t hidden_;

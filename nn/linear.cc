@@ -31,7 +31,7 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   Tensor x = x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
   MatmulOptions opts;
   opts.trans_b = true;
-  Tensor y;  // (N, out)
+  Tensor y;                       // (N, out)
   constexpr int64_t kAlign = 64;  // elements
   if (bias_ != nullptr) {
     y = tensor::LinearForward(x, w, bias_->value.To(w.dtype()));  // the bias fused on a GPU
@@ -46,18 +46,39 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   return {y.Reshape(out_shape)};
 }
 
-Tensors Linear::Backward(const Tensors& grad_outputs, Context& ctx) {
-  Saved& s = ctx.Saved<Saved>();
+Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
   const Tensor& w = weight_->value;
-  Tensor g = grad_outputs.at(0).To(w.dtype()).Reshape({-1, out_});  // (N, out)
+  Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
   // dW (out, in) += g^T @ x, accumulated in fp32.
   MatmulOptions dw_opts;
   dw_opts.trans_a = true;
   tensor::MatmulInto(g, s.x, weight_->GradBuffer(), dw_opts, /*beta=*/1.0f);
   if (bias_ != nullptr) tensor::AddBiasBackwardInto(g, bias_->GradBuffer());
+  return g;
+}
+
+Tensors Linear::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  const Tensor g = AccumulateParamGrads(grad_outputs.at(0), s);  // (N, out)
   // dx (N, in) = g @ W.
-  Tensor dx = tensor::Matmul(g, w);
+  Tensor dx = tensor::Matmul(g, weight_->value);
   return {dx.To(s.input_dtype).Reshape(s.input_shape)};
+}
+
+Tensor Linear::RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const Tensor& pre) {
+  return RunBackwardFrame(
+             ctx,
+             [&] {
+               const Saved& s = ctx.Saved<Saved>();
+               OP_CHECK(pre.shape() == s.input_shape, "linear", "the GELU's input ",
+                        pre.shape().ToString(), " is not shaped as x ", s.input_shape.ToString());
+               const Tensor g = AccumulateParamGrads(grad_y, s);  // (N, out)
+               // d pre (N, in) = gelu'(pre) * (g @ W).
+               const Tensor dpre = tensor::LinearGeluInputGrad(
+                   g, weight_->value, pre.To(weight_->value.dtype()).Reshape({-1, in_}));
+               return Tensors{dpre.To(pre.dtype()).Reshape(pre.shape())};
+             })
+      .at(0);
 }
 
 }  // namespace nn

@@ -35,6 +35,13 @@ class Linear : public Module {
   Parameter* weight() { return weight_; }
   Parameter* bias() { return bias_; }  // nullptr without bias
 
+  // RunBackward for a layer whose input x was gelu(pre): returns the gradient
+  // of pre instead of x's, gelu'(pre) * (grad @ W) (..., in) in pre's dtype,
+  // with the GELU's backward in the GEMM's epilogue on a GPU
+  // (tensor::LinearGeluInputGrad). pre has x's shape. Accumulates W.grad and
+  // b.grad as RunBackward does.
+  Tensor RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const Tensor& pre);
+
  protected:
   // inputs[0]: x (..., in) -> (..., out)
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
@@ -47,6 +54,11 @@ class Linear : public Module {
     tensor::Dtype input_dtype;  // dtype of the caller's x, for grad_x
     tensor::Shape input_shape;
   };
+
+  // The weight and bias gradients of the saved x; returns grad (N, out) in
+  // the compute dtype.
+  Tensor AccumulateParamGrads(const Tensor& grad_y, const Saved& s);
+
   const int64_t in_;
   const int64_t out_;
   const bool align_output_rows_;

@@ -1,7 +1,6 @@
 // nn::Module traversal, hooks and materialization.
 #include "nn/module.h"
 
-
 #include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
@@ -40,9 +39,13 @@ Tensors Module::Run(const Tensors& inputs, Context& ctx) {
 }
 
 Tensors Module::RunBackward(const Tensors& grad_outputs, Context& ctx) {
+  return RunBackwardFrame(ctx, [&] { return Backward(grad_outputs, ctx); });
+}
+
+Tensors Module::RunBackwardFrame(Context& ctx, absl::FunctionRef<Tensors()> backward) {
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kTemporaries);
   if (hooks_) hooks_->PreBackward(*this);
-  Tensors grads = Backward(grad_outputs, ctx);
+  Tensors grads = backward();
   ctx.Clear();  // the saved activations are no longer needed
   if (hooks_) hooks_->PostBackward(*this);
   return grads;

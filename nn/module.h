@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "nn/parameter.h"
 #include "tensor/random.h"
@@ -134,6 +135,12 @@ class Module {
  protected:
   virtual Tensors Forward(const Tensors& inputs, Context& ctx) = 0;
   virtual Tensors Backward(const Tensors& grad_outputs, Context& ctx) = 0;
+
+  // RunBackward's frame around `backward`, which computes the gradients from
+  // ctx: the memory category and hooks RunBackward runs, and ctx cleared
+  // after. For a module's own extra backward entry points
+  // (Linear::RunBackwardThroughGelu).
+  Tensors RunBackwardFrame(Context& ctx, absl::FunctionRef<Tensors()> backward);
 
   // Registration, from constructors. Parameters are created unmaterialized
   // (shape and init recipe only); Materialize() or FSDP gives them values.

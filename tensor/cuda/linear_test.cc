@@ -1,5 +1,6 @@
-// tensor::LinearForward / LinearGeluForward on the GPU: the bias (and GELU)
-// in cuBLASLt's epilogue, against the CPU's unfused ops, in f32, bf16 and f16.
+// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad on the GPU:
+// the bias, GELU and GELU backward in cuBLASLt's epilogue, against the CPU's
+// unfused ops, in f32, bf16 and f16.
 // Also the cases that are not fused (an aux leading dimension that is not a
 // multiple of 8, a misaligned bias, fusing switched off), which must give the
 // same values, and threads fusing at once (each with its own descriptors,
@@ -107,6 +108,42 @@ TEST(CudaLinearTest, AMisalignedBiasOrFusingOffGivesTheSameValuesUnfused) {
   EXPECT_TRUE(MatchesCpu(unfused.pre.To(Dtype::kF32), fused.pre.To(Dtype::kF32), tol));
   EXPECT_TRUE(MatchesCpu(unfused.out.To(Dtype::kF32), fused.out.To(Dtype::kF32), tol));
   EXPECT_TRUE(MatchesCpu(unfused_y.To(Dtype::kF32), c.pre, tol));
+}
+
+// LinearGeluInputGrad: gelu'(pre) * (g @ w) with the GELU's backward in the
+// GEMM's epilogue (DGELU) when pre's rows are a multiple of 8 apart, unfused
+// otherwise and with fusing off; both against the f32 CPU reference.
+TEST(CudaLinearTest, GeluInputGradMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Shape3 {
+    int64_t n, m, k;  // g (n, m), w (m, k), pre (n, k)
+    bool fuses;
+  };
+  for (Dtype dtype : FloatDtypes()) {
+    for (const Shape3& s : {Shape3{37, 24, 64, true}, Shape3{16, 40, 12, false}}) {
+      SCOPED_TRACE(::testing::Message() << DtypeName(dtype) << " g " << s.n << "x" << s.m
+                                        << ", pre " << s.n << "x" << s.k);
+      const Tensor g = RandomTensor({s.n, s.m}, 70 + s.k, -1, 1, dtype);
+      const Tensor w = RandomTensor({s.m, s.k}, 71 + s.k, -1, 1, dtype);
+      const Tensor pre = RandomTensor({s.n, s.k}, 72 + s.k, -3, 3, dtype);
+      const Tensor want = GeluBackward(Matmul(g.To(Dtype::kF32), w.To(Dtype::kF32)),
+                                       pre.To(Dtype::kF32));  // (n, k)
+      const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+
+      const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+      const Tensor got = LinearGeluInputGrad(ToGpu(g), ToGpu(w), ToGpu(pre));
+      const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+      EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (s.fuses ? 1 : 0));
+      EXPECT_EQ(got.dtype(), dtype);
+      EXPECT_TRUE(MatchesCpu(got.To(Dtype::kF32), want, tol));
+
+      cuda::SetMatmulFuseEpilogues(false);
+      const Tensor unfused = LinearGeluInputGrad(ToGpu(g), ToGpu(w), ToGpu(pre));
+      cuda::SetMatmulFuseEpilogues(true);
+      EXPECT_EQ(cuda::GetMatmulCacheStats().epilogues_fused, after.epilogues_fused);
+      EXPECT_TRUE(MatchesCpu(unfused.To(Dtype::kF32), want, tol));
+    }
+  }
 }
 
 // Ranks as threads: each fuses with its own bias at once.

@@ -186,6 +186,8 @@ cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
       return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::kGeluAuxBias:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
     default:
       return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -197,6 +199,8 @@ const char* EpilogueName(GemmEpilogue kind) {
       return "bias";
     case GemmEpilogue::kGeluAuxBias:
       return "gelu_aux_bias";
+    case GemmEpilogue::kDGelu:
+      return "dgelu";
     default:
       return "none";
   }
@@ -204,11 +208,21 @@ const char* EpilogueName(GemmEpilogue kind) {
 
 // Sets the epilogue's pointers on a (per-thread) fused descriptor; before
 // the heuristic query too, which reads their alignment.
+bool EpilogueHasBias(GemmEpilogue kind) {
+  return kind == GemmEpilogue::kBias || kind == GemmEpilogue::kGeluAuxBias;
+}
+
+bool EpilogueHasAux(GemmEpilogue kind) {
+  return kind == GemmEpilogue::kGeluAuxBias || kind == GemmEpilogue::kDGelu;
+}
+
 void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& epi) {
-  CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias,
-                                         sizeof(epi.bias)),
-          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
-  if (epi.kind == GemmEpilogue::kGeluAuxBias) {
+  if (EpilogueHasBias(epi.kind)) {
+    CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias,
+                                           sizeof(epi.bias)),
+            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  }
+  if (EpilogueHasAux(epi.kind)) {
     CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                            &epi.aux, sizeof(epi.aux)),
             "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)");
@@ -281,7 +295,7 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
     CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                            sizeof(epilogue)),
             "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-    if (call.kind() == GemmEpilogue::kGeluAuxBias) {
+    if (EpilogueHasAux(call.kind())) {
       const int64_t aux_ld = call.epilogue->aux_ld;
       CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                              &aux_ld, sizeof(aux_ld)),
@@ -486,18 +500,20 @@ LtPlan CheckAndPlan(const GemmArgs& args, LtCall* call) {
 }  // namespace
 
 bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
-  OP_CHECK(epilogue.kind != GemmEpilogue::kNone && epilogue.bias != nullptr, kOp,
-           "a fused epilogue needs its kind and bias");
+  const bool has_bias = EpilogueHasBias(epilogue.kind);
+  const bool has_aux = EpilogueHasAux(epilogue.kind);
+  OP_CHECK(epilogue.kind != GemmEpilogue::kNone && (!has_bias || epilogue.bias != nullptr), kOp,
+           "a fused epilogue needs its kind, and its bias for ", EpilogueName(epilogue.kind));
   OP_CHECK(args.batch.empty() && args.beta == 0.0f, kOp,
            "fused epilogues take one unbatched GEMM with beta 0 (got ", args.batch.size(),
            " batch dims, beta ", args.beta, ")");
-  const bool gelu = epilogue.kind == GemmEpilogue::kGeluAuxBias;
-  OP_CHECK(!gelu || (epilogue.aux != nullptr && epilogue.aux_ld >= args.n), kOp,
-           "the GELU epilogue needs aux (", args.m, "x", args.n, ") with aux_ld >= ", args.n,
-           "; got aux_ld ", epilogue.aux_ld);
+  OP_CHECK(!has_aux || (epilogue.aux != nullptr && epilogue.aux_ld >= args.n), kOp, "the ",
+           EpilogueName(epilogue.kind), " epilogue needs aux (", args.m, "x", args.n,
+           ") with aux_ld >= ", args.n, "; got aux_ld ", epilogue.aux_ld);
   // cuBLASLt's rule for aux_ld; 16-byte vectors, as its fused kernels assume.
-  if (!MatmulFuseEpilogues() || (gelu && epilogue.aux_ld % 8 != 0) ||
-      AlignmentBytes(epilogue.bias, {}) < 16 || (gelu && AlignmentBytes(epilogue.aux, {}) < 16)) {
+  if (!MatmulFuseEpilogues() || (has_aux && epilogue.aux_ld % 8 != 0) ||
+      (has_bias && AlignmentBytes(epilogue.bias, {}) < 16) ||
+      (has_aux && AlignmentBytes(epilogue.aux, {}) < 16)) {
     epilogues_unfused.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
@@ -509,8 +525,8 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   call.align_a = AlignmentBytes(args.b.data, {});
   call.align_b = AlignmentBytes(args.a.data, {});
   call.align_c = AlignmentBytes(args.c.data, {});
-  call.align_bias = AlignmentBytes(epilogue.bias, {});
-  call.align_aux = gelu ? AlignmentBytes(epilogue.aux, {}) : 256;
+  call.align_bias = has_bias ? AlignmentBytes(epilogue.bias, {}) : 256;
+  call.align_aux = has_aux ? AlignmentBytes(epilogue.aux, {}) : 256;
   const bool fused = RunLt(ctx, args, plan, call, args.a.data, args.b.data, args.c.data);
   (fused ? epilogues_fused : epilogues_unfused).fetch_add(1, std::memory_order_relaxed);
   return fused;

@@ -88,14 +88,16 @@ void Gemm(const GemmArgs& args);
 // A cuBLASLt epilogue fused into a GEMM, so its output is written once:
 //   kBias:        c = a @ b + bias
 //   kGeluAuxBias: aux = a @ b + bias, c = gelu(aux) (the tanh form)
+//   kDGelu:       c = gelu'(aux) * (a @ b): the GELU's backward, aux (read)
+//                 holding the GELU's input
 // bias (n) is contiguous; aux is (m, n), row major with rows aux_ld apart.
 // Both have c's dtype (out_dtype).
-enum class GemmEpilogue { kNone, kBias, kGeluAuxBias };
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu };
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::kNone;
-  const void* bias = nullptr;
-  void* aux = nullptr;  // kGeluAuxBias only
-  int64_t aux_ld = 0;   // elements
+  const void* bias = nullptr;  // kBias and kGeluAuxBias
+  void* aux = nullptr;         // kGeluAuxBias (written) and kDGelu (read)
+  int64_t aux_ld = 0;          // elements
 };
 
 // Gemm with the epilogue, for an unbatched GEMM (args.batch empty) with beta

@@ -6,7 +6,8 @@
 // (contiguous, 64-padded to 50304, and 50257 columns written into rows 50304
 // apart as the aligned LM head does), and 4096^3; in f32 (exact), tf32 and
 // bf16. Then the gpt2 block's Linear layers with the bias (and GELU) fused
-// into cuBLASLt's epilogue against the unfused GEMM + bias kernel.
+// into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the
+// MLP's backward through the GELU (DGELU epilogue) against GEMM + GeluBackward.
 // Timed with CUDA events on the calling thread's stream: warmup samples, then
 // the median of --samples samples of --reps back-to-back calls each.
 //
@@ -198,15 +199,18 @@ double MaxDiffHead(const Tensor& x, const Tensor& y) {
 // bias / bias-GELU kernel (tensor::LinearForward / LinearGeluForward with
 // fusing switched off): the passes over the output the epilogue saves.
 void FusedEpilogues(int device) {
+  enum class Fusion { kBias, kBiasGelu, kDGelu };
   struct Layer {
     const char* name;
-    int64_t in, out;
-    bool gelu;
+    int64_t in, out;  // the Linear layer's features
+    Fusion fusion;
   };
-  const Layer layers[] = {{"attn qkv  +bias", 768, 2304, false},
-                          {"attn proj +bias", 768, 768, false},
-                          {"mlp fc    +bias+gelu", 768, 3072, true},
-                          {"mlp proj  +bias", 3072, 768, false}};
+  const Layer layers[] = {{"attn qkv  +bias", 768, 2304, Fusion::kBias},
+                          {"attn proj +bias", 768, 768, Fusion::kBias},
+                          {"mlp fc    +bias+gelu", 768, 3072, Fusion::kBiasGelu},
+                          {"mlp proj  +bias", 3072, 768, Fusion::kBias},
+                          // The backward: c_proj's input gradient through the GELU.
+                          {"mlp proj  dx*gelu'", 3072, 768, Fusion::kDGelu}};
   const int64_t tokens = 16 * 1024;
   std::printf("\nfused epilogues, bf16, %lld tokens (the gpt2 block's Linear layers)\n",
               static_cast<long long>(tokens));
@@ -217,7 +221,21 @@ void FusedEpilogues(int device) {
     const Tensor x = DeviceRandom({tokens, l.in}, Dtype::kBF16, seed++, device);
     const Tensor w = DeviceRandom({l.out, l.in}, Dtype::kBF16, seed++, device);
     const Tensor b = DeviceRandom({l.out}, Dtype::kBF16, seed++, device);
-    auto run = [&] { return l.gelu ? LinearGeluForward(x, w, b).out : LinearForward(x, w, b); };
+    const Tensor g = DeviceRandom({tokens, l.out}, Dtype::kBF16, seed++, device);
+    auto run = [&] {
+      switch (l.fusion) {
+        case Fusion::kBias:
+          return LinearForward(x, w, b);
+        case Fusion::kBiasGelu:
+          return LinearGeluForward(x, w, b).out;
+        case Fusion::kDGelu:
+          return LinearGeluInputGrad(g, w, x);  // x stands for the GELU's input
+      }
+      return Tensor();
+    };
+    // GEMM shape (M x K @ K x N): forward K = in, N = out; backward K = out, N = in.
+    const bool backward = l.fusion == Fusion::kDGelu;
+    const int64_t k = backward ? l.out : l.in, n = backward ? l.in : l.out;
     const int64_t fused_before = cuda::GetMatmulCacheStats().epilogues_fused;
     const Tensor fused_out = run();
     const bool fused = cuda::GetMatmulCacheStats().epilogues_fused > fused_before;
@@ -228,7 +246,7 @@ void FusedEpilogues(int device) {
     cuda::SetMatmulFuseEpilogues(true);
     Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");
     std::printf("%-22s %6lld %6lld | %9.3f %9.3f | %7.3f %9.2g%s\n", l.name,
-                static_cast<long long>(l.in), static_cast<long long>(l.out), t_fused * 1e3,
+                static_cast<long long>(k), static_cast<long long>(n), t_fused * 1e3,
                 t_unfused * 1e3, t_unfused / t_fused, MaxDiffHead(fused_out, unfused_out),
                 fused ? "" : "  (cuBLASLt declined: not fused)");
     std::fflush(stdout);

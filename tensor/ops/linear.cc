@@ -25,35 +25,40 @@ void CheckArgs(const Tensor& x, const Tensor& w, const Tensor& bias) {
            bias.device().ToString());
 }
 
-// out = x @ w^T + bias with cuBLASLt's epilogue (aux: the GELU's input, for
-// kGeluAuxBias); false when it cannot be fused (nothing was written).
-bool FusedOnCuda(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
-                 cuda::GemmEpilogue kind, const Tensor& aux) {
-  if (!out.device().is_cuda() || out.numel() == 0 || x.dim(1) == 0 || !bias.is_contiguous()) {
+cuda::GemmOperand Operand(const Tensor& t) {
+  cuda::GemmOperand o;
+  o.data = t.raw_data();
+  o.row_stride = t.strides()[0];
+  o.col_stride = t.strides()[1];
+  return o;
+}
+
+// out = a @ b with cuBLASLt's epilogue `e` (its bias and aux set by the
+// caller); false when it cannot be fused (nothing was written).
+bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
+                 const cuda::GemmEpilogueArgs& e) {
+  if (!out.device().is_cuda() || out.numel() == 0 || a.dim(1) == 0) return false;
+  if (!cpu::GemmFriendly(a.dim(0), a.dim(1), a.strides()[0], a.strides()[1]) ||
+      !cpu::GemmFriendly(b.dim(0), b.dim(1), b.strides()[0], b.strides()[1])) {
     return false;
   }
-  const Tensor wt = w.Transpose(0, 1);  // (K, M)
-  if (!cpu::GemmFriendly(x.dim(0), x.dim(1), x.strides()[0], x.strides()[1]) ||
-      !cpu::GemmFriendly(wt.dim(0), wt.dim(1), wt.strides()[0], wt.strides()[1])) {
-    return false;
-  }
-  auto operand = [](const Tensor& t) {
-    cuda::GemmOperand o;
-    o.data = t.raw_data();
-    o.row_stride = t.strides()[0];
-    o.col_stride = t.strides()[1];
-    return o;
-  };
   cuda::GemmArgs g;
   g.device = out.device().index;
-  g.in_dtype = x.dtype();
+  g.in_dtype = a.dtype();
   g.out_dtype = out.dtype();
-  g.m = x.dim(0);
-  g.n = w.dim(0);
-  g.k = x.dim(1);
-  g.a = operand(x);
-  g.b = operand(wt);
-  g.c = operand(out);
+  g.m = a.dim(0);
+  g.n = b.dim(1);
+  g.k = a.dim(1);
+  g.a = Operand(a);
+  g.b = Operand(b);
+  g.c = Operand(out);
+  return cuda::GemmWithEpilogue(g, e);
+}
+
+// out = x @ w^T + bias, and for kGeluAuxBias aux = that sum and out = its GELU.
+bool FusedLinearOnCuda(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                       cuda::GemmEpilogue kind, const Tensor& aux) {
+  if (!bias.is_contiguous()) return false;
   cuda::GemmEpilogueArgs e;
   e.kind = kind;
   e.bias = bias.raw_data();
@@ -61,7 +66,7 @@ bool FusedOnCuda(const Tensor& x, const Tensor& w, const Tensor& bias, const Ten
     e.aux = aux.raw_data();
     e.aux_ld = aux.strides()[0];
   }
-  return cuda::GemmWithEpilogue(g, e);
+  return FusedOnCuda(x, w.Transpose(0, 1), out, e);
 }
 
 }  // namespace
@@ -70,7 +75,7 @@ Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias) {
   CheckArgs(x, w, bias);
   if (w.device().is_cuda()) {
     Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
-    if (FusedOnCuda(x, w, bias, out, cuda::GemmEpilogue::kBias, Tensor())) return out;
+    if (FusedLinearOnCuda(x, w, bias, out, cuda::GemmEpilogue::kBias, Tensor())) return out;
   }
   MatmulOptions opts;
   opts.trans_b = true;
@@ -83,7 +88,7 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
   if (w.device().is_cuda()) {
     r.out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
     r.pre = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
-    if (FusedOnCuda(x, w, bias, r.out, cuda::GemmEpilogue::kGeluAuxBias, r.pre)) return r;
+    if (FusedLinearOnCuda(x, w, bias, r.out, cuda::GemmEpilogue::kGeluAuxBias, r.pre)) return r;
     r = LinearGeluResult();  // not fused: give the buffers back first
   }
   MatmulOptions opts;
@@ -91,6 +96,31 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
   r.pre = AddBias(Matmul(x, w, opts), bias);
   r.out = Gelu(r.pre);
   return r;
+}
+
+Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre) {
+  constexpr char kGradOp[] = "linear_gelu_input_grad";
+  OP_CHECK(grad_y.defined() && w.defined() && pre.defined(), kGradOp, "got an undefined tensor");
+  OP_CHECK(grad_y.rank() == 2 && w.rank() == 2 && pre.rank() == 2 && grad_y.dim(1) == w.dim(0) &&
+               pre.dim(0) == grad_y.dim(0) && pre.dim(1) == w.dim(1),
+           kGradOp, "expected grad_y (N, M), w (M, K) and pre (N, K); got grad_y ",
+           grad_y.shape().ToString(), ", w ", w.shape().ToString(), " and pre ",
+           pre.shape().ToString());
+  OP_CHECK(grad_y.dtype() == w.dtype() && pre.dtype() == w.dtype(), kGradOp,
+           "dtypes differ: grad_y ", DtypeName(grad_y.dtype()), ", w ", DtypeName(w.dtype()),
+           ", pre ", DtypeName(pre.dtype()), "; convert them with To()");
+  OP_CHECK(grad_y.device() == w.device() && pre.device() == w.device(), kGradOp,
+           "devices differ: grad_y on ", grad_y.device().ToString(), ", w on ",
+           w.device().ToString(), ", pre on ", pre.device().ToString());
+  if (w.device().is_cuda()) {
+    Tensor out = Tensor::Empty({pre.dim(0), pre.dim(1)}, w.dtype(), w.device());  // (N, K)
+    cuda::GemmEpilogueArgs e;
+    e.kind = cuda::GemmEpilogue::kDGelu;
+    e.aux = pre.raw_data();  // read only
+    e.aux_ld = pre.strides()[0];
+    if (pre.strides()[1] == 1 && FusedOnCuda(grad_y, w, out, e)) return out;
+  }
+  return GeluBackward(Matmul(grad_y, w), pre);
 }
 
 }  // namespace tensor

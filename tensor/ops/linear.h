@@ -1,4 +1,4 @@
-// The Linear layer's forward GEMM with its bias (and GELU) fused in: on a
+// The Linear layer's GEMMs with their bias and GELU fused in: on a
 // CUDA device cuBLASLt adds them in the GEMM's epilogue, so the output is
 // written once instead of written, read back and written again; elsewhere (the
 // CPU, or a case cuBLASLt has no fused kernel for: see
@@ -22,6 +22,13 @@ struct LinearGeluResult {
 };
 // gelu(x @ w^T + bias), keeping the GELU's input for the backward.
 LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tensor& bias);
+
+// For y = gelu(pre) @ w^T (+ bias), the gradient of pre from the gradient
+// of y: gelu'(pre) * (grad_y @ w). grad_y (N, M), w (M, K), pre (N, K), all
+// one dtype -> (N, K). On a GPU the GELU's backward runs in the GEMM's
+// epilogue (cuBLASLt's DGELU), so grad_y @ w is never written out; elsewhere
+// Matmul then GeluBackward (which rounds the product to the dtype first).
+Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre);
 
 }  // namespace tensor
 

@@ -1,7 +1,7 @@
-// tensor::LinearForward / LinearGeluForward on the CPU (Matmul followed by
-// AddBias / Gelu): the values of the unfused ops, f32 and bf16, and errors
-// that name what was wrong. The GPU's fused epilogues are checked against
-// these in tensor/cuda/linear_test.cc.
+// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad on the CPU
+// (Matmul followed by AddBias / Gelu / GeluBackward): the values of the unfused ops, f32 and bf16,
+// and errors that name what was wrong. The GPU's fused epilogues are checked against these in
+// tensor/cuda/linear_test.cc.
 #include "tensor/ops/linear.h"
 
 #include <stdexcept>
@@ -39,6 +39,18 @@ TEST(LinearOpsTest, EqualTheUnfusedOps) {
   }
 }
 
+TEST(LinearOpsTest, GeluInputGradEqualsTheUnfusedOps) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    const Tensor g = RandomTensor({7, 12}, 4, -1, 1, dtype);   // (N, M)
+    const Tensor w = RandomTensor({12, 5}, 5, -1, 1, dtype);   // (M, K)
+    const Tensor pre = RandomTensor({7, 5}, 6, -3, 3, dtype);  // (N, K)
+    const Tensor got = LinearGeluInputGrad(g, w, pre);
+    EXPECT_EQ(got.shape(), Shape({7, 5}));
+    EXPECT_EQ(got.dtype(), dtype);
+    EXPECT_TRUE(AllClose(got, GeluBackward(Matmul(g, w), pre), 0, 0));
+  }
+}
+
 TEST(LinearOpsTest, BadArgumentsAreNamed) {
   const Tensor x = RandomTensor({4, 5}, 1);
   const Tensor w = RandomTensor({6, 5}, 2);
@@ -60,6 +72,14 @@ TEST(LinearOpsTest, BadArgumentsAreNamed) {
   EXPECT_NE(message([&] { LinearForward(x, w, b.To(Dtype::kBF16)); }).find("dtypes differ"),
             std::string::npos);
   EXPECT_NE(message([&] { LinearForward(x, w, Tensor()); }).find("undefined"), std::string::npos);
+  // LinearGeluInputGrad: grad_y (4, 6), w (6, 5), pre (4, 5); pre (4, 6) is wrong.
+  const Tensor g = RandomTensor({4, 6}, 4);
+  const std::string shapes = message([&] { LinearGeluInputGrad(g, w, RandomTensor({4, 6}, 5)); });
+  EXPECT_NE(shapes.find("expected grad_y (N, M), w (M, K) and pre (N, K)"), std::string::npos)
+      << shapes;
+  EXPECT_NE(shapes.find("and pre (4,6)"), std::string::npos) << shapes;
+  EXPECT_NE(message([&] { LinearGeluInputGrad(g, w, x.To(Dtype::kBF16)); }).find("dtypes differ"),
+            std::string::npos);
 }
 
 }  // namespace

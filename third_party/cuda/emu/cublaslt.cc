@@ -6,10 +6,11 @@
 // as transposed column-major matrices, leading dimensions, batch strides), so
 // descriptors are validated the way the library validates them and anything
 // else the project does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED.
-// Epilogues: BIAS and GELU_AUX_BIAS (the tanh GELU, its input stored in the
+// Epilogues: BIAS, GELU_AUX_BIAS (the tanh GELU, its input stored in the
+// aux matrix) and DGELU (the product times the tanh GELU's derivative at the
 // aux matrix), unbatched, with the library's rules on their attributes (a
-// bias pointer; an aux pointer and an aux leading dimension that is a
-// multiple of 8 and at least D's rows).
+// bias pointer for the bias ones; an aux pointer and an aux leading dimension
+// that is a multiple of 8 and at least D's rows for the GELU ones).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -121,7 +122,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       uint32_t e;
       std::memcpy(&e, buf, sizeof(e));
       if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
-          e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+          e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU) {
         return CUBLAS_STATUS_NOT_SUPPORTED;
       }
       d.epilogue = e;
@@ -220,8 +221,11 @@ static cublasStatus_t CheckShapes(const Desc& d, const Layout& a, const Layout& 
   if (c.type != dd.type || a.type != b.type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     if (dd.batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
-    if (d.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-    if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+    const bool aux = d.epilogue != CUBLASLT_EPILOGUE_BIAS;
+    if (d.epilogue != CUBLASLT_EPILOGUE_DGELU && d.bias == nullptr) {
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (aux &&
         (d.aux == nullptr || d.aux_ld % 8 != 0 || d.aux_ld < static_cast<int64_t>(dd.rows))) {
       std::fprintf(stderr, "cuda_emu cublasLt: GELU aux %p with ld %lld for D of %llu rows\n",
                    d.aux, (long long)d.aux_ld, (unsigned long long)dd.rows);
@@ -231,10 +235,17 @@ static cublasStatus_t CheckShapes(const Desc& d, const Layout& a, const Layout& 
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// The tanh GELU in fp32.
+// The tanh GELU and its derivative in fp32.
 static float Gelu(float x) {
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + std::tanh(u));
+}
+
+static float GeluGrad(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  const float t = std::tanh(u);
+  const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -288,7 +299,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         }
         float out = al * acc;
         if (be != 0.0f) out += be * Load(C, c.type, oc + i + j * c.ld);
-        if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) out += Load(d.bias, dl.type, i);
+        if (d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+          out += Load(d.bias, dl.type, i);
+        }
+        if (d.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+          out *= GeluGrad(Load(d.aux, dl.type, i + j * d.aux_ld));
+        }
         if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
           Store(d.aux, dl.type, i + j * d.aux_ld, out);
           out = Gelu(out);
