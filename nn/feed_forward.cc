@@ -96,12 +96,9 @@ Tensor FeedForward::FusedFcBackward(const Tensor& grad_h0, const Saved& s) {
   if (fc.hooks() != nullptr) fc.hooks()->PreBackward(fc);
   const Tensor& w = fc.weight()->value;
   const Tensor gh = grad_h0.To(w.dtype());  // (N, hidden)
-  tensor::AddBiasBackwardInto(gh, fc.bias()->GradBuffer());
-  // dW (hidden, dim) += gh^T @ x in fp32; dx (N, dim) = gh @ W.
-  tensor::MatmulOptions dw_opts;
-  dw_opts.trans_a = true;
-  tensor::MatmulInto(gh, s.x, fc.weight()->GradBuffer(), dw_opts, /*beta=*/1.0f);
-  Tensor dx = tensor::Matmul(gh, w);
+  // dW (hidden, dim) += gh^T @ x and db += gh's column sums, in fp32.
+  tensor::LinearParamGradsInto(gh, s.x, fc.weight()->GradBuffer(), fc.bias()->GradBuffer());
+  Tensor dx = tensor::Matmul(gh, w);  // (N, dim)
   if (fc.hooks() != nullptr) fc.hooks()->PostBackward(fc);
   return dx;
 }

@@ -49,11 +49,9 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
 Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
   const Tensor& w = weight_->value;
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
-  // dW (out, in) += g^T @ x, accumulated in fp32.
-  MatmulOptions dw_opts;
-  dw_opts.trans_a = true;
-  tensor::MatmulInto(g, s.x, weight_->GradBuffer(), dw_opts, /*beta=*/1.0f);
-  if (bias_ != nullptr) tensor::AddBiasBackwardInto(g, bias_->GradBuffer());
+  // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32.
+  tensor::LinearParamGradsInto(g, s.x, weight_->GradBuffer(),
+                               bias_ != nullptr ? bias_->GradBuffer() : Tensor());
   return g;
 }
 

@@ -1,5 +1,6 @@
-// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad on the GPU:
-// the bias, GELU and GELU backward in cuBLASLt's epilogue, against the CPU's
+// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad /
+// LinearParamGradsInto on the GPU: the bias, GELU, GELU backward and bias
+// gradient in cuBLASLt's epilogue, against the CPU's
 // unfused ops, in f32, bf16 and f16.
 // Also the cases that are not fused (an aux leading dimension that is not a
 // multiple of 8, a misaligned bias, fusing switched off), which must give the
@@ -142,6 +143,43 @@ TEST(CudaLinearTest, GeluInputGradMatchesTheCpu) {
       cuda::SetMatmulFuseEpilogues(true);
       EXPECT_EQ(cuda::GetMatmulCacheStats().epilogues_fused, after.epilogues_fused);
       EXPECT_TRUE(MatchesCpu(unfused.To(Dtype::kF32), want, tol));
+    }
+  }
+}
+
+// LinearParamGradsInto: the bias gradient out of the weight-gradient GEMM
+// (BGRADB), accumulated into f32 buffers, against the f32 CPU sums; the weight
+// gradient a view inside a larger buffer (as an FSDP flat gradient holds it);
+// and the unfused path with fusing off.
+TEST(CudaLinearTest, ParamGradsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype dtype : FloatDtypes()) {
+    SCOPED_TRACE(DtypeName(dtype));
+    const int64_t n = 45, m = 24, k = 40;
+    const Tensor g = RandomTensor({n, m}, 80, -1, 1, dtype);
+    const Tensor x = RandomTensor({n, k}, 81, -1, 1, dtype);
+    const Tensor w0 = RandomTensor({m, k}, 82);  // what the buffers held before
+    const Tensor b0 = RandomTensor({m}, 83);
+    MatmulOptions ta;
+    ta.trans_a = true;
+    const Tensor want_w = Add(w0, Matmul(g.To(Dtype::kF32), x.To(Dtype::kF32), ta));
+    const Tensor want_b = Add(b0, AddBiasBackward(g.To(Dtype::kF32)));
+    const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+    for (bool fuse : {true, false}) {
+      SCOPED_TRACE(fuse ? "fused" : "fusing off");
+      // grad_w: 8 elements into a flat buffer.
+      const Tensor flat = ToGpu(Tensor::Zeros({8 + m * k + 8}, Dtype::kF32));
+      Tensor grad_w = flat.Narrow(0, 8, m * k).View({m, k});
+      grad_w.CopyFrom(ToGpu(w0));
+      const Tensor grad_b = ToGpu(b0);
+      cuda::SetMatmulFuseEpilogues(fuse);
+      const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+      LinearParamGradsInto(ToGpu(g), ToGpu(x), grad_w, grad_b);
+      const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+      cuda::SetMatmulFuseEpilogues(true);
+      EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (fuse ? 1 : 0));
+      EXPECT_TRUE(MatchesCpu(grad_w, want_w, tol));
+      EXPECT_TRUE(MatchesCpu(grad_b, want_b, tol));
     }
   }
 }

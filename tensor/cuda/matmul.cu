@@ -188,6 +188,8 @@ cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::kDGelu:
       return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::kBiasGradA:
+      return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our a
     default:
       return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -201,6 +203,8 @@ const char* EpilogueName(GemmEpilogue kind) {
       return "gelu_aux_bias";
     case GemmEpilogue::kDGelu:
       return "dgelu";
+    case GemmEpilogue::kBiasGradA:
+      return "bias_grad_a";
     default:
       return "none";
   }
@@ -217,9 +221,10 @@ bool EpilogueHasAux(GemmEpilogue kind) {
 }
 
 void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& epi) {
-  if (EpilogueHasBias(epi.kind)) {
-    CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias,
-                                           sizeof(epi.bias)),
+  if (EpilogueHasBias(epi.kind) || epi.kind == GemmEpilogue::kBiasGradA) {
+    const void* bias = epi.kind == GemmEpilogue::kBiasGradA ? epi.bias_grad : epi.bias;
+    CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof(bias)),
             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
   }
   if (EpilogueHasAux(epi.kind)) {
@@ -502,17 +507,21 @@ LtPlan CheckAndPlan(const GemmArgs& args, LtCall* call) {
 bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   const bool has_bias = EpilogueHasBias(epilogue.kind);
   const bool has_aux = EpilogueHasAux(epilogue.kind);
-  OP_CHECK(epilogue.kind != GemmEpilogue::kNone && (!has_bias || epilogue.bias != nullptr), kOp,
-           "a fused epilogue needs its kind, and its bias for ", EpilogueName(epilogue.kind));
-  OP_CHECK(args.batch.empty() && args.beta == 0.0f, kOp,
-           "fused epilogues take one unbatched GEMM with beta 0 (got ", args.batch.size(),
+  const bool has_bias_grad = epilogue.kind == GemmEpilogue::kBiasGradA;
+  OP_CHECK(epilogue.kind != GemmEpilogue::kNone && (!has_bias || epilogue.bias != nullptr) &&
+               (!has_bias_grad || epilogue.bias_grad != nullptr),
+           kOp, "a fused epilogue needs its kind, and its vector for ", EpilogueName(epilogue.kind));
+  OP_CHECK(args.batch.empty() && (args.beta == 0.0f || has_bias_grad), kOp,
+           "the ", EpilogueName(epilogue.kind),
+           " epilogue takes one unbatched GEMM with beta 0 (got ", args.batch.size(),
            " batch dims, beta ", args.beta, ")");
   OP_CHECK(!has_aux || (epilogue.aux != nullptr && epilogue.aux_ld >= args.n), kOp, "the ",
            EpilogueName(epilogue.kind), " epilogue needs aux (", args.m, "x", args.n,
            ") with aux_ld >= ", args.n, "; got aux_ld ", epilogue.aux_ld);
   // cuBLASLt's rule for aux_ld; 16-byte vectors, as its fused kernels assume.
+  const void* vector = has_bias ? epilogue.bias : has_bias_grad ? epilogue.bias_grad : nullptr;
   if (!MatmulFuseEpilogues() || (has_aux && epilogue.aux_ld % 8 != 0) ||
-      (has_bias && AlignmentBytes(epilogue.bias, {}) < 16) ||
+      (vector != nullptr && AlignmentBytes(vector, {}) < 16) ||
       (has_aux && AlignmentBytes(epilogue.aux, {}) < 16)) {
     epilogues_unfused.fetch_add(1, std::memory_order_relaxed);
     return false;
@@ -525,7 +534,7 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   call.align_a = AlignmentBytes(args.b.data, {});
   call.align_b = AlignmentBytes(args.a.data, {});
   call.align_c = AlignmentBytes(args.c.data, {});
-  call.align_bias = has_bias ? AlignmentBytes(epilogue.bias, {}) : 256;
+  call.align_bias = vector != nullptr ? AlignmentBytes(vector, {}) : 256;
   call.align_aux = has_aux ? AlignmentBytes(epilogue.aux, {}) : 256;
   const bool fused = RunLt(ctx, args, plan, call, args.a.data, args.b.data, args.c.data);
   (fused ? epilogues_fused : epilogues_unfused).fetch_add(1, std::memory_order_relaxed);

@@ -90,20 +90,25 @@ void Gemm(const GemmArgs& args);
 //   kGeluAuxBias: aux = a @ b + bias, c = gelu(aux) (the tanh form)
 //   kDGelu:       c = gelu'(aux) * (a @ b): the GELU's backward, aux (read)
 //                 holding the GELU's input
-// bias (n) is contiguous; aux is (m, n), row major with rows aux_ld apart.
-// Both have c's dtype (out_dtype).
-enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu };
+//   kBiasGradA:   c = a @ b (+ beta c), and bias_grad (m) = a's sums over k:
+//                 a Linear layer's weight and bias gradients in one pass over
+//                 its output gradient (a = g^T) (cuBLASLt's BGRADB, its B
+//                 being our a); bias_grad is written, not accumulated
+// bias (n) and bias_grad (m) are contiguous; aux is (m, n), row major with
+// rows aux_ld apart. All have c's dtype (out_dtype).
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu, kBiasGradA };
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::kNone;
   const void* bias = nullptr;  // kBias and kGeluAuxBias
   void* aux = nullptr;         // kGeluAuxBias (written) and kDGelu (read)
   int64_t aux_ld = 0;          // elements
+  void* bias_grad = nullptr;   // kBiasGradA (written)
 };
 
 // Gemm with the epilogue, for an unbatched GEMM (args.batch empty) with beta
-// 0. Returns false, having queued nothing, when it cannot be fused: fusing is
+// 0 (any beta for kBiasGradA). Returns false, having queued nothing, when it cannot be fused: fusing is
 // switched off (SetMatmulFuseEpilogues), aux_ld is not a multiple of 8
-// (cuBLASLt's rule), bias or aux is not 16-byte aligned (e.g. a view into a
+// (cuBLASLt's rule), bias, aux or bias_grad is not 16-byte aligned (e.g. a view into a
 // flat FSDP buffer), or cuBLASLt has no algorithm for the case (the answer
 // is cached with the descriptors). The caller then runs Gemm and adds the
 // bias (and GELU) itself. Descriptors of fused GEMMs are cached per thread:

@@ -28,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/ops/init.h"
 #include "tensor/ops/linear.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/tensor.h"
@@ -197,9 +198,12 @@ double MaxDiffHead(const Tensor& x, const Tensor& y) {
 // The Linear layers of a gpt2 block at batch 16 x 1024 tokens in bf16, with
 // the bias (and GELU) in cuBLASLt's epilogue against the GEMM followed by our
 // bias / bias-GELU kernel (tensor::LinearForward / LinearGeluForward with
-// fusing switched off): the passes over the output the epilogue saves.
+// fusing switched off): the passes over the output the epilogue saves. Then
+// two backward GEMMs: the GELU's backward in c_proj's dx GEMM (against GEMM +
+// GeluBackward), and c_fc's bias gradient out of its dW GEMM (against GEMM +
+// our column sums).
 void FusedEpilogues(int device) {
-  enum class Fusion { kBias, kBiasGelu, kDGelu };
+  enum class Fusion { kBias, kBiasGelu, kDGelu, kBiasGrad };
   struct Layer {
     const char* name;
     int64_t in, out;  // the Linear layer's features
@@ -209,8 +213,10 @@ void FusedEpilogues(int device) {
                           {"attn proj +bias", 768, 768, Fusion::kBias},
                           {"mlp fc    +bias+gelu", 768, 3072, Fusion::kBiasGelu},
                           {"mlp proj  +bias", 3072, 768, Fusion::kBias},
-                          // The backward: c_proj's input gradient through the GELU.
-                          {"mlp proj  dx*gelu'", 3072, 768, Fusion::kDGelu}};
+                          // The backward: c_proj's input gradient through the GELU,
+                          // and c_fc's weight and bias gradients (f32, accumulated).
+                          {"mlp proj  dx*gelu'", 3072, 768, Fusion::kDGelu},
+                          {"mlp fc    dW+db", 768, 3072, Fusion::kBiasGrad}};
   const int64_t tokens = 16 * 1024;
   std::printf("\nfused epilogues, bf16, %lld tokens (the gpt2 block's Linear layers)\n",
               static_cast<long long>(tokens));
@@ -222,6 +228,8 @@ void FusedEpilogues(int device) {
     const Tensor w = DeviceRandom({l.out, l.in}, Dtype::kBF16, seed++, device);
     const Tensor b = DeviceRandom({l.out}, Dtype::kBF16, seed++, device);
     const Tensor g = DeviceRandom({tokens, l.out}, Dtype::kBF16, seed++, device);
+    const Tensor grad_w = Tensor::Zeros({l.out, l.in}, Dtype::kF32, Device::Cuda(device));
+    const Tensor grad_b = Tensor::Zeros({l.out}, Dtype::kF32, Device::Cuda(device));
     auto run = [&] {
       switch (l.fusion) {
         case Fusion::kBias:
@@ -230,18 +238,27 @@ void FusedEpilogues(int device) {
           return LinearGeluForward(x, w, b).out;
         case Fusion::kDGelu:
           return LinearGeluInputGrad(g, w, x);  // x stands for the GELU's input
+        case Fusion::kBiasGrad:
+          LinearParamGradsInto(g, x, grad_w, grad_b);
+          return grad_b;  // (sums keep growing; the diff compares first calls)
       }
       return Tensor();
     };
-    // GEMM shape (M x K @ K x N): forward K = in, N = out; backward K = out, N = in.
-    const bool backward = l.fusion == Fusion::kDGelu;
-    const int64_t k = backward ? l.out : l.in, n = backward ? l.in : l.out;
+    // The GEMM's K and N: forward (tokens x in @ in x out), dx (tokens x out @
+    // out x in), dW (out x tokens @ tokens x in).
+    const int64_t k = l.fusion == Fusion::kDGelu      ? l.out
+                      : l.fusion == Fusion::kBiasGrad ? tokens
+                                                      : l.in;
+    const bool forward = l.fusion == Fusion::kBias || l.fusion == Fusion::kBiasGelu;
+    const int64_t n = forward ? l.out : l.in;
     const int64_t fused_before = cuda::GetMatmulCacheStats().epilogues_fused;
-    const Tensor fused_out = run();
+    const Tensor fused_out = run().Clone();
     const bool fused = cuda::GetMatmulCacheStats().epilogues_fused > fused_before;
     const double t_fused = TimeCall([&] { run(); });
     cuda::SetMatmulFuseEpilogues(false);
-    const Tensor unfused_out = run();
+    Zero(grad_w);
+    Zero(grad_b);
+    const Tensor unfused_out = run().Clone();
     const double t_unfused = TimeCall([&] { run(); });
     cuda::SetMatmulFuseEpilogues(true);
     Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");

@@ -33,10 +33,10 @@ cuda::GemmOperand Operand(const Tensor& t) {
   return o;
 }
 
-// out = a @ b with cuBLASLt's epilogue `e` (its bias and aux set by the
-// caller); false when it cannot be fused (nothing was written).
+// out = a @ b (+ beta out) with cuBLASLt's epilogue `e` (its vectors set by
+// the caller); false when it cannot be fused (nothing was written).
 bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
-                 const cuda::GemmEpilogueArgs& e) {
+                 const cuda::GemmEpilogueArgs& e, float beta = 0.0f) {
   if (!out.device().is_cuda() || out.numel() == 0 || a.dim(1) == 0) return false;
   if (!cpu::GemmFriendly(a.dim(0), a.dim(1), a.strides()[0], a.strides()[1]) ||
       !cpu::GemmFriendly(b.dim(0), b.dim(1), b.strides()[0], b.strides()[1])) {
@@ -52,6 +52,7 @@ bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
   g.a = Operand(a);
   g.b = Operand(b);
   g.c = Operand(out);
+  g.beta = beta;
   return cuda::GemmWithEpilogue(g, e);
 }
 
@@ -121,6 +122,38 @@ Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& 
     if (pre.strides()[1] == 1 && FusedOnCuda(grad_y, w, out, e)) return out;
   }
   return GeluBackward(Matmul(grad_y, w), pre);
+}
+
+void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w,
+                          const Tensor& grad_b) {
+  constexpr char kGradOp[] = "linear_param_grads";
+  OP_CHECK(g.defined() && x.defined() && grad_w.defined(), kGradOp, "got an undefined tensor");
+  OP_CHECK(g.rank() == 2 && x.rank() == 2 && grad_w.rank() == 2 && g.dim(0) == x.dim(0) &&
+               grad_w.dim(0) == g.dim(1) && grad_w.dim(1) == x.dim(1) &&
+               (!grad_b.defined() || (grad_b.rank() == 1 && grad_b.dim(0) == g.dim(1))),
+           kGradOp, "expected g (N, M), x (N, K), grad_w (M, K) and grad_b (M); got g ",
+           g.shape().ToString(), ", x ", x.shape().ToString(), ", grad_w ",
+           grad_w.shape().ToString(), " and grad_b ",
+           grad_b.defined() ? grad_b.shape().ToString() : "undefined");
+  const Tensor gt = g.Transpose(0, 1);  // (M, N)
+  if (grad_b.defined() && grad_w.device().is_cuda() && grad_w.dtype() == Dtype::kF32 &&
+      grad_b.dtype() == Dtype::kF32 && grad_b.is_contiguous() && g.dtype() == x.dtype() &&
+      g.device() == grad_w.device() && x.device() == grad_w.device() &&
+      grad_b.device() == grad_w.device() &&
+      cpu::GemmFriendly(grad_w.dim(0), grad_w.dim(1), grad_w.strides()[0], grad_w.strides()[1])) {
+    const Tensor db = Tensor::Empty({g.dim(1)}, Dtype::kF32, grad_w.device());  // (M)
+    cuda::GemmEpilogueArgs e;
+    e.kind = cuda::GemmEpilogue::kBiasGradA;
+    e.bias_grad = db.raw_data();
+    if (FusedOnCuda(gt, x, grad_w, e, /*beta=*/1.0f)) {
+      AddInPlace(grad_b, db);
+      return;
+    }
+  }
+  MatmulOptions opts;
+  opts.trans_a = true;
+  MatmulInto(g, x, grad_w, opts, /*beta=*/1.0f);
+  if (grad_b.defined()) AddBiasBackwardInto(g, grad_b);
 }
 
 }  // namespace tensor

@@ -30,6 +30,15 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
 // Matmul then GeluBackward (which rounds the product to the dtype first).
 Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre);
 
+// A Linear layer's parameter gradients from its output gradient g (N, M) and
+// input x (N, K): grad_w (M, K) += g^T @ x and, when grad_b is defined,
+// grad_b (M) += g's column sums, both accumulated in fp32 (f32 buffers, or
+// g's dtype). On a GPU, with f32 buffers, the bias gradient comes out of the
+// weight-gradient GEMM's epilogue (cuBLASLt's BGRADB into a temporary, then
+// added), so g is read once; elsewhere MatmulInto then AddBiasBackwardInto.
+void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w,
+                          const Tensor& grad_b);
+
 }  // namespace tensor
 
 #endif  // TENSOR_OPS_LINEAR_H_

@@ -1,5 +1,6 @@
-// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad on the CPU
-// (Matmul followed by AddBias / Gelu / GeluBackward): the values of the unfused ops, f32 and bf16,
+// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad /
+// LinearParamGradsInto on the CPU (Matmul followed by AddBias / Gelu /
+// GeluBackward / AddBiasBackwardInto): the values of the unfused ops, f32 and bf16,
 // and errors that name what was wrong. The GPU's fused epilogues are checked against these in
 // tensor/cuda/linear_test.cc.
 #include "tensor/ops/linear.h"
@@ -51,6 +52,28 @@ TEST(LinearOpsTest, GeluInputGradEqualsTheUnfusedOps) {
   }
 }
 
+TEST(LinearOpsTest, ParamGradsAccumulateAsTheUnfusedOps) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    const Tensor g = RandomTensor({9, 6}, 7, -1, 1, dtype);  // (N, M)
+    const Tensor x = RandomTensor({9, 4}, 8, -1, 1, dtype);  // (N, K)
+    Tensor grad_w = RandomTensor({6, 4}, 9);                 // (M, K), f32: accumulated into
+    Tensor grad_b = RandomTensor({6}, 10);
+    MatmulOptions ta;
+    ta.trans_a = true;
+    // In fp32 from the dtype's values (a bf16 product is not rounded to bf16).
+    const Tensor g32 = g.To(Dtype::kF32), x32 = x.To(Dtype::kF32);
+    const Tensor want_w = Add(grad_w, Matmul(g32, x32, ta));
+    const Tensor want_b = Add(grad_b, AddBiasBackward(g32));
+    LinearParamGradsInto(g, x, grad_w, grad_b);
+    EXPECT_TRUE(AllClose(grad_w, want_w, 1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(grad_b, want_b, 1e-6, 1e-6));
+    // Without a bias only the weight's gradient moves.
+    const Tensor before = grad_w.Clone();
+    LinearParamGradsInto(g, x, grad_w, Tensor());
+    EXPECT_TRUE(AllClose(grad_w, Add(before, Matmul(g32, x32, ta)), 1e-6, 1e-6));
+  }
+}
+
 TEST(LinearOpsTest, BadArgumentsAreNamed) {
   const Tensor x = RandomTensor({4, 5}, 1);
   const Tensor w = RandomTensor({6, 5}, 2);
@@ -80,6 +103,13 @@ TEST(LinearOpsTest, BadArgumentsAreNamed) {
   EXPECT_NE(shapes.find("and pre (4,6)"), std::string::npos) << shapes;
   EXPECT_NE(message([&] { LinearGeluInputGrad(g, w, x.To(Dtype::kBF16)); }).find("dtypes differ"),
             std::string::npos);
+  // LinearParamGradsInto: grad_b (5) does not match g (4, 6).
+  const std::string grads = message([&] {
+    LinearParamGradsInto(g, RandomTensor({4, 5}, 6), RandomTensor({6, 5}, 7), RandomTensor({5}, 8));
+  });
+  EXPECT_NE(grads.find("expected g (N, M), x (N, K), grad_w (M, K) and grad_b (M)"),
+            std::string::npos)
+      << grads;
 }
 
 }  // namespace

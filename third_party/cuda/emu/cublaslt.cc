@@ -7,8 +7,9 @@
 // descriptors are validated the way the library validates them and anything
 // else the project does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED.
 // Epilogues: BIAS, GELU_AUX_BIAS (the tanh GELU, its input stored in the
-// aux matrix) and DGELU (the product times the tanh GELU's derivative at the
-// aux matrix), unbatched, with the library's rules on their attributes (a
+// aux matrix), DGELU (the product times the tanh GELU's derivative at the
+// aux matrix) and BGRADB (op(B)'s sums over k written to the bias pointer, in
+// D's type), unbatched, with the library's rules on their attributes (a
 // bias pointer for the bias ones; an aux pointer and an aux leading dimension
 // that is a multiple of 8 and at least D's rows for the GELU ones).
 #include <cublasLt.h>
@@ -29,7 +30,7 @@ struct Desc {
   int32_t trans_a = CUBLAS_OP_N;
   int32_t trans_b = CUBLAS_OP_N;
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;
+  void* bias = nullptr;  // read; written by BGRADB
   void* aux = nullptr;
   int64_t aux_ld = 0;
 };
@@ -122,7 +123,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       uint32_t e;
       std::memcpy(&e, buf, sizeof(e));
       if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
-          e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU) {
+          e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU &&
+          e != CUBLASLT_EPILOGUE_BGRADB) {
         return CUBLAS_STATUS_NOT_SUPPORTED;
       }
       d.epilogue = e;
@@ -221,7 +223,8 @@ static cublasStatus_t CheckShapes(const Desc& d, const Layout& a, const Layout& 
   if (c.type != dd.type || a.type != b.type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     if (dd.batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
-    const bool aux = d.epilogue != CUBLASLT_EPILOGUE_BIAS;
+    const bool aux =
+        d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || d.epilogue == CUBLASLT_EPILOGUE_DGELU;
     if (d.epilogue != CUBLASLT_EPILOGUE_DGELU && d.bias == nullptr) {
       return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -310,6 +313,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
           out = Gelu(out);
         }
         Store(Dp, dl.type, od + i + j * dl.ld, out);
+      }
+      if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+        float sum = 0.0f;
+        for (int64_t p = 0; p < k; ++p) sum += Load(B, b.type, ob + (tb ? j + p * b.ld : p + j * b.ld));
+        Store(d.bias, dl.type, j, sum);
       }
     }
   }
