@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "tensor/memory_ledger.h"
 #include "tensor/ops/check.h"
 #include "tensor/ops/embedding.h"
 
@@ -88,28 +89,22 @@ Tensor RelativePositionBias::Run(int64_t t_q, int64_t t_k, Context& ctx, int64_t
   return Run(Tensors{RelativePositions(t_q, t_k, query_offset)}, ctx).at(0);
 }
 
-Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
-  OP_CHECK(inputs.size() == 1 && inputs[0].defined(), kOp,
-           "expects one input, the relative positions (T_q, T_k); got ", inputs.size(), " inputs");
-  const Tensor& rel = inputs[0];
-  OP_CHECK(
-      rel.rank() == 2 && (rel.dtype() == tensor::Dtype::kI64 || rel.dtype() == tensor::Dtype::kI32),
-      kOp, "relative positions must be (T_q, T_k) i32 or i64; got ",
-      tensor::Describe("relative_positions", rel));
-  const Tensor& w = weight_->value;  // (n_buckets, n_heads)
-  OP_CHECK(w.defined(), kOp, "weight is not materialized");
-  const int64_t t_q = rel.dim(0);
-  const int64_t t_k = rel.dim(1);
-
-  // Bucket ids (T_q, T_k), through a table over the range of relative
-  // positions present (T_q + T_k - 1 values for the usual j - i grid).
-  // Bucketed on the host (a (T_q, T_k) integer table), then moved to the
-  // table's device for the lookup.
-  const Tensor rel64 = rel.To(tensor::Device::Cpu()).To(tensor::Dtype::kI64).Contiguous();
-  Tensor buckets = Tensor::Empty({t_q, t_k}, tensor::Dtype::kI64);
-  const int64_t* r = rel64.data<int64_t>();
-  int64_t* b = buckets.data<int64_t>();
+Tensor RelativePositionBias::BucketsOn(const Tensor& positions, tensor::Device device) {
+  const Tensor rel64 = positions.To(tensor::Device::Cpu()).To(tensor::Dtype::kI64).Contiguous();
   const int64_t n = rel64.numel();
+  const int64_t* r = rel64.data<int64_t>();
+  if (device.is_cuda()) {
+    const Tensor& key = device_buckets_.positions;
+    if (key.defined() && key.shape() == rel64.shape() &&
+        device_buckets_.buckets.device() == device && std::equal(r, r + n, key.data<int64_t>())) {
+      return device_buckets_.buckets;
+    }
+  }
+  // Bucket ids (T_q, T_k), through a table over the range of relative
+  // positions present (T_q + T_k - 1 values for the usual j - i grid), on the
+  // host.
+  Tensor buckets = Tensor::Empty(rel64.shape(), tensor::Dtype::kI64);
+  int64_t* b = buckets.data<int64_t>();
   if (n > 0) {
     const auto [lo, hi] = std::minmax_element(r, r + n);
     const int64_t min_rel = *lo;
@@ -132,8 +127,25 @@ Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
       }
     }
   }
+  if (!device.is_cuda()) return buckets.To(device);
+  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+  device_buckets_ = DeviceBuckets();  // the old table goes first
+  device_buckets_.buckets = buckets.To(device);
+  device_buckets_.positions = rel64.Clone();  // the caller may reuse its tensor
+  return device_buckets_.buckets;
+}
 
-  buckets = buckets.To(w.device());
+Tensors RelativePositionBias::Forward(const Tensors& inputs, Context& ctx) {
+  OP_CHECK(inputs.size() == 1 && inputs[0].defined(), kOp,
+           "expects one input, the relative positions (T_q, T_k); got ", inputs.size(), " inputs");
+  const Tensor& rel = inputs[0];
+  OP_CHECK(
+      rel.rank() == 2 && (rel.dtype() == tensor::Dtype::kI64 || rel.dtype() == tensor::Dtype::kI32),
+      kOp, "relative positions must be (T_q, T_k) i32 or i64; got ",
+      tensor::Describe("relative_positions", rel));
+  const Tensor& w = weight_->value;  // (n_buckets, n_heads)
+  OP_CHECK(w.defined(), kOp, "weight is not materialized");
+  const Tensor buckets = BucketsOn(rel, w.device());  // (T_q, T_k) i64
   // (T_q, T_k, nh) rows of the table -> (1, nh, T_q, T_k).
   const Tensor rows = tensor::Embedding(w, buckets, /*ids_checked=*/true);  // ids of Bucket()
   Tensor bias = rows.Transpose(0, 2).Transpose(1, 2).Contiguous().Unsqueeze(0);

@@ -66,6 +66,19 @@ class RelativePositionBias : public Module {
   struct Saved {
     Tensor buckets;  // (T_q, T_k) i64
   };
+  // The bucket ids of positions (T_q, T_k) on `device` (a host i64 tensor in).
+  Tensor BucketsOn(const Tensor& positions, tensor::Device device);
+  // On a GPU: the last bucket table moved there and the host positions it was
+  // made from. Every step of a fixed length asks for the same grid, and
+  // reusing the table spares a copy to the device (a host wait) per forward.
+  // Charged as the module's state (kParameters); one per module, so ranks as
+  // threads (each with its own model) never share it.
+  struct DeviceBuckets {
+    Tensor positions;  // (T_q, T_k) i64, host: the key
+    Tensor buckets;    // (T_q, T_k) i64 on the device
+  };
+  DeviceBuckets device_buckets_;
+
   const int64_t n_heads_;
   const int64_t n_buckets_;
   const int64_t max_distance_;
