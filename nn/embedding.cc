@@ -9,7 +9,10 @@ namespace nn {
 using tensor::Dtype;
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, EmbeddingOptions options)
-    : Module("Embedding"), num_embeddings_(num_embeddings), dim_(dim) {
+    : Module("Embedding"),
+      num_embeddings_(num_embeddings),
+      dim_(dim),
+      owner_checks_ids_(options.owner_checks_ids) {
   OP_CHECK(num_embeddings > 0 && dim > 0, "embedding", "num_embeddings and dim must be > 0; got (",
            num_embeddings, ",", dim, ")");
   weight_ = RegisterParameter("weight", {num_embeddings_, dim_}, options.weight_init,
@@ -23,8 +26,9 @@ Tensors Embedding::Forward(const Tensors& inputs, Context& ctx) {
   OP_CHECK(ids.defined() && (ids.dtype() == Dtype::kI32 || ids.dtype() == Dtype::kI64), "embedding",
            "ids must be i32 or i64; got ", ids.defined() ? ids.shape().ToString() : "undefined",
            " ", ids.defined() ? tensor::DtypeName(ids.dtype()) : "");
-  // Out-of-range ids throw "[embedding] ..." from the op, naming id and position.
-  Tensor y = tensor::Embedding(w, ids);  // (..., dim)
+  // Out-of-range ids throw "[embedding] ..." from the op, naming id and
+  // position (on a GPU, unless the owner checked them).
+  Tensor y = tensor::Embedding(w, ids, /*ids_checked=*/owner_checks_ids_);  // (..., dim)
   ctx.Save(Saved{ids});
   return {y};
 }

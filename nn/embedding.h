@@ -15,6 +15,10 @@ namespace nn {
 
 struct EmbeddingOptions {
   InitSpec weight_init = InitSpec::Normal(0.0f, 0.02f);  // minGPT's init
+  // The owner makes the ids itself and guarantees [0, num_embeddings) (e.g.
+  // positions 0..T-1 after checking T against the table): a GPU skips the id
+  // check and the host wait for its result (the CPU checks anyway).
+  bool owner_checks_ids = false;
 };
 
 class Embedding : public Module {
@@ -37,6 +41,7 @@ class Embedding : public Module {
   };
   const int64_t num_embeddings_;
   const int64_t dim_;
+  const bool owner_checks_ids_;
   Parameter* weight_;  // (num_embeddings, dim)
 };
 

@@ -121,6 +121,12 @@ TEST(EmbeddingTest, BadIdsAreClearErrors) {
   }
   Embedding unmaterialized(4, 2);
   EXPECT_THROW(unmaterialized.Run(Ids64({1}, {1}), ctx), tensor::OpError);
+  // An owner that checks its ids spares a GPU the check; the CPU checks anyway.
+  EmbeddingOptions owned;
+  owned.owner_checks_ids = true;
+  Embedding positions(4, 2, owned);
+  positions.Materialize(1);
+  EXPECT_THROW(positions.Run(Ids64({1, 4}, {2}), ctx), tensor::OpError);
 }
 
 }  // namespace

@@ -42,7 +42,10 @@ Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {
 
 Transformer::Transformer(const GptConfig& c) : Module("Transformer"), config_(c) {
   wte_ = RegisterModule("wte", std::make_unique<nn::Embedding>(c.vocab_size, c.n_embd));
-  wpe_ = RegisterModule("wpe", std::make_unique<nn::Embedding>(c.block_size, c.n_embd));
+  nn::EmbeddingOptions positions;
+  positions.owner_checks_ids = true;  // 0..T-1, T checked against block_size in Forward
+  wpe_ = RegisterModule("wpe",
+                        std::make_unique<nn::Embedding>(c.block_size, c.n_embd, positions));
   drop_ = RegisterModule("drop", std::make_unique<nn::Dropout>(c.dropout));
   h_ = RegisterModule("h", std::make_unique<nn::ModuleList>());
   for (int64_t l = 0; l < c.n_layer; ++l) h_->Append(std::make_unique<Block>(c));
