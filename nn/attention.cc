@@ -81,13 +81,15 @@ Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx)
   const int64_t c = n_embd_;
   const Tensor g_out = tensor::DropoutBackward(g, s.resid);     // (B, T, C)
   const Tensor dy = c_proj_->RunBackward(g_out, ctx.Child(1));  // (B, T, C), compute dtype
-  const AttentionGrads ag = AttentionBackward(SplitHeads(dy, n_head_), s.attn);
-  // dqkv (B, T, 3C): the heads' gradients written back into the fused layout.
+  // dqkv (B, T, 3C): the heads' gradients written straight into the fused
+  // layout (by the fused kernels; the unfused path copies).
   const Tensor dqkv =
-      Tensor::Empty({s.x_shape[0], s.x_shape[1], 3 * c}, ag.dq.dtype(), ag.dq.device());
-  SplitHeads(dqkv.Narrow(2, 0, c), n_head_).CopyFrom(ag.dq);
-  SplitHeads(dqkv.Narrow(2, c, c), n_head_).CopyFrom(ag.dk);
-  SplitHeads(dqkv.Narrow(2, 2 * c, c), n_head_).CopyFrom(ag.dv);
+      Tensor::Empty({s.x_shape[0], s.x_shape[1], 3 * c}, s.attn.q.dtype(), s.attn.q.device());
+  AttentionGrads into;
+  into.dq = SplitHeads(dqkv.Narrow(2, 0, c), n_head_);      // (B, nh, T, hs)
+  into.dk = SplitHeads(dqkv.Narrow(2, c, c), n_head_);      // (B, nh, T, hs)
+  into.dv = SplitHeads(dqkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
+  AttentionBackward(SplitHeads(dy, n_head_), s.attn, &into);
   return {c_attn_->RunBackward(dqkv, ctx.Child(0))};
 }
 

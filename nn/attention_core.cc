@@ -139,8 +139,9 @@ Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                     AttentionState* state) {
   const tensor::Device dev = q.device();
   const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
-  Tensor y = Tensor::Empty({b, nh, t_q, v.dim(3)}, q.dtype(), dev);  // (B, nh, T_q, hs)
-  Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);        // (B, nh, T_q)
+  // (B, nh, T_q, hs) laid out (B, T_q, nh, hs): MergeHeads(y) is a view.
+  Tensor y = Tensor::Empty({b, t_q, nh, v.dim(3)}, q.dtype(), dev).Transpose(1, 2);
+  Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);  // (B, nh, T_q)
   // The state tensor::Dropout of the (B, nh, T_q, T_k) probabilities would
   // draw: the same mask.
   const tensor::DropoutState drop =
@@ -170,7 +171,15 @@ Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   return y;
 }
 
-AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s) {
+// A (B, nh, T, hs) gradient laid out (B, T, nh, hs), as y is.
+Tensor HeadsLaidOutByTime(const Tensor& like) {
+  return Tensor::Empty({like.dim(0), like.dim(2), like.dim(1), like.dim(3)}, like.dtype(),
+                       like.device())
+      .Transpose(1, 2);
+}
+
+AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s,
+                             const AttentionGrads* into) {
   OP_CHECK(grad_y.defined() && grad_y.shape() == s.out.shape(), "attention", "grad_y ",
            grad_y.defined() ? grad_y.shape().ToString() : "undefined",
            " does not match the output ", s.out.shape().ToString());
@@ -180,9 +189,9 @@ AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s) {
   Tensor gy = grad_y.To(s.q.dtype());
   if (gy.strides()[3] != 1) gy = gy.Contiguous();
   AttentionGrads grads;
-  grads.dq = Tensor::Empty(s.q.shape(), s.q.dtype(), s.q.device());
-  grads.dk = Tensor::Empty(s.k.shape(), s.q.dtype(), s.q.device());
-  grads.dv = Tensor::Empty(s.v.shape(), s.q.dtype(), s.q.device());
+  grads.dq = into != nullptr ? into->dq : HeadsLaidOutByTime(s.q);
+  grads.dk = into != nullptr ? into->dk : HeadsLaidOutByTime(s.k);
+  grads.dv = into != nullptr ? into->dv : HeadsLaidOutByTime(s.v);
   tensor::cuda::FlashScoreTerms terms;
   terms.bias = s.flash_bias;
   terms.key_mask = s.flash_key_mask;
@@ -265,8 +274,9 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   return y;
 }
 
-AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s) {
-  if (s.flash) return FlashBackward(grad_y, s);
+AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s,
+                                 const AttentionGrads* into) {
+  if (s.flash) return FlashBackward(grad_y, s, into);
   const Dtype dt = s.q.dtype();
   const Tensor gy = grad_y.To(dt);  // (B, nh, T_q, hs_v)
   AttentionGrads grads;
@@ -297,6 +307,16 @@ AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s) 
   // dq (B, nh, T_q, hs) = ds @ k; dk (B, nh, T_k, hs) = ds^T @ q.
   grads.dq = tensor::Matmul(ds, s.k);
   grads.dk = tensor::Matmul(ds, s.q, ta);
+  if (into != nullptr) {
+    // dst: a handle on the caller's view; the result becomes that view.
+    auto write = [](Tensor dst, Tensor* result) {
+      dst.CopyFrom(*result);
+      *result = dst;
+    };
+    write(into->dq, &grads.dq);
+    write(into->dk, &grads.dk);
+    write(into->dv, &grads.dv);
+  }
   return grads;
 }
 

@@ -68,20 +68,23 @@ struct AttentionState {
   // probabilities from q, k and the per-row logsumexp.
   bool flash = false;
   bool causal = false;
-  Tensor out;  // (B, nh, T_q, hs), the forward's y (shared, not a copy)
-  Tensor lse;  // (B, nh, T_q) f32: logsumexp of the scaled scores; -inf for rows with no key
-  Tensor flash_bias;      // (B or 1, nh, T_q, T_k) on the device, contiguous; or undefined
+  Tensor out;         // (B, nh, T_q, hs), the forward's y (shared, not a copy)
+  Tensor lse;         // (B, nh, T_q) f32: logsumexp of the scaled scores; -inf for rows with no key
+  Tensor flash_bias;  // (B or 1, nh, T_q, T_k) on the device, contiguous; or undefined
   Tensor flash_key_mask;  // (B, T_k) u8 on the device, contiguous; or undefined
 };
 
+// dq, dk, dv in the compute dtype: on the fused CUDA path laid out (B, T, nh,
+// hs) (MergeHeads of them is a view), contiguous otherwise.
 struct AttentionGrads {
-  Tensor dq;     // (B, nh, T_q, hs), contiguous, compute dtype
+  Tensor dq;     // (B, nh, T_q, hs)
   Tensor dk;     // (B, nh, T_k, hs)
   Tensor dv;     // (B, nh, T_k, hs_v)
   Tensor dbias;  // the bias's shape and dtype; undefined without a bias
 };
 
-// y (B, nh, T_q, hs_v), contiguous, compute dtype, where
+// y (B, nh, T_q, hs_v), compute dtype: on the fused CUDA path laid out
+// (B, T_q, nh, hs_v), so MergeHeads(y) is a view; contiguous otherwise; where
 //   p = softmax(scale * q k^T + bias) with masked keys at -inf,
 //   y = dropout(p) @ v.
 // q (B, nh, T_q, hs), k (B, nh, T_k, hs), v (B, nh, T_k, hs_v): any strides
@@ -96,13 +99,19 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         tensor::Generator& gen, AttentionState* state);
 
 // Gradients from grad_y (B, nh, T_q, hs_v) (any strides, any floating dtype:
-// converted to the compute dtype) and the forward's state.
-AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& state);
+// converted to the compute dtype) and the forward's state. `into`: optional
+// dq, dk, dv (shaped like q, k, v, compute dtype, unit stride in hs, not
+// overlapping) to write instead, e.g. views into one fused qkv gradient; the
+// fused CUDA kernels write them in place, the unfused path copies; the
+// returned dq, dk, dv are then those views.
+AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& state,
+                                 const AttentionGrads* into = nullptr);
 
 // (B, T, nh * hs) -> (B, nh, T, hs): a view, no copy (x may itself be a view,
 // e.g. a Narrow of a fused qkv projection).
 Tensor SplitHeads(const Tensor& x, int64_t n_heads);
-// (B, nh, T, hs) -> (B, T, nh * hs), contiguous (one copy).
+// (B, nh, T, hs) -> (B, T, nh * hs): a view when x is laid out (B, T, nh,
+// hs) (the fused attention's outputs), else contiguous (one copy).
 Tensor MergeHeads(const Tensor& x);
 
 }  // namespace nn

@@ -32,7 +32,7 @@ __global__ void DeltaKernel(const Args a, int d, int64_t rows) {
   for (int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; row < rows;
        row += warps) {
     const int64_t bh = row / a.t_q, i = row % a.t_q, b = bh / a.heads, h = bh % a.heads;
-    const T* o = static_cast<const T*>(a.out) + row * d;
+    const T* o = static_cast<const T*>(a.out) + b * a.sy.b + h * a.sy.h + i * a.sy.t;
     const T* dout = static_cast<const T*>(a.grad_out) + b * a.sdo.b + h * a.sdo.h + i * a.sdo.t;
     float s = 0.0f;
     for (int c = lane; c < d; c += 32) s = fmaf(ToF(o[c]), ToF(dout[c]), s);
@@ -53,6 +53,24 @@ void CheckOutput(const Tensor& ref, const Tensor& t, const char* name, const Sha
            "contiguous ", shape.ToString(), " ", DtypeName(dtype), " tensor; got ",
            t.shape().ToString(), " ", DtypeName(t.dtype()),
            t.is_contiguous() ? "" : " (not contiguous)");
+}
+
+// A (B, H, T, D) output the kernels write through its strides: unit stride in
+// D, and for 2-byte dtypes rows that start 4-byte aligned (the tensor-core
+// kernels store element pairs), e.g. heads viewed into a (B, T, H, D) buffer.
+void CheckStridedOutput(const Tensor& ref, const Tensor& t, const char* name, const Shape& shape,
+                        Dtype dtype) {
+  CheckOnDevice(ref, t, name);
+  OP_CHECK(t.shape() == shape && t.dtype() == dtype && t.rank() == 4, kOp, name, " must be a ",
+           shape.ToString(), " ", DtypeName(dtype), " tensor; got ", t.shape().ToString(), " ",
+           DtypeName(t.dtype()));
+  const bool pairs_aligned = DtypeSize(dtype) >= 4 ||
+                             (reinterpret_cast<uintptr_t>(t.raw_data()) % 4 == 0 &&
+                              t.strides()[0] % 2 == 0 && t.strides()[1] % 2 == 0 &&
+                              t.strides()[2] % 2 == 0);
+  OP_CHECK(t.strides()[3] == 1 && pairs_aligned, kOp, name,
+           " must have unit stride in D and (2-byte dtypes) 4-byte aligned rows; got strides ",
+           t.strides()[0], ", ", t.strides()[1], ", ", t.strides()[2], ", ", t.strides()[3]);
 }
 
 bool Aligned16(const Tensor& t) {
@@ -186,7 +204,7 @@ void CheckInputsAndOutputs(const Tensor& q, const Tensor& k, const Tensor& v, co
   CheckOnDevice(q, k, "k");
   CheckOnDevice(q, v, "v");
   const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), d = q.dim(3);
-  CheckOutput(q, out, "out", Shape({b, h, t_q, d}), q.dtype());
+  CheckStridedOutput(q, out, "out", Shape({b, h, t_q, d}), q.dtype());
   CheckOutput(q, lse, "lse", Shape({b, h, t_q}), Dtype::kF32);
 }
 
@@ -240,6 +258,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
   Tensor keep;  // (B, T_k) u8, alive until the launch is queued (the allocator orders reuse)
   const bool with_terms = SetTerms(terms, q, k, &a, &keep);
   a.y = out.raw_data();
+  a.sy = StridesOf(out);
   a.lse = lse.data<float>();
   const flash::Kernels kernels = KernelsFor(kernel, q.dtype(), d, a, with_terms);
   const FlashAttentionTiles tiles =
@@ -260,9 +279,9 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
            kOp, "grad_out must be ", out.shape().ToString(), " ", DtypeName(q.dtype()),
            " with unit stride in D; got ", grad_out.shape().ToString(), " ",
            DtypeName(grad_out.dtype()));
-  CheckOutput(q, dq, "dq", q.shape(), q.dtype());
-  CheckOutput(q, dk, "dk", k.shape(), q.dtype());
-  CheckOutput(q, dv, "dv", v.shape(), q.dtype());
+  CheckStridedOutput(q, dq, "dq", q.shape(), q.dtype());
+  CheckStridedOutput(q, dk, "dk", k.shape(), q.dtype());
+  CheckStridedOutput(q, dv, "dv", v.shape(), q.dtype());
   if (dscores.defined()) CheckOutput(q, dscores, "dscores", Shape({b, h, t_q, t_k}), Dtype::kF32);
   kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
@@ -280,6 +299,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     with_terms = true;
   }
   a.out = out.raw_data();
+  a.sy = StridesOf(out);
   a.grad_out = grad_out.raw_data();
   a.sdo = StridesOf(grad_out);
   a.vec = a.vec && Aligned16(grad_out);
@@ -288,6 +308,9 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   a.dq = dq.raw_data();
   a.dk = dk.raw_data();
   a.dv = dv.raw_data();
+  a.sdq = StridesOf(dq);
+  a.sdk = StridesOf(dk);
+  a.sdv = StridesOf(dv);
   const unsigned bh = static_cast<unsigned>(b * h);
   const int64_t rows = b * h * t_q;
   if (rows > 0) {

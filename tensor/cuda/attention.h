@@ -85,8 +85,10 @@ enum class FlashAttentionKernel {
   kFloat,       // any floating dtype
 };
 
-// out (B, H, T_q, D) and lse (B, H, T_q) f32, both contiguous, allocated by the
-// caller on q's device. q (B, H, T_q, D), k (B, H, T_k, D), v (B, H, T_k, D):
+// out (B, H, T_q, D) and lse (B, H, T_q) f32, allocated by the caller on q's
+// device: lse contiguous, out with any strides that have a unit stride in D
+// and (bf16 / f16) 4-byte aligned rows, e.g. (B, T_q, H, D) memory viewed as
+// (B, H, T_q, D), which merges the heads with no copy. q (B, H, T_q, D), k (B, H, T_k, D), v (B, H, T_k, D):
 // one dtype (f32, bf16, f16), D in {32, 64, 128}, any strides with a unit
 // stride in D (e.g. heads viewed out of a fused qkv projection). Asynchronous
 // on ComputeStream(). Throws OpError("[flash_attention] ...") on anything else.
@@ -95,9 +97,10 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
                            FlashAttentionKernel kernel = FlashAttentionKernel::kAuto,
                            const FlashDropout& dropout = {}, const FlashScoreTerms& terms = {});
 
-// dq, dk, dv (contiguous, shaped and typed like q, k, v) from the forward's
-// inputs, out and lse, and grad_out (like out; any strides with unit stride in
-// D). Allocates the (B, H, T_q) f32 delta workspace on q's device.
+// dq, dk, dv (shaped and typed like q, k, v; strided as out may be, e.g.
+// heads viewed into one fused (B, T, 3, H, D) gradient; not overlapping) from
+// the forward's inputs, out and lse, and grad_out (like out; any strides with
+// unit stride in D). Allocates the (B, H, T_q) f32 delta workspace on q's device.
 // `dropout` and `terms`: the forward's. dscores: undefined, or a contiguous
 // (B, H, T_q, T_k) f32 tensor that receives dS = d loss / d scores (0 where
 // masked).

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(256) ForwardFloatKernel(const Args a) {
   }
   if (row >= a.t_q) return;
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  T* y = static_cast<T*>(a.y) + (static_cast<int64_t>(bh) * a.t_q + row) * kD;
+  T* y = static_cast<T*>(a.y) + b * a.sy.b + h * a.sy.h + row * a.sy.t;
 #pragma unroll
   for (int c = 0; c < kPer; ++c) y[lane + 32 * c] = FromF<T>(o[c] * inv);
   if (lane == 0) {
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(256) BackwardDqFloatKernel(const Args a) {
     }
   }
   if (row >= a.t_q) return;
-  T* out = static_cast<T*>(a.dq) + ri * kD;
+  T* out = static_cast<T*>(a.dq) + b * a.sdq.b + h * a.sdq.h + row * a.sdq.t;
 #pragma unroll
   for (int c = 0; c < kPer; ++c) out[lane + 32 * c] = FromF<T>(dq[c] * a.scale);
 }
@@ -207,9 +207,8 @@ __global__ void __launch_bounds__(256) BackwardDkDvFloatKernel(const Args a) {
     }
   }
   if (key >= a.t_k) return;
-  const int64_t off = (static_cast<int64_t>(bh) * a.t_k + key) * kD;
-  T* dkp = static_cast<T*>(a.dk) + off;
-  T* dvp = static_cast<T*>(a.dv) + off;
+  T* dkp = static_cast<T*>(a.dk) + b * a.sdk.b + h * a.sdk.h + key * a.sdk.t;
+  T* dvp = static_cast<T*>(a.dv) + b * a.sdv.b + h * a.sdv.h + key * a.sdv.t;
 #pragma unroll
   for (int c = 0; c < kPer; ++c) {
     dkp[lane + 32 * c] = FromF<T>(dk[c] * a.scale);

@@ -39,7 +39,7 @@ struct Args {
   const void* q;
   const void* k;
   const void* v;
-  const void* out;       // backward: the forward's output (contiguous)
+  const void* out;       // backward: the forward's output (strides sy)
   const void* grad_out;  // backward
   void* y;               // forward: out; backward: unused
   void* dq;
@@ -48,6 +48,8 @@ struct Args {
   float* lse;    // (B, H, T_q)
   float* delta;  // backward workspace (B, H, T_q)
   Strides sq, sk, sv, sdo;
+  Strides sy;             // forward: y; backward: out (read)
+  Strides sdq, sdk, sdv;  // backward outputs
   int heads;
   int t_q, t_k;
   int causal_offset;  // T_k - T_q: query i sees keys j <= i + causal_offset

@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     WarpGemmPB<T, kBc, kD>(o, s, vs, kLd, g, t);
   }
 
-  T* y = static_cast<T*>(a.y) + static_cast<int64_t>(bh) * a.t_q * kD;
+  T* y = static_cast<T*>(a.y) + b * a.sy.b + h * a.sy.h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float lt = l[r];
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     lt += __shfl_xor_sync(kFullMask, lt, 2);
     if (row[r] >= a.t_q) continue;
     const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-    T* yr = y + static_cast<int64_t>(row[r]) * kD + 2 * t;
+    T* yr = y + row[r] * a.sy.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       *reinterpret_cast<uint32_t*>(yr + j * 8) = PackF<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
@@ -327,17 +327,18 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
     WarpGemmPB<T, kBr, kD>(dk, ds, qs, kLd, g, t);  // dK += dS^T Q (times scale below)
   }
 
-  T* dkp = static_cast<T*>(a.dk) + static_cast<int64_t>(bh) * a.t_k * kD;
-  T* dvp = static_cast<T*>(a.dv) + static_cast<int64_t>(bh) * a.t_k * kD;
+  T* dkp = static_cast<T*>(a.dk) + b * a.sdk.b + h * a.sdk.h;
+  T* dvp = static_cast<T*>(a.dv) + b * a.sdv.b + h * a.sdv.h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= a.t_k) continue;
-    const int64_t off = static_cast<int64_t>(key[r]) * kD + 2 * t;
+    T* dkr = dkp + key[r] * a.sdk.t + 2 * t;
+    T* dvr = dvp + key[r] * a.sdv.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dkp + off + j * 8) =
+      *reinterpret_cast<uint32_t*>(dkr + j * 8) =
           PackF<T>(dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dvp + off + j * 8) = PackF<T>(dv[j][2 * r], dv[j][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dvr + j * 8) = PackF<T>(dv[j][2 * r], dv[j][2 * r + 1]);
     }
   }
 }
@@ -406,11 +407,11 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, g, t);  // dQ += dS K (times scale below)
   }
 
-  T* dqp = static_cast<T*>(a.dq) + static_cast<int64_t>(bh) * a.t_q * kD;
+  T* dqp = static_cast<T*>(a.dq) + b * a.sdq.b + h * a.sdq.h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= a.t_q) continue;
-    T* dr = dqp + static_cast<int64_t>(row[r]) * kD + 2 * t;
+    T* dr = dqp + row[r] * a.sdq.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       *reinterpret_cast<uint32_t*>(dr + j * 8) =

@@ -307,6 +307,55 @@ TEST(CudaFlashAttentionTest, BackwardIsBitwiseReproducible) {
   }
 }
 
+// Outputs written through their strides, as the layers use them: out as a
+// (B, H, T, D) view of (B, T, H, D) memory (the heads merged with no copy),
+// dq / dk / dv as views into one (B, T, 3, H, D) gradient (the fused qkv
+// projection's). Bit for bit the contiguous results, for both kernel families
+// (the float one in f32 and bf16), causal or not, T not a tile multiple.
+TEST(CudaFlashAttentionTest, StridedOutputsEqualContiguousOnes) {
+  SKIP_WITHOUT_GPU();
+  struct Run {
+    Dtype dt;
+    FlashAttentionKernel kernel;
+  };
+  for (const Run& r : {Run{Dtype::kBF16, FlashAttentionKernel::kTensorCore},
+                       Run{Dtype::kBF16, FlashAttentionKernel::kFloat},
+                       Run{Dtype::kF32, FlashAttentionKernel::kFloat}}) {
+    for (bool causal : {true, false}) {
+      const Case c{2, 3, 70, 70, 32, causal};
+      SCOPED_TRACE(Name(c, r.dt, r.kernel));
+      const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 11, r.dt, false);
+      const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 12, r.dt, false);
+      const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 13, r.dt, false);
+      const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 14, r.dt, false);
+      const Device dev = q.device();
+      const float scale = 0.2f;
+      Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, r.dt, dev);
+      Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+      cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse, r.kernel);
+      Tensor dq = Tensor::Empty(q.shape(), r.dt, dev);
+      Tensor dk = Tensor::Empty(k.shape(), r.dt, dev);
+      Tensor dv = Tensor::Empty(v.shape(), r.dt, dev);
+      cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv, r.kernel);
+
+      // (B, T, H, D) memory seen as (B, H, T, D).
+      const Tensor out_s = ToGpu(Tensor::Full({c.b, c.t_q, c.h, c.d}, 7.0, r.dt)).Transpose(1, 2);
+      Tensor lse_s = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+      cuda::FlashAttentionForward(q, k, v, scale, c.causal, out_s, lse_s, r.kernel);
+      // (B, T, 3, H, D): dq, dk, dv are its three (B, H, T, D) slices.
+      const Tensor fused = ToGpu(Tensor::Full({c.b, c.t_q, 3, c.h, c.d}, 7.0, r.dt));
+      auto slice = [&](int64_t i) { return fused.Select(2, i).Transpose(1, 2); };
+      cuda::FlashAttentionBackward(q, k, v, out_s, lse_s, dout, scale, c.causal, slice(0), slice(1),
+                                   slice(2), r.kernel);
+      EXPECT_EQ(out_s.ToVector<float>(), out.ToVector<float>()) << "out";
+      EXPECT_EQ(lse_s.ToVector<float>(), lse.ToVector<float>()) << "lse";
+      EXPECT_EQ(slice(0).ToVector<float>(), dq.ToVector<float>()) << "dq";
+      EXPECT_EQ(slice(1).ToVector<float>(), dk.ToVector<float>()) << "dk";
+      EXPECT_EQ(slice(2).ToVector<float>(), dv.ToVector<float>()) << "dv";
+    }
+  }
+}
+
 TEST(CudaFlashAttentionTest, UnfusedSoftmaxMatchesReference) {
   SKIP_WITHOUT_GPU();
   // probs of the unfused baseline against the reference through out = probs @ v
