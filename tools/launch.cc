@@ -298,14 +298,8 @@ int main(int argc, char** argv) {
           }
           killed = true;
         }
-        for (auto& w : workers) {
-          int status = 0;
-          if (!w.done && waitpid(w.pid, &status, WNOHANG) == w.pid) {
-            w.done = true;
-            w.status = status;
-            --running;
-          }
-        }
+        std::vector<int> stopped;  // how the workers we stop end is expected: not reported
+        ReapExited(workers, running, stopped);
         if (running > 0) usleep(20000);
       }
     }
