@@ -6,8 +6,6 @@
 
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
-#include "tensor/ops/linear.h"
-#include "tensor/ops/matmul.h"
 
 namespace nn {
 namespace {
@@ -71,38 +69,6 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden_dim, FeedForwardOptions opt
   }
 }
 
-bool FeedForward::Fused() const {
-  return activation_ == FfnActivation::kGelu && in_[0]->bias() != nullptr;
-}
-
-// gelu(x W^T + b) for x (N, dim) with c_fc's parameters, as c_fc.Run + Gelu
-// would compute it but with the bias and GELU fused into the GEMM (on a GPU,
-// cuBLASLt's epilogue: tensor::LinearGeluForward). Keeps x W^T + b in s.h0.
-Tensor FeedForward::FusedFcGelu(const Tensor& x2, Saved& s) {
-  Linear& fc = *in_[0];
-  if (fc.hooks() != nullptr) fc.hooks()->PreForward(fc);  // may all-gather the weight
-  const Tensor& w = fc.weight()->value;                   // (hidden, dim)
-  OP_CHECK(w.defined() && fc.bias()->value.defined(), "feed_forward", "c_fc is not materialized");
-  s.x = x2.To(w.dtype());  // (N, dim)
-  tensor::LinearGeluResult r = tensor::LinearGeluForward(s.x, w, fc.bias()->value.To(w.dtype()));
-  s.h0 = r.pre;  // (N, hidden)
-  if (fc.hooks() != nullptr) fc.hooks()->PostForward(fc);
-  return r.out;  // (N, hidden)
-}
-
-// c_fc's backward from the gradient of s.h0 = x W^T + b (N, hidden).
-Tensor FeedForward::FusedFcBackward(const Tensor& grad_h0, const Saved& s) {
-  Linear& fc = *in_[0];
-  if (fc.hooks() != nullptr) fc.hooks()->PreBackward(fc);
-  const Tensor& w = fc.weight()->value;
-  const Tensor gh = grad_h0.To(w.dtype());  // (N, hidden)
-  // dW (hidden, dim) += gh^T @ x and db += gh's column sums, in fp32.
-  tensor::LinearParamGradsInto(gh, s.x, fc.weight()->GradBuffer(), fc.bias()->GradBuffer());
-  Tensor dx = tensor::Matmul(gh, w);  // (N, dim)
-  if (fc.hooks() != nullptr) fc.hooks()->PostBackward(fc);
-  return dx;
-}
-
 Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor& x_in = inputs.at(0);
   OP_CHECK(x_in.defined() && x_in.rank() >= 1 && x_in.dim(-1) == dim_, "feed_forward", "input ",
@@ -113,14 +79,13 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor x2 = x_in.Reshape({-1, dim_});  // (N, dim)
   Tensor a;                                    // (N, hidden): the output projection's input
   switch (activation_) {
-    case FfnActivation::kGelu:
-      if (Fused()) {
-        a = FusedFcGelu(x2, s);
-      } else {
-        s.h0 = in_[0]->Run(x2, ctx.Child(kIn0));
-        a = tensor::Gelu(s.h0);
-      }
+    case FfnActivation::kGelu: {
+      // The bias and GELU in c_fc's GEMM epilogue on a GPU; h0 = x W^T + b.
+      const Tensors r = in_[0]->RunGelu(x2, ctx.Child(kIn0));
+      a = r.at(0);
+      s.h0 = r.at(1);
       break;
+    }
     case FfnActivation::kRelu:
       // relu(h) > 0 exactly where h > 0, so the output serves the backward
       // (and h is freed now).
@@ -157,7 +122,7 @@ Tensors FeedForward::Backward(const Tensors& grad_outputs, Context& ctx) {
                                               ctx.Child(kDropout));  // (N, hidden)
       gh = tensor::GeluBackward(ga.To(s.h0.dtype()), s.h0);
     }
-    gx = Fused() ? FusedFcBackward(gh, s) : in_[0]->RunBackward(gh, ctx.Child(kIn0));
+    gx = in_[0]->RunBackward(gh, ctx.Child(kIn0));
     return {gx.To(s.input_dtype).Reshape(s.input_shape)};
   }
   Tensor ga = out_->RunBackward(g, ctx.Child(kOut));  // (N, hidden), a's dtype

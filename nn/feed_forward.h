@@ -8,15 +8,14 @@
 // accumulates fp32 gradients (see nn/linear.h); the input's gradient comes
 // back in the caller's dtype.
 //
-// The GELU form fuses the activation into the GEMMs around it. With a bias on
-// c_fc, the layer runs c_fc's GEMM itself (tensor::LinearGeluForward: on a
-// GPU the bias and GELU run in cuBLASLt's epilogue, which also keeps
-// x W^T + b for the backward) and calls c_fc's hooks around it as c_fc.Run
-// would. Without dropout on the hidden activations, the backward takes c_proj
-// straight to the GELU input's gradient (Linear::RunBackwardThroughGelu: on a
-// GPU the GELU's backward runs in the epilogue of c_proj's input-gradient
-// GEMM). Bias gradients are summed into the fp32 buffers from the
-// activations' dtype (bf16 under a bf16 policy, as PyTorch computes them).
+// The GELU form fuses the activation into the GEMMs around it: c_fc runs
+// through Linear::RunGelu (on a GPU the bias and GELU run in cuBLASLt's
+// epilogue, which also keeps x W^T + b for the backward), and, without dropout
+// on the hidden activations, the backward takes c_proj straight to the GELU
+// input's gradient (Linear::RunBackwardThroughGelu: on a GPU the GELU's
+// backward runs in the epilogue of c_proj's input-gradient GEMM). Bias
+// gradients are summed into the fp32 buffers from the activations' dtype
+// (bf16 under a bf16 policy, as PyTorch computes them).
 #ifndef NN_FEED_FORWARD_H_
 #define NN_FEED_FORWARD_H_
 
@@ -70,16 +69,12 @@ class FeedForward : public Module {
 
  private:
   struct Saved {
-    Tensor x;    // (N, dim) c_fc's compute dtype: fused GELU only
-    Tensor h0;   // (N, hidden) pre-activation: GELU (c_fc / wi_0 output, + bias when fused)
+    Tensor h0;   // (N, hidden) pre-activation: GELU (c_fc / wi_0 output, with c_fc's bias)
     Tensor h1;   // (N, hidden) gated: wi_1 output
     Tensor act;  // (N, hidden) ReLU: relu output; gated: gelu(h0)
     tensor::Dtype input_dtype;
     tensor::Shape input_shape;
   };
-  bool Fused() const;
-  Tensor FusedFcGelu(const Tensor& x2, Saved& s);
-  Tensor FusedFcBackward(const Tensor& grad_h0, const Saved& s);
 
   const int64_t dim_;
   const int64_t hidden_;

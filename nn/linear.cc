@@ -46,6 +46,29 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   return {y.Reshape(out_shape)};
 }
 
+Tensors Linear::RunGelu(const Tensor& x_in, Context& ctx) {
+  return RunFrame([&] {
+    const Tensor& w = weight_->value;
+    OP_CHECK(w.defined(), "linear", "weight is not materialized");
+    OP_CHECK(x_in.rank() >= 1 && x_in.dim(-1) == in_, "linear", "input ", x_in.shape().ToString(),
+             " does not end in in_features ", in_);
+    tensor::Shape out_shape = x_in.shape();
+    out_shape[out_shape.rank() - 1] = out_;
+    Tensor x = x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
+    tensor::LinearGeluResult r;                        // (N, out) each
+    if (bias_ != nullptr) {
+      r = tensor::LinearGeluForward(x, w, bias_->value.To(w.dtype()));
+    } else {
+      MatmulOptions opts;
+      opts.trans_b = true;
+      r.pre = tensor::Matmul(x, w, opts);
+      r.out = tensor::Gelu(r.pre);
+    }
+    ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
+    return Tensors{r.out.Reshape(out_shape), r.pre.Reshape(out_shape)};
+  });
+}
+
 Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
   const Tensor& w = weight_->value;
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)

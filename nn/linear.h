@@ -35,6 +35,12 @@ class Linear : public Module {
   Parameter* weight() { return weight_; }
   Parameter* bias() { return bias_; }  // nullptr without bias
 
+  // Run for a layer followed by a GELU: {gelu(y), y} for y = x W^T (+ b), both
+  // (..., out), with the bias and GELU in the GEMM's epilogue on a GPU
+  // (tensor::LinearGeluForward). Saves x as Run does, so RunBackward takes the
+  // gradient of y (the GELU input).
+  Tensors RunGelu(const Tensor& x, Context& ctx);
+
   // RunBackward for a layer whose input x was gelu(pre): returns the gradient
   // of pre instead of x's, gelu'(pre) * (grad @ W) (..., in) in pre's dtype,
   // with the GELU's backward in the GEMM's epilogue on a GPU

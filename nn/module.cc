@@ -31,9 +31,13 @@ void Context::ThrowMissingSaved() const {
 }
 
 Tensors Module::Run(const Tensors& inputs, Context& ctx) {
+  return RunFrame([&] { return Forward(inputs, ctx); });
+}
+
+Tensors Module::RunFrame(absl::FunctionRef<Tensors()> forward) {
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kActivations);
   if (hooks_) hooks_->PreForward(*this);
-  Tensors out = Forward(inputs, ctx);
+  Tensors out = forward();
   if (hooks_) hooks_->PostForward(*this);
   return out;
 }

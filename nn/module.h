@@ -136,10 +136,11 @@ class Module {
   virtual Tensors Forward(const Tensors& inputs, Context& ctx) = 0;
   virtual Tensors Backward(const Tensors& grad_outputs, Context& ctx) = 0;
 
-  // RunBackward's frame around `backward`, which computes the gradients from
-  // ctx: the memory category and hooks RunBackward runs, and ctx cleared
-  // after. For a module's own extra backward entry points
-  // (Linear::RunBackwardThroughGelu).
+  // Run's frame around `forward` (the memory category and hooks Run runs) and
+  // RunBackward's around `backward` (its memory category and hooks, and ctx
+  // cleared after): for a module's own extra entry points (Linear::RunGelu,
+  // Linear::RunBackwardThroughGelu).
+  Tensors RunFrame(absl::FunctionRef<Tensors()> forward);
   Tensors RunBackwardFrame(Context& ctx, absl::FunctionRef<Tensors()> backward);
 
   // Registration, from constructors. Parameters are created unmaterialized
