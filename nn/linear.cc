@@ -20,15 +20,21 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
   bias_ = options.bias ? RegisterParameter("bias", {out_}, options.bias_init, false) : nullptr;
 }
 
-Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
-  const Tensor& x_in = inputs.at(0);
+Tensor Linear::FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const {
   const Tensor& w = weight_->value;
   OP_CHECK(w.defined(), "linear", "weight is not materialized");
   OP_CHECK(x_in.rank() >= 1 && x_in.dim(-1) == in_, "linear", "input ", x_in.shape().ToString(),
            " does not end in in_features ", in_);
-  tensor::Shape out_shape = x_in.shape();
-  out_shape[out_shape.rank() - 1] = out_;
-  Tensor x = x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
+  *out_shape = x_in.shape();
+  (*out_shape)[out_shape->rank() - 1] = out_;
+  return x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
+}
+
+Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x_in = inputs.at(0);
+  const Tensor& w = weight_->value;
+  tensor::Shape out_shape;
+  const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
   MatmulOptions opts;
   opts.trans_b = true;
   Tensor y;                       // (N, out)
@@ -49,13 +55,9 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
 Tensors Linear::RunGelu(const Tensor& x_in, Context& ctx) {
   return RunFrame([&] {
     const Tensor& w = weight_->value;
-    OP_CHECK(w.defined(), "linear", "weight is not materialized");
-    OP_CHECK(x_in.rank() >= 1 && x_in.dim(-1) == in_, "linear", "input ", x_in.shape().ToString(),
-             " does not end in in_features ", in_);
-    tensor::Shape out_shape = x_in.shape();
-    out_shape[out_shape.rank() - 1] = out_;
-    Tensor x = x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
-    tensor::LinearGeluResult r;                        // (N, out) each
+    tensor::Shape out_shape;
+    const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
+    tensor::LinearGeluResult r;                    // (N, out) each
     if (bias_ != nullptr) {
       r = tensor::LinearGeluForward(x, w, bias_->value.To(w.dtype()));
     } else {

@@ -61,6 +61,10 @@ class Linear : public Module {
     tensor::Shape input_shape;
   };
 
+  // x (..., in) checked against the layer and flattened to (N, in) in the
+  // compute dtype; out_shape gets (..., out).
+  Tensor FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const;
+
   // The weight and bias gradients of the saved x; returns grad (N, out) in
   // the compute dtype.
   Tensor AccumulateParamGrads(const Tensor& grad_y, const Saved& s);
