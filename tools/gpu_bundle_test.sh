@@ -105,6 +105,17 @@ if [[ "$mode" == cpu ]]; then
   expect_in "PASS $test_name (exit 0" "$out" "gpu_session.sh tests"
   expect_in "failed binaries: 0" "$(cat "$work/session/tests.txt")" "tests.txt"
   expect_in "[  PASSED  ]" "$(cat "$work/session/tests.log")" "tests.log"
+  # By name; an unknown name; the deadline (none starts after it: listed as NOT RUN).
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session2" \
+    bash "$session_sh" tests "$test_name" 2>&1) || { echo "$out" >&2; fail "gpu_session.sh tests $test_name"; }
+  expect_in "PASS $test_name (exit 0" "$out" "gpu_session.sh tests by name"
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session2" \
+    bash "$session_sh" tests no_such_test 2>&1) && fail "gpu_session.sh ran an unknown test"
+  expect_in "no_such_test is not in the bundle" "$out" "gpu_session.sh tests with an unknown name"
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session2" \
+    GPU_SESSION_DEADLINE_S=0 bash "$session_sh" tests 2>&1) || { echo "$out" >&2; fail "gpu_session.sh tests past its deadline"; }
+  expect_in "NOT RUN (the phase's deadline passed): $test_name" "$out" "gpu_session.sh deadline"
+  [[ "$out" != *"PASS $test_name"* ]] || fail "a test started after the deadline"
   out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" bash "$session_sh" nope 2>&1) &&
     fail "gpu_session.sh took an unknown phase"
   expect_in "tools/gpu_session.sh tests" "$out" "gpu_session.sh usage"

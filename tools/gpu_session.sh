@@ -4,8 +4,15 @@
 # by tools/gpu_bundle.sh and carried as gpu_bundle.tar.xz. Every phase writes a short summary
 # to stdout and its full logs under $OUT (at most 8 files come back; each phase writes <= 3).
 #
-#   tools/gpu_session.sh tests   every bundled *_test: PASS / FAIL / SKIP per binary, the tail
-#                                of each failure ($OUT/tests.txt, $OUT/tests.log)
+#   tools/gpu_session.sh tests [NAME...]
+#                                every bundled *_test (or the NAMEd ones): PASS / FAIL per
+#                                binary with its ok / skipped / failed counts, the tail of each
+#                                failure ($OUT/tests.txt, $OUT/tests.log). A binary still running
+#                                after GPU_SESSION_TEST_TIMEOUT_S (240) is killed and FAILs
+#                                (exit 124); none starts after GPU_SESSION_DEADLINE_S (540) of
+#                                the phase, so one call ends inside the device tool's 600 s with
+#                                its summary: the ones left are listed as NOT RUN, to pass by name
+#                                to a second call.
 #   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark and :attention_benchmark (tables)
 #                                ($OUT/matmul.txt, $OUT/attention.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
@@ -42,9 +49,25 @@ case "$phase" in
     : > "$out/tests.log"
     : > "$out/tests.txt"
     failed=0
-    for t in $("$run" --list | grep '_test$'); do
+    not_run=()
+    per_test=${GPU_SESSION_TEST_TIMEOUT_S:-240}
+    deadline=$(( $(date +%s) + ${GPU_SESSION_DEADLINE_S:-540} ))
+    shift
+    if (( $# > 0 )); then
+      tests=("$@")
+      for t in "${tests[@]}"; do
+        has "$t" || { echo "gpu_session: $t is not in the bundle" >&2; exit 2; }
+      done
+    else
+      mapfile -t tests < <("$run" --list | grep '_test$')
+    fi
+    for t in "${tests[@]}"; do
+      if (( $(date +%s) >= deadline )); then
+        not_run+=("$t")
+        continue
+      fi
       start=$(date +%s)
-      "$run" "$t" > "$out/$t.tmp" 2>&1
+      timeout -k 10 "$per_test" "$run" "$t" > "$out/$t.tmp" 2>&1
       code=$?
       secs=$(( $(date +%s) - start ))
       passed=$(grep -c '^\[       OK \]' "$out/$t.tmp")
@@ -52,6 +75,7 @@ case "$phase" in
       failures=$(grep -c '^\[  FAILED  \]' "$out/$t.tmp")
       if (( code == 0 )); then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
       line="$verdict $t (exit $code, ${secs}s): $passed ok, $skipped skipped, $failures failed"
+      (( code == 124 || code == 137 )) && line+=" (killed: still running after ${per_test}s)"
       echo "$line" | tee -a "$out/tests.txt"
       { echo "=== $line"; cat "$out/$t.tmp"; } >> "$out/tests.log"
       if (( code != 0 )); then
@@ -59,6 +83,9 @@ case "$phase" in
       fi
       rm -f "$out/$t.tmp"
     done
+    if (( ${#not_run[@]} > 0 )); then
+      echo "NOT RUN (the phase's deadline passed): ${not_run[*]}" | tee -a "$out/tests.txt"
+    fi
     echo "failed binaries: $failed" | tee -a "$out/tests.txt"
     ;;
   bench)
