@@ -195,17 +195,14 @@ AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s,
   tensor::cuda::FlashScoreTerms terms;
   terms.bias = s.flash_bias;
   terms.key_mask = s.flash_key_mask;
-  // With a bias: dS, the scores' gradient (B, nh, T_q, T_k) f32, for this
-  // backward only; summed over a broadcast batch into the bias's shape.
-  Tensor dscores;
-  if (s.has_bias) {
-    dscores =
-        Tensor::Empty({s.q.dim(0), s.q.dim(1), s.q.dim(2), s.k.dim(2)}, Dtype::kF32, s.q.device());
-  }
+  // With a bias: its gradient in the bias's shape (B or 1, nh, T_q, T_k), f32
+  // (the kernels sum dS over a shared batch themselves).
+  Tensor dbias;
+  if (s.has_bias) dbias = Tensor::Empty(s.bias_shape, Dtype::kF32, s.q.device());
   tensor::cuda::FlashAttentionBackward(
       s.q, s.k, s.v, s.out, s.lse, gy, s.scale, s.causal, grads.dq, grads.dk, grads.dv,
-      tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(s.dropout), terms, dscores);
-  if (s.has_bias) grads.dbias = tensor::ReduceToShape(dscores, s.bias_shape).To(s.bias_dtype);
+      tensor::cuda::FlashAttentionKernel::kAuto, ToFlash(s.dropout), terms, dbias);
+  if (s.has_bias) grads.dbias = dbias.To(s.bias_dtype);
   return grads;
 }
 

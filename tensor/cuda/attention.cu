@@ -101,6 +101,7 @@ Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bo
   a.sq = StridesOf(q);
   a.sk = StridesOf(k);
   a.sv = StridesOf(v);
+  a.batch = static_cast<int>(q.dim(0));
   a.heads = static_cast<int>(q.dim(1));
   a.t_q = static_cast<int>(q.dim(2));
   a.t_k = static_cast<int>(k.dim(2));
@@ -115,6 +116,8 @@ Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bo
   a.drop_scale = static_cast<float>(1.0 / (1.0 - dropout.p));
   a.drop_seed = dropout.seed;
   a.drop_offset = dropout.offset;
+  a.dq_pass = 0;
+  a.dq_passes = 1;
   return a;
 }
 
@@ -134,6 +137,17 @@ void Launch(flash::KernelFn kernel, unsigned bh, int64_t blocks_y, const FlashAt
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// out[i] = sum over s of slots[s * n + i], s in order (the groups' sums of a
+// shared bias's gradient).
+__global__ void SumSlotsKernel(const float* slots, int64_t n, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float sum = slots[i];
+    for (int64_t s = 1; s < count; ++s) sum += slots[s * n + i];
+    out[i] = sum;
+  }
+}
 
 __device__ __forceinline__ bool Nonzero(int32_t x) { return x != 0; }
 __device__ __forceinline__ bool Nonzero(int64_t x) { return x != 0; }
@@ -270,7 +284,8 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
                             FlashAttentionKernel kernel, const FlashDropout& dropout,
-                            const FlashScoreTerms& terms, const Tensor& dscores) {
+                            const FlashScoreTerms& terms, const Tensor& dbias,
+                            int64_t bias_grad_groups) {
   CheckInputsAndOutputs(q, k, v, out, lse);
   const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), t_k = k.dim(2), d = q.dim(3);
   CheckOnDevice(q, grad_out, "grad_out");
@@ -282,20 +297,35 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   CheckStridedOutput(q, dq, "dq", q.shape(), q.dtype());
   CheckStridedOutput(q, dk, "dk", k.shape(), q.dtype());
   CheckStridedOutput(q, dv, "dv", v.shape(), q.dtype());
-  if (dscores.defined()) CheckOutput(q, dscores, "dscores", Shape({b, h, t_q, t_k}), Dtype::kF32);
+  const bool shared_bias = dbias.defined() && dbias.rank() == 4 && dbias.dim(0) == 1 && b > 1;
+  if (dbias.defined()) {
+    CheckOutput(q, dbias, "dbias", Shape({shared_bias ? 1 : b, h, t_q, t_k}), Dtype::kF32);
+  }
+  OP_CHECK(bias_grad_groups >= 0, kOp, "bias_grad_groups must be >= 0; got ", bias_grad_groups);
   kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
   Tensor delta = Tensor::Empty({b, h, t_q}, Dtype::kF32, q.device());
   Args a = MakeArgs(q, k, v, scale, causal, dropout);
   Tensor keep;
   bool with_terms = SetTerms(terms, q, k, &a, &keep);
-  if (dscores.defined()) {
-    // The dq kernel writes the pairs it visits; causally skipped tiles stay 0.
-    if (dscores.numel() > 0) {
-      CheckCuda(cudaMemsetAsync(dscores.raw_data(), 0, dscores.nbytes(), ComputeStream()), kOp,
-                "cudaMemsetAsync(dscores)");
+  const int64_t elem = DtypeSize(q.dtype());
+  const FlashAttentionTiles kv =
+      FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDkDv, d, elem);
+  const FlashAttentionTiles qt =
+      FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDq, d, elem);
+  const FlashBiasGradGroups groups =
+      FlashBiasGradGroupsFor(b, h, CeilDiv(t_q, qt.rows), shared_bias, bias_grad_groups);
+  Tensor slots;  // (G, H, T_q, T_k) f32: the groups' sums, when a shared bias has several
+  if (dbias.defined()) {
+    slots = groups.groups > 1 && shared_bias
+                ? Tensor::Empty({groups.groups, h, t_q, t_k}, Dtype::kF32, q.device())
+                : dbias;
+    // The dq kernel adds the pairs it visits; causally skipped tiles stay 0.
+    if (slots.numel() > 0) {
+      CheckCuda(cudaMemsetAsync(slots.raw_data(), 0, slots.nbytes(), ComputeStream()), kOp,
+                "cudaMemsetAsync(dbias)");
     }
-    a.dscores = dscores.data<float>();
+    a.dbias_slots = slots.data<float>();
     with_terms = true;
   }
   a.out = out.raw_data();
@@ -322,13 +352,21 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     });
   }
   const flash::Kernels kernels = KernelsFor(kernel, q.dtype(), d, a, with_terms);
-  const int64_t elem = DtypeSize(q.dtype());
-  const FlashAttentionTiles kv =
-      FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDkDv, d, elem);
-  const FlashAttentionTiles qt =
-      FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDq, d, elem);
   Launch(kernels.dkdv, bh, CeilDiv(t_k, kv.rows), kv, a);
-  Launch(kernels.dq, bh, CeilDiv(t_q, qt.rows), qt, a);
+  // dq (and dS): pass i takes example g * passes + i of each group g.
+  a.dq_passes = static_cast<int>(groups.passes);
+  for (int64_t pass = 0; pass < groups.passes; ++pass) {
+    a.dq_pass = static_cast<int>(pass);
+    Launch(kernels.dq, static_cast<unsigned>(groups.groups * h), CeilDiv(t_q, qt.rows), qt, a);
+  }
+  if (slots.defined() && !slots.SharesStorageWith(dbias)) {
+    const int64_t n = dbias.numel();
+    if (n > 0) {
+      SumSlotsKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(
+          slots.data<float>(), n, groups.groups, dbias.data<float>());
+      CheckLaunch(kOp);
+    }
+  }
 }
 
 }  // namespace cuda

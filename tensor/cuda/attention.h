@@ -33,11 +33,16 @@
 // (B or 1, H, T_q, T_k) read from memory as each score tile is formed, and a
 // (B, T_k) key padding mask. Both are compile-time kernel flags, like
 // dropout, so plain attention keeps its registers. The backward can write
-// dS, the gradient of the scores, into a (B, H, T_q, T_k) f32 tensor (the
-// bias gradient before the sum over a broadcast batch, as PyTorch's
-// memory-efficient attention returns it): deterministic, written by the dq
-// kernel, but O(T^2) for the duration of the backward only. The forward and
-// what it keeps stay O(T).
+// the bias's gradient: dS, the gradient of the scores, summed over the batch
+// when the bias is shared by it (T5's relative positions), by the dq kernel,
+// deterministically (no atomics): the examples are split into G groups
+// (FlashBiasGradGroupsFor), the dq kernel runs once per example of a group,
+// each CTA adding its example's dS tile into its group's (H, T_q, T_k) f32
+// slot, and the G slots are summed in a fixed order. G is the fewest groups
+// that keep enough CTAs per launch, so a shared bias costs G (not B) times
+// (H, T_q, T_k) f32 during the backward, where PyTorch's memory-efficient
+// attention returns the (B, H, T_q, T_k) dS. The forward and what it keeps
+// stay O(T).
 // Dropout on the probabilities (FlashDropout): the mask of tensor/ops/dropout.h
 // over the (B, H, T_q, T_k) probabilities (element i = ((b H + h) T_q + query)
 // T_k + key uses Philox word i % 4 of counter offset + i / 4), regenerated in
@@ -101,15 +106,19 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
 // heads viewed into one fused (B, T, 3, H, D) gradient; not overlapping) from
 // the forward's inputs, out and lse, and grad_out (like out; any strides with
 // unit stride in D). Allocates the (B, H, T_q) f32 delta workspace on q's device.
-// `dropout` and `terms`: the forward's. dscores: undefined, or a contiguous
-// (B, H, T_q, T_k) f32 tensor that receives dS = d loss / d scores (0 where
-// masked).
+// `dropout` and `terms`: the forward's. dbias: undefined, or a contiguous
+// (B or 1, H, T_q, T_k) f32 tensor that receives the bias's gradient, dS =
+// d loss / d scores (0 where masked), summed over the batch when its first
+// dimension is 1 (in FlashBiasGradGroupsFor's order; more than one group
+// allocates their (G, H, T_q, T_k) f32 sums). bias_grad_groups > 0 sets G
+// (at most B; tests use it to split small batches); 0 takes
+// FlashBiasGradGroupsFor's.
 void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
                             FlashAttentionKernel kernel = FlashAttentionKernel::kAuto,
                             const FlashDropout& dropout = {}, const FlashScoreTerms& terms = {},
-                            const Tensor& dscores = Tensor());
+                            const Tensor& dbias = Tensor(), int64_t bias_grad_groups = 0);
 
 // The unfused baseline's softmax (for benchmarks and tests: it needs the whole
 // (B, H, T_q, T_k) scores): probs = softmax(scale * scores, causal) with scores
@@ -172,9 +181,47 @@ constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel
   return {8, 32, 256, (2 * 8 * head_dim + 2 * 32 * ldf) * 4};  // dq: Q, dO rows; K, V tiles
 }
 
-// Bytes the backward allocates besides dq, dk, dv: delta (B, H, T_q) f32.
-constexpr int64_t FlashAttentionBackwardWorkspaceBytes(int64_t batch, int64_t heads, int64_t t_q) {
-  return batch * heads * t_q * 4;
+// How the backward sums the gradient of a bias shared by the batch: `groups`
+// groups of `passes` consecutive examples (the last one may be short); the dq
+// kernel runs `passes` times, launch i taking example g * passes + i of every
+// group g and adding its dS into group g's slot, so each slot sums its
+// examples in order; the slots are then summed in order. The groups are the
+// fewest that give each launch at least kFlashBiasGradMinCtas CTAs (H times
+// the query blocks per group), from the shapes alone, so the sums are the same
+// bits on every device. A bias per example (or none) is one group per example
+// and one pass: the plain dq launch.
+constexpr int64_t kFlashBiasGradMinCtas = 512;
+
+struct FlashBiasGradGroups {
+  int64_t groups;
+  int64_t passes;
+};
+
+// `requested` > 0 asks for that many groups (clamped to [1, batch]).
+constexpr FlashBiasGradGroups FlashBiasGradGroupsFor(int64_t batch, int64_t heads,
+                                                     int64_t query_blocks, bool shared_bias,
+                                                     int64_t requested = 0) {
+  if (batch <= 0 || !shared_bias) return {batch, 1};
+  int64_t groups = batch;
+  if (requested > 0) {
+    groups = requested < batch ? requested : batch;
+  } else {
+    const int64_t per_group = heads * query_blocks > 0 ? heads * query_blocks : 1;
+    const int64_t wanted = (kFlashBiasGradMinCtas + per_group - 1) / per_group;
+    groups = wanted < batch ? wanted : batch;
+  }
+  const int64_t passes = (batch + groups - 1) / groups;
+  return {(batch + passes - 1) / passes, passes};  // no empty group
+}
+
+// Bytes the backward allocates besides dq, dk, dv: delta (B, H, T_q) f32,
+// and with a shared bias's gradient in more than one group, the groups' (G,
+// H, T_q, T_k) f32 sums.
+constexpr int64_t FlashAttentionBackwardWorkspaceBytes(int64_t batch, int64_t heads, int64_t t_q,
+                                                       int64_t bias_grad_groups = 1,
+                                                       int64_t t_k = 0) {
+  return batch * heads * t_q * 4 +
+         (bias_grad_groups > 1 ? bias_grad_groups * heads * t_q * t_k * 4 : 0);
 }
 
 // Throws OpError("[flash_attention] ...") unless q (B, H, T_q, D), k (B, H, T_k,

@@ -109,7 +109,9 @@ __global__ void __launch_bounds__(256) BackwardDqFloatKernel(const Args a) {
   float* vs = ks + kTile * kLd;                // [kTile][kLd]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  int b, h;
+  if (!DqExample(a, &b, &h)) return;
+  const int bh = b * a.heads + h;
   const int row0 = (gridDim.y - 1 - blockIdx.y) * kRows, row = row0 + warp;
   const T* q = static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h;
   const T* k = static_cast<const T*>(a.k) + b * a.sk.b + h * a.sk.h;
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(256) BackwardDqFloatKernel(const Args a) {
                         ? exp2f(s * a.scale_log2 + Bias2<kTerms>(a, b, h, row, k0 + lane) - lse2)
                         : 0.0f;
     const float ds = p * (dp * DropFactor<kDrop>(a, bh, row, k0 + lane) - delta);
-    StoreDScore<kTerms>(a, bh, row, k0 + lane, ds);
+    AddDScore<kTerms>(a, row, k0 + lane, ds);
     for (int jj = 0; jj < kTile; ++jj) {
       const float dsj = __shfl_sync(kFullMask, ds, jj);
 #pragma unroll

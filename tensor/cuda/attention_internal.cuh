@@ -50,7 +50,7 @@ struct Args {
   Strides sq, sk, sv, sdo;
   Strides sy;             // forward: y; backward: out (read)
   Strides sdq, sdk, sdv;  // backward outputs
-  int heads;
+  int batch, heads;
   int t_q, t_k;
   int causal_offset;  // T_k - T_q: query i sees keys j <= i + causal_offset
   bool causal;
@@ -67,8 +67,23 @@ struct Args {
   BiasType bias_type;
   int64_t bias_sb, bias_sh;  // element strides of its batch (0: broadcast) and head
   const uint8_t* key_keep;   // (B, T_k): 0 masks the key; or null
-  float* dscores;            // backward: (B, H, T_q, T_k) f32, zeroed; or null
+  // Backward, the bias's gradient (FlashBiasGradGroups): the dq launch is pass
+  // dq_pass of dq_passes; its CTA (slot * heads + h, query block) takes example
+  // slot * dq_passes + dq_pass and adds dS into slot `slot` of dbias_slots,
+  // (slots, H, T_q, T_k) f32 zeroed before the first pass; or null. Without
+  // it: one pass, slot = example.
+  float* dbias_slots;
+  int dq_pass, dq_passes;
 };
+
+// The example and head of a dq kernel's CTA; false for the CTAs of a short
+// last group that have no example in this pass.
+__device__ __forceinline__ bool DqExample(const Args& a, int* b, int* h) {
+  const int slot = static_cast<int>(blockIdx.x) / a.heads;
+  *h = static_cast<int>(blockIdx.x) % a.heads;
+  *b = slot * a.dq_passes + a.dq_pass;
+  return *b < a.batch;
+}
 
 // A kernel of either family: every kernel takes the argument block.
 using KernelFn = void (*)(Args);
@@ -123,14 +138,16 @@ __device__ __forceinline__ float Bias2(const Args& a, int b, int h, int query, i
   }
 }
 
-// Backward (kTerms): stores dS of a visible or masked in-range pair (the
-// gradient of the scores, i.e. of an additive bias before any reduction over
-// a broadcast batch) when the caller asked for it.
+// Backward dq kernels (kTerms): adds dS of an in-range pair (the gradient of
+// the scores, i.e. of an additive bias) into the CTA's slot of dbias_slots
+// (slot * heads + h = blockIdx.x) when the caller asked for it. Each element
+// of a slot is only ever touched by the same thread of the same CTA position,
+// one pass after another: no atomics, a fixed order.
 template <bool kTerms>
-__device__ __forceinline__ void StoreDScore(const Args& a, int bh, int query, int key, float ds) {
+__device__ __forceinline__ void AddDScore(const Args& a, int query, int key, float ds) {
   if constexpr (kTerms) {
-    if (a.dscores != nullptr && query < a.t_q && key < a.t_k) {
-      a.dscores[(static_cast<int64_t>(bh) * a.t_q + query) * a.t_k + key] = ds;
+    if (a.dbias_slots != nullptr && query < a.t_q && key < a.t_k) {
+      a.dbias_slots[(static_cast<int64_t>(blockIdx.x) * a.t_q + query) * a.t_k + key] += ds;
     }
   }
 }

@@ -356,7 +356,9 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   T* vs = ks + kBc * kLd;              // [kBc][kLd]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  int b, h;
+  if (!DqExample(a, &b, &h)) return;
+  const int bh = b * a.heads + h;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBr;
   const T* q = static_cast<const T*>(a.q) + b * a.sq.b + h * a.sq.h;
   const T* k = static_cast<const T*>(a.k) + b * a.sk.b + h * a.sk.h;
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
                 ? exp2f(p[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[r], kj) - lse2[r])
                 : 0.0f;
         ds[j][e] = pr * (ds[j][e] * f[r][e & 1] - delta[r]);
-        StoreDScore<kTerms>(a, bh, row[r], kj, ds[j][e]);
+        AddDScore<kTerms>(a, row[r], kj, ds[j][e]);
       }
     }
     WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, g, t);  // dQ += dS K (times scale below)

@@ -2,7 +2,8 @@
 // output, logsumexp and dq, dk, dv, for both kernels (tensor cores, float),
 // bf16 / f16 / f32, causal or not, T_q = T_k and not, lengths that are not
 // multiples of the tiles, strided and unaligned inputs, a bias and a key
-// padding mask (with dS), reproducibility; plus
+// padding mask (with the bias's gradient, summed over a shared batch in
+// groups), reproducibility; plus
 // the host-side checks and geometry, which run without a GPU.
 //
 // Tolerances (|gpu - ref| <= tol * (max|ref| + |ref|), per tensor): the
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -177,10 +179,24 @@ void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligne
 // With score terms: a random bias (1 or B, H, T_q, T_k) in `bias_dt` and a
 // key padding mask (i64: example 0 pads its last third of keys, example 1
 // none, example 2, if any, every key), against the reference; dS too.
+// The reference's dS summed over the batch when the bias is shared by it:
+// the bias's gradient, (bias_batch, H, T_q, T_k).
+std::vector<double> BiasGrad(const Reference& ref, const Case& c, int64_t bias_batch) {
+  if (bias_batch == c.b) return ref.dscores;
+  const int64_t n = c.h * c.t_q * c.t_k;
+  std::vector<double> sum(n, 0.0);
+  for (int64_t b = 0; b < c.b; ++b) {
+    for (int64_t i = 0; i < n; ++i) sum[i] += ref.dscores[b * n + i];
+  }
+  return sum;
+}
+
+// bias_grad_groups: FlashAttentionBackward's (0: its own choice).
 void RunTermsCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool bias_per_example,
-                  Dtype bias_dt, bool with_mask) {
+                  Dtype bias_dt, bool with_mask, int64_t bias_grad_groups = 0) {
   SCOPED_TRACE(absl::StrCat(Name(c, dt, kernel), bias_per_example ? " bias per example " : " bias ",
-                            DtypeName(bias_dt), with_mask ? " key mask" : ""));
+                            DtypeName(bias_dt), with_mask ? " key mask" : "", " groups ",
+                            bias_grad_groups));
   const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 11, dt, false);
   const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 12, dt, false);
   const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 13, dt, false);
@@ -207,13 +223,13 @@ void RunTermsCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool bia
   Tensor dq = Tensor::Empty(q.shape(), dt, dev);
   Tensor dk = Tensor::Empty(k.shape(), dt, dev);
   Tensor dv = Tensor::Empty(v.shape(), dt, dev);
-  Tensor dscores = Tensor::Empty({c.b, c.h, c.t_q, c.t_k}, Dtype::kF32, dev);
+  Tensor dbias = Tensor::Empty({ref_terms.bias_batch, c.h, c.t_q, c.t_k}, Dtype::kF32, dev);
   cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv, kernel, {},
-                               terms, dscores);
+                               terms, dbias, bias_grad_groups);
   const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
                                 dout.ToVector<float>(), scale, ref_terms);
   ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
-  EXPECT_TRUE(NearScaled(dscores, ref.dscores, Tol(dt))) << "dscores";
+  EXPECT_TRUE(NearScaled(dbias, BiasGrad(ref, c, ref_terms.bias_batch), Tol(dt))) << "dbias";
 }
 
 std::vector<Case> Cases() {
@@ -278,6 +294,53 @@ TEST(CudaFlashAttentionTest, BiasAndKeyMaskMatchReference) {
   }
   RunTermsCase({2, 2, 33, 33, 64, true}, Dtype::kF16, FlashAttentionKernel::kTensorCore, false,
                Dtype::kF16, true);
+}
+
+// A bias shared by the batch: its gradient summed over the examples in
+// groups (one launch of the dq kernel per example of a group, each group's
+// sum in its own slot, then the slots summed), for every grouping of 5
+// examples: one group of 5 passes, 2 groups (3 + 2 examples), 3 groups (2 +
+// 2 + 1), one group per example; both kernels, causal (skipped tiles) or not.
+// Each grouping gives the same bits on a second run.
+TEST(CudaFlashAttentionTest, SharedBiasGradientSummedInGroups) {
+  SKIP_WITHOUT_GPU();
+  for (FlashAttentionKernel kernel :
+       {FlashAttentionKernel::kTensorCore, FlashAttentionKernel::kFloat}) {
+    const Dtype dt = kernel == FlashAttentionKernel::kTensorCore ? Dtype::kBF16 : Dtype::kF32;
+    for (bool causal : {true, false}) {
+      for (int64_t groups : {1, 2, 3, 5}) {
+        RunTermsCase({5, 2, 70, 70, 32, causal}, dt, kernel, /*bias_per_example=*/false,
+                     Dtype::kF32, /*with_mask=*/!causal, groups);
+      }
+    }
+  }
+  const Case c{5, 2, 40, 40, 64, true};
+  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 21, Dtype::kBF16, false);
+  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 22, Dtype::kBF16, false);
+  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 23, Dtype::kBF16, false);
+  const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 24, Dtype::kBF16, false);
+  cuda::FlashScoreTerms terms;
+  terms.bias = ToGpu(RandomTensor({1, c.h, c.t_q, c.t_k}, 25, -2.0f, 2.0f, Dtype::kF32));
+  Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, Dtype::kBF16, q.device());
+  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, q.device());
+  cuda::FlashAttentionForward(q, k, v, 0.125f, c.causal, out, lse, FlashAttentionKernel::kAuto, {},
+                              terms);
+  for (int64_t groups : {2, 3}) {
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor dq = Tensor::Empty(q.shape(), Dtype::kBF16, q.device());
+      Tensor dk = Tensor::Empty(k.shape(), Dtype::kBF16, q.device());
+      Tensor dv = Tensor::Empty(v.shape(), Dtype::kBF16, q.device());
+      Tensor dbias = Tensor::Empty({1, c.h, c.t_q, c.t_k}, Dtype::kF32, q.device());
+      cuda::FlashAttentionBackward(q, k, v, out, lse, dout, 0.125f, c.causal, dq, dk, dv,
+                                   FlashAttentionKernel::kAuto, {}, terms, dbias, groups);
+      if (run == 0) {
+        first = dbias.ToVector<float>();
+      } else {
+        EXPECT_EQ(dbias.ToVector<float>(), first) << groups << " groups";
+      }
+    }
+  }
 }
 
 TEST(CudaFlashAttentionTest, BackwardIsBitwiseReproducible) {
@@ -440,8 +503,40 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
       FlashAttentionTilesFor(FlashAttentionKernel::kTensorCore, FlashAttentionPass::kForward, 64, 2)
           .smem_bytes,
       3 * 64 * 72 * 2);
-  // The only workspace: delta, 4 bytes per query row.
+  // The only workspace: delta, 4 bytes per query row; with a shared bias's
+  // gradient in G > 1 groups, their (G, H, T_q, T_k) f32 sums too.
   EXPECT_EQ(cuda::FlashAttentionBackwardWorkspaceBytes(2, 12, 1024), 2 * 12 * 1024 * 4);
+  EXPECT_EQ(cuda::FlashAttentionBackwardWorkspaceBytes(16, 12, 512, 6, 512),
+            16 * 12 * 512 * 4 + int64_t{6} * 12 * 512 * 512 * 4);
+}
+
+// The groups of a shared bias's gradient: the fewest that give each dq launch
+// 512 CTAs (heads x query blocks per group), no empty group, and the plain
+// launch (one example per group, one pass) without a shared bias.
+TEST(CudaFlashAttentionHostTest, BiasGradGroups) {
+  using cuda::FlashBiasGradGroupsFor;
+  auto groups = [](cuda::FlashBiasGradGroups g) { return std::make_pair(g.groups, g.passes); };
+  // T5-base's encoder, B 16, T 512: 12 heads x 8 query blocks = 96 CTAs per
+  // group, 6 groups wanted: 3 passes, 6 groups (the last one of 1 example).
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(16, 12, 8, true)),
+            std::make_pair(int64_t{6}, int64_t{3}));
+  // Enough CTAs in one group (12 x 64 = 768): one slot, 16 passes.
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(16, 12, 64, true)),
+            std::make_pair(int64_t{1}, int64_t{16}));
+  // Tiny: every example its own group.
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(4, 1, 1, true)), std::make_pair(int64_t{4}, int64_t{1}));
+  // Not shared (a bias per example, or no bias's gradient): the plain launch.
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(16, 12, 64, false)),
+            std::make_pair(int64_t{16}, int64_t{1}));
+  // Requested: 3 groups of 5 examples are 2 passes, groups of 2, 2, 1; 4
+  // requested are still 2 passes, so 3 groups (no empty one); clamped to B.
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(5, 2, 2, true, 3)),
+            std::make_pair(int64_t{3}, int64_t{2}));
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(5, 2, 2, true, 4)),
+            std::make_pair(int64_t{3}, int64_t{2}));
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(5, 2, 2, true, 9)),
+            std::make_pair(int64_t{5}, int64_t{1}));
+  EXPECT_EQ(groups(FlashBiasGradGroupsFor(0, 2, 2, true)), std::make_pair(int64_t{0}, int64_t{1}));
 }
 
 TEST(CudaFlashAttentionHostTest, CpuTensorsAreRejected) {
