@@ -13,7 +13,7 @@ void FlashAttentionForward(const Tensor& q, const Tensor&, const Tensor&, float,
 void FlashAttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
                             const Tensor&, const Tensor&, float, bool, const Tensor&, const Tensor&,
                             const Tensor&, FlashAttentionKernel, const FlashDropout&,
-                            const FlashScoreTerms&, const Tensor&) {
+                            const FlashScoreTerms&, const Tensor&, int64_t) {
   NotBuilt("flash_attention", q);
 }
 Tensor FlashKeyMaskBytes(const Tensor& key_mask) { NotBuilt("flash_attention", key_mask); }
