@@ -314,21 +314,25 @@ unsigned WarpBallot(unsigned mask, int pred) {
   return ballot;
 }
 
-void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body) {
+bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   const bool bad = grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
                    grid.y > 65535 || grid.z > 65535 || threads == 0 ||
                    threads > kMaxThreadsPerBlock || block.z > 64 ||
                    dynamic_shared_bytes > kMaxDynamicShared;
-  if (bad) {
-    SetLastError(cudaErrorInvalidConfiguration);
-    return;
-  }
+  if (bad) SetLastError(cudaErrorInvalidConfiguration);
+  return !bad;
+}
+
+void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body,
+            bool count) {
+  if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (g_run != nullptr) {
     std::fprintf(stderr, "cuda_emu: a kernel launched from inside a kernel\n");
     std::abort();
   }
-  CountLaunch();
+  if (count) CountLaunch();
   Run r;
   r.body = &body;
   r.block.block_dim = block;

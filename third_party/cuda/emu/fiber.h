@@ -37,7 +37,20 @@ inline const BlockState& CurrentBlock() { return *current_block; }
 // cudaErrorInvalidConfiguration for cudaGetLastError and runs nothing. A
 // block whose threads cannot all proceed (a barrier or warp collective that
 // some of them never reach) aborts the process naming the kernel's block.
-void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
+// Counts the launch (counters.h) unless `count` is false (deferred work, counted
+// when it was issued).
+void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body,
+            bool count = true);
+
+// Whether Launch would take the geometry; false records
+// cudaErrorInvalidConfiguration.
+bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes);
+
+// A launch on `stream`: deferred on a created stream (pending.h: checked and
+// counted now, run when something waits for it), else run now after the
+// stream's pending work.
+void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                    std::function<void()> body);
 
 // The block's dynamic shared memory (`extern __shared__`), 16-byte aligned,
 // filled with 0xff bytes (NaN in every float type) when each block starts.

@@ -87,6 +87,10 @@ struct ncclComm {
   std::string last_error;
   // This rank's pending collectives (to finish on abort, to wait for on finalize).
   std::vector<std::shared_ptr<cuda_emu::PendingWork>> outstanding;
+  // This rank's part in the last ncclCommSplit of this communicator: as in
+  // NCCL, the parent is in progress until every rank has made the split, even
+  // for a rank that takes no part in a new communicator (NCCL_SPLIT_NOCOLOR).
+  std::shared_ptr<cuda_emu::PendingWork> split;
 };
 
 namespace cuda_emu_nccl {
@@ -345,7 +349,7 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   auto [it, fresh] = clique.calls.try_emplace(number, proto);
   Call& call = it->second;
   if (fresh) call.parts.resize(clique.size);
-  part.work = std::make_shared<cuda_emu::PendingWork>();
+  if (part.work == nullptr) part.work = std::make_shared<cuda_emu::PendingWork>();
   part.comm = comm;
   call.parts[comm->rank] = part;
   ++call.arrived;
@@ -384,6 +388,9 @@ ncclResult_t Collective(int kind, const void* send, void* recv, size_t count,
       return ncclInvalidArgument;
     }
   }
+  // What was deferred on the stream before the call (pending.h) runs first:
+  // the call reads and writes its buffers when the last rank arrives.
+  cuda_emu::RunDeferredOn(stream);
   std::lock_guard<std::mutex> lock(Mu());
   if (comm->clique == nullptr || comm->clique->joined < comm->size) return ncclInvalidUsage;
   if (kind == 3 && (root < 0 || root >= comm->size)) return ncclInvalidArgument;
@@ -483,14 +490,22 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   part.recv = child;
   part.color = color;
   part.key = key;
+  part.work = std::make_shared<cuda_emu::PendingWork>();
+  const std::shared_ptr<cuda_emu::PendingWork> done = part.work;
   const ncclResult_t result = emu::Arrive(comm, proto, part, nullptr);
   if (result != ncclSuccess) {
     delete child;
     return result;
   }
+  comm->split = done;
   *newcomm = child;
   const bool blocking = config == nullptr || config->blocking != 0;
-  if (child == nullptr) return ncclSuccess;
+  if (child == nullptr) {
+    if (done->done()) return comm->error;
+    if (!blocking) return ncclInProgress;
+    emu::Cv().wait(lock, [&] { return done->done() || comm->error != ncclSuccess; });
+    return comm->error;
+  }
   if (child->clique != nullptr) return ncclSuccess;
   if (!blocking) return ncclInProgress;
   emu::Cv().wait(lock, [&] { return child->clique != nullptr || comm->error != ncclSuccess; });
@@ -502,7 +517,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   std::lock_guard<std::mutex> lock(emu::Mu());
   if (comm->error != ncclSuccess) {
     *state = comm->error;
-  } else if (comm->clique == nullptr || comm->clique->joined < comm->size) {
+  } else if (comm->clique == nullptr || comm->clique->joined < comm->size ||
+             (comm->split != nullptr && !comm->split->done())) {
     *state = ncclInProgress;  // init or split not complete
   } else {
     *state = ncclSuccess;

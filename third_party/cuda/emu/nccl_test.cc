@@ -237,16 +237,27 @@ TEST(EmulatedNccl, InitAndSplitAreInProgressUntilEveryRankCame) {
   ASSERT_EQ(ncclCommSplit(c0, 5, 1, &s0, &config), ncclInProgress);
   ASSERT_EQ(ncclCommGetAsyncError(s0, &state), ncclSuccess);
   EXPECT_EQ(state, ncclInProgress);
+  ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress) << "the parent too, until every rank has split";
   ASSERT_EQ(ncclCommSplit(c1, 5, 0, &s1, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
   int rank = -1, count = -1;
   ASSERT_EQ(ncclCommUserRank(s0, &rank), ncclSuccess);
   ASSERT_EQ(ncclCommCount(s0, &count), ncclSuccess);
   EXPECT_EQ(rank, 1);
   EXPECT_EQ(count, 2);
+  // A rank that takes no part in a new communicator still takes part in the
+  // split: its parent is in progress until the others have split (a rank that
+  // went on and destroyed it would fail their split).
   ncclComm_t none = c0, alone = nullptr;
-  ASSERT_EQ(ncclCommSplit(c0, NCCL_SPLIT_NOCOLOR, 0, &none, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommSplit(c0, NCCL_SPLIT_NOCOLOR, 0, &none, &config), ncclInProgress);
   EXPECT_EQ(none, nullptr);
+  ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
   ASSERT_EQ(ncclCommSplit(c1, 0, 0, &alone, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommGetAsyncError(c0, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
   ASSERT_EQ(ncclCommCount(alone, &count), ncclSuccess);
   EXPECT_EQ(count, 1);
   for (ncclComm_t c : {s0, s1, alone, c0, c1}) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);

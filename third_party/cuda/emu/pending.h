@@ -1,11 +1,22 @@
-// Work that an emulated stream holds unfinished after it was issued: what the
-// emulated NCCL (nccl.cc) queues for a collective until every rank has made
-// it. Everything else the emulation runs is done when issued (runtime.cc), so
-// this is how a stream can be "busy" at all: an event recorded on a stream
-// after pending work is not ready (cudaEventQuery says cudaErrorNotReady,
-// cudaEventSynchronize waits) until that work finishes; a stream made to wait
-// for such an event (cudaStreamWaitEvent) inherits the work; synchronizing
-// a stream or the device waits for it.
+// Work that an emulated stream holds unfinished after it was issued:
+// - what the emulated NCCL (nccl.cc) queues for a collective until every rank
+//   has made it;
+// - deferred work (runtime.cc): kernels, asynchronous device copies and
+//   memsets issued on a stream the program created (a communication stream)
+//   do not run when issued, but when something waits for them: a
+//   synchronization of the stream, of an event recorded after them, or of the
+//   device, work queued on a stream made to wait for such an event, a query
+//   of such an event or stream (the GPU makes progress), or the destruction
+//   of the stream. So work that reads what a created stream writes without
+//   waiting for it reads the old bytes, as it may on a GPU, instead of the
+//   emulation's in-order result, and a missing cudaStreamWaitEvent fails the
+//   tests that a GPU would fail only sometimes. The threads' default streams
+//   still run what they are given at once.
+// An event recorded on a stream after pending work is not ready
+// (cudaEventQuery says cudaErrorNotReady, or runs deferred work) until that
+// work finishes; a stream made to wait for such an event
+// (cudaStreamWaitEvent) inherits the work; synchronizing a stream or the
+// device waits for it.
 //
 // A kernel, asynchronous copy or memset or cuBLASLt matmul issued on a stream
 // with pending work first waits on the host until that work has finished
@@ -17,13 +28,26 @@
 #include <cuda_runtime.h>
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace cuda_emu {
 
 class PendingWork {
  public:
+  // Work that somebody else finishes (Finish).
+  PendingWork() = default;
+  // Deferred work: `run` runs on the first thread that waits for it, after
+  // the work in `after` (what was unfinished on its stream when it was
+  // issued).
+  PendingWork(std::function<void()> run, std::vector<std::shared_ptr<PendingWork>> after)
+      : deferred_(true), run_(std::move(run)), after_(std::move(after)) {}
+  PendingWork(const PendingWork&) = delete;
+  PendingWork& operator=(const PendingWork&) = delete;
+
   // Marks the work finished and wakes the threads waiting for it.
   void Finish() {
     {
@@ -36,22 +60,59 @@ class PendingWork {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
   }
-  void Wait() const {
+  bool deferred() const { return deferred_; }
+  // Until the work has finished: deferred work not yet started runs here
+  // (what it waits for first); otherwise waits.
+  void Wait() {
+    std::function<void()> run;
+    std::vector<std::shared_ptr<PendingWork>> after;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (deferred_ && !started_) {
+        started_ = true;
+        run = std::move(run_);
+        after = std::move(after_);
+      }
+    }
+    if (run) {
+      for (const auto& w : after) w->Wait();
+      run();
+      Finish();
+      return;
+    }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return done_; });
   }
 
  private:
+  const bool deferred_ = false;
   mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  std::condition_variable cv_;
   bool done_ = false;
+  bool started_ = false;                             // guarded by mu_
+  std::function<void()> run_;                        // guarded by mu_
+  std::vector<std::shared_ptr<PendingWork>> after_;  // guarded by mu_
 };
 
 // `work` is queued on `stream` (cudaStreamPerThread: the calling thread's).
 void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work);
 
-// Waits until the work pending on `stream` has finished.
+// Waits until the work pending on `stream` has finished (running deferred
+// work).
 void WaitForStream(cudaStream_t stream);
+
+// Whether work issued on `stream` is deferred: a stream the program created
+// (not the legacy or a per-thread default stream), unless
+// CUDA_EMU_DEFER_CREATED_STREAMS=0.
+bool DefersWork(cudaStream_t stream);
+
+// Runs the deferred work queued on `stream` that has not started (and what it
+// waits for); other pending work is left as it is.
+void RunDeferredOn(cudaStream_t stream);
+
+// Queues `run` on `stream` as deferred work (after what is unfinished there),
+// to run with the issuing thread's current device.
+void Defer(cudaStream_t stream, std::function<void()> run);
 
 // The number of emulated devices: CUDA_EMU_DEVICES (1 to 8) when set, else 1.
 int DeviceCount();

@@ -1,9 +1,10 @@
 // The CUDA runtime API of the CPU emulation (see cuda_emu.h): sm_90
 // stand-ins whose memory is host memory, cuda:0 only unless CUDA_EMU_DEVICES
-// says more (pending.h). Work is done when it is issued (every stream is in
-// order and idle), except what the emulated NCCL leaves pending until its
-// peers come (pending.h), so streams and events mostly keep bookkeeping:
-// events time what happened between them and capture pending work, and the
+// says more (pending.h). Work on a thread's default stream is done when it is
+// issued; what the emulated NCCL leaves pending until its peers come, and
+// the work issued on streams the program created, deferred until something
+// waits for it, stay queued (pending.h): events time what happened between
+// them and capture pending work, and the
 // runtime checks what a GPU would refuse: copies whose kind does not match
 // where the pointers live, frees of unknown pointers, devices that do not
 // exist. It also counts what costs time on a GPU beyond the kernels
@@ -100,6 +101,10 @@ bool Find(const void* p, Kind* kind, int* device = nullptr) {
   if (device != nullptr) *device = it->second.device;
   return true;
 }
+bool Known(const void* p) {
+  Kind k;
+  return Find(p, &k);
+}
 bool OnDevice(const void* p) {
   Kind k;
   return Find(p, &k) && k == Kind::kDevice;
@@ -136,8 +141,13 @@ cudaError_t Release(void* p, Kind kind) {
 // behavior": a synchronous copy between host and device always does (from
 // pageable memory the stream is synchronized before the copy starts); an
 // asynchronous one does when the device copies into pageable host memory.
-// A wait counts only when work was queued (Wait).
-cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool async) {
+// A wait counts only when work was queued (Wait). `defer_on` (a created
+// stream, pending.h) defers the copy: the caller passes it only for an
+// asynchronous copy between device and device or pinned memory (from or to
+// pageable memory the copy is made at the call, after the stream's work: the
+// runtime stages pageable memory before the call returns).
+cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool async,
+                 cudaStream_t defer_on = nullptr) {
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
   Kind dst_kind = Kind::kPinned, src_kind = Kind::kPinned;
@@ -169,7 +179,11 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool
   } else if (dst_dev || src_dev) {
     Queued();  // device to device: never waits
   }
-  std::memmove(dst, src, n);
+  if (defer_on != nullptr) {
+    Defer(defer_on, [dst, src, n] { std::memmove(dst, src, n); });
+  } else {
+    std::memmove(dst, src, n);
+  }
   return cudaSuccess;
 }
 
@@ -250,6 +264,65 @@ void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work) {
 }
 
 void WaitForStream(cudaStream_t stream) { WaitAll(Unfinished(stream)); }
+
+bool DefersWork(cudaStream_t stream) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("CUDA_EMU_DEFER_CREATED_STREAMS");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled && stream != nullptr && stream != cudaStreamLegacy &&
+         stream != cudaStreamPerThread;
+}
+
+void Defer(cudaStream_t stream, std::function<void()> run) {
+  const int device = g_device;
+  auto work = std::make_shared<PendingWork>(
+      [run = std::move(run), device] {
+        const int saved = g_device;
+        g_device = device;
+        run();
+        g_device = saved;
+      },
+      Unfinished(stream));
+  // The new work waits for everything unfinished on the stream, so it alone
+  // stands for all of it.
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.by_stream[StreamKey(stream)] = {std::move(work)};
+}
+
+void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                    std::function<void()> body) {
+  if (!DefersWork(stream)) {
+    WaitForStream(stream);
+    Launch(grid, block, dynamic_shared_bytes, body);
+    return;
+  }
+  if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
+  CountLaunch();
+  Defer(stream, [grid, block, dynamic_shared_bytes, body = std::move(body)] {
+    Launch(grid, block, dynamic_shared_bytes, body, /*count=*/false);
+  });
+}
+
+// Deferred work not yet started among `works` runs now, as a GPU would get
+// to it (queries must not spin forever on work nobody else will run).
+void RunDeferred(const PendingList& works) {
+  for (const auto& w : works) {
+    if (w->deferred()) w->Wait();
+  }
+}
+
+void RunDeferredOn(cudaStream_t stream) { RunDeferred(Unfinished(stream)); }
+
+// Everything pending on every stream.
+PendingList AllPending() {
+  PendingList all;
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  for (const auto& [key, list] : p.by_stream) all.insert(all.end(), list.begin(), list.end());
+  return all;
+}
 
 void SetLastError(cudaError_t err) { g_last_error = err; }
 
@@ -350,13 +423,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
-  cuda_emu::PendingList all;
-  {
-    cuda_emu::PendingStreams& p = cuda_emu::Pendings();
-    std::lock_guard<std::mutex> lock(p.mu);
-    for (const auto& [key, list] : p.by_stream) all.insert(all.end(), list.begin(), list.end());
-  }
-  cuda_emu::WaitAll(all);
+  cuda_emu::WaitAll(cuda_emu::AllPending());
   cuda_emu::Wait();
   return cudaSuccess;
 }
@@ -433,7 +500,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   ++cuda_emu::Count().device_frees;
-  cuda_emu::Wait();  // cudaFree waits for the device
+  // cudaFree waits for the device: deferred work runs first.
+  cuda_emu::RunDeferred(cuda_emu::AllPending());
+  cuda_emu::Wait();
   return cuda_emu::Release(p, cuda_emu::Kind::kDevice);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
@@ -470,6 +539,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t stream) {
+  if (cuda_emu::DefersWork(stream) && cuda_emu::Known(dst) && cuda_emu::Known(src)) {
+    return cuda_emu::Copy(dst, src, n, kind, /*async=*/true, stream);
+  }
   cuda_emu::WaitForStream(stream);
   return cuda_emu::Copy(dst, src, n, kind, /*async=*/true);
 }
@@ -481,6 +553,12 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
+  if (cuda_emu::DefersWork(stream) && n > 0) {
+    if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
+    cuda_emu::Queued();
+    cuda_emu::Defer(stream, [p, value, n] { std::memset(p, value, n); });
+    return cudaSuccess;
+  }
   cuda_emu::WaitForStream(stream);
   return cudaMemset(p, value, n);
 }
@@ -494,8 +572,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     return Fail(cudaErrorInvalidResourceHandle);
   }
-  // As on a GPU, work still queued on a destroyed stream goes on; nothing
-  // can name the stream any more.
+  // As on a GPU, work still queued on a destroyed stream goes on (deferred
+  // work runs now); nothing can name the stream any more.
+  cuda_emu::RunDeferred(cuda_emu::Unfinished(s));
   {
     cuda_emu::PendingStreams& p = cuda_emu::Pendings();
     std::lock_guard<std::mutex> lock(p.mu);
@@ -510,6 +589,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  cuda_emu::RunDeferred(cuda_emu::Unfinished(s));
   return cuda_emu::Unfinished(s).empty() ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
@@ -546,7 +626,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  for (const auto& w : reinterpret_cast<cuda_emu::Event*>(e)->captured) {
+  const cuda_emu::PendingList& captured = reinterpret_cast<cuda_emu::Event*>(e)->captured;
+  cuda_emu::RunDeferred(captured);
+  for (const auto& w : captured) {
     if (!w->done()) return cudaErrorNotReady;
   }
   return cudaSuccess;

@@ -6,7 +6,7 @@ usage: transform.py IN.cu OUT.cc
 Three rewrites, everything else is left to the force-included cuda_emu.h:
   K<<<grid, block, smem, stream>>>(args)
       -> ::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(grid, block, smem, stream),
-                                  [&]() { K(args); })
+                                  [=]() { K(args); })
      (every CUDA thread calls K with its own copy of the arguments, converted
      and, for a template kernel, deduced as nvcc would)
   extern __shared__ [__align__(N)] T name[];
@@ -75,7 +75,7 @@ def _rewrite_launches(text: str) -> str:
         # Line breaks dropped between the kernel, <<< and ( go after the
         # launch, so later lines keep their numbers.
         dropped = "\n" * (text[start:lt].count("\n") + text[gt:paren].count("\n"))
-        text = (text[:start] + "::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(%s), [&]() { %s(%s); })"
+        text = (text[:start] + "::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(%s), [=]() { %s(%s); })"
                 % (config, kernel, args) + text[close + 1:])
         semicolon = text.index(";", start)
         text = text[:semicolon + 1] + dropped + text[semicolon + 1:]
