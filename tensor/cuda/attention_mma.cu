@@ -40,7 +40,15 @@ __device__ __forceinline__ uint32_t PackF(float lo, float hi) {
 }
 template <typename T>
 __device__ __forceinline__ uint32_t Ld32(const T* p) {
+  CheckAligned<4>(p);
   return *reinterpret_cast<const uint32_t*>(p);
+}
+// Stores an element pair (4-byte aligned: the outputs' rows start at even
+// elements, checked on the host).
+template <typename T>
+__device__ __forceinline__ void St32(T* p, uint32_t pair) {
+  CheckAligned<4>(p);
+  *reinterpret_cast<uint32_t*>(p) = pair;
 }
 
 template <typename T>
@@ -122,7 +130,12 @@ __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t str
     for (int i = threadIdx.x; i < n_rows * kChunks; i += blockDim.x) {
       const int r = i / kChunks, c = (i % kChunks) * 8;
       uint4 val = make_uint4(0, 0, 0, 0);
-      if (r < valid) val = *reinterpret_cast<const uint4*>(src + (row0 + r) * stride + c);
+      if (r < valid) {
+        const T* from = src + (row0 + r) * stride + c;
+        CheckAligned<16>(from);
+        val = *reinterpret_cast<const uint4*>(from);
+      }
+      CheckAligned<16>(s + r * ld + c);
       *reinterpret_cast<uint4*>(s + r * ld + c) = val;
     }
   } else {
@@ -241,7 +254,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     T* yr = y + row[r] * a.sy.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(yr + j * 8) = PackF<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      St32(yr + j * 8, PackF<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv));
     }
     if (t == 0) {
       a.lse[static_cast<int64_t>(bh) * a.t_q + row[r]] =
@@ -336,9 +349,8 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
     T* dvr = dvp + key[r] * a.sdv.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dkr + j * 8) =
-          PackF<T>(dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dvr + j * 8) = PackF<T>(dv[j][2 * r], dv[j][2 * r + 1]);
+      St32(dkr + j * 8, PackF<T>(dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale));
+      St32(dvr + j * 8, PackF<T>(dv[j][2 * r], dv[j][2 * r + 1]));
     }
   }
 }
@@ -416,8 +428,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     T* dr = dqp + row[r] * a.sdq.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dr + j * 8) =
-          PackF<T>(dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale);
+      St32(dr + j * 8, PackF<T>(dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale));
     }
   }
 }

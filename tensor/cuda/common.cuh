@@ -37,6 +37,20 @@ inline void CheckLaunch(const char* op) { CheckCuda(cudaGetLastError(), op, "ker
 
 inline cudaStream_t ComputeStream() { return cudaStreamPerThread; }
 
+// A vector access of kBytes bytes at p must be kBytes-aligned on a GPU (else
+// "misaligned address", and the context is lost). Kernels pass their vector
+// loads' and stores' addresses through this; the CUDA emulation aborts on a
+// misaligned one, naming the block and thread (a CPU would not fault); on a
+// GPU it compiles to nothing.
+template <int kBytes>
+__device__ __forceinline__ void CheckAligned(const void* p) {
+#ifdef TENSOR_CUDA_EMULATION
+  if (reinterpret_cast<uintptr_t>(p) % kBytes != 0) ::cuda_emu::MisalignedAccess(p, kBytes);
+#else
+  (void)p;
+#endif
+}
+
 // Makes `t`'s device current on this thread.
 inline void SetDevice(const Tensor& t, const char* op) {
   CheckCuda(cudaSetDevice(t.device().index), op, "cudaSetDevice");

@@ -31,6 +31,7 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
 
 template <int N, typename T>
 __device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
+  CheckAligned<alignof(Pack<T, N>)>(p);
   const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = ToF(pk.v[k]);
@@ -41,6 +42,7 @@ __device__ __forceinline__ void StoreF(T* p, const float (&in)[N]) {
   Pack<T, N> pk;
 #pragma unroll
   for (int k = 0; k < N; ++k) pk.v[k] = FromF<T>(in[k]);
+  CheckAligned<alignof(Pack<T, N>)>(p);
   *reinterpret_cast<Pack<T, N>*>(p) = pk;
 }
 

@@ -251,6 +251,18 @@ void RunBlock(Run& r) {
 
 }  // namespace
 
+void MisalignedAccess(const void* p, int bytes) {
+  const Run& r = CurrentRun();
+  const ThreadState& t = r.fibers[r.current].t;
+  std::fprintf(stderr,
+               "cuda_emu: misaligned address: a %d-byte access at %p (address %% %d = %d) by thread "
+               "(%u, %u, %u) of block (%u, %u, %u); a GPU faults here\n",
+               bytes, p, bytes, static_cast<int>(reinterpret_cast<uintptr_t>(p) % bytes),
+               t.thread_idx.x, t.thread_idx.y, t.thread_idx.z, r.block.block_idx.x,
+               r.block.block_idx.y, r.block.block_idx.z);
+  std::abort();
+}
+
 void* DynamicSharedMemory() {
   Run& r = *g_run;
   auto addr = reinterpret_cast<uintptr_t>(r.shared.data());

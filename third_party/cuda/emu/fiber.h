@@ -42,6 +42,13 @@ inline const BlockState& CurrentBlock() { return *current_block; }
 void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body,
             bool count = true);
 
+// A GPU faults on an access of `bytes` bytes (a vector load or store) at an
+// address that is not a multiple of `bytes` ("misaligned address"; the
+// context is lost); a CPU would not. Kernels check their vector accesses
+// (tensor/cuda/common.cuh's CheckAligned) and the emulation aborts here,
+// naming the block and thread.
+[[noreturn]] void MisalignedAccess(const void* p, int bytes);
+
 // Whether Launch would take the geometry; false records
 // cudaErrorInvalidConfiguration.
 bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes);
