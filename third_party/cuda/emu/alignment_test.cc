@@ -22,6 +22,7 @@ TEST(MisalignedAccessDeathTest, AbortsNamingTheThreadAndBlock) {
             MisalignedAccess(buffer + 4, 16);
           }
         });
+        cudaStreamSynchronize(cudaStreamPerThread);  // runs it if deferred (CUDA_EMU_DEFER=all)
       },
       "misaligned address: a 16-byte access at 0x[0-9a-f]+ \\(address % 16 = 4\\) by thread "
       "\\(3, 0, 0\\) of block \\(1, 0, 0\\)");

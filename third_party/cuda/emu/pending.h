@@ -11,7 +11,7 @@
 //   waiting for it reads the old bytes, as it may on a GPU, instead of the
 //   emulation's in-order result, and a missing cudaStreamWaitEvent fails the
 //   tests that a GPU would fail only sometimes. The threads' default streams
-//   still run what they are given at once.
+//   run what they are given at once, unless CUDA_EMU_DEFER=all (DeferMode).
 // An event recorded on a stream after pending work is not ready
 // (cudaEventQuery says cudaErrorNotReady, or runs deferred work) until that
 // work finishes; a stream made to wait for such an event
@@ -101,14 +101,24 @@ void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work);
 // work).
 void WaitForStream(cudaStream_t stream);
 
-// Whether work issued on `stream` is deferred: a stream the program created
-// (not the legacy or a per-thread default stream), unless
-// CUDA_EMU_DEFER_CREATED_STREAMS=0.
+// Which streams defer their work: CUDA_EMU_DEFER=created (the default: the
+// streams the program created), all (the threads' default streams too; the
+// legacy default stream's synchronous copies and memsets then first run what
+// every thread deferred, as the legacy stream waits for the blocking
+// streams), none (everything runs when issued).
+enum class DeferMode { kNone, kCreated, kAll };
+DeferMode DeferModeNow();
+
+// Whether work issued on `stream` is deferred (never on the legacy stream).
 bool DefersWork(cudaStream_t stream);
 
 // Runs the deferred work queued on `stream` that has not started (and what it
 // waits for); other pending work is left as it is.
 void RunDeferredOn(cudaStream_t stream);
+
+// Host work standing for device work on `stream` (the emulated CUB sort):
+// deferred where the stream defers, else run now after the stream's work.
+void RunOnStream(cudaStream_t stream, std::function<void()> run);
 
 // Queues `run` on `stream` as deferred work (after what is unfinished there),
 // to run with the issuing thread's current device.

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -207,6 +208,7 @@ struct Stream {};
 struct PendingStreams {
   std::mutex mu;
   std::map<const void*, PendingList> by_stream;
+  std::set<const void*> per_thread;  // the keys of threads' default streams
 };
 PendingStreams& Pendings() {
   static PendingStreams* p = new PendingStreams;
@@ -220,11 +222,10 @@ const void* StreamKey(cudaStream_t s) {
   return s;
 }
 
-// The unfinished work queued on `s` (finished work is dropped).
-PendingList Unfinished(cudaStream_t s) {
-  PendingStreams& p = Pendings();
-  std::lock_guard<std::mutex> lock(p.mu);
-  auto it = p.by_stream.find(StreamKey(s));
+// The unfinished work queued under `key` (finished work is dropped). With
+// p.mu held.
+PendingList UnfinishedLocked(PendingStreams& p, const void* key) {
+  auto it = p.by_stream.find(key);
   if (it == p.by_stream.end()) return {};
   PendingList& list = it->second;
   list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w->done(); }),
@@ -234,6 +235,13 @@ PendingList Unfinished(cudaStream_t s) {
     return {};
   }
   return list;
+}
+
+// The unfinished work queued on `s`.
+PendingList Unfinished(cudaStream_t s) {
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  return UnfinishedLocked(p, StreamKey(s));
 }
 
 void AddPending(cudaStream_t s, const PendingList& works) {
@@ -265,17 +273,31 @@ void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work) {
 
 void WaitForStream(cudaStream_t stream) { WaitAll(Unfinished(stream)); }
 
-bool DefersWork(cudaStream_t stream) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("CUDA_EMU_DEFER_CREATED_STREAMS");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+DeferMode DeferModeNow() {
+  static const DeferMode mode = [] {
+    const char* env = std::getenv("CUDA_EMU_DEFER");
+    if (env == nullptr || std::strcmp(env, "created") == 0) return DeferMode::kCreated;
+    if (std::strcmp(env, "all") == 0) return DeferMode::kAll;
+    if (std::strcmp(env, "none") == 0) return DeferMode::kNone;
+    std::fprintf(stderr, "cuda_emu: CUDA_EMU_DEFER must be none, created or all; got '%s'\n",
+                 env);
+    std::abort();
   }();
-  return enabled && stream != nullptr && stream != cudaStreamLegacy &&
-         stream != cudaStreamPerThread;
+  return mode;
+}
+
+bool DefersWork(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy) return false;
+  if (stream == cudaStreamPerThread) return DeferModeNow() == DeferMode::kAll;
+  return DeferModeNow() != DeferMode::kNone;
 }
 
 void Defer(cudaStream_t stream, std::function<void()> run) {
   const int device = g_device;
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  const void* key = StreamKey(stream);
+  if (stream == cudaStreamPerThread) p.per_thread.insert(key);
   auto work = std::make_shared<PendingWork>(
       [run = std::move(run), device] {
         const int saved = g_device;
@@ -283,12 +305,10 @@ void Defer(cudaStream_t stream, std::function<void()> run) {
         run();
         g_device = saved;
       },
-      Unfinished(stream));
+      UnfinishedLocked(p, key));
   // The new work waits for everything unfinished on the stream, so it alone
   // stands for all of it.
-  PendingStreams& p = Pendings();
-  std::lock_guard<std::mutex> lock(p.mu);
-  p.by_stream[StreamKey(stream)] = {std::move(work)};
+  p.by_stream[key] = {std::move(work)};
 }
 
 void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
@@ -305,6 +325,15 @@ void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_s
   });
 }
 
+void RunOnStream(cudaStream_t stream, std::function<void()> run) {
+  if (DefersWork(stream)) {
+    Defer(stream, std::move(run));
+    return;
+  }
+  WaitForStream(stream);
+  run();
+}
+
 // Deferred work not yet started among `works` runs now, as a GPU would get
 // to it (queries must not spin forever on work nobody else will run).
 void RunDeferred(const PendingList& works) {
@@ -314,6 +343,23 @@ void RunDeferred(const PendingList& works) {
 }
 
 void RunDeferredOn(cudaStream_t stream) { RunDeferred(Unfinished(stream)); }
+
+// What the legacy default stream waits for before its work (CUDA_EMU_DEFER=all):
+// the work deferred on every thread's default stream (they are blocking
+// streams); the program's streams are created non-blocking.
+void RunDeferredOnBlockingStreams() {
+  if (DeferModeNow() != DeferMode::kAll) return;
+  PendingList blocking;
+  {
+    PendingStreams& p = Pendings();
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (const void* key : p.per_thread) {
+      const PendingList list = UnfinishedLocked(p, key);
+      blocking.insert(blocking.end(), list.begin(), list.end());
+    }
+  }
+  RunDeferred(blocking);
+}
 
 // Everything pending on every stream.
 PendingList AllPending() {
@@ -535,6 +581,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  cuda_emu::RunDeferredOnBlockingStreams();  // the legacy default stream's order
   return cuda_emu::Copy(dst, src, n, kind, /*async=*/false);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
@@ -547,6 +594,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 }
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
+  cuda_emu::RunDeferredOnBlockingStreams();
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   std::memset(p, value, n);
   cuda_emu::Queued();  // a device memset does not wait, even the synchronous one
