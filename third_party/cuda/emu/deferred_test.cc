@@ -4,11 +4,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "third_party/cuda/emu/counters.h"
 #include "third_party/cuda/emu/fiber.h"
+#include "third_party/cuda/emu/pending.h"
 
 namespace cuda_emu {
 namespace {
@@ -114,6 +116,41 @@ TEST_F(DeferredTest, DestroyingAStreamRunsItsWork) {
   ASSERT_EQ(cudaMemsetAsync(a_, 12, kBytes, s), cudaSuccess);
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
   EXPECT_EQ(FirstByte(a_), 12);
+}
+
+// CUDA_EMU_DEFER=all (the deferred_all_test target): a thread's default
+// stream defers too, so another thread's stream that reads its output without
+// an event sees the old bytes; the legacy stream's synchronous copy runs what
+// every thread deferred first.
+TEST_F(DeferredTest, WithDeferAllAnotherThreadsStreamDoesNotWaitForThisOne) {
+  if (DeferModeNow() != DeferMode::kAll) GTEST_SKIP() << "CUDA_EMU_DEFER is not all";
+  ASSERT_EQ(cudaMemsetAsync(a_, 13, kBytes, cudaStreamPerThread), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(event_, cudaStreamPerThread), cudaSuccess);
+  std::thread other([&] {
+    // Its own default stream: no wait for the memset.
+    ASSERT_EQ(cudaMemcpyAsync(b_, a_, kBytes, cudaMemcpyDeviceToDevice, cudaStreamPerThread),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+  });
+  other.join();
+  EXPECT_EQ(FirstByte(b_), 1) << "the copy ran before the memset it did not wait for";
+  std::thread waits([&] {
+    ASSERT_EQ(cudaStreamWaitEvent(cudaStreamPerThread, event_, 0), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(b_, a_, kBytes, cudaMemcpyDeviceToDevice, cudaStreamPerThread),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+  });
+  waits.join();
+  EXPECT_EQ(FirstByte(b_), 13) << "after the event";
+}
+
+TEST_F(DeferredTest, WithDeferAllTheLegacyStreamWaitsForEveryThread) {
+  if (DeferModeNow() != DeferMode::kAll) GTEST_SKIP() << "CUDA_EMU_DEFER is not all";
+  std::thread other([&] {
+    ASSERT_EQ(cudaMemsetAsync(a_, 14, kBytes, cudaStreamPerThread), cudaSuccess);
+  });
+  other.join();
+  EXPECT_EQ(FirstByte(a_), 14);  // cudaMemcpy: the legacy stream
 }
 
 }  // namespace
