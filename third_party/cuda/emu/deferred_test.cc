@@ -146,9 +146,8 @@ TEST_F(DeferredTest, WithDeferAllAnotherThreadsStreamDoesNotWaitForThisOne) {
 
 TEST_F(DeferredTest, WithDeferAllTheLegacyStreamWaitsForEveryThread) {
   if (DeferModeNow() != DeferMode::kAll) GTEST_SKIP() << "CUDA_EMU_DEFER is not all";
-  std::thread other([&] {
-    ASSERT_EQ(cudaMemsetAsync(a_, 14, kBytes, cudaStreamPerThread), cudaSuccess);
-  });
+  std::thread other(
+      [&] { ASSERT_EQ(cudaMemsetAsync(a_, 14, kBytes, cudaStreamPerThread), cudaSuccess); });
   other.join();
   EXPECT_EQ(FirstByte(a_), 14);  // cudaMemcpy: the legacy stream
 }
