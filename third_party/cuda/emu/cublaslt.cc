@@ -275,52 +275,57 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t bdesc, const void* beta, const void* C,
                               cublasLtMatrixLayout_t cdesc, void* Dp, cublasLtMatrixLayout_t ddesc,
                               const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t stream) {
-  cuda_emu::WaitForStream(stream);
   if (handle == nullptr || desc == nullptr || alpha == nullptr || beta == nullptr) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const Desc& d = *D(desc);
-  const Layout &a = *L(adesc), &b = *L(bdesc), &c = *L(cdesc), &dl = *L(ddesc);
+  // Copies: the descriptors may change or go before the deferred work runs.
+  const Desc d = *D(desc);
+  const Layout a = *L(adesc), b = *L(bdesc), c = *L(cdesc), dl = *L(ddesc);
   const cublasStatus_t st = CheckShapes(d, a, b, c, dl);
   cuda_emu::CountLaunch();
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const int64_t m = dl.rows, n = dl.cols;
-  const int64_t k = d.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
-  const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
-  for (int32_t batch = 0; batch < dl.batch; ++batch) {
-    const int64_t oa = batch * a.batch_stride, ob = batch * b.batch_stride;
-    const int64_t oc = batch * c.batch_stride, od = batch * dl.batch_stride;
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t i = 0; i < m; ++i) {
-        float acc = 0.0f;
-        for (int64_t p = 0; p < k; ++p) {
-          // Column-major: element (r, s) of a stored matrix is at r + s * ld.
-          const int64_t ia = ta ? p + i * a.ld : i + p * a.ld;
-          const int64_t ib = tb ? j + p * b.ld : p + j * b.ld;
-          acc += Load(A, a.type, oa + ia) * Load(B, b.type, ob + ib);
+  // In the stream's order (deferred where the stream defers, pending.h).
+  cuda_emu::RunOnStream(stream, [=] {
+    const int64_t m = dl.rows, n = dl.cols;
+    const int64_t k = d.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
+    const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
+    for (int32_t batch = 0; batch < dl.batch; ++batch) {
+      const int64_t oa = batch * a.batch_stride, ob = batch * b.batch_stride;
+      const int64_t oc = batch * c.batch_stride, od = batch * dl.batch_stride;
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          float acc = 0.0f;
+          for (int64_t p = 0; p < k; ++p) {
+            // Column-major: element (r, s) of a stored matrix is at r + s * ld.
+            const int64_t ia = ta ? p + i * a.ld : i + p * a.ld;
+            const int64_t ib = tb ? j + p * b.ld : p + j * b.ld;
+            acc += Load(A, a.type, oa + ia) * Load(B, b.type, ob + ib);
+          }
+          float out = al * acc;
+          if (be != 0.0f) out += be * Load(C, c.type, oc + i + j * c.ld);
+          if (d.epilogue == CUBLASLT_EPILOGUE_BIAS ||
+              d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            out += Load(d.bias, dl.type, i);
+          }
+          if (d.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+            out *= GeluGrad(Load(d.aux, dl.type, i + j * d.aux_ld));
+          }
+          if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            Store(d.aux, dl.type, i + j * d.aux_ld, out);
+            out = Gelu(out);
+          }
+          Store(Dp, dl.type, od + i + j * dl.ld, out);
         }
-        float out = al * acc;
-        if (be != 0.0f) out += be * Load(C, c.type, oc + i + j * c.ld);
-        if (d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-          out += Load(d.bias, dl.type, i);
+        if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+          float sum = 0.0f;
+          for (int64_t p = 0; p < k; ++p)
+            sum += Load(B, b.type, ob + (tb ? j + p * b.ld : p + j * b.ld));
+          Store(d.bias, dl.type, j, sum);
         }
-        if (d.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-          out *= GeluGrad(Load(d.aux, dl.type, i + j * d.aux_ld));
-        }
-        if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-          Store(d.aux, dl.type, i + j * d.aux_ld, out);
-          out = Gelu(out);
-        }
-        Store(Dp, dl.type, od + i + j * dl.ld, out);
-      }
-      if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
-        float sum = 0.0f;
-        for (int64_t p = 0; p < k; ++p) sum += Load(B, b.type, ob + (tb ? j + p * b.ld : p + j * b.ld));
-        Store(d.bias, dl.type, j, sum);
       }
     }
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 
