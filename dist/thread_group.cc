@@ -192,7 +192,12 @@ class ThreadProcessGroup final : public ProcessGroup {
     tensor::cuda::EventHandle issued = nullptr;
     if (call->error.ok() && call->input.defined() && call->input.device().is_cuda()) {
       try {
-        issued = lane_.MarkIssued(call->input.device().index);
+        const int device = call->input.device().index;
+        issued = lane_.MarkIssued(device);
+        // Another GPU than the lane's: no mark to wait for, and the call is
+        // staged through the host on the worker thread, so this thread's
+        // stream must have produced the inputs first.
+        if (issued == nullptr) tensor::cuda::SynchronizeStream(/*stream=*/nullptr, device);
       } catch (const std::exception& e) {
         call->error = absl::InternalError(absl::StrCat("[", CollectiveName(call->kind), "] ",
                                                        Who(), ": ", e.what()));
@@ -551,6 +556,13 @@ class ThreadProcessGroup final : public ProcessGroup {
     tensor::Tensor in, out;
     if (me.error.ok()) {
       try {
+        // Device work this thread does for the call off the device path
+        // (Prepare's and CopyBack's strided copies, on this thread's stream)
+        // comes after the issuing stream's kernels, which produce the inputs
+        // and may still read the outputs.
+        if (issued != nullptr) {
+          tensor::cuda::StreamWaitEvent(/*stream=*/nullptr, issued, call.input.device().index);
+        }
         me.error = Prepare(call, eligible, &in, &out);
       } catch (const std::exception& e) {
         me.error = absl::ResourceExhaustedError(
@@ -616,12 +628,20 @@ class ThreadProcessGroup final : public ProcessGroup {
     if (on_device && !peer_failed.ok()) return peer_failed;
     try {
       // Copy staged results back (nothing to do on the device path).
+      tensor::Tensor dst;
       if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast) {
-        tensor::Tensor dst = call.input;
-        if (!in.SharesStorageWith(dst)) CopyBack(in, dst);
+        if (!in.SharesStorageWith(call.input)) {
+          dst = call.input;
+          CopyBack(in, dst);
+        }
       } else if (call.output.defined() && !out.SharesStorageWith(call.output)) {
-        tensor::Tensor dst = call.output;
+        dst = call.output;
         CopyBack(out, dst);
+      }
+      // A strided device destination was written by a kernel on this
+      // thread's stream: done before the Work is.
+      if (dst.defined() && dst.device().is_cuda()) {
+        tensor::cuda::SynchronizeStream(/*stream=*/nullptr, dst.device().index);
       }
     } catch (const std::exception& e) {
       return absl::InternalError(

@@ -85,6 +85,8 @@ void RecordEvent(EventHandle event, StreamHandle stream, int device);
 void StreamWaitEvent(StreamHandle stream, EventHandle event, int device);
 // The host waits until the work `event` captured has finished.
 void SynchronizeEvent(EventHandle event, int device);
+// The host waits until the work queued on `stream` so far has finished.
+void SynchronizeStream(StreamHandle stream, int device);
 // `bytes` from src to dst, both in memory of cuda:`device`, queued on `stream`.
 void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream);
 // The device twin of the CPU collectives' arithmetic

@@ -51,6 +51,9 @@ void StreamWaitEvent(StreamHandle, EventHandle, int device) {
 void SynchronizeEvent(EventHandle, int device) {
   ThrowOpError("event", kNotBuilt, " (cuda:", device, ")");
 }
+void SynchronizeStream(StreamHandle, int device) {
+  ThrowOpError("stream", kNotBuilt, " (cuda:", device, ")");
+}
 void CopyOnStream(void*, const void*, int64_t, int device, StreamHandle) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }

@@ -73,6 +73,11 @@ void SynchronizeEvent(EventHandle event, int device) {
   Check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
 }
 
+void SynchronizeStream(StreamHandle stream, int device) {
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  Check(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
+}
+
 void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream) {
   if (bytes == 0) return;
   Check(cudaSetDevice(device), "cudaSetDevice");
