@@ -113,7 +113,26 @@ struct Run {
 };
 
 thread_local Run* g_run = nullptr;
-thread_local StackPool g_stacks;
+// The fiber stacks of this thread, through Stacks(). A pointer, not an
+// object: deferred work (pending.h) can run kernels from another
+// thread_local's destructor at thread exit (a stream drained there), after an
+// object here would have been destroyed.
+thread_local StackPool* g_stacks = nullptr;
+struct StackPoolOwner {
+  ~StackPoolOwner() {
+    delete g_stacks;
+    g_stacks = nullptr;
+  }
+};
+StackPool& Stacks() {
+  if (g_stacks == nullptr) {
+    g_stacks = new StackPool;
+    // Frees it when the thread ends; a pool made after that (by work run
+    // later in the thread's exit) is left to the process.
+    thread_local StackPoolOwner owner;
+  }
+  return *g_stacks;
+}
 
 Run& CurrentRun() {
   if (g_run == nullptr || g_run->current < 0) {
@@ -217,7 +236,7 @@ void RunBlock(Run& r) {
     // The first switch "returns" into Trampoline with the stack aligned as at
     // a function's entry: slot S (16-aligned) holds Trampoline, S + 8 a null
     // return address, below S the six callee-saved registers.
-    char* top = g_stacks.Top(static_cast<size_t>(i));
+    char* top = Stacks().Top(static_cast<size_t>(i));
     auto* s = reinterpret_cast<void**>(top - 16);
     s[0] = reinterpret_cast<void*>(&Trampoline);
     s[1] = nullptr;
