@@ -355,15 +355,13 @@ bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
   return !bad;
 }
 
-void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body,
-            bool count) {
+void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body) {
   if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (g_run != nullptr) {
     std::fprintf(stderr, "cuda_emu: a kernel launched from inside a kernel\n");
     std::abort();
   }
-  if (count) CountLaunch();
   Run r;
   r.body = &body;
   r.block.block_dim = block;

@@ -37,10 +37,8 @@ inline const BlockState& CurrentBlock() { return *current_block; }
 // cudaErrorInvalidConfiguration for cudaGetLastError and runs nothing. A
 // block whose threads cannot all proceed (a barrier or warp collective that
 // some of them never reach) aborts the process naming the kernel's block.
-// Counts the launch (counters.h) unless `count` is false (deferred work, counted
-// when it was issued).
-void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body,
-            bool count = true);
+// Counts nothing: LaunchOnStream counts the launch when it is issued.
+void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
 
 // A GPU faults on an access of `bytes` bytes (a vector load or store) at an
 // address that is not a multiple of `bytes` ("misaligned address"; the

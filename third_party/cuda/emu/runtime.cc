@@ -102,10 +102,6 @@ bool Find(const void* p, Kind* kind, int* device = nullptr) {
   if (device != nullptr) *device = it->second.device;
   return true;
 }
-bool Known(const void* p) {
-  Kind k;
-  return Find(p, &k);
-}
 bool OnDevice(const void* p) {
   Kind k;
   return Find(p, &k) && k == Kind::kDevice;
@@ -142,13 +138,13 @@ cudaError_t Release(void* p, Kind kind) {
 // behavior": a synchronous copy between host and device always does (from
 // pageable memory the stream is synchronized before the copy starts); an
 // asynchronous one does when the device copies into pageable host memory.
-// A wait counts only when work was queued (Wait). `defer_on` (a created
-// stream, pending.h) defers the copy: the caller passes it only for an
-// asynchronous copy between device and device or pinned memory (from or to
-// pageable memory the copy is made at the call, after the stream's work: the
-// runtime stages pageable memory before the call returns).
+// A wait counts only when work was queued (Wait). An asynchronous copy runs
+// in `stream`'s order: deferred where the stream defers (pending.h) when both
+// sides are device or pinned memory; from or to pageable memory it is made at
+// the call, after the stream's work (the runtime stages pageable memory before
+// the call returns).
 cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool async,
-                 cudaStream_t defer_on = nullptr) {
+                 cudaStream_t stream = nullptr) {
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
   Kind dst_kind = Kind::kPinned, src_kind = Kind::kPinned;
@@ -180,11 +176,12 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool
   } else if (dst_dev || src_dev) {
     Queued();  // device to device: never waits
   }
-  if (defer_on != nullptr) {
-    Defer(defer_on, [dst, src, n] { std::memmove(dst, src, n); });
-  } else {
-    std::memmove(dst, src, n);
+  if (async && dst_known && src_known) {
+    RunOnStream(stream, [dst, src, n] { std::memmove(dst, src, n); });
+    return cudaSuccess;
   }
+  if (async) WaitForStream(stream);
+  std::memmove(dst, src, n);
   return cudaSuccess;
 }
 
@@ -271,7 +268,13 @@ void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work) {
   AddPending(stream, {std::move(work)});
 }
 
-void WaitForStream(cudaStream_t stream) { WaitAll(Unfinished(stream)); }
+void RunDeferredOnBlockingStreams();
+
+void WaitForStream(cudaStream_t stream) {
+  // The legacy default stream also waits for the blocking streams.
+  if (stream == nullptr || stream == cudaStreamLegacy) RunDeferredOnBlockingStreams();
+  WaitAll(Unfinished(stream));
+}
 
 DeferMode DeferModeNow() {
   static const DeferMode mode = [] {
@@ -311,20 +314,6 @@ void Defer(cudaStream_t stream, std::function<void()> run) {
   p.by_stream[key] = {std::move(work)};
 }
 
-void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
-                    std::function<void()> body) {
-  if (!DefersWork(stream)) {
-    WaitForStream(stream);
-    Launch(grid, block, dynamic_shared_bytes, body);
-    return;
-  }
-  if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
-  CountLaunch();
-  Defer(stream, [grid, block, dynamic_shared_bytes, body = std::move(body)] {
-    Launch(grid, block, dynamic_shared_bytes, body, /*count=*/false);
-  });
-}
-
 void RunOnStream(cudaStream_t stream, std::function<void()> run) {
   if (DefersWork(stream)) {
     Defer(stream, std::move(run));
@@ -332,6 +321,15 @@ void RunOnStream(cudaStream_t stream, std::function<void()> run) {
   }
   WaitForStream(stream);
   run();
+}
+
+void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                    std::function<void()> body) {
+  if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
+  CountLaunch();  // when issued, deferred or not
+  RunOnStream(stream, [grid, block, dynamic_shared_bytes, body = std::move(body)] {
+    Launch(grid, block, dynamic_shared_bytes, body);
+  });
 }
 
 // Deferred work not yet started among `works` runs now, as a GPU would get
@@ -586,11 +584,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t stream) {
-  if (cuda_emu::DefersWork(stream) && cuda_emu::Known(dst) && cuda_emu::Known(src)) {
-    return cuda_emu::Copy(dst, src, n, kind, /*async=*/true, stream);
-  }
-  cuda_emu::WaitForStream(stream);
-  return cuda_emu::Copy(dst, src, n, kind, /*async=*/true);
+  return cuda_emu::Copy(dst, src, n, kind, /*async=*/true, stream);
 }
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
@@ -601,14 +595,11 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
-  if (cuda_emu::DefersWork(stream) && n > 0) {
-    if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
-    cuda_emu::Queued();
-    cuda_emu::Defer(stream, [p, value, n] { std::memset(p, value, n); });
-    return cudaSuccess;
-  }
-  cuda_emu::WaitForStream(stream);
-  return cudaMemset(p, value, n);
+  if (n == 0) return cudaSuccess;
+  if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
+  cuda_emu::Queued();  // never waits
+  cuda_emu::RunOnStream(stream, [p, value, n] { std::memset(p, value, n); });
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
