@@ -38,11 +38,6 @@ template <typename T>
 __device__ __forceinline__ uint32_t PackF(float lo, float hi) {
   return Pack2(FromF<T>(lo), FromF<T>(hi));
 }
-template <typename T>
-__device__ __forceinline__ uint32_t Ld32(const T* p) {
-  CheckAligned<4>(p);
-  return *reinterpret_cast<const uint32_t*>(p);
-}
 // Stores an element pair (4-byte aligned: the outputs' rows start at even
 // elements, checked on the host).
 template <typename T>
@@ -81,40 +76,83 @@ __device__ __forceinline__ void Mma<__half>(float (&c)[4], const uint32_t (&a)[4
 #endif
 }
 
-// acc (16 x kN) += A (16 x kK) * B^T, A: 16 rows of shared memory at `a`, B:
-// kN rows at `b` (both row major, leading dimension ld): e.g. S = Q K^T.
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8m .. 8m + 7 give
+// the addresses of rows 0 .. 7 of the 8x8 matrix m (16 bytes each, 16-byte
+// aligned, in shared memory); r[m] is this lane's fragment of matrix m: row
+// g, columns 2t, 2t + 1 (.trans: rows 2t, 2t + 1 of column g), the lower
+// column (row) in the low half. One instruction loads what four 32-bit
+// loads per operand (or eight 16-bit ones for a transposed operand) did.
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::LdMatrixX4<kTrans>(r, row);
+#else
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#endif
+}
+
+// The operands below live in shared memory, row major with leading dimension
+// ld (a multiple of 8 elements, so every 8-element row segment is 16-byte
+// aligned for ldmatrix). Lane l gives the address of row l % 8 of matrix
+// l / 8, so with mi = l / 8, ri = l % 8:
+
+// acc (16 x kN) += A (16 x kK) * B^T, A: 16 rows at `a`, B: kN rows at `b`:
+// e.g. S = Q K^T. A's matrices are its quarters in fragment order (rows 0-7 /
+// 8-15 for mi even / odd, columns 0-7 / 8-15 for mi < 2 / >= 2); B's are
+// b0, b1 of the column tile j (rows 8j .. 8j + 7, columns 0-7 then 8-15) and
+// b0, b1 of tile j + 1.
 template <typename T, int kK, int kN>
 __device__ __forceinline__ void WarpGemmABt(float (&acc)[kN / 8][4], const T* a, const T* b, int ld,
-                                            int g, int t) {
+                                            int lane) {
+  static_assert(kN % 16 == 0, "column tiles go in pairs");
+  const int mi = lane / 8, ri = lane % 8;
+  const T* a_row = a + ((mi % 2) * 8 + ri) * ld + (mi / 2) * 8;
+  const T* b_row = b + ((mi / 2) * 8 + ri) * ld + (mi % 2) * 8;
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
-    const int c = kk * 16 + 2 * t;
-    const uint32_t af[4] = {Ld32(a + g * ld + c), Ld32(a + (g + 8) * ld + c),
-                            Ld32(a + g * ld + c + 8), Ld32(a + (g + 8) * ld + c + 8)};
+    uint32_t af[4];
+    LdMatrixX4<false>(af, a_row + kk * 16);
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const T* brow = b + (j * 8 + g) * ld + c;
-      Mma<T>(acc[j], af, Ld32(brow), Ld32(brow + 8));
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t bf[4];
+      LdMatrixX4<false>(bf, b_row + j * 8 * ld + kk * 16);
+      Mma<T>(acc[j], af, bf[0], bf[1]);
+      Mma<T>(acc[j + 1], af, bf[2], bf[3]);
     }
   }
 }
 
 // acc (16 x kN) += P (16 x kK, registers in C layout) * B, B: kK rows x kN
-// columns of shared memory at `b` (row major, ld): e.g. O += P V. P is rounded
-// to T for the product.
+// columns at `b`: e.g. O += P V. P is rounded to T for the product. B's
+// fragment holds column elements, so its matrices load transposed: b0, b1 of
+// the column tile j (rows 16kk .. +7, then +8 .. +15, columns 8j .. 8j + 7)
+// and b0, b1 of tile j + 1.
 template <typename T, int kK, int kN>
 __device__ __forceinline__ void WarpGemmPB(float (&acc)[kN / 8][4], const float (&p)[kK / 8][4],
-                                           const T* b, int ld, int g, int t) {
+                                           const T* b, int ld, int lane) {
+  static_assert(kN % 16 == 0, "column tiles go in pairs");
+  const int mi = lane / 8, ri = lane % 8;
+  const T* b_row = b + ((mi % 2) * 8 + ri) * ld + (mi / 2) * 8;
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
     const uint32_t af[4] = {
         PackF<T>(p[2 * kk][0], p[2 * kk][1]), PackF<T>(p[2 * kk][2], p[2 * kk][3]),
         PackF<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), PackF<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-    const T* r0 = b + (kk * 16 + 2 * t) * ld + g;  // rows k = 2t, 2t+1, 2t+8, 2t+9; column n = g
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const T* col = r0 + j * 8;
-      Mma<T>(acc[j], af, Pack2(col[0], col[ld]), Pack2(col[8 * ld], col[9 * ld]));
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t bf[4];
+      LdMatrixX4<true>(bf, b_row + kk * 16 * ld + j * 8);
+      Mma<T>(acc[j], af, bf[0], bf[1]);
+      Mma<T>(acc[j + 1], af, bf[2], bf[3]);
     }
   }
 }
@@ -185,7 +223,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     __syncthreads();
 
     float s[kBc / 8][4] = {};
-    WarpGemmABt<T, kD, kBc>(s, qs + warp * 16 * kLd, ks, kLd, g, t);
+    WarpGemmABt<T, kD, kBc>(s, qs + warp * 16 * kLd, ks, kLd, lane);
     // With score terms every tile is checked (padded keys can be anywhere).
     const bool masked =
         kTerms || k0 + kBc > a.t_k || (a.causal && k0 + kBc - 1 > q0 + a.causal_offset);
@@ -240,7 +278,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
         }
       }
     }
-    WarpGemmPB<T, kBc, kD>(o, s, vs, kLd, g, t);
+    WarpGemmPB<T, kBc, kD>(o, s, vs, kLd, lane);
   }
 
   T* y = static_cast<T*>(a.y) + b * a.sy.b + h * a.sy.h;
@@ -309,7 +347,7 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
 
     // P^T (16 keys x kBr queries) = exp2(scale_log2 * K Q^T - lse2).
     float p[kBr / 8][4] = {};
-    WarpGemmABt<T, kD, kBr>(p, ks + warp * 16 * kLd, qs, kLd, g, t);
+    WarpGemmABt<T, kD, kBr>(p, ks + warp * 16 * kLd, qs, kLd, lane);
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) {
 #pragma unroll
@@ -321,11 +359,11 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
                       : 0.0f;
       }
     }
-    if constexpr (!kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);  // dV += P^T dO
+    if constexpr (!kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, lane);  // dV += P^T dO
     // dS^T = P^T * (M * (V dO^T) - delta) with M the dropout factors; with
     // dropout, then P^T *= M and dV += (M P)^T dO.
     float ds[kBr / 8][4] = {};
-    WarpGemmABt<T, kD, kBr>(ds, vs + warp * 16 * kLd, dos, kLd, g, t);
+    WarpGemmABt<T, kD, kBr>(ds, vs + warp * 16 * kLd, dos, kLd, lane);
 #pragma unroll
     for (int j = 0; j < kBr / 8; ++j) {
 #pragma unroll
@@ -336,8 +374,8 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
         if constexpr (kDrop) p[j][e] *= f;
       }
     }
-    if constexpr (kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, g, t);
-    WarpGemmPB<T, kBr, kD>(dk, ds, qs, kLd, g, t);  // dK += dS^T Q (times scale below)
+    if constexpr (kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, lane);
+    WarpGemmPB<T, kBr, kD>(dk, ds, qs, kLd, lane);  // dK += dS^T Q (times scale below)
   }
 
   T* dkp = static_cast<T*>(a.dk) + b * a.sdk.b + h * a.sdk.h;
@@ -399,9 +437,9 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     __syncthreads();
 
     float p[kBc / 8][4] = {};
-    WarpGemmABt<T, kD, kBc>(p, qs + warp * 16 * kLd, ks, kLd, g, t);
+    WarpGemmABt<T, kD, kBc>(p, qs + warp * 16 * kLd, ks, kLd, lane);
     float ds[kBc / 8][4] = {};
-    WarpGemmABt<T, kD, kBc>(ds, dos + warp * 16 * kLd, vs, kLd, g, t);  // dP = dO V^T
+    WarpGemmABt<T, kD, kBc>(ds, dos + warp * 16 * kLd, vs, kLd, lane);  // dP = dO V^T
 #pragma unroll
     for (int j = 0; j < kBc / 8; ++j) {
       float f[2][2];
@@ -418,7 +456,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
         AddDScore<kTerms>(a, row[r], kj, ds[j][e]);
       }
     }
-    WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, g, t);  // dQ += dS K (times scale below)
+    WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, lane);  // dQ += dS K (times scale below)
   }
 
   T* dqp = static_cast<T*>(a.dq) + b * a.sdq.b + h * a.sdq.h;

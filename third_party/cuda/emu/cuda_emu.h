@@ -9,7 +9,7 @@
 // The model: a launch runs synchronously on the calling thread (every stream
 // is therefore in order); each block runs its CUDA threads as fibers
 // (fiber.h) that switch only at __syncthreads and at warp collectives
-// (shuffles, __syncwarp, mma.sync), so a block's threads and a warp's lanes
+// (shuffles, __syncwarp, mma.sync, ldmatrix), so a block's threads and a warp's lanes
 // meet exactly where the GPU makes them meet, and a collective that not all of
 // its threads reach is reported as a deadlock instead of hanging. Shared
 // memory is thread_local storage of the launching thread (blocks of one
@@ -280,6 +280,30 @@ void MmaM16N8K16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1
     float acc = c[i];
     for (int k = 0; k < 16; ++k) acc += am[rows[i]][k] * bm[k][cols[i]];
     c[i] = acc;
+  }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA, "Warp-level
+// matrix load instruction: ldmatrix"): lanes 8m .. 8m + 7 give the addresses
+// of rows 0 .. 7 of the 8x8 matrix m (8 16-bit elements, 16 bytes, 16-byte
+// aligned, in shared memory); lane l receives in r[m] row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix m, the lower column in the low half
+// (with .trans: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1). Each lane
+// reads its row when it joins, so the whole warp's reads happen at the
+// instruction, as on the GPU. Addresses must lie in the block's dynamic
+// shared memory (static __shared__ arrays are thread_local objects here).
+template <bool kTrans>
+void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) MisalignedAccess(row, 16);
+  if (!InDynamicSharedMemory(row, 16)) NotInSharedMemory("an ldmatrix row", row);
+  uint16_t mine[8], all[32][8];
+  std::memcpy(mine, row, sizeof(mine));
+  WarpGather(0xffffffffu, mine, sizeof(mine), all);
+  const int lane = CurrentThread().lane, g = lane / 4, t = lane % 4;
+  for (int m = 0; m < 4; ++m) {
+    const uint16_t lo = kTrans ? all[8 * m + 2 * t][g] : all[8 * m + g][2 * t];
+    const uint16_t hi = kTrans ? all[8 * m + 2 * t + 1][g] : all[8 * m + g][2 * t + 1];
+    r[m] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
   }
 }
 

@@ -78,6 +78,23 @@ TEST(CudaSemanticsTest, MmaFragmentLayouts) {
   }
 }
 
+TEST(CudaSemanticsTest, LdMatrixFragmentLayouts) {
+  SKIP_WITHOUT_DEVICE();
+  const std::vector<uint32_t> out = LdMatrixX4();
+  auto element = [](int m, int row, int col) {
+    return static_cast<uint32_t>(m * 64 + row * 8 + col);
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int m = 0; m < 4; ++m) {
+      EXPECT_EQ(out[lane * 4 + m], element(m, g, 2 * t) | element(m, g, 2 * t + 1) << 16)
+          << "lane " << lane << " matrix " << m;
+      EXPECT_EQ(out[(32 + lane) * 4 + m], element(m, 2 * t, g) | element(m, 2 * t + 1, g) << 16)
+          << ".trans, lane " << lane << " matrix " << m;
+    }
+  }
+}
+
 TEST(CudaSemanticsTest, OversizedBlockIsALaunchError) {
   SKIP_WITHOUT_DEVICE();
   EXPECT_EQ(OversizedBlockError(), "cudaErrorInvalidConfiguration");
@@ -87,6 +104,15 @@ TEST(CudaSemanticsDeathTest, MismatchedBarriersAreReportedNotHung) {
   SKIP_WITHOUT_DEVICE();
   if (!Emulated()) GTEST_SKIP() << "a GPU would hang: emulation only";
   EXPECT_DEATH(MismatchedBarriers(), "deadlock in block \\(0, 0, 0\\)");
+}
+
+TEST(CudaSemanticsDeathTest, LdMatrixOutsideSharedMemoryIsReported) {
+  SKIP_WITHOUT_DEVICE();
+  if (!Emulated()) GTEST_SKIP() << "undefined on a GPU: emulation only";
+  EXPECT_DEATH(LdMatrixMisused(/*from_global=*/true),
+               "an ldmatrix row at 0x[0-9a-f]+ by thread \\(0, 0, 0\\) of block \\(0, 0, 0\\) "
+               "is not in the block's dynamic shared memory");
+  EXPECT_DEATH(LdMatrixMisused(/*from_global=*/false), "misaligned address: a 16-byte access");
 }
 
 }  // namespace

@@ -77,6 +77,55 @@ __global__ void MmaKernel(const __nv_bfloat16* a, const __nv_bfloat16* bt, const
   d[(g + 8) * 8 + 2 * t + 1] = acc[3];
 }
 
+template <bool kTrans>
+__device__ void LdMatrix(uint32_t (&r)[4], const uint16_t* row) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::LdMatrixX4<kTrans>(r, row);
+#else
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#endif
+}
+
+// One warp: element (m, row, col) of four 8x8 matrices is m * 64 + row * 8 +
+// col, in dynamic shared memory with rows kLd elements apart; lane l gives
+// row l % 8 of matrix l / 8. out[(trans * 32 + lane) * 4 + m] = r[m].
+__global__ void LdMatrixKernel(uint32_t* out) {
+  constexpr int kLd = 24;  // 48-byte rows: aligned, not packed
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto* s = reinterpret_cast<uint16_t*>(smem);
+  const int lane = threadIdx.x;
+  for (int i = lane; i < 4 * 8 * 8; i += 32) {
+    const int m = i / 64, row = (i / 8) % 8, col = i % 8;
+    s[(m * 8 + row) * kLd + col] = static_cast<uint16_t>(i);
+  }
+  __syncwarp();
+  const uint16_t* row = s + ((lane / 8) * 8 + lane % 8) * kLd;
+  uint32_t r[4];
+  LdMatrix<false>(r, row);
+  for (int m = 0; m < 4; ++m) out[lane * 4 + m] = r[m];
+  LdMatrix<true>(r, row);
+  for (int m = 0; m < 4; ++m) out[(32 + lane) * 4 + m] = r[m];
+}
+
+// An ldmatrix from global memory (from_global) or from a shared row that is
+// not 16-byte aligned: the emulation aborts (a GPU reads garbage or faults).
+__global__ void LdMatrixMisusedKernel(const uint16_t* global, bool from_global) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint16_t* row =
+      from_global ? global : reinterpret_cast<const uint16_t*>(smem) + 4 + threadIdx.x * 8;
+  uint32_t r[4];
+  LdMatrix<false>(r, row);
+}
+
 __global__ void EmptyKernel() {}
 
 __global__ void MismatchedKernel() {
@@ -137,6 +186,20 @@ std::vector<float> MmaBf16(const std::vector<float>& a, const std::vector<float>
   Check(cudaFree(const_cast<__nv_bfloat16*>(dbt)), "cudaFree");
   Check(cudaFree(const_cast<float*>(dc)), "cudaFree");
   return ToHost(dd, 128);
+}
+
+std::vector<uint32_t> LdMatrixX4() {
+  uint32_t* out = ToDevice(std::vector<uint32_t>(2 * 32 * 4, 0));
+  LdMatrixKernel<<<1, 32, 32 * 24 * sizeof(uint16_t)>>>(out);
+  Check(cudaGetLastError(), "LdMatrixKernel");
+  return ToHost(out, 2 * 32 * 4);
+}
+
+void LdMatrixMisused(bool from_global) {
+  uint16_t* global = ToDevice(std::vector<uint16_t>(32 * 8, 0));
+  LdMatrixMisusedKernel<<<1, 32, 33 * 8 * sizeof(uint16_t)>>>(global, from_global);
+  Check(cudaDeviceSynchronize(), "LdMatrixMisusedKernel");
+  Check(cudaFree(global), "cudaFree");
 }
 
 std::string OversizedBlockError() {

@@ -1,5 +1,5 @@
 // Kernels that pin down the CUDA semantics the emulation reproduces (warp
-// shuffles, block barriers, mma.sync fragment layouts). Host functions: they
+// shuffles, block barriers, mma.sync fragment layouts, ldmatrix). Host functions: they
 // take and return host vectors. Built by nvcc (--config=cuda) or against the
 // emulation (--config=cuda_emu); emu_test.cc runs them on either, so on a GPU
 // the same test checks the emulation's model of the hardware.
@@ -27,6 +27,17 @@ std::vector<float> ReverseThroughSharedMemory(const std::vector<float>& in);
 // mma.sync.m16n8k16 (bf16 inputs, f32 accumulators starting from C).
 std::vector<float> MmaBf16(const std::vector<float>& a, const std::vector<float>& b,
                            const std::vector<float>& c);
+
+// ldmatrix.sync.aligned.m8n8.x4 from shared memory holding four 8x8 16-bit
+// matrices, element (m, row, col) = m * 64 + row * 8 + col, lane l giving row
+// l % 8 of matrix l / 8: out[(trans * 32 + lane) * 4 + m] is lane's r[m]
+// without (trans 0) and with (trans 1) .trans.
+std::vector<uint32_t> LdMatrixX4();
+
+// An ldmatrix whose rows are in global memory (from_global) or in shared
+// memory but 8 bytes off a 16-byte boundary. Emulation only: it aborts naming
+// the thread; a GPU reads garbage or faults.
+void LdMatrixMisused(bool from_global);
 
 // A launch with 2048 threads per block: the error cudaGetLastError reports.
 std::string OversizedBlockError();

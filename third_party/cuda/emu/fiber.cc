@@ -288,6 +288,24 @@ void* DynamicSharedMemory() {
   return reinterpret_cast<void*>((addr + 15) & ~uintptr_t{15});
 }
 
+bool InDynamicSharedMemory(const void* p, size_t bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(DynamicSharedMemory());
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  return addr >= begin && addr - begin <= g_run->shared_bytes &&
+         bytes <= g_run->shared_bytes - (addr - begin);
+}
+
+void NotInSharedMemory(const char* what, const void* p) {
+  const Run& r = CurrentRun();
+  const ThreadState& t = r.fibers[r.current].t;
+  std::fprintf(stderr,
+               "cuda_emu: %s at %p by thread (%u, %u, %u) of block (%u, %u, %u) is not in the "
+               "block's dynamic shared memory (%zu bytes)\n",
+               what, p, t.thread_idx.x, t.thread_idx.y, t.thread_idx.z, r.block.block_idx.x,
+               r.block.block_idx.y, r.block.block_idx.z, r.shared_bytes);
+  std::abort();
+}
+
 void SyncThreads() {
   Run& r = CurrentRun();
   Fiber& f = r.fibers[r.current];

@@ -64,6 +64,12 @@ template <typename T>
 T* DynamicShared() {
   return static_cast<T*>(DynamicSharedMemory());
 }
+// Whether [p, p + bytes) lies in the running block's dynamic shared memory.
+bool InDynamicSharedMemory(const void* p, size_t bytes);
+// Aborts naming the block and thread: `what` (e.g. an ldmatrix) took an
+// address outside the block's dynamic shared memory, where a GPU reads
+// whatever that shared-window address holds (or faults).
+[[noreturn]] void NotInSharedMemory(const char* what, const void* p);
 
 // __syncthreads: waits until every thread of the block that has not exited
 // arrives.
