@@ -21,7 +21,9 @@
 // Kernels (FlashAttentionKernel):
 // - kTensorCore (bf16, f16): warp-level mma.sync.m16n8k16 with f32
 //   accumulation, 4 warps of 16 rows each, tiles of 64 (see
-//   FlashAttentionTilesFor); the probabilities (and dS in the backward) are
+//   FlashAttentionTilesFor) copied in by cp.async in two stages (the next
+//   tile loads while this one is used), operands read into the fragments by
+//   ldmatrix; the probabilities (and dS in the backward) are
 //   rounded to the input dtype before their products, as FlashAttention does.
 // - kFloat (f32, bf16, f16): plain float FMA, one warp per query (or key) row,
 //   K/V (or Q/dO) tiles of 32 rows staged as float in shared memory. Slower; the
@@ -152,8 +154,10 @@ constexpr bool FlashAttentionHeadDimSupported(int64_t head_dim) {
 
 // Tiles of one kernel. kernel must be resolved (not kAuto); elem_size is the
 // input dtype's size. Tensor cores: shared-memory rows padded by 8 elements
-// (16 bytes: no bank conflicts on the fragment loads, rows stay 16-byte
-// aligned). Float: tiles of 32 float rows padded by 1 (conflict-free per-lane
+// (16 bytes: no bank conflicts on the ldmatrix fragment loads, rows stay
+// 16-byte aligned for them and for cp.async); the tiles of the inner loop
+// have two stages, the next block's loading while this one's are used.
+// Float: tiles of 32 float rows padded by 1 (conflict-free per-lane
 // dot products) plus the CTA's own 8 rows unpadded.
 constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel,
                                                      FlashAttentionPass pass, int64_t head_dim,
@@ -161,14 +165,15 @@ constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel
   if (kernel == FlashAttentionKernel::kTensorCore) {
     const int64_t ld = head_dim + 8;
     if (pass == FlashAttentionPass::kForward) {
-      return {64, 64, 128, 3 * 64 * ld * elem_size};  // Q, K, V tiles
+      return {64, 64, 128, (64 + 2 * 2 * 64) * ld * elem_size};  // Q; 2 x (K, V)
     }
     if (pass == FlashAttentionPass::kBackwardDkDv) {
       // D = 128 takes 32 queries per step to keep dK, dV, S^T and dP^T in registers.
       const int step = head_dim >= 128 ? 32 : 64;
-      return {64, step, 128, (2 * 64 + 2 * step) * ld * elem_size + 2 * step * 4};  // +lse, delta
+      // K, V; 2 stages of (Q, dO, lse, delta).
+      return {64, step, 128, (2 * 64 + 2 * 2 * step) * ld * elem_size + 2 * 2 * step * 4};
     }
-    return {64, 64, 128, 4 * 64 * ld * elem_size};  // dq: Q, dO, K, V tiles
+    return {64, 64, 128, (2 * 64 + 2 * 2 * 64) * ld * elem_size};  // dq: Q, dO; 2 x (K, V)
   }
   const int64_t ldf = head_dim + 1;
   if (pass == FlashAttentionPass::kForward) {

@@ -157,9 +157,42 @@ __device__ __forceinline__ void WarpGemmPB(float (&acc)[kN / 8][4], const float 
   }
 }
 
+// cp.async.cg.shared.global: 16 bytes from global into shared memory,
+// reading src_bytes of them (16, or 0 to zero-fill); they land once this
+// thread waits for their group (CpAsyncWait), and reach the other threads at
+// the next __syncthreads after that.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::CpAsync16(dst, src, src_bytes);
+#else
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(src_bytes));
+#endif
+}
+// Closes this thread's group of the copies issued since the last one.
+__device__ __forceinline__ void CpAsyncCommit() {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::CpAsyncCommit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits for every committed group of this thread's copies.
+__device__ __forceinline__ void CpAsyncWaitAll() {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::CpAsyncWait<0>();
+#else
+  asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+}
+
 // Copies rows [row0, row0 + n_rows) of a (T, kD) slice (row stride `stride`)
 // into shared memory (leading dimension ld); rows at or past `valid` (relative
-// to row0) become zeros, so padded keys and values never inject NaN.
+// to row0) become zeros, so padded keys and values never inject NaN. With
+// `vec` (16-byte aligned rows) the copies are cp.async: they land at the
+// caller's CpAsyncCommit + CpAsyncWaitAll; otherwise they are stores, done
+// on return.
 template <typename T, int kD>
 __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t stride, int row0,
                                          int valid, int n_rows, bool vec) {
@@ -167,14 +200,8 @@ __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t str
     constexpr int kChunks = kD / 8;  // 16-byte chunks per row
     for (int i = threadIdx.x; i < n_rows * kChunks; i += blockDim.x) {
       const int r = i / kChunks, c = (i % kChunks) * 8;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (r < valid) {
-        const T* from = src + (row0 + r) * stride + c;
-        CheckAligned<16>(from);
-        val = *reinterpret_cast<const uint4*>(from);
-      }
-      CheckAligned<16>(s + r * ld + c);
-      *reinterpret_cast<uint4*>(s + r * ld + c) = val;
+      const bool in = r < valid;
+      CpAsync16(s + r * ld + c, in ? src + (row0 + r) * stride + c : src, in ? 16 : 0);
     }
   } else {
     for (int i = threadIdx.x; i < n_rows * kD; i += blockDim.x) {
@@ -198,8 +225,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   static_assert(kBr == 64 && kBc % 16 == 0, "4 warps of 16 rows");
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // [kBr][kLd]
-  T* ks = qs + kBr * kLd;              // [kBc][kLd]
-  T* vs = ks + kBc * kLd;              // [kBc][kLd]
+  T* kvs = qs + kBr * kLd;             // 2 stages of a K tile then a V tile, [kBc][kLd] each
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
@@ -215,12 +241,22 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   float l[2] = {0.0f, 0.0f};    // this thread's part of the running sum
   int k_end = a.t_k;
   if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
-
-  for (int k0 = 0; k0 < k_end; k0 += kBc) {
-    __syncthreads();  // the previous tiles are consumed (and Q is loaded)
+  // The next key block's tiles load into the other stage while this one's
+  // are used.
+  auto load_kv = [&](int stage, int k0) {
+    T* ks = kvs + stage * 2 * kBc * kLd;
     LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
-    LoadTile<T, kD>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
-    __syncthreads();
+    LoadTile<T, kD>(ks + kBc * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
+    CpAsyncCommit();
+  };
+  if (k_end > 0) load_kv(0, 0);
+
+  for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
+    CpAsyncWaitAll();  // this thread's copies of Q and of this block's tiles
+    __syncthreads();   // everyone's; and every warp is done with the other stage
+    if (k0 + kBc < k_end) load_kv(stage ^ 1, k0 + kBc);
+    const T* ks = kvs + stage * 2 * kBc * kLd;  // [kBc][kLd]
+    const T* vs = ks + kBc * kLd;               // [kBc][kLd]
 
     float s[kBc / 8][4] = {};
     WarpGemmABt<T, kD, kBc>(s, qs + warp * 16 * kLd, ks, kLd, lane);
@@ -309,12 +345,11 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
   constexpr int kBc = kTiles.rows, kBr = kTiles.step, kLd = kD + 8;
   static_assert(kBc == 64 && kBr % 16 == 0, "4 warps of 16 keys");
   extern __shared__ __align__(16) unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);                        // [kBc][kLd]
-  T* vs = ks + kBc * kLd;                                    // [kBc][kLd]
-  T* qs = vs + kBc * kLd;                                    // [kBr][kLd]
-  T* dos = qs + kBr * kLd;                                   // [kBr][kLd]
-  float* lse_s = reinterpret_cast<float*>(dos + kBr * kLd);  // [kBr], base 2
-  float* delta_s = lse_s + kBr;                              // [kBr]
+  T* ks = reinterpret_cast<T*>(smem);  // [kBc][kLd]
+  T* vs = ks + kBc * kLd;              // [kBc][kLd]
+  T* qdos = vs + kBc * kLd;            // 2 stages of a Q tile then a dO tile, [kBr][kLd] each
+  // 2 stages of lse (base 2) then delta, [kBr] each.
+  float* lse_deltas = reinterpret_cast<float*>(qdos + 2 * 2 * kBr * kLd);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
@@ -333,17 +368,30 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
   float dv[kD / 8][4] = {};
   int q_begin = 0;
   if (a.causal) q_begin = max(0, k0 - a.causal_offset) / kBr * kBr;
-
-  for (int q0 = q_begin; q0 < a.t_q; q0 += kBr) {
-    __syncthreads();
+  // The next query block's tiles load into the other stage while this one's
+  // are used.
+  auto load_q = [&](int stage, int q0) {
+    T* qs = qdos + stage * 2 * kBr * kLd;
     LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
-    LoadTile<T, kD>(dos, kLd, dout, a.sdo.t, q0, a.t_q - q0, kBr, a.vec);
+    LoadTile<T, kD>(qs + kBr * kLd, kLd, dout, a.sdo.t, q0, a.t_q - q0, kBr, a.vec);
+    CpAsyncCommit();
+    float* lse_s = lse_deltas + stage * 2 * kBr;
     for (int i = threadIdx.x; i < kBr; i += blockDim.x) {
       const bool in = q0 + i < a.t_q;
       lse_s[i] = in ? Lse2(lse[q0 + i]) : kInf;
-      delta_s[i] = in ? delta[q0 + i] : 0.0f;
+      lse_s[kBr + i] = in ? delta[q0 + i] : 0.0f;
     }
-    __syncthreads();
+  };
+  if (q_begin < a.t_q) load_q(0, q_begin);
+
+  for (int q0 = q_begin, stage = 0; q0 < a.t_q; q0 += kBr, stage ^= 1) {
+    CpAsyncWaitAll();  // this thread's copies of K, V and of this block's tiles
+    __syncthreads();   // everyone's; and every warp is done with the other stage
+    if (q0 + kBr < a.t_q) load_q(stage ^ 1, q0 + kBr);
+    const T* qs = qdos + stage * 2 * kBr * kLd;         // [kBr][kLd]
+    const T* dos = qs + kBr * kLd;                      // [kBr][kLd]
+    const float* lse_s = lse_deltas + stage * 2 * kBr;  // [kBr]
+    const float* delta_s = lse_s + kBr;                 // [kBr]
 
     // P^T (16 keys x kBr queries) = exp2(scale_log2 * K Q^T - lse2).
     float p[kBr / 8][4] = {};
@@ -402,8 +450,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // [kBr][kLd]
   T* dos = qs + kBr * kLd;             // [kBr][kLd]
-  T* ks = dos + kBr * kLd;             // [kBc][kLd]
-  T* vs = ks + kBc * kLd;              // [kBc][kLd]
+  T* kvs = dos + kBr * kLd;            // 2 stages of a K tile then a V tile, [kBc][kLd] each
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int b, h;
@@ -430,11 +477,20 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   int k_end = a.t_k;
   if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
 
-  for (int k0 = 0; k0 < k_end; k0 += kBc) {
-    __syncthreads();
+  auto load_kv = [&](int stage, int k0) {  // as the forward's
+    T* ks = kvs + stage * 2 * kBc * kLd;
     LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
-    LoadTile<T, kD>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
-    __syncthreads();
+    LoadTile<T, kD>(ks + kBc * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
+    CpAsyncCommit();
+  };
+  if (k_end > 0) load_kv(0, 0);
+
+  for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
+    CpAsyncWaitAll();  // this thread's copies of Q, dO and of this block's tiles
+    __syncthreads();   // everyone's; and every warp is done with the other stage
+    if (k0 + kBc < k_end) load_kv(stage ^ 1, k0 + kBc);
+    const T* ks = kvs + stage * 2 * kBc * kLd;  // [kBc][kLd]
+    const T* vs = ks + kBc * kLd;               // [kBc][kLd]
 
     float p[kBc / 8][4] = {};
     WarpGemmABt<T, kD, kBc>(p, qs + warp * 16 * kLd, ks, kLd, lane);

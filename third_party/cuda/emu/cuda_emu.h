@@ -307,6 +307,17 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
   }
 }
 
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes; commit_group;
+// wait_group N (see fiber.h's AsyncCopyToShared for the model).
+inline void CpAsync16(void* dst, const void* src, int src_bytes) {
+  AsyncCopyToShared(dst, src, 16, src_bytes);
+}
+inline void CpAsyncCommit() { AsyncCopyCommit(); }
+template <int kNewestPending>
+void CpAsyncWait() {
+  AsyncCopyWait(kNewestPending);
+}
+
 }  // namespace cuda_emu
 
 #endif  // THIRD_PARTY_CUDA_EMU_CUDA_EMU_H_

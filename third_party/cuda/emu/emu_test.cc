@@ -95,6 +95,25 @@ TEST(CudaSemanticsTest, LdMatrixFragmentLayouts) {
   }
 }
 
+TEST(CudaSemanticsTest, AsyncCopiesLandByGroup) {
+  SKIP_WITHOUT_DEVICE();
+  const std::vector<uint32_t> out = AsyncCopies();
+  for (uint32_t lane = 0; lane < 32; ++lane) {
+    const uint32_t* o = out.data() + lane * 8;
+    EXPECT_EQ(o[1], 1000 + 4 * lane) << "lane " << lane << ": the first group after wait_group 1";
+    EXPECT_EQ(o[3], 5000 + 4 * lane) << lane;
+    EXPECT_EQ(o[4], 5000 + 4 * lane + 1) << lane;
+    EXPECT_EQ(o[5], 0u) << lane << ": zero-filled";
+    EXPECT_EQ(o[6], 0u) << lane << ": zero-filled";
+    if (Emulated()) {
+      // The emulation lands a group at its wait: earlier reads see the
+      // block's initial shared memory (0xff bytes). A GPU may land it sooner.
+      EXPECT_EQ(o[0], 0xffffffffu) << lane << ": read before any wait";
+      EXPECT_EQ(o[2], 0xffffffffu) << lane << ": the second group after wait_group 1";
+    }
+  }
+}
+
 TEST(CudaSemanticsTest, OversizedBlockIsALaunchError) {
   SKIP_WITHOUT_DEVICE();
   EXPECT_EQ(OversizedBlockError(), "cudaErrorInvalidConfiguration");
@@ -113,6 +132,14 @@ TEST(CudaSemanticsDeathTest, LdMatrixOutsideSharedMemoryIsReported) {
                "an ldmatrix row at 0x[0-9a-f]+ by thread \\(0, 0, 0\\) of block \\(0, 0, 0\\) "
                "is not in the block's dynamic shared memory");
   EXPECT_DEATH(LdMatrixMisused(/*from_global=*/false), "misaligned address: a 16-byte access");
+}
+
+TEST(CudaSemanticsDeathTest, AsyncCopyOutsideSharedMemoryIsReported) {
+  SKIP_WITHOUT_DEVICE();
+  if (!Emulated()) GTEST_SKIP() << "undefined on a GPU: emulation only";
+  EXPECT_DEATH(AsyncCopyToGlobal(),
+               "a cp.async destination at 0x[0-9a-f]+ by thread \\(0, 0, 0\\) .* is not in the "
+               "block's dynamic shared memory");
 }
 
 }  // namespace

@@ -126,6 +126,60 @@ __global__ void LdMatrixMisusedKernel(const uint16_t* global, bool from_global) 
   LdMatrix<false>(r, row);
 }
 
+template <int kNewestPending>
+__device__ void CpAsyncWait() {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::CpAsyncWait<kNewestPending>();
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kNewestPending));
+#endif
+}
+__device__ void CpAsyncCommit() {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::CpAsyncCommit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ void CpAsync16(void* dst, const void* src, int src_bytes) {
+#ifdef TENSOR_CUDA_EMULATION
+  ::cuda_emu::CpAsync16(dst, src, src_bytes);
+#else
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(src_bytes));
+#endif
+}
+
+// One warp. Group 1: lane l copies a[4l .. 4l + 3] to shared xs; group 2: it
+// copies b[4l], b[4l + 1] and zero-fills two words into ys. out[l * 8 + i]:
+// i = 0: xs[4l] before any wait; 1: xs[4l] after wait_group 1; 2: ys[4l]
+// then; 3..6: ys[4l .. 4l + 3] after wait_group 0.
+__global__ void AsyncCopyKernel(const uint32_t* a, const uint32_t* b, uint32_t* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto* xs = reinterpret_cast<uint32_t*>(smem);
+  uint32_t* ys = xs + 128;
+  const int l = threadIdx.x;
+  CpAsync16(xs + 4 * l, a + 4 * l, 16);
+  CpAsyncCommit();
+  CpAsync16(ys + 4 * l, b + 4 * l, 8);
+  CpAsyncCommit();
+  uint32_t* o = out + l * 8;
+  o[0] = xs[4 * l];
+  CpAsyncWait<1>();
+  o[1] = xs[4 * l];
+  o[2] = ys[4 * l];
+  CpAsyncWait<0>();
+  for (int i = 0; i < 4; ++i) o[3 + i] = ys[4 * l + i];
+}
+
+// A cp.async whose destination is in global memory: the emulation aborts.
+__global__ void AsyncCopyToGlobalKernel(const uint32_t* a, uint32_t* global) {
+  CpAsync16(global + 4 * threadIdx.x, a + 4 * threadIdx.x, 16);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+}
+
 __global__ void EmptyKernel() {}
 
 __global__ void MismatchedKernel() {
@@ -200,6 +254,29 @@ void LdMatrixMisused(bool from_global) {
   LdMatrixMisusedKernel<<<1, 32, 33 * 8 * sizeof(uint16_t)>>>(global, from_global);
   Check(cudaDeviceSynchronize(), "LdMatrixMisusedKernel");
   Check(cudaFree(global), "cudaFree");
+}
+
+std::vector<uint32_t> AsyncCopies() {
+  std::vector<uint32_t> a(128), b(128);
+  for (uint32_t i = 0; i < 128; ++i) {
+    a[i] = 1000 + i;
+    b[i] = 5000 + i;
+  }
+  const uint32_t* da = ToDevice(a);
+  const uint32_t* db = ToDevice(b);
+  uint32_t* out = ToDevice(std::vector<uint32_t>(32 * 8, 0));
+  AsyncCopyKernel<<<1, 32, 2 * 128 * sizeof(uint32_t)>>>(da, db, out);
+  Check(cudaGetLastError(), "AsyncCopyKernel");
+  Check(cudaFree(const_cast<uint32_t*>(da)), "cudaFree");
+  Check(cudaFree(const_cast<uint32_t*>(db)), "cudaFree");
+  return ToHost(out, 32 * 8);
+}
+
+void AsyncCopyToGlobal() {
+  const uint32_t* a = ToDevice(std::vector<uint32_t>(128, 1));
+  uint32_t* global = ToDevice(std::vector<uint32_t>(128, 0));
+  AsyncCopyToGlobalKernel<<<1, 32>>>(a, global);
+  Check(cudaDeviceSynchronize(), "AsyncCopyToGlobalKernel");
 }
 
 std::string OversizedBlockError() {

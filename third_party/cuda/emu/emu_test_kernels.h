@@ -1,5 +1,6 @@
 // Kernels that pin down the CUDA semantics the emulation reproduces (warp
-// shuffles, block barriers, mma.sync fragment layouts, ldmatrix). Host functions: they
+// shuffles, block barriers, mma.sync fragment layouts, ldmatrix,
+// cp.async). Host functions: they
 // take and return host vectors. Built by nvcc (--config=cuda) or against the
 // emulation (--config=cuda_emu); emu_test.cc runs them on either, so on a GPU
 // the same test checks the emulation's model of the hardware.
@@ -38,6 +39,17 @@ std::vector<uint32_t> LdMatrixX4();
 // memory but 8 bytes off a 16-byte boundary. Emulation only: it aborts naming
 // the thread; a GPU reads garbage or faults.
 void LdMatrixMisused(bool from_global);
+
+// cp.async into shared memory in two groups, per lane (32 lanes) 8 words:
+// [0] the first group's destination read before any wait, [1] after
+// cp.async.wait_group 1, [2] the second group's destination then, [3..6] the
+// second group's four words after wait_group 0. The first group copies
+// 1000 + 4 lane + i (i < 4); the second copies 5000 + 4 lane + i for i < 2
+// and zero-fills i = 2, 3.
+std::vector<uint32_t> AsyncCopies();
+
+// A cp.async whose destination is global memory. Emulation only: it aborts.
+void AsyncCopyToGlobal();
 
 // A launch with 2048 threads per block: the error cudaGetLastError reports.
 std::string OversizedBlockError();

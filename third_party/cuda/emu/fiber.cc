@@ -55,10 +55,20 @@ constexpr size_t kMaxGatherBytes = 64;
 
 enum class State { kRunnable, kAtBarrier, kAtWarp, kDone };
 
+// A cp.async this thread issued and has not waited for.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  int bytes;      // what lands in shared memory
+  int src_bytes;  // read from src; the rest is zero-filled
+};
+
 struct Fiber {
   void* sp = nullptr;
   ThreadState t{};
   State state = State::kRunnable;
+  std::vector<AsyncCopy> async_copies;  // issued, oldest first
+  std::vector<size_t> async_groups;     // where each committed group ends in async_copies
 };
 
 // A warp's collective in progress (one at a time per warp: the lanes in its
@@ -233,6 +243,8 @@ void RunBlock(Run& r) {
   for (int i = 0; i < n; ++i) {
     Fiber& f = r.fibers[i];
     f.state = State::kRunnable;
+    f.async_copies.clear();  // copies a thread never waited for are dropped
+    f.async_groups.clear();
     // The first switch "returns" into Trampoline with the stack aligned as at
     // a function's entry: slot S (16-aligned) holds Trampoline, S + 8 a null
     // return address, below S the six callee-saved registers.
@@ -286,6 +298,46 @@ void* DynamicSharedMemory() {
   Run& r = *g_run;
   auto addr = reinterpret_cast<uintptr_t>(r.shared.data());
   return reinterpret_cast<void*>((addr + 15) & ~uintptr_t{15});
+}
+
+void AsyncCopyToShared(void* dst, const void* src, int bytes, int src_bytes) {
+  Run& r = CurrentRun();
+  if (bytes != 4 && bytes != 8 && bytes != 16) {
+    std::fprintf(stderr, "cuda_emu: a cp.async of %d bytes (4, 8 or 16)\n", bytes);
+    std::abort();
+  }
+  if (src_bytes < 0 || src_bytes > bytes) {
+    std::fprintf(stderr, "cuda_emu: a cp.async of %d bytes reading %d\n", bytes, src_bytes);
+    std::abort();
+  }
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0) MisalignedAccess(dst, bytes);
+  if (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % bytes != 0) {
+    MisalignedAccess(src, bytes);
+  }
+  if (!InDynamicSharedMemory(dst, bytes)) NotInSharedMemory("a cp.async destination", dst);
+  r.fibers[r.current].async_copies.push_back({dst, src, bytes, src_bytes});
+}
+
+void AsyncCopyCommit() {
+  Fiber& f = CurrentRun().fibers[CurrentRun().current];
+  f.async_groups.push_back(f.async_copies.size());
+}
+
+void AsyncCopyWait(int newest_pending) {
+  Fiber& f = CurrentRun().fibers[CurrentRun().current];
+  const size_t groups = f.async_groups.size();
+  if (groups <= static_cast<size_t>(newest_pending)) return;
+  const size_t done_groups = groups - static_cast<size_t>(newest_pending);
+  const size_t done = f.async_groups[done_groups - 1];
+  for (size_t i = 0; i < done; ++i) {
+    const AsyncCopy& c = f.async_copies[i];
+    auto* dst = static_cast<unsigned char*>(c.dst);
+    if (c.src_bytes > 0) std::memcpy(dst, c.src, static_cast<size_t>(c.src_bytes));
+    std::memset(dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
+  }
+  f.async_copies.erase(f.async_copies.begin(), f.async_copies.begin() + done);
+  f.async_groups.erase(f.async_groups.begin(), f.async_groups.begin() + done_groups);
+  for (size_t& end : f.async_groups) end -= done;
 }
 
 bool InDynamicSharedMemory(const void* p, size_t bytes) {

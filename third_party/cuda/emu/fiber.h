@@ -71,6 +71,19 @@ bool InDynamicSharedMemory(const void* p, size_t bytes);
 // whatever that shared-window address holds (or faults).
 [[noreturn]] void NotInSharedMemory(const char* what, const void* p);
 
+// cp.async (PTX ISA, "Data movement: cp.async"): copies `bytes` (4, 8 or 16,
+// both addresses aligned to it) from global memory into the block's dynamic
+// shared memory, reading `src_bytes` of them and zero-filling the rest. The
+// copy is only recorded: it lands when this thread waits for its group
+// (AsyncCopyWait), so a read of the destination before the wait sees the old
+// bytes, as it may on the GPU. cp.async.commit_group closes the thread's
+// group of copies issued since the last one; cp.async.wait_group N completes
+// every committed group but the newest N. Copies never waited for are dropped
+// when the block ends.
+void AsyncCopyToShared(void* dst, const void* src, int bytes, int src_bytes);
+void AsyncCopyCommit();
+void AsyncCopyWait(int newest_pending);
+
 // __syncthreads: waits until every thread of the block that has not exited
 // arrives.
 void SyncThreads();
