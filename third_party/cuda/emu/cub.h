@@ -30,6 +30,10 @@ struct DeviceRadixSort {
         begin_bit > end_bit) {
       return cudaErrorInvalidValue;
     }
+    if (!::cuda_emu::KernelsRun()) {
+      ::cuda_emu::RunOnStream(stream, [] {});
+      return cudaSuccess;
+    }
     // Stream-ordered, as CUB's kernels are (deferred where the stream defers).
     ::cuda_emu::RunOnStream(stream, [=] {
       const int bits = end_bit - begin_bit;

@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <condition_variable>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -108,6 +109,19 @@ void WaitForStream(cudaStream_t stream);
 // streams), none (everything runs when issued).
 enum class DeferMode { kNone, kCreated, kAll };
 DeferMode DeferModeNow();
+
+// Whether kernels run: CUDA_EMU_KERNELS=run (the default) or skip. Skipped,
+// a launch (a kernel, a cuBLASLt matmul, the CUB sort) is checked, counted
+// and queued in its stream's order but computes nothing; copies and memsets
+// still run up to kSkipBytesAbove bytes (flags, token ids, the loss); larger
+// ones, device work too (zeroing gradients, gathers), are queued and skipped.
+// What is left of a training step is the host's work: the framework's own
+// time per step, the floor below which no GPU can take the step without CUDA
+// graphs. Results are garbage.
+bool KernelsRun();
+constexpr size_t kSkipBytesAbove = 4096;
+// Whether a copy or memset of n bytes involving device memory moves them.
+inline bool MovesBytes(size_t n) { return n <= kSkipBytesAbove || KernelsRun(); }
 
 // Whether work issued on `stream` is deferred (never on the legacy stream).
 bool DefersWork(cudaStream_t stream);

@@ -176,12 +176,17 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool
   } else if (dst_dev || src_dev) {
     Queued();  // device to device: never waits
   }
+  const bool moves = MovesBytes(n) || !(dst_dev || src_dev);
   if (async && dst_known && src_known) {
-    RunOnStream(stream, [dst, src, n] { std::memmove(dst, src, n); });
+    if (moves) {
+      RunOnStream(stream, [dst, src, n] { std::memmove(dst, src, n); });
+    } else {
+      RunOnStream(stream, [] {});
+    }
     return cudaSuccess;
   }
   if (async) WaitForStream(stream);
-  std::memmove(dst, src, n);
+  if (moves) std::memmove(dst, src, n);
   return cudaSuccess;
 }
 
@@ -289,6 +294,17 @@ DeferMode DeferModeNow() {
   return mode;
 }
 
+bool KernelsRun() {
+  static const bool run = [] {
+    const char* env = std::getenv("CUDA_EMU_KERNELS");
+    if (env == nullptr || std::strcmp(env, "run") == 0) return true;
+    if (std::strcmp(env, "skip") == 0) return false;
+    std::fprintf(stderr, "cuda_emu: CUDA_EMU_KERNELS must be run or skip; got '%s'\n", env);
+    std::abort();
+  }();
+  return run;
+}
+
 bool DefersWork(cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy) return false;
   if (stream == cudaStreamPerThread) return DeferModeNow() == DeferMode::kAll;
@@ -327,6 +343,10 @@ void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_s
                     std::function<void()> body) {
   if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
   CountLaunch();  // when issued, deferred or not
+  if (!KernelsRun()) {
+    RunOnStream(stream, [] {});
+    return;
+  }
   RunOnStream(stream, [grid, block, dynamic_shared_bytes, body = std::move(body)] {
     Launch(grid, block, dynamic_shared_bytes, body);
   });
@@ -590,7 +610,7 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
   cuda_emu::RunDeferredOnBlockingStreams();
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
-  std::memset(p, value, n);
+  if (cuda_emu::MovesBytes(n)) std::memset(p, value, n);
   cuda_emu::Queued();  // a device memset does not wait, even the synchronous one
   return cudaSuccess;
 }
@@ -598,7 +618,11 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   cuda_emu::Queued();  // never waits
-  cuda_emu::RunOnStream(stream, [p, value, n] { std::memset(p, value, n); });
+  if (cuda_emu::MovesBytes(n)) {
+    cuda_emu::RunOnStream(stream, [p, value, n] { std::memset(p, value, n); });
+  } else {
+    cuda_emu::RunOnStream(stream, [] {});
+  }
   return cudaSuccess;
 }
 
