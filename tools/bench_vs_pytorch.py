@@ -53,13 +53,14 @@ def sync(args):
         torch.cuda.synchronize()
 
 
-def torch_tokens_per_s(args, autocast_bf16=False):
+def torch_tokens_per_s(args, autocast_bf16=False, sdpa=False):
     n_layer, n_head, n_embd = PRESETS[args.preset]
 
     class Config(mingpt_reference.Config):
         pass
 
     Config.n_layer, Config.n_head, Config.n_embd = n_layer, n_head, n_embd
+    Config.sdpa = sdpa
     Config.vocab_size, Config.block_size = args.vocab_size, args.seq_len
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
@@ -125,15 +126,24 @@ def main():
     p.add_argument("--peak_tflops", type=float, default=989.5,
                    help="dense bf16 peak of the GPU for MFU (H100/H200 SXM: 989.5)")
     p.add_argument("--torch_bf16", action="store_true", help="also time torch.autocast bf16")
+    p.add_argument("--torch_sdpa", action="store_true",
+                   help="also time PyTorch with F.scaled_dot_product_attention (FlashAttention on "
+                        "a GPU) in place of minGPT's four attention ops (PyTorch >= 2.0)")
     p.add_argument("--json_out", default="")
     args = p.parse_args()
     if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
+    if args.torch_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        sys.exit(f"--torch_sdpa needs PyTorch 2.0 or later (F.scaled_dot_product_attention); "
+                 f"this is torch {torch.__version__}")
 
     results = {}
     if args.device == "cuda":
         # The GPU comparison: bf16 on both sides.
         results["pytorch_autocast_bf16"] = torch_tokens_per_s(args, autocast_bf16=True)
+        if args.torch_sdpa:
+            results["pytorch_autocast_bf16_sdpa"] = torch_tokens_per_s(args, autocast_bf16=True,
+                                                                       sdpa=True)
         results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
         base = results["pytorch_autocast_bf16"][0]
         print(f"device {torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16")
@@ -144,18 +154,30 @@ def main():
         results["pytorch_fp32"] = torch_tokens_per_s(args)
         if args.torch_bf16:
             results["pytorch_autocast_bf16"] = torch_tokens_per_s(args, autocast_bf16=True)
+        if args.torch_sdpa:
+            results["pytorch_fp32_sdpa"] = torch_tokens_per_s(args, sdpa=True)
         results["ours_fp32"] = ours_tokens_per_s(args, "fp32")
         results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
         base = results["pytorch_fp32"][0]
     print(f"{args.preset}, vocab {args.vocab_size}, block {args.seq_len}, batch {args.batch_size}, "
           f"SGD, {os.cpu_count()} cores, torch {torch.__version__}, median of {args.steps} steps")
-    print(f"{'run':24s} {'s/step':>8s} {'tokens/s':>10s} {'vs PyTorch':>16s}")
+    # "vs PyTorch": against minGPT's eager model as written (the same model);
+    # "vs SDPA": against it with PyTorch's fused attention (--torch_sdpa).
+    sdpa_name = next((k for k in results if k.endswith("_sdpa")), None)
+    sdpa_base = results[sdpa_name][0] if sdpa_name else None
+    print(f"{'run':28s} {'s/step':>8s} {'tokens/s':>10s} {'vs PyTorch':>11s}"
+          + (f" {'vs SDPA':>8s}" if sdpa_base else ""))
     for name, (tps, sec) in results.items():
-        print(f"{name:24s} {sec:8.3f} {tps:10.1f} {tps / base:15.2f}x")
+        print(f"{name:28s} {sec:8.3f} {tps:10.1f} {tps / base:10.2f}x"
+              + (f" {tps / sdpa_base:7.2f}x" if sdpa_base else ""))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({k: {"tokens_per_s": v[0], "s_per_step": v[1], "ratio": v[0] / base}
-                       for k, v in results.items()}, f, indent=1)
+            rows = {}
+            for k, (tps, sec) in results.items():
+                rows[k] = {"tokens_per_s": tps, "s_per_step": sec, "ratio": tps / base}
+                if sdpa_base:
+                    rows[k]["ratio_vs_sdpa"] = tps / sdpa_base
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ case "$phase" in
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
-      --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 \
+      --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa \
       --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
     ;;
   profile)
