@@ -15,10 +15,13 @@ On a GPU (the issue's GPU setting: gpt2 124M, bf16 mixed precision, batch
 16 x 1024, AdamW): PyTorch eager on cuda with torch.autocast(bf16) against our
 train binary with --device=cuda:0 --precision=bf16 (built with --config=cuda
 and carried with tools/gpu_bundle.sh), with model FLOPs utilization (MFU:
-6 N + 12 L C T FLOPs per token, as PaLM / llm.c count, over --peak_tflops):
+6 N + 12 L C T FLOPs per token, as PaLM / llm.c count, N the weights that
+multiply (not the embedding lookups), over the device's dense bf16 peak) and,
+with --torch_sdpa, PyTorch with its fused attention too:
 
   python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 --seq_len 1024 \
-      --batch_size 16 --optimizer adamw --train_cmd "gpu_bundle/run.sh gpu_bundle/bin/train"
+      --batch_size 16 --optimizer adamw --torch_sdpa \
+      --train_cmd "gpu_bundle/run.sh gpu_bundle/wrap/train"
 """
 
 import argparse
@@ -42,10 +45,35 @@ PRESETS = {"gopher-44m": (8, 16, 512), "gpt-mini": (6, 6, 192), "gpt-micro": (4,
 
 
 def flops_per_token(args):
-    """6 N (forward + backward of every weight) + 12 L C T (attention scores and values)."""
+    """6 N (forward + backward of every weight) + 12 L C T (attention scores and values).
+
+    N counts the weights that multiply: the blocks (12 L C^2 + 13 L C), the
+    final LayerNorm (2 C) and the LM head (V C; minGPT does not tie it to the
+    token embedding). The token and position embedding tables are lookups,
+    not products, so they are left out, as nanoGPT's estimate_mfu and llm.c
+    leave out the position table and count a tied token table once, as the
+    head. For gpt2 N = 123.65M (the train binary's "without embeddings").
+    """
     n_layer, _, c = PRESETS[args.preset]
-    n = 12 * n_layer * c * c + 13 * n_layer * c + 2 * args.vocab_size * c + args.seq_len * c + 2 * c
+    n = 12 * n_layer * c * c + 13 * n_layer * c + 2 * c + args.vocab_size * c
     return 6 * n + 12 * n_layer * c * args.seq_len
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) by device name, most
+# specific first: NVIDIA's data sheets.
+PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("GH200", 989.5),
+                    ("H200", 989.5), ("H100", 989.5), ("A100", 312.0)]
+
+
+def peak_tflops(args):
+    """--peak_tflops, else the peak of the device's name; exits naming it if unknown."""
+    if args.peak_tflops > 0:
+        return args.peak_tflops
+    name = torch.cuda.get_device_name()
+    for key, peak in PEAK_BF16_TFLOPS:
+        if key in name:
+            return peak
+    sys.exit(f"no known bf16 peak for '{name}': pass --peak_tflops")
 
 
 def sync(args):
@@ -123,8 +151,9 @@ def main():
                    help="command that runs our train binary (e.g. through gpu_bundle/run.sh)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
-    p.add_argument("--peak_tflops", type=float, default=989.5,
-                   help="dense bf16 peak of the GPU for MFU (H100/H200 SXM: 989.5)")
+    p.add_argument("--peak_tflops", type=float, default=0.0,
+                   help="dense bf16 peak of the GPU for MFU; 0: from the device's name "
+                        "(H100/H200 SXM 989.5, H100 NVL 835, H100 PCIe 756)")
     p.add_argument("--torch_bf16", action="store_true", help="also time torch.autocast bf16")
     p.add_argument("--torch_sdpa", action="store_true",
                    help="also time PyTorch with F.scaled_dot_product_attention (FlashAttention on "
@@ -138,18 +167,21 @@ def main():
                  f"this is torch {torch.__version__}")
 
     results = {}
+    mfu = {}
     if args.device == "cuda":
         # The issue's GPU comparison: bf16 on both sides.
+        peak = peak_tflops(args)  # first: an unknown device stops before the runs
         results["pytorch_autocast_bf16"] = torch_tokens_per_s(args, autocast_bf16=True)
         if args.torch_sdpa:
             results["pytorch_autocast_bf16_sdpa"] = torch_tokens_per_s(args, autocast_bf16=True,
                                                                        sdpa=True)
         results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
         base = results["pytorch_autocast_bf16"][0]
-        print(f"device {torch.cuda.get_device_name()}, peak {args.peak_tflops} TFLOP/s bf16")
+        print(f"device {torch.cuda.get_device_name()}, peak {peak} TFLOP/s bf16, "
+              f"{flops_per_token(args) / 1e9:.3f} GFLOP per token")
         for name, (tps, _) in results.items():
-            mfu = tps * flops_per_token(args) / (args.peak_tflops * 1e12)
-            print(f"{name:24s} MFU {100 * mfu:5.1f}%")
+            mfu[name] = tps * flops_per_token(args) / (peak * 1e12)
+            print(f"{name:28s} MFU {100 * mfu[name]:5.1f}%")
     else:
         results["pytorch_fp32"] = torch_tokens_per_s(args)
         if args.torch_bf16:
@@ -177,6 +209,8 @@ def main():
                 rows[k] = {"tokens_per_s": tps, "s_per_step": sec, "ratio": tps / base}
                 if sdpa_base:
                     rows[k]["ratio_vs_sdpa"] = tps / sdpa_base
+                if k in mfu:
+                    rows[k]["mfu"] = mfu[k]
             json.dump(rows, f, indent=1)
 
 
