@@ -4,12 +4,14 @@
 // layouts, compute type, 32 MiB workspace, heuristic's first algorithm), side
 // by side in one run. Shapes: the minGPT MLP GEMMs, the 50257-vocab LM head
 // (contiguous, 64-padded to 50304, and 50257 columns written into rows 50304
-// apart as the aligned LM head does), and 4096^3; in f32 (exact), tf32 and
-// bf16. Then the gpt2 block's Linear layers with the bias (and GELU) fused
-// into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the
-// MLP's backward through the GELU (DGELU epilogue) against GEMM + GeluBackward.
-// Timed with CUDA events on the calling thread's stream: warmup samples, then
-// the median of --samples samples of --reps back-to-back calls each.
+// apart as the aligned LM head does), 4096^3, and gpt2's forward GEMMs at
+// batch 16 x 1024; in f32 (exact), tf32 and bf16. In bf16 each row also
+// times the heuristic's other candidates ("best of N": what autotuning the
+// algorithm could gain over its first choice). Then the gpt2 block's Linear layers with the bias
+// (and GELU) fused into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the MLP's
+// backward through the GELU (DGELU epilogue) against GEMM + GeluBackward. Timed with CUDA events on
+// the calling thread's stream: warmup samples, then the median of --samples samples of --reps
+// back-to-back calls each.
 //
 //   bazel-bin/tensor/cuda/matmul_benchmark --samples=20 --reps=10
 #include <cublasLt.h>
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -144,17 +147,21 @@ class RawLt {
     CheckLt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &ws, sizeof(ws)),
             "workspace preference");
-    cublasLtMatmulHeuristicResult_t result = {};
+    // The heuristic's first algorithm is what tensor::Matmul runs; the
+    // others are the candidates an autotuner would time.
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int returned = 0;
-    CheckLt(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, 1, &result,
-                                           &returned),
+    CheckLt(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, la_, lb_, lc_, lc_, pref, kCandidates,
+                                           results, &returned),
             "cublasLtMatmulAlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
-    if (returned == 0) {
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) algos_.push_back(results[i].algo);
+    }
+    if (algos_.empty()) {
       std::fprintf(stderr, "no cuBLASLt algorithm for %s\n", c.name);
       std::exit(1);
     }
-    algo_ = result.algo;
   }
   ~RawLt() {
     cublasLtMatrixLayoutDestroy(lc_);
@@ -167,12 +174,16 @@ class RawLt {
   RawLt(const RawLt&) = delete;
   RawLt& operator=(const RawLt&) = delete;
 
-  void Run() {
+  static constexpr int kCandidates = 8;
+
+  void Run() { CheckLt(RunWith(0), "cublasLtMatmul"); }
+  // The heuristic's i-th algorithm (0: its first, what Run uses).
+  cublasStatus_t RunWith(size_t i) {
     const float alpha = 1.0f, beta = 0.0f;
-    CheckLt(cublasLtMatmul(handle_, desc_, &alpha, b_, la_, a_, lb_, &beta, c_, lc_, c_, lc_,
-                           &algo_, workspace_, cuda::kMatmulWorkspaceBytes, cudaStreamPerThread),
-            "cublasLtMatmul");
+    return cublasLtMatmul(handle_, desc_, &alpha, b_, la_, a_, lb_, &beta, c_, lc_, c_, lc_,
+                          &algos_[i], workspace_, cuda::kMatmulWorkspaceBytes, cudaStreamPerThread);
   }
+  size_t candidates() const { return algos_.size(); }
 
  private:
   const void* a_;
@@ -182,8 +193,20 @@ class RawLt {
   void* workspace_ = nullptr;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
-  cublasLtMatmulAlgo_t algo_ = {};
+  std::vector<cublasLtMatmulAlgo_t> algos_;
 };
+
+// The fastest of the heuristic's candidates (seconds per call, index); a
+// candidate that fails to run is skipped.
+std::pair<double, size_t> BestCandidate(RawLt& raw, double first) {
+  std::pair<double, size_t> best = {first, 0};
+  for (size_t i = 1; i < raw.candidates(); ++i) {
+    if (raw.RunWith(i) != CUBLAS_STATUS_SUCCESS) continue;
+    const double t = TimeCall([&] { raw.RunWith(i); });
+    if (t < best.first) best = {t, i};
+  }
+  return best;
+}
 
 // Largest |x - y| over the first elements of two same-shaped device tensors.
 double MaxDiffHead(const Tensor& x, const Tensor& y) {
@@ -283,22 +306,32 @@ int Main() {
               prop.name, prop.major, prop.minor, absl::GetFlag(FLAGS_samples),
               absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_warmup));
   const Case cases[] = {
-      {"mlp up    x@W^T", 1024, 768, 3072, true},   {"mlp down  x@W^T", 1024, 3072, 768, true},
-      {"lm head   x@W^T", 8192, 768, 50257, true},  {"lm head   50304", 8192, 768, 50304, true},
+      {"mlp up    x@W^T", 1024, 768, 3072, true},
+      {"mlp down  x@W^T", 1024, 3072, 768, true},
+      {"lm head   x@W^T", 8192, 768, 50257, true},
+      {"lm head   50304", 8192, 768, 50304, true},
       // What the aligned LM head runs (nn::LinearOptions::align_output_rows):
       // 50257 columns into rows 50304 apart.
       {"lm head   rows64", 8192, 768, 50257, true, 50304},
       {"square    a@b  ", 4096, 4096, 4096, false},
+      // gpt2's forward GEMMs at batch 16 x 1024 (the comparison's setting).
+      {"gpt2 qkv  x@W^T", 16384, 768, 2304, true},
+      {"gpt2 proj x@W^T", 16384, 768, 768, true},
+      {"gpt2 up   x@W^T", 16384, 768, 3072, true},
+      {"gpt2 down x@W^T", 16384, 3072, 768, true},
+      {"gpt2 head rows64", 16384, 768, 50257, true, 50304},
   };
   const Precision precisions[] = {
       {"f32 ", Dtype::kF32, false},
       {"tf32", Dtype::kF32, true},
       {"bf16", Dtype::kBF16, false},
   };
-  std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s | %7s %9s\n", "case", "dtype", "M", "K", "N",
-              "Matmul", "Into", "raw Lt", "ours/Lt", "max|diff|");
-  std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s |\n", "", "", "", "", "", "TFLOP/s", "TFLOP/s",
-              "TFLOP/s");
+  // "best of N": the fastest of cuBLASLt's first N heuristic candidates (bf16
+  // only), what autotuning the algorithm could gain over the first one.
+  std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s | %7s %9s | %9s %8s\n", "case", "dtype", "M",
+              "K", "N", "Matmul", "Into", "raw Lt", "ours/Lt", "max|diff|", "best of N", "Lt/best");
+  std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s | %7s %9s | %9s\n", "", "", "", "", "",
+              "TFLOP/s", "TFLOP/s", "TFLOP/s", "", "", "TFLOP/s");
   uint64_t seed = 1;
   for (const Precision& p : precisions) {
     cuda::SetMatmulAllowTf32(p.tf32);
@@ -324,10 +357,16 @@ int Main() {
       const double diff = MaxDiffHead(into, raw_out);
 
       const double flops = 2.0 * c.m * c.n * c.k;
-      std::printf("%-16s %-5s %6lld %6lld %6lld | %9.1f %9.1f %9.1f | %7.3f %9.2g\n", c.name,
-                  p.name, static_cast<long long>(c.m), static_cast<long long>(c.k),
+      std::printf("%-16s %-5s %6lld %6lld %6lld | %9.1f %9.1f %9.1f | %7.3f %9.2g", c.name, p.name,
+                  static_cast<long long>(c.m), static_cast<long long>(c.k),
                   static_cast<long long>(c.n), flops / t_ours * 1e-12, flops / t_into * 1e-12,
                   flops / t_raw * 1e-12, t_raw / t_ours, diff);
+      if (p.dtype == Dtype::kBF16) {
+        const auto [t_best, index] = BestCandidate(raw, t_raw);
+        std::printf(" | %9.1f %7.3f  (#%zu of %zu)", flops / t_best * 1e-12, t_best / t_raw, index,
+                    raw.candidates());
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
