@@ -211,6 +211,20 @@ __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t str
   }
 }
 
+// Queues (cp.async, one committed group) the K and V tiles of keys [k0, k0 +
+// kRows) into stage `stage` of kvs: 2 stages of a K tile then a V tile,
+// [kRows][kD + 8] each. The forward and dq kernels load the next key block's
+// tiles into the other stage while this one's are used.
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void LoadKeyValueStage(T* kvs, int stage, const T* k, const T* v,
+                                                  const Args& a, int k0) {
+  constexpr int kLd = kD + 8;
+  T* ks = kvs + stage * 2 * kRows * kLd;
+  LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kRows, a.vec);
+  LoadTile<T, kD>(ks + kRows * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, kRows, a.vec);
+  CpAsyncCommit();
+}
+
 template <typename T, int kD>
 constexpr FlashAttentionTiles MmaTiles(FlashAttentionPass pass) {
   return FlashAttentionTilesFor(FlashAttentionKernel::kTensorCore, pass, kD, sizeof(T));
@@ -241,20 +255,12 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   float l[2] = {0.0f, 0.0f};    // this thread's part of the running sum
   int k_end = a.t_k;
   if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
-  // The next key block's tiles load into the other stage while this one's
-  // are used.
-  auto load_kv = [&](int stage, int k0) {
-    T* ks = kvs + stage * 2 * kBc * kLd;
-    LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
-    LoadTile<T, kD>(ks + kBc * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
-    CpAsyncCommit();
-  };
-  if (k_end > 0) load_kv(0, 0);
+  if (k_end > 0) LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
 
   for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
     CpAsyncWaitAll();  // this thread's copies of Q and of this block's tiles
     __syncthreads();   // everyone's; and every warp is done with the other stage
-    if (k0 + kBc < k_end) load_kv(stage ^ 1, k0 + kBc);
+    if (k0 + kBc < k_end) LoadKeyValueStage<T, kD, kBc>(kvs, stage ^ 1, k, v, a, k0 + kBc);
     const T* ks = kvs + stage * 2 * kBc * kLd;  // [kBc][kLd]
     const T* vs = ks + kBc * kLd;               // [kBc][kLd]
 
@@ -477,18 +483,12 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   int k_end = a.t_k;
   if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
 
-  auto load_kv = [&](int stage, int k0) {  // as the forward's
-    T* ks = kvs + stage * 2 * kBc * kLd;
-    LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
-    LoadTile<T, kD>(ks + kBc * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
-    CpAsyncCommit();
-  };
-  if (k_end > 0) load_kv(0, 0);
+  if (k_end > 0) LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
 
   for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
     CpAsyncWaitAll();  // this thread's copies of Q, dO and of this block's tiles
     __syncthreads();   // everyone's; and every warp is done with the other stage
-    if (k0 + kBc < k_end) load_kv(stage ^ 1, k0 + kBc);
+    if (k0 + kBc < k_end) LoadKeyValueStage<T, kD, kBc>(kvs, stage ^ 1, k, v, a, k0 + kBc);
     const T* ks = kvs + stage * 2 * kBc * kLd;  // [kBc][kLd]
     const T* vs = ks + kBc * kLd;               // [kBc][kLd]
 

@@ -319,12 +319,14 @@ void AsyncCopyToShared(void* dst, const void* src, int bytes, int src_bytes) {
 }
 
 void AsyncCopyCommit() {
-  Fiber& f = CurrentRun().fibers[CurrentRun().current];
+  Run& r = CurrentRun();
+  Fiber& f = r.fibers[r.current];
   f.async_groups.push_back(f.async_copies.size());
 }
 
 void AsyncCopyWait(int newest_pending) {
-  Fiber& f = CurrentRun().fibers[CurrentRun().current];
+  Run& r = CurrentRun();
+  Fiber& f = r.fibers[r.current];
   const size_t groups = f.async_groups.size();
   if (groups <= static_cast<size_t>(newest_pending)) return;
   const size_t done_groups = groups - static_cast<size_t>(newest_pending);

@@ -178,11 +178,9 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool
   }
   const bool moves = MovesBytes(n) || !(dst_dev || src_dev);
   if (async && dst_known && src_known) {
-    if (moves) {
-      RunOnStream(stream, [dst, src, n] { std::memmove(dst, src, n); });
-    } else {
-      RunOnStream(stream, [] {});
-    }
+    RunOnStream(stream, [dst, src, n, moves] {
+      if (moves) std::memmove(dst, src, n);
+    });
     return cudaSuccess;
   }
   if (async) WaitForStream(stream);
@@ -618,11 +616,9 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   cuda_emu::Queued();  // never waits
-  if (cuda_emu::MovesBytes(n)) {
-    cuda_emu::RunOnStream(stream, [p, value, n] { std::memset(p, value, n); });
-  } else {
-    cuda_emu::RunOnStream(stream, [] {});
-  }
+  cuda_emu::RunOnStream(stream, [p, value, n] {
+    if (cuda_emu::MovesBytes(n)) std::memset(p, value, n);
+  });
   return cudaSuccess;
 }
 
