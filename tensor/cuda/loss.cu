@@ -119,7 +119,8 @@ template <typename I>
 __global__ void __launch_bounds__(kStatThreads)
     TargetStatsKernel(const I* __restrict__ targets, int64_t rows, int64_t v, int64_t ignore_index,
                       float grad_loss, Stats* stats) {
-  __shared__ long long s_count[kWarp], s_bad[kWarp];
+  __shared__ long long s_count[kWarp];
+  __shared__ long long s_bad[kWarp];
   long long count = 0, bad = LLONG_MAX;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     const int64_t t = static_cast<int64_t>(targets[r]);

@@ -12,12 +12,14 @@
 // (shuffles, __syncwarp, mma.sync, ldmatrix), so a block's threads and a warp's lanes
 // meet exactly where the GPU makes them meet, and a collective that not all of
 // its threads reach is reported as a deadlock instead of hanging. Shared
-// memory is thread_local storage of the launching thread (blocks of one
-// launch run one after another). Device memory is host memory (runtime.cc).
+// memory (static arrays and the dynamic part) is the block's, filled with
+// 0xff bytes when it starts (fiber.h). Device memory is host memory
+// (runtime.cc).
 //
 // This is a test harness: it checks the kernels' indexing, synchronization
-// and arithmetic on machines without a GPU. It says nothing about speed, and a
-// data race the GPU would expose can stay hidden by the fixed fiber order.
+// and arithmetic on machines without a GPU. It says nothing about speed. A
+// data race the GPU would expose can stay hidden by the fixed fiber order;
+// --config=cuda_emu_race checks for races (fiber.h).
 #ifndef THIRD_PARTY_CUDA_EMU_CUDA_EMU_H_
 #define THIRD_PARTY_CUDA_EMU_CUDA_EMU_H_
 
@@ -52,8 +54,10 @@
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __restrict__ __restrict
-// Static shared memory: one copy per launching thread, reused by the blocks
-// of a launch, which run one after another.
+// Static shared memory: transform.py rewrites a .cu's declarations into the
+// block's copies (fiber.h's StaticShared) and refuses any it cannot; one in
+// a header the .cu includes stays a thread_local object of the launching
+// thread, which every block of a launch reuses.
 #define __shared__ static thread_local
 #define __constant__ static
 
@@ -108,36 +112,50 @@ inline int __all_sync(unsigned mask, int pred) {
   return (__ballot_sync(mask, pred) & mask) == (mask & ::cuda_emu::LiveLanes());
 }
 
-// ---- Atomics (fibers of one launch never run at the same time) ----
+// ---- Atomics: relaxed read-modify-writes of the bits (fibers of one launch
+// never run at the same time, but --config=cuda_emu_race must see them as
+// atomic accesses, which do not race with each other) ----
+namespace cuda_emu {
+template <typename T, typename F>
+T AtomicUpdate(T* p, F update) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "atomics of 2, 4 or 8 bytes");
+  using Bits = std::conditional_t<sizeof(T) == 2, uint16_t,
+                                  std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+  auto* bits = reinterpret_cast<Bits*>(p);
+  Bits old_bits = __atomic_load_n(bits, __ATOMIC_RELAXED);
+  for (;;) {
+    T old;
+    std::memcpy(&old, &old_bits, sizeof(T));
+    const T next = update(old);
+    Bits next_bits;
+    std::memcpy(&next_bits, &next, sizeof(T));
+    if (__atomic_compare_exchange_n(bits, &old_bits, next_bits, /*weak=*/false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED)) {
+      return old;
+    }
+  }
+}
+}  // namespace cuda_emu
+
 template <typename T>
 T atomicAdd(T* p, T v) {
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return ::cuda_emu::AtomicUpdate(p, [v](T old) { return static_cast<T>(old + v); });
 }
 template <typename T>
 T atomicMin(T* p, T v) {
-  const T old = *p;
-  if (v < old) *p = v;
-  return old;
+  return ::cuda_emu::AtomicUpdate(p, [v](T old) { return v < old ? v : old; });
 }
 template <typename T>
 T atomicMax(T* p, T v) {
-  const T old = *p;
-  if (v > old) *p = v;
-  return old;
+  return ::cuda_emu::AtomicUpdate(p, [v](T old) { return v > old ? v : old; });
 }
 template <typename T>
 T atomicExch(T* p, T v) {
-  const T old = *p;
-  *p = v;
-  return old;
+  return ::cuda_emu::AtomicUpdate(p, [v](T) { return v; });
 }
 template <typename T>
 T atomicCAS(T* p, T compare, T v) {
-  const T old = *p;
-  if (old == compare) *p = v;
-  return old;
+  return ::cuda_emu::AtomicUpdate(p, [compare, v](T old) { return old == compare ? v : old; });
 }
 
 // ---- Arithmetic intrinsics: the IEEE-rounded operations are exact here
@@ -291,7 +309,7 @@ void MmaM16N8K16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1
 // (with .trans: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1). Each lane
 // reads its row when it joins, so the whole warp's reads happen at the
 // instruction, as on the GPU. Addresses must lie in the block's dynamic
-// shared memory (static __shared__ arrays are thread_local objects here).
+// shared memory.
 template <bool kTrans>
 void LdMatrixX4(uint32_t (&r)[4], const void* row) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0) MisalignedAccess(row, 16);

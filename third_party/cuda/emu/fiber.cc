@@ -8,12 +8,36 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "third_party/cuda/emu/counters.h"
 
 #if !defined(__x86_64__)
 #error "the CUDA emulation's fibers are written for x86-64"
+#endif
+
+#if CUDA_EMU_RACECHECK && defined(__SANITIZE_THREAD__)
+#error \
+    "fiber.cc is the emulation's bookkeeping, shared by all fibers: compile it without -fsanitize=thread (--config=cuda_emu_race's --per_file_copt)"
+#endif
+
+#if CUDA_EMU_RACECHECK
+// ThreadSanitizer's interface (sanitizer/tsan_interface.h, and the range
+// accesses it leaves out).
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_set_fiber_name(void* fiber, const char* name);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+void __tsan_read_range(void* addr, unsigned long size);
+void __tsan_write_range(void* addr, unsigned long size);
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
+}
 #endif
 
 // cuda_emu_switch(save, load): saves the callee-saved registers on the current
@@ -47,10 +71,64 @@ cuda_emu_switch:
 namespace cuda_emu {
 namespace {
 
+// What ThreadSanitizer is told (fiber.h, CUDA_EMU_RACECHECK); nothing in
+// other builds. A sync address's only job is to be an address.
+namespace race {
+#if CUDA_EMU_RACECHECK
+// Switching fibers orders nothing: only Release / Acquire pairs do.
+constexpr unsigned kNoSync = 1;
+inline void* CurrentFiber() { return __tsan_get_current_fiber(); }
+// Named after the thread index it runs (slot = index x kFiberSets + set).
+inline void* NewFiber(size_t slot, int sets) {
+  void* f = __tsan_create_fiber(0);
+  const size_t i = slot / sets;
+  char name[80];
+  std::snprintf(name, sizeof(name), "CUDA thread %zu (warp %zu, lane %zu) of %s blocks", i, i / 32,
+                i % 32, slot % sets == 0 ? "even" : "odd");
+  __tsan_set_fiber_name(f, name);
+  return f;
+}
+inline void DestroyFiber(void* f) { __tsan_destroy_fiber(f); }
+inline void SwitchTo(void* f) { __tsan_switch_to_fiber(f, kNoSync); }
+inline void Release(void* sync) { __tsan_release(sync); }
+inline void Acquire(void* sync) { __tsan_acquire(sync); }
+inline void Reads(const void* p, size_t n) {
+  if (n > 0) __tsan_read_range(const_cast<void*>(p), n);
+}
+inline void Writes(void* p, size_t n) {
+  if (n > 0) __tsan_write_range(p, n);
+}
+// Replaces `memory` by a new allocation of its size: the block's shared
+// memory starts without the previous block's accesses. (An allocation made
+// while the thread ignores its accesses resets the range's history.)
+inline void Reallocate(std::vector<unsigned char>& memory) {
+  if (memory.empty()) return;
+  __tsan_ignore_thread_begin();
+  std::vector<unsigned char>(memory.size()).swap(memory);
+  __tsan_ignore_thread_end();
+}
+#else
+inline void* CurrentFiber() { return nullptr; }
+inline void* NewFiber(size_t, int) { return nullptr; }
+inline void DestroyFiber(void*) {}
+inline void SwitchTo(void*) {}
+inline void Release(void*) {}
+inline void Acquire(void*) {}
+inline void Reads(const void*, size_t) {}
+inline void Writes(void*, size_t) {}
+inline void Reallocate(std::vector<unsigned char>&) {}
+#endif
+}  // namespace race
+
 constexpr size_t kStackBytes = 256 << 10;  // touched lazily
 constexpr size_t kGuardBytes = 4096;
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kMaxDynamicShared = 227 << 10;  // sm_90's opt-in limit per block
+constexpr size_t kMaxStaticShared = 48 << 10;    // CUDA's limit for __shared__ arrays
+// The race check tells blocks apart by their fibers: consecutive blocks run
+// on two sets of them, so a race between two blocks one apart is reported
+// (two apart, the same fibers run both, and their accesses are ordered).
+constexpr int kFiberSets = kRaceCheck ? 2 : 1;
 constexpr size_t kMaxGatherBytes = 64;
 
 enum class State { kRunnable, kAtBarrier, kAtWarp, kDone };
@@ -65,8 +143,11 @@ struct AsyncCopy {
 
 struct Fiber {
   void* sp = nullptr;
+  void* race_fiber = nullptr;  // ThreadSanitizer's (race::), of this stack
   ThreadState t{};
   State state = State::kRunnable;
+  bool in_launch[2] = {false, false};   // per fiber set: acquired the launch's start
+  int barrier_parity = 0;               // of the __syncthreads it waits at
   std::vector<AsyncCopy> async_copies;  // issued, oldest first
   std::vector<size_t> async_groups;     // where each committed group ends in async_copies
 };
@@ -82,14 +163,21 @@ struct Warp {
   unsigned arrived = 0;  // lanes waiting in it
   int buffer = 0;        // the slots it writes
   unsigned delivered[2] = {0, 0};  // lanes whose slot a released collective holds
+  char sync[2];  // __syncwarp's race:: order, per buffer (a lane cannot be two ahead)
   unsigned char slots[2][32][kMaxGatherBytes];
 };
 
-// Stacks owned by one launching thread, reused by its launches.
+// Stacks owned by one launching thread, reused by its launches, and the
+// race:: fiber of each (thread i of every block runs on stack i).
 class StackPool {
  public:
   ~StackPool() {
     for (char* s : stacks_) munmap(s, kStackBytes + kGuardBytes);
+    for (void* f : race_fibers_) race::DestroyFiber(f);
+  }
+  void* RaceFiber(size_t i) {
+    Top(i);
+    return race_fibers_[i];
   }
   char* Top(size_t i) {
     while (stacks_.size() <= i) {
@@ -101,12 +189,14 @@ class StackPool {
       }
       mprotect(p, kGuardBytes, PROT_NONE);  // the low end: overflow faults
       stacks_.push_back(static_cast<char*>(p));
+      race_fibers_.push_back(race::NewFiber(race_fibers_.size(), kFiberSets));
     }
     return stacks_[i] + kGuardBytes + kStackBytes;
   }
 
  private:
   std::vector<char*> stacks_;
+  std::vector<void*> race_fibers_;
 };
 
 struct Run {
@@ -120,6 +210,23 @@ struct Run {
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> shared;  // dynamic shared memory (+16 for alignment)
   size_t shared_bytes = 0;
+  // Static shared memory (+16), allocated when a kernel first declares an
+  // array; where each array (by its key) lies in it, and how much is placed.
+  std::vector<unsigned char> static_shared;
+  std::vector<std::pair<const void*, size_t>> static_arrays;
+  size_t static_shared_bytes = 0;
+  int fiber_set = 0;               // of this block (race::)
+  bool last_block_of_set = false;  // the set's last block in the launch
+  // race:: order: the launching thread's fiber; the launch's start (the
+  // launching thread releases, each CUDA thread acquires in its first block)
+  // and end (each releases in the last block, the launching thread
+  // acquires); the __syncthreads of even and odd generations (no thread can
+  // be two ahead).
+  void* sched_race_fiber = nullptr;
+  char launch_start_sync = 0;
+  char launch_end_sync = 0;
+  char barrier_sync[2] = {0, 0};
+  int barrier_generation = 0;
 };
 
 thread_local Run* g_run = nullptr;
@@ -144,6 +251,11 @@ StackPool& Stacks() {
   return *g_stacks;
 }
 
+unsigned char* StaticSharedBase(Run& r) {
+  auto addr = reinterpret_cast<uintptr_t>(r.static_shared.data());
+  return reinterpret_cast<unsigned char*>((addr + 15) & ~uintptr_t{15});
+}
+
 Run& CurrentRun() {
   if (g_run == nullptr || g_run->current < 0) {
     std::fprintf(stderr, "cuda_emu: a device function was called outside a kernel launch\n");
@@ -154,6 +266,7 @@ Run& CurrentRun() {
 
 // Back to the scheduler until this fiber is runnable again.
 void Park(Run& r, Fiber& f) {
+  race::SwitchTo(r.sched_race_fiber);
   cuda_emu_switch(&f.sp, r.sched_sp);
 }
 
@@ -175,12 +288,14 @@ void MaybeReleaseBarrier(Run& r) {
     if (f.state == State::kAtBarrier) f.state = State::kRunnable;
   }
   r.at_barrier = 0;
+  ++r.barrier_generation;
 }
 
 // Joins the warp collective over `mask` (writing `bytes` of `mine` to this
 // lane's slot first); returns once every lane of the mask that has not exited
-// has joined, with the index of the buffer that holds the slots.
-int JoinWarp(unsigned mask, const void* mine, size_t bytes) {
+// has joined, with the index of the buffer that holds the slots. Orders the
+// lanes' memory accesses (race::) only if `orders_memory` (__syncwarp).
+int JoinWarp(unsigned mask, const void* mine, size_t bytes, bool orders_memory) {
   Run& r = CurrentRun();
   Fiber& f = r.fibers[r.current];
   const int lane = f.t.lane;
@@ -199,23 +314,31 @@ int JoinWarp(unsigned mask, const void* mine, size_t bytes) {
   }
   const int buffer = wp.buffer;
   if (bytes > 0) std::memcpy(wp.slots[buffer][lane], mine, bytes);
+  if (orders_memory) race::Release(&wp.sync[buffer]);
   wp.mask = mask;
   wp.arrived |= 1u << lane;
   f.state = State::kAtWarp;
   MaybeReleaseWarp(r, f.t.warp);
   if (f.state != State::kRunnable) Park(r, f);
+  if (orders_memory) race::Acquire(&wp.sync[buffer]);
   return buffer;
 }
 
 [[noreturn]] void Trampoline() {
   Run& r = *g_run;
+  if (!r.fibers[r.current].in_launch[r.fiber_set]) {
+    race::Acquire(&r.launch_start_sync);
+    r.fibers[r.current].in_launch[r.fiber_set] = true;
+  }
   (*r.body)();
+  if (r.last_block_of_set) race::Release(&r.launch_end_sync);
   Fiber& f = r.fibers[r.current];
   f.state = State::kDone;
   ++r.done;
   r.warps[f.t.warp].exited |= 1u << f.t.lane;
   MaybeReleaseWarp(r, f.t.warp);
   MaybeReleaseBarrier(r);
+  race::SwitchTo(r.sched_race_fiber);
   cuda_emu_switch(&f.sp, r.sched_sp);
   __builtin_unreachable();
 }
@@ -248,7 +371,10 @@ void RunBlock(Run& r) {
     // The first switch "returns" into Trampoline with the stack aligned as at
     // a function's entry: slot S (16-aligned) holds Trampoline, S + 8 a null
     // return address, below S the six callee-saved registers.
-    char* top = Stacks().Top(static_cast<size_t>(i));
+    // Thread i of the block runs on stack (and race:: fiber) i of its set.
+    const size_t slot = static_cast<size_t>(i) * kFiberSets + r.fiber_set;
+    char* top = Stacks().Top(slot);
+    f.race_fiber = Stacks().RaceFiber(slot);
     auto* s = reinterpret_cast<void**>(top - 16);
     s[0] = reinterpret_cast<void*>(&Trampoline);
     s[1] = nullptr;
@@ -264,7 +390,10 @@ void RunBlock(Run& r) {
   }
   r.at_barrier = 0;
   r.done = 0;
+  race::Reallocate(r.shared);
+  race::Reallocate(r.static_shared);
   if (r.shared_bytes > 0) std::memset(DynamicSharedMemory(), 0xff, r.shared_bytes);
+  if (r.static_shared_bytes > 0) std::memset(StaticSharedBase(r), 0xff, r.static_shared_bytes);
   current_block = &r.block;
   while (r.done < n) {
     bool ran = false;
@@ -272,6 +401,7 @@ void RunBlock(Run& r) {
       if (r.fibers[i].state != State::kRunnable) continue;
       r.current = i;
       current_thread = &r.fibers[i].t;
+      race::SwitchTo(r.fibers[i].race_fiber);
       cuda_emu_switch(&r.sched_sp, r.fibers[i].sp);
       ran = true;
     }
@@ -315,6 +445,9 @@ void AsyncCopyToShared(void* dst, const void* src, int bytes, int src_bytes) {
     MisalignedAccess(src, bytes);
   }
   if (!InDynamicSharedMemory(dst, bytes)) NotInSharedMemory("a cp.async destination", dst);
+  // The copy may happen any time until the wait: it accesses both ends now...
+  race::Writes(dst, static_cast<size_t>(bytes));
+  race::Reads(src, static_cast<size_t>(src_bytes));
   r.fibers[r.current].async_copies.push_back({dst, src, bytes, src_bytes});
 }
 
@@ -334,12 +467,36 @@ void AsyncCopyWait(int newest_pending) {
   for (size_t i = 0; i < done; ++i) {
     const AsyncCopy& c = f.async_copies[i];
     auto* dst = static_cast<unsigned char*>(c.dst);
+    // ... and at the wait.
+    race::Writes(c.dst, static_cast<size_t>(c.bytes));
+    race::Reads(c.src, static_cast<size_t>(c.src_bytes));
     if (c.src_bytes > 0) std::memcpy(dst, c.src, static_cast<size_t>(c.src_bytes));
     std::memset(dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
   }
   f.async_copies.erase(f.async_copies.begin(), f.async_copies.begin() + done);
   f.async_groups.erase(f.async_groups.begin(), f.async_groups.begin() + done_groups);
   for (size_t& end : f.async_groups) end -= done;
+}
+
+void* StaticShared(const void* key, size_t bytes, size_t align) {
+  Run& r = CurrentRun();
+  if (r.static_shared.empty()) r.static_shared.resize(kMaxStaticShared + 16);
+  unsigned char* base = StaticSharedBase(r);
+  for (const auto& [k, offset] : r.static_arrays) {
+    if (k == key) return base + offset;
+  }
+  const size_t offset = (r.static_shared_bytes + align - 1) / align * align;
+  if (align > 16 || offset + bytes > kMaxStaticShared) {
+    std::fprintf(stderr,
+                 "cuda_emu: static __shared__ arrays of a kernel take more than %zu bytes (or one "
+                 "is aligned to more than 16): %zu bytes aligned to %zu at offset %zu\n",
+                 kMaxStaticShared, bytes, align, offset);
+    std::abort();
+  }
+  r.static_arrays.emplace_back(key, offset);
+  r.static_shared_bytes = offset + bytes;
+  std::memset(base + offset, 0xff, bytes);
+  return base + offset;
 }
 
 bool InDynamicSharedMemory(const void* p, size_t bytes) {
@@ -363,13 +520,16 @@ void NotInSharedMemory(const char* what, const void* p) {
 void SyncThreads() {
   Run& r = CurrentRun();
   Fiber& f = r.fibers[r.current];
+  f.barrier_parity = r.barrier_generation & 1;
+  race::Release(&r.barrier_sync[f.barrier_parity]);
   f.state = State::kAtBarrier;
   ++r.at_barrier;
   MaybeReleaseBarrier(r);
   if (f.state != State::kRunnable) Park(r, f);
+  race::Acquire(&r.barrier_sync[f.barrier_parity]);
 }
 
-void SyncWarp(unsigned mask) { JoinWarp(mask, nullptr, 0); }
+void SyncWarp(unsigned mask) { JoinWarp(mask, nullptr, 0, /*orders_memory=*/true); }
 
 unsigned LiveLanes() {
   Run& r = CurrentRun();
@@ -382,7 +542,7 @@ void WarpGather(unsigned mask, const void* mine, size_t bytes, void* all) {
     std::fprintf(stderr, "cuda_emu: a warp collective of %zu bytes per lane\n", bytes);
     std::abort();
   }
-  const int buffer = JoinWarp(mask, mine, bytes);
+  const int buffer = JoinWarp(mask, mine, bytes, /*orders_memory=*/false);
   Run& r = CurrentRun();
   const Warp& w = r.warps[r.fibers[r.current].t.warp];
   auto* out = static_cast<unsigned char*>(all);
@@ -396,7 +556,7 @@ void WarpGather(unsigned mask, const void* mine, size_t bytes, void* all) {
 }
 
 void WarpShuffle(unsigned mask, const void* mine, size_t bytes, int src_lane, void* out) {
-  const int buffer = JoinWarp(mask, mine, bytes);
+  const int buffer = JoinWarp(mask, mine, bytes, /*orders_memory=*/false);
   Run& r = CurrentRun();
   const Warp& w = r.warps[r.fibers[r.current].t.warp];
   if ((w.delivered[buffer] >> src_lane) & 1u) {
@@ -449,15 +609,22 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
   }
   r.shared_bytes = dynamic_shared_bytes;
   r.shared.resize(dynamic_shared_bytes + 16);
+  r.sched_race_fiber = race::CurrentFiber();
   g_run = &r;
+  race::Release(&r.launch_start_sync);
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
   for (uint32_t z = 0; z < grid.z; ++z) {
     for (uint32_t y = 0; y < grid.y; ++y) {
       for (uint32_t x = 0; x < grid.x; ++x) {
         r.block.block_idx = make_uint3(x, y, z);
+        const uint64_t linear = (uint64_t{z} * grid.y + y) * grid.x + x;
+        r.fiber_set = static_cast<int>(linear % kFiberSets);
+        r.last_block_of_set = linear + kFiberSets >= blocks;
         RunBlock(r);
       }
     }
   }
+  race::Acquire(&r.launch_end_sync);
   g_run = nullptr;
   current_thread = nullptr;
   current_block = nullptr;

@@ -11,7 +11,46 @@
 #include <cstring>
 #include <functional>
 
+// --config=cuda_emu_race: the emulation built with ThreadSanitizer, which
+// then checks the kernels for data races as compute-sanitizer's racecheck
+// does on a GPU. Each CUDA thread is a ThreadSanitizer fiber, and switching
+// fibers orders nothing: only what orders memory on the GPU does, so a race
+// is reported whatever order the fibers happen to run in.
+//  - __syncthreads orders the block's threads; __syncwarp the lanes in its
+//    mask. Shuffles, votes, mma.sync and ldmatrix order nothing.
+//  - Launches are ordered in stream order. The blocks of a launch are not
+//    ordered: two blocks accessing one global word (not both atomically,
+//    one of them writing) race, reported for neighbouring blocks (in the
+//    linear block order; the check has two sets of fibers, and a block runs
+//    on the same set as the block two before it). Each block's shared memory
+//    (static and dynamic) is a fresh allocation, as on the GPU.
+//  - Atomics are atomic accesses (no race with each other; relaxed).
+//  - A cp.async writes its destination (and reads its source) both when it
+//    is issued and when its group is waited for: a read of the destination
+//    by another thread that is not ordered after the wait, or a write or read
+//    not ordered before the issue, is a race.
+// Only the kernels are instrumented: the host code, the emulation's own
+// bookkeeping (fiber.cc) and libc's accesses (TSAN_OPTIONS
+// ignore_interceptors_accesses=1) are not checked. A report names the
+// kernel's source lines; the fiber's name gives the thread and warp.
+// (fiber.cc, uninstrumented, gets CUDA_EMU_RACECHECK=1 from the build.)
+#ifndef CUDA_EMU_RACECHECK
+#if defined(__SANITIZE_THREAD__)
+#define CUDA_EMU_RACECHECK 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUDA_EMU_RACECHECK 1
+#endif
+#endif
+#endif
+#ifndef CUDA_EMU_RACECHECK
+#define CUDA_EMU_RACECHECK 0
+#endif
+
 namespace cuda_emu {
+
+// Whether this build checks kernels for data races (CUDA_EMU_RACECHECK).
+inline constexpr bool kRaceCheck = CUDA_EMU_RACECHECK != 0;
 
 struct ThreadState {
   uint3 thread_idx;
@@ -64,6 +103,14 @@ template <typename T>
 T* DynamicShared() {
   return static_cast<T*>(DynamicSharedMemory());
 }
+// The running block's copy of the static __shared__ array declared where
+// `key` (a static local of the kernel's source) is: `bytes` of block memory
+// aligned to `align`, placed when a thread of the launch first reaches the
+// declaration, filled with 0xff bytes when each block starts. Static shared
+// memory above 48 KiB aborts (the GPU's limit). transform.py rewrites each
+// static __shared__ declaration into a call.
+void* StaticShared(const void* key, size_t bytes, size_t align);
+
 // Whether [p, p + bytes) lies in the running block's dynamic shared memory.
 bool InDynamicSharedMemory(const void* p, size_t bytes);
 // Aborts naming the block and thread: `what` (e.g. an ldmatrix) took an

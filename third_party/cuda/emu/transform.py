@@ -81,6 +81,16 @@ def _rewrite_launches(text: str) -> str:
         text = text[:semicolon + 1] + dropped + text[semicolon + 1:]
 
 
+def _static_shared(m: "re.Match[str]") -> str:
+    align, type_, name, dims = m.group(1), m.group(2).strip(), m.group(3), m.group(4).strip()
+    t, key = name + "_emu_t", name + "_emu_key"
+    alignment = "alignof(%s)" % t if align is None else "(%s > alignof(%s) ? %s : alignof(%s))" % (
+        align, t, align, t)
+    return ("using %s = %s %s; static char %s; %s& %s = *static_cast<%s*>("
+            "::cuda_emu::StaticShared(&%s, sizeof(%s), %s));" % (
+                t, type_, dims, key, t, name, t, key, t, alignment))
+
+
 def transform(text: str) -> str:
     text = _rewrite_launches(text)
     text = re.sub(
@@ -88,9 +98,22 @@ def transform(text: str) -> str:
         lambda m: "%s* %s = ::cuda_emu::DynamicShared<%s>();" % (m.group(1), m.group(2), m.group(1)),
         text,
     )
+    # A static __shared__ array becomes a reference to the block's copy of it
+    # (fiber.h's StaticShared: block memory, filled with 0xff bytes when each
+    # block starts, as the GPU gives each block its own), keyed by a static
+    # local whose address is unique to the declaration (and instantiation).
+    text = re.sub(
+        r"(?<!extern )__shared__\s+(?:__align__\(\s*(\d+)\s*\)\s+)?([A-Za-z_][\w\s:]*?)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);",
+        _static_shared,
+        text,
+    )
     text = re.sub(r"#include\s*<cub/[^>]*>", '#include "third_party/cuda/emu/cub.h"', text)
     if "<<<" in text or ">>>" in text or "extern __shared__" in text:
         raise SystemExit("transform.py: a launch or extern __shared__ declaration was not rewritten")
+    for line in text.splitlines():
+        code = line.split("//", 1)[0]
+        if re.search(r"\b__shared__\b", code) and "::cuda_emu::StaticShared(" not in code:
+            raise SystemExit("transform.py: declare one static __shared__ array per statement: " + line.strip())
     return text
 
 
