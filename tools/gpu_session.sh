@@ -23,6 +23,12 @@
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations, tools/ncu_summary.py;
 #                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
+#   tools/gpu_session.sh racecheck
+#                                compute-sanitizer's racecheck (shared-memory hazards) and
+#                                synccheck on the kernel tests with the most synchronization,
+#                                at their smaller cases: the hardware's word on what
+#                                --config=cuda_emu_race checks on the emulation
+#                                ($OUT/racecheck.txt, $OUT/racecheck.log)
 #   tools/gpu_session.sh memory  //tools:bench_memory over GPU memory: per-rank peaks of DDP,
 #                                ZeRO-1, SHARD_GRAD_OP, FULL_SHARD (+wrap), ranks sharing
 #                                cuda:0, and the ZeRO formula checks ($OUT/memory.json)
@@ -34,7 +40,7 @@ set -uo pipefail
 
 phase=${1:-}
 case "$phase" in
-  tests|bench|train|pytorch|profile|memory) ;;
+  tests|bench|train|pytorch|profile|racecheck|memory) ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
 bundle=${GPU_SESSION_BUNDLE:-gpu_bundle}
@@ -135,6 +141,48 @@ case "$phase" in
     echo "ncu exit $?"; tail -5 "$out/ncu.err"
     python3 tools/ncu_summary.py "$out/ncu.csv" --top 30 --json_out "$out/profile.json" |
       tee "$out/profile.txt"
+    ;;
+  racecheck)
+    cs=$(command -v compute-sanitizer ||
+         ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+           2>/dev/null | head -1)
+    [[ -n "$cs" ]] || { echo "gpu_session: no compute-sanitizer on this machine" >&2; exit 2; }
+    : > "$out/racecheck.txt"
+    : > "$out/racecheck.log"
+    deadline=$(( $(date +%s) + ${GPU_SESSION_DEADLINE_S:-540} ))
+    failed=0
+    # tool, test binary, gtest filter (the smaller cases: the sanitizer is slow)
+    checks=(
+      "racecheck attention_test *TensorCoreMatchesReference*:*FloatKernelMatchesReference*:*BiasAndKeyMaskMatchReference*:*UnalignedRows*"
+      "synccheck attention_test *TensorCoreMatchesReference*:*BiasAndKeyMaskMatchReference*"
+      "racecheck norm_test *BitIdentical*:*Strided*:*BiasWithoutWeight*"
+      "racecheck softmax_test *"
+      "racecheck loss_test *RowPadded*:*BitIdentical*:*IgnoreIndex*"
+      "racecheck reduce_test *"
+      "racecheck emu_test *"
+    )
+    for c in "${checks[@]}"; do
+      read -r tool t filter <<< "$c"
+      if ! has "$t"; then echo "SKIP $tool $t (not in the bundle)" | tee -a "$out/racecheck.txt"; continue; fi
+      if (( $(date +%s) >= deadline )); then
+        echo "NOT RUN $tool $t (the phase's deadline passed)" | tee -a "$out/racecheck.txt"
+        continue
+      fi
+      start=$(date +%s)
+      timeout -k 10 "${GPU_SESSION_TEST_TIMEOUT_S:-240}" "$cs" --tool "$tool" --error-exitcode 3 \
+        --target-processes all "$run" "$t" --gtest_filter="$filter" > "$out/rc.tmp" 2>&1
+      code=$?
+      hazards=$(grep -c -E '^========= (Error|Warning)' "$out/rc.tmp")
+      summary=$(grep -m1 -E '^========= (ERROR|RACECHECK|SYNCCHECK) SUMMARY' "$out/rc.tmp")
+      if (( code == 0 )); then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
+      line="$verdict $tool $t (exit $code, $(( $(date +%s) - start ))s): $hazards reports; $summary"
+      (( code == 124 || code == 137 )) && line+=" (killed: still running)"
+      echo "$line" | tee -a "$out/racecheck.txt"
+      { echo "=== $line"; cat "$out/rc.tmp"; } >> "$out/racecheck.log"
+      (( code != 0 )) && grep -m 20 -A6 -E '^========= (Error|Warning)' "$out/rc.tmp" >> "$out/racecheck.txt"
+    done
+    rm -f "$out/rc.tmp"
+    echo "failed checks: $failed" | tee -a "$out/racecheck.txt"
     ;;
   memory)
     has bench_memory || { echo "gpu_session: bench_memory is not in the bundle" >&2; exit 2; }
