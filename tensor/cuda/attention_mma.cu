@@ -211,6 +211,13 @@ __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t str
   }
 }
 
+// The keys the query rows [q0, q0 + rows) attend to are [0, end): all of
+// them, or with a causal mask those up to the last row's diagonal (the
+// forward and dq kernels loop over key tiles up to it).
+__device__ __forceinline__ int KeyEnd(const Args& a, int q0, int rows) {
+  return a.causal ? min(a.t_k, min(q0 + rows, a.t_q) + a.causal_offset) : a.t_k;
+}
+
 // Queues (cp.async, one committed group) the K and V tiles of keys [k0, k0 +
 // kRows) into stage `stage` of kvs: 2 stages of a K tile then a V tile,
 // [kRows][kD + 8] each. The forward and dq kernels load the next key block's
@@ -253,8 +260,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   float o[kD / 8][4] = {};
   float m[2] = {-kInf, -kInf};  // running max of the base-2 scores
   float l[2] = {0.0f, 0.0f};    // this thread's part of the running sum
-  int k_end = a.t_k;
-  if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
+  const int k_end = KeyEnd(a, q0, kBr);
   if (k_end > 0) LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
 
   for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
@@ -480,8 +486,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     delta[r] = in ? a.delta[i] : 0.0f;
   }
   float dq[kD / 8][4] = {};
-  int k_end = a.t_k;
-  if (a.causal) k_end = min(k_end, min(q0 + kBr, a.t_q) + a.causal_offset);
+  const int k_end = KeyEnd(a, q0, kBr);
 
   if (k_end > 0) LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
 
