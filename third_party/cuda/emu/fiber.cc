@@ -146,7 +146,7 @@ struct Fiber {
   void* race_fiber = nullptr;  // ThreadSanitizer's (race::), of this stack
   ThreadState t{};
   State state = State::kRunnable;
-  bool in_launch[2] = {false, false};   // per fiber set: acquired the launch's start
+  bool in_launch[kFiberSets] = {};      // per fiber set: acquired the launch's start
   int barrier_parity = 0;               // of the __syncthreads it waits at
   std::vector<AsyncCopy> async_copies;  // issued, oldest first
   std::vector<size_t> async_groups;     // where each committed group ends in async_copies
