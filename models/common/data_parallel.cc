@@ -666,10 +666,6 @@ absl::StatusOr<DataParallelModel::StepResult> DataParallelModel::FinishTrainingS
 
 namespace {
 
-constexpr char kStepKey[] = "step";
-constexpr char kLoaderKey[] = "loader_state";
-constexpr char kExtraPrefix[] = "extra.";
-
 // Every rank learns whether every rank's `local` is OK: the first failing
 // rank's message when it is this one, else a message naming the ranks that
 // failed (their own errors carry the details).
@@ -689,10 +685,6 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                                          " (see their errors)"));
 }
 
-bool IsShardedCheckpoint(const std::string& step_dir) {
-  return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
-}
-
 }  // namespace
 
 absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir,
@@ -704,9 +696,7 @@ absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir
     if (pg_.rank() == 0) saved = WriteCheckpointStep(checkpoint_dir, model_, *optimizer_, state);
     saved = AgreeOnStatus(pg_, saved, absl::StrCat("saving ", step_dir));
   } else {
-    std::map<std::string, std::string> extra = {{kStepKey, absl::StrCat(state.step)},
-                                                {kLoaderKey, state.loader_state}};
-    for (const auto& [k, v] : state.extra) extra[kExtraPrefix + k] = v;
+    const std::map<std::string, std::string> extra = ShardedCheckpointExtra(state);
     if (pg_.rank() == 0) saved = MakeCheckpointDir(checkpoint_dir);
     saved = AgreeOnStatus(pg_, saved, "creating the checkpoint directory");
     if (saved.ok()) {
@@ -726,8 +716,11 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
   absl::Status mismatch;
   if (ddp_ != nullptr && sharded) {
     mismatch = absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", step_dir, " is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy "
-        "or --strategy=zero1 (any world size), not ddp"));
+        "checkpoint ", step_dir,
+        " is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy "
+        "or --strategy=zero1 (any world size), not ddp; or turn it into a single-process "
+        "checkpoint with `checkpoint consolidate ",
+        step_dir, " OUT` (//tools:checkpoint)"));
   } else if (ddp_ == nullptr && !sharded) {
     mismatch = absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", step_dir, " is not sharded (no index.json: a single-process or DDP "
@@ -746,19 +739,7 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
       zero1_ != nullptr ? dist::LoadSharded(step_dir, *zero1_, pg_)
                         : dist::LoadSharded(step_dir, *fsdp_, *optimizer_, pg_);
   if (!extra.ok()) return extra.status();  // the same error on every rank
-  TrainState state;
-  auto step = extra->find(kStepKey);
-  if (step == extra->end() || !absl::SimpleAtoi(step->second, &state.step) || state.step < 0) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint ", step_dir, " lacks the training step ('", kStepKey, "')"));
-  }
-  auto loader = extra->find(kLoaderKey);
-  if (loader != extra->end()) state.loader_state = loader->second;
-  for (const auto& [k, v] : *extra) {
-    absl::string_view key = k;
-    if (absl::ConsumePrefix(&key, kExtraPrefix)) state.extra[std::string(key)] = v;
-  }
-  return state;
+  return TrainStateFromShardedExtra(*extra, step_dir);
 }
 
 absl::StatusOr<DataParallelModel::Resumed> DataParallelModel::Resume(

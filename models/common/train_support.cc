@@ -22,6 +22,10 @@ namespace {
 constexpr char kStepKey[] = "fsdp.step";
 constexpr char kLoaderKey[] = "fsdp.loader_state";
 constexpr char kExtraPrefix[] = "fsdp.extra.";
+// The same in a sharded checkpoint's `extra` map.
+constexpr char kShardedStepKey[] = "step";
+constexpr char kShardedLoaderKey[] = "loader_state";
+constexpr char kShardedExtraPrefix[] = "extra.";
 
 absl::Status MakeDir(const std::string& path) {
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -71,13 +75,48 @@ absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
   const std::string step_dir = absl::StrCat(dir, "/", CheckpointStepName(state.step));
   s = MakeDir(step_dir);
   if (!s.ok()) return s;
+  return WriteCheckpointFiles(step_dir, nn::StateDict(model), optimizer.StateTensors(),
+                              optimizer.name(), state);
+}
+
+absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
+                                  const tensor::NamedTensors& optimizer_state,
+                                  const std::string& optimizer_name, const TrainState& state) {
   std::map<std::string, std::string> meta = {{kStepKey, absl::StrCat(state.step)},
                                              {kLoaderKey, state.loader_state}};
   for (const auto& [k, v] : state.extra) meta[kExtraPrefix + k] = v;
-  s = tensor::WriteSafetensors(step_dir + "/model.safetensors", nn::StateDict(model), meta);
+  absl::Status s = tensor::WriteSafetensors(step_dir + "/model.safetensors", model, meta);
   if (!s.ok()) return s;
-  return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer.StateTensors(),
-                                 {{"optimizer", optimizer.name()}});
+  return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer_state,
+                                  {{"optimizer", optimizer_name}});
+}
+
+bool IsShardedCheckpoint(const std::string& step_dir) {
+  return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
+}
+
+std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state) {
+  std::map<std::string, std::string> extra = {{kShardedStepKey, absl::StrCat(state.step)},
+                                              {kShardedLoaderKey, state.loader_state}};
+  for (const auto& [k, v] : state.extra) extra[kShardedExtraPrefix + k] = v;
+  return extra;
+}
+
+absl::StatusOr<TrainState> TrainStateFromShardedExtra(
+    const std::map<std::string, std::string>& extra, const std::string& step_dir) {
+  TrainState state;
+  auto step = extra.find(kShardedStepKey);
+  if (step == extra.end() || !absl::SimpleAtoi(step->second, &state.step) || state.step < 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, " lacks the training step ('",
+                                            kShardedStepKey, "')"));
+  }
+  auto loader = extra.find(kShardedLoaderKey);
+  if (loader != extra.end()) state.loader_state = loader->second;
+  for (const auto& [k, v] : extra) {
+    absl::string_view key = k;
+    if (absl::ConsumePrefix(&key, kShardedExtraPrefix)) state.extra[std::string(key)] = v;
+  }
+  return state;
 }
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
@@ -103,13 +142,23 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   absl::StatusOr<tensor::SafetensorsFile> opt =
       tensor::ReadSafetensors(step_dir + "/optimizer.safetensors");
   if (!opt.ok()) return opt.status();
-  const auto& meta = weights->header.metadata;
+  absl::StatusOr<TrainState> state =
+      TrainStateFromMetadata(weights->header.metadata, step_dir + "/model.safetensors");
+  if (!state.ok()) return state.status();
+  absl::Status s = nn::LoadStateDict(model, weights->tensors);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
+  s = optimizer.LoadStateTensors(opt->tensors);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
+  return *state;
+}
+
+absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, std::string>& meta,
+                                                  const std::string& path) {
   TrainState state;
   auto step = meta.find(kStepKey);
   if (step == meta.end() || !absl::SimpleAtoi(step->second, &state.step)) {
-    return absl::DataLossError(absl::StrCat("'", step_dir,
-                                            "/model.safetensors' lacks the training step (",
-                                            kStepKey, "); is it a checkpoint of this framework?"));
+    return absl::DataLossError(absl::StrCat("'", path, "' lacks the training step (", kStepKey,
+                                            "); is it a checkpoint of this framework?"));
   }
   auto loader = meta.find(kLoaderKey);
   if (loader != meta.end()) state.loader_state = loader->second;
@@ -117,10 +166,6 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
     absl::string_view key = k;
     if (absl::ConsumePrefix(&key, kExtraPrefix)) state.extra[std::string(key)] = v;
   }
-  absl::Status s = nn::LoadStateDict(model, weights->tensors);
-  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
-  s = optimizer.LoadStateTensors(opt->tensors);
-  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
   return state;
 }
 

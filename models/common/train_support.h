@@ -24,6 +24,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/safetensors.h"
 
 namespace train {
 
@@ -42,6 +43,12 @@ absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
 absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
                                  const optim::Optimizer& optimizer, const TrainState& state);
 absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step);
+// The files of a step folder (which must exist) from named tensors: the
+// model's fp32 values as nn::StateDict names them, the optimizer's state as
+// optim::Optimizer::StateTensors() names it, and `state` in the metadata.
+absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
+                                  const tensor::NamedTensors& optimizer_state,
+                                  const std::string& optimizer_name, const TrainState& state);
 // "step_000100": the folder of a step under a checkpoint directory.
 std::string CheckpointStepName(int64_t step);
 // Creates `dir` (one level) unless it exists.
@@ -56,6 +63,20 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 // step folder; a missing, truncated or corrupted file is a clear error.
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
                                           optim::Optimizer& optimizer);
+
+// The training state of a model.safetensors file's metadata; DataLoss naming
+// `path` when the step is missing.
+absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, std::string>& meta,
+                                                  const std::string& path);
+
+// Sharded checkpoints (dist/sharded_checkpoint.h, written by FSDP and ZeRO-1)
+// keep the training state in their `extra` map: "step", "loader_state" and
+// "extra.<key>" for each TrainState::extra entry.
+bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
+std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state);
+// DataLoss naming step_dir when the step is missing or not a count.
+absl::StatusOr<TrainState> TrainStateFromShardedExtra(
+    const std::map<std::string, std::string>& extra, const std::string& step_dir);
 
 // The loader position to continue from, once a checkpoint's state is loaded:
 // InvalidArgument when the checkpoint is of another model (extra["config"]

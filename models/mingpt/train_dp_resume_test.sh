@@ -9,6 +9,7 @@
 set -euo pipefail
 launch="$1"
 train="$2"
+source "$3"  # models/common/losses_testing.sh: losses, same_losses
 dir="${TEST_TMPDIR}/dp_resume"
 mkdir -p "$dir"
 export TMPDIR="$dir/tmp"
@@ -16,17 +17,6 @@ mkdir -p "$TMPDIR"
 
 common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --dropout=0
         --optimizer=adamw --lr=3e-3)
-losses() { sed -E 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/' "$1"; }
-# same_losses WANT GOT NAME: every step of GOT is in WANT with a loss within
-# 1e-5 relative (the JSON keeps 6 decimals; world sizes sum in other orders).
-same_losses() {
-  local n
-  n=$(losses "$2" | wc -l)
-  [[ $n -ge 1 ]] || { echo "$3: no steps in $2"; exit 1; }
-  join <(losses "$1") <(losses "$2") | awk -v s="$3" -v n="$n" '
-    { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2 + 2e-6) { print s ": step " $1 " want " $2 " got " $3; bad = 1 } m++ }
-    END { if (m != n) { print s ": steps missing"; bad = 1 } exit bad }'
-}
 
 # Uninterrupted: 6 steps at world 4 (global batch 8).
 "$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=full_shard \

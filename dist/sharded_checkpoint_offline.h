@@ -1,0 +1,51 @@
+// Reading a sharded checkpoint (dist/sharded_checkpoint.h) whole, on one
+// process, with no process group and no model: every parameter's values and
+// optimizer state at their full shapes, one parameter at a time. What
+// PyTorch's torch.distributed.checkpoint.format_utils.dcp_to_torch_save does
+// for DCP folders; tools/checkpoint uses it to inspect, verify, compare and
+// consolidate checkpoints that FSDP or ZeRO-1 wrote at any world size.
+//
+//   absl::Status s = dist::ForEachWholeParameter(step_dir, /*with_optimizer_state=*/true,
+//       [&](const dist::WholeParameter& p) -> absl::Status {
+//         // p.value: (shape as saved) f32 on the CPU; p.buffers: exp_avg, exp_avg_sq
+//         return absl::OkStatus();
+//       });
+//
+// Every slice read is checked as LoadSharded checks it: the shard file is
+// there with the size index.json records and this checkpoint's id, and each
+// checksum block matches. Errors name the file, the tensor and what was wrong.
+#ifndef DIST_SHARDED_CHECKPOINT_OFFLINE_H_
+#define DIST_SHARDED_CHECKPOINT_OFFLINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+
+struct WholeParameter {
+  std::string name;      // as saved (module names; Hugging Face names for minGPT)
+  tensor::Tensor value;  // the saved shape, f32, contiguous, on the CPU
+  // Optimizer state (only when asked for and the checkpoint holds it for this
+  // parameter): its step count and one buffer per
+  // ShardedCheckpointInfo::optimizer_buffers entry, each shaped like value.
+  bool has_state = false;
+  int64_t step = 0;
+  std::vector<tensor::Tensor> buffers;
+};
+
+// Calls `fn` for every parameter of the checkpoint in `dir`, in index.json's
+// order (FSDP: unit by unit, the root unit first; ZeRO-1: registration
+// order), each read whole from the slices of every shard file; stops at the
+// first error (a read's or fn's) and returns it. Holds one parameter (and
+// its buffers) at a time.
+absl::Status ForEachWholeParameter(const std::string& dir, bool with_optimizer_state,
+                                   const std::function<absl::Status(const WholeParameter&)>& fn);
+
+}  // namespace dist
+
+#endif  // DIST_SHARDED_CHECKPOINT_OFFLINE_H_

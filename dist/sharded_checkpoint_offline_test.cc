@@ -1,0 +1,233 @@
+// ForEachWholeParameter reads a sharded checkpoint back whole on one process:
+// FSDP's (world 2, auto-wrap by Block) values equal FullStateDict() bit for
+// bit; ZeRO-1's (world 2) optimizer buffers, laid end to end in registration
+// order, equal the ranks' flat optimizer shards bit for bit; a corrupted or
+// missing shard file is an error naming it.
+#include "dist/sharded_checkpoint_offline.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dist/fsdp.h"
+#include "dist/fsdp_testing.h"
+#include "dist/sharded_checkpoint.h"
+#include "dist/thread_group.h"
+#include "dist/zero1.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/mingpt/config.h"
+#include "models/mingpt/model.h"
+#include "optim/adamw.h"
+
+namespace dist {
+namespace {
+
+namespace fs = std::filesystem;
+using tensor::Tensor;
+using ::testing::HasSubstr;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+constexpr int kWorld = 2;
+constexpr int kSteps = 2;
+constexpr int64_t kBatchPerRank = 2;
+
+std::unique_ptr<optim::Optimizer> AdamW() {
+  optim::AdamWOptions a;
+  a.lr = 1e-2;
+  a.weight_decay = 0.1;
+  return optim::AdamW::Create(a).value();
+}
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      std::string(tmp != nullptr ? tmp : "/tmp") + "/sharded_checkpoint_offline_test/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir + "/ck";
+}
+
+// (B, T) ids of this rank for `step`.
+Tensor Batch(const mingpt::GptConfig& c, ProcessGroup& pg, int step, int salt) {
+  return testing::RandomIds(kBatchPerRank, c.block_size, c.vocab_size,
+                            1000 * salt + 10 * step + pg.rank());
+}
+
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
+         std::memcmp(a.Contiguous().raw_data(), b.Contiguous().raw_data(), a.nbytes()) == 0;
+}
+
+// Trains FSDP for kSteps, saves to `dir`, returns rank 0's FullStateDict.
+NamedTensors SaveFsdp(const std::string& dir) {
+  NamedTensors full;
+  std::mutex mu;
+  absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+    const mingpt::GptConfig c = testing::Tiny();
+    mingpt::GPT gpt(c);
+    FsdpOptions o;
+    o.policy = WrapPolicy::Transformer({"Block"});
+    o.seed = 5;
+    std::unique_ptr<FullyShardedModel> fsdp = FullyShard(gpt, pg, o);
+    std::unique_ptr<optim::Optimizer> opt = AdamW();
+    for (int step = 0; step < kSteps; ++step) {
+      fsdp->ZeroGrad();
+      gpt.ForwardBackward(Batch(c, pg, step, 1), Batch(c, pg, step, 2));
+      opt->Step(fsdp->ParamRefs());
+    }
+    ASSERT_TRUE(SaveSharded(dir, *fsdp, *opt, pg, {{"step", "2"}}).ok());
+    NamedTensors mine = fsdp->FullStateDict();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [n, t] : mine) full.emplace_back(n, t.Clone());
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return full;
+}
+
+TEST(ShardedCheckpointOfflineTest, FsdpValuesEqualTheFullStateDict) {
+  const std::string dir = TestDir("fsdp");
+  const NamedTensors want = SaveFsdp(dir);
+  ASSERT_FALSE(want.empty());
+  NamedTensors got;
+  absl::Status s =
+      ForEachWholeParameter(dir, /*with_optimizer_state=*/true, [&](const WholeParameter& p) {
+        EXPECT_TRUE(p.has_state) << p.name;
+        EXPECT_EQ(p.step, kSteps) << p.name;
+        EXPECT_EQ(p.buffers.size(), 2u) << p.name;
+        for (const Tensor& b : p.buffers) {
+          EXPECT_EQ(b.shape(), p.value.shape()) << p.name;
+        }
+        got.emplace_back(p.name, p.value);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  // index.json lists FSDP's parameters unit by unit (the root unit first).
+  ASSERT_EQ(got.size(), want.size());
+  std::map<std::string, Tensor> by_name(got.begin(), got.end());
+  for (const auto& [name, value] : want) {
+    ASSERT_EQ(by_name.count(name), 1u) << name;
+    EXPECT_EQ(by_name[name].shape(), value.shape()) << name;
+    EXPECT_TRUE(BitwiseEqual(by_name[name], value)) << name;
+  }
+
+  // Without the optimizer state: the same values, no buffers.
+  int seen = 0;
+  s = ForEachWholeParameter(dir, /*with_optimizer_state=*/false, [&](const WholeParameter& p) {
+    EXPECT_FALSE(p.has_state);
+    EXPECT_TRUE(p.buffers.empty());
+    EXPECT_TRUE(BitwiseEqual(p.value, by_name[p.name])) << p.name;
+    ++seen;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(seen, static_cast<int>(want.size()));
+
+  // The callback's error stops the walk and comes back.
+  seen = 0;
+  s = ForEachWholeParameter(dir, false, [&](const WholeParameter&) {
+    ++seen;
+    return absl::CancelledError("enough");
+  });
+  EXPECT_EQ(s, absl::CancelledError("enough"));
+  EXPECT_EQ(seen, 1);
+}
+
+TEST(ShardedCheckpointOfflineTest, Zero1BuffersEqualTheRanksFlatOptimizerShards) {
+  const std::string dir = TestDir("zero1");
+  // Rank r's flat buffers ("zero1.shard.exp_avg", ...), in rank order.
+  std::vector<NamedTensors> shards(kWorld);
+  std::vector<std::string> registration;
+  absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+    const mingpt::GptConfig c = testing::Tiny();
+    mingpt::GPT gpt(c);
+    gpt.Materialize(5);
+    Zero1 zero(gpt, pg, AdamW());
+    for (int step = 0; step < kSteps; ++step) {
+      gpt.ForwardBackward(Batch(c, pg, step, 1), Batch(c, pg, step, 2));
+      ASSERT_TRUE(zero.Step().ok());
+      zero.ZeroGrad();
+    }
+    ASSERT_TRUE(SaveSharded(dir, zero, pg, {{"step", "2"}}).ok());
+    NamedTensors mine;
+    for (auto& [n, t] : zero.optimizer().StateTensors()) mine.emplace_back(n, t.Clone());
+    shards[rank] = std::move(mine);
+    if (rank == 0) {
+      for (auto& [n, p] : gpt.NamedParameters()) registration.push_back(n);
+    }
+  });
+  ASSERT_TRUE(s.ok()) << s;
+
+  std::map<std::string, WholeParameter> read;
+  s = ForEachWholeParameter(dir, true, [&](const WholeParameter& p) {
+    EXPECT_TRUE(p.has_state && p.step == kSteps) << p.name;
+    read[p.name] = p;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(read.size(), registration.size());
+  // The buffers end to end in registration order, as ZeRO-1 lays out its flat buffer.
+  std::vector<std::vector<float>> ordered(2);
+  for (const std::string& n : registration) {
+    ASSERT_EQ(read.count(n), 1u) << n;
+    for (size_t k = 0; k < 2; ++k) {
+      const Tensor& b = read[n].buffers[k];
+      ordered[k].insert(ordered[k].end(), b.data<float>(), b.data<float>() + b.numel());
+    }
+  }
+  const char* keys[2] = {"zero1.shard.exp_avg", "zero1.shard.exp_avg_sq"};
+  for (size_t k = 0; k < 2; ++k) {
+    std::vector<float> flat;
+    for (const NamedTensors& rank : shards) {
+      for (const auto& [n, t] : rank) {
+        if (n != keys[k]) continue;
+        const float* d = t.data<float>();
+        flat.insert(flat.end(), d, d + t.numel());
+      }
+    }
+    ASSERT_GE(flat.size(), ordered[k].size()) << keys[k];
+    for (size_t i = ordered[k].size(); i < flat.size(); ++i) EXPECT_EQ(flat[i], 0.0f) << "padding";
+    flat.resize(ordered[k].size());
+    EXPECT_EQ(0, std::memcmp(flat.data(), ordered[k].data(), flat.size() * sizeof(float)))
+        << keys[k];
+  }
+}
+
+TEST(ShardedCheckpointOfflineTest, CorruptedOrMissingShardFilesAreNamed) {
+  const std::string dir = TestDir("errors");
+  SaveFsdp(dir);
+  auto walk = [&] {
+    return ForEachWholeParameter(dir, true, [](const WholeParameter&) { return absl::OkStatus(); });
+  };
+  ASSERT_TRUE(walk().ok());
+  const std::string shard = dir + "/shard_1_of_2.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-9, std::ios::end);  // a byte inside the last tensor's data
+    char b = 0;
+    f.read(&b, 1);
+    b ^= 0x20;
+    f.seekp(-9, std::ios::end);
+    f.write(&b, 1);
+  }
+  absl::Status s = walk();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard_1_of_2.safetensors' is corrupted"));
+  fs::remove(shard);
+  s = walk();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard_1_of_2.safetensors' is missing"));
+  s = ForEachWholeParameter(dir + "/nope", true,
+                            [](const WholeParameter&) { return absl::OkStatus(); });
+  EXPECT_FALSE(s.ok());
+}
+
+}  // namespace
+}  // namespace dist

@@ -1,0 +1,181 @@
+// Consolidating sharded checkpoints and reading models whole (see
+// checkpoint_convert.h).
+#include "models/common/checkpoint_convert.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "dist/sharded_checkpoint.h"
+#include "dist/sharded_checkpoint_offline.h"
+#include "models/common/train_support.h"
+
+namespace train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// OK when `dir` does not exist or is an empty folder.
+absl::Status CheckFreshFolder(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (!fs::exists(st)) return absl::OkStatus();
+  if (!fs::is_directory(st)) {
+    return absl::AlreadyExistsError(absl::StrCat("'", dir, "' exists and is not a folder"));
+  }
+  if (!fs::is_empty(dir, ec)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("'", dir, "' is not empty; give a new folder to write the checkpoint to"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
+                                          const std::string& out_dir) {
+  if (!IsShardedCheckpoint(sharded_dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", sharded_dir, "' is not a sharded checkpoint (no index.json)"));
+  }
+  absl::StatusOr<dist::ShardedCheckpointInfo> info = dist::ReadShardedCheckpointInfo(sharded_dir);
+  if (!info.ok()) return info.status();
+  absl::StatusOr<TrainState> state = TrainStateFromShardedExtra(info->extra, sharded_dir);
+  if (!state.ok()) return state.status();
+  absl::Status s = CheckFreshFolder(out_dir);
+  if (!s.ok()) return s;
+
+  tensor::NamedTensors model;      // "<param>": (shape) f32
+  tensor::NamedTensors optimizer;  // "<param>.step": (1) i64, "<param>.<buffer>": (shape) f32
+  s = dist::ForEachWholeParameter(
+      sharded_dir, /*with_optimizer_state=*/true, [&](const dist::WholeParameter& p) {
+        model.emplace_back(p.name, p.value);
+        if (p.has_state) {
+          optimizer.emplace_back(p.name + ".step",
+                                 tensor::Tensor::FromData<int64_t>({p.step}, {1}));
+          for (size_t k = 0; k < p.buffers.size(); ++k) {
+            optimizer.emplace_back(p.name + "." + info->optimizer_buffers[k], p.buffers[k]);
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+
+  // Written into a temporary folder renamed onto out_dir: a failed write
+  // leaves nothing that looks like a checkpoint.
+  const std::string tmp = absl::StrCat(out_dir, ".tmp-consolidate");
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (::mkdir(tmp.c_str(), 0755) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
+  }
+  s = WriteCheckpointFiles(tmp, model, optimizer, info->optimizer, *state);
+  if (s.ok()) {
+    fs::remove(out_dir, ec);  // an empty folder, if any
+    fs::rename(tmp, out_dir, ec);
+    if (ec) {
+      s = absl::UnavailableError(
+          absl::StrCat("cannot rename '", tmp, "' onto '", out_dir, "': ", ec.message()));
+    }
+  }
+  if (!s.ok()) fs::remove_all(tmp, ec);
+  return s;
+}
+
+absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_dir) {
+  CheckpointSummary out;
+  std::error_code ec;
+  if (!fs::is_directory(step_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("'", step_dir, "' is not a folder"));
+  }
+  out.sharded = IsShardedCheckpoint(step_dir);
+  if (out.sharded) {
+    absl::StatusOr<dist::ShardedCheckpointInfo> info = dist::ReadShardedCheckpointInfo(step_dir);
+    if (!info.ok()) return info.status();
+    absl::StatusOr<TrainState> state = TrainStateFromShardedExtra(info->extra, step_dir);
+    if (!state.ok()) return state.status();
+    out.state = std::move(*state);
+    out.params = info->params;
+    out.optimizer = info->optimizer;
+    out.optimizer_buffers = info->optimizer_buffers;
+    out.has_optimizer_state = info->has_optimizer_state;
+    out.optimizer_step = info->optimizer_step;
+    out.writer = info->writer;
+    out.strategy = info->strategy;
+    out.world_size = info->world_size;
+    out.units = info->units;
+  } else {
+    const std::string model_path = step_dir + "/model.safetensors";
+    const std::string opt_path = step_dir + "/optimizer.safetensors";
+    absl::StatusOr<tensor::SafetensorsHeader> model = tensor::ReadSafetensorsHeader(model_path);
+    if (!model.ok()) return model.status();
+    absl::StatusOr<TrainState> state = TrainStateFromMetadata(model->metadata, model_path);
+    if (!state.ok()) return state.status();
+    out.state = std::move(*state);
+    for (const tensor::SafetensorsEntry& e : model->entries)
+      out.params.emplace_back(e.name, e.shape);
+    absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
+    if (!opt.ok()) return opt.status();
+    auto name = opt->metadata.find("optimizer");
+    if (name != opt->metadata.end()) out.optimizer = name->second;
+    // "<param>.step" (one integer) and "<param>.<buffer>" per parameter with state.
+    bool steps_equal = true;
+    for (const auto& [param, shape] : out.params) {
+      const tensor::SafetensorsEntry* step = opt->Find(param + ".step");
+      if (step == nullptr) continue;
+      tensor::Tensor value = tensor::Tensor::Empty({1}, tensor::Dtype::kI64);
+      absl::Status s = tensor::ReadSafetensorsSlice(opt_path, *opt, step->name, 0, value);
+      if (!s.ok()) return s;
+      const int64_t n = value.data<int64_t>()[0];
+      if (!out.has_optimizer_state) {
+        out.has_optimizer_state = true;
+        out.optimizer_step = n;
+        for (const tensor::SafetensorsEntry& e : opt->entries) {
+          const std::string prefix = param + ".";
+          if (e.name.size() <= prefix.size() || e.name.compare(0, prefix.size(), prefix) != 0) {
+            continue;
+          }
+          const std::string key = e.name.substr(prefix.size());
+          if (key != "step" && key.find('.') == std::string::npos) {
+            out.optimizer_buffers.push_back(key);
+          }
+        }
+      } else if (n != out.optimizer_step) {
+        steps_equal = false;
+      }
+    }
+    if (!steps_equal) out.optimizer_step = -1;
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(step_dir, ec)) {
+    if (e.is_regular_file(ec))
+      out.files.emplace_back(e.path().filename().string(), e.file_size(ec));
+  }
+  std::sort(out.files.begin(), out.files.end());
+  return out;
+}
+
+absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step_dir) {
+  if (IsShardedCheckpoint(step_dir)) {
+    tensor::NamedTensors model;
+    absl::Status s = dist::ForEachWholeParameter(step_dir, /*with_optimizer_state=*/false,
+                                                 [&](const dist::WholeParameter& p) {
+                                                   model.emplace_back(p.name, p.value);
+                                                   return absl::OkStatus();
+                                                 });
+    if (!s.ok()) return s;
+    return model;
+  }
+  absl::StatusOr<tensor::SafetensorsFile> f =
+      tensor::ReadSafetensors(step_dir + "/model.safetensors");
+  if (!f.ok()) return f.status();
+  return std::move(f->tensors);
+}
+
+}  // namespace train

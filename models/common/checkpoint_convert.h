@@ -1,0 +1,61 @@
+// Converting and reading the train binaries' checkpoints without a model or a
+// process group (tools/checkpoint):
+//   - a sharded step folder (FSDP or ZeRO-1 at any world size: index.json +
+//     shard files) consolidated into the single-process format
+//     (model.safetensors + optimizer.safetensors, train_support.h), which
+//     DDP, --world_size=1 and any safetensors reader take: the fp32 model
+//     whole, as PyTorch's dcp_to_torch_save gives it;
+//   - the fp32 model of either kind of step folder, whole.
+#ifndef MODELS_COMMON_CHECKPOINT_CONVERT_H_
+#define MODELS_COMMON_CHECKPOINT_CONVERT_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/common/train_support.h"
+#include "tensor/safetensors.h"
+#include "tensor/shape.h"
+
+namespace train {
+
+// Writes the single-process step folder `out_dir` (created; it must not exist,
+// or be an empty folder) from the sharded step folder `sharded_dir`: every
+// parameter whole in fp32, the optimizer state per parameter ("<param>.step",
+// "<param>.exp_avg", ...) and the training state (step, loader position,
+// model config, loss scale). Every slice read is checked (sizes, ids,
+// checksums); on error nothing is left in out_dir's place. Holds the whole
+// model and optimizer state in host memory.
+absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
+                                          const std::string& out_dir);
+
+// What a step folder of either kind holds, from its headers and index alone
+// (no tensor data is read beyond the optimizer's step counts).
+struct CheckpointSummary {
+  bool sharded = false;
+  TrainState state;                                           // step, loader, config, ...
+  std::vector<std::pair<std::string, tensor::Shape>> params;  // fp32 values
+  std::string optimizer;                                      // "adamw", "sgd"
+  std::vector<std::string> optimizer_buffers;                 // "exp_avg", "exp_avg_sq"
+  bool has_optimizer_state = false;
+  int64_t optimizer_step = -1;  // -1: no state, or parameters stepped unequally
+  std::vector<std::pair<std::string, int64_t>> files;  // name, bytes
+  // Sharded only (dist::ShardedCheckpointInfo): "fsdp" / "zero1", the
+  // strategy, the world size that wrote it and its FSDP units.
+  std::string writer;
+  std::string strategy;
+  int world_size = 1;
+  std::vector<std::string> units;
+};
+absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_dir);
+
+// The fp32 parameters of a step folder of either kind, whole, on the CPU
+// (sharded: in index.json's order; single-process: model.safetensors' order).
+absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step_dir);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_CHECKPOINT_CONVERT_H_

@@ -1,0 +1,290 @@
+// Checkpoint inspection and conversion, for the train binaries' checkpoints of
+// either kind: single-process / DDP (model.safetensors + optimizer.safetensors)
+// and sharded (FSDP or ZeRO-1 at any world size: index.json + shard files).
+// Needs no model, no process group and no GPU.
+//
+//   checkpoint info DIR [--params]        what it holds: step, model config, writer,
+//                                         strategy, world size, optimizer, parameters, files
+//   checkpoint verify DIR                 reads every tensor: checksums, sizes, shard
+//                                         ids, and no NaN or Inf in values or state
+//   checkpoint consolidate DIR OUT        a sharded checkpoint as one single-process
+//                                         step folder: the fp32 model whole in
+//                                         OUT/model.safetensors, the optimizer state
+//                                         per parameter; resumes with --strategy=ddp or
+//                                         --world_size=1 (as PyTorch's dcp_to_torch_save)
+//   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
+//                                         the models parameter by parameter (largest
+//                                         differences first); exit 1 unless every
+//                                         |a - b| <= atol + rtol |b| (default: equal)
+//
+// DIR is a step folder, or a checkpoint directory with a `latest` file (its
+// newest step). Exit status: 0 done, 1 a check failed (verify, diff),
+// 2 bad arguments or an unreadable checkpoint (the message names the file and
+// what was wrong).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "dist/sharded_checkpoint_offline.h"
+#include "models/common/checkpoint_convert.h"
+#include "models/common/train_support.h"
+#include "tensor/safetensors.h"
+
+ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, elements)");
+ABSL_FLAG(double, atol, 0.0, "diff: absolute tolerance");
+ABSL_FLAG(double, rtol, 0.0, "diff: tolerance relative to DIR_B's value");
+ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0: all");
+
+namespace {
+
+constexpr char kUsage[] =
+    "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | "
+    "diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "checkpoint: error: %s\n", message.c_str());
+  return 2;
+}
+
+// A step folder, or the newest step of a checkpoint directory.
+std::string StepFolder(const std::string& dir) {
+  if (train::IsShardedCheckpoint(dir)) return dir;
+  std::FILE* model = std::fopen((dir + "/model.safetensors").c_str(), "rb");
+  if (model != nullptr) {
+    std::fclose(model);
+    return dir;
+  }
+  absl::StatusOr<std::string> latest = train::ResolveCheckpoint("latest", dir);
+  return latest.ok() ? *latest : dir;
+}
+
+std::string Human(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.2f MiB", bytes / 1048576.0);
+  return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+}
+
+int Info(const std::string& dir) {
+  absl::StatusOr<train::CheckpointSummary> s = train::ReadCheckpointSummary(dir);
+  if (!s.ok()) return Fail(std::string(s.status().message()));
+  std::printf("checkpoint %s\n", dir.c_str());
+  if (s->sharded) {
+    std::printf("  kind:        sharded, written by %s (%s) at world size %d\n", s->writer.c_str(),
+                s->strategy.c_str(), s->world_size);
+    if (s->writer == "fsdp") std::printf("  FSDP units:  %zu\n", s->units.size());
+  } else {
+    std::printf("  kind:        single-process (one process, or DDP's rank 0)\n");
+  }
+  std::printf("  step:        %lld\n", static_cast<long long>(s->state.step));
+  for (const auto& [k, v] : s->state.extra)
+    std::printf("  %-12s %s\n", (k + ":").c_str(), v.c_str());
+  if (!s->state.loader_state.empty()) {
+    std::printf("  loader:      %s\n", s->state.loader_state.c_str());
+  }
+  int64_t elements = 0;
+  for (const auto& [name, shape] : s->params) elements += shape.numel();
+  std::printf("  parameters:  %zu tensors, %lld elements (%s in fp32)\n", s->params.size(),
+              static_cast<long long>(elements), Human(elements * 4).c_str());
+  if (s->has_optimizer_state) {
+    std::printf("  optimizer:   %s (%s), step %s\n", s->optimizer.c_str(),
+                absl::StrJoin(s->optimizer_buffers, ", ").c_str(),
+                s->optimizer_step >= 0 ? absl::StrCat(s->optimizer_step).c_str()
+                                       : "differs between parameters");
+  } else {
+    std::printf("  optimizer:   %s, no state (saved before the first step)\n",
+                s->optimizer.empty() ? "unknown" : s->optimizer.c_str());
+  }
+  int64_t bytes = 0;
+  for (const auto& [name, n] : s->files) bytes += n;
+  std::printf("  files:       %zu, %s\n", s->files.size(), Human(bytes).c_str());
+  for (const auto& [name, n] : s->files) {
+    std::printf("    %-36s %s\n", name.c_str(), Human(n).c_str());
+  }
+  if (absl::GetFlag(FLAGS_params)) {
+    for (const auto& [name, shape] : s->params) {
+      std::printf("    %-48s %-16s %lld\n", name.c_str(), shape.ToString().c_str(),
+                  static_cast<long long>(shape.numel()));
+    }
+  }
+  return 0;
+}
+
+// Elements of an f32 tensor that are NaN or infinite.
+int64_t NonFinite(const tensor::Tensor& t) {
+  const tensor::Tensor c = t.Contiguous();
+  const float* d = c.data<float>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < c.numel(); ++i) n += std::isfinite(d[i]) ? 0 : 1;
+  return n;
+}
+
+int Verify(const std::string& dir) {
+  std::vector<std::string> problems;
+  int64_t tensors = 0, elements = 0;
+  auto check = [&](const std::string& what, const tensor::Tensor& t) {
+    ++tensors;
+    elements += t.numel();
+    if (t.dtype() != tensor::Dtype::kF32) return;
+    const int64_t bad = NonFinite(t);
+    if (bad > 0) problems.push_back(absl::StrCat(what, " has ", bad, " NaN or infinite values"));
+  };
+  if (train::IsShardedCheckpoint(dir)) {
+    absl::StatusOr<train::CheckpointSummary> s = train::ReadCheckpointSummary(dir);
+    if (!s.ok()) return Fail(std::string(s.status().message()));
+    absl::Status read = dist::ForEachWholeParameter(dir, true, [&](const dist::WholeParameter& p) {
+      check(absl::StrCat("parameter '", p.name, "'"), p.value);
+      for (size_t k = 0; k < p.buffers.size(); ++k) {
+        check(absl::StrCat("optimizer ", s->optimizer_buffers[k], " of '", p.name, "'"),
+              p.buffers[k]);
+      }
+      return absl::OkStatus();
+    });
+    if (!read.ok()) {
+      std::printf("FAILED %s: %s\n", dir.c_str(), std::string(read.message()).c_str());
+      return 1;
+    }
+  } else {
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      absl::StatusOr<tensor::SafetensorsFile> f = tensor::ReadSafetensors(dir + "/" + file);
+      if (!f.ok()) {
+        std::printf("FAILED %s: %s\n", dir.c_str(), std::string(f.status().message()).c_str());
+        return 1;
+      }
+      for (const auto& [name, t] : f->tensors) check(absl::StrCat(file, " '", name, "'"), t);
+    }
+    absl::StatusOr<train::CheckpointSummary> s = train::ReadCheckpointSummary(dir);
+    if (!s.ok()) problems.push_back(std::string(s.status().message()));
+  }
+  if (!problems.empty()) {
+    std::printf("FAILED %s: %zu problem(s)\n", dir.c_str(), problems.size());
+    for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
+    return 1;
+  }
+  std::printf("OK %s: %lld tensors, %lld elements read; every checksum matches; no NaN or Inf\n",
+              dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements));
+  return 0;
+}
+
+int Consolidate(const std::string& dir, const std::string& out) {
+  absl::Status s = train::ConsolidateShardedCheckpoint(dir, out);
+  if (!s.ok()) return Fail(std::string(s.message()));
+  std::printf("wrote %s/model.safetensors and optimizer.safetensors from %s\n", out.c_str(),
+              dir.c_str());
+  return 0;
+}
+
+struct ParamDiff {
+  std::string name;
+  double max_abs = 0;
+  double max_rel = 0;  // |a - b| / |b| where b != 0
+  int64_t over = 0;    // elements beyond atol + rtol |b|
+  int64_t numel = 0;
+};
+
+int Diff(const std::string& dir_a, const std::string& dir_b) {
+  absl::StatusOr<tensor::NamedTensors> a = train::ReadCheckpointModel(dir_a);
+  if (!a.ok()) return Fail(std::string(a.status().message()));
+  absl::StatusOr<tensor::NamedTensors> b = train::ReadCheckpointModel(dir_b);
+  if (!b.ok()) return Fail(std::string(b.status().message()));
+  const double atol = absl::GetFlag(FLAGS_atol), rtol = absl::GetFlag(FLAGS_rtol);
+  std::map<std::string, tensor::Tensor> by_name(b->begin(), b->end());
+  std::vector<std::string> mismatched;
+  std::vector<ParamDiff> diffs;
+  for (const auto& [name, ta] : *a) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      mismatched.push_back(absl::StrCat("'", name, "' is only in ", dir_a));
+      continue;
+    }
+    const tensor::Tensor& tb = it->second;
+    if (ta.shape() != tb.shape() || ta.dtype() != tb.dtype()) {
+      mismatched.push_back(absl::StrCat(
+          "'", name, "' is ", ta.shape().ToString(), " ", tensor::DtypeName(ta.dtype()),
+          " in A but ", tb.shape().ToString(), " ", tensor::DtypeName(tb.dtype()), " in B"));
+      by_name.erase(it);
+      continue;
+    }
+    const tensor::Tensor ca = ta.To(tensor::Dtype::kF32).Contiguous();
+    const tensor::Tensor cb = tb.To(tensor::Dtype::kF32).Contiguous();
+    const float* pa = ca.data<float>();
+    const float* pb = cb.data<float>();
+    ParamDiff d;
+    d.name = name;
+    d.numel = ca.numel();
+    for (int64_t i = 0; i < d.numel; ++i) {
+      const double x = pa[i], y = pb[i];
+      const bool same = x == y || (std::isnan(x) && std::isnan(y));
+      const double e = same ? 0.0 : std::abs(x - y);  // NaN against a number: NaN
+      if (!(e <= atol + rtol * std::abs(y))) ++d.over;
+      if (std::isnan(e)) {
+        d.max_abs = e;  // stays NaN
+      } else if (!std::isnan(d.max_abs) && e > d.max_abs) {
+        d.max_abs = e;
+      }
+      if (y != 0 && e / std::abs(y) > d.max_rel) d.max_rel = e / std::abs(y);
+    }
+    diffs.push_back(d);
+    by_name.erase(it);
+  }
+  for (const auto& [name, t] : by_name) {
+    mismatched.push_back(absl::StrCat("'", name, "' is only in ", dir_b));
+  }
+  std::stable_sort(diffs.begin(), diffs.end(), [](const ParamDiff& x, const ParamDiff& y) {
+    return std::isnan(x.max_abs) ? !std::isnan(y.max_abs) : x.max_abs > y.max_abs;
+  });
+  int64_t over = 0, elements = 0, differing = 0;
+  double max_abs = 0;
+  for (const ParamDiff& d : diffs) {
+    over += d.over;
+    elements += d.numel;
+    differing += d.max_abs != 0 ? 1 : 0;
+    if (std::isnan(d.max_abs) || d.max_abs > max_abs) max_abs = d.max_abs;
+  }
+  std::printf("A: %s\nB: %s\n", dir_a.c_str(), dir_b.c_str());
+  const int top = absl::GetFlag(FLAGS_top);
+  const size_t shown = top <= 0 ? diffs.size() : std::min<size_t>(diffs.size(), top);
+  if (shown > 0) {
+    std::printf("  %-48s %12s %12s %10s\n", "parameter", "max |a-b|", "max rel", "over tol");
+    for (size_t i = 0; i < shown; ++i) {
+      const ParamDiff& d = diffs[i];
+      std::printf("  %-48s %12.4g %12.4g %10lld\n", d.name.c_str(), d.max_abs, d.max_rel,
+                  static_cast<long long>(d.over));
+    }
+    if (shown < diffs.size()) std::printf("  ... %zu more\n", diffs.size() - shown);
+  }
+  for (const std::string& m : mismatched) std::printf("  MISMATCH %s\n", m.c_str());
+  const bool ok = mismatched.empty() && over == 0;
+  std::printf(
+      "%s: %zu parameters compared (%lld elements), %lld differ, largest |a-b| %.4g; "
+      "%lld elements beyond atol %g + rtol %g |b|%s\n",
+      ok ? "SAME" : "DIFFERENT", diffs.size(), static_cast<long long>(elements),
+      static_cast<long long>(differing), max_abs, static_cast<long long>(over), atol, rtol,
+      mismatched.empty() ? ""
+                         : absl::StrCat("; ", mismatched.size(), " name/shape mismatches").c_str());
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> a(args.begin() + 1, args.end());
+  if (a.empty()) return Fail(absl::StrCat("no command; usage: ", kUsage));
+  const std::string& cmd = a[0];
+  auto want = [&](size_t n) { return a.size() == n + 1; };
+  if (cmd == "info" && want(1)) return Info(StepFolder(a[1]));
+  if (cmd == "verify" && want(1)) return Verify(StepFolder(a[1]));
+  if (cmd == "consolidate" && want(2)) return Consolidate(StepFolder(a[1]), a[2]);
+  if (cmd == "diff" && want(2)) return Diff(StepFolder(a[1]), StepFolder(a[2]));
+  return Fail(absl::StrCat("bad command line '", absl::StrJoin(a, " "), "'; usage: ", kUsage));
+}

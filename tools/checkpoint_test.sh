@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# //tools:checkpoint on checkpoints written by //models/mingpt:train:
+#   - info and verify on sharded (FSDP, ZeRO-1) and single-process (DDP) ones;
+#   - an FSDP world-2 checkpoint consolidated into the single-process format
+#     resumes in one process and under DDP with the losses of the
+#     uninterrupted FSDP run (1e-5), and so does a ZeRO-1 one;
+#   - diff: the consolidated model equals the sharded one bit for bit, DDP's
+#     equals FSDP's within 1e-5 after the same steps (bit for bit here: two
+#     ranks sum in one order), later steps and another model differ;
+#   - errors: a corrupted shard (verify exit 1, naming the file), a non-empty
+#     output folder, a single-process input to consolidate, bad commands (exit 2).
+set -euo pipefail
+train="$1"
+ckpt="$2"
+source "$3"  # models/common/losses_testing.sh: losses, same_losses
+dir="${TEST_TMPDIR}/checkpoint_tool"
+rm -rf "$dir"
+mkdir -p "$dir"
+
+common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --dropout=0
+        --optimizer=adamw --lr=3e-3)
+# expect CODE PATTERN COMMAND...: exits CODE and prints PATTERN (stdout or stderr).
+expect() {
+  local code="$1" pattern="$2"
+  shift 2
+  set +e
+  "$@" > "$dir/out.txt" 2>&1
+  local got=$?
+  set -e
+  if [[ $got != "$code" ]] || ! grep -q -- "$pattern" "$dir/out.txt"; then
+    echo "expected exit $code and '$pattern' from: $*; got $got:"; cat "$dir/out.txt"; exit 1
+  fi
+}
+
+# Uninterrupted: 6 FSDP steps at world 2 (global batch 8).
+"$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
+  --checkpoint_dir="$dir/ck_full" --metrics_out="$dir/full.jsonl" > "$dir/full.log"
+# 3 steps, saved sharded.
+"$train" "${common[@]}" --steps=3 --world_size=2 --batch_size=4 --strategy=full_shard \
+  --checkpoint_dir="$dir/ck" > "$dir/first.log"
+
+# info (the checkpoint directory resolves to its latest step) and verify.
+expect 0 "sharded, written by fsdp (FULL_SHARD) at world size 2" "$ckpt" info "$dir/ck"
+grep -q "step:        3" "$dir/out.txt"
+grep -q "config:.*gpt-nano" "$dir/out.txt"
+grep -q "optimizer:   adamw (exp_avg, exp_avg_sq), step 3" "$dir/out.txt"
+grep -q "shard_1_of_2.safetensors" "$dir/out.txt"
+expect 0 "lm_head.weight" "$ckpt" info --params "$dir/ck/step_000003"
+expect 0 "^OK .*every checksum matches; no NaN or Inf" "$ckpt" verify "$dir/ck"
+echo "info, verify: sharded"
+
+# Consolidated, it resumes in one process and under DDP with the losses of the full run.
+expect 0 "wrote $dir/one/model.safetensors" "$ckpt" consolidate "$dir/ck" "$dir/one"
+expect 0 "kind:        single-process" "$ckpt" info "$dir/one"
+grep -q "optimizer:   adamw (exp_avg, exp_avg_sq), step 3" "$dir/out.txt"
+expect 0 "^OK " "$ckpt" verify "$dir/one"
+expect 0 "^SAME: .* 0 differ" "$ckpt" diff "$dir/one" "$dir/ck"
+cp -r "$dir/one" "$dir/one_copy"
+"$train" "${common[@]}" --batch_size=8 --resume="$dir/one" \
+  --metrics_out="$dir/single.jsonl" > "$dir/single.log"
+grep -q "resumed from $dir/one at step 3" "$dir/single.log"
+same_losses "$dir/full.jsonl" "$dir/single.jsonl" "fsdp world 2 -> consolidated -> one process"
+"$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=ddp --resume="$dir/one_copy" \
+  --metrics_out="$dir/ddp_resumed.jsonl" > "$dir/ddp_resumed.log"
+same_losses "$dir/full.jsonl" "$dir/ddp_resumed.jsonl" "fsdp world 2 -> consolidated -> ddp"
+echo "consolidated FSDP checkpoint: one process and DDP continue with the full run's losses"
+
+# ZeRO-1 too.
+"$train" "${common[@]}" --steps=3 --world_size=2 --batch_size=4 --strategy=zero1 \
+  --checkpoint_dir="$dir/ck_zero1" > "$dir/zero1.log"
+expect 0 "written by zero1 (ZERO1) at world size 2" "$ckpt" info "$dir/ck_zero1"
+expect 0 "wrote" "$ckpt" consolidate "$dir/ck_zero1/step_000003" "$dir/one_zero1"
+"$train" "${common[@]}" --batch_size=8 --resume="$dir/one_zero1" \
+  --metrics_out="$dir/from_zero1.jsonl" > "$dir/from_zero1.log"
+same_losses "$dir/full.jsonl" "$dir/from_zero1.jsonl" "zero1 world 2 -> consolidated -> one process"
+echo "consolidated ZeRO-1 checkpoint: the same"
+
+# diff: DDP's model after 3 steps against FSDP's, and against another model.
+"$train" "${common[@]}" --steps=3 --world_size=2 --batch_size=4 --strategy=ddp \
+  --checkpoint_dir="$dir/ck_ddp" > "$dir/ddp.log"
+expect 0 "kind:        single-process" "$ckpt" info "$dir/ck_ddp"
+expect 0 "^OK " "$ckpt" verify "$dir/ck_ddp"
+expect 0 "^SAME: " "$ckpt" diff --atol=1e-5 --rtol=1e-5 "$dir/ck_ddp" "$dir/ck"
+# Three more steps move every parameter; a loose tolerance lets them pass.
+expect 1 "^DIFFERENT: 41 parameters compared (115632 elements), 41 differ" \
+  "$ckpt" diff --top=3 "$dir/ck" "$dir/ck_full"
+grep -q "\.\.\. 38 more" "$dir/out.txt"
+expect 0 "^SAME: .* 41 differ" "$ckpt" diff --atol=1 "$dir/ck" "$dir/ck_full"
+"$train" --preset=gpt-nano --data=shipped --steps=1 --seq_len=32 --dropout=0 --vocab_size=300 \
+  --checkpoint_dir="$dir/ck_other" > "$dir/other.log"
+expect 1 "MISMATCH 'transformer.wte.weight' is (300,48) f32 in A" \
+  "$ckpt" diff "$dir/ck_other" "$dir/ck"
+grep -q "name/shape mismatches" "$dir/out.txt"
+echo "diff: ddp = fsdp within 1e-5; later steps and another model differ"
+
+# Errors.
+expect 2 "is not empty" "$ckpt" consolidate "$dir/ck" "$dir/one_zero1"
+expect 2 "is not a sharded checkpoint (no index.json)" "$ckpt" consolidate "$dir/ck_ddp" "$dir/x"
+[[ ! -e "$dir/x" ]]
+expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"
+expect 2 "usage:" "$ckpt" info
+expect 2 "is not a folder" "$ckpt" info "$dir/nope"
+cp -r "$dir/ck/step_000003" "$dir/broken"
+shard="$dir/broken/shard_1_of_2.safetensors"
+size=$(stat -c %s "$shard")
+printf '\x7f' | dd of="$shard" bs=1 seek=$((size - 9)) conv=notrunc status=none
+expect 1 "FAILED .*shard_1_of_2.safetensors' is corrupted" "$ckpt" verify "$dir/broken"
+expect 2 "is corrupted" "$ckpt" consolidate "$dir/broken" "$dir/y"
+[[ ! -e "$dir/y" && ! -e "$dir/y.tmp-consolidate" ]]
+echo "errors: named, exit codes 1 / 2, nothing written"
+echo PASS
