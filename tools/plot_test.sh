@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# tools/plot.py on sample outputs of //tools:bench_memory, //tools:bench_throughput
+# and train --metrics_out: well-formed SVG whose bars and lines follow the data
+# (bar heights proportional to the values, DDP > FULL_SHARD > FULL_SHARD+wrap as in
+# the sample, one line per run with a point per step), and its errors (exit 2).
+set -euo pipefail
+plot=$1 mem=$2 thr=$3 ddp=$4 fsdp=$5
+out="$TEST_TMPDIR"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+python3 "$plot" memory "$mem" --out "$out/mem.svg" | grep -q "wrote $out/mem.svg" || fail "memory"
+python3 - "$out/mem.svg" "$mem" <<'PY' || fail "memory chart"
+import json, re, sys
+import xml.etree.ElementTree as ET
+ns = {"s": "http://www.w3.org/2000/svg"}
+root = ET.parse(sys.argv[1]).getroot()
+data = json.load(open(sys.argv[2]))
+# One titled bar per row: "<strategy>, N = <n>: peak <MiB> MiB, ..." in its panel.
+bars = {}
+for r in root.iter("{http://www.w3.org/2000/svg}rect"):
+    t = r.find("s:title", ns)
+    if t is None:
+        continue
+    m = re.match(r"(.+), N = (\d+): peak ([\d.]+) MiB", t.text)
+    assert m, t.text
+    bars.setdefault((m.group(1), int(m.group(2))), []).append((float(m.group(3)), float(r.get("height"))))
+assert sum(len(v) for v in bars.values()) == len(data["rows"]), (len(bars), len(data["rows"]))
+# The sample's ordering, which the chart shows.
+panels = {}
+for row in data["rows"]:
+    panels.setdefault((row["preset"], row["precision"]), {})[(row["strategy"], row["world_size"])] = row["peak_bytes"]["total"]
+for (preset, prec), peaks in panels.items():
+    for n in {k[1] for k in peaks}:
+        assert peaks[("DDP", n)] > peaks[("FULL_SHARD+wrap", n)], (preset, prec, n)
+        assert peaks[("FULL_SHARD", n)] > peaks[("FULL_SHARD+wrap", n)], (preset, prec, n)
+titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+for want in ("gpt-mini, fp32", "gpt-mini, bf16", "N = 2", "N = 4", "FULL_SHARD+wrap", "model state between steps"):
+    assert want in titles, want
+# Bars standing on one baseline (a panel): a taller peak is a taller bar, and
+# heights are proportional to the peaks.
+by_panel = {}
+for r in root.iter("{http://www.w3.org/2000/svg}rect"):
+    t = r.find("s:title", ns)
+    if t is not None:
+        by_panel.setdefault(round(float(r.get("y")) + float(r.get("height"))), []).append(
+            (float(re.search(r"peak ([\d.]+)", t.text).group(1)), float(r.get("height"))))
+for base, v in by_panel.items():
+    v.sort()
+    for (p1, h1), (p2, h2) in zip(v, v[1:]):
+        assert (p1 < p2) == (h1 < h2) or abs(p1 - p2) < 0.05, (p1, h1, p2, h2)
+    k = v[-1][1] / v[-1][0]
+    assert all(abs(h - p * k) <= 0.01 * h + 0.2 for p, h in v), v
+PY
+echo "memory: bars follow the peaks"
+
+python3 "$plot" throughput "$thr" --out "$out/thr.svg" > /dev/null
+python3 - "$out/thr.svg" <<'PY' || fail "throughput chart"
+import sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+S = "{http://www.w3.org/2000/svg}"
+titles = [t.text for t in root.iter(S + "title")]
+assert len(titles) == 3 and titles[0].startswith("DDP: median 6.8"), titles
+assert len(list(root.iter(S + "circle"))) == 9  # 3 steps of 3 runs
+texts = [t.text for t in root.iter(S + "text")]
+assert any("(1.035 of DDP)" in t for t in texts), texts
+PY
+echo "throughput: a bar per strategy, a dot per step, ratios to DDP"
+
+python3 "$plot" loss "$ddp" "$fsdp" --labels ddp,fsdp --out "$out/loss.svg" > /dev/null
+python3 - "$out/loss.svg" <<'PY' || fail "loss chart"
+import sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+S = "{http://www.w3.org/2000/svg}"
+lines = list(root.iter(S + "polyline"))
+assert len(lines) == 4, len(lines)  # loss and tokens/s of each run
+assert [len(l.get("points").split()) for l in lines] == [4, 3, 4, 3]
+loss = [[float(p.split(",")[1]) for p in l.get("points").split()] for l in lines[::2]]
+assert all(a < b for a, b in zip(loss[0], loss[0][1:])), "the loss falls, so y pixels rise"
+texts = [t.text for t in root.iter(S + "text")]
+assert "ddp" in texts and "fsdp" in texts
+PY
+echo "loss: a line per run, a point per step"
+
+expect2() {  # expect2 PATTERN ARGS...
+  local pattern=$1
+  shift
+  set +e
+  python3 "$plot" "$@" > "$out/err.txt" 2>&1
+  local code=$?
+  set -e
+  [[ $code == 2 ]] && grep -q -- "$pattern" "$out/err.txt" ||
+    { echo "expected exit 2 and '$pattern' from $*; got $code:"; cat "$out/err.txt"; exit 1; }
+}
+expect2 "cannot read '$out/none.json'" memory "$out/none.json" --out "$out/x.svg"
+printf '{"rows": [' > "$out/bad.json"
+expect2 "is not JSON" memory "$out/bad.json" --out "$out/x.svg"
+expect2 "a row lacks \"precision\"" memory "$thr" --out "$out/x.svg"
+expect2 "is not JSON (Extra data at line 2)" throughput "$ddp" --out "$out/x.svg"
+echo '{"steps": 3}' > "$out/other.json"
+expect2 "has no \"rows\" list: not the --json_out of //tools:bench_throughput" throughput "$out/other.json" --out "$out/x.svg"
+expect2 "line 1 lacks \"step\" or \"loss\"" loss "$thr" --out "$out/x.svg"
+expect2 "1 labels for 2 files" loss "$ddp" "$fsdp" --labels one --out "$out/x.svg"
+expect2 "cannot write '$out/no/such/dir.svg'" loss "$ddp" --out "$out/no/such/dir.svg"
+expect2 "required" memory "$mem"
+[[ ! -e "$out/x.svg" ]] || fail "nothing written on errors"
+echo "errors: exit 2, naming the file"
+echo PASS
