@@ -8,11 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <mutex>
-#include <random>
 #include <set>
 #include <system_error>
 
@@ -45,6 +43,7 @@ using sharded::kIdKey;
 using sharded::kIndexFile;
 using sharded::kShardKey;
 using sharded::kValueKind;
+using sharded::NewCheckpointId;
 using sharded::ParamRec;
 using sharded::ParentOf;
 using sharded::Publish;
@@ -298,11 +297,7 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   std::string id;
   absl::Status s;
   if (rank == 0) {
-    std::random_device rd;
-    const uint64_t hi = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    const uint64_t lo =
-        static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-    id = absl::StrFormat("%016x%08x", hi ^ lo, static_cast<uint32_t>(::getpid()));
+    id = NewCheckpointId();
     if (dir.empty()) s = absl::InvalidArgumentError("the checkpoint folder name is empty");
     if (s.ok()) s = CheckReplaceable(dir);
     if (s.ok()) {

@@ -3,10 +3,13 @@
 #include "dist/sharded_checkpoint_index.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -152,6 +155,14 @@ absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Ind
 }
 
 }  // namespace
+
+std::string NewCheckpointId() {
+  std::random_device rd;
+  const uint64_t hi = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  const uint64_t lo =
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return absl::StrFormat("%016x%08x", hi ^ lo, static_cast<uint32_t>(::getpid()));
+}
 
 std::string Hex32(uint32_t x) { return absl::StrFormat("%08x", x); }
 

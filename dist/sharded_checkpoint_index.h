@@ -75,6 +75,9 @@ struct Index {
   std::map<std::string, size_t> by_name;  // filled by ValidateIndex
 };
 
+// A fresh random checkpoint id (hex; random bits, the time and the pid).
+std::string NewCheckpointId();
+
 // A checksum as index.json writes it: 8 lowercase hex digits.
 std::string Hex32(uint32_t x);
 

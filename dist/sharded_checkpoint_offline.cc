@@ -2,10 +2,18 @@
 // sharded_checkpoint_offline.h).
 #include "dist/sharded_checkpoint_offline.h"
 
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <set>
+#include <system_error>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
+#include "tensor/safetensors.h"
 
 namespace dist {
 
@@ -35,6 +43,108 @@ absl::Status ForEachWholeParameter(const std::string& dir_in, bool with_optimize
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteWholeParameters(const std::string& dir_in,
+                                  const std::vector<WholeParameter>& params,
+                                  const std::string& optimizer,
+                                  const std::vector<std::string>& optimizer_buffers,
+                                  const std::map<std::string, std::string>& extra) {
+  const std::string dir = sharded::StripTrailingSlashes(dir_in);
+  if (dir.empty()) return absl::InvalidArgumentError("the checkpoint folder name is empty");
+  absl::Status s = sharded::CheckReplaceable(dir);
+  if (!s.ok()) return s;
+
+  // The index: each parameter (and buffer) one slice [0, numel) of file 0.
+  sharded::Index x;
+  x.id = sharded::NewCheckpointId();
+  x.writer = "converted";
+  x.strategy = "NONE";
+  x.world_size = 1;
+  x.optimizer = optimizer;
+  x.buffers = optimizer_buffers;
+  x.lr = "unknown";
+  x.extra = extra;
+  const std::string file = sharded::ShardFileName(0, 1);
+  x.files.push_back(sharded::FileRec{file, 0});  // its size once written
+  tensor::NamedTensors tensors;
+  auto slice = [&](const std::string& kind, const std::string& name, const tensor::Tensor& t) {
+    const tensor::Tensor flat = t.Contiguous().Reshape({t.numel()});
+    sharded::SliceRec r;
+    r.file = 0;
+    r.tensor = sharded::SliceTensorName(kind, name, 0);
+    r.begin = 0;
+    r.end = t.numel();
+    r.crcs = sharded::BlockCrcs(flat.data<float>(), flat.numel(), x.crc_block);
+    tensors.emplace_back(r.tensor, flat);
+    return r;
+  };
+  std::set<int64_t> steps;
+  for (const WholeParameter& p : params) {
+    if (p.value.dtype() != tensor::Dtype::kF32 || !p.value.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' must be f32 on the CPU; got ",
+                       tensor::DtypeName(p.value.dtype()), " on ", p.value.device().ToString()));
+    }
+    sharded::ParamRec r;
+    r.name = p.name;
+    r.shape = p.value.shape();
+    r.numel = p.value.numel();
+    r.value.push_back(slice(sharded::kValueKind, p.name, p.value));
+    if (p.has_state) {
+      if (p.buffers.size() != optimizer_buffers.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter '", p.name, "' has ", p.buffers.size(),
+                         " optimizer buffers; the optimizer has ", optimizer_buffers.size()));
+      }
+      r.has_state = true;
+      r.step = p.step;
+      steps.insert(p.step);
+      for (size_t k = 0; k < p.buffers.size(); ++k) {
+        const tensor::Tensor& b = p.buffers[k];
+        if (b.dtype() != tensor::Dtype::kF32 || b.shape() != p.value.shape() ||
+            !b.device().is_cpu()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("optimizer ", optimizer_buffers[k], " of '", p.name, "' must be f32 ",
+                           p.value.shape().ToString(), " on the CPU; got ",
+                           tensor::DtypeName(b.dtype()), " ", b.shape().ToString()));
+        }
+        r.state[optimizer_buffers[k]].push_back(slice(optimizer_buffers[k], p.name, b));
+      }
+    }
+    x.params.push_back(std::move(r));
+  }
+  x.has_state = !steps.empty();
+  x.step = steps.size() == 1 ? *steps.begin() : -1;
+  s = sharded::ValidateIndex(x);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("not a checkpoint: ", s.message()));
+
+  // Written into "<dir>.tmp-<id>", then published onto dir.
+  const std::string tmp = absl::StrCat(dir, ".tmp-", x.id);
+  std::error_code ec;
+  std::filesystem::create_directories(sharded::ParentOf(dir), ec);
+  if (::mkdir(tmp.c_str(), 0755) != 0) return sharded::ErrnoStatus("cannot create", tmp);
+  const std::string path = absl::StrCat(tmp, "/", file);
+  s = tensor::WriteSafetensors(path, tensors,
+                               {{sharded::kIdKey, x.id}, {sharded::kShardKey, "0/1"}});
+  if (s.ok()) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      s = sharded::ErrnoStatus("cannot stat", path);
+    } else {
+      x.files[0].bytes = static_cast<int64_t>(st.st_size);
+    }
+  }
+  if (s.ok()) {
+    s = sharded::WriteFileDurably(absl::StrCat(tmp, "/", sharded::kIndexFile),
+                                  sharded::IndexToJson(x));
+  }
+  if (s.ok()) {
+    sharded::FsyncDir(tmp);
+    s = sharded::Publish(tmp, dir, x.id);
+  }
+  if (!s.ok()) sharded::RemoveTree(tmp);
+  return s;
 }
 
 }  // namespace dist

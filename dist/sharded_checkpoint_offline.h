@@ -1,9 +1,12 @@
-// Reading a sharded checkpoint (dist/sharded_checkpoint.h) whole, on one
-// process, with no process group and no model: every parameter's values and
-// optimizer state at their full shapes, one parameter at a time. What
-// PyTorch's torch.distributed.checkpoint.format_utils.dcp_to_torch_save does
-// for DCP folders; tools/checkpoint uses it to inspect, verify, compare and
-// consolidate checkpoints that FSDP or ZeRO-1 wrote at any world size.
+// Sharded checkpoints (dist/sharded_checkpoint.h) on one process, with no
+// process group and no model:
+//   - reading one whole: every parameter's values and optimizer state at
+//     their full shapes, one parameter at a time (what PyTorch's
+//     torch.distributed.checkpoint.format_utils.dcp_to_torch_save does for
+//     DCP folders);
+//   - writing whole parameters as one (torch_save_to_dcp), which FSDP and
+//     ZeRO-1 then load at any world size.
+// tools/checkpoint uses them to inspect, verify, compare and convert.
 //
 //   absl::Status s = dist::ForEachWholeParameter(step_dir, /*with_optimizer_state=*/true,
 //       [&](const dist::WholeParameter& p) -> absl::Status {
@@ -19,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +49,19 @@ struct WholeParameter {
 // its buffers) at a time.
 absl::Status ForEachWholeParameter(const std::string& dir, bool with_optimizer_state,
                                    const std::function<absl::Status(const WholeParameter&)>& fn);
+
+// Writes `params` (values f32, any shapes; optimizer state where has_state,
+// one buffer per `optimizer_buffers` entry shaped like the value) as a
+// sharded checkpoint in `dir`: one shard file and index.json, world size 1,
+// writer "converted", strategy "NONE", checksummed as SaveSharded does. `dir`
+// must not exist or hold nothing but a sharded checkpoint (replaced
+// atomically, as SaveSharded replaces one). `optimizer`: "adamw" / "sgd"
+// (LoadSharded checks it against the optimizer); `extra`: the map LoadSharded
+// returns.
+absl::Status WriteWholeParameters(const std::string& dir, const std::vector<WholeParameter>& params,
+                                  const std::string& optimizer,
+                                  const std::vector<std::string>& optimizer_buffers,
+                                  const std::map<std::string, std::string>& extra);
 
 }  // namespace dist
 

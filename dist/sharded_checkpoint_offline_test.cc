@@ -200,6 +200,101 @@ TEST(ShardedCheckpointOfflineTest, Zero1BuffersEqualTheRanksFlatOptimizerShards)
   }
 }
 
+std::vector<WholeParameter> ReadAll(const std::string& dir) {
+  std::vector<WholeParameter> all;
+  absl::Status s = ForEachWholeParameter(dir, true, [&](const WholeParameter& p) {
+    all.push_back(p);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return all;
+}
+
+// Whole parameters written back as a one-file checkpoint read back the same,
+// and FSDP at world 2 loads it into the parameters it was saved from.
+TEST(ShardedCheckpointOfflineTest, WrittenWholeParametersReadBackAndLoadIntoFsdp) {
+  const std::string dir = TestDir("whole_src");
+  const NamedTensors want = SaveFsdp(dir);
+  const std::vector<WholeParameter> src = ReadAll(dir);
+  const std::string out = TestDir("whole_out");
+  ASSERT_TRUE(
+      WriteWholeParameters(out, src, "adamw", {"exp_avg", "exp_avg_sq"}, {{"step", "2"}}).ok());
+  EXPECT_TRUE(fs::exists(out + "/shard_0_of_1.safetensors"));
+  absl::StatusOr<ShardedCheckpointInfo> info = ReadShardedCheckpointInfo(out);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->writer, "converted");
+  EXPECT_EQ(info->world_size, 1);
+  EXPECT_EQ(info->optimizer_step, kSteps);
+  const std::vector<WholeParameter> back = ReadAll(out);
+  ASSERT_EQ(back.size(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    EXPECT_EQ(back[i].name, src[i].name);
+    EXPECT_TRUE(BitwiseEqual(back[i].value, src[i].value)) << src[i].name;
+    EXPECT_EQ(back[i].step, src[i].step);
+    ASSERT_EQ(back[i].buffers.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_TRUE(BitwiseEqual(back[i].buffers[k], src[i].buffers[k])) << src[i].name;
+    }
+  }
+  std::mutex mu;
+  NamedTensors loaded;
+  absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(testing::Tiny());
+    FsdpOptions o;
+    o.policy = WrapPolicy::None();  // another wrap policy than the save's
+    std::unique_ptr<FullyShardedModel> fsdp = FullyShard(gpt, pg, o);
+    std::unique_ptr<optim::Optimizer> opt = AdamW();
+    absl::StatusOr<std::map<std::string, std::string>> extra = LoadSharded(out, *fsdp, *opt, pg);
+    ASSERT_TRUE(extra.ok()) << extra.status();
+    EXPECT_EQ(extra->at("step"), "2");
+    NamedTensors mine = fsdp->FullStateDict();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [n, t] : mine) loaded.emplace_back(n, t.Clone());
+    }
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  std::map<std::string, Tensor> by_name(loaded.begin(), loaded.end());
+  ASSERT_EQ(by_name.size(), want.size());
+  for (const auto& [name, value] : want) {
+    EXPECT_TRUE(BitwiseEqual(by_name[name], value)) << name;
+  }
+}
+
+TEST(ShardedCheckpointOfflineTest, WriteWholeParametersRefusesBadInput) {
+  WholeParameter p;
+  p.name = "w";
+  p.value = Tensor::Zeros({2, 3});
+  const std::string dir = TestDir("whole_bad");
+  WholeParameter half = p;
+  half.value = p.value.To(tensor::Dtype::kBF16);
+  absl::Status s = WriteWholeParameters(dir, {half}, "sgd", {"momentum_buffer"}, {});
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("parameter 'w' must be f32 on the CPU; got bf16"));
+  WholeParameter state = p;
+  state.has_state = true;
+  state.step = 1;
+  s = WriteWholeParameters(dir, {state}, "sgd", {"momentum_buffer"}, {});
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("'w' has 0 optimizer buffers; the optimizer has 1"));
+  state.buffers = {Tensor::Zeros({3, 2})};
+  s = WriteWholeParameters(dir, {state}, "sgd", {"momentum_buffer"}, {});
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("optimizer momentum_buffer of 'w' must be f32 (2,3)"));
+  s = WriteWholeParameters(dir, {p, p}, "sgd", {"momentum_buffer"}, {});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("listed twice"));
+  EXPECT_FALSE(fs::exists(dir)) << "nothing written on errors";
+  // A folder holding something else is not replaced.
+  fs::create_directories(dir);
+  std::ofstream(dir + "/notes.txt") << "mine";
+  s = WriteWholeParameters(dir, {p}, "sgd", {"momentum_buffer"}, {});
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(fs::exists(dir + "/notes.txt"));
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteWholeParameters(dir, {p}, "sgd", {"momentum_buffer"}, {}).ok());
+  EXPECT_EQ(ReadAll(dir).size(), 1u);
+}
+
 TEST(ShardedCheckpointOfflineTest, CorruptedOrMissingShardFilesAreNamed) {
   const std::string dir = TestDir("errors");
   SaveFsdp(dir);

@@ -12,6 +12,9 @@
 //                                         OUT/model.safetensors, the optimizer state
 //                                         per parameter; resumes with --strategy=ddp or
 //                                         --world_size=1 (as PyTorch's dcp_to_torch_save)
+//   checkpoint shard DIR OUT              the reverse: a single-process / DDP step folder
+//                                         as a sharded one (world size 1) that FSDP and
+//                                         ZeRO-1 resume at any world size (torch_save_to_dcp)
 //   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
 //                                         the models parameter by parameter (largest
 //                                         differences first); exit 1 unless every
@@ -47,7 +50,7 @@ ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0:
 namespace {
 
 constexpr char kUsage[] =
-    "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | "
+    "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | shard DIR OUT | "
     "diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
 
 int Fail(const std::string& message) {
@@ -77,7 +80,11 @@ int Info(const std::string& dir) {
   absl::StatusOr<train::CheckpointSummary> s = train::ReadCheckpointSummary(dir);
   if (!s.ok()) return Fail(std::string(s.status().message()));
   std::printf("checkpoint %s\n", dir.c_str());
-  if (s->sharded) {
+  if (s->sharded && s->writer == "converted") {
+    std::printf(
+        "  kind:        sharded, converted from a single-process checkpoint "
+        "(`checkpoint shard`), world size 1\n");
+  } else if (s->sharded) {
     std::printf("  kind:        sharded, written by %s (%s) at world size %d\n", s->writer.c_str(),
                 s->strategy.c_str(), s->world_size);
     if (s->writer == "fsdp") std::printf("  FSDP units:  %zu\n", s->units.size());
@@ -179,6 +186,13 @@ int Consolidate(const std::string& dir, const std::string& out) {
   if (!s.ok()) return Fail(std::string(s.message()));
   std::printf("wrote %s/model.safetensors and optimizer.safetensors from %s\n", out.c_str(),
               dir.c_str());
+  return 0;
+}
+
+int Shard(const std::string& dir, const std::string& out) {
+  absl::Status s = train::ShardSingleProcessCheckpoint(dir, out);
+  if (!s.ok()) return Fail(std::string(s.message()));
+  std::printf("wrote the sharded checkpoint %s (world size 1) from %s\n", out.c_str(), dir.c_str());
   return 0;
 }
 
@@ -285,6 +299,7 @@ int main(int argc, char** argv) {
   if (cmd == "info" && want(1)) return Info(StepFolder(a[1]));
   if (cmd == "verify" && want(1)) return Verify(StepFolder(a[1]));
   if (cmd == "consolidate" && want(2)) return Consolidate(StepFolder(a[1]), a[2]);
+  if (cmd == "shard" && want(2)) return Shard(StepFolder(a[1]), a[2]);
   if (cmd == "diff" && want(2)) return Diff(StepFolder(a[1]), StepFolder(a[2]));
   return Fail(absl::StrCat("bad command line '", absl::StrJoin(a, " "), "'; usage: ", kUsage));
 }

@@ -4,6 +4,9 @@
 #   - an FSDP world-2 checkpoint consolidated into the single-process format
 #     resumes in one process and under DDP with the losses of the
 #     uninterrupted FSDP run (1e-5), and so does a ZeRO-1 one;
+#   - shard (the reverse): DDP's checkpoint resumes under FSDP (world 2) and
+#     ZeRO-1 (world 4) with the full run's losses; shard + consolidate gives
+#     DDP's model and optimizer state back;
 #   - diff: the consolidated model equals the sharded one bit for bit, DDP's
 #     equals FSDP's within 1e-5 after the same steps (bit for bit here: two
 #     ranks sum in one order), later steps and another model differ;
@@ -93,10 +96,44 @@ expect 1 "MISMATCH 'transformer.wte.weight' is (300,48) f32 in A" \
 grep -q "name/shape mismatches" "$dir/out.txt"
 echo "diff: ddp = fsdp within 1e-5; later steps and another model differ"
 
+# shard: DDP's checkpoint as a sharded one resumes under FSDP (world 2) and ZeRO-1 (world 4).
+expect 0 "wrote the sharded checkpoint $dir/from_ddp (world size 1)" \
+  "$ckpt" shard "$dir/ck_ddp" "$dir/from_ddp"
+expect 0 "converted from a single-process checkpoint" "$ckpt" info "$dir/from_ddp"
+grep -q "optimizer:   adamw (exp_avg, exp_avg_sq), step 3" "$dir/out.txt"
+expect 0 "^OK " "$ckpt" verify "$dir/from_ddp"
+expect 0 "^SAME: .* 0 differ" "$ckpt" diff "$dir/from_ddp" "$dir/ck_ddp"
+cp -r "$dir/from_ddp" "$dir/from_ddp_copy"
+"$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
+  --resume="$dir/from_ddp" --metrics_out="$dir/fsdp_from_ddp.jsonl" > "$dir/fsdp_from_ddp.log"
+same_losses "$dir/full.jsonl" "$dir/fsdp_from_ddp.jsonl" "ddp -> shard -> fsdp world 2"
+"$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=zero1 \
+  --resume="$dir/from_ddp_copy" --metrics_out="$dir/zero1_from_ddp.jsonl" > "$dir/zero1_from_ddp.log"
+same_losses "$dir/full.jsonl" "$dir/zero1_from_ddp.jsonl" "ddp -> shard -> zero1 world 4"
+# Round trip: shard then consolidate gives DDP's files back (model and optimizer state).
+"$ckpt" consolidate "$dir/from_ddp_copy" "$dir/round_trip" > /dev/null
+expect 0 "^SAME: .* 0 differ" "$ckpt" diff "$dir/round_trip" "$dir/ck_ddp"
+python3 - "$dir/round_trip/optimizer.safetensors" "$dir/ck_ddp/step_000003/optimizer.safetensors" <<'PY'
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    data = b[8 + n:]
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+for k in a:
+    assert a[k][1] == b[k][1] and (a[k][2] == b[k][2] or k.endswith(".step")), k
+PY
+echo "shard: ddp checkpoint resumes under fsdp and zero1; shard + consolidate round-trips"
+
 # Errors.
 expect 2 "is not empty" "$ckpt" consolidate "$dir/ck" "$dir/one_zero1"
 expect 2 "is not a sharded checkpoint (no index.json)" "$ckpt" consolidate "$dir/ck_ddp" "$dir/x"
 [[ ! -e "$dir/x" ]]
+expect 2 "is already sharded" "$ckpt" shard "$dir/ck" "$dir/z"
 expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"
 expect 2 "usage:" "$ckpt" info
 expect 2 "is not a folder" "$ckpt" info "$dir/nope"

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <system_error>
 #include <utility>
 
@@ -87,6 +88,64 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
   }
   if (!s.ok()) fs::remove_all(tmp, ec);
   return s;
+}
+
+absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
+                                          const std::string& out_dir) {
+  if (IsShardedCheckpoint(single_dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", single_dir, "' is already sharded (it holds index.json)"));
+  }
+  absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(single_dir);
+  if (!summary.ok()) return summary.status();
+  absl::Status s = CheckFreshFolder(out_dir);
+  if (!s.ok()) return s;
+  absl::StatusOr<tensor::SafetensorsFile> model =
+      tensor::ReadSafetensors(single_dir + "/model.safetensors");
+  if (!model.ok()) return model.status();
+  const std::string opt_path = single_dir + "/optimizer.safetensors";
+  absl::StatusOr<tensor::SafetensorsFile> opt = tensor::ReadSafetensors(opt_path);
+  if (!opt.ok()) return opt.status();
+  std::map<std::string, tensor::Tensor> state(opt->tensors.begin(), opt->tensors.end());
+
+  std::vector<dist::WholeParameter> params;
+  for (const auto& [name, value] : model->tensors) {
+    if (value.dtype() != tensor::Dtype::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("'", single_dir, "/model.safetensors': '",
+                                                     name, "' is ",
+                                                     tensor::DtypeName(value.dtype()),
+                                                     "; the sharded format holds fp32 "
+                                                     "parameters only"));
+    }
+    dist::WholeParameter p;
+    p.name = name;
+    p.value = value;
+    auto step = state.find(name + ".step");
+    if (step != state.end()) {
+      if (step->second.numel() != 1) {
+        return absl::DataLossError(
+            absl::StrCat("'", opt_path, "': '", step->first, "' must hold one number"));
+      }
+      p.has_state = true;
+      p.step = step->second.To(tensor::Dtype::kI64).data<int64_t>()[0];
+      state.erase(step);
+      for (const std::string& key : summary->optimizer_buffers) {
+        auto b = state.find(name + "." + key);
+        if (b == state.end()) {
+          return absl::DataLossError(absl::StrCat("'", opt_path, "' lacks '", name, ".", key, "'"));
+        }
+        p.buffers.push_back(b->second.To(tensor::Dtype::kF32).Contiguous());
+        state.erase(b);
+      }
+    }
+    params.push_back(std::move(p));
+  }
+  if (!state.empty()) {
+    return absl::DataLossError(absl::StrCat("'", opt_path, "' holds '", state.begin()->first,
+                                            "', which belongs to no parameter of the model"));
+  }
+  return dist::WriteWholeParameters(out_dir, params, summary->optimizer, summary->optimizer_buffers,
+                                    ShardedCheckpointExtra(summary->state));
 }
 
 absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_dir) {

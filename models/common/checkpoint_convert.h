@@ -5,6 +5,8 @@
 //     (model.safetensors + optimizer.safetensors, train_support.h), which
 //     DDP, --world_size=1 and any safetensors reader take: the fp32 model
 //     whole, as PyTorch's dcp_to_torch_save gives it;
+//   - the reverse, a single-process step folder as a sharded one that FSDP
+//     and ZeRO-1 resume at any world size;
 //   - the fp32 model of either kind of step folder, whole.
 #ifndef MODELS_COMMON_CHECKPOINT_CONVERT_H_
 #define MODELS_COMMON_CHECKPOINT_CONVERT_H_
@@ -30,6 +32,15 @@ namespace train {
 // checksums); on error nothing is left in out_dir's place. Holds the whole
 // model and optimizer state in host memory.
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
+                                          const std::string& out_dir);
+
+// The reverse (PyTorch's torch_save_to_dcp): the single-process step folder
+// `single_dir` (one process or DDP) written as a sharded one of world size 1
+// in `out_dir` (as above: new or empty), which FSDP and ZeRO-1 resume at any
+// world size, strategy or wrap policy. Every entry of model.safetensors must
+// be an fp32 parameter (a model with buffers, e.g. BatchNorm's running
+// statistics, does not fit the sharded format, which holds parameters only).
+absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
                                           const std::string& out_dir);
 
 // What a step folder of either kind holds, from its headers and index alone
