@@ -21,9 +21,10 @@
 //                                         |a - b| <= atol + rtol |b| (default: equal)
 //
 // DIR is a step folder, or a checkpoint directory with a `latest` file (its
-// newest step). Exit status: 0 done, 1 a check failed (verify, diff),
-// 2 bad arguments or an unreadable checkpoint (the message names the file and
-// what was wrong).
+// newest step). Exit status: 0 done; 1 a check failed (verify: anything wrong
+// with the checkpoint, a missing or corrupted file included; diff: the models
+// differ); 2 bad arguments, or a checkpoint the other commands cannot read
+// (the message names the file and what was wrong).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -176,7 +177,7 @@ int Verify(const std::string& dir) {
     for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
     return 1;
   }
-  std::printf("OK %s: %lld tensors, %lld elements read; every checksum matches; no NaN or Inf\n",
+  std::printf("OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf\n",
               dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements));
   return 0;
 }
