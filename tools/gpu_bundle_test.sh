@@ -116,6 +116,48 @@ if [[ "$mode" == cpu ]]; then
     GPU_SESSION_DEADLINE_S=0 bash "$session_sh" tests 2>&1) || { echo "$out" >&2; fail "gpu_session.sh tests past its deadline"; }
   expect_in "NOT RUN (the phase's deadline passed): $test_name" "$out" "gpu_session.sh deadline"
   [[ "$out" != *"PASS $test_name"* ]] || fail "a test started after the deadline"
+  # The racecheck phase with a stand-in compute-sanitizer (runs the program; with FAKE_HAZARD
+  # set, reports a hazard and exits with --error-exitcode), on this bundle's test.
+  mkdir -p "$work/fakecs"
+  cat > "$work/fakecs/compute-sanitizer" <<'SH'
+#!/bin/bash
+tool=""; code=0
+while [[ "$1" == --* ]]; do
+  case "$1" in --tool) tool=$2; shift 2 ;; --error-exitcode) code=$2; shift 2 ;; *) shift 2 ;; esac
+done
+"$@"
+rc=$?
+if [[ -n "${FAKE_HAZARD:-}" ]]; then
+  echo "========= Error: Race reported between Write access at Kernel+0x10 and Read access"
+  echo "========= ${tool^^} SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
+  exit "$code"
+fi
+echo "========= ${tool^^} SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+exit $rc
+SH
+  chmod +x "$work/fakecs/compute-sanitizer"
+  checks="racecheck $test_name *
+synccheck $test_name *
+racecheck attention_test *"
+  out=$(cd "$work" && env -i PATH="$work/fakecs:/usr/bin:/bin" GPU_SESSION_BUNDLE="$u" \
+    OUT="$work/session3" GPU_SESSION_RACECHECKS="$checks" bash "$session_sh" racecheck 2>&1) ||
+    { echo "$out" >&2; fail "gpu_session.sh racecheck"; }
+  expect_in "PASS racecheck $test_name (exit 0" "$out" "racecheck"
+  expect_in "0 reports; ========= RACECHECK SUMMARY: 0 hazards" "$out" "racecheck summary"
+  expect_in "PASS synccheck $test_name (exit 0" "$out" "synccheck"
+  expect_in "SKIP racecheck attention_test (not in the bundle)" "$out" "racecheck skip"
+  expect_in "failed checks: 0" "$(cat "$work/session3/racecheck.txt")" "racecheck.txt"
+  out=$(cd "$work" && env -i PATH="$work/fakecs:/usr/bin:/bin" GPU_SESSION_BUNDLE="$u" FAKE_HAZARD=1 \
+    OUT="$work/session3" GPU_SESSION_RACECHECKS="racecheck $test_name *" bash "$session_sh" racecheck 2>&1) ||
+    { echo "$out" >&2; fail "gpu_session.sh racecheck with a hazard"; }
+  expect_in "FAIL racecheck $test_name (exit 3" "$out" "a hazard fails"
+  expect_in "1 reports" "$out" "the hazard counted"
+  expect_in "Race reported between Write access" "$(cat "$work/session3/racecheck.txt")" "the hazard's lines"
+  expect_in "failed checks: 1" "$out" "racecheck failures"
+  out=$(cd "$work" && env -i PATH="$work/fakecs:/usr/bin:/bin" GPU_SESSION_BUNDLE="$u" OUT="$work/session3" \
+    GPU_SESSION_DEADLINE_S=0 GPU_SESSION_RACECHECKS="racecheck $test_name *" bash "$session_sh" racecheck 2>&1) ||
+    { echo "$out" >&2; fail "gpu_session.sh racecheck past its deadline"; }
+  expect_in "NOT RUN racecheck $test_name (the phase's deadline passed)" "$out" "racecheck deadline"
   out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" bash "$session_sh" nope 2>&1) &&
     fail "gpu_session.sh took an unknown phase"
   expect_in "tools/gpu_session.sh tests" "$out" "gpu_session.sh usage"

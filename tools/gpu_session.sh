@@ -17,7 +17,8 @@
 #                                ($OUT/matmul.txt, $OUT/attention.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
-#                                losses and per-rank memory ($OUT/train.log)
+#                                losses and per-rank memory ($OUT/train.log), the runs' losses
+#                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours and of PyTorch eager ($OUT/vs_pytorch.json)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
@@ -28,10 +29,12 @@
 #                                synccheck on the kernel tests with the most synchronization,
 #                                at their smaller cases: the hardware's word on what
 #                                --config=cuda_emu_race checks on the emulation
-#                                ($OUT/racecheck.txt, $OUT/racecheck.log)
+#                                ($OUT/racecheck.txt, $OUT/racecheck.log); GPU_SESSION_RACECHECKS
+#                                ("tool test gtest_filter" per line) runs others
 #   tools/gpu_session.sh memory  //tools:bench_memory over GPU memory: per-rank peaks of DDP,
 #                                ZeRO-1, SHARD_GRAD_OP, FULL_SHARD (+wrap), ranks sharing
-#                                cuda:0, and the ZeRO formula checks ($OUT/memory.json)
+#                                cuda:0, and the ZeRO formula checks ($OUT/memory.json,
+#                                charted in $OUT/memory.svg)
 #
 # Device tool: carry ["gpu_bundle.tar.xz"]; command
 #   tar xJf gpu_bundle.tar.xz && tools/gpu_session.sh tests
@@ -50,14 +53,37 @@ run=$bundle/run.sh
 [[ -x "$run" ]] || { echo "gpu_session: no $run (unpack gpu_bundle.tar.xz first)" >&2; exit 2; }
 has() { [[ -x "$bundle/bin/$1" ]]; }
 
+# The phases that run many checks (tests, racecheck): none starts after the phase's deadline,
+# each is killed after the per-check timeout.
+deadline=$(( $(date +%s) + ${GPU_SESSION_DEADLINE_S:-540} ))
+per_check=${GPU_SESSION_TEST_TIMEOUT_S:-240}
+failed=0
+past_deadline() { (( $(date +%s) >= deadline )); }
+# timed_check CMD...: runs CMD with its output in $out/check.tmp; sets code, secs and verdict.
+timed_check() {
+  local start
+  start=$(date +%s)
+  timeout -k 10 "$per_check" "$@" > "$out/check.tmp" 2>&1
+  code=$?
+  secs=$(( $(date +%s) - start ))
+  if (( code == 0 )); then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
+}
+# record_check NAME LINE GREP_ARGS...: LINE (and a note when the check was killed) to stdout and
+# $out/NAME.txt, the whole output to $out/NAME.log, and on failure the lines GREP_ARGS select.
+record_check() {
+  local name=$1 line=$2
+  shift 2
+  (( code == 124 || code == 137 )) && line+=" (killed: still running after ${per_check}s)"
+  echo "$line" | tee -a "$out/$name.txt"
+  { echo "=== $line"; cat "$out/check.tmp"; } >> "$out/$name.log"
+  if (( code != 0 )); then grep "$@" "$out/check.tmp" | head -60 >> "$out/$name.txt"; fi
+  rm -f "$out/check.tmp"
+}
+
 case "$phase" in
   tests)
     : > "$out/tests.log"
     : > "$out/tests.txt"
-    failed=0
-    not_run=()
-    per_test=${GPU_SESSION_TEST_TIMEOUT_S:-240}
-    deadline=$(( $(date +%s) + ${GPU_SESSION_DEADLINE_S:-540} ))
     shift
     if (( $# > 0 )); then
       tests=("$@")
@@ -67,27 +93,18 @@ case "$phase" in
     else
       mapfile -t tests < <("$run" --list | grep '_test$')
     fi
+    not_run=()
     for t in "${tests[@]}"; do
-      if (( $(date +%s) >= deadline )); then
+      if past_deadline; then
         not_run+=("$t")
         continue
       fi
-      start=$(date +%s)
-      timeout -k 10 "$per_test" "$run" "$t" > "$out/$t.tmp" 2>&1
-      code=$?
-      secs=$(( $(date +%s) - start ))
-      passed=$(grep -c '^\[       OK \]' "$out/$t.tmp")
-      skipped=$(grep -c '^\[  SKIPPED \]' "$out/$t.tmp")
-      failures=$(grep -c '^\[  FAILED  \]' "$out/$t.tmp")
-      if (( code == 0 )); then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
-      line="$verdict $t (exit $code, ${secs}s): $passed ok, $skipped skipped, $failures failed"
-      (( code == 124 || code == 137 )) && line+=" (killed: still running after ${per_test}s)"
-      echo "$line" | tee -a "$out/tests.txt"
-      { echo "=== $line"; cat "$out/$t.tmp"; } >> "$out/tests.log"
-      if (( code != 0 )); then
-        grep -B2 -A12 -m 5 -E 'Failure|FAILED|error|Error' "$out/$t.tmp" | head -60 >> "$out/tests.txt"
-      fi
-      rm -f "$out/$t.tmp"
+      timed_check "$run" "$t"
+      passed=$(grep -c '^\[       OK \]' "$out/check.tmp")
+      skipped=$(grep -c '^\[  SKIPPED \]' "$out/check.tmp")
+      failures=$(grep -c '^\[  FAILED  \]' "$out/check.tmp")
+      record_check tests "$verdict $t (exit $code, ${secs}s): $passed ok, $skipped skipped, $failures failed" \
+        -B2 -A12 -m 5 -E 'Failure|FAILED|error|Error'
     done
     if (( ${#not_run[@]} > 0 )); then
       echo "NOT RUN (the phase's deadline passed): ${not_run[*]}" | tee -a "$out/tests.txt"
@@ -111,18 +128,30 @@ case "$phase" in
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     common=(--device=cuda:0 --preset=gpt-mini --data=random --steps=6 --batch_size=8
             --seq_len=128 --log_every=1 --seed=7)
+    metrics=$(mktemp -d)  # the runs' --metrics_out, charted into one file under $OUT
     {
-      echo "=== one process on cuda:0";              "$run" train "${common[@]}"
+      echo "=== one process on cuda:0"
+      "$run" train "${common[@]}" --metrics_out="$metrics/1_one.jsonl"
       echo "=== FSDP FULL_SHARD, 2 ranks sharing cuda:0 (batch 4 each)"
-      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard \
+        --metrics_out="$metrics/2_fsdp.jsonl"
       echo "=== the same with --cpu_offload"
-      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard --cpu_offload
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard --cpu_offload \
+        --metrics_out="$metrics/3_offload.jsonl"
       echo "=== DDP, 2 ranks sharing cuda:0"
-      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=ddp
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=ddp \
+        --metrics_out="$metrics/4_ddp.jsonl"
       echo "=== bf16, FSDP FULL_SHARD, 2 ranks"
-      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --precision=bf16
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --precision=bf16 \
+        --metrics_out="$metrics/5_fsdp_bf16.jsonl"
     } > "$out/train.log" 2>&1
     grep -E '^===|step +6|error|per-rank|^[0-9] ' "$out/train.log" | head -80
+    mapfile -t runs < <(ls "$metrics"/*.jsonl 2> /dev/null)
+    if (( ${#runs[@]} > 0 )); then
+      labels=$(printf '%s\n' "${runs[@]}" | sed -E 's|.*/[0-9]_(.*)\.jsonl|\1|' | paste -sd,)
+      python3 tools/plot.py loss "${runs[@]}" --labels "$labels" --out "$out/train.svg"
+    fi
+    rm -rf "$metrics"
     ;;
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
@@ -149,44 +178,36 @@ case "$phase" in
     [[ -n "$cs" ]] || { echo "gpu_session: no compute-sanitizer on this machine" >&2; exit 2; }
     : > "$out/racecheck.txt"
     : > "$out/racecheck.log"
-    deadline=$(( $(date +%s) + ${GPU_SESSION_DEADLINE_S:-540} ))
-    failed=0
-    # tool, test binary, gtest filter (the smaller cases: the sanitizer is slow)
-    checks=(
-      "racecheck attention_test *TensorCoreMatchesReference*:*FloatKernelMatchesReference*:*BiasAndKeyMaskMatchReference*:*UnalignedRows*"
-      "synccheck attention_test *TensorCoreMatchesReference*:*BiasAndKeyMaskMatchReference*"
-      "racecheck norm_test *BitIdentical*:*Strided*:*BiasWithoutWeight*"
-      "racecheck softmax_test *"
-      "racecheck loss_test *RowPadded*:*BitIdentical*:*IgnoreIndex*"
-      "racecheck reduce_test *"
-      "racecheck emu_test *"
-    )
+    # tool, test binary, gtest filter (the smaller cases: the sanitizer is slow); one per line,
+    # GPU_SESSION_RACECHECKS names others.
+    default_checks="racecheck attention_test *TensorCoreMatchesReference*:*FloatKernelMatchesReference*:*BiasAndKeyMaskMatchReference*:*UnalignedRows*
+synccheck attention_test *TensorCoreMatchesReference*:*BiasAndKeyMaskMatchReference*
+racecheck norm_test *BitIdentical*:*Strided*:*BiasWithoutWeight*
+racecheck softmax_test *
+racecheck loss_test *RowPadded*:*BitIdentical*:*IgnoreIndex*
+racecheck reduce_test *
+racecheck emu_test *"
+    mapfile -t checks <<< "${GPU_SESSION_RACECHECKS:-$default_checks}"
     for c in "${checks[@]}"; do
       read -r tool t filter <<< "$c"
       if ! has "$t"; then echo "SKIP $tool $t (not in the bundle)" | tee -a "$out/racecheck.txt"; continue; fi
-      if (( $(date +%s) >= deadline )); then
+      if past_deadline; then
         echo "NOT RUN $tool $t (the phase's deadline passed)" | tee -a "$out/racecheck.txt"
         continue
       fi
-      start=$(date +%s)
-      timeout -k 10 "${GPU_SESSION_TEST_TIMEOUT_S:-240}" "$cs" --tool "$tool" --error-exitcode 3 \
-        --target-processes all "$run" "$t" --gtest_filter="$filter" > "$out/rc.tmp" 2>&1
-      code=$?
-      hazards=$(grep -c -E '^========= (Error|Warning)' "$out/rc.tmp")
-      summary=$(grep -m1 -E '^========= (ERROR|RACECHECK|SYNCCHECK) SUMMARY' "$out/rc.tmp")
-      if (( code == 0 )); then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
-      line="$verdict $tool $t (exit $code, $(( $(date +%s) - start ))s): $hazards reports; $summary"
-      (( code == 124 || code == 137 )) && line+=" (killed: still running)"
-      echo "$line" | tee -a "$out/racecheck.txt"
-      { echo "=== $line"; cat "$out/rc.tmp"; } >> "$out/racecheck.log"
-      (( code != 0 )) && grep -m 20 -A6 -E '^========= (Error|Warning)' "$out/rc.tmp" >> "$out/racecheck.txt"
+      timed_check "$cs" --tool "$tool" --error-exitcode 3 --target-processes all "$run" "$t" \
+        --gtest_filter="$filter"
+      hazards=$(grep -c -E '^========= (Error|Warning)' "$out/check.tmp")
+      summary=$(grep -m1 -E '^========= (ERROR|RACECHECK|SYNCCHECK) SUMMARY' "$out/check.tmp")
+      record_check racecheck "$verdict $tool $t (exit $code, ${secs}s): $hazards reports; $summary" \
+        -m 20 -A6 -E '^========= (Error|Warning)'
     done
-    rm -f "$out/rc.tmp"
     echo "failed checks: $failed" | tee -a "$out/racecheck.txt"
     ;;
   memory)
     has bench_memory || { echo "gpu_session: bench_memory is not in the bundle" >&2; exit 2; }
     "$run" bench_memory --device=cuda:0 --presets=gpt-mini,gopher-44m --world_sizes=2,4 \
       --json_out="$out/memory.json"
+    [[ -s "$out/memory.json" ]] && python3 tools/plot.py memory "$out/memory.json" --out "$out/memory.svg"
     ;;
 esac
