@@ -246,8 +246,9 @@ def plot_memory(path, out):
                                f"model state {state:.1f} MiB")
                 svg.rect(x, ax.py(min(state, total)), bar_w - 2,
                          ax.py(0) - ax.py(min(state, total)), "#0006")
-                svg.text(x + (bar_w - 2) / 2, ax.py(total) - 3, f"{total:.0f}", size=9,
-                         anchor="middle")
+                label = f"{total:.0f}"  # sized to fit the bar's width
+                svg.text(x + (bar_w - 2) / 2, ax.py(total) - 3, label,
+                         size=round(min(9.0, 1.5 * bar_w / len(label)), 1), anchor="middle")
     svg.write(out)
 
 
