@@ -20,7 +20,8 @@
 #                                losses and per-rank memory ($OUT/train.log), the runs' losses
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
-#                                ours and of PyTorch eager ($OUT/vs_pytorch.json)
+#                                ours and of PyTorch eager ($OUT/vs_pytorch.json, charted in
+#                                $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations, tools/ncu_summary.py;
 #                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
@@ -158,6 +159,7 @@ case "$phase" in
     PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
       --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa \
       --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
+    [[ -s "$out/vs_pytorch.json" ]] && python3 tools/plot.py speed "$out/vs_pytorch.json" --out "$out/vs_pytorch.svg"
     ;;
   profile)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }

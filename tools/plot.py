@@ -8,6 +8,8 @@ opens in any browser.
   tools/plot.py memory /tmp/mem.json --out /tmp/mem.svg
   # step time of DDP and FSDP (//tools:bench_throughput)
   tools/plot.py throughput /tmp/thr.json --out /tmp/thr.svg
+  # tokens/s (and MFU on a GPU) of ours against PyTorch (tools/bench_vs_pytorch.py --json_out)
+  tools/plot.py speed /tmp/vs_pytorch.json --out /tmp/speed.svg
   # loss and tokens/s per step of one or more runs (train --metrics_out)
   tools/plot.py loss /tmp/ddp.jsonl /tmp/fsdp.jsonl --labels ddp,fsdp --out /tmp/loss.svg
 
@@ -290,6 +292,54 @@ def plot_throughput(path, out):
     svg.write(out)
 
 
+def plot_speed(path, out):
+    """Tokens/s of each run of bench_vs_pytorch.py (ours and PyTorch's), with
+    the ratio to PyTorch eager and, on a GPU, the MFU; the dashed line is the
+    issue's target, 1.2x PyTorch eager."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise PlotError(f"cannot read '{path}': {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise PlotError(f"'{path}' is not JSON ({e.msg} at line {e.lineno})")
+    if not isinstance(data, dict) or not data or not all(
+            isinstance(v, dict) and "tokens_per_s" in v and "ratio" in v for v in data.values()):
+        raise PlotError(f"'{path}' is not the --json_out of tools/bench_vs_pytorch.py "
+                        "(runs with \"tokens_per_s\" and \"ratio\")")
+    runs = list(data.items())
+    # The PyTorch eager baseline: the run whose ratio is 1.
+    base = next((v["tokens_per_s"] for _, v in runs if abs(v["ratio"] - 1.0) < 1e-9), None)
+    pw, ph, top = 120 * len(runs) + 140, 320, 60
+    svg = Svg(pw, top + ph + 90)
+    svg.text(14, 24, "Training speed against PyTorch (tools/bench_vs_pytorch.py)", size=14,
+             weight="bold")
+    ymax = max([v["tokens_per_s"] for _, v in runs] + ([1.25 * base] if base else []))
+    ax = Axes(svg, 80, top + 20, pw - 110, ph, 0, ymax * 1.1)
+    ax.draw_y_axis("tokens/s")
+    if base:
+        y = ax.py(1.2 * base)
+        svg.line(ax.x, y, ax.x + ax.w, y, stroke="#d55e00", dash="6,4")
+        svg.line(14, 44, 40, 44, stroke="#d55e00", dash="6,4")
+        svg.text(46, 48, "target: 1.2x PyTorch eager", size=11, fill="#d55e00")
+    bw = ax.w / len(runs)
+    for j, (name, v) in enumerate(runs):
+        x = ax.x + j * bw + bw * 0.15
+        c = PALETTE[0] if name.startswith("ours") else PALETTE[5]
+        tps = v["tokens_per_s"]
+        svg.rect(x, ax.py(tps), bw * 0.7, ax.py(0) - ax.py(tps), c,
+                 title=f"{name}: {tps:.1f} tokens/s, {v['ratio']:.2f}x")
+        label = f"{tps:.0f} ({v['ratio']:.2f}x)"
+        svg.text(x + bw * 0.35, ax.py(tps) - 16 if "mfu" in v else ax.py(tps) - 4, label, size=10,
+                 anchor="middle")
+        if "mfu" in v:
+            svg.text(x + bw * 0.35, ax.py(tps) - 4, f"MFU {100 * v['mfu']:.1f}%", size=10,
+                     anchor="middle")
+        for n, part in enumerate(name.split("_")[:4]):
+            svg.text(x + bw * 0.35, ax.y + ax.h + 16 + 12 * n, part, size=10, anchor="middle")
+    svg.write(out)
+
+
 def plot_loss(paths, labels, out):
     """Loss (top) and tokens/s (bottom) per step of each run."""
     runs = [load_metrics(p) for p in paths]
@@ -333,10 +383,12 @@ def main(argv):
     m.add_argument("json")
     t = sub.add_parser("throughput", help="//tools:bench_throughput --json_out")
     t.add_argument("json")
+    v = sub.add_parser("speed", help="tools/bench_vs_pytorch.py --json_out")
+    v.add_argument("json")
     l = sub.add_parser("loss", help="train --metrics_out files")
     l.add_argument("jsonl", nargs="+")
     l.add_argument("--labels", help="comma-separated, one per file (default: file names)")
-    for p in (m, t, l):
+    for p in (m, t, v, l):
         p.add_argument("--out", required=True, help="the SVG file to write")
     args = parser.parse_args(argv)
     try:
@@ -344,6 +396,8 @@ def main(argv):
             plot_memory(args.json, args.out)
         elif args.chart == "throughput":
             plot_throughput(args.json, args.out)
+        elif args.chart == "speed":
+            plot_speed(args.json, args.out)
         else:
             labels = args.labels.split(",") if args.labels else None
             plot_loss(args.jsonl, labels, args.out)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# tools/plot.py on sample outputs of //tools:bench_memory, //tools:bench_throughput
-# and train --metrics_out: well-formed SVG whose bars and lines follow the data
+# tools/plot.py on sample outputs of //tools:bench_memory, //tools:bench_throughput,
+# tools/bench_vs_pytorch.py (made-up figures) and train --metrics_out: well-formed SVG whose bars and lines follow the data
 # (bar heights proportional to the values, DDP > FULL_SHARD > FULL_SHARD+wrap as in
 # the sample, one line per run with a point per step), and its errors (exit 2).
 set -euo pipefail
-plot=$1 mem=$2 thr=$3 ddp=$4 fsdp=$5
+plot=$1 mem=$2 thr=$3 ddp=$4 fsdp=$5 speed=$6
 out="$TEST_TMPDIR"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -83,6 +83,31 @@ assert "ddp" in texts and "fsdp" in texts
 PY
 echo "loss: a line per run, a point per step"
 
+# (The speed sample's figures are made up: a fixture of the JSON's form only.)
+python3 "$plot" speed "$speed" --out "$out/speed.svg" > /dev/null
+python3 - "$out/speed.svg" <<'PY' || fail "speed chart"
+import re, sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+S = "{http://www.w3.org/2000/svg}"
+bars = {}
+for r in root.iter(S + "rect"):
+    t = r.find(S + "title")
+    if t is not None:
+        m = re.match(r"(\w+): ([\d.]+) tokens/s", t.text)
+        bars[m.group(1)] = (float(m.group(2)), float(r.get("height")), float(r.get("y")) + float(r.get("height")))
+assert sorted(bars) == ["ours_bf16", "pytorch_autocast_bf16", "pytorch_autocast_bf16_sdpa"], bars
+k = bars["ours_bf16"][1] / bars["ours_bf16"][0]
+assert all(abs(h - v * k) < 0.5 for v, h, _ in bars.values()), bars
+# The target line sits at 1.2x the eager run's tokens/s.
+base = bars["pytorch_autocast_bf16"][2]
+dashed = [l for l in root.iter(S + "line") if l.get("stroke-dasharray") and float(l.get("x2")) > 100]
+assert len(dashed) == 1 and abs(base - float(dashed[0].get("y1")) - 1.2 * 180000 * k) < 0.5, dashed
+texts = [t.text for t in root.iter(S + "text")]
+assert "MFU 46.9%" in texts and "270000 (1.50x)" in texts, texts
+PY
+echo "speed: bars proportional to tokens/s, the 1.2x target line, MFU"
+
 expect2() {  # expect2 PATTERN ARGS...
   local pattern=$1
   shift
@@ -101,6 +126,7 @@ expect2 "is not JSON (Extra data at line 2)" throughput "$ddp" --out "$out/x.svg
 echo '{"steps": 3}' > "$out/other.json"
 expect2 "has no \"rows\" list: not the --json_out of //tools:bench_throughput" throughput "$out/other.json" --out "$out/x.svg"
 expect2 "line 1 lacks \"step\" or \"loss\"" loss "$thr" --out "$out/x.svg"
+expect2 "is not the --json_out of tools/bench_vs_pytorch.py" speed "$mem" --out "$out/x.svg"
 expect2 "1 labels for 2 files" loss "$ddp" "$fsdp" --labels one --out "$out/x.svg"
 expect2 "cannot write '$out/no/such/dir.svg'" loss "$ddp" --out "$out/no/such/dir.svg"
 expect2 "required" memory "$mem"
