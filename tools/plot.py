@@ -146,14 +146,19 @@ def legend(svg, x, y, entries):
 # ---- Inputs ----
 
 
-def load_json(path, want_key, producer):
+def read_json(path):
     try:
         with open(path) as f:
-            data = json.load(f)
+            return json.load(f)
     except OSError as e:
         raise PlotError(f"cannot read '{path}': {e.strerror}")
     except json.JSONDecodeError as e:
         raise PlotError(f"'{path}' is not JSON ({e.msg} at line {e.lineno})")
+
+
+def load_json(path, want_key, producer):
+    """A benchmark's --json_out: an object with a `want_key` list."""
+    data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get(want_key), list):
         raise PlotError(f"'{path}' has no \"{want_key}\" list: not the --json_out of {producer}")
     return data
@@ -296,13 +301,7 @@ def plot_speed(path, out):
     """Tokens/s of each run of bench_vs_pytorch.py (ours and PyTorch's), with
     the ratio to PyTorch eager and, on a GPU, the MFU; the dashed line is the
     issue's target, 1.2x PyTorch eager."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise PlotError(f"cannot read '{path}': {e.strerror}")
-    except json.JSONDecodeError as e:
-        raise PlotError(f"'{path}' is not JSON ({e.msg} at line {e.lineno})")
+    data = read_json(path)
     if not isinstance(data, dict) or not data or not all(
             isinstance(v, dict) and "tokens_per_s" in v and "ratio" in v for v in data.values()):
         raise PlotError(f"'{path}' is not the --json_out of tools/bench_vs_pytorch.py "
