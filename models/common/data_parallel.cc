@@ -687,6 +687,11 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
 
 }  // namespace
 
+absl::Status DataParallelModel::PrepareCheckpointDir(const std::string& checkpoint_dir) {
+  return AgreeOnStatus(pg_, train::PrepareCheckpointDir(checkpoint_dir),
+                       absl::StrCat("preparing --checkpoint_dir ", checkpoint_dir));
+}
+
 absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir,
                                                const TrainState& state) {
   const std::string step_dir = absl::StrCat(checkpoint_dir, "/", CheckpointStepName(state.step));

@@ -277,6 +277,9 @@ class DataParallelModel {
   // too. The directory must be one every rank sees. Every rank returns the
   // same success or failure.
   absl::Status SaveCheckpoint(const std::string& checkpoint_dir, const TrainState& state);
+  // Before training: train::PrepareCheckpointDir on every rank (the folder
+  // must be one every rank sees); every rank returns the same result.
+  absl::Status PrepareCheckpointDir(const std::string& checkpoint_dir);
   // Loads a step folder SaveCheckpoint wrote: sharded ones into FSDP or
   // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
   // naming the strategy to resume with). Returns the saved TrainState.

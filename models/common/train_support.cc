@@ -8,6 +8,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -55,7 +59,34 @@ absl::Status WriteTextAtomically(const std::string& path, const std::string& tex
 
 std::string CheckpointStepName(int64_t step) { return absl::StrFormat("step_%06d", step); }
 
-absl::Status MakeCheckpointDir(const std::string& dir) { return MakeDir(dir); }
+absl::Status MakeCheckpointDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create directory '", dir, "': ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrepareCheckpointDir(const std::string& dir) {
+  absl::Status s = MakeCheckpointDir(dir);
+  if (s.ok()) {
+    const std::string probe =
+        absl::StrCat(dir, "/.write_check.", ::getpid(), ".",
+                     std::hash<std::thread::id>()(std::this_thread::get_id()));
+    std::FILE* f = std::fopen(probe.c_str(), "w");
+    if (f == nullptr) {
+      s = absl::UnavailableError(
+          absl::StrCat("cannot create files in '", dir, "': ", std::strerror(errno)));
+    } else {
+      std::fclose(f);
+      std::remove(probe.c_str());
+    }
+  }
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir: ", s.message()));
+}
 
 absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step) {
   return WriteTextAtomically(dir + "/latest", CheckpointStepName(step) + "\n");

@@ -51,8 +51,13 @@ absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::Nam
                                   const std::string& optimizer_name, const TrainState& state);
 // "step_000100": the folder of a step under a checkpoint directory.
 std::string CheckpointStepName(int64_t step);
-// Creates `dir` (one level) unless it exists.
+// Creates `dir` and its missing parents unless it exists.
 absl::Status MakeCheckpointDir(const std::string& dir);
+// Before training: creates `dir` (and its parents) and checks that a file can
+// be created and removed there, so that an unusable --checkpoint_dir fails at
+// once (InvalidArgument naming it and why) instead of at the first save,
+// after the steps it would have kept.
+absl::Status PrepareCheckpointDir(const std::string& dir);
 
 // `resume` is "latest" (the newest checkpoint in checkpoint_dir) or the path of
 // a step folder. Returns the step folder.

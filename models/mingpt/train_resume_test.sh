@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # --resume continues with exactly the losses of an uninterrupted run, with
-# dropout on; a corrupted checkpoint is a clear error; bad flags are errors.
+# dropout on; a corrupted checkpoint is a clear error; bad flags are errors;
+# an unusable --checkpoint_dir fails before training; data parallelism and bf16.
 set -euo pipefail
 train="$1"
 dir="${TEST_TMPDIR}/resume"
@@ -37,11 +38,13 @@ grep -q "model.safetensors' is corrupted: checksum" "$dir/err.txt"
 set +e
 "$train" --preset=gpt-9000 --steps=1 2> "$dir/err2.txt"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "unknown gpt preset 'gpt-9000'" "$dir/err2.txt"
+[[ $code == 2 ]] && grep -q "unknown gpt preset 'gpt-9000'" "$dir/err2.txt" ||
+  { echo "expected exit 2 and unknown gpt preset gpt-9000; got $code:"; cat "$dir/err2.txt"; exit 1; }
 set +e
 "$train" --preset=gpt-nano --seq_len=4096 --steps=1 2> "$dir/err3.txt"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "seq_len=4096 exceeds the block_size 128" "$dir/err3.txt"
+[[ $code == 2 ]] && grep -q "seq_len=4096 exceeds the block_size 128" "$dir/err3.txt" ||
+  { echo "expected exit 2 and seq_len=4096 exceeds the block_size 128; got $code:"; cat "$dir/err3.txt"; exit 1; }
 # Data parallelism (threads engine): 2 ranks x batch 2 give the losses of 1
 # rank x batch 4 (dropout 0), within 1e-5, for FSDP FULL_SHARD, DDP and ZeRO-1.
 dp=(--preset=gpt-nano --steps=3 --seq_len=32 --dropout=0 --log_every=1)
@@ -56,26 +59,35 @@ for strategy in full_shard ddp zero1; do
   grep -q "per-rank peak memory by category" "$dir/w2_$strategy.log"
 done
 echo "world 2 x batch 2 losses equal world 1 x batch 4 (full_shard, ddp, zero1)"
-# Not supported yet under data parallelism: clear errors, exit code 2.
-set +e
-"$train" "${dp[@]}" --world_size=2 --checkpoint_dir="$dir/dpckpt" 2> "$dir/err4.txt"; code=$?
-set -e
-[[ $code == 2 ]] && grep -q "checkpoint_dir and --resume are not supported" "$dir/err4.txt"
+# A --checkpoint_dir that cannot be created fails before the first step (one
+# process and data parallel), not at the first save; missing parents are made.
+touch "$dir/a_file"
+for ranks in 1 2; do
+  set +e
+  "$train" "${dp[@]}" --world_size=$ranks --checkpoint_dir="$dir/a_file/ck" > "$dir/out4.txt" 2> "$dir/err4.txt"; code=$?
+  set -e
+  [[ $code == 2 ]] && grep -q -- "--checkpoint_dir: cannot create directory '$dir/a_file/ck'" "$dir/err4.txt" ||
+    { echo "world $ranks: expected exit 2 naming --checkpoint_dir; got $code:"; cat "$dir/err4.txt"; exit 1; }
+  ! grep -q "^step" "$dir/out4.txt" || { echo "world $ranks: trained before failing"; exit 1; }
+  "$train" "${dp[@]}" --steps=1 --world_size=$ranks --checkpoint_dir="$dir/new$ranks/a/b" > /dev/null
+  [[ "$(cat "$dir/new$ranks/a/b/latest")" == step_000001 ]]
+done
+echo "an unusable --checkpoint_dir fails before training; nested new folders are made"
 set +e
 "$train" "${dp[@]}" --world_size=2 --strategy=fsdp 2> "$dir/err5.txt"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "strategy='fsdp' is not one of" "$dir/err5.txt"
+[[ $code == 2 ]] && grep -q "strategy='fsdp' is not one of" "$dir/err5.txt" ||
+  { echo "expected exit 2 and strategy=fsdp is not one of; got $code:"; cat "$dir/err5.txt"; exit 1; }
 
-# bf16 mixed precision under FSDP matches one process in bf16 (gradients are
-# rounded to bf16 per rank before averaging: 2e-3 relative), and DDP refuses it.
+# bf16 mixed precision under FSDP and DDP matches one process in bf16
+# (gradients are rounded to bf16 per rank before averaging: 2e-3 relative).
 "$train" "${dp[@]}" --batch_size=4 --precision=bf16 --metrics_out="$dir/w1_bf16.jsonl" > /dev/null
-"$train" "${dp[@]}" --batch_size=2 --world_size=2 --strategy=full_shard --precision=bf16 \
-  --metrics_out="$dir/w2_bf16.jsonl" > /dev/null
-paste -d' ' <(losses "$dir/w1_bf16.jsonl") <(losses "$dir/w2_bf16.jsonl") |
-  awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-3 * $2) {
-    print "bf16: step " $1 " loss " $2 " vs " $4; bad = 1 } } END { exit bad }'
-set +e
-"$train" "${dp[@]}" --world_size=2 --strategy=ddp --precision=bf16 2> "$dir/err6.txt"; code=$?
-set -e
-[[ $code == 2 ]] && grep -q "precision=bf16 with --strategy=ddp is not supported yet" "$dir/err6.txt"
+for strategy in full_shard ddp; do
+  "$train" "${dp[@]}" --batch_size=2 --world_size=2 --strategy=$strategy --precision=bf16 \
+    --metrics_out="$dir/w2_bf16_$strategy.jsonl" > /dev/null
+  [[ $(losses "$dir/w2_bf16_$strategy.jsonl" | wc -l) == 3 ]]
+  paste -d' ' <(losses "$dir/w1_bf16.jsonl") <(losses "$dir/w2_bf16_$strategy.jsonl") |
+    awk -v s=$strategy '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-3 * $2) {
+      print "bf16 " s ": step " $1 " loss " $2 " vs " $4; bad = 1 } } END { exit bad }'
+done
 echo PASS

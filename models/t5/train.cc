@@ -267,6 +267,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   train::LossScaling scaling = setup.scaling;  // this rank's copy; all ranks update alike
   int64_t start = 0;
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!checkpoint_dir.empty()) {  // now, not at the first save
+    absl::Status ready = (*dp)->PrepareCheckpointDir(checkpoint_dir);
+    if (!ready.ok()) return ready;
+  }
   if (!absl::GetFlag(FLAGS_resume).empty()) {
     absl::StatusOr<train::DataParallelModel::Resumed> resumed =
         (*dp)->Resume(absl::GetFlag(FLAGS_resume), checkpoint_dir, setup.config.ToString());
@@ -450,6 +454,10 @@ absl::Status Train() {
   // ---- Resume ----
   int64_t start = 0;
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!checkpoint_dir.empty()) {  // now, not at the first save
+    absl::Status ready = train::PrepareCheckpointDir(checkpoint_dir);
+    if (!ready.ok()) return ready;
+  }
   if (!absl::GetFlag(FLAGS_resume).empty()) {
     absl::StatusOr<std::string> step_dir =
         train::ResolveCheckpoint(absl::GetFlag(FLAGS_resume), checkpoint_dir);

@@ -50,5 +50,6 @@ set +e
 "$train" "${common[@]}" --world_size=2 --auto_wrap=size:1000 2> "$dir/err.txt"; code=$?
 set -e
 cat "$dir/err.txt"
-[[ $code == 2 ]] && grep -q "puts 'shared.weight' into the FSDP unit 'shared', but it must stay in the root unit" "$dir/err.txt"
+[[ $code == 2 ]] && grep -q "puts 'shared.weight' into the FSDP unit 'shared', but it must stay in the root unit" "$dir/err.txt" ||
+  { echo "expected exit 2 and puts shared.weight into the FSDP unit shared, but it must st; got $code:"; cat "$dir/err.txt"; exit 1; }
 echo PASS

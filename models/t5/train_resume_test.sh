@@ -40,7 +40,8 @@ set +e
 "$train" "${common[@]}" --dropout=0.2 --checkpoint_dir="$dir/ckpt" --resume=latest \
   > /dev/null 2> "$dir/err_config.txt"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "is of model" "$dir/err_config.txt"
+[[ $code == 2 ]] && grep -q "is of model" "$dir/err_config.txt" ||
+  { echo "expected exit 2 and is of model; got $code:"; cat "$dir/err_config.txt"; exit 1; }
 
 # A corrupted checkpoint is refused with a message naming the file.
 model="$dir/ckpt/step_000006/model.safetensors"
