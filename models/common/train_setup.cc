@@ -34,10 +34,31 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const s
                                                                           uint64_t seed,
                                                                           int64_t vocab_size) {
   const int64_t vocab = vocab_size > 0 ? vocab_size : data::kGpt2VocabSize;
-  if (spec == "shipped") return data::ByteTextSource::OpenDefault(seed);
-  if (spec == "random") return data::RandomTokenSource::Create(seed, vocab);
-  if (absl::EndsWith(spec, ".bin")) return data::TokenFileSource::Open(spec, seed, vocab);
-  return data::ByteTextSource::Open(spec, seed);
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source;
+  if (spec == "shipped") {
+    source = data::ByteTextSource::OpenDefault(seed);
+  } else if (spec == "random") {
+    source = data::RandomTokenSource::Create(seed, vocab);
+  } else if (absl::EndsWith(spec, ".bin")) {
+    source = data::TokenFileSource::Open(spec, seed, vocab);
+  } else {
+    source = data::ByteTextSource::Open(spec, seed);
+  }
+  if (source.ok()) return source;
+  // A flag's value that does not work: exit status 2, naming the flag.
+  return absl::InvalidArgumentError(absl::StrCat("--data=", spec, ": ", source.status().message()));
+}
+
+absl::Status CheckGradClip(double grad_clip) {
+  if (grad_clip >= 0) return absl::OkStatus();  // false for NaN too
+  return absl::InvalidArgumentError(
+      absl::StrCat("--grad_clip=", grad_clip, " must be >= 0 (0 disables clipping)"));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<MetricsWriter>> w = MetricsWriter::Open(path);
+  if (w.ok()) return w;
+  return absl::InvalidArgumentError(absl::StrCat("--metrics_out: ", w.status().message()));
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "models/common/train_support.h"
 #include "models/data/token_source.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
@@ -18,10 +19,17 @@ namespace train {
 
 // "shipped" (the text in models/data/text), "random" (uniform tokens), a .bin
 // file of uint16 tokens, or any other path as byte-level text. vocab_size 0
-// means the default (50257) for random and .bin data.
+// means the default (50257) for random and .bin data. Errors are
+// InvalidArgument naming --data.
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const std::string& spec,
                                                                           uint64_t seed,
                                                                           int64_t vocab_size);
+
+// --grad_clip: >= 0 (0 disables clipping); InvalidArgument naming the flag.
+absl::Status CheckGradClip(double grad_clip);
+
+// --metrics_out: MetricsWriter::Open, its error InvalidArgument naming the flag.
+absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path);
 
 struct OptimizerSpec {
   std::string name;  // "adamw" or "sgd"

@@ -152,7 +152,14 @@ absl::StatusOr<TrainState> TrainStateFromShardedExtra(
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
                                               const std::string& checkpoint_dir) {
-  if (resume != "latest") return resume;
+  if (resume != "latest") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(resume, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--resume=", resume, ": no such checkpoint folder"));
+    }
+    return resume;
+  }
   if (checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("--resume=latest needs --checkpoint_dir");
   }

@@ -240,6 +240,8 @@ absl::Status Train() {
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   if (steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
+  if (!clip_ok.ok()) return clip_ok;
   absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
       train::OpenTokenSource(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
   if (!source.ok()) return source.status();
@@ -279,7 +281,7 @@ absl::Status Train() {
       train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
-      train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
+      train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);

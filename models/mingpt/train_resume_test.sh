@@ -45,6 +45,23 @@ set +e
 set -e
 [[ $code == 2 ]] && grep -q "seq_len=4096 exceeds the block_size 128" "$dir/err3.txt" ||
   { echo "expected exit 2 and seq_len=4096 exceeds the block_size 128; got $code:"; cat "$dir/err3.txt"; exit 1; }
+# Flag values that do not work: exit code 2 and a message naming the flag.
+bad_flag() {  # bad_flag PATTERN FLAGS...
+  local pattern=$1
+  shift
+  set +e
+  "$train" --preset=gpt-nano --seq_len=32 --steps=1 "$@" > /dev/null 2> "$dir/err_flag.txt"
+  local code=$?
+  set -e
+  [[ $code == 2 ]] && grep -q -- "$pattern" "$dir/err_flag.txt" ||
+    { echo "$*: expected exit 2 and '$pattern'; got $code:"; cat "$dir/err_flag.txt"; exit 1; }
+}
+bad_flag "--grad_clip=-1 must be >= 0" --grad_clip=-1
+bad_flag "--grad_clip=nan must be >= 0" --grad_clip=nan
+bad_flag "--resume=$dir/none: no such checkpoint folder" --resume="$dir/none"
+bad_flag "--data=$dir/none.txt: .*cannot open" --data="$dir/none.txt"
+bad_flag "--metrics_out: cannot open '$dir/none/m.jsonl'" --metrics_out="$dir/none/m.jsonl"
+echo "bad flag values: exit 2, naming the flag"
 # Data parallelism (threads engine): 2 ranks x batch 2 give the losses of 1
 # rank x batch 4 (dropout 0), within 1e-5, for FSDP FULL_SHARD, DDP and ZeRO-1.
 dp=(--preset=gpt-nano --steps=3 --seq_len=32 --dropout=0 --log_every=1)

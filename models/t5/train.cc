@@ -342,8 +342,11 @@ absl::Status Train() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t S = absl::GetFlag(FLAGS_encoder_length);
-  if (steps < 0)
+  if (steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps=", steps, " must be >= 0"));
+  }
+  absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
+  if (!clip_ok.ok()) return clip_ok;
   if (B < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--batch_size=", B, " must be >= 1"));
   }
@@ -412,7 +415,7 @@ absl::Status Train() {
       train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
   if (!schedule.ok()) return WithContext(schedule.status(), "--lr_schedule");
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
-      train::MetricsWriter::Open(absl::GetFlag(FLAGS_metrics_out));
+      train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return WithContext(metrics.status(), "--metrics_out");
 
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
