@@ -72,7 +72,8 @@ echo "consolidated FSDP checkpoint: one process and DDP continue with the full r
 "$train" "${common[@]}" --steps=3 --world_size=2 --batch_size=4 --strategy=zero1 \
   --checkpoint_dir="$dir/ck_zero1" > "$dir/zero1.log"
 expect 0 "written by zero1 (ZERO1) at world size 2" "$ckpt" info "$dir/ck_zero1"
-expect 0 "wrote" "$ckpt" consolidate "$dir/ck_zero1/step_000003" "$dir/one_zero1"
+expect 0 "wrote" "$ckpt" consolidate "$dir/ck_zero1/step_000003" "$dir/new/parents/one_zero1"
+mv "$dir/new/parents/one_zero1" "$dir/one_zero1"
 "$train" "${common[@]}" --batch_size=8 --resume="$dir/one_zero1" \
   --metrics_out="$dir/from_zero1.jsonl" > "$dir/from_zero1.log"
 same_losses "$dir/full.jsonl" "$dir/from_zero1.jsonl" "zero1 world 2 -> consolidated -> one process"

@@ -73,6 +73,8 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
   const std::string tmp = absl::StrCat(out_dir, ".tmp-consolidate");
   std::error_code ec;
   fs::remove_all(tmp, ec);
+  const fs::path parent = fs::path(tmp).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);  // errors show at mkdir
   if (::mkdir(tmp.c_str(), 0755) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));

@@ -24,8 +24,8 @@
 
 namespace train {
 
-// Writes the single-process step folder `out_dir` (created; it must not exist,
-// or be an empty folder) from the sharded step folder `sharded_dir`: every
+// Writes the single-process step folder `out_dir` (created with its parents;
+// it must not exist, or be an empty folder) from the sharded step folder `sharded_dir`: every
 // parameter whole in fp32, the optimizer state per parameter ("<param>.step",
 // "<param>.exp_avg", ...) and the training state (step, loader position,
 // model config, loss scale). Every slice read is checked (sizes, ids,
