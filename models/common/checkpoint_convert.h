@@ -25,12 +25,12 @@
 namespace train {
 
 // Writes the single-process step folder `out_dir` (created with its parents;
-// it must not exist, or be an empty folder) from the sharded step folder `sharded_dir`: every
-// parameter whole in fp32, the optimizer state per parameter ("<param>.step",
-// "<param>.exp_avg", ...) and the training state (step, loader position,
-// model config, loss scale). Every slice read is checked (sizes, ids,
-// checksums); on error nothing is left in out_dir's place. Holds the whole
-// model and optimizer state in host memory.
+// it must not exist, or be an empty folder) from the sharded step folder
+// `sharded_dir`: every parameter whole in fp32, the optimizer state per
+// parameter ("<param>.step", "<param>.exp_avg", ...) and the training state
+// (step, loader position, model config, loss scale). Every slice read is
+// checked (sizes, ids, checksums); on error nothing is left in out_dir's
+// place. Holds the whole model and optimizer state in host memory.
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
                                           const std::string& out_dir);
 
