@@ -120,7 +120,7 @@ def torch_tokens_per_s(args, autocast_bf16=False, sdpa=False):
     return args.batch_size * args.seq_len / statistics.median(times), statistics.median(times)
 
 
-def ours_tokens_per_s(args, precision):
+def ours_tokens_per_s(args, precision, env=None):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.jsonl")
         cmd = shlex.split(args.train_cmd) if args.train_cmd else [args.train_binary]
@@ -130,7 +130,8 @@ def ours_tokens_per_s(args, precision):
                "--weight_decay=0", "--grad_clip=0", "--dropout=0", f"--lr={args.lr}",
                f"--precision={precision}", f"--steps={args.warmup + args.steps}",
                f"--metrics_out={metrics}", "--log_every=1000"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, **env) if env else None)
         with open(metrics) as f:
             rows = [json.loads(line) for line in f]
     ms = [r["ms"] for r in rows[args.warmup:]]
@@ -158,8 +159,13 @@ def main():
     p.add_argument("--torch_sdpa", action="store_true",
                    help="also time PyTorch with F.scaled_dot_product_attention (FlashAttention on "
                         "a GPU) in place of minGPT's four attention ops (PyTorch >= 2.0)")
+    p.add_argument("--gemm_tune", action="store_true",
+                   help="(cuda) also time ours with FSDP_CUDA_GEMM_TUNE=1: each GEMM shape runs the "
+                        "fastest of cuBLASLt's heuristic candidates, timed at its first call")
     p.add_argument("--json_out", default="")
     args = p.parse_args()
+    if args.gemm_tune and args.device != "cuda":
+        sys.exit("--gemm_tune tunes cuBLASLt's GEMMs: it needs --device cuda")
     if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
     if args.torch_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
@@ -176,6 +182,9 @@ def main():
             results["pytorch_autocast_bf16_sdpa"] = torch_tokens_per_s(args, autocast_bf16=True,
                                                                        sdpa=True)
         results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
+        if args.gemm_tune:  # the tuning runs in the first (warm-up) step
+            results["ours_bf16_gemm_tuned"] = ours_tokens_per_s(
+                args, "bf16", env={"FSDP_CUDA_GEMM_TUNE": "1"})
         base = results["pytorch_autocast_bf16"][0]
         print(f"device {torch.cuda.get_device_name()}, peak {peak} TFLOP/s bf16, "
               f"{flops_per_token(args) / 1e9:.3f} GFLOP per token")

@@ -13,15 +13,16 @@
 #                                the phase, so one call ends inside the device tool's 600 s with
 #                                its summary: the ones left are listed as NOT RUN, to pass by name
 #                                to a second call.
-#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark and :attention_benchmark (tables)
-#                                ($OUT/matmul.txt, $OUT/attention.txt)
+#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark (also with FSDP_CUDA_GEMM_TUNE=1)
+#                                and :attention_benchmark (tables; $OUT/matmul.txt,
+#                                $OUT/matmul_tuned.txt, $OUT/attention.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
 #                                losses and per-rank memory ($OUT/train.log), the runs' losses
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
-#                                ours and of PyTorch eager ($OUT/vs_pytorch.json, charted in
-#                                $OUT/vs_pytorch.svg)
+#                                ours (also with FSDP_CUDA_GEMM_TUNE=1) and of PyTorch eager
+#                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations, tools/ncu_summary.py;
 #                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
@@ -116,6 +117,9 @@ case "$phase" in
     # Both print tables (their own mains, not Google Benchmark): kept under $OUT.
     if has matmul_benchmark; then
       "$run" matmul_benchmark --samples=20 --reps=10 2>&1 | tee "$out/matmul.txt" | tail -40
+      # "ours" tuned: the fastest of the heuristic's candidates, against the raw first one.
+      FSDP_CUDA_GEMM_TUNE=1 "$run" matmul_benchmark --samples=20 --reps=10 2>&1 |
+        tee "$out/matmul_tuned.txt" | tail -20
     else
       echo "gpu_session: matmul_benchmark is not in the bundle" >&2
     fi
@@ -157,7 +161,7 @@ case "$phase" in
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
-      --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa \
+      --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa --gemm_tune \
       --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
     [[ -s "$out/vs_pytorch.json" ]] && python3 tools/plot.py speed "$out/vs_pytorch.json" --out "$out/vs_pytorch.svg"
     ;;

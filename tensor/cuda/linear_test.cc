@@ -184,6 +184,41 @@ TEST(CudaLinearTest, ParamGradsMatchTheCpu) {
   }
 }
 
+// Tuning the fused GEMMs: the bias, GELU (its aux written again by the real
+// call), GELU backward and bias-gradient epilogues give the CPU's values.
+TEST(CudaLinearTest, TunedEpiloguesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Dtype dtype = Dtype::kBF16;
+  const Case c = MakeCase(72, 56, 88, dtype, 70);  // shapes no other test uses
+  const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+  const Tensor x = ToGpu(c.x), w = ToGpu(c.w), b = ToGpu(c.b);
+  cuda::SetMatmulTuning(true);
+  const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+  const Tensor y = LinearForward(x, w, b);
+  const LinearGeluResult r = LinearGeluForward(x, w, b);
+  const Tensor g = RandomTensor({72, 88}, 73, -1, 1, dtype);
+  const Tensor dx = LinearGeluInputGrad(ToGpu(g), w, x);  // x as GELU's input
+  Tensor grad_w = ToGpu(Tensor::Zeros({88, 56}));
+  Tensor grad_b = ToGpu(Tensor::Zeros({88}));
+  LinearParamGradsInto(ToGpu(g), x, grad_w, grad_b);
+  const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+  cuda::SetMatmulTuning(false);
+  EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + 4);
+  EXPECT_EQ(after.tuned, before.tuned + 4);
+  EXPECT_TRUE(MatchesCpu(y.To(Dtype::kF32), c.pre, tol));
+  EXPECT_TRUE(MatchesCpu(r.pre.To(Dtype::kF32), c.pre, tol));
+  EXPECT_TRUE(MatchesCpu(r.out.To(Dtype::kF32), c.out, tol));
+  // The CPU's unfused ops from the same bf16 values.
+  const Tensor g32 = g.To(Dtype::kF32), x32 = c.x.To(Dtype::kF32);
+  MatmulOptions tw;
+  tw.trans_a = true;
+  const Tensor want_w = Matmul(g32, x32, tw);  // (88, 56)
+  EXPECT_TRUE(MatchesCpu(grad_w, want_w, DefaultTolerance(Dtype::kF32, 72)));
+  EXPECT_TRUE(MatchesCpu(grad_b, AddBiasBackward(g32), DefaultTolerance(Dtype::kF32, 72)));
+  const Tensor want_dx = GeluBackward(Matmul(g32, c.w.To(Dtype::kF32)), x32);
+  EXPECT_TRUE(MatchesCpu(dx.To(Dtype::kF32), want_dx, tol));
+}
+
 // Ranks as threads: each fuses with its own bias at once.
 TEST(CudaLinearTest, ThreadsFuseWithTheirOwnBias) {
   SKIP_WITHOUT_GPU();

@@ -1,6 +1,7 @@
 // CUDA GEMMs through cuBLASLt: the row-major -> column-major plan (see
 // matmul.h for the operand swap), a per-(device, thread) handle and
-// workspace, an LRU cache of descriptors, layouts and heuristic results, and
+// workspace, an LRU cache of descriptors, layouts and heuristic results
+// (optionally tuned: the fastest of the heuristic's candidates, timed), and
 // the scale kernel for an empty K.
 #include <cublasLt.h>
 
@@ -22,6 +23,7 @@
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/lru_cache.h"
+#include "tensor/memory_ledger.h"
 
 namespace tensor {
 namespace cuda {
@@ -170,6 +172,19 @@ std::atomic<bool>& AllowTf32Flag() {
 std::atomic<int64_t> epilogues_fused{0};
 std::atomic<int64_t> epilogues_unfused{0};
 
+bool TuneFromEnv() {
+  const char* env = std::getenv("FSDP_CUDA_GEMM_TUNE");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+std::atomic<bool>& TuneFlag() {
+  static std::atomic<bool> flag{TuneFromEnv()};
+  return flag;
+}
+
+std::atomic<int64_t> gemms_tuned{0};
+std::atomic<int64_t> tuned_other_than_first{0};
+
 bool FuseEpiloguesFromEnv() {
   const char* env = std::getenv("FSDP_CUDA_FUSE_EPILOGUES");
   return env == nullptr || std::strcmp(env, "0") != 0;
@@ -283,8 +298,74 @@ cublasLtMatrixLayout_t MakeLayout(cudaDataType_t type, const LtMatrix& m, int64_
   return layout;
 }
 
+// The operands of the call that creates an entry: tuning times the
+// candidates on them (see SetMatmulTuning).
+struct LtOperands {
+  const void* a;  // our a (cuBLASLt's B)
+  const void* b;  // our b (cuBLASLt's A)
+  const void* c;  // read when beta != 0, never written by tuning
+  ThreadContext* ctx;
+};
+
+// Elements from the first to the last of a column-major layout's batch.
+int64_t LayoutSpan(const LtMatrix& m, int64_t count) {
+  return (count - 1) * m.batch_stride + (m.cols - 1) * m.ld + m.rows;
+}
+
+// Tuning: the index of the fastest of `candidates` for this call, each run
+// once to warm up and then kTuneRuns times between two events on the
+// compute stream (one host wait in all). D is a scratch buffer laid out like
+// C, so C (an accumulator when beta != 0) keeps its values; the epilogue's
+// outputs (GELU's aux, the bias gradient) are written again by the real call.
+// A candidate that fails to run is skipped; ties keep the heuristic's order.
+int FastestCandidate(const LtEntry& e,
+                     const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+                     const GemmArgs& args, const LtPlan& plan, const LtCall& call,
+                     const LtOperands& ops) {
+  constexpr int kTuneRuns = 3;
+  Tensor scratch;
+  {
+    ScopedMemoryCategory category(MemoryCategory::kTemporaries);
+    scratch = Tensor::Empty({LayoutSpan(plan.c, call.count) * DtypeSize(args.out_dtype)},
+                            Dtype::kU8, Device::Cuda(args.device));
+  }
+  const float alpha = 1.0f;
+  const float beta = args.beta;
+  const cudaStream_t stream = ComputeStream();
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(ops.ctx->handle, e.desc, &alpha, ops.b, e.a, ops.a, e.b, &beta, ops.c,
+                          e.c, scratch.raw_data(), e.c, &algo, ops.ctx->workspace,
+                          kMatmulWorkspaceBytes, stream);
+  };
+  std::vector<cudaEvent_t> events(2 * candidates.size(), nullptr);
+  for (cudaEvent_t& ev : events) CheckCuda(cudaEventCreate(&ev), kOp, "cudaEventCreate");
+  std::vector<bool> ran(candidates.size(), false);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (run(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+    CheckCuda(cudaEventRecord(events[2 * i], stream), kOp, "cudaEventRecord");
+    bool ok = true;
+    for (int r = 0; r < kTuneRuns && ok; ++r) ok = run(candidates[i].algo) == CUBLAS_STATUS_SUCCESS;
+    CheckCuda(cudaEventRecord(events[2 * i + 1], stream), kOp, "cudaEventRecord");
+    ran[i] = ok;
+  }
+  CheckCuda(cudaStreamSynchronize(stream), kOp, "cudaStreamSynchronize (GEMM tuning)");
+  int best = -1;
+  float best_ms = 0.0f;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    float ms = 0.0f;
+    if (ran[i] && cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]) == cudaSuccess &&
+        (best < 0 || ms < best_ms)) {
+      best = static_cast<int>(i);
+      best_ms = ms;
+    }
+  }
+  for (cudaEvent_t ev : events) cudaEventDestroy(ev);
+  return best < 0 ? 0 : best;
+}
+
 std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmArgs& args,
-                                           const LtPlan& plan, const LtCall& call) {
+                                           const LtPlan& plan, const LtCall& call,
+                                           const LtOperands& ops) {
   auto e = std::make_shared<LtEntry>();
   CheckLt(cublasLtMatmulDescCreate(&e->desc, call.compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const int32_t trans_a = plan.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -332,10 +413,14 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
     CheckLt(cublasLtMatmulPreferenceSetAttribute(pref, attr, value, sizeof(*value)),
             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
   }
-  cublasLtMatmulHeuristicResult_t result = {};
+  // The heuristic's first algorithm, or with tuning its first candidates.
+  const bool tune = MatmulTuning();
+  std::vector<cublasLtMatmulHeuristicResult_t> results(tune ? kGemmTuneCandidates : 1);
   int returned = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c,
-                                                           pref, 1, &result, &returned);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c, pref,
+                                     static_cast<int>(results.size()), results.data(), &returned);
+  const cublasLtMatmulHeuristicResult_t result = results[0];
   const bool found =
       st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   if (!found && call.kind() != GemmEpilogue::kNone) {
@@ -353,6 +438,22 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
   }
   e->algo = result.algo;
   e->workspace_bytes = result.workspaceSize;
+  if (tune) {
+    std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+          results[i].workspaceSize <= static_cast<size_t>(kMatmulWorkspaceBytes)) {
+        candidates.push_back(results[i]);
+      }
+    }
+    if (candidates.size() > 1) {
+      const int best = FastestCandidate(*e, candidates, args, plan, call, ops);
+      e->algo = candidates[best].algo;
+      e->workspace_bytes = candidates[best].workspaceSize;
+      gemms_tuned.fetch_add(1, std::memory_order_relaxed);
+      if (best != 0) tuned_other_than_first.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   return e;
 }
 
@@ -387,7 +488,8 @@ bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const L
                            call.align_aux, static_cast<int64_t>(reinterpret_cast<uintptr_t>(&ctx))});
   }
   std::shared_ptr<const LtEntry> e = Cache().Find(key);
-  if (e == nullptr) e = Cache().Insert(key, CreateEntry(ctx.handle, args, plan, call));
+  if (e == nullptr)
+    e = Cache().Insert(key, CreateEntry(ctx.handle, args, plan, call, {a, b, c, &ctx}));
   if (!e->supported) return false;
   if (kind != GemmEpilogue::kNone) SetEpiloguePointers(e->desc, *call.epilogue);
   const float alpha = 1.0f;
@@ -597,9 +699,19 @@ void SetMatmulAllowTf32(bool allow) { AllowTf32Flag().store(allow); }
 
 bool MatmulAllowTf32() { return AllowTf32Flag().load(std::memory_order_relaxed); }
 
+void SetMatmulTuning(bool tune) { TuneFlag().store(tune); }
+
+bool MatmulTuning() { return TuneFlag().load(std::memory_order_relaxed); }
+
 MatmulCacheStats GetMatmulCacheStats() {
   const LruCacheStats s = Cache().Stats();
-  return {s.entries, s.hits, s.misses, epilogues_fused.load(), epilogues_unfused.load()};
+  return {s.entries,
+          s.hits,
+          s.misses,
+          epilogues_fused.load(),
+          epilogues_unfused.load(),
+          gemms_tuned.load(),
+          tuned_other_than_first.load()};
 }
 
 }  // namespace cuda

@@ -133,15 +133,35 @@ void MatmulScale(const Tensor& out, float beta);
 void SetMatmulAllowTf32(bool allow);
 bool MatmulAllowTf32();
 
+// GEMM tuning, as PyTorch's TunableOp does for its GEMMs; off by default
+// (environment FSDP_CUDA_GEMM_TUNE=1 at startup turns it on). When on, the
+// first call of each cached GEMM (shape, strides, dtypes, alignment,
+// epilogue) asks cuBLASLt's heuristic for up to kGemmTuneCandidates
+// algorithms, times each on the call's own operands (one warm-up, then 3
+// runs, writing a scratch copy of C: C and beta's accumulation are left
+// alone) and keeps the fastest for every later call of that entry. Costs one
+// host wait and a few GEMMs per new entry (the first steps of training) and
+// a scratch buffer the size of C while it runs. Another algorithm may split K
+// differently: results can differ from the untuned one's in the last bits,
+// and between runs, since the choice is timed. Entries cached before the
+// switch keep their algorithm.
+inline constexpr int kGemmTuneCandidates = 8;
+void SetMatmulTuning(bool tune);
+bool MatmulTuning();
+
 // The cache of descriptors and heuristic results: entries now, and lookups
 // that hit or missed. Shared by all threads and devices (keyed by device).
-// Also: GemmWithEpilogue calls that fused, and those that returned false.
+// Also: GemmWithEpilogue calls that fused, and those that returned false;
+// entries tuned (more than one candidate timed), and how many of those run
+// another algorithm than the heuristic's first.
 struct MatmulCacheStats {
   int64_t entries = 0;
   int64_t hits = 0;
   int64_t misses = 0;
   int64_t epilogues_fused = 0;
   int64_t epilogues_unfused = 0;
+  int64_t tuned = 0;
+  int64_t tuned_other_than_first = 0;
 };
 MatmulCacheStats GetMatmulCacheStats();
 inline constexpr int64_t kMatmulCacheCapacity = 512;

@@ -7,11 +7,12 @@
 // apart as the aligned LM head does), 4096^3, and gpt2's forward GEMMs at
 // batch 16 x 1024; in f32 (exact), tf32 and bf16. In bf16 each row also
 // times the heuristic's other candidates ("best of N": what autotuning the
-// algorithm could gain over its first choice). Then the gpt2 block's Linear layers with the bias
-// (and GELU) fused into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the MLP's
-// backward through the GELU (DGELU epilogue) against GEMM + GeluBackward. Timed with CUDA events on
-// the calling thread's stream: warmup samples, then the median of --samples samples of --reps
-// back-to-back calls each.
+// algorithm could gain over its first choice; with FSDP_CUDA_GEMM_TUNE=1 the
+// "ours" columns are tuned, see tensor/cuda/matmul.h). Then the gpt2 block's Linear layers with the
+// bias (and GELU) fused into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the
+// MLP's backward through the GELU (DGELU epilogue) against GEMM + GeluBackward. Timed with CUDA
+// events on the calling thread's stream: warmup samples, then the median of --samples samples of
+// --reps back-to-back calls each.
 //
 //   bazel-bin/tensor/cuda/matmul_benchmark --samples=20 --reps=10
 #include <cublasLt.h>

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/memory_ledger.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/testing.h"
 
@@ -426,6 +427,43 @@ TEST(CudaMatmulTest, DescriptorsAreCached) {
   EXPECT_EQ(after.misses, before.misses);
   EXPECT_EQ(after.hits, before.hits + 5);
   EXPECT_LE(after.entries, cuda::kMatmulCacheCapacity);
+}
+
+// Tuning (SetMatmulTuning): the first call of a new GEMM times the
+// heuristic's candidates on a scratch output; the accumulation into C
+// (beta 1) and the result are those of the untuned GEMM; later calls reuse
+// the choice. (The emulation offers 3 candidates, all computing the same.)
+TEST(CudaMatmulTest, TuningTimesCandidatesAndLeavesTheAccumulatorAlone) {
+  SKIP_WITHOUT_GPU();
+  ASSERT_FALSE(cuda::MatmulTuning()) << "FSDP_CUDA_GEMM_TUNE set in the test environment?";
+  const Tensor a = RandomTensor({96, 136}, 97, -1.0f, 1.0f, Dtype::kBF16);   // shapes no other
+  const Tensor b = RandomTensor({136, 200}, 98, -1.0f, 1.0f, Dtype::kBF16);  // test uses
+  const Tensor c0 = RandomTensor({96, 200}, 99);
+  const MatmulOptions opts{false, false, Dtype::kF32};
+  Tensor cpu = c0.Clone();
+  MatmulInto(a, b, cpu, opts, 1.0f);
+
+  cuda::SetMatmulTuning(true);
+  const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+  Tensor gpu = ToGpu(c0);
+  const Tensor a_gpu = ToGpu(a), b_gpu = ToGpu(b);
+  const int64_t temporaries_before =
+      MemoryLedger::Current().Stats(Device::Cuda(0), MemoryCategory::kTemporaries).current;
+  MatmulInto(a_gpu, b_gpu, gpu, opts, 1.0f);  // tunes, then accumulates once
+  const cuda::MatmulCacheStats tuned = cuda::GetMatmulCacheStats();
+  MatmulInto(a_gpu, b_gpu, gpu, opts, 1.0f);  // the cached choice
+  const cuda::MatmulCacheStats again = cuda::GetMatmulCacheStats();
+  cuda::SetMatmulTuning(false);
+
+  EXPECT_EQ(tuned.tuned, before.tuned + 1);
+  EXPECT_LE(tuned.tuned_other_than_first - before.tuned_other_than_first, 1);
+  EXPECT_EQ(again.tuned, tuned.tuned) << "a cached GEMM was tuned again";
+  EXPECT_EQ(again.hits, tuned.hits + 1);
+  EXPECT_EQ(MemoryLedger::Current().Stats(Device::Cuda(0), MemoryCategory::kTemporaries).current,
+            temporaries_before)
+      << "the scratch output was not freed";
+  MatmulInto(a, b, cpu, opts, 1.0f);  // two accumulations, as on the GPU
+  EXPECT_TRUE(MatchesCpu(gpu, cpu, TolFor(Dtype::kF32, 2 * 136)));
 }
 
 TEST(CudaMatmulTest, ThreadsEachWithTheirOwnHandle) {

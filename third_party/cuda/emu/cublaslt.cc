@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +25,9 @@
 #include "third_party/cuda/emu/pending.h"
 
 namespace {
+
+// Algorithms the heuristic offers (the first is what callers run untuned).
+constexpr int kEmuAlgorithms = 3;
 
 // F32 and F32_FAST_TF32 both accumulate in f32 here (no TF32 rounding).
 struct Desc {
@@ -262,11 +266,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   }
   const cublasStatus_t st = CheckShapes(*D(desc), *L(a), *L(b), *L(c), *L(d));
   if (st != CUBLAS_STATUS_SUCCESS) return st;
-  std::memset(&results[0], 0, sizeof(results[0]));
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].workspaceSize = 0;
-  results[0].wavesCount = 1.0f;
-  *returned = 1;
+  // kEmuAlgorithms candidates, told apart by the first word of the algo
+  // (cublasLtMatmul computes the same for each), so that callers that time
+  // the candidates (GEMM tuning) run their code.
+  const int n = std::min(requested, kEmuAlgorithms);
+  for (int i = 0; i < n; ++i) {
+    std::memset(&results[i], 0, sizeof(results[i]));
+    results[i].algo.data[0] = static_cast<uint64_t>(i);
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].workspaceSize = 0;
+    results[i].wavesCount = 1.0f;
+  }
+  *returned = n;
   return CUBLAS_STATUS_SUCCESS;
 }
 
