@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/attention_internal.cuh"
+#include "third_party/cuda/ptx.cuh"
 
 namespace tensor {
 namespace cuda {
@@ -46,59 +47,12 @@ __device__ __forceinline__ void St32(T* p, uint32_t pair) {
   *reinterpret_cast<uint32_t*>(p) = pair;
 }
 
-template <typename T>
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1);
-template <>
-__device__ __forceinline__ void Mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
-                                                   uint32_t b0, uint32_t b1) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::MmaM16N8K16<__nv_bfloat16>(c, a, b0, b1);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-template <>
-__device__ __forceinline__ void Mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                            uint32_t b1) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::MmaM16N8K16<__half>(c, a, b0, b1);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8m .. 8m + 7 give
-// the addresses of rows 0 .. 7 of the 8x8 matrix m (16 bytes each, 16-byte
-// aligned, in shared memory); r[m] is this lane's fragment of matrix m: row
-// g, columns 2t, 2t + 1 (.trans: rows 2t, 2t + 1 of column g), the lower
-// column (row) in the low half. One instruction loads what four 32-bit
-// loads per operand (or eight 16-bit ones for a transposed operand) did.
-template <bool kTrans>
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::LdMatrixX4<kTrans>(r, row);
-#else
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-#endif
-}
+// The PTX wrappers (third_party/cuda/ptx.cuh): Mma, LdMatrixX4, CpAsync16,
+// CpAsyncCommit, CpAsyncWait.
+using ptx::CpAsync16;
+using ptx::CpAsyncCommit;
+using ptx::LdMatrixX4;
+using ptx::Mma;
 
 // The operands below live in shared memory, row major with leading dimension
 // ld (a multiple of 8 elements, so every 8-element row segment is 16-byte
@@ -157,35 +111,8 @@ __device__ __forceinline__ void WarpGemmPB(float (&acc)[kN / 8][4], const float 
   }
 }
 
-// cp.async.cg.shared.global: 16 bytes from global into shared memory,
-// reading src_bytes of them (16, or 0 to zero-fill); they land once this
-// thread waits for their group (CpAsyncWait), and reach the other threads at
-// the next __syncthreads after that.
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::CpAsync16(dst, src, src_bytes);
-#else
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-               "r"(src_bytes));
-#endif
-}
-// Closes this thread's group of the copies issued since the last one.
-__device__ __forceinline__ void CpAsyncCommit() {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::CpAsyncCommit();
-#else
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
 // Waits for every committed group of this thread's copies.
-__device__ __forceinline__ void CpAsyncWaitAll() {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::CpAsyncWait<0>();
-#else
-  asm volatile("cp.async.wait_group 0;\n" ::);
-#endif
-}
+__device__ __forceinline__ void CpAsyncWaitAll() { ptx::CpAsyncWait<0>(); }
 
 // Copies rows [row0, row0 + n_rows) of a (T, kD) slice (row stride `stride`)
 // into shared memory (leading dimension ld); rows at or past `valid` (relative

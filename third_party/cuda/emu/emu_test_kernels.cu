@@ -1,10 +1,11 @@
-#include "third_party/cuda/emu/emu_test_kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+
+#include "third_party/cuda/emu/emu_test_kernels.h"
+#include "third_party/cuda/ptx.cuh"
 
 namespace cuda_emu_test {
 namespace {
@@ -48,18 +49,6 @@ __device__ uint32_t Pack(const __nv_bfloat16* p) {
          (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p + 1)) << 16);
 }
 
-__device__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::MmaM16N8K16<__nv_bfloat16>(c, a, b0, b1);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 // a: 16x16 row major; bt: B transposed (8 x 16, row major: column n of B is
 // row n, so a lane's two k values are adjacent); c, d: 16x8 row major.
 __global__ void MmaKernel(const __nv_bfloat16* a, const __nv_bfloat16* bt, const float* c,
@@ -70,29 +59,11 @@ __global__ void MmaKernel(const __nv_bfloat16* a, const __nv_bfloat16* bt, const
   const uint32_t b0 = Pack(bt + g * 16 + 2 * t), b1 = Pack(bt + g * 16 + 2 * t + 8);
   float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
                   c[(g + 8) * 8 + 2 * t + 1]};
-  Mma(acc, af, b0, b1);
+  ptx::Mma<__nv_bfloat16>(acc, af, b0, b1);
   d[g * 8 + 2 * t] = acc[0];
   d[g * 8 + 2 * t + 1] = acc[1];
   d[(g + 8) * 8 + 2 * t] = acc[2];
   d[(g + 8) * 8 + 2 * t + 1] = acc[3];
-}
-
-template <bool kTrans>
-__device__ void LdMatrix(uint32_t (&r)[4], const uint16_t* row) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::LdMatrixX4<kTrans>(r, row);
-#else
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-#endif
 }
 
 // One warp: element (m, row, col) of four 8x8 matrices is m * 64 + row * 8 +
@@ -110,9 +81,9 @@ __global__ void LdMatrixKernel(uint32_t* out) {
   __syncwarp();
   const uint16_t* row = s + ((lane / 8) * 8 + lane % 8) * kLd;
   uint32_t r[4];
-  LdMatrix<false>(r, row);
+  ptx::LdMatrixX4<false>(r, row);
   for (int m = 0; m < 4; ++m) out[lane * 4 + m] = r[m];
-  LdMatrix<true>(r, row);
+  ptx::LdMatrixX4<true>(r, row);
   for (int m = 0; m < 4; ++m) out[(32 + lane) * 4 + m] = r[m];
 }
 
@@ -123,32 +94,7 @@ __global__ void LdMatrixMisusedKernel(const uint16_t* global, bool from_global) 
   const uint16_t* row =
       from_global ? global : reinterpret_cast<const uint16_t*>(smem) + 4 + threadIdx.x * 8;
   uint32_t r[4];
-  LdMatrix<false>(r, row);
-}
-
-template <int kNewestPending>
-__device__ void CpAsyncWait() {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::CpAsyncWait<kNewestPending>();
-#else
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kNewestPending));
-#endif
-}
-__device__ void CpAsyncCommit() {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::CpAsyncCommit();
-#else
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-__device__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-#ifdef TENSOR_CUDA_EMULATION
-  ::cuda_emu::CpAsync16(dst, src, src_bytes);
-#else
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-               "r"(src_bytes));
-#endif
+  ptx::LdMatrixX4<false>(r, row);
 }
 
 // One warp. Group 1: lane l copies a[4l .. 4l + 3] to shared xs; group 2: it
@@ -160,24 +106,24 @@ __global__ void AsyncCopyKernel(const uint32_t* a, const uint32_t* b, uint32_t* 
   auto* xs = reinterpret_cast<uint32_t*>(smem);
   uint32_t* ys = xs + 128;
   const int l = threadIdx.x;
-  CpAsync16(xs + 4 * l, a + 4 * l, 16);
-  CpAsyncCommit();
-  CpAsync16(ys + 4 * l, b + 4 * l, 8);
-  CpAsyncCommit();
+  ptx::CpAsync16(xs + 4 * l, a + 4 * l, 16);
+  ptx::CpAsyncCommit();
+  ptx::CpAsync16(ys + 4 * l, b + 4 * l, 8);
+  ptx::CpAsyncCommit();
   uint32_t* o = out + l * 8;
   o[0] = xs[4 * l];
-  CpAsyncWait<1>();
+  ptx::CpAsyncWait<1>();
   o[1] = xs[4 * l];
   o[2] = ys[4 * l];
-  CpAsyncWait<0>();
+  ptx::CpAsyncWait<0>();
   for (int i = 0; i < 4; ++i) o[3 + i] = ys[4 * l + i];
 }
 
 // A cp.async whose destination is in global memory: the emulation aborts.
 __global__ void AsyncCopyToGlobalKernel(const uint32_t* a, uint32_t* global) {
-  CpAsync16(global + 4 * threadIdx.x, a + 4 * threadIdx.x, 16);
-  CpAsyncCommit();
-  CpAsyncWait<0>();
+  ptx::CpAsync16(global + 4 * threadIdx.x, a + 4 * threadIdx.x, 16);
+  ptx::CpAsyncCommit();
+  ptx::CpAsyncWait<0>();
 }
 
 __global__ void EmptyKernel() {}
