@@ -180,8 +180,9 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
     absl::StatusOr<TrainState> state = TrainStateFromMetadata(model->metadata, model_path);
     if (!state.ok()) return state.status();
     out.state = std::move(*state);
-    for (const tensor::SafetensorsEntry& e : model->entries)
+    for (const tensor::SafetensorsEntry& e : model->entries) {
       out.params.emplace_back(e.name, e.shape);
+    }
     absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
     if (!opt.ok()) return opt.status();
     auto name = opt->metadata.find("optimizer");
@@ -215,8 +216,9 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
     if (!steps_equal) out.optimizer_step = -1;
   }
   for (const fs::directory_entry& e : fs::directory_iterator(step_dir, ec)) {
-    if (e.is_regular_file(ec))
+    if (e.is_regular_file(ec)) {
       out.files.emplace_back(e.path().filename().string(), e.file_size(ec));
+    }
   }
   std::sort(out.files.begin(), out.files.end());
   return out;
