@@ -23,13 +23,36 @@
 namespace train {
 namespace {
 
-constexpr char kStepKey[] = "fsdp.step";
-constexpr char kLoaderKey[] = "fsdp.loader_state";
-constexpr char kExtraPrefix[] = "fsdp.extra.";
-// The same in a sharded checkpoint's `extra` map.
-constexpr char kShardedStepKey[] = "step";
-constexpr char kShardedLoaderKey[] = "loader_state";
-constexpr char kShardedExtraPrefix[] = "extra.";
+// Where a TrainState goes in a string map: model.safetensors' metadata, or a
+// sharded checkpoint's `extra` map.
+struct StateKeys {
+  const char* step;
+  const char* loader;
+  const char* extra_prefix;  // + each TrainState::extra key
+};
+constexpr StateKeys kFileKeys = {"fsdp.step", "fsdp.loader_state", "fsdp.extra."};
+constexpr StateKeys kShardedKeys = {"step", "loader_state", "extra."};
+
+std::map<std::string, std::string> StateToMap(const TrainState& state, const StateKeys& keys) {
+  std::map<std::string, std::string> m = {{keys.step, absl::StrCat(state.step)},
+                                          {keys.loader, state.loader_state}};
+  for (const auto& [k, v] : state.extra) m[keys.extra_prefix + k] = v;
+  return m;
+}
+
+// False when the step is missing or not an integer (the callers name what).
+bool StateFromMap(const std::map<std::string, std::string>& m, const StateKeys& keys,
+                  TrainState* state) {
+  auto step = m.find(keys.step);
+  if (step == m.end() || !absl::SimpleAtoi(step->second, &state->step)) return false;
+  auto loader = m.find(keys.loader);
+  if (loader != m.end()) state->loader_state = loader->second;
+  for (const auto& [k, v] : m) {
+    absl::string_view key = k;
+    if (absl::ConsumePrefix(&key, keys.extra_prefix)) state->extra[std::string(key)] = v;
+  }
+  return true;
+}
 
 absl::Status MakeDir(const std::string& path) {
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -113,10 +136,8 @@ absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
                                   const std::string& optimizer_name, const TrainState& state) {
-  std::map<std::string, std::string> meta = {{kStepKey, absl::StrCat(state.step)},
-                                             {kLoaderKey, state.loader_state}};
-  for (const auto& [k, v] : state.extra) meta[kExtraPrefix + k] = v;
-  absl::Status s = tensor::WriteSafetensors(step_dir + "/model.safetensors", model, meta);
+  absl::Status s =
+      tensor::WriteSafetensors(step_dir + "/model.safetensors", model, StateToMap(state, kFileKeys));
   if (!s.ok()) return s;
   return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer_state,
                                   {{"optimizer", optimizer_name}});
@@ -127,25 +148,15 @@ bool IsShardedCheckpoint(const std::string& step_dir) {
 }
 
 std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state) {
-  std::map<std::string, std::string> extra = {{kShardedStepKey, absl::StrCat(state.step)},
-                                              {kShardedLoaderKey, state.loader_state}};
-  for (const auto& [k, v] : state.extra) extra[kShardedExtraPrefix + k] = v;
-  return extra;
+  return StateToMap(state, kShardedKeys);
 }
 
 absl::StatusOr<TrainState> TrainStateFromShardedExtra(
     const std::map<std::string, std::string>& extra, const std::string& step_dir) {
   TrainState state;
-  auto step = extra.find(kShardedStepKey);
-  if (step == extra.end() || !absl::SimpleAtoi(step->second, &state.step) || state.step < 0) {
+  if (!StateFromMap(extra, kShardedKeys, &state) || state.step < 0) {
     return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, " lacks the training step ('",
-                                            kShardedStepKey, "')"));
-  }
-  auto loader = extra.find(kShardedLoaderKey);
-  if (loader != extra.end()) state.loader_state = loader->second;
-  for (const auto& [k, v] : extra) {
-    absl::string_view key = k;
-    if (absl::ConsumePrefix(&key, kShardedExtraPrefix)) state.extra[std::string(key)] = v;
+                                            kShardedKeys.step, "')"));
   }
   return state;
 }
@@ -193,16 +204,10 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
 absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, std::string>& meta,
                                                   const std::string& path) {
   TrainState state;
-  auto step = meta.find(kStepKey);
-  if (step == meta.end() || !absl::SimpleAtoi(step->second, &state.step)) {
-    return absl::DataLossError(absl::StrCat("'", path, "' lacks the training step (", kStepKey,
+  if (!StateFromMap(meta, kFileKeys, &state)) {
+    return absl::DataLossError(absl::StrCat("'", path, "' lacks the training step (",
+                                            kFileKeys.step,
                                             "); is it a checkpoint of this framework?"));
-  }
-  auto loader = meta.find(kLoaderKey);
-  if (loader != meta.end()) state.loader_state = loader->second;
-  for (const auto& [k, v] : meta) {
-    absl::string_view key = k;
-    if (absl::ConsumePrefix(&key, kExtraPrefix)) state.extra[std::string(key)] = v;
   }
   return state;
 }

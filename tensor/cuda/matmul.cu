@@ -159,39 +159,31 @@ LtCache& Cache() {
   return *cache;
 }
 
-bool Tf32FromEnv() {
-  const char* env = std::getenv("FSDP_CUDA_TF32");
-  return env != nullptr && std::strcmp(env, "1") == 0;
+// Whether environment variable `name` is set to `value` (the switches below
+// are read once, at their first use).
+bool EnvIs(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, value) == 0;
 }
 
 std::atomic<bool>& AllowTf32Flag() {
-  static std::atomic<bool> flag{Tf32FromEnv()};
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_TF32", "1")};
   return flag;
 }
 
 std::atomic<int64_t> epilogues_fused{0};
 std::atomic<int64_t> epilogues_unfused{0};
 
-bool TuneFromEnv() {
-  const char* env = std::getenv("FSDP_CUDA_GEMM_TUNE");
-  return env != nullptr && std::strcmp(env, "1") == 0;
-}
-
 std::atomic<bool>& TuneFlag() {
-  static std::atomic<bool> flag{TuneFromEnv()};
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_GEMM_TUNE", "1")};
   return flag;
 }
 
 std::atomic<int64_t> gemms_tuned{0};
 std::atomic<int64_t> tuned_other_than_first{0};
 
-bool FuseEpiloguesFromEnv() {
-  const char* env = std::getenv("FSDP_CUDA_FUSE_EPILOGUES");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
 std::atomic<bool>& FuseEpiloguesFlag() {
-  static std::atomic<bool> flag{FuseEpiloguesFromEnv()};
+  static std::atomic<bool> flag{!EnvIs("FSDP_CUDA_FUSE_EPILOGUES", "0")};
   return flag;
 }
 
