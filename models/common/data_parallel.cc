@@ -22,6 +22,7 @@
 #include "dist/gloo_group.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
+#include "glog/logging.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
 #include "optim/clip_grad.h"
@@ -630,6 +631,24 @@ void DataParallelModel::ZeroGrad() {
   } else {
     fsdp_->ZeroGrad();
   }
+}
+
+DataParallelModel::NoSyncGuard::NoSyncGuard(DataParallelModel& dp) {
+  if (dp.ddp_) ddp_.emplace(dp.ddp_.get());
+  if (dp.zero1_) zero1_.emplace(dp.zero1_.get());
+  if (dp.fsdp_) fsdp_.emplace(dp.fsdp_.get());
+}
+
+double AccumulateGradients(int64_t K, DataParallelModel* dp,
+                           const std::function<double(int64_t m)>& micro_step) {
+  CHECK_GE(K, 1) << "[grad accumulation] K must be >= 1";
+  double sum = 0;
+  for (int64_t m = 0; m < K; ++m) {
+    std::optional<DataParallelModel::NoSyncGuard> local_only;
+    if (dp != nullptr && m + 1 < K) local_only.emplace(*dp);  // the last one communicates
+    sum += micro_step(m);
+  }
+  return sum / K;
 }
 
 absl::StatusOr<DataParallelModel::StepResult> DataParallelModel::FinishTrainingStep(

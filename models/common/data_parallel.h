@@ -48,6 +48,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -254,6 +255,24 @@ class DataParallelModel {
   absl::Status Step();
   void ZeroGrad();
 
+  // Gradient accumulation (--grad_accum_steps): while the guard lives,
+  // backward accumulates this rank's gradients locally and communicates
+  // nothing (the strategy's no_sync); the next backward outside a guard
+  // communicates the sum. Under FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD each
+  // unit keeps its unsharded fp32 gradient from the first micro-batch to the
+  // last (as PyTorch's no_sync), so accumulation costs that memory there.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DataParallelModel& dp);
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    std::optional<dist::DistributedDataParallel::NoSyncGuard> ddp_;
+    std::optional<dist::Zero1::NoSyncGuard> zero1_;
+    std::optional<dist::FullyShardedModel::NoSyncGuard> fsdp_;
+  };
+
   // The rest of a training step once this rank's ForwardBackward returned
   // `local_loss` at loss scale `scale`, in order: the loss averaged over the
   // ranks (not finite: an error naming the 0-based `step`) -> FinishBackward
@@ -308,6 +327,15 @@ class DataParallelModel {
   std::unique_ptr<dist::Zero1> zero1_;
   std::unique_ptr<dist::FullyShardedModel> fsdp_;
 };
+
+// Gradient accumulation over K >= 1 micro-batches: calls micro_step(m) for
+// m = 0 .. K-1, all but the last under dp's NoSyncGuard (dp null: one process,
+// nothing to hold back), and returns the mean of what micro_step returns (the
+// micro-batches' losses). micro_step runs micro-batch m's forward and backward
+// with its gradient weighted by 1/K (a loss scale of scale / K), so the
+// accumulated gradient is that of the mean loss over the K micro-batches.
+double AccumulateGradients(int64_t K, DataParallelModel* dp,
+                           const std::function<double(int64_t m)>& micro_step);
 
 // ---- Memory ----
 

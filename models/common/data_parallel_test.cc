@@ -12,9 +12,11 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "gtest/gtest.h"
@@ -436,25 +438,35 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
   const int world = hybrid ? 4 : 2;
   // GPU reductions sum in other orders than one process on the GPU does.
   const double tol = device.is_cuda() ? 1e-4 : 1e-5;
-  for (bool checkpointing : {false, true}) {
-  SCOPED_TRACE(checkpointing ? "activation checkpointing" : "no activation checkpointing");
-  const DataParallelConfig config =
-      ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
-  std::vector<Trace> traces(world);
-  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
-    absl::StatusOr<Trace> trace = TrainSteps(config, rank.pg, device, checkpointing);
-    if (!trace.ok()) return trace.status();
-    traces[rank.rank] = *std::move(trace);
-    return absl::OkStatus();
-  });
-  ASSERT_TRUE(s.ok()) << s;
-  for (int r = 0; r < world; ++r) {
-    for (int step = 0; step < kSteps; ++step) {
-      SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
-      EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
-      EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
+  // Activation checkpointing of every Block; gradient accumulation over 2
+  // micro-batches, where only the last one's backward reduces gradients.
+  for (auto [checkpointing, micro_batches] : {std::pair{false, 1}, {true, 1}, {false, 2}}) {
+    SCOPED_TRACE(absl::StrCat(checkpointing ? "activation checkpointing" : "no checkpointing", ", ",
+                              micro_batches, " micro-batches"));
+    const DataParallelConfig config =
+        ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
+    std::vector<Trace> traces(world);
+    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+      absl::StatusOr<Trace> trace =
+          TrainSteps(config, rank.pg, device, checkpointing, micro_batches);
+      if (!trace.ok()) return trace.status();
+      traces[rank.rank] = *std::move(trace);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < world; ++r) {
+      for (int step = 0; step < kSteps; ++step) {
+        SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
+        EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
+        EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
+      }
+      const std::vector<int64_t>& reductions = traces[r].reductions_per_micro_batch;
+      ASSERT_EQ(reductions.size(), static_cast<size_t>(micro_batches));
+      for (int m = 0; m + 1 < micro_batches; ++m) {
+        EXPECT_EQ(reductions[m], 0) << "rank " << r << " reduced gradients in micro-batch " << m;
+      }
+      EXPECT_GT(reductions.back(), 0) << "rank " << r;
     }
-  }
   }
 }
 

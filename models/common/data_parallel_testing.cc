@@ -1,12 +1,13 @@
 // Fixtures of the data-parallel step tests (data_parallel_testing.h).
 #include "models/common/data_parallel_testing.h"
 
+#include <atomic>
 #include <random>
 #include <utility>
 
+#include "dist/process_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
-#include "dist/process_group.h"
 #include "nn/containers.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
@@ -16,6 +17,60 @@ namespace train {
 namespace dp_testing {
 
 using tensor::Tensor;
+
+namespace {
+
+// Forwards every call to the group it wraps and counts the gradient
+// reductions (all-reduce, reduce-scatter) issued through it or its subgroups.
+class CountingGroup final : public dist::ProcessGroup {
+ public:
+  CountingGroup(dist::ProcessGroup& inner, std::shared_ptr<std::atomic<int64_t>> reductions)
+      : ProcessGroup(inner.timeout()), inner_(inner), reductions_(std::move(reductions)) {}
+  CountingGroup(std::unique_ptr<dist::ProcessGroup> owned,
+                std::shared_ptr<std::atomic<int64_t>> reductions)
+      : CountingGroup(*owned, std::move(reductions)) {
+    owned_ = std::move(owned);
+  }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::string_view backend() const override { return inner_.backend(); }
+
+ protected:
+  dist::WorkPtr Issue(std::shared_ptr<dist::CollectiveCall> call) override {
+    const auto options = dist::CollectiveOptions::WithTimeout(call->timeout);
+    switch (call->kind) {
+      case dist::CollectiveKind::kAllReduce:
+        ++*reductions_;
+        return inner_.AllReduce(call->input, call->op, options);
+      case dist::CollectiveKind::kReduceScatter:
+        ++*reductions_;
+        return inner_.ReduceScatter(call->input, call->output, call->op, options);
+      case dist::CollectiveKind::kAllGather:
+        return inner_.AllGather(call->input, call->output, options);
+      case dist::CollectiveKind::kBroadcast:
+        return inner_.Broadcast(call->input, call->root, options);
+      case dist::CollectiveKind::kBarrier:
+        break;
+    }
+    return inner_.Barrier(options);
+  }
+  absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> DoSplit(int color, int key,
+                                                              absl::Duration timeout) override {
+    absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group =
+        inner_.Split(color, key, dist::CollectiveOptions::WithTimeout(timeout));
+    if (!group.ok() || *group == nullptr) return group;
+    return std::unique_ptr<dist::ProcessGroup>(
+        std::make_unique<CountingGroup>(*std::move(group), reductions_));
+  }
+
+ private:
+  std::unique_ptr<dist::ProcessGroup> owned_;  // a subgroup this one wraps
+  dist::ProcessGroup& inner_;
+  std::shared_ptr<std::atomic<int64_t>> reductions_;
+};
+
+}  // namespace
 
 GetEnvFn FakeEnv(std::map<std::string, std::string> vars) {
   auto owned = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
@@ -74,10 +129,14 @@ Trace SingleProcess(tensor::Device device) {
   return t;
 }
 
-absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& pg,
-                                 tensor::Device device, bool checkpointing) {
+absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& world_pg,
+                                 tensor::Device device, bool checkpointing, int64_t micro_batches) {
+  auto reductions = std::make_shared<std::atomic<int64_t>>(0);
+  CountingGroup pg(world_pg, reductions);
   const int rank = pg.rank();
   const int world = pg.size();
+  const int64_t K = micro_batches, B = kRows / world / K;  // B rows per micro-batch
+  EXPECT_EQ(K * B * world, kRows) << "micro_batches must divide the rank's rows";
   mingpt::GPT model(Tiny());
   if (checkpointing) {
     const int flagged = nn::ApplyCheckpointing(
@@ -90,8 +149,15 @@ absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::Process
   Trace trace;
   for (int step = 0; step < kSteps; ++step) {
     const std::vector<int64_t> idx = RandomTokens(100 + step), tgt = RandomTokens(200 + step);
-    const double local = model.ForwardBackward(Rows(idx, rank, world).To(device),
-                                               Rows(tgt, rank, world).To(device));
+    const Tensor inputs = Rows(idx, rank, world).To(device);   // (K*B, kT)
+    const Tensor targets = Rows(tgt, rank, world).To(device);  // (K*B, kT)
+    const double local = AccumulateGradients(K, dp->get(), [&](int64_t m) {
+      const int64_t before = *reductions;
+      const double l =
+          model.ForwardBackward(inputs.Narrow(0, m * B, B), targets.Narrow(0, m * B, B), 1.0 / K);
+      if (step == 0) trace.reductions_per_micro_batch.push_back(*reductions - before);
+      return l;
+    });
     absl::StatusOr<double> loss = dist::MeanOverRanks(pg, local);
     if (!loss.ok()) return loss.status();
     absl::Status st = (*dp)->FinishBackward();

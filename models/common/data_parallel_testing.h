@@ -23,7 +23,7 @@
 namespace train {
 namespace dp_testing {
 
-constexpr int64_t kRows = 4;  // global batch
+constexpr int64_t kRows = 8;  // global batch
 constexpr int64_t kT = 6;
 constexpr uint64_t kSeed = 11;
 // Three steps of AdamW with clipping at 0.05 (every step clips).
@@ -51,6 +51,9 @@ std::vector<int64_t> RandomTokens(uint32_t seed);
 
 struct Trace {
   std::vector<double> losses, norms;  // per step
+  // The gradient reductions (all-reduce, reduce-scatter; subgroups' too) this
+  // rank issued during each micro-batch of the first step.
+  std::vector<int64_t> reductions_per_micro_batch;
 };
 
 // kSteps steps of one process on the global batch, on `device`.
@@ -59,9 +62,11 @@ Trace SingleProcess(tensor::Device device);
 // Rank pg.rank()'s kSteps steps of `config`'s strategy over `pg` (its rows of
 // the global batch, on `device`): the losses averaged over the ranks and the
 // global gradient norms. `checkpointing`: activation checkpointing of every
-// Block.
+// Block. `micro_batches`: the rank's rows in that many micro-batches
+// (AccumulateGradients; it must divide kRows / pg.size()).
 absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& pg,
-                                 tensor::Device device, bool checkpointing = false);
+                                 tensor::Device device, bool checkpointing = false,
+                                 int64_t micro_batches = 1);
 
 }  // namespace dp_testing
 }  // namespace train

@@ -55,6 +55,17 @@ absl::Status CheckGradClip(double grad_clip) {
       absl::StrCat("--grad_clip=", grad_clip, " must be >= 0 (0 disables clipping)"));
 }
 
+absl::Status CheckGradAccumSteps(int64_t grad_accum_steps) {
+  if (grad_accum_steps >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--grad_accum_steps=", grad_accum_steps,
+                                                 " must be >= 1 (1: no gradient accumulation)"));
+}
+
+std::string AccumulationPrefix(int64_t grad_accum_steps) {
+  if (grad_accum_steps == 1) return "";
+  return absl::StrCat(grad_accum_steps, " micro-batches x ");
+}
+
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path) {
   absl::StatusOr<std::unique_ptr<MetricsWriter>> w = MetricsWriter::Open(path);
   if (w.ok()) return w;

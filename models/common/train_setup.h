@@ -28,6 +28,12 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const s
 // --grad_clip: >= 0 (0 disables clipping); InvalidArgument naming the flag.
 absl::Status CheckGradClip(double grad_clip);
 
+// --grad_accum_steps: >= 1; InvalidArgument naming the flag.
+absl::Status CheckGradAccumSteps(int64_t grad_accum_steps);
+// How the start-up line shows K micro-batches: "" for 1, "4 micro-batches x "
+// otherwise (before the batch size).
+std::string AccumulationPrefix(int64_t grad_accum_steps);
+
 // --metrics_out: MetricsWriter::Open, its error InvalidArgument naming the flag.
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path);
 

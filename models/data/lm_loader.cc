@@ -27,7 +27,7 @@ absl::StatusOr<LmLoader> LmLoader::Create(std::shared_ptr<const TokenSource> sou
 
 LmBatch LmLoader::Batch(int64_t step) const {
   CHECK_GE(step, 0) << "[lm loader] negative step";
-  const int64_t B = layout_.batch_size, T = seq_len_;
+  const int64_t B = layout_.local_rows(), T = seq_len_;  // K micro-batches of batch_size
   LmBatch batch;
   batch.step = step;
   batch.inputs = tensor::Tensor::Empty({B, T}, tensor::Dtype::kI64);

@@ -37,7 +37,9 @@ class LmLoader {
   static absl::StatusOr<LmLoader> Create(std::shared_ptr<const TokenSource> source,
                                          DataParallel layout, int64_t seq_len);
 
-  // This rank's batch at `step` (rows [r*B, (r+1)*B) of the global batch).
+  // This rank's batch at `step`: rows [r*B, (r+1)*B) of the global batch,
+  // or with K micro-batches (DataParallel::micro_batches) K*B rows,
+  // micro-batch m at rows [m*B, (m+1)*B) (see loader_state.h).
   LmBatch Batch(int64_t step) const;
   // Batch(step()) then advances the step.
   LmBatch Next();

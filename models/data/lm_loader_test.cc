@@ -126,6 +126,41 @@ TEST_P(LmLoaderTest, RankBatchesAreRowsOfTheGlobalBatch) {
   }
 }
 
+// Gradient accumulation: a rank's K micro-batches are its rows of K
+// consecutive blocks of the global batch (see loader_state.h), so over the
+// ranks and micro-batches a step holds exactly the global batch's rows; a
+// layout with the same K*W*B resumes the same stream.
+TEST_P(LmLoaderTest, MicroBatchesAreRowsOfTheGlobalBatch) {
+  const int64_t B = 2, T = 16;
+  const int world = 2, K = 3;
+  LmLoader global = MakeLoader(Source(9), K * world * B, 0, 1, T);
+  for (int64_t step : {0, 5}) {
+    const LmBatch g = global.Batch(step);
+    for (int rank = 0; rank < world; ++rank) {
+      auto local = LmLoader::Create(Source(9), {B, rank, world, K}, T);
+      ASSERT_TRUE(local.ok()) << local.status();
+      const LmBatch l = local->Batch(step);
+      ASSERT_EQ(l.inputs.shape(), (tensor::Shape{K * B, T}));
+      for (int64_t m = 0; m < K; ++m) {
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t row = (m * world + rank) * B + b;
+          EXPECT_EQ(Row(l.inputs, m * B + b), Row(g.inputs, row))
+              << "rank " << rank << " micro-batch " << m << " row " << b;
+          EXPECT_EQ(Row(l.targets, m * B + b), Row(g.targets, row));
+        }
+      }
+    }
+  }
+  auto accumulating = LmLoader::Create(Source(9), {B, 1, world, K}, T);
+  ASSERT_TRUE(accumulating.ok());
+  accumulating->Next();
+  EXPECT_TRUE(global.Restore(accumulating->state()).ok());
+  EXPECT_EQ(global.step(), 1);
+  auto other_global_batch = LmLoader::Create(Source(9), {B, 0, world, K + 1}, T);
+  ASSERT_TRUE(other_global_batch.ok());
+  EXPECT_FALSE(other_global_batch->Restore(accumulating->state()).ok());
+}
+
 TEST_P(LmLoaderTest, ResumeContinuesLikeAnUninterruptedRun) {
   LmLoader straight = MakeLoader(Source(3), 2, 1, 2, 16);
   std::vector<std::vector<int64_t>> expected;

@@ -20,9 +20,17 @@ absl::Status DataParallel::Validate(absl::string_view who) const {
     return absl::InvalidArgumentError(
         absl::StrCat("[", who, "] rank ", rank, " is not in [0, world_size = ", world_size, ")"));
   }
-  if (batch_size * world_size >= (int64_t{1} << 31)) {
+  if (micro_batches < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("[", who, "] global batch ", batch_size, " x ", world_size, " is too large"));
+        absl::StrCat("[", who, "] micro_batches must be >= 1, got ", micro_batches));
+  }
+  // Each factor is below 2^31, so the product is checked without overflow.
+  if (batch_size >= (int64_t{1} << 31) || micro_batches >= (int64_t{1} << 31) ||
+      batch_size * world_size >= (int64_t{1} << 31) ||
+      batch_size * world_size * micro_batches >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat("[", who, "] global batch ", micro_batches,
+                                                   " x ", world_size, " x ", batch_size,
+                                                   " is too large"));
   }
   return absl::OkStatus();
 }

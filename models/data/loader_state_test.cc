@@ -1,6 +1,8 @@
 // DataParallel validation and the loader state's string form.
 #include "models/data/loader_state.h"
 
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace data {
@@ -14,6 +16,27 @@ TEST(DataParallelTest, GlobalRows) {
   EXPECT_EQ(dp.GlobalRow(3), 11);
 }
 
+TEST(DataParallelTest, MicroBatchRowsInterleaveTheRanks) {
+  // K = 2 micro-batches of B = 2 rows on rank 1 of 3: micro-batch m is global
+  // rows [(m*3 + 1)*2, (m*3 + 2)*2), so each micro-batch step of the ranks
+  // together is a contiguous block of the global batch of 12 rows.
+  DataParallel dp{/*batch_size=*/2, /*rank=*/1, /*world_size=*/3, /*micro_batches=*/2};
+  EXPECT_TRUE(dp.Validate("t").ok());
+  EXPECT_EQ(dp.local_rows(), 4);
+  EXPECT_EQ(dp.global_batch_size(), 12);
+  EXPECT_EQ(dp.GlobalRow(0), 2);
+  EXPECT_EQ(dp.GlobalRow(1), 3);
+  EXPECT_EQ(dp.GlobalRow(2), 8);
+  EXPECT_EQ(dp.GlobalRow(3), 9);
+  // Every global row once over the ranks.
+  std::vector<int> seen(12, 0);
+  for (int r = 0; r < 3; ++r) {
+    const DataParallel d{2, r, 3, 2};
+    for (int64_t i = 0; i < d.local_rows(); ++i) ++seen[d.GlobalRow(i)];
+  }
+  EXPECT_EQ(seen, std::vector<int>(12, 1));
+}
+
 TEST(DataParallelTest, BadLayoutsAreErrors) {
   EXPECT_NE(DataParallel({0, 0, 1}).Validate("who").message().find(
                 "[who] batch_size must be >= 1, got 0"),
@@ -25,6 +48,17 @@ TEST(DataParallelTest, BadLayoutsAreErrors) {
             absl::string_view::npos);
   EXPECT_FALSE(DataParallel({1, -1, 4}).Validate("who").ok());
   EXPECT_FALSE(DataParallel({int64_t{1} << 30, 0, 2}).Validate("who").ok());
+  EXPECT_NE(DataParallel({1, 0, 1, 0})
+                .Validate("who")
+                .message()
+                .find("[who] micro_batches must be >= 1, got 0"),
+            absl::string_view::npos);
+  EXPECT_NE(DataParallel({int64_t{1} << 20, 0, 2, int64_t{1} << 10})
+                .Validate("who")
+                .message()
+                .find("global batch 1024 x 2 x 1048576 is too large"),
+            absl::string_view::npos);
+  EXPECT_FALSE(DataParallel({2, 0, 2, int64_t{1} << 62}).Validate("who").ok());
 }
 
 TEST(LoaderStateTest, StringRoundTrip) {

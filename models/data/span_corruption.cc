@@ -250,7 +250,7 @@ absl::StatusOr<SpanCorruptionLoader> SpanCorruptionLoader::Create(
 
 Seq2SeqBatch SpanCorruptionLoader::Batch(int64_t step) const {
   CHECK_GE(step, 0) << "[span corruption] negative step";
-  const int64_t B = layout_.batch_size;
+  const int64_t B = layout_.local_rows();  // K micro-batches of batch_size
   const int64_t S = corruptor_.encoder_length(), Td = corruptor_.decoder_length();
   Seq2SeqBatch batch;
   batch.step = step;

@@ -139,7 +139,8 @@ struct Seq2SeqBatch {
 };
 
 // T5 pretraining batches over any token source, split by rank like LmLoader:
-// rank r's batch is rows [r*B, (r+1)*B) of the global batch at each step.
+// rank r's batch is rows [r*B, (r+1)*B) of the global batch at each step (with
+// K micro-batches, K*B rows: see loader_state.h).
 class SpanCorruptionLoader {
  public:
   // Errors of SpanCorruptor::Create and DataParallel::Validate, and

@@ -377,6 +377,25 @@ TEST(SpanCorruptionTest, DeterminismRankSplitAndResume) {
     }
   }
 
+  // With K micro-batches, micro-batch m of rank r is the global batch's rows
+  // [(m*W + r)*B, (m*W + r + 1)*B) (gradient accumulation).
+  const int K = 2;
+  SpanCorruptionLoader accumulated = MakeLoader(source(1), {B * world * K, 0, 1}, o);
+  const Seq2SeqBatch g = accumulated.Batch(4);
+  for (int rank = 0; rank < world; ++rank) {
+    const Seq2SeqBatch l = MakeLoader(source(1), {B, rank, world, K}, o).Batch(4);
+    ASSERT_EQ(l.encoder_inputs.dim(0), K * B);
+    for (int64_t m = 0; m < K; ++m) {
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t row = (m * world + rank) * B + r;
+        EXPECT_EQ(Row(l.encoder_inputs, m * B + r), Row(g.encoder_inputs, row));
+        EXPECT_EQ(Row(l.encoder_mask, m * B + r), Row(g.encoder_mask, row));
+        EXPECT_EQ(Row(l.decoder_inputs, m * B + r), Row(g.decoder_inputs, row));
+        EXPECT_EQ(Row(l.decoder_targets, m * B + r), Row(g.decoder_targets, row));
+      }
+    }
+  }
+
   // Resume: save after 3 steps, restore in a fresh loader, continue identically.
   SpanCorruptionLoader straight = MakeLoader(source(1), {2, 1, 2}, o);
   std::vector<std::vector<int64_t>> expected;

@@ -27,10 +27,12 @@
 //
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
+//   of each of --grad_accum_steps micro-batches (the gradients add up)
 //   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
 // and on each rank under data parallelism (TrainRank):
-//   this rank's rows -> forward, loss, backward (DDP / FSDP communicate the
-//   gradients during backward) -> loss averaged over the ranks -> finish the
+//   this rank's rows -> forward, loss, backward of each micro-batch (all but
+//   the last under no_sync; DDP / FSDP communicate the last one's gradients
+//   during its backward) -> loss averaged over the ranks -> finish the
 //   gradient communication -> clip by the global norm -> step -> zero grads
 #include <cmath>
 #include <cstdio>
@@ -77,7 +79,10 @@ ABSL_FLAG(std::string, preset, "gpt-mini",
 ABSL_FLAG(int64_t, vocab_size, 0,
           "vocabulary size; 0 = the data's (256 for text, 50257 otherwise)");
 ABSL_FLAG(int64_t, steps, 150, "optimizer steps to run (in all, counting resumed ones)");
-ABSL_FLAG(int64_t, batch_size, 16, "sequences per step");
+ABSL_FLAG(int64_t, batch_size, 16, "sequences per micro-batch (per rank under data parallelism)");
+ABSL_FLAG(int64_t, grad_accum_steps, 1,
+          "micro-batches of --batch_size whose gradients add up to one optimizer step (gradient "
+          "accumulation): a step trains on grad_accum_steps x world size x batch_size sequences");
 ABSL_FLAG(int64_t, seq_len, 128, "tokens per sequence (at most the preset's block_size)");
 ABSL_FLAG(double, lr, 1e-3, "learning rate (the peak, with --lr_schedule=cosine)");
 ABSL_FLAG(std::string, lr_schedule, "constant",
@@ -126,11 +131,12 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int W = rank.world_size;
   absl::StatusOr<data::LmLoader> loader =
-      data::LmLoader::Create(setup.source, {B, rank.rank, W}, T);
+      data::LmLoader::Create(setup.source, {B, rank.rank, W, K}, T);
   if (!loader.ok()) return loader.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
@@ -152,12 +158,12 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
-    std::printf("data: %s | %d ranks (%s) x batch %lld x %lld tokens | %s | %s | %s | %d threads\n",
+    std::printf("data: %s | %d ranks (%s) x %s%lld x %lld tokens | %s | %s | %s | %d threads\n",
                 setup.source->Describe().c_str(), W,
                 std::string(train::BackendName(setup.dp.backend)).c_str(),
-                static_cast<long long>(B), static_cast<long long>(T), (*dp)->Describe().c_str(),
-                opt.name(), setup.schedule->ToString().c_str(),
-                tensor::DefaultThreadPool().num_threads());
+                train::AccumulationPrefix(K).c_str(), static_cast<long long>(B),
+                static_cast<long long>(T), (*dp)->Describe().c_str(), opt.name(),
+                setup.schedule->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
     if (setup.scaling.enabled()) std::printf("loss scale: %s\n", setup.scaling.Describe().c_str());
     std::fflush(stdout);
   }
@@ -193,17 +199,22 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // ---- Training loop (rank 0 reports; global tokens per step) ----
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
-                               absl::GetFlag(FLAGS_log_every), W * B * T, setup.dp.device);
+                               absl::GetFlag(FLAGS_log_every), K * W * B * T, setup.dp.device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
-    data::LmBatch batch = loader->Next();                 // this rank's rows (B, T)
+    data::LmBatch batch = loader->Next();  // this rank's K micro-batches of B rows (K*B, T)
     batch.inputs = batch.inputs.To(setup.dp.device);
     batch.targets = batch.targets.To(setup.dp.device);
-    nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
     opt.set_lr(setup.schedule->LrAt(step));
     const double scale = scaling.scale();
-    const double local_loss = model.ForwardBackward(batch.inputs, batch.targets, scale);
+    // Forward, loss and backward of each micro-batch; only the last one's
+    // backward communicates (the others under no_sync).
+    const double local_loss = train::AccumulateGradients(K, dp->get(), [&](int64_t m) {
+      nn::SeedRandomSources(model, seed * 1000003 + step * K + m);  // as the single-process loop
+      return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
+                                   batch.targets.Narrow(0, m * B, B), scale / K);
+    });
     // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
     // any rank skips the step on all) -> clip by the global norm -> optimizer
     // step -> zero grads.
@@ -238,8 +249,11 @@ absl::Status Train() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   if (steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  absl::Status accum_ok = train::CheckGradAccumSteps(K);
+  if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
   absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
@@ -271,7 +285,7 @@ absl::Status Train() {
   absl::StatusOr<train::LossScaling> scaling =
       train::LossScalingFromCommandLine(policy->NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
-  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1}, T);
+  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1, K}, T);
   if (!loader.ok()) return loader.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
@@ -307,9 +321,10 @@ absl::Status Train() {
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
-  std::printf("data: %s | batch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
-              (*source)->Describe().c_str(), static_cast<long long>(B), static_cast<long long>(T),
-              (*optimizer)->name(), (*schedule)->ToString().c_str(), policy->ToString().c_str(),
+  std::printf("data: %s | batch %s%lld x %lld tokens | %s | %s | precision %s | %d threads\n",
+              (*source)->Describe().c_str(), train::AccumulationPrefix(K).c_str(),
+              static_cast<long long>(B), static_cast<long long>(T), (*optimizer)->name(),
+              (*schedule)->ToString().c_str(), policy->ToString().c_str(),
               tensor::DefaultThreadPool().num_threads());
   if (scaling->enabled()) std::printf("loss scale: %s\n", scaling->Describe().c_str());
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -356,20 +371,24 @@ absl::Status Train() {
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               B * T, *device);
+                               K * B * T, *device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
-    data::LmBatch batch = loader->Next();                 // inputs, targets (B, T)
+    data::LmBatch batch = loader->Next();  // inputs, targets (K*B, T): K micro-batches of B rows
     if (device->is_cuda()) {
       batch.inputs = batch.inputs.To(*device);
       batch.targets = batch.targets.To(*device);
     }
-    nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
     const double scale = scaling->scale();
-    const double loss = model.ForwardBackward(batch.inputs, batch.targets, scale);
+    // Forward, loss and backward of each micro-batch; the gradients add up.
+    const double loss = train::AccumulateGradients(K, nullptr, [&](int64_t m) {
+      nn::SeedRandomSources(model, seed * 1000003 + step * K + m);  // dropout: a function of both
+      return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
+                                   batch.targets.Narrow(0, m * B, B), scale / K);
+    });
     mixed.RestoreMasters();
     if (!std::isfinite(loss)) {
       return absl::InternalError(

@@ -21,14 +21,17 @@
 // (shared.weight: both stacks' lookups and the tied lm_head) always stays in
 // the root unit, which FSDP keeps gathered from the root's forward to its
 // backward; a policy that would move it out (a small size:N) is refused.
-// --batch_size is per rank (global batch N * batch_size examples).
+// --batch_size is per rank (global batch N * batch_size examples; times
+// --grad_accum_steps micro-batches).
 //
 // A training step, top to bottom:
 //   batch -> [cast params to bf16] -> forward, loss, backward (fp32 grads)
+//   of each of --grad_accum_steps micro-batches (the gradients add up)
 //   -> [restore fp32 masters] -> clip -> optimizer step -> zero grads
 // and on each rank under data parallelism (TrainRank):
-//   this rank's rows -> forward, loss, backward (DDP / FSDP communicate the
-//   gradients during backward) -> loss averaged over the ranks -> finish the
+//   this rank's rows -> forward, loss, backward of each micro-batch (all but
+//   the last under no_sync; DDP / FSDP communicate the last one's gradients
+//   during its backward) -> loss averaged over the ranks -> finish the
 //   gradient communication -> clip by the global norm -> step -> zero grads
 #include <algorithm>
 #include <cmath>
@@ -79,7 +82,10 @@ ABSL_FLAG(int64_t, vocab_size, 0,
           "vocabulary of random tokens and .bin files (before sentinels); 0 = 50257 (GPT-2's); "
           "byte text is always 256");
 ABSL_FLAG(int64_t, steps, 300, "optimizer steps to run (in all, counting resumed ones)");
-ABSL_FLAG(int64_t, batch_size, 16, "examples per step");
+ABSL_FLAG(int64_t, batch_size, 16, "examples per micro-batch (per rank under data parallelism)");
+ABSL_FLAG(int64_t, grad_accum_steps, 1,
+          "micro-batches of --batch_size whose gradients add up to one optimizer step (gradient "
+          "accumulation): a step trains on grad_accum_steps x world size x batch_size examples");
 ABSL_FLAG(int64_t, encoder_length, 128,
           "encoder tokens per example (S); the raw window is the longest whose corrupted form "
           "fills S, the decoder length is what its targets need");
@@ -163,7 +169,8 @@ std::string Clip(std::string s, size_t max_chars) {
 }
 
 // The start-up lines: the model, the data (and a decoded sample of byte
-// text), the batch. `ranks` is "" in one process, else "2 ranks (gloo) x ";
+// text), the batch. `ranks` is "" in one process, else "2 ranks (gloo) x ",
+// then "4 micro-batches x " with gradient accumulation;
 // tokens_per_step counts every rank's; `scheme` names the optimizer, the
 // schedule and the precision or strategy.
 void PrintStartup(const T5Config& config, const data::TokenSource& source,
@@ -215,6 +222,17 @@ void MoveBatch(data::Seq2SeqBatch& batch, tensor::Device device) {
   batch.decoder_targets = batch.decoder_targets.To(device);
 }
 
+// Rows [m*B, (m+1)*B) of a batch of K micro-batches: micro-batch m (views).
+data::Seq2SeqBatch MicroBatch(const data::Seq2SeqBatch& batch, int64_t m, int64_t B) {
+  data::Seq2SeqBatch micro;
+  micro.step = batch.step;
+  micro.encoder_inputs = batch.encoder_inputs.Narrow(0, m * B, B);
+  if (batch.encoder_mask.defined()) micro.encoder_mask = batch.encoder_mask.Narrow(0, m * B, B);
+  micro.decoder_inputs = batch.decoder_inputs.Narrow(0, m * B, B);
+  micro.decoder_targets = batch.decoder_targets.Narrow(0, m * B, B);
+  return micro;
+}
+
 struct DpSetup {
   T5Config config;
   train::LossScaling scaling;
@@ -231,10 +249,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
+  const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int W = rank.world_size;
   absl::StatusOr<data::SpanCorruptionLoader> loader =
-      data::SpanCorruptionLoader::Create(setup.source, {B, rank.rank, W}, setup.span);
+      data::SpanCorruptionLoader::Create(setup.source, {B, rank.rank, W, K}, setup.span);
   if (!loader.ok()) return loader.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
@@ -254,12 +273,13 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   if (!dp.ok()) return dp.status();
   optim::Optimizer& opt = (*dp)->optimizer();
   const int64_t tokens_per_step =
-      W * B * (setup.span.encoder_length + loader->corruptor().decoder_length());
+      K * W * B * (setup.span.encoder_length + loader->corruptor().decoder_length());
   if (rank.logs()) {
     PrintStartup(
         setup.config, *setup.source, setup.span, *loader,
-        absl::StrCat(W, " ranks (", train::BackendName(setup.dp.backend), ") x "), B,
-        tokens_per_step,
+        absl::StrCat(W, " ranks (", train::BackendName(setup.dp.backend), ") x ",
+                     train::AccumulationPrefix(K)),
+        B, tokens_per_step,
         absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
   }
 
@@ -299,14 +319,19 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
-    data::Seq2SeqBatch batch = loader->Next();  // this rank's rows: encoder (B, S), decoder (B, T)
+    // This rank's K micro-batches of B rows: encoder (K*B, S), decoder (K*B, T).
+    data::Seq2SeqBatch batch = loader->Next();
     MoveBatch(batch, setup.dp.device);
-    nn::SeedRandomSources(model, seed * 1000003 + step);  // as the single-process loop
     opt.set_lr(setup.schedule->LrAt(step));
     const double scale = scaling.scale();
-    const double local_loss =
-        model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask, batch.decoder_inputs,
-                              batch.decoder_targets, scale);
+    // Forward, loss and backward of each micro-batch; only the last one's
+    // backward communicates (the others under no_sync).
+    const double local_loss = train::AccumulateGradients(K, dp->get(), [&](int64_t m) {
+      nn::SeedRandomSources(model, seed * 1000003 + step * K + m);  // as the single-process loop
+      const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
+      return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
+                                   micro.decoder_targets, scale / K);
+    });
     // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
     // any rank skips the step on all) -> clip by the global norm -> optimizer
     // step -> zero grads.
@@ -347,6 +372,9 @@ absl::Status Train() {
   }
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
+  const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
+  absl::Status accum_ok = train::CheckGradAccumSteps(K);
+  if (!accum_ok.ok()) return accum_ok;
   if (B < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--batch_size=", B, " must be >= 1"));
   }
@@ -383,7 +411,7 @@ absl::Status Train() {
   span.num_sentinels = absl::GetFlag(FLAGS_num_sentinels);
   span.seed = seed;
   absl::StatusOr<data::SpanCorruptionLoader> loader =
-      data::SpanCorruptionLoader::Create(*source, {B, 0, 1}, span);
+      data::SpanCorruptionLoader::Create(*source, {B, 0, 1, K}, span);
   if (!loader.ok()) {
     return WithContext(loader.status(),
                        absl::StrCat("--encoder_length=", S, " --num_sentinels=", span.num_sentinels,
@@ -442,8 +470,8 @@ absl::Status Train() {
   model.Materialize(seed, *device);
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
-  const int64_t tokens_per_step = B * (S + loader->corruptor().decoder_length());
-  PrintStartup(*config, **source, span, *loader, "", B, tokens_per_step,
+  const int64_t tokens_per_step = K * B * (S + loader->corruptor().decoder_length());
+  PrintStartup(*config, **source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
                             policy->ToString()));
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -505,14 +533,19 @@ absl::Status Train() {
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
-    data::Seq2SeqBatch batch = loader->Next();  // encoder (B, S) + mask, decoder (B, T_dec) x 2
+    // K micro-batches of B rows: encoder (K*B, S) + mask, decoder (K*B, T_dec) x 2.
+    data::Seq2SeqBatch batch = loader->Next();
     MoveBatch(batch, *device);
-    nn::SeedRandomSources(model, seed * 1000003 + step);  // dropout masks: a function of the step
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
     const double scale = scaling->scale();
-    const double loss = model.ForwardBackward(batch.encoder_inputs, batch.encoder_mask,
-                                              batch.decoder_inputs, batch.decoder_targets, scale);
+    // Forward, loss and backward of each micro-batch; the gradients add up.
+    const double loss = train::AccumulateGradients(K, nullptr, [&](int64_t m) {
+      nn::SeedRandomSources(model, seed * 1000003 + step * K + m);  // dropout: a function of both
+      const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
+      return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
+                                   micro.decoder_targets, scale / K);
+    });
     mixed.RestoreMasters();
     if (!std::isfinite(loss)) {
       return absl::InternalError(

@@ -72,6 +72,24 @@ bad_flag "--batch_size=0 must be >= 1" --batch_size=0 --steps=1
 bad_flag "--dropout=1.5 is not in [0, 1)" --dropout=1.5 --steps=1
 bad_flag "--num_sentinels=1" --num_sentinels=1 --steps=1
 bad_flag "--loss_scale='big' is not auto, none, dynamic" --loss_scale=big --steps=1
+bad_flag "--grad_accum_steps=-1 must be >= 1" --grad_accum_steps=-1 --steps=1
+
+# Gradient accumulation: 2 micro-batches of 2 (one process) and 2 of 1 on
+# each of 2 FSDP ranks give batch 4's losses (1e-5; no dropout).
+ga_flags=(--preset=t5-tiny --steps=3 --encoder_length=32 --log_every=1 --dropout=0)
+"$train" "${ga_flags[@]}" --batch_size=4 --metrics_out="$dir/ga_ref.jsonl" > /dev/null
+"$train" "${ga_flags[@]}" --batch_size=2 --grad_accum_steps=2 \
+  --metrics_out="$dir/ga_k2.jsonl" > "$dir/ga_k2.log"
+grep -q "batch 2 micro-batches x 2 x (32 encoder" "$dir/ga_k2.log"
+"$train" "${ga_flags[@]}" --batch_size=1 --grad_accum_steps=2 --world_size=2 \
+  --strategy=full_shard --metrics_out="$dir/ga_fsdp.jsonl" > /dev/null
+close() {  # close WANT GOT: every step's loss within 1e-5 relative
+  join <(losses "$1") <(losses "$2") | awk -v f="$2" '
+    { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2 + 2e-6) { print f ": step " $1; bad = 1 } n++ }
+    END { exit bad || n != 3 }'
+}
+close "$dir/ga_ref.jsonl" "$dir/ga_k2.jsonl"
+close "$dir/ga_ref.jsonl" "$dir/ga_fsdp.jsonl"
 
 # Loss scaling: a power of two trains bit for bit like none; an overflowing
 # dynamic scale skips steps (every rank together) and backs off.
