@@ -184,6 +184,11 @@ void DistributedDataParallel::ZeroGrad() {
   for (auto& b : buckets_) tensor::Zero(b.flat);
 }
 
+void DistributedDataParallel::EndForwardOnly() {
+  forward_phase_ = false;
+  if (casts_) casts_->RestoreMasters();
+}
+
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
   if (&module == &model_) {
     for (auto& [m, calls] : calls_) calls = {0, 0};

@@ -170,6 +170,10 @@ class DistributedDataParallel {
 
   // Sets every gradient (every bucket) to zero in place.
   void ZeroGrad();
+  // After forward passes without a backward (evaluation): points the
+  // parameters back at their fp32 masters (mixed precision), as the root's
+  // PostBackward would, so that a checkpoint or an optimizer step sees them.
+  void EndForwardOnly();
 
   // While the guard lives, backward passes do not all-reduce.
   class NoSyncGuard {

@@ -110,6 +110,10 @@ optim::ElementRanges Zero1::shard_decay_ranges() const {
 
 void Zero1::ZeroGrad() { tensor::Zero(flat_grad_); }
 
+void Zero1::EndForwardOnly() {
+  if (casts_) casts_->RestoreMasters();
+}
+
 void Zero1::OnRootPreBackward() {
   if (reduce_scatter_) FinishBackward().IgnoreError();
   for (size_t i = 0; i < params_.size(); ++i) {

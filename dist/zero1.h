@@ -132,6 +132,10 @@ class Zero1 {
   absl::Status RefreshParameters();
   // Zeroes the whole flat gradient in place.
   void ZeroGrad();
+  // After forward passes without a backward (evaluation): points the values
+  // of parameters that computed with compute copies (kept-fp32 classes
+  // present) back at the fp32 views, as the root's PostBackward would.
+  void EndForwardOnly();
 
   class NoSyncGuard {
    public:

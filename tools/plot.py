@@ -171,7 +171,9 @@ def need(row, key, path, what):
 
 
 def load_metrics(path):
-    """(step, loss, tokens_per_s) per line of a train --metrics_out file."""
+    """(step, loss, tokens_per_s) per training step of a train --metrics_out
+    file (evaluation lines, which carry "eval_loss" instead of "loss", are
+    skipped)."""
     points = []
     try:
         with open(path) as f:
@@ -182,6 +184,8 @@ def load_metrics(path):
                     m = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise PlotError(f"'{path}' line {n} is not JSON ({e.msg})")
+                if isinstance(m, dict) and "eval_loss" in m:
+                    continue
                 if not isinstance(m, dict) or "step" not in m or "loss" not in m:
                     raise PlotError(f"'{path}' line {n} lacks \"step\" or \"loss\": "
                                     "not a train --metrics_out file")

@@ -81,7 +81,7 @@ assert all(a < b for a, b in zip(loss[0], loss[0][1:])), "the loss falls, so y p
 texts = [t.text for t in root.iter(S + "text")]
 assert "ddp" in texts and "fsdp" in texts
 PY
-echo "loss: a line per run, a point per step"
+echo "loss: a line per run, a point per step (the evaluation line skipped)"
 
 # (The speed sample's figures are made up: a fixture of the JSON's form only.)
 python3 "$plot" speed "$speed" --out "$out/speed.svg" > /dev/null

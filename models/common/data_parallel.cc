@@ -639,6 +639,15 @@ DataParallelModel::NoSyncGuard::NoSyncGuard(DataParallelModel& dp) {
   if (dp.fsdp_) fsdp_.emplace(dp.fsdp_.get());
 }
 
+absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>& local_loss) {
+  model_.Train(false);
+  const double local = local_loss();
+  model_.Train(true);
+  if (ddp_) ddp_->EndForwardOnly();
+  if (zero1_) zero1_->EndForwardOnly();
+  return dist::MeanOverRanks(pg_, local);
+}
+
 double AccumulateGradients(int64_t K, DataParallelModel* dp,
                            const std::function<double(int64_t m)>& micro_step) {
   CHECK_GE(K, 1) << "[grad accumulation] K must be >= 1";

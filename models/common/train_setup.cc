@@ -31,8 +31,9 @@ absl::StatusOr<tensor::Device> ResolveDevice(const std::string& flag) {
 }
 
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const std::string& spec,
-                                                                          uint64_t seed,
-                                                                          int64_t vocab_size) {
+                                                                         uint64_t seed,
+                                                                         int64_t vocab_size,
+                                                                         absl::string_view flag) {
   const int64_t vocab = vocab_size > 0 ? vocab_size : data::kGpt2VocabSize;
   absl::StatusOr<std::shared_ptr<const data::TokenSource>> source;
   if (spec == "shipped") {
@@ -46,7 +47,7 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const s
   }
   if (source.ok()) return source;
   // A flag's value that does not work: exit status 2, naming the flag.
-  return absl::InvalidArgumentError(absl::StrCat("--data=", spec, ": ", source.status().message()));
+  return absl::InvalidArgumentError(absl::StrCat(flag, "=", spec, ": ", source.status().message()));
 }
 
 absl::Status CheckGradClip(double grad_clip) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "models/common/train_support.h"
 #include "models/data/token_source.h"
 #include "optim/lr_schedule.h"
@@ -20,10 +21,9 @@ namespace train {
 // "shipped" (the text in models/data/text), "random" (uniform tokens), a .bin
 // file of uint16 tokens, or any other path as byte-level text. vocab_size 0
 // means the default (50257) for random and .bin data. Errors are
-// InvalidArgument naming --data.
-absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const std::string& spec,
-                                                                          uint64_t seed,
-                                                                          int64_t vocab_size);
+// InvalidArgument naming `flag` (--data, --eval_data).
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(
+    const std::string& spec, uint64_t seed, int64_t vocab_size, absl::string_view flag = "--data");
 
 // --grad_clip: >= 0 (0 disables clipping); InvalidArgument naming the flag.
 absl::Status CheckGradClip(double grad_clip);

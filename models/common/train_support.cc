@@ -259,6 +259,15 @@ absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedg
   return absl::OkStatus();
 }
 
+absl::Status MetricsWriter::WriteEval(int64_t step, double eval_loss, double ms) {
+  if (path_.empty()) return absl::OkStatus();
+  out_ << absl::StrFormat("{\"step\":%d,\"eval_loss\":%.6f,\"eval_ms\":%.3f}", step, eval_loss, ms)
+       << "\n";
+  out_.flush();
+  if (!out_) return absl::UnavailableError(absl::StrCat("cannot write to '", path_, "'"));
+  return absl::OkStatus();
+}
+
 StepReporter::StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& metrics,
                            int64_t first_step, int64_t last_step, int64_t log_every,
                            double tokens_per_step, tensor::Device device)
@@ -281,6 +290,13 @@ absl::Status StepReporter::Report(StepMetrics m) {
     std::fflush(stdout);
   }
   return metrics_.Write(m, ledger_);
+}
+
+absl::Status StepReporter::ReportEval(int64_t step, double eval_loss, double ms) {
+  std::printf("eval after step %lld | loss %.4f | %.1f ms\n", static_cast<long long>(step),
+              eval_loss, ms);
+  std::fflush(stdout);
+  return metrics_.WriteEval(step, eval_loss, ms);
 }
 
 void StepReporter::PrintSummary(absl::string_view tokens_note) const {

@@ -112,6 +112,9 @@ class MetricsWriter {
   // An empty path writes nothing.
   static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(const std::string& path);
   absl::Status Write(const StepMetrics& m, const tensor::MemoryLedger& ledger);
+  // {"step":6,"eval_loss":2.345678,"eval_ms":12.3}: an evaluation after `step`
+  // steps (no "loss" key, so readers of the training losses skip it).
+  absl::Status WriteEval(int64_t step, double eval_loss, double ms);
 
  private:
   explicit MetricsWriter(std::string path) : path_(std::move(path)) {}
@@ -132,6 +135,9 @@ class StepReporter {
                tensor::Device device = tensor::Device::Cpu());
   // m.step is 1-based; m.tokens_per_s is computed here from m.ms.
   absl::Status Report(StepMetrics m);
+  // An evaluation after `step` steps: prints "eval after step 6 | loss 2.3457
+  // | 12.3 ms" and appends MetricsWriter::WriteEval's line.
+  absl::Status ReportEval(int64_t step, double eval_loss, double ms);
   // "mean 12.3 ms/step, 4567 tokens/s<tokens_note> over N steps (after the first)",
   // printed when any step after the first was reported.
   void PrintSummary(absl::string_view tokens_note = "") const;

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,12 @@ ABSL_FLAG(std::string, data, "shipped",
           "(bytes) or a .bin file of uint16 tokens (nanoGPT / llm.c layout)");
 ABSL_FLAG(double, dropout, 0.1, "dropout of embeddings, attention and residuals");
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each Block's activations in backward");
+ABSL_FLAG(std::string, eval_data, "",
+          "held-out data to evaluate the loss on (what --data takes: a nanoGPT val.bin, a text "
+          "file, shipped, random); empty: no evaluation");
+ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
+ABSL_FLAG(int64_t, eval_batches, 4,
+          "global batches per evaluation (the same ones every time; no dropout)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
@@ -114,12 +121,63 @@ namespace {
 
 using tensor::MemoryLedger;
 
+// ---- Evaluation ----
+
+// The mean loss over `batches` batches of the evaluation data (its steps 0 ..
+// batches-1: the same rows every time), micro-batch by micro-batch (K of B
+// rows each), forward only. The caller sets eval mode and the precision.
+double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t K, int64_t B,
+                tensor::Device device) {
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    const data::LmBatch batch = eval.Batch(i);  // (K*B, T)
+    const Tensor inputs = batch.inputs.To(device), targets = batch.targets.To(device);
+    for (int64_t m = 0; m < K; ++m) {
+      sum += model.Loss(inputs.Narrow(0, m * B, B), targets.Narrow(0, m * B, B));
+    }
+  }
+  return sum / static_cast<double>(batches * K);
+}
+
+// After step_done steps (1-based) of `steps`: every --eval_every and after the last.
+bool EvalAfter(int64_t step_done, int64_t steps) {
+  const int64_t every = absl::GetFlag(FLAGS_eval_every);
+  return step_done == steps || (every > 0 && step_done % every == 0);
+}
+
+// --eval_data (its own seed, so random data is not the training stream) with
+// a vocabulary the model covers; --eval_every >= 0, --eval_batches >= 1.
+// nullptr without --eval_data.
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(uint64_t seed,
+                                                                        int64_t vocab_size) {
+  const std::string spec = absl::GetFlag(FLAGS_eval_data);
+  if (absl::GetFlag(FLAGS_eval_every) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--eval_every=", absl::GetFlag(FLAGS_eval_every),
+                                                   " must be >= 0 (0: after the last step)"));
+  }
+  if (absl::GetFlag(FLAGS_eval_batches) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_batches=", absl::GetFlag(FLAGS_eval_batches), " must be >= 1"));
+  }
+  if (spec.empty()) return std::shared_ptr<const data::TokenSource>();
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
+      train::OpenTokenSource(spec, seed + 1, absl::GetFlag(FLAGS_vocab_size), "--eval_data");
+  if (!source.ok()) return source.status();
+  if ((*source)->vocab_size() > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eval_data=", spec, ": its vocabulary ", (*source)->vocab_size(),
+        " is larger than the model's ", vocab_size, " (set by --data / --vocab_size)"));
+  }
+  return source;
+}
+
 // ---- Data parallelism ----
 
 struct DpSetup {
   GptConfig config;
   train::LossScaling scaling;
   std::shared_ptr<const data::TokenSource> source;
+  std::shared_ptr<const data::TokenSource> eval_source;  // null: no evaluation
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
@@ -138,6 +196,14 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   absl::StatusOr<data::LmLoader> loader =
       data::LmLoader::Create(setup.source, {B, rank.rank, W, K}, T);
   if (!loader.ok()) return loader.status();
+  std::optional<data::LmLoader> eval_loader;  // this rank's rows of the evaluation batches
+  if (setup.eval_source) {
+    absl::StatusOr<data::LmLoader> l =
+        data::LmLoader::Create(setup.eval_source, {B, rank.rank, W, K}, T);
+    if (!l.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--eval_data: ", l.status().message()));
+    eval_loader.emplace(*std::move(l));
+  }
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
        absl::GetFlag(FLAGS_weight_decay)});
@@ -231,6 +297,19 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
+    if (eval_loader && EvalAfter(step + 1, steps)) {  // every rank its rows, then the mean
+      train::StepTimer eval_timer;
+      eval_timer.Start();
+      absl::StatusOr<double> eval_loss = (*dp)->Evaluate([&] {
+        return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
+                        setup.dp.device);
+      });
+      if (!eval_loss.ok()) return eval_loss.status();
+      if (rank.logs()) {
+        absl::Status reported = reporter.ReportEval(step + 1, *eval_loss, eval_timer.ElapsedMs());
+        if (!reported.ok()) return reported;
+      }
+    }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status s = save(step + 1);
       if (!s.ok()) return s;
@@ -287,6 +366,16 @@ absl::Status Train() {
   if (!scaling.ok()) return scaling.status();
   absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1, K}, T);
   if (!loader.ok()) return loader.status();
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> eval_source =
+      OpenEvalSource(seed, config->vocab_size);
+  if (!eval_source.ok()) return eval_source.status();
+  std::optional<data::LmLoader> eval_loader;
+  if (*eval_source) {
+    absl::StatusOr<data::LmLoader> l = data::LmLoader::Create(*eval_source, {B, 0, 1, K}, T);
+    if (!l.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--eval_data: ", l.status().message()));
+    eval_loader.emplace(*std::move(l));
+  }
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
        absl::GetFlag(FLAGS_weight_decay)});
@@ -308,6 +397,7 @@ absl::Status Train() {
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.source = *source;
+    setup.eval_source = *eval_source;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
     return train::RunDataParallel(
@@ -415,6 +505,18 @@ absl::Status Train() {
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
+    if (eval_loader && EvalAfter(step + 1, steps)) {  // eval mode, compute precision
+      train::StepTimer eval_timer;
+      eval_timer.Start();
+      model.Train(false);
+      mixed.CastForCompute();
+      const double eval_loss =
+          EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
+      mixed.RestoreMasters();
+      model.Train(true);
+      reported = reporter.ReportEval(step + 1, eval_loss, eval_timer.ElapsedMs());
+      if (!reported.ok()) return reported;
+    }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status saved = save(step + 1);
       if (!saved.ok()) return saved;

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Evaluation through //models/mingpt:train: --eval_data evaluates the loss on
+# held-out data every --eval_every steps and after the last (printed and in
+# --metrics_out), in eval mode, without changing training (the same training
+# losses with dropout on); ranks evaluate their rows of the same batches, so
+# FSDP at world 2 with 2 micro-batches reports one process's eval losses; under
+# DDP with bf16 a checkpoint saved right after an evaluation holds the fp32
+# masters, bit for bit those of a run without evaluation; bad values exit 2
+# naming the flag.
+set -euo pipefail
+train="$1"
+source "$2"  # models/common/losses_testing.sh: losses, same_losses
+checkpoint="$3"
+dir="${TEST_TMPDIR}/eval"
+mkdir -p "$dir"
+evals() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\1 \2/p' "$1"; }
+train_losses() { sed -nE 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/p' "$1"; }
+
+common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1
+        --optimizer=adamw --lr=3e-3)
+
+# Dropout on: evaluating (dropout off) leaves training as it was.
+"$train" "${common[@]}" --batch_size=4 --dropout=0.1 --metrics_out="$dir/plain.jsonl" > /dev/null
+"$train" "${common[@]}" --batch_size=4 --dropout=0.1 --eval_data=shipped --eval_every=3 \
+  --metrics_out="$dir/evaluated.jsonl" > "$dir/evaluated.log"
+diff <(train_losses "$dir/plain.jsonl") <(train_losses "$dir/evaluated.jsonl")
+[[ $(train_losses "$dir/plain.jsonl" | wc -l) == 6 ]]
+[[ "$(evals "$dir/evaluated.jsonl" | cut -d' ' -f1 | tr '\n' ' ')" == "3 6 " ]]
+grep -Eq "^eval after step 6 \| loss [0-9.]+ \|" "$dir/evaluated.log"
+# The eval loss falls as the model learns.
+awk '{ l[NR] = $2 } END { exit !(l[2] < l[1]) }' <(evals "$dir/evaluated.jsonl")
+echo "evaluation after steps 3 and 6; the training losses unchanged"
+
+# Ranks evaluate their rows: FSDP world 2, 2 micro-batches of 1 = one process, batch 4.
+"$train" "${common[@]}" --batch_size=4 --dropout=0 --eval_data=shipped --eval_every=2 \
+  --metrics_out="$dir/one.jsonl" > /dev/null
+"$train" "${common[@]}" --batch_size=1 --grad_accum_steps=2 --world_size=2 --dropout=0 \
+  --strategy=full_shard --eval_data=shipped --eval_every=2 --metrics_out="$dir/fsdp.jsonl" > /dev/null
+[[ $(evals "$dir/fsdp.jsonl" | wc -l) == 3 ]]
+join <(evals "$dir/one.jsonl") <(evals "$dir/fsdp.jsonl") | awk '
+  { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2) { print "eval after step " $1 ": " $2 " vs " $3; bad = 1 } n++ }
+  END { exit bad || n != 3 }'
+echo "FSDP world 2 with micro-batches evaluates as one process"
+
+# DDP, bf16: the checkpoint after an evaluation is the run's fp32 masters.
+bf16=(--steps=4 --batch_size=2 --world_size=2 --strategy=ddp --precision=bf16 --dropout=0)
+"$train" "${common[@]}" "${bf16[@]}" --eval_data=shipped --eval_every=2 \
+  --checkpoint_dir="$dir/ck_eval" > /dev/null
+"$train" "${common[@]}" "${bf16[@]}" --checkpoint_dir="$dir/ck_plain" > /dev/null
+"$checkpoint" diff "$dir/ck_eval" "$dir/ck_plain" --atol=0 --rtol=0 > "$dir/diff.txt" ||
+  { echo "checkpoint after an evaluation differs:"; cat "$dir/diff.txt"; exit 1; }
+echo "DDP bf16: the checkpoint after an evaluation equals one without"
+
+# Bad values: exit 2, the flag named.
+bad_flag() {  # bad_flag WANT FLAGS...
+  local want="$1" code
+  shift
+  set +e
+  "$train" "${common[@]}" --steps=1 "$@" > /dev/null 2> "$dir/err.txt"; code=$?
+  set -e
+  [[ $code == 2 ]] && grep -qF -- "$want" "$dir/err.txt" ||
+    { echo "expected exit 2 and '$want', got $code:"; cat "$dir/err.txt"; exit 1; }
+}
+bad_flag "--eval_every=-1 must be >= 0" --eval_data=shipped --eval_every=-1
+bad_flag "--eval_batches=0 must be >= 1" --eval_data=shipped --eval_batches=0
+bad_flag "--eval_data=$dir/missing.bin" --eval_data="$dir/missing.bin"
+bad_flag "--eval_data=random: its vocabulary 50257 is larger than the model's 256" --eval_data=random
+echo "bad values are named"
