@@ -67,6 +67,25 @@ std::string AccumulationPrefix(int64_t grad_accum_steps) {
   return absl::StrCat(grad_accum_steps, " micro-batches x ");
 }
 
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const EvalFlags& flags,
+                                                                        uint64_t seed,
+                                                                        int64_t vocab_size) {
+  if (flags.every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_every=", flags.every, " must be >= 0 (0: after the last step)"));
+  }
+  if (flags.batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_batches=", flags.batches, " must be >= 1"));
+  }
+  if (flags.data.empty()) return std::shared_ptr<const data::TokenSource>();
+  return OpenTokenSource(flags.data, seed + 1, vocab_size, "--eval_data");
+}
+
+bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps) {
+  return step_done == steps || (flags.every > 0 && step_done % flags.every == 0);
+}
+
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path) {
   absl::StatusOr<std::unique_ptr<MetricsWriter>> w = MetricsWriter::Open(path);
   if (w.ok()) return w;

@@ -34,6 +34,21 @@ absl::Status CheckGradAccumSteps(int64_t grad_accum_steps);
 // otherwise (before the batch size).
 std::string AccumulationPrefix(int64_t grad_accum_steps);
 
+// Evaluation flags (--eval_data, --eval_every, --eval_batches).
+struct EvalFlags {
+  std::string data;     // empty: no evaluation
+  int64_t every = 0;    // every N steps and after the last; 0: after the last
+  int64_t batches = 4;  // global batches per evaluation
+};
+// Checks every >= 0 and batches >= 1, then opens the evaluation source as
+// OpenTokenSource does (errors name --eval_data), with seed + 1 so that random
+// data is not the training stream. nullptr when data is empty.
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const EvalFlags& flags,
+                                                                        uint64_t seed,
+                                                                        int64_t vocab_size);
+// Whether to evaluate after step_done (1-based) of `steps`.
+bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps);
+
 // --metrics_out: MetricsWriter::Open, its error InvalidArgument naming the flag.
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path);
 

@@ -139,34 +139,23 @@ double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t
   return sum / static_cast<double>(batches * K);
 }
 
-// After step_done steps (1-based) of `steps`: every --eval_every and after the last.
-bool EvalAfter(int64_t step_done, int64_t steps) {
-  const int64_t every = absl::GetFlag(FLAGS_eval_every);
-  return step_done == steps || (every > 0 && step_done % every == 0);
+train::EvalFlags EvalFlagsFromCommandLine() {
+  return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
+          absl::GetFlag(FLAGS_eval_batches)};
 }
 
-// --eval_data (its own seed, so random data is not the training stream) with
-// a vocabulary the model covers; --eval_every >= 0, --eval_batches >= 1.
-// nullptr without --eval_data.
+// The evaluation source (null without --eval_data); its vocabulary must fit
+// the model's.
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(uint64_t seed,
                                                                         int64_t vocab_size) {
-  const std::string spec = absl::GetFlag(FLAGS_eval_data);
-  if (absl::GetFlag(FLAGS_eval_every) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--eval_every=", absl::GetFlag(FLAGS_eval_every),
-                                                   " must be >= 0 (0: after the last step)"));
-  }
-  if (absl::GetFlag(FLAGS_eval_batches) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--eval_batches=", absl::GetFlag(FLAGS_eval_batches), " must be >= 1"));
-  }
-  if (spec.empty()) return std::shared_ptr<const data::TokenSource>();
   absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
-      train::OpenTokenSource(spec, seed + 1, absl::GetFlag(FLAGS_vocab_size), "--eval_data");
-  if (!source.ok()) return source.status();
+      train::OpenEvalSource(EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
+  if (!source.ok() || *source == nullptr) return source;
   if ((*source)->vocab_size() > vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eval_data=", spec, ": its vocabulary ", (*source)->vocab_size(),
-        " is larger than the model's ", vocab_size, " (set by --data / --vocab_size)"));
+    return absl::InvalidArgumentError(absl::StrCat("--eval_data=", absl::GetFlag(FLAGS_eval_data),
+                                                   ": its vocabulary ", (*source)->vocab_size(),
+                                                   " is larger than the model's ", vocab_size,
+                                                   " (set by --data / --vocab_size)"));
   }
   return source;
 }
@@ -297,7 +286,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
-    if (eval_loader && EvalAfter(step + 1, steps)) {  // every rank its rows, then the mean
+    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1,
+                                        steps)) {  // every rank its rows, then the mean
       train::StepTimer eval_timer;
       eval_timer.Start();
       absl::StatusOr<double> eval_loss = (*dp)->Evaluate([&] {
@@ -505,7 +495,8 @@ absl::Status Train() {
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
-    if (eval_loader && EvalAfter(step + 1, steps)) {  // eval mode, compute precision
+    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1,
+                                        steps)) {  // eval mode, compute precision
       train::StepTimer eval_timer;
       eval_timer.Start();
       model.Train(false);

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,12 @@ ABSL_FLAG(double, dropout, 0.1,
           "dropout_rate: embeddings, attention probabilities, sub-layer outputs, FFN hidden");
 ABSL_FLAG(bool, activation_checkpointing, false,
           "recompute each T5Block's activations (encoder and decoder) in backward");
+ABSL_FLAG(std::string, eval_data, "",
+          "held-out data to evaluate the span-corruption loss on (what --data takes, with the "
+          "same vocabulary); empty: no evaluation");
+ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
+ABSL_FLAG(int64_t, eval_batches, 4,
+          "global batches per evaluation (the same ones every time; no dropout)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
@@ -125,6 +132,11 @@ namespace t5 {
 namespace {
 
 using tensor::MemoryLedger;
+
+train::EvalFlags EvalFlagsFromCommandLine() {
+  return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
+          absl::GetFlag(FLAGS_eval_batches)};
+}
 
 constexpr char kTinyPreset[] = "t5-tiny";
 
@@ -233,10 +245,29 @@ data::Seq2SeqBatch MicroBatch(const data::Seq2SeqBatch& batch, int64_t m, int64_
   return micro;
 }
 
+// The mean loss over `batches` batches of the evaluation data (its steps 0 ..
+// batches-1: the same rows every time), micro-batch by micro-batch (K of B
+// rows each), forward only. The caller sets eval mode and the precision.
+double EvalLoss(T5Model& model, const data::SpanCorruptionLoader& eval, int64_t batches, int64_t K,
+                int64_t B, tensor::Device device) {
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    data::Seq2SeqBatch batch = eval.Batch(i);  // (K*B, ...)
+    MoveBatch(batch, device);
+    for (int64_t m = 0; m < K; ++m) {
+      const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
+      sum += model.Loss(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
+                        micro.decoder_targets);
+    }
+  }
+  return sum / static_cast<double>(batches * K);
+}
+
 struct DpSetup {
   T5Config config;
   train::LossScaling scaling;
   std::shared_ptr<const data::TokenSource> source;
+  std::shared_ptr<const data::TokenSource> eval_source;  // null: no evaluation
   data::SpanCorruptionOptions span;
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
@@ -255,6 +286,13 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   absl::StatusOr<data::SpanCorruptionLoader> loader =
       data::SpanCorruptionLoader::Create(setup.source, {B, rank.rank, W, K}, setup.span);
   if (!loader.ok()) return loader.status();
+  std::optional<data::SpanCorruptionLoader> eval_loader;  // this rank's rows of the eval batches
+  if (setup.eval_source) {
+    absl::StatusOr<data::SpanCorruptionLoader> l =
+        data::SpanCorruptionLoader::Create(setup.eval_source, {B, rank.rank, W, K}, setup.span);
+    if (!l.ok()) return WithContext(l.status(), "--eval_data");
+    eval_loader.emplace(*std::move(l));
+  }
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
        0.999, absl::GetFlag(FLAGS_weight_decay)});
@@ -348,6 +386,19 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
+    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+      train::StepTimer eval_timer;  // every rank its rows, then the mean
+      eval_timer.Start();
+      absl::StatusOr<double> eval_loss = (*dp)->Evaluate([&] {
+        return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
+                        setup.dp.device);
+      });
+      if (!eval_loss.ok()) return eval_loss.status();
+      if (rank.logs()) {
+        absl::Status reported = reporter.ReportEval(step + 1, *eval_loss, eval_timer.ElapsedMs());
+        if (!reported.ok()) return reported;
+      }
+    }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status s = save(step + 1);
       if (!s.ok()) return s;
@@ -419,6 +470,21 @@ absl::Status Train() {
                                     " --mean_noise_span_length=", span.mean_noise_span_length,
                                     " --data=", absl::GetFlag(FLAGS_data)));
   }
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> eval_source =
+      train::OpenEvalSource(EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
+  if (!eval_source.ok()) return eval_source.status();
+  std::optional<data::SpanCorruptionLoader> eval_loader;
+  if (*eval_source) {
+    if ((*eval_source)->vocab_size() != source_vocab) {  // the sentinels sit right above it
+      return absl::InvalidArgumentError(
+          absl::StrCat("--eval_data=", absl::GetFlag(FLAGS_eval_data), ": its vocabulary ",
+                       (*eval_source)->vocab_size(), " is not the training data's ", source_vocab));
+    }
+    absl::StatusOr<data::SpanCorruptionLoader> l =
+        data::SpanCorruptionLoader::Create(*eval_source, {B, 0, 1, K}, span);
+    if (!l.ok()) return WithContext(l.status(), "--eval_data");
+    eval_loader.emplace(*std::move(l));
+  }
   // The model's vocabulary: the source's plus the sentinels, which the loader
   // numbers right above the source's ids.
   config->vocab_size = loader->vocab_size();
@@ -457,6 +523,7 @@ absl::Status Train() {
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.source = *source;
+    setup.eval_source = *eval_source;
     setup.span = span;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
@@ -572,6 +639,18 @@ absl::Status Train() {
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
+    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+      train::StepTimer eval_timer;  // eval mode, compute precision
+      eval_timer.Start();
+      model.Train(false);
+      mixed.CastForCompute();
+      const double eval_loss =
+          EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
+      mixed.RestoreMasters();
+      model.Train(true);
+      reported = reporter.ReportEval(step + 1, eval_loss, eval_timer.ElapsedMs());
+      if (!reported.ok()) return reported;
+    }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status saved = save(step + 1);
       if (!saved.ok()) return saved;

@@ -91,6 +91,27 @@ close() {  # close WANT GOT: every step's loss within 1e-5 relative
 close "$dir/ga_ref.jsonl" "$dir/ga_k2.jsonl"
 close "$dir/ga_ref.jsonl" "$dir/ga_fsdp.jsonl"
 
+# Evaluation (--eval_data): after steps 2 and 3, the same numbers from one
+# process and from 2 FSDP ranks with 2 micro-batches (each rank its rows), and
+# the training losses unchanged with dropout on.
+evals() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\1 \2/p' "$1"; }
+"$train" "${ga_flags[@]}" --batch_size=4 --eval_data=shipped --eval_every=2 \
+  --metrics_out="$dir/ev_one.jsonl" > /dev/null
+"$train" "${ga_flags[@]}" --batch_size=1 --grad_accum_steps=2 --world_size=2 --strategy=full_shard \
+  --eval_data=shipped --eval_every=2 --metrics_out="$dir/ev_fsdp.jsonl" > /dev/null
+[[ "$(evals "$dir/ev_one.jsonl" | cut -d' ' -f1 | tr '\n' ' ')" == "2 3 " ]]
+join <(evals "$dir/ev_one.jsonl") <(evals "$dir/ev_fsdp.jsonl") | awk '
+  { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2) { print "eval " $1 ": " $2 " vs " $3; bad = 1 } n++ }
+  END { exit bad || n != 2 }'
+"$train" "${ga_flags[@]}" --batch_size=4 --dropout=0.1 --metrics_out="$dir/ev_plain.jsonl" > /dev/null
+"$train" "${ga_flags[@]}" --batch_size=4 --dropout=0.1 --eval_data=shipped \
+  --metrics_out="$dir/ev_drop.jsonl" > /dev/null
+diff <(sed -nE 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/p' "$dir/ev_plain.jsonl") \
+  <(sed -nE 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/p' "$dir/ev_drop.jsonl")
+bad_flag "--eval_data=random: its vocabulary 50257 is not the training data's 256" \
+  --eval_data=random --steps=1
+bad_flag "--eval_batches=0 must be >= 1" --eval_data=shipped --eval_batches=0 --steps=1
+
 # Loss scaling: a power of two trains bit for bit like none; an overflowing
 # dynamic scale skips steps (every rank together) and backs off.
 strip() { sed -E 's/"ms":[^,]*,"tokens_per_s":[^,]*,//; s/"memory".*//' "$1"; }
