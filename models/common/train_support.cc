@@ -299,6 +299,25 @@ absl::Status StepReporter::ReportEval(int64_t step, double eval_loss, double ms)
   return metrics_.WriteEval(step, eval_loss, ms);
 }
 
+absl::Status StepReporter::TimedEval(int64_t step_done, bool log,
+                                     const std::function<absl::StatusOr<double>()>& evaluate) {
+  StepTimer timer;
+  timer.Start();
+  absl::StatusOr<double> eval_loss = evaluate();
+  if (!eval_loss.ok()) return eval_loss.status();
+  return log ? ReportEval(step_done, *eval_loss, timer.ElapsedMs()) : absl::OkStatus();
+}
+
+double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                        const std::function<double()>& loss) {
+  model.Train(false);
+  mixed.CastForCompute();
+  const double value = loss();
+  mixed.RestoreMasters();
+  model.Train(true);
+  return value;
+}
+
 void StepReporter::PrintSummary(absl::string_view tokens_note) const {
   if (timed_steps_ == 0) return;
   std::printf("mean %.1f ms/step, %.0f tokens/s%s over %lld steps (after the first)\n",

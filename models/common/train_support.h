@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "models/data/loader_state.h"
+#include "nn/mixed_precision.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "tensor/memory_ledger.h"
@@ -138,6 +140,10 @@ class StepReporter {
   // An evaluation after `step` steps: prints "eval after step 6 | loss 2.3457
   // | 12.3 ms" and appends MetricsWriter::WriteEval's line.
   absl::Status ReportEval(int64_t step, double eval_loss, double ms);
+  // Times evaluate() (collective under data parallelism: every rank calls it)
+  // and, when `log`, reports its loss after step_done steps (ReportEval).
+  absl::Status TimedEval(int64_t step_done, bool log,
+                         const std::function<absl::StatusOr<double>()>& evaluate);
   // "mean 12.3 ms/step, 4567 tokens/s<tokens_note> over N steps (after the first)",
   // printed when any step after the first was reported.
   void PrintSummary(absl::string_view tokens_note = "") const;
@@ -153,6 +159,11 @@ class StepReporter {
   double total_ms_ = 0;
   int64_t timed_steps_ = 0;
 };
+
+// One process: loss() in eval mode (no dropout) with `mixed`'s compute copies
+// as the parameters; then training mode and the fp32 masters again.
+double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                        const std::function<double()>& loss);
 
 class StepTimer {
  public:

@@ -286,19 +286,15 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
-    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1,
-                                        steps)) {  // every rank its rows, then the mean
-      train::StepTimer eval_timer;
-      eval_timer.Start();
-      absl::StatusOr<double> eval_loss = (*dp)->Evaluate([&] {
-        return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
-                        setup.dp.device);
+    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+      // Every rank evaluates its rows; the mean over the ranks.
+      absl::Status evaluated = reporter.TimedEval(step + 1, rank.logs(), [&] {
+        return (*dp)->Evaluate([&] {
+          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
+                          setup.dp.device);
+        });
       });
-      if (!eval_loss.ok()) return eval_loss.status();
-      if (rank.logs()) {
-        absl::Status reported = reporter.ReportEval(step + 1, *eval_loss, eval_timer.ElapsedMs());
-        if (!reported.ok()) return reported;
-      }
+      if (!evaluated.ok()) return evaluated;
     }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status s = save(step + 1);
@@ -495,17 +491,12 @@ absl::Status Train() {
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
-    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1,
-                                        steps)) {  // eval mode, compute precision
-      train::StepTimer eval_timer;
-      eval_timer.Start();
-      model.Train(false);
-      mixed.CastForCompute();
-      const double eval_loss =
-          EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
-      mixed.RestoreMasters();
-      model.Train(true);
-      reported = reporter.ReportEval(step + 1, eval_loss, eval_timer.ElapsedMs());
+    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+      reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
+        return train::EvalInOneProcess(model, mixed, [&] {
+          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
+        });
+      });
       if (!reported.ok()) return reported;
     }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {

@@ -387,17 +387,14 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       if (!reported.ok()) return reported;
     }
     if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
-      train::StepTimer eval_timer;  // every rank its rows, then the mean
-      eval_timer.Start();
-      absl::StatusOr<double> eval_loss = (*dp)->Evaluate([&] {
-        return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
-                        setup.dp.device);
+      // Every rank evaluates its rows; the mean over the ranks.
+      absl::Status evaluated = reporter.TimedEval(step + 1, rank.logs(), [&] {
+        return (*dp)->Evaluate([&] {
+          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
+                          setup.dp.device);
+        });
       });
-      if (!eval_loss.ok()) return eval_loss.status();
-      if (rank.logs()) {
-        absl::Status reported = reporter.ReportEval(step + 1, *eval_loss, eval_timer.ElapsedMs());
-        if (!reported.ok()) return reported;
-      }
+      if (!evaluated.ok()) return evaluated;
     }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
       absl::Status s = save(step + 1);
@@ -640,15 +637,11 @@ absl::Status Train() {
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
     if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
-      train::StepTimer eval_timer;  // eval mode, compute precision
-      eval_timer.Start();
-      model.Train(false);
-      mixed.CastForCompute();
-      const double eval_loss =
-          EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
-      mixed.RestoreMasters();
-      model.Train(true);
-      reported = reporter.ReportEval(step + 1, eval_loss, eval_timer.ElapsedMs());
+      reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
+        return train::EvalInOneProcess(model, mixed, [&] {
+          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
+        });
+      });
       if (!reported.ok()) return reported;
     }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
