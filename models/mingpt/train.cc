@@ -213,12 +213,13 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
-    std::printf("data: %s | %d ranks (%s) x %s%lld x %lld tokens | %s | %s | %s | %d threads\n",
-                setup.source->Describe().c_str(), W,
-                std::string(train::BackendName(setup.dp.backend)).c_str(),
-                train::AccumulationPrefix(K).c_str(), static_cast<long long>(B),
-                static_cast<long long>(T), (*dp)->Describe().c_str(), opt.name(),
-                setup.schedule->ToString().c_str(), tensor::DefaultThreadPool().num_threads());
+    std::printf(
+        "data: %s | %d ranks (%s) x %sbatch %lld x %lld tokens | %s | %s | %s | %d threads\n",
+        setup.source->Describe().c_str(), W,
+        std::string(train::BackendName(setup.dp.backend)).c_str(),
+        train::AccumulationPrefix(K).c_str(), static_cast<long long>(B), static_cast<long long>(T),
+        (*dp)->Describe().c_str(), opt.name(), setup.schedule->ToString().c_str(),
+        tensor::DefaultThreadPool().num_threads());
     if (setup.scaling.enabled()) std::printf("loss scale: %s\n", setup.scaling.Describe().c_str());
     std::fflush(stdout);
   }
@@ -397,7 +398,7 @@ absl::Status Train() {
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
-  std::printf("data: %s | batch %s%lld x %lld tokens | %s | %s | precision %s | %d threads\n",
+  std::printf("data: %s | %sbatch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
               (*source)->Describe().c_str(), train::AccumulationPrefix(K).c_str(),
               static_cast<long long>(B), static_cast<long long>(T), (*optimizer)->name(),
               (*schedule)->ToString().c_str(), policy->ToString().c_str(),

@@ -21,7 +21,7 @@ common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --
 # One process, 4 micro-batches of 2: the same losses; a quarter of the activations.
 "$train" "${common[@]}" --batch_size=2 --grad_accum_steps=4 --metrics_out="$dir/k4.jsonl" \
   > "$dir/k4.log"
-grep -q "batch 4 micro-batches x 2 x 32 tokens" "$dir/k4.log"
+grep -q "| 4 micro-batches x batch 2 x 32 tokens" "$dir/k4.log"
 same_losses "$dir/ref.jsonl" "$dir/k4.jsonl" "one process, 4 micro-batches of 2"
 act() { grep "^step     1 |" "$1" | sed -E 's/.* act ([0-9.]+) .*/\1/'; }
 awk -v a="$(act "$dir/k4.log")" -v b="$(act "$dir/ref.log")" 'BEGIN { exit !(a < b) }' ||
@@ -34,7 +34,7 @@ for strategy in ddp zero1 full_shard; do
     --strategy="$strategy" --metrics_out="$dir/$strategy.jsonl" > "$dir/$strategy.log"
   same_losses "$dir/ref.jsonl" "$dir/$strategy.jsonl" "$strategy world 2, 2 micro-batches of 2"
 done
-grep -q "2 ranks (threads) x 2 micro-batches x 2 x 32 tokens" "$dir/full_shard.log"
+grep -q "2 ranks (threads) x 2 micro-batches x batch 2 x 32 tokens" "$dir/full_shard.log"
 echo "world 2 (ddp, zero1, full_shard): 2 micro-batches of 2 per rank = batch 8"
 
 # Saved with accumulation (FSDP world 2, K 2), resumed without it (world 2,
