@@ -248,21 +248,21 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
 }
 
 absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedger& ledger) {
-  if (path_.empty()) return absl::OkStatus();
-  out_ << absl::StrFormat(
-              "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-              "\"grad_norm\":%.6g,\"memory\":%s}",
-              m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, ledger.ToJson())
-       << "\n";
-  out_.flush();
-  if (!out_) return absl::UnavailableError(absl::StrCat("cannot write to '", path_, "'"));
-  return absl::OkStatus();
+  if (path_.empty()) return absl::OkStatus();  // before formatting the ledger
+  return WriteLine(
+      absl::StrFormat("{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+                      "\"grad_norm\":%.6g,\"memory\":%s}",
+                      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, ledger.ToJson()));
 }
 
 absl::Status MetricsWriter::WriteEval(int64_t step, double eval_loss, double ms) {
   if (path_.empty()) return absl::OkStatus();
-  out_ << absl::StrFormat("{\"step\":%d,\"eval_loss\":%.6f,\"eval_ms\":%.3f}", step, eval_loss, ms)
-       << "\n";
+  return WriteLine(
+      absl::StrFormat("{\"step\":%d,\"eval_loss\":%.6f,\"eval_ms\":%.3f}", step, eval_loss, ms));
+}
+
+absl::Status MetricsWriter::WriteLine(const std::string& json) {
+  out_ << json << "\n";
   out_.flush();
   if (!out_) return absl::UnavailableError(absl::StrCat("cannot write to '", path_, "'"));
   return absl::OkStatus();

@@ -120,6 +120,8 @@ class MetricsWriter {
 
  private:
   explicit MetricsWriter(std::string path) : path_(std::move(path)) {}
+  // Appends one line and flushes it; Unavailable when the file cannot take it.
+  absl::Status WriteLine(const std::string& json);
   std::string path_;
   std::ofstream out_;
 };
@@ -137,11 +139,10 @@ class StepReporter {
                tensor::Device device = tensor::Device::Cpu());
   // m.step is 1-based; m.tokens_per_s is computed here from m.ms.
   absl::Status Report(StepMetrics m);
-  // An evaluation after `step` steps: prints "eval after step 6 | loss 2.3457
-  // | 12.3 ms" and appends MetricsWriter::WriteEval's line.
-  absl::Status ReportEval(int64_t step, double eval_loss, double ms);
   // Times evaluate() (collective under data parallelism: every rank calls it)
-  // and, when `log`, reports its loss after step_done steps (ReportEval).
+  // and, when `log`, reports its loss after step_done steps: prints "eval
+  // after step 6 | loss 2.3457 | 12.3 ms" and appends MetricsWriter::WriteEval's
+  // line.
   absl::Status TimedEval(int64_t step_done, bool log,
                          const std::function<absl::StatusOr<double>()>& evaluate);
   // "mean 12.3 ms/step, 4567 tokens/s<tokens_note> over N steps (after the first)",
@@ -149,6 +150,8 @@ class StepReporter {
   void PrintSummary(absl::string_view tokens_note = "") const;
 
  private:
+  absl::Status ReportEval(int64_t step, double eval_loss, double ms);
+
   const tensor::MemoryLedger& ledger_;
   MetricsWriter& metrics_;
   const int64_t first_step_;
