@@ -1,8 +1,11 @@
 // minGPT presets and parameter counting from shapes.
 #include "models/mingpt/config.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace mingpt {
 namespace {
@@ -43,6 +46,45 @@ std::string GptConfig::ToString() const {
   return absl::StrCat(name.empty() ? "custom" : name, "(n_layer=", n_layer, ", n_head=", n_head,
                       ", n_embd=", n_embd, ", vocab_size=", vocab_size,
                       ", block_size=", block_size, ", dropout=", dropout, ")");
+}
+
+absl::StatusOr<GptConfig> ParseConfig(absl::string_view text) {
+  auto error = [text](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt config '", text, "': ", why));
+  };
+  const size_t open = text.find('(');
+  if (open == absl::string_view::npos || open == 0 || text.back() != ')') {
+    return error("expected name(n_layer=..., n_head=..., n_embd=..., vocab_size=..., "
+                 "block_size=..., dropout=...)");
+  }
+  GptConfig c;
+  c.name = std::string(text.substr(0, open));
+  if (c.name == "custom") c.name.clear();
+  int64_t* const ints[] = {&c.n_layer, &c.n_head, &c.n_embd, &c.vocab_size, &c.block_size};
+  const absl::string_view int_names[] = {"n_layer", "n_head", "n_embd", "vocab_size",
+                                         "block_size"};
+  bool seen[6] = {};
+  const absl::string_view fields = text.substr(open + 1, text.size() - open - 2);
+  for (absl::string_view field : absl::StrSplit(fields, ", ")) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(field, '=');
+    int index = -1;
+    for (int i = 0; i < 5; ++i) {
+      if (kv.first == int_names[i]) index = i;
+    }
+    if (kv.first == "dropout") index = 5;
+    if (index < 0) return error(absl::StrCat("unknown field '", kv.first, "'"));
+    if (seen[index]) return error(absl::StrCat("field '", kv.first, "' given twice"));
+    seen[index] = true;
+    const bool parsed = index < 5 ? absl::SimpleAtoi(kv.second, ints[index])
+                                  : absl::SimpleAtof(kv.second, &c.dropout);
+    if (!parsed) return error(absl::StrCat(kv.first, " '", kv.second, "' is not a number"));
+  }
+  for (int i = 0; i < 6; ++i) {
+    if (!seen[i]) return error(absl::StrCat("no ", i < 5 ? int_names[i] : "dropout"));
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return valid;
+  return c;
 }
 
 absl::StatusOr<GptConfig> Preset(absl::string_view name) {

@@ -28,6 +28,11 @@ struct GptConfig {
   std::string ToString() const;
 };
 
+// The inverse of GptConfig::ToString ("gpt-mini(n_layer=6, n_head=6, ...)"),
+// e.g. a checkpoint's recorded config; InvalidArgument naming the text when a
+// field is missing, unknown or not a number, or the config is not valid.
+absl::StatusOr<GptConfig> ParseConfig(absl::string_view text);
+
 // Names: gpt-nano, gpt-micro, gpt-mini, gopher-44m, gpt2, gpt2-medium,
 // gpt2-large, gpt2-xl, gpt-175b, gpt-1t. vocab_size 50257, block_size 1024 for
 // the GPT-2 sizes and larger, 128 for the small ones; both can be overridden.

@@ -26,6 +26,48 @@ TEST(ConfigTest, PresetsAndErrors) {
             std::string::npos);
 }
 
+TEST(ConfigTest, ParseConfigInvertsToString) {
+  for (const std::string& name : PresetNames()) {
+    GptConfig c = *Preset(name);
+    c.vocab_size = 256;
+    c.dropout = 0.25f;
+    absl::StatusOr<GptConfig> back = ParseConfig(c.ToString());
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->ToString(), c.ToString());
+    EXPECT_EQ(back->name, name);
+    EXPECT_EQ(back->n_head, c.n_head);
+    EXPECT_EQ(back->block_size, c.block_size);
+    EXPECT_EQ(back->dropout, 0.25f);
+  }
+  GptConfig custom;  // no name: "custom(...)"
+  custom.n_layer = 2;
+  custom.dropout = 0.1f;
+  absl::StatusOr<GptConfig> back = ParseConfig(custom.ToString());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->name, "");
+  EXPECT_EQ(back->n_layer, 2);
+  EXPECT_EQ(back->dropout, 0.1f);
+
+  auto message = [](absl::string_view text) {
+    return std::string(ParseConfig(text).status().message());
+  };
+  EXPECT_NE(message("gpt-nano").find("expected name("), std::string::npos);
+  EXPECT_NE(message("x(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=8)")
+                .find("no dropout"),
+            std::string::npos);
+  EXPECT_NE(message("x(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=8, "
+                    "dropout=0, bias=1)")
+                .find("unknown field 'bias'"),
+            std::string::npos);
+  EXPECT_NE(message("x(n_layer=three, n_head=3, n_embd=48, vocab_size=256, block_size=8, "
+                    "dropout=0)")
+                .find("n_layer 'three' is not a number"),
+            std::string::npos);
+  EXPECT_NE(message("x(n_layer=3, n_head=5, n_embd=48, vocab_size=256, block_size=8, dropout=0)")
+                .find("not divisible by n_head 5"),
+            std::string::npos);
+}
+
 TEST(ConfigTest, CountsMatchKnownSizes) {
   // GPT-2 small: 124,439,808 parameters with tied embeddings (HF). minGPT unties
   // lm_head, adding vocab x C.

@@ -84,6 +84,10 @@ class GPT : public nn::Module {
   double ForwardBackward(const Tensor& idx, const Tensor& targets, double loss_scale = 1.0);
   // Mean cross-entropy without backward (evaluation).
   double Loss(const Tensor& idx, const Tensor& targets);
+  // The logits of each row's last position (what generation samples from):
+  // idx (B, T) i64 with T <= block_size -> (B, V) in the compute dtype, on the
+  // model's device. Forward only; the head runs on the B last positions alone.
+  Tensor LastLogits(const Tensor& idx);
 
  protected:
   // {idx (B, T)} -> {logits (B, T, V)}

@@ -1,0 +1,60 @@
+// Text generation with a trained minGPT: minGPT's GPT.generate and nanoGPT's
+// sample.py. Each new token is drawn from the model's distribution for the
+// next position (temperature, top-k and top-p / nucleus filtering), appended,
+// and fed back; a context longer than block_size is cropped to its last
+// block_size tokens, as minGPT does. No key/value cache: every new token runs
+// the forward over the (cropped) context.
+//
+// Draws are reproducible: the uniform number behind row r's n-th new token is
+// Philox(seed) at counter (r, n) (53 bits), so a row's sample depends on the seed, its
+// row index and the model's logits only.
+#ifndef MODELS_MINGPT_GENERATE_H_
+#define MODELS_MINGPT_GENERATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/mingpt/model.h"
+
+namespace mingpt {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 256;
+  // Divides the logits before the softmax; 0: greedy (the most likely token,
+  // the lowest id among equals), and top_k / top_p do not matter.
+  double temperature = 1.0;
+  // Keep only the k most likely tokens; 0: all.
+  int64_t top_k = 0;
+  // Keep the smallest set of most likely tokens whose probability (after
+  // temperature and top_k) reaches top_p; 1: all.
+  double top_p = 1.0;
+  uint64_t seed = 1;
+
+  // InvalidArgument naming the field: max_new_tokens < 0, temperature < 0 or
+  // not finite, top_k < 0, top_p not in (0, 1].
+  absl::Status Validate() const;
+};
+
+// The token drawn from one row of logits (V) with `u` uniform in [0, 1): the
+// smallest id whose cumulative probability (ids ordered by falling logit,
+// ties by id) exceeds u. InvalidArgument when a logit is nan or +-inf.
+absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits,
+                                         const SamplingOptions& options, double u);
+
+// Continues each of the B prompts (equal lengths >= 1, ids in [0, vocab_size))
+// by options.max_new_tokens tokens, running `model` in eval mode (no dropout;
+// it is left in eval mode) on `device`, where its parameters are. Returns the
+// B rows, prompt included. `on_token(n, tokens)`, when given, is called with
+// the n-th new token of every row (B ids) as soon as it is drawn.
+absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
+    GPT& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& options,
+    tensor::Device device,
+    const std::function<void(int64_t n, absl::Span<const int64_t> tokens)>& on_token = nullptr);
+
+}  // namespace mingpt
+
+#endif  // MODELS_MINGPT_GENERATE_H_

@@ -1,0 +1,236 @@
+// Generation: the sampling rule draws each token with its filtered
+// probability (checked exactly over a grid of uniforms), the last-position
+// logits equal the full forward's, and a model that memorized a cyclic text
+// continues it greedily past block_size (the context cropped as minGPT does).
+#include "models/mingpt/generate.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "optim/adamw.h"
+#include "optim/param_ref.h"
+#include "tensor/testing.h"
+
+namespace mingpt {
+namespace {
+
+using tensor::Dtype;
+
+// How often each id is drawn when u runs over N evenly spaced points of [0, 1).
+std::vector<double> Frequencies(const std::vector<float>& logits, const SamplingOptions& options) {
+  constexpr int kN = 100000;
+  std::vector<double> freq(logits.size(), 0.0);
+  for (int i = 0; i < kN; ++i) {
+    absl::StatusOr<int64_t> id = SampleFromLogits(logits, options, (i + 0.5) / kN);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) freq[*id] += 1.0 / kN;
+  }
+  return freq;
+}
+
+void ExpectFrequencies(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-5) << "id " << i;
+}
+
+// Probabilities 0.2, 0.4, 0.1, 0.3 at temperature 1 (ids in no sorted order).
+const std::vector<float> kLogits = {std::log(0.2f), std::log(0.4f), std::log(0.1f), std::log(0.3f)};
+
+TEST(SampleFromLogitsTest, DrawsEachTokenWithItsFilteredProbability) {
+  SamplingOptions o;
+  ExpectFrequencies(Frequencies(kLogits, o), {0.2, 0.4, 0.1, 0.3});
+  o.temperature = 0.5;  // p^2, renormalized: 0.04, 0.16, 0.01, 0.09 over 0.30
+  ExpectFrequencies(Frequencies(kLogits, o), {0.04 / 0.3, 0.16 / 0.3, 0.01 / 0.3, 0.09 / 0.3});
+  o.temperature = 1.0;
+  o.top_k = 2;  // 0.4 and 0.3 kept
+  ExpectFrequencies(Frequencies(kLogits, o), {0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7});
+  o.top_k = 9;  // more than V: all
+  ExpectFrequencies(Frequencies(kLogits, o), {0.2, 0.4, 0.1, 0.3});
+  o.top_k = 0;
+  o.top_p = 0.65;  // 0.4 + 0.3 reach it
+  ExpectFrequencies(Frequencies(kLogits, o), {0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7});
+  o.top_p = 0.75;  // 0.4 + 0.3 + 0.2
+  ExpectFrequencies(Frequencies(kLogits, o), {0.2 / 0.9, 0.4 / 0.9, 0.0, 0.3 / 0.9});
+  o.top_p = 0.35;  // the most likely alone
+  ExpectFrequencies(Frequencies(kLogits, o), {0.0, 1.0, 0.0, 0.0});
+  o.top_p = 0.65;
+  o.top_k = 3;
+  o.temperature = 0.5;  // top 3 at T=0.5: 0.16, 0.09, 0.04 (of 0.29); 0.16 + 0.09 >= 0.65 * 0.29
+  ExpectFrequencies(Frequencies(kLogits, o), {0.0, 0.16 / 0.25, 0.0, 0.09 / 0.25});
+}
+
+TEST(SampleFromLogitsTest, GreedyTakesTheMostLikelyLowestIdAmongEquals) {
+  SamplingOptions o;
+  o.temperature = 0.0;
+  o.top_k = 3;  // ignored
+  EXPECT_EQ(*SampleFromLogits(kLogits, o, 0.99), 1);
+  const std::vector<float> tied = {0.5f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(*SampleFromLogits(tied, o, 0.0), 1);
+  o.temperature = 1.0;
+  o.top_k = 1;  // one left: greedy whatever u is
+  EXPECT_EQ(*SampleFromLogits(tied, o, 0.999), 1);
+  EXPECT_EQ(*SampleFromLogits(kLogits, o, 0.999), 1);
+}
+
+TEST(SampleFromLogitsTest, ErrorsNameWhatIsWrong) {
+  SamplingOptions o;
+  const std::vector<float> bad = {0.0f, NAN, 1.0f};
+  absl::StatusOr<int64_t> id = SampleFromLogits(bad, o, 0.5);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("logit of token 1 is nan"), std::string::npos)
+      << id.status();
+  auto invalid = [](SamplingOptions o) { return std::string(o.Validate().message()); };
+  o.temperature = -0.5;
+  EXPECT_NE(invalid(o).find("temperature must be finite and >= 0"), std::string::npos);
+  o = {};
+  o.top_k = -1;
+  EXPECT_NE(invalid(o).find("top_k must be >= 0"), std::string::npos);
+  o = {};
+  o.top_p = 0.0;
+  EXPECT_NE(invalid(o).find("top_p must be in (0, 1], got 0"), std::string::npos);
+  o = {};
+  o.max_new_tokens = -3;
+  EXPECT_NE(invalid(o).find("max_new_tokens must be >= 0, got -3"), std::string::npos);
+}
+
+GptConfig ByteModel() {
+  GptConfig c;
+  c.name = "bytes";
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.vocab_size = 256;
+  c.block_size = 16;
+  c.dropout = 0.0f;
+  return c;
+}
+
+TEST(GenerateTest, LastLogitsEqualTheFullForwardsLastPosition) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(3);
+  gpt.Train(false);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 3 * 9; ++i) ids.push_back((i * 37 + 11) % 256);
+  const tensor::Tensor idx = tensor::Tensor::FromData<int64_t>(ids, {3, 9});  // (B, T)
+  nn::Context ctx;
+  const tensor::Tensor full = gpt.Run(idx, ctx);                        // (3, 9, 256)
+  const tensor::Tensor last = gpt.LastLogits(idx);                      // (3, 256)
+  ASSERT_EQ(last.shape().ToString(), "(3,256)");
+  EXPECT_TRUE(tensor::testing::AllClose(last, full.Narrow(1, 8, 1).Reshape({3, 256}), 1e-5, 1e-5));
+}
+
+// "the quick brown fox " repeated; every window of block_size is a training row.
+const std::string kCycle = "the quick brown fox ";
+
+char CycleAt(size_t i) { return kCycle[i % kCycle.size()]; }
+
+TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
+  const GptConfig c = ByteModel();
+  GPT gpt(c);
+  gpt.Materialize(7);
+  const int64_t B = static_cast<int64_t>(kCycle.size()), T = c.block_size;
+  std::vector<int64_t> x, y;
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t t = 0; t < T; ++t) {
+      x.push_back(static_cast<unsigned char>(CycleAt(r + t)));
+      y.push_back(static_cast<unsigned char>(CycleAt(r + t + 1)));
+    }
+  }
+  const tensor::Tensor idx = tensor::Tensor::FromData<int64_t>(x, {B, T});
+  const tensor::Tensor targets = tensor::Tensor::FromData<int64_t>(y, {B, T});
+  optim::AdamWOptions options;
+  options.lr = 1e-2;
+  options.weight_decay = 0.0;
+  auto opt = optim::AdamW::Create(options);
+  ASSERT_TRUE(opt.ok());
+  double loss = 0.0;
+  for (int step = 0; step < 120; ++step) {
+    gpt.ZeroGrad();
+    loss = gpt.ForwardBackward(idx, targets);
+    std::vector<optim::ParamRef> refs = optim::FromModule(gpt);
+    (*opt)->Step(refs);
+  }
+  ASSERT_LT(loss, 0.05);
+
+  // Greedy from "the q" (5 tokens) for 40 more: the context reaches 45 > 16.
+  std::vector<int64_t> prompt;
+  for (char ch : std::string("the q")) prompt.push_back(static_cast<unsigned char>(ch));
+  SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  greedy.max_new_tokens = 40;
+  int64_t calls = 0;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> rows = Generate(
+      gpt, {prompt}, greedy, tensor::Device::Cpu(),
+      [&calls](int64_t n, absl::Span<const int64_t> tokens) {
+        EXPECT_EQ(n, calls++);
+        EXPECT_EQ(tokens.size(), 1u);
+      });
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(calls, 40);
+  std::string text((*rows)[0].begin(), (*rows)[0].end());
+  std::string want;
+  for (size_t i = 0; i < 45; ++i) want += CycleAt(i);
+  EXPECT_EQ(text, want);
+
+  // Sampling at temperature 0.5 from a model this sure also follows the cycle,
+  // on every row; the draws are reproducible and a row's sample is the same
+  // in a batch of three as alone.
+  SamplingOptions sampled;
+  sampled.temperature = 0.5;
+  sampled.max_new_tokens = 20;
+  sampled.seed = 42;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> three =
+      Generate(gpt, {prompt, prompt, prompt}, sampled, tensor::Device::Cpu());
+  ASSERT_TRUE(three.ok()) << three.status();
+  for (const std::vector<int64_t>& row : *three) {
+    EXPECT_EQ(std::string(row.begin(), row.end()), want.substr(0, 25));
+  }
+  absl::StatusOr<std::vector<std::vector<int64_t>>> alone =
+      Generate(gpt, {prompt}, sampled, tensor::Device::Cpu());
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ((*alone)[0], (*three)[0]);
+}
+
+TEST(GenerateTest, HighTemperatureRowsDifferAndRepeatWithTheSeed) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(5);
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.max_new_tokens = 24;
+  o.seed = 9;
+  const std::vector<int64_t> prompt = {10};
+  auto a = Generate(gpt, {prompt, prompt}, o, tensor::Device::Cpu());
+  auto b = Generate(gpt, {prompt, prompt}, o, tensor::Device::Cpu());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_NE((*a)[0], (*a)[1]);  // an untrained model: nearly uniform over 256 ids
+  o.seed = 10;
+  auto c = Generate(gpt, {prompt, prompt}, o, tensor::Device::Cpu());
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE((*c)[0], (*a)[0]);
+  EXPECT_EQ((*a)[0].size(), 25u);
+  o.max_new_tokens = 0;
+  auto none = Generate(gpt, {prompt}, o, tensor::Device::Cpu());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ((*none)[0], prompt);
+}
+
+TEST(GenerateTest, BadPromptsAreClearErrors) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(5);
+  SamplingOptions o;
+  auto message = [&](const std::vector<std::vector<int64_t>>& prompts) {
+    return std::string(Generate(gpt, prompts, o, tensor::Device::Cpu()).status().message());
+  };
+  EXPECT_EQ(message({}), "no prompt to continue");
+  EXPECT_EQ(message({{}}), "prompt 0 is empty: give one token at least");
+  EXPECT_EQ(message({{1, 2}, {3}}), "prompt 1 has 1 tokens, prompt 0 2: a batch needs equal lengths");
+  EXPECT_EQ(message({{1, 256}}), "prompt 0 has token id 256 outside the model's vocabulary [0, 256)");
+  o.top_p = 2.0;
+  EXPECT_EQ(message({{1}}), "top_p must be in (0, 1], got 2");
+}
+
+}  // namespace
+}  // namespace mingpt
