@@ -54,15 +54,15 @@ absl::StatusOr<GptConfig> ParseConfig(absl::string_view text) {
   };
   const size_t open = text.find('(');
   if (open == absl::string_view::npos || open == 0 || text.back() != ')') {
-    return error("expected name(n_layer=..., n_head=..., n_embd=..., vocab_size=..., "
-                 "block_size=..., dropout=...)");
+    return error(
+        "expected name(n_layer=..., n_head=..., n_embd=..., vocab_size=..., "
+        "block_size=..., dropout=...)");
   }
   GptConfig c;
   c.name = std::string(text.substr(0, open));
   if (c.name == "custom") c.name.clear();
   int64_t* const ints[] = {&c.n_layer, &c.n_head, &c.n_embd, &c.vocab_size, &c.block_size};
-  const absl::string_view int_names[] = {"n_layer", "n_head", "n_embd", "vocab_size",
-                                         "block_size"};
+  const absl::string_view int_names[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"};
   bool seen[6] = {};
   const absl::string_view fields = text.substr(open + 1, text.size() - open - 2);
   for (absl::string_view field : absl::StrSplit(fields, ", ")) {

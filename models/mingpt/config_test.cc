@@ -52,9 +52,9 @@ TEST(ConfigTest, ParseConfigInvertsToString) {
     return std::string(ParseConfig(text).status().message());
   };
   EXPECT_NE(message("gpt-nano").find("expected name("), std::string::npos);
-  EXPECT_NE(message("x(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=8)")
-                .find("no dropout"),
-            std::string::npos);
+  EXPECT_NE(
+      message("x(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=8)").find("no dropout"),
+      std::string::npos);
   EXPECT_NE(message("x(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=8, "
                     "dropout=0, bias=1)")
                 .find("unknown field 'bias'"),

@@ -44,8 +44,8 @@ absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits,
   const int64_t V = static_cast<int64_t>(logits.size());
   for (int64_t i = 0; i < V; ++i) {
     if (!std::isfinite(logits[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("logit of token ", i, " is ", logits[i], ": the model gives no distribution"));
+      return absl::InvalidArgumentError(absl::StrCat("logit of token ", i, " is ", logits[i],
+                                                     ": the model gives no distribution"));
     }
   }
   if (V == 0) return absl::InvalidArgumentError("no logits to sample from");
@@ -104,7 +104,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
   if (B == 0) return absl::InvalidArgumentError("no prompt to continue");
   for (int64_t r = 0; r < B; ++r) {
     if (prompts[r].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt ", r, " is empty: give one token at least"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt ", r, " is empty: give one token at least"));
     }
     if (prompts[r].size() != prompts[0].size()) {
       return absl::InvalidArgumentError(absl::StrCat("prompt ", r, " has ", prompts[r].size(),
@@ -131,7 +132,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
       context.insert(context.end(), row.end() - T, row.end());
     }
     const tensor::Tensor idx =
-        tensor::Tensor::FromData<int64_t>(context, {B, T}).To(device);  // (B, T)
+        tensor::Tensor::FromData<int64_t>(context, {B, T}).To(device);          // (B, T)
     const std::vector<float> logits = model.LastLogits(idx).ToVector<float>();  // (B, V)
     for (int64_t r = 0; r < B; ++r) {
       absl::Span<const float> row_logits(logits.data() + r * config.vocab_size,
@@ -139,8 +140,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
       absl::StatusOr<int64_t> token =
           SampleFromLogits(row_logits, options, DrawUniform(options.seed, r, n));
       if (!token.ok()) {
-        return absl::InternalError(absl::StrCat("row ", r, ", new token ", n, ": ",
-                                                token.status().message()));
+        return absl::InternalError(
+            absl::StrCat("row ", r, ", new token ", n, ": ", token.status().message()));
       }
       drawn[r] = *token;
       rows[r].push_back(*token);

@@ -115,8 +115,8 @@ TEST(GenerateTest, LastLogitsEqualTheFullForwardsLastPosition) {
   for (int i = 0; i < 3 * 9; ++i) ids.push_back((i * 37 + 11) % 256);
   const tensor::Tensor idx = tensor::Tensor::FromData<int64_t>(ids, {3, 9});  // (B, T)
   nn::Context ctx;
-  const tensor::Tensor full = gpt.Run(idx, ctx);                        // (3, 9, 256)
-  const tensor::Tensor last = gpt.LastLogits(idx);                      // (3, 256)
+  const tensor::Tensor full = gpt.Run(idx, ctx);    // (3, 9, 256)
+  const tensor::Tensor last = gpt.LastLogits(idx);  // (3, 256)
   ASSERT_EQ(last.shape().ToString(), "(3,256)");
   EXPECT_TRUE(tensor::testing::AllClose(last, full.Narrow(1, 8, 1).Reshape({3, 256}), 1e-5, 1e-5));
 }
@@ -161,12 +161,12 @@ TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
   greedy.temperature = 0.0;
   greedy.max_new_tokens = 40;
   int64_t calls = 0;
-  absl::StatusOr<std::vector<std::vector<int64_t>>> rows = Generate(
-      gpt, {prompt}, greedy, tensor::Device::Cpu(),
-      [&calls](int64_t n, absl::Span<const int64_t> tokens) {
-        EXPECT_EQ(n, calls++);
-        EXPECT_EQ(tokens.size(), 1u);
-      });
+  absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
+      Generate(gpt, {prompt}, greedy, tensor::Device::Cpu(),
+               [&calls](int64_t n, absl::Span<const int64_t> tokens) {
+                 EXPECT_EQ(n, calls++);
+                 EXPECT_EQ(tokens.size(), 1u);
+               });
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(calls, 40);
   std::string text((*rows)[0].begin(), (*rows)[0].end());
@@ -226,8 +226,10 @@ TEST(GenerateTest, BadPromptsAreClearErrors) {
   };
   EXPECT_EQ(message({}), "no prompt to continue");
   EXPECT_EQ(message({{}}), "prompt 0 is empty: give one token at least");
-  EXPECT_EQ(message({{1, 2}, {3}}), "prompt 1 has 1 tokens, prompt 0 2: a batch needs equal lengths");
-  EXPECT_EQ(message({{1, 256}}), "prompt 0 has token id 256 outside the model's vocabulary [0, 256)");
+  EXPECT_EQ(message({{1, 2}, {3}}),
+            "prompt 1 has 1 tokens, prompt 0 2: a batch needs equal lengths");
+  EXPECT_EQ(message({{1, 256}}),
+            "prompt 0 has token id 256 outside the model's vocabulary [0, 256)");
   o.top_p = 2.0;
   EXPECT_EQ(message({{1}}), "top_p must be in (0, 1], got 2");
 }

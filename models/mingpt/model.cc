@@ -119,10 +119,10 @@ double GPT::Loss(const Tensor& idx, const Tensor& targets) {
 Tensor GPT::LastLogits(const Tensor& idx) {
   Context ctx;
   const int64_t B = idx.dim(0), T = idx.dim(1);
-  Tensor x = transformer_->Run(idx, ctx.Child(0));     // (B, T, C)
-  Tensor last = x.Narrow(1, T - 1, 1).Contiguous();     // (B, 1, C)
-  Tensor logits = lm_head_->Run(last, ctx.Child(1));    // (B, 1, V)
-  return logits.Reshape({B, config_.vocab_size});       // (B, V)
+  Tensor x = transformer_->Run(idx, ctx.Child(0));    // (B, T, C)
+  Tensor last = x.Narrow(1, T - 1, 1).Contiguous();   // (B, 1, C)
+  Tensor logits = lm_head_->Run(last, ctx.Child(1));  // (B, 1, V)
+  return logits.Reshape({B, config_.vocab_size});     // (B, V)
 }
 
 }  // namespace mingpt
