@@ -1,0 +1,231 @@
+// Samples text from a trained minGPT (nanoGPT's sample.py):
+//   ./bazelw run //models/mingpt:train -- --checkpoint_dir=/tmp/ck --steps=2000
+//   ./bazelw run //models/mingpt:sample -- --checkpoint=/tmp/ck --prompt="Light is"
+// --checkpoint is a step folder or a --checkpoint_dir (its latest step), of
+// either kind: single-process / DDP, or sharded (FSDP, ZeRO-1, any world
+// size). The model's configuration comes from the checkpoint.
+//
+// Byte-level models (vocabulary 256: trained on text or the shipped data)
+// take --prompt as text and print text; other models (token files, e.g.
+// GPT-2 BPE ids) take --prompt_tokens=id,id,... and print ids (there is no
+// BPE tokenizer here). Samples go to stdout, separated by a dashed line;
+// what was loaded and the speed go to stderr. A context longer than the
+// model's block_size is cropped to its last block_size tokens.
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "models/common/checkpoint_convert.h"
+#include "models/common/train_setup.h"
+#include "models/common/train_support.h"
+#include "models/mingpt/config.h"
+#include "models/mingpt/generate.h"
+#include "models/mingpt/model.h"
+#include "nn/mixed_precision.h"
+#include "nn/state_dict.h"
+#include "precision/policy.h"
+
+ABSL_FLAG(std::string, checkpoint, "", "a step folder, or a --checkpoint_dir (its latest step)");
+ABSL_FLAG(std::string, prompt, "\n", "text to continue (byte-level models)");
+ABSL_FLAG(std::string, prompt_tokens, "",
+          "token ids to continue, comma-separated (instead of --prompt)");
+ABSL_FLAG(int64_t, num_samples, 1, "samples drawn (one batch)");
+ABSL_FLAG(int64_t, max_new_tokens, 256, "tokens generated per sample");
+ABSL_FLAG(double, temperature, 0.8, "divides the logits; 0: greedy");
+ABSL_FLAG(int64_t, top_k, 200, "keep the k most likely tokens; 0: all");
+ABSL_FLAG(double, top_p, 1.0, "keep the most likely tokens up to this probability; 1: all");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
+ABSL_FLAG(std::string, print, "auto", "text, tokens, or auto (text for byte-level models)");
+
+namespace mingpt {
+namespace {
+
+constexpr int64_t kByteVocab = 256;
+
+// A step folder, or a checkpoint_dir's latest step folder.
+absl::StatusOr<std::string> ResolveStepDir(const std::string& path) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "--checkpoint is required: a step folder or the --checkpoint_dir of a training run");
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(path + "/latest", ec)) {
+    return train::ResolveCheckpoint("latest", path);
+  }
+  if (!std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint=", path, ": no such folder"));
+  }
+  return path;
+}
+
+absl::StatusOr<std::vector<int64_t>> PromptIds(const GptConfig& config) {
+  const std::string tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  std::vector<int64_t> ids;
+  if (!tokens.empty()) {
+    for (absl::string_view s : absl::StrSplit(tokens, ',')) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(s, &id) || id < 0 || id >= config.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--prompt_tokens: '", s, "' is not a token id in [0, ", config.vocab_size,
+                         ") of the model's vocabulary"));
+      }
+      ids.push_back(id);
+    }
+    return ids;
+  }
+  if (config.vocab_size != kByteVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt is byte-level text, and this model's vocabulary is ", config.vocab_size,
+        " token ids, not ", kByteVocab, " bytes: give the prompt as --prompt_tokens=id,id,..."));
+  }
+  for (unsigned char ch : absl::GetFlag(FLAGS_prompt)) ids.push_back(ch);
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(
+        "--prompt is empty: give one byte at least (default \"\\n\")");
+  }
+  return ids;
+}
+
+absl::StatusOr<bool> PrintsText(const GptConfig& config) {
+  const std::string print = absl::GetFlag(FLAGS_print);
+  if (print == "auto") return config.vocab_size == kByteVocab;
+  if (print == "tokens") return false;
+  if (print != "text") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--print=", print, ": expected text, tokens or auto"));
+  }
+  if (config.vocab_size > kByteVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--print=text needs a byte-level model (vocabulary <= ", kByteVocab,
+                     "); this one has ", config.vocab_size, " ids: use --print=tokens"));
+  }
+  return true;
+}
+
+void PrintTokens(absl::Span<const int64_t> ids, bool text) {
+  if (text) {
+    std::string bytes(ids.begin(), ids.end());
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+  } else {
+    for (int64_t id : ids) std::printf("%lld ", static_cast<long long>(id));
+  }
+  std::fflush(stdout);
+}
+
+absl::Status Sample() {
+  // ---- Checkpoint and model ----
+  absl::StatusOr<std::string> step_dir = ResolveStepDir(absl::GetFlag(FLAGS_checkpoint));
+  if (!step_dir.ok()) return step_dir.status();
+  absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(*step_dir);
+  if (!summary.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint=", *step_dir, ": ", summary.status().message()));
+  }
+  auto recorded = summary->state.extra.find("config");
+  if (recorded == summary->state.extra.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(*step_dir, " records no model config: not a checkpoint of a train binary"));
+  }
+  absl::StatusOr<GptConfig> config = ParseConfig(recorded->second);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(*step_dir, " is not a minGPT checkpoint: ", config.status().message()));
+  }
+  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
+  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
+      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
+  if (!policy.ok()) return policy.status();
+  absl::Status valid = policy->Validate(*device);
+  if (!valid.ok()) return valid;
+
+  SamplingOptions options;
+  options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.temperature = absl::GetFlag(FLAGS_temperature);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
+  options.top_p = absl::GetFlag(FLAGS_top_p);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  valid = options.Validate();
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
+  const int64_t num_samples = absl::GetFlag(FLAGS_num_samples);
+  if (num_samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_samples must be >= 1, got ", num_samples));
+  }
+  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(*config);
+  if (!prompt.ok()) return prompt.status();
+  absl::StatusOr<bool> text = PrintsText(*config);
+  if (!text.ok()) return text.status();
+
+  absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel(*step_dir);
+  if (!weights.ok()) return weights.status();
+  GPT model(*config);
+  model.Materialize(0, *device);
+  absl::Status loaded = nn::LoadStateDict(model, *weights);
+  if (!loaded.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(*step_dir, " does not fit ", config->ToString(), ": ", loaded.message()));
+  }
+  weights->clear();
+  nn::MixedPrecision mixed(model, *policy);
+  mixed.CastForCompute();
+  std::fprintf(stderr, "%s from %s (step %lld) | %s | precision %s\n", config->ToString().c_str(),
+               step_dir->c_str(), static_cast<long long>(summary->state.step),
+               device->ToString().c_str(), policy->ToString().c_str());
+
+  // ---- Generation: one sample streams as it is drawn, several print at the end ----
+  const std::vector<std::vector<int64_t>> prompts(num_samples, *prompt);
+  const bool stream = num_samples == 1;
+  if (stream) PrintTokens(*prompt, *text);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
+      Generate(model, prompts, options, *device, [&](int64_t, absl::Span<const int64_t> tokens) {
+        if (stream) PrintTokens(tokens, *text);
+      });
+  if (!rows.ok()) return rows.status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t r = 0; r < rows->size(); ++r) {
+    if (!stream) PrintTokens((*rows)[r], *text);
+    std::printf(r + 1 < rows->size() ? "\n---------------\n" : "\n");
+  }
+  const int64_t generated = num_samples * options.max_new_tokens;
+  std::fprintf(stderr, "generated %lld x %lld tokens in %.0f ms (%.1f tokens/s)\n",
+               static_cast<long long>(num_samples), static_cast<long long>(options.max_new_tokens),
+               seconds * 1e3, seconds > 0 ? generated / seconds : 0.0);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace mingpt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Samples from a trained minGPT: --checkpoint=<checkpoint_dir or step folder>.");
+  absl::ParseCommandLine(argc, argv);
+  try {
+    absl::Status s = mingpt::Sample();
+    if (!s.ok()) {
+      std::fprintf(stderr, "sample: error: %s\n", std::string(s.message()).c_str());
+      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sample: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# //models/mingpt:sample on checkpoints of //models/mingpt:train: it reads the
+# model's configuration from the checkpoint, takes a checkpoint_dir (its
+# latest step) or a step folder of either kind (a sharded FSDP one samples
+# exactly as its consolidated copy does), repeats with the seed and not
+# across seeds, prints text for byte-level models and ids otherwise, streams
+# one sample and separates several; bad input exits 2 naming what was wrong.
+set -euo pipefail
+train="$1"
+sample="$2"
+checkpoint="$3"
+dir="${TEST_TMPDIR}/sample"
+mkdir -p "$dir"
+
+common=(--preset=gpt-nano --data=shipped --steps=4 --seq_len=32 --batch_size=4 --log_every=4
+        --lr=1e-2)
+"$train" "${common[@]}" --checkpoint_dir="$dir/one" --checkpoint_every=2 > /dev/null
+"$train" "${common[@]}" --batch_size=2 --world_size=2 --strategy=full_shard \
+  --checkpoint_dir="$dir/fsdp" > /dev/null
+"$checkpoint" consolidate "$dir/fsdp" "$dir/fsdp_whole" > /dev/null
+
+# One sample: prompt then 40 bytes, streamed, and a newline.
+"$sample" --checkpoint="$dir/one" --prompt="Light is" --max_new_tokens=40 --seed=7 \
+  > "$dir/a.txt" 2> "$dir/a.err"
+grep -q "^gpt-nano(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=128, dropout=0.1) from $dir/one/step_000004 (step 4)" "$dir/a.err"
+grep -Eq "^generated 1 x 40 tokens in [0-9]+ ms" "$dir/a.err"
+[[ $(head -c 8 "$dir/a.txt") == "Light is" ]]
+[[ $(wc -c < "$dir/a.txt") == 49 ]]
+# The same seed and step folder (named directly) repeat it; another seed does not.
+"$sample" --checkpoint="$dir/one/step_000004" --prompt="Light is" --max_new_tokens=40 --seed=7 \
+  2> /dev/null | cmp - "$dir/a.txt"
+"$sample" --checkpoint="$dir/one" --prompt="Light is" --max_new_tokens=40 --seed=8 \
+  2> /dev/null | { ! cmp -s - "$dir/a.txt"; }
+# The weights are the checkpoint's: step 2's model samples otherwise.
+"$sample" --checkpoint="$dir/one/step_000002" --prompt="Light is" --max_new_tokens=40 --seed=7 \
+  2> /dev/null | { ! cmp -s - "$dir/a.txt"; }
+echo "one process: 40 new bytes, repeatable by seed, step 2 unlike step 4"
+
+# A sharded FSDP checkpoint samples exactly as its consolidated copy.
+"$sample" --checkpoint="$dir/fsdp" --num_samples=3 --max_new_tokens=30 --temperature=1 --top_p=0.9 \
+  > "$dir/sharded.txt" 2> /dev/null
+"$sample" --checkpoint="$dir/fsdp_whole" --num_samples=3 --max_new_tokens=30 --temperature=1 \
+  --top_p=0.9 > "$dir/whole.txt" 2> /dev/null
+cmp "$dir/sharded.txt" "$dir/whole.txt"
+[[ $(grep -c '^---------------$' "$dir/sharded.txt") == 2 ]]
+echo "FSDP sharded checkpoint = its consolidated copy; 3 samples"
+
+# Greedy with ids: "L" is 76; 5 ids follow the prompt's.
+"$sample" --checkpoint="$dir/one" --prompt_tokens=76,105 --max_new_tokens=5 --temperature=0 \
+  --print=tokens > "$dir/ids.txt" 2> /dev/null
+grep -Eq '^76 105( [0-9]+){5} $' "$dir/ids.txt"
+
+# Bad input: exit 2, the message names it.
+expect_error() {
+  local want="$1"
+  shift
+  local rc=0
+  "$sample" "$@" > /dev/null 2> "$dir/err.txt" || rc=$?
+  [[ $rc == 2 ]] || { echo "exit $rc, wanted 2: $*"; cat "$dir/err.txt"; exit 1; }
+  grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
+}
+expect_error "--checkpoint is required"
+expect_error "--checkpoint=$dir/none: no such folder" --checkpoint="$dir/none"
+expect_error "--temperature must be finite and >= 0" --checkpoint="$dir/one" --temperature=-1
+expect_error "--top_p must be in (0, 1], got 1.5" --checkpoint="$dir/one" --top_p=1.5
+expect_error "--top_k must be >= 0" --checkpoint="$dir/one" --top_k=-2
+expect_error "--num_samples must be >= 1, got 0" --checkpoint="$dir/one" --num_samples=0
+expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint="$dir/one" \
+  --prompt_tokens=1,300
+expect_error "--prompt is empty" --checkpoint="$dir/one" --prompt=
+expect_error "--print=words: expected text, tokens or auto" --checkpoint="$dir/one" --print=words
+expect_error "--checkpoint=$dir: cannot open '$dir/model.safetensors'" --checkpoint="$dir"
+# A model of token ids (vocabulary 512 on random data) wants ids, and prints ids.
+"$train" --preset=gpt-nano --data=random --vocab_size=512 --steps=1 --seq_len=16 --batch_size=2 \
+  --checkpoint_dir="$dir/ids" > /dev/null
+expect_error "vocabulary is 512 token ids, not 256 bytes: give the prompt as --prompt_tokens" \
+  --checkpoint="$dir/ids"
+expect_error "--print=text needs a byte-level model" --checkpoint="$dir/ids" --prompt_tokens=3 \
+  --print=text
+"$sample" --checkpoint="$dir/ids" --prompt_tokens=3 --max_new_tokens=4 2> /dev/null |
+  grep -Eq '^3( [0-9]+){4} $'
+echo "bad input exits 2 naming it"
