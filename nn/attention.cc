@@ -72,6 +72,43 @@ Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
   return {resid.y};
 }
 
+Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capacity) {
+  const int64_t c = n_embd_;
+  OP_CHECK(x.rank() == 3 && x.dim(2) == c, kOp, "input ", x.shape().ToString(),
+           " is not (B, T, C) with C = n_embd ", c);
+  const int64_t B = x.dim(0), T = x.dim(1);
+  Context ctx;  // forward only: what the layers save is dropped on return
+  const Tensor qkv = c_attn_->Run(x, ctx.Child(0));               // (B, T, 3C), compute dtype
+  const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), n_head_);      // (B, nh, T, hs)
+  const Tensor k = SplitHeads(qkv.Narrow(2, c, c), n_head_);      // (B, nh, T, hs)
+  const Tensor v = SplitHeads(qkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
+  if (!cache.k.defined()) {
+    const tensor::Shape shape({B, n_head_, capacity, c / n_head_});
+    cache.k = Tensor::Empty(shape, k.dtype(), k.device());  // (B, nh, capacity, hs)
+    cache.v = Tensor::Empty(shape, v.dtype(), v.device());
+    cache.length = 0;
+  }
+  OP_CHECK(cache.k.dim(0) == B && cache.k.dtype() == k.dtype() && cache.k.device() == k.device(),
+           kOp, "the cache holds ", cache.k.shape().ToString(), " ",
+           tensor::DtypeName(cache.k.dtype()), " for a batch of ", B, " in ",
+           tensor::DtypeName(k.dtype()));
+  const int64_t length = cache.length + T;
+  OP_CHECK(length <= cache.k.dim(2), kOp, "the cache holds ", cache.k.dim(2), " positions; ",
+           cache.length, " + ", T, " do not fit");
+  cache.k.Narrow(2, cache.length, T).CopyFrom(k);
+  cache.v.Narrow(2, cache.length, T).CopyFrom(v);
+  cache.length = length;
+  AttentionOptions opts;
+  opts.op = kOp;
+  opts.scale = 1.0f / std::sqrt(static_cast<float>(c / n_head_));
+  opts.causal = true;  // query i of T attends keys j <= i + (length - T)
+  opts.training = false;
+  AttentionState state;
+  const Tensor y = AttentionForward(q, cache.k.Narrow(2, 0, length), cache.v.Narrow(2, 0, length),
+                                    Tensor(), Tensor(), opts, gen_, &state);  // (B, nh, T, hs)
+  return c_proj_->Run(MergeHeads(y), ctx.Child(1));                           // (B, T, C)
+}
+
 Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx) {
   Saved& s = ctx.Saved<Saved>();
   const Tensor& g = grad_outputs.at(0);

@@ -35,6 +35,14 @@ struct CausalSelfAttentionOptions {
   uint64_t seed = 0;
 };
 
+// The keys and values of one CausalSelfAttention layer for the positions
+// decoded so far (generation; forward only), filled by Decode.
+struct KvCache {
+  Tensor k;            // (B, nh, capacity, hs), compute dtype, on the layer's device
+  Tensor v;            // (B, nh, capacity, hs)
+  int64_t length = 0;  // positions [0, length) hold keys and values
+};
+
 // minGPT's special init of residual projections: Normal(0, 0.02 / sqrt(2 * n_layer)).
 InitSpec MinGptProjInit(int64_t n_layer);
 
@@ -50,6 +58,14 @@ class CausalSelfAttention : public Module, public RandomSource {
   // The dropout generator: each training forward advances it; set_offset()
   // replays a forward's masks.
   tensor::Generator& generator() override { return gen_; }
+
+  // Incremental decoding (forward only, no dropout): x (B, T_new, C) holds
+  // positions cache.length .. cache.length + T_new - 1 of the sequence. Their
+  // keys and values are written into the cache (allocated on first use for
+  // `capacity` positions), and each of their queries attends the cached
+  // positions up to its own. Returns (B, T_new, C) in the compute dtype: the
+  // last T_new positions of Forward over the whole sequence in eval mode.
+  Tensor Decode(const Tensor& x, KvCache& cache, int64_t capacity);
 
  protected:
   // inputs[0]: x (B, T, C) -> {y (B, T, C)} in the compute dtype.

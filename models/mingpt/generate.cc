@@ -122,18 +122,26 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
   }
   model.Train(false);
   std::vector<std::vector<int64_t>> rows = prompts;
-  std::vector<int64_t> context;  // (B, T) row-major, T = min(length, block_size)
+  std::vector<nn::KvCache> caches;  // per block, while the sequence fits in block_size
+  std::vector<int64_t> context;     // (B, T) row-major: the positions this forward runs
   std::vector<int64_t> drawn(B);
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
     const int64_t length = static_cast<int64_t>(rows[0].size());
-    const int64_t T = std::min(length, config.block_size);
+    const bool cached = options.kv_cache && length <= config.block_size;
+    // Cached: the positions the caches lack (the prompt, then the last token).
+    // Otherwise: the last block_size tokens.
+    const int64_t start = cached ? (caches.empty() ? 0 : caches[0].length)
+                                 : length - std::min(length, config.block_size);
     context.clear();
     for (const std::vector<int64_t>& row : rows) {
-      context.insert(context.end(), row.end() - T, row.end());
+      context.insert(context.end(), row.begin() + start, row.end());
     }
     const tensor::Tensor idx =
-        tensor::Tensor::FromData<int64_t>(context, {B, T}).To(device);          // (B, T)
-    const std::vector<float> logits = model.LastLogits(idx).ToVector<float>();  // (B, V)
+        tensor::Tensor::FromData<int64_t>(context, {B, length - start}).To(device);  // (B, T)
+    const tensor::Tensor last =
+        cached ? model.DecodeLogits(idx, caches) : model.LastLogits(idx);  // (B, V)
+    if (!cached) caches.clear();  // the window moves on: free the keys and values
+    const std::vector<float> logits = last.ToVector<float>();
     for (int64_t r = 0; r < B; ++r) {
       absl::Span<const float> row_logits(logits.data() + r * config.vocab_size,
                                          static_cast<size_t>(config.vocab_size));

@@ -1,9 +1,11 @@
 // Text generation with a trained minGPT: minGPT's GPT.generate and nanoGPT's
 // sample.py. Each new token is drawn from the model's distribution for the
 // next position (temperature, top-k and top-p / nucleus filtering), appended,
-// and fed back; a context longer than block_size is cropped to its last
-// block_size tokens, as minGPT does. No key/value cache: every new token runs
-// the forward over the (cropped) context.
+// and fed back. With the key/value cache (the default) the prompt runs once
+// and every new token costs one position (GPT::DecodeLogits); once the
+// sequence outgrows block_size, the context is cropped to its last block_size
+// tokens, as minGPT does, and each token runs the forward over that window
+// (the positions shift, so cached keys no longer apply).
 //
 // Draws are reproducible: the uniform number behind row r's n-th new token is
 // Philox(seed) at counter (r, n) (53 bits), so a row's sample depends on the seed, its
@@ -33,6 +35,9 @@ struct SamplingOptions {
   // temperature and top_k) reaches top_p; 1: all.
   double top_p = 1.0;
   uint64_t seed = 1;
+  // Keys and values of earlier positions kept per block while the sequence
+  // fits in block_size; false: the forward over the whole context each token.
+  bool kv_cache = true;
 
   // InvalidArgument naming the field: max_new_tokens < 0, temperature < 0 or
   // not finite, top_k < 0, top_p not in (0, 1].

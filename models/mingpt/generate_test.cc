@@ -1,7 +1,8 @@
 // Generation: the sampling rule draws each token with its filtered
 // probability (checked exactly over a grid of uniforms), the last-position
 // logits equal the full forward's, and a model that memorized a cyclic text
-// continues it greedily past block_size (the context cropped as minGPT does).
+// continues it greedily past block_size (the context cropped as minGPT does);
+// decoding with the key/value cache equals the forward over the whole context.
 #include "models/mingpt/generate.h"
 
 #include <cmath>
@@ -121,6 +122,34 @@ TEST(GenerateTest, LastLogitsEqualTheFullForwardsLastPosition) {
   EXPECT_TRUE(tensor::testing::AllClose(last, full.Narrow(1, 8, 1).Reshape({3, 256}), 1e-5, 1e-5));
 }
 
+TEST(GenerateTest, CachedDecodingEqualsTheFullForward) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(4);
+  gpt.Train(false);
+  const int64_t B = 2, L = 16;  // L = block_size
+  std::vector<int64_t> ids(B * L);
+  for (int64_t i = 0; i < B * L; ++i) ids[i] = (i * 53 + 7) % 256;
+  const tensor::Tensor seq = tensor::Tensor::FromData<int64_t>(ids, {B, L});  // (B, L)
+  std::vector<nn::KvCache> caches;
+  // A 5-token prefill, 2 tokens at once, then one at a time up to block_size.
+  int64_t done = 0;
+  for (int64_t step : {5, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+    const tensor::Tensor last = gpt.DecodeLogits(seq.Narrow(1, done, step).Contiguous(), caches);
+    done += step;
+    ASSERT_EQ(caches.size(), 2u);
+    EXPECT_EQ(caches[1].length, done);
+    const tensor::Tensor full = gpt.LastLogits(seq.Narrow(1, 0, done).Contiguous());
+    EXPECT_TRUE(tensor::testing::AllClose(last, full, 1e-5, 1e-5)) << "after " << done;
+  }
+  ASSERT_EQ(done, L);
+  try {
+    gpt.DecodeLogits(seq.Narrow(1, 0, 1).Contiguous(), caches);
+    FAIL() << "decoded past block_size";
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()), "[gpt] sequence length 17 exceeds block_size 16");
+  }
+}
+
 // "the quick brown fox " repeated; every window of block_size is a training row.
 const std::string kCycle = "the quick brown fox ";
 
@@ -173,6 +202,11 @@ TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
   std::string want;
   for (size_t i = 0; i < 45; ++i) want += CycleAt(i);
   EXPECT_EQ(text, want);
+  greedy.kv_cache = false;  // the whole context every token
+  absl::StatusOr<std::vector<std::vector<int64_t>>> uncached =
+      Generate(gpt, {prompt}, greedy, tensor::Device::Cpu());
+  ASSERT_TRUE(uncached.ok());
+  EXPECT_EQ(*uncached, *rows);
 
   // Sampling at temperature 0.5 from a model this sure also follows the cycle,
   // on every row; the draws are reproducible and a row's sample is the same
@@ -206,6 +240,11 @@ TEST(GenerateTest, HighTemperatureRowsDifferAndRepeatWithTheSeed) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
   EXPECT_NE((*a)[0], (*a)[1]);  // an untrained model: nearly uniform over 256 ids
+  o.kv_cache = false;           // the same draws from the same logits
+  auto uncached = Generate(gpt, {prompt, prompt}, o, tensor::Device::Cpu());
+  ASSERT_TRUE(uncached.ok());
+  EXPECT_EQ(*uncached, *a);
+  o.kv_cache = true;
   o.seed = 10;
   auto c = Generate(gpt, {prompt, prompt}, o, tensor::Device::Cpu());
   ASSERT_TRUE(c.ok());

@@ -24,12 +24,22 @@ Block::Block(const GptConfig& c) : Module("Block") {
                                    nn::FeedForwardOptions::Gpt2(c.n_layer, c.dropout)));
 }
 
-Tensors Block::Forward(const Tensors& inputs, Context& ctx) {
-  const Tensor& x = inputs.at(0);                          // (B, T, C)
-  Tensor a = attn_->Run(ln_1_->Run(x, ctx.Child(0)), ctx.Child(1));
+Tensor Block::Residuals(const Tensor& x, Context& ctx,
+                        absl::FunctionRef<Tensor(const Tensor&)> attention) {
+  Tensor a = attention(ln_1_->Run(x, ctx.Child(0)));       // (B, T, C)
   Tensor x1 = tensor::Add(x, a.To(x.dtype()));             // (B, T, C)
   Tensor m = mlp_->Run(ln_2_->Run(x1, ctx.Child(2)), ctx.Child(3));
-  return {tensor::Add(x1, m.To(x1.dtype()))};              // (B, T, C)
+  return tensor::Add(x1, m.To(x1.dtype()));  // (B, T, C)
+}
+
+Tensors Block::Forward(const Tensors& inputs, Context& ctx) {
+  return {
+      Residuals(inputs.at(0), ctx, [&](const Tensor& h) { return attn_->Run(h, ctx.Child(1)); })};
+}
+
+Tensor Block::Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity) {
+  Context ctx;  // forward only
+  return Residuals(x, ctx, [&](const Tensor& h) { return attn_->Decode(h, cache, capacity); });
 }
 
 Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -48,7 +58,11 @@ Transformer::Transformer(const GptConfig& c) : Module("Transformer"), config_(c)
                         std::make_unique<nn::Embedding>(c.block_size, c.n_embd, positions));
   drop_ = RegisterModule("drop", std::make_unique<nn::Dropout>(c.dropout));
   h_ = RegisterModule("h", std::make_unique<nn::ModuleList>());
-  for (int64_t l = 0; l < c.n_layer; ++l) h_->Append(std::make_unique<Block>(c));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    auto block = std::make_unique<Block>(c);
+    blocks_.push_back(block.get());
+    h_->Append(std::move(block));
+  }
   ln_f_ = RegisterModule("ln_f", std::make_unique<nn::LayerNorm>(c.n_embd));
 }
 
@@ -56,16 +70,34 @@ Tensors Transformer::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor& idx = inputs.at(0);  // (B, T)
   OP_CHECK(idx.rank() == 2, "gpt", "idx must be (B, T), got ", idx.shape().ToString());
   const int64_t T = idx.dim(1);
-  OP_CHECK(T <= config_.block_size, "gpt", "sequence length ", T, " exceeds block_size ",
-           config_.block_size);
-  const Tensor pos = tensor::Arange(T, tensor::Dtype::kI64, idx.device()).View({1, T});  // (1, T)
-  Tensor tok_emb = wte_->Run(idx, ctx.Child(0));                             // (B, T, C)
-  Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                             // (1, T, C)
-  Tensor x = drop_->Run(tensor::Add(tok_emb, pos_emb), ctx.Child(2));       // (B, T, C)
+  Tensor x = Embed(idx, 0, ctx);  // (B, T, C)
   for (size_t l = 0; l < h_->size(); ++l) x = h_->RunAt(l, x, ctx.Child(3 + l));
   x = ln_f_->Run(x, ctx.Child(3 + h_->size()));                              // (B, T, C)
   ctx.Save(Saved{T});
   return {x};
+}
+
+Tensor Transformer::Embed(const Tensor& idx, int64_t start, Context& ctx) {
+  const int64_t T = idx.dim(1);
+  OP_CHECK(start + T <= config_.block_size, "gpt", "sequence length ", start + T,
+           " exceeds block_size ", config_.block_size);
+  Tensor pos = tensor::Arange(start + T, tensor::Dtype::kI64, idx.device());
+  pos = pos.Narrow(0, start, T).View({1, T});                      // (1, T): start ..
+  Tensor tok_emb = wte_->Run(idx, ctx.Child(0));                   // (B, T, C)
+  Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                   // (1, T, C)
+  return drop_->Run(tensor::Add(tok_emb, pos_emb), ctx.Child(2));  // (B, T, C)
+}
+
+Tensor Transformer::Decode(const Tensor& idx, std::vector<nn::KvCache>& caches) {
+  OP_CHECK(idx.rank() == 2, "gpt", "idx must be (B, T), got ", idx.shape().ToString());
+  OP_CHECK(caches.size() == blocks_.size(), "gpt", caches.size(), " caches for ", blocks_.size(),
+           " blocks");
+  Context ctx;                                   // forward only
+  Tensor x = Embed(idx, caches[0].length, ctx);  // (B, T_new, C)
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    x = blocks_[l]->Decode(x, caches[l], config_.block_size);
+  }
+  return ln_f_->Run(x, ctx.Child(3 + h_->size()));  // (B, T_new, C)
 }
 
 Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -118,11 +150,20 @@ double GPT::Loss(const Tensor& idx, const Tensor& targets) {
 
 Tensor GPT::LastLogits(const Tensor& idx) {
   Context ctx;
-  const int64_t B = idx.dim(0), T = idx.dim(1);
-  Tensor x = transformer_->Run(idx, ctx.Child(0));    // (B, T, C)
-  Tensor last = x.Narrow(1, T - 1, 1).Contiguous();   // (B, 1, C)
-  Tensor logits = lm_head_->Run(last, ctx.Child(1));  // (B, 1, V)
-  return logits.Reshape({B, config_.vocab_size});     // (B, V)
+  return HeadOfLast(transformer_->Run(idx, ctx.Child(0)), ctx.Child(1));
+}
+
+Tensor GPT::DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches) {
+  if (caches.empty()) caches.resize(config_.n_layer);
+  Context ctx;
+  return HeadOfLast(transformer_->Decode(idx, caches), ctx.Child(1));
+}
+
+Tensor GPT::HeadOfLast(const Tensor& x, Context& ctx) {
+  const int64_t B = x.dim(0), T = x.dim(1);
+  Tensor last = x.Narrow(1, T - 1, 1).Contiguous();  // (B, 1, C)
+  Tensor logits = lm_head_->Run(last, ctx);          // (B, 1, V)
+  return logits.Reshape({B, config_.vocab_size});    // (B, V)
 }
 
 }  // namespace mingpt

@@ -9,7 +9,9 @@
 #define MODELS_MINGPT_MODEL_H_
 
 #include <cstdint>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "models/mingpt/config.h"
 #include "nn/attention.h"
 #include "nn/containers.h"
@@ -32,6 +34,10 @@ class Block : public nn::Module {
  public:
   explicit Block(const GptConfig& config);
 
+  // Incremental decoding (nn::CausalSelfAttention::Decode): x (B, T_new, C)
+  // continues the positions `cache` holds -> (B, T_new, C). Forward only.
+  Tensor Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity);
+
  protected:
   // {x (B, T, C)} -> {y (B, T, C)}
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
@@ -42,6 +48,11 @@ class Block : public nn::Module {
   nn::CausalSelfAttention* attn_;
   nn::LayerNorm* ln_2_;
   nn::FeedForward* mlp_;
+
+  // x + attention(ln_1(x)), then + mlp(ln_2(.)): Forward's and Decode's
+  // order of work, with the attention call theirs.
+  Tensor Residuals(const Tensor& x, Context& ctx,
+                   absl::FunctionRef<Tensor(const Tensor&)> attention);
 };
 
 // wte, wpe, drop, h (the blocks), ln_f: everything but the head.
@@ -49,6 +60,12 @@ class Transformer : public nn::Module {
  public:
   explicit Transformer(const GptConfig& config);
   nn::ModuleList* blocks() { return h_; }
+
+  // Incremental decoding: idx (B, T_new) i64 are the positions after those
+  // the caches (one per block) hold -> x (B, T_new, C) after ln_f, as the
+  // last T_new positions of Forward over the whole sequence in eval mode.
+  // The whole sequence must fit in block_size. Forward only.
+  Tensor Decode(const Tensor& idx, std::vector<nn::KvCache>& caches);
 
  protected:
   // {idx (B, T) i64} -> {x (B, T, C)} after ln_f
@@ -64,7 +81,11 @@ class Transformer : public nn::Module {
   nn::Embedding* wpe_;  // (block_size, C)
   nn::Dropout* drop_;
   nn::ModuleList* h_;
+  std::vector<Block*> blocks_;  // h_'s children
   nn::LayerNorm* ln_f_;
+
+  // wte(idx) + wpe(positions start .. start + T - 1), then drop: (B, T, C).
+  Tensor Embed(const Tensor& idx, int64_t start, Context& ctx);
 };
 
 class GPT : public nn::Module {
@@ -88,6 +109,12 @@ class GPT : public nn::Module {
   // idx (B, T) i64 with T <= block_size -> (B, V) in the compute dtype, on the
   // model's device. Forward only; the head runs on the B last positions alone.
   Tensor LastLogits(const Tensor& idx);
+  // The same with a key/value cache per block (generation): idx (B, T_new)
+  // continues the sequence whose positions `caches` hold (empty caches: a
+  // new sequence, resized to n_layer), and the caches take its keys and
+  // values. Returns LastLogits of the whole sequence, (B, V), at the cost of
+  // T_new positions. The whole sequence must fit in block_size.
+  Tensor DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches);
 
  protected:
   // {idx (B, T)} -> {logits (B, T, V)}
@@ -98,6 +125,9 @@ class GPT : public nn::Module {
   const GptConfig config_;
   Transformer* transformer_;
   nn::Linear* lm_head_;  // (V, C), no bias
+
+  // lm_head on the last position of x (B, T, C) -> (B, V).
+  Tensor HeadOfLast(const Tensor& x, Context& ctx);
 };
 
 }  // namespace mingpt

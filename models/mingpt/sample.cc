@@ -10,7 +10,9 @@
 // GPT-2 BPE ids) take --prompt_tokens=id,id,... and print ids (there is no
 // BPE tokenizer here). Samples go to stdout, separated by a dashed line;
 // what was loaded and the speed go to stderr. A context longer than the
-// model's block_size is cropped to its last block_size tokens.
+// model's block_size is cropped to its last block_size tokens. Until then
+// each new token runs one position against the cached keys and values of the
+// earlier ones (--kv_cache, the default).
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -47,6 +49,8 @@ ABSL_FLAG(double, temperature, 0.8, "divides the logits; 0: greedy");
 ABSL_FLAG(int64_t, top_k, 200, "keep the k most likely tokens; 0: all");
 ABSL_FLAG(double, top_p, 1.0, "keep the most likely tokens up to this probability; 1: all");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
+ABSL_FLAG(bool, kv_cache, true,
+          "keep earlier positions' keys and values (while the sequence fits in block_size)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 ABSL_FLAG(std::string, print, "auto", "text, tokens, or auto (text for byte-level models)");
@@ -159,6 +163,7 @@ absl::Status Sample() {
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
   valid = options.Validate();
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t num_samples = absl::GetFlag(FLAGS_num_samples);
