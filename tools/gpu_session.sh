@@ -18,7 +18,9 @@
 #                                $OUT/matmul_tuned.txt, $OUT/attention.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
-#                                losses and per-rank memory ($OUT/train.log), the runs' losses
+#                                losses and per-rank memory ($OUT/train.log), sampling from
+#                                the first run's checkpoint with and without the key/value
+#                                cache (the same tokens? tokens/s), the runs' losses
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours (also with FSDP_CUDA_GEMM_TUNE=1) and of PyTorch eager
@@ -136,7 +138,17 @@ case "$phase" in
     metrics=$(mktemp -d)  # the runs' --metrics_out, charted into one file under $OUT
     {
       echo "=== one process on cuda:0"
-      "$run" train "${common[@]}" --metrics_out="$metrics/1_one.jsonl"
+      "$run" train "${common[@]}" --metrics_out="$metrics/1_one.jsonl" --checkpoint_dir="$metrics/ck"
+      if has sample; then  # generation from that checkpoint: cached decoding against none
+        for kv in true false; do
+          echo "=== sample on cuda:0, --kv_cache=$kv"
+          "$run" sample --device=cuda:0 --checkpoint="$metrics/ck" --num_samples=4 \
+            --max_new_tokens=120 --print=tokens --kv_cache=$kv > "$metrics/sample_$kv.txt"
+        done
+        cmp -s "$metrics/sample_true.txt" "$metrics/sample_false.txt" &&
+          echo "sample: the same tokens with and without the cache" ||
+          echo "sample: DIFFERENT tokens with and without the cache"
+      fi
       echo "=== FSDP FULL_SHARD, 2 ranks sharing cuda:0 (batch 4 each)"
       "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=full_shard \
         --metrics_out="$metrics/2_fsdp.jsonl"
@@ -150,7 +162,7 @@ case "$phase" in
       "$run" train "${common[@]}" --batch_size=4 --world_size=2 --precision=bf16 \
         --metrics_out="$metrics/5_fsdp_bf16.jsonl"
     } > "$out/train.log" 2>&1
-    grep -E '^===|step +6|error|per-rank|^[0-9] ' "$out/train.log" | head -80
+    grep -E '^===|step +6|error|per-rank|^[0-9] |^generated|^sample:' "$out/train.log" | head -90
     mapfile -t runs < <(ls "$metrics"/*.jsonl 2> /dev/null)
     if (( ${#runs[@]} > 0 )); then
       labels=$(printf '%s\n' "${runs[@]}" | sed -E 's|.*/[0-9]_(.*)\.jsonl|\1|' | paste -sd,)

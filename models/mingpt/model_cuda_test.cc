@@ -2,7 +2,8 @@
 // gradient of ForwardBackward, and Loss, equal the CPU's for vocabularies
 // whose logits rows the GPU lays out 64-aligned (11 and 67 columns in rows of
 // 64 and 128: the LM head's align_output_rows) and one that needs no padding
-// (64), in f32 and with a loss scale (the gradient scaled in the padded rows).
+// (64), in f32 and with a loss scale (the gradient scaled in the padded rows);
+// cached decoding (generation) gives the CPU's logits.
 #include <cmath>
 #include <string>
 #include <utility>
@@ -65,6 +66,38 @@ TEST(GptCudaTest, LossAndGradientsMatchTheCpuWithAlignedLogitsRows) {
             << grads[0][i].first;
       }
     }
+  }
+}
+
+// Generation's cached decoding on the GPU (the fused attention at head size
+// 32, the unfused path at 8, queries at the end of a longer key range) gives
+// the CPU's full-forward logits of the last position at every length.
+TEST(GptCudaTest, CachedDecodingMatchesTheCpuFullForward) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t n_embd : {64, 16}) {
+    SCOPED_TRACE(::testing::Message() << "head size " << n_embd / 2);
+    GptConfig c = Tiny(67);
+    c.n_embd = n_embd;
+    c.block_size = 9;
+    GPT cpu(c), gpu(c);
+    cpu.Materialize(4, Device::Cpu());
+    gpu.Materialize(4, Device::Cuda(0));
+    cpu.Train(false);
+    gpu.Train(false);
+    std::vector<int64_t> ids(2 * 9);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 13 + 2) % 67);
+    const Tensor seq = Tensor::FromData<int64_t>(ids, {2, 9});  // (B, block_size)
+    std::vector<nn::KvCache> caches;
+    int64_t done = 0;
+    for (int64_t step : {3, 1, 2, 1, 1, 1}) {
+      const Tensor last =
+          gpu.DecodeLogits(seq.Narrow(1, done, step).Contiguous().To(Device::Cuda(0)), caches);
+      done += step;
+      const Tensor want = cpu.LastLogits(seq.Narrow(1, 0, done).Contiguous());  // (2, 67)
+      EXPECT_TRUE(tensor::testing::AllClose(last.To(Device::Cpu()), want, 1e-4, 1e-5))
+          << "after " << done;
+    }
+    EXPECT_EQ(caches[0].k.device(), Device::Cuda(0));
   }
 }
 
