@@ -60,17 +60,14 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         "--num_samples, --prompt_len, --max_new_tokens and --reps must be >= 1");
   }
-  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return device.status();
-  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
-      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
-  if (!policy.ok()) return policy.status();
-  absl::Status valid = policy->Validate(*device);
-  if (!valid.ok()) return valid;
+  absl::StatusOr<train::Compute> compute =
+      train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
+  if (!compute.ok()) return compute.status();
+  const tensor::Device& device = compute->device;
 
   std::printf("generation, %lld row(s) x (%lld prompt + %lld new tokens), %s, %s, %lld reps\n",
               static_cast<long long>(B), static_cast<long long>(P), static_cast<long long>(N),
-              device->ToString().c_str(), absl::GetFlag(FLAGS_precision).c_str(),
+              device.ToString().c_str(), absl::GetFlag(FLAGS_precision).c_str(),
               static_cast<long long>(reps));
   std::printf("%-12s | %14s %14s | %7s | %s\n", "preset", "cached tok/s", "uncached tok/s", "ratio",
               "same tokens");
@@ -86,8 +83,8 @@ absl::Status Run() {
                   static_cast<long long>(P + N - config->block_size));
     }
     mingpt::GPT model(*config);
-    model.Materialize(1, *device);
-    nn::MixedPrecision mixed(model, *policy);
+    model.Materialize(1, device);
+    nn::MixedPrecision mixed(model, compute->policy);
     mixed.CastForCompute();
     Rows prompts(B, std::vector<int64_t>(P));
     for (int64_t r = 0; r < B; ++r) {
@@ -104,7 +101,7 @@ absl::Status Run() {
         const int way = (rep % 2 == 0) ? i : 1 - i;  // AB BA AB ...
         options.kv_cache = way == 0;
         const auto start = std::chrono::steady_clock::now();
-        absl::StatusOr<Rows> rows = mingpt::Generate(model, prompts, options, *device);
+        absl::StatusOr<Rows> rows = mingpt::Generate(model, prompts, options, device);
         if (!rows.ok()) return rows.status();
         seconds[way].push_back(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -117,7 +114,7 @@ absl::Status Run() {
     std::printf("%-12s | %14.1f %14.1f | %6.2fx | %s\n", config->name.c_str(), cached, uncached,
                 cached / uncached, same ? "yes" : "NO");
     json.push_back(absl::StrCat(
-        "{\"preset\":\"", config->name, "\",\"device\":\"", device->ToString(),
+        "{\"preset\":\"", config->name, "\",\"device\":\"", device.ToString(),
         "\",\"precision\":\"", absl::GetFlag(FLAGS_precision), "\",\"num_samples\":", B,
         ",\"prompt_len\":", P, ",\"new_tokens\":", N, ",\"reps\":", reps,
         ",\"cached_tokens_per_s\":", cached, ",\"uncached_tokens_per_s\":", uncached,

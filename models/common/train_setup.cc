@@ -30,6 +30,22 @@ absl::StatusOr<tensor::Device> ResolveDevice(const std::string& flag) {
   return device;
 }
 
+absl::StatusOr<Compute> ResolveCompute(const std::string& device_flag,
+                                       const std::string& precision_flag) {
+  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
+      precision::MixedPrecisionPolicy::FromName(precision_flag);
+  if (!policy.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--precision: ", policy.status().message()));
+  }
+  absl::StatusOr<tensor::Device> device = ResolveDevice(device_flag);
+  if (!device.ok()) return device.status();
+  absl::Status valid = policy->Validate(*device);
+  if (!valid.ok()) {
+    return absl::Status(valid.code(), absl::StrCat("--precision: ", valid.message()));
+  }
+  return Compute{*device, *policy};
+}
+
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const std::string& spec,
                                                                          uint64_t seed,
                                                                          int64_t vocab_size,

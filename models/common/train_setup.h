@@ -14,6 +14,7 @@
 #include "models/data/token_source.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "precision/policy.h"
 #include "tensor/device.h"
 
 namespace train {
@@ -69,6 +70,16 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
 // --device: "cpu", "cuda" or "cuda:N", checked against this binary (built
 // with --config=cuda?) and machine (that many GPUs?); errors name the flag.
 absl::StatusOr<tensor::Device> ResolveDevice(const std::string& flag);
+
+// --device and --precision together: the device (ResolveDevice) and the
+// mixed-precision policy by name, its dtypes checked against the device
+// (fp16 on a CPU, bf16 on a GPU without it); precision errors name the flag.
+struct Compute {
+  tensor::Device device;
+  precision::MixedPrecisionPolicy policy;
+};
+absl::StatusOr<Compute> ResolveCompute(const std::string& device_flag,
+                                       const std::string& precision_flag);
 
 }  // namespace train
 

@@ -149,13 +149,10 @@ absl::Status Sample() {
     return absl::InvalidArgumentError(
         absl::StrCat(*step_dir, " is not a minGPT checkpoint: ", config.status().message()));
   }
-  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return device.status();
-  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
-      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
-  if (!policy.ok()) return policy.status();
-  absl::Status valid = policy->Validate(*device);
-  if (!valid.ok()) return valid;
+  absl::StatusOr<train::Compute> compute =
+      train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
+  if (!compute.ok()) return compute.status();
+  const tensor::Device& device = compute->device;
 
   SamplingOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
@@ -164,7 +161,7 @@ absl::Status Sample() {
   options.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
-  valid = options.Validate();
+  absl::Status valid = options.Validate();
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t num_samples = absl::GetFlag(FLAGS_num_samples);
   if (num_samples < 1) {
@@ -179,18 +176,18 @@ absl::Status Sample() {
   absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel(*step_dir);
   if (!weights.ok()) return weights.status();
   GPT model(*config);
-  model.Materialize(0, *device);
+  model.Materialize(0, device);
   absl::Status loaded = nn::LoadStateDict(model, *weights);
   if (!loaded.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(*step_dir, " does not fit ", config->ToString(), ": ", loaded.message()));
   }
   weights->clear();
-  nn::MixedPrecision mixed(model, *policy);
+  nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
   std::fprintf(stderr, "%s from %s (step %lld) | %s | precision %s\n", config->ToString().c_str(),
                step_dir->c_str(), static_cast<long long>(summary->state.step),
-               device->ToString().c_str(), policy->ToString().c_str());
+               device.ToString().c_str(), compute->policy.ToString().c_str());
 
   // ---- Generation: one sample streams as it is drawn, several print at the end ----
   const std::vector<std::vector<int64_t>> prompts(num_samples, *prompt);
@@ -198,7 +195,7 @@ absl::Status Sample() {
   if (stream) PrintTokens(*prompt, *text);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
-      Generate(model, prompts, options, *device, [&](int64_t, absl::Span<const int64_t> tokens) {
+      Generate(model, prompts, options, device, [&](int64_t, absl::Span<const int64_t> tokens) {
         if (stream) PrintTokens(tokens, *text);
       });
   if (!rows.ok()) return rows.status();

@@ -488,13 +488,11 @@ absl::Status Train() {
   config->dropout_rate = static_cast<float>(dropout);
   absl::Status valid = config->Validate();
   if (!valid.ok()) return WithContext(valid, "--preset");
-  absl::StatusOr<precision::MixedPrecisionPolicy> policy =
-      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
-  if (!policy.ok()) return WithContext(policy.status(), "--precision");
-  absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return device.status();
-  valid = policy->Validate(*device);
-  if (!valid.ok()) return WithContext(valid, "--precision");
+  absl::StatusOr<train::Compute> compute =
+      train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
+  if (!compute.ok()) return compute.status();
+  const tensor::Device* device = &compute->device;
+  const precision::MixedPrecisionPolicy* policy = &compute->policy;
   absl::StatusOr<train::LossScaling> scaling =
       train::LossScalingFromCommandLine(policy->NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
