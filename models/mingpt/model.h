@@ -113,7 +113,9 @@ class GPT : public nn::Module {
   // continues the sequence whose positions `caches` hold (empty caches: a
   // new sequence, resized to n_layer), and the caches take its keys and
   // values. Returns LastLogits of the whole sequence, (B, V), at the cost of
-  // T_new positions. The whole sequence must fit in block_size.
+  // T_new positions. The whole sequence must fit in block_size. Eval mode
+  // (Train(false)), parameters whole (not sharded by FSDP): the blocks are
+  // called directly, without their modules' hooks.
   Tensor DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches);
 
  protected:
