@@ -2,6 +2,7 @@
 #include "models/common/train_setup.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -96,6 +97,48 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const Ev
   }
   if (flags.data.empty()) return std::shared_ptr<const data::TokenSource>();
   return OpenTokenSource(flags.data, seed + 1, vocab_size, "--eval_data");
+}
+
+absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalFlags& flags,
+                                            uint64_t seed, int64_t vocab_size) {
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
+      OpenTokenSource(data, seed, vocab_size);
+  if (!source.ok()) return source.status();
+  const double f = flags.val_fraction;
+  if (f == 0.0) {
+    absl::StatusOr<std::shared_ptr<const data::TokenSource>> eval =
+        OpenEvalSource(flags, seed, vocab_size);
+    if (!eval.ok()) return eval.status();
+    return DataSources{*std::move(source), *std::move(eval)};
+  }
+  auto error = [f](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--val_fraction=", f, ": ", why));
+  };
+  if (!(f > 0.0 && f < 1.0)) return error("must be in [0, 1) (0: no held-out part)");
+  if (!flags.data.empty()) {
+    return error(absl::StrCat("holds out part of --data for evaluation, and --eval_data=",
+                              flags.data, " names other data: give one of them"));
+  }
+  absl::StatusOr<std::shared_ptr<const data::TokenSource>> checked =
+      OpenEvalSource({"", flags.every, flags.batches}, seed, vocab_size);  // every, batches
+  if (!checked.ok()) return checked.status();
+  const int64_t total = (*source)->max_sequence_length();
+  if (total == data::kUnlimitedLength) {
+    return error(absl::StrCat((*source)->Describe(),
+                              " has no fixed tokens to hold out (use a file, or shipped)"));
+  }
+  const int64_t held_out = static_cast<int64_t>(std::llround(f * static_cast<double>(total)));
+  if (held_out < 1 || held_out >= total) {
+    return error(absl::StrCat("holds out ", held_out, " of the ", total, " tokens of ",
+                              (*source)->Describe(), ": both parts need tokens"));
+  }
+  absl::StatusOr<std::unique_ptr<data::TokenSource>> eval =
+      (*source)->Slice(total - held_out, total, seed + 1);
+  if (!eval.ok()) return error(eval.status().message());
+  absl::StatusOr<std::unique_ptr<data::TokenSource>> train =
+      (*source)->Slice(0, total - held_out, seed);
+  if (!train.ok()) return error(train.status().message());
+  return DataSources{*std::move(train), *std::move(eval)};
 }
 
 bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps) {

@@ -35,11 +35,12 @@ absl::Status CheckGradAccumSteps(int64_t grad_accum_steps);
 // otherwise (before the batch size).
 std::string AccumulationPrefix(int64_t grad_accum_steps);
 
-// Evaluation flags (--eval_data, --eval_every, --eval_batches).
+// Evaluation flags (--eval_data, --eval_every, --eval_batches, --val_fraction).
 struct EvalFlags {
-  std::string data;     // empty: no evaluation
+  std::string data;     // empty: no evaluation (unless val_fraction > 0)
   int64_t every = 0;    // every N steps and after the last; 0: after the last
   int64_t batches = 4;  // global batches per evaluation
+  double val_fraction = 0.0;  // > 0: hold out the last part of --data for evaluation
 };
 // Checks every >= 0 and batches >= 1, then opens the evaluation source as
 // OpenTokenSource does (errors name --eval_data), with seed + 1 so that random
@@ -47,6 +48,22 @@ struct EvalFlags {
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const EvalFlags& flags,
                                                                         uint64_t seed,
                                                                         int64_t vocab_size);
+// The training and evaluation sources of --data and the evaluation flags:
+//   --eval_data=X: training reads all of --data, evaluation X (OpenEvalSource);
+//   --val_fraction=f in (0, 1): evaluation reads the last f of --data's tokens
+//     (with seed + 1) and training the first 1 - f (TokenSource::Slice): a
+//     held-out split of one file, as nanoGPT's prepare.py writes train.bin
+//     and val.bin; random tokens have nothing to hold out;
+//   neither: no evaluation (eval nullptr).
+// Errors are InvalidArgument naming the flag (--data, --eval_data,
+// --val_fraction; both --eval_data and --val_fraction is one).
+struct DataSources {
+  std::shared_ptr<const data::TokenSource> train;
+  std::shared_ptr<const data::TokenSource> eval;
+};
+absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalFlags& flags,
+                                            uint64_t seed, int64_t vocab_size);
+
 // Whether to evaluate after step_done (1-based) of `steps`.
 bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps);
 

@@ -60,11 +60,28 @@ void ByteTextSource::SampleSequence(int64_t step, int64_t row, absl::Span<int64_
 }
 
 std::string ByteTextSource::Describe() const {
+  if (!range_.empty()) {
+    return absl::StrCat("bytes ", range_, " of ", name_, " (", text_.size(), " bytes)");
+  }
   return absl::StrCat("bytes of ", name_, " (", text_.size(), " bytes)");
 }
 
 std::string ByteTextSource::Fingerprint() const {
-  return absl::StrCat("byte_text(bytes=", text_.size(), ",seed=", seed_, ")");
+  const std::string range = range_.empty() ? "" : absl::StrCat(",range=", range_);
+  return absl::StrCat("byte_text(bytes=", text_.size(), range, ",seed=", seed_, ")");
+}
+
+absl::StatusOr<std::unique_ptr<TokenSource>> ByteTextSource::Slice(int64_t begin, int64_t end,
+                                                                   uint64_t seed) const {
+  absl::Status valid = CheckSliceRange(begin, end, static_cast<int64_t>(text_.size()));
+  if (!valid.ok()) return valid;
+  std::unique_ptr<ByteTextSource> part(new ByteTextSource(file_, owned_, name_, seed));
+  // Offsets of the whole text: a slice of a slice counts from its parent's start.
+  const int64_t base =
+      file_ != nullptr ? text_.data() - file_->bytes().data() : text_.data() - owned_.data();
+  part->text_ = part->text_.substr(base + begin, end - begin);
+  part->range_ = absl::StrCat("[", base + begin, ", ", base + end, ")");
+  return std::unique_ptr<TokenSource>(std::move(part));
 }
 
 std::string DecodeBytes(absl::Span<const int64_t> ids) {

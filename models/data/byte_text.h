@@ -39,8 +39,11 @@ class ByteTextSource : public TokenSource {
   void SampleSequence(int64_t step, int64_t row, absl::Span<int64_t> out) const override;
   std::string Describe() const override;
   std::string Fingerprint() const override;
+  // Bytes [begin, end) of the text (sharing the mapped file).
+  absl::StatusOr<std::unique_ptr<TokenSource>> Slice(int64_t begin, int64_t end,
+                                                     uint64_t seed) const override;
 
-  // The whole text.
+  // The text (the slice's part of it, for a slice).
   absl::string_view text() const { return text_; }
 
  private:
@@ -52,6 +55,7 @@ class ByteTextSource : public TokenSource {
   absl::string_view text_;
   std::string name_;
   uint64_t seed_;
+  std::string range_;  // "[begin, end)" of the whole text for a slice; empty otherwise
 };
 
 // Token ids back to text: ids in [0, 256) are bytes; any other id (a sentinel,

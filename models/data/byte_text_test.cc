@@ -64,6 +64,37 @@ TEST(ByteTextTest, ExactBytesOfASmallText) {
   EXPECT_EQ((*source)->Describe(), "bytes of tiny (5 bytes)");
 }
 
+TEST(ByteTextTest, SliceSamplesOnlyItsBytes) {
+  // 0123456789 repeated: a window's bytes tell where it came from.
+  std::string text;
+  for (int i = 0; i < 100; ++i) text.push_back(static_cast<char>('0' + i % 10));
+  auto source = ByteTextSource::FromString(text, 3, "digits");
+  ASSERT_TRUE(source.ok());
+  auto tail = (*source)->Slice(90, 100, 4);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ((*tail)->max_sequence_length(), 10);
+  EXPECT_EQ((*tail)->Describe(), "bytes [90, 100) of digits (10 bytes)");
+  EXPECT_EQ((*tail)->Fingerprint(), "byte_text(bytes=10,range=[90, 100),seed=4)");
+  EXPECT_EQ((*source)->Fingerprint(), "byte_text(bytes=100,seed=3)");
+  EXPECT_EQ(Sample(**tail, 0, 0, 10),
+            (std::vector<int64_t>{48, 49, 50, 51, 52, 53, 54, 55, 56, 57}));
+  // The head [0, 90) never reaches the tail: windows of 85 start in [0, 5].
+  auto head = (*source)->Slice(0, 90, 3);
+  ASSERT_TRUE(head.ok());
+  for (int64_t row = 0; row < 40; ++row) {
+    const std::vector<int64_t> w = Sample(**head, 1, row, 85);
+    EXPECT_LE(w[0] - '0', 5) << "row " << row;
+  }
+  // A slice of a slice counts from the text's start in its name.
+  auto inner = (*tail)->Slice(2, 5, 4);
+  ASSERT_TRUE(inner.ok());
+  EXPECT_EQ((*inner)->Describe(), "bytes [92, 95) of digits (3 bytes)");
+  EXPECT_EQ(Sample(**inner, 0, 0, 3), (std::vector<int64_t>{50, 51, 52}));
+  auto bad = (*source)->Slice(50, 101, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "token range [50, 101) is not a non-empty part of [0, 100)");
+}
+
 TEST(ByteTextTest, DeterministicPerStepRowAndSeed) {
   auto a = ByteTextSource::OpenDefault(1);
   auto b = ByteTextSource::OpenDefault(2);

@@ -22,6 +22,15 @@ TEST(RandomTokensTest, DefaultVocabularyIsGpt2) {
   EXPECT_EQ((*s)->max_sequence_length(), kUnlimitedLength);
 }
 
+TEST(RandomTokensTest, HasNothingToHoldOut) {
+  auto source = RandomTokenSource::Create(1, 100);
+  ASSERT_TRUE(source.ok());
+  auto part = (*source)->Slice(0, 10, 2);
+  ASSERT_FALSE(part.ok());
+  EXPECT_EQ(part.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(part.status().message().find("has no fixed tokens to split"), std::string::npos);
+}
+
 TEST(RandomTokensTest, IdsInRangeAndCloseToUniform) {
   auto s = RandomTokenSource::Create(7, 16);
   ASSERT_TRUE(s.ok());

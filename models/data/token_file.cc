@@ -175,18 +175,32 @@ absl::StatusOr<std::unique_ptr<TokenFileSource>> TokenFileSource::Open(const std
 
 void TokenFileSource::SampleSequence(int64_t step, int64_t row, absl::Span<int64_t> out) const {
   const int64_t length = static_cast<int64_t>(out.size());
-  file_->Read(SampleWindowStart(seed_, step, row, file_->num_tokens(), length), out);
+  file_->Read(begin_ + SampleWindowStart(seed_, step, row, end_ - begin_, length), out);
 }
 
+bool TokenFileSource::sliced() const { return begin_ != 0 || end_ != file_->num_tokens(); }
+
 std::string TokenFileSource::Describe() const {
-  return absl::StrCat("tokens of ", file_->path(), " (",
+  const std::string range = sliced() ? absl::StrCat("[", begin_, ", ", end_, ") ") : "";
+  return absl::StrCat("tokens ", range, "of ", file_->path(), " (",
                       file_->format() == TokenFileFormat::kLlmc ? "llm.c" : "raw uint16", ", ",
-                      file_->num_tokens(), " tokens, vocab ", file_->vocab_size(), ")");
+                      end_ - begin_, " tokens, vocab ", file_->vocab_size(), ")");
 }
 
 std::string TokenFileSource::Fingerprint() const {
-  return absl::StrCat("token_file(tokens=", file_->num_tokens(), ",vocab=", file_->vocab_size(),
+  const std::string range = sliced() ? absl::StrCat(",range=[", begin_, ", ", end_, ")") : "";
+  return absl::StrCat("token_file(tokens=", end_ - begin_, range, ",vocab=", file_->vocab_size(),
                       ",seed=", seed_, ")");
+}
+
+absl::StatusOr<std::unique_ptr<TokenSource>> TokenFileSource::Slice(int64_t begin, int64_t end,
+                                                                    uint64_t seed) const {
+  absl::Status valid = CheckSliceRange(begin, end, end_ - begin_);
+  if (!valid.ok()) return valid;
+  auto part = std::make_unique<TokenFileSource>(file_, seed);
+  part->begin_ = begin_ + begin;
+  part->end_ = begin_ + end;
+  return std::unique_ptr<TokenSource>(std::move(part));
 }
 
 }  // namespace data

@@ -80,23 +80,30 @@ absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> t
 class TokenFileSource : public TokenSource {
  public:
   TokenFileSource(std::shared_ptr<const TokenFile> file, uint64_t seed)
-      : file_(std::move(file)), seed_(seed) {}
+      : file_(std::move(file)), seed_(seed), end_(file_->num_tokens()) {}
   // Open(path, vocab_size, format) then a source over it.
   static absl::StatusOr<std::unique_ptr<TokenFileSource>> Open(
       const std::string& path, uint64_t seed, int64_t vocab_size = kGpt2VocabSize,
       TokenFileFormat format = TokenFileFormat::kAuto);
 
   int64_t vocab_size() const override { return file_->vocab_size(); }
-  int64_t max_sequence_length() const override { return file_->num_tokens(); }
+  int64_t max_sequence_length() const override { return end_ - begin_; }
   void SampleSequence(int64_t step, int64_t row, absl::Span<int64_t> out) const override;
   std::string Describe() const override;
   std::string Fingerprint() const override;
+  // Tokens [begin, end) of the file (sharing it).
+  absl::StatusOr<std::unique_ptr<TokenSource>> Slice(int64_t begin, int64_t end,
+                                                     uint64_t seed) const override;
 
   const TokenFile& file() const { return *file_; }
 
  private:
   std::shared_ptr<const TokenFile> file_;
   uint64_t seed_;
+  int64_t begin_ = 0;  // the tokens sampled: [begin_, end_) of the file
+  int64_t end_;
+
+  bool sliced() const;  // not the whole file
 };
 
 }  // namespace data

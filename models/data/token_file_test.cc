@@ -139,6 +139,35 @@ TEST(TokenFileTest, SourceWindowsAreRunsOfTheFile) {
       << (*source)->Describe();
 }
 
+TEST(TokenFileTest, SliceSamplesOnlyItsTokens) {
+  const std::string path = TempPath("slice.bin");
+  ASSERT_TRUE(WriteTokenFile(path, Tokens(1000), TokenFileFormat::kRaw).ok());
+  auto source = TokenFileSource::Open(path, 1);
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto tail = (*source)->Slice(900, 1000, 2);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ((*tail)->max_sequence_length(), 100);
+  EXPECT_NE((*tail)->Describe().find("tokens [900, 1000) of "), std::string::npos)
+      << (*tail)->Describe();
+  EXPECT_NE((*tail)->Describe().find("raw uint16, 100 tokens"), std::string::npos);
+  EXPECT_EQ((*tail)->Fingerprint(), "token_file(tokens=100,range=[900, 1000),vocab=50257,seed=2)");
+  EXPECT_EQ((*source)->Fingerprint(), "token_file(tokens=1000,vocab=50257,seed=1)");
+  const std::vector<int64_t> all = Tokens(1000);
+  std::vector<int64_t> window(20);
+  for (int64_t row = 0; row < 30; ++row) {
+    (*tail)->SampleSequence(0, row, absl::MakeSpan(window));
+    bool found = false;
+    for (int64_t s = 900; s + 20 <= 1000 && !found; ++s) {
+      found = std::equal(window.begin(), window.end(), all.begin() + s);
+    }
+    EXPECT_TRUE(found) << "row " << row << " left [900, 1000)";
+  }
+  auto inner = (*tail)->Slice(10, 30, 2);
+  ASSERT_TRUE(inner.ok());
+  EXPECT_NE((*inner)->Describe().find("tokens [910, 930) of "), std::string::npos);
+  EXPECT_FALSE((*source)->Slice(0, 0, 1).ok());
+}
+
 TEST(TokenFileTest, TruncatedLlmcFile) {
   const std::string path = TempPath("truncated.bin");
   ASSERT_TRUE(WriteTokenFile(path, Tokens(100), TokenFileFormat::kLlmc).ok());

@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace data {
@@ -39,7 +41,17 @@ class TokenSource {
   // where the data lives: a checkpoint's loader state records it, and restoring
   // into a loader whose source has another fingerprint is an error.
   virtual std::string Fingerprint() const = 0;
+
+  // The same data restricted to its tokens [begin, end) (0 <= begin < end <=
+  // max_sequence_length()), sampled with `seed`: a held-out split of a file
+  // (--val_fraction). Describe and Fingerprint name the range. Unimplemented
+  // for sources with no fixed tokens (random tokens: nothing to hold out).
+  virtual absl::StatusOr<std::unique_ptr<TokenSource>> Slice(int64_t begin, int64_t end,
+                                                             uint64_t seed) const;
 };
+
+// Checks a Slice range against a source's max_sequence_length().
+absl::Status CheckSliceRange(int64_t begin, int64_t end, int64_t total);
 
 // Start of a uniformly random window of `length` tokens in a sequence of
 // `total` tokens (both > 0, length <= total): in [0, total - length].

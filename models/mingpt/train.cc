@@ -107,6 +107,9 @@ ABSL_FLAG(bool, activation_checkpointing, false, "recompute each Block's activat
 ABSL_FLAG(std::string, eval_data, "",
           "held-out data to evaluate the loss on (what --data takes: a nanoGPT val.bin, a text "
           "file, shipped, random); empty: no evaluation");
+ABSL_FLAG(double, val_fraction, 0.0,
+          "hold out the last fraction of --data's tokens for evaluation (training reads the "
+          "rest; instead of --eval_data); 0: none");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
 ABSL_FLAG(int64_t, eval_batches, 4,
           "global batches per evaluation (the same ones every time; no dropout)");
@@ -141,23 +144,15 @@ double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t
 
 train::EvalFlags EvalFlagsFromCommandLine() {
   return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
-          absl::GetFlag(FLAGS_eval_batches)};
+          absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_val_fraction)};
 }
 
-// The evaluation source (null without --eval_data); its vocabulary must fit
-// the model's.
-absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(uint64_t seed,
-                                                                        int64_t vocab_size) {
-  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
-      train::OpenEvalSource(EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
-  if (!source.ok() || *source == nullptr) return source;
-  if ((*source)->vocab_size() > vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("--eval_data=", absl::GetFlag(FLAGS_eval_data),
-                                                   ": its vocabulary ", (*source)->vocab_size(),
-                                                   " is larger than the model's ", vocab_size,
-                                                   " (set by --data / --vocab_size)"));
-  }
-  return source;
+// The evaluation source's vocabulary must fit the model's.
+absl::Status CheckEvalVocabulary(const data::TokenSource& eval, int64_t vocab_size) {
+  if (eval.vocab_size() <= vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--eval_data=", absl::GetFlag(FLAGS_eval_data), ": its vocabulary ", eval.vocab_size(),
+      " is larger than the model's ", vocab_size, " (set by --data / --vocab_size)"));
 }
 
 // ---- Data parallelism ----
@@ -322,9 +317,10 @@ absl::Status Train() {
   if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
-  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
-      train::OpenTokenSource(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
-  if (!source.ok()) return source.status();
+  absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
+      absl::GetFlag(FLAGS_data), EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
+  if (!sources.ok()) return sources.status();
+  const std::shared_ptr<const data::TokenSource>* source = &sources->train;
   absl::StatusOr<GptConfig> config = Preset(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
   config->vocab_size = absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size)
@@ -351,9 +347,11 @@ absl::Status Train() {
   if (!scaling.ok()) return scaling.status();
   absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1, K}, T);
   if (!loader.ok()) return loader.status();
-  absl::StatusOr<std::shared_ptr<const data::TokenSource>> eval_source =
-      OpenEvalSource(seed, config->vocab_size);
-  if (!eval_source.ok()) return eval_source.status();
+  const std::shared_ptr<const data::TokenSource>* eval_source = &sources->eval;
+  if (*eval_source) {
+    absl::Status fits = CheckEvalVocabulary(**eval_source, config->vocab_size);
+    if (!fits.ok()) return fits;
+  }
   std::optional<data::LmLoader> eval_loader;
   if (*eval_source) {
     absl::StatusOr<data::LmLoader> l = data::LmLoader::Create(*eval_source, {B, 0, 1, K}, T);

@@ -6,7 +6,8 @@
 # FSDP at world 2 with 2 micro-batches reports one process's eval losses; under
 # DDP with bf16 a checkpoint saved right after an evaluation holds the fp32
 # masters, bit for bit those of a run without evaluation; bad values exit 2
-# naming the flag.
+# naming the flag. --val_fraction holds out the end of --data: the same as
+# the two parts given as --data and --eval_data.
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/losses_testing.sh: losses, same_losses
@@ -51,6 +52,25 @@ bf16=(--steps=4 --batch_size=2 --world_size=2 --strategy=ddp --precision=bf16 --
   { echo "checkpoint after an evaluation differs:"; cat "$dir/diff.txt"; exit 1; }
 echo "DDP bf16: the checkpoint after an evaluation equals one without"
 
+# --val_fraction: the last quarter of a text is held out. Training on the
+# first three quarters and evaluating on the last equals a run on the two
+# parts as separate files (the same windows: the same seeds and lengths).
+awk 'BEGIN { srand(5); for (i = 0; i < 5000; i++) printf "%c", 97 + int(rand() * 26) }' \
+  > "$dir/all.txt"  # 5000 bytes
+head -c 3750 "$dir/all.txt" > "$dir/head.txt"
+tail -c 1250 "$dir/all.txt" > "$dir/tail.txt"
+split=(--preset=gpt-nano --steps=4 --seq_len=32 --batch_size=4 --log_every=1 --dropout=0
+       --eval_every=2)
+"$train" "${split[@]}" --data="$dir/all.txt" --val_fraction=0.25 \
+  --metrics_out="$dir/split.jsonl" > "$dir/split.log"
+grep -q "data: bytes \[0, 3750) of $dir/all.txt (3750 bytes)" "$dir/split.log"
+"$train" "${split[@]}" --data="$dir/head.txt" --eval_data="$dir/tail.txt" \
+  --metrics_out="$dir/files.jsonl" > /dev/null
+diff <(train_losses "$dir/split.jsonl") <(train_losses "$dir/files.jsonl")
+diff <(evals "$dir/split.jsonl") <(evals "$dir/files.jsonl")
+[[ $(evals "$dir/split.jsonl" | wc -l) == 2 ]]
+echo "--val_fraction=0.25 trains on the first 3750 bytes and evaluates on the last 1250"
+
 # Bad values: exit 2, the flag named.
 bad_flag() {  # bad_flag WANT FLAGS...
   local want="$1" code
@@ -65,4 +85,9 @@ bad_flag "--eval_every=-1 must be >= 0" --eval_data=shipped --eval_every=-1
 bad_flag "--eval_batches=0 must be >= 1" --eval_data=shipped --eval_batches=0
 bad_flag "--eval_data=$dir/missing.bin" --eval_data="$dir/missing.bin"
 bad_flag "--eval_data=random: its vocabulary 50257 is larger than the model's 256" --eval_data=random
+bad_flag "--val_fraction=1: must be in [0, 1)" --val_fraction=1
+bad_flag "--val_fraction=0.1: holds out part of --data for evaluation, and --eval_data=shipped" \
+  --val_fraction=0.1 --eval_data=shipped
+bad_flag "--val_fraction=0.1: random tokens" --data=random --val_fraction=0.1
+bad_flag "--val_fraction=1e-09: holds out 0 of the 567198 tokens" --val_fraction=1e-9
 echo "bad values are named"

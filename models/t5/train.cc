@@ -119,6 +119,9 @@ ABSL_FLAG(bool, activation_checkpointing, false,
 ABSL_FLAG(std::string, eval_data, "",
           "held-out data to evaluate the span-corruption loss on (what --data takes, with the "
           "same vocabulary); empty: no evaluation");
+ABSL_FLAG(double, val_fraction, 0.0,
+          "hold out the last fraction of --data's tokens for evaluation (training reads the "
+          "rest; instead of --eval_data); 0: none");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
 ABSL_FLAG(int64_t, eval_batches, 4,
           "global batches per evaluation (the same ones every time; no dropout)");
@@ -135,7 +138,7 @@ using tensor::MemoryLedger;
 
 train::EvalFlags EvalFlagsFromCommandLine() {
   return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
-          absl::GetFlag(FLAGS_eval_batches)};
+          absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_val_fraction)};
 }
 
 constexpr char kTinyPreset[] = "t5-tiny";
@@ -440,9 +443,10 @@ absl::Status Train() {
   absl::StatusOr<T5Config> config = MakeConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
   if (absl::GetFlag(FLAGS_v1_1)) *config = AsV1_1(*config);
-  absl::StatusOr<std::shared_ptr<const data::TokenSource>> source =
-      train::OpenTokenSource(absl::GetFlag(FLAGS_data), seed, absl::GetFlag(FLAGS_vocab_size));
-  if (!source.ok()) return WithContext(source.status(), "--data");
+  absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
+      absl::GetFlag(FLAGS_data), EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
+  if (!sources.ok()) return sources.status();
+  const std::shared_ptr<const data::TokenSource>* source = &sources->train;
   const int64_t source_vocab = (*source)->vocab_size();
   if (absl::GetFlag(FLAGS_vocab_size) > 0 && absl::GetFlag(FLAGS_vocab_size) != source_vocab) {
     // Sentinels are numbered right above the data's ids, so the vocabulary of
@@ -467,9 +471,7 @@ absl::Status Train() {
                                     " --mean_noise_span_length=", span.mean_noise_span_length,
                                     " --data=", absl::GetFlag(FLAGS_data)));
   }
-  absl::StatusOr<std::shared_ptr<const data::TokenSource>> eval_source =
-      train::OpenEvalSource(EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
-  if (!eval_source.ok()) return eval_source.status();
+  const std::shared_ptr<const data::TokenSource>* eval_source = &sources->eval;
   std::optional<data::SpanCorruptionLoader> eval_loader;
   if (*eval_source) {
     if ((*eval_source)->vocab_size() != source_vocab) {  // the sentinels sit right above it

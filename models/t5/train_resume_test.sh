@@ -111,6 +111,12 @@ diff <(sed -nE 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/p' "$dir/ev_plain.j
 bad_flag "--eval_data=random: its vocabulary 50257 is not the training data's 256" \
   --eval_data=random --steps=1
 bad_flag "--eval_batches=0 must be >= 1" --eval_data=shipped --eval_batches=0 --steps=1
+# --val_fraction: the last tenth of the text held out, evaluated after steps 2 and 3.
+"$train" "${ga_flags[@]}" --batch_size=4 --val_fraction=0.1 --eval_every=2 \
+  --metrics_out="$dir/ev_split.jsonl" > "$dir/ev_split.log"
+[[ "$(evals "$dir/ev_split.jsonl" | cut -d' ' -f1 | tr '\n' ' ')" == "2 3 " ]]
+grep -q "bytes \[0, 510478) of " "$dir/ev_split.log"
+bad_flag "--val_fraction=-0.5: must be in [0, 1)" --val_fraction=-0.5 --steps=1
 
 # Loss scaling: a power of two trains bit for bit like none; an overflowing
 # dynamic scale skips steps (every rank together) and backs off.
