@@ -59,18 +59,6 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-// A step folder, or the newest step of a checkpoint directory.
-std::string StepFolder(const std::string& dir) {
-  if (train::IsShardedCheckpoint(dir)) return dir;
-  std::FILE* model = std::fopen((dir + "/model.safetensors").c_str(), "rb");
-  if (model != nullptr) {
-    std::fclose(model);
-    return dir;
-  }
-  absl::StatusOr<std::string> latest = train::ResolveCheckpoint("latest", dir);
-  return latest.ok() ? *latest : dir;
-}
-
 std::string Human(int64_t bytes) {
   if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
   if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.2f MiB", bytes / 1048576.0);
@@ -297,10 +285,10 @@ int main(int argc, char** argv) {
   if (a.empty()) return Fail(absl::StrCat("no command; usage: ", kUsage));
   const std::string& cmd = a[0];
   auto want = [&](size_t n) { return a.size() == n + 1; };
-  if (cmd == "info" && want(1)) return Info(StepFolder(a[1]));
-  if (cmd == "verify" && want(1)) return Verify(StepFolder(a[1]));
-  if (cmd == "consolidate" && want(2)) return Consolidate(StepFolder(a[1]), a[2]);
-  if (cmd == "shard" && want(2)) return Shard(StepFolder(a[1]), a[2]);
-  if (cmd == "diff" && want(2)) return Diff(StepFolder(a[1]), StepFolder(a[2]));
+  if (cmd == "info" && want(1)) return Info(train::StepFolderOf(a[1]));
+  if (cmd == "verify" && want(1)) return Verify(train::StepFolderOf(a[1]));
+  if (cmd == "consolidate" && want(2)) return Consolidate(train::StepFolderOf(a[1]), a[2]);
+  if (cmd == "shard" && want(2)) return Shard(train::StepFolderOf(a[1]), a[2]);
+  if (cmd == "diff" && want(2)) return Diff(train::StepFolderOf(a[1]), train::StepFolderOf(a[2]));
   return Fail(absl::StrCat("bad command line '", absl::StrJoin(a, " "), "'; usage: ", kUsage));
 }

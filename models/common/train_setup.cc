@@ -84,9 +84,10 @@ std::string AccumulationPrefix(int64_t grad_accum_steps) {
   return absl::StrCat(grad_accum_steps, " micro-batches x ");
 }
 
-absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const EvalFlags& flags,
-                                                                        uint64_t seed,
-                                                                        int64_t vocab_size) {
+namespace {
+
+// --eval_every >= 0 and --eval_batches >= 1.
+absl::Status CheckEvalSchedule(const EvalFlags& flags) {
   if (flags.every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--eval_every=", flags.every, " must be >= 0 (0: after the last step)"));
@@ -95,6 +96,16 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const Ev
     return absl::InvalidArgumentError(
         absl::StrCat("--eval_batches=", flags.batches, " must be >= 1"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const EvalFlags& flags,
+                                                                        uint64_t seed,
+                                                                        int64_t vocab_size) {
+  absl::Status schedule = CheckEvalSchedule(flags);
+  if (!schedule.ok()) return schedule;
   if (flags.data.empty()) return std::shared_ptr<const data::TokenSource>();
   return OpenTokenSource(flags.data, seed + 1, vocab_size, "--eval_data");
 }
@@ -119,9 +130,8 @@ absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalF
     return error(absl::StrCat("holds out part of --data for evaluation, and --eval_data=",
                               flags.data, " names other data: give one of them"));
   }
-  absl::StatusOr<std::shared_ptr<const data::TokenSource>> checked =
-      OpenEvalSource({"", flags.every, flags.batches}, seed, vocab_size);  // every, batches
-  if (!checked.ok()) return checked.status();
+  absl::Status schedule = CheckEvalSchedule(flags);
+  if (!schedule.ok()) return schedule;
   const int64_t total = (*source)->max_sequence_length();
   if (total == data::kUnlimitedLength) {
     return error(absl::StrCat((*source)->Describe(),

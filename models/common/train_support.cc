@@ -147,6 +147,15 @@ bool IsShardedCheckpoint(const std::string& step_dir) {
   return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
 }
 
+std::string StepFolderOf(const std::string& path) {
+  std::error_code ec;
+  if (IsShardedCheckpoint(path) || std::filesystem::exists(path + "/model.safetensors", ec)) {
+    return path;
+  }
+  absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", path);
+  return latest.ok() ? *latest : path;
+}
+
 std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state) {
   return StateToMap(state, kShardedKeys);
 }

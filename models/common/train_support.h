@@ -80,6 +80,12 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
 // keep the training state in their `extra` map: "step", "loader_state" and
 // "extra.<key>" for each TrainState::extra entry.
 bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
+
+// What a tool given "a step folder or a checkpoint directory" reads: `path`
+// itself when it is a step folder (sharded, or holding model.safetensors),
+// else the step its `latest` file names, else `path` (reading it then fails,
+// naming the missing file).
+std::string StepFolderOf(const std::string& path);
 std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state);
 // DataLoss naming step_dir when the step is missing or not a count.
 absl::StatusOr<TrainState> TrainStateFromShardedExtra(

@@ -67,13 +67,10 @@ absl::StatusOr<std::string> ResolveStepDir(const std::string& path) {
         "--checkpoint is required: a step folder or the --checkpoint_dir of a training run");
   }
   std::error_code ec;
-  if (std::filesystem::exists(path + "/latest", ec)) {
-    return train::ResolveCheckpoint("latest", path);
-  }
   if (!std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint=", path, ": no such folder"));
   }
-  return path;
+  return train::StepFolderOf(path);
 }
 
 absl::StatusOr<std::vector<int64_t>> PromptIds(const GptConfig& config) {

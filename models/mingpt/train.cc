@@ -51,6 +51,7 @@
 #include "absl/strings/str_format.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
+#include "models/common/eval_flags.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/train_setup.h"
@@ -104,15 +105,6 @@ ABSL_FLAG(std::string, data, "shipped",
           "(bytes) or a .bin file of uint16 tokens (nanoGPT / llm.c layout)");
 ABSL_FLAG(double, dropout, 0.1, "dropout of embeddings, attention and residuals");
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each Block's activations in backward");
-ABSL_FLAG(std::string, eval_data, "",
-          "held-out data to evaluate the loss on (what --data takes: a nanoGPT val.bin, a text "
-          "file, shipped, random); empty: no evaluation");
-ABSL_FLAG(double, val_fraction, 0.0,
-          "hold out the last fraction of --data's tokens for evaluation (training reads the "
-          "rest; instead of --eval_data); 0: none");
-ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
-ABSL_FLAG(int64_t, eval_batches, 4,
-          "global batches per evaluation (the same ones every time; no dropout)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
@@ -142,17 +134,13 @@ double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t
   return sum / static_cast<double>(batches * K);
 }
 
-train::EvalFlags EvalFlagsFromCommandLine() {
-  return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
-          absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_val_fraction)};
-}
-
 // The evaluation source's vocabulary must fit the model's.
 absl::Status CheckEvalVocabulary(const data::TokenSource& eval, int64_t vocab_size) {
   if (eval.vocab_size() <= vocab_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--eval_data=", absl::GetFlag(FLAGS_eval_data), ": its vocabulary ", eval.vocab_size(),
-      " is larger than the model's ", vocab_size, " (set by --data / --vocab_size)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
+                   eval.vocab_size(), " is larger than the model's ", vocab_size,
+                   " (set by --data / --vocab_size)"));
 }
 
 // ---- Data parallelism ----
@@ -282,11 +270,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
-    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
       // Every rank evaluates its rows; the mean over the ranks.
       absl::Status evaluated = reporter.TimedEval(step + 1, rank.logs(), [&] {
         return (*dp)->Evaluate([&] {
-          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
+          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
                           setup.dp.device);
         });
       });
@@ -317,18 +305,19 @@ absl::Status Train() {
   if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
-  absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
-      absl::GetFlag(FLAGS_data), EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
+  absl::StatusOr<train::DataSources> sources =
+      train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
+                             absl::GetFlag(FLAGS_vocab_size));
   if (!sources.ok()) return sources.status();
-  const std::shared_ptr<const data::TokenSource>* source = &sources->train;
+  const std::shared_ptr<const data::TokenSource>& source = sources->train;
   absl::StatusOr<GptConfig> config = Preset(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
-  config->vocab_size = absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size)
-                                                           : (*source)->vocab_size();
-  if (config->vocab_size < (*source)->vocab_size()) {
+  config->vocab_size =
+      absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size) : source->vocab_size();
+  if (config->vocab_size < source->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat("--vocab_size=", config->vocab_size,
                                                    " is smaller than the data's vocabulary ",
-                                                   (*source)->vocab_size()));
+                                                   source->vocab_size()));
   }
   config->dropout = static_cast<float>(absl::GetFlag(FLAGS_dropout));
   if (T > config->block_size) {
@@ -340,21 +329,21 @@ absl::Status Train() {
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
-  const tensor::Device* device = &compute->device;
-  const precision::MixedPrecisionPolicy* policy = &compute->policy;
+  const tensor::Device& device = compute->device;
+  const precision::MixedPrecisionPolicy& policy = compute->policy;
   absl::StatusOr<train::LossScaling> scaling =
-      train::LossScalingFromCommandLine(policy->NeedsLossScaling());
+      train::LossScalingFromCommandLine(policy.NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
-  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(*source, {B, 0, 1, K}, T);
+  absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(source, {B, 0, 1, K}, T);
   if (!loader.ok()) return loader.status();
-  const std::shared_ptr<const data::TokenSource>* eval_source = &sources->eval;
-  if (*eval_source) {
-    absl::Status fits = CheckEvalVocabulary(**eval_source, config->vocab_size);
+  const std::shared_ptr<const data::TokenSource>& eval_source = sources->eval;
+  if (eval_source) {
+    absl::Status fits = CheckEvalVocabulary(*eval_source, config->vocab_size);
     if (!fits.ok()) return fits;
   }
   std::optional<data::LmLoader> eval_loader;
-  if (*eval_source) {
-    absl::StatusOr<data::LmLoader> l = data::LmLoader::Create(*eval_source, {B, 0, 1, K}, T);
+  if (eval_source) {
+    absl::StatusOr<data::LmLoader> l = data::LmLoader::Create(eval_source, {B, 0, 1, K}, T);
     if (!l.ok())
       return absl::InvalidArgumentError(absl::StrCat("--eval_data: ", l.status().message()));
     eval_loader.emplace(*std::move(l));
@@ -379,8 +368,8 @@ absl::Status Train() {
     if (!dp.ok()) return dp.status();
     setup.dp = *std::move(dp);
     setup.config = *config;
-    setup.source = *source;
-    setup.eval_source = *eval_source;
+    setup.source = source;
+    setup.eval_source = eval_source;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
     return train::RunDataParallel(
@@ -390,14 +379,14 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   GPT model(*config);
-  model.Materialize(seed, *device);
+  model.Materialize(seed, device);
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
   std::printf("data: %s | %sbatch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
-              (*source)->Describe().c_str(), train::AccumulationPrefix(K).c_str(),
+              source->Describe().c_str(), train::AccumulationPrefix(K).c_str(),
               static_cast<long long>(B), static_cast<long long>(T), (*optimizer)->name(),
-              (*schedule)->ToString().c_str(), policy->ToString().c_str(),
+              (*schedule)->ToString().c_str(), policy.ToString().c_str(),
               tensor::DefaultThreadPool().num_threads());
   if (scaling->enabled()) std::printf("loss scale: %s\n", scaling->Describe().c_str());
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -429,7 +418,7 @@ absl::Status Train() {
     start = state->step;
     std::printf("resumed from %s at step %lld\n", step_dir->c_str(), static_cast<long long>(start));
   }
-  nn::MixedPrecision mixed(model, *policy);
+  nn::MixedPrecision mixed(model, policy);
   auto save = [&](int64_t step_done) -> absl::Status {
     if (checkpoint_dir.empty()) return absl::OkStatus();
     train::TrainState state;
@@ -444,14 +433,14 @@ absl::Status Train() {
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               K * B * T, *device);
+                               K * B * T, device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();  // inputs, targets (K*B, T): K micro-batches of B rows
-    if (device->is_cuda()) {
-      batch.inputs = batch.inputs.To(*device);
-      batch.targets = batch.targets.To(*device);
+    if (device.is_cuda()) {
+      batch.inputs = batch.inputs.To(device);
+      batch.targets = batch.targets.To(device);
     }
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
@@ -488,10 +477,11 @@ absl::Status Train() {
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
-    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
       reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
         return train::EvalInOneProcess(model, mixed, [&] {
-          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
+          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
+                          device);
         });
       });
       if (!reported.ok()) return reported;

@@ -52,6 +52,7 @@
 #include "absl/types/span.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
+#include "models/common/eval_flags.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/train_setup.h"
@@ -116,15 +117,6 @@ ABSL_FLAG(double, dropout, 0.1,
           "dropout_rate: embeddings, attention probabilities, sub-layer outputs, FFN hidden");
 ABSL_FLAG(bool, activation_checkpointing, false,
           "recompute each T5Block's activations (encoder and decoder) in backward");
-ABSL_FLAG(std::string, eval_data, "",
-          "held-out data to evaluate the span-corruption loss on (what --data takes, with the "
-          "same vocabulary); empty: no evaluation");
-ABSL_FLAG(double, val_fraction, 0.0,
-          "hold out the last fraction of --data's tokens for evaluation (training reads the "
-          "rest; instead of --eval_data); 0: none");
-ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
-ABSL_FLAG(int64_t, eval_batches, 4,
-          "global batches per evaluation (the same ones every time; no dropout)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
@@ -135,11 +127,6 @@ namespace t5 {
 namespace {
 
 using tensor::MemoryLedger;
-
-train::EvalFlags EvalFlagsFromCommandLine() {
-  return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
-          absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_val_fraction)};
-}
 
 constexpr char kTinyPreset[] = "t5-tiny";
 
@@ -389,11 +376,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       absl::Status reported = reporter.Report(m);
       if (!reported.ok()) return reported;
     }
-    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
       // Every rank evaluates its rows; the mean over the ranks.
       absl::Status evaluated = reporter.TimedEval(step + 1, rank.logs(), [&] {
         return (*dp)->Evaluate([&] {
-          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B,
+          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
                           setup.dp.device);
         });
       });
@@ -443,17 +430,18 @@ absl::Status Train() {
   absl::StatusOr<T5Config> config = MakeConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
   if (absl::GetFlag(FLAGS_v1_1)) *config = AsV1_1(*config);
-  absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
-      absl::GetFlag(FLAGS_data), EvalFlagsFromCommandLine(), seed, absl::GetFlag(FLAGS_vocab_size));
+  absl::StatusOr<train::DataSources> sources =
+      train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
+                             absl::GetFlag(FLAGS_vocab_size));
   if (!sources.ok()) return sources.status();
-  const std::shared_ptr<const data::TokenSource>* source = &sources->train;
-  const int64_t source_vocab = (*source)->vocab_size();
+  const std::shared_ptr<const data::TokenSource>& source = sources->train;
+  const int64_t source_vocab = source->vocab_size();
   if (absl::GetFlag(FLAGS_vocab_size) > 0 && absl::GetFlag(FLAGS_vocab_size) != source_vocab) {
     // Sentinels are numbered right above the data's ids, so the vocabulary of
     // byte text is 256 (+ sentinels), not a padded size.
     return absl::InvalidArgumentError(
         absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " does not apply to ",
-                     (*source)->Describe(), " (vocabulary ", source_vocab,
+                     source->Describe(), " (vocabulary ", source_vocab,
                      "); it sets the vocabulary of random tokens and .bin files"));
   }
   data::SpanCorruptionOptions span;
@@ -463,7 +451,7 @@ absl::Status Train() {
   span.num_sentinels = absl::GetFlag(FLAGS_num_sentinels);
   span.seed = seed;
   absl::StatusOr<data::SpanCorruptionLoader> loader =
-      data::SpanCorruptionLoader::Create(*source, {B, 0, 1, K}, span);
+      data::SpanCorruptionLoader::Create(source, {B, 0, 1, K}, span);
   if (!loader.ok()) {
     return WithContext(loader.status(),
                        absl::StrCat("--encoder_length=", S, " --num_sentinels=", span.num_sentinels,
@@ -471,16 +459,16 @@ absl::Status Train() {
                                     " --mean_noise_span_length=", span.mean_noise_span_length,
                                     " --data=", absl::GetFlag(FLAGS_data)));
   }
-  const std::shared_ptr<const data::TokenSource>* eval_source = &sources->eval;
+  const std::shared_ptr<const data::TokenSource>& eval_source = sources->eval;
   std::optional<data::SpanCorruptionLoader> eval_loader;
-  if (*eval_source) {
-    if ((*eval_source)->vocab_size() != source_vocab) {  // the sentinels sit right above it
+  if (eval_source) {
+    if (eval_source->vocab_size() != source_vocab) {  // the sentinels sit right above it
       return absl::InvalidArgumentError(
-          absl::StrCat("--eval_data=", absl::GetFlag(FLAGS_eval_data), ": its vocabulary ",
-                       (*eval_source)->vocab_size(), " is not the training data's ", source_vocab));
+          absl::StrCat("--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
+                       eval_source->vocab_size(), " is not the training data's ", source_vocab));
     }
     absl::StatusOr<data::SpanCorruptionLoader> l =
-        data::SpanCorruptionLoader::Create(*eval_source, {B, 0, 1, K}, span);
+        data::SpanCorruptionLoader::Create(eval_source, {B, 0, 1, K}, span);
     if (!l.ok()) return WithContext(l.status(), "--eval_data");
     eval_loader.emplace(*std::move(l));
   }
@@ -493,10 +481,10 @@ absl::Status Train() {
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
-  const tensor::Device* device = &compute->device;
-  const precision::MixedPrecisionPolicy* policy = &compute->policy;
+  const tensor::Device& device = compute->device;
+  const precision::MixedPrecisionPolicy& policy = compute->policy;
   absl::StatusOr<train::LossScaling> scaling =
-      train::LossScalingFromCommandLine(policy->NeedsLossScaling());
+      train::LossScalingFromCommandLine(policy.NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
       {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
@@ -519,8 +507,8 @@ absl::Status Train() {
     if (!dp.ok()) return dp.status();
     setup.dp = *std::move(dp);
     setup.config = *config;
-    setup.source = *source;
-    setup.eval_source = *eval_source;
+    setup.source = source;
+    setup.eval_source = eval_source;
     setup.span = span;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
@@ -531,13 +519,13 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   T5Model model(*config);
-  model.Materialize(seed, *device);
+  model.Materialize(seed, device);
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
   const int64_t tokens_per_step = K * B * (S + loader->corruptor().decoder_length());
-  PrintStartup(*config, **source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
+  PrintStartup(*config, *source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
-                            policy->ToString()));
+                            policy.ToString()));
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     for (T5Stack* stack : {model.encoder(), model.decoder()}) {
       for (size_t l = 0; l < stack->blocks()->size(); ++l) {
@@ -577,7 +565,7 @@ absl::Status Train() {
     start = state->step;
     std::printf("resumed from %s at step %lld\n", step_dir->c_str(), static_cast<long long>(start));
   }
-  nn::MixedPrecision mixed(model, *policy);
+  nn::MixedPrecision mixed(model, policy);
   auto save = [&](int64_t step_done) -> absl::Status {
     if (checkpoint_dir.empty()) return absl::OkStatus();
     train::TrainState state;
@@ -593,13 +581,13 @@ absl::Status Train() {
   const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               tokens_per_step, *device);
+                               tokens_per_step, device);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     // K micro-batches of B rows: encoder (K*B, S) + mask, decoder (K*B, T_dec) x 2.
     data::Seq2SeqBatch batch = loader->Next();
-    MoveBatch(batch, *device);
+    MoveBatch(batch, device);
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();
     const double scale = scaling->scale();
@@ -636,10 +624,11 @@ absl::Status Train() {
     m.grad_norm = grad_norm;
     absl::Status reported = reporter.Report(m);
     if (!reported.ok()) return reported;
-    if (eval_loader && train::EvalAfter(EvalFlagsFromCommandLine(), step + 1, steps)) {
+    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
       reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
         return train::EvalInOneProcess(model, mixed, [&] {
-          return EvalLoss(model, *eval_loader, absl::GetFlag(FLAGS_eval_batches), K, B, *device);
+          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
+                          device);
         });
       });
       if (!reported.ok()) return reported;
