@@ -517,6 +517,10 @@ void FullyShardedModel::ZeroGrad() {
   }
 }
 
+void FullyShardedModel::Reshard() {
+  for (auto& u : units_) u->Reshard();
+}
+
 double FullyShardedModel::ClipGradNorm(double max_norm) {
   if (options_.strategy == ShardingStrategy::kNoShard) {
     return optim::ClipGradNorm(ParamRefs(), max_norm);  // every rank has the whole gradient

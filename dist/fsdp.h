@@ -162,6 +162,14 @@ class FullyShardedModel {
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  // Frees every unit's unsharded parameters (values undefined until the next
+  // forward gathers them again), as PyTorch FSDP2's reshard(). For after
+  // forward passes without a backward (evaluation): FULL_SHARD keeps the root
+  // unit, and SHARD_GRAD_OP every unit, unsharded from a forward until its
+  // backward, and with no backward to come they would stay held until the
+  // next forward. Local (no collective); must not run between a forward and
+  // its backward. Gradients accumulated under no_sync are kept.
+  void Reshard();
   // Clips the global 2-norm of the gradients over all shards (sum of squares
   // summed across ranks; collective except under NO_SHARD) and returns the
   // norm before clipping.

@@ -203,7 +203,13 @@ class ThreadProcessGroup final : public ProcessGroup {
                                                        Who(), ": ", e.what()));
       }
     }
-    Enqueue([this, work, call, issued] { work->Complete(Execute(*call, issued)); });
+    Enqueue([this, work, call, issued]() mutable {
+      absl::Status status = Execute(*call, issued);
+      // Drop the call's tensors before waking the waiter: once Wait() returns,
+      // buffers only the call held are freed (and off the memory ledger).
+      call = nullptr;
+      work->Complete(std::move(status));
+    });
     return work;
   }
 

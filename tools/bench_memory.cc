@@ -294,11 +294,6 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
         fsdp->ZeroGrad();
       }
     }
-    // The engine's worker drops its reference to a finished call's buffers
-    // just after completing it; a later call on the same (in-order) worker
-    // guarantees that has happened before the ledger is read.
-    absl::Status barrier = pg.BarrierSync();
-    if (!barrier.ok()) return barrier;
     const int64_t steady = ModelState(ledger, device);
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);

@@ -645,6 +645,7 @@ absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>
   model_.Train(true);
   if (ddp_) ddp_->EndForwardOnly();
   if (zero1_) zero1_->EndForwardOnly();
+  if (fsdp_) fsdp_->Reshard();  // the root (and SHARD_GRAD_OP's units) kept their gathers
   return dist::MeanOverRanks(pg_, local);
 }
 

@@ -258,8 +258,9 @@ class DataParallelModel {
   // Evaluation: runs local_loss() (forward passes only, e.g. a model's Loss
   // over this rank's rows of the evaluation batches) with the model in eval
   // mode (no dropout), then puts the model back in training mode with its
-  // fp32 masters as the parameters (DDP, ZeRO-1 mixed precision), and returns
-  // the loss averaged over the ranks.
+  // fp32 masters as the parameters (DDP, ZeRO-1 mixed precision) and FSDP's
+  // units resharded (FullyShardedModel::Reshard: no unsharded parameters left
+  // held), and returns the loss averaged over the ranks.
   absl::StatusOr<double> Evaluate(const std::function<double()>& local_loss);
 
   // Gradient accumulation (--grad_accum_steps): while the guard lives,

@@ -510,6 +510,41 @@ TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
   ASSERT_TRUE(s.ok()) << s;
 }
 
+// Evaluation holds no more memory afterwards than the strategy holds between
+// steps: FSDP reshards the units a forward-only pass left gathered (the root;
+// every unit under SHARD_GRAD_OP), DDP and ZeRO-1 keep what they always hold.
+// Their parameter bytes after Evaluate equal those after a training step.
+TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
+  for (const std::string strategy :
+       {"ddp", "zero1", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"}) {
+    SCOPED_TRACE(strategy);
+    const bool hybrid = strategy == "hybrid_shard";
+    const DataParallelConfig config =
+        ThreadsConfig(strategy, hybrid ? 4 : 2, "transformer", hybrid ? 2 : 0);
+    const std::vector<int64_t> tokens = RandomTokens(8);
+    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {});
+      if (!dp.ok()) return dp.status();
+      const tensor::Tensor idx = Rows(tokens, rank.rank, rank.world_size);  // (B, T)
+      auto params = [&] {
+        return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters)
+            .current;
+      };
+      const double loss = model.ForwardBackward(idx, idx);
+      if (absl::Status st = (*dp)->Step(); !st.ok()) return st;
+      (*dp)->ZeroGrad();
+      const int64_t after_step = params();
+      absl::StatusOr<double> eval = (*dp)->Evaluate([&] { return model.Loss(idx, idx); });
+      if (!eval.ok()) return eval.status();
+      EXPECT_EQ(params(), after_step) << "rank " << rank.rank;
+      EXPECT_NE(*eval, loss);  // evaluated with the stepped parameters
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+}
+
 // ---- Memory ----
 
 TEST(MemoryTest, TableAndLine) {
