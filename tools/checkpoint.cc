@@ -15,6 +15,12 @@
 //   checkpoint shard DIR OUT              the reverse: a single-process / DDP step folder
 //                                         as a sharded one (world size 1) that FSDP and
 //                                         ZeRO-1 resume at any world size (torch_save_to_dcp)
+//   checkpoint export-hf DIR OUT          a minGPT checkpoint (either kind) as a Hugging
+//                                         Face GPT-2 folder: OUT/config.json and
+//                                         OUT/model.safetensors in GPT2LMHeadModel's
+//                                         names and layout (transformers loads it; the
+//                                         train and sample binaries read such folders
+//                                         back, see models/mingpt/pretrained.h)
 //   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
 //                                         the models parameter by parameter (largest
 //                                         differences first); exit 1 unless every
@@ -41,6 +47,7 @@
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/train_support.h"
+#include "models/mingpt/pretrained.h"
 #include "tensor/safetensors.h"
 
 ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, elements)");
@@ -52,7 +59,7 @@ namespace {
 
 constexpr char kUsage[] =
     "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | shard DIR OUT | "
-    "diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
+    "export-hf DIR OUT | diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "checkpoint: error: %s\n", message.c_str());
@@ -185,6 +192,17 @@ int Shard(const std::string& dir, const std::string& out) {
   return 0;
 }
 
+int ExportHf(const std::string& dir, const std::string& out) {
+  absl::StatusOr<mingpt::PretrainedWeights> w = mingpt::ReadPretrained(dir);
+  if (!w.ok()) return Fail(std::string(w.status().message()));
+  absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->weights);
+  if (!s.ok()) return Fail(std::string(s.message()));
+  std::printf(
+      "wrote the Hugging Face GPT-2 folder %s (config.json, model.safetensors) of %s from %s\n",
+      out.c_str(), w->config.ToString().c_str(), w->source.c_str());
+  return 0;
+}
+
 struct ParamDiff {
   std::string name;
   double max_abs = 0;
@@ -289,6 +307,7 @@ int main(int argc, char** argv) {
   if (cmd == "verify" && want(1)) return Verify(train::StepFolderOf(a[1]));
   if (cmd == "consolidate" && want(2)) return Consolidate(train::StepFolderOf(a[1]), a[2]);
   if (cmd == "shard" && want(2)) return Shard(train::StepFolderOf(a[1]), a[2]);
+  if (cmd == "export-hf" && want(2)) return ExportHf(a[1], a[2]);
   if (cmd == "diff" && want(2)) return Diff(train::StepFolderOf(a[1]), train::StepFolderOf(a[2]));
   return Fail(absl::StrCat("bad command line '", absl::StrJoin(a, " "), "'; usage: ", kUsage));
 }

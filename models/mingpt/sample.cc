@@ -3,7 +3,8 @@
 //   ./bazelw run //models/mingpt:sample -- --checkpoint=/tmp/ck --prompt="Light is"
 // --checkpoint is a step folder or a --checkpoint_dir (its latest step), of
 // either kind: single-process / DDP, or sharded (FSDP, ZeRO-1, any world
-// size). The model's configuration comes from the checkpoint.
+// size), or a Hugging Face GPT-2 folder (config.json + model.safetensors, e.g.
+// the hub's gpt2; see pretrained.h). The model's configuration comes from it.
 //
 // Byte-level models (vocabulary 256: trained on text or the shipped data)
 // take --prompt as text and print text; other models (token files, e.g.
@@ -29,17 +30,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "models/common/checkpoint_convert.h"
 #include "models/common/train_setup.h"
-#include "models/common/train_support.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
+#include "models/mingpt/pretrained.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "precision/policy.h"
 
-ABSL_FLAG(std::string, checkpoint, "", "a step folder, or a --checkpoint_dir (its latest step)");
+ABSL_FLAG(std::string, checkpoint, "",
+          "a step folder, a --checkpoint_dir (its latest step), or a Hugging Face GPT-2 folder");
 ABSL_FLAG(std::string, prompt, "\n", "text to continue (byte-level models)");
 ABSL_FLAG(std::string, prompt_tokens, "",
           "token ids to continue, comma-separated (instead of --prompt)");
@@ -59,19 +60,6 @@ namespace mingpt {
 namespace {
 
 constexpr int64_t kByteVocab = 256;
-
-// A step folder, or a checkpoint_dir's latest step folder.
-absl::StatusOr<std::string> ResolveStepDir(const std::string& path) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError(
-        "--checkpoint is required: a step folder or the --checkpoint_dir of a training run");
-  }
-  std::error_code ec;
-  if (!std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("--checkpoint=", path, ": no such folder"));
-  }
-  return train::StepFolderOf(path);
-}
 
 absl::StatusOr<std::vector<int64_t>> PromptIds(const GptConfig& config) {
   const std::string tokens = absl::GetFlag(FLAGS_prompt_tokens);
@@ -129,23 +117,18 @@ void PrintTokens(absl::Span<const int64_t> ids, bool text) {
 
 absl::Status Sample() {
   // ---- Checkpoint and model ----
-  absl::StatusOr<std::string> step_dir = ResolveStepDir(absl::GetFlag(FLAGS_checkpoint));
-  if (!step_dir.ok()) return step_dir.status();
-  absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(*step_dir);
-  if (!summary.ok()) {
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (checkpoint.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--checkpoint=", *step_dir, ": ", summary.status().message()));
+        "--checkpoint is required: a step folder, the --checkpoint_dir of a training run, or a "
+        "Hugging Face GPT-2 folder");
   }
-  auto recorded = summary->state.extra.find("config");
-  if (recorded == summary->state.extra.end()) {
+  absl::StatusOr<PretrainedWeights> pretrained = ReadPretrained(checkpoint);
+  if (!pretrained.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(*step_dir, " records no model config: not a checkpoint of a train binary"));
+        absl::StrCat("--checkpoint: ", pretrained.status().message()));
   }
-  absl::StatusOr<GptConfig> config = ParseConfig(recorded->second);
-  if (!config.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(*step_dir, " is not a minGPT checkpoint: ", config.status().message()));
-  }
+  const GptConfig* config = &pretrained->config;
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
@@ -170,21 +153,19 @@ absl::Status Sample() {
   absl::StatusOr<bool> text = PrintsText(*config);
   if (!text.ok()) return text.status();
 
-  absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel(*step_dir);
-  if (!weights.ok()) return weights.status();
   GPT model(*config);
   model.Materialize(0, device);
-  absl::Status loaded = nn::LoadStateDict(model, *weights);
+  absl::Status loaded = nn::LoadStateDict(model, pretrained->weights);
   if (!loaded.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(*step_dir, " does not fit ", config->ToString(), ": ", loaded.message()));
+    return absl::InvalidArgumentError(absl::StrCat(pretrained->source, " does not fit ",
+                                                   config->ToString(), ": ", loaded.message()));
   }
-  weights->clear();
+  pretrained->weights.clear();
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
-  std::fprintf(stderr, "%s from %s (step %lld) | %s | precision %s\n", config->ToString().c_str(),
-               step_dir->c_str(), static_cast<long long>(summary->state.step),
-               device.ToString().c_str(), compute->policy.ToString().c_str());
+  std::fprintf(stderr, "%s from %s | %s | precision %s\n", config->ToString().c_str(),
+               pretrained->source.c_str(), device.ToString().c_str(),
+               compute->policy.ToString().c_str());
 
   // ---- Generation: one sample streams as it is drawn, several print at the end ----
   const std::vector<std::vector<int64_t>> prompts(num_samples, *prompt);

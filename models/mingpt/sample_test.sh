@@ -22,7 +22,7 @@ common=(--preset=gpt-nano --data=shipped --steps=4 --seq_len=32 --batch_size=4 -
 # One sample: prompt then 40 bytes, streamed, and a newline.
 "$sample" --checkpoint="$dir/one" --prompt="Light is" --max_new_tokens=40 --seed=7 \
   > "$dir/a.txt" 2> "$dir/a.err"
-grep -q "^gpt-nano(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=128, dropout=0.1) from $dir/one/step_000004 (step 4)" "$dir/a.err"
+grep -q "^gpt-nano(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=128, dropout=0.1) from checkpoint $dir/one/step_000004 (step 4)" "$dir/a.err"
 grep -Eq "^generated 1 x 40 tokens in [0-9]+ ms" "$dir/a.err"
 [[ $(head -c 8 "$dir/a.txt") == "Light is" ]]
 [[ $(wc -c < "$dir/a.txt") == 49 ]]
@@ -45,6 +45,13 @@ cmp "$dir/sharded.txt" "$dir/whole.txt"
 [[ $(grep -c '^---------------$' "$dir/sharded.txt") == 2 ]]
 echo "FSDP sharded checkpoint = its consolidated copy; 3 samples"
 
+# Exported as a Hugging Face GPT-2 folder, the model samples the same bytes.
+"$checkpoint" export-hf "$dir/one" "$dir/hf" > /dev/null
+"$sample" --checkpoint="$dir/hf" --prompt="Light is" --max_new_tokens=40 --seed=7 \
+  2> "$dir/hf.err" | cmp - "$dir/a.txt"
+grep -q "from Hugging Face GPT-2 $dir/hf |" "$dir/hf.err"
+echo "its Hugging Face GPT-2 export samples the same bytes"
+
 # Greedy with ids: "L" is 76; 5 ids follow the prompt's.
 "$sample" --checkpoint="$dir/one" --prompt_tokens=76,105 --max_new_tokens=5 --temperature=0 \
   --print=tokens > "$dir/ids.txt" 2> /dev/null
@@ -60,7 +67,7 @@ expect_error() {
   grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
 }
 expect_error "--checkpoint is required"
-expect_error "--checkpoint=$dir/none: no such folder" --checkpoint="$dir/none"
+expect_error "--checkpoint: $dir/none: no such folder" --checkpoint="$dir/none"
 expect_error "--temperature must be finite and >= 0" --checkpoint="$dir/one" --temperature=-1
 expect_error "--top_p must be in (0, 1], got 1.5" --checkpoint="$dir/one" --top_p=1.5
 expect_error "--top_k must be >= 0" --checkpoint="$dir/one" --top_k=-2
@@ -69,7 +76,7 @@ expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint
   --prompt_tokens=1,300
 expect_error "--prompt is empty" --checkpoint="$dir/one" --prompt=
 expect_error "--print=words: expected text, tokens or auto" --checkpoint="$dir/one" --print=words
-expect_error "--checkpoint=$dir: cannot open '$dir/model.safetensors'" --checkpoint="$dir"
+expect_error "--checkpoint: $dir is neither a checkpoint nor a Hugging Face model folder (no config.json): cannot open '$dir/model.safetensors'" --checkpoint="$dir"
 # A model of token ids (vocabulary 512 on random data) wants ids, and prints ids.
 "$train" --preset=gpt-nano --data=random --vocab_size=512 --steps=1 --seq_len=16 --batch_size=2 \
   --checkpoint_dir="$dir/ids" > /dev/null

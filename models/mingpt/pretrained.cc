@@ -1,0 +1,364 @@
+#include "models/mingpt/pretrained.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "models/common/checkpoint_convert.h"
+#include "models/common/train_support.h"
+#include "tensor/json.h"
+
+namespace mingpt {
+namespace {
+
+using tensor::Json;
+using tensor::Tensor;
+
+constexpr char kPrefix[] = "transformer.";
+
+// HF's Conv1D weights, stored (in, out): ours are Linear (out, in).
+bool IsConv1DWeight(const std::string& name) {
+  for (const char* suffix :
+       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    if (absl::EndsWith(name, suffix)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot be read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::Status WriteTextAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// config.json's GPT-2 sizes; refuses what our minGPT does not compute.
+absl::StatusOr<GptConfig> ConfigFromHf(const Json& json, const std::string& path) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (json.kind != Json::Kind::kObject) return bad("not a JSON object");
+  if (const Json* type = json.Get("model_type");
+      type != nullptr && !(type->kind == Json::Kind::kString && type->text == "gpt2")) {
+    return bad(absl::StrCat("model_type is '", type->text, "', not 'gpt2'"));
+  }
+  // A required integer, under `key` or (older files) `alias`.
+  auto integer = [&](const char* key, const char* alias, int64_t* out) -> absl::Status {
+    const Json* v = json.Get(key);
+    if (v == nullptr && alias != nullptr) v = json.Get(alias);
+    if (v == nullptr) return bad(absl::StrCat("no '", key, "'"));
+    if (v->kind != Json::Kind::kNumber || !absl::SimpleAtoi(v->text, out)) {
+      return bad(absl::StrCat("'", key, "' is not an integer"));
+    }
+    return absl::OkStatus();
+  };
+  GptConfig c;
+  c.name = "hf-gpt2";
+  c.dropout = 0.0f;
+  for (absl::Status s :
+       {integer("n_layer", nullptr, &c.n_layer), integer("n_head", nullptr, &c.n_head),
+        integer("n_embd", nullptr, &c.n_embd), integer("vocab_size", nullptr, &c.vocab_size),
+        integer("n_positions", "n_ctx", &c.block_size)}) {
+    if (!s.ok()) return s;
+  }
+  if (const Json* act = json.Get("activation_function"); act != nullptr) {
+    static const std::set<std::string> kTanhGelu = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"};
+    if (kTanhGelu.count(act->text) == 0) {
+      return bad(absl::StrCat("activation_function '", act->text,
+                              "' is not GPT-2's tanh GELU (gelu_new), the one minGPT computes"));
+    }
+  }
+  if (const Json* eps = json.Get("layer_norm_epsilon"); eps != nullptr) {
+    double e = 0;
+    if (!absl::SimpleAtod(eps->text, &e) || std::abs(e - 1e-5) > 1e-12) {
+      return bad(absl::StrCat("layer_norm_epsilon ", eps->text, " is not 1e-5, minGPT's"));
+    }
+  }
+  if (const Json* inner = json.Get("n_inner"); inner != nullptr &&
+                                               inner->kind != Json::Kind::kNull &&
+                                               inner->text != absl::StrCat(4 * c.n_embd)) {
+    return bad(absl::StrCat("n_inner ", inner->text, " is not 4 n_embd (", 4 * c.n_embd, ")"));
+  }
+  for (auto [key, want] : {std::pair<const char*, const char*>{"scale_attn_weights", "true"},
+                           {"scale_attn_by_inverse_layer_idx", "false"},
+                           {"add_cross_attention", "false"}}) {
+    const Json* v = json.Get(key);
+    if (v != nullptr && v->text != want) {
+      return bad(absl::StrCat(key, " is ", v->text, "; minGPT computes ", key, " = ", want));
+    }
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return bad(std::string(valid.message()));
+  // Written by WriteHfGpt2: the preset's name and the dropout come back too.
+  if (const Json* ours = json.Get("minGPT_config"); ours != nullptr) {
+    absl::StatusOr<GptConfig> recorded = ParseConfig(ours->text);
+    if (!recorded.ok()) return bad(absl::StrCat("minGPT_config: ", recorded.status().message()));
+    if (recorded->n_layer != c.n_layer || recorded->n_head != c.n_head ||
+        recorded->n_embd != c.n_embd || recorded->vocab_size != c.vocab_size ||
+        recorded->block_size != c.block_size) {
+      return bad(absl::StrCat("minGPT_config ", ours->text, " disagrees with the GPT-2 sizes"));
+    }
+    return *recorded;
+  }
+  return c;
+}
+
+// The safetensors files of a HF folder: model.safetensors, or the shards an
+// index names.
+absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/model.safetensors", ec))
+    return std::vector<std::string>{dir + "/model.safetensors"};
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (!std::filesystem::exists(index, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir,
+        " has no model.safetensors (nor model.safetensors.index.json); only safetensors "
+        "weights are read, not pytorch_model.bin"));
+  }
+  absl::StatusOr<std::string> text = ReadText(index);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Json> json = tensor::ParseJson(*text);
+  if (!json.ok())
+    return absl::InvalidArgumentError(absl::StrCat(index, ": ", json.status().message()));
+  const Json* map = json->Get("weight_map");
+  if (map == nullptr || map->kind != Json::Kind::kObject) {
+    return absl::InvalidArgumentError(absl::StrCat(index, ": no weight_map object"));
+  }
+  std::vector<std::string> files;
+  std::set<std::string> seen;
+  for (const auto& [name, file] : map->fields) {
+    if (file.kind != Json::Kind::kString || absl::StrContains(file.text, "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index, ": weight_map['", name, "'] is not a file name in the folder"));
+    }
+    if (seen.insert(file.text).second) files.push_back(dir + "/" + file.text);
+  }
+  return files;
+}
+
+}  // namespace
+
+bool IsHfModelDir(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir + "/config.json", ec);
+}
+
+absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  absl::StatusOr<std::string> text = ReadText(config_path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Json> json = tensor::ParseJson(*text);
+  if (!json.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", json.status().message()));
+  }
+  absl::StatusOr<GptConfig> config = ConfigFromHf(*json, config_path);
+  if (!config.ok()) return config.status();
+
+  absl::StatusOr<std::vector<std::string>> files = HfWeightFiles(dir);
+  if (!files.ok()) return files.status();
+  // Ours name -> (file's name, tensor).
+  std::map<std::string, std::pair<std::string, Tensor>> found;
+  for (const std::string& file : *files) {
+    absl::StatusOr<tensor::SafetensorsFile> st = tensor::ReadSafetensors(file);
+    if (!st.ok()) return st.status();
+    for (auto& [name, t] : st->tensors) {
+      if (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")) {
+        continue;  // the causal mask, a buffer
+      }
+      const std::string ours = name == "lm_head.weight" || absl::StartsWith(name, kPrefix)
+                                   ? name
+                                   : absl::StrCat(kPrefix, name);
+      if (!found.emplace(ours, std::make_pair(name, t)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, ": tensor '", name, "' is in the files twice"));
+      }
+    }
+  }
+  PretrainedWeights out;
+  out.config = *config;
+  out.source = absl::StrCat("Hugging Face GPT-2 ", dir);
+  for (const ParamShape& p : ParameterShapes(*config)) {
+    auto it = found.find(p.name);
+    if (it == found.end() && p.name == "lm_head.weight") it = found.find("transformer.wte.weight");
+    if (it == found.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": no tensor '",
+                                                     p.name.substr(sizeof(kPrefix) - 1), "' (nor '",
+                                                     p.name, "') in the weights"));
+    }
+    const bool conv1d = IsConv1DWeight(p.name);
+    tensor::Shape want(p.shape);
+    if (conv1d) want = tensor::Shape({p.shape[1], p.shape[0]});
+    const Tensor& t = it->second.second;
+    if (t.shape() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": tensor '", it->second.first, "' has shape ", t.shape().ToString(),
+                       "; config.json's sizes need ", want.ToString()));
+    }
+    if (!tensor::IsFloatingPoint(t.dtype())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": tensor '", it->second.first, "' is ", tensor::DtypeName(t.dtype())));
+    }
+    Tensor f32 = t.To(tensor::Dtype::kF32);
+    out.weights.emplace_back(p.name, conv1d ? f32.Transpose(0, 1).Contiguous() : f32.Contiguous());
+  }
+  std::vector<std::string> unknown;
+  std::set<std::string> used;
+  for (const auto& [name, t] : out.weights) used.insert(name);
+  for (const auto& [ours, entry] : found) {
+    if (used.count(ours) == 0) unknown.push_back(entry.first);
+  }
+  if (!unknown.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": tensors GPT-2 of config.json's sizes does not have: ",
+        absl::StrJoin(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 5), ", "),
+        unknown.size() > 5 ? ", ..." : ""));
+  }
+  return out;
+}
+
+absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no such folder (a checkpoint or a Hugging Face GPT-2 model folder)"));
+  }
+  if (IsHfModelDir(path)) return ReadHfGpt2(path);
+  const std::string step_dir = train::StepFolderOf(path);
+  absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(step_dir);
+  if (!summary.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is neither a checkpoint nor a Hugging Face model folder (no config.json): ",
+        summary.status().message()));
+  }
+  auto recorded = summary->state.extra.find("config");
+  if (recorded == summary->state.extra.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_dir, " records no model config: not a checkpoint of a train binary"));
+  }
+  absl::StatusOr<GptConfig> config = ParseConfig(recorded->second);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_dir, " is not a minGPT checkpoint: ", config.status().message()));
+  }
+  absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel(step_dir);
+  if (!weights.ok()) return weights.status();
+  PretrainedWeights out;
+  out.config = *config;
+  out.weights = *std::move(weights);
+  out.source = absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")");
+  return out;
+}
+
+absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
+                         const tensor::NamedTensors& weights) {
+  std::map<std::string, Tensor> by_name(weights.begin(), weights.end());
+  tensor::NamedTensors hf;
+  for (const ParamShape& p : ParameterShapes(config)) {
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no weight '", p.name, "' for ", config.ToString()));
+    }
+    const Tensor& t = it->second;
+    if (t.shape() != tensor::Shape(p.shape)) {
+      return absl::InvalidArgumentError(absl::StrCat("weight '", p.name, "' has shape ",
+                                                     t.shape().ToString(), "; ", config.ToString(),
+                                                     " needs ", tensor::Shape(p.shape).ToString()));
+    }
+    Tensor f32 = t.To(tensor::Device::Cpu()).To(tensor::Dtype::kF32);
+    hf.emplace_back(p.name,
+                    IsConv1DWeight(p.name) ? f32.Transpose(0, 1).Contiguous() : f32.Contiguous());
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("weight '", by_name.begin()->first,
+                                                   "' is not a parameter of ", config.ToString()));
+  }
+  const std::vector<float> wte = hf.front().second.ToVector<float>();
+  const bool tied = wte == hf.back().second.ToVector<float>();  // lm_head is last
+
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  absl::Status s = tensor::WriteSafetensors(dir + "/model.safetensors", hf, {{"format", "pt"}});
+  if (!s.ok()) return s;
+  const std::string dropout = absl::StrFormat("%.9g", config.dropout);
+  const std::string json = absl::StrCat(
+      "{\n"
+      "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+      "  \"model_type\": \"gpt2\",\n"
+      "  \"vocab_size\": ",
+      config.vocab_size,
+      ",\n"
+      "  \"n_positions\": ",
+      config.block_size,
+      ",\n"
+      "  \"n_embd\": ",
+      config.n_embd,
+      ",\n"
+      "  \"n_layer\": ",
+      config.n_layer,
+      ",\n"
+      "  \"n_head\": ",
+      config.n_head,
+      ",\n"
+      "  \"n_inner\": null,\n"
+      "  \"activation_function\": \"gelu_new\",\n"
+      "  \"layer_norm_epsilon\": 1e-05,\n"
+      "  \"resid_pdrop\": ",
+      dropout,
+      ",\n"
+      "  \"embd_pdrop\": ",
+      dropout,
+      ",\n"
+      "  \"attn_pdrop\": ",
+      dropout,
+      ",\n"
+      "  \"initializer_range\": 0.02,\n"
+      "  \"scale_attn_weights\": true,\n"
+      "  \"tie_word_embeddings\": ",
+      tied ? "true" : "false",
+      ",\n"
+      "  \"bos_token_id\": ",
+      config.vocab_size - 1,
+      ",\n"
+      "  \"eos_token_id\": ",
+      config.vocab_size - 1,
+      ",\n"
+      "  \"torch_dtype\": \"float32\",\n"
+      "  \"minGPT_config\": ",
+      tensor::JsonQuote(config.ToString()),
+      "\n"
+      "}\n");
+  return WriteTextAtomically(dir + "/config.json", json);
+}
+
+}  // namespace mingpt

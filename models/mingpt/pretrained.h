@@ -1,0 +1,63 @@
+// minGPT weights from disk, with the configuration that fits them: a
+// checkpoint of a train binary, or a Hugging Face GPT-2 model folder (nanoGPT's
+// init_from='gpt2'); and the export of minGPT weights as a Hugging Face GPT-2
+// folder that transformers' GPT2LMHeadModel.from_pretrained loads.
+//
+// Hugging Face GPT-2 against ours (the same model: minGPT is GPT-2):
+//   - names: ours are GPT2LMHeadModel's ("transformer.h.0.attn.c_attn.weight",
+//     "lm_head.weight"); GPT2Model files (the hub's gpt2 .. gpt2-xl) lack the
+//     "transformer." prefix. Both are read.
+//   - layout: HF's Conv1D stores attn.c_attn, attn.c_proj, mlp.c_fc and
+//     mlp.c_proj weights as (in, out); our Linear as (out, in): transposed.
+//   - lm_head: tied to wte in HF (often absent from the file); minGPT's is its
+//     own parameter, so reading copies wte, and writing keeps lm_head
+//     ("tie_word_embeddings": false unless it equals wte).
+//   - attn.bias / attn.masked_bias (the causal mask as a buffer, in older
+//     files) are skipped.
+//   - config.json: n_layer, n_head, n_embd, vocab_size, n_positions (our
+//     block_size); activation gelu_new (our tanh GELU), layer_norm_epsilon 1e-5,
+//     no n_inner other than 4 n_embd: anything else is refused, naming the key.
+// Weights may be f32, f16 or bf16 in the file, in one model.safetensors or
+// sharded (model.safetensors.index.json); they are read as f32.
+#ifndef MODELS_MINGPT_PRETRAINED_H_
+#define MODELS_MINGPT_PRETRAINED_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/mingpt/config.h"
+#include "tensor/safetensors.h"
+
+namespace mingpt {
+
+struct PretrainedWeights {
+  GptConfig config;              // dropout: the recorded one, or 0 for HF
+  tensor::NamedTensors weights;  // ParameterShapes(config) order, f32, on the host
+  std::string source;            // "checkpoint DIR (step N)", "Hugging Face GPT-2 DIR"
+};
+
+// True when `dir` holds a Hugging Face model (config.json).
+bool IsHfModelDir(const std::string& dir);
+
+// A Hugging Face GPT-2 folder: config.json and model.safetensors (or
+// model.safetensors.index.json and its shards). InvalidArgument naming the
+// file and key for anything that is not GPT-2 as above, a missing or
+// misshapen tensor, or an unknown one.
+absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir);
+
+// `path`: a Hugging Face GPT-2 folder, or a checkpoint of a train binary of
+// either kind (a step folder, or a --checkpoint_dir: its latest step), read
+// whole (train::ReadCheckpointModel) with its recorded config.
+absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path);
+
+// Writes `weights` (ours: names and shapes of ParameterShapes(config)) to
+// `dir` (created if missing) as config.json + model.safetensors in
+// GPT2LMHeadModel's names and layout.
+absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
+                         const tensor::NamedTensors& weights);
+
+}  // namespace mingpt
+
+#endif  // MODELS_MINGPT_PRETRAINED_H_
