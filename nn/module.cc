@@ -144,7 +144,10 @@ void Module::ZeroGrad(bool set_to_none) {
 void Module::Materialize(uint64_t seed, tensor::Device device) {
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
   for (auto& [name, p] : NamedParameters()) {
-    if (p->value.defined()) continue;
+    if (p->value.defined()) {
+      if (p->value.device() != device) p->value = p->value.To(device);
+      continue;
+    }
     Tensor cpu = Tensor::Empty(p->shape, tensor::Dtype::kF32);
     InitSlice(p->init, seed, name, 0, cpu);
     p->value = cpu.To(device);

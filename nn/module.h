@@ -126,7 +126,8 @@ class Module {
   void ZeroGrad(bool set_to_none = false);
   // Allocates and initializes every parameter that has no value yet (fp32, on
   // `device`), deterministically from `seed` and the parameter names, and
-  // moves the buffers to `device`.
+  // moves the parameters that have one (e.g. loaded weights) and the buffers
+  // to `device`.
   void Materialize(uint64_t seed, tensor::Device device = tensor::Device::Cpu());
 
   void set_hooks(ModuleHooks* hooks) { hooks_ = hooks; }

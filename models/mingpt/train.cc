@@ -2,7 +2,8 @@
 // shipped text in one process with the embedded defaults; every flag below
 // changes one thing. Each step logs loss, ms/step, tokens/s and peak memory by
 // category; --metrics_out writes the same as JSON lines; --checkpoint_dir and
-// --resume save and continue exactly.
+// --resume save and continue exactly; --init_from starts from a checkpoint's
+// or a Hugging Face GPT-2 folder's weights (models/mingpt/pretrained.h).
 //
 // Data parallelism (models/common/data_parallel.h):
 // --strategy=ddp|zero1|shard_grad_op|full_shard|no_shard
@@ -63,8 +64,10 @@
 #include "models/data/token_file.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "models/mingpt/pretrained.h"
 #include "nn/checkpoint.h"
 #include "nn/mixed_precision.h"
+#include "nn/state_dict.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
@@ -108,6 +111,10 @@ ABSL_FLAG(bool, activation_checkpointing, false, "recompute each Block's activat
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
+ABSL_FLAG(
+    std::string, init_from, "",
+    "start from these weights (a checkpoint, or a Hugging Face GPT-2 folder) at step 0 with a "
+    "fresh optimizer; the model's configuration comes from them");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
 
@@ -153,6 +160,8 @@ struct DpSetup {
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
+  const tensor::NamedTensors* init_weights = nullptr;  // --init_from, else null
+  std::string init_source;                             // where they came from
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -183,6 +192,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
 
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
+  if (setup.init_weights != nullptr) {  // whole on the host; FSDP shards it, DDP moves it
+    absl::Status loaded = nn::LoadStateDict(model, *setup.init_weights);
+    if (!loaded.ok()) return loaded;
+  }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     nn::ApplyCheckpointing(model, [](const std::string&, nn::Module& m) {
       return m.class_name() == "Block";
@@ -196,6 +209,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
+    if (setup.init_weights != nullptr) std::printf("init_from: %s\n", setup.init_source.c_str());
     std::printf(
         "data: %s | %d ranks (%s) x %sbatch %lld x %lld tokens | %s | %s | %s | %d threads\n",
         setup.source->Describe().c_str(), W,
@@ -305,19 +319,40 @@ absl::Status Train() {
   if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
-  absl::StatusOr<train::DataSources> sources =
-      train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
-                             absl::GetFlag(FLAGS_vocab_size));
+  // --init_from: the weights, and the configuration that fits them.
+  std::optional<PretrainedWeights> pretrained;
+  if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
+    if (!absl::GetFlag(FLAGS_resume).empty()) {
+      return absl::InvalidArgumentError(
+          "--init_from and --resume: a resumed run continues its checkpoint's weights; give one");
+    }
+    if (absl::GetFlag(FLAGS_preset) != "gpt-mini" || absl::GetFlag(FLAGS_vocab_size) != 0) {
+      return absl::InvalidArgumentError(
+          "--preset / --vocab_size with --init_from: the model's configuration comes from the "
+          "weights");
+    }
+    absl::StatusOr<PretrainedWeights> read = ReadPretrained(init_from);
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--init_from: ", read.status().message()));
+    }
+    pretrained = *std::move(read);
+  }
+  absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
+      absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
+      pretrained ? pretrained->config.vocab_size : absl::GetFlag(FLAGS_vocab_size));
   if (!sources.ok()) return sources.status();
   const std::shared_ptr<const data::TokenSource>& source = sources->train;
-  absl::StatusOr<GptConfig> config = Preset(absl::GetFlag(FLAGS_preset));
+  absl::StatusOr<GptConfig> config =
+      pretrained ? pretrained->config : Preset(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
-  config->vocab_size =
-      absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size) : source->vocab_size();
+  if (!pretrained) {
+    config->vocab_size = absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size)
+                                                             : source->vocab_size();
+  }
   if (config->vocab_size < source->vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("--vocab_size=", config->vocab_size,
-                                                   " is smaller than the data's vocabulary ",
-                                                   source->vocab_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        pretrained ? "--init_from: the model's vocabulary " : "--vocab_size=", config->vocab_size,
+        " is smaller than the data's vocabulary ", source->vocab_size()));
   }
   config->dropout = static_cast<float>(absl::GetFlag(FLAGS_dropout));
   if (T > config->block_size) {
@@ -368,6 +403,10 @@ absl::Status Train() {
     if (!dp.ok()) return dp.status();
     setup.dp = *std::move(dp);
     setup.config = *config;
+    if (pretrained) {
+      setup.init_weights = &pretrained->weights;
+      setup.init_source = pretrained->source;
+    }
     setup.source = source;
     setup.eval_source = eval_source;
     setup.schedule = schedule->get();
@@ -379,10 +418,16 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   GPT model(*config);
-  model.Materialize(seed, device);
+  if (pretrained) {
+    absl::Status loaded = nn::LoadStateDict(model, pretrained->weights);
+    if (!loaded.ok()) return loaded;
+    pretrained->weights.clear();
+  }
+  model.Materialize(seed, device);  // moves loaded weights to the device
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
+  if (pretrained) std::printf("init_from: %s\n", pretrained->source.c_str());
   std::printf("data: %s | %sbatch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
               source->Describe().c_str(), train::AccumulationPrefix(K).c_str(),
               static_cast<long long>(B), static_cast<long long>(T), (*optimizer)->name(),

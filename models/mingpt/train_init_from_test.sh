@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# --init_from (nanoGPT's init_from): //models/mingpt:train starts from the
+# weights of a checkpoint or of a Hugging Face GPT-2 folder (here the
+# checkpoint's `checkpoint export-hf` copy), at step 0 with a fresh optimizer,
+# in one process and under DDP and FSDP (which shards the loaded weights). The
+# model it evaluates before changing anything (--lr=0) is the checkpoint's: its
+# eval loss equals the one the first run printed after its last step. Bad
+# combinations exit 2 naming the flag.
+set -euo pipefail
+train="$1"
+checkpoint="$2"
+dir="${TEST_TMPDIR}/init_from"
+mkdir -p "$dir"
+eval_loss() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\2/p' "$1" | tail -1; }
+close() {  # close A B: |A - B| <= 1e-5 |B|
+  awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+    { echo "$1 vs $2"; exit 1; }
+}
+
+common=(--data=shipped --seq_len=32 --batch_size=4 --log_every=1 --dropout=0
+        --eval_data=shipped --eval_batches=2)
+"$train" --preset=gpt-nano "${common[@]}" --steps=5 --lr=1e-2 --checkpoint_dir="$dir/run" \
+  --metrics_out="$dir/run.jsonl" > /dev/null
+trained=$(eval_loss "$dir/run.jsonl")
+"$checkpoint" export-hf "$dir/run" "$dir/hf" > /dev/null
+
+# lr 0: the step changes nothing, so the eval after it measures the loaded weights.
+frozen=(--steps=1 --lr=0 --weight_decay=0)
+"$train" "${common[@]}" "${frozen[@]}" --init_from="$dir/run" --metrics_out="$dir/a.jsonl" \
+  > "$dir/a.log"
+grep -q "^model gpt-nano(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=128, dropout=0)" "$dir/a.log"
+grep -q "^init_from: checkpoint $dir/run/step_000005 (step 5)" "$dir/a.log"
+[[ $(eval_loss "$dir/a.jsonl") == "$trained" ]]
+"$train" "${common[@]}" "${frozen[@]}" --init_from="$dir/hf" --metrics_out="$dir/b.jsonl" \
+  > "$dir/b.log"
+grep -q "^init_from: Hugging Face GPT-2 $dir/hf" "$dir/b.log"
+[[ $(eval_loss "$dir/b.jsonl") == "$trained" ]]
+echo "one process: the checkpoint and its HF export give the trained model's eval loss $trained"
+
+# Data parallel: FSDP shards the loaded weights; DDP broadcasts them.
+for strategy in full_shard ddp; do
+  "$train" "${common[@]}" "${frozen[@]}" --batch_size=2 --world_size=2 --strategy="$strategy" \
+    --init_from="$dir/hf" --metrics_out="$dir/$strategy.jsonl" > "$dir/$strategy.log"
+  grep -q "^init_from: Hugging Face GPT-2 $dir/hf" "$dir/$strategy.log"
+  close "$(eval_loss "$dir/$strategy.jsonl")" "$trained"
+done
+echo "FSDP and DDP at world 2 start from the same weights"
+
+# Fine-tuning trains on from there: the first loss is the trained model's, not a fresh one's.
+"$train" "${common[@]}" --steps=2 --lr=1e-3 --init_from="$dir/hf" --metrics_out="$dir/ft.jsonl" \
+  --checkpoint_dir="$dir/ft" > /dev/null
+"$train" --preset=gpt-nano "${common[@]}" --steps=2 --lr=1e-3 --metrics_out="$dir/fresh.jsonl" \
+  > /dev/null
+first() { sed -nE 's/.*"step":1,"loss":([0-9.]+).*/\1/p' "$1"; }
+awk -v a="$(first "$dir/ft.jsonl")" -v b="$(first "$dir/fresh.jsonl")" 'BEGIN { exit !(a < b - 0.1) }'
+"$checkpoint" info "$dir/ft" | grep -q "gpt-nano"
+echo "fine-tuning starts below a fresh model's loss and saves checkpoints of the same config"
+
+# Bad input: exit 2, naming what was wrong.
+expect_error() {
+  local want="$1"
+  shift
+  local rc=0
+  "$train" "$@" --steps=1 > /dev/null 2> "$dir/err.txt" || rc=$?
+  [[ $rc == 2 ]] || { echo "exit $rc, wanted 2: $*"; cat "$dir/err.txt"; exit 1; }
+  grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
+}
+expect_error "--init_from and --resume" --init_from="$dir/hf" --resume="$dir/run/step_000005"
+expect_error "--preset / --vocab_size with --init_from" --init_from="$dir/hf" --preset=gpt2
+expect_error "--init_from: $dir/none: no such folder" --init_from="$dir/none"
+"$train" --preset=gpt-nano --data=random --vocab_size=100 --steps=1 --seq_len=16 --batch_size=2 \
+  --checkpoint_dir="$dir/small_vocab" > /dev/null
+expect_error "--init_from: the model's vocabulary 100 is smaller than the data's vocabulary 256" \
+  --init_from="$dir/small_vocab" --data=shipped
+echo "bad input exits 2 naming it"
