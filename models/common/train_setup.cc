@@ -155,6 +155,15 @@ bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps) {
   return step_done == steps || (flags.every > 0 && step_done % flags.every == 0);
 }
 
+std::string EvalLine(const data::TokenSource& eval, const EvalFlags& flags) {
+  return absl::StrCat("eval: ", eval.Describe(), " | ", flags.batches,
+                      flags.batches == 1 ? " batch " : " batches ",
+                      flags.every == 1  ? "every step and "
+                      : flags.every > 1 ? absl::StrCat("every ", flags.every, " steps and ")
+                                        : "",
+                      "after the last");
+}
+
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path) {
   absl::StatusOr<std::unique_ptr<MetricsWriter>> w = MetricsWriter::Open(path);
   if (w.ok()) return w;

@@ -66,6 +66,9 @@ absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalF
 
 // Whether to evaluate after step_done (1-based) of `steps`.
 bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps);
+// The start-up line naming the evaluation data and schedule:
+// "eval: bytes [3750, 5000) of t.txt | 4 batches every 100 steps and after the last".
+std::string EvalLine(const data::TokenSource& eval, const EvalFlags& flags);
 
 // --metrics_out: MetricsWriter::Open, its error InvalidArgument naming the flag.
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path);

@@ -210,6 +210,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
     if (setup.init_weights != nullptr) std::printf("init_from: %s\n", setup.init_source.c_str());
+    if (setup.eval_source) {
+      std::printf("%s\n",
+                  train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
+    }
     std::printf(
         "data: %s | %d ranks (%s) x %sbatch %lld x %lld tokens | %s | %s | %s | %d threads\n",
         setup.source->Describe().c_str(), W,
@@ -433,6 +437,9 @@ absl::Status Train() {
               static_cast<long long>(B), static_cast<long long>(T), (*optimizer)->name(),
               (*schedule)->ToString().c_str(), policy.ToString().c_str(),
               tensor::DefaultThreadPool().num_threads());
+  if (eval_source) {
+    std::printf("%s\n", train::EvalLine(*eval_source, train::EvalFlagsFromCommandLine()).c_str());
+  }
   if (scaling->enabled()) std::printf("loss scale: %s\n", scaling->Describe().c_str());
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     for (size_t l = 0; l < model.transformer()->blocks()->size(); ++l) {

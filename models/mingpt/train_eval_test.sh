@@ -64,6 +64,7 @@ split=(--preset=gpt-nano --steps=4 --seq_len=32 --batch_size=4 --log_every=1 --d
 "$train" "${split[@]}" --data="$dir/all.txt" --val_fraction=0.25 \
   --metrics_out="$dir/split.jsonl" > "$dir/split.log"
 grep -q "data: bytes \[0, 3750) of $dir/all.txt (3750 bytes)" "$dir/split.log"
+grep -qF "eval: bytes [3750, 5000) of $dir/all.txt (1250 bytes) | 4 batches every 2 steps and after the last" "$dir/split.log"
 "$train" "${split[@]}" --data="$dir/head.txt" --eval_data="$dir/tail.txt" \
   --metrics_out="$dir/files.jsonl" > /dev/null
 diff <(train_losses "$dir/split.jsonl") <(train_losses "$dir/files.jsonl")

@@ -309,6 +309,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
                      train::AccumulationPrefix(K)),
         B, tokens_per_step,
         absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
+    if (setup.eval_source) {
+      std::printf("%s\n",
+                  train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
+    }
   }
 
   // ---- Resume (every rank loads its part; any world size) ----
@@ -526,6 +530,9 @@ absl::Status Train() {
   PrintStartup(*config, *source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
                             policy.ToString()));
+  if (eval_source) {
+    std::printf("%s\n", train::EvalLine(*eval_source, train::EvalFlagsFromCommandLine()).c_str());
+  }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     for (T5Stack* stack : {model.encoder(), model.decoder()}) {
       for (size_t l = 0; l < stack->blocks()->size(); ++l) {
