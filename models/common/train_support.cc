@@ -62,7 +62,8 @@ absl::Status MakeDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-// Writes `text` to `path` atomically (temp file + rename).
+}  // namespace
+
 absl::Status WriteTextAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   {
@@ -77,8 +78,6 @@ absl::Status WriteTextAtomically(const std::string& path, const std::string& tex
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 std::string CheckpointStepName(int64_t step) { return absl::StrFormat("step_%06d", step); }
 

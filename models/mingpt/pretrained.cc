@@ -1,7 +1,7 @@
 #include "models/mingpt/pretrained.h"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -42,20 +42,6 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-absl::Status WriteTextAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 // config.json's GPT-2 sizes; refuses what our minGPT does not compute.
@@ -301,64 +287,44 @@ absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
     return absl::InvalidArgumentError(absl::StrCat("weight '", by_name.begin()->first,
                                                    "' is not a parameter of ", config.ToString()));
   }
-  const std::vector<float> wte = hf.front().second.ToVector<float>();
-  const bool tied = wte == hf.back().second.ToVector<float>();  // lm_head is last
+  // lm_head (last) equal to wte (first): tied. Both are contiguous f32.
+  const Tensor& wte = hf.front().second;
+  const Tensor& head = hf.back().second;
+  const bool tied =
+      std::equal(wte.data<float>(), wte.data<float>() + wte.numel(), head.data<float>());
 
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  absl::Status s = tensor::WriteSafetensors(dir + "/model.safetensors", hf, {{"format", "pt"}});
+  absl::Status s = train::MakeCheckpointDir(dir);
   if (!s.ok()) return s;
-  const std::string dropout = absl::StrFormat("%.9g", config.dropout);
-  const std::string json = absl::StrCat(
-      "{\n"
-      "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
-      "  \"model_type\": \"gpt2\",\n"
-      "  \"vocab_size\": ",
-      config.vocab_size,
-      ",\n"
-      "  \"n_positions\": ",
-      config.block_size,
-      ",\n"
-      "  \"n_embd\": ",
-      config.n_embd,
-      ",\n"
-      "  \"n_layer\": ",
-      config.n_layer,
-      ",\n"
-      "  \"n_head\": ",
-      config.n_head,
-      ",\n"
-      "  \"n_inner\": null,\n"
-      "  \"activation_function\": \"gelu_new\",\n"
-      "  \"layer_norm_epsilon\": 1e-05,\n"
-      "  \"resid_pdrop\": ",
-      dropout,
-      ",\n"
-      "  \"embd_pdrop\": ",
-      dropout,
-      ",\n"
-      "  \"attn_pdrop\": ",
-      dropout,
-      ",\n"
-      "  \"initializer_range\": 0.02,\n"
-      "  \"scale_attn_weights\": true,\n"
-      "  \"tie_word_embeddings\": ",
-      tied ? "true" : "false",
-      ",\n"
-      "  \"bos_token_id\": ",
-      config.vocab_size - 1,
-      ",\n"
-      "  \"eos_token_id\": ",
-      config.vocab_size - 1,
-      ",\n"
-      "  \"torch_dtype\": \"float32\",\n"
-      "  \"minGPT_config\": ",
-      tensor::JsonQuote(config.ToString()),
-      "\n"
-      "}\n");
-  return WriteTextAtomically(dir + "/config.json", json);
+  s = tensor::WriteSafetensors(dir + "/model.safetensors", hf, {{"format", "pt"}});
+  if (!s.ok()) return s;
+  const std::string json = absl::StrFormat(
+      R"({
+  "architectures": ["GPT2LMHeadModel"],
+  "model_type": "gpt2",
+  "vocab_size": %d,
+  "n_positions": %d,
+  "n_embd": %d,
+  "n_layer": %d,
+  "n_head": %d,
+  "n_inner": null,
+  "activation_function": "gelu_new",
+  "layer_norm_epsilon": 1e-05,
+  "resid_pdrop": %.9g,
+  "embd_pdrop": %.9g,
+  "attn_pdrop": %.9g,
+  "initializer_range": 0.02,
+  "scale_attn_weights": true,
+  "tie_word_embeddings": %s,
+  "bos_token_id": %d,
+  "eos_token_id": %d,
+  "torch_dtype": "float32",
+  "minGPT_config": %s
+}
+)",
+      config.vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
+      config.dropout, config.dropout, config.dropout, tied ? "true" : "false",
+      config.vocab_size - 1, config.vocab_size - 1, tensor::JsonQuote(config.ToString()));
+  return train::WriteTextAtomically(dir + "/config.json", json);
 }
 
 }  // namespace mingpt

@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -128,7 +127,7 @@ absl::Status Sample() {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint: ", pretrained.status().message()));
   }
-  const GptConfig* config = &pretrained->config;
+  const GptConfig& config = pretrained->config;
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
@@ -148,22 +147,22 @@ absl::Status Sample() {
     return absl::InvalidArgumentError(
         absl::StrCat("--num_samples must be >= 1, got ", num_samples));
   }
-  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(*config);
+  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(config);
   if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<bool> text = PrintsText(*config);
+  absl::StatusOr<bool> text = PrintsText(config);
   if (!text.ok()) return text.status();
 
-  GPT model(*config);
+  GPT model(config);
   model.Materialize(0, device);
   absl::Status loaded = nn::LoadStateDict(model, pretrained->weights);
   if (!loaded.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(pretrained->source, " does not fit ",
-                                                   config->ToString(), ": ", loaded.message()));
+                                                   config.ToString(), ": ", loaded.message()));
   }
   pretrained->weights.clear();
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
-  std::fprintf(stderr, "%s from %s | %s | precision %s\n", config->ToString().c_str(),
+  std::fprintf(stderr, "%s from %s | %s | precision %s\n", config.ToString().c_str(),
                pretrained->source.c_str(), device.ToString().c_str(),
                compute->policy.ToString().c_str());
 

@@ -160,8 +160,7 @@ struct DpSetup {
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
-  const tensor::NamedTensors* init_weights = nullptr;  // --init_from, else null
-  std::string init_source;                             // where they came from
+  const PretrainedWeights* init = nullptr;  // --init_from, else null
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -192,8 +191,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
 
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
-  if (setup.init_weights != nullptr) {  // whole on the host; FSDP shards it, DDP moves it
-    absl::Status loaded = nn::LoadStateDict(model, *setup.init_weights);
+  if (setup.init != nullptr) {  // whole on the host; FSDP shards it, DDP moves it
+    absl::Status loaded = nn::LoadStateDict(model, setup.init->weights);
     if (!loaded.ok()) return loaded;
   }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -209,7 +208,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
-    if (setup.init_weights != nullptr) std::printf("init_from: %s\n", setup.init_source.c_str());
+    if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
@@ -407,10 +406,7 @@ absl::Status Train() {
     if (!dp.ok()) return dp.status();
     setup.dp = *std::move(dp);
     setup.config = *config;
-    if (pretrained) {
-      setup.init_weights = &pretrained->weights;
-      setup.init_source = pretrained->source;
-    }
+    if (pretrained) setup.init = &*pretrained;
     setup.source = source;
     setup.eval_source = eval_source;
     setup.schedule = schedule->get();
