@@ -1,0 +1,361 @@
+#include "models/data/gpt2_tokenizer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "models/data/mapped_file.h"
+#include "models/data/runfiles.h"
+#include "tensor/json.h"
+
+namespace data {
+namespace {
+
+struct CodePointRange {
+  uint32_t first;
+  uint32_t last;
+};
+#include "models/data/unicode_ranges.inc"
+
+bool InRanges(absl::Span<const CodePointRange> ranges, uint32_t cp) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                             [](uint32_t c, const CodePointRange& r) { return c < r.first; });
+  return it != ranges.begin() && cp <= (it - 1)->last;
+}
+
+// The classes of the pre-tokenizer pattern: \p{L}, \p{N}, \s, and the rest.
+enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
+
+// Unicode's White_Space property (PropList.txt), which is \s in tiktoken's
+// (Rust) regular expressions.
+bool IsWhiteSpace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
+CharClass Classify(uint32_t cp) {
+  if (IsWhiteSpace(cp)) return CharClass::kSpace;
+  if (InRanges(kLetterRanges, cp)) return CharClass::kLetter;
+  if (InRanges(kNumberRanges, cp)) return CharClass::kNumber;
+  return CharClass::kOther;
+}
+
+// Length in bytes of the UTF-8 character at text[pos] and its code point; an
+// invalid sequence is one byte of code point U+FFFD (a kOther character).
+int DecodeUtf8(absl::string_view text, size_t pos, uint32_t& cp) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
+  const uint8_t b0 = byte(pos);
+  cp = 0xFFFD;
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  }
+  int len;
+  uint32_t value, min;
+  if ((b0 & 0xE0) == 0xC0) {
+    len = 2, value = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    len = 3, value = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    len = 4, value = b0 & 0x07, min = 0x10000;
+  } else {
+    return 1;
+  }
+  if (pos + len > text.size()) return 1;
+  for (int k = 1; k < len; ++k) {
+    if ((byte(pos + k) & 0xC0) != 0x80) return 1;
+    value = (value << 6) | (byte(pos + k) & 0x3F);
+  }
+  if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) return 1;
+  cp = value;
+  return len;
+}
+
+// GPT-2's bytes_to_unicode(): byte b's character in the vocabulary's strings.
+// Printable Latin-1 bytes stand for themselves; the other 68 bytes are
+// U+0100.. in byte order.
+std::vector<uint32_t> ByteCharacters() {
+  std::vector<uint32_t> chars(256);
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    chars[b] = printable ? b : next++;
+  }
+  return chars;
+}
+
+void AppendUtf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {  // the byte characters stay below U+0144
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+bool IsContractionLetter(char c) { return c == 's' || c == 't' || c == 'm' || c == 'd'; }
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  absl::StatusOr<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path);
+  if (!file.ok()) return file.status();
+  return std::string((*file)->bytes());
+}
+
+}  // namespace
+
+std::vector<absl::string_view> SplitGpt2Pretokens(absl::string_view text) {
+  // Each character's byte offset and class; offsets[n] = text.size().
+  std::vector<size_t> offsets;
+  std::vector<CharClass> classes;
+  for (size_t pos = 0; pos < text.size();) {
+    uint32_t cp;
+    const int len = DecodeUtf8(text, pos, cp);
+    offsets.push_back(pos);
+    classes.push_back(Classify(cp));
+    pos += len;
+  }
+  const size_t n = classes.size();
+  offsets.push_back(text.size());
+  // The first byte of character i when it is ASCII, else 0.
+  const auto ascii = [&](size_t i) {
+    return i < n && offsets[i + 1] - offsets[i] == 1 ? text[offsets[i]] : '\0';
+  };
+
+  std::vector<absl::string_view> pieces;
+  size_t i = 0;
+  while (i < n) {
+    size_t end;  // the piece is characters [i, end)
+    if (ascii(i) == '\'' && IsContractionLetter(ascii(i + 1))) {
+      end = i + 2;  // 's 't 'm 'd
+    } else if (ascii(i) == '\'' && ((ascii(i + 1) == 'r' && ascii(i + 2) == 'e') ||
+                                    (ascii(i + 1) == 'v' && ascii(i + 2) == 'e') ||
+                                    (ascii(i + 1) == 'l' && ascii(i + 2) == 'l'))) {
+      end = i + 3;  // 're 've 'll
+    } else if (classes[i] != CharClass::kSpace ||
+               (ascii(i) == ' ' && i + 1 < n && classes[i + 1] != CharClass::kSpace)) {
+      // ` ?\p{L}+`, ` ?\p{N}+` or ` ?[^\s\p{L}\p{N}]+`: an optional space, then
+      // a run of one class.
+      const size_t first = classes[i] == CharClass::kSpace ? i + 1 : i;
+      end = first + 1;
+      while (end < n && classes[end] == classes[first]) ++end;
+    } else {
+      // `\s+(?!\S)`: the white space run, less its last character when a
+      // non-space follows (that one starts the next piece); `\s+` when the run
+      // is one character followed by a non-space.
+      end = i + 1;
+      while (end < n && classes[end] == CharClass::kSpace) ++end;
+      if (end < n && end - i >= 2) --end;
+    }
+    pieces.push_back(text.substr(offsets[i], offsets[end] - offsets[i]));
+    i = end;
+  }
+  return pieces;
+}
+
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Parse(const std::string& vocab_json,
+                                                   const std::string& merges_txt,
+                                                   const std::string& source) {
+  Gpt2Tokenizer tok;
+  tok.source_ = source;
+  const std::vector<uint32_t> byte_chars = ByteCharacters();
+  absl::flat_hash_map<uint32_t, uint8_t> char_byte;
+  for (int b = 0; b < 256; ++b) char_byte[byte_chars[b]] = static_cast<uint8_t>(b);
+
+  // The vocabulary: {"token": id, ...}.
+  absl::StatusOr<tensor::Json> vocab = tensor::ParseJson(vocab_json);
+  if (!vocab.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the vocabulary: ", vocab.status().message()));
+  }
+  if (vocab->kind != tensor::Json::Kind::kObject) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the vocabulary is not a JSON object of token: id"));
+  }
+  absl::flat_hash_map<std::string, int32_t> ids;
+  constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max() - 1;
+  for (const auto& [token, value] : vocab->fields) {
+    int64_t id;
+    if (value.kind != tensor::Json::Kind::kNumber || !absl::SimpleAtoi(value.text, &id) || id < 0 ||
+        id > kMaxId) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": the vocabulary's token ", tensor::JsonQuote(token), " has id ",
+                       value.text, ", not an integer in [0, ", kMaxId, "]"));
+    }
+    if (!ids.emplace(token, static_cast<int32_t>(id)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": the vocabulary lists token ",
+                                                     tensor::JsonQuote(token), " twice"));
+    }
+    std::string bytes;
+    for (size_t pos = 0; pos < token.size();) {
+      uint32_t cp;
+      pos += DecodeUtf8(token, pos, cp);
+      auto it = char_byte.find(cp);
+      if (it == char_byte.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": the vocabulary's token ", tensor::JsonQuote(token), " (id ", id,
+                         ") has a character that is none of GPT-2's 256 byte characters"));
+      }
+      bytes += static_cast<char>(it->second);
+    }
+    if (id >= static_cast<int64_t>(tok.token_bytes_.size())) tok.token_bytes_.resize(id + 1);
+    if (tok.token_bytes_[id].has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": the vocabulary gives id ", id, " to two tokens"));
+    }
+    tok.token_bytes_[id] = std::move(bytes);
+    if (token == "<|endoftext|>") tok.end_of_text_ = id;
+  }
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    AppendUtf8(byte_chars[b], ch);
+    auto it = ids.find(ch);
+    if (it == ids.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": the vocabulary has no token for byte ", b, " (",
+                       tensor::JsonQuote(ch), "): it is not a byte-level BPE vocabulary"));
+    }
+    tok.byte_token_[b] = it->second;
+  }
+
+  // The merges, one "left right" per line in rank order, after an optional
+  // "#version" line.
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(merges_txt, '\n')) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_number == 1 && absl::StartsWith(line, "#version"))) continue;
+    const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+    if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": merges line ", line_number, " '",
+                                                     line, "' is not two tokens and a space"));
+    }
+    const std::string merged = absl::StrCat(parts[0], parts[1]);
+    int32_t part_ids[3];
+    const std::string names[3] = {std::string(parts[0]), std::string(parts[1]), merged};
+    for (int k = 0; k < 3; ++k) {
+      auto it = ids.find(names[k]);
+      if (it == ids.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": merges line ", line_number, " '",
+                                                       line, "': ", tensor::JsonQuote(names[k]),
+                                                       " is not in the vocabulary"));
+      }
+      part_ids[k] = it->second;
+    }
+    const int32_t rank = static_cast<int32_t>(tok.num_merges_++);
+    // A pair listed twice takes its last rank, as encoder.py's dict of the
+    // lines does (GPT-2's own file lists none twice).
+    tok.merges_.insert_or_assign(PairKey(part_ids[0], part_ids[1]), Merge{rank, part_ids[2]});
+  }
+  return tok;
+}
+
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Read(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const auto& [vocab_name, merges_name] :
+       {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
+    const std::string vocab_path = (fs::path(dir) / vocab_name).string();
+    const std::string merges_path = (fs::path(dir) / merges_name).string();
+    std::error_code ec;
+    if (!fs::exists(vocab_path, ec) && !fs::exists(merges_path, ec)) continue;
+    absl::StatusOr<std::string> vocab = ReadWhole(vocab_path);
+    if (!vocab.ok()) return vocab.status();
+    absl::StatusOr<std::string> merges = ReadWhole(merges_path);
+    if (!merges.ok()) return merges.status();
+    return Parse(*vocab, *merges, dir);
+  }
+  return absl::NotFoundError(
+      absl::StrCat(dir,
+                   " holds no GPT-2 tokenizer: neither vocab.json + merges.txt (Hugging Face) nor "
+                   "encoder.json + vocab.bpe (OpenAI)"));
+}
+
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Shipped() {
+  absl::StatusOr<std::string> vocab =
+      ResolveRunfile(absl::StrCat(kShippedGpt2TokenizerDir, "/vocab.json"));
+  if (!vocab.ok()) return vocab.status();
+  return Read(std::filesystem::path(*vocab).parent_path().string());
+}
+
+bool Gpt2Tokenizer::IsTokenizerDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  return (fs::exists(fs::path(dir) / "vocab.json", ec) &&
+          fs::exists(fs::path(dir) / "merges.txt", ec)) ||
+         (fs::exists(fs::path(dir) / "encoder.json", ec) &&
+          fs::exists(fs::path(dir) / "vocab.bpe", ec));
+}
+
+void Gpt2Tokenizer::EncodePiece(absl::string_view piece, std::vector<int32_t>& out) const {
+  std::vector<int32_t> word;  // (symbols,) starting with one per byte
+  word.reserve(piece.size());
+  for (unsigned char b : piece) word.push_back(byte_token_[b]);
+  while (word.size() > 1) {
+    // The adjacent pair of the lowest rank.
+    const Merge* best = nullptr;
+    uint64_t best_key = 0;
+    for (size_t k = 0; k + 1 < word.size(); ++k) {
+      auto it = merges_.find(PairKey(word[k], word[k + 1]));
+      if (it != merges_.end() && (best == nullptr || it->second.rank < best->rank)) {
+        best = &it->second;
+        best_key = it->first;
+      }
+    }
+    if (best == nullptr) break;
+    // Merge every occurrence of it, left to right.
+    size_t kept = 0;
+    for (size_t k = 0; k < word.size(); ++k) {
+      if (k + 1 < word.size() && PairKey(word[k], word[k + 1]) == best_key) {
+        word[kept++] = best->result;
+        ++k;
+      } else {
+        word[kept++] = word[k];
+      }
+    }
+    word.resize(kept);
+  }
+  out.insert(out.end(), word.begin(), word.end());
+}
+
+std::vector<int64_t> Gpt2Tokenizer::Encode(absl::string_view text) const {
+  // Text repeats its words: each distinct piece is merged once per call.
+  absl::flat_hash_map<absl::string_view, std::vector<int32_t>> done;
+  std::vector<int64_t> ids;
+  for (absl::string_view piece : SplitGpt2Pretokens(text)) {
+    auto [it, inserted] = done.try_emplace(piece);
+    if (inserted) EncodePiece(piece, it->second);
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string> Gpt2Tokenizer::Decode(absl::Span<const int64_t> ids) const {
+  std::string text;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int64_t id = ids[k];
+    if (id < 0 || id >= vocab_size() || !token_bytes_[id].has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", k, " (id ", id,
+                                                     ") is not in the tokenizer's vocabulary (",
+                                                     source_, ", ids [0, ", vocab_size(), "))"));
+    }
+    text += *token_bytes_[id];
+  }
+  return text;
+}
+
+}  // namespace data
