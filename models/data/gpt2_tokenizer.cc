@@ -168,6 +168,20 @@ std::vector<absl::string_view> SplitGpt2Pretokens(absl::string_view text) {
   return pieces;
 }
 
+size_t Gpt2ChunkEnd(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text.size();
+  const auto graphic = [&](size_t i) { return text[i] > ' ' && text[i] < 0x7F; };
+  // A cut at p: text[p - 2] printable, text[p - 1] == '\n', text[p] printable.
+  const auto cut = [&](size_t p) { return graphic(p - 2) && text[p - 1] == '\n' && graphic(p); };
+  for (size_t p = max_bytes; p >= std::max<size_t>(max_bytes / 2, 2); --p) {
+    if (cut(p)) return p;
+  }
+  for (size_t p = max_bytes + 1; p < text.size(); ++p) {
+    if (cut(p)) return p;
+  }
+  return text.size();
+}
+
 absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Parse(const std::string& vocab_json,
                                                    const std::string& merges_txt,
                                                    const std::string& source) {

@@ -36,6 +36,14 @@ inline constexpr char kShippedGpt2TokenizerDir[] = "models/data/gpt2_tokenizer";
 // GPT-2's pre-tokenization of `text`: consecutive pieces covering it.
 std::vector<absl::string_view> SplitGpt2Pretokens(absl::string_view text);
 
+// Where to cut `text` for encoding in parts: the cut nearest below
+// `max_bytes` (or, when there is none in its upper half, the first after it)
+// of the form "x\ny" with x and y printable ASCII other than space. The
+// pre-tokenizer always ends a piece there, and the part before it ends the
+// same way encoded alone, so encoding the parts gives the ids of the whole.
+// text.size() when text is no longer than max_bytes or has no such cut.
+size_t Gpt2ChunkEnd(absl::string_view text, size_t max_bytes);
+
 class Gpt2Tokenizer {
  public:
   // Reads `dir`: vocab.json + merges.txt (Hugging Face's names) or

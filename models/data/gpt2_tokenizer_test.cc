@@ -110,6 +110,33 @@ TEST(Gpt2TokenizerTest, EncodesTheShippedTextAsTiktokenDoes) {
   EXPECT_TRUE(*back == text);
 }
 
+TEST(Gpt2TokenizerTest, EncodingInChunksGivesTheIdsOfTheWhole) {
+  absl::StatusOr<std::string> path = ResolveRunfile("models/data/text/newton_opticks.txt");
+  ASSERT_TRUE(path.ok());
+  const std::string text = ReadFile(*path);
+  const std::vector<int64_t> whole = Gpt2().Encode(text);
+  for (size_t max_bytes : {size_t{64}, size_t{1000}, size_t{65536}}) {
+    std::vector<int64_t> parts;
+    int chunks = 0;
+    for (absl::string_view rest = text; !rest.empty(); ++chunks) {
+      const size_t end = Gpt2ChunkEnd(rest, max_bytes);
+      ASSERT_GT(end, 0u);
+      const std::vector<int64_t> ids = Gpt2().Encode(rest.substr(0, end));
+      parts.insert(parts.end(), ids.begin(), ids.end());
+      rest.remove_prefix(end);
+    }
+    EXPECT_GT(chunks, static_cast<int>(text.size() / max_bytes) / 2) << max_bytes;
+    EXPECT_TRUE(parts == whole) << "chunks of at most about " << max_bytes << " bytes";
+  }
+  // The cut is "x\ny" only: not after a blank line or white space, and not
+  // inside a run; text without one is one chunk.
+  EXPECT_EQ(Gpt2ChunkEnd("ab\ncd", 10), 5u);
+  EXPECT_EQ(Gpt2ChunkEnd("ab\ncd\nef", 6), 6u);
+  EXPECT_EQ(Gpt2ChunkEnd("ab\ncd\nef", 5), 3u);
+  EXPECT_EQ(Gpt2ChunkEnd("ab\n\ncd\n ef\t\ng", 7), 13u);
+  EXPECT_EQ(Gpt2ChunkEnd("abcdefghijklmnop", 4), 16u);
+}
+
 TEST(Gpt2TokenizerTest, PretokensFollowThePattern) {
   EXPECT_THAT(SplitGpt2Pretokens("I'm  here\n\n ok"),
               ElementsAre("I", "'m", " ", " here", "\n\n", " ok"));

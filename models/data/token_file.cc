@@ -125,43 +125,104 @@ void TokenFile::Read(int64_t start, absl::Span<int64_t> out) const {
   for (int64_t i = 0; i < n; ++i) out[i] = ReadUint16Le(p + 2 * i);
 }
 
-absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> tokens,
-                            TokenFileFormat format) {
+absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const std::string& path,
+                                                                         TokenFileFormat format) {
   if (format == TokenFileFormat::kAuto) {
     return absl::InvalidArgumentError(
         absl::StrCat("[token file] writing ", path, ": choose kRaw or kLlmc"));
   }
-  if (format == TokenFileFormat::kLlmc && tokens.size() > 0x7fffffffu) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "[token file] writing ", path, ": ", tokens.size(), " tokens do not fit an llm.c header"));
+  const std::string temp = absl::StrCat(path, ".tmp");
+  std::FILE* f = std::fopen(temp.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("[token file] cannot create ", temp));
+  }
+  std::unique_ptr<TokenFileWriter> writer(new TokenFileWriter(path, format, f));
+  if (format == TokenFileFormat::kLlmc) {
+    absl::Status header = writer->WriteHeader();  // the count is written again by Finish
+    if (!header.ok()) return header;
+  }
+  return writer;
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(absl::StrCat(path_, ".tmp").c_str());
+  }
+}
+
+absl::Status TokenFileWriter::WriteHeader() {
+  std::string bytes;
+  AppendInt32Le(kLlmcMagic, &bytes);
+  AppendInt32Le(kLlmcVersion, &bytes);
+  AppendInt32Le(static_cast<int32_t>(num_tokens_), &bytes);
+  for (int64_t i = 3; i < kLlmcHeaderInts; ++i) AppendInt32Le(0, &bytes);
+  if (std::fseek(file_, 0, SEEK_SET) != 0 ||
+      std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
+    return absl::DataLossError(absl::StrCat("[token file] short write to ", path_, ".tmp"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenFileWriter::Append(absl::Span<const int64_t> tokens) {
+  if (file_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("[token file] writing ", path_, ": Append after Finish"));
+  }
+  if (format_ == TokenFileFormat::kLlmc &&
+      num_tokens_ + static_cast<int64_t>(tokens.size()) > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat("[token file] writing ", path_, ": ",
+                                                   num_tokens_ + tokens.size(),
+                                                   " tokens do not fit an llm.c header"));
   }
   std::string bytes;
-  bytes.reserve((format == TokenFileFormat::kLlmc ? kLlmcHeaderBytes : 0) + 2 * tokens.size());
-  if (format == TokenFileFormat::kLlmc) {
-    AppendInt32Le(kLlmcMagic, &bytes);
-    AppendInt32Le(kLlmcVersion, &bytes);
-    AppendInt32Le(static_cast<int32_t>(tokens.size()), &bytes);
-    for (int64_t i = 3; i < kLlmcHeaderInts; ++i) AppendInt32Le(0, &bytes);
-  }
+  bytes.reserve(2 * tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int64_t t = tokens[i];
     if (t < 0 || t > 0xffff) {
-      return absl::InvalidArgumentError(absl::StrCat("[token file] writing ", path, ": token ", t,
-                                                     " at position ", i, " is not a uint16"));
+      return absl::InvalidArgumentError(absl::StrCat("[token file] writing ", path_, ": token ", t,
+                                                     " at position ", num_tokens_ + i,
+                                                     " is not a uint16"));
     }
     bytes.push_back(static_cast<char>(t & 0xff));
     bytes.push_back(static_cast<char>(t >> 8));
   }
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("[token file] cannot create ", path));
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
+    return absl::DataLossError(absl::StrCat("[token file] short write to ", path_, ".tmp"));
   }
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    return absl::DataLossError(absl::StrCat("[token file] short write to ", path));
+  num_tokens_ += static_cast<int64_t>(tokens.size());
+  return absl::OkStatus();
+}
+
+absl::Status TokenFileWriter::Finish() {
+  if (file_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("[token file] writing ", path_, ": Finish twice"));
+  }
+  absl::Status header = format_ == TokenFileFormat::kLlmc ? WriteHeader() : absl::OkStatus();
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  const std::string temp = absl::StrCat(path_, ".tmp");
+  if (!header.ok() || !closed) {
+    std::remove(temp.c_str());
+    return header.ok() ? absl::DataLossError(absl::StrCat("[token file] short write to ", temp))
+                       : header;
+  }
+  if (std::rename(temp.c_str(), path_.c_str()) != 0) {
+    std::remove(temp.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("[token file] cannot rename ", temp, " to ", path_));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> tokens,
+                            TokenFileFormat format) {
+  absl::StatusOr<std::unique_ptr<TokenFileWriter>> writer = TokenFileWriter::Create(path, format);
+  if (!writer.ok()) return writer.status();
+  absl::Status appended = (*writer)->Append(tokens);
+  if (!appended.ok()) return appended;
+  return (*writer)->Finish();
 }
 
 absl::StatusOr<std::unique_ptr<TokenFileSource>> TokenFileSource::Open(const std::string& path,

@@ -13,8 +13,10 @@
 #define MODELS_DATA_TOKEN_FILE_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -75,6 +77,37 @@ class TokenFile {
 // kLlmc); for tests and dataset tools.
 absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> tokens,
                             TokenFileFormat format);
+
+// Writes a token file in parts, for data larger than memory: Append the
+// tokens as they come, then Finish. The file is written to `path` + ".tmp"
+// and renamed to `path` by Finish (llm.c's header gets its count then); a
+// writer destroyed unfinished removes it, so `path` never holds a part.
+class TokenFileWriter {
+ public:
+  // InvalidArgument for kAuto; FailedPrecondition when the file cannot be
+  // created.
+  static absl::StatusOr<std::unique_ptr<TokenFileWriter>> Create(const std::string& path,
+                                                                 TokenFileFormat format);
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  // InvalidArgument naming a token outside [0, 65536) and its position in the
+  // file, or a count past llm.c's int32; nothing of that call is written.
+  absl::Status Append(absl::Span<const int64_t> tokens);
+  absl::Status Finish();
+  int64_t num_tokens() const { return num_tokens_; }
+
+ private:
+  TokenFileWriter(std::string path, TokenFileFormat format, std::FILE* file)
+      : path_(std::move(path)), format_(format), file_(file) {}
+  absl::Status WriteHeader();  // llm.c's, with num_tokens_, at the file's start
+
+  std::string path_;
+  TokenFileFormat format_;
+  std::FILE* file_;  // nullptr once finished
+  int64_t num_tokens_ = 0;
+};
 
 // Random windows of a token file.
 class TokenFileSource : public TokenSource {

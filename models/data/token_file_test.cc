@@ -3,6 +3,7 @@
 #include "models/data/token_file.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -252,6 +253,43 @@ TEST(TokenFileTest, WriteRefusesNonUint16Tokens) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("token 70000 at position 1 is not a uint16"), absl::string_view::npos)
       << s;
+}
+
+TEST(TokenFileTest, WriterAppendsInPartsAndPublishesOnFinish) {
+  for (TokenFileFormat format : {TokenFileFormat::kRaw, TokenFileFormat::kLlmc}) {
+    const std::string path =
+        TempPath(format == TokenFileFormat::kRaw ? "parts_raw.bin" : "parts_llmc.bin");
+    auto writer = TokenFileWriter::Create(path, format);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->Append({1, 2, 3}).ok());
+    ASSERT_TRUE((*writer)->Append({}).ok());
+    ASSERT_TRUE((*writer)->Append({50256, 65535}).ok());
+    // A bad token is refused, naming its position in the file; the call
+    // writes nothing.
+    absl::Status bad = (*writer)->Append({7, -1});
+    EXPECT_NE(bad.message().find("token -1 at position 6 is not a uint16"), absl::string_view::npos)
+        << bad;
+    EXPECT_EQ((*writer)->num_tokens(), 5);
+    EXPECT_FALSE(std::filesystem::exists(path)) << "published before Finish";
+    ASSERT_TRUE((*writer)->Finish().ok());
+    EXPECT_FALSE((*writer)->Finish().ok());
+    EXPECT_FALSE((*writer)->Append({1}).ok());
+    auto f = TokenFile::Open(path, 65536);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ((*f)->format(), format);
+    std::vector<int64_t> back(5);
+    (*f)->Read(0, absl::MakeSpan(back));
+    EXPECT_EQ(back, (std::vector<int64_t>{1, 2, 3, 50256, 65535}));
+  }
+  // An unfinished writer leaves nothing behind.
+  const std::string path = TempPath("unfinished.bin");
+  {
+    auto writer = TokenFileWriter::Create(path, TokenFileFormat::kLlmc);
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Append({1, 2}).ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
 }  // namespace

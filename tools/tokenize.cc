@@ -1,0 +1,149 @@
+// Encodes text files as a token file for training (nanoGPT's prepare.py):
+//
+//   ./bazelw run //tools:tokenize -- --input=/path/input.txt --output=/tmp/train.bin
+//   ./bazelw run //models/mingpt:train -- --data=/tmp/train.bin --val_fraction=0.1 ...
+//
+// --tokenizer   gpt2 (the repository's copy of GPT-2's, the default) or a
+//               folder with vocab.json + merges.txt (a Hugging Face model
+//               folder) or encoder.json + vocab.bpe (OpenAI's)
+// --input       text files, comma-separated, encoded in that order
+// --output      the token file (uint16 ids; written whole or not at all)
+// --format      raw (nanoGPT's flat uint16, the default) or llmc (llm.c's
+//               1024-byte header, then the uint16 ids)
+// --append_eot  <|endoftext|> after each input, as nanoGPT's openwebtext
+//               preparation does after each document
+//
+// Files are memory-mapped and encoded in parts of about --chunk_bytes, cut
+// where GPT-2's pre-tokenizer always cuts (see Gpt2ChunkEnd), so memory stays
+// bounded and the ids are those of each file encoded whole. One line on
+// stdout says what was written. Exit 2 on bad flags or input (named).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "models/data/gpt2_tokenizer.h"
+#include "models/data/mapped_file.h"
+#include "models/data/runfiles.h"
+#include "models/data/token_file.h"
+
+ABSL_FLAG(std::string, tokenizer, "gpt2",
+          "gpt2 (the repository's copy) or a folder with vocab.json + merges.txt");
+ABSL_FLAG(std::string, input, "", "text files to encode, comma-separated");
+ABSL_FLAG(std::string, output, "", "the token file to write");
+ABSL_FLAG(std::string, format, "raw", "raw (nanoGPT) or llmc (llm.c header)");
+ABSL_FLAG(bool, append_eot, false, "append <|endoftext|> after each input");
+ABSL_FLAG(int64_t, chunk_bytes, int64_t{16} << 20, "text encoded per part (about)");
+
+namespace {
+
+absl::StatusOr<data::Gpt2Tokenizer> LoadTokenizer(const std::string& flag) {
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
+      flag == "gpt2" ? data::Gpt2Tokenizer::Shipped() : data::Gpt2Tokenizer::Read(flag);
+  if (!tokenizer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));
+  }
+  return tokenizer;
+}
+
+absl::Status Tokenize() {
+  const std::string output = absl::GetFlag(FLAGS_output);
+  const std::vector<std::string> inputs =
+      absl::StrSplit(absl::GetFlag(FLAGS_input), ',', absl::SkipEmpty());
+  if (inputs.empty()) return absl::InvalidArgumentError("--input is required: text files");
+  if (output.empty()) return absl::InvalidArgumentError("--output is required: a token file");
+  const std::string format_flag = absl::GetFlag(FLAGS_format);
+  if (format_flag != "raw" && format_flag != "llmc") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format=", format_flag, ": expected raw or llmc"));
+  }
+  const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  if (chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chunk_bytes must be >= 1, got ", chunk_bytes));
+  }
+  const std::string tokenizer_flag = absl::GetFlag(FLAGS_tokenizer);
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = LoadTokenizer(tokenizer_flag);
+  if (!tokenizer.ok()) return tokenizer.status();
+  if (tokenizer->vocab_size() > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer=", tokenizer_flag, ": its ",
+                                                   tokenizer->vocab_size(),
+                                                   " ids do not fit the uint16 token files"));
+  }
+  const bool append_eot = absl::GetFlag(FLAGS_append_eot);
+  if (append_eot && !tokenizer->end_of_text().has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("--append_eot: the tokenizer ", tokenizer_flag,
+                                                   " has no <|endoftext|> token"));
+  }
+  // Every input opens before anything is written.
+  std::vector<std::shared_ptr<const data::MappedFile>> files;
+  int64_t total_bytes = 0;
+  for (const std::string& input : inputs) {
+    absl::StatusOr<std::shared_ptr<const data::MappedFile>> file = data::MappedFile::Open(input);
+    if (!file.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--input: ", file.status().message()));
+    }
+    total_bytes += (*file)->size();
+    files.push_back(*std::move(file));
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  const data::TokenFileFormat format =
+      format_flag == "raw" ? data::TokenFileFormat::kRaw : data::TokenFileFormat::kLlmc;
+  absl::StatusOr<std::unique_ptr<data::TokenFileWriter>> writer =
+      data::TokenFileWriter::Create(output, format);
+  if (!writer.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--output: ", writer.status().message()));
+  }
+  for (const std::shared_ptr<const data::MappedFile>& file : files) {
+    for (absl::string_view rest = file->bytes(); !rest.empty();) {
+      const size_t end = data::Gpt2ChunkEnd(rest, static_cast<size_t>(chunk_bytes));
+      absl::Status appended = (*writer)->Append(tokenizer->Encode(rest.substr(0, end)));
+      if (!appended.ok()) return appended;
+      rest.remove_prefix(end);
+    }
+    if (append_eot) {
+      absl::Status appended = (*writer)->Append({*tokenizer->end_of_text()});
+      if (!appended.ok()) return appended;
+    }
+  }
+  const int64_t num_tokens = (*writer)->num_tokens();
+  absl::Status finished = (*writer)->Finish();
+  if (!finished.ok()) return finished;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "wrote %lld tokens (tokenizer %s, vocab %lld) from %zu file(s), %lld bytes, to %s (%s) in "
+      "%.2f s (%.1f MB/s)\n",
+      static_cast<long long>(num_tokens), tokenizer_flag.c_str(),
+      static_cast<long long>(tokenizer->vocab_size()), files.size(),
+      static_cast<long long>(total_bytes), output.c_str(),
+      format == data::TokenFileFormat::kRaw ? "raw uint16" : "llm.c", seconds,
+      seconds > 0 ? total_bytes / seconds / 1e6 : 0.0);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Encodes text files as a token file: --input=a.txt[,b.txt] --output=train.bin "
+      "[--tokenizer=gpt2|DIR --format=raw|llmc --append_eot]");
+  absl::ParseCommandLine(argc, argv);
+  data::SetProgramPath(argv[0]);
+  absl::Status s = Tokenize();
+  if (!s.ok()) {
+    std::fprintf(stderr, "tokenize: error: %s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# //tools:tokenize: the shipped text encodes to tiktoken's 147297 GPT-2 ids
+# (the count //models/data:gpt2_tokenizer_test checks id by id), the same
+# whether encoded whole or in 1000-byte parts; llm.c's format and
+# --append_eot; bad input exits 2 naming it and writes nothing.
+set -euo pipefail
+tokenize="$1"
+text="$2"
+dir="${TEST_TMPDIR}/tokenize"
+mkdir -p "$dir"
+
+"$tokenize" --input="$text" --output="$dir/raw.bin" > "$dir/raw.out"
+cat "$dir/raw.out"
+grep -q "^wrote 147297 tokens (tokenizer gpt2, vocab 50257) from 1 file(s), 567198 bytes, to $dir/raw.bin (raw uint16)" "$dir/raw.out"
+[[ $(stat -c %s "$dir/raw.bin") == $((2 * 147297)) ]]
+"$tokenize" --input="$text" --output="$dir/parts.bin" --chunk_bytes=1000 > /dev/null
+cmp "$dir/raw.bin" "$dir/parts.bin"
+echo "147297 tokens, whole = in 1000-byte parts"
+
+# llm.c: magic 20240520 = 0x01350c58, version 1, the count, then the same ids.
+"$tokenize" --input="$text" --output="$dir/llmc.bin" --format=llmc > /dev/null
+[[ $(od -An -t u4 -N 12 "$dir/llmc.bin" | tr -s ' ') == " 20240520 1 147297" ]]
+cmp <(tail -c +1025 "$dir/llmc.bin") "$dir/raw.bin"
+echo "llm.c header + the same ids"
+
+# Two inputs with <|endoftext|> (50256) after each.
+printf 'Hello world' > "$dir/a.txt"
+"$tokenize" --input="$dir/a.txt,$dir/a.txt" --output="$dir/eot.bin" --append_eot > /dev/null
+[[ $(od -An -t u2 "$dir/eot.bin" | tr -s ' ') == " 15496 995 50256 15496 995 50256" ]]
+echo "--append_eot: 15496 995 50256 twice"
+
+expect_error() {
+  local want="$1"
+  shift
+  local rc=0
+  "$tokenize" "$@" > /dev/null 2> "$dir/err.txt" || rc=$?
+  [[ $rc == 2 ]] || { echo "exit $rc, wanted 2: $*"; cat "$dir/err.txt"; exit 1; }
+  grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
+}
+expect_error "--input is required" --output="$dir/x.bin"
+expect_error "--output is required" --input="$text"
+expect_error "--input: " --input="$text,$dir/none.txt" --output="$dir/x.bin"
+expect_error "--format=u32: expected raw or llmc" --input="$text" --output="$dir/x.bin" --format=u32
+expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --input="$text" --output="$dir/x.bin" \
+  --tokenizer="$dir"
+expect_error "--output: " --input="$text" --output="$dir/no/such/dir/x.bin"
+[[ ! -e "$dir/x.bin" ]]
+echo "bad input: exit 2, named, nothing written"
