@@ -20,7 +20,9 @@
 //                                         OUT/model.safetensors in GPT2LMHeadModel's
 //                                         names and layout (transformers loads it; the
 //                                         train and sample binaries read such folders
-//                                         back, see models/mingpt/pretrained.h)
+//                                         back, see models/mingpt/pretrained.h);
+//                                         --tokenizer=gpt2|DIR adds OUT/vocab.json and
+//                                         OUT/merges.txt, which sample then uses
 //   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
 //                                         the models parameter by parameter (largest
 //                                         differences first); exit 1 unless every
@@ -34,8 +36,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -47,6 +51,8 @@
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/train_support.h"
+#include "models/data/gpt2_tokenizer.h"
+#include "models/data/runfiles.h"
 #include "models/mingpt/pretrained.h"
 #include "tensor/safetensors.h"
 
@@ -54,12 +60,15 @@ ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, element
 ABSL_FLAG(double, atol, 0.0, "diff: absolute tolerance");
 ABSL_FLAG(double, rtol, 0.0, "diff: tolerance relative to DIR_B's value");
 ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0: all");
+ABSL_FLAG(std::string, tokenizer, "",
+          "export-hf: also write this tokenizer's vocab.json + merges.txt to OUT (gpt2: the "
+          "repository's copy of GPT-2's; or a folder)");
 
 namespace {
 
 constexpr char kUsage[] =
     "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | shard DIR OUT | "
-    "export-hf DIR OUT | diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
+    "export-hf DIR OUT [--tokenizer=gpt2|DIR] | diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "checkpoint: error: %s\n", message.c_str());
@@ -195,11 +204,42 @@ int Shard(const std::string& dir, const std::string& out) {
 int ExportHf(const std::string& dir, const std::string& out) {
   absl::StatusOr<mingpt::PretrainedWeights> w = mingpt::ReadPretrained(dir);
   if (!w.ok()) return Fail(std::string(w.status().message()));
+  // The tokenizer is checked before anything is written.
+  const std::string tokenizer_flag = absl::GetFlag(FLAGS_tokenizer);
+  std::pair<std::string, std::string> tokenizer_files;
+  if (!tokenizer_flag.empty()) {
+    absl::StatusOr<std::string> tokenizer_dir = data::Gpt2Tokenizer::DirOf(tokenizer_flag);
+    absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
+        tokenizer_dir.ok() ? data::Gpt2Tokenizer::Read(*tokenizer_dir) : tokenizer_dir.status();
+    if (!tokenizer.ok()) {
+      return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": ", tokenizer.status().message()));
+    }
+    if (tokenizer->vocab_size() > w->config.vocab_size) {
+      return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": its vocabulary has ",
+                               tokenizer->vocab_size(), " ids and the model's ",
+                               w->config.vocab_size));
+    }
+    tokenizer_files = *data::Gpt2Tokenizer::FindFiles(*tokenizer_dir);
+  }
   absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->weights);
   if (!s.ok()) return Fail(std::string(s.message()));
-  std::printf(
-      "wrote the Hugging Face GPT-2 folder %s (config.json, model.safetensors) of %s from %s\n",
-      out.c_str(), w->config.ToString().c_str(), w->source.c_str());
+  std::string written = "config.json, model.safetensors";
+  if (!tokenizer_flag.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (const auto& [from, name] : {std::pair{tokenizer_files.first, "vocab.json"},
+                                     std::pair{tokenizer_files.second, "merges.txt"}}) {
+      fs::copy_file(from, fs::path(out) / name, fs::copy_options::overwrite_existing, ec);
+      if (ec) {
+        std::fprintf(stderr, "checkpoint: error: copying %s to %s: %s\n", from.c_str(),
+                     (fs::path(out) / name).c_str(), ec.message().c_str());
+        return 1;
+      }
+    }
+    absl::StrAppend(&written, ", vocab.json, merges.txt");
+  }
+  std::printf("wrote the Hugging Face GPT-2 folder %s (%s) of %s from %s\n", out.c_str(),
+              written.c_str(), w->config.ToString().c_str(), w->source.c_str());
   return 0;
 }
 
@@ -299,6 +339,7 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  data::SetProgramPath(argv[0]);
   const std::vector<std::string> a(args.begin() + 1, args.end());
   if (a.empty()) return Fail(absl::StrCat("no command; usage: ", kUsage));
   const std::string& cmd = a[0];

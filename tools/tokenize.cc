@@ -46,8 +46,9 @@ ABSL_FLAG(int64_t, chunk_bytes, int64_t{16} << 20, "text encoded per part (about
 namespace {
 
 absl::StatusOr<data::Gpt2Tokenizer> LoadTokenizer(const std::string& flag) {
+  absl::StatusOr<std::string> dir = data::Gpt2Tokenizer::DirOf(flag);
   absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
-      flag == "gpt2" ? data::Gpt2Tokenizer::Shipped() : data::Gpt2Tokenizer::Read(flag);
+      dir.ok() ? data::Gpt2Tokenizer::Read(*dir) : dir.status();
   if (!tokenizer.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));

@@ -279,19 +279,25 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Parse(const std::string& vocab_json
   return tok;
 }
 
-absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Read(const std::string& dir) {
+absl::StatusOr<std::string> Gpt2Tokenizer::DirOf(const std::string& name) {
+  if (name != "gpt2") return name;
+  absl::StatusOr<std::string> vocab =
+      ResolveRunfile(absl::StrCat(kShippedGpt2TokenizerDir, "/vocab.json"));
+  if (!vocab.ok()) return vocab.status();
+  return std::filesystem::path(*vocab).parent_path().string();
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> Gpt2Tokenizer::FindFiles(
+    const std::string& dir) {
   namespace fs = std::filesystem;
   for (const auto& [vocab_name, merges_name] :
        {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
-    const std::string vocab_path = (fs::path(dir) / vocab_name).string();
-    const std::string merges_path = (fs::path(dir) / merges_name).string();
+    std::string vocab_path = (fs::path(dir) / vocab_name).string();
+    std::string merges_path = (fs::path(dir) / merges_name).string();
     std::error_code ec;
-    if (!fs::exists(vocab_path, ec) && !fs::exists(merges_path, ec)) continue;
-    absl::StatusOr<std::string> vocab = ReadWhole(vocab_path);
-    if (!vocab.ok()) return vocab.status();
-    absl::StatusOr<std::string> merges = ReadWhole(merges_path);
-    if (!merges.ok()) return merges.status();
-    return Parse(*vocab, *merges, dir);
+    if (fs::exists(vocab_path, ec) || fs::exists(merges_path, ec)) {
+      return std::pair{std::move(vocab_path), std::move(merges_path)};
+    }
   }
   return absl::NotFoundError(
       absl::StrCat(dir,
@@ -299,11 +305,20 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Read(const std::string& dir) {
                    "encoder.json + vocab.bpe (OpenAI)"));
 }
 
-absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Shipped() {
-  absl::StatusOr<std::string> vocab =
-      ResolveRunfile(absl::StrCat(kShippedGpt2TokenizerDir, "/vocab.json"));
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Read(const std::string& dir) {
+  absl::StatusOr<std::pair<std::string, std::string>> files = FindFiles(dir);
+  if (!files.ok()) return files.status();
+  absl::StatusOr<std::string> vocab = ReadWhole(files->first);
   if (!vocab.ok()) return vocab.status();
-  return Read(std::filesystem::path(*vocab).parent_path().string());
+  absl::StatusOr<std::string> merges = ReadWhole(files->second);
+  if (!merges.ok()) return merges.status();
+  return Parse(*vocab, *merges, dir);
+}
+
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Shipped() {
+  absl::StatusOr<std::string> dir = DirOf("gpt2");
+  if (!dir.ok()) return dir.status();
+  return Read(*dir);
 }
 
 bool Gpt2Tokenizer::IsTokenizerDir(const std::string& dir) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -63,6 +64,13 @@ class Gpt2Tokenizer {
   static absl::StatusOr<Gpt2Tokenizer> Shipped();
   // Whether `dir` holds either pair of files.
   static bool IsTokenizerDir(const std::string& dir);
+  // The paths of `dir`'s vocabulary and merges files (either pair; Read's
+  // NotFound when neither is there).
+  static absl::StatusOr<std::pair<std::string, std::string>> FindFiles(const std::string& dir);
+  // The folder a tool's --tokenizer flag names: "gpt2" is the shipped copy's
+  // (NotFound outside the runfiles of a binary that depends on it), anything
+  // else a folder.
+  static absl::StatusOr<std::string> DirOf(const std::string& name);
 
   // Token ids of `text` (see the top of this file).
   std::vector<int64_t> Encode(absl::string_view text) const;

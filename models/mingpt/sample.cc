@@ -7,9 +7,11 @@
 // the hub's gpt2; see pretrained.h). The model's configuration comes from it.
 //
 // Byte-level models (vocabulary 256: trained on text or the shipped data)
-// take --prompt as text and print text; other models (token files, e.g.
-// GPT-2 BPE ids) take --prompt_tokens=id,id,... and print ids (there is no
-// BPE tokenizer here). Samples go to stdout, separated by a dashed line;
+// take --prompt as text and print text. Models of token ids do the same with
+// a tokenizer: --tokenizer=gpt2 (GPT-2's, e.g. for data written by
+// //tools:tokenize), a folder with vocab.json + merges.txt, or by default the
+// --checkpoint folder's own (a Hugging Face folder's); without one they take
+// --prompt_tokens=id,id,... and print ids. Samples go to stdout, separated by a dashed line;
 // what was loaded and the speed go to stderr. A context longer than the
 // model's block_size is cropped to its last block_size tokens. Until then
 // each new token runs one position against the cached keys and values of the
@@ -17,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "models/common/train_setup.h"
+#include "models/data/gpt2_tokenizer.h"
+#include "models/data/runfiles.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
@@ -40,7 +45,7 @@
 
 ABSL_FLAG(std::string, checkpoint, "",
           "a step folder, a --checkpoint_dir (its latest step), or a Hugging Face GPT-2 folder");
-ABSL_FLAG(std::string, prompt, "\n", "text to continue (byte-level models)");
+ABSL_FLAG(std::string, prompt, "\n", "text to continue (byte-level models, or with a tokenizer)");
 ABSL_FLAG(std::string, prompt_tokens, "",
           "token ids to continue, comma-separated (instead of --prompt)");
 ABSL_FLAG(int64_t, num_samples, 1, "samples drawn (one batch)");
@@ -53,14 +58,41 @@ ABSL_FLAG(bool, kv_cache, true,
           "keep earlier positions' keys and values (while the sequence fits in block_size)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
-ABSL_FLAG(std::string, print, "auto", "text, tokens, or auto (text for byte-level models)");
+ABSL_FLAG(std::string, print, "auto",
+          "text, tokens, or auto (text for byte-level models and with a tokenizer)");
+ABSL_FLAG(std::string, tokenizer, "auto",
+          "auto (the --checkpoint folder's vocab.json + merges.txt, if any), none, gpt2 (the "
+          "repository's copy of GPT-2's), or a folder with vocab.json + merges.txt");
 
 namespace mingpt {
 namespace {
 
 constexpr int64_t kByteVocab = 256;
 
-absl::StatusOr<std::vector<int64_t>> PromptIds(const GptConfig& config) {
+// The tokenizer --tokenizer names, if any, checked against the model.
+absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const std::string& checkpoint,
+                                                                 const GptConfig& config) {
+  const std::string flag = absl::GetFlag(FLAGS_tokenizer);
+  if (flag == "none" || (flag == "auto" && !data::Gpt2Tokenizer::IsTokenizerDir(checkpoint))) {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::string> dir = data::Gpt2Tokenizer::DirOf(flag == "auto" ? checkpoint : flag);
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
+      dir.ok() ? data::Gpt2Tokenizer::Read(*dir) : dir.status();
+  if (!tokenizer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));
+  }
+  if (tokenizer->vocab_size() > config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer=", flag, ": its vocabulary has ", tokenizer->vocab_size(),
+        " ids and the model's ", config.vocab_size, ": the model was not trained on its tokens"));
+  }
+  return *std::move(tokenizer);
+}
+
+absl::StatusOr<std::vector<int64_t>> PromptIds(
+    const GptConfig& config, const std::optional<data::Gpt2Tokenizer>& tokenizer) {
   const std::string tokens = absl::GetFlag(FLAGS_prompt_tokens);
   std::vector<int64_t> ids;
   if (!tokens.empty()) {
@@ -75,12 +107,17 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(const GptConfig& config) {
     }
     return ids;
   }
-  if (config.vocab_size != kByteVocab) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--prompt is byte-level text, and this model's vocabulary is ", config.vocab_size,
-        " token ids, not ", kByteVocab, " bytes: give the prompt as --prompt_tokens=id,id,..."));
+  if (tokenizer.has_value()) {
+    ids = tokenizer->Encode(absl::GetFlag(FLAGS_prompt));
+  } else if (config.vocab_size != kByteVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompt is byte-level text, and this model's vocabulary is ",
+                     config.vocab_size, " token ids, not ", kByteVocab,
+                     " bytes: name its tokenizer (--tokenizer=gpt2 for "
+                     "GPT-2's) or give the prompt as --prompt_tokens=id,id,..."));
+  } else {
+    for (unsigned char ch : absl::GetFlag(FLAGS_prompt)) ids.push_back(ch);
   }
-  for (unsigned char ch : absl::GetFlag(FLAGS_prompt)) ids.push_back(ch);
   if (ids.empty()) {
     return absl::InvalidArgumentError(
         "--prompt is empty: give one byte at least (default \"\\n\")");
@@ -88,25 +125,37 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(const GptConfig& config) {
   return ids;
 }
 
-absl::StatusOr<bool> PrintsText(const GptConfig& config) {
+absl::StatusOr<bool> PrintsText(const GptConfig& config,
+                                const std::optional<data::Gpt2Tokenizer>& tokenizer) {
   const std::string print = absl::GetFlag(FLAGS_print);
-  if (print == "auto") return config.vocab_size == kByteVocab;
+  if (print == "auto") return config.vocab_size == kByteVocab || tokenizer.has_value();
   if (print == "tokens") return false;
   if (print != "text") {
     return absl::InvalidArgumentError(
         absl::StrCat("--print=", print, ": expected text, tokens or auto"));
   }
-  if (config.vocab_size > kByteVocab) {
+  if (config.vocab_size > kByteVocab && !tokenizer.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--print=text needs a byte-level model (vocabulary <= ", kByteVocab,
-                     "); this one has ", config.vocab_size, " ids: use --print=tokens"));
+                     ") or a tokenizer; "
+                     "this one has ",
+                     config.vocab_size, " ids: use --print=tokens or --tokenizer"));
   }
   return true;
 }
 
-void PrintTokens(absl::Span<const int64_t> ids, bool text) {
+// Text: the bytes of each id (the tokenizer's, or the id itself for a
+// byte-level model); an id the tokenizer lacks (a padded vocabulary's) as
+// <|id N|>. Otherwise the ids.
+void PrintTokens(absl::Span<const int64_t> ids, bool text,
+                 const std::optional<data::Gpt2Tokenizer>& tokenizer) {
   if (text) {
-    std::string bytes(ids.begin(), ids.end());
+    std::string bytes;
+    for (int64_t id : ids) {
+      absl::StatusOr<std::string> token =
+          tokenizer.has_value() ? tokenizer->Decode({id}) : std::string(1, static_cast<char>(id));
+      absl::StrAppend(&bytes, token.ok() ? *token : absl::StrCat("<|id ", id, "|>"));
+    }
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
   } else {
     for (int64_t id : ids) std::printf("%lld ", static_cast<long long>(id));
@@ -147,9 +196,11 @@ absl::Status Sample() {
     return absl::InvalidArgumentError(
         absl::StrCat("--num_samples must be >= 1, got ", num_samples));
   }
-  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(config);
+  absl::StatusOr<std::optional<data::Gpt2Tokenizer>> tokenizer = LoadTokenizer(checkpoint, config);
+  if (!tokenizer.ok()) return tokenizer.status();
+  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(config, *tokenizer);
   if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<bool> text = PrintsText(config);
+  absl::StatusOr<bool> text = PrintsText(config, *tokenizer);
   if (!text.ok()) return text.status();
 
   GPT model(config);
@@ -165,21 +216,26 @@ absl::Status Sample() {
   std::fprintf(stderr, "%s from %s | %s | precision %s\n", config.ToString().c_str(),
                pretrained->source.c_str(), device.ToString().c_str(),
                compute->policy.ToString().c_str());
+  if (tokenizer->has_value()) {
+    std::fprintf(stderr, "tokenizer: GPT-2 BPE from %s (%lld ids) | prompt %zu tokens\n",
+                 (*tokenizer)->source().c_str(), static_cast<long long>((*tokenizer)->vocab_size()),
+                 prompt->size());
+  }
 
   // ---- Generation: one sample streams as it is drawn, several print at the end ----
   const std::vector<std::vector<int64_t>> prompts(num_samples, *prompt);
   const bool stream = num_samples == 1;
-  if (stream) PrintTokens(*prompt, *text);
+  if (stream) PrintTokens(*prompt, *text, *tokenizer);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
       Generate(model, prompts, options, device, [&](int64_t, absl::Span<const int64_t> tokens) {
-        if (stream) PrintTokens(tokens, *text);
+        if (stream) PrintTokens(tokens, *text, *tokenizer);
       });
   if (!rows.ok()) return rows.status();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (size_t r = 0; r < rows->size(); ++r) {
-    if (!stream) PrintTokens((*rows)[r], *text);
+    if (!stream) PrintTokens((*rows)[r], *text, *tokenizer);
     std::printf(r + 1 < rows->size() ? "\n---------------\n" : "\n");
   }
   const int64_t generated = num_samples * options.max_new_tokens;
@@ -196,6 +252,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Samples from a trained minGPT: --checkpoint=<checkpoint_dir or step folder>.");
   absl::ParseCommandLine(argc, argv);
+  data::SetProgramPath(argv[0]);
   try {
     absl::Status s = mingpt::Sample();
     if (!s.ok()) {

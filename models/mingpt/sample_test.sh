@@ -9,6 +9,8 @@ set -euo pipefail
 train="$1"
 sample="$2"
 checkpoint="$3"
+tokenize="$4"
+text="$5"
 dir="${TEST_TMPDIR}/sample"
 mkdir -p "$dir"
 
@@ -80,10 +82,49 @@ expect_error "--checkpoint: $dir is neither a checkpoint nor a Hugging Face mode
 # A model of token ids (vocabulary 512 on random data) wants ids, and prints ids.
 "$train" --preset=gpt-nano --data=random --vocab_size=512 --steps=1 --seq_len=16 --batch_size=2 \
   --checkpoint_dir="$dir/ids" > /dev/null
-expect_error "vocabulary is 512 token ids, not 256 bytes: give the prompt as --prompt_tokens" \
+expect_error "vocabulary is 512 token ids, not 256 bytes: name its tokenizer (--tokenizer=gpt2 for GPT-2's) or give the prompt as --prompt_tokens" \
   --checkpoint="$dir/ids"
 expect_error "--print=text needs a byte-level model" --checkpoint="$dir/ids" --prompt_tokens=3 \
   --print=text
 "$sample" --checkpoint="$dir/ids" --prompt_tokens=3 --max_new_tokens=4 2> /dev/null |
   grep -Eq '^3( [0-9]+){4} $'
 echo "bad input exits 2 naming it"
+
+# GPT-2 tokens: the shipped text through //tools:tokenize, a model trained on
+# them, and text in and out through GPT-2's tokenizer.
+"$tokenize" --input="$text" --output="$dir/opticks.bin" > /dev/null
+"$train" --preset=gpt-nano --data="$dir/opticks.bin" --steps=2 --seq_len=32 --batch_size=4 \
+  --log_every=2 --checkpoint_dir="$dir/bpe" > /dev/null
+bpe=(--max_new_tokens=12 --seed=5)
+"$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="Light is" "${bpe[@]}" \
+  > "$dir/bpe.txt" 2> "$dir/bpe.err"
+grep -q "^tokenizer: GPT-2 BPE from .* (50257 ids) | prompt 2 tokens" "$dir/bpe.err"
+[[ $(head -c 8 "$dir/bpe.txt") == "Light is" ]]
+# The prompt's ids (written by the tokenize tool) sample the same text, and
+# --print=tokens prints them and 12 more.
+printf 'Light is' > "$dir/prompt.txt"
+"$tokenize" --input="$dir/prompt.txt" --output="$dir/prompt.bin" > /dev/null
+ids=$(od -An -t u2 "$dir/prompt.bin" | tr -s ' ' | sed 's/^ //; s/ $//; s/ /,/g')
+"$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt_tokens="$ids" "${bpe[@]}" 2> /dev/null |
+  cmp - "$dir/bpe.txt"
+"$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="Light is" "${bpe[@]}" --print=tokens \
+  2> /dev/null | grep -Eq "^${ids//,/ }( [0-9]+){12} \$"
+echo "GPT-2 tokens: --prompt text = its ids ($ids), text out"
+# Exported with the tokenizer, the Hugging Face folder samples the same text
+# with no --tokenizer (its own vocab.json + merges.txt); none turns it off.
+"$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" --tokenizer=gpt2 > "$dir/export.out"
+grep -qF "(config.json, model.safetensors, vocab.json, merges.txt)" "$dir/export.out"
+"$sample" --checkpoint="$dir/bpe_hf" --prompt="Light is" "${bpe[@]}" 2> "$dir/hf_bpe.err" |
+  cmp - "$dir/bpe.txt"
+grep -qF "tokenizer: GPT-2 BPE from $dir/bpe_hf (50257 ids)" "$dir/hf_bpe.err"
+"$sample" --checkpoint="$dir/bpe_hf" --tokenizer=none --prompt_tokens="$ids" "${bpe[@]}" \
+  2> /dev/null | grep -Eq "^${ids//,/ }( [0-9]+){12} \$"
+expect_error "--tokenizer=gpt2: its vocabulary has 50257 ids and the model's 256" \
+  --checkpoint="$dir/one" --tokenizer=gpt2
+expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --checkpoint="$dir/bpe" \
+  --tokenizer="$dir"
+rc=0
+"$checkpoint" export-hf "$dir/one" "$dir/one_hf" --tokenizer=gpt2 > /dev/null 2> "$dir/err.txt" || rc=$?
+[[ $rc == 2 ]] && grep -qF "its vocabulary has 50257 ids and the model's 256" "$dir/err.txt"
+[[ ! -e "$dir/one_hf" ]]
+echo "export-hf --tokenizer: the folder samples text by itself; mismatched tokenizers refused"
