@@ -6,6 +6,7 @@
 set -euo pipefail
 tokenize="$1"
 text="$2"
+source "$3"  # models/common/cli_testing.sh: exits_2
 dir="${TEST_TMPDIR}/tokenize"
 mkdir -p "$dir"
 
@@ -29,14 +30,7 @@ printf 'Hello world' > "$dir/a.txt"
 [[ $(od -An -t u2 "$dir/eot.bin" | tr -s ' ') == " 15496 995 50256 15496 995 50256" ]]
 echo "--append_eot: 15496 995 50256 twice"
 
-expect_error() {
-  local want="$1"
-  shift
-  local rc=0
-  "$tokenize" "$@" > /dev/null 2> "$dir/err.txt" || rc=$?
-  [[ $rc == 2 ]] || { echo "exit $rc, wanted 2: $*"; cat "$dir/err.txt"; exit 1; }
-  grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
-}
+expect_error() { exits_2 "$1" "$tokenize" "${@:2}"; }
 expect_error "--input is required" --output="$dir/x.bin"
 expect_error "--output is required" --input="$text"
 expect_error "--input: " --input="$text,$dir/none.txt" --output="$dir/x.bin"

@@ -11,6 +11,7 @@ sample="$2"
 checkpoint="$3"
 tokenize="$4"
 text="$5"
+source "$6"  # models/common/cli_testing.sh: exits_2
 dir="${TEST_TMPDIR}/sample"
 mkdir -p "$dir"
 
@@ -60,14 +61,7 @@ echo "its Hugging Face GPT-2 export samples the same bytes"
 grep -Eq '^76 105( [0-9]+){5} $' "$dir/ids.txt"
 
 # Bad input: exit 2, the message names it.
-expect_error() {
-  local want="$1"
-  shift
-  local rc=0
-  "$sample" "$@" > /dev/null 2> "$dir/err.txt" || rc=$?
-  [[ $rc == 2 ]] || { echo "exit $rc, wanted 2: $*"; cat "$dir/err.txt"; exit 1; }
-  grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
-}
+expect_error() { exits_2 "$1" "$sample" "${@:2}"; }
 expect_error "--checkpoint is required"
 expect_error "--checkpoint: $dir/none: no such folder" --checkpoint="$dir/none"
 expect_error "--temperature must be finite and >= 0" --checkpoint="$dir/one" --temperature=-1
@@ -123,8 +117,7 @@ expect_error "--tokenizer=gpt2: its vocabulary has 50257 ids and the model's 256
   --checkpoint="$dir/one" --tokenizer=gpt2
 expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --checkpoint="$dir/bpe" \
   --tokenizer="$dir"
-rc=0
-"$checkpoint" export-hf "$dir/one" "$dir/one_hf" --tokenizer=gpt2 > /dev/null 2> "$dir/err.txt" || rc=$?
-[[ $rc == 2 ]] && grep -qF "its vocabulary has 50257 ids and the model's 256" "$dir/err.txt"
+exits_2 "its vocabulary has 50257 ids and the model's 256" \
+  "$checkpoint" export-hf "$dir/one" "$dir/one_hf" --tokenizer=gpt2
 [[ ! -e "$dir/one_hf" ]]
 echo "export-hf --tokenizer: the folder samples text by itself; mismatched tokenizers refused"

@@ -10,6 +10,7 @@ set -euo pipefail
 launch="$1"
 train="$2"
 source "$3"  # models/common/losses_testing.sh: losses, same_losses
+source "$4"  # models/common/cli_testing.sh: exits_2
 dir="${TEST_TMPDIR}/dp_resume"
 mkdir -p "$dir"
 export TMPDIR="$dir/tmp"
@@ -66,24 +67,13 @@ same_losses "$dir/full.jsonl" "$dir/from_ddp.jsonl" "ddp world 2 -> one process"
 echo "ddp -> one process: the same losses"
 
 # Mismatches are clear errors (exit 2).
-expect_error() {  # expect_error PATTERN COMMAND...
-  local pattern="$1"
-  shift
-  set +e
-  "$@" > "$dir/err.out" 2> "$dir/err.txt"
-  local code=$?
-  set -e
-  if [[ $code != 2 ]] || ! grep -q -- "$pattern" "$dir/err.txt"; then
-    echo "expected exit 2 and '$pattern', got $code:"; cat "$dir/err.txt"; exit 1
-  fi
-}
-expect_error "is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy" \
+exits_2 "is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy" \
   "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=ddp \
   --resume="$dir/ck_copy/step_000003"
-expect_error "is not sharded (no index.json" \
+exits_2 "is not sharded (no index.json" \
   "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
   --resume="$dir/ck_ddp/step_000003"
-expect_error "saved state is for another data configuration" \
+exits_2 "saved state is for another data configuration" \
   "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
   --resume="$dir/ck_copy/step_000003"
 echo "mismatched resumes are refused"

@@ -9,6 +9,7 @@
 set -euo pipefail
 launch="$1"
 train="$2"
+source "$3"  # models/common/cli_testing.sh: exits_2
 dir="${TEST_TMPDIR}/gloo"
 mkdir -p "$dir"
 export TMPDIR="$dir/tmp"  # the default rendezvous directory goes under it
@@ -94,42 +95,31 @@ ls "$TMPDIR"/fsdp_rdzv_127.0.0.1_29531/ > /dev/null  # the default directory was
 echo "a restarted job rendezvouses again and trains the same losses"
 
 # Errors: exit code 2, a message naming what is wrong.
-expect_error() {  # expect_error PATTERN COMMAND...
-  local pattern="$1"
-  shift
-  set +e
-  "$@" > "$dir/err.out" 2> "$dir/err.txt"
-  local code=$?
-  set -e
-  if [[ $code != 2 ]] || ! grep -q -- "$pattern" "$dir/err.txt"; then
-    echo "expected exit 2 and '$pattern', got $code:"; cat "$dir/err.txt"; exit 1
-  fi
-}
 quick=(--preset=gpt-nano --data=random --steps=1 --batch_size=2 --seq_len=32)
-expect_error "RANK is not set" env -u RANK WORLD_SIZE=2 "$train" "${quick[@]}" --backend=gloo
-expect_error "WORLD_SIZE='x' is not an integer" \
+exits_2 "RANK is not set" env -u RANK WORLD_SIZE=2 "$train" "${quick[@]}" --backend=gloo
+exits_2 "WORLD_SIZE='x' is not an integer" \
   env RANK=0 WORLD_SIZE=x "$train" "${quick[@]}" --backend=gloo
-expect_error "RANK='2' is not an integer in \[0, 1\]" \
+exits_2 "RANK='2' is not an integer in [0, 1]" \
   env RANK=2 WORLD_SIZE=2 "$train" "${quick[@]}" --backend=gloo
-expect_error "--world_size=4 disagrees with WORLD_SIZE=2" \
+exits_2 "--world_size=4 disagrees with WORLD_SIZE=2" \
   env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 RUN_ID=x \
   "$train" "${quick[@]}" --backend=gloo --world_size=4
-expect_error "needs MASTER_ADDR, MASTER_PORT, RUN_ID" \
+exits_2 "needs MASTER_ADDR, MASTER_PORT, RUN_ID" \
   env -u MASTER_ADDR -u MASTER_PORT -u RUN_ID RANK=0 WORLD_SIZE=2 \
   "$train" "${quick[@]}" --backend=gloo
-expect_error "--backend=nccl needs --device=cuda" "$train" "${quick[@]}" --backend=nccl
-expect_error "--cpu_offload keeps FSDP's shards, gradients and optimizer state in host memory" \
+exits_2 "--backend=nccl needs --device=cuda" "$train" "${quick[@]}" --backend=nccl
+exits_2 "--cpu_offload keeps FSDP's shards, gradients and optimizer state in host memory" \
   "$train" "${quick[@]}" --world_size=2 --cpu_offload
-expect_error "--device=cuda: this binary was built without CUDA" \
+exits_2 "--device=cuda: this binary was built without CUDA" \
   "$train" "${quick[@]}" --world_size=2 --device=cuda
-expect_error "--backend='mpi' is not one of threads, gloo, nccl" \
+exits_2 "--backend='mpi' is not one of threads, gloo, nccl" \
   "$train" "${quick[@]}" --backend=mpi
-expect_error "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size" \
+exits_2 "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size" \
   "$train" "${quick[@]}" --world_size=2 --strategy=hybrid_shard
-expect_error "--auto_wrap='size:0': size:N needs a whole number N >= 1" \
+exits_2 "--auto_wrap='size:0': size:N needs a whole number N >= 1" \
   "$train" "${quick[@]}" --world_size=2 --auto_wrap=size:0
-expect_error "--world_size=-1 must be >= 1" "$train" "${quick[@]}" --world_size=-1
-expect_error "--timeout_s=0 must be in" "$train" "${quick[@]}" --world_size=2 --timeout_s=0
+exits_2 "--world_size=-1 must be >= 1" "$train" "${quick[@]}" --world_size=-1
+exits_2 "--timeout_s=0 must be in" "$train" "${quick[@]}" --world_size=2 --timeout_s=0
 # size:N trains (threads): gpt-nano's blocks and embeddings become units.
 "$train" "${quick[@]}" --world_size=2 --auto_wrap=size:100000 > "$dir/size.log"
 grep -Eq "FSDP FULL_SHARD, [0-9]+ units \(auto_wrap size:100000\)" "$dir/size.log"

@@ -9,6 +9,7 @@
 set -euo pipefail
 train="$1"
 checkpoint="$2"
+source "$3"  # models/common/cli_testing.sh: exits_2
 dir="${TEST_TMPDIR}/init_from"
 mkdir -p "$dir"
 eval_loss() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\2/p' "$1" | tail -1; }
@@ -57,14 +58,7 @@ awk -v a="$(first "$dir/ft.jsonl")" -v b="$(first "$dir/fresh.jsonl")" 'BEGIN { 
 echo "fine-tuning starts below a fresh model's loss and saves checkpoints of the same config"
 
 # Bad input: exit 2, naming what was wrong.
-expect_error() {
-  local want="$1"
-  shift
-  local rc=0
-  "$train" "$@" --steps=1 > /dev/null 2> "$dir/err.txt" || rc=$?
-  [[ $rc == 2 ]] || { echo "exit $rc, wanted 2: $*"; cat "$dir/err.txt"; exit 1; }
-  grep -qF -- "$want" "$dir/err.txt" || { echo "wanted '$want' from $*:"; cat "$dir/err.txt"; exit 1; }
-}
+expect_error() { exits_2 "$1" "$train" "${@:2}" --steps=1; }
 expect_error "--init_from and --resume" --init_from="$dir/hf" --resume="$dir/run/step_000005"
 expect_error "--preset / --vocab_size with --init_from" --init_from="$dir/hf" --preset=gpt2
 expect_error "--init_from: $dir/none: no such folder" --init_from="$dir/none"
