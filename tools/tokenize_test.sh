@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # //tools:tokenize: the shipped text encodes to tiktoken's 147297 GPT-2 ids
 # (the count //models/data:gpt2_tokenizer_test checks id by id), the same
-# whether encoded whole or in 1000-byte parts; llm.c's format and
+# whether encoded whole or in 1000-byte parts on 1 or 3 threads; llm.c's format and
 # --append_eot; bad input exits 2 naming it and writes nothing.
 set -euo pipefail
 tokenize="$1"
@@ -14,9 +14,12 @@ mkdir -p "$dir"
 cat "$dir/raw.out"
 grep -q "^wrote 147297 tokens (tokenizer gpt2, vocab 50257) from 1 file(s), 567198 bytes, to $dir/raw.bin (raw uint16)" "$dir/raw.out"
 [[ $(stat -c %s "$dir/raw.bin") == $((2 * 147297)) ]]
-"$tokenize" --input="$text" --output="$dir/parts.bin" --chunk_bytes=1000 > /dev/null
-cmp "$dir/raw.bin" "$dir/parts.bin"
-echo "147297 tokens, whole = in 1000-byte parts"
+for threads in 1 3; do
+  "$tokenize" --input="$text" --output="$dir/parts.bin" --chunk_bytes=1000 --threads=$threads \
+    > /dev/null
+  cmp "$dir/raw.bin" "$dir/parts.bin"
+done
+echo "147297 tokens, whole = in 1000-byte parts, on 1 and 3 threads"
 
 # llm.c: magic 20240520 = 0x01350c58, version 1, the count, then the same ids.
 "$tokenize" --input="$text" --output="$dir/llmc.bin" --format=llmc > /dev/null
@@ -34,6 +37,7 @@ expect_error() { exits_2 "$1" "$tokenize" "${@:2}"; }
 expect_error "--input is required" --output="$dir/x.bin"
 expect_error "--output is required" --input="$text"
 expect_error "--input: " --input="$text,$dir/none.txt" --output="$dir/x.bin"
+expect_error "--threads must be >= 0, got -1" --input="$text" --output="$dir/x.bin" --threads=-1
 expect_error "--format=u32: expected raw or llmc" --input="$text" --output="$dir/x.bin" --format=u32
 expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --input="$text" --output="$dir/x.bin" \
   --tokenizer="$dir"
