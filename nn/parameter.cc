@@ -40,6 +40,18 @@ void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name,
   tensor::CheckCpu("init_slice", {&out});
   OP_CHECK(out.is_contiguous(), "init_slice", "output ", out.shape().ToString(),
            " must be contiguous");
+  if (spec.kind == InitSpec::Kind::kFrom) {
+    OP_CHECK(spec.from.defined(), "init_slice", "parameter '", full_name,
+             "': its loaded values were released");
+    OP_CHECK(begin >= 0 && begin + out.numel() <= spec.from.numel(), "init_slice", "parameter '",
+             full_name, "': elements [", begin, ", ", begin + out.numel(), ") of ",
+             spec.from.numel(), " loaded values");
+    out.CopyFrom(spec.from.Reshape({spec.from.numel()})
+                     .Narrow(0, begin, out.numel())
+                     .To(out.dtype())
+                     .View(out.shape()));
+    return;
+  }
   const tensor::Generator gen(NameKey(seed, full_name));
   tensor::DispatchFloating("init_slice", out.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -58,6 +70,8 @@ void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name,
           case InitSpec::Kind::kTruncatedNormal:
             v = TruncatedNormal(gen, element, spec.a, spec.b);
             break;
+          case InitSpec::Kind::kFrom:
+            break;  // handled above
         }
         p[i] = tensor::FromFloat<T>(v);
       }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "tensor/tensor.h"
@@ -18,10 +19,14 @@
 namespace nn {
 
 struct InitSpec {
-  enum class Kind { kZeros, kOnes, kNormal, kUniform, kTruncatedNormal };
+  enum class Kind { kZeros, kOnes, kNormal, kUniform, kTruncatedNormal, kFrom };
   Kind kind = Kind::kZeros;
   float a = 0.0f;  // normal/truncated: mean; uniform: low
   float b = 0.0f;  // normal/truncated: std; uniform: high
+  // kFrom: the parameter's values (loaded weights, shared, not copied; any
+  // shape of the parameter's numel, contiguous, CPU). Undefined once released
+  // (ReleaseInitValues), after which initializing from it is an error.
+  tensor::Tensor from;
 
   static InitSpec Zeros() { return {Kind::kZeros, 0, 0}; }
   static InitSpec Ones() { return {Kind::kOnes, 0, 0}; }
@@ -31,10 +36,14 @@ struct InitSpec {
   static InitSpec TruncatedNormal(float mean, float std) {
     return {Kind::kTruncatedNormal, mean, std};
   }
+  // Element i is values' element i (flattened): pretrained weights that FSDP
+  // shards without any rank holding a whole copy.
+  static InitSpec From(tensor::Tensor values) { return {Kind::kFrom, 0, 0, std::move(values)}; }
 };
 
 // Writes elements [begin, begin + out.numel()) of a parameter initialized by
-// `spec` under (seed, full_name) into `out` (contiguous, floating, CPU).
+// `spec` under (seed, full_name) into `out` (contiguous, floating, CPU); kFrom
+// copies them from spec.from (converting dtype).
 void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name, int64_t begin,
                tensor::Tensor& out);
 

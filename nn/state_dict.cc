@@ -2,7 +2,9 @@
 #include "nn/state_dict.h"
 
 #include <map>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -19,26 +21,33 @@ tensor::NamedTensors StateDict(Module& module, const std::string& prefix) {
   return out;
 }
 
-absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
-                           const std::string& prefix) {
+namespace {
+
+struct Target {
+  std::string name;
+  Tensor* dst;       // the parameter value or buffer to fill
+  Parameter* param;  // the parameter; nullptr for a buffer
+  tensor::Shape shape;
+  const Tensor* src;
+};
+
+// Pairs every parameter and buffer of `module` with its entry of `state`,
+// checking names, shapes and dtypes as LoadStateDict documents.
+absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
+                                                   const tensor::NamedTensors& state,
+                                                   const std::string& prefix) {
   std::map<std::string, const Tensor*> given;
   for (const auto& [name, t] : state) {
     if (!given.emplace(name, &t).second) {
       return absl::InvalidArgumentError(absl::StrCat("state dict names '", name, "' twice"));
     }
   }
-  struct Target {
-    std::string name;
-    Tensor* dst;  // the parameter value or buffer to fill
-    tensor::Shape shape;
-    const Tensor* src;
-  };
   std::vector<Target> targets;
   for (auto& [name, p] : module.NamedParameters()) {
-    targets.push_back({prefix + name, &p->value, p->shape, nullptr});
+    targets.push_back({prefix + name, &p->value, p, p->shape, nullptr});
   }
   for (auto& [name, b] : module.NamedBuffers()) {
-    targets.push_back({prefix + name, b, b->shape(), nullptr});
+    targets.push_back({prefix + name, b, nullptr, b->shape(), nullptr});
   }
   std::vector<std::string> missing;
   for (Target& t : targets) {
@@ -74,8 +83,17 @@ absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
     return absl::InvalidArgumentError(absl::StrCat("state dict has entries the model lacks: ",
                                                    absl::StrJoin(unknown, ", ")));
   }
+  return targets;
+}
+
+}  // namespace
+
+absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
+                           const std::string& prefix) {
+  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, state, prefix);
+  if (!targets.ok()) return targets.status();
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-  for (Target& t : targets) {
+  for (Target& t : *targets) {
     if (!t.dst->defined()) {
       *t.dst = Tensor::Empty(t.shape, tensor::Dtype::kF32);
     }
@@ -87,6 +105,40 @@ absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
+                               const std::string& prefix) {
+  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, state, prefix);
+  if (!targets.ok()) return targets.status();
+  for (Target& t : *targets) {
+    if (t.param == nullptr) continue;
+    if (t.param->value.defined()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("parameter '", t.name,
+                       "' already has values: initialize from a state dict before "
+                       "materializing or sharding"));
+    }
+  }
+  for (Target& t : *targets) {
+    if (t.param != nullptr) {
+      const Tensor& src = *t.src;
+      t.param->init = InitSpec::From(src.device().is_cpu() && src.dtype() == tensor::Dtype::kF32
+                                         ? src.Contiguous()
+                                         : src.To(tensor::Device::Cpu()).To(tensor::Dtype::kF32));
+    } else {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+      if (!t.dst->defined()) *t.dst = Tensor::Empty(t.shape, t.src->dtype());
+      t.dst->CopyFrom(t.src->To(t.dst->dtype()).To(t.dst->device()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ReleaseInitValues(Module& module) {
+  for (auto& [name, p] : module.NamedParameters()) {
+    if (p->init.kind == InitSpec::Kind::kFrom) p->init.from = Tensor();
+  }
 }
 
 }  // namespace nn

@@ -22,6 +22,19 @@ tensor::NamedTensors StateDict(Module& module, const std::string& prefix = "");
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix = "");
 
+// Makes the entries the parameters' initial values without copying them: each
+// parameter's init becomes InitSpec::From(its entry), as fp32 on the CPU
+// (shared when it already is), for Materialize or FSDP's sharded
+// initialization to copy from, so that a rank shards pretrained weights
+// without holding a whole copy of its own. Buffers are copied. The same checks
+// as LoadStateDict; FailedPrecondition when a parameter already has values.
+absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
+                               const std::string& prefix = "");
+
+// Drops the references InitFromStateDict gave the parameters (once they are
+// materialized or sharded), so that the loaded weights can be freed.
+void ReleaseInitValues(Module& module);
+
 }  // namespace nn
 
 #endif  // NN_STATE_DICT_H_

@@ -54,5 +54,51 @@ TEST(StateDictTest, ErrorsNameTheProblemAndChangeNothing) {
   EXPECT_EQ(a.weight()->value.ToVector<float>(), before);
 }
 
+TEST(StateDictTest, InitFromStateDictSharesTheValuesUntilMaterialized) {
+  Linear a(4, 3), b(4, 3);
+  a.Materialize(1);
+  tensor::NamedTensors sd = StateDict(a);
+  ASSERT_TRUE(InitFromStateDict(b, sd).ok());
+  // Nothing is copied: the parameter's init refers to the entry's storage.
+  EXPECT_FALSE(b.weight()->value.defined());
+  EXPECT_EQ(b.weight()->init.kind, InitSpec::Kind::kFrom);
+  EXPECT_EQ(b.weight()->init.from.raw_data(), sd[0].second.raw_data());
+  // A slice is what FSDP copies into a shard: elements [5, 9) of the weight.
+  Tensor slice = Tensor::Empty({4});
+  InitSlice(b.weight()->init, 0, "weight", 5, slice);
+  const std::vector<float> weight = a.weight()->value.ToVector<float>();
+  EXPECT_EQ(slice.ToVector<float>(), std::vector<float>(weight.begin() + 5, weight.begin() + 9));
+  Tensor bf16 = Tensor::Empty({2}, Dtype::kBF16);
+  InitSlice(b.weight()->init, 0, "weight", 0, bf16);
+  EXPECT_TRUE(
+      AllClose(bf16.To(Dtype::kF32), a.weight()->value.Reshape({12}).Narrow(0, 0, 2), 1e-2, 1e-2));
+  EXPECT_THROW(InitSlice(b.weight()->init, 0, "weight", 10, slice), std::exception);
+
+  b.Materialize(7);  // the seed does not matter: the values are the state dict's
+  EXPECT_TRUE(AllClose(b.weight()->value, a.weight()->value, 0, 0));
+  EXPECT_TRUE(AllClose(b.bias()->value, a.bias()->value, 0, 0));
+  EXPECT_NE(b.weight()->value.raw_data(), sd[0].second.raw_data());
+
+  // Once released, initializing from it again fails loudly instead of drawing.
+  ReleaseInitValues(b);
+  EXPECT_FALSE(b.weight()->init.from.defined());
+  try {
+    InitSlice(b.weight()->init, 0, "weight", 0, slice);
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'weight': its loaded values were released"),
+              std::string::npos)
+        << e.what();
+  }
+  // Parameters that already have values are refused, and the usual checks apply.
+  absl::Status s = InitFromStateDict(a, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("parameter 'weight' already has values"), absl::string_view::npos);
+  Linear c(4, 3);
+  s = InitFromStateDict(c, {sd[0]});
+  EXPECT_EQ(s.message(), "state dict lacks 1 entries: bias");
+  EXPECT_NE(c.weight()->init.kind, InitSpec::Kind::kFrom) << "changed on error";
+}
+
 }  // namespace
 }  // namespace nn

@@ -191,8 +191,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
 
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
-  if (setup.init != nullptr) {  // whole on the host; FSDP shards it, DDP moves it
-    absl::Status loaded = nn::LoadStateDict(model, setup.init->weights);
+  if (setup.init != nullptr) {  // FSDP copies each rank's shard from it, DDP a whole copy
+    absl::Status loaded = nn::InitFromStateDict(model, setup.init->weights);
     if (!loaded.ok()) return loaded;
   }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -203,6 +203,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   absl::StatusOr<std::unique_ptr<train::DataParallelModel>> dp =
       train::DataParallelModel::Create(model, rank.pg, setup.dp, std::move(*optimizer), seed);
   if (!dp.ok()) return dp.status();
+  nn::ReleaseInitValues(model);
   optim::Optimizer& opt = (*dp)->optimizer();
   if (rank.logs()) {
     const ParamCount count = CountParameters(setup.config);

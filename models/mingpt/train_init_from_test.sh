@@ -2,7 +2,8 @@
 # --init_from (nanoGPT's init_from): //models/mingpt:train starts from the
 # weights of a checkpoint or of a Hugging Face GPT-2 folder (here the
 # checkpoint's `checkpoint export-hf` copy), at step 0 with a fresh optimizer,
-# in one process and under DDP and FSDP (which shards the loaded weights). The
+# in one process and under DDP and FSDP (which shards the loaded weights,
+# holding no whole copy on any rank: its parameters peak is a fresh model's). The
 # model it evaluates before changing anything (--lr=0) is the checkpoint's: its
 # eval loss equals the one the first run printed after its last step. Bad
 # combinations exit 2 naming the flag.
@@ -46,6 +47,22 @@ for strategy in full_shard ddp; do
   close "$(eval_loss "$dir/$strategy.jsonl")" "$trained"
 done
 echo "FSDP and DDP at world 2 start from the same weights"
+# FSDP copies each rank's shard from the loaded weights, and no rank holds a
+# whole copy: its parameters peak is that of a freshly initialized model
+# (gpt-mini, whose whole weights, 10.6 MiB, outweigh a rank's shards and
+# gathered units; with a whole copy per rank the peak was 11.27 MiB, not 7.49).
+params_peak() { awk '/^rank +params/ { getline; print $2 }' "$1"; }
+mini=(--data=shipped --seq_len=32 --batch_size=2 --steps=1)
+"$train" --preset=gpt-mini "${mini[@]}" --checkpoint_dir="$dir/mini" > /dev/null
+"$train" "${mini[@]}" --lr=0 --world_size=2 --strategy=full_shard --init_from="$dir/mini" \
+  > "$dir/mini_fsdp.log"
+"$train" --preset=gpt-mini "${mini[@]}" --lr=0 --world_size=2 --strategy=full_shard \
+  > "$dir/fresh_fsdp.log"
+[[ -n $(params_peak "$dir/mini_fsdp.log") ]]
+[[ $(params_peak "$dir/mini_fsdp.log") == $(params_peak "$dir/fresh_fsdp.log") ]] ||
+  { echo "FSDP params peak $(params_peak "$dir/mini_fsdp.log") MiB with --init_from," \
+      "$(params_peak "$dir/fresh_fsdp.log") MiB fresh"; exit 1; }
+echo "FSDP --init_from: params peak $(params_peak "$dir/mini_fsdp.log") MiB per rank, as a fresh model's"
 
 # Fine-tuning trains on from there: the first loss is the trained model's, not a fresh one's.
 "$train" "${common[@]}" --steps=2 --lr=1e-3 --init_from="$dir/hf" --metrics_out="$dir/ft.jsonl" \
