@@ -50,6 +50,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
@@ -152,6 +153,29 @@ absl::Status CheckEvalVocabulary(const data::TokenSource& eval, int64_t vocab_si
 
 // ---- Data parallelism ----
 
+// --init_from's weights for the ranks of this process (threads: all of them;
+// gloo / nccl: its one), freed once the last of them has initialized its
+// model from them (FSDP: copied its shards) instead of held for the whole run.
+class SharedInit {
+ public:
+  SharedInit(PretrainedWeights weights, int ranks)
+      : source_(std::move(weights.source)), weights_(std::move(weights.weights)), pending_(ranks) {}
+  const std::string& source() const { return source_; }
+  // Valid until every rank has called Release.
+  const tensor::NamedTensors& weights() const { return weights_; }
+  // This rank is done with the weights; the last one frees them.
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    if (--pending_ == 0) weights_.clear();
+  }
+
+ private:
+  const std::string source_;
+  tensor::NamedTensors weights_;
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_);
+};
+
 struct DpSetup {
   GptConfig config;
   train::LossScaling scaling;
@@ -160,7 +184,7 @@ struct DpSetup {
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
-  const PretrainedWeights* init = nullptr;  // --init_from, else null
+  SharedInit* init = nullptr;  // --init_from, else null
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -192,7 +216,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
   if (setup.init != nullptr) {  // FSDP copies each rank's shard from it, DDP a whole copy
-    absl::Status loaded = nn::InitFromStateDict(model, setup.init->weights);
+    absl::Status loaded = nn::InitFromStateDict(model, setup.init->weights());
     if (!loaded.ok()) return loaded;
   }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -203,13 +227,16 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   absl::StatusOr<std::unique_ptr<train::DataParallelModel>> dp =
       train::DataParallelModel::Create(model, rank.pg, setup.dp, std::move(*optimizer), seed);
   if (!dp.ok()) return dp.status();
-  nn::ReleaseInitValues(model);
+  if (setup.init != nullptr) {
+    nn::ReleaseInitValues(model);
+    setup.init->Release();
+  }
   optim::Optimizer& opt = (*dp)->optimizer();
   if (rank.logs()) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
-    if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source.c_str());
+    if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source().c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
@@ -407,7 +434,12 @@ absl::Status Train() {
     if (!dp.ok()) return dp.status();
     setup.dp = *std::move(dp);
     setup.config = *config;
-    if (pretrained) setup.init = &*pretrained;
+    std::optional<SharedInit> init;
+    if (pretrained) {
+      init.emplace(*std::move(pretrained),
+                   setup.dp.backend == train::Backend::kThreads ? setup.dp.world_size : 1);
+      setup.init = &*init;
+    }
     setup.source = source;
     setup.eval_source = eval_source;
     setup.schedule = schedule->get();
