@@ -23,6 +23,7 @@
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
+#include "tensor/durable_file.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/safetensors.h"
 
@@ -34,7 +35,6 @@ using sharded::CheckReplaceable;
 using sharded::ErrnoStatus;
 using sharded::Exchange;
 using sharded::FileRec;
-using sharded::FsyncDir;
 using sharded::Hex32;
 using sharded::Index;
 using sharded::IndexToJson;
@@ -55,8 +55,9 @@ using sharded::SliceRec;
 using sharded::SliceTensorName;
 using sharded::StripTrailingSlashes;
 using sharded::ValidateIndex;
-using sharded::WriteFileDurably;
+using tensor::FsyncDir;
 using tensor::Tensor;
+using tensor::WriteFileDurably;
 
 std::mutex g_hooks_mu;
 std::function<absl::Status(int)> g_write_fault;  // guarded by g_hooks_mu

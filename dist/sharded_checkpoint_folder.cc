@@ -21,47 +21,6 @@ absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
   return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
 }
 
-void FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-absl::Status WriteFileDurably(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create", tmp);
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = ErrnoStatus("cannot write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    p += n;
-    left -= n;
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = ErrnoStatus("cannot fsync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename onto", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckReplaceable(const std::string& dir) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {

@@ -14,12 +14,6 @@ namespace dist::sharded {
 // Unavailable "<what> '<path>': <strerror(errno)>".
 absl::Status ErrnoStatus(const std::string& what, const std::string& path);
 
-// fsync of a folder (its entries); errors are ignored.
-void FsyncDir(const std::string& dir);
-
-// Writes `text` to "<path>.tmp.<pid>", fsyncs it and renames it onto `path`.
-absl::Status WriteFileDurably(const std::string& path, const std::string& text);
-
 // OK when `dir` does not exist, or is a folder that holds nothing but a
 // sharded checkpoint's files (so replacing it loses nothing else).
 absl::Status CheckReplaceable(const std::string& dir);

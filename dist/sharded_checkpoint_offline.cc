@@ -13,6 +13,7 @@
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
+#include "tensor/durable_file.h"
 #include "tensor/safetensors.h"
 
 namespace dist {
@@ -136,11 +137,11 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
     }
   }
   if (s.ok()) {
-    s = sharded::WriteFileDurably(absl::StrCat(tmp, "/", sharded::kIndexFile),
-                                  sharded::IndexToJson(x));
+    s = tensor::WriteFileDurably(absl::StrCat(tmp, "/", sharded::kIndexFile),
+                                 sharded::IndexToJson(x));
   }
   if (s.ok()) {
-    sharded::FsyncDir(tmp);
+    tensor::FsyncDir(tmp);
     s = sharded::Publish(tmp, dir, x.id);
   }
   if (!s.ok()) sharded::RemoveTree(tmp);

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "tensor/durable_file.h"
 #include "tensor/json.h"
 
 namespace tensor {
@@ -57,20 +59,6 @@ absl::StatusOr<int64_t> JsonInt(const Json& v, const std::string& what) {
 
 absl::Status ErrnoError(const std::string& what, const std::string& path) {
   return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
-}
-
-absl::Status WriteAll(int fd, const void* data, int64_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, std::min<int64_t>(size, 1 << 30));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("cannot write", path);
-    }
-    p += n;
-    size -= n;
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ReadAt(int fd, void* data, int64_t size, int64_t offset, const std::string& path) {
@@ -160,35 +148,15 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   header += "}}";
   while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data section
 
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) return ErrnoError("cannot create", tmp);
-    unsigned char len[8];
-    uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    absl::Status s = WriteAll(fd.get(), len, 8, tmp);
-    if (s.ok()) s = WriteAll(fd.get(), header.data(), header.size(), tmp);
-    for (size_t i = 0; s.ok() && i < host.size(); ++i) {
-      s = WriteAll(fd.get(), host[i].raw_data(), host[i].nbytes(), tmp);
-    }
-    if (s.ok() && ::fsync(fd.get()) != 0) s = ErrnoError("cannot fsync", tmp);
-    if (!s.ok()) {
-      ::unlink(tmp.c_str());
-      return s;
-    }
+  unsigned char len[8];
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  std::vector<absl::string_view> parts = {absl::string_view(reinterpret_cast<const char*>(len), 8),
+                                          header};
+  for (const Tensor& t : host) {
+    parts.emplace_back(static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.nbytes()));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = ErrnoError("cannot rename onto", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  // Make the rename durable.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) ::fsync(dfd.get());
-  return absl::OkStatus();
+  return WriteFileDurably(path, parts);
 }
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {

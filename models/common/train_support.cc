@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "nn/state_dict.h"
+#include "tensor/durable_file.h"
 #include "tensor/safetensors.h"
 
 namespace train {
@@ -64,21 +65,6 @@ absl::Status MakeDir(const std::string& path) {
 
 }  // namespace
 
-absl::Status WriteTextAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) return absl::UnavailableError(absl::StrCat("cannot write '", tmp, "'"));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot rename onto '", path, "': ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 std::string CheckpointStepName(int64_t step) { return absl::StrFormat("step_%06d", step); }
 
 absl::Status MakeCheckpointDir(const std::string& dir) {
@@ -111,7 +97,7 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
 }
 
 absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step) {
-  return WriteTextAtomically(dir + "/latest", CheckpointStepName(step) + "\n");
+  return tensor::WriteFileDurably(dir + "/latest", CheckpointStepName(step) + "\n");
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,

@@ -51,8 +51,6 @@ absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step);
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
                                   const std::string& optimizer_name, const TrainState& state);
-// Writes `text` to `path` atomically (a temporary file renamed onto it).
-absl::Status WriteTextAtomically(const std::string& path, const std::string& text);
 // "step_000100": the folder of a step under a checkpoint directory.
 std::string CheckpointStepName(int64_t step);
 // Creates `dir` and its missing parents unless it exists.

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/train_support.h"
+#include "tensor/durable_file.h"
 #include "tensor/json.h"
 
 namespace mingpt {
@@ -324,7 +325,7 @@ absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
       config.vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
       config.dropout, config.dropout, config.dropout, tied ? "true" : "false",
       config.vocab_size - 1, config.vocab_size - 1, tensor::JsonQuote(config.ToString()));
-  return train::WriteTextAtomically(dir + "/config.json", json);
+  return tensor::WriteFileDurably(dir + "/config.json", json);
 }
 
 }  // namespace mingpt

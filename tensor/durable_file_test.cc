@@ -1,0 +1,57 @@
+#include "tensor/durable_file.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tensor {
+namespace {
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  return names;
+}
+
+TEST(DurableFileTest, WritesPartsAndReplacesLeavingNoTemporaryFile) {
+  const std::string dir = ::testing::TempDir() + "/durable";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/a.txt";
+  ASSERT_TRUE(WriteFileDurably(path, "first").ok());
+  EXPECT_EQ(Read(path), "first");
+  const std::string binary("\0\x01\xff", 3);
+  const absl::string_view parts[] = {"head ", binary, "", " tail"};
+  ASSERT_TRUE(WriteFileDurably(path, parts).ok());
+  EXPECT_EQ(Read(path), "head " + binary + " tail");
+  EXPECT_EQ(Entries(dir), std::vector<std::string>{"a.txt"});
+}
+
+TEST(DurableFileTest, AFailureNamesTheFileAndLeavesTheOldContents) {
+  const std::string dir = ::testing::TempDir() + "/durable_fail";
+  std::filesystem::create_directories(dir);
+  absl::Status s = WriteFileDurably(dir + "/no/such/folder/x", "data");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("cannot create '" + dir + "/no/such/folder/x.tmp."), std::string::npos)
+      << s;
+  // Renaming onto a folder fails after the bytes were written: the folder is
+  // untouched and the temporary file is gone.
+  std::filesystem::create_directories(dir + "/taken");
+  std::ofstream(dir + "/taken/keep") << "kept";
+  s = WriteFileDurably(dir + "/taken", "data");
+  EXPECT_NE(s.message().find("cannot rename onto '" + dir + "/taken'"), std::string::npos) << s;
+  EXPECT_EQ(Read(dir + "/taken/keep"), "kept");
+  EXPECT_EQ(Entries(dir), std::vector<std::string>{"taken"});
+}
+
+}  // namespace
+}  // namespace tensor
