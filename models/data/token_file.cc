@@ -1,12 +1,15 @@
 // Reading, validating and writing nanoGPT / llm.c uint16 token files.
 #include "models/data/token_file.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "tensor/durable_file.h"
 
 namespace data {
 namespace {
@@ -200,7 +203,9 @@ absl::Status TokenFileWriter::Finish() {
         absl::StrCat("[token file] writing ", path_, ": Finish twice"));
   }
   absl::Status header = format_ == TokenFileFormat::kLlmc ? WriteHeader() : absl::OkStatus();
-  const bool closed = std::fclose(file_) == 0;
+  // On disk before it takes the name, as tensor::WriteFileDurably does.
+  const bool synced = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+  const bool closed = std::fclose(file_) == 0 && synced;
   file_ = nullptr;
   const std::string temp = absl::StrCat(path_, ".tmp");
   if (!header.ok() || !closed) {
@@ -213,6 +218,8 @@ absl::Status TokenFileWriter::Finish() {
     return absl::FailedPreconditionError(
         absl::StrCat("[token file] cannot rename ", temp, " to ", path_));
   }
+  const size_t slash = path_.find_last_of('/');
+  tensor::FsyncDir(slash == std::string::npos ? "." : path_.substr(0, slash + 1));
   return absl::OkStatus();
 }
 

@@ -79,9 +79,10 @@ absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> t
                             TokenFileFormat format);
 
 // Writes a token file in parts, for data larger than memory: Append the
-// tokens as they come, then Finish. The file is written to `path` + ".tmp"
-// and renamed to `path` by Finish (llm.c's header gets its count then); a
-// writer destroyed unfinished removes it, so `path` never holds a part.
+// tokens as they come, then Finish. The file is written to `path` + ".tmp",
+// which Finish fsyncs and renames to `path` (llm.c's header gets its count
+// then); a writer destroyed unfinished removes it, so `path` never holds a
+// part.
 class TokenFileWriter {
  public:
   // InvalidArgument for kAuto; FailedPrecondition when the file cannot be
