@@ -12,6 +12,9 @@
 //               1024-byte header, then the uint16 ids)
 // --append_eot  <|endoftext|> after each input, as nanoGPT's openwebtext
 //               preparation does after each document
+// --special_tokens  "<|endoftext|>" in the text is the special token (e.g.
+//               TinyStories' story separators; tiktoken's allowed_special=
+//               "all"); otherwise it is ordinary text
 //
 // Files are memory-mapped and encoded in parts of about --chunk_bytes, cut
 // where GPT-2's pre-tokenizer always cuts (see Gpt2ChunkEnd), so memory stays
@@ -45,6 +48,8 @@ ABSL_FLAG(std::string, input, "", "text files to encode, comma-separated");
 ABSL_FLAG(std::string, output, "", "the token file to write");
 ABSL_FLAG(std::string, format, "raw", "raw (nanoGPT) or llmc (llm.c header)");
 ABSL_FLAG(bool, append_eot, false, "append <|endoftext|> after each input");
+ABSL_FLAG(bool, special_tokens, false,
+          "\"<|endoftext|>\" in the text is the special token, not ordinary text");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "text encoded per part (about)");
 ABSL_FLAG(int, threads, 0, "parts encoded at once; 0: one per core");
 
@@ -91,6 +96,7 @@ absl::Status Tokenize() {
                                                    " ids do not fit the uint16 token files"));
   }
   const bool append_eot = absl::GetFlag(FLAGS_append_eot);
+  const bool special_tokens = absl::GetFlag(FLAGS_special_tokens);
   if (append_eot && !tokenizer->end_of_text().has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("--append_eot: the tokenizer ", tokenizer_flag,
                                                    " has no <|endoftext|> token"));
@@ -126,8 +132,10 @@ absl::Status Tokenize() {
     for (size_t first = 0; first < parts.size(); first += threads) {
       std::vector<std::future<std::vector<int64_t>>> encoded;
       for (size_t k = first; k < std::min(parts.size(), first + threads); ++k) {
-        encoded.push_back(std::async(std::launch::async,
-                                     [&, part = parts[k]] { return tokenizer->Encode(part); }));
+        encoded.push_back(std::async(std::launch::async, [&, part = parts[k]] {
+          return special_tokens ? tokenizer->EncodeWithSpecialTokens(part)
+                                : tokenizer->Encode(part);
+        }));
       }
       for (std::future<std::vector<int64_t>>& ids : encoded) {
         absl::Status appended = (*writer)->Append(ids.get());

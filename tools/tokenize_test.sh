@@ -33,6 +33,15 @@ printf 'Hello world' > "$dir/a.txt"
 [[ $(od -An -t u2 "$dir/eot.bin" | tr -s ' ') == " 15496 995 50256 15496 995 50256" ]]
 echo "--append_eot: 15496 995 50256 twice"
 
+# --special_tokens: "<|endoftext|>" in the text is 50256 (tiktoken's ids for
+# this text with allowed_special="all", //models/data:gpt2_tokenizer_test).
+printf 'one story.<|endoftext|>Another story.' > "$dir/stories.txt"
+"$tokenize" --input="$dir/stories.txt" --output="$dir/stories.bin" --special_tokens > /dev/null
+[[ $(od -An -t u2 "$dir/stories.bin" | tr -s ' ') == " 505 1621 13 50256 6610 1621 13" ]]
+"$tokenize" --input="$dir/stories.txt" --output="$dir/plain.bin" > /dev/null
+! od -An -t u2 "$dir/plain.bin" | grep -qw 50256
+echo "--special_tokens: <|endoftext|> in the text is 50256, else ordinary text"
+
 expect_error() { exits_2 "$1" "$tokenize" "${@:2}"; }
 expect_error "--input is required" --output="$dir/x.bin"
 expect_error "--output is required" --input="$text"

@@ -361,15 +361,34 @@ void Gpt2Tokenizer::EncodePiece(absl::string_view piece, std::vector<int32_t>& o
   out.insert(out.end(), word.begin(), word.end());
 }
 
-std::vector<int64_t> Gpt2Tokenizer::Encode(absl::string_view text) const {
-  // Text repeats its words: each distinct piece is merged once per call.
-  absl::flat_hash_map<absl::string_view, std::vector<int32_t>> done;
-  std::vector<int64_t> ids;
+void Gpt2Tokenizer::EncodeInto(absl::string_view text, PieceCache& done,
+                               std::vector<int64_t>& ids) const {
   for (absl::string_view piece : SplitGpt2Pretokens(text)) {
     auto [it, inserted] = done.try_emplace(piece);
     if (inserted) EncodePiece(piece, it->second);
     ids.insert(ids.end(), it->second.begin(), it->second.end());
   }
+}
+
+std::vector<int64_t> Gpt2Tokenizer::Encode(absl::string_view text) const {
+  PieceCache done;
+  std::vector<int64_t> ids;
+  EncodeInto(text, done, ids);
+  return ids;
+}
+
+std::vector<int64_t> Gpt2Tokenizer::EncodeWithSpecialTokens(absl::string_view text) const {
+  if (!end_of_text_.has_value()) return Encode(text);
+  constexpr absl::string_view kEndOfText = "<|endoftext|>";
+  PieceCache done;
+  std::vector<int64_t> ids;
+  for (size_t at = text.find(kEndOfText); at != absl::string_view::npos;
+       at = text.find(kEndOfText)) {
+    EncodeInto(text.substr(0, at), done, ids);
+    ids.push_back(*end_of_text_);
+    text.remove_prefix(at + kEndOfText.size());
+  }
+  EncodeInto(text, done, ids);
   return ids;
 }
 

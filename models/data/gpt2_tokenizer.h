@@ -74,6 +74,11 @@ class Gpt2Tokenizer {
 
   // Token ids of `text` (see the top of this file).
   std::vector<int64_t> Encode(absl::string_view text) const;
+  // The same, but "<|endoftext|>" in the text is the special token, and the
+  // text between such markers is encoded on its own (tiktoken's
+  // encode(text, allowed_special="all"), nanoGPT's prompts). Encode(text) when
+  // the vocabulary has no "<|endoftext|>".
+  std::vector<int64_t> EncodeWithSpecialTokens(absl::string_view text) const;
   // The bytes of `ids`. InvalidArgument naming the first id that is no
   // token. A sequence cut inside a character gives its bytes as they are.
   absl::StatusOr<std::string> Decode(absl::Span<const int64_t> ids) const;
@@ -96,6 +101,10 @@ class Gpt2Tokenizer {
   }
   // One pre-token's ids, appended to `out`.
   void EncodePiece(absl::string_view piece, std::vector<int32_t>& out) const;
+  // Encode's work, appending to `ids`; `done` keeps each distinct piece's ids
+  // (text repeats its words), valid while the text it points into is.
+  using PieceCache = absl::flat_hash_map<absl::string_view, std::vector<int32_t>>;
+  void EncodeInto(absl::string_view text, PieceCache& done, std::vector<int64_t>& ids) const;
 
   std::string source_;
   std::vector<std::optional<std::string>> token_bytes_;  // by id; nullopt: unused id

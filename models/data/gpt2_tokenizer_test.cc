@@ -1,5 +1,6 @@
 #include "models/data/gpt2_tokenizer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -84,6 +85,22 @@ TEST(Gpt2TokenizerTest, EncodesEveryReferenceCaseAsTiktokenDoes) {
     EXPECT_EQ(*back, text);
   }
   EXPECT_EQ(mismatches, 0) << "of " << cases->items.size() << " cases";
+}
+
+TEST(Gpt2TokenizerTest, EncodesSpecialTokensAsTiktokenDoes) {
+  const tensor::Json reference = Reference();
+  const tensor::Json* cases = reference.Get("special_cases");
+  ASSERT_NE(cases, nullptr);
+  ASSERT_GE(cases->items.size(), 7u);
+  for (const tensor::Json& c : cases->items) {
+    const std::string& text = c.Get("text")->text;
+    EXPECT_EQ(Gpt2().EncodeWithSpecialTokens(text), Ids(*c.Get("ids"))) << Escaped(text);
+    EXPECT_EQ(*Gpt2().Decode(Gpt2().EncodeWithSpecialTokens(text)), text);
+  }
+  // Without special tokens the marker is ordinary text ("<", "|", "end", ...).
+  const std::vector<int64_t> ordinary = Gpt2().Encode("<|endoftext|>");
+  EXPECT_GT(ordinary.size(), 1u);
+  EXPECT_EQ(std::count(ordinary.begin(), ordinary.end(), 50256), 0);
 }
 
 TEST(Gpt2TokenizerTest, EncodesTheShippedTextAsTiktokenDoes) {

@@ -108,7 +108,8 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
     return ids;
   }
   if (tokenizer.has_value()) {
-    ids = tokenizer->Encode(absl::GetFlag(FLAGS_prompt));
+    // As nanoGPT's sample.py: "<|endoftext|>" in the prompt is the special token.
+    ids = tokenizer->EncodeWithSpecialTokens(absl::GetFlag(FLAGS_prompt));
   } else if (config.vocab_size != kByteVocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prompt is byte-level text, and this model's vocabulary is ",

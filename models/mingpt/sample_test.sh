@@ -103,7 +103,11 @@ ids=$(od -An -t u2 "$dir/prompt.bin" | tr -s ' ' | sed 's/^ //; s/ $//; s/ /,/g'
   cmp - "$dir/bpe.txt"
 "$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="Light is" "${bpe[@]}" --print=tokens \
   2> /dev/null | grep -Eq "^${ids//,/ }( [0-9]+){12} \$"
-echo "GPT-2 tokens: --prompt text = its ids ($ids), text out"
+# "<|endoftext|>" in a prompt is the special token (GPT-2's unconditional start).
+"$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="<|endoftext|>" "${bpe[@]}" \
+  --print=tokens 2> "$dir/eot.err" | grep -Eq "^50256( [0-9]+){12} \$"
+grep -q "| prompt 1 tokens" "$dir/eot.err"
+echo "GPT-2 tokens: --prompt text = its ids ($ids), text out; <|endoftext|> is 50256"
 # Exported with the tokenizer, the Hugging Face folder samples the same text
 # with no --tokenizer (its own vocab.json + merges.txt); none turns it off.
 "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" --tokenizer=gpt2 > "$dir/export.out"

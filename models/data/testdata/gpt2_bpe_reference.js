@@ -78,12 +78,25 @@ for (const id of all) {
   }
 }
 
+// With special tokens allowed (tiktoken's encode(text, 'all')): "<|endoftext|>"
+// in the text is id 50256 and the text around it is encoded piece by piece.
+const special = [
+  'one story.<|endoftext|>Another story.',
+  '<|endoftext|>',
+  '<|endoftext|><|endoftext|>',
+  'a <|endoftext|> b',
+  'end\n<|endoftext|>\n  start',
+  '<|endoftext|x <|endoftext <|endoftext|>|> <|endoftext|>>',
+  'no special token here',
+];
+
 const out = {
   generator: 'tiktoken (npm) ' +
       JSON.parse(fs.readFileSync(require.resolve('tiktoken').replace(/[^/]*$/, 'package.json')))
           .version +
       ', encoding gpt2',
   cases: cases.map((t) => ({text: t, ids: ids(t)})),
+  special_cases: special.map((t) => ({text: t, ids: Array.from(enc.encode(t, 'all'))})),
   shipped_text: {num_tokens: all.length, fnv1a64: '0x' + hash.toString(16).padStart(16, '0')},
 };
 process.stdout.write(JSON.stringify(out, null, 0).replace(/\},\{"text"/g, '},\n{"text"') + '\n');
