@@ -218,7 +218,7 @@ absl::Status Sample() {
                pretrained->source.c_str(), device.ToString().c_str(),
                compute->policy.ToString().c_str());
   if (tokenizer->has_value()) {
-    std::fprintf(stderr, "tokenizer: GPT-2 BPE from %s (%lld ids) | prompt %zu tokens\n",
+    std::fprintf(stderr, "tokenizer: GPT-2 BPE from %s (%lld ids) | prompt: %zu token(s)\n",
                  (*tokenizer)->source().c_str(), static_cast<long long>((*tokenizer)->vocab_size()),
                  prompt->size());
   }

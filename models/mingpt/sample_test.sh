@@ -92,7 +92,7 @@ echo "bad input exits 2 naming it"
 bpe=(--max_new_tokens=12 --seed=5)
 "$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="Light is" "${bpe[@]}" \
   > "$dir/bpe.txt" 2> "$dir/bpe.err"
-grep -q "^tokenizer: GPT-2 BPE from .* (50257 ids) | prompt 2 tokens" "$dir/bpe.err"
+grep -q "^tokenizer: GPT-2 BPE from .* (50257 ids) | prompt: 2 token[(]s[)]" "$dir/bpe.err"
 [[ $(head -c 8 "$dir/bpe.txt") == "Light is" ]]
 # The prompt's ids (written by the tokenize tool) sample the same text, and
 # --print=tokens prints them and 12 more.
@@ -106,7 +106,7 @@ ids=$(od -An -t u2 "$dir/prompt.bin" | tr -s ' ' | sed 's/^ //; s/ $//; s/ /,/g'
 # "<|endoftext|>" in a prompt is the special token (GPT-2's unconditional start).
 "$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="<|endoftext|>" "${bpe[@]}" \
   --print=tokens 2> "$dir/eot.err" | grep -Eq "^50256( [0-9]+){12} \$"
-grep -q "| prompt 1 tokens" "$dir/eot.err"
+grep -qF "| prompt: 1 token(s)" "$dir/eot.err"
 echo "GPT-2 tokens: --prompt text = its ids ($ids), text out; <|endoftext|> is 50256"
 # Exported with the tokenizer, the Hugging Face folder samples the same text
 # with no --tokenizer (its own vocab.json + merges.txt); none turns it off.
