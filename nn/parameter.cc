@@ -41,15 +41,12 @@ void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name,
   OP_CHECK(out.is_contiguous(), "init_slice", "output ", out.shape().ToString(),
            " must be contiguous");
   if (spec.kind == InitSpec::Kind::kFrom) {
-    OP_CHECK(spec.from.defined(), "init_slice", "parameter '", full_name,
+    OP_CHECK(spec.from != nullptr, "init_slice", "parameter '", full_name,
              "': its loaded values were released");
-    OP_CHECK(begin >= 0 && begin + out.numel() <= spec.from.numel(), "init_slice", "parameter '",
-             full_name, "': elements [", begin, ", ", begin + out.numel(), ") of ",
-             spec.from.numel(), " loaded values");
-    out.CopyFrom(spec.from.Reshape({spec.from.numel()})
-                     .Narrow(0, begin, out.numel())
-                     .To(out.dtype())
-                     .View(out.shape()));
+    const int64_t numel = spec.from->shape().numel();
+    OP_CHECK(begin >= 0 && begin + out.numel() <= numel, "init_slice", "parameter '", full_name,
+             "': elements [", begin, ", ", begin + out.numel(), ") of ", numel, " loaded values");
+    spec.from->Read(begin, out);
     return;
   }
   const tensor::Generator gen(NameKey(seed, full_name));
@@ -77,6 +74,14 @@ void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name,
       }
     });
   });
+}
+
+void TensorInitSource::Read(int64_t begin, tensor::Tensor& out) const {
+  const tensor::Tensor flat =
+      values_.device().is_cpu() && values_.is_contiguous()
+          ? values_.Reshape({values_.numel()})
+          : values_.To(tensor::Device::Cpu()).Contiguous().Reshape({values_.numel()});
+  out.CopyFrom(flat.Narrow(0, begin, out.numel()).To(out.dtype()).View(out.shape()));
 }
 
 tensor::Tensor& Parameter::GradBuffer() {

@@ -10,6 +10,7 @@
 #define NN_PARAMETER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -18,15 +19,39 @@
 
 namespace nn {
 
+// Where a parameter's loaded initial values come from (InitSpec::From): any
+// range of its elements, flattened, on request, so that FSDP's sharded
+// initialization reads only a rank's shard.
+class InitSource {
+ public:
+  virtual ~InitSource() = default;
+  virtual const tensor::Shape& shape() const = 0;
+  // Elements [begin, begin + out.numel()) into `out` (contiguous, floating,
+  // CPU), converting dtype. Throws an OpError naming what failed.
+  virtual void Read(int64_t begin, tensor::Tensor& out) const = 0;
+};
+
+// Values in memory (any dtype and device; read as they are asked for).
+class TensorInitSource : public InitSource {
+ public:
+  explicit TensorInitSource(tensor::Tensor values) : values_(std::move(values)) {}
+  const tensor::Shape& shape() const override { return values_.shape(); }
+  void Read(int64_t begin, tensor::Tensor& out) const override;
+  const tensor::Tensor& values() const { return values_; }
+
+ private:
+  tensor::Tensor values_;
+};
+
 struct InitSpec {
   enum class Kind { kZeros, kOnes, kNormal, kUniform, kTruncatedNormal, kFrom };
   Kind kind = Kind::kZeros;
   float a = 0.0f;  // normal/truncated: mean; uniform: low
   float b = 0.0f;  // normal/truncated: std; uniform: high
-  // kFrom: the parameter's values (loaded weights, shared, not copied; any
-  // shape of the parameter's numel, contiguous, CPU). Undefined once released
-  // (ReleaseInitValues), after which initializing from it is an error.
-  tensor::Tensor from;
+  // kFrom: where the parameter's values are read (loaded weights, shared, not
+  // copied). Null once released (ReleaseInitValues), after which initializing
+  // from it is an error.
+  std::shared_ptr<const InitSource> from;
 
   static InitSpec Zeros() { return {Kind::kZeros, 0, 0}; }
   static InitSpec Ones() { return {Kind::kOnes, 0, 0}; }
@@ -36,14 +61,19 @@ struct InitSpec {
   static InitSpec TruncatedNormal(float mean, float std) {
     return {Kind::kTruncatedNormal, mean, std};
   }
-  // Element i is values' element i (flattened): pretrained weights that FSDP
-  // shards without any rank holding a whole copy.
-  static InitSpec From(tensor::Tensor values) { return {Kind::kFrom, 0, 0, std::move(values)}; }
+  // Element i is the source's element i (flattened): pretrained weights that
+  // FSDP shards without any rank holding a whole copy.
+  static InitSpec From(std::shared_ptr<const InitSource> source) {
+    return {Kind::kFrom, 0, 0, std::move(source)};
+  }
+  static InitSpec From(tensor::Tensor values) {
+    return From(std::make_shared<TensorInitSource>(std::move(values)));
+  }
 };
 
 // Writes elements [begin, begin + out.numel()) of a parameter initialized by
 // `spec` under (seed, full_name) into `out` (contiguous, floating, CPU); kFrom
-// copies them from spec.from (converting dtype).
+// reads them from spec.from (converting dtype).
 void InitSlice(const InitSpec& spec, uint64_t seed, absl::string_view full_name, int64_t begin,
                tensor::Tensor& out);
 

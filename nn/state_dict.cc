@@ -2,11 +2,13 @@
 #include "nn/state_dict.h"
 
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tensor/error.h"
 
 namespace nn {
 
@@ -28,26 +30,28 @@ struct Target {
   Tensor* dst;       // the parameter value or buffer to fill
   Parameter* param;  // the parameter; nullptr for a buffer
   tensor::Shape shape;
-  const Tensor* src;
+  size_t entry = 0;  // index of its entry in what was given
 };
 
-// Pairs every parameter and buffer of `module` with its entry of `state`,
-// checking names, shapes and dtypes as LoadStateDict documents.
+// Pairs every parameter and buffer of `module` with its entry among `names`
+// (entries[i] named names[i], of shape shapes[i]), checking names and shapes
+// as LoadStateDict documents.
 absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
-                                                   const tensor::NamedTensors& state,
+                                                   const std::vector<std::string>& names,
+                                                   const std::vector<tensor::Shape>& shapes,
                                                    const std::string& prefix) {
-  std::map<std::string, const Tensor*> given;
-  for (const auto& [name, t] : state) {
-    if (!given.emplace(name, &t).second) {
-      return absl::InvalidArgumentError(absl::StrCat("state dict names '", name, "' twice"));
+  std::map<std::string, size_t> given;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!given.emplace(names[i], i).second) {
+      return absl::InvalidArgumentError(absl::StrCat("state dict names '", names[i], "' twice"));
     }
   }
   std::vector<Target> targets;
   for (auto& [name, p] : module.NamedParameters()) {
-    targets.push_back({prefix + name, &p->value, p, p->shape, nullptr});
+    targets.push_back({prefix + name, &p->value, p, p->shape});
   }
   for (auto& [name, b] : module.NamedBuffers()) {
-    targets.push_back({prefix + name, b, nullptr, b->shape(), nullptr});
+    targets.push_back({prefix + name, b, nullptr, b->shape()});
   }
   std::vector<std::string> missing;
   for (Target& t : targets) {
@@ -56,18 +60,12 @@ absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
       missing.push_back(t.name);
       continue;
     }
-    t.src = it->second;
+    t.entry = it->second;
     given.erase(it);
-    if (t.src->shape() != t.shape) {
+    if (shapes[t.entry] != t.shape) {
       return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has shape ",
-                                                     t.src->shape().ToString(),
+                                                     shapes[t.entry].ToString(),
                                                      ", the model expects ", t.shape.ToString()));
-    }
-    if (!tensor::IsFloatingPoint(t.src->dtype()) && t.dst->defined() &&
-        tensor::IsFloatingPoint(t.dst->dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has dtype ",
-                                                     tensor::DtypeName(t.src->dtype()),
-                                                     ", expected a floating dtype"));
     }
   }
   if (!missing.empty()) {
@@ -79,25 +77,81 @@ absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
   }
   if (!given.empty()) {
     std::vector<std::string> unknown;
-    for (const auto& [name, t] : given) unknown.push_back(name);
+    for (const auto& [name, i] : given) unknown.push_back(name);
     return absl::InvalidArgumentError(absl::StrCat("state dict has entries the model lacks: ",
                                                    absl::StrJoin(unknown, ", ")));
   }
   return targets;
 }
 
+// One entry of a safetensors file, read slice by slice.
+class SafetensorsSliceSource : public InitSource {
+ public:
+  SafetensorsSliceSource(std::string path, std::shared_ptr<const tensor::SafetensorsHeader> header,
+                         std::string name, tensor::Shape shape)
+      : path_(std::move(path)),
+        header_(std::move(header)),
+        name_(std::move(name)),
+        shape_(std::move(shape)) {}
+  const tensor::Shape& shape() const override { return shape_; }
+  void Read(int64_t begin, Tensor& out) const override {
+    absl::Status s = tensor::ReadSafetensorsSlice(path_, *header_, name_, begin, out);
+    OP_CHECK(s.ok(), "init_from_file", s.message());
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<const tensor::SafetensorsHeader> header_;
+  std::string name_;
+  tensor::Shape shape_;
+};
+
 }  // namespace
+
+absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path) {
+  absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(path);
+  if (!header.ok()) return header.status();
+  absl::Status verified = tensor::VerifySafetensors(path, *header);
+  if (!verified.ok()) return verified;
+  auto shared = std::make_shared<const tensor::SafetensorsHeader>(*std::move(header));
+  NamedInitSources sources;
+  for (const tensor::SafetensorsEntry& e : shared->entries) {
+    if (!tensor::IsFloatingPoint(e.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "': tensor '", e.name, "' is ",
+                                                     tensor::DtypeName(e.dtype),
+                                                     ", not a floating dtype"));
+    }
+    sources.emplace_back(e.name,
+                         std::make_shared<SafetensorsSliceSource>(path, shared, e.name, e.shape));
+  }
+  return sources;
+}
 
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix) {
-  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, state, prefix);
+  std::vector<std::string> names;
+  std::vector<tensor::Shape> shapes;
+  for (const auto& [name, t] : state) {
+    names.push_back(name);
+    shapes.push_back(t.shape());
+  }
+  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, names, shapes, prefix);
   if (!targets.ok()) return targets.status();
+  for (const Target& t : *targets) {
+    const Tensor& src = state[t.entry].second;
+    if (!tensor::IsFloatingPoint(src.dtype()) && t.dst->defined() &&
+        tensor::IsFloatingPoint(t.dst->dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has dtype ",
+                                                     tensor::DtypeName(src.dtype()),
+                                                     ", expected a floating dtype"));
+    }
+  }
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
   for (Target& t : *targets) {
     if (!t.dst->defined()) {
       *t.dst = Tensor::Empty(t.shape, tensor::Dtype::kF32);
     }
-    Tensor src = t.src->To(t.dst->dtype());
+    Tensor src = state[t.entry].second.To(t.dst->dtype());
     if (t.dst->device().is_cpu()) {
       t.dst->CopyFrom(src);
     } else {
@@ -107,13 +161,18 @@ absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
   return absl::OkStatus();
 }
 
-absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
-                               const std::string& prefix) {
-  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, state, prefix);
+absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
+                             const std::string& prefix) {
+  std::vector<std::string> names;
+  std::vector<tensor::Shape> shapes;
+  for (const auto& [name, source] : sources) {
+    names.push_back(name);
+    shapes.push_back(source->shape());
+  }
+  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, names, shapes, prefix);
   if (!targets.ok()) return targets.status();
-  for (Target& t : *targets) {
-    if (t.param == nullptr) continue;
-    if (t.param->value.defined()) {
+  for (const Target& t : *targets) {
+    if (t.param != nullptr && t.param->value.defined()) {
       return absl::FailedPreconditionError(
           absl::StrCat("parameter '", t.name,
                        "' already has values: initialize from a state dict before "
@@ -121,23 +180,35 @@ absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state
     }
   }
   for (Target& t : *targets) {
+    const std::shared_ptr<const InitSource>& source = sources[t.entry].second;
     if (t.param != nullptr) {
-      const Tensor& src = *t.src;
-      t.param->init = InitSpec::From(src.device().is_cpu() && src.dtype() == tensor::Dtype::kF32
-                                         ? src.Contiguous()
-                                         : src.To(tensor::Device::Cpu()).To(tensor::Dtype::kF32));
-    } else {
+      t.param->init = InitSpec::From(source);
+    } else {  // buffers are small: read whole
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-      if (!t.dst->defined()) *t.dst = Tensor::Empty(t.shape, t.src->dtype());
-      t.dst->CopyFrom(t.src->To(t.dst->dtype()).To(t.dst->device()));
+      Tensor host = Tensor::Empty(t.shape, t.dst->defined() ? t.dst->dtype() : tensor::Dtype::kF32);
+      source->Read(0, host);
+      if (!t.dst->defined()) *t.dst = host;
+      t.dst->CopyFrom(host.To(t.dst->device()));
     }
   }
   return absl::OkStatus();
 }
 
+absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
+                               const std::string& prefix) {
+  NamedInitSources sources;
+  for (const auto& [name, t] : state) {
+    // On the host, so that each read is a slice and not a whole device copy.
+    sources.emplace_back(
+        name, std::make_shared<TensorInitSource>(
+                  t.device().is_cpu() ? t.Contiguous() : t.To(tensor::Device::Cpu()).Contiguous()));
+  }
+  return InitFromSources(module, sources, prefix);
+}
+
 void ReleaseInitValues(Module& module) {
   for (auto& [name, p] : module.NamedParameters()) {
-    if (p->init.kind == InitSpec::Kind::kFrom) p->init.from = Tensor();
+    if (p->init.kind == InitSpec::Kind::kFrom) p->init.from = nullptr;
   }
 }
 

@@ -4,10 +4,14 @@
 #ifndef NN_STATE_DICT_H_
 #define NN_STATE_DICT_H_
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "nn/module.h"
+#include "nn/parameter.h"
 #include "tensor/safetensors.h"
 
 namespace nn {
@@ -22,12 +26,26 @@ tensor::NamedTensors StateDict(Module& module, const std::string& prefix = "");
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix = "");
 
-// Makes the entries the parameters' initial values without copying them: each
-// parameter's init becomes InitSpec::From(its entry), as fp32 on the CPU
-// (shared when it already is), for Materialize or FSDP's sharded
-// initialization to copy from, so that a rank shards pretrained weights
-// without holding a whole copy of its own. Buffers are copied. The same checks
-// as LoadStateDict; FailedPrecondition when a parameter already has values.
+// Named sources of initial values (a tensor in memory, a file read slice by
+// slice, ...).
+using NamedInitSources = std::vector<std::pair<std::string, std::shared_ptr<const InitSource>>>;
+
+// Makes the sources the parameters' initial values without reading them: each
+// parameter's init becomes InitSpec::From(its source), which Materialize or
+// FSDP's sharded initialization reads, so that a rank shards pretrained
+// weights reading and holding only its shard. Buffers are read now. The same
+// name and shape checks as LoadStateDict; FailedPrecondition when a parameter
+// already has values. Nothing is changed when an error is returned.
+absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
+                             const std::string& prefix = "");
+
+// The entries of a safetensors file as sources read slice by slice
+// (tensor::ReadSafetensorsSlice), so that a rank reads only its shard. The
+// file's checksum is verified here, reading it in pieces. Errors name the file.
+absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path);
+
+// InitFromSources over tensors in memory (shared, not copied, when they are
+// contiguous on the CPU).
 absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
                                const std::string& prefix = "");
 

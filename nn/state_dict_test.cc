@@ -2,6 +2,11 @@
 // and errors for missing, unknown and misshapen entries that change nothing.
 #include "nn/state_dict.h"
 
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "nn/linear.h"
 #include "tensor/testing.h"
@@ -62,7 +67,9 @@ TEST(StateDictTest, InitFromStateDictSharesTheValuesUntilMaterialized) {
   // Nothing is copied: the parameter's init refers to the entry's storage.
   EXPECT_FALSE(b.weight()->value.defined());
   EXPECT_EQ(b.weight()->init.kind, InitSpec::Kind::kFrom);
-  EXPECT_EQ(b.weight()->init.from.raw_data(), sd[0].second.raw_data());
+  auto* source = dynamic_cast<const TensorInitSource*>(b.weight()->init.from.get());
+  ASSERT_NE(source, nullptr);
+  EXPECT_EQ(source->values().raw_data(), sd[0].second.raw_data());
   // A slice is what FSDP copies into a shard: elements [5, 9) of the weight.
   Tensor slice = Tensor::Empty({4});
   InitSlice(b.weight()->init, 0, "weight", 5, slice);
@@ -81,7 +88,7 @@ TEST(StateDictTest, InitFromStateDictSharesTheValuesUntilMaterialized) {
 
   // Once released, initializing from it again fails loudly instead of drawing.
   ReleaseInitValues(b);
-  EXPECT_FALSE(b.weight()->init.from.defined());
+  EXPECT_EQ(b.weight()->init.from, nullptr);
   try {
     InitSlice(b.weight()->init, 0, "weight", 0, slice);
     ADD_FAILURE() << "no error";
@@ -98,6 +105,43 @@ TEST(StateDictTest, InitFromStateDictSharesTheValuesUntilMaterialized) {
   s = InitFromStateDict(c, {sd[0]});
   EXPECT_EQ(s.message(), "state dict lacks 1 entries: bias");
   EXPECT_NE(c.weight()->init.kind, InitSpec::Kind::kFrom) << "changed on error";
+}
+
+TEST(StateDictTest, SafetensorsSourcesReadSlicesOfTheFile) {
+  Linear a(4, 3), b(4, 3);
+  a.Materialize(1);
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/sources.safetensors";
+  ASSERT_TRUE(tensor::WriteSafetensors(path, StateDict(a)).ok());
+  absl::StatusOr<NamedInitSources> sources = SafetensorsInitSources(path);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  ASSERT_TRUE(InitFromSources(b, *sources).ok());
+  Tensor slice = Tensor::Empty({4});
+  InitSlice(b.weight()->init, 0, "weight", 5, slice);
+  const std::vector<float> weight = a.weight()->value.ToVector<float>();
+  EXPECT_EQ(slice.ToVector<float>(), std::vector<float>(weight.begin() + 5, weight.begin() + 9));
+  b.Materialize(7);
+  EXPECT_TRUE(AllClose(b.weight()->value, a.weight()->value, 0, 0));
+  EXPECT_TRUE(AllClose(b.bias()->value, a.bias()->value, 0, 0));
+
+  // A corrupted file is refused when opened, before any slice is read.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 2] ^= 0x40;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  sources = SafetensorsInitSources(path);
+  EXPECT_EQ(sources.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(sources.status().message().find("is corrupted"), absl::string_view::npos);
+  // A file that went away between opening and reading fails loudly.
+  ASSERT_TRUE(tensor::WriteSafetensors(path, StateDict(a)).ok());
+  sources = SafetensorsInitSources(path);
+  ASSERT_TRUE(sources.ok());
+  Linear c(4, 3);
+  ASSERT_TRUE(InitFromSources(c, *sources).ok());
+  std::remove(path.c_str());
+  EXPECT_THROW(InitSlice(c.weight()->init, 0, "weight", 0, slice), std::exception);
 }
 
 }  // namespace

@@ -273,6 +273,36 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   return file;
 }
 
+absl::Status VerifySafetensors(const std::string& path, const SafetensorsHeader& header) {
+  auto recorded = header.metadata.find(kChecksumKey);
+  if (recorded == header.metadata.end()) return absl::OkStatus();
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError("cannot open", path);
+  // The checksum runs over the entries in offset order (the writer's order).
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : header.entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin < b->begin; });
+  constexpr int64_t kPiece = int64_t{16} << 20;
+  std::vector<char> buffer;
+  uint32_t crc = 0;
+  for (const SafetensorsEntry* e : by_offset) {
+    for (int64_t at = e->begin; at < e->end; at += kPiece) {
+      const int64_t n = std::min(kPiece, e->end - at);
+      buffer.resize(static_cast<size_t>(n));
+      absl::Status s = ReadAt(fd.get(), buffer.data(), n, header.data_start + at, path);
+      if (!s.ok()) return s;
+      crc = Crc32c(buffer.data(), n, crc);
+    }
+  }
+  if (recorded->second != absl::StrFormat("%08x", crc)) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is corrupted: checksum ",
+                                            absl::StrFormat("%08x", crc), " does not match ",
+                                            recorded->second, " recorded at write time"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadSafetensorsSlice(const std::string& path, const SafetensorsHeader& header,
                                   const std::string& name, int64_t begin, Tensor& out) {
   const SafetensorsEntry* e = header.Find(name);

@@ -54,6 +54,11 @@ struct SafetensorsFile {
 // Reads the whole file and verifies the checksum when present.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 
+// Checks the file's data against the checksum its metadata records (OK when
+// it records none), reading it in pieces: no more than 16 MiB is held at once.
+// DataLoss naming the file when they differ.
+absl::Status VerifySafetensors(const std::string& path, const SafetensorsHeader& header);
+
 // Reads elements [begin, begin + out.numel()) of entry `name` (flattened) into
 // `out` (contiguous CPU tensor; the entry's dtype is converted to out's).
 // Used to load a shard of a tensor without reading the rest.

@@ -241,4 +241,17 @@ absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step
   return std::move(f->tensors);
 }
 
+absl::StatusOr<nn::NamedInitSources> OpenCheckpointModel(const std::string& step_dir) {
+  if (!IsShardedCheckpoint(step_dir)) {
+    return nn::SafetensorsInitSources(step_dir + "/model.safetensors");
+  }
+  absl::StatusOr<tensor::NamedTensors> model = ReadCheckpointModel(step_dir);
+  if (!model.ok()) return model.status();
+  nn::NamedInitSources sources;
+  for (auto& [name, value] : *model) {
+    sources.emplace_back(name, std::make_shared<nn::TensorInitSource>(std::move(value)));
+  }
+  return sources;
+}
+
 }  // namespace train

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/common/train_support.h"
+#include "nn/state_dict.h"
 #include "tensor/safetensors.h"
 #include "tensor/shape.h"
 
@@ -66,6 +67,12 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
 // The fp32 parameters of a step folder of either kind, whole, on the CPU
 // (sharded: in index.json's order; single-process: model.safetensors' order).
 absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step_dir);
+
+// The same parameters as sources of initial values (nn::InitFromSources): a
+// single-process step folder's model.safetensors is read slice by slice, so
+// that an FSDP rank reads only its shard (its checksum verified here); a
+// sharded one is read whole.
+absl::StatusOr<nn::NamedInitSources> OpenCheckpointModel(const std::string& step_dir);
 
 }  // namespace train
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -230,13 +231,23 @@ absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
   return out;
 }
 
-absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path) {
+namespace {
+
+// A train binary's checkpoint: its step folder, recorded config and name.
+struct CheckpointOrigin {
+  std::string step_dir;
+  GptConfig config;
+  std::string source;
+};
+
+// `path` must be a folder; an HF folder gives nullopt (read it as one).
+absl::StatusOr<std::optional<CheckpointOrigin>> CheckpointOf(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": no such folder (a checkpoint or a Hugging Face GPT-2 model folder)"));
   }
-  if (IsHfModelDir(path)) return ReadHfGpt2(path);
+  if (IsHfModelDir(path)) return std::nullopt;
   const std::string step_dir = train::StepFolderOf(path);
   absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(step_dir);
   if (!summary.ok()) {
@@ -254,13 +265,37 @@ absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(step_dir, " is not a minGPT checkpoint: ", config.status().message()));
   }
-  absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel(step_dir);
+  return CheckpointOrigin{
+      step_dir, *config,
+      absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")")};
+}
+
+}  // namespace
+
+absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path) {
+  absl::StatusOr<std::optional<CheckpointOrigin>> origin = CheckpointOf(path);
+  if (!origin.ok()) return origin.status();
+  if (!origin->has_value()) return ReadHfGpt2(path);
+  absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel((*origin)->step_dir);
   if (!weights.ok()) return weights.status();
-  PretrainedWeights out;
-  out.config = *config;
-  out.weights = *std::move(weights);
-  out.source = absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")");
-  return out;
+  return PretrainedWeights{(*origin)->config, *std::move(weights), (*origin)->source};
+}
+
+absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
+  absl::StatusOr<std::optional<CheckpointOrigin>> origin = CheckpointOf(path);
+  if (!origin.ok()) return origin.status();
+  if (!origin->has_value()) {
+    absl::StatusOr<PretrainedWeights> hf = ReadHfGpt2(path);
+    if (!hf.ok()) return hf.status();
+    PretrainedSources out{hf->config, {}, hf->source};
+    for (auto& [name, value] : hf->weights) {
+      out.sources.emplace_back(name, std::make_shared<nn::TensorInitSource>(std::move(value)));
+    }
+    return out;
+  }
+  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel((*origin)->step_dir);
+  if (!sources.ok()) return sources.status();
+  return PretrainedSources{(*origin)->config, *std::move(sources), (*origin)->source};
 }
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/mingpt/config.h"
+#include "nn/state_dict.h"
 #include "tensor/safetensors.h"
 
 namespace mingpt {
@@ -51,6 +52,18 @@ absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir);
 // either kind (a step folder, or a --checkpoint_dir: its latest step), read
 // whole (train::ReadCheckpointModel) with its recorded config.
 absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path);
+
+// What --init_from initializes a model from: the configuration and a source
+// per parameter (nn::InitFromSources). A single-process checkpoint's
+// model.safetensors is read slice by slice, so that each FSDP rank reads only
+// its shard; Hugging Face folders and sharded checkpoints are read whole, as
+// ReadPretrained does. The same errors as ReadPretrained.
+struct PretrainedSources {
+  GptConfig config;
+  nn::NamedInitSources sources;  // ParameterShapes(config) names
+  std::string source;            // as PretrainedWeights::source
+};
+absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 
 // Writes `weights` (ours: names and shapes of ParameterShapes(config)) to
 // `dir` (created if missing) as config.json + model.safetensors in

@@ -154,24 +154,26 @@ absl::Status CheckEvalVocabulary(const data::TokenSource& eval, int64_t vocab_si
 // ---- Data parallelism ----
 
 // --init_from's weights for the ranks of this process (threads: all of them;
-// gloo / nccl: its one), freed once the last of them has initialized its
-// model from them (FSDP: copied its shards) instead of held for the whole run.
+// gloo / nccl: its one): a checkpoint file read slice by slice, or weights in
+// memory (a Hugging Face folder), which are freed once the last rank has
+// initialized its model from them (FSDP: copied its shards) instead of held
+// for the whole run.
 class SharedInit {
  public:
-  SharedInit(PretrainedWeights weights, int ranks)
-      : source_(std::move(weights.source)), weights_(std::move(weights.weights)), pending_(ranks) {}
+  SharedInit(PretrainedSources weights, int ranks)
+      : source_(std::move(weights.source)), sources_(std::move(weights.sources)), pending_(ranks) {}
   const std::string& source() const { return source_; }
   // Valid until every rank has called Release.
-  const tensor::NamedTensors& weights() const { return weights_; }
+  const nn::NamedInitSources& sources() const { return sources_; }
   // This rank is done with the weights; the last one frees them.
   void Release() {
     absl::MutexLock lock(&mu_);
-    if (--pending_ == 0) weights_.clear();
+    if (--pending_ == 0) sources_.clear();
   }
 
  private:
   const std::string source_;
-  tensor::NamedTensors weights_;
+  nn::NamedInitSources sources_;
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_);
 };
@@ -215,8 +217,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
 
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
-  if (setup.init != nullptr) {  // FSDP copies each rank's shard from it, DDP a whole copy
-    absl::Status loaded = nn::InitFromStateDict(model, setup.init->weights());
+  if (setup.init != nullptr) {  // FSDP reads each rank's shard from it, DDP a whole copy
+    absl::Status loaded = nn::InitFromSources(model, setup.init->sources());
     if (!loaded.ok()) return loaded;
   }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
@@ -351,7 +353,7 @@ absl::Status Train() {
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
   // --init_from: the weights, and the configuration that fits them.
-  std::optional<PretrainedWeights> pretrained;
+  std::optional<PretrainedSources> pretrained;
   if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
     if (!absl::GetFlag(FLAGS_resume).empty()) {
       return absl::InvalidArgumentError(
@@ -362,7 +364,7 @@ absl::Status Train() {
           "--preset / --vocab_size with --init_from: the model's configuration comes from the "
           "weights");
     }
-    absl::StatusOr<PretrainedWeights> read = ReadPretrained(init_from);
+    absl::StatusOr<PretrainedSources> read = OpenPretrained(init_from);
     if (!read.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--init_from: ", read.status().message()));
     }
@@ -452,11 +454,14 @@ absl::Status Train() {
   MemoryLedger& ledger = MemoryLedger::Process();
   GPT model(*config);
   if (pretrained) {
-    absl::Status loaded = nn::LoadStateDict(model, pretrained->weights);
+    absl::Status loaded = nn::InitFromSources(model, pretrained->sources);
     if (!loaded.ok()) return loaded;
-    pretrained->weights.clear();
   }
-  model.Materialize(seed, device);  // moves loaded weights to the device
+  model.Materialize(seed, device);  // reads --init_from's weights
+  if (pretrained) {
+    nn::ReleaseInitValues(model);
+    pretrained->sources.clear();
+  }
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
