@@ -194,16 +194,18 @@ absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
   return absl::OkStatus();
 }
 
+NamedInitSources TensorInitSources(tensor::NamedTensors tensors) {
+  NamedInitSources sources;
+  for (auto& [name, t] : tensors) {
+    Tensor host = t.device().is_cpu() ? t.Contiguous() : t.To(tensor::Device::Cpu()).Contiguous();
+    sources.emplace_back(std::move(name), std::make_shared<TensorInitSource>(std::move(host)));
+  }
+  return sources;
+}
+
 absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
                                const std::string& prefix) {
-  NamedInitSources sources;
-  for (const auto& [name, t] : state) {
-    // On the host, so that each read is a slice and not a whole device copy.
-    sources.emplace_back(
-        name, std::make_shared<TensorInitSource>(
-                  t.device().is_cpu() ? t.Contiguous() : t.To(tensor::Device::Cpu()).Contiguous()));
-  }
-  return InitFromSources(module, sources, prefix);
+  return InitFromSources(module, TensorInitSources(state), prefix);
 }
 
 void ReleaseInitValues(Module& module) {

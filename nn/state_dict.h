@@ -44,12 +44,15 @@ absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
 // file's checksum is verified here, reading it in pieces. Errors name the file.
 absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path);
 
-// InitFromSources over tensors in memory (shared, not copied, when they are
-// contiguous on the CPU).
+// Tensors in memory as sources, on the host (shared, not copied, when they are
+// contiguous on the CPU), so that each read is a slice and not a device copy.
+NamedInitSources TensorInitSources(tensor::NamedTensors tensors);
+
+// InitFromSources(module, TensorInitSources(state), prefix).
 absl::Status InitFromStateDict(Module& module, const tensor::NamedTensors& state,
                                const std::string& prefix = "");
 
-// Drops the references InitFromStateDict gave the parameters (once they are
+// Drops the references InitFromSources gave the parameters (once they are
 // materialized or sharded), so that the loaded weights can be freed.
 void ReleaseInitValues(Module& module);
 

@@ -62,16 +62,7 @@ class JsonParser {
               const char h = s_[pos_++];
               code = code * 16 + (std::isdigit(h) ? h - '0' : (std::tolower(h) - 'a' + 10));
             }
-            if (code < 0x80) {
-              out += static_cast<char>(code);
-            } else if (code < 0x800) {
-              out += static_cast<char>(0xc0 | (code >> 6));
-              out += static_cast<char>(0x80 | (code & 0x3f));
-            } else {
-              out += static_cast<char>(0xe0 | (code >> 12));
-              out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
-              out += static_cast<char>(0x80 | (code & 0x3f));
-            }
+            AppendUtf8(code, out);
             break;
           }
           default: out += e;
@@ -157,6 +148,25 @@ const Json* Json::Get(const std::string& key) const {
 
 absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth) {
   return JsonParser(text, max_depth).ParseDocument();
+}
+
+void AppendUtf8(uint32_t code_point, std::string& out) {
+  const uint32_t c = code_point;
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xc0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xe0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  } else {
+    out += static_cast<char>(0xf0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  }
 }
 
 std::string JsonQuote(const std::string& s) {

@@ -5,6 +5,7 @@
 #ifndef TENSOR_JSON_H_
 #define TENSOR_JSON_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,10 @@ absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth = 32);
 // `s` as a JSON string literal: quoted, with '"', '\\' and control characters
 // escaped.
 std::string JsonQuote(const std::string& s);
+
+// Appends the UTF-8 encoding of `code_point` (at most U+10FFFF) to `out`; the
+// reader's \u escapes are decoded with it.
+void AppendUtf8(uint32_t code_point, std::string& out);
 
 }  // namespace tensor
 

@@ -89,6 +89,27 @@ class Fd {
   int fd_;
 };
 
+// DataLoss naming `path` when `crc` is not the checksum its metadata records
+// (OK when it records none).
+absl::Status CheckChecksum(const std::string& path, const SafetensorsHeader& header, uint32_t crc) {
+  auto it = header.metadata.find(kChecksumKey);
+  if (it == header.metadata.end() || it->second == absl::StrFormat("%08x", crc)) {
+    return absl::OkStatus();
+  }
+  return absl::DataLossError(absl::StrCat("'", path, "' is corrupted: checksum ",
+                                          absl::StrFormat("%08x", crc), " does not match ",
+                                          it->second, " recorded at write time"));
+}
+
+// The entries in offset order: the writer's order, which the checksum runs over.
+std::vector<const SafetensorsEntry*> EntriesByOffset(const SafetensorsHeader& header) {
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : header.entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin < b->begin; });
+  return by_offset;
+}
+
 }  // namespace
 
 uint32_t Crc32c(const void* data, int64_t size, uint32_t crc) {
@@ -247,14 +268,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoError("cannot open", path);
   SafetensorsFile file;
-  // Checksum over the data in offset order (the writer's order).
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : header->entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin < b->begin; });
   std::map<std::string, Tensor> loaded;
   uint32_t crc = 0;
-  for (const SafetensorsEntry* e : by_offset) {
+  for (const SafetensorsEntry* e : EntriesByOffset(*header)) {
     Tensor t = Tensor::Empty(e->shape, e->dtype);
     absl::Status s = ReadAt(fd.get(), t.raw_data(), e->end - e->begin, header->data_start + e->begin,
                             path);
@@ -262,31 +278,21 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     crc = Crc32c(t.raw_data(), e->end - e->begin, crc);
     loaded[e->name] = std::move(t);
   }
-  auto it = header->metadata.find(kChecksumKey);
-  if (it != header->metadata.end() && it->second != absl::StrFormat("%08x", crc)) {
-    return absl::DataLossError(absl::StrCat("'", path, "' is corrupted: checksum ",
-                                            absl::StrFormat("%08x", crc), " does not match ",
-                                            it->second, " recorded at write time"));
-  }
+  absl::Status checked = CheckChecksum(path, *header, crc);
+  if (!checked.ok()) return checked;
   for (const auto& e : header->entries) file.tensors.emplace_back(e.name, loaded[e.name]);
   file.header = std::move(*header);
   return file;
 }
 
 absl::Status VerifySafetensors(const std::string& path, const SafetensorsHeader& header) {
-  auto recorded = header.metadata.find(kChecksumKey);
-  if (recorded == header.metadata.end()) return absl::OkStatus();
+  if (header.metadata.count(kChecksumKey) == 0) return absl::OkStatus();
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoError("cannot open", path);
-  // The checksum runs over the entries in offset order (the writer's order).
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : header.entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin < b->begin; });
   constexpr int64_t kPiece = int64_t{16} << 20;
   std::vector<char> buffer;
   uint32_t crc = 0;
-  for (const SafetensorsEntry* e : by_offset) {
+  for (const SafetensorsEntry* e : EntriesByOffset(header)) {
     for (int64_t at = e->begin; at < e->end; at += kPiece) {
       const int64_t n = std::min(kPiece, e->end - at);
       buffer.resize(static_cast<size_t>(n));
@@ -295,12 +301,7 @@ absl::Status VerifySafetensors(const std::string& path, const SafetensorsHeader&
       crc = Crc32c(buffer.data(), n, crc);
     }
   }
-  if (recorded->second != absl::StrFormat("%08x", crc)) {
-    return absl::DataLossError(absl::StrCat("'", path, "' is corrupted: checksum ",
-                                            absl::StrFormat("%08x", crc), " does not match ",
-                                            recorded->second, " recorded at write time"));
-  }
-  return absl::OkStatus();
+  return CheckChecksum(path, header, crc);
 }
 
 absl::Status ReadSafetensorsSlice(const std::string& path, const SafetensorsHeader& header,

@@ -208,9 +208,7 @@ int ExportHf(const std::string& dir, const std::string& out) {
   const std::string tokenizer_flag = absl::GetFlag(FLAGS_tokenizer);
   std::pair<std::string, std::string> tokenizer_files;
   if (!tokenizer_flag.empty()) {
-    absl::StatusOr<std::string> tokenizer_dir = data::Gpt2Tokenizer::DirOf(tokenizer_flag);
-    absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
-        tokenizer_dir.ok() ? data::Gpt2Tokenizer::Read(*tokenizer_dir) : tokenizer_dir.status();
+    absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(tokenizer_flag);
     if (!tokenizer.ok()) {
       return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": ", tokenizer.status().message()));
     }
@@ -219,7 +217,7 @@ int ExportHf(const std::string& dir, const std::string& out) {
                                tokenizer->vocab_size(), " ids and the model's ",
                                w->config.vocab_size));
     }
-    tokenizer_files = *data::Gpt2Tokenizer::FindFiles(*tokenizer_dir);
+    tokenizer_files = *data::Gpt2Tokenizer::FindFiles(tokenizer->source());
   }
   absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->weights);
   if (!s.ok()) return Fail(std::string(s.message()));

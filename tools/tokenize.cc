@@ -56,9 +56,7 @@ ABSL_FLAG(int, threads, 0, "parts encoded at once; 0: one per core");
 namespace {
 
 absl::StatusOr<data::Gpt2Tokenizer> LoadTokenizer(const std::string& flag) {
-  absl::StatusOr<std::string> dir = data::Gpt2Tokenizer::DirOf(flag);
-  absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
-      dir.ok() ? data::Gpt2Tokenizer::Read(*dir) : dir.status();
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(flag);
   if (!tokenizer.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));

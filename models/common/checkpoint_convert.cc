@@ -247,11 +247,7 @@ absl::StatusOr<nn::NamedInitSources> OpenCheckpointModel(const std::string& step
   }
   absl::StatusOr<tensor::NamedTensors> model = ReadCheckpointModel(step_dir);
   if (!model.ok()) return model.status();
-  nn::NamedInitSources sources;
-  for (auto& [name, value] : *model) {
-    sources.emplace_back(name, std::make_shared<nn::TensorInitSource>(std::move(value)));
-  }
-  return sources;
+  return nn::TensorInitSources(*std::move(model));
 }
 
 }  // namespace train

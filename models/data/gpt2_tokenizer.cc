@@ -96,18 +96,9 @@ std::vector<uint32_t> ByteCharacters() {
   return chars;
 }
 
-void AppendUtf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {  // the byte characters stay below U+0144
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+// The two spellings of a tokenizer's files: Hugging Face's, then OpenAI's.
+constexpr std::pair<const char*, const char*> kFilePairs[] = {{"vocab.json", "merges.txt"},
+                                                              {"encoder.json", "vocab.bpe"}};
 
 bool IsContractionLetter(char c) { return c == 's' || c == 't' || c == 'm' || c == 'd'; }
 
@@ -237,7 +228,7 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Parse(const std::string& vocab_json
   }
   for (int b = 0; b < 256; ++b) {
     std::string ch;
-    AppendUtf8(byte_chars[b], ch);
+    tensor::AppendUtf8(byte_chars[b], ch);
     auto it = ids.find(ch);
     if (it == ids.end()) {
       return absl::InvalidArgumentError(
@@ -279,19 +270,10 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Parse(const std::string& vocab_json
   return tok;
 }
 
-absl::StatusOr<std::string> Gpt2Tokenizer::DirOf(const std::string& name) {
-  if (name != "gpt2") return name;
-  absl::StatusOr<std::string> vocab =
-      ResolveRunfile(absl::StrCat(kShippedGpt2TokenizerDir, "/vocab.json"));
-  if (!vocab.ok()) return vocab.status();
-  return std::filesystem::path(*vocab).parent_path().string();
-}
-
 absl::StatusOr<std::pair<std::string, std::string>> Gpt2Tokenizer::FindFiles(
     const std::string& dir) {
   namespace fs = std::filesystem;
-  for (const auto& [vocab_name, merges_name] :
-       {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
+  for (const auto& [vocab_name, merges_name] : kFilePairs) {
     std::string vocab_path = (fs::path(dir) / vocab_name).string();
     std::string merges_path = (fs::path(dir) / merges_name).string();
     std::error_code ec;
@@ -315,19 +297,25 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Read(const std::string& dir) {
   return Parse(*vocab, *merges, dir);
 }
 
-absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Shipped() {
-  absl::StatusOr<std::string> dir = DirOf("gpt2");
-  if (!dir.ok()) return dir.status();
-  return Read(*dir);
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Open(const std::string& name) {
+  if (name != "gpt2") return Read(name);
+  absl::StatusOr<std::string> vocab =
+      ResolveRunfile(absl::StrCat(kShippedGpt2TokenizerDir, "/vocab.json"));
+  if (!vocab.ok()) return vocab.status();
+  return Read(std::filesystem::path(*vocab).parent_path().string());
 }
+
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Shipped() { return Open("gpt2"); }
 
 bool Gpt2Tokenizer::IsTokenizerDir(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  return (fs::exists(fs::path(dir) / "vocab.json", ec) &&
-          fs::exists(fs::path(dir) / "merges.txt", ec)) ||
-         (fs::exists(fs::path(dir) / "encoder.json", ec) &&
-          fs::exists(fs::path(dir) / "vocab.bpe", ec));
+  for (const auto& [vocab_name, merges_name] : kFilePairs) {
+    if (fs::exists(fs::path(dir) / vocab_name, ec) && fs::exists(fs::path(dir) / merges_name, ec)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void Gpt2Tokenizer::EncodePiece(absl::string_view piece, std::vector<int32_t>& out) const {

@@ -59,18 +59,18 @@ class Gpt2Tokenizer {
   static absl::StatusOr<Gpt2Tokenizer> Parse(const std::string& vocab_json,
                                              const std::string& merges_txt,
                                              const std::string& source);
-  // The repository's copy of GPT-2's tokenizer (kShippedGpt2TokenizerDir);
-  // a binary using it depends on //models/data:gpt2_tokenizer_files.
+  // The repository's copy of GPT-2's tokenizer (kShippedGpt2TokenizerDir,
+  // found in the runfiles: NotFound outside those of a binary that depends on
+  // //models/data:gpt2_tokenizer_files).
   static absl::StatusOr<Gpt2Tokenizer> Shipped();
   // Whether `dir` holds either pair of files.
   static bool IsTokenizerDir(const std::string& dir);
+  // What a tool's --tokenizer flag names: "gpt2" is the shipped copy
+  // (Shipped), anything else a folder (Read). source() is the folder read.
+  static absl::StatusOr<Gpt2Tokenizer> Open(const std::string& name);
   // The paths of `dir`'s vocabulary and merges files (either pair; Read's
   // NotFound when neither is there).
   static absl::StatusOr<std::pair<std::string, std::string>> FindFiles(const std::string& dir);
-  // The folder a tool's --tokenizer flag names: "gpt2" is the shipped copy's
-  // (NotFound outside the runfiles of a binary that depends on it), anything
-  // else a folder.
-  static absl::StatusOr<std::string> DirOf(const std::string& name);
 
   // Token ids of `text` (see the top of this file).
   std::vector<int64_t> Encode(absl::string_view text) const;
@@ -88,7 +88,7 @@ class Gpt2Tokenizer {
   // The id of "<|endoftext|>", when the vocabulary has it (50256 for GPT-2).
   std::optional<int64_t> end_of_text() const { return end_of_text_; }
   int64_t num_merges() const { return num_merges_; }
-  const std::string& source() const { return source_; }
+  const std::string& source() const { return source_; }  // the folder read
 
  private:
   struct Merge {

@@ -195,11 +195,7 @@ std::string SmallVocab(const std::vector<std::string>& extra) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
     const uint32_t cp = printable ? b : next++;
     std::string ch;
-    if (cp < 0x80) {
-      ch = std::string(1, static_cast<char>(cp));
-    } else {
-      ch = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-    }
+    tensor::AppendUtf8(cp, ch);
     fields.push_back(absl::StrCat(tensor::JsonQuote(ch), ": ", id++));
   }
   for (const std::string& token : extra) {

@@ -287,11 +287,7 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   if (!origin->has_value()) {
     absl::StatusOr<PretrainedWeights> hf = ReadHfGpt2(path);
     if (!hf.ok()) return hf.status();
-    PretrainedSources out{hf->config, {}, hf->source};
-    for (auto& [name, value] : hf->weights) {
-      out.sources.emplace_back(name, std::make_shared<nn::TensorInitSource>(std::move(value)));
-    }
-    return out;
+    return PretrainedSources{hf->config, nn::TensorInitSources(std::move(hf->weights)), hf->source};
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel((*origin)->step_dir);
   if (!sources.ok()) return sources.status();

@@ -76,9 +76,8 @@ absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const std::stri
   if (flag == "none" || (flag == "auto" && !data::Gpt2Tokenizer::IsTokenizerDir(checkpoint))) {
     return std::nullopt;
   }
-  absl::StatusOr<std::string> dir = data::Gpt2Tokenizer::DirOf(flag == "auto" ? checkpoint : flag);
   absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
-      dir.ok() ? data::Gpt2Tokenizer::Read(*dir) : dir.status();
+      flag == "auto" ? data::Gpt2Tokenizer::Read(checkpoint) : data::Gpt2Tokenizer::Open(flag);
   if (!tokenizer.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));
