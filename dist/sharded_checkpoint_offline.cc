@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <system_error>
 
@@ -14,6 +16,7 @@
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
 #include "tensor/durable_file.h"
+#include "tensor/error.h"
 #include "tensor/safetensors.h"
 
 namespace dist {
@@ -44,6 +47,59 @@ absl::Status ForEachWholeParameter(const std::string& dir_in, bool with_optimize
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// A checkpoint's index and the one reader its parameters' sources share. The
+// reader caches the shard headers it has checked, so reads take turns.
+struct SharedSliceReader {
+  SharedSliceReader(std::string dir_in, sharded::Index index_in)
+      : dir(std::move(dir_in)), index(std::move(index_in)), reader(dir, index) {}
+  const std::string dir;
+  const sharded::Index index;
+  std::mutex mu;
+  sharded::SliceReader reader;  // guarded by mu
+};
+
+// One parameter of a sharded checkpoint (ShardedCheckpointInitSources).
+class SavedParameterSource : public nn::InitSource {
+ public:
+  SavedParameterSource(std::shared_ptr<SharedSliceReader> shared, size_t param)
+      : shared_(std::move(shared)), param_(param) {}
+  const tensor::Shape& shape() const override { return shared_->index.params[param_].shape; }
+  void Read(int64_t begin, tensor::Tensor& out) const override {
+    const int64_t n = out.numel();
+    // The reader reads f32: straight into `out` when it is f32.
+    tensor::Tensor f32 =
+        out.dtype() == tensor::Dtype::kF32 ? out.Reshape({n}) : tensor::Tensor::Empty({n});
+    absl::Status s;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      s = shared_->reader.ReadRange(shared_->index.params[param_].value, begin, begin + n, f32);
+    }
+    OP_CHECK(s.ok(), "init_from_sharded", s.message());
+    if (!f32.SharesStorageWith(out)) out.CopyFrom(f32.To(out.dtype()).View(out.shape()));
+  }
+
+ private:
+  std::shared_ptr<SharedSliceReader> shared_;
+  size_t param_;
+};
+
+}  // namespace
+
+absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::string& dir_in) {
+  const std::string dir = sharded::StripTrailingSlashes(dir_in);
+  absl::StatusOr<sharded::Index> x = sharded::ReadIndex(dir);
+  if (!x.ok()) return x.status();
+  auto shared = std::make_shared<SharedSliceReader>(dir, *std::move(x));
+  nn::NamedInitSources sources;
+  for (size_t i = 0; i < shared->index.params.size(); ++i) {
+    sources.emplace_back(shared->index.params[i].name,
+                         std::make_shared<SavedParameterSource>(shared, i));
+  }
+  return sources;
 }
 
 absl::Status WriteWholeParameters(const std::string& dir_in,

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "nn/state_dict.h"
 #include "tensor/tensor.h"
 
 namespace dist {
@@ -49,6 +50,14 @@ struct WholeParameter {
 // its buffers) at a time.
 absl::Status ForEachWholeParameter(const std::string& dir, bool with_optimizer_state,
                                    const std::function<absl::Status(const WholeParameter&)>& fn);
+
+// The checkpoint's parameters as sources of initial values
+// (nn::InitFromSources), in index.json's order, read when asked: a range of a
+// parameter reads only the stored slices that overlap it, from the shard
+// files that hold them, checked as above. So an FSDP rank initialized from a
+// sharded checkpoint (--init_from) reads only its shard. index.json is read
+// and validated here; the sources share one reader, whose reads take turns.
+absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::string& dir);
 
 // Writes `params` (values f32, any shapes; optimizer state where has_state,
 // one buffer per `optimizer_buffers` entry shaped like the value) as a

@@ -2,7 +2,8 @@
 // FSDP's (world 2, auto-wrap by Block) values equal FullStateDict() bit for
 // bit; ZeRO-1's (world 2) optimizer buffers, laid end to end in registration
 // order, equal the ranks' flat optimizer shards bit for bit; a corrupted or
-// missing shard file is an error naming it.
+// missing shard file is an error naming it. ShardedCheckpointInitSources read
+// ranges of the same values.
 #include "dist/sharded_checkpoint_offline.h"
 
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
+#include "tensor/safetensors.h"
 
 namespace dist {
 namespace {
@@ -293,6 +295,93 @@ TEST(ShardedCheckpointOfflineTest, WriteWholeParametersRefusesBadInput) {
   fs::remove_all(dir);
   ASSERT_TRUE(WriteWholeParameters(dir, {p}, "sgd", {"momentum_buffer"}, {}).ok());
   EXPECT_EQ(ReadAll(dir).size(), 1u);
+}
+
+// ShardedCheckpointInitSources read any range of a parameter as the whole
+// read holds it (ranges crossing the ranks' stored slices, bf16 outputs
+// rounded from them); FSDP at world 2 initialized from them (another wrap
+// policy than the save's) holds the saved values; a shard corrupted after
+// opening fails the read, naming the file.
+TEST(ShardedCheckpointOfflineTest, InitSourcesReadRangesOfTheSavedValues) {
+  const std::string dir = TestDir("sources");
+  const NamedTensors want = SaveFsdp(dir);
+  absl::StatusOr<nn::NamedInitSources> sources = ShardedCheckpointInitSources(dir);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  const std::vector<WholeParameter> whole = ReadAll(dir);
+  ASSERT_EQ(sources->size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const auto& [name, source] = (*sources)[i];
+    EXPECT_EQ(name, whole[i].name);
+    ASSERT_EQ(source->shape(), whole[i].value.shape()) << name;
+    const Tensor flat = whole[i].value.Reshape({whole[i].value.numel()});
+    const int64_t numel = flat.numel();
+    for (int64_t parts : {1, 2, 3, 7}) {
+      for (int64_t p = 0; p < parts; ++p) {
+        const int64_t begin = numel * p / parts, end = numel * (p + 1) / parts;
+        Tensor out = Tensor::Empty({end - begin});
+        source->Read(begin, out);
+        EXPECT_TRUE(BitwiseEqual(out, flat.Narrow(0, begin, end - begin)))
+            << name << " [" << begin << ", " << end << ")";
+      }
+    }
+    Tensor bf16 = Tensor::Empty(source->shape(), tensor::Dtype::kBF16);
+    source->Read(0, bf16);
+    EXPECT_TRUE(BitwiseEqual(bf16, whole[i].value.To(tensor::Dtype::kBF16))) << name;
+  }
+  std::mutex mu;
+  NamedTensors loaded;
+  absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(testing::Tiny());
+    ASSERT_TRUE(nn::InitFromSources(gpt, *sources).ok());
+    FsdpOptions o;
+    o.policy = WrapPolicy::None();
+    std::unique_ptr<FullyShardedModel> fsdp = FullyShard(gpt, pg, o);
+    NamedTensors mine = fsdp->FullStateDict();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      loaded = std::move(mine);
+    }
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  std::map<std::string, Tensor> by_name(loaded.begin(), loaded.end());
+  ASSERT_EQ(by_name.size(), want.size());
+  for (const auto& [name, value] : want) {
+    EXPECT_TRUE(BitwiseEqual(by_name.at(name), value)) << name;
+  }
+  {  // a byte of the first stored parameter value (not optimizer state) of rank 1's file
+    const std::string shard = dir + "/shard_1_of_2.safetensors";
+    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(shard);
+    ASSERT_TRUE(header.ok()) << header.status();
+    int64_t at = -1;
+    for (const tensor::SafetensorsEntry& e : header->entries) {
+      if (e.name.find("exp_avg") == std::string::npos && e.end > e.begin) {
+        at = header->data_start + e.begin;
+        break;
+      }
+    }
+    ASSERT_GE(at, 0);
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char b = 0;
+    f.read(&b, 1);
+    b ^= 0x20;
+    f.seekp(at);
+    f.write(&b, 1);
+  }
+  absl::StatusOr<nn::NamedInitSources> fresh = ShardedCheckpointInitSources(dir);
+  ASSERT_TRUE(fresh.ok()) << "opening reads the index only";
+  bool failed = false;
+  for (const auto& [name, source] : *fresh) {
+    Tensor out = Tensor::Empty(source->shape());
+    try {
+      source->Read(0, out);
+    } catch (const std::exception& e) {
+      EXPECT_THAT(e.what(), HasSubstr("shard_1_of_2.safetensors' is corrupted"));
+      failed = true;
+    }
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_FALSE(ShardedCheckpointInitSources(dir + "/nope").ok());
 }
 
 TEST(ShardedCheckpointOfflineTest, CorruptedOrMissingShardFilesAreNamed) {

@@ -1,6 +1,7 @@
 // Module state dicts.
 #include "nn/state_dict.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <vector>
@@ -106,7 +107,72 @@ class SafetensorsSliceSource : public InitSource {
   tensor::Shape shape_;
 };
 
+// The transpose of a 2-D source (TransposedInitSource).
+class TransposedSource : public InitSource {
+ public:
+  // Whole rows of the transpose read at a time: at most this many elements
+  // (or one row) of temporaries.
+  static constexpr int64_t kBlockElements = int64_t{1} << 20;
+
+  explicit TransposedSource(std::shared_ptr<const InitSource> source)
+      : source_(std::move(source)), shape_({source_->shape().dim(1), source_->shape().dim(0)}) {}
+  const tensor::Shape& shape() const override { return shape_; }
+  void Read(int64_t begin, Tensor& out) const override {
+    const int64_t n = out.numel();
+    const int64_t rows = source_->shape().dim(0);  // the transpose's row length
+    const int64_t cols = source_->shape().dim(1);  // the transpose's rows
+    OP_CHECK(begin >= 0 && begin + n <= rows * cols, "init_from_transposed", "elements [", begin,
+             ", ", begin + n, ") of ", rows * cols);
+    Tensor flat = out.Reshape({n});  // out is contiguous: a view of it
+    for (int64_t done = 0; done < n;) {
+      const int64_t at = begin + done;
+      const int64_t row = at / rows;  // of the transpose: column `row` of the source
+      const int64_t offset = at % rows;
+      if (offset != 0 || n - done < rows) {  // part of a row: elements [offset, offset + k)
+        const int64_t k = std::min(rows - offset, n - done);
+        Tensor part = Tensor::Empty(tensor::Shape({k}), out.dtype());  // (k)
+        for (int64_t r = 0; r < k; ++r) {
+          Tensor element = part.Narrow(0, r, 1);
+          source_->Read((offset + r) * cols + row, element);
+        }
+        flat.Narrow(0, done, k).CopyFrom(part);
+        done += k;
+        continue;
+      }
+      // Whole rows [row, row + count): each source row's segment, then transposed.
+      const int64_t count =
+          std::min((n - done) / rows, std::max<int64_t>(1, kBlockElements / rows));
+      Tensor block = Tensor::Empty(tensor::Shape({rows, count}), out.dtype());  // (rows, count)
+      for (int64_t r = 0; r < rows; ++r) {
+        Tensor segment = block.Narrow(0, r, 1);  // (1, count), contiguous
+        source_->Read(r * cols + row, segment);
+      }
+      flat.Narrow(0, done, count * rows)
+          .View(tensor::Shape({count, rows}))
+          .CopyFrom(block.Transpose(0, 1));
+      done += count * rows;
+    }
+  }
+
+ private:
+  std::shared_ptr<const InitSource> source_;
+  tensor::Shape shape_;
+};
+
 }  // namespace
+
+std::shared_ptr<const InitSource> SafetensorsEntrySource(
+    std::string path, std::shared_ptr<const tensor::SafetensorsHeader> header,
+    const tensor::SafetensorsEntry& entry) {
+  return std::make_shared<SafetensorsSliceSource>(std::move(path), std::move(header), entry.name,
+                                                  entry.shape);
+}
+
+std::shared_ptr<const InitSource> TransposedInitSource(std::shared_ptr<const InitSource> source) {
+  OP_CHECK(source != nullptr && source->shape().rank() == 2, "TransposedInitSource",
+           "needs a 2-D source, got ", source == nullptr ? "none" : source->shape().ToString());
+  return std::make_shared<TransposedSource>(std::move(source));
+}
 
 absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path) {
   absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(path);
@@ -121,8 +187,7 @@ absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path)
                                                      tensor::DtypeName(e.dtype),
                                                      ", not a floating dtype"));
     }
-    sources.emplace_back(e.name,
-                         std::make_shared<SafetensorsSliceSource>(path, shared, e.name, e.shape));
+    sources.emplace_back(e.name, SafetensorsEntrySource(path, shared, e));
   }
   return sources;
 }

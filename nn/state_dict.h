@@ -44,6 +44,20 @@ absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
 // file's checksum is verified here, reading it in pieces. Errors name the file.
 absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path);
 
+// One entry of a safetensors file whose header ReadSafetensorsHeader read (and
+// whose checksum the caller verified, if it wants it checked) as a source read
+// slice by slice. `entry` must be one of header's, of a floating dtype.
+std::shared_ptr<const InitSource> SafetensorsEntrySource(
+    std::string path, std::shared_ptr<const tensor::SafetensorsHeader> header,
+    const tensor::SafetensorsEntry& entry);
+
+// A 2-D `source` of shape (rows, cols) read as its transpose (cols, rows),
+// without holding the whole: elements of the transpose's rows [a, b) are read
+// as the segments [a, b) of each source row (rows reads), then transposed.
+// For weights stored (in, out), as Hugging Face's Conv1D stores them, where a
+// Linear is (out, in).
+std::shared_ptr<const InitSource> TransposedInitSource(std::shared_ptr<const InitSource> source);
+
 // Tensors in memory as sources, on the host (shared, not copied, when they are
 // contiguous on the CPU), so that each read is a slice and not a device copy.
 NamedInitSources TensorInitSources(tensor::NamedTensors tensors);

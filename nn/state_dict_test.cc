@@ -144,5 +144,52 @@ TEST(StateDictTest, SafetensorsSourcesReadSlicesOfTheFile) {
   EXPECT_THROW(InitSlice(c.weight()->init, 0, "weight", 0, slice), std::exception);
 }
 
+// Every element range of the transpose, from memory and from a file (bf16 in
+// the file, read as f32), equals the same range of the transposed tensor.
+TEST(StateDictTest, TransposedSourcesReadAnyRangeOfTheTranspose) {
+  const Tensor stored = tensor::testing::RandomTensor({5, 7}, 3);  // (in, out)
+  const std::vector<float> want = stored.Transpose(0, 1).Contiguous().ToVector<float>();
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/conv1d.safetensors";
+  ASSERT_TRUE(tensor::WriteSafetensors(path, {{"w", stored.To(tensor::Dtype::kBF16)}}).ok());
+  absl::StatusOr<NamedInitSources> file = SafetensorsInitSources(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<float> want_bf16 = stored.To(tensor::Dtype::kBF16)
+                                           .To(tensor::Dtype::kF32)
+                                           .Transpose(0, 1)
+                                           .Contiguous()
+                                           .ToVector<float>();
+  for (const auto& [source, expected] :
+       {std::make_pair(TransposedInitSource(std::make_shared<TensorInitSource>(stored)), want),
+        std::make_pair(TransposedInitSource(file->front().second), want_bf16)}) {
+    EXPECT_EQ(source->shape(), tensor::Shape({7, 5}));
+    for (int64_t begin = 0; begin <= 35; ++begin) {
+      for (int64_t n = 0; begin + n <= 35; ++n) {
+        Tensor out = Tensor::Empty({n});
+        source->Read(begin, out);
+        ASSERT_EQ(out.ToVector<float>(),
+                  std::vector<float>(expected.begin() + begin, expected.begin() + begin + n))
+            << "elements [" << begin << ", " << begin + n << ")";
+      }
+    }
+    Tensor past = Tensor::Empty({2});
+    EXPECT_THROW(source->Read(34, past), std::exception);
+  }
+  EXPECT_THROW(TransposedInitSource(std::make_shared<TensorInitSource>(Tensor::Empty({3}))),
+               std::exception);
+  // Reads of more than 2^20 elements go in blocks of whole rows.
+  const Tensor tall = tensor::testing::RandomTensor({3, 400001}, 4);  // transpose: (400001, 3)
+  const std::vector<float> tall_t = tall.Transpose(0, 1).Contiguous().ToVector<float>();
+  const std::shared_ptr<const InitSource> source =
+      TransposedInitSource(std::make_shared<TensorInitSource>(tall));
+  for (const auto& [begin, n] : {std::make_pair<int64_t, int64_t>(0, 1200003),
+                                 std::make_pair<int64_t, int64_t>(2, 1100000)}) {
+    Tensor out = Tensor::Empty({n});
+    source->Read(begin, out);
+    EXPECT_TRUE(out.ToVector<float>() ==
+                std::vector<float>(tall_t.begin() + begin, tall_t.begin() + begin + n))
+        << "elements [" << begin << ", " << begin + n << ")";
+  }
+}
+
 }  // namespace
 }  // namespace nn

@@ -242,12 +242,8 @@ absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step
 }
 
 absl::StatusOr<nn::NamedInitSources> OpenCheckpointModel(const std::string& step_dir) {
-  if (!IsShardedCheckpoint(step_dir)) {
-    return nn::SafetensorsInitSources(step_dir + "/model.safetensors");
-  }
-  absl::StatusOr<tensor::NamedTensors> model = ReadCheckpointModel(step_dir);
-  if (!model.ok()) return model.status();
-  return nn::TensorInitSources(*std::move(model));
+  if (IsShardedCheckpoint(step_dir)) return dist::ShardedCheckpointInitSources(step_dir);
+  return nn::SafetensorsInitSources(step_dir + "/model.safetensors");
 }
 
 }  // namespace train

@@ -68,10 +68,11 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
 // (sharded: in index.json's order; single-process: model.safetensors' order).
 absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step_dir);
 
-// The same parameters as sources of initial values (nn::InitFromSources): a
-// single-process step folder's model.safetensors is read slice by slice, so
-// that an FSDP rank reads only its shard (its checksum verified here); a
-// sharded one is read whole.
+// The same parameters as sources of initial values (nn::InitFromSources),
+// read slice by slice, so that an FSDP rank reads only its shard: a
+// single-process step folder's model.safetensors (its checksum verified
+// here), or a sharded one's stored slices (dist::ShardedCheckpointInitSources:
+// each checksum block checked as it is read).
 absl::StatusOr<nn::NamedInitSources> OpenCheckpointModel(const std::string& step_dir);
 
 }  // namespace train

@@ -158,7 +158,7 @@ bool IsHfModelDir(const std::string& dir) {
   return std::filesystem::exists(dir + "/config.json", ec);
 }
 
-absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
+absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
   absl::StatusOr<std::string> text = ReadText(config_path);
   if (!text.ok()) return text.status();
@@ -171,27 +171,37 @@ absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
 
   absl::StatusOr<std::vector<std::string>> files = HfWeightFiles(dir);
   if (!files.ok()) return files.status();
-  // Ours name -> (file's name, tensor).
-  std::map<std::string, std::pair<std::string, Tensor>> found;
+  // An entry of one of the files, under our name.
+  struct Found {
+    std::string name;  // the file's
+    std::string file;
+    std::shared_ptr<const tensor::SafetensorsHeader> header;
+    const tensor::SafetensorsEntry* entry;
+  };
+  std::map<std::string, Found> found;
   for (const std::string& file : *files) {
-    absl::StatusOr<tensor::SafetensorsFile> st = tensor::ReadSafetensors(file);
-    if (!st.ok()) return st.status();
-    for (auto& [name, t] : st->tensors) {
-      if (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")) {
+    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(file);
+    if (!header.ok()) return header.status();
+    absl::Status verified = tensor::VerifySafetensors(file, *header);  // when it has a checksum
+    if (!verified.ok()) return verified;
+    auto shared = std::make_shared<const tensor::SafetensorsHeader>(*std::move(header));
+    for (const tensor::SafetensorsEntry& e : shared->entries) {
+      if (absl::EndsWith(e.name, ".attn.bias") || absl::EndsWith(e.name, ".attn.masked_bias")) {
         continue;  // the causal mask, a buffer
       }
-      const std::string ours = name == "lm_head.weight" || absl::StartsWith(name, kPrefix)
-                                   ? name
-                                   : absl::StrCat(kPrefix, name);
-      if (!found.emplace(ours, std::make_pair(name, t)).second) {
+      const std::string ours = e.name == "lm_head.weight" || absl::StartsWith(e.name, kPrefix)
+                                   ? e.name
+                                   : absl::StrCat(kPrefix, e.name);
+      if (!found.emplace(ours, Found{e.name, file, shared, &e}).second) {
         return absl::InvalidArgumentError(
-            absl::StrCat(dir, ": tensor '", name, "' is in the files twice"));
+            absl::StrCat(dir, ": tensor '", e.name, "' is in the files twice"));
       }
     }
   }
-  PretrainedWeights out;
+  PretrainedSources out;
   out.config = *config;
   out.source = absl::StrCat("Hugging Face GPT-2 ", dir);
+  std::set<std::string> used;
   for (const ParamShape& p : ParameterShapes(*config)) {
     auto it = found.find(p.name);
     if (it == found.end() && p.name == "lm_head.weight") it = found.find("transformer.wte.weight");
@@ -200,33 +210,49 @@ absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
                                                      p.name.substr(sizeof(kPrefix) - 1), "' (nor '",
                                                      p.name, "') in the weights"));
     }
+    used.insert(it->first);
+    const Found& f = it->second;
     const bool conv1d = IsConv1DWeight(p.name);
     tensor::Shape want(p.shape);
     if (conv1d) want = tensor::Shape({p.shape[1], p.shape[0]});
-    const Tensor& t = it->second.second;
-    if (t.shape() != want) {
+    if (f.entry->shape != want) {
       return absl::InvalidArgumentError(
-          absl::StrCat(dir, ": tensor '", it->second.first, "' has shape ", t.shape().ToString(),
+          absl::StrCat(dir, ": tensor '", f.name, "' has shape ", f.entry->shape.ToString(),
                        "; config.json's sizes need ", want.ToString()));
     }
-    if (!tensor::IsFloatingPoint(t.dtype())) {
+    if (!tensor::IsFloatingPoint(f.entry->dtype)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(dir, ": tensor '", it->second.first, "' is ", tensor::DtypeName(t.dtype())));
+          absl::StrCat(dir, ": tensor '", f.name, "' is ", tensor::DtypeName(f.entry->dtype)));
     }
-    Tensor f32 = t.To(tensor::Dtype::kF32);
-    out.weights.emplace_back(p.name, conv1d ? f32.Transpose(0, 1).Contiguous() : f32.Contiguous());
+    std::shared_ptr<const nn::InitSource> source =
+        nn::SafetensorsEntrySource(f.file, f.header, *f.entry);
+    out.sources.emplace_back(p.name, conv1d ? nn::TransposedInitSource(std::move(source)) : source);
   }
   std::vector<std::string> unknown;
-  std::set<std::string> used;
-  for (const auto& [name, t] : out.weights) used.insert(name);
-  for (const auto& [ours, entry] : found) {
-    if (used.count(ours) == 0) unknown.push_back(entry.first);
+  for (const auto& [ours, f] : found) {
+    if (used.count(ours) == 0) unknown.push_back(f.name);
   }
   if (!unknown.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": tensors GPT-2 of config.json's sizes does not have: ",
         absl::StrJoin(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 5), ", "),
         unknown.size() > 5 ? ", ..." : ""));
+  }
+  return out;
+}
+
+absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
+  absl::StatusOr<PretrainedSources> opened = OpenHfGpt2(dir);
+  if (!opened.ok()) return opened.status();
+  PretrainedWeights out{opened->config, {}, opened->source};
+  try {
+    for (const auto& [name, source] : opened->sources) {
+      Tensor t = Tensor::Empty(source->shape(), tensor::Dtype::kF32);
+      source->Read(0, t);
+      out.weights.emplace_back(name, std::move(t));
+    }
+  } catch (const std::exception& e) {  // the file changed or went away since it was opened
+    return absl::DataLossError(absl::StrCat(dir, ": ", e.what()));
   }
   return out;
 }
@@ -285,9 +311,7 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   absl::StatusOr<std::optional<CheckpointOrigin>> origin = CheckpointOf(path);
   if (!origin.ok()) return origin.status();
   if (!origin->has_value()) {
-    absl::StatusOr<PretrainedWeights> hf = ReadHfGpt2(path);
-    if (!hf.ok()) return hf.status();
-    return PretrainedSources{hf->config, nn::TensorInitSources(std::move(hf->weights)), hf->source};
+    return OpenHfGpt2(path);
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel((*origin)->step_dir);
   if (!sources.ok()) return sources.status();

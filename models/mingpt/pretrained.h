@@ -48,21 +48,30 @@ bool IsHfModelDir(const std::string& dir);
 // misshapen tensor, or an unknown one.
 absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir);
 
-// `path`: a Hugging Face GPT-2 folder, or a checkpoint of a train binary of
-// either kind (a step folder, or a --checkpoint_dir: its latest step), read
-// whole (train::ReadCheckpointModel) with its recorded config.
-absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path);
-
 // What --init_from initializes a model from: the configuration and a source
-// per parameter (nn::InitFromSources). A single-process checkpoint's
-// model.safetensors is read slice by slice, so that each FSDP rank reads only
-// its shard; Hugging Face folders and sharded checkpoints are read whole, as
-// ReadPretrained does. The same errors as ReadPretrained.
+// per parameter (nn::InitFromSources), in ParameterShapes(config) order.
 struct PretrainedSources {
   GptConfig config;
   nn::NamedInitSources sources;  // ParameterShapes(config) names
   std::string source;            // as PretrainedWeights::source
 };
+
+// A Hugging Face GPT-2 folder as sources read slice by slice: the headers are
+// read and checked here (and the checksum, in files that carry ours), no
+// weights. Conv1D weights are read transposed (nn::TransposedInitSource); a
+// file without lm_head gives wte's source for it. So an FSDP rank reads only
+// its shard.
+// The same errors as ReadHfGpt2.
+absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir);
+
+// `path`: a Hugging Face GPT-2 folder, or a checkpoint of a train binary of
+// either kind (a step folder, or a --checkpoint_dir: its latest step), read
+// whole (train::ReadCheckpointModel) with its recorded config.
+absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path);
+
+// `path` as OpenHfGpt2 or train::OpenCheckpointModel open it (single-process
+// checkpoints slice by slice, sharded ones whole), with its configuration.
+// The same errors as ReadPretrained.
 absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 
 // Writes `weights` (ours: names and shapes of ParameterShapes(config)) to

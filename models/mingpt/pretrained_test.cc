@@ -123,6 +123,32 @@ void ExpectSameWeights(const NamedTensors& a, const NamedTensors& b) {
   }
 }
 
+// OpenPretrained's sources (HF folders slice by slice, Conv1D weights through
+// their transpose) read every range of every parameter as `weights` hold it:
+// a few ranges per parameter, crossing rows, as FSDP shards cut them.
+void ExpectSourcesReadLike(const std::string& path, const NamedTensors& weights) {
+  absl::StatusOr<PretrainedSources> opened = OpenPretrained(path);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_EQ(opened->sources.size(), weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const auto& [name, source] = opened->sources[i];
+    EXPECT_EQ(name, weights[i].first);
+    ASSERT_EQ(source->shape(), weights[i].second.shape()) << name;
+    const std::vector<float> want = weights[i].second.ToVector<float>();
+    const int64_t numel = static_cast<int64_t>(want.size());
+    for (int64_t parts : {1, 2, 3, 5}) {
+      for (int64_t p = 0; p < parts; ++p) {
+        const int64_t begin = numel * p / parts, end = numel * (p + 1) / parts;
+        Tensor out = Tensor::Empty({end - begin});
+        source->Read(begin, out);
+        ASSERT_EQ(out.ToVector<float>(),
+                  std::vector<float>(want.begin() + begin, want.begin() + end))
+            << name << " elements [" << begin << ", " << end << ")";
+      }
+    }
+  }
+}
+
 TEST(HfGpt2Test, ReadsTheHubLayoutWithTiedHeadAndMaskBuffers) {
   const GptConfig c = Small();
   const NamedTensors ours = RandomWeights(c, 3, /*tie=*/true);
@@ -145,6 +171,7 @@ TEST(HfGpt2Test, ReadsTheHubLayoutWithTiedHeadAndMaskBuffers) {
   absl::StatusOr<PretrainedWeights> again = ReadPretrained(dir);
   ASSERT_TRUE(again.ok()) << again.status();
   ExpectSameWeights(again->weights, ours);
+  ExpectSourcesReadLike(dir, ours);
 }
 
 TEST(HfGpt2Test, ReadsPrefixedNamesBf16AndShardedIndexes) {
@@ -171,6 +198,7 @@ TEST(HfGpt2Test, ReadsPrefixedNamesBf16AndShardedIndexes) {
   for (auto& [n, t] : ours)
     rounded.emplace_back(n, t.To(tensor::Dtype::kBF16).To(tensor::Dtype::kF32));
   ExpectSameWeights(read->weights, rounded);
+  ExpectSourcesReadLike(dir, rounded);
 }
 
 TEST(HfGpt2Test, WritesGpt2LMHeadModelsLayoutAndReadsItBack) {

@@ -6,11 +6,12 @@
 # rank 0 logs steps; each rank prints its own peak-memory line. A restart
 # rendezvouses under fresh keys (a rank that died in the first attempt left
 # keys behind). --init_from reads only each process's FSDP shard of a
-# checkpoint. Bad launch environments and flags are clear errors (exit 2).
+# checkpoint (one-process, sharded, or a Hugging Face folder). Bad launch environments and flags are clear errors (exit 2).
 set -euo pipefail
 launch="$1"
 train="$2"
 source "$3"  # models/common/cli_testing.sh: exits_2
+checkpoint="$4"
 dir="${TEST_TMPDIR}/gloo"
 mkdir -p "$dir"
 export TMPDIR="$dir/tmp"  # the default rendezvous directory goes under it
@@ -95,37 +96,46 @@ same_losses "$dir/threads_full_shard.jsonl" "$dir/restarted.jsonl" "restarted"
 ls "$TMPDIR"/fsdp_rdzv_127.0.0.1_29531/ > /dev/null  # the default directory was used
 echo "a restarted job rendezvouses again and trains the same losses"
 
-# --init_from a one-process checkpoint: each process reads only its FSDP shard
-# of model.safetensors, slice by slice, so its peak memory (the process's
-# ledger) is a fresh model's: reading the file whole showed 10.65 MiB of
-# temporaries for gpt-mini here, against 0.70. With lr 0 the first step's
-# loss is the threads engine's from the same checkpoint.
+# --init_from reads only each process's FSDP shard, slice by slice, of a
+# one-process checkpoint, its Hugging Face export (Conv1D weights read
+# transposed) and a sharded checkpoint (world 2), so a process's peak memory
+# (its ledger) is a fresh model's: reading the files whole showed 10.65 MiB of
+# temporaries for gpt-mini here, against 0.70. With lr 0 the first step's loss
+# is the threads engine's from the same checkpoint, and all three give it.
 mini=(--data=shipped --seq_len=32 --batch_size=2 --steps=1 --timeout_s=120)
 "$train" --preset=gpt-mini "${mini[@]}" --checkpoint_dir="$dir/mini" > /dev/null
-for run in init fresh; do
-  flags=(--init_from="$dir/mini")
-  [[ $run == fresh ]] && flags=(--preset=gpt-mini)
-  "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29531 -- \
-    "$train" "${mini[@]}" "${flags[@]}" --lr=0 --backend=gloo --strategy=full_shard \
-    --metrics_out="$dir/mini_$run.jsonl" > "$dir/mini_$run.log" 2>&1 ||
-    { echo "gloo --init_from run ($run) failed:"; cat "$dir/mini_$run.log"; exit 1; }
-done
+"$train" --preset=gpt-mini "${mini[@]}" --lr=0 --init_from="$dir/mini" --world_size=2 \
+  --strategy=full_shard --checkpoint_dir="$dir/mini_sharded" > /dev/null
+"$checkpoint" export-hf "$dir/mini" "$dir/mini_hf" > /dev/null
+"$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29531 -- \
+  "$train" "${mini[@]}" --preset=gpt-mini --lr=0 --backend=gloo --strategy=full_shard \
+  --metrics_out="$dir/mini_fresh.jsonl" > "$dir/mini_fresh.log" 2>&1 ||
+  { echo "gloo fresh run failed:"; cat "$dir/mini_fresh.log"; exit 1; }
+"$train" "${mini[@]}" --init_from="$dir/mini" --lr=0 --world_size=2 --strategy=full_shard \
+  --metrics_out="$dir/mini_threads.jsonl" > /dev/null
 # Each rank's parameters and temporaries peaks (the total's moment varies with
 # the ranks' timing).
 peaks() {
   grep -o "peak memory of rank [01] by category.*" "$1" | sort |
     awk '{ for (i = 1; i <= NF; ++i) if ($i == "params" || $i == "temp") printf "%s %s ", $i, $(i + 1); print $5 }'
 }
-[[ $(peaks "$dir/mini_init.log" | wc -l) == 2 ]]
-[[ $(peaks "$dir/mini_init.log") == $(peaks "$dir/mini_fresh.log") ]] ||
-  { echo "per-process peaks with --init_from:"; peaks "$dir/mini_init.log"; echo "fresh:";
-    peaks "$dir/mini_fresh.log"; exit 1; }
-grep -q "^\[rank 0\] init_from: checkpoint $dir/mini/step_000001 (step 1)" "$dir/mini_init.log"
-"$train" "${mini[@]}" --init_from="$dir/mini" --lr=0 --world_size=2 --strategy=full_shard \
-  --metrics_out="$dir/mini_threads.jsonl" > /dev/null
-[[ $(losses "$dir/mini_threads.jsonl") == $(losses "$dir/mini_init.jsonl") ]] ||
-  { echo "loss $(losses "$dir/mini_init.jsonl") vs threads $(losses "$dir/mini_threads.jsonl")"; exit 1; }
-echo "gloo --init_from: each process reads its shard only, peaks as a fresh model's; step, loss $(losses "$dir/mini_init.jsonl") as the threads engine's"
+[[ $(peaks "$dir/mini_fresh.log" | wc -l) == 2 ]]
+for init in mini mini_hf mini_sharded/step_000001; do
+  run="$dir/init_${init%%/*}"
+  "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29531 -- \
+    "$train" "${mini[@]}" --init_from="$dir/$init" --lr=0 --backend=gloo --strategy=full_shard \
+    --metrics_out="$run.jsonl" > "$run.log" 2>&1 ||
+    { echo "gloo --init_from=$init run failed:"; cat "$run.log"; exit 1; }
+  [[ $(peaks "$run.log") == $(peaks "$dir/mini_fresh.log") ]] ||
+    { echo "per-process peaks with --init_from=$init:"; peaks "$run.log"; echo "fresh:";
+      peaks "$dir/mini_fresh.log"; exit 1; }
+  [[ $(losses "$dir/mini_threads.jsonl") == $(losses "$run.jsonl") ]] ||
+    { echo "--init_from=$init: loss $(losses "$run.jsonl") vs threads $(losses "$dir/mini_threads.jsonl")"; exit 1; }
+done
+grep -q "^\[rank 0\] init_from: checkpoint $dir/mini/step_000001 (step 1)" "$dir/init_mini.log"
+grep -q "^\[rank 0\] init_from: Hugging Face GPT-2 $dir/mini_hf" "$dir/init_mini_hf.log"
+grep -q "^\[rank 0\] init_from: checkpoint $dir/mini_sharded/step_000001 (step 1)" "$dir/init_mini_sharded.log"
+echo "gloo --init_from a checkpoint, its HF export, a sharded checkpoint: each process reads its shard only, peaks as a fresh model's; step, loss $(losses "$dir/mini_threads.jsonl") as the threads engine's"
 
 # Errors: exit code 2, a message naming what is wrong.
 quick=(--preset=gpt-nano --data=random --steps=1 --batch_size=2 --seq_len=32)
