@@ -69,8 +69,8 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir);
 // whole (train::ReadCheckpointModel) with its recorded config.
 absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path);
 
-// `path` as OpenHfGpt2 or train::OpenCheckpointModel open it (single-process
-// checkpoints slice by slice, sharded ones whole), with its configuration.
+// `path` as OpenHfGpt2 or train::OpenCheckpointModel open it (every kind slice
+// by slice), with its configuration.
 // The same errors as ReadPretrained.
 absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 
