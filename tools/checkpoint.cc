@@ -21,8 +21,10 @@
 //                                         names and layout (transformers loads it; the
 //                                         train and sample binaries read such folders
 //                                         back, see models/mingpt/pretrained.h);
-//                                         --tokenizer=gpt2|DIR adds OUT/vocab.json and
-//                                         OUT/merges.txt, which sample then uses
+//                                         with the checkpoint's tokenizer (train records
+//                                         it) or --tokenizer=gpt2|DIR, OUT/vocab.json and
+//                                         OUT/merges.txt too, which sample then uses
+//                                         (--tokenizer=none: without)
 //   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
 //                                         the models parameter by parameter (largest
 //                                         differences first); exit 1 unless every
@@ -60,15 +62,17 @@ ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, element
 ABSL_FLAG(double, atol, 0.0, "diff: absolute tolerance");
 ABSL_FLAG(double, rtol, 0.0, "diff: tolerance relative to DIR_B's value");
 ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0: all");
-ABSL_FLAG(std::string, tokenizer, "",
-          "export-hf: also write this tokenizer's vocab.json + merges.txt to OUT (gpt2: the "
-          "repository's copy of GPT-2's; or a folder)");
+ABSL_FLAG(std::string, tokenizer, "auto",
+          "export-hf: also write this tokenizer's vocab.json + merges.txt to OUT: auto (the one "
+          "the checkpoint records, if any), none, gpt2 (the repository's copy of GPT-2's), or "
+          "a folder");
 
 namespace {
 
 constexpr char kUsage[] =
     "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | shard DIR OUT | "
-    "export-hf DIR OUT [--tokenizer=gpt2|DIR] | diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
+    "export-hf DIR OUT [--tokenizer=auto|none|gpt2|DIR] | diff DIR_A DIR_B [--atol=X] [--rtol=Y] "
+    "[--top=N]";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "checkpoint: error: %s\n", message.c_str());
@@ -205,7 +209,9 @@ int ExportHf(const std::string& dir, const std::string& out) {
   absl::StatusOr<mingpt::PretrainedWeights> w = mingpt::ReadPretrained(dir);
   if (!w.ok()) return Fail(std::string(w.status().message()));
   // The tokenizer is checked before anything is written.
-  const std::string tokenizer_flag = absl::GetFlag(FLAGS_tokenizer);
+  const std::string flag = absl::GetFlag(FLAGS_tokenizer);
+  // auto: the one the checkpoint records (train's), if any.
+  const std::string tokenizer_flag = flag == "auto" ? w->tokenizer : flag == "none" ? "" : flag;
   std::pair<std::string, std::string> tokenizer_files;
   if (!tokenizer_flag.empty()) {
     absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(tokenizer_flag);

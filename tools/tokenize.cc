@@ -7,7 +7,10 @@
 //               folder with vocab.json + merges.txt (a Hugging Face model
 //               folder) or encoder.json + vocab.bpe (OpenAI's)
 // --input       text files, comma-separated, encoded in that order
-// --output      the token file (uint16 ids; written whole or not at all)
+// --output      the token file (uint16 ids; written whole or not at all),
+//               and beside it output.json recording the tokenizer, its
+//               vocabulary size and the token count (data::TokenFileMeta,
+//               nanoGPT's meta.pkl): train and sample then know the tokenizer
 // --format      raw (nanoGPT's flat uint16, the default) or llmc (llm.c's
 //               1024-byte header, then the uint16 ids)
 // --append_eot  <|endoftext|> after each input, as nanoGPT's openwebtext
@@ -24,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <string>
@@ -148,6 +152,17 @@ absl::Status Tokenize() {
   const int64_t num_tokens = (*writer)->num_tokens();
   absl::Status finished = (*writer)->Finish();
   if (!finished.ok()) return finished;
+  // What made it, for train and sample (output.json).
+  const std::string recorded =
+      tokenizer_flag == "gpt2"
+          ? tokenizer_flag
+          : std::filesystem::absolute(tokenizer->source()).lexically_normal().string();
+  absl::Status meta =
+      data::WriteTokenFileMeta(output, {recorded, tokenizer->vocab_size(), num_tokens});
+  if (!meta.ok()) {
+    std::filesystem::remove(output);  // not without its record
+    return meta;
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(

@@ -2,7 +2,8 @@
 # //tools:tokenize: the shipped text encodes to tiktoken's 147297 GPT-2 ids
 # (the count //models/data:gpt2_tokenizer_test checks id by id), the same
 # whether encoded whole or in 1000-byte parts on 1 or 3 threads; llm.c's format and
-# --append_eot; bad input exits 2 naming it and writes nothing.
+# --append_eot; the record of the tokenizer beside the file (raw.bin.json);
+# bad input exits 2 naming it and writes nothing.
 set -euo pipefail
 tokenize="$1"
 text="$2"
@@ -14,6 +15,7 @@ mkdir -p "$dir"
 cat "$dir/raw.out"
 grep -q "^wrote 147297 tokens (tokenizer gpt2, vocab 50257) from 1 file(s), 567198 bytes, to $dir/raw.bin (raw uint16)" "$dir/raw.out"
 [[ $(stat -c %s "$dir/raw.bin") == $((2 * 147297)) ]]
+[[ $(cat "$dir/raw.bin.json") == '{"tokenizer": "gpt2", "vocab_size": 50257, "num_tokens": 147297}' ]]
 for threads in 1 3; do
   "$tokenize" --input="$text" --output="$dir/parts.bin" --chunk_bytes=1000 --threads=$threads \
     > /dev/null
@@ -42,6 +44,13 @@ printf 'one story.<|endoftext|>Another story.' > "$dir/stories.txt"
 ! od -An -t u2 "$dir/plain.bin" | grep -qw 50256
 echo "--special_tokens: <|endoftext|> in the text is 50256, else ordinary text"
 
+# A tokenizer folder is recorded by its absolute path.
+mkdir -p "$dir/tok"
+cp "$(dirname "$text")/../gpt2_tokenizer/vocab.json" "$(dirname "$text")/../gpt2_tokenizer/merges.txt" "$dir/tok/"
+(top=$PWD; cd "$dir" && "$top/$tokenize" --input=a.txt --output=folder.bin --tokenizer=tok > /dev/null)
+[[ $(cat "$dir/folder.bin.json") == "{\"tokenizer\": \"$dir/tok\", \"vocab_size\": 50257, \"num_tokens\": 2}" ]]
+echo "the record beside the file: the tokenizer (gpt2, or a folder's absolute path), vocab, tokens"
+
 expect_error() { exits_2 "$1" "$tokenize" "${@:2}"; }
 expect_error "--input is required" --output="$dir/x.bin"
 expect_error "--output is required" --input="$text"
@@ -51,5 +60,5 @@ expect_error "--format=u32: expected raw or llmc" --input="$text" --output="$dir
 expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --input="$text" --output="$dir/x.bin" \
   --tokenizer="$dir"
 expect_error "--output: " --input="$text" --output="$dir/no/such/dir/x.bin"
-[[ ! -e "$dir/x.bin" ]]
+[[ ! -e "$dir/x.bin" && ! -e "$dir/x.bin.json" ]]
 echo "bad input: exit 2, named, nothing written"

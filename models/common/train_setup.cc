@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/data/byte_text.h"
+#include "models/data/gpt2_tokenizer.h"
 #include "models/data/random_tokens.h"
 #include "models/data/token_file.h"
 #include "optim/adamw.h"
@@ -58,13 +61,72 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const s
   } else if (spec == "random") {
     source = data::RandomTokenSource::Create(seed, vocab);
   } else if (absl::EndsWith(spec, ".bin")) {
-    source = data::TokenFileSource::Open(spec, seed, vocab);
+    // The record tools/tokenize wrote beside it, if any: its tokenizer's
+    // vocabulary, and a check that it describes this file.
+    absl::StatusOr<std::optional<data::TokenFileMeta>> meta = data::ReadTokenFileMeta(spec);
+    if (!meta.ok()) {
+      source = meta.status();
+    } else {
+      absl::StatusOr<std::unique_ptr<data::TokenFileSource>> file = data::TokenFileSource::Open(
+          spec, seed, vocab_size > 0 || !meta->has_value() ? vocab : (*meta)->vocab_size);
+      if (file.ok() && meta->has_value() && (*meta)->num_tokens != (*file)->file().num_tokens()) {
+        source = absl::InvalidArgumentError(absl::StrCat(
+            data::TokenFileMetaPath(spec), " records ", (*meta)->num_tokens, " tokens but ", spec,
+            " holds ", (*file)->file().num_tokens(),
+            ": a record of another file; remove it or write both again with //tools:tokenize"));
+      } else if (file.ok()) {
+        source = std::shared_ptr<const data::TokenSource>(*std::move(file));
+      } else {
+        source = file.status();
+      }
+    }
   } else {
     source = data::ByteTextSource::Open(spec, seed);
   }
   if (source.ok()) return source;
   // A flag's value that does not work: exit status 2, naming the flag.
   return absl::InvalidArgumentError(absl::StrCat(flag, "=", spec, ": ", source.status().message()));
+}
+
+absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std::string& data,
+                                             const std::string& from_weights, int64_t model_vocab) {
+  const bool byte_text = data != "random" && !absl::EndsWith(data, ".bin");
+  std::string name;
+  if (flag == "auto") {
+    if (byte_text) return std::string();
+    std::optional<data::TokenFileMeta> meta;
+    if (absl::EndsWith(data, ".bin")) {
+      absl::StatusOr<std::optional<data::TokenFileMeta>> read = data::ReadTokenFileMeta(data);
+      if (!read.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--data: ", read.status().message()));
+      }
+      meta = *std::move(read);
+    }
+    name = meta.has_value() ? meta->tokenizer : from_weights;
+    if (name.empty()) return std::string();
+  } else if (flag == "none") {
+    return std::string();
+  } else {
+    if (byte_text) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tokenizer=", flag, " with --data=", data,
+          ": text data is read as bytes (a vocabulary of 256); encode it with //tools:tokenize "
+          "and train on the .bin file"));
+    }
+    name = flag == "gpt2" ? flag : std::filesystem::absolute(flag).lexically_normal().string();
+  }
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(name);
+  if (!tokenizer.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer=", flag,
+                                                   flag == name ? "" : " (" + name + ")", ": ",
+                                                   tokenizer.status().message()));
+  }
+  if (tokenizer->vocab_size() > model_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer=", flag, flag == name ? "" : " (" + name + ")", ": its vocabulary has ",
+        tokenizer->vocab_size(), " ids and the model's ", model_vocab));
+  }
+  return name;
 }
 
 absl::Status CheckGradClip(double grad_clip) {

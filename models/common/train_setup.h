@@ -21,10 +21,26 @@ namespace train {
 
 // "shipped" (the text in models/data/text), "random" (uniform tokens), a .bin
 // file of uint16 tokens, or any other path as byte-level text. vocab_size 0
-// means the default (50257) for random and .bin data. Errors are
-// InvalidArgument naming `flag` (--data, --eval_data).
+// means the default (50257) for random and .bin data, or for a .bin file that
+// //tools:tokenize recorded (data::TokenFileMeta, FILE.bin.json) its
+// tokenizer's vocabulary; a record whose token count is not the file's is an
+// error. Errors are InvalidArgument naming `flag` (--data, --eval_data).
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(
     const std::string& spec, uint64_t seed, int64_t vocab_size, absl::string_view flag = "--data");
+
+// The tokenizer a train binary records in its checkpoints (extra "tokenizer":
+// "gpt2" or a folder's absolute path; "" for none), so that sampling and
+// export know it. `flag` (--tokenizer):
+//   auto: the one //tools:tokenize recorded beside a .bin --data, else
+//         `from_weights` (--init_from's: a checkpoint's record, a Hugging Face
+//         folder holding vocab.json + merges.txt), else none;
+//   none: none;
+//   gpt2 or a folder: that one (data::Gpt2Tokenizer::Open).
+// Byte-level text --data (shipped, a text file) has no tokenizer: naming one
+// is an error, and auto gives none. The tokenizer must open and fit the
+// model's vocabulary. Errors are InvalidArgument naming --tokenizer.
+absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std::string& data,
+                                             const std::string& from_weights, int64_t model_vocab);
 
 // --grad_clip: >= 0 (0 disables clipping); InvalidArgument naming the flag.
 absl::Status CheckGradClip(double grad_clip);

@@ -4,12 +4,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "tensor/durable_file.h"
+#include "tensor/json.h"
 
 namespace data {
 namespace {
@@ -269,6 +273,45 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenFileSource::Slice(int64_t begi
   part->begin_ = begin_ + begin;
   part->end_ = begin_ + end;
   return std::unique_ptr<TokenSource>(std::move(part));
+}
+
+std::string TokenFileMetaPath(const std::string& token_file) { return token_file + ".json"; }
+
+absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta) {
+  return tensor::WriteFileDurably(
+      TokenFileMetaPath(token_file),
+      absl::StrCat("{\"tokenizer\": ", tensor::JsonQuote(meta.tokenizer), ", \"vocab_size\": ",
+                   meta.vocab_size, ", \"num_tokens\": ", meta.num_tokens, "}\n"));
+}
+
+absl::StatusOr<std::optional<TokenFileMeta>> ReadTokenFileMeta(const std::string& token_file) {
+  const std::string path = TokenFileMetaPath(token_file);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " (what made ", token_file, "): ", what));
+  };
+  absl::StatusOr<tensor::Json> json = tensor::ParseJson(text.str());
+  if (!json.ok()) return bad(std::string(json.status().message()));
+  if (json->kind != tensor::Json::Kind::kObject) return bad("not a JSON object");
+  TokenFileMeta meta;
+  const tensor::Json* tokenizer = json->Get("tokenizer");
+  if (tokenizer == nullptr || tokenizer->kind != tensor::Json::Kind::kString ||
+      tokenizer->text.empty()) {
+    return bad("no 'tokenizer' string");
+  }
+  meta.tokenizer = tokenizer->text;
+  for (auto [key, out] : {std::pair<const char*, int64_t*>{"vocab_size", &meta.vocab_size},
+                          {"num_tokens", &meta.num_tokens}}) {
+    const tensor::Json* v = json->Get(key);
+    if (v == nullptr || v->kind != tensor::Json::Kind::kNumber || !absl::SimpleAtoi(v->text, out) ||
+        *out < 1) {
+      return bad(absl::StrCat("no '", key, "' integer >= 1"));
+    }
+  }
+  return meta;
 }
 
 }  // namespace data

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -139,6 +140,26 @@ class TokenFileSource : public TokenSource {
 
   bool sliced() const;  // not the whole file
 };
+
+// What made a token file, recorded beside it by //tools:tokenize in PATH.json
+// (nanoGPT's meta.pkl), so that a model trained on it and sampled from it
+// knows its tokenizer without being told:
+//   {"tokenizer": "gpt2", "vocab_size": 50257, "num_tokens": 147297}
+struct TokenFileMeta {
+  std::string tokenizer;   // gpt2 (the shipped one), or a tokenizer folder's absolute path
+  int64_t vocab_size = 0;  // the tokenizer's: every id is below it
+  int64_t num_tokens = 0;  // the token file's, to tell a stale record from a current one
+};
+
+// token_file + ".json".
+std::string TokenFileMetaPath(const std::string& token_file);
+
+// Writes PATH.json durably (temporary file, fsync, rename).
+absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta);
+
+// PATH.json, or nullopt when there is none. InvalidArgument naming the file
+// when it is not such a record (not JSON, a key missing or of the wrong kind).
+absl::StatusOr<std::optional<TokenFileMeta>> ReadTokenFileMeta(const std::string& token_file);
 
 }  // namespace data
 

@@ -292,5 +292,34 @@ TEST(TokenFileTest, WriterAppendsInPartsAndPublishesOnFinish) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
+TEST(TokenFileTest, MetaRoundTripAndBadRecordsNameTheFile) {
+  const std::string path = TempPath("meta.bin");
+  std::filesystem::remove(TokenFileMetaPath(path));
+  absl::StatusOr<std::optional<TokenFileMeta>> none = ReadTokenFileMeta(path);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(WriteTokenFileMeta(path, {"/data/my \"tok\"", 50257, 147297}).ok());
+  EXPECT_EQ(TokenFileMetaPath(path), path + ".json");
+  absl::StatusOr<std::optional<TokenFileMeta>> meta = ReadTokenFileMeta(path);
+  ASSERT_TRUE(meta.ok() && meta->has_value()) << meta.status();
+  EXPECT_EQ((*meta)->tokenizer, "/data/my \"tok\"");
+  EXPECT_EQ((*meta)->vocab_size, 50257);
+  EXPECT_EQ((*meta)->num_tokens, 147297);
+  for (const auto& [text, what] : std::vector<std::pair<std::string, std::string>>{
+           {"[1]", "not a JSON object"},
+           {"{\"vocab_size\": 5, \"num_tokens\": 2}", "no 'tokenizer' string"},
+           {"{\"tokenizer\": \"gpt2\", \"num_tokens\": 2}", "no 'vocab_size' integer >= 1"},
+           {"{\"tokenizer\": \"gpt2\", \"vocab_size\": 5, \"num_tokens\": 0}",
+            "no 'num_tokens' integer >= 1"},
+           {"{\"tokenizer\": ", "bad JSON"}}) {
+    std::ofstream(TokenFileMetaPath(path), std::ios::trunc) << text;
+    absl::StatusOr<std::optional<TokenFileMeta>> bad = ReadTokenFileMeta(path);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(bad.status().message().find(path + ".json (what made " + path + "): " + what),
+              std::string::npos)
+        << bad.status();
+  }
+}
+
 }  // namespace
 }  // namespace data

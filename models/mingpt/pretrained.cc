@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/train_support.h"
+#include "models/data/gpt2_tokenizer.h"
 #include "tensor/durable_file.h"
 #include "tensor/json.h"
 
@@ -201,6 +202,9 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
   PretrainedSources out;
   out.config = *config;
   out.source = absl::StrCat("Hugging Face GPT-2 ", dir);
+  if (data::Gpt2Tokenizer::IsTokenizerDir(dir)) {
+    out.tokenizer = std::filesystem::absolute(dir).lexically_normal().string();
+  }
   std::set<std::string> used;
   for (const ParamShape& p : ParameterShapes(*config)) {
     auto it = found.find(p.name);
@@ -244,7 +248,7 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
 absl::StatusOr<PretrainedWeights> ReadHfGpt2(const std::string& dir) {
   absl::StatusOr<PretrainedSources> opened = OpenHfGpt2(dir);
   if (!opened.ok()) return opened.status();
-  PretrainedWeights out{opened->config, {}, opened->source};
+  PretrainedWeights out{opened->config, {}, opened->source, opened->tokenizer};
   try {
     for (const auto& [name, source] : opened->sources) {
       Tensor t = Tensor::Empty(source->shape(), tensor::Dtype::kF32);
@@ -264,6 +268,7 @@ struct CheckpointOrigin {
   std::string step_dir;
   GptConfig config;
   std::string source;
+  std::string tokenizer;  // its record, or ""
 };
 
 // `path` must be a folder; an HF folder gives nullopt (read it as one).
@@ -291,9 +296,10 @@ absl::StatusOr<std::optional<CheckpointOrigin>> CheckpointOf(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat(step_dir, " is not a minGPT checkpoint: ", config.status().message()));
   }
+  auto tokenizer = summary->state.extra.find("tokenizer");
   return CheckpointOrigin{
-      step_dir, *config,
-      absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")")};
+      step_dir, *config, absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")"),
+      tokenizer == summary->state.extra.end() ? "" : tokenizer->second};
 }
 
 }  // namespace
@@ -304,7 +310,8 @@ absl::StatusOr<PretrainedWeights> ReadPretrained(const std::string& path) {
   if (!origin->has_value()) return ReadHfGpt2(path);
   absl::StatusOr<tensor::NamedTensors> weights = train::ReadCheckpointModel((*origin)->step_dir);
   if (!weights.ok()) return weights.status();
-  return PretrainedWeights{(*origin)->config, *std::move(weights), (*origin)->source};
+  return PretrainedWeights{(*origin)->config, *std::move(weights), (*origin)->source,
+                           (*origin)->tokenizer};
 }
 
 absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
@@ -315,7 +322,8 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel((*origin)->step_dir);
   if (!sources.ok()) return sources.status();
-  return PretrainedSources{(*origin)->config, *std::move(sources), (*origin)->source};
+  return PretrainedSources{(*origin)->config, *std::move(sources), (*origin)->source,
+                           (*origin)->tokenizer};
 }
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,

@@ -37,6 +37,10 @@ struct PretrainedWeights {
   GptConfig config;              // dropout: the recorded one, or 0 for HF
   tensor::NamedTensors weights;  // ParameterShapes(config) order, f32, on the host
   std::string source;            // "checkpoint DIR (step N)", "Hugging Face GPT-2 DIR"
+  // The tokenizer that goes with them ("" if none is known): a checkpoint's
+  // record (train's --tokenizer: "gpt2" or a folder), or a Hugging Face
+  // folder itself when it holds vocab.json + merges.txt (its absolute path).
+  std::string tokenizer;
 };
 
 // True when `dir` holds a Hugging Face model (config.json).
@@ -54,6 +58,7 @@ struct PretrainedSources {
   GptConfig config;
   nn::NamedInitSources sources;  // ParameterShapes(config) names
   std::string source;            // as PretrainedWeights::source
+  std::string tokenizer;         // as PretrainedWeights::tokenizer
 };
 
 // A Hugging Face GPT-2 folder as sources read slice by slice: the headers are

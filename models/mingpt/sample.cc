@@ -8,9 +8,10 @@
 //
 // Byte-level models (vocabulary 256: trained on text or the shipped data)
 // take --prompt as text and print text. Models of token ids do the same with
-// a tokenizer: --tokenizer=gpt2 (GPT-2's, e.g. for data written by
-// //tools:tokenize), a folder with vocab.json + merges.txt, or by default the
-// --checkpoint folder's own (a Hugging Face folder's); without one they take
+// a tokenizer: by default the one that goes with the checkpoint (train
+// records the tokenizer //tools:tokenize recorded beside its data; a Hugging
+// Face folder's own vocab.json + merges.txt), or --tokenizer=gpt2 (GPT-2's) or
+// a folder with vocab.json + merges.txt; without one they take
 // --prompt_tokens=id,id,... and print ids. Samples go to stdout, separated by a dashed line;
 // what was loaded and the speed go to stderr. A context longer than the
 // model's block_size is cropped to its last block_size tokens. Until then
@@ -61,7 +62,8 @@ ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 ABSL_FLAG(std::string, print, "auto",
           "text, tokens, or auto (text for byte-level models and with a tokenizer)");
 ABSL_FLAG(std::string, tokenizer, "auto",
-          "auto (the --checkpoint folder's vocab.json + merges.txt, if any), none, gpt2 (the "
+          "auto (the one the checkpoint records, which train takes from tokenize's record of "
+          "its data, or a Hugging Face folder's own vocab.json + merges.txt), none, gpt2 (the "
           "repository's copy of GPT-2's), or a folder with vocab.json + merges.txt");
 
 namespace mingpt {
@@ -69,23 +71,27 @@ namespace {
 
 constexpr int64_t kByteVocab = 256;
 
-// The tokenizer --tokenizer names, if any, checked against the model.
-absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const std::string& checkpoint,
-                                                                 const GptConfig& config) {
+// The tokenizer --tokenizer names, if any, checked against the model. auto:
+// the one that goes with the weights (the checkpoint's record, or the Hugging
+// Face folder's own files).
+absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const PretrainedWeights& weights) {
   const std::string flag = absl::GetFlag(FLAGS_tokenizer);
-  if (flag == "none" || (flag == "auto" && !data::Gpt2Tokenizer::IsTokenizerDir(checkpoint))) {
-    return std::nullopt;
-  }
-  absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
-      flag == "auto" ? data::Gpt2Tokenizer::Read(checkpoint) : data::Gpt2Tokenizer::Open(flag);
+  if (flag == "none" || (flag == "auto" && weights.tokenizer.empty())) return std::nullopt;
+  const std::string name = flag == "auto" ? weights.tokenizer : flag;
+  // How errors name it: the flag, and for auto where it came from.
+  const std::string named =
+      flag == "auto" ? absl::StrCat("the tokenizer ", name, " that ", weights.source, " records")
+                     : absl::StrCat("--tokenizer=", flag);
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(name);
   if (!tokenizer.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));
-  }
-  if (tokenizer->vocab_size() > config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tokenizer=", flag, ": its vocabulary has ", tokenizer->vocab_size(),
-        " ids and the model's ", config.vocab_size, ": the model was not trained on its tokens"));
+        named, ": ", tokenizer.status().message(),
+        flag == "auto" ? " (--tokenizer=none prints token ids; or name another)" : ""));
+  }
+  if (tokenizer->vocab_size() > weights.config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        named, ": its vocabulary has ", tokenizer->vocab_size(), " ids and the model's ",
+        weights.config.vocab_size, ": the model was not trained on its tokens"));
   }
   return *std::move(tokenizer);
 }
@@ -196,7 +202,7 @@ absl::Status Sample() {
     return absl::InvalidArgumentError(
         absl::StrCat("--num_samples must be >= 1, got ", num_samples));
   }
-  absl::StatusOr<std::optional<data::Gpt2Tokenizer>> tokenizer = LoadTokenizer(checkpoint, config);
+  absl::StatusOr<std::optional<data::Gpt2Tokenizer>> tokenizer = LoadTokenizer(*pretrained);
   if (!tokenizer.ok()) return tokenizer.status();
   absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(config, *tokenizer);
   if (!prompt.ok()) return prompt.status();

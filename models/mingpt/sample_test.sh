@@ -88,12 +88,16 @@ echo "bad input exits 2 naming it"
 # them, and text in and out through GPT-2's tokenizer.
 "$tokenize" --input="$text" --output="$dir/opticks.bin" > /dev/null
 "$train" --preset=gpt-nano --data="$dir/opticks.bin" --steps=2 --seq_len=32 --batch_size=4 \
-  --log_every=2 --checkpoint_dir="$dir/bpe" > /dev/null
+  --log_every=2 --checkpoint_dir="$dir/bpe" > "$dir/bpe_train.out"
+grep -qx "tokenizer: gpt2" "$dir/bpe_train.out"  # tokenize's record, opticks.bin.json
 bpe=(--max_new_tokens=12 --seed=5)
 "$sample" --checkpoint="$dir/bpe" --tokenizer=gpt2 --prompt="Light is" "${bpe[@]}" \
   > "$dir/bpe.txt" 2> "$dir/bpe.err"
 grep -q "^tokenizer: GPT-2 BPE from .* (50257 ids) | prompt: 2 token[(]s[)]" "$dir/bpe.err"
 [[ $(head -c 8 "$dir/bpe.txt") == "Light is" ]]
+# The checkpoint records the tokenizer: no flag needed.
+"$sample" --checkpoint="$dir/bpe" --prompt="Light is" "${bpe[@]}" 2> /dev/null | cmp - "$dir/bpe.txt"
+echo "tokenize -> train -> sample: the tokenizer recorded at each step, text in and out unnamed"
 # The prompt's ids (written by the tokenize tool) sample the same text, and
 # --print=tokens prints them and 12 more.
 printf 'Light is' > "$dir/prompt.txt"
@@ -110,8 +114,10 @@ grep -qF "| prompt: 1 token(s)" "$dir/eot.err"
 echo "GPT-2 tokens: --prompt text = its ids ($ids), text out; <|endoftext|> is 50256"
 # Exported with the tokenizer, the Hugging Face folder samples the same text
 # with no --tokenizer (its own vocab.json + merges.txt); none turns it off.
-"$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" --tokenizer=gpt2 > "$dir/export.out"
+"$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" > "$dir/export.out"  # the recorded one
 grep -qF "(config.json, model.safetensors, vocab.json, merges.txt)" "$dir/export.out"
+"$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf_bare" --tokenizer=none > "$dir/export.out"
+grep -qF "(config.json, model.safetensors) of" "$dir/export.out"
 "$sample" --checkpoint="$dir/bpe_hf" --prompt="Light is" "${bpe[@]}" 2> "$dir/hf_bpe.err" |
   cmp - "$dir/bpe.txt"
 grep -qF "tokenizer: GPT-2 BPE from $dir/bpe_hf (50257 ids)" "$dir/hf_bpe.err"
@@ -125,3 +131,27 @@ exits_2 "its vocabulary has 50257 ids and the model's 256" \
   "$checkpoint" export-hf "$dir/one" "$dir/one_hf" --tokenizer=gpt2
 [[ ! -e "$dir/one_hf" ]]
 echo "export-hf --tokenizer: the folder samples text by itself; mismatched tokenizers refused"
+
+# A tokenizer folder is recorded by its path; gone, it is named (none still
+# samples ids). A stale record beside a token file, and a tokenizer for byte
+# text, are refused by train.
+mkdir -p "$dir/tok"
+cp "$(dirname "$text")/../gpt2_tokenizer/"{vocab.json,merges.txt} "$dir/tok/"
+"$tokenize" --input="$text" --output="$dir/folder.bin" --tokenizer="$dir/tok" > /dev/null
+"$train" --preset=gpt-nano --data="$dir/folder.bin" --steps=1 --seq_len=8 --batch_size=1 \
+  --checkpoint_dir="$dir/folder_ck" > "$dir/folder_train.out"
+grep -qx "tokenizer: $dir/tok" "$dir/folder_train.out"
+"$sample" --checkpoint="$dir/folder_ck" --prompt="Light is" "${bpe[@]}" 2> "$dir/folder.err" > /dev/null
+grep -qF "tokenizer: GPT-2 BPE from $dir/tok (50257 ids)" "$dir/folder.err"
+rm -r "$dir/tok"
+expect_error "the tokenizer $dir/tok that checkpoint $dir/folder_ck/step_000001 (step 1) records: " \
+  --checkpoint="$dir/folder_ck"
+"$sample" --checkpoint="$dir/folder_ck" --tokenizer=none --prompt_tokens="$ids" "${bpe[@]}" \
+  2> /dev/null | grep -Eq "^${ids//,/ }( [0-9]+){12} \$"
+cp "$dir/prompt.bin.json" "$dir/stale.bin.json"
+cp "$dir/opticks.bin" "$dir/stale.bin"
+exits_2 "stale.bin.json records 2 tokens but $dir/stale.bin holds 147297: a record of another file" \
+  "$train" --data="$dir/stale.bin" --steps=1
+exits_2 "--tokenizer=gpt2 with --data=shipped: text data is read as bytes" \
+  "$train" --data=shipped --tokenizer=gpt2 --steps=1
+echo "a recorded tokenizer folder that went away is named; stale records and byte text refused"

@@ -116,6 +116,10 @@ ABSL_FLAG(
     std::string, init_from, "",
     "start from these weights (a checkpoint, or a Hugging Face GPT-2 folder) at step 0 with a "
     "fresh optimizer; the model's configuration comes from them");
+ABSL_FLAG(std::string, tokenizer, "auto",
+          "the tokenizer of the data, recorded in checkpoints for sample and checkpoint "
+          "export-hf: auto (what //tools:tokenize recorded beside a .bin --data, else "
+          "--init_from's), none, gpt2, or a folder with vocab.json + merges.txt");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
 
@@ -187,6 +191,7 @@ struct DpSetup {
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
   SharedInit* init = nullptr;  // --init_from, else null
+  std::string tokenizer;       // recorded in checkpoints; "" for none
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -239,6 +244,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
     if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source().c_str());
+    if (!setup.tokenizer.empty()) std::printf("tokenizer: %s\n", setup.tokenizer.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
@@ -278,6 +284,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = setup.config.ToString();
+    if (!setup.tokenizer.empty()) state.extra["tokenizer"] = setup.tokenizer;
     scaling.Save(state.extra);
     return (*dp)->SaveCheckpoint(checkpoint_dir, state);
   };
@@ -394,6 +401,10 @@ absl::Status Train() {
   }
   absl::Status valid = config->Validate();
   if (!valid.ok()) return valid;
+  const absl::StatusOr<std::string> tokenizer =
+      train::ResolveTokenizer(absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_data),
+                              pretrained ? pretrained->tokenizer : "", config->vocab_size);
+  if (!tokenizer.ok()) return tokenizer.status();
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
@@ -436,6 +447,7 @@ absl::Status Train() {
     if (!dp.ok()) return dp.status();
     setup.dp = *std::move(dp);
     setup.config = *config;
+    setup.tokenizer = *tokenizer;
     std::optional<SharedInit> init;
     if (pretrained) {
       init.emplace(*std::move(pretrained),
@@ -466,6 +478,7 @@ absl::Status Train() {
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
   if (pretrained) std::printf("init_from: %s\n", pretrained->source.c_str());
+  if (!tokenizer->empty()) std::printf("tokenizer: %s\n", tokenizer->c_str());
   std::printf("data: %s | %sbatch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
               source->Describe().c_str(), train::AccumulationPrefix(K).c_str(),
               static_cast<long long>(B), static_cast<long long>(T), (*optimizer)->name(),
@@ -511,6 +524,7 @@ absl::Status Train() {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = config->ToString();
+    if (!tokenizer->empty()) state.extra["tokenizer"] = *tokenizer;
     scaling->Save(state.extra);
     return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
   };
