@@ -94,6 +94,8 @@ absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::str
   absl::StatusOr<sharded::Index> x = sharded::ReadIndex(dir);
   if (!x.ok()) return x.status();
   auto shared = std::make_shared<SharedSliceReader>(dir, *std::move(x));
+  absl::Status files = shared->reader.CheckFiles();  // a missing or foreign file: now
+  if (!files.ok()) return files;
   nn::NamedInitSources sources;
   for (size_t i = 0; i < shared->index.params.size(); ++i) {
     sources.emplace_back(shared->index.params[i].name,

@@ -55,8 +55,10 @@ absl::Status ForEachWholeParameter(const std::string& dir, bool with_optimizer_s
 // (nn::InitFromSources), in index.json's order, read when asked: a range of a
 // parameter reads only the stored slices that overlap it, from the shard
 // files that hold them, checked as above. So an FSDP rank initialized from a
-// sharded checkpoint (--init_from) reads only its shard. index.json is read
-// and validated here; the sources share one reader, whose reads take turns.
+// sharded checkpoint (--init_from) reads only its shard. index.json and the
+// shard files' headers are read and checked here (a file missing, of another
+// size or another checkpoint is an error now; the data's checksum blocks as
+// they are read); the sources share one reader, whose reads take turns.
 absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::string& dir);
 
 // Writes `params` (values f32, any shapes; optimizer state where has_state,

@@ -382,6 +382,11 @@ TEST(ShardedCheckpointOfflineTest, InitSourcesReadRangesOfTheSavedValues) {
   }
   EXPECT_TRUE(failed);
   EXPECT_FALSE(ShardedCheckpointInitSources(dir + "/nope").ok());
+  fs::remove(dir + "/shard_1_of_2.safetensors");  // named when opened, before any read
+  absl::StatusOr<nn::NamedInitSources> missing = ShardedCheckpointInitSources(dir);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("shard_1_of_2.safetensors' is missing"));
 }
 
 TEST(ShardedCheckpointOfflineTest, CorruptedOrMissingShardFilesAreNamed) {

@@ -69,6 +69,14 @@ absl::Status SliceReader::ReadRange(const std::vector<SliceRec>& slices, int64_t
   return absl::OkStatus();
 }
 
+absl::Status SliceReader::CheckFiles() {
+  for (int file = 0; file < static_cast<int>(index_.files.size()); ++file) {
+    absl::StatusOr<const tensor::SafetensorsHeader*> header = Header(file);
+    if (!header.ok()) return header.status();
+  }
+  return absl::OkStatus();
+}
+
 std::string SliceReader::Path(int file) const {
   return absl::StrCat(dir_, "/", index_.files[file].name);
 }

@@ -27,6 +27,11 @@ class SliceReader {
   // within [s.begin, s.end)) into `out` (hi - lo elements, f32, contiguous).
   absl::Status Read(const SliceRec& s, int64_t lo, int64_t hi, tensor::Tensor out);
 
+  // Checks every file index.json lists (there, of its recorded size, of this
+  // checkpoint), reading their headers only: what Read would find wrong with
+  // a file, before any data is read.
+  absl::Status CheckFiles();
+
   // Fills out (hi - lo elements) with elements [lo, hi) of the tensor stored
   // as `slices` (which tile it).
   absl::Status ReadRange(const std::vector<SliceRec>& slices, int64_t lo, int64_t hi,
