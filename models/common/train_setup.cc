@@ -117,9 +117,10 @@ absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std:
   }
   absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(name);
   if (!tokenizer.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tokenizer=", flag,
-                                                   flag == name ? "" : " (" + name + ")", ": ",
-                                                   tokenizer.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer=", flag, flag == name ? "" : " (" + name + ")", ": ",
+                     tokenizer.status().message(),
+                     flag == "auto" ? " (--tokenizer=none trains without recording one)" : ""));
   }
   if (tokenizer->vocab_size() > model_vocab) {
     return absl::InvalidArgumentError(absl::StrCat(
