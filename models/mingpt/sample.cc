@@ -74,7 +74,7 @@ constexpr int64_t kByteVocab = 256;
 // The tokenizer --tokenizer names, if any, checked against the model. auto:
 // the one that goes with the weights (the checkpoint's record, or the Hugging
 // Face folder's own files).
-absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const PretrainedWeights& weights) {
+absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const PretrainedSources& weights) {
   const std::string flag = absl::GetFlag(FLAGS_tokenizer);
   if (flag == "none" || (flag == "auto" && weights.tokenizer.empty())) return std::nullopt;
   const std::string name = flag == "auto" ? weights.tokenizer : flag;
@@ -177,7 +177,8 @@ absl::Status Sample() {
         "--checkpoint is required: a step folder, the --checkpoint_dir of a training run, or a "
         "Hugging Face GPT-2 folder");
   }
-  absl::StatusOr<PretrainedWeights> pretrained = ReadPretrained(checkpoint);
+  // Read by slices into the model's own parameters: no second copy.
+  absl::StatusOr<PretrainedSources> pretrained = OpenPretrained(checkpoint);
   if (!pretrained.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint: ", pretrained.status().message()));
@@ -210,13 +211,14 @@ absl::Status Sample() {
   if (!text.ok()) return text.status();
 
   GPT model(config);
-  model.Materialize(0, device);
-  absl::Status loaded = nn::LoadStateDict(model, pretrained->weights);
+  absl::Status loaded = nn::InitFromSources(model, pretrained->sources);
   if (!loaded.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(pretrained->source, " does not fit ",
                                                    config.ToString(), ": ", loaded.message()));
   }
-  pretrained->weights.clear();
+  model.Materialize(0, device);  // reads the weights
+  nn::ReleaseInitValues(model);
+  pretrained->sources.clear();
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
   std::fprintf(stderr, "%s from %s | %s | precision %s\n", config.ToString().c_str(),
