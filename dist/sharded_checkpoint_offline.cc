@@ -54,10 +54,9 @@ namespace {
 // A checkpoint's index and the one reader its parameters' sources share. The
 // reader caches the shard headers it has checked, so reads take turns.
 struct SharedSliceReader {
-  SharedSliceReader(std::string dir_in, sharded::Index index_in)
-      : dir(std::move(dir_in)), index(std::move(index_in)), reader(dir, index) {}
-  const std::string dir;
-  const sharded::Index index;
+  SharedSliceReader(const std::string& dir, sharded::Index index_in)
+      : index(std::move(index_in)), reader(dir, index) {}
+  const sharded::Index index;  // the reader's (by reference)
   std::mutex mu;
   sharded::SliceReader reader;  // guarded by mu
 };

@@ -61,6 +61,17 @@ Tensor Batch(const mingpt::GptConfig& c, ProcessGroup& pg, int step, int salt) {
                             1000 * salt + 10 * step + pg.rank());
 }
 
+// Flips one bit of the byte at `offset` from `whence` in `path`.
+void FlipByte(const std::string& path, std::streamoff offset, std::ios::seekdir whence) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset, whence);
+  char b = 0;
+  f.read(&b, 1);
+  b ^= 0x20;
+  f.seekp(offset, whence);
+  f.write(&b, 1);
+}
+
 bool BitwiseEqual(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.numel() == b.numel() &&
          std::memcmp(a.Contiguous().raw_data(), b.Contiguous().raw_data(), a.nbytes()) == 0;
@@ -360,16 +371,10 @@ TEST(ShardedCheckpointOfflineTest, InitSourcesReadRangesOfTheSavedValues) {
       }
     }
     ASSERT_GE(at, 0);
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(at);
-    char b = 0;
-    f.read(&b, 1);
-    b ^= 0x20;
-    f.seekp(at);
-    f.write(&b, 1);
+    FlipByte(shard, at, std::ios::beg);
   }
   absl::StatusOr<nn::NamedInitSources> fresh = ShardedCheckpointInitSources(dir);
-  ASSERT_TRUE(fresh.ok()) << "opening reads the index only";
+  ASSERT_TRUE(fresh.ok()) << "opening reads the index and the headers, not the data";
   bool failed = false;
   for (const auto& [name, source] : *fresh) {
     Tensor out = Tensor::Empty(source->shape());
@@ -397,15 +402,7 @@ TEST(ShardedCheckpointOfflineTest, CorruptedOrMissingShardFilesAreNamed) {
   };
   ASSERT_TRUE(walk().ok());
   const std::string shard = dir + "/shard_1_of_2.safetensors";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-9, std::ios::end);  // a byte inside the last tensor's data
-    char b = 0;
-    f.read(&b, 1);
-    b ^= 0x20;
-    f.seekp(-9, std::ios::end);
-    f.write(&b, 1);
-  }
+  FlipByte(shard, -9, std::ios::end);  // a byte inside the last tensor's data
   absl::Status s = walk();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("shard_1_of_2.safetensors' is corrupted"));

@@ -214,14 +214,10 @@ int ExportHf(const std::string& dir, const std::string& out) {
   const std::string tokenizer_flag = flag == "auto" ? w->tokenizer : flag == "none" ? "" : flag;
   std::pair<std::string, std::string> tokenizer_files;
   if (!tokenizer_flag.empty()) {
-    absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(tokenizer_flag);
+    absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
+        data::Gpt2Tokenizer::OpenForModel(tokenizer_flag, w->config.vocab_size);
     if (!tokenizer.ok()) {
       return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": ", tokenizer.status().message()));
-    }
-    if (tokenizer->vocab_size() > w->config.vocab_size) {
-      return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": its vocabulary has ",
-                               tokenizer->vocab_size(), " ids and the model's ",
-                               w->config.vocab_size));
     }
     tokenizer_files = *data::Gpt2Tokenizer::FindFiles(tokenizer->source());
   }

@@ -153,12 +153,9 @@ absl::Status Tokenize() {
   absl::Status finished = (*writer)->Finish();
   if (!finished.ok()) return finished;
   // What made it, for train and sample (output.json).
-  const std::string recorded =
-      tokenizer_flag == "gpt2"
-          ? tokenizer_flag
-          : std::filesystem::absolute(tokenizer->source()).lexically_normal().string();
-  absl::Status meta =
-      data::WriteTokenFileMeta(output, {recorded, tokenizer->vocab_size(), num_tokens});
+  absl::Status meta = data::WriteTokenFileMeta(
+      output,
+      {data::Gpt2Tokenizer::RecordName(tokenizer_flag), tokenizer->vocab_size(), num_tokens});
   if (!meta.ok()) {
     std::filesystem::remove(output);  // not without its record
     return meta;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -113,19 +112,15 @@ absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std:
           ": text data is read as bytes (a vocabulary of 256); encode it with //tools:tokenize "
           "and train on the .bin file"));
     }
-    name = flag == "gpt2" ? flag : std::filesystem::absolute(flag).lexically_normal().string();
+    name = data::Gpt2Tokenizer::RecordName(flag);
   }
-  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(name);
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
+      data::Gpt2Tokenizer::OpenForModel(name, model_vocab);
   if (!tokenizer.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tokenizer=", flag, flag == name ? "" : " (" + name + ")", ": ",
                      tokenizer.status().message(),
                      flag == "auto" ? " (--tokenizer=none trains without recording one)" : ""));
-  }
-  if (tokenizer->vocab_size() > model_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tokenizer=", flag, flag == name ? "" : " (" + name + ")", ": its vocabulary has ",
-        tokenizer->vocab_size(), " ids and the model's ", model_vocab));
   }
   return name;
 }

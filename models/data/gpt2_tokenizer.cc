@@ -305,6 +305,21 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Open(const std::string& name) {
   return Read(std::filesystem::path(*vocab).parent_path().string());
 }
 
+absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::OpenForModel(const std::string& name,
+                                                          int64_t model_vocab) {
+  absl::StatusOr<Gpt2Tokenizer> tokenizer = Open(name);
+  if (tokenizer.ok() && tokenizer->vocab_size() > model_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("its vocabulary has ", tokenizer->vocab_size(),
+                                                   " ids and the model's ", model_vocab,
+                                                   ": the model was not trained on its tokens"));
+  }
+  return tokenizer;
+}
+
+std::string Gpt2Tokenizer::RecordName(const std::string& name) {
+  return name == "gpt2" ? name : std::filesystem::absolute(name).lexically_normal().string();
+}
+
 absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Shipped() { return Open("gpt2"); }
 
 bool Gpt2Tokenizer::IsTokenizerDir(const std::string& dir) {

@@ -68,6 +68,13 @@ class Gpt2Tokenizer {
   // What a tool's --tokenizer flag names: "gpt2" is the shipped copy
   // (Shipped), anything else a folder (Read). source() is the folder read.
   static absl::StatusOr<Gpt2Tokenizer> Open(const std::string& name);
+  // Open(name) for a model whose vocabulary has `model_vocab` ids:
+  // InvalidArgument "its vocabulary has N ids and the model's M: the model was
+  // not trained on its tokens" when the tokenizer's ids do not all fit.
+  static absl::StatusOr<Gpt2Tokenizer> OpenForModel(const std::string& name, int64_t model_vocab);
+  // How a checkpoint or a token file's record names the tokenizer `name`
+  // (Open's): "gpt2" as it is, a folder by its absolute path.
+  static std::string RecordName(const std::string& name);
   // The paths of `dir`'s vocabulary and merges files (either pair; Read's
   // NotFound when neither is there).
   static absl::StatusOr<std::pair<std::string, std::string>> FindFiles(const std::string& dir);

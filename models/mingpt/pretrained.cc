@@ -203,7 +203,7 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
   out.config = *config;
   out.source = absl::StrCat("Hugging Face GPT-2 ", dir);
   if (data::Gpt2Tokenizer::IsTokenizerDir(dir)) {
-    out.tokenizer = std::filesystem::absolute(dir).lexically_normal().string();
+    out.tokenizer = data::Gpt2Tokenizer::RecordName(dir);
   }
   std::set<std::string> used;
   for (const ParamShape& p : ParameterShapes(*config)) {

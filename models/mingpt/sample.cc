@@ -82,16 +82,12 @@ absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const Pretraine
   const std::string named =
       flag == "auto" ? absl::StrCat("the tokenizer ", name, " that ", weights.source, " records")
                      : absl::StrCat("--tokenizer=", flag);
-  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(name);
+  absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
+      data::Gpt2Tokenizer::OpenForModel(name, weights.config.vocab_size);
   if (!tokenizer.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         named, ": ", tokenizer.status().message(),
         flag == "auto" ? " (--tokenizer=none prints token ids; or name another)" : ""));
-  }
-  if (tokenizer->vocab_size() > weights.config.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        named, ": its vocabulary has ", tokenizer->vocab_size(), " ids and the model's ",
-        weights.config.vocab_size, ": the model was not trained on its tokens"));
   }
   return *std::move(tokenizer);
 }

@@ -158,10 +158,10 @@ absl::Status CheckEvalVocabulary(const data::TokenSource& eval, int64_t vocab_si
 // ---- Data parallelism ----
 
 // --init_from's weights for the ranks of this process (threads: all of them;
-// gloo / nccl: its one): a checkpoint file read slice by slice, or weights in
-// memory (a Hugging Face folder), which are freed once the last rank has
-// initialized its model from them (FSDP: copied its shards) instead of held
-// for the whole run.
+// gloo / nccl: its one): sources read slice by slice (OpenPretrained), with
+// what they hold open (file headers, a sharded checkpoint's reader) freed once
+// the last rank has initialized its model from them (FSDP: read its shards)
+// instead of held for the whole run.
 class SharedInit {
  public:
   SharedInit(PretrainedSources weights, int ranks)
