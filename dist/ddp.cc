@@ -91,25 +91,13 @@ void BackwardHooks::PostBackward(nn::Module& module) {
   if (post_backward_) post_backward_(module);
 }
 
-std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root) {
-  std::unordered_map<nn::Parameter*, int> index;
-  int i = 0;
-  for (auto& [name, p] : root.NamedParameters()) index[p] = i++;
-  std::unordered_map<nn::Module*, std::vector<int>> out;
-  for (auto& [name, m] : root.NamedModules()) {
-    std::vector<int>& v = out[m];
-    for (auto& [pname, p] : m->NamedParameters()) v.push_back(index.at(p));
-  }
-  return out;
-}
-
 }  // namespace internal
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup& pg,
                                                  DdpOptions options)
     : model_(model), pg_(pg), options_(options), params_(model.NamedParameters()) {
-  OP_CHECK(options_.bucket_cap_mb > 0, "ddp", "bucket_cap_mb must be > 0, got ",
-           options_.bucket_cap_mb);
+  const std::vector<std::vector<int>> groups =
+      internal::ReverseOrderBuckets("ddp", params_, options_.bucket_cap_mb);
   const tensor::Device device = ModelDevice("ddp", params_);
   {
     absl::Status s = options_.mixed_precision.Validate(device);
@@ -118,22 +106,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
   absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
   OP_CHECK(status.ok(), "ddp", "initial broadcast failed: ", status.ToString());
 
-  // Buckets: parameters in reverse registration order, up to the cap.
-  const int64_t cap_bytes =
-      std::max<int64_t>(1, static_cast<int64_t>(options_.bucket_cap_mb * 1024.0 * 1024.0));
   const int n = static_cast<int>(params_.size());
-  bucket_of_.assign(n, -1);
-  std::vector<std::vector<int>> groups;
-  int64_t bytes = 0;
-  for (int i = n - 1; i >= 0; --i) {
-    const int64_t b = params_[i].second->numel() * 4;
-    if (groups.empty() || (bytes > 0 && bytes + b > cap_bytes)) {
-      groups.emplace_back();
-      bytes = 0;
-    }
-    groups.back().push_back(i);
-    bytes += b;
-  }
+  std::vector<int> bucket_of(n, -1);
   grad_views_.resize(n);
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
   for (auto& group : groups) {
@@ -149,14 +123,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       if (p->grad.defined()) view.CopyFrom(p->grad);
       p->grad = view;
       grad_views_[i] = view;
-      bucket_of_[i] = static_cast<int>(buckets_.size());
+      bucket_of[i] = static_cast<int>(buckets_.size());
       offset += p->numel();
     }
     buckets_.push_back(std::move(bucket));
   }
-  ready_.assign(n, false);
-  subtree_ = internal::SubtreeParameterIndices(model_);
-  for (auto& [module, indices] : subtree_) calls_[module] = {0, 0};
+  readiness_ =
+      std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets());
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1;
   // The masters are the (broadcast) fp32 values.
@@ -185,22 +158,17 @@ void DistributedDataParallel::ZeroGrad() {
 }
 
 void DistributedDataParallel::EndForwardOnly() {
-  forward_phase_ = false;
+  readiness_->EndForward();
   if (casts_) casts_->RestoreMasters();
 }
 
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
-  if (&module == &model_) {
-    for (auto& [m, calls] : calls_) calls = {0, 0};
-    forward_phase_ = true;
-    if (casts_) casts_->CastForCompute();
-  }
-  // Forwards recomputed during backward (activation checkpointing) do not count.
-  if (forward_phase_) ++calls_[&module].first;
+  readiness_->OnPreForward(module);
+  if (&module == &model_ && casts_) casts_->CastForCompute();
 }
 
 void DistributedDataParallel::OnRootPreBackward() {
-  forward_phase_ = false;
+  readiness_->EndForward();
   // A step still in flight (a backward whose root PostBackward never ran).
   if (!finished_) Finish().IgnoreError();
   // Re-point grads that were dropped (ZeroGrad(set_to_none)) or replaced.
@@ -218,26 +186,16 @@ void DistributedDataParallel::OnRootPreBackward() {
   syncing_this_step_ = require_sync_;
   if (!syncing_this_step_) return;
   events_.clear();
-  std::fill(ready_.begin(), ready_.end(), false);
-  for (auto& b : buckets_) {
-    b.pending = static_cast<int>(b.params.size());
-    b.work.reset();
-  }
-  next_to_issue_ = 0;
+  readiness_->StartBackward();
+  for (auto& b : buckets_) b.work.reset();
   finished_ = false;
   status_ = absl::OkStatus();
 }
 
-void DistributedDataParallel::MarkReady(int param) {
-  if (ready_[param]) return;
-  ready_[param] = true;
-  --buckets_[bucket_of_[param]].pending;
-}
-
 void DistributedDataParallel::IssueReadyBuckets() {
   // In bucket order, so every rank issues the same sequence.
-  while (next_to_issue_ < num_buckets() && buckets_[next_to_issue_].pending == 0) {
-    Bucket& b = buckets_[next_to_issue_];
+  for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
+    Bucket& b = buckets_[i];
     if (reduce_low_) {
       {
         tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
@@ -247,8 +205,7 @@ void DistributedDataParallel::IssueReadyBuckets() {
     } else {
       b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
     }
-    events_.push_back({Event::Kind::kBucketIssued, next_to_issue_});
-    ++next_to_issue_;
+    events_.push_back({Event::Kind::kBucketIssued, i});
   }
   // Free the copies of the buckets already reduced (errors surface in Finish).
   if (reduce_low_) UnpackLowPrecision(/*wait=*/false).IgnoreError();
@@ -256,7 +213,7 @@ void DistributedDataParallel::IssueReadyBuckets() {
 
 absl::Status DistributedDataParallel::UnpackLowPrecision(bool wait) {
   absl::Status status;
-  for (int i = 0; i < next_to_issue_; ++i) {
+  for (int i = 0; i < readiness_->num_taken(); ++i) {
     Bucket& b = buckets_[i];
     if (!b.low.defined() || (!wait && !b.work->IsCompleted())) continue;
     absl::Status s = b.work->Wait();
@@ -278,26 +235,20 @@ void DistributedDataParallel::OnPostBackward(nn::Module& module) {
     return;
   }
   if (!syncing_this_step_ || finished_) return;
-  // A module run k times in forward (a shared embedding) is done with its
-  // parameters after its k-th backward.
-  std::pair<int, int>& calls = calls_[&module];
-  if (++calls.second < calls.first) return;
-  auto it = subtree_.find(&module);
-  if (it == subtree_.end()) return;
-  for (int i : it->second) MarkReady(i);
+  readiness_->OnPostBackward(module);
   IssueReadyBuckets();
 }
 
 absl::Status DistributedDataParallel::Finish() {
   if (finished_) return status_;
-  for (size_t i = 0; i < params_.size(); ++i) MarkReady(static_cast<int>(i));
+  readiness_->MarkAllFinal();
   IssueReadyBuckets();
   absl::Status status;
   for (auto& b : buckets_) {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(UnpackLowPrecision(/*wait=*/true));
-  events_.push_back({Event::Kind::kAllReducesDone, -1});
+  events_.push_back({Event::Kind::kReductionsDone, -1});
   finished_ = true;
   status_ = status;
   return status;

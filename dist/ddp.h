@@ -80,6 +80,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "dist/grad_buckets.h"
 #include "dist/process_group.h"
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
@@ -128,10 +129,6 @@ class BackwardHooks : public nn::ModuleHooks {
   std::function<void(nn::Module&)> pre_forward_;
   std::unordered_map<nn::Module*, nn::ModuleHooks*> previous_;
 };
-
-// For each module of `root`'s tree, the indices (into root.NamedParameters())
-// of the parameters in its subtree.
-std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);
 
 }  // namespace internal
 
@@ -199,11 +196,7 @@ class DistributedDataParallel {
   int64_t BucketNumel(int i) const { return buckets_.at(i).flat.numel(); }
 
   // What happened during the last synced backward, in order.
-  struct Event {
-    enum class Kind { kBucketIssued, kRootPostBackward, kAllReducesDone };
-    Kind kind;
-    int bucket = -1;  // kBucketIssued
-  };
+  using Event = BackwardEvent;
   const std::vector<Event>& last_backward_events() const { return events_; }
 
  private:
@@ -211,14 +204,12 @@ class DistributedDataParallel {
     tensor::Tensor flat;      // fp32 (numel), the gradients
     tensor::Tensor low;       // reduce_dtype (numel) copy while its all-reduce is in flight
     std::vector<int> params;  // indices into params_, in bucket order
-    int pending = 0;          // parameters not final yet this step
     WorkPtr work;             // set once issued this step
   };
 
   void OnPreForward(nn::Module& module);
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
-  void MarkReady(int param);
   void IssueReadyBuckets();
   // Casts completed low-precision all-reduces back into their fp32 buckets
   // and frees their copies (all issued buckets when `wait`).
@@ -230,20 +221,13 @@ class DistributedDataParallel {
   DdpOptions options_;
   std::vector<std::pair<std::string, nn::Parameter*>> params_;
   std::vector<tensor::Tensor> grad_views_;  // per parameter: its view of its bucket
-  std::vector<int> bucket_of_;              // per parameter
-  std::vector<bool> ready_;                 // per parameter, this step
   std::vector<Bucket> buckets_;
-  int next_to_issue_ = 0;
+  std::unique_ptr<internal::BucketReadiness> readiness_;
   bool finished_ = true;  // this step's all-reduces waited for
   absl::Status status_;   // their result
   bool require_sync_ = true;
   bool syncing_this_step_ = false;
   std::vector<Event> events_;
-  std::unordered_map<nn::Module*, std::vector<int>> subtree_;
-  // Per module this step: {forward calls, backward calls}; forwards count
-  // from the root's PreForward to the root's PreBackward.
-  std::unordered_map<nn::Module*, std::pair<int, int>> calls_;
-  bool forward_phase_ = false;
   bool reduce_low_ = false;                    // all-reduce in reduce_dtype
   std::unique_ptr<nn::MixedPrecision> casts_;  // param_dtype compute copies (mixed only)
   std::unique_ptr<internal::BackwardHooks> hooks_;

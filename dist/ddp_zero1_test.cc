@@ -142,6 +142,7 @@ struct RankResult {
   int64_t optimizer_state_bytes = 0;
   int64_t shard_numel = 0;
   int num_buckets = 0;
+  std::vector<int64_t> bucket_numels;  // ZeRO-1: each bucket's parameter elements
 };
 
 std::vector<RankResult> Train(Mode mode, Opt opt, int n, const Batch& batch,
@@ -168,8 +169,12 @@ std::vector<RankResult> Train(Mode mode, Opt opt, int n, const Batch& batch,
                     .current,
                 r.optimizer_state_bytes);
     } else {
-      Zero1 zero(model, pg, MakeOptimizer(opt));
+      Zero1Options o;
+      o.bucket_cap_mb = bucket_cap_mb;
+      Zero1 zero(model, pg, MakeOptimizer(opt), o);
       r.shard_numel = zero.shard_numel();
+      r.num_buckets = zero.num_buckets();
+      for (int b = 0; b < zero.num_buckets(); ++b) r.bucket_numels.push_back(zero.segment(b).numel);
       for (int step = 0; step < kSteps; ++step) {
         r.t.losses.push_back(GlobalLoss(pg, model.ForwardBackward(idx, targets)));
         ASSERT_TRUE(zero.Step().ok());
@@ -220,18 +225,38 @@ TEST_P(WorldSizeTest, DdpAdamWMatchesOneProcess) {
 
 TEST_P(WorldSizeTest, Zero1SgdMatchesOneProcess) {
   const Batch batch = RandomBatch(3);
-  ExpectMatchesReference(Train(Mode::kZero1, Opt::kSgd, GetParam(), batch),
-                         Reference(Opt::kSgd, batch));
+  const Trajectory ref = Reference(Opt::kSgd, batch);
+  auto results = Train(Mode::kZero1, Opt::kSgd, GetParam(), batch);
+  EXPECT_GT(results[0].num_buckets, 2);
+  ExpectMatchesReference(results, ref);
+  // One bucket for everything (the 25 MiB default) gives the same.
+  results = Train(Mode::kZero1, Opt::kSgd, GetParam(), batch, 25);
+  EXPECT_EQ(results[0].num_buckets, 1);
+  ExpectMatchesReference(results, ref);
 }
 
 TEST_P(WorldSizeTest, Zero1AdamWMatchesOneProcessWithOneNthOfTheState) {
   const int n = GetParam();
   const Batch batch = RandomBatch(4);
   const Trajectory ref = Reference(Opt::kAdamW, batch);
-  auto zero = Train(Mode::kZero1, Opt::kAdamW, n, batch);
+  // Many buckets: each is padded to a multiple of n on its own.
+  auto buckets = Train(Mode::kZero1, Opt::kAdamW, n, batch);
+  ExpectMatchesReference(buckets, ref);
+  const int64_t psi = mingpt::GPT(Tiny()).NumParameters();
+  int64_t sum = 0, k_buckets = 0;
+  for (int64_t m : buckets[0].bucket_numels) {
+    sum += m;
+    k_buckets += (m + n - 1) / n;
+  }
+  EXPECT_EQ(sum, psi);
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_EQ(buckets[rank].shard_numel, k_buckets) << "rank " << rank;
+    EXPECT_EQ(buckets[rank].optimizer_state_bytes, 2 * 4 * k_buckets) << "rank " << rank;
+  }
+  // One bucket: k = ceil(Psi / n).
+  auto zero = Train(Mode::kZero1, Opt::kAdamW, n, batch, 25);
   ExpectMatchesReference(zero, ref);
   auto ddp = Train(Mode::kDdp, Opt::kAdamW, n, batch);
-  const int64_t psi = mingpt::GPT(Tiny()).NumParameters();
   const int64_t k = (psi + n - 1) / n;
   for (int rank = 0; rank < n; ++rank) {
     // AdamW: K = 2 fp32 buffers (exp_avg, exp_avg_sq) per element.
@@ -289,7 +314,7 @@ TEST(DdpTest, BucketsAreReverseOrderAndIssuedBeforeBackwardEnds) {
                     }
                   }
                   ASSERT_GE(root_at, 0);
-                  EXPECT_EQ(ev.back().kind, Kind::kAllReducesDone);
+                  EXPECT_EQ(ev.back().kind, Kind::kReductionsDone);
                   EXPECT_EQ(ev[first_issue_at].bucket, 0);
                   // Every bucket went out while backward was still running.
                   EXPECT_LT(first_issue_at, root_at);
@@ -305,6 +330,43 @@ std::vector<float> ReferenceGrads(const std::vector<std::pair<Tensor, Tensor>>& 
   model.Materialize(kSeed);
   for (auto& [i, t] : batches) model.ForwardBackward(i, t);
   return FlatGrads(model);
+}
+
+// This rank's reduced gradient slices, each element with its position in the
+// model's gradients flattened in registration order without padding (-1 for
+// padding). The segments follow registration order, so a segment's first
+// element is preceded by the elements of the segments before it.
+std::vector<std::pair<int64_t, float>> ReducedSlices(const Zero1& zero) {
+  std::vector<std::pair<int64_t, float>> out;
+  for (int b = 0; b < zero.num_buckets(); ++b) {
+    const Zero1::Segment seg = zero.segment(b);
+    int64_t unpadded = 0;
+    for (int c = 0; c < zero.num_buckets(); ++c) {
+      if (zero.segment(c).begin < seg.begin) unpadded += zero.segment(c).numel;
+    }
+    const std::vector<float> g = zero.grad_shard(b).ToVector<float>();
+    for (int64_t j = 0; j < static_cast<int64_t>(g.size()); ++j) {
+      const int64_t in_segment = seg.shard_begin - seg.begin + j;
+      out.emplace_back(in_segment < seg.numel ? unpadded + in_segment : -1, g[j]);
+    }
+  }
+  return out;
+}
+
+// Every slice element equals `want` at its position within `tol`; padding is zero.
+void ExpectSlicesEqual(const std::vector<std::pair<int64_t, float>>& slices,
+                       const std::vector<float>& want, double tol, int rank) {
+  int64_t checked = 0;
+  for (auto& [pos, v] : slices) {
+    if (pos < 0) {
+      EXPECT_EQ(v, 0.0f) << "rank " << rank << ": padding";
+      continue;
+    }
+    ASSERT_LT(pos, static_cast<int64_t>(want.size()));
+    EXPECT_NEAR(v, want[pos], tol) << "rank " << rank << " @" << pos;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "rank " << rank;
 }
 
 TEST(DdpTest, NoSyncAccumulatesLocallyThenAveragesTheSum) {
@@ -341,12 +403,13 @@ TEST(DdpTest, NoSyncAccumulatesLocallyThenAveragesTheSum) {
 TEST(Zero1Test, NoSyncAccumulatesThenReduceScattersTheSum) {
   const int n = 2;
   const Batch a = RandomBatch(8), b = RandomBatch(9);
-  std::vector<std::vector<float>> shards(n);
-  std::vector<int64_t> begins(n);
+  std::vector<std::vector<std::pair<int64_t, float>>> shards(n);
   ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
                 mingpt::GPT model(Tiny());
                 model.Materialize(RankSeed(rank));
-                Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd));
+                Zero1Options o;
+                o.bucket_cap_mb = 0.002;
+                Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd), o);
                 {
                   auto guard = zero.no_sync();
                   model.ForwardBackward(Rows(a.idx, rank, n), Rows(a.targets, rank, n));
@@ -355,24 +418,67 @@ TEST(Zero1Test, NoSyncAccumulatesThenReduceScattersTheSum) {
                 }
                 model.ForwardBackward(Rows(b.idx, rank, n), Rows(b.targets, rank, n));
                 ASSERT_TRUE(zero.FinishBackward().ok());
-                shards[rank] = zero.grad_shard().ToVector<float>();
-                begins[rank] = zero.shard_begin();
+                shards[rank] = ReducedSlices(zero);
               }).ok());
-  std::vector<float> global = ReferenceGrads(
+  const std::vector<float> global = ReferenceGrads(
       {{Rows(a.idx, 0, 1), Rows(a.targets, 0, 1)}, {Rows(b.idx, 0, 1), Rows(b.targets, 0, 1)}});
-  global.resize(shards[0].size() * n, 0.0f);  // the padding
-  for (int r = 0; r < n; ++r) {
-    std::vector<float> want(global.begin() + begins[r],
-                            global.begin() + begins[r] + shards[r].size());
-    EXPECT_LE(MaxAbsDiff(shards[r], want), kTol) << r;
-  }
+  for (int r = 0; r < n; ++r) ExpectSlicesEqual(shards[r], global, kTol, r);
+}
+
+TEST(Zero1Test, BucketsAreReverseOrderAndReduceScatterBeforeBackwardEnds) {
+  const Batch batch = RandomBatch(5);
+  ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                mingpt::GPT model(Tiny());
+                model.Materialize(kSeed);
+                Zero1Options o;
+                o.bucket_cap_mb = 0.002;
+                Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd), o);
+                ASSERT_GT(zero.num_buckets(), 2);
+                auto names = model.NamedParameters();
+                // Bucket 0 ends with the last registered parameter (lm_head),
+                // the last bucket starts with the first (wte); the segments
+                // follow registration order: the last bucket's first.
+                EXPECT_EQ(zero.BucketParameterNames(0).back(), names.back().first);
+                EXPECT_EQ(zero.BucketParameterNames(zero.num_buckets() - 1).front(),
+                          names.front().first);
+                EXPECT_EQ(zero.segment(zero.num_buckets() - 1).begin, 0);
+                for (int b = 0; b + 1 < zero.num_buckets(); ++b) {
+                  const Zero1::Segment seg = zero.segment(b + 1);
+                  EXPECT_EQ(seg.begin + seg.padded, zero.segment(b).begin) << b;
+                  EXPECT_EQ(seg.padded % 2, 0);
+                  EXPECT_EQ(seg.shard_begin, seg.begin + rank * seg.shard_numel);
+                }
+                for (int step = 0; step < 2; ++step) {
+                  model.ForwardBackward(Rows(batch.idx, rank, 2), Rows(batch.targets, rank, 2));
+                  using Kind = BackwardEvent::Kind;
+                  const auto& ev = zero.last_backward_events();
+                  int root_at = -1, issued_before_root = 0, expect_bucket = 0;
+                  for (int i = 0; i < static_cast<int>(ev.size()); ++i) {
+                    if (ev[i].kind == Kind::kRootPostBackward) root_at = i;
+                    if (ev[i].kind == Kind::kBucketIssued) {
+                      EXPECT_EQ(ev[i].bucket, expect_bucket++);  // in bucket order
+                      if (root_at < 0) ++issued_before_root;
+                    }
+                  }
+                  ASSERT_GE(root_at, 0);
+                  // Every bucket went out while backward was still running;
+                  // Step waits for them.
+                  EXPECT_EQ(issued_before_root, zero.num_buckets());
+                  EXPECT_EQ(ev.back().kind, Kind::kRootPostBackward);
+                  ASSERT_TRUE(zero.Step().ok());
+                  EXPECT_EQ(zero.last_backward_events().back().kind, Kind::kReductionsDone);
+                  zero.ZeroGrad();
+                }
+              }).ok());
 }
 
 TEST(Zero1Test, ShardDecayRangesFollowWeightDecayFlags) {
   ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
                 mingpt::GPT model(Tiny());
                 model.Materialize(kSeed);
-                Zero1 zero(model, pg, MakeOptimizer(Opt::kAdamW));
+                Zero1Options o;
+                o.bucket_cap_mb = 0.002;
+                Zero1 zero(model, pg, MakeOptimizer(Opt::kAdamW), o);
                 int64_t offset = 0, decayed = 0;
                 for (auto& [name, p] : model.NamedParameters()) {
                   if (p->weight_decay) decayed += p->numel();
@@ -383,10 +489,23 @@ TEST(Zero1Test, ShardDecayRangesFollowWeightDecayFlags) {
                 int64_t total = 0;
                 for (auto& [b, e] : zero.decay_ranges()) total += e - b;
                 EXPECT_EQ(total, decayed);
-                for (auto& [b, e] : zero.shard_decay_ranges()) {
-                  EXPECT_GE(b, 0);
-                  EXPECT_LE(e, zero.shard_numel());
+                // Each slice's ranges are the flat ranges within it, relative to it.
+                int64_t in_slices = 0, in_slices_want = 0;
+                for (int i = 0; i < zero.num_buckets(); ++i) {
+                  const Zero1::Segment seg = zero.segment(i);
+                  for (auto& [b, e] : zero.shard_decay_ranges(i)) {
+                    EXPECT_GE(b, 0);
+                    EXPECT_LE(e, seg.shard_numel);
+                    in_slices += e - b;
+                  }
+                  for (auto& [b, e] : zero.decay_ranges()) {
+                    in_slices_want +=
+                        std::max<int64_t>(0, std::min(e, seg.shard_begin + seg.shard_numel) -
+                                                 std::max(b, seg.shard_begin));
+                  }
                 }
+                EXPECT_EQ(in_slices, in_slices_want);
+                EXPECT_GT(in_slices, 0);
               }).ok());
 }
 
@@ -469,6 +588,53 @@ TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
             << "rank " << r << " element " << i << " reduce " << tensor::DtypeName(reduce);
       }
     }
+  }
+}
+
+TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
+  constexpr int64_t kD = 16, kRows = 8;
+  const int n = 2;
+  std::mt19937 gen(6);
+  std::normal_distribution<float> normal;
+  std::vector<float> xs(kRows * kD);
+  for (float& v : xs) v = normal(gen);
+  const Tensor x = Tensor::FromVector(xs, {kRows, kD});
+  SharedTwice ref(kD);
+  ref.Materialize(kSeed);
+  const std::vector<float> want = SharedTwiceGrads(ref, x, kRows);
+  // The largest local gradient: a bf16 reduction rounds each rank's
+  // gradient (and the sum) to 8 significant bits, so where the ranks' local
+  // gradients cancel, the error is relative to them, not to the mean.
+  double local_max = 0;
+  for (int r = 0; r < n; ++r) {
+    SharedTwice local(kD);
+    local.Materialize(kSeed);
+    const int64_t B = kRows / n;
+    for (float g : SharedTwiceGrads(local, x.Narrow(0, r * B, B).Contiguous(), B)) {
+      local_max = std::max(local_max, static_cast<double>(std::abs(g)));
+    }
+  }
+  for (tensor::Dtype reduce : {tensor::Dtype::kF32, tensor::Dtype::kBF16}) {
+    SCOPED_TRACE(tensor::DtypeName(reduce));
+    std::vector<std::vector<std::pair<int64_t, float>>> got(n);
+    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
+                  SharedTwice m(kD);
+                  m.Materialize(kSeed);
+                  Zero1Options o;
+                  o.bucket_cap_mb = 0.002;  // one Linear per bucket
+                  o.mixed_precision.reduce_dtype = reduce;
+                  Zero1 zero(m, pg, MakeOptimizer(Opt::kSgd), o);
+                  ASSERT_EQ(zero.num_buckets(), 2);
+                  EXPECT_EQ(zero.BucketParameterNames(1).front(), "shared.weight");
+                  const int64_t B = kRows / n;
+                  SharedTwiceGrads(m, x.Narrow(0, rank * B, B).Contiguous(), B);
+                  ASSERT_TRUE(zero.FinishBackward().ok());
+                  got[rank] = ReducedSlices(zero);
+                }).ok());
+    // A bucket issued before shared's second backward would miss a whole
+    // contribution: errors of the order of local_max.
+    const double tol = reduce == tensor::Dtype::kF32 ? 1e-6 : local_max / 128;
+    for (int r = 0; r < n; ++r) ExpectSlicesEqual(got[r], want, tol, r);
   }
 }
 
@@ -574,9 +740,10 @@ TEST(MixedPrecisionMemoryTest, ModelStateBytesBetweenSteps) {
             Zero1Options options;
             options.mixed_precision = mp;
             Zero1 zero(model, pg, MakeOptimizer(Opt::kAdamW), options);
+            ASSERT_EQ(zero.num_buckets(), 1);  // the 25 MiB default
             EXPECT_EQ(zero.flat_param_dtype(), mixed ? Dtype::kBF16 : Dtype::kF32);
-            EXPECT_EQ(zero.master_shard().dtype(), Dtype::kF32);
-            EXPECT_EQ(zero.master_shard().numel(), k);
+            EXPECT_EQ(zero.master_shard(0).dtype(), Dtype::kF32);
+            EXPECT_EQ(zero.master_shard(0).numel(), k);
             for (int step = 0; step < 2; ++step) {
               model.ForwardBackward(idx, tgt);
               ASSERT_TRUE(zero.Step().ok());
@@ -606,14 +773,19 @@ TEST(Zero1MixedPrecisionTest, Bf16ReductionIntoFp32ShardAndFp32Masters) {
                 model.Materialize(RankSeed(rank));
                 Zero1Options options;
                 options.mixed_precision = MixedPrecisionPolicy::Bf16();
+                options.bucket_cap_mb = 0.002;
                 Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd), options);
                 EXPECT_TRUE(zero.reduces_in_low_precision());
                 model.ForwardBackward(Rows(batch.idx, rank, n), Rows(batch.targets, rank, n));
                 ASSERT_TRUE(zero.FinishBackward().ok());
-                EXPECT_EQ(zero.grad_shard().dtype(), Dtype::kF32);
-                const std::vector<float> g = zero.grad_shard().ToVector<float>();
-                EXPECT_TRUE(AllBf16Representable(g));
-                EXPECT_GT(MaxAbsDiff(g, std::vector<float>(g.size(), 0.0f)), 0.0);
+                // Every bucket's bf16 copy was cast back and freed.
+                EXPECT_EQ(Current(MemoryCategory::kCommunication), 0);
+                for (int b = 0; b < zero.num_buckets(); ++b) {
+                  EXPECT_EQ(zero.grad_shard(b).dtype(), Dtype::kF32);
+                  const std::vector<float> g = zero.grad_shard(b).ToVector<float>();
+                  EXPECT_TRUE(AllBf16Representable(g)) << b;
+                  EXPECT_GT(MaxAbsDiff(g, std::vector<float>(g.size(), 0.0f)), 0.0) << b;
+                }
                 ASSERT_TRUE(zero.Step().ok());
                 auto full = zero.FullStateDict();
                 if (rank != 0) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <system_error>
@@ -591,41 +592,49 @@ absl::Status CheckFsdpGroup(FullyShardedModel& fsdp, ProcessGroup& pg) {
   return absl::OkStatus();
 }
 
-constexpr char kZero1Ref[] = "zero1.shard";
-
+// One layout per bucket: its parameters at their offsets in its segment.
 Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
   Participant p;
   p.writer = "zero1";
   p.strategy = "ZERO1";
-  p.units = {kZero1Ref};
   p.writes = true;
   p.file_index = pg.rank();
   p.num_files = pg.size();
-  FlatLayout L;
-  L.ref = kZero1Ref;
-  int64_t offset = 0;
-  for (auto& [name, param] : zero.module().NamedParameters()) {
-    L.entries.push_back({name, param->shape, offset, param->numel()});
-    offset += param->numel();
+  const std::vector<std::pair<std::string, nn::Parameter*>> params =
+      zero.module().NamedParameters();
+  std::map<std::string, const nn::Parameter*> by_name(params.begin(), params.end());
+  std::vector<optim::ParamRef> refs = zero.ParamRefs();
+  for (int b = 0; b < zero.num_buckets(); ++b) {
+    const Zero1::Segment seg = zero.segment(b);
+    FlatLayout L;
+    L.ref = refs[b].name;
+    int64_t offset = 0;
+    for (const std::string& name : zero.BucketParameterNames(b)) {
+      const nn::Parameter* param = by_name.at(name);
+      L.entries.push_back({name, param->shape, offset, param->numel()});
+      offset += param->numel();
+    }
+    L.shard_begin = seg.shard_begin - seg.begin;
+    L.shard_numel = seg.shard_numel;
+    L.shard = zero.master_shard(b);
+    L.param_ref = refs[b];
+    p.units.push_back(L.ref);
+    p.layouts.push_back(std::move(L));
   }
-  L.shard_begin = zero.shard_begin();
-  L.shard_numel = zero.shard_numel();
-  L.shard = zero.master_shard();
-  L.param_ref.name = kZero1Ref;
-  L.param_ref.param = zero.master_shard();
-  L.param_ref.grad = zero.grad_shard();
-  L.param_ref.decay_ranges = zero.shard_decay_ranges();
-  p.layouts.push_back(std::move(L));
   return p;
 }
 
 absl::Status CheckZero1Group(Zero1& zero, ProcessGroup& pg) {
-  if (zero.shard_numel() * pg.size() != zero.padded_numel() ||
-      zero.shard_begin() != zero.shard_numel() * pg.rank()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the process group (rank ", pg.rank(), " of ", pg.size(),
-                     ") is not the one this Zero1 shards over (shard [", zero.shard_begin(), ", ",
-                     zero.shard_begin() + zero.shard_numel(), ") of ", zero.padded_numel(), ")"));
+  for (int b = 0; b < zero.num_buckets(); ++b) {
+    const Zero1::Segment seg = zero.segment(b);
+    if (seg.shard_numel * pg.size() != seg.padded ||
+        seg.shard_begin != seg.begin + seg.shard_numel * pg.rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the process group (rank ", pg.rank(), " of ", pg.size(),
+                       ") is not the one this Zero1 shards over (bucket ", b, ": slice [",
+                       seg.shard_begin - seg.begin, ", ",
+                       seg.shard_begin - seg.begin + seg.shard_numel, ") of ", seg.padded, ")"));
+    }
   }
   return absl::OkStatus();
 }

@@ -47,8 +47,8 @@
 // of each optimizer buffer; plus the caller's string map ("extra"). Because
 // the ranges are per parameter, not per flat parameter, the files are
 // independent of the wrap policy and the world size: loading maps each rank's
-// new shard of each flat parameter (FlatParameter entries; ZeRO-1's flat
-// buffer over all parameters in registration order) to parameter element
+// new shard of each flat parameter (FlatParameter entries; each ZeRO-1
+// bucket's segment) to parameter element
 // ranges and reads only the stored slices that overlap them (safetensors
 // slice reads; each stored slice read is checked against its CRC). Padding
 // stays zero (values and optimizer state).
@@ -75,10 +75,10 @@
 // Load checks and reads everything into staging buffers first: on error the
 // model and the optimizer are left exactly as they were.
 //
-// Model values are fp32 (FSDP's fp32 shards, ZeRO-1's fp32 master shard, in
+// Model values are fp32 (FSDP's fp32 shards, ZeRO-1's fp32 master slices, in
 // every precision mode). Gradients are not saved. The optimizer must hold
 // state for this model's refs only (FullyShardedModel::ParamRefs(), or
-// ZeRO-1's "zero1.shard"): Load replaces its whole state; a checkpoint saved
+// Zero1::ParamRefs(), "zero1.bucket<b>"): Load replaces its whole state; a checkpoint saved
 // before the first optimizer step loads as "no state" (ClearState). The
 // learning rate is recorded for information only (schedules set it).
 #ifndef DIST_SHARDED_CHECKPOINT_H_
@@ -139,7 +139,7 @@ struct ShardedCheckpointInfo {
   std::string strategy;  // "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "ZERO1"
   int world_size = 0;
   int num_files = 0;
-  std::vector<std::string> units;  // FSDP unit names ("" = root); ZeRO-1: one, "zero1.shard"
+  std::vector<std::string> units;  // FSDP unit names ("" = root); ZeRO-1: "zero1.bucket<b>"
   std::string optimizer;           // "adamw", "sgd"
   std::vector<std::string> optimizer_buffers;
   bool has_optimizer_state = false;

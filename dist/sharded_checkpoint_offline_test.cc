@@ -155,7 +155,7 @@ TEST(ShardedCheckpointOfflineTest, FsdpValuesEqualTheFullStateDict) {
 
 TEST(ShardedCheckpointOfflineTest, Zero1BuffersEqualTheRanksFlatOptimizerShards) {
   const std::string dir = TestDir("zero1");
-  // Rank r's flat buffers ("zero1.shard.exp_avg", ...), in rank order.
+  // Rank r's flat buffers ("zero1.bucket0.exp_avg", ...; one bucket), in rank order.
   std::vector<NamedTensors> shards(kWorld);
   std::vector<std::string> registration;
   absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
@@ -163,6 +163,7 @@ TEST(ShardedCheckpointOfflineTest, Zero1BuffersEqualTheRanksFlatOptimizerShards)
     mingpt::GPT gpt(c);
     gpt.Materialize(5);
     Zero1 zero(gpt, pg, AdamW());
+    ASSERT_EQ(zero.num_buckets(), 1);
     for (int step = 0; step < kSteps; ++step) {
       gpt.ForwardBackward(Batch(c, pg, step, 1), Batch(c, pg, step, 2));
       ASSERT_TRUE(zero.Step().ok());
@@ -195,7 +196,7 @@ TEST(ShardedCheckpointOfflineTest, Zero1BuffersEqualTheRanksFlatOptimizerShards)
       ordered[k].insert(ordered[k].end(), b.data<float>(), b.data<float>() + b.numel());
     }
   }
-  const char* keys[2] = {"zero1.shard.exp_avg", "zero1.shard.exp_avg_sq"};
+  const char* keys[2] = {"zero1.bucket0.exp_avg", "zero1.bucket0.exp_avg_sq"};
   for (size_t k = 0; k < 2; ++k) {
     std::vector<float> flat;
     for (const NamedTensors& rank : shards) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -32,44 +33,76 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
       options_(std::move(options)),
       params_(model.NamedParameters()) {
   OP_CHECK(optimizer_ != nullptr, "zero1", "the optimizer is null");
+  const std::vector<std::vector<int>> groups =
+      internal::ReverseOrderBuckets("zero1", params_, options_.bucket_cap_mb);
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
   const tensor::Device device = ModelDevice("zero1", params_);
   {
     absl::Status s = mp.Validate(device);
     OP_CHECK(s.ok(), "zero1", "mixed precision: ", s.ToString());
   }
-  for (auto& [name, p] : params_) numel_ += p->numel();
   absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
   OP_CHECK(status.ok(), "zero1", "initial broadcast failed: ", status.ToString());
 
+  // Segments: buckets laid out so that the parameters are in registration
+  // order (the last bucket first), each padded to a multiple of N.
   const int64_t n = pg_.size();
-  const int64_t padded = (numel_ + n - 1) / n * n;
-  const int64_t k = padded / n;
-  shard_begin_ = pg_.rank() * k;
+  const int num_buckets = static_cast<int>(groups.size());
+  std::vector<int> bucket_of(params_.size(), -1);
+  offsets_.assign(params_.size(), 0);
+  buckets_.resize(num_buckets);
+  int64_t padded_total = 0;
+  for (int b = num_buckets - 1; b >= 0; --b) {
+    Bucket& bucket = buckets_[b];
+    bucket.params.assign(groups[b].rbegin(), groups[b].rend());
+    bucket.seg.begin = padded_total;
+    for (int i : bucket.params) {
+      offsets_[i] = bucket.seg.begin + bucket.seg.numel;
+      bucket.seg.numel += params_[i].second->numel();
+      bucket_of[i] = b;
+    }
+    bucket.seg.shard_numel = (bucket.seg.numel + n - 1) / n;
+    bucket.seg.padded = bucket.seg.shard_numel * n;
+    bucket.seg.shard_begin = bucket.seg.begin + pg_.rank() * bucket.seg.shard_numel;
+    padded_total += bucket.seg.padded;
+    numel_ += bucket.seg.numel;
+  }
+  const int64_t k = padded_total / n;
+
   // A low-precision flat parameter when every parameter computes in param_dtype.
   const bool low_flat = mp.IsMixed() && !HasKeptFp32Parameters(model_, mp);
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && n > 1;
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-    flat_param_ = tensor::Tensor::Zeros(
-        {padded}, low_flat ? mp.param_dtype : tensor::Dtype::kF32, device);
+    flat_param_ = tensor::Tensor::Zeros({padded_total},
+                                        low_flat ? mp.param_dtype : tensor::Dtype::kF32, device);
     if (low_flat) master_ = tensor::Tensor::Zeros({k}, tensor::Dtype::kF32, device);
   }
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-    flat_grad_ = tensor::Tensor::Zeros({padded}, tensor::Dtype::kF32, device);
+    flat_grad_ = tensor::Tensor::Zeros({padded_total}, tensor::Dtype::kF32, device);
+  }
+  // Each bucket's master slice: a view of the flat parameter (fp32), or the
+  // next k_b elements of master_ (in bucket order).
+  int64_t master_offset = 0;
+  for (Bucket& bucket : buckets_) {
+    const Segment& seg = bucket.seg;
+    bucket.master = low_flat ? master_.Narrow(0, master_offset, seg.shard_numel)
+                             : flat_param_.Narrow(0, seg.shard_begin, seg.shard_numel);
+    master_offset += seg.shard_numel;
   }
   grad_views_.resize(params_.size());
-  int64_t offset = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter* p = params_[i].second;
-    const int64_t m = p->numel();
+    const int64_t m = p->numel(), offset = offsets_[i];
     if (low_flat) {
-      // This rank's part of the parameter, in fp32, into the master shard.
-      const int64_t lo = std::max(offset, shard_begin_),
-                    hi = std::min(offset + m, shard_begin_ + k);
+      // This rank's part of the parameter, in fp32, into its bucket's master slice.
+      const Segment& seg = buckets_[bucket_of[i]].seg;
+      const int64_t lo = std::max(offset, seg.shard_begin),
+                    hi = std::min(offset + m, seg.shard_begin + seg.shard_numel);
       if (lo < hi) {
-        master_.Narrow(0, lo - shard_begin_, hi - lo)
+        buckets_[bucket_of[i]]
+            .master.Narrow(0, lo - seg.shard_begin, hi - lo)
             .CopyFrom(p->value.Flatten().Narrow(0, lo - offset, hi - lo));
       }
     }
@@ -81,41 +114,74 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
     p->grad = grad;
     grad_views_[i] = grad;
     if (p->weight_decay && m > 0) decay_ranges_.emplace_back(offset, offset + m);
-    offset += m;
   }
-  if (!low_flat) master_ = flat_param_.Narrow(0, shard_begin_, k);  // the master, in place
-  std::function<void(nn::Module&)> pre_forward;
+  for (Bucket& bucket : buckets_) {
+    bucket.shard_decay = optim::SliceRanges(decay_ranges_, bucket.seg.shard_begin,
+                                            bucket.seg.shard_begin + bucket.seg.shard_numel);
+  }
+  readiness_ =
+      std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets);
   if (mp.IsMixed() && !low_flat) {
     // Kept-fp32 classes: fp32 views stay the values between steps; the others
     // compute with param_dtype copies from forward to backward.
     casts_ = std::make_unique<nn::MixedPrecision>(model_, mp);
-    pre_forward = [this](nn::Module& m) {
-      if (&m == &model_) casts_->CastForCompute();
-    };
   }
   hooks_ = std::make_unique<internal::BackwardHooks>(
       model_, [this] { OnRootPreBackward(); }, [this](nn::Module& m) { OnPostBackward(m); },
-      std::move(pre_forward));
+      [this](nn::Module& m) { OnPreForward(m); });
 }
 
 Zero1::~Zero1() {
   hooks_.reset();
-  if (reduce_scatter_) reduce_scatter_->Wait().IgnoreError();
+  for (Bucket& b : buckets_) {
+    if (b.work) b.work->Wait().IgnoreError();
+  }
   if (casts_) casts_->RestoreMasters();
 }
 
-optim::ElementRanges Zero1::shard_decay_ranges() const {
-  return optim::SliceRanges(decay_ranges_, shard_begin_, shard_begin_ + master_.numel());
+Zero1::Segment Zero1::segment(int b) const { return buckets_.at(b).seg; }
+
+std::vector<std::string> Zero1::BucketParameterNames(int b) const {
+  std::vector<std::string> names;
+  for (int i : buckets_.at(b).params) names.push_back(params_[i].first);
+  return names;
+}
+
+tensor::Tensor Zero1::grad_shard(int b) const {
+  const Segment& seg = buckets_.at(b).seg;
+  return flat_grad_.Narrow(0, seg.shard_begin, seg.shard_numel);
+}
+
+std::vector<optim::ParamRef> Zero1::ParamRefs() const {
+  std::vector<optim::ParamRef> refs;
+  for (int b = 0; b < num_buckets(); ++b) {
+    optim::ParamRef ref;
+    ref.name = absl::StrCat("zero1.bucket", b);
+    ref.param = buckets_[b].master;
+    ref.grad = grad_shard(b);
+    ref.decay_ranges = buckets_[b].shard_decay;
+    refs.push_back(std::move(ref));
+  }
+  return refs;
 }
 
 void Zero1::ZeroGrad() { tensor::Zero(flat_grad_); }
 
 void Zero1::EndForwardOnly() {
+  readiness_->EndForward();
   if (casts_) casts_->RestoreMasters();
 }
 
+void Zero1::OnPreForward(nn::Module& module) {
+  readiness_->OnPreForward(module);
+  if (&module == &model_ && casts_) casts_->CastForCompute();
+}
+
 void Zero1::OnRootPreBackward() {
-  if (reduce_scatter_) FinishBackward().IgnoreError();
+  readiness_->EndForward();
+  // A step still in flight (a backward whose reductions Step never took).
+  if (syncing_this_step_ || in_flight_) FinishBackward().IgnoreError();
+  // Re-point grads that were dropped or replaced.
   for (size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter* p = params_[i].second;
     tensor::Tensor& view = grad_views_[i];
@@ -128,39 +194,81 @@ void Zero1::OnRootPreBackward() {
     }
   }
   syncing_this_step_ = require_sync_;
+  if (!syncing_this_step_) return;
+  events_.clear();
+  readiness_->StartBackward();
+  for (Bucket& b : buckets_) b.work.reset();
 }
 
-void Zero1::IssueReduceScatter() {
-  if (reduce_low_) {
-    {
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-      low_grad_ = flat_grad_.To(options_.mixed_precision.reduce_dtype);
+void Zero1::IssueReadyBuckets() {
+  // In bucket order, so every rank issues the same sequence.
+  for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
+    Bucket& b = buckets_[i];
+    tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
+    const int64_t mine = b.seg.shard_begin - b.seg.begin;
+    if (reduce_low_) {
+      {
+        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+        b.low = segment.To(options_.mixed_precision.reduce_dtype);
+      }
+      b.work = pg_.ReduceScatter(b.low, b.low.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
+    } else {
+      b.work =
+          pg_.ReduceScatter(segment, segment.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
     }
-    reduce_scatter_ = pg_.ReduceScatter(
-        low_grad_, low_grad_.Narrow(0, shard_begin_, master_.numel()), ReduceOp::kAvg);
-  } else {
-    reduce_scatter_ = pg_.ReduceScatter(
-        flat_grad_, flat_grad_.Narrow(0, shard_begin_, master_.numel()), ReduceOp::kAvg);
+    events_.push_back({BackwardEvent::Kind::kBucketIssued, i});
+    in_flight_ = true;
   }
-  syncing_this_step_ = false;
+  // Free the copies of the buckets already reduced (errors surface in FinishBackward).
+  if (reduce_low_) UnpackLowPrecision(/*wait=*/false).IgnoreError();
+}
+
+absl::Status Zero1::UnpackLowPrecision(bool wait) {
+  absl::Status status;
+  for (int i = 0; i < readiness_->num_taken(); ++i) {
+    Bucket& b = buckets_[i];
+    if (!b.low.defined() || (!wait && !b.work->IsCompleted())) continue;
+    absl::Status s = b.work->Wait();
+    // The reduced slice lands in the fp32 gradient slice.
+    if (s.ok()) {
+      grad_shard(i).CopyFrom(b.low.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel));
+    }
+    if (s.ok() || wait) b.low = tensor::Tensor();
+    status.Update(s);
+  }
+  return status;
 }
 
 void Zero1::OnPostBackward(nn::Module& module) {
-  if (&module != &model_) return;
-  if (casts_) casts_->RestoreMasters();  // backward is over
-  if (syncing_this_step_) IssueReduceScatter();
+  if (&module == &model_) {
+    if (casts_) casts_->RestoreMasters();  // backward is over
+    if (!syncing_this_step_) return;
+    events_.push_back({BackwardEvent::Kind::kRootPostBackward, -1});
+    readiness_->MarkAllFinal();
+    IssueReadyBuckets();
+    syncing_this_step_ = false;
+    return;
+  }
+  if (!syncing_this_step_) return;
+  readiness_->OnPostBackward(module);
+  IssueReadyBuckets();
 }
 
 absl::Status Zero1::FinishBackward() {
-  if (syncing_this_step_) IssueReduceScatter();
-  if (!reduce_scatter_) return absl::OkStatus();
-  absl::Status status = reduce_scatter_->Wait();
-  reduce_scatter_.reset();
-  if (low_grad_.defined()) {
-    // The reduced chunk lands in the fp32 gradient shard.
-    if (status.ok()) grad_shard().CopyFrom(low_grad_.Narrow(0, shard_begin_, master_.numel()));
-    low_grad_ = tensor::Tensor();
+  if (syncing_this_step_) {  // the root's PostBackward did not run
+    readiness_->MarkAllFinal();
+    IssueReadyBuckets();
+    syncing_this_step_ = false;
   }
+  if (!in_flight_) return absl::OkStatus();
+  absl::Status status;
+  for (Bucket& b : buckets_) {
+    if (b.work) status.Update(b.work->Wait());
+  }
+  if (reduce_low_) status.Update(UnpackLowPrecision(/*wait=*/true));
+  for (Bucket& b : buckets_) b.work.reset();
+  events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
+  in_flight_ = false;
   if (status.ok()) reduced_ = true;
   return status;
 }
@@ -173,36 +281,42 @@ absl::Status Zero1::Step() {
         "zero1: Step() without a synced backward since the last step");
   }
   reduced_ = false;
-  optim::ParamRef ref;
-  ref.name = "zero1.shard";
-  ref.param = master_;
-  ref.grad = grad_shard();
-  ref.decay_ranges = shard_decay_ranges();
-  optimizer_->Step({ref});
+  optimizer_->Step(ParamRefs());
   return RefreshParameters();
 }
 
 absl::Status Zero1::RefreshParameters() {
-  tensor::Tensor mine = flat_param_.Narrow(0, shard_begin_, master_.numel());
-  if (!mine.SharesStorageWith(master_)) mine.CopyFrom(master_);  // rounded to param_dtype
-  return pg_.AllGatherSync(mine, flat_param_);
+  std::vector<WorkPtr> works;
+  for (Bucket& b : buckets_) {
+    tensor::Tensor mine = flat_param_.Narrow(0, b.seg.shard_begin, b.seg.shard_numel);
+    if (!mine.SharesStorageWith(b.master)) mine.CopyFrom(b.master);  // rounded to param_dtype
+    works.push_back(pg_.AllGather(mine, flat_param_.Narrow(0, b.seg.begin, b.seg.padded)));
+  }
+  absl::Status status;
+  for (WorkPtr& w : works) status.Update(w->Wait());
+  return status;
 }
 
 std::vector<std::pair<std::string, tensor::Tensor>> Zero1::FullStateDict() {
   tensor::Tensor full = flat_param_;
-  if (!master_.SharesStorageWith(flat_param_)) {
+  if (master_.defined()) {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
     full = tensor::Tensor::Empty({flat_param_.numel()}, tensor::Dtype::kF32, master_.device());
-    absl::Status s = pg_.AllGatherSync(master_, full);
+    std::vector<WorkPtr> works;
+    for (Bucket& b : buckets_) {
+      works.push_back(pg_.AllGather(b.master, full.Narrow(0, b.seg.begin, b.seg.padded)));
+    }
+    absl::Status s;
+    for (WorkPtr& w : works) s.Update(w->Wait());
     OP_CHECK(s.ok(), "zero1", "full_state_dict all_gather: ", s.ToString());
   }
   std::vector<std::pair<std::string, tensor::Tensor>> out;
   if (pg_.rank() != 0) return out;
-  int64_t offset = 0;
-  for (auto& [name, p] : params_) {
-    const tensor::Tensor view = full.Narrow(0, offset, p->numel()).View(p->shape);
-    out.emplace_back(name, view.device().is_cpu() ? view.Clone() : view.To(tensor::Device::Cpu()));
-    offset += p->numel();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    nn::Parameter* p = params_[i].second;
+    const tensor::Tensor view = full.Narrow(0, offsets_[i], p->numel()).View(p->shape);
+    out.emplace_back(params_[i].first,
+                     view.device().is_cpu() ? view.Clone() : view.To(tensor::Device::Cpu()));
   }
   return out;
 }

@@ -4,41 +4,49 @@
 //
 //   auto opt = optim::AdamW::Create({...}).value();
 //   dist::Zero1 zero(model, pg, std::move(opt));  // or (..., {.mixed_precision = Bf16()})
-//   model.ForwardBackward(idx, targets);  // reduce-scatter issued at the end
-//   zero.Step();                          // shard step, then all-gather params
+//   model.ForwardBackward(idx, targets);  // buckets reduce-scatter during backward
+//   zero.Step();                          // step the slices, all-gather params
 //   zero.ZeroGrad();
 //
 // At construction every parameter and buffer is broadcast from rank 0. The
-// parameters (registration order) are packed into one flat parameter buffer,
-// right-padded to a multiple of N = pg.size() and split into N equal shards of
-// k elements; rank r owns [r k, (r+1) k). Each Parameter::value becomes a view
-// of the flat parameter and each Parameter::grad a view of a flat fp32
-// gradient of the same layout, so backward accumulates in place and the
-// all-gather is copy-free. The optimizer holds state for this rank's shard
-// only (kOptimizerState: S k bytes, about S Psi / N; AdamW S = 8 bytes per
-// element).
+// parameters are grouped into buckets of at most bucket_cap_mb MiB in reverse
+// registration order, as DDP's (bucket 0 holds the last parameters: backward
+// finalizes it first). The flat parameter buffer holds the parameters in
+// registration order, each bucket's segment right-padded to a multiple of
+// N = pg.size() and split into N equal slices of k_b elements: rank r owns
+// slice r of every bucket, k = sum of k_b elements in all. Each
+// Parameter::value becomes a view of the flat parameter and each
+// Parameter::grad a view of a flat fp32 gradient of the same layout, so
+// backward accumulates in place and the all-gathers are copy-free. The
+// optimizer holds state for this rank's slices only, one ParamRef per bucket
+// ("zero1.bucket<b>"; kOptimizerState: S k bytes, about S Psi / N; AdamW
+// S = 8 bytes per element).
 //
-// Backward: at the root's PostBackward (hooks installed on every module, as
-// DDP's, chaining to earlier hooks) the flat gradient is reduce-scattered
-// (avg) asynchronously into this rank's shard of it. Step() waits for it, steps
-// the optimizer over the fp32 master shard (one ParamRef, decay ranges from
-// Parameter::weight_decay via optim::SliceRanges), writes the master shard
-// into the flat parameter and all-gathers it, so every rank ends with the same
-// full parameters. After a synced backward only this rank's shard of the flat
-// gradient holds averaged values (the rest holds local gradients).
+// Backward (hooks installed on every module, as DDP's, chaining to earlier
+// hooks): once every parameter of a bucket has its final gradient (the rule
+// of internal::BucketReadiness), the bucket's segment of the flat gradient is
+// reduce-scattered (avg) asynchronously into this rank's slice of it, in
+// bucket order, so the reduce-scatters overlap the rest of backward (as
+// DeepSpeed's overlap_comm). The root's PostBackward issues what is left.
+// Step() waits for them, steps the optimizer over the fp32 master slices
+// (decay ranges from Parameter::weight_decay via optim::SliceRanges), writes
+// them into the flat parameter and all-gathers each bucket, so every rank
+// ends with the same full parameters. After a synced backward only this
+// rank's slices of the flat gradient hold averaged values (the rest holds
+// local gradients).
 //
-// fp32 (the default): the flat parameter is fp32 and this rank's shard of it
-// is the master (master_shard() is a view of it: no copy).
+// fp32 (the default): the flat parameter is fp32 and this rank's slices of
+// it are the master (master_shard(b) is a view of it: no copy).
 //
 // Mixed precision (Zero1Options::mixed_precision with param_dtype bf16/f16):
 //   - No module of a class the policy keeps fp32 holds parameters (minGPT, T5
 //     with the default policy): the flat parameter is in param_dtype and the
 //     values are param_dtype views of it at all times (they are the compute
 //     copies; Parameter::value is never fp32). The master is a separate fp32
-//     shard of k elements (kParameters). Step() writes the master shard,
-//     rounded to param_dtype, into the flat parameter and all-gathers it in
-//     param_dtype (half the bytes of fp32). FullStateDict() gathers the fp32
-//     masters.
+//     buffer of k elements (kParameters), a slice per bucket. Step() writes
+//     the master slices, rounded to param_dtype, into the flat parameter and
+//     all-gathers them in param_dtype (half the bytes of fp32).
+//     FullStateDict() gathers the fp32 masters.
 //   - Otherwise (e.g. BatchNorm1d parameters): the flat parameter stays fp32
 //     as above, and the root's PreForward points the values of parameters not
 //     kept fp32 at param_dtype copies (nn::MixedPrecision::CastForCompute,
@@ -46,13 +54,13 @@
 //     the fp32 views).
 //   Either way each parameter computes with the same values nn::MixedPrecision
 //   gives it in one process. Layers accumulate fp32 gradients into the flat
-//   gradient. With reduce_dtype != f32 and more than one rank the root's
-//   PostBackward casts the flat gradient to a reduce_dtype copy
-//   (kCommunication, N k, freed by FinishBackward), reduce-scatters it in that
-//   dtype and FinishBackward casts this rank's chunk back into the fp32
-//   gradient shard (grad_shard()). With one rank nothing is communicated or
-//   rounded: a world-1 run equals nn::MixedPrecision in one process bit for
-//   bit.
+//   gradient. With reduce_dtype != f32 and more than one rank each bucket is
+//   cast to a reduce_dtype copy when it is issued (kCommunication, N k_b),
+//   reduce-scattered in that dtype, and this rank's slice of the result is
+//   cast back into the fp32 gradient slice (grad_shard(b)) as soon as it is
+//   done, freeing the copy: only the buckets in flight hold copies. With one
+//   rank nothing is communicated or rounded: a world-1 run equals
+//   nn::MixedPrecision in one process bit for bit.
 //
 // Memory per rank held between steps (ledger; Psi parameters, K the ZeRO
 // paper's optimizer constant: the optimizer's bytes per parameter in fp32,
@@ -68,14 +76,15 @@
 //           no_sync accumulates micro-batches in fp32);
 //   mixed with kept-fp32 classes: as fp32, plus up to 2 Psi of compute
 //           copies from forward to backward.
-// Psi above is rounded up to a multiple of N (the padding).
+// Psi above includes the padding: each bucket's elements rounded up to a
+// multiple of N (fewer than N elements per bucket).
 //
 // no_sync(): backward accumulates locally and communicates nothing; the next
 // synced backward reduce-scatters the accumulated sum.
 //
-// The master shard is the source of truth: changing Parameter::value directly
-// between steps is overwritten by the next Step() (in fp32, changes to this
-// rank's shard of it are the master).
+// The master slices are the source of truth: changing Parameter::value
+// directly between steps is overwritten by the next Step() (in fp32, changes
+// to this rank's slices of it are the master).
 #ifndef DIST_ZERO1_H_
 #define DIST_ZERO1_H_
 
@@ -87,6 +96,7 @@
 
 #include "absl/status/status.h"
 #include "dist/ddp.h"
+#include "dist/grad_buckets.h"
 #include "dist/process_group.h"
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
@@ -100,35 +110,40 @@ namespace dist {
 struct Zero1Options {
   // Compute / communication dtypes (see above). Default: everything fp32.
   precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
+  // The largest bucket, in MiB of fp32 gradients (must be > 0). A cap above
+  // the model's size gives one bucket, reduce-scattered when backward ends.
+  double bucket_cap_mb = 25;
 };
 
 class Zero1 {
  public:
   // Throws tensor::OpError if a parameter is not a materialized fp32 tensor
-  // on the model's one device (CPU or GPU: the flat buffers, the master shard
-  // and so the optimizer state live there), the optimizer is null, the
-  // mixed-precision policy names a dtype that device lacks, or the initial
-  // broadcast fails.
+  // on the model's one device (CPU or GPU: the flat buffers, the master
+  // slices and so the optimizer state live there), the optimizer is null,
+  // bucket_cap_mb is not > 0, the mixed-precision policy names a dtype that
+  // device lacks, or the initial broadcast fails.
   Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimizer> optimizer,
         Zero1Options options = {});
-  // Waits for a reduce-scatter in flight; points values back at the fp32
+  // Waits for reduce-scatters in flight; points values back at the fp32
   // views if compute copies are out (kept-fp32 classes); restores the
   // modules' hooks.
   ~Zero1();
   Zero1(const Zero1&) = delete;
   Zero1& operator=(const Zero1&) = delete;
 
-  // Waits for this step's reduce-scatter (issuing it if the root's
-  // PostBackward did not run). OK and nothing to do under no_sync.
+  // Waits for this step's reduce-scatters (issuing those the root's
+  // PostBackward did not) and casts low-precision results into the fp32
+  // gradient slices. Returns the first error. OK and nothing to do under
+  // no_sync.
   absl::Status FinishBackward();
-  // FinishBackward, then one optimizer step on this rank's shard and the
-  // all-gather of the parameters. FailedPrecondition when no synced backward
+  // FinishBackward, then one optimizer step on this rank's slices
+  // (ParamRefs()) and the all-gather of the parameters. FailedPrecondition when no synced backward
   // ran since the last Step.
   absl::Status Step();
-  // Writes this rank's master shard into the flat parameter (rounded to the
-  // compute dtype) and all-gathers it, so every Parameter::value reflects the
-  // master shards (what Step does after the update; also after a checkpoint
-  // load wrote master_shard()). Collective.
+  // Writes this rank's master slices into the flat parameter (rounded to the
+  // compute dtype) and all-gathers every bucket, so every Parameter::value
+  // reflects the masters (what Step does after the update; also after a
+  // checkpoint load wrote the master slices). Collective.
   absl::Status RefreshParameters();
   // Zeroes the whole flat gradient in place.
   void ZeroGrad();
@@ -154,18 +169,37 @@ class Zero1 {
 
   optim::Optimizer& optimizer() { return *optimizer_; }
   nn::Module& module() { return model_; }
-  // Psi: the parameters' elements; padded to a multiple of N; k = padded / N.
+  // Psi: the parameters' elements; padded: the flat buffers' (each bucket
+  // padded to a multiple of N); k = padded / N, this rank's elements.
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return flat_param_.numel(); }
-  int64_t shard_numel() const { return master_.numel(); }
-  int64_t shard_begin() const { return shard_begin_; }
-  // This rank's fp32 master shard (k; in fp32 a view of the flat parameter)
-  // and its fp32 gradient shard (a view of the flat gradient).
-  const tensor::Tensor& master_shard() const { return master_; }
-  tensor::Tensor grad_shard() const { return flat_grad_.Narrow(0, shard_begin_, master_.numel()); }
-  // Decay ranges of the whole flat buffer and of this rank's shard.
+  int64_t shard_numel() const { return padded_numel() / pg_.size(); }
+  // Decay ranges of the whole flat buffer.
   const optim::ElementRanges& decay_ranges() const { return decay_ranges_; }
-  optim::ElementRanges shard_decay_ranges() const;
+
+  // ---- Buckets ----
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Bucket b's segment of the flat buffers, [begin, begin + padded): its
+  // parameters at [begin, begin + numel), zero padding after; this rank's
+  // slice is [shard_begin, shard_begin + shard_numel), shard_begin = begin +
+  // rank * shard_numel.
+  struct Segment {
+    int64_t begin = 0, numel = 0, padded = 0, shard_begin = 0, shard_numel = 0;
+  };
+  Segment segment(int b) const;
+  // Names of bucket b's parameters, in registration (flat buffer) order.
+  std::vector<std::string> BucketParameterNames(int b) const;
+  // This rank's fp32 master slice of bucket b (k_b; in fp32 a view of the
+  // flat parameter), its fp32 gradient slice (a view of the flat gradient)
+  // and the slice's decay ranges.
+  const tensor::Tensor& master_shard(int b) const { return buckets_.at(b).master; }
+  tensor::Tensor grad_shard(int b) const;
+  const optim::ElementRanges& shard_decay_ranges(int b) const { return buckets_.at(b).shard_decay; }
+  // What Step() hands the optimizer: per bucket, "zero1.bucket<b>" over
+  // master_shard(b), grad_shard(b) and its decay ranges.
+  std::vector<optim::ParamRef> ParamRefs() const;
+  // What happened during the last synced backward, in order.
+  const std::vector<BackwardEvent>& last_backward_events() const { return events_; }
 
   const precision::MixedPrecisionPolicy& mixed_precision() const {
     return options_.mixed_precision;
@@ -183,29 +217,44 @@ class Zero1 {
   std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
 
  private:
+  struct Bucket {
+    std::vector<int> params;           // indices into params_, registration order
+    Segment seg;                       // its segment of the flat buffers
+    tensor::Tensor master;             // fp32 (k_b): this rank's master slice
+    tensor::Tensor low;                // reduce_dtype (N k_b) while its reduce-scatter runs
+    optim::ElementRanges shard_decay;  // decay ranges of this rank's slice
+    WorkPtr work;                      // its reduce-scatter this step
+  };
+
+  void OnPreForward(nn::Module& module);
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
-  void IssueReduceScatter();
+  void IssueReadyBuckets();
+  // Casts completed low-precision reduce-scatters into the fp32 gradient
+  // slices and frees their copies (all issued buckets when `wait`).
+  absl::Status UnpackLowPrecision(bool wait);
 
   nn::Module& model_;
   ProcessGroup& pg_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   Zero1Options options_;
   std::vector<std::pair<std::string, nn::Parameter*>> params_;
+  std::vector<int64_t> offsets_;  // per parameter: its offset in the flat buffers
   std::vector<tensor::Tensor> grad_views_;
   int64_t numel_ = 0;
-  int64_t shard_begin_ = 0;
-  tensor::Tensor flat_param_;  // fp32 or param_dtype (N k): Parameter::value views
-  tensor::Tensor flat_grad_;   // fp32 (N k): Parameter::grad views
-  tensor::Tensor master_;      // fp32 (k): this rank's master shard (fp32: a view of flat_param_)
-  tensor::Tensor low_grad_;    // reduce_dtype (N k) while a low-precision reduce-scatter runs
-  bool reduce_low_ = false;    // reduce-scatter in reduce_dtype
+  tensor::Tensor flat_param_;  // fp32 or param_dtype (padded): Parameter::value views
+  tensor::Tensor flat_grad_;   // fp32 (padded): Parameter::grad views
+  tensor::Tensor master_;      // fp32 (k): the master slices, when not views of flat_param_
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<internal::BucketReadiness> readiness_;
+  bool reduce_low_ = false;                    // reduce-scatter in reduce_dtype
   std::unique_ptr<nn::MixedPrecision> casts_;  // compute copies when kept-fp32 classes exist
   optim::ElementRanges decay_ranges_;
   bool require_sync_ = true;
-  bool syncing_this_step_ = false;
-  WorkPtr reduce_scatter_;
-  bool reduced_ = false;  // a synced backward's gradients are ready for Step
+  bool syncing_this_step_ = false;  // in a synced backward (until its root PostBackward)
+  bool in_flight_ = false;          // reduce-scatters issued and not waited for
+  bool reduced_ = false;            // a synced backward's gradients are ready for Step
+  std::vector<BackwardEvent> events_;
   std::unique_ptr<internal::BackwardHooks> hooks_;
 };
 

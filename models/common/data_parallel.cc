@@ -348,6 +348,11 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
     return absl::InvalidArgumentError(absl::StrCat(
         "--hybrid_shard_group_size=", flags.hybrid_shard_group_size, " must be >= 0"));
   }
+  if (!(flags.bucket_cap_mb > 0) || flags.bucket_cap_mb > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bucket_cap_mb=", flags.bucket_cap_mb, " must be in (0, 1e6]"));
+  }
+  config.bucket_cap_mb = flags.bucket_cap_mb;
   if (!(flags.timeout_s > 0) || flags.timeout_s > 1e6) {
     return absl::InvalidArgumentError(
         absl::StrCat("--timeout_s=", flags.timeout_s, " must be in (0, 1e6] seconds"));
@@ -505,6 +510,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         model.Materialize(seed, config.device);
         dist::DdpOptions o;
         o.mixed_precision = config.mixed_precision;
+        o.bucket_cap_mb = config.bucket_cap_mb;
         dp->ddp_ = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
         dp->owned_optimizer_ = std::move(optimizer);
         dp->optimizer_ = dp->owned_optimizer_.get();
@@ -514,6 +520,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         model.Materialize(seed, config.device);
         dist::Zero1Options o;
         o.mixed_precision = config.mixed_precision;
+        o.bucket_cap_mb = config.bucket_cap_mb;
         dp->zero1_ = std::make_unique<dist::Zero1>(model, pg, std::move(optimizer), o);
         dp->optimizer_ = &dp->zero1_->optimizer();
         return absl::OkStatus();
@@ -551,7 +558,11 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
 }
 
 std::string DataParallelModel::Describe() const {
-  if (fsdp_ == nullptr) return std::string(StrategyName(strategy_));
+  if (fsdp_ == nullptr) {
+    const int buckets = ddp_ != nullptr ? ddp_->num_buckets() : zero1_->num_buckets();
+    return absl::StrCat(StrategyName(strategy_), ", ", buckets,
+                        buckets == 1 ? " gradient bucket" : " gradient buckets");
+  }
   return absl::StrCat(StrategyName(strategy_), ", ", fsdp_->num_units(), " units (auto_wrap ",
                       auto_wrap_, ")");
 }
@@ -575,9 +586,7 @@ absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
         if (!total.ok()) throw std::runtime_error(std::string(total.status().message()));
         return *total;
       };
-      norm = optim::ClipGradNorm(
-          {optim::MakeParamRef("zero1.shard", zero1_->master_shard(), zero1_->grad_shard(), true)},
-          max_norm, sum);
+      norm = optim::ClipGradNorm(zero1_->ParamRefs(), max_norm, sum);
     } else {
       norm = fsdp_->ClipGradNorm(max_norm);
     }
@@ -595,10 +604,7 @@ absl::StatusOr<bool> DataParallelModel::UnscaleGradsAndCheck(double inv_scale) {
       return absl::OkStatus();
     }
     const bool mine = UnscaleGradients(
-        zero1_ != nullptr ? std::vector<optim::ParamRef>{optim::MakeParamRef(
-                                "zero1.shard", zero1_->master_shard(), zero1_->grad_shard(), true)}
-                          : optim::FromModule(model_),
-        inv_scale);
+        zero1_ != nullptr ? zero1_->ParamRefs() : optim::FromModule(model_), inv_scale);
     // ZeRO-1 ranks hold different shards; DDP ranks agree already: OR the
     // flags either way, so every rank skips together.
     absl::StatusOr<bool> any = dist::AnyOverRanks(pg_, mine);

@@ -32,6 +32,10 @@ ABSL_FLAG(bool, forward_prefetch, false, "FSDP: all-gather the next unit before 
 ABSL_FLAG(int, max_inflight_all_gathers, 2,
           "FSDP: all-gathers issued and not yet used, the running unit's included (1: no "
           "prefetch)");
+ABSL_FLAG(double, bucket_cap_mb, 25,
+          "DDP and ZeRO-1: the largest gradient bucket, in MiB of fp32 gradients; each bucket's "
+          "all-reduce (DDP) or reduce-scatter (ZeRO-1) goes out as soon as backward has "
+          "finished its gradients, overlapping the rest of backward");
 ABSL_FLAG(bool, cpu_offload, false,
           "FSDP with --device=cuda: keep the shards, gradients and optimizer state in host "
           "memory (the GPU holds only the units in use)");
@@ -54,6 +58,7 @@ DataParallelFlags DataParallelFlagsFromCommandLine() {
   f.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
   f.hybrid_shard_group_size = absl::GetFlag(FLAGS_hybrid_shard_group_size);
   f.cpu_offload = absl::GetFlag(FLAGS_cpu_offload);
+  f.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
   return f;
 }
 

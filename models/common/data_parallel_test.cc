@@ -315,6 +315,9 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   hybrid = Flags("threads", "full_shard", 4);
   hybrid.max_inflight_all_gathers = 0;
   cases.push_back({hybrid, "--max_inflight_all_gathers=0 must be >= 1"});
+  hybrid = Flags("threads", "zero1", 2);
+  hybrid.bucket_cap_mb = 0;
+  cases.push_back({hybrid, "--bucket_cap_mb=0 must be in (0, 1e6]"});
   cases.push_back({Flags("threads", "", -1), "--world_size=-1 must be >= 1"});
   DataParallelFlags f = Flags("threads", "", 2);
   f.timeout_s = 0;
@@ -475,6 +478,30 @@ INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyStepTest,
                                                           "full_shard", "no_shard",
                                                           "hybrid_shard"),
                                           testing::Values("cpu", "cuda:0")));
+
+// --bucket_cap_mb reaches DDP's and ZeRO-1's buckets.
+TEST(DataParallelModelTest, BucketCapSetsTheGradientBuckets) {
+  for (const char* strategy : {"ddp", "zero1"}) {
+    DataParallelFlags f = Flags("threads", strategy, 2);
+    f.bucket_cap_mb = 0.002;
+    absl::StatusOr<DataParallelConfig> small = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+    ASSERT_TRUE(small.ok()) << small.status();
+    const DataParallelConfig one = ThreadsConfig(strategy, 2);  // 25 MiB
+    const std::string name = std::string(strategy) == "ddp" ? "DDP" : "ZeRO-1";
+    absl::Status s = RunDataParallel(one, [&](RankContext& rank) -> absl::Status {
+      mingpt::GPT a(Tiny()), b(Tiny());
+      auto many = DataParallelModel::Create(a, rank.pg, *small, AdamW(), kSeed);
+      auto single = DataParallelModel::Create(b, rank.pg, one, AdamW(), kSeed);
+      EXPECT_TRUE(many.ok() && single.ok());
+      EXPECT_TRUE(absl::StartsWith((*many)->Describe(), name + ", ")) << (*many)->Describe();
+      EXPECT_TRUE(absl::EndsWith((*many)->Describe(), " gradient buckets"));
+      EXPECT_FALSE(absl::StrContains((*many)->Describe(), ", 1 gradient"));
+      EXPECT_EQ((*single)->Describe(), name + ", 1 gradient bucket");
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
 
 TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
   const DataParallelConfig transformer = ThreadsConfig("full_shard", 1);

@@ -1,0 +1,98 @@
+// Gradient buckets in backward order and the rule for when one is final.
+#include "dist/grad_buckets.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "tensor/error.h"
+
+namespace dist {
+namespace internal {
+
+std::vector<std::vector<int>> ReverseOrderBuckets(
+    const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+    double cap_mb) {
+  OP_CHECK(cap_mb > 0, op, "bucket_cap_mb must be > 0, got ", cap_mb);
+  const int64_t cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(cap_mb * 1024.0 * 1024.0));
+  std::vector<std::vector<int>> groups;
+  int64_t bytes = 0;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const int64_t b = params[i].second->numel() * 4;
+    if (groups.empty() || (bytes > 0 && bytes + b > cap_bytes)) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += b;
+  }
+  return groups;
+}
+
+std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root) {
+  std::unordered_map<nn::Parameter*, int> index;
+  int i = 0;
+  for (auto& [name, p] : root.NamedParameters()) index[p] = i++;
+  std::unordered_map<nn::Module*, std::vector<int>> out;
+  for (auto& [name, m] : root.NamedModules()) {
+    std::vector<int>& v = out[m];
+    for (auto& [pname, p] : m->NamedParameters()) v.push_back(index.at(p));
+  }
+  return out;
+}
+
+BucketReadiness::BucketReadiness(nn::Module& root, std::vector<int> bucket_of, int num_buckets)
+    : root_(root),
+      bucket_of_(std::move(bucket_of)),
+      bucket_size_(num_buckets, 0),
+      pending_(num_buckets, 0),
+      final_(bucket_of_.size(), false),
+      subtree_(SubtreeParameterIndices(root)) {
+  for (int b : bucket_of_) {
+    OP_CHECK(b >= 0 && b < num_buckets, "buckets", "bucket ", b, " out of [0, ", num_buckets, ")");
+    ++bucket_size_[b];
+  }
+  for (auto& [module, indices] : subtree_) calls_[module] = {0, 0};
+}
+
+void BucketReadiness::OnPreForward(nn::Module& module) {
+  if (&module == &root_) {
+    for (auto& [m, calls] : calls_) calls = {0, 0};
+    forward_phase_ = true;
+  }
+  if (forward_phase_) ++calls_[&module].first;
+}
+
+void BucketReadiness::EndForward() { forward_phase_ = false; }
+
+void BucketReadiness::StartBackward() {
+  std::fill(final_.begin(), final_.end(), false);
+  pending_ = bucket_size_;
+  next_ = 0;
+}
+
+void BucketReadiness::OnPostBackward(nn::Module& module) {
+  std::pair<int, int>& calls = calls_[&module];
+  if (++calls.second < calls.first) return;
+  auto it = subtree_.find(&module);
+  if (it == subtree_.end()) return;
+  for (int i : it->second) MarkFinal(i);
+}
+
+void BucketReadiness::MarkAllFinal() {
+  for (size_t i = 0; i < final_.size(); ++i) MarkFinal(static_cast<int>(i));
+}
+
+void BucketReadiness::MarkFinal(int param) {
+  if (final_[param]) return;
+  final_[param] = true;
+  --pending_[bucket_of_[param]];
+}
+
+int BucketReadiness::TakeNextReady() {
+  if (next_ >= static_cast<int>(pending_.size()) || pending_[next_] > 0) return -1;
+  return next_++;
+}
+
+}  // namespace internal
+}  // namespace dist

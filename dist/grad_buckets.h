@@ -1,0 +1,95 @@
+// Gradient buckets and their readiness during backward, shared by DDP (whose
+// buckets all-reduce) and ZeRO-1 (whose buckets reduce-scatter): parameters
+// grouped in the order backward finalizes their gradients, and the rule for
+// when a bucket's gradients are final, so its collective can go out while the
+// rest of backward still runs.
+#ifndef DIST_GRAD_BUCKETS_H_
+#define DIST_GRAD_BUCKETS_H_
+
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace dist {
+
+// What happened during the last synced backward, in order (DDP and ZeRO-1
+// record it for tests and logs).
+struct BackwardEvent {
+  enum class Kind {
+    kBucketIssued,      // bucket `bucket`'s collective went out
+    kRootPostBackward,  // the root module's backward ended
+    kReductionsDone,    // every bucket's collective was waited for
+  };
+  Kind kind;
+  int bucket = -1;  // kBucketIssued
+};
+
+namespace internal {
+
+// `params` (a module's NamedParameters()) grouped into buckets in reverse
+// registration order, the order backward finalizes them: bucket 0 starts with
+// the last parameter. A bucket holds at most cap_mb MiB of fp32 gradients,
+// except that a larger parameter gets a bucket of its own. Each bucket lists
+// indices into `params`, in reverse registration order. Throws
+// tensor::OpError (naming `op`) unless cap_mb > 0.
+std::vector<std::vector<int>> ReverseOrderBuckets(
+    const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+    double cap_mb);
+
+// For each module of `root`'s tree, the indices (into root.NamedParameters())
+// of the parameters in its subtree.
+std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);
+
+// Which buckets' gradients are final during a synced backward. A module's
+// parameters are final after its last backward of the step: as many
+// backwards as it ran forwards (a module run twice, like T5's shared
+// embedding, is done only after its second backward). Forwards count from the
+// root's PreForward to EndForward; forwards recomputed during backward
+// (activation checkpointing) do not count. Buckets are taken strictly in
+// bucket order, so every rank issues the same sequence of collectives.
+class BucketReadiness {
+ public:
+  // bucket_of: per parameter of root.NamedParameters(), its bucket in
+  // [0, num_buckets).
+  BucketReadiness(nn::Module& root, std::vector<int> bucket_of, int num_buckets);
+
+  // From a module hook's PreForward: the root's starts a new count.
+  void OnPreForward(nn::Module& module);
+  // The forward phase is over (the root's PreBackward, or the end of a
+  // forward-only pass).
+  void EndForward();
+  // A synced backward starts: no parameter is final, no bucket taken.
+  void StartBackward();
+  // From a module hook's PostBackward during a synced backward.
+  void OnPostBackward(nn::Module& module);
+  // Every parameter is final (the root's backward ended, or the step is
+  // being finished early).
+  void MarkAllFinal();
+  // The next bucket, in bucket order, whose parameters are all final, now
+  // taken; -1 when the next one is not ready (or all were taken).
+  int TakeNextReady();
+  // Buckets taken this backward: [0, num_taken()).
+  int num_taken() const { return next_; }
+
+ private:
+  void MarkFinal(int param);
+
+  nn::Module& root_;
+  std::vector<int> bucket_of_;
+  std::vector<int> bucket_size_;  // parameters per bucket
+  std::vector<int> pending_;      // per bucket: parameters not final yet
+  std::vector<bool> final_;       // per parameter, this backward
+  int next_ = 0;
+  std::unordered_map<nn::Module*, std::vector<int>> subtree_;
+  // Per module this step: {forward calls, backward calls}.
+  std::unordered_map<nn::Module*, std::pair<int, int>> calls_;
+  bool forward_phase_ = false;
+};
+
+}  // namespace internal
+}  // namespace dist
+
+#endif  // DIST_GRAD_BUCKETS_H_
