@@ -95,6 +95,9 @@ ABSL_FLAG(int64_t, seq_len, 64, "tokens per sequence");
 ABSL_FLAG(int64_t, steps, 2,
           "training steps per run (2: the second step's forward and "
           "backward see the optimizer state)");
+ABSL_FLAG(double, bucket_cap_mb, 25,
+          "DDP's and ZeRO-1's gradient buckets (MiB of fp32 gradients); a cap above the model "
+          "gives one bucket, reduced when backward ends");
 ABSL_FLAG(std::string, json_out, "", "also write the results as JSON to this file");
 ABSL_FLAG(std::string, device, "cpu",
           "where the ranks (threads) compute and the ledger is read: cpu, or cuda[:N] (every rank "
@@ -248,11 +251,13 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
       model.Materialize(1, device);
       dist::DdpOptions o;
       o.mixed_precision = policy;
+      o.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
       ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
     } else if (strategy == "zero1") {
       model.Materialize(1, device);
       dist::Zero1Options o;
       o.mixed_precision = policy;
+      o.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
       zero = std::make_unique<dist::Zero1>(model, pg, std::move(opt), o);
       padding = zero->padded_numel() - zero->numel();
     } else {

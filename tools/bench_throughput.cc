@@ -1,22 +1,24 @@
 // Step time of DDP vs FSDP FULL_SHARD (transformer auto-wrap, one unit per
-// "Block") without and with prefetch, at one world size of the `threads`
-// engine, fp32 + AdamW, random tokens, measured side by side in one process:
+// "Block") without and with prefetch, and ZeRO-1, at one world size of the
+// `threads` engine, fp32 + AdamW, random tokens, measured side by side in one
+// process:
 //
 //   ./bazelw run //tools:bench_throughput -- --presets=gpt-mini --world_size=2
 //
-// The three are interleaved step by step: in each of --reps runs (a fresh
-// world) every rank builds a DDP-wrapped GPT and two FSDP-sharded GPTs (each
-// with its own AdamW) and steps them in turn, ABC CBA ABC ..., on the same
-// batch, --warmup untimed + --steps timed steps each, so slow drifts in
-// machine load hit all alike. "FULL_SHARD+wrap" issues each unit's all-gather
-// when the unit runs (backward_prefetch NONE, one all-gather in flight);
-// "+prefetch" uses --backward_prefetch and --forward_prefetch with
+// The four are interleaved step by step: in each of --reps runs (a fresh
+// world) every rank builds a DDP-wrapped GPT, two FSDP-sharded GPTs and a
+// ZeRO-1 GPT (each with its own AdamW) and steps them in turn, ABCD DCBA ...,
+// on the same batch, --warmup untimed + --steps timed steps each, so slow
+// drifts in machine load hit all alike. "FULL_SHARD+wrap" issues each unit's
+// all-gather when the unit runs (backward_prefetch NONE, one all-gather in
+// flight); "+prefetch" uses --backward_prefetch and --forward_prefetch with
 // --max_inflight_all_gathers (reduce-scatters overlap the next unit's
-// backward in both). A step = forward + backward (incl. the
-// gradient collectives) + AdamW step + zero-grad, timed on every rank; the
+// backward in both). DDP and ZeRO-1 use --bucket_cap_mb buckets. A step =
+// forward + backward (incl. the gradient collectives) + AdamW step (ZeRO-1:
+// on its slices, then the all-gather) + zero-grad, timed on every rank; the
 // step's time is the max over ranks. Reported: median ms/step over all timed
 // steps of a strategy, tokens/s (global: world * batch * seq_len / step time),
-// the FSDP/DDP ratio of the medians and the median of the per-step-pair ratios.
+// the ratio to DDP of the medians and the median of the per-step-pair ratios.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -39,6 +41,7 @@
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
+#include "dist/zero1.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
 #include "models/mingpt/config.h"
@@ -58,6 +61,9 @@ ABSL_FLAG(double, target_ratio, 1.15, "target FSDP/DDP step-time ratio (reported
 ABSL_FLAG(std::string, backward_prefetch, "pre", "the prefetching FSDP's: pre, post or none");
 ABSL_FLAG(bool, forward_prefetch, true, "the prefetching FSDP's forward prefetch");
 ABSL_FLAG(int, max_inflight_all_gathers, 2, "the prefetching FSDP's limit");
+ABSL_FLAG(double, bucket_cap_mb, 25,
+          "DDP's and ZeRO-1's gradient buckets (MiB of fp32 gradients); a cap above the model "
+          "gives one bucket, reduced when backward ends (no overlap)");
 ABSL_FLAG(std::string, json_out, "", "write the results as JSON to this file");
 
 namespace {
@@ -79,7 +85,9 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-constexpr int kNumVariants = 3;  // DDP, FSDP without prefetch, FSDP with prefetch
+// DDP, FSDP without prefetch, FSDP with prefetch, ZeRO-1.
+constexpr int kNumVariants = 4;
+constexpr int kPrefetch = 2, kZero1 = 3;
 
 absl::StatusOr<dist::BackwardPrefetch> ParsePrefetch(const std::string& name) {
   if (name == "pre") return dist::BackwardPrefetch::kPre;
@@ -120,9 +128,16 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
       if (!adamw.ok()) return adamw.status();
       o = std::move(*adamw);
     }
-    mingpt::GPT model_ddp(config), model_fsdp(config), model_prefetch(config);
+    mingpt::GPT model_ddp(config), model_fsdp(config), model_prefetch(config), model_zero1(config);
     model_ddp.Materialize(1);
-    dist::DistributedDataParallel ddp(model_ddp, pg);
+    const double cap = absl::GetFlag(FLAGS_bucket_cap_mb);
+    dist::DdpOptions ddp_options;
+    ddp_options.bucket_cap_mb = cap;
+    dist::DistributedDataParallel ddp(model_ddp, pg, ddp_options);
+    model_zero1.Materialize(1);
+    dist::Zero1Options zero1_options;
+    zero1_options.bucket_cap_mb = cap;
+    dist::Zero1 zero1(model_zero1, pg, std::move(opt[kZero1]), zero1_options);
     dist::FsdpOptions o;
     o.strategy = dist::ShardingStrategy::kFullShard;
     o.policy = dist::WrapPolicy::Transformer({"Block"});
@@ -135,13 +150,14 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
     o.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
     std::unique_ptr<dist::FullyShardedModel> prefetching =
         dist::FullyShard(model_prefetch, pg, o);
-    dist::FullyShardedModel* sharded[kNumVariants] = {nullptr, fsdp.get(), prefetching.get()};
-    mingpt::GPT* models[kNumVariants] = {&model_ddp, &model_fsdp, &model_prefetch};
+    dist::FullyShardedModel* sharded[kNumVariants] = {nullptr, fsdp.get(), prefetching.get(),
+                                                      nullptr};
+    mingpt::GPT* models[kNumVariants] = {&model_ddp, &model_fsdp, &model_prefetch, &model_zero1};
     std::vector<double> mine[kNumVariants];
     for (int64_t step = 0; step < warmup + steps; ++step) {
       data::LmBatch batch = loader->Next();
       for (int j = 0; j < kNumVariants; ++j) {
-        const int k = (step % 2 == 0) ? j : kNumVariants - 1 - j;  // ABC CBA
+        const int k = (step % 2 == 0) ? j : kNumVariants - 1 - j;  // ABCD DCBA
         const auto t0 = Clock::now();
         models[k]->ForwardBackward(batch.inputs, batch.targets);
         if (k == 0) {
@@ -149,6 +165,10 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
           if (!st.ok()) return st;
           opt[0]->Step(optim::FromModule(model_ddp));
           ddp.ZeroGrad();
+        } else if (k == kZero1) {
+          absl::Status st = zero1.Step();  // waits for the bucketed reduce-scatters
+          if (!st.ok()) return st;
+          zero1.ZeroGrad();
         } else {
           opt[k]->Step(sharded[k]->ParamRefs());
           sharded[k]->ZeroGrad();
@@ -175,7 +195,7 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
   }
   for (int k = 1; k < kNumVariants; ++k) {
     for (int64_t i = 0; i < steps; ++i) pair_ratios[k].push_back(run[k][i] / run[0][i]);
-    res[k].units = units;
+    if (k != kZero1) res[k].units = units;
   }
   return absl::OkStatus();
 }
@@ -183,6 +203,7 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
 std::string Label(const std::string& s) {
   if (s == "ddp") return "DDP";
   if (s == "full_shard_wrap") return "FULL_SHARD+wrap";
+  if (s == "zero1") return "ZeRO-1";
   return "FULL_SHARD+wrap+prefetch";
 }
 
@@ -205,11 +226,12 @@ int Main() {
   const double tokens_per_step = static_cast<double>(world) * B * T;
   std::printf(
       "step time, threads engine N=%d | fp32, AdamW | batch %lld x %lld tokens per rank, vocab "
-      "%lld | %d runs x (%lld warmup + %lld timed steps), ABC CBA per step\n",
+      "%lld | %d runs x (%lld warmup + %lld timed steps), ABCD DCBA per step | DDP and ZeRO-1 "
+      "buckets of %g MiB\n",
       world, static_cast<long long>(B), static_cast<long long>(T),
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), reps,
       static_cast<long long>(absl::GetFlag(FLAGS_warmup)),
-      static_cast<long long>(absl::GetFlag(FLAGS_steps)));
+      static_cast<long long>(absl::GetFlag(FLAGS_steps)), absl::GetFlag(FLAGS_bucket_cap_mb));
   std::printf("%-10s %-25s %5s | %10s %10s %10s | %-20s\n", "preset", "strategy", "units",
               "median ms", "min ms", "tokens/s", "median ms per run");
   std::vector<std::string> json_rows;
@@ -229,7 +251,8 @@ int Main() {
       return 2;
     }
     Result res[kNumVariants];
-    const std::string variants[kNumVariants] = {"ddp", "full_shard_wrap", "full_shard_wrap_prefetch"};
+    const std::string variants[kNumVariants] = {"ddp", "full_shard_wrap",
+                                                "full_shard_wrap_prefetch", "zero1"};
     std::vector<double> pair_ratios[kNumVariants];
     for (int k = 0; k < kNumVariants; ++k) {
       res[k].preset = preset;
@@ -253,14 +276,14 @@ int Main() {
                   r.median_ms, *std::min_element(r.step_ms.begin(), r.step_ms.end()),
                   r.tokens_per_s, absl::StrJoin(per_run, " ").c_str());
     }
-    double ratio[kNumVariants] = {1, 0, 0}, paired[kNumVariants] = {1, 0, 0};
+    double ratio[kNumVariants] = {1}, paired[kNumVariants] = {1};
     for (int k = 1; k < kNumVariants; ++k) {
       ratio[k] = res[k].median_ms / res[0].median_ms;
       paired[k] = Median(pair_ratios[k]);
       std::printf("%-10s %s / DDP step time: %.3f of medians, %.3f median of paired steps\n",
                   preset.c_str(), Label(res[k].strategy).c_str(), ratio[k], paired[k]);
     }
-    const bool within = ratio[2] <= target;
+    const bool within = ratio[kPrefetch] <= target;
     all_within = all_within && within;
     std::printf("%-10s FULL_SHARD with prefetch within %.2fx of DDP: %s\n", preset.c_str(),
                 target, within ? "yes" : "NO");
@@ -276,8 +299,9 @@ int Main() {
   }
   std::printf(
       "Step time = max over ranks of fwd+bwd+collectives+AdamW+zero. DDP overlaps bucketed\n"
-      "all-reduce with backward; FSDP overlaps each unit's reduce-scatter with the next unit's\n"
-      "backward, and with prefetch its all-gathers with the previous unit's compute.\n");
+      "all-reduce with backward, ZeRO-1 bucketed reduce-scatters (then steps 1/N of AdamW and\n"
+      "all-gathers); FSDP overlaps each unit's reduce-scatter with the next unit's backward,\n"
+      "and with prefetch its all-gathers with the previous unit's compute.\n");
   const std::string json_out = absl::GetFlag(FLAGS_json_out);
   if (!json_out.empty()) {
     std::ofstream out(json_out);
@@ -285,6 +309,7 @@ int Main() {
         << ",\"vocab_size\":" << absl::GetFlag(FLAGS_vocab_size)
         << ",\"warmup\":" << absl::GetFlag(FLAGS_warmup)
         << ",\"steps\":" << absl::GetFlag(FLAGS_steps) << ",\"reps\":" << reps
+        << ",\"bucket_cap_mb\":" << absl::GetFlag(FLAGS_bucket_cap_mb)
         << ",\"target_ratio\":" << target
         << ",\"all_within_target\":" << (all_within ? "true" : "false") << ",\"rows\":["
         << absl::StrJoin(json_rows, ",") << "]}\n";
@@ -299,7 +324,8 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Step time of DDP vs FSDP FULL_SHARD (+auto-wrap), interleaved.");
+  absl::SetProgramUsageMessage(
+      "Step time of DDP vs FSDP FULL_SHARD (+auto-wrap) vs ZeRO-1, interleaved.");
   absl::ParseCommandLine(argc, argv);
   return Main();
 }
