@@ -552,23 +552,57 @@ std::vector<float> SharedTwiceGrads(SharedTwice& m, const Tensor& x, int64_t row
   return FlatGrads(m);
 }
 
-TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
-  constexpr int64_t kD = 16, kRows = 8;
-  const int n = 2;
+// The inputs, the one-process gradients and the tolerances for SharedTwice
+// reduced over n ranks of kRows / n rows each.
+struct SharedTwiceCase {
+  static constexpr int64_t kD = 16, kRows = 8;
+  int n = 2;
+  Tensor x;                 // (kRows, kD)
+  std::vector<float> want;  // one process, every row
+  // A bf16 reduction rounds each rank's gradient (and the sum) to 8
+  // significant bits, so where the ranks' local gradients cancel the error is
+  // relative to the largest local gradient, not to the mean. An early issue
+  // (a bucket reduced before the shared module's second backward) loses a
+  // whole contribution: errors of the order of that largest local gradient.
+  double bf16_tol = 0;
+
+  Tensor RankRows(int rank) const {
+    const int64_t B = kRows / n;
+    return x.Narrow(0, rank * B, B).Contiguous();
+  }
+  double Tol(tensor::Dtype reduce) const { return reduce == tensor::Dtype::kF32 ? 1e-6 : bf16_tol; }
+};
+
+SharedTwiceCase MakeSharedTwiceCase(int n) {
+  SharedTwiceCase c;
+  c.n = n;
   std::mt19937 gen(5);
   std::normal_distribution<float> normal;
-  std::vector<float> xs(kRows * kD);
+  std::vector<float> xs(c.kRows * c.kD);
   for (float& v : xs) v = normal(gen);
-  const Tensor x = Tensor::FromVector(xs, {kRows, kD});
-  SharedTwice ref(kD);
+  c.x = Tensor::FromVector(xs, {c.kRows, c.kD});
+  SharedTwice ref(c.kD);
   ref.Materialize(kSeed);
-  const std::vector<float> want = SharedTwiceGrads(ref, x, kRows);
-  // fp32 reduction (exact up to summation order) and bf16 reduction (the copy
-  // is taken when the bucket is issued: an early issue loses a contribution).
+  c.want = SharedTwiceGrads(ref, c.x, c.kRows);
+  double local_max = 0;
+  for (int r = 0; r < n; ++r) {
+    SharedTwice local(c.kD);
+    local.Materialize(kSeed);
+    for (float g : SharedTwiceGrads(local, c.RankRows(r), c.kRows / n)) {
+      local_max = std::max(local_max, static_cast<double>(std::abs(g)));
+    }
+  }
+  c.bf16_tol = local_max / 128;
+  return c;
+}
+
+TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
+  const SharedTwiceCase c = MakeSharedTwiceCase(2);
   for (tensor::Dtype reduce : {tensor::Dtype::kF32, tensor::Dtype::kBF16}) {
-    std::vector<std::vector<float>> got(n);
-    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
-                  SharedTwice m(kD);
+    SCOPED_TRACE(tensor::DtypeName(reduce));
+    std::vector<std::vector<float>> got(c.n);
+    ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
+                  SharedTwice m(c.kD);
                   m.Materialize(kSeed);
                   DdpOptions o;
                   o.bucket_cap_mb = 0.002;  // one Linear per bucket
@@ -576,49 +610,25 @@ TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
                   DistributedDataParallel ddp(m, pg, o);
                   ASSERT_EQ(ddp.num_buckets(), 2);
                   EXPECT_EQ(ddp.BucketParameterNames(1).back(), "shared.weight");
-                  const int64_t B = kRows / n;
                   // Local means, averaged by DDP: the global mean.
-                  got[rank] = SharedTwiceGrads(m, x.Narrow(0, rank * B, B).Contiguous(), B);
+                  got[rank] = SharedTwiceGrads(m, c.RankRows(rank), c.kRows / c.n);
                 }).ok());
-    const double tol = reduce == tensor::Dtype::kF32 ? 1e-6 : 1e-2 * 0.5;
-    for (int r = 0; r < n; ++r) {
-      ASSERT_EQ(got[r].size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_NEAR(got[r][i], want[i], tol + 1e-2 * std::abs(want[i]))
-            << "rank " << r << " element " << i << " reduce " << tensor::DtypeName(reduce);
+    for (int r = 0; r < c.n; ++r) {
+      ASSERT_EQ(got[r].size(), c.want.size());
+      for (size_t i = 0; i < c.want.size(); ++i) {
+        EXPECT_NEAR(got[r][i], c.want[i], c.Tol(reduce)) << "rank " << r << " element " << i;
       }
     }
   }
 }
 
 TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
-  constexpr int64_t kD = 16, kRows = 8;
-  const int n = 2;
-  std::mt19937 gen(6);
-  std::normal_distribution<float> normal;
-  std::vector<float> xs(kRows * kD);
-  for (float& v : xs) v = normal(gen);
-  const Tensor x = Tensor::FromVector(xs, {kRows, kD});
-  SharedTwice ref(kD);
-  ref.Materialize(kSeed);
-  const std::vector<float> want = SharedTwiceGrads(ref, x, kRows);
-  // The largest local gradient: a bf16 reduction rounds each rank's
-  // gradient (and the sum) to 8 significant bits, so where the ranks' local
-  // gradients cancel, the error is relative to them, not to the mean.
-  double local_max = 0;
-  for (int r = 0; r < n; ++r) {
-    SharedTwice local(kD);
-    local.Materialize(kSeed);
-    const int64_t B = kRows / n;
-    for (float g : SharedTwiceGrads(local, x.Narrow(0, r * B, B).Contiguous(), B)) {
-      local_max = std::max(local_max, static_cast<double>(std::abs(g)));
-    }
-  }
+  const SharedTwiceCase c = MakeSharedTwiceCase(2);
   for (tensor::Dtype reduce : {tensor::Dtype::kF32, tensor::Dtype::kBF16}) {
     SCOPED_TRACE(tensor::DtypeName(reduce));
-    std::vector<std::vector<std::pair<int64_t, float>>> got(n);
-    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
-                  SharedTwice m(kD);
+    std::vector<std::vector<std::pair<int64_t, float>>> got(c.n);
+    ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
+                  SharedTwice m(c.kD);
                   m.Materialize(kSeed);
                   Zero1Options o;
                   o.bucket_cap_mb = 0.002;  // one Linear per bucket
@@ -626,15 +636,11 @@ TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
                   Zero1 zero(m, pg, MakeOptimizer(Opt::kSgd), o);
                   ASSERT_EQ(zero.num_buckets(), 2);
                   EXPECT_EQ(zero.BucketParameterNames(1).front(), "shared.weight");
-                  const int64_t B = kRows / n;
-                  SharedTwiceGrads(m, x.Narrow(0, rank * B, B).Contiguous(), B);
+                  SharedTwiceGrads(m, c.RankRows(rank), c.kRows / c.n);
                   ASSERT_TRUE(zero.FinishBackward().ok());
                   got[rank] = ReducedSlices(zero);
                 }).ok());
-    // A bucket issued before shared's second backward would miss a whole
-    // contribution: errors of the order of local_max.
-    const double tol = reduce == tensor::Dtype::kF32 ? 1e-6 : local_max / 128;
-    for (int r = 0; r < n; ++r) ExpectSlicesEqual(got[r], want, tol, r);
+    for (int r = 0; r < c.n; ++r) ExpectSlicesEqual(got[r], c.want, c.Tol(reduce), r);
   }
 }
 
