@@ -1,10 +1,9 @@
-// dist::Zero1: flat buffers, reduce-scatter, sharded step, all-gather, and
-// the mixed-precision variants of each.
+// dist::Zero1: bucket segments of the flat buffers, reduce-scatters during
+// backward, the sharded step, all-gathers, and the mixed-precision variants
+// of each.
 #include "dist/zero1.h"
 
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
