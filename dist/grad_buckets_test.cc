@@ -1,0 +1,129 @@
+// Gradient buckets in backward order and the rule for when one is final,
+// driven through the hook calls directly (DDP and ZeRO-1 tests run it inside
+// real backward passes).
+#include "dist/grad_buckets.h"
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nn/containers.h"
+#include "nn/linear.h"
+#include "tensor/error.h"
+
+namespace dist::internal {
+namespace {
+
+// Three Linear(4, 4): parameters 0.weight (16), 0.bias (4), 1.weight, 1.bias,
+// 2.weight, 2.bias, indices 0..5 in registration order.
+std::unique_ptr<nn::Sequential> ThreeLinears() {
+  auto seq = std::make_unique<nn::Sequential>();
+  for (int i = 0; i < 3; ++i) seq->Append(std::make_unique<nn::Linear>(4, 4));
+  seq->Materialize(1);
+  return seq;
+}
+
+double Mb(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+TEST(ReverseOrderBucketsTest, LastParametersFirstUpToTheCap) {
+  auto seq = ThreeLinears();
+  const auto params = seq->NamedParameters();
+  // 20 floats per bucket: one Linear's weight and bias.
+  EXPECT_EQ(ReverseOrderBuckets("t", params, Mb(80)),
+            (std::vector<std::vector<int>>{{5, 4}, {3, 2}, {1, 0}}));
+  // 10 floats: a weight (16) exceeds the cap and gets a bucket of its own.
+  EXPECT_EQ(ReverseOrderBuckets("t", params, Mb(40)),
+            (std::vector<std::vector<int>>{{5}, {4}, {3}, {2}, {1}, {0}}));
+  // A large cap: one bucket.
+  EXPECT_EQ(ReverseOrderBuckets("t", params, 25),
+            (std::vector<std::vector<int>>{{5, 4, 3, 2, 1, 0}}));
+}
+
+TEST(ReverseOrderBucketsTest, CapMustBePositive) {
+  auto seq = ThreeLinears();
+  try {
+    ReverseOrderBuckets("zero1", seq->NamedParameters(), 0);
+    FAIL() << "no error";
+  } catch (const tensor::OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bucket_cap_mb must be > 0"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Buckets {5, 4} {3, 2} {1, 0}: per parameter 2 2 1 1 0 0.
+std::unique_ptr<BucketReadiness> Readiness(nn::Sequential& seq) {
+  return std::make_unique<BucketReadiness>(seq, std::vector<int>{2, 2, 1, 1, 0, 0}, 3);
+}
+
+void Forward(BucketReadiness& r, nn::Sequential& seq) {
+  r.OnPreForward(seq);
+  for (size_t i = 0; i < seq.size(); ++i) r.OnPreForward(*seq.at(i));
+  r.EndForward();
+}
+
+TEST(BucketReadinessTest, BucketsAreTakenInOrderOnceTheirModulesAreDone) {
+  auto seq = ThreeLinears();
+  auto r = Readiness(*seq);
+  for (int step = 0; step < 2; ++step) {
+    Forward(*r, *seq);
+    r->StartBackward();
+    EXPECT_EQ(r->TakeNextReady(), -1);
+    r->OnPostBackward(*seq->at(2));
+    EXPECT_EQ(r->TakeNextReady(), 0);
+    EXPECT_EQ(r->TakeNextReady(), -1);
+    // Bucket 2 is ready before bucket 1: it waits, so every rank issues 0, 1, 2.
+    r->OnPostBackward(*seq->at(0));
+    EXPECT_EQ(r->TakeNextReady(), -1);
+    r->OnPostBackward(*seq->at(1));
+    EXPECT_EQ(r->TakeNextReady(), 1);
+    EXPECT_EQ(r->TakeNextReady(), 2);
+    EXPECT_EQ(r->TakeNextReady(), -1);
+    EXPECT_EQ(r->num_taken(), 3);
+  }
+}
+
+TEST(BucketReadinessTest, AModuleRunTwiceIsDoneAfterItsSecondBackward) {
+  auto seq = ThreeLinears();
+  auto r = Readiness(*seq);
+  r->OnPreForward(*seq);
+  for (int i : {0, 1, 2, 2}) r->OnPreForward(*seq->at(i));  // layer 2 runs twice
+  r->EndForward();
+  r->StartBackward();
+  r->OnPostBackward(*seq->at(2));
+  EXPECT_EQ(r->TakeNextReady(), -1);
+  r->OnPostBackward(*seq->at(2));
+  EXPECT_EQ(r->TakeNextReady(), 0);
+}
+
+TEST(BucketReadinessTest, ForwardsRecomputedDuringBackwardDoNotCount) {
+  auto seq = ThreeLinears();
+  auto r = Readiness(*seq);
+  Forward(*r, *seq);
+  r->StartBackward();
+  r->OnPreForward(*seq->at(2));  // activation checkpointing recomputes layer 2
+  r->OnPostBackward(*seq->at(2));
+  EXPECT_EQ(r->TakeNextReady(), 0);
+}
+
+TEST(BucketReadinessTest, MarkAllFinalReleasesEveryBucketInOrder) {
+  auto seq = ThreeLinears();
+  auto r = Readiness(*seq);
+  Forward(*r, *seq);
+  r->StartBackward();
+  r->OnPostBackward(*seq->at(1));  // bucket 1 ready, bucket 0 not
+  EXPECT_EQ(r->TakeNextReady(), -1);
+  r->MarkAllFinal();
+  EXPECT_EQ(r->TakeNextReady(), 0);
+  EXPECT_EQ(r->TakeNextReady(), 1);
+  EXPECT_EQ(r->TakeNextReady(), 2);
+  EXPECT_EQ(r->TakeNextReady(), -1);
+  // The root's backward marks its whole subtree too.
+  r->StartBackward();
+  r->OnPostBackward(*seq);
+  EXPECT_EQ(r->num_taken(), 0);
+  EXPECT_EQ(r->TakeNextReady(), 0);
+}
+
+}  // namespace
+}  // namespace dist::internal
