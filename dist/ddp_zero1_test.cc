@@ -438,8 +438,8 @@ TEST(Zero1Test, BucketsAreReverseOrderAndReduceScatterBeforeBackwardEnds) {
                 // Bucket 0 ends with the last registered parameter (lm_head),
                 // the last bucket starts with the first (wte); the segments
                 // follow registration order: the last bucket's first.
-                EXPECT_EQ(zero.BucketParameterNames(0).back(), names.back().first);
-                EXPECT_EQ(zero.BucketParameterNames(zero.num_buckets() - 1).front(),
+                EXPECT_EQ(zero.BucketParameters(0).back().first, names.back().first);
+                EXPECT_EQ(zero.BucketParameters(zero.num_buckets() - 1).front().first,
                           names.front().first);
                 EXPECT_EQ(zero.segment(zero.num_buckets() - 1).begin, 0);
                 for (int b = 0; b + 1 < zero.num_buckets(); ++b) {
@@ -635,7 +635,7 @@ TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
                   o.mixed_precision.reduce_dtype = reduce;
                   Zero1 zero(m, pg, MakeOptimizer(Opt::kSgd), o);
                   ASSERT_EQ(zero.num_buckets(), 2);
-                  EXPECT_EQ(zero.BucketParameterNames(1).front(), "shared.weight");
+                  EXPECT_EQ(zero.BucketParameters(1).front().first, "shared.weight");
                   SharedTwiceGrads(m, c.RankRows(rank), c.kRows / c.n);
                   ASSERT_TRUE(zero.FinishBackward().ok());
                   got[rank] = ReducedSlices(zero);

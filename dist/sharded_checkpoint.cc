@@ -600,17 +600,13 @@ Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
   p.writes = true;
   p.file_index = pg.rank();
   p.num_files = pg.size();
-  const std::vector<std::pair<std::string, nn::Parameter*>> params =
-      zero.module().NamedParameters();
-  std::map<std::string, const nn::Parameter*> by_name(params.begin(), params.end());
   std::vector<optim::ParamRef> refs = zero.ParamRefs();
   for (int b = 0; b < zero.num_buckets(); ++b) {
     const Zero1::Segment seg = zero.segment(b);
     FlatLayout L;
     L.ref = refs[b].name;
     int64_t offset = 0;
-    for (const std::string& name : zero.BucketParameterNames(b)) {
-      const nn::Parameter* param = by_name.at(name);
+    for (const auto& [name, param] : zero.BucketParameters(b)) {
       L.entries.push_back({name, param->shape, offset, param->numel()});
       offset += param->numel();
     }

@@ -140,10 +140,10 @@ Zero1::~Zero1() {
 
 Zero1::Segment Zero1::segment(int b) const { return buckets_.at(b).seg; }
 
-std::vector<std::string> Zero1::BucketParameterNames(int b) const {
-  std::vector<std::string> names;
-  for (int i : buckets_.at(b).params) names.push_back(params_[i].first);
-  return names;
+std::vector<std::pair<std::string, nn::Parameter*>> Zero1::BucketParameters(int b) const {
+  std::vector<std::pair<std::string, nn::Parameter*>> out;
+  for (int i : buckets_.at(b).params) out.push_back(params_[i]);
+  return out;
 }
 
 tensor::Tensor Zero1::grad_shard(int b) const {
@@ -196,7 +196,6 @@ void Zero1::OnRootPreBackward() {
   if (!syncing_this_step_) return;
   events_.clear();
   readiness_->StartBackward();
-  for (Bucket& b : buckets_) b.work.reset();
 }
 
 void Zero1::IssueReadyBuckets() {

@@ -187,8 +187,9 @@ class Zero1 {
     int64_t begin = 0, numel = 0, padded = 0, shard_begin = 0, shard_numel = 0;
   };
   Segment segment(int b) const;
-  // Names of bucket b's parameters, in registration (flat buffer) order.
-  std::vector<std::string> BucketParameterNames(int b) const;
+  // Bucket b's parameters, named as model.NamedParameters() names them, in
+  // registration (flat buffer) order.
+  std::vector<std::pair<std::string, nn::Parameter*>> BucketParameters(int b) const;
   // This rank's fp32 master slice of bucket b (k_b; in fp32 a view of the
   // flat parameter), its fp32 gradient slice (a view of the flat gradient)
   // and the slice's decay ranges.
