@@ -768,6 +768,47 @@ TEST(MixedPrecisionMemoryTest, ModelStateBytesBetweenSteps) {
   }
 }
 
+// Construction moves the model's tensors into the buckets' buffers one
+// bucket at a time and allocates the flat gradient after them: the set-up
+// holds the model twice for one bucket at most (not 2 Psi), and its peak
+// stays under the model state held between steps.
+TEST(MixedPrecisionMemoryTest, Zero1SetUpHoldsTheModelTwiceForOneBucketAtMost) {
+  const int n = 2;
+  const int64_t psi = mingpt::GPT(Tiny()).NumParameters();
+  for (bool mixed : {false, true}) {
+    ThreadWorld world(n);
+    ASSERT_TRUE(RunRanks(world, [&](int rank, ProcessGroup& pg) {
+                  mingpt::GPT model(Tiny());
+                  model.Materialize(kSeed);
+                  ASSERT_EQ(Current(MemoryCategory::kParameters), 4 * psi);
+                  world.ledger(rank).ResetPeaks();
+                  Zero1Options options;
+                  options.mixed_precision =
+                      mixed ? MixedPrecisionPolicy::Bf16() : MixedPrecisionPolicy::Fp32();
+                  options.bucket_cap_mb = 0.002;
+                  Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd), options);
+                  ASSERT_GE(zero.num_buckets(), 4);
+                  int64_t largest = 0;
+                  for (int b = 0; b < zero.num_buckets(); ++b) {
+                    largest = std::max(largest, zero.segment(b).padded);
+                  }
+                  ASSERT_LT(largest, psi / 3);  // the bound below is well under 2 Psi
+                  const int64_t bucket_bytes = (mixed ? 2 : 4) * largest;
+                  const int64_t master_bytes = mixed ? 4 * zero.shard_numel() : 0;
+                  const tensor::MemoryLedger& ledger = world.ledger(rank);
+                  const int64_t params_peak =
+                      ledger.Stats(tensor::Device::Cpu(), MemoryCategory::kParameters).peak;
+                  EXPECT_LE(params_peak, 4 * psi + master_bytes + bucket_bytes);
+                  // Between steps (no optimizer state yet): the buffers and the gradient.
+                  const int64_t held =
+                      Current(MemoryCategory::kParameters) + Current(MemoryCategory::kGradients);
+                  EXPECT_EQ(held, (mixed ? 2 + 4 : 4 + 4) * zero.padded_numel() + master_bytes);
+                  EXPECT_LE(ledger.Total(tensor::Device::Cpu()).peak,
+                            std::max(held, 4 * psi + master_bytes + bucket_bytes));
+                }).ok());
+  }
+}
+
 // ZeRO-1 in bf16: the gradient shard is reduced in bf16 and lands fp32; the
 // masters gathered by FullStateDict are fp32 and round to the bf16 values the
 // layers compute with.

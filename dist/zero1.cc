@@ -71,43 +71,53 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   // A low-precision flat parameter when every parameter computes in param_dtype.
   const bool low_flat = mp.IsMixed() && !HasKeptFp32Parameters(model_, mp);
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && n > 1;
-  {
+  padded_numel_ = padded_total;
+  flat_param_dtype_ = low_flat ? mp.param_dtype : tensor::Dtype::kF32;
+  if (low_flat) {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-    flat_param_ = tensor::Tensor::Zeros({padded_total},
-                                        low_flat ? mp.param_dtype : tensor::Dtype::kF32, device);
-    if (low_flat) master_ = tensor::Tensor::Zeros({k}, tensor::Dtype::kF32, device);
+    master_ = tensor::Tensor::Zeros({k}, tensor::Dtype::kF32, device);
+  }
+  // The parameters move into their bucket's buffer one bucket at a time: each
+  // original tensor is freed as its value becomes a view, so the model's
+  // tensors and the buffers coexist for one bucket only (the set-up peak is
+  // Psi + one bucket, not 2 Psi; DeepSpeed moves the model to the host first
+  // for the same reason). Each bucket's master slice is a view of its buffer
+  // (fp32) or the next k_b elements of master_ (in bucket order).
+  int64_t master_offset = 0;
+  for (Bucket& bucket : buckets_) {
+    const Segment& seg = bucket.seg;
+    {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+      bucket.param = tensor::Tensor::Zeros({seg.padded}, flat_param_dtype_, device);
+    }
+    const int64_t mine = seg.shard_begin - seg.begin;  // this rank's slice in the bucket
+    bucket.master = low_flat ? master_.Narrow(0, master_offset, seg.shard_numel)
+                             : bucket.param.Narrow(0, mine, seg.shard_numel);
+    master_offset += seg.shard_numel;
+    for (int i : bucket.params) {
+      nn::Parameter* p = params_[i].second;
+      const int64_t m = p->numel(), local = offsets_[i] - seg.begin;
+      if (low_flat) {
+        // This rank's part of the parameter, in fp32, into the master slice.
+        const int64_t lo = std::max(local, mine), hi = std::min(local + m, mine + seg.shard_numel);
+        if (lo < hi) {
+          bucket.master.Narrow(0, lo - mine, hi - lo)
+              .CopyFrom(p->value.Flatten().Narrow(0, lo - local, hi - lo));
+        }
+      }
+      tensor::Tensor value = bucket.param.Narrow(0, local, m).View(p->shape);
+      value.CopyFrom(p->value);  // rounded to param_dtype when low_flat
+      p->value = value;          // frees the original
+    }
   }
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
     flat_grad_ = tensor::Tensor::Zeros({padded_total}, tensor::Dtype::kF32, device);
   }
-  // Each bucket's master slice: a view of the flat parameter (fp32), or the
-  // next k_b elements of master_ (in bucket order).
-  int64_t master_offset = 0;
-  for (Bucket& bucket : buckets_) {
-    const Segment& seg = bucket.seg;
-    bucket.master = low_flat ? master_.Narrow(0, master_offset, seg.shard_numel)
-                             : flat_param_.Narrow(0, seg.shard_begin, seg.shard_numel);
-    master_offset += seg.shard_numel;
-  }
   grad_views_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter* p = params_[i].second;
     const int64_t m = p->numel(), offset = offsets_[i];
-    if (low_flat) {
-      // This rank's part of the parameter, in fp32, into its bucket's master slice.
-      const Segment& seg = buckets_[bucket_of[i]].seg;
-      const int64_t lo = std::max(offset, seg.shard_begin),
-                    hi = std::min(offset + m, seg.shard_begin + seg.shard_numel);
-      if (lo < hi) {
-        buckets_[bucket_of[i]]
-            .master.Narrow(0, lo - seg.shard_begin, hi - lo)
-            .CopyFrom(p->value.Flatten().Narrow(0, lo - offset, hi - lo));
-      }
-    }
-    tensor::Tensor value = flat_param_.Narrow(0, offset, m).View(p->shape);
-    value.CopyFrom(p->value);  // rounded to param_dtype when low_flat
-    p->value = value;
     tensor::Tensor grad = flat_grad_.Narrow(0, offset, m).View(p->shape);
     if (p->grad.defined()) grad.CopyFrom(p->grad);
     p->grad = grad;
@@ -286,9 +296,9 @@ absl::Status Zero1::Step() {
 absl::Status Zero1::RefreshParameters() {
   std::vector<WorkPtr> works;
   for (Bucket& b : buckets_) {
-    tensor::Tensor mine = flat_param_.Narrow(0, b.seg.shard_begin, b.seg.shard_numel);
+    tensor::Tensor mine = b.param.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel);
     if (!mine.SharesStorageWith(b.master)) mine.CopyFrom(b.master);  // rounded to param_dtype
-    works.push_back(pg_.AllGather(mine, flat_param_.Narrow(0, b.seg.begin, b.seg.padded)));
+    works.push_back(pg_.AllGather(mine, b.param));
   }
   absl::Status status;
   for (WorkPtr& w : works) status.Update(w->Wait());
@@ -296,26 +306,35 @@ absl::Status Zero1::RefreshParameters() {
 }
 
 std::vector<std::pair<std::string, tensor::Tensor>> Zero1::FullStateDict() {
-  tensor::Tensor full = flat_param_;
+  // Per bucket: its fp32 parameters (padded), the buffer itself or the
+  // gathered master slices.
+  std::vector<tensor::Tensor> fp32(buckets_.size());
   if (master_.defined()) {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-    full = tensor::Tensor::Empty({flat_param_.numel()}, tensor::Dtype::kF32, master_.device());
     std::vector<WorkPtr> works;
-    for (Bucket& b : buckets_) {
-      works.push_back(pg_.AllGather(b.master, full.Narrow(0, b.seg.begin, b.seg.padded)));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      fp32[b] =
+          tensor::Tensor::Empty({buckets_[b].seg.padded}, tensor::Dtype::kF32, master_.device());
+      works.push_back(pg_.AllGather(buckets_[b].master, fp32[b]));
     }
     absl::Status s;
     for (WorkPtr& w : works) s.Update(w->Wait());
     OP_CHECK(s.ok(), "zero1", "full_state_dict all_gather: ", s.ToString());
+  } else {
+    for (size_t b = 0; b < buckets_.size(); ++b) fp32[b] = buckets_[b].param;
   }
   std::vector<std::pair<std::string, tensor::Tensor>> out;
   if (pg_.rank() != 0) return out;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    nn::Parameter* p = params_[i].second;
-    const tensor::Tensor view = full.Narrow(0, offsets_[i], p->numel()).View(p->shape);
-    out.emplace_back(params_[i].first,
-                     view.device().is_cpu() ? view.Clone() : view.To(tensor::Device::Cpu()));
+  std::vector<tensor::Tensor> copies(params_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (int i : buckets_[b].params) {
+      nn::Parameter* p = params_[i].second;
+      const tensor::Tensor view =
+          fp32[b].Narrow(0, offsets_[i] - buckets_[b].seg.begin, p->numel()).View(p->shape);
+      copies[i] = view.device().is_cpu() ? view.Clone() : view.To(tensor::Device::Cpu());
+    }
   }
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back(params_[i].first, copies[i]);
   return out;
 }
 

@@ -11,13 +11,16 @@
 // At construction every parameter and buffer is broadcast from rank 0. The
 // parameters are grouped into buckets of at most bucket_cap_mb MiB in reverse
 // registration order, as DDP's (bucket 0 holds the last parameters: backward
-// finalizes it first). The flat parameter buffer holds the parameters in
+// finalizes it first). The flat gradient holds the parameters' gradients in
 // registration order, each bucket's segment right-padded to a multiple of
 // N = pg.size() and split into N equal slices of k_b elements: rank r owns
-// slice r of every bucket, k = sum of k_b elements in all. Each
-// Parameter::value becomes a view of the flat parameter and each
-// Parameter::grad a view of a flat fp32 gradient of the same layout, so
-// backward accumulates in place and the all-gathers are copy-free. The
+// slice r of every bucket, k = sum of k_b elements in all. Each bucket has a
+// parameter buffer laid out as its segment (the flat parameter is their
+// concatenation, allocated per bucket so that construction, which moves the
+// model's tensors in, holds the model twice for one bucket at most). Each
+// Parameter::value becomes a view of its bucket's buffer and each
+// Parameter::grad a view of the flat gradient, so backward accumulates in
+// place and the all-gathers are copy-free. The
 // optimizer holds state for this rank's slices only, one ParamRef per bucket
 // ("zero1.bucket<b>"; kOptimizerState: S k bytes, about S Psi / N; AdamW
 // S = 8 bytes per element).
@@ -30,7 +33,7 @@
 // DeepSpeed's overlap_comm). The root's PostBackward issues what is left.
 // Step() waits for them, steps the optimizer over the fp32 master slices
 // (decay ranges from Parameter::weight_decay via optim::SliceRanges), writes
-// them into the flat parameter and all-gathers each bucket, so every rank
+// them into the buckets' buffers and all-gathers each bucket, so every rank
 // ends with the same full parameters. After a synced backward only this
 // rank's slices of the flat gradient hold averaged values (the rest holds
 // local gradients).
@@ -172,14 +175,16 @@ class Zero1 {
   // Psi: the parameters' elements; padded: the flat buffers' (each bucket
   // padded to a multiple of N); k = padded / N, this rank's elements.
   int64_t numel() const { return numel_; }
-  int64_t padded_numel() const { return flat_param_.numel(); }
+  int64_t padded_numel() const { return padded_numel_; }
   int64_t shard_numel() const { return padded_numel() / pg_.size(); }
   // Decay ranges of the whole flat buffer.
   const optim::ElementRanges& decay_ranges() const { return decay_ranges_; }
 
   // ---- Buckets ----
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  // Bucket b's segment of the flat buffers, [begin, begin + padded): its
+  // Bucket b's segment of the flat buffers, [begin, begin + padded) (of the
+  // flat gradient; its parameter buffer is that segment of the flat
+  // parameter, element begin at its index 0): its
   // parameters at [begin, begin + numel), zero padding after; this rank's
   // slice is [shard_begin, shard_begin + shard_numel), shard_begin = begin +
   // rank * shard_numel.
@@ -207,7 +212,7 @@ class Zero1 {
   }
   // Dtype of the flat parameter (what Parameter::value views): param_dtype
   // under a mixed policy whose kept-fp32 classes hold no parameter, else f32.
-  tensor::Dtype flat_param_dtype() const { return flat_param_.dtype(); }
+  tensor::Dtype flat_param_dtype() const { return flat_param_dtype_; }
   // True when gradients travel in reduce_dtype (not f32, more than one rank).
   bool reduces_in_low_precision() const { return reduce_low_; }
 
@@ -221,6 +226,7 @@ class Zero1 {
   struct Bucket {
     std::vector<int> params;           // indices into params_, registration order
     Segment seg;                       // its segment of the flat buffers
+    tensor::Tensor param;              // fp32 or param_dtype (seg.padded): Parameter::value views
     tensor::Tensor master;             // fp32 (k_b): this rank's master slice
     tensor::Tensor low;                // reduce_dtype (N k_b) while its reduce-scatter runs
     optim::ElementRanges shard_decay;  // decay ranges of this rank's slice
@@ -243,9 +249,10 @@ class Zero1 {
   std::vector<int64_t> offsets_;  // per parameter: its offset in the flat buffers
   std::vector<tensor::Tensor> grad_views_;
   int64_t numel_ = 0;
-  tensor::Tensor flat_param_;  // fp32 or param_dtype (padded): Parameter::value views
-  tensor::Tensor flat_grad_;   // fp32 (padded): Parameter::grad views
-  tensor::Tensor master_;      // fp32 (k): the master slices, when not views of flat_param_
+  int64_t padded_numel_ = 0;
+  tensor::Dtype flat_param_dtype_ = tensor::Dtype::kF32;
+  tensor::Tensor flat_grad_;  // fp32 (padded): Parameter::grad views
+  tensor::Tensor master_;     // fp32 (k): the master slices, when not views of Bucket::param
   std::vector<Bucket> buckets_;
   std::unique_ptr<internal::BucketReadiness> readiness_;
   bool reduce_low_ = false;                    // reduce-scatter in reduce_dtype

@@ -168,6 +168,7 @@ struct Row {
   int64_t psi = 0, padding = 0;  // elements of padding on this rank's buffers
   int64_t peak[tensor::kNumMemoryCategories] = {};
   int64_t peak_total = 0;
+  int64_t setup_peak = 0;  // the total's peak from building the model to the first step
   int64_t steady = 0, after_forward = 0;
   double seconds = 0;
   std::vector<Check> checks;
@@ -274,6 +275,7 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
       }
     }
     tensor::MemoryLedger& ledger = tw.ledger(rank);
+    const int64_t setup_peak = ledger.Total(device).peak;
     ledger.ResetPeaks();  // measure the training steps, not the one-time set-up
     int64_t after_forward = 0;
     for (int64_t step = 0; step < steps; ++step) {
@@ -304,6 +306,7 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
       std::lock_guard<std::mutex> lock(mu);
       row.steady = steady;
       row.after_forward = after_forward;
+      row.setup_peak = setup_peak;
       row.padding = padding;
       if (fsdp) row.units = fsdp->num_units();
     }
@@ -366,13 +369,14 @@ std::string RowJson(const Row& r) {
         ",\"ratio_paper\":", c.measured / c.paper.bytes, ",\"allowed_bytes\":",
         static_cast<int64_t>(c.allowed), ",\"pass\":", c.pass ? "true" : "false", "}"));
   }
-  return absl::StrCat(
-      "{\"preset\":\"", r.preset, "\",\"world_size\":", r.world, ",\"precision\":\"",
-      r.mixed ? "bf16" : "fp32", "\",\"strategy\":\"", Label(r.strategy), "\",\"units\":", r.units,
-      ",\"psi\":", r.psi, ",\"K\":", r.k, ",\"padding_elements\":", r.padding, ",\"peak_bytes\":{",
-      cats, ",\"total\":", r.peak_total, "},\"model_state_bytes\":{",
-      "\"between_steps\":", r.steady, ",\"after_forward\":", r.after_forward, "},\"checks\":[",
-      absl::StrJoin(checks, ","), "],\"seconds\":", r.seconds, "}");
+  return absl::StrCat("{\"preset\":\"", r.preset, "\",\"world_size\":", r.world,
+                      ",\"precision\":\"", r.mixed ? "bf16" : "fp32", "\",\"strategy\":\"",
+                      Label(r.strategy), "\",\"units\":", r.units, ",\"psi\":", r.psi,
+                      ",\"K\":", r.k, ",\"padding_elements\":", r.padding, ",\"peak_bytes\":{",
+                      cats, ",\"total\":", r.peak_total, "},\"setup_peak_bytes\":", r.setup_peak,
+                      ",\"model_state_bytes\":{", "\"between_steps\":", r.steady,
+                      ",\"after_forward\":", r.after_forward, "},\"checks\":[",
+                      absl::StrJoin(checks, ","), "],\"seconds\":", r.seconds, "}");
 }
 
 int Main() {
@@ -429,9 +433,10 @@ int Main() {
       static_cast<long long>(absl::GetFlag(FLAGS_seq_len)),
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)),
       static_cast<long long>(absl::GetFlag(FLAGS_steps)));
-  const char* kPeakHeader = "%-10s %2s %-4s %-15s %5s | %8s %8s %8s %8s %7s %7s | %8s | %7s\n";
+  const char* kPeakHeader =
+      "%-10s %2s %-4s %-15s %5s | %8s %8s %8s %8s %7s %7s | %8s | %8s | %7s\n";
   std::printf(kPeakHeader, "preset", "N", "prec", "strategy", "units", "params", "grads", "optim",
-              "activ", "comm", "temp", "TOTAL", "seconds");
+              "activ", "comm", "temp", "TOTAL", "set-up", "seconds");
   std::vector<Row> rows;
   std::vector<Ordering> orderings;
   const auto start = std::chrono::steady_clock::now();
@@ -449,11 +454,12 @@ int Main() {
             return 1;
           }
           std::printf(
-              "%-10s %2d %-4s %-15s %5s | %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f | %8.2f | %7.1f\n",
+              "%-10s %2d %-4s %-15s %5s | %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f | %8.2f | %8.2f | "
+              "%7.1f\n",
               preset.c_str(), n, mixed ? "bf16" : "fp32", Label(strategy).c_str(),
               row.units ? absl::StrCat(row.units).c_str() : "-", row.peak[0] / kMiB,
               row.peak[1] / kMiB, row.peak[2] / kMiB, row.peak[3] / kMiB, row.peak[4] / kMiB,
-              row.peak[5] / kMiB, row.peak_total / kMiB, row.seconds);
+              row.peak[5] / kMiB, row.peak_total / kMiB, row.setup_peak / kMiB, row.seconds);
           std::fflush(stdout);
           totals[strategy] = row.peak_total;
           rows.push_back(std::move(row));
