@@ -709,7 +709,10 @@ absl::StatusOr<ShardedCheckpointInfo> ReadShardedCheckpointInfo(const std::strin
   info.optimizer_buffers = x->buffers;
   info.has_optimizer_state = x->has_state;
   info.optimizer_step = x->has_state ? x->step : -1;
-  for (const ParamRec& p : x->params) info.params.emplace_back(p.name, p.shape);
+  for (const ParamRec& p : x->params) {
+    info.params.emplace_back(p.name, p.shape);
+    info.param_has_state.push_back(p.has_state);
+  }
   info.extra = x->extra;
   return info;
 }

@@ -145,6 +145,7 @@ struct ShardedCheckpointInfo {
   bool has_optimizer_state = false;
   int64_t optimizer_step = -1;  // -1: no state, or steps differ between parameters
   std::vector<std::pair<std::string, tensor::Shape>> params;
+  std::vector<bool> param_has_state;  // per params entry: its optimizer state is saved
   std::map<std::string, std::string> extra;
 };
 

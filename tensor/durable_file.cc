@@ -34,25 +34,81 @@ absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path) 
 }  // namespace
 
 absl::Status WriteFileDurably(const std::string& path, absl::Span<const absl::string_view> parts) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  absl::StatusOr<std::unique_ptr<DurableFileWriter>> w = DurableFileWriter::Create(path);
+  if (!w.ok()) return w.status();
+  for (absl::string_view part : parts) {
+    absl::Status s = (*w)->Append(part);
+    if (!s.ok()) return s;
+  }
+  return (*w)->Commit();
+}
+
+absl::StatusOr<std::unique_ptr<DurableFileWriter>> DurableFileWriter::Create(
+    const std::string& path) {
+  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", tmp, errno);
-  absl::Status s = absl::OkStatus();
-  for (absl::string_view part : parts) {
-    s = WriteAll(fd, part, tmp);
-    if (!s.ok()) break;
+  return std::unique_ptr<DurableFileWriter>(new DurableFileWriter(path, std::move(tmp), fd));
+}
+
+DurableFileWriter::~DurableFileWriter() {
+  if (fd_ >= 0) Fail(absl::OkStatus()).IgnoreError();
+}
+
+absl::Status DurableFileWriter::Fail(absl::Status s) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  return s;
+}
+
+absl::Status DurableFileWriter::Append(absl::string_view bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("'", tmp_, "' is closed"));
+  absl::Status s = WriteAll(fd_, bytes, tmp_);
+  if (!s.ok()) return Fail(s);
+  size_ += static_cast<int64_t>(bytes.size());
+  return s;
+}
+
+absl::Status DurableFileWriter::WriteAt(int64_t offset, absl::string_view bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("'", tmp_, "' is closed"));
+  if (offset < 0 || offset + static_cast<int64_t>(bytes.size()) > size_) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteAt [", offset, ", ", offset + bytes.size(),
+                                                   ") is outside the ", size_,
+                                                   " bytes written to '", tmp_, "'"));
   }
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoError("cannot fsync", tmp, errno);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoError("cannot close", tmp, errno);
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = ErrnoError("cannot rename onto", path, errno);
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::pwrite(fd_, p, left, offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Fail(ErrnoError("cannot write", tmp_, errno));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+    offset += n;
   }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
+  return absl::OkStatus();
+}
+
+absl::Status DurableFileWriter::Commit() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("'", tmp_, "' is closed"));
+  if (::fsync(fd_) != 0) return Fail(ErrnoError("cannot fsync", tmp_, errno));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(tmp_.c_str());
+    return ErrnoError("cannot close", tmp_, error);
   }
-  const size_t slash = path.find_last_of('/');
-  FsyncDir(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp_.c_str());
+    return ErrnoError("cannot rename onto", path_, error);
+  }
+  const size_t slash = path_.find_last_of('/');
+  FsyncDir(slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash));
   return absl::OkStatus();
 }
 

@@ -6,9 +6,13 @@
 #ifndef TENSOR_DURABLE_FILE_H_
 #define TENSOR_DURABLE_FILE_H_
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -21,6 +25,36 @@ absl::Status WriteFileDurably(const std::string& path, absl::Span<const absl::st
 inline absl::Status WriteFileDurably(const std::string& path, absl::string_view bytes) {
   return WriteFileDurably(path, absl::MakeConstSpan(&bytes, 1));
 }
+
+// The same, piece by piece, for files too large to hold at once (a
+// safetensors file written tensor by tensor): Append the bytes in order,
+// optionally WriteAt to overwrite bytes already appended (a checksum in a
+// header), then Commit (fsync, rename onto `path`, fsync of the folder).
+// Destroyed without a successful Commit, or after an error, it removes the
+// temporary file and leaves `path` as it was. Errors as WriteFileDurably's.
+class DurableFileWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<DurableFileWriter>> Create(const std::string& path);
+  ~DurableFileWriter();
+  DurableFileWriter(const DurableFileWriter&) = delete;
+  DurableFileWriter& operator=(const DurableFileWriter&) = delete;
+
+  absl::Status Append(absl::string_view bytes);
+  // Overwrites [offset, offset + bytes.size()), which must lie within what
+  // was appended (InvalidArgument otherwise).
+  absl::Status WriteAt(int64_t offset, absl::string_view bytes);
+  absl::Status Commit();
+  int64_t size() const { return size_; }  // bytes appended
+
+ private:
+  DurableFileWriter(std::string path, std::string tmp, int fd)
+      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  absl::Status Fail(absl::Status s);  // closes and removes the temporary file
+
+  std::string path_, tmp_;
+  int fd_;  // -1 once committed or failed
+  int64_t size_ = 0;
+};
 
 // fsync of a folder, making the creation, removal or renaming of its entries
 // durable; errors are ignored (some filesystems refuse it).

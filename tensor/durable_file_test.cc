@@ -53,5 +53,33 @@ TEST(DurableFileTest, AFailureNamesTheFileAndLeavesTheOldContents) {
   EXPECT_EQ(Entries(dir), std::vector<std::string>{"taken"});
 }
 
+// Piece by piece: appended bytes, one overwritten in place, nothing at
+// `path` until Commit; a writer dropped unfinished leaves `path` as it was.
+TEST(DurableFileTest, WriterAppendsOverwritesAndCommitsOrLeavesNothing) {
+  const std::string dir = ::testing::TempDir() + "/durable_writer";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/f";
+  {
+    auto w = DurableFileWriter::Create(path);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append("header ????").ok());
+    ASSERT_TRUE((*w)->Append(" data").ok());
+    EXPECT_EQ((*w)->size(), 16);
+    EXPECT_FALSE(std::filesystem::exists(path));
+    ASSERT_TRUE((*w)->WriteAt(7, "crc!").ok());
+    const absl::Status outside = (*w)->WriteAt(14, "xyz");
+    EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument) << outside;
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  EXPECT_EQ(Read(path), "header crc! data");
+  {
+    auto w = DurableFileWriter::Create(path);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append("half of a new file").ok());
+  }  // dropped without Commit
+  EXPECT_EQ(Read(path), "header crc! data");
+  EXPECT_EQ(Entries(dir), std::vector<std::string>{"f"});
+}
+
 }  // namespace
 }  // namespace tensor

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -136,34 +137,53 @@ const SafetensorsEntry* SafetensorsHeader::Find(const std::string& name) const {
 
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata) {
-  // Host copies, contiguous, and their offsets.
-  std::vector<Tensor> host;
-  host.reserve(tensors.size());
-  int64_t offset = 0;
-  uint32_t crc = 0;
-  std::string header = "{";
+  std::vector<SafetensorsWriter::Decl> entries;
   for (const auto& [name, t] : tensors) {
     if (!t.defined()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
     }
-    if (name == "__metadata__") {
+    entries.push_back({name, t.dtype(), t.shape()});
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
+      SafetensorsWriter::Create(path, std::move(entries), metadata);
+  if (!w.ok()) return w.status();
+  for (const auto& [name, t] : tensors) {
+    absl::Status s = (*w)->Append(t);
+    if (!s.ok()) return s;
+  }
+  return (*w)->Finish();
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, std::vector<Decl> entries,
+    const std::map<std::string, std::string>& metadata) {
+  std::string header = "{";
+  int64_t offset = 0;
+  std::set<std::string> names;
+  for (const Decl& e : entries) {
+    if (e.name == "__metadata__") {
       return absl::InvalidArgumentError("'__metadata__' is reserved in safetensors");
     }
-    host.push_back(t.To(Device::Cpu()).Contiguous());
-    const int64_t bytes = t.nbytes();
-    crc = Crc32c(host.back().raw_data(), bytes, crc);
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(name), ":{\"dtype\":\"",
-                    SafetensorsDtypeName(t.dtype()), "\",\"shape\":[",
-                    absl::StrJoin(t.shape().dims(), ","), "],\"data_offsets\":[", offset, ",",
+    if (!names.insert(e.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "' is declared twice"));
+    }
+    const int64_t bytes = e.shape.numel() * DtypeSize(e.dtype);
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(e.name), ":{\"dtype\":\"",
+                    SafetensorsDtypeName(e.dtype), "\",\"shape\":[",
+                    absl::StrJoin(e.shape.dims(), ","), "],\"data_offsets\":[", offset, ",",
                     offset + bytes, "]}");
     offset += bytes;
   }
+  // The metadata, our checksum among it: 8 hex digits written by Finish.
   std::map<std::string, std::string> meta = metadata;
-  meta[kChecksumKey] = absl::StrFormat("%08x", crc);
+  meta[kChecksumKey] = "00000000";
   absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"__metadata__\":{");
+  int64_t checksum_at = -1;
   bool first = true;
   for (const auto& [k, v] : meta) {
-    absl::StrAppend(&header, first ? "" : ",", JsonQuote(k), ":", JsonQuote(v));
+    absl::StrAppend(&header, first ? "" : ",", JsonQuote(k), ":");
+    if (k == kChecksumKey) checksum_at = 8 + static_cast<int64_t>(header.size()) + 1;  // past '"'
+    absl::StrAppend(&header, JsonQuote(v));
     first = false;
   }
   header += "}}";
@@ -172,12 +192,52 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   unsigned char len[8];
   const uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  std::vector<absl::string_view> parts = {absl::string_view(reinterpret_cast<const char*>(len), 8),
-                                          header};
-  for (const Tensor& t : host) {
-    parts.emplace_back(static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.nbytes()));
+  absl::StatusOr<std::unique_ptr<DurableFileWriter>> file = DurableFileWriter::Create(path);
+  if (!file.ok()) return file.status();
+  absl::Status s = (*file)->Append(absl::string_view(reinterpret_cast<const char*>(len), 8));
+  if (s.ok()) s = (*file)->Append(header);
+  if (!s.ok()) return s;
+  return std::unique_ptr<SafetensorsWriter>(
+      new SafetensorsWriter(std::move(entries), std::move(*file), checksum_at));
+}
+
+const std::string& SafetensorsWriter::next_name() const {
+  static const std::string* const kNone = new std::string();
+  return next_ < entries_.size() ? entries_[next_].name : *kNone;
+}
+
+absl::Status SafetensorsWriter::Append(const Tensor& t) {
+  if (next_ == entries_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all ", entries_.size(), " declared tensors were already written"));
   }
-  return WriteFileDurably(path, parts);
+  const Decl& e = entries_[next_];
+  if (!t.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "' is undefined"));
+  }
+  if (t.dtype() != e.dtype || t.shape() != e.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", e.name, "' is ", DtypeName(t.dtype()), " ", t.shape().ToString(),
+                     ", declared ", DtypeName(e.dtype), " ", e.shape.ToString()));
+  }
+  const Tensor host = t.To(Device::Cpu()).Contiguous();
+  const absl::string_view bytes(static_cast<const char*>(host.raw_data()),
+                                static_cast<size_t>(host.nbytes()));
+  crc_ = Crc32c(bytes.data(), static_cast<int64_t>(bytes.size()), crc_);
+  absl::Status s = file_->Append(bytes);
+  if (s.ok()) ++next_;
+  return s;
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  if (next_ != entries_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("tensor '", entries_[next_].name, "' (",
+                                                      next_ + 1, " of ", entries_.size(),
+                                                      ") was declared and not written"));
+  }
+  absl::Status s = file_->WriteAt(checksum_offset_, absl::StrFormat("%08x", crc_));
+  if (!s.ok()) return s;
+  return file_->Commit();
 }
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {

@@ -10,12 +10,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tensor/durable_file.h"
 #include "tensor/tensor.h"
 
 namespace tensor {
@@ -38,9 +40,53 @@ struct SafetensorsHeader {
   const SafetensorsEntry* Find(const std::string& name) const;
 };
 
-// Writes `tensors` (any device; copied to the host) and `metadata` to `path` atomically.
+// Writes `tensors` (any device; copied to the host one at a time) and
+// `metadata` to `path` atomically.
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata = {});
+
+// The same, one tensor at a time, for files larger than memory (a
+// consolidated checkpoint): the entries (name, dtype, shape, in file order)
+// and the metadata are declared up front, as the header comes first; each
+// tensor is then appended in that order and written at once, so only one host
+// copy is held; Finish() writes the checksum into the header and renames the
+// file into place. A writer destroyed unfinished, or after an error, leaves
+// `path` as it was.
+//
+//   auto w = SafetensorsWriter::Create(path, {{"a", Dtype::kF32, Shape({2, 3})}, ...});
+//   (*w)->Append(a);  ...  (*w)->Finish();
+class SafetensorsWriter {
+ public:
+  struct Decl {
+    std::string name;
+    Dtype dtype;
+    Shape shape;
+  };
+  // InvalidArgument for a reserved or repeated name; Unavailable when the
+  // file cannot be created.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      const std::string& path, std::vector<Decl> entries,
+      const std::map<std::string, std::string>& metadata = {});
+  // The next declared entry (any device, any layout). InvalidArgument naming
+  // the entry when `t` is undefined or its dtype or shape is not the declared
+  // one, or when every entry was already appended.
+  absl::Status Append(const Tensor& t);
+  // FailedPrecondition naming the first entry not appended.
+  absl::Status Finish();
+  // The entry Append expects next ("" when all were appended).
+  const std::string& next_name() const;
+
+ private:
+  SafetensorsWriter(std::vector<Decl> entries, std::unique_ptr<DurableFileWriter> file,
+                    int64_t checksum_offset)
+      : entries_(std::move(entries)), file_(std::move(file)), checksum_offset_(checksum_offset) {}
+
+  std::vector<Decl> entries_;
+  std::unique_ptr<DurableFileWriter> file_;
+  int64_t checksum_offset_;  // where the checksum's 8 hex digits go in the file
+  size_t next_ = 0;
+  uint32_t crc_ = 0;
+};
 
 // Parses and validates the header (offsets inside the file, no overlaps, sizes
 // matching dtype x shape) without reading the data.

@@ -60,6 +60,54 @@ TEST(SafetensorsTest, RoundTripEveryDtypeAndMetadata) {
   EXPECT_EQ(file->header.data_start % 8, 0);
 }
 
+// The streaming writer gives the same bytes as WriteSafetensors (the
+// checksum written into the header at the end), and refuses tensors out of
+// the declared order, dtype or shape; an unfinished writer leaves nothing.
+TEST(SafetensorsTest, StreamingWriterEqualsWholeWriteAndChecksItsInput) {
+  const std::string whole = TempPath("whole.safetensors"),
+                    streamed = TempPath("stream.safetensors");
+  NamedTensors in = {
+      {"a", testing::RandomTensor({5, 3}, 1)},
+      {"b", testing::RandomTensor({2, 2}, 3, -1, 1, Dtype::kBF16)},
+      {"c.step", Tensor::FromVector({7}, {1}, Dtype::kI64)},
+  };
+  const std::map<std::string, std::string> meta = {{"zz", "last"}, {"format", "pt"}};
+  ASSERT_TRUE(WriteSafetensors(whole, in, meta).ok());
+  std::vector<SafetensorsWriter::Decl> decls;
+  for (const auto& [name, t] : in) decls.push_back({name, t.dtype(), t.shape()});
+  auto w = SafetensorsWriter::Create(streamed, decls, meta);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->next_name(), "a");
+  absl::Status s = (*w)->Append(in[1].second);  // "b" where "a" is next
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor 'a' is bf16 (2,2), declared f32 (5,3)"), std::string::npos)
+      << s;
+  ASSERT_TRUE((*w)->Append(in[0].second).ok());
+  s = (*w)->Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("tensor 'b' (2 of 3) was declared and not written"), std::string::npos)
+      << s;
+  ASSERT_TRUE((*w)->Append(in[1].second).ok());
+  ASSERT_TRUE((*w)->Append(in[2].second).ok());
+  EXPECT_EQ((*w)->next_name(), "");
+  EXPECT_FALSE((*w)->Append(in[2].second).ok());
+  EXPECT_NE(access(streamed.c_str(), F_OK), 0);  // nothing at the path before Finish
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_EQ(ReadBytes(streamed), ReadBytes(whole));
+  auto file = ReadSafetensors(streamed);  // the checksum verifies
+  ASSERT_TRUE(file.ok()) << file.status();
+
+  // Dropped unfinished: the earlier file stays.
+  {
+    auto again = SafetensorsWriter::Create(streamed, decls);
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE((*again)->Append(in[0].second).ok());
+  }
+  EXPECT_EQ(ReadBytes(streamed), ReadBytes(whole));
+  auto twice = SafetensorsWriter::Create(streamed, {decls[0], decls[0]});
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SafetensorsTest, ReadsAFileWithoutOurChecksum) {
   // As written by the Python safetensors package: no fsdp.crc32c, no padding.
   const std::string header =

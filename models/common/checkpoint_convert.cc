@@ -9,13 +9,16 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/train_support.h"
+#include "tensor/safetensors.h"
 
 namespace train {
 namespace {
@@ -37,6 +40,48 @@ absl::Status CheckFreshFolder(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// The two files of the single-process format in `dir`, streamed: both
+// headers are declared from the index (every parameter whole in fp32; per
+// parameter with saved state, "<param>.step" (1) i64 and "<param>.<buffer>"
+// f32), then each parameter read whole is appended and dropped, so one
+// parameter and its optimizer state are held at a time.
+absl::Status WriteConsolidated(const std::string& sharded_dir,
+                               const dist::ShardedCheckpointInfo& info, const TrainState& state,
+                               const std::string& dir) {
+  std::vector<tensor::SafetensorsWriter::Decl> model_entries, state_entries;
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    const auto& [name, shape] = info.params[i];
+    model_entries.push_back({name, tensor::Dtype::kF32, shape});
+    if (!info.param_has_state[i]) continue;
+    state_entries.push_back({name + ".step", tensor::Dtype::kI64, tensor::Shape({1})});
+    for (const std::string& buffer : info.optimizer_buffers) {
+      state_entries.push_back({name + "." + buffer, tensor::Dtype::kF32, shape});
+    }
+  }
+  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> model =
+      tensor::SafetensorsWriter::Create(dir + "/model.safetensors", std::move(model_entries),
+                                        CheckpointModelMetadata(state));
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> optimizer =
+      tensor::SafetensorsWriter::Create(dir + "/optimizer.safetensors", std::move(state_entries),
+                                        CheckpointOptimizerMetadata(info.optimizer));
+  if (!optimizer.ok()) return optimizer.status();
+  absl::Status s = dist::ForEachWholeParameter(
+      sharded_dir, /*with_optimizer_state=*/true,
+      [&](const dist::WholeParameter& p) -> absl::Status {
+        absl::Status st = (*model)->Append(p.value);
+        if (!st.ok() || !p.has_state) return st;
+        st = (*optimizer)->Append(tensor::Tensor::FromData<int64_t>({p.step}, {1}));
+        for (const tensor::Tensor& buffer : p.buffers) {
+          if (st.ok()) st = (*optimizer)->Append(buffer);
+        }
+        return st;
+      });
+  if (s.ok()) s = (*model)->Finish();
+  if (s.ok()) s = (*optimizer)->Finish();
+  return s;
+}
+
 }  // namespace
 
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
@@ -52,22 +97,6 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
   absl::Status s = CheckFreshFolder(out_dir);
   if (!s.ok()) return s;
 
-  tensor::NamedTensors model;      // "<param>": (shape) f32
-  tensor::NamedTensors optimizer;  // "<param>.step": (1) i64, "<param>.<buffer>": (shape) f32
-  s = dist::ForEachWholeParameter(
-      sharded_dir, /*with_optimizer_state=*/true, [&](const dist::WholeParameter& p) {
-        model.emplace_back(p.name, p.value);
-        if (p.has_state) {
-          optimizer.emplace_back(p.name + ".step",
-                                 tensor::Tensor::FromData<int64_t>({p.step}, {1}));
-          for (size_t k = 0; k < p.buffers.size(); ++k) {
-            optimizer.emplace_back(p.name + "." + info->optimizer_buffers[k], p.buffers[k]);
-          }
-        }
-        return absl::OkStatus();
-      });
-  if (!s.ok()) return s;
-
   // Written into a temporary folder renamed onto out_dir: a failed write
   // leaves nothing that looks like a checkpoint.
   const std::string tmp = absl::StrCat(out_dir, ".tmp-consolidate");
@@ -79,7 +108,7 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
     return absl::UnavailableError(
         absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
   }
-  s = WriteCheckpointFiles(tmp, model, optimizer, info->optimizer, *state);
+  s = WriteConsolidated(sharded_dir, *info, *state, tmp);
   if (s.ok()) {
     fs::remove(out_dir, ec);  // an empty folder, if any
     fs::rename(tmp, out_dir, ec);

@@ -31,7 +31,8 @@ namespace train {
 // parameter ("<param>.step", "<param>.exp_avg", ...) and the training state
 // (step, loader position, model config, loss scale). Every slice read is
 // checked (sizes, ids, checksums); on error nothing is left in out_dir's
-// place. Holds the whole model and optimizer state in host memory.
+// place. Streams: holds one parameter and its optimizer state at a time, so a
+// model larger than host memory consolidates.
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
                                           const std::string& out_dir);
 

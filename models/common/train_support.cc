@@ -121,11 +121,19 @@ absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
                                   const std::string& optimizer_name, const TrainState& state) {
-  absl::Status s =
-      tensor::WriteSafetensors(step_dir + "/model.safetensors", model, StateToMap(state, kFileKeys));
+  absl::Status s = tensor::WriteSafetensors(step_dir + "/model.safetensors", model,
+                                            CheckpointModelMetadata(state));
   if (!s.ok()) return s;
   return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer_state,
-                                  {{"optimizer", optimizer_name}});
+                                  CheckpointOptimizerMetadata(optimizer_name));
+}
+
+std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state) {
+  return StateToMap(state, kFileKeys);
+}
+
+std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name) {
+  return {{"optimizer", optimizer_name}};
 }
 
 bool IsShardedCheckpoint(const std::string& step_dir) {

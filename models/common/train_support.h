@@ -51,6 +51,11 @@ absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step);
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
                                   const std::string& optimizer_name, const TrainState& state);
+// The metadata WriteCheckpointFiles gives model.safetensors (the training
+// state) and optimizer.safetensors (the optimizer's name), for writers that
+// stream the two files (checkpoint_convert.h).
+std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state);
+std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name);
 // "step_000100": the folder of a step under a checkpoint directory.
 std::string CheckpointStepName(int64_t step);
 // Creates `dir` and its missing parents unless it exists.

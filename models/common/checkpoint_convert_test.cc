@@ -1,0 +1,98 @@
+// Consolidating a sharded checkpoint streams it: the single-process files
+// hold every parameter and its optimizer state as saved, and the host holds
+// one parameter (and its state) at a time, not the model.
+#include "models/common/checkpoint_convert.h"
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dist/sharded_checkpoint_offline.h"
+#include "gtest/gtest.h"
+#include "models/common/train_support.h"
+#include "tensor/memory_ledger.h"
+#include "tensor/safetensors.h"
+#include "tensor/testing.h"
+
+namespace train {
+namespace {
+
+using tensor::Tensor;
+
+TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {
+  const std::string root = ::testing::TempDir() + "/consolidate";
+  std::filesystem::remove_all(root);
+  const std::string sharded = root + "/sharded", out = root + "/single";
+  // Eight parameters of 64 Ki floats; "p3" was never stepped (no state).
+  std::vector<dist::WholeParameter> params;
+  for (int i = 0; i < 8; ++i) {
+    dist::WholeParameter p;
+    p.name = "p" + std::to_string(i);
+    p.value = tensor::testing::RandomTensor({256, 256}, 10 + i);
+    if (i != 3) {
+      p.has_state = true;
+      p.step = 5;
+      p.buffers = {tensor::testing::RandomTensor({256, 256}, 100 + i),
+                   tensor::testing::RandomTensor({256, 256}, 200 + i, 0, 1)};
+    }
+    params.push_back(p);
+  }
+  TrainState state;
+  state.step = 5;
+  state.loader_state = "loader";
+  ASSERT_TRUE(dist::WriteWholeParameters(sharded, params, "adamw", {"exp_avg", "exp_avg_sq"},
+                                         ShardedCheckpointExtra(state))
+                  .ok());
+
+  tensor::MemoryLedger& ledger = tensor::MemoryLedger::Process();
+  const int64_t before = ledger.Total(tensor::Device::Cpu()).current;
+  ledger.ResetPeaks();
+  absl::Status s = ConsolidateShardedCheckpoint(sharded, out);
+  ASSERT_TRUE(s.ok()) << s;
+  const int64_t held = ledger.Total(tensor::Device::Cpu()).peak - before;
+  const int64_t param_bytes = 256 * 256 * 4;
+  // One parameter, its two buffers and a host copy being written (the whole
+  // checkpoint is 8 + 7 x 2 = 22 such tensors).
+  EXPECT_LE(held, 4 * param_bytes + 4096) << "bytes of tensors held at once";
+
+  auto model = tensor::ReadSafetensors(out + "/model.safetensors");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto opt = tensor::ReadSafetensors(out + "/optimizer.safetensors");
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  EXPECT_EQ(opt->header.metadata.at("optimizer"), "adamw");
+  std::map<std::string, Tensor> saved(opt->tensors.begin(), opt->tensors.end());
+  ASSERT_EQ(model->tensors.size(), params.size());
+  EXPECT_EQ(saved.size(), 7u * 3);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const dist::WholeParameter& p = params[i];
+    EXPECT_EQ(model->tensors[i].first, p.name);
+    EXPECT_TRUE(tensor::testing::AllClose(model->tensors[i].second, p.value, 0, 0)) << p.name;
+    EXPECT_EQ(saved.count(p.name + ".step"), p.has_state ? 1u : 0u) << p.name;
+    if (!p.has_state) continue;
+    EXPECT_EQ(saved.at(p.name + ".step").ToVector<int64_t>(), std::vector<int64_t>{5});
+    EXPECT_TRUE(tensor::testing::AllClose(saved.at(p.name + ".exp_avg"), p.buffers[0], 0, 0));
+    EXPECT_TRUE(tensor::testing::AllClose(saved.at(p.name + ".exp_avg_sq"), p.buffers[1], 0, 0));
+  }
+  absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(out);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_FALSE(summary->sharded);
+  EXPECT_EQ(summary->state.step, 5);
+  EXPECT_EQ(summary->state.loader_state, "loader");
+
+  // A shard file cut short: an error naming it, and nothing at the target.
+  const std::string broken = root + "/broken";
+  std::filesystem::copy(sharded, broken);
+  for (const auto& e : std::filesystem::directory_iterator(broken)) {
+    if (e.path().extension() == ".safetensors") {
+      std::filesystem::resize_file(e.path(), std::filesystem::file_size(e.path()) - 100);
+    }
+  }
+  s = ConsolidateShardedCheckpoint(broken, root + "/from_broken");
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(std::filesystem::exists(root + "/from_broken"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/from_broken.tmp-consolidate"));
+}
+
+}  // namespace
+}  // namespace train
