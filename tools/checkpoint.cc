@@ -1,7 +1,9 @@
 // Checkpoint inspection and conversion, for the train binaries' checkpoints of
 // either kind: single-process / DDP (model.safetensors + optimizer.safetensors)
 // and sharded (FSDP or ZeRO-1 at any world size: index.json + shard files).
-// Needs no model, no process group and no GPU.
+// Needs no model, no process group and no GPU. consolidate and export-hf
+// stream: they hold about one parameter (and its optimizer state) at a time,
+// so a model larger than host memory converts.
 //
 //   checkpoint info DIR [--params]        what it holds: step, model config, writer,
 //                                         strategy, world size, optimizer, parameters, files
@@ -206,7 +208,8 @@ int Shard(const std::string& dir, const std::string& out) {
 }
 
 int ExportHf(const std::string& dir, const std::string& out) {
-  absl::StatusOr<mingpt::PretrainedWeights> w = mingpt::ReadPretrained(dir);
+  // Opened, not read: the weights are read and written one at a time.
+  absl::StatusOr<mingpt::PretrainedSources> w = mingpt::OpenPretrained(dir);
   if (!w.ok()) return Fail(std::string(w.status().message()));
   // The tokenizer is checked before anything is written.
   const std::string flag = absl::GetFlag(FLAGS_tokenizer);
@@ -221,7 +224,7 @@ int ExportHf(const std::string& dir, const std::string& out) {
     }
     tokenizer_files = *data::Gpt2Tokenizer::FindFiles(tokenizer->source());
   }
-  absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->weights);
+  absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->sources);
   if (!s.ok()) return Fail(std::string(s.message()));
   std::string written = "config.json, model.safetensors";
   if (!tokenizer_flag.empty()) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -19,7 +20,9 @@
 #include "models/common/checkpoint_convert.h"
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
+#include "nn/parameter.h"
 #include "tensor/durable_file.h"
+#include "tensor/error.h"
 #include "tensor/json.h"
 
 namespace mingpt {
@@ -328,38 +331,66 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
                          const tensor::NamedTensors& weights) {
-  std::map<std::string, Tensor> by_name(weights.begin(), weights.end());
-  tensor::NamedTensors hf;
+  nn::NamedInitSources sources;
+  for (const auto& [name, t] : weights) {
+    sources.emplace_back(name, std::make_shared<nn::TensorInitSource>(t));
+  }
+  return WriteHfGpt2(dir, config, sources);
+}
+
+absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
+                         const nn::NamedInitSources& weights) {
+  std::map<std::string, const nn::InitSource*> by_name;
+  for (const auto& [name, source] : weights) by_name[name] = source.get();
+  // The file's entries in ParameterShapes order: Conv1D weights transposed.
+  std::vector<tensor::SafetensorsWriter::Decl> entries;
+  std::vector<const nn::InitSource*> sources;
   for (const ParamShape& p : ParameterShapes(config)) {
     auto it = by_name.find(p.name);
     if (it == by_name.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("no weight '", p.name, "' for ", config.ToString()));
     }
-    const Tensor& t = it->second;
-    if (t.shape() != tensor::Shape(p.shape)) {
+    const tensor::Shape& shape = it->second->shape();
+    if (shape != tensor::Shape(p.shape)) {
       return absl::InvalidArgumentError(absl::StrCat("weight '", p.name, "' has shape ",
-                                                     t.shape().ToString(), "; ", config.ToString(),
+                                                     shape.ToString(), "; ", config.ToString(),
                                                      " needs ", tensor::Shape(p.shape).ToString()));
     }
-    Tensor f32 = t.To(tensor::Device::Cpu()).To(tensor::Dtype::kF32);
-    hf.emplace_back(p.name,
-                    IsConv1DWeight(p.name) ? f32.Transpose(0, 1).Contiguous() : f32.Contiguous());
+    entries.push_back({p.name, tensor::Dtype::kF32,
+                       IsConv1DWeight(p.name) ? tensor::Shape({shape[1], shape[0]}) : shape});
+    sources.push_back(it->second);
     by_name.erase(it);
   }
   if (!by_name.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("weight '", by_name.begin()->first,
                                                    "' is not a parameter of ", config.ToString()));
   }
-  // lm_head (last) equal to wte (first): tied. Both are contiguous f32.
-  const Tensor& wte = hf.front().second;
-  const Tensor& head = hf.back().second;
-  const bool tied =
-      std::equal(wte.data<float>(), wte.data<float>() + wte.numel(), head.data<float>());
-
   absl::Status s = train::MakeCheckpointDir(dir);
   if (!s.ok()) return s;
-  s = tensor::WriteSafetensors(dir + "/model.safetensors", hf, {{"format", "pt"}});
+  // One weight read and written at a time (wte kept until lm_head, the last,
+  // is compared with it: tied when equal).
+  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> file =
+      tensor::SafetensorsWriter::Create(dir + "/model.safetensors", entries, {{"format", "pt"}});
+  if (!file.ok()) return file.status();
+  Tensor wte;
+  bool tied = false;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    Tensor t = Tensor::Empty(sources[i]->shape());  // f32, host
+    try {
+      sources[i]->Read(0, t);
+    } catch (const tensor::OpError& e) {
+      return absl::DataLossError(absl::StrCat("reading '", entries[i].name, "': ", e.what()));
+    }
+    if (i == 0) wte = t;
+    if (i + 1 == sources.size()) {
+      tied = t.shape() == wte.shape() &&
+             std::equal(wte.data<float>(), wte.data<float>() + wte.numel(), t.data<float>());
+    }
+    s = (*file)->Append(IsConv1DWeight(entries[i].name) ? t.Transpose(0, 1) : t);
+    if (!s.ok()) return s;
+  }
+  s = (*file)->Finish();
   if (!s.ok()) return s;
   const std::string json = absl::StrFormat(
       R"({

@@ -84,6 +84,11 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 // GPT2LMHeadModel's names and layout.
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
                          const tensor::NamedTensors& weights);
+// The same from sources (OpenPretrained's), read and written one weight at a
+// time: the host holds one weight (and wte, kept to find whether lm_head is
+// tied to it), not the model. DataLoss naming the weight when a read fails.
+absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
+                         const nn::NamedInitSources& weights);
 
 }  // namespace mingpt
 

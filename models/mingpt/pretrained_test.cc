@@ -8,6 +8,7 @@
 // reads back to a model with PyTorch's loss.
 #include "models/mingpt/pretrained.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "models/mingpt/model.h"
 #include "nn/state_dict.h"
 #include "tensor/json.h"
+#include "tensor/memory_ledger.h"
 #include "tensor/safetensors.h"
 
 namespace mingpt {
@@ -247,6 +249,44 @@ TEST(HfGpt2Test, WritesGpt2LMHeadModelsLayoutAndReadsItBack) {
   const std::string tied_text((std::istreambuf_iterator<char>(tied_in)),
                               std::istreambuf_iterator<char>());
   EXPECT_EQ(tensor::ParseJson(tied_text)->Get("tie_word_embeddings")->text, "true");
+}
+
+// Exporting from sources (what `checkpoint export-hf` does) reads and writes
+// one weight at a time: the same file as from the weights in memory, with
+// the host holding wte and about one weight, not the model.
+TEST(HfGpt2Test, ExportFromSourcesStreamsOneWeightAtATime) {
+  GptConfig c = Small();
+  c.n_layer = 8;
+  c.n_embd = 64;
+  const NamedTensors ours = RandomWeights(c, 7, /*tie=*/false);
+  const std::string saved = TempDir("export_sources") + "/model.safetensors";
+  ASSERT_TRUE(tensor::WriteSafetensors(saved, ours).ok());
+  absl::StatusOr<nn::NamedInitSources> sources = nn::SafetensorsInitSources(saved);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  int64_t model_bytes = 0, largest = 0;
+  for (const auto& [name, t] : ours) {
+    model_bytes += t.nbytes();
+    largest = std::max(largest, t.nbytes());
+  }
+  const int64_t wte_bytes = ours.front().second.nbytes();
+
+  tensor::MemoryLedger& ledger = tensor::MemoryLedger::Process();
+  const int64_t before = ledger.Total(tensor::Device::Cpu()).current;
+  ledger.ResetPeaks();
+  const std::string streamed = TempDir("export_streamed"), whole = TempDir("export_whole");
+  ASSERT_TRUE(WriteHfGpt2(streamed, c, *sources).ok());
+  const int64_t held = ledger.Total(tensor::Device::Cpu()).peak - before;
+  // wte, the weight read and its transposed host copy.
+  EXPECT_LE(held, wte_bytes + 2 * largest + 4096);
+  EXPECT_LT(held, model_bytes / 4);
+
+  ASSERT_TRUE(WriteHfGpt2(whole, c, ours).ok());
+  for (const char* f : {"/model.safetensors", "/config.json"}) {
+    std::ifstream a(streamed + f, std::ios::binary), b(whole + f, std::ios::binary);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}),
+              std::string(std::istreambuf_iterator<char>(b), {}))
+        << f;
+  }
 }
 
 // PyTorch minGPT's weights (the parity fixture) in the hub's layout read back
