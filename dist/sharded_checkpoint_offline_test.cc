@@ -395,6 +395,62 @@ TEST(ShardedCheckpointOfflineTest, InitSourcesReadRangesOfTheSavedValues) {
               HasSubstr("shard_1_of_2.safetensors' is missing"));
 }
 
+// Reads check every checksum block they touch, whether the block lies inside
+// the range (read straight into the output) or is cut by it (read through a
+// one-block buffer): with 5-element blocks and one flipped byte in element 7
+// of a stored slice (block 1), every range that touches elements 5-9 fails
+// and every other range reads the saved values.
+TEST(ShardedCheckpointOfflineTest, RangeReadsCheckEveryBlockTheyTouch) {
+  const std::string dir = TestDir("blocks");
+  internal::SetCrcBlockElementsForTesting(5);
+  SaveFsdp(dir);
+  internal::SetCrcBlockElementsForTesting(0);
+  const std::vector<WholeParameter> whole = ReadAll(dir);
+  // The first stored value slice of rank 1's file with at least 20 elements.
+  const std::string shard = dir + "/shard_1_of_2.safetensors";
+  absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(shard);
+  ASSERT_TRUE(header.ok()) << header.status();
+  std::string param;
+  int64_t slice_begin = -1;
+  for (const tensor::SafetensorsEntry& e : header->entries) {
+    const size_t at = e.name.rfind('@');
+    if (e.name.rfind("model/", 0) != 0 || (e.end - e.begin) / 4 < 20) continue;
+    param = e.name.substr(6, at - 6);
+    slice_begin = std::stoll(e.name.substr(at + 1));
+    FlipByte(shard, header->data_start + e.begin + 7 * 4 + 1, std::ios::beg);
+    break;
+  }
+  ASSERT_GE(slice_begin, 0);
+  absl::StatusOr<nn::NamedInitSources> sources = ShardedCheckpointInitSources(dir);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  std::shared_ptr<const nn::InitSource> source;
+  Tensor saved;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if ((*sources)[i].first != param) continue;
+    source = (*sources)[i].second;
+    saved = whole[i].value;  // ReadAll read before the flip
+  }
+  ASSERT_NE(source, nullptr) << param;
+  const Tensor flat = saved.Reshape({saved.numel()});
+  // [lo, hi) within the slice; whether it touches block 1 (elements 5-9).
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, 5},  {2, 4}, {10, 20}, {11, 13}, {10, 15},  // clear of block 1
+      {5, 10}, {6, 8}, {3, 6},   {9, 12},  {0, 20},  {4, 11}};
+  for (const auto& [lo, hi] : ranges) {
+    const bool touches = lo < 10 && hi > 5;
+    Tensor out = Tensor::Empty({hi - lo});
+    try {
+      source->Read(slice_begin + lo, out);
+      EXPECT_FALSE(touches) << "[" << lo << ", " << hi << ") read the flipped byte unchecked";
+      EXPECT_TRUE(BitwiseEqual(out, flat.Narrow(0, slice_begin + lo, hi - lo)))
+          << "[" << lo << ", " << hi << ")";
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(touches) << "[" << lo << ", " << hi << "): " << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("elements [5, 10) have checksum"));
+    }
+  }
+}
+
 TEST(ShardedCheckpointOfflineTest, CorruptedOrMissingShardFilesAreNamed) {
   const std::string dir = TestDir("errors");
   SaveFsdp(dir);

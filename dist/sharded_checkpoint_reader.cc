@@ -30,30 +30,56 @@ absl::Status SliceReader::Read(const SliceRec& s, int64_t lo, int64_t hi, Tensor
         "'", path, "': tensor '", s.tensor, "' is ", tensor::DtypeName(e->dtype), " ",
         e->shape.ToString(), ", index.json records f32 of ", s.end - s.begin, " elements"));
   }
-  // Read whole checksum blocks around [lo, hi).
+  if (out.dtype() != tensor::Dtype::kF32 || !out.device().is_cpu() || !out.is_contiguous() ||
+      out.numel() != hi - lo) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reading '", s.tensor, "': needs ", hi - lo, " contiguous f32 host elements, got ",
+        out.numel(), " ", DtypeName(out.dtype()), " on ", out.device().ToString()));
+  }
+  // Every checksum block that overlaps [lo, hi) is read whole and checked.
+  // Runs of blocks inside the range are read straight into `out`; a block
+  // the range cuts (at most one at each end) goes through a one-block buffer.
   const int64_t block = index_.crc_block;
-  const int64_t first = (lo - s.begin) / block;
-  const int64_t last = (hi - s.begin + block - 1) / block;  // exclusive
-  const int64_t rb = first * block;
-  const int64_t re = std::min(last * block, s.end - s.begin);
-  Tensor raw;
-  {
-    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kTemporaries);
-    raw = Tensor::Empty({re - rb}, tensor::Dtype::kF32);
-  }
-  absl::Status read = tensor::ReadSafetensorsSlice(path, **header, s.tensor, rb, raw);
-  if (!read.ok()) return read;
-  const std::vector<uint32_t> crcs = BlockCrcs(raw.data<float>(), re - rb, block);
-  for (int64_t b = first; b < last; ++b) {
-    const uint32_t crc = crcs[b - first];
-    if (crc != s.crcs[b]) {
-      const int64_t be = std::min((b + 1) * block, s.end - s.begin);
-      return absl::DataLossError(absl::StrCat(
-          "'", path, "' is corrupted: tensor '", s.tensor, "' elements [", b * block, ", ", be,
-          ") have checksum ", Hex32(crc), " but index.json records ", Hex32(s.crcs[b])));
+  const int64_t n = s.end - s.begin;
+  const int64_t rel_lo = lo - s.begin, rel_hi = hi - s.begin;  // within the slice
+  auto check = [&](int64_t b, const float* data) -> absl::Status {
+    const int64_t bb = b * block, be = std::min(bb + block, n);
+    const uint32_t crc = BlockCrcs(data, be - bb, block).at(0);
+    if (crc == s.crcs[b]) return absl::OkStatus();
+    return absl::DataLossError(
+        absl::StrCat("'", path, "' is corrupted: tensor '", s.tensor, "' elements [", bb, ", ", be,
+                     ") have checksum ", Hex32(crc), " but index.json records ", Hex32(s.crcs[b])));
+  };
+  const int64_t last = (rel_hi + block - 1) / block;  // exclusive
+  for (int64_t b = rel_lo / block; b < last;) {
+    const int64_t bb = b * block, be = std::min(bb + block, n);
+    if (bb >= rel_lo && be <= rel_hi) {
+      int64_t e = b + 1;  // the run of whole blocks [b, e)
+      while (e < last && std::min((e + 1) * block, n) <= rel_hi) ++e;
+      const int64_t re = std::min(e * block, n);
+      Tensor dst = out.Narrow(0, bb - rel_lo, re - bb);
+      absl::Status read = tensor::ReadSafetensorsSlice(path, **header, s.tensor, bb, dst);
+      if (!read.ok()) return read;
+      for (int64_t k = b; k < e; ++k) {
+        absl::Status c = check(k, dst.data<float>() + (k * block - bb));
+        if (!c.ok()) return c;
+      }
+      b = e;
+      continue;
     }
+    Tensor raw;
+    {
+      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kTemporaries);
+      raw = Tensor::Empty({be - bb}, tensor::Dtype::kF32);
+    }
+    absl::Status read = tensor::ReadSafetensorsSlice(path, **header, s.tensor, bb, raw);
+    if (!read.ok()) return read;
+    absl::Status c = check(b, raw.data<float>());
+    if (!c.ok()) return c;
+    const int64_t a = std::max(bb, rel_lo), z = std::min(be, rel_hi);
+    out.Narrow(0, a - rel_lo, z - a).CopyFrom(raw.Narrow(0, a - bb, z - a));
+    ++b;
   }
-  out.CopyFrom(raw.Narrow(0, lo - s.begin - rb, hi - lo));
   return absl::OkStatus();
 }
 

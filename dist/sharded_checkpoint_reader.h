@@ -24,7 +24,9 @@ class SliceReader {
   SliceReader(const std::string& dir, const Index& index) : dir_(dir), index_(index) {}
 
   // Elements [lo, hi) of the parameter (or buffer) that `s` belongs to (lo, hi
-  // within [s.begin, s.end)) into `out` (hi - lo elements, f32, contiguous).
+  // within [s.begin, s.end)) into `out` (hi - lo elements, f32, contiguous, on the CPU;
+  // InvalidArgument otherwise): whole checksum blocks are read into it directly, with no copy of
+  // the range.
   absl::Status Read(const SliceRec& s, int64_t lo, int64_t hi, tensor::Tensor out);
 
   // Checks every file index.json lists (there, of its recorded size, of this
