@@ -86,6 +86,67 @@ class SavedParameterSource : public nn::InitSource {
   size_t param_;
 };
 
+// The shard file of WriteWholeParameters: each parameter read, checked
+// against its spec, appended (value, then its buffers) and dropped; the
+// slices' checksums go into `x`.
+absl::Status WriteParameters(const std::string& path, const std::vector<WholeParameterSpec>& specs,
+                             const std::function<absl::StatusOr<WholeParameter>(size_t)>& read,
+                             const std::vector<std::string>& optimizer_buffers, sharded::Index& x) {
+  std::vector<tensor::SafetensorsWriter::Decl> entries;
+  for (const sharded::ParamRec& r : x.params) {
+    entries.push_back({r.value[0].tensor, tensor::Dtype::kF32, tensor::Shape({r.numel})});
+    for (const std::string& b : r.has_state ? optimizer_buffers : std::vector<std::string>{}) {
+      entries.push_back({r.state.at(b)[0].tensor, tensor::Dtype::kF32, tensor::Shape({r.numel})});
+    }
+  }
+  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> w = tensor::SafetensorsWriter::Create(
+      path, std::move(entries), {{sharded::kIdKey, x.id}, {sharded::kShardKey, "0/1"}});
+  if (!w.ok()) return w.status();
+  auto append = [&](const tensor::Tensor& t, sharded::SliceRec& rec) {
+    const tensor::Tensor flat = t.Contiguous().Reshape({t.numel()});
+    rec.crcs = sharded::BlockCrcs(flat.data<float>(), flat.numel(), x.crc_block);
+    return (*w)->Append(flat);
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WholeParameterSpec& spec = specs[i];
+    absl::StatusOr<WholeParameter> p = read(i);
+    if (!p.ok()) return p.status();
+    if (p->name != spec.name || !p->value.defined() || p->value.shape() != spec.shape ||
+        p->has_state != spec.has_state || (spec.has_state && p->step != spec.step)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", i, " ('", p->name, "') is not the one declared ('", spec.name,
+                       "' ", spec.shape.ToString(), spec.has_state ? " with state" : "", ")"));
+    }
+    if (p->value.dtype() != tensor::Dtype::kF32 || !p->value.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p->name, "' must be f32 on the CPU; got ",
+                       tensor::DtypeName(p->value.dtype()), " on ", p->value.device().ToString()));
+    }
+    sharded::ParamRec& r = x.params[i];
+    absl::Status s = append(p->value, r.value[0]);
+    if (!s.ok()) return s;
+    if (!p->has_state) continue;
+    if (p->buffers.size() != optimizer_buffers.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p->name, "' has ", p->buffers.size(),
+                       " optimizer buffers; the optimizer has ", optimizer_buffers.size()));
+    }
+    for (size_t k = 0; k < p->buffers.size(); ++k) {
+      const tensor::Tensor& b = p->buffers[k];
+      if (b.dtype() != tensor::Dtype::kF32 || b.shape() != p->value.shape() ||
+          !b.device().is_cpu()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer ", optimizer_buffers[k], " of '", p->name, "' must be f32 ",
+                         p->value.shape().ToString(), " on the CPU; got ",
+                         tensor::DtypeName(b.dtype()), " ", b.shape().ToString()));
+      }
+      s = append(b, r.state.at(optimizer_buffers[k])[0]);
+      if (!s.ok()) return s;
+    }
+  }
+  return (*w)->Finish();
+}
+
 }  // namespace
 
 absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::string& dir_in) {
@@ -103,8 +164,23 @@ absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::str
   return sources;
 }
 
+absl::Status WriteWholeParameters(const std::string& dir, const std::vector<WholeParameter>& params,
+                                  const std::string& optimizer,
+                                  const std::vector<std::string>& optimizer_buffers,
+                                  const std::map<std::string, std::string>& extra) {
+  std::vector<WholeParameterSpec> specs;
+  for (const WholeParameter& p : params) {
+    specs.push_back(
+        {p.name, p.value.defined() ? p.value.shape() : tensor::Shape(), p.has_state, p.step});
+  }
+  return WriteWholeParameters(
+      dir, specs, [&](size_t i) -> absl::StatusOr<WholeParameter> { return params[i]; }, optimizer,
+      optimizer_buffers, extra);
+}
+
 absl::Status WriteWholeParameters(const std::string& dir_in,
-                                  const std::vector<WholeParameter>& params,
+                                  const std::vector<WholeParameterSpec>& specs,
+                                  const std::function<absl::StatusOr<WholeParameter>(size_t)>& read,
                                   const std::string& optimizer,
                                   const std::vector<std::string>& optimizer_buffers,
                                   const std::map<std::string, std::string>& extra) {
@@ -113,7 +189,8 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
   absl::Status s = sharded::CheckReplaceable(dir);
   if (!s.ok()) return s;
 
-  // The index: each parameter (and buffer) one slice [0, numel) of file 0.
+  // The index: each parameter (and buffer) one slice [0, numel) of file 0,
+  // its checksums filled in as it is written.
   sharded::Index x;
   x.id = sharded::NewCheckpointId();
   x.writer = "converted";
@@ -125,49 +202,28 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
   x.extra = extra;
   const std::string file = sharded::ShardFileName(0, 1);
   x.files.push_back(sharded::FileRec{file, 0});  // its size once written
-  tensor::NamedTensors tensors;
-  auto slice = [&](const std::string& kind, const std::string& name, const tensor::Tensor& t) {
-    const tensor::Tensor flat = t.Contiguous().Reshape({t.numel()});
+  auto slice = [&](const std::string& kind, const std::string& name, int64_t numel) {
     sharded::SliceRec r;
     r.file = 0;
     r.tensor = sharded::SliceTensorName(kind, name, 0);
     r.begin = 0;
-    r.end = t.numel();
-    r.crcs = sharded::BlockCrcs(flat.data<float>(), flat.numel(), x.crc_block);
-    tensors.emplace_back(r.tensor, flat);
+    r.end = numel;
+    r.crcs.assign((numel + x.crc_block - 1) / x.crc_block, 0);
     return r;
   };
   std::set<int64_t> steps;
-  for (const WholeParameter& p : params) {
-    if (p.value.dtype() != tensor::Dtype::kF32 || !p.value.device().is_cpu()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", p.name, "' must be f32 on the CPU; got ",
-                       tensor::DtypeName(p.value.dtype()), " on ", p.value.device().ToString()));
-    }
+  for (const WholeParameterSpec& p : specs) {
     sharded::ParamRec r;
     r.name = p.name;
-    r.shape = p.value.shape();
-    r.numel = p.value.numel();
-    r.value.push_back(slice(sharded::kValueKind, p.name, p.value));
+    r.shape = p.shape;
+    r.numel = p.shape.numel();
+    r.value.push_back(slice(sharded::kValueKind, p.name, r.numel));
     if (p.has_state) {
-      if (p.buffers.size() != optimizer_buffers.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter '", p.name, "' has ", p.buffers.size(),
-                         " optimizer buffers; the optimizer has ", optimizer_buffers.size()));
-      }
       r.has_state = true;
       r.step = p.step;
       steps.insert(p.step);
-      for (size_t k = 0; k < p.buffers.size(); ++k) {
-        const tensor::Tensor& b = p.buffers[k];
-        if (b.dtype() != tensor::Dtype::kF32 || b.shape() != p.value.shape() ||
-            !b.device().is_cpu()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("optimizer ", optimizer_buffers[k], " of '", p.name, "' must be f32 ",
-                           p.value.shape().ToString(), " on the CPU; got ",
-                           tensor::DtypeName(b.dtype()), " ", b.shape().ToString()));
-        }
-        r.state[optimizer_buffers[k]].push_back(slice(optimizer_buffers[k], p.name, b));
+      for (const std::string& b : optimizer_buffers) {
+        r.state[b].push_back(slice(b, p.name, r.numel));
       }
     }
     x.params.push_back(std::move(r));
@@ -183,8 +239,7 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
   std::filesystem::create_directories(sharded::ParentOf(dir), ec);
   if (::mkdir(tmp.c_str(), 0755) != 0) return sharded::ErrnoStatus("cannot create", tmp);
   const std::string path = absl::StrCat(tmp, "/", file);
-  s = tensor::WriteSafetensors(path, tensors,
-                               {{sharded::kIdKey, x.id}, {sharded::kShardKey, "0/1"}});
+  s = WriteParameters(path, specs, read, optimizer_buffers, x);
   if (s.ok()) {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {

@@ -27,7 +27,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "nn/state_dict.h"
+#include "tensor/shape.h"
 #include "tensor/tensor.h"
 
 namespace dist {
@@ -70,6 +72,24 @@ absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::str
 // (LoadSharded checks it against the optimizer); `extra`: the map LoadSharded
 // returns.
 absl::Status WriteWholeParameters(const std::string& dir, const std::vector<WholeParameter>& params,
+                                  const std::string& optimizer,
+                                  const std::vector<std::string>& optimizer_buffers,
+                                  const std::map<std::string, std::string>& extra);
+
+// The same, streamed: the parameters are declared up front (the shard file's
+// header comes first) and `read(i)` is called for parameter i, in order, when
+// it is written, so one parameter (and its state) is held at a time.
+// InvalidArgument when what `read` returns is not the declared parameter;
+// read's errors are returned as they are; nothing is left in `dir` on error.
+struct WholeParameterSpec {
+  std::string name;
+  tensor::Shape shape;
+  bool has_state = false;
+  int64_t step = 0;
+};
+absl::Status WriteWholeParameters(const std::string& dir,
+                                  const std::vector<WholeParameterSpec>& params,
+                                  const std::function<absl::StatusOr<WholeParameter>(size_t)>& read,
                                   const std::string& optimizer,
                                   const std::vector<std::string>& optimizer_buffers,
                                   const std::map<std::string, std::string>& extra);

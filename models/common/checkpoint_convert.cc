@@ -131,51 +131,82 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   if (!summary.ok()) return summary.status();
   absl::Status s = CheckFreshFolder(out_dir);
   if (!s.ok()) return s;
-  absl::StatusOr<tensor::SafetensorsFile> model =
-      tensor::ReadSafetensors(single_dir + "/model.safetensors");
-  if (!model.ok()) return model.status();
+  // Headers and checksums first (streamed); every check on names, dtypes
+  // and shapes before anything is written; then one parameter at a time.
+  const std::string model_path = single_dir + "/model.safetensors";
   const std::string opt_path = single_dir + "/optimizer.safetensors";
-  absl::StatusOr<tensor::SafetensorsFile> opt = tensor::ReadSafetensors(opt_path);
+  absl::StatusOr<tensor::SafetensorsHeader> model = tensor::ReadSafetensorsHeader(model_path);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
   if (!opt.ok()) return opt.status();
-  std::map<std::string, tensor::Tensor> state(opt->tensors.begin(), opt->tensors.end());
+  s = tensor::VerifySafetensors(model_path, *model);
+  if (s.ok()) s = tensor::VerifySafetensors(opt_path, *opt);
+  if (!s.ok()) return s;
+  std::map<std::string, const tensor::SafetensorsEntry*> state;
+  for (const tensor::SafetensorsEntry& e : opt->entries) state[e.name] = &e;
 
-  std::vector<dist::WholeParameter> params;
-  for (const auto& [name, value] : model->tensors) {
-    if (value.dtype() != tensor::Dtype::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat("'", single_dir, "/model.safetensors': '",
-                                                     name, "' is ",
-                                                     tensor::DtypeName(value.dtype()),
+  std::vector<dist::WholeParameterSpec> specs;
+  for (const tensor::SafetensorsEntry& e : model->entries) {
+    if (e.dtype != tensor::Dtype::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("'", model_path, "': '", e.name, "' is ",
+                                                     tensor::DtypeName(e.dtype),
                                                      "; the sharded format holds fp32 "
                                                      "parameters only"));
     }
-    dist::WholeParameter p;
-    p.name = name;
-    p.value = value;
-    auto step = state.find(name + ".step");
+    dist::WholeParameterSpec p;
+    p.name = e.name;
+    p.shape = e.shape;
+    auto step = state.find(e.name + ".step");
     if (step != state.end()) {
-      if (step->second.numel() != 1) {
+      if (step->second->shape.numel() != 1) {
         return absl::DataLossError(
             absl::StrCat("'", opt_path, "': '", step->first, "' must hold one number"));
       }
+      tensor::Tensor value = tensor::Tensor::Empty({1}, tensor::Dtype::kI64);
+      s = tensor::ReadSafetensorsSlice(opt_path, *opt, step->first, 0, value);
+      if (!s.ok()) return s;
       p.has_state = true;
-      p.step = step->second.To(tensor::Dtype::kI64).data<int64_t>()[0];
+      p.step = value.data<int64_t>()[0];
       state.erase(step);
       for (const std::string& key : summary->optimizer_buffers) {
-        auto b = state.find(name + "." + key);
+        auto b = state.find(e.name + "." + key);
         if (b == state.end()) {
-          return absl::DataLossError(absl::StrCat("'", opt_path, "' lacks '", name, ".", key, "'"));
+          return absl::DataLossError(
+              absl::StrCat("'", opt_path, "' lacks '", e.name, ".", key, "'"));
         }
-        p.buffers.push_back(b->second.To(tensor::Dtype::kF32).Contiguous());
+        if (b->second->shape.numel() != e.shape.numel()) {
+          return absl::DataLossError(absl::StrCat("'", opt_path, "': '", b->first, "' is ",
+                                                  b->second->shape.ToString(), ", its parameter ",
+                                                  e.shape.ToString()));
+        }
         state.erase(b);
       }
     }
-    params.push_back(std::move(p));
+    specs.push_back(std::move(p));
   }
   if (!state.empty()) {
     return absl::DataLossError(absl::StrCat("'", opt_path, "' holds '", state.begin()->first,
                                             "', which belongs to no parameter of the model"));
   }
-  return dist::WriteWholeParameters(out_dir, params, summary->optimizer, summary->optimizer_buffers,
+  auto read = [&](size_t i) -> absl::StatusOr<dist::WholeParameter> {
+    dist::WholeParameter p;
+    p.name = specs[i].name;
+    p.value = tensor::Tensor::Empty(specs[i].shape);  // f32
+    absl::Status st = tensor::ReadSafetensorsSlice(model_path, *model, p.name, 0, p.value);
+    if (!st.ok()) return st;
+    p.has_state = specs[i].has_state;
+    p.step = specs[i].step;
+    for (const std::string& key :
+         p.has_state ? summary->optimizer_buffers : std::vector<std::string>{}) {
+      tensor::Tensor b = tensor::Tensor::Empty(specs[i].shape);  // f32, whatever was stored
+      st = tensor::ReadSafetensorsSlice(opt_path, *opt, p.name + "." + key, 0, b);
+      if (!st.ok()) return st;
+      p.buffers.push_back(std::move(b));
+    }
+    return p;
+  };
+  return dist::WriteWholeParameters(out_dir, specs, read, summary->optimizer,
+                                    summary->optimizer_buffers,
                                     ShardedCheckpointExtra(summary->state));
 }
 

@@ -42,6 +42,8 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
 // world size, strategy or wrap policy. Every entry of model.safetensors must
 // be an fp32 parameter (a model with buffers, e.g. BatchNorm's running
 // statistics, does not fit the sharded format, which holds parameters only).
+// Both files' checksums are verified and every entry checked before anything
+// is written; then it streams, one parameter and its state at a time.
 absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
                                           const std::string& out_dir);
 

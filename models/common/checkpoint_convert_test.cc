@@ -80,6 +80,28 @@ TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {
   EXPECT_EQ(summary->state.step, 5);
   EXPECT_EQ(summary->state.loader_state, "loader");
 
+  // The reverse streams too: the single-process folder sharded again holds
+  // the same parameters and state, read one parameter at a time.
+  const std::string again = root + "/sharded_again";
+  ledger.ResetPeaks();
+  const int64_t before_shard = ledger.Total(tensor::Device::Cpu()).current;
+  s = ShardSingleProcessCheckpoint(out, again);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LE(ledger.Total(tensor::Device::Cpu()).peak - before_shard, 4 * param_bytes + 4096);
+  size_t seen = 0;
+  s = dist::ForEachWholeParameter(again, true, [&](const dist::WholeParameter& p) {
+    const dist::WholeParameter& want = params.at(seen++);
+    EXPECT_EQ(p.name, want.name);
+    EXPECT_TRUE(tensor::testing::AllClose(p.value, want.value, 0, 0)) << p.name;
+    EXPECT_EQ(p.has_state, want.has_state) << p.name;
+    for (size_t k = 0; k < want.buffers.size(); ++k) {
+      EXPECT_TRUE(tensor::testing::AllClose(p.buffers.at(k), want.buffers[k], 0, 0)) << p.name;
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(seen, params.size());
+
   // A shard file cut short: an error naming it, and nothing at the target.
   const std::string broken = root + "/broken";
   std::filesystem::copy(sharded, broken);
