@@ -145,6 +145,15 @@ printf '\x7f' | dd of="$shard" bs=1 seek=$((size - 9)) conv=notrunc status=none
 expect 1 "FAILED .*shard_1_of_2.safetensors' is corrupted" "$ckpt" verify "$dir/broken"
 expect 2 "is corrupted" "$ckpt" consolidate "$dir/broken" "$dir/y"
 [[ ! -e "$dir/y" && ! -e "$dir/y.tmp-consolidate" ]]
+# A single-process folder with a flipped byte in its optimizer state: verify and shard name it,
+# and shard writes nothing.
+cp -r "$dir/ck_ddp/step_000003" "$dir/broken_one"
+opt="$dir/broken_one/optimizer.safetensors"
+size=$(stat -c %s "$opt")
+printf '\x7f' | dd of="$opt" bs=1 seek=$((size - 9)) conv=notrunc status=none
+expect 1 "FAILED .*optimizer.safetensors' is corrupted" "$ckpt" verify "$dir/broken_one"
+expect 2 "optimizer.safetensors' is corrupted" "$ckpt" shard "$dir/broken_one" "$dir/w"
+[[ ! -e "$dir/w" ]]
 # A NaN in a model (a file written by hand: safetensors without this framework's checksum).
 mkdir -p "$dir/nan"
 python3 - "$dir/nan" <<'PY'
