@@ -1,9 +1,10 @@
 // Checkpoint inspection and conversion, for the train binaries' checkpoints of
 // either kind: single-process / DDP (model.safetensors + optimizer.safetensors)
 // and sharded (FSDP or ZeRO-1 at any world size: index.json + shard files).
-// Needs no model, no process group and no GPU. consolidate and export-hf
-// stream: they hold about one parameter (and its optimizer state) at a time,
-// so a model larger than host memory converts.
+// Needs no model, no process group and no GPU. verify, consolidate, shard
+// and export-hf stream: they hold about one parameter (and its optimizer
+// state) at a time, so a model larger than host memory converts. diff holds
+// both models.
 //
 //   checkpoint info DIR [--params]        what it holds: step, model config, writer,
 //                                         strategy, world size, optimizer, parameters, files
