@@ -2,6 +2,7 @@
 #include "nn/state_dict.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -192,22 +193,22 @@ absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path)
   return sources;
 }
 
-absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
-                           const std::string& prefix) {
-  std::vector<std::string> names;
-  std::vector<tensor::Shape> shapes;
-  for (const auto& [name, t] : state) {
-    names.push_back(name);
-    shapes.push_back(t.shape());
-  }
+namespace {
+
+// LoadStateDict over entries of any origin: `dtypes[i]` is entry i's dtype and
+// `fill(i, dst)` writes entry i into `dst` (a defined tensor of its shape).
+// Every check runs before the first fill.
+absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
+                         const std::vector<tensor::Shape>& shapes,
+                         const std::vector<tensor::Dtype>& dtypes, const std::string& prefix,
+                         const std::function<absl::Status(size_t, Tensor&)>& fill) {
   absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, names, shapes, prefix);
   if (!targets.ok()) return targets.status();
   for (const Target& t : *targets) {
-    const Tensor& src = state[t.entry].second;
-    if (!tensor::IsFloatingPoint(src.dtype()) && t.dst->defined() &&
+    if (!tensor::IsFloatingPoint(dtypes[t.entry]) && t.dst->defined() &&
         tensor::IsFloatingPoint(t.dst->dtype())) {
       return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has dtype ",
-                                                     tensor::DtypeName(src.dtype()),
+                                                     tensor::DtypeName(dtypes[t.entry]),
                                                      ", expected a floating dtype"));
     }
   }
@@ -216,14 +217,52 @@ absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
     if (!t.dst->defined()) {
       *t.dst = Tensor::Empty(t.shape, tensor::Dtype::kF32);
     }
-    Tensor src = state[t.entry].second.To(t.dst->dtype());
-    if (t.dst->device().is_cpu()) {
-      t.dst->CopyFrom(src);
-    } else {
-      t.dst->CopyFrom(src.To(t.dst->device()));
-    }
+    absl::Status s = fill(t.entry, *t.dst);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
+                           const std::string& prefix) {
+  std::vector<std::string> names;
+  std::vector<tensor::Shape> shapes;
+  std::vector<tensor::Dtype> dtypes;
+  for (const auto& [name, t] : state) {
+    names.push_back(name);
+    shapes.push_back(t.shape());
+    dtypes.push_back(t.dtype());
+  }
+  return LoadEntries(module, names, shapes, dtypes, prefix, [&](size_t i, Tensor& dst) {
+    Tensor src = state[i].second.To(dst.dtype());
+    dst.CopyFrom(dst.device().is_cpu() ? src : src.To(dst.device()));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LoadStateDictFromSafetensors(Module& module, const std::string& path,
+                                          const tensor::SafetensorsHeader& header,
+                                          const std::string& prefix) {
+  std::vector<std::string> names;
+  std::vector<tensor::Shape> shapes;
+  std::vector<tensor::Dtype> dtypes;
+  for (const tensor::SafetensorsEntry& e : header.entries) {
+    names.push_back(e.name);
+    shapes.push_back(e.shape);
+    dtypes.push_back(e.dtype);
+  }
+  return LoadEntries(module, names, shapes, dtypes, prefix, [&](size_t i, Tensor& dst) {
+    // Straight into a contiguous host destination; through one host tensor otherwise.
+    if (dst.device().is_cpu() && dst.is_contiguous()) {
+      return tensor::ReadSafetensorsSlice(path, header, names[i], 0, dst);
+    }
+    Tensor host = Tensor::Empty(dst.shape(), dst.dtype());
+    absl::Status s = tensor::ReadSafetensorsSlice(path, header, names[i], 0, host);
+    if (s.ok()) dst.CopyFrom(host.To(dst.device()));
+    return s;
+  });
 }
 
 absl::Status InitFromSources(Module& module, const NamedInitSources& sources,

@@ -26,6 +26,16 @@ tensor::NamedTensors StateDict(Module& module, const std::string& prefix = "");
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix = "");
 
+// The same from a safetensors file whose header ReadSafetensorsHeader read
+// (verify its checksum first, VerifySafetensors, to have it checked): each
+// entry is read straight into its parameter or buffer (through one host
+// tensor when that lives on a GPU), so the file is never held whole. The
+// checks run before anything is read; a read error after them (the file
+// changed on disk) can leave the module partly loaded.
+absl::Status LoadStateDictFromSafetensors(Module& module, const std::string& path,
+                                          const tensor::SafetensorsHeader& header,
+                                          const std::string& prefix = "");
+
 // Named sources of initial values (a tensor in memory, a file read slice by
 // slice, ...).
 using NamedInitSources = std::vector<std::pair<std::string, std::shared_ptr<const InitSource>>>;

@@ -31,6 +31,35 @@ TEST(StateDictTest, RoundTripThroughSafetensors) {
   EXPECT_TRUE(AllClose(b.bias()->value, a.bias()->value, 0, 0));
 }
 
+// Loading from the file reads each entry straight into its parameter: the
+// same values as LoadStateDict, into bf16 values too, and errors that name
+// the entry and change nothing.
+TEST(StateDictTest, LoadFromSafetensorsReadsEntriesIntoTheParameters) {
+  Linear a(4, 3), b(4, 3), c(4, 3), small(3, 3);
+  a.Materialize(1);
+  b.Materialize(2);
+  c.Materialize(3);
+  small.Materialize(4);
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/linear_stream.safetensors";
+  ASSERT_TRUE(tensor::WriteSafetensors(path, StateDict(a, "layer.")).ok());
+  auto header = tensor::ReadSafetensorsHeader(path);
+  ASSERT_TRUE(header.ok()) << header.status();
+  const Tensor weight_storage = b.weight()->value;
+  ASSERT_TRUE(LoadStateDictFromSafetensors(b, path, *header, "layer.").ok());
+  EXPECT_TRUE(AllClose(b.weight()->value, a.weight()->value, 0, 0));
+  EXPECT_TRUE(AllClose(b.bias()->value, a.bias()->value, 0, 0));
+  EXPECT_TRUE(b.weight()->value.SharesStorageWith(weight_storage));  // in place
+  c.weight()->value = c.weight()->value.To(Dtype::kBF16);
+  ASSERT_TRUE(LoadStateDictFromSafetensors(c, path, *header, "layer.").ok());
+  EXPECT_EQ(c.weight()->value.dtype(), Dtype::kBF16);
+  EXPECT_TRUE(AllClose(c.weight()->value, a.weight()->value.To(Dtype::kBF16), 0, 0));
+  const std::vector<float> before = small.weight()->value.ToVector<float>();
+  absl::Status s = LoadStateDictFromSafetensors(small, path, *header, "layer.");
+  EXPECT_EQ(s.message(),
+            "state dict entry 'layer.weight' has shape (3,4), the model expects (3,3)");
+  EXPECT_EQ(small.weight()->value.ToVector<float>(), before);
+}
+
 TEST(StateDictTest, SavesFp32FromLowPrecisionValues) {
   Linear a(2, 2);
   a.Materialize(1);

@@ -116,7 +116,12 @@ absl::Status Optimizer::LoadStateTensors(const NamedTensors& tensors,
   return Load(tensors, &params);
 }
 
-absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<ParamRef>* params) {
+absl::Status Optimizer::AdoptStateTensors(NamedTensors tensors) {
+  return Load(tensors, nullptr, /*adopt=*/true);
+}
+
+absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<ParamRef>* params,
+                             bool adopt) {
   const std::vector<std::string> keys = BufferNames();
   auto error = [&](auto&&... pieces) {
     return absl::InvalidArgumentError(absl::StrCat("[", name(), "] load state: ", pieces...));
@@ -244,10 +249,13 @@ absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<Para
         const tensor::Shape& shape = g.buffers[k]->shape();
         auto on = device_of.find(param);
         const tensor::Device device = on != device_of.end() ? on->second : tensor::Device::Cpu();
+        const Tensor& src = *g.buffers[k];
         if (old != state_.end() && old->second.buffers.size() == keys.size() &&
             old->second.buffers[k].shape() == shape &&
             old->second.buffers[k].device() == device) {
           state.buffers.push_back(old->second.buffers[k]);
+        } else if (adopt && src.device() == device && src.is_contiguous()) {
+          state.buffers.push_back(src);  // f32 (checked above): the copy below is skipped
         } else {
           state.buffers.push_back(Tensor::Empty(shape, tensor::Dtype::kF32, device));
         }

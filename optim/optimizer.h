@@ -81,6 +81,12 @@ class Optimizer {
   // `params`, each with buffers of its ref's param shape; the state is kept
   // on each param's device (a CUDA shard's state on the GPU).
   absl::Status LoadStateTensors(const NamedTensors& tensors, const std::vector<ParamRef>& params);
+  // As LoadStateTensors(tensors), but a buffer entry that is f32, contiguous
+  // and on the CPU becomes the state buffer itself instead of being copied
+  // (unless the current state has a buffer of its shape to copy into), so
+  // loading a checkpoint's state read from disk does not hold it twice. The
+  // caller hands the tensors over: they must not be used afterwards.
+  absl::Status AdoptStateTensors(NamedTensors tensors);
 
  protected:
   explicit Optimizer(double lr) : lr_(lr) {}
@@ -108,7 +114,8 @@ class Optimizer {
                              const std::function<void(int64_t, int64_t, bool)>& fn);
 
  private:
-  absl::Status Load(const NamedTensors& tensors, const std::vector<ParamRef>* params);
+  absl::Status Load(const NamedTensors& tensors, const std::vector<ParamRef>* params,
+                    bool adopt = false);
 
   double lr_;
   std::vector<std::string> order_;  // parameter names, in order of state creation

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
@@ -170,6 +171,33 @@ TEST_P(OptimizerTest, LoadedStateIsChargedAsOptimizerState) {
   ASSERT_TRUE(fresh->LoadStateTensors(saved).ok());
   EXPECT_EQ(ledger.Stats(cpu, category).peak, fresh->StateBytes());  // reused
   EXPECT_TRUE(SameState(Snapshot(*fresh), saved));
+}
+
+// Adopting takes host f32 buffers as the state itself (no second copy),
+// with the same result as loading; buffers the state already has of that
+// shape are copied into instead.
+TEST_P(OptimizerTest, AdoptedStateIsTheGivenBuffers) {
+  Tensor a = RandomTensor({300}, 1);
+  auto opt = Make();
+  opt->Step({MakeParamRef("a", a, RandomTensor({300}, 2), true)});
+  const NamedTensors saved = Snapshot(*opt);
+  auto fresh = Make();
+  ASSERT_TRUE(fresh->AdoptStateTensors(Snapshot(*opt)).ok());
+  EXPECT_TRUE(SameState(Snapshot(*fresh), saved));
+  auto given = Snapshot(*opt);
+  auto other = Make();
+  ASSERT_TRUE(other->AdoptStateTensors(given).ok());
+  for (const auto& [name, t] : other->StateTensors()) {
+    if (absl::EndsWith(name, ".step")) continue;
+    bool shared = false;
+    for (const auto& [gname, g] : given) shared |= gname == name && g.SharesStorageWith(t);
+    EXPECT_TRUE(shared) << name;
+  }
+  auto again = Snapshot(*opt);
+  ASSERT_TRUE(other->AdoptStateTensors(again).ok());  // same shapes: copied into the held ones
+  for (const auto& [name, t] : other->StateTensors()) {
+    for (const auto& [gname, g] : again) EXPECT_FALSE(g.SharesStorageWith(t)) << name;
+  }
 }
 
 // Every kind of bad input is an error that names the entry and changes nothing.

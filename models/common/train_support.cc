@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
+#include "tensor/memory_ledger.h"
 #include "tensor/safetensors.h"
 
 namespace train {
@@ -187,18 +188,34 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
                                           optim::Optimizer& optimizer) {
-  absl::StatusOr<tensor::SafetensorsFile> weights =
-      tensor::ReadSafetensors(step_dir + "/model.safetensors");
+  // Both files' headers and checksums (read in pieces) first; then the model
+  // is read straight into its parameters and the optimizer state into the
+  // buffers it keeps, so neither file is held whole besides what it fills
+  // (ranks that are threads of one process each load without a copy).
+  const std::string model_path = step_dir + "/model.safetensors";
+  const std::string opt_path = step_dir + "/optimizer.safetensors";
+  absl::StatusOr<tensor::SafetensorsHeader> weights = tensor::ReadSafetensorsHeader(model_path);
   if (!weights.ok()) return weights.status();
-  absl::StatusOr<tensor::SafetensorsFile> opt =
-      tensor::ReadSafetensors(step_dir + "/optimizer.safetensors");
+  absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
   if (!opt.ok()) return opt.status();
-  absl::StatusOr<TrainState> state =
-      TrainStateFromMetadata(weights->header.metadata, step_dir + "/model.safetensors");
+  absl::StatusOr<TrainState> state = TrainStateFromMetadata(weights->metadata, model_path);
   if (!state.ok()) return state.status();
-  absl::Status s = nn::LoadStateDict(model, weights->tensors);
+  absl::Status s = tensor::VerifySafetensors(model_path, *weights);
+  if (s.ok()) s = tensor::VerifySafetensors(opt_path, *opt);
+  if (!s.ok()) return s;
+  tensor::NamedTensors state_tensors;
+  {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kOptimizerState);
+    for (const tensor::SafetensorsEntry& e : opt->entries) {
+      tensor::Tensor t = tensor::Tensor::Empty(e.shape, e.dtype);
+      s = tensor::ReadSafetensorsSlice(opt_path, *opt, e.name, 0, t);
+      if (!s.ok()) return s;
+      state_tensors.emplace_back(e.name, std::move(t));
+    }
+  }
+  s = nn::LoadStateDictFromSafetensors(model, model_path, *weights);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
-  s = optimizer.LoadStateTensors(opt->tensors);
+  s = optimizer.AdoptStateTensors(std::move(state_tensors));
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
   return *state;
 }
