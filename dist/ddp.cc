@@ -132,6 +132,14 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets());
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1;
+  OP_CHECK(options_.max_inflight_buckets >= 0, "ddp", "max_inflight_buckets must be >= 0, got ",
+           options_.max_inflight_buckets);
+  if (reduce_low_) {
+    copies_ = std::make_unique<internal::LowPrecisionCopies>(
+        options_.max_inflight_buckets, [this](int b, const tensor::Tensor& reduced) {
+          buckets_[b].flat.CopyFrom(reduced);  // reduce_dtype -> fp32
+        });
+  }
   // The masters are the (broadcast) fp32 values.
   if (mp.IsMixed()) casts_ = std::make_unique<nn::MixedPrecision>(model_, mp);
   hooks_ = std::make_unique<internal::BackwardHooks>(
@@ -197,31 +205,16 @@ void DistributedDataParallel::IssueReadyBuckets() {
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
     if (reduce_low_) {
-      {
-        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-        b.low = b.flat.To(options_.mixed_precision.reduce_dtype);
-      }
-      b.work = pg_.AllReduce(b.low, ReduceOp::kAvg);
+      const tensor::Tensor low = copies_->Make(i, b.flat, options_.mixed_precision.reduce_dtype);
+      b.work = pg_.AllReduce(low, ReduceOp::kAvg);
+      copies_->Issued(i, b.work);
     } else {
       b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
     }
     events_.push_back({Event::Kind::kBucketIssued, i});
   }
   // Free the copies of the buckets already reduced (errors surface in Finish).
-  if (reduce_low_) UnpackLowPrecision(/*wait=*/false).IgnoreError();
-}
-
-absl::Status DistributedDataParallel::UnpackLowPrecision(bool wait) {
-  absl::Status status;
-  for (int i = 0; i < readiness_->num_taken(); ++i) {
-    Bucket& b = buckets_[i];
-    if (!b.low.defined() || (!wait && !b.work->IsCompleted())) continue;
-    absl::Status s = b.work->Wait();
-    if (s.ok()) b.flat.CopyFrom(b.low);  // reduce_dtype -> fp32
-    if (s.ok() || wait) b.low = tensor::Tensor();
-    status.Update(s);
-  }
-  return status;
+  if (reduce_low_) copies_->UnpackCompleted();
 }
 
 void DistributedDataParallel::OnPostBackward(nn::Module& module) {
@@ -247,7 +240,7 @@ absl::Status DistributedDataParallel::Finish() {
   for (auto& b : buckets_) {
     if (b.work) status.Update(b.work->Wait());
   }
-  if (reduce_low_) status.Update(UnpackLowPrecision(/*wait=*/true));
+  if (reduce_low_) status.Update(copies_->Finish());
   events_.push_back({Event::Kind::kReductionsDone, -1});
   finished_ = true;
   status_ = status;

@@ -135,6 +135,11 @@ class BackwardHooks : public nn::ModuleHooks {
 struct DdpOptions {
   // The largest bucket, in MiB of fp32 gradients.
   double bucket_cap_mb = 25;
+  // With a low-precision reduce_dtype: the most buckets whose reduce_dtype
+  // copy exists at once (issuing another first waits for the oldest), so the
+  // copies take at most this many buckets' bytes (0: no bound, as PyTorch
+  // DDP). fp32 buckets reduce in place and are not bounded.
+  int max_inflight_buckets = 2;
   // Compute / communication dtypes (see above). Default: everything fp32.
   precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
 };
@@ -195,6 +200,10 @@ class DistributedDataParallel {
   std::vector<std::string> BucketParameterNames(int i) const;
   int64_t BucketNumel(int i) const { return buckets_.at(i).flat.numel(); }
 
+  // The most buckets' reduce_dtype copies that existed at once during the
+  // last synced backward (0 when reducing in fp32).
+  int last_peak_inflight_copies() const { return copies_ ? copies_->last_peak_inflight() : 0; }
+
   // What happened during the last synced backward, in order.
   using Event = BackwardEvent;
   const std::vector<Event>& last_backward_events() const { return events_; }
@@ -202,7 +211,6 @@ class DistributedDataParallel {
  private:
   struct Bucket {
     tensor::Tensor flat;      // fp32 (numel), the gradients
-    tensor::Tensor low;       // reduce_dtype (numel) copy while its all-reduce is in flight
     std::vector<int> params;  // indices into params_, in bucket order
     WorkPtr work;             // set once issued this step
   };
@@ -211,9 +219,6 @@ class DistributedDataParallel {
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void IssueReadyBuckets();
-  // Casts completed low-precision all-reduces back into their fp32 buckets
-  // and frees their copies (all issued buckets when `wait`).
-  absl::Status UnpackLowPrecision(bool wait);
   absl::Status Finish();
 
   nn::Module& model_;
@@ -229,6 +234,7 @@ class DistributedDataParallel {
   bool syncing_this_step_ = false;
   std::vector<Event> events_;
   bool reduce_low_ = false;                    // all-reduce in reduce_dtype
+  std::unique_ptr<internal::LowPrecisionCopies> copies_;  // of the buckets in flight (reduce_low_)
   std::unique_ptr<nn::MixedPrecision> casts_;  // param_dtype compute copies (mixed only)
   std::unique_ptr<internal::BackwardHooks> hooks_;
 };

@@ -3,6 +3,7 @@
 // optimizer-state bytes in each rank's ledger, and under bf16 mixed precision
 // the dtypes held, the bf16 gradient reduction and the model-state bytes
 // (the bf16 training parity tests are in mixed_precision_parity_test.cc).
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,9 +14,9 @@
 #include <vector>
 
 #include "dist/ddp.h"
+#include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
 #include "dist/zero1.h"
-#include "dist/fsdp_testing.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
 #include "nn/linear.h"
@@ -806,6 +807,126 @@ TEST(MixedPrecisionMemoryTest, Zero1SetUpHoldsTheModelTwiceForOneBucketAtMost) {
                   EXPECT_LE(ledger.Total(tensor::Device::Cpu()).peak,
                             std::max(held, 4 * psi + master_bytes + bucket_bytes));
                 }).ok());
+  }
+}
+
+// Forwards every collective to the group it wraps, but its works never say
+// they are completed before they are waited for: as a slow network would,
+// every copy stays in flight until something waits for it.
+class UnpolledGroup final : public ProcessGroup {
+ public:
+  explicit UnpolledGroup(ProcessGroup& inner) : ProcessGroup(inner.timeout()), inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::string_view backend() const override { return inner_.backend(); }
+
+ protected:
+  class UnpolledWork final : public Work {
+   public:
+    explicit UnpolledWork(WorkPtr inner) : inner_(std::move(inner)) {}
+    absl::Status Wait() override {
+      waited_ = true;
+      return inner_->Wait();
+    }
+    bool IsCompleted() const override { return waited_; }
+
+   private:
+    WorkPtr inner_;
+    std::atomic<bool> waited_{false};
+  };
+  WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
+    const auto options = CollectiveOptions::WithTimeout(call->timeout);
+    WorkPtr work;
+    switch (call->kind) {
+      case CollectiveKind::kAllReduce:
+        work = inner_.AllReduce(call->input, call->op, options);
+        break;
+      case CollectiveKind::kReduceScatter:
+        work = inner_.ReduceScatter(call->input, call->output, call->op, options);
+        break;
+      case CollectiveKind::kAllGather:
+        work = inner_.AllGather(call->input, call->output, options);
+        break;
+      case CollectiveKind::kBroadcast:
+        work = inner_.Broadcast(call->input, call->root, options);
+        break;
+      case CollectiveKind::kBarrier:
+        work = inner_.Barrier(options);
+        break;
+    }
+    return std::make_shared<UnpolledWork>(std::move(work));
+  }
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int, int, absl::Duration) override {
+    return absl::UnimplementedError("UnpolledGroup does not split");
+  }
+
+ private:
+  ProcessGroup& inner_;
+};
+
+// bf16 bucket copies in flight are bounded. Over a group whose collectives
+// are never seen completed before they are waited for, every bucket is in
+// flight at once without a bound; with max_inflight_buckets = K exactly K
+// are (the communication ledger's peak is at most the K largest buckets'
+// bf16 bytes), and the gradients equal the unbounded run's bit for bit, for
+// DDP and ZeRO-1.
+TEST(MixedPrecisionMemoryTest, Bf16BucketCopiesInFlightAreBounded) {
+  const int n = 2;
+  const Batch batch = RandomBatch(24);
+  for (bool zero1 : {false, true}) {
+    std::vector<std::vector<float>> unbounded(n);
+    for (int bound : {0, 1, 2, 3}) {
+      ThreadWorld world(n);
+      ASSERT_TRUE(RunRanks(world, [&](int rank, ProcessGroup& world_pg) {
+                    UnpolledGroup pg(world_pg);
+                    mingpt::GPT model(Tiny());
+                    model.Materialize(kSeed);
+                    const Tensor idx = Rows(batch.idx, rank, n), tgt = Rows(batch.targets, rank, n);
+                    std::vector<int64_t> bucket_bytes;  // bf16 copy of each bucket
+                    std::unique_ptr<DistributedDataParallel> ddp;
+                    std::unique_ptr<Zero1> zero;
+                    if (zero1) {
+                      Zero1Options o;
+                      o.mixed_precision = MixedPrecisionPolicy::Bf16();
+                      o.bucket_cap_mb = 0.001;
+                      o.max_inflight_buckets = bound;
+                      zero = std::make_unique<Zero1>(model, pg, MakeOptimizer(Opt::kSgd), o);
+                      for (int b = 0; b < zero->num_buckets(); ++b) {
+                        bucket_bytes.push_back(2 * zero->segment(b).padded);
+                      }
+                    } else {
+                      DdpOptions o = MixedDdp(MixedPrecisionPolicy::Bf16());
+                      o.bucket_cap_mb = 0.001;
+                      o.max_inflight_buckets = bound;
+                      ddp = std::make_unique<DistributedDataParallel>(model, pg, o);
+                      for (int b = 0; b < ddp->num_buckets(); ++b) {
+                        bucket_bytes.push_back(2 * ddp->BucketNumel(b));
+                      }
+                    }
+                    ASSERT_GE(bucket_bytes.size(), 6u);
+                    world.ledger(rank).ResetPeaks();
+                    model.ForwardBackward(idx, tgt);
+                    if (zero) ASSERT_TRUE(zero->FinishBackward().ok());
+                    const int peak =
+                        zero ? zero->last_peak_inflight_copies() : ddp->last_peak_inflight_copies();
+                    const std::vector<float> grads = FlatGrads(model);
+                    if (bound == 0) {
+                      EXPECT_EQ(peak, static_cast<int>(bucket_bytes.size()));  // all at once
+                      unbounded[rank] = grads;
+                      return;
+                    }
+                    EXPECT_EQ(peak, bound);
+                    std::sort(bucket_bytes.rbegin(), bucket_bytes.rend());
+                    int64_t allowed = 0;
+                    for (int b = 0; b < bound; ++b) allowed += bucket_bytes[b];
+                    EXPECT_LE(world.ledger(rank)
+                                  .Stats(tensor::Device::Cpu(), MemoryCategory::kCommunication)
+                                  .peak,
+                              allowed)
+                        << "bound " << bound;
+                    EXPECT_EQ(grads, unbounded[rank]) << "bound " << bound;
+                  }).ok());
+    }
   }
 }
 

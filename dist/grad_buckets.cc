@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "tensor/error.h"
+#include "tensor/memory_ledger.h"
 
 namespace dist {
 namespace internal {
@@ -92,6 +93,55 @@ void BucketReadiness::MarkFinal(int param) {
 int BucketReadiness::TakeNextReady() {
   if (next_ >= static_cast<int>(pending_.size()) || pending_[next_] > 0) return -1;
   return next_++;
+}
+
+tensor::Tensor LowPrecisionCopies::Make(int bucket, const tensor::Tensor& src,
+                                        tensor::Dtype dtype) {
+  while (max_inflight_ > 0 && inflight() >= max_inflight_) WaitOldest();
+  tensor::Tensor copy;
+  {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    copy = src.To(dtype);
+  }
+  out_.push_back({bucket, copy, nullptr});
+  peak_ = std::max(peak_, inflight());
+  return copy;
+}
+
+void LowPrecisionCopies::Issued(int bucket, WorkPtr work) {
+  OP_CHECK(!out_.empty() && out_.back().bucket == bucket && out_.back().work == nullptr,
+           "grad_buckets", "bucket ", bucket, " was issued without its copy made last");
+  out_.back().work = std::move(work);
+}
+
+void LowPrecisionCopies::WaitOldest() {
+  Out& o = out_.front();
+  absl::Status s = o.work ? o.work->Wait() : absl::OkStatus();
+  if (s.ok()) unpack_(o.bucket, o.copy);
+  status_.Update(s);
+  out_.pop_front();
+}
+
+void LowPrecisionCopies::UnpackCompleted() {
+  for (auto it = out_.begin(); it != out_.end();) {
+    if (it->work == nullptr || !it->work->IsCompleted()) {
+      ++it;
+      continue;
+    }
+    absl::Status s = it->work->Wait();
+    if (s.ok()) unpack_(it->bucket, it->copy);
+    status_.Update(s);
+    it = out_.erase(it);
+  }
+}
+
+absl::Status LowPrecisionCopies::Finish() {
+  while (!out_.empty()) WaitOldest();
+  absl::Status s = status_;
+  status_ = absl::OkStatus();
+  last_peak_ = peak_;
+  peak_ = 0;
+  return s;
 }
 
 }  // namespace internal

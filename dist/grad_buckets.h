@@ -6,12 +6,17 @@
 #ifndef DIST_GRAD_BUCKETS_H_
 #define DIST_GRAD_BUCKETS_H_
 
+#include <deque>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "dist/work.h"
 #include "nn/module.h"
+#include "tensor/tensor.h"
 
 namespace dist {
 
@@ -87,6 +92,50 @@ class BucketReadiness {
   // Per module this step: {forward calls, backward calls}.
   std::unordered_map<nn::Module*, std::pair<int, int>> calls_;
   bool forward_phase_ = false;
+};
+
+// The reduce_dtype copies of the buckets whose low-precision collective is in
+// flight (DDP's all-reduces, ZeRO-1's reduce-scatters): a bucket's copy is
+// made when it is issued and, once its collective completed, handed to
+// `unpack` (which casts the result back into the fp32 gradient) and freed.
+// At most `max_inflight` copies exist at once (0: no bound): making another
+// first waits for the oldest and unpacks it, so the memory the copies take is
+// bounded by the largest max_inflight buckets, whatever the speed of the
+// collectives (DeepSpeed's overlap_comm double-buffers its buckets: 2).
+class LowPrecisionCopies {
+ public:
+  using Unpack = std::function<void(int bucket, const tensor::Tensor& reduced)>;
+  LowPrecisionCopies(int max_inflight, Unpack unpack)
+      : max_inflight_(max_inflight), unpack_(std::move(unpack)) {}
+
+  // Bucket b's copy of `src` in `dtype` (kCommunication), to issue its
+  // collective on; waits for the oldest copies while max_inflight are out
+  // (their errors are kept for Finish).
+  tensor::Tensor Make(int bucket, const tensor::Tensor& src, tensor::Dtype dtype);
+  // The collective issued on bucket b's copy.
+  void Issued(int bucket, WorkPtr work);
+  // Unpacks and frees the copies whose collective completed, oldest first.
+  void UnpackCompleted();
+  // Waits for every copy out, unpacks those that succeeded, frees all;
+  // returns the first error (including those of earlier waits).
+  absl::Status Finish();
+  int inflight() const { return static_cast<int>(out_.size()); }
+  // The most copies out at once before the last Finish.
+  int last_peak_inflight() const { return last_peak_; }
+
+ private:
+  struct Out {
+    int bucket;
+    tensor::Tensor copy;
+    WorkPtr work;  // null until Issued
+  };
+  void WaitOldest();
+
+  int max_inflight_;
+  Unpack unpack_;
+  std::deque<Out> out_;  // in issue order
+  absl::Status status_;
+  int peak_ = 0, last_peak_ = 0;
 };
 
 }  // namespace internal

@@ -71,6 +71,16 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   // A low-precision flat parameter when every parameter computes in param_dtype.
   const bool low_flat = mp.IsMixed() && !HasKeptFp32Parameters(model_, mp);
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && n > 1;
+  OP_CHECK(options_.max_inflight_buckets >= 0, "zero1", "max_inflight_buckets must be >= 0, got ",
+           options_.max_inflight_buckets);
+  if (reduce_low_) {
+    copies_ = std::make_unique<internal::LowPrecisionCopies>(
+        options_.max_inflight_buckets, [this](int b, const tensor::Tensor& reduced) {
+          // This rank's slice of the result lands in the fp32 gradient slice.
+          const Segment& seg = buckets_[b].seg;
+          grad_shard(b).CopyFrom(reduced.Narrow(0, seg.shard_begin - seg.begin, seg.shard_numel));
+        });
+  }
   padded_numel_ = padded_total;
   flat_param_dtype_ = low_flat ? mp.param_dtype : tensor::Dtype::kF32;
   if (low_flat) {
@@ -215,11 +225,9 @@ void Zero1::IssueReadyBuckets() {
     tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
     const int64_t mine = b.seg.shard_begin - b.seg.begin;
     if (reduce_low_) {
-      {
-        tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-        b.low = segment.To(options_.mixed_precision.reduce_dtype);
-      }
-      b.work = pg_.ReduceScatter(b.low, b.low.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
+      const tensor::Tensor low = copies_->Make(i, segment, options_.mixed_precision.reduce_dtype);
+      b.work = pg_.ReduceScatter(low, low.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
+      copies_->Issued(i, b.work);
     } else {
       b.work =
           pg_.ReduceScatter(segment, segment.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
@@ -228,23 +236,7 @@ void Zero1::IssueReadyBuckets() {
     in_flight_ = true;
   }
   // Free the copies of the buckets already reduced (errors surface in FinishBackward).
-  if (reduce_low_) UnpackLowPrecision(/*wait=*/false).IgnoreError();
-}
-
-absl::Status Zero1::UnpackLowPrecision(bool wait) {
-  absl::Status status;
-  for (int i = 0; i < readiness_->num_taken(); ++i) {
-    Bucket& b = buckets_[i];
-    if (!b.low.defined() || (!wait && !b.work->IsCompleted())) continue;
-    absl::Status s = b.work->Wait();
-    // The reduced slice lands in the fp32 gradient slice.
-    if (s.ok()) {
-      grad_shard(i).CopyFrom(b.low.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel));
-    }
-    if (s.ok() || wait) b.low = tensor::Tensor();
-    status.Update(s);
-  }
-  return status;
+  if (reduce_low_) copies_->UnpackCompleted();
 }
 
 void Zero1::OnPostBackward(nn::Module& module) {
@@ -273,7 +265,7 @@ absl::Status Zero1::FinishBackward() {
   for (Bucket& b : buckets_) {
     if (b.work) status.Update(b.work->Wait());
   }
-  if (reduce_low_) status.Update(UnpackLowPrecision(/*wait=*/true));
+  if (reduce_low_) status.Update(copies_->Finish());
   for (Bucket& b : buckets_) b.work.reset();
   events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
   in_flight_ = false;

@@ -61,7 +61,8 @@
 //   cast to a reduce_dtype copy when it is issued (kCommunication, N k_b),
 //   reduce-scattered in that dtype, and this rank's slice of the result is
 //   cast back into the fp32 gradient slice (grad_shard(b)) as soon as it is
-//   done, freeing the copy: only the buckets in flight hold copies. With one
+//   done, freeing the copy: only the buckets in flight hold copies, at most
+//   max_inflight_buckets of them. With one
 //   rank nothing is communicated or rounded: a world-1 run equals
 //   nn::MixedPrecision in one process bit for bit.
 //
@@ -116,6 +117,11 @@ struct Zero1Options {
   // The largest bucket, in MiB of fp32 gradients (must be > 0). A cap above
   // the model's size gives one bucket, reduce-scattered when backward ends.
   double bucket_cap_mb = 25;
+  // With a low-precision reduce_dtype: the most buckets whose reduce_dtype
+  // copy exists at once (issuing another first waits for the oldest), so the
+  // copies take at most this many buckets' bytes (0: no bound). DeepSpeed's
+  // overlap_comm double-buffers: 2. fp32 buckets reduce in place.
+  int max_inflight_buckets = 2;
 };
 
 class Zero1 {
@@ -206,6 +212,9 @@ class Zero1 {
   std::vector<optim::ParamRef> ParamRefs() const;
   // What happened during the last synced backward, in order.
   const std::vector<BackwardEvent>& last_backward_events() const { return events_; }
+  // The most buckets' reduce_dtype copies that existed at once during the
+  // last synced backward (0 when reducing in fp32).
+  int last_peak_inflight_copies() const { return copies_ ? copies_->last_peak_inflight() : 0; }
 
   const precision::MixedPrecisionPolicy& mixed_precision() const {
     return options_.mixed_precision;
@@ -228,7 +237,6 @@ class Zero1 {
     Segment seg;                       // its segment of the flat buffers
     tensor::Tensor param;              // fp32 or param_dtype (seg.padded): Parameter::value views
     tensor::Tensor master;             // fp32 (k_b): this rank's master slice
-    tensor::Tensor low;                // reduce_dtype (N k_b) while its reduce-scatter runs
     optim::ElementRanges shard_decay;  // decay ranges of this rank's slice
     WorkPtr work;                      // its reduce-scatter this step
   };
@@ -237,9 +245,6 @@ class Zero1 {
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void IssueReadyBuckets();
-  // Casts completed low-precision reduce-scatters into the fp32 gradient
-  // slices and frees their copies (all issued buckets when `wait`).
-  absl::Status UnpackLowPrecision(bool wait);
 
   nn::Module& model_;
   ProcessGroup& pg_;
@@ -256,6 +261,7 @@ class Zero1 {
   std::vector<Bucket> buckets_;
   std::unique_ptr<internal::BucketReadiness> readiness_;
   bool reduce_low_ = false;                    // reduce-scatter in reduce_dtype
+  std::unique_ptr<internal::LowPrecisionCopies> copies_;  // of the buckets in flight (reduce_low_)
   std::unique_ptr<nn::MixedPrecision> casts_;  // compute copies when kept-fp32 classes exist
   optim::ElementRanges decay_ranges_;
   bool require_sync_ = true;

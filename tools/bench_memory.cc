@@ -98,6 +98,8 @@ ABSL_FLAG(int64_t, steps, 2,
 ABSL_FLAG(double, bucket_cap_mb, 25,
           "DDP's and ZeRO-1's gradient buckets (MiB of fp32 gradients); a cap above the model "
           "gives one bucket, reduced when backward ends");
+ABSL_FLAG(int, max_inflight_buckets, 2,
+          "DDP's and ZeRO-1's bf16 bucket copies in flight at once (0: no bound)");
 ABSL_FLAG(std::string, json_out, "", "also write the results as JSON to this file");
 ABSL_FLAG(std::string, device, "cpu",
           "where the ranks (threads) compute and the ledger is read: cpu, or cuda[:N] (every rank "
@@ -253,12 +255,14 @@ absl::Status RunOne(const std::string& preset, int world, const std::string& str
       dist::DdpOptions o;
       o.mixed_precision = policy;
       o.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
+      o.max_inflight_buckets = absl::GetFlag(FLAGS_max_inflight_buckets);
       ddp = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
     } else if (strategy == "zero1") {
       model.Materialize(1, device);
       dist::Zero1Options o;
       o.mixed_precision = policy;
       o.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
+      o.max_inflight_buckets = absl::GetFlag(FLAGS_max_inflight_buckets);
       zero = std::make_unique<dist::Zero1>(model, pg, std::move(opt), o);
       padding = zero->padded_numel() - zero->numel();
     } else {

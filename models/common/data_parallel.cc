@@ -353,6 +353,11 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
         absl::StrCat("--bucket_cap_mb=", flags.bucket_cap_mb, " must be in (0, 1e6]"));
   }
   config.bucket_cap_mb = flags.bucket_cap_mb;
+  if (flags.max_inflight_buckets < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_buckets=", flags.max_inflight_buckets, " must be >= 0 (0: no bound)"));
+  }
+  config.max_inflight_buckets = flags.max_inflight_buckets;
   if (!(flags.timeout_s > 0) || flags.timeout_s > 1e6) {
     return absl::InvalidArgumentError(
         absl::StrCat("--timeout_s=", flags.timeout_s, " must be in (0, 1e6] seconds"));
@@ -511,6 +516,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         dist::DdpOptions o;
         o.mixed_precision = config.mixed_precision;
         o.bucket_cap_mb = config.bucket_cap_mb;
+        o.max_inflight_buckets = config.max_inflight_buckets;
         dp->ddp_ = std::make_unique<dist::DistributedDataParallel>(model, pg, o);
         dp->owned_optimizer_ = std::move(optimizer);
         dp->optimizer_ = dp->owned_optimizer_.get();
@@ -521,6 +527,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         dist::Zero1Options o;
         o.mixed_precision = config.mixed_precision;
         o.bucket_cap_mb = config.bucket_cap_mb;
+        o.max_inflight_buckets = config.max_inflight_buckets;
         dp->zero1_ = std::make_unique<dist::Zero1>(model, pg, std::move(optimizer), o);
         dp->optimizer_ = &dp->zero1_->optimizer();
         return absl::OkStatus();

@@ -150,8 +150,10 @@ struct DataParallelFlags {
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
   int hybrid_shard_group_size = 0;
-  // DDP and ZeRO-1: the largest gradient bucket (MiB of fp32 gradients).
+  // DDP and ZeRO-1: the largest gradient bucket (MiB of fp32 gradients), and
+  // the most buckets' low-precision copies in flight at once (0: no bound).
   double bucket_cap_mb = 25;
+  int max_inflight_buckets = 2;
   // The binary's --device ("cpu", "cuda", "cuda:N") and FSDP CPU offload.
   std::string device = "cpu";
   bool cpu_offload = false;
@@ -175,6 +177,7 @@ struct DataParallelConfig {
   int max_inflight_all_gathers = 2;
   int hybrid_shard_group_size = 0;  // HYBRID_SHARD only
   double bucket_cap_mb = 25;        // DDP and ZeRO-1 only
+  int max_inflight_buckets = 2;     // DDP and ZeRO-1 only
   // Where this process's ranks compute (nccl: cuda:LOCAL_RANK), and FSDP's
   // CPU offload.
   tensor::Device device = tensor::Device::Cpu();

@@ -36,6 +36,10 @@ ABSL_FLAG(double, bucket_cap_mb, 25,
           "DDP and ZeRO-1: the largest gradient bucket, in MiB of fp32 gradients; each bucket's "
           "all-reduce (DDP) or reduce-scatter (ZeRO-1) goes out as soon as backward has "
           "finished its gradients, overlapping the rest of backward");
+ABSL_FLAG(int, max_inflight_buckets, 2,
+          "DDP and ZeRO-1 with bf16/fp16 gradient reduction: the most buckets whose "
+          "low-precision copy is in flight at once (another waits for the oldest; 2 = "
+          "DeepSpeed's double-buffered overlap_comm); 0: no bound (PyTorch DDP)");
 ABSL_FLAG(bool, cpu_offload, false,
           "FSDP with --device=cuda: keep the shards, gradients and optimizer state in host "
           "memory (the GPU holds only the units in use)");
@@ -59,6 +63,7 @@ DataParallelFlags DataParallelFlagsFromCommandLine() {
   f.hybrid_shard_group_size = absl::GetFlag(FLAGS_hybrid_shard_group_size);
   f.cpu_offload = absl::GetFlag(FLAGS_cpu_offload);
   f.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
+  f.max_inflight_buckets = absl::GetFlag(FLAGS_max_inflight_buckets);
   return f;
 }
 

@@ -318,6 +318,9 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   hybrid = Flags("threads", "zero1", 2);
   hybrid.bucket_cap_mb = 0;
   cases.push_back({hybrid, "--bucket_cap_mb=0 must be in (0, 1e6]"});
+  DataParallelFlags inflight = Flags("threads", "zero1", 2);
+  inflight.max_inflight_buckets = -1;
+  cases.push_back({inflight, "--max_inflight_buckets=-1 must be >= 0 (0: no bound)"});
   cases.push_back({Flags("threads", "", -1), "--world_size=-1 must be >= 1"});
   DataParallelFlags f = Flags("threads", "", 2);
   f.timeout_s = 0;
