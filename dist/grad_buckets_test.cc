@@ -126,4 +126,37 @@ TEST(BucketReadinessTest, MarkAllFinalReleasesEveryBucketInOrder) {
 }
 
 }  // namespace
+// Copies in flight: at the bound, making another waits for the oldest and
+// unpacks it; completed ones unpack oldest first; a failed collective's copy
+// is freed without unpacking and its error comes out of Finish.
+TEST(LowPrecisionCopiesTest, BoundOrderAndErrors) {
+  std::vector<int> unpacked;
+  LowPrecisionCopies copies(2, [&](int b, const tensor::Tensor& reduced) {
+    EXPECT_EQ(reduced.dtype(), tensor::Dtype::kBF16);
+    unpacked.push_back(b);
+  });
+  const tensor::Tensor src = tensor::Tensor::Zeros({8});
+  auto pending = std::make_shared<CompletionWork>();  // completes when told
+  copies.Make(0, src, tensor::Dtype::kBF16);
+  copies.Issued(0, Work::Done(absl::OkStatus()));
+  copies.Make(1, src, tensor::Dtype::kBF16);
+  copies.Issued(1, pending);
+  EXPECT_EQ(copies.inflight(), 2);
+  copies.Make(2, src, tensor::Dtype::kBF16);  // at the bound: bucket 0 is unpacked first
+  copies.Issued(2, Work::Done(absl::DataLossError("peer died")));
+  EXPECT_EQ(unpacked, std::vector<int>{0});
+  EXPECT_EQ(copies.inflight(), 2);
+  copies.UnpackCompleted();  // 2 failed: freed, not unpacked; 1 still pending
+  EXPECT_EQ(unpacked, std::vector<int>{0});
+  EXPECT_EQ(copies.inflight(), 1);
+  pending->Complete(absl::OkStatus());
+  const absl::Status s = copies.Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(unpacked, (std::vector<int>{0, 1}));
+  EXPECT_EQ(copies.inflight(), 0);
+  EXPECT_EQ(copies.last_peak_inflight(), 2);
+  EXPECT_TRUE(copies.Finish().ok());  // the error was reported once
+  EXPECT_THROW(copies.Issued(3, Work::Done(absl::OkStatus())), tensor::OpError);  // no copy made
+}
+
 }  // namespace dist::internal
