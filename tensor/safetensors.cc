@@ -201,9 +201,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
       new SafetensorsWriter(std::move(entries), std::move(*file), checksum_at));
 }
 
-const std::string& SafetensorsWriter::next_name() const {
-  static const std::string* const kNone = new std::string();
-  return next_ < entries_.size() ? entries_[next_].name : *kNone;
+std::string SafetensorsWriter::next_name() const {
+  return next_ < entries_.size() ? entries_[next_].name : std::string();
 }
 
 absl::Status SafetensorsWriter::Append(const Tensor& t) {

@@ -74,7 +74,7 @@ class SafetensorsWriter {
   // FailedPrecondition naming the first entry not appended.
   absl::Status Finish();
   // The entry Append expects next ("" when all were appended).
-  const std::string& next_name() const;
+  std::string next_name() const;
 
  private:
   SafetensorsWriter(std::vector<Decl> entries, std::unique_ptr<DurableFileWriter> file,
