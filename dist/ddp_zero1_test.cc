@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -812,10 +813,13 @@ TEST(MixedPrecisionMemoryTest, Zero1SetUpHoldsTheModelTwiceForOneBucketAtMost) {
 
 // Forwards every collective to the group it wraps, but its works never say
 // they are completed before they are waited for: as a slow network would,
-// every copy stays in flight until something waits for it.
+// every copy stays in flight until something waits for it. `on_issue` sees
+// each collective's kind as it is issued.
 class UnpolledGroup final : public ProcessGroup {
  public:
-  explicit UnpolledGroup(ProcessGroup& inner) : ProcessGroup(inner.timeout()), inner_(inner) {}
+  explicit UnpolledGroup(ProcessGroup& inner,
+                         std::function<void(CollectiveKind)> on_issue = nullptr)
+      : ProcessGroup(inner.timeout()), inner_(inner), on_issue_(std::move(on_issue)) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   absl::string_view backend() const override { return inner_.backend(); }
@@ -835,6 +839,7 @@ class UnpolledGroup final : public ProcessGroup {
     std::atomic<bool> waited_{false};
   };
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
+    if (on_issue_) on_issue_(call->kind);
     const auto options = CollectiveOptions::WithTimeout(call->timeout);
     WorkPtr work;
     switch (call->kind) {
@@ -862,7 +867,54 @@ class UnpolledGroup final : public ProcessGroup {
 
  private:
   ProcessGroup& inner_;
+  std::function<void(CollectiveKind)> on_issue_;
 };
+
+// Steps nothing; records which ParamRefs it was asked to update, into the
+// same log as the collectives.
+class RecordingOptimizer final : public optim::Optimizer {
+ public:
+  explicit RecordingOptimizer(std::vector<std::string>* log) : Optimizer(0.1), log_(log) {}
+  const char* name() const override { return "recording"; }
+  std::vector<std::string> BufferNames() const override { return {}; }
+
+ protected:
+  void Update(const optim::ParamRef& ref, optim::ParamState&) override {
+    log_->push_back("step " + ref.name);
+  }
+
+ private:
+  std::vector<std::string>* log_;
+};
+
+// Step() starts each bucket's all-gather right after stepping that bucket,
+// so the all-gather of bucket b runs while bucket b + 1 steps: the log
+// alternates step / all-gather, bucket by bucket.
+TEST(Zero1Test, StepStartsEachBucketsAllGatherRightAfterItsStep) {
+  const int n = 2;
+  const Batch batch = RandomBatch(25);
+  ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& world_pg) {
+                std::vector<std::string> log;
+                UnpolledGroup pg(world_pg, [&](CollectiveKind kind) {
+                  if (kind == CollectiveKind::kAllGather) log.push_back("all_gather");
+                });
+                mingpt::GPT model(Tiny());
+                model.Materialize(kSeed);
+                Zero1Options options;
+                options.bucket_cap_mb = 0.002;
+                Zero1 zero(model, pg, std::make_unique<RecordingOptimizer>(&log), options);
+                ASSERT_GE(zero.num_buckets(), 3);
+                model.ForwardBackward(Rows(batch.idx, rank, n), Rows(batch.targets, rank, n));
+                log.clear();
+                ASSERT_TRUE(zero.Step().ok());
+                std::vector<std::string> want;
+                for (int b = 0; b < zero.num_buckets(); ++b) {
+                  want.push_back("step zero1.bucket" + std::to_string(b));
+                  want.push_back("all_gather");
+                }
+                EXPECT_EQ(log, want);
+              }).ok());
+}
 
 // bf16 bucket copies in flight are bounded. Over a group whose collectives
 // are never seen completed before they are waited for, every bucket is in

@@ -281,17 +281,27 @@ absl::Status Zero1::Step() {
         "zero1: Step() without a synced backward since the last step");
   }
   reduced_ = false;
-  optimizer_->Step(ParamRefs());
-  return RefreshParameters();
+  // Bucket by bucket: step this rank's slices, then start the bucket's
+  // all-gather, which runs while the next bucket steps.
+  const std::vector<optim::ParamRef> refs = ParamRefs();
+  std::vector<WorkPtr> works;
+  for (int b = 0; b < num_buckets(); ++b) {
+    optimizer_->Step({refs[b]});
+    works.push_back(GatherBucket(buckets_[b]));
+  }
+  for (WorkPtr& w : works) status.Update(w->Wait());
+  return status;
+}
+
+WorkPtr Zero1::GatherBucket(Bucket& b) {
+  tensor::Tensor mine = b.param.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel);
+  if (!mine.SharesStorageWith(b.master)) mine.CopyFrom(b.master);  // rounded to param_dtype
+  return pg_.AllGather(mine, b.param);
 }
 
 absl::Status Zero1::RefreshParameters() {
   std::vector<WorkPtr> works;
-  for (Bucket& b : buckets_) {
-    tensor::Tensor mine = b.param.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel);
-    if (!mine.SharesStorageWith(b.master)) mine.CopyFrom(b.master);  // rounded to param_dtype
-    works.push_back(pg_.AllGather(mine, b.param));
-  }
+  for (Bucket& b : buckets_) works.push_back(GatherBucket(b));
   absl::Status status;
   for (WorkPtr& w : works) status.Update(w->Wait());
   return status;

@@ -31,10 +31,12 @@
 // reduce-scattered (avg) asynchronously into this rank's slice of it, in
 // bucket order, so the reduce-scatters overlap the rest of backward (as
 // DeepSpeed's overlap_comm). The root's PostBackward issues what is left.
-// Step() waits for them, steps the optimizer over the fp32 master slices
-// (decay ranges from Parameter::weight_decay via optim::SliceRanges), writes
-// them into the buckets' buffers and all-gathers each bucket, so every rank
-// ends with the same full parameters. After a synced backward only this
+// Step() waits for them, then bucket by bucket steps the optimizer over the
+// fp32 master slice (decay ranges from Parameter::weight_decay via
+// optim::SliceRanges), writes it into the bucket's buffer and starts the
+// bucket's all-gather, which runs while the next bucket steps; it returns
+// once every all-gather is done, so every rank ends with the same full
+// parameters. After a synced backward only this
 // rank's slices of the flat gradient hold averaged values (the rest holds
 // local gradients).
 //
@@ -146,8 +148,9 @@ class Zero1 {
   // no_sync.
   absl::Status FinishBackward();
   // FinishBackward, then one optimizer step on this rank's slices
-  // (ParamRefs()) and the all-gather of the parameters. FailedPrecondition when no synced backward
-  // ran since the last Step.
+  // (ParamRefs(), one bucket at a time, each bucket's all-gather started
+  // right after its step). FailedPrecondition when no synced backward ran
+  // since the last Step.
   absl::Status Step();
   // Writes this rank's master slices into the flat parameter (rounded to the
   // compute dtype) and all-gathers every bucket, so every Parameter::value
@@ -245,6 +248,9 @@ class Zero1 {
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void IssueReadyBuckets();
+  // Writes this rank's master slice of `b` into its buffer (rounded to the
+  // compute dtype) and starts the bucket's all-gather.
+  WorkPtr GatherBucket(Bucket& b);
 
   nn::Module& model_;
   ProcessGroup& pg_;

@@ -15,7 +15,8 @@
 // --max_inflight_all_gathers (reduce-scatters overlap the next unit's
 // backward in both). DDP and ZeRO-1 use --bucket_cap_mb buckets. A step =
 // forward + backward (incl. the gradient collectives) + AdamW step (ZeRO-1:
-// on its slices, then the all-gather) + zero-grad, timed on every rank; the
+// on its slices bucket by bucket, each bucket's all-gather started after its
+// step) + zero-grad, timed on every rank; the
 // step's time is the max over ranks. Reported: median ms/step over all timed
 // steps of a strategy, tokens/s (global: world * batch * seq_len / step time),
 // the ratio to DDP of the medians and the median of the per-step-pair ratios.
@@ -299,8 +300,9 @@ int Main() {
   }
   std::printf(
       "Step time = max over ranks of fwd+bwd+collectives+AdamW+zero. DDP overlaps bucketed\n"
-      "all-reduce with backward, ZeRO-1 bucketed reduce-scatters (then steps 1/N of AdamW and\n"
-      "all-gathers); FSDP overlaps each unit's reduce-scatter with the next unit's backward,\n"
+      "all-reduce with backward, ZeRO-1 bucketed reduce-scatters (then steps 1/N of AdamW\n"
+      "bucket by bucket, each bucket's all-gather overlapping the next bucket's step); FSDP "
+      "overlaps each unit's reduce-scatter with the next unit's backward,\n"
       "and with prefetch its all-gathers with the previous unit's compute.\n");
   const std::string json_out = absl::GetFlag(FLAGS_json_out);
   if (!json_out.empty()) {
