@@ -1,10 +1,10 @@
 // Checkpoint inspection and conversion, for the train binaries' checkpoints of
 // either kind: single-process / DDP (model.safetensors + optimizer.safetensors)
 // and sharded (FSDP or ZeRO-1 at any world size: index.json + shard files).
-// Needs no model, no process group and no GPU. verify, consolidate, shard
-// and export-hf stream: they hold about one parameter (and its optimizer
-// state) at a time, so a model larger than host memory converts. diff holds
-// both models.
+// Needs no model, no process group and no GPU. verify, consolidate, shard,
+// export-hf and diff stream: they hold about one parameter (and its optimizer
+// state; diff: one of each side) at a time, so a model larger than host
+// memory converts.
 //
 //   checkpoint info DIR [--params]        what it holds: step, model config, writer,
 //                                         strategy, world size, optimizer, parameters, files
@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,8 @@
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
 #include "models/mingpt/pretrained.h"
+#include "nn/state_dict.h"
+#include "tensor/error.h"
 #include "tensor/safetensors.h"
 
 ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, elements)");
@@ -255,6 +258,54 @@ int ExportHf(const std::string& dir, const std::string& out) {
   return 0;
 }
 
+// One side of a diff: every stored parameter's name, shape and dtype, each
+// read whole only when asked (a single-process folder's checksum is verified
+// when it is opened, in pieces; a sharded one's blocks as they are read).
+class StoredModel {
+ public:
+  static absl::StatusOr<StoredModel> Open(const std::string& dir) {
+    StoredModel m;
+    if (train::IsShardedCheckpoint(dir)) {
+      absl::StatusOr<nn::NamedInitSources> sources = dist::ShardedCheckpointInitSources(dir);
+      if (!sources.ok()) return sources.status();
+      for (const auto& [name, source] : *sources) {
+        m.entries_.push_back({name, tensor::Dtype::kF32, source->shape()});
+        m.sources_[name] = source;
+      }
+      return m;
+    }
+    m.path_ = dir + "/model.safetensors";
+    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(m.path_);
+    if (!header.ok()) return header.status();
+    absl::Status s = tensor::VerifySafetensors(m.path_, *header);
+    if (!s.ok()) return s;
+    m.entries_ = header->entries;
+    m.header_ = std::make_shared<tensor::SafetensorsHeader>(*std::move(header));
+    return m;
+  }
+  const std::vector<tensor::SafetensorsEntry>& entries() const { return entries_; }
+  absl::StatusOr<tensor::Tensor> Read(const tensor::SafetensorsEntry& e) const {
+    tensor::Tensor t = tensor::Tensor::Empty(e.shape, e.dtype);
+    if (header_ != nullptr) {
+      absl::Status s = tensor::ReadSafetensorsSlice(path_, *header_, e.name, 0, t);
+      if (!s.ok()) return s;
+      return t;
+    }
+    try {
+      sources_.at(e.name)->Read(0, t);
+    } catch (const tensor::OpError& error) {
+      return absl::DataLossError(error.what());
+    }
+    return t;
+  }
+
+ private:
+  std::vector<tensor::SafetensorsEntry> entries_;  // name, shape, dtype (offsets unused)
+  std::string path_;                               // single-process: model.safetensors
+  std::shared_ptr<const tensor::SafetensorsHeader> header_;
+  std::map<std::string, std::shared_ptr<const nn::InitSource>> sources_;  // sharded
+};
+
 struct ParamDiff {
   std::string name;
   double max_abs = 0;
@@ -264,30 +315,37 @@ struct ParamDiff {
 };
 
 int Diff(const std::string& dir_a, const std::string& dir_b) {
-  absl::StatusOr<tensor::NamedTensors> a = train::ReadCheckpointModel(dir_a);
+  // Parameter by parameter: two are held at a time, not the two models.
+  absl::StatusOr<StoredModel> a = StoredModel::Open(dir_a);
   if (!a.ok()) return Fail(std::string(a.status().message()));
-  absl::StatusOr<tensor::NamedTensors> b = train::ReadCheckpointModel(dir_b);
+  absl::StatusOr<StoredModel> b = StoredModel::Open(dir_b);
   if (!b.ok()) return Fail(std::string(b.status().message()));
   const double atol = absl::GetFlag(FLAGS_atol), rtol = absl::GetFlag(FLAGS_rtol);
-  std::map<std::string, tensor::Tensor> by_name(b->begin(), b->end());
+  std::map<std::string, const tensor::SafetensorsEntry*> by_name;
+  for (const tensor::SafetensorsEntry& e : b->entries()) by_name[e.name] = &e;
   std::vector<std::string> mismatched;
   std::vector<ParamDiff> diffs;
-  for (const auto& [name, ta] : *a) {
+  for (const tensor::SafetensorsEntry& ea : a->entries()) {
+    const std::string& name = ea.name;
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       mismatched.push_back(absl::StrCat("'", name, "' is only in ", dir_a));
       continue;
     }
-    const tensor::Tensor& tb = it->second;
-    if (ta.shape() != tb.shape() || ta.dtype() != tb.dtype()) {
+    const tensor::SafetensorsEntry& eb = *it->second;
+    if (ea.shape != eb.shape || ea.dtype != eb.dtype) {
       mismatched.push_back(absl::StrCat(
-          "'", name, "' is ", ta.shape().ToString(), " ", tensor::DtypeName(ta.dtype()),
-          " in A but ", tb.shape().ToString(), " ", tensor::DtypeName(tb.dtype()), " in B"));
+          "'", name, "' is ", ea.shape.ToString(), " ", tensor::DtypeName(ea.dtype), " in A but ",
+          eb.shape.ToString(), " ", tensor::DtypeName(eb.dtype), " in B"));
       by_name.erase(it);
       continue;
     }
-    const tensor::Tensor ca = ta.To(tensor::Dtype::kF32).Contiguous();
-    const tensor::Tensor cb = tb.To(tensor::Dtype::kF32).Contiguous();
+    absl::StatusOr<tensor::Tensor> ta = a->Read(ea);
+    if (!ta.ok()) return Fail(std::string(ta.status().message()));
+    absl::StatusOr<tensor::Tensor> tb = b->Read(eb);
+    if (!tb.ok()) return Fail(std::string(tb.status().message()));
+    const tensor::Tensor ca = ta->To(tensor::Dtype::kF32).Contiguous();
+    const tensor::Tensor cb = tb->To(tensor::Dtype::kF32).Contiguous();
     const float* pa = ca.data<float>();
     const float* pb = cb.data<float>();
     ParamDiff d;
