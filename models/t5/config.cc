@@ -2,10 +2,13 @@
 #include "models/t5/config.h"
 
 #include <cmath>
+#include <set>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace t5 {
 namespace {
@@ -116,6 +119,70 @@ std::string T5Config::ToString() const {
                       ", dropout_rate=", dropout_rate,
                       ", feed_forward_proj=", gated() ? "gated-gelu" : "relu",
                       ", tie_word_embeddings=", tie_word_embeddings ? "true" : "false", ")");
+}
+
+absl::StatusOr<T5Config> ParseConfig(absl::string_view text) {
+  auto error = [text](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("t5 config '", text, "': ", why));
+  };
+  const size_t open = text.find('(');
+  if (open == absl::string_view::npos || open == 0 || text.back() != ')') {
+    return error("expected name(vocab_size=..., d_model=..., ...), as T5Config::ToString writes");
+  }
+  T5Config c;
+  c.name = std::string(text.substr(0, open));
+  if (c.name == "custom") c.name.clear();
+  struct IntField {
+    absl::string_view key;
+    int64_t* value;
+  };
+  const IntField ints[] = {{"vocab_size", &c.vocab_size},
+                           {"d_model", &c.d_model},
+                           {"d_kv", &c.d_kv},
+                           {"d_ff", &c.d_ff},
+                           {"num_layers", &c.num_layers},
+                           {"num_decoder_layers", &c.num_decoder_layers},
+                           {"num_heads", &c.num_heads},
+                           {"buckets", &c.relative_attention_num_buckets},
+                           {"max_distance", &c.relative_attention_max_distance}};
+  std::set<std::string> seen;
+  const absl::string_view fields = text.substr(open + 1, text.size() - open - 2);
+  for (absl::string_view field : absl::StrSplit(fields, ", ")) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(field, '=');
+    if (!seen.insert(std::string(kv.first)).second) {
+      return error(absl::StrCat("field '", kv.first, "' given twice"));
+    }
+    bool known = false, parsed = false;
+    for (const IntField& f : ints) {
+      if (kv.first == f.key) {
+        known = true;
+        parsed = absl::SimpleAtoi(kv.second, f.value);
+      }
+    }
+    if (kv.first == "dropout_rate") {
+      known = true;
+      parsed = absl::SimpleAtof(kv.second, &c.dropout_rate);
+    } else if (kv.first == "feed_forward_proj") {
+      known = true;
+      parsed = kv.second == "relu" || kv.second == "gated-gelu";
+      c.feed_forward_proj =
+          kv.second == "gated-gelu" ? FeedForwardProj::kGatedGelu : FeedForwardProj::kRelu;
+    } else if (kv.first == "tie_word_embeddings") {
+      known = true;
+      parsed = kv.second == "true" || kv.second == "false";
+      c.tie_word_embeddings = kv.second == "true";
+    }
+    if (!known) return error(absl::StrCat("unknown field '", kv.first, "'"));
+    if (!parsed) return error(absl::StrCat(kv.first, " '", kv.second, "' is not valid"));
+  }
+  for (absl::string_view key :
+       {"vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
+        "buckets", "max_distance", "dropout_rate", "feed_forward_proj", "tie_word_embeddings"}) {
+    if (seen.count(std::string(key)) == 0) return error(absl::StrCat("no ", key));
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return valid;
+  return c;
 }
 
 absl::StatusOr<T5Config> Preset(absl::string_view name) {

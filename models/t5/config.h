@@ -54,6 +54,13 @@ struct T5Config {
   std::string ToString() const;
 };
 
+// The inverse of T5Config::ToString ("t5-small(vocab_size=32128, d_model=512,
+// ...)", "custom(...)" for an unnamed one), as checkpoints record it; the
+// fields ToString leaves out (layer_norm_epsilon, initializer_factor) keep
+// their defaults. InvalidArgument naming the text and the field for anything
+// else, or a configuration Validate refuses.
+absl::StatusOr<T5Config> ParseConfig(absl::string_view text);
+
 // Names: t5-small, t5-base, t5-large, t5-3b, t5-11b (the sizes of Raffel et
 // al. 2020 / the Hugging Face checkpoints). T5 v1.0 settings: vocab 32128,
 // 32 buckets, max distance 128, dropout 0.1, ReLU, tied embeddings; every

@@ -163,6 +163,51 @@ TEST(T5ConfigTest, NamesAndShapesAreHuggingFaces) {
   EXPECT_EQ(order.size(), 1 + 24 * 8 + 1 + 1 + 24 * 13 + 1 + 1u);
 }
 
+// ParseConfig reads back what ToString writes (presets, v1.1, an unnamed
+// configuration with other sizes) and names what it cannot read.
+TEST(T5ConfigTest, ParseConfigInvertsToString) {
+  std::vector<T5Config> configs;
+  for (const std::string& name : PresetNames()) configs.push_back(*Preset(name));
+  configs.push_back(AsV1_1(*Preset("t5-small")));
+  T5Config odd = *Preset("t5-small");
+  odd.name.clear();
+  odd.vocab_size = 300;
+  odd.d_kv = 16;
+  odd.num_decoder_layers = 2;
+  odd.relative_attention_num_buckets = 8;
+  odd.relative_attention_max_distance = 20;
+  odd.dropout_rate = 0.25f;
+  configs.push_back(odd);
+  for (const T5Config& c : configs) {
+    absl::StatusOr<T5Config> back = ParseConfig(c.ToString());
+    ASSERT_TRUE(back.ok()) << c.ToString() << ": " << back.status();
+    EXPECT_EQ(back->ToString(), c.ToString());
+    EXPECT_EQ(back->name, c.name);
+    EXPECT_EQ(back->gated(), c.gated());
+    EXPECT_EQ(back->tie_word_embeddings, c.tie_word_embeddings);
+  }
+  const std::string small = Preset("t5-small")->ToString();
+  auto message = [](const std::string& text) {
+    return std::string(ParseConfig(text).status().message());
+  };
+  EXPECT_NE(message("t5-small").find("expected name("), std::string::npos);
+  std::string bad = small;
+  bad.replace(bad.find("d_model=512"), 11, "d_model=x");
+  EXPECT_NE(message(bad).find("d_model 'x' is not valid"), std::string::npos) << message(bad);
+  bad = small;
+  bad.replace(bad.find("feed_forward_proj=relu"), 22, "feed_forward_proj=swish");
+  EXPECT_NE(message(bad).find("feed_forward_proj 'swish'"), std::string::npos) << message(bad);
+  bad = small;
+  bad.replace(bad.find(", d_kv=64"), 9, "");
+  EXPECT_NE(message(bad).find("no d_kv"), std::string::npos) << message(bad);
+  bad = small;
+  bad.replace(bad.find("d_kv=64"), 7, "d_kv=64, d_kv=64");
+  EXPECT_NE(message(bad).find("'d_kv' given twice"), std::string::npos) << message(bad);
+  bad = small;
+  bad.replace(bad.find("num_heads=8"), 11, "num_heads=0");
+  EXPECT_FALSE(ParseConfig(bad).ok());  // Validate's refusal
+}
+
 TEST(T5ConfigTest, ValidateNamesTheProblem) {
   auto message = [](T5Config c) { return std::string(c.Validate().message()); };
   T5Config ok = *Preset("t5-small");
