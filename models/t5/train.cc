@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "models/common/checkpoint_convert.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
@@ -66,6 +67,7 @@
 #include "models/t5/model.h"
 #include "nn/checkpoint.h"
 #include "nn/mixed_precision.h"
+#include "nn/state_dict.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
@@ -120,6 +122,11 @@ ABSL_FLAG(bool, activation_checkpointing, false,
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
+ABSL_FLAG(std::string, init_from, "",
+          "a checkpoint of this binary (a step folder, or a --checkpoint_dir: its latest step; "
+          "single-process or sharded): training starts at step 0 with a fresh optimizer from "
+          "its weights, and the model's configuration is the checkpoint's (--preset, --v1_1 "
+          "and --vocab_size are refused with it; --dropout still applies)");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
 
@@ -253,6 +260,35 @@ double EvalLoss(T5Model& model, const data::SpanCorruptionLoader& eval, int64_t 
   return sum / static_cast<double>(batches * K);
 }
 
+// --init_from: a checkpoint's weights as sources read slice by slice (so an
+// FSDP rank reads only its shard) and what they came from.
+struct Init {
+  T5Config config;
+  nn::NamedInitSources sources;
+  std::string source;  // "checkpoint DIR (step N)"
+};
+
+absl::StatusOr<Init> OpenInit(const std::string& flag) {
+  auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--init_from=", flag, ": ", why));
+  };
+  const std::string step_dir = train::StepFolderOf(flag);
+  absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(step_dir);
+  if (!summary.ok()) return error(summary.status().message());
+  auto recorded = summary->state.extra.find("config");
+  if (recorded == summary->state.extra.end()) {
+    return error(absl::StrCat("checkpoint ", step_dir, " records no model configuration"));
+  }
+  absl::StatusOr<T5Config> config = ParseConfig(recorded->second);
+  if (!config.ok()) {
+    return error(absl::StrCat("not a T5 checkpoint: ", config.status().message()));
+  }
+  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(step_dir);
+  if (!sources.ok()) return error(sources.status().message());
+  return Init{*config, *std::move(sources),
+              absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")")};
+}
+
 struct DpSetup {
   T5Config config;
   train::LossScaling scaling;
@@ -262,6 +298,7 @@ struct DpSetup {
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
+  const Init* init = nullptr;  // --init_from, else null
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -291,6 +328,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards (the
   // shared embedding in the root unit) ----
   T5Model model(setup.config);
+  if (setup.init != nullptr) {  // FSDP reads each rank's shard from it, DDP a whole copy
+    absl::Status loaded = nn::InitFromSources(model, setup.init->sources);
+    if (!loaded.ok()) return WithContext(loaded, "--init_from");
+  }
   if (absl::GetFlag(FLAGS_activation_checkpointing)) {
     nn::ApplyCheckpointing(model, [](const std::string&, nn::Module& m) {
       return m.class_name() == "T5Block";
@@ -299,6 +340,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   absl::StatusOr<std::unique_ptr<train::DataParallelModel>> dp = train::DataParallelModel::Create(
       model, rank.pg, setup.dp, std::move(*optimizer), seed, {"shared.weight"});
   if (!dp.ok()) return dp.status();
+  if (setup.init != nullptr) nn::ReleaseInitValues(model);
   optim::Optimizer& opt = (*dp)->optimizer();
   const int64_t tokens_per_step =
       K * W * B * (setup.span.encoder_length + loader->corruptor().decoder_length());
@@ -309,6 +351,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
                      train::AccumulationPrefix(K)),
         B, tokens_per_step,
         absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
+    if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
@@ -434,6 +477,24 @@ absl::Status Train() {
   absl::StatusOr<T5Config> config = MakeConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return config.status();
   if (absl::GetFlag(FLAGS_v1_1)) *config = AsV1_1(*config);
+  // --init_from: the weights, and the configuration that fits them.
+  std::optional<Init> init;
+  if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
+    if (!absl::GetFlag(FLAGS_resume).empty()) {
+      return absl::InvalidArgumentError(
+          "--init_from and --resume: a resumed run continues its checkpoint's weights; give one");
+    }
+    if (absl::GetFlag(FLAGS_preset) != "t5-tiny" || absl::GetFlag(FLAGS_v1_1) ||
+        absl::GetFlag(FLAGS_vocab_size) != 0) {
+      return absl::InvalidArgumentError(
+          "--preset / --v1_1 / --vocab_size with --init_from: the model's configuration comes "
+          "from the checkpoint");
+    }
+    absl::StatusOr<Init> opened = OpenInit(init_from);
+    if (!opened.ok()) return opened.status();
+    init = *std::move(opened);
+    *config = init->config;
+  }
   absl::StatusOr<train::DataSources> sources =
       train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
                              absl::GetFlag(FLAGS_vocab_size));
@@ -478,6 +539,12 @@ absl::Status Train() {
   }
   // The model's vocabulary: the source's plus the sentinels, which the loader
   // numbers right above the source's ids.
+  if (init && config->vocab_size != loader->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--init_from: the model's vocabulary ", config->vocab_size, " is not the data's ",
+        loader->vocab_size(), " (", source_vocab, " ids + ", span.num_sentinels,
+        " sentinels: --data and --num_sentinels must be the checkpoint run's)"));
+  }
   config->vocab_size = loader->vocab_size();
   config->dropout_rate = static_cast<float>(dropout);
   absl::Status valid = config->Validate();
@@ -516,6 +583,7 @@ absl::Status Train() {
     setup.span = span;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
+    setup.init = init ? &*init : nullptr;
     return train::RunDataParallel(
         setup.dp, [&setup](train::RankContext& rank) { return TrainRank(setup, rank); });
   }
@@ -523,13 +591,22 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   T5Model model(*config);
-  model.Materialize(seed, device);
+  if (init) {
+    absl::Status loaded = nn::InitFromSources(model, init->sources);
+    if (!loaded.ok()) return WithContext(loaded, "--init_from");
+  }
+  model.Materialize(seed, device);  // reads --init_from's weights
+  if (init) {
+    nn::ReleaseInitValues(model);
+    init->sources.clear();
+  }
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
   const int64_t tokens_per_step = K * B * (S + loader->corruptor().decoder_length());
   PrintStartup(*config, *source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
                             policy.ToString()));
+  if (init) std::printf("init_from: %s\n", init->source.c_str());
   if (eval_source) {
     std::printf("%s\n", train::EvalLine(*eval_source, train::EvalFlagsFromCommandLine()).c_str());
   }

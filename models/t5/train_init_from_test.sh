@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# --init_from: //models/t5:train starts from the weights of one of its
+# checkpoints (either kind), at step 0 with a fresh optimizer and the
+# checkpoint's configuration, in one process and under FSDP and DDP. The
+# model it evaluates after a step that changes nothing (--lr=0) is the
+# checkpoint's: its eval loss equals the one the first run printed after its
+# last step. Bad combinations exit 2 naming the flag.
+set -euo pipefail
+train="$1"
+source "$2"  # models/common/cli_testing.sh: exits_2
+dir="${TEST_TMPDIR}/init_from"
+mkdir -p "$dir"
+eval_loss() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\2/p' "$1" | tail -1; }
+close() {  # close A B: |A - B| <= 1e-5 |B|
+  awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+    { echo "$1 vs $2"; exit 1; }
+}
+
+common=(--batch_size=4 --encoder_length=32 --log_every=1 --dropout=0 --eval_data=shipped
+        --eval_batches=2)
+# The first run: v1.1 (untied lm_head, gated-GELU), so the configuration comes from the checkpoint.
+"$train" --v1_1 "${common[@]}" --steps=3 --lr=3e-3 --checkpoint_dir="$dir/run" \
+  --metrics_out="$dir/run.jsonl" > /dev/null
+trained=$(eval_loss "$dir/run.jsonl")
+# And a sharded checkpoint of the same weights (FSDP at world 2 writes one).
+"$train" --v1_1 "${common[@]}" --steps=3 --lr=3e-3 --batch_size=2 --world_size=2 \
+  --strategy=full_shard --checkpoint_dir="$dir/sharded" --metrics_out="$dir/sharded.jsonl" \
+  > /dev/null
+trained_sharded=$(eval_loss "$dir/sharded.jsonl")
+
+frozen=(--steps=1 --lr=0 --weight_decay=0)
+"$train" "${common[@]}" "${frozen[@]}" --init_from="$dir/run" --metrics_out="$dir/a.jsonl" \
+  > "$dir/a.log"
+grep -q "feed_forward_proj=gated-gelu, tie_word_embeddings=false" "$dir/a.log"
+grep -q "^init_from: checkpoint $dir/run/step_000003 (step 3)" "$dir/a.log"
+[[ $(eval_loss "$dir/a.jsonl") == "$trained" ]]
+echo "one process: the checkpoint's eval loss $trained"
+
+# Data parallel from either kind: FSDP reads each rank's shard, DDP a whole copy.
+for from in run sharded; do
+  want=$trained
+  [[ $from == sharded ]] && want=$trained_sharded
+  for strategy in full_shard ddp; do
+    "$train" "${common[@]}" "${frozen[@]}" --batch_size=2 --world_size=2 --strategy="$strategy" \
+      --init_from="$dir/$from" --metrics_out="$dir/$from-$strategy.jsonl" > "$dir/$from-$strategy.log"
+    grep -q "^init_from: checkpoint $dir/$from/step_000003 (step 3)" "$dir/$from-$strategy.log"
+    close "$(eval_loss "$dir/$from-$strategy.jsonl")" "$want"
+  done
+done
+echo "FSDP and DDP at world 2 start from either kind of checkpoint"
+
+exits_2 "--init_from and --resume" "$train" "${frozen[@]}" --init_from="$dir/run" \
+  --checkpoint_dir="$dir/run" --resume=latest
+exits_2 "--preset / --v1_1 / --vocab_size with --init_from" "$train" "${frozen[@]}" \
+  --init_from="$dir/run" --preset=t5-small
+exits_2 "--init_from=$dir/nope: " "$train" "${frozen[@]}" --init_from="$dir/nope"
+exits_2 "--init_from: the model's vocabulary" "$train" "${frozen[@]}" --init_from="$dir/run" \
+  --num_sentinels=50
+echo "bad combinations exit 2 naming the flag"
+echo PASS
