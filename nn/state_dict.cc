@@ -176,10 +176,8 @@ std::shared_ptr<const InitSource> TransposedInitSource(std::shared_ptr<const Ini
 }
 
 absl::StatusOr<NamedInitSources> SafetensorsInitSources(const std::string& path) {
-  absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(path);
+  absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadVerifiedSafetensorsHeader(path);
   if (!header.ok()) return header.status();
-  absl::Status verified = tensor::VerifySafetensors(path, *header);
-  if (!verified.ok()) return verified;
   auto shared = std::make_shared<const tensor::SafetensorsHeader>(*std::move(header));
   NamedInitSources sources;
   for (const tensor::SafetensorsEntry& e : shared->entries) {

@@ -363,6 +363,23 @@ absl::Status VerifySafetensors(const std::string& path, const SafetensorsHeader&
   return CheckChecksum(path, header, crc);
 }
 
+absl::StatusOr<SafetensorsHeader> ReadVerifiedSafetensorsHeader(const std::string& path) {
+  absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
+  if (!header.ok()) return header.status();
+  absl::Status verified = VerifySafetensors(path, *header);
+  if (!verified.ok()) return verified;
+  return header;
+}
+
+absl::StatusOr<Tensor> ReadSafetensorsEntry(const std::string& path,
+                                            const SafetensorsHeader& header,
+                                            const SafetensorsEntry& entry) {
+  Tensor t = Tensor::Empty(entry.shape, entry.dtype);
+  absl::Status s = ReadSafetensorsSlice(path, header, entry.name, 0, t);
+  if (!s.ok()) return s;
+  return t;
+}
+
 absl::Status ReadSafetensorsSlice(const std::string& path, const SafetensorsHeader& header,
                                   const std::string& name, int64_t begin, Tensor& out) {
   const SafetensorsEntry* e = header.Find(name);

@@ -105,6 +105,15 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 // DataLoss naming the file when they differ.
 absl::Status VerifySafetensors(const std::string& path, const SafetensorsHeader& header);
 
+// ReadSafetensorsHeader, then VerifySafetensors: the header of a file whose
+// data was checked against its checksum (read in pieces, not held).
+absl::StatusOr<SafetensorsHeader> ReadVerifiedSafetensorsHeader(const std::string& path);
+
+// Entry `entry` of the file whole, in its own dtype (a CPU tensor).
+absl::StatusOr<Tensor> ReadSafetensorsEntry(const std::string& path,
+                                            const SafetensorsHeader& header,
+                                            const SafetensorsEntry& entry);
+
 // Reads elements [begin, begin + out.numel()) of entry `name` (flattened) into
 // `out` (contiguous CPU tensor; the entry's dtype is converted to out's).
 // Used to load a shard of a tensor without reading the rest.

@@ -178,13 +178,13 @@ int Verify(const std::string& dir) {
     // The checksum over each file in pieces, then one tensor at a time.
     for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
       const std::string path = dir + "/" + file;
-      absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadSafetensorsHeader(path);
-      absl::Status read = h.ok() ? tensor::VerifySafetensors(path, *h) : h.status();
+      absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadVerifiedSafetensorsHeader(path);
+      absl::Status read = h.status();
       for (size_t i = 0; read.ok() && i < h->entries.size(); ++i) {
         const tensor::SafetensorsEntry& e = h->entries[i];
-        tensor::Tensor t = tensor::Tensor::Empty(e.shape, e.dtype);
-        read = tensor::ReadSafetensorsSlice(path, *h, e.name, 0, t);
-        if (read.ok()) check(absl::StrCat(file, " '", e.name, "'"), t);
+        absl::StatusOr<tensor::Tensor> t = tensor::ReadSafetensorsEntry(path, *h, e);
+        read = t.status();
+        if (read.ok()) check(absl::StrCat(file, " '", e.name, "'"), *t);
       }
       if (!read.ok()) {
         std::printf("FAILED %s: %s\n", dir.c_str(), std::string(read.message()).c_str());
@@ -275,22 +275,17 @@ class StoredModel {
       return m;
     }
     m.path_ = dir + "/model.safetensors";
-    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(m.path_);
+    absl::StatusOr<tensor::SafetensorsHeader> header =
+        tensor::ReadVerifiedSafetensorsHeader(m.path_);
     if (!header.ok()) return header.status();
-    absl::Status s = tensor::VerifySafetensors(m.path_, *header);
-    if (!s.ok()) return s;
     m.entries_ = header->entries;
     m.header_ = std::make_shared<tensor::SafetensorsHeader>(*std::move(header));
     return m;
   }
   const std::vector<tensor::SafetensorsEntry>& entries() const { return entries_; }
   absl::StatusOr<tensor::Tensor> Read(const tensor::SafetensorsEntry& e) const {
+    if (header_ != nullptr) return tensor::ReadSafetensorsEntry(path_, *header_, e);
     tensor::Tensor t = tensor::Tensor::Empty(e.shape, e.dtype);
-    if (header_ != nullptr) {
-      absl::Status s = tensor::ReadSafetensorsSlice(path_, *header_, e.name, 0, t);
-      if (!s.ok()) return s;
-      return t;
-    }
     try {
       sources_.at(e.name)->Read(0, t);
     } catch (const tensor::OpError& error) {

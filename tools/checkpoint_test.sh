@@ -138,19 +138,21 @@ expect 2 "is already sharded" "$ckpt" shard "$dir/ck" "$dir/z"
 expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"
 expect 2 "usage:" "$ckpt" info
 expect 2 "is not a folder" "$ckpt" info "$dir/nope"
+# corrupt FILE: overwrites a byte inside its last tensor's data (9 bytes before the end).
+corrupt() {
+  local size
+  size=$(stat -c %s "$1")
+  printf '\x7f' | dd of="$1" bs=1 seek=$((size - 9)) conv=notrunc status=none
+}
 cp -r "$dir/ck/step_000003" "$dir/broken"
-shard="$dir/broken/shard_1_of_2.safetensors"
-size=$(stat -c %s "$shard")
-printf '\x7f' | dd of="$shard" bs=1 seek=$((size - 9)) conv=notrunc status=none
+corrupt "$dir/broken/shard_1_of_2.safetensors"
 expect 1 "FAILED .*shard_1_of_2.safetensors' is corrupted" "$ckpt" verify "$dir/broken"
 expect 2 "is corrupted" "$ckpt" consolidate "$dir/broken" "$dir/y"
 [[ ! -e "$dir/y" && ! -e "$dir/y.tmp-consolidate" ]]
 # A single-process folder with a flipped byte in its optimizer state: verify and shard name it,
 # and shard writes nothing.
 cp -r "$dir/ck_ddp/step_000003" "$dir/broken_one"
-opt="$dir/broken_one/optimizer.safetensors"
-size=$(stat -c %s "$opt")
-printf '\x7f' | dd of="$opt" bs=1 seek=$((size - 9)) conv=notrunc status=none
+corrupt "$dir/broken_one/optimizer.safetensors"
 expect 1 "FAILED .*optimizer.safetensors' is corrupted" "$ckpt" verify "$dir/broken_one"
 expect 2 "optimizer.safetensors' is corrupted" "$ckpt" shard "$dir/broken_one" "$dir/w"
 [[ ! -e "$dir/w" ]]

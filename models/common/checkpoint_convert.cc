@@ -135,13 +135,11 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   // and shapes before anything is written; then one parameter at a time.
   const std::string model_path = single_dir + "/model.safetensors";
   const std::string opt_path = single_dir + "/optimizer.safetensors";
-  absl::StatusOr<tensor::SafetensorsHeader> model = tensor::ReadSafetensorsHeader(model_path);
+  absl::StatusOr<tensor::SafetensorsHeader> model =
+      tensor::ReadVerifiedSafetensorsHeader(model_path);
   if (!model.ok()) return model.status();
-  absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
+  absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadVerifiedSafetensorsHeader(opt_path);
   if (!opt.ok()) return opt.status();
-  s = tensor::VerifySafetensors(model_path, *model);
-  if (s.ok()) s = tensor::VerifySafetensors(opt_path, *opt);
-  if (!s.ok()) return s;
   std::map<std::string, const tensor::SafetensorsEntry*> state;
   for (const tensor::SafetensorsEntry& e : opt->entries) state[e.name] = &e;
 

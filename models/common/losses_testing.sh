@@ -11,3 +11,10 @@ same_losses() {
     { d = $2 - $3; if (d < 0) d = -d; if (d > 1e-5 * $2 + 2e-6) { print s ": step " $1 " want " $2 " got " $3; bad = 1 } m++ }
     END { if (m != n) { print s ": steps missing"; bad = 1 } exit bad }'
 }
+# eval_loss FILE: the last evaluation loss of a --metrics_out JSON-lines file.
+eval_loss() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\2/p' "$1" | tail -1; }
+# close_to A B: |A - B| <= 1e-5 |B|, else the test stops showing both.
+close_to() {
+  awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+    { echo "$1 vs $2"; exit 1; }
+}

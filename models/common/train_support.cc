@@ -207,10 +207,9 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kOptimizerState);
     for (const tensor::SafetensorsEntry& e : opt->entries) {
-      tensor::Tensor t = tensor::Tensor::Empty(e.shape, e.dtype);
-      s = tensor::ReadSafetensorsSlice(opt_path, *opt, e.name, 0, t);
-      if (!s.ok()) return s;
-      state_tensors.emplace_back(e.name, std::move(t));
+      absl::StatusOr<tensor::Tensor> t = tensor::ReadSafetensorsEntry(opt_path, *opt, e);
+      if (!t.ok()) return t.status();
+      state_tensors.emplace_back(e.name, *std::move(t));
     }
   }
   s = nn::LoadStateDictFromSafetensors(model, model_path, *weights);

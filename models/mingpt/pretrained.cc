@@ -184,10 +184,9 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
   };
   std::map<std::string, Found> found;
   for (const std::string& file : *files) {
-    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadSafetensorsHeader(file);
+    // Checked against its checksum when it has one.
+    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadVerifiedSafetensorsHeader(file);
     if (!header.ok()) return header.status();
-    absl::Status verified = tensor::VerifySafetensors(file, *header);  // when it has a checksum
-    if (!verified.ok()) return verified;
     auto shared = std::make_shared<const tensor::SafetensorsHeader>(*std::move(header));
     for (const tensor::SafetensorsEntry& e : shared->entries) {
       if (absl::EndsWith(e.name, ".attn.bias") || absl::EndsWith(e.name, ".attn.masked_bias")) {
@@ -331,11 +330,7 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
                          const tensor::NamedTensors& weights) {
-  nn::NamedInitSources sources;
-  for (const auto& [name, t] : weights) {
-    sources.emplace_back(name, std::make_shared<nn::TensorInitSource>(t));
-  }
-  return WriteHfGpt2(dir, config, sources);
+  return WriteHfGpt2(dir, config, nn::TensorInitSources(weights));
 }
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,

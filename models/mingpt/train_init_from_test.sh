@@ -11,13 +11,9 @@ set -euo pipefail
 train="$1"
 checkpoint="$2"
 source "$3"  # models/common/cli_testing.sh: exits_2
+source "$4"  # models/common/losses_testing.sh: eval_loss, close_to
 dir="${TEST_TMPDIR}/init_from"
 mkdir -p "$dir"
-eval_loss() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\2/p' "$1" | tail -1; }
-close() {  # close A B: |A - B| <= 1e-5 |B|
-  awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
-    { echo "$1 vs $2"; exit 1; }
-}
 
 common=(--data=shipped --seq_len=32 --batch_size=4 --log_every=1 --dropout=0
         --eval_data=shipped --eval_batches=2)
@@ -44,7 +40,7 @@ for strategy in full_shard ddp; do
   "$train" "${common[@]}" "${frozen[@]}" --batch_size=2 --world_size=2 --strategy="$strategy" \
     --init_from="$dir/hf" --metrics_out="$dir/$strategy.jsonl" > "$dir/$strategy.log"
   grep -q "^init_from: Hugging Face GPT-2 $dir/hf" "$dir/$strategy.log"
-  close "$(eval_loss "$dir/$strategy.jsonl")" "$trained"
+  close_to "$(eval_loss "$dir/$strategy.jsonl")" "$trained"
 done
 echo "FSDP and DDP at world 2 start from the same weights"
 # FSDP copies each rank's shard from the loaded weights, and no rank holds a

@@ -8,13 +8,9 @@
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
+source "$3"  # models/common/losses_testing.sh: eval_loss, close_to
 dir="${TEST_TMPDIR}/init_from"
 mkdir -p "$dir"
-eval_loss() { sed -nE 's/.*"step":([0-9]+),"eval_loss":([0-9.]+).*/\2/p' "$1" | tail -1; }
-close() {  # close A B: |A - B| <= 1e-5 |B|
-  awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
-    { echo "$1 vs $2"; exit 1; }
-}
 
 common=(--batch_size=4 --encoder_length=32 --log_every=1 --dropout=0 --eval_data=shipped
         --eval_batches=2)
@@ -44,7 +40,7 @@ for from in run sharded; do
     "$train" "${common[@]}" "${frozen[@]}" --batch_size=2 --world_size=2 --strategy="$strategy" \
       --init_from="$dir/$from" --metrics_out="$dir/$from-$strategy.jsonl" > "$dir/$from-$strategy.log"
     grep -q "^init_from: checkpoint $dir/$from/step_000003 (step 3)" "$dir/$from-$strategy.log"
-    close "$(eval_loss "$dir/$from-$strategy.jsonl")" "$want"
+    close_to "$(eval_loss "$dir/$from-$strategy.jsonl")" "$want"
   done
 done
 echo "FSDP and DDP at world 2 start from either kind of checkpoint"
