@@ -1,15 +1,17 @@
 // Step time of DDP vs FSDP FULL_SHARD (transformer auto-wrap, one unit per
 // "Block") without and with prefetch, and ZeRO-1, at one world size of the
-// `threads` engine, fp32 + AdamW, random tokens, measured side by side in one
-// process:
+// `threads` engine, AdamW, random tokens, in fp32 and in bf16 mixed precision
+// (bf16 compute and gradient reduction over fp32 masters, as the train
+// binaries' --precision=bf16), measured side by side in one process:
 //
 //   ./bazelw run //tools:bench_throughput -- --presets=gpt-mini --world_size=2
 //
-// The four are interleaved step by step: in each of --reps runs (a fresh
-// world) every rank builds a DDP-wrapped GPT, two FSDP-sharded GPTs and a
-// ZeRO-1 GPT (each with its own AdamW) and steps them in turn, ABCD DCBA ...,
-// on the same batch, --warmup untimed + --steps timed steps each, so slow
-// drifts in machine load hit all alike. "FULL_SHARD+wrap" issues each unit's
+// The four strategies times the precisions are interleaved step by step: in
+// each of --reps runs (a fresh world) every rank builds, per precision, a
+// DDP-wrapped GPT, two FSDP-sharded GPTs and a ZeRO-1 GPT (each with its own
+// AdamW) and steps all of them in turn, ABCD.. ..DCBA, on the same batch,
+// --warmup untimed + --steps timed steps each, so slow drifts in machine load
+// hit all alike. "FULL_SHARD+wrap" issues each unit's
 // all-gather when the unit runs (backward_prefetch NONE, one all-gather in
 // flight); "+prefetch" uses --backward_prefetch and --forward_prefetch with
 // --max_inflight_all_gathers (reduce-scatters overlap the next unit's
@@ -19,7 +21,9 @@
 // step) + zero-grad, timed on every rank; the
 // step's time is the max over ranks. Reported: median ms/step over all timed
 // steps of a strategy, tokens/s (global: world * batch * seq_len / step time),
-// the ratio to DDP of the medians and the median of the per-step-pair ratios.
+// the ratio to DDP (of the same precision) of the medians and the median of
+// the per-step-pair ratios, and each strategy's bf16 / fp32 step time (medians
+// and paired steps).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -38,6 +42,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
@@ -49,9 +54,13 @@
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
+#include "precision/policy.h"
 
 ABSL_FLAG(std::string, presets, "gpt-mini", "comma-separated minGPT presets");
 ABSL_FLAG(int, world_size, 2, "ranks of the threads engine");
+ABSL_FLAG(std::string, precision, "fp32,bf16",
+          "comma-separated subset of fp32, bf16 (bf16 compute and gradient reduction over fp32 "
+          "masters, as --precision=bf16 of the train binaries)");
 ABSL_FLAG(int64_t, vocab_size, 50257, "vocabulary size (random tokens)");
 ABSL_FLAG(int64_t, batch_size, 4, "sequences per rank");
 ABSL_FLAG(int64_t, seq_len, 64, "tokens per sequence");
@@ -73,6 +82,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Result {
   std::string preset, strategy;
+  bool mixed = false;
   int units = 0;
   std::vector<double> step_ms;  // all timed steps of all runs (max over ranks)
   std::vector<double> run_median_ms;
@@ -86,9 +96,13 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// DDP, FSDP without prefetch, FSDP with prefetch, ZeRO-1.
-constexpr int kNumVariants = 4;
-constexpr int kPrefetch = 2, kZero1 = 3;
+// DDP, FSDP without prefetch, FSDP with prefetch, ZeRO-1: the strategies of
+// one precision. A run steps kNumStrategies * precisions variants, variant
+// p * kNumStrategies + k being strategy k in precision p.
+constexpr int kNumStrategies = 4;
+constexpr int kDdp = 0, kPrefetch = 2, kZero1 = 3;
+const char* const kStrategies[kNumStrategies] = {"ddp", "full_shard_wrap",
+                                                 "full_shard_wrap_prefetch", "zero1"};
 
 absl::StatusOr<dist::BackwardPrefetch> ParsePrefetch(const std::string& name) {
   if (name == "pre") return dist::BackwardPrefetch::kPre;
@@ -98,12 +112,16 @@ absl::StatusOr<dist::BackwardPrefetch> ParsePrefetch(const std::string& name) {
       absl::StrCat("--backward_prefetch='", name, "' is not one of pre, post, none"));
 }
 
-// One world, the three side by side on every rank: a DDP-wrapped GPT and two
-// FSDP-sharded GPTs (separate modules, separate optimizers, the same batch),
-// stepped in turn ABC CBA ... so that any drift in machine load hits all.
-// pair_ratios[k]: per timed step, variant k's time over DDP's.
-absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumVariants],
-                    std::vector<double> pair_ratios[kNumVariants]) {
+// One world, every variant side by side on every rank: per precision a
+// DDP-wrapped GPT, two FSDP-sharded GPTs and a ZeRO-1 GPT (separate modules,
+// separate optimizers, the same batch), stepped in turn ABCD.. ..DCBA so that
+// any drift in machine load hits all. res[v], v = p * kNumStrategies + k;
+// pair_ratios[v]: per timed step, variant v's time over its precision's DDP's;
+// precision_ratios[k]: per timed step, strategy k's bf16 time over its fp32
+// time (when both precisions run).
+absl::Status RunSet(const mingpt::GptConfig& config, int world, const std::vector<bool>& mixed,
+                    std::vector<Result>& res, std::vector<std::vector<double>>& pair_ratios,
+                    std::vector<double> precision_ratios[kNumStrategies]) {
   const int64_t B = absl::GetFlag(FLAGS_batch_size), T = absl::GetFlag(FLAGS_seq_len);
   const int64_t warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   absl::StatusOr<dist::BackwardPrefetch> prefetch =
@@ -112,10 +130,11 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
   auto source = data::RandomTokenSource::Create(7, config.vocab_size);
   if (!source.ok()) return source.status();
   std::shared_ptr<const data::TokenSource> src(std::move(*source));
+  const int num_variants = static_cast<int>(mixed.size()) * kNumStrategies;
   std::mutex mu;
-  // times[rank][k]: timed steps of variant k on that rank.
+  // times[rank][v]: timed steps of variant v on that rank.
   std::vector<std::vector<std::vector<double>>> times(
-      world, std::vector<std::vector<double>>(kNumVariants));
+      world, std::vector<std::vector<double>>(num_variants));
   int units = 0;
   dist::ThreadWorld tw(world);
   absl::Status s = dist::RunRanks(tw, [&](int rank, dist::ProcessGroup& pg) -> absl::Status {
@@ -123,80 +142,104 @@ absl::Status RunSet(const mingpt::GptConfig& config, int world, Result res[kNumV
     if (!loader.ok()) return loader.status();
     optim::AdamWOptions ao;
     ao.lr = 1e-4;
-    std::unique_ptr<optim::Optimizer> opt[kNumVariants];
+    std::vector<std::unique_ptr<optim::Optimizer>> opt(num_variants);
     for (auto& o : opt) {
       auto adamw = optim::AdamW::Create(ao);
       if (!adamw.ok()) return adamw.status();
       o = std::move(*adamw);
     }
-    mingpt::GPT model_ddp(config), model_fsdp(config), model_prefetch(config), model_zero1(config);
-    model_ddp.Materialize(1);
+    // Per variant: its model and what wraps it (one of ddp, zero1, sharded).
+    std::vector<std::unique_ptr<mingpt::GPT>> models(num_variants);
+    std::vector<std::unique_ptr<dist::DistributedDataParallel>> ddp(num_variants);
+    std::vector<std::unique_ptr<dist::Zero1>> zero1(num_variants);
+    std::vector<std::unique_ptr<dist::FullyShardedModel>> sharded(num_variants);
     const double cap = absl::GetFlag(FLAGS_bucket_cap_mb);
-    dist::DdpOptions ddp_options;
-    ddp_options.bucket_cap_mb = cap;
-    dist::DistributedDataParallel ddp(model_ddp, pg, ddp_options);
-    model_zero1.Materialize(1);
-    dist::Zero1Options zero1_options;
-    zero1_options.bucket_cap_mb = cap;
-    dist::Zero1 zero1(model_zero1, pg, std::move(opt[kZero1]), zero1_options);
-    dist::FsdpOptions o;
-    o.strategy = dist::ShardingStrategy::kFullShard;
-    o.policy = dist::WrapPolicy::Transformer({"Block"});
-    o.seed = 1;
-    o.backward_prefetch = dist::BackwardPrefetch::kNone;
-    o.max_inflight_all_gathers = 1;
-    std::unique_ptr<dist::FullyShardedModel> fsdp = dist::FullyShard(model_fsdp, pg, o);
-    o.backward_prefetch = *prefetch;
-    o.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
-    o.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
-    std::unique_ptr<dist::FullyShardedModel> prefetching =
-        dist::FullyShard(model_prefetch, pg, o);
-    dist::FullyShardedModel* sharded[kNumVariants] = {nullptr, fsdp.get(), prefetching.get(),
-                                                      nullptr};
-    mingpt::GPT* models[kNumVariants] = {&model_ddp, &model_fsdp, &model_prefetch, &model_zero1};
-    std::vector<double> mine[kNumVariants];
+    for (int v = 0; v < num_variants; ++v) {
+      const int k = v % kNumStrategies;
+      const precision::MixedPrecisionPolicy policy = mixed[v / kNumStrategies]
+                                                         ? precision::MixedPrecisionPolicy::Bf16()
+                                                         : precision::MixedPrecisionPolicy::Fp32();
+      models[v] = std::make_unique<mingpt::GPT>(config);
+      if (k == kDdp) {
+        models[v]->Materialize(1);
+        dist::DdpOptions o;
+        o.bucket_cap_mb = cap;
+        o.mixed_precision = policy;
+        ddp[v] = std::make_unique<dist::DistributedDataParallel>(*models[v], pg, o);
+      } else if (k == kZero1) {
+        models[v]->Materialize(1);
+        dist::Zero1Options o;
+        o.bucket_cap_mb = cap;
+        o.mixed_precision = policy;
+        zero1[v] = std::make_unique<dist::Zero1>(*models[v], pg, std::move(opt[v]), o);
+      } else {
+        dist::FsdpOptions o;
+        o.strategy = dist::ShardingStrategy::kFullShard;
+        o.policy = dist::WrapPolicy::Transformer({"Block"});
+        o.seed = 1;
+        o.mixed_precision = policy;
+        if (k == kPrefetch) {
+          o.backward_prefetch = *prefetch;
+          o.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
+          o.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+        } else {
+          o.backward_prefetch = dist::BackwardPrefetch::kNone;
+          o.max_inflight_all_gathers = 1;
+        }
+        sharded[v] = dist::FullyShard(*models[v], pg, o);
+      }
+    }
+    std::vector<std::vector<double>> mine(num_variants);
     for (int64_t step = 0; step < warmup + steps; ++step) {
       data::LmBatch batch = loader->Next();
-      for (int j = 0; j < kNumVariants; ++j) {
-        const int k = (step % 2 == 0) ? j : kNumVariants - 1 - j;  // ABCD DCBA
+      for (int j = 0; j < num_variants; ++j) {
+        const int v = (step % 2 == 0) ? j : num_variants - 1 - j;  // ABCD.. ..DCBA
         const auto t0 = Clock::now();
-        models[k]->ForwardBackward(batch.inputs, batch.targets);
-        if (k == 0) {
-          absl::Status st = ddp.FinishBackward();
+        models[v]->ForwardBackward(batch.inputs, batch.targets);
+        if (ddp[v]) {
+          absl::Status st = ddp[v]->FinishBackward();
           if (!st.ok()) return st;
-          opt[0]->Step(optim::FromModule(model_ddp));
-          ddp.ZeroGrad();
-        } else if (k == kZero1) {
-          absl::Status st = zero1.Step();  // waits for the bucketed reduce-scatters
+          opt[v]->Step(optim::FromModule(*models[v]));
+          ddp[v]->ZeroGrad();
+        } else if (zero1[v]) {
+          absl::Status st = zero1[v]->Step();  // waits for the bucketed reduce-scatters
           if (!st.ok()) return st;
-          zero1.ZeroGrad();
+          zero1[v]->ZeroGrad();
         } else {
-          opt[k]->Step(sharded[k]->ParamRefs());
-          sharded[k]->ZeroGrad();
+          opt[v]->Step(sharded[v]->ParamRefs());
+          sharded[v]->ZeroGrad();
         }
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        if (step >= warmup) mine[k].push_back(ms);
+        if (step >= warmup) mine[v].push_back(ms);
       }
     }
     std::lock_guard<std::mutex> lock(mu);
-    for (int k = 0; k < kNumVariants; ++k) times[rank][k] = std::move(mine[k]);
-    if (rank == 0) units = fsdp->num_units();
+    for (int v = 0; v < num_variants; ++v) times[rank][v] = std::move(mine[v]);
+    if (rank == 0) units = sharded[1]->num_units();
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  std::vector<double> run[kNumVariants];
-  for (int k = 0; k < kNumVariants; ++k) {
+  std::vector<std::vector<double>> run(num_variants);
+  for (int v = 0; v < num_variants; ++v) {
     for (int64_t i = 0; i < steps; ++i) {
       double m = 0;
-      for (int r = 0; r < world; ++r) m = std::max(m, times[r][k][i]);
-      run[k].push_back(m);
+      for (int r = 0; r < world; ++r) m = std::max(m, times[r][v][i]);
+      run[v].push_back(m);
     }
-    res[k].run_median_ms.push_back(Median(run[k]));
-    res[k].step_ms.insert(res[k].step_ms.end(), run[k].begin(), run[k].end());
+    res[v].run_median_ms.push_back(Median(run[v]));
+    res[v].step_ms.insert(res[v].step_ms.end(), run[v].begin(), run[v].end());
   }
-  for (int k = 1; k < kNumVariants; ++k) {
-    for (int64_t i = 0; i < steps; ++i) pair_ratios[k].push_back(run[k][i] / run[0][i]);
-    if (k != kZero1) res[k].units = units;
+  for (int v = 0; v < num_variants; ++v) {
+    const int k = v % kNumStrategies, ddp_v = v - k;
+    for (int64_t i = 0; i < steps; ++i) pair_ratios[v].push_back(run[v][i] / run[ddp_v][i]);
+    if (k == 1 || k == kPrefetch) res[v].units = units;
+  }
+  if (mixed.size() == 2 && !mixed[0] && mixed[1]) {
+    for (int k = 0; k < kNumStrategies; ++k) {
+      for (int64_t i = 0; i < steps; ++i) {
+        precision_ratios[k].push_back(run[kNumStrategies + k][i] / run[k][i]);
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -224,17 +267,37 @@ int Main() {
     std::fprintf(stderr, "bench_throughput: error: --world_size, --reps, --steps must be >= 1\n");
     return 2;
   }
+  // fp32 before bf16 whatever the flag's order, each once.
+  bool want_fp32 = false, want_bf16 = false;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_precision), ',')) {
+    if (p == "fp32") {
+      want_fp32 = true;
+    } else if (p == "bf16") {
+      want_bf16 = true;
+    } else {
+      std::fprintf(stderr,
+                   "bench_throughput: error: unknown --precision entry '%s' (want fp32, bf16)\n",
+                   std::string(p).c_str());
+      return 2;
+    }
+  }
+  std::vector<bool> mixed;
+  if (want_fp32) mixed.push_back(false);
+  if (want_bf16) mixed.push_back(true);
+  const int num_variants = static_cast<int>(mixed.size()) * kNumStrategies;
   const double tokens_per_step = static_cast<double>(world) * B * T;
   std::printf(
-      "step time, threads engine N=%d | fp32, AdamW | batch %lld x %lld tokens per rank, vocab "
-      "%lld | %d runs x (%lld warmup + %lld timed steps), ABCD DCBA per step | DDP and ZeRO-1 "
-      "buckets of %g MiB\n",
-      world, static_cast<long long>(B), static_cast<long long>(T),
+      "step time, threads engine N=%d | %s, AdamW | batch %lld x %lld tokens per rank, vocab "
+      "%lld | %d runs x (%lld warmup + %lld timed steps), all %d variants in turn (ABCD.. ..DCBA) "
+      "per step | DDP and ZeRO-1 buckets of %g MiB\n",
+      world, want_fp32 && want_bf16 ? "fp32 and bf16" : (want_bf16 ? "bf16" : "fp32"),
+      static_cast<long long>(B), static_cast<long long>(T),
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)), reps,
       static_cast<long long>(absl::GetFlag(FLAGS_warmup)),
-      static_cast<long long>(absl::GetFlag(FLAGS_steps)), absl::GetFlag(FLAGS_bucket_cap_mb));
-  std::printf("%-10s %-25s %5s | %10s %10s %10s | %-20s\n", "preset", "strategy", "units",
-              "median ms", "min ms", "tokens/s", "median ms per run");
+      static_cast<long long>(absl::GetFlag(FLAGS_steps)), num_variants,
+      absl::GetFlag(FLAGS_bucket_cap_mb));
+  std::printf("%-10s %-5s %-25s %5s | %10s %10s %10s | %-20s\n", "preset", "prec", "strategy",
+              "units", "median ms", "min ms", "tokens/s", "median ms per run");
   std::vector<std::string> json_rows;
   bool all_within = true;
   for (const std::string& preset : presets) {
@@ -251,16 +314,16 @@ int Main() {
                    preset.c_str());
       return 2;
     }
-    Result res[kNumVariants];
-    const std::string variants[kNumVariants] = {"ddp", "full_shard_wrap",
-                                                "full_shard_wrap_prefetch", "zero1"};
-    std::vector<double> pair_ratios[kNumVariants];
-    for (int k = 0; k < kNumVariants; ++k) {
-      res[k].preset = preset;
-      res[k].strategy = variants[k];
+    std::vector<Result> res(num_variants);
+    std::vector<std::vector<double>> pair_ratios(num_variants);
+    std::vector<double> precision_ratios[kNumStrategies];
+    for (int v = 0; v < num_variants; ++v) {
+      res[v].preset = preset;
+      res[v].strategy = kStrategies[v % kNumStrategies];
+      res[v].mixed = mixed[v / kNumStrategies];
     }
     for (int r = 0; r < reps; ++r) {
-      absl::Status s = RunSet(*config, world, res, pair_ratios);
+      absl::Status s = RunSet(*config, world, mixed, res, pair_ratios, precision_ratios);
       if (!s.ok()) {
         std::fprintf(stderr, "bench_throughput: error: %s: %s\n", preset.c_str(),
                      std::string(s.message()).c_str());
@@ -272,34 +335,60 @@ int Main() {
       r.tokens_per_s = tokens_per_step / (r.median_ms / 1000.0);
       std::vector<std::string> per_run;
       for (double m : r.run_median_ms) per_run.push_back(absl::StrFormat("%.1f", m));
-      std::printf("%-10s %-25s %5s | %10.1f %10.1f %10.0f | %s\n", preset.c_str(),
-                  Label(r.strategy).c_str(), r.units ? absl::StrCat(r.units).c_str() : "-",
-                  r.median_ms, *std::min_element(r.step_ms.begin(), r.step_ms.end()),
-                  r.tokens_per_s, absl::StrJoin(per_run, " ").c_str());
+      std::printf("%-10s %-5s %-25s %5s | %10.1f %10.1f %10.0f | %s\n", preset.c_str(),
+                  r.mixed ? "bf16" : "fp32", Label(r.strategy).c_str(),
+                  r.units ? absl::StrCat(r.units).c_str() : "-", r.median_ms,
+                  *std::min_element(r.step_ms.begin(), r.step_ms.end()), r.tokens_per_s,
+                  absl::StrJoin(per_run, " ").c_str());
     }
-    double ratio[kNumVariants] = {1}, paired[kNumVariants] = {1};
-    for (int k = 1; k < kNumVariants; ++k) {
-      ratio[k] = res[k].median_ms / res[0].median_ms;
-      paired[k] = Median(pair_ratios[k]);
-      std::printf("%-10s %s / DDP step time: %.3f of medians, %.3f median of paired steps\n",
-                  preset.c_str(), Label(res[k].strategy).c_str(), ratio[k], paired[k]);
+    std::vector<double> ratio(num_variants, 1.0), paired(num_variants, 1.0);
+    for (int v = 0; v < num_variants; ++v) {
+      const int k = v % kNumStrategies;
+      if (k == kDdp) continue;
+      ratio[v] = res[v].median_ms / res[v - k].median_ms;
+      paired[v] = Median(pair_ratios[v]);
+      std::printf("%-10s %s %s / DDP step time: %.3f of medians, %.3f median of paired steps\n",
+                  preset.c_str(), res[v].mixed ? "bf16" : "fp32", Label(res[v].strategy).c_str(),
+                  ratio[v], paired[v]);
     }
-    const bool within = ratio[kPrefetch] <= target;
-    all_within = all_within && within;
-    std::printf("%-10s FULL_SHARD with prefetch within %.2fx of DDP: %s\n", preset.c_str(),
-                target, within ? "yes" : "NO");
+    // bf16 / fp32 of each strategy (when both ran), on the bf16 rows.
+    std::vector<double> over_fp32(num_variants, 0.0), over_fp32_paired(num_variants, 0.0);
+    if (num_variants == 2 * kNumStrategies) {
+      for (int k = 0; k < kNumStrategies; ++k) {
+        const int v = kNumStrategies + k;
+        over_fp32[v] = res[v].median_ms / res[k].median_ms;
+        over_fp32_paired[v] = Median(precision_ratios[k]);
+        std::printf(
+            "%-10s %s bf16 / fp32 step time: %.3f of medians, %.3f median of paired steps\n",
+            preset.c_str(), Label(res[v].strategy).c_str(), over_fp32[v], over_fp32_paired[v]);
+      }
+    }
+    for (int v = 0; v < num_variants; ++v) {
+      if (v % kNumStrategies != kPrefetch) continue;
+      const bool within = ratio[v] <= target;
+      all_within = all_within && within;
+      std::printf("%-10s %s FULL_SHARD with prefetch within %.2fx of DDP: %s\n", preset.c_str(),
+                  res[v].mixed ? "bf16" : "fp32", target, within ? "yes" : "NO");
+    }
     std::fflush(stdout);
-    for (int k = 0; k < kNumVariants; ++k) {
-      const Result& r = res[k];
+    for (int v = 0; v < num_variants; ++v) {
+      const Result& r = res[v];
+      std::string fp32_ratio;
+      if (over_fp32[v] > 0) {
+        fp32_ratio = absl::StrCat(",\"over_fp32\":", over_fp32[v],
+                                  ",\"over_fp32_paired_median\":", over_fp32_paired[v]);
+      }
       json_rows.push_back(absl::StrCat(
-          "{\"preset\":\"", preset, "\",\"strategy\":\"", Label(r.strategy), "\",\"units\":",
-          r.units, ",\"median_ms\":", r.median_ms, ",\"tokens_per_s\":", r.tokens_per_s,
+          "{\"preset\":\"", preset, "\",\"precision\":\"", r.mixed ? "bf16" : "fp32",
+          "\",\"strategy\":\"", Label(r.strategy), "\",\"units\":", r.units,
+          ",\"median_ms\":", r.median_ms, ",\"tokens_per_s\":", r.tokens_per_s,
           ",\"run_median_ms\":", JsonList(r.run_median_ms), ",\"step_ms\":", JsonList(r.step_ms),
-          ",\"over_ddp\":", ratio[k], ",\"over_ddp_paired_median\":", paired[k], "}"));
+          ",\"over_ddp\":", ratio[v], ",\"over_ddp_paired_median\":", paired[v], fp32_ratio, "}"));
     }
   }
   std::printf(
-      "Step time = max over ranks of fwd+bwd+collectives+AdamW+zero. DDP overlaps bucketed\n"
+      "Step time = max over ranks of fwd+bwd+collectives+AdamW+zero (bf16: bf16 compute and\n"
+      "gradient reduction over fp32 masters and gradients). DDP overlaps bucketed\n"
       "all-reduce with backward, ZeRO-1 bucketed reduce-scatters (then steps 1/N of AdamW\n"
       "bucket by bucket, each bucket's all-gather overlapping the next bucket's step); FSDP "
       "overlaps each unit's reduce-scatter with the next unit's backward,\n"

@@ -265,32 +265,41 @@ def plot_memory(path, out):
 
 def plot_throughput(path, out):
     """Median step time per strategy (bars; the dots are single steps) and
-    the ratio to DDP, a panel per preset."""
+    the ratio to DDP, a panel per preset and precision (fp32, bf16; one
+    y scale for a preset's panels, so bf16 and fp32 compare by height)."""
     data = load_json(path, "rows", "//tools:bench_throughput")
-    panels = {}
+    panels = {}  # (preset, precision or None) -> rows, in the file's order
     for r in data["rows"]:
-        panels.setdefault(need(r, "preset", path, "row"), []).append(
+        key = (need(r, "preset", path, "row"), r.get("precision"))
+        over_fp32 = r.get("over_fp32")
+        panels.setdefault(key, []).append(
             (need(r, "strategy", path, "row"), need(r, "median_ms", path, "row"),
-             r.get("step_ms", []), r.get("over_ddp")))
+             r.get("step_ms", []), r.get("over_ddp"), over_fp32))
     if not panels:
         raise PlotError(f"'{path}' has no rows")
+    ymax_of = {}
+    for (preset, _), rows in panels.items():
+        top_ms = max([r[1] for r in rows] + [v for r in rows for v in r[2]]) * 1.12
+        ymax_of[preset] = max(ymax_of.get(preset, 0.0), top_ms)
     pw, ph, top = 560, 300, 60
     svg = Svg(pw * len(panels) + 20, top + ph + 80)
     svg.text(14, 24, f"Step time, world size {data.get('world_size', '?')} (threads engine), "
              f"batch {data.get('batch_size', '?')} x {data.get('seq_len', '?')} per rank",
              size=14, weight="bold")
-    for i, (preset, rows) in enumerate(sorted(panels.items())):
+    for i, ((preset, precision), rows) in enumerate(panels.items()):
         ox, oy = 70 + i * pw, top + 20
-        ymax = max([r[1] for r in rows] + [v for r in rows for v in r[2]]) * 1.12
-        ax = Axes(svg, ox, oy, pw - 100, ph, 0, ymax)
+        ax = Axes(svg, ox, oy, pw - 100, ph, 0, ymax_of[preset])
         ax.draw_y_axis("ms per step")
-        svg.text(ox + (pw - 100) / 2, oy - 8, preset, size=12, anchor="middle", weight="bold")
+        name = f"{preset}, {precision}" if precision else preset
+        svg.text(ox + (pw - 100) / 2, oy - 8, name, size=12, anchor="middle", weight="bold")
         bw = (pw - 100) / len(rows)
-        for j, (strategy, median, steps, ratio) in enumerate(rows):
+        for j, (strategy, median, steps, ratio, over_fp32) in enumerate(rows):
             x = ox + j * bw + bw * 0.15
             c = PALETTE[j % len(PALETTE)]
-            svg.rect(x, ax.py(median), bw * 0.7, ax.py(0) - ax.py(median), c,
-                     title=f"{strategy}: median {median:.1f} ms")
+            tip = f"{strategy}: median {median:.1f} ms"
+            if over_fp32 is not None:
+                tip += f", {over_fp32:.3f} of fp32"
+            svg.rect(x, ax.py(median), bw * 0.7, ax.py(0) - ax.py(median), c, title=tip)
             for k, v in enumerate(steps):
                 svg.circle(x + bw * 0.7 * (k + 0.5) / max(len(steps), 1), ax.py(v), 2, "#000")
             label = f"{median:.1f} ms" + (f" ({ratio:.3f} of DDP)" if ratio is not None else "")

@@ -54,18 +54,43 @@ PY
 echo "memory: bars follow the peaks"
 
 python3 "$plot" throughput "$thr" --out "$out/thr.svg" > /dev/null
-python3 - "$out/thr.svg" <<'PY' || fail "throughput chart"
-import sys
+python3 - "$out/thr.svg" "$thr" <<'PY' || fail "throughput chart"
+import json, re, sys
 import xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
+data = json.load(open(sys.argv[2]))
+rows = data["rows"]
 S = "{http://www.w3.org/2000/svg}"
-titles = [t.text for t in root.iter(S + "title")]
-assert len(titles) == 3 and titles[0].startswith("DDP: median 6.8"), titles
-assert len(list(root.iter(S + "circle"))) == 9  # 3 steps of 3 runs
+# A titled bar per row, in the file's order (fp32 then bf16), its height
+# proportional to the median on the preset's one scale; bf16 bars name their
+# ratio to fp32.
+bars = [(r.find(S + "title").text, float(r.get("height"))) for r in root.iter(S + "rect")
+        if r.find(S + "title") is not None]
+assert len(bars) == len(rows) == 8, (len(bars), len(rows))
+for (title, height), row in zip(bars, rows):
+    assert title.startswith(f"{row['strategy']}: median {row['median_ms']:.1f} ms"), (title, row)
+    assert ("of fp32" in title) == (row["precision"] == "bf16"), title
+    if row["precision"] == "bf16":
+        assert f"{row['over_fp32']:.3f} of fp32" in title, title
+k = bars[0][1] / rows[0]["median_ms"]
+assert all(abs(h - r["median_ms"] * k) < 0.01 * h + 0.2 for (_, h), r in zip(bars, rows))
+assert len(list(root.iter(S + "circle"))) == sum(len(r["step_ms"]) for r in rows)  # a dot per step
 texts = [t.text for t in root.iter(S + "text")]
-assert any("(1.035 of DDP)" in t for t in texts), texts
+for r in rows:
+    assert any(f"({r['over_ddp']:.3f} of DDP)" in t for t in texts), r
+assert "gpt-nano, fp32" in texts and "gpt-nano, bf16" in texts, texts
 PY
-echo "throughput: a bar per strategy, a dot per step, ratios to DDP"
+# A file from before the precision field: one panel per preset.
+python3 - "$thr" "$out/thr_old.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["rows"] = [{k: v for k, v in r.items() if k not in ("precision", "over_fp32", "over_fp32_paired_median")}
+             for r in d["rows"] if r["precision"] == "fp32"]
+json.dump(d, open(sys.argv[2], "w"))
+PY
+python3 "$plot" throughput "$out/thr_old.json" --out "$out/thr_old.svg" > /dev/null
+grep -q '>gpt-nano<' "$out/thr_old.svg" || fail "a file without precisions: panel named by its preset"
+echo "throughput: a bar per strategy and precision, a dot per step, ratios to DDP and to fp32"
 
 python3 "$plot" loss "$ddp" "$fsdp" --labels ddp,fsdp --out "$out/loss.svg" > /dev/null
 python3 - "$out/loss.svg" <<'PY' || fail "loss chart"
@@ -121,7 +146,7 @@ expect2() {  # expect2 PATTERN ARGS...
 expect2 "cannot read '$out/none.json'" memory "$out/none.json" --out "$out/x.svg"
 printf '{"rows": [' > "$out/bad.json"
 expect2 "is not JSON" memory "$out/bad.json" --out "$out/x.svg"
-expect2 "a row lacks \"precision\"" memory "$thr" --out "$out/x.svg"
+expect2 "a row lacks \"peak_bytes\"" memory "$thr" --out "$out/x.svg"
 expect2 "is not JSON (Extra data at line 2)" throughput "$ddp" --out "$out/x.svg"
 echo '{"steps": 3}' > "$out/other.json"
 expect2 "has no \"rows\" list: not the --json_out of //tools:bench_throughput" throughput "$out/other.json" --out "$out/x.svg"
