@@ -208,6 +208,28 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
                                     ShardedCheckpointExtra(summary->state));
 }
 
+absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& path,
+                                                          absl::string_view unreadable) {
+  RecordedCheckpoint out;
+  out.step_dir = StepFolderOf(path);
+  absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(out.step_dir);
+  if (!summary.ok()) {
+    if (unreadable.empty()) return summary.status();
+    return absl::InvalidArgumentError(absl::StrCat(unreadable, ": ", summary.status().message()));
+  }
+  const std::map<std::string, std::string>& extra = summary->state.extra;
+  auto config = extra.find("config");
+  if (config == extra.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        out.step_dir, " records no model configuration: not a checkpoint of a train binary"));
+  }
+  out.config = config->second;
+  auto tokenizer = extra.find("tokenizer");
+  if (tokenizer != extra.end()) out.tokenizer = tokenizer->second;
+  out.description = absl::StrCat("checkpoint ", out.step_dir, " (step ", summary->state.step, ")");
+  return out;
+}
+
 absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_dir) {
   CheckpointSummary out;
   std::error_code ec;

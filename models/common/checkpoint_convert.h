@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "models/common/train_support.h"
 #include "nn/state_dict.h"
 #include "tensor/safetensors.h"
@@ -66,6 +67,22 @@ struct CheckpointSummary {
   std::vector<std::string> units;
 };
 absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_dir);
+
+// A train binary's checkpoint as a starting point (--init_from, sampling): the
+// step folder of `path` (StepFolderOf), the model configuration string its
+// train binary recorded (for the model's ParseConfig), the tokenizer it
+// recorded ("" when none) and "checkpoint <step_dir> (step N)".
+struct RecordedCheckpoint {
+  std::string step_dir;
+  std::string config;
+  std::string tokenizer;
+  std::string description;
+};
+// Errors: ReadCheckpointSummary's, with "<unreadable>: " before its message
+// when `unreadable` is not empty; InvalidArgument "<step_dir> records no model
+// configuration: not a checkpoint of a train binary".
+absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& path,
+                                                          absl::string_view unreadable = "");
 
 // The fp32 parameters of a step folder of either kind, whole, on the CPU
 // (sharded: in index.json's order; single-process: model.safetensors' order).

@@ -116,5 +116,49 @@ TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {
   EXPECT_FALSE(std::filesystem::exists(root + "/from_broken.tmp-consolidate"));
 }
 
+// The recorded checkpoint of a run: found through the directory's `latest`,
+// or named as a step folder; a missing folder or a checkpoint without a
+// recorded config says so.
+TEST(RecordedCheckpointTest, ConfigTokenizerAndStepOfEitherPath) {
+  const std::string root = ::testing::TempDir() + "/recorded";
+  std::filesystem::remove_all(root);
+  std::vector<dist::WholeParameter> params(1);
+  params[0].name = "w";
+  params[0].value = tensor::testing::RandomTensor({4, 4}, 1);
+  TrainState state;
+  state.step = 12;
+  state.loader_state = "loader";
+  state.extra["config"] = "some-model(n=4)";
+  state.extra["tokenizer"] = "gpt2";
+  const std::string step_dir = root + "/run/" + CheckpointStepName(12);
+  ASSERT_TRUE(
+      dist::WriteWholeParameters(step_dir, params, "adamw", {}, ShardedCheckpointExtra(state))
+          .ok());
+  ASSERT_TRUE(SetLatestCheckpoint(root + "/run", 12).ok());
+  for (const std::string& path : {root + "/run", step_dir}) {
+    absl::StatusOr<RecordedCheckpoint> r = ReadRecordedCheckpoint(path);
+    ASSERT_TRUE(r.ok()) << path << ": " << r.status();
+    EXPECT_EQ(r->step_dir, step_dir);
+    EXPECT_EQ(r->config, "some-model(n=4)");
+    EXPECT_EQ(r->tokenizer, "gpt2");
+    EXPECT_EQ(r->description, "checkpoint " + step_dir + " (step 12)");
+  }
+
+  absl::StatusOr<RecordedCheckpoint> missing =
+      ReadRecordedCheckpoint(root + "/none", "no such run");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message().rfind("no such run: ", 0), 0u) << missing.status();
+  EXPECT_NE(missing.status().message().find(root + "/none"), std::string::npos) << missing.status();
+
+  state.extra.clear();
+  const std::string bare = root + "/bare";
+  ASSERT_TRUE(
+      dist::WriteWholeParameters(bare, params, "adamw", {}, ShardedCheckpointExtra(state)).ok());
+  absl::StatusOr<RecordedCheckpoint> no_config = ReadRecordedCheckpoint(bare);
+  ASSERT_FALSE(no_config.ok());
+  EXPECT_EQ(no_config.status().message(),
+            bare + " records no model configuration: not a checkpoint of a train binary");
+}
+
 }  // namespace
 }  // namespace train

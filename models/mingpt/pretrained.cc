@@ -281,27 +281,16 @@ absl::StatusOr<std::optional<CheckpointOrigin>> CheckpointOf(const std::string& 
         absl::StrCat(path, ": no such folder (a checkpoint or a Hugging Face GPT-2 model folder)"));
   }
   if (IsHfModelDir(path)) return std::nullopt;
-  const std::string step_dir = train::StepFolderOf(path);
-  absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(step_dir);
-  if (!summary.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is neither a checkpoint nor a Hugging Face model folder (no config.json): ",
-        summary.status().message()));
-  }
-  auto recorded = summary->state.extra.find("config");
-  if (recorded == summary->state.extra.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(step_dir, " records no model config: not a checkpoint of a train binary"));
-  }
-  absl::StatusOr<GptConfig> config = ParseConfig(recorded->second);
+  absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(
+      path, absl::StrCat(
+                path, " is neither a checkpoint nor a Hugging Face model folder (no config.json)"));
+  if (!recorded.ok()) return recorded.status();
+  absl::StatusOr<GptConfig> config = ParseConfig(recorded->config);
   if (!config.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(step_dir, " is not a minGPT checkpoint: ", config.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        recorded->step_dir, " is not a minGPT checkpoint: ", config.status().message()));
   }
-  auto tokenizer = summary->state.extra.find("tokenizer");
-  return CheckpointOrigin{
-      step_dir, *config, absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")"),
-      tokenizer == summary->state.extra.end() ? "" : tokenizer->second};
+  return CheckpointOrigin{recorded->step_dir, *config, recorded->description, recorded->tokenizer};
 }
 
 }  // namespace

@@ -272,21 +272,15 @@ absl::StatusOr<Init> OpenInit(const std::string& flag) {
   auto error = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("--init_from=", flag, ": ", why));
   };
-  const std::string step_dir = train::StepFolderOf(flag);
-  absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(step_dir);
-  if (!summary.ok()) return error(summary.status().message());
-  auto recorded = summary->state.extra.find("config");
-  if (recorded == summary->state.extra.end()) {
-    return error(absl::StrCat("checkpoint ", step_dir, " records no model configuration"));
-  }
-  absl::StatusOr<T5Config> config = ParseConfig(recorded->second);
+  absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(flag);
+  if (!recorded.ok()) return error(recorded.status().message());
+  absl::StatusOr<T5Config> config = ParseConfig(recorded->config);
   if (!config.ok()) {
     return error(absl::StrCat("not a T5 checkpoint: ", config.status().message()));
   }
-  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(step_dir);
+  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded->step_dir);
   if (!sources.ok()) return error(sources.status().message());
-  return Init{*config, *std::move(sources),
-              absl::StrCat("checkpoint ", step_dir, " (step ", summary->state.step, ")")};
+  return Init{*config, *std::move(sources), recorded->description};
 }
 
 struct DpSetup {
