@@ -3,15 +3,12 @@
 // optimizer state read on the host moves to the GPU at the first step, and
 // the next step equals the CPU run's (to the GPU's rounding). Skips without
 // a GPU; runs on the CUDA emulation with --config=cuda_emu.
-#include <filesystem>
-#include <string>
-
 #include "gtest/gtest.h"
 #include "models/common/train_support.h"
+#include "models/common/train_support_testing.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
-#include "optim/param_ref.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
 
@@ -30,26 +27,16 @@ TEST(LoadCheckpointCudaTest, LoadsIntoAGpuModelAndItsOptimizerState) {
   c.vocab_size = 32;
   c.block_size = 8;
   c.dropout = 0;
-  const std::string dir = ::testing::TempDir() + "/load_checkpoint_cuda";
-  std::filesystem::remove_all(dir);
-  const Tensor idx = Tensor::FromVector({1, 5, 9, 3, 7, 2, 8, 4}, {2, 4}, tensor::Dtype::kI64);
-  const Tensor tgt = Tensor::FromVector({5, 9, 3, 7, 2, 8, 4, 6}, {2, 4}, tensor::Dtype::kI64);
-  mingpt::GPT saved(c);
-  saved.Materialize(1);
-  auto opt = optim::AdamW::Create({}).value();
-  saved.ForwardBackward(idx, tgt);
-  opt->Step(optim::FromModule(saved));
-  TrainState state;
-  state.step = 1;
-  ASSERT_TRUE(SaveCheckpoint(dir, saved, *opt, state).ok());
+  testing::SavedRun saved =
+      testing::SaveAfterOneStep(c, ::testing::TempDir() + "/load_checkpoint_cuda", TrainState());
 
   const Device gpu = Device::Cuda(0);
   mingpt::GPT model(c);
   model.Materialize(2, gpu);
   auto fresh = optim::AdamW::Create({}).value();
-  absl::StatusOr<TrainState> loaded = LoadCheckpoint(dir + "/step_000001", model, *fresh);
+  absl::StatusOr<TrainState> loaded = LoadCheckpoint(saved.step_dir, model, *fresh);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  auto a = saved.NamedParameters(), b = model.NamedParameters();
+  auto a = saved.model->NamedParameters(), b = model.NamedParameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(b[i].second->value.device(), gpu) << b[i].first;
@@ -59,11 +46,7 @@ TEST(LoadCheckpointCudaTest, LoadsIntoAGpuModelAndItsOptimizerState) {
   }
   EXPECT_EQ(fresh->StepCount(a[0].first), 1);
 
-  saved.ZeroGrad();
-  saved.ForwardBackward(idx, tgt);
-  opt->Step(optim::FromModule(saved));
-  model.ForwardBackward(idx.To(gpu), tgt.To(gpu));
-  fresh->Step(optim::FromModule(model));
+  testing::StepBoth(saved, model, *fresh);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(tensor::testing::AllClose(b[i].second->value.To(Device::Cpu()), a[i].second->value,
                                           1e-5, 1e-4))

@@ -4,15 +4,13 @@
 // the loaded run equals the saved one.
 #include "models/common/train_support.h"
 
-#include <filesystem>
 #include <string>
-#include <vector>
 
 #include "gtest/gtest.h"
+#include "models/common/train_support_testing.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
-#include "optim/param_ref.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
 
@@ -31,21 +29,10 @@ mingpt::GptConfig Config() {
 }
 
 TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
-  const std::string dir = ::testing::TempDir() + "/load_checkpoint";
-  std::filesystem::remove_all(dir);
-  const tensor::Tensor idx =
-      tensor::Tensor::FromVector({1, 5, 9, 3, 7, 2, 8, 4}, {2, 4}, tensor::Dtype::kI64);
-  const tensor::Tensor tgt =
-      tensor::Tensor::FromVector({5, 9, 3, 7, 2, 8, 4, 6}, {2, 4}, tensor::Dtype::kI64);
-  mingpt::GPT saved(Config());
-  saved.Materialize(1);
-  auto opt = optim::AdamW::Create({}).value();
-  saved.ForwardBackward(idx, tgt);
-  opt->Step(optim::FromModule(saved));
   TrainState state;
-  state.step = 1;
   state.loader_state = "x";
-  ASSERT_TRUE(SaveCheckpoint(dir, saved, *opt, state).ok());
+  testing::SavedRun saved =
+      testing::SaveAfterOneStep(Config(), ::testing::TempDir() + "/load_checkpoint", state);
 
   tensor::MemoryLedger ledger;
   tensor::ScopedLedger scoped(&ledger);
@@ -55,7 +42,7 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
   const tensor::Device cpu = tensor::Device::Cpu();
   const int64_t before = ledger.Total(cpu).current;
   ledger.ResetPeaks();
-  absl::StatusOr<TrainState> loaded = LoadCheckpoint(dir + "/step_000001", model, *fresh);
+  absl::StatusOr<TrainState> loaded = LoadCheckpoint(saved.step_dir, model, *fresh);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 1);
   EXPECT_EQ(loaded->loader_state, "x");
@@ -66,12 +53,8 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
   EXPECT_EQ(ledger.Stats(cpu, tensor::MemoryCategory::kOptimizerState).current, state_bytes);
 
   // One more step of each equals.
-  saved.ZeroGrad();
-  saved.ForwardBackward(idx, tgt);
-  opt->Step(optim::FromModule(saved));
-  model.ForwardBackward(idx, tgt);
-  fresh->Step(optim::FromModule(model));
-  auto a = saved.NamedParameters(), b = model.NamedParameters();
+  testing::StepBoth(saved, model, *fresh);
+  auto a = saved.model->NamedParameters(), b = model.NamedParameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
