@@ -72,7 +72,8 @@ Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
   return {resid.y};
 }
 
-Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capacity) {
+Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capacity,
+                                   const Tensor& key_mask) {
   const int64_t c = n_embd_;
   OP_CHECK(x.rank() == 3 && x.dim(2) == c, kOp, "input ", x.shape().ToString(),
            " is not (B, T, C) with C = n_embd ", c);
@@ -95,6 +96,10 @@ Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capa
   const int64_t length = cache.length + T;
   OP_CHECK(length <= cache.k.dim(2), kOp, "the cache holds ", cache.k.dim(2), " positions; ",
            cache.length, " + ", T, " do not fit");
+  OP_CHECK(!key_mask.defined() ||
+               (key_mask.rank() == 2 && key_mask.dim(0) == B && key_mask.dim(1) == length),
+           kOp, "key mask ", key_mask.defined() ? key_mask.shape().ToString() : "",
+           " is not (B, positions) = (", B, ", ", length, ")");
   cache.k.Narrow(2, cache.length, T).CopyFrom(k);
   cache.v.Narrow(2, cache.length, T).CopyFrom(v);
   cache.length = length;
@@ -105,7 +110,7 @@ Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capa
   opts.training = false;
   AttentionState state;
   const Tensor y = AttentionForward(q, cache.k.Narrow(2, 0, length), cache.v.Narrow(2, 0, length),
-                                    Tensor(), Tensor(), opts, gen_, &state);  // (B, nh, T, hs)
+                                    Tensor(), key_mask, opts, gen_, &state);  // (B, nh, T, hs)
   return c_proj_->Run(MergeHeads(y), ctx.Child(1));                           // (B, T, C)
 }
 

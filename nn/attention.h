@@ -65,7 +65,11 @@ class CausalSelfAttention : public Module, public RandomSource {
   // `capacity` positions), and each of their queries attends the cached
   // positions up to its own. Returns (B, T_new, C) in the compute dtype: the
   // last T_new positions of Forward over the whole sequence in eval mode.
-  Tensor Decode(const Tensor& x, KvCache& cache, int64_t capacity);
+  // key_mask: undefined, or (B, cache.length + T_new) on the layer's device,
+  // any dtype, 0 at positions no query attends (the left padding of a batch
+  // of prompts of unequal lengths); a query that sees no key gets 0.
+  Tensor Decode(const Tensor& x, KvCache& cache, int64_t capacity,
+                const Tensor& key_mask = Tensor());
 
  protected:
   // inputs[0]: x (B, T, C) -> {y (B, T, C)} in the compute dtype.

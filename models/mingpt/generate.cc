@@ -107,11 +107,6 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
       return absl::InvalidArgumentError(
           absl::StrCat("prompt ", r, " is empty: give one token at least"));
     }
-    if (prompts[r].size() != prompts[0].size()) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt ", r, " has ", prompts[r].size(),
-                                                     " tokens, prompt 0 ", prompts[0].size(),
-                                                     ": a batch needs equal lengths"));
-    }
     for (int64_t id : prompts[r]) {
       if (id < 0 || id >= config.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat("prompt ", r, " has token id ", id,
@@ -122,24 +117,44 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
   }
   model.Train(false);
   std::vector<std::vector<int64_t>> rows = prompts;
+  // Left padding: row r's token i sits at position pad[r] + i of the batch.
+  int64_t longest = 0;
+  for (const std::vector<int64_t>& p : prompts) {
+    longest = std::max(longest, static_cast<int64_t>(p.size()));
+  }
+  std::vector<int64_t> pad(B);
+  for (int64_t r = 0; r < B; ++r) pad[r] = longest - static_cast<int64_t>(prompts[r].size());
+  const bool padded = std::any_of(pad.begin(), pad.end(), [](int64_t p) { return p > 0; });
   std::vector<nn::KvCache> caches;  // per block, while the sequence fits in block_size
   std::vector<int64_t> context;     // (B, T) row-major: the positions this forward runs
+  std::vector<int64_t> window_pad(B);
   std::vector<int64_t> drawn(B);
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-    const int64_t length = static_cast<int64_t>(rows[0].size());
+    const int64_t length = longest + n;  // the batch's positions so far
     const bool cached = options.kv_cache && length <= config.block_size;
     // Cached: the positions the caches lack (the prompt, then the last token).
-    // Otherwise: the last block_size tokens.
+    // Otherwise: the last block_size positions.
     const int64_t start = cached ? (caches.empty() ? 0 : caches[0].length)
                                  : length - std::min(length, config.block_size);
     context.clear();
-    for (const std::vector<int64_t>& row : rows) {
-      context.insert(context.end(), row.begin() + start, row.end());
+    for (int64_t r = 0; r < B; ++r) {
+      for (int64_t p = start; p < length; ++p) {
+        context.push_back(p < pad[r] ? 0 : rows[r][p - pad[r]]);  // padding: any valid id
+      }
+      // The padding of the window the forward runs (cached: of the whole sequence).
+      window_pad[r] = std::max<int64_t>(0, pad[r] - (cached ? 0 : start));
     }
     const tensor::Tensor idx =
         tensor::Tensor::FromData<int64_t>(context, {B, length - start}).To(device);  // (B, T)
-    const tensor::Tensor last =
-        cached ? model.DecodeLogits(idx, caches) : model.LastLogits(idx);  // (B, V)
+    tensor::Tensor last;                                                             // (B, V)
+    if (cached) {
+      last = model.DecodeLogits(idx, caches, padded ? pad : std::vector<int64_t>());
+    } else if (std::any_of(window_pad.begin(), window_pad.end(), [](int64_t p) { return p; })) {
+      std::vector<nn::KvCache> window;  // the forward over the window, with its padding masked
+      last = model.DecodeLogits(idx, window, window_pad);
+    } else {
+      last = model.LastLogits(idx);
+    }
     if (!cached) caches.clear();  // the window moves on: free the keys and values
     const std::vector<float> logits = last.ToVector<float>();
     for (int64_t r = 0; r < B; ++r) {

@@ -50,11 +50,19 @@ struct SamplingOptions {
 absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits,
                                          const SamplingOptions& options, double u);
 
-// Continues each of the B prompts (equal lengths >= 1, ids in [0, vocab_size))
-// by options.max_new_tokens tokens, running `model` in eval mode (no dropout;
-// it is left in eval mode) on `device`, where its parameters are. Returns the
-// B rows, prompt included. `on_token(n, tokens)`, when given, is called with
+// Continues each of the B prompts (lengths >= 1, ids in [0, vocab_size)) by
+// options.max_new_tokens tokens, running `model` in eval mode (no dropout; it
+// is left in eval mode) on `device`, where its parameters are. Returns the B
+// rows, prompt included. `on_token(n, tokens)`, when given, is called with
 // the n-th new token of every row (B ids) as soon as it is drawn.
+// Prompts of unequal lengths are left-padded to the longest (as Hugging
+// Face's generate does for GPT-2): the padding is masked out of every
+// attention and each row's positions start at its first token, so a row
+// continues as it would alone, up to rounding (the same draws; greedy or
+// sampled tokens can differ only where two logits are that close). The batch
+// runs at the longest prompt's length: a shorter row's context is cropped
+// with the batch's (its last block_size tokens) and leaves the key/value
+// cache when the batch's does.
 absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
     GPT& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& options,
     tensor::Device device,

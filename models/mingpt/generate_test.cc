@@ -150,6 +150,58 @@ TEST(GenerateTest, CachedDecodingEqualsTheFullForward) {
   }
 }
 
+// Rows of unequal lengths, left-padded: each row's last logits equal those of
+// its sequence alone, in the prefill and in every cached step after it, and
+// in a window forward (no cache) whose rows are padded.
+TEST(GenerateTest, LeftPaddedRowsDecodeAsTheyWouldAlone) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(6);
+  gpt.Train(false);
+  const std::vector<int64_t> lengths = {3, 9, 1, 6};  // the prompts
+  const int64_t B = 4, longest = 9, steps = 5;
+  std::vector<std::vector<int64_t>> seqs(B);  // each row's prompt + its next tokens
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t i = 0; i < lengths[r] + steps; ++i) seqs[r].push_back((r * 71 + i * 29 + 5) % 256);
+  }
+  std::vector<int64_t> pad(B);
+  for (int64_t r = 0; r < B; ++r) pad[r] = longest - lengths[r];
+  // Positions [from, to) of the batch, padding as id 0.
+  auto batch = [&](int64_t from, int64_t to) {
+    std::vector<int64_t> ids;
+    for (int64_t r = 0; r < B; ++r) {
+      for (int64_t p = from; p < to; ++p) ids.push_back(p < pad[r] ? 0 : seqs[r][p - pad[r]]);
+    }
+    return tensor::Tensor::FromData<int64_t>(ids, {B, to - from});
+  };
+  // Row r's last logits when its first `len` tokens run alone.
+  auto alone = [&](int64_t r, int64_t len) {
+    const std::vector<int64_t> ids(seqs[r].begin(), seqs[r].begin() + len);
+    return gpt.LastLogits(tensor::Tensor::FromData<int64_t>(ids, {1, len}));  // (1, V)
+  };
+  std::vector<nn::KvCache> caches;
+  for (int64_t n = 0; n <= steps; ++n) {
+    const int64_t to = longest + n, from = n == 0 ? 0 : to - 1;
+    const tensor::Tensor last = gpt.DecodeLogits(batch(from, to), caches, pad);  // (B, V)
+    std::vector<nn::KvCache> none;
+    const tensor::Tensor window = gpt.DecodeLogits(batch(0, to), none, pad);  // no cache
+    for (int64_t r = 0; r < B; ++r) {
+      const tensor::Tensor want = alone(r, lengths[r] + n);
+      EXPECT_TRUE(tensor::testing::AllClose(last.Narrow(0, r, 1), want, 1e-5, 1e-5))
+          << "row " << r << " after " << n << " steps";
+      EXPECT_TRUE(tensor::testing::AllClose(window.Narrow(0, r, 1), want, 1e-5, 1e-5))
+          << "row " << r << " after " << n << " steps, no cache";
+    }
+  }
+  std::vector<nn::KvCache> fresh;
+  const std::vector<int64_t> too_much = {0, 0, 9, 0};
+  try {
+    gpt.DecodeLogits(batch(0, longest), fresh, too_much);
+    FAIL() << "a row of padding only was decoded";
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()), "[gpt] row 2 padding 9 leaves none of its 9 positions");
+  }
+}
+
 // "the quick brown fox " repeated; every window of block_size is a training row.
 const std::string kCycle = "the quick brown fox ";
 
@@ -225,6 +277,33 @@ TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
       Generate(gpt, {prompt}, sampled, tensor::Device::Cpu());
   ASSERT_TRUE(alone.ok());
   EXPECT_EQ((*alone)[0], (*three)[0]);
+
+  // Prompts of unequal lengths (2, 11 and 5 tokens, from different points of
+  // the cycle) in one batch: each row continues the cycle from its own end,
+  // with the cache, without it, and past block_size (the batch's context, 11
+  // + 30, is cropped; the shortest row's padding leaves the window).
+  const std::vector<std::vector<int64_t>> prompts = {
+      {'t', 'h'},
+      {'u', 'i', 'c', 'k', ' ', 'b', 'r', 'o', 'w', 'n', ' '},
+      {'f', 'o', 'x', ' ', 't'}};
+  const std::vector<size_t> starts = {0, 5, 16};  // where each prompt sits in the cycle
+  greedy.max_new_tokens = 30;
+  for (bool kv_cache : {true, false}) {
+    greedy.kv_cache = kv_cache;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> mixed =
+        Generate(gpt, prompts, greedy, tensor::Device::Cpu());
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      std::string cycle;
+      for (size_t i = 0; i < prompts[r].size() + 30; ++i) cycle += CycleAt(starts[r] + i);
+      EXPECT_EQ(std::string((*mixed)[r].begin(), (*mixed)[r].end()), cycle)
+          << "row " << r << (kv_cache ? "" : ", no cache");
+      absl::StatusOr<std::vector<std::vector<int64_t>>> single =
+          Generate(gpt, {prompts[r]}, greedy, tensor::Device::Cpu());
+      ASSERT_TRUE(single.ok());
+      EXPECT_EQ((*single)[0], (*mixed)[r]) << "row " << r;
+    }
+  }
 }
 
 TEST(GenerateTest, HighTemperatureRowsDifferAndRepeatWithTheSeed) {
@@ -265,8 +344,6 @@ TEST(GenerateTest, BadPromptsAreClearErrors) {
   };
   EXPECT_EQ(message({}), "no prompt to continue");
   EXPECT_EQ(message({{}}), "prompt 0 is empty: give one token at least");
-  EXPECT_EQ(message({{1, 2}, {3}}),
-            "prompt 1 has 1 tokens, prompt 0 2: a batch needs equal lengths");
   EXPECT_EQ(message({{1, 256}}),
             "prompt 0 has token id 256 outside the model's vocabulary [0, 256)");
   o.top_p = 2.0;

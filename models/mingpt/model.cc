@@ -1,6 +1,9 @@
 // minGPT forward and backward, written as a straight list of layer calls.
 #include "models/mingpt/model.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "models/common/lm_loss.h"
 #include "tensor/ops/elementwise.h"
@@ -37,9 +40,11 @@ Tensors Block::Forward(const Tensors& inputs, Context& ctx) {
       Residuals(inputs.at(0), ctx, [&](const Tensor& h) { return attn_->Run(h, ctx.Child(1)); })};
 }
 
-Tensor Block::Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity) {
+Tensor Block::Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity,
+                     const Tensor& key_mask) {
   Context ctx;  // forward only
-  return Residuals(x, ctx, [&](const Tensor& h) { return attn_->Decode(h, cache, capacity); });
+  return Residuals(x, ctx,
+                   [&](const Tensor& h) { return attn_->Decode(h, cache, capacity, key_mask); });
 }
 
 Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -82,20 +87,47 @@ Tensor Transformer::Embed(const Tensor& idx, int64_t start, Context& ctx) {
   OP_CHECK(start + T <= config_.block_size, "gpt", "sequence length ", start + T,
            " exceeds block_size ", config_.block_size);
   Tensor pos = tensor::Arange(start + T, tensor::Dtype::kI64, idx.device());
-  pos = pos.Narrow(0, start, T).View({1, T});                      // (1, T): start ..
+  return EmbedAt(idx, pos.Narrow(0, start, T).View({1, T}), ctx);  // (1, T): start ..
+}
+
+Tensor Transformer::EmbedAt(const Tensor& idx, const Tensor& pos, Context& ctx) {
   Tensor tok_emb = wte_->Run(idx, ctx.Child(0));                   // (B, T, C)
-  Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                   // (1, T, C)
+  Tensor pos_emb = wpe_->Run(pos, ctx.Child(1));                   // (1 or B, T, C)
   return drop_->Run(tensor::Add(tok_emb, pos_emb), ctx.Child(2));  // (B, T, C)
 }
 
-Tensor Transformer::Decode(const Tensor& idx, std::vector<nn::KvCache>& caches) {
+Tensor Transformer::Decode(const Tensor& idx, std::vector<nn::KvCache>& caches,
+                           absl::Span<const int64_t> left_pad) {
   OP_CHECK(idx.rank() == 2, "gpt", "idx must be (B, T), got ", idx.shape().ToString());
   OP_CHECK(caches.size() == blocks_.size(), "gpt", caches.size(), " caches for ", blocks_.size(),
            " blocks");
-  Context ctx;                                   // forward only
-  Tensor x = Embed(idx, caches[0].length, ctx);  // (B, T_new, C)
+  const int64_t B = idx.dim(0), T = idx.dim(1), start = caches[0].length, length = start + T;
+  const bool padded = std::any_of(left_pad.begin(), left_pad.end(), [](int64_t p) { return p; });
+  Context ctx;  // forward only
+  Tensor x, key_mask;
+  if (!padded) {
+    x = Embed(idx, start, ctx);  // (B, T_new, C)
+  } else {
+    OP_CHECK(static_cast<int64_t>(left_pad.size()) == B, "gpt", left_pad.size(),
+             " paddings for a batch of ", B);
+    OP_CHECK(length <= config_.block_size, "gpt", "sequence length ", length,
+             " exceeds block_size ", config_.block_size);
+    // Row r: positions before left_pad[r] are masked out as keys; position
+    // p >= left_pad[r] is the row's token p - left_pad[r] (padding: 0).
+    std::vector<int64_t> pos(B * T);
+    std::vector<uint8_t> keep(B * length);
+    for (int64_t r = 0; r < B; ++r) {
+      OP_CHECK(left_pad[r] >= 0 && left_pad[r] < length, "gpt", "row ", r, " padding ", left_pad[r],
+               " leaves none of its ", length, " positions");
+      for (int64_t t = 0; t < T; ++t)
+        pos[r * T + t] = std::max<int64_t>(0, start + t - left_pad[r]);
+      for (int64_t j = 0; j < length; ++j) keep[r * length + j] = j >= left_pad[r];
+    }
+    x = EmbedAt(idx, Tensor::FromData<int64_t>(pos, {B, T}).To(idx.device()), ctx);  // (B, T, C)
+    key_mask = Tensor::FromData<uint8_t>(keep, {B, length}).To(idx.device());        // (B, length)
+  }
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    x = blocks_[l]->Decode(x, caches[l], config_.block_size);
+    x = blocks_[l]->Decode(x, caches[l], config_.block_size, key_mask);
   }
   return ln_f_->Run(x, ctx.Child(3 + h_->size()));  // (B, T_new, C)
 }
@@ -153,10 +185,11 @@ Tensor GPT::LastLogits(const Tensor& idx) {
   return HeadOfLast(transformer_->Run(idx, ctx.Child(0)), ctx.Child(1));
 }
 
-Tensor GPT::DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches) {
+Tensor GPT::DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches,
+                         absl::Span<const int64_t> left_pad) {
   if (caches.empty()) caches.resize(config_.n_layer);
   Context ctx;
-  return HeadOfLast(transformer_->Decode(idx, caches), ctx.Child(1));
+  return HeadOfLast(transformer_->Decode(idx, caches, left_pad), ctx.Child(1));
 }
 
 Tensor GPT::HeadOfLast(const Tensor& x, Context& ctx) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/types/span.h"
 #include "models/mingpt/config.h"
 #include "nn/attention.h"
 #include "nn/containers.h"
@@ -36,7 +37,10 @@ class Block : public nn::Module {
 
   // Incremental decoding (nn::CausalSelfAttention::Decode): x (B, T_new, C)
   // continues the positions `cache` holds -> (B, T_new, C). Forward only.
-  Tensor Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity);
+  // key_mask: undefined, or (B, cache.length + T_new), 0 where the attention
+  // ignores a position.
+  Tensor Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity,
+                const Tensor& key_mask = Tensor());
 
  protected:
   // {x (B, T, C)} -> {y (B, T, C)}
@@ -65,7 +69,13 @@ class Transformer : public nn::Module {
   // the caches (one per block) hold -> x (B, T_new, C) after ln_f, as the
   // last T_new positions of Forward over the whole sequence in eval mode.
   // The whole sequence must fit in block_size. Forward only.
-  Tensor Decode(const Tensor& idx, std::vector<nn::KvCache>& caches);
+  // left_pad: empty, or per row the number of leading positions of the
+  // sequence (counted from the caches' first) that are padding (prompts of
+  // unequal lengths, left-aligned to end together): no query attends them,
+  // and row r's position p is embedded as position p - left_pad[r], so each
+  // row computes what its unpadded sequence would (up to rounding).
+  Tensor Decode(const Tensor& idx, std::vector<nn::KvCache>& caches,
+                absl::Span<const int64_t> left_pad = {});
 
  protected:
   // {idx (B, T) i64} -> {x (B, T, C)} after ln_f
@@ -86,6 +96,9 @@ class Transformer : public nn::Module {
 
   // wte(idx) + wpe(positions start .. start + T - 1), then drop: (B, T, C).
   Tensor Embed(const Tensor& idx, int64_t start, Context& ctx);
+  // wte(idx) + wpe(pos), then drop: idx (B, T), pos (1 or B, T) i64 in
+  // [0, block_size) on idx's device -> (B, T, C).
+  Tensor EmbedAt(const Tensor& idx, const Tensor& pos, Context& ctx);
 };
 
 class GPT : public nn::Module {
@@ -115,8 +128,10 @@ class GPT : public nn::Module {
   // values. Returns LastLogits of the whole sequence, (B, V), at the cost of
   // T_new positions. The whole sequence must fit in block_size. Eval mode
   // (Train(false)), parameters whole (not sharded by FSDP): the blocks are
-  // called directly, without their modules' hooks.
-  Tensor DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches);
+  // called directly, without their modules' hooks. left_pad: as
+  // Transformer::Decode's (row r's first left_pad[r] positions are padding).
+  Tensor DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches,
+                      absl::Span<const int64_t> left_pad = {});
 
  protected:
   // {idx (B, T)} -> {logits (B, T, V)}

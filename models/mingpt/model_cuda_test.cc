@@ -101,5 +101,43 @@ TEST(GptCudaTest, CachedDecodingMatchesTheCpuFullForward) {
   }
 }
 
+// Left-padded rows (prompts of unequal lengths) decode on the GPU as each
+// row's sequence alone does on the CPU: the key padding mask in the fused
+// kernels (head size 32) and the unfused path (8), in the prefill and after.
+TEST(GptCudaTest, LeftPaddedDecodingMatchesEachRowAloneOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t n_embd : {64, 16}) {
+    SCOPED_TRACE(::testing::Message() << "head size " << n_embd / 2);
+    GptConfig c = Tiny(67);
+    c.n_embd = n_embd;
+    c.block_size = 9;
+    GPT cpu(c), gpu(c);
+    cpu.Materialize(4, Device::Cpu());
+    gpu.Materialize(4, Device::Cuda(0));
+    cpu.Train(false);
+    gpu.Train(false);
+    const std::vector<int64_t> pad = {0, 3, 5};  // prompts of 6, 3 and 1 tokens
+    std::vector<int64_t> ids(3 * 9);             // (B, block_size), padding as id 0
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t r = static_cast<int64_t>(i) / 9, p = static_cast<int64_t>(i) % 9;
+      ids[i] = p < pad[r] ? 0 : static_cast<int64_t>((i * 17 + 3) % 67);
+    }
+    const Tensor seq = Tensor::FromData<int64_t>(ids, {3, 9});
+    std::vector<nn::KvCache> caches;
+    int64_t done = 0;
+    for (int64_t step : {6, 1, 1, 1}) {
+      const Tensor last = gpu.DecodeLogits(
+          seq.Narrow(1, done, step).Contiguous().To(Device::Cuda(0)), caches, pad);  // (3, 67)
+      done += step;
+      for (int64_t r = 0; r < 3; ++r) {
+        const Tensor alone = seq.Narrow(0, r, 1).Narrow(1, pad[r], done - pad[r]).Contiguous();
+        EXPECT_TRUE(tensor::testing::AllClose(last.Narrow(0, r, 1).To(Device::Cpu()),
+                                              cpu.LastLogits(alone), 1e-4, 1e-5))
+            << "row " << r << " after " << done;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mingpt

@@ -16,11 +16,16 @@
 // what was loaded and the speed go to stderr. A context longer than the
 // model's block_size is cropped to its last block_size tokens. Until then
 // each new token runs one position against the cached keys and values of the
-// earlier ones (--kv_cache, the default).
+// earlier ones (--kv_cache, the default). --prompts_file continues several
+// prompts, one per line, in one batch (--num_samples rows each; shorter
+// prompts are left-padded and masked, generate.h), printed in the file's order.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -46,10 +51,15 @@
 
 ABSL_FLAG(std::string, checkpoint, "",
           "a step folder, a --checkpoint_dir (its latest step), or a Hugging Face GPT-2 folder");
-ABSL_FLAG(std::string, prompt, "\n", "text to continue (byte-level models, or with a tokenizer)");
+constexpr char kDefaultPrompt[] = "\n";
+ABSL_FLAG(std::string, prompt, kDefaultPrompt,
+          "text to continue (byte-level models, or with a tokenizer)");
 ABSL_FLAG(std::string, prompt_tokens, "",
           "token ids to continue, comma-separated (instead of --prompt)");
-ABSL_FLAG(int64_t, num_samples, 1, "samples drawn (one batch)");
+ABSL_FLAG(std::string, prompts_file, "",
+          "a file of prompts, one per line (empty lines skipped; as --prompt each), continued in "
+          "one batch, --num_samples rows each; instead of --prompt / --prompt_tokens");
+ABSL_FLAG(int64_t, num_samples, 1, "samples drawn per prompt (one batch)");
 ABSL_FLAG(int64_t, max_new_tokens, 256, "tokens generated per sample");
 ABSL_FLAG(double, temperature, 0.8, "divides the logits; 0: greedy");
 ABSL_FLAG(int64_t, top_k, 200, "keep the k most likely tokens; 0: all");
@@ -92,6 +102,63 @@ absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const Pretraine
   return *std::move(tokenizer);
 }
 
+// The ids of one text prompt (`what` names it in errors: "--prompt", ...):
+// the tokenizer's, or its bytes for a byte-level model.
+absl::StatusOr<std::vector<int64_t>> EncodeText(
+    const std::string& text, const std::string& what, const GptConfig& config,
+    const std::optional<data::Gpt2Tokenizer>& tokenizer) {
+  std::vector<int64_t> ids;
+  if (tokenizer.has_value()) {
+    // As nanoGPT's sample.py: "<|endoftext|>" in the prompt is the special token.
+    ids = tokenizer->EncodeWithSpecialTokens(text);
+  } else if (config.vocab_size != kByteVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is byte-level text, and this model's vocabulary is ",
+                     config.vocab_size, " token ids, not ", kByteVocab,
+                     " bytes: name its tokenizer (--tokenizer=gpt2 for "
+                     "GPT-2's) or give the prompt as --prompt_tokens=id,id,..."));
+  } else {
+    for (unsigned char ch : text) ids.push_back(ch);
+  }
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is empty: give one byte at least (default \"\\n\")"));
+  }
+  return ids;
+}
+
+// The prompts of --prompts_file, one per nonempty line.
+absl::StatusOr<std::vector<std::vector<int64_t>>> FilePrompts(
+    const std::string& path, const GptConfig& config,
+    const std::optional<data::Gpt2Tokenizer>& tokenizer) {
+  if (!absl::GetFlag(FLAGS_prompt_tokens).empty() ||
+      absl::GetFlag(FLAGS_prompt) != kDefaultPrompt) {
+    return absl::InvalidArgumentError(
+        "--prompts_file takes the place of --prompt and --prompt_tokens: give one of them");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream all;
+  if (!in || !(all << in.rdbuf())) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompts_file=", path, ": cannot read it"));
+  }
+  std::vector<std::vector<int64_t>> prompts;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(all.str(), '\n')) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    absl::StatusOr<std::vector<int64_t>> ids = EncodeText(
+        std::string(line), absl::StrCat("--prompts_file line ", line_number), config, tokenizer);
+    if (!ids.ok()) return ids.status();
+    prompts.push_back(*std::move(ids));
+  }
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompts_file=", path, " holds no prompt (one per line)"));
+  }
+  return prompts;
+}
+
 absl::StatusOr<std::vector<int64_t>> PromptIds(
     const GptConfig& config, const std::optional<data::Gpt2Tokenizer>& tokenizer) {
   const std::string tokens = absl::GetFlag(FLAGS_prompt_tokens);
@@ -108,23 +175,18 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
     }
     return ids;
   }
-  if (tokenizer.has_value()) {
-    // As nanoGPT's sample.py: "<|endoftext|>" in the prompt is the special token.
-    ids = tokenizer->EncodeWithSpecialTokens(absl::GetFlag(FLAGS_prompt));
-  } else if (config.vocab_size != kByteVocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--prompt is byte-level text, and this model's vocabulary is ",
-                     config.vocab_size, " token ids, not ", kByteVocab,
-                     " bytes: name its tokenizer (--tokenizer=gpt2 for "
-                     "GPT-2's) or give the prompt as --prompt_tokens=id,id,..."));
-  } else {
-    for (unsigned char ch : absl::GetFlag(FLAGS_prompt)) ids.push_back(ch);
-  }
-  if (ids.empty()) {
-    return absl::InvalidArgumentError(
-        "--prompt is empty: give one byte at least (default \"\\n\")");
-  }
-  return ids;
+  return EncodeText(absl::GetFlag(FLAGS_prompt), "--prompt", config, tokenizer);
+}
+
+// The prompts of the flags: --prompts_file's, or the one of --prompt /
+// --prompt_tokens.
+absl::StatusOr<std::vector<std::vector<int64_t>>> Prompts(
+    const GptConfig& config, const std::optional<data::Gpt2Tokenizer>& tokenizer) {
+  const std::string file = absl::GetFlag(FLAGS_prompts_file);
+  if (!file.empty()) return FilePrompts(file, config, tokenizer);
+  absl::StatusOr<std::vector<int64_t>> ids = PromptIds(config, tokenizer);
+  if (!ids.ok()) return ids.status();
+  return std::vector<std::vector<int64_t>>{*std::move(ids)};
 }
 
 absl::StatusOr<bool> PrintsText(const GptConfig& config,
@@ -201,8 +263,8 @@ absl::Status Sample() {
   }
   absl::StatusOr<std::optional<data::Gpt2Tokenizer>> tokenizer = LoadTokenizer(*pretrained);
   if (!tokenizer.ok()) return tokenizer.status();
-  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(config, *tokenizer);
-  if (!prompt.ok()) return prompt.status();
+  absl::StatusOr<std::vector<std::vector<int64_t>>> given = Prompts(config, *tokenizer);
+  if (!given.ok()) return given.status();
   absl::StatusOr<bool> text = PrintsText(config, *tokenizer);
   if (!text.ok()) return text.status();
 
@@ -220,16 +282,28 @@ absl::Status Sample() {
   std::fprintf(stderr, "%s from %s | %s | precision %s\n", config.ToString().c_str(),
                pretrained->source.c_str(), device.ToString().c_str(),
                compute->policy.ToString().c_str());
+  size_t shortest = (*given)[0].size(), longest = shortest;
+  for (const std::vector<int64_t>& p : *given) {
+    shortest = std::min(shortest, p.size());
+    longest = std::max(longest, p.size());
+  }
+  const std::string lengths =
+      given->size() == 1
+          ? absl::StrCat("prompt: ", longest, " token(s)")
+          : absl::StrCat(given->size(), " prompts: ", shortest, " to ", longest, " tokens");
   if (tokenizer->has_value()) {
-    std::fprintf(stderr, "tokenizer: GPT-2 BPE from %s (%lld ids) | prompt: %zu token(s)\n",
+    std::fprintf(stderr, "tokenizer: GPT-2 BPE from %s (%lld ids) | %s\n",
                  (*tokenizer)->source().c_str(), static_cast<long long>((*tokenizer)->vocab_size()),
-                 prompt->size());
+                 lengths.c_str());
+  } else if (given->size() > 1) {
+    std::fprintf(stderr, "%s\n", lengths.c_str());
   }
 
   // ---- Generation: one sample streams as it is drawn, several print at the end ----
-  const std::vector<std::vector<int64_t>> prompts(num_samples, *prompt);
-  const bool stream = num_samples == 1;
-  if (stream) PrintTokens(*prompt, *text, *tokenizer);
+  std::vector<std::vector<int64_t>> prompts;  // each given prompt num_samples times, in order
+  for (const std::vector<int64_t>& p : *given) prompts.insert(prompts.end(), num_samples, p);
+  const bool stream = prompts.size() == 1;
+  if (stream) PrintTokens(prompts[0], *text, *tokenizer);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
       Generate(model, prompts, options, device, [&](int64_t, absl::Span<const int64_t> tokens) {
@@ -242,10 +316,11 @@ absl::Status Sample() {
     if (!stream) PrintTokens((*rows)[r], *text, *tokenizer);
     std::printf(r + 1 < rows->size() ? "\n---------------\n" : "\n");
   }
-  const int64_t generated = num_samples * options.max_new_tokens;
+  const int64_t generated = static_cast<int64_t>(prompts.size()) * options.max_new_tokens;
   std::fprintf(stderr, "generated %lld x %lld tokens in %.0f ms (%.1f tokens/s)\n",
-               static_cast<long long>(num_samples), static_cast<long long>(options.max_new_tokens),
-               seconds * 1e3, seconds > 0 ? generated / seconds : 0.0);
+               static_cast<long long>(prompts.size()),
+               static_cast<long long>(options.max_new_tokens), seconds * 1e3,
+               seconds > 0 ? generated / seconds : 0.0);
   return absl::OkStatus();
 }
 

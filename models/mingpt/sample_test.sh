@@ -60,6 +60,25 @@ echo "its Hugging Face GPT-2 export samples the same bytes"
   --print=tokens > "$dir/ids.txt" 2> /dev/null
 grep -Eq '^76 105( [0-9]+){5} $' "$dir/ids.txt"
 
+# Several prompts of unequal lengths in one batch (--prompts_file, an empty
+# line skipped, 2 samples each), greedy: each row is its prompt's greedy
+# continuation alone, in the file's order.
+printf 'Light is\n\nThe\nColours of bodies\n' > "$dir/prompts.txt"
+"$sample" --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --num_samples=2 \
+  --max_new_tokens=20 --temperature=0 > "$dir/batch.txt" 2> "$dir/batch.err"
+grep -q "^3 prompts: 3 to 17 tokens$" "$dir/batch.err"
+grep -Eq "^generated 6 x 20 tokens in" "$dir/batch.err"
+[[ $(grep -c '^---------------$' "$dir/batch.txt") == 5 ]]
+row=0
+for prompt in "Light is" "Light is" "The" "The" "Colours of bodies" "Colours of bodies"; do
+  row=$((row + 1))
+  want=$("$sample" --checkpoint="$dir/one" --prompt="$prompt" --max_new_tokens=20 --temperature=0 \
+         2> /dev/null)
+  got=$(awk -v n=$row 'BEGIN { RS = "\n---------------\n" } NR == n { printf "%s", $0 }' "$dir/batch.txt")
+  [[ "$got" == "${want%$'\n'}" ]] || { echo "row $row: '$got' is not '$want'"; exit 1; }
+done
+echo "3 prompts of 3, 8 and 17 bytes in one batch: each row as its prompt alone"
+
 # Bad input: exit 2, the message names it.
 expect_error() { exits_2 "$1" "$sample" "${@:2}"; }
 expect_error "--checkpoint is required"
@@ -72,6 +91,13 @@ expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint
   --prompt_tokens=1,300
 expect_error "--prompt is empty" --checkpoint="$dir/one" --prompt=
 expect_error "--print=words: expected text, tokens or auto" --checkpoint="$dir/one" --print=words
+expect_error "--prompts_file takes the place of --prompt and --prompt_tokens" \
+  --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --prompt=x
+expect_error "--prompts_file=$dir/nothing.txt: cannot read it" --checkpoint="$dir/one" \
+  --prompts_file="$dir/nothing.txt"
+printf '\n\n' > "$dir/blank.txt"
+expect_error "--prompts_file=$dir/blank.txt holds no prompt (one per line)" \
+  --checkpoint="$dir/one" --prompts_file="$dir/blank.txt"
 expect_error "--checkpoint: $dir is neither a checkpoint nor a Hugging Face model folder (no config.json): cannot open '$dir/model.safetensors'" --checkpoint="$dir"
 # A model of token ids (vocabulary 512 on random data) wants ids, and prints ids.
 "$train" --preset=gpt-nano --data=random --vocab_size=512 --steps=1 --seq_len=16 --batch_size=2 \
