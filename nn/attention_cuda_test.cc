@@ -11,10 +11,12 @@
 // result plus the probabilities and dS rounded before their tensor-core
 // products, a few roundoffs of the largest value) and 5e-3 for f16 (2^-11).
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nn/attention_core.h"
+#include "tensor/cuda/attention.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
@@ -150,9 +152,19 @@ TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
       {"dropout, not causal, T 130 (fused)", 128, false, 0.2f, 130, false, true},
       {"hs 48", 48, false, 0.0f},
       {"hs 16 + bias + dropout", 16, true, 0.2f}};
+  // The variants again with the atomic-dq backward where it applies (bf16 on
+  // tensor cores, no bias gradient): dropout's regenerated mask in its dQ too.
+  std::vector<std::pair<Variant, bool>> runs;  // (variant, atomic dq)
   for (const Variant& var : variants) {
+    runs.push_back({var, false});
+    if (var.fused && !var.bias) runs.push_back({var, true});
+  }
+  for (const auto& [var, atomic_dq] : runs) {
+    const bool was_atomic = tensor::cuda::FlashAttentionAtomicDq();
+    tensor::cuda::SetFlashAttentionAtomicDq(atomic_dq);
     for (Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
-      SCOPED_TRACE(::testing::Message() << var.name << " " << DtypeName(dt));
+      SCOPED_TRACE(::testing::Message()
+                   << var.name << " " << DtypeName(dt) << (atomic_dq ? " atomic dq" : ""));
       const int64_t b = 2, nh = 2, t = var.t, cc = nh * var.hs;
       const Tensor qkv = RandomTensor({b, t, 3 * cc}, 21, -1.5f, 1.5f, dt);
       const Tensor dy = RandomTensor({b, t, cc}, 22, -1.0f, 1.0f, dt);
@@ -190,6 +202,7 @@ TEST(AttentionCudaTest, DropoutFusedBiasAndOtherHeadSizesUnfusedMatchTheCpu) {
         EXPECT_TRUE(NearScaled(g.dbias, g_cpu.dbias, tol)) << "dbias";
       }
     }
+    tensor::cuda::SetFlashAttentionAtomicDq(was_atomic);
   }
 }
 

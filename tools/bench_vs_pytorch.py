@@ -162,10 +162,16 @@ def main():
     p.add_argument("--gemm_tune", action="store_true",
                    help="(cuda) also time ours with FSDP_CUDA_GEMM_TUNE=1: each GEMM shape runs the "
                         "fastest of cuBLASLt's heuristic candidates, timed at its first call")
+    p.add_argument("--attention_dq_atomic", action="store_true",
+                   help="(cuda) also time ours with FSDP_CUDA_ATTENTION_DQ=atomic: the fused "
+                        "attention's backward as FlashAttention-2's (5 products, dq summed by "
+                        "atomics, not bitwise reproducible) instead of the deterministic 7")
     p.add_argument("--json_out", default="")
     args = p.parse_args()
     if args.gemm_tune and args.device != "cuda":
         sys.exit("--gemm_tune tunes cuBLASLt's GEMMs: it needs --device cuda")
+    if args.attention_dq_atomic and args.device != "cuda":
+        sys.exit("--attention_dq_atomic switches the fused CUDA attention: it needs --device cuda")
     if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
     if args.torch_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
@@ -185,6 +191,9 @@ def main():
         if args.gemm_tune:  # the tuning runs in the first (warm-up) step
             results["ours_bf16_gemm_tuned"] = ours_tokens_per_s(
                 args, "bf16", env={"FSDP_CUDA_GEMM_TUNE": "1"})
+        if args.attention_dq_atomic:
+            results["ours_bf16_atomic_dq"] = ours_tokens_per_s(
+                args, "bf16", env={"FSDP_CUDA_ATTENTION_DQ": "atomic"})
         base = results["pytorch_autocast_bf16"][0]
         print(f"device {torch.cuda.get_device_name()}, peak {peak} TFLOP/s bf16, "
               f"{flops_per_token(args) / 1e9:.3f} GFLOP per token")

@@ -23,7 +23,8 @@
 #                                cache (the same tokens? tokens/s), the runs' losses
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
-#                                ours (also with FSDP_CUDA_GEMM_TUNE=1) and of PyTorch eager
+#                                ours (also with FSDP_CUDA_GEMM_TUNE=1, and with
+#                                FSDP_CUDA_ATTENTION_DQ=atomic) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations, tools/ncu_summary.py;
@@ -174,6 +175,7 @@ case "$phase" in
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
       --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa --gemm_tune \
+      --attention_dq_atomic \
       --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
     [[ -s "$out/vs_pytorch.json" ]] && python3 tools/plot.py speed "$out/vs_pytorch.json" --out "$out/vs_pytorch.svg"
     ;;
@@ -198,8 +200,8 @@ case "$phase" in
     : > "$out/racecheck.log"
     # tool, test binary, gtest filter (the smaller cases: the sanitizer is slow); one per line,
     # GPU_SESSION_RACECHECKS names others.
-    default_checks="racecheck attention_test *TensorCoreMatchesReference*:*FloatKernelMatchesReference*:*BiasAndKeyMaskMatchReference*:*UnalignedRows*
-synccheck attention_test *TensorCoreMatchesReference*:*BiasAndKeyMaskMatchReference*
+    default_checks="racecheck attention_test *TensorCoreMatchesReference*:*FloatKernelMatchesReference*:*BiasAndKeyMaskMatchReference*:*UnalignedRows*:*AtomicDq*
+synccheck attention_test *TensorCoreMatchesReference*:*BiasAndKeyMaskMatchReference*:*AtomicDq*
 racecheck norm_test *BitIdentical*:*Strided*:*BiasWithoutWeight*
 racecheck softmax_test *
 racecheck loss_test *RowPadded*:*BitIdentical*:*IgnoreIndex*

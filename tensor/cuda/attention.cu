@@ -4,7 +4,10 @@
 // the key padding mask as bytes. The unfused baseline's softmax is in
 // attention_unfused.cu.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -39,6 +42,29 @@ __global__ void DeltaKernel(const Args a, int d, int64_t rows) {
     s = WarpAllSum(s);
     if (lane == 0) a.delta[row] = s;
   }
+}
+
+// dq[row, :] = T(scale * accum[row, :]) (the atomic-dq backward's last step):
+// a warp per (b, h, query) row, accum contiguous (B, H, T_q, D), dq strided.
+template <typename T>
+__global__ void DqFromAccumKernel(const Args a, int d, int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  for (int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; row < rows;
+       row += warps) {
+    const int64_t bh = row / a.t_q, i = row % a.t_q, b = bh / a.heads, h = bh % a.heads;
+    const float* acc = a.dq_accum + row * d;
+    T* dq = static_cast<T*>(a.dq) + b * a.sdq.b + h * a.sdq.h + i * a.sdq.t;
+    for (int c = lane; c < d; c += 32) dq[c] = FromF<T>(acc[c] * a.scale);
+  }
+}
+
+std::atomic<bool>& AtomicDqFlag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("FSDP_CUDA_ATTENTION_DQ");
+    return env != nullptr && std::strcmp(env, "atomic") == 0;
+  }()};
+  return flag;
 }
 
 void CheckOnDevice(const Tensor& ref, const Tensor& t, const char* name) {
@@ -231,6 +257,9 @@ flash::Kernels KernelsFor(FlashAttentionKernel kernel, Dtype dtype, int64_t d, c
 
 }  // namespace
 
+void SetFlashAttentionAtomicDq(bool atomic) { AtomicDqFlag().store(atomic); }
+bool FlashAttentionAtomicDq() { return AtomicDqFlag().load(std::memory_order_relaxed); }
+
 Tensor FlashKeyMaskBytes(const Tensor& key_mask) {
   OP_CHECK(key_mask.defined() && key_mask.device().is_cuda() && key_mask.is_contiguous(), kOp,
            "key_mask must be a contiguous tensor on a CUDA device; got ",
@@ -352,6 +381,26 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     });
   }
   const flash::Kernels kernels = KernelsFor(kernel, q.dtype(), d, a, with_terms);
+  if (kernel == FlashAttentionKernel::kTensorCore && !dbias.defined() && FlashAttentionAtomicDq()) {
+    // dk, dv and dq in one pass over the key blocks, dq summed by atomics.
+    Tensor accum = Tensor::Empty({b, h, t_q, d}, Dtype::kF32, q.device());  // unscaled dS K
+    if (accum.numel() > 0) {
+      CheckCuda(cudaMemsetAsync(accum.raw_data(), 0, accum.nbytes(), ComputeStream()), kOp,
+                "cudaMemsetAsync(dq accumulator)");
+    }
+    a.dq_accum = accum.data<float>();
+    const FlashAttentionTiles fused =
+        FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDkDvDq, d, elem);
+    Launch(kernels.dkdv_dq, bh, CeilDiv(t_k, fused.rows), fused, a);
+    if (accum.numel() == 0) return;  // no query rows (dk, dv are zeros)
+    DispatchFloat(q.dtype(), kOp, [&](auto zero) {
+      using T = decltype(zero);
+      DqFromAccumKernel<T>
+          <<<Blocks(rows * 32), kThreads, 0, ComputeStream()>>>(a, static_cast<int>(d), rows);
+      CheckLaunch(kOp);
+    });
+    return;
+  }
   Launch(kernels.dkdv, bh, CeilDiv(t_k, kv.rows), kv, a);
   // dq (and dS): pass i takes example g * passes + i of each group g.
   a.dq_passes = static_cast<int>(groups.passes);

@@ -17,6 +17,15 @@
 // atomic dq, in exchange for bitwise-reproducible gradients and no fp32 dq
 // accumulator). Memory beyond the outputs: the (B, H, T_q) delta. O(T), never
 // O(T^2).
+// Atomic dq (SetFlashAttentionAtomicDq, environment FSDP_CUDA_ATTENTION_DQ=
+// atomic; tensor-core kernels without a bias gradient): FlashAttention-2's
+// own backward instead, 5 products instead of 7. Kernel 2 also forms dQ +=
+// dS K for its key block (dS through shared memory) and adds it with float
+// atomics into a zeroed (B, H, T_q, D) f32 accumulator, which a last kernel
+// scales and rounds into dq. Faster where the products dominate, but dq's sums
+// then run in the order the CTAs reach them: not bitwise reproducible (as
+// PyTorch's flash backward), and the accumulator costs 4 bytes per dq element.
+// Off by default.
 //
 // Kernels (FlashAttentionKernel):
 // - kTensorCore (bf16, f16): warp-level mma.sync.m16n8k16 with f32
@@ -139,7 +148,8 @@ Tensor FlashKeyMaskBytes(const Tensor& key_mask);
 
 // ---- Host-side geometry (shared by the .cu and the tests; no CUDA needed) ----
 
-enum class FlashAttentionPass { kForward, kBackwardDkDv, kBackwardDq };
+// kBackwardDkDvDq: kernel 2 of the atomic-dq backward (dk, dv and dq's atomics).
+enum class FlashAttentionPass { kForward, kBackwardDkDv, kBackwardDq, kBackwardDkDvDq };
 
 struct FlashAttentionTiles {
   int rows;            // query rows (forward, dq) or key rows (dk/dv) per CTA
@@ -167,11 +177,14 @@ constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel
     if (pass == FlashAttentionPass::kForward) {
       return {64, 64, 128, (64 + 2 * 2 * 64) * ld * elem_size};  // Q; 2 x (K, V)
     }
-    if (pass == FlashAttentionPass::kBackwardDkDv) {
+    if (pass == FlashAttentionPass::kBackwardDkDv || pass == FlashAttentionPass::kBackwardDkDvDq) {
       // D = 128 takes 32 queries per step to keep dK, dV, S^T and dP^T in registers.
       const int step = head_dim >= 128 ? 32 : 64;
-      // K, V; 2 stages of (Q, dO, lse, delta).
-      return {64, step, 128, (2 * 64 + 2 * 2 * step) * ld * elem_size + 2 * 2 * step * 4};
+      // K, V; 2 stages of (Q, dO, lse, delta); with dq, dS (step x 64 keys, padded by 8).
+      const int64_t ds_bytes =
+          pass == FlashAttentionPass::kBackwardDkDvDq ? step * (64 + 8) * elem_size : 0;
+      return {64, step, 128,
+              (2 * 64 + 2 * 2 * step) * ld * elem_size + 2 * 2 * step * 4 + ds_bytes};
     }
     return {64, 64, 128, (2 * 64 + 2 * 2 * 64) * ld * elem_size};  // dq: Q, dO; 2 x (K, V)
   }
@@ -179,7 +192,7 @@ constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel
   if (pass == FlashAttentionPass::kForward) {
     return {8, 32, 256, (8 * head_dim + 2 * 32 * ldf) * 4};  // own Q rows; K, V tiles
   }
-  if (pass == FlashAttentionPass::kBackwardDkDv) {
+  if (pass == FlashAttentionPass::kBackwardDkDv || pass == FlashAttentionPass::kBackwardDkDvDq) {
     return {8, 32, 256,
             (2 * 8 * head_dim + 2 * 32 * ldf + 2 * 32) * 4};  // K, V rows; Q, dO; lse, delta
   }
@@ -221,13 +234,24 @@ constexpr FlashBiasGradGroups FlashBiasGradGroupsFor(int64_t batch, int64_t head
 
 // Bytes the backward allocates besides dq, dk, dv: delta (B, H, T_q) f32,
 // and with a shared bias's gradient in more than one group, the groups' (G,
-// H, T_q, T_k) f32 sums.
+// H, T_q, T_k) f32 sums; with atomic dq (head size `atomic_dq_head_dim` > 0),
+// the (B, H, T_q, D) f32 accumulator.
 constexpr int64_t FlashAttentionBackwardWorkspaceBytes(int64_t batch, int64_t heads, int64_t t_q,
                                                        int64_t bias_grad_groups = 1,
-                                                       int64_t t_k = 0) {
+                                                       int64_t t_k = 0,
+                                                       int64_t atomic_dq_head_dim = 0) {
   return batch * heads * t_q * 4 +
-         (bias_grad_groups > 1 ? bias_grad_groups * heads * t_q * t_k * 4 : 0);
+         (bias_grad_groups > 1 ? bias_grad_groups * heads * t_q * t_k * 4 : 0) +
+         batch * heads * t_q * atomic_dq_head_dim * 4;
 }
+
+// Whether FlashAttentionBackward takes the atomic-dq path (see the top of
+// this file) for the tensor-core kernels when no bias gradient is asked for.
+// Default off; environment FSDP_CUDA_ATTENTION_DQ=atomic at startup turns it
+// on. For comparing the two backwards (attention_benchmark) and for training
+// runs that trade reproducibility for speed.
+void SetFlashAttentionAtomicDq(bool atomic);
+bool FlashAttentionAtomicDq();
 
 // Throws OpError("[flash_attention] ...") unless q (B, H, T_q, D), k (B, H, T_k,
 // D) and v (B, H, T_k, D) fit the kernels: one floating dtype, D in {32, 64,

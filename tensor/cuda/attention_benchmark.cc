@@ -5,13 +5,16 @@
 // compute stream; prints ms, TFLOP/s of the causal half (the useful work:
 // forward 2 * 2 * B*H*T*T*D / 2, backward 2.5x that) and the bytes of the
 // (T, T) tensors the unfused path allocates; the fused kernels' cost of
-// attention dropout and of T5's score terms (bias, key mask, dS). Also prints
-// how far apart the two outputs are.
+// attention dropout and of T5's score terms (bias, key mask, dS); the
+// backward alone, deterministic (7 products: dk/dv, then dq) against the
+// atomic-dq one (FlashAttention-2's 5 products, SetFlashAttentionAtomicDq),
+// timed in alternation. Also prints how far apart the outputs are.
 //
 //   ./bazelw run --config=cuda //tensor/cuda:attention_benchmark -- [B] [iters]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -162,6 +165,20 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
   const double fd_ms = TimeMs(fused_drop, iters);
   const double ft_ms = TimeMs([&] { fused_terms(0); }, iters);
   const double ftb_ms = TimeMs([&] { fused_terms(b); }, iters);
+  // The backward alone in both modes, alternating rounds so both see the
+  // same clocks; the better round of each.
+  fused_fwd();
+  double det_ms = 1e30, atomic_ms = 1e30;
+  Tensor dq_atomic = Tensor::Empty(shape, dt, dev);
+  for (int round = 0; round < 3; ++round) {
+    cuda::SetFlashAttentionAtomicDq(false);
+    det_ms = std::min(det_ms, TimeMs(fused_bwd, iters));
+    cuda::SetFlashAttentionAtomicDq(true);
+    atomic_ms = std::min(atomic_ms, TimeMs(fused_bwd, iters));
+  }
+  dq_atomic.CopyFrom(dq);  // the atomic run's (the last one)
+  cuda::SetFlashAttentionAtomicDq(false);
+  fused_bwd();  // dq, dk, dv deterministic again for the comparisons below
   const double u_ms = TimeMs(unfused_fwd, iters);
   const double ub_ms = TimeMs(
       [&] {
@@ -180,6 +197,13 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
               fb_ms, all_flops / fb_ms * 1e-9, ub_ms, all_flops / ub_ms * 1e-9, ub_ms / fb_ms);
   std::printf("  fwd + bwd, attention dropout 0.1: fused %8.3f ms (x%.2f the fused time without)\n",
               fd_ms, fd_ms / fb_ms);
+  const double bwd_flops = fwd_flops * 2.5;
+  std::printf(
+      "  backward: deterministic (7 products) %8.3f ms (%6.1f TFLOP/s)  atomic dq (5) %8.3f ms "
+      "(%6.1f)  atomic / deterministic %.3f; max |dq atomic - deterministic| %.3g; "
+      "accumulator %.1f MiB\n",
+      det_ms, bwd_flops / det_ms * 1e-9, atomic_ms, bwd_flops / atomic_ms * 1e-9,
+      atomic_ms / det_ms, MaxAbsDiff(dq_atomic, dq), double(b * h * t * d * 4) / (1 << 20));
   const double slot_mib = double(h) * t * t * 4 / (1 << 20);
   std::printf(
       "  fwd + bwd, bias + key mask, the bias's gradient (T5): fused %8.3f ms (x%.2f the "

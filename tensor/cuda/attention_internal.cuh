@@ -74,6 +74,9 @@ struct Args {
   // it: one pass, slot = example.
   float* dbias_slots;
   int dq_pass, dq_passes;
+  // Backward with atomic dq (kernels.dkdv_dq): (B, H, T_q, D) f32, zeroed,
+  // contiguous; each key block's dS K added in, unscaled.
+  float* dq_accum;
 };
 
 // The example and head of a dq kernel's CTA; false for the CTAs of a short
@@ -89,8 +92,10 @@ __device__ __forceinline__ bool DqExample(const Args& a, int* b, int* h) {
 using KernelFn = void (*)(Args);
 
 // The kernels of one configuration (dtype, head size, dropout, score terms).
+// dkdv_dq: dk, dv and the atomic adds of dq in one pass (tensor-core family
+// only; null for the float kernels).
 struct Kernels {
-  KernelFn forward, dkdv, dq;
+  KernelFn forward, dkdv, dq, dkdv_dq;
 };
 
 // The tensor-core kernels (dtype bf16 or f16) and the float kernels (f32,

@@ -111,6 +111,30 @@ __device__ __forceinline__ void WarpGemmPB(float (&acc)[kN / 8][4], const float 
   }
 }
 
+// acc (16 x kN) += A * B, A: 16 rows x kK columns at `a` (leading dimension
+// lda), B: kK rows x kN columns at `b` (ldb), both in shared memory: e.g.
+// dQ += dS K. A's fragments load as in WarpGemmABt, B's as in WarpGemmPB.
+template <typename T, int kK, int kN>
+__device__ __forceinline__ void WarpGemmAB(float (&acc)[kN / 8][4], const T* a, int lda, const T* b,
+                                           int ldb, int lane) {
+  static_assert(kN % 16 == 0, "column tiles go in pairs");
+  const int mi = lane / 8, ri = lane % 8;
+  const T* a_row = a + ((mi % 2) * 8 + ri) * lda + (mi / 2) * 8;
+  const T* b_row = b + ((mi % 2) * 8 + ri) * ldb + (mi / 2) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    uint32_t af[4];
+    LdMatrixX4<false>(af, a_row + kk * 16);
+#pragma unroll
+    for (int j = 0; j < kN / 8; j += 2) {
+      uint32_t bf[4];
+      LdMatrixX4<true>(bf, b_row + kk * 16 * ldb + j * 8);
+      Mma<T>(acc[j], af, bf[0], bf[1]);
+      Mma<T>(acc[j + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
 // Waits for every committed group of this thread's copies.
 __device__ __forceinline__ void CpAsyncWaitAll() { ptx::CpAsyncWait<0>(); }
 
@@ -278,17 +302,28 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
 
 // Backward dk, dv: CTA = 64 keys (4 warps x 16 rows) of one (batch, head);
 // loops over query tiles from the first query that sees the block.
-template <typename T, int kD, bool kDrop, bool kTerms>
+// kDq (the atomic-dq backward, FlashAttentionPass::kBackwardDkDvDq): each
+// query block's dS also goes to shared memory, and the CTA adds dQ += dS K
+// for its keys into a.dq_accum with float atomics (warps split the block's
+// query rows, and for D = 128 the columns too).
+template <typename T, int kD, bool kDrop, bool kTerms, bool kDq>
 __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
-  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kBackwardDkDv);
+  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(kDq ? FlashAttentionPass::kBackwardDkDvDq
+                                                             : FlashAttentionPass::kBackwardDkDv);
   constexpr int kBc = kTiles.rows, kBr = kTiles.step, kLd = kD + 8;
   static_assert(kBc == 64 && kBr % 16 == 0, "4 warps of 16 keys");
+  // dQ's split over the 4 warps: kRowGroups groups of 16 query rows, each
+  // group's kD columns in kColSplit parts.
+  constexpr int kRowGroups = kBr / 16, kColSplit = 4 / kRowGroups, kDqCols = kD / kColSplit;
+  static_assert(kRowGroups * kColSplit == 4 && kDqCols % 16 == 0, "dQ tiles of 4 warps");
+  constexpr int kLdS = kBc + 8;  // dS rows: kBc keys, padded as the other tiles
   extern __shared__ __align__(16) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);  // [kBc][kLd]
   T* vs = ks + kBc * kLd;              // [kBc][kLd]
   T* qdos = vs + kBc * kLd;            // 2 stages of a Q tile then a dO tile, [kBr][kLd] each
   // 2 stages of lse (base 2) then delta, [kBr] each.
   float* lse_deltas = reinterpret_cast<float*>(qdos + 2 * 2 * kBr * kLd);
+  T* dss = reinterpret_cast<T*>(lse_deltas + 2 * 2 * kBr);  // kDq: dS, [kBr][kLdS]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
@@ -363,6 +398,33 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
     }
     if constexpr (kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, lane);
     WarpGemmPB<T, kBr, kD>(dk, ds, qs, kLd, lane);  // dK += dS^T Q (times scale below)
+    if constexpr (kDq) {
+      // dS (kBr queries x kBc keys), rounded to T as for dK, then dQ += dS K.
+#pragma unroll
+      for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = j * 8 + 2 * t + (e & 1), kj = warp * 16 + g + (e / 2) * 8;
+          dss[qi * kLdS + kj] = FromF<T>(ds[j][e]);
+        }
+      }
+      __syncthreads();  // every warp's keys; the next write is after the loop's sync
+      const int rows0 = (warp % kRowGroups) * 16, cols0 = (warp / kRowGroups) * kDqCols;
+      float dq[kDqCols / 8][4] = {};
+      WarpGemmAB<T, kBc, kDqCols>(dq, dss + rows0 * kLdS, kLdS, ks + cols0, kLd, lane);
+      float* dq_rows =
+          a.dq_accum + (static_cast<int64_t>(bh) * a.t_q + q0 + rows0) * kD + cols0 + 2 * t;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (q0 + rows0 + g + 8 * r >= a.t_q) continue;
+        float* dq_row = dq_rows + (g + 8 * r) * kD;
+#pragma unroll
+        for (int j = 0; j < kDqCols / 8; ++j) {
+          atomicAdd(dq_row + j * 8, dq[j][2 * r]);
+          atomicAdd(dq_row + j * 8 + 1, dq[j][2 * r + 1]);
+        }
+      }
+    }
   }
 
   T* dkp = static_cast<T*>(a.dk) + b * a.sdk.b + h * a.sdk.h;
@@ -472,8 +534,9 @@ Kernels MmaKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
       return Kernels{};  // refused above: no f32 tensor-core kernels
     } else {
       return Kernels{ForwardMmaKernel<T, kD, kDrop, kTerms>,
-                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms>,
-                     BackwardDqMmaKernel<T, kD, kDrop, kTerms>};
+                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, false>,
+                     BackwardDqMmaKernel<T, kD, kDrop, kTerms>,
+                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, true>};
     }
   });
 }

@@ -17,6 +17,9 @@ void FlashAttentionBackward(const Tensor& q, const Tensor&, const Tensor&, const
   NotBuilt("flash_attention", q);
 }
 Tensor FlashKeyMaskBytes(const Tensor& key_mask) { NotBuilt("flash_attention", key_mask); }
+// Nothing to switch without the kernels: the backward itself refuses to run.
+void SetFlashAttentionAtomicDq(bool) {}
+bool FlashAttentionAtomicDq() { return false; }
 void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {
   NotBuilt("unfused_attention_softmax", scores);
 }

@@ -192,8 +192,10 @@ std::vector<double> BiasGrad(const Reference& ref, const Case& c, int64_t bias_b
 }
 
 // bias_grad_groups: FlashAttentionBackward's (0: its own choice).
+// with_dbias false: the bias's gradient is not asked for.
 void RunTermsCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool bias_per_example,
-                  Dtype bias_dt, bool with_mask, int64_t bias_grad_groups = 0) {
+                  Dtype bias_dt, bool with_mask, int64_t bias_grad_groups = 0,
+                  bool with_dbias = true) {
   SCOPED_TRACE(absl::StrCat(Name(c, dt, kernel), bias_per_example ? " bias per example " : " bias ",
                             DtypeName(bias_dt), with_mask ? " key mask" : "", " groups ",
                             bias_grad_groups));
@@ -223,14 +225,28 @@ void RunTermsCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool bia
   Tensor dq = Tensor::Empty(q.shape(), dt, dev);
   Tensor dk = Tensor::Empty(k.shape(), dt, dev);
   Tensor dv = Tensor::Empty(v.shape(), dt, dev);
-  Tensor dbias = Tensor::Empty({ref_terms.bias_batch, c.h, c.t_q, c.t_k}, Dtype::kF32, dev);
+  Tensor dbias = with_dbias
+                     ? Tensor::Empty({ref_terms.bias_batch, c.h, c.t_q, c.t_k}, Dtype::kF32, dev)
+                     : Tensor();
   cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv, kernel, {},
                                terms, dbias, bias_grad_groups);
   const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
                                 dout.ToVector<float>(), scale, ref_terms);
   ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
-  EXPECT_TRUE(NearScaled(dbias, BiasGrad(ref, c, ref_terms.bias_batch), Tol(dt))) << "dbias";
+  if (with_dbias) {
+    EXPECT_TRUE(NearScaled(dbias, BiasGrad(ref, c, ref_terms.bias_batch), Tol(dt))) << "dbias";
+  }
 }
+
+// The atomic-dq backward (SetFlashAttentionAtomicDq) for a scope.
+class ScopedAtomicDq {
+ public:
+  ScopedAtomicDq() : was_(cuda::FlashAttentionAtomicDq()) { cuda::SetFlashAttentionAtomicDq(true); }
+  ~ScopedAtomicDq() { cuda::SetFlashAttentionAtomicDq(was_); }
+
+ private:
+  const bool was_;
+};
 
 std::vector<Case> Cases() {
   return {
@@ -265,6 +281,29 @@ TEST(CudaFlashAttentionTest, LongSequenceBothKernels) {
   const Case c{1, 2, 1024, 1024, 64, true};
   RunCase(c, Dtype::kBF16, FlashAttentionKernel::kTensorCore);
   RunCase(c, Dtype::kF32, FlashAttentionKernel::kFloat);
+}
+
+// FlashAttention-2's own backward (dq by atomics from the dk / dv pass): the
+// same cases against the reference, D = 128 (whose dQ tiles split the
+// columns), unaligned rows, strided dq, and score terms without the bias's
+// gradient (with it the deterministic kernels run, as the dS sums need).
+TEST(CudaFlashAttentionTest, AtomicDqMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  ScopedAtomicDq atomic;
+  for (const Case& c : Cases()) {
+    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) RunCase(c, dt, FlashAttentionKernel::kTensorCore);
+  }
+  RunCase({1, 2, 77, 77, 64, true}, Dtype::kBF16, FlashAttentionKernel::kTensorCore,
+          /*unaligned=*/true);
+  RunTermsCase({3, 2, 70, 70, 64, false}, Dtype::kBF16, FlashAttentionKernel::kTensorCore,
+               /*bias_per_example=*/false, Dtype::kF32, /*with_mask=*/true, 0,
+               /*with_dbias=*/false);
+  RunTermsCase({3, 1, 20, 90, 128, true}, Dtype::kF16, FlashAttentionKernel::kTensorCore,
+               /*bias_per_example=*/true, Dtype::kBF16, /*with_mask=*/true, 0,
+               /*with_dbias=*/false);
+  RunTermsCase({2, 2, 45, 45, 32, true}, Dtype::kBF16, FlashAttentionKernel::kTensorCore,
+               /*bias_per_example=*/false, Dtype::kF32, /*with_mask=*/false, 0,
+               /*with_dbias=*/true);
 }
 
 TEST(CudaFlashAttentionTest, UnalignedRowsTakeTheScalarLoads) {
@@ -483,8 +522,9 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
   for (int64_t d : {32, 64, 128}) {
     for (FlashAttentionKernel k :
          {FlashAttentionKernel::kTensorCore, FlashAttentionKernel::kFloat}) {
-      for (FlashAttentionPass p : {FlashAttentionPass::kForward, FlashAttentionPass::kBackwardDkDv,
-                                   FlashAttentionPass::kBackwardDq}) {
+      for (FlashAttentionPass p :
+           {FlashAttentionPass::kForward, FlashAttentionPass::kBackwardDkDv,
+            FlashAttentionPass::kBackwardDq, FlashAttentionPass::kBackwardDkDvDq}) {
         const cuda::FlashAttentionTiles t = FlashAttentionTilesFor(k, p, d, 2);
         EXPECT_LE(t.smem_bytes, kSm90MaxSmem) << d;
         EXPECT_GT(t.rows, 0);
@@ -508,6 +548,21 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
   EXPECT_EQ(cuda::FlashAttentionBackwardWorkspaceBytes(2, 12, 1024), 2 * 12 * 1024 * 4);
   EXPECT_EQ(cuda::FlashAttentionBackwardWorkspaceBytes(16, 12, 512, 6, 512),
             16 * 12 * 512 * 4 + int64_t{6} * 12 * 512 * 512 * 4);
+  // Atomic dq: the (B, H, T_q, D) f32 accumulator too; its kernel's dS tile
+  // (64 or, at D = 128, 32 query rows of 64 + 8 keys) on top of kernel 2's.
+  EXPECT_EQ(cuda::FlashAttentionBackwardWorkspaceBytes(2, 12, 1024, 1, 0, 64),
+            2 * 12 * 1024 * 4 + 2 * 12 * 1024 * 64 * 4);
+  for (int64_t d : {32, 64, 128}) {
+    const int64_t step = d == 128 ? 32 : 64;
+    EXPECT_EQ(FlashAttentionTilesFor(FlashAttentionKernel::kTensorCore,
+                                     FlashAttentionPass::kBackwardDkDvDq, d, 2)
+                      .smem_bytes -
+                  FlashAttentionTilesFor(FlashAttentionKernel::kTensorCore,
+                                         FlashAttentionPass::kBackwardDkDv, d, 2)
+                      .smem_bytes,
+              step * 72 * 2)
+        << d;
+  }
 }
 
 // The groups of a shared bias's gradient: the fewest that give each dq launch
