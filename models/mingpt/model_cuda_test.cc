@@ -69,6 +69,24 @@ TEST(GptCudaTest, LossAndGradientsMatchTheCpuWithAlignedLogitsRows) {
   }
 }
 
+// One model (vocabulary 67, block_size 9, the given width, seed 4) on the
+// CPU and on the GPU, in eval mode: the decoding tests' pair.
+struct EvalPair {
+  explicit EvalPair(int64_t n_embd) : cpu(Config(n_embd)), gpu(Config(n_embd)) {
+    cpu.Materialize(4, Device::Cpu());
+    gpu.Materialize(4, Device::Cuda(0));
+    cpu.Train(false);
+    gpu.Train(false);
+  }
+  static GptConfig Config(int64_t n_embd) {
+    GptConfig c = Tiny(67);
+    c.n_embd = n_embd;
+    c.block_size = 9;
+    return c;
+  }
+  GPT cpu, gpu;
+};
+
 // Generation's cached decoding on the GPU (the fused attention at head size
 // 32, the unfused path at 8, queries at the end of a longer key range) gives
 // the CPU's full-forward logits of the last position at every length.
@@ -76,14 +94,8 @@ TEST(GptCudaTest, CachedDecodingMatchesTheCpuFullForward) {
   SKIP_WITHOUT_GPU();
   for (int64_t n_embd : {64, 16}) {
     SCOPED_TRACE(::testing::Message() << "head size " << n_embd / 2);
-    GptConfig c = Tiny(67);
-    c.n_embd = n_embd;
-    c.block_size = 9;
-    GPT cpu(c), gpu(c);
-    cpu.Materialize(4, Device::Cpu());
-    gpu.Materialize(4, Device::Cuda(0));
-    cpu.Train(false);
-    gpu.Train(false);
+    EvalPair models(n_embd);
+    GPT &cpu = models.cpu, &gpu = models.gpu;
     std::vector<int64_t> ids(2 * 9);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 13 + 2) % 67);
     const Tensor seq = Tensor::FromData<int64_t>(ids, {2, 9});  // (B, block_size)
@@ -108,14 +120,8 @@ TEST(GptCudaTest, LeftPaddedDecodingMatchesEachRowAloneOnTheCpu) {
   SKIP_WITHOUT_GPU();
   for (int64_t n_embd : {64, 16}) {
     SCOPED_TRACE(::testing::Message() << "head size " << n_embd / 2);
-    GptConfig c = Tiny(67);
-    c.n_embd = n_embd;
-    c.block_size = 9;
-    GPT cpu(c), gpu(c);
-    cpu.Materialize(4, Device::Cpu());
-    gpu.Materialize(4, Device::Cuda(0));
-    cpu.Train(false);
-    gpu.Train(false);
+    EvalPair models(n_embd);
+    GPT &cpu = models.cpu, &gpu = models.gpu;
     const std::vector<int64_t> pad = {0, 3, 5};  // prompts of 6, 3 and 1 tokens
     std::vector<int64_t> ids(3 * 9);             // (B, block_size), padding as id 0
     for (size_t i = 0; i < ids.size(); ++i) {
