@@ -29,6 +29,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cpu_allocator.h"
+#include "tensor/ops/loss.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/ops/norm.h"
 #include "tensor/ops/softmax.h"
@@ -253,7 +254,13 @@ void BM_SmallGemm(benchmark::State& state, Dtype dtype) {
 // on our thread pool as the kernels are: the bandwidth they could reach. The
 // causal softmax counts its whole (T, T) input although it reads only the
 // unmasked part (it writes every element), so its GB/s is an effective rate.
-enum class BwKind { kLayerNormForward, kLayerNormBackward, kSoftmaxForward, kSoftmaxBackward };
+enum class BwKind {
+  kLayerNormForward,
+  kLayerNormBackward,
+  kSoftmaxForward,
+  kSoftmaxBackward,
+  kCrossEntropyInPlace,
+};
 
 struct BwCase {
   std::string name;
@@ -279,6 +286,8 @@ int64_t TrafficBytes(const BwCase& c) {
       return 2 * numel * e;
     case BwKind::kSoftmaxBackward:  // grad_y, y -> grad_x
       return 3 * numel * e;
+    case BwKind::kCrossEntropyInPlace:  // logits -> their gradient (in place), targets, lse
+      return 2 * numel * e + rows * 8 + rows * 4;
   }
   return 0;
 }
@@ -314,6 +323,21 @@ void BM_Bandwidth(benchmark::State& state, BwCase c) {
           const LayerNormGrads g = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
           benchmark::DoNotOptimize(g.grad_x.raw_data());
         }
+      }
+      break;
+    }
+    case BwKind::kCrossEntropyInPlace: {
+      // The LM head's loss and gradient (llm.c style, in place). Each
+      // iteration runs on the previous one's output: the work per element
+      // does not depend on the values.
+      std::vector<int64_t> ids(x.numel() / cols);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 7919) % cols;
+      const Tensor targets = Tensor::FromData<int64_t>(ids, {static_cast<int64_t>(ids.size())});
+      const CrossEntropyResult r0 = CrossEntropyForwardBackwardInPlace(x, targets);
+      bytes = TotalBytes({x, x, targets, r0.lse});
+      for (auto _ : state) {
+        const CrossEntropyResult r = CrossEntropyForwardBackwardInPlace(x, targets);
+        benchmark::DoNotOptimize(r.lse.raw_data());
       }
       break;
     }
@@ -381,6 +405,11 @@ std::vector<BwCase> BandwidthCases() {
                      {8 * 12, 256, 256}, true, dtype});
     cases.push_back({"Softmax/fwd/1024x50257/" + dt, BwKind::kSoftmaxForward,
                      {8 * 128, 50257}, false, dtype});
+    cases.push_back({"CrossEntropyInPlace/1024x50257/" + dt,
+                     BwKind::kCrossEntropyInPlace,
+                     {8 * 128, 50257},
+                     false,
+                     dtype});
   }
   return cases;
 }

@@ -35,6 +35,27 @@ double Rows(const T* logits, const I* targets, int64_t ignore_index, float* lse,
         if constexpr (kBackward) vec::ZeroRow(grad + r * v, v);
         continue;
       }
+      if constexpr (kMode == Mode::kBoth) {
+        // In place (grad is the logits): one exp per element. The terms
+        // exp(x - max) go to the row as float (the scratch copy; for f32 the
+        // row itself, which the gradient overwrites anyway), then the
+        // gradient is the terms times grad_scale / their sum.
+        T* row = grad + r * v;
+        float shift;
+        const float* x = vec::RowAsFloatScaledMax(row, v, scratch.data(), 1.0f, &shift);
+        float* terms = std::is_same_v<T, float> ? reinterpret_cast<float*>(row) : scratch.data();
+        const float x_target = x[t];  // read before the terms overwrite an f32 row
+        const float sum = vec::RowExpSum(x, 1.0f, shift, terms, v);
+        const float log_sum = std::log(sum);
+        lse[r] = shift + log_sum;
+        row_loss[r] = static_cast<double>(shift - x_target) + static_cast<double>(log_sum);
+        const float term_target = terms[t];
+        const float scale = grad_scale / sum;
+        vec::StoreRowScaled(terms, scale, row, v);
+        // The target's entry again, minus the one-hot term, rounded once.
+        row[t] = FromFloat<T>(term_target * scale - grad_scale);
+        continue;
+      }
       // The softmax is exp((x - shift) - log_sum).
       float shift, log_sum;
       const float* x;  // (V): the row as float
