@@ -29,6 +29,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cpu_allocator.h"
+#include "tensor/ops/init.h"
 #include "tensor/ops/loss.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/ops/norm.h"
@@ -470,6 +471,26 @@ void BM_AllocTouchFree(benchmark::State& state, bool cache, bool fill) {
   state.SetBytesProcessed(state.iterations() * kAllocBytes);
 }
 
+// Zeroing a gradient-sized f32 tensor (48 MiB, gpt-mini's with vocab 50257)
+// right after reading it, as ZeroGrad follows the optimizer's step: the time
+// of both, the read alone timed separately ("ReadOnly").
+void BM_ZeroAfterRead(benchmark::State& state, bool zero) {
+  const Tensor t = Tensor::Full({12 << 20}, 1.0);
+  for (auto _ : state) {
+    double sum = 0;  // the step's read, per thread chunk
+    ParallelFor(t.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+      const float* p = t.data<float>();
+      float s = 0;
+      for (int64_t i = b; i < e; ++i) s += p[i];
+      benchmark::DoNotOptimize(s);
+    });
+    benchmark::DoNotOptimize(sum);
+    if (zero) Zero(t);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * t.nbytes() * (zero ? 2 : 1));
+}
+
 // The same through Tensor::Empty and the process allocator (so it follows
 // FSDP_CPU_CACHE_MB: run once with FSDP_CPU_CACHE_MB=0 for the uncached time).
 void BM_TensorAllocTouchFree(benchmark::State& state) {
@@ -493,6 +514,12 @@ void RegisterAllocBenchmarks() {
           ->UseRealTime();
     }
   }
+  benchmark::RegisterBenchmark("ZeroAfterRead/48MiB", BM_ZeroAfterRead, true)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("ZeroAfterRead/48MiB/ReadOnly", BM_ZeroAfterRead, false)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("Alloc200MB/touch/tensor", BM_TensorAllocTouchFree)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();

@@ -73,6 +73,29 @@ TEST(InitTest, FillEveryDtypeAndViews) {
   EXPECT_EQ(h.ToVector<float>()[0], Bf16ToFloat(FloatToBf16(0.1f)));
 }
 
+// Zeroing a large tensor takes non-temporal stores for the aligned middle of
+// each chunk: every element of views starting and ending at any byte offset
+// becomes 0, and nothing around them changes.
+TEST(InitTest, LargeZeroFillsExactlyTheirElements) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16, Dtype::kU8}) {
+    for (int64_t offset : {0, 1, 3, 17}) {
+      SCOPED_TRACE(::testing::Message() << DtypeName(dtype) << " offset " << offset);
+      const int64_t n = (int64_t{3} << 20) / DtypeSize(dtype) + 5;  // over 3 MiB, not 32-aligned
+      const Tensor all = Tensor::Empty({n + 2 * offset + 8}, dtype);
+      Fill(all, 7);
+      Zero(all.Narrow(0, offset + 4, n));
+      const std::vector<float> v = all.ToVector<float>();
+      for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+        const bool inside = i >= offset + 4 && i < offset + 4 + n;
+        if (v[i] != (inside ? 0.0f : 7.0f)) {
+          ADD_FAILURE() << "element " << i << " is " << v[i];
+          break;
+        }
+      }
+    }
+  }
+}
+
 TEST(InitTest, UniformMoments) {
   const int64_t n = 400000;
   const Tensor t = Tensor::Empty({n});
