@@ -27,7 +27,6 @@ double Rows(const T* logits, const I* targets, int64_t ignore_index, float* lse,
   std::vector<double> row_loss(kForward ? rows : 0, 0.0);  // (N)
   ParallelFor(rows, vec::RowGrain(v), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(std::is_same_v<T, float> ? 0 : v);
-    const vec::F8 gs = vec::Splat(grad_scale);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t t = static_cast<int64_t>(targets[r]);
       if (t == ignore_index) {
@@ -35,46 +34,42 @@ double Rows(const T* logits, const I* targets, int64_t ignore_index, float* lse,
         if constexpr (kBackward) vec::ZeroRow(grad + r * v, v);
         continue;
       }
-      if constexpr (kMode == Mode::kBoth) {
-        // In place (grad is the logits): one exp per element. The terms
-        // exp(x - max) go to the row as float (the scratch copy; for f32 the
-        // row itself, which the gradient overwrites anyway), then the
-        // gradient is the terms times grad_scale / their sum.
-        T* row = grad + r * v;
-        float shift;
-        const float* x = vec::RowAsFloatScaledMax(row, v, scratch.data(), 1.0f, &shift);
-        float* terms = std::is_same_v<T, float> ? reinterpret_cast<float*>(row) : scratch.data();
-        const float x_target = x[t];  // read before the terms overwrite an f32 row
-        const float sum = vec::RowExpSum(x, 1.0f, shift, terms, v);
-        const float log_sum = std::log(sum);
-        lse[r] = shift + log_sum;
-        row_loss[r] = static_cast<double>(shift - x_target) + static_cast<double>(log_sum);
-        const float term_target = terms[t];
-        const float scale = grad_scale / sum;
-        vec::StoreRowScaled(terms, scale, row, v);
-        // The target's entry again, minus the one-hot term, rounded once.
-        row[t] = FromFloat<T>(term_target * scale - grad_scale);
-        continue;
-      }
-      // The softmax is exp((x - shift) - log_sum).
-      float shift, log_sum;
-      const float* x;  // (V): the row as float
       if constexpr (kForward) {
-        x = vec::RowAsFloatScaledMax(logits + r * v, v, scratch.data(), 1.0f, &shift);
-        log_sum = std::log(vec::RowExpSumOnly(x, 1.0f, shift, v));
+        // The softmax is exp(x - shift) / sum, shift the row's max.
+        float shift;
+        const float* x = vec::RowAsFloatScaledMax(logits + r * v, v, scratch.data(), 1.0f, &shift);
+        const float x_target = x[t];  // read before kBoth's terms overwrite an f32 row
+        // kBoth: the terms exp(x - shift) are kept, so each exp is computed
+        // once, in the gradient's row as float (the scratch copy; for f32 the
+        // row itself, which the gradient overwrites anyway).
+        float* terms = nullptr;
+        float sum;
+        if constexpr (kBackward) {
+          terms =
+              std::is_same_v<T, float> ? reinterpret_cast<float*>(grad + r * v) : scratch.data();
+          sum = vec::RowExpSum(x, 1.0f, shift, terms, v);
+        } else {
+          sum = vec::RowExpSumOnly(x, 1.0f, shift, v);
+        }
+        const float log_sum = std::log(sum);
         lse[r] = shift + log_sum;
         // (max - x_t) + log(sum): keeps the precision that max + log(sum) would
         // round away when the logits are large.
-        row_loss[r] = static_cast<double>(shift - x[t]) + static_cast<double>(log_sum);
+        row_loss[r] = static_cast<double>(shift - x_target) + static_cast<double>(log_sum);
+        if constexpr (kBackward) {
+          T* out = grad + r * v;  // (V)
+          const float term_target = terms[t];
+          const float scale = grad_scale / sum;
+          vec::StoreRowScaled(terms, scale, out, v);
+          // The target's entry again, minus the one-hot term, rounded once.
+          out[t] = FromFloat<T>(term_target * scale - grad_scale);
+        }
       } else {
-        x = vec::RowAsFloat(logits + r * v, v, scratch.data());
-        shift = lse[r];
-        log_sum = 0.0f;
-      }
-      if constexpr (kBackward) {
+        // From the saved lse: grad = exp(x - lse) * grad_scale, minus it at the target.
+        const float* x = vec::RowAsFloat(logits + r * v, v, scratch.data());
         T* out = grad + r * v;  // (V), may be the logits row
-        const vec::F8 sh = vec::Splat(shift), ls = vec::Splat(log_sum);
-        auto prob_times_scale = [&](vec::F8 xv) { return vec::Exp((xv - sh) - ls) * gs; };
+        const vec::F8 sh = vec::Splat(lse[r]), gs = vec::Splat(grad_scale);
+        auto prob_times_scale = [&](vec::F8 xv) { return vec::Exp(xv - sh) * gs; };
         const float x_target = x[t];  // read before an in-place f32 row is overwritten
         vec::ForEachBlock(v, [&](int64_t i, auto k) {
           vec::StoreAs(out + i, prob_times_scale(vec::LoadAs(x + i, k)), k);
