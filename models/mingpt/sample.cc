@@ -23,9 +23,8 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <fstream>
+#include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "models/common/train_setup.h"
 #include "models/data/gpt2_tokenizer.h"
+#include "models/data/mapped_file.h"
 #include "models/data/runfiles.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/generate.h"
@@ -136,14 +136,14 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> FilePrompts(
     return absl::InvalidArgumentError(
         "--prompts_file takes the place of --prompt and --prompt_tokens: give one of them");
   }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream all;
-  if (!in || !(all << in.rdbuf())) {
-    return absl::InvalidArgumentError(absl::StrCat("--prompts_file=", path, ": cannot read it"));
+  absl::StatusOr<std::shared_ptr<const data::MappedFile>> file = data::MappedFile::Open(path);
+  if (!file.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompts_file=", path, ": cannot read it: ", file.status().message()));
   }
   std::vector<std::vector<int64_t>> prompts;
   int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(all.str(), '\n')) {
+  for (absl::string_view line : absl::StrSplit((*file)->bytes(), '\n')) {
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
