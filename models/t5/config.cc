@@ -175,9 +175,10 @@ absl::StatusOr<T5Config> ParseConfig(absl::string_view text) {
     if (!known) return error(absl::StrCat("unknown field '", kv.first, "'"));
     if (!parsed) return error(absl::StrCat(kv.first, " '", kv.second, "' is not valid"));
   }
-  for (absl::string_view key :
-       {"vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
-        "buckets", "max_distance", "dropout_rate", "feed_forward_proj", "tie_word_embeddings"}) {
+  for (const IntField& f : ints) {
+    if (seen.count(std::string(f.key)) == 0) return error(absl::StrCat("no ", f.key));
+  }
+  for (absl::string_view key : {"dropout_rate", "feed_forward_proj", "tie_word_embeddings"}) {
     if (seen.count(std::string(key)) == 0) return error(absl::StrCat("no ", key));
   }
   absl::Status valid = c.Validate();
