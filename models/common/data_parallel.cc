@@ -674,9 +674,9 @@ double AccumulateGradients(int64_t K, DataParallelModel* dp,
   return sum / K;
 }
 
-absl::StatusOr<DataParallelModel::StepResult> DataParallelModel::FinishTrainingStep(
-    double local_loss, double scale, int64_t step, double grad_clip, LossScaling& scaling,
-    bool log) {
+absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_loss, double scale,
+                                                                 int64_t step, double grad_clip,
+                                                                 LossScaling& scaling, bool log) {
   StepResult result;
   absl::StatusOr<double> loss = dist::MeanOverRanks(pg_, local_loss);
   if (!loss.ok()) return loss.status();
@@ -789,12 +789,16 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
   return TrainStateFromShardedExtra(*extra, step_dir);
 }
 
-absl::StatusOr<DataParallelModel::Resumed> DataParallelModel::Resume(
-    const std::string& resume, const std::string& checkpoint_dir, const std::string& config) {
+absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
+                                                  const std::string& checkpoint_dir,
+                                                  const std::string& config) {
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
   if (!step_dir.ok()) return step_dir.status();
   absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir);
-  if (!state.ok()) return state.status();
+  if (!state.ok()) {
+    return absl::Status(state.status().code(),
+                        absl::StrCat("--resume=", resume, ": ", state.status().message()));
+  }
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
   if (pg_.rank() == 0) {

@@ -292,11 +292,8 @@ class DataParallelModel {
   // ranks (not finite: an error naming the 0-based `step`) -> FinishBackward
   // -> unscale, where an inf or NaN on any rank skips the step on every rank
   // (`scaling`; `log`: say so) -> clip to a global norm of `grad_clip` (when
-  // > 0) -> Step -> ZeroGrad. The same result on every rank.
-  struct StepResult {
-    double loss = 0;       // averaged over the ranks
-    double grad_norm = 0;  // before clipping; 0 when not clipped or skipped
-  };
+  // > 0) -> Step -> ZeroGrad. The same result on every rank. One process
+  // without data parallelism: train::FinishOneProcessStep.
   absl::StatusOr<StepResult> FinishTrainingStep(double local_loss, double scale, int64_t step,
                                                 double grad_clip, LossScaling& scaling, bool log);
 
@@ -320,11 +317,8 @@ class DataParallelModel {
   // --resume: "latest" in checkpoint_dir or a step folder; LoadCheckpoint,
   // then CheckResumable against `config` (the model's config string). Rank 0
   // prints "resumed from <step folder> at step N". The caller restores its
-  // data loader to `loader` (the global batch must be the same).
-  struct Resumed {
-    TrainState state;
-    data::LoaderState loader;
-  };
+  // data loader to `loader` (the global batch must be the same). The ranks'
+  // counterpart of train::ResumeCheckpoint.
   absl::StatusOr<Resumed> Resume(const std::string& resume, const std::string& checkpoint_dir,
                                  const std::string& config);
 

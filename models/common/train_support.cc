@@ -242,6 +242,27 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
   return data::LoaderState::FromString(state.loader_state);
 }
 
+absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
+                                         const std::string& checkpoint_dir, nn::Module& model,
+                                         optim::Optimizer& optimizer, const std::string& config) {
+  absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
+  if (!step_dir.ok()) return step_dir.status();
+  absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir, model, optimizer);
+  if (!state.ok()) {
+    return absl::Status(state.status().code(),
+                        absl::StrCat("--resume=", resume, ": ", state.status().message()));
+  }
+  absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
+  if (!loader.ok()) return loader.status();
+  std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
+              static_cast<long long>(state->step));
+  return Resumed{*std::move(state), *std::move(loader)};
+}
+
+bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps) {
+  return every > 0 && step_done % every == 0 && step_done < steps;
+}
+
 std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger,
                        tensor::Device device) {
   constexpr double kMiB = 1024.0 * 1024.0;
@@ -308,6 +329,17 @@ absl::Status StepReporter::Report(StepMetrics m) {
     std::fflush(stdout);
   }
   return metrics_.Write(m, ledger_);
+}
+
+absl::Status StepReporter::Report(int64_t step_done, const StepResult& result, double lr,
+                                  double ms) {
+  StepMetrics m;
+  m.step = step_done;
+  m.loss = result.loss;
+  m.lr = lr;
+  m.ms = ms;
+  m.grad_norm = result.grad_norm;
+  return Report(m);
 }
 
 absl::Status StepReporter::ReportEval(int64_t step, double eval_loss, double ms) {

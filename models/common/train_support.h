@@ -103,6 +103,24 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
                                                  const std::string& step_dir,
                                                  const std::string& config);
 
+// A resumed run's state and the loader position to restore (the global batch
+// must be the same).
+struct Resumed {
+  TrainState state;
+  data::LoaderState loader;
+};
+// --resume in one process: "latest" in checkpoint_dir or a step folder
+// (ResolveCheckpoint); LoadCheckpoint into `model` and `optimizer` (its errors
+// prefixed "--resume=<resume>: "), then CheckResumable against `config` (the
+// model's config string). Prints "resumed from <step folder> at step N".
+// DataParallelModel::Resume is the same for the ranks of a data-parallel run.
+absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
+                                         const std::string& checkpoint_dir, nn::Module& model,
+                                         optim::Optimizer& optimizer, const std::string& config);
+// Whether to save a checkpoint after step_done (1-based) of `steps` every
+// `every` steps (0: never here; the last step's is saved after the loop).
+bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps);
+
 // One step's figures.
 struct StepMetrics {
   int64_t step = 0;
@@ -111,6 +129,14 @@ struct StepMetrics {
   double ms = 0;
   double tokens_per_s = 0;
   double grad_norm = 0;
+};
+
+// What the rest of a training step after the micro-batches' forward and
+// backward reports (DataParallelModel::FinishTrainingStep,
+// train::FinishOneProcessStep).
+struct StepResult {
+  double loss = 0;       // the step's loss (averaged over the ranks)
+  double grad_norm = 0;  // before clipping; 0 when not clipped or the step was skipped
 };
 
 // "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."
@@ -150,6 +176,9 @@ class StepReporter {
                tensor::Device device = tensor::Device::Cpu());
   // m.step is 1-based; m.tokens_per_s is computed here from m.ms.
   absl::Status Report(StepMetrics m);
+  // The same for the step that ended `step_done` (1-based) with `result`, at
+  // learning rate `lr`, in `ms`.
+  absl::Status Report(int64_t step_done, const StepResult& result, double lr, double ms);
   // Times evaluate() (collective under data parallelism: every rank calls it)
   // and, when `log`, reports its loss after step_done steps: prints "eval
   // after step 6 | loss 2.3457 | 12.3 ms" and appends MetricsWriter::WriteEval's

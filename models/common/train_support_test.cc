@@ -4,10 +4,14 @@
 // the loaded run equals the saved one.
 #include "models/common/train_support.h"
 
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "models/common/train_support_testing.h"
+#include "models/data/loader_state.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
@@ -60,6 +64,79 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
     EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
         << a[i].first;
   }
+}
+
+// --resume=latest in one process: the saved step's state and loader
+// position, the weights loaded; a corrupt file and another model's
+// checkpoint are errors naming what was wrong.
+TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
+  const std::string dir = ::testing::TempDir() + "/resume_checkpoint";
+  data::LoaderState position;
+  position.step = 3;
+  position.config = "rows";
+  TrainState state;
+  state.loader_state = position.ToString();
+  state.extra["config"] = "tiny";
+  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+
+  mingpt::GPT model(Config());
+  model.Materialize(2);
+  auto fresh = optim::AdamW::Create({}).value();
+  absl::StatusOr<Resumed> resumed = ResumeCheckpoint("latest", dir, model, *fresh, "tiny");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->state.step, 1);
+  EXPECT_EQ(resumed->loader.step, 3);
+  EXPECT_EQ(resumed->loader.config, "rows");
+  auto a = saved.model->NamedParameters(), b = model.NamedParameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
+        << a[i].first;
+  }
+
+  absl::StatusOr<Resumed> other = ResumeCheckpoint("latest", dir, model, *fresh, "another");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("is of model tiny, not another"), std::string::npos)
+      << other.status();
+
+  {  // a model file cut short
+    const std::string file = saved.step_dir + "/model.safetensors";
+    std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+  }
+  absl::StatusOr<Resumed> corrupt = ResumeCheckpoint("latest", dir, model, *fresh, "tiny");
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_EQ(corrupt.status().message().rfind("--resume=latest: ", 0), 0) << corrupt.status();
+  EXPECT_NE(corrupt.status().message().find("model.safetensors"), std::string::npos)
+      << corrupt.status();
+}
+
+TEST(CheckpointDueTest, EveryNStepsBeforeTheLast) {
+  EXPECT_FALSE(CheckpointDue(0, 10, 100));  // 0: only after the loop
+  EXPECT_TRUE(CheckpointDue(10, 10, 100));
+  EXPECT_FALSE(CheckpointDue(10, 11, 100));
+  EXPECT_FALSE(CheckpointDue(10, 100, 100));  // the last step's is saved after the loop
+}
+
+// Report(step_done, result, lr, ms) writes what Report(StepMetrics) does.
+TEST(StepReporterTest, ReportsAStepResult) {
+  const std::string path = ::testing::TempDir() + "/report_step_result.jsonl";
+  std::filesystem::remove(path);
+  std::unique_ptr<MetricsWriter> metrics = MetricsWriter::Open(path).value();
+  tensor::MemoryLedger ledger;
+  StepReporter reporter(ledger, *metrics, 0, 2, 10, 1000);
+  StepResult result;
+  result.loss = 2.5;
+  result.grad_norm = 0.75;
+  ASSERT_TRUE(reporter.Report(1, result, 1e-3, 500).ok());
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(line.rfind("{\"step\":1,\"loss\":2.500000,\"lr\":0.001,\"ms\":500.000,"
+                       "\"tokens_per_s\":2000.0,\"grad_norm\":0.75,",
+                       0),
+            0)
+      << line;
 }
 
 }  // namespace

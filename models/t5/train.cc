@@ -34,13 +34,11 @@
 //   during its backward) -> loss averaged over the ranks -> finish the
 //   gradient communication -> clip by the global norm -> step -> zero grads
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -56,6 +54,7 @@
 #include "models/common/eval_flags.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
+#include "models/common/one_process_step.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -69,9 +68,7 @@
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "optim/adamw.h"
-#include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
-#include "optim/param_ref.h"
 #include "optim/sgd.h"
 #include "precision/policy.h"
 #include "tensor/memory_ledger.h"
@@ -221,6 +218,17 @@ void PrintStartup(const T5Config& config, const data::TokenSource& source,
   std::fflush(stdout);
 }
 
+// On resuming: a note on stderr when the checkpoint's run used another LR
+// schedule (cosine depends on --steps), which this run continues with.
+void NoteScheduleChange(const train::TrainState& resumed, const optim::LrSchedule& schedule) {
+  auto it = resumed.extra.find("lr_schedule");
+  const std::string saved = it == resumed.extra.end() ? "" : it->second;
+  if (saved == schedule.ToString()) return;
+  std::fprintf(stderr,
+               "train: note: the checkpoint was trained with lr schedule %s; continuing with %s\n",
+               saved.c_str(), schedule.ToString().c_str());
+}
+
 // ---- Data parallelism ----
 
 // The batch's tensors on the device the model computes on.
@@ -361,13 +369,14 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (!ready.ok()) return ready;
   }
   if (!absl::GetFlag(FLAGS_resume).empty()) {
-    absl::StatusOr<train::DataParallelModel::Resumed> resumed =
+    absl::StatusOr<train::Resumed> resumed =
         (*dp)->Resume(absl::GetFlag(FLAGS_resume), checkpoint_dir, setup.config.ToString());
     if (!resumed.ok()) return resumed.status();
     absl::Status restored = loader->Restore(resumed->loader);  // the same global batch
     if (!restored.ok()) return restored;
     restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
+    if (rank.logs()) NoteScheduleChange(resumed->state, *setup.schedule);
     start = resumed->state.step;
   }
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -404,17 +413,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
     // any rank skips the step on all) -> clip by the global norm -> optimizer
     // step -> zero grads.
-    absl::StatusOr<train::DataParallelModel::StepResult> done =
+    absl::StatusOr<train::StepResult> done =
         (*dp)->FinishTrainingStep(local_loss, scale, step, grad_clip, scaling, rank.logs());
     if (!done.ok()) return done.status();
     if (rank.logs()) {
-      train::StepMetrics m;
-      m.step = step + 1;
-      m.loss = done->loss;
-      m.lr = opt.lr();
-      m.ms = timer.ElapsedMs();
-      m.grad_norm = done->grad_norm;
-      absl::Status reported = reporter.Report(m);
+      absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs());
       if (!reported.ok()) return reported;
     }
     if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
@@ -427,7 +430,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       });
       if (!evaluated.ok()) return evaluated;
     }
-    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
+    if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status s = save(step + 1);
       if (!s.ok()) return s;
     }
@@ -620,28 +623,15 @@ absl::Status Train() {
     if (!ready.ok()) return ready;
   }
   if (!absl::GetFlag(FLAGS_resume).empty()) {
-    absl::StatusOr<std::string> step_dir =
-        train::ResolveCheckpoint(absl::GetFlag(FLAGS_resume), checkpoint_dir);
-    if (!step_dir.ok()) return step_dir.status();
-    absl::StatusOr<train::TrainState> state = train::LoadCheckpoint(*step_dir, model, **optimizer);
-    if (!state.ok()) {
-      return WithContext(state.status(), absl::StrCat("--resume=", absl::GetFlag(FLAGS_resume)));
-    }
-    absl::StatusOr<data::LoaderState> loader_state =
-        train::CheckResumable(*state, *step_dir, config->ToString());
-    if (!loader_state.ok()) return loader_state.status();
-    absl::Status restored = loader->Restore(*loader_state);
+    absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
+        absl::GetFlag(FLAGS_resume), checkpoint_dir, model, **optimizer, config->ToString());
+    if (!resumed.ok()) return resumed.status();
+    absl::Status restored = loader->Restore(resumed->loader);
     if (!restored.ok()) return restored;
-    restored = scaling->Restore(state->extra);
+    restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
-    if (state->extra["lr_schedule"] != (*schedule)->ToString()) {
-      std::fprintf(stderr,
-                   "train: note: the checkpoint was trained with lr schedule %s; continuing "
-                   "with %s\n",
-                   state->extra["lr_schedule"].c_str(), (*schedule)->ToString().c_str());
-    }
-    start = state->step;
-    std::printf("resumed from %s at step %lld\n", step_dir->c_str(), static_cast<long long>(start));
+    NoteScheduleChange(resumed->state, **schedule);
+    start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -676,31 +666,12 @@ absl::Status Train() {
       return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
                                    micro.decoder_targets, scale / K);
     });
-    mixed.RestoreMasters();
-    if (!std::isfinite(loss)) {
-      return absl::InternalError(
-          absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
-    }
-    std::vector<optim::ParamRef> refs = optim::FromModule(model);
-    // Loss scaling: unscale the fp32 gradients; inf/nan skips the step.
-    absl::StatusOr<bool> apply = scaling->FinishStep(
-        scale, step + 1, /*log=*/true,
-        [&](double inv) -> absl::StatusOr<bool> { return train::UnscaleGradients(refs, inv); });
-    if (!apply.ok()) return apply.status();
-    double grad_norm = 0;
-    if (*apply) {
-      if (grad_clip > 0) grad_norm = optim::ClipGradNorm(refs, grad_clip);
-      (*optimizer)->Step(refs);
-    }
-    model.ZeroGrad();
-
-    train::StepMetrics m;
-    m.step = step + 1;
-    m.loss = loss;
-    m.lr = (*optimizer)->lr();
-    m.ms = timer.ElapsedMs();
-    m.grad_norm = grad_norm;
-    absl::Status reported = reporter.Report(m);
+    // fp32 masters back -> unscale (inf/nan skips the step) -> clip -> optimizer
+    // step -> zero grads.
+    absl::StatusOr<train::StepResult> done = train::FinishOneProcessStep(
+        model, mixed, **optimizer, loss, scale, step, grad_clip, *scaling);
+    if (!done.ok()) return done.status();
+    absl::Status reported = reporter.Report(step + 1, *done, (*optimizer)->lr(), timer.ElapsedMs());
     if (!reported.ok()) return reported;
     if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
       reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
@@ -711,7 +682,7 @@ absl::Status Train() {
       });
       if (!reported.ok()) return reported;
     }
-    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < steps) {
+    if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status saved = save(step + 1);
       if (!saved.ok()) return saved;
     }

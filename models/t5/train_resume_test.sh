@@ -43,6 +43,18 @@ set -e
 [[ $code == 2 ]] && grep -q "is of model" "$dir/err_config.txt" ||
   { echo "expected exit 2 and is of model; got $code:"; cat "$dir/err_config.txt"; exit 1; }
 
+# Resuming with another LR schedule continues with it, and says so (one
+# process, and rank 0 of DDP, which resumes the single-process format).
+for dp in "" "--world_size=2 --strategy=ddp --batch_size=2"; do
+  # shellcheck disable=SC2086
+  "$train" "${common[@]}" --steps=4 --lr_schedule=constant --resume="$dir/ckpt/step_000003" $dp \
+    > /dev/null 2> "$dir/err_schedule.txt"
+  grep -qF "note: the checkpoint was trained with lr schedule cosine:" "$dir/err_schedule.txt" &&
+    grep -qF "; continuing with constant" "$dir/err_schedule.txt" ||
+    { echo "no schedule note with '$dp':"; cat "$dir/err_schedule.txt"; exit 1; }
+  [[ $(grep -c "lr schedule" "$dir/err_schedule.txt") == 1 ]]
+done
+
 # A corrupted checkpoint is refused with a message naming the file.
 model="$dir/ckpt/step_000006/model.safetensors"
 printf '\x01' | dd of="$model" bs=1 seek=$(( $(stat -c %s "$model") - 5 )) conv=notrunc 2>/dev/null
@@ -50,6 +62,7 @@ if "$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest > /dev/n
   echo "resuming from a corrupted checkpoint should fail"; exit 1
 fi
 grep -q "model.safetensors' is corrupted: checksum" "$dir/err.txt"
+grep -q "^train: error: --resume=latest: " "$dir/err.txt"
 
 # Bad flags: exit code 2 and a message naming the flag.
 bad_flag() {  # expected message, then the flags

@@ -1,0 +1,38 @@
+#include "models/common/one_process_step.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+
+namespace train {
+
+absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrecision& mixed,
+                                                optim::Optimizer& optimizer, double loss,
+                                                double scale, int64_t step, double grad_clip,
+                                                LossScaling& scaling) {
+  mixed.RestoreMasters();
+  if (!std::isfinite(loss)) {
+    return absl::InternalError(
+        absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
+  }
+  StepResult result;
+  result.loss = loss;
+  std::vector<optim::ParamRef> refs = optim::FromModule(model);
+  // Loss scaling: unscale the fp32 gradients; inf/nan skips the step.
+  absl::StatusOr<bool> apply = scaling.FinishStep(
+      scale, step + 1, /*log=*/true,
+      [&](double inv) -> absl::StatusOr<bool> { return UnscaleGradients(refs, inv); });
+  if (!apply.ok()) return apply.status();
+  if (*apply) {
+    if (grad_clip > 0) result.grad_norm = optim::ClipGradNorm(refs, grad_clip);
+    optimizer.Step(refs);
+  }
+  model.ZeroGrad();
+  return result;
+}
+
+}  // namespace train

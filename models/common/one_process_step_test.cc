@@ -1,0 +1,141 @@
+// FinishOneProcessStep does what the train binaries' plain loop did inline:
+// masters back, unscale, clip, step, zero grads; a non-finite loss is an
+// error and an inf gradient skips the step.
+#include "models/common/one_process_step.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "models/common/loss_scaling.h"
+#include "models/common/train_support_testing.h"
+#include "models/mingpt/config.h"
+#include "models/mingpt/model.h"
+#include "nn/mixed_precision.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/param_ref.h"
+#include "precision/policy.h"
+#include "tensor/testing.h"
+
+namespace train {
+namespace {
+
+mingpt::GptConfig Config() {
+  mingpt::GptConfig c;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.vocab_size = 16;
+  c.block_size = 8;
+  c.dropout = 0;
+  return c;
+}
+
+std::unique_ptr<optim::Optimizer> MakeAdamW() {
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  return optim::AdamW::Create(o).value();
+}
+
+LossScaling Scaling(const std::string& spec) {
+  return LossScaling::FromFlags(spec, 1024, false).value();
+}
+
+void ExpectSameValues(mingpt::GPT& a, mingpt::GPT& b) {
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(tensor::testing::AllClose(pa[i].second->value, pb[i].second->value, 0, 0))
+        << pa[i].first;
+  }
+}
+
+// ZeroGrad keeps the buffers (zeroed) or leaves none.
+void ExpectZeroGrads(mingpt::GPT& model) {
+  for (const auto& [name, p] : model.NamedParameters()) {
+    if (p->grad.defined()) {
+      EXPECT_EQ(tensor::testing::Dot(p->grad, p->grad), 0.0) << name;
+    }
+  }
+}
+
+// The step written out as the loops did before, and through the function:
+// the same parameters, loss and norm, gradients zeroed.
+TEST(FinishOneProcessStepTest, EqualsTheStepWrittenOut) {
+  const testing::TinyBatch batch = testing::MakeTinyBatch();
+  mingpt::GPT expected(Config()), model(Config());
+  expected.Materialize(1);
+  model.Materialize(1);
+  auto expected_opt = MakeAdamW(), opt = MakeAdamW();
+  const double grad_clip = 0.05;  // small enough to clip
+
+  const double expected_loss = expected.ForwardBackward(batch.idx, batch.tgt);
+  std::vector<optim::ParamRef> refs = optim::FromModule(expected);
+  const double expected_norm = optim::ClipGradNorm(refs, grad_clip);
+  ASSERT_GT(expected_norm, grad_clip);
+  expected_opt->Step(refs);
+  expected.ZeroGrad();
+
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Fp32());
+  LossScaling scaling = Scaling("none");
+  mixed.CastForCompute();
+  const double loss = model.ForwardBackward(batch.idx, batch.tgt);
+  absl::StatusOr<StepResult> done =
+      FinishOneProcessStep(model, mixed, *opt, loss, scaling.scale(), 0, grad_clip, scaling);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->loss, expected_loss);
+  EXPECT_EQ(done->grad_norm, expected_norm);
+  ExpectSameValues(model, expected);
+  ExpectZeroGrads(model);
+}
+
+// Mixed precision: the parameters are the fp32 masters again afterwards,
+// also when the loss was not finite (an error naming the step).
+TEST(FinishOneProcessStepTest, RestoresMastersAndRefusesANonFiniteLoss) {
+  mingpt::GPT model(Config());
+  model.Materialize(1);
+  auto opt = MakeAdamW();
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Bf16());
+  LossScaling scaling = Scaling("none");
+  mixed.CastForCompute();
+  ASSERT_EQ(model.NamedParameters()[0].second->value.dtype(), tensor::Dtype::kBF16);
+  absl::StatusOr<StepResult> done = FinishOneProcessStep(
+      model, mixed, *opt, std::numeric_limits<double>::quiet_NaN(), 1.0, 6, 1.0, scaling);
+  ASSERT_FALSE(done.ok());
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(done.status().message().find("loss is nan at step 6"), std::string::npos)
+      << done.status();
+  for (const auto& [name, p] : model.NamedParameters()) {
+    EXPECT_EQ(p->value.dtype(), tensor::Dtype::kF32) << name;
+  }
+}
+
+// An inf gradient under loss scaling: no update, the gradients zeroed, the
+// norm 0, the dynamic scale halved.
+TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {
+  const testing::TinyBatch batch = testing::MakeTinyBatch();
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(1);
+  untouched.Materialize(1);
+  auto opt = MakeAdamW();
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Fp32());
+  LossScaling scaling = Scaling("dynamic");
+  const double scale = scaling.scale();
+  mixed.CastForCompute();
+  const double loss = model.ForwardBackward(batch.idx, batch.tgt, scale);
+  model.NamedParameters()[0].second->grad.data<float>()[0] = std::numeric_limits<float>::infinity();
+  absl::StatusOr<StepResult> done =
+      FinishOneProcessStep(model, mixed, *opt, loss, scale, 0, 1.0, scaling);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->grad_norm, 0.0);
+  EXPECT_EQ(scaling.skipped_steps(), 1);
+  EXPECT_EQ(scaling.scale(), scale / 2);
+  ExpectSameValues(model, untouched);
+  ExpectZeroGrads(model);
+}
+
+}  // namespace
+}  // namespace train
