@@ -25,8 +25,18 @@ const char* ShardingStrategyName(ShardingStrategy s) {
       return "NO_SHARD";
     case ShardingStrategy::kHybridShard:
       return "HYBRID_SHARD";
+    case ShardingStrategy::kHybridShardZero2:
+      return "HYBRID_SHARD_ZERO2";
   }
   return "?";
+}
+
+bool IsHybrid(ShardingStrategy s) {
+  return s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardZero2;
+}
+
+bool ReshardsAfterForward(ShardingStrategy s) {
+  return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;
 }
 
 const char* BackwardPrefetchName(BackwardPrefetch p) {
@@ -308,10 +318,7 @@ class FsdpUnit : public nn::ModuleHooks {
   void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
 
  private:
-  bool reshards_after_forward() const {
-    return strategy_ == ShardingStrategy::kFullShard ||
-           strategy_ == ShardingStrategy::kHybridShard;
-  }
+  bool reshards_after_forward() const { return ReshardsAfterForward(strategy_); }
 
   // This rank's shard in `dtype` on the compute device: the shard itself, or
   // a copy (offloaded: cast on the host first, into page-locked memory, so
@@ -416,10 +423,11 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
            options_.max_inflight_all_gathers, " must be >= 1 (1: no prefetch)");
   ProcessGroup* shard_pg = &pg;
   ProcessGroup* replicate_pg = nullptr;
-  if (options_.strategy == ShardingStrategy::kHybridShard) {
+  if (IsHybrid(options_.strategy)) {
     const int g = options_.hybrid_shard_group_size;
-    OP_CHECK(g >= 1 && pg.size() % g == 0, "FullyShard", "HYBRID_SHARD: hybrid_shard_group_size=",
-             g, " must be >= 1 and divide the world size ", pg.size());
+    OP_CHECK(g >= 1 && pg.size() % g == 0, "FullyShard", ShardingStrategyName(options_.strategy),
+             ": hybrid_shard_group_size=", g, " must be >= 1 and divide the world size ",
+             pg.size());
     // Shard groups: consecutive ranks (a node); replicate groups: the ranks
     // with the same index in their shard group.
     absl::StatusOr<std::unique_ptr<ProcessGroup>> shard = pg.Split(pg.rank() / g);
@@ -474,13 +482,13 @@ int FullyShardedModel::shard_group_size() const { return units_.front()->flat().
 
 int FullyShardedModel::replica_index() const {
   if (options_.strategy == ShardingStrategy::kNoShard) return pg_->rank();
-  if (options_.strategy == ShardingStrategy::kHybridShard) return pg_->rank() / shard_group_size();
+  if (IsHybrid(options_.strategy)) return pg_->rank() / shard_group_size();
   return 0;
 }
 
 int FullyShardedModel::num_replicas() const {
   if (options_.strategy == ShardingStrategy::kNoShard) return pg_->size();
-  if (options_.strategy == ShardingStrategy::kHybridShard) return pg_->size() / shard_group_size();
+  if (IsHybrid(options_.strategy)) return pg_->size() / shard_group_size();
   return 1;
 }
 
@@ -525,7 +533,7 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
   if (options_.strategy == ShardingStrategy::kNoShard) {
     return optim::ClipGradNorm(ParamRefs(), max_norm);  // every rank has the whole gradient
   }
-  // HYBRID_SHARD: the shard group holds every element once (replicas agree).
+  // Hybrid strategies: the shard group holds every element once (replicas agree).
   ProcessGroup* group = shard_pg_ ? shard_pg_.get() : pg_;
   return optim::ClipGradNorm(ParamRefs(), max_norm, [group](double local) {
     absl::StatusOr<double> sum = SumOverRanks(*group, local);  // exact, the same on every rank

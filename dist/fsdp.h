@@ -64,6 +64,10 @@
 // consecutive ranks (a node), replicated across groups: gradients are
 // reduce-scattered (avg) in the shard group, then all-reduced (avg) over the
 // replicate group (ranks holding the same shard).
+// HYBRID_SHARD_ZERO2 (PyTorch's _HYBRID_SHARD_ZERO2): the same groups with
+// SHARD_GRAD_OP inside them: units stay unsharded from their forward to their
+// backward, so a step all-gathers once per unit (within the node) instead of
+// twice, for the memory of every unit's unsharded parameters during the step.
 //
 // Devices (FsdpOptions::device): the unsharded parameters and gradients, the
 // module's buffers and its computation live on the compute device (inputs
@@ -104,8 +108,13 @@
 
 namespace dist {
 
-enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kHybridShardZero2 };
 const char* ShardingStrategyName(ShardingStrategy s);  // "FULL_SHARD", ...
+// HYBRID_SHARD or HYBRID_SHARD_ZERO2: sharded within groups, replicated across.
+bool IsHybrid(ShardingStrategy s);
+// FULL_SHARD or HYBRID_SHARD: a unit's unsharded parameters are freed after
+// its forward (and gathered again for its backward).
+bool ReshardsAfterForward(ShardingStrategy s);
 
 enum class BackwardPrefetch { kPre, kPost, kNone };
 const char* BackwardPrefetchName(BackwardPrefetch p);  // "BACKWARD_PRE", ...
@@ -121,8 +130,8 @@ struct FsdpOptions {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
-  // HYBRID_SHARD only: ranks per shard group (e.g. ranks per node); must
-  // divide the world size.
+  // HYBRID_SHARD(_ZERO2) only: ranks per shard group (e.g. ranks per node);
+  // must divide the world size.
   int hybrid_shard_group_size = 0;
   // The compute device (see above): cpu, or cuda:N available to this rank.
   tensor::Device device = tensor::Device::Cpu();
@@ -190,8 +199,9 @@ class FullyShardedModel {
   const FlatParameter& flat_param(int i) const;
   ShardingStrategy strategy() const { return options_.strategy; }
   // The shard group: the ranks that each hold one shard of every unit (all
-  // ranks, except under HYBRID_SHARD, where it is this rank's node group), and
-  // the replicas: groups holding the same shards (1 except under HYBRID_SHARD;
+  // ranks, except under the hybrid strategies, where it is this rank's node
+  // group), and the replicas: groups holding the same shards (1 except under
+  // the hybrid strategies;
   // NO_SHARD: every rank is a replica of one shard). Checkpoint writers save
   // from replica 0 only.
   int shard_group_rank() const;
@@ -221,8 +231,8 @@ class FullyShardedModel {
   ProcessGroup* pg_;
   FsdpOptions options_;
   tensor::MemoryLedger* ledger_;
-  std::unique_ptr<ProcessGroup> shard_pg_;      // HYBRID_SHARD only
-  std::unique_ptr<ProcessGroup> replicate_pg_;  // HYBRID_SHARD only
+  std::unique_ptr<ProcessGroup> shard_pg_;      // hybrid strategies only
+  std::unique_ptr<ProcessGroup> replicate_pg_;  // hybrid strategies only
   std::unique_ptr<internal::FsdpShared> shared_;
   std::vector<std::unique_ptr<internal::FsdpUnit>> units_;
 };

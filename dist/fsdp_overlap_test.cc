@@ -1,4 +1,4 @@
-// FSDP's prefetch/overlap options, no_sync and HYBRID_SHARD on the threads
+// FSDP's prefetch/overlap options, no_sync and HYBRID_SHARD(_ZERO2) on the threads
 // engine: every variant trains like one process on the global batch (fp32,
 // within 1e-5), prefetch changes no bit of the results, and the memory ledger
 // shows the prefetched units (one more unsharded unit while the next one's
@@ -201,7 +201,8 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpNoSyncTest,
                          ::testing::Values(ShardingStrategy::kFullShard,
                                            ShardingStrategy::kShardGradOp,
                                            ShardingStrategy::kNoShard,
-                                           ShardingStrategy::kHybridShard),
+                                           ShardingStrategy::kHybridShard,
+                                           ShardingStrategy::kHybridShardZero2),
                          [](const ::testing::TestParamInfo<ShardingStrategy>& info) {
                            return std::string(ShardingStrategyName(info.param));
                          });
@@ -265,70 +266,83 @@ TEST(FsdpLossScalingTest, NonFiniteOnOneRankIsSeenByAll) {
   }
 }
 
-// ---- HYBRID_SHARD ----
+// ---- HYBRID_SHARD and HYBRID_SHARD_ZERO2 ----
 
-using HybridParam = std::tuple<int, int, bool>;  // world, shard group size, auto-wrap
+// world, shard group size, auto-wrap, and HYBRID_SHARD_ZERO2 (else HYBRID_SHARD)
+using HybridParam = std::tuple<int, int, bool, bool>;
 
 class FsdpHybridShardTest : public ::testing::TestWithParam<HybridParam> {};
 
 TEST_P(FsdpHybridShardTest, FiveStepsMatchOneProcessOnTheGlobalBatch) {
-  const auto [world, group, wrap] = GetParam();
+  const auto [world, group, wrap, zero2] = GetParam();
   const mingpt::GptConfig c = Tiny();
   const Batch b = GlobalBatch(c);
   FsdpOptions options;
-  options.strategy = ShardingStrategy::kHybridShard;
+  options.strategy = zero2 ? ShardingStrategy::kHybridShardZero2 : ShardingStrategy::kHybridShard;
   options.hybrid_shard_group_size = group;
   options.policy = wrap ? WrapPolicy::Transformer({"Block"}) : WrapPolicy::None();
   ExpectSameTraining(Sharded(c, b.idx, b.tgt, world, options), SingleProcess(c, b.idx, b.tgt));
 }
 
-INSTANTIATE_TEST_SUITE_P(Groups, FsdpHybridShardTest,
-                         ::testing::Values(HybridParam{4, 2, true}, HybridParam{4, 2, false},
-                                           HybridParam{2, 1, true}, HybridParam{4, 4, true},
-                                           HybridParam{3, 3, true}),
-                         [](const ::testing::TestParamInfo<HybridParam>& info) {
-                           return "world" + std::to_string(std::get<0>(info.param)) + "_group" +
-                                  std::to_string(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_blocks" : "_none");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Groups, FsdpHybridShardTest,
+    ::testing::Values(HybridParam{4, 2, true, false}, HybridParam{4, 2, false, false},
+                      HybridParam{2, 1, true, false}, HybridParam{4, 4, true, false},
+                      HybridParam{3, 3, true, false}, HybridParam{4, 2, true, true},
+                      HybridParam{4, 2, false, true}, HybridParam{2, 1, true, true}),
+    [](const ::testing::TestParamInfo<HybridParam>& info) {
+      return std::string(std::get<3>(info.param) ? "zero2_" : "") + "world" +
+             std::to_string(std::get<0>(info.param)) + "_group" +
+             std::to_string(std::get<1>(info.param)) +
+             (std::get<2>(info.param) ? "_blocks" : "_none");
+    });
 
 // Each rank holds 1/group of every unit; replicas hold the same shard.
 TEST(FsdpHybridShardTest, ShardsAreOneGroupthAndReplicasAgree) {
-  const mingpt::GptConfig c = Tiny();
-  std::vector<std::vector<float>> first_shard(4);
-  absl::Status s = RunRanks(4, [&](int rank, ProcessGroup& pg) {
-    mingpt::GPT gpt(c);
-    FsdpOptions options;
-    options.strategy = ShardingStrategy::kHybridShard;
-    options.hybrid_shard_group_size = 2;
-    options.policy = WrapPolicy::Transformer({"Block"});
-    options.seed = kSeed;
-    auto fsdp = FullyShard(gpt, pg, options);
-    EXPECT_EQ(fsdp->shard_group_size(), 2);
-    EXPECT_EQ(fsdp->shard_group_rank(), rank % 2);
-    EXPECT_EQ(fsdp->num_replicas(), 2);
-    EXPECT_EQ(fsdp->replica_index(), rank / 2);
-    EXPECT_EQ(fsdp->flat_param(1).num_shards(), 2);
-    first_shard[rank] = fsdp->flat_param(1).shard().ToVector<float>();
-  });
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(first_shard[0], first_shard[2]);
-  EXPECT_EQ(first_shard[1], first_shard[3]);
-  EXPECT_NE(first_shard[0], first_shard[1]);
+  for (ShardingStrategy strategy :
+       {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    const mingpt::GptConfig c = Tiny();
+    std::vector<std::vector<float>> first_shard(4);
+    absl::Status s = RunRanks(4, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      FsdpOptions options;
+      options.strategy = strategy;
+      options.hybrid_shard_group_size = 2;
+      options.policy = WrapPolicy::Transformer({"Block"});
+      options.seed = kSeed;
+      auto fsdp = FullyShard(gpt, pg, options);
+      EXPECT_EQ(fsdp->shard_group_size(), 2);
+      EXPECT_EQ(fsdp->shard_group_rank(), rank % 2);
+      EXPECT_EQ(fsdp->num_replicas(), 2);
+      EXPECT_EQ(fsdp->replica_index(), rank / 2);
+      EXPECT_EQ(fsdp->flat_param(1).num_shards(), 2);
+      first_shard[rank] = fsdp->flat_param(1).shard().ToVector<float>();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(first_shard[0], first_shard[2]);
+    EXPECT_EQ(first_shard[1], first_shard[3]);
+    EXPECT_NE(first_shard[0], first_shard[1]);
+  }
 }
 
 TEST(FsdpHybridShardTest, AGroupSizeThatDoesNotDivideTheWorldIsAClearError) {
   absl::Status s = RunRanks(4, [&](int, ProcessGroup& pg) {
     mingpt::GPT gpt(Tiny());
     FsdpOptions options;
-    options.strategy = ShardingStrategy::kHybridShard;
     options.hybrid_shard_group_size = 3;
-    try {
-      FullyShard(gpt, pg, options);
-      ADD_FAILURE() << "no error";
-    } catch (const tensor::OpError& e) {
-      EXPECT_NE(std::string(e.what()).find("hybrid_shard_group_size=3"), std::string::npos)
-          << e.what();
+    for (ShardingStrategy strategy :
+         {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}) {
+      options.strategy = strategy;
+      try {
+        FullyShard(gpt, pg, options);
+        ADD_FAILURE() << "no error";
+      } catch (const tensor::OpError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string(ShardingStrategyName(strategy)) +
+                                             ": hybrid_shard_group_size=3"),
+                  std::string::npos)
+            << e.what();
+      }
     }
   });
   EXPECT_TRUE(s.ok()) << s;

@@ -401,7 +401,8 @@ TEST(FsdpMemoryTest, FullShardHoldsOneNthPlusTheUnitsInUse) {
 }
 
 // A forward pass with no backward (evaluation) leaves the root unit
-// (FULL_SHARD, HYBRID_SHARD) or every unit (SHARD_GRAD_OP) unsharded, waiting
+// (FULL_SHARD, HYBRID_SHARD) or every unit (SHARD_GRAD_OP,
+// HYBRID_SHARD_ZERO2) unsharded, waiting
 // for a backward that does not come; Reshard() frees them, and the next
 // forward gathers the shards again: the training step that follows sees the
 // same parameters (its loss equals the evaluation's on the same batch).
@@ -410,8 +411,9 @@ TEST(FsdpMemoryTest, ReshardingAfterAForwardOnlyPassLeavesOnlyTheShards) {
   constexpr int kWorld = 4;
   const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 5);
   const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 6);
-  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                                    ShardingStrategy::kHybridShard}) {
+  for (ShardingStrategy strategy :
+       {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+        ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}) {
     SCOPED_TRACE(ShardingStrategyName(strategy));
     ThreadWorld world(kWorld);
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
@@ -436,8 +438,7 @@ TEST(FsdpMemoryTest, ReshardingAfterAForwardOnlyPassLeavesOnlyTheShards) {
         const double eval_loss = gpt.Loss(my_idx, my_tgt);
         gpt.Train(true);
         const int64_t held = fsdp->Memory(MemoryCategory::kParameters).current;
-        EXPECT_EQ(held,
-                  shards + (strategy == ShardingStrategy::kShardGradOp ? all_bytes : root_bytes));
+        EXPECT_EQ(held, shards + (ReshardsAfterForward(strategy) ? root_bytes : all_bytes));
         fsdp->Reshard();
         EXPECT_EQ(fsdp->Memory(MemoryCategory::kParameters).current, shards);
         for (auto& [n, p] : gpt.NamedParameters()) EXPECT_FALSE(p->value.defined()) << n;

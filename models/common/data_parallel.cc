@@ -109,9 +109,11 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   if (name == "full_shard" || name.empty()) return Strategy::kFullShard;
   if (name == "no_shard") return Strategy::kNoShard;
   if (name == "hybrid_shard") return Strategy::kHybridShard;
+  if (name == "hybrid_shard_zero2") return Strategy::kHybridShardZero2;
   return absl::InvalidArgumentError(
       absl::StrCat("--strategy='", name,
-                   "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard, hybrid_shard"));
+                   "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard, "
+                   "hybrid_shard, hybrid_shard_zero2"));
 }
 
 absl::string_view StrategyName(Strategy strategy) {
@@ -126,6 +128,8 @@ absl::string_view StrategyName(Strategy strategy) {
       return "FSDP FULL_SHARD";
     case Strategy::kHybridShard:
       return "FSDP HYBRID_SHARD";
+    case Strategy::kHybridShardZero2:
+      return "FSDP HYBRID_SHARD_ZERO2";
     case Strategy::kNoShard:
       return "FSDP NO_SHARD";
   }
@@ -135,6 +139,26 @@ absl::string_view StrategyName(Strategy strategy) {
 bool IsFsdp(Strategy strategy) {
   return strategy != Strategy::kDdp && strategy != Strategy::kZero1;
 }
+
+namespace {
+
+// The FSDP sharding strategy of an FSDP --strategy.
+dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kShardGradOp:
+      return dist::ShardingStrategy::kShardGradOp;
+    case Strategy::kNoShard:
+      return dist::ShardingStrategy::kNoShard;
+    case Strategy::kHybridShard:
+      return dist::ShardingStrategy::kHybridShard;
+    case Strategy::kHybridShardZero2:
+      return dist::ShardingStrategy::kHybridShardZero2;
+    default:
+      return dist::ShardingStrategy::kFullShard;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<dist::WrapPolicy> ParseAutoWrap(absl::string_view spec,
                                                const std::set<std::string>& block_classes) {
@@ -248,26 +272,33 @@ std::string DataParallelConfig::Describe() const {
 
 namespace {
 
-// HYBRID_SHARD's shard group: --hybrid_shard_group_size, or the ranks of one
-// node (LOCAL_WORLD_SIZE, `local_world_size` > 0) with gloo; it must divide
-// the world size. Other strategies: the flag must be 0.
+// The hybrid strategies' shard group: --hybrid_shard_group_size, or the
+// ranks of one node (LOCAL_WORLD_SIZE, `local_world_size` > 0) with gloo; it
+// must divide the world size. Other strategies: the flag must be 0.
 absl::Status ResolveHybridShardGroup(int flag, int local_world_size, DataParallelConfig& config) {
-  if (config.strategy != Strategy::kHybridShard) {
+  const bool hybrid =
+      config.strategy == Strategy::kHybridShard || config.strategy == Strategy::kHybridShardZero2;
+  if (!hybrid) {
     if (flag != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--hybrid_shard_group_size=", flag,
-                                                     " applies to --strategy=hybrid_shard only"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hybrid_shard_group_size=", flag,
+                       " applies to --strategy=hybrid_shard or hybrid_shard_zero2 only"));
     }
     return absl::OkStatus();
   }
+  const std::string strategy = config.strategy == Strategy::kHybridShard
+                                   ? "--strategy=hybrid_shard"
+                                   : "--strategy=hybrid_shard_zero2";
   const int group = flag > 0 ? flag : local_world_size;
   if (group == 0) {
-    return absl::InvalidArgumentError(
-        "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size (the "
-        "ranks of one shard group, e.g. the GPUs of a node)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        strategy,
+        " with --backend=threads needs --hybrid_shard_group_size (the ranks of one shard group, "
+        "e.g. the GPUs of a node)"));
   }
   if (config.world_size % group != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--strategy=hybrid_shard: a shard group of ", group,
+        absl::StrCat(strategy, ": a shard group of ", group,
                      flag > 0 ? " (--hybrid_shard_group_size)" : " (LOCAL_WORLD_SIZE)",
                      " ranks does not divide the world size ", config.world_size));
   }
@@ -535,14 +566,10 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
       case Strategy::kShardGradOp:
       case Strategy::kFullShard:
       case Strategy::kNoShard:
-      case Strategy::kHybridShard: {
+      case Strategy::kHybridShard:
+      case Strategy::kHybridShardZero2: {
         dist::FsdpOptions o;
-        o.strategy = config.strategy == Strategy::kShardGradOp
-                         ? dist::ShardingStrategy::kShardGradOp
-                     : config.strategy == Strategy::kNoShard ? dist::ShardingStrategy::kNoShard
-                     : config.strategy == Strategy::kHybridShard
-                         ? dist::ShardingStrategy::kHybridShard
-                         : dist::ShardingStrategy::kFullShard;
+        o.strategy = FsdpStrategy(config.strategy);
         o.hybrid_shard_group_size = config.hybrid_shard_group_size;
         o.backward_prefetch = config.backward_prefetch;
         o.forward_prefetch = config.forward_prefetch;

@@ -78,12 +78,20 @@ enum class Backend { kThreads, kGloo, kNccl };
 absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 absl::string_view BackendName(Backend backend);  // "threads", "gloo", "nccl"
 
-enum class Strategy { kDdp, kZero1, kShardGradOp, kFullShard, kNoShard, kHybridShard };
+enum class Strategy {
+  kDdp,
+  kZero1,
+  kShardGradOp,
+  kFullShard,
+  kNoShard,
+  kHybridShard,
+  kHybridShardZero2
+};
 // "ddp", "zero1", "shard_grad_op", "full_shard" (also ""), "no_shard",
-// "hybrid_shard".
+// "hybrid_shard", "hybrid_shard_zero2" (SHARD_GRAD_OP within the shard groups).
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 // "DDP", "ZeRO-1", "FSDP SHARD_GRAD_OP", "FSDP FULL_SHARD", "FSDP NO_SHARD",
-// "FSDP HYBRID_SHARD".
+// "FSDP HYBRID_SHARD", "FSDP HYBRID_SHARD_ZERO2".
 absl::string_view StrategyName(Strategy strategy);
 bool IsFsdp(Strategy strategy);
 
@@ -175,7 +183,7 @@ struct DataParallelConfig {
   dist::BackwardPrefetch backward_prefetch = dist::BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
-  int hybrid_shard_group_size = 0;  // HYBRID_SHARD only
+  int hybrid_shard_group_size = 0;  // HYBRID_SHARD(_ZERO2) only
   double bucket_cap_mb = 25;        // DDP and ZeRO-1 only
   int max_inflight_buckets = 2;     // DDP and ZeRO-1 only
   // Where this process's ranks compute (nccl: cuda:LOCAL_RANK), and FSDP's
@@ -272,7 +280,7 @@ class DataParallelModel {
   // Gradient accumulation (--grad_accum_steps): while the guard lives,
   // backward accumulates this rank's gradients locally and communicates
   // nothing (the strategy's no_sync); the next backward outside a guard
-  // communicates the sum. Under FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD each
+  // communicates the sum. Under FULL_SHARD, SHARD_GRAD_OP and the hybrid ones each
   // unit keeps its unsharded fp32 gradient from the first micro-batch to the
   // last (as PyTorch's no_sync), so accumulation costs that memory there.
   class NoSyncGuard {

@@ -12,7 +12,8 @@ ABSL_FLAG(int, world_size, 0,
           "data-parallel ranks; threads: how many (0 = 1); gloo: 0 or WORLD_SIZE (the launcher "
           "sets it); --batch_size is per rank");
 ABSL_FLAG(std::string, strategy, "",
-          "ddp, zero1, shard_grad_op, full_shard, no_shard or hybrid_shard; empty: full_shard "
+          "ddp, zero1, shard_grad_op, full_shard, no_shard, hybrid_shard or hybrid_shard_zero2 "
+          "(SHARD_GRAD_OP within the shard groups); empty: full_shard "
           "under data parallelism (--world_size > 1 or --backend=gloo), else the plain "
           "single-process loop");
 ABSL_FLAG(std::string, auto_wrap, "transformer",
@@ -44,7 +45,7 @@ ABSL_FLAG(bool, cpu_offload, false,
           "FSDP with --device=cuda: keep the shards, gradients and optimizer state in host "
           "memory (the GPU holds only the units in use)");
 ABSL_FLAG(int, hybrid_shard_group_size, 0,
-          "--strategy=hybrid_shard: ranks per shard group (replicated across groups); 0 = "
+          "--strategy=hybrid_shard(_zero2): ranks per shard group (replicated across groups); 0 = "
           "LOCAL_WORLD_SIZE (the ranks of a node) with gloo");
 
 namespace train {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/common/data_parallel.h"
@@ -28,7 +29,7 @@ class NcclStrategyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
   const std::string strategy = GetParam();
-  const bool hybrid = strategy == "hybrid_shard";
+  const bool hybrid = absl::StartsWith(strategy, "hybrid_shard");
   const int world = hybrid ? 4 : 2;
   SKIP_WITHOUT_GPUS(world);
   const Trace reference = SingleProcess(tensor::Device::Cuda(0));
@@ -75,7 +76,7 @@ TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(AllStrategies, NcclStrategyTest,
                          ::testing::Values("ddp", "zero1", "shard_grad_op", "full_shard",
-                                           "no_shard", "hybrid_shard"));
+                                           "no_shard", "hybrid_shard", "hybrid_shard_zero2"));
 
 }  // namespace
 }  // namespace train

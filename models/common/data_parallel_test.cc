@@ -59,6 +59,9 @@ TEST(ParseTest, Strategies) {
   EXPECT_EQ(StrategyName(Strategy::kFullShard), "FSDP FULL_SHARD");
   EXPECT_EQ(*ParseStrategy("hybrid_shard"), Strategy::kHybridShard);
   EXPECT_TRUE(IsFsdp(Strategy::kHybridShard));
+  EXPECT_EQ(*ParseStrategy("hybrid_shard_zero2"), Strategy::kHybridShardZero2);
+  EXPECT_TRUE(IsFsdp(Strategy::kHybridShardZero2));
+  EXPECT_EQ(StrategyName(Strategy::kHybridShardZero2), "FSDP HYBRID_SHARD_ZERO2");
   absl::StatusOr<Strategy> bad = ParseStrategy("fsdp");
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "--strategy='fsdp' is not one of"));
@@ -308,7 +311,12 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
                            "the world size 4"});
   hybrid = Flags("threads", "full_shard", 4);
   hybrid.hybrid_shard_group_size = 2;
-  cases.push_back({hybrid, "--hybrid_shard_group_size=2 applies to --strategy=hybrid_shard only"});
+  cases.push_back({hybrid,
+                   "--hybrid_shard_group_size=2 applies to --strategy=hybrid_shard or "
+                   "hybrid_shard_zero2 only"});
+  cases.push_back({Flags("threads", "hybrid_shard_zero2", 4),
+                   "--strategy=hybrid_shard_zero2 with --backend=threads needs "
+                   "--hybrid_shard_group_size"});
   hybrid = Flags("threads", "full_shard", 4);
   hybrid.backward_prefetch = "early";
   cases.push_back({hybrid, "--backward_prefetch='early' is not one of pre, post, none"});
@@ -432,16 +440,28 @@ TEST(AnyOverRanksTest, TrueOnEveryRankWhenAnyRankSaysSo) {
 // without one; the reference runs on the GPU too).
 class StrategyStepTest : public testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
-// hybrid_shard: 4 ranks in 2 shard groups of 2; the others: 2 ranks. With
-// and without activation checkpointing of every Block.
+// hybrid_shard(_zero2): 4 ranks in 2 shard groups of 2; the others: 2
+// ranks. With and without activation checkpointing of every Block. The FSDP
+// strategies' all-gathers per micro-batch: a unit's each time it runs, but
+// SHARD_GRAD_OP's keep their forward's gather for the backward and
+// FULL_SHARD's root is kept from its forward to its backward.
 TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
   const auto& [strategy, device_name] = GetParam();
   const tensor::Device device = *tensor::ParseDevice(device_name);
   if (device.is_cuda() && tensor::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const Trace reference = SingleProcess(device);
   ASSERT_GT(reference.norms[0], kClip);  // clipping is exercised
-  const bool hybrid = strategy == "hybrid_shard";
+  const bool hybrid = absl::StartsWith(strategy, "hybrid_shard");
   const int world = hybrid ? 4 : 2;
+  constexpr int64_t kUnits = 3;  // the root and 2 Blocks
+  const std::map<std::string, int64_t> all_gathers = {
+      {"ddp", 0},
+      {"zero1", 0},  // its all-gather follows the optimizer step
+      {"no_shard", 0},
+      {"full_shard", 2 * kUnits - 1},
+      {"hybrid_shard", 2 * kUnits - 1},
+      {"shard_grad_op", kUnits},
+      {"hybrid_shard_zero2", kUnits}};
   // GPU reductions sum in other orders than one process on the GPU does.
   const double tol = device.is_cuda() ? 1e-4 : 1e-5;
   // Activation checkpointing of every Block; gradient accumulation over 2
@@ -472,14 +492,19 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
         EXPECT_EQ(reductions[m], 0) << "rank " << r << " reduced gradients in micro-batch " << m;
       }
       EXPECT_GT(reductions.back(), 0) << "rank " << r;
+      // Checkpointing recomputes a Block's forward inside its backward, with
+      // the unit gathered there already.
+      for (int64_t gathers : traces[r].all_gathers_per_micro_batch) {
+        EXPECT_EQ(gathers, all_gathers.at(strategy)) << "rank " << r;
+      }
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyStepTest,
                          testing::Combine(testing::Values("ddp", "zero1", "shard_grad_op",
-                                                          "full_shard", "no_shard",
-                                                          "hybrid_shard"),
+                                                          "full_shard", "no_shard", "hybrid_shard",
+                                                          "hybrid_shard_zero2"),
                                           testing::Values("cpu", "cuda:0")));
 
 // --bucket_cap_mb reaches DDP's and ZeRO-1's buckets.
@@ -545,10 +570,10 @@ TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
 // every unit under SHARD_GRAD_OP), DDP and ZeRO-1 keep what they always hold.
 // Their parameter bytes after Evaluate equal those after a training step.
 TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
-  for (const std::string strategy :
-       {"ddp", "zero1", "shard_grad_op", "full_shard", "no_shard", "hybrid_shard"}) {
+  for (const std::string strategy : {"ddp", "zero1", "shard_grad_op", "full_shard", "no_shard",
+                                     "hybrid_shard", "hybrid_shard_zero2"}) {
     SCOPED_TRACE(strategy);
-    const bool hybrid = strategy == "hybrid_shard";
+    const bool hybrid = absl::StartsWith(strategy, "hybrid_shard");
     const DataParallelConfig config =
         ThreadsConfig(strategy, hybrid ? 4 : 2, "transformer", hybrid ? 2 : 0);
     const std::vector<int64_t> tokens = RandomTokens(8);

@@ -20,15 +20,20 @@ using tensor::Tensor;
 
 namespace {
 
+// Collectives issued through a CountingGroup or its subgroups.
+struct Counts {
+  std::atomic<int64_t> reductions{0};  // all-reduce, reduce-scatter
+  std::atomic<int64_t> all_gathers{0};
+};
+
 // Forwards every call to the group it wraps and counts the gradient
-// reductions (all-reduce, reduce-scatter) issued through it or its subgroups.
+// reductions and the all-gathers issued through it or its subgroups.
 class CountingGroup final : public dist::ProcessGroup {
  public:
-  CountingGroup(dist::ProcessGroup& inner, std::shared_ptr<std::atomic<int64_t>> reductions)
-      : ProcessGroup(inner.timeout()), inner_(inner), reductions_(std::move(reductions)) {}
-  CountingGroup(std::unique_ptr<dist::ProcessGroup> owned,
-                std::shared_ptr<std::atomic<int64_t>> reductions)
-      : CountingGroup(*owned, std::move(reductions)) {
+  CountingGroup(dist::ProcessGroup& inner, std::shared_ptr<Counts> counts)
+      : ProcessGroup(inner.timeout()), inner_(inner), counts_(std::move(counts)) {}
+  CountingGroup(std::unique_ptr<dist::ProcessGroup> owned, std::shared_ptr<Counts> counts)
+      : CountingGroup(*owned, std::move(counts)) {
     owned_ = std::move(owned);
   }
 
@@ -41,12 +46,13 @@ class CountingGroup final : public dist::ProcessGroup {
     const auto options = dist::CollectiveOptions::WithTimeout(call->timeout);
     switch (call->kind) {
       case dist::CollectiveKind::kAllReduce:
-        ++*reductions_;
+        ++counts_->reductions;
         return inner_.AllReduce(call->input, call->op, options);
       case dist::CollectiveKind::kReduceScatter:
-        ++*reductions_;
+        ++counts_->reductions;
         return inner_.ReduceScatter(call->input, call->output, call->op, options);
       case dist::CollectiveKind::kAllGather:
+        ++counts_->all_gathers;
         return inner_.AllGather(call->input, call->output, options);
       case dist::CollectiveKind::kBroadcast:
         return inner_.Broadcast(call->input, call->root, options);
@@ -61,13 +67,13 @@ class CountingGroup final : public dist::ProcessGroup {
         inner_.Split(color, key, dist::CollectiveOptions::WithTimeout(timeout));
     if (!group.ok() || *group == nullptr) return group;
     return std::unique_ptr<dist::ProcessGroup>(
-        std::make_unique<CountingGroup>(*std::move(group), reductions_));
+        std::make_unique<CountingGroup>(*std::move(group), counts_));
   }
 
  private:
   std::unique_ptr<dist::ProcessGroup> owned_;  // a subgroup this one wraps
   dist::ProcessGroup& inner_;
-  std::shared_ptr<std::atomic<int64_t>> reductions_;
+  std::shared_ptr<Counts> counts_;
 };
 
 }  // namespace
@@ -131,8 +137,8 @@ Trace SingleProcess(tensor::Device device) {
 
 absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& world_pg,
                                  tensor::Device device, bool checkpointing, int64_t micro_batches) {
-  auto reductions = std::make_shared<std::atomic<int64_t>>(0);
-  CountingGroup pg(world_pg, reductions);
+  auto counts = std::make_shared<Counts>();
+  CountingGroup pg(world_pg, counts);
   const int rank = pg.rank();
   const int world = pg.size();
   const int64_t K = micro_batches, B = kRows / world / K;  // B rows per micro-batch
@@ -152,10 +158,13 @@ absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::Process
     const Tensor inputs = Rows(idx, rank, world).To(device);   // (K*B, kT)
     const Tensor targets = Rows(tgt, rank, world).To(device);  // (K*B, kT)
     const double local = AccumulateGradients(K, dp->get(), [&](int64_t m) {
-      const int64_t before = *reductions;
+      const int64_t reductions = counts->reductions, all_gathers = counts->all_gathers;
       const double l =
           model.ForwardBackward(inputs.Narrow(0, m * B, B), targets.Narrow(0, m * B, B), 1.0 / K);
-      if (step == 0) trace.reductions_per_micro_batch.push_back(*reductions - before);
+      if (step == 0) {
+        trace.reductions_per_micro_batch.push_back(counts->reductions - reductions);
+        trace.all_gathers_per_micro_batch.push_back(counts->all_gathers - all_gathers);
+      }
       return l;
     });
     absl::StatusOr<double> loss = dist::MeanOverRanks(pg, local);

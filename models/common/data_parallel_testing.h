@@ -54,6 +54,9 @@ struct Trace {
   // The gradient reductions (all-reduce, reduce-scatter; subgroups' too) this
   // rank issued during each micro-batch of the first step.
   std::vector<int64_t> reductions_per_micro_batch;
+  // The all-gathers it issued during each micro-batch's forward and backward
+  // of the first step.
+  std::vector<int64_t> all_gathers_per_micro_batch;
 };
 
 // kSteps steps of one process on the global batch, on `device`.

@@ -3,7 +3,7 @@
 # checkpoint saved at world size 4 (FSDP FULL_SHARD, threads) resumes at world
 # size 2 with the same global batch and continues with the losses of an
 # uninterrupted world-4 run; the same checkpoint resumes under ZeRO-1 at world
-# size 1 and under HYBRID_SHARD; one saved by two gloo processes through
+# size 1 and under HYBRID_SHARD (and _ZERO2); one saved by two gloo processes through
 # //tools:launch resumes on threads; DDP's (single-process format) resumes in
 # the single-process loop. Dropout 0: masks depend on each rank's rows.
 set -euo pipefail
@@ -44,7 +44,12 @@ same_losses "$dir/full.jsonl" "$dir/zero1.jsonl" "full_shard world 4 -> zero1 wo
   --hybrid_shard_group_size=2 --auto_wrap=none --resume="$dir/ck_copy/step_000003" \
   --metrics_out="$dir/hybrid.jsonl" > "$dir/hybrid.log"
 same_losses "$dir/full.jsonl" "$dir/hybrid.jsonl" "full_shard -> hybrid_shard (no wrap)"
-echo "full_shard checkpoint -> zero1 world 1 and hybrid_shard: the same losses"
+"$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=hybrid_shard_zero2 \
+  --hybrid_shard_group_size=2 --resume="$dir/ck_copy/step_000003" \
+  --metrics_out="$dir/hybrid_zero2.jsonl" > "$dir/hybrid_zero2.log"
+grep -q "FSDP HYBRID_SHARD_ZERO2, 4 units (auto_wrap transformer)" "$dir/hybrid_zero2.log"
+same_losses "$dir/full.jsonl" "$dir/hybrid_zero2.jsonl" "full_shard -> hybrid_shard_zero2"
+echo "full_shard checkpoint -> zero1 world 1, hybrid_shard and hybrid_shard_zero2: the same losses"
 
 # Saved by two gloo processes through the launcher, resumed on threads.
 "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29541 -- \
