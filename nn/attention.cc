@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "tensor/ops/dropout.h"
+#include "tensor/ops/elementwise.h"
 
 namespace nn {
 namespace {
@@ -44,14 +45,19 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, float a
 }
 
 Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
-  OP_CHECK(inputs.size() == 1 && inputs[0].defined(), kOp, "expects one input x (B, T, C); got ",
-           inputs.size());
+  OP_CHECK((inputs.size() == 1 || inputs.size() == 2) && inputs[0].defined(), kOp,
+           "expects x (B, T, C) and optionally a residual; got ", inputs.size(), " inputs");
   const Tensor& x = inputs[0];
   const int64_t c = n_embd_;
   OP_CHECK(x.rank() == 3 && x.dim(2) == c, kOp, "input ", x.shape().ToString(),
            " is not (B, T, C) with C = n_embd ", c);
+  const Tensor residual = inputs.size() == 2 ? inputs[1] : Tensor();  // (B, T, C) or none
+  OP_CHECK(!residual.defined() || residual.shape() == x.shape(), kOp, "the residual ",
+           residual.defined() ? residual.shape().ToString() : "undefined", " is not shaped as x ",
+           x.shape().ToString());
   Saved s;
   s.x_shape = x.shape();
+  s.has_residual = inputs.size() == 2;
 
   const Tensor qkv = c_attn_->Run(x, ctx.Child(0));               // (B, T, 3C), compute dtype
   const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), n_head_);      // (B, nh, T, hs)
@@ -65,11 +71,20 @@ Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
   opts.training = is_training();
   const Tensor y =
       AttentionForward(q, k, v, Tensor(), Tensor(), opts, gen_, &s.attn);  // (B, nh, T, hs)
-  const Tensor out = c_proj_->Run(MergeHeads(y), ctx.Child(1));            // (B, T, C)
-  tensor::DropoutResult resid = tensor::Dropout(out, resid_pdrop_, gen_, is_training());
-  s.resid = resid.state;
+  const Tensor merged = MergeHeads(y);                                     // (B, T, C)
+  Tensor out;                                                              // (B, T, C)
+  if (residual.defined() && !(resid_pdrop_ > 0 && is_training())) {
+    // No residual dropout: residual + c_proj(merged) in c_proj's GEMM.
+    out = c_proj_->RunResidual(merged, residual, ctx.Child(1));
+    s.resid = tensor::DrawDropoutState(out.numel(), resid_pdrop_, gen_, /*training=*/false);
+  } else {
+    tensor::DropoutResult resid =
+        tensor::Dropout(c_proj_->Run(merged, ctx.Child(1)), resid_pdrop_, gen_, is_training());
+    s.resid = resid.state;
+    out = residual.defined() ? tensor::Add(residual, resid.y.To(residual.dtype())) : resid.y;
+  }
   ctx.Save(std::move(s));
-  return {resid.y};
+  return {out};
 }
 
 Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capacity,
@@ -132,7 +147,9 @@ Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx)
   into.dk = SplitHeads(dqkv.Narrow(2, c, c), n_head_);      // (B, nh, T, hs)
   into.dv = SplitHeads(dqkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
   AttentionBackward(SplitHeads(dy, n_head_), s.attn, &into);
-  return {c_attn_->RunBackward(dqkv, ctx.Child(0))};
+  Tensors grads = {c_attn_->RunBackward(dqkv, ctx.Child(0))};
+  if (s.has_residual) grads.push_back(g);  // the residual's gradient is the output's
+  return grads;
 }
 
 }  // namespace nn

@@ -72,10 +72,14 @@ class CausalSelfAttention : public Module, public RandomSource {
                 const Tensor& key_mask = Tensor());
 
  protected:
-  // inputs[0]: x (B, T, C) -> {y (B, T, C)} in the compute dtype.
+  // inputs[0]: x (B, T, C) -> {y (B, T, C)} in the compute dtype. With
+  // inputs[1], a residual (B, T, C): residual + y in the residual's dtype (a
+  // pre-norm block's x + attn(ln(x))); without residual dropout (p 0 or eval
+  // mode) the sum comes out of c_proj's GEMM (Linear::RunResidual).
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
-  // {grad_y (B, T, C)} -> {grad_x (B, T, C)} in x's dtype; accumulates the
-  // gradients of c_attn and c_proj.
+  // {grad_y (B, T, C)} -> {grad_x (B, T, C)} in x's dtype (and, with a
+  // residual, its gradient: grad_y itself); accumulates the gradients of
+  // c_attn and c_proj.
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:
@@ -83,6 +87,7 @@ class CausalSelfAttention : public Module, public RandomSource {
     AttentionState attn;         // q, k, v views of c_attn's output, probs (B, nh, T, T)
     tensor::DropoutState resid;  // residual dropout of the output
     tensor::Shape x_shape;       // (B, T, C)
+    bool has_residual = false;   // inputs[1] was given
   };
   const int64_t n_embd_;
   const int64_t n_head_;

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -138,6 +139,40 @@ TEST(CausalSelfAttentionTest, GradientsWithDropoutMatchFiniteDifferences) {
   attn.Train(true);
   EXPECT_FALSE(AllClose(y_train, y_eval, 1e-3, 1e-3));
   CheckGradients(attn, x);
+}
+
+// The residual as a second input: residual + the output, with gradients
+// {x's, the output's} and the same parameter gradients; without residual
+// dropout running it joins in c_proj's GEMM, with it (training, p > 0) it is
+// added after the dropout, with the same masks.
+TEST(CausalSelfAttentionTest, ResidualInputEqualsAddingTheOutput) {
+  for (const auto& [resid_pdrop, train] :
+       {std::pair{0.0f, true}, std::pair{0.2f, true}, std::pair{0.2f, false}}) {
+    SCOPED_TRACE(::testing::Message() << "resid_pdrop " << resid_pdrop << (train ? "" : ", eval"));
+    CausalSelfAttention a(8, 2, 0.1f, resid_pdrop, {MinGptProjInit(2), /*seed=*/17});
+    CausalSelfAttention b(8, 2, 0.1f, resid_pdrop, {MinGptProjInit(2), /*seed=*/17});
+    Randomize(a, 30);
+    Randomize(b, 30);
+    a.Train(train);
+    b.Train(train);
+    const Tensor x = RandomTensor({2, 4, 8}, 31), r = RandomTensor({2, 4, 8}, 32);
+    const Tensor g = RandomTensor({2, 4, 8}, 33);
+    Context ca, cb;
+    const Tensor want = tensor::Add(r, a.Run(x, ca));
+    const Tensor got = b.Run({x, r}, cb).at(0);
+    EXPECT_TRUE(AllClose(got, want, 1e-6, 1e-6));
+    const Tensor want_gx = a.RunBackward(g, ca);
+    const Tensors got_grads = b.RunBackward(Tensors{g}, cb);
+    ASSERT_EQ(got_grads.size(), 2u);
+    EXPECT_TRUE(AllClose(got_grads[0], want_gx, 0, 0));
+    EXPECT_TRUE(AllClose(got_grads[1], g, 0, 0));
+    auto pa = a.NamedParameters(), pb = b.NamedParameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(AllClose(pb[i].second->grad, pa[i].second->grad, 0, 0)) << pa[i].first;
+    }
+    // Both drew the same counters (the next masks stay in step).
+    EXPECT_EQ(a.generator().offset(), b.generator().offset());
+  }
 }
 
 TEST(CausalSelfAttentionTest, EvalModeIsDeterministicAndDropoutFree) {

@@ -100,17 +100,40 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
       break;
   }
   if (dropout_ != nullptr && dropout_on_hidden_) a = dropout_->Run(a, ctx.Child(kDropout));
-  Tensor y = out_->Run(a, ctx.Child(kOut));  // (N, dim)
-  if (dropout_ != nullptr && !dropout_on_hidden_) y = dropout_->Run(y, ctx.Child(kDropout));
+  const bool output_dropout = dropout_ != nullptr && !dropout_on_hidden_;
+  OP_CHECK(inputs.size() == 1 ||
+               (inputs.size() == 2 && inputs[1].defined() && inputs[1].shape() == x_in.shape()),
+           "feed_forward", "expects x and optionally a residual shaped as x ",
+           x_in.shape().ToString(), "; got ", inputs.size(), " inputs");
+  const Tensor residual = inputs.size() > 1 ? inputs[1].Reshape({-1, dim_}) : Tensor();  // (N, dim)
+  s.has_residual = residual.defined();
+  Tensor y;  // (N, dim)
+  if (residual.defined() && !(output_dropout && dropout_->p() > 0 && dropout_->is_training())) {
+    y = out_->RunResidual(a, residual, ctx.Child(kOut));  // residual + a W^T (+ b) in one GEMM
+    s.residual_in_projection = true;
+  } else {
+    y = out_->Run(a, ctx.Child(kOut));
+    if (output_dropout) y = dropout_->Run(y, ctx.Child(kDropout));
+    if (residual.defined()) y = tensor::Add(residual, y.To(residual.dtype()));
+  }
   tensor::Shape out_shape = s.input_shape;
   ctx.Save(std::move(s));
   return {y.Reshape(out_shape)};
 }
 
 Tensors FeedForward::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const bool has_residual = ctx.Saved<Saved>().has_residual;
+  Tensors grads = BackwardOfX(grad_outputs.at(0), ctx);
+  if (has_residual) grads.push_back(grad_outputs.at(0));  // d residual = grad
+  return grads;
+}
+
+Tensors FeedForward::BackwardOfX(const Tensor& grad, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
-  Tensor g = grad_outputs.at(0).Reshape({-1, dim_});  // (N, dim)
-  if (dropout_ != nullptr && !dropout_on_hidden_) g = dropout_->RunBackward(g, ctx.Child(kDropout));
+  Tensor g = grad.Reshape({-1, dim_});  // (N, dim)
+  if (dropout_ != nullptr && !dropout_on_hidden_ && !s.residual_in_projection) {
+    g = dropout_->RunBackward(g, ctx.Child(kDropout));
+  }
   const bool hidden_dropout = dropout_ != nullptr && dropout_on_hidden_;
   Tensor gx;  // (N, dim)
   if (activation_ == FfnActivation::kGelu) {

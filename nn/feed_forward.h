@@ -63,8 +63,13 @@ class FeedForward : public Module {
 
  protected:
   // inputs[0]: x (..., dim) -> (..., dim) in the output projection's dtype.
+  // With inputs[1], a residual shaped as the output: residual + the above, in
+  // the residual's dtype (a pre-norm block's x + mlp(ln(x))); without dropout
+  // after the output projection (none, p 0, or eval mode) the sum comes out
+  // of that projection's GEMM (Linear::RunResidual).
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
-  // grad (..., dim) -> grad_x (..., dim) in x's dtype.
+  // grad (..., dim) -> grad_x (..., dim) in x's dtype (and, with a residual,
+  // the residual's gradient: grad itself).
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:
@@ -74,7 +79,12 @@ class FeedForward : public Module {
     Tensor act;  // (N, hidden) ReLU: relu output; gated: gelu(h0)
     tensor::Dtype input_dtype;
     tensor::Shape input_shape;
+    bool has_residual = false;            // inputs[1] was given
+    bool residual_in_projection = false;  // added in c_proj's GEMM: the output dropout did not run
   };
+
+  // Backward's gradient of x.
+  Tensors BackwardOfX(const Tensor& grad, Context& ctx);
 
   const int64_t dim_;
   const int64_t hidden_;

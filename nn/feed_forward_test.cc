@@ -1,7 +1,7 @@
 // FeedForward: Hugging Face child names, the fused GELU path against the plain
 // composition of its children, finite-difference gradients for every form and
 // parameter (with and without dropout), bf16 compute with fp32 gradients,
-// hooks on the fused c_fc, and error messages.
+// hooks on the fused c_fc, the residual input, and error messages.
 #include "nn/feed_forward.h"
 
 #include <cmath>
@@ -183,6 +183,60 @@ TEST(FeedForwardTest, FusedPathRunsTheHooksOfCFc) {
   EXPECT_EQ(proj.log, "F<Linear>B<Linear>");
 }
 
+// The residual as a second input: residual + the output, with gradients
+// {the input's, the output's}, and the parameters' gradients unchanged. In
+// the fused path (no output dropout running) the residual joins in c_proj's
+// GEMM; with output dropout in training it is added after the dropout, with
+// the same masks.
+TEST(FeedForwardTest, ResidualInputEqualsAddingTheOutput) {
+  struct Variant {
+    const char* name;
+    FeedForwardOptions options;
+    bool train;
+  };
+  for (const Variant& v :
+       {Variant{"gelu", Form(FfnActivation::kGelu, true), true},
+        Variant{"gelu, output dropout", Form(FfnActivation::kGelu, true, 0.3f), true},
+        Variant{"gelu, output dropout, eval", Form(FfnActivation::kGelu, true, 0.3f), false},
+        Variant{"relu, hidden dropout", Form(FfnActivation::kRelu, false, 0.3f, true), true}}) {
+    SCOPED_TRACE(v.name);
+    FeedForward a(4, 8, v.options), b(4, 8, v.options);
+    Randomize(a, 50);
+    Randomize(b, 50);
+    a.Train(v.train);
+    b.Train(v.train);
+    const Tensor x = RandomTensor({2, 3, 4}, 51), r = RandomTensor({2, 3, 4}, 52);
+    const Tensor g = RandomTensor({2, 3, 4}, 53);
+    Context ca, cb;
+    const Tensor want = tensor::Add(r, a.Run(x, ca));
+    const Tensor got = b.Run({x, r}, cb).at(0);
+    EXPECT_TRUE(AllClose(got, want, 1e-6, 1e-6));
+    const Tensor want_gx = a.RunBackward(g, ca);
+    const Tensors got_grads = b.RunBackward(Tensors{g}, cb);
+    ASSERT_EQ(got_grads.size(), 2u);
+    EXPECT_TRUE(AllClose(got_grads[0], want_gx, 0, 0));
+    EXPECT_TRUE(AllClose(got_grads[1], g, 0, 0));
+    auto pa = a.NamedParameters(), pb = b.NamedParameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(AllClose(pb[i].second->grad, pa[i].second->grad, 0, 0)) << pa[i].first;
+    }
+  }
+  // bf16 compute copies: the sum in the residual's dtype (bf16), within its rounding.
+  FeedForward a(4, 8), b(4, 8);
+  Randomize(a, 60);
+  Randomize(b, 60);
+  for (FeedForward* f : {&a, &b}) {
+    for (auto& [name, p] : f->NamedParameters()) p->value = p->value.To(Dtype::kBF16);
+  }
+  const Tensor x = RandomTensor({3, 4}, 61, -1, 1, Dtype::kBF16);
+  const Tensor r = RandomTensor({3, 4}, 62, -1, 1, Dtype::kBF16);
+  Context ca, cb;
+  const Tensor want = tensor::Add(r, a.Run(x, ca));
+  const Tensor got = b.Run({x, r}, cb).at(0);
+  EXPECT_EQ(got.dtype(), Dtype::kBF16);
+  EXPECT_TRUE(AllClose(got, want, 2e-2, 2e-2));
+}
+
 TEST(FeedForwardTest, WrongInputIsAClearError) {
   FeedForward ffn(4, 8);
   ffn.Materialize(1);
@@ -192,6 +246,13 @@ TEST(FeedForwardTest, WrongInputIsAClearError) {
     FAIL();
   } catch (const tensor::OpError& e) {
     EXPECT_EQ(std::string(e.what()), "[feed_forward] input (2,5) does not end in dim 4");
+  }
+  try {
+    ffn.Run({Tensor::Zeros({2, 4}), Tensor::Zeros({2, 3})}, ctx);
+    FAIL();
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[feed_forward] expects x and optionally a residual shaped as x (2,4); got 2 inputs");
   }
 }
 

@@ -30,26 +30,53 @@ Tensor Linear::FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const {
   return x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
 }
 
-Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
-  const Tensor& x_in = inputs.at(0);
+Tensor Linear::Product(const Tensor& x) const {
   const Tensor& w = weight_->value;
-  tensor::Shape out_shape;
-  const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
   MatmulOptions opts;
   opts.trans_b = true;
-  Tensor y;                       // (N, out)
   constexpr int64_t kAlign = 64;  // elements
   if (bias_ != nullptr) {
-    y = tensor::LinearForward(x, w, bias_->value.To(w.dtype()));  // the bias fused on a GPU
-  } else if (align_output_rows_ && w.device().is_cuda() && out_ % kAlign != 0) {
-    const int64_t ld = (out_ + kAlign - 1) / kAlign * kAlign;
-    y = Tensor::Empty({x.dim(0), ld}, w.dtype(), w.device()).Narrow(1, 0, out_);  // rows ld apart
-    tensor::MatmulInto(x, w, y, opts);
-  } else {
-    y = tensor::Matmul(x, w, opts);
+    return tensor::LinearForward(x, w, bias_->value.To(w.dtype()));  // the bias fused on a GPU
   }
+  if (align_output_rows_ && w.device().is_cuda() && out_ % kAlign != 0) {
+    const int64_t ld = (out_ + kAlign - 1) / kAlign * kAlign;
+    Tensor y =
+        Tensor::Empty({x.dim(0), ld}, w.dtype(), w.device()).Narrow(1, 0, out_);  // rows ld apart
+    tensor::MatmulInto(x, w, y, opts);
+    return y;
+  }
+  return tensor::Matmul(x, w, opts);
+}
+
+Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
+  const Tensor& x_in = inputs.at(0);
+  tensor::Shape out_shape;
+  const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
+  const Tensor y = Product(x);                   // (N, out)
   ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
   return {y.Reshape(out_shape)};
+}
+
+Tensor Linear::RunResidual(const Tensor& x_in, const Tensor& residual, Context& ctx) {
+  return RunFrame([&] {
+           const Tensor& w = weight_->value;  // after the hooks (FSDP gathers it)
+           tensor::Shape out_shape;
+           const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
+           OP_CHECK(residual.defined() && residual.shape() == out_shape, "linear", "the residual ",
+                    residual.defined() ? residual.shape().ToString() : "undefined",
+                    " is not shaped as the output ", out_shape.ToString());
+           const Tensor r = residual.Reshape({-1, out_});  // (N, out)
+           Tensor y;                                       // (N, out), the residual's dtype
+           if (r.dtype() == w.dtype() && !align_output_rows_) {
+             y = tensor::LinearResidualForward(
+                 x, w, bias_ != nullptr ? bias_->value.To(w.dtype()) : Tensor(), r);
+           } else {
+             y = tensor::Add(r, Product(x).To(r.dtype()));
+           }
+           ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
+           return Tensors{y.Reshape(out_shape)};
+         })
+      .at(0);
 }
 
 Tensors Linear::RunGelu(const Tensor& x_in, Context& ctx) {

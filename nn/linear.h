@@ -41,6 +41,14 @@ class Linear : public Module {
   // gradient of y (the GELU input).
   Tensors RunGelu(const Tensor& x, Context& ctx);
 
+  // Run for a layer whose output joins a residual stream: residual + x W^T
+  // (+ b), (..., out) in the residual's dtype (residual shaped as the output).
+  // With the residual in the compute dtype the sum comes out of the GEMM
+  // (tensor::LinearResidualForward: on a GPU the residual is cuBLASLt's C), so
+  // x W^T + b is never written on its own; otherwise Run then Add. Saves x as
+  // Run does: RunBackward gives x's gradient (the residual's is the output's).
+  Tensor RunResidual(const Tensor& x, const Tensor& residual, Context& ctx);
+
   // RunBackward for a layer whose input x was gelu(pre): returns the gradient
   // of pre instead of x's, gelu'(pre) * (grad @ W) (..., in) in pre's dtype,
   // with the GELU's backward in the GEMM's epilogue on a GPU
@@ -64,6 +72,9 @@ class Linear : public Module {
   // x (..., in) checked against the layer and flattened to (N, in) in the
   // compute dtype; out_shape gets (..., out).
   Tensor FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const;
+
+  // x (N, in) in the compute dtype -> x W^T (+ b) (N, out).
+  Tensor Product(const Tensor& x) const;
 
   // The weight and bias gradients of the saved x; returns grad (N, out) in
   // the compute dtype.

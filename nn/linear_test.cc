@@ -1,5 +1,6 @@
 // Linear: forward against a reference, gradients by finite differences,
-// accumulation over calls, and the bf16 compute path with fp32 gradients.
+// accumulation over calls, the bf16 compute path with fp32 gradients, and
+// the residual added in the GEMM.
 #include "nn/linear.h"
 
 #include "gtest/gtest.h"
@@ -74,6 +75,41 @@ TEST(LinearTest, Bf16ComputeKeepsFp32Gradients) {
   EXPECT_TRUE(AllClose(low.bias()->grad, ref.bias()->grad, 3e-2, 3e-2));
 }
 
+// RunResidual: the residual plus Run's output (fused in the residual's dtype,
+// Run then Add in another), the hooks fired once each, and the same
+// gradients as Run's.
+TEST(LinearTest, RunResidualAddsTheResidualAsRunThenAdd) {
+  class Counter : public ModuleHooks {
+   public:
+    void PreForward(Module&) override { ++forwards; }
+    void PreBackward(Module&) override { ++backwards; }
+    int forwards = 0, backwards = 0;
+  };
+  for (Dtype residual_dtype : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(tensor::DtypeName(residual_dtype));
+    Linear a(3, 4), b(3, 4);
+    a.Materialize(5);
+    b.Materialize(5);
+    Counter hooks;
+    b.set_hooks(&hooks);
+    const Tensor x = RandomTensor({2, 5, 3}, 6);
+    const Tensor r = RandomTensor({2, 5, 4}, 7, -1, 1, residual_dtype);
+    Context ca, cb;
+    const Tensor want = tensor::Add(r, a.Run(x, ca).To(residual_dtype));
+    const Tensor got = b.RunResidual(x, r, cb);
+    EXPECT_EQ(got.dtype(), residual_dtype);
+    EXPECT_EQ(got.shape(), want.shape());
+    EXPECT_TRUE(AllClose(got, want, 1e-6, 1e-6));
+    const Tensor g = RandomTensor({2, 5, 4}, 8);
+    EXPECT_TRUE(AllClose(b.RunBackward(g, cb), a.RunBackward(g, ca), 0, 0));
+    EXPECT_TRUE(AllClose(b.weight()->grad, a.weight()->grad, 0, 0));
+    EXPECT_TRUE(AllClose(b.bias()->grad, a.bias()->grad, 0, 0));
+    EXPECT_EQ(hooks.forwards, 1);
+    EXPECT_EQ(hooks.backwards, 1);
+    b.set_hooks(nullptr);
+  }
+}
+
 TEST(LinearTest, WrongInputIsAClearError) {
   Linear lin(3, 2);
   lin.Materialize(1);
@@ -83,6 +119,13 @@ TEST(LinearTest, WrongInputIsAClearError) {
     FAIL();
   } catch (const tensor::OpError& e) {
     EXPECT_EQ(std::string(e.what()), "[linear] input (2,4) does not end in in_features 3");
+  }
+  try {
+    lin.RunResidual(Tensor::Zeros({2, 3}), Tensor::Zeros({2, 3}), ctx);
+    FAIL();
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[linear] the residual (2,3) is not shaped as the output (2,2)");
   }
 }
 

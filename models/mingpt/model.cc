@@ -28,23 +28,24 @@ Block::Block(const GptConfig& c) : Module("Block") {
 }
 
 Tensor Block::Residuals(const Tensor& x, Context& ctx,
-                        absl::FunctionRef<Tensor(const Tensor&)> attention) {
-  Tensor a = attention(ln_1_->Run(x, ctx.Child(0)));       // (B, T, C)
-  Tensor x1 = tensor::Add(x, a.To(x.dtype()));             // (B, T, C)
-  Tensor m = mlp_->Run(ln_2_->Run(x1, ctx.Child(2)), ctx.Child(3));
-  return tensor::Add(x1, m.To(x1.dtype()));  // (B, T, C)
+                        absl::FunctionRef<Tensor(const Tensor&, const Tensor&)> attention) {
+  const Tensor x1 = attention(ln_1_->Run(x, ctx.Child(0)), x);  // x + attn(ln_1(x)) (B, T, C)
+  // x1 + mlp(ln_2(x1)) (B, T, C): the residual added in c_proj's GEMM.
+  return mlp_->Run({ln_2_->Run(x1, ctx.Child(2)), x1}, ctx.Child(3)).at(0);
 }
 
 Tensors Block::Forward(const Tensors& inputs, Context& ctx) {
-  return {
-      Residuals(inputs.at(0), ctx, [&](const Tensor& h) { return attn_->Run(h, ctx.Child(1)); })};
+  return {Residuals(inputs.at(0), ctx, [&](const Tensor& h, const Tensor& x) {
+    return attn_->Run({h, x}, ctx.Child(1)).at(0);  // the residual added in c_proj's GEMM
+  })};
 }
 
 Tensor Block::Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity,
                      const Tensor& key_mask) {
   Context ctx;  // forward only
-  return Residuals(x, ctx,
-                   [&](const Tensor& h) { return attn_->Decode(h, cache, capacity, key_mask); });
+  return Residuals(x, ctx, [&](const Tensor& h, const Tensor& x) {
+    return tensor::Add(x, attn_->Decode(h, cache, capacity, key_mask).To(x.dtype()));
+  });
 }
 
 Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {

@@ -53,10 +53,11 @@ class Block : public nn::Module {
   nn::LayerNorm* ln_2_;
   nn::FeedForward* mlp_;
 
-  // x + attention(ln_1(x)), then + mlp(ln_2(.)): Forward's and Decode's
-  // order of work, with the attention call theirs.
+  // x1 = x + attention(ln_1(x)), then x1 + mlp(ln_2(x1)): Forward's and
+  // Decode's order of work, with the attention call theirs: attention(h, x)
+  // returns x + the attention of h.
   Tensor Residuals(const Tensor& x, Context& ctx,
-                   absl::FunctionRef<Tensor(const Tensor&)> attention);
+                   absl::FunctionRef<Tensor(const Tensor&, const Tensor&)> attention);
 };
 
 // wte, wpe, drop, h (the blocks), ln_f: everything but the head.

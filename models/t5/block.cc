@@ -84,17 +84,26 @@ T5LayerFF::T5LayerFF(const T5Config& c) : Module("T5LayerFF") {
 }
 
 Tensors T5LayerFF::Forward(const Tensors& inputs, Context& ctx) {
-  const Tensor& x = inputs.at(0);  // (B, T, d_model)
-  const Tensor h = dense_relu_dense_->Run(layer_norm_->Run(x, ctx.Child(0)), ctx.Child(1));
-  const Tensor d = dropout_->Run(h, ctx.Child(2));  // (B, T, d_model)
-  ctx.Save(Saved{x.dtype()});
-  return {tensor::Add(x, d.To(x.dtype()))};
+  const Tensor& x = inputs.at(0);                           // (B, T, d_model)
+  const Tensor normed = layer_norm_->Run(x, ctx.Child(0));  // (B, T, d_model)
+  Saved s{x.dtype()};
+  Tensor y;  // (B, T, d_model)
+  if (dropout_->p() == 0.0f || !dropout_->is_training()) {
+    y = dense_relu_dense_->Run({normed, x}, ctx.Child(1)).at(0);  // x + FF(normed) in wo's GEMM
+    s.residual_in_projection = true;
+  } else {
+    const Tensor d = dropout_->Run(dense_relu_dense_->Run(normed, ctx.Child(1)), ctx.Child(2));
+    y = tensor::Add(x, d.To(x.dtype()));
+  }
+  ctx.Save(s);
+  return {y};
 }
 
 Tensors T5LayerFF::Backward(const Tensors& grad_outputs, Context& ctx) {
-  const tensor::Dtype x_dtype = ctx.Saved<Saved>().x_dtype;
+  const Saved s = ctx.Saved<Saved>();
+  const tensor::Dtype x_dtype = s.x_dtype;
   const Tensor gy = grad_outputs.at(0).To(x_dtype);  // (B, T, d_model)
-  const Tensor g_h = dropout_->RunBackward(gy, ctx.Child(2));
+  const Tensor g_h = s.residual_in_projection ? gy : dropout_->RunBackward(gy, ctx.Child(2));
   const Tensor g_norm =
       layer_norm_->RunBackward(dense_relu_dense_->RunBackward(g_h, ctx.Child(1)), ctx.Child(0));
   return {tensor::Add(gy, g_norm.To(x_dtype))};

@@ -68,13 +68,16 @@ class T5LayerFF : public nn::Module {
   explicit T5LayerFF(const T5Config& config);
 
  protected:
-  // {x (B, T, d_model)} -> {y (B, T, d_model)}
+  // {x (B, T, d_model)} -> {y (B, T, d_model)}: x + dropout(FF(norm(x))).
+  // Without the dropout running (p 0 or eval mode) x joins in the output
+  // projection's GEMM (the residual input of nn::FeedForward).
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:
   struct Saved {
     tensor::Dtype x_dtype;
+    bool residual_in_projection = false;  // the dropout did not run
   };
   nn::FeedForward* dense_relu_dense_;
   nn::RMSNorm* layer_norm_;

@@ -1,6 +1,6 @@
-// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad /
-// LinearParamGradsInto on the GPU: the bias, GELU, GELU backward and bias
-// gradient in cuBLASLt's epilogue, against the CPU's
+// tensor::LinearForward / LinearResidualForward / LinearGeluForward /
+// LinearGeluInputGrad / LinearParamGradsInto on the GPU: the bias, residual,
+// GELU, GELU backward and bias gradient in cuBLASLt's epilogue, against the CPU's
 // unfused ops, in f32, bf16 and f16.
 // Also the cases that are not fused (an aux leading dimension that is not a
 // multiple of 8, a misaligned bias, fusing switched off), which must give the
@@ -76,6 +76,41 @@ TEST(CudaLinearTest, FusedEpiloguesMatchTheCpu) {
       EXPECT_TRUE(MatchesCpu(r.pre.To(Dtype::kF32), c.pre, tol));
       EXPECT_TRUE(MatchesCpu(r.out.To(Dtype::kF32), c.out, tol));
     }
+  }
+}
+
+// residual + x w^T (+ b) with the residual as cuBLASLt's C (D a new
+// tensor): fused with and without a bias, the residual left as it was; with
+// fusing off, the same values from the unfused path (residual + b, then the
+// GEMM accumulating into it).
+TEST(CudaLinearTest, ResidualInTheGemmMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype dtype : FloatDtypes()) {
+    SCOPED_TRACE(DtypeName(dtype));
+    const Case c = MakeCase(37, 24, 64, dtype, 60);
+    const Tensor r = RandomTensor({37, 64}, 64, -1, 1, dtype);
+    const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+    const Tensor x = ToGpu(c.x), w = ToGpu(c.w), b = ToGpu(c.b), gr = ToGpu(r);
+    const Tensor want = Add(r.To(Dtype::kF32), c.pre);
+    MatmulOptions opts;
+    opts.trans_b = true;
+    const Tensor want_no_bias =
+        Add(r.To(Dtype::kF32), Matmul(c.x.To(Dtype::kF32), c.w.To(Dtype::kF32), opts));
+
+    cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+    const Tensor y = LinearResidualForward(x, w, b, gr);
+    const Tensor y_no_bias = LinearResidualForward(x, w, Tensor(), gr);
+    cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+    EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + 2) << "the residual was not fused";
+    EXPECT_EQ(y.dtype(), dtype);
+    EXPECT_TRUE(MatchesCpu(y.To(Dtype::kF32), want, tol));
+    EXPECT_TRUE(MatchesCpu(y_no_bias.To(Dtype::kF32), want_no_bias, tol));
+    EXPECT_TRUE(MatchesCpu(gr.To(Dtype::kF32), r.To(Dtype::kF32), {0, 0}));
+
+    cuda::SetMatmulFuseEpilogues(false);
+    const Tensor unfused = LinearResidualForward(x, w, b, gr);
+    cuda::SetMatmulFuseEpilogues(true);
+    EXPECT_TRUE(MatchesCpu(unfused.To(Dtype::kF32), want, tol));
   }
 }
 

@@ -453,7 +453,7 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
 // (our operands). False (nothing queued) when the call's fused epilogue has
 // no algorithm.
 bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const LtCall& call,
-           const void* a, const void* b, void* c) {
+           const void* a, const void* b, void* c, const void* residual = nullptr) {
   const GemmEpilogue kind = call.kind();
   CacheKey key = {args.device,
                   static_cast<int64_t>(args.in_dtype),
@@ -481,14 +481,17 @@ bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const L
   }
   std::shared_ptr<const LtEntry> e = Cache().Find(key);
   if (e == nullptr)
-    e = Cache().Insert(key, CreateEntry(ctx.handle, args, plan, call, {a, b, c, &ctx}));
+    e = Cache().Insert(key, CreateEntry(ctx.handle, args, plan, call,
+                                        {a, b, residual != nullptr ? residual : c, &ctx}));
   if (!e->supported) return false;
   if (kind != GemmEpilogue::kNone) SetEpiloguePointers(e->desc, *call.epilogue);
   const float alpha = 1.0f;
-  const float beta = args.beta;
-  // cuBLASLt's A is our b and its B is our a (see matmul.h); D is C in place.
+  // cuBLASLt's A is our b and its B is our a (see matmul.h); D is C in place,
+  // or C is the residual (read, beta 1) and D our c.
+  const float beta = residual != nullptr ? 1.0f : args.beta;
+  const void* c_in = residual != nullptr ? residual : c;
   const cublasStatus_t st =
-      cublasLtMatmul(ctx.handle, e->desc, &alpha, b, e->a, a, e->b, &beta, c, e->c, c, e->c,
+      cublasLtMatmul(ctx.handle, e->desc, &alpha, b, e->a, a, e->b, &beta, c_in, e->c, c, e->c,
                      &e->algo, ctx.workspace, kMatmulWorkspaceBytes, ComputeStream());
   if (st != CUBLAS_STATUS_SUCCESS) {
     ThrowOpError(kOp, "cublasLtMatmul failed for ", Describe(args, plan, call), ": ",
@@ -602,9 +605,15 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   const bool has_bias = EpilogueHasBias(epilogue.kind);
   const bool has_aux = EpilogueHasAux(epilogue.kind);
   const bool has_bias_grad = epilogue.kind == GemmEpilogue::kBiasGradA;
-  OP_CHECK(epilogue.kind != GemmEpilogue::kNone && (!has_bias || epilogue.bias != nullptr) &&
+  const bool has_residual = epilogue.residual != nullptr;
+  OP_CHECK((epilogue.kind != GemmEpilogue::kNone || has_residual) &&
+               (!has_bias || epilogue.bias != nullptr) &&
                (!has_bias_grad || epilogue.bias_grad != nullptr),
-           kOp, "a fused epilogue needs its kind, and its vector for ", EpilogueName(epilogue.kind));
+           kOp, "a fused epilogue needs its kind (or a residual), and its vector for ",
+           EpilogueName(epilogue.kind));
+  OP_CHECK(
+      !has_residual || epilogue.kind == GemmEpilogue::kNone || epilogue.kind == GemmEpilogue::kBias,
+      kOp, "a residual goes with no epilogue or the bias one, not ", EpilogueName(epilogue.kind));
   OP_CHECK(args.batch.empty() && (args.beta == 0.0f || has_bias_grad), kOp,
            "the ", EpilogueName(epilogue.kind),
            " epilogue takes one unbatched GEMM with beta 0 (got ", args.batch.size(),
@@ -628,9 +637,13 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   call.align_a = AlignmentBytes(args.b.data, {});
   call.align_b = AlignmentBytes(args.a.data, {});
   call.align_c = AlignmentBytes(args.c.data, {});
+  if (has_residual) {  // C and D share the layout (and its alignment)
+    call.align_c = std::min(call.align_c, AlignmentBytes(epilogue.residual, {}));
+  }
   call.align_bias = vector != nullptr ? AlignmentBytes(vector, {}) : 256;
   call.align_aux = has_aux ? AlignmentBytes(epilogue.aux, {}) : 256;
-  const bool fused = RunLt(ctx, args, plan, call, args.a.data, args.b.data, args.c.data);
+  const bool fused =
+      RunLt(ctx, args, plan, call, args.a.data, args.b.data, args.c.data, epilogue.residual);
   (fused ? epilogues_fused : epilogues_unfused).fetch_add(1, std::memory_order_relaxed);
   return fused;
 }

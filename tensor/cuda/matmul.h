@@ -96,23 +96,28 @@ void Gemm(const GemmArgs& args);
 //                 being our a); bias_grad is written, not accumulated
 // bias (n) and bias_grad (m) are contiguous; aux is (m, n), row major with
 // rows aux_ld apart. All have c's dtype (out_dtype).
+// A residual (kNone or kBias only): c = a @ b (+ bias) + residual, the
+// residual being cuBLASLt's C and c its D (D = A B + 1 * C, C != D): a
+// Linear layer's output added to a transformer's residual stream in one
+// write. residual (m, n) is laid out as c (row major, c's row stride) and
+// does not overlap c, a or b.
 enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu, kBiasGradA };
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::kNone;
-  const void* bias = nullptr;  // kBias and kGeluAuxBias
-  void* aux = nullptr;         // kGeluAuxBias (written) and kDGelu (read)
-  int64_t aux_ld = 0;          // elements
-  void* bias_grad = nullptr;   // kBiasGradA (written)
+  const void* bias = nullptr;      // kBias and kGeluAuxBias
+  void* aux = nullptr;             // kGeluAuxBias (written) and kDGelu (read)
+  int64_t aux_ld = 0;              // elements
+  void* bias_grad = nullptr;       // kBiasGradA (written)
+  const void* residual = nullptr;  // kNone or kBias (read); nullptr: none
 };
 
-// Gemm with the epilogue, for an unbatched GEMM (args.batch empty) with beta
-// 0 (any beta for kBiasGradA). Returns false, having queued nothing, when it cannot be fused: fusing is
-// switched off (SetMatmulFuseEpilogues), aux_ld is not a multiple of 8
-// (cuBLASLt's rule), bias, aux or bias_grad is not 16-byte aligned (e.g. a view into a
-// flat FSDP buffer), or cuBLASLt has no algorithm for the case (the answer
-// is cached with the descriptors). The caller then runs Gemm and adds the
-// bias (and GELU) itself. Descriptors of fused GEMMs are cached per thread:
-// the bias and aux pointers are set on them at each call.
+// Gemm with the epilogue (kNone only with a residual), for an unbatched GEMM
+// (args.batch empty) with beta 0 (any beta for kBiasGradA). Returns false, having queued nothing,
+// when it cannot be fused: fusing is switched off (SetMatmulFuseEpilogues), aux_ld is not a
+// multiple of 8 (cuBLASLt's rule), bias, aux or bias_grad is not 16-byte aligned (e.g. a view into
+// a flat FSDP buffer), or cuBLASLt has no algorithm for the case (the answer is cached with the
+// descriptors). The caller then runs Gemm and adds the bias (and GELU) itself. Descriptors of fused
+// GEMMs are cached per thread: the bias and aux pointers are set on them at each call.
 bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue);
 
 // Whether GemmWithEpilogue fuses at all (default on; environment

@@ -11,18 +11,22 @@ namespace {
 
 constexpr char kOp[] = "linear";
 
-void CheckArgs(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  OP_CHECK(x.defined() && w.defined() && bias.defined(), kOp, "got an undefined tensor");
-  OP_CHECK(x.rank() == 2 && w.rank() == 2 && bias.rank() == 1 && x.dim(1) == w.dim(1) &&
-               bias.dim(0) == w.dim(0),
+// x (N, K), w (M, K) and bias (M) of one dtype and device; an undefined bias
+// passes when `optional_bias`.
+void CheckArgs(const Tensor& x, const Tensor& w, const Tensor& bias, bool optional_bias = false) {
+  const bool has_bias = bias.defined();
+  OP_CHECK(x.defined() && w.defined() && (has_bias || optional_bias), kOp,
+           "got an undefined tensor");
+  OP_CHECK(x.rank() == 2 && w.rank() == 2 && x.dim(1) == w.dim(1) &&
+               (!has_bias || (bias.rank() == 1 && bias.dim(0) == w.dim(0))),
            kOp, "expected x (N, K), w (M, K) and bias (M); got x ", x.shape().ToString(), ", w ",
-           w.shape().ToString(), " and bias ", bias.shape().ToString());
-  OP_CHECK(x.dtype() == w.dtype() && bias.dtype() == w.dtype(), kOp, "dtypes differ: x ",
-           DtypeName(x.dtype()), ", w ", DtypeName(w.dtype()), ", bias ", DtypeName(bias.dtype()),
-           "; convert them with To()");
-  OP_CHECK(x.device() == w.device() && bias.device() == w.device(), kOp, "devices differ: x on ",
-           x.device().ToString(), ", w on ", w.device().ToString(), ", bias on ",
-           bias.device().ToString());
+           w.shape().ToString(), " and bias ", has_bias ? bias.shape().ToString() : "none");
+  OP_CHECK(x.dtype() == w.dtype() && (!has_bias || bias.dtype() == w.dtype()), kOp,
+           "dtypes differ: x ", DtypeName(x.dtype()), ", w ", DtypeName(w.dtype()), ", bias ",
+           has_bias ? DtypeName(bias.dtype()) : "none", "; convert them with To()");
+  OP_CHECK(x.device() == w.device() && (!has_bias || bias.device() == w.device()), kOp,
+           "devices differ: x on ", x.device().ToString(), ", w on ", w.device().ToString(),
+           ", bias on ", has_bias ? bias.device().ToString() : "none");
 }
 
 cuda::GemmOperand Operand(const Tensor& t) {
@@ -81,6 +85,33 @@ Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias) {
   MatmulOptions opts;
   opts.trans_b = true;
   return AddBias(Matmul(x, w, opts), bias);
+}
+
+Tensor LinearResidualForward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Tensor& residual) {
+  CheckArgs(x, w, bias, /*optional_bias=*/true);
+  OP_CHECK(residual.defined() && residual.rank() == 2 && residual.dim(0) == x.dim(0) &&
+               residual.dim(1) == w.dim(0),
+           kOp, "expected the residual (", x.dim(0), ", ", w.dim(0), "); got ",
+           residual.defined() ? residual.shape().ToString() : "undefined");
+  OP_CHECK(residual.dtype() == w.dtype() && residual.device() == w.device(), kOp,
+           "the residual is ", DtypeName(residual.dtype()), " on ", residual.device().ToString(),
+           ", the weight ", DtypeName(w.dtype()), " on ", w.device().ToString());
+  if (w.device().is_cuda() && residual.is_contiguous() &&
+      (!bias.defined() || bias.is_contiguous())) {
+    Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
+    cuda::GemmEpilogueArgs e;
+    e.kind = bias.defined() ? cuda::GemmEpilogue::kBias : cuda::GemmEpilogue::kNone;
+    if (bias.defined()) e.bias = bias.raw_data();
+    e.residual = residual.raw_data();
+    if (FusedOnCuda(x, w.Transpose(0, 1), out, e)) return out;
+  }
+  // out = residual (+ bias) (N, M), then out += x @ w^T in the GEMM.
+  Tensor out = bias.defined() ? AddBias(residual, bias) : residual.Clone();
+  MatmulOptions opts;
+  opts.trans_b = true;
+  MatmulInto(x, w, out, opts, /*beta=*/1.0f);
+  return out;
 }
 
 LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tensor& bias) {

@@ -16,6 +16,17 @@ namespace tensor {
 // dtype (f32, bf16, or f16 on CUDA) and device.
 Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias);
 
+// x (N, K) @ w^T (+ bias) + residual: a Linear layer whose output joins a
+// residual stream (a transformer block's attention and MLP output
+// projections). bias may be undefined (a layer without one); residual (N, M)
+// has w's dtype and device. On a GPU the residual is cuBLASLt's C (D = A B +
+// C + bias, D a new tensor), so the sum is written once; elsewhere residual +
+// bias is written first and the GEMM adds its product into it (beta 1). The
+// values are those of LinearForward then Add up to rounding: the product is
+// not rounded to the dtype before the residual is added.
+Tensor LinearResidualForward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Tensor& residual);
+
 struct LinearGeluResult {
   Tensor out;  // (N, M) gelu(pre), the tanh form (tensor::Gelu)
   Tensor pre;  // (N, M) x @ w^T + bias: what GeluBackward takes

@@ -1,4 +1,4 @@
-// tensor::LinearForward / LinearGeluForward / LinearGeluInputGrad /
+// tensor::LinearForward / LinearResidualForward / LinearGeluForward / LinearGeluInputGrad /
 // LinearParamGradsInto on the CPU (Matmul followed by AddBias / Gelu /
 // GeluBackward / AddBiasBackwardInto): the values of the unfused ops, f32 and bf16,
 // and errors that name what was wrong. The GPU's fused epilogues are checked against these in
@@ -74,6 +74,32 @@ TEST(LinearOpsTest, ParamGradsAccumulateAsTheUnfusedOps) {
   }
 }
 
+// residual + x w^T (+ b): the unfused sum up to rounding (in bf16 the
+// product is not rounded before the residual is added), with and without a
+// bias; the inputs are left as they were.
+TEST(LinearOpsTest, ResidualForwardEqualsLinearThenAdd) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(DtypeName(dtype));
+    const Tensor x = RandomTensor({7, 5}, 1, -1, 1, dtype);
+    const Tensor w = RandomTensor({12, 5}, 2, -1, 1, dtype);
+    const Tensor b = RandomTensor({12}, 3, -1, 1, dtype);
+    const Tensor r = RandomTensor({7, 12}, 4, -1, 1, dtype);
+    const Tensor r_before = r.Clone();
+    const double tol = dtype == Dtype::kF32 ? 1e-6 : 2e-2;
+    const Tensor y = LinearResidualForward(x, w, b, r);
+    EXPECT_EQ(y.dtype(), dtype);
+    EXPECT_EQ(y.shape(), Shape({7, 12}));
+    EXPECT_TRUE(AllClose(y, Add(r, AddBias(XwT(x, w), b)), tol, tol));
+    EXPECT_TRUE(AllClose(LinearResidualForward(x, w, Tensor(), r), Add(r, XwT(x, w)), tol, tol));
+    EXPECT_TRUE(AllClose(r, r_before, 0, 0));
+  }
+  // f32: the sum of the f32 products, as the unfused ops, to the last bits
+  // but for the order of the two additions.
+  const Tensor x = RandomTensor({3, 4}, 5), w = RandomTensor({2, 4}, 6);
+  const Tensor r = RandomTensor({3, 2}, 7);
+  EXPECT_TRUE(AllClose(LinearResidualForward(x, w, Tensor(), r), Add(r, XwT(x, w)), 0, 0));
+}
+
 TEST(LinearOpsTest, BadArgumentsAreNamed) {
   const Tensor x = RandomTensor({4, 5}, 1);
   const Tensor w = RandomTensor({6, 5}, 2);
@@ -95,6 +121,17 @@ TEST(LinearOpsTest, BadArgumentsAreNamed) {
   EXPECT_NE(message([&] { LinearForward(x, w, b.To(Dtype::kBF16)); }).find("dtypes differ"),
             std::string::npos);
   EXPECT_NE(message([&] { LinearForward(x, w, Tensor()); }).find("undefined"), std::string::npos);
+  // LinearResidualForward: the residual must be (N, M) in w's dtype.
+  EXPECT_NE(message([&] {
+              LinearResidualForward(x, w, b, RandomTensor({4, 5}, 9));
+            }).find("expected the residual (4, 6); got (4,5)"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              LinearResidualForward(x, w, b, RandomTensor({4, 6}, 9, -1, 1, Dtype::kBF16));
+            }).find("the residual is bf16 on cpu, the weight f32 on cpu"),
+            std::string::npos);
+  EXPECT_NE(message([&] { LinearResidualForward(x, w, b, Tensor()); }).find("got undefined"),
+            std::string::npos);
   // LinearGeluInputGrad: grad_y (4, 6), w (6, 5), pre (4, 5); pre (4, 6) is wrong.
   const Tensor g = RandomTensor({4, 6}, 4);
   const std::string shapes = message([&] { LinearGeluInputGrad(g, w, RandomTensor({4, 6}, 5)); });
