@@ -42,15 +42,36 @@ Tensors LayerNorm::Forward(const Tensors& inputs, Context& ctx) {
   return {r.y};
 }
 
-Tensors LayerNorm::Backward(const Tensors& grad_outputs, Context& ctx) {
-  const Saved& s = ctx.Saved<Saved>();
-  const Tensor g = grad_outputs.at(0).To(s.x.dtype());
+Tensor LayerNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
+  const Tensor g = grad_y.To(s.x.dtype());
   // An f32 weight makes the op return f32 parameter gradients.
   const Tensor w32 = weight_ != nullptr ? weight_->value.To(Dtype::kF32) : Tensor();
-  tensor::LayerNormGrads grads = tensor::LayerNormBackward(g, s.x, w32, s.mean, s.rstd);
+  tensor::LayerNormGrads grads = tensor::LayerNormBackward(g, s.x, w32, s.mean, s.rstd, add);
   if (weight_ != nullptr) tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
   if (bias_ != nullptr) tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
-  return {grads.grad_x.To(s.input_dtype)};
+  return grads.grad_x;
+}
+
+Tensors LayerNorm::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  return {GradX(grad_outputs.at(0), Tensor(), s).To(s.input_dtype)};
+}
+
+Tensor LayerNorm::RunBackwardAdding(const Tensor& grad_y, const Tensor& add, Context& ctx) {
+  return RunBackwardFrame(ctx,
+                          [&] {
+                            const Saved& s = ctx.Saved<Saved>();
+                            OP_CHECK(add.defined() && add.shape() == s.x.shape(), "layer_norm",
+                                     "the gradient to add ",
+                                     add.defined() ? add.shape().ToString() : "undefined",
+                                     " is not shaped as x ", s.x.shape().ToString());
+                            if (add.dtype() == s.x.dtype() && s.input_dtype == s.x.dtype()) {
+                              return Tensors{GradX(grad_y, add, s)};  // add + dx in the kernel
+                            }
+                            const Tensor gx = GradX(grad_y, Tensor(), s).To(s.input_dtype);
+                            return Tensors{tensor::Add(add, gx.To(add.dtype()))};
+                          })
+      .at(0);
 }
 
 }  // namespace nn

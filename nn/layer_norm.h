@@ -36,6 +36,13 @@ class LayerNorm : public Module {
   Parameter* weight() { return weight_; }  // nullptr without elementwise_affine
   Parameter* bias() { return bias_; }      // nullptr without bias
 
+  // RunBackward plus `add` (x's shape, the caller's x dtype): add + grad_x,
+  // in add's dtype. A pre-norm block's residual gradient (the block output's
+  // plus this norm's input's) written by the norm's backward kernel in one
+  // pass when add has the compute dtype (tensor::LayerNormBackward's
+  // grad_x_add); otherwise RunBackward then Add.
+  Tensor RunBackwardAdding(const Tensor& grad_y, const Tensor& add, Context& ctx);
+
  protected:
   // inputs[0]: x (..., dim) -> (..., dim); see the dtype rule above.
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
@@ -49,6 +56,9 @@ class LayerNorm : public Module {
     Tensor rstd;  // (...) f32
     tensor::Dtype input_dtype;
   };
+  // Backward's gradient of x with `add` added (undefined: none) in the
+  // kernel: the compute dtype.
+  Tensor GradX(const Tensor& grad_y, const Tensor& add, const Saved& s);
   const int64_t dim_;
   const float eps_;
   Parameter* weight_;  // (dim) or nullptr

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -149,6 +150,40 @@ TEST(LayerNormTest, MixedPrecisionDtypeRule) {
     EXPECT_EQ(m->bias()->grad.dtype(), Dtype::kF32);
     EXPECT_TRUE(AllClose(m->weight()->grad, ref.weight()->grad, 5e-2, 5e-2));
     EXPECT_TRUE(AllClose(m->bias()->grad, ref.bias()->grad, 5e-2, 5e-2));
+  }
+}
+
+// RunBackwardAdding: add + RunBackward's gradient (fused when add has the
+// compute dtype, else RunBackward then Add), the same parameter gradients.
+TEST(LayerNormTest, RunBackwardAddingAddsToTheInputGradient) {
+  struct Case {
+    const char* name;
+    Dtype weight, x, add;
+    double tol;
+  };
+  for (const Case& c :
+       {Case{"f32", Dtype::kF32, Dtype::kF32, Dtype::kF32, 1e-6},
+        Case{"bf16", Dtype::kBF16, Dtype::kBF16, Dtype::kBF16, 1.6e-2},
+        Case{"bf16 compute, f32 x", Dtype::kBF16, Dtype::kF32, Dtype::kF32, 1e-6}}) {
+    SCOPED_TRACE(c.name);
+    LayerNorm a(6), b(6);
+    for (LayerNorm* ln : {&a, &b}) {
+      ln->Materialize(1);
+      ln->weight()->value = RandomTensor({6}, 2, 0.5f, 1.5f).To(c.weight);
+      ln->bias()->value = RandomTensor({6}, 3).To(c.weight);
+    }
+    const Tensor x = RandomTensor({4, 6}, 4, -1, 1, c.x);
+    const Tensor g = RandomTensor({4, 6}, 5, -1, 1, c.weight);
+    const Tensor add = RandomTensor({4, 6}, 6, -1, 1, c.add);
+    Context ca, cb;
+    a.Run(x, ca);
+    b.Run(x, cb);
+    const Tensor want = tensor::Add(add, a.RunBackward(g, ca).To(c.add));
+    const Tensor got = b.RunBackwardAdding(g, add, cb);
+    EXPECT_EQ(got.dtype(), c.add);
+    EXPECT_TRUE(AllClose(got, want, c.tol, c.tol));
+    EXPECT_TRUE(AllClose(b.weight()->grad, a.weight()->grad, 0, 0));
+    EXPECT_TRUE(AllClose(b.bias()->grad, a.bias()->grad, 0, 0));
   }
 }
 

@@ -28,14 +28,35 @@ Tensors RMSNorm::Forward(const Tensors& inputs, Context& ctx) {
   return {r.y};
 }
 
-Tensors RMSNorm::Backward(const Tensors& grad_outputs, Context& ctx) {
-  const Saved& s = ctx.Saved<Saved>();
-  const Tensor g = grad_outputs.at(0).To(s.x.dtype());
+Tensor RMSNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
+  const Tensor g = grad_y.To(s.x.dtype());
   // An f32 weight makes the op return an f32 weight gradient.
   tensor::RmsNormGrads grads =
-      tensor::RmsNormBackward(g, s.x, weight_->value.To(Dtype::kF32), s.rstd);
+      tensor::RmsNormBackward(g, s.x, weight_->value.To(Dtype::kF32), s.rstd, add);
   tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
-  return {grads.grad_x.To(s.input_dtype)};
+  return grads.grad_x;
+}
+
+Tensors RMSNorm::Backward(const Tensors& grad_outputs, Context& ctx) {
+  const Saved& s = ctx.Saved<Saved>();
+  return {GradX(grad_outputs.at(0), Tensor(), s).To(s.input_dtype)};
+}
+
+Tensor RMSNorm::RunBackwardAdding(const Tensor& grad_y, const Tensor& add, Context& ctx) {
+  return RunBackwardFrame(ctx,
+                          [&] {
+                            const Saved& s = ctx.Saved<Saved>();
+                            OP_CHECK(add.defined() && add.shape() == s.x.shape(), "rms_norm",
+                                     "the gradient to add ",
+                                     add.defined() ? add.shape().ToString() : "undefined",
+                                     " is not shaped as x ", s.x.shape().ToString());
+                            if (add.dtype() == s.x.dtype() && s.input_dtype == s.x.dtype()) {
+                              return Tensors{GradX(grad_y, add, s)};  // add + dx in the kernel
+                            }
+                            const Tensor gx = GradX(grad_y, Tensor(), s).To(s.input_dtype);
+                            return Tensors{tensor::Add(add, gx.To(add.dtype()))};
+                          })
+      .at(0);
 }
 
 }  // namespace nn

@@ -24,6 +24,9 @@ class RMSNorm : public Module {
   float eps() const { return eps_; }
   Parameter* weight() { return weight_; }
 
+  // RunBackward plus `add`, as LayerNorm::RunBackwardAdding.
+  Tensor RunBackwardAdding(const Tensor& grad_y, const Tensor& add, Context& ctx);
+
  protected:
   // inputs[0]: x (..., dim) -> (..., dim).
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
@@ -36,6 +39,9 @@ class RMSNorm : public Module {
     Tensor rstd;  // (...) f32
     tensor::Dtype input_dtype;
   };
+  // Backward's gradient of x with `add` added (undefined: none) in the
+  // kernel: the compute dtype.
+  Tensor GradX(const Tensor& grad_y, const Tensor& add, const Saved& s);
   const int64_t dim_;
   const float eps_;
   Parameter* weight_;  // (dim)

@@ -49,11 +49,11 @@ Tensor Block::Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity,
 }
 
 Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {
-  Tensor g = grad_outputs.at(0);  // dL/dy (B, T, C), also dL/dx1 through the residual
-  Tensor g_mlp = ln_2_->RunBackward(mlp_->RunBackward(g, ctx.Child(3)), ctx.Child(2));
-  Tensor g_x1 = tensor::Add(g, g_mlp.To(g.dtype()));  // dL/dx1 (B, T, C)
-  Tensor g_attn = ln_1_->RunBackward(attn_->RunBackward(g_x1, ctx.Child(1)), ctx.Child(0));
-  return {tensor::Add(g_x1, g_attn.To(g_x1.dtype()))};  // dL/dx (B, T, C)
+  const Tensor& g = grad_outputs.at(0);  // dL/dy (B, T, C), also dL/dx1 through the residual
+  // dL/dx1 = g + ln_2's input gradient (B, T, C), the sum written by its kernel.
+  const Tensor g_x1 = ln_2_->RunBackwardAdding(mlp_->RunBackward(g, ctx.Child(3)), g, ctx.Child(2));
+  // dL/dx = dL/dx1 + ln_1's input gradient (B, T, C).
+  return {ln_1_->RunBackwardAdding(attn_->RunBackward(g_x1, ctx.Child(1)), g_x1, ctx.Child(0))};
 }
 
 Transformer::Transformer(const GptConfig& c) : Module("Transformer"), config_(c) {

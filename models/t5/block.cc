@@ -64,8 +64,8 @@ Tensors T5LayerAttention::Backward(const Tensors& grad_outputs, Context& ctx) {
   if (grad_outputs.size() > 1) g_attn_out.push_back(grad_outputs[1]);
   // {grad normed, grad kv, grad position_bias, undefined (mask)}
   Tensors grads = attention_->RunBackward(g_attn_out, ctx.Child(1));
-  const Tensor g_norm = layer_norm_->RunBackward(grads.at(0), ctx.Child(0));
-  grads[0] = tensor::Add(gy, g_norm.To(x_dtype));  // (B, T, d_model)
+  grads[0] =
+      layer_norm_->RunBackwardAdding(grads.at(0), gy, ctx.Child(0));  // gy + d norm (B, T, d_model)
   grads.resize(s.num_inputs);                      // one per input the caller gave
   return grads;
 }
@@ -104,9 +104,9 @@ Tensors T5LayerFF::Backward(const Tensors& grad_outputs, Context& ctx) {
   const tensor::Dtype x_dtype = s.x_dtype;
   const Tensor gy = grad_outputs.at(0).To(x_dtype);  // (B, T, d_model)
   const Tensor g_h = s.residual_in_projection ? gy : dropout_->RunBackward(gy, ctx.Child(2));
-  const Tensor g_norm =
-      layer_norm_->RunBackward(dense_relu_dense_->RunBackward(g_h, ctx.Child(1)), ctx.Child(0));
-  return {tensor::Add(gy, g_norm.To(x_dtype))};
+  // gy + the norm's input gradient (B, T, d_model), the sum written by its kernel.
+  return {layer_norm_->RunBackwardAdding(dense_relu_dense_->RunBackward(g_h, ctx.Child(1)), gy,
+                                         ctx.Child(0))};
 }
 
 // ---- T5Block ----

@@ -68,9 +68,10 @@ void ForwardRows(const T* x, const float* w, const float* b, float eps, T* y, fl
 //   xhat = (x - mean) * rstd, dxhat = grad_y * w,
 //   grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
 //   (RMSNorm: no mean(dxhat) term), grad_w += grad_y * xhat, grad_b += grad_y.
+// add (nullable): grad_x += add, in fp32 before grad_x is rounded.
 template <typename T, bool kCentered>
 void BackwardRows(const T* gy, const T* x, const float* w, const float* mean, const float* rstd,
-                  T* gx, float* gw, float* gb, int64_t rows, int64_t c) {
+                  const T* add, T* gx, float* gw, float* gb, int64_t rows, int64_t c) {
   constexpr int64_t kParams = kCentered ? 2 : 1;
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   // (blocks, kParams, C): per block, the partial sums of grad_w (and grad_b).
@@ -80,6 +81,7 @@ void BackwardRows(const T* gy, const T* x, const float* w, const float* mean, co
   ParallelFor(blocks, 1, [&](int64_t block_begin, int64_t block_end) {
     const bool convert = !std::is_same_v<T, float>;
     std::vector<float> x_buf(convert ? c : 0), g_buf(convert ? c : 0);
+    std::vector<float> a_buf(convert && add != nullptr ? c : 0);
     for (int64_t blk = block_begin; blk < block_end; ++blk) {
       float* pw = part + blk * kParams * c;  // (C)
       float* pb = pw + c;                    // (C), LayerNorm only
@@ -102,11 +104,20 @@ void BackwardRows(const T* gy, const T* x, const float* w, const float* mean, co
         const F8 a = Splat(kCentered ? vec::HSum(sum_dxhat) * inv_c : 0.0f);
         const F8 bc = Splat(vec::HSum(sum_dxhat_xhat) * inv_c);
         T* out = gx + r * c;  // (C)
-        vec::ForEachBlock(c, [&](int64_t i, auto k) {
-          const F8 xhat = (LoadAs(xr + i, k) - mv) * rv;
-          const F8 dxhat = LoadAs(g + i, k) * LoadAs(w + i, k);
-          vec::StoreAs(out + i, rv * (dxhat - a - xhat * bc), k);
-        });
+        if (add == nullptr) {
+          vec::ForEachBlock(c, [&](int64_t i, auto k) {
+            const F8 xhat = (LoadAs(xr + i, k) - mv) * rv;
+            const F8 dxhat = LoadAs(g + i, k) * LoadAs(w + i, k);
+            vec::StoreAs(out + i, rv * (dxhat - a - xhat * bc), k);
+          });
+        } else {
+          const float* ar = vec::RowAsFloat(add + r * c, c, a_buf.data());  // (C)
+          vec::ForEachBlock(c, [&](int64_t i, auto k) {
+            const F8 xhat = (LoadAs(xr + i, k) - mv) * rv;
+            const F8 dxhat = LoadAs(g + i, k) * LoadAs(w + i, k);
+            vec::StoreAs(out + i, LoadAs(ar + i, k) + rv * (dxhat - a - xhat * bc), k);
+          });
+        }
       }
     }
   });
@@ -139,15 +150,16 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 }
 
 void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                       const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                       const Tensor& grad_weight, const Tensor& grad_bias) {
+                       const Tensor& mean, const Tensor& rstd, const Tensor& add,
+                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
   const int64_t c = x.dim(-1);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   DispatchFloating("layer_norm_backward", x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    BackwardRows<T, true>(grad_y.data<T>(), x.data<T>(), weight.data<float>(),
-                          mean.data<float>(), rstd.data<float>(), grad_x.data<T>(),
-                          grad_weight.data<float>(), grad_bias.data<float>(), rows, c);
+    BackwardRows<T, true>(grad_y.data<T>(), x.data<T>(), weight.data<float>(), mean.data<float>(),
+                          rstd.data<float>(), add.defined() ? add.data<T>() : nullptr,
+                          grad_x.data<T>(), grad_weight.data<float>(), grad_bias.data<float>(),
+                          rows, c);
   });
 }
 
@@ -163,14 +175,15 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
 }
 
 void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight) {
+                     const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
+                     const Tensor& grad_weight) {
   const int64_t c = x.dim(-1);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   DispatchFloating("rms_norm_backward", x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     BackwardRows<T, false>(grad_y.data<T>(), x.data<T>(), weight.data<float>(), nullptr,
-                           rstd.data<float>(), grad_x.data<T>(), grad_weight.data<float>(),
-                           nullptr, rows, c);
+                           rstd.data<float>(), add.defined() ? add.data<T>() : nullptr,
+                           grad_x.data<T>(), grad_weight.data<float>(), nullptr, rows, c);
   });
 }
 

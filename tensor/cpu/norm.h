@@ -19,15 +19,17 @@ namespace cpu {
 // (biased variance), saving mean and rstd.
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
+// grad_x = add (undefined: 0) + the gradient; add is contiguous, x's dtype.
 void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                       const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                       const Tensor& grad_weight, const Tensor& grad_bias);
+                       const Tensor& mean, const Tensor& rstd, const Tensor& add,
+                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias);
 
 // RMSNorm (T5): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saving rstd.
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
                     const Tensor& rstd);
 void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight);
+                     const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
+                     const Tensor& grad_weight);
 
 }  // namespace cpu
 }  // namespace tensor

@@ -102,12 +102,12 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 
 // grad_x per row: xhat = (x - mean) * rstd, dxhat = grad_y * w,
 // grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-// (RMSNorm: no mean(dxhat) term).
+// (RMSNorm: no mean(dxhat) term); add (nullable): grad_x += add, in fp32.
 template <bool kCentered, bool kWarpRows, int N, typename T, typename W>
 __global__ void __launch_bounds__(kMaxRowThreads)
     NormBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const W* __restrict__ w,
                        const float* __restrict__ mean, const float* __restrict__ rstd,
-                       T* __restrict__ gx, int64_t rows, int64_t c) {
+                       const T* __restrict__ add, T* __restrict__ gx, int64_t rows, int64_t c) {
   __shared__ float smem[2 * kWarp];
   const RowGroup<kWarpRows> g;
   const int64_t first = int64_t{g.rank} * N, step = int64_t{g.size} * N;
@@ -141,6 +141,12 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       for (int k = 0; k < N; ++k) {
         const float xhat = (xv[k] - m) * rs;
         o[k] = rs * (gv[k] * wv[k] - a - xhat * bc);
+      }
+      if (add != nullptr) {
+        float av[N];
+        LoadF<N>(add + r * c + i, av);
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] += av[k];
       }
       StoreF<N>(out + i, o);
     }
@@ -285,7 +291,7 @@ void ParamGrads(const char* op, const Tensor& grad_y, const Tensor& x, const Ten
 
 template <bool kCentered>
 void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-              const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+              const Tensor& mean, const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
               const Tensor& grad_weight, const Tensor& grad_bias) {
   SetDevice(x, op);
   const int64_t c = x.dim(-1);
@@ -294,7 +300,7 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
     using T = decltype(tz);
     constexpr int kVec = 16 / sizeof(T);
     const bool vec = c % kVec == 0 && Aligned16(x) && Aligned16(grad_y) && Aligned16(grad_x) &&
-                     Aligned16(weight);
+                     Aligned16(weight) && Aligned16(add);
     const RowPlan plan = PlanRows(rows, c, vec ? kVec : 1);
     if (rows > 0) {
       DispatchParam<T>(weight, [&](auto wz) {
@@ -303,8 +309,8 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
           NormBackwardKernel<kCentered, decltype(warp_rows)::value, decltype(n)::value, T, W>
               <<<plan.grid, plan.block, 0, ComputeStream()>>>(
                   Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
-                  kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd), Ptr<T>(grad_x), rows,
-                  c);
+                  kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd),
+                  add.defined() ? Ptr<T>(add) : nullptr, Ptr<T>(grad_x), rows, c);
         });
       });
       CheckLaunch(op);
@@ -321,9 +327,9 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 }
 
 void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                       const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                       const Tensor& grad_weight, const Tensor& grad_bias) {
-  Backward<true>("layer_norm_backward", grad_y, x, weight, mean, rstd, grad_x, grad_weight,
+                       const Tensor& mean, const Tensor& rstd, const Tensor& add,
+                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+  Backward<true>("layer_norm_backward", grad_y, x, weight, mean, rstd, add, grad_x, grad_weight,
                  grad_bias);
 }
 
@@ -333,8 +339,9 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
 }
 
 void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight) {
-  Backward<false>("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, grad_x, grad_weight,
+                     const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
+                     const Tensor& grad_weight) {
+  Backward<false>("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, add, grad_x, grad_weight,
                   Tensor());
 }
 

@@ -23,16 +23,18 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
 // grad_weight (C, weight's dtype) is written when defined; grad_bias (C, f32 or
 // weight's dtype: the sum of grad_y over rows) always.
+// grad_x = add (undefined: 0) + the gradient; add is contiguous, x's dtype.
 void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                       const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                       const Tensor& grad_weight, const Tensor& grad_bias);
+                       const Tensor& mean, const Tensor& rstd, const Tensor& add,
+                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias);
 
 // RMSNorm (T5): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saving rstd.
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
                     const Tensor& rstd);
 // grad_weight (C, weight's dtype) is written when defined.
 void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight);
+                     const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
+                     const Tensor& grad_weight);
 
 }  // namespace cuda
 }  // namespace tensor

@@ -115,6 +115,12 @@ TEST(CudaNormTest, LayerNormBackwardMatchesCpu) {
         }
         EXPECT_TRUE(
             MatchesCpu(gpu.grad_bias, cpu.grad_bias, ParamTolerance(cpu.grad_bias.dtype())));
+        // With a gradient to add (a residual's), as the CPU's.
+        const Tensor add = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
+        const LayerNormGrads cpu_add = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, add);
+        const LayerNormGrads gpu_add = LayerNormBackward(
+            ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(fwd.mean), ToGpu(fwd.rstd), ToGpu(add));
+        EXPECT_TRUE(MatchesCpu(gpu_add.grad_x, cpu_add.grad_x, RowTolerance(d, c)));
       }
     }
   }
@@ -140,6 +146,11 @@ TEST(CudaNormTest, RmsNormForwardAndBackwardMatchCpu) {
         const RmsNormGrads ggpu =
             RmsNormBackward(ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(cpu.rstd));
         EXPECT_TRUE(MatchesCpu(ggpu.grad_x, gcpu.grad_x, RowTolerance(d, c)));
+        const Tensor add = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
+        EXPECT_TRUE(MatchesCpu(
+            RmsNormBackward(ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(cpu.rstd), ToGpu(add))
+                .grad_x,
+            RmsNormBackward(gy, x, w, cpu.rstd, add).grad_x, RowTolerance(d, c)));
         EXPECT_EQ(ggpu.grad_weight.defined(), gcpu.grad_weight.defined());
         if (gcpu.grad_weight.defined()) {
           EXPECT_TRUE(MatchesCpu(ggpu.grad_weight, gcpu.grad_weight,

@@ -53,6 +53,15 @@ void CheckStat(const char* op, const char* name, const Tensor& s, const Tensor& 
            " does not match x ", x.shape().ToString(), ": expected ", rows.ToString(), " f32");
 }
 
+// grad_x_add: undefined, or x's shape, dtype and device; returned contiguous.
+Tensor CheckedAdd(const char* op, const Tensor& add, const Tensor& x) {
+  if (!add.defined()) return add;
+  CheckDevice(op, add, x);
+  OP_CHECK(add.shape() == x.shape() && add.dtype() == x.dtype(), op, Describe("grad_x_add", add),
+           " does not match x ", x.shape().ToString(), " ", DtypeName(x.dtype()));
+  return add.Contiguous();
+}
+
 // Undefined stays undefined (the CUDA kernels read parameters in their own
 // dtype and treat absent ones as 1 / 0).
 Tensor ContiguousOrUndefined(const Tensor& p) { return p.defined() ? p.Contiguous() : p; }
@@ -90,12 +99,13 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
 }
 
 LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                 const Tensor& mean, const Tensor& rstd) {
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& grad_x_add) {
   const char* op = "layer_norm_backward";
   CheckInput(op, x, 0.0f);
   CheckDevice(op, grad_y, x);
   CheckSameShape(op, grad_y, x);
   CheckSameDtype(op, grad_y, x);
+  const Tensor add = CheckedAdd(op, grad_x_add, x);
   CheckParam(op, "weight", weight, x);
   CheckStat(op, "mean", mean, x);
   CheckStat(op, "rstd", rstd, x);
@@ -107,7 +117,7 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
     if (weight.defined()) out.grad_weight = Tensor::Empty({c}, param_dtype, x.device());
     out.grad_bias = Tensor::Empty({c}, param_dtype, x.device());
     cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                            mean.Contiguous(), rstd.Contiguous(), out.grad_x, out.grad_weight,
+                            mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, out.grad_weight,
                             out.grad_bias);
     return out;
   }
@@ -116,7 +126,7 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
   LayerNormGrads out;
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());
   cpu::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
-                         mean.Contiguous(), rstd.Contiguous(), out.grad_x, grad_w32, grad_b32);
+                         mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, grad_w32, grad_b32);
   if (weight.defined()) {
     out.grad_weight = grad_w32.To(weight.dtype());
     out.grad_bias = grad_b32.To(weight.dtype());
@@ -142,12 +152,13 @@ RmsNormResult RmsNorm(const Tensor& x, const Tensor& weight, float eps) {
 }
 
 RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                             const Tensor& rstd) {
+                             const Tensor& rstd, const Tensor& grad_x_add) {
   const char* op = "rms_norm_backward";
   CheckInput(op, x, 0.0f);
   CheckDevice(op, grad_y, x);
   CheckSameShape(op, grad_y, x);
   CheckSameDtype(op, grad_y, x);
+  const Tensor add = CheckedAdd(op, grad_x_add, x);
   CheckParam(op, "weight", weight, x);
   CheckStat(op, "rstd", rstd, x);
   const int64_t c = x.dim(-1);
@@ -156,14 +167,14 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
     out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
     if (weight.defined()) out.grad_weight = Tensor::Empty({c}, weight.dtype(), x.device());
     cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                          rstd.Contiguous(), out.grad_x, out.grad_weight);
+                          rstd.Contiguous(), add, out.grad_x, out.grad_weight);
     return out;
   }
   const Tensor grad_w32 = Tensor::Empty({c});
   RmsNormGrads out;
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());
   cpu::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
-                       rstd.Contiguous(), out.grad_x, grad_w32);
+                       rstd.Contiguous(), add, out.grad_x, grad_w32);
   if (weight.defined()) out.grad_weight = grad_w32.To(weight.dtype());
   return out;
 }

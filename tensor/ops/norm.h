@@ -32,9 +32,14 @@ struct LayerNormGrads {
 LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           float eps = 1e-5f);
 
-// From the forward's x, weight, mean and rstd.
+// From the forward's x, weight, mean and rstd. With `grad_x_add` (x's shape
+// and dtype), grad_x is grad_x_add + the gradient, summed in fp32 as the
+// gradient is written: a pre-norm block's residual, whose gradient is both
+// the block output's and this norm's input's, in one pass instead of two
+// (the sum of a separate Add up to one rounding).
 LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                 const Tensor& mean, const Tensor& rstd);
+                                 const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& grad_x_add = Tensor());
 
 struct RmsNormResult {
   Tensor y;     // (..., C), x's dtype
@@ -50,8 +55,9 @@ struct RmsNormGrads {
 // or undefined (then 1).
 RmsNormResult RmsNorm(const Tensor& x, const Tensor& weight, float eps = 1e-6f);
 
+// grad_x_add: as LayerNormBackward's.
 RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                             const Tensor& rstd);
+                             const Tensor& rstd, const Tensor& grad_x_add = Tensor());
 
 }  // namespace tensor
 

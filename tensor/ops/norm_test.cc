@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace tensor {
@@ -172,6 +173,42 @@ TEST(LayerNormTest, ConstantRowsUseEps) {
   const LayerNormResult res = LayerNorm(x, Tensor(), Tensor(), 1e-5f);
   for (float v : res.y.ToVector<float>()) EXPECT_EQ(v, 0.0f);
   for (float v : res.rstd.ToVector<float>()) EXPECT_NEAR(v, 1.0 / std::sqrt(1e-5), 1e-2);
+}
+
+// grad_x_add: grad_x is the add plus the gradient (f32: within an ulp, the
+// add may contract into an FMA; bf16: one rounding instead of two), the
+// parameter gradients unchanged.
+TEST(LayerNormTest, BackwardAddsTheGivenGradient) {
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(DtypeName(d));
+    const Tensor x = RandomTensor({3, 5, 24}, 1, -2, 3, d);
+    const Tensor gy = RandomTensor({3, 5, 24}, 2, -1, 1, d);
+    const Tensor add = RandomTensor({3, 5, 24}, 3, -1, 1, d);
+    const Tensor w = RandomTensor({24}, 4, 0.5f, 1.5f);
+    const double tol = d == Dtype::kF32 ? 1e-6 : 1.6e-2;
+    const LayerNormResult fwd = LayerNorm(x, w, Tensor());
+    const LayerNormGrads plain = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+    const LayerNormGrads summed = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, add);
+    EXPECT_EQ(summed.grad_x.dtype(), d);
+    EXPECT_TRUE(AllClose(summed.grad_x, Add(plain.grad_x, add), tol, tol));
+    EXPECT_TRUE(AllClose(summed.grad_weight, plain.grad_weight, 0, 0));
+    EXPECT_TRUE(AllClose(summed.grad_bias, plain.grad_bias, 0, 0));
+
+    const RmsNormResult rms = RmsNorm(x, w);
+    const RmsNormGrads rplain = RmsNormBackward(gy, x, w, rms.rstd);
+    const RmsNormGrads rsummed = RmsNormBackward(gy, x, w, rms.rstd, add);
+    EXPECT_TRUE(AllClose(rsummed.grad_x, Add(rplain.grad_x, add), tol, tol));
+    EXPECT_TRUE(AllClose(rsummed.grad_weight, rplain.grad_weight, 0, 0));
+  }
+  const Tensor x = Tensor::Zeros({2, 4});
+  const LayerNormResult fwd = LayerNorm(x, Tensor(), Tensor());
+  try {
+    LayerNormBackward(x, x, Tensor(), fwd.mean, fwd.rstd, Tensor::Zeros({2, 4}, Dtype::kBF16));
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[layer_norm_backward] grad_x_add (2,4) bf16 does not match x (2,4) f32");
+  }
 }
 
 TEST(LayerNormTest, ErrorsNameTheOpAndShapes) {
