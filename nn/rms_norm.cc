@@ -1,6 +1,7 @@
 // RMSNorm layer forward and backward.
 #include "nn/rms_norm.h"
 
+#include "nn/norm_grad_add.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/norm.h"
@@ -46,15 +47,9 @@ Tensor RMSNorm::RunBackwardAdding(const Tensor& grad_y, const Tensor& add, Conte
   return RunBackwardFrame(ctx,
                           [&] {
                             const Saved& s = ctx.Saved<Saved>();
-                            OP_CHECK(add.defined() && add.shape() == s.x.shape(), "rms_norm",
-                                     "the gradient to add ",
-                                     add.defined() ? add.shape().ToString() : "undefined",
-                                     " is not shaped as x ", s.x.shape().ToString());
-                            if (add.dtype() == s.x.dtype() && s.input_dtype == s.x.dtype()) {
-                              return Tensors{GradX(grad_y, add, s)};  // add + dx in the kernel
-                            }
-                            const Tensor gx = GradX(grad_y, Tensor(), s).To(s.input_dtype);
-                            return Tensors{tensor::Add(add, gx.To(add.dtype()))};
+                            return Tensors{internal::NormGradAdd(
+                                "rms_norm", s.x, s.input_dtype, add,
+                                [&](const Tensor& a) { return GradX(grad_y, a, s); })};
                           })
       .at(0);
 }
