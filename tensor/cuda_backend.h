@@ -6,6 +6,7 @@
 #define TENSOR_CUDA_BACKEND_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensor/allocator.h"
@@ -21,6 +22,8 @@ bool Built();
 int DeviceCount();
 // Compute capability of cuda:index as major*10 + minor (e.g. 90 for H100).
 int ComputeCapability(int index);
+// cuda:index's name, as cudaGetDeviceProperties gives it ("NVIDIA H100 80GB HBM3").
+std::string DeviceName(int index);
 // The caching allocator of cuda:index.
 Allocator& DeviceAllocator(int index);
 // Page-locked host memory (cudaHostAlloc, freed blocks cached by size) for CPU

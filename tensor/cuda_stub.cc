@@ -13,6 +13,7 @@ constexpr char kNotBuilt[] =
 bool Built() { return false; }
 int DeviceCount() { return 0; }
 int ComputeCapability(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
+std::string DeviceName(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
 Allocator& DeviceAllocator(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
 Allocator* PinnedHostAllocator() { return nullptr; }
 bool IsPinnedHost(const void*) { return false; }

@@ -60,7 +60,8 @@ def flops_per_token(args):
 
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) by device name, most
-# specific first: NVIDIA's data sheets.
+# specific first: NVIDIA's data sheets. The train binary's MFU uses the same
+# table (models/common/mfu.cc) and count (mingpt::FlopsPerToken).
 PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("GH200", 989.5),
                     ("H200", 989.5), ("H100", 989.5), ("A100", 312.0)]
 

@@ -41,7 +41,7 @@ printf 'one story.<|endoftext|>Another story.' > "$dir/stories.txt"
 "$tokenize" --input="$dir/stories.txt" --output="$dir/stories.bin" --special_tokens > /dev/null
 [[ $(od -An -t u2 "$dir/stories.bin" | tr -s ' ') == " 505 1621 13 50256 6610 1621 13" ]]
 "$tokenize" --input="$dir/stories.txt" --output="$dir/plain.bin" > /dev/null
-! od -An -t u2 "$dir/plain.bin" | grep -qw 50256
+if od -An -t u2 "$dir/plain.bin" | grep -qw 50256; then echo "an <|endoftext|> id in plain.bin"; exit 1; fi
 echo "--special_tokens: <|endoftext|> in the text is 50256, else ordinary text"
 
 # A tokenizer folder is recorded by its absolute path.

@@ -269,10 +269,11 @@ std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger,
   using tensor::MemoryCategory;
   auto peak = [&](MemoryCategory c) { return ledger.Stats(device, c).peak / kMiB; };
   const std::string where = device.is_cpu() ? "" : " on " + device.ToString();
+  const std::string mfu = m.mfu > 0 ? absl::StrFormat(" | MFU %.1f%%", 100 * m.mfu) : "";
   return absl::StrFormat(
-      "step %5d | loss %.4f | lr %.2e | %7.1f ms | %8.0f tok/s | peak MiB%s: params %.1f grads "
+      "step %5d | loss %.4f | lr %.2e | %7.1f ms | %8.0f tok/s%s | peak MiB%s: params %.1f grads "
       "%.1f optim %.1f act %.1f comm %.1f tmp %.1f total %.1f",
-      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, where, peak(MemoryCategory::kParameters),
+      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, mfu, where, peak(MemoryCategory::kParameters),
       peak(MemoryCategory::kGradients), peak(MemoryCategory::kOptimizerState),
       peak(MemoryCategory::kActivations), peak(MemoryCategory::kCommunication),
       peak(MemoryCategory::kTemporaries), ledger.Total(device).peak / kMiB);
@@ -288,10 +289,11 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
 
 absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedger& ledger) {
   if (path_.empty()) return absl::OkStatus();  // before formatting the ledger
-  return WriteLine(
-      absl::StrFormat("{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-                      "\"grad_norm\":%.6g,\"memory\":%s}",
-                      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, ledger.ToJson()));
+  const std::string mfu = m.mfu > 0 ? absl::StrFormat("\"mfu\":%.4f,", m.mfu) : "";
+  return WriteLine(absl::StrFormat(
+      "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+      "\"grad_norm\":%.6g,%s\"memory\":%s}",
+      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, mfu, ledger.ToJson()));
 }
 
 absl::Status MetricsWriter::WriteEval(int64_t step, double eval_loss, double ms) {
@@ -318,8 +320,16 @@ StepReporter::StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& me
       tokens_per_step_(tokens_per_step),
       device_(device) {}
 
+void StepReporter::SetMfu(double flops_per_step, double peak_flops) {
+  flops_per_step_ = flops_per_step;
+  peak_flops_ = peak_flops;
+}
+
 absl::Status StepReporter::Report(StepMetrics m) {
   m.tokens_per_s = tokens_per_step_ / (m.ms / 1000.0);
+  if (flops_per_step_ > 0 && peak_flops_ > 0) {
+    m.mfu = flops_per_step_ / (m.ms / 1000.0) / peak_flops_;
+  }
   if (m.step > first_step_ + 1) {  // the first step includes one-time set-up (primitive creation)
     total_ms_ += m.ms;
     ++timed_steps_;
@@ -370,9 +380,15 @@ double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
 
 void StepReporter::PrintSummary(absl::string_view tokens_note) const {
   if (timed_steps_ == 0) return;
-  std::printf("mean %.1f ms/step, %.0f tokens/s%s over %lld steps (after the first)\n",
-              total_ms_ / timed_steps_, tokens_per_step_ * timed_steps_ / (total_ms_ / 1000.0),
-              std::string(tokens_note).c_str(), static_cast<long long>(timed_steps_));
+  const double seconds = total_ms_ / 1000.0;
+  const std::string mfu =
+      flops_per_step_ > 0 && peak_flops_ > 0
+          ? absl::StrFormat(", MFU %.1f%%",
+                            100 * flops_per_step_ * timed_steps_ / seconds / peak_flops_)
+          : "";
+  std::printf("mean %.1f ms/step, %.0f tokens/s%s%s over %lld steps (after the first)\n",
+              total_ms_ / timed_steps_, tokens_per_step_ * timed_steps_ / seconds,
+              std::string(tokens_note).c_str(), mfu.c_str(), static_cast<long long>(timed_steps_));
 }
 
 }  // namespace train

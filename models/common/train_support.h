@@ -129,6 +129,7 @@ struct StepMetrics {
   double ms = 0;
   double tokens_per_s = 0;
   double grad_norm = 0;
+  double mfu = 0;  // model FLOPs utilization in [0, 1]; 0: not measured (no known peak)
 };
 
 // What the rest of a training step after the micro-batches' forward and
@@ -140,8 +141,8 @@ struct StepResult {
 };
 
 // "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."
-// Memory: the ledger's peaks on `device` ("peak MiB on cuda:0:" when not the
-// CPU).
+// ("| 16600 tok/s | MFU 45.1% |" when m.mfu > 0). Memory: the ledger's peaks
+// on `device` ("peak MiB on cuda:0:" when not the CPU).
 std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger,
                        tensor::Device device = tensor::Device::Cpu());
 
@@ -174,7 +175,11 @@ class StepReporter {
   StepReporter(const tensor::MemoryLedger& ledger, MetricsWriter& metrics, int64_t first_step,
                int64_t last_step, int64_t log_every, double tokens_per_step,
                tensor::Device device = tensor::Device::Cpu());
-  // m.step is 1-based; m.tokens_per_s is computed here from m.ms.
+  // Model FLOPs utilization on the step lines, the metrics and the summary:
+  // each step does flops_per_step model FLOPs (every rank's tokens) against
+  // a peak of peak_flops FLOP/s (models/common/mfu.h). Off while either is 0.
+  void SetMfu(double flops_per_step, double peak_flops);
+  // m.step is 1-based; m.tokens_per_s (and m.mfu) are computed here from m.ms.
   absl::Status Report(StepMetrics m);
   // The same for the step that ended `step_done` (1-based) with `result`, at
   // learning rate `lr`, in `ms`.
@@ -186,7 +191,8 @@ class StepReporter {
   absl::Status TimedEval(int64_t step_done, bool log,
                          const std::function<absl::StatusOr<double>()>& evaluate);
   // "mean 12.3 ms/step, 4567 tokens/s<tokens_note> over N steps (after the first)",
-  // printed when any step after the first was reported.
+  // printed when any step after the first was reported (", MFU 45.1%" before
+  // " over" when measured).
   void PrintSummary(absl::string_view tokens_note = "") const;
 
  private:
@@ -199,6 +205,8 @@ class StepReporter {
   const int64_t log_every_;
   const double tokens_per_step_;
   const tensor::Device device_;
+  double flops_per_step_ = 0;
+  double peak_flops_ = 0;
   double total_ms_ = 0;
   int64_t timed_steps_ = 0;
 };

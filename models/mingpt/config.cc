@@ -153,4 +153,9 @@ ParamCount CountParameters(const GptConfig& c) {
   return n;
 }
 
+double FlopsPerToken(const GptConfig& c, int64_t seq_len) {
+  return 6.0 * static_cast<double>(CountParameters(c).non_embedding) +
+         12.0 * static_cast<double>(c.n_layer * c.n_embd * seq_len);
+}
+
 }  // namespace mingpt

@@ -58,6 +58,14 @@ struct ParamCount {
 };
 ParamCount CountParameters(const GptConfig& config);
 
+// Model FLOPs of one token's forward and backward at sequence length seq_len,
+// as nanoGPT's estimate_mfu and llm.c count them: 6 N + 12 n_layer n_embd
+// seq_len, N the weights that multiply (CountParameters' non_embedding: the
+// blocks, ln_f and lm_head; the embedding tables are lookups). The MFU of the
+// train binary's step lines (models/common/mfu.h) and of
+// tools/bench_vs_pytorch.py.
+double FlopsPerToken(const GptConfig& config, int64_t seq_len);
+
 }  // namespace mingpt
 
 #endif  // MODELS_MINGPT_CONFIG_H_

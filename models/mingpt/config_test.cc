@@ -90,5 +90,13 @@ TEST(ConfigTest, CountsMatchKnownSizes) {
   EXPECT_EQ(ParameterShapes(gpt2)[2].name, "transformer.h.0.ln_1.weight");
 }
 
+// nanoGPT's / llm.c's count for gpt2 at T = 1024: N = 123,653,376 weights that
+// multiply (blocks, ln_f, the untied lm_head), 6 N + 12 L C T.
+TEST(ConfigTest, FlopsPerTokenOfGpt2) {
+  const GptConfig gpt2 = *Preset("gpt2");
+  EXPECT_EQ(CountParameters(gpt2).non_embedding, 123653376);
+  EXPECT_EQ(FlopsPerToken(gpt2, 1024), 6.0 * 123653376 + 12.0 * 12 * 768 * 1024);
+}
+
 }  // namespace
 }  // namespace mingpt

@@ -54,6 +54,7 @@
 #include "models/common/eval_flags.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
+#include "models/common/mfu.h"
 #include "models/common/one_process_step.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
@@ -117,6 +118,10 @@ ABSL_FLAG(std::string, tokenizer, "auto",
           "the tokenizer of the data, recorded in checkpoints for sample and checkpoint "
           "export-hf: auto (what //tools:tokenize recorded beside a .bin --data, else "
           "--init_from's), none, gpt2, or a folder with vocab.json + merges.txt");
+ABSL_FLAG(double, peak_tflops, 0,
+          "dense peak TFLOP/s of one device for the MFU on the step lines (model FLOPs as "
+          "nanoGPT's estimate_mfu: 6 N + 12 L C T a token); 0: a known GPU's bf16/fp16 peak "
+          "(H100, H200, A100), else no MFU. Over every GPU with --backend=nccl, else one");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
 
@@ -189,6 +194,7 @@ struct DpSetup {
   train::DataParallelConfig dp;
   SharedInit* init = nullptr;  // --init_from, else null
   std::string tokenizer;       // recorded in checkpoints; "" for none
+  double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -290,6 +296,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
                                absl::GetFlag(FLAGS_log_every), K * W * B * T, setup.dp.device);
+  reporter.SetMfu(FlopsPerToken(setup.config, T) * static_cast<double>(K * W * B * T),
+                  setup.peak_flops);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
@@ -439,6 +447,11 @@ absl::Status Train() {
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.tokenizer = *tokenizer;
+    absl::StatusOr<double> peak =
+        train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
+                         setup.dp.backend == train::Backend::kNccl ? setup.dp.world_size : 1);
+    if (!peak.ok()) return peak.status();
+    setup.peak_flops = *peak;
     std::optional<SharedInit> init;
     if (pretrained) {
       init.emplace(*std::move(pretrained),
@@ -519,6 +532,10 @@ absl::Status Train() {
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
                                K * B * T, device);
+  absl::StatusOr<double> peak =
+      train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), device, policy.param_dtype, 1);
+  if (!peak.ok()) return peak.status();
+  reporter.SetMfu(FlopsPerToken(*config, T) * static_cast<double>(K * B * T), *peak);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();

@@ -61,6 +61,15 @@ bad_flag "--grad_clip=nan must be >= 0" --grad_clip=nan
 bad_flag "--resume=$dir/none: no such checkpoint folder" --resume="$dir/none"
 bad_flag "--data=$dir/none.txt: .*cannot open" --data="$dir/none.txt"
 bad_flag "--metrics_out: cannot open '$dir/none/m.jsonl'" --metrics_out="$dir/none/m.jsonl"
+bad_flag "--peak_tflops=-1 must be >= 0" --peak_tflops=-1
+
+# MFU against a given peak (the CPU has no known one): on the step lines, the
+# summary and in the metrics; none without the flag.
+"$train" "${common[@]}" --steps=2 --peak_tflops=0.5 --metrics_out="$dir/mfu.jsonl" > "$dir/mfu.log"
+grep -Eq "^step +2 \| .* tok/s \| MFU [0-9.]+% \| peak MiB" "$dir/mfu.log"
+grep -Eq "^mean .* tokens/s, MFU [0-9.]+% over 1 steps" "$dir/mfu.log"
+grep -q '"mfu":0\.[0-9]*,"memory"' "$dir/mfu.jsonl"
+if grep -q "MFU" "$dir/full.log"; then echo "an MFU without a known peak"; exit 1; fi
 echo "bad flag values: exit 2, naming the flag"
 # Data parallelism (threads engine): 2 ranks x batch 2 give the losses of 1
 # rank x batch 4 (dropout 0), within 1e-5, for FSDP FULL_SHARD, DDP and ZeRO-1.

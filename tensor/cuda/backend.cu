@@ -166,6 +166,12 @@ int ComputeCapability(int index) {
   return major * 10 + minor;
 }
 
+std::string DeviceName(int index) {
+  cudaDeviceProp prop;
+  Check(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties");
+  return prop.name;
+}
+
 Allocator& DeviceAllocator(int index) {
   static std::mutex mu;
   static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();

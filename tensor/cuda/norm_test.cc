@@ -115,13 +115,33 @@ TEST(CudaNormTest, LayerNormBackwardMatchesCpu) {
         }
         EXPECT_TRUE(
             MatchesCpu(gpu.grad_bias, cpu.grad_bias, ParamTolerance(cpu.grad_bias.dtype())));
-        // With a gradient to add (a residual's), as the CPU's.
-        const Tensor add = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
-        const LayerNormGrads cpu_add = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, add);
-        const LayerNormGrads gpu_add = LayerNormBackward(
-            ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(fwd.mean), ToGpu(fwd.rstd), ToGpu(add));
-        EXPECT_TRUE(MatchesCpu(gpu_add.grad_x, cpu_add.grad_x, RowTolerance(d, c)));
       }
+    }
+  }
+}
+
+// grad_x_add (a residual's gradient added by the backward kernel), as the
+// CPU's: a row the vector path takes and one it does not, each dtype.
+TEST(CudaNormTest, BackwardAddsTheGivenGradientAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 300;
+  for (const Shape& shape : {Shape{4, 5, 768}, Shape{3, 77}}) {
+    const int64_t c = shape[shape.rank() - 1];
+    for (Dtype d : FloatDtypes()) {
+      SCOPED_TRACE(shape.ToString() + " " + std::string(DtypeName(d)));
+      const Tensor x = RandomTensor(shape, ++seed, -2.0f, 3.0f, d);
+      const Tensor gy = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
+      const Tensor add = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
+      const Tensor w = RandomTensor({c}, ++seed, 0.5f, 1.5f);
+      const LayerNormResult fwd = LayerNorm(x, w, Tensor());
+      const LayerNormGrads cpu = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, add);
+      const LayerNormGrads gpu = LayerNormBackward(ToGpu(gy), ToGpu(x), ToGpu(w), ToGpu(fwd.mean),
+                                                   ToGpu(fwd.rstd), ToGpu(add));
+      EXPECT_TRUE(MatchesCpu(gpu.grad_x, cpu.grad_x, RowTolerance(d, c)));
+      const RmsNormResult rms = RmsNorm(x, w);
+      EXPECT_TRUE(MatchesCpu(
+          RmsNormBackward(ToGpu(gy), ToGpu(x), ToGpu(w), ToGpu(rms.rstd), ToGpu(add)).grad_x,
+          RmsNormBackward(gy, x, w, rms.rstd, add).grad_x, RowTolerance(d, c)));
     }
   }
 }
@@ -146,11 +166,6 @@ TEST(CudaNormTest, RmsNormForwardAndBackwardMatchCpu) {
         const RmsNormGrads ggpu =
             RmsNormBackward(ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(cpu.rstd));
         EXPECT_TRUE(MatchesCpu(ggpu.grad_x, gcpu.grad_x, RowTolerance(d, c)));
-        const Tensor add = RandomTensor(shape, ++seed, -1.0f, 1.0f, d);
-        EXPECT_TRUE(MatchesCpu(
-            RmsNormBackward(ToGpu(gy), ToGpu(x), GpuOrUndefined(w), ToGpu(cpu.rstd), ToGpu(add))
-                .grad_x,
-            RmsNormBackward(gy, x, w, cpu.rstd, add).grad_x, RowTolerance(d, c)));
         EXPECT_EQ(ggpu.grad_weight.defined(), gcpu.grad_weight.defined());
         if (gcpu.grad_weight.defined()) {
           EXPECT_TRUE(MatchesCpu(ggpu.grad_weight, gcpu.grad_weight,
