@@ -73,6 +73,10 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor& x_in = inputs.at(0);
   OP_CHECK(x_in.defined() && x_in.rank() >= 1 && x_in.dim(-1) == dim_, "feed_forward", "input ",
            x_in.defined() ? x_in.shape().ToString() : "undefined", " does not end in dim ", dim_);
+  OP_CHECK(inputs.size() == 1 ||
+               (inputs.size() == 2 && inputs[1].defined() && inputs[1].shape() == x_in.shape()),
+           "feed_forward", "expects x and optionally a residual shaped as x ",
+           x_in.shape().ToString(), "; got ", inputs.size(), " inputs");
   Saved s;
   s.input_dtype = x_in.dtype();
   s.input_shape = x_in.shape();
@@ -101,10 +105,6 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
   }
   if (dropout_ != nullptr && dropout_on_hidden_) a = dropout_->Run(a, ctx.Child(kDropout));
   const bool output_dropout = dropout_ != nullptr && !dropout_on_hidden_;
-  OP_CHECK(inputs.size() == 1 ||
-               (inputs.size() == 2 && inputs[1].defined() && inputs[1].shape() == x_in.shape()),
-           "feed_forward", "expects x and optionally a residual shaped as x ",
-           x_in.shape().ToString(), "; got ", inputs.size(), " inputs");
   const Tensor residual = inputs.size() > 1 ? inputs[1].Reshape({-1, dim_}) : Tensor();  // (N, dim)
   s.has_residual = residual.defined();
   Tensor y;  // (N, dim)
