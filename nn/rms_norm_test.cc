@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -93,6 +94,42 @@ TEST(RMSNormTest, MixedPrecisionDtypeRule) {
   for (RMSNorm* m : {&mixed, &low}) {
     EXPECT_EQ(m->weight()->grad.dtype(), Dtype::kF32);
     EXPECT_TRUE(AllClose(m->weight()->grad, ref.weight()->grad, 5e-2, 5e-2));
+  }
+}
+
+// RunBackwardAdding: add + RunBackward's gradient, the same weight gradient;
+// an add of another shape is an error naming both shapes.
+TEST(RMSNormTest, RunBackwardAddingAddsToTheInputGradient) {
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(tensor::DtypeName(d));
+    RMSNorm a(6), b(6);
+    for (RMSNorm* n : {&a, &b}) {
+      n->Materialize(1);
+      n->weight()->value = RandomTensor({6}, 2, 0.5f, 1.5f).To(d);
+    }
+    const Tensor x = RandomTensor({4, 6}, 3, -1, 1, d);
+    const Tensor g = RandomTensor({4, 6}, 4, -1, 1, d);
+    const Tensor add = RandomTensor({4, 6}, 5, -1, 1, d);
+    const double tol = d == Dtype::kF32 ? 1e-6 : 1.6e-2;
+    Context ca, cb;
+    a.Run(x, ca);
+    b.Run(x, cb);
+    const Tensor want = tensor::Add(add, a.RunBackward(g, ca));
+    const Tensor got = b.RunBackwardAdding(g, add, cb);
+    EXPECT_EQ(got.dtype(), d);
+    EXPECT_TRUE(AllClose(got, want, tol, tol));
+    EXPECT_TRUE(AllClose(b.weight()->grad, a.weight()->grad, 0, 0));
+  }
+  RMSNorm n(6);
+  n.Materialize(1);
+  Context ctx;
+  n.Run(RandomTensor({4, 6}, 6), ctx);
+  try {
+    n.RunBackwardAdding(RandomTensor({4, 6}, 7), RandomTensor({2, 6}, 8), ctx);
+    FAIL();
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[rms_norm] the gradient to add (2,6) is not shaped as x (4,6)");
   }
 }
 
