@@ -71,17 +71,20 @@ T5Attention::T5Attention(int64_t d_model, int64_t n_heads, int64_t d_kv, T5Atten
 }
 
 Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
-  OP_CHECK(!inputs.empty() && inputs.size() <= 4 && inputs[0].defined(), kOp,
-           "expects inputs {x, kv, position_bias, key_mask} (x defined, the others optional); "
-           "got ",
+  OP_CHECK(!inputs.empty() && inputs.size() <= 5 && inputs[0].defined(), kOp,
+           "expects inputs {x, kv, position_bias, key_mask, residual} (x defined, the others "
+           "optional); got ",
            inputs.size(), " inputs");
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : Tensor(); };
   const Tensor& x = inputs[0];
   const Tensor kv = input(1);
   const Tensor bias = input(2);
   const Tensor mask = input(3);
+  const Tensor residual = input(4);
   OP_CHECK(x.rank() == 3 && x.dim(2) == d_model_, kOp, "input ", x.shape().ToString(),
            " is not (B, T, d_model) with d_model ", d_model_);
+  OP_CHECK(!residual.defined() || residual.shape() == x.shape(), kOp, "the residual ",
+           ShapeText(residual), " is not shaped as x ", x.shape().ToString());
   if (options_.cross_attention) {
     OP_CHECK(kv.defined() && kv.rank() == 3 && kv.dim(0) == x.dim(0) && kv.dim(2) == d_model_, kOp,
              "cross-attention needs kv (B, S, d_model) for x ", x.shape().ToString(), "; got ",
@@ -121,7 +124,10 @@ Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
   opts.training = is_training();
   const Tensor y = AttentionForward(q, k, v, own_bias.defined() ? own_bias : bias, mask, opts, gen_,
                                     &s.attn);                // (B, nh, T, d_kv)
-  const Tensor out = o_->Run(MergeHeads(y), ctx.Child(kO));  // (B, T, d_model)
+  const Tensor merged = MergeHeads(y);                       // (B, T, nh * d_kv)
+  const Tensor out = residual.defined()
+                         ? o_->RunResidual(merged, residual, ctx.Child(kO))  // residual + o(merged)
+                         : o_->Run(merged, ctx.Child(kO));                   // (B, T, d_model)
   ctx.Save(std::move(s));
   if (own_bias.defined()) return {out, own_bias};
   return {out};
@@ -160,6 +166,7 @@ Tensors T5Attention::Backward(const Tensors& grad_outputs, Context& ctx) {
   } else {
     grads[0] = SumTo(SumTo(dq, dk, tensor::Dtype::kF32), dv, s.x_dtype);
   }
+  if (s.num_inputs > 4) grads[4] = gy;  // the residual's gradient is the output's
   return grads;
 }
 

@@ -78,14 +78,16 @@ class T5Attention : public Module, public RandomSource {
   //   [2] position_bias (B or 1, n_heads, T, S), any floating dtype; not with
   //       has_relative_bias
   //   [3] key padding mask (B, S) of 0/1 (any dtype; 0 masks the key)
+  //   [4] residual (B, T, d_model): y becomes residual + y in the residual's
+  //       dtype, added in the output projection's GEMM (Linear::RunResidual)
   // outputs: {y (B, T, d_model)} in the compute dtype, and with
   // has_relative_bias also {bias (1, n_heads, T, S)} (the weight's dtype).
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
   // grad_outputs: {grad_y} or, with has_relative_bias, {grad_y, grad_bias}
   // (grad_bias may be undefined: the gradient of the returned bias from the
   // layers that reused it). Returns one gradient per input: grad_x, grad_kv
-  // (cross-attention), grad_position_bias (when given), undefined for the mask;
-  // each in its input's dtype.
+  // (cross-attention), grad_position_bias (when given), undefined for the mask,
+  // grad_y for the residual; each in its input's dtype.
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:

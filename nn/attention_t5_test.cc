@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "nn/attention_testing.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -168,6 +169,36 @@ TEST(T5AttentionTest, EncoderSelfAttentionGradients) {
   const Tensor bias = RandomTensor({1, kHeads, 4, 4}, 13);
   const Tensor mask = Tensor::FromVector({1, 1, 1, 0, 0, 1, 1, 1}, {2, 4});
   CheckGradients(attn, {x, Tensor(), bias, mask}, {0, 2});
+}
+
+// The residual input (slot 4): residual + the output, added in o's GEMM; the
+// other gradients and the parameters' as without it, the residual's = grad_y.
+TEST(T5AttentionTest, ResidualInputEqualsAddingTheOutput) {
+  T5Attention a(kModel, kHeads, kKv, Opts(true, true, false)),
+      b(kModel, kHeads, kKv, Opts(true, true, false));
+  Randomize(a, 40);
+  Randomize(b, 40);
+  const Tensor x = RandomTensor({2, 4, kModel}, 41), r = RandomTensor({2, 4, kModel}, 42);
+  const Tensor g = RandomTensor({2, 4, kModel}, 43);
+  Context ca, cb;
+  const Tensors want = a.Run(Tensors{x}, ca);
+  const Tensors got = b.Run(Tensors{x, Tensor(), Tensor(), Tensor(), r}, cb);
+  ASSERT_EQ(got.size(), 2u);  // y and the relative bias
+  EXPECT_TRUE(AllClose(got[0], tensor::Add(r, want[0]), 1e-6, 1e-6));
+  EXPECT_TRUE(AllClose(got[1], want[1], 0, 0));
+  const Tensors want_grads = a.RunBackward(Tensors{g, Tensor()}, ca);
+  const Tensors got_grads = b.RunBackward(Tensors{g, Tensor()}, cb);
+  ASSERT_EQ(got_grads.size(), 5u);
+  EXPECT_TRUE(AllClose(got_grads[0], want_grads[0], 0, 0));
+  EXPECT_TRUE(AllClose(got_grads[4], g, 0, 0));
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(AllClose(pb[i].second->grad, pa[i].second->grad, 0, 0)) << pa[i].first;
+  }
+  Context bad;
+  EXPECT_THROW(
+      b.Run(Tensors{x, Tensor(), Tensor(), Tensor(), RandomTensor({2, 3, kModel}, 44)}, bad),
+      tensor::OpError);
 }
 
 TEST(T5AttentionTest, DecoderSelfAttentionWithOwnRelativeBiasGradients) {

@@ -46,12 +46,18 @@ T5LayerAttention::T5LayerAttention(const T5Config& c, Kind kind, bool has_relati
 Tensors T5LayerAttention::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor& x = inputs.at(0);                           // (B, T, d_model)
   const Tensor normed = layer_norm_->Run(x, ctx.Child(0));  // (B, T, d_model)
-  Tensors a = attention_->Run(Tensors{normed, InputOrUndefined(inputs, 1),
-                                      InputOrUndefined(inputs, 2), InputOrUndefined(inputs, 3)},
-                              ctx.Child(1));           // {(B, T, d_model), bias?}
-  const Tensor d = dropout_->Run(a[0], ctx.Child(2));  // (B, T, d_model)
-  a[0] = tensor::Add(x, d.To(x.dtype()));              // (B, T, d_model)
-  ctx.Save(Saved{x.dtype(), inputs.size()});
+  Tensors attention_inputs = {normed, InputOrUndefined(inputs, 1), InputOrUndefined(inputs, 2),
+                              InputOrUndefined(inputs, 3)};
+  // Without the dropout running (p 0 or eval mode) x joins in the output
+  // projection's GEMM: x + attention(normed).
+  const bool residual_in_projection = dropout_->p() == 0.0f || !dropout_->is_training();
+  if (residual_in_projection) attention_inputs.push_back(x);
+  Tensors a = attention_->Run(attention_inputs, ctx.Child(1));  // {(B, T, d_model), bias?}
+  if (!residual_in_projection) {
+    const Tensor d = dropout_->Run(a[0], ctx.Child(2));  // (B, T, d_model)
+    a[0] = tensor::Add(x, d.To(x.dtype()));              // (B, T, d_model)
+  }
+  ctx.Save(Saved{x.dtype(), inputs.size(), residual_in_projection});
   return a;
 }
 
@@ -59,7 +65,7 @@ Tensors T5LayerAttention::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved s = ctx.Saved<Saved>();
   const tensor::Dtype x_dtype = s.x_dtype;
   const Tensor gy = grad_outputs.at(0).To(x_dtype);  // dL/dy (B, T, d_model), also dL/dx directly
-  Tensors g_attn_out = {dropout_->RunBackward(gy, ctx.Child(2))};
+  Tensors g_attn_out = {s.residual_in_projection ? gy : dropout_->RunBackward(gy, ctx.Child(2))};
   // The gradient of the returned bias from the blocks that reused it.
   if (grad_outputs.size() > 1) g_attn_out.push_back(grad_outputs[1]);
   // {grad normed, grad kv, grad position_bias, undefined (mask)}

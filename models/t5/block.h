@@ -44,6 +44,8 @@ class T5LayerAttention : public nn::Module {
   // inputs: {x (B, T, d_model), kv (B, S, d_model) (cross only, else undefined),
   //          position_bias (1, nh, T, S) or undefined, key_mask (B, S) or undefined}
   // outputs: {y (B, T, d_model)} and, with the relative bias, {bias (1, nh, T, S)}.
+  // y = x + dropout(attention(norm(x))); without the dropout running (p 0 or
+  // eval mode) x joins in the attention's output GEMM (T5Attention's residual).
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
   // grad_outputs: {grad_y} or {grad_y, grad_bias (may be undefined)}.
   // Returns {grad_x, grad_kv, grad_position_bias, undefined}, undefined where
@@ -54,6 +56,7 @@ class T5LayerAttention : public nn::Module {
   struct Saved {
     tensor::Dtype x_dtype;
     size_t num_inputs;
+    bool residual_in_projection = false;  // x added in the attention's GEMM; no dropout ran
   };
   nn::T5Attention* attention_;
   nn::RMSNorm* layer_norm_;
