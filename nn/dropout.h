@@ -24,6 +24,9 @@ class Dropout : public Module, public RandomSource {
   explicit Dropout(float p, uint64_t seed = 0);
 
   float p() const { return p_; }
+  // Whether Forward changes its input: p > 0 in training mode (else it
+  // returns x itself and draws nothing).
+  bool active() const { return p_ > 0.0f && is_training(); }
   // Restarts the generator at (seed, offset 0).
   void set_seed(uint64_t seed) { gen_ = tensor::Generator(seed, 0); }
   tensor::Generator& generator() override { return gen_; }

@@ -24,6 +24,7 @@ TEST(DropoutTest, IdentityInEvalAndForZeroP) {
   Dropout eval(0.5f);
   eval.Train(false);
   for (Dropout* d : {&off, &eval}) {
+    EXPECT_FALSE(d->active());
     Context ctx;
     Tensor y = d->Run(x, ctx);
     EXPECT_TRUE(y.SharesStorageWith(x));  // no copy
@@ -33,6 +34,8 @@ TEST(DropoutTest, IdentityInEvalAndForZeroP) {
   }
   EXPECT_EQ(off.class_name(), "Dropout");
   EXPECT_TRUE(off.NamedParameters().empty());
+  eval.Train(true);
+  EXPECT_TRUE(eval.active());
 }
 
 TEST(DropoutTest, DropsAboutPAndScalesTheRest) {

@@ -108,7 +108,7 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor residual = inputs.size() > 1 ? inputs[1].Reshape({-1, dim_}) : Tensor();  // (N, dim)
   s.has_residual = residual.defined();
   Tensor y;  // (N, dim)
-  if (residual.defined() && !(output_dropout && dropout_->p() > 0 && dropout_->is_training())) {
+  if (residual.defined() && !(output_dropout && dropout_->active())) {
     y = out_->RunResidual(a, residual, ctx.Child(kOut));  // residual + a W^T (+ b) in one GEMM
     s.residual_in_projection = true;
   } else {

@@ -50,7 +50,7 @@ Tensors T5LayerAttention::Forward(const Tensors& inputs, Context& ctx) {
                               InputOrUndefined(inputs, 3)};
   // Without the dropout running (p 0 or eval mode) x joins in the output
   // projection's GEMM: x + attention(normed).
-  const bool residual_in_projection = dropout_->p() == 0.0f || !dropout_->is_training();
+  const bool residual_in_projection = !dropout_->active();
   if (residual_in_projection) attention_inputs.push_back(x);
   Tensors a = attention_->Run(attention_inputs, ctx.Child(1));  // {(B, T, d_model), bias?}
   if (!residual_in_projection) {
@@ -94,7 +94,7 @@ Tensors T5LayerFF::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor normed = layer_norm_->Run(x, ctx.Child(0));  // (B, T, d_model)
   Saved s{x.dtype()};
   Tensor y;  // (B, T, d_model)
-  if (dropout_->p() == 0.0f || !dropout_->is_training()) {
+  if (!dropout_->active()) {
     y = dense_relu_dense_->Run({normed, x}, ctx.Child(1)).at(0);  // x + FF(normed) in wo's GEMM
     s.residual_in_projection = true;
   } else {
