@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "nn/attention_testing.h"
+#include "nn/module_testing.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
@@ -191,10 +192,7 @@ TEST(T5AttentionTest, ResidualInputEqualsAddingTheOutput) {
   ASSERT_EQ(got_grads.size(), 5u);
   EXPECT_TRUE(AllClose(got_grads[0], want_grads[0], 0, 0));
   EXPECT_TRUE(AllClose(got_grads[4], g, 0, 0));
-  auto pa = a.NamedParameters(), pb = b.NamedParameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_TRUE(AllClose(pb[i].second->grad, pa[i].second->grad, 0, 0)) << pa[i].first;
-  }
+  testing::ExpectSameParamGrads(b, a);
   Context bad;
   EXPECT_THROW(
       b.Run(Tensors{x, Tensor(), Tensor(), Tensor(), RandomTensor({2, 3, kModel}, 44)}, bad),

@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "nn/attention_testing.h"
+#include "nn/module_testing.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
@@ -166,10 +167,7 @@ TEST(CausalSelfAttentionTest, ResidualInputEqualsAddingTheOutput) {
     ASSERT_EQ(got_grads.size(), 2u);
     EXPECT_TRUE(AllClose(got_grads[0], want_gx, 0, 0));
     EXPECT_TRUE(AllClose(got_grads[1], g, 0, 0));
-    auto pa = a.NamedParameters(), pb = b.NamedParameters();
-    for (size_t i = 0; i < pa.size(); ++i) {
-      EXPECT_TRUE(AllClose(pb[i].second->grad, pa[i].second->grad, 0, 0)) << pa[i].first;
-    }
+    testing::ExpectSameParamGrads(b, a);
     // Both drew the same counters (the next masks stay in step).
     EXPECT_EQ(a.generator().offset(), b.generator().offset());
   }

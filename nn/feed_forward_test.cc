@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/module_testing.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
@@ -216,10 +217,7 @@ TEST(FeedForwardTest, ResidualInputEqualsAddingTheOutput) {
     ASSERT_EQ(got_grads.size(), 2u);
     EXPECT_TRUE(AllClose(got_grads[0], want_gx, 0, 0));
     EXPECT_TRUE(AllClose(got_grads[1], g, 0, 0));
-    auto pa = a.NamedParameters(), pb = b.NamedParameters();
-    for (size_t i = 0; i < pa.size(); ++i) {
-      EXPECT_TRUE(AllClose(pb[i].second->grad, pa[i].second->grad, 0, 0)) << pa[i].first;
-    }
+    testing::ExpectSameParamGrads(b, a);
   }
   // bf16 compute copies: the sum in the residual's dtype (bf16), within its rounding.
   FeedForward a(4, 8), b(4, 8);
