@@ -140,6 +140,10 @@ bool IsFsdp(Strategy strategy) {
   return strategy != Strategy::kDdp && strategy != Strategy::kZero1;
 }
 
+bool IsHybrid(Strategy strategy) {
+  return strategy == Strategy::kHybridShard || strategy == Strategy::kHybridShardZero2;
+}
+
 namespace {
 
 // The FSDP sharding strategy of an FSDP --strategy.
@@ -276,9 +280,7 @@ namespace {
 // ranks of one node (LOCAL_WORLD_SIZE, `local_world_size` > 0) with gloo; it
 // must divide the world size. Other strategies: the flag must be 0.
 absl::Status ResolveHybridShardGroup(int flag, int local_world_size, DataParallelConfig& config) {
-  const bool hybrid =
-      config.strategy == Strategy::kHybridShard || config.strategy == Strategy::kHybridShardZero2;
-  if (!hybrid) {
+  if (!IsHybrid(config.strategy)) {
     if (flag != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("--hybrid_shard_group_size=", flag,

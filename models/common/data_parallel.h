@@ -94,6 +94,8 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 // "FSDP HYBRID_SHARD", "FSDP HYBRID_SHARD_ZERO2".
 absl::string_view StrategyName(Strategy strategy);
 bool IsFsdp(Strategy strategy);
+// HYBRID_SHARD or HYBRID_SHARD_ZERO2: sharded within shard groups, replicated across them.
+bool IsHybrid(Strategy strategy);
 
 // --auto_wrap: "none" (the root is the only unit), "transformer" (one unit per
 // module whose class is in block_classes: "Block" for minGPT, "T5Block" for

@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/common/data_parallel.h"
@@ -29,7 +28,7 @@ class NcclStrategyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
   const std::string strategy = GetParam();
-  const bool hybrid = absl::StartsWith(strategy, "hybrid_shard");
+  const bool hybrid = IsHybrid(*ParseStrategy(strategy));
   const int world = hybrid ? 4 : 2;
   SKIP_WITHOUT_GPUS(world);
   const Trace reference = SingleProcess(tensor::Device::Cuda(0));

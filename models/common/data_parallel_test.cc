@@ -62,6 +62,10 @@ TEST(ParseTest, Strategies) {
   EXPECT_EQ(*ParseStrategy("hybrid_shard_zero2"), Strategy::kHybridShardZero2);
   EXPECT_TRUE(IsFsdp(Strategy::kHybridShardZero2));
   EXPECT_EQ(StrategyName(Strategy::kHybridShardZero2), "FSDP HYBRID_SHARD_ZERO2");
+  EXPECT_TRUE(IsHybrid(Strategy::kHybridShard));
+  EXPECT_TRUE(IsHybrid(Strategy::kHybridShardZero2));
+  EXPECT_FALSE(IsHybrid(Strategy::kFullShard));
+  EXPECT_FALSE(IsHybrid(Strategy::kShardGradOp));
   absl::StatusOr<Strategy> bad = ParseStrategy("fsdp");
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "--strategy='fsdp' is not one of"));
@@ -451,7 +455,7 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
   if (device.is_cuda() && tensor::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   const Trace reference = SingleProcess(device);
   ASSERT_GT(reference.norms[0], kClip);  // clipping is exercised
-  const bool hybrid = absl::StartsWith(strategy, "hybrid_shard");
+  const bool hybrid = IsHybrid(*ParseStrategy(strategy));
   const int world = hybrid ? 4 : 2;
   constexpr int64_t kUnits = 3;  // the root and 2 Blocks
   const std::map<std::string, int64_t> all_gathers = {
@@ -573,7 +577,7 @@ TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
   for (const std::string strategy : {"ddp", "zero1", "shard_grad_op", "full_shard", "no_shard",
                                      "hybrid_shard", "hybrid_shard_zero2"}) {
     SCOPED_TRACE(strategy);
-    const bool hybrid = absl::StartsWith(strategy, "hybrid_shard");
+    const bool hybrid = IsHybrid(*ParseStrategy(strategy));
     const DataParallelConfig config =
         ThreadsConfig(strategy, hybrid ? 4 : 2, "transformer", hybrid ? 2 : 0);
     const std::vector<int64_t> tokens = RandomTokens(8);
