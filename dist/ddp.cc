@@ -179,18 +179,8 @@ void DistributedDataParallel::OnRootPreBackward() {
   readiness_->EndForward();
   // A step still in flight (a backward whose root PostBackward never ran).
   if (!finished_) Finish().IgnoreError();
-  // Re-point grads that were dropped (ZeroGrad(set_to_none)) or replaced.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    nn::Parameter* p = params_[i].second;
-    tensor::Tensor& view = grad_views_[i];
-    if (!p->grad.defined()) {
-      tensor::Zero(view);
-      p->grad = view;
-    } else if (p->grad.raw_data() != view.raw_data()) {
-      view.CopyFrom(p->grad);
-      p->grad = view;
-    }
-  }
+  // Gradients dropped (ZeroGrad(set_to_none)) or replaced go back to the buckets.
+  internal::PointGradsAtBuckets(params_, grad_views_);
   syncing_this_step_ = require_sync_;
   if (!syncing_this_step_) return;
   events_.clear();

@@ -7,6 +7,7 @@
 
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/init.h"
 
 namespace dist {
 namespace internal {
@@ -28,6 +29,21 @@ std::vector<std::vector<int>> ReverseOrderBuckets(
     bytes += b;
   }
   return groups;
+}
+
+void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                         std::vector<tensor::Tensor>& grad_views) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    nn::Parameter* p = params[i].second;
+    tensor::Tensor& view = grad_views[i];
+    if (!p->grad.defined()) {
+      tensor::Zero(view);
+      p->grad = view;
+    } else if (p->grad.raw_data() != view.raw_data()) {
+      view.CopyFrom(p->grad);
+      p->grad = view;
+    }
+  }
 }
 
 std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root) {

@@ -44,6 +44,13 @@ std::vector<std::vector<int>> ReverseOrderBuckets(
     const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
     double cap_mb);
 
+// Before a backward: params[i]'s gradient becomes grad_views[i] (its view of
+// its bucket) again where it was dropped (ZeroGrad(set_to_none): the view is
+// zeroed) or replaced by another tensor (its values are copied in), so that
+// backward accumulates into the buckets.
+void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                         std::vector<tensor::Tensor>& grad_views);
+
 // For each module of `root`'s tree, the indices (into root.NamedParameters())
 // of the parameters in its subtree.
 std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);

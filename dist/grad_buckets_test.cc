@@ -39,6 +39,34 @@ TEST(ReverseOrderBucketsTest, LastParametersFirstUpToTheCap) {
             (std::vector<std::vector<int>>{{5, 4, 3, 2, 1, 0}}));
 }
 
+// One flat buffer with a view per parameter, as DDP and ZeRO-1 lay out their
+// buckets: a dropped gradient becomes its zeroed view, a replaced one is
+// copied into its view, and one already there is left alone.
+TEST(PointGradsAtBucketsTest, EveryGradientEndsInItsView) {
+  auto seq = ThreeLinears();
+  const auto params = seq->NamedParameters();
+  tensor::Tensor flat = tensor::Tensor::Full({60}, 7.0);  // stale values everywhere
+  std::vector<tensor::Tensor> views;
+  int64_t offset = 0;
+  for (const auto& [name, p] : params) {
+    views.push_back(flat.Narrow(0, offset, p->value.numel()).Reshape(p->value.shape()));
+    offset += p->value.numel();
+  }
+  params[0].second->grad = tensor::Tensor();                                     // dropped
+  params[1].second->grad = tensor::Tensor::Full({4}, 2.5);                       // replaced
+  for (size_t i = 2; i < params.size(); ++i) params[i].second->grad = views[i];  // in place
+  views[2].CopyFrom(tensor::Tensor::Full({4, 4}, 1.0));
+  PointGradsAtBuckets(params, views);
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE(params[i].first);
+    EXPECT_EQ(params[i].second->grad.raw_data(), views[i].raw_data());
+  }
+  EXPECT_EQ(views[0].ToVector<float>(), std::vector<float>(16, 0.0f));
+  EXPECT_EQ(views[1].ToVector<float>(), std::vector<float>(4, 2.5f));
+  EXPECT_EQ(views[2].ToVector<float>(), std::vector<float>(16, 1.0f));
+  EXPECT_EQ(views[3].ToVector<float>(), std::vector<float>(4, 7.0f));  // untouched
+}
+
 TEST(ReverseOrderBucketsTest, CapMustBePositive) {
   auto seq = ThreeLinears();
   try {
