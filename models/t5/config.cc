@@ -246,4 +246,19 @@ ParamCount CountParameters(const T5Config& c) {
   return n;
 }
 
+double FlopsPerExample(const T5Config& c, int64_t encoder_length, int64_t decoder_length) {
+  const double S = static_cast<double>(encoder_length);
+  const double T = static_cast<double>(decoder_length);
+  const double d = static_cast<double>(c.d_model);
+  const double i = static_cast<double>(c.inner_dim());
+  const double ff = (c.gated() ? 3.0 : 2.0) * d * static_cast<double>(c.d_ff);
+  const double enc_layers = static_cast<double>(c.num_layers);
+  const double dec_layers = static_cast<double>(c.num_decoder_layers);
+  const double projections = 2 * S * enc_layers * (4 * d * i + ff) +
+                             2 * T * dec_layers * (6 * d * i + ff) + 2 * S * dec_layers * 2 * d * i;
+  const double attention = 4 * i * (enc_layers * S * S + dec_layers * T * (T + S));
+  const double lm_head = 2 * T * d * static_cast<double>(c.vocab_size);
+  return 3 * (projections + attention + lm_head);
+}
+
 }  // namespace t5

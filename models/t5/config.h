@@ -97,6 +97,20 @@ struct ParamCount {
 };
 ParamCount CountParameters(const T5Config& config);
 
+// Model FLOPs of one example's forward and backward (3x the forward's), with
+// encoder_length tokens in and decoder_length tokens out: 2 FLOPs a
+// multiply-add, the way mingpt::FlopsPerToken and nanoGPT's estimate_mfu
+// count, padding included (the kernels compute on it). Forward:
+//   2 S L_enc (4 d i + f d d_ff)                          encoder projections, FF
+//   + 2 T L_dec (6 d i + f d d_ff) + 2 S L_dec (2 d i)    decoder projections (cross k, v over
+//                                                         the S encoder outputs), FF
+//   + 4 i (L_enc S^2 + L_dec T (T + S))                   scores and weighted values
+//   + 2 T d V                                             lm_head
+// with i = n_heads d_kv, f = 2 (ReLU) or 3 (gated GELU); causal scores
+// counted whole like minGPT's; norms, softmax and the position bias left out.
+// The MFU of the T5 train binary's step lines (models/common/mfu.h).
+double FlopsPerExample(const T5Config& config, int64_t encoder_length, int64_t decoder_length);
+
 }  // namespace t5
 
 #endif  // MODELS_T5_CONFIG_H_

@@ -113,6 +113,36 @@ TEST(T5ConfigTest, V1_1CountsMatchTheHuggingFaceCheckpoint) {
   EXPECT_EQ(shapes.back().shape, (std::vector<int64_t>{32128, 512}));
 }
 
+// The same count through the parameter counts: each weight of a block
+// multiplies each of its stack's tokens once (6 FLOPs forward and backward),
+// but the cross-attention's k and v multiply the S encoder outputs, and the
+// norms' weights (2 an encoder block, 3 a decoder block) multiply nothing.
+// t5-3b's heads are wider than d_model (32 x 128 = 4096 against 1024).
+TEST(T5ConfigTest, FlopsPerExampleFromTheParameterCounts) {
+  std::vector<T5Config> configs = {*Preset("t5-small"), *Preset("t5-3b"),
+                                   AsV1_1(*Preset("t5-base"))};
+  configs[0].num_decoder_layers = 4;  // unequal stacks
+  for (const T5Config& c : configs) {
+    SCOPED_TRACE(c.ToString());
+    const ParamCount n = CountParameters(c);
+    const double S = 512, T = 114, d = c.d_model, i = c.inner_dim();
+    const double cross_kv = 2 * d * i;
+    const double weights = S * c.num_layers * (n.per_encoder_block - 2 * d) +
+                           T * c.num_decoder_layers * (n.per_decoder_block - 3 * d - cross_kv) +
+                           S * c.num_decoder_layers * cross_kv + T * d * c.vocab_size;
+    const double attention =
+        i * (c.num_layers * S * S + c.num_decoder_layers * T * (T + S));  // q.k and p.v
+    EXPECT_DOUBLE_EQ(FlopsPerExample(c, 512, 114), 6 * weights + 12 * attention);
+  }
+  // t5-small by hand at S = T = 1: (4 + 4) d^2 + 2 d^2 for the stacks' projections
+  // per layer and 2 d d_ff each FF, plus scores and the lm_head.
+  const T5Config small = *Preset("t5-small");
+  const double d = 512, ff = 2 * 512 * 2048;
+  EXPECT_DOUBLE_EQ(FlopsPerExample(small, 1, 1),
+                   3 * (2 * 6 * (4 * d * d + ff) + 2 * 6 * (8 * d * d + ff) + 4 * d * (6 + 6 * 2) +
+                        2 * d * 32128));
+}
+
 TEST(T5ConfigTest, NamesAndShapesAreHuggingFaces) {
   const T5Config c = *Preset("t5-3b");  // inner dim 32 * 128 = 4096 != d_model
   std::map<std::string, std::vector<int64_t>> shapes;

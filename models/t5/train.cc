@@ -2,9 +2,10 @@
 // `./bazelw run //models/t5:train` trains a small T5 ("t5-tiny") on
 // span-corrupted bytes of the shipped text with the embedded defaults; every
 // flag below changes one thing. Each step logs loss, ms/step, tokens/s
-// (encoder + decoder tokens) and peak memory by category; --metrics_out writes
-// the same as JSON lines; --checkpoint_dir and --resume save and continue
-// exactly. The structure is minGPT's (models/mingpt/train.cc).
+// (encoder + decoder tokens), the MFU when a peak is known (t5::FlopsPerExample
+// against --peak_tflops or an H100's / H200's / A100's) and peak memory by category; --metrics_out
+// writes the same as JSON lines; --checkpoint_dir and --resume save and continue exactly. The
+// structure is minGPT's (models/mingpt/train.cc).
 //
 // Data: a token source (the shipped text, random tokens, a text file or a
 // uint16 .bin file) -> data::SpanCorruptionLoader: each row is a window of
@@ -54,6 +55,7 @@
 #include "models/common/eval_flags.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
+#include "models/common/mfu.h"
 #include "models/common/one_process_step.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
@@ -124,6 +126,10 @@ ABSL_FLAG(std::string, init_from, "",
           "single-process or sharded): training starts at step 0 with a fresh optimizer from "
           "its weights, and the model's configuration is the checkpoint's (--preset, --v1_1 "
           "and --vocab_size are refused with it; --dropout still applies)");
+ABSL_FLAG(double, peak_tflops, 0,
+          "dense peak TFLOP/s of one device for the MFU on the step lines (model FLOPs of the "
+          "encoder and decoder tokens, t5::FlopsPerExample); 0: a known GPU's bf16/fp16 peak "
+          "(H100, H200, A100), else no MFU. Over every GPU with --backend=nccl, else one");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
 
@@ -301,6 +307,7 @@ struct DpSetup {
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
   const Init* init = nullptr;  // --init_from, else null
+  double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -394,6 +401,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
                                absl::GetFlag(FLAGS_log_every), tokens_per_step, setup.dp.device);
+  reporter.SetMfu(FlopsPerExample(setup.config, setup.span.encoder_length,
+                                  loader->corruptor().decoder_length()) *
+                      static_cast<double>(K * W * B),
+                  setup.peak_flops);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
@@ -581,9 +592,18 @@ absl::Status Train() {
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
     setup.init = init ? &*init : nullptr;
+    absl::StatusOr<double> peak =
+        train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
+                         setup.dp.backend == train::Backend::kNccl ? setup.dp.world_size : 1);
+    if (!peak.ok()) return peak.status();
+    setup.peak_flops = *peak;
     return train::RunDataParallel(
         setup.dp, [&setup](train::RankContext& rank) { return TrainRank(setup, rank); });
   }
+
+  absl::StatusOr<double> peak =
+      train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), device, policy.param_dtype, 1);
+  if (!peak.ok()) return peak.status();
 
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
@@ -650,6 +670,9 @@ absl::Status Train() {
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
                                tokens_per_step, device);
+  reporter.SetMfu(FlopsPerExample(*config, S, loader->corruptor().decoder_length()) *
+                      static_cast<double>(K * B),
+                  *peak);
   train::StepTimer timer;
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();

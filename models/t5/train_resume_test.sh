@@ -88,6 +88,27 @@ bad_flag "--dropout=1.5 is not in [0, 1)" --dropout=1.5 --steps=1
 bad_flag "--num_sentinels=1" --num_sentinels=1 --steps=1
 bad_flag "--loss_scale='big' is not auto, none, dynamic" --loss_scale=big --steps=1
 bad_flag "--grad_accum_steps=-1 must be >= 1" --grad_accum_steps=-1 --steps=1
+bad_flag "--peak_tflops=-1 must be >= 0" --peak_tflops=-1 --steps=1
+
+# MFU against a given peak: t5-tiny (d_model 128, 4 heads of 32, d_ff 512,
+# 2+2 layers, vocab 356) at 32 encoder and 8 decoder tokens is 116,416,512
+# FLOPs an example (t5::FlopsPerExample, by hand: projections 25,165,824 +
+# 11,534,336, scores 1,376,256, lm_head 729,088; x3), 465,666,048 a step of 4
+# examples, in one process and over 2 ranks of 2 (the global batch): every
+# metrics line's mfu * ms * peak gives it back (a low peak, so that the 4
+# digits of mfu leave it within 1%).
+for run in "--batch_size=4" "--batch_size=2 --world_size=2"; do
+  # shellcheck disable=SC2086  # $run is two flags
+  "$train" --steps=2 --encoder_length=32 --log_every=1 --peak_tflops=0.01 $run \
+    --metrics_out="$dir/mfu.jsonl" > "$dir/mfu.log"
+  grep -Eq "^mean .* tokens/s \(.*\), MFU [0-9.]+% over 1 steps" "$dir/mfu.log"
+  sed -E 's/.*"ms":([0-9.]+),.*"mfu":([0-9.]+),.*/\1 \2/' "$dir/mfu.jsonl" | awk '
+    { f = $1 / 1000 * $2 * 0.01e12; if (f < 0.99 * 465666048 || f > 1.01 * 465666048) bad = 1; n++ }
+    END { exit bad || n != 2 }' ||
+    { echo "$run: the MFU does not count 465,666,048 FLOPs a step"; cat "$dir/mfu.jsonl"; exit 1; }
+  rm "$dir/mfu.jsonl"
+done
+if grep -q "MFU" "$dir/full.log"; then echo "an MFU without a known peak"; exit 1; fi
 
 # Gradient accumulation: 2 micro-batches of 2 (one process) and 2 of 1 on
 # each of 2 FSDP ranks give batch 4's losses (1e-5; no dropout).
