@@ -211,7 +211,7 @@ def main():
         results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
         base = results["pytorch_fp32"][0]
     print(f"{args.preset}, vocab {args.vocab_size}, block {args.seq_len}, batch {args.batch_size}, "
-          f"SGD, {os.cpu_count()} cores, torch {torch.__version__}, median of {args.steps} steps")
+          f"{args.optimizer}, {os.cpu_count()} cores, torch {torch.__version__}, median of {args.steps} steps")
     # "vs PyTorch": against minGPT's eager model as written (the same model);
     # "vs SDPA": against it with PyTorch's fused attention (--torch_sdpa).
     sdpa_name = next((k for k in results if k.endswith("_sdpa")), None)

@@ -158,6 +158,23 @@ racecheck attention_test *"
     GPU_SESSION_DEADLINE_S=0 GPU_SESSION_RACECHECKS="racecheck $test_name *" bash "$session_sh" racecheck 2>&1) ||
     { echo "$out" >&2; fail "gpu_session.sh racecheck past its deadline"; }
   expect_in "NOT RUN racecheck $test_name (the phase's deadline passed)" "$out" "racecheck deadline"
+  # The first phase: its tests (those in the bundle), then the benchmarks it has binaries for,
+  # each only while the phase is young enough (a stand-in train: past its start time here).
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session4" \
+    GPU_SESSION_FIRST_TESTS="no_such_test $test_name" bash "$session_sh" first 2>&1) ||
+    { echo "$out" >&2; fail "gpu_session.sh first"; }
+  expect_in "SKIP no_such_test (not in the bundle)" "$out" "first: a test not bundled"
+  expect_in "PASS $test_name (exit 0" "$out" "first: its test"
+  expect_in "failed binaries: 0" "$(cat "$work/session4/tests.txt")" "first: tests.txt"
+  expect_in "SKIP pytorch (train is not in the bundle)" "$out" "first: no train"
+  expect_in "SKIP bench (matmul_benchmark is not in the bundle)" "$out" "first: no benchmark"
+  cp "$u/bin/$bin_name" "$u/bin/train"
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session4" \
+    GPU_SESSION_FIRST_TESTS="$test_name" GPU_SESSION_PYTORCH_BY_S=0 GPU_SESSION_DEADLINE_S=0 \
+    bash "$session_sh" first 2>&1) || { echo "$out" >&2; fail "gpu_session.sh first, late"; }
+  expect_in "NOT RUN (the phase's deadline passed): $test_name" "$out" "first: tests past the deadline"
+  expect_in "NOT RUN pytorch (the phase is " "$out" "first: pytorch too late"
+  rm "$u/bin/train"
   out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" bash "$session_sh" nope 2>&1) &&
     fail "gpu_session.sh took an unknown phase"
   expect_in "tools/gpu_session.sh tests" "$out" "gpu_session.sh usage"

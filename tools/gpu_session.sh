@@ -4,6 +4,16 @@
 # by tools/gpu_bundle.sh and carried as gpu_bundle.tar.xz. Every phase writes a short summary
 # to stdout and its full logs under $OUT (at most 8 files come back; each phase writes <= 3).
 #
+#   tools/gpu_session.sh first   what issue 5 needs most, in one call, for a session with little
+#                                device time: the kernel tests of a gpt2 step
+#                                (GPU_SESSION_FIRST_TESTS: matmul_test attention_test norm_test
+#                                loss_test cuda_step_test model_cuda_test; each killed after 120 s, none started
+#                                after 150 s), then the gpt2 comparison with PyTorch eager (the
+#                                pytorch phase without its tuned and atomic-dq variants; started
+#                                before 300 s, killed at 560 s) and matmul_benchmark's table
+#                                (started before 450 s). What does not start is named NOT RUN.
+#                                $OUT: tests.txt, tests.log, vs_pytorch.json, vs_pytorch.svg,
+#                                matmul.txt
 #   tools/gpu_session.sh tests [NAME...]
 #                                every bundled *_test (or the NAMEd ones): PASS / FAIL per
 #                                binary with its ok / skipped / failed counts, the tail of each
@@ -42,13 +52,13 @@
 #                                charted in $OUT/memory.svg)
 #
 # Device tool: carry ["gpu_bundle.tar.xz"]; command
-#   tar xJf gpu_bundle.tar.xz && tools/gpu_session.sh tests
+#   tar xJf gpu_bundle.tar.xz && tools/gpu_session.sh first   (then tests, bench, train, ...)
 # (the bundle unpacks to gpu_bundle/; GPU_SESSION_BUNDLE names another folder).
 set -uo pipefail
 
 phase=${1:-}
 case "$phase" in
-  tests|bench|train|pytorch|profile|racecheck|memory) ;;
+  first|tests|bench|train|pytorch|profile|racecheck|memory) ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
 bundle=${GPU_SESSION_BUNDLE:-gpu_bundle}
@@ -85,41 +95,100 @@ record_check() {
   rm -f "$out/check.tmp"
 }
 
+# run_tests NAME...: each bundled test binary (PASS / FAIL with its gtest counts) into
+# $out/tests.txt and $out/tests.log; none starts after the deadline (NOT RUN).
+run_tests() {
+  : > "$out/tests.log"
+  : > "$out/tests.txt"
+  local t passed skipped failures not_run=()
+  for t in "$@"; do
+    if past_deadline; then
+      not_run+=("$t")
+      continue
+    fi
+    timed_check "$run" "$t"
+    passed=$(grep -c '^\[       OK \]' "$out/check.tmp")
+    skipped=$(grep -c '^\[  SKIPPED \]' "$out/check.tmp")
+    failures=$(grep -c '^\[  FAILED  \]' "$out/check.tmp")
+    record_check tests "$verdict $t (exit $code, ${secs}s): $passed ok, $skipped skipped, $failures failed" \
+      -B2 -A12 -m 5 -E 'Failure|FAILED|error|Error'
+  done
+  if (( ${#not_run[@]} > 0 )); then
+    echo "NOT RUN (the phase's deadline passed): ${not_run[*]}" | tee -a "$out/tests.txt"
+  fi
+  echo "failed binaries: $failed" | tee -a "$out/tests.txt"
+}
+
+# run_pytorch LIMIT_S [FLAG...]: gpt2 124M bf16, batch 16 x 1024, AdamW, ours against PyTorch
+# eager (with its fused attention too) through tools/bench_vs_pytorch.py, FLAGs added, killed
+# after LIMIT_S seconds; $out/vs_pytorch.json and its chart.
+run_pytorch() {
+  local limit=$1
+  shift
+  PYTHONUNBUFFERED=1 timeout -k 10 "$limit" python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
+    --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa "$@" \
+    --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
+  local rc=$?
+  [[ -s "$out/vs_pytorch.json" ]] && python3 tools/plot.py speed "$out/vs_pytorch.json" --out "$out/vs_pytorch.svg"
+  return $rc
+}
+
+# run_matmul_bench LIMIT_S: //tensor/cuda:matmul_benchmark's table (ours against the raw
+# cuBLASLt call) into $out/matmul.txt, killed after LIMIT_S seconds.
+run_matmul_bench() {
+  timeout -k 5 "$1" "$run" matmul_benchmark --samples=20 --reps=10 2>&1 | tee "$out/matmul.txt" | tail -40
+}
+
+# started_before SECONDS: the phase began less than SECONDS ago.
+phase_start=$(date +%s)
+started_before() { (( $(date +%s) - phase_start < $1 )); }
+
 case "$phase" in
-  tests)
-    : > "$out/tests.log"
-    : > "$out/tests.txt"
-    shift
-    if (( $# > 0 )); then
-      tests=("$@")
-      for t in "${tests[@]}"; do
-        has "$t" || { echo "gpu_session: $t is not in the bundle" >&2; exit 2; }
-      done
-    else
-      mapfile -t tests < <("$run" --list | grep '_test$')
-    fi
-    not_run=()
-    for t in "${tests[@]}"; do
-      if past_deadline; then
-        not_run+=("$t")
-        continue
-      fi
-      timed_check "$run" "$t"
-      passed=$(grep -c '^\[       OK \]' "$out/check.tmp")
-      skipped=$(grep -c '^\[  SKIPPED \]' "$out/check.tmp")
-      failures=$(grep -c '^\[  FAILED  \]' "$out/check.tmp")
-      record_check tests "$verdict $t (exit $code, ${secs}s): $passed ok, $skipped skipped, $failures failed" \
-        -B2 -A12 -m 5 -E 'Failure|FAILED|error|Error'
+  first)
+    mapfile -t first_tests < <(printf '%s\n' ${GPU_SESSION_FIRST_TESTS:-matmul_test attention_test \
+      norm_test loss_test cuda_step_test model_cuda_test})
+    present=()
+    for t in "${first_tests[@]}"; do
+      if has "$t"; then present+=("$t"); else echo "SKIP $t (not in the bundle)"; fi
     done
-    if (( ${#not_run[@]} > 0 )); then
-      echo "NOT RUN (the phase's deadline passed): ${not_run[*]}" | tee -a "$out/tests.txt"
+    per_check=${GPU_SESSION_TEST_TIMEOUT_S:-120}
+    deadline=$(( phase_start + ${GPU_SESSION_DEADLINE_S:-150} ))
+    (( ${#present[@]} > 0 )) && run_tests "${present[@]}"
+    if ! has train; then
+      echo "SKIP pytorch (train is not in the bundle)"
+    elif ! started_before "${GPU_SESSION_PYTORCH_BY_S:-300}"; then
+      echo "NOT RUN pytorch (the phase is $(( $(date +%s) - phase_start ))s old)"
+    else
+      echo "=== ours against PyTorch eager"
+      run_pytorch $(( phase_start + ${GPU_SESSION_PYTORCH_UNTIL_S:-560} - $(date +%s) )) ||
+        echo "pytorch: exit $? (124: killed at the phase's limit)"
     fi
-    echo "failed binaries: $failed" | tee -a "$out/tests.txt"
+    if ! has matmul_benchmark; then
+      echo "SKIP bench (matmul_benchmark is not in the bundle)"
+    elif ! started_before "${GPU_SESSION_BENCH_BY_S:-450}"; then
+      echo "NOT RUN bench (the phase is $(( $(date +%s) - phase_start ))s old)"
+    else
+      echo "=== GEMMs against the raw cuBLASLt call"
+      run_matmul_bench $(( phase_start + 585 - $(date +%s) )) ||
+        echo "bench: exit $? (124: killed at the phase's limit)"
+    fi
+    ;;
+  tests)
+    shift
+    for t in "$@"; do
+      has "$t" || { echo "gpu_session: $t is not in the bundle" >&2; exit 2; }
+    done
+    if (( $# > 0 )); then
+      run_tests "$@"
+    else
+      mapfile -t all < <("$run" --list | grep '_test$')
+      run_tests "${all[@]}"
+    fi
     ;;
   bench)
     # Both print tables (their own mains, not Google Benchmark): kept under $OUT.
     if has matmul_benchmark; then
-      "$run" matmul_benchmark --samples=20 --reps=10 2>&1 | tee "$out/matmul.txt" | tail -40
+      run_matmul_bench 300
       # "ours" tuned: the fastest of the heuristic's candidates, against the raw first one.
       FSDP_CUDA_GEMM_TUNE=1 "$run" matmul_benchmark --samples=20 --reps=10 2>&1 |
         tee "$out/matmul_tuned.txt" | tail -20
@@ -173,11 +242,7 @@ case "$phase" in
     ;;
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
-    PYTHONUNBUFFERED=1 python3 tools/bench_vs_pytorch.py --device cuda --preset gpt2 \
-      --seq_len 1024 --batch_size 16 --optimizer adamw --steps 8 --warmup 2 --torch_sdpa --gemm_tune \
-      --attention_dq_atomic \
-      --train_cmd "$run train" --json_out "$out/vs_pytorch.json"
-    [[ -s "$out/vs_pytorch.json" ]] && python3 tools/plot.py speed "$out/vs_pytorch.json" --out "$out/vs_pytorch.svg"
+    run_pytorch 590 --gemm_tune --attention_dq_atomic
     ;;
   profile)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
