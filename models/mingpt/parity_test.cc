@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "models/data/runfiles.h"
+#include "models/common/parity_testing.h"
 #include "models/mingpt/model.h"
 #include "nn/state_dict.h"
 #include "optim/param_ref.h"
@@ -42,41 +42,17 @@ constexpr char kFixture[] = "models/mingpt/testdata/tiny_gpt_reference.safetenso
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-6;
 
-struct Fixture {
-  std::map<std::string, std::string> metadata;
-  tensor::NamedTensors weights;             // everything that is not a result or the batch
-  std::map<std::string, Tensor> reference;  // idx, targets, loss, grad.*, sgd_*
-};
+using ::train::testing::AsDoubles;
+using ::train::testing::Meta;
+using ::train::testing::MetaDoubles;
+using Fixture = ::train::testing::ParityFixture;
 
 bool IsReferenceEntry(const std::string& name) {
   return name == "idx" || name == "targets" || name == "loss" || name.rfind("grad.", 0) == 0 ||
          name.rfind("sgd_", 0) == 0;
 }
 
-Fixture LoadFixture() {
-  absl::StatusOr<std::string> path = data::ResolveRunfile(kFixture);
-  EXPECT_TRUE(path.ok()) << path.status();
-  if (!path.ok()) return {};
-  absl::StatusOr<tensor::SafetensorsFile> file = tensor::ReadSafetensors(*path);
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return {};
-  Fixture f;
-  f.metadata = file->header.metadata;
-  for (auto& [name, t] : file->tensors) {
-    if (IsReferenceEntry(name)) {
-      f.reference[name] = t;
-    } else {
-      f.weights.emplace_back(name, t);
-    }
-  }
-  return f;
-}
-
-std::string Meta(const Fixture& f, const std::string& key) {
-  auto it = f.metadata.find(key);
-  EXPECT_NE(it, f.metadata.end()) << "fixture metadata lacks '" << key << "'";
-  return it == f.metadata.end() ? "" : it->second;
-}
+Fixture LoadFixture() { return train::testing::LoadParityFixture(kFixture, IsReferenceEntry); }
 
 int64_t MetaInt(const Fixture& f, const std::string& key) {
   int64_t v = 0;
@@ -88,17 +64,6 @@ double MetaDouble(const Fixture& f, const std::string& key) {
   double v = 0;
   EXPECT_TRUE(absl::SimpleAtod(Meta(f, key), &v)) << key;
   return v;
-}
-
-// A comma-separated list of doubles (the f64 reference scalars).
-std::vector<double> MetaDoubles(const Fixture& f, const std::string& key) {
-  std::vector<double> out;
-  for (absl::string_view part : absl::StrSplit(Meta(f, key), ',')) {
-    double v = 0;
-    EXPECT_TRUE(absl::SimpleAtod(part, &v)) << key << ": '" << part << "'";
-    out.push_back(v);
-  }
-  return out;
 }
 
 GptConfig ConfigOf(const Fixture& f) {
@@ -113,34 +78,9 @@ GptConfig ConfigOf(const Fixture& f) {
   return c;
 }
 
-// Checks ours against torch elementwise (|a - b| <= kAtol + kRtol |b|) and
-// prints the measured errors: the share of the tolerance used, the largest
-// relative error among entries with |torch| >= 1e-3, the largest absolute error.
 void ExpectMatches(const std::string& what, const std::vector<double>& ours,
                    const std::vector<double>& torch) {
-  ASSERT_EQ(ours.size(), torch.size()) << what;
-  double used = 0, rel = 0, abs_err = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    const double err = std::fabs(ours[i] - torch[i]);
-    const double u = err / (kAtol + kRtol * std::fabs(torch[i]));
-    if (!(u <= used)) {  // also catches NaN
-      used = u;
-      worst = i;
-    }
-    if (std::fabs(torch[i]) >= 1e-3) rel = std::max(rel, err / std::fabs(torch[i]));
-    abs_err = std::max(abs_err, err);
-  }
-  std::printf("%-44s tolerance used %9.2e  max rel (|ref|>=1e-3) %9.2e  max abs %9.2e\n",
-              what.c_str(), used, rel, abs_err);
-  EXPECT_LE(used, 1.0) << what << ": element " << worst << " is " << ours[worst] << ", PyTorch has "
-                       << torch[worst] << " (|diff| " << std::fabs(ours[worst] - torch[worst])
-                       << " > " << kAtol << " + " << kRtol << " * |ref|)";
-}
-
-std::vector<double> AsDoubles(const Tensor& t) {
-  std::vector<float> v = t.To(tensor::Dtype::kF32).ToVector<float>();
-  return std::vector<double>(v.begin(), v.end());
+  train::testing::ExpectMatches(what, ours, torch, kRtol, kAtol);
 }
 
 // A GPT with the fixture's config and weights.
