@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "models/common/checkpoint_convert.h"
+#include "models/common/hf_folder.h"
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "nn/parameter.h"
@@ -40,14 +41,6 @@ bool IsConv1DWeight(const std::string& name) {
     if (absl::EndsWith(name, suffix)) return true;
   }
   return false;
-}
-
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot be read"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // config.json's GPT-2 sizes; refuses what our minGPT does not compute.
@@ -121,84 +114,30 @@ absl::StatusOr<GptConfig> ConfigFromHf(const Json& json, const std::string& path
   return c;
 }
 
-// The safetensors files of a HF folder: model.safetensors, or the shards an
-// index names.
-absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
-  std::error_code ec;
-  if (std::filesystem::exists(dir + "/model.safetensors", ec))
-    return std::vector<std::string>{dir + "/model.safetensors"};
-  const std::string index = dir + "/model.safetensors.index.json";
-  if (!std::filesystem::exists(index, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir,
-        " has no model.safetensors (nor model.safetensors.index.json); only safetensors "
-        "weights are read, not pytorch_model.bin"));
-  }
-  absl::StatusOr<std::string> text = ReadText(index);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Json> json = tensor::ParseJson(*text);
-  if (!json.ok())
-    return absl::InvalidArgumentError(absl::StrCat(index, ": ", json.status().message()));
-  const Json* map = json->Get("weight_map");
-  if (map == nullptr || map->kind != Json::Kind::kObject) {
-    return absl::InvalidArgumentError(absl::StrCat(index, ": no weight_map object"));
-  }
-  std::vector<std::string> files;
-  std::set<std::string> seen;
-  for (const auto& [name, file] : map->fields) {
-    if (file.kind != Json::Kind::kString || absl::StrContains(file.text, "/")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index, ": weight_map['", name, "'] is not a file name in the folder"));
-    }
-    if (seen.insert(file.text).second) files.push_back(dir + "/" + file.text);
-  }
-  return files;
-}
-
 }  // namespace
 
-bool IsHfModelDir(const std::string& dir) {
-  std::error_code ec;
-  return std::filesystem::exists(dir + "/config.json", ec);
-}
-
 absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
-  const std::string config_path = dir + "/config.json";
-  absl::StatusOr<std::string> text = ReadText(config_path);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Json> json = tensor::ParseJson(*text);
-  if (!json.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", json.status().message()));
-  }
-  absl::StatusOr<GptConfig> config = ConfigFromHf(*json, config_path);
+  absl::StatusOr<Json> json = train::ReadHfConfig(dir);
+  if (!json.ok()) return json.status();
+  absl::StatusOr<GptConfig> config = ConfigFromHf(*json, dir + "/config.json");
   if (!config.ok()) return config.status();
-
-  absl::StatusOr<std::vector<std::string>> files = HfWeightFiles(dir);
-  if (!files.ok()) return files.status();
-  // An entry of one of the files, under our name.
-  struct Found {
-    std::string name;  // the file's
-    std::string file;
-    std::shared_ptr<const tensor::SafetensorsHeader> header;
-    const tensor::SafetensorsEntry* entry;
-  };
-  std::map<std::string, Found> found;
-  for (const std::string& file : *files) {
-    // Checked against its checksum when it has one.
-    absl::StatusOr<tensor::SafetensorsHeader> header = tensor::ReadVerifiedSafetensorsHeader(file);
-    if (!header.ok()) return header.status();
-    auto shared = std::make_shared<const tensor::SafetensorsHeader>(*std::move(header));
-    for (const tensor::SafetensorsEntry& e : shared->entries) {
-      if (absl::EndsWith(e.name, ".attn.bias") || absl::EndsWith(e.name, ".attn.masked_bias")) {
-        continue;  // the causal mask, a buffer
-      }
-      const std::string ours = e.name == "lm_head.weight" || absl::StartsWith(e.name, kPrefix)
-                                   ? e.name
-                                   : absl::StrCat(kPrefix, e.name);
-      if (!found.emplace(ours, Found{e.name, file, shared, &e}).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(dir, ": tensor '", e.name, "' is in the files twice"));
-      }
+  absl::StatusOr<std::map<std::string, train::HfTensor>> tensors = train::OpenHfTensors(dir);
+  if (!tensors.ok()) return tensors.status();
+  // The files' names by ours: GPT2Model files lack the "transformer." prefix;
+  // the causal mask (attn.bias, attn.masked_bias: a buffer) is not a weight.
+  std::map<std::string, std::string> by_ours;
+  std::set<std::string> used;
+  for (const auto& [name, t] : *tensors) {
+    if (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")) {
+      used.insert(name);
+      continue;
+    }
+    const std::string ours = name == "lm_head.weight" || absl::StartsWith(name, kPrefix)
+                                 ? name
+                                 : absl::StrCat(kPrefix, name);
+    if (!by_ours.emplace(ours, name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensors '", by_ours[ours], "' and '",
+                                                     name, "' are both '", ours, "'"));
     }
   }
   PretrainedSources out;
@@ -207,43 +146,26 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
   if (data::Gpt2Tokenizer::IsTokenizerDir(dir)) {
     out.tokenizer = data::Gpt2Tokenizer::RecordName(dir);
   }
-  std::set<std::string> used;
   for (const ParamShape& p : ParameterShapes(*config)) {
-    auto it = found.find(p.name);
-    if (it == found.end() && p.name == "lm_head.weight") it = found.find("transformer.wte.weight");
-    if (it == found.end()) {
+    auto it = by_ours.find(p.name);
+    if (it == by_ours.end() && p.name == "lm_head.weight")
+      it = by_ours.find("transformer.wte.weight");
+    if (it == by_ours.end()) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": no tensor '",
                                                      p.name.substr(sizeof(kPrefix) - 1), "' (nor '",
                                                      p.name, "') in the weights"));
     }
-    used.insert(it->first);
-    const Found& f = it->second;
+    used.insert(it->second);
     const bool conv1d = IsConv1DWeight(p.name);
-    tensor::Shape want(p.shape);
-    if (conv1d) want = tensor::Shape({p.shape[1], p.shape[0]});
-    if (f.entry->shape != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dir, ": tensor '", f.name, "' has shape ", f.entry->shape.ToString(),
-                       "; config.json's sizes need ", want.ToString()));
-    }
-    if (!tensor::IsFloatingPoint(f.entry->dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dir, ": tensor '", f.name, "' is ", tensor::DtypeName(f.entry->dtype)));
-    }
-    std::shared_ptr<const nn::InitSource> source =
-        nn::SafetensorsEntrySource(f.file, f.header, *f.entry);
-    out.sources.emplace_back(p.name, conv1d ? nn::TransposedInitSource(std::move(source)) : source);
+    absl::StatusOr<std::shared_ptr<const nn::InitSource>> source = train::HfTensorSource(
+        dir, it->second, tensors->at(it->second),
+        conv1d ? tensor::Shape({p.shape[1], p.shape[0]}) : tensor::Shape(p.shape));
+    if (!source.ok()) return source.status();
+    out.sources.emplace_back(p.name,
+                             conv1d ? nn::TransposedInitSource(*std::move(source)) : *source);
   }
-  std::vector<std::string> unknown;
-  for (const auto& [ours, f] : found) {
-    if (used.count(ours) == 0) unknown.push_back(f.name);
-  }
-  if (!unknown.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": tensors GPT-2 of config.json's sizes does not have: ",
-        absl::StrJoin(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 5), ", "),
-        unknown.size() > 5 ? ", ..." : ""));
-  }
+  absl::Status others = train::CheckNoOtherHfTensors(dir, *tensors, used, "GPT-2");
+  if (!others.ok()) return others;
   return out;
 }
 
@@ -280,7 +202,7 @@ absl::StatusOr<std::optional<CheckpointOrigin>> CheckpointOf(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": no such folder (a checkpoint or a Hugging Face GPT-2 model folder)"));
   }
-  if (IsHfModelDir(path)) return std::nullopt;
+  if (train::IsHfModelDir(path)) return std::nullopt;
   absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(
       path, absl::StrCat(
                 path, " is neither a checkpoint nor a Hugging Face model folder (no config.json)"));

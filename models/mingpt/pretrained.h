@@ -43,9 +43,6 @@ struct PretrainedWeights {
   std::string tokenizer;
 };
 
-// True when `dir` holds a Hugging Face model (config.json).
-bool IsHfModelDir(const std::string& dir);
-
 // A Hugging Face GPT-2 folder: config.json and model.safetensors (or
 // model.safetensors.index.json and its shards). InvalidArgument naming the
 // file and key for anything that is not GPT-2 as above, a missing or
