@@ -1,0 +1,230 @@
+#include "models/t5/pretrained.h"
+
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "models/common/hf_folder.h"
+#include "models/common/train_support.h"
+#include "tensor/durable_file.h"
+#include "tensor/error.h"
+#include "tensor/safetensors.h"
+
+namespace t5 {
+namespace {
+
+using tensor::Json;
+
+// shared.weight under the names Hugging Face also saves it as.
+constexpr const char* kSharedAliases[] = {"encoder.embed_tokens.weight",
+                                          "decoder.embed_tokens.weight"};
+
+}  // namespace
+
+absl::StatusOr<T5Config> ConfigFromHf(const Json& json, const std::string& path) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (const Json* type = json.Get("model_type");
+      type != nullptr && !(type->kind == Json::Kind::kString && type->text == "t5")) {
+    return bad(absl::StrCat("model_type is '", type->text, "', not 't5'"));
+  }
+  T5Config c;
+  c.name = "hf-t5";
+  for (auto [key, field] : {std::pair{"vocab_size", &c.vocab_size},
+                            {"d_model", &c.d_model},
+                            {"d_kv", &c.d_kv},
+                            {"d_ff", &c.d_ff},
+                            {"num_layers", &c.num_layers},
+                            {"num_heads", &c.num_heads}}) {
+    absl::StatusOr<int64_t> v = train::HfConfigInt(json, path, key);
+    if (!v.ok()) return v.status();
+    *field = *v;
+  }
+  // Optional integers and their defaults (num_decoder_layers: num_layers, also when null).
+  const int64_t default_buckets = 32, default_distance = 128;
+  struct Optional {
+    const char* key;
+    int64_t* field;
+    const int64_t* fallback;
+  };
+  for (const Optional& o : {Optional{"num_decoder_layers", &c.num_decoder_layers, &c.num_layers},
+                            Optional{"relative_attention_num_buckets",
+                                     &c.relative_attention_num_buckets, &default_buckets},
+                            Optional{"relative_attention_max_distance",
+                                     &c.relative_attention_max_distance, &default_distance}}) {
+    const Json* v = json.Get(o.key);
+    absl::StatusOr<int64_t> n = v != nullptr && v->kind == Json::Kind::kNull
+                                    ? *o.fallback
+                                    : train::HfConfigInt(json, path, o.key, o.fallback);
+    if (!n.ok()) return n.status();
+    *o.field = *n;
+  }
+  for (auto [key, field] : {std::pair{"dropout_rate", &c.dropout_rate},
+                            {"layer_norm_epsilon", &c.layer_norm_epsilon},
+                            {"initializer_factor", &c.initializer_factor}}) {
+    const Json* v = json.Get(key);
+    if (v == nullptr) continue;  // the default
+    double d = 0;
+    if (v->kind != Json::Kind::kNumber || !absl::SimpleAtod(v->text, &d)) {
+      return bad(absl::StrCat("\"", key, "\" is not a number (", v->text, ")"));
+    }
+    *field = static_cast<float>(d);
+  }
+  if (const Json* ff = json.Get("feed_forward_proj"); ff != nullptr) {
+    if (ff->text == "relu") {
+      c.feed_forward_proj = FeedForwardProj::kRelu;
+    } else if (ff->text == "gated-gelu") {
+      c.feed_forward_proj = FeedForwardProj::kGatedGelu;
+    } else {
+      return bad(absl::StrCat("feed_forward_proj '", ff->text,
+                              "' is not one T5 computes here: relu (v1.0) or gated-gelu (v1.1)"));
+    }
+  }
+  if (const Json* act = json.Get("dense_act_fn"); act != nullptr) {
+    const char* want = c.gated() ? "gelu_new" : "relu";
+    if (act->text != want) {
+      return bad(absl::StrCat("dense_act_fn '", act->text, "' is not ", want,
+                              ", the activation of feed_forward_proj ",
+                              c.gated() ? "gated-gelu" : "relu"));
+    }
+  }
+  if (const Json* tie = json.Get("tie_word_embeddings"); tie != nullptr) {
+    if (tie->kind != Json::Kind::kBool) {
+      return bad(absl::StrCat("\"tie_word_embeddings\" is not true or false (", tie->text, ")"));
+    }
+    c.tie_word_embeddings = tie->text == "true";
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return bad(std::string(valid.message()));
+  return c;
+}
+
+absl::StatusOr<HfT5> OpenHfT5(const std::string& dir) {
+  absl::StatusOr<Json> json = train::ReadHfConfig(dir);
+  if (!json.ok()) return json.status();
+  absl::StatusOr<T5Config> config = ConfigFromHf(*json, dir + "/config.json");
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::map<std::string, train::HfTensor>> tensors = train::OpenHfTensors(dir);
+  if (!tensors.ok()) return tensors.status();
+  std::set<std::string> used;
+  for (const char* alias : kSharedAliases) used.insert(alias);
+  if (config->tie_word_embeddings) used.insert("lm_head.weight");
+  HfT5 out;
+  out.config = *config;
+  out.source = absl::StrCat("Hugging Face T5 ", dir);
+  for (const ParamShape& p : ParameterShapes(*config)) {
+    std::string name = p.name;
+    if (name == "shared.weight" && tensors->count(name) == 0) {
+      for (const char* alias : kSharedAliases) {
+        if (tensors->count(alias) != 0) {
+          name = alias;
+          break;
+        }
+      }
+    }
+    auto it = tensors->find(name);
+    if (it == tensors->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": no tensor '", p.name, "'",
+                       p.name == "shared.weight" ? " (nor encoder.embed_tokens.weight)" : "",
+                       " in the weights"));
+    }
+    used.insert(name);
+    absl::StatusOr<std::shared_ptr<const nn::InitSource>> source =
+        train::HfTensorSource(dir, name, it->second, tensor::Shape(p.shape));
+    if (!source.ok()) return source.status();
+    out.sources.emplace_back(p.name, *std::move(source));
+  }
+  absl::Status others = train::CheckNoOtherHfTensors(dir, *tensors, used, "T5");
+  if (!others.ok()) return others;
+  return out;
+}
+
+absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
+                       const nn::NamedInitSources& weights) {
+  std::map<std::string, const nn::InitSource*> by_name;
+  for (const auto& [name, source] : weights) by_name[name] = source.get();
+  std::vector<tensor::SafetensorsWriter::Decl> entries;
+  std::vector<const nn::InitSource*> sources;
+  for (const ParamShape& p : ParameterShapes(config)) {
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no weight '", p.name, "' for ", config.ToString()));
+    }
+    if (it->second->shape() != tensor::Shape(p.shape)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight '", p.name, "' has shape ", it->second->shape().ToString(), "; ",
+                       config.ToString(), " needs ", tensor::Shape(p.shape).ToString()));
+    }
+    entries.push_back({p.name, tensor::Dtype::kF32, it->second->shape()});
+    sources.push_back(it->second);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("weight '", by_name.begin()->first,
+                                                   "' is not a parameter of ", config.ToString()));
+  }
+  absl::Status s = train::MakeCheckpointDir(dir);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> file =
+      tensor::SafetensorsWriter::Create(dir + "/model.safetensors", entries, {{"format", "pt"}});
+  if (!file.ok()) return file.status();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    tensor::Tensor t = tensor::Tensor::Empty(sources[i]->shape());  // f32, host
+    try {
+      sources[i]->Read(0, t);
+    } catch (const tensor::OpError& e) {
+      return absl::DataLossError(absl::StrCat("reading '", entries[i].name, "': ", e.what()));
+    }
+    s = (*file)->Append(t);
+    if (!s.ok()) return s;
+  }
+  s = (*file)->Finish();
+  if (!s.ok()) return s;
+  // Hugging Face's T5Config fields; decoder_start_token_id and pad_token_id 0
+  // and eos_token_id 1 are T5's SentencePiece ids (ours: data::SpanCorruptor's
+  // pad and decoder start 0).
+  const std::string json = absl::StrFormat(
+      R"({
+  "architectures": ["T5ForConditionalGeneration"],
+  "model_type": "t5",
+  "vocab_size": %d,
+  "d_model": %d,
+  "d_kv": %d,
+  "d_ff": %d,
+  "num_layers": %d,
+  "num_decoder_layers": %d,
+  "num_heads": %d,
+  "relative_attention_num_buckets": %d,
+  "relative_attention_max_distance": %d,
+  "dropout_rate": %.9g,
+  "layer_norm_epsilon": %.9g,
+  "initializer_factor": %.9g,
+  "feed_forward_proj": "%s",
+  "dense_act_fn": "%s",
+  "is_gated_act": %s,
+  "tie_word_embeddings": %s,
+  "is_encoder_decoder": true,
+  "decoder_start_token_id": 0,
+  "pad_token_id": 0,
+  "eos_token_id": 1,
+  "torch_dtype": "float32"
+}
+)",
+      config.vocab_size, config.d_model, config.d_kv, config.d_ff, config.num_layers,
+      config.num_decoder_layers, config.num_heads, config.relative_attention_num_buckets,
+      config.relative_attention_max_distance, config.dropout_rate, config.layer_norm_epsilon,
+      config.initializer_factor, config.gated() ? "gated-gelu" : "relu",
+      config.gated() ? "gelu_new" : "relu", config.gated() ? "true" : "false",
+      config.tie_word_embeddings ? "true" : "false");
+  return tensor::WriteFileDurably(dir + "/config.json", json);
+}
+
+}  // namespace t5

@@ -1,0 +1,59 @@
+// T5 weights from a Hugging Face T5ForConditionalGeneration folder (t5-small
+// .. t5-11b, google/t5-v1_1-*, or what save_pretrained writes after a
+// fine-tuning), and the export of ours as one. The model is the same: our
+// parameter names are Hugging Face's, and //models/t5:parity_test holds ours
+// to its computation.
+//   - config.json: vocab_size, d_model, d_kv, d_ff, num_layers, num_heads;
+//     num_decoder_layers (default num_layers), relative_attention_num_buckets
+//     (32), relative_attention_max_distance (128), dropout_rate (0.1),
+//     layer_norm_epsilon (1e-6), initializer_factor (1), feed_forward_proj
+//     ("relu", or "gated-gelu": v1.1), tie_word_embeddings (true); any other
+//     feed_forward_proj (gated-silu, gelu, ...) or model_type is refused,
+//     naming the key.
+//   - weights: ours by name. encoder.embed_tokens.weight and
+//     decoder.embed_tokens.weight (shared.weight under other names) are
+//     skipped, or stand for shared.weight when the file leaves it out; a tied
+//     model's lm_head.weight is skipped (Hugging Face ties it to shared.weight
+//     on load). f32, f16 or bf16, read as f32, slice by slice.
+// T5's vocabulary is padded (t5-small: 32128 rows for 32000 SentencePiece ids
+// and 100 sentinels, <extra_id_0> = 32099, as data::SpanCorruptor numbers them
+// above 32000): //models/t5:train --init_from=DIR accepts a model vocabulary
+// larger than the data's ids + sentinels.
+#ifndef MODELS_T5_PRETRAINED_H_
+#define MODELS_T5_PRETRAINED_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/t5/config.h"
+#include "nn/state_dict.h"
+#include "tensor/json.h"
+
+namespace t5 {
+
+// config.json's fields as above (`path` names the file in errors); the
+// configuration is named "hf-t5".
+absl::StatusOr<T5Config> ConfigFromHf(const tensor::Json& json, const std::string& path);
+
+struct HfT5 {
+  T5Config config;
+  nn::NamedInitSources sources;  // ParameterShapes(config) order
+  std::string source;            // "Hugging Face T5 DIR"
+};
+
+// The folder's configuration and a source per parameter: headers read and
+// checked, no weights. InvalidArgument naming the file and key or tensor for
+// a configuration as above, a missing or misshapen tensor, or another one.
+absl::StatusOr<HfT5> OpenHfT5(const std::string& dir);
+
+// Writes `weights` (ours: the names and shapes of ParameterShapes(config)) to
+// `dir` (created if missing) as config.json + model.safetensors that
+// T5ForConditionalGeneration.from_pretrained loads, one weight read and
+// written at a time.
+absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
+                       const nn::NamedInitSources& weights);
+
+}  // namespace t5
+
+#endif  // MODELS_T5_PRETRAINED_H_
