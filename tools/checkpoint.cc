@@ -27,7 +27,9 @@
 //                                         with the checkpoint's tokenizer (train records
 //                                         it) or --tokenizer=gpt2|DIR, OUT/vocab.json and
 //                                         OUT/merges.txt too, which sample then uses
-//                                         (--tokenizer=none: without)
+//                                         (--tokenizer=none: without); a T5 checkpoint
+//                                         as a T5ForConditionalGeneration folder
+//                                         (models/t5/pretrained.h; no tokenizer)
 //   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
 //                                         the models parameter by parameter (largest
 //                                         differences first); exit 1 unless every
@@ -60,6 +62,8 @@
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
 #include "models/mingpt/pretrained.h"
+#include "models/t5/config.h"
+#include "models/t5/pretrained.h"
 #include "nn/state_dict.h"
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
@@ -219,7 +223,33 @@ int Shard(const std::string& dir, const std::string& out) {
   return 0;
 }
 
+// A T5 checkpoint as a Hugging Face T5ForConditionalGeneration folder. No
+// tokenizer goes with it (T5's is SentencePiece, which train does not record).
+int ExportHfT5(const train::RecordedCheckpoint& recorded, const t5::T5Config& config,
+               const std::string& out) {
+  if (absl::GetFlag(FLAGS_tokenizer) != "auto" && absl::GetFlag(FLAGS_tokenizer) != "none") {
+    return Fail(absl::StrCat("--tokenizer=", absl::GetFlag(FLAGS_tokenizer),
+                             ": a T5 checkpoint is exported without a tokenizer"));
+  }
+  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded.step_dir);
+  if (!sources.ok()) return Fail(std::string(sources.status().message()));
+  absl::Status s = t5::WriteHfT5(out, config, *sources);
+  if (!s.ok()) return Fail(std::string(s.message()));
+  std::printf(
+      "wrote the Hugging Face T5 folder %s (config.json, model.safetensors) of %s from %s\n",
+      out.c_str(), config.ToString().c_str(), recorded.description.c_str());
+  return 0;
+}
+
 int ExportHf(const std::string& dir, const std::string& out) {
+  // A T5 checkpoint by its recorded configuration; else minGPT's (whose errors
+  // say what the folder is not).
+  if (absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(dir);
+      recorded.ok()) {
+    if (absl::StatusOr<t5::T5Config> config = t5::ParseConfig(recorded->config); config.ok()) {
+      return ExportHfT5(*recorded, *config, out);
+    }
+  }
   // Opened, not read: the weights are read and written one at a time.
   absl::StatusOr<mingpt::PretrainedSources> w = mingpt::OpenPretrained(dir);
   if (!w.ok()) return Fail(std::string(w.status().message()));

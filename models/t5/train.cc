@@ -53,6 +53,7 @@
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
+#include "models/common/hf_folder.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/mfu.h"
@@ -66,6 +67,7 @@
 #include "models/data/token_file.h"
 #include "models/t5/config.h"
 #include "models/t5/model.h"
+#include "models/t5/pretrained.h"
 #include "nn/checkpoint.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
@@ -123,9 +125,12 @@ ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0:
 ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
 ABSL_FLAG(std::string, init_from, "",
           "a checkpoint of this binary (a step folder, or a --checkpoint_dir: its latest step; "
-          "single-process or sharded): training starts at step 0 with a fresh optimizer from "
-          "its weights, and the model's configuration is the checkpoint's (--preset, --v1_1 "
-          "and --vocab_size are refused with it; --dropout still applies)");
+          "single-process or sharded) or a Hugging Face T5 folder (config.json and "
+          "model.safetensors: t5-small .. t5-11b, google/t5-v1_1-*): training starts at step 0 "
+          "with a fresh optimizer from its weights, and the model's configuration is theirs "
+          "(--preset and --v1_1 are refused with it; --dropout still applies). Its vocabulary "
+          "may be larger than the data's ids + sentinels (T5's 32128 rows for 32000 "
+          "SentencePiece ids and 100 sentinels: --data=ids.bin --vocab_size=32000)");
 ABSL_FLAG(double, peak_tflops, 0,
           "dense peak TFLOP/s of one device for the MFU on the step lines (model FLOPs of the "
           "encoder and decoder tokens, t5::FlopsPerExample); 0: a known GPU's bf16/fp16 peak "
@@ -274,18 +279,24 @@ double EvalLoss(T5Model& model, const data::SpanCorruptionLoader& eval, int64_t 
   return sum / static_cast<double>(batches * K);
 }
 
-// --init_from: a checkpoint's weights as sources read slice by slice (so an
-// FSDP rank reads only its shard) and what they came from.
+// --init_from: a checkpoint's or a Hugging Face folder's weights as sources
+// read slice by slice (so an FSDP rank reads only its shard) and what they
+// came from.
 struct Init {
   T5Config config;
   nn::NamedInitSources sources;
-  std::string source;  // "checkpoint DIR (step N)"
+  std::string source;  // "checkpoint DIR (step N)", "Hugging Face T5 DIR"
 };
 
 absl::StatusOr<Init> OpenInit(const std::string& flag) {
   auto error = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("--init_from=", flag, ": ", why));
   };
+  if (train::IsHfModelDir(flag)) {
+    absl::StatusOr<HfT5> hf = OpenHfT5(flag);
+    if (!hf.ok()) return error(hf.status().message());
+    return Init{hf->config, std::move(hf->sources), hf->source};
+  }
   absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(flag);
   if (!recorded.ok()) return error(recorded.status().message());
   absl::StatusOr<T5Config> config = ParseConfig(recorded->config);
@@ -492,11 +503,9 @@ absl::Status Train() {
       return absl::InvalidArgumentError(
           "--init_from and --resume: a resumed run continues its checkpoint's weights; give one");
     }
-    if (absl::GetFlag(FLAGS_preset) != "t5-tiny" || absl::GetFlag(FLAGS_v1_1) ||
-        absl::GetFlag(FLAGS_vocab_size) != 0) {
+    if (absl::GetFlag(FLAGS_preset) != "t5-tiny" || absl::GetFlag(FLAGS_v1_1)) {
       return absl::InvalidArgumentError(
-          "--preset / --v1_1 / --vocab_size with --init_from: the model's configuration comes "
-          "from the checkpoint");
+          "--preset / --v1_1 with --init_from: the model's configuration comes from its weights");
     }
     absl::StatusOr<Init> opened = OpenInit(init_from);
     if (!opened.ok()) return opened.status();
@@ -546,14 +555,23 @@ absl::Status Train() {
     eval_loader.emplace(*std::move(l));
   }
   // The model's vocabulary: the source's plus the sentinels, which the loader
-  // numbers right above the source's ids.
-  if (init && config->vocab_size != loader->vocab_size()) {
+  // numbers right above the source's ids; --init_from's may be padded beyond.
+  if (init && config->vocab_size < loader->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--init_from: the model's vocabulary ", config->vocab_size, " is not the data's ",
+        "--init_from: the model's vocabulary ", config->vocab_size, " is smaller than the data's ",
         loader->vocab_size(), " (", source_vocab, " ids + ", span.num_sentinels,
-        " sentinels: --data and --num_sentinels must be the checkpoint run's)"));
+        " sentinels: --data, --vocab_size and --num_sentinels must be the weights' run's)"));
   }
-  config->vocab_size = loader->vocab_size();
+  if (init && config->vocab_size > loader->vocab_size()) {
+    std::printf(
+        "vocabulary: %lld rows, of which the data's %lld ids and %lld sentinels (ids "
+        "%lld..%lld) use the first %lld\n",
+        static_cast<long long>(config->vocab_size), static_cast<long long>(source_vocab),
+        static_cast<long long>(span.num_sentinels), static_cast<long long>(source_vocab),
+        static_cast<long long>(loader->vocab_size() - 1),
+        static_cast<long long>(loader->vocab_size()));
+  }
+  if (!init) config->vocab_size = loader->vocab_size();
   config->dropout_rate = static_cast<float>(dropout);
   absl::Status valid = config->Validate();
   if (!valid.ok()) return WithContext(valid, "--preset");

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # --init_from: //models/t5:train starts from the weights of one of its
-# checkpoints (either kind), at step 0 with a fresh optimizer and the
-# checkpoint's configuration, in one process and under FSDP and DDP. The
-# model it evaluates after a step that changes nothing (--lr=0) is the
-# checkpoint's: its eval loss equals the one the first run printed after its
-# last step. Bad combinations exit 2 naming the flag.
+# checkpoints (either kind), or of a Hugging Face T5 folder (`checkpoint
+# export-hf` of one), at step 0 with a fresh optimizer and their
+# configuration, in one process and under FSDP and DDP. The model it
+# evaluates after a step that changes nothing (--lr=0) is the checkpoint's:
+# its eval loss equals the one the first run printed after its last step. A
+# model vocabulary larger than the data's (T5's padded one) is taken. Bad
+# combinations exit 2 naming the flag.
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
 source "$3"  # models/common/losses_testing.sh: eval_loss, close_to
+checkpoint="$4"  # //tools:checkpoint
 dir="${TEST_TMPDIR}/init_from"
 mkdir -p "$dir"
 
@@ -45,12 +48,38 @@ for from in run sharded; do
 done
 echo "FSDP and DDP at world 2 start from either kind of checkpoint"
 
+# The checkpoint as a Hugging Face T5 folder, and back: the same model, in one
+# process and under FSDP.
+"$checkpoint" export-hf "$dir/run" "$dir/hf" > "$dir/export.log"
+grep -q "wrote the Hugging Face T5 folder $dir/hf (config.json, model.safetensors)" "$dir/export.log"
+grep -q '"feed_forward_proj": "gated-gelu"' "$dir/hf/config.json"
+"$train" "${common[@]}" "${frozen[@]}" --init_from="$dir/hf" --metrics_out="$dir/hf.jsonl" \
+  > "$dir/hf.log"
+grep -q "^init_from: Hugging Face T5 $dir/hf" "$dir/hf.log"
+grep -q "hf-t5(vocab_size=356, .*feed_forward_proj=gated-gelu, tie_word_embeddings=false)" \
+  "$dir/hf.log"
+[[ $(eval_loss "$dir/hf.jsonl") == "$trained" ]]
+"$train" "${common[@]}" "${frozen[@]}" --batch_size=2 --world_size=2 --strategy=full_shard \
+  --init_from="$dir/hf" --metrics_out="$dir/hf-fsdp.jsonl" > /dev/null
+close_to "$(eval_loss "$dir/hf-fsdp.jsonl")" "$trained"
+echo "a Hugging Face T5 folder (export-hf of the checkpoint) gives its eval loss"
+
+# A model vocabulary larger than the data's ids + sentinels (356 rows for 256
+# bytes + 50 sentinels): the first rows are used, the rest stay as they are.
+"$train" "${common[@]}" "${frozen[@]}" --init_from="$dir/hf" --num_sentinels=50 > "$dir/pad.log"
+grep -q "^vocabulary: 356 rows, of which the data's 256 ids and 50 sentinels (ids 256..305) use the first 306" \
+  "$dir/pad.log"
+echo "a padded vocabulary is taken"
+
 exits_2 "--init_from and --resume" "$train" "${frozen[@]}" --init_from="$dir/run" \
   --checkpoint_dir="$dir/run" --resume=latest
-exits_2 "--preset / --v1_1 / --vocab_size with --init_from" "$train" "${frozen[@]}" \
+exits_2 "--preset / --v1_1 with --init_from" "$train" "${frozen[@]}" \
   --init_from="$dir/run" --preset=t5-small
 exits_2 "--init_from=$dir/nope: " "$train" "${frozen[@]}" --init_from="$dir/nope"
-exits_2 "--init_from: the model's vocabulary" "$train" "${frozen[@]}" --init_from="$dir/run" \
-  --num_sentinels=50
+exits_2 "--init_from: the model's vocabulary 356 is smaller than the data's 456" "$train" \
+  "${frozen[@]}" --init_from="$dir/run" --num_sentinels=200
+sed -i 's/"feed_forward_proj": "gated-gelu"/"feed_forward_proj": "gated-silu"/' "$dir/hf/config.json"
+exits_2 "--init_from=$dir/hf: $dir/hf/config.json: feed_forward_proj 'gated-silu'" "$train" \
+  "${frozen[@]}" --init_from="$dir/hf"
 echo "bad combinations exit 2 naming the flag"
 echo PASS
