@@ -97,6 +97,9 @@ ABSL_FLAG(int64_t, encoder_length, 128,
 ABSL_FLAG(int64_t, num_sentinels, 100, "sentinel ids added above the source vocabulary");
 ABSL_FLAG(double, noise_density, 0.15, "fraction of raw tokens dropped");
 ABSL_FLAG(double, mean_noise_span_length, 3.0, "mean length of a dropped span");
+ABSL_FLAG(int64_t, eos_id, -1,
+          "an id of the data's vocabulary appended to every encoder input and target (T5's "
+          "</s>: 1 in its SentencePiece vocabulary); -1: none");
 ABSL_FLAG(double, lr, 3e-3, "learning rate (the peak, with --lr_schedule=cosine)");
 ABSL_FLAG(std::string, lr_schedule, "cosine",
           "cosine (10% warmup, decay to lr/10 at --steps; it depends on --steps, so resuming "
@@ -530,16 +533,18 @@ absl::Status Train() {
   span.encoder_length = S;
   span.noise_density = absl::GetFlag(FLAGS_noise_density);
   span.mean_noise_span_length = absl::GetFlag(FLAGS_mean_noise_span_length);
+  span.eos_id = absl::GetFlag(FLAGS_eos_id);
   span.num_sentinels = absl::GetFlag(FLAGS_num_sentinels);
   span.seed = seed;
   absl::StatusOr<data::SpanCorruptionLoader> loader =
       data::SpanCorruptionLoader::Create(source, {B, 0, 1, K}, span);
   if (!loader.ok()) {
-    return WithContext(loader.status(),
-                       absl::StrCat("--encoder_length=", S, " --num_sentinels=", span.num_sentinels,
-                                    " --noise_density=", span.noise_density,
-                                    " --mean_noise_span_length=", span.mean_noise_span_length,
-                                    " --data=", absl::GetFlag(FLAGS_data)));
+    return WithContext(
+        loader.status(),
+        absl::StrCat("--encoder_length=", S, " --num_sentinels=", span.num_sentinels,
+                     " --noise_density=", span.noise_density,
+                     " --mean_noise_span_length=", span.mean_noise_span_length,
+                     " --eos_id=", span.eos_id, " --data=", absl::GetFlag(FLAGS_data)));
   }
   const std::shared_ptr<const data::TokenSource>& eval_source = sources->eval;
   std::optional<data::SpanCorruptionLoader> eval_loader;

@@ -1,0 +1,110 @@
+#!/usr/bin/python3
+"""Encodes text files with a SentencePiece model (T5's spiece.model) as a token file.
+
+T5's tokenizer is SentencePiece, which the C++ side does not build in: this
+script (Debian's python3-sentencepiece) writes what //tools:tokenize writes for
+GPT-2's BPE, a flat uint16 file of ids and beside it PATH.json
+({"tokenizer": "sentencepiece:<model's absolute path>", "vocab_size": N,
+"num_tokens": M}, data::TokenFileMeta), so that //models/t5:train --data=PATH
+knows the vocabulary (T5's 32000 ids; the span corruption puts the 100
+sentinels above them, <extra_id_0> = 32099, as in T5's vocabulary):
+
+  /usr/bin/python3 tools/spm_tokenize.py --model /path/t5-small --input a.txt,b.txt \\
+      --output /tmp/t5.bin
+  ./bazelw run //models/t5:train -- --init_from=/path/t5-small --data=/tmp/t5.bin --eos_id=1
+
+--model is a spiece.model file or a folder holding one (a Hugging Face T5
+folder). Each input is encoded in parts cut at line ends (SentencePiece treats
+a line end as a space, so the ids are those of the whole text but for where
+pieces would have spanned a cut); --eos_after_each appends the model's
+end-of-sequence id after each input. Exit 2 naming the flag on bad input.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+try:
+    import sentencepiece
+except ImportError:  # pragma: no cover - the message is the point
+    sys.exit("spm_tokenize: needs Debian's python3-sentencepiece (./bazelw installs it)")
+
+PART_BYTES = 1 << 20
+
+
+def fail(message):
+    print(f"spm_tokenize: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def model_path(flag):
+    path = os.path.join(flag, "spiece.model") if os.path.isdir(flag) else flag
+    if not os.path.isfile(path):
+        fail(f"--model={flag}: no such file (a spiece.model, or a folder holding one)")
+    return os.path.abspath(path)
+
+
+def parts(text):
+    """The text in pieces of about PART_BYTES characters, each ending at a line end."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + PART_BYTES)
+        end = len(text) if end < 0 else end + 1
+        yield text[start:end]
+        start = end
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="spiece.model, or a folder holding one")
+    p.add_argument("--input", required=True, help="text files, comma-separated, in this order")
+    p.add_argument("--output", required=True, help="the uint16 token file (and OUTPUT.json)")
+    p.add_argument("--eos_after_each", action="store_true",
+                   help="append the model's end-of-sequence id after each input")
+    args = p.parse_args(argv)
+
+    path = model_path(args.model)
+    sp = sentencepiece.SentencePieceProcessor()
+    try:
+        sp.Load(path)
+    except (OSError, RuntimeError) as e:
+        fail(f"--model={args.model}: {path} is not a SentencePiece model ({e})")
+    vocab = sp.GetPieceSize()
+    if vocab > 65536:
+        fail(f"--model={args.model}: {vocab} pieces do not fit uint16 ids")
+    if args.eos_after_each and sp.eos_id() < 0:
+        fail(f"--eos_after_each: {path} has no end-of-sequence piece")
+
+    ids = []
+    for name in args.input.split(","):
+        try:
+            with open(name, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"--input: {name}: {e}")
+        for part in parts(text):
+            ids.extend(sp.EncodeAsIds(part))
+        if args.eos_after_each:
+            ids.append(sp.eos_id())
+    if not ids:
+        fail(f"--input={args.input}: no tokens")
+
+    # Written whole or not at all: a temporary name, then renamed.
+    tmp = args.output + ".tmp"
+    try:
+        np.asarray(ids, dtype="<u2").tofile(tmp)
+        os.replace(tmp, args.output)
+        meta = {"tokenizer": "sentencepiece:" + path, "vocab_size": vocab, "num_tokens": len(ids)}
+        with open(args.output + ".json.tmp", "w") as f:
+            json.dump(meta, f)
+        os.replace(args.output + ".json.tmp", args.output + ".json")
+    except OSError as e:
+        fail(f"--output={args.output}: {e}")
+    print(f"wrote {len(ids)} tokens ({vocab} ids, {path}) to {args.output}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

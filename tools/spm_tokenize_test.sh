@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# tools/spm_tokenize.py: a SentencePiece model trained here on the shipped text,
+# with T5's special ids (pad 0, </s> 1, unk 2), encodes the text into a token
+# file that decodes back to it and whose record gives //models/t5:train its
+# vocabulary (300 ids + 100 sentinels); training on it runs with T5's </s>
+# appended (--eos_id=1). Bad input exits 2 naming the flag.
+set -euo pipefail
+script="$1"
+train="$2"
+text="$3"
+source "$4"  # models/common/cli_testing.sh: exits_2
+dir="${TEST_TMPDIR}/spm"
+mkdir -p "$dir"
+head -c 200000 "$text" > "$dir/in.txt"
+printf 'A second input.\n' > "$dir/second.txt"
+
+/usr/bin/python3 - "$dir" <<'PY'
+import sys
+import sentencepiece
+d = sys.argv[1]
+sentencepiece.SentencePieceTrainer.Train(
+    input=d + "/in.txt", model_prefix=d + "/spiece", vocab_size=300, model_type="unigram",
+    character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+PY
+
+# A folder holding spiece.model (as a Hugging Face T5 folder does).
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/in.txt,$dir/second.txt" \
+  --output="$dir/t5.bin" --eos_after_each > "$dir/tokenize.log"
+tokens=$(( $(stat -c %s "$dir/t5.bin") / 2 ))
+grep -q "^wrote $tokens tokens (300 ids, $dir/spiece.model) to $dir/t5.bin" "$dir/tokenize.log"
+grep -q "\"tokenizer\": \"sentencepiece:$dir/spiece.model\", \"vocab_size\": 300, \"num_tokens\": $tokens" \
+  "$dir/t5.bin.json"
+# The ids decode to the inputs (NFKC-normalized, whitespace collapsed: as
+# SentencePiece normalizes text), each followed by </s>.
+/usr/bin/python3 - "$dir" <<'PY'
+import sys
+import unicodedata
+import numpy as np
+import sentencepiece
+d = sys.argv[1]
+sp = sentencepiece.SentencePieceProcessor()
+sp.Load(d + "/spiece.model")
+ids = np.fromfile(d + "/t5.bin", dtype="<u2").tolist()
+ends = [i for i, t in enumerate(ids) if t == 1]
+assert len(ends) == 2 and ends[1] == len(ids) - 1, ends
+for text_file, piece in (("/in.txt", ids[:ends[0]]), ("/second.txt", ids[ends[0] + 1:-1])):
+    text = open(d + text_file, encoding="utf-8").read()
+    want = " ".join(unicodedata.normalize("NFKC", text).split())
+    got = " ".join(sp.DecodeIds(piece).split())
+    assert got == want, (text_file, got[:200], want[:200])
+print("the ids decode to both inputs, each followed by </s>")
+PY
+
+"$train" --data="$dir/t5.bin" --eos_id=1 --steps=2 --batch_size=2 --encoder_length=32 \
+  --log_every=1 > "$dir/train.log"
+grep -q "vocab 300 + 100 sentinels" "$dir/train.log"
+grep -Eq "^step +2 \| loss [0-9.]+ " "$dir/train.log"
+echo "//models/t5:train trains on it"
+
+exits_2 "--model=$dir/none: no such file" /usr/bin/python3 "$script" --model="$dir/none" \
+  --input="$dir/in.txt" --output="$dir/x.bin"
+exits_2 "--model=$dir/in.txt: $dir/in.txt is not a SentencePiece model" /usr/bin/python3 \
+  "$script" --model="$dir/in.txt" --input="$dir/in.txt" --output="$dir/x.bin"
+exits_2 "--input: $dir/none.txt" /usr/bin/python3 "$script" --model="$dir" \
+  --input="$dir/none.txt" --output="$dir/x.bin"
+exits_2 "eos_id 300" "$train" --data="$dir/t5.bin" --eos_id=300 --steps=1
+echo PASS
