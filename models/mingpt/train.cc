@@ -113,7 +113,8 @@ ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step fol
 ABSL_FLAG(
     std::string, init_from, "",
     "start from these weights (a checkpoint, or a Hugging Face GPT-2 folder) at step 0 with a "
-    "fresh optimizer; the model's configuration comes from them");
+    "fresh optimizer; the model's configuration comes from them. With --resume (the same "
+    "flags again, to continue such a run): only the configuration, --resume loads the weights");
 ABSL_FLAG(std::string, tokenizer, "auto",
           "the tokenizer of the data, recorded in checkpoints for sample and checkpoint "
           "export-hf: auto (what //tools:tokenize recorded beside a .bin --data, else "
@@ -192,7 +193,8 @@ struct DpSetup {
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
-  SharedInit* init = nullptr;  // --init_from, else null
+  SharedInit* init = nullptr;  // --init_from's weights, else null
+  std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   std::string tokenizer;       // recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
@@ -246,7 +248,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     const ParamCount count = CountParameters(setup.config);
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
-    if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source().c_str());
+    if (!setup.init_line.empty()) std::printf("%s\n", setup.init_line.c_str());
     if (!setup.tokenizer.empty()) std::printf("tokenizer: %s\n", setup.tokenizer.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
@@ -361,10 +363,6 @@ absl::Status Train() {
   // --init_from: the weights, and the configuration that fits them.
   std::optional<PretrainedSources> pretrained;
   if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
-    if (!absl::GetFlag(FLAGS_resume).empty()) {
-      return absl::InvalidArgumentError(
-          "--init_from and --resume: a resumed run continues its checkpoint's weights; give one");
-    }
     if (absl::GetFlag(FLAGS_preset) != "gpt-mini" || absl::GetFlag(FLAGS_vocab_size) != 0) {
       return absl::InvalidArgumentError(
           "--preset / --vocab_size with --init_from: the model's configuration comes from the "
@@ -376,6 +374,14 @@ absl::Status Train() {
     }
     pretrained = *std::move(read);
   }
+  // --init_from with --resume: the run it continues started from those
+  // weights; its configuration is theirs, its weights are the checkpoint's.
+  const bool init_weights = pretrained && absl::GetFlag(FLAGS_resume).empty();
+  const std::string init_line =
+      !pretrained
+          ? ""
+          : absl::StrCat("init_from: ", pretrained->source,
+                         init_weights ? "" : " (its configuration; --resume loads the weights)");
   absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
       absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
       pretrained ? pretrained->config.vocab_size : absl::GetFlag(FLAGS_vocab_size));
@@ -452,8 +458,9 @@ absl::Status Train() {
                          setup.dp.backend == train::Backend::kNccl ? setup.dp.world_size : 1);
     if (!peak.ok()) return peak.status();
     setup.peak_flops = *peak;
+    setup.init_line = init_line;
     std::optional<SharedInit> init;
-    if (pretrained) {
+    if (init_weights) {
       init.emplace(*std::move(pretrained),
                    setup.dp.backend == train::Backend::kThreads ? setup.dp.world_size : 1);
       setup.init = &*init;
@@ -469,19 +476,17 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   GPT model(*config);
-  if (pretrained) {
+  if (init_weights) {
     absl::Status loaded = nn::InitFromSources(model, pretrained->sources);
     if (!loaded.ok()) return loaded;
   }
   model.Materialize(seed, device);  // reads --init_from's weights
-  if (pretrained) {
-    nn::ReleaseInitValues(model);
-    pretrained->sources.clear();
-  }
+  if (init_weights) nn::ReleaseInitValues(model);
+  if (pretrained) pretrained->sources.clear();
   const ParamCount count = CountParameters(*config);
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
-  if (pretrained) std::printf("init_from: %s\n", pretrained->source.c_str());
+  if (pretrained) std::printf("%s\n", init_line.c_str());
   if (!tokenizer->empty()) std::printf("tokenizer: %s\n", tokenizer->c_str());
   std::printf("data: %s | %sbatch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
               source->Describe().c_str(), train::AccumulationPrefix(K).c_str(),

@@ -5,8 +5,9 @@
 # in one process and under DDP and FSDP (which shards the loaded weights,
 # holding no whole copy on any rank: its parameters peak is a fresh model's). The
 # model it evaluates before changing anything (--lr=0) is the checkpoint's: its
-# eval loss equals the one the first run printed after its last step. Bad
-# combinations exit 2 naming the flag.
+# eval loss equals the one the first run printed after its last step. Such a
+# run resumes (the same flags and --resume). Bad combinations exit 2 naming
+# the flag. A run from --init_from resumes.
 set -euo pipefail
 train="$1"
 checkpoint="$2"
@@ -70,9 +71,29 @@ awk -v a="$(first "$dir/ft.jsonl")" -v b="$(first "$dir/fresh.jsonl")" 'BEGIN { 
 "$checkpoint" info "$dir/ft" | grep -q "gpt-nano"
 echo "fine-tuning starts below a fresh model's loss and saves checkpoints of the same config"
 
+# A run from --init_from continues with the same flags and --resume: its
+# configuration comes from --init_from, its weights from the checkpoint, and
+# the losses are the uninterrupted run's (one process, and FSDP at world 2).
+ft=(--data=shipped --seq_len=32 --batch_size=4 --log_every=1 --dropout=0 --steps=4 --lr=1e-3
+    --init_from="$dir/hf")
+for dp in "" "--batch_size=2 --world_size=2 --strategy=full_shard"; do
+  # shellcheck disable=SC2086  # $dp is several flags or none
+  "$train" "${ft[@]}" $dp --checkpoint_dir="$dir/ft_full" --checkpoint_every=2 \
+    --metrics_out="$dir/ft_full.jsonl" > /dev/null
+  # shellcheck disable=SC2086
+  "$train" "${ft[@]}" $dp --resume="$dir/ft_full/step_000002" \
+    --checkpoint_dir="$dir/ft_resumed" --metrics_out="$dir/ft_resumed.jsonl" > "$dir/ft_resumed.log"
+  grep -q "^init_from: Hugging Face GPT-2 $dir/hf (its configuration; --resume loads the weights)" \
+    "$dir/ft_resumed.log"
+  grep -q "resumed from $dir/ft_full/step_000002 at step 2" "$dir/ft_resumed.log"
+  [[ $(losses "$dir/ft_resumed.jsonl" | cut -d' ' -f1 | tr '\n' ' ') == "3 4 " ]]
+  same_losses "$dir/ft_full.jsonl" "$dir/ft_resumed.jsonl" "resumed from --init_from${dp:+ ($dp)}"
+  rm -rf "$dir/ft_full" "$dir/ft_resumed" "$dir/ft_full.jsonl" "$dir/ft_resumed.jsonl"
+done
+echo "a run from --init_from resumes with the uninterrupted run's losses"
+
 # Bad input: exit 2, naming what was wrong.
 expect_error() { exits_2 "$1" "$train" "${@:2}" --steps=1; }
-expect_error "--init_from and --resume" --init_from="$dir/hf" --resume="$dir/run/step_000005"
 expect_error "--preset / --vocab_size with --init_from" --init_from="$dir/hf" --preset=gpt2
 expect_error "--init_from: $dir/none: no such folder" --init_from="$dir/none"
 "$train" --preset=gpt-nano --data=random --vocab_size=100 --steps=1 --seq_len=16 --batch_size=2 \

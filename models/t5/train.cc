@@ -131,7 +131,8 @@ ABSL_FLAG(std::string, init_from, "",
           "single-process or sharded) or a Hugging Face T5 folder (config.json and "
           "model.safetensors: t5-small .. t5-11b, google/t5-v1_1-*): training starts at step 0 "
           "with a fresh optimizer from its weights, and the model's configuration is theirs "
-          "(--preset and --v1_1 are refused with it; --dropout still applies). Its vocabulary "
+          "(--preset and --v1_1 are refused with it; --dropout still applies); with --resume "
+          "(the same flags again, to continue such a run) only the configuration. Its vocabulary "
           "may be larger than the data's ids + sentinels (T5's 32128 rows for 32000 "
           "SentencePiece ids and 100 sentinels: --data=ids.bin --vocab_size=32000)");
 ABSL_FLAG(double, peak_tflops, 0,
@@ -320,7 +321,8 @@ struct DpSetup {
   const optim::LrSchedule* schedule = nullptr;
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
-  const Init* init = nullptr;  // --init_from, else null
+  const Init* init = nullptr;  // --init_from's weights, else null
+  std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
 
@@ -374,7 +376,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
                      train::AccumulationPrefix(K)),
         B, tokens_per_step,
         absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
-    if (setup.init != nullptr) std::printf("init_from: %s\n", setup.init->source.c_str());
+    if (!setup.init_line.empty()) std::printf("%s\n", setup.init_line.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
@@ -502,10 +504,6 @@ absl::Status Train() {
   // --init_from: the weights, and the configuration that fits them.
   std::optional<Init> init;
   if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
-    if (!absl::GetFlag(FLAGS_resume).empty()) {
-      return absl::InvalidArgumentError(
-          "--init_from and --resume: a resumed run continues its checkpoint's weights; give one");
-    }
     if (absl::GetFlag(FLAGS_preset) != "t5-tiny" || absl::GetFlag(FLAGS_v1_1)) {
       return absl::InvalidArgumentError(
           "--preset / --v1_1 with --init_from: the model's configuration comes from its weights");
@@ -515,6 +513,13 @@ absl::Status Train() {
     init = *std::move(opened);
     *config = init->config;
   }
+  // --init_from with --resume: the run it continues started from those
+  // weights; its configuration is theirs, its weights are the checkpoint's.
+  const bool init_weights = init && absl::GetFlag(FLAGS_resume).empty();
+  const std::string init_line =
+      !init ? ""
+            : absl::StrCat("init_from: ", init->source,
+                           init_weights ? "" : " (its configuration; --resume loads the weights)");
   absl::StatusOr<train::DataSources> sources =
       train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
                              absl::GetFlag(FLAGS_vocab_size));
@@ -614,7 +619,8 @@ absl::Status Train() {
     setup.span = span;
     setup.schedule = schedule->get();
     setup.metrics = metrics->get();
-    setup.init = init ? &*init : nullptr;
+    setup.init = init_weights ? &*init : nullptr;
+    setup.init_line = init_line;
     absl::StatusOr<double> peak =
         train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
                          setup.dp.backend == train::Backend::kNccl ? setup.dp.world_size : 1);
@@ -631,22 +637,20 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   T5Model model(*config);
-  if (init) {
+  if (init_weights) {
     absl::Status loaded = nn::InitFromSources(model, init->sources);
     if (!loaded.ok()) return WithContext(loaded, "--init_from");
   }
   model.Materialize(seed, device);  // reads --init_from's weights
-  if (init) {
-    nn::ReleaseInitValues(model);
-    init->sources.clear();
-  }
+  if (init_weights) nn::ReleaseInitValues(model);
+  if (init) init->sources.clear();
   // Tokens a step processes: every encoder and decoder position (the encoder
   // input is full; decoder rows all have the same length).
   const int64_t tokens_per_step = K * B * (S + loader->corruptor().decoder_length());
   PrintStartup(*config, *source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
                             policy.ToString()));
-  if (init) std::printf("init_from: %s\n", init->source.c_str());
+  if (init) std::printf("%s\n", init_line.c_str());
   if (eval_source) {
     std::printf("%s\n", train::EvalLine(*eval_source, train::EvalFlagsFromCommandLine()).c_str());
   }

@@ -5,8 +5,9 @@
 # configuration, in one process and under FSDP and DDP. The model it
 # evaluates after a step that changes nothing (--lr=0) is the checkpoint's:
 # its eval loss equals the one the first run printed after its last step. A
-# model vocabulary larger than the data's (T5's padded one) is taken. Bad
-# combinations exit 2 naming the flag.
+# model vocabulary larger than the data's (T5's padded one) is taken. Such a
+# run resumes (the same flags and --resume). Bad combinations exit 2 naming
+# the flag.
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -71,8 +72,26 @@ grep -q "^vocabulary: 356 rows, of which the data's 256 ids and 50 sentinels (id
   "$dir/pad.log"
 echo "a padded vocabulary is taken"
 
-exits_2 "--init_from and --resume" "$train" "${frozen[@]}" --init_from="$dir/run" \
-  --checkpoint_dir="$dir/run" --resume=latest
+# A run from --init_from continues with the same flags and --resume (its
+# configuration from --init_from, its weights from the checkpoint): the
+# uninterrupted run's losses, with dropout on, in one process and under FSDP.
+ft=(--batch_size=4 --encoder_length=32 --log_every=1 --dropout=0.1 --steps=4 --lr=1e-3
+    --init_from="$dir/hf")
+for dp in "" "--batch_size=2 --world_size=2 --strategy=full_shard"; do
+  # shellcheck disable=SC2086  # $dp is several flags or none
+  "$train" "${ft[@]}" $dp --checkpoint_dir="$dir/ft_full" --checkpoint_every=2 \
+    --metrics_out="$dir/ft_full.jsonl" > /dev/null
+  # shellcheck disable=SC2086
+  "$train" "${ft[@]}" $dp --resume="$dir/ft_full/step_000002" --checkpoint_dir="$dir/ft_resumed" \
+    --metrics_out="$dir/ft_resumed.jsonl" > "$dir/ft_resumed.log"
+  grep -q "^init_from: Hugging Face T5 $dir/hf (its configuration; --resume loads the weights)" \
+    "$dir/ft_resumed.log"
+  [[ $(losses "$dir/ft_resumed.jsonl" | cut -d' ' -f1 | tr '\n' ' ') == "3 4 " ]]
+  same_losses "$dir/ft_full.jsonl" "$dir/ft_resumed.jsonl" "resumed from --init_from${dp:+ ($dp)}"
+  rm -rf "$dir/ft_full" "$dir/ft_resumed" "$dir/ft_full.jsonl" "$dir/ft_resumed.jsonl"
+done
+echo "a run from --init_from resumes with the uninterrupted run's losses"
+
 exits_2 "--preset / --v1_1 with --init_from" "$train" "${frozen[@]}" \
   --init_from="$dir/run" --preset=t5-small
 exits_2 "--init_from=$dir/nope: " "$train" "${frozen[@]}" --init_from="$dir/nope"
