@@ -11,7 +11,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/common/train_support.h"
 #include "tensor/dtype.h"
+#include "tensor/error.h"
 
 namespace train {
 namespace {
@@ -141,6 +143,53 @@ absl::Status CheckNoOtherHfTensors(const std::string& dir,
       dir, ": tensors ", model, " of config.json's sizes does not have: ",
       absl::StrJoin(others.begin(), others.begin() + std::min<size_t>(others.size(), 5), ", "),
       others.size() > 5 ? ", ..." : ""));
+}
+
+absl::Status WriteHfWeights(
+    const std::string& dir, const nn::NamedInitSources& weights,
+    const std::vector<HfWeightOut>& layout, const std::string& model,
+    const std::function<void(const std::string&, const tensor::Tensor&)>& seen) {
+  std::map<std::string, const nn::InitSource*> by_name;
+  for (const auto& [name, source] : weights) by_name[name] = source.get();
+  std::vector<tensor::SafetensorsWriter::Decl> entries;
+  std::vector<const nn::InitSource*> sources;
+  for (const HfWeightOut& w : layout) {
+    auto it = by_name.find(w.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no weight '", w.name, "' for ", model));
+    }
+    const tensor::Shape& shape = it->second->shape();
+    if (shape != w.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("weight '", w.name, "' has shape ",
+                                                     shape.ToString(), "; ", model, " needs ",
+                                                     w.shape.ToString()));
+    }
+    entries.push_back(
+        {w.name, tensor::Dtype::kF32, w.transposed ? tensor::Shape({shape[1], shape[0]}) : shape});
+    sources.push_back(it->second);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight '", by_name.begin()->first, "' is not a parameter of ", model));
+  }
+  absl::Status s = MakeCheckpointDir(dir);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> file =
+      tensor::SafetensorsWriter::Create(dir + "/model.safetensors", entries, {{"format", "pt"}});
+  if (!file.ok()) return file.status();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    tensor::Tensor t = tensor::Tensor::Empty(sources[i]->shape());  // f32, host
+    try {
+      sources[i]->Read(0, t);
+    } catch (const tensor::OpError& e) {
+      return absl::DataLossError(absl::StrCat("reading '", entries[i].name, "': ", e.what()));
+    }
+    if (seen) seen(layout[i].name, t);
+    s = (*file)->Append(layout[i].transposed ? t.Transpose(0, 1) : t);
+    if (!s.ok()) return s;
+  }
+  return (*file)->Finish();
 }
 
 }  // namespace train

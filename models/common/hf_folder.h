@@ -8,10 +8,12 @@
 #ifndef MODELS_COMMON_HF_FOLDER_H_
 #define MODELS_COMMON_HF_FOLDER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +65,25 @@ absl::StatusOr<std::shared_ptr<const nn::InitSource>> HfTensorSource(const std::
 absl::Status CheckNoOtherHfTensors(const std::string& dir,
                                    const std::map<std::string, HfTensor>& tensors,
                                    const std::set<std::string>& used, absl::string_view model);
+
+// One weight of a folder to write: our name and shape, and whether the file
+// stores it transposed (GPT-2's Conv1D weights).
+struct HfWeightOut {
+  std::string name;
+  tensor::Shape shape;
+  bool transposed = false;
+};
+
+// Writes dir/model.safetensors (dir created if missing) from `weights` (ours,
+// by name), in the order and shapes of `layout`, f32, one weight read and
+// written at a time; `seen(name, value)`, when given, sees each weight as it
+// is written (in our layout). InvalidArgument naming `model` for a weight
+// missing, misshapen or not in the layout; DataLoss naming the weight when a
+// read fails.
+absl::Status WriteHfWeights(
+    const std::string& dir, const nn::NamedInitSources& weights,
+    const std::vector<HfWeightOut>& layout, const std::string& model,
+    const std::function<void(const std::string&, const tensor::Tensor&)>& seen = nullptr);
 
 }  // namespace train
 

@@ -23,7 +23,6 @@
 #include "models/data/gpt2_tokenizer.h"
 #include "nn/parameter.h"
 #include "tensor/durable_file.h"
-#include "tensor/error.h"
 #include "tensor/json.h"
 
 namespace mingpt {
@@ -246,57 +245,22 @@ absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
                          const nn::NamedInitSources& weights) {
-  std::map<std::string, const nn::InitSource*> by_name;
-  for (const auto& [name, source] : weights) by_name[name] = source.get();
-  // The file's entries in ParameterShapes order: Conv1D weights transposed.
-  std::vector<tensor::SafetensorsWriter::Decl> entries;
-  std::vector<const nn::InitSource*> sources;
+  // ParameterShapes order: Conv1D weights transposed; wte kept until lm_head,
+  // the last, is compared with it (tied when equal).
+  std::vector<train::HfWeightOut> layout;
   for (const ParamShape& p : ParameterShapes(config)) {
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("no weight '", p.name, "' for ", config.ToString()));
-    }
-    const tensor::Shape& shape = it->second->shape();
-    if (shape != tensor::Shape(p.shape)) {
-      return absl::InvalidArgumentError(absl::StrCat("weight '", p.name, "' has shape ",
-                                                     shape.ToString(), "; ", config.ToString(),
-                                                     " needs ", tensor::Shape(p.shape).ToString()));
-    }
-    entries.push_back({p.name, tensor::Dtype::kF32,
-                       IsConv1DWeight(p.name) ? tensor::Shape({shape[1], shape[0]}) : shape});
-    sources.push_back(it->second);
-    by_name.erase(it);
+    layout.push_back({p.name, tensor::Shape(p.shape), IsConv1DWeight(p.name)});
   }
-  if (!by_name.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("weight '", by_name.begin()->first,
-                                                   "' is not a parameter of ", config.ToString()));
-  }
-  absl::Status s = train::MakeCheckpointDir(dir);
-  if (!s.ok()) return s;
-  // One weight read and written at a time (wte kept until lm_head, the last,
-  // is compared with it: tied when equal).
-  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> file =
-      tensor::SafetensorsWriter::Create(dir + "/model.safetensors", entries, {{"format", "pt"}});
-  if (!file.ok()) return file.status();
   Tensor wte;
   bool tied = false;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    Tensor t = Tensor::Empty(sources[i]->shape());  // f32, host
-    try {
-      sources[i]->Read(0, t);
-    } catch (const tensor::OpError& e) {
-      return absl::DataLossError(absl::StrCat("reading '", entries[i].name, "': ", e.what()));
-    }
-    if (i == 0) wte = t;
-    if (i + 1 == sources.size()) {
-      tied = t.shape() == wte.shape() &&
-             std::equal(wte.data<float>(), wte.data<float>() + wte.numel(), t.data<float>());
-    }
-    s = (*file)->Append(IsConv1DWeight(entries[i].name) ? t.Transpose(0, 1) : t);
-    if (!s.ok()) return s;
-  }
-  s = (*file)->Finish();
+  absl::Status s = train::WriteHfWeights(
+      dir, weights, layout, config.ToString(), [&](const std::string& name, const Tensor& t) {
+        if (name == layout.front().name) wte = t;
+        if (name == layout.back().name) {
+          tied = t.shape() == wte.shape() &&
+                 std::equal(wte.data<float>(), wte.data<float>() + wte.numel(), t.data<float>());
+        }
+      });
   if (!s.ok()) return s;
   const std::string json = absl::StrFormat(
       R"({

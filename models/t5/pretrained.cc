@@ -10,10 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "models/common/hf_folder.h"
-#include "models/common/train_support.h"
 #include "tensor/durable_file.h"
-#include "tensor/error.h"
-#include "tensor/safetensors.h"
 
 namespace t5 {
 namespace {
@@ -148,45 +145,11 @@ absl::StatusOr<HfT5> OpenHfT5(const std::string& dir) {
 
 absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
                        const nn::NamedInitSources& weights) {
-  std::map<std::string, const nn::InitSource*> by_name;
-  for (const auto& [name, source] : weights) by_name[name] = source.get();
-  std::vector<tensor::SafetensorsWriter::Decl> entries;
-  std::vector<const nn::InitSource*> sources;
+  std::vector<train::HfWeightOut> layout;
   for (const ParamShape& p : ParameterShapes(config)) {
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("no weight '", p.name, "' for ", config.ToString()));
-    }
-    if (it->second->shape() != tensor::Shape(p.shape)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("weight '", p.name, "' has shape ", it->second->shape().ToString(), "; ",
-                       config.ToString(), " needs ", tensor::Shape(p.shape).ToString()));
-    }
-    entries.push_back({p.name, tensor::Dtype::kF32, it->second->shape()});
-    sources.push_back(it->second);
-    by_name.erase(it);
+    layout.push_back({p.name, tensor::Shape(p.shape)});
   }
-  if (!by_name.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("weight '", by_name.begin()->first,
-                                                   "' is not a parameter of ", config.ToString()));
-  }
-  absl::Status s = train::MakeCheckpointDir(dir);
-  if (!s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> file =
-      tensor::SafetensorsWriter::Create(dir + "/model.safetensors", entries, {{"format", "pt"}});
-  if (!file.ok()) return file.status();
-  for (size_t i = 0; i < sources.size(); ++i) {
-    tensor::Tensor t = tensor::Tensor::Empty(sources[i]->shape());  // f32, host
-    try {
-      sources[i]->Read(0, t);
-    } catch (const tensor::OpError& e) {
-      return absl::DataLossError(absl::StrCat("reading '", entries[i].name, "': ", e.what()));
-    }
-    s = (*file)->Append(t);
-    if (!s.ok()) return s;
-  }
-  s = (*file)->Finish();
+  absl::Status s = train::WriteHfWeights(dir, weights, layout, config.ToString());
   if (!s.ok()) return s;
   // Hugging Face's T5Config fields; decoder_start_token_id and pad_token_id 0
   // and eos_token_id 1 are T5's SentencePiece ids (ours: data::SpanCorruptor's
