@@ -29,6 +29,7 @@ each a safetensors file holding
   encoder_inputs, encoder_mask, decoder_inputs, decoder_targets
                             the batch, (B, S) / (B, T) i64
   loss                      (1,) the mean cross-entropy
+  greedy                    (B, 8) greedy decoding's tokens from the encoder batch
   grad.<parameter name>     dL/dparameter for every parameter
 
 and in __metadata__ the configuration as t5::ParseConfig reads it
@@ -208,8 +209,8 @@ def feed_forward(c, W, prefix, x):
     return h @ W[d + "wo.weight"].T
 
 
-def forward(c, W, encoder_inputs, encoder_mask, decoder_inputs, decoder_targets):
-    """-> (loss, logits (B, T, V)), in the weights' dtype."""
+def logits_of(c, W, encoder_inputs, encoder_mask, decoder_inputs):
+    """-> logits (B, T, V), in the weights' dtype."""
     eps = c.layer_norm_epsilon
     lowest = torch.finfo(W["shared.weight"].dtype).min
     S, T = encoder_inputs.shape[1], decoder_inputs.shape[1]
@@ -242,12 +243,32 @@ def forward(c, W, encoder_inputs, encoder_mask, decoder_inputs, decoder_targets)
     dec = rms_norm(h, W["decoder.final_layer_norm.weight"], eps)
 
     if c.tied:
-        logits = (dec * c.d_model ** -0.5) @ W["shared.weight"].T
-    else:
-        logits = dec @ W["lm_head.weight"].T
+        return (dec * c.d_model ** -0.5) @ W["shared.weight"].T
+    return dec @ W["lm_head.weight"].T
+
+
+def forward(c, W, encoder_inputs, encoder_mask, decoder_inputs, decoder_targets):
+    """-> (loss, logits (B, T, V)), in the weights' dtype."""
+    logits = logits_of(c, W, encoder_inputs, encoder_mask, decoder_inputs)
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, c.vocab_size),
                                              decoder_targets.reshape(-1), ignore_index=-100)
     return loss, logits
+
+
+def greedy(c, weights, encoder_inputs, encoder_mask, steps):
+    """Greedy decoding (generate with num_beams=1, do_sample=False, no EOS) from
+    decoder start id 0, in float64: (B, steps) new tokens, and the smallest gap
+    between a step's best and second-best logit (how safe the choice is)."""
+    W = {k: v.double() for k, v in weights.items()}
+    dec = torch.zeros(encoder_inputs.shape[0], 1, dtype=torch.long)
+    gap = float("inf")
+    with torch.no_grad():
+        for _ in range(steps):
+            last = logits_of(c, W, encoder_inputs, encoder_mask, dec)[:, -1]  # (B, V)
+            top = last.topk(2, dim=-1).values
+            gap = min(gap, (top[:, 0] - top[:, 1]).min().item())
+            dec = torch.cat([dec, last.argmax(-1, keepdim=True)], 1)
+    return dec[:, 1:], gap
 
 
 def run(c, weights, batch, dtype):
@@ -270,11 +291,13 @@ def main(argv):
         loss32, logits32, grads32 = run(c, weights, batch, torch.float32)
         worst = max([compare(loss32, loss)[0], compare(logits32, logits)[0]] +
                     [compare(grads32[k], grads[k])[0] for k in grads])
+        tokens, gap = greedy(c, weights, batch[0], batch[1], 8)
         print(f"{c.name}: loss {loss.item():.10f}; PyTorch's own float32 run uses "
-              f"{100 * worst:.1f}% of the C++ test's tolerance")
+              f"{100 * worst:.1f}% of the C++ test's tolerance; greedy {tokens.tolist()}, "
+              f"smallest logit gap {gap:.3g}")
         tensors = [(name, w) for name, w in weights.items()]
         tensors += [(name, t) for name, t in zip(names, batch)]
-        tensors += [("loss", loss.float().reshape(1))]
+        tensors += [("loss", loss.float().reshape(1)), ("greedy", tokens)]
         tensors += [("grad." + name, grads[name].float()) for name in weights]
         write_safetensors(os.path.join(args.out_dir, file_name), tensors, {
             "config": c.to_string(),

@@ -234,4 +234,30 @@ double T5Model::Loss(const Tensor& encoder_inputs, const Tensor& encoder_mask,
   return tensor::CrossEntropy(logits, decoder_targets).loss.Item();
 }
 
+Tensor T5Model::Encode(const Tensor& encoder_inputs, const Tensor& encoder_mask) {
+  OP_CHECK(IsIds(encoder_inputs) && encoder_inputs.rank() == 2, kOp,
+           "encoder_inputs must be (B, S) i32/i64; got ", ShapeText(encoder_inputs));
+  OP_CHECK(!encoder_mask.defined() || encoder_mask.shape() == encoder_inputs.shape(), kOp,
+           "encoder_mask ", ShapeText(encoder_mask), " does not match encoder_inputs ",
+           encoder_inputs.shape().ToString());
+  Context ctx;
+  return encoder_->Run(Tensors{encoder_inputs, encoder_mask}, ctx).at(0);  // (B, S, d)
+}
+
+Tensor T5Model::DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
+                             const Tensor& decoder_inputs) {
+  OP_CHECK(encoded.defined() && encoded.rank() == 3 && encoded.dim(2) == config_.d_model, kOp,
+           "encoded must be (B, S, ", config_.d_model, "); got ", ShapeText(encoded));
+  OP_CHECK(IsIds(decoder_inputs) && decoder_inputs.rank() == 2 &&
+               decoder_inputs.dim(0) == encoded.dim(0),
+           kOp, "decoder_inputs must be (B, T) i32/i64 with the encoder's batch ", encoded.dim(0),
+           "; got ", ShapeText(decoder_inputs));
+  Context ctx;
+  const Tensor dec =
+      decoder_->Run(Tensors{decoder_inputs, Tensor(), encoded, encoder_mask}, ctx.Child(1))
+          .at(0);                                                    // (B, T, d)
+  if (lm_head_ != nullptr) return lm_head_->Run(dec, ctx.Child(2));  // (B, T, V)
+  return TiedHeadForward(dec, ctx.Child(2));                         // (B, T, V)
+}
+
 }  // namespace t5

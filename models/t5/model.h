@@ -117,6 +117,13 @@ class T5Model : public nn::Module {
   double Loss(const Tensor& encoder_inputs, const Tensor& encoder_mask,
               const Tensor& decoder_inputs, const Tensor& decoder_targets);
 
+  // Forward only, in pieces, for decoding (models/t5/generate.h): the
+  // encoder's output (B, S, d_model) once, then the logits (B, T, V) of any
+  // decoder inputs (B, T) against it. Dropout follows Train().
+  Tensor Encode(const Tensor& encoder_inputs, const Tensor& encoder_mask);
+  Tensor DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
+                      const Tensor& decoder_inputs);
+
  protected:
   // {encoder_inputs (B, S), encoder_mask (B, S) or undefined, decoder_inputs (B, T)}
   //   -> {logits (B, T, V)} in the compute dtype.
