@@ -17,7 +17,20 @@ sentinels above them, <extra_id_0> = 32099, as in T5's vocabulary):
 folder). Each input is encoded in parts cut at line ends (SentencePiece treats
 a line end as a space, so the ids are those of the whole text but for where
 pieces would have spanned a cut); --eos_after_each appends the model's
-end-of-sequence id after each input. Exit 2 naming the flag on bad input.
+end-of-sequence id after each input.
+
+For //models/t5:generate, which takes and prints ids a line per example:
+--output_lines writes each line of the inputs that has text as a line of ids (with
+--eos_after_each, each ends with the end-of-sequence id, as T5's inputs do),
+and --decode_lines=FILE prints each line of ids of FILE as text.
+
+  /usr/bin/python3 tools/spm_tokenize.py --model /path/t5-small --input prompts.txt \
+      --output /tmp/ids.txt --output_lines --eos_after_each
+  ./bazelw run //models/t5:generate -- --init_from=/path/t5-small --input=/tmp/ids.txt \
+      --eos_id=1 > /tmp/out.txt
+  /usr/bin/python3 tools/spm_tokenize.py --model /path/t5-small --decode_lines /tmp/out.txt
+
+Exit 2 naming the flag on bad input.
 """
 
 import argparse
@@ -57,14 +70,57 @@ def parts(text):
         start = end
 
 
+def decode_lines(sp, path, vocab):
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"--decode_lines: {path}: {e}")
+    for n, line in enumerate(lines, 1):
+        try:
+            ids = [int(t) for t in line.split()]
+        except ValueError:
+            fail(f"--decode_lines: {path}: line {n} is not ids separated by spaces")
+        if any(i < 0 or i >= vocab for i in ids):
+            fail(f"--decode_lines: {path}: line {n} has an id outside the model's {vocab}")
+        print(sp.DecodeIds(ids))
+
+
+def encode_lines(sp, args):
+    out = []
+    for name in args.input.split(","):
+        try:
+            with open(name, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"--input: {name}: {e}")
+        for line in lines:
+            ids = sp.EncodeAsIds(line)
+            if ids:  # lines without text are skipped
+                ids += [sp.eos_id()] if args.eos_after_each else []
+                out.append(" ".join(map(str, ids)))
+    try:
+        with open(args.output, "w") as f:
+            f.write("".join(line + "\n" for line in out))
+    except OSError as e:
+        fail(f"--output={args.output}: {e}")
+    print(f"wrote {len(out)} lines of ids to {args.output}")
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="spiece.model, or a folder holding one")
-    p.add_argument("--input", required=True, help="text files, comma-separated, in this order")
-    p.add_argument("--output", required=True, help="the uint16 token file (and OUTPUT.json)")
+    p.add_argument("--input", help="text files, comma-separated, in this order")
+    p.add_argument("--output", help="the uint16 token file (and OUTPUT.json)")
     p.add_argument("--eos_after_each", action="store_true",
-                   help="append the model's end-of-sequence id after each input")
+                   help="append the model's end-of-sequence id after each input (line)")
+    p.add_argument("--output_lines", action="store_true",
+                   help="write each input line as a line of ids (text) instead")
+    p.add_argument("--decode_lines", default="",
+                   help="print each line of ids of this file as text (no --input / --output)")
     args = p.parse_args(argv)
+    if not args.decode_lines and not (args.input and args.output):
+        fail("--input and --output are required (or --decode_lines)")
 
     path = model_path(args.model)
     sp = sentencepiece.SentencePieceProcessor()
@@ -77,6 +133,12 @@ def main(argv):
         fail(f"--model={args.model}: {vocab} pieces do not fit uint16 ids")
     if args.eos_after_each and sp.eos_id() < 0:
         fail(f"--eos_after_each: {path} has no end-of-sequence piece")
+    if args.decode_lines:
+        decode_lines(sp, args.decode_lines, vocab)
+        return
+    if args.output_lines:
+        encode_lines(sp, args)
+        return
 
     ids = []
     for name in args.input.split(","):

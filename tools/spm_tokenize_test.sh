@@ -3,12 +3,16 @@
 # with T5's special ids (pad 0, </s> 1, unk 2), encodes the text into a token
 # file that decodes back to it and whose record gives //models/t5:train its
 # vocabulary (300 ids + 100 sentinels); training on it runs with T5's </s>
-# appended (--eos_id=1). Bad input exits 2 naming the flag.
+# appended (--eos_id=1). Prompts go through it as lines of ids to
+# //models/t5:generate (from the checkpoint and from its Hugging Face export:
+# the same tokens) and back to text. Bad input exits 2 naming the flag.
 set -euo pipefail
 script="$1"
 train="$2"
 text="$3"
 source "$4"  # models/common/cli_testing.sh: exits_2
+generate="$5"
+checkpoint="$6"
 dir="${TEST_TMPDIR}/spm"
 mkdir -p "$dir"
 head -c 200000 "$text" > "$dir/in.txt"
@@ -52,10 +56,33 @@ print("the ids decode to both inputs, each followed by </s>")
 PY
 
 "$train" --data="$dir/t5.bin" --eos_id=1 --steps=2 --batch_size=2 --encoder_length=32 \
-  --log_every=1 > "$dir/train.log"
+  --log_every=1 --checkpoint_dir="$dir/ck" > "$dir/train.log"
 grep -q "vocab 300 + 100 sentinels" "$dir/train.log"
 grep -Eq "^step +2 \| loss [0-9.]+ " "$dir/train.log"
 echo "//models/t5:train trains on it"
+
+# Prompts as lines of ids (each ending with </s>), decoded by the trained
+# model, from its checkpoint and from its Hugging Face export alike.
+printf 'Light is refracted\n\nThe colours of bodies\nOf prisms\n' > "$dir/prompts.txt"
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/prompts.txt" --output="$dir/ids.txt" \
+  --output_lines --eos_after_each > /dev/null
+[[ $(wc -l < "$dir/ids.txt") == 3 ]]  # the empty line is skipped
+[[ $(awk '{ print $NF }' "$dir/ids.txt" | sort -u) == 1 ]]
+"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 > "$dir/out.txt" \
+  2> "$dir/generate.log"
+grep -q "^model t5-tiny(vocab_size=400, .* from checkpoint $dir/ck/step_000002 (step 2)" \
+  "$dir/generate.log"
+grep -q "^3 examples, 18 tokens in " "$dir/generate.log"
+[[ $(wc -l < "$dir/out.txt") == 3 ]]
+awk '{ if (NF != 6) exit 1; for (i = 1; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i >= 400) exit 1 }' \
+  "$dir/out.txt"
+"$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
+"$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> /dev/null |
+  cmp - "$dir/out.txt"
+# Ids of the model's own vocabulary (no sentinels: those are above 300) decode to text lines.
+awk '{ for (i = 1; i <= NF; i++) if ($i >= 300) $i = 2; print }' "$dir/out.txt" > "$dir/out300.txt"
+[[ $(/usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/out300.txt" | wc -l) == 3 ]]
+echo "prompts through //models/t5:generate and back to text"
 
 exits_2 "--model=$dir/none: no such file" /usr/bin/python3 "$script" --model="$dir/none" \
   --input="$dir/in.txt" --output="$dir/x.bin"
@@ -64,4 +91,12 @@ exits_2 "--model=$dir/in.txt: $dir/in.txt is not a SentencePiece model" /usr/bin
 exits_2 "--input: $dir/none.txt" /usr/bin/python3 "$script" --model="$dir" \
   --input="$dir/none.txt" --output="$dir/x.bin"
 exits_2 "eos_id 300" "$train" --data="$dir/t5.bin" --eos_id=300 --steps=1
+exits_2 "--decode_lines: $dir/prompts.txt: line 1 is not ids" /usr/bin/python3 "$script" \
+  --model="$dir" --decode_lines="$dir/prompts.txt"
+printf '5 7\n5 400\n' > "$dir/bad_ids.txt"
+exits_2 "--input=$dir/bad_ids.txt: line 2: '400' is not an id below the model's 400" "$generate" \
+  --init_from="$dir/ck" --input="$dir/bad_ids.txt"
+exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_from="$dir/ck" \
+  --input="$dir/ids.txt" --eos_id=400
+exits_2 "--init_from=$dir/none: " "$generate" --init_from="$dir/none" --input="$dir/ids.txt"
 echo PASS

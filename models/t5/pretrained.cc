@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "models/common/checkpoint_convert.h"
 #include "models/common/hf_folder.h"
 #include "tensor/durable_file.h"
 
@@ -102,7 +103,7 @@ absl::StatusOr<T5Config> ConfigFromHf(const Json& json, const std::string& path)
   return c;
 }
 
-absl::StatusOr<HfT5> OpenHfT5(const std::string& dir) {
+absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir) {
   absl::StatusOr<Json> json = train::ReadHfConfig(dir);
   if (!json.ok()) return json.status();
   absl::StatusOr<T5Config> config = ConfigFromHf(*json, dir + "/config.json");
@@ -112,7 +113,7 @@ absl::StatusOr<HfT5> OpenHfT5(const std::string& dir) {
   std::set<std::string> used;
   for (const char* alias : kSharedAliases) used.insert(alias);
   if (config->tie_word_embeddings) used.insert("lm_head.weight");
-  HfT5 out;
+  PretrainedSources out;
   out.config = *config;
   out.source = absl::StrCat("Hugging Face T5 ", dir);
   for (const ParamShape& p : ParameterShapes(*config)) {
@@ -141,6 +142,20 @@ absl::StatusOr<HfT5> OpenHfT5(const std::string& dir) {
   absl::Status others = train::CheckNoOtherHfTensors(dir, *tensors, used, "T5");
   if (!others.ok()) return others;
   return out;
+}
+
+absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
+  if (train::IsHfModelDir(path)) return OpenHfT5(path);
+  absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(path);
+  if (!recorded.ok()) return recorded.status();
+  absl::StatusOr<T5Config> config = ParseConfig(recorded->config);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a T5 checkpoint: ", config.status().message()));
+  }
+  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded->step_dir);
+  if (!sources.ok()) return sources.status();
+  return PretrainedSources{*config, *std::move(sources), recorded->description};
 }
 
 absl::Status WriteHfT5(const std::string& dir, const T5Config& config,

@@ -36,16 +36,24 @@ namespace t5 {
 // configuration is named "hf-t5".
 absl::StatusOr<T5Config> ConfigFromHf(const tensor::Json& json, const std::string& path);
 
-struct HfT5 {
+// Weights to start from (nn::InitFromSources), with their configuration.
+struct PretrainedSources {
   T5Config config;
-  nn::NamedInitSources sources;  // ParameterShapes(config) order
-  std::string source;            // "Hugging Face T5 DIR"
+  nn::NamedInitSources sources;  // ParameterShapes(config) names
+  std::string source;            // "Hugging Face T5 DIR", "checkpoint DIR (step N)"
 };
 
 // The folder's configuration and a source per parameter: headers read and
 // checked, no weights. InvalidArgument naming the file and key or tensor for
 // a configuration as above, a missing or misshapen tensor, or another one.
-absl::StatusOr<HfT5> OpenHfT5(const std::string& dir);
+absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir);
+
+// `path`: a Hugging Face T5 folder (config.json), or a checkpoint of
+// //models/t5:train of either kind (a step folder, or a --checkpoint_dir: its
+// latest step) with the configuration it records; every kind read slice by
+// slice. OpenHfT5's errors, the checkpoint readers', and InvalidArgument for
+// a checkpoint that is not T5's.
+absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 
 // Writes `weights` (ours: the names and shapes of ParameterShapes(config)) to
 // `dir` (created if missing) as config.json + model.safetensors that

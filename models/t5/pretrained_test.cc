@@ -177,7 +177,7 @@ Fixture LoadFixture(const std::string& file) {
   return f;
 }
 
-double LossOf(const HfT5& read, const Fixture& f) {
+double LossOf(const PretrainedSources& read, const Fixture& f) {
   T5Model model(read.config);
   EXPECT_TRUE(nn::InitFromSources(model, read.sources).ok());
   model.Materialize(/*seed=*/7);  // reads the sources
@@ -204,7 +204,7 @@ TEST(HfT5Test, TheParityFixturesInHfLayoutGiveHuggingFacesLoss) {
     NamedTensors written = hub;
     if (!shared_named) written.erase(written.begin());
     ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model.safetensors", written).ok());
-    absl::StatusOr<HfT5> read = OpenHfT5(dir);
+    absl::StatusOr<PretrainedSources> read = OpenHfT5(dir);
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(read->source, "Hugging Face T5 " + dir);
     const double loss = LossOf(*read, v10);
@@ -219,7 +219,7 @@ TEST(HfT5Test, TheParityFixturesInHfLayoutGiveHuggingFacesLoss) {
   NamedTensors bf16;
   for (const auto& [name, t] : v11.weights) bf16.emplace_back(name, t.To(tensor::Dtype::kBF16));
   ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model.safetensors", bf16).ok());
-  absl::StatusOr<HfT5> read = OpenHfT5(dir);
+  absl::StatusOr<PretrainedSources> read = OpenHfT5(dir);
   ASSERT_TRUE(read.ok()) << read.status();
   const double loss = LossOf(*read, v11);
   std::printf("v1.1 (bf16 weights): loss %.9f, Hugging Face's from the f32 weights %.9f\n", loss,
@@ -254,13 +254,13 @@ TEST(HfT5Test, RefusesMissingMisshapenAndOtherTensors) {
     const std::string dir = TempDir("bad_" + c.name);
     WriteFile(dir + "/config.json", HfConfigJson(f.config));
     ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model.safetensors", c.tensors).ok());
-    absl::StatusOr<HfT5> read = OpenHfT5(dir);
+    absl::StatusOr<PretrainedSources> read = OpenHfT5(dir);
     ASSERT_FALSE(read.ok());
     EXPECT_TRUE(absl::StrContains(read.status().message(), c.want)) << read.status();
   }
   const std::string bin_only = TempDir("bin_only");
   WriteFile(bin_only + "/config.json", HfConfigJson(f.config));
-  absl::StatusOr<HfT5> read = OpenHfT5(bin_only);
+  absl::StatusOr<PretrainedSources> read = OpenHfT5(bin_only);
   ASSERT_FALSE(read.ok());
   EXPECT_TRUE(absl::StrContains(read.status().message(), "not pytorch_model.bin")) << read.status();
 }
@@ -272,7 +272,7 @@ TEST(HfT5Test, WritesWhatItReadsBack) {
     const Fixture f = LoadFixture(file);
     const std::string dir = TempDir("written");
     ASSERT_TRUE(WriteHfT5(dir, f.config, nn::TensorInitSources(f.weights)).ok());
-    absl::StatusOr<HfT5> read = OpenHfT5(dir);
+    absl::StatusOr<PretrainedSources> read = OpenHfT5(dir);
     ASSERT_TRUE(read.ok()) << read.status();
     T5Config renamed = f.config;
     renamed.name = "hf-t5";

@@ -284,32 +284,17 @@ double EvalLoss(T5Model& model, const data::SpanCorruptionLoader& eval, int64_t 
 }
 
 // --init_from: a checkpoint's or a Hugging Face folder's weights as sources
-// read slice by slice (so an FSDP rank reads only its shard) and what they
-// came from.
-struct Init {
-  T5Config config;
-  nn::NamedInitSources sources;
-  std::string source;  // "checkpoint DIR (step N)", "Hugging Face T5 DIR"
-};
+// read slice by slice (so an FSDP rank reads only its shard), their
+// configuration and what they came from.
+using Init = PretrainedSources;
 
 absl::StatusOr<Init> OpenInit(const std::string& flag) {
-  auto error = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("--init_from=", flag, ": ", why));
-  };
-  if (train::IsHfModelDir(flag)) {
-    absl::StatusOr<HfT5> hf = OpenHfT5(flag);
-    if (!hf.ok()) return error(hf.status().message());
-    return Init{hf->config, std::move(hf->sources), hf->source};
+  absl::StatusOr<PretrainedSources> opened = OpenPretrained(flag);
+  if (!opened.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--init_from=", flag, ": ", opened.status().message()));
   }
-  absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(flag);
-  if (!recorded.ok()) return error(recorded.status().message());
-  absl::StatusOr<T5Config> config = ParseConfig(recorded->config);
-  if (!config.ok()) {
-    return error(absl::StrCat("not a T5 checkpoint: ", config.status().message()));
-  }
-  absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded->step_dir);
-  if (!sources.ok()) return error(sources.status().message());
-  return Init{*config, *std::move(sources), recorded->description};
+  return opened;
 }
 
 struct DpSetup {

@@ -1,0 +1,162 @@
+// Decodes with a trained T5, greedily (t5::GreedyDecode; Hugging Face's
+// generate with num_beams=1 and no sampling):
+//   ./bazelw run //models/t5:generate -- --init_from=/path/t5-small --input=/tmp/ids.txt --eos_id=1
+// --init_from is a checkpoint of //models/t5:train (either kind) or a
+// Hugging Face T5 folder, as train's --init_from. --input holds one example
+// per line, its token ids separated by spaces (tools/spm_tokenize.py
+// --output_lines writes them from text with T5's SentencePiece model, and
+// --decode_lines turns the output back into text). The examples run in one
+// batch (shorter ones padded with --pad_id and masked); each line of stdout
+// is one example's new tokens. What was loaded and the speed go to stderr.
+// Exit 2 on bad flags or input (named).
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "models/common/train_setup.h"
+#include "models/t5/generate.h"
+#include "models/t5/model.h"
+#include "models/t5/pretrained.h"
+#include "nn/state_dict.h"
+
+ABSL_FLAG(std::string, init_from, "",
+          "a checkpoint of //models/t5:train (a step folder or a --checkpoint_dir) or a Hugging "
+          "Face T5 folder");
+ABSL_FLAG(std::string, input, "",
+          "a file of examples, one per line: token ids separated by spaces");
+ABSL_FLAG(int64_t, max_new_tokens, 32, "tokens decoded per example at most");
+ABSL_FLAG(int64_t, eos_id, -1, "an example stops after this id (T5's </s>: 1); -1: none");
+ABSL_FLAG(int64_t, decoder_start_id, 0, "the decoder's first input (T5's: the pad id 0)");
+ABSL_FLAG(int64_t, pad_id, 0, "pads the shorter examples of the batch (masked out)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+
+namespace t5 {
+namespace {
+
+using tensor::Tensor;
+
+// --input's examples; InvalidArgument naming the file, line and token for
+// anything but ids below vocab_size, or no example.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string& path,
+                                                               int64_t vocab_size) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": cannot be read"));
+  std::vector<std::vector<int64_t>> examples;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    std::vector<int64_t> ids;
+    for (absl::string_view token : absl::StrSplit(line, ' ', absl::SkipWhitespace())) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(token, &id) || id < 0 || id >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": line ", line_no, ": '",
+                                                       token, "' is not an id below the model's ",
+                                                       vocab_size));
+      }
+      ids.push_back(id);
+    }
+    if (ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input=", path, ": line ", line_no, " has no ids"));
+    }
+    examples.push_back(std::move(ids));
+  }
+  if (examples.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": empty"));
+  return examples;
+}
+
+absl::Status Generate() {
+  const std::string init_from = absl::GetFlag(FLAGS_init_from);
+  if (init_from.empty()) return absl::InvalidArgumentError("--init_from is required");
+  if (absl::GetFlag(FLAGS_input).empty()) return absl::InvalidArgumentError("--input is required");
+  absl::StatusOr<PretrainedSources> weights = OpenPretrained(init_from);
+  if (!weights.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--init_from=", init_from, ": ", weights.status().message()));
+  }
+  const int64_t V = weights->config.vocab_size;
+  GreedyOptions options;
+  options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.eos_id = absl::GetFlag(FLAGS_eos_id);
+  options.decoder_start_id = absl::GetFlag(FLAGS_decoder_start_id);
+  absl::Status valid = options.Validate(V);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
+  const int64_t pad = absl::GetFlag(FLAGS_pad_id);
+  if (pad < 0 || pad >= V) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pad_id=", pad, " is not an id of the vocabulary of ", V));
+  }
+  absl::StatusOr<std::vector<std::vector<int64_t>>> examples =
+      ReadExamples(absl::GetFlag(FLAGS_input), V);
+  if (!examples.ok()) return examples.status();
+  absl::StatusOr<train::Compute> compute =
+      train::ResolveCompute(absl::GetFlag(FLAGS_device), "fp32");
+  if (!compute.ok()) return compute.status();
+
+  T5Model model(weights->config);
+  absl::Status loaded = nn::InitFromSources(model, weights->sources);
+  if (!loaded.ok()) return loaded;
+  model.Materialize(/*seed=*/0, compute->device);  // reads the weights
+  nn::ReleaseInitValues(model);
+  std::fprintf(stderr, "model %s from %s\n", weights->config.ToString().c_str(),
+               weights->source.c_str());
+
+  // The batch: (B, S) ids, the shorter examples padded at the end and masked.
+  const int64_t B = static_cast<int64_t>(examples->size());
+  int64_t S = 0;
+  for (const auto& e : *examples) S = std::max<int64_t>(S, static_cast<int64_t>(e.size()));
+  std::vector<int64_t> ids(B * S, pad), mask(B * S, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (size_t i = 0; i < (*examples)[b].size(); ++i) {
+      ids[b * S + i] = (*examples)[b][i];
+      mask[b * S + i] = 1;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::vector<int64_t>>> out =
+      GreedyDecode(model, Tensor::FromData<int64_t>(ids, {B, S}).To(compute->device),
+                   Tensor::FromData<int64_t>(mask, {B, S}).To(compute->device), options);
+  if (!out.ok()) return out.status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int64_t tokens = 0;
+  for (const auto& row : *out) {
+    std::printf("%s\n", absl::StrJoin(row, " ").c_str());
+    tokens += static_cast<int64_t>(row.size());
+  }
+  std::fprintf(stderr, "%lld examples, %lld tokens in %.2f s\n", static_cast<long long>(B),
+               static_cast<long long>(tokens), seconds);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace t5
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Greedy decoding with a trained T5 (token ids in and out).");
+  absl::ParseCommandLine(argc, argv);
+  try {
+    absl::Status s = t5::Generate();
+    if (!s.ok()) {
+      std::fprintf(stderr, "generate: error: %s\n", std::string(s.message()).c_str());
+      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
