@@ -2,13 +2,15 @@
 // gated) with a padded encoder batch gives the CPU's loss and gradients on
 // cuda:0 -- relative position biases, the encoder padding mask and the
 // shared embedding, with head size 8 (the unfused attention path of the GPU)
-// and 32 (the fused attention kernels, which take the bias and the mask).
+// and 32 (the fused attention kernels, which take the bias and the mask);
+// decoding (Encode, DecodeLogits, GreedyDecode) gives the CPU's logits and tokens.
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "models/t5/generate.h"
 #include "models/t5/model.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
@@ -72,6 +74,37 @@ TEST(T5CudaTest, LossAndGradientsMatchTheCpu) {
       EXPECT_TRUE(tensor::testing::AllClose(grads[1][i].second, grads[0][i].second, 1e-4, 1e-5))
           << grads[0][i].first;
     }
+  }
+}
+
+// Decoding on the GPU (d_kv 32: the fused kernels): the encoder's output and
+// the decoder's logits (T5Model::Encode, DecodeLogits) are the CPU's, and
+// greedy decoding picks the CPU's tokens.
+TEST(T5CudaTest, DecodingMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (bool v1_1 : {false, true}) {
+    SCOPED_TRACE(v1_1 ? "v1.1" : "v1.0");
+    std::vector<std::vector<int64_t>> tokens[2];
+    Tensor logits[2];
+    const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
+    for (int d = 0; d < 2; ++d) {
+      T5Model model(Tiny(v1_1, 32));
+      model.Materialize(5, devices[d]);
+      model.Train(false);
+      const Tensor x = Ids({3, 7, 1, 12, 5, 9, 4, 4, 8, 2, 0, 0}, 2, 6, devices[d]);  // (B, S)
+      const Tensor mask = Ids({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, 2, 6, devices[d]);
+      logits[d] = model
+                      .DecodeLogits(model.Encode(x, mask), mask,
+                                    Ids({0, 11, 6, 2, 10, 0, 12, 3, 3, 0}, 2, 5, devices[d]))
+                      .To(Device::Cpu());  // (B, T, V)
+      GreedyOptions options;
+      options.max_new_tokens = 6;
+      absl::StatusOr<std::vector<std::vector<int64_t>>> got = GreedyDecode(model, x, mask, options);
+      ASSERT_TRUE(got.ok()) << got.status();
+      tokens[d] = *got;
+    }
+    EXPECT_TRUE(tensor::testing::AllClose(logits[1], logits[0], 1e-4, 1e-5));
+    EXPECT_EQ(tokens[1], tokens[0]);
   }
 }
 
