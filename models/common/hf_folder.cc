@@ -86,12 +86,12 @@ absl::StatusOr<int64_t> HfConfigInt(const Json& json, const std::string& path,
   const Json* v = json.Get(key);
   if (v == nullptr) {
     if (fallback != nullptr) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(path, ": no \"", key, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no '", key, "'"));
   }
   int64_t out = 0;
   if (v->kind != Json::Kind::kNumber || !absl::SimpleAtoi(v->text, &out)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": \"", key, "\" is not an integer (", v->text, ")"));
+        absl::StrCat(path, ": '", key, "' is not an integer (", v->text, ")"));
   }
   return out;
 }

@@ -52,24 +52,20 @@ absl::StatusOr<GptConfig> ConfigFromHf(const Json& json, const std::string& path
       type != nullptr && !(type->kind == Json::Kind::kString && type->text == "gpt2")) {
     return bad(absl::StrCat("model_type is '", type->text, "', not 'gpt2'"));
   }
-  // A required integer, under `key` or (older files) `alias`.
-  auto integer = [&](const char* key, const char* alias, int64_t* out) -> absl::Status {
-    const Json* v = json.Get(key);
-    if (v == nullptr && alias != nullptr) v = json.Get(alias);
-    if (v == nullptr) return bad(absl::StrCat("no '", key, "'"));
-    if (v->kind != Json::Kind::kNumber || !absl::SimpleAtoi(v->text, out)) {
-      return bad(absl::StrCat("'", key, "' is not an integer"));
-    }
-    return absl::OkStatus();
-  };
   GptConfig c;
   c.name = "hf-gpt2";
   c.dropout = 0.0f;
-  for (absl::Status s :
-       {integer("n_layer", nullptr, &c.n_layer), integer("n_head", nullptr, &c.n_head),
-        integer("n_embd", nullptr, &c.n_embd), integer("vocab_size", nullptr, &c.vocab_size),
-        integer("n_positions", "n_ctx", &c.block_size)}) {
-    if (!s.ok()) return s;
+  // Required integers; older files name n_positions n_ctx.
+  const char* positions =
+      json.Get("n_positions") == nullptr && json.Get("n_ctx") != nullptr ? "n_ctx" : "n_positions";
+  for (auto [key, field] : {std::pair{"n_layer", &c.n_layer},
+                            {"n_head", &c.n_head},
+                            {"n_embd", &c.n_embd},
+                            {"vocab_size", &c.vocab_size},
+                            {positions, &c.block_size}}) {
+    absl::StatusOr<int64_t> v = train::HfConfigInt(json, path, key);
+    if (!v.ok()) return v.status();
+    *field = *v;
   }
   if (const Json* act = json.Get("activation_function"); act != nullptr) {
     static const std::set<std::string> kTanhGelu = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"};

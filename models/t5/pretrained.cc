@@ -70,7 +70,7 @@ absl::StatusOr<T5Config> ConfigFromHf(const Json& json, const std::string& path)
     if (v == nullptr) continue;  // the default
     double d = 0;
     if (v->kind != Json::Kind::kNumber || !absl::SimpleAtod(v->text, &d)) {
-      return bad(absl::StrCat("\"", key, "\" is not a number (", v->text, ")"));
+      return bad(absl::StrCat("'", key, "' is not a number (", v->text, ")"));
     }
     *field = static_cast<float>(d);
   }
@@ -94,7 +94,7 @@ absl::StatusOr<T5Config> ConfigFromHf(const Json& json, const std::string& path)
   }
   if (const Json* tie = json.Get("tie_word_embeddings"); tie != nullptr) {
     if (tie->kind != Json::Kind::kBool) {
-      return bad(absl::StrCat("\"tie_word_embeddings\" is not true or false (", tie->text, ")"));
+      return bad(absl::StrCat("'tie_word_embeddings' is not true or false (", tie->text, ")"));
     }
     c.tie_word_embeddings = tie->text == "true";
   }

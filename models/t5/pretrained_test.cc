@@ -135,8 +135,8 @@ TEST(HfT5ConfigTest, RefusesWhatIsNotT5OrNotComputedHere) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {with("\"model_type\": \"t5\"", "\"model_type\": \"bart\""),
        "config.json: model_type is 'bart', not 't5'"},
-      {with("\"d_model\": 512,", ""), "config.json: no \"d_model\""},
-      {with("\"num_heads\": 8", "\"num_heads\": 8.5"), "\"num_heads\" is not an integer (8.5)"},
+      {with("\"d_model\": 512,", ""), "config.json: no 'd_model'"},
+      {with("\"num_heads\": 8", "\"num_heads\": 8.5"), "'num_heads' is not an integer (8.5)"},
       {with("\"d_kv\": 64,", "\"d_kv\": 64, \"feed_forward_proj\": \"gated-silu\","),
        "feed_forward_proj 'gated-silu' is not one T5 computes here"},
       {with("\"d_kv\": 64,", "\"d_kv\": 64, \"dense_act_fn\": \"gelu_new\","),
@@ -144,7 +144,7 @@ TEST(HfT5ConfigTest, RefusesWhatIsNotT5OrNotComputedHere) {
       {with("\"relative_attention_num_buckets\": 32", "\"relative_attention_num_buckets\": 7"),
        "relative_attention_num_buckets must be even"},
       {with("\"dropout_rate\": 0.1", "\"dropout_rate\": \"high\""),
-       "\"dropout_rate\" is not a number"},
+       "'dropout_rate' is not a number"},
   };
   for (const auto& [text, want] : cases) {
     absl::StatusOr<T5Config> c = Parse(text);
