@@ -242,6 +242,11 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
   return data::LoaderState::FromString(state.loader_state);
 }
 
+std::string InitFromLine(absl::string_view source, bool resuming) {
+  return absl::StrCat("init_from: ", source,
+                      resuming ? " (its configuration; --resume loads the weights)" : "");
+}
+
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
                                          const std::string& checkpoint_dir, nn::Module& model,
                                          optim::Optimizer& optimizer, const std::string& config) {

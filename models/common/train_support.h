@@ -103,6 +103,11 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
                                                  const std::string& step_dir,
                                                  const std::string& config);
 
+// The train binaries' "init_from: <source>" line. A run started from
+// --init_from continues with the same flags and --resume: then --init_from
+// gives only the configuration, which the line says.
+std::string InitFromLine(absl::string_view source, bool resuming);
+
 // A resumed run's state and the loader position to restore (the global batch
 // must be the same).
 struct Resumed {

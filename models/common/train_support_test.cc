@@ -111,6 +111,12 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
       << corrupt.status();
 }
 
+TEST(InitFromLineTest, SaysWhenOnlyTheConfigurationIsTaken) {
+  EXPECT_EQ(InitFromLine("Hugging Face T5 /m", false), "init_from: Hugging Face T5 /m");
+  EXPECT_EQ(InitFromLine("checkpoint /c (step 3)", true),
+            "init_from: checkpoint /c (step 3) (its configuration; --resume loads the weights)");
+}
+
 TEST(CheckpointDueTest, EveryNStepsBeforeTheLast) {
   EXPECT_FALSE(CheckpointDue(0, 10, 100));  // 0: only after the loop
   EXPECT_TRUE(CheckpointDue(10, 10, 100));

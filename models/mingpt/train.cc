@@ -378,10 +378,7 @@ absl::Status Train() {
   // weights; its configuration is theirs, its weights are the checkpoint's.
   const bool init_weights = pretrained && absl::GetFlag(FLAGS_resume).empty();
   const std::string init_line =
-      !pretrained
-          ? ""
-          : absl::StrCat("init_from: ", pretrained->source,
-                         init_weights ? "" : " (its configuration; --resume loads the weights)");
+      pretrained ? train::InitFromLine(pretrained->source, !init_weights) : "";
   absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
       absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
       pretrained ? pretrained->config.vocab_size : absl::GetFlag(FLAGS_vocab_size));

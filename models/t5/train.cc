@@ -501,10 +501,7 @@ absl::Status Train() {
   // --init_from with --resume: the run it continues started from those
   // weights; its configuration is theirs, its weights are the checkpoint's.
   const bool init_weights = init && absl::GetFlag(FLAGS_resume).empty();
-  const std::string init_line =
-      !init ? ""
-            : absl::StrCat("init_from: ", init->source,
-                           init_weights ? "" : " (its configuration; --resume loads the weights)");
+  const std::string init_line = init ? train::InitFromLine(init->source, !init_weights) : "";
   absl::StatusOr<train::DataSources> sources =
       train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
                              absl::GetFlag(FLAGS_vocab_size));
