@@ -35,14 +35,6 @@ struct CausalSelfAttentionOptions {
   uint64_t seed = 0;
 };
 
-// The keys and values of one CausalSelfAttention layer for the positions
-// decoded so far (generation; forward only), filled by Decode.
-struct KvCache {
-  Tensor k;            // (B, nh, capacity, hs), compute dtype, on the layer's device
-  Tensor v;            // (B, nh, capacity, hs)
-  int64_t length = 0;  // positions [0, length) hold keys and values
-};
-
 // minGPT's special init of residual projections: Normal(0, 0.02 / sqrt(2 * n_layer)).
 InitSpec MinGptProjInit(int64_t n_layer);
 

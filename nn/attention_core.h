@@ -48,6 +48,16 @@ struct AttentionOptions {
   bool training = true;
 };
 
+// The keys and values of one attention layer for the positions decoded so
+// far (generation; forward only), filled by the layers' Decode
+// (CausalSelfAttention, T5Attention; a cross-attention's hold the encoder
+// output's, computed once).
+struct KvCache {
+  Tensor k;            // (B, nh, capacity, hs), compute dtype, on the layer's device
+  Tensor v;            // (B, nh, capacity, hs_v)
+  int64_t length = 0;  // positions [0, length) hold keys and values
+};
+
 // What the backward needs. Holds views of q, k, v (no copies) and the
 // probabilities: (B, nh, T_q, T_k) in the compute dtype.
 struct AttentionState {

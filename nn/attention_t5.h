@@ -70,6 +70,25 @@ class T5Attention : public Module, public RandomSource {
   RelativePositionBias* relative_attention_bias() { return relative_bias_; }  // or nullptr
   tensor::Generator& generator() override { return gen_; }
 
+  // Incremental decoding (generation; forward only, no dropout): Forward's
+  // outputs for the new positions, as Forward over the whole sequence in eval
+  // mode gives them, from the keys and values `cache` holds. inputs as
+  // Forward's, with x (B, T_new, d_model):
+  // - causal self-attention: x holds positions cache.length ..
+  //   cache.length + T_new - 1; their keys and values join the cache
+  //   (allocated on first use for `capacity` positions) and each query
+  //   attends the positions up to its own. position_bias, when given, is
+  //   (B or 1, nh, T_new, cache.length + T_new); a layer with
+  //   has_relative_bias computes that bias itself (queries from position
+  //   cache.length on) and returns it as the second output.
+  // - cross-attention: kv (B, S, d_model) is projected into the cache on the
+  //   first call (capacity ignored; cache.length becomes S); later calls read
+  //   the cache and may leave kv undefined.
+  // key_mask: (B, keys) over every key attended, or undefined. Throws OpError
+  // for an encoder (bidirectional) self-attention, a cache of another batch,
+  // dtype or device, or positions past its capacity.
+  Tensors Decode(const Tensors& inputs, KvCache& cache, int64_t capacity);
+
  protected:
   // inputs (trailing ones may be left out or undefined):
   //   [0] x (B, T, d_model)

@@ -4,8 +4,9 @@
 # file that decodes back to it and whose record gives //models/t5:train its
 # vocabulary (300 ids + 100 sentinels); training on it runs with T5's </s>
 # appended (--eos_id=1). Prompts go through it as lines of ids to
-# //models/t5:generate (from the checkpoint and from its Hugging Face export:
-# the same tokens) and back to text. Bad input exits 2 naming the flag.
+# //models/t5:generate (from the checkpoint and from its Hugging Face export,
+# with the key/value cache and without: the same tokens; sampled: the seed's
+# tokens every run) and back to text. Bad input exits 2 naming the flag.
 set -euo pipefail
 script="$1"
 train="$2"
@@ -76,6 +77,15 @@ grep -q "^3 examples, 18 tokens in " "$dir/generate.log"
 [[ $(wc -l < "$dir/out.txt") == 3 ]]
 awk '{ if (NF != 6) exit 1; for (i = 1; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i >= 400) exit 1 }' \
   "$dir/out.txt"
+# Without the key/value cache: the same tokens. Sampled: a seed repeats its draws.
+"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --nokv_cache \
+  2> /dev/null | cmp - "$dir/out.txt"
+for run in 1 2; do
+  "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --temperature=1.5 \
+    --top_k=50 --seed=3 > "$dir/sampled_$run.txt" 2> "$dir/sampled.log"
+done
+grep -q "| sampled$" "$dir/sampled.log"
+cmp "$dir/sampled_1.txt" "$dir/sampled_2.txt"
 "$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
 "$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> /dev/null |
   cmp - "$dir/out.txt"
@@ -98,5 +108,7 @@ exits_2 "--input=$dir/bad_ids.txt: line 2: '400' is not an id below the model's 
   --init_from="$dir/ck" --input="$dir/bad_ids.txt"
 exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --eos_id=400
+exits_2 "--top_p must be in (0, 1], got 0" "$generate" --init_from="$dir/ck" \
+  --input="$dir/ids.txt" --temperature=1 --top_p=0
 exits_2 "--init_from=$dir/none: " "$generate" --init_from="$dir/none" --input="$dir/ids.txt"
 echo PASS

@@ -6,10 +6,8 @@
 // sequence outgrows block_size, the context is cropped to its last block_size
 // tokens, as minGPT does, and each token runs the forward over that window
 // (the positions shift, so cached keys no longer apply).
-//
-// Draws are reproducible: the uniform number behind row r's n-th new token is
-// Philox(seed) at counter (r, n) (53 bits), so a row's sample depends on the seed, its
-// row index and the model's logits only.
+// The draws are train::SampleFromLogits' (models/common/sampling.h),
+// reproducible from the seed.
 #ifndef MODELS_MINGPT_GENERATE_H_
 #define MODELS_MINGPT_GENERATE_H_
 
@@ -20,35 +18,23 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "models/common/sampling.h"
 #include "models/mingpt/model.h"
 
 namespace mingpt {
 
-struct SamplingOptions {
+// What to generate: max_new_tokens per row, drawn as train::Sampling says
+// (temperature, top_k, top_p, seed; sampling at temperature 1 by default).
+struct SamplingOptions : train::Sampling {
   int64_t max_new_tokens = 256;
-  // Divides the logits before the softmax; 0: greedy (the most likely token,
-  // the lowest id among equals), and top_k / top_p do not matter.
-  double temperature = 1.0;
-  // Keep only the k most likely tokens; 0: all.
-  int64_t top_k = 0;
-  // Keep the smallest set of most likely tokens whose probability (after
-  // temperature and top_k) reaches top_p; 1: all.
-  double top_p = 1.0;
-  uint64_t seed = 1;
   // Keys and values of earlier positions kept per block while the sequence
   // fits in block_size; false: the forward over the whole context each token.
   bool kv_cache = true;
 
-  // InvalidArgument naming the field: max_new_tokens < 0, temperature < 0 or
-  // not finite, top_k < 0, top_p not in (0, 1].
+  // InvalidArgument naming the field: max_new_tokens < 0, or what
+  // train::Sampling::Validate names.
   absl::Status Validate() const;
 };
-
-// The token drawn from one row of logits (V) with `u` uniform in [0, 1): the
-// smallest id whose cumulative probability (ids ordered by falling logit,
-// ties by id) exceeds u. InvalidArgument when a logit is nan or +-inf.
-absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits,
-                                         const SamplingOptions& options, double u);
 
 // Continues each of the B prompts (lengths >= 1, ids in [0, vocab_size)) by
 // options.max_new_tokens tokens, running `model` in eval mode (no dropout; it

@@ -40,6 +40,10 @@ class T5LayerAttention : public nn::Module {
 
   nn::T5Attention* attention() { return attention_; }
 
+  // Incremental decoding (nn::T5Attention::Decode; eval mode, forward only):
+  // inputs and outputs as Forward's, for the new positions of x.
+  Tensors Decode(const Tensors& inputs, nn::KvCache& cache, int64_t capacity);
+
  protected:
   // inputs: {x (B, T, d_model), kv (B, S, d_model) (cross only, else undefined),
   //          position_bias (1, nh, T, S) or undefined, key_mask (B, S) or undefined}
@@ -87,6 +91,12 @@ class T5LayerFF : public nn::Module {
   nn::Dropout* dropout_;
 };
 
+// A decoder block's keys and values during generation.
+struct T5BlockCache {
+  nn::KvCache self;   // (B, nh, capacity, d_kv): the decoder positions so far
+  nn::KvCache cross;  // (B, nh, S, d_kv): the encoder output's, computed once
+};
+
 // One block of either stack; class name "T5Block" (what FSDP's transformer
 // wrap policy and activation checkpointing match on). Child "layer", a
 // ModuleList of the sub-layers above.
@@ -109,6 +119,15 @@ class T5Block : public nn::Module {
   T5LayerAttention* self_attention();
   T5LayerAttention* cross_attention();  // nullptr in the encoder
   T5LayerFF* feed_forward();
+
+  // Incremental decoding, decoder blocks only (forward only, eval mode):
+  // inputs as Forward's with x (B, T_new, d_model) the positions after those
+  // cache.self holds; the bias, when given, (1, nh, T_new, positions so
+  // far); the self-attention mask (B, positions so far) or undefined.
+  // Outputs as Forward's for those positions (block 0: with the bias it
+  // computed, (1, nh, T_new, positions so far)). `capacity`: positions
+  // cache.self can hold (allocated on first use).
+  Tensors Decode(const Tensors& inputs, T5BlockCache& cache, int64_t capacity);
 
  protected:
   // inputs: the kNumInputs slots above (fewer: the rest undefined).

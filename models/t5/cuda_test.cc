@@ -3,7 +3,8 @@
 // cuda:0 -- relative position biases, the encoder padding mask and the
 // shared embedding, with head size 8 (the unfused attention path of the GPU)
 // and 32 (the fused attention kernels, which take the bias and the mask);
-// decoding (Encode, DecodeLogits, GreedyDecode) gives the CPU's logits and tokens.
+// decoding (Encode, DecodeLogits, DecodeStep with the key/value cache,
+// Generate) gives the CPU's logits and tokens.
 #include <cmath>
 #include <string>
 #include <utility>
@@ -77,15 +78,16 @@ TEST(T5CudaTest, LossAndGradientsMatchTheCpu) {
   }
 }
 
-// Decoding on the GPU (d_kv 32: the fused kernels): the encoder's output and
-// the decoder's logits (T5Model::Encode, DecodeLogits) are the CPU's, and
-// greedy decoding picks the CPU's tokens.
+// Decoding on the GPU (d_kv 32: the fused kernels): the decoder's logits
+// (T5Model::Encode, DecodeLogits; DecodeStep fed a prompt then one position)
+// are the CPU's, and greedy decoding, with the cache and without, picks the
+// CPU's tokens.
 TEST(T5CudaTest, DecodingMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   for (bool v1_1 : {false, true}) {
     SCOPED_TRACE(v1_1 ? "v1.1" : "v1.0");
-    std::vector<std::vector<int64_t>> tokens[2];
-    Tensor logits[2];
+    std::vector<std::vector<int64_t>> tokens[2][2];  // [device][kv_cache]
+    Tensor logits[2], stepped[2];
     const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
     for (int d = 0; d < 2; ++d) {
       T5Model model(Tiny(v1_1, 32));
@@ -93,18 +95,30 @@ TEST(T5CudaTest, DecodingMatchesTheCpu) {
       model.Train(false);
       const Tensor x = Ids({3, 7, 1, 12, 5, 9, 4, 4, 8, 2, 0, 0}, 2, 6, devices[d]);  // (B, S)
       const Tensor mask = Ids({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, 2, 6, devices[d]);
-      logits[d] = model
-                      .DecodeLogits(model.Encode(x, mask), mask,
-                                    Ids({0, 11, 6, 2, 10, 0, 12, 3, 3, 0}, 2, 5, devices[d]))
-                      .To(Device::Cpu());  // (B, T, V)
-      GreedyOptions options;
-      options.max_new_tokens = 6;
-      absl::StatusOr<std::vector<std::vector<int64_t>>> got = GreedyDecode(model, x, mask, options);
-      ASSERT_TRUE(got.ok()) << got.status();
-      tokens[d] = *got;
+      const Tensor encoded = model.Encode(x, mask);  // (B, S, d)
+      logits[d] =
+          model
+              .DecodeLogits(encoded, mask, Ids({0, 11, 6, 2, 10, 0, 12, 3, 3, 0}, 2, 5, devices[d]))
+              .To(Device::Cpu());  // (B, T, V)
+      DecoderCache cache;
+      cache.capacity = 5;
+      model.DecodeStep(encoded, mask, Ids({0, 11, 6, 0, 12, 3}, 2, 3, devices[d]), cache);
+      stepped[d] = model.DecodeStep(encoded, mask, Ids({2, 3}, 2, 1, devices[d]), cache)
+                       .To(Device::Cpu());  // (B, 1, V): position 3
+      for (bool kv_cache : {false, true}) {
+        GenerateOptions options;
+        options.max_new_tokens = 6;
+        options.kv_cache = kv_cache;
+        absl::StatusOr<std::vector<std::vector<int64_t>>> got = Generate(model, x, mask, options);
+        ASSERT_TRUE(got.ok()) << got.status();
+        tokens[d][kv_cache] = *got;
+      }
     }
     EXPECT_TRUE(tensor::testing::AllClose(logits[1], logits[0], 1e-4, 1e-5));
-    EXPECT_EQ(tokens[1], tokens[0]);
+    EXPECT_TRUE(
+        tensor::testing::AllClose(stepped[1], logits[0].Narrow(1, 3, 1).Contiguous(), 1e-4, 1e-5));
+    EXPECT_EQ(tokens[1][0], tokens[0][0]);
+    EXPECT_EQ(tokens[1][1], tokens[0][0]);
   }
 }
 

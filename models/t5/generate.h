@@ -1,9 +1,11 @@
-// Greedy decoding with a trained T5 (Hugging Face's generate with
-// num_beams=1, do_sample=False): the encoder runs once; then, starting from
-// decoder_start_id, each step runs the decoder over the tokens so far
-// (T5Model::DecodeLogits; no key/value cache, so step t costs a forward of t
-// positions) and appends each row's most likely next token (the lowest id
-// among equals). A row that produced eos_id stops there.
+// Generation with a trained T5, as Hugging Face's generate with num_beams=1:
+// greedy by default (do_sample=False), or sampled (temperature, top-k,
+// top-p; train::Sampling). The encoder runs once; then, starting from
+// decoder_start_id, each step gives every row's next-token logits and appends
+// its token. With the key/value cache (the default) a step runs the decoder
+// over the one new position (T5Model::DecodeStep); without it, over every
+// position so far (T5Model::DecodeLogits: step t costs t positions). A row
+// that produced eos_id stops there.
 #ifndef MODELS_T5_GENERATE_H_
 #define MODELS_T5_GENERATE_H_
 
@@ -12,28 +14,39 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "models/common/sampling.h"
 #include "models/t5/model.h"
 #include "tensor/tensor.h"
 
 namespace t5 {
 
-struct GreedyOptions {
+// The draws: temperature (0: greedy, the default here), top_k, top_p, seed;
+// row b's n-th new token is drawn with train::DrawUniform(seed, b, n).
+struct GenerateOptions : train::Sampling {
+  GenerateOptions() { temperature = 0.0; }
+
   int64_t max_new_tokens = 32;
   int64_t decoder_start_id = 0;  // T5's: the pad id
   int64_t eos_id = -1;           // -1: every row runs max_new_tokens
-  // InvalidArgument naming the field unless max_new_tokens >= 0 and the ids are
-  // below vocab_size (decoder_start_id >= 0, eos_id >= -1).
+  // Keep the decoder's keys and values between steps; false: each step runs
+  // the decoder over the whole sequence (the same tokens, up to rounding).
+  bool kv_cache = true;
+
+  // InvalidArgument naming the field unless max_new_tokens >= 0, the ids are
+  // below vocab_size (decoder_start_id >= 0, eos_id >= -1) and the sampling
+  // is valid (train::Sampling::Validate).
   absl::Status Validate(int64_t vocab_size) const;
 };
 
 // Each row's new tokens (without decoder_start_id; ending with eos_id when it
 // was produced). encoder_inputs and encoder_mask (B, S) as
 // T5Model::ForwardBackward takes them (the mask may be undefined), on the
-// model's device. The model runs in eval mode and is left in it.
-absl::StatusOr<std::vector<std::vector<int64_t>>> GreedyDecode(T5Model& model,
-                                                               const tensor::Tensor& encoder_inputs,
-                                                               const tensor::Tensor& encoder_mask,
-                                                               const GreedyOptions& options);
+// model's device, whose parameters are whole. The model runs in eval mode and
+// is left in it.
+absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(T5Model& model,
+                                                           const tensor::Tensor& encoder_inputs,
+                                                           const tensor::Tensor& encoder_mask,
+                                                           const GenerateOptions& options);
 
 }  // namespace t5
 

@@ -1,5 +1,7 @@
-// Decodes with a trained T5, greedily (t5::GreedyDecode; Hugging Face's
-// generate with num_beams=1 and no sampling):
+// Generates with a trained T5 (t5::Generate; Hugging Face's generate with
+// num_beams=1): greedy by default, sampled with --temperature > 0 (and
+// --top_k, --top_p, --seed), with the decoder's key/value cache unless
+// --nokv_cache:
 //   ./bazelw run //models/t5:generate -- --init_from=/path/t5-small --input=/tmp/ids.txt --eos_id=1
 // --init_from is a checkpoint of //models/t5:train (either kind) or a
 // Hugging Face T5 folder, as train's --init_from. --input holds one example
@@ -30,6 +32,7 @@
 #include "models/t5/generate.h"
 #include "models/t5/model.h"
 #include "models/t5/pretrained.h"
+#include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 
 ABSL_FLAG(std::string, init_from, "",
@@ -41,7 +44,15 @@ ABSL_FLAG(int64_t, max_new_tokens, 32, "tokens decoded per example at most");
 ABSL_FLAG(int64_t, eos_id, -1, "an example stops after this id (T5's </s>: 1); -1: none");
 ABSL_FLAG(int64_t, decoder_start_id, 0, "the decoder's first input (T5's: the pad id 0)");
 ABSL_FLAG(int64_t, pad_id, 0, "pads the shorter examples of the batch (masked out)");
+ABSL_FLAG(double, temperature, 0.0, "divides the logits before a draw; 0: greedy");
+ABSL_FLAG(int64_t, top_k, 0, "draw among the k most likely tokens; 0: all");
+ABSL_FLAG(double, top_p, 1.0, "draw among the most likely tokens up to this probability; 1: all");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
+ABSL_FLAG(bool, kv_cache, true,
+          "keep the decoder's keys and values between steps (false: each step runs the "
+          "decoder over the whole sequence)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 
 namespace t5 {
 namespace {
@@ -78,7 +89,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string
   return examples;
 }
 
-absl::Status Generate() {
+absl::Status Run() {
   const std::string init_from = absl::GetFlag(FLAGS_init_from);
   if (init_from.empty()) return absl::InvalidArgumentError("--init_from is required");
   if (absl::GetFlag(FLAGS_input).empty()) return absl::InvalidArgumentError("--input is required");
@@ -88,10 +99,15 @@ absl::Status Generate() {
         absl::StrCat("--init_from=", init_from, ": ", weights.status().message()));
   }
   const int64_t V = weights->config.vocab_size;
-  GreedyOptions options;
+  GenerateOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.eos_id = absl::GetFlag(FLAGS_eos_id);
   options.decoder_start_id = absl::GetFlag(FLAGS_decoder_start_id);
+  options.temperature = absl::GetFlag(FLAGS_temperature);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
+  options.top_p = absl::GetFlag(FLAGS_top_p);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t pad = absl::GetFlag(FLAGS_pad_id);
@@ -103,7 +119,7 @@ absl::Status Generate() {
       ReadExamples(absl::GetFlag(FLAGS_input), V);
   if (!examples.ok()) return examples.status();
   absl::StatusOr<train::Compute> compute =
-      train::ResolveCompute(absl::GetFlag(FLAGS_device), "fp32");
+      train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
 
   T5Model model(weights->config);
@@ -111,8 +127,12 @@ absl::Status Generate() {
   if (!loaded.ok()) return loaded;
   model.Materialize(/*seed=*/0, compute->device);  // reads the weights
   nn::ReleaseInitValues(model);
-  std::fprintf(stderr, "model %s from %s\n", weights->config.ToString().c_str(),
-               weights->source.c_str());
+  nn::MixedPrecision mixed(model, compute->policy);
+  mixed.CastForCompute();
+  std::fprintf(stderr, "model %s from %s | %s | precision %s | %s\n",
+               weights->config.ToString().c_str(), weights->source.c_str(),
+               compute->device.ToString().c_str(), compute->policy.ToString().c_str(),
+               options.greedy() ? "greedy" : "sampled");
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.
   const int64_t B = static_cast<int64_t>(examples->size());
@@ -127,8 +147,8 @@ absl::Status Generate() {
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<std::vector<int64_t>>> out =
-      GreedyDecode(model, Tensor::FromData<int64_t>(ids, {B, S}).To(compute->device),
-                   Tensor::FromData<int64_t>(mask, {B, S}).To(compute->device), options);
+      Generate(model, Tensor::FromData<int64_t>(ids, {B, S}).To(compute->device),
+               Tensor::FromData<int64_t>(mask, {B, S}).To(compute->device), options);
   if (!out.ok()) return out.status();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -146,10 +166,11 @@ absl::Status Generate() {
 }  // namespace t5
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Greedy decoding with a trained T5 (token ids in and out).");
+  absl::SetProgramUsageMessage(
+      "Generation with a trained T5, greedy or sampled (token ids in and out).");
   absl::ParseCommandLine(argc, argv);
   try {
-    absl::Status s = t5::Generate();
+    absl::Status s = t5::Run();
     if (!s.ok()) {
       std::fprintf(stderr, "generate: error: %s\n", std::string(s.message()).c_str());
       return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

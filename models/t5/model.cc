@@ -83,6 +83,30 @@ Tensors T5Stack::Forward(const Tensors& inputs, Context& ctx) {
   return {x};
 }
 
+Tensor T5Stack::Decode(const Tensor& ids, const Tensor& encoder_hidden, const Tensor& encoder_mask,
+                       DecoderCache& cache) {
+  OP_CHECK(is_decoder_, kOp, "only the decoder decodes");
+  OP_CHECK(IsIds(ids) && ids.rank() == 2, kOp, "decoder inputs must be (B, T) i32/i64; got ",
+           ShapeText(ids));
+  OP_CHECK(!is_training(), kOp, "decoding runs in eval mode: call Train(false) first");
+  OP_CHECK(cache.capacity > 0, kOp, "the decoder cache has no capacity: set it to the ",
+           "positions the run will reach");
+  if (cache.blocks.empty()) cache.blocks.resize(block_->size());
+  OP_CHECK(cache.blocks.size() == block_->size(), kOp, "the cache has ", cache.blocks.size(),
+           " blocks for ", block_->size(), " decoder blocks");
+  Context ctx;                                       // forward only
+  Tensor x = embed_tokens_->Run(ids, ctx.Child(0));  // (B, T_new, d_model); no dropout in eval
+  Tensor position_bias;                              // (1, nh, T_new, positions) from block 0
+  for (size_t l = 0; l < block_->size(); ++l) {
+    Tensors out =
+        block(l)->Decode(Tensors{x, position_bias, Tensor(), encoder_hidden, encoder_mask},
+                         cache.blocks[l], cache.capacity);
+    x = out.at(0);  // (B, T_new, d_model)
+    if (l == 0) position_bias = out.at(1);
+  }
+  return final_layer_norm_->Run(x, ctx.Child(NormSlot()));  // (B, T_new, d_model)
+}
+
 Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved s = ctx.Saved<Saved>();
   Tensor g = dropout_->RunBackward(grad_outputs.at(0), ctx.Child(FinalDropoutSlot()));
@@ -258,6 +282,21 @@ Tensor T5Model::DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
           .at(0);                                                    // (B, T, d)
   if (lm_head_ != nullptr) return lm_head_->Run(dec, ctx.Child(2));  // (B, T, V)
   return TiedHeadForward(dec, ctx.Child(2));                         // (B, T, V)
+}
+
+Tensor T5Model::DecodeStep(const Tensor& encoded, const Tensor& encoder_mask,
+                           const Tensor& decoder_inputs, DecoderCache& cache) {
+  OP_CHECK(encoded.defined() && encoded.rank() == 3 && encoded.dim(2) == config_.d_model, kOp,
+           "encoded must be (B, S, ", config_.d_model, "); got ", ShapeText(encoded));
+  OP_CHECK(IsIds(decoder_inputs) && decoder_inputs.rank() == 2 &&
+               decoder_inputs.dim(0) == encoded.dim(0),
+           kOp, "decoder_inputs must be (B, T) i32/i64 with the encoder's batch ", encoded.dim(0),
+           "; got ", ShapeText(decoder_inputs));
+  Context ctx;
+  const Tensor dec =
+      decoder_->Decode(decoder_inputs, encoded, encoder_mask, cache);  // (B, T_new, d)
+  if (lm_head_ != nullptr) return lm_head_->Run(dec, ctx.Child(2));    // (B, T_new, V)
+  return TiedHeadForward(dec, ctx.Child(2));                           // (B, T_new, V)
 }
 
 }  // namespace t5

@@ -27,6 +27,7 @@
 #define MODELS_T5_MODEL_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "models/t5/block.h"
 #include "models/t5/config.h"
@@ -38,6 +39,18 @@
 #include "nn/rms_norm.h"
 
 namespace t5 {
+
+// The decoder's keys and values during generation (T5Model::DecodeStep): per
+// decoder block, the self-attention's for the positions decoded so far and
+// the cross-attention's of the encoder output. Set `capacity` (the decoder
+// positions the run will reach) before the first step; the tensors are
+// allocated then. One cache per batch of encoder inputs.
+struct DecoderCache {
+  int64_t capacity = 0;
+  std::vector<T5BlockCache> blocks;  // one per decoder block, sized on the first step
+  // Decoder positions held.
+  int64_t length() const { return blocks.empty() ? 0 : blocks[0].self.length; }
+};
 
 // The encoder or the decoder: embedding lookup through the shared table,
 // dropout, the blocks, the final RMSNorm, dropout. Children "block" (a
@@ -61,6 +74,13 @@ class T5Stack : public nn::Module {
   bool is_decoder() const { return is_decoder_; }
   nn::ModuleList* blocks() { return block_; }
   T5Block* block(size_t i) { return static_cast<T5Block*>(block_->at(i)); }
+
+  // Incremental decoding, the decoder only (eval mode, forward only; see
+  // T5Model::DecodeStep): ids (B, T_new) continue the positions `cache`
+  // holds -> hidden (B, T_new, d_model) after the final norm, as Forward over
+  // the whole sequence gives them for those positions.
+  Tensor Decode(const Tensor& ids, const Tensor& encoder_hidden, const Tensor& encoder_mask,
+                DecoderCache& cache);
 
  protected:
   // inputs: the slots above (trailing ones may be left out) -> {hidden (B, T, d_model)}.
@@ -123,6 +143,17 @@ class T5Model : public nn::Module {
   Tensor Encode(const Tensor& encoder_inputs, const Tensor& encoder_mask);
   Tensor DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
                       const Tensor& decoder_inputs);
+  // DecodeLogits with keys and values kept (generation): decoder_inputs
+  // (B, T_new) continue the positions `cache` holds (none: a new sequence)
+  // and the logits (B, T_new, V) of those positions come back, as
+  // DecodeLogits of the whole sequence gives them, at the cost of T_new
+  // positions. `encoded` and `encoder_mask` are the same every step (the
+  // cross-attention's keys and values are taken from the first). Eval mode
+  // (Train(false)); parameters whole (not sharded by FSDP): the layers are
+  // called directly. Throws tensor::OpError("[t5] ...") past
+  // cache.capacity, or for a batch the cache was not made for.
+  Tensor DecodeStep(const Tensor& encoded, const Tensor& encoder_mask, const Tensor& decoder_inputs,
+                    DecoderCache& cache);
 
  protected:
   // {encoder_inputs (B, S), encoder_mask (B, S) or undefined, decoder_inputs (B, T)}

@@ -102,26 +102,30 @@ TEST_P(T5ParityTest, LossAndGradientsMatchPyTorch) {
   EXPECT_EQ(checked, ParameterShapes(config_).size());
 }
 
-// Greedy decoding of the encoder batch (8 tokens, no EOS): the reference's
-// tokens. The script prints the smallest gap between a step's best and
-// second-best logit (v1.1: 0.007), far above the f32 errors above.
+// Greedy decoding of the encoder batch (8 tokens, no EOS), with the decoder's
+// key/value cache and without: the reference's tokens. The script prints the smallest gap between a
+// step's best and second-best logit (v1.1: 0.007), far above the f32 errors above.
 TEST_P(T5ParityTest, GreedyDecodingMatchesPyTorch) {
   T5Model model(config_);
   model.Materialize(/*seed=*/7);
   ASSERT_TRUE(nn::LoadStateDict(model, fixture_.weights).ok());
   const Tensor& want = fixture_.reference.at("greedy");  // (B, 8) i64
-  GreedyOptions options;
-  options.max_new_tokens = want.dim(1);
-  absl::StatusOr<std::vector<std::vector<int64_t>>> got =
-      GreedyDecode(model, fixture_.reference.at("encoder_inputs"),
-                   fixture_.reference.at("encoder_mask"), options);
-  ASSERT_TRUE(got.ok()) << got.status();
   const std::vector<int64_t> flat = want.ToVector<int64_t>();
-  ASSERT_EQ(got->size(), static_cast<size_t>(want.dim(0)));
-  for (int64_t b = 0; b < want.dim(0); ++b) {
-    EXPECT_EQ((*got)[b], std::vector<int64_t>(flat.begin() + b * want.dim(1),
-                                              flat.begin() + (b + 1) * want.dim(1)))
-        << "row " << b;
+  for (bool kv_cache : {true, false}) {
+    SCOPED_TRACE(kv_cache ? "key/value cache" : "no cache");
+    GenerateOptions options;
+    options.max_new_tokens = want.dim(1);
+    options.kv_cache = kv_cache;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> got =
+        Generate(model, fixture_.reference.at("encoder_inputs"),
+                 fixture_.reference.at("encoder_mask"), options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), static_cast<size_t>(want.dim(0)));
+    for (int64_t b = 0; b < want.dim(0); ++b) {
+      EXPECT_EQ((*got)[b], std::vector<int64_t>(flat.begin() + b * want.dim(1),
+                                                flat.begin() + (b + 1) * want.dim(1)))
+          << "row " << b;
+    }
   }
 }
 
@@ -137,22 +141,29 @@ TEST(T5GreedyTest, RowsStopAtEosAndOptionsAreChecked) {
   ASSERT_TRUE(nn::LoadStateDict(model, f.weights).ok());
   const Tensor& x = f.reference.at("encoder_inputs");
   const Tensor& mask = f.reference.at("encoder_mask");
-  GreedyOptions options;
+  GenerateOptions options;
   options.max_new_tokens = 8;
   options.eos_id = 3;
-  absl::StatusOr<std::vector<std::vector<int64_t>>> got = GreedyDecode(model, x, mask, options);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> got = Generate(model, x, mask, options);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)[0], (std::vector<int64_t>{11, 3}));
   EXPECT_EQ((*got)[1], std::vector<int64_t>(8, 5));
   options.max_new_tokens = 0;
-  got = GreedyDecode(model, x, mask, options);
+  got = Generate(model, x, mask, options);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, (std::vector<std::vector<int64_t>>(2)));
-  for (const auto& [bad, want] : std::vector<std::pair<GreedyOptions, std::string>>{
-           {{-1, 0, -1}, "max_new_tokens=-1 must be >= 0"},
-           {{4, 40, -1}, "decoder_start_id=40 is not an id of the vocabulary of 40"},
-           {{4, 0, -2}, "eos_id=-2 is not an id of the vocabulary of 40 (nor -1)"}}) {
-    absl::StatusOr<std::vector<std::vector<int64_t>>> refused = GreedyDecode(model, x, mask, bad);
+  auto with = [](int64_t max_new_tokens, int64_t decoder_start_id, int64_t eos_id) {
+    GenerateOptions o;
+    o.max_new_tokens = max_new_tokens;
+    o.decoder_start_id = decoder_start_id;
+    o.eos_id = eos_id;
+    return o;
+  };
+  for (const auto& [bad, want] : std::vector<std::pair<GenerateOptions, std::string>>{
+           {with(-1, 0, -1), "max_new_tokens=-1 must be >= 0"},
+           {with(4, 40, -1), "decoder_start_id=40 is not an id of the vocabulary of 40"},
+           {with(4, 0, -2), "eos_id=-2 is not an id of the vocabulary of 40 (nor -1)"}}) {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> refused = Generate(model, x, mask, bad);
     ASSERT_FALSE(refused.ok()) << want;
     EXPECT_EQ(refused.status().message(), want);
   }

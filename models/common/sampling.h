@@ -1,0 +1,49 @@
+// Drawing the next token from a model's logits, as minGPT's GPT.generate,
+// nanoGPT's sample.py and Hugging Face's generate(do_sample=True) do:
+// temperature, then top-k, then top-p (nucleus) filtering, then one draw; or
+// greedy (temperature 0). Shared by minGPT's and T5's generation.
+//
+// Draws are reproducible: the uniform number behind row r's n-th new token is
+// Philox(seed) at counter (r, n) (53 bits), so a row's sample depends on the
+// seed, its row index and the model's logits only.
+#ifndef MODELS_COMMON_SAMPLING_H_
+#define MODELS_COMMON_SAMPLING_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace train {
+
+struct Sampling {
+  // Divides the logits before the softmax; 0: greedy (the most likely token,
+  // the lowest id among equals), and top_k / top_p do not matter.
+  double temperature = 1.0;
+  // Keep only the k most likely tokens; 0: all.
+  int64_t top_k = 0;
+  // Keep the smallest set of most likely tokens whose probability (after
+  // temperature and top_k) reaches top_p; 1: all.
+  double top_p = 1.0;
+  uint64_t seed = 1;
+
+  bool greedy() const { return temperature == 0.0; }
+  // InvalidArgument naming the field: temperature < 0 or not finite, top_k <
+  // 0, top_p not in (0, 1].
+  absl::Status Validate() const;
+};
+
+// Uniform in [0, 1) with 53 random bits from Philox(seed) at counter (row, n):
+// what row `row`'s n-th new token is drawn with.
+double DrawUniform(uint64_t seed, uint64_t row, uint64_t n);
+
+// The token drawn from one row of logits (V) with `u` uniform in [0, 1): the
+// smallest id whose cumulative probability (ids ordered by falling logit,
+// ties by id) exceeds u. InvalidArgument when a logit is nan or +-inf.
+absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits, const Sampling& sampling,
+                                         double u);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_SAMPLING_H_
