@@ -70,21 +70,25 @@ T5Attention::T5Attention(int64_t d_model, int64_t n_heads, int64_t d_kv, T5Atten
   }
 }
 
-Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
+T5Attention::Inputs T5Attention::CheckedInputs(const Tensors& inputs) const {
   OP_CHECK(!inputs.empty() && inputs.size() <= 5 && inputs[0].defined(), kOp,
            "expects inputs {x, kv, position_bias, key_mask, residual} (x defined, the others "
            "optional); got ",
            inputs.size(), " inputs");
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : Tensor(); };
-  const Tensor& x = inputs[0];
-  const Tensor kv = input(1);
-  const Tensor bias = input(2);
-  const Tensor mask = input(3);
-  const Tensor residual = input(4);
-  OP_CHECK(x.rank() == 3 && x.dim(2) == d_model_, kOp, "input ", x.shape().ToString(),
+  Inputs in{inputs[0], input(1), input(2), input(3), input(4)};
+  OP_CHECK(in.x.rank() == 3 && in.x.dim(2) == d_model_, kOp, "input ", in.x.shape().ToString(),
            " is not (B, T, d_model) with d_model ", d_model_);
-  OP_CHECK(!residual.defined() || residual.shape() == x.shape(), kOp, "the residual ",
-           ShapeText(residual), " is not shaped as x ", x.shape().ToString());
+  OP_CHECK(!in.residual.defined() || in.residual.shape() == in.x.shape(), kOp, "the residual ",
+           ShapeText(in.residual), " is not shaped as x ", in.x.shape().ToString());
+  OP_CHECK(!(in.bias.defined() && relative_bias_ != nullptr), kOp, "got a position_bias ",
+           ShapeText(in.bias), " but this layer computes its own relative_attention_bias");
+  OP_CHECK(q_->weight()->value.defined(), kOp, "weights are not materialized");
+  return in;
+}
+
+Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
+  const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
   if (options_.cross_attention) {
     OP_CHECK(kv.defined() && kv.rank() == 3 && kv.dim(0) == x.dim(0) && kv.dim(2) == d_model_, kOp,
              "cross-attention needs kv (B, S, d_model) for x ", x.shape().ToString(), "; got ",
@@ -93,11 +97,7 @@ Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
     OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv),
              " (construct with cross_attention for encoder-decoder attention)");
   }
-  OP_CHECK(!(bias.defined() && relative_bias_ != nullptr), kOp, "got a position_bias ",
-           ShapeText(bias), " but this layer computes its own relative_attention_bias");
-  const Tensor& w = q_->weight()->value;
-  OP_CHECK(w.defined(), kOp, "weights are not materialized");
-  const tensor::Dtype dt = w.dtype();
+  const tensor::Dtype dt = q_->weight()->value.dtype();
 
   Saved s;
   s.num_inputs = inputs.size();
@@ -137,24 +137,8 @@ Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capac
   OP_CHECK(options_.causal || options_.cross_attention, kOp,
            "decoding needs a causal self-attention or a cross-attention; this layer attends "
            "both ways (an encoder's)");
-  OP_CHECK(!inputs.empty() && inputs.size() <= 5 && inputs[0].defined(), kOp,
-           "expects inputs {x, kv, position_bias, key_mask, residual} (x defined); got ",
-           inputs.size(), " inputs");
-  auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : Tensor(); };
-  const Tensor& x = inputs[0];
-  const Tensor kv = input(1);
-  const Tensor bias = input(2);
-  const Tensor mask = input(3);
-  const Tensor residual = input(4);
-  OP_CHECK(x.rank() == 3 && x.dim(2) == d_model_, kOp, "input ", x.shape().ToString(),
-           " is not (B, T, d_model) with d_model ", d_model_);
-  OP_CHECK(!residual.defined() || residual.shape() == x.shape(), kOp, "the residual ",
-           ShapeText(residual), " is not shaped as x ", x.shape().ToString());
-  OP_CHECK(!(bias.defined() && relative_bias_ != nullptr), kOp, "got a position_bias ",
-           ShapeText(bias), " but this layer computes its own relative_attention_bias");
-  const Tensor& w = q_->weight()->value;
-  OP_CHECK(w.defined(), kOp, "weights are not materialized");
-  const tensor::Dtype dt = w.dtype();
+  const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
+  const tensor::Dtype dt = q_->weight()->value.dtype();
   const int64_t B = x.dim(0), t_new = x.dim(1);
   auto check_cache = [&](const Tensor& k) {
     OP_CHECK(cache.k.dim(0) == B && cache.k.dtype() == k.dtype() && cache.k.device() == k.device(),

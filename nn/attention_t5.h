@@ -110,6 +110,14 @@ class T5Attention : public Module, public RandomSource {
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:
+  // Forward's and Decode's inputs by name, checked: x (B, T, d_model), the
+  // residual shaped as x, no position_bias for a layer with its own, the
+  // weights materialized. Throws OpError naming what is wrong.
+  struct Inputs {
+    Tensor x, kv, bias, mask, residual;
+  };
+  Inputs CheckedInputs(const Tensors& inputs) const;
+
   struct Saved {
     AttentionState attn;  // q, k, v views of the projections, probs (B, nh, T, S)
     size_t num_inputs = 1;

@@ -181,8 +181,7 @@ Tensors T5Model::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor dec =
       decoder_->Run(Tensors{decoder_inputs, Tensor(), enc, encoder_mask}, ctx.Child(1))
           .at(0);                                                      // (B, T, d)
-  if (lm_head_ != nullptr) return {lm_head_->Run(dec, ctx.Child(2))};  // (B, T, V)
-  return {TiedHeadForward(dec, ctx.Child(2))};                         // (B, T, V)
+  return {HeadForward(dec, ctx.Child(2))};                             // (B, T, V)
 }
 
 Tensors T5Model::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -268,35 +267,37 @@ Tensor T5Model::Encode(const Tensor& encoder_inputs, const Tensor& encoder_mask)
   return encoder_->Run(Tensors{encoder_inputs, encoder_mask}, ctx).at(0);  // (B, S, d)
 }
 
-Tensor T5Model::DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
-                             const Tensor& decoder_inputs) {
+void T5Model::CheckDecoderInputs(const Tensor& encoded, const Tensor& decoder_inputs) const {
   OP_CHECK(encoded.defined() && encoded.rank() == 3 && encoded.dim(2) == config_.d_model, kOp,
            "encoded must be (B, S, ", config_.d_model, "); got ", ShapeText(encoded));
   OP_CHECK(IsIds(decoder_inputs) && decoder_inputs.rank() == 2 &&
                decoder_inputs.dim(0) == encoded.dim(0),
            kOp, "decoder_inputs must be (B, T) i32/i64 with the encoder's batch ", encoded.dim(0),
            "; got ", ShapeText(decoder_inputs));
+}
+
+Tensor T5Model::HeadForward(const Tensor& x, Context& ctx) {
+  if (lm_head_ != nullptr) return lm_head_->Run(x, ctx);  // (B, T, V)
+  return TiedHeadForward(x, ctx);                         // (B, T, V)
+}
+
+Tensor T5Model::DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
+                             const Tensor& decoder_inputs) {
+  CheckDecoderInputs(encoded, decoder_inputs);
   Context ctx;
   const Tensor dec =
       decoder_->Run(Tensors{decoder_inputs, Tensor(), encoded, encoder_mask}, ctx.Child(1))
-          .at(0);                                                    // (B, T, d)
-  if (lm_head_ != nullptr) return lm_head_->Run(dec, ctx.Child(2));  // (B, T, V)
-  return TiedHeadForward(dec, ctx.Child(2));                         // (B, T, V)
+          .at(0);                         // (B, T, d)
+  return HeadForward(dec, ctx.Child(2));  // (B, T, V)
 }
 
 Tensor T5Model::DecodeStep(const Tensor& encoded, const Tensor& encoder_mask,
                            const Tensor& decoder_inputs, DecoderCache& cache) {
-  OP_CHECK(encoded.defined() && encoded.rank() == 3 && encoded.dim(2) == config_.d_model, kOp,
-           "encoded must be (B, S, ", config_.d_model, "); got ", ShapeText(encoded));
-  OP_CHECK(IsIds(decoder_inputs) && decoder_inputs.rank() == 2 &&
-               decoder_inputs.dim(0) == encoded.dim(0),
-           kOp, "decoder_inputs must be (B, T) i32/i64 with the encoder's batch ", encoded.dim(0),
-           "; got ", ShapeText(decoder_inputs));
+  CheckDecoderInputs(encoded, decoder_inputs);
   Context ctx;
   const Tensor dec =
       decoder_->Decode(decoder_inputs, encoded, encoder_mask, cache);  // (B, T_new, d)
-  if (lm_head_ != nullptr) return lm_head_->Run(dec, ctx.Child(2));    // (B, T_new, V)
-  return TiedHeadForward(dec, ctx.Child(2));                           // (B, T_new, V)
+  return HeadForward(dec, ctx.Child(2));                               // (B, T_new, V)
 }
 
 }  // namespace t5

@@ -174,6 +174,10 @@ class T5Model : public nn::Module {
   // (accumulates into shared.weight's gradient, returns grad x).
   Tensor TiedHeadForward(const Tensor& x, Context& ctx);
   Tensor TiedHeadBackward(const Tensor& grad_logits, Context& ctx);
+  // lm_head(x), or the tied projection: x (B, T, d_model) -> logits (B, T, V).
+  Tensor HeadForward(const Tensor& x, Context& ctx);
+  // Throws OpError unless encoded is (B, S, d_model) and decoder_inputs (B, T) ids.
+  void CheckDecoderInputs(const Tensor& encoded, const Tensor& decoder_inputs) const;
 
   const T5Config config_;
   nn::Embedding* shared_;  // (V, d_model)
