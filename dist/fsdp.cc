@@ -163,6 +163,7 @@ class FsdpUnit : public nn::ModuleHooks {
     if (gathered_this_pass()) return;
     gather_pass_ = shared_.pass;
     prefetched_ = prefetch;
+    views_set_ = false;  // a new buffer: WaitUnshard points the values at it
     tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
     if (no_shard()) {  // a local cast and/or copy to the device, nothing to communicate
       full_ = ShardOnDevice(gather_dtype_);
@@ -527,6 +528,13 @@ void FullyShardedModel::ZeroGrad() {
 
 void FullyShardedModel::Reshard() {
   for (auto& u : units_) u->Reshard();
+}
+
+void FullyShardedModel::Unshard() {
+  Reshard();        // nothing held from an earlier pass: its shards may have changed
+  ++shared_->pass;  // a pass of its own: every gather below is fresh
+  for (auto& u : units_) u->IssueUnshard(/*prefetch=*/false);  // all in flight at once
+  for (auto& u : units_) u->WaitUnshard();
 }
 
 double FullyShardedModel::ClipGradNorm(double max_norm) {

@@ -171,6 +171,18 @@ class FullyShardedModel {
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  // Gathers every unit's parameters (collective: every rank calls it) and
+  // points their values at the unsharded buffers, in the compute dtype
+  // (param_dtype; fp32 for kept classes), until Reshard(): PyTorch FSDP2's
+  // unshard(), FSDP1's summon_full_params(writeback=False). For forward-only
+  // work that calls layers directly, past the units' hooks (generation:
+  // GPT::DecodeLogits, T5Model::DecodeStep). Whatever a unit held from an
+  // earlier pass is dropped first, so the values are the shards' current
+  // ones (after an optimizer step or a loaded checkpoint). Writes to the
+  // values are not kept. Forwards that do run the hooks while unsharded
+  // communicate as usual: every rank must run them alike. Call Reshard()
+  // before the next training forward.
+  void Unshard();
   // Frees every unit's unsharded parameters (values undefined until the next
   // forward gathers them again), as PyTorch FSDP2's reshard(). For after
   // forward passes without a backward (evaluation): FULL_SHARD keeps the root

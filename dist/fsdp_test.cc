@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <tuple>
@@ -20,6 +20,7 @@
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "nn/mixed_precision.h"
+#include "nn/state_dict.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
@@ -447,6 +448,135 @@ TEST(FsdpMemoryTest, ReshardingAfterAForwardOnlyPassLeavesOnlyTheShards) {
         EXPECT_EQ(fsdp->Memory(MemoryCategory::kParameters).current, shards);
         fsdp->ZeroGrad();
       }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Unshard() (FSDP2's unshard, summon_full_params) after a training step and
+// a forward-only pass that left units gathered, then an optimizer step that
+// changed the shards: every parameter value is the full parameter of the
+// shards now (rank 0: FullStateDict's, in the compute dtype; every rank the
+// same values), so generation's DecodeLogits, which calls the blocks past
+// their hooks, gives what one process with those weights gives. Reshard()
+// returns to the shards alone, and training goes on.
+TEST(FsdpUnshardTest, ValuesAreTheCurrentFullParametersUntilReshard) {
+  const mingpt::GptConfig c = Tiny();
+  constexpr int kWorld = 4;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 5);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 6);
+  const Tensor prompt = RandomIds(2, 3, c.vocab_size, 7);  // (2, 3)
+  struct Case {
+    ShardingStrategy strategy;
+    precision::MixedPrecisionPolicy mp;
+  };
+  for (const Case& k :
+       {Case{ShardingStrategy::kFullShard, precision::MixedPrecisionPolicy::Fp32()},
+        Case{ShardingStrategy::kShardGradOp, precision::MixedPrecisionPolicy::Fp32()},
+        Case{ShardingStrategy::kHybridShard, precision::MixedPrecisionPolicy::Fp32()},
+        Case{ShardingStrategy::kNoShard, precision::MixedPrecisionPolicy::Fp32()},
+        Case{ShardingStrategy::kFullShard, precision::MixedPrecisionPolicy::Bf16()}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << ShardingStrategyName(k.strategy) << " " << k.mp.ToString());
+    ThreadWorld world(kWorld);
+    absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      FsdpOptions options;
+      options.strategy = k.strategy;
+      options.hybrid_shard_group_size = 2;
+      options.policy = WrapPolicy::Transformer({"Block"});
+      options.mixed_precision = k.mp;
+      options.seed = kSeed;
+      auto fsdp = FullyShard(gpt, pg, options);
+      const int64_t shards = fsdp->Memory(tensor::MemoryCategory::kParameters).current;
+      auto opt = optim::SGD::Create(Sgd()).value();
+      const Tensor my_idx = idx.Narrow(0, rank * 2, 2).Contiguous();
+      const Tensor my_tgt = tgt.Narrow(0, rank * 2, 2).Contiguous();
+      gpt.ForwardBackward(my_idx, my_tgt);
+      opt->Step(fsdp->ParamRefs());
+      gpt.Train(false);
+      gpt.Loss(my_idx, my_tgt);      // forward only: the root (or every unit) stays gathered
+      opt->Step(fsdp->ParamRefs());  // the shards change under it
+      const NamedTensors full = fsdp->FullStateDict();  // rank 0: the fp32 parameters now
+
+      fsdp->Unshard();
+      double sum = 0.0;  // of every value: the same on every rank
+      for (auto& [name, p] : gpt.NamedParameters()) {
+        ASSERT_TRUE(p->value.defined()) << name;
+        for (float v : p->value.To(tensor::Dtype::kF32).Contiguous().ToVector<float>()) sum += v;
+      }
+      EXPECT_NEAR(RankMean(pg, sum), sum, 1e-9 * std::abs(sum));  // hi/lo f32 pairs
+      std::vector<nn::KvCache> caches;
+      const Tensor logits = gpt.DecodeLogits(prompt, caches);  // (2, V)
+      if (rank == 0) {
+        std::map<std::string, Tensor> want(full.begin(), full.end());
+        for (auto& [name, p] : gpt.NamedParameters()) {
+          EXPECT_TRUE(tensor::testing::AllClose(
+              p->value.To(tensor::Dtype::kF32),
+              want.at(name).To(p->value.dtype()).To(tensor::Dtype::kF32), 0.0, 0.0))
+              << name;
+        }
+        mingpt::GPT reference(c);
+        reference.Materialize(0);
+        ASSERT_TRUE(nn::LoadStateDict(reference, full).ok());
+        nn::MixedPrecision mixed(reference, k.mp);
+        mixed.CastForCompute();
+        reference.Train(false);
+        std::vector<nn::KvCache> reference_caches;
+        EXPECT_TRUE(tensor::testing::AllClose(
+            logits.To(tensor::Dtype::kF32),
+            reference.DecodeLogits(prompt, reference_caches).To(tensor::Dtype::kF32), 1e-6, 1e-6));
+      }
+
+      fsdp->Reshard();
+      EXPECT_EQ(fsdp->Memory(tensor::MemoryCategory::kParameters).current, shards);
+      if (k.strategy != ShardingStrategy::kNoShard || k.mp.param_dtype != tensor::Dtype::kF32) {
+        for (auto& [n, p] : gpt.NamedParameters()) EXPECT_FALSE(p->value.defined()) << n;
+      }
+      gpt.Train(true);
+      fsdp->ZeroGrad();
+      EXPECT_TRUE(std::isfinite(gpt.ForwardBackward(my_idx, my_tgt)));
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// A forward-only pass left without Reshard() keeps the root unit (FULL_SHARD)
+// or every unit (SHARD_GRAD_OP) gathered; after an optimizer step the next
+// forward gathers again and its values are the new ones, not the held
+// buffer's (rank 0's loss is one process's at FullStateDict's weights).
+TEST(FsdpUnshardTest, AForwardAfterAStepSeesTheNewShardsWithoutReshard) {
+  const mingpt::GptConfig c = Tiny();
+  constexpr int kWorld = 2;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 5);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 6);
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    ThreadWorld world(kWorld);
+    absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      FsdpOptions options;
+      options.strategy = strategy;
+      options.policy = WrapPolicy::Transformer({"Block"});
+      options.seed = kSeed;
+      auto fsdp = FullyShard(gpt, pg, options);
+      auto opt = optim::SGD::Create(Sgd()).value();
+      const Tensor my_idx = idx.Narrow(0, rank * 2, 2).Contiguous();
+      const Tensor my_tgt = tgt.Narrow(0, rank * 2, 2).Contiguous();
+      gpt.ForwardBackward(my_idx, my_tgt);
+      gpt.Train(false);
+      gpt.Loss(my_idx, my_tgt);      // leaves units gathered
+      opt->Step(fsdp->ParamRefs());  // new shards
+      const double loss = gpt.Loss(my_idx, my_tgt);
+      const NamedTensors full = fsdp->FullStateDict();
+      if (rank == 0) {
+        mingpt::GPT reference(c);
+        reference.Materialize(0);
+        ASSERT_TRUE(nn::LoadStateDict(reference, full).ok());
+        reference.Train(false);
+        EXPECT_NEAR(loss, reference.Loss(my_idx, my_tgt), 1e-6);
+      }
+      fsdp->Reshard();
     });
     EXPECT_TRUE(s.ok()) << s;
   }
