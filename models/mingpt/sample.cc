@@ -45,6 +45,7 @@
 #include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
 #include "models/mingpt/pretrained.h"
+#include "models/mingpt/text.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "precision/policy.h"
@@ -79,8 +80,6 @@ ABSL_FLAG(std::string, tokenizer, "auto",
 namespace mingpt {
 namespace {
 
-constexpr int64_t kByteVocab = 256;
-
 // The tokenizer --tokenizer names, if any, checked against the model. auto:
 // the one that goes with the weights (the checkpoint's record, or the Hugging
 // Face folder's own files).
@@ -102,27 +101,14 @@ absl::StatusOr<std::optional<data::Gpt2Tokenizer>> LoadTokenizer(const Pretraine
   return *std::move(tokenizer);
 }
 
-// The ids of one text prompt (`what` names it in errors: "--prompt", ...):
-// the tokenizer's, or its bytes for a byte-level model.
-absl::StatusOr<std::vector<int64_t>> EncodeText(
+// The ids of one text prompt (`what` names it in errors: "--prompt", ...).
+absl::StatusOr<std::vector<int64_t>> EncodePrompt(
     const std::string& text, const std::string& what, const GptConfig& config,
     const std::optional<data::Gpt2Tokenizer>& tokenizer) {
-  std::vector<int64_t> ids;
-  if (tokenizer.has_value()) {
-    // As nanoGPT's sample.py: "<|endoftext|>" in the prompt is the special token.
-    ids = tokenizer->EncodeWithSpecialTokens(text);
-  } else if (config.vocab_size != kByteVocab) {
+  absl::StatusOr<std::vector<int64_t>> ids = EncodeText(text, what, config.vocab_size, tokenizer);
+  if (!ids.ok() && !tokenizer.has_value() && config.vocab_size != kByteVocab) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " is byte-level text, and this model's vocabulary is ",
-                     config.vocab_size, " token ids, not ", kByteVocab,
-                     " bytes: name its tokenizer (--tokenizer=gpt2 for "
-                     "GPT-2's) or give the prompt as --prompt_tokens=id,id,..."));
-  } else {
-    for (unsigned char ch : text) ids.push_back(ch);
-  }
-  if (ids.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is empty: give one byte at least (default \"\\n\")"));
+        absl::StrCat(ids.status().message(), " or give the prompt as --prompt_tokens=id,id,..."));
   }
   return ids;
 }
@@ -147,7 +133,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> FilePrompts(
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
-    absl::StatusOr<std::vector<int64_t>> ids = EncodeText(
+    absl::StatusOr<std::vector<int64_t>> ids = EncodePrompt(
         std::string(line), absl::StrCat("--prompts_file line ", line_number), config, tokenizer);
     if (!ids.ok()) return ids.status();
     prompts.push_back(*std::move(ids));
@@ -175,7 +161,7 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
     }
     return ids;
   }
-  return EncodeText(absl::GetFlag(FLAGS_prompt), "--prompt", config, tokenizer);
+  return EncodePrompt(absl::GetFlag(FLAGS_prompt), "--prompt", config, tokenizer);
 }
 
 // The prompts of the flags: --prompts_file's, or the one of --prompt /
@@ -198,7 +184,7 @@ absl::StatusOr<bool> PrintsText(const GptConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("--print=", print, ": expected text, tokens or auto"));
   }
-  if (config.vocab_size > kByteVocab && !tokenizer.has_value()) {
+  if (!CanDecodeText(config.vocab_size, tokenizer)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--print=text needs a byte-level model (vocabulary <= ", kByteVocab,
                      ") or a tokenizer; "
@@ -208,18 +194,11 @@ absl::StatusOr<bool> PrintsText(const GptConfig& config,
   return true;
 }
 
-// Text: the bytes of each id (the tokenizer's, or the id itself for a
-// byte-level model); an id the tokenizer lacks (a padded vocabulary's) as
-// <|id N|>. Otherwise the ids.
+// Text (DecodeText), or the ids.
 void PrintTokens(absl::Span<const int64_t> ids, bool text,
                  const std::optional<data::Gpt2Tokenizer>& tokenizer) {
   if (text) {
-    std::string bytes;
-    for (int64_t id : ids) {
-      absl::StatusOr<std::string> token =
-          tokenizer.has_value() ? tokenizer->Decode({id}) : std::string(1, static_cast<char>(id));
-      absl::StrAppend(&bytes, token.ok() ? *token : absl::StrCat("<|id ", id, "|>"));
-    }
+    const std::string bytes = DecodeText(ids, tokenizer);
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
   } else {
     for (int64_t id : ids) std::printf("%lld ", static_cast<long long>(id));
