@@ -681,14 +681,25 @@ DataParallelModel::NoSyncGuard::NoSyncGuard(DataParallelModel& dp) {
   if (dp.fsdp_) fsdp_.emplace(dp.fsdp_.get());
 }
 
-absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>& local_loss) {
-  model_.Train(false);
-  const double local = local_loss();
+void DataParallelModel::EndForwardOnly() {
   model_.Train(true);
   if (ddp_) ddp_->EndForwardOnly();
   if (zero1_) zero1_->EndForwardOnly();
   if (fsdp_) fsdp_->Reshard();  // the root (and SHARD_GRAD_OP's units) kept their gathers
+}
+
+absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>& local_loss) {
+  model_.Train(false);
+  const double local = local_loss();
+  EndForwardOnly();
   return dist::MeanOverRanks(pg_, local);
+}
+
+void DataParallelModel::WithFullParameters(const std::function<void()>& local) {
+  model_.Train(false);
+  if (fsdp_) fsdp_->Unshard();  // collective: every unit whole until EndForwardOnly's Reshard
+  local();
+  EndForwardOnly();
 }
 
 double AccumulateGradients(int64_t K, DataParallelModel* dp,

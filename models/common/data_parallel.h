@@ -279,6 +279,16 @@ class DataParallelModel {
   // held), and returns the loss averaged over the ranks.
   absl::StatusOr<double> Evaluate(const std::function<double()>& local_loss);
 
+  // Forward-only work with every parameter whole, such as generation during
+  // training (GPT::DecodeLogits calls the blocks past FSDP's hooks): runs
+  // `local` with the model in eval mode and, under FSDP, every unit gathered
+  // (FullyShardedModel::Unshard, in the compute dtype; DDP and ZeRO-1 hold
+  // the fp32 masters whole already), then returns the model to training mode
+  // as Evaluate does. Every rank calls it, and `local` must do the same
+  // work on every rank (the same prompt and seed): forwards that run the
+  // hooks still communicate.
+  void WithFullParameters(const std::function<void()>& local);
+
   // Gradient accumulation (--grad_accum_steps): while the guard lives,
   // backward accumulates this rank's gradients locally and communicates
   // nothing (the strategy's no_sync); the next backward outside a guard
@@ -334,6 +344,9 @@ class DataParallelModel {
 
  private:
   DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);
+  // After forward passes without a backward: training mode, the fp32 masters
+  // as the parameters (DDP, ZeRO-1 mixed precision), FSDP's units resharded.
+  void EndForwardOnly();
 
   nn::Module& model_;
   dist::ProcessGroup& pg_;

@@ -373,13 +373,19 @@ absl::Status StepReporter::TimedEval(int64_t step_done, bool log,
   return log ? ReportEval(step_done, *eval_loss, timer.ElapsedMs()) : absl::OkStatus();
 }
 
-double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
-                        const std::function<double()>& loss) {
+void ForwardOnlyInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                             const std::function<void()>& work) {
   model.Train(false);
   mixed.CastForCompute();
-  const double value = loss();
+  work();
   mixed.RestoreMasters();
   model.Train(true);
+}
+
+double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                        const std::function<double()>& loss) {
+  double value = 0.0;
+  ForwardOnlyInOneProcess(model, mixed, [&] { value = loss(); });
   return value;
 }
 

@@ -220,6 +220,9 @@ class StepReporter {
 // as the parameters; then training mode and the fp32 masters again.
 double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
                         const std::function<double()>& loss);
+// The same for any forward-only work (generation during training).
+void ForwardOnlyInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                             const std::function<void()>& work);
 
 class StepTimer {
  public:

@@ -48,6 +48,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
@@ -64,8 +65,10 @@
 #include "models/data/runfiles.h"
 #include "models/data/token_file.h"
 #include "models/mingpt/config.h"
+#include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
 #include "models/mingpt/pretrained.h"
+#include "models/mingpt/text.h"
 #include "nn/checkpoint.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
@@ -125,6 +128,14 @@ ABSL_FLAG(double, peak_tflops, 0,
           "(H100, H200, A100), else no MFU. Over every GPU with --backend=nccl, else one");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
+ABSL_FLAG(int64_t, sample_every, 0,
+          "print a sample every N steps and after the last (minGPT's chargpt does): "
+          "--sample_tokens tokens continuing --sample_prompt, temperature 0.8 and top-k 200 as "
+          "//models/mingpt:sample's defaults, seeded by --seed and the step; 0: never");
+ABSL_FLAG(std::string, sample_prompt, "\n",
+          "the samples' prompt: text (bytes for a byte-level model, else the --tokenizer's "
+          "BPE)");
+ABSL_FLAG(int64_t, sample_tokens, 100, "new tokens per sample");
 
 namespace mingpt {
 namespace {
@@ -185,6 +196,67 @@ class SharedInit {
   int pending_ ABSL_GUARDED_BY(mu_);
 };
 
+// --sample_every's samples during training: one row continuing the prompt,
+// printed as text (bytes, or the tokenizer's) or ids.
+struct Sampler {
+  int64_t every = 0;  // 0: none
+  std::vector<int64_t> prompt;
+  std::optional<data::Gpt2Tokenizer> tokenizer;
+  bool text = false;
+  SamplingOptions options;
+
+  bool Due(int64_t step_done, int64_t steps) const {
+    return every > 0 && (step_done % every == 0 || step_done == steps);
+  }
+  // "sample at step N:\n<prompt and new tokens>\n" from `model` (eval mode, parameters whole,
+  // on `device`); the draws depend on the seed and the step only, so every
+  // rank of a data-parallel run draws the same.
+  absl::StatusOr<std::string> Draw(GPT& model, int64_t step_done, tensor::Device device) const {
+    SamplingOptions o = options;
+    o.seed = options.seed * 1000003 + static_cast<uint64_t>(step_done);
+    absl::StatusOr<std::vector<std::vector<int64_t>>> rows = Generate(model, {prompt}, o, device);
+    if (!rows.ok()) return rows.status();
+    const std::vector<int64_t>& row = (*rows)[0];  // the prompt, then the new tokens
+    return absl::StrCat("sample at step ", step_done, ":\n",
+                        text ? DecodeText(row, tokenizer) : absl::StrJoin(row, " "), "\n");
+  }
+};
+
+// The sampler of the --sample_* flags for a model of `config` whose data's
+// tokenizer is `tokenizer_name` ("" for none).
+absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& tokenizer_name) {
+  Sampler s;
+  s.every = absl::GetFlag(FLAGS_sample_every);
+  if (s.every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sample_every must be >= 0 (0: no samples), got ", s.every));
+  }
+  if (s.every == 0) return s;
+  s.options.max_new_tokens = absl::GetFlag(FLAGS_sample_tokens);
+  if (s.options.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sample_tokens must be >= 1, got ", s.options.max_new_tokens));
+  }
+  s.options.temperature = 0.8;
+  s.options.top_k = 200;
+  s.options.seed = absl::GetFlag(FLAGS_seed);
+  if (!tokenizer_name.empty()) {
+    absl::StatusOr<data::Gpt2Tokenizer> t =
+        data::Gpt2Tokenizer::OpenForModel(tokenizer_name, config.vocab_size);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--sample_every: the tokenizer ",
+                                                     tokenizer_name, ": ", t.status().message()));
+    }
+    s.tokenizer = *std::move(t);
+  }
+  absl::StatusOr<std::vector<int64_t>> prompt = EncodeText(
+      absl::GetFlag(FLAGS_sample_prompt), "--sample_prompt", config.vocab_size, s.tokenizer);
+  if (!prompt.ok()) return prompt.status();
+  s.prompt = *std::move(prompt);
+  s.text = CanDecodeText(config.vocab_size, s.tokenizer);
+  return s;
+}
+
 struct DpSetup {
   GptConfig config;
   train::LossScaling scaling;
@@ -194,6 +266,7 @@ struct DpSetup {
   train::MetricsWriter* metrics = nullptr;
   train::DataParallelConfig dp;
   SharedInit* init = nullptr;  // --init_from's weights, else null
+  const Sampler* sampler = nullptr;
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   std::string tokenizer;       // recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
@@ -335,6 +408,17 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       });
       if (!evaluated.ok()) return evaluated;
     }
+    if (setup.sampler->Due(step + 1, steps)) {
+      // Every rank draws alike (FSDP: every unit gathered); rank 0 prints.
+      absl::StatusOr<std::string> sample;
+      (*dp)->WithFullParameters(
+          [&] { sample = setup.sampler->Draw(model, step + 1, setup.dp.device); });
+      if (!sample.ok()) return sample.status();
+      if (rank.logs()) {
+        std::fputs(sample->c_str(), stdout);
+        std::fflush(stdout);
+      }
+    }
     if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status s = save(step + 1);
       if (!s.ok()) return s;
@@ -407,6 +491,8 @@ absl::Status Train() {
       train::ResolveTokenizer(absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_data),
                               pretrained ? pretrained->tokenizer : "", config->vocab_size);
   if (!tokenizer.ok()) return tokenizer.status();
+  const absl::StatusOr<Sampler> sampler = MakeSampler(*config, *tokenizer);
+  if (!sampler.ok()) return sampler.status();
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
@@ -450,6 +536,7 @@ absl::Status Train() {
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.tokenizer = *tokenizer;
+    setup.sampler = &*sampler;
     absl::StatusOr<double> peak =
         train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
                          setup.dp.backend == train::Backend::kNccl ? setup.dp.world_size : 1);
@@ -570,6 +657,14 @@ absl::Status Train() {
         });
       });
       if (!reported.ok()) return reported;
+    }
+    if (sampler->Due(step + 1, steps)) {
+      absl::StatusOr<std::string> sample;
+      train::ForwardOnlyInOneProcess(model, mixed,
+                                     [&] { sample = sampler->Draw(model, step + 1, device); });
+      if (!sample.ok()) return sample.status();
+      std::fputs(sample->c_str(), stdout);
+      std::fflush(stdout);
     }
     if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status saved = save(step + 1);
