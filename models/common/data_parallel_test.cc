@@ -570,39 +570,49 @@ TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
   ASSERT_TRUE(s.ok()) << s;
 }
 
-// Evaluation holds no more memory afterwards than the strategy holds between
-// steps: FSDP reshards the units a forward-only pass left gathered (the root;
-// every unit under SHARD_GRAD_OP), DDP and ZeRO-1 keep what they always hold.
-// Their parameter bytes after Evaluate equal those after a training step.
-TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
+// `body` on every rank of a threads world with a tiny minGPT under each
+// strategy's DataParallelModel (the hybrid ones at world 4 in shard groups of
+// 2, the others at world 2).
+void ForEachStrategy(const std::function<absl::Status(RankContext&, mingpt::GPT&,
+                                                      std::unique_ptr<DataParallelModel>&)>& body) {
   for (const std::string strategy : {"ddp", "zero1", "shard_grad_op", "full_shard", "no_shard",
                                      "hybrid_shard", "hybrid_shard_zero2"}) {
     SCOPED_TRACE(strategy);
     const bool hybrid = IsHybrid(*ParseStrategy(strategy));
     const DataParallelConfig config =
         ThreadsConfig(strategy, hybrid ? 4 : 2, "transformer", hybrid ? 2 : 0);
-    const std::vector<int64_t> tokens = RandomTokens(8);
     absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
       mingpt::GPT model(Tiny());
-      auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {});
+      absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+          DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {});
       if (!dp.ok()) return dp.status();
-      const tensor::Tensor idx = Rows(tokens, rank.rank, rank.world_size);  // (B, T)
-      auto params = [&] {
-        return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters)
-            .current;
-      };
-      const double loss = model.ForwardBackward(idx, idx);
-      if (absl::Status st = (*dp)->Step(); !st.ok()) return st;
-      (*dp)->ZeroGrad();
-      const int64_t after_step = params();
-      absl::StatusOr<double> eval = (*dp)->Evaluate([&] { return model.Loss(idx, idx); });
-      if (!eval.ok()) return eval.status();
-      EXPECT_EQ(params(), after_step) << "rank " << rank.rank;
-      EXPECT_NE(*eval, loss);  // evaluated with the stepped parameters
-      return absl::OkStatus();
+      return body(rank, model, *dp);
     });
     ASSERT_TRUE(s.ok()) << s;
   }
+}
+
+// Evaluation holds no more memory afterwards than the strategy holds between
+// steps: FSDP reshards the units a forward-only pass left gathered (the root;
+// every unit under SHARD_GRAD_OP), DDP and ZeRO-1 keep what they always hold.
+// Their parameter bytes after Evaluate equal those after a training step.
+TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
+  ForEachStrategy([&](RankContext& rank, mingpt::GPT& model,
+                      std::unique_ptr<DataParallelModel>& dp) -> absl::Status {
+    const tensor::Tensor idx = Rows(RandomTokens(8), rank.rank, rank.world_size);  // (B, T)
+    auto params = [&] {
+      return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters).current;
+    };
+    const double loss = model.ForwardBackward(idx, idx);
+    if (absl::Status st = dp->Step(); !st.ok()) return st;
+    dp->ZeroGrad();
+    const int64_t after_step = params();
+    absl::StatusOr<double> eval = dp->Evaluate([&] { return model.Loss(idx, idx); });
+    if (!eval.ok()) return eval.status();
+    EXPECT_EQ(params(), after_step) << "rank " << rank.rank;
+    EXPECT_NE(*eval, loss);  // evaluated with the stepped parameters
+    return absl::OkStatus();
+  });
 }
 
 // Generation during training: inside WithFullParameters every rank's
@@ -611,48 +621,37 @@ TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
 // on every rank; afterwards the model trains again, in training mode, with the
 // parameter memory of a training step.
 TEST(DataParallelModelTest, WithFullParametersDecodesTheSteppedModel) {
-  for (const std::string strategy : {"ddp", "zero1", "shard_grad_op", "full_shard", "no_shard",
-                                     "hybrid_shard", "hybrid_shard_zero2"}) {
-    SCOPED_TRACE(strategy);
-    const bool hybrid = IsHybrid(*ParseStrategy(strategy));
-    const DataParallelConfig config =
-        ThreadsConfig(strategy, hybrid ? 4 : 2, "transformer", hybrid ? 2 : 0);
-    const std::vector<int64_t> tokens = RandomTokens(8);
-    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
-      mingpt::GPT model(Tiny());
-      auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {});
-      if (!dp.ok()) return dp.status();
-      const tensor::Tensor idx = Rows(tokens, rank.rank, rank.world_size);  // (B, T)
-      // The same prompt on every rank (rank 0's rows): the same logits.
-      const tensor::Tensor prompt = Rows(tokens, 0, rank.world_size).Narrow(1, 0, 3).Contiguous();
-      auto params = [&] {
-        return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters)
-            .current;
-      };
-      model.ForwardBackward(idx, idx);
-      if (absl::Status st = (*dp)->Step(); !st.ok()) return st;
-      (*dp)->ZeroGrad();
-      const int64_t after_step = params();
-      tensor::Tensor decoded, forward;  // (B, V)
-      (*dp)->WithFullParameters([&] {
-        EXPECT_FALSE(model.is_training());
-        std::vector<nn::KvCache> caches;
-        decoded = model.DecodeLogits(prompt, caches);
-        forward = model.LastLogits(prompt);
-      });
-      EXPECT_TRUE(model.is_training());
-      EXPECT_EQ(params(), after_step) << "rank " << rank.rank;
-      EXPECT_TRUE(tensor::testing::AllClose(decoded, forward, 1e-5, 1e-5)) << "rank " << rank.rank;
-      double sum = 0.0;
-      for (float v : decoded.ToVector<float>()) sum += v;
-      absl::StatusOr<double> mean = dist::MeanOverRanks(rank.pg, sum);
-      if (!mean.ok()) return mean.status();
-      EXPECT_NEAR(*mean, sum, 1e-6 * (1.0 + std::abs(sum))) << "rank " << rank.rank;
-      EXPECT_TRUE(std::isfinite(model.ForwardBackward(idx, idx)));  // training goes on
-      return (*dp)->Step();
+  ForEachStrategy([&](RankContext& rank, mingpt::GPT& model,
+                      std::unique_ptr<DataParallelModel>& dp) -> absl::Status {
+    const tensor::Tensor idx = Rows(RandomTokens(8), rank.rank, rank.world_size);  // (B, T)
+    // The same prompt on every rank (rank 0's rows): the same logits.
+    const tensor::Tensor prompt =
+        Rows(RandomTokens(8), 0, rank.world_size).Narrow(1, 0, 3).Contiguous();
+    auto params = [&] {
+      return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters).current;
+    };
+    model.ForwardBackward(idx, idx);
+    if (absl::Status st = dp->Step(); !st.ok()) return st;
+    dp->ZeroGrad();
+    const int64_t after_step = params();
+    tensor::Tensor decoded, forward;  // (B, V)
+    dp->WithFullParameters([&] {
+      EXPECT_FALSE(model.is_training());
+      std::vector<nn::KvCache> caches;
+      decoded = model.DecodeLogits(prompt, caches);
+      forward = model.LastLogits(prompt);
     });
-    ASSERT_TRUE(s.ok()) << s;
-  }
+    EXPECT_TRUE(model.is_training());
+    EXPECT_EQ(params(), after_step) << "rank " << rank.rank;
+    EXPECT_TRUE(tensor::testing::AllClose(decoded, forward, 1e-5, 1e-5)) << "rank " << rank.rank;
+    double sum = 0.0;
+    for (float v : decoded.ToVector<float>()) sum += v;
+    absl::StatusOr<double> mean = dist::MeanOverRanks(rank.pg, sum);
+    if (!mean.ok()) return mean.status();
+    EXPECT_NEAR(*mean, sum, 1e-6 * (1.0 + std::abs(sum))) << "rank " << rank.rank;
+    EXPECT_TRUE(std::isfinite(model.ForwardBackward(idx, idx)));  // training goes on
+    return dp->Step();
+  });
 }
 
 // ---- Memory ----
