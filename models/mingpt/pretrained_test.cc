@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "models/common/test_files.h"
 #include "models/common/train_support.h"
 #include "models/data/runfiles.h"
 #include "models/mingpt/model.h"
@@ -34,14 +35,8 @@ namespace {
 using tensor::NamedTensors;
 using tensor::Tensor;
 
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+using train::testing::FreshTempDir;
+using train::testing::WriteFile;
 
 GptConfig Small() {
   GptConfig c;
@@ -154,7 +149,7 @@ void ExpectSourcesReadLike(const std::string& path, const NamedTensors& weights)
 TEST(HfGpt2Test, ReadsTheHubLayoutWithTiedHeadAndMaskBuffers) {
   const GptConfig c = Small();
   const NamedTensors ours = RandomWeights(c, 3, /*tie=*/true);
-  const std::string dir = TempDir("hub");
+  const std::string dir = FreshTempDir("hub");
   WriteFile(dir + "/config.json", HfConfigJson(c));
   ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model.safetensors",
                                        HubLayout(c, ours, /*with_lm_head=*/false),
@@ -183,7 +178,7 @@ TEST(HfGpt2Test, ReadsPrefixedNamesBf16AndShardedIndexes) {
   for (auto& [n, t] : hf) {
     if (n != "lm_head.weight") n = "transformer." + n;  // GPT2LMHeadModel.save_pretrained
   }
-  const std::string dir = TempDir("sharded");
+  const std::string dir = FreshTempDir("sharded");
   WriteFile(dir + "/config.json", HfConfigJson(c));
   NamedTensors first(hf.begin(), hf.begin() + 7), second(hf.begin() + 7, hf.end());
   ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model-00001-of-00002.safetensors", first).ok());
@@ -208,7 +203,7 @@ TEST(HfGpt2Test, WritesGpt2LMHeadModelsLayoutAndReadsItBack) {
   c.name = "gpt-mini";
   c.dropout = 0.1f;
   const NamedTensors ours = RandomWeights(c, 5, /*tie=*/false);
-  const std::string dir = TempDir("export");
+  const std::string dir = FreshTempDir("export");
   ASSERT_TRUE(WriteHfGpt2(dir, c, ours).ok());
   absl::StatusOr<tensor::SafetensorsFile> file =
       tensor::ReadSafetensors(dir + "/model.safetensors");
@@ -243,7 +238,7 @@ TEST(HfGpt2Test, WritesGpt2LMHeadModelsLayoutAndReadsItBack) {
   EXPECT_EQ(back->config.ToString(), c.ToString());  // name and dropout recorded too
   ExpectSameWeights(back->weights, ours);
 
-  const std::string tied_dir = TempDir("export_tied");
+  const std::string tied_dir = FreshTempDir("export_tied");
   ASSERT_TRUE(WriteHfGpt2(tied_dir, c, RandomWeights(c, 6, /*tie=*/true)).ok());
   std::ifstream tied_in(tied_dir + "/config.json");
   const std::string tied_text((std::istreambuf_iterator<char>(tied_in)),
@@ -259,7 +254,7 @@ TEST(HfGpt2Test, ExportFromSourcesStreamsOneWeightAtATime) {
   c.n_layer = 8;
   c.n_embd = 64;
   const NamedTensors ours = RandomWeights(c, 7, /*tie=*/false);
-  const std::string saved = TempDir("export_sources") + "/model.safetensors";
+  const std::string saved = FreshTempDir("export_sources") + "/model.safetensors";
   ASSERT_TRUE(tensor::WriteSafetensors(saved, ours).ok());
   absl::StatusOr<nn::NamedInitSources> sources = nn::SafetensorsInitSources(saved);
   ASSERT_TRUE(sources.ok()) << sources.status();
@@ -273,7 +268,8 @@ TEST(HfGpt2Test, ExportFromSourcesStreamsOneWeightAtATime) {
   tensor::MemoryLedger& ledger = tensor::MemoryLedger::Process();
   const int64_t before = ledger.Total(tensor::Device::Cpu()).current;
   ledger.ResetPeaks();
-  const std::string streamed = TempDir("export_streamed"), whole = TempDir("export_whole");
+  const std::string streamed = FreshTempDir("export_streamed"),
+                    whole = FreshTempDir("export_whole");
   ASSERT_TRUE(WriteHfGpt2(streamed, c, *sources).ok());
   const int64_t held = ledger.Total(tensor::Device::Cpu()).peak - before;
   // wte, the weight read and its transposed host copy.
@@ -312,7 +308,7 @@ TEST(HfGpt2Test, TheParityFixtureInHfLayoutGivesPyTorchsLoss) {
   NamedTensors weights;
   std::map<std::string, Tensor> all = ByName(fixture->tensors);
   for (const ParamShape& p : ParameterShapes(c)) weights.emplace_back(p.name, all.at(p.name));
-  const std::string dir = TempDir("fixture");
+  const std::string dir = FreshTempDir("fixture");
   WriteFile(dir + "/config.json", HfConfigJson(c));
   ASSERT_TRUE(
       tensor::WriteSafetensors(dir + "/model.safetensors", HubLayout(c, weights, true)).ok());
@@ -362,7 +358,7 @@ TEST(HfGpt2Test, RefusesWhatIsNotGpt2OrDoesNotFit) {
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
-    const std::string dir = TempDir("bad_" + k.name);
+    const std::string dir = FreshTempDir("bad_" + k.name);
     WriteFile(dir + "/config.json", k.config);
     ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model.safetensors", k.tensors).ok());
     absl::StatusOr<PretrainedWeights> read = ReadHfGpt2(dir);
@@ -370,7 +366,7 @@ TEST(HfGpt2Test, RefusesWhatIsNotGpt2OrDoesNotFit) {
     EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(read.status().message().find(k.expected), std::string::npos) << read.status();
   }
-  const std::string bin_only = TempDir("bin_only");
+  const std::string bin_only = FreshTempDir("bin_only");
   WriteFile(bin_only + "/config.json", HfConfigJson(c));
   WriteFile(bin_only + "/pytorch_model.bin", "not read");
   absl::StatusOr<PretrainedWeights> read = ReadPretrained(bin_only);
@@ -383,7 +379,7 @@ TEST(ReadPretrainedTest, CheckpointsComeWithTheirRecordedConfig) {
   GptConfig c = Small();
   c.dropout = 0.2f;
   const NamedTensors ours = RandomWeights(c, 8, /*tie=*/false);
-  const std::string dir = TempDir("run");
+  const std::string dir = FreshTempDir("run");
   const std::string step = dir + "/" + train::CheckpointStepName(40);
   std::filesystem::create_directories(step);
   train::TrainState state;
@@ -401,7 +397,7 @@ TEST(ReadPretrainedTest, CheckpointsComeWithTheirRecordedConfig) {
   absl::StatusOr<PretrainedWeights> none = ReadPretrained(dir + "/nowhere");
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("no such folder"), std::string::npos) << none.status();
-  const std::string empty = TempDir("empty");
+  const std::string empty = FreshTempDir("empty");
   absl::StatusOr<PretrainedWeights> neither = ReadPretrained(empty);
   ASSERT_FALSE(neither.ok());
   EXPECT_NE(neither.status().message().find("neither a checkpoint nor a Hugging Face model folder"),

@@ -9,8 +9,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
+#include "models/common/test_files.h"
 #include "models/data/runfiles.h"
 #include "models/t5/model.h"
 #include "nn/state_dict.h"
@@ -32,14 +31,8 @@ namespace {
 using tensor::NamedTensors;
 using tensor::Tensor;
 
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+using train::testing::FreshTempDir;
+using train::testing::WriteFile;
 
 // The hub's t5-small config.json (its model keys; the task parameters left out).
 constexpr char kT5SmallConfig[] = R"({
@@ -199,7 +192,7 @@ TEST(HfT5Test, TheParityFixturesInHfLayoutGiveHuggingFacesLoss) {
   hub.emplace_back("lm_head.weight", shared);
   for (bool shared_named : {true, false}) {
     SCOPED_TRACE(shared_named ? "shared.weight in the file" : "only encoder.embed_tokens.weight");
-    const std::string dir = TempDir(shared_named ? "v10_all" : "v10_alias");
+    const std::string dir = FreshTempDir(shared_named ? "v10_all" : "v10_alias");
     WriteFile(dir + "/config.json", HfConfigJson(v10.config));
     NamedTensors written = hub;
     if (!shared_named) written.erase(written.begin());
@@ -214,7 +207,7 @@ TEST(HfT5Test, TheParityFixturesInHfLayoutGiveHuggingFacesLoss) {
 
   const Fixture v11 = LoadFixture("t5_v1_1_reference.safetensors");
   ASSERT_FALSE(v11.config.tie_word_embeddings);
-  const std::string dir = TempDir("v11_bf16");
+  const std::string dir = FreshTempDir("v11_bf16");
   WriteFile(dir + "/config.json", HfConfigJson(v11.config));
   NamedTensors bf16;
   for (const auto& [name, t] : v11.weights) bf16.emplace_back(name, t.To(tensor::Dtype::kBF16));
@@ -251,14 +244,14 @@ TEST(HfT5Test, RefusesMissingMisshapenAndOtherTensors) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const std::string dir = TempDir("bad_" + c.name);
+    const std::string dir = FreshTempDir("bad_" + c.name);
     WriteFile(dir + "/config.json", HfConfigJson(f.config));
     ASSERT_TRUE(tensor::WriteSafetensors(dir + "/model.safetensors", c.tensors).ok());
     absl::StatusOr<PretrainedSources> read = OpenHfT5(dir);
     ASSERT_FALSE(read.ok());
     EXPECT_TRUE(absl::StrContains(read.status().message(), c.want)) << read.status();
   }
-  const std::string bin_only = TempDir("bin_only");
+  const std::string bin_only = FreshTempDir("bin_only");
   WriteFile(bin_only + "/config.json", HfConfigJson(f.config));
   absl::StatusOr<PretrainedSources> read = OpenHfT5(bin_only);
   ASSERT_FALSE(read.ok());
@@ -270,7 +263,7 @@ TEST(HfT5Test, WritesWhatItReadsBack) {
   for (const char* file : {"t5_v1_0_reference.safetensors", "t5_v1_1_reference.safetensors"}) {
     SCOPED_TRACE(file);
     const Fixture f = LoadFixture(file);
-    const std::string dir = TempDir("written");
+    const std::string dir = FreshTempDir("written");
     ASSERT_TRUE(WriteHfT5(dir, f.config, nn::TensorInitSources(f.weights)).ok());
     absl::StatusOr<PretrainedSources> read = OpenHfT5(dir);
     ASSERT_TRUE(read.ok()) << read.status();
@@ -287,7 +280,7 @@ TEST(HfT5Test, WritesWhatItReadsBack) {
     // A weight that does not fit is refused before anything is written.
     NamedTensors wrong = f.weights;
     wrong[0].second = wrong[0].second.Narrow(0, 0, 3).Contiguous();
-    absl::Status s = WriteHfT5(TempDir("wrong"), f.config, nn::TensorInitSources(wrong));
+    absl::Status s = WriteHfT5(FreshTempDir("wrong"), f.config, nn::TensorInitSources(wrong));
     EXPECT_TRUE(absl::StrContains(s.message(), "weight 'shared.weight' has shape (3,16)")) << s;
   }
 }
