@@ -3,7 +3,9 @@
 // stacks' lookups and the tied lm_head) in the root unit; a policy that would
 // move it out is refused; and two ranks of FULL_SHARD (threads engine, through
 // models/common:data_parallel as the train binary runs them) give the losses,
-// gradient norms and weights of one process on the global batch within 1e-5.
+// gradient norms and weights of one process on the global batch within 1e-5,
+// and after training, with every unit gathered (WithFullParameters), decode
+// as that process does (the cached decoder's logits, greedy tokens).
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -19,6 +21,7 @@
 #include "models/common/data_parallel.h"
 #include "models/data/random_tokens.h"
 #include "models/data/span_corruption.h"
+#include "models/t5/generate.h"
 #include "models/t5/model.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
@@ -135,7 +138,31 @@ TEST(T5FsdpPlanTest, APolicyThatMovesTheSharedEmbeddingOutIsRefused) {
 struct Trace {
   std::vector<double> losses, norms;
   std::vector<std::pair<std::string, std::vector<float>>> weights;  // after the last step
+  std::vector<float> step_logits;            // DecodeStep's after training (2, 3, V)
+  std::vector<std::vector<int64_t>> tokens;  // greedy Generate's after training
 };
+
+// After training, forward only (parameters whole): the logits of the cached
+// decoder over three positions and six greedy tokens, of a batch every rank
+// shares.
+void DecodeAfterTraining(T5Model& model, Trace& t) {
+  const tensor::Tensor x =
+      tensor::Tensor::FromData<int64_t>({3, 9, 27, 41, 5, 60, 8, 8, 13, 2, 44, 1}, {2, 6});
+  const tensor::Tensor mask =
+      tensor::Tensor::FromData<int64_t>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 6});
+  DecoderCache cache;
+  cache.capacity = 3;
+  t.step_logits =
+      model
+          .DecodeStep(model.Encode(x, mask), mask,
+                      tensor::Tensor::FromData<int64_t>({0, 17, 4, 0, 30, 30}, {2, 3}), cache)
+          .ToVector<float>();
+  GenerateOptions options;
+  options.max_new_tokens = 6;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> tokens = Generate(model, x, mask, options);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  if (tokens.ok()) t.tokens = *tokens;
+}
 
 Trace OneProcess(bool v1_1) {
   T5Model model(Tiny(v1_1));
@@ -155,6 +182,8 @@ Trace OneProcess(bool v1_1) {
   for (auto& [name, p] : model.NamedParameters()) {
     t.weights.emplace_back(name, p->value.ToVector<float>());
   }
+  model.Train(false);
+  DecodeAfterTraining(model, t);
   return t;
 }
 
@@ -193,6 +222,8 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
     for (auto& [name, value] : (*dp)->fsdp()->FullStateDict()) {  // rank 0 only
       t.weights.emplace_back(name, value.ToVector<float>());
     }
+    // Every unit gathered (FullyShardedModel::Unshard): decoding past the hooks.
+    (*dp)->WithFullParameters([&] { DecodeAfterTraining(model, t); });
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;
@@ -214,6 +245,18 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
       worst = std::max(worst, std::fabs(static_cast<double>(got[k]) - want[k]));
     }
     EXPECT_LE(worst, kTol) << name;
+  }
+  // Decoding with the gathered parameters: one process's logits and tokens on both ranks.
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r, " decoding"));
+    ASSERT_EQ(traces[r].step_logits.size(), reference.step_logits.size());
+    double worst = 0;
+    for (size_t k = 0; k < reference.step_logits.size(); ++k) {
+      worst = std::max(worst, std::fabs(static_cast<double>(traces[r].step_logits[k]) -
+                                        reference.step_logits[k]));
+    }
+    EXPECT_LE(worst, 1e-4);
+    EXPECT_EQ(traces[r].tokens, reference.tokens);
   }
   // The loss moved: the comparison is over real training.
   EXPECT_NE(reference.losses.front(), reference.losses.back());
