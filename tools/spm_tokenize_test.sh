@@ -6,7 +6,7 @@
 # appended (--eos_id=1). Prompts go through it as lines of ids to
 # //models/t5:generate (from the checkpoint and from its Hugging Face export,
 # with the key/value cache and without: the same tokens; sampled: the seed's
-# tokens every run) and back to text. Bad input exits 2 naming the flag.
+# tokens every run; beam search, with the cache and without) and back to text. Bad input exits 2 naming the flag.
 set -euo pipefail
 script="$1"
 train="$2"
@@ -86,6 +86,14 @@ for run in 1 2; do
 done
 grep -q "| sampled$" "$dir/sampled.log"
 cmp "$dir/sampled_1.txt" "$dir/sampled_2.txt"
+# Beam search: the same ids with the cache and without; a line per example.
+for cache in --kv_cache --nokv_cache; do
+  "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
+    --eos_id=1 "$cache" > "$dir/beams$cache.txt" 2> "$dir/beams.log"
+done
+grep -q "| 3 beams$" "$dir/beams.log"
+cmp "$dir/beams--kv_cache.txt" "$dir/beams--nokv_cache.txt"
+[[ $(wc -l < "$dir/beams--kv_cache.txt") == 3 ]]
 "$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
 "$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> /dev/null |
   cmp - "$dir/out.txt"
@@ -110,5 +118,7 @@ exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_
   --input="$dir/ids.txt" --eos_id=400
 exits_2 "--top_p must be in (0, 1], got 0" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --temperature=1 --top_p=0
+exits_2 "--num_beams=2 searches with temperature 0; got temperature 1" "$generate" \
+  --init_from="$dir/ck" --input="$dir/ids.txt" --temperature=1 --num_beams=2
 exits_2 "--init_from=$dir/none: " "$generate" --init_from="$dir/none" --input="$dir/ids.txt"
 echo PASS

@@ -80,13 +80,14 @@ TEST(T5CudaTest, LossAndGradientsMatchTheCpu) {
 
 // Decoding on the GPU (d_kv 32: the fused kernels): the decoder's logits
 // (T5Model::Encode, DecodeLogits; DecodeStep fed a prompt then one position)
-// are the CPU's, and greedy decoding, with the cache and without, picks the
-// CPU's tokens.
+// are the CPU's, and greedy decoding, with the cache and without, and beam
+// search (the cache's rows reordered on the device) pick the CPU's tokens.
 TEST(T5CudaTest, DecodingMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   for (bool v1_1 : {false, true}) {
     SCOPED_TRACE(v1_1 ? "v1.1" : "v1.0");
     std::vector<std::vector<int64_t>> tokens[2][2];  // [device][kv_cache]
+    std::vector<std::vector<int64_t>> beams[2];      // [device]: 3 beams with the cache
     Tensor logits[2], stepped[2];
     const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
     for (int d = 0; d < 2; ++d) {
@@ -113,12 +114,20 @@ TEST(T5CudaTest, DecodingMatchesTheCpu) {
         ASSERT_TRUE(got.ok()) << got.status();
         tokens[d][kv_cache] = *got;
       }
+      GenerateOptions beam;
+      beam.max_new_tokens = 6;
+      beam.num_beams = 3;
+      beam.eos_id = 2;
+      absl::StatusOr<std::vector<std::vector<int64_t>>> searched = Generate(model, x, mask, beam);
+      ASSERT_TRUE(searched.ok()) << searched.status();
+      beams[d] = *searched;
     }
     EXPECT_TRUE(tensor::testing::AllClose(logits[1], logits[0], 1e-4, 1e-5));
     EXPECT_TRUE(
         tensor::testing::AllClose(stepped[1], logits[0].Narrow(1, 3, 1).Contiguous(), 1e-4, 1e-5));
     EXPECT_EQ(tokens[1][0], tokens[0][0]);
     EXPECT_EQ(tokens[1][1], tokens[0][0]);
+    EXPECT_EQ(beams[1], beams[0]);
   }
 }
 

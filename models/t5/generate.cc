@@ -1,14 +1,249 @@
-// T5 generation: encode once, then one decoder step per new token.
+// T5 generation: encode once, then one decoder step per new token; greedy or
+// sampled rows, or beam search.
 #include "models/t5/generate.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 
 namespace t5 {
+namespace {
 
 using tensor::Tensor;
+using Rows = std::vector<std::vector<int64_t>>;
+
+// The next-token logits of rows of decoder inputs, one step at a time: with
+// the key/value cache the decoder runs on each row's last token, without it
+// on the whole sequence so far.
+class DecoderSteps {
+ public:
+  // encoded (R, S, d) and mask (R, S) or undefined: one per row.
+  DecoderSteps(T5Model& model, Tensor encoded, Tensor mask, const GenerateOptions& options)
+      : model_(model),
+        encoded_(std::move(encoded)),
+        mask_(std::move(mask)),
+        kv_cache_(options.kv_cache) {
+    cache_.capacity = options.max_new_tokens;  // step n feeds decoder position n
+  }
+
+  // sequences: R rows of equal length t (decoder_start_id, then the tokens so
+  // far) whose first t - 1 positions the earlier steps fed -> (R, V) f32.
+  std::vector<float> Next(const Rows& sequences) {
+    const int64_t R = static_cast<int64_t>(sequences.size());
+    const int64_t t = static_cast<int64_t>(sequences[0].size());
+    const int64_t fed = kv_cache_ ? t - 1 : 0;  // positions the decoder already holds
+    std::vector<int64_t> ids;                   // (R, t - fed) row-major
+    for (const std::vector<int64_t>& row : sequences)
+      ids.insert(ids.end(), row.begin() + fed, row.end());
+    const Tensor input = Tensor::FromData<int64_t>(ids, {R, t - fed}).To(encoded_.device());
+    const Tensor logits = kv_cache_
+                              ? model_.DecodeStep(encoded_, mask_, input, cache_)  // (R, 1, V)
+                              : model_.DecodeLogits(encoded_, mask_, input);       // (R, t, V)
+    return logits.Narrow(1, logits.dim(1) - 1, 1)
+        .To(tensor::Device::Cpu())
+        .To(tensor::Dtype::kF32)
+        .Contiguous()
+        .ToVector<float>();
+  }
+
+  // Row i continues what row rows[i] held (beam search's reordering).
+  void SelectRows(const std::vector<int64_t>& rows) {
+    if (kv_cache_) cache_.SelectRows(rows);
+  }
+
+ private:
+  T5Model& model_;
+  const Tensor encoded_;
+  const Tensor mask_;
+  const bool kv_cache_;
+  DecoderCache cache_;
+};
+
+// `t` (B, ...) with each row repeated k times in place: (B k, ...).
+Tensor RepeatRows(const Tensor& t, int64_t k) {
+  if (!t.defined() || k == 1) return t;
+  tensor::Shape shape = t.shape();
+  const int64_t B = shape[0];
+  shape[0] = B * k;
+  Tensor out = Tensor::Empty(shape, t.dtype(), t.device());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < k; ++j) out.Narrow(0, b * k + j, 1).CopyFrom(t.Narrow(0, b, 1));
+  }
+  return out;
+}
+
+// log softmax of one row of logits, in double.
+std::vector<double> LogSoftmax(absl::Span<const float> logits) {
+  double top = -std::numeric_limits<double>::infinity();
+  for (float x : logits) top = std::max<double>(top, x);
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(x - top);
+  const double log_z = top + std::log(sum);
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - log_z;
+  return out;
+}
+
+// Greedy or sampled rows (train::Sampling), each stopping at eos_id.
+absl::StatusOr<Rows> SampleRows(DecoderSteps& steps, int64_t B, int64_t V,
+                                const GenerateOptions& options) {
+  // Every row's decoder inputs: decoder_start_id, then its tokens (a finished
+  // row repeats its eos_id, which no later output reads).
+  Rows sequences(B, std::vector<int64_t>{options.decoder_start_id});
+  Rows out(B);
+  std::vector<bool> done(B, false);
+  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
+    const std::vector<float> last = steps.Next(sequences);  // (B, V)
+    bool all_done = true;
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) {
+        sequences[b].push_back(options.eos_id);
+        continue;
+      }
+      absl::StatusOr<int64_t> token =
+          train::SampleFromLogits(absl::MakeConstSpan(last.data() + b * V, V), options,
+                                  train::DrawUniform(options.seed, b, n));
+      if (!token.ok()) {
+        return absl::InternalError(
+            absl::StrCat("row ", b, ", new token ", n, ": ", token.status().message()));
+      }
+      sequences[b].push_back(*token);
+      out[b].push_back(*token);
+      done[b] = *token == options.eos_id;
+      all_done = all_done && done[b];
+    }
+    if (all_done) break;
+  }
+  return out;
+}
+
+// One example's finished hypotheses: the num_beams best by score.
+class Hypotheses {
+ public:
+  Hypotheses(int64_t num_beams, double length_penalty, bool early_stopping)
+      : num_beams_(num_beams), length_penalty_(length_penalty), early_stopping_(early_stopping) {}
+
+  // new_tokens (eos included when it ended there) with summed log-probability `sum`.
+  void Add(std::vector<int64_t> new_tokens, double sum) {
+    const double score = sum / std::pow(static_cast<double>(new_tokens.size()), length_penalty_);
+    if (static_cast<int64_t>(kept_.size()) == num_beams_ && score <= kept_.back().first) return;
+    kept_.emplace_back(score, std::move(new_tokens));
+    std::stable_sort(kept_.begin(), kept_.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (static_cast<int64_t>(kept_.size()) > num_beams_) kept_.pop_back();
+  }
+
+  // Whether no beam can do better: num_beams finished and, unless
+  // early_stopping, the worst of them at least the best running sum
+  // `best_sum` scored at `length` new tokens.
+  bool Done(double best_sum, int64_t length) const {
+    if (static_cast<int64_t>(kept_.size()) < num_beams_) return false;
+    if (early_stopping_) return true;
+    return kept_.back().first >= best_sum / std::pow(static_cast<double>(length), length_penalty_);
+  }
+
+  const std::vector<int64_t>& best() const { return kept_.front().second; }
+
+ private:
+  const int64_t num_beams_;
+  const double length_penalty_;
+  const bool early_stopping_;
+  std::vector<std::pair<double, std::vector<int64_t>>> kept_;  // best first
+};
+
+// Beam search, as Hugging Face's (BeamSearchScorer): K = num_beams beams per
+// example; each step ranks every beam's continuations by summed
+// log-probability and takes the best 2K, where an eos among the first K
+// finishes a hypothesis and the others become the next K beams.
+absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
+                                const GenerateOptions& options) {
+  const int64_t K = options.num_beams;
+  const int64_t R = B * K;  // row b K + k: example b's beam k
+  std::vector<Hypotheses> finished(B,
+                                   Hypotheses(K, options.length_penalty, options.early_stopping));
+  std::vector<bool> done(B, false);
+  // Beam 0 alone at first (the others start at -1e9: their copies of it lose).
+  std::vector<double> sums(R, -1e9);
+  for (int64_t b = 0; b < B; ++b) sums[b * K] = 0.0;
+  Rows sequences(R, std::vector<int64_t>{options.decoder_start_id});
+  const int64_t filler = options.eos_id >= 0 ? options.eos_id : options.decoder_start_id;
+  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
+    const std::vector<float> last = steps.Next(sequences);  // (R, V)
+    std::vector<int64_t> source(R);                         // the row each next beam continues
+    std::vector<int64_t> token(R);
+    std::vector<double> next_sums(R);
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) {  // its rows run on with a filler token, unread
+        for (int64_t k = 0; k < K; ++k) {
+          source[b * K + k] = b * K + k;
+          token[b * K + k] = filler;
+          next_sums[b * K + k] = 0.0;
+        }
+        continue;
+      }
+      // Every continuation (beam k, token v) of this example: (sum, k V + v).
+      std::vector<std::pair<double, int64_t>> candidates(K * V);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t row = b * K + k;
+        const std::vector<double> log_p = LogSoftmax(absl::MakeConstSpan(last.data() + row * V, V));
+        for (int64_t v = 0; v < V; ++v) candidates[k * V + v] = {sums[row] + log_p[v], k * V + v};
+      }
+      const int64_t top = std::min<int64_t>(2 * K, K * V);
+      std::partial_sort(candidates.begin(), candidates.begin() + top, candidates.end(),
+                        [](const auto& a, const auto& c) {
+                          return a.first > c.first || (a.first == c.first && a.second < c.second);
+                        });
+      int64_t kept = 0;
+      for (int64_t rank = 0; rank < top && kept < K; ++rank) {
+        const auto [sum, index] = candidates[rank];
+        const int64_t row = b * K + index / V, v = index % V;
+        if (v == options.eos_id) {
+          if (rank >= K) continue;  // not among the K best: dropped
+          std::vector<int64_t> hypothesis(sequences[row].begin() + 1, sequences[row].end());
+          hypothesis.push_back(v);
+          finished[b].Add(std::move(hypothesis), sum);
+          continue;
+        }
+        source[b * K + kept] = row;
+        token[b * K + kept] = v;
+        next_sums[b * K + kept] = sum;
+        ++kept;
+      }
+      if (kept < K) {  // only with a vocabulary of one id
+        return absl::InvalidArgumentError(absl::StrCat(
+            "num_beams=", K, " needs a vocabulary of 2 ids at least; this one has ", V));
+      }
+      done[b] = finished[b].Done(candidates[0].first, n + 1);
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    Rows next(R);
+    for (int64_t r = 0; r < R; ++r) {
+      next[r] = sequences[source[r]];
+      next[r].push_back(token[r]);
+    }
+    sequences = std::move(next);
+    sums = std::move(next_sums);
+    steps.SelectRows(source);
+  }
+  Rows out(B);
+  for (int64_t b = 0; b < B; ++b) {
+    if (!done[b]) {  // the running beams compete as they are
+      for (int64_t k = 0; k < K; ++k) {
+        const std::vector<int64_t>& s = sequences[b * K + k];
+        if (s.size() > 1)
+          finished[b].Add(std::vector<int64_t>(s.begin() + 1, s.end()), sums[b * K + k]);
+      }
+    }
+    if (options.max_new_tokens > 0) out[b] = finished[b].best();
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
   if (max_new_tokens < 0) {
@@ -23,74 +258,37 @@ absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "eos_id=", eos_id, " is not an id of the vocabulary of ", vocab_size, " (nor -1)"));
   }
+  if (num_beams < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_beams=", num_beams, " must be >= 1"));
+  }
+  if (num_beams > 1 && !greedy()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_beams=", num_beams, " searches with temperature 0; got temperature ",
+                     temperature, " (sampled beams are not implemented)"));
+  }
+  if (!std::isfinite(length_penalty)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length_penalty=", length_penalty, " must be finite"));
+  }
   return train::Sampling::Validate();
 }
 
-absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(T5Model& model,
-                                                           const Tensor& encoder_inputs,
-                                                           const Tensor& encoder_mask,
-                                                           const GenerateOptions& options) {
+absl::StatusOr<Rows> Generate(T5Model& model, const Tensor& encoder_inputs,
+                              const Tensor& encoder_mask, const GenerateOptions& options) {
   const int64_t V = model.config().vocab_size;
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return valid;
   const int64_t B = encoder_inputs.dim(0);
-  const tensor::Device device = encoder_inputs.device();
   model.Train(false);
   const Tensor encoded = model.Encode(encoder_inputs, encoder_mask);  // (B, S, d)
-  DecoderCache cache;
-  cache.capacity = options.max_new_tokens;  // step n feeds decoder position n
-  // Every row's decoder inputs so far: decoder_start_id, then its tokens (a
-  // finished row repeats its eos_id, which no later output reads).
-  std::vector<int64_t> inputs(B, options.decoder_start_id);  // (B, t), row-major
-  std::vector<int64_t> next(B, options.decoder_start_id);    // (B, 1): the last of each row
-  std::vector<std::vector<int64_t>> out(B);
-  std::vector<bool> done(B, false);
-  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-    const int64_t t = n + 1;  // decoder positions after this step
-    Tensor logits;            // (B, 1 or t, V): the last position's are the next token's
-    if (options.kv_cache) {
-      const Tensor ids = Tensor::FromData<int64_t>(next, {B, 1}).To(device);  // (B, 1)
-      logits = model.DecodeStep(encoded, encoder_mask, ids, cache);           // (B, 1, V)
-    } else {
-      const Tensor ids = Tensor::FromData<int64_t>(inputs, {B, t}).To(device);  // (B, t)
-      logits = model.DecodeLogits(encoded, encoder_mask, ids);                  // (B, t, V)
-    }
-    const std::vector<float> last =  // (B, V)
-        logits.Narrow(1, logits.dim(1) - 1, 1)
-            .To(tensor::Device::Cpu())
-            .To(tensor::Dtype::kF32)
-            .Contiguous()
-            .ToVector<float>();
-    bool all_done = true;
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) {
-        next[b] = options.eos_id;
-        continue;
-      }
-      absl::StatusOr<int64_t> token =
-          train::SampleFromLogits(absl::MakeConstSpan(last.data() + b * V, V), options,
-                                  train::DrawUniform(options.seed, b, n));
-      if (!token.ok()) {
-        return absl::InternalError(
-            absl::StrCat("row ", b, ", new token ", n, ": ", token.status().message()));
-      }
-      next[b] = *token;
-      out[b].push_back(*token);
-      done[b] = *token == options.eos_id;
-      all_done = all_done && done[b];
-    }
-    if (all_done) break;
-    if (!options.kv_cache) {
-      std::vector<int64_t> grown;  // (B, t + 1)
-      grown.reserve(B * (t + 1));
-      for (int64_t b = 0; b < B; ++b) {
-        grown.insert(grown.end(), inputs.begin() + b * t, inputs.begin() + (b + 1) * t);
-        grown.push_back(next[b]);
-      }
-      inputs = std::move(grown);
-    }
+  if (options.num_beams == 1) {
+    DecoderSteps steps(model, encoded, encoder_mask, options);
+    return SampleRows(steps, B, V, options);
   }
-  return out;
+  // Every beam a row of its own: (B K, S, d), (B K, S).
+  DecoderSteps steps(model, RepeatRows(encoded, options.num_beams),
+                     RepeatRows(encoder_mask, options.num_beams), options);
+  return BeamSearch(steps, B, V, options);
 }
 
 }  // namespace t5

@@ -1,7 +1,7 @@
-// Generates with a trained T5 (t5::Generate; Hugging Face's generate with
-// num_beams=1): greedy by default, sampled with --temperature > 0 (and
-// --top_k, --top_p, --seed), with the decoder's key/value cache unless
-// --nokv_cache:
+// Generates with a trained T5 (t5::Generate; Hugging Face's generate):
+// greedy by default, sampled with --temperature > 0 (and --top_k, --top_p,
+// --seed), or beam search with --num_beams > 1 (and --length_penalty,
+// --early_stopping); with the decoder's key/value cache unless --nokv_cache:
 //   ./bazelw run //models/t5:generate -- --init_from=/path/t5-small --input=/tmp/ids.txt --eos_id=1
 // --init_from is a checkpoint of //models/t5:train (either kind) or a
 // Hugging Face T5 folder, as train's --init_from. --input holds one example
@@ -51,6 +51,12 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
 ABSL_FLAG(bool, kv_cache, true,
           "keep the decoder's keys and values between steps (false: each step runs the "
           "decoder over the whole sequence)");
+ABSL_FLAG(int64_t, num_beams, 1,
+          "beam search with this many beams per example (greedy only); 1: none");
+ABSL_FLAG(double, length_penalty, 1.0,
+          "beam search: a finished hypothesis scores its log-probability / length^this");
+ABSL_FLAG(bool, early_stopping, false,
+          "beam search: an example is done once --num_beams hypotheses finished");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 
@@ -108,6 +114,9 @@ absl::Status Run() {
   options.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
+  options.num_beams = absl::GetFlag(FLAGS_num_beams);
+  options.length_penalty = absl::GetFlag(FLAGS_length_penalty);
+  options.early_stopping = absl::GetFlag(FLAGS_early_stopping);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t pad = absl::GetFlag(FLAGS_pad_id);
@@ -132,7 +141,9 @@ absl::Status Run() {
   std::fprintf(stderr, "model %s from %s | %s | precision %s | %s\n",
                weights->config.ToString().c_str(), weights->source.c_str(),
                compute->device.ToString().c_str(), compute->policy.ToString().c_str(),
-               options.greedy() ? "greedy" : "sampled");
+               options.num_beams > 1 ? absl::StrCat(options.num_beams, " beams").c_str()
+               : options.greedy()    ? "greedy"
+                                     : "sampled");
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.
   const int64_t B = static_cast<int64_t>(examples->size());

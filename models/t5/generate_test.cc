@@ -6,6 +6,8 @@
 // misuse is a named error.
 #include "models/t5/generate.h"
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -140,6 +142,123 @@ INSTANTIATE_TEST_SUITE_P(Forms, T5GenerateTest, ::testing::Values(false, true),
                            return info.param ? "v1_1" : "v1_0";
                          });
 
+// log softmax of `logits` (V) at `v`, in double.
+double LogProb(const std::vector<float>& logits, int64_t v) {
+  double top = logits[0];
+  for (float x : logits) top = std::max<double>(top, x);
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(x - top);
+  return logits[v] - top - std::log(sum);
+}
+
+// Beam search finds the best-scoring hypothesis outright when its beams can
+// hold every prefix: a vocabulary of 6, 3 new tokens, 36 beams. The
+// search's pick for each example is the best of every complete sequence
+// (ended by eos, or 3 tokens long) scored sum log p / length^length_penalty,
+// as one-by-one forwards of each sequence give them. With the cache and
+// without: the same pick.
+TEST(T5BeamSearchTest, EnoughBeamsFindTheBestSequenceOutright) {
+  T5Config config = Tiny(true);
+  config.vocab_size = 6;
+  config.initializer_factor = 0.3;  // flatter distributions: lengths compete
+  T5Model model(config);
+  model.Materialize(/*seed=*/3);
+  model.Train(false);
+  const Tensor x = Ids({3, 5, 1, 2, 4, 0, 4, 4, 2, 5, 0, 0}, 2, 6);
+  const Tensor encoded = model.Encode(x, EncoderMask());  // (2, 6, d)
+  // eos 3, the likeliest token: lengths compete (picks [3] and [1, 4, 3]);
+  // eos 1: three tokens win, the running beams' finish ([3, 3, 3]).
+  for (const auto& [eos, length_penalty] :
+       std::vector<std::pair<int64_t, double>>{{3, 1.0}, {3, 0.5}, {3, 2.0}, {1, 1.0}, {1, 2.0}}) {
+    SCOPED_TRACE(::testing::Message() << "eos " << eos << " length_penalty " << length_penalty);
+    GenerateOptions options;
+    options.max_new_tokens = 3;
+    options.eos_id = eos;
+    options.num_beams = 36;
+    options.length_penalty = length_penalty;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> found =
+        Generate(model, x, EncoderMask(), options);
+    ASSERT_TRUE(found.ok()) << found.status();
+    options.kv_cache = false;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> uncached =
+        Generate(model, x, EncoderMask(), options);
+    ASSERT_TRUE(uncached.ok()) << uncached.status();
+    EXPECT_EQ(*uncached, *found);
+    for (int64_t b = 0; b < 2; ++b) {
+      const Tensor enc = encoded.Narrow(0, b, 1).Contiguous();  // (1, 6, d)
+      const Tensor mask = EncoderMask().Narrow(0, b, 1).Contiguous();
+      // Every sequence of 1 to 3 new tokens with eos, if any, last.
+      std::vector<int64_t> best;
+      double best_score = -1e300;
+      std::vector<std::vector<int64_t>> frontier = {{}};
+      for (int64_t length = 1; length <= 3; ++length) {
+        std::vector<std::vector<int64_t>> longer;
+        for (const std::vector<int64_t>& prefix : frontier) {
+          std::vector<int64_t> inputs = {0};  // decoder_start_id, then the prefix
+          inputs.insert(inputs.end(), prefix.begin(), prefix.end());
+          const std::vector<float> all =
+              model.DecodeLogits(enc, mask, Ids(inputs, 1, length)).ToVector<float>();  // (1, L, 6)
+          double sum = 0.0;  // the prefix's log-probability
+          for (int64_t i = 0; i + 1 < length; ++i) {
+            sum += LogProb(std::vector<float>(all.begin() + i * 6, all.begin() + (i + 1) * 6),
+                           prefix[i]);
+          }
+          const std::vector<float> last(all.end() - 6, all.end());
+          for (int64_t v = 0; v < 6; ++v) {
+            std::vector<int64_t> s = prefix;
+            s.push_back(v);
+            const double total = sum + LogProb(last, v);
+            if (v == eos || length == 3) {
+              const double score = total / std::pow(static_cast<double>(length), length_penalty);
+              if (score > best_score) {
+                best_score = score;
+                best = s;
+              }
+            } else {
+              longer.push_back(s);
+            }
+          }
+        }
+        frontier = std::move(longer);
+      }
+      EXPECT_EQ((*found)[b], best) << "example " << b;
+    }
+  }
+}
+
+// Beams with the cache and without agree on a longer search, each pick ends
+// at eos or runs max_new_tokens, and the search differs from greedy
+// somewhere (it is a search).
+TEST(T5BeamSearchTest, CachedAndUncachedBeamsAgree) {
+  T5Model model(Tiny(false));
+  model.Materialize(/*seed=*/11);
+  GenerateOptions options;
+  options.max_new_tokens = 10;
+  options.eos_id = 2;
+  std::vector<std::vector<int64_t>> greedy =
+      *Generate(model, EncoderInputs(), EncoderMask(), options);
+  bool differs = false;
+  for (int64_t beams : {2, 4}) {
+    options.num_beams = beams;
+    options.kv_cache = true;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> cached =
+        Generate(model, EncoderInputs(), EncoderMask(), options);
+    options.kv_cache = false;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> whole =
+        Generate(model, EncoderInputs(), EncoderMask(), options);
+    ASSERT_TRUE(cached.ok()) << cached.status();
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(*cached, *whole) << beams << " beams";
+    for (const std::vector<int64_t>& row : *cached) {
+      ASSERT_FALSE(row.empty());
+      EXPECT_TRUE(row.back() == 2 || row.size() == 10u);
+      EXPECT_EQ(std::count(row.begin(), row.end(), 2), row.back() == 2 ? 1 : 0);
+    }
+    differs = differs || *cached != greedy;
+  }
+  EXPECT_TRUE(differs);
+}
+
 // What went wrong, said where it went wrong.
 TEST(T5DecodeStepTest, MisuseIsANamedError) {
   T5Model model(Tiny(false));
@@ -176,6 +295,24 @@ TEST(T5DecodeStepTest, MisuseIsANamedError) {
   bad.top_p = 0.0;
   EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
             "top_p must be in (0, 1], got 0");
+  bad = GenerateOptions();
+  bad.num_beams = 0;
+  EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
+            "num_beams=0 must be >= 1");
+  bad.num_beams = 2;
+  bad.temperature = 1.0;
+  EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
+            "num_beams=2 searches with temperature 0; got temperature 1 (sampled beams are not "
+            "implemented)");
+  DecoderCache two;
+  two.capacity = 4;
+  model.DecodeStep(encoded, EncoderMask(), Ids({0, 0}, 2, 1), two);
+  try {
+    two.SelectRows({0, 2});
+    ADD_FAILURE() << "row 2 of 2 taken";
+  } catch (const tensor::OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("row 2 of a cache of 2"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

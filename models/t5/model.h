@@ -50,6 +50,11 @@ struct DecoderCache {
   std::vector<T5BlockCache> blocks;  // one per decoder block, sized on the first step
   // Decoder positions held.
   int64_t length() const { return blocks.empty() ? 0 : blocks[0].self.length; }
+  // Beam search's reordering: row i of every self-attention cache becomes
+  // what row rows[i] held (positions so far). The cross-attention's keys and
+  // values stay: rows[i] must decode the same encoder example as row i (a
+  // beam of the same input). Throws OpError for a row out of range.
+  void SelectRows(const std::vector<int64_t>& rows);
 };
 
 // The encoder or the decoder: embedding lookup through the shared table,
