@@ -355,7 +355,9 @@ TEST(MixedPrecisionMemoryTest, Bf16BucketCopiesInFlightAreBounded) {
                     ASSERT_GE(bucket_bytes.size(), 6u);
                     world.ledger(rank).ResetPeaks();
                     model.ForwardBackward(idx, tgt);
-                    if (zero) ASSERT_TRUE(zero->FinishBackward().ok());
+                    if (zero) {
+                      ASSERT_TRUE(zero->FinishBackward().ok());
+                    }
                     const int peak =
                         zero ? zero->last_peak_inflight_copies() : ddp->last_peak_inflight_copies();
                     const std::vector<float> grads = FlatGrads(model);
