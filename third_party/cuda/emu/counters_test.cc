@@ -98,7 +98,9 @@ TEST(CountersTest, CountSteadyCallCountsTheCallAfterTheWarmUp) {
   float* cached = nullptr;
   int calls = 0;
   const Counters c = CountSteadyCall([&] {
-    if (cached == nullptr) ASSERT_EQ(cudaMalloc(&cached, 16 * sizeof(float)), cudaSuccess);
+    if (cached == nullptr) {
+      ASSERT_EQ(cudaMalloc(&cached, 16 * sizeof(float)), cudaSuccess);
+    }
     ASSERT_EQ(cudaMemset(cached, 0, 16 * sizeof(float)), cudaSuccess);
     ++calls;
   });
