@@ -82,7 +82,7 @@ inline void* CurrentFiber() { return __tsan_get_current_fiber(); }
 inline void* NewFiber(size_t slot, int sets) {
   void* f = __tsan_create_fiber(0);
   const size_t i = slot / sets;
-  char name[80];
+  char name[128];  // room for three 20-digit indices
   std::snprintf(name, sizeof(name), "CUDA thread %zu (warp %zu, lane %zu) of %s blocks", i, i / 32,
                 i % 32, slot % sets == 0 ? "even" : "odd");
   __tsan_set_fiber_name(f, name);
