@@ -98,26 +98,12 @@ Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capa
   const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), n_head_);      // (B, nh, T, hs)
   const Tensor k = SplitHeads(qkv.Narrow(2, c, c), n_head_);      // (B, nh, T, hs)
   const Tensor v = SplitHeads(qkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
-  if (!cache.k.defined()) {
-    const tensor::Shape shape({B, n_head_, capacity, c / n_head_});
-    cache.k = Tensor::Empty(shape, k.dtype(), k.device());  // (B, nh, capacity, hs)
-    cache.v = Tensor::Empty(shape, v.dtype(), v.device());
-    cache.length = 0;
-  }
-  OP_CHECK(cache.k.dim(0) == B && cache.k.dtype() == k.dtype() && cache.k.device() == k.device(),
-           kOp, "the cache holds ", cache.k.shape().ToString(), " ",
-           tensor::DtypeName(cache.k.dtype()), " for a batch of ", B, " in ",
-           tensor::DtypeName(k.dtype()));
-  const int64_t length = cache.length + T;
-  OP_CHECK(length <= cache.k.dim(2), kOp, "the cache holds ", cache.k.dim(2), " positions; ",
-           cache.length, " + ", T, " do not fit");
+  const int64_t length = cache.length + T;                        // positions after this call
   OP_CHECK(!key_mask.defined() ||
                (key_mask.rank() == 2 && key_mask.dim(0) == B && key_mask.dim(1) == length),
            kOp, "key mask ", key_mask.defined() ? key_mask.shape().ToString() : "",
            " is not (B, positions) = (", B, ", ", length, ")");
-  cache.k.Narrow(2, cache.length, T).CopyFrom(k);
-  cache.v.Narrow(2, cache.length, T).CopyFrom(v);
-  cache.length = length;
+  AppendToKvCache(cache, k, v, capacity, kOp);  // (B, nh, capacity, hs)
   AttentionOptions opts;
   opts.op = kOp;
   opts.scale = 1.0f / std::sqrt(static_cast<float>(c / n_head_));

@@ -317,6 +317,30 @@ AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s,
   return grads;
 }
 
+void CheckKvCache(const KvCache& cache, const Tensor& k, const char* op) {
+  OP_CHECK(
+      cache.k.dim(0) == k.dim(0) && cache.k.dtype() == k.dtype() && cache.k.device() == k.device(),
+      op, "the cache holds ", cache.k.shape().ToString(), " ", tensor::DtypeName(cache.k.dtype()),
+      " for a batch of ", k.dim(0), " in ", tensor::DtypeName(k.dtype()));
+}
+
+void AppendToKvCache(KvCache& cache, const Tensor& k, const Tensor& v, int64_t capacity,
+                     const char* op) {
+  const int64_t T = k.dim(2);
+  if (!cache.k.defined()) {
+    const tensor::Shape shape({k.dim(0), k.dim(1), capacity, k.dim(3)});
+    cache.k = Tensor::Empty(shape, k.dtype(), k.device());  // (B, nh, capacity, hs)
+    cache.v = Tensor::Empty(shape, v.dtype(), v.device());
+    cache.length = 0;
+  }
+  CheckKvCache(cache, k, op);
+  OP_CHECK(cache.length + T <= cache.k.dim(2), op, "the cache holds ", cache.k.dim(2),
+           " positions; ", cache.length, " + ", T, " do not fit");
+  cache.k.Narrow(2, cache.length, T).CopyFrom(k);
+  cache.v.Narrow(2, cache.length, T).CopyFrom(v);
+  cache.length += T;
+}
+
 Tensor SplitHeads(const Tensor& x, int64_t n_heads) {
   OP_CHECK(x.rank() == 3 && n_heads > 0 && x.dim(2) % n_heads == 0, "split_heads", "x ",
            x.shape().ToString(), " cannot be split into ", n_heads, " heads");

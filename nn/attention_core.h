@@ -117,6 +117,16 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
 AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& state,
                                  const AttentionGrads* into = nullptr);
 
+// Throws OpError("[op] ...") unless `cache` was made for keys like `k`
+// (B, nh, T, hs): the same batch, dtype and device.
+void CheckKvCache(const KvCache& cache, const Tensor& k, const char* op);
+// Appends k and v (B, nh, T, hs) at positions cache.length .. + T - 1 of
+// `cache` (allocated on first use for `capacity` positions) and advances its
+// length. Throws OpError("[op] ...") for a cache of another batch, dtype or
+// device (CheckKvCache), or positions past its capacity.
+void AppendToKvCache(KvCache& cache, const Tensor& k, const Tensor& v, int64_t capacity,
+                     const char* op);
+
 // (B, T, nh * hs) -> (B, nh, T, hs): a view, no copy (x may itself be a view,
 // e.g. a Narrow of a fused qkv projection).
 Tensor SplitHeads(const Tensor& x, int64_t n_heads);

@@ -140,12 +140,6 @@ Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capac
   const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
   const tensor::Dtype dt = q_->weight()->value.dtype();
   const int64_t B = x.dim(0), t_new = x.dim(1);
-  auto check_cache = [&](const Tensor& k) {
-    OP_CHECK(cache.k.dim(0) == B && cache.k.dtype() == k.dtype() && cache.k.device() == k.device(),
-             kOp, "the cache holds ", cache.k.shape().ToString(), " ",
-             tensor::DtypeName(cache.k.dtype()), " for a batch of ", B, " in ",
-             tensor::DtypeName(k.dtype()));
-  };
   Context ctx;                 // forward only: what the layers save is dropped on return
   const Tensor xc = x.To(dt);  // (B, T_new, d_model)
   const Tensor q = SplitHeads(q_->Run(xc, ctx.Child(kQ)), n_heads_);  // (B, nh, T_new, d_kv)
@@ -161,24 +155,13 @@ Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capac
       cache.v = SplitHeads(v_->Run(kvc, ctx.Child(kV)), n_heads_);  // (B, nh, S, d_kv)
       cache.length = kvc.dim(1);
     }
-    check_cache(q);
+    CheckKvCache(cache, q, kOp);
   } else {
     OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv));
     const Tensor k = SplitHeads(k_->Run(xc, ctx.Child(kK)), n_heads_);  // (B, nh, T_new, d_kv)
     const Tensor v = SplitHeads(v_->Run(xc, ctx.Child(kV)), n_heads_);  // (B, nh, T_new, d_kv)
-    if (!cache.k.defined()) {
-      const tensor::Shape shape({B, n_heads_, capacity, d_kv_});
-      cache.k = Tensor::Empty(shape, k.dtype(), k.device());  // (B, nh, capacity, d_kv)
-      cache.v = Tensor::Empty(shape, v.dtype(), v.device());
-      cache.length = 0;
-    }
-    check_cache(k);
     const int64_t start = cache.length;
-    OP_CHECK(start + t_new <= cache.k.dim(2), kOp, "the cache holds ", cache.k.dim(2),
-             " positions; ", start, " + ", t_new, " do not fit");
-    cache.k.Narrow(2, start, t_new).CopyFrom(k);
-    cache.v.Narrow(2, start, t_new).CopyFrom(v);
-    cache.length = start + t_new;
+    AppendToKvCache(cache, k, v, capacity, kOp);  // (B, nh, capacity, d_kv)
     if (relative_bias_ != nullptr) {
       own_bias = relative_bias_->Run(t_new, cache.length, ctx.Child(kBias), /*query_offset=*/start);
     }
