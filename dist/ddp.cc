@@ -165,17 +165,26 @@ void DistributedDataParallel::ZeroGrad() {
   for (auto& b : buckets_) tensor::Zero(b.flat);
 }
 
+void DistributedDataParallel::BeginForwardOnly() {
+  if (casts_) casts_->CastForCompute();
+  forward_only_ = true;
+}
+
 void DistributedDataParallel::EndForwardOnly() {
+  forward_only_ = false;
   readiness_->EndForward();
   if (casts_) casts_->RestoreMasters();
 }
 
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
-  if (&module == &model_ && casts_) casts_->CastForCompute();
+  if (&module == &model_ && casts_ && !forward_only_) casts_->CastForCompute();
 }
 
 void DistributedDataParallel::OnRootPreBackward() {
+  OP_CHECK(!forward_only_, "ddp",
+           "backward between BeginForwardOnly and EndForwardOnly (forward-only work); call "
+           "EndForwardOnly before training");
   readiness_->EndForward();
   // A step still in flight (a backward whose root PostBackward never ran).
   if (!finished_) Finish().IgnoreError();

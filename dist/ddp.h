@@ -172,6 +172,11 @@ class DistributedDataParallel {
 
   // Sets every gradient (every bucket) to zero in place.
   void ZeroGrad();
+  // Before forward passes without a backward (evaluation, generation): the
+  // compute copies (mixed precision) are made once here and kept until
+  // EndForwardOnly, where each root forward would cast them again. A backward
+  // in between throws OpError.
+  void BeginForwardOnly();
   // After forward passes without a backward (evaluation): points the
   // parameters back at their fp32 masters (mixed precision), as the root's
   // PostBackward would, so that a checkpoint or an optimizer step sees them.
@@ -231,6 +236,7 @@ class DistributedDataParallel {
   bool finished_ = true;  // this step's all-reduces waited for
   absl::Status status_;   // their result
   bool require_sync_ = true;
+  bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly
   bool syncing_this_step_ = false;
   std::vector<Event> events_;
   bool reduce_low_ = false;                    // all-reduce in reduce_dtype

@@ -103,6 +103,55 @@ TEST(DdpMixedPrecisionTest, Bf16ComputeCopiesFp32MastersBf16Reduction) {
   }
 }
 
+// Forward-only work (evaluation, generation): BeginForwardOnly makes the
+// bf16 compute copies once and the forwards that follow compute with those
+// same tensors (no cast per forward; ZeRO-1 casts only when a kept-fp32
+// class is present, here LayerNorm); a backward in between is refused naming
+// EndForwardOnly, which gives the fp32 masters back; training then goes on.
+TEST(MixedPrecisionForwardOnlyTest, ComputeCopiesMadeOnceUntilEndForwardOnly) {
+  const Batch batch = RandomBatch(22);
+  MixedPrecisionPolicy mp = MixedPrecisionPolicy::Bf16();
+  mp.fp32_module_classes = {"LayerNorm"};
+  for (const bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "ZeRO-1" : "DDP");
+    ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                  mingpt::GPT model(Tiny());
+                  model.Materialize(kSeed);
+                  std::unique_ptr<DistributedDataParallel> ddp;
+                  std::unique_ptr<Zero1> z;
+                  if (zero1) {
+                    Zero1Options options;
+                    options.mixed_precision = mp;
+                    z = std::make_unique<Zero1>(model, pg, MakeOptimizer(Opt::kSgd), options);
+                  } else {
+                    ddp = std::make_unique<DistributedDataParallel>(model, pg, MixedDdp(mp));
+                  }
+                  auto begin = [&] { zero1 ? z->BeginForwardOnly() : ddp->BeginForwardOnly(); };
+                  auto end = [&] { zero1 ? z->EndForwardOnly() : ddp->EndForwardOnly(); };
+                  const Tensor idx = Rows(batch.idx, rank, 2), tgt = Rows(batch.targets, rank, 2);
+                  nn::Parameter* head = model.NamedParameters().back().second;  // lm_head.weight
+                  begin();
+                  const Tensor copy = head->value;
+                  EXPECT_EQ(copy.dtype(), Dtype::kBF16);
+                  const double loss = model.Loss(idx, tgt);
+                  EXPECT_EQ(model.Loss(idx, tgt), loss);
+                  EXPECT_TRUE(head->value.SharesStorageWith(copy));  // not cast again
+                  try {
+                    model.ForwardBackward(idx, tgt);
+                    ADD_FAILURE() << "backward ran between BeginForwardOnly and EndForwardOnly";
+                  } catch (const tensor::OpError& e) {
+                    EXPECT_NE(std::string(e.what()).find("call EndForwardOnly before training"),
+                              std::string::npos)
+                        << e.what();
+                  }
+                  end();
+                  EXPECT_EQ(head->value.dtype(), Dtype::kF32);
+                  EXPECT_TRUE(std::isfinite(model.ForwardBackward(idx, tgt)));
+                  EXPECT_EQ(head->value.dtype(), Dtype::kF32);
+                }).ok());
+  }
+}
+
 // The ledger after a few AdamW steps, against what the headers say is held:
 // DDP (2+2+K) Psi = 16 Psi in fp32 and in bf16 (fp32 masters and gradients,
 // no compute copies between steps); ZeRO-1 (4+4) Psi + 8 Psi/N in fp32 and

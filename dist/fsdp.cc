@@ -159,8 +159,12 @@ class FsdpUnit : public nn::ModuleHooks {
   // a later module (counted against max_inflight_all_gathers until used).
   void IssueUnshard(bool prefetch) {
     if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
-    if (values_are_shard()) return;
+    if (values_are_shard() || held_) return;
     if (gathered_this_pass()) return;
+    // Held from an earlier pass (SHARD_GRAD_OP's units, the root after a
+    // forward-only pass): stale, and freed before the new buffer is
+    // allocated, so that a unit never holds two.
+    if (full_.defined()) Reshard();
     gather_pass_ = shared_.pass;
     prefetched_ = prefetch;
     views_set_ = false;  // a new buffer: WaitUnshard points the values at it
@@ -182,7 +186,7 @@ class FsdpUnit : public nn::ModuleHooks {
   // Waits for this pass's gather and points the parameters at it.
   void WaitUnshard() {
     prefetched_ = false;
-    if (values_are_shard()) return;
+    if (values_are_shard() || held_) return;
     if (gather_work_) {
       WorkPtr work = std::move(gather_work_);
       gather_send_ = tensor::Tensor();
@@ -206,7 +210,15 @@ class FsdpUnit : public nn::ModuleHooks {
     WaitUnshard();
   }
 
+  // Gathered now, and kept so (hooks gather and free nothing) until Reshard
+  // (FullyShardedModel::Unshard / UnshardRoot).
+  void Hold() {
+    WaitUnshard();
+    held_ = true;
+  }
+
   void Reshard() {
+    held_ = false;
     if (values_are_shard()) return;
     if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
     gather_work_ = nullptr;
@@ -240,10 +252,13 @@ class FsdpUnit : public nn::ModuleHooks {
   void PostForward(nn::Module&) override {
     if (is_root()) shared_.forward_order = shared_.forward_now;
     if (nn::IsRecomputing()) return;  // its backward follows at once
-    if (reshards_after_forward() && !is_root()) Reshard();
+    if (reshards_after_forward() && !is_root() && !held_) Reshard();
   }
 
   void PreBackward(nn::Module&) override {
+    OP_CHECK(!held_, "fsdp", "unit '", name_,
+             "': backward while Unshard() holds the parameters (forward-only work); call "
+             "Reshard() before training");
     if (is_root()) shared_.backward_now.clear();
     shared_.backward_now.push_back(id_);
     IssueUnshard(false);
@@ -362,6 +377,7 @@ class FsdpUnit : public nn::ModuleHooks {
   // flight and its low-precision send buffer.
   tensor::Tensor full_;
   int64_t gather_pass_ = -1;
+  bool held_ = false;  // Hold() until Reshard()
   WorkPtr gather_work_;
   tensor::Tensor gather_send_;
   bool views_set_ = false;
@@ -530,11 +546,17 @@ void FullyShardedModel::Reshard() {
   for (auto& u : units_) u->Reshard();
 }
 
-void FullyShardedModel::Unshard() {
+void FullyShardedModel::Unshard() { Hold(units_.size()); }
+
+void FullyShardedModel::UnshardRoot() { Hold(1); }
+
+void FullyShardedModel::Hold(size_t num_units) {
   Reshard();        // nothing held from an earlier pass: its shards may have changed
   ++shared_->pass;  // a pass of its own: every gather below is fresh
-  for (auto& u : units_) u->IssueUnshard(/*prefetch=*/false);  // all in flight at once
-  for (auto& u : units_) u->WaitUnshard();
+  for (size_t i = 0; i < num_units; ++i) {
+    units_[i]->IssueUnshard(/*prefetch=*/false);  // all in flight at once
+  }
+  for (size_t i = 0; i < num_units; ++i) units_[i]->Hold();
 }
 
 double FullyShardedModel::ClipGradNorm(double max_norm) {

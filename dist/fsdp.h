@@ -91,6 +91,7 @@
 #ifndef DIST_FSDP_H_
 #define DIST_FSDP_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -175,21 +176,29 @@ class FullyShardedModel {
   // points their values at the unsharded buffers, in the compute dtype
   // (param_dtype; fp32 for kept classes), until Reshard(): PyTorch FSDP2's
   // unshard(), FSDP1's summon_full_params(writeback=False). For forward-only
-  // work that calls layers directly, past the units' hooks (generation:
-  // GPT::DecodeLogits, T5Model::DecodeStep). Whatever a unit held from an
-  // earlier pass is dropped first, so the values are the shards' current
-  // ones (after an optimizer step or a loaded checkpoint). Writes to the
-  // values are not kept. Forwards that do run the hooks while unsharded
-  // communicate as usual: every rank must run them alike. Call Reshard()
-  // before the next training forward.
+  // work that runs many forwards on the same parameters (generation: one
+  // gather for all the tokens, where each decoding step would otherwise
+  // gather every unit again). Whatever a unit held from an earlier pass is
+  // dropped first, so the values are the shards' current ones (after an
+  // optimizer step or a loaded checkpoint). Writes to the values are not
+  // kept. Until Reshard() forward hooks communicate nothing (so ranks may
+  // run different forwards) and a backward throws OpError.
   void Unshard();
+  // Unshard() for the root unit alone (as PyTorch FSDP2's unshard() on the
+  // root module, which is not recursive): forward-only passes then gather
+  // and free the other units one by one as a training forward does, and the
+  // root (embeddings, head: often the largest unit) is gathered once for
+  // all of them instead of once per pass. Until Reshard(); a backward
+  // throws OpError.
+  void UnshardRoot();
   // Frees every unit's unsharded parameters (values undefined until the next
   // forward gathers them again), as PyTorch FSDP2's reshard(). For after
   // forward passes without a backward (evaluation): FULL_SHARD keeps the root
   // unit, and SHARD_GRAD_OP every unit, unsharded from a forward until its
   // backward, and with no backward to come they would stay held until the
-  // next forward. Local (no collective); must not run between a forward and
-  // its backward. Gradients accumulated under no_sync are kept.
+  // next forward. Also ends Unshard() and UnshardRoot(). Local (no collective); must not run
+  // between a forward and its backward. Gradients accumulated under no_sync
+  // are kept.
   void Reshard();
   // Clips the global 2-norm of the gradients over all shards (sum of squares
   // summed across ranks; collective except under NO_SHARD) and returns the
@@ -238,6 +247,9 @@ class FullyShardedModel {
  private:
   friend std::unique_ptr<FullyShardedModel> FullyShard(nn::Module&, ProcessGroup&, FsdpOptions);
   FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOptions options);
+  // Reshard, then gather units 0 .. num_units - 1 (0 is the root) and hold
+  // them until Reshard.
+  void Hold(size_t num_units);
 
   nn::Module* root_;
   ProcessGroup* pg_;

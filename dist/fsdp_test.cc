@@ -14,6 +14,9 @@
 #include <random>
 #include <tuple>
 
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
@@ -539,6 +542,52 @@ TEST(FsdpUnshardTest, ValuesAreTheCurrentFullParametersUntilReshard) {
     });
     EXPECT_TRUE(s.ok()) << s;
   }
+}
+
+// While Unshard() holds the parameters, forward hooks communicate nothing:
+// rank 0 alone decodes (the other rank would never join a gather; the
+// group's timeout would end a hook that waited for one) and gets the logits
+// it gets when both decode; a backward is refused with a message naming
+// Reshard(), and after Reshard() training goes on.
+TEST(FsdpUnshardTest, WhileUnshardedForwardsCommunicateNothingAndBackwardIsRefused) {
+  const mingpt::GptConfig c = Tiny();
+  constexpr int kWorld = 2;
+  const Tensor idx = RandomIds(2, c.block_size, c.vocab_size, 5);
+  const Tensor prompt = RandomIds(2, 3, c.vocab_size, 7);  // (2, 3)
+  ThreadWorld world(kWorld);
+  absl::Notification rank0_decoded;  // rank 1 issues nothing until then
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    pg.set_timeout(absl::Seconds(20));
+    mingpt::GPT gpt(c);
+    FsdpOptions options;
+    options.policy = WrapPolicy::Transformer({"Block"});
+    options.seed = kSeed;
+    auto fsdp = FullyShard(gpt, pg, options);
+    gpt.Train(false);
+    fsdp->Unshard();
+    std::vector<nn::KvCache> both_caches;
+    const Tensor both = gpt.DecodeLogits(prompt, both_caches);  // (2, V)
+    if (rank == 0) {
+      std::vector<nn::KvCache> caches;
+      EXPECT_TRUE(tensor::testing::AllClose(gpt.DecodeLogits(prompt, caches), both, 0.0, 0.0));
+      EXPECT_TRUE(tensor::testing::AllClose(gpt.LastLogits(prompt), both, 1e-5, 1e-5));
+      rank0_decoded.Notify();
+    } else {
+      ASSERT_TRUE(rank0_decoded.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    }
+    gpt.Train(true);
+    try {
+      gpt.ForwardBackward(idx, idx);
+      ADD_FAILURE() << "backward ran while Unshard() held the parameters";
+    } catch (const tensor::OpError& e) {
+      EXPECT_TRUE(absl::StrContains(e.what(), "backward while Unshard() holds the parameters"))
+          << e.what();
+      EXPECT_TRUE(absl::StrContains(e.what(), "call Reshard()")) << e.what();
+    }
+    fsdp->Reshard();
+    EXPECT_TRUE(std::isfinite(gpt.ForwardBackward(idx, idx)));
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // A forward-only pass left without Reshard() keeps the root unit (FULL_SHARD)

@@ -186,17 +186,26 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
 
 void Zero1::ZeroGrad() { tensor::Zero(flat_grad_); }
 
+void Zero1::BeginForwardOnly() {
+  if (casts_) casts_->CastForCompute();
+  forward_only_ = true;
+}
+
 void Zero1::EndForwardOnly() {
+  forward_only_ = false;
   readiness_->EndForward();
   if (casts_) casts_->RestoreMasters();
 }
 
 void Zero1::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
-  if (&module == &model_ && casts_) casts_->CastForCompute();
+  if (&module == &model_ && casts_ && !forward_only_) casts_->CastForCompute();
 }
 
 void Zero1::OnRootPreBackward() {
+  OP_CHECK(!forward_only_, "zero1",
+           "backward between BeginForwardOnly and EndForwardOnly (forward-only work); call "
+           "EndForwardOnly before training");
   readiness_->EndForward();
   // A step still in flight (a backward whose reductions Step never took).
   if (syncing_this_step_ || in_flight_) FinishBackward().IgnoreError();

@@ -159,6 +159,11 @@ class Zero1 {
   absl::Status RefreshParameters();
   // Zeroes the whole flat gradient in place.
   void ZeroGrad();
+  // Before forward passes without a backward (evaluation, generation): the
+  // compute copies (mixed precision) are made once here and kept until
+  // EndForwardOnly, where each root forward would cast them again. A backward
+  // in between throws OpError.
+  void BeginForwardOnly();
   // After forward passes without a backward (evaluation): points the values
   // of parameters that computed with compute copies (kept-fp32 classes
   // present) back at the fp32 views, as the root's PostBackward would.
@@ -271,6 +276,7 @@ class Zero1 {
   std::unique_ptr<nn::MixedPrecision> casts_;  // compute copies when kept-fp32 classes exist
   optim::ElementRanges decay_ranges_;
   bool require_sync_ = true;
+  bool forward_only_ = false;       // between BeginForwardOnly and EndForwardOnly
   bool syncing_this_step_ = false;  // in a synced backward (until its root PostBackward)
   bool in_flight_ = false;          // reduce-scatters issued and not waited for
   bool reduced_ = false;            // a synced backward's gradients are ready for Step

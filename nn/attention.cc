@@ -89,30 +89,35 @@ Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
 
 Tensor CausalSelfAttention::Decode(const Tensor& x, KvCache& cache, int64_t capacity,
                                    const Tensor& key_mask) {
-  const int64_t c = n_embd_;
-  OP_CHECK(x.rank() == 3 && x.dim(2) == c, kOp, "input ", x.shape().ToString(),
-           " is not (B, T, C) with C = n_embd ", c);
-  const int64_t B = x.dim(0), T = x.dim(1);
-  Context ctx;  // forward only: what the layers save is dropped on return
-  const Tensor qkv = c_attn_->Run(x, ctx.Child(0));               // (B, T, 3C), compute dtype
-  const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), n_head_);      // (B, nh, T, hs)
-  const Tensor k = SplitHeads(qkv.Narrow(2, c, c), n_head_);      // (B, nh, T, hs)
-  const Tensor v = SplitHeads(qkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
-  const int64_t length = cache.length + T;                        // positions after this call
-  OP_CHECK(!key_mask.defined() ||
-               (key_mask.rank() == 2 && key_mask.dim(0) == B && key_mask.dim(1) == length),
-           kOp, "key mask ", key_mask.defined() ? key_mask.shape().ToString() : "",
-           " is not (B, positions) = (", B, ", ", length, ")");
-  AppendToKvCache(cache, k, v, capacity, kOp);  // (B, nh, capacity, hs)
-  AttentionOptions opts;
-  opts.op = kOp;
-  opts.scale = 1.0f / std::sqrt(static_cast<float>(c / n_head_));
-  opts.causal = true;  // query i of T attends keys j <= i + (length - T)
-  opts.training = false;
-  AttentionState state;
-  const Tensor y = AttentionForward(q, cache.k.Narrow(2, 0, length), cache.v.Narrow(2, 0, length),
-                                    Tensor(), key_mask, opts, gen_, &state);  // (B, nh, T, hs)
-  return c_proj_->Run(MergeHeads(y), ctx.Child(1));                           // (B, T, C)
+  // In Run's frame: the hooks Forward runs in (an FSDP unit's gather) run around it.
+  return RunFrame([&] {
+           const int64_t c = n_embd_;
+           OP_CHECK(x.rank() == 3 && x.dim(2) == c, kOp, "input ", x.shape().ToString(),
+                    " is not (B, T, C) with C = n_embd ", c);
+           const int64_t B = x.dim(0), T = x.dim(1);
+           Context ctx;  // forward only: what the layers save is dropped on return
+           const Tensor qkv = c_attn_->Run(x, ctx.Child(0));           // (B, T, 3C), compute dtype
+           const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), n_head_);  // (B, nh, T, hs)
+           const Tensor k = SplitHeads(qkv.Narrow(2, c, c), n_head_);  // (B, nh, T, hs)
+           const Tensor v = SplitHeads(qkv.Narrow(2, 2 * c, c), n_head_);  // (B, nh, T, hs)
+           const int64_t length = cache.length + T;  // positions after this call
+           OP_CHECK(!key_mask.defined() ||
+                        (key_mask.rank() == 2 && key_mask.dim(0) == B && key_mask.dim(1) == length),
+                    kOp, "key mask ", key_mask.defined() ? key_mask.shape().ToString() : "",
+                    " is not (B, positions) = (", B, ", ", length, ")");
+           AppendToKvCache(cache, k, v, capacity, kOp);  // (B, nh, capacity, hs)
+           AttentionOptions opts;
+           opts.op = kOp;
+           opts.scale = 1.0f / std::sqrt(static_cast<float>(c / n_head_));
+           opts.causal = true;  // query i of T attends keys j <= i + (length - T)
+           opts.training = false;
+           AttentionState state;
+           const Tensor y =
+               AttentionForward(q, cache.k.Narrow(2, 0, length), cache.v.Narrow(2, 0, length),
+                                Tensor(), key_mask, opts, gen_, &state);  // (B, nh, T, hs)
+           return Tensors{c_proj_->Run(MergeHeads(y), ctx.Child(1))};     // (B, T, C)
+         })
+      .at(0);
 }
 
 Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx) {

@@ -134,60 +134,63 @@ Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
 }
 
 Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capacity) {
-  OP_CHECK(options_.causal || options_.cross_attention, kOp,
-           "decoding needs a causal self-attention or a cross-attention; this layer attends "
-           "both ways (an encoder's)");
-  const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
-  const tensor::Dtype dt = q_->weight()->value.dtype();
-  const int64_t B = x.dim(0), t_new = x.dim(1);
-  Context ctx;                 // forward only: what the layers save is dropped on return
-  const Tensor xc = x.To(dt);  // (B, T_new, d_model)
-  const Tensor q = SplitHeads(q_->Run(xc, ctx.Child(kQ)), n_heads_);  // (B, nh, T_new, d_kv)
-  Tensor own_bias;                                                    // (1, nh, T_new, keys)
-  if (options_.cross_attention) {
-    if (!cache.k.defined()) {
-      OP_CHECK(kv.defined() && kv.rank() == 3 && kv.dim(0) == B && kv.dim(2) == d_model_, kOp,
-               "the first decoding call of a cross-attention needs kv (B, S, d_model) for x ",
-               x.shape().ToString(), "; got ", ShapeText(kv));
-      const Tensor kvc = kv.To(dt);  // (B, S, d_model)
-      // Views of the projections, as Forward attends them.
-      cache.k = SplitHeads(k_->Run(kvc, ctx.Child(kK)), n_heads_);  // (B, nh, S, d_kv)
-      cache.v = SplitHeads(v_->Run(kvc, ctx.Child(kV)), n_heads_);  // (B, nh, S, d_kv)
-      cache.length = kvc.dim(1);
+  return RunFrame([&]() -> Tensors {  // the hooks Forward runs in (an FSDP unit's gather)
+    OP_CHECK(options_.causal || options_.cross_attention, kOp,
+             "decoding needs a causal self-attention or a cross-attention; this layer attends "
+             "both ways (an encoder's)");
+    const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
+    const tensor::Dtype dt = q_->weight()->value.dtype();
+    const int64_t B = x.dim(0), t_new = x.dim(1);
+    Context ctx;                 // forward only: what the layers save is dropped on return
+    const Tensor xc = x.To(dt);  // (B, T_new, d_model)
+    const Tensor q = SplitHeads(q_->Run(xc, ctx.Child(kQ)), n_heads_);  // (B, nh, T_new, d_kv)
+    Tensor own_bias;                                                    // (1, nh, T_new, keys)
+    if (options_.cross_attention) {
+      if (!cache.k.defined()) {
+        OP_CHECK(kv.defined() && kv.rank() == 3 && kv.dim(0) == B && kv.dim(2) == d_model_, kOp,
+                 "the first decoding call of a cross-attention needs kv (B, S, d_model) for x ",
+                 x.shape().ToString(), "; got ", ShapeText(kv));
+        const Tensor kvc = kv.To(dt);  // (B, S, d_model)
+        // Views of the projections, as Forward attends them.
+        cache.k = SplitHeads(k_->Run(kvc, ctx.Child(kK)), n_heads_);  // (B, nh, S, d_kv)
+        cache.v = SplitHeads(v_->Run(kvc, ctx.Child(kV)), n_heads_);  // (B, nh, S, d_kv)
+        cache.length = kvc.dim(1);
+      }
+      CheckKvCache(cache, q, kOp);
+    } else {
+      OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv));
+      const Tensor k = SplitHeads(k_->Run(xc, ctx.Child(kK)), n_heads_);  // (B, nh, T_new, d_kv)
+      const Tensor v = SplitHeads(v_->Run(xc, ctx.Child(kV)), n_heads_);  // (B, nh, T_new, d_kv)
+      const int64_t start = cache.length;
+      AppendToKvCache(cache, k, v, capacity, kOp);  // (B, nh, capacity, d_kv)
+      if (relative_bias_ != nullptr) {
+        own_bias =
+            relative_bias_->Run(t_new, cache.length, ctx.Child(kBias), /*query_offset=*/start);
+      }
     }
-    CheckKvCache(cache, q, kOp);
-  } else {
-    OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv));
-    const Tensor k = SplitHeads(k_->Run(xc, ctx.Child(kK)), n_heads_);  // (B, nh, T_new, d_kv)
-    const Tensor v = SplitHeads(v_->Run(xc, ctx.Child(kV)), n_heads_);  // (B, nh, T_new, d_kv)
-    const int64_t start = cache.length;
-    AppendToKvCache(cache, k, v, capacity, kOp);  // (B, nh, capacity, d_kv)
-    if (relative_bias_ != nullptr) {
-      own_bias = relative_bias_->Run(t_new, cache.length, ctx.Child(kBias), /*query_offset=*/start);
-    }
-  }
-  const int64_t keys = cache.length;
-  const Tensor& use_bias = own_bias.defined() ? own_bias : bias;
-  OP_CHECK(!use_bias.defined() || (use_bias.rank() == 4 && use_bias.dim(1) == n_heads_ &&
-                                   use_bias.dim(2) == t_new && use_bias.dim(3) == keys),
-           kOp, "position_bias ", ShapeText(use_bias), " is not (B or 1, ", n_heads_, ", ", t_new,
-           ", ", keys, ")");
-  OP_CHECK(!mask.defined() || (mask.rank() == 2 && mask.dim(0) == B && mask.dim(1) == keys), kOp,
-           "key mask ", ShapeText(mask), " is not (B, keys) = (", B, ", ", keys, ")");
-  AttentionOptions opts;
-  opts.op = kOp;
-  opts.scale = 1.0f;              // T5: no 1/sqrt(d_kv)
-  opts.causal = options_.causal;  // query i of T_new attends keys j <= i + (keys - T_new)
-  opts.training = false;
-  AttentionState state;
-  const Tensor y = AttentionForward(q, cache.k.Narrow(2, 0, keys), cache.v.Narrow(2, 0, keys),
-                                    use_bias, mask, opts, gen_, &state);  // (B, nh, T_new, d_kv)
-  const Tensor merged = MergeHeads(y);                                    // (B, T_new, nh * d_kv)
-  const Tensor out = residual.defined()
-                         ? o_->RunResidual(merged, residual, ctx.Child(kO))  // residual + o(merged)
-                         : o_->Run(merged, ctx.Child(kO));                   // (B, T_new, d_model)
-  if (own_bias.defined()) return {out, own_bias};
-  return {out};
+    const int64_t keys = cache.length;
+    const Tensor& use_bias = own_bias.defined() ? own_bias : bias;
+    OP_CHECK(!use_bias.defined() || (use_bias.rank() == 4 && use_bias.dim(1) == n_heads_ &&
+                                     use_bias.dim(2) == t_new && use_bias.dim(3) == keys),
+             kOp, "position_bias ", ShapeText(use_bias), " is not (B or 1, ", n_heads_, ", ", t_new,
+             ", ", keys, ")");
+    OP_CHECK(!mask.defined() || (mask.rank() == 2 && mask.dim(0) == B && mask.dim(1) == keys), kOp,
+             "key mask ", ShapeText(mask), " is not (B, keys) = (", B, ", ", keys, ")");
+    AttentionOptions opts;
+    opts.op = kOp;
+    opts.scale = 1.0f;              // T5: no 1/sqrt(d_kv)
+    opts.causal = options_.causal;  // query i of T_new attends keys j <= i + (keys - T_new)
+    opts.training = false;
+    AttentionState state;
+    const Tensor y = AttentionForward(q, cache.k.Narrow(2, 0, keys), cache.v.Narrow(2, 0, keys),
+                                      use_bias, mask, opts, gen_, &state);  // (B, nh, T_new, d_kv)
+    const Tensor merged = MergeHeads(y);                                    // (B, T_new, nh * d_kv)
+    const Tensor out = residual.defined() ? o_->RunResidual(merged, residual,
+                                                            ctx.Child(kO))   // residual + o(merged)
+                                          : o_->Run(merged, ctx.Child(kO));  // (B, T_new, d_model)
+    if (own_bias.defined()) return {out, own_bias};
+    return {out};
+  });
 }
 
 Tensors T5Attention::Backward(const Tensors& grad_outputs, Context& ctx) {

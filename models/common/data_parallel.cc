@@ -681,7 +681,14 @@ DataParallelModel::NoSyncGuard::NoSyncGuard(DataParallelModel& dp) {
   if (dp.fsdp_) fsdp_.emplace(dp.fsdp_.get());
 }
 
-void DataParallelModel::EndForwardOnly() {
+void DataParallelModel::ForwardOnly(const std::function<void()>& local, Gather gather) {
+  model_.Train(false);
+  if (ddp_) ddp_->BeginForwardOnly();
+  if (zero1_) zero1_->BeginForwardOnly();
+  // Collective: every unit (or the root) whole until the Reshard below.
+  if (fsdp_ && gather == Gather::kWholeModel) fsdp_->Unshard();
+  if (fsdp_ && gather == Gather::kPerUnit) fsdp_->UnshardRoot();
+  local();
   model_.Train(true);
   if (ddp_) ddp_->EndForwardOnly();
   if (zero1_) zero1_->EndForwardOnly();
@@ -689,17 +696,9 @@ void DataParallelModel::EndForwardOnly() {
 }
 
 absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>& local_loss) {
-  model_.Train(false);
-  const double local = local_loss();
-  EndForwardOnly();
+  double local = 0.0;
+  ForwardOnly([&] { local = local_loss(); }, Gather::kPerUnit);
   return dist::MeanOverRanks(pg_, local);
-}
-
-void DataParallelModel::WithFullParameters(const std::function<void()>& local) {
-  model_.Train(false);
-  if (fsdp_) fsdp_->Unshard();  // collective: every unit whole until EndForwardOnly's Reshard
-  local();
-  EndForwardOnly();
 }
 
 double AccumulateGradients(int64_t K, DataParallelModel* dp,

@@ -271,23 +271,37 @@ class DataParallelModel {
   absl::Status Step();
   void ZeroGrad();
 
-  // Evaluation: runs local_loss() (forward passes only, e.g. a model's Loss
-  // over this rank's rows of the evaluation batches) with the model in eval
-  // mode (no dropout), then puts the model back in training mode with its
-  // fp32 masters as the parameters (DDP, ZeRO-1 mixed precision) and FSDP's
-  // units resharded (FullyShardedModel::Reshard: no unsharded parameters left
-  // held), and returns the loss averaged over the ranks.
-  absl::StatusOr<double> Evaluate(const std::function<double()>& local_loss);
+  // How forward-only work holds FSDP's parameters (DDP and ZeRO-1 hold them
+  // whole anyway).
+  enum class Gather {
+    // Every unit gathered once for all of the work (FullyShardedModel::
+    // Unshard, in the compute dtype): the memory of the whole unsharded
+    // model, one all-gather of it, and the forwards communicate nothing.
+    // Generation's choice when the model fits: decoding N tokens is N
+    // forwards.
+    kWholeModel,
+    // The root unit gathered once (FullyShardedModel::UnshardRoot), and each
+    // forward gathers and frees the other units one by one, as a training
+    // forward does (FULL_SHARD: the root and the units in flight held at
+    // once): an all-gather of every other unit per forward, so every rank
+    // must run the same forwards (the same prompt and seed).
+    kPerUnit,
+  };
+  // Forward-only work (evaluation, generation during training): runs
+  // `local` with the model in eval mode (no dropout), DDP's and ZeRO-1's
+  // compute copies made once (mixed precision: BeginForwardOnly) and FSDP's
+  // units gathered as `gather` says; then puts the model back in training
+  // mode with its fp32 masters as the parameters (DDP, ZeRO-1 mixed
+  // precision) and FSDP's units resharded (FullyShardedModel::Reshard: no
+  // unsharded parameters left held). Every rank calls it. `local` calls the
+  // model's forward entry points (Forward through Run, Loss, LastLogits,
+  // DecodeLogits, T5's Encode and DecodeStep), which run the units' hooks.
+  void ForwardOnly(const std::function<void()>& local, Gather gather);
 
-  // Forward-only work with every parameter whole, such as generation during
-  // training (GPT::DecodeLogits calls the blocks past FSDP's hooks): runs
-  // `local` with the model in eval mode and, under FSDP, every unit gathered
-  // (FullyShardedModel::Unshard, in the compute dtype; DDP and ZeRO-1 hold
-  // the fp32 masters whole already), then returns the model to training mode
-  // as Evaluate does. Every rank calls it, and `local` must do the same
-  // work on every rank (the same prompt and seed): forwards that run the
-  // hooks still communicate.
-  void WithFullParameters(const std::function<void()>& local);
+  // Evaluation: ForwardOnly(local_loss, kPerUnit) (forward passes only, e.g.
+  // a model's Loss over this rank's rows of the evaluation batches), then the
+  // loss averaged over the ranks.
+  absl::StatusOr<double> Evaluate(const std::function<double()>& local_loss);
 
   // Gradient accumulation (--grad_accum_steps): while the guard lives,
   // backward accumulates this rank's gradients locally and communicates
@@ -344,10 +358,6 @@ class DataParallelModel {
 
  private:
   DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);
-  // After forward passes without a backward: training mode, the fp32 masters
-  // as the parameters (DDP, ZeRO-1 mixed precision), FSDP's units resharded.
-  void EndForwardOnly();
-
   nn::Module& model_;
   dist::ProcessGroup& pg_;
   const Strategy strategy_;

@@ -615,43 +615,106 @@ TEST(DataParallelModelTest, EvaluateLeavesTheMemoryOfATrainingStep) {
   });
 }
 
-// Generation during training: inside WithFullParameters every rank's
-// DecodeLogits (the blocks called past FSDP's hooks) gives the logits of the
-// forward through the hooks (LastLogits) at the stepped parameters, the same
-// on every rank; afterwards the model trains again, in training mode, with the
-// parameter memory of a training step.
-TEST(DataParallelModelTest, WithFullParametersDecodesTheSteppedModel) {
+// Generation during training: inside ForwardOnly every rank's DecodeLogits
+// (through the units' hooks) over a prompt and two more tokens gives the
+// logits of the forward over the whole sequence (LastLogits) at the stepped
+// parameters, the same on every rank and bit for bit the same whether FSDP
+// gathers the whole model once or unit by unit at each step; afterwards the
+// model trains again, in training mode, with the parameter memory of a
+// training step. Unit by unit holds less at its peak under the strategies
+// that free units after their forward (FULL_SHARD, HYBRID_SHARD: the root
+// and one block of the two), as much elsewhere (DDP, ZeRO-1 and NO_SHARD
+// hold the whole model; SHARD_GRAD_OP keeps each unit from its forward on).
+TEST(DataParallelModelTest, ForwardOnlyDecodesTheSteppedModelWholeOrUnitByUnit) {
+  using Gather = DataParallelModel::Gather;
   ForEachStrategy([&](RankContext& rank, mingpt::GPT& model,
                       std::unique_ptr<DataParallelModel>& dp) -> absl::Status {
     const tensor::Tensor idx = Rows(RandomTokens(8), rank.rank, rank.world_size);  // (B, T)
-    // The same prompt on every rank (rank 0's rows): the same logits.
-    const tensor::Tensor prompt =
-        Rows(RandomTokens(8), 0, rank.world_size).Narrow(1, 0, 3).Contiguous();
+    // The same sequence on every rank (rank 0's rows): the same logits.
+    const tensor::Tensor sequence =
+        Rows(RandomTokens(8), 0, rank.world_size).Narrow(1, 0, 5).Contiguous();  // (B, 5)
     auto params = [&] {
-      return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters).current;
+      return rank.ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kParameters);
     };
     model.ForwardBackward(idx, idx);
     if (absl::Status st = dp->Step(); !st.ok()) return st;
     dp->ZeroGrad();
-    const int64_t after_step = params();
-    tensor::Tensor decoded, forward;  // (B, V)
-    dp->WithFullParameters([&] {
-      EXPECT_FALSE(model.is_training());
-      std::vector<nn::KvCache> caches;
-      decoded = model.DecodeLogits(prompt, caches);
-      forward = model.LastLogits(prompt);
-    });
-    EXPECT_TRUE(model.is_training());
-    EXPECT_EQ(params(), after_step) << "rank " << rank.rank;
-    EXPECT_TRUE(tensor::testing::AllClose(decoded, forward, 1e-5, 1e-5)) << "rank " << rank.rank;
+    const int64_t after_step = params().current;
+    std::map<Gather, tensor::Tensor> decoded;  // (B, V)
+    std::map<Gather, int64_t> peak;
+    for (Gather gather : {Gather::kWholeModel, Gather::kPerUnit}) {
+      rank.ledger.ResetPeaks();
+      tensor::Tensor forward;  // (B, V)
+      dp->ForwardOnly(
+          [&] {
+            EXPECT_FALSE(model.is_training());
+            std::vector<nn::KvCache> caches;
+            model.DecodeLogits(sequence.Narrow(1, 0, 3).Contiguous(), caches);  // the prompt
+            model.DecodeLogits(sequence.Narrow(1, 3, 1).Contiguous(), caches);
+            decoded[gather] = model.DecodeLogits(sequence.Narrow(1, 4, 1).Contiguous(), caches);
+            forward = model.LastLogits(sequence);
+          },
+          gather);
+      peak[gather] = params().peak;
+      EXPECT_TRUE(model.is_training());
+      EXPECT_EQ(params().current, after_step) << "rank " << rank.rank;
+      EXPECT_TRUE(tensor::testing::AllClose(decoded[gather], forward, 1e-5, 1e-5))
+          << "rank " << rank.rank;
+    }
+    EXPECT_TRUE(tensor::testing::AllClose(decoded[Gather::kPerUnit], decoded[Gather::kWholeModel],
+                                          0.0, 0.0));
+    const dist::FullyShardedModel* fsdp = dp->fsdp();
+    if (fsdp != nullptr && (fsdp->strategy() == dist::ShardingStrategy::kFullShard ||
+                            fsdp->strategy() == dist::ShardingStrategy::kHybridShard)) {
+      EXPECT_LT(peak[Gather::kPerUnit], peak[Gather::kWholeModel]) << "rank " << rank.rank;
+    } else {
+      EXPECT_EQ(peak[Gather::kPerUnit], peak[Gather::kWholeModel]) << "rank " << rank.rank;
+    }
     double sum = 0.0;
-    for (float v : decoded.ToVector<float>()) sum += v;
+    for (float v : decoded[Gather::kPerUnit].ToVector<float>()) sum += v;
     absl::StatusOr<double> mean = dist::MeanOverRanks(rank.pg, sum);
     if (!mean.ok()) return mean.status();
     EXPECT_NEAR(*mean, sum, 1e-6 * (1.0 + std::abs(sum))) << "rank " << rank.rank;
     EXPECT_TRUE(std::isfinite(model.ForwardBackward(idx, idx)));  // training goes on
     return dp->Step();
   });
+}
+
+// What ForwardOnly communicates under FULL_SHARD (the root and one unit per
+// block, 2 blocks): gathering the whole model is one all-gather per unit
+// and the forwards add none; unit by unit gathers the root once and each
+// block at each forward (three decoding steps and a LastLogits: 1 + 4 x 2),
+// not the root again at each.
+TEST(DataParallelModelTest, ForwardOnlyAllGathersWholeOnceOrTheBlocksPerForward) {
+  using Gather = DataParallelModel::Gather;
+  const DataParallelConfig config = ThreadsConfig("full_shard", 2);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    auto counts = std::make_shared<dp_testing::Counts>();
+    dp_testing::CountingGroup pg(rank.pg, counts);
+    mingpt::GPT model(Tiny());
+    absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+        DataParallelModel::Create(model, pg, config, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    EXPECT_EQ((*dp)->fsdp()->num_units(), 3);
+    const tensor::Tensor sequence =
+        Rows(RandomTokens(8), 0, rank.world_size).Narrow(1, 0, 5).Contiguous();  // (B, 5)
+    for (Gather gather : {Gather::kWholeModel, Gather::kPerUnit}) {
+      const int64_t before = counts->all_gathers;
+      (*dp)->ForwardOnly(
+          [&] {
+            std::vector<nn::KvCache> caches;
+            model.DecodeLogits(sequence.Narrow(1, 0, 3).Contiguous(), caches);
+            model.DecodeLogits(sequence.Narrow(1, 3, 1).Contiguous(), caches);
+            model.DecodeLogits(sequence.Narrow(1, 4, 1).Contiguous(), caches);
+            model.LastLogits(sequence);
+          },
+          gather);
+      EXPECT_EQ(counts->all_gathers - before, gather == Gather::kWholeModel ? 3 : 1 + 4 * 2)
+          << (gather == Gather::kWholeModel ? "whole model" : "unit by unit");
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 // ---- Memory ----

@@ -5,10 +5,12 @@
 #ifndef MODELS_COMMON_DATA_PARALLEL_TESTING_H_
 #define MODELS_COMMON_DATA_PARALLEL_TESTING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,6 +50,62 @@ std::unique_ptr<optim::Optimizer> AdamW();
 
 // kRows * kT ids in [0, 10].
 std::vector<int64_t> RandomTokens(uint32_t seed);
+
+// Collectives issued through a CountingGroup or its subgroups.
+struct Counts {
+  std::atomic<int64_t> reductions{0};  // all-reduce, reduce-scatter
+  std::atomic<int64_t> all_gathers{0};
+};
+
+// Forwards every call to the group it wraps and counts the gradient
+// reductions and the all-gathers issued through it or its subgroups.
+class CountingGroup final : public dist::ProcessGroup {
+ public:
+  CountingGroup(dist::ProcessGroup& inner, std::shared_ptr<Counts> counts)
+      : ProcessGroup(inner.timeout()), inner_(inner), counts_(std::move(counts)) {}
+  CountingGroup(std::unique_ptr<dist::ProcessGroup> owned, std::shared_ptr<Counts> counts)
+      : CountingGroup(*owned, std::move(counts)) {
+    owned_ = std::move(owned);
+  }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::string_view backend() const override { return inner_.backend(); }
+
+ protected:
+  dist::WorkPtr Issue(std::shared_ptr<dist::CollectiveCall> call) override {
+    const auto options = dist::CollectiveOptions::WithTimeout(call->timeout);
+    switch (call->kind) {
+      case dist::CollectiveKind::kAllReduce:
+        ++counts_->reductions;
+        return inner_.AllReduce(call->input, call->op, options);
+      case dist::CollectiveKind::kReduceScatter:
+        ++counts_->reductions;
+        return inner_.ReduceScatter(call->input, call->output, call->op, options);
+      case dist::CollectiveKind::kAllGather:
+        ++counts_->all_gathers;
+        return inner_.AllGather(call->input, call->output, options);
+      case dist::CollectiveKind::kBroadcast:
+        return inner_.Broadcast(call->input, call->root, options);
+      case dist::CollectiveKind::kBarrier:
+        break;
+    }
+    return inner_.Barrier(options);
+  }
+  absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> DoSplit(int color, int key,
+                                                              absl::Duration timeout) override {
+    absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group =
+        inner_.Split(color, key, dist::CollectiveOptions::WithTimeout(timeout));
+    if (!group.ok() || *group == nullptr) return group;
+    return std::unique_ptr<dist::ProcessGroup>(
+        std::make_unique<CountingGroup>(*std::move(group), counts_));
+  }
+
+ private:
+  std::unique_ptr<dist::ProcessGroup> owned_;  // a subgroup this one wraps
+  dist::ProcessGroup& inner_;
+  std::shared_ptr<Counts> counts_;
+};
 
 struct Trace {
   std::vector<double> losses, norms;  // per step

@@ -42,10 +42,13 @@ Tensors Block::Forward(const Tensors& inputs, Context& ctx) {
 
 Tensor Block::Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity,
                      const Tensor& key_mask) {
-  Context ctx;  // forward only
-  return Residuals(x, ctx, [&](const Tensor& h, const Tensor& x) {
-    return tensor::Add(x, attn_->Decode(h, cache, capacity, key_mask).To(x.dtype()));
-  });
+  return RunFrame([&] {  // the hooks Forward runs in (an FSDP unit's gather)
+           Context ctx;  // forward only
+           return Tensors{Residuals(x, ctx, [&](const Tensor& h, const Tensor& x) {
+             return tensor::Add(x, attn_->Decode(h, cache, capacity, key_mask).To(x.dtype()));
+           })};
+         })
+      .at(0);
 }
 
 Tensors Block::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -102,6 +105,11 @@ Tensor Transformer::Decode(const Tensor& idx, std::vector<nn::KvCache>& caches,
   OP_CHECK(idx.rank() == 2, "gpt", "idx must be (B, T), got ", idx.shape().ToString());
   OP_CHECK(caches.size() == blocks_.size(), "gpt", caches.size(), " caches for ", blocks_.size(),
            " blocks");
+  return RunFrame([&] { return Tensors{DecodeInFrame(idx, caches, left_pad)}; }).at(0);
+}
+
+Tensor Transformer::DecodeInFrame(const Tensor& idx, std::vector<nn::KvCache>& caches,
+                                  absl::Span<const int64_t> left_pad) {
   const int64_t B = idx.dim(0), T = idx.dim(1), start = caches[0].length, length = start + T;
   const bool padded = std::any_of(left_pad.begin(), left_pad.end(), [](int64_t p) { return p; });
   Context ctx;  // forward only
@@ -182,15 +190,21 @@ double GPT::Loss(const Tensor& idx, const Tensor& targets) {
 }
 
 Tensor GPT::LastLogits(const Tensor& idx) {
-  Context ctx;
-  return HeadOfLast(transformer_->Run(idx, ctx.Child(0)), ctx.Child(1));
+  return RunFrame([&] {
+           Context ctx;
+           return Tensors{HeadOfLast(transformer_->Run(idx, ctx.Child(0)), ctx.Child(1))};
+         })
+      .at(0);
 }
 
 Tensor GPT::DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches,
                          absl::Span<const int64_t> left_pad) {
   if (caches.empty()) caches.resize(config_.n_layer);
-  Context ctx;
-  return HeadOfLast(transformer_->Decode(idx, caches, left_pad), ctx.Child(1));
+  return RunFrame([&] {
+           Context ctx;
+           return Tensors{HeadOfLast(transformer_->Decode(idx, caches, left_pad), ctx.Child(1))};
+         })
+      .at(0);
 }
 
 Tensor GPT::HeadOfLast(const Tensor& x, Context& ctx) {

@@ -36,7 +36,8 @@ class Block : public nn::Module {
   explicit Block(const GptConfig& config);
 
   // Incremental decoding (nn::CausalSelfAttention::Decode): x (B, T_new, C)
-  // continues the positions `cache` holds -> (B, T_new, C). Forward only.
+  // continues the positions `cache` holds -> (B, T_new, C). Forward only; runs
+  // the module's hooks as Run does (an FSDP unit gathers its parameters).
   // key_mask: undefined, or (B, cache.length + T_new), 0 where the attention
   // ignores a position.
   Tensor Decode(const Tensor& x, nn::KvCache& cache, int64_t capacity,
@@ -100,6 +101,9 @@ class Transformer : public nn::Module {
   // wte(idx) + wpe(pos), then drop: idx (B, T), pos (1 or B, T) i64 in
   // [0, block_size) on idx's device -> (B, T, C).
   Tensor EmbedAt(const Tensor& idx, const Tensor& pos, Context& ctx);
+  // Decode's work, inside its frame (the module's hooks around it).
+  Tensor DecodeInFrame(const Tensor& idx, std::vector<nn::KvCache>& caches,
+                       absl::Span<const int64_t> left_pad);
 };
 
 class GPT : public nn::Module {
@@ -128,8 +132,9 @@ class GPT : public nn::Module {
   // new sequence, resized to n_layer), and the caches take its keys and
   // values. Returns LastLogits of the whole sequence, (B, V), at the cost of
   // T_new positions. The whole sequence must fit in block_size. Eval mode
-  // (Train(false)), parameters whole (not sharded by FSDP): the blocks are
-  // called directly, without their modules' hooks. left_pad: as
+  // (Train(false)). Like LastLogits and Forward it runs the modules' hooks:
+  // under FSDP each unit gathers its parameters for the step (or none, while
+  // FullyShardedModel::Unshard holds them all). left_pad: as
   // Transformer::Decode's (row r's first left_pad[r] positions are padding).
   Tensor DecodeLogits(const Tensor& idx, std::vector<nn::KvCache>& caches,
                       absl::Span<const int64_t> left_pad = {});

@@ -136,6 +136,11 @@ ABSL_FLAG(std::string, sample_prompt, "\n",
           "the samples' prompt: text (bytes for a byte-level model, else the --tokenizer's "
           "BPE)");
 ABSL_FLAG(int64_t, sample_tokens, 100, "new tokens per sample");
+ABSL_FLAG(std::string, sample_gather, "model",
+          "FSDP strategies: how a sample holds the parameters: model (every unit gathered "
+          "once for the whole sample: the memory of the unsharded model) or unit (each "
+          "decoding step gathers and frees the units one by one, as a training forward: the "
+          "memory of a training forward, an all-gather of the model per token)");
 
 namespace mingpt {
 namespace {
@@ -204,11 +209,12 @@ struct Sampler {
   std::optional<data::Gpt2Tokenizer> tokenizer;
   bool text = false;
   SamplingOptions options;
+  train::DataParallelModel::Gather gather = train::DataParallelModel::Gather::kWholeModel;
 
   bool Due(int64_t step_done, int64_t steps) const {
     return every > 0 && (step_done % every == 0 || step_done == steps);
   }
-  // "sample at step N:\n<prompt and new tokens>\n" from `model` (eval mode, parameters whole,
+  // "sample at step N:\n<prompt and new tokens>\n" from `model` (eval mode,
   // on `device`); the draws depend on the seed and the step only, so every
   // rank of a data-parallel run draws the same.
   absl::StatusOr<std::string> Draw(GPT& model, int64_t step_done, tensor::Device device) const {
@@ -236,6 +242,13 @@ absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& 
   if (s.options.max_new_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--sample_tokens must be >= 1, got ", s.options.max_new_tokens));
+  }
+  const std::string gather = absl::GetFlag(FLAGS_sample_gather);
+  if (gather == "unit") {
+    s.gather = train::DataParallelModel::Gather::kPerUnit;
+  } else if (gather != "model") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sample_gather must be model or unit, got '", gather, "'"));
   }
   s.options.temperature = 0.8;
   s.options.top_k = 200;
@@ -409,10 +422,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       if (!evaluated.ok()) return evaluated;
     }
     if (setup.sampler->Due(step + 1, steps)) {
-      // Every rank draws alike (FSDP: every unit gathered); rank 0 prints.
+      // Every rank draws alike (FSDP: the units gathered as --sample_gather says); rank 0 prints.
       absl::StatusOr<std::string> sample;
-      (*dp)->WithFullParameters(
-          [&] { sample = setup.sampler->Draw(model, step + 1, setup.dp.device); });
+      (*dp)->ForwardOnly([&] { sample = setup.sampler->Draw(model, step + 1, setup.dp.device); },
+                         setup.sampler->gather);
       if (!sample.ok()) return sample.status();
       if (rank.logs()) {
         std::fputs(sample->c_str(), stdout);

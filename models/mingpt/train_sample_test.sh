@@ -2,8 +2,9 @@
 # Samples during training (--sample_every, as minGPT's chargpt): every N steps
 # and after the last, rank 0 prints the prompt continued by --sample_tokens
 # tokens; a run repeats its samples; under FSDP FULL_SHARD (world 2, every
-# unit gathered for the draw) training goes on after each sample with the
-# losses of a run without samples; bad values exit 2 naming the flag.
+# unit gathered for the draw, or unit by unit with --sample_gather=unit: the
+# same samples) training goes on after each sample with the losses of a run
+# without samples; bad values exit 2 naming the flag.
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -32,9 +33,17 @@ fsdp=(--world_size=2 --strategy=full_shard --metrics_out)
 [[ $(grep -c '^sample at step' "$dir/fsdp.log") == 3 ]]
 same_losses "$dir/plain.jsonl" "$dir/sampled.jsonl" "FSDP with samples"
 echo "FSDP FULL_SHARD: samples from the gathered model, training unchanged"
+# Unit by unit (each decoding step gathers and frees the blocks): the same samples.
+"$train" "${common[@]}" "${fsdp[@]}"="$dir/per_unit.jsonl" --sample_every=2 --sample_tokens=20 \
+  --sample_gather=unit > "$dir/per_unit.log"
+diff <(samples "$dir/fsdp.log") <(samples "$dir/per_unit.log")
+same_losses "$dir/plain.jsonl" "$dir/per_unit.jsonl" "FSDP with samples gathered unit by unit"
+echo "FSDP FULL_SHARD, --sample_gather=unit: the same samples, training unchanged"
 
 exits_2 "--sample_every must be >= 0 (0: no samples), got -1" "$train" --sample_every=-1
 exits_2 "--sample_tokens must be >= 1, got 0" "$train" --sample_every=1 --sample_tokens=0
+exits_2 "--sample_gather must be model or unit, got 'layer'" "$train" --sample_every=1 \
+  --sample_gather=layer
 exits_2 "--sample_prompt is empty" "$train" --sample_every=1 --sample_prompt=
 exits_2 "--sample_prompt is byte-level text, and this model's vocabulary is" "$train" \
   --data=random --sample_every=1

@@ -77,13 +77,15 @@ Tensors T5LayerAttention::Backward(const Tensors& grad_outputs, Context& ctx) {
 }
 
 Tensors T5LayerAttention::Decode(const Tensors& inputs, nn::KvCache& cache, int64_t capacity) {
-  const Tensor& x = inputs.at(0);                           // (B, T_new, d_model)
-  Context ctx;                                              // forward only
-  const Tensor normed = layer_norm_->Run(x, ctx.Child(0));  // (B, T_new, d_model)
-  // No dropout: x joins in the output projection's GEMM, as Forward in eval mode.
-  return attention_->Decode(Tensors{normed, InputOrUndefined(inputs, 1),
-                                    InputOrUndefined(inputs, 2), InputOrUndefined(inputs, 3), x},
-                            cache, capacity);  // {(B, T_new, d_model), bias?}
+  return RunFrame([&] {              // the hooks Forward runs in (an FSDP unit's gather)
+    const Tensor& x = inputs.at(0);  // (B, T_new, d_model)
+    Context ctx;                     // forward only
+    const Tensor normed = layer_norm_->Run(x, ctx.Child(0));  // (B, T_new, d_model)
+    // No dropout: x joins in the output projection's GEMM, as Forward in eval mode.
+    return attention_->Decode(Tensors{normed, InputOrUndefined(inputs, 1),
+                                      InputOrUndefined(inputs, 2), InputOrUndefined(inputs, 3), x},
+                              cache, capacity);  // {(B, T_new, d_model), bias?}
+  });
 }
 
 // ---- T5LayerFF ----
@@ -187,21 +189,23 @@ Tensors T5Block::Decode(const Tensors& inputs, T5BlockCache& cache, int64_t capa
            "expects inputs {x, position_bias, mask, encoder_hidden, encoder_mask} with x "
            "defined; got ",
            inputs.size(), " inputs");
-  Context ctx;  // forward only
-  // Self-attention over the positions so far: {y (B, T_new, d_model)}, plus
-  // {bias (1, nh, T_new, positions)} when it owns the bias.
-  Tensors self = self_attention()->Decode(
-      Tensors{inputs[kX], Tensor(), InputOrUndefined(inputs, kPositionBias),
-              InputOrUndefined(inputs, kMask)},
-      cache.self, capacity);
-  Tensor h = cross_attention()
-                 ->Decode(Tensors{self.at(0), InputOrUndefined(inputs, kEncoderHidden), Tensor(),
-                                  InputOrUndefined(inputs, kEncoderMask)},
-                          cache.cross, /*capacity=*/0)
-                 .at(0);                     // (B, T_new, d_model)
-  h = feed_forward()->Run(h, ctx.Child(2));  // (B, T_new, d_model)
-  if (has_relative_bias_) return {h, self.at(1)};
-  return {h};
+  return RunFrame([&]() -> Tensors {  // the hooks Forward runs in (an FSDP unit's gather)
+    Context ctx;                      // forward only
+    // Self-attention over the positions so far: {y (B, T_new, d_model)}, plus
+    // {bias (1, nh, T_new, positions)} when it owns the bias.
+    Tensors self = self_attention()->Decode(
+        Tensors{inputs[kX], Tensor(), InputOrUndefined(inputs, kPositionBias),
+                InputOrUndefined(inputs, kMask)},
+        cache.self, capacity);
+    Tensor h = cross_attention()
+                   ->Decode(Tensors{self.at(0), InputOrUndefined(inputs, kEncoderHidden), Tensor(),
+                                    InputOrUndefined(inputs, kEncoderMask)},
+                            cache.cross, /*capacity=*/0)
+                   .at(0);                     // (B, T_new, d_model)
+    h = feed_forward()->Run(h, ctx.Child(2));  // (B, T_new, d_model)
+    if (has_relative_bias_) return {h, self.at(1)};
+    return {h};
+  });
 }
 
 Tensors T5Block::Backward(const Tensors& grad_outputs, Context& ctx) {

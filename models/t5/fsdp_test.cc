@@ -4,8 +4,9 @@
 // move it out is refused; and two ranks of FULL_SHARD (threads engine, through
 // models/common:data_parallel as the train binary runs them) give the losses,
 // gradient norms and weights of one process on the global batch within 1e-5,
-// and after training, with every unit gathered (WithFullParameters), decode
-// as that process does (the cached decoder's logits, greedy tokens).
+// and after training decode as that process does (the cached decoder's
+// logits, greedy tokens), with every unit gathered once and unit by unit
+// (DataParallelModel::ForwardOnly's two ways).
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -135,17 +136,22 @@ TEST(T5FsdpPlanTest, APolicyThatMovesTheSharedEmbeddingOutIsRefused) {
   ASSERT_TRUE(s.ok()) << s;
 }
 
+struct Decoded {
+  std::vector<float> step_logits;            // DecodeStep's after training (2, 3, V)
+  std::vector<std::vector<int64_t>> tokens;  // greedy Generate's after training
+};
+
 struct Trace {
   std::vector<double> losses, norms;
   std::vector<std::pair<std::string, std::vector<float>>> weights;  // after the last step
-  std::vector<float> step_logits;            // DecodeStep's after training (2, 3, V)
-  std::vector<std::vector<int64_t>> tokens;  // greedy Generate's after training
+  Decoded decoded;           // one process; FSDP: every unit gathered once
+  Decoded decoded_per_unit;  // FSDP: the units gathered one by one at each step
 };
 
 // After training, forward only (parameters whole): the logits of the cached
 // decoder over three positions and six greedy tokens, of a batch every rank
 // shares.
-void DecodeAfterTraining(T5Model& model, Trace& t) {
+void DecodeAfterTraining(T5Model& model, Decoded& t) {
   const tensor::Tensor x =
       tensor::Tensor::FromData<int64_t>({3, 9, 27, 41, 5, 60, 8, 8, 13, 2, 44, 1}, {2, 6});
   const tensor::Tensor mask =
@@ -183,7 +189,7 @@ Trace OneProcess(bool v1_1) {
     t.weights.emplace_back(name, p->value.ToVector<float>());
   }
   model.Train(false);
-  DecodeAfterTraining(model, t);
+  DecodeAfterTraining(model, t.decoded);
   return t;
 }
 
@@ -222,8 +228,9 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
     for (auto& [name, value] : (*dp)->fsdp()->FullStateDict()) {  // rank 0 only
       t.weights.emplace_back(name, value.ToVector<float>());
     }
-    // Every unit gathered (FullyShardedModel::Unshard): decoding past the hooks.
-    (*dp)->WithFullParameters([&] { DecodeAfterTraining(model, t); });
+    using Gather = train::DataParallelModel::Gather;
+    (*dp)->ForwardOnly([&] { DecodeAfterTraining(model, t.decoded); }, Gather::kWholeModel);
+    (*dp)->ForwardOnly([&] { DecodeAfterTraining(model, t.decoded_per_unit); }, Gather::kPerUnit);
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;
@@ -246,17 +253,20 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
     }
     EXPECT_LE(worst, kTol) << name;
   }
-  // Decoding with the gathered parameters: one process's logits and tokens on both ranks.
+  // Decoding, gathered either way: one process's logits and tokens on both ranks.
   for (int r = 0; r < 2; ++r) {
-    SCOPED_TRACE(absl::StrCat("rank ", r, " decoding"));
-    ASSERT_EQ(traces[r].step_logits.size(), reference.step_logits.size());
-    double worst = 0;
-    for (size_t k = 0; k < reference.step_logits.size(); ++k) {
-      worst = std::max(worst, std::fabs(static_cast<double>(traces[r].step_logits[k]) -
-                                        reference.step_logits[k]));
+    for (const Decoded* d : {&traces[r].decoded, &traces[r].decoded_per_unit}) {
+      SCOPED_TRACE(absl::StrCat("rank ", r, d == &traces[r].decoded ? " whole" : " per unit"));
+      const Decoded& want = reference.decoded;
+      ASSERT_EQ(d->step_logits.size(), want.step_logits.size());
+      double worst = 0;
+      for (size_t k = 0; k < want.step_logits.size(); ++k) {
+        worst = std::max(worst,
+                         std::fabs(static_cast<double>(d->step_logits[k]) - want.step_logits[k]));
+      }
+      EXPECT_LE(worst, 1e-4);
+      EXPECT_EQ(d->tokens, want.tokens);
     }
-    EXPECT_LE(worst, 1e-4);
-    EXPECT_EQ(traces[r].tokens, reference.tokens);
   }
   // The loss moved: the comparison is over real training.
   EXPECT_NE(reference.losses.front(), reference.losses.back());

@@ -115,17 +115,21 @@ Tensor T5Stack::Decode(const Tensor& ids, const Tensor& encoder_hidden, const Te
   if (cache.blocks.empty()) cache.blocks.resize(block_->size());
   OP_CHECK(cache.blocks.size() == block_->size(), kOp, "the cache has ", cache.blocks.size(),
            " blocks for ", block_->size(), " decoder blocks");
-  Context ctx;                                       // forward only
-  Tensor x = embed_tokens_->Run(ids, ctx.Child(0));  // (B, T_new, d_model); no dropout in eval
-  Tensor position_bias;                              // (1, nh, T_new, positions) from block 0
-  for (size_t l = 0; l < block_->size(); ++l) {
-    Tensors out =
-        block(l)->Decode(Tensors{x, position_bias, Tensor(), encoder_hidden, encoder_mask},
-                         cache.blocks[l], cache.capacity);
-    x = out.at(0);  // (B, T_new, d_model)
-    if (l == 0) position_bias = out.at(1);
-  }
-  return final_layer_norm_->Run(x, ctx.Child(NormSlot()));  // (B, T_new, d_model)
+  return RunFrame([&] {  // the hooks Forward runs in (an FSDP unit's gather)
+           Context ctx;  // forward only
+           Tensor x =
+               embed_tokens_->Run(ids, ctx.Child(0));  // (B, T_new, d_model); no dropout in eval
+           Tensor position_bias;                       // (1, nh, T_new, positions) from block 0
+           for (size_t l = 0; l < block_->size(); ++l) {
+             Tensors out =
+                 block(l)->Decode(Tensors{x, position_bias, Tensor(), encoder_hidden, encoder_mask},
+                                  cache.blocks[l], cache.capacity);
+             x = out.at(0);  // (B, T_new, d_model)
+             if (l == 0) position_bias = out.at(1);
+           }
+           return Tensors{final_layer_norm_->Run(x, ctx.Child(NormSlot()))};  // (B, T_new, d_model)
+         })
+      .at(0);
 }
 
 Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -284,8 +288,11 @@ Tensor T5Model::Encode(const Tensor& encoder_inputs, const Tensor& encoder_mask)
   OP_CHECK(!encoder_mask.defined() || encoder_mask.shape() == encoder_inputs.shape(), kOp,
            "encoder_mask ", ShapeText(encoder_mask), " does not match encoder_inputs ",
            encoder_inputs.shape().ToString());
-  Context ctx;
-  return encoder_->Run(Tensors{encoder_inputs, encoder_mask}, ctx).at(0);  // (B, S, d)
+  return RunFrame([&] {  // the model's hooks, as Forward (an FSDP root unit's gather)
+           Context ctx;
+           return encoder_->Run(Tensors{encoder_inputs, encoder_mask}, ctx);  // {(B, S, d)}
+         })
+      .at(0);
 }
 
 void T5Model::CheckDecoderInputs(const Tensor& encoded, const Tensor& decoder_inputs) const {
@@ -305,20 +312,26 @@ Tensor T5Model::HeadForward(const Tensor& x, Context& ctx) {
 Tensor T5Model::DecodeLogits(const Tensor& encoded, const Tensor& encoder_mask,
                              const Tensor& decoder_inputs) {
   CheckDecoderInputs(encoded, decoder_inputs);
-  Context ctx;
-  const Tensor dec =
-      decoder_->Run(Tensors{decoder_inputs, Tensor(), encoded, encoder_mask}, ctx.Child(1))
-          .at(0);                         // (B, T, d)
-  return HeadForward(dec, ctx.Child(2));  // (B, T, V)
+  return RunFrame([&] {  // the model's hooks, as Forward (an FSDP root unit's gather)
+           Context ctx;
+           const Tensor dec =
+               decoder_->Run(Tensors{decoder_inputs, Tensor(), encoded, encoder_mask}, ctx.Child(1))
+                   .at(0);                                  // (B, T, d)
+           return Tensors{HeadForward(dec, ctx.Child(2))};  // (B, T, V)
+         })
+      .at(0);
 }
 
 Tensor T5Model::DecodeStep(const Tensor& encoded, const Tensor& encoder_mask,
                            const Tensor& decoder_inputs, DecoderCache& cache) {
   CheckDecoderInputs(encoded, decoder_inputs);
-  Context ctx;
-  const Tensor dec =
-      decoder_->Decode(decoder_inputs, encoded, encoder_mask, cache);  // (B, T_new, d)
-  return HeadForward(dec, ctx.Child(2));                               // (B, T_new, V)
+  return RunFrame([&] {  // the model's hooks, as Forward (an FSDP root unit's gather)
+           Context ctx;
+           const Tensor dec =
+               decoder_->Decode(decoder_inputs, encoded, encoder_mask, cache);  // (B, T_new, d)
+           return Tensors{HeadForward(dec, ctx.Child(2))};                      // (B, T_new, V)
+         })
+      .at(0);
 }
 
 }  // namespace t5
