@@ -84,6 +84,25 @@ Rows Prompts(int64_t B, int64_t P, int64_t V) {
   return prompts;
 }
 
+// T5's encoder inputs: Prompts as a (B, P) tensor on `device`.
+tensor::Tensor EncoderInputs(int64_t B, int64_t P, int64_t V, tensor::Device device) {
+  std::vector<int64_t> flat;  // (B, P)
+  for (const std::vector<int64_t>& row : Prompts(B, P, V)) {
+    flat.insert(flat.end(), row.begin(), row.end());
+  }
+  return tensor::Tensor::FromData<int64_t>(flat, {B, P}).To(device);
+}
+
+// N new tokens at temperature 0.8 and top-k 200 (minGPT's sample defaults).
+template <typename Options>
+Options SampleOptions(int64_t N) {
+  Options options;
+  options.max_new_tokens = N;
+  options.temperature = 0.8;
+  options.top_k = 200;
+  return options;
+}
+
 // What the two ways gave: median new tokens/s and whether their tokens agree.
 struct Timed {
   double cached = 0.0;
@@ -127,10 +146,7 @@ absl::StatusOr<Timed> TimeMinGpt(mingpt::GptConfig config, const train::Compute&
   nn::MixedPrecision mixed(model, compute.policy);
   mixed.CastForCompute();
   const Rows prompts = Prompts(B, P, config.vocab_size);
-  mingpt::SamplingOptions options;
-  options.max_new_tokens = N;
-  options.temperature = 0.8;
-  options.top_k = 200;
+  mingpt::SamplingOptions options = SampleOptions<mingpt::SamplingOptions>(N);
   return TimeBothWays(reps, B * N, [&](bool kv_cache) {
     options.kv_cache = kv_cache;
     return mingpt::Generate(model, prompts, options, compute.device);
@@ -145,19 +161,24 @@ absl::StatusOr<Timed> TimeT5(t5::T5Config config, const train::Compute& compute,
   model.Materialize(1, compute.device);
   nn::MixedPrecision mixed(model, compute.policy);
   mixed.CastForCompute();
-  std::vector<int64_t> flat;  // (B, P)
-  for (const std::vector<int64_t>& row : Prompts(B, P, config.vocab_size)) {
-    flat.insert(flat.end(), row.begin(), row.end());
-  }
-  const tensor::Tensor inputs = tensor::Tensor::FromData<int64_t>(flat, {B, P}).To(compute.device);
-  t5::GenerateOptions options;
-  options.max_new_tokens = N;
-  options.temperature = 0.8;
-  options.top_k = 200;
+  const tensor::Tensor inputs = EncoderInputs(B, P, config.vocab_size, compute.device);  // (B, P)
+  t5::GenerateOptions options = SampleOptions<t5::GenerateOptions>(N);
   return TimeBothWays(reps, B * N, [&](bool kv_cache) {
     options.kv_cache = kv_cache;
     return t5::Generate(model, inputs, tensor::Tensor(), options);
   });
+}
+
+// Prints one JSON object per line, and writes them as an array to --json_out if set.
+absl::Status PrintJson(const std::vector<std::string>& json) {
+  for (const std::string& line : json) std::printf("%s\n", line.c_str());
+  const std::string json_out = absl::GetFlag(FLAGS_json_out);
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << "[" << absl::StrJoin(json, ",\n") << "]\n";
+    if (!f) return absl::InvalidArgumentError(absl::StrCat("--json_out: cannot write ", json_out));
+  }
+  return absl::OkStatus();
 }
 
 // ---- FSDP: the whole model gathered once, or unit by unit ----
@@ -234,10 +255,7 @@ absl::StatusOr<FsdpTimed> MinGptUnderFsdp(int world, mingpt::GptConfig config,
                                           int64_t N, int64_t reps) {
   config.dropout = 0.0f;
   const Rows prompts = Prompts(B, P, config.vocab_size);
-  mingpt::SamplingOptions options;
-  options.max_new_tokens = N;
-  options.temperature = 0.8;
-  options.top_k = 200;
+  mingpt::SamplingOptions options = SampleOptions<mingpt::SamplingOptions>(N);
   return TimeUnderFsdp(
       world, compute, reps, B * N, {}, [&] { return std::make_unique<mingpt::GPT>(config); },
       [&](nn::Module& model) {
@@ -248,15 +266,8 @@ absl::StatusOr<FsdpTimed> MinGptUnderFsdp(int world, mingpt::GptConfig config,
 absl::StatusOr<FsdpTimed> T5UnderFsdp(int world, t5::T5Config config, const train::Compute& compute,
                                       int64_t B, int64_t P, int64_t N, int64_t reps) {
   config.dropout_rate = 0.0f;
-  std::vector<int64_t> flat;  // (B, P)
-  for (const std::vector<int64_t>& row : Prompts(B, P, config.vocab_size)) {
-    flat.insert(flat.end(), row.begin(), row.end());
-  }
-  const tensor::Tensor inputs = tensor::Tensor::FromData<int64_t>(flat, {B, P}).To(compute.device);
-  t5::GenerateOptions options;
-  options.max_new_tokens = N;
-  options.temperature = 0.8;
-  options.top_k = 200;
+  const tensor::Tensor inputs = EncoderInputs(B, P, config.vocab_size, compute.device);  // (B, P)
+  t5::GenerateOptions options = SampleOptions<t5::GenerateOptions>(N);
   return TimeUnderFsdp(
       world, compute, reps, B * N, {"shared.weight"},
       [&] { return std::make_unique<t5::T5Model>(config); },
@@ -296,14 +307,7 @@ absl::Status RunFsdp(int world, const std::vector<std::string>& presets,
                                 ",\"unit_param_peak_bytes\":", t->param_peak[1],
                                 ",\"same_tokens\":", t->same ? "true" : "false", "}"));
   }
-  for (const std::string& line : json) std::printf("%s\n", line.c_str());
-  const std::string json_out = absl::GetFlag(FLAGS_json_out);
-  if (!json_out.empty()) {
-    std::ofstream f(json_out);
-    f << "[" << absl::StrJoin(json, ",\n") << "]\n";
-    if (!f) return absl::InvalidArgumentError(absl::StrCat("--json_out: cannot write ", json_out));
-  }
-  return absl::OkStatus();
+  return PrintJson(json);
 }
 
 absl::Status Run() {
@@ -355,14 +359,7 @@ absl::Status Run() {
         ",\"uncached_tokens_per_s\":", timed->uncached, ",\"speedup\":",
         timed->cached / timed->uncached, ",\"same_tokens\":", timed->same ? "true" : "false", "}"));
   }
-  for (const std::string& line : json) std::printf("%s\n", line.c_str());
-  const std::string json_out = absl::GetFlag(FLAGS_json_out);
-  if (!json_out.empty()) {
-    std::ofstream f(json_out);
-    f << "[" << absl::StrJoin(json, ",\n") << "]\n";
-    if (!f) return absl::InvalidArgumentError(absl::StrCat("--json_out: cannot write ", json_out));
-  }
-  return absl::OkStatus();
+  return PrintJson(json);
 }
 
 }  // namespace
