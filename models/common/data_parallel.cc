@@ -701,6 +701,22 @@ absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>
   return dist::MeanOverRanks(pg_, local);
 }
 
+absl::StatusOr<SampleSchedule> SampleSchedule::Parse(int64_t every, const std::string& gather) {
+  SampleSchedule s;
+  s.every = every;
+  if (every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sample_every must be >= 0 (0: no samples), got ", every));
+  }
+  if (gather == "unit") {
+    s.gather = DataParallelModel::Gather::kPerUnit;
+  } else if (gather != "model") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sample_gather must be model or unit, got '", gather, "'"));
+  }
+  return s;
+}
+
 double AccumulateGradients(int64_t K, DataParallelModel* dp,
                            const std::function<double(int64_t m)>& micro_step) {
   CHECK_GE(K, 1) << "[grad accumulation] K must be >= 1";

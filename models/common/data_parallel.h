@@ -369,6 +369,21 @@ class DataParallelModel {
   std::unique_ptr<dist::FullyShardedModel> fsdp_;
 };
 
+// --sample_every and --sample_gather of the train binaries: a sample every
+// `every` steps (0: none) and after the last, drawn with the parameters held
+// as `gather` says (DataParallelModel::ForwardOnly; one process: whole).
+struct SampleSchedule {
+  int64_t every = 0;
+  DataParallelModel::Gather gather = DataParallelModel::Gather::kWholeModel;
+
+  bool Due(int64_t step_done, int64_t steps) const {
+    return every > 0 && (step_done % every == 0 || step_done == steps);
+  }
+  // InvalidArgument naming the flag unless every >= 0 and gather is "model"
+  // or "unit".
+  static absl::StatusOr<SampleSchedule> Parse(int64_t every, const std::string& gather);
+};
+
 // Gradient accumulation over K >= 1 micro-batches: calls micro_step(m) for
 // m = 0 .. K-1, all but the last under dp's NoSyncGuard (dp null: one process,
 // nothing to hold back), and returns the mean of what micro_step returns (the

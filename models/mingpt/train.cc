@@ -204,16 +204,12 @@ class SharedInit {
 // --sample_every's samples during training: one row continuing the prompt,
 // printed as text (bytes, or the tokenizer's) or ids.
 struct Sampler {
-  int64_t every = 0;  // 0: none
+  train::SampleSchedule schedule;
   std::vector<int64_t> prompt;
   std::optional<data::Gpt2Tokenizer> tokenizer;
   bool text = false;
   SamplingOptions options;
-  train::DataParallelModel::Gather gather = train::DataParallelModel::Gather::kWholeModel;
 
-  bool Due(int64_t step_done, int64_t steps) const {
-    return every > 0 && (step_done % every == 0 || step_done == steps);
-  }
   // "sample at step N:\n<prompt and new tokens>\n" from `model` (eval mode,
   // on `device`); the draws depend on the seed and the step only, so every
   // rank of a data-parallel run draws the same.
@@ -232,23 +228,15 @@ struct Sampler {
 // tokenizer is `tokenizer_name` ("" for none).
 absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& tokenizer_name) {
   Sampler s;
-  s.every = absl::GetFlag(FLAGS_sample_every);
-  if (s.every < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--sample_every must be >= 0 (0: no samples), got ", s.every));
-  }
-  if (s.every == 0) return s;
+  absl::StatusOr<train::SampleSchedule> schedule = train::SampleSchedule::Parse(
+      absl::GetFlag(FLAGS_sample_every), absl::GetFlag(FLAGS_sample_gather));
+  if (!schedule.ok()) return schedule.status();
+  s.schedule = *schedule;
+  if (s.schedule.every == 0) return s;
   s.options.max_new_tokens = absl::GetFlag(FLAGS_sample_tokens);
   if (s.options.max_new_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--sample_tokens must be >= 1, got ", s.options.max_new_tokens));
-  }
-  const std::string gather = absl::GetFlag(FLAGS_sample_gather);
-  if (gather == "unit") {
-    s.gather = train::DataParallelModel::Gather::kPerUnit;
-  } else if (gather != "model") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--sample_gather must be model or unit, got '", gather, "'"));
   }
   s.options.temperature = 0.8;
   s.options.top_k = 200;
@@ -421,11 +409,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       });
       if (!evaluated.ok()) return evaluated;
     }
-    if (setup.sampler->Due(step + 1, steps)) {
+    if (setup.sampler->schedule.Due(step + 1, steps)) {
       // Every rank draws alike (FSDP: the units gathered as --sample_gather says); rank 0 prints.
       absl::StatusOr<std::string> sample;
       (*dp)->ForwardOnly([&] { sample = setup.sampler->Draw(model, step + 1, setup.dp.device); },
-                         setup.sampler->gather);
+                         setup.sampler->schedule.gather);
       if (!sample.ok()) return sample.status();
       if (rank.logs()) {
         std::fputs(sample->c_str(), stdout);
@@ -671,7 +659,7 @@ absl::Status Train() {
       });
       if (!reported.ok()) return reported;
     }
-    if (sampler->Due(step + 1, steps)) {
+    if (sampler->schedule.Due(step + 1, steps)) {
       absl::StatusOr<std::string> sample;
       train::ForwardOnlyInOneProcess(model, mixed,
                                      [&] { sample = sampler->Draw(model, step + 1, device); });

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,7 @@
 #include "models/data/span_corruption.h"
 #include "models/data/token_file.h"
 #include "models/t5/config.h"
+#include "models/t5/generate.h"
 #include "models/t5/model.h"
 #include "models/t5/pretrained.h"
 #include "nn/checkpoint.h"
@@ -141,6 +143,14 @@ ABSL_FLAG(double, peak_tflops, 0,
           "(H100, H200, A100), else no MFU. Over every GPU with --backend=nccl, else one");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
+ABSL_FLAG(int64_t, sample_every, 0,
+          "every N steps and after the last, print the model's greedy fill-in of one fixed "
+          "span-corrupted example (the start-up lines' sample) under its inputs and targets; "
+          "0: never");
+ABSL_FLAG(std::string, sample_gather, "model",
+          "FSDP strategies: how a sample holds the parameters: model (every unit gathered "
+          "once for the whole sample) or unit (the root held, each decoding step gathers and "
+          "frees the blocks one by one, as a training forward)");
 
 namespace t5 {
 namespace {
@@ -233,6 +243,62 @@ void PrintStartup(const T5Config& config, const data::TokenSource& source,
   std::fflush(stdout);
 }
 
+// --sample_every's samples: the model's greedy fill-in of the spans of one
+// fixed example (row 0 of the data's first batch, which the start-up lines
+// show), printed under its inputs and targets: text for byte data, else ids.
+struct Sampler {
+  train::SampleSchedule schedule;
+  std::optional<data::SpanCorruptor> corruptor;
+  tensor::Tensor encoder_inputs, encoder_mask;  // (1, S) on the host
+  std::vector<int64_t> targets;                 // (T_dec), ignore_index at padding
+  int64_t eos_id = -1;
+  bool text = false;
+
+  // "sample at step N:" and the three lines, from `model` (eval mode, on
+  // `device`): greedy, so every rank of a data-parallel run draws the same.
+  absl::StatusOr<std::string> Draw(T5Model& model, int64_t step_done, tensor::Device device) const {
+    GenerateOptions options;
+    options.max_new_tokens = static_cast<int64_t>(
+        std::count_if(targets.begin(), targets.end(), [](int64_t t) { return t >= 0; }));
+    options.eos_id = eos_id;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
+        Generate(model, encoder_inputs.To(device), encoder_mask.To(device), options);
+    if (!rows.ok()) return rows.status();
+    using Decode = std::function<std::string(absl::Span<const int64_t>)>;
+    const Decode decode = text ? Decode(data::DecodeBytes) : [](absl::Span<const int64_t> ids) {
+      return absl::StrCat(" ", absl::StrJoin(ids, " "), " ");
+    };
+    auto show = [&](absl::Span<const int64_t> ids) {
+      return Clip(corruptor->Render(ids, decode), 160);
+    };
+    return absl::StrCat("sample at step ", step_done,
+                        ":\n  inputs:  ", show(encoder_inputs.ToVector<int64_t>()),
+                        "\n  targets: ", show(targets), "\n  model:   ", show((*rows)[0]), "\n");
+  }
+};
+
+// The sampler of the --sample_* flags over `source`, corrupted as `span` says.
+absl::StatusOr<Sampler> MakeSampler(std::shared_ptr<const data::TokenSource> source,
+                                    const data::SpanCorruptionOptions& span) {
+  Sampler s;
+  absl::StatusOr<train::SampleSchedule> schedule = train::SampleSchedule::Parse(
+      absl::GetFlag(FLAGS_sample_every), absl::GetFlag(FLAGS_sample_gather));
+  if (!schedule.ok()) return schedule.status();
+  s.schedule = *schedule;
+  if (s.schedule.every == 0) return s;
+  s.text = source->vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random";
+  absl::StatusOr<data::SpanCorruptionLoader> one =
+      data::SpanCorruptionLoader::Create(std::move(source), {1, 0, 1, 1}, span);
+  if (!one.ok()) return one.status();
+  const data::Seq2SeqBatch batch = one->Batch(0);  // (1, S), (1, T_dec)
+  s.corruptor.emplace(one->corruptor());
+  s.encoder_inputs = batch.encoder_inputs;
+  s.encoder_mask = batch.encoder_mask;
+  s.targets = batch.decoder_targets.ToVector<int64_t>();
+  s.eos_id = span.eos_id;
+  return s;
+}
+
 // On resuming: a note on stderr when the checkpoint's run used another LR
 // schedule (cosine depends on --steps), which this run continues with.
 void NoteScheduleChange(const train::TrainState& resumed, const optim::LrSchedule& schedule) {
@@ -309,6 +375,7 @@ struct DpSetup {
   const Init* init = nullptr;  // --init_from's weights, else null
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
+  const Sampler* sampler = nullptr;
 };
 
 // One rank's training loop (a thread of this process, or this process under
@@ -442,6 +509,17 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       });
       if (!evaluated.ok()) return evaluated;
     }
+    if (setup.sampler->schedule.Due(step + 1, steps)) {
+      // Every rank decodes alike (FSDP: the units held as --sample_gather says); rank 0 prints.
+      absl::StatusOr<std::string> sample;
+      (*dp)->ForwardOnly([&] { sample = setup.sampler->Draw(model, step + 1, setup.dp.device); },
+                         setup.sampler->schedule.gather);
+      if (!sample.ok()) return sample.status();
+      if (rank.logs()) {
+        std::fputs(sample->c_str(), stdout);
+        std::fflush(stdout);
+      }
+    }
     if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status s = save(step + 1);
       if (!s.ok()) return s;
@@ -546,6 +624,8 @@ absl::Status Train() {
     if (!l.ok()) return WithContext(l.status(), "--eval_data");
     eval_loader.emplace(*std::move(l));
   }
+  absl::StatusOr<Sampler> sampler = MakeSampler(source, span);
+  if (!sampler.ok()) return sampler.status();
   // The model's vocabulary: the source's plus the sentinels, which the loader
   // numbers right above the source's ids; --init_from's may be padded beyond.
   if (init && config->vocab_size < loader->vocab_size()) {
@@ -603,6 +683,7 @@ absl::Status Train() {
     setup.metrics = metrics->get();
     setup.init = init_weights ? &*init : nullptr;
     setup.init_line = init_line;
+    setup.sampler = &*sampler;
     absl::StatusOr<double> peak =
         train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
                          setup.dp.backend == train::Backend::kNccl ? setup.dp.world_size : 1);
@@ -713,6 +794,14 @@ absl::Status Train() {
         });
       });
       if (!reported.ok()) return reported;
+    }
+    if (sampler->schedule.Due(step + 1, steps)) {
+      absl::StatusOr<std::string> sample;
+      train::ForwardOnlyInOneProcess(model, mixed,
+                                     [&] { sample = sampler->Draw(model, step + 1, device); });
+      if (!sample.ok()) return sample.status();
+      std::fputs(sample->c_str(), stdout);
+      std::fflush(stdout);
     }
     if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status saved = save(step + 1);
