@@ -717,6 +717,18 @@ absl::StatusOr<SampleSchedule> SampleSchedule::Parse(int64_t every, const std::s
   return s;
 }
 
+absl::Status PrintSample(DataParallelModel& dp, const SampleSchedule& schedule, bool print,
+                         const std::function<absl::StatusOr<std::string>()>& draw) {
+  absl::StatusOr<std::string> sample;
+  dp.ForwardOnly([&] { sample = draw(); }, schedule.gather);
+  if (!sample.ok()) return sample.status();
+  if (print) {
+    std::fputs(sample->c_str(), stdout);
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
 double AccumulateGradients(int64_t K, DataParallelModel* dp,
                            const std::function<double(int64_t m)>& micro_step) {
   CHECK_GE(K, 1) << "[grad accumulation] K must be >= 1";

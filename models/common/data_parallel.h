@@ -384,6 +384,12 @@ struct SampleSchedule {
   static absl::StatusOr<SampleSchedule> Parse(int64_t every, const std::string& gather);
 };
 
+// A sample under data parallelism: `draw` (the same work on every rank) runs
+// inside dp.ForwardOnly with schedule.gather, and what it returns is printed
+// on stdout where `print` (rank 0).
+absl::Status PrintSample(DataParallelModel& dp, const SampleSchedule& schedule, bool print,
+                         const std::function<absl::StatusOr<std::string>()>& draw);
+
 // Gradient accumulation over K >= 1 micro-batches: calls micro_step(m) for
 // m = 0 .. K-1, all but the last under dp's NoSyncGuard (dp null: one process,
 // nothing to hold back), and returns the mean of what micro_step returns (the

@@ -382,6 +382,16 @@ void ForwardOnlyInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
   model.Train(true);
 }
 
+absl::Status PrintSampleInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                                     const std::function<absl::StatusOr<std::string>()>& draw) {
+  absl::StatusOr<std::string> sample;
+  ForwardOnlyInOneProcess(model, mixed, [&] { sample = draw(); });
+  if (!sample.ok()) return sample.status();
+  std::fputs(sample->c_str(), stdout);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
                         const std::function<double()>& loss) {
   double value = 0.0;

@@ -223,6 +223,10 @@ double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
 // The same for any forward-only work (generation during training).
 void ForwardOnlyInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
                              const std::function<void()>& work);
+// A sample in one process: `draw` inside ForwardOnlyInOneProcess, and what
+// it returns printed on stdout.
+absl::Status PrintSampleInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
+                                     const std::function<absl::StatusOr<std::string>()>& draw);
 
 class StepTimer {
  public:

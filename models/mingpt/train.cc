@@ -57,6 +57,7 @@
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/mfu.h"
 #include "models/common/one_process_step.h"
+#include "models/common/sample_flags.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
 #include "models/data/byte_text.h"
@@ -128,19 +129,10 @@ ABSL_FLAG(double, peak_tflops, 0,
           "(H100, H200, A100), else no MFU. Over every GPU with --backend=nccl, else one");
 ABSL_FLAG(std::string, metrics_out, "", "append one JSON line of metrics per step to this file");
 ABSL_FLAG(int64_t, log_every, 10, "print every N steps (and the first and last)");
-ABSL_FLAG(int64_t, sample_every, 0,
-          "print a sample every N steps and after the last (minGPT's chargpt does): "
-          "--sample_tokens tokens continuing --sample_prompt, temperature 0.8 and top-k 200 as "
-          "//models/mingpt:sample's defaults, seeded by --seed and the step; 0: never");
 ABSL_FLAG(std::string, sample_prompt, "\n",
           "the samples' prompt: text (bytes for a byte-level model, else the --tokenizer's "
           "BPE)");
 ABSL_FLAG(int64_t, sample_tokens, 100, "new tokens per sample");
-ABSL_FLAG(std::string, sample_gather, "model",
-          "FSDP strategies: how a sample holds the parameters: model (every unit gathered "
-          "once for the whole sample: the memory of the unsharded model) or unit (each "
-          "decoding step gathers and frees the units one by one, as a training forward: the "
-          "memory of a training forward, an all-gather of the model per token)");
 
 namespace mingpt {
 namespace {
@@ -228,8 +220,7 @@ struct Sampler {
 // tokenizer is `tokenizer_name` ("" for none).
 absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& tokenizer_name) {
   Sampler s;
-  absl::StatusOr<train::SampleSchedule> schedule = train::SampleSchedule::Parse(
-      absl::GetFlag(FLAGS_sample_every), absl::GetFlag(FLAGS_sample_gather));
+  absl::StatusOr<train::SampleSchedule> schedule = train::SampleScheduleFromCommandLine();
   if (!schedule.ok()) return schedule.status();
   s.schedule = *schedule;
   if (s.schedule.every == 0) return s;
@@ -410,15 +401,11 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       if (!evaluated.ok()) return evaluated;
     }
     if (setup.sampler->schedule.Due(step + 1, steps)) {
-      // Every rank draws alike (FSDP: the units gathered as --sample_gather says); rank 0 prints.
-      absl::StatusOr<std::string> sample;
-      (*dp)->ForwardOnly([&] { sample = setup.sampler->Draw(model, step + 1, setup.dp.device); },
-                         setup.sampler->schedule.gather);
-      if (!sample.ok()) return sample.status();
-      if (rank.logs()) {
-        std::fputs(sample->c_str(), stdout);
-        std::fflush(stdout);
-      }
+      // Every rank draws alike (FSDP: the units held as --sample_gather says); rank 0 prints.
+      absl::Status sampled = train::PrintSample(**dp, setup.sampler->schedule, rank.logs(), [&] {
+        return setup.sampler->Draw(model, step + 1, setup.dp.device);
+      });
+      if (!sampled.ok()) return sampled;
     }
     if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status s = save(step + 1);
@@ -660,12 +647,9 @@ absl::Status Train() {
       if (!reported.ok()) return reported;
     }
     if (sampler->schedule.Due(step + 1, steps)) {
-      absl::StatusOr<std::string> sample;
-      train::ForwardOnlyInOneProcess(model, mixed,
-                                     [&] { sample = sampler->Draw(model, step + 1, device); });
-      if (!sample.ok()) return sample.status();
-      std::fputs(sample->c_str(), stdout);
-      std::fflush(stdout);
+      absl::Status sampled = train::PrintSampleInOneProcess(
+          model, mixed, [&] { return sampler->Draw(model, step + 1, device); });
+      if (!sampled.ok()) return sampled;
     }
     if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
       absl::Status saved = save(step + 1);
