@@ -226,8 +226,11 @@ absl::StatusOr<FsdpTimed> TimeUnderFsdp(
         (*dp)->ForwardOnly(
             [&] {
               absl::StatusOr<Rows> rows = generate(*model);
-              if (rows.ok()) out[way] = *std::move(rows);
-              if (!rows.ok()) failed = rows.status();
+              if (rows.ok()) {
+                out[way] = *std::move(rows);
+              } else {
+                failed = rows.status();
+              }
             },
             way == 0 ? Gather::kWholeModel : Gather::kPerUnit);
         seconds[way].push_back(
