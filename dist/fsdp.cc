@@ -55,19 +55,27 @@ namespace internal {
 
 // What the units of one model share: the pass counter, the unit order recorded
 // in the last forward and backward (for prefetch), the reduce-scatters in
-// flight, and the no_sync flag.
+// flight, the no_sync flag and the prefetch counts.
 struct FsdpShared {
   FsdpOptions options;
   std::vector<FsdpUnit*> units;  // units[0] is the root
   // Incremented at the root's PreForward: gathers of an earlier pass are stale.
   int64_t pass = 0;
   // Unit ids in the order PreForward / PreBackward ran in the last complete
-  // pass, and the ones of the pass running now.
-  std::vector<int> forward_order, backward_order;
+  // pass, and the ones of the pass running now. Forward-only passes (the
+  // root held by Unshard / UnshardRoot) keep an order of their own: they may
+  // run other units than training does (T5's decoding steps run the decoder
+  // alone), and would otherwise make the next training forward's prefetch
+  // gather units it does not run next.
+  std::vector<int> training_forward_order, forward_only_order, backward_order;
   std::vector<int> forward_now, backward_now;
   // Reduce-scatters issued and not yet finished, oldest first.
   std::vector<FsdpUnit*> pending_reduces;
   bool require_sync = true;
+  FullyShardedModel::PrefetchStats prefetch_stats;
+
+  // The recorded forward order for the kind of pass running now.
+  std::vector<int>& forward_order();
 
   bool recorded(const std::vector<int>& order, const std::vector<int>& now) const {
     return now.size() <= order.size() && std::equal(now.begin(), now.end(), order.begin());
@@ -76,6 +84,11 @@ struct FsdpShared {
   // pass so far matches it), up to max_inflight_all_gathers not yet used.
   void Prefetch(const std::vector<int>& order, const std::vector<int>& now);
   void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
+  // At the end of a pass: reshards the units prefetched and not used (the
+  // pass ran other units than its recorded order said), which would
+  // otherwise hold their memory and count against max_inflight_all_gathers
+  // until their next use.
+  void FreeUnusedPrefetches();
 };
 
 class FsdpUnit : public nn::ModuleHooks {
@@ -158,15 +171,18 @@ class FsdpUnit : public nn::ModuleHooks {
   // Issues the all-gather of this pass unless already issued. `prefetch`: for
   // a later module (counted against max_inflight_all_gathers until used).
   void IssueUnshard(bool prefetch) {
-    if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
     if (values_are_shard() || held_) return;
-    if (gathered_this_pass()) return;
+    if (gathered_this_pass()) {
+      if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
+      return;
+    }
     // Held from an earlier pass (SHARD_GRAD_OP's units, the root after a
-    // forward-only pass): stale, and freed before the new buffer is
-    // allocated, so that a unit never holds two.
+    // forward-only pass, a prefetch the pass did not use): stale, and freed
+    // before the new buffer is allocated, so that a unit never holds two.
     if (full_.defined()) Reshard();
     gather_pass_ = shared_.pass;
     prefetched_ = prefetch;
+    if (prefetch) ++shared_.prefetch_stats.issued;
     views_set_ = false;  // a new buffer: WaitUnshard points the values at it
     tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
     if (no_shard()) {  // a local cast and/or copy to the device, nothing to communicate
@@ -216,10 +232,12 @@ class FsdpUnit : public nn::ModuleHooks {
     WaitUnshard();
     held_ = true;
   }
+  bool held() const { return held_; }
 
   void Reshard() {
     held_ = false;
     if (values_are_shard()) return;
+    if (prefetched_) ++shared_.prefetch_stats.unused;
     if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
     gather_work_ = nullptr;
     gather_send_ = tensor::Tensor();
@@ -244,13 +262,16 @@ class FsdpUnit : public nn::ModuleHooks {
     shared_.forward_now.push_back(id_);
     IssueUnshard(false);
     if (shared_.options.forward_prefetch) {
-      shared_.Prefetch(shared_.forward_order, shared_.forward_now);
+      shared_.Prefetch(shared_.forward_order(), shared_.forward_now);
     }
     WaitUnshard();
   }
 
   void PostForward(nn::Module&) override {
-    if (is_root()) shared_.forward_order = shared_.forward_now;
+    if (is_root()) {
+      shared_.forward_order() = shared_.forward_now;
+      shared_.FreeUnusedPrefetches();  // this pass left the recorded order
+    }
     if (nn::IsRecomputing()) return;  // its backward follows at once
     if (reshards_after_forward() && !is_root() && !held_) Reshard();
   }
@@ -286,7 +307,10 @@ class FsdpUnit : public nn::ModuleHooks {
       shared_.FinishReducesBefore(is_root() ? 0 : 1);
     }
     Reshard();
-    if (is_root()) shared_.backward_order = shared_.backward_now;
+    if (is_root()) {
+      shared_.backward_order = shared_.backward_now;
+      shared_.FreeUnusedPrefetches();
+    }
   }
 
   // ---- Gradient reduction ----
@@ -391,6 +415,10 @@ class FsdpUnit : public nn::ModuleHooks {
   WorkPtr reduce_work_;
 };
 
+std::vector<int>& FsdpShared::forward_order() {
+  return units[0]->held() ? forward_only_order : training_forward_order;
+}
+
 void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>& now) {
   if (!recorded(order, now)) return;  // first pass, or the order changed
   int in_flight = 1;                  // the unit now running
@@ -401,6 +429,12 @@ void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>&
     if (next->gathered_this_pass()) continue;
     next->IssueUnshard(/*prefetch=*/true);
     ++in_flight;
+  }
+}
+
+void FsdpShared::FreeUnusedPrefetches() {
+  for (FsdpUnit* u : units) {
+    if (u->prefetched()) u->Reshard();
   }
 }
 
@@ -540,6 +574,10 @@ void FullyShardedModel::ZeroGrad() {
     u->DropAccumulatedGrad();
     tensor::Zero(u->flat().grad_shard());
   }
+}
+
+FullyShardedModel::PrefetchStats FullyShardedModel::prefetch_stats() const {
+  return shared_->prefetch_stats;
 }
 
 void FullyShardedModel::Reshard() {

@@ -214,6 +214,18 @@ class FullyShardedModel {
   // registration order; other ranks get an empty list.
   std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
 
+  // What forward_prefetch and backward_prefetch did since FullyShard: the
+  // unit gathers they issued ahead of the unit's own hook, and how many of
+  // those were freed unused (a pass that ran the units in another order than
+  // the one recorded from the pass before it). Each kind of pass prefetches
+  // from its own recorded order: training forwards, forward-only passes
+  // under Unshard / UnshardRoot, and backwards.
+  struct PrefetchStats {
+    int64_t issued = 0;
+    int64_t unused = 0;
+  };
+  PrefetchStats prefetch_stats() const;
+
   int num_units() const { return static_cast<int>(units_.size()); }
   // Unit i's name relative to the root ("" for the root) and flat parameter.
   const std::string& unit_name(int i) const;

@@ -9,6 +9,7 @@
 // (DataParallelModel::ForwardOnly's two ways).
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <set>
@@ -276,6 +277,74 @@ INSTANTIATE_TEST_SUITE_P(TiedAndUntied, T5FullShardTest, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& info) {
                            return info.param ? "V1_1Untied" : "V1_0Tied";
                          });
+
+// forward_prefetch follows the forward order recorded from the pass before.
+// T5's decoding passes run other units (Encode the encoder, DecodeStep the
+// decoder) than a training forward (both stacks): they record an order of
+// their own, and the training forward after them prefetches as many units as
+// the one before them did. When they overwrote the training order, the next
+// training forward prefetched one unit (the root's, from the decoder's
+// order) and no other. A prefetch a pass does not use is freed at the pass's
+// end; before, it stayed gathered and counted against the in-flight limit,
+// and the decoding steps prefetched nothing.
+TEST(T5FsdpPrefetchTest, DecodingLeavesTheTrainingForwardsPrefetchAsItWas) {
+  train::DataParallelConfig config = Config("transformer", 2);
+  config.forward_prefetch = true;
+  config.backward_prefetch = dist::BackwardPrefetch::kNone;  // forward prefetches alone
+  using Stats = dist::FullyShardedModel::PrefetchStats;
+  std::vector<std::vector<Stats>> after(2);  // per rank: after each phase below
+  absl::Status s = train::RunDataParallel(config, [&](train::RankContext& rank) -> absl::Status {
+    T5Model model(Tiny(false));
+    data::SpanCorruptionLoader loader = Loader(rank.rank, 2);
+    auto dp =
+        train::DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {"shared.weight"});
+    if (!dp.ok()) return dp.status();
+    auto train_step = [&]() -> absl::Status {
+      const data::Seq2SeqBatch b = loader.Next();  // this rank's rows: (2, S), (2, T_dec)
+      model.ForwardBackward(b.encoder_inputs, b.encoder_mask, b.decoder_inputs, b.decoder_targets);
+      absl::Status st = (*dp)->FinishBackward();
+      if (!st.ok()) return st;
+      st = (*dp)->Step();
+      (*dp)->ZeroGrad();
+      after[rank.rank].push_back((*dp)->fsdp()->prefetch_stats());
+      return st;
+    };
+    for (int step = 0; step < 2; ++step) {  // the first records the order
+      if (absl::Status st = train_step(); !st.ok()) return st;
+    }
+    Decoded decoded;
+    (*dp)->ForwardOnly([&] { DecodeAfterTraining(model, decoded); },
+                       train::DataParallelModel::Gather::kPerUnit);
+    after[rank.rank].push_back((*dp)->fsdp()->prefetch_stats());
+    return train_step();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const std::vector<Stats>& a = after[r];  // step 1, step 2, decoding, step 3
+    ASSERT_EQ(a.size(), 4u);
+    EXPECT_EQ(a[0].issued, 0);  // nothing recorded yet
+    const int64_t per_step = a[1].issued - a[0].issued;
+    // Two in flight at most: each unit's hook prefetches the next unit (the
+    // root the first encoder block, ..., the third decoder block the last):
+    // one per non-root unit.
+    EXPECT_EQ(per_step, 4);
+    EXPECT_EQ(a[1].unused, 0);
+    const int64_t decoding = a[2].issued - a[1].issued;
+    const int64_t decoding_unused = a[2].unused - a[1].unused;
+    std::printf("rank %d: prefetches per training step %lld; decoding: %lld issued, %lld unused\n",
+                r, (long long)per_step, (long long)decoding, (long long)decoding_unused);
+    // DecodeAfterTraining: Encode, DecodeStep, then Generate's Encode and six
+    // DecodeSteps. Each pass whose entry differs from the pass before (the
+    // second to fourth) prefetches one unit its root's recorded order names
+    // and does not run it, freed unused at the pass's end; Generate's last
+    // five DecodeSteps prefetch both decoder blocks.
+    EXPECT_EQ(decoding, 3 + 5 * 2);
+    EXPECT_EQ(decoding_unused, 3);
+    EXPECT_EQ(a[3].issued - a[2].issued, per_step);
+    EXPECT_EQ(a[3].unused, a[2].unused);
+  }
+}
 
 }  // namespace
 }  // namespace t5
