@@ -74,6 +74,9 @@ struct FsdpShared {
   bool require_sync = true;
   FullyShardedModel::PrefetchStats prefetch_stats;
 
+  // A forward-only pass: the root is held (Unshard / UnshardRoot), so no
+  // backward follows it (one would throw).
+  bool forward_only() const;
   // The recorded forward order for the kind of pass running now.
   std::vector<int>& forward_order();
 
@@ -273,7 +276,9 @@ class FsdpUnit : public nn::ModuleHooks {
       shared_.FreeUnusedPrefetches();  // this pass left the recorded order
     }
     if (nn::IsRecomputing()) return;  // its backward follows at once
-    if (reshards_after_forward() && !is_root() && !held_) Reshard();
+    // Forward-only passes free the unit under every strategy: SHARD_GRAD_OP
+    // keeps it for a backward that will not come.
+    if ((reshards_after_forward() || shared_.forward_only()) && !is_root() && !held_) Reshard();
   }
 
   void PreBackward(nn::Module&) override {
@@ -415,8 +420,10 @@ class FsdpUnit : public nn::ModuleHooks {
   WorkPtr reduce_work_;
 };
 
+bool FsdpShared::forward_only() const { return units[0]->held(); }
+
 std::vector<int>& FsdpShared::forward_order() {
-  return units[0]->held() ? forward_only_order : training_forward_order;
+  return forward_only() ? forward_only_order : training_forward_order;
 }
 
 void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>& now) {

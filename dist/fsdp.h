@@ -186,7 +186,9 @@ class FullyShardedModel {
   void Unshard();
   // Unshard() for the root unit alone (as PyTorch FSDP2's unshard() on the
   // root module, which is not recursive): forward-only passes then gather
-  // and free the other units one by one as a training forward does, and the
+  // and free the other units one by one as a FULL_SHARD training forward
+  // does (under every strategy: SHARD_GRAD_OP's units too, as no backward
+  // follows), and the
   // root (embeddings, head: often the largest unit) is gathered once for
   // all of them instead of once per pass. Until Reshard(); a backward
   // throws OpError.
