@@ -141,7 +141,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
         });
   }
   // The masters are the (broadcast) fp32 values.
-  if (mp.IsMixed()) casts_ = std::make_unique<nn::MixedPrecision>(model_, mp);
+  if (mp.IsMixed()) compute_.SetCasts(std::make_unique<nn::MixedPrecision>(model_, mp));
   hooks_ = std::make_unique<internal::BackwardHooks>(
       model_, [this] { OnRootPreBackward(); }, [this](nn::Module& m) { OnPostBackward(m); },
       [this](nn::Module& m) { OnPreForward(m); });
@@ -152,7 +152,7 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (auto& b : buckets_) {
     if (b.work) b.work->Wait().IgnoreError();
   }
-  if (casts_) casts_->RestoreMasters();
+  compute_.RestoreMasters();
 }
 
 std::vector<std::string> DistributedDataParallel::BucketParameterNames(int i) const {
@@ -165,26 +165,20 @@ void DistributedDataParallel::ZeroGrad() {
   for (auto& b : buckets_) tensor::Zero(b.flat);
 }
 
-void DistributedDataParallel::BeginForwardOnly() {
-  if (casts_) casts_->CastForCompute();
-  forward_only_ = true;
-}
+void DistributedDataParallel::BeginForwardOnly() { compute_.BeginForwardOnly(); }
 
 void DistributedDataParallel::EndForwardOnly() {
-  forward_only_ = false;
   readiness_->EndForward();
-  if (casts_) casts_->RestoreMasters();
+  compute_.EndForwardOnly();
 }
 
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
-  if (&module == &model_ && casts_ && !forward_only_) casts_->CastForCompute();
+  if (&module == &model_) compute_.OnRootPreForward();
 }
 
 void DistributedDataParallel::OnRootPreBackward() {
-  OP_CHECK(!forward_only_, "ddp",
-           "backward between BeginForwardOnly and EndForwardOnly (forward-only work); call "
-           "EndForwardOnly before training");
+  compute_.OnRootPreBackward();
   readiness_->EndForward();
   // A step still in flight (a backward whose root PostBackward never ran).
   if (!finished_) Finish().IgnoreError();
@@ -219,7 +213,7 @@ void DistributedDataParallel::IssueReadyBuckets() {
 void DistributedDataParallel::OnPostBackward(nn::Module& module) {
   if (&module == &model_) {
     // Backward is over: the optimizer steps the fp32 masters.
-    if (casts_) casts_->RestoreMasters();
+    compute_.RestoreMasters();
     if (!syncing_this_step_ || finished_) return;
     events_.push_back({Event::Kind::kRootPostBackward, -1});
     absl::Status status = Finish();

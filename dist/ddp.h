@@ -236,12 +236,11 @@ class DistributedDataParallel {
   bool finished_ = true;  // this step's all-reduces waited for
   absl::Status status_;   // their result
   bool require_sync_ = true;
-  bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly
   bool syncing_this_step_ = false;
   std::vector<Event> events_;
   bool reduce_low_ = false;                    // all-reduce in reduce_dtype
   std::unique_ptr<internal::LowPrecisionCopies> copies_;  // of the buckets in flight (reduce_low_)
-  std::unique_ptr<nn::MixedPrecision> casts_;  // param_dtype compute copies (mixed only)
+  internal::ComputeCopies compute_{"ddp"};                // param_dtype copies (mixed only)
   std::unique_ptr<internal::BackwardHooks> hooks_;
 };
 

@@ -160,5 +160,11 @@ absl::Status LowPrecisionCopies::Finish() {
   return s;
 }
 
+void ComputeCopies::OnRootPreBackward() const {
+  OP_CHECK(!forward_only_, op_,
+           "backward between BeginForwardOnly and EndForwardOnly (forward-only work); call "
+           "EndForwardOnly before training");
+}
+
 }  // namespace internal
 }  // namespace dist

@@ -8,6 +8,7 @@
 
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -15,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "dist/work.h"
+#include "nn/mixed_precision.h"
 #include "nn/module.h"
 #include "tensor/tensor.h"
 
@@ -143,6 +145,44 @@ class LowPrecisionCopies {
   std::deque<Out> out_;  // in issue order
   absl::Status status_;
   int peak_ = 0, last_peak_ = 0;
+};
+
+// The low-precision compute copies of a replicated model (DDP's, ZeRO-1's):
+// the casts (SetCasts; none: nothing to cast) make param_dtype copies of the
+// fp32 masters at each root forward, and the masters are the values again
+// once the backward is over. A forward-only region (BeginForwardOnly ..
+// EndForwardOnly: evaluation, generation) makes them once for all its
+// forwards, and refuses a backward. `op` ("ddp", "zero1") names the wrapper
+// in errors.
+class ComputeCopies {
+ public:
+  explicit ComputeCopies(const char* op) : op_(op) {}
+  void SetCasts(std::unique_ptr<nn::MixedPrecision> casts) { casts_ = std::move(casts); }
+
+  // The root's PreForward: cast, unless the region's copies are current.
+  void OnRootPreForward() {
+    if (casts_ && !forward_only_) casts_->CastForCompute();
+  }
+  // The root's PreBackward: throws OpError inside a forward-only region.
+  void OnRootPreBackward() const;
+  void BeginForwardOnly() {
+    if (casts_) casts_->CastForCompute();
+    forward_only_ = true;
+  }
+  void EndForwardOnly() {
+    forward_only_ = false;
+    RestoreMasters();
+  }
+  // The values are the fp32 masters again (the backward is over, or the
+  // wrapper goes away).
+  void RestoreMasters() {
+    if (casts_) casts_->RestoreMasters();
+  }
+
+ private:
+  std::unique_ptr<nn::MixedPrecision> casts_;
+  const char* op_;             // a string literal
+  bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly
 };
 
 }  // namespace internal

@@ -143,7 +143,7 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   if (mp.IsMixed() && !low_flat) {
     // Kept-fp32 classes: fp32 views stay the values between steps; the others
     // compute with param_dtype copies from forward to backward.
-    casts_ = std::make_unique<nn::MixedPrecision>(model_, mp);
+    compute_.SetCasts(std::make_unique<nn::MixedPrecision>(model_, mp));
   }
   hooks_ = std::make_unique<internal::BackwardHooks>(
       model_, [this] { OnRootPreBackward(); }, [this](nn::Module& m) { OnPostBackward(m); },
@@ -155,7 +155,7 @@ Zero1::~Zero1() {
   for (Bucket& b : buckets_) {
     if (b.work) b.work->Wait().IgnoreError();
   }
-  if (casts_) casts_->RestoreMasters();
+  compute_.RestoreMasters();
 }
 
 Zero1::Segment Zero1::segment(int b) const { return buckets_.at(b).seg; }
@@ -186,26 +186,20 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
 
 void Zero1::ZeroGrad() { tensor::Zero(flat_grad_); }
 
-void Zero1::BeginForwardOnly() {
-  if (casts_) casts_->CastForCompute();
-  forward_only_ = true;
-}
+void Zero1::BeginForwardOnly() { compute_.BeginForwardOnly(); }
 
 void Zero1::EndForwardOnly() {
-  forward_only_ = false;
   readiness_->EndForward();
-  if (casts_) casts_->RestoreMasters();
+  compute_.EndForwardOnly();
 }
 
 void Zero1::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
-  if (&module == &model_ && casts_ && !forward_only_) casts_->CastForCompute();
+  if (&module == &model_) compute_.OnRootPreForward();
 }
 
 void Zero1::OnRootPreBackward() {
-  OP_CHECK(!forward_only_, "zero1",
-           "backward between BeginForwardOnly and EndForwardOnly (forward-only work); call "
-           "EndForwardOnly before training");
+  compute_.OnRootPreBackward();
   readiness_->EndForward();
   // A step still in flight (a backward whose reductions Step never took).
   if (syncing_this_step_ || in_flight_) FinishBackward().IgnoreError();
@@ -240,7 +234,7 @@ void Zero1::IssueReadyBuckets() {
 
 void Zero1::OnPostBackward(nn::Module& module) {
   if (&module == &model_) {
-    if (casts_) casts_->RestoreMasters();  // backward is over
+    compute_.RestoreMasters();  // backward is over
     if (!syncing_this_step_) return;
     events_.push_back({BackwardEvent::Kind::kRootPostBackward, -1});
     readiness_->MarkAllFinal();

@@ -273,10 +273,9 @@ class Zero1 {
   std::unique_ptr<internal::BucketReadiness> readiness_;
   bool reduce_low_ = false;                    // reduce-scatter in reduce_dtype
   std::unique_ptr<internal::LowPrecisionCopies> copies_;  // of the buckets in flight (reduce_low_)
-  std::unique_ptr<nn::MixedPrecision> casts_;  // compute copies when kept-fp32 classes exist
+  internal::ComputeCopies compute_{"zero1"};              // when kept-fp32 classes exist
   optim::ElementRanges decay_ranges_;
   bool require_sync_ = true;
-  bool forward_only_ = false;       // between BeginForwardOnly and EndForwardOnly
   bool syncing_this_step_ = false;  // in a synced backward (until its root PostBackward)
   bool in_flight_ = false;          // reduce-scatters issued and not waited for
   bool reduced_ = false;            // a synced backward's gradients are ready for Step
