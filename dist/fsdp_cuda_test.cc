@@ -31,9 +31,7 @@ using namespace dist::testing;  // NOLINT: the shared fixtures
 constexpr double kGpuTol = 1e-4;
 
 FsdpOptions OnGpu(ShardingStrategy strategy, bool offload = false) {
-  FsdpOptions o;
-  o.strategy = strategy;
-  o.policy = WrapPolicy::Transformer({"Block"});
+  FsdpOptions o = PerBlock(strategy);
   o.device = Device::Cuda(0);
   o.cpu_offload = offload;
   return o;

@@ -64,12 +64,7 @@ RunResult OverNccl(const mingpt::GptConfig& c, const Tensor& idx, const Tensor& 
   return results[0];
 }
 
-FsdpOptions Options(ShardingStrategy strategy) {
-  FsdpOptions o;
-  o.strategy = strategy;
-  o.policy = WrapPolicy::Transformer({"Block"});
-  return o;
-}
+FsdpOptions Options(ShardingStrategy strategy) { return PerBlock(strategy); }
 
 class FsdpNcclParityTest : public ::testing::TestWithParam<ShardingStrategy> {};
 

@@ -44,9 +44,7 @@ TEST_P(FsdpPrefetchTest, SameBitsAsNoPrefetchAndOneProcess) {
   const mingpt::GptConfig c = Tiny();
   const Batch b = GlobalBatch(c);
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
-    FsdpOptions none;
-    none.strategy = strategy;
-    none.policy = WrapPolicy::Transformer({"Block"});
+    FsdpOptions none = PerBlock(strategy);
     none.backward_prefetch = BackwardPrefetch::kNone;
     none.max_inflight_all_gathers = 1;
     FsdpOptions options = none;
@@ -116,9 +114,7 @@ int64_t SecondPassParamPeak(const FsdpOptions& options, int64_t* block_bytes,
 }
 
 TEST(FsdpPrefetchTest, PrefetchedUnitsShowInTheLedgerUpToTheLimit) {
-  FsdpOptions options;
-  options.policy = WrapPolicy::Transformer({"Block"});
-  options.seed = kSeed;
+  FsdpOptions options = PerBlock();
   int64_t block = 0, base = 0;
   options.backward_prefetch = BackwardPrefetch::kNone;
   options.max_inflight_all_gathers = 1;
@@ -164,9 +160,7 @@ TEST(FsdpPrefetchTest, ActivationCheckpointingTrainsTheSame) {
   const RunResult want = SingleProcess(c, b.idx, b.tgt);
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                     ShardingStrategy::kNoShard}) {
-    FsdpOptions options;
-    options.strategy = strategy;
-    options.policy = WrapPolicy::Transformer({"Block"});
+    FsdpOptions options = PerBlock(strategy);
     options.forward_prefetch = true;
     const RunResult plain = Sharded(c, b.idx, b.tgt, 2, options);
     const RunResult checkpointed = Sharded(c, b.idx, b.tgt, 2, options, 1, true);
@@ -185,9 +179,7 @@ TEST_P(FsdpNoSyncTest, AccumulatedMicroBatchesMatchOneProcess) {
   const mingpt::GptConfig c = Tiny();
   const Batch b = GlobalBatch(c);
   for (int world : {2, 3}) {
-    FsdpOptions options;
-    options.strategy = GetParam();
-    options.policy = WrapPolicy::Transformer({"Block"});
+    FsdpOptions options = PerBlock(GetParam());
     options.hybrid_shard_group_size = 1;
     const RunResult want = SingleProcess(c, b.idx, b.tgt, precision::MixedPrecisionPolicy::Fp32(),
                                          /*micro_batches=*/2, world);
@@ -219,9 +211,7 @@ TEST(FsdpLossScalingTest, ScaledLossThenUnscaleTrainsTheSame) {
   RunResult got;
   absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
-    FsdpOptions options;
-    options.policy = WrapPolicy::Transformer({"Block"});
-    options.seed = kSeed;
+    FsdpOptions options = PerBlock();
     auto fsdp = FullyShard(gpt, pg, options);
     auto opt = optim::SGD::Create(Sgd()).value();
     const int64_t B = kGlobalBatch / 2;
@@ -306,11 +296,8 @@ TEST(FsdpHybridShardTest, ShardsAreOneGroupthAndReplicasAgree) {
     std::vector<std::vector<float>> first_shard(4);
     absl::Status s = RunRanks(4, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
-      FsdpOptions options;
-      options.strategy = strategy;
+      FsdpOptions options = PerBlock(strategy);
       options.hybrid_shard_group_size = 2;
-      options.policy = WrapPolicy::Transformer({"Block"});
-      options.seed = kSeed;
       auto fsdp = FullyShard(gpt, pg, options);
       EXPECT_EQ(fsdp->shard_group_size(), 2);
       EXPECT_EQ(fsdp->shard_group_rank(), rank % 2);

@@ -39,11 +39,8 @@ Counters SteadyStepCounts(int64_t n_layer) {
   c.n_layer = n_layer;
   const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 1);
   const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 2);
-  FsdpOptions options;
-  options.strategy = ShardingStrategy::kFullShard;
-  options.policy = WrapPolicy::Transformer({"Block"});
+  FsdpOptions options = PerBlock();
   options.device = Device::Cuda(0);
-  options.seed = kSeed;
   const int64_t B = kGlobalBatch / kWorld;
   Counters before, after;
   ThreadWorld world(kWorld);

@@ -115,9 +115,7 @@ TEST_P(ShardedInitTest, ShardsEqualSingleProcessMaterializeBitwise) {
   for (auto& [n, p] : ref.NamedParameters()) ref_params[n] = p->value;
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
-    FsdpOptions options;
-    options.policy = WrapPolicy::Transformer({"Block"});
-    options.seed = kSeed;
+    FsdpOptions options = PerBlock();
     auto fsdp = FullyShard(gpt, pg, options);
     // No rank holds full parameters after sharding.
     for (auto& [n, p] : gpt.NamedParameters()) EXPECT_FALSE(p->value.defined()) << n;
@@ -304,10 +302,8 @@ TEST(FsdpMixedPrecisionTest, ComputeValuesAreBf16ShardsAndGradsFp32) {
     ThreadWorld thread_world(2);
     absl::Status s = RunRanks(thread_world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
-      FsdpOptions options;
-      options.strategy = ShardingStrategy::kShardGradOp;  // keeps every unit unsharded after forward
-      options.policy = WrapPolicy::Transformer({"Block"});
-      options.seed = kSeed;
+      // SHARD_GRAD_OP keeps every unit unsharded after forward.
+      FsdpOptions options = PerBlock(ShardingStrategy::kShardGradOp);
       options.mixed_precision = mp;
       auto fsdp = FullyShard(gpt, pg, options);
       gpt.Loss(idx, tgt);
@@ -362,9 +358,7 @@ TEST(FsdpMemoryTest, FullShardHoldsOneNthPlusTheUnitsInUse) {
   ThreadWorld world(kWorld);
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
-    FsdpOptions options;
-    options.policy = WrapPolicy::Transformer({"Block"});
-    options.seed = kSeed;
+    FsdpOptions options = PerBlock();
     auto fsdp = FullyShard(gpt, pg, options);
     ASSERT_EQ(fsdp->num_units(), 1 + c.n_layer);
     int64_t shard_bytes = 0, max_block_bytes = 0;
@@ -422,11 +416,8 @@ TEST(FsdpMemoryTest, ReshardingAfterAForwardOnlyPassLeavesOnlyTheShards) {
     ThreadWorld world(kWorld);
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
-      FsdpOptions options;
-      options.strategy = strategy;
+      FsdpOptions options = PerBlock(strategy);
       options.hybrid_shard_group_size = 2;
-      options.policy = WrapPolicy::Transformer({"Block"});
-      options.seed = kSeed;
       options.forward_prefetch = true;  // a prefetch issued in the pass is freed too
       auto fsdp = FullyShard(gpt, pg, options);
       using tensor::MemoryCategory;
@@ -484,12 +475,9 @@ TEST(FsdpUnshardTest, ValuesAreTheCurrentFullParametersUntilReshard) {
     ThreadWorld world(kWorld);
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
-      FsdpOptions options;
-      options.strategy = k.strategy;
+      FsdpOptions options = PerBlock(k.strategy);
       options.hybrid_shard_group_size = 2;
-      options.policy = WrapPolicy::Transformer({"Block"});
       options.mixed_precision = k.mp;
-      options.seed = kSeed;
       auto fsdp = FullyShard(gpt, pg, options);
       const int64_t shards = fsdp->Memory(tensor::MemoryCategory::kParameters).current;
       auto opt = optim::SGD::Create(Sgd()).value();
@@ -559,9 +547,7 @@ TEST(FsdpUnshardTest, WhileUnshardedForwardsCommunicateNothingAndBackwardIsRefus
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
     pg.set_timeout(absl::Seconds(20));
     mingpt::GPT gpt(c);
-    FsdpOptions options;
-    options.policy = WrapPolicy::Transformer({"Block"});
-    options.seed = kSeed;
+    FsdpOptions options = PerBlock();
     auto fsdp = FullyShard(gpt, pg, options);
     gpt.Train(false);
     fsdp->Unshard();
@@ -604,10 +590,7 @@ TEST(FsdpUnshardTest, AForwardAfterAStepSeesTheNewShardsWithoutReshard) {
     ThreadWorld world(kWorld);
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
-      FsdpOptions options;
-      options.strategy = strategy;
-      options.policy = WrapPolicy::Transformer({"Block"});
-      options.seed = kSeed;
+      FsdpOptions options = PerBlock(strategy);
       auto fsdp = FullyShard(gpt, pg, options);
       auto opt = optim::SGD::Create(Sgd()).value();
       const Tensor my_idx = idx.Narrow(0, rank * 2, 2).Contiguous();

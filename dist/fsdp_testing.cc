@@ -30,6 +30,14 @@ mingpt::GptConfig Tiny() {
   return c;
 }
 
+FsdpOptions PerBlock(ShardingStrategy strategy) {
+  FsdpOptions options;
+  options.strategy = strategy;
+  options.policy = WrapPolicy::Transformer({"Block"});
+  options.seed = kSeed;
+  return options;
+}
+
 Tensor RandomIds(int64_t B, int64_t T, int64_t V, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int64_t> v(B * T);

@@ -26,6 +26,9 @@ constexpr double kClip = 0.5;  // below the gradient norms seen: clipping is act
 
 // 2 layers, 2 heads, n_embd 8, vocab 11, block 6, no dropout.
 mingpt::GptConfig Tiny();
+// `strategy` with one unit per minGPT Block (and the root's), seeded kSeed;
+// the other options default.
+FsdpOptions PerBlock(ShardingStrategy strategy = ShardingStrategy::kFullShard);
 // (B, T) int64 ids in [0, V).
 tensor::Tensor RandomIds(int64_t B, int64_t T, int64_t V, uint32_t seed);
 // lr 0.1, momentum 0.9, weight decay 0.1.
