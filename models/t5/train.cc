@@ -222,8 +222,9 @@ void PrintStartup(const T5Config& config, const data::TokenSource& source,
       static_cast<long long>(T_dec), static_cast<long long>(tokens_per_step), scheme.c_str(),
       tensor::DefaultThreadPool().num_threads());
   if (source.vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random") {
-    // One example of the first step, decoded, so the objective is visible.
-    const data::Seq2SeqBatch sample = loader.Batch(loader.step());
+    // Row 0 of the first step, decoded, so the objective is visible: the
+    // example --sample_every fills in, also on a resumed run.
+    const data::Seq2SeqBatch sample = loader.Batch(0);
     const int64_t* enc = sample.encoder_inputs.data<int64_t>();
     const int64_t* tgt = sample.decoder_targets.data<int64_t>();
     std::printf(

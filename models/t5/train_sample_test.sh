@@ -4,7 +4,8 @@
 # example under its inputs and targets (text for byte data, ids otherwise); a
 # run repeats its samples; under FSDP FULL_SHARD (world 2) the units gathered
 # whole or unit by unit (--sample_gather) give the same samples and training
-# goes on with the losses of a run without samples; bad values exit 2.
+# goes on with the losses of a run without samples; the start-up lines show
+# the sampled example, on a resumed run too; bad values exit 2.
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -23,6 +24,20 @@ common=(--steps=5 --batch_size=4 --encoder_length=32 --log_every=1)
 "$train" "${common[@]}" --sample_every=2 > "$dir/again.log"
 diff <(samples "$dir/one.log") <(samples "$dir/again.log")
 echo "byte text: samples after steps 2, 4 and 5 as text, the same in a second run"
+
+# The example filled in is the one the start-up lines show, on a resumed run too.
+startup_inputs() { grep '^sample inputs: ' "$1" | sed 's/^sample inputs: *//'; }
+sample_inputs() { samples "$1" | grep '^  inputs: ' | head -1 | sed 's/^  inputs: *//'; }
+[[ -n "$(startup_inputs "$dir/one.log")" ]]
+[[ "$(startup_inputs "$dir/one.log")" == "$(sample_inputs "$dir/one.log")" ]]
+"$train" "${common[@]}" --steps=2 --checkpoint_dir="$dir/ckpt" > /dev/null
+"$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest --sample_every=2 \
+  > "$dir/resumed.log"
+grep -q "resumed from .*step_000002 at step 2" "$dir/resumed.log"
+[[ "$(startup_inputs "$dir/resumed.log")" == "$(sample_inputs "$dir/one.log")" ]]
+[[ "$(startup_inputs "$dir/resumed.log")" == "$(sample_inputs "$dir/resumed.log")" ]]
+diff <(samples "$dir/one.log" | tail -8) <(samples "$dir/resumed.log")
+echo "resumed: the start-up lines show the sampled example; the samples of an uninterrupted run"
 
 "$train" "${common[@]}" --data=random --vocab_size=50 --sample_every=5 > "$dir/ids.log"
 samples "$dir/ids.log" | grep -q '^  targets: <extra_id_0> [0-9]'
