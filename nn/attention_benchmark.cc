@@ -1,7 +1,9 @@
 // Benchmarks of the attention layers on the CPU: CausalSelfAttention forward
 // and forward + backward at GPT-2 shapes (f32 and bf16 weights), the attention
-// core alone (scores, softmax, mixing: the part beyond the projections), and
-// T5 cross-attention with a padding mask. Counters: GFLOP/s of the matmuls.
+// core alone (scores, softmax, mixing: the part beyond the projections;
+// with and without attention dropout), T5 cross-attention with a padding
+// mask, and the attention backward's dropout (its mask regenerated once or
+// twice). Counters: GFLOP/s of the matmuls, Melem/s of the dropout.
 //
 //   ./bazelw run -c opt //nn:attention_benchmark -- --benchmark_min_time=0.5
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include "nn/attention.h"
 #include "nn/attention_core.h"
 #include "nn/attention_t5.h"
+#include "tensor/ops/dropout.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -60,10 +63,11 @@ BENCHMARK(BM_CausalSelfAttention)
     ->UseRealTime();
 
 // The core alone on q, k, v views of a fused (B, T, 3C) tensor.
-// Args: B, T, C, n_head, backward.
+// Args: B, T, C, n_head, backward, attention dropout (percent).
 void BM_AttentionCore(benchmark::State& state) {
   const int64_t b = state.range(0), t = state.range(1), c = state.range(2), nh = state.range(3);
   const bool backward = state.range(4) != 0;
+  const float dropout = static_cast<float>(state.range(5)) / 100.0f;
   const Tensor qkv = RandomTensor({b, t, 3 * c}, 4);
   const Tensor q = SplitHeads(qkv.Narrow(2, 0, c), nh);
   const Tensor k = SplitHeads(qkv.Narrow(2, c, c), nh);
@@ -72,6 +76,8 @@ void BM_AttentionCore(benchmark::State& state) {
   AttentionOptions opts;
   opts.scale = 0.125f;
   opts.causal = true;
+  opts.dropout = dropout;
+  opts.training = true;
   tensor::Generator gen(1);
   for (auto _ : state) {
     AttentionState st;
@@ -84,9 +90,42 @@ void BM_AttentionCore(benchmark::State& state) {
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttentionCore)
-    ->ArgNames({"B", "T", "C", "nh", "bwd"})
-    ->Args({4, 256, 768, 12, 0})
-    ->Args({4, 256, 768, 12, 1})
+    ->ArgNames({"B", "T", "C", "nh", "bwd", "drop%"})
+    ->Args({4, 256, 768, 12, 0, 0})
+    ->Args({4, 256, 768, 12, 1, 0})
+    ->Args({4, 256, 768, 12, 0, 10})
+    ->Args({4, 256, 768, 12, 1, 10})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The attention backward's two uses of its dropout's mask (the dropped
+// probabilities, the gradient through the dropout) on (B, nh, T, T) f32:
+// regenerated for each (two DropoutBackward calls, as before) against once
+// for both (DropoutBackwardOfBoth). Args: B, nh, T, both (0/1).
+void BM_AttentionDropoutBackward(benchmark::State& state) {
+  const int64_t b = state.range(0), nh = state.range(1), t = state.range(2);
+  const bool both = state.range(3) != 0;
+  const Tensor probs = RandomTensor({b, nh, t, t}, 9);
+  const Tensor dprobs = RandomTensor({b, nh, t, t}, 10);
+  tensor::Generator gen(1);
+  const tensor::DropoutState drop = tensor::DrawDropoutState(probs.numel(), 0.1f, gen, true);
+  for (auto _ : state) {
+    if (both) {
+      const auto [a, g] = tensor::DropoutBackwardOfBoth(probs, dprobs, drop);
+      benchmark::DoNotOptimize(a.raw_data());
+      benchmark::DoNotOptimize(g.raw_data());
+    } else {
+      benchmark::DoNotOptimize(tensor::DropoutBackward(probs, drop).raw_data());
+      benchmark::DoNotOptimize(tensor::DropoutBackward(dprobs, drop).raw_data());
+    }
+  }
+  state.counters["Melem/s"] = benchmark::Counter(2e-6 * static_cast<double>(probs.numel()),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionDropoutBackward)
+    ->ArgNames({"B", "nh", "T", "both"})
+    ->Args({4, 12, 256, 0})
+    ->Args({4, 12, 256, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -277,18 +277,21 @@ AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s,
   const Dtype dt = s.q.dtype();
   const Tensor gy = grad_y.To(dt);  // (B, nh, T_q, hs_v)
   AttentionGrads grads;
-  // Probabilities after dropout: dropout's backward multiplies by the same
-  // regenerated mask and 1 / (1 - p), which is exactly the forward's output.
-  const Tensor probs_d = tensor::DropoutBackward(s.probs, s.dropout);  // (B, nh, T_q, T_k)
+  // d probs_d (B, nh, T_q, T_k) = gy @ v^T, f32, for the probabilities after
+  // dropout (probs_d).
+  MatmulOptions tb;
+  tb.trans_b = true;
+  tb.out_dtype = Dtype::kF32;
+  const Tensor dprobs_d = tensor::Matmul(gy, s.v, tb);
+  // One regeneration of the forward's mask for both: probs_d = the forward's
+  // dropout output (probs times the mask and 1 / (1 - p)), and the gradient
+  // back through the dropout, dprobs (B, nh, T_q, T_k).
+  const auto [probs_d, dprobs] = tensor::DropoutBackwardOfBoth(s.probs, dprobs_d, s.dropout);
   // dv (B, nh, T_k, hs_v) = probs_d^T @ gy.
   MatmulOptions ta;
   ta.trans_a = true;
   grads.dv = tensor::Matmul(probs_d, gy, ta);
-  // d probs_d (B, nh, T_q, T_k) = gy @ v^T, f32; back through dropout and softmax.
-  MatmulOptions tb;
-  tb.trans_b = true;
-  tb.out_dtype = Dtype::kF32;
-  const Tensor dprobs = tensor::DropoutBackward(tensor::Matmul(gy, s.v, tb), s.dropout);
+  // Back through the softmax.
   tensor::SoftmaxOptions sm;
   sm.scale = s.has_bias ? 1.0f : s.scale;
   sm.causal = s.softmax_causal;

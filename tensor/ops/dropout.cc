@@ -122,12 +122,13 @@ inline void KeepBlock(const DropoutState& s, uint32_t threshold, int64_t block,
 #endif
 }
 
-// out = in * mask / (1 - p); in and out contiguous with n elements (out may be in).
-template <typename T>
-void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
+// Calls fn(i, keep, count) for each vector of kLanes elements starting at i
+// (count: cpu::vec::FullBlock{}, or the number left in the last one), keep
+// holding -1 (kept) or 0 (dropped) per lane: the mask of `s` over n elements,
+// generated one block at a time on the thread pool.
+template <typename Fn>
+void ForEachKeepVector(int64_t n, const DropoutState& s, const Fn& fn) {
   const uint32_t threshold = Threshold(s.p);
-  const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
-  const F8 zero = cpu::vec::Splat(0.0f);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   ParallelFor(blocks, 1024, [&](int64_t b0, int64_t b1) {
     int32_t keep[kBlock];
@@ -138,18 +139,40 @@ void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
         if (i >= n) break;
         I8 keep_v;
         std::memcpy(&keep_v, keep + v, sizeof(keep_v));
-        auto apply = [&](auto k) {
-          // A select, not a multiply by 0: dropped inf / NaN inputs give 0 too.
-          const F8 x = keep_v ? cpu::vec::LoadAs(in + i, k) * scale : zero;
-          cpu::vec::StoreAs(out + i, x, k);
-        };
         if (i + kLanes <= n) {
-          apply(cpu::vec::FullBlock{});
+          fn(i, keep_v, cpu::vec::FullBlock{});
         } else {
-          apply(n - i);
+          fn(i, keep_v, n - i);
         }
       }
     }
+  });
+}
+
+// out[i, i + count) = in * mask / (1 - p), from the lanes' keep; a select,
+// not a multiply by 0: dropped inf / NaN inputs give 0 too.
+template <typename T, typename Count>
+inline void MaskVector(const T* in, T* out, int64_t i, I8 keep, F8 scale, Count count) {
+  const F8 x = keep ? cpu::vec::LoadAs(in + i, count) * scale : cpu::vec::Splat(0.0f);
+  cpu::vec::StoreAs(out + i, x, count);
+}
+
+// out = in * mask / (1 - p); in and out contiguous with n elements (out may be in).
+template <typename T>
+void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
+  const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
+  ForEachKeepVector(
+      n, s, [&](int64_t i, I8 keep, auto count) { MaskVector(in, out, i, keep, scale, count); });
+}
+
+// ApplyMask on two tensors with one generation of the mask.
+template <typename A, typename B>
+void ApplyMaskToBoth(const A* a_in, A* a_out, const B* b_in, B* b_out, int64_t n,
+                     const DropoutState& s) {
+  const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
+  ForEachKeepVector(n, s, [&](int64_t i, I8 keep, auto count) {
+    MaskVector(a_in, a_out, i, keep, scale, count);
+    MaskVector(b_in, b_out, i, keep, scale, count);
   });
 }
 
@@ -225,6 +248,35 @@ Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state) {
     ApplyMask(gc.data<T>(), grad_x.data<T>(), grad_y.numel(), state);
   });
   return grad_x;
+}
+
+std::array<Tensor, 2> DropoutBackwardOfBoth(const Tensor& a, const Tensor& b,
+                                            const DropoutState& state) {
+  const char* op = "dropout_backward";
+  OP_CHECK(a.defined() && b.defined() && a.device() == b.device(), op,
+           "expects two tensors on one device; got ", Describe("a", a), " and ", Describe("b", b));
+  if (OnCuda(op, a) || !state.active || state.p == 1.0f) {
+    return {DropoutBackward(a, state), DropoutBackward(b, state)};
+  }
+  CheckFloating(op, a);
+  CheckFloating(op, b);
+  CheckP(op, state.p);
+  for (const Tensor* t : {&a, &b}) {
+    OP_CHECK(t->numel() == state.numel, op, Describe("grad_y", *t), " has ", t->numel(),
+             " elements but the forward's x had ", state.numel);
+  }
+  const Tensor ac = a.Contiguous(), bc = b.Contiguous();
+  std::array<Tensor, 2> out = {Tensor::Empty(a.shape(), a.dtype(), a.device()),
+                               Tensor::Empty(b.shape(), b.dtype(), b.device())};
+  DispatchFloating(op, a.dtype(), [&](auto* a_tag) {
+    using A = std::remove_pointer_t<decltype(a_tag)>;
+    DispatchFloating(op, b.dtype(), [&](auto* b_tag) {
+      using B = std::remove_pointer_t<decltype(b_tag)>;
+      ApplyMaskToBoth(ac.data<A>(), out[0].data<A>(), bc.data<B>(), out[1].data<B>(), a.numel(),
+                      state);
+    });
+  });
+  return out;
 }
 
 Tensor DropoutMask(const Shape& shape, const DropoutState& state) {

@@ -11,6 +11,7 @@
 #ifndef TENSOR_OPS_DROPOUT_H_
 #define TENSOR_OPS_DROPOUT_H_
 
+#include <array>
 #include <cstdint>
 
 #include "tensor/random.h"
@@ -50,6 +51,12 @@ DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training = 
 // the forward was the identity; zeros for p == 1).
 Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state);
 
+// DropoutBackward of two tensors of the forward's shape (dtypes may differ),
+// generating each block of the mask once for both: {a * mask / (1 - p),
+// b * mask / (1 - p)}. The attention backward's two uses of its dropout: the
+// dropped probabilities and the gradient through the dropout.
+std::array<Tensor, 2> DropoutBackwardOfBoth(const Tensor& a, const Tensor& b,
+                                            const DropoutState& state);
 // The keep mask (1 kept, 0 dropped) of a forward over `shape`, as u8; all ones
 // when the state is inactive.
 Tensor DropoutMask(const Shape& shape, const DropoutState& state);

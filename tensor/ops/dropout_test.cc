@@ -1,6 +1,7 @@
 // Tests of Dropout / DropoutBackward / DropoutMask: keep rate and scaling, the
 // documented Philox mask, reproducibility from (seed, offset), the backward
-// reusing the forward's mask, identity and p == 1 cases, and errors.
+// reusing the forward's mask (for one tensor or two at once), identity and
+// p == 1 cases, and errors.
 #include "tensor/ops/dropout.h"
 
 #include <cmath>
@@ -122,6 +123,43 @@ TEST(DropoutTest, BackwardUsesTheForwardMask) {
     return Dot(Dropout(t, 0.4f, replay).y, w);
   };
   EXPECT_TRUE(AllClose(DropoutBackward(w, res.state), NumericalGradient(loss, xx), 1e-3, 1e-3));
+}
+
+// The two tensors' backwards with one generation of the mask: bit for bit
+// DropoutBackward of each, whatever their dtypes and layouts, over sizes
+// that end inside a block and inside a vector; inactive and p == 1 states
+// too.
+TEST(DropoutTest, BackwardOfBothIsBackwardOfEach) {
+  for (int64_t cols : {29, 64, 3}) {
+    const Tensor x = RandomTensor({7, cols}, 12);
+    Generator gen(13);
+    const DropoutResult res = Dropout(x, 0.3f, gen);
+    const Tensor a = RandomTensor({7, cols}, 14).To(Dtype::kBF16);
+    const Tensor b = RandomTensor({cols, 7}, 15).Transpose(0, 1);  // (7, cols), strided
+    const auto [ga, gb] = DropoutBackwardOfBoth(a, b, res.state);
+    EXPECT_EQ(ga.dtype(), Dtype::kBF16);
+    EXPECT_EQ(gb.dtype(), Dtype::kF32);
+    EXPECT_TRUE(AllClose(ga, DropoutBackward(a, res.state), 0, 0)) << cols;
+    EXPECT_TRUE(AllClose(gb, DropoutBackward(b, res.state), 0, 0)) << cols;
+  }
+  Generator gen(1);
+  const Tensor a = RandomTensor({4, 4}, 16), b = RandomTensor({4, 4}, 17);
+  const DropoutResult off = Dropout(a, 0.5f, gen, /*training=*/false);
+  const auto [ia, ib] = DropoutBackwardOfBoth(a, b, off.state);
+  EXPECT_TRUE(ia.SharesStorageWith(a));
+  EXPECT_TRUE(ib.SharesStorageWith(b));
+  const DropoutResult all = Dropout(a, 1.0f, gen);
+  for (const Tensor& t : DropoutBackwardOfBoth(a, b, all.state)) {
+    for (float v : t.ToVector<float>()) EXPECT_EQ(v, 0.0f);
+  }
+  const DropoutResult res = Dropout(a, 0.5f, gen);
+  try {
+    DropoutBackwardOfBoth(a, Tensor::Zeros({4, 5}), res.state);
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[dropout_backward] grad_y (4,5) f32 has 20 elements but the forward's x had 16");
+  }
 }
 
 TEST(DropoutTest, EvalAndZeroPAreTheIdentity) {
