@@ -2,8 +2,9 @@
 // and forward + backward at GPT-2 shapes (f32 and bf16 weights), the attention
 // core alone (scores, softmax, mixing: the part beyond the projections;
 // with and without attention dropout), T5 cross-attention with a padding
-// mask, and the attention backward's dropout (its mask regenerated once or
-// twice). Counters: GFLOP/s of the matmuls, Melem/s of the dropout.
+// mask, and the attention's dropout (forward: dense against causal
+// probabilities; backward: its mask regenerated once or twice). Counters: GFLOP/s of the matmuls,
+// Melem/s of the dropout.
 //
 //   ./bazelw run -c opt //nn:attention_benchmark -- --benchmark_min_time=0.5
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "nn/attention_core.h"
 #include "nn/attention_t5.h"
 #include "tensor/ops/dropout.h"
+#include "tensor/ops/softmax.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -122,6 +124,31 @@ void BM_AttentionDropoutBackward(benchmark::State& state) {
   state.counters["Melem/s"] = benchmark::Counter(2e-6 * static_cast<double>(probs.numel()),
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
+// The attention forward's dropout on (B, nh, T, T) f32 probabilities: dense
+// against causal (zero above the diagonal, where blocks of +0 generate no
+// mask). Args: B, nh, T, causal (0/1).
+void BM_AttentionDropoutForward(benchmark::State& state) {
+  const int64_t b = state.range(0), nh = state.range(1), t = state.range(2);
+  Tensor probs = RandomTensor({b, nh, t, t}, 11, 0.1, 1.0);
+  if (state.range(3) != 0) {
+    tensor::SoftmaxOptions sm;
+    sm.causal = true;
+    tensor::SoftmaxInto(probs, probs, sm);
+  }
+  tensor::Generator gen(1);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(tensor::Dropout(probs, 0.1f, gen).y.raw_data());
+  }
+  state.counters["Melem/s"] = benchmark::Counter(1e-6 * static_cast<double>(probs.numel()),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionDropoutForward)
+    ->ArgNames({"B", "nh", "T", "causal"})
+    ->Args({4, 12, 256, 0})
+    ->Args({4, 12, 256, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 BENCHMARK(BM_AttentionDropoutBackward)
     ->ArgNames({"B", "nh", "T", "both"})
     ->Args({4, 12, 256, 0})

@@ -126,14 +126,21 @@ inline void KeepBlock(const DropoutState& s, uint32_t threshold, int64_t block,
 // (count: cpu::vec::FullBlock{}, or the number left in the last one), keep
 // holding -1 (kept) or 0 (dropped) per lane: the mask of `s` over n elements,
 // generated one block at a time on the thread pool.
-template <typename Fn>
-void ForEachKeepVector(int64_t n, const DropoutState& s, const Fn& fn) {
+// `all_dropped(block)`: the block's result does not depend on its mask (its
+// input is all +0), so the mask is not generated and every lane reads as
+// dropped.
+template <typename Fn, typename Skip>
+void ForEachKeepVector(int64_t n, const DropoutState& s, const Skip& all_dropped, const Fn& fn) {
   const uint32_t threshold = Threshold(s.p);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   ParallelFor(blocks, 1024, [&](int64_t b0, int64_t b1) {
     int32_t keep[kBlock];
     for (int64_t blk = b0; blk < b1; ++blk) {
-      KeepBlock(s, threshold, blk, keep);
+      if (all_dropped(blk)) {
+        std::fill(keep, keep + kBlock, 0);
+      } else {
+        KeepBlock(s, threshold, blk, keep);
+      }
       for (int64_t v = 0; v < kBlock; v += kLanes) {
         const int64_t i = blk * kBlock + v;
         if (i >= n) break;
@@ -157,12 +164,33 @@ inline void MaskVector(const T* in, T* out, int64_t i, I8 keep, F8 scale, Count 
   cpu::vec::StoreAs(out + i, x, count);
 }
 
+// True when in[begin, end) are all +0 (every bit clear).
+template <typename T>
+bool AllPositiveZero(const T* in, int64_t begin, int64_t end) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
+  static_assert(sizeof(T) == sizeof(Bits));
+  Bits any = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    Bits b;
+    std::memcpy(&b, in + i, sizeof(b));
+    any |= b;
+  }
+  return any == 0;
+}
+
 // out = in * mask / (1 - p); in and out contiguous with n elements (out may be in).
+// A block of +0 inputs gives +0 whether kept or dropped, so its mask is not
+// generated: causal attention's probabilities above the diagonal (about half
+// of them) cost no random numbers.
 template <typename T>
 void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
   const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
-  ForEachKeepVector(
-      n, s, [&](int64_t i, I8 keep, auto count) { MaskVector(in, out, i, keep, scale, count); });
+  auto zero_block = [&](int64_t blk) {
+    return AllPositiveZero(in, blk * kBlock, std::min(n, (blk + 1) * kBlock));
+  };
+  ForEachKeepVector(n, s, zero_block, [&](int64_t i, I8 keep, auto count) {
+    MaskVector(in, out, i, keep, scale, count);
+  });
 }
 
 // ApplyMask on two tensors with one generation of the mask.
@@ -170,7 +198,8 @@ template <typename A, typename B>
 void ApplyMaskToBoth(const A* a_in, A* a_out, const B* b_in, B* b_out, int64_t n,
                      const DropoutState& s) {
   const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
-  ForEachKeepVector(n, s, [&](int64_t i, I8 keep, auto count) {
+  auto never = [](int64_t) { return false; };  // b may be non-zero where a is zero
+  ForEachKeepVector(n, s, never, [&](int64_t i, I8 keep, auto count) {
     MaskVector(a_in, a_out, i, keep, scale, count);
     MaskVector(b_in, b_out, i, keep, scale, count);
   });

@@ -162,6 +162,38 @@ TEST(DropoutTest, BackwardOfBothIsBackwardOfEach) {
   }
 }
 
+// Blocks of +0 inputs skip the mask's generation; the result is still the
+// documented mask's, bit for bit (kept or dropped, +0 stays +0), and a block
+// holding -0 (whose kept value is -0) is not skipped. The layout of causal
+// attention probabilities: rows whose tail is zero, lengths not multiples of
+// the 32-element block.
+TEST(DropoutTest, ZeroBlocksGiveTheMasksResult) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    const int64_t rows = 9, cols = 100;
+    std::vector<float> v = RandomTensor({rows, cols}, 18).ToVector<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 10 * r + 1; c < cols; ++c) v[r * cols + c] = 0.0f;  // causal-like
+    }
+    for (int64_t c = 40; c < cols; ++c) v[8 * cols + c] = -0.0f;  // a tail of -0
+    const Tensor x = Tensor::FromData<float>(v, {rows, cols}).To(dtype);
+    Generator gen(19);
+    const DropoutResult res = Dropout(x, 0.5f, gen);
+    const std::vector<uint8_t> mask = DropoutMask(x.shape(), res.state).ToVector<uint8_t>();
+    const std::vector<float> y = res.y.To(Dtype::kF32).ToVector<float>();
+    const std::vector<float> xv = x.To(Dtype::kF32).ToVector<float>();
+    int negative_zeros = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      const float want = mask[i] ? xv[i] * 2.0f : 0.0f;  // 1 / (1 - p) = 2: exact
+      EXPECT_EQ(y[i], want) << i;
+      EXPECT_EQ(std::signbit(y[i]), std::signbit(want)) << i;
+      negative_zeros += y[i] == 0.0f && std::signbit(y[i]);
+    }
+    EXPECT_GT(negative_zeros, 0);  // kept -0 inputs stayed -0: that block was not skipped
+    // The backward through the same mask, in place of a gradient with zero blocks.
+    EXPECT_TRUE(AllClose(DropoutBackward(x, res.state), res.y, 0, 0)) << DtypeName(dtype);
+  }
+}
+
 TEST(DropoutTest, EvalAndZeroPAreTheIdentity) {
   const Tensor x = RandomTensor({4, 4}, 6);
   Generator gen(1);
