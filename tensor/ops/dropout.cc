@@ -215,6 +215,17 @@ bool OnCuda(const char* op, const Tensor& t) {
   return t.device().is_cuda();
 }
 
+// The backward's checks of a gradient against its forward's state; true
+// when it is on a CUDA device.
+bool CheckBackwardInput(const char* op, const Tensor& grad_y, const DropoutState& state) {
+  const bool on_cuda = OnCuda(op, grad_y);
+  CheckFloating(op, grad_y);
+  CheckP(op, state.p);
+  OP_CHECK(grad_y.numel() == state.numel, op, Describe("grad_y", grad_y), " has ", grad_y.numel(),
+           " elements but the forward's x had ", state.numel);
+  return on_cuda;
+}
+
 }  // namespace
 
 DropoutState DrawDropoutState(int64_t numel, float p, Generator& gen, bool training) {
@@ -259,11 +270,7 @@ DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
 
 Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state) {
   const char* op = "dropout_backward";
-  const bool on_cuda = OnCuda(op, grad_y);
-  CheckFloating(op, grad_y);
-  CheckP(op, state.p);
-  OP_CHECK(grad_y.numel() == state.numel, op, Describe("grad_y", grad_y), " has ", grad_y.numel(),
-           " elements but the forward's x had ", state.numel);
+  const bool on_cuda = CheckBackwardInput(op, grad_y, state);
   if (!state.active) return grad_y;
   if (state.p == 1.0f) return Tensor::Zeros(grad_y.shape(), grad_y.dtype(), grad_y.device());
   const Tensor gc = grad_y.Contiguous();
@@ -284,15 +291,10 @@ std::array<Tensor, 2> DropoutBackwardOfBoth(const Tensor& a, const Tensor& b,
   const char* op = "dropout_backward";
   OP_CHECK(a.defined() && b.defined() && a.device() == b.device(), op,
            "expects two tensors on one device; got ", Describe("a", a), " and ", Describe("b", b));
-  if (OnCuda(op, a) || !state.active || state.p == 1.0f) {
+  const bool on_cuda = CheckBackwardInput(op, a, state);
+  CheckBackwardInput(op, b, state);
+  if (on_cuda || !state.active || state.p == 1.0f) {
     return {DropoutBackward(a, state), DropoutBackward(b, state)};
-  }
-  CheckFloating(op, a);
-  CheckFloating(op, b);
-  CheckP(op, state.p);
-  for (const Tensor* t : {&a, &b}) {
-    OP_CHECK(t->numel() == state.numel, op, Describe("grad_y", *t), " has ", t->numel(),
-             " elements but the forward's x had ", state.numel);
   }
   const Tensor ac = a.Contiguous(), bc = b.Contiguous();
   std::array<Tensor, 2> out = {Tensor::Empty(a.shape(), a.dtype(), a.device()),
