@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "nn/checkpoint.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
@@ -69,6 +71,10 @@ struct FsdpShared {
   // gather units it does not run next.
   std::vector<int> training_forward_order, forward_only_order, backward_order;
   std::vector<int> forward_now, backward_now;
+  // Per unit: the units its PreForward / PreBackward prefetches explicitly
+  // (SetForwardPrefetch / SetBackwardPrefetch), or none set: the recorded
+  // order's prefetch.
+  std::vector<std::optional<std::vector<int>>> explicit_forward, explicit_backward;
   // Reduce-scatters issued and not yet finished, oldest first.
   std::vector<FsdpUnit*> pending_reduces;
   bool require_sync = true;
@@ -86,6 +92,8 @@ struct FsdpShared {
   // Issues the all-gathers of the units that follow `now` in `order` (when the
   // pass so far matches it), up to max_inflight_all_gathers not yet used.
   void Prefetch(const std::vector<int>& order, const std::vector<int>& now);
+  // Issues the all-gathers of `ids` (an explicit list) not issued this pass.
+  void PrefetchUnits(const std::vector<int>& ids);
   void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
   // At the end of a pass: reshards the units prefetched and not used (the
   // pass ran other units than its recorded order said), which would
@@ -264,7 +272,9 @@ class FsdpUnit : public nn::ModuleHooks {
     }
     shared_.forward_now.push_back(id_);
     IssueUnshard(false);
-    if (shared_.options.forward_prefetch) {
+    if (const auto& next = shared_.explicit_forward[id_]) {
+      shared_.PrefetchUnits(*next);
+    } else if (shared_.options.forward_prefetch) {
       shared_.Prefetch(shared_.forward_order(), shared_.forward_now);
     }
     WaitUnshard();
@@ -288,7 +298,9 @@ class FsdpUnit : public nn::ModuleHooks {
     if (is_root()) shared_.backward_now.clear();
     shared_.backward_now.push_back(id_);
     IssueUnshard(false);
-    if (shared_.options.backward_prefetch == BackwardPrefetch::kPre) {
+    if (const auto& next = shared_.explicit_backward[id_]) {
+      shared_.PrefetchUnits(*next);
+    } else if (shared_.options.backward_prefetch == BackwardPrefetch::kPre) {
       shared_.Prefetch(shared_.backward_order, shared_.backward_now);
     }
     WaitUnshard();
@@ -302,7 +314,8 @@ class FsdpUnit : public nn::ModuleHooks {
   void PostBackward(nn::Module&) override {
     OP_CHECK(full_grad_.defined(), "fsdp", "unit '", name_, "': post-backward without pre-backward");
     flat_.ClearGrads();
-    if (shared_.options.backward_prefetch == BackwardPrefetch::kPost) {
+    if (!shared_.explicit_backward[id_] &&
+        shared_.options.backward_prefetch == BackwardPrefetch::kPost) {
       shared_.Prefetch(shared_.backward_order, shared_.backward_now);
     }
     if (shared_.require_sync) {
@@ -439,6 +452,12 @@ void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>&
   }
 }
 
+void FsdpShared::PrefetchUnits(const std::vector<int>& ids) {
+  for (int id : ids) {
+    if (!units[id]->gathered_this_pass()) units[id]->IssueUnshard(/*prefetch=*/true);
+  }
+}
+
 void FsdpShared::FreeUnusedPrefetches() {
   for (FsdpUnit* u : units) {
     if (u->prefetched()) u->Reshard();
@@ -526,6 +545,8 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     shared_->units.push_back(unit.get());
     units_.push_back(std::move(unit));
   }
+  shared_->explicit_forward.resize(units_.size());
+  shared_->explicit_backward.resize(units_.size());
 }
 
 FullyShardedModel::~FullyShardedModel() {
@@ -533,6 +554,47 @@ FullyShardedModel::~FullyShardedModel() {
 }
 
 const std::string& FullyShardedModel::unit_name(int i) const { return units_.at(i)->name(); }
+
+int FullyShardedModel::unit_index(const std::string& name) const {
+  std::string names;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i]->name() == name) return static_cast<int>(i);
+    absl::StrAppend(&names, i == 0 ? "" : ", ", "'", units_[i]->name(), "'");
+  }
+  tensor::ThrowOpError("fsdp", "'", name, "' is not an FSDP unit; the units are ", names,
+                       " (the root is '')");
+}
+
+namespace {
+
+// The unit indices of `next`, checked for SetForwardPrefetch /
+// SetBackwardPrefetch (`what`) of unit `unit`.
+std::vector<int> PrefetchList(const FullyShardedModel& m, const char* what, const std::string& unit,
+                              const std::vector<std::string>& next) {
+  std::vector<int> ids;
+  for (const std::string& name : next) {
+    OP_CHECK(name != unit, what, "unit '", unit, "' cannot prefetch itself");
+    const int id = m.unit_index(name);
+    OP_CHECK(std::find(ids.begin(), ids.end(), id) == ids.end(), what, "unit '", unit, "': '", name,
+             "' is listed twice");
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+void FullyShardedModel::SetForwardPrefetch(const std::string& unit,
+                                           const std::vector<std::string>& next) {
+  const int id = unit_index(unit);
+  shared_->explicit_forward[id] = PrefetchList(*this, "SetForwardPrefetch", unit, next);
+}
+
+void FullyShardedModel::SetBackwardPrefetch(const std::string& unit,
+                                            const std::vector<std::string>& next) {
+  const int id = unit_index(unit);
+  shared_->explicit_backward[id] = PrefetchList(*this, "SetBackwardPrefetch", unit, next);
+}
 const FlatParameter& FullyShardedModel::flat_param(int i) const { return units_.at(i)->flat(); }
 
 int FullyShardedModel::shard_group_rank() const { return units_.front()->flat().shard_index(); }

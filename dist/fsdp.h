@@ -47,6 +47,8 @@
 //   max_inflight_all_gathers  at most this many all-gathers issued and not yet
 //                      used by their unit (the waiting unit's own included):
 //                      bounds the unsharded units held at once; 1 = no prefetch.
+//   SetForwardPrefetch / SetBackwardPrefetch (below) name the units a unit
+//   prefetches instead, from the first pass on (FSDP2's explicit prefetch).
 //   Reduce-scatters are issued asynchronously by PostBackward; each unit's is
 //   finished (waited, added into the fp32 shard) by the next unit's
 //   PostBackward, and all by the root's, so when the root's backward returns
@@ -216,12 +218,35 @@ class FullyShardedModel {
   // registration order; other ranks get an empty list.
   std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
 
-  // What forward_prefetch and backward_prefetch did since FullyShard: the
-  // unit gathers they issued ahead of the unit's own hook, and how many of
-  // those were freed unused (a pass that ran the units in another order than
-  // the one recorded from the pass before it). Each kind of pass prefetches
-  // from its own recorded order: training forwards, forward-only passes
-  // under Unshard / UnshardRoot, and backwards.
+  // Explicit prefetch (PyTorch FSDP2's set_modules_to_forward_prefetch and
+  // set_modules_to_backward_prefetch): the PreForward (PreBackward) of unit
+  // `unit` issues the all-gathers of the units `next`, in that order, right
+  // after its own and before it waits for it, in every pass from the first
+  // on: no recorded order is needed, and the units need not follow each
+  // other (e.g. each block gathering the next two: layers[i] -> {layers[i+1],
+  // layers[i+2]}). At that unit the list replaces forward_prefetch's
+  // (backward_prefetch's, kPre or kPost) prefetch from the recorded order;
+  // an empty list turns prefetching off there. The units named are gathered
+  // whatever max_inflight_all_gathers says (the list is the bound) and count
+  // against it for the recorded-order prefetches of other units. A listed
+  // unit the pass does not run next is freed unused at the end of the pass.
+  // Names are unit_name()'s ("" is the root); an unknown name, `unit` itself
+  // in `next` or a name listed twice throws OpError naming it. Local, but
+  // it changes which collectives a pass issues: every rank must set the
+  // same lists.
+  void SetForwardPrefetch(const std::string& unit, const std::vector<std::string>& next);
+  void SetBackwardPrefetch(const std::string& unit, const std::vector<std::string>& next);
+  // The index of the unit named `name` (unit_name's); OpError listing the
+  // units if there is none.
+  int unit_index(const std::string& name) const;
+
+  // What the prefetches did since FullyShard: the unit gathers issued ahead
+  // of the unit's own hook (by forward_prefetch, backward_prefetch and the
+  // explicit lists), and how many of those were freed unused (a pass that
+  // ran the units in another order than the one recorded from the pass
+  // before it, or than a list said). Each kind of pass prefetches from its
+  // own recorded order: training forwards, forward-only passes under
+  // Unshard / UnshardRoot, and backwards.
   struct PrefetchStats {
     int64_t issued = 0;
     int64_t unused = 0;

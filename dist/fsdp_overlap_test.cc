@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <tuple>
 
@@ -76,8 +77,8 @@ INSTANTIATE_TEST_SUITE_P(
 // prefetch and a limit of L all-gathers, the units gathered ahead add up to
 // L - 1 blocks. Exact bounds as in fsdp_test's memory test: the engine's
 // worker may release a finished buffer just after the next is allocated.
-int64_t SecondPassParamPeak(const FsdpOptions& options, int64_t* block_bytes,
-                            int64_t* base_bytes) {
+// 4 blocks, 2 heads, n_embd 32, vocab 64, block 16, no dropout.
+mingpt::GptConfig Small() {
   mingpt::GptConfig c;
   c.name = "small";
   c.n_layer = 4;
@@ -86,6 +87,19 @@ int64_t SecondPassParamPeak(const FsdpOptions& options, int64_t* block_bytes,
   c.vocab_size = 64;
   c.block_size = 16;
   c.dropout = 0.0f;
+  return c;
+}
+
+// Bytes of shards + the root unsharded (`base`) and of one unsharded block.
+void UnitBytes(const FullyShardedModel& fsdp, int64_t* block_bytes, int64_t* base_bytes) {
+  int64_t shards = 0;
+  for (int u = 0; u < fsdp.num_units(); ++u) shards += fsdp.flat_param(u).shard_numel() * 4;
+  *block_bytes = fsdp.flat_param(1).padded_numel() * 4;
+  *base_bytes = shards + fsdp.flat_param(0).padded_numel() * 4;
+}
+
+int64_t SecondPassParamPeak(const FsdpOptions& options, int64_t* block_bytes, int64_t* base_bytes) {
+  const mingpt::GptConfig c = Small();
   constexpr int kWorld = 2;
   const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 3);
   const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 4);
@@ -102,10 +116,7 @@ int64_t SecondPassParamPeak(const FsdpOptions& options, int64_t* block_bytes,
     gpt.ForwardBackward(my_idx, my_tgt);
     ASSERT_TRUE(pg.BarrierSync().ok());
     if (rank == 0) {
-      int64_t shards = 0;
-      for (int u = 0; u < fsdp->num_units(); ++u) shards += fsdp->flat_param(u).shard_numel() * 4;
-      *block_bytes = fsdp->flat_param(1).padded_numel() * 4;
-      *base_bytes = shards + fsdp->flat_param(0).padded_numel() * 4;
+      UnitBytes(*fsdp, block_bytes, base_bytes);
       peak = fsdp->Memory(tensor::MemoryCategory::kParameters).peak;
     }
   });
@@ -147,6 +158,165 @@ TEST(FsdpPrefetchTest, ZeroLimitIsAClearError) {
       EXPECT_NE(std::string(e.what()).find("max_inflight_all_gathers=0"), std::string::npos)
           << e.what();
     }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// ---- Explicit prefetch (SetForwardPrefetch / SetBackwardPrefetch) ----
+
+struct ExplicitRunResult {
+  RunResult run;                           // rank 0's losses (no norms), final parameters
+  FullyShardedModel::PrefetchStats stats;  // rank 0's, all steps
+  int64_t first_pass_param_peak = 0, block_bytes = 0, base_bytes = 0;  // rank 0's
+};
+
+// Small() over 2 ranks: `setup` runs after FullyShard, then 3 SGD steps;
+// the parameters category's peak is taken over the first forward+backward
+// (no recorded order yet).
+ExplicitRunResult ExplicitRun(const FsdpOptions& options,
+                              const std::function<void(FullyShardedModel&)>& setup) {
+  const mingpt::GptConfig c = Small();
+  constexpr int kWorld = 2;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 3);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 4);
+  ExplicitRunResult result;
+  ThreadWorld world(kWorld);
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    auto fsdp = FullyShard(gpt, pg, options);
+    setup(*fsdp);
+    auto opt = optim::SGD::Create(Sgd()).value();
+    const Tensor my_idx = idx.Narrow(0, rank * 2, 2).Contiguous();
+    const Tensor my_tgt = tgt.Narrow(0, rank * 2, 2).Contiguous();
+    ASSERT_TRUE(pg.BarrierSync().ok());
+    world.ledger(rank).ResetPeaks();
+    for (int step = 0; step < 3; ++step) {
+      fsdp->ZeroGrad();
+      const double loss = gpt.ForwardBackward(my_idx, my_tgt);
+      if (step == 0 && rank == 0) {
+        result.first_pass_param_peak = fsdp->Memory(tensor::MemoryCategory::kParameters).peak;
+      }
+      opt->Step(fsdp->ParamRefs());
+      if (rank == 0) result.run.losses.push_back(loss);
+    }
+    auto params = fsdp->FullStateDict();
+    if (rank == 0) {
+      for (auto& [name, t] : params) result.run.params.emplace_back(name, t.Clone());
+      result.stats = fsdp->prefetch_stats();
+      UnitBytes(*fsdp, &result.block_bytes, &result.base_bytes);
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return result;
+}
+
+std::string Block(int i) { return "transformer.h." + std::to_string(i); }
+
+// FSDP2's pattern: each block gathers the next two in forward and the two
+// before it in backward. Unlike forward_prefetch / backward_prefetch, this
+// prefetches in the first pass already (seen in its memory peak: the running
+// block and two gathered ahead), never gathers a unit it does not use, and
+// changes no bit of the training.
+TEST(FsdpExplicitPrefetchTest, NextTwoBlocksFromTheFirstPassSameBits) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    FsdpOptions none = PerBlock(strategy);
+    none.backward_prefetch = BackwardPrefetch::kNone;
+    none.max_inflight_all_gathers = 1;
+    const ExplicitRunResult want = ExplicitRun(none, [](FullyShardedModel&) {});
+    const ExplicitRunResult got = ExplicitRun(none, [](FullyShardedModel& m) {
+      for (int i = 0; i < 4; ++i) {
+        std::vector<std::string> ahead, behind;
+        for (int j = i + 1; j <= std::min(i + 2, 3); ++j) ahead.push_back(Block(j));
+        for (int j = i - 1; j >= std::max(i - 2, 0); --j) behind.push_back(Block(j));
+        m.SetForwardPrefetch(Block(i), ahead);
+        m.SetBackwardPrefetch(Block(i), behind);
+      }
+    });
+    ExpectBitwiseEqual(got.run, want.run);
+    EXPECT_EQ(want.stats.issued, 0);
+    // Per step: forward h.1, h.2 (by h.0), h.3 (by h.1); backward under
+    // FULL_SHARD h.2, h.1 (by h.3), h.0 (by h.2); SHARD_GRAD_OP keeps the
+    // blocks from forward to backward: nothing to gather there.
+    const int64_t per_step = strategy == ShardingStrategy::kFullShard ? 6 : 3;
+    EXPECT_EQ(got.stats.issued, 3 * per_step);
+    EXPECT_EQ(got.stats.unused, 0);
+    // Without prefetch: the root and one block unsharded (plus, at most, one
+    // the engine's worker has not released yet); with it, three blocks.
+    const int64_t base = got.base_bytes, block = got.block_bytes;
+    std::printf("%s first pass params peak: none %lld, explicit %lld (base %lld, block %lld)\n",
+                ShardingStrategyName(strategy), (long long)want.first_pass_param_peak,
+                (long long)got.first_pass_param_peak, (long long)base, (long long)block);
+    if (strategy == ShardingStrategy::kFullShard) {
+      EXPECT_LE(want.first_pass_param_peak, base + 2 * block);
+      EXPECT_GE(got.first_pass_param_peak, base + 3 * block);
+      EXPECT_LE(got.first_pass_param_peak, base + 4 * block);
+    }
+  }
+}
+
+// A list names units whatever order the pass runs them in: one the pass has
+// already run (h.0's backward prefetching h.3, whose backward came first) is
+// gathered, unused, and freed when the pass ends; the training is the same.
+TEST(FsdpExplicitPrefetchTest, AUnitThePassDoesNotRunAgainIsFreedUnused) {
+  FsdpOptions none = PerBlock();
+  none.backward_prefetch = BackwardPrefetch::kNone;
+  const ExplicitRunResult want = ExplicitRun(none, [](FullyShardedModel&) {});
+  const ExplicitRunResult got =
+      ExplicitRun(none, [](FullyShardedModel& m) { m.SetBackwardPrefetch(Block(0), {Block(3)}); });
+  ExpectBitwiseEqual(got.run, want.run);
+  EXPECT_EQ(got.stats.issued, 3);
+  EXPECT_EQ(got.stats.unused, 3);
+}
+
+// A list replaces the recorded-order prefetch at its unit: empty lists on
+// every unit turn forward_prefetch and backward_prefetch off.
+TEST(FsdpExplicitPrefetchTest, EmptyListsTurnTheRecordedOrderPrefetchOff) {
+  for (BackwardPrefetch backward : {BackwardPrefetch::kPre, BackwardPrefetch::kPost}) {
+    FsdpOptions options = PerBlock();
+    options.forward_prefetch = true;
+    options.backward_prefetch = backward;
+    options.max_inflight_all_gathers = 3;
+    const ExplicitRunResult implicit = ExplicitRun(options, [](FullyShardedModel&) {});
+    EXPECT_GT(implicit.stats.issued, 0);
+    const ExplicitRunResult off = ExplicitRun(options, [](FullyShardedModel& m) {
+      for (int u = 0; u < m.num_units(); ++u) {
+        m.SetForwardPrefetch(m.unit_name(u), {});
+        m.SetBackwardPrefetch(m.unit_name(u), {});
+      }
+    });
+    EXPECT_EQ(off.stats.issued, 0) << BackwardPrefetchName(backward);
+    ExpectBitwiseEqual(off.run, implicit.run);
+  }
+}
+
+TEST(FsdpExplicitPrefetchTest, BadListsAreClearErrors) {
+  mingpt::GPT gpt(Tiny());
+  absl::Status s = RunRanks(1, [&](int, ProcessGroup& pg) {
+    auto fsdp = FullyShard(gpt, pg, PerBlock());
+    const auto expect_error = [](const std::function<void()>& f, const std::string& want) {
+      try {
+        f();
+        ADD_FAILURE() << "no error; wanted " << want;
+      } catch (const tensor::OpError& e) {
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      }
+    };
+    expect_error([&] { fsdp->SetForwardPrefetch("transformer.h.9", {Block(0)}); },
+                 "'transformer.h.9' is not an FSDP unit; the units are '', 'transformer.h.0', "
+                 "'transformer.h.1'");
+    expect_error([&] { fsdp->SetBackwardPrefetch(Block(1), {"h.0"}); },
+                 "'h.0' is not an FSDP unit");
+    expect_error(
+        [&] {
+          fsdp->SetForwardPrefetch(Block(0), {Block(1), Block(0)});
+        },
+        "[SetForwardPrefetch] unit 'transformer.h.0' cannot prefetch itself");
+    expect_error(
+        [&] {
+          fsdp->SetBackwardPrefetch(Block(1), {Block(0), "", Block(0)});
+        },
+        "[SetBackwardPrefetch] unit 'transformer.h.1': 'transformer.h.0' is listed twice");
   });
   EXPECT_TRUE(s.ok()) << s;
 }
