@@ -130,7 +130,7 @@ Tensors CausalSelfAttention::Backward(const Tensors& grad_outputs, Context& ctx)
   const Tensor g_out = tensor::DropoutBackward(g, s.resid);     // (B, T, C)
   const Tensor dy = c_proj_->RunBackward(g_out, ctx.Child(1));  // (B, T, C), compute dtype
   // dqkv (B, T, 3C): the heads' gradients written straight into the fused
-  // layout (by the fused kernels; the unfused path copies).
+  // layout (by the fused kernels, or the unfused path's GEMMs).
   const Tensor dqkv =
       Tensor::Empty({s.x_shape[0], s.x_shape[1], 3 * c}, s.attn.q.dtype(), s.attn.q.device());
   AttentionGrads into;

@@ -133,14 +133,25 @@ tensor::cuda::FlashScoreTerms FlashTerms(const Tensor& q, const Tensor& bias,
   return terms;
 }
 
+// An uninitialized (B, nh, T, hs) tensor laid out (B, T, nh, hs): the layout
+// the projections around attention use, so MergeHeads of it is a view, and
+// the GEMMs or kernels write each head's rows in place.
+Tensor HeadsLaidOutByTime(int64_t b, int64_t nh, int64_t t, int64_t hs, Dtype dtype,
+                          tensor::Device device) {
+  return Tensor::Empty({b, t, nh, hs}, dtype, device).Transpose(1, 2);
+}
+Tensor HeadsLaidOutByTime(const Tensor& like) {  // like (B, nh, T, hs)
+  return HeadsLaidOutByTime(like.dim(0), like.dim(1), like.dim(2), like.dim(3), like.dtype(),
+                            like.device());
+}
+
 // The fused CUDA path (UsesFlash).
 Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                     const Tensor& key_mask, const AttentionOptions& o, tensor::Generator& gen,
                     AttentionState* state) {
   const tensor::Device dev = q.device();
   const int64_t b = q.dim(0), nh = q.dim(1), t_q = q.dim(2), t_k = k.dim(2);
-  // (B, nh, T_q, hs) laid out (B, T_q, nh, hs): MergeHeads(y) is a view.
-  Tensor y = Tensor::Empty({b, t_q, nh, v.dim(3)}, q.dtype(), dev).Transpose(1, 2);
+  Tensor y = HeadsLaidOutByTime(b, nh, t_q, v.dim(3), q.dtype(), dev);  // (B, nh, T_q, hs_v)
   Tensor lse = Tensor::Empty({b, nh, t_q}, Dtype::kF32, dev);  // (B, nh, T_q)
   // The state tensor::Dropout of the (B, nh, T_q, T_k) probabilities would
   // draw: the same mask.
@@ -169,13 +180,6 @@ Tensor FlashForward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   state->flash_bias = terms.bias;
   state->flash_key_mask = terms.key_mask;
   return y;
-}
-
-// A (B, nh, T, hs) gradient laid out (B, T, nh, hs), as y is.
-Tensor HeadsLaidOutByTime(const Tensor& like) {
-  return Tensor::Empty({like.dim(0), like.dim(2), like.dim(1), like.dim(3)}, like.dtype(),
-                       like.device())
-      .Transpose(1, 2);
 }
 
 AttentionGrads FlashBackward(const Tensor& grad_y, const AttentionState& s,
@@ -251,7 +255,9 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
   Tensor probs = scores.To(dt);  // (B, nh, T_q, T_k), compute dtype
 
   tensor::DropoutResult drop = tensor::Dropout(probs, options.dropout, gen, options.training);
-  Tensor y = tensor::Matmul(drop.y, v);  // (B, nh, T_q, hs_v)
+  // y (B, nh, T_q, hs_v), laid out by time as the fused path's.
+  Tensor y = HeadsLaidOutByTime(q.dim(0), q.dim(1), t_q, v.dim(3), dt, q.device());
+  tensor::MatmulInto(drop.y, v, y);
 
   state->q = q;
   state->k = k;
@@ -287,10 +293,14 @@ AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s,
   // dropout output (probs times the mask and 1 / (1 - p)), and the gradient
   // back through the dropout, dprobs (B, nh, T_q, T_k).
   const auto [probs_d, dprobs] = tensor::DropoutBackwardOfBoth(s.probs, dprobs_d, s.dropout);
+  // The gradients are written where `into` says, else laid out by time as y.
+  grads.dq = into != nullptr ? into->dq : HeadsLaidOutByTime(s.q);
+  grads.dk = into != nullptr ? into->dk : HeadsLaidOutByTime(s.k);
+  grads.dv = into != nullptr ? into->dv : HeadsLaidOutByTime(s.v);
   // dv (B, nh, T_k, hs_v) = probs_d^T @ gy.
   MatmulOptions ta;
   ta.trans_a = true;
-  grads.dv = tensor::Matmul(probs_d, gy, ta);
+  tensor::MatmulInto(probs_d, gy, grads.dv, ta);
   // Back through the softmax.
   tensor::SoftmaxOptions sm;
   sm.scale = s.has_bias ? 1.0f : s.scale;
@@ -305,18 +315,8 @@ AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& s,
   }
   const Tensor ds = dscores.To(dt);
   // dq (B, nh, T_q, hs) = ds @ k; dk (B, nh, T_k, hs) = ds^T @ q.
-  grads.dq = tensor::Matmul(ds, s.k);
-  grads.dk = tensor::Matmul(ds, s.q, ta);
-  if (into != nullptr) {
-    // dst: a handle on the caller's view; the result becomes that view.
-    auto write = [](Tensor dst, Tensor* result) {
-      dst.CopyFrom(*result);
-      *result = dst;
-    };
-    write(into->dq, &grads.dq);
-    write(into->dk, &grads.dk);
-    write(into->dv, &grads.dv);
-  }
+  tensor::MatmulInto(ds, s.k, grads.dq);
+  tensor::MatmulInto(ds, s.q, grads.dk, ta);
   return grads;
 }
 

@@ -93,8 +93,8 @@ struct AttentionGrads {
   Tensor dbias;  // the bias's shape and dtype; undefined without a bias
 };
 
-// y (B, nh, T_q, hs_v), compute dtype: on the fused CUDA path laid out
-// (B, T_q, nh, hs_v), so MergeHeads(y) is a view; contiguous otherwise; where
+// y (B, nh, T_q, hs_v), compute dtype, laid out (B, T_q, nh, hs_v) (so
+// MergeHeads(y) is a view); where
 //   p = softmax(scale * q k^T + bias) with masked keys at -inf,
 //   y = dropout(p) @ v.
 // q (B, nh, T_q, hs), k (B, nh, T_k, hs), v (B, nh, T_k, hs_v): any strides
@@ -111,9 +111,9 @@ Tensor AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const
 // Gradients from grad_y (B, nh, T_q, hs_v) (any strides, any floating dtype:
 // converted to the compute dtype) and the forward's state. `into`: optional
 // dq, dk, dv (shaped like q, k, v, compute dtype, unit stride in hs, not
-// overlapping) to write instead, e.g. views into one fused qkv gradient; the
-// fused CUDA kernels write them in place, the unfused path copies; the
-// returned dq, dk, dv are then those views.
+// overlapping) to write instead, e.g. views into one fused qkv gradient:
+// the kernels and GEMMs write them in place, and the returned dq, dk, dv are
+// those views. Without `into` they are laid out (B, T, nh, hs) as y.
 AttentionGrads AttentionBackward(const Tensor& grad_y, const AttentionState& state,
                                  const AttentionGrads* into = nullptr);
 

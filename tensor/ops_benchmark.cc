@@ -200,6 +200,47 @@ void BM_Paired(benchmark::State& state, GemmShape s, Dtype dtype) {
   state.counters["ours/raw"] = raw_seconds / our_seconds;
 }
 
+// Attention's y (B, nh, T, hs) = P (B, nh, T, T) @ V for the projection
+// after it, which reads (B, T, nh * hs): written there directly by
+// MatmulInto into the interleaved-heads view ("in place"), against the
+// contiguous product then the head-merging copy ("then copy"). The two
+// alternate inside one loop, each timed on its own (as BM_Paired).
+void BM_HeadsInPlacePaired(benchmark::State& state, Dtype dtype) {
+  constexpr int64_t B = 4, nh = 12, T = 256, hs = 64;
+  const Tensor p = Random({B, nh, T, T}, 5, dtype);
+  const Tensor v = Random({B, T, nh * hs}, 6, dtype).View({B, T, nh, hs}).Transpose(1, 2);
+  const Tensor merged = Tensor::Empty({B, T, nh * hs}, dtype);       // the projection's input
+  Tensor heads = merged.View({B, T, nh, hs}).Transpose(1, 2);  // (B, nh, T, hs) view
+  const Tensor contiguous = Tensor::Empty({B, nh, T, hs}, dtype);
+  const auto in_place = [&] { MatmulInto(p, v, heads); };
+  const auto then_copy = [&] {
+    MatmulInto(p, v, contiguous);
+    heads.CopyFrom(contiguous);
+  };
+  in_place();
+  then_copy();
+  double in_place_seconds = 0, copy_seconds = 0;
+  int64_t i = 0;
+  for (auto _ : state) {
+    using Clock = std::chrono::steady_clock;
+    const bool in_place_first = (i++ % 2) == 0;
+    const auto t0 = Clock::now();
+    in_place_first ? in_place() : then_copy();
+    const auto t1 = Clock::now();
+    in_place_first ? then_copy() : in_place();
+    const auto t2 = Clock::now();
+    const double first = std::chrono::duration<double>(t1 - t0).count();
+    const double second = std::chrono::duration<double>(t2 - t1).count();
+    in_place_seconds += in_place_first ? first : second;
+    copy_seconds += in_place_first ? second : first;
+    state.SetIterationTime(first + second);
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["in place ms"] = 1e3 * in_place_seconds / n;
+  state.counters["then copy ms"] = 1e3 * copy_seconds / n;
+  state.counters["copy/in place"] = copy_seconds / in_place_seconds;
+}
+
 // A compute-bound ParallelFor on our pool (64K elements of exp/tanh), timed
 // right after a 256^3 f32 GEMM and again after a 10 ms pause (when no OpenMP
 // worker can still be spinning), in the same iteration so that both see the
@@ -544,6 +585,13 @@ void RegisterGemmBenchmarks() {
           ->Unit(benchmark::kMillisecond)
           ->UseManualTime();
     }
+  }
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    benchmark::RegisterBenchmark(
+        ("HeadsInPlace/4x12x256x64/" + std::string(DtypeName(dtype))).c_str(),
+        BM_HeadsInPlacePaired, dtype)
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
   }
   benchmark::RegisterBenchmark("ParallelForAfterGemm", BM_ParallelForAfterGemm)
       ->UseManualTime()

@@ -31,7 +31,9 @@ struct GemmOperand {
 //  - a and b have dtype in_dtype (f32 or bf16); c has out_dtype (in_dtype, or
 //    f32 for bf16 inputs);
 //  - a and b are GemmFriendly (a unit stride along rows or columns); c is row
-//    major (col_stride 1, row_stride >= n) and never broadcast;
+//    major (col_stride 1, row_stride >= n) and no two of its elements share
+//    an address (batch items may interleave: heads in a (B, T, nh * hs)
+//    buffer);
 //  - c does not overlap a or b. With beta == 0, c is only written (NaNs in it
 //    are ignored).
 struct GemmArgs {

@@ -21,8 +21,9 @@
 //   a row major: memory = column-major k x m a^T, B' is (k x m, ld), op N;
 //   a column major: memory = column-major m x k a, B' is (m x k, ld), op T.
 // So transposed views (Matmul's trans_a / trans_b, x.Transpose(-1, -2)) cost
-// nothing: they only flip a flag. c must be row major (it is always the op's
-// contiguous output).
+// nothing: they only flip a flag. c must be row major (the op's output, or a
+// view MatmulInto was given: batch items may interleave, e.g. heads in a
+// (B, T, nh * hs) buffer, but never overlap).
 //
 // Batches: after the op layer merged uniform batch dims, the last batch dim
 // becomes cuBLASLt's strided batch (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and

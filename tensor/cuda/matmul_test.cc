@@ -311,6 +311,40 @@ TEST(CudaMatmulTest, MatmulIntoBeta) {
   }
 }
 
+// Attention's unfused path writes each head's rows where the projection
+// reads them: out (B, nh, T, hs) is a view of a (B, T, nh * hs) buffer, its
+// heads interleaved along the rows (cuBLASLt's strided batch over nh with a
+// batch stride of hs, below the matrix's span; B looped). The padding around
+// the written elements keeps its value.
+TEST(CudaMatmulTest, IntoHeadsInterleavedInTheirRows) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t B = 2, nh = 3, T = 37, hs = 16;
+  for (Dtype d : FloatDtypes()) {
+    for (float beta : {0.0f, 1.0f}) {
+      const Tensor p = RandomTensor({B, nh, T, T}, 44, -1.0f, 1.0f, d);
+      const Tensor v =
+          RandomTensor({B, T, 3, nh, hs}, 45, -1.0f, 1.0f, d).Select(2, 1).Transpose(1, 2);
+      const Tensor c0 = RandomTensor({B, T, 3, nh * hs}, 46, -1.0f, 1.0f, d);  // q, k, v parts
+      Tensor cpu = c0.Clone();
+      const Tensor gpu = ToGpu(c0);
+      auto heads = [&](const Tensor& buffer) {  // the middle part as (B, nh, T, hs)
+        return buffer.Select(2, 1).View({B, T, nh, hs}).Transpose(1, 2);
+      };
+      if (d == Dtype::kF16) {
+        const Tensor prod = CpuMatmul(p, v, {false, false, Dtype::kF32});  // (B, nh, T, hs)
+        const Tensor old = heads(c0).To(Dtype::kF32);
+        std::vector<float> r = prod.ToVector<float>(), o = old.ToVector<float>();
+        for (size_t i = 0; i < r.size(); ++i) r[i] += beta * o[i];
+        heads(cpu).CopyFrom(Tensor::FromVector(r, prod.shape()).To(d));
+      } else {
+        MatmulInto(p, v, heads(cpu), {}, beta);
+      }
+      MatmulInto(ToGpu(p), ToGpu(v), heads(gpu), {}, beta);
+      EXPECT_TRUE(MatchesCpu(gpu, cpu, TolFor(d, T))) << DtypeName(d) << " beta " << beta;
+    }
+  }
+}
+
 TEST(CudaMatmulTest, BetaZeroIgnoresNaNAndAccumulationRepeats) {
   SKIP_WITHOUT_GPU();
   const Tensor a = RandomTensor({17, 24}, 51);

@@ -4,10 +4,13 @@
 // device (cuda/matmul.h), and the backward built from forward matmuls.
 #include "tensor/ops/matmul.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/ops/check.h"
@@ -113,6 +116,26 @@ bool Overlaps(const Tensor& x, const Tensor& y) {
   return x_lo < y_hi && y_lo < x_hi;
 }
 
+// Whether the GEMM can write `out` where it lies: a unit stride in the last
+// dim (or one column), and no element reached twice: the dims of size > 1,
+// taken by increasing stride, each step over everything the dims before them
+// span. Contiguous tensors, row-padded views and heads interleaved in a
+// (B, T, nh * hs) buffer viewed as (B, nh, T, hs) all are.
+bool GemmWritable(const Tensor& out) {
+  if (out.rank() < 2 || (out.dim(-1) != 1 && out.strides()[out.rank() - 1] != 1)) return false;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
+  for (int d = 0; d < out.rank(); ++d) {
+    if (out.dim(d) > 1) dims.emplace_back(out.strides()[d], out.dim(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the dims so far
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return false;
+    span += stride * (size - 1);
+  }
+  return true;
+}
+
 // out = beta * out (beta == 0: zeros, whatever out held): the K == 0 product.
 void ScaleInPlace(const Tensor& out, float beta) {
   const int64_t n = out.numel();
@@ -209,8 +232,7 @@ void FoldBatchIntoM(cpu::GemmArgs* g) {
   for (cpu::GemmOperand* op : {&g->a, &g->b, &g->c}) op->batch_strides.clear();
 }
 
-// out = op(a) @ op(b) + beta * out for a checked call; out is stacked rows
-// (Tensor::RowStride() >= 0).
+// out = op(a) @ op(b) + beta * out for a checked call; out is GemmWritable.
 void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOptions& opts, float beta,
          const Plan& p) {
   if (out.numel() == 0) return;
@@ -244,6 +266,7 @@ void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOption
   g.a = Operand(av, batch_rank);
   g.b = Operand(bv, batch_rank);
   g.c = Operand(out, batch_rank);
+  if (p.m == 1) g.c.row_stride = p.n;  // one row: its stride is free (the libraries want >= n)
   g.beta = beta;
   CollapseBatch(&g);
   FoldBatchIntoM(&g);
@@ -276,9 +299,10 @@ void MatmulInto(const Tensor& a, const Tensor& b, const Tensor& out, const Matmu
            out.device().ToString(), " but the operands are on ", a.device().ToString());
   OP_CHECK(out.shape() == p.out_shape, kOp, ShapesText(a, b, opts), " give ",
            p.out_shape.ToString(), " but out has shape ", out.shape().ToString());
-  OP_CHECK(out.RowStride() >= 0, kOp, "out ", out.shape().ToString(),
-           " must be contiguous or a row-padded view of a contiguous buffer (unit stride in the "
-           "last dim, rows a uniform stride apart)");
+  OP_CHECK(GemmWritable(out), kOp, "out ", out.shape().ToString(), " with strides (",
+           absl::StrJoin(out.strides(), ","), ")",
+           " cannot be written by a GEMM: it needs a unit stride in its last dim and no element "
+           "reached twice");
   OP_CHECK(!Overlaps(out, a) && !Overlaps(out, b), kOp, "out ", out.shape().ToString(),
            " overlaps an input (", ShapesText(a, b, opts), ")");
   Run(a, b, out, opts, beta, p);

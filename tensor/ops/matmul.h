@@ -35,10 +35,12 @@ struct MatmulOptions {
 // with the shapes on bad arguments.
 Tensor Matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opts = {});
 
-// out = op(a) @ op(b) + beta * out. `out` must be contiguous (or a row-padded
-// view of a contiguous buffer: Tensor::RowStride() >= 0), have the result's
-// shape, and a dtype allowed for the inputs (their dtype, or f32 for bf16
-// inputs; opts.out_dtype, if set, must agree); it must not overlap a or b.
+// out = op(a) @ op(b) + beta * out. `out` may be any view with a unit stride
+// in its last dim whose elements are all distinct (contiguous, row-padded, or
+// attention heads interleaved in a (B, T, nh * hs) buffer and viewed as
+// (B, nh, T, hs)); it must have the result's shape and a dtype allowed for
+// the inputs (their dtype, or f32 for bf16 inputs; opts.out_dtype, if set,
+// must agree), and must not overlap a or b.
 // beta == 0 overwrites out (its old contents, even NaN, are ignored); beta == 1
 // accumulates (e.g. gradients).
 void MatmulInto(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOptions& opts = {},

@@ -241,6 +241,35 @@ TEST_P(MatmulBackendTest, IntoRowPaddedView) {
   for (float pad : buffer.Narrow(1, 13, 3).ToVector<float>()) EXPECT_EQ(pad, 7.0f);
 }
 
+// Attention's heads written where the projection that follows reads them:
+// out (B, nh, T, hs) is a view of a (B, T, nh * hs) buffer, so its batch
+// items (heads) interleave along the rows. f32 and bf16, overwritten and
+// accumulated (beta 1), against the contiguous product.
+TEST_P(MatmulBackendTest, IntoHeadsInterleavedInTheirRows) {
+  constexpr int64_t B = 2, nh = 3, T = 5, hs = 4;
+  for (Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(DtypeName(dt));
+    const Tensor p = RandomTensor({B, nh, T, T}, 28, -1, 1, dt);
+    const Tensor v = RandomTensor({B, T, 3, nh, hs}, 29, -1, 1, dt).Select(2, 1).Transpose(1, 2);
+    const Tensor ref = Matmul(p, v);  // (B, nh, T, hs), contiguous
+    const Tensor buffer = Tensor::Full({B, T, nh * hs}, 7.0, dt);
+    const Tensor out = buffer.View({B, T, nh, hs}).Transpose(1, 2);  // (B, nh, T, hs)
+    ASSERT_EQ(out.RowStride(), -1);
+    MatmulInto(p, v, out);
+    // oneDNN takes these strides (no fallback to OpenBLAS).
+    if (dt == Dtype::kF32)
+      ExpectRanOn(GetParam());
+    else
+      ExpectBf16RanOn(GetParam());
+    const double tol = dt == Dtype::kF32 ? kF32Tol : 1e-2;
+    EXPECT_TRUE(AllClose(out, ref, tol, tol));
+    MatmulInto(p, v, out, {}, 1.0f);  // out = 2 ref
+    std::vector<float> twice = ref.ToVector<float>();
+    for (float& x : twice) x *= 2;
+    EXPECT_TRUE(AllClose(out, Tensor::FromVector(twice, ref.shape()), 2 * tol, 2 * tol));
+  }
+}
+
 TEST_P(MatmulBackendTest, Bf16IntoF32AccumulatesGradients) {
   // Mixed precision: bf16 products accumulated into an fp32 gradient buffer.
   const Tensor x = RandomTensor({16, 24}, 23, -1, 1, Dtype::kBF16);
@@ -543,7 +572,8 @@ TEST(MatmulErrorTest, BadOutputs) {
       [&] {
         MatmulInto(a, b, Tensor::Zeros({4, 2}).Transpose(0, 1));
       },
-      {"must be contiguous or a row-padded view"});
+      {"out (2,4) with strides (1,2) cannot be written by a GEMM: it needs a unit stride in its "
+       "last dim"});
   const Tensor buffer = Tensor::Zeros({16});
   ExpectMatmulError(
       [&] {
