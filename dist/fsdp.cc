@@ -79,6 +79,7 @@ struct FsdpShared {
   std::vector<FsdpUnit*> pending_reduces;
   bool require_sync = true;
   FullyShardedModel::PrefetchStats prefetch_stats;
+  int64_t all_gathers = 0;  // of unit parameters, since FullyShard
 
   // A forward-only pass: the root is held (Unshard / UnshardRoot), so no
   // backward follows it (one would throw).
@@ -149,6 +150,8 @@ class FsdpUnit : public nn::ModuleHooks {
   nn::Module* module() const { return module_; }
   FlatParameter& flat() { return flat_; }
   bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
+  // FullyShardedModel::SetReshardAfterForward: overrides the strategy's rule.
+  void set_reshard_after_forward(bool reshard) { reshard_after_forward_ = reshard; }
   // Low-precision compute copies (param_dtype not f32).
   bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
   // NO_SHARD in fp32 on the compute device: parameter values are views of
@@ -201,6 +204,7 @@ class FsdpUnit : public nn::ModuleHooks {
       return;
     }
     full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
+    ++shared_.all_gathers;
     if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
       gather_work_ = pg_.AllGather(flat_.shard(), full_);
     } else {
@@ -376,7 +380,9 @@ class FsdpUnit : public nn::ModuleHooks {
   void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
 
  private:
-  bool reshards_after_forward() const { return ReshardsAfterForward(strategy_); }
+  bool reshards_after_forward() const {
+    return reshard_after_forward_.value_or(ReshardsAfterForward(strategy_));
+  }
 
   // This rank's shard in `dtype` on the compute device: the shard itself, or
   // a copy (offloaded: cast on the host first, into page-locked memory, so
@@ -424,6 +430,7 @@ class FsdpUnit : public nn::ModuleHooks {
   tensor::Tensor gather_send_;
   bool views_set_ = false;
   bool prefetched_ = false;
+  std::optional<bool> reshard_after_forward_;  // unset: the strategy's rule
   // The unsharded fp32 gradient (padded_numel; from PreBackward to
   // PostBackward, or across backwards under no_sync), and the reduce in
   // flight: its buffer (reduce dtype) and where this rank's result lands.
@@ -647,6 +654,18 @@ void FullyShardedModel::ZeroGrad() {
 
 FullyShardedModel::PrefetchStats FullyShardedModel::prefetch_stats() const {
   return shared_->prefetch_stats;
+}
+
+int64_t FullyShardedModel::all_gathers() const { return shared_->all_gathers; }
+
+void FullyShardedModel::SetReshardAfterForward(const std::string& unit, bool reshard) {
+  const int id = unit_index(unit);
+  OP_CHECK(id != 0, "SetReshardAfterForward", "the root unit is kept unsharded from its forward ",
+           "to its backward, which starts right after it");
+  OP_CHECK(options_.strategy != ShardingStrategy::kNoShard, "SetReshardAfterForward", "unit '",
+           unit, "': under NO_SHARD every rank holds its whole unit; there is nothing to ",
+           "reshard");
+  units_[id]->set_reshard_after_forward(reshard);
 }
 
 void FullyShardedModel::Reshard() {

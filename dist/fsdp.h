@@ -239,6 +239,19 @@ class FullyShardedModel {
   // The index of the unit named `name` (unit_name's); OpError listing the
   // units if there is none.
   int unit_index(const std::string& name) const;
+  // Whether unit `unit` frees its unsharded parameters after its forward
+  // (PyTorch FSDP2's per-module reshard_after_forward), overriding the
+  // strategy's rule for it (FULL_SHARD and HYBRID_SHARD: true; SHARD_GRAD_OP
+  // and HYBRID_SHARD_ZERO2: false). False keeps it gathered until its
+  // backward, which then all-gathers nothing: for the last block, whose
+  // backward comes first, it saves an all-gather a step for the memory of
+  // one unit held through the loss. Forward-only passes free units either
+  // way. OpError for the root (always kept until its backward), under
+  // NO_SHARD, or an unknown name. Local; every rank must set the same.
+  void SetReshardAfterForward(const std::string& unit, bool reshard);
+  // All-gathers of unit parameters issued since FullyShard (prefetches,
+  // Unshard and UnshardRoot included; FullStateDict's not).
+  int64_t all_gathers() const;
 
   // What the prefetches did since FullyShard: the unit gathers issued ahead
   // of the unit's own hook (by forward_prefetch, backward_prefetch and the

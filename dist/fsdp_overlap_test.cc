@@ -167,6 +167,7 @@ TEST(FsdpPrefetchTest, ZeroLimitIsAClearError) {
 struct ExplicitRunResult {
   RunResult run;                           // rank 0's losses (no norms), final parameters
   FullyShardedModel::PrefetchStats stats;  // rank 0's, all steps
+  int64_t all_gathers = 0;                 // rank 0's, all steps
   int64_t first_pass_param_peak = 0, block_bytes = 0, base_bytes = 0;  // rank 0's
 };
 
@@ -203,6 +204,7 @@ ExplicitRunResult ExplicitRun(const FsdpOptions& options,
     if (rank == 0) {
       for (auto& [name, t] : params) result.run.params.emplace_back(name, t.Clone());
       result.stats = fsdp->prefetch_stats();
+      result.all_gathers = fsdp->all_gathers();
       UnitBytes(*fsdp, &result.block_bytes, &result.base_bytes);
     }
   });
@@ -319,6 +321,64 @@ TEST(FsdpExplicitPrefetchTest, BadListsAreClearErrors) {
         "[SetBackwardPrefetch] unit 'transformer.h.1': 'transformer.h.0' is listed twice");
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// ---- Reshard after forward, per unit (SetReshardAfterForward) ----
+
+// FULL_SHARD gathers the root once a step and each block twice (forward,
+// backward): 9 all-gathers a step for Small()'s 4 blocks. Keeping the last
+// block from its forward to its backward saves one; SHARD_GRAD_OP gathers
+// each unit once (5), and resharding a block after its forward adds one.
+// Neither changes a bit of the training.
+TEST(FsdpReshardAfterForwardTest, PerUnitOverridesChangeTheGathersNotTheBits) {
+  struct Case {
+    ShardingStrategy strategy;
+    int block;
+    bool reshard;
+    int64_t default_per_step, per_step;
+  };
+  for (const Case& c : {Case{ShardingStrategy::kFullShard, 3, false, 9, 8},
+                        Case{ShardingStrategy::kShardGradOp, 0, true, 5, 6}}) {
+    SCOPED_TRACE(ShardingStrategyName(c.strategy));
+    const FsdpOptions options = PerBlock(c.strategy);
+    const ExplicitRunResult want = ExplicitRun(options, [](FullyShardedModel&) {});
+    const ExplicitRunResult got = ExplicitRun(options, [&](FullyShardedModel& m) {
+      m.SetReshardAfterForward(Block(c.block), c.reshard);
+    });
+    ExpectBitwiseEqual(got.run, want.run);
+    EXPECT_EQ(want.all_gathers, 3 * c.default_per_step);
+    EXPECT_EQ(got.all_gathers, 3 * c.per_step);
+  }
+}
+
+TEST(FsdpReshardAfterForwardTest, TheRootNoShardAndUnknownUnitsAreClearErrors) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    mingpt::GPT gpt(Tiny());
+    absl::Status s = RunRanks(1, [&](int, ProcessGroup& pg) {
+      auto fsdp = FullyShard(gpt, pg, PerBlock(strategy));
+      const auto error = [&](const std::string& unit) {
+        try {
+          fsdp->SetReshardAfterForward(unit, false);
+        } catch (const tensor::OpError& e) {
+          return std::string(e.what());
+        }
+        return std::string("no error");
+      };
+      EXPECT_NE(error("").find("the root unit is kept unsharded from its forward to its backward"),
+                std::string::npos)
+          << error("");
+      EXPECT_NE(error("transformer.h.2").find("'transformer.h.2' is not an FSDP unit"),
+                std::string::npos);
+      if (strategy == ShardingStrategy::kNoShard) {
+        EXPECT_NE(error(Block(0)).find("under NO_SHARD every rank holds its whole unit"),
+                  std::string::npos)
+            << error(Block(0));
+      } else {
+        EXPECT_EQ(error(Block(0)), "no error");
+      }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
 }
 
 // Activation checkpointing recomputes each block's forward inside its
