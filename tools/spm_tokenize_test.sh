@@ -94,6 +94,15 @@ done
 grep -q "| 3 beams$" "$dir/beams.log"
 cmp "$dir/beams--kv_cache.txt" "$dir/beams--nokv_cache.txt"
 [[ $(wc -l < "$dir/beams--kv_cache.txt") == 3 ]]
+# No pair of ids twice in a line (the decoder's start id 0 included), greedy or in beams.
+for beams in 1 3; do
+  "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=12 --num_beams=$beams \
+    --no_repeat_ngram_size=2 --repetition_penalty=1.2 > "$dir/norepeat.txt" 2> "$dir/norepeat.log"
+  grep -q ", repetition_penalty 1.2, no_repeat_ngram_size 2$" "$dir/norepeat.log"
+  awk '{ delete seen; prev = 0; for (i = 1; i <= NF; i++) { if ((prev " " $i) in seen) exit 1;
+         seen[prev " " $i] = 1; prev = $i } }' "$dir/norepeat.txt" ||
+    { echo "a pair repeats ($beams beams):"; cat "$dir/norepeat.txt"; exit 1; }
+done
 "$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
 "$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> /dev/null |
   cmp - "$dir/out.txt"
@@ -118,6 +127,8 @@ exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_
   --input="$dir/ids.txt" --eos_id=400
 exits_2 "--top_p must be in (0, 1], got 0" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --temperature=1 --top_p=0
+exits_2 "--no_repeat_ngram_size must be >= 0 (0: off), got -1" "$generate" --init_from="$dir/ck" \
+  --input="$dir/ids.txt" --no_repeat_ngram_size=-1
 exits_2 "--num_beams=2 searches with temperature 0; got temperature 1" "$generate" \
   --init_from="$dir/ck" --input="$dir/ids.txt" --temperature=1 --num_beams=2
 exits_2 "--init_from=$dir/none: " "$generate" --init_from="$dir/none" --input="$dir/ids.txt"

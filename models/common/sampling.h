@@ -27,12 +27,32 @@ struct Sampling {
   // temperature and top_k) reaches top_p; 1: all.
   double top_p = 1.0;
   uint64_t seed = 1;
+  // Repeats, applied to a row's logits before all of the above by
+  // ApplyRepetitionControls (Hugging Face's logits processors of the same
+  // names). repetition_penalty (CTRL's): the logit of each token already in
+  // the row's sequence is divided by it where positive and multiplied by it
+  // where negative; > 1 discourages repeats, 1: off. no_repeat_ngram_size n:
+  // a token that would complete an n-gram the sequence already holds is never
+  // chosen; 0: off.
+  double repetition_penalty = 1.0;
+  int64_t no_repeat_ngram_size = 0;
 
   bool greedy() const { return temperature == 0.0; }
+  bool controls_repetition() const { return repetition_penalty != 1.0 || no_repeat_ngram_size > 0; }
   // InvalidArgument naming the field: temperature < 0 or not finite, top_k <
-  // 0, top_p not in (0, 1].
+  // 0, top_p not in (0, 1], repetition_penalty not finite and > 0,
+  // no_repeat_ngram_size < 0.
   absl::Status Validate() const;
 };
+
+// Applies sampling.repetition_penalty and no_repeat_ngram_size to one row's
+// scores (V; logits, or log-probabilities in a beam search, as Hugging Face
+// does) given the row's `sequence` so far (minGPT: prompt and new tokens;
+// T5: the decoder's inputs, decoder_start_id first): tokens the n-gram rule
+// excludes get -inf. Ids of `sequence` outside [0, V) are ignored.
+template <typename T>
+void ApplyRepetitionControls(absl::Span<T> scores, absl::Span<const int64_t> sequence,
+                             const Sampling& sampling);
 
 // Uniform in [0, 1) with 53 random bits from Philox(seed) at counter (row, n):
 // what row `row`'s n-th new token is drawn with.
@@ -40,7 +60,9 @@ double DrawUniform(uint64_t seed, uint64_t row, uint64_t n);
 
 // The token drawn from one row of logits (V) with `u` uniform in [0, 1): the
 // smallest id whose cumulative probability (ids ordered by falling logit,
-// ties by id) exceeds u. InvalidArgument when a logit is nan or +-inf.
+// ties by id) exceeds u. A logit of -inf is a token never drawn
+// (ApplyRepetitionControls' exclusions). InvalidArgument when a logit is nan
+// or +inf, or every one is -inf.
 absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits, const Sampling& sampling,
                                          double u);
 

@@ -5,6 +5,7 @@
 #include "models/common/sampling.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,6 +87,81 @@ TEST(SampleFromLogitsTest, ErrorsNameWhatIsWrong) {
   o = {};
   o.top_p = 0.0;
   EXPECT_NE(invalid(o).find("top_p must be in (0, 1], got 0"), std::string::npos);
+  o = {};
+  o.repetition_penalty = 0.0;
+  EXPECT_NE(invalid(o).find("repetition_penalty must be finite and > 0 (1: off), got 0"),
+            std::string::npos);
+  o = {};
+  o.no_repeat_ngram_size = -2;
+  EXPECT_NE(invalid(o).find("no_repeat_ngram_size must be >= 0 (0: off), got -2"),
+            std::string::npos);
+  o = {};
+  const float inf = std::numeric_limits<float>::infinity();
+  id = SampleFromLogits(std::vector<float>{0.0f, inf}, o, 0.5);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("logit of token 1 is inf"), std::string::npos);
+  id = SampleFromLogits(std::vector<float>{-inf, -inf}, o, 0.5);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("every token is excluded"), std::string::npos);
+}
+
+// -inf logits (tokens ApplyRepetitionControls excluded) are never drawn and
+// take no probability: the others keep their renormalized shares, with top_k
+// counting allowed tokens only, and greedy skips them too.
+TEST(SampleFromLogitsTest, MinusInfinityIsATokenNeverDrawn) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // Probabilities 0.2, 0.4, 0.1, 0.3 with id 1 excluded: 2/6, 0, 1/6, 3/6.
+  std::vector<float> logits = kLogits;
+  logits[1] = -inf;
+  Sampling o;
+  ExpectFrequencies(Frequencies(logits, o), {2.0 / 6, 0.0, 1.0 / 6, 3.0 / 6});
+  o.top_k = 4;  // more than the 3 allowed
+  ExpectFrequencies(Frequencies(logits, o), {2.0 / 6, 0.0, 1.0 / 6, 3.0 / 6});
+  for (double u : {0.0, 0.5, 0.999999999}) {
+    o.top_k = 0;
+    o.top_p = 1.0;
+    EXPECT_NE(*SampleFromLogits({-inf, 1.0f, -inf}, o, u), 0);
+    EXPECT_EQ(*SampleFromLogits({-inf, 1.0f, -inf}, o, u), 1);
+  }
+  o.temperature = 0.0;
+  EXPECT_EQ(*SampleFromLogits(logits, o, 0.5), 3);
+  EXPECT_EQ(*SampleFromLogits({-inf, -inf, -5.0f}, o, 0.5), 2);
+}
+
+// Hugging Face's RepetitionPenaltyLogitsProcessor: a seen token's logit is
+// divided by the penalty when positive, multiplied when negative, once
+// however often it was seen; others are untouched.
+TEST(ApplyRepetitionControlsTest, PenaltyDividesPositiveAndMultipliesNegativeSeenLogits) {
+  Sampling o;
+  o.repetition_penalty = 2.0;
+  std::vector<float> logits = {4.0f, -3.0f, 1.0f, -1.0f, 0.0f};
+  const std::vector<int64_t> sequence = {0, 1, 1, 4, 0, 17};  // 17: outside V, ignored
+  ApplyRepetitionControls(absl::MakeSpan(logits), sequence, o);
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, -6.0f, 1.0f, -1.0f, 0.0f}));
+  o.repetition_penalty = 1.0;  // off
+  ApplyRepetitionControls(absl::MakeSpan(logits), sequence, o);
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, -6.0f, 1.0f, -1.0f, 0.0f}));
+}
+
+// Hugging Face's NoRepeatNGramLogitsProcessor: with n = 3 the last two
+// tokens (5, 6) were followed by 7 and by 2 before: both excluded. n = 1
+// excludes every token seen; a sequence shorter than n - 1 excludes none.
+TEST(ApplyRepetitionControlsTest, NoRepeatNgramExcludesWhatWouldRepeatAnNgram) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Sampling o;
+  o.no_repeat_ngram_size = 3;
+  std::vector<double> scores(8, 0.5);  // log-probabilities, as beam search passes
+  const std::vector<int64_t> sequence = {5, 6, 7, 1, 5, 6, 2, 0, 5, 6};
+  ApplyRepetitionControls(absl::MakeSpan(scores), sequence, o);
+  EXPECT_EQ(scores, (std::vector<double>{0.5, 0.5, -inf, 0.5, 0.5, 0.5, 0.5, -inf}));
+  o.no_repeat_ngram_size = 1;
+  std::vector<double> all(8, 0.5);
+  ApplyRepetitionControls(absl::MakeSpan(all), std::vector<int64_t>{3, 1, 3}, o);
+  EXPECT_EQ(all, (std::vector<double>{0.5, -inf, 0.5, -inf, 0.5, 0.5, 0.5, 0.5}));
+  o.no_repeat_ngram_size = 4;
+  std::vector<double> short_seq(8, 0.5);
+  ApplyRepetitionControls(absl::MakeSpan(short_seq), std::vector<int64_t>{5, 6}, o);
+  EXPECT_EQ(short_seq, std::vector<double>(8, 0.5));
 }
 
 TEST(DrawUniformTest, ReproducibleInRangeAndDistinctPerRowAndToken) {

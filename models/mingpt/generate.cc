@@ -79,10 +79,13 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
       last = model.LastLogits(idx);
     }
     if (!cached) caches.clear();  // the window moves on: free the keys and values
-    const std::vector<float> logits = last.ToVector<float>();
+    std::vector<float> logits = last.ToVector<float>();  // (B, V)
     for (int64_t r = 0; r < B; ++r) {
-      absl::Span<const float> row_logits(logits.data() + r * config.vocab_size,
-                                         static_cast<size_t>(config.vocab_size));
+      absl::Span<float> row_logits(logits.data() + r * config.vocab_size,
+                                   static_cast<size_t>(config.vocab_size));
+      // Repeats of the row's prompt and new tokens (repetition_penalty, no_repeat_ngram_size).
+      if (options.controls_repetition())
+        train::ApplyRepetitionControls(row_logits, rows[r], options);
       absl::StatusOr<int64_t> token =
           train::SampleFromLogits(row_logits, options, train::DrawUniform(options.seed, r, n));
       if (!token.ok()) {

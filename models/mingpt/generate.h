@@ -24,7 +24,9 @@
 namespace mingpt {
 
 // What to generate: max_new_tokens per row, drawn as train::Sampling says
-// (temperature, top_k, top_p, seed; sampling at temperature 1 by default).
+// (temperature, top_k, top_p, seed; sampling at temperature 1 by default;
+// repetition_penalty and no_repeat_ngram_size over the row's prompt and new
+// tokens).
 struct SamplingOptions : train::Sampling {
   int64_t max_new_tokens = 256;
   // Keys and values of earlier positions kept per block while the sequence

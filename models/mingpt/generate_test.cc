@@ -5,7 +5,9 @@
 // decoding with the key/value cache equals the forward over the whole context.
 #include "models/mingpt/generate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -140,10 +142,9 @@ const std::string kCycle = "the quick brown fox ";
 
 char CycleAt(size_t i) { return kCycle[i % kCycle.size()]; }
 
-TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
-  const GptConfig c = ByteModel();
-  GPT gpt(c);
-  gpt.Materialize(7);
+// Trains `gpt` (ByteModel()) until it continues the cycle from any window.
+void TrainOnCycle(GPT& gpt) {
+  const GptConfig& c = gpt.config();
   const int64_t B = static_cast<int64_t>(kCycle.size()), T = c.block_size;
   std::vector<int64_t> x, y;
   for (int64_t r = 0; r < B; ++r) {
@@ -167,6 +168,12 @@ TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
     (*opt)->Step(refs);
   }
   ASSERT_LT(loss, 0.05);
+}
+
+TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(7);
+  TrainOnCycle(gpt);
 
   // Greedy from "the q" (5 tokens) for 40 more: the context reaches 45 > 16.
   std::vector<int64_t> prompt;
@@ -237,6 +244,53 @@ TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
       EXPECT_EQ((*single)[0], (*mixed)[r]) << "row " << r;
     }
   }
+}
+
+// The cycle "the quick brown fox " holds no 3-gram twice, so with
+// no_repeat_ngram_size 3 greedy decoding follows it from "the q" until it
+// would write "the" again: there it takes another token, and the row never
+// holds a 3-gram twice. A repetition_penalty gives what greedy decoding of
+// the penalized logits of the row's whole sequence (prompt included) gives.
+TEST(GenerateTest, RepetitionControlsOnAMemorizedCycle) {
+  GPT gpt(ByteModel());
+  gpt.Materialize(7);
+  TrainOnCycle(gpt);
+  std::vector<int64_t> prompt;
+  for (char ch : std::string("the q")) prompt.push_back(static_cast<unsigned char>(ch));
+  SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  greedy.max_new_tokens = 30;
+  greedy.no_repeat_ngram_size = 3;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
+      Generate(gpt, {prompt}, greedy, tensor::Device::Cpu());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const std::vector<int64_t>& row = (*rows)[0];
+  ASSERT_EQ(row.size(), 35u);
+  std::string want;
+  for (size_t i = 0; i < 22; ++i) want += CycleAt(i);  // "the quick brown fox th"
+  EXPECT_EQ(std::string(row.begin(), row.begin() + 22), want);
+  EXPECT_NE(row[22], 'e');
+  std::set<std::vector<int64_t>> trigrams;
+  for (size_t i = 0; i + 3 <= row.size(); ++i) {
+    EXPECT_TRUE(trigrams.insert({row[i], row[i + 1], row[i + 2]}).second) << "at " << i;
+  }
+
+  SamplingOptions penalized;
+  penalized.temperature = 0.0;
+  penalized.max_new_tokens = 10;  // 15 positions: within block_size
+  penalized.repetition_penalty = 1.5;
+  penalized.kv_cache = false;  // LastLogits over the sequence, as below
+  rows = Generate(gpt, {prompt}, penalized, tensor::Device::Cpu());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  std::vector<int64_t> sequence = prompt;
+  for (int n = 0; n < 10; ++n) {
+    const tensor::Tensor idx =
+        tensor::Tensor::FromData<int64_t>(sequence, {1, static_cast<int64_t>(sequence.size())});
+    std::vector<float> logits = gpt.LastLogits(idx).ToVector<float>();  // (V)
+    train::ApplyRepetitionControls(absl::MakeSpan(logits), sequence, penalized);
+    sequence.push_back(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  EXPECT_EQ((*rows)[0], sequence);
 }
 
 TEST(GenerateTest, HighTemperatureRowsDifferAndRepeatWithTheSeed) {

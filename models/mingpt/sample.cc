@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "models/common/repetition_flags.h"
 #include "models/common/train_setup.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/mapped_file.h"
@@ -233,6 +234,7 @@ absl::Status Sample() {
   options.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
+  train::RepetitionFromCommandLine(&options);
   absl::Status valid = options.Validate();
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t num_samples = absl::GetFlag(FLAGS_num_samples);

@@ -86,6 +86,10 @@ expect_error "--checkpoint: $dir/none: no such folder" --checkpoint="$dir/none"
 expect_error "--temperature must be finite and >= 0" --checkpoint="$dir/one" --temperature=-1
 expect_error "--top_p must be in (0, 1], got 1.5" --checkpoint="$dir/one" --top_p=1.5
 expect_error "--top_k must be >= 0" --checkpoint="$dir/one" --top_k=-2
+expect_error "--repetition_penalty must be finite and > 0 (1: off), got -1" --checkpoint="$dir/one" \
+  --repetition_penalty=-1
+expect_error "--no_repeat_ngram_size must be >= 0 (0: off), got -3" --checkpoint="$dir/one" \
+  --no_repeat_ngram_size=-3
 expect_error "--num_samples must be >= 1, got 0" --checkpoint="$dir/one" --num_samples=0
 expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint="$dir/one" \
   --prompt_tokens=1,300

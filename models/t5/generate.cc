@@ -97,16 +97,19 @@ absl::StatusOr<Rows> SampleRows(DecoderSteps& steps, int64_t B, int64_t V,
   Rows out(B);
   std::vector<bool> done(B, false);
   for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-    const std::vector<float> last = steps.Next(sequences);  // (B, V)
+    std::vector<float> last = steps.Next(sequences);  // (B, V)
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) {
         sequences[b].push_back(options.eos_id);
         continue;
       }
+      const absl::Span<float> logits(last.data() + b * V, V);
+      // Repeats of the row's decoder inputs (repetition_penalty, no_repeat_ngram_size).
+      if (options.controls_repetition())
+        train::ApplyRepetitionControls(logits, sequences[b], options);
       absl::StatusOr<int64_t> token =
-          train::SampleFromLogits(absl::MakeConstSpan(last.data() + b * V, V), options,
-                                  train::DrawUniform(options.seed, b, n));
+          train::SampleFromLogits(logits, options, train::DrawUniform(options.seed, b, n));
       if (!token.ok()) {
         return absl::InternalError(
             absl::StrCat("row ", b, ", new token ", n, ": ", token.status().message()));
@@ -189,7 +192,11 @@ absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
       std::vector<std::pair<double, int64_t>> candidates(K * V);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t row = b * K + k;
-        const std::vector<double> log_p = LogSoftmax(absl::MakeConstSpan(last.data() + row * V, V));
+        std::vector<double> log_p = LogSoftmax(absl::MakeConstSpan(last.data() + row * V, V));
+        // On the log-probabilities, as Hugging Face's beam search applies them.
+        if (options.controls_repetition()) {
+          train::ApplyRepetitionControls(absl::MakeSpan(log_p), sequences[row], options);
+        }
         for (int64_t v = 0; v < V; ++v) candidates[k * V + v] = {sums[row] + log_p[v], k * V + v};
       }
       const int64_t top = std::min<int64_t>(2 * K, K * V);

@@ -23,6 +23,9 @@ namespace t5 {
 
 // The draws: temperature (0: greedy, the default here), top_k, top_p, seed;
 // row b's n-th new token is drawn with train::DrawUniform(seed, b, n).
+// repetition_penalty and no_repeat_ngram_size look at each row's decoder
+// inputs (decoder_start_id first), on the logits, or on the log-probabilities
+// in beam search (as Hugging Face).
 struct GenerateOptions : train::Sampling {
   GenerateOptions() { temperature = 0.0; }
 

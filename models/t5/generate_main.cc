@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "models/common/repetition_flags.h"
 #include "models/common/train_setup.h"
 #include "models/t5/generate.h"
 #include "models/t5/model.h"
@@ -117,6 +118,7 @@ absl::Status Run() {
   options.num_beams = absl::GetFlag(FLAGS_num_beams);
   options.length_penalty = absl::GetFlag(FLAGS_length_penalty);
   options.early_stopping = absl::GetFlag(FLAGS_early_stopping);
+  train::RepetitionFromCommandLine(&options);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t pad = absl::GetFlag(FLAGS_pad_id);
@@ -138,12 +140,19 @@ absl::Status Run() {
   nn::ReleaseInitValues(model);
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
+  std::string decoding = options.num_beams > 1 ? absl::StrCat(options.num_beams, " beams")
+                         : options.greedy()    ? "greedy"
+                                               : "sampled";
+  if (options.repetition_penalty != 1.0) {
+    absl::StrAppend(&decoding, ", repetition_penalty ", options.repetition_penalty);
+  }
+  if (options.no_repeat_ngram_size > 0) {
+    absl::StrAppend(&decoding, ", no_repeat_ngram_size ", options.no_repeat_ngram_size);
+  }
   std::fprintf(stderr, "model %s from %s | %s | precision %s | %s\n",
                weights->config.ToString().c_str(), weights->source.c_str(),
                compute->device.ToString().c_str(), compute->policy.ToString().c_str(),
-               options.num_beams > 1 ? absl::StrCat(options.num_beams, " beams").c_str()
-               : options.greedy()    ? "greedy"
-                                     : "sampled");
+               decoding.c_str());
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.
   const int64_t B = static_cast<int64_t>(examples->size());

@@ -145,6 +145,55 @@ TEST_P(T5GenerateTest, SamplingFollowsTheSeedAndTopKOneIsGreedy) {
   EXPECT_EQ(seen.size(), 3u);
 }
 
+// Whether `sequence` holds some n-gram twice.
+bool RepeatsAnNgram(const std::vector<int64_t>& sequence, size_t n) {
+  std::set<std::vector<int64_t>> seen;
+  for (size_t i = 0; i + n <= sequence.size(); ++i) {
+    if (!seen.insert(std::vector<int64_t>(sequence.begin() + i, sequence.begin() + i + n)).second) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A random tiny model's greedy rows repeat themselves; with
+// no_repeat_ngram_size 2 no row's decoder inputs (decoder_start_id, then
+// its tokens) hold a pair twice, greedy, sampled or in beam search, with the
+// cache and without. repetition_penalty changes the greedy rows.
+TEST_P(T5GenerateTest, NoRepeatNgramAndRepetitionPenaltyAsHuggingFace) {
+  GenerateOptions options;
+  options.max_new_tokens = 20;
+  const std::vector<std::vector<int64_t>> plain =
+      GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options);
+  ASSERT_EQ(plain.size(), 2u);
+  const auto with_start = [&](const std::vector<int64_t>& row) {
+    std::vector<int64_t> s = {options.decoder_start_id};
+    s.insert(s.end(), row.begin(), row.end());
+    return s;
+  };
+  EXPECT_TRUE(RepeatsAnNgram(with_start(plain[0]), 2) || RepeatsAnNgram(with_start(plain[1]), 2));
+  options.no_repeat_ngram_size = 2;
+  for (int64_t beams : {1, 3}) {
+    for (double temperature : {0.0, 1.0}) {
+      if (beams > 1 && temperature > 0) continue;  // beams are greedy
+      SCOPED_TRACE(::testing::Message() << beams << " beams, temperature " << temperature);
+      options.num_beams = beams;
+      options.temperature = temperature;
+      const std::vector<std::vector<int64_t>> rows =
+          GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options);
+      ASSERT_EQ(rows.size(), 2u);
+      for (const std::vector<int64_t>& row : rows) {
+        EXPECT_EQ(row.size(), 20u);
+        EXPECT_FALSE(RepeatsAnNgram(with_start(row), 2));
+      }
+    }
+  }
+  options = GenerateOptions();
+  options.max_new_tokens = 20;
+  options.repetition_penalty = 3.0;
+  EXPECT_NE(GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options), plain);
+}
+
 INSTANTIATE_TEST_SUITE_P(Forms, T5GenerateTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "v1_1" : "v1_0";
