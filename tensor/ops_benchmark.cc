@@ -19,17 +19,21 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cpu_allocator.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/ops/init.h"
+#include "tensor/ops/linear.h"
 #include "tensor/ops/loss.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/ops/norm.h"
@@ -158,42 +162,43 @@ void BM_RawOneDnn(benchmark::State& state, GemmShape s, Dtype dtype) {
   SetGflops(state, s);
 }
 
-// Raw and ours (MatmulInto) alternating inside one loop, each timed on its
-// own: on a machine shared with other work both see the same interference, so
-// their ratio is steadier than the ratio of two separate benchmarks.
+// Runs `first` and `second` alternately inside the benchmark loop (which of
+// them goes first alternates too, to cancel order effects), each timed on its
+// own: on a machine shared with other work both see the same interference,
+// so their ratio is steadier than that of two separate benchmarks. Returns
+// the seconds each took in all.
+std::pair<double, double> TimePaired(benchmark::State& state, const std::function<void()>& first,
+                                     const std::function<void()>& second) {
+  first();
+  second();
+  double first_seconds = 0, second_seconds = 0;
+  int64_t i = 0;
+  for (auto _ : state) {
+    using Clock = std::chrono::steady_clock;
+    const bool in_order = (i++ % 2) == 0;
+    const auto t0 = Clock::now();
+    in_order ? first() : second();
+    const auto t1 = Clock::now();
+    in_order ? second() : first();
+    const auto t2 = Clock::now();
+    const double a = std::chrono::duration<double>(t1 - t0).count();
+    const double b = std::chrono::duration<double>(t2 - t1).count();
+    first_seconds += in_order ? a : b;
+    second_seconds += in_order ? b : a;
+    state.SetIterationTime(a + b);
+  }
+  return {first_seconds, second_seconds};
+}
+
+// Raw and ours (MatmulInto), paired (TimePaired).
 void BM_Paired(benchmark::State& state, GemmShape s, Dtype dtype) {
   const GemmInputs in = MakeInputs(s, dtype);
   const Tensor raw_out = Tensor::Empty({s.m, s.n}, dtype);
   Tensor our_out = Tensor::Empty({s.m, s.n}, dtype);
   RawOneDnnGemm raw(s, dtype, in, raw_out);
   const MatmulOptions opts{false, s.trans_b};
-  raw.Run();
-  MatmulInto(in.a, in.b, our_out, opts);
-  double raw_seconds = 0;
-  double our_seconds = 0;
-  int64_t i = 0;
-  for (auto _ : state) {
-    using Clock = std::chrono::steady_clock;
-    const bool raw_first = (i++ % 2) == 0;  // alternate to cancel order effects
-    const auto t0 = Clock::now();
-    if (raw_first) {
-      raw.Run();
-    } else {
-      MatmulInto(in.a, in.b, our_out, opts);
-    }
-    const auto t1 = Clock::now();
-    if (raw_first) {
-      MatmulInto(in.a, in.b, our_out, opts);
-    } else {
-      raw.Run();
-    }
-    const auto t2 = Clock::now();
-    const double first = std::chrono::duration<double>(t1 - t0).count();
-    const double second = std::chrono::duration<double>(t2 - t1).count();
-    raw_seconds += raw_first ? first : second;
-    our_seconds += raw_first ? second : first;
-    state.SetIterationTime(first + second);
-  }
+  const auto [raw_seconds, our_seconds] = TimePaired(
+      state, [&] { raw.Run(); }, [&] { MatmulInto(in.a, in.b, our_out, opts); });
   const double gflop = 2.0 * s.m * s.n * s.k * 1e-9 * static_cast<double>(state.iterations());
   state.counters["raw GFLOP/s"] = gflop / raw_seconds;
   state.counters["ours GFLOP/s"] = gflop / our_seconds;
@@ -203,42 +208,43 @@ void BM_Paired(benchmark::State& state, GemmShape s, Dtype dtype) {
 // Attention's y (B, nh, T, hs) = P (B, nh, T, T) @ V for the projection
 // after it, which reads (B, T, nh * hs): written there directly by
 // MatmulInto into the interleaved-heads view ("in place"), against the
-// contiguous product then the head-merging copy ("then copy"). The two
-// alternate inside one loop, each timed on its own (as BM_Paired).
+// contiguous product then the head-merging copy ("then copy"), paired.
 void BM_HeadsInPlacePaired(benchmark::State& state, Dtype dtype) {
   constexpr int64_t B = 4, nh = 12, T = 256, hs = 64;
   const Tensor p = Random({B, nh, T, T}, 5, dtype);
   const Tensor v = Random({B, T, nh * hs}, 6, dtype).View({B, T, nh, hs}).Transpose(1, 2);
-  const Tensor merged = Tensor::Empty({B, T, nh * hs}, dtype);       // the projection's input
-  Tensor heads = merged.View({B, T, nh, hs}).Transpose(1, 2);  // (B, nh, T, hs) view
+  const Tensor merged = Tensor::Empty({B, T, nh * hs}, dtype);  // the projection's input
+  Tensor heads = merged.View({B, T, nh, hs}).Transpose(1, 2);   // (B, nh, T, hs) view
   const Tensor contiguous = Tensor::Empty({B, nh, T, hs}, dtype);
-  const auto in_place = [&] { MatmulInto(p, v, heads); };
-  const auto then_copy = [&] {
-    MatmulInto(p, v, contiguous);
-    heads.CopyFrom(contiguous);
-  };
-  in_place();
-  then_copy();
-  double in_place_seconds = 0, copy_seconds = 0;
-  int64_t i = 0;
-  for (auto _ : state) {
-    using Clock = std::chrono::steady_clock;
-    const bool in_place_first = (i++ % 2) == 0;
-    const auto t0 = Clock::now();
-    in_place_first ? in_place() : then_copy();
-    const auto t1 = Clock::now();
-    in_place_first ? then_copy() : in_place();
-    const auto t2 = Clock::now();
-    const double first = std::chrono::duration<double>(t1 - t0).count();
-    const double second = std::chrono::duration<double>(t2 - t1).count();
-    in_place_seconds += in_place_first ? first : second;
-    copy_seconds += in_place_first ? second : first;
-    state.SetIterationTime(first + second);
-  }
+  const auto [in_place, then_copy] = TimePaired(
+      state, [&] { MatmulInto(p, v, heads); },
+      [&] {
+        MatmulInto(p, v, contiguous);
+        heads.CopyFrom(contiguous);
+      });
   const double n = static_cast<double>(state.iterations());
-  state.counters["in place ms"] = 1e3 * in_place_seconds / n;
-  state.counters["then copy ms"] = 1e3 * copy_seconds / n;
-  state.counters["copy/in place"] = copy_seconds / in_place_seconds;
+  state.counters["in place ms"] = 1e3 * in_place / n;
+  state.counters["then copy ms"] = 1e3 * then_copy / n;
+  state.counters["copy/in place"] = then_copy / in_place;
+}
+
+// A Linear layer's forward at gpt-mini's shapes (16 x 128 rows, C = 192,
+// the MLP's 4C outputs): the bias in the GEMM (LinearForward: oneDNN's bias
+// argument) against the product then AddBias, paired.
+void BM_LinearBiasPaired(benchmark::State& state, Dtype dtype) {
+  constexpr int64_t N = 16 * 128, K = 192, M = 4 * 192;
+  const Tensor x = Random({N, K}, 7, dtype);
+  const Tensor w = Random({M, K}, 8, dtype);
+  const Tensor b = Random({M}, 9, dtype);
+  MatmulOptions tb;
+  tb.trans_b = true;
+  const auto [fused, separate] = TimePaired(
+      state, [&] { benchmark::DoNotOptimize(LinearForward(x, w, b).raw_data()); },
+      [&] { benchmark::DoNotOptimize(AddBias(Matmul(x, w, tb), b).raw_data()); });
+  const double n = static_cast<double>(state.iterations());
+  state.counters["in GEMM ms"] = 1e3 * fused / n;
+  state.counters["then AddBias ms"] = 1e3 * separate / n;
+  state.counters["AddBias/in GEMM"] = separate / fused;
 }
 
 // A compute-bound ParallelFor on our pool (64K elements of exp/tanh), timed
@@ -590,6 +596,11 @@ void RegisterGemmBenchmarks() {
     benchmark::RegisterBenchmark(
         ("HeadsInPlace/4x12x256x64/" + std::string(DtypeName(dtype))).c_str(),
         BM_HeadsInPlacePaired, dtype)
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
+    benchmark::RegisterBenchmark(
+        ("LinearBias/2048x192x768/" + std::string(DtypeName(dtype))).c_str(), BM_LinearBiasPaired,
+        dtype)
         ->Unit(benchmark::kMillisecond)
         ->UseManualTime();
   }

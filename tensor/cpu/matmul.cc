@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -238,7 +239,7 @@ struct Primitive {
   bool usable = false;
   std::string impl;
   dnnl::matmul matmul;
-  dnnl::memory::desc a_md, b_md, c_md, scratch_md;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md, scratch_md;
   int64_t scratch_bytes = 0;
 };
 
@@ -271,6 +272,13 @@ std::shared_ptr<const Primitive> CreatePrimitive(const OneDnn& onednn, const Gem
     p->a_md = dnnl::memory::desc(a.dims, ToDnnl(args.in_dtype), a.strides);
     p->b_md = dnnl::memory::desc(b.dims, ToDnnl(args.in_dtype), b.strides);
     p->c_md = dnnl::memory::desc(c.dims, ToDnnl(args.out_dtype), c.strides);
+    if (args.bias != nullptr) {  // (1, ..., 1, n): one row broadcast over the rest
+      dnnl::memory::dims bias_dims(c.dims.size(), 1);
+      bias_dims.back() = args.n;
+      dnnl::memory::dims bias_strides(c.dims.size(), args.n);
+      bias_strides.back() = 1;
+      p->bias_md = dnnl::memory::desc(bias_dims, ToDnnl(args.bias_dtype), bias_strides);
+    }
     dnnl::primitive_attr attr;
     // A caller-provided scratchpad makes one primitive safe to run from several
     // threads at once (the library scratchpad of Debian's build is tied to the
@@ -281,8 +289,10 @@ std::shared_ptr<const Primitive> CreatePrimitive(const OneDnn& onednn, const Gem
       ops.append_sum(args.beta);  // c = a @ b + beta * c
       attr.set_post_ops(ops);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p->a_md, p->b_md, p->c_md), attr,
-                                    onednn.engine);
+    dnnl::matmul::primitive_desc pd(args.bias != nullptr
+                                        ? dnnl::matmul::desc(p->a_md, p->b_md, p->bias_md, p->c_md)
+                                        : dnnl::matmul::desc(p->a_md, p->b_md, p->c_md),
+                                    attr, onednn.engine);
     p->impl = pd.impl_info_str();
     // "ref:any" is oneDNN's scalar reference code: far slower than OpenBLAS.
     if (p->impl.rfind("ref", 0) == 0) return p;
@@ -315,6 +325,7 @@ bool RunOneDnn(const GemmArgs& args) {
   uint32_t beta_bits;
   std::memcpy(&beta_bits, &args.beta, sizeof(beta_bits));
   key.push_back(beta_bits);
+  key.push_back(args.bias == nullptr ? -1 : static_cast<int64_t>(args.bias_dtype));
   key.push_back(static_cast<int64_t>(a.dims.size()));
   for (const DnnlShape* s : {&a, &b, &c}) {
     key.insert(key.end(), s->dims.begin(), s->dims.end());
@@ -331,6 +342,10 @@ bool RunOneDnn(const GemmArgs& args) {
       {DNNL_ARG_WEIGHTS, dnnl::memory(p->b_md, engine, args.b.data)},
       {DNNL_ARG_DST, dnnl::memory(p->c_md, engine, args.c.data)},
   };
+  if (args.bias != nullptr) {
+    exec_args.emplace(DNNL_ARG_BIAS,
+                      dnnl::memory(p->bias_md, engine, const_cast<void*>(args.bias)));
+  }
   Tensor scratch;  // charged to the caller's memory ledger as a temporary
   if (p->scratch_bytes > 0) {
     scratch = Tensor::Empty({p->scratch_bytes}, Dtype::kU8);
@@ -421,6 +436,15 @@ void RunOpenBlas(const GemmArgs& args) {
       }
     }
   }
+  std::vector<float> bias;  // f32 copy, added after each product (before rounding to bf16)
+  if (args.bias != nullptr) {
+    bias.resize(args.n);
+    for (int64_t j = 0; j < args.n; ++j) {
+      bias[j] = args.bias_dtype == Dtype::kBF16
+                    ? Bf16ToFloat(static_cast<const bf16*>(args.bias)[j])
+                    : static_cast<const float*>(args.bias)[j];
+    }
+  }
   const MatrixLayout la = LayoutOrDie(f.m, f.k, f.a);
   const MatrixLayout lb = LayoutOrDie(f.k, f.n, f.b);
   for (int64_t i = 0; i < count; ++i) {
@@ -430,6 +454,11 @@ void RunOpenBlas(const GemmArgs& args) {
     cblas_sgemm(CblasRowMajor, la.col_major ? CblasTrans : CblasNoTrans,
                 lb.col_major ? CblasTrans : CblasNoTrans, BlasInt(f.m), BlasInt(f.n), BlasInt(f.k),
                 1.0f, a, BlasInt(la.ld), b, BlasInt(lb.ld), f.beta, c, BlasInt(f.c.row_stride));
+    if (bias.empty()) continue;
+    for (int64_t r = 0; r < f.m; ++r) {
+      float* row = c + r * f.c.row_stride;
+      for (int64_t j = 0; j < f.n; ++j) row[j] += bias[j];
+    }
   }
   if (c_is_bf16) {
     for (int64_t i = 0; i < count; ++i) {
@@ -469,6 +498,7 @@ void Gemm(const GemmArgs& args) {
   CHECK(args.in_dtype == Dtype::kF32 || args.in_dtype == Dtype::kBF16);
   CHECK(args.out_dtype == args.in_dtype || args.out_dtype == Dtype::kF32);
   CHECK_EQ(args.c.col_stride, 1);
+  CHECK(args.bias == nullptr || args.bias_dtype == Dtype::kF32 || args.bias_dtype == Dtype::kBF16);
   if (Backend().load(std::memory_order_relaxed) == GemmBackend::kOneDnn && RunOneDnn(args)) return;
   RunOpenBlas(args);
 }

@@ -47,6 +47,11 @@ struct GemmArgs {
   GemmOperand b;
   GemmOperand c;
   float beta = 0.0f;
+  // Optional: n contiguous values of bias_dtype (f32 or bf16) added to every
+  // row of the product before beta * c: c = a @ b + bias + beta * c (oneDNN's
+  // bias argument: the sum is rounded to out_dtype once).
+  const void* bias = nullptr;
+  Dtype bias_dtype = Dtype::kF32;
 };
 
 // Whether a rows x cols matrix with these strides can be handed to the GEMM

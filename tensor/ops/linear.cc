@@ -60,6 +60,42 @@ bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
   return cuda::GemmWithEpilogue(g, e);
 }
 
+// out (N, M) = x (N, K) @ w (M, K)^T + bias (M) in one CPU GEMM (oneDNN's
+// bias argument; the OpenBLAS fallback adds it before rounding too); false
+// when it cannot run so (nothing was written).
+bool BiasGemmOnCpu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  if (!out.device().is_cpu() || out.numel() == 0 || x.dim(1) == 0 || !bias.is_contiguous() ||
+      out.RowStride() < 0 || (x.dtype() != Dtype::kF32 && x.dtype() != Dtype::kBF16)) {
+    return false;
+  }
+  const Tensor wt = w.Transpose(0, 1);  // (K, M)
+  if (!cpu::GemmFriendly(x.dim(0), x.dim(1), x.strides()[0], x.strides()[1]) ||
+      !cpu::GemmFriendly(wt.dim(0), wt.dim(1), wt.strides()[0], wt.strides()[1])) {
+    return false;
+  }
+  auto operand = [](const Tensor& t) {
+    cpu::GemmOperand o;
+    o.data = t.raw_data();
+    o.row_stride = t.strides()[0];
+    o.col_stride = t.strides()[1];
+    return o;
+  };
+  cpu::GemmArgs g;
+  g.in_dtype = x.dtype();
+  g.out_dtype = out.dtype();
+  g.m = x.dim(0);
+  g.n = w.dim(0);
+  g.k = x.dim(1);
+  g.a = operand(x);
+  g.b = operand(wt);
+  g.c = operand(out);
+  g.c.row_stride = out.RowStride();
+  g.bias = bias.raw_data();
+  g.bias_dtype = bias.dtype();
+  cpu::Gemm(g);
+  return true;
+}
+
 // out = x @ w^T + bias, and for kGeluAuxBias aux = that sum and out = its GELU.
 bool FusedLinearOnCuda(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
                        cuda::GemmEpilogue kind, const Tensor& aux) {
@@ -82,6 +118,8 @@ Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias) {
     Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
     if (FusedLinearOnCuda(x, w, bias, out, cuda::GemmEpilogue::kBias, Tensor())) return out;
   }
+  Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
+  if (BiasGemmOnCpu(x, w, bias, out)) return out;
   MatmulOptions opts;
   opts.trans_b = true;
   return AddBias(Matmul(x, w, opts), bias);
@@ -123,9 +161,12 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
     if (FusedLinearOnCuda(x, w, bias, r.out, cuda::GemmEpilogue::kGeluAuxBias, r.pre)) return r;
     r = LinearGeluResult();  // not fused: give the buffers back first
   }
-  MatmulOptions opts;
-  opts.trans_b = true;
-  r.pre = AddBias(Matmul(x, w, opts), bias);
+  r.pre = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
+  if (!BiasGemmOnCpu(x, w, bias, r.pre)) {
+    MatmulOptions opts;
+    opts.trans_b = true;
+    r.pre = AddBias(Matmul(x, w, opts), bias);
+  }
   r.out = Gelu(r.pre);
   return r;
 }

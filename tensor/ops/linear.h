@@ -13,7 +13,9 @@
 namespace tensor {
 
 // x (N, K) @ w^T + bias: w (M, K), bias (M) -> (N, M). x, w and bias share
-// dtype (f32, bf16, or f16 on CUDA) and device.
+// dtype (f32, bf16, or f16 on CUDA) and device. The bias is added inside the
+// GEMM (cuBLASLt's epilogue; on the CPU oneDNN's bias argument), so a 16-bit
+// result is rounded once, from the f32 sum.
 Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // x (N, K) @ w^T (+ bias) + residual: a Linear layer whose output joins a

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tensor/cpu/matmul.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/testing.h"
@@ -30,13 +31,39 @@ TEST(LinearOpsTest, EqualTheUnfusedOps) {
     const Tensor x = RandomTensor({7, 5}, 1, -1, 1, dtype);
     const Tensor w = RandomTensor({12, 5}, 2, -1, 1, dtype);
     const Tensor b = RandomTensor({12}, 3, -1, 1, dtype);
+    // f32: the same bits as the product then AddBias; bf16: the fused sum is
+    // rounded once (from f32), the unfused one twice: an ulp apart at most.
+    const double tol = dtype == Dtype::kF32 ? 0.0 : 8e-3;
     const Tensor want_pre = AddBias(XwT(x, w), b);
-    EXPECT_TRUE(AllClose(LinearForward(x, w, b), want_pre, 0, 0));
+    EXPECT_TRUE(AllClose(LinearForward(x, w, b), want_pre, tol, tol));
     const LinearGeluResult r = LinearGeluForward(x, w, b);
     EXPECT_EQ(r.out.shape(), Shape({7, 12}));
     EXPECT_EQ(r.out.dtype(), dtype);
-    EXPECT_TRUE(AllClose(r.pre, want_pre, 0, 0));
-    EXPECT_TRUE(AllClose(r.out, Gelu(want_pre), 0, 0));
+    EXPECT_TRUE(AllClose(r.pre, want_pre, tol, tol));
+    EXPECT_TRUE(AllClose(r.out, Gelu(r.pre), 0, 0));
+    // The product and bias in one GEMM, rounded once: the f32 sum rounded.
+    const Tensor exact = AddBias(XwT(x.To(Dtype::kF32), w.To(Dtype::kF32)), b.To(Dtype::kF32));
+    EXPECT_TRUE(AllClose(r.pre.To(Dtype::kF32), exact.To(dtype).To(Dtype::kF32), 1e-6, 1e-6));
+  }
+}
+
+// The bias rides in the GEMM on both CPU backends: oneDNN takes it as its
+// bias argument (no fallback to OpenBLAS for it), OpenBLAS's path adds it
+// before rounding; both give the product then AddBias's f32 values.
+TEST(LinearOpsTest, BiasInTheGemmOnBothCpuBackends) {
+  const Tensor x = RandomTensor({9, 6}, 4);
+  const Tensor w = RandomTensor({5, 6}, 5);
+  const Tensor b = RandomTensor({5}, 6);
+  const Tensor want = AddBias(XwT(x, w), b);
+  for (cpu::GemmBackend backend : {cpu::GemmBackend::kOneDnn, cpu::GemmBackend::kOpenBlas}) {
+    const cpu::GemmBackend before = cpu::GetGemmBackend();
+    cpu::SetGemmBackend(backend);
+    const Tensor got = LinearForward(x, w, b);
+    const std::string path = cpu::LastGemmPath();
+    cpu::SetGemmBackend(before);
+    EXPECT_EQ(path.rfind(backend == cpu::GemmBackend::kOneDnn ? "onednn" : "openblas", 0), 0u)
+        << path;
+    EXPECT_TRUE(AllClose(got, want, 1e-6, 1e-6)) << path;
   }
 }
 
