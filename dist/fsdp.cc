@@ -741,6 +741,23 @@ std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullState
   return out;
 }
 
+void PrefetchNeighbors(FullyShardedModel& model, int k) {
+  OP_CHECK(k >= 0, "PrefetchNeighbors", "k=", k, " must be >= 0 (0: none)");
+  if (k == 0) return;
+  const int n = model.num_units();
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> ahead, behind;
+    for (int j = i + 1; j < n && j <= i + k; ++j) ahead.push_back(model.unit_name(j));
+    if (i == 0) {
+      for (int j = n - 1; j >= 1 && j >= n - k; --j) behind.push_back(model.unit_name(j));
+    } else {
+      for (int j = i - 1; j >= 1 && j >= i - k; --j) behind.push_back(model.unit_name(j));
+    }
+    model.SetForwardPrefetch(model.unit_name(i), ahead);
+    model.SetBackwardPrefetch(model.unit_name(i), behind);
+  }
+}
+
 std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
                                               FsdpOptions options) {
   return std::unique_ptr<FullyShardedModel>(new FullyShardedModel(root, pg, std::move(options)));

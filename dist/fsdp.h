@@ -313,6 +313,14 @@ class FullyShardedModel {
   std::vector<std::unique_ptr<internal::FsdpUnit>> units_;
 };
 
+// FSDP2's usual explicit prefetch for a stack of blocks: each unit's forward
+// list is the next `k` units in unit order (pre-order: a transformer's
+// blocks in the order they run; the root's: units 1 .. k), its backward list
+// the `k` before it, the root excluded (the root's: the last k units). So
+// the first step prefetches as later ones do. k = 0 sets nothing; k < 0
+// throws OpError.
+void PrefetchNeighbors(FullyShardedModel& model, int k);
+
 // Shards `root` over `pg` (any engine whose collectives take tensors on
 // options.device). Throws tensor::OpError when a unit module already has
 // hooks or an option is invalid (the message names it), e.g. a CUDA device

@@ -257,6 +257,34 @@ TEST(FsdpExplicitPrefetchTest, NextTwoBlocksFromTheFirstPassSameBits) {
   }
 }
 
+// PrefetchNeighbors(2) sets the lists the test above spells out, plus the
+// root's (the first two blocks ahead, the last two behind): the same bits
+// again, with the root's forward prefetching h.0 and h.1 (and h.0 then h.2,
+// h.1 then h.3), its backward h.3 and h.2: 4 + 4 gathers a FULL_SHARD step.
+TEST(FsdpExplicitPrefetchTest, PrefetchNeighborsListsTheNextUnits) {
+  FsdpOptions none = PerBlock();
+  none.backward_prefetch = BackwardPrefetch::kNone;
+  none.max_inflight_all_gathers = 1;
+  const ExplicitRunResult want = ExplicitRun(none, [](FullyShardedModel&) {});
+  const ExplicitRunResult got =
+      ExplicitRun(none, [](FullyShardedModel& m) { PrefetchNeighbors(m, 2); });
+  ExpectBitwiseEqual(got.run, want.run);
+  EXPECT_EQ(got.stats.issued, 3 * 8);
+  EXPECT_EQ(got.stats.unused, 0);
+  EXPECT_EQ(got.all_gathers, want.all_gathers);  // earlier, not more
+  mingpt::GPT gpt(Tiny());
+  absl::Status s = RunRanks(1, [&](int, ProcessGroup& pg) {
+    auto fsdp = FullyShard(gpt, pg, PerBlock());
+    try {
+      PrefetchNeighbors(*fsdp, -1);
+      ADD_FAILURE() << "no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_NE(std::string(e.what()).find("k=-1 must be >= 0"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // A list names units whatever order the pass runs them in: one the pass has
 // already run (h.0's backward prefetching h.3, whose backward came first) is
 // gathered, unused, and freed when the pass ends; the training is the same.

@@ -377,6 +377,24 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
                                                    " must be >= 1 (1: no prefetch)"));
   }
   config.max_inflight_all_gathers = flags.max_inflight_all_gathers;
+  if (flags.prefetch_units < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefetch_units=", flags.prefetch_units, " must be >= 0 (0: none)"));
+  }
+  if (flags.prefetch_units > 0 && !IsFsdp(config.strategy)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prefetch_units=", flags.prefetch_units,
+        " names FSDP units to all-gather ahead; --strategy=", flags.strategy, " has none"));
+  }
+  config.prefetch_units = flags.prefetch_units;
+  if (flags.keep_last_unit && config.strategy != Strategy::kFullShard &&
+      config.strategy != Strategy::kHybridShard) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would reshard after "
+                     "its forward; --strategy=",
+                     flags.strategy, " reshards none"));
+  }
+  config.keep_last_unit = flags.keep_last_unit;
   if (flags.hybrid_shard_group_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--hybrid_shard_group_size=", flags.hybrid_shard_group_size, " must be >= 0"));
@@ -508,7 +526,12 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
 
 DataParallelModel::DataParallelModel(nn::Module& model, dist::ProcessGroup& pg,
                                      const DataParallelConfig& config)
-    : model_(model), pg_(pg), strategy_(config.strategy), auto_wrap_(config.auto_wrap) {}
+    : model_(model),
+      pg_(pg),
+      strategy_(config.strategy),
+      auto_wrap_(config.auto_wrap),
+      prefetch_units_(config.prefetch_units),
+      keep_last_unit_(config.keep_last_unit) {}
 
 DataParallelModel::~DataParallelModel() = default;
 
@@ -582,6 +605,16 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         o.cpu_offload = config.cpu_offload;
         o.seed = seed;  // sharded init: bitwise equal to Materialize(seed)
         dp->fsdp_ = dist::FullyShard(model, pg, o);
+        dist::PrefetchNeighbors(*dp->fsdp_, config.prefetch_units);
+        if (config.keep_last_unit) {
+          const int last = dp->fsdp_->num_units() - 1;
+          if (last == 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "--keep_last_unit: --auto_wrap=", config.auto_wrap,
+                " gives no unit but the root, which is kept until its backward anyway"));
+          }
+          dp->fsdp_->SetReshardAfterForward(dp->fsdp_->unit_name(last), false);
+        }
         dp->owned_optimizer_ = std::move(optimizer);
         dp->optimizer_ = dp->owned_optimizer_.get();
         return absl::OkStatus();
@@ -599,8 +632,11 @@ std::string DataParallelModel::Describe() const {
     return absl::StrCat(StrategyName(strategy_), ", ", buckets,
                         buckets == 1 ? " gradient bucket" : " gradient buckets");
   }
+  std::string extras;
+  if (prefetch_units_ > 0) absl::StrAppend(&extras, ", prefetch_units ", prefetch_units_);
+  if (keep_last_unit_) absl::StrAppend(&extras, ", last unit kept");
   return absl::StrCat(StrategyName(strategy_), ", ", fsdp_->num_units(), " units (auto_wrap ",
-                      auto_wrap_, ")");
+                      auto_wrap_, extras, ")");
 }
 
 absl::Status DataParallelModel::FinishBackward() {

@@ -160,6 +160,10 @@ struct DataParallelFlags {
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
   int hybrid_shard_group_size = 0;
+  // FSDP2's explicit prefetch (dist::PrefetchNeighbors) and the last unit
+  // kept from its forward to its backward (SetReshardAfterForward).
+  int prefetch_units = 0;
+  bool keep_last_unit = false;
   // DDP and ZeRO-1: the largest gradient bucket (MiB of fp32 gradients), and
   // the most buckets' low-precision copies in flight at once (0: no bound).
   double bucket_cap_mb = 25;
@@ -185,6 +189,8 @@ struct DataParallelConfig {
   dist::BackwardPrefetch backward_prefetch = dist::BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
+  int prefetch_units = 0;           // FSDP: dist::PrefetchNeighbors(k); 0: none
+  bool keep_last_unit = false;      // FULL_SHARD / HYBRID_SHARD: the last unit not resharded
   int hybrid_shard_group_size = 0;  // HYBRID_SHARD(_ZERO2) only
   double bucket_cap_mb = 25;        // DDP and ZeRO-1 only
   int max_inflight_buckets = 2;     // DDP and ZeRO-1 only
@@ -362,6 +368,8 @@ class DataParallelModel {
   dist::ProcessGroup& pg_;
   const Strategy strategy_;
   const std::string auto_wrap_;
+  const int prefetch_units_;
+  const bool keep_last_unit_;
   std::unique_ptr<optim::Optimizer> owned_optimizer_;  // DDP, FSDP
   optim::Optimizer* optimizer_ = nullptr;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;

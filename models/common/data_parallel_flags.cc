@@ -33,6 +33,15 @@ ABSL_FLAG(bool, forward_prefetch, false, "FSDP: all-gather the next unit before 
 ABSL_FLAG(int, max_inflight_all_gathers, 2,
           "FSDP: all-gathers issued and not yet used, the running unit's included (1: no "
           "prefetch)");
+ABSL_FLAG(int, prefetch_units, 0,
+          "FSDP: each unit all-gathers the next N units (in the order blocks run) before its "
+          "forward and the N before it before its backward, from the first step on (FSDP2's "
+          "set_modules_to_forward_prefetch / set_modules_to_backward_prefetch); 0: "
+          "--forward_prefetch / --backward_prefetch along the order recorded from the step before");
+ABSL_FLAG(bool, keep_last_unit, false,
+          "FSDP full_shard / hybrid_shard: the last unit stays gathered from its forward to its "
+          "backward, which comes first (one all-gather a step fewer, for that unit's memory "
+          "through the loss; FSDP2's reshard_after_forward=False on the last block)");
 ABSL_FLAG(double, bucket_cap_mb, 25,
           "DDP and ZeRO-1: the largest gradient bucket, in MiB of fp32 gradients; each bucket's "
           "all-reduce (DDP) or reduce-scatter (ZeRO-1) goes out as soon as backward has "
@@ -61,6 +70,8 @@ DataParallelFlags DataParallelFlagsFromCommandLine() {
   f.backward_prefetch = absl::GetFlag(FLAGS_backward_prefetch);
   f.forward_prefetch = absl::GetFlag(FLAGS_forward_prefetch);
   f.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+  f.prefetch_units = absl::GetFlag(FLAGS_prefetch_units);
+  f.keep_last_unit = absl::GetFlag(FLAGS_keep_last_unit);
   f.hybrid_shard_group_size = absl::GetFlag(FLAGS_hybrid_shard_group_size);
   f.cpu_offload = absl::GetFlag(FLAGS_cpu_offload);
   f.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);

@@ -328,6 +328,19 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   hybrid = Flags("threads", "full_shard", 4);
   hybrid.max_inflight_all_gathers = 0;
   cases.push_back({hybrid, "--max_inflight_all_gathers=0 must be >= 1"});
+  DataParallelFlags ahead = Flags("threads", "full_shard", 2);
+  ahead.prefetch_units = -1;
+  cases.push_back({ahead, "--prefetch_units=-1 must be >= 0 (0: none)"});
+  ahead = Flags("threads", "ddp", 2);
+  ahead.prefetch_units = 2;
+  cases.push_back({ahead,
+                   "--prefetch_units=2 names FSDP units to all-gather ahead; --strategy=ddp "
+                   "has none"});
+  ahead = Flags("threads", "shard_grad_op", 2);
+  ahead.keep_last_unit = true;
+  cases.push_back({ahead,
+                   "--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would reshard "
+                   "after its forward; --strategy=shard_grad_op reshards none"});
   hybrid = Flags("threads", "zero1", 2);
   hybrid.bucket_cap_mb = 0;
   cases.push_back({hybrid, "--bucket_cap_mb=0 must be in (0, 1e6]"});
@@ -511,6 +524,56 @@ INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyStepTest,
                                                           "full_shard", "no_shard", "hybrid_shard",
                                                           "hybrid_shard_zero2"),
                                           testing::Values("cpu", "cuda:0")));
+
+// --prefetch_units and --keep_last_unit reach FSDP: the same losses and
+// norms bit for bit, one all-gather fewer a micro-batch with the last Block
+// kept (4 instead of the root's 1 and each Block's 2), and the strategy's
+// description names them; the root alone cannot be kept.
+TEST(DataParallelModelTest, PrefetchUnitsAndKeepLastUnitTrainTheSame) {
+  auto run = [](int prefetch_units, bool keep_last_unit, const std::string& auto_wrap,
+                std::string* describe) -> absl::StatusOr<Trace> {
+    DataParallelFlags f = Flags("threads", "full_shard", 2);
+    f.auto_wrap = auto_wrap;
+    f.prefetch_units = prefetch_units;
+    f.keep_last_unit = keep_last_unit;
+    absl::StatusOr<DataParallelConfig> config = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+    if (!config.ok()) return config.status();
+    std::vector<Trace> traces(2);
+    absl::Status s = RunDataParallel(*config, [&](RankContext& rank) -> absl::Status {
+      if (describe != nullptr) {  // every rank builds one (creation may communicate)
+        mingpt::GPT model(Tiny());
+        absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+            DataParallelModel::Create(model, rank.pg, *config, AdamW(), kSeed);
+        if (!dp.ok()) return dp.status();
+        if (rank.rank == 0) *describe = (*dp)->Describe();
+      }
+      absl::StatusOr<Trace> trace = TrainSteps(*config, rank.pg, tensor::Device::Cpu());
+      if (!trace.ok()) return trace.status();
+      traces[rank.rank] = *std::move(trace);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return traces[0];
+  };
+  absl::StatusOr<Trace> plain = run(0, false, "transformer", nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::string describe;
+  absl::StatusOr<Trace> tuned = run(1, true, "transformer", &describe);
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_EQ(tuned->losses, plain->losses);
+  EXPECT_EQ(tuned->norms, plain->norms);
+  EXPECT_EQ(plain->all_gathers_per_micro_batch, std::vector<int64_t>{5});
+  EXPECT_EQ(tuned->all_gathers_per_micro_batch, std::vector<int64_t>{4});
+  EXPECT_TRUE(absl::StrContains(describe,
+                                "3 units (auto_wrap transformer, prefetch_units 1, last "
+                                "unit kept)"))
+      << describe;
+  absl::StatusOr<Trace> root_only = run(0, true, "none", nullptr);
+  ASSERT_FALSE(root_only.ok());
+  EXPECT_TRUE(absl::StrContains(root_only.status().message(),
+                                "--keep_last_unit: --auto_wrap=none gives no unit but the root"))
+      << root_only.status();
+}
 
 // --bucket_cap_mb reaches DDP's and ZeRO-1's buckets.
 TEST(DataParallelModelTest, BucketCapSetsTheGradientBuckets) {
