@@ -78,10 +78,13 @@ Tensors CausalSelfAttention::Forward(const Tensors& inputs, Context& ctx) {
     out = c_proj_->RunResidual(merged, residual, ctx.Child(1));
     s.resid = tensor::DrawDropoutState(out.numel(), resid_pdrop_, gen_, /*training=*/false);
   } else {
+    const Tensor proj = c_proj_->Run(merged, ctx.Child(1));  // (B, T, C)
+    // residual + dropout(proj) in one pass.
     tensor::DropoutResult resid =
-        tensor::Dropout(c_proj_->Run(merged, ctx.Child(1)), resid_pdrop_, gen_, is_training());
+        residual.defined() ? tensor::DropoutAdd(residual, proj, resid_pdrop_, gen_, is_training())
+                           : tensor::Dropout(proj, resid_pdrop_, gen_, is_training());
     s.resid = resid.state;
-    out = residual.defined() ? tensor::Add(residual, resid.y.To(residual.dtype())) : resid.y;
+    out = resid.y;
   }
   ctx.Save(std::move(s));
   return {out};

@@ -33,14 +33,19 @@ class Dropout : public Module, public RandomSource {
 
  protected:
   // inputs[0]: x (...) floating -> (...) same dtype (x itself when inactive).
+  // With inputs[1], a residual shaped as x: residual + dropout(x) in one pass
+  // (tensor::DropoutAdd), in the residual's dtype: a branch joining its
+  // stream.
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
-  // grad (...) -> grad * mask / (1 - p), in x's dtype.
+  // grad (...) -> grad * mask / (1 - p), in x's dtype; with a residual, its
+  // gradient (grad itself) follows.
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:
   struct Saved {
     tensor::DropoutState state;
     tensor::Dtype input_dtype;
+    bool has_residual = false;
   };
   const float p_;
   tensor::Generator gen_;

@@ -113,8 +113,13 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
     s.residual_in_projection = true;
   } else {
     y = out_->Run(a, ctx.Child(kOut));
-    if (output_dropout) y = dropout_->Run(y, ctx.Child(kDropout));
-    if (residual.defined()) y = tensor::Add(residual, y.To(residual.dtype()));
+    if (output_dropout && residual.defined()) {
+      y = dropout_->Run({y, residual}, ctx.Child(kDropout)).at(0);  // residual + dropout(y)
+    } else if (output_dropout) {
+      y = dropout_->Run(y, ctx.Child(kDropout));
+    } else if (residual.defined()) {
+      y = tensor::Add(residual, y.To(residual.dtype()));
+    }
   }
   tensor::Shape out_shape = s.input_shape;
   ctx.Save(std::move(s));

@@ -54,8 +54,7 @@ Tensors T5LayerAttention::Forward(const Tensors& inputs, Context& ctx) {
   if (residual_in_projection) attention_inputs.push_back(x);
   Tensors a = attention_->Run(attention_inputs, ctx.Child(1));  // {(B, T, d_model), bias?}
   if (!residual_in_projection) {
-    const Tensor d = dropout_->Run(a[0], ctx.Child(2));  // (B, T, d_model)
-    a[0] = tensor::Add(x, d.To(x.dtype()));              // (B, T, d_model)
+    a[0] = dropout_->Run({a[0], x}, ctx.Child(2)).at(0);  // x + dropout(a) (B, T, d_model)
   }
   ctx.Save(Saved{x.dtype(), inputs.size(), residual_in_projection});
   return a;
@@ -110,8 +109,8 @@ Tensors T5LayerFF::Forward(const Tensors& inputs, Context& ctx) {
     y = dense_relu_dense_->Run({normed, x}, ctx.Child(1)).at(0);  // x + FF(normed) in wo's GEMM
     s.residual_in_projection = true;
   } else {
-    const Tensor d = dropout_->Run(dense_relu_dense_->Run(normed, ctx.Child(1)), ctx.Child(2));
-    y = tensor::Add(x, d.To(x.dtype()));
+    // x + dropout(ff) (B, T, d_model) in one pass.
+    y = dropout_->Run({dense_relu_dense_->Run(normed, ctx.Child(1)), x}, ctx.Child(2)).at(0);
   }
   ctx.Save(s);
   return {y};

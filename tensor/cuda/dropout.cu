@@ -30,7 +30,50 @@ __global__ void DropoutKernel(const T* in, T* out, int64_t n, uint64_t seed, uin
   }
 }
 
+template <typename R, typename X>
+__global__ void DropoutAddKernel(const R* res, const X* in, R* out, int64_t n, uint64_t seed,
+                                 uint64_t offset, uint32_t threshold, float scale) {
+  const int64_t counters = (n + 3) / 4;
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < counters;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t w[4];
+    Philox(seed, offset + static_cast<uint64_t>(j), w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = 4 * j + k;
+      if (i < n) {
+        const bool keep = (w[k] >> 8) >= threshold;
+        const float kept = keep ? __fmul_rn(ToF(in[i]), scale) : 0.0f;
+        out[i] = FromF<R>(__fadd_rn(ToF(res[i]), kept));
+      }
+    }
+  }
+}
+
+// As tensor/ops/dropout.cc: Threshold(p).
+uint32_t Threshold(float p) {
+  return static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0));
+}
+
 }  // namespace
+
+void DropoutAddApply(const char* op, const Tensor& res, const Tensor& in, const Tensor& out,
+                     float p, uint64_t seed, uint64_t offset) {
+  const int64_t n = in.numel();
+  if (n == 0) return;
+  SetDevice(in, op);
+  const uint32_t threshold = Threshold(p);
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  DispatchFloat(res.dtype(), op, [&](auto r_zero) {
+    using R = decltype(r_zero);
+    DispatchFloat(in.dtype(), op, [&](auto x_zero) {
+      using X = decltype(x_zero);
+      DropoutAddKernel<R, X><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
+          Ptr<R>(res), Ptr<X>(in), Ptr<R>(out), n, seed, offset, threshold, scale);
+    });
+  });
+  CheckLaunch(op);
+}
 
 void DropoutApply(const char* op, const Tensor& in, const Tensor& out, float p, uint64_t seed,
                   uint64_t offset) {
@@ -38,7 +81,7 @@ void DropoutApply(const char* op, const Tensor& in, const Tensor& out, float p, 
   if (n == 0) return;
   SetDevice(in, op);
   // As tensor/ops/dropout.cc: Threshold(p) and the float scale.
-  const uint32_t threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0));
+  const uint32_t threshold = Threshold(p);
   const float scale = static_cast<float>(1.0 / (1.0 - p));
   DispatchFloat(in.dtype(), op, [&](auto zero) {
     using T = decltype(zero);

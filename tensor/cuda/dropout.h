@@ -22,6 +22,13 @@ namespace cuda {
 void DropoutApply(const char* op, const Tensor& in, const Tensor& out, float p, uint64_t seed,
                   uint64_t offset);
 
+// out = res + in * mask / (1 - p), the sum in float (__fadd_rn of the
+// __fmul_rn product: no FMA, as the CPU) rounded once to res's dtype; res,
+// in and out contiguous floating with one numel (in's dtype may differ; out
+// has res's and may be res); 0 <= p < 1.
+void DropoutAddApply(const char* op, const Tensor& res, const Tensor& in, const Tensor& out,
+                     float p, uint64_t seed, uint64_t offset);
+
 }  // namespace cuda
 }  // namespace tensor
 

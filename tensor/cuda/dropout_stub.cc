@@ -9,5 +9,10 @@ void DropoutApply(const char* op, const Tensor& in, const Tensor&, float, uint64
   NotBuilt(op, in);
 }
 
+void DropoutAddApply(const char* op, const Tensor& res, const Tensor&, const Tensor&, float,
+                     uint64_t, uint64_t) {
+  NotBuilt(op, res);
+}
+
 }  // namespace cuda
 }  // namespace tensor

@@ -1,7 +1,7 @@
 // Dropout on the GPU against the CPU: for the same generator state the mask
 // (Philox4x32-10 per element on the device) and the scaled outputs are the
 // same bit for bit, forward and backward, every dtype, sizes that are not a
-// multiple of 4 and offsets past 2^32.
+// multiple of 4 and offsets past 2^32; DropoutAdd for every pair of dtypes.
 #include "tensor/ops/dropout.h"
 
 #include <cstdint>
@@ -62,6 +62,24 @@ TEST(CudaDropoutTest, ForwardAndBackwardEveryDtype) {
     Generator gen_a(5), gen_b(5);
     EXPECT_TRUE(MatchesCpu(Dropout(ToGpu(x).Transpose(0, 1), 0.5f, gen_a).y,
                            Dropout(x.Transpose(0, 1), 0.5f, gen_b).y, kExact));
+  }
+}
+
+// residual + dropout(x) in one kernel: the CPU's bits for every pair of
+// dtypes (the sum in float, rounded once to the residual's), a strided x.
+TEST(CudaDropoutTest, DropoutAddEveryDtypePair) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype dr : FloatDtypes()) {
+    for (Dtype dx : FloatDtypes()) {
+      const Tensor residual = RandomTensor({5, 999}, 3, -3.0f, 3.0f, dr);
+      const Tensor x = RandomTensor({999, 5}, 4, -3.0f, 3.0f, dx).Transpose(0, 1);  // strided
+      Generator gen_cpu(78, 9), gen_gpu(78, 9);
+      const DropoutResult cpu = DropoutAdd(residual, x, 0.3f, gen_cpu);
+      const DropoutResult gpu = DropoutAdd(ToGpu(residual), ToGpu(x), 0.3f, gen_gpu);
+      EXPECT_EQ(gpu.y.dtype(), dr);
+      EXPECT_TRUE(MatchesCpu(gpu.y, cpu.y, kExact)) << DtypeName(dr) << " + " << DtypeName(dx);
+      EXPECT_EQ(gen_gpu.offset(), gen_cpu.offset());
+    }
   }
 }
 

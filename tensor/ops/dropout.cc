@@ -16,6 +16,7 @@
 #include "tensor/cpu/vec8.h"
 #include "tensor/cuda/dropout.h"
 #include "tensor/ops/check.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/thread_pool.h"
 
 #if defined(__AVX2__)
@@ -205,6 +206,21 @@ void ApplyMaskToBoth(const A* a_in, A* a_out, const B* b_in, B* b_out, int64_t n
   });
 }
 
+// out = res + in * mask / (1 - p) over n contiguous elements (out may be
+// res), the sum in f32 and rounded once. A block of +0 inputs adds +0 kept
+// or dropped: its mask is not generated.
+template <typename R, typename X>
+void ApplyMaskAdd(const R* res, const X* in, R* out, int64_t n, const DropoutState& s) {
+  const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
+  auto zero_block = [&](int64_t blk) {
+    return AllPositiveZero(in, blk * kBlock, std::min(n, (blk + 1) * kBlock));
+  };
+  ForEachKeepVector(n, s, zero_block, [&](int64_t i, I8 keep, auto count) {
+    const F8 kept = keep ? cpu::vec::LoadAs(in + i, count) * scale : cpu::vec::Splat(0.0f);
+    cpu::vec::StoreAs(out + i, cpu::vec::LoadAs(res + i, count) + kept, count);
+  });
+}
+
 void CheckP(const char* op, float p) {
   OP_CHECK(p >= 0.0f && p <= 1.0f, op, "p must be in [0, 1]; got ", p);
 }
@@ -264,6 +280,41 @@ DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training) {
   DispatchFloating(op, x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     ApplyMask(xc.data<T>(), out.y.data<T>(), x.numel(), out.state);
+  });
+  return out;
+}
+
+DropoutResult DropoutAdd(const Tensor& residual, const Tensor& x, float p, Generator& gen,
+                         bool training) {
+  const char* op = "dropout_add";
+  const bool on_cuda = OnCuda(op, x);
+  OP_CHECK(residual.defined() && residual.shape() == x.shape() && residual.device() == x.device(),
+           op, "the residual must have x's shape and device; got ", Describe("residual", residual),
+           " and ", Describe("x", x));
+  CheckFloating(op, x);
+  CheckFloating(op, residual);
+  DropoutResult out;
+  out.state = DrawDropoutState(x.numel(), p, gen, training);
+  if (!out.state.active) {
+    out.y = Add(residual, x.To(residual.dtype()));
+    return out;
+  }
+  if (p == 1.0f) {
+    out.y = residual.Clone();
+    return out;
+  }
+  const Tensor rc = residual.Contiguous(), xc = x.Contiguous();
+  out.y = Tensor::Empty(residual.shape(), residual.dtype(), residual.device());
+  if (on_cuda) {
+    cuda::DropoutAddApply(op, rc, xc, out.y, p, out.state.seed, out.state.offset);
+    return out;
+  }
+  DispatchFloating(op, residual.dtype(), [&](auto* r_tag) {
+    using R = std::remove_pointer_t<decltype(r_tag)>;
+    DispatchFloating(op, x.dtype(), [&](auto* x_tag) {
+      using X = std::remove_pointer_t<decltype(x_tag)>;
+      ApplyMaskAdd(rc.data<R>(), xc.data<X>(), out.y.data<R>(), x.numel(), out.state);
+    });
   });
   return out;
 }

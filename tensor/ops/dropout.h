@@ -47,6 +47,16 @@ DropoutState DrawDropoutState(int64_t numel, float p, Generator& gen, bool train
 // p outside [0, 1] throws OpError.
 DropoutResult Dropout(const Tensor& x, float p, Generator& gen, bool training = true);
 
+// residual + Dropout(x) in one pass: a residual branch joining its stream
+// (a transformer block's attention and MLP outputs). The mask and the state
+// are Dropout's (drawn from `gen` the same way), y has residual's shape and
+// dtype (x's may differ), each element computed in f32 as residual + x * (1 /
+// (1 - p)) (or residual + 0 where dropped) and rounded once; f32 gives
+// Add(residual, Dropout(x).y)'s bits. Inactive: Add(residual, x).
+// The backward is DropoutBackward for x and the gradient itself for residual.
+DropoutResult DropoutAdd(const Tensor& residual, const Tensor& x, float p, Generator& gen,
+                         bool training = true);
+
 // grad_x = grad_y * mask / (1 - p) with the forward's mask (grad_y itself when
 // the forward was the identity; zeros for p == 1).
 Tensor DropoutBackward(const Tensor& grad_y, const DropoutState& state);

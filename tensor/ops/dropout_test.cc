@@ -5,9 +5,11 @@
 #include "tensor/ops/dropout.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace tensor {
@@ -159,6 +161,52 @@ TEST(DropoutTest, BackwardOfBothIsBackwardOfEach) {
   } catch (const OpError& e) {
     EXPECT_STREQ(e.what(),
                  "[dropout_backward] grad_y (4,5) f32 has 20 elements but the forward's x had 16");
+  }
+}
+
+// DropoutAdd = residual + Dropout(x): in f32 the same bits as the two ops
+// (the same generator state: the same mask), at sizes that end mid-block,
+// with strided inputs and a block of +0 in x; with a bf16 x the f32 sum
+// rounded once; inactive and p = 1 states; errors.
+TEST(DropoutTest, DropoutAddIsResidualPlusDropout) {
+  for (int64_t cols : {29, 64, 3}) {
+    const Tensor residual = RandomTensor({cols, 7}, 20).Transpose(0, 1);  // (7, cols), strided
+    Tensor x = RandomTensor({7, cols}, 21);
+    x.Narrow(0, 1, 5).CopyFrom(Tensor::Zeros({5, cols}));  // +0 blocks
+    Generator gen_a(22), gen_b(22);
+    const DropoutResult want = Dropout(x, 0.3f, gen_a);
+    const DropoutResult got = DropoutAdd(residual, x, 0.3f, gen_b);
+    EXPECT_EQ(got.state.offset, want.state.offset);
+    EXPECT_EQ(gen_a.offset(), gen_b.offset());
+    EXPECT_TRUE(AllClose(got.y, Add(residual, want.y), 0, 0)) << cols;
+    // A bf16 branch joining an f32 stream: y is f32, residual + x * scale.
+    const Tensor x16 = x.To(Dtype::kBF16);
+    Generator gen_c(22);
+    const DropoutResult mixed = DropoutAdd(residual, x16, 0.3f, gen_c);
+    EXPECT_EQ(mixed.y.dtype(), Dtype::kF32);
+    const std::vector<uint8_t> mask = DropoutMask(x.shape(), mixed.state).ToVector<uint8_t>();
+    const std::vector<float> r = residual.ToVector<float>(), xv = x16.ToVector<float>();
+    const float scale = static_cast<float>(1.0 / (1.0 - 0.3));
+    std::vector<float> expected(r.size());
+    for (size_t i = 0; i < r.size(); ++i) expected[i] = r[i] + (mask[i] ? xv[i] * scale : 0.0f);
+    EXPECT_TRUE(AllClose(mixed.y, Tensor::FromVector(expected, x.shape()), 0, 0)) << cols;
+  }
+  const Tensor residual = RandomTensor({4, 4}, 23), x = RandomTensor({4, 4}, 24);
+  Generator gen(25);
+  const DropoutResult off = DropoutAdd(residual, x, 0.5f, gen, /*training=*/false);
+  EXPECT_FALSE(off.state.active);
+  EXPECT_TRUE(AllClose(off.y, Add(residual, x), 0, 0));
+  const DropoutResult all = DropoutAdd(residual, x, 1.0f, gen);
+  EXPECT_TRUE(AllClose(all.y, residual, 0, 0));
+  EXPECT_FALSE(all.y.SharesStorageWith(residual));
+  try {
+    DropoutAdd(Tensor::Zeros({4, 5}), x, 0.5f, gen);
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("[dropout_add] the residual must have x's shape and "
+                                         "device; got residual (4,5) f32"),
+              std::string::npos)
+        << e.what();
   }
 }
 
