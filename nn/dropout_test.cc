@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -85,6 +86,40 @@ TEST(DropoutTest, GradientsMatchFiniteDifferences) {
   d.Run(x, ctx);
   Tensor gx = d.RunBackward(w_out, ctx);
   EXPECT_TRUE(AllClose(gx, NumericalGradient(loss, x), 1e-3, 1e-2));
+}
+
+// With a residual input: residual + dropout(x) (the mask of a layer of the
+// same seed without one), the residual's dtype; the backward gives x's
+// gradient through the mask and the residual's, the gradient itself. In
+// eval mode: residual + x.
+TEST(DropoutTest, ResidualInputJoinsTheStream) {
+  const Tensor x = RandomTensor({5, 9}, 8).To(Dtype::kBF16);
+  const Tensor residual = RandomTensor({5, 9}, 9);
+  Dropout plain(0.4f, 21), joined(0.4f, 21);
+  Context plain_ctx, ctx;
+  const Tensor dropped = plain.Run(x, plain_ctx);
+  const Tensors y = joined.Run({x, residual}, ctx);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].dtype(), Dtype::kF32);
+  // The mask: where the plain layer kept x (x has no zeros).
+  std::vector<float> want = residual.ToVector<float>();
+  const std::vector<float> d = dropped.ToVector<float>(), xv = x.ToVector<float>();
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NE(xv[i], 0.0f);
+    // A select between the product and the sum, as the kernel: no fused multiply-add.
+    want[i] += d[i] != 0.0f ? xv[i] * static_cast<float>(1.0 / (1.0 - 0.4f)) : 0.0f;
+  }
+  EXPECT_TRUE(AllClose(y[0], Tensor::FromVector(want, x.shape()), 0, 0));
+  const Tensor g = RandomTensor({5, 9}, 10);
+  const Tensors grads = joined.RunBackward(Tensors{g}, ctx);
+  ASSERT_EQ(grads.size(), 2u);
+  EXPECT_EQ(grads[0].dtype(), Dtype::kBF16);
+  EXPECT_TRUE(AllClose(grads[0], plain.RunBackward(g, plain_ctx).To(Dtype::kBF16), 0, 0));
+  EXPECT_TRUE(grads[1].SharesStorageWith(g));
+  joined.Train(false);
+  Context eval_ctx;
+  EXPECT_TRUE(AllClose(joined.Run({x, residual}, eval_ctx).at(0),
+                       tensor::Add(residual, x.To(Dtype::kF32)), 0, 0));
 }
 
 TEST(DropoutTest, Bf16StaysBf16) {
