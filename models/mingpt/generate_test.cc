@@ -170,17 +170,29 @@ void TrainOnCycle(GPT& gpt) {
   ASSERT_LT(loss, 0.05);
 }
 
+// The bytes of `text`, as token ids.
+std::vector<int64_t> Bytes(const std::string& text) {
+  std::vector<int64_t> ids;
+  for (char ch : text) ids.push_back(static_cast<unsigned char>(ch));
+  return ids;
+}
+
+// Greedy decoding of `max_new_tokens` tokens.
+SamplingOptions Greedy(int64_t max_new_tokens) {
+  SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  greedy.max_new_tokens = max_new_tokens;
+  return greedy;
+}
+
 TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
   GPT gpt(ByteModel());
   gpt.Materialize(7);
   TrainOnCycle(gpt);
 
   // Greedy from "the q" (5 tokens) for 40 more: the context reaches 45 > 16.
-  std::vector<int64_t> prompt;
-  for (char ch : std::string("the q")) prompt.push_back(static_cast<unsigned char>(ch));
-  SamplingOptions greedy;
-  greedy.temperature = 0.0;
-  greedy.max_new_tokens = 40;
+  const std::vector<int64_t> prompt = Bytes("the q");
+  SamplingOptions greedy = Greedy(40);
   int64_t calls = 0;
   absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
       Generate(gpt, {prompt}, greedy, tensor::Device::Cpu(),
@@ -255,11 +267,8 @@ TEST(GenerateTest, RepetitionControlsOnAMemorizedCycle) {
   GPT gpt(ByteModel());
   gpt.Materialize(7);
   TrainOnCycle(gpt);
-  std::vector<int64_t> prompt;
-  for (char ch : std::string("the q")) prompt.push_back(static_cast<unsigned char>(ch));
-  SamplingOptions greedy;
-  greedy.temperature = 0.0;
-  greedy.max_new_tokens = 30;
+  const std::vector<int64_t> prompt = Bytes("the q");
+  SamplingOptions greedy = Greedy(30);
   greedy.no_repeat_ngram_size = 3;
   absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
       Generate(gpt, {prompt}, greedy, tensor::Device::Cpu());
@@ -275,9 +284,7 @@ TEST(GenerateTest, RepetitionControlsOnAMemorizedCycle) {
     EXPECT_TRUE(trigrams.insert({row[i], row[i + 1], row[i + 2]}).second) << "at " << i;
   }
 
-  SamplingOptions penalized;
-  penalized.temperature = 0.0;
-  penalized.max_new_tokens = 10;  // 15 positions: within block_size
+  SamplingOptions penalized = Greedy(10);  // 15 positions: within block_size
   penalized.repetition_penalty = 1.5;
   penalized.kv_cache = false;  // LastLogits over the sequence, as below
   rows = Generate(gpt, {prompt}, penalized, tensor::Device::Cpu());

@@ -11,28 +11,11 @@ namespace tensor {
 namespace cuda {
 namespace {
 
-template <typename T>
-__global__ void DropoutKernel(const T* in, T* out, int64_t n, uint64_t seed, uint64_t offset,
-                              uint32_t threshold, float scale) {
-  const int64_t counters = (n + 3) / 4;
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < counters;
-       j += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t w[4];
-    Philox(seed, offset + static_cast<uint64_t>(j), w);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = 4 * j + k;
-      if (i < n) {
-        const bool keep = (w[k] >> 8) >= threshold;
-        out[i] = FromF<T>(keep ? __fmul_rn(ToF(in[i]), scale) : 0.0f);
-      }
-    }
-  }
-}
-
-template <typename R, typename X>
-__global__ void DropoutAddKernel(const R* res, const X* in, R* out, int64_t n, uint64_t seed,
-                                 uint64_t offset, uint32_t threshold, float scale) {
+// out[i] = in[i] * mask / (1 - p), plus res[i] when res is given (the sum in
+// float, rounded once to R).
+template <typename X, typename R>
+__global__ void DropoutKernel(const X* in, const R* res, R* out, int64_t n, uint64_t seed,
+                              uint64_t offset, uint32_t threshold, float scale) {
   const int64_t counters = (n + 3) / 4;
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < counters;
        j += int64_t{gridDim.x} * blockDim.x) {
@@ -44,7 +27,7 @@ __global__ void DropoutAddKernel(const R* res, const X* in, R* out, int64_t n, u
       if (i < n) {
         const bool keep = (w[k] >> 8) >= threshold;
         const float kept = keep ? __fmul_rn(ToF(in[i]), scale) : 0.0f;
-        out[i] = FromF<R>(__fadd_rn(ToF(res[i]), kept));
+        out[i] = FromF<R>(res != nullptr ? __fadd_rn(ToF(res[i]), kept) : kept);
       }
     }
   }
@@ -68,8 +51,8 @@ void DropoutAddApply(const char* op, const Tensor& res, const Tensor& in, const 
     using R = decltype(r_zero);
     DispatchFloat(in.dtype(), op, [&](auto x_zero) {
       using X = decltype(x_zero);
-      DropoutAddKernel<R, X><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
-          Ptr<R>(res), Ptr<X>(in), Ptr<R>(out), n, seed, offset, threshold, scale);
+      DropoutKernel<X, R><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
+          Ptr<X>(in), Ptr<R>(res), Ptr<R>(out), n, seed, offset, threshold, scale);
     });
   });
   CheckLaunch(op);
@@ -85,8 +68,8 @@ void DropoutApply(const char* op, const Tensor& in, const Tensor& out, float p, 
   const float scale = static_cast<float>(1.0 / (1.0 - p));
   DispatchFloat(in.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    DropoutKernel<T><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
-        Ptr<T>(in), Ptr<T>(out), n, seed, offset, threshold, scale);
+    DropoutKernel<T, T><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
+        Ptr<T>(in), static_cast<const T*>(nullptr), Ptr<T>(out), n, seed, offset, threshold, scale);
   });
   CheckLaunch(op);
 }
