@@ -748,11 +748,9 @@ void PrefetchNeighbors(FullyShardedModel& model, int k) {
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> ahead, behind;
     for (int j = i + 1; j < n && j <= i + k; ++j) ahead.push_back(model.unit_name(j));
-    if (i == 0) {
-      for (int j = n - 1; j >= 1 && j >= n - k; --j) behind.push_back(model.unit_name(j));
-    } else {
-      for (int j = i - 1; j >= 1 && j >= i - k; --j) behind.push_back(model.unit_name(j));
-    }
+    // Backward runs the root first, then the units from the last one down.
+    const int before = i == 0 ? n : i;
+    for (int j = before - 1; j >= 1 && j >= before - k; --j) behind.push_back(model.unit_name(j));
     model.SetForwardPrefetch(model.unit_name(i), ahead);
     model.SetBackwardPrefetch(model.unit_name(i), behind);
   }

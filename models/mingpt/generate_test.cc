@@ -142,8 +142,10 @@ const std::string kCycle = "the quick brown fox ";
 
 char CycleAt(size_t i) { return kCycle[i % kCycle.size()]; }
 
-// Trains `gpt` (ByteModel()) until it continues the cycle from any window.
+// Initializes `gpt` (ByteModel()) and trains it until it continues the
+// cycle from any window.
 void TrainOnCycle(GPT& gpt) {
+  gpt.Materialize(7);
   const GptConfig& c = gpt.config();
   const int64_t B = static_cast<int64_t>(kCycle.size()), T = c.block_size;
   std::vector<int64_t> x, y;
@@ -187,7 +189,6 @@ SamplingOptions Greedy(int64_t max_new_tokens) {
 
 TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
   GPT gpt(ByteModel());
-  gpt.Materialize(7);
   TrainOnCycle(gpt);
 
   // Greedy from "the q" (5 tokens) for 40 more: the context reaches 45 > 16.
@@ -265,7 +266,6 @@ TEST(GenerateTest, MemorizedCycleContinuesGreedilyPastBlockSize) {
 // the penalized logits of the row's whole sequence (prompt included) gives.
 TEST(GenerateTest, RepetitionControlsOnAMemorizedCycle) {
   GPT gpt(ByteModel());
-  gpt.Materialize(7);
   TrainOnCycle(gpt);
   const std::vector<int64_t> prompt = Bytes("the q");
   SamplingOptions greedy = Greedy(30);

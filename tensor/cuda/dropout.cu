@@ -33,45 +33,37 @@ __global__ void DropoutKernel(const X* in, const R* res, R* out, int64_t n, uint
   }
 }
 
-// As tensor/ops/dropout.cc: Threshold(p).
-uint32_t Threshold(float p) {
-  return static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0));
+// out = in * mask / (1 - p), plus *res when given; out has res's dtype (in's
+// without one). Threshold(p) and the float scale as tensor/ops/dropout.cc.
+void Launch(const char* op, const Tensor& in, const Tensor* res, const Tensor& out, float p,
+            uint64_t seed, uint64_t offset) {
+  const int64_t n = in.numel();
+  if (n == 0) return;
+  SetDevice(in, op);
+  const uint32_t threshold = static_cast<uint32_t>(std::ceil(static_cast<double>(p) * 16777216.0));
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  DispatchFloat(out.dtype(), op, [&](auto r_zero) {
+    using R = decltype(r_zero);
+    DispatchFloat(in.dtype(), op, [&](auto x_zero) {
+      using X = decltype(x_zero);
+      DropoutKernel<X, R><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
+          Ptr<X>(in), res != nullptr ? Ptr<R>(*res) : nullptr, Ptr<R>(out), n, seed, offset,
+          threshold, scale);
+    });
+  });
+  CheckLaunch(op);
 }
 
 }  // namespace
 
 void DropoutAddApply(const char* op, const Tensor& res, const Tensor& in, const Tensor& out,
                      float p, uint64_t seed, uint64_t offset) {
-  const int64_t n = in.numel();
-  if (n == 0) return;
-  SetDevice(in, op);
-  const uint32_t threshold = Threshold(p);
-  const float scale = static_cast<float>(1.0 / (1.0 - p));
-  DispatchFloat(res.dtype(), op, [&](auto r_zero) {
-    using R = decltype(r_zero);
-    DispatchFloat(in.dtype(), op, [&](auto x_zero) {
-      using X = decltype(x_zero);
-      DropoutKernel<X, R><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
-          Ptr<X>(in), Ptr<R>(res), Ptr<R>(out), n, seed, offset, threshold, scale);
-    });
-  });
-  CheckLaunch(op);
+  Launch(op, in, &res, out, p, seed, offset);
 }
 
 void DropoutApply(const char* op, const Tensor& in, const Tensor& out, float p, uint64_t seed,
                   uint64_t offset) {
-  const int64_t n = in.numel();
-  if (n == 0) return;
-  SetDevice(in, op);
-  // As tensor/ops/dropout.cc: Threshold(p) and the float scale.
-  const uint32_t threshold = Threshold(p);
-  const float scale = static_cast<float>(1.0 / (1.0 - p));
-  DispatchFloat(in.dtype(), op, [&](auto zero) {
-    using T = decltype(zero);
-    DropoutKernel<T, T><<<Blocks((n + 3) / 4), kThreads, 0, ComputeStream()>>>(
-        Ptr<T>(in), static_cast<const T*>(nullptr), Ptr<T>(out), n, seed, offset, threshold, scale);
-  });
-  CheckLaunch(op);
+  Launch(op, in, nullptr, out, p, seed, offset);
 }
 
 }  // namespace cuda

@@ -179,6 +179,15 @@ bool AllPositiveZero(const T* in, int64_t begin, int64_t end) {
   return any == 0;
 }
 
+// ForEachKeepVector's `all_dropped` for a result that is +0 wherever `in`
+// (n elements) is +0, kept or dropped: the blocks of in that are all +0.
+template <typename T>
+auto ZeroBlocksOf(const T* in, int64_t n) {
+  return [in, n](int64_t blk) {
+    return AllPositiveZero(in, blk * kBlock, std::min(n, (blk + 1) * kBlock));
+  };
+}
+
 // out = in * mask / (1 - p); in and out contiguous with n elements (out may be in).
 // A block of +0 inputs gives +0 whether kept or dropped, so its mask is not
 // generated: causal attention's probabilities above the diagonal (about half
@@ -186,10 +195,7 @@ bool AllPositiveZero(const T* in, int64_t begin, int64_t end) {
 template <typename T>
 void ApplyMask(const T* in, T* out, int64_t n, const DropoutState& s) {
   const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
-  auto zero_block = [&](int64_t blk) {
-    return AllPositiveZero(in, blk * kBlock, std::min(n, (blk + 1) * kBlock));
-  };
-  ForEachKeepVector(n, s, zero_block, [&](int64_t i, I8 keep, auto count) {
+  ForEachKeepVector(n, s, ZeroBlocksOf(in, n), [&](int64_t i, I8 keep, auto count) {
     MaskVector(in, out, i, keep, scale, count);
   });
 }
@@ -212,10 +218,7 @@ void ApplyMaskToBoth(const A* a_in, A* a_out, const B* b_in, B* b_out, int64_t n
 template <typename R, typename X>
 void ApplyMaskAdd(const R* res, const X* in, R* out, int64_t n, const DropoutState& s) {
   const F8 scale = cpu::vec::Splat(static_cast<float>(1.0 / (1.0 - s.p)));
-  auto zero_block = [&](int64_t blk) {
-    return AllPositiveZero(in, blk * kBlock, std::min(n, (blk + 1) * kBlock));
-  };
-  ForEachKeepVector(n, s, zero_block, [&](int64_t i, I8 keep, auto count) {
+  ForEachKeepVector(n, s, ZeroBlocksOf(in, n), [&](int64_t i, I8 keep, auto count) {
     const F8 kept = keep ? cpu::vec::LoadAs(in + i, count) * scale : cpu::vec::Splat(0.0f);
     cpu::vec::StoreAs(out + i, cpu::vec::LoadAs(res + i, count) + kept, count);
   });

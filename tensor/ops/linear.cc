@@ -29,8 +29,10 @@ void CheckArgs(const Tensor& x, const Tensor& w, const Tensor& bias, bool option
            ", bias on ", has_bias ? bias.device().ToString() : "none");
 }
 
-cuda::GemmOperand Operand(const Tensor& t) {
-  cuda::GemmOperand o;
+// A 2-D tensor as a GEMM operand of either backend (cpu:: or cuda::GemmOperand).
+template <typename GemmOperand>
+GemmOperand Operand(const Tensor& t) {
+  GemmOperand o;
   o.data = t.raw_data();
   o.row_stride = t.strides()[0];
   o.col_stride = t.strides()[1];
@@ -53,47 +55,38 @@ bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
   g.m = a.dim(0);
   g.n = b.dim(1);
   g.k = a.dim(1);
-  g.a = Operand(a);
-  g.b = Operand(b);
-  g.c = Operand(out);
+  g.a = Operand<cuda::GemmOperand>(a);
+  g.b = Operand<cuda::GemmOperand>(b);
+  g.c = Operand<cuda::GemmOperand>(out);
   g.beta = beta;
   return cuda::GemmWithEpilogue(g, e);
 }
 
-// out (N, M) = x (N, K) @ w (M, K)^T + bias (M) in one CPU GEMM (oneDNN's
-// bias argument; the OpenBLAS fallback adds it before rounding too); false
-// when it cannot run so (nothing was written).
-bool BiasGemmOnCpu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
-  if (!out.device().is_cpu() || out.numel() == 0 || x.dim(1) == 0 || !bias.is_contiguous() ||
-      out.RowStride() < 0 || (x.dtype() != Dtype::kF32 && x.dtype() != Dtype::kBF16)) {
-    return false;
-  }
+// x (N, K) @ w (M, K)^T + bias (M) -> (N, M) in one CPU GEMM (oneDNN's bias
+// argument; the OpenBLAS fallback adds it before rounding too); undefined
+// when it cannot run so (nothing is allocated then).
+Tensor BiasGemmOnCpu(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const Tensor wt = w.Transpose(0, 1);  // (K, M)
-  if (!cpu::GemmFriendly(x.dim(0), x.dim(1), x.strides()[0], x.strides()[1]) ||
+  if (!w.device().is_cpu() || x.dim(0) == 0 || w.dim(0) == 0 || x.dim(1) == 0 ||
+      !bias.is_contiguous() || (x.dtype() != Dtype::kF32 && x.dtype() != Dtype::kBF16) ||
+      !cpu::GemmFriendly(x.dim(0), x.dim(1), x.strides()[0], x.strides()[1]) ||
       !cpu::GemmFriendly(wt.dim(0), wt.dim(1), wt.strides()[0], wt.strides()[1])) {
-    return false;
+    return Tensor();
   }
-  auto operand = [](const Tensor& t) {
-    cpu::GemmOperand o;
-    o.data = t.raw_data();
-    o.row_stride = t.strides()[0];
-    o.col_stride = t.strides()[1];
-    return o;
-  };
+  Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
   cpu::GemmArgs g;
   g.in_dtype = x.dtype();
   g.out_dtype = out.dtype();
   g.m = x.dim(0);
   g.n = w.dim(0);
   g.k = x.dim(1);
-  g.a = operand(x);
-  g.b = operand(wt);
-  g.c = operand(out);
-  g.c.row_stride = out.RowStride();
+  g.a = Operand<cpu::GemmOperand>(x);
+  g.b = Operand<cpu::GemmOperand>(wt);
+  g.c = Operand<cpu::GemmOperand>(out);
   g.bias = bias.raw_data();
   g.bias_dtype = bias.dtype();
   cpu::Gemm(g);
-  return true;
+  return out;
 }
 
 // out = x @ w^T + bias, and for kGeluAuxBias aux = that sum and out = its GELU.
@@ -118,8 +111,7 @@ Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias) {
     Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
     if (FusedLinearOnCuda(x, w, bias, out, cuda::GemmEpilogue::kBias, Tensor())) return out;
   }
-  Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
-  if (BiasGemmOnCpu(x, w, bias, out)) return out;
+  if (Tensor out = BiasGemmOnCpu(x, w, bias); out.defined()) return out;
   MatmulOptions opts;
   opts.trans_b = true;
   return AddBias(Matmul(x, w, opts), bias);
@@ -161,8 +153,8 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
     if (FusedLinearOnCuda(x, w, bias, r.out, cuda::GemmEpilogue::kGeluAuxBias, r.pre)) return r;
     r = LinearGeluResult();  // not fused: give the buffers back first
   }
-  r.pre = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
-  if (!BiasGemmOnCpu(x, w, bias, r.pre)) {
+  r.pre = BiasGemmOnCpu(x, w, bias);  // (N, M)
+  if (!r.pre.defined()) {
     MatmulOptions opts;
     opts.trans_b = true;
     r.pre = AddBias(Matmul(x, w, opts), bias);
