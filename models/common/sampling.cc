@@ -75,56 +75,82 @@ double DrawUniform(uint64_t seed, uint64_t row, uint64_t n) {
   return static_cast<double>(bits) * (1.0 / 9007199254740992.0);  // 2^-53
 }
 
-absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits, const Sampling& sampling,
-                                         double u) {
-  const int64_t V = static_cast<int64_t>(logits.size());
-  int64_t allowed = 0;  // tokens that may be drawn: finite logits (-inf: excluded)
-  for (int64_t i = 0; i < V; ++i) {
-    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity()) {
-      return absl::InvalidArgumentError(absl::StrCat("logit of token ", i, " is ", logits[i],
+namespace {
+
+// Checks one row of scores: InvalidArgument when one is nan or +inf (or the
+// row is empty); else how many are finite (-inf: excluded).
+template <typename T>
+absl::StatusOr<int64_t> CountAllowed(absl::Span<const T> scores) {
+  if (scores.empty()) return absl::InvalidArgumentError("no logits to sample from");
+  int64_t allowed = 0;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (std::isnan(scores[i]) || scores[i] == std::numeric_limits<T>::infinity()) {
+      return absl::InvalidArgumentError(absl::StrCat("logit of token ", i, " is ", scores[i],
                                                      ": the model gives no distribution"));
     }
-    allowed += std::isfinite(logits[i]) ? 1 : 0;
+    allowed += std::isfinite(scores[i]) ? 1 : 0;
   }
-  if (V == 0) return absl::InvalidArgumentError("no logits to sample from");
-  if (allowed == 0) {
-    return absl::InvalidArgumentError(
-        "every token is excluded (no_repeat_ngram_size leaves none, or every logit is -inf)");
-  }
-  // Token ids by falling logit, ties by id: greedy takes the first.
-  auto before = [&logits](int64_t a, int64_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  return allowed;
+}
+
+// The tokens a draw may return (`allowed` > 0 of the scores finite, not
+// greedy): their ids by falling score, ties by id, and their weights
+// exp((score - top) / temperature), after top_k and then top_p.
+template <typename T>
+void KeepTokens(absl::Span<const T> scores, const Sampling& sampling, int64_t allowed,
+                std::vector<int64_t>& ids, std::vector<double>& p) {
+  const int64_t V = static_cast<int64_t>(scores.size());
+  auto before = [&scores](int64_t a, int64_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
   };
-  if (sampling.greedy()) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i) {
-      if (before(i, best)) best = i;
-    }
-    return best;
-  }
   // The excluded tokens sort last and are never kept.
   const int64_t keep = std::min(sampling.top_k > 0 ? sampling.top_k : V, allowed);
-  std::vector<int64_t> ids(V);
+  ids.resize(V);
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), before);
   ids.resize(keep);
-  // Softmax of logits / temperature over the kept ids (in double).
-  std::vector<double> p(keep);
-  const double top = logits[ids[0]];
+  // Softmax of scores / temperature over the kept ids (in double).
+  p.resize(keep);
+  const double top = scores[ids[0]];
   double sum = 0.0;
   for (int64_t i = 0; i < keep; ++i) {
-    p[i] = std::exp((logits[ids[i]] - top) / sampling.temperature);
+    p[i] = std::exp((scores[ids[i]] - top) / sampling.temperature);
     sum += p[i];
   }
   // Nucleus: the shortest prefix whose probability reaches top_p.
-  int64_t n = keep;
   if (sampling.top_p < 1.0) {
     double cumulative = 0.0;
-    for (n = 0; n < keep;) {
+    int64_t n = 0;
+    while (n < keep) {
       cumulative += p[n++] / sum;
       if (cumulative >= sampling.top_p) break;
     }
+    ids.resize(n);
+    p.resize(n);
   }
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits, const Sampling& sampling,
+                                         double u) {
+  absl::StatusOr<int64_t> allowed = CountAllowed(logits);
+  if (!allowed.ok()) return allowed.status();
+  if (*allowed == 0) {
+    return absl::InvalidArgumentError(
+        "every token is excluded (no_repeat_ngram_size leaves none, or every logit is -inf)");
+  }
+  if (sampling.greedy()) {  // the first by falling logit, ties by id
+    int64_t best = 0;
+    for (int64_t i = 1; i < static_cast<int64_t>(logits.size()); ++i) {
+      if (logits[i] > logits[best]) best = i;
+    }
+    return best;
+  }
+  std::vector<int64_t> ids;
+  std::vector<double> p;
+  KeepTokens(logits, sampling, *allowed, ids, p);
+  const int64_t n = static_cast<int64_t>(ids.size());
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += p[i];
   const double target = u * total;
@@ -134,6 +160,20 @@ absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits, const S
     if (target < cumulative) return ids[i];
   }
   return ids[n - 1];  // u * total rounded up to the sum
+}
+
+absl::Status WarpScores(absl::Span<double> scores, const Sampling& sampling) {
+  absl::StatusOr<int64_t> allowed = CountAllowed(absl::Span<const double>(scores));
+  if (!allowed.ok()) return allowed.status();
+  if (sampling.greedy() || *allowed == 0) return absl::OkStatus();
+  std::vector<int64_t> ids;
+  std::vector<double> p;
+  KeepTokens(absl::Span<const double>(scores), sampling, *allowed, ids, p);
+  std::vector<double> kept(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) kept[i] = scores[ids[i]] / sampling.temperature;
+  std::fill(scores.begin(), scores.end(), -std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < ids.size(); ++i) scores[ids[i]] = kept[i];
+  return absl::OkStatus();
 }
 
 }  // namespace train

@@ -66,6 +66,14 @@ double DrawUniform(uint64_t seed, uint64_t row, uint64_t n);
 absl::StatusOr<int64_t> SampleFromLogits(absl::Span<const float> logits, const Sampling& sampling,
                                          double u);
 
+// Hugging Face's warpers on one row of scores (V), in place, as its beam
+// sampling applies them to each beam's log-probabilities: the tokens
+// SampleFromLogits could draw (temperature, then top_k, then top_p, over the
+// finite scores) get score / temperature, every other one -inf. Greedy
+// sampling leaves the scores as they are. InvalidArgument when a score is
+// nan or +inf, or the row is empty.
+absl::Status WarpScores(absl::Span<double> scores, const Sampling& sampling);
+
 }  // namespace train
 
 #endif  // MODELS_COMMON_SAMPLING_H_

@@ -1,7 +1,8 @@
 // The sampling rule draws each token with its filtered probability (checked
 // exactly over a grid of uniforms: temperature, top-k, top-p and their mix),
 // greedy takes the lowest id among equal maxima, bad logits and options are
-// named, and the uniforms behind the draws are reproducible and spread.
+// named, WarpScores keeps what a draw can return, and the uniforms behind
+// the draws are reproducible and spread.
 #include "models/common/sampling.h"
 
 #include <cmath>
@@ -126,6 +127,53 @@ TEST(SampleFromLogitsTest, MinusInfinityIsATokenNeverDrawn) {
   o.temperature = 0.0;
   EXPECT_EQ(*SampleFromLogits(logits, o, 0.5), 3);
   EXPECT_EQ(*SampleFromLogits({-inf, -inf, -5.0f}, o, 0.5), 2);
+}
+
+// WarpScores keeps exactly the tokens SampleFromLogits can draw, each at
+// score / temperature, and gives the others -inf: so the softmax of the
+// warped row is the draw's distribution.
+TEST(WarpScoresTest, KeepsWhatADrawCanReturnAtScoreOverTemperature) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<Sampling> cases(5);
+  cases[1].temperature = 0.5;
+  cases[2].top_k = 2;
+  cases[3].top_p = 0.75;
+  cases[4].temperature = 0.5;
+  cases[4].top_k = 3;
+  cases[4].top_p = 0.65;
+  for (const Sampling& o : cases) {
+    SCOPED_TRACE(::testing::Message() << "temperature " << o.temperature << " top_k " << o.top_k
+                                      << " top_p " << o.top_p);
+    std::vector<double> scores(kLogits.begin(), kLogits.end());
+    ASSERT_TRUE(WarpScores(absl::MakeSpan(scores), o).ok());
+    const std::vector<double> freq = Frequencies(kLogits, o);
+    double z = 0.0;
+    for (double x : scores) z += std::exp(x);
+    for (size_t i = 0; i < scores.size(); ++i) {
+      if (freq[i] == 0.0) {
+        EXPECT_EQ(scores[i], -inf) << "id " << i;
+        continue;
+      }
+      EXPECT_DOUBLE_EQ(scores[i], static_cast<double>(kLogits[i]) / o.temperature) << "id " << i;
+      EXPECT_NEAR(std::exp(scores[i]) / z, freq[i], 2e-5) << "id " << i;
+    }
+  }
+  // Greedy leaves the row as it is; -inf stays excluded; a row of -inf is no error.
+  Sampling greedy;
+  greedy.temperature = 0.0;
+  std::vector<double> scores = {1.0, -inf, 3.0};
+  ASSERT_TRUE(WarpScores(absl::MakeSpan(scores), greedy).ok());
+  EXPECT_EQ(scores, (std::vector<double>{1.0, -inf, 3.0}));
+  Sampling o;
+  o.temperature = 2.0;
+  ASSERT_TRUE(WarpScores(absl::MakeSpan(scores), o).ok());
+  EXPECT_EQ(scores, (std::vector<double>{0.5, -inf, 1.5}));
+  scores = {-inf, -inf};
+  ASSERT_TRUE(WarpScores(absl::MakeSpan(scores), o).ok());
+  EXPECT_EQ(scores, (std::vector<double>{-inf, -inf}));
+  scores = {0.0, NAN};
+  const absl::Status bad = WarpScores(absl::MakeSpan(scores), o);
+  EXPECT_NE(bad.message().find("logit of token 1 is nan"), std::string::npos) << bad;
 }
 
 // Hugging Face's RepetitionPenaltyLogitsProcessor: a seen token's logit is

@@ -132,6 +132,7 @@ class Hypotheses {
 
   // new_tokens (eos included when it ended there) with summed log-probability `sum`.
   void Add(std::vector<int64_t> new_tokens, double sum) {
+    if (sum == -std::numeric_limits<double>::infinity()) return;  // a dead beam
     const double score = sum / std::pow(static_cast<double>(new_tokens.size()), length_penalty_);
     if (static_cast<int64_t>(kept_.size()) == num_beams_ && score <= kept_.back().first) return;
     kept_.emplace_back(score, std::move(new_tokens));
@@ -139,6 +140,8 @@ class Hypotheses {
                      [](const auto& a, const auto& b) { return a.first > b.first; });
     if (static_cast<int64_t>(kept_.size()) > num_beams_) kept_.pop_back();
   }
+
+  bool empty() const { return kept_.empty(); }
 
   // Whether no beam can do better: num_beams finished and, unless
   // early_stopping, the worst of them at least the best running sum
@@ -158,10 +161,65 @@ class Hypotheses {
   std::vector<std::pair<double, std::vector<int64_t>>> kept_;  // best first
 };
 
+// Draws up to `count` of `candidates` (summed score, index) without
+// replacement, each with probability softmax(score) among those not drawn
+// yet (torch.multinomial's draws; the u of the j-th is
+// train::DrawUniform(seed, example, first + j)); when fewer than `count`
+// have a weight (exp of score - top, in double) above 0, the rest by falling
+// score. -inf scores are never drawn. Returns them best score first (ties by
+// index), as Hugging Face's beam sampling sorts its draws.
+std::vector<std::pair<double, int64_t>> DrawCandidates(
+    std::vector<std::pair<double, int64_t>> candidates, int64_t count, uint64_t seed,
+    int64_t example, uint64_t first) {
+  const auto better = [](const auto& a, const auto& c) {
+    return a.first > c.first || (a.first == c.first && a.second < c.second);
+  };
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [](const auto& c) { return !std::isfinite(c.first); }),
+                   candidates.end());
+  std::sort(candidates.begin(), candidates.end(), better);
+  const int64_t n = static_cast<int64_t>(candidates.size());
+  std::vector<double> weight(n);
+  for (int64_t i = 0; i < n; ++i) weight[i] = std::exp(candidates[i].first - candidates[0].first);
+  std::vector<std::pair<double, int64_t>> drawn;
+  std::vector<bool> taken(n, false);
+  while (static_cast<int64_t>(drawn.size()) < std::min(count, n)) {
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) total += taken[i] ? 0.0 : weight[i];
+    int64_t pick = -1;
+    if (total > 0.0) {
+      const double target =
+          train::DrawUniform(seed, static_cast<uint64_t>(example), first + drawn.size()) * total;
+      double cumulative = 0.0;
+      for (int64_t i = 0; i < n && pick < 0; ++i) {
+        if (taken[i] || weight[i] == 0.0) continue;
+        cumulative += weight[i];
+        if (target < cumulative) pick = i;
+      }
+      for (int64_t i = n - 1; pick < 0; --i) {  // u * total rounded up to the sum
+        if (!taken[i] && weight[i] > 0.0) pick = i;
+      }
+    } else {  // none left with a weight: the best left
+      for (int64_t i = 0; pick < 0; ++i) {
+        if (!taken[i]) pick = i;
+      }
+    }
+    taken[pick] = true;
+    drawn.push_back(candidates[pick]);
+  }
+  std::sort(drawn.begin(), drawn.end(), better);
+  return drawn;
+}
+
 // Beam search, as Hugging Face's (BeamSearchScorer): K = num_beams beams per
 // example; each step ranks every beam's continuations by summed
 // log-probability and takes the best 2K, where an eos among the first K
-// finishes a hypothesis and the others become the next K beams.
+// finishes a hypothesis and the others become the next K beams. Sampled
+// (temperature > 0, Hugging Face's do_sample with num_beams), each beam's
+// log-probabilities are warped (train::WarpScores) before they add to its
+// sum, and the 2K are drawn (DrawCandidates) from the softmax of every
+// continuation's sum; a beam left without a continuation (top_k, top_p and
+// the exclusions can leave fewer than K) is dead: sum -inf, never continued.
 absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
                                 const GenerateOptions& options) {
   const int64_t K = options.num_beams;
@@ -197,13 +255,38 @@ absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
         if (options.controls_repetition()) {
           train::ApplyRepetitionControls(absl::MakeSpan(log_p), sequences[row], options);
         }
+        absl::Status warped = train::WarpScores(absl::MakeSpan(log_p), options);
+        if (!warped.ok()) {
+          return absl::InternalError(
+              absl::StrCat("example ", b, ", beam ", k, ", new token ", n, ": ", warped.message()));
+        }
         for (int64_t v = 0; v < V; ++v) candidates[k * V + v] = {sums[row] + log_p[v], k * V + v};
       }
-      const int64_t top = std::min<int64_t>(2 * K, K * V);
-      std::partial_sort(candidates.begin(), candidates.begin() + top, candidates.end(),
-                        [](const auto& a, const auto& c) {
-                          return a.first > c.first || (a.first == c.first && a.second < c.second);
-                        });
+      int64_t top = std::min<int64_t>(2 * K, K * V);
+      if (options.greedy()) {
+        std::partial_sort(candidates.begin(), candidates.begin() + top, candidates.end(),
+                          [](const auto& a, const auto& c) {
+                            return a.first > c.first || (a.first == c.first && a.second < c.second);
+                          });
+      } else {
+        candidates = DrawCandidates(std::move(candidates), 2 * K, options.seed, b,
+                                    static_cast<uint64_t>(n * 2 * K));
+        top = static_cast<int64_t>(candidates.size());
+        if (top == 0) {  // every beam dead or excluded
+          if (finished[b].empty()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "example ", b, ", new token ", n,
+                ": every continuation is excluded (no_repeat_ngram_size leaves none)"));
+          }
+          done[b] = true;
+          for (int64_t k = 0; k < K; ++k) {
+            source[b * K + k] = b * K + k;
+            token[b * K + k] = filler;
+            next_sums[b * K + k] = -std::numeric_limits<double>::infinity();
+          }
+          continue;
+        }
+      }
       int64_t kept = 0;
       for (int64_t rank = 0; rank < top && kept < K; ++rank) {
         const auto [sum, index] = candidates[rank];
@@ -220,9 +303,14 @@ absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
         next_sums[b * K + kept] = sum;
         ++kept;
       }
-      if (kept < K) {  // only with a vocabulary of one id
+      if (kept < K && options.greedy()) {  // only with a vocabulary of one id
         return absl::InvalidArgumentError(absl::StrCat(
             "num_beams=", K, " needs a vocabulary of 2 ids at least; this one has ", V));
+      }
+      for (; kept < K; ++kept) {  // dead beams
+        source[b * K + kept] = b * K;
+        token[b * K + kept] = filler;
+        next_sums[b * K + kept] = -std::numeric_limits<double>::infinity();
       }
       done[b] = finished[b].Done(candidates[0].first, n + 1);
     }
@@ -245,7 +333,12 @@ absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
           finished[b].Add(std::vector<int64_t>(s.begin() + 1, s.end()), sums[b * K + k]);
       }
     }
-    if (options.max_new_tokens > 0) out[b] = finished[b].best();
+    if (options.max_new_tokens == 0) continue;
+    if (finished[b].empty()) {  // every beam excluded before it finished
+      return absl::InvalidArgumentError(absl::StrCat(
+          "example ", b, ": every continuation is excluded (no_repeat_ngram_size leaves none)"));
+    }
+    out[b] = finished[b].best();
   }
   return out;
 }
@@ -267,11 +360,6 @@ absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
   }
   if (num_beams < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_beams=", num_beams, " must be >= 1"));
-  }
-  if (num_beams > 1 && !greedy()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_beams=", num_beams, " searches with temperature 0; got temperature ",
-                     temperature, " (sampled beams are not implemented)"));
   }
   if (!std::isfinite(length_penalty)) {
     return absl::InvalidArgumentError(

@@ -35,10 +35,16 @@ struct GenerateOptions : train::Sampling {
   // Keep the decoder's keys and values between steps; false: each step runs
   // the decoder over the whole sequence (the same tokens, up to rounding).
   bool kv_cache = true;
-  // Beam search (greedy only): num_beams hypotheses per example, as Hugging
-  // Face's BeamSearchScorer: each step keeps the best 2 num_beams
-  // continuations of all beams by summed log-probability; an eos among the
-  // first num_beams finishes a hypothesis, the rest are the next beams. A
+  // Beam search: num_beams hypotheses per example, as Hugging Face's
+  // BeamSearchScorer: each step keeps the best 2 num_beams continuations of
+  // all beams by summed log-probability; an eos among the first num_beams
+  // finishes a hypothesis, the rest are the next beams. With temperature > 0
+  // (Hugging Face's beam sampling, do_sample with num_beams) each beam's
+  // log-probabilities go through temperature, top_k and top_p
+  // (train::WarpScores) before they add to its sum, and the 2 num_beams are
+  // drawn without replacement from the softmax of every continuation's sum
+  // (example b's j-th draw at step n with train::DrawUniform(seed, b,
+  // 2 num_beams n + j)), then ranked by sum. A
   // finished hypothesis scores sum / length^length_penalty (length: its new
   // tokens, eos included; > 1 favours longer ones). An example is done once
   // num_beams hypotheses finished and (unless early_stopping) the best running
@@ -49,9 +55,9 @@ struct GenerateOptions : train::Sampling {
   bool early_stopping = false;
 
   // InvalidArgument naming the field unless max_new_tokens >= 0, the ids are
-  // below vocab_size (decoder_start_id >= 0, eos_id >= -1), num_beams >= 1
-  // (> 1 only with temperature 0), length_penalty finite and the sampling
-  // is valid (train::Sampling::Validate).
+  // below vocab_size (decoder_start_id >= 0, eos_id >= -1), num_beams >= 1,
+  // length_penalty finite and the sampling is valid
+  // (train::Sampling::Validate).
   absl::Status Validate(int64_t vocab_size) const;
 };
 

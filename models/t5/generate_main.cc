@@ -1,7 +1,8 @@
 // Generates with a trained T5 (t5::Generate; Hugging Face's generate):
 // greedy by default, sampled with --temperature > 0 (and --top_k, --top_p,
 // --seed), or beam search with --num_beams > 1 (and --length_penalty,
-// --early_stopping); with the decoder's key/value cache unless --nokv_cache:
+// --early_stopping; sampled beams with --temperature > 0); with the decoder's key/value cache
+// unless --nokv_cache:
 //   ./bazelw run //models/t5:generate -- --init_from=/path/t5-small --input=/tmp/ids.txt --eos_id=1
 // --init_from is a checkpoint of //models/t5:train (either kind) or a
 // Hugging Face T5 folder, as train's --init_from. --input holds one example
@@ -53,7 +54,7 @@ ABSL_FLAG(bool, kv_cache, true,
           "keep the decoder's keys and values between steps (false: each step runs the "
           "decoder over the whole sequence)");
 ABSL_FLAG(int64_t, num_beams, 1,
-          "beam search with this many beams per example (greedy only); 1: none");
+          "beam search with this many beams per example (sampled with --temperature > 0); 1: none");
 ABSL_FLAG(double, length_penalty, 1.0,
           "beam search: a finished hypothesis scores its log-probability / length^this");
 ABSL_FLAG(bool, early_stopping, false,
@@ -140,9 +141,8 @@ absl::Status Run() {
   nn::ReleaseInitValues(model);
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
-  std::string decoding = options.num_beams > 1 ? absl::StrCat(options.num_beams, " beams")
-                         : options.greedy()    ? "greedy"
-                                               : "sampled";
+  std::string decoding = options.greedy() ? "greedy" : "sampled";
+  if (options.num_beams > 1) decoding = absl::StrCat(options.num_beams, " beams, ", decoding);
   if (options.repetition_penalty != 1.0) {
     absl::StrAppend(&decoding, ", repetition_penalty ", options.repetition_penalty);
   }

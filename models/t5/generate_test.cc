@@ -3,7 +3,8 @@
 // (v1.0 tied and v1.1 gated, a padded encoder batch, relative positions past
 // the exact buckets); Generate gives the same tokens with and without the
 // cache, greedy and sampled; sampling follows the seed and top_k 1 is greedy;
-// misuse is a named error.
+// beam search finds the best sequence; sampled beams draw without
+// replacement; misuse is a named error.
 #include "models/t5/generate.h"
 
 #include <algorithm>
@@ -278,32 +279,146 @@ TEST(T5BeamSearchTest, EnoughBeamsFindTheBestSequenceOutright) {
   }
 }
 
+// Up to 10 new tokens from Tiny(false), eos 2, with its greedy rows.
+class T5TenTokensTest : public ::testing::Test {
+ protected:
+  T5TenTokensTest() : model_(Tiny(false)) {
+    model_.Materialize(/*seed=*/11);
+    options_.max_new_tokens = 10;
+    options_.eos_id = 2;
+    greedy_ = *Generate(model_, EncoderInputs(), EncoderMask(), options_);
+  }
+  T5Model model_;
+  GenerateOptions options_;
+  std::vector<std::vector<int64_t>> greedy_;
+};
+
+// Both examples' picks end at their one eos (2) or run 10 new tokens.
+void ExpectEndsAtEos2OrRuns10(const std::vector<std::vector<int64_t>>& picks) {
+  ASSERT_EQ(picks.size(), 2u);
+  for (const std::vector<int64_t>& row : picks) {
+    ASSERT_FALSE(row.empty());
+    EXPECT_TRUE(row.back() == 2 || row.size() == 10u);
+    EXPECT_EQ(std::count(row.begin(), row.end(), 2), row.back() == 2 ? 1 : 0);
+  }
+}
+
 // Beams with the cache and without agree on a longer search, each pick ends
 // at eos or runs max_new_tokens, and the search differs from greedy
 // somewhere (it is a search).
-TEST(T5BeamSearchTest, CachedAndUncachedBeamsAgree) {
-  T5Model model(Tiny(false));
-  model.Materialize(/*seed=*/11);
-  GenerateOptions options;
-  options.max_new_tokens = 10;
-  options.eos_id = 2;
-  std::vector<std::vector<int64_t>> greedy =
-      *Generate(model, EncoderInputs(), EncoderMask(), options);
+TEST_F(T5TenTokensTest, CachedAndUncachedBeamsAgree) {
   bool differs = false;
   for (int64_t beams : {2, 4}) {
-    options.num_beams = beams;
+    options_.num_beams = beams;
     SCOPED_TRACE(::testing::Message() << beams << " beams");
     const std::vector<std::vector<int64_t>> cached =
-        GenerateBothWays(model, EncoderInputs(), EncoderMask(), options);
-    ASSERT_EQ(cached.size(), 2u);
-    for (const std::vector<int64_t>& row : cached) {
-      ASSERT_FALSE(row.empty());
-      EXPECT_TRUE(row.back() == 2 || row.size() == 10u);
-      EXPECT_EQ(std::count(row.begin(), row.end(), 2), row.back() == 2 ? 1 : 0);
-    }
-    differs = differs || cached != greedy;
+        GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options_);
+    ExpectEndsAtEos2OrRuns10(cached);
+    differs = differs || cached != greedy_;
   }
   EXPECT_TRUE(differs);
+}
+
+// Sampled beams (Hugging Face's beam sampling) with top_k 1: each beam has
+// one continuation, its greedy token, so beam 0 follows greedy decoding and
+// the others (copies of it at -1e9, drawn only to fill the 2K) lose to it:
+// the greedy rows, with the cache and without.
+TEST_F(T5TenTokensTest, SampledBeamsWithTopKOneGiveTheGreedyRows) {
+  options_.temperature = 1.3;
+  options_.top_k = 1;
+  for (int64_t beams : {2, 3}) {
+    options_.num_beams = beams;
+    SCOPED_TRACE(::testing::Message() << beams << " beams");
+    EXPECT_EQ(GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options_), greedy_);
+  }
+}
+
+// One new token from 2 sampled beams: 2K = 4 continuations are drawn
+// without replacement from softmax(log p / T) (beam 0's; its copy starts at
+// -1e9) and the likeliest of the four is the pick. So token v is picked with
+// the probability of the ordered draws of 4 distinct tokens whose likeliest
+// is v (p_a p_b / (1 - p_a) p_c / (1 - p_a - p_b) ...); checked against the
+// picks of 3000 seeds for both examples.
+TEST(T5BeamSampleTest, PicksFollowDrawsWithoutReplacement) {
+  T5Config config = Tiny(true);
+  config.vocab_size = 6;
+  config.initializer_factor = 0.3;  // flatter distributions
+  T5Model model(config);
+  model.Materialize(/*seed=*/3);
+  model.Train(false);
+  const Tensor x = Ids({3, 5, 1, 2, 4, 0, 4, 4, 2, 5, 0, 0}, 2, 6);
+  const Tensor encoded = model.Encode(x, EncoderMask());  // (2, 6, d)
+  constexpr double kTemperature = 1.5;
+  std::vector<std::vector<double>> want(2, std::vector<double>(6, 0.0));
+  for (int64_t b = 0; b < 2; ++b) {
+    const std::vector<float> logits =
+        model
+            .DecodeLogits(encoded.Narrow(0, b, 1).Contiguous(),
+                          EncoderMask().Narrow(0, b, 1).Contiguous(), Ids({0}, 1, 1))
+            .ToVector<float>();  // (1, 1, 6)
+    std::vector<double> p(6);
+    double z = 0.0;
+    for (int64_t v = 0; v < 6; ++v) z += p[v] = std::exp(LogProb(logits, v) / kTemperature);
+    for (double& q : p) q /= z;
+    // Every ordered draw (t0, t1, t2, t3) of distinct tokens.
+    for (int64_t t0 = 0; t0 < 6; ++t0) {
+      for (int64_t t1 = 0; t1 < 6; ++t1) {
+        for (int64_t t2 = 0; t2 < 6; ++t2) {
+          for (int64_t t3 = 0; t3 < 6; ++t3) {
+            const std::set<int64_t> drawn = {t0, t1, t2, t3};
+            if (drawn.size() != 4) continue;
+            const double probability = p[t0] * p[t1] / (1 - p[t0]) * p[t2] / (1 - p[t0] - p[t1]) *
+                                       p[t3] / (1 - p[t0] - p[t1] - p[t2]);
+            const int64_t pick = *std::max_element(
+                drawn.begin(), drawn.end(), [&p](int64_t a, int64_t c) { return p[a] < p[c]; });
+            want[b][pick] += probability;
+          }
+        }
+      }
+    }
+  }
+  GenerateOptions options;
+  options.max_new_tokens = 1;
+  options.num_beams = 2;
+  options.temperature = kTemperature;
+  constexpr int kSeeds = 3000;
+  std::vector<std::vector<double>> got(2, std::vector<double>(6, 0.0));
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    options.seed = seed;
+    const std::vector<std::vector<int64_t>> picks = *Generate(model, x, EncoderMask(), options);
+    for (int64_t b = 0; b < 2; ++b) {
+      ASSERT_EQ(picks[b].size(), 1u);
+      got[b][picks[b][0]] += 1.0 / kSeeds;
+    }
+  }
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t v = 0; v < 6; ++v) {
+      EXPECT_NEAR(got[b][v], want[b][v], 0.03) << "example " << b << ", token " << v;
+    }
+  }
+}
+
+// Sampled beams with top_k and top_p: the same with the cache and without,
+// the same again for the same seed, another search for another seed; each
+// pick ends at eos or runs max_new_tokens.
+TEST_F(T5TenTokensTest, SampledBeamsFollowTheSeedWithAndWithoutTheCache) {
+  options_.num_beams = 3;
+  options_.temperature = 1.5;
+  options_.top_k = 8;
+  options_.top_p = 0.95;
+  std::set<std::vector<std::vector<int64_t>>> searches;
+  std::vector<std::vector<int64_t>> first;  // seed 1's
+  for (uint64_t seed : {1, 2, 3, 1}) {
+    options_.seed = seed;
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const std::vector<std::vector<int64_t>> picks =
+        GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options_);
+    ExpectEndsAtEos2OrRuns10(picks);
+    if (seed == 1 && !first.empty()) EXPECT_EQ(picks, first) << "seed 1 again";
+    if (first.empty()) first = picks;
+    searches.insert(picks);
+  }
+  EXPECT_GE(searches.size(), 2u) << "every seed gave the same picks";
 }
 
 // What went wrong, said where it went wrong.
@@ -346,11 +461,15 @@ TEST(T5DecodeStepTest, MisuseIsANamedError) {
   bad.num_beams = 0;
   EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
             "num_beams=0 must be >= 1");
+  // Sampled beams that run out of tokens no_repeat_ngram_size 1 allows: each
+  // row has 28 new ids (29 less decoder_start_id) to give.
   bad.num_beams = 2;
   bad.temperature = 1.0;
+  bad.no_repeat_ngram_size = 1;
+  bad.max_new_tokens = 40;
   EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
-            "num_beams=2 searches with temperature 0; got temperature 1 (sampled beams are not "
-            "implemented)");
+            "example 0, new token 28: every continuation is excluded (no_repeat_ngram_size "
+            "leaves none)");
   DecoderCache two;
   two.capacity = 4;
   model.DecodeStep(encoded, EncoderMask(), Ids({0, 0}, 2, 1), two);
