@@ -374,15 +374,9 @@ Tensor DropoutMask(const Shape& shape, const DropoutState& state) {
     std::fill(m, m + n, state.active ? 0 : 1);
     return mask;
   }
-  const uint32_t threshold = Threshold(state.p);
-  ParallelFor((n + kBlock - 1) / kBlock, 1024, [&](int64_t b0, int64_t b1) {
-    int32_t keep[kBlock];
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      KeepBlock(state, threshold, blk, keep);
-      for (int64_t e = 0; e < kBlock && blk * kBlock + e < n; ++e) {
-        m[blk * kBlock + e] = keep[e] != 0;
-      }
-    }
+  auto never = [](int64_t) { return false; };
+  ForEachKeepVector(n, state, never, [&](int64_t i, I8 keep, auto) {
+    for (int64_t e = 0; e < std::min<int64_t>(kLanes, n - i); ++e) m[i + e] = keep[e] != 0;
   });
   return mask;
 }
