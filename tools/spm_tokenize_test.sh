@@ -91,9 +91,18 @@ for cache in --kv_cache --nokv_cache; do
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
     --eos_id=1 "$cache" > "$dir/beams$cache.txt" 2> "$dir/beams.log"
 done
-grep -q "| 3 beams$" "$dir/beams.log"
+grep -q "| 3 beams, greedy$" "$dir/beams.log"
 cmp "$dir/beams--kv_cache.txt" "$dir/beams--nokv_cache.txt"
 [[ $(wc -l < "$dir/beams--kv_cache.txt") == 3 ]]
+# Sampled beams: the same ids with the cache and without, for one seed.
+for cache in --kv_cache --nokv_cache; do
+  "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
+    --eos_id=1 --temperature=1.5 --top_k=50 --seed=3 "$cache" > "$dir/sbeams$cache.txt" \
+    2> "$dir/sbeams.log"
+done
+grep -q "| 3 beams, sampled$" "$dir/sbeams.log"
+cmp "$dir/sbeams--kv_cache.txt" "$dir/sbeams--nokv_cache.txt"
+[[ $(wc -l < "$dir/sbeams--kv_cache.txt") == 3 ]]
 # No pair of ids twice in a line (the decoder's start id 0 included), greedy or in beams.
 for beams in 1 3; do
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=12 --num_beams=$beams \
@@ -129,7 +138,7 @@ exits_2 "--top_p must be in (0, 1], got 0" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --temperature=1 --top_p=0
 exits_2 "--no_repeat_ngram_size must be >= 0 (0: off), got -1" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --no_repeat_ngram_size=-1
-exits_2 "--num_beams=2 searches with temperature 0; got temperature 1" "$generate" \
-  --init_from="$dir/ck" --input="$dir/ids.txt" --temperature=1 --num_beams=2
+exits_2 "--num_beams=0 must be >= 1" "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" \
+  --num_beams=0
 exits_2 "--init_from=$dir/none: " "$generate" --init_from="$dir/none" --input="$dir/ids.txt"
 echo PASS
