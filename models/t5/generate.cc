@@ -161,13 +161,15 @@ class Hypotheses {
   std::vector<std::pair<double, std::vector<int64_t>>> kept_;  // best first
 };
 
-// Draws up to `count` of `candidates` (summed score, index) without
-// replacement, each with probability softmax(score) among those not drawn
-// yet (torch.multinomial's draws; the u of the j-th is
-// train::DrawUniform(seed, example, first + j)); when fewer than `count`
-// have a weight (exp of score - top, in double) above 0, the rest by falling
-// score. -inf scores are never drawn. Returns them best score first (ties by
-// index), as Hugging Face's beam sampling sorts its draws.
+// Draws up to `count` of `candidates` (summed score, index; in index order)
+// without replacement, each with probability softmax(score) among those not
+// drawn yet (torch.multinomial's draws; the j-th takes the candidate where
+// the running sum of the weights, in index order, passes u times their
+// total, u = train::DrawUniform(seed, example, first + j)); when fewer than
+// `count` have a weight (exp of score - top, in double) above 0, the best
+// left by score. -inf scores are never drawn. Returns them best score first
+// (ties by index), as Hugging Face's beam sampling sorts its draws. No sort
+// of all candidates: O(count x candidates), for K V of them.
 std::vector<std::pair<double, int64_t>> DrawCandidates(
     std::vector<std::pair<double, int64_t>> candidates, int64_t count, uint64_t seed,
     int64_t example, uint64_t first) {
@@ -177,11 +179,14 @@ std::vector<std::pair<double, int64_t>> DrawCandidates(
   candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                   [](const auto& c) { return !std::isfinite(c.first); }),
                    candidates.end());
-  std::sort(candidates.begin(), candidates.end(), better);
   const int64_t n = static_cast<int64_t>(candidates.size());
-  std::vector<double> weight(n);
-  for (int64_t i = 0; i < n; ++i) weight[i] = std::exp(candidates[i].first - candidates[0].first);
   std::vector<std::pair<double, int64_t>> drawn;
+  if (n == 0) return drawn;
+  const double top = std::max_element(candidates.begin(), candidates.end(), [](auto& a, auto& c) {
+                       return a.first < c.first;
+                     })->first;
+  std::vector<double> weight(n);
+  for (int64_t i = 0; i < n; ++i) weight[i] = std::exp(candidates[i].first - top);
   std::vector<bool> taken(n, false);
   while (static_cast<int64_t>(drawn.size()) < std::min(count, n)) {
     double total = 0.0;
@@ -200,8 +205,8 @@ std::vector<std::pair<double, int64_t>> DrawCandidates(
         if (!taken[i] && weight[i] > 0.0) pick = i;
       }
     } else {  // none left with a weight: the best left
-      for (int64_t i = 0; pick < 0; ++i) {
-        if (!taken[i]) pick = i;
+      for (int64_t i = 0; i < n; ++i) {
+        if (!taken[i] && (pick < 0 || better(candidates[i], candidates[pick]))) pick = i;
       }
     }
     taken[pick] = true;
