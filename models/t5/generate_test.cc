@@ -470,6 +470,9 @@ TEST(T5DecodeStepTest, MisuseIsANamedError) {
   EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
             "example 0, new token 28: every continuation is excluded (no_repeat_ngram_size "
             "leaves none)");
+  bad.temperature = 0.0;  // greedy beams: those left at -inf do not count as hypotheses
+  EXPECT_EQ(Generate(model, EncoderInputs(), EncoderMask(), bad).status().message(),
+            "example 0: every continuation is excluded (no_repeat_ngram_size leaves none)");
   DecoderCache two;
   two.capacity = 4;
   model.DecodeStep(encoded, EncoderMask(), Ids({0, 0}, 2, 1), two);
