@@ -29,6 +29,11 @@ void CheckArgs(const Tensor& x, const Tensor& w, const Tensor& bias, bool option
            ", bias on ", has_bias ? bias.device().ToString() : "none");
 }
 
+// Whether a 2-D view is a GEMM operand as its strides stand.
+bool GemmFriendly(const Tensor& t) {
+  return cpu::GemmFriendly(t.dim(0), t.dim(1), t.strides()[0], t.strides()[1]);
+}
+
 // A 2-D tensor as a GEMM operand of either backend (cpu:: or cuda::GemmOperand).
 template <typename GemmOperand>
 GemmOperand Operand(const Tensor& t) {
@@ -39,25 +44,31 @@ GemmOperand Operand(const Tensor& t) {
   return o;
 }
 
-// out = a @ b (+ beta out) with cuBLASLt's epilogue `e` (its vectors set by
-// the caller); false when it cannot be fused (nothing was written).
-bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
-                 const cuda::GemmEpilogueArgs& e, float beta = 0.0f) {
-  if (!out.device().is_cuda() || out.numel() == 0 || a.dim(1) == 0) return false;
-  if (!cpu::GemmFriendly(a.dim(0), a.dim(1), a.strides()[0], a.strides()[1]) ||
-      !cpu::GemmFriendly(b.dim(0), b.dim(1), b.strides()[0], b.strides()[1])) {
-    return false;
-  }
-  cuda::GemmArgs g;
-  g.device = out.device().index;
+// out (m, n) = a (m, k) @ b (k, n) of 2-D views as either backend's
+// arguments (cpu:: or cuda::GemmArgs); the rest left at their defaults.
+template <typename GemmArgs>
+GemmArgs GemmOf(const Tensor& a, const Tensor& b, const Tensor& out) {
+  using GemmOperand = decltype(GemmArgs::a);
+  GemmArgs g;
   g.in_dtype = a.dtype();
   g.out_dtype = out.dtype();
   g.m = a.dim(0);
   g.n = b.dim(1);
   g.k = a.dim(1);
-  g.a = Operand<cuda::GemmOperand>(a);
-  g.b = Operand<cuda::GemmOperand>(b);
-  g.c = Operand<cuda::GemmOperand>(out);
+  g.a = Operand<GemmOperand>(a);
+  g.b = Operand<GemmOperand>(b);
+  g.c = Operand<GemmOperand>(out);
+  return g;
+}
+
+// out = a @ b (+ beta out) with cuBLASLt's epilogue `e` (its vectors set by
+// the caller); false when it cannot be fused (nothing was written).
+bool FusedOnCuda(const Tensor& a, const Tensor& b, const Tensor& out,
+                 const cuda::GemmEpilogueArgs& e, float beta = 0.0f) {
+  if (!out.device().is_cuda() || out.numel() == 0 || a.dim(1) == 0) return false;
+  if (!GemmFriendly(a) || !GemmFriendly(b)) return false;
+  cuda::GemmArgs g = GemmOf<cuda::GemmArgs>(a, b, out);
+  g.device = out.device().index;
   g.beta = beta;
   return cuda::GemmWithEpilogue(g, e);
 }
@@ -69,20 +80,11 @@ Tensor BiasGemmOnCpu(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const Tensor wt = w.Transpose(0, 1);  // (K, M)
   if (!w.device().is_cpu() || x.dim(0) == 0 || w.dim(0) == 0 || x.dim(1) == 0 ||
       !bias.is_contiguous() || (x.dtype() != Dtype::kF32 && x.dtype() != Dtype::kBF16) ||
-      !cpu::GemmFriendly(x.dim(0), x.dim(1), x.strides()[0], x.strides()[1]) ||
-      !cpu::GemmFriendly(wt.dim(0), wt.dim(1), wt.strides()[0], wt.strides()[1])) {
+      !GemmFriendly(x) || !GemmFriendly(wt)) {
     return Tensor();
   }
   Tensor out = Tensor::Empty({x.dim(0), w.dim(0)}, w.dtype(), w.device());  // (N, M)
-  cpu::GemmArgs g;
-  g.in_dtype = x.dtype();
-  g.out_dtype = out.dtype();
-  g.m = x.dim(0);
-  g.n = w.dim(0);
-  g.k = x.dim(1);
-  g.a = Operand<cpu::GemmOperand>(x);
-  g.b = Operand<cpu::GemmOperand>(wt);
-  g.c = Operand<cpu::GemmOperand>(out);
+  cpu::GemmArgs g = GemmOf<cpu::GemmArgs>(x, wt, out);
   g.bias = bias.raw_data();
   g.bias_dtype = bias.dtype();
   cpu::Gemm(g);
@@ -203,8 +205,7 @@ void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w
   if (grad_b.defined() && grad_w.device().is_cuda() && grad_w.dtype() == Dtype::kF32 &&
       grad_b.dtype() == Dtype::kF32 && grad_b.is_contiguous() && g.dtype() == x.dtype() &&
       g.device() == grad_w.device() && x.device() == grad_w.device() &&
-      grad_b.device() == grad_w.device() &&
-      cpu::GemmFriendly(grad_w.dim(0), grad_w.dim(1), grad_w.strides()[0], grad_w.strides()[1])) {
+      grad_b.device() == grad_w.device() && GemmFriendly(grad_w)) {
     const Tensor db = Tensor::Empty({g.dim(1)}, Dtype::kF32, grad_w.device());  // (M)
     cuda::GemmEpilogueArgs e;
     e.kind = cuda::GemmEpilogue::kBiasGradA;
