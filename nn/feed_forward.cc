@@ -113,10 +113,10 @@ Tensors FeedForward::Forward(const Tensors& inputs, Context& ctx) {
     s.residual_in_projection = true;
   } else {
     y = out_->Run(a, ctx.Child(kOut));
-    if (output_dropout && residual.defined()) {
-      y = dropout_->Run({y, residual}, ctx.Child(kDropout)).at(0);  // residual + dropout(y)
-    } else if (output_dropout) {
-      y = dropout_->Run(y, ctx.Child(kDropout));
+    if (output_dropout) {  // dropout(y), or residual + dropout(y) in one pass
+      Tensors in = {y};
+      if (residual.defined()) in.push_back(residual);
+      y = dropout_->Run(in, ctx.Child(kDropout)).at(0);
     } else if (residual.defined()) {
       y = tensor::Add(residual, y.To(residual.dtype()));
     }

@@ -276,21 +276,7 @@ absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
       } else {
         candidates = DrawCandidates(std::move(candidates), 2 * K, options.seed, b,
                                     static_cast<uint64_t>(n * 2 * K));
-        top = static_cast<int64_t>(candidates.size());
-        if (top == 0) {  // every beam dead or excluded
-          if (finished[b].empty()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "example ", b, ", new token ", n,
-                ": every continuation is excluded (no_repeat_ngram_size leaves none)"));
-          }
-          done[b] = true;
-          for (int64_t k = 0; k < K; ++k) {
-            source[b * K + k] = b * K + k;
-            token[b * K + k] = filler;
-            next_sums[b * K + k] = -std::numeric_limits<double>::infinity();
-          }
-          continue;
-        }
+        top = static_cast<int64_t>(candidates.size());  // 0: every beam dead or excluded
       }
       int64_t kept = 0;
       for (int64_t rank = 0; rank < top && kept < K; ++rank) {
@@ -317,7 +303,15 @@ absl::StatusOr<Rows> BeamSearch(DecoderSteps& steps, int64_t B, int64_t V,
         token[b * K + kept] = filler;
         next_sums[b * K + kept] = -std::numeric_limits<double>::infinity();
       }
-      done[b] = finished[b].Done(candidates[0].first, n + 1);
+      if (top > 0) {
+        done[b] = finished[b].Done(candidates[0].first, n + 1);
+      } else if (finished[b].empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("example ", b, ", new token ", n,
+                         ": every continuation is excluded (no_repeat_ngram_size leaves none)"));
+      } else {
+        done[b] = true;  // no beam can go on
+      }
     }
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
     Rows next(R);
