@@ -344,6 +344,21 @@ void AppendToKvCache(KvCache& cache, const Tensor& k, const Tensor& v, int64_t c
   cache.length += T;
 }
 
+void SelectKvCacheRows(KvCache& cache, const std::vector<int64_t>& rows, const char* op) {
+  if (!cache.k.defined()) return;
+  const int64_t B = cache.k.dim(0), n = cache.length;
+  OP_CHECK(static_cast<int64_t>(rows.size()) == B, op, rows.size(), " rows for a cache of ", B);
+  Tensor k = Tensor::Empty(cache.k.shape(), cache.k.dtype(), cache.k.device());  // (B, nh, cap, hs)
+  Tensor v = Tensor::Empty(cache.v.shape(), cache.v.dtype(), cache.v.device());
+  for (int64_t i = 0; i < B; ++i) {
+    OP_CHECK(rows[i] >= 0 && rows[i] < B, op, "row ", rows[i], " of a cache of ", B);
+    k.Narrow(0, i, 1).Narrow(2, 0, n).CopyFrom(cache.k.Narrow(0, rows[i], 1).Narrow(2, 0, n));
+    v.Narrow(0, i, 1).Narrow(2, 0, n).CopyFrom(cache.v.Narrow(0, rows[i], 1).Narrow(2, 0, n));
+  }
+  cache.k = std::move(k);
+  cache.v = std::move(v);
+}
+
 Tensor SplitHeads(const Tensor& x, int64_t n_heads) {
   OP_CHECK(x.rank() == 3 && n_heads > 0 && x.dim(2) % n_heads == 0, "split_heads", "x ",
            x.shape().ToString(), " cannot be split into ", n_heads, " heads");

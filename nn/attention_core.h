@@ -29,6 +29,7 @@
 #define NN_ATTENTION_CORE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "nn/module.h"
 #include "tensor/ops/dropout.h"
@@ -126,6 +127,11 @@ void CheckKvCache(const KvCache& cache, const Tensor& k, const char* op);
 // device (CheckKvCache), or positions past its capacity.
 void AppendToKvCache(KvCache& cache, const Tensor& k, const Tensor& v, int64_t capacity,
                      const char* op);
+// Beam search's reordering: row i of the cache becomes what row rows[i] held
+// (positions [0, length); rows has one entry per row of the cache). Nothing
+// to do for a cache not allocated yet. Throws OpError("[op] ...") for a count
+// or a row out of range.
+void SelectKvCacheRows(KvCache& cache, const std::vector<int64_t>& rows, const char* op);
 
 // (B, T, nh * hs) -> (B, nh, T, hs): a view, no copy (x may itself be a view,
 // e.g. a Narrow of a fused qkv projection).

@@ -1,5 +1,6 @@
-// Sampling from minGPT: logits of the last position -> filtered distribution
-// -> one draw per row, repeated max_new_tokens times.
+// Generation from minGPT: the model's next-token logits for rows of prompts
+// and new tokens (GptSteps), under the shared decoding loops
+// (models/common/decoding.h): rows drawn one token at a time, or beams.
 #include "models/mingpt/generate.h"
 
 #include <algorithm>
@@ -7,22 +8,85 @@
 #include "absl/strings/str_cat.h"
 
 namespace mingpt {
+namespace {
 
-absl::Status SamplingOptions::Validate() const {
-  if (max_new_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens must be >= 0, got ", max_new_tokens));
+using Rows = std::vector<std::vector<int64_t>>;
+
+// The next-token logits of rows that continue `prompts`. Prompts of unequal
+// lengths are left-padded to the longest: row r's token i sits at position
+// pad[r] + i of the batch. With the key/value cache, while the batch's
+// sequence fits in block_size, each call runs the positions the caches lack
+// (the prompts, then the last token); otherwise the last block_size
+// positions, with the padding they hold masked out.
+class GptSteps : public train::NextTokens {
+ public:
+  GptSteps(GPT& model, const Rows& prompts, bool kv_cache, tensor::Device device)
+      : model_(model), kv_cache_(kv_cache), device_(device), pad_(prompts.size()) {
+    for (const std::vector<int64_t>& p : prompts) {
+      longest_ = std::max(longest_, static_cast<int64_t>(p.size()));
+    }
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      pad_[r] = longest_ - static_cast<int64_t>(prompts[r].size());
+      padded_ = padded_ || pad_[r] > 0;
+    }
   }
-  return train::Sampling::Validate();
-}
+
+  std::vector<float> Logits(const Rows& rows) override {
+    const int64_t B = static_cast<int64_t>(rows.size());
+    const int64_t block_size = model_.config().block_size;
+    const int64_t length = pad_[0] + static_cast<int64_t>(rows[0].size());  // the batch's so far
+    const bool cached = kv_cache_ && length <= block_size;
+    const int64_t start =
+        cached ? (caches_.empty() ? 0 : caches_[0].length) : length - std::min(length, block_size);
+    std::vector<int64_t> context;  // (B, length - start) row-major: the positions this forward runs
+    std::vector<int64_t> window_pad(B);
+    for (int64_t r = 0; r < B; ++r) {
+      for (int64_t p = start; p < length; ++p) {
+        context.push_back(p < pad_[r] ? 0 : rows[r][p - pad_[r]]);  // padding: any valid id
+      }
+      // The padding of the window the forward runs (cached: of the whole sequence).
+      window_pad[r] = std::max<int64_t>(0, pad_[r] - (cached ? 0 : start));
+    }
+    const tensor::Tensor idx =
+        tensor::Tensor::FromData<int64_t>(context, {B, length - start}).To(device_);  // (B, T)
+    tensor::Tensor last;                                                              // (B, V)
+    if (cached) {
+      last = model_.DecodeLogits(idx, caches_, padded_ ? pad_ : std::vector<int64_t>());
+    } else if (std::any_of(window_pad.begin(), window_pad.end(), [](int64_t p) { return p; })) {
+      std::vector<nn::KvCache> window;  // the forward over the window, with its padding masked
+      last = model_.DecodeLogits(idx, window, window_pad);
+    } else {
+      last = model_.LastLogits(idx);
+    }
+    if (!cached) caches_.clear();  // the window moves on: free the keys and values
+    return last.ToVector<float>();
+  }
+
+  // Beam search's reordering, within the rows of one prompt (their padding is
+  // the same).
+  void SelectRows(const std::vector<int64_t>& rows) override {
+    for (nn::KvCache& cache : caches_) nn::SelectKvCacheRows(cache, rows, "generate");
+  }
+
+ private:
+  GPT& model_;
+  const bool kv_cache_;
+  const tensor::Device device_;
+  int64_t longest_ = 0;
+  std::vector<int64_t> pad_;
+  bool padded_ = false;
+  std::vector<nn::KvCache> caches_;  // per block, while the sequence fits in block_size
+};
+
+}  // namespace
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
     GPT& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& options,
     tensor::Device device,
     const std::function<void(int64_t n, absl::Span<const int64_t> tokens)>& on_token) {
-  absl::Status valid = options.Validate();
-  if (!valid.ok()) return valid;
   const GptConfig& config = model.config();
+  absl::Status valid = options.Validate(config.vocab_size);
+  if (!valid.ok()) return valid;
   const int64_t B = static_cast<int64_t>(prompts.size());
   if (B == 0) return absl::InvalidArgumentError("no prompt to continue");
   for (int64_t r = 0; r < B; ++r) {
@@ -39,63 +103,20 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
     }
   }
   model.Train(false);
-  std::vector<std::vector<int64_t>> rows = prompts;
-  // Left padding: row r's token i sits at position pad[r] + i of the batch.
-  int64_t longest = 0;
-  for (const std::vector<int64_t>& p : prompts) {
-    longest = std::max(longest, static_cast<int64_t>(p.size()));
+  absl::StatusOr<Rows> continued;  // each row's new tokens; with beams, each prompt's best
+  if (!options.beams()) {
+    GptSteps steps(model, prompts, options.kv_cache, device);
+    continued = train::SampleRows(steps, prompts, config.vocab_size, options, on_token);
+  } else {
+    Rows beams;  // row b K + k: prompt b's beam k
+    for (const std::vector<int64_t>& p : prompts) beams.insert(beams.end(), options.num_beams, p);
+    GptSteps steps(model, beams, options.kv_cache, device);
+    continued = train::BeamSearch(steps, prompts, config.vocab_size, options);
   }
-  std::vector<int64_t> pad(B);
-  for (int64_t r = 0; r < B; ++r) pad[r] = longest - static_cast<int64_t>(prompts[r].size());
-  const bool padded = std::any_of(pad.begin(), pad.end(), [](int64_t p) { return p > 0; });
-  std::vector<nn::KvCache> caches;  // per block, while the sequence fits in block_size
-  std::vector<int64_t> context;     // (B, T) row-major: the positions this forward runs
-  std::vector<int64_t> window_pad(B);
-  std::vector<int64_t> drawn(B);
-  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-    const int64_t length = longest + n;  // the batch's positions so far
-    const bool cached = options.kv_cache && length <= config.block_size;
-    // Cached: the positions the caches lack (the prompt, then the last token).
-    // Otherwise: the last block_size positions.
-    const int64_t start = cached ? (caches.empty() ? 0 : caches[0].length)
-                                 : length - std::min(length, config.block_size);
-    context.clear();
-    for (int64_t r = 0; r < B; ++r) {
-      for (int64_t p = start; p < length; ++p) {
-        context.push_back(p < pad[r] ? 0 : rows[r][p - pad[r]]);  // padding: any valid id
-      }
-      // The padding of the window the forward runs (cached: of the whole sequence).
-      window_pad[r] = std::max<int64_t>(0, pad[r] - (cached ? 0 : start));
-    }
-    const tensor::Tensor idx =
-        tensor::Tensor::FromData<int64_t>(context, {B, length - start}).To(device);  // (B, T)
-    tensor::Tensor last;                                                             // (B, V)
-    if (cached) {
-      last = model.DecodeLogits(idx, caches, padded ? pad : std::vector<int64_t>());
-    } else if (std::any_of(window_pad.begin(), window_pad.end(), [](int64_t p) { return p; })) {
-      std::vector<nn::KvCache> window;  // the forward over the window, with its padding masked
-      last = model.DecodeLogits(idx, window, window_pad);
-    } else {
-      last = model.LastLogits(idx);
-    }
-    if (!cached) caches.clear();  // the window moves on: free the keys and values
-    std::vector<float> logits = last.ToVector<float>();  // (B, V)
-    for (int64_t r = 0; r < B; ++r) {
-      absl::Span<float> row_logits(logits.data() + r * config.vocab_size,
-                                   static_cast<size_t>(config.vocab_size));
-      // Repeats of the row's prompt and new tokens (repetition_penalty, no_repeat_ngram_size).
-      if (options.controls_repetition())
-        train::ApplyRepetitionControls(row_logits, rows[r], options);
-      absl::StatusOr<int64_t> token =
-          train::SampleFromLogits(row_logits, options, train::DrawUniform(options.seed, r, n));
-      if (!token.ok()) {
-        return absl::InternalError(
-            absl::StrCat("row ", r, ", new token ", n, ": ", token.status().message()));
-      }
-      drawn[r] = *token;
-      rows[r].push_back(*token);
-    }
-    if (on_token) on_token(n, drawn);
+  if (!continued.ok()) return continued.status();
+  Rows rows = prompts;
+  for (int64_t r = 0; r < B; ++r) {
+    rows[r].insert(rows[r].end(), (*continued)[r].begin(), (*continued)[r].end());
   }
   return rows;
 }

@@ -18,31 +18,33 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "models/common/sampling.h"
+#include "models/common/decoding.h"
 #include "models/mingpt/model.h"
 
 namespace mingpt {
 
-// What to generate: max_new_tokens per row, drawn as train::Sampling says
-// (temperature, top_k, top_p, seed; sampling at temperature 1 by default;
-// repetition_penalty and no_repeat_ngram_size over the row's prompt and new
-// tokens).
-struct SamplingOptions : train::Sampling {
-  int64_t max_new_tokens = 256;
+// What to generate (train::Decoding): max_new_tokens per row, drawn as
+// train::Sampling says (temperature, top_k, top_p, seed; sampling at
+// temperature 1 by default; repetition_penalty and no_repeat_ngram_size over
+// the row's prompt and new tokens), a row stopping at eos_id (GPT-2's
+// <|endoftext|> is 50256), or beam search (num_beams > 1, as Hugging Face's
+// generate for GPT-2; sampled beams with temperature > 0).
+struct SamplingOptions : train::Decoding {
+  SamplingOptions() { max_new_tokens = 256; }
+
   // Keys and values of earlier positions kept per block while the sequence
   // fits in block_size; false: the forward over the whole context each token.
   bool kv_cache = true;
-
-  // InvalidArgument naming the field: max_new_tokens < 0, or what
-  // train::Sampling::Validate names.
-  absl::Status Validate() const;
 };
 
 // Continues each of the B prompts (lengths >= 1, ids in [0, vocab_size)) by
-// options.max_new_tokens tokens, running `model` in eval mode (no dropout; it
-// is left in eval mode) on `device`, where its parameters are. Returns the B
-// rows, prompt included. `on_token(n, tokens)`, when given, is called with
-// the n-th new token of every row (B ids) as soon as it is drawn.
+// options.max_new_tokens tokens (fewer where a row drew eos_id: it ends with
+// it), running `model` in eval mode (no dropout; it is left in eval mode) on
+// `device`, where its parameters are. Returns the B rows, prompt included;
+// with beams, each prompt continued by its best hypothesis. `on_token(n,
+// tokens)`, when given, is called with the n-th new token of every row (B
+// ids; -1 for a row that ended) as soon as it is drawn; beam search calls it
+// never (its tokens are known at the end).
 // Prompts of unequal lengths are left-padded to the longest (as Hugging
 // Face's generate does for GPT-2): the padding is masked out of every
 // attention and each row's positions start at its first token, so a row

@@ -24,11 +24,11 @@ using tensor::Dtype;
 TEST(SamplingOptionsTest, ErrorsNameWhatIsWrong) {
   SamplingOptions o;
   o.max_new_tokens = -3;
-  EXPECT_NE(std::string(o.Validate().message()).find("max_new_tokens must be >= 0, got -3"),
+  EXPECT_NE(std::string(o.Validate(256).message()).find("max_new_tokens=-3 must be >= 0"),
             std::string::npos);
   o = {};
   o.top_k = -1;  // the sampling's own checks
-  EXPECT_NE(std::string(o.Validate().message()).find("top_k must be >= 0"), std::string::npos);
+  EXPECT_NE(std::string(o.Validate(256).message()).find("top_k must be >= 0"), std::string::npos);
 }
 
 GptConfig ByteModel() {
@@ -327,6 +327,153 @@ TEST(GenerateTest, HighTemperatureRowsDifferAndRepeatWithTheSeed) {
   auto none = Generate(gpt, {prompt}, o, tensor::Device::Cpu());
   ASSERT_TRUE(none.ok());
   EXPECT_EQ((*none)[0], prompt);
+}
+
+// log softmax of one row of logits, in double.
+std::vector<double> LogProbs(const tensor::Tensor& logits) {
+  const std::vector<float> x = logits.ToVector<float>();
+  double top = *std::max_element(x.begin(), x.end()), sum = 0.0;
+  for (float v : x) sum += std::exp(v - top);
+  std::vector<double> out;
+  for (float v : x) out.push_back(v - top - std::log(sum));
+  return out;
+}
+
+// With as many beams as ids, two steps of beam search keep every first token
+// and rank every pair: the result is the likeliest two-token continuation,
+// found here by running each of the V + 1 contexts alone. Prompts of unequal
+// lengths in one batch, with the cache (rows reordered as beams move) and
+// without.
+TEST(GenerateBeamsTest, AsManyBeamsAsIdsFindTheLikeliestPair) {
+  GptConfig c = ByteModel();
+  c.vocab_size = 8;
+  GPT gpt(c);
+  gpt.Materialize(11);
+  gpt.Train(false);
+  const int64_t V = 8;
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {7}, {4, 0, 6, 5, 2}};
+  std::vector<std::vector<int64_t>> want;
+  for (const std::vector<int64_t>& p : prompts) {
+    auto last = [&](const std::vector<int64_t>& ids) {
+      return LogProbs(gpt.LastLogits(
+          tensor::Tensor::FromData<int64_t>(ids, {1, static_cast<int64_t>(ids.size())})));
+    };
+    const std::vector<double> first = last(p);
+    std::vector<double> sums;  // pair (a, b) at a V + b
+    for (int64_t a = 0; a < V; ++a) {
+      std::vector<int64_t> ids = p;
+      ids.push_back(a);
+      const std::vector<double> second = last(ids);
+      for (int64_t b = 0; b < V; ++b) sums.push_back(first[a] + second[b]);
+    }
+    std::vector<double> sorted = sums;
+    std::sort(sorted.rbegin(), sorted.rend());
+    ASSERT_GT(sorted[0] - sorted[1], 1e-4) << "no clear best pair: pick another seed";
+    const int64_t best = std::max_element(sums.begin(), sums.end()) - sums.begin();
+    std::vector<int64_t> row = p;
+    row.push_back(best / V);
+    row.push_back(best % V);
+    want.push_back(row);
+  }
+  SamplingOptions beams = Greedy(2);
+  beams.num_beams = V;
+  for (bool kv_cache : {true, false}) {
+    beams.kv_cache = kv_cache;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> got =
+        Generate(gpt, prompts, beams, tensor::Device::Cpu());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << (kv_cache ? "cached" : "no cache");
+  }
+}
+
+// Few beams over a nearly uniform model: beams overtake one another, so the
+// cache's rows must follow them (nn::SelectKvCacheRows) for the cached
+// search to give what the forward over the whole context gives.
+TEST(GenerateBeamsTest, TheCacheFollowsTheBeams) {
+  GptConfig c = ByteModel();
+  c.vocab_size = 8;
+  GPT gpt(c);
+  gpt.Materialize(12);
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {7}};
+  SamplingOptions beams = Greedy(8);
+  beams.num_beams = 3;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> cached =
+      Generate(gpt, prompts, beams, tensor::Device::Cpu());
+  beams.kv_cache = false;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> uncached =
+      Generate(gpt, prompts, beams, tensor::Device::Cpu());
+  ASSERT_TRUE(cached.ok() && uncached.ok()) << cached.status();
+  EXPECT_EQ(*cached, *uncached);
+}
+
+// Beams on the memorized cycle, past block_size (the cache left when the
+// context is cropped): the same with the cache and without, a prompt's beams
+// the same in a batch of prompts of unequal lengths as alone, and eos_id
+// ending the hypothesis. Sampled beams repeat with their seed.
+TEST(GenerateBeamsTest, CacheBatchAndEosOnAMemorizedCycle) {
+  GPT gpt(ByteModel());
+  TrainOnCycle(gpt);
+  const std::vector<std::vector<int64_t>> prompts = {
+      {'t', 'h'}, {'u', 'i', 'c', 'k', ' ', 'b', 'r', 'o', 'w', 'n', ' '}, {'f', 'o', 'x'}};
+  const std::vector<size_t> starts = {0, 5, 16};  // where each prompt sits in the cycle
+  SamplingOptions beams = Greedy(14);             // 11 + 14 > block_size 16
+  beams.num_beams = 3;
+  int64_t calls = 0;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> cached =
+      Generate(gpt, prompts, beams, tensor::Device::Cpu(),
+               [&calls](int64_t, absl::Span<const int64_t>) { ++calls; });
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(calls, 0);  // beams are known at the end
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    std::string cycle;
+    for (size_t i = 0; i < prompts[r].size() + 14; ++i) cycle += CycleAt(starts[r] + i);
+    EXPECT_EQ(std::string((*cached)[r].begin(), (*cached)[r].end()), cycle) << "row " << r;
+    absl::StatusOr<std::vector<std::vector<int64_t>>> alone =
+        Generate(gpt, {prompts[r]}, beams, tensor::Device::Cpu());
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ((*alone)[0], (*cached)[r]) << "row " << r;
+  }
+  beams.kv_cache = false;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> uncached =
+      Generate(gpt, prompts, beams, tensor::Device::Cpu());
+  ASSERT_TRUE(uncached.ok());
+  EXPECT_EQ(*uncached, *cached);
+
+  // eos_id ' ': the best hypothesis is the cycle up to its next space.
+  beams.kv_cache = true;
+  beams.eos_id = ' ';
+  absl::StatusOr<std::vector<std::vector<int64_t>>> ended =
+      Generate(gpt, prompts, beams, tensor::Device::Cpu());
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(std::string((*ended)[0].begin(), (*ended)[0].end()), "the ");
+  EXPECT_EQ(std::string((*ended)[1].begin(), (*ended)[1].end()), "uick brown fox ");
+  EXPECT_EQ(std::string((*ended)[2].begin(), (*ended)[2].end()), "fox ");
+  // Rows drawn one token at a time stop there too.
+  SamplingOptions greedy = Greedy(14);
+  greedy.eos_id = ' ';
+  std::vector<std::vector<int64_t>> seen;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> rows = Generate(
+      gpt, prompts, greedy, tensor::Device::Cpu(),
+      [&seen](int64_t, absl::Span<const int64_t> t) { seen.emplace_back(t.begin(), t.end()); });
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, *ended);
+  ASSERT_EQ(seen.size(), 4u);  // the longest row, "uick brown " + "fox ", ends after 4
+  EXPECT_EQ(seen[0], (std::vector<int64_t>{'e', 'f', ' '}));
+  EXPECT_EQ(seen[1], (std::vector<int64_t>{' ', 'o', -1}));
+  EXPECT_EQ(seen[3], (std::vector<int64_t>{-1, ' ', -1}));
+
+  SamplingOptions sampled = beams;
+  sampled.eos_id = -1;
+  sampled.temperature = 1.5;
+  sampled.seed = 3;
+  auto a = Generate(gpt, prompts, sampled, tensor::Device::Cpu());
+  auto b = Generate(gpt, prompts, sampled, tensor::Device::Cpu());
+  sampled.kv_cache = false;
+  auto c = Generate(gpt, prompts, sampled, tensor::Device::Cpu());
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status();
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(*a, *c);
+  for (size_t r = 0; r < prompts.size(); ++r) EXPECT_EQ((*a)[r].size(), prompts[r].size() + 14);
 }
 
 TEST(GenerateTest, BadPromptsAreClearErrors) {

@@ -19,6 +19,8 @@
 // earlier ones (--kv_cache, the default). --prompts_file continues several
 // prompts, one per line, in one batch (--num_samples rows each; shorter
 // prompts are left-padded and masked, generate.h), printed in the file's order.
+// --num_beams > 1 is beam search (Hugging Face's generate(num_beams=K)): one
+// row per prompt, printed when the search ends; --eos_id ends a row.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,7 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "models/common/repetition_flags.h"
+#include "models/common/decoding_flags.h"
 #include "models/common/train_setup.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/mapped_file.h"
@@ -67,6 +69,8 @@ ABSL_FLAG(double, temperature, 0.8, "divides the logits; 0: greedy");
 ABSL_FLAG(int64_t, top_k, 200, "keep the k most likely tokens; 0: all");
 ABSL_FLAG(double, top_p, 1.0, "keep the most likely tokens up to this probability; 1: all");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
+ABSL_FLAG(int64_t, eos_id, -1,
+          "a sample stops after this id (GPT-2's <|endoftext|>: 50256); -1: none");
 ABSL_FLAG(bool, kv_cache, true,
           "keep earlier positions' keys and values (while the sequence fits in block_size)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
@@ -233,9 +237,10 @@ absl::Status Sample() {
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.eos_id = absl::GetFlag(FLAGS_eos_id);
   options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
-  train::RepetitionFromCommandLine(&options);
-  absl::Status valid = options.Validate();
+  train::DecodingFromCommandLine(&options);
+  absl::Status valid = options.Validate(config.vocab_size);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t num_samples = absl::GetFlag(FLAGS_num_samples);
   if (num_samples < 1) {
@@ -260,9 +265,9 @@ absl::Status Sample() {
   pretrained->sources.clear();
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
-  std::fprintf(stderr, "%s from %s | %s | precision %s\n", config.ToString().c_str(),
+  std::fprintf(stderr, "%s from %s | %s | precision %s | %s\n", config.ToString().c_str(),
                pretrained->source.c_str(), device.ToString().c_str(),
-               compute->policy.ToString().c_str());
+               compute->policy.ToString().c_str(), options.Describe().c_str());
   size_t shortest = (*given)[0].size(), longest = shortest;
   for (const std::vector<int64_t>& p : *given) {
     shortest = std::min(shortest, p.size());
@@ -280,10 +285,10 @@ absl::Status Sample() {
     std::fprintf(stderr, "%s\n", lengths.c_str());
   }
 
-  // ---- Generation: one sample streams as it is drawn, several print at the end ----
+  // ---- Generation: one sample streams as it is drawn, several (or beams) print at the end ----
   std::vector<std::vector<int64_t>> prompts;  // each given prompt num_samples times, in order
   for (const std::vector<int64_t>& p : *given) prompts.insert(prompts.end(), num_samples, p);
-  const bool stream = prompts.size() == 1;
+  const bool stream = prompts.size() == 1 && !options.beams();
   if (stream) PrintTokens(prompts[0], *text, *tokenizer);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
@@ -297,11 +302,11 @@ absl::Status Sample() {
     if (!stream) PrintTokens((*rows)[r], *text, *tokenizer);
     std::printf(r + 1 < rows->size() ? "\n---------------\n" : "\n");
   }
-  const int64_t generated = static_cast<int64_t>(prompts.size()) * options.max_new_tokens;
-  std::fprintf(stderr, "generated %lld x %lld tokens in %.0f ms (%.1f tokens/s)\n",
-               static_cast<long long>(prompts.size()),
-               static_cast<long long>(options.max_new_tokens), seconds * 1e3,
-               seconds > 0 ? generated / seconds : 0.0);
+  int64_t generated = 0;  // fewer than rows x max_new_tokens where rows stopped at eos_id
+  for (size_t r = 0; r < rows->size(); ++r) generated += (*rows)[r].size() - prompts[r].size();
+  std::fprintf(stderr, "generated %lld tokens, %lld rows, in %.0f ms (%.1f tokens/s)\n",
+               static_cast<long long>(generated), static_cast<long long>(prompts.size()),
+               seconds * 1e3, seconds > 0 ? generated / seconds : 0.0);
   return absl::OkStatus();
 }
 

@@ -26,7 +26,7 @@ common=(--preset=gpt-nano --data=shipped --steps=4 --seq_len=32 --batch_size=4 -
 "$sample" --checkpoint="$dir/one" --prompt="Light is" --max_new_tokens=40 --seed=7 \
   > "$dir/a.txt" 2> "$dir/a.err"
 grep -q "^gpt-nano(n_layer=3, n_head=3, n_embd=48, vocab_size=256, block_size=128, dropout=0.1) from checkpoint $dir/one/step_000004 (step 4)" "$dir/a.err"
-grep -Eq "^generated 1 x 40 tokens in [0-9]+ ms" "$dir/a.err"
+grep -Eq "^generated 40 tokens, 1 rows, in [0-9]+ ms" "$dir/a.err"
 [[ $(head -c 8 "$dir/a.txt") == "Light is" ]]
 [[ $(wc -c < "$dir/a.txt") == 49 ]]
 # The same seed and step folder (named directly) repeat it; another seed does not.
@@ -67,7 +67,7 @@ printf 'Light is\n\nThe\nColours of bodies\n' > "$dir/prompts.txt"
 "$sample" --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --num_samples=2 \
   --max_new_tokens=20 --temperature=0 > "$dir/batch.txt" 2> "$dir/batch.err"
 grep -q "^3 prompts: 3 to 17 tokens$" "$dir/batch.err"
-grep -Eq "^generated 6 x 20 tokens in" "$dir/batch.err"
+grep -Eq "^generated 120 tokens, 6 rows, in" "$dir/batch.err"
 [[ $(grep -c '^---------------$' "$dir/batch.txt") == 5 ]]
 row=0
 for prompt in "Light is" "Light is" "The" "The" "Colours of bodies" "Colours of bodies"; do
@@ -78,6 +78,28 @@ for prompt in "Light is" "Light is" "The" "The" "Colours of bodies" "Colours of 
   [[ "$got" == "${want%$'\n'}" ]] || { echo "row $row: '$got' is not '$want'"; exit 1; }
 done
 echo "3 prompts of 3, 8 and 17 bytes in one batch: each row as its prompt alone"
+
+# Beam search (3 beams per prompt, Hugging Face's generate for GPT-2) on the
+# same batch: one row per prompt, printed at the end; the same rows with the
+# key/value cache (its rows reordered as beams move) and without; --eos_id
+# ends a hypothesis at that byte.
+"$sample" --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --num_beams=3 \
+  --max_new_tokens=20 --temperature=0 > "$dir/beams.txt" 2> "$dir/beams.err"
+grep -qF "| 3 beams, greedy" "$dir/beams.err"
+grep -Eq "^generated 60 tokens, 3 rows, in" "$dir/beams.err"
+[[ $(grep -c '^---------------$' "$dir/beams.txt") == 2 ]]
+"$sample" --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --num_beams=3 \
+  --max_new_tokens=20 --temperature=0 --nokv_cache 2> /dev/null | cmp - "$dir/beams.txt"
+# This barely trained model writes "e" (101) over and over: with it as the
+# eos, every hypothesis ends at its first "e".
+"$sample" --checkpoint="$dir/one" --prompt_tokens=76,105 --num_beams=3 --max_new_tokens=20 \
+  --temperature=0 --eos_id=101 --print=tokens 2> /dev/null > "$dir/eos.txt"
+grep -Eq '^76 105( [0-9]+)* 101 $' "$dir/eos.txt"
+[[ $(grep -o ' 101 ' "$dir/eos.txt" | wc -l) == 1 ]]
+"$sample" --checkpoint="$dir/one" --prompt="Light is" --num_beams=2 --temperature=0.8 \
+  --max_new_tokens=10 2> "$dir/sampled_beams.err" > /dev/null
+grep -qF "| 2 beams, sampled" "$dir/sampled_beams.err"
+echo "beam search: one row per prompt, the same with the cache and without, eos ends a hypothesis"
 
 # Bad input: exit 2, the message names it.
 expect_error() { exits_2 "$1" "$sample" "${@:2}"; }
@@ -91,6 +113,9 @@ expect_error "--repetition_penalty must be finite and > 0 (1: off), got -1" --ch
 expect_error "--no_repeat_ngram_size must be >= 0 (0: off), got -3" --checkpoint="$dir/one" \
   --no_repeat_ngram_size=-3
 expect_error "--num_samples must be >= 1, got 0" --checkpoint="$dir/one" --num_samples=0
+expect_error "--num_beams=0 must be >= 1" --checkpoint="$dir/one" --num_beams=0
+expect_error "--eos_id=256 is not an id of the vocabulary of 256 (nor -1)" --checkpoint="$dir/one" \
+  --eos_id=256
 expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint="$dir/one" \
   --prompt_tokens=1,300
 expect_error "--prompt is empty" --checkpoint="$dir/one" --prompt=

@@ -29,7 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "models/common/repetition_flags.h"
+#include "models/common/decoding_flags.h"
 #include "models/common/train_setup.h"
 #include "models/t5/generate.h"
 #include "models/t5/model.h"
@@ -53,12 +53,6 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
 ABSL_FLAG(bool, kv_cache, true,
           "keep the decoder's keys and values between steps (false: each step runs the "
           "decoder over the whole sequence)");
-ABSL_FLAG(int64_t, num_beams, 1,
-          "beam search with this many beams per example (sampled with --temperature > 0); 1: none");
-ABSL_FLAG(double, length_penalty, 1.0,
-          "beam search: a finished hypothesis scores its log-probability / length^this");
-ABSL_FLAG(bool, early_stopping, false,
-          "beam search: an example is done once --num_beams hypotheses finished");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 
@@ -116,10 +110,7 @@ absl::Status Run() {
   options.top_p = absl::GetFlag(FLAGS_top_p);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
-  options.num_beams = absl::GetFlag(FLAGS_num_beams);
-  options.length_penalty = absl::GetFlag(FLAGS_length_penalty);
-  options.early_stopping = absl::GetFlag(FLAGS_early_stopping);
-  train::RepetitionFromCommandLine(&options);
+  train::DecodingFromCommandLine(&options);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t pad = absl::GetFlag(FLAGS_pad_id);
@@ -141,18 +132,10 @@ absl::Status Run() {
   nn::ReleaseInitValues(model);
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
-  std::string decoding = options.greedy() ? "greedy" : "sampled";
-  if (options.num_beams > 1) decoding = absl::StrCat(options.num_beams, " beams, ", decoding);
-  if (options.repetition_penalty != 1.0) {
-    absl::StrAppend(&decoding, ", repetition_penalty ", options.repetition_penalty);
-  }
-  if (options.no_repeat_ngram_size > 0) {
-    absl::StrAppend(&decoding, ", no_repeat_ngram_size ", options.no_repeat_ngram_size);
-  }
   std::fprintf(stderr, "model %s from %s | %s | precision %s | %s\n",
                weights->config.ToString().c_str(), weights->source.c_str(),
                compute->device.ToString().c_str(), compute->policy.ToString().c_str(),
-               decoding.c_str());
+               options.Describe().c_str());
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.
   const int64_t B = static_cast<int64_t>(examples->size());

@@ -42,22 +42,7 @@ Tensor Accumulate(const Tensor& acc, const Tensor& g) {
 // ---- DecoderCache ----
 
 void DecoderCache::SelectRows(const std::vector<int64_t>& rows) {
-  const int64_t n = length();
-  for (T5BlockCache& block : blocks) {
-    nn::KvCache& self = block.self;
-    if (!self.k.defined()) continue;
-    const int64_t B = self.k.dim(0);
-    OP_CHECK(static_cast<int64_t>(rows.size()) == B, kOp, rows.size(), " rows for a cache of ", B);
-    Tensor k = Tensor::Empty(self.k.shape(), self.k.dtype(), self.k.device());  // (B, nh, cap, d)
-    Tensor v = Tensor::Empty(self.v.shape(), self.v.dtype(), self.v.device());
-    for (int64_t i = 0; i < B; ++i) {
-      OP_CHECK(rows[i] >= 0 && rows[i] < B, kOp, "row ", rows[i], " of a cache of ", B);
-      k.Narrow(0, i, 1).Narrow(2, 0, n).CopyFrom(self.k.Narrow(0, rows[i], 1).Narrow(2, 0, n));
-      v.Narrow(0, i, 1).Narrow(2, 0, n).CopyFrom(self.v.Narrow(0, rows[i], 1).Narrow(2, 0, n));
-    }
-    self.k = std::move(k);
-    self.v = std::move(v);
-  }
+  for (T5BlockCache& block : blocks) nn::SelectKvCacheRows(block.self, rows, kOp);
 }
 
 // ---- T5Stack ----
