@@ -348,15 +348,27 @@ void SelectKvCacheRows(KvCache& cache, const std::vector<int64_t>& rows, const c
   if (!cache.k.defined()) return;
   const int64_t B = cache.k.dim(0), n = cache.length;
   OP_CHECK(static_cast<int64_t>(rows.size()) == B, op, rows.size(), " rows for a cache of ", B);
-  Tensor k = Tensor::Empty(cache.k.shape(), cache.k.dtype(), cache.k.device());  // (B, nh, cap, hs)
-  Tensor v = Tensor::Empty(cache.v.shape(), cache.v.dtype(), cache.v.device());
+  std::vector<int64_t> moved;  // the rows that continue another row
   for (int64_t i = 0; i < B; ++i) {
     OP_CHECK(rows[i] >= 0 && rows[i] < B, op, "row ", rows[i], " of a cache of ", B);
-    k.Narrow(0, i, 1).Narrow(2, 0, n).CopyFrom(cache.k.Narrow(0, rows[i], 1).Narrow(2, 0, n));
-    v.Narrow(0, i, 1).Narrow(2, 0, n).CopyFrom(cache.v.Narrow(0, rows[i], 1).Narrow(2, 0, n));
+    if (rows[i] != i) moved.push_back(i);
   }
-  cache.k = std::move(k);
-  cache.v = std::move(v);
+  if (moved.empty() || n == 0) return;
+  // In place, through a copy of the positions the moved rows take (their
+  // sources may be moved rows too): the cache keeps its storage, and the
+  // staging copy holds n positions, not the capacity.
+  for (Tensor* t : {&cache.k, &cache.v}) {
+    const Tensor held = t->Narrow(2, 0, n);  // (B, nh, n, hs)
+    tensor::Shape shape = held.shape();
+    shape[0] = static_cast<int64_t>(moved.size());
+    Tensor staged = Tensor::Empty(shape, t->dtype(), t->device());  // (M, nh, n, hs)
+    for (size_t j = 0; j < moved.size(); ++j) {
+      staged.Narrow(0, j, 1).CopyFrom(held.Narrow(0, rows[moved[j]], 1));
+    }
+    for (size_t j = 0; j < moved.size(); ++j) {
+      held.Narrow(0, moved[j], 1).CopyFrom(staged.Narrow(0, j, 1));
+    }
+  }
 }
 
 Tensor SplitHeads(const Tensor& x, int64_t n_heads) {

@@ -247,6 +247,43 @@ TEST(AttentionCoreTest, BadShapesAreClearErrors) {
                tensor::OpError);  // v has T_k rows, k has T_q
 }
 
+// Beam search's reordering: row i takes row rows[i]'s positions, sources
+// repeated or themselves moved ({2, 0, 0, 1}: a chain through staged copies);
+// appends after it land on the new rows; bad rows are named.
+TEST(AttentionCoreTest, SelectKvCacheRowsReordersHeldPositions) {
+  const int64_t B = 4, nh = 2, cap = 6, hs = 3, n = 4;
+  KvCache cache;
+  std::vector<float> values(B * nh * n * hs);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  const Tensor kv = Tensor::FromData<float>(values, {B, nh, n, hs});
+  AppendToKvCache(cache, kv, tensor::Scale(kv, -1.0f), cap, "test");
+  const std::vector<int64_t> rows = {2, 0, 0, 1};
+  SelectKvCacheRows(cache, rows, "test");
+  ASSERT_EQ(cache.length, n);
+  for (int64_t i = 0; i < B; ++i) {
+    const Tensor want = kv.Narrow(0, rows[i], 1);
+    EXPECT_TRUE(tensor::testing::AllClose(cache.k.Narrow(0, i, 1).Narrow(2, 0, n), want, 0, 0))
+        << "row " << i;
+    EXPECT_TRUE(tensor::testing::AllClose(cache.v.Narrow(0, i, 1).Narrow(2, 0, n),
+                                          tensor::Scale(want, -1.0f), 0, 0))
+        << "row " << i;
+  }
+  const Tensor one = Tensor::Full({B, nh, 1, hs}, 7.0f, tensor::Dtype::kF32);
+  AppendToKvCache(cache, one, one, cap, "test");
+  EXPECT_EQ(cache.length, n + 1);
+  EXPECT_TRUE(tensor::testing::AllClose(cache.k.Narrow(2, n, 1), one, 0, 0));
+  for (const auto& [bad, message] : std::vector<std::pair<std::vector<int64_t>, std::string>>{
+           {{0, 1, 2}, "[test] 3 rows for a cache of 4"},
+           {{0, 1, 4, 2}, "[test] row 4 of a cache of 4"}}) {
+    try {
+      SelectKvCacheRows(cache, bad, "test");
+      FAIL() << message;
+    } catch (const tensor::OpError& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
 TEST(AttentionCoreTest, SplitAndMergeHeads) {
   Tensor qkv = RandomTensor({2, 3, 12}, 80);
   Tensor k = SplitHeads(qkv.Narrow(2, 4, 4), 2);  // (2, 2, 3, 2), a view

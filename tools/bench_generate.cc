@@ -5,7 +5,8 @@
 //
 // Per preset: one randomly initialized model (weights do not change the
 // work), --num_samples rows of --max_new_tokens new tokens (temperature 0.8,
-// top-k 200, as minGPT's sample binary's defaults). minGPT continues a
+// top-k 200, as minGPT's sample binary's defaults; or greedy beam search with
+// --num_beams, the rows' beams reordering the cache at each step). minGPT continues a
 // --prompt_len token prompt; T5 encodes a --prompt_len token input and
 // decodes from its start token (no EOS: every row runs to the end). --reps runs of each,
 // interleaved cached / uncached / uncached / cached ..., so slow drifts in machine load hit both
@@ -58,6 +59,9 @@ ABSL_FLAG(int64_t, num_samples, 1, "rows generated together (the batch)");
 ABSL_FLAG(int64_t, prompt_len, 1, "prompt tokens per row (T5: encoder input tokens)");
 ABSL_FLAG(int64_t, max_new_tokens, 128, "new tokens per row");
 ABSL_FLAG(int64_t, reps, 2, "timed runs of each way (interleaved)");
+ABSL_FLAG(int64_t, num_beams, 1,
+          "beam search (greedy beams, as Hugging Face's default) with this many beams per row; "
+          "1: rows sampled");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 ABSL_FLAG(std::string, json_out, "", "also write the JSON array to this file");
@@ -93,13 +97,16 @@ tensor::Tensor EncoderInputs(int64_t B, int64_t P, int64_t V, tensor::Device dev
   return tensor::Tensor::FromData<int64_t>(flat, {B, P}).To(device);
 }
 
-// N new tokens at temperature 0.8 and top-k 200 (minGPT's sample defaults).
+// N new tokens at temperature 0.8 and top-k 200 (minGPT's sample defaults),
+// or by greedy beam search with --num_beams > 1.
 template <typename Options>
 Options SampleOptions(int64_t N) {
   Options options;
   options.max_new_tokens = N;
   options.temperature = 0.8;
   options.top_k = 200;
+  options.num_beams = absl::GetFlag(FLAGS_num_beams);
+  if (options.beams()) options.temperature = 0.0;
   return options;
 }
 
@@ -316,9 +323,10 @@ absl::Status RunFsdp(int world, const std::vector<std::string>& presets,
 absl::Status Run() {
   const int64_t B = absl::GetFlag(FLAGS_num_samples), P = absl::GetFlag(FLAGS_prompt_len);
   const int64_t N = absl::GetFlag(FLAGS_max_new_tokens), reps = absl::GetFlag(FLAGS_reps);
-  if (B < 1 || P < 1 || N < 1 || reps < 1) {
+  const int64_t K = absl::GetFlag(FLAGS_num_beams);
+  if (B < 1 || P < 1 || N < 1 || reps < 1 || K < 1) {
     return absl::InvalidArgumentError(
-        "--num_samples, --prompt_len, --max_new_tokens and --reps must be >= 1");
+        "--num_samples, --prompt_len, --max_new_tokens, --reps and --num_beams must be >= 1");
   }
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
@@ -341,8 +349,9 @@ absl::Status Run() {
   }
   if (world > 0) return RunFsdp(world, presets, *compute, B, P, N, reps);
 
-  std::printf("generation, %lld row(s) x (%lld prompt + %lld new tokens), %s, %s, %lld reps\n",
+  std::printf("generation, %lld row(s) x (%lld prompt + %lld new tokens), %s, %s, %s, %lld reps\n",
               static_cast<long long>(B), static_cast<long long>(P), static_cast<long long>(N),
+              K > 1 ? absl::StrCat(K, " beams per row").c_str() : "sampled",
               device.ToString().c_str(), absl::GetFlag(FLAGS_precision).c_str(),
               static_cast<long long>(reps));
   std::printf("%-12s | %14s %14s | %7s | %s\n", "preset", "cached tok/s", "uncached tok/s", "ratio",
@@ -358,9 +367,10 @@ absl::Status Run() {
     json.push_back(absl::StrCat(
         "{\"preset\":\"", preset, "\",\"device\":\"", device.ToString(), "\",\"precision\":\"",
         absl::GetFlag(FLAGS_precision), "\",\"num_samples\":", B, ",\"prompt_len\":", P,
-        ",\"new_tokens\":", N, ",\"reps\":", reps, ",\"cached_tokens_per_s\":", timed->cached,
-        ",\"uncached_tokens_per_s\":", timed->uncached, ",\"speedup\":",
-        timed->cached / timed->uncached, ",\"same_tokens\":", timed->same ? "true" : "false", "}"));
+        ",\"new_tokens\":", N, ",\"num_beams\":", K, ",\"reps\":", reps,
+        ",\"cached_tokens_per_s\":", timed->cached, ",\"uncached_tokens_per_s\":", timed->uncached,
+        ",\"speedup\":", timed->cached / timed->uncached,
+        ",\"same_tokens\":", timed->same ? "true" : "false", "}"));
   }
   return PrintJson(json);
 }
