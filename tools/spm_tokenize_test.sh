@@ -94,6 +94,12 @@ done
 grep -q "| 3 beams, greedy$" "$dir/beams.log"
 cmp "$dir/beams--kv_cache.txt" "$dir/beams--nokv_cache.txt"
 [[ $(wc -l < "$dir/beams--kv_cache.txt") == 3 ]]
+# --num_return_sequences=2: two lines per example, the best first (the line above).
+"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
+  --eos_id=1 --num_return_sequences=2 > "$dir/beams2.txt" 2> "$dir/beams2.log"
+grep -q "| 3 beams, greedy, 2 returned$" "$dir/beams2.log"
+[[ $(wc -l < "$dir/beams2.txt") == 6 ]]
+awk 'NR % 2 == 1' "$dir/beams2.txt" | cmp - "$dir/beams--kv_cache.txt"
 # Sampled beams: the same ids with the cache and without, for one seed.
 for cache in --kv_cache --nokv_cache; do
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
@@ -140,5 +146,7 @@ exits_2 "--no_repeat_ngram_size must be >= 0 (0: off), got -1" "$generate" --ini
   --input="$dir/ids.txt" --no_repeat_ngram_size=-1
 exits_2 "--num_beams=0 must be >= 1" "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" \
   --num_beams=0
+exits_2 "--num_return_sequences=4 must be in [1, num_beams=3]" "$generate" --init_from="$dir/ck" \
+  --input="$dir/ids.txt" --num_beams=3 --num_return_sequences=4
 exits_2 "--init_from=$dir/none: " "$generate" --init_from="$dir/none" --input="$dir/ids.txt"
 echo PASS

@@ -51,7 +51,9 @@ class Hypotheses {
     return kept_.back().first >= best_sum / std::pow(static_cast<double>(length), length_penalty_);
   }
 
-  const std::vector<int64_t>& best() const { return kept_.front().second; }
+  int64_t size() const { return static_cast<int64_t>(kept_.size()); }
+  // The j-th best (j < size()).
+  const std::vector<int64_t>& at(int64_t j) const { return kept_[j].second; }
 
  private:
   const int64_t num_beams_;
@@ -115,6 +117,15 @@ std::vector<std::pair<double, int64_t>> DrawCandidates(
   return drawn;
 }
 
+// eos_id's score -inf while a row has fewer than min_new_tokens new tokens
+// (n of them now).
+template <typename T>
+void SuppressEarlyEos(absl::Span<T> scores, int64_t n, const Decoding& options) {
+  if (options.eos_id >= 0 && n < options.min_new_tokens) {
+    scores[options.eos_id] = -std::numeric_limits<T>::infinity();
+  }
+}
+
 }  // namespace
 
 absl::Status Decoding::Validate(int64_t vocab_size) const {
@@ -126,8 +137,17 @@ absl::Status Decoding::Validate(int64_t vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "eos_id=", eos_id, " is not an id of the vocabulary of ", vocab_size, " (nor -1)"));
   }
+  if (min_new_tokens < 0 || min_new_tokens > max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_new_tokens=", min_new_tokens, " must be in [0, max_new_tokens=", max_new_tokens, "]"));
+  }
   if (num_beams < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_beams=", num_beams, " must be >= 1"));
+  }
+  if (num_return_sequences < 1 || num_return_sequences > num_beams) {
+    return absl::InvalidArgumentError(absl::StrCat("num_return_sequences=", num_return_sequences,
+                                                   " must be in [1, num_beams=", num_beams,
+                                                   "] (the hypotheses beam search keeps)"));
   }
   if (!std::isfinite(length_penalty)) {
     return absl::InvalidArgumentError(
@@ -139,6 +159,8 @@ absl::Status Decoding::Validate(int64_t vocab_size) const {
 std::string Decoding::Describe() const {
   std::string out = greedy() ? "greedy" : "sampled";
   if (beams()) out = absl::StrCat(num_beams, " beams, ", out);
+  if (num_return_sequences > 1) absl::StrAppend(&out, ", ", num_return_sequences, " returned");
+  if (min_new_tokens > 0) absl::StrAppend(&out, ", min_new_tokens ", min_new_tokens);
   if (repetition_penalty != 1.0) absl::StrAppend(&out, ", repetition_penalty ", repetition_penalty);
   if (no_repeat_ngram_size > 0)
     absl::StrAppend(&out, ", no_repeat_ngram_size ", no_repeat_ngram_size);
@@ -167,6 +189,7 @@ absl::StatusOr<TokenRows> SampleRows(
       const absl::Span<float> logits(last.data() + r * V, V);
       // Repeats of the row's tokens (repetition_penalty, no_repeat_ngram_size).
       if (options.controls_repetition()) ApplyRepetitionControls(logits, rows[r], options);
+      SuppressEarlyEos(logits, n, options);
       absl::StatusOr<int64_t> token =
           SampleFromLogits(logits, options, DrawUniform(options.seed, r, n));
       if (!token.ok()) {
@@ -233,6 +256,7 @@ absl::StatusOr<TokenRows> BeamSearch(NextTokens& model, const TokenRows& prefixe
         if (options.controls_repetition()) {
           ApplyRepetitionControls(absl::MakeSpan(log_p), rows[row], options);
         }
+        SuppressEarlyEos(absl::MakeSpan(log_p), n, options);
         absl::Status warped = WarpScores(absl::MakeSpan(log_p), options);
         if (!warped.ok()) {
           return absl::InternalError(
@@ -296,7 +320,8 @@ absl::StatusOr<TokenRows> BeamSearch(NextTokens& model, const TokenRows& prefixe
     sums = std::move(next_sums);
     if (n + 1 < options.max_new_tokens) model.SelectRows(source);  // for the next step's logits
   }
-  TokenRows out(B);
+  const int64_t n_out = options.num_return_sequences;
+  TokenRows out(B * n_out);  // row b n_out + j: example b's j-th best
   for (int64_t b = 0; b < B; ++b) {
     const size_t prefix = prefixes[b].size();
     if (!done[b]) {  // the running beams compete as they are
@@ -311,7 +336,12 @@ absl::StatusOr<TokenRows> BeamSearch(NextTokens& model, const TokenRows& prefixe
       return absl::InvalidArgumentError(absl::StrCat(
           "example ", b, ": every continuation is excluded (no_repeat_ngram_size leaves none)"));
     }
-    out[b] = finished[b].best();
+    if (finished[b].size() < n_out) {  // dead beams: the exclusions left too few
+      return absl::InvalidArgumentError(absl::StrCat(
+          "example ", b, ": ", finished[b].size(), " hypotheses for num_return_sequences=", n_out,
+          " (top_k, top_p or no_repeat_ngram_size excluded the others)"));
+    }
+    for (int64_t j = 0; j < n_out; ++j) out[b * n_out + j] = finished[b].at(j);
   }
   return out;
 }

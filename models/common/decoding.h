@@ -29,6 +29,9 @@ using TokenRows = std::vector<std::vector<int64_t>>;
 struct Decoding : Sampling {
   int64_t max_new_tokens = 32;
   int64_t eos_id = -1;  // a row stops after drawing it; -1: every row runs max_new_tokens
+  // eos_id is never drawn before a row has this many new tokens (Hugging
+  // Face's min_new_tokens: its score is -inf until then); 0: off.
+  int64_t min_new_tokens = 0;
   // Beam search: num_beams hypotheses per example, as Hugging Face's
   // BeamSearchScorer: each step keeps the best 2 num_beams continuations of
   // all beams by summed log-probability; an eos among the first num_beams
@@ -47,14 +50,18 @@ struct Decoding : Sampling {
   int64_t num_beams = 1;
   double length_penalty = 1.0;
   bool early_stopping = false;
+  // Beam search returns this many of each example's best hypotheses, best
+  // first (Hugging Face's num_return_sequences; at most num_beams).
+  int64_t num_return_sequences = 1;
 
   bool beams() const { return num_beams > 1; }
   // "greedy", "sampled", "3 beams, sampled", ..., then the repetition
   // controls that are on: ", repetition_penalty 1.2, no_repeat_ngram_size 3".
   std::string Describe() const;
   // InvalidArgument naming the field unless max_new_tokens >= 0, eos_id is
-  // an id below vocab_size or -1, num_beams >= 1, length_penalty is finite
-  // and the sampling is valid (Sampling::Validate).
+  // an id below vocab_size or -1, 0 <= min_new_tokens <= max_new_tokens,
+  // num_beams >= 1, 1 <= num_return_sequences <= num_beams, length_penalty
+  // is finite and the sampling is valid (Sampling::Validate).
   absl::Status Validate(int64_t vocab_size) const;
 };
 
@@ -82,11 +89,12 @@ absl::StatusOr<TokenRows> SampleRows(
 
 // Beam search over B examples (`prefixes`: one each): the model's rows are
 // the B num_beams beams, row b num_beams + k example b's beam k (a model made
-// for each prefix repeated num_beams times). Returns each example's best
-// hypothesis: its new tokens, ending with eos_id when it finished there.
+// for each prefix repeated num_beams times). Returns each example's
+// num_return_sequences best hypotheses (row b n + j: example b's j-th best),
+// their new tokens, ending with eos_id where they finished there.
 // InvalidArgument when the exclusions (top_k, top_p, no_repeat_ngram_size)
-// leave an example no continuation before a hypothesis finished, or a
-// greedy beam search has a vocabulary of one id.
+// leave an example fewer hypotheses than it returns, or a greedy beam search
+// has a vocabulary of one id.
 absl::StatusOr<TokenRows> BeamSearch(NextTokens& model, const TokenRows& prefixes,
                                      int64_t vocab_size, const Decoding& options);
 

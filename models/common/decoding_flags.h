@@ -1,9 +1,10 @@
 // The decoding flags both generation binaries take, defined once here (link
 // this library to get them): the repetition controls (--repetition_penalty,
-// --no_repeat_ngram_size) and beam search (--num_beams, --length_penalty,
-// --early_stopping), train::Decoding's fields of the same names. The flags
-// whose defaults differ by model (--max_new_tokens, --temperature, --eos_id,
-// ...) stay each binary's.
+// --no_repeat_ngram_size), --min_new_tokens and beam search (--num_beams,
+// --length_penalty, --early_stopping), train::Decoding's fields of the same
+// names. The flags whose defaults or meaning differ by binary
+// (--max_new_tokens, --temperature, --eos_id, how many rows per input, ...)
+// stay each binary's.
 #ifndef MODELS_COMMON_DECODING_FLAGS_H_
 #define MODELS_COMMON_DECODING_FLAGS_H_
 

@@ -54,16 +54,17 @@ double SumOf(int64_t start, const std::vector<int64_t>& tokens) {
   return sum;
 }
 
-// The best sequence after `start` of at most n tokens by sum / length^lp: the
-// ones ending in eos, and those of n tokens.
-std::vector<int64_t> BestByEnumeration(int64_t start, int64_t n, double lp) {
-  std::vector<int64_t> best;
-  double best_score = -std::numeric_limits<double>::infinity();
+// Every sequence after `start` of at most n tokens, best first by sum /
+// length^lp: the ones ending in eos (after min_new tokens at least), and those
+// of n tokens.
+std::vector<std::vector<int64_t>> RankByEnumeration(int64_t start, int64_t n, double lp,
+                                                    int64_t min_new = 0) {
+  std::vector<std::pair<double, std::vector<int64_t>>> all;
   std::function<void(std::vector<int64_t>&)> visit = [&](std::vector<int64_t>& seq) {
     const bool ended = !seq.empty() && seq.back() == kEos;
+    if (ended && static_cast<int64_t>(seq.size()) <= min_new) return;  // eos too early
     if (ended || static_cast<int64_t>(seq.size()) == n) {
-      const double score = SumOf(start, seq) / std::pow(static_cast<double>(seq.size()), lp);
-      if (score > best_score) best_score = score, best = seq;
+      all.emplace_back(SumOf(start, seq) / std::pow(static_cast<double>(seq.size()), lp), seq);
       return;
     }
     for (int64_t v = 0; v < kV; ++v) {
@@ -74,7 +75,11 @@ std::vector<int64_t> BestByEnumeration(int64_t start, int64_t n, double lp) {
   };
   std::vector<int64_t> seq;
   visit(seq);
-  return best;
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::vector<int64_t>> ranked;
+  for (auto& [score, s] : all) ranked.push_back(s);
+  return ranked;
 }
 
 TEST(BeamSearchTest, EnoughBeamsFindTheBestSequenceByScore) {
@@ -92,7 +97,7 @@ TEST(BeamSearchTest, EnoughBeamsFindTheBestSequenceByScore) {
     absl::StatusOr<TokenRows> got = BeamSearch(model, prefixes, kV, o);
     ASSERT_TRUE(got.ok()) << got.status();
     for (int64_t b = 0; b < 3; ++b) {
-      EXPECT_EQ((*got)[b], BestByEnumeration(b, 3, lp))
+      EXPECT_EQ((*got)[b], RankByEnumeration(b, 3, lp)[0])
           << "length_penalty " << lp << ", start " << b;
     }
     EXPECT_EQ(model.calls, 3);
@@ -104,6 +109,49 @@ TEST(BeamSearchTest, EnoughBeamsFindTheBestSequenceByScore) {
       }
     }
   }
+}
+
+// The same search returning its 5 best, and with min_new_tokens 2 (eos
+// excluded from the first two new tokens): the enumeration's first 5, and
+// its best among the sequences that obey the minimum.
+TEST(BeamSearchTest, ReturnedSequencesAndMinNewTokensFollowTheEnumeration) {
+  Decoding o;
+  o.temperature = 0.0;
+  o.max_new_tokens = 3;
+  o.eos_id = kEos;
+  o.num_beams = 64;
+  o.num_return_sequences = 5;
+  const TokenRows prefixes = {{0}, {2}};
+  Bigram model;
+  absl::StatusOr<TokenRows> got = BeamSearch(model, prefixes, kV, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 10u);
+  for (int64_t b = 0; b < 2; ++b) {
+    const std::vector<std::vector<int64_t>> ranked = RankByEnumeration(prefixes[b][0], 3, 1.0);
+    for (int64_t j = 0; j < 5; ++j) {
+      EXPECT_EQ((*got)[b * 5 + j], ranked[j]) << "example " << b << ", rank " << j;
+    }
+  }
+  // Scored by sum alone (length_penalty 0), eos at once is the best from 1
+  // and from 2; the minimum rules it out.
+  o.num_return_sequences = 1;
+  o.min_new_tokens = 2;
+  o.length_penalty = 0.0;
+  const TokenRows starts = {{1}, {2}};
+  Bigram again;
+  got = BeamSearch(again, starts, kV, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t b = 0; b < 2; ++b) {
+    const std::vector<int64_t> best = RankByEnumeration(starts[b][0], 3, 0.0, 2)[0];
+    EXPECT_EQ((*got)[b], best) << "example " << b;
+    EXPECT_EQ(RankByEnumeration(starts[b][0], 3, 0.0)[0], (std::vector<int64_t>{kEos}));
+  }
+  // Rows drawn one at a time: 2 -> eos is the likeliest, so with the minimum
+  // the row takes 1 (0.33), then 1 -> 1 (0.55).
+  Bigram rows;
+  absl::StatusOr<TokenRows> drawn = SampleRows(rows, {{2}}, kV, o);
+  ASSERT_TRUE(drawn.ok()) << drawn.status();
+  EXPECT_EQ((*drawn)[0], (std::vector<int64_t>{1, 1, 1}));
 }
 
 TEST(BeamSearchTest, OneBeamIsGreedyAndEarlyStoppingStopsAtKHypotheses) {
@@ -168,6 +216,15 @@ TEST(DecodingTest, OptionsAreCheckedByName) {
   o = {};
   o.num_beams = 0;
   EXPECT_EQ(message(o), "num_beams=0 must be >= 1");
+  o = {};
+  o.min_new_tokens = 40;
+  EXPECT_EQ(message(o), "min_new_tokens=40 must be in [0, max_new_tokens=32]");
+  o = {};
+  o.num_beams = 2;
+  o.num_return_sequences = 3;
+  EXPECT_EQ(
+      message(o),
+      "num_return_sequences=3 must be in [1, num_beams=2] (the hypotheses beam search keeps)");
   o = {};
   o.length_penalty = std::nan("");
   EXPECT_EQ(message(o), "length_penalty=nan must be finite");

@@ -114,9 +114,13 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(
     continued = train::BeamSearch(steps, prompts, config.vocab_size, options);
   }
   if (!continued.ok()) return continued.status();
-  Rows rows = prompts;
-  for (int64_t r = 0; r < B; ++r) {
-    rows[r].insert(rows[r].end(), (*continued)[r].begin(), (*continued)[r].end());
+  // Row r continues prompt r / n (n: rows per prompt, beam search's
+  // num_return_sequences).
+  const int64_t n = static_cast<int64_t>(continued->size()) / B;
+  Rows rows;
+  for (int64_t r = 0; r < B * n; ++r) {
+    rows.push_back(prompts[r / n]);
+    rows.back().insert(rows.back().end(), (*continued)[r].begin(), (*continued)[r].end());
   }
   return rows;
 }

@@ -41,7 +41,8 @@ struct SamplingOptions : train::Decoding {
 // options.max_new_tokens tokens (fewer where a row drew eos_id: it ends with
 // it), running `model` in eval mode (no dropout; it is left in eval mode) on
 // `device`, where its parameters are. Returns the B rows, prompt included;
-// with beams, each prompt continued by its best hypothesis. `on_token(n,
+// with beams, each prompt continued by its num_return_sequences best
+// hypotheses (row b n + j: prompt b's j-th best). `on_token(n,
 // tokens)`, when given, is called with the n-th new token of every row (B
 // ids; -1 for a row that ended) as soon as it is drawn; beam search calls it
 // never (its tokens are known at the end).

@@ -63,7 +63,9 @@ ABSL_FLAG(std::string, prompt_tokens, "",
 ABSL_FLAG(std::string, prompts_file, "",
           "a file of prompts, one per line (empty lines skipped; as --prompt each), continued in "
           "one batch, --num_samples rows each; instead of --prompt / --prompt_tokens");
-ABSL_FLAG(int64_t, num_samples, 1, "samples drawn per prompt (one batch)");
+ABSL_FLAG(int64_t, num_samples, 1,
+          "samples drawn per prompt (one batch); with --num_beams, the prompt's best hypotheses "
+          "(at most --num_beams)");
 ABSL_FLAG(int64_t, max_new_tokens, 256, "tokens generated per sample");
 ABSL_FLAG(double, temperature, 0.8, "divides the logits; 0: greedy");
 ABSL_FLAG(int64_t, top_k, 200, "keep the k most likely tokens; 0: all");
@@ -247,6 +249,14 @@ absl::Status Sample() {
     return absl::InvalidArgumentError(
         absl::StrCat("--num_samples must be >= 1, got ", num_samples));
   }
+  if (options.beams()) {  // a prompt's samples: its best hypotheses
+    if (num_samples > options.num_beams) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--num_samples=", num_samples, " with beam search must be <= --num_beams=",
+                       options.num_beams, " (a prompt's samples are its best hypotheses)"));
+    }
+    options.num_return_sequences = num_samples;
+  }
   absl::StatusOr<std::optional<data::Gpt2Tokenizer>> tokenizer = LoadTokenizer(*pretrained);
   if (!tokenizer.ok()) return tokenizer.status();
   absl::StatusOr<std::vector<std::vector<int64_t>>> given = Prompts(config, *tokenizer);
@@ -286,8 +296,12 @@ absl::Status Sample() {
   }
 
   // ---- Generation: one sample streams as it is drawn, several (or beams) print at the end ----
-  std::vector<std::vector<int64_t>> prompts;  // each given prompt num_samples times, in order
-  for (const std::vector<int64_t>& p : *given) prompts.insert(prompts.end(), num_samples, p);
+  // Each given prompt num_samples times, in order (beam search: once; its
+  // num_samples best hypotheses come back in the same order).
+  std::vector<std::vector<int64_t>> prompts;
+  for (const std::vector<int64_t>& p : *given) {
+    prompts.insert(prompts.end(), options.beams() ? 1 : num_samples, p);
+  }
   const bool stream = prompts.size() == 1 && !options.beams();
   if (stream) PrintTokens(prompts[0], *text, *tokenizer);
   const auto start = std::chrono::steady_clock::now();
@@ -303,9 +317,12 @@ absl::Status Sample() {
     std::printf(r + 1 < rows->size() ? "\n---------------\n" : "\n");
   }
   int64_t generated = 0;  // fewer than rows x max_new_tokens where rows stopped at eos_id
-  for (size_t r = 0; r < rows->size(); ++r) generated += (*rows)[r].size() - prompts[r].size();
+  const size_t per_prompt = rows->size() / prompts.size();
+  for (size_t r = 0; r < rows->size(); ++r) {
+    generated += (*rows)[r].size() - prompts[r / per_prompt].size();
+  }
   std::fprintf(stderr, "generated %lld tokens, %lld rows, in %.0f ms (%.1f tokens/s)\n",
-               static_cast<long long>(generated), static_cast<long long>(prompts.size()),
+               static_cast<long long>(generated), static_cast<long long>(rows->size()),
                seconds * 1e3, seconds > 0 ? generated / seconds : 0.0);
   return absl::OkStatus();
 }

@@ -96,6 +96,17 @@ grep -Eq "^generated 60 tokens, 3 rows, in" "$dir/beams.err"
   --temperature=0 --eos_id=101 --print=tokens 2> /dev/null > "$dir/eos.txt"
 grep -Eq '^76 105( [0-9]+)* 101 $' "$dir/eos.txt"
 [[ $(grep -o ' 101 ' "$dir/eos.txt" | wc -l) == 1 ]]
+# --num_samples=2 with beams: each prompt's 2 best hypotheses, the best first
+# (the 1-sample run's row).
+"$sample" --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --num_beams=3 --num_samples=2 \
+  --max_new_tokens=20 --temperature=0 > "$dir/beams2.txt" 2> "$dir/beams2.err"
+grep -qF "| 3 beams, greedy, 2 returned" "$dir/beams2.err"
+[[ $(grep -c '^---------------$' "$dir/beams2.txt") == 5 ]]
+for p in 1 2 3; do
+  got=$(awk -v n=$((2 * p - 1)) 'BEGIN { RS = "\n---------------\n" } NR == n { print $0 }' "$dir/beams2.txt")
+  want=$(awk -v n=$p 'BEGIN { RS = "\n---------------\n" } NR == n { print $0 }' "$dir/beams.txt")
+  [[ "$got" == "$want" ]] || { echo "prompt $p: best of 2 '$got' is not '$want'"; exit 1; }
+done
 "$sample" --checkpoint="$dir/one" --prompt="Light is" --num_beams=2 --temperature=0.8 \
   --max_new_tokens=10 2> "$dir/sampled_beams.err" > /dev/null
 grep -qF "| 2 beams, sampled" "$dir/sampled_beams.err"
@@ -114,6 +125,10 @@ expect_error "--no_repeat_ngram_size must be >= 0 (0: off), got -3" --checkpoint
   --no_repeat_ngram_size=-3
 expect_error "--num_samples must be >= 1, got 0" --checkpoint="$dir/one" --num_samples=0
 expect_error "--num_beams=0 must be >= 1" --checkpoint="$dir/one" --num_beams=0
+expect_error "--num_samples=4 with beam search must be <= --num_beams=3" --checkpoint="$dir/one" \
+  --num_beams=3 --num_samples=4
+expect_error "--min_new_tokens=300 must be in [0, max_new_tokens=256]" --checkpoint="$dir/one" \
+  --min_new_tokens=300
 expect_error "--eos_id=256 is not an id of the vocabulary of 256 (nor -1)" --checkpoint="$dir/one" \
   --eos_id=256
 expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint="$dir/one" \

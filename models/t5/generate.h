@@ -41,7 +41,8 @@ struct GenerateOptions : train::Decoding {
 };
 
 // Each row's new tokens (without decoder_start_id; ending with eos_id when it
-// was produced); with beams, each example's best hypothesis. encoder_inputs and encoder_mask (B, S)
+// was produced); with beams, each example's num_return_sequences best
+// hypotheses (row b n + j: example b's j-th best). encoder_inputs and encoder_mask (B, S)
 // as T5Model::ForwardBackward takes them (the mask may be undefined), on the model's device, whose
 // parameters are whole. The model runs in eval mode and is left in it.
 absl::StatusOr<std::vector<std::vector<int64_t>>> Generate(T5Model& model,

@@ -10,7 +10,8 @@
 // --output_lines writes them from text with T5's SentencePiece model, and
 // --decode_lines turns the output back into text). The examples run in one
 // batch (shorter ones padded with --pad_id and masked); each line of stdout
-// is one example's new tokens. What was loaded and the speed go to stderr.
+// is one example's new tokens (--num_return_sequences lines each with beams,
+// best first). What was loaded and the speed go to stderr.
 // Exit 2 on bad flags or input (named).
 #include <chrono>
 #include <cstdio>
@@ -53,6 +54,9 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the draws");
 ABSL_FLAG(bool, kv_cache, true,
           "keep the decoder's keys and values between steps (false: each step runs the "
           "decoder over the whole sequence)");
+ABSL_FLAG(int64_t, num_return_sequences, 1,
+          "beam search: this many of each example's best hypotheses, best first, a line each "
+          "(at most --num_beams)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, precision, "fp32", "fp32, bf16 or fp16 compute");
 
@@ -111,6 +115,7 @@ absl::Status Run() {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.kv_cache = absl::GetFlag(FLAGS_kv_cache);
   train::DecodingFromCommandLine(&options);
+  options.num_return_sequences = absl::GetFlag(FLAGS_num_return_sequences);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
   const int64_t pad = absl::GetFlag(FLAGS_pad_id);
