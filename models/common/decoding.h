@@ -55,8 +55,9 @@ struct Decoding : Sampling {
   int64_t num_return_sequences = 1;
 
   bool beams() const { return num_beams > 1; }
-  // "greedy", "sampled", "3 beams, sampled", ..., then the repetition
-  // controls that are on: ", repetition_penalty 1.2, no_repeat_ngram_size 3".
+  // "greedy", "sampled", "3 beams, sampled", ..., then what is on of
+  // ", 2 returned", ", min_new_tokens 5", ", repetition_penalty 1.2",
+  // ", no_repeat_ngram_size 3", in that order.
   std::string Describe() const;
   // InvalidArgument naming the field unless max_new_tokens >= 0, eos_id is
   // an id below vocab_size or -1, 0 <= min_new_tokens <= max_new_tokens,

@@ -3,13 +3,15 @@
 // whose logits rows the GPU lays out 64-aligned (11 and 67 columns in rows of
 // 64 and 128: the LM head's align_output_rows) and one that needs no padding
 // (64), in f32 and with a loss scale (the gradient scaled in the padded rows);
-// cached decoding (generation) gives the CPU's logits.
+// cached decoding (generation) gives the CPU's logits, and beam search (the
+// cache's rows reordered on the device) the CPU's tokens.
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
@@ -143,6 +145,27 @@ TEST(GptCudaTest, LeftPaddedDecodingMatchesEachRowAloneOnTheCpu) {
       }
     }
   }
+}
+
+// Beam search on the GPU: prompts of unequal lengths, the key/value cache's
+// rows reordered on the device as beams move (nn::SelectKvCacheRows), and
+// past block_size: the CPU's tokens.
+TEST(GptCudaTest, BeamSearchMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  EvalPair models(64);
+  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 3}, {60}};
+  SamplingOptions beams;
+  beams.temperature = 0.0;
+  beams.max_new_tokens = 8;  // 3 + 8 > block_size 9
+  beams.num_beams = 3;
+  beams.num_return_sequences = 2;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> cpu =
+      Generate(models.cpu, prompts, beams, Device::Cpu());
+  absl::StatusOr<std::vector<std::vector<int64_t>>> gpu =
+      Generate(models.gpu, prompts, beams, Device::Cuda(0));
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << gpu.status();
+  EXPECT_EQ(*gpu, *cpu);
+  ASSERT_EQ(gpu->size(), 4u);
 }
 
 }  // namespace
