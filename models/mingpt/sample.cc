@@ -19,8 +19,9 @@
 // earlier ones (--kv_cache, the default). --prompts_file continues several
 // prompts, one per line, in one batch (--num_samples rows each; shorter
 // prompts are left-padded and masked, generate.h), printed in the file's order.
-// --num_beams > 1 is beam search (Hugging Face's generate(num_beams=K)): one
-// row per prompt, printed when the search ends; --eos_id ends a row.
+// --num_beams > 1 is beam search (Hugging Face's generate(num_beams=K)): each
+// prompt's --num_samples best hypotheses, printed when the search ends;
+// --eos_id ends a row, not before --min_new_tokens.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
