@@ -62,6 +62,12 @@ class Hypotheses {
   std::vector<std::pair<double, std::vector<int64_t>>> kept_;  // best first
 };
 
+// The order continuations (summed score, index) are ranked in: the higher
+// score first, then the lower index.
+bool Better(const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& c) {
+  return a.first > c.first || (a.first == c.first && a.second < c.second);
+}
+
 // Draws up to `count` of `candidates` (summed score, index; in index order)
 // without replacement, each with probability softmax(score) among those not
 // drawn yet (torch.multinomial's draws; the j-th takes the candidate where
@@ -74,9 +80,6 @@ class Hypotheses {
 std::vector<std::pair<double, int64_t>> DrawCandidates(
     std::vector<std::pair<double, int64_t>> candidates, int64_t count, uint64_t seed,
     int64_t example, uint64_t first) {
-  const auto better = [](const auto& a, const auto& c) {
-    return a.first > c.first || (a.first == c.first && a.second < c.second);
-  };
   candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                   [](const auto& c) { return !std::isfinite(c.first); }),
                    candidates.end());
@@ -107,13 +110,13 @@ std::vector<std::pair<double, int64_t>> DrawCandidates(
       }
     } else {  // none left with a weight: the best left
       for (int64_t i = 0; i < n; ++i) {
-        if (!taken[i] && (pick < 0 || better(candidates[i], candidates[pick]))) pick = i;
+        if (!taken[i] && (pick < 0 || Better(candidates[i], candidates[pick]))) pick = i;
       }
     }
     taken[pick] = true;
     drawn.push_back(candidates[pick]);
   }
-  std::sort(drawn.begin(), drawn.end(), better);
+  std::sort(drawn.begin(), drawn.end(), Better);
   return drawn;
 }
 
@@ -266,10 +269,7 @@ absl::StatusOr<TokenRows> BeamSearch(NextTokens& model, const TokenRows& prefixe
       }
       int64_t top = std::min<int64_t>(2 * K, K * V);
       if (options.greedy()) {
-        std::partial_sort(candidates.begin(), candidates.begin() + top, candidates.end(),
-                          [](const auto& a, const auto& c) {
-                            return a.first > c.first || (a.first == c.first && a.second < c.second);
-                          });
+        std::partial_sort(candidates.begin(), candidates.begin() + top, candidates.end(), Better);
       } else {
         candidates = DrawCandidates(std::move(candidates), 2 * K, options.seed, b,
                                     static_cast<uint64_t>(n * 2 * K));

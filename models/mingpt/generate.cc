@@ -22,11 +22,12 @@ class GptSteps : public train::NextTokens {
  public:
   GptSteps(GPT& model, const Rows& prompts, bool kv_cache, tensor::Device device)
       : model_(model), kv_cache_(kv_cache), device_(device), pad_(prompts.size()) {
+    int64_t longest = 0;
     for (const std::vector<int64_t>& p : prompts) {
-      longest_ = std::max(longest_, static_cast<int64_t>(p.size()));
+      longest = std::max(longest, static_cast<int64_t>(p.size()));
     }
     for (size_t r = 0; r < prompts.size(); ++r) {
-      pad_[r] = longest_ - static_cast<int64_t>(prompts[r].size());
+      pad_[r] = longest - static_cast<int64_t>(prompts[r].size());
       padded_ = padded_ || pad_[r] > 0;
     }
   }
@@ -72,7 +73,6 @@ class GptSteps : public train::NextTokens {
   GPT& model_;
   const bool kv_cache_;
   const tensor::Device device_;
-  int64_t longest_ = 0;
   std::vector<int64_t> pad_;
   bool padded_ = false;
   std::vector<nn::KvCache> caches_;  // per block, while the sequence fits in block_size

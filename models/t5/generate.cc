@@ -2,13 +2,9 @@
 // sampled rows, or beam search.
 #include "models/t5/generate.h"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/types/span.h"
 
 namespace t5 {
 namespace {
