@@ -99,8 +99,8 @@ Tensors BatchNorm1d::Backward(const Tensors& grad_outputs, Context& ctx) {
   const tensor::BatchNormGrads grads =
       tensor::BatchNormBackward(g_in.To(Dtype::kF32), sv.x, w, sv.mean, sv.rstd, sv.batch_stats);
   if (weight_ != nullptr) {
-    tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
-    tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
+    if (weight_->requires_grad) tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
+    if (bias_->requires_grad) tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
   }
   return {grads.grad_x.To(sv.input_dtype)};
 }

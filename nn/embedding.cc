@@ -35,10 +35,13 @@ Tensors Embedding::Forward(const Tensors& inputs, Context& ctx) {
 
 Tensors Embedding::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
-  // f32 (V, dim) += rows of grad (..., dim), in any floating dtype. Forward
-  // checked these ids against V: a GPU does not wait to check them again.
-  tensor::EmbeddingBackwardAccumulate(grad_outputs.at(0), s.ids, weight_->GradBuffer(),
-                                      /*ids_checked=*/true);
+  // f32 (V, dim) += rows of grad (..., dim), in any floating dtype (a frozen
+  // table: nothing). Forward checked these ids against V: a GPU does not wait
+  // to check them again.
+  if (weight_->requires_grad) {
+    tensor::EmbeddingBackwardAccumulate(grad_outputs.at(0), s.ids, weight_->GradBuffer(),
+                                        /*ids_checked=*/true);
+  }
   return {Tensor()};
 }
 

@@ -48,8 +48,12 @@ Tensor LayerNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s)
   // An f32 weight makes the op return f32 parameter gradients.
   const Tensor w32 = weight_ != nullptr ? weight_->value.To(Dtype::kF32) : Tensor();
   tensor::LayerNormGrads grads = tensor::LayerNormBackward(g, s.x, w32, s.mean, s.rstd, add);
-  if (weight_ != nullptr) tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
-  if (bias_ != nullptr) tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
+  if (weight_ != nullptr && weight_->requires_grad) {
+    tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
+  }
+  if (bias_ != nullptr && bias_->requires_grad) {
+    tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
+  }
   return grads.grad_x;
 }
 

@@ -101,9 +101,15 @@ Tensors Linear::RunGelu(const Tensor& x_in, Context& ctx) {
 Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
   const Tensor& w = weight_->value;
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
-  // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32.
-  tensor::LinearParamGradsInto(g, s.x, weight_->GradBuffer(),
-                               bias_ != nullptr ? bias_->GradBuffer() : Tensor());
+  const bool bias_grad = bias_ != nullptr && bias_->requires_grad;
+  // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32; frozen
+  // parameters get none.
+  if (weight_->requires_grad) {
+    tensor::LinearParamGradsInto(g, s.x, weight_->GradBuffer(),
+                                 bias_grad ? bias_->GradBuffer() : Tensor());
+  } else if (bias_grad) {
+    tensor::AddBiasBackwardInto(g, bias_->GradBuffer());
+  }
   return g;
 }
 

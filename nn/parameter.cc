@@ -85,6 +85,8 @@ void TensorInitSource::Read(int64_t begin, tensor::Tensor& out) const {
 }
 
 tensor::Tensor& Parameter::GradBuffer() {
+  OP_CHECK(requires_grad, "parameter", "a gradient was asked of a frozen parameter ",
+           shape.ToString(), " (requires_grad is false)");
   if (!grad.defined()) {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
     grad = tensor::Tensor::Zeros(shape, tensor::Dtype::kF32,

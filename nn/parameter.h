@@ -82,6 +82,11 @@ struct Parameter {
   InitSpec init;
   // AdamW/SGD apply weight decay (false for biases, norms and embeddings by default).
   bool weight_decay = true;
+  // PyTorch's requires_grad. A frozen parameter (false) is read by the forward
+  // and backward as any other, but no backward computes its gradient (grad
+  // stays undefined), the optimizers never see it, and the data-parallel
+  // wrappers communicate nothing for it (nn::FreezeParameters sets it by name).
+  bool requires_grad = true;
   // What layers compute with: the fp32 master, a low-precision copy, or a view
   // into an FSDP unit's unsharded flat parameter. Undefined while sharded or
   // before materialization.
@@ -92,6 +97,8 @@ struct Parameter {
 
   int64_t numel() const { return shape.numel(); }
   // The gradient, allocated as fp32 zeros (category: gradients) if undefined.
+  // Throws tensor::OpError for a frozen parameter: a layer's backward must not
+  // compute a gradient nobody asked for.
   tensor::Tensor& GradBuffer();
 };
 

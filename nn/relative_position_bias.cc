@@ -160,6 +160,7 @@ Tensors RelativePositionBias::Backward(const Tensors& grad_outputs, Context& ctx
   OP_CHECK(g.defined() && g.shape() == expected, kOp, "grad ",
            g.defined() ? g.shape().ToString() : "undefined", " does not match the bias ",
            expected.ToString());
+  if (!weight_->requires_grad) return {Tensor()};  // frozen: no gradient to compute
   // (1, nh, T_q, T_k) -> (T_q, T_k, nh) rows, summed into the table rows by bucket.
   const Tensor rows = g.Select(0, 0).Transpose(0, 1).Transpose(1, 2).Contiguous();
   // The forward's lookup checked the buckets: a GPU does not wait to check again.

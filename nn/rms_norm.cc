@@ -34,7 +34,7 @@ Tensor RMSNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
   // An f32 weight makes the op return an f32 weight gradient.
   tensor::RmsNormGrads grads =
       tensor::RmsNormBackward(g, s.x, weight_->value.To(Dtype::kF32), s.rstd, add);
-  tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
+  if (weight_->requires_grad) tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
   return grads.grad_x;
 }
 

@@ -94,7 +94,7 @@ void AdamW::UpdateAll(const std::vector<Updating>& params) {
                                         s.beta2,        s.one_minus_beta2,
                                         s.bias_correction2_sqrt, s.neg_step_size, s.eps};
     std::vector<tensor::cuda::AdamWSegment>& segments = on_gpu[ref.param.device().index];
-    ForEachDecaySegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool d) {
+    ForEachDecaySegment(ref, [&](int64_t b, int64_t e, bool d) {
       segments.push_back({ref.param, ref.grad, u.state->buffers[0], u.state->buffers[1], b, e, cs,
                           d && any_decay});
     });
@@ -113,7 +113,7 @@ void AdamW::Update(const ParamRef& ref, ParamState& state) {
   const float* g = ref.grad.data<float>();
   float* m = state.buffers[0].data<float>();
   float* v = state.buffers[1].data<float>();
-  ForEachSegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool decay) {
+  ForEachSegment(ref, [&](int64_t b, int64_t e, bool decay) {
     if (decay && any_decay) {
       AdamWKernel<true>(p + b, g + b, m + b, v + b, e - b, s);
     } else {

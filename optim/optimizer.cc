@@ -281,8 +281,54 @@ absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<Para
   return absl::OkStatus();
 }
 
-void Optimizer::ForEachDecaySegment(int64_t numel, const ElementRanges& decay_ranges,
+namespace {
+
+// [0, numel) less `frozen` (sorted, disjoint), as runs in order.
+ElementRanges TrainableRuns(int64_t numel, const ElementRanges& frozen) {
+  ElementRanges runs;
+  int64_t pos = 0;
+  for (const auto& [b, e] : frozen) {
+    if (b > pos) runs.emplace_back(pos, b);
+    pos = std::max(pos, e);
+  }
+  if (pos < numel) runs.emplace_back(pos, numel);
+  return runs;
+}
+
+// Calls each(lo, hi, decay_ranges of [lo, hi) shifted to start at 0) for every
+// run of `ref` that trains.
+template <typename Each>
+void ForEachTrainableRun(const ParamRef& ref, const Each& each) {
+  const int64_t numel = ref.param.numel();
+  if (ref.frozen_ranges.empty()) {
+    each(0, numel, ref.decay_ranges);
+    return;
+  }
+  for (const auto& [lo, hi] : TrainableRuns(numel, ref.frozen_ranges)) {
+    each(lo, hi, SliceRanges(ref.decay_ranges, lo, hi));
+  }
+}
+
+}  // namespace
+
+void Optimizer::ForEachDecaySegment(const ParamRef& ref,
                                     const std::function<void(int64_t, int64_t, bool)>& fn) {
+  ForEachTrainableRun(ref, [&](int64_t lo, int64_t hi, const ElementRanges& decay_ranges) {
+    DecaySegmentsInOrder(hi - lo, decay_ranges,
+                         [&](int64_t b, int64_t e, bool d) { fn(lo + b, lo + e, d); });
+  });
+}
+
+void Optimizer::ForEachSegment(const ParamRef& ref,
+                               const std::function<void(int64_t, int64_t, bool)>& fn) {
+  ForEachTrainableRun(ref, [&](int64_t lo, int64_t hi, const ElementRanges& decay_ranges) {
+    DecaySegmentsInParallel(hi - lo, decay_ranges,
+                            [&](int64_t b, int64_t e, bool d) { fn(lo + b, lo + e, d); });
+  });
+}
+
+void Optimizer::DecaySegmentsInOrder(int64_t numel, const ElementRanges& decay_ranges,
+                                     const std::function<void(int64_t, int64_t, bool)>& fn) {
   int64_t pos = 0;
   for (const auto& [b, e] : decay_ranges) {
     if (b > pos) fn(pos, std::min(b, numel), false);
@@ -292,8 +338,8 @@ void Optimizer::ForEachDecaySegment(int64_t numel, const ElementRanges& decay_ra
   if (pos < numel) fn(pos, numel, false);
 }
 
-void Optimizer::ForEachSegment(int64_t numel, const ElementRanges& decay_ranges,
-                               const std::function<void(int64_t, int64_t, bool)>& fn) {
+void Optimizer::DecaySegmentsInParallel(int64_t numel, const ElementRanges& decay_ranges,
+                                        const std::function<void(int64_t, int64_t, bool)>& fn) {
   tensor::ParallelFor(numel, kGrain, [&](int64_t begin, int64_t end) {
     // The first range that ends after `begin` (ends are sorted as ranges are disjoint).
     auto it = std::partition_point(decay_ranges.begin(), decay_ranges.end(),

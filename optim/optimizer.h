@@ -103,17 +103,24 @@ class Optimizer {
   };
   virtual void UpdateAll(const std::vector<Updating>& params);
 
-  // Runs fn(begin, end, decay) over [0, numel) in parallel chunks
-  // (tensor::ParallelFor), each chunk split where `decay_ranges` (sorted,
-  // disjoint) begin and end; decay tells whether [begin, end) lies in a range.
-  // The same segments in order on this thread, whole (for device kernels,
-  // which parallelize a segment themselves).
-  static void ForEachDecaySegment(int64_t numel, const ElementRanges& decay_ranges,
+  // The elements of `ref` an update touches: [0, numel) less its frozen
+  // ranges, split where its decay ranges begin and end; fn(begin, end, decay)
+  // tells whether [begin, end) is decayed.
+  // ForEachSegment: in parallel chunks (tensor::ParallelFor), each split again.
+  // ForEachDecaySegment: the segments in order on this thread, whole (for
+  // device kernels, which parallelize a segment themselves).
+  static void ForEachDecaySegment(const ParamRef& ref,
                                   const std::function<void(int64_t, int64_t, bool)>& fn);
-  static void ForEachSegment(int64_t numel, const ElementRanges& decay_ranges,
+  static void ForEachSegment(const ParamRef& ref,
                              const std::function<void(int64_t, int64_t, bool)>& fn);
 
  private:
+  // ForEachDecaySegment / ForEachSegment over [0, numel) and its decay ranges.
+  static void DecaySegmentsInOrder(int64_t numel, const ElementRanges& decay_ranges,
+                                   const std::function<void(int64_t, int64_t, bool)>& fn);
+  static void DecaySegmentsInParallel(int64_t numel, const ElementRanges& decay_ranges,
+                                      const std::function<void(int64_t, int64_t, bool)>& fn);
+
   absl::Status Load(const NamedTensors& tensors, const std::vector<ParamRef>* params,
                     bool adopt = false);
 

@@ -21,7 +21,7 @@ ParamRef MakeParamRef(std::string name, Tensor param, Tensor grad, bool decay) {
 std::vector<ParamRef> FromModule(nn::Module& module) {
   std::vector<ParamRef> refs;
   for (auto& [name, p] : module.NamedParameters()) {
-    if (!p->value.defined() || !p->grad.defined()) continue;
+    if (!p->requires_grad || !p->value.defined() || !p->grad.defined()) continue;
     refs.push_back(MakeParamRef(name, p->value, p->grad, p->weight_decay));
   }
   return refs;
@@ -54,14 +54,14 @@ void CheckOne(const char* op, const ParamRef& ref) {
            " differ in shape");
   OP_CHECK(ref.param.is_contiguous() && ref.grad.is_contiguous(), op, "parameter '", n,
            "': param and grad must be contiguous");
-  int64_t last_end = 0;
-  for (const auto& [b, e] : ref.decay_ranges) {
-    OP_CHECK(b >= last_end && b < e && e <= ref.param.numel(), op, "parameter '", n,
-             "': decay range [", b, ", ", e,
-             ") is empty, out of order, overlapping or "
-             "outside [0, ",
-             ref.param.numel(), ")");
-    last_end = e;
+  for (const auto* ranges : {&ref.decay_ranges, &ref.frozen_ranges}) {
+    int64_t last_end = 0;
+    for (const auto& [b, e] : *ranges) {
+      OP_CHECK(b >= last_end && b < e && e <= ref.param.numel(), op, "parameter '", n, "': ",
+               ranges == &ref.decay_ranges ? "decay" : "frozen", " range [", b, ", ", e,
+               ") is empty, out of order, overlapping or outside [0, ", ref.param.numel(), ")");
+      last_end = e;
+    }
   }
 }
 

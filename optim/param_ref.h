@@ -29,6 +29,11 @@ struct ParamRef {
   // Where weight decay applies: sorted, disjoint, non-empty ranges within
   // [0, param.numel()). Elements outside get no decay.
   ElementRanges decay_ranges;
+  // Elements of frozen parameters (nn::Parameter::requires_grad false) inside
+  // a flat buffer that also holds trainable ones (an FSDP unit's shard): the
+  // optimizer leaves them, and their state, as they are (no update, no weight
+  // decay). Sorted, disjoint, non-empty ranges within [0, param.numel()).
+  ElementRanges frozen_ranges;
 };
 
 // A ref over a whole tensor, decayed everywhere (decay = true) or nowhere.
@@ -36,7 +41,7 @@ ParamRef MakeParamRef(std::string name, tensor::Tensor param, tensor::Tensor gra
 
 // One ref per parameter of `module`, named as NamedParameters() names it, with
 // decay over the whole parameter iff Parameter::weight_decay. Parameters
-// without a value or without a gradient are skipped. The refs share the
+// without a value or without a gradient, and frozen ones, are skipped. The refs share the
 // parameters' tensors (no copy).
 std::vector<ParamRef> FromModule(nn::Module& module);
 
@@ -46,8 +51,8 @@ ElementRanges SliceRanges(const ElementRanges& ranges, int64_t begin, int64_t en
 
 // Throws tensor::OpError ("[op] ...", naming the ref) unless every ref is
 // valid: param and grad defined, fp32, CPU, contiguous and of the same shape;
-// decay ranges sorted, disjoint, non-empty and within the parameter; names
-// unique among `refs`.
+// decay and frozen ranges sorted, disjoint, non-empty and within the
+// parameter; names unique among `refs`.
 void CheckParamRefs(const char* op, const std::vector<ParamRef>& refs);
 
 }  // namespace optim

@@ -58,6 +58,11 @@ TEST(ParamRefTest, FromModuleNamesDecayAndSharing) {
   EXPECT_EQ(refs[0].param.raw_data(), params[1].second->value.raw_data());
   EXPECT_EQ(refs[0].grad.raw_data(), params[1].second->grad.raw_data());
   EXPECT_NO_THROW(CheckParamRefs("test", refs));
+  // A frozen parameter is not the optimizer's, even with a gradient left over.
+  params[1].second->requires_grad = false;
+  refs = FromModule(net);
+  ASSERT_EQ(refs.size(), 1u);
+  EXPECT_EQ(refs[0].name, "leaf.bias");
 }
 
 TEST(ParamRefTest, SliceRanges) {

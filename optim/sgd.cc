@@ -86,7 +86,7 @@ void SGD::Update(const ParamRef& ref, ParamState& state) {
   if (ref.param.device().is_cuda()) {
     const tensor::cuda::SgdScalars cs{s.lr, s.weight_decay, s.momentum, s.one_minus_dampening};
     const tensor::Tensor buf = momentum ? state.buffers[0] : tensor::Tensor();
-    ForEachDecaySegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool d) {
+    ForEachDecaySegment(ref, [&](int64_t b, int64_t e, bool d) {
       tensor::cuda::SgdFlags flags;
       flags.decay = d && any_decay;
       flags.momentum = momentum;
@@ -101,7 +101,7 @@ void SGD::Update(const ParamRef& ref, ParamState& state) {
   float* p = ref.param.data<float>();
   const float* g = ref.grad.data<float>();
   float* buf = momentum ? state.buffers[0].data<float>() : nullptr;
-  ForEachSegment(ref.param.numel(), ref.decay_ranges, [&](int64_t b, int64_t e, bool decay) {
+  ForEachSegment(ref, [&](int64_t b, int64_t e, bool decay) {
     (decay && any_decay ? decayed : plain)(p + b, g + b, buf == nullptr ? nullptr : buf + b, e - b,
                                            s);
   });

@@ -226,10 +226,12 @@ Tensor T5Model::TiedHeadBackward(const Tensor& grad_logits, Context& ctx) {
   nn::Parameter& w = *shared_->weight();
   const int64_t d = config_.d_model;
   const Tensor g = grad_logits.To(w.value.dtype()).Reshape({-1, config_.vocab_size});  // (N, V)
-  // d shared.weight (V, d) += g^T @ xs, accumulated in fp32.
-  tensor::MatmulOptions dw;
-  dw.trans_a = true;
-  tensor::MatmulInto(g, s.x, w.GradBuffer(), dw, /*beta=*/1.0f);
+  // d shared.weight (V, d) += g^T @ xs, accumulated in fp32 (frozen: none).
+  if (w.requires_grad) {
+    tensor::MatmulOptions dw;
+    dw.trans_a = true;
+    tensor::MatmulInto(g, s.x, w.GradBuffer(), dw, /*beta=*/1.0f);
+  }
   const Tensor dxs = tensor::Matmul(g, w.value);  // (N, d)
   return tensor::Scale(dxs, 1.0 / std::sqrt(static_cast<double>(d)))
       .To(s.x_dtype)
