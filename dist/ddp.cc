@@ -97,7 +97,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
                                                  DdpOptions options)
     : model_(model), pg_(pg), options_(options), params_(model.NamedParameters()) {
   const std::vector<std::vector<int>> groups =
-      internal::ReverseOrderBuckets("ddp", params_, options_.bucket_cap_mb);
+      internal::ReverseOrderBuckets("ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true);
   const tensor::Device device = ModelDevice("ddp", params_);
   {
     absl::Status s = options_.mixed_precision.Validate(device);

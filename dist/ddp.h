@@ -12,7 +12,9 @@
 // order backward produces their gradients), are packed into flat fp32 buckets
 // of at most bucket_cap_mb (a parameter larger than the cap gets a bucket of
 // its own); each Parameter::grad becomes a view of its bucket, so layers
-// accumulate straight into the buckets.
+// accumulate straight into the buckets. Frozen parameters (requires_grad
+// false, set before construction) are in no bucket and have no gradient: as
+// PyTorch DDP, nothing of theirs is communicated.
 //
 // Hooks: a ModuleHooks object of this class is installed on every module of
 // the model (chaining to hooks installed before it, which still run first in

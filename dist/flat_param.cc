@@ -13,19 +13,27 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>>
     : num_shards_(num_shards), shard_index_(shard) {
   OP_CHECK(num_shards >= 1 && shard >= 0 && shard < num_shards, "FlatParameter", "shard ", shard,
            " of ", num_shards);
-  optim::ElementRanges decay;
+  optim::ElementRanges decay, frozen;
+  // Appends [begin, end) to `ranges`, merged with the last range when adjacent.
+  auto append = [](optim::ElementRanges& ranges, int64_t begin, int64_t end) {
+    if (begin == end) return;
+    if (!ranges.empty() && ranges.back().second == begin) {
+      ranges.back().second = end;
+    } else {
+      ranges.emplace_back(begin, end);
+    }
+  };
   for (auto& [name, p] : params) {
     Entry e;
     e.name = name;
     e.param = p;
     e.offset = numel_;
     e.numel = p->numel();
-    if (p->weight_decay && e.numel > 0) {
-      if (!decay.empty() && decay.back().second == e.offset) {
-        decay.back().second += e.numel;
-      } else {
-        decay.emplace_back(e.offset, e.offset + e.numel);
-      }
+    if (p->weight_decay) append(decay, e.offset, e.offset + e.numel);
+    if (p->requires_grad) {
+      trains_ = true;
+    } else {
+      append(frozen, e.offset, e.offset + e.numel);
     }
     numel_ += e.numel;
     entries_.push_back(std::move(e));
@@ -33,6 +41,7 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>>
   shard_numel_ = (numel_ + num_shards - 1) / num_shards;
   if (shard_numel_ == 0) shard_numel_ = 1;  // keep every tensor non-empty
   shard_decay_ = optim::SliceRanges(decay, shard_begin(), shard_end());
+  shard_frozen_ = optim::SliceRanges(frozen, shard_begin(), shard_end());
 }
 
 void FlatParameter::InitShard(uint64_t seed, tensor::Device device, bool pinned) {
@@ -42,7 +51,7 @@ void FlatParameter::InitShard(uint64_t seed, tensor::Device device, bool pinned)
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
     shard_ = tensor::Tensor::Zeros({shard_numel_}, tensor::Dtype::kF32);  // on the host
   }
-  {
+  if (trains_) {  // a unit of frozen parameters has no gradient
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
     if (pinned) {
       grad_shard_ = tensor::Tensor::EmptyPinned({shard_numel_}, tensor::Dtype::kF32);
@@ -93,7 +102,9 @@ void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad) {
            "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
            padded_numel());
   for (Entry& e : entries_) {
-    e.param->grad = flat_grad.Narrow(0, e.offset, e.numel).View(e.param->shape);
+    if (e.param->requires_grad) {
+      e.param->grad = flat_grad.Narrow(0, e.offset, e.numel).View(e.param->shape);
+    }
   }
 }
 

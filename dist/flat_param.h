@@ -5,6 +5,11 @@
 // ("unsharded") flat parameter exists only transiently, and each Parameter's
 // `value` / `grad` are then views (Narrow + View) into the unsharded buffers.
 //
+// Frozen parameters (requires_grad false, set before FlatParameter is built)
+// get no gradient view: their elements of the gradient stay zero, and the
+// optimizer skips them (shard_frozen_ranges). A unit whose parameters are all
+// frozen has no gradient shard at all (trains() false).
+//
 // Layout for numel elements over N shards: padded = ceil(numel / N) * N,
 // shard_numel = padded / N, shard r = elements [r * shard_numel, (r+1) * shard_numel)
 // of the padded flat buffer. The padding is zero.
@@ -65,11 +70,17 @@ class FlatParameter {
   const tensor::Tensor& grad_shard() const { return grad_shard_; }
   // Weight-decay ranges of the shard (elements of decayed parameters).
   const optim::ElementRanges& shard_decay_ranges() const { return shard_decay_; }
+  // Elements of frozen parameters in the shard (in shard coordinates).
+  const optim::ElementRanges& shard_frozen_ranges() const { return shard_frozen_; }
+  // Whether any parameter trains (requires_grad). False: no gradient shard
+  // (grad_shard() undefined), no gradient views, nothing to reduce or step.
+  bool trains() const { return trains_; }
 
   // Points every parameter's value at its view of `flat` (padded_numel elements).
   void SetValueViews(const tensor::Tensor& flat);
   void ClearValues();
-  // Points every parameter's grad at its view of `flat_grad` (fp32, padded_numel).
+  // Points every trainable parameter's grad at its view of `flat_grad` (fp32,
+  // padded_numel); frozen ones keep none.
   void SetGradViews(const tensor::Tensor& flat_grad);
   void ClearGrads();
 
@@ -82,6 +93,8 @@ class FlatParameter {
   tensor::Tensor shard_;
   tensor::Tensor grad_shard_;
   optim::ElementRanges shard_decay_;
+  optim::ElementRanges shard_frozen_;
+  bool trains_ = false;
 };
 
 }  // namespace dist

@@ -308,6 +308,7 @@ class FsdpUnit : public nn::ModuleHooks {
       shared_.Prefetch(shared_.backward_order, shared_.backward_now);
     }
     WaitUnshard();
+    if (!flat_.trains()) return;  // frozen: the input gradients only, nothing to reduce
     if (!full_grad_.defined()) {  // else: accumulated under no_sync
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
       full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32, device_);
@@ -316,13 +317,14 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   void PostBackward(nn::Module&) override {
-    OP_CHECK(full_grad_.defined(), "fsdp", "unit '", name_, "': post-backward without pre-backward");
+    OP_CHECK(full_grad_.defined() || !flat_.trains(), "fsdp", "unit '", name_,
+             "': post-backward without pre-backward");
     flat_.ClearGrads();
     if (!shared_.explicit_backward[id_] &&
         shared_.options.backward_prefetch == BackwardPrefetch::kPost) {
       shared_.Prefetch(shared_.backward_order, shared_.backward_now);
     }
-    if (shared_.require_sync) {
+    if (shared_.require_sync && flat_.trains()) {
       IssueReduce();
       shared_.pending_reduces.push_back(this);
       // Keep this unit's reduce in flight while the next unit computes.
@@ -635,11 +637,13 @@ std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
   std::vector<optim::ParamRef> refs;
   for (size_t i = 0; i < units_.size(); ++i) {
     auto& u = units_[i];
+    if (!u->flat().trains()) continue;  // every parameter frozen
     optim::ParamRef r;
     r.name = param_ref_name(static_cast<int>(i));
     r.param = u->flat().shard();
     r.grad = u->flat().grad_shard();
     r.decay_ranges = u->flat().shard_decay_ranges();
+    r.frozen_ranges = u->flat().shard_frozen_ranges();
     refs.push_back(std::move(r));
   }
   return refs;
@@ -648,7 +652,7 @@ std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
 void FullyShardedModel::ZeroGrad() {
   for (auto& u : units_) {
     u->DropAccumulatedGrad();
-    tensor::Zero(u->flat().grad_shard());
+    if (u->flat().trains()) tensor::Zero(u->flat().grad_shard());
   }
 }
 
@@ -701,7 +705,9 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
 bool FullyShardedModel::UnscaleGradsAndCheck(double inv_scale) {
   std::vector<tensor::Tensor> grads;
   grads.reserve(units_.size());
-  for (auto& u : units_) grads.push_back(u->flat().grad_shard());
+  for (auto& u : units_) {
+    if (u->flat().trains()) grads.push_back(u->flat().grad_shard());
+  }
   const bool found =
       precision::ScaleAndCheckNonFinite(absl::MakeSpan(grads), static_cast<float>(inv_scale));
   // Under every strategy some rank may hold an inf the others do not (a shard

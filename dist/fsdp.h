@@ -35,6 +35,15 @@
 // adds the result into the fp32 gradient shard (reduce_dtype f32: as before).
 // FullStateDict always gathers the fp32 shards.
 //
+// Frozen parameters (nn::Parameter::requires_grad false, set before
+// FullyShard; nn::FreezeParameters): a unit may mix frozen and trainable
+// parameters, as FSDP's use_orig_params=True allows. Frozen parameters get no
+// gradient views (their elements of the flat gradient stay zero) and their
+// ranges of the shard are ParamRef::frozen_ranges, which the optimizer skips.
+// A unit whose parameters are all frozen is still gathered for forward and
+// backward (its input gradients need the weights) but allocates no gradient,
+// reduces nothing and has no ParamRef and no optimizer state.
+//
 // Overlap (communication runs on the process group's worker thread while this
 // thread computes). The first forward and backward record the order in which
 // units run; later passes use it:
@@ -154,8 +163,9 @@ class FullyShardedModel {
   FullyShardedModel(const FullyShardedModel&) = delete;
   FullyShardedModel& operator=(const FullyShardedModel&) = delete;
 
-  // One ref per unit: this rank's fp32 shard, its sharded fp32 gradient and
-  // its weight-decay ranges, named "fsdp.<unit>" ("fsdp.root" for the root).
+  // One ref per unit that trains: this rank's fp32 shard, its sharded fp32
+  // gradient, its weight-decay and frozen ranges, named "fsdp.<unit>"
+  // ("fsdp.root" for the root). Units of frozen parameters only have none.
   std::vector<optim::ParamRef> ParamRefs();
   // Zeroes the sharded gradients (in place) and drops gradients accumulated
   // under no_sync.

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "nn/freeze.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "optim/clip_grad.h"
@@ -393,6 +394,89 @@ TEST(FsdpMemoryTest, FullShardHoldsOneNthPlusTheUnitsInUse) {
                   (long long)model_bytes, (long long)shard_bytes, double(shard_bytes) / model_bytes,
                   (long long)root_bytes, (long long)max_block_bytes, (long long)params.peak,
                   double(params.peak) / model_bytes, (long long)grads.peak);
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Frozen parameters (fine-tuning the last Block and the head): the three
+// frozen Block units allocate no gradient shard, no unsharded gradient and
+// issue no reduce-scatter, so the gradient peak is the trainable shards + the
+// root's and the last Block's unsharded gradients, and nothing is in flight
+// beside them; only the root and the last Block have ParamRefs, the root's
+// with the token embedding's elements as frozen ranges; a step leaves every
+// frozen shard as it was.
+TEST(FsdpMemoryTest, FrozenUnitsHoldNoGradients) {
+  mingpt::GptConfig c;
+  c.name = "small";
+  c.n_layer = 4;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.dropout = 0.0f;
+  constexpr int kWorld = 4;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 3);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 4);
+  ThreadWorld world(kWorld);
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    ASSERT_TRUE(nn::FreezeParameters(gpt, {"transformer.h.0", "transformer.h.1", "transformer.h.2",
+                                           "transformer.wte"})
+                    .ok());
+    auto fsdp = FullyShard(gpt, pg, PerBlock());
+    ASSERT_EQ(fsdp->num_units(), 1 + c.n_layer);
+    int64_t trainable_shard_bytes = 0;
+    for (int u = 0; u < fsdp->num_units(); ++u) {
+      const bool trains = u == 0 || u == c.n_layer;
+      EXPECT_EQ(fsdp->flat_param(u).trains(), trains) << u;
+      EXPECT_EQ(fsdp->flat_param(u).grad_shard().defined(), trains) << u;
+      if (trains) trainable_shard_bytes += fsdp->flat_param(u).shard_numel() * 4;
+    }
+    const int64_t root_bytes = fsdp->flat_param(0).padded_numel() * 4;
+    const int64_t block_bytes = fsdp->flat_param(c.n_layer).padded_numel() * 4;
+    const std::vector<optim::ParamRef> refs = fsdp->ParamRefs();
+    ASSERT_EQ(refs.size(), 2u);
+    EXPECT_EQ(refs[0].name, "fsdp.root");
+    EXPECT_EQ(refs[1].name, "fsdp.transformer.h.3");
+    EXPECT_TRUE(refs[1].frozen_ranges.empty());
+    // The root's flat parameter starts with wte (64 x 32 = 2048 elements).
+    const FlatParameter& root = fsdp->flat_param(0);
+    const int64_t frozen_in_shard =
+        std::max<int64_t>(0, std::min<int64_t>(2048, root.shard_end()) - root.shard_begin());
+    int64_t frozen_listed = 0;
+    for (const auto& [b, e] : refs[0].frozen_ranges) frozen_listed += e - b;
+    EXPECT_EQ(frozen_listed, frozen_in_shard) << "rank " << rank;
+
+    using tensor::MemoryCategory;
+    EXPECT_EQ(fsdp->Memory(MemoryCategory::kGradients).current, trainable_shard_bytes);
+    world.ledger(rank).ResetPeaks();
+    std::vector<Tensor> before;
+    for (int u = 0; u < fsdp->num_units(); ++u) before.push_back(fsdp->flat_param(u).shard().Clone());
+    gpt.ForwardBackward(idx.Narrow(0, rank * 2, 2).Contiguous(),
+                        tgt.Narrow(0, rank * 2, 2).Contiguous());
+    const tensor::MemoryStats grads = fsdp->Memory(MemoryCategory::kGradients);
+    EXPECT_EQ(grads.current, trainable_shard_bytes);
+    EXPECT_EQ(grads.peak, trainable_shard_bytes + root_bytes + block_bytes);
+    for (auto& [n, p] : gpt.NamedParameters()) EXPECT_FALSE(p->grad.defined()) << n;
+    auto sgd = optim::SGD::Create(Sgd());
+    ASSERT_TRUE(sgd.ok());
+    (*sgd)->Step(fsdp->ParamRefs());
+    for (int u = 1; u < c.n_layer; ++u) {
+      EXPECT_TRUE(tensor::testing::AllClose(fsdp->flat_param(u).shard(), before[u], 0, 0)) << u;
+    }
+    // The root's wte elements stay; its other elements move.
+    const std::vector<float> now = root.shard().ToVector<float>();
+    const std::vector<float> was = before[0].ToVector<float>();
+    int64_t moved_frozen = 0, moved_other = 0;
+    for (int64_t i = 0; i < root.shard_numel(); ++i) {
+      const bool frozen = root.shard_begin() + i < 2048;
+      const bool moved = now[i] != was[i];
+      (frozen ? moved_frozen : moved_other) += moved ? 1 : 0;
+    }
+    EXPECT_EQ(moved_frozen, 0);
+    if (root.shard_end() > 2048 && root.shard_begin() + 16 < root.numel()) {
+      EXPECT_GT(moved_other, 0);
     }
   });
   EXPECT_TRUE(s.ok()) << s;

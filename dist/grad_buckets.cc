@@ -14,12 +14,13 @@ namespace internal {
 
 std::vector<std::vector<int>> ReverseOrderBuckets(
     const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
-    double cap_mb) {
+    double cap_mb, bool skip_frozen) {
   OP_CHECK(cap_mb > 0, op, "bucket_cap_mb must be > 0, got ", cap_mb);
   const int64_t cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(cap_mb * 1024.0 * 1024.0));
   std::vector<std::vector<int>> groups;
   int64_t bytes = 0;
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    if (skip_frozen && !params[i].second->requires_grad) continue;
     const int64_t b = params[i].second->numel() * 4;
     if (groups.empty() || (bytes > 0 && bytes + b > cap_bytes)) {
       groups.emplace_back();
@@ -35,6 +36,7 @@ void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*
                          std::vector<tensor::Tensor>& grad_views) {
   for (size_t i = 0; i < params.size(); ++i) {
     nn::Parameter* p = params[i].second;
+    if (!p->requires_grad) continue;  // frozen: no gradient
     tensor::Tensor& view = grad_views[i];
     if (!p->grad.defined()) {
       tensor::Zero(view);
@@ -66,8 +68,9 @@ BucketReadiness::BucketReadiness(nn::Module& root, std::vector<int> bucket_of, i
       final_(bucket_of_.size(), false),
       subtree_(SubtreeParameterIndices(root)) {
   for (int b : bucket_of_) {
-    OP_CHECK(b >= 0 && b < num_buckets, "buckets", "bucket ", b, " out of [0, ", num_buckets, ")");
-    ++bucket_size_[b];
+    OP_CHECK(b >= -1 && b < num_buckets, "buckets", "bucket ", b, " out of [0, ", num_buckets,
+             ") (or -1: none)");
+    if (b >= 0) ++bucket_size_[b];
   }
   for (auto& [module, indices] : subtree_) calls_[module] = {0, 0};
 }
@@ -103,7 +106,7 @@ void BucketReadiness::MarkAllFinal() {
 void BucketReadiness::MarkFinal(int param) {
   if (final_[param]) return;
   final_[param] = true;
-  --pending_[bucket_of_[param]];
+  if (bucket_of_[param] >= 0) --pending_[bucket_of_[param]];
 }
 
 int BucketReadiness::TakeNextReady() {

@@ -40,14 +40,16 @@ namespace internal {
 // registration order, the order backward finalizes them: bucket 0 starts with
 // the last parameter. A bucket holds at most cap_mb MiB of fp32 gradients,
 // except that a larger parameter gets a bucket of its own. Each bucket lists
-// indices into `params`, in reverse registration order. Throws
-// tensor::OpError (naming `op`) unless cap_mb > 0.
+// indices into `params`, in reverse registration order. `skip_frozen`: frozen
+// parameters (requires_grad false) are in no bucket (DDP: nothing to reduce);
+// otherwise they are bucketed as the others (ZeRO-1, whose buckets also hold
+// the parameters). Throws tensor::OpError (naming `op`) unless cap_mb > 0.
 std::vector<std::vector<int>> ReverseOrderBuckets(
     const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
-    double cap_mb);
+    double cap_mb, bool skip_frozen = false);
 
 // Before a backward: params[i]'s gradient becomes grad_views[i] (its view of
-// its bucket) again where it was dropped (ZeroGrad(set_to_none): the view is
+// its bucket; frozen parameters are skipped, and keep no gradient) again where it was dropped (ZeroGrad(set_to_none): the view is
 // zeroed) or replaced by another tensor (its values are copied in), so that
 // backward accumulates into the buckets.
 void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
@@ -67,7 +69,8 @@ std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Mo
 class BucketReadiness {
  public:
   // bucket_of: per parameter of root.NamedParameters(), its bucket in
-  // [0, num_buckets).
+  // [0, num_buckets), or -1 for a parameter in no bucket (a frozen one under
+  // DDP), which no bucket waits for.
   BucketReadiness(nn::Module& root, std::vector<int> bucket_of, int num_buckets);
 
   // From a module hook's PreForward: the root's starts a new count.

@@ -39,6 +39,34 @@ TEST(ReverseOrderBucketsTest, LastParametersFirstUpToTheCap) {
             (std::vector<std::vector<int>>{{5, 4, 3, 2, 1, 0}}));
 }
 
+// DDP leaves frozen parameters out of its buckets; ZeRO-1, whose buckets
+// also hold the parameters, keeps them in.
+TEST(ReverseOrderBucketsTest, FrozenParametersAreSkippedWhenAsked) {
+  auto seq = ThreeLinears();
+  const auto params = seq->NamedParameters();
+  params[2].second->requires_grad = false;  // 1.weight
+  params[5].second->requires_grad = false;  // 2.bias
+  EXPECT_EQ(ReverseOrderBuckets("t", params, Mb(80), /*skip_frozen=*/true),
+            (std::vector<std::vector<int>>{{4, 3}, {1, 0}}));
+  EXPECT_EQ(ReverseOrderBuckets("t", params, Mb(80)),
+            (std::vector<std::vector<int>>{{5, 4}, {3, 2}, {1, 0}}));
+  // A parameter in no bucket (-1) is waited for by none: bucket 0 (4, 3) is
+  // ready once its two parameters are final.
+  BucketReadiness readiness(*seq, {1, 1, -1, 0, 0, -1}, 2);
+  readiness.StartBackward();
+  EXPECT_EQ(readiness.TakeNextReady(), -1);
+  readiness.MarkAllFinal();
+  EXPECT_EQ(readiness.TakeNextReady(), 0);
+  EXPECT_EQ(readiness.TakeNextReady(), 1);
+  EXPECT_EQ(readiness.TakeNextReady(), -1);
+  // PointGradsAtBuckets gives a frozen parameter no gradient.
+  std::vector<tensor::Tensor> views;
+  for (const auto& [name, p] : params) views.push_back(tensor::Tensor::Zeros(p->shape));
+  PointGradsAtBuckets(params, views);
+  EXPECT_FALSE(params[2].second->grad.defined());
+  EXPECT_TRUE(params[3].second->grad.defined());
+}
+
 // One flat buffer with a view per parameter, as DDP and ZeRO-1 lay out their
 // buckets: a dropped gradient becomes its zeroed view, a replaced one is
 // copied into its view, and one already there is left alone.

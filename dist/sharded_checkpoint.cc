@@ -78,7 +78,12 @@ struct FlatLayout {
     tensor::Shape shape;
     int64_t offset = 0;  // in the flat buffer
     int64_t numel = 0;
+    // A frozen parameter: its optimizer state (zeros) is loaded where the
+    // checkpoint has it and left zero where it has none.
+    bool frozen = false;
   };
+  // False for an FSDP unit of frozen parameters only: no optimizer state.
+  bool trains = true;
   std::string ref;  // the optimizer state's name
   std::vector<Entry> entries;
   int64_t shard_begin = 0;
@@ -422,14 +427,20 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
   Staged st;
   std::vector<bool> has(p.layouts.size(), false);
   if (load_opt) {
-    int with = 0;
+    int with = 0, training = 0;
     for (size_t i = 0; i < p.layouts.size(); ++i) {
       const FlatLayout& L = p.layouts[i];
+      if (!L.trains) {  // no optimizer state to form
+        st.steps.push_back(0);
+        continue;
+      }
+      ++training;
       std::string first_name;
       int64_t step = -1;
       bool seen = false, state = false;
       for (const FlatLayout::Entry& e : L.entries) {
-        if (e.numel == 0) continue;
+        // Frozen parameters' state (zeros, if any) does not decide the step.
+        if (e.numel == 0 || e.frozen) continue;
         const ParamRec& r = x.params[x.by_name.at(e.name)];
         if (!seen) {
           seen = true;
@@ -464,7 +475,7 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
       st.steps.push_back(state ? step : 0);
       with += state ? 1 : 0;
     }
-    if (with != 0 && with != static_cast<int>(p.layouts.size())) {
+    if (with != 0 && with != training) {
       return absl::FailedPreconditionError(
           "the checkpoint holds optimizer state for some flat parameters only");
     }
@@ -493,6 +504,7 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
       const ParamRec& r = x.params[x.by_name.at(e.name)];
       SC_RETURN_IF_ERROR(reader.ReadRange(r.value, lo - e.offset, hi - e.offset,
                                           st.values[i].Narrow(0, lo - sb, hi - lo)));
+      if (e.frozen && !r.has_state) continue;  // a frozen parameter's state stays zero
       for (size_t k = 0; k < st.buffers[i].size(); ++k) {
         SC_RETURN_IF_ERROR(reader.ReadRange(r.state.at(keys[k]), lo - e.offset, hi - e.offset,
                                             st.buffers[i][k].Narrow(0, lo - sb, hi - lo)));
@@ -512,6 +524,7 @@ absl::Status Commit(Participant& p, Staged& st, optim::Optimizer& opt,
       std::vector<optim::ParamRef> refs;
       for (size_t i = 0; i < p.layouts.size(); ++i) {
         const FlatLayout& L = p.layouts[i];
+        if (!L.trains) continue;
         const int64_t step = st.steps[i];
         named.emplace_back(absl::StrCat(L.ref, ".step"),
                            Tensor::FromData<int64_t>(absl::MakeConstSpan(&step, 1), {1}));
@@ -565,18 +578,20 @@ Participant FromFsdp(FullyShardedModel& fsdp) {
   p.writes = fsdp.replica_index() == 0;
   p.file_index = fsdp.shard_group_rank();
   p.num_files = fsdp.shard_group_size();
-  std::vector<optim::ParamRef> refs = fsdp.ParamRefs();
+  std::map<std::string, optim::ParamRef> refs;  // units of frozen parameters have none
+  for (optim::ParamRef& r : fsdp.ParamRefs()) refs[r.name] = std::move(r);
   for (int i = 0; i < fsdp.num_units(); ++i) {
     const FlatParameter& flat = fsdp.flat_param(i);
     FlatLayout L;
     L.ref = fsdp.param_ref_name(i);
+    L.trains = flat.trains();
     for (const FlatParameter::Entry& e : flat.entries()) {
-      L.entries.push_back({e.name, e.param->shape, e.offset, e.numel});
+      L.entries.push_back({e.name, e.param->shape, e.offset, e.numel, !e.param->requires_grad});
     }
     L.shard_begin = flat.shard_begin();
     L.shard_numel = flat.shard_numel();
     L.shard = flat.shard();
-    L.param_ref = refs.at(i);
+    if (L.trains) L.param_ref = refs.at(L.ref);
     p.units.push_back(fsdp.unit_name(i));
     p.layouts.push_back(std::move(L));
   }
@@ -607,7 +622,7 @@ Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
     L.ref = refs[b].name;
     int64_t offset = 0;
     for (const auto& [name, param] : zero.BucketParameters(b)) {
-      L.entries.push_back({name, param->shape, offset, param->numel()});
+      L.entries.push_back({name, param->shape, offset, param->numel(), !param->requires_grad});
       offset += param->numel();
     }
     L.shard_begin = seg.shard_begin - seg.begin;

@@ -27,6 +27,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
 #include "dist/zero1.h"
@@ -35,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/testing.h"
@@ -109,6 +111,7 @@ struct Segment {
   std::string load_dir;
   std::string save_dir;
   mingpt::GptConfig config = Tiny();
+  std::vector<std::string> freeze;  // nn::FreezeParameters patterns, before wrapping
 };
 
 struct SegmentResult {
@@ -128,6 +131,9 @@ struct RankModel {
 
   RankModel(const Segment& seg, ProcessGroup& pg, uint64_t seed = kSeed) {
     gpt = std::make_unique<mingpt::GPT>(seg.config);
+    if (!seg.freeze.empty()) {
+      EXPECT_TRUE(nn::FreezeParameters(*gpt, seg.freeze).ok());
+    }
     if (seg.engine == Engine::kFsdp) {
       FsdpOptions o;
       o.strategy = seg.strategy;
@@ -462,6 +468,70 @@ TEST(ShardedCheckpointTest, Zero1AndFsdpLoadEachOthersCheckpoints) {
     z2.load_dir = f1.save_dir;
     ExpectContinues(fa, RunSegment(z2), fwant);
   }
+}
+
+// Frozen parameters (a Block whose FSDP unit is all frozen and has no
+// optimizer state, and the token embedding beside trainable parameters in
+// the root unit, whose state stays zero) reshard across world sizes, wrap
+// policies and engines: FSDP blocks world 4 -> FSDP one unit world 2, and ->
+// ZeRO-1 world 3 (which keeps zero state for them), and ZeRO-1 world 4 ->
+// FSDP blocks world 2. Each continues like the uninterrupted run, whose
+// frozen parameters end as they began.
+TEST(ShardedCheckpointTest, FrozenParametersReshardAcrossWrapsAndEngines) {
+  const std::string dir = TestDir("frozen");
+  Segment base;
+  base.world = 4;
+  base.opt = Opt::kAdamW;
+  base.clip = false;  // as ZeRO-1
+  base.freeze = {"transformer.h.0", "transformer.wte"};
+  base.last_step = 6;
+  Segment initial = base;
+  initial.last_step = 0;
+  const SegmentResult start = RunSegment(initial);
+  const SegmentResult want = RunSegment(base);
+  ASSERT_GT(want.losses.front() - want.losses.back(), 1e-3);  // the run moves
+  ASSERT_EQ(want.params.size(), start.params.size());
+  int frozen = 0, moved = 0;
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    const std::string& n = want.params[i].first;
+    const bool is_frozen = absl::StartsWith(n, "transformer.h.0.") || n == "transformer.wte.weight";
+    const bool same =
+        tensor::testing::AllClose(want.params[i].second, start.params[i].second, 0, 0);
+    if (is_frozen) {
+      EXPECT_TRUE(same) << n;
+      ++frozen;
+    } else {
+      moved += same ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(frozen, 13);  // wte and a Block's 12 tensors
+  EXPECT_GT(moved, 0);
+
+  Segment first = base;
+  first.last_step = 3;
+  first.save_dir = dir + "/fsdp";
+  const SegmentResult a = RunSegment(first);
+  Segment one_unit = base;
+  one_unit.world = 2;
+  one_unit.policy = WrapPolicy::None();
+  one_unit.first_step = 3;
+  one_unit.load_dir = first.save_dir;
+  ExpectContinues(a, RunSegment(one_unit), want);
+  Segment zero1 = one_unit;
+  zero1.engine = Engine::kZero1;
+  zero1.world = 3;
+  ExpectContinues(a, RunSegment(zero1), want);
+
+  Segment z_first = base;
+  z_first.engine = Engine::kZero1;
+  z_first.last_step = 3;
+  z_first.save_dir = dir + "/zero1";
+  const SegmentResult za = RunSegment(z_first);
+  Segment blocks = base;
+  blocks.world = 2;
+  blocks.first_step = 3;
+  blocks.load_dir = z_first.save_dir;
+  ExpectContinues(za, RunSegment(blocks), want);
 }
 
 // ---- Layout, info, overwrite ----

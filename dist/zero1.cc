@@ -125,18 +125,25 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
     flat_grad_ = tensor::Tensor::Zeros({padded_total}, tensor::Dtype::kF32, device);
   }
   grad_views_.resize(params_.size());
+  optim::ElementRanges frozen_ranges;  // sorted: offsets grow with i
   for (size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter* p = params_[i].second;
     const int64_t m = p->numel(), offset = offsets_[i];
     tensor::Tensor grad = flat_grad_.Narrow(0, offset, m).View(p->shape);
-    if (p->grad.defined()) grad.CopyFrom(p->grad);
-    p->grad = grad;
     grad_views_[i] = grad;
     if (p->weight_decay && m > 0) decay_ranges_.emplace_back(offset, offset + m);
+    if (!p->requires_grad) {  // frozen: no gradient; its slice stays zero
+      if (m > 0) frozen_ranges.emplace_back(offset, offset + m);
+      p->grad = tensor::Tensor();
+      continue;
+    }
+    if (p->grad.defined()) grad.CopyFrom(p->grad);
+    p->grad = grad;
   }
   for (Bucket& bucket : buckets_) {
-    bucket.shard_decay = optim::SliceRanges(decay_ranges_, bucket.seg.shard_begin,
-                                            bucket.seg.shard_begin + bucket.seg.shard_numel);
+    const int64_t begin = bucket.seg.shard_begin, end = begin + bucket.seg.shard_numel;
+    bucket.shard_decay = optim::SliceRanges(decay_ranges_, begin, end);
+    bucket.shard_frozen = optim::SliceRanges(frozen_ranges, begin, end);
   }
   readiness_ =
       std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets);
@@ -179,6 +186,7 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
     ref.param = buckets_[b].master;
     ref.grad = grad_shard(b);
     ref.decay_ranges = buckets_[b].shard_decay;
+    ref.frozen_ranges = buckets_[b].shard_frozen;
     refs.push_back(std::move(ref));
   }
   return refs;

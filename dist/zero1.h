@@ -23,7 +23,11 @@
 // place and the all-gathers are copy-free. The
 // optimizer holds state for this rank's slices only, one ParamRef per bucket
 // ("zero1.bucket<b>"; kOptimizerState: S k bytes, about S Psi / N; AdamW
-// S = 8 bytes per element).
+// S = 8 bytes per element). Frozen parameters (requires_grad false, set
+// before construction) stay in the buckets, since the buckets hold the
+// parameters too, but get no gradient view: their part of the flat gradient
+// stays zero (reduce-scattered as zeros) and their slice ranges are the refs'
+// frozen_ranges, which the optimizer leaves as they are (their state zero).
 //
 // Backward (hooks installed on every module, as DDP's, chaining to earlier
 // hooks): once every parameter of a bucket has its final gradient (the rule
@@ -245,7 +249,8 @@ class Zero1 {
     Segment seg;                       // its segment of the flat buffers
     tensor::Tensor param;              // fp32 or param_dtype (seg.padded): Parameter::value views
     tensor::Tensor master;             // fp32 (k_b): this rank's master slice
-    optim::ElementRanges shard_decay;  // decay ranges of this rank's slice
+    optim::ElementRanges shard_decay;   // decay ranges of this rank's slice
+    optim::ElementRanges shard_frozen;  // frozen parameters' ranges of this rank's slice
     WorkPtr work;                      // its reduce-scatter this step
   };
 

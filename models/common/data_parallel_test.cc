@@ -519,6 +519,44 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
   }
 }
 
+// Fine-tuning with frozen parameters under every strategy equals one process
+// with the same parameters frozen: a whole Block (an FSDP unit of frozen
+// parameters only: no gradient, no reduce-scatter, no optimizer state), the
+// token embedding (frozen beside trainable parameters in the root unit) and
+// one Linear's weight (its bias trains). AdamW with weight decay would move a
+// frozen parameter that reached the optimizer, and a gradient that reached
+// one would change the clipped norm.
+TEST_P(StrategyStepTest, FrozenParametersTrainAsInOneProcess) {
+  const auto& [strategy, device_name] = GetParam();
+  const tensor::Device device = *tensor::ParseDevice(device_name);
+  if (device.is_cuda() && tensor::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::string> freeze = {"transformer.h.0", "transformer.wte",
+                                           "transformer.h.1.attn.c_attn.weight"};
+  const Trace reference = SingleProcess(device, freeze);
+  const Trace unfrozen = SingleProcess(device);
+  ASSERT_GT(std::abs(reference.norms[0] - unfrozen.norms[0]), 1e-3);  // freezing matters
+  const bool hybrid = IsHybrid(*ParseStrategy(strategy));
+  const int world = hybrid ? 4 : 2;
+  const double tol = device.is_cuda() ? 1e-4 : 1e-5;
+  const DataParallelConfig config =
+      ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
+  std::vector<Trace> traces(world);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    absl::StatusOr<Trace> trace = TrainSteps(config, rank.pg, device, false, 1, freeze);
+    if (!trace.ok()) return trace.status();
+    traces[rank.rank] = *std::move(trace);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < world; ++r) {
+    for (int step = 0; step < kSteps; ++step) {
+      SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
+      EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
+      EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyStepTest,
                          testing::Combine(testing::Values("ddp", "zero1", "shard_grad_op",
                                                           "full_shard", "no_shard", "hybrid_shard",

@@ -2,6 +2,7 @@
 #include "models/common/data_parallel_testing.h"
 
 #include <atomic>
+#include <map>
 #include <random>
 #include <utility>
 
@@ -9,9 +10,11 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
 #include "nn/containers.h"
+#include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "tensor/testing.h"
 
 namespace train {
 namespace dp_testing {
@@ -58,9 +61,16 @@ std::vector<int64_t> RandomTokens(uint32_t seed) {
   return v;
 }
 
-Trace SingleProcess(tensor::Device device) {
+Trace SingleProcess(tensor::Device device, const std::vector<std::string>& freeze) {
   mingpt::GPT model(Tiny());
+  if (!freeze.empty()) {
+    EXPECT_TRUE(nn::FreezeParameters(model, freeze).ok());
+  }
   model.Materialize(kSeed, device);
+  std::map<std::string, Tensor> frozen;  // their values before training
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (!p->requires_grad) frozen[name] = p->value.Clone();
+  }
   std::unique_ptr<optim::Optimizer> opt = AdamW();
   Trace t;
   for (int step = 0; step < kSteps; ++step) {
@@ -72,11 +82,18 @@ Trace SingleProcess(tensor::Device device) {
     opt->Step(refs);
     model.ZeroGrad();
   }
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (frozen.count(name)) {
+      EXPECT_TRUE(tensor::testing::AllClose(p->value, frozen[name], 0, 0)) << name;
+      EXPECT_FALSE(p->grad.defined()) << name;
+    }
+  }
   return t;
 }
 
 absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& world_pg,
-                                 tensor::Device device, bool checkpointing, int64_t micro_batches) {
+                                 tensor::Device device, bool checkpointing, int64_t micro_batches,
+                                 const std::vector<std::string>& freeze) {
   auto counts = std::make_shared<Counts>();
   CountingGroup pg(world_pg, counts);
   const int rank = pg.rank();
@@ -84,6 +101,10 @@ absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::Process
   const int64_t K = micro_batches, B = kRows / world / K;  // B rows per micro-batch
   EXPECT_EQ(K * B * world, kRows) << "micro_batches must divide the rank's rows";
   mingpt::GPT model(Tiny());
+  if (!freeze.empty()) {
+    absl::StatusOr<std::vector<std::string>> frozen = nn::FreezeParameters(model, freeze);
+    if (!frozen.ok()) return frozen.status();
+  }
   if (checkpointing) {
     const int flagged = nn::ApplyCheckpointing(
         model, [](const std::string&, nn::Module& m) { return m.class_name() == "Block"; });

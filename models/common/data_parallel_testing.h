@@ -117,17 +117,21 @@ struct Trace {
   std::vector<int64_t> all_gathers_per_micro_batch;
 };
 
-// kSteps steps of one process on the global batch, on `device`.
-Trace SingleProcess(tensor::Device device);
+// kSteps steps of one process on the global batch, on `device`, with the
+// parameters `freeze` selects frozen (nn::FreezeParameters; they are checked
+// to end as they began).
+Trace SingleProcess(tensor::Device device, const std::vector<std::string>& freeze = {});
 
 // Rank pg.rank()'s kSteps steps of `config`'s strategy over `pg` (its rows of
 // the global batch, on `device`): the losses averaged over the ranks and the
 // global gradient norms. `checkpointing`: activation checkpointing of every
 // Block. `micro_batches`: the rank's rows in that many micro-batches
-// (AccumulateGradients; it must divide kRows / pg.size()).
+// (AccumulateGradients; it must divide kRows / pg.size()). `freeze`: as
+// SingleProcess, frozen before the model is wrapped.
 absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::ProcessGroup& pg,
                                  tensor::Device device, bool checkpointing = false,
-                                 int64_t micro_batches = 1);
+                                 int64_t micro_batches = 1,
+                                 const std::vector<std::string>& freeze = {});
 
 }  // namespace dp_testing
 }  // namespace train

@@ -53,6 +53,7 @@
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
+#include "models/common/freeze_flags.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/mfu.h"
@@ -260,6 +261,7 @@ struct DpSetup {
   SharedInit* init = nullptr;  // --init_from's weights, else null
   const Sampler* sampler = nullptr;
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
+  std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
   std::string tokenizer;       // recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
@@ -292,6 +294,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
 
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards ----
   GPT model(setup.config);
+  // Frozen before the wrapper is built: its buckets and units leave them out.
+  absl::StatusOr<std::string> frozen = train::ApplyFreeze(model, train::FreezeFlag());
+  if (!frozen.ok()) return frozen.status();
   if (setup.init != nullptr) {  // FSDP reads each rank's shard from it, DDP a whole copy
     absl::Status loaded = nn::InitFromSources(model, setup.init->sources());
     if (!loaded.ok()) return loaded;
@@ -314,6 +319,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n",
                 setup.config.ToString().c_str(), count.total / 1e6, count.non_embedding / 1e6);
     if (!setup.init_line.empty()) std::printf("%s\n", setup.init_line.c_str());
+    if (!setup.freeze_line.empty()) std::printf("%s\n", setup.freeze_line.c_str());
     if (!setup.tokenizer.empty()) std::printf("tokenizer: %s\n", setup.tokenizer.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
@@ -513,6 +519,13 @@ absl::Status Train() {
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
+  // --freeze checked on a model with no values (nothing allocated) before any rank starts.
+  absl::StatusOr<std::string> freeze_line;
+  {
+    GPT probe(*config);
+    freeze_line = train::ApplyFreeze(probe, train::FreezeFlag());
+  }
+  if (!freeze_line.ok()) return freeze_line.status();
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
   dp_flags.device = absl::GetFlag(FLAGS_device);
@@ -531,6 +544,7 @@ absl::Status Train() {
     if (!peak.ok()) return peak.status();
     setup.peak_flops = *peak;
     setup.init_line = init_line;
+    setup.freeze_line = *freeze_line;
     std::optional<SharedInit> init;
     if (init_weights) {
       init.emplace(*std::move(pretrained),
@@ -548,6 +562,8 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   GPT model(*config);
+  absl::StatusOr<std::string> frozen = train::ApplyFreeze(model, train::FreezeFlag());
+  if (!frozen.ok()) return frozen.status();
   if (init_weights) {
     absl::Status loaded = nn::InitFromSources(model, pretrained->sources);
     if (!loaded.ok()) return loaded;
@@ -559,6 +575,7 @@ absl::Status Train() {
   std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config->ToString().c_str(),
               count.total / 1e6, count.non_embedding / 1e6);
   if (pretrained) std::printf("%s\n", init_line.c_str());
+  if (!freeze_line->empty()) std::printf("%s\n", freeze_line->c_str());
   if (!tokenizer->empty()) std::printf("tokenizer: %s\n", tokenizer->c_str());
   std::printf("data: %s | %sbatch %lld x %lld tokens | %s | %s | precision %s | %d threads\n",
               source->Describe().c_str(), train::AccumulationPrefix(K).c_str(),

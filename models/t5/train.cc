@@ -54,6 +54,7 @@
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
+#include "models/common/freeze_flags.h"
 #include "models/common/hf_folder.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/loss_scaling_flags.h"
@@ -367,6 +368,7 @@ struct DpSetup {
   train::DataParallelConfig dp;
   const Init* init = nullptr;  // --init_from's weights, else null
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
+  std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
   const Sampler* sampler = nullptr;
 };
@@ -398,6 +400,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // ---- Model: DDP / ZeRO-1 materialize and broadcast; FSDP shards (the
   // shared embedding in the root unit) ----
   T5Model model(setup.config);
+  // Frozen before the wrapper is built: its buckets and units leave them out.
+  absl::StatusOr<std::string> frozen = train::ApplyFreeze(model, train::FreezeFlag());
+  if (!frozen.ok()) return frozen.status();
   if (setup.init != nullptr) {  // FSDP reads each rank's shard from it, DDP a whole copy
     absl::Status loaded = nn::InitFromSources(model, setup.init->sources);
     if (!loaded.ok()) return WithContext(loaded, "--init_from");
@@ -422,6 +427,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
         B, tokens_per_step,
         absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
     if (!setup.init_line.empty()) std::printf("%s\n", setup.init_line.c_str());
+    if (!setup.freeze_line.empty()) std::printf("%s\n", setup.freeze_line.c_str());
     if (setup.eval_source) {
       std::printf("%s\n",
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
@@ -655,6 +661,13 @@ absl::Status Train() {
       train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return WithContext(metrics.status(), "--metrics_out");
 
+  // --freeze checked on a model with no values (nothing allocated) before any rank starts.
+  absl::StatusOr<std::string> freeze_line;
+  {
+    T5Model probe(*config);
+    freeze_line = train::ApplyFreeze(probe, train::FreezeFlag());
+  }
+  if (!freeze_line.ok()) return freeze_line.status();
   train::DataParallelFlags dp_flags = train::DataParallelFlagsFromCommandLine();
   dp_flags.precision = absl::GetFlag(FLAGS_precision);
   dp_flags.device = absl::GetFlag(FLAGS_device);
@@ -672,6 +685,7 @@ absl::Status Train() {
     setup.metrics = metrics->get();
     setup.init = init_weights ? &*init : nullptr;
     setup.init_line = init_line;
+    setup.freeze_line = *freeze_line;
     setup.sampler = &*sampler;
     absl::StatusOr<double> peak =
         train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
@@ -689,6 +703,8 @@ absl::Status Train() {
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();
   T5Model model(*config);
+  absl::StatusOr<std::string> frozen = train::ApplyFreeze(model, train::FreezeFlag());
+  if (!frozen.ok()) return frozen.status();
   if (init_weights) {
     absl::Status loaded = nn::InitFromSources(model, init->sources);
     if (!loaded.ok()) return WithContext(loaded, "--init_from");
@@ -703,6 +719,7 @@ absl::Status Train() {
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
                             policy.ToString()));
   if (init) std::printf("%s\n", init_line.c_str());
+  if (!freeze_line->empty()) std::printf("%s\n", freeze_line->c_str());
   if (eval_source) {
     std::printf("%s\n", train::EvalLine(*eval_source, train::EvalFlagsFromCommandLine()).c_str());
   }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# --freeze (fine-tuning with some parameters fixed): //models/mingpt:train
+# from a checkpoint with the token embedding and the first Block frozen. The
+# frozen parameters end bitwise as the checkpoint had them, the others move;
+# DDP, ZeRO-1 and FSDP (FULL_SHARD, whose first Block unit is then all
+# frozen) at world 2 give one process's losses; a frozen run resumes with the
+# uninterrupted run's losses (one process and FSDP); bad patterns exit 2
+# naming --freeze.
+set -euo pipefail
+train="$1"
+checkpoint="$2"
+source "$3"  # models/common/cli_testing.sh: exits_2
+source "$4"  # models/common/losses_testing.sh: same_losses
+dir="${TEST_TMPDIR}/freeze"
+mkdir -p "$dir"
+
+common=(--data=shipped --seq_len=32 --batch_size=4 --log_every=1 --dropout=0 --lr=1e-2
+        --weight_decay=0.1)
+"$train" --preset=gpt-nano "${common[@]}" --steps=2 --checkpoint_dir="$dir/base" > /dev/null
+freeze=(--init_from="$dir/base" --freeze=transformer.wte,transformer.h.0)
+
+# One process: the start-up line, then the frozen tensors unchanged (max |a-b| 0).
+"$train" "${common[@]}" "${freeze[@]}" --steps=3 --checkpoint_dir="$dir/one" \
+  --metrics_out="$dir/one.jsonl" > "$dir/one.log"
+grep -q "^frozen: transformer.wte, transformer.h.0 | 13 tensors, " "$dir/one.log" ||
+  { cat "$dir/one.log"; exit 1; }
+"$checkpoint" diff "$dir/one" "$dir/base" --top=0 > "$dir/diff.txt" || true
+frozen_moved=$(awk '$1 ~ /^transformer\.(wte\.|h\.0\.)/ && $2 != 0' "$dir/diff.txt" | wc -l)
+frozen_listed=$(awk '$1 ~ /^transformer\.(wte\.|h\.0\.)/' "$dir/diff.txt" | wc -l)
+others_moved=$(awk '$1 ~ /^(transformer\.h\.[12]\.|lm_head)/ && $2 != 0' "$dir/diff.txt" | wc -l)
+[[ $frozen_listed == 13 && $frozen_moved == 0 && $others_moved -gt 0 ]] ||
+  { echo "frozen listed $frozen_listed, moved $frozen_moved; others moved $others_moved"; cat "$dir/diff.txt"; exit 1; }
+echo "one process: the 13 frozen tensors are the checkpoint's, $others_moved others moved"
+
+# Every strategy at world 2 gives one process's losses, and FSDP's frozen tensors stay too.
+for strategy in ddp zero1 full_shard; do
+  "$train" "${common[@]}" "${freeze[@]}" --steps=3 --batch_size=2 --world_size=2 \
+    --strategy="$strategy" --checkpoint_dir="$dir/$strategy" \
+    --metrics_out="$dir/$strategy.jsonl" > "$dir/$strategy.log"
+  same_losses "$dir/one.jsonl" "$dir/$strategy.jsonl" "$strategy"
+done
+"$checkpoint" diff "$dir/full_shard" "$dir/base" --top=0 > "$dir/diff_fsdp.txt" || true
+[[ $(awk '$1 ~ /^transformer\.(wte\.|h\.0\.)/ && $2 != 0' "$dir/diff_fsdp.txt" | wc -l) == 0 ]] ||
+  { cat "$dir/diff_fsdp.txt"; exit 1; }
+echo "DDP, ZeRO-1 and FSDP at world 2 train as one process; FSDP keeps the frozen tensors"
+
+# Resume: 3 steps as 2 + 1 give the uninterrupted losses.
+for dp in "" "--batch_size=2 --world_size=2 --strategy=full_shard"; do
+  # shellcheck disable=SC2086  # $dp is several flags or none
+  "$train" "${common[@]}" "${freeze[@]}" $dp --steps=2 --checkpoint_dir="$dir/r" \
+    --checkpoint_every=2 > /dev/null
+  # shellcheck disable=SC2086
+  "$train" "${common[@]}" "${freeze[@]}" $dp --steps=3 --checkpoint_dir="$dir/r" --resume=latest \
+    --metrics_out="$dir/r.jsonl" > /dev/null
+  same_losses "$dir/one.jsonl" "$dir/r.jsonl" "resume ${dp:-one process}"
+  rm -rf "$dir/r"
+done
+echo "frozen runs resume with the uninterrupted losses"
+
+exits_2 "--freeze: freeze pattern 'transformer.wtx' selects no parameter" \
+  "$train" "${common[@]}" --steps=1 --freeze=transformer.wtx
+exits_2 "--freeze='*' freezes every parameter of the model: nothing would train" \
+  "$train" "${common[@]}" --steps=1 --freeze='*'
+exits_2 "--freeze='transformer.wte,,lm_head' has an empty pattern" \
+  "$train" "${common[@]}" --steps=1 --world_size=2 --freeze=transformer.wte,,lm_head
+echo "bad patterns exit 2 naming --freeze"
