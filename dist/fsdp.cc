@@ -101,6 +101,10 @@ struct FsdpShared {
   // otherwise hold their memory and count against max_inflight_all_gathers
   // until their next use.
   void FreeUnusedPrefetches();
+  // At the root's PostBackward: frees the units the backward did not reach (a
+  // model's backward stops below its lowest trainable parameter), which
+  // SHARD_GRAD_OP and SetReshardAfterForward(false) kept gathered for it.
+  void ReshardUnitsBackwardSkipped();
 };
 
 class FsdpUnit : public nn::ModuleHooks {
@@ -181,6 +185,8 @@ class FsdpUnit : public nn::ModuleHooks {
   // True when this pass's gather is issued or done and not yet resharded.
   bool gathered_this_pass() const { return gather_pass_ == shared_.pass && full_.defined(); }
   bool prefetched() const { return prefetched_; }
+  // Holds an unsharded flat parameter (gathered, prefetched or held).
+  bool unsharded() const { return full_.defined(); }
 
   // Issues the all-gather of this pass unless already issued. `prefetch`: for
   // a later module (counted against max_inflight_all_gathers until used).
@@ -334,6 +340,7 @@ class FsdpUnit : public nn::ModuleHooks {
     if (is_root()) {
       shared_.backward_order = shared_.backward_now;
       shared_.FreeUnusedPrefetches();
+      shared_.ReshardUnitsBackwardSkipped();
     }
   }
 
@@ -470,6 +477,15 @@ void FsdpShared::PrefetchUnits(const std::vector<int>& ids) {
 void FsdpShared::FreeUnusedPrefetches() {
   for (FsdpUnit* u : units) {
     if (u->prefetched()) u->Reshard();
+  }
+}
+
+void FsdpShared::ReshardUnitsBackwardSkipped() {
+  for (FsdpUnit* u : units) {
+    if (u->is_root() || u->held() || !u->unsharded()) continue;
+    if (std::find(backward_now.begin(), backward_now.end(), u->id()) == backward_now.end()) {
+      u->Reshard();
+    }
   }
 }
 

@@ -482,6 +482,38 @@ TEST(FsdpMemoryTest, FrozenUnitsHoldNoGradients) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// SHARD_GRAD_OP keeps a unit gathered from its forward for its backward;
+// when the backward stops above it (the embeddings and the first Block
+// frozen), the root's post-backward frees it: after the step only the shards
+// are held, and the next forward gathers every unit again.
+TEST(FsdpMemoryTest, ShardGradOpFreesTheUnitsTheBackwardSkips) {
+  const mingpt::GptConfig c = Tiny();
+  constexpr int kWorld = 2;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 5);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 6);
+  ThreadWorld world(kWorld);
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    ASSERT_TRUE(
+        nn::FreezeParameters(gpt, {"transformer.wte", "transformer.wpe", "transformer.h.0"}).ok());
+    auto fsdp = FullyShard(gpt, pg, PerBlock(ShardingStrategy::kShardGradOp));
+    int64_t shard_bytes = 0;
+    for (int u = 0; u < fsdp->num_units(); ++u) shard_bytes += fsdp->flat_param(u).shard_numel() * 4;
+    const Tensor my_idx = idx.Narrow(0, rank * 2, 2).Contiguous();
+    const Tensor my_tgt = tgt.Narrow(0, rank * 2, 2).Contiguous();
+    for (int step = 0; step < 2; ++step) {
+      const int64_t gathers = fsdp->all_gathers();
+      gpt.ForwardBackward(my_idx, my_tgt);
+      EXPECT_EQ(fsdp->all_gathers() - gathers, fsdp->num_units()) << "step " << step;
+      EXPECT_EQ(fsdp->Memory(tensor::MemoryCategory::kParameters).current, shard_bytes)
+          << "step " << step;
+      for (auto& [n, p] : gpt.NamedParameters()) EXPECT_FALSE(p->value.defined()) << n;
+      fsdp->ZeroGrad();
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // A forward pass with no backward (evaluation) leaves the root unit
 // (FULL_SHARD, HYBRID_SHARD) or every unit (SHARD_GRAD_OP,
 // HYBRID_SHARD_ZERO2) unsharded, waiting

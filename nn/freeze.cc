@@ -67,6 +67,13 @@ absl::StatusOr<std::vector<std::string>> ParseFreezePatterns(absl::string_view f
   return patterns;
 }
 
+bool HasTrainableParameters(Module& module) {
+  for (const auto& [name, p] : module.NamedParameters()) {
+    if (p->requires_grad) return true;
+  }
+  return false;
+}
+
 TrainableCount CountTrainable(Module& root) {
   TrainableCount count;
   for (const auto& [name, p] : root.NamedParameters()) {

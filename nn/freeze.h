@@ -35,6 +35,11 @@ absl::StatusOr<std::vector<std::string>> FreezeParameters(Module& root,
 // trimmed, empty entries an InvalidArgument naming the flag. "" gives none.
 absl::StatusOr<std::vector<std::string>> ParseFreezePatterns(absl::string_view flag);
 
+// Whether any parameter of `module`'s subtree trains (requires_grad). A
+// model's backward need not reach a module below its lowest trainable one: no
+// gradient is wanted there (PyTorch's autograd never gets there either).
+bool HasTrainableParameters(Module& module);
+
 // Elements of the parameters of `root` that train (requires_grad), and of all.
 struct TrainableCount {
   int64_t trainable = 0;

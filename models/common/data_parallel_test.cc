@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "gtest/gtest.h"
@@ -520,39 +521,53 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
 }
 
 // Fine-tuning with frozen parameters under every strategy equals one process
-// with the same parameters frozen: a whole Block (an FSDP unit of frozen
-// parameters only: no gradient, no reduce-scatter, no optimizer state), the
-// token embedding (frozen beside trainable parameters in the root unit) and
-// one Linear's weight (its bias trains). AdamW with weight decay would move a
-// frozen parameter that reached the optimizer, and a gradient that reached
-// one would change the clipped norm.
+// with the same parameters frozen. First: a whole Block (an FSDP unit of
+// frozen parameters only: no gradient, no reduce-scatter, no optimizer
+// state), the token embedding (frozen beside trainable parameters in the root
+// unit) and one Linear's weight (its bias trains). AdamW with weight decay
+// would move a frozen parameter that reached the optimizer, and a gradient
+// that reached one would change the clipped norm. Second: both embeddings and
+// the first Block, below which the backward stops: FULL_SHARD and
+// HYBRID_SHARD gather that Block for its forward only (4 all-gathers a
+// micro-batch, not 5).
 TEST_P(StrategyStepTest, FrozenParametersTrainAsInOneProcess) {
   const auto& [strategy, device_name] = GetParam();
   const tensor::Device device = *tensor::ParseDevice(device_name);
   if (device.is_cuda() && tensor::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const std::vector<std::string> freeze = {"transformer.h.0", "transformer.wte",
-                                           "transformer.h.1.attn.c_attn.weight"};
-  const Trace reference = SingleProcess(device, freeze);
   const Trace unfrozen = SingleProcess(device);
-  ASSERT_GT(std::abs(reference.norms[0] - unfrozen.norms[0]), 1e-3);  // freezing matters
   const bool hybrid = IsHybrid(*ParseStrategy(strategy));
   const int world = hybrid ? 4 : 2;
   const double tol = device.is_cuda() ? 1e-4 : 1e-5;
-  const DataParallelConfig config =
-      ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
-  std::vector<Trace> traces(world);
-  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
-    absl::StatusOr<Trace> trace = TrainSteps(config, rank.pg, device, false, 1, freeze);
-    if (!trace.ok()) return trace.status();
-    traces[rank.rank] = *std::move(trace);
-    return absl::OkStatus();
-  });
-  ASSERT_TRUE(s.ok()) << s;
-  for (int r = 0; r < world; ++r) {
-    for (int step = 0; step < kSteps; ++step) {
-      SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
-      EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
-      EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
+  const bool gathers_twice = strategy == "full_shard" || strategy == "hybrid_shard";
+  const bool gathers_once = strategy == "shard_grad_op" || strategy == "hybrid_shard_zero2";
+  struct Case {
+    std::vector<std::string> freeze;
+    int64_t all_gathers;  // per micro-batch, FULL_SHARD and HYBRID_SHARD
+  };
+  for (const Case& k : {Case{{"transformer.h.0", "transformer.wte",
+                              "transformer.h.1.attn.c_attn.weight"}, 5},
+                        Case{{"transformer.wte", "transformer.wpe", "transformer.h.0"}, 4}}) {
+    SCOPED_TRACE(absl::StrJoin(k.freeze, ","));
+    const Trace reference = SingleProcess(device, k.freeze);
+    ASSERT_GT(std::abs(reference.norms[0] - unfrozen.norms[0]), 1e-3);  // freezing matters
+    const DataParallelConfig config =
+        ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
+    std::vector<Trace> traces(world);
+    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+      absl::StatusOr<Trace> trace = TrainSteps(config, rank.pg, device, false, 1, k.freeze);
+      if (!trace.ok()) return trace.status();
+      traces[rank.rank] = *std::move(trace);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < world; ++r) {
+      for (int step = 0; step < kSteps; ++step) {
+        SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
+        EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
+        EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
+      }
+      const int64_t want = gathers_twice ? k.all_gathers : gathers_once ? 3 : 0;
+      EXPECT_EQ(traces[r].all_gathers_per_micro_batch, std::vector<int64_t>{want}) << "rank " << r;
     }
   }
 }

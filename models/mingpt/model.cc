@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/common/lm_loss.h"
+#include "nn/freeze.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/init.h"
 #include "tensor/ops/loss.h"
@@ -143,8 +144,27 @@ Tensor Transformer::DecodeInFrame(const Tensor& idx, std::vector<nn::KvCache>& c
 
 Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
   const int64_t T = ctx.Saved<Saved>().T;
-  Tensor g = ln_f_->RunBackward(grad_outputs.at(0), ctx.Child(3 + h_->size()));
-  for (size_t l = h_->size(); l-- > 0;) g = h_->RunBackwardAt(l, g, ctx.Child(3 + l));
+  const size_t L = h_->size();
+  // Backward goes down only as far as the lowest trainable parameter (frozen
+  // parameters, fine-tuning): with both embeddings frozen, blocks [0, stop)
+  // need no backward, nor ln_f when nothing below it trains either; their
+  // saved activations are dropped unused (FSDP gathers none of them again).
+  const bool embeddings_train =
+      nn::HasTrainableParameters(*wte_) || nn::HasTrainableParameters(*wpe_);
+  size_t stop = 0;  // blocks [stop, L) run their backward: stop is the lowest that trains
+  if (!embeddings_train) {
+    while (stop < L && !nn::HasTrainableParameters(*blocks_[stop])) ++stop;
+  }
+  for (size_t l = 0; l < stop; ++l) ctx.Child(3 + l).Clear();  // their activations, now
+  if (!embeddings_train) {
+    for (size_t i = 0; i < 3; ++i) ctx.Child(i).Clear();  // wte, wpe, drop
+  }
+  Tensor g = grad_outputs.at(0);  // (B, T, C)
+  if (stop < L || embeddings_train || nn::HasTrainableParameters(*ln_f_)) {
+    g = ln_f_->RunBackward(g, ctx.Child(3 + L));
+  }
+  for (size_t l = L; l-- > stop;) g = h_->RunBackwardAt(l, g, ctx.Child(3 + l));
+  if (!embeddings_train) return {Tensor()};
   g = drop_->RunBackward(g, ctx.Child(2));                                   // (B, T, C)
   wte_->RunBackward(g, ctx.Child(0));
   wpe_->RunBackward(tensor::Sum(g, 0, /*keepdim=*/true).Reshape({1, T, -1}), ctx.Child(1));

@@ -4,9 +4,13 @@
 #include "models/mingpt/model.h"
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nn/checkpoint.h"
+#include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "tensor/testing.h"
@@ -82,6 +86,58 @@ TEST(GptTest, CheckpointedBlocksGiveTheSameGradients) {
     return out;
   };
   EXPECT_EQ(grads(true), grads(false));
+}
+
+// Counts the backward passes of the modules it is installed on.
+class BackwardCounter : public nn::ModuleHooks {
+ public:
+  void PostBackward(nn::Module& m) override { ++counts[&m]; }
+  std::map<nn::Module*, int> counts;
+};
+
+// Fine-tuning with the embeddings and the lower blocks frozen: the backward
+// stops at the lowest trainable block (the frozen blocks below it and the
+// embeddings run none, as PyTorch's autograd), and every trainable gradient
+// is, to the bit, the one of the unfrozen model; a trainable embedding makes
+// the backward go all the way down again.
+TEST(GptTest, BackwardStopsAtTheLowestTrainableBlock) {
+  GptConfig c = Tiny();
+  c.n_layer = 3;
+  const Tensor idx = Ids({1, 4, 2, 9, 0, 3, 7, 7, 10, 5, 6, 1}, 2, 6);
+  const Tensor targets = Ids({4, 2, 9, 0, 3, 8, 7, 10, 5, 6, 1, 2}, 2, 6);
+  GPT reference(c);
+  reference.Materialize(3);
+  reference.ForwardBackward(idx, targets);
+  struct Case {
+    std::vector<std::string> freeze;
+    std::vector<int> block_backwards;  // per block
+  };
+  for (const Case& k : std::vector<Case>{
+           {{"transformer.wte", "transformer.wpe", "transformer.h.0", "transformer.h.1"}, {0, 0, 1}},
+           {{"transformer.wte", "transformer.wpe", "transformer.h.0"}, {0, 1, 1}},
+           {{"transformer.wte", "transformer.wpe", "transformer.h.1"}, {1, 1, 1}},
+           {{"transformer.wpe", "transformer.h.0", "transformer.h.1"}, {1, 1, 1}},
+           {{"transformer"}, {0, 0, 0}},
+       }) {
+    SCOPED_TRACE(k.freeze.back());
+    GPT gpt(c);
+    ASSERT_TRUE(nn::FreezeParameters(gpt, k.freeze).ok());
+    gpt.Materialize(3);
+    BackwardCounter counter;
+    for (size_t l = 0; l < 3; ++l) gpt.transformer()->blocks()->at(l)->set_hooks(&counter);
+    EXPECT_EQ(gpt.ForwardBackward(idx, targets), reference.Loss(idx, targets));
+    for (size_t l = 0; l < 3; ++l) {
+      EXPECT_EQ(counter.counts[gpt.transformer()->blocks()->at(l)], k.block_backwards[l]) << l;
+    }
+    auto got = gpt.NamedParameters(), want = reference.NamedParameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i].second->requires_grad) {
+        EXPECT_TRUE(AllClose(got[i].second->grad, want[i].second->grad, 0, 0)) << got[i].first;
+      } else {
+        EXPECT_FALSE(got[i].second->grad.defined()) << got[i].first;
+      }
+    }
+  }
 }
 
 TEST(GptTest, AdamWOverfitsAFixedBatch) {
