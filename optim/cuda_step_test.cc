@@ -1,6 +1,7 @@
 // AdamW, SGD (momentum, nesterov) and global-norm clipping with parameters on
 // a CUDA device against the same steps on the CPU, over weight-decay ranges
 // that split a tensor. Tagged gpu; skips where no device is visible.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,18 +22,28 @@ using tensor::cuda::testing::MatchesCpu;
 using tensor::cuda::testing::ToGpu;
 
 // Three steps of `opt_cpu` and `opt_gpu` on the same parameter (10007
-// elements, decay on [100, 5000) and [9000, 10007)) with changing gradients.
-void ExpectSameSteps(Optimizer& opt_cpu, Optimizer& opt_gpu) {
-  Tensor p_cpu = tensor::testing::RandomTensor({10007}, 1);
-  Tensor p_gpu = ToGpu(p_cpu);
+// elements, decay on [100, 5000) and [9000, 10007)) with changing gradients,
+// and of a second pair on a parameter with frozen ranges across those (an
+// FSDP shard holding frozen parameters), which both leave as they were.
+void ExpectSameSteps(const std::function<std::unique_ptr<Optimizer>()>& make) {
   const ElementRanges decay = {{100, 5000}, {9000, 10007}};
-  for (int step = 0; step < 3; ++step) {
-    const Tensor g = tensor::testing::RandomTensor({10007}, 10 + step);
-    ParamRef cpu{"w", p_cpu, g, decay};
-    ParamRef gpu{"w", p_gpu, ToGpu(g), decay};
-    opt_cpu.Step({cpu});
-    opt_gpu.Step({gpu});
-    EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7})) << "step " << step;
+  for (const ElementRanges& frozen : {ElementRanges{}, ElementRanges{{0, 7}, {4000, 9500}}}) {
+    SCOPED_TRACE(frozen.empty() ? "nothing frozen" : "frozen ranges");
+    std::unique_ptr<Optimizer> opt_cpu = make(), opt_gpu = make();
+    const Tensor start = tensor::testing::RandomTensor({10007}, 1);
+    Tensor p_cpu = start.Clone();
+    Tensor p_gpu = ToGpu(start);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor g = tensor::testing::RandomTensor({10007}, 10 + step);
+      ParamRef cpu{"w", p_cpu, g, decay, frozen};
+      ParamRef gpu{"w", p_gpu, ToGpu(g), decay, frozen};
+      opt_cpu->Step({cpu});
+      opt_gpu->Step({gpu});
+      EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7})) << "step " << step;
+    }
+    for (const auto& [b, e] : frozen) {
+      EXPECT_TRUE(MatchesCpu(p_gpu.Narrow(0, b, e - b), start.Narrow(0, b, e - b), {0, 0}));
+    }
   }
 }
 
@@ -41,9 +52,7 @@ TEST(CudaOptimizerTest, AdamWMatchesTheCpu) {
   AdamWOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0.1;
-  auto cpu = AdamW::Create(o).value();
-  auto gpu = AdamW::Create(o).value();
-  ExpectSameSteps(*cpu, *gpu);
+  ExpectSameSteps([&] { return AdamW::Create(o).value(); });
 }
 
 TEST(CudaOptimizerTest, SgdVariantsMatchTheCpu) {
@@ -56,10 +65,8 @@ TEST(CudaOptimizerTest, SgdVariantsMatchTheCpu) {
       o.momentum = momentum;
       o.nesterov = nesterov;
       o.weight_decay = 0.05;
-      auto cpu = SGD::Create(o).value();
-      auto gpu = SGD::Create(o).value();
       SCOPED_TRACE(testing::Message() << "momentum " << momentum << " nesterov " << nesterov);
-      ExpectSameSteps(*cpu, *gpu);
+      ExpectSameSteps([&] { return SGD::Create(o).value(); });
     }
   }
 }
