@@ -63,6 +63,33 @@ TEST(WrapPolicyTest, TransformerPolicyWrapsBlocksAndTheRootKeepsTheRest) {
   EXPECT_EQ(total, gpt.NumParameters());
 }
 
+// Frozen leaf modules outside the policy's units get units of their own
+// (wte and a frozen ln_f; not wpe, which trains, nor the frozen Block's
+// layers, which stay in its unit); a kept parameter stays in the root; with
+// None every frozen leaf is a unit; a size-based policy is unchanged.
+TEST(WrapPolicyTest, FrozenLeavesApartTakesFrozenLeavesOutOfEnclosingUnits) {
+  mingpt::GPT gpt(Tiny());
+  ASSERT_TRUE(nn::FreezeParameters(gpt, {"transformer.wte", "transformer.ln_f", "transformer.h.1"})
+                  .ok());
+  const WrapPolicy blocks = WrapPolicy::Transformer({"Block"});
+  auto plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(blocks));
+  EXPECT_EQ(UnitNames(plans),
+            (std::vector<std::string>{"", "transformer.wte", "transformer.h.0", "transformer.h.1",
+                                      "transformer.ln_f"}));
+  std::vector<std::string> root_params;
+  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
+  EXPECT_EQ(root_params,
+            (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
+  const nn::Parameter* wte = gpt.NamedParameters().at(0).second;
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(blocks, {wte}));
+  EXPECT_EQ(UnitNames(plans), (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1",
+                                                        "transformer.ln_f"}));
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(WrapPolicy::None()));
+  EXPECT_EQ(plans.size(), 1u + 1u + 6u + 1u);  // root, wte, h.1's 6 layers, ln_f
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(WrapPolicy::SizeBased(300)));
+  EXPECT_EQ(UnitNames(plans), UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(300))));
+}
+
 TEST(WrapPolicyTest, NoneIsOneRootUnitWithEveryParameterInOrder) {
   mingpt::GPT gpt(Tiny());
   auto plans = PlanUnits(gpt, WrapPolicy::None());

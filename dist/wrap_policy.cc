@@ -77,6 +77,21 @@ WrapPolicy WrapPolicy::FromPredicate(Predicate predicate) {
   return p;
 }
 
+WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, std::set<const nn::Parameter*> keep) {
+  if (base.kind_ == Kind::kSizeBased) return base;
+  Predicate inner = base.predicate_;  // empty for None
+  return FromPredicate([inner = std::move(inner), keep = std::move(keep)](
+                           const std::string& name, nn::Module& m) {
+    if (inner && inner(name, m)) return true;
+    const auto params = m.LocalParameters();
+    if (params.empty() || !m.NamedChildren().empty()) return false;
+    for (const auto& [pname, p] : params) {
+      if (p->requires_grad || keep.count(p) > 0) return false;
+    }
+    return true;
+  });
+}
+
 std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Module& root) const {
   std::vector<std::pair<std::string, nn::Module*>> out = {{"", &root}};
   switch (kind_) {

@@ -36,6 +36,16 @@ class WrapPolicy {
   static WrapPolicy Transformer(std::set<std::string> block_class_names);
   static WrapPolicy SizeBased(int64_t min_params);
   static WrapPolicy FromPredicate(Predicate predicate);
+  // `base`, and every module that holds parameters, has no children and whose
+  // parameters are all frozen (requires_grad false) becomes a unit of its own
+  // where `base` leaves it in an enclosing unit: minGPT's frozen embeddings
+  // then leave the root unit, which keeps only trainable parameters, so no
+  // unit holds a gradient or optimizer state for them (the mixed units' cost,
+  // flat_param.h). Modules holding a parameter of `keep` stay where `base`
+  // puts them (tied weights that must stay in the root unit). For None and
+  // predicate policies; a size-based `base` is returned as it is.
+  static WrapPolicy FrozenLeavesApart(WrapPolicy base,
+                                      std::set<const nn::Parameter*> keep = {});
 
   // The unit modules (name relative to the root, module) in pre-order; the
   // root ("") is always first.

@@ -5,7 +5,9 @@
 //   ./bazelw run //tools:bench_freeze -- --preset=gpt-mini --world_size=2   # FSDP FULL_SHARD
 //
 // --world_size=1 trains one process (no wrapper); N > 1: FSDP FULL_SHARD with
-// one unit per Block over N ranks of the threads engine. Every variant (one
+// one unit per Block over N ranks of the threads engine, and frozen leaf
+// modules outside the Blocks in units of their own, as the train binaries
+// (dist::WrapPolicy::FrozenLeavesApart). Every variant (one
 // per --freeze_sets entry, "none" first) has its own model, AdamW and memory
 // ledger; each step runs every variant in turn on the same batch, ABC.. then
 // ..CBA, so drifts in machine load hit all alike. A step = forward + backward
@@ -81,6 +83,7 @@ struct Variant {
   double median_ms = 0, paired = 0;
   double params_mib = 0, grads_mib = 0, optim_mib = 0, activ_mib = 0;
   double all_gathers_per_step = 0;
+  int units = 0;  // FSDP
 };
 
 absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants) {
@@ -127,7 +130,8 @@ absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants
       } else {
         dist::FsdpOptions o;
         o.strategy = dist::ShardingStrategy::kFullShard;
-        o.policy = dist::WrapPolicy::Transformer({"Block"});
+        // As the train binaries: frozen embeddings etc. in units of their own.
+        o.policy = dist::WrapPolicy::FrozenLeavesApart(dist::WrapPolicy::Transformer({"Block"}));
         o.seed = 1;
         sharded[v] = dist::FullyShard(*models[v], pg, o);
       }
@@ -183,6 +187,7 @@ absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants
       r.optim_mib = MiB(ledgers[v]->Stats(cpu, MemoryCategory::kOptimizerState).peak);
       r.activ_mib = MiB(ledgers[v]->Stats(cpu, MemoryCategory::kActivations).peak);
       r.all_gathers_per_step = static_cast<double>(gathers[v]) / steps;
+      r.units = sharded[v] ? sharded[v]->num_units() : 0;
     }
     return absl::OkStatus();
   });
@@ -222,21 +227,21 @@ int main(int argc, char** argv) {
                          : absl::StrCat("FSDP FULL_SHARD per Block over ", world, " ranks").c_str());
   int width = 6;  // the "frozen" column fits the longest set
   for (const Variant& r : variants) width = std::max(width, static_cast<int>(r.freeze.size()));
-  std::printf("%-*s %9s %9s %7s %8s %8s %8s %8s %8s\n", width, "frozen", "train M", "ms/step",
-              "paired", "params", "grads", "optim", "activ", "gathers");
+  std::printf("%-*s %9s %9s %7s %8s %8s %8s %8s %6s %8s\n", width, "frozen", "train M", "ms/step",
+              "paired", "params", "grads", "optim", "activ", "units", "gathers");
   std::string json = "[";
   for (size_t v = 0; v < variants.size(); ++v) {
     const Variant& r = variants[v];
-    std::printf("%-*s %9.2f %9.1f %7.3f %8.2f %8.2f %8.2f %8.2f %8.1f\n", width, r.freeze.c_str(),
-                r.trainable / 1e6, r.median_ms, r.paired, r.params_mib, r.grads_mib, r.optim_mib,
-                r.activ_mib, r.all_gathers_per_step);
+    std::printf("%-*s %9.2f %9.1f %7.3f %8.2f %8.2f %8.2f %8.2f %6d %8.1f\n", width,
+                r.freeze.c_str(), r.trainable / 1e6, r.median_ms, r.paired, r.params_mib,
+                r.grads_mib, r.optim_mib, r.activ_mib, r.units, r.all_gathers_per_step);
     absl::StrAppendFormat(
         &json,
         "%s{\"freeze\":\"%s\",\"trainable\":%d,\"total\":%d,\"world_size\":%d,\"median_ms\":%.3f,"
         "\"paired_ratio\":%.4f,\"params_mib\":%.3f,\"grads_mib\":%.3f,\"optim_mib\":%.3f,"
-        "\"activ_mib\":%.3f,\"all_gathers_per_step\":%.2f}",
+        "\"activ_mib\":%.3f,\"units\":%d,\"all_gathers_per_step\":%.2f}",
         v ? "," : "", r.freeze, r.trainable, r.total, world, r.median_ms, r.paired, r.params_mib,
-        r.grads_mib, r.optim_mib, r.activ_mib, r.all_gathers_per_step);
+        r.grads_mib, r.optim_mib, r.activ_mib, r.units, r.all_gathers_per_step);
   }
   json += "]\n";
   const std::string json_out = absl::GetFlag(FLAGS_json_out);

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "glog/logging.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
+#include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
 #include "tensor/tensor.h"
@@ -541,9 +543,23 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
     const std::vector<std::string>& root_params) {
   if (optimizer == nullptr) return absl::InvalidArgumentError("DataParallelModel: no optimizer");
   std::unique_ptr<DataParallelModel> dp(new DataParallelModel(model, pg, config));
+  // Frozen parameters (--freeze): frozen leaf modules outside the policy's
+  // units get units of their own, so that no unit mixes them with trainable
+  // parameters where it can be avoided (the root's tied weights stay in it).
+  dist::WrapPolicy policy = config.policy;
+  if (IsFsdp(config.strategy) && nn::CountTrainable(model).trainable < model.NumParameters()) {
+    std::set<const nn::Parameter*> keep;
+    for (const auto& [name, p] : model.NamedParameters()) {
+      if (std::find(root_params.begin(), root_params.end(), name) != root_params.end()) {
+        keep.insert(p);
+      }
+    }
+    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), std::move(keep));
+    dp->frozen_leaves_apart_ = true;
+  }
   if (IsFsdp(config.strategy)) {
     // Tied weights must stay in the root unit: check the plan before sharding.
-    const std::vector<dist::UnitPlan> plan = dist::PlanUnits(model, config.policy);
+    const std::vector<dist::UnitPlan> plan = dist::PlanUnits(model, policy);
     for (const std::string& name : root_params) {
       const dist::UnitPlan* holder = nullptr;
       for (const dist::UnitPlan& unit : plan) {
@@ -599,7 +615,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         o.backward_prefetch = config.backward_prefetch;
         o.forward_prefetch = config.forward_prefetch;
         o.max_inflight_all_gathers = config.max_inflight_all_gathers;
-        o.policy = config.policy;
+        o.policy = policy;
         o.mixed_precision = config.mixed_precision;
         o.device = config.device;
         o.cpu_offload = config.cpu_offload;
@@ -635,6 +651,7 @@ std::string DataParallelModel::Describe() const {
   std::string extras;
   if (prefetch_units_ > 0) absl::StrAppend(&extras, ", prefetch_units ", prefetch_units_);
   if (keep_last_unit_) absl::StrAppend(&extras, ", last unit kept");
+  if (frozen_leaves_apart_) absl::StrAppend(&extras, ", frozen leaves apart");
   return absl::StrCat(StrategyName(strategy_), ", ", fsdp_->num_units(), " units (auto_wrap ",
                       auto_wrap_, extras, ")");
 }

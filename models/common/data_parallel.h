@@ -244,7 +244,8 @@ class DataParallelModel {
   // DDP and ZeRO-1: materializes `model` from `seed` and broadcasts rank 0's
   // values. FSDP: shards it by the configured policy with sharded
   // initialization from `seed` (bitwise the values Materialize(seed) gives;
-  // no rank materializes the whole model). Every parameter named in
+  // no rank materializes the whole model); with frozen parameters the policy
+  // is dist::WrapPolicy::FrozenLeavesApart of the configured one. Every parameter named in
   // `root_params` must stay in the root FSDP unit (tied weights read outside
   // their module's forward, such as T5's shared embedding): a policy that
   // moves one into another unit is an InvalidArgument error naming the unit.
@@ -370,6 +371,7 @@ class DataParallelModel {
   const std::string auto_wrap_;
   const int prefetch_units_;
   const bool keep_last_unit_;
+  bool frozen_leaves_apart_ = false;  // FSDP: dist::WrapPolicy::FrozenLeavesApart applied
   std::unique_ptr<optim::Optimizer> owned_optimizer_;  // DDP, FSDP
   optim::Optimizer* optimizer_ = nullptr;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;

@@ -526,10 +526,12 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
 // state), the token embedding (frozen beside trainable parameters in the root
 // unit) and one Linear's weight (its bias trains). AdamW with weight decay
 // would move a frozen parameter that reached the optimizer, and a gradient
-// that reached one would change the clipped norm. Second: both embeddings and
-// the first Block, below which the backward stops: FULL_SHARD and
-// HYBRID_SHARD gather that Block for its forward only (4 all-gathers a
-// micro-batch, not 5).
+// that reached one would change the clipped norm. FSDP puts the frozen
+// embeddings in units of their own (FrozenLeavesApart), which gather for
+// their forward only: a frozen embedding runs no backward. Second: both
+// embeddings and the first Block, below which the backward stops: FULL_SHARD
+// and HYBRID_SHARD gather only the second Block again for the backward (6
+// all-gathers a micro-batch: 5 units forward, 1 backward).
 TEST_P(StrategyStepTest, FrozenParametersTrainAsInOneProcess) {
   const auto& [strategy, device_name] = GetParam();
   const tensor::Device device = *tensor::ParseDevice(device_name);
@@ -542,11 +544,12 @@ TEST_P(StrategyStepTest, FrozenParametersTrainAsInOneProcess) {
   const bool gathers_once = strategy == "shard_grad_op" || strategy == "hybrid_shard_zero2";
   struct Case {
     std::vector<std::string> freeze;
-    int64_t all_gathers;  // per micro-batch, FULL_SHARD and HYBRID_SHARD
+    int64_t all_gathers_twice;  // per micro-batch, FULL_SHARD and HYBRID_SHARD
+    int64_t all_gathers_once;   // SHARD_GRAD_OP and HYBRID_SHARD_ZERO2: the units
   };
   for (const Case& k : {Case{{"transformer.h.0", "transformer.wte",
-                              "transformer.h.1.attn.c_attn.weight"}, 5},
-                        Case{{"transformer.wte", "transformer.wpe", "transformer.h.0"}, 4}}) {
+                              "transformer.h.1.attn.c_attn.weight"}, 6, 4},
+                        Case{{"transformer.wte", "transformer.wpe", "transformer.h.0"}, 6, 5}}) {
     SCOPED_TRACE(absl::StrJoin(k.freeze, ","));
     const Trace reference = SingleProcess(device, k.freeze);
     ASSERT_GT(std::abs(reference.norms[0] - unfrozen.norms[0]), 1e-3);  // freezing matters
@@ -566,7 +569,9 @@ TEST_P(StrategyStepTest, FrozenParametersTrainAsInOneProcess) {
         EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
         EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
       }
-      const int64_t want = gathers_twice ? k.all_gathers : gathers_once ? 3 : 0;
+      const int64_t want = gathers_twice ? k.all_gathers_twice
+                           : gathers_once ? k.all_gathers_once
+                                          : 0;
       EXPECT_EQ(traces[r].all_gathers_per_micro_batch, std::vector<int64_t>{want}) << "rank " << r;
     }
   }

@@ -165,9 +165,12 @@ Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
   }
   for (size_t l = L; l-- > stop;) g = h_->RunBackwardAt(l, g, ctx.Child(3 + l));
   if (!embeddings_train) return {Tensor()};
-  g = drop_->RunBackward(g, ctx.Child(2));                                   // (B, T, C)
-  wte_->RunBackward(g, ctx.Child(0));
-  wpe_->RunBackward(tensor::Sum(g, 0, /*keepdim=*/true).Reshape({1, T, -1}), ctx.Child(1));
+  g = drop_->RunBackward(g, ctx.Child(2));  // (B, T, C)
+  // A frozen embedding's backward has nothing to compute (nor, under FSDP, to gather).
+  if (nn::HasTrainableParameters(*wte_)) wte_->RunBackward(g, ctx.Child(0));
+  if (nn::HasTrainableParameters(*wpe_)) {
+    wpe_->RunBackward(tensor::Sum(g, 0, /*keepdim=*/true).Reshape({1, T, -1}), ctx.Child(1));
+  }
   return {Tensor()};  // token ids have no gradient
 }
 
