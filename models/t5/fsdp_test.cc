@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -25,6 +26,7 @@
 #include "models/data/span_corruption.h"
 #include "models/t5/generate.h"
 #include "models/t5/model.h"
+#include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
@@ -171,8 +173,16 @@ void DecodeAfterTraining(T5Model& model, Decoded& t) {
   if (tokens.ok()) t.tokens = *tokens;
 }
 
-Trace OneProcess(bool v1_1) {
+// Fine-tuning's frozen parameters (the second run of each test): the shared
+// embedding (kept in the root unit), the encoder (its final norm then a unit
+// of its own) and the decoder's first block.
+const std::vector<std::string> kFrozen = {"shared", "encoder", "decoder.block.0"};
+
+Trace OneProcess(bool v1_1, bool frozen) {
   T5Model model(Tiny(v1_1));
+  if (frozen) {
+    EXPECT_TRUE(nn::FreezeParameters(model, kFrozen).ok());
+  }
   model.Materialize(kSeed);
   data::SpanCorruptionLoader loader = Loader(0, 1);
   std::unique_ptr<optim::Optimizer> opt = AdamW();
@@ -194,21 +204,27 @@ Trace OneProcess(bool v1_1) {
   return t;
 }
 
-class T5FullShardTest : public testing::TestWithParam<bool> {};
+// (v1_1, frozen): kFrozen frozen in both runs.
+class T5FullShardTest : public testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
-  const bool v1_1 = GetParam();
-  const Trace reference = OneProcess(v1_1);
+  const auto [v1_1, frozen] = GetParam();
+  const Trace reference = OneProcess(v1_1, frozen);
   ASSERT_GT(reference.norms[0], kClip);  // clipping across shards is exercised
   const train::DataParallelConfig config = Config("transformer", 2);
   std::vector<Trace> traces(2);
   absl::Status s = train::RunDataParallel(config, [&](train::RankContext& rank) -> absl::Status {
     T5Model model(Tiny(v1_1));
+    if (frozen) {
+      absl::StatusOr<std::vector<std::string>> f = nn::FreezeParameters(model, kFrozen);
+      if (!f.ok()) return f.status();
+    }
     data::SpanCorruptionLoader loader = Loader(rank.rank, 2);
     auto dp =
         train::DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {"shared.weight"});
     if (!dp.ok()) return dp.status();
-    EXPECT_EQ((*dp)->fsdp()->num_units(), 5);
+    // Frozen: the encoder's final norm is a unit of its own; shared.weight stays in the root.
+    EXPECT_EQ((*dp)->fsdp()->num_units(), frozen ? 6 : 5);
     Trace& t = traces[rank.rank];
     for (int step = 0; step < kSteps; ++step) {
       const data::Seq2SeqBatch b = loader.Next();  // this rank's rows: (2, S), (2, T_dec)
@@ -273,9 +289,12 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
   EXPECT_NE(reference.losses.front(), reference.losses.back());
 }
 
-INSTANTIATE_TEST_SUITE_P(TiedAndUntied, T5FullShardTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& info) {
-                           return info.param ? "V1_1Untied" : "V1_0Tied";
+INSTANTIATE_TEST_SUITE_P(TiedAndUntied, T5FullShardTest,
+                         testing::Combine(testing::Bool(), testing::Bool()),
+                         [](const testing::TestParamInfo<std::tuple<bool, bool>>& info) {
+                           return std::string(std::get<0>(info.param) ? "V1_1Untied"
+                                                                      : "V1_0Tied") +
+                                  (std::get<1>(info.param) ? "Frozen" : "");
                          });
 
 // forward_prefetch follows the forward order recorded from the pass before.

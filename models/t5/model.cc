@@ -8,6 +8,7 @@
 
 #include "models/common/lm_loss.h"
 #include "nn/checkpoint.h"
+#include "nn/freeze.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/loss.h"
@@ -47,8 +48,9 @@ void DecoderCache::SelectRows(const std::vector<int64_t>& rows) {
 
 // ---- T5Stack ----
 
-T5Stack::T5Stack(const T5Config& c, bool is_decoder, nn::Embedding* embed_tokens)
-    : Module("T5Stack"), is_decoder_(is_decoder), embed_tokens_(embed_tokens) {
+T5Stack::T5Stack(const T5Config& c, bool is_decoder, nn::Embedding* embed_tokens,
+                 nn::Module* encoder)
+    : Module("T5Stack"), is_decoder_(is_decoder), embed_tokens_(embed_tokens), encoder_(encoder) {
   OP_CHECK(embed_tokens != nullptr && embed_tokens->dim() == c.d_model, kOp,
            "a stack needs the shared embedding (V, d_model) with d_model ", c.d_model);
   block_ = RegisterModule("block", std::make_unique<nn::ModuleList>());
@@ -119,11 +121,24 @@ Tensor T5Stack::Decode(const Tensor& ids, const Tensor& encoder_hidden, const Te
 
 Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved s = ctx.Saved<Saved>();
+  const size_t L = block_->size();
+  Tensors grads(s.num_inputs);
+  // Frozen parameters: below the lowest trainable block nothing is wanted
+  // unless the shared embedding trains or (decoder) the encoder, which every
+  // block's cross-attention gradient feeds.
+  const bool embedding_trains = embed_tokens_->weight()->requires_grad;
+  const bool below_trains =
+      embedding_trains || (encoder_ != nullptr && nn::HasTrainableParameters(*encoder_));
+  size_t stop = 0;  // blocks [stop, L) run their backward: stop is the lowest that trains
+  if (!below_trains) {
+    while (stop < L && !nn::HasTrainableParameters(*block(stop))) ++stop;
+    if (stop == L && !nn::HasTrainableParameters(*final_layer_norm_)) return grads;
+  }
   Tensor g = dropout_->RunBackward(grad_outputs.at(0), ctx.Child(FinalDropoutSlot()));
   g = final_layer_norm_->RunBackward(g, ctx.Child(NormSlot()));  // (B, T, d_model)
   Tensor g_bias;            // (1, nh, T, T) f32: sum over blocks 1..L-1 (users of block 0's bias)
   Tensor g_encoder_hidden;  // (B, S, d_model) f32: sum over every block's cross-attention
-  for (size_t l = block_->size(); l-- > 0;) {
+  for (size_t l = L; l-- > stop;) {
     Tensors g_out = {g};
     if (l == 0) g_out.push_back(g_bias);
     // {grad x, grad position_bias, undefined, grad encoder_hidden, undefined}
@@ -134,9 +149,11 @@ Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
       g_encoder_hidden = Accumulate(g_encoder_hidden, gi.at(T5Block::kEncoderHidden));
     }
   }
-  g = dropout_->RunBackward(g, ctx.Child(1));
-  embed_tokens_->RunBackward(g, ctx.Child(0));  // into shared.weight's gradient
-  Tensors grads(s.num_inputs);
+  if (!below_trains) return grads;  // the skipped blocks' contexts go with ctx
+  if (embedding_trains) {
+    g = dropout_->RunBackward(g, ctx.Child(1));
+    embed_tokens_->RunBackward(g, ctx.Child(0));  // into shared.weight's gradient
+  }
   if (is_decoder_) grads.at(kEncoderHidden) = g_encoder_hidden.To(s.encoder_hidden_dtype);
   return grads;
 }
@@ -160,7 +177,8 @@ T5Model::T5Model(const T5Config& config) : Module("T5Model"), config_(Validated(
   shared_ = RegisterModule(
       "shared", std::make_unique<nn::Embedding>(c.vocab_size, c.d_model, shared_options));
   encoder_ = RegisterModule("encoder", std::make_unique<T5Stack>(c, /*is_decoder=*/false, shared_));
-  decoder_ = RegisterModule("decoder", std::make_unique<T5Stack>(c, /*is_decoder=*/true, shared_));
+  decoder_ = RegisterModule("decoder",
+                            std::make_unique<T5Stack>(c, /*is_decoder=*/true, shared_, encoder_));
   if (!c.tie_word_embeddings) {
     nn::LinearOptions head;
     head.bias = false;
@@ -200,7 +218,10 @@ Tensors T5Model::Backward(const Tensors& grad_outputs, Context& ctx) {
                                            : TiedHeadBackward(g_logits, ctx.Child(2));
   // {undefined, undefined, grad encoder output, undefined}
   const Tensors gd = decoder_->RunBackward(Tensors{g_dec}, ctx.Child(1));
-  encoder_->RunBackward(Tensors{gd.at(T5Stack::kEncoderHidden)}, ctx.Child(0));
+  // A frozen encoder (and shared embedding) runs no backward.
+  if (shared_->weight()->requires_grad || nn::HasTrainableParameters(*encoder_)) {
+    encoder_->RunBackward(Tensors{gd.at(T5Stack::kEncoderHidden)}, ctx.Child(0));
+  }
   return Tensors(3);  // token ids and the mask have no gradient
 }
 

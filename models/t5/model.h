@@ -73,8 +73,12 @@ class T5Stack : public nn::Module {
     kEncoderMask = 3,    // (B, S) 0/1 key mask of cross-attention, or undefined
   };
 
-  // embed_tokens (not owned) must outlive the stack.
-  T5Stack(const T5Config& config, bool is_decoder, nn::Embedding* embed_tokens);
+  // embed_tokens (not owned) must outlive the stack. encoder (decoder only;
+  // not owned): the stack the decoder's encoder-output gradient feeds, so the
+  // decoder's backward knows whether that gradient is wanted (frozen
+  // parameters; see Backward).
+  T5Stack(const T5Config& config, bool is_decoder, nn::Embedding* embed_tokens,
+          nn::Module* encoder = nullptr);
 
   bool is_decoder() const { return is_decoder_; }
   nn::ModuleList* blocks() { return block_; }
@@ -91,7 +95,12 @@ class T5Stack : public nn::Module {
   // inputs: the slots above (trailing ones may be left out) -> {hidden (B, T, d_model)}.
   Tensors Forward(const Tensors& inputs, Context& ctx) override;
   // {grad_hidden} -> {undefined, undefined, grad_encoder_hidden (decoder), undefined},
-  // one per input given. Accumulates into shared.weight's gradient.
+  // one per input given. Accumulates into shared.weight's gradient. With
+  // frozen parameters it goes down only as far as something trains: when the
+  // shared embedding is frozen (and, for the decoder, the whole encoder, so
+  // grad_encoder_hidden is left undefined), the frozen blocks below the
+  // lowest trainable one run no backward, nor the final norm when nothing
+  // of the stack trains.
   Tensors Backward(const Tensors& grad_outputs, Context& ctx) override;
 
  private:
@@ -107,6 +116,7 @@ class T5Stack : public nn::Module {
 
   const bool is_decoder_;
   nn::Embedding* embed_tokens_;  // (V, d_model), not owned
+  nn::Module* encoder_;          // decoder: the encoder stack, not owned; else null
   nn::ModuleList* block_;
   nn::RMSNorm* final_layer_norm_;
   nn::Dropout* dropout_;

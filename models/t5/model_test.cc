@@ -6,11 +6,13 @@
 #include "models/t5/model.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nn/checkpoint.h"
+#include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "tensor/ops/elementwise.h"
@@ -70,6 +72,58 @@ void ExpectNamesAndCountsMatch(const T5Config& c) {
         << shapes[i].name;
   }
   EXPECT_EQ(model.NumParameters(), CountParameters(c).total);
+}
+
+// Counts the backward passes of the modules it is installed on.
+class BackwardCounter : public nn::ModuleHooks {
+ public:
+  void PostBackward(nn::Module& m) override { ++counts[&m]; }
+  std::map<nn::Module*, int> counts;
+};
+
+// Fine-tuning with frozen parameters: the backward stops where nothing below
+// trains (a frozen encoder with the shared embedding frozen runs none; the
+// decoder's frozen lower blocks run none unless the encoder trains, which
+// their cross-attention gradients feed), and every trainable gradient is, to
+// the bit, the one of the unfrozen model.
+TEST(T5ModelTest, BackwardStopsWhereNothingBelowTrains) {
+  const Batch b;
+  T5Model reference(Tiny());
+  reference.Materialize(5);
+  const double loss = ForwardBackward(reference, b);
+  struct Case {
+    std::vector<std::string> freeze;
+    std::vector<int> encoder_blocks, decoder_blocks;  // backwards per block
+  };
+  for (const Case& k : std::vector<Case>{
+           {{"shared", "encoder"}, {0, 0}, {1, 1}},
+           {{"shared", "encoder", "decoder.block.0"}, {0, 0}, {0, 1}},
+           {{"shared", "decoder.block.0"}, {1, 1}, {1, 1}},
+           {{"shared", "encoder.block.0"}, {0, 1}, {1, 1}},
+           {{"encoder.block.0", "decoder.block.0"}, {1, 1}, {1, 1}},
+       }) {
+    SCOPED_TRACE(k.freeze.back());
+    T5Model model(Tiny());
+    ASSERT_TRUE(nn::FreezeParameters(model, k.freeze).ok());
+    model.Materialize(5);
+    BackwardCounter counter;
+    for (T5Stack* stack : {model.encoder(), model.decoder()}) {
+      for (size_t l = 0; l < 2; ++l) stack->block(l)->set_hooks(&counter);
+    }
+    EXPECT_EQ(ForwardBackward(model, b), loss);
+    for (size_t l = 0; l < 2; ++l) {
+      EXPECT_EQ(counter.counts[model.encoder()->block(l)], k.encoder_blocks[l]) << "encoder " << l;
+      EXPECT_EQ(counter.counts[model.decoder()->block(l)], k.decoder_blocks[l]) << "decoder " << l;
+    }
+    auto got = model.NamedParameters(), want = reference.NamedParameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i].second->requires_grad) {
+        EXPECT_TRUE(AllClose(got[i].second->grad, want[i].second->grad, 0, 0)) << got[i].first;
+      } else {
+        EXPECT_FALSE(got[i].second->grad.defined()) << got[i].first;
+      }
+    }
+  }
 }
 
 TEST(T5ModelTest, NamesAndCountsMatchTheConfig) {
