@@ -80,9 +80,19 @@ Tensors Transformer::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor& idx = inputs.at(0);  // (B, T)
   OP_CHECK(idx.rank() == 2, "gpt", "idx must be (B, T), got ", idx.shape().ToString());
   const int64_t T = idx.dim(1);
+  // No backward will reach the embeddings (both frozen) nor the blocks below
+  // `stop`: their activations are dropped as soon as their forward returns.
+  const bool embeddings_train = EmbeddingsTrain();
+  const size_t stop = FirstBlockWithBackward();
   Tensor x = Embed(idx, 0, ctx);  // (B, T, C)
-  for (size_t l = 0; l < h_->size(); ++l) x = h_->RunAt(l, x, ctx.Child(3 + l));
-  x = ln_f_->Run(x, ctx.Child(3 + h_->size()));                              // (B, T, C)
+  if (!embeddings_train) {
+    for (size_t i = 0; i < 3; ++i) ctx.Child(i).Clear();  // wte, wpe, drop
+  }
+  for (size_t l = 0; l < h_->size(); ++l) {
+    x = h_->RunAt(l, x, ctx.Child(3 + l));  // (B, T, C)
+    if (l < stop) ctx.Child(3 + l).Clear();
+  }
+  x = ln_f_->Run(x, ctx.Child(3 + h_->size()));  // (B, T, C)
   ctx.Save(Saved{T});
   return {x};
 }
@@ -142,23 +152,26 @@ Tensor Transformer::DecodeInFrame(const Tensor& idx, std::vector<nn::KvCache>& c
   return ln_f_->Run(x, ctx.Child(3 + h_->size()));  // (B, T_new, C)
 }
 
+bool Transformer::EmbeddingsTrain() {
+  return nn::HasTrainableParameters(*wte_) || nn::HasTrainableParameters(*wpe_);
+}
+
+size_t Transformer::FirstBlockWithBackward() {
+  if (EmbeddingsTrain()) return 0;
+  size_t stop = 0;  // the lowest block that trains
+  while (stop < blocks_.size() && !nn::HasTrainableParameters(*blocks_[stop])) ++stop;
+  return stop;
+}
+
 Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
   const int64_t T = ctx.Saved<Saved>().T;
   const size_t L = h_->size();
   // Backward goes down only as far as the lowest trainable parameter (frozen
   // parameters, fine-tuning): with both embeddings frozen, blocks [0, stop)
-  // need no backward, nor ln_f when nothing below it trains either; their
-  // saved activations are dropped unused (FSDP gathers none of them again).
-  const bool embeddings_train =
-      nn::HasTrainableParameters(*wte_) || nn::HasTrainableParameters(*wpe_);
-  size_t stop = 0;  // blocks [stop, L) run their backward: stop is the lowest that trains
-  if (!embeddings_train) {
-    while (stop < L && !nn::HasTrainableParameters(*blocks_[stop])) ++stop;
-  }
-  for (size_t l = 0; l < stop; ++l) ctx.Child(3 + l).Clear();  // their activations, now
-  if (!embeddings_train) {
-    for (size_t i = 0; i < 3; ++i) ctx.Child(i).Clear();  // wte, wpe, drop
-  }
+  // run no backward (Forward kept none of their activations; FSDP gathers
+  // none of them again), nor ln_f when nothing below it trains either.
+  const bool embeddings_train = EmbeddingsTrain();
+  const size_t stop = FirstBlockWithBackward();
   Tensor g = grad_outputs.at(0);  // (B, T, C)
   if (stop < L || embeddings_train || nn::HasTrainableParameters(*ln_f_)) {
     g = ln_f_->RunBackward(g, ctx.Child(3 + L));

@@ -101,6 +101,12 @@ class Transformer : public nn::Module {
   // wte(idx) + wpe(pos), then drop: idx (B, T), pos (1 or B, T) i64 in
   // [0, block_size) on idx's device -> (B, T, C).
   Tensor EmbedAt(const Tensor& idx, const Tensor& pos, Context& ctx);
+  // Frozen parameters (fine-tuning): whether an embedding trains, and the
+  // lowest block a backward must reach (0 when an embedding trains; L when no
+  // block does). Nothing below it trains, so the forward keeps none of its
+  // activations (as under torch.no_grad) and the backward stops above it.
+  bool EmbeddingsTrain();
+  size_t FirstBlockWithBackward();
   // Decode's work, inside its frame (the module's hooks around it).
   Tensor DecodeInFrame(const Tensor& idx, std::vector<nn::KvCache>& caches,
                        absl::Span<const int64_t> left_pad);

@@ -76,14 +76,22 @@ Tensors T5Stack::Forward(const Tensors& inputs, Context& ctx) {
   OP_CHECK(encoder_hidden.defined() == is_decoder_, kOp,
            is_decoder_ ? "the decoder needs encoder_hidden (B, S, d_model)"
                        : "the encoder takes no encoder_hidden");
+  // No backward will reach a frozen shared embedding nor the blocks below
+  // `stop`: their activations are dropped as soon as their forward returns.
+  const size_t stop = FirstBlockWithBackward();
   Tensor x = embed_tokens_->Run(ids, ctx.Child(0));  // (B, T, d_model)
   x = dropout_->Run(x, ctx.Child(1));                // (B, T, d_model)
-  Tensor position_bias;                              // (1, nh, T, T) from block 0
+  if (!embed_tokens_->weight()->requires_grad) {
+    ctx.Child(0).Clear();
+    ctx.Child(1).Clear();
+  }
+  Tensor position_bias;  // (1, nh, T, T) from block 0
   for (size_t l = 0; l < block_->size(); ++l) {
     Tensors out = block_->RunAt(l, Tensors{x, position_bias, mask, encoder_hidden, encoder_mask},
                                 ctx.Child(BlockSlot(l)));
     x = out.at(0);  // (B, T, d_model)
     if (l == 0) position_bias = out.at(1);
+    if (l < stop) ctx.Child(BlockSlot(l)).Clear();
   }
   x = final_layer_norm_->Run(x, ctx.Child(NormSlot()));  // (B, T, d_model)
   x = dropout_->Run(x, ctx.Child(FinalDropoutSlot()));   // (B, T, d_model)
@@ -119,20 +127,30 @@ Tensor T5Stack::Decode(const Tensor& ids, const Tensor& encoder_hidden, const Te
       .at(0);
 }
 
+bool T5Stack::BelowBlocksTrain() {
+  // The decoder's blocks also give the encoder output's gradient.
+  return embed_tokens_->weight()->requires_grad ||
+         (encoder_ != nullptr && nn::HasTrainableParameters(*encoder_));
+}
+
+size_t T5Stack::FirstBlockWithBackward() {
+  if (BelowBlocksTrain()) return 0;
+  size_t stop = 0;  // the lowest block that trains
+  while (stop < block_->size() && !nn::HasTrainableParameters(*block(stop))) ++stop;
+  return stop;
+}
+
 Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved s = ctx.Saved<Saved>();
   const size_t L = block_->size();
   Tensors grads(s.num_inputs);
-  // Frozen parameters: below the lowest trainable block nothing is wanted
-  // unless the shared embedding trains or (decoder) the encoder, which every
-  // block's cross-attention gradient feeds.
+  // Frozen parameters: blocks [stop, L) run their backward (Forward kept no
+  // activations of those below).
   const bool embedding_trains = embed_tokens_->weight()->requires_grad;
-  const bool below_trains =
-      embedding_trains || (encoder_ != nullptr && nn::HasTrainableParameters(*encoder_));
-  size_t stop = 0;  // blocks [stop, L) run their backward: stop is the lowest that trains
-  if (!below_trains) {
-    while (stop < L && !nn::HasTrainableParameters(*block(stop))) ++stop;
-    if (stop == L && !nn::HasTrainableParameters(*final_layer_norm_)) return grads;
+  const bool below_trains = BelowBlocksTrain();
+  const size_t stop = FirstBlockWithBackward();
+  if (stop == L && !below_trains && !nn::HasTrainableParameters(*final_layer_norm_)) {
+    return grads;  // nothing of the stack trains
   }
   Tensor g = dropout_->RunBackward(grad_outputs.at(0), ctx.Child(FinalDropoutSlot()));
   g = final_layer_norm_->RunBackward(g, ctx.Child(NormSlot()));  // (B, T, d_model)

@@ -111,6 +111,13 @@ class T5Stack : public nn::Module {
   // Context children: the embedding, the first dropout, the blocks, the norm,
   // the last dropout.
   size_t BlockSlot(size_t l) const { return 2 + l; }
+  // Frozen parameters (fine-tuning): whether anything below the blocks wants
+  // a gradient (the shared embedding, or for the decoder the encoder), and
+  // the lowest block a backward must reach (0 when something below trains; L
+  // when no block does). Forward keeps no activations of the blocks below it
+  // (as under torch.no_grad), and Backward stops above them.
+  bool BelowBlocksTrain();
+  size_t FirstBlockWithBackward();
   size_t NormSlot() const { return 2 + block_->size(); }
   size_t FinalDropoutSlot() const { return 3 + block_->size(); }
 
