@@ -13,6 +13,7 @@
 #include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
+#include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
 
 namespace mingpt {
@@ -97,7 +98,8 @@ class BackwardCounter : public nn::ModuleHooks {
 
 // Fine-tuning with the embeddings and the lower blocks frozen: the backward
 // stops at the lowest trainable block (the frozen blocks below it and the
-// embeddings run none, as PyTorch's autograd), and every trainable gradient
+// embeddings run none, as PyTorch's autograd), the forward keeps none of
+// their activations (a lower activation peak), and every trainable gradient
 // is, to the bit, the one of the unfrozen model; a trainable embedding makes
 // the backward go all the way down again.
 TEST(GptTest, BackwardStopsAtTheLowestTrainableBlock) {
@@ -107,7 +109,13 @@ TEST(GptTest, BackwardStopsAtTheLowestTrainableBlock) {
   const Tensor targets = Ids({4, 2, 9, 0, 3, 8, 7, 10, 5, 6, 1, 2}, 2, 6);
   GPT reference(c);
   reference.Materialize(3);
-  reference.ForwardBackward(idx, targets);
+  tensor::MemoryLedger reference_ledger;
+  {
+    tensor::ScopedLedger scoped(&reference_ledger);
+    reference.ForwardBackward(idx, targets);
+  }
+  const int64_t reference_activations =
+      reference_ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kActivations).peak;
   struct Case {
     std::vector<std::string> freeze;
     std::vector<int> block_backwards;  // per block
@@ -125,7 +133,19 @@ TEST(GptTest, BackwardStopsAtTheLowestTrainableBlock) {
     gpt.Materialize(3);
     BackwardCounter counter;
     for (size_t l = 0; l < 3; ++l) gpt.transformer()->blocks()->at(l)->set_hooks(&counter);
-    EXPECT_EQ(gpt.ForwardBackward(idx, targets), reference.Loss(idx, targets));
+    const double want_loss = reference.Loss(idx, targets);
+    tensor::MemoryLedger ledger;
+    {
+      tensor::ScopedLedger scoped(&ledger);
+      EXPECT_EQ(gpt.ForwardBackward(idx, targets), want_loss);
+    }
+    const int64_t activations =
+        ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kActivations).peak;
+    if (k.block_backwards[0] == 0) {
+      EXPECT_LT(activations, reference_activations);
+    } else {  // frozen embeddings keep their saved ids no longer
+      EXPECT_LE(activations, reference_activations);
+    }
     for (size_t l = 0; l < 3; ++l) {
       EXPECT_EQ(counter.counts[gpt.transformer()->blocks()->at(l)], k.block_backwards[l]) << l;
     }
