@@ -23,12 +23,18 @@ ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_sh
     u.numel = flat.numel();
     u.padded_numel = flat.padded_numel();
     u.shard_numel = flat.shard_numel();
+    u.trains = flat.trains() || u.num_params == 0;  // a root without parameters: as FullyShard
     plan.total_numel += u.numel;
     plan.shard_numel += u.shard_numel;
+    if (u.trains) plan.trainable_shard_numel += u.shard_numel;
     plan.units.push_back(std::move(u));
   }
   for (size_t i = plan.units.size() > 1 ? 1 : 0; i < plan.units.size(); ++i) {
     plan.max_padded_numel = std::max(plan.max_padded_numel, plan.units[i].padded_numel);
+    if (plan.units[i].trains) {
+      plan.max_trainable_padded_numel =
+          std::max(plan.max_trainable_padded_numel, plan.units[i].padded_numel);
+    }
   }
   return plan;
 }
@@ -36,8 +42,8 @@ ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_sh
 FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptions& options) {
   FsdpRankBytes b;
   b.sharded_parameters = 4 * plan.shard_numel;
-  b.sharded_gradients = 4 * plan.shard_numel;
-  b.optimizer_state = int64_t{options.optimizer_bytes} * plan.shard_numel;
+  b.sharded_gradients = 4 * plan.trainable_shard_numel;
+  b.optimizer_state = int64_t{options.optimizer_bytes} * plan.trainable_shard_numel;
   const int64_t root = plan.units.empty() ? 0 : plan.units.front().padded_numel;
   const bool only_root = plan.units.size() <= 1;
   int64_t params = 0;
@@ -50,9 +56,12 @@ FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptio
                                      plan.max_padded_numel);
   }
   b.unsharded_parameters_peak = int64_t{options.param_bytes} * params;
-  const int64_t others = int64_t(plan.units.size()) - 1;
+  int64_t training_others = 0;
+  for (size_t i = 1; i < plan.units.size(); ++i) training_others += plan.units[i].trains ? 1 : 0;
+  const bool root_trains = !plan.units.empty() && plan.units.front().trains;
   b.unsharded_gradients_peak =
-      4 * (root + (only_root ? 0 : std::min<int64_t>(2, others) * plan.max_padded_numel));
+      4 * ((root_trains ? root : 0) +
+           std::min<int64_t>(2, training_others) * plan.max_trainable_padded_numel);
   return b;
 }
 

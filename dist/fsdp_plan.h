@@ -28,12 +28,17 @@ struct ShardingPlan {
     int64_t numel = 0;         // parameters' elements
     int64_t padded_numel = 0;  // a multiple of num_shards
     int64_t shard_numel = 0;   // padded_numel / num_shards
+    // Some parameter trains (requires_grad): the unit has a gradient shard
+    // and optimizer state (of its whole shard, frozen elements included).
+    bool trains = true;
   };
   int num_shards = 1;
   std::vector<Unit> units;  // FullyShard's order: the root first (units without parameters dropped)
   int64_t total_numel = 0;       // Psi
   int64_t shard_numel = 0;       // elements one rank owns (sum over units)
+  int64_t trainable_shard_numel = 0;  // of units that train (gradients, optimizer state)
   int64_t max_padded_numel = 0;  // the largest unit (the root excluded, when others exist)
+  int64_t max_trainable_padded_numel = 0;  // the largest unit that trains (idem)
 };
 
 // `num_shards` >= 1: the shard group size (world size; HYBRID_SHARD: its
@@ -52,14 +57,15 @@ struct FsdpEstimateOptions {
 // estimate from the layout (activations and temporaries are not included).
 struct FsdpRankBytes {
   int64_t sharded_parameters = 0;  // fp32 shards: 4 * shard_numel
-  int64_t sharded_gradients = 0;   // fp32: 4 * shard_numel
-  int64_t optimizer_state = 0;     // K * shard_numel
+  int64_t sharded_gradients = 0;   // fp32: 4 * trainable_shard_numel
+  int64_t optimizer_state = 0;     // K * trainable_shard_numel
   // FULL_SHARD: the root unit (kept from its forward to its backward) plus
   // max_inflight_all_gathers of the largest units, in param_bytes;
   // SHARD_GRAD_OP: every unit.
   int64_t unsharded_parameters_peak = 0;
   // fp32 unsharded gradients: the root plus two of the largest units (the one
-  // computing and the one whose reduce-scatter is in flight).
+  // computing and the one whose reduce-scatter is in flight); units of frozen
+  // parameters only have none.
   int64_t unsharded_gradients_peak = 0;
   int64_t model_state() const { return sharded_parameters + sharded_gradients + optimizer_state; }
   int64_t peak() const {

@@ -8,36 +8,62 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "nn/freeze.h"
+#include "optim/adamw.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
 namespace {
 
+// With frozen parameters too (the embeddings and the first Block, the
+// embeddings in units of their own as the train binaries wrap them): units
+// of frozen parameters only have no gradient shard and no optimizer state.
 TEST(FsdpPlanTest, LayoutsEqualFullyShardsAtEveryWorldSize) {
   const mingpt::GptConfig c = testing::Tiny();
-  for (int world : {1, 2, 3, 4}) {
-    mingpt::GPT reference(c);
-    const ShardingPlan plan =
-        PlanSharding(reference, WrapPolicy::Transformer({"Block"}), world);
-    absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
-      mingpt::GPT gpt(c);
-      FsdpOptions options;
-      options.policy = WrapPolicy::Transformer({"Block"});
-      auto fsdp = FullyShard(gpt, pg, options);
-      ASSERT_EQ(fsdp->num_units(), static_cast<int>(plan.units.size()));
-      for (int u = 0; u < fsdp->num_units(); ++u) {
-        EXPECT_EQ(fsdp->unit_name(u), plan.units[u].name);
-        EXPECT_EQ(fsdp->flat_param(u).numel(), plan.units[u].numel);
-        EXPECT_EQ(fsdp->flat_param(u).padded_numel(), plan.units[u].padded_numel);
-        EXPECT_EQ(fsdp->flat_param(u).shard_numel(), plan.units[u].shard_numel);
+  for (bool frozen : {false, true}) {
+    SCOPED_TRACE(frozen ? "frozen" : "all train");
+    const std::vector<std::string> freeze = {"transformer.wte", "transformer.wpe",
+                                             "transformer.h.0"};
+    const WrapPolicy blocks = WrapPolicy::Transformer({"Block"});
+    const WrapPolicy policy = frozen ? WrapPolicy::FrozenLeavesApart(blocks) : blocks;
+    for (int world : {1, 2, 3, 4}) {
+      mingpt::GPT reference(c);
+      if (frozen) {
+        ASSERT_TRUE(nn::FreezeParameters(reference, freeze).ok());
       }
-      // The estimate's sharded state is what the ledger charges.
-      const FsdpRankBytes b = EstimateFsdpRank(plan, {});
-      EXPECT_EQ(fsdp->Memory(tensor::MemoryCategory::kParameters).current, b.sharded_parameters);
-      EXPECT_EQ(fsdp->Memory(tensor::MemoryCategory::kGradients).current, b.sharded_gradients);
-    });
-    ASSERT_TRUE(s.ok()) << s;
-    EXPECT_EQ(plan.total_numel, reference.NumParameters());
+      const ShardingPlan plan = PlanSharding(reference, policy, world);
+      EXPECT_EQ(plan.units.size(), frozen ? 5u : 3u);
+      absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+        mingpt::GPT gpt(c);
+        if (frozen) {
+          ASSERT_TRUE(nn::FreezeParameters(gpt, freeze).ok());
+        }
+        FsdpOptions options;
+        options.policy = policy;
+        auto fsdp = FullyShard(gpt, pg, options);
+        ASSERT_EQ(fsdp->num_units(), static_cast<int>(plan.units.size()));
+        for (int u = 0; u < fsdp->num_units(); ++u) {
+          EXPECT_EQ(fsdp->unit_name(u), plan.units[u].name);
+          EXPECT_EQ(fsdp->flat_param(u).numel(), plan.units[u].numel);
+          EXPECT_EQ(fsdp->flat_param(u).padded_numel(), plan.units[u].padded_numel);
+          EXPECT_EQ(fsdp->flat_param(u).shard_numel(), plan.units[u].shard_numel);
+          EXPECT_EQ(fsdp->flat_param(u).trains(), plan.units[u].trains);
+        }
+        // The estimate's sharded state is what the ledger charges, and AdamW's
+        // state after a step.
+        const FsdpRankBytes b = EstimateFsdpRank(plan, {});
+        using tensor::MemoryCategory;
+        EXPECT_EQ(fsdp->Memory(MemoryCategory::kParameters).current, b.sharded_parameters);
+        EXPECT_EQ(fsdp->Memory(MemoryCategory::kGradients).current, b.sharded_gradients);
+        auto adamw = optim::AdamW::Create({});
+        ASSERT_TRUE(adamw.ok());
+        (*adamw)->Step(fsdp->ParamRefs());
+        EXPECT_EQ((*adamw)->StateBytes(), b.optimizer_state);
+      });
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(plan.total_numel, reference.NumParameters());
+      EXPECT_EQ(plan.trainable_shard_numel < plan.shard_numel, frozen);
+    }
   }
 }
 

@@ -59,8 +59,8 @@ absl::StatusOr<std::vector<std::string>> ParseFreezePatterns(absl::string_view f
   for (absl::string_view part : absl::StrSplit(flag, ',')) {
     part = absl::StripAsciiWhitespace(part);
     if (part.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--freeze='", flag, "' has an empty pattern (patterns are comma-separated)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--freeze='", flag, "' has an empty pattern (patterns are comma-separated)"));
     }
     patterns.emplace_back(part);
   }

@@ -63,10 +63,11 @@ std::unique_ptr<Sequential> Stack(uint64_t seed) {
 
 TEST(FreezeParametersTest, ReturnsTheFrozenNamesAndCounts) {
   auto m = Stack(1);
-  absl::StatusOr<std::vector<std::string>> frozen = FreezeParameters(*m, {"0.weight", "1", "*.bias"});
+  absl::StatusOr<std::vector<std::string>> frozen =
+      FreezeParameters(*m, {"0.weight", "1", "*.bias"});
   ASSERT_TRUE(frozen.ok()) << frozen.status();
-  EXPECT_EQ(*frozen, (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias",
-                                               "3.bias", "4.bias"}));
+  EXPECT_EQ(*frozen, (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "3.bias",
+                                               "4.bias"}));
   const TrainableCount count = CountTrainable(*m);
   EXPECT_EQ(count.total, 4 * 6 + 6 + 6 + 6 + 6 + 6 + 6 + 6 * 3 + 3);
   // Trainable: 2.weight (6), 3.weight (6), 4.weight (18).
@@ -111,11 +112,11 @@ Tensor ForwardBackward(Module& m, const Tensor& x, const Tensor& gy) {
 // frozen parameters have none.
 TEST(FreezeParametersTest, BackwardSkipsFrozenGradientsOnly) {
   const std::vector<std::vector<std::string>> cases = {
-      {"0.weight"},                          // a Linear's weight, its bias trains
-      {"0.bias", "4"},                       // a bias alone; a whole Linear
-      {"1", "2"},                            // LayerNorm and RMSNorm
-      {"3.weight"},                          // BatchNorm's weight, its bias trains
-      {"*"},                                 // everything
+      {"0.weight"},     // a Linear's weight, its bias trains
+      {"0.bias", "4"},  // a bias alone; a whole Linear
+      {"1", "2"},       // LayerNorm and RMSNorm
+      {"3.weight"},     // BatchNorm's weight, its bias trains
+      {"*"},            // everything
   };
   const Tensor x = RandomTensor({5, 4}, 11, -1, 1);   // (N, 4)
   const Tensor gy = RandomTensor({5, 3}, 12, -1, 1);  // (N, 3)

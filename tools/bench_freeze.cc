@@ -223,8 +223,9 @@ int main(int argc, char** argv) {
   std::printf("%s, batch %lld x %lld tokens per rank, AdamW, %s, rank 0's peaks (MiB)\n",
               config->ToString().c_str(), static_cast<long long>(absl::GetFlag(FLAGS_batch_size)),
               static_cast<long long>(absl::GetFlag(FLAGS_seq_len)),
-              world == 1 ? "one process"
-                         : absl::StrCat("FSDP FULL_SHARD per Block over ", world, " ranks").c_str());
+              world == 1
+                  ? "one process"
+                  : absl::StrCat("FSDP FULL_SHARD per Block over ", world, " ranks").c_str());
   int width = 6;  // the "frozen" column fits the longest set
   for (const Variant& r : variants) width = std::max(width, static_cast<int>(r.freeze.size()));
   std::printf("%-*s %9s %9s %7s %8s %8s %8s %8s %6s %8s\n", width, "frozen", "train M", "ms/step",

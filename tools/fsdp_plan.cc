@@ -4,14 +4,19 @@
 //
 //   ./bazelw run //tools:fsdp_plan -- --preset=gpt-175b --world_sizes=64,512,1024
 //   ./bazelw run //tools:fsdp_plan -- --preset=t5-11b --auto_wrap=transformer --json
+//   ./bazelw run //tools:fsdp_plan -- --preset=gpt2-xl --freeze=transformer.wte,transformer.wpe
 //
 // Per world size: elements per rank, the sharded model state (fp32 parameter
 // and gradient shards + optimizer state: (4 + 4 + K) Psi / N plus padding),
 // and an upper estimate of the unsharded peaks (the root unit and
 // --max_inflight_all_gathers of the largest units in the compute dtype; fp32
 // gradients of the root and two units). Activations are not included.
+// --freeze (the train binaries' patterns): frozen parameters, wrapped as the
+// binaries wrap them (dist::WrapPolicy::FrozenLeavesApart); units of frozen
+// parameters only hold no gradient shard and no optimizer state.
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +34,7 @@
 #include "models/mingpt/model.h"
 #include "models/t5/config.h"
 #include "models/t5/model.h"
+#include "nn/freeze.h"
 
 ABSL_FLAG(std::string, preset, "gpt-175b", "a minGPT preset (gpt-nano .. gpt-1t) or a T5 preset");
 ABSL_FLAG(std::string, world_sizes, "8,64,512,1024", "comma-separated shard group sizes");
@@ -38,6 +44,9 @@ ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd (sets K, optimizer byte
 ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the root");
 ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a table");
 ABSL_FLAG(bool, units, false, "also list every unit (name, elements, padded, shard)");
+ABSL_FLAG(std::string, freeze, "",
+          "parameters kept frozen, as the train binaries' --freeze (comma-separated names, "
+          "modules or globs)");
 
 namespace {
 
@@ -80,6 +89,19 @@ int main(int argc, char** argv) {
   } else if (wrap != "none") {
     return Fail(absl::StrCat("--auto_wrap='", wrap, "' is not one of none, transformer, size:N"));
   }
+  absl::StatusOr<std::vector<std::string>> patterns =
+      nn::ParseFreezePatterns(absl::GetFlag(FLAGS_freeze));
+  if (!patterns.ok()) return Fail(std::string(patterns.status().message()));
+  if (!patterns->empty()) {
+    absl::StatusOr<std::vector<std::string>> frozen = nn::FreezeParameters(*model, *patterns);
+    if (!frozen.ok()) return Fail(absl::StrCat("--freeze: ", frozen.status().message()));
+    std::set<const nn::Parameter*> keep;  // T5's tied shared.weight stays in the root unit
+    for (const auto& [name, p] : model->NamedParameters()) {
+      if (name == "shared.weight") keep.insert(p);
+    }
+    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), std::move(keep));
+  }
+  const nn::TrainableCount count = nn::CountTrainable(*model);
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "fp32" && precision != "bf16") {
     return Fail(absl::StrCat("--precision='", precision, "' is not one of fp32, bf16"));
@@ -100,9 +122,13 @@ int main(int argc, char** argv) {
   options.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
-    std::printf("%s | auto_wrap %s | %s compute, %s (K=%d) | parameters: %lld\n", preset.c_str(),
+    std::printf("%s | auto_wrap %s | %s compute, %s (K=%d) | parameters: %lld", preset.c_str(),
                 wrap.c_str(), precision.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), *k,
-                static_cast<long long>(model->NumParameters()));
+                static_cast<long long>(count.total));
+    if (count.trainable < count.total) {
+      std::printf(", %lld trainable", static_cast<long long>(count.trainable));
+    }
+    std::printf("\n");
     std::printf("%7s %6s %16s %12s %14s %14s %12s\n", "world", "units", "elements/rank",
                 "state GiB", "unsh. params", "unsh. grads", "total GiB");
   }
@@ -112,12 +138,13 @@ int main(int argc, char** argv) {
     if (json) {
       std::printf(
           "{\"preset\":\"%s\",\"auto_wrap\":\"%s\",\"world_size\":%d,\"units\":%zu,"
-          "\"parameters\":%lld,\"elements_per_rank\":%lld,\"model_state_bytes\":%lld,"
+          "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
+          "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
           "\"peak_bytes\":%lld}\n",
           preset.c_str(), wrap.c_str(), world, plan.units.size(),
-          static_cast<long long>(plan.total_numel), static_cast<long long>(plan.shard_numel),
-          static_cast<long long>(b.model_state()),
+          static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
+          static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),
           static_cast<long long>(b.unsharded_parameters_peak),
           static_cast<long long>(b.unsharded_gradients_peak), static_cast<long long>(b.peak()));
     } else {
@@ -128,10 +155,10 @@ int main(int argc, char** argv) {
     }
     if (absl::GetFlag(FLAGS_units)) {
       for (const dist::ShardingPlan::Unit& u : plan.units) {
-        std::printf("    %-28s %4d params %16lld elements %16lld padded %14lld per rank\n",
+        std::printf("    %-28s %4d params %16lld elements %16lld padded %14lld per rank%s\n",
                     u.name.empty() ? "<root>" : u.name.c_str(), u.num_params,
                     static_cast<long long>(u.numel), static_cast<long long>(u.padded_numel),
-                    static_cast<long long>(u.shard_numel));
+                    static_cast<long long>(u.shard_numel), u.trains ? "" : " (frozen)");
       }
     }
   }

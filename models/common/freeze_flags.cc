@@ -42,8 +42,9 @@ absl::StatusOr<std::string> ApplyFreeze(nn::Module& model, absl::string_view fla
         "--freeze='", flag, "' freezes every parameter of the model: nothing would train"));
   }
   return absl::StrCat("frozen: ", absl::StrJoin(*patterns, ", "), " | ", frozen->size(),
-                      frozen->size() == 1 ? " tensor, " : " tensors, ", Count(count.total - count.trainable), " of ",
-                      Count(count.total), " parameters; ", Count(count.trainable), " train");
+                      frozen->size() == 1 ? " tensor, " : " tensors, ",
+                      Count(count.total - count.trainable), " of ", Count(count.total),
+                      " parameters; ", Count(count.trainable), " train");
 }
 
 }  // namespace train
