@@ -14,6 +14,7 @@
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/rms_norm.h"
+#include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
 
 namespace nn {
@@ -136,6 +137,26 @@ TEST(FreezeParametersTest, BackwardSkipsFrozenGradientsOnly) {
         EXPECT_FALSE(got[i].second->grad.defined()) << got[i].first;
       }
     }
+  }
+}
+
+// Only a weight's gradient reads a Linear's input: with the weight frozen the
+// forward keeps none (the caller's x is freed when the caller drops it).
+TEST(FreezeParametersTest, FrozenLinearKeepsNoInput) {
+  for (bool frozen : {false, true}) {
+    Linear lin(64, 32);
+    lin.Materialize(1);
+    if (frozen) ASSERT_TRUE(FreezeParameters(lin, {"weight"}).ok());
+    tensor::MemoryLedger ledger;
+    tensor::ScopedLedger scoped(&ledger);
+    Context ctx;
+    {
+      const Tensor x = RandomTensor({16, 64}, 2, -1, 1);  // 4096 bytes
+      lin.Run(x, ctx);
+    }
+    EXPECT_EQ(ledger.Total(tensor::Device::Cpu()).current, frozen ? 0 : 16 * 64 * 4);
+    const Tensor gx = lin.RunBackward(RandomTensor({16, 32}, 3, -1, 1), ctx);
+    EXPECT_EQ(gx.shape(), tensor::Shape({16, 64}));
   }
 }
 

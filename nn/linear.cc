@@ -53,7 +53,7 @@ Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   tensor::Shape out_shape;
   const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
   const Tensor y = Product(x);                   // (N, out)
-  ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
+  ctx.Save(Saved{SavedInput(x), x_in.dtype(), x_in.shape()});
   return {y.Reshape(out_shape)};
 }
 
@@ -73,7 +73,7 @@ Tensor Linear::RunResidual(const Tensor& x_in, const Tensor& residual, Context& 
            } else {
              y = tensor::Add(r, Product(x).To(r.dtype()));
            }
-           ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
+           ctx.Save(Saved{SavedInput(x), x_in.dtype(), x_in.shape()});
            return Tensors{y.Reshape(out_shape)};
          })
       .at(0);
@@ -93,9 +93,15 @@ Tensors Linear::RunGelu(const Tensor& x_in, Context& ctx) {
       r.pre = tensor::Matmul(x, w, opts);
       r.out = tensor::Gelu(r.pre);
     }
-    ctx.Save(Saved{x, x_in.dtype(), x_in.shape()});
+    ctx.Save(Saved{SavedInput(x), x_in.dtype(), x_in.shape()});
     return Tensors{r.out.Reshape(out_shape), r.pre.Reshape(out_shape)};
   });
+}
+
+Tensor Linear::SavedInput(const Tensor& x) const {
+  // Only dW reads x: a frozen weight's layer keeps none (as PyTorch's matmul
+  // saves an input only for the other operand's gradient).
+  return weight_->requires_grad ? x : Tensor();
 }
 
 Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {

@@ -64,7 +64,7 @@ class Linear : public Module {
 
  private:
   struct Saved {
-    Tensor x;                   // (N, in), compute dtype
+    Tensor x;                   // (N, in), compute dtype; undefined for a frozen weight
     tensor::Dtype input_dtype;  // dtype of the caller's x, for grad_x
     tensor::Shape input_shape;
   };
@@ -79,6 +79,8 @@ class Linear : public Module {
   // The weight and bias gradients of the saved x; returns grad (N, out) in
   // the compute dtype.
   Tensor AccumulateParamGrads(const Tensor& grad_y, const Saved& s);
+  // What Saved::x holds: x, or nothing when the weight is frozen.
+  Tensor SavedInput(const Tensor& x) const;
 
   const int64_t in_;
   const int64_t out_;
