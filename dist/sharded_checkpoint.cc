@@ -453,7 +453,10 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
           return absl::FailedPreconditionError(absl::StrCat(
               "cannot form the optimizer state of '", L.ref, "': parameter '",
               state ? first_name : e.name, "' has optimizer state in the checkpoint but '",
-              state ? e.name : first_name, "' has none"));
+              state ? e.name : first_name,
+              "' has none (a parameter frozen when it was saved has none: keep it frozen, or "
+              "load the weights alone with load_optimizer_state = false, as the train "
+              "binaries' --init_from does)"));
         }
         if (state && r.step != step) {
           return absl::FailedPreconditionError(

@@ -57,6 +57,22 @@ for dp in "" "--batch_size=2 --world_size=2 --strategy=full_shard"; do
 done
 echo "frozen runs resume with the uninterrupted losses"
 
+# Unfreezing: one process resumes with fresh optimizer state for what was
+# frozen; FSDP cannot form a flat state half of which was never stepped and
+# says so, and --init_from of the step folder (weights, fresh optimizer) trains all.
+dp=(--batch_size=2 --world_size=2 --strategy=full_shard)
+"$train" "${common[@]}" "${freeze[@]}" --steps=2 --checkpoint_dir="$dir/u" > /dev/null
+"$train" "${common[@]}" --init_from="$dir/base" --steps=3 --checkpoint_dir="$dir/u" \
+  --resume=latest > /dev/null
+"$train" "${common[@]}" "${freeze[@]}" "${dp[@]}" --steps=2 --checkpoint_dir="$dir/uf" > /dev/null
+rc=0
+"$train" "${common[@]}" "${dp[@]}" --init_from="$dir/base" --steps=3 \
+  --checkpoint_dir="$dir/uf" --resume=latest > /dev/null 2> "$dir/uf.err" || rc=$?
+[[ $rc != 0 ]] && grep -qF "a parameter frozen when it was saved has none" "$dir/uf.err" ||
+  { echo "rc $rc"; cat "$dir/uf.err"; exit 1; }
+"$train" "${common[@]}" "${dp[@]}" --steps=1 --init_from="$dir/uf/step_000002" > /dev/null
+echo "unfreezing: one process resumes, FSDP names the way (--init_from)"
+
 exits_2 "--freeze: freeze pattern 'transformer.wtx' selects no parameter" \
   "$train" "${common[@]}" --steps=1 --freeze=transformer.wtx
 exits_2 "--freeze='*' freezes every parameter of the model: nothing would train" \
