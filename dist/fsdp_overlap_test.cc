@@ -77,18 +77,6 @@ INSTANTIATE_TEST_SUITE_P(
 // prefetch and a limit of L all-gathers, the units gathered ahead add up to
 // L - 1 blocks. Exact bounds as in fsdp_test's memory test: the engine's
 // worker may release a finished buffer just after the next is allocated.
-// 4 blocks, 2 heads, n_embd 32, vocab 64, block 16, no dropout.
-mingpt::GptConfig Small() {
-  mingpt::GptConfig c;
-  c.name = "small";
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.dropout = 0.0f;
-  return c;
-}
 
 // Bytes of shards + the root unsharded (`base`) and of one unsharded block.
 void UnitBytes(const FullyShardedModel& fsdp, int64_t* block_bytes, int64_t* base_bytes) {

@@ -372,14 +372,7 @@ TEST(FsdpMixedPrecisionTest, ComputeValuesAreBf16ShardsAndGradsFp32) {
 // before its Wait() returns. (It used to drop them just after, and 1 run in 10
 // then measured a parameters peak of one more block.)
 TEST(FsdpMemoryTest, FullShardHoldsOneNthPlusTheUnitsInUse) {
-  mingpt::GptConfig c;
-  c.name = "small";
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.dropout = 0.0f;
+  const mingpt::GptConfig c = Small();
   constexpr int kWorld = 4;
   const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 3);
   const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 4);
@@ -434,14 +427,7 @@ TEST(FsdpMemoryTest, FullShardHoldsOneNthPlusTheUnitsInUse) {
 // with the token embedding's elements as frozen ranges; a step leaves every
 // frozen shard as it was.
 TEST(FsdpMemoryTest, FrozenUnitsHoldNoGradients) {
-  mingpt::GptConfig c;
-  c.name = "small";
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.dropout = 0.0f;
+  const mingpt::GptConfig c = Small();
   constexpr int kWorld = 4;
   const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 3);
   const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 4);

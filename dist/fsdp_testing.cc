@@ -30,6 +30,16 @@ mingpt::GptConfig Tiny() {
   return c;
 }
 
+mingpt::GptConfig Small() {
+  mingpt::GptConfig c = Tiny();
+  c.name = "small";
+  c.n_layer = 4;
+  c.n_embd = 32;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  return c;
+}
+
 FsdpOptions PerBlock(ShardingStrategy strategy) {
   FsdpOptions options;
   options.strategy = strategy;

@@ -26,6 +26,8 @@ constexpr double kClip = 0.5;  // below the gradient norms seen: clipping is act
 
 // 2 layers, 2 heads, n_embd 8, vocab 11, block 6, no dropout.
 mingpt::GptConfig Tiny();
+// 4 layers, 2 heads, n_embd 32, vocab 64, block 16, no dropout (memory tests).
+mingpt::GptConfig Small();
 // `strategy` with one unit per minGPT Block (and the root's), seeded kSeed;
 // the other options default.
 FsdpOptions PerBlock(ShardingStrategy strategy = ShardingStrategy::kFullShard);

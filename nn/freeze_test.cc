@@ -13,6 +13,7 @@
 #include "nn/embedding.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
+#include "nn/module_testing.h"
 #include "nn/rms_norm.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
@@ -129,14 +130,7 @@ TEST(FreezeParametersTest, BackwardSkipsFrozenGradientsOnly) {
     ASSERT_TRUE(FreezeParameters(*m, patterns).ok());
     const Tensor gx = ForwardBackward(*m, x, gy);
     EXPECT_TRUE(AllClose(gx, gx_want, 0, 0));
-    auto got = m->NamedParameters(), want = reference->NamedParameters();
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i].second->requires_grad) {
-        EXPECT_TRUE(AllClose(got[i].second->grad, want[i].second->grad, 0, 0)) << got[i].first;
-      } else {
-        EXPECT_FALSE(got[i].second->grad.defined()) << got[i].first;
-      }
-    }
+    testing::ExpectTrainableGradsAndNoneFrozen(*m, *reference);
   }
 }
 

@@ -11,6 +11,10 @@ namespace testing {
 // `want`, to the bit (two copies of one module run two ways).
 void ExpectSameParamGrads(Module& got, Module& want);
 
+// As ExpectSameParamGrads for the parameters of `got` that train; its frozen
+// ones (requires_grad false) have no gradient at all (`want` trained all).
+void ExpectTrainableGradsAndNoneFrozen(Module& got, Module& want);
+
 }  // namespace testing
 }  // namespace nn
 

@@ -490,21 +490,12 @@ TEST_P(StrategyStepTest, RanksEqualOneProcessOnTheGlobalBatch) {
                               micro_batches, " micro-batches"));
     const DataParallelConfig config =
         ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
-    std::vector<Trace> traces(world);
-    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
-      absl::StatusOr<Trace> trace =
-          TrainSteps(config, rank.pg, device, checkpointing, micro_batches);
-      if (!trace.ok()) return trace.status();
-      traces[rank.rank] = *std::move(trace);
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE(s.ok()) << s;
+    absl::StatusOr<std::vector<Trace>> trained =
+        TrainEveryRank(config, device, checkpointing, micro_batches);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    const std::vector<Trace>& traces = *trained;
+    ExpectStepsNear(traces, reference, tol);
     for (int r = 0; r < world; ++r) {
-      for (int step = 0; step < kSteps; ++step) {
-        SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
-        EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
-        EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
-      }
       const std::vector<int64_t>& reductions = traces[r].reductions_per_micro_batch;
       ASSERT_EQ(reductions.size(), static_cast<size_t>(micro_batches));
       for (int m = 0; m + 1 < micro_batches; ++m) {
@@ -555,20 +546,11 @@ TEST_P(StrategyStepTest, FrozenParametersTrainAsInOneProcess) {
     ASSERT_GT(std::abs(reference.norms[0] - unfrozen.norms[0]), 1e-3);  // freezing matters
     const DataParallelConfig config =
         ThreadsConfig(strategy, world, "transformer", hybrid ? 2 : 0, device_name);
-    std::vector<Trace> traces(world);
-    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
-      absl::StatusOr<Trace> trace = TrainSteps(config, rank.pg, device, false, 1, k.freeze);
-      if (!trace.ok()) return trace.status();
-      traces[rank.rank] = *std::move(trace);
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE(s.ok()) << s;
+    absl::StatusOr<std::vector<Trace>> trained = TrainEveryRank(config, device, false, 1, k.freeze);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    const std::vector<Trace>& traces = *trained;
+    ExpectStepsNear(traces, reference, tol);
     for (int r = 0; r < world; ++r) {
-      for (int step = 0; step < kSteps; ++step) {
-        SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
-        EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
-        EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
-      }
       const int64_t want = gathers_twice ? k.all_gathers_twice
                            : gathers_once ? k.all_gathers_once
                                           : 0;

@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "dist/process_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
@@ -141,6 +142,33 @@ absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::Process
     trace.norms.push_back(*norm);
   }
   return trace;
+}
+
+absl::StatusOr<std::vector<Trace>> TrainEveryRank(const DataParallelConfig& config,
+                                                  tensor::Device device, bool checkpointing,
+                                                  int64_t micro_batches,
+                                                  const std::vector<std::string>& freeze) {
+  std::vector<Trace> traces(config.world_size);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    absl::StatusOr<Trace> trace =
+        TrainSteps(config, rank.pg, device, checkpointing, micro_batches, freeze);
+    if (!trace.ok()) return trace.status();
+    traces[rank.rank] = *std::move(trace);
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return traces;
+}
+
+void ExpectStepsNear(const std::vector<Trace>& traces, const Trace& reference, double tol) {
+  for (size_t r = 0; r < traces.size(); ++r) {
+    ASSERT_EQ(traces[r].losses.size(), reference.losses.size()) << "rank " << r;
+    for (size_t step = 0; step < reference.losses.size(); ++step) {
+      SCOPED_TRACE(absl::StrCat("rank ", r, " step ", step));
+      EXPECT_NEAR(traces[r].losses[step], reference.losses[step], tol);
+      EXPECT_NEAR(traces[r].norms[step], reference.norms[step], tol);
+    }
+  }
 }
 
 }  // namespace dp_testing

@@ -133,6 +133,15 @@ absl::StatusOr<Trace> TrainSteps(const DataParallelConfig& config, dist::Process
                                  int64_t micro_batches = 1,
                                  const std::vector<std::string>& freeze = {});
 
+// TrainSteps on every rank of `config`'s threads world: the ranks' traces.
+absl::StatusOr<std::vector<Trace>> TrainEveryRank(const DataParallelConfig& config,
+                                                  tensor::Device device, bool checkpointing = false,
+                                                  int64_t micro_batches = 1,
+                                                  const std::vector<std::string>& freeze = {});
+
+// Every rank's losses and norms are within `tol` of `reference`'s, step by step.
+void ExpectStepsNear(const std::vector<Trace>& traces, const Trace& reference, double tol);
+
 }  // namespace dp_testing
 }  // namespace train
 

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "nn/checkpoint.h"
 #include "nn/freeze.h"
+#include "nn/module_testing.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "tensor/memory_ledger.h"
@@ -149,14 +150,7 @@ TEST(GptTest, BackwardStopsAtTheLowestTrainableBlock) {
     for (size_t l = 0; l < 3; ++l) {
       EXPECT_EQ(counter.counts[gpt.transformer()->blocks()->at(l)], k.block_backwards[l]) << l;
     }
-    auto got = gpt.NamedParameters(), want = reference.NamedParameters();
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i].second->requires_grad) {
-        EXPECT_TRUE(AllClose(got[i].second->grad, want[i].second->grad, 0, 0)) << got[i].first;
-      } else {
-        EXPECT_FALSE(got[i].second->grad.defined()) << got[i].first;
-      }
-    }
+    nn::testing::ExpectTrainableGradsAndNoneFrozen(gpt, reference);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nn/checkpoint.h"
 #include "nn/freeze.h"
+#include "nn/module_testing.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "tensor/ops/elementwise.h"
@@ -115,14 +116,7 @@ TEST(T5ModelTest, BackwardStopsWhereNothingBelowTrains) {
       EXPECT_EQ(counter.counts[model.encoder()->block(l)], k.encoder_blocks[l]) << "encoder " << l;
       EXPECT_EQ(counter.counts[model.decoder()->block(l)], k.decoder_blocks[l]) << "decoder " << l;
     }
-    auto got = model.NamedParameters(), want = reference.NamedParameters();
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i].second->requires_grad) {
-        EXPECT_TRUE(AllClose(got[i].second->grad, want[i].second->grad, 0, 0)) << got[i].first;
-      } else {
-        EXPECT_FALSE(got[i].second->grad.defined()) << got[i].first;
-      }
-    }
+    nn::testing::ExpectTrainableGradsAndNoneFrozen(model, reference);
   }
 }
 
