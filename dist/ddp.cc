@@ -95,7 +95,11 @@ void BackwardHooks::PostBackward(nn::Module& module) {
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup& pg,
                                                  DdpOptions options)
-    : model_(model), pg_(pg), options_(options), params_(model.NamedParameters()) {
+    : model_(model),
+      pg_(pg),
+      options_(options),
+      params_(model.NamedParameters()),
+      frozen_(internal::FrozenFlags(params_)) {
   const std::vector<std::vector<int>> groups =
       internal::ReverseOrderBuckets("ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true);
   const tensor::Device device = ModelDevice("ddp", params_);
@@ -182,6 +186,7 @@ void DistributedDataParallel::OnRootPreBackward() {
   readiness_->EndForward();
   // A step still in flight (a backward whose root PostBackward never ran).
   if (!finished_) Finish().IgnoreError();
+  internal::CheckFrozenUnchanged("ddp", params_, frozen_);
   // Gradients dropped (ZeroGrad(set_to_none)) or replaced go back to the buckets.
   internal::PointGradsAtBuckets(params_, grad_views_);
   syncing_this_step_ = require_sync_;

@@ -232,6 +232,7 @@ class DistributedDataParallel {
   ProcessGroup& pg_;
   DdpOptions options_;
   std::vector<std::pair<std::string, nn::Parameter*>> params_;
+  std::vector<bool> frozen_;  // per params_, at construction
   std::vector<tensor::Tensor> grad_views_;  // per parameter: its view of its bucket
   std::vector<Bucket> buckets_;
   std::unique_ptr<internal::BucketReadiness> readiness_;

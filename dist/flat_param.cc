@@ -30,6 +30,7 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>>
     e.offset = numel_;
     e.numel = p->numel();
     if (p->weight_decay) append(decay, e.offset, e.offset + e.numel);
+    e.frozen = !p->requires_grad;
     if (p->requires_grad) {
       trains_ = true;
     } else {
@@ -102,9 +103,17 @@ void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad) {
            "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
            padded_numel());
   for (Entry& e : entries_) {
-    if (e.param->requires_grad) {
+    if (!e.frozen) {
       e.param->grad = flat_grad.Narrow(0, e.offset, e.numel).View(e.param->shape);
     }
+  }
+}
+
+void FlatParameter::CheckFrozenUnchanged() const {
+  for (const Entry& e : entries_) {
+    OP_CHECK(e.frozen == !e.param->requires_grad, "fsdp", "parameter ", e.name, " was ",
+             e.frozen ? "unfrozen" : "frozen",
+             " (requires_grad) after FullyShard; set requires_grad before wrapping the model");
   }
 }
 

@@ -34,6 +34,7 @@ class FlatParameter {
     nn::Parameter* param = nullptr;
     int64_t offset = 0;  // in the flat buffer
     int64_t numel = 0;
+    bool frozen = false;  // requires_grad false when the FlatParameter was built
   };
 
   // `params`: (full name, parameter) in registration order. num_shards >= 1,
@@ -75,6 +76,9 @@ class FlatParameter {
   // Whether any parameter trains (requires_grad). False: no gradient shard
   // (grad_shard() undefined), no gradient views, nothing to reduce or step.
   bool trains() const { return trains_; }
+  // Throws tensor::OpError naming a parameter whose requires_grad changed
+  // since construction (the layout of gradients and frozen ranges follows it).
+  void CheckFrozenUnchanged() const;
 
   // Points every parameter's value at its view of `flat` (padded_numel elements).
   void SetValueViews(const tensor::Tensor& flat);

@@ -314,6 +314,7 @@ class FsdpUnit : public nn::ModuleHooks {
       shared_.Prefetch(shared_.backward_order, shared_.backward_now);
     }
     WaitUnshard();
+    flat_.CheckFrozenUnchanged();
     if (!flat_.trains()) return;  // frozen: the input gradients only, nothing to reduce
     if (!full_grad_.defined()) {  // else: accumulated under no_sync
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "dist/fsdp_testing.h"
@@ -490,6 +491,38 @@ TEST(FsdpMemoryTest, FrozenUnitsHoldNoGradients) {
     EXPECT_EQ(moved_frozen, 0);
     if (root.shard_end() > 2048 && root.shard_begin() + 16 < root.numel()) {
       EXPECT_GT(moved_other, 0);
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// requires_grad changed after FullyShard is an error naming the parameter at
+// the next backward (the gradient layout and frozen ranges follow the flags
+// at construction), not a silently wrong step.
+TEST(FsdpMemoryTest, FreezingAfterFullyShardIsAnError) {
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(2, c.block_size, c.vocab_size, 5);
+  absl::Status s = RunRanks(1, [&](int rank, ProcessGroup& pg) {
+    for (bool freeze_later : {true, false}) {
+      mingpt::GPT gpt(c);
+      if (!freeze_later) {
+        ASSERT_TRUE(nn::FreezeParameters(gpt, {"transformer.h.1.mlp.c_fc.weight"}).ok());
+      }
+      auto fsdp = FullyShard(gpt, pg, PerBlock());
+      auto params = gpt.NamedParameters();
+      for (auto& [name, p] : params) {
+        if (name == "transformer.h.1.mlp.c_fc.weight") p->requires_grad = !freeze_later;
+      }
+      try {
+        gpt.ForwardBackward(idx, idx);
+        ADD_FAILURE() << "no error";
+      } catch (const tensor::OpError& e) {
+        EXPECT_NE(std::string(e.what()).find(absl::StrCat(
+                      "parameter transformer.h.1.mlp.c_fc.weight was ",
+                      freeze_later ? "frozen" : "unfrozen", " (requires_grad) after FullyShard")),
+                  std::string::npos)
+            << e.what();
+      }
     }
   });
   EXPECT_TRUE(s.ok()) << s;

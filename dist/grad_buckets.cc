@@ -48,6 +48,24 @@ void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*
   }
 }
 
+std::vector<bool> FrozenFlags(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
+  std::vector<bool> frozen;
+  frozen.reserve(params.size());
+  for (const auto& [name, p] : params) frozen.push_back(!p->requires_grad);
+  return frozen;
+}
+
+void CheckFrozenUnchanged(const char* op,
+                          const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                          const std::vector<bool>& frozen) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool now = !params[i].second->requires_grad;
+    OP_CHECK(now == frozen[i], op, "parameter ", params[i].first, " was ",
+             now ? "frozen" : "unfrozen", " (requires_grad) after the wrapper was built; set ",
+             "requires_grad before wrapping the model");
+  }
+}
+
 std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root) {
   std::unordered_map<nn::Parameter*, int> index;
   int i = 0;

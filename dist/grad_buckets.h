@@ -55,6 +55,17 @@ std::vector<std::vector<int>> ReverseOrderBuckets(
 void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
                          std::vector<tensor::Tensor>& grad_views);
 
+// Which of `params` are frozen (requires_grad false), as a wrapper sees them
+// when it is built.
+std::vector<bool> FrozenFlags(const std::vector<std::pair<std::string, nn::Parameter*>>& params);
+// Throws tensor::OpError naming `op` and the first parameter whose
+// requires_grad differs from `frozen` (what the wrapper was built with): its
+// buckets and views follow the flags at construction, so a parameter frozen
+// or unfrozen later would train wrongly without a word.
+void CheckFrozenUnchanged(const char* op,
+                          const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                          const std::vector<bool>& frozen);
+
 // For each module of `root`'s tree, the indices (into root.NamedParameters())
 // of the parameters in its subtree.
 std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);

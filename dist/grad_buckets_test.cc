@@ -67,6 +67,30 @@ TEST(ReverseOrderBucketsTest, FrozenParametersAreSkippedWhenAsked) {
   EXPECT_TRUE(params[3].second->grad.defined());
 }
 
+// DDP and ZeRO-1 check before each backward that no parameter was frozen or
+// unfrozen since they were built.
+TEST(CheckFrozenUnchangedTest, NamesTheParameterThatChanged) {
+  auto seq = ThreeLinears();
+  const auto params = seq->NamedParameters();
+  params[2].second->requires_grad = false;
+  const std::vector<bool> frozen = FrozenFlags(params);
+  EXPECT_EQ(frozen, (std::vector<bool>{false, false, true, false, false, false}));
+  EXPECT_NO_THROW(CheckFrozenUnchanged("ddp", params, frozen));
+  params[4].second->requires_grad = false;
+  try {
+    CheckFrozenUnchanged("ddp", params, frozen);
+    FAIL() << "no error";
+  } catch (const tensor::OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("[ddp] parameter 2.weight was frozen (requires_grad) "
+                                         "after the wrapper was built"),
+              std::string::npos)
+        << e.what();
+  }
+  params[4].second->requires_grad = true;
+  params[2].second->requires_grad = true;
+  EXPECT_THROW(CheckFrozenUnchanged("zero1", params, frozen), tensor::OpError);
+}
+
 // One flat buffer with a view per parameter, as DDP and ZeRO-1 lay out their
 // buckets: a dropped gradient becomes its zeroed view, a replaced one is
 // copied into its view, and one already there is left alone.

@@ -589,7 +589,7 @@ Participant FromFsdp(FullyShardedModel& fsdp) {
     L.ref = fsdp.param_ref_name(i);
     L.trains = flat.trains();
     for (const FlatParameter::Entry& e : flat.entries()) {
-      L.entries.push_back({e.name, e.param->shape, e.offset, e.numel, !e.param->requires_grad});
+      L.entries.push_back({e.name, e.param->shape, e.offset, e.numel, e.frozen});
     }
     L.shard_begin = flat.shard_begin();
     L.shard_numel = flat.shard_numel();

@@ -30,7 +30,8 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
       pg_(pg),
       optimizer_(std::move(optimizer)),
       options_(std::move(options)),
-      params_(model.NamedParameters()) {
+      params_(model.NamedParameters()),
+      frozen_(internal::FrozenFlags(params_)) {
   OP_CHECK(optimizer_ != nullptr, "zero1", "the optimizer is null");
   const std::vector<std::vector<int>> groups =
       internal::ReverseOrderBuckets("zero1", params_, options_.bucket_cap_mb);
@@ -211,6 +212,7 @@ void Zero1::OnRootPreBackward() {
   readiness_->EndForward();
   // A step still in flight (a backward whose reductions Step never took).
   if (syncing_this_step_ || in_flight_) FinishBackward().IgnoreError();
+  internal::CheckFrozenUnchanged("zero1", params_, frozen_);
   // Gradients dropped (ZeroGrad(set_to_none)) or replaced go back to the buckets.
   internal::PointGradsAtBuckets(params_, grad_views_);
   syncing_this_step_ = require_sync_;

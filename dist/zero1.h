@@ -267,6 +267,7 @@ class Zero1 {
   std::unique_ptr<optim::Optimizer> optimizer_;
   Zero1Options options_;
   std::vector<std::pair<std::string, nn::Parameter*>> params_;
+  std::vector<bool> frozen_;  // per params_, at construction
   std::vector<int64_t> offsets_;  // per parameter: its offset in the flat buffers
   std::vector<tensor::Tensor> grad_views_;
   int64_t numel_ = 0;
