@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dist/ddp.h"
 #include "dist/ddp_zero1_testing.h"
 #include "dist/fsdp_testing.h"
@@ -21,6 +22,7 @@
 #include "dist/zero1.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "nn/freeze.h"
 #include "nn/linear.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
@@ -407,6 +409,60 @@ TEST(Zero1Test, BucketsAreReverseOrderAndReduceScatterBeforeBackwardEnds) {
                   zero.ZeroGrad();
                 }
               }).ok());
+}
+
+// Frozen parameters: with small buckets the embeddings and the first Block
+// fill buckets of frozen parameters only, which reduce-scatter nothing, take
+// no optimizer step (no state) and all-gather nothing; the parameters end
+// bitwise as with one bucket (frozen ranges inside it), the frozen ones as
+// they began.
+TEST(Zero1Test, FrozenBucketsCommunicateNothing) {
+  const Batch batch = RandomBatch(5);
+  const std::vector<std::string> freeze = {"transformer.wte", "transformer.wpe",
+                                           "transformer.h.0"};
+  std::vector<std::vector<float>> finals(2);  // rank 0's parameters: small buckets, one bucket
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                  mingpt::GPT model(Tiny());
+                  ASSERT_TRUE(nn::FreezeParameters(model, freeze).ok());
+                  model.Materialize(kSeed);
+                  const std::vector<float> start = FlatParams(model);
+                  Zero1Options o;
+                  o.bucket_cap_mb = run == 0 ? 0.002 : 25;
+                  Zero1 zero(model, pg, MakeOptimizer(Opt::kAdamW), o);
+                  int frozen_buckets = 0;
+                  for (int b = 0; b < zero.num_buckets(); ++b) {
+                    frozen_buckets += zero.bucket_trains(b) ? 0 : 1;
+                  }
+                  EXPECT_EQ(frozen_buckets > 0, run == 0);
+                  for (int step = 0; step < 3; ++step) {
+                    model.ForwardBackward(Rows(batch.idx, rank, 2), Rows(batch.targets, rank, 2));
+                    int issued = 0;
+                    for (const BackwardEvent& e : zero.last_backward_events()) {
+                      issued += e.kind == BackwardEvent::Kind::kBucketIssued ? 1 : 0;
+                    }
+                    EXPECT_EQ(issued, zero.num_buckets() - frozen_buckets);
+                    ASSERT_TRUE(zero.Step().ok());
+                    zero.ZeroGrad();
+                  }
+                  for (int b = 0; b < zero.num_buckets(); ++b) {
+                    EXPECT_EQ(zero.optimizer().HasState(absl::StrCat("zero1.bucket", b)),
+                              zero.bucket_trains(b));
+                  }
+                  const std::vector<float> now = FlatParams(model);
+                  int64_t offset = 0, frozen_moved = 0, trained_moved = 0;
+                  for (auto& [name, p] : model.NamedParameters()) {
+                    for (int64_t i = offset; i < offset + p->numel(); ++i) {
+                      (p->requires_grad ? trained_moved : frozen_moved) += now[i] != start[i];
+                    }
+                    offset += p->numel();
+                  }
+                  EXPECT_EQ(frozen_moved, 0);
+                  EXPECT_GT(trained_moved, 0);
+                  if (rank == 0) finals[run] = now;
+                }).ok());
+  }
+  EXPECT_EQ(finals[0], finals[1]);
 }
 
 TEST(Zero1Test, ShardDecayRangesFollowWeightDecayFlags) {

@@ -631,6 +631,7 @@ Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
     L.shard_begin = seg.shard_begin - seg.begin;
     L.shard_numel = seg.shard_numel;
     L.shard = zero.master_shard(b);
+    L.trains = zero.bucket_trains(b);
     L.param_ref = refs[b];
     p.units.push_back(L.ref);
     p.layouts.push_back(std::move(L));

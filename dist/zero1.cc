@@ -145,6 +145,8 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
     const int64_t begin = bucket.seg.shard_begin, end = begin + bucket.seg.shard_numel;
     bucket.shard_decay = optim::SliceRanges(decay_ranges_, begin, end);
     bucket.shard_frozen = optim::SliceRanges(frozen_ranges, begin, end);
+    bucket.trains = false;
+    for (int i : bucket.params) bucket.trains |= params_[i].second->requires_grad;
   }
   readiness_ =
       std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets);
@@ -225,6 +227,8 @@ void Zero1::IssueReadyBuckets() {
   // In bucket order, so every rank issues the same sequence.
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
+    in_flight_ = true;        // this step's reductions (none for a frozen bucket)
+    if (!b.trains) continue;  // frozen parameters only: nothing to reduce
     tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
     const int64_t mine = b.seg.shard_begin - b.seg.begin;
     if (reduce_low_) {
@@ -236,7 +240,6 @@ void Zero1::IssueReadyBuckets() {
           pg_.ReduceScatter(segment, segment.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
     }
     events_.push_back({BackwardEvent::Kind::kBucketIssued, i});
-    in_flight_ = true;
   }
   // Free the copies of the buckets already reduced (errors surface in FinishBackward).
   if (reduce_low_) copies_->UnpackCompleted();
@@ -284,11 +287,12 @@ absl::Status Zero1::Step() {
         "zero1: Step() without a synced backward since the last step");
   }
   reduced_ = false;
-  // Bucket by bucket: step this rank's slices, then start the bucket's
+  // Bucket by bucket (those that train): step this rank's slices, then start the bucket's
   // all-gather, which runs while the next bucket steps.
   const std::vector<optim::ParamRef> refs = ParamRefs();
   std::vector<WorkPtr> works;
   for (int b = 0; b < num_buckets(); ++b) {
+    if (!buckets_[b].trains) continue;  // frozen parameters only: unchanged everywhere
     optimizer_->Step({refs[b]});
     works.push_back(GatherBucket(buckets_[b]));
   }

@@ -28,6 +28,9 @@
 // parameters too, but get no gradient view: their part of the flat gradient
 // stays zero (reduce-scattered as zeros) and their slice ranges are the refs'
 // frozen_ranges, which the optimizer leaves as they are (their state zero).
+// A bucket of frozen parameters only (with the default reverse order, a
+// large frozen embedding gets one of its own) reduce-scatters nothing, takes
+// no optimizer step (no state) and all-gathers nothing.
 //
 // Backward (hooks installed on every module, as DDP's, chaining to earlier
 // hooks): once every parameter of a bucket has its final gradient (the rule
@@ -222,6 +225,8 @@ class Zero1 {
   // What Step() hands the optimizer: per bucket, "zero1.bucket<b>" over
   // master_shard(b), grad_shard(b) and its decay ranges.
   std::vector<optim::ParamRef> ParamRefs() const;
+  // Whether bucket b holds a parameter that trains (see above).
+  bool bucket_trains(int b) const { return buckets_.at(b).trains; }
   // What happened during the last synced backward, in order.
   const std::vector<BackwardEvent>& last_backward_events() const { return events_; }
   // The most buckets' reduce_dtype copies that existed at once during the
@@ -251,7 +256,8 @@ class Zero1 {
     tensor::Tensor master;             // fp32 (k_b): this rank's master slice
     optim::ElementRanges shard_decay;   // decay ranges of this rank's slice
     optim::ElementRanges shard_frozen;  // frozen parameters' ranges of this rank's slice
-    WorkPtr work;                      // its reduce-scatter this step
+    bool trains = true;  // some parameter trains; false: no reduce-scatter, step or all-gather
+    WorkPtr work;        // its reduce-scatter this step
   };
 
   void OnPreForward(nn::Module& module);

@@ -55,6 +55,13 @@ for dp in "" "--batch_size=2 --world_size=2 --strategy=full_shard"; do
   same_losses "$dir/one.jsonl" "$dir/r.jsonl" "resume ${dp:-one process}"
   rm -rf "$dir/r"
 done
+# ZeRO-1 with small buckets (the frozen ones communicate nothing and hold no
+# state) saves; FSDP resumes from it.
+"$train" "${common[@]}" "${freeze[@]}" --batch_size=2 --world_size=2 --strategy=zero1 \
+  --bucket_cap_mb=0.05 --steps=2 --checkpoint_dir="$dir/z" > /dev/null
+"$train" "${common[@]}" "${freeze[@]}" --batch_size=2 --world_size=2 --strategy=full_shard \
+  --steps=3 --checkpoint_dir="$dir/z" --resume=latest --metrics_out="$dir/z.jsonl" > /dev/null
+same_losses "$dir/one.jsonl" "$dir/z.jsonl" "ZeRO-1 small buckets -> FSDP"
 echo "frozen runs resume with the uninterrupted losses"
 
 # Unfreezing: one process resumes with fresh optimizer state for what was
