@@ -74,6 +74,12 @@ bool HasTrainableParameters(Module& module) {
   return false;
 }
 
+size_t FirstTrainableChild(Container& children) {
+  size_t i = 0;
+  while (i < children.size() && !HasTrainableParameters(*children.at(i))) ++i;
+  return i;
+}
+
 TrainableCount CountTrainable(Module& root) {
   TrainableCount count;
   for (const auto& [name, p] : root.NamedParameters()) {

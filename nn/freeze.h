@@ -6,12 +6,14 @@
 #ifndef NN_FREEZE_H_
 #define NN_FREEZE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "nn/containers.h"
 #include "nn/module.h"
 
 namespace nn {
@@ -39,6 +41,10 @@ absl::StatusOr<std::vector<std::string>> ParseFreezePatterns(absl::string_view f
 // model's backward need not reach a module below its lowest trainable one: no
 // gradient is wanted there (PyTorch's autograd never gets there either).
 bool HasTrainableParameters(Module& module);
+// The index of the first child of `children` (a model's blocks) with a
+// trainable parameter, or children.size() when none has one: the lowest block
+// a backward must reach when nothing below the blocks trains.
+size_t FirstTrainableChild(Container& children);
 
 // Elements of the parameters of `root` that train (requires_grad), and of all.
 struct TrainableCount {

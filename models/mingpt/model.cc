@@ -157,10 +157,7 @@ bool Transformer::EmbeddingsTrain() {
 }
 
 size_t Transformer::FirstBlockWithBackward() {
-  if (EmbeddingsTrain()) return 0;
-  size_t stop = 0;  // the lowest block that trains
-  while (stop < blocks_.size() && !nn::HasTrainableParameters(*blocks_[stop])) ++stop;
-  return stop;
+  return EmbeddingsTrain() ? 0 : nn::FirstTrainableChild(*h_);
 }
 
 Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {

@@ -134,10 +134,7 @@ bool T5Stack::BelowBlocksTrain() {
 }
 
 size_t T5Stack::FirstBlockWithBackward() {
-  if (BelowBlocksTrain()) return 0;
-  size_t stop = 0;  // the lowest block that trains
-  while (stop < block_->size() && !nn::HasTrainableParameters(*block(stop))) ++stop;
-  return stop;
+  return BelowBlocksTrain() ? 0 : nn::FirstTrainableChild(*block_);
 }
 
 Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
