@@ -15,6 +15,14 @@
 #   GPU_BUNDLE_ALLOW_NO_DRIVER=1 run even without libcuda.so.1 (CUDA calls then fail; the
 #                                project's GPU tests skip): checks the bundle on a CPU machine
 #   GPU_BUNDLE_VERBOSE=1         print where each CUDA library was found and the library path
+#   GPU_BUNDLE_LOADER=auto|bundled|host
+#                                whose glibc runs the binary. auto (the default): the host's
+#                                when it is newer than the bundled one, because the host's CUDA
+#                                libraries may need it (PyTorch's libnccl.so.2 needs GLIBC_2.38,
+#                                Debian 12's is 2.36); else the bundled one, which runs where
+#                                the host's glibc is older. With the host's, the bundled glibc
+#                                is left out of the library path, and so are libstdc++ and
+#                                libgcc_s when the host's have every symbol version ours have.
 # A binary that starts other bundled binaries (tools:launch) must start wrap/NAME, not bin/NAME.
 set -euo pipefail
 
@@ -162,16 +170,69 @@ if (( ${#needs[@]} > 0 && ! driver_missing )) && ! compgen -G '/dev/nvidia[0-9]*
   echo "run.sh: warning: no /dev/nvidia* device here: CUDA may find no GPU" >&2
 fi
 
+# --- whose glibc ------------------------------------------------------------------------------
+# glibc_version LOADER: "2.36" from the loader's --version ("... release version 2.36.").
+glibc_version() { "$1" --version 2>/dev/null | sed -nE '1s/.*version ([0-9]+\.[0-9]+).*/\1/p'; }
+host_loader=/lib64/ld-linux-x86-64.so.2
+mode=${GPU_BUNDLE_LOADER:-auto}
+case "$mode" in
+  bundled|host) ;;
+  auto)
+    mode=bundled
+    if [[ -x "$host_loader" ]]; then
+      ours=$(glibc_version "$loader"); theirs=$(glibc_version "$host_loader")
+      if [[ -n "$ours" && -n "$theirs" && "$theirs" != "$ours" &&
+            "$(printf '%s\n%s\n' "$ours" "$theirs" | sort -V | tail -1)" == "$theirs" ]]; then
+        mode=host
+      fi
+      say "glibc: bundled ${ours:-?}, host ${theirs:-?}: the $mode one"
+    fi ;;
+  *) die "GPU_BUNDLE_LOADER must be auto, bundled or host, not '$mode'" ;;
+esac
+[[ "$mode" == bundled || -x "$host_loader" ]] ||
+  die "GPU_BUNDLE_LOADER=host, but this machine has no $host_loader"
+
+# host_has_versions SONAME PREFIX: the host's SONAME (from its loader cache) has the newest
+# PREFIX symbol version (GLIBCXX_3.4., GCC_) of the bundled one.
+host_has_versions() {
+  local so=$1 prefix=$2 newest host
+  newest=$(grep -aoE "${prefix//./\\.}[0-9.]*[0-9]" "$bundle/lib/$so" | sort -V | tail -1)
+  host=$( (/sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null) |
+    awk -v s="$so" '$1 == s && /x86-64/ { print $NF; exit }')
+  [[ -n "$newest" && -n "$host" ]] && grep -aq "$newest" "$host"
+}
+
 # --- the library path -------------------------------------------------------------------------
+libpath=$bundle/lib
+if [[ "$mode" == host ]]; then
+  # The bundled libraries but glibc's (and the C++ runtime's where the host's will do), as
+  # links in a private folder.
+  ours_dir=$(mktemp -d "${TMPDIR:-/tmp}/gpu_bundle_lib.XXXXXX")
+  skip_cxx=0
+  if host_has_versions libstdc++.so.6 GLIBCXX_3.4. && host_has_versions libgcc_s.so.1 GCC_; then
+    skip_cxx=1
+  fi
+  for f in "$bundle"/lib/*; do
+    case "$(basename "$f")" in
+      ld-linux-*|libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|libresolv.so.*|\
+      libanl.so.*|libutil.so.*|libnss_*|libmvec.so.*|libBrokenLocale.so.*) continue ;;
+      libstdc++.so.*|libgcc_s.so.*) (( skip_cxx )) && continue ;;
+    esac
+    ln -s "$f" "$ours_dir/"
+  done
+  libpath=$ours_dir
+  loader=$host_loader
+  say "the host's glibc; C++ runtime: $( (( skip_cxx )) && echo "the host's" || echo "the bundled one")"
+fi
 # CUDA folders go in whole, except system folders (they also hold the host's glibc, which must
-# never mix with the bundled one): their CUDA libraries are linked into a private folder.
+# never mix with the bundled one, and its C++ runtime): their CUDA libraries are linked into a
+# private folder.
 is_system_dir() {
   case "$(readlink -f "$1")" in
     /lib|/lib64|/usr/lib|/usr/lib64|/lib/x86_64-linux-gnu|/usr/lib/x86_64-linux-gnu) return 0 ;;
   esac
   return 1
 }
-libpath=$bundle/lib
 links=""
 declare -A added=()
 for so in "${needs[@]}"; do [[ -z "${found[$so]:-}" ]] || say "$so: ${found[$so]}/$so"; done

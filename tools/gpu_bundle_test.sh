@@ -7,7 +7,8 @@
 #                                                               manual, needs --config=cuda)
 # cpu: bundles a cc_binary (project libraries static) and a cc_test (project libraries from
 # _solib_k8), unpacks the .tar.xz elsewhere, runs both through run.sh under `env -i` and checks
-# their output and that every object they load comes from the bundle; then checks run.sh's
+# their output and that every object they load comes from the bundle, and with
+# GPU_BUNDLE_LOADER=host that glibc comes from the host and the rest from the bundle; then checks run.sh's
 # messages for missing CUDA libraries with made-up needs, and tools/gpu_session.sh's tests
 # phase over the bundle.
 # cuda: bundles CUDA tests; checks no CUDA library went in, each needs libcudart + libcuda.so.1,
@@ -73,6 +74,23 @@ if [[ "$mode" == cpu ]]; then
     [[ -z "$outside" ]] || fail "$name loaded objects from outside the bundle: $outside"
     echo "ok: $name loads $(wc -l <<< "$loaded") objects, all from the bundle"
   done
+
+  # The host's glibc (GPU_BUNDLE_LOADER=host, what auto picks where the host's is newer, as on
+  # the GPU machine, whose NCCL needs it): the project's libraries still come from the bundle,
+  # glibc from the host.
+  out=$(env -i GPU_BUNDLE_LOADER=host "$u/run.sh" "$test_name" 2>&1) ||
+    { echo "$out" >&2; fail "$test_name with the host's glibc"; }
+  expect_in "[  PASSED  ]" "$out" "$test_name with the host's glibc"
+  loaded=$(env -i GPU_BUNDLE_LOADER=host LD_DEBUG=files "$u/run.sh" "$test_name" 2>&1 >/dev/null |
+    awk -v b="$u/bin/$test_name" 'index($0, b) { on = 1 } on && /calling init:/ { print $NF }' | sort -u)
+  libc=$(grep '/libc\.so\.6$' <<< "$loaded" || true)
+  [[ -n "$libc" && "$libc" != "$u/lib/"* ]] || fail "GPU_BUNDLE_LOADER=host loaded libc from '$libc'"
+  for so in $solibs; do
+    grep -q "/$so\$" <<< "$loaded" || fail "GPU_BUNDLE_LOADER=host did not load the bundled $so"
+  done
+  echo "ok: GPU_BUNDLE_LOADER=host: $libc, the project's libraries from the bundle"
+  out=$(env -i GPU_BUNDLE_LOADER=newest "$u/run.sh" "$bin_name" 2>&1) && fail "GPU_BUNDLE_LOADER=newest ran"
+  expect_in "GPU_BUNDLE_LOADER must be auto, bundled or host, not 'newest'" "$out" "a bad GPU_BUNDLE_LOADER"
 
   # run.sh's messages.
   out=$(env -i "$u/run.sh" no_such_binary 2>&1) && fail "an unknown binary ran"

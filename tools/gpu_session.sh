@@ -213,7 +213,7 @@ case "$phase" in
         for kv in true false; do
           echo "=== sample on cuda:0, --kv_cache=$kv"
           "$run" sample --device=cuda:0 --checkpoint="$metrics/ck" --num_samples=4 \
-            --max_new_tokens=120 --print=tokens --kv_cache=$kv > "$metrics/sample_$kv.txt"
+            --max_new_tokens=120 --prompt_tokens=464,2068 --print=tokens --kv_cache=$kv > "$metrics/sample_$kv.txt"
         done
         cmp -s "$metrics/sample_true.txt" "$metrics/sample_false.txt" &&
           echo "sample: the same tokens with and without the cache" ||
@@ -248,7 +248,10 @@ case "$phase" in
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     [[ -n "$ncu" ]] || { echo "gpu_session: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
+    # At most GPU_SESSION_PROFILE_KERNELS kernels (then the program runs on unprofiled): on
+    # the H200 the whole run, unbounded, was still going after 200 s and wrote no row.
     "$ncu" --clock-control none --target-processes all --metrics gpu__time_duration.sum \
+      --launch-count "${GPU_SESSION_PROFILE_KERNELS:-3000}" \
       --csv --page raw "$run" train --device=cuda:0 --preset=gpt2 --precision=bf16 \
       --batch_size=${GPU_SESSION_BATCH:-16} --seq_len=1024 --steps=2 --data=random --dropout=0 \
       --optimizer=adamw --log_every=1 > "$out/ncu.csv" 2> "$out/ncu.err"

@@ -101,7 +101,7 @@ TEST_F(DeferredTest, LaunchesKeepTheirArgumentsAndAreCountedWhenIssued) {
   EXPECT_EQ((ReadCounters() - before).kernel_launches, 1);
   EXPECT_EQ(FirstByte(a_), 1);
   LaunchOnStream(side_, dim3(1), dim3(4096), 0, [] {});  // too many threads: refused now
-  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
   EXPECT_EQ((ReadCounters() - before).kernel_launches, 1);
   ASSERT_EQ(cudaStreamSynchronize(side_), cudaSuccess);
   std::vector<unsigned char> got(32);

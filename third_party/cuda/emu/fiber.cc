@@ -583,7 +583,7 @@ bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
                    grid.y > 65535 || grid.z > 65535 || threads == 0 ||
                    threads > kMaxThreadsPerBlock || block.z > 64 ||
                    dynamic_shared_bytes > kMaxDynamicShared;
-  if (bad) SetLastError(cudaErrorInvalidConfiguration);
+  if (bad) SetLastError(cudaErrorInvalidValue);
   return !bad;
 }
 

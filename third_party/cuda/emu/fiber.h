@@ -73,7 +73,9 @@ inline const BlockState& CurrentBlock() { return *current_block; }
 
 // Runs `body` once per thread of every block of the grid. Invalid geometry
 // (empty or oversized grid or block, too much dynamic shared memory) records
-// cudaErrorInvalidConfiguration for cudaGetLastError and runs nothing. A
+// cudaErrorInvalidValue for cudaGetLastError and runs nothing, as CUDA 13
+// does on an H200 (seen there for each of those cases; older CUDA said
+// cudaErrorInvalidConfiguration for some). A
 // block whose threads cannot all proceed (a barrier or warp collective that
 // some of them never reach) aborts the process naming the kernel's block.
 // Counts nothing: LaunchOnStream counts the launch when it is issued.
@@ -86,8 +88,7 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
 // naming the block and thread.
 [[noreturn]] void MisalignedAccess(const void* p, int bytes);
 
-// Whether Launch would take the geometry; false records
-// cudaErrorInvalidConfiguration.
+// Whether Launch would take the geometry; false records cudaErrorInvalidValue.
 bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes);
 
 // A launch on `stream`: deferred on a created stream (pending.h: checked and
