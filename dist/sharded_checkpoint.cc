@@ -78,8 +78,10 @@ struct FlatLayout {
     tensor::Shape shape;
     int64_t offset = 0;  // in the flat buffer
     int64_t numel = 0;
-    // A frozen parameter: its optimizer state (zeros) is loaded where the
-    // checkpoint has it and left zero where it has none.
+    // A frozen parameter: saved without optimizer state; loaded, its state
+    // (zeros in a flat buffer that trains) is read where the checkpoint has
+    // it (checkpoints before frozen parameters went stateless) and left zero
+    // where it has none.
     bool frozen = false;
   };
   // False for an FSDP unit of frozen parameters only: no optimizer state.
@@ -155,6 +157,11 @@ absl::StatusOr<std::string> WriteShard(const std::string& tmp_dir, const Partici
       const int64_t hi = std::min(se, e.offset + e.numel);
       if (lo >= hi) continue;
       add(kValueKind, e.name, lo - e.offset, L.shard.Narrow(0, lo - sb, hi - lo));
+      // A frozen parameter's state is not saved, in a unit or bucket of trainable ones too:
+      // its elements were never stepped, so loading them unfrozen at the flat buffer's step
+      // count would start AdamW on zero moments with its bias correction spent (first
+      // updates about 3x lr). Without state, unfreezing is refused naming the way (Stage).
+      if (e.frozen) continue;
       for (size_t k = 0; k < bufs.size(); ++k) {
         add(keys[k], e.name, lo - e.offset, bufs[k].Narrow(0, lo - sb, hi - lo));
       }

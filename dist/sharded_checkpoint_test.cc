@@ -731,6 +731,41 @@ TEST(ShardedCheckpointErrorTest, MissingTruncatedCorruptedOrForeignShardFiles) {
   ExpectLoadFails(dir, {"shard_0_of_2.safetensors' belongs to another checkpoint"});
 }
 
+// A parameter frozen beside trainable ones (the token embedding in FSDP's
+// root unit with lm_head; in ZeRO-1's one bucket) is saved without optimizer
+// state. Unfreezing it is refused, naming it and the way (the weights alone),
+// rather than loading zero moments at the flat buffer's step count, which
+// would make AdamW's first updates of those elements about 3x lr. Kept
+// frozen it resumes (FrozenParametersReshardAcrossWrapsAndEngines).
+TEST(ShardedCheckpointErrorTest, UnfreezingAParameterFrozenBesideTrainableOnesIsRefused) {
+  for (Engine engine : {Engine::kFsdp, Engine::kZero1}) {
+    const bool fsdp = engine == Engine::kFsdp;
+    SCOPED_TRACE(fsdp ? "FSDP" : "ZeRO-1");
+    Segment seg = AdamW();
+    seg.engine = engine;
+    seg.world = 2;
+    seg.clip = false;
+    seg.freeze = {"transformer.wte"};
+    seg.last_step = 2;
+    seg.save_dir = TestDir(fsdp ? "unfreeze_fsdp" : "unfreeze_zero1") + "/ck";
+    RunSegment(seg);
+    absl::StatusOr<ShardedCheckpointInfo> info = ReadShardedCheckpointInfo(seg.save_dir);
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_EQ(info->params.size(), info->param_has_state.size());
+    for (size_t i = 0; i < info->params.size(); ++i) {
+      EXPECT_EQ(info->param_has_state[i], info->params[i].first != "transformer.wte.weight")
+          << info->params[i].first;
+    }
+    Segment unfrozen = AdamW();
+    unfrozen.engine = engine;
+    unfrozen.clip = false;
+    ExpectLoadFails(seg.save_dir,
+                    {"'transformer.wte.weight' has none", "frozen when it was saved",
+                     "load_optimizer_state = false"},
+                    unfrozen);
+  }
+}
+
 TEST(ShardedCheckpointErrorTest, ModelOrOptimizerDiffersFromTheCheckpoint) {
   const std::string dir = SaveBase(TestDir("err_model") + "/ck");
   Segment seg;

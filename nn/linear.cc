@@ -1,6 +1,9 @@
 // Linear layer forward and backward.
 #include "nn/linear.h"
 
+#include <memory>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/linear.h"
@@ -30,7 +33,7 @@ Tensor Linear::FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const {
   return x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
 }
 
-Tensor Linear::Product(const Tensor& x) const {
+Tensor Linear::Product(const Tensor& x, Saved* saved) const {
   const Tensor& w = weight_->value;
   MatmulOptions opts;
   opts.trans_b = true;
@@ -40,20 +43,42 @@ Tensor Linear::Product(const Tensor& x) const {
   }
   if (align_output_rows_ && w.device().is_cuda() && out_ % kAlign != 0) {
     const int64_t ld = (out_ + kAlign - 1) / kAlign * kAlign;
-    Tensor y =
-        Tensor::Empty({x.dim(0), ld}, w.dtype(), w.device()).Narrow(1, 0, out_);  // rows ld apart
-    tensor::MatmulInto(x, w, y, opts);
-    return y;
+    if (x.dim(0) < kPaddedProductMinRows) {
+      Tensor y =
+          Tensor::Empty({x.dim(0), ld}, w.dtype(), w.device()).Narrow(1, 0, out_);  // rows ld apart
+      tensor::MatmulInto(x, w, y, opts);
+      return y;
+    }
+    // y_p (N, ld) = x @ w_p^T, w_p (ld, in) = [W; zeros]: y_p's pad columns are zeros.
+    Tensor w_p = Tensor::Zeros({ld, in_}, w.dtype(), w.device());
+    w_p.Narrow(0, 0, out_).CopyFrom(w);
+    const Tensor y_p = tensor::Matmul(x, w_p, opts);
+    saved->padded_w = w_p;
+    saved->padded_y = y_p.storage();
+    return y_p.Narrow(1, 0, out_);  // (N, out), rows ld apart
   }
   return tensor::Matmul(x, w, opts);
+}
+
+Tensor Linear::PaddedGrad(const Tensor& g, const Saved& s) {
+  const int64_t n = g.dim(0), out = g.dim(1), ld = s.padded_w.dim(0);
+  const std::shared_ptr<tensor::Storage> y = s.padded_y.lock();
+  if (y != nullptr && g.storage() == y && g.offset() == 0 && g.dtype() == s.padded_w.dtype() &&
+      g.RowStride() == ld) {
+    return Tensor(y, {n, ld}, {ld, 1}, 0, g.dtype());  // the product's buffer: zero pad columns
+  }
+  Tensor g_p = Tensor::Zeros({n, ld}, s.padded_w.dtype(), g.device());
+  g_p.Narrow(1, 0, out).CopyFrom(g);
+  return g_p;
 }
 
 Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
   const Tensor& x_in = inputs.at(0);
   tensor::Shape out_shape;
   const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
-  const Tensor y = Product(x);                   // (N, out)
-  ctx.Save(Saved{SavedInput(x), x_in.dtype(), x_in.shape()});
+  Saved saved{SavedInput(x), x_in.dtype(), x_in.shape()};
+  const Tensor y = Product(x, &saved);  // (N, out)
+  ctx.Save(std::move(saved));
   return {y.Reshape(out_shape)};
 }
 
@@ -67,13 +92,14 @@ Tensor Linear::RunResidual(const Tensor& x_in, const Tensor& residual, Context& 
                     " is not shaped as the output ", out_shape.ToString());
            const Tensor r = residual.Reshape({-1, out_});  // (N, out)
            Tensor y;                                       // (N, out), the residual's dtype
+           Saved saved{SavedInput(x), x_in.dtype(), x_in.shape()};
            if (r.dtype() == w.dtype() && !align_output_rows_) {
              y = tensor::LinearResidualForward(
                  x, w, bias_ != nullptr ? bias_->value.To(w.dtype()) : Tensor(), r);
            } else {
-             y = tensor::Add(r, Product(x).To(r.dtype()));
+             y = tensor::Add(r, Product(x, &saved).To(r.dtype()));
            }
-           ctx.Save(Saved{SavedInput(x), x_in.dtype(), x_in.shape()});
+           ctx.Save(std::move(saved));
            return Tensors{y.Reshape(out_shape)};
          })
       .at(0);
@@ -107,6 +133,17 @@ Tensor Linear::SavedInput(const Tensor& x) const {
 Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
   const Tensor& w = weight_->value;
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
+  if (s.padded_w.defined()) {  // the padded product (no bias): g (N, ld) with zero pad columns
+    const Tensor g_p = PaddedGrad(g, s);
+    if (weight_->requires_grad) {  // dW (out, in) += the first out rows of g_p^T @ x (ld, in)
+      MatmulOptions opts;
+      opts.trans_a = true;
+      opts.out_dtype = Dtype::kF32;
+      const Tensor dw_p = tensor::Matmul(g_p, s.x, opts);  // (ld, in), fp32
+      tensor::AddInPlace(weight_->GradBuffer(), dw_p.Narrow(0, 0, out_));
+    }
+    return g_p;
+  }
   const bool bias_grad = bias_ != nullptr && bias_->requires_grad;
   // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32; frozen
   // parameters get none.
@@ -121,9 +158,10 @@ Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
 
 Tensors Linear::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
-  const Tensor g = AccumulateParamGrads(grad_outputs.at(0), s);  // (N, out)
-  // dx (N, in) = g @ W.
-  Tensor dx = tensor::Matmul(g, weight_->value);
+  // (N, out), or (N, ld) for the padded product
+  const Tensor g = AccumulateParamGrads(grad_outputs.at(0), s);
+  // dx (N, in) = g @ W (g_p @ w_p: the pad columns and rows add nothing).
+  Tensor dx = tensor::Matmul(g, s.padded_w.defined() ? s.padded_w : weight_->value);
   return {dx.To(s.input_dtype).Reshape(s.input_shape)};
 }
 

@@ -7,6 +7,7 @@
 #define NN_LINEAR_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "nn/module.h"
 
@@ -18,16 +19,29 @@ struct LinearOptions {
   InitSpec bias_init = InitSpec::Zeros();
   // On a CUDA device, without a bias: when out_features is not a multiple of
   // 64, the output's rows are laid out 64-element aligned (a (N, out) view of
-  // an (N, ceil64(out)) buffer; Tensor::RowStride() gives the stride), so the
-  // GEMM that writes it and the two that read its gradient run cuBLASLt's
-  // aligned tensor-core kernels. For a language-model head over an odd
-  // vocabulary (GPT-2's 50257, llm.c pads it to 50304); its consumers must
-  // take strided rows (the cross-entropy does).
+  // an (N, ld) buffer, ld = ceil64(out); Tensor::RowStride() gives the
+  // stride); its consumers must take strided rows (the cross-entropy does).
+  // For a language-model head over an odd vocabulary (GPT-2's 50257; llm.c
+  // pads it to 50304). With at least kPaddedProductMinRows rows the three
+  // GEMMs also run at the padded size, as llm.c's do: the forward with the
+  // weight copied into (ld, in) rows whose last ld - out are zeros (so the
+  // output's pad columns are zeros), the backward with the gradient's pad
+  // columns zero (in place when the gradient is the output's buffer, as the
+  // cross-entropy leaves it; else a padded copy: any finite values would do,
+  // since they meet W's zero rows, but a NaN or inf would spread) and dW
+  // computed (ld, in) and its first out rows added. On an H200 cuBLASLt's bf16 GEMM of gpt2's head
+  // (16384 x 768 x N) ran at 95 TFLOP/s with N = 50257 (strided output rows
+  // or not) and 610 with N = 50304 (//tensor/cuda:matmul_benchmark).
   bool align_output_rows = false;
 };
 
 class Linear : public Module {
  public:
+  // align_output_rows pads the GEMMs from this many rows (tokens) on; fewer
+  // (decoding a token at a time) are bound by reading W, which the padded
+  // copy would triple.
+  static constexpr int64_t kPaddedProductMinRows = 256;
+
   Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
 
   int64_t in_features() const { return in_; }
@@ -67,14 +81,26 @@ class Linear : public Module {
     Tensor x;                   // (N, in), compute dtype; undefined for a frozen weight
     tensor::Dtype input_dtype;  // dtype of the caller's x, for grad_x
     tensor::Shape input_shape;
+    // The padded product's (align_output_rows): W in (ld, in) rows, the last
+    // ld - out zeros; undefined otherwise.
+    Tensor padded_w;
+    // The storage of its (N, ld) output, whose pad columns are zeros: the
+    // backward takes a gradient over it in place (not kept alive from here).
+    std::weak_ptr<tensor::Storage> padded_y;
   };
 
   // x (..., in) checked against the layer and flattened to (N, in) in the
   // compute dtype; out_shape gets (..., out).
   Tensor FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const;
 
-  // x (N, in) in the compute dtype -> x W^T (+ b) (N, out).
-  Tensor Product(const Tensor& x) const;
+  // x (N, in) in the compute dtype -> x W^T (+ b) (N, out); fills
+  // saved->padded_w / padded_y when it computes at the padded size.
+  Tensor Product(const Tensor& x, Saved* saved) const;
+
+  // The gradient (N, out) of a padded product as the (N, ld) buffer with
+  // zero pad columns: g's own storage when g is the product's output, else a
+  // padded copy.
+  static Tensor PaddedGrad(const Tensor& g, const Saved& s);
 
   // The weight and bias gradients of the saved x; returns grad (N, out) in
   // the compute dtype.

@@ -2,7 +2,8 @@
 // gradient of ForwardBackward, and Loss, equal the CPU's for vocabularies
 // whose logits rows the GPU lays out 64-aligned (11 and 67 columns in rows of
 // 64 and 128: the LM head's align_output_rows) and one that needs no padding
-// (64), in f32 and with a loss scale (the gradient scaled in the padded rows);
+// (64), in f32 and with a loss scale (the gradient scaled in the padded rows),
+// at 12 tokens and at 256 (where the head's GEMMs run at the padded size);
 // cached decoding (generation) gives the CPU's logits, and beam search (the
 // cache's rows reordered on the device) the CPU's tokens.
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
+#include "nn/linear.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
 
@@ -22,50 +24,56 @@ namespace {
 using tensor::Device;
 using tensor::Tensor;
 
-GptConfig Tiny(int64_t vocab) {
+GptConfig Tiny(int64_t vocab, int64_t block_size = 6) {
   GptConfig c;
   c.name = "tiny";
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 16;
   c.vocab_size = vocab;
-  c.block_size = 6;
+  c.block_size = block_size;
   c.dropout = 0.0f;
   return c;
 }
 
 TEST(GptCudaTest, LossAndGradientsMatchTheCpuWithAlignedLogitsRows) {
   SKIP_WITHOUT_GPU();
-  for (int64_t vocab : {11, 64, 67}) {
-    for (double loss_scale : {1.0, 8.0}) {
-      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " loss scale " << loss_scale);
-      std::vector<int64_t> ids(2 * 6), targets(2 * 6);
-      for (size_t i = 0; i < ids.size(); ++i) {
-        ids[i] = static_cast<int64_t>((i * 5 + 1) % vocab);
-        targets[i] = static_cast<int64_t>((i * 7 + 3) % vocab);
-      }
-      double losses[2], eval[2];
-      std::vector<std::pair<std::string, Tensor>> grads[2];
-      const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
-      for (int d = 0; d < 2; ++d) {
-        GPT model(Tiny(vocab));
-        model.Materialize(9, devices[d]);
-        const Tensor idx = Tensor::FromData<int64_t>(ids, {2, 6}).To(devices[d]);
-        const Tensor tgt = Tensor::FromData<int64_t>(targets, {2, 6}).To(devices[d]);
-        losses[d] = model.ForwardBackward(idx, tgt, loss_scale);
-        eval[d] = model.Loss(idx, tgt);
-        for (auto& [name, p] : model.NamedParameters()) {
-          ASSERT_TRUE(p->grad.defined()) << name;
-          grads[d].emplace_back(name, p->grad.To(Device::Cpu()));
+  // 2 x 6 tokens: the head's GEMMs at out = vocab; 4 x 64: at the padded size
+  // (nn::Linear::kPaddedProductMinRows), the gradient taken in place.
+  static_assert(4 * 64 >= nn::Linear::kPaddedProductMinRows);
+  for (const auto& [batch, block] : {std::pair<int64_t, int64_t>{2, 6}, {4, 64}}) {
+    for (int64_t vocab : {11, 64, 67}) {
+      for (double loss_scale : {1.0, 8.0}) {
+        SCOPED_TRACE(::testing::Message() << batch << " x " << block << " tokens, vocab " << vocab
+                                          << ", loss scale " << loss_scale);
+        std::vector<int64_t> ids(batch * block), targets(batch * block);
+        for (size_t i = 0; i < ids.size(); ++i) {
+          ids[i] = static_cast<int64_t>((i * 5 + 1) % vocab);
+          targets[i] = static_cast<int64_t>((i * 7 + 3) % vocab);
         }
-      }
-      EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::abs(losses[0]));
-      EXPECT_NEAR(eval[1], eval[0], 1e-5 * std::abs(eval[0]));
-      ASSERT_EQ(grads[0].size(), grads[1].size());
-      for (size_t i = 0; i < grads[0].size(); ++i) {
-        EXPECT_TRUE(tensor::testing::AllClose(grads[1][i].second, grads[0][i].second, 1e-4,
-                                              1e-5 * loss_scale))
-            << grads[0][i].first;
+        double losses[2], eval[2];
+        std::vector<std::pair<std::string, Tensor>> grads[2];
+        const Device devices[2] = {Device::Cpu(), Device::Cuda(0)};
+        for (int d = 0; d < 2; ++d) {
+          GPT model(Tiny(vocab, block));
+          model.Materialize(9, devices[d]);
+          const Tensor idx = Tensor::FromData<int64_t>(ids, {batch, block}).To(devices[d]);
+          const Tensor tgt = Tensor::FromData<int64_t>(targets, {batch, block}).To(devices[d]);
+          losses[d] = model.ForwardBackward(idx, tgt, loss_scale);
+          eval[d] = model.Loss(idx, tgt);
+          for (auto& [name, p] : model.NamedParameters()) {
+            ASSERT_TRUE(p->grad.defined()) << name;
+            grads[d].emplace_back(name, p->grad.To(Device::Cpu()));
+          }
+        }
+        EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::abs(losses[0]));
+        EXPECT_NEAR(eval[1], eval[0], 1e-5 * std::abs(eval[0]));
+        ASSERT_EQ(grads[0].size(), grads[1].size());
+        for (size_t i = 0; i < grads[0].size(); ++i) {
+          EXPECT_TRUE(tensor::testing::AllClose(grads[1][i].second, grads[0][i].second, 1e-4,
+                                                1e-5 * loss_scale))
+              << grads[0][i].first;
+        }
       }
     }
   }

@@ -64,7 +64,7 @@ struct Case {
   int64_t m;
   int64_t k;
   int64_t n;
-  bool trans_b;  // b stored (n, k): the Linear layer x @ W^T
+  bool trans_b;     // b stored (n, k): the Linear layer x @ W^T
   int64_t ldc = 0;  // 0: n; else C's rows are ldc apart (a row-padded output)
 };
 
@@ -321,6 +321,10 @@ int Main() {
       {"gpt2 up   x@W^T", 16384, 768, 3072, true},
       {"gpt2 down x@W^T", 16384, 3072, 768, true},
       {"gpt2 head rows64", 16384, 768, 50257, true, 50304},
+      // The head's input gradient g @ W over the vocabulary as K: GPT-2's and
+      // the padded one (nn::LinearOptions::align_output_rows' padded product).
+      {"gpt2 head dx    ", 16384, 50257, 768, false},
+      {"gpt2 head dx pad", 16384, 50304, 768, false},
   };
   const Precision precisions[] = {
       {"f32 ", Dtype::kF32, false},
