@@ -186,6 +186,11 @@ racecheck attention_test *"
   expect_in "failed binaries: 0" "$(cat "$work/session4/tests.txt")" "first: tests.txt"
   expect_in "SKIP pytorch (train is not in the bundle)" "$out" "first: no train"
   expect_in "SKIP bench (matmul_benchmark is not in the bundle)" "$out" "first: no benchmark"
+  expect_in "SKIP profile (needs train in the bundle and ncu on this machine)" "$out" "first: no profile"
+  # Without GPU_SESSION_FIRST_TESTS: every bundled test.
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session5" \
+    bash "$session_sh" first 2>&1) || { echo "$out" >&2; fail "gpu_session.sh first, every test"; }
+  expect_in "PASS $test_name (exit 0" "$out" "first: every bundled test"
   cp "$u/bin/$bin_name" "$u/bin/train"
   out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session4" \
     GPU_SESSION_FIRST_TESTS="$test_name" GPU_SESSION_PYTORCH_BY_S=0 GPU_SESSION_DEADLINE_S=0 \

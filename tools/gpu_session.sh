@@ -5,15 +5,14 @@
 # to stdout and its full logs under $OUT (at most 8 files come back; each phase writes <= 3).
 #
 #   tools/gpu_session.sh first   what issue 5 needs most, in one call, for a session with little
-#                                device time: the kernel tests of a gpt2 step
-#                                (GPU_SESSION_FIRST_TESTS: matmul_test attention_test norm_test
-#                                loss_test cuda_step_test model_cuda_test; each killed after 120 s, none started
-#                                after 150 s), then the gpt2 comparison with PyTorch eager (the
-#                                pytorch phase without its tuned and atomic-dq variants; started
-#                                before 300 s, killed at 560 s) and matmul_benchmark's table
-#                                (started before 450 s). What does not start is named NOT RUN.
-#                                $OUT: tests.txt, tests.log, vs_pytorch.json, vs_pytorch.svg,
-#                                matmul.txt
+#                                device time: every bundled test (GPU_SESSION_FIRST_TESTS names
+#                                others; each killed after 120 s, none started after 150 s; on
+#                                the H200 all took 45 s), then the pytorch phase (started before
+#                                300 s, killed at 400 s), matmul_benchmark's LM head rows in bf16
+#                                (started before 450 s, killed at 470 s) and the profile phase
+#                                (started before 480 s, killed at 580 s). What does not start is
+#                                named NOT RUN. $OUT: tests.txt, tests.log, vs_pytorch.json,
+#                                vs_pytorch.svg, matmul.txt, ncu.csv, profile.txt, profile.json
 #   tools/gpu_session.sh tests [NAME...]
 #                                every bundled *_test (or the NAMEd ones): PASS / FAIL per
 #                                binary with its ok / skipped / failed counts, the tail of each
@@ -37,7 +36,8 @@
 #                                FSDP_CUDA_ATTENTION_DQ=atomic) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
-#                                (Nsight Compute's durations, tools/ncu_summary.py;
+#                                (Nsight Compute's durations of the first
+#                                GPU_SESSION_PROFILE_KERNELS (3000) kernels, tools/ncu_summary.py;
 #                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
 #   tools/gpu_session.sh racecheck
 #                                compute-sanitizer's racecheck (shared-memory hazards) and
@@ -133,10 +133,38 @@ run_pytorch() {
   return $rc
 }
 
-# run_matmul_bench LIMIT_S: //tensor/cuda:matmul_benchmark's table (ours against the raw
-# cuBLASLt call) into $out/matmul.txt, killed after LIMIT_S seconds.
+# run_matmul_bench LIMIT_S [FLAG...]: //tensor/cuda:matmul_benchmark's table (ours against the
+# raw cuBLASLt call) into $out/matmul.txt, killed after LIMIT_S seconds.
 run_matmul_bench() {
-  timeout -k 5 "$1" "$run" matmul_benchmark --samples=20 --reps=10 2>&1 | tee "$out/matmul.txt" | tail -40
+  local limit=$1
+  shift
+  timeout -k 5 "$limit" "$run" matmul_benchmark --samples=20 --reps=10 "$@" 2>&1 |
+    tee "$out/matmul.txt" | tail -40
+}
+
+find_ncu() {
+  command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
+}
+
+# run_profile LIMIT_S: the first GPU_SESSION_PROFILE_KERNELS (3000) kernels of two gpt2 bf16
+# steps under Nsight Compute (ncu killed after LIMIT_S seconds), summarized per kernel into
+# $out/profile.txt and $out/profile.json; $out/ncu.csv holds ncu's rows, and the end of its
+# log goes to profile.txt. Bounded because, unbounded, it was still running after 200 s on the
+# H200 and wrote no row.
+run_profile() {
+  local ncu rc
+  ncu=$(find_ncu)
+  timeout -k 10 "$1" "$ncu" --clock-control none --target-processes all \
+    --metrics gpu__time_duration.sum --launch-count "${GPU_SESSION_PROFILE_KERNELS:-3000}" \
+    --csv --page raw "$run" train --device=cuda:0 --preset=gpt2 --precision=bf16 \
+    --batch_size=${GPU_SESSION_BATCH:-16} --seq_len=1024 --steps=2 --data=random --dropout=0 \
+    --optimizer=adamw --log_every=1 > "$out/ncu.csv" 2> "$out/ncu.err"
+  rc=$?
+  python3 tools/ncu_summary.py "$out/ncu.csv" --top 30 --json_out "$out/profile.json" |
+    tee "$out/profile.txt"
+  { echo "ncu exit $rc (124: killed after $1 s); the end of its log:"; tail -5 "$out/ncu.err"; } |
+    tee -a "$out/profile.txt"
+  rm -f "$out/ncu.err"
 }
 
 # started_before SECONDS: the phase began less than SECONDS ago.
@@ -145,8 +173,11 @@ started_before() { (( $(date +%s) - phase_start < $1 )); }
 
 case "$phase" in
   first)
-    mapfile -t first_tests < <(printf '%s\n' ${GPU_SESSION_FIRST_TESTS:-matmul_test attention_test \
-      norm_test loss_test cuda_step_test model_cuda_test})
+    if [[ -n "${GPU_SESSION_FIRST_TESTS:-}" ]]; then
+      mapfile -t first_tests < <(printf '%s\n' $GPU_SESSION_FIRST_TESTS)
+    else  # every bundled test: on the H200 all 27 took 45 s
+      mapfile -t first_tests < <("$run" --list | grep '_test$')
+    fi
     present=()
     for t in "${first_tests[@]}"; do
       if has "$t"; then present+=("$t"); else echo "SKIP $t (not in the bundle)"; fi
@@ -160,17 +191,25 @@ case "$phase" in
       echo "NOT RUN pytorch (the phase is $(( $(date +%s) - phase_start ))s old)"
     else
       echo "=== ours against PyTorch eager"
-      run_pytorch $(( phase_start + ${GPU_SESSION_PYTORCH_UNTIL_S:-560} - $(date +%s) )) ||
-        echo "pytorch: exit $? (124: killed at the phase's limit)"
+      run_pytorch $(( phase_start + ${GPU_SESSION_PYTORCH_UNTIL_S:-400} - $(date +%s) )) \
+        --gemm_tune --attention_dq_atomic || echo "pytorch: exit $? (124: killed at the phase's limit)"
     fi
     if ! has matmul_benchmark; then
       echo "SKIP bench (matmul_benchmark is not in the bundle)"
     elif ! started_before "${GPU_SESSION_BENCH_BY_S:-450}"; then
       echo "NOT RUN bench (the phase is $(( $(date +%s) - phase_start ))s old)"
     else
-      echo "=== GEMMs against the raw cuBLASLt call"
-      run_matmul_bench $(( phase_start + 585 - $(date +%s) )) ||
+      echo "=== the LM head's GEMMs (bf16) against the raw cuBLASLt call"
+      run_matmul_bench $(( phase_start + 470 - $(date +%s) )) --cases=head --dtypes=bf16 ||
         echo "bench: exit $? (124: killed at the phase's limit)"
+    fi
+    if ! has train || [[ -z "$(find_ncu)" ]]; then
+      echo "SKIP profile (needs train in the bundle and ncu on this machine)"
+    elif ! started_before "${GPU_SESSION_PROFILE_BY_S:-480}"; then
+      echo "NOT RUN profile (the phase is $(( $(date +%s) - phase_start ))s old)"
+    else
+      echo "=== where a gpt2 bf16 step's GPU time goes (ncu)"
+      run_profile $(( phase_start + 580 - $(date +%s) ))
     fi
     ;;
   tests)
@@ -246,18 +285,8 @@ case "$phase" in
     ;;
   profile)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
-    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    [[ -n "$ncu" ]] || { echo "gpu_session: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
-    # At most GPU_SESSION_PROFILE_KERNELS kernels (then the program runs on unprofiled): on
-    # the H200 the whole run, unbounded, was still going after 200 s and wrote no row.
-    "$ncu" --clock-control none --target-processes all --metrics gpu__time_duration.sum \
-      --launch-count "${GPU_SESSION_PROFILE_KERNELS:-3000}" \
-      --csv --page raw "$run" train --device=cuda:0 --preset=gpt2 --precision=bf16 \
-      --batch_size=${GPU_SESSION_BATCH:-16} --seq_len=1024 --steps=2 --data=random --dropout=0 \
-      --optimizer=adamw --log_every=1 > "$out/ncu.csv" 2> "$out/ncu.err"
-    echo "ncu exit $?"; tail -5 "$out/ncu.err"
-    python3 tools/ncu_summary.py "$out/ncu.csv" --top 30 --json_out "$out/profile.json" |
-      tee "$out/profile.txt"
+    [[ -n "$(find_ncu)" ]] || { echo "gpu_session: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
+    run_profile 590
     ;;
   racecheck)
     cs=$(command -v compute-sanitizer ||

@@ -15,6 +15,7 @@
 // --reps back-to-back calls each.
 //
 //   bazel-bin/tensor/cuda/matmul_benchmark --samples=20 --reps=10
+//   bazel-bin/tensor/cuda/matmul_benchmark --cases=head --dtypes=bf16   (the LM head rows only)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +31,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/ops/init.h"
@@ -41,6 +45,10 @@ ABSL_FLAG(int, samples, 20, "timed samples per measurement (the median is report
 ABSL_FLAG(int, reps, 10, "back-to-back calls per sample");
 ABSL_FLAG(int, warmup, 3, "untimed samples first");
 ABSL_FLAG(int, device, 0, "CUDA device index");
+ABSL_FLAG(std::string, cases, "",
+          "only the cases whose name contains this text (e.g. 'head'); empty: all. The fused "
+          "epilogue table runs only when this is empty");
+ABSL_FLAG(std::string, dtypes, "", "only these dtypes, comma-separated (f32, tf32, bf16); empty: all");
 
 namespace tensor {
 namespace {
@@ -337,10 +345,26 @@ int Main() {
               "K", "N", "Matmul", "Into", "raw Lt", "ours/Lt", "max|diff|", "best of N", "Lt/best");
   std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s | %7s %9s | %9s\n", "", "", "", "", "",
               "TFLOP/s", "TFLOP/s", "TFLOP/s", "", "", "TFLOP/s");
+  const std::string only_cases = absl::GetFlag(FLAGS_cases);
+  std::vector<std::string> only_dtypes;
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
+    const std::string name(absl::StripAsciiWhitespace(d));
+    if (name != "f32" && name != "tf32" && name != "bf16") {
+      std::fprintf(stderr, "--dtypes: '%s' is not one of f32, tf32, bf16\n", name.c_str());
+      return 2;
+    }
+    only_dtypes.push_back(name);
+  }
   uint64_t seed = 1;
   for (const Precision& p : precisions) {
+    const std::string dtype(absl::StripAsciiWhitespace(p.name));
+    if (!only_dtypes.empty() &&
+        std::find(only_dtypes.begin(), only_dtypes.end(), dtype) == only_dtypes.end()) {
+      continue;
+    }
     cuda::SetMatmulAllowTf32(p.tf32);
     for (const Case& c : cases) {
+      if (!only_cases.empty() && std::string(c.name).find(only_cases) == std::string::npos) continue;
       const Tensor a = DeviceRandom({c.m, c.k}, p.dtype, seed++, device);
       const Tensor b =
           DeviceRandom(c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, p.dtype, seed++, device);
@@ -376,7 +400,7 @@ int Main() {
     }
   }
   cuda::SetMatmulAllowTf32(false);
-  FusedEpilogues(device);
+  if (only_cases.empty()) FusedEpilogues(device);
   const cuda::MatmulCacheStats stats = cuda::GetMatmulCacheStats();
   std::printf("descriptor cache: %lld entries, %lld hits, %lld misses\n",
               static_cast<long long>(stats.entries), static_cast<long long>(stats.hits),
