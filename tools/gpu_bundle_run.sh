@@ -15,6 +15,11 @@
 #   GPU_BUNDLE_ALLOW_NO_DRIVER=1 run even without libcuda.so.1 (CUDA calls then fail; the
 #                                project's GPU tests skip): checks the bundle on a CPU machine
 #   GPU_BUNDLE_VERBOSE=1         print where each CUDA library was found and the library path
+#   GPU_BUNDLE_PRINT_COMMAND=1   print the command instead of running it, one word a line
+#                                (env VAR=..., the loader, its --library-path, the binary, the
+#                                arguments): for a profiler that should start the program
+#                                itself rather than this script and its helpers (ncu
+#                                --target-processes application-only)
 #   GPU_BUNDLE_LOADER=auto|bundled|host
 #                                whose glibc runs the binary. auto (the default): the host's
 #                                when it is newer than the bundled one, because the host's CUDA
@@ -270,4 +275,12 @@ if [[ "$name" == *_test && -z "${TEST_TMPDIR:-}" ]]; then
   export TEST_TMPDIR
 fi
 
+if [[ "${GPU_BUNDLE_PRINT_COMMAND:-0}" == 1 ]]; then
+  words=(env)
+  [[ -z "${RUNFILES_DIR:-}" ]] ||
+    words+=("RUNFILES_DIR=$RUNFILES_DIR" "TEST_SRCDIR=$TEST_SRCDIR" "TEST_WORKSPACE=$TEST_WORKSPACE")
+  [[ -z "${TEST_TMPDIR:-}" ]] || words+=("TEST_TMPDIR=$TEST_TMPDIR")
+  printf '%s\n' "${words[@]}" "$loader" --library-path "$libpath" "$bin" "$@"
+  exit 0
+fi
 exec "$loader" --library-path "$libpath" "$bin" "$@"

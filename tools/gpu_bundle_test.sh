@@ -197,6 +197,42 @@ racecheck attention_test *"
     bash "$session_sh" first 2>&1) || { echo "$out" >&2; fail "gpu_session.sh first, late"; }
   expect_in "NOT RUN (the phase's deadline passed): $test_name" "$out" "first: tests past the deadline"
   expect_in "NOT RUN pytorch (the phase is " "$out" "first: pytorch too late"
+  # The profile phase with a stand-in ncu: it must be given the program itself (run.sh's
+  # GPU_BUNDLE_PRINT_COMMAND: env, the bundled loader, the binary) and follow it alone; it runs
+  # it and prints a CSV table of two kernels, which the summary ranks. The printed command
+  # itself runs the binary.
+  mkdir -p "$work/fakencu"
+  cat > "$work/fakencu/ncu" <<'SH'
+#!/bin/bash
+only_app=0
+while [[ "$1" == --* ]]; do
+  [[ "$1 $2" == "--target-processes application-only" ]] && only_app=1
+  if [[ "$1" == --csv ]]; then shift; else shift 2; fi  # --csv alone takes no value
+done
+[[ $only_app == 1 && "$1" == env && "$2" == */ld-linux-x86-64.so.2 ]] ||
+  { echo "fake ncu: got $*" >&2; exit 9; }
+"$@" > /dev/null 2>&1  # the stand-in train (model_sizes) refuses train's flags
+echo '"ID","Kernel Name","gpu__time_duration.sum"'
+echo '"","","usecond"'
+echo '"0","void small_kernel<float>(float *)","10"'
+echo '"1","void (anonymous namespace)::big_kernel(int)","30"'
+echo '"2","void small_kernel<float>(float *)","10"'
+SH
+  chmod +x "$work/fakencu/ncu"
+  out=$(env -i GPU_BUNDLE_PRINT_COMMAND=1 "$u/run.sh" train --json 2>&1) ||
+    { echo "$out" >&2; fail "GPU_BUNDLE_PRINT_COMMAND"; }
+  expect_in "$u/lib/ld-linux-x86-64.so.2" "$out" "the printed command's loader"
+  [[ "$(head -1 <<< "$out")" == env && "$(tail -1 <<< "$out")" == --json ]] ||
+    { echo "$out" >&2; fail "the printed command: env first, the arguments last"; }
+  mapfile -t cmd <<< "$out"
+  out=$(env -i "${cmd[@]}" 2>&1) || { echo "$out" >&2; fail "the printed command did not run"; }
+  expect_in '"preset"' "$out" "the printed command's output"
+  out=$(cd "$work" && env -i PATH="$work/fakencu:/usr/bin:/bin" GPU_SESSION_BUNDLE="$u" \
+    OUT="$work/session6" bash "$session_sh" profile 2>&1) || { echo "$out" >&2; fail "profile"; }
+  expect_in "ncu exit 0" "$out" "profile: ncu's exit"
+  expect_in "(anonymous namespace)::big_kernel" "$(cat "$work/session6/profile.txt")" "profile.txt"
+  grep -q '"launches": 3' "$work/session6/profile.json" || fail "profile.json: $(cat "$work/session6/profile.json")"
+  [[ ! -e "$work/session6/ncu.err" ]] || fail "ncu.err left under \$OUT"
   rm "$u/bin/train"
   out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" bash "$session_sh" nope 2>&1) &&
     fail "gpu_session.sh took an unknown phase"

@@ -36,8 +36,9 @@
 #                                FSDP_CUDA_ATTENTION_DQ=atomic) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
-#                                (Nsight Compute's durations of the first
-#                                GPU_SESSION_PROFILE_KERNELS (3000) kernels, tools/ncu_summary.py;
+#                                (Nsight Compute's durations of about one steady step's
+#                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
+#                                GPU_SESSION_PROFILE_SKIP (700); tools/ncu_summary.py;
 #                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
 #   tools/gpu_session.sh racecheck
 #                                compute-sanitizer's racecheck (shared-memory hazards) and
@@ -61,6 +62,7 @@ case "$phase" in
   first|tests|bench|train|pytorch|profile|racecheck|memory) ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bundle=${GPU_SESSION_BUNDLE:-gpu_bundle}
 out=${OUT:-/tmp/gpu_session_out}
 mkdir -p "$out"
@@ -146,21 +148,29 @@ find_ncu() {
   command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
 }
 
-# run_profile LIMIT_S: the first GPU_SESSION_PROFILE_KERNELS (3000) kernels of two gpt2 bf16
-# steps under Nsight Compute (ncu killed after LIMIT_S seconds), summarized per kernel into
-# $out/profile.txt and $out/profile.json; $out/ncu.csv holds ncu's rows, and the end of its
-# log goes to profile.txt. Bounded because, unbounded, it was still running after 200 s on the
-# H200 and wrote no row.
+# run_profile LIMIT_S: GPU_SESSION_PROFILE_KERNELS (700) kernels of three gpt2 bf16 steps,
+# after the first GPU_SESSION_PROFILE_SKIP (700: the initialization and most of step 1; a
+# steady step launches about 630, 50 a block, as //models/mingpt:gpu_step_counts_test counts
+# on the emulation), under Nsight Compute (killed after LIMIT_S seconds), summarized per
+# kernel into $out/profile.txt and $out/profile.json; $out/ncu.csv holds ncu's rows, and the
+# end of its log goes to profile.txt. ncu starts the train binary itself (run.sh prints the
+# command, GPU_BUNDLE_PRINT_COMMAND) and follows no other process: on the H200, run through
+# run.sh with --target-processes all and unbounded, it was still running after 200 s and
+# wrote no row.
 run_profile() {
-  local ncu rc
+  local ncu rc cmd
   ncu=$(find_ncu)
-  timeout -k 10 "$1" "$ncu" --clock-control none --target-processes all \
-    --metrics gpu__time_duration.sum --launch-count "${GPU_SESSION_PROFILE_KERNELS:-3000}" \
-    --csv --page raw "$run" train --device=cuda:0 --preset=gpt2 --precision=bf16 \
-    --batch_size=${GPU_SESSION_BATCH:-16} --seq_len=1024 --steps=2 --data=random --dropout=0 \
-    --optimizer=adamw --log_every=1 > "$out/ncu.csv" 2> "$out/ncu.err"
+  mapfile -t cmd < <(GPU_BUNDLE_PRINT_COMMAND=1 "$run" train --device=cuda:0 --preset=gpt2 \
+    --precision=bf16 --batch_size=${GPU_SESSION_BATCH:-16} --seq_len=1024 --steps=3 \
+    --data=random --dropout=0 --optimizer=adamw --log_every=1)
+  (( ${#cmd[@]} > 0 )) || { echo "profile: run.sh printed no command"; return 1; }
+  timeout -k 10 "$1" "$ncu" --clock-control none --cache-control none \
+    --target-processes application-only --metrics gpu__time_duration.sum \
+    --launch-skip "${GPU_SESSION_PROFILE_SKIP:-700}" \
+    --launch-count "${GPU_SESSION_PROFILE_KERNELS:-700}" \
+    --csv --page raw "${cmd[@]}" > "$out/ncu.csv" 2> "$out/ncu.err"
   rc=$?
-  python3 tools/ncu_summary.py "$out/ncu.csv" --top 30 --json_out "$out/profile.json" |
+  python3 "$here/ncu_summary.py" "$out/ncu.csv" --top 30 --json_out "$out/profile.json" |
     tee "$out/profile.txt"
   { echo "ncu exit $rc (124: killed after $1 s); the end of its log:"; tail -5 "$out/ncu.err"; } |
     tee -a "$out/profile.txt"
