@@ -623,13 +623,24 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         dp->fsdp_ = dist::FullyShard(model, pg, o);
         dist::PrefetchNeighbors(*dp->fsdp_, config.prefetch_units);
         if (config.keep_last_unit) {
-          const int last = dp->fsdp_->num_units() - 1;
-          if (last == 0) {
+          if (dp->fsdp_->num_units() == 1) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "--keep_last_unit: --auto_wrap=", config.auto_wrap,
                 " gives no unit but the root, which is kept until its backward anyway"));
           }
-          dp->fsdp_->SetReshardAfterForward(dp->fsdp_->unit_name(last), false);
+          // The last unit in pre-order that trains: its backward comes first. A unit of
+          // frozen parameters only (a frozen leaf FrozenLeavesApart split off, a frozen
+          // Block) is not a candidate: below the lowest trainable block the backward never
+          // gathers it again, so keeping it would only hold its memory.
+          int last = dp->fsdp_->num_units() - 1;
+          while (last > 0 && !dp->fsdp_->flat_param(last).trains()) --last;
+          if (last == 0) {
+            return absl::InvalidArgumentError(
+                "--keep_last_unit: no unit but the root trains (the others hold frozen "
+                "parameters only, which the backward does not gather again)");
+          }
+          dp->kept_unit_ = dp->fsdp_->unit_name(last);
+          dp->fsdp_->SetReshardAfterForward(dp->kept_unit_, false);
         }
         dp->owned_optimizer_ = std::move(optimizer);
         dp->optimizer_ = dp->owned_optimizer_.get();
@@ -650,7 +661,7 @@ std::string DataParallelModel::Describe() const {
   }
   std::string extras;
   if (prefetch_units_ > 0) absl::StrAppend(&extras, ", prefetch_units ", prefetch_units_);
-  if (keep_last_unit_) absl::StrAppend(&extras, ", last unit kept");
+  if (keep_last_unit_) absl::StrAppend(&extras, ", last unit ", kept_unit_, " kept");
   if (frozen_leaves_apart_) absl::StrAppend(&extras, ", frozen leaves apart");
   return absl::StrCat(StrategyName(strategy_), ", ", fsdp_->num_units(), " units (auto_wrap ",
                       auto_wrap_, extras, ")");

@@ -190,7 +190,7 @@ struct DataParallelConfig {
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
   int prefetch_units = 0;           // FSDP: dist::PrefetchNeighbors(k); 0: none
-  bool keep_last_unit = false;      // FULL_SHARD / HYBRID_SHARD: the last unit not resharded
+  bool keep_last_unit = false;      // FULL_SHARD / HYBRID_SHARD: the last unit that trains not resharded
   int hybrid_shard_group_size = 0;  // HYBRID_SHARD(_ZERO2) only
   double bucket_cap_mb = 25;        // DDP and ZeRO-1 only
   int max_inflight_buckets = 2;     // DDP and ZeRO-1 only
@@ -371,6 +371,7 @@ class DataParallelModel {
   const std::string auto_wrap_;
   const int prefetch_units_;
   const bool keep_last_unit_;
+  std::string kept_unit_;  // FSDP with keep_last_unit: the unit not resharded after forward
   bool frozen_leaves_apart_ = false;  // FSDP: dist::WrapPolicy::FrozenLeavesApart applied
   std::unique_ptr<optim::Optimizer> owned_optimizer_;  // DDP, FSDP
   optim::Optimizer* optimizer_ = nullptr;

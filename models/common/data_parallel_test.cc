@@ -24,6 +24,7 @@
 #include "models/common/data_parallel_testing.h"
 #include "models/mingpt/model.h"
 #include "nn/containers.h"
+#include "nn/freeze.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
@@ -606,13 +607,58 @@ TEST(DataParallelModelTest, PrefetchUnitsAndKeepLastUnitTrainTheSame) {
   EXPECT_EQ(tuned->all_gathers_per_micro_batch, std::vector<int64_t>{4});
   EXPECT_TRUE(absl::StrContains(describe,
                                 "3 units (auto_wrap transformer, prefetch_units 1, last "
-                                "unit kept)"))
+                                "unit transformer.h.1 kept)"))
       << describe;
   absl::StatusOr<Trace> root_only = run(0, true, "none", nullptr);
   ASSERT_FALSE(root_only.ok());
   EXPECT_TRUE(absl::StrContains(root_only.status().message(),
                                 "--keep_last_unit: --auto_wrap=none gives no unit but the root"))
       << root_only.status();
+}
+
+// --keep_last_unit keeps the last unit that trains: not a frozen leaf that
+// FrozenLeavesApart put after the Blocks (the final LayerNorm), nor a frozen
+// last Block; the runs train as one process. With no trainable unit but the
+// root it is an error.
+TEST(DataParallelModelTest, KeepLastUnitKeepsTheLastUnitThatTrains) {
+  struct Case {
+    std::vector<std::string> freeze;
+    std::string kept;  // empty: an error
+  };
+  for (const Case& k : {Case{{"transformer.ln_f"}, "transformer.h.1"},
+                        Case{{"transformer.h.1"}, "transformer.h.0"},
+                        Case{{"transformer.h.0", "transformer.h.1"}, ""}}) {
+    SCOPED_TRACE(absl::StrJoin(k.freeze, ","));
+    DataParallelFlags f = Flags("threads", "full_shard", 2);
+    f.auto_wrap = "transformer";
+    f.keep_last_unit = true;
+    absl::StatusOr<DataParallelConfig> config = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+    ASSERT_TRUE(config.ok()) << config.status();
+    std::string describe;
+    absl::Status s = RunDataParallel(*config, [&](RankContext& rank) -> absl::Status {
+      mingpt::GPT model(Tiny());
+      absl::StatusOr<std::vector<std::string>> frozen = nn::FreezeParameters(model, k.freeze);
+      if (!frozen.ok()) return frozen.status();
+      absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+          DataParallelModel::Create(model, rank.pg, *config, AdamW(), kSeed);
+      if (!dp.ok()) return dp.status();
+      if (rank.rank == 0) describe = (*dp)->Describe();
+      return absl::OkStatus();
+    });
+    if (k.kept.empty()) {
+      ASSERT_FALSE(s.ok());
+      EXPECT_TRUE(absl::StrContains(s.message(), "--keep_last_unit: no unit but the root trains"))
+          << s;
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(absl::StrContains(describe, "last unit " + k.kept + " kept")) << describe;
+    const Trace reference = SingleProcess(tensor::Device::Cpu(), k.freeze);
+    absl::StatusOr<std::vector<Trace>> trained =
+        TrainEveryRank(*config, tensor::Device::Cpu(), false, 1, k.freeze);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    ExpectStepsNear(*trained, reference, 1e-5);
+  }
 }
 
 // --bucket_cap_mb reaches DDP's and ZeRO-1's buckets.
