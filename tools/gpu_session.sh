@@ -252,8 +252,11 @@ case "$phase" in
     ;;
   train)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
-    common=(--device=cuda:0 --preset=gpt-mini --data=random --steps=6 --batch_size=8
-            --seq_len=128 --log_every=1 --seed=7)
+    # The shipped text and no dropout: 2 ranks of batch 4 see one process's batch of 8, so
+    # every run's losses should be the one process's (on the H200, with --data=random, the
+    # ranks drew other rows than one process).
+    common=(--device=cuda:0 --preset=gpt-mini --data=shipped --dropout=0 --steps=6
+            --batch_size=8 --seq_len=128 --log_every=1 --seed=7)
     metrics=$(mktemp -d)  # the runs' --metrics_out, charted into one file under $OUT
     {
       echo "=== one process on cuda:0"
@@ -262,7 +265,7 @@ case "$phase" in
         for kv in true false; do
           echo "=== sample on cuda:0, --kv_cache=$kv"
           "$run" sample --device=cuda:0 --checkpoint="$metrics/ck" --num_samples=4 \
-            --max_new_tokens=120 --prompt_tokens=464,2068 --print=tokens --kv_cache=$kv > "$metrics/sample_$kv.txt"
+            --max_new_tokens=120 --print=tokens --kv_cache=$kv > "$metrics/sample_$kv.txt"
         done
         cmp -s "$metrics/sample_true.txt" "$metrics/sample_false.txt" &&
           echo "sample: the same tokens with and without the cache" ||
@@ -281,7 +284,23 @@ case "$phase" in
       "$run" train "${common[@]}" --batch_size=4 --world_size=2 --precision=bf16 \
         --metrics_out="$metrics/5_fsdp_bf16.jsonl"
     } > "$out/train.log" 2>&1
-    grep -E '^===|step +6|error|per-rank|^[0-9] |^generated|^sample:' "$out/train.log" | head -90
+    grep -E '^===|step +6|error|per-rank|^[0-9] |^generated|^sample:|^losses of' "$out/train.log" |
+      head -90
+    # Each run's largest loss difference from the one process's, over the steps.
+    python3 - "$metrics"/*.jsonl <<'PY' | tee -a "$out/train.log"
+import json, os, sys
+def losses(path):
+    with open(path) as f:
+        return [json.loads(line)["loss"] for line in f if line.strip()]
+paths = sorted(sys.argv[1:])
+if paths and os.path.basename(paths[0]).startswith("1_"):
+    ref = losses(paths[0])
+    for p in paths[1:]:
+        got = losses(p)
+        diff = max((abs(a - b) for a, b in zip(got, ref)), default=float("nan"))
+        print(f"losses of {os.path.basename(p)[2:-6]} against one process: {len(got)} steps, "
+              f"max |diff| {diff:.3g}")
+PY
     mapfile -t runs < <(ls "$metrics"/*.jsonl 2> /dev/null)
     if (( ${#runs[@]} > 0 )); then
       labels=$(printf '%s\n' "${runs[@]}" | sed -E 's|.*/[0-9]_(.*)\.jsonl|\1|' | paste -sd,)
