@@ -67,7 +67,8 @@ TEST(WrapPolicyTest, TransformerPolicyWrapsBlocksAndTheRootKeepsTheRest) {
 // Frozen leaf modules outside the policy's units get units of their own
 // (wte and a frozen ln_f; not wpe, which trains, nor the frozen Block's
 // layers, which stay in its unit); a kept parameter stays in the root; with
-// None every frozen leaf is a unit; a size-based policy is unchanged.
+// None every frozen leaf is a unit; with a size-based policy the frozen
+// leaves it leaves in the root (not those inside its units).
 TEST(WrapPolicyTest, FrozenLeavesApartTakesFrozenLeavesOutOfEnclosingUnits) {
   mingpt::GPT gpt(Tiny());
   ASSERT_TRUE(nn::FreezeParameters(gpt, {"transformer.wte", "transformer.ln_f", "transformer.h.1"})
@@ -87,8 +88,21 @@ TEST(WrapPolicyTest, FrozenLeavesApartTakesFrozenLeavesOutOfEnclosingUnits) {
                                                         "transformer.ln_f"}));
   plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(WrapPolicy::None()));
   EXPECT_EQ(plans.size(), 1u + 1u + 6u + 1u);  // root, wte, h.1's 6 layers, ln_f
-  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(WrapPolicy::SizeBased(300)));
-  EXPECT_EQ(UnitNames(plans), UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(300))));
+  // Size-based: its units stay (nested ones too), and the frozen leaves it
+  // left in the root get units of their own, in pre-order.
+  const WrapPolicy size = WrapPolicy::SizeBased(300);
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, size)),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.0.mlp",
+                                      "transformer.h.1", "transformer.h.1.mlp"}));
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(size));
+  EXPECT_EQ(UnitNames(plans),
+            (std::vector<std::string>{"", "transformer.wte", "transformer.h.0",
+                                      "transformer.h.0.mlp", "transformer.h.1",
+                                      "transformer.h.1.mlp", "transformer.ln_f"}));
+  root_params.clear();
+  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
+  EXPECT_EQ(root_params,
+            (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
 }
 
 TEST(WrapPolicyTest, NoneIsOneRootUnitWithEveryParameterInOrder) {

@@ -1,6 +1,9 @@
 #include "dist/wrap_policy.h"
 
+#include <functional>
 #include <map>
+#include <set>
+#include <string>
 #include <utility>
 
 namespace dist {
@@ -78,18 +81,17 @@ WrapPolicy WrapPolicy::FromPredicate(Predicate predicate) {
 }
 
 WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, std::set<const nn::Parameter*> keep) {
-  if (base.kind_ == Kind::kSizeBased) return base;
-  Predicate inner = base.predicate_;  // empty for None
-  return FromPredicate([inner = std::move(inner), keep = std::move(keep)](
-                           const std::string& name, nn::Module& m) {
-    if (inner && inner(name, m)) return true;
+  base.apart_ = [previous = std::move(base.apart_), keep = std::move(keep)](
+                    const std::string& name, nn::Module& m) {
+    if (previous && previous(name, m)) return true;
     const auto params = m.LocalParameters();
     if (params.empty() || !m.NamedChildren().empty()) return false;
     for (const auto& [pname, p] : params) {
       if (p->requires_grad || keep.count(p) > 0) return false;
     }
     return true;
-  });
+  };
+  return base;
 }
 
 std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Module& root) const {
@@ -104,7 +106,27 @@ std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Mod
       SelectBySize(root, "", min_params_, /*is_root=*/true, &out);
       break;
   }
-  return out;
+  if (!apart_) return out;
+  // The base's units and the leaves apart_ takes out of the root unit, in pre-order.
+  std::set<nn::Module*> base;
+  for (const auto& [name, m] : out) base.insert(m);
+  std::vector<std::pair<std::string, nn::Module*>> merged = {{"", &root}};
+  std::function<void(nn::Module&, const std::string&, bool)> walk =
+      [&](nn::Module& m, const std::string& name, bool in_unit) {
+        for (auto& [child_name, child] : m.NamedChildren()) {
+          const std::string full = Join(name, child_name);
+          if (base.count(child) > 0) {
+            merged.emplace_back(full, child);
+            walk(*child, full, /*in_unit=*/true);
+          } else if (!in_unit && apart_(full, *child)) {
+            merged.emplace_back(full, child);  // a leaf: nothing below it
+          } else {
+            walk(*child, full, in_unit);
+          }
+        }
+      };
+  walk(root, "", /*in_unit=*/false);
+  return merged;
 }
 
 std::vector<UnitPlan> PlanUnits(nn::Module& root, const WrapPolicy& policy) {

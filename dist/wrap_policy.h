@@ -36,14 +36,14 @@ class WrapPolicy {
   static WrapPolicy Transformer(std::set<std::string> block_class_names);
   static WrapPolicy SizeBased(int64_t min_params);
   static WrapPolicy FromPredicate(Predicate predicate);
-  // `base`, and every module that holds parameters, has no children and whose
-  // parameters are all frozen (requires_grad false) becomes a unit of its own
-  // where `base` leaves it in an enclosing unit: minGPT's frozen embeddings
-  // then leave the root unit, which keeps only trainable parameters, so no
-  // unit holds a gradient or optimizer state for them (the mixed units' cost,
-  // flat_param.h). Modules holding a parameter of `keep` stay where `base`
-  // puts them (tied weights that must stay in the root unit). For None and
-  // predicate policies; a size-based `base` is returned as it is.
+  // `base`, and every module that holds parameters, has no children, whose
+  // parameters are all frozen (requires_grad false) and that `base` leaves in
+  // the root unit becomes a unit of its own: minGPT's frozen embeddings then
+  // leave the root unit, which keeps only trainable parameters, so no unit
+  // holds a gradient or optimizer state for them (the mixed units' cost,
+  // flat_param.h). Frozen leaves inside `base`'s units stay there. Modules
+  // holding a parameter of `keep` stay where `base` puts them (tied weights
+  // that must stay in the root unit). Any `base`: None, predicate, size-based.
   static WrapPolicy FrozenLeavesApart(WrapPolicy base,
                                       std::set<const nn::Parameter*> keep = {});
 
@@ -56,6 +56,8 @@ class WrapPolicy {
   Kind kind_ = Kind::kNone;
   Predicate predicate_;
   int64_t min_params_ = 0;
+  // FrozenLeavesApart: leaves the base leaves in the root unit that become units.
+  Predicate apart_;
 };
 
 // One unit and the parameters it holds (full names relative to the root, in
