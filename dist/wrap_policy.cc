@@ -94,6 +94,16 @@ WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, std::set<const nn::Par
   return base;
 }
 
+WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, nn::Module& root,
+                                         const std::vector<std::string>& keep_names) {
+  const std::set<std::string> names(keep_names.begin(), keep_names.end());
+  std::set<const nn::Parameter*> keep;
+  for (const auto& [name, p] : root.NamedParameters()) {
+    if (names.count(name) > 0) keep.insert(p);
+  }
+  return FrozenLeavesApart(std::move(base), std::move(keep));
+}
+
 std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Module& root) const {
   std::vector<std::pair<std::string, nn::Module*>> out = {{"", &root}};
   switch (kind_) {

@@ -46,6 +46,10 @@ class WrapPolicy {
   // that must stay in the root unit). Any `base`: None, predicate, size-based.
   static WrapPolicy FrozenLeavesApart(WrapPolicy base,
                                       std::set<const nn::Parameter*> keep = {});
+  // The same with `keep` the parameters of `root` named in `keep_names`
+  // (names relative to `root`; names it lacks select nothing).
+  static WrapPolicy FrozenLeavesApart(WrapPolicy base, nn::Module& root,
+                                      const std::vector<std::string>& keep_names);
 
   // The unit modules (name relative to the root, module) in pre-order; the
   // root ("") is always first.

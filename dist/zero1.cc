@@ -146,7 +146,7 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
     bucket.shard_decay = optim::SliceRanges(decay_ranges_, begin, end);
     bucket.shard_frozen = optim::SliceRanges(frozen_ranges, begin, end);
     bucket.trains = false;
-    for (int i : bucket.params) bucket.trains |= params_[i].second->requires_grad;
+    for (int i : bucket.params) bucket.trains |= !frozen_[i];
   }
   readiness_ =
       std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/init.h"
 #include "tensor/ops/linear.h"
 #include "tensor/ops/matmul.h"
 
@@ -50,8 +51,9 @@ Tensor Linear::Product(const Tensor& x, Saved* saved) const {
       return y;
     }
     // y_p (N, ld) = x @ w_p^T, w_p (ld, in) = [W; zeros]: y_p's pad columns are zeros.
-    Tensor w_p = Tensor::Zeros({ld, in_}, w.dtype(), w.device());
+    Tensor w_p = Tensor::Empty({ld, in_}, w.dtype(), w.device());
     w_p.Narrow(0, 0, out_).CopyFrom(w);
+    tensor::Zero(w_p.Narrow(0, out_, ld - out_));  // the pad rows only (contiguous)
     const Tensor y_p = tensor::Matmul(x, w_p, opts);
     saved->padded_w = w_p;
     saved->padded_y = y_p.storage();

@@ -16,7 +16,6 @@
 // parameters only hold no gradient shard and no optimizer state.
 #include <cstdio>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -95,11 +94,8 @@ int main(int argc, char** argv) {
   if (!patterns->empty()) {
     absl::StatusOr<std::vector<std::string>> frozen = nn::FreezeParameters(*model, *patterns);
     if (!frozen.ok()) return Fail(absl::StrCat("--freeze: ", frozen.status().message()));
-    std::set<const nn::Parameter*> keep;  // T5's tied shared.weight stays in the root unit
-    for (const auto& [name, p] : model->NamedParameters()) {
-      if (name == "shared.weight") keep.insert(p);
-    }
-    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), std::move(keep));
+    // T5's tied shared.weight stays in the root unit (minGPT has none of that name).
+    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), *model, {"shared.weight"});
   }
   const nn::TrainableCount count = nn::CountTrainable(*model);
   const std::string precision = absl::GetFlag(FLAGS_precision);

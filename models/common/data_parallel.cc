@@ -4,7 +4,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -548,13 +547,7 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
   // parameters where it can be avoided (the root's tied weights stay in it).
   dist::WrapPolicy policy = config.policy;
   if (IsFsdp(config.strategy) && nn::CountTrainable(model).trainable < model.NumParameters()) {
-    std::set<const nn::Parameter*> keep;
-    for (const auto& [name, p] : model.NamedParameters()) {
-      if (std::find(root_params.begin(), root_params.end(), name) != root_params.end()) {
-        keep.insert(p);
-      }
-    }
-    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), std::move(keep));
+    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), model, root_params);
     dp->frozen_leaves_apart_ = true;
   }
   if (IsFsdp(config.strategy)) {

@@ -83,7 +83,7 @@ Tensors Transformer::Forward(const Tensors& inputs, Context& ctx) {
   // No backward will reach the embeddings (both frozen) nor the blocks below
   // `stop`: their activations are dropped as soon as their forward returns.
   const bool embeddings_train = EmbeddingsTrain();
-  const size_t stop = FirstBlockWithBackward();
+  const size_t stop = FirstBlockWithBackward(embeddings_train);
   Tensor x = Embed(idx, 0, ctx);  // (B, T, C)
   if (!embeddings_train) {
     for (size_t i = 0; i < 3; ++i) ctx.Child(i).Clear();  // wte, wpe, drop
@@ -156,8 +156,8 @@ bool Transformer::EmbeddingsTrain() {
   return nn::HasTrainableParameters(*wte_) || nn::HasTrainableParameters(*wpe_);
 }
 
-size_t Transformer::FirstBlockWithBackward() {
-  return EmbeddingsTrain() ? 0 : nn::FirstTrainableChild(*h_);
+size_t Transformer::FirstBlockWithBackward(bool embeddings_train) {
+  return embeddings_train ? 0 : nn::FirstTrainableChild(*h_);
 }
 
 Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -168,7 +168,7 @@ Tensors Transformer::Backward(const Tensors& grad_outputs, Context& ctx) {
   // run no backward (Forward kept none of their activations; FSDP gathers
   // none of them again), nor ln_f when nothing below it trains either.
   const bool embeddings_train = EmbeddingsTrain();
-  const size_t stop = FirstBlockWithBackward();
+  const size_t stop = FirstBlockWithBackward(embeddings_train);
   Tensor g = grad_outputs.at(0);  // (B, T, C)
   if (stop < L || embeddings_train || nn::HasTrainableParameters(*ln_f_)) {
     g = ln_f_->RunBackward(g, ctx.Child(3 + L));

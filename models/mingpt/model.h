@@ -102,11 +102,12 @@ class Transformer : public nn::Module {
   // [0, block_size) on idx's device -> (B, T, C).
   Tensor EmbedAt(const Tensor& idx, const Tensor& pos, Context& ctx);
   // Frozen parameters (fine-tuning): whether an embedding trains, and the
-  // lowest block a backward must reach (0 when an embedding trains; L when no
-  // block does). Nothing below it trains, so the forward keeps none of its
-  // activations (as under torch.no_grad) and the backward stops above it.
+  // lowest block a backward must reach (0 when an embedding trains, given
+  // EmbeddingsTrain(); L when no block does). Nothing below it trains, so the
+  // forward keeps none of its activations (as under torch.no_grad) and the
+  // backward stops above it.
   bool EmbeddingsTrain();
-  size_t FirstBlockWithBackward();
+  size_t FirstBlockWithBackward(bool embeddings_train);
   // Decode's work, inside its frame (the module's hooks around it).
   Tensor DecodeInFrame(const Tensor& idx, std::vector<nn::KvCache>& caches,
                        absl::Span<const int64_t> left_pad);

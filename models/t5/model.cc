@@ -78,7 +78,7 @@ Tensors T5Stack::Forward(const Tensors& inputs, Context& ctx) {
                        : "the encoder takes no encoder_hidden");
   // No backward will reach a frozen shared embedding nor the blocks below
   // `stop`: their activations are dropped as soon as their forward returns.
-  const size_t stop = FirstBlockWithBackward();
+  const size_t stop = FirstBlockWithBackward(BelowBlocksTrain());
   Tensor x = embed_tokens_->Run(ids, ctx.Child(0));  // (B, T, d_model)
   x = dropout_->Run(x, ctx.Child(1));                // (B, T, d_model)
   if (!embed_tokens_->weight()->requires_grad) {
@@ -133,8 +133,8 @@ bool T5Stack::BelowBlocksTrain() {
          (encoder_ != nullptr && nn::HasTrainableParameters(*encoder_));
 }
 
-size_t T5Stack::FirstBlockWithBackward() {
-  return BelowBlocksTrain() ? 0 : nn::FirstTrainableChild(*block_);
+size_t T5Stack::FirstBlockWithBackward(bool below_trains) {
+  return below_trains ? 0 : nn::FirstTrainableChild(*block_);
 }
 
 Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
@@ -145,7 +145,7 @@ Tensors T5Stack::Backward(const Tensors& grad_outputs, Context& ctx) {
   // activations of those below).
   const bool embedding_trains = embed_tokens_->weight()->requires_grad;
   const bool below_trains = BelowBlocksTrain();
-  const size_t stop = FirstBlockWithBackward();
+  const size_t stop = FirstBlockWithBackward(below_trains);
   if (stop == L && !below_trains && !nn::HasTrainableParameters(*final_layer_norm_)) {
     return grads;  // nothing of the stack trains
   }

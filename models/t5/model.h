@@ -113,11 +113,12 @@ class T5Stack : public nn::Module {
   size_t BlockSlot(size_t l) const { return 2 + l; }
   // Frozen parameters (fine-tuning): whether anything below the blocks wants
   // a gradient (the shared embedding, or for the decoder the encoder), and
-  // the lowest block a backward must reach (0 when something below trains; L
-  // when no block does). Forward keeps no activations of the blocks below it
-  // (as under torch.no_grad), and Backward stops above them.
+  // the lowest block a backward must reach (0 when something below trains,
+  // given BelowBlocksTrain(); L when no block does). Forward keeps no
+  // activations of the blocks below it (as under torch.no_grad), and
+  // Backward stops above them.
   bool BelowBlocksTrain();
-  size_t FirstBlockWithBackward();
+  size_t FirstBlockWithBackward(bool below_trains);
   size_t NormSlot() const { return 2 + block_->size(); }
   size_t FinalDropoutSlot() const { return 3 + block_->size(); }
 
