@@ -18,8 +18,8 @@
 #   GPU_BUNDLE_PRINT_COMMAND=1   print the command instead of running it, one word a line
 #                                (env VAR=..., the loader, its --library-path, the binary, the
 #                                arguments): for a profiler that should start the program
-#                                itself rather than this script and its helpers (ncu
-#                                --target-processes application-only)
+#                                itself rather than this script and its helpers (ncu; it
+#                                counts the exec'd loader as a child: --target-processes all)
 #   GPU_BUNDLE_LOADER=auto|bundled|host
 #                                whose glibc runs the binary. auto (the default): the host's
 #                                when it is newer than the bundled one, because the host's CUDA

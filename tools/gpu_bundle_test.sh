@@ -198,18 +198,19 @@ racecheck attention_test *"
   expect_in "NOT RUN (the phase's deadline passed): $test_name" "$out" "first: tests past the deadline"
   expect_in "NOT RUN pytorch (the phase is " "$out" "first: pytorch too late"
   # The profile phase with a stand-in ncu: it must be given the program itself (run.sh's
-  # GPU_BUNDLE_PRINT_COMMAND: env, the bundled loader, the binary) and follow it alone; it runs
+  # GPU_BUNDLE_PRINT_COMMAND: env, the bundled loader, the binary) and follow its processes
+  # (--target-processes all: it counts the exec'd loader as a child); it runs
   # it and prints a CSV table of two kernels, which the summary ranks. The printed command
   # itself runs the binary.
   mkdir -p "$work/fakencu"
   cat > "$work/fakencu/ncu" <<'SH'
 #!/bin/bash
-only_app=0
+all=0
 while [[ "$1" == --* ]]; do
-  [[ "$1 $2" == "--target-processes application-only" ]] && only_app=1
+  [[ "$1 $2" == "--target-processes all" ]] && all=1
   if [[ "$1" == --csv ]]; then shift; else shift 2; fi  # --csv alone takes no value
 done
-[[ $only_app == 1 && "$1" == env && "$2" == */ld-linux-x86-64.so.2 ]] ||
+[[ $all == 1 && "$1" == env && "$2" == */ld-linux-x86-64.so.2 ]] ||
   { echo "fake ncu: got $*" >&2; exit 9; }
 "$@" > /dev/null 2>&1  # the stand-in train (model_sizes) refuses train's flags
 echo '"ID","Kernel Name","gpu__time_duration.sum"'

@@ -154,9 +154,10 @@ find_ncu() {
 # on the emulation), under Nsight Compute (killed after LIMIT_S seconds), summarized per
 # kernel into $out/profile.txt and $out/profile.json; $out/ncu.csv holds ncu's rows, and the
 # end of its log goes to profile.txt. ncu starts the train binary itself (run.sh prints the
-# command, GPU_BUNDLE_PRINT_COMMAND) and follows no other process: on the H200, run through
-# run.sh with --target-processes all and unbounded, it was still running after 200 s and
-# wrote no row.
+# command, GPU_BUNDLE_PRINT_COMMAND: env, then the loader that runs the binary) with
+# --target-processes all: on the H200, application-only profiled no kernel (ncu seems to
+# count the exec'd loader as a child), and with no --launch-count, run through run.sh, it
+# was still running after 200 s.
 run_profile() {
   local ncu rc cmd
   ncu=$(find_ncu)
@@ -165,7 +166,7 @@ run_profile() {
     --data=random --dropout=0 --optimizer=adamw --log_every=1)
   (( ${#cmd[@]} > 0 )) || { echo "profile: run.sh printed no command"; return 1; }
   timeout -k 10 "$1" "$ncu" --clock-control none --cache-control none \
-    --target-processes application-only --metrics gpu__time_duration.sum \
+    --target-processes all --metrics gpu__time_duration.sum \
     --launch-skip "${GPU_SESSION_PROFILE_SKIP:-700}" \
     --launch-count "${GPU_SESSION_PROFILE_KERNELS:-700}" \
     --csv --page raw "${cmd[@]}" > "$out/ncu.csv" 2> "$out/ncu.err"
