@@ -10,7 +10,10 @@
 #                                the H200 all took 45 s), then the pytorch phase (started before
 #                                300 s, killed at 400 s), matmul_benchmark's LM head rows in bf16
 #                                (started before 450 s, killed at 470 s) and the profile phase
-#                                (started before 480 s, killed at 580 s). What does not start is
+#                                (started before 480 s, killed at 580 s). GPU_SESSION_<PART>_BY_S
+#                                (PYTORCH, BENCH, PROFILE) move the start limits,
+#                                GPU_SESSION_PYTORCH_UNTIL_S and GPU_SESSION_PROFILE_UNTIL_S
+#                                the kills, for a call that runs more. What does not start is
 #                                named NOT RUN. $OUT: tests.txt, tests.log, vs_pytorch.json,
 #                                vs_pytorch.svg, matmul.txt, ncu.csv, profile.txt, profile.json
 #   tools/gpu_session.sh tests [NAME...]
@@ -220,7 +223,7 @@ case "$phase" in
       echo "NOT RUN profile (the phase is $(( $(date +%s) - phase_start ))s old)"
     else
       echo "=== where a gpt2 bf16 step's GPU time goes (ncu)"
-      run_profile $(( phase_start + 580 - $(date +%s) ))
+      run_profile $(( phase_start + ${GPU_SESSION_PROFILE_UNTIL_S:-580} - $(date +%s) ))
     fi
     ;;
   tests)

@@ -54,20 +54,43 @@ __device__ __forceinline__ int64_t AlignedHead(const T* p, int64_t n) {
   return head < n ? head : n;
 }
 
-// Calls f(i, row[i] as float) for the elements of row[0, n) this thread owns:
-// a scalar head, N-wide vectors, a scalar tail; the block covers the row.
-template <int N, typename T, typename F>
-__device__ __forceinline__ void ForEachInRow(const T* row, int64_t n, F&& f) {
+constexpr float kLog2e = 1.4426950408889634f;
+
+// a += the N values: their max first, then one rescale and N independent
+// exponentials (base 2: exp2f is a few instructions where expf is a dozen),
+// so a thread's chain of dependent exponentials is one per N values, not N.
+template <int N>
+__device__ __forceinline__ void AddMany(MaxSum& a, const float (&v)[N]) {
+  float mx = v[0];
+#pragma unroll
+  for (int k = 1; k < N; ++k) mx = fmaxf(mx, v[k]);
+  if (mx == -INFINITY) return;  // all -inf: each adds exp(-inf) = 0
+  if (mx > a.m) {
+    a.s *= exp2f((a.m - mx) * kLog2e);  // a.m = -inf: a.s is 0 and stays 0
+    a.m = mx;
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {  // v = m adds 1 (also at m = +inf); NaN stays NaN
+    sum += v[k] == a.m ? 1.0f : exp2f((v[k] - a.m) * kLog2e);
+  }
+  a.s += sum;
+}
+
+// a += row[0, n) for the elements this thread owns: a scalar head up to the
+// first 16-byte aligned element, N-wide vectors, a scalar tail; the block
+// covers the row.
+template <int N, typename T>
+__device__ __forceinline__ void AddRow(MaxSum& a, const T* row, int64_t n) {
   const int64_t head = AlignedHead<N>(row, n);
   const int64_t body_end = head + (n - head) / N * N;
-  for (int64_t i = threadIdx.x; i < head; i += blockDim.x) f(i, ToF(row[i]));
+  for (int64_t i = threadIdx.x; i < head; i += blockDim.x) Add(a, ToF(row[i]));
   for (int64_t i = head + int64_t{threadIdx.x} * N; i < body_end; i += int64_t{blockDim.x} * N) {
     float v[N];
     LoadF<N>(row + i, v);
-#pragma unroll
-    for (int k = 0; k < N; ++k) f(i + k, v[k]);
+    AddMany<N>(a, v);
   }
-  for (int64_t i = body_end + threadIdx.x; i < n; i += blockDim.x) f(i, ToF(row[i]));
+  for (int64_t i = body_end + threadIdx.x; i < n; i += blockDim.x) Add(a, ToF(row[i]));
 }
 
 // out[i] = f(i, row[i] as float) (or f(i, 0) without kRead) for i in [0, n).
@@ -196,7 +219,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       // Read before the reduction: in place, the row is overwritten after it.
       const float x_target = threadIdx.x == 0 ? ToF(xr[t]) : 0.0f;
       MaxSum ms{-INFINITY, 0.0f};
-      ForEachInRow<N>(xr, v, [&](int64_t, float x) { Add(ms, x); });
+      AddRow<N>(ms, xr, v);
       ms = BlockMaxSum(ms, smem);
       shift = ms.m;
       log_sum = logf(ms.s);
@@ -209,8 +232,10 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       log_sum = 0.0f;
     }
     if constexpr (kBwd) {
+      // p = exp((x - shift) - log_sum) through exp2f (the differences first: a
+      // row's max with log_sum 0, a single logit, gives exactly 1).
       MapRow<true, N>(xr, grad + r * gld, v, [&](int64_t i, float x) {
-        const float p = __fmul_rn(expf((x - shift) - log_sum), gs);
+        const float p = __fmul_rn(exp2f(((x - shift) - log_sum) * kLog2e), gs);
         return i == t ? p - gs : p;
       });
     }
