@@ -138,24 +138,33 @@ __device__ __forceinline__ void WarpGemmAB(float (&acc)[kN / 8][4], const T* a, 
 // Waits for every committed group of this thread's copies.
 __device__ __forceinline__ void CpAsyncWaitAll() { ptx::CpAsyncWait<0>(); }
 
-// Copies rows [row0, row0 + n_rows) of a (T, kD) slice (row stride `stride`)
+// Copies rows [row0, row0 + kRows) of a (T, kD) slice (row stride `stride`)
 // into shared memory (leading dimension ld); rows at or past `valid` (relative
 // to row0) become zeros, so padded keys and values never inject NaN. With
 // `vec` (16-byte aligned rows) the copies are cp.async: they land at the
 // caller's CpAsyncCommit + CpAsyncWaitAll; otherwise they are stores, done
-// on return.
-template <typename T, int kD>
+// on return. The CTA's kThreads threads share the copies; with the sizes
+// known at compile time the loop unrolls and each thread's source offsets
+// are a base plus constant steps (on the H200 the address arithmetic of a
+// runtime loop made the integer ALU the forward's busiest pipe).
+template <typename T, int kD, int kRows, int kThreads = 128>
 __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t stride, int row0,
-                                         int valid, int n_rows, bool vec) {
+                                         int valid, bool vec) {
   if (vec) {
     constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-    for (int i = threadIdx.x; i < n_rows * kChunks; i += blockDim.x) {
-      const int r = i / kChunks, c = (i % kChunks) * 8;
+    static_assert(kThreads % kChunks == 0, "a thread's chunk column stays fixed");
+    constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's copies
+    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+    const T* from = src + (row0 + r0) * stride + c;
+    T* to = s + r0 * ld + c;
+#pragma unroll
+    for (int r = r0, u = 0; u < (kRows * kChunks + kThreads - 1) / kThreads; ++u, r += kRowStep) {
+      if (r >= kRows) break;
       const bool in = r < valid;
-      CpAsync16(s + r * ld + c, in ? src + (row0 + r) * stride + c : src, in ? 16 : 0);
+      CpAsync16(to + u * kRowStep * ld, in ? from + u * kRowStep * stride : src, in ? 16 : 0);
     }
   } else {
-    for (int i = threadIdx.x; i < n_rows * kD; i += blockDim.x) {
+    for (int i = threadIdx.x; i < kRows * kD; i += kThreads) {
       const int r = i / kD, c = i % kD;
       s[r * ld + c] = r < valid ? src[(row0 + r) * stride + c] : FromF<T>(0.0f);
     }
@@ -169,6 +178,16 @@ __device__ __forceinline__ int KeyEnd(const Args& a, int q0, int rows) {
   return a.causal ? min(a.t_k, min(q0 + rows, a.t_q) + a.causal_offset) : a.t_k;
 }
 
+// Whether a tile of queries [q0, q0 + rows) x keys [k0, k0 + cols) has a
+// pair that is not visible (out of range, causally hidden), or (kTerms) may
+// have (padded keys can be anywhere): false lets a kernel skip the per-pair
+// checks.
+template <bool kTerms>
+__device__ __forceinline__ bool TileMasked(const Args& a, int q0, int rows, int k0, int cols) {
+  return kTerms || q0 + rows > a.t_q || k0 + cols > a.t_k ||
+         (a.causal && k0 + cols - 1 > q0 + a.causal_offset);
+}
+
 // Queues (cp.async, one committed group) the K and V tiles of keys [k0, k0 +
 // kRows) into stage `stage` of kvs: 2 stages of a K tile then a V tile,
 // [kRows][kD + 8] each. The forward and dq kernels load the next key block's
@@ -178,8 +197,8 @@ __device__ __forceinline__ void LoadKeyValueStage(T* kvs, int stage, const T* k,
                                                   const Args& a, int k0) {
   constexpr int kLd = kD + 8;
   T* ks = kvs + stage * 2 * kRows * kLd;
-  LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kRows, a.vec);
-  LoadTile<T, kD>(ks + kRows * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, kRows, a.vec);
+  LoadTile<T, kD, kRows>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, a.vec);
+  LoadTile<T, kD, kRows>(ks + kRows * kLd, kLd, v, a.sv.t, k0, a.t_k - k0, a.vec);
   CpAsyncCommit();
 }
 
@@ -206,7 +225,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   const T* k = static_cast<const T*>(a.k) + b * a.sk.b + h * a.sk.h;
   const T* v = static_cast<const T*>(a.v) + b * a.sv.b + h * a.sv.h;
 
-  LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
+  LoadTile<T, kD, kBr>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, a.vec);
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float o[kD / 8][4] = {};
   float m[2] = {-kInf, -kInf};  // running max of the base-2 scores
@@ -335,8 +354,8 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
   const float* lse = a.lse + static_cast<int64_t>(bh) * a.t_q;
   const float* delta = a.delta + static_cast<int64_t>(bh) * a.t_q;
 
-  LoadTile<T, kD>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, kBc, a.vec);
-  LoadTile<T, kD>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, kBc, a.vec);
+  LoadTile<T, kD, kBc>(ks, kLd, k, a.sk.t, k0, a.t_k - k0, a.vec);
+  LoadTile<T, kD, kBc>(vs, kLd, v, a.sv.t, k0, a.t_k - k0, a.vec);
   const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   float dk[kD / 8][4] = {};
   float dv[kD / 8][4] = {};
@@ -346,8 +365,8 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
   // are used.
   auto load_q = [&](int stage, int q0) {
     T* qs = qdos + stage * 2 * kBr * kLd;
-    LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
-    LoadTile<T, kD>(qs + kBr * kLd, kLd, dout, a.sdo.t, q0, a.t_q - q0, kBr, a.vec);
+    LoadTile<T, kD, kBr>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, a.vec);
+    LoadTile<T, kD, kBr>(qs + kBr * kLd, kLd, dout, a.sdo.t, q0, a.t_q - q0, a.vec);
     CpAsyncCommit();
     float* lse_s = lse_deltas + stage * 2 * kBr;
     for (int i = threadIdx.x; i < kBr; i += blockDim.x) {
@@ -370,15 +389,25 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
     // P^T (16 keys x kBr queries) = exp2(scale_log2 * K Q^T - lse2).
     float p[kBr / 8][4] = {};
     WarpGemmABt<T, kD, kBr>(p, ks + warp * 16 * kLd, qs, kLd, lane);
+    if (!TileMasked<kTerms>(a, q0, kBr, k0, kBc)) {  // every pair visible: no checks
 #pragma unroll
-    for (int j = 0; j < kBr / 8; ++j) {
+      for (int j = 0; j < kBr / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = j * 8 + 2 * t + (e & 1);
-        p[j][e] = Visible<kTerms>(a, b, q0 + qi, key[e / 2])
-                      ? exp2f(p[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, q0 + qi, key[e / 2]) -
-                              lse_s[qi])
-                      : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          p[j][e] = exp2f(p[j][e] * a.scale_log2 - lse_s[j * 8 + 2 * t + (e & 1)]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBr / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = j * 8 + 2 * t + (e & 1);
+          p[j][e] = Visible<kTerms>(a, b, q0 + qi, key[e / 2])
+                        ? exp2f(p[j][e] * a.scale_log2 +
+                                Bias2<kTerms>(a, b, h, q0 + qi, key[e / 2]) - lse_s[qi])
+                        : 0.0f;
+        }
       }
     }
     if constexpr (!kDrop) WarpGemmPB<T, kBr, kD>(dv, p, dos, kLd, lane);  // dV += P^T dO
@@ -463,8 +492,8 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   const T* v = static_cast<const T*>(a.v) + b * a.sv.b + h * a.sv.h;
   const T* dout = static_cast<const T*>(a.grad_out) + b * a.sdo.b + h * a.sdo.h;
 
-  LoadTile<T, kD>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, kBr, a.vec);
-  LoadTile<T, kD>(dos, kLd, dout, a.sdo.t, q0, a.t_q - q0, kBr, a.vec);
+  LoadTile<T, kD, kBr>(qs, kLd, q, a.sq.t, q0, a.t_q - q0, a.vec);
+  LoadTile<T, kD, kBr>(dos, kLd, dout, a.sdo.t, q0, a.t_q - q0, a.vec);
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float lse2[2], delta[2];
 #pragma unroll
@@ -490,6 +519,18 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     WarpGemmABt<T, kD, kBc>(p, qs + warp * 16 * kLd, ks, kLd, lane);
     float ds[kBc / 8][4] = {};
     WarpGemmABt<T, kD, kBc>(ds, dos + warp * 16 * kLd, vs, kLd, lane);  // dP = dO V^T
+    if (!kDrop && !TileMasked<kTerms>(a, q0, kBr, k0, kBc)) {  // every pair visible: no checks
+#pragma unroll
+      for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          ds[j][e] = exp2f(p[j][e] * a.scale_log2 - lse2[r]) * (ds[j][e] - delta[r]);
+        }
+      }
+      WarpGemmPB<T, kBc, kD>(dq, ds, ks, kLd, lane);  // dQ += dS K (times scale below)
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < kBc / 8; ++j) {
       float f[2][2];

@@ -7,10 +7,12 @@
 // is aligned and C is a multiple of the vector width, scalar loads otherwise.
 // The row is read from global memory once; the later passes over it hit L1/L2.
 //
-// Parameter gradients (column sums over rows) without atomics: a partial-sum
-// kernel over a grid of (32-column tiles) x (fixed chunks of rows), then a
-// column kernel that adds the chunks in order in double. Deterministic: the
-// summation order depends only on the shapes.
+// Parameter gradients (column sums over rows) without atomics: partial sums
+// per block of rows, then a column kernel that adds them in order in double.
+// Rows of up to kWarpRowMaxCols: the grad_x kernel itself adds its warps' rows
+// into the partial sums (one read of grad_y and x); longer rows: a partial-sum
+// kernel over a grid of (32-column tiles) x (fixed chunks of rows).
+// Deterministic: the summation order depends only on the shapes.
 #include <type_traits>
 
 #include "tensor/cuda/common.cuh"
@@ -100,18 +102,39 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
+// Blocks of the backward with the parameter-gradient partial sums
+// (kPartials): kWarpRowsPerBlock warps, each adding its rows' sums per column
+// in registers, then the block's warps added in order into one partial row.
+constexpr int kPartialWarps = kWarpRowsPerBlock;
+
 // grad_x per row: xhat = (x - mean) * rstd, dxhat = grad_y * w,
 // grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
 // (RMSNorm: no mean(dxhat) term); add (nullable): grad_x += add, in fp32.
-template <bool kCentered, bool kWarpRows, int N, typename T, typename W>
-__global__ void __launch_bounds__(kMaxRowThreads)
+// kPartials (rows of a warp, C <= kWarpRowMaxCols): also the block's partial
+// sums of the parameter gradients, part (kParams, gridDim.x, C): over the
+// rows the block's warps visit (warp k of block b: rows (b kPartialWarps + k)
+// + j gridDim.x kPartialWarps), grad_y * xhat (param 0, grad_weight) and
+// grad_y (param 1, LayerNorm's grad_bias). Each lane adds its columns over
+// its warp's rows in order, then the warps are added in order: the sums
+// depend on the shapes and the grid only. This replaces a partial-sum kernel
+// that read grad_y and x again.
+template <bool kCentered, bool kWarpRows, int N, typename T, typename W, bool kPartials = false>
+__global__ void __launch_bounds__(kPartials ? kWarp* kPartialWarps : kMaxRowThreads)
     NormBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const W* __restrict__ w,
                        const float* __restrict__ mean, const float* __restrict__ rstd,
-                       const T* __restrict__ add, T* __restrict__ gx, int64_t rows, int64_t c) {
+                       const T* __restrict__ add, T* __restrict__ gx, int64_t rows, int64_t c,
+                       float* __restrict__ part = nullptr) {
+  static_assert(!kPartials || kWarpRows, "partial sums per warp need rows of a warp");
+  // A lane's columns: first + it * step for it < kIters.
+  constexpr int kIters = kPartials ? static_cast<int>(kWarpRowMaxCols) / (kWarp * N) : 1;
   __shared__ float smem[2 * kWarp];
+  // kPartials: the block's warps' sums of one parameter, [kPartialWarps][kWarpRowMaxCols].
+  __shared__ float lanes[kPartials ? kPartialWarps : 1][kPartials ? kWarpRowMaxCols : 1];
   const RowGroup<kWarpRows> g;
   const int64_t first = int64_t{g.rank} * N, step = int64_t{g.size} * N;
   const float inv_c = 1.0f / static_cast<float>(c);
+  float pw[kIters][N] = {};  // kPartials: this lane's sums of grad_y * xhat ...
+  float pb[kIters][N] = {};  // ... and of grad_y
   for (int64_t r = g.FirstRow(); r < rows; r += g.RowStride()) {
     const T* xr = x + r * c;   // (C)
     const T* gr = gy + r * c;  // (C)
@@ -132,15 +155,16 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     g.Sum(sums, smem);
     const float a = kCentered ? sums[0] * inv_c : 0.0f, bc = sums[1] * inv_c;
     T* out = gx + r * c;  // (C)
-    for (int64_t i = first; i < c; i += step) {
-      float xv[N], gv[N], wv[N], o[N];
+    // grad_x at columns [i, i + N); xhat and gv for the partial sums.
+    auto grad_x_at = [&](int64_t i, float (&xhat)[N], float (&gv)[N]) {
+      float xv[N], wv[N], o[N];
       LoadF<N>(xr + i, xv);
       LoadF<N>(gr + i, gv);
       LoadParam<N>(w, i, 1.0f, wv);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float xhat = (xv[k] - m) * rs;
-        o[k] = rs * (gv[k] * wv[k] - a - xhat * bc);
+        xhat[k] = (xv[k] - m) * rs;
+        o[k] = rs * (gv[k] * wv[k] - a - xhat[k] * bc);
       }
       if (add != nullptr) {
         float av[N];
@@ -149,6 +173,49 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         for (int k = 0; k < N; ++k) o[k] += av[k];
       }
       StoreF<N>(out + i, o);
+    };
+    if constexpr (kPartials) {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {  // constant indices: pw, pb stay in registers
+        const int64_t i = first + it * step;
+        if (i < c) {
+          float xhat[N], gv[N];
+          grad_x_at(i, xhat, gv);
+#pragma unroll
+          for (int k = 0; k < N; ++k) {
+            pw[it][k] += gv[k] * xhat[k];
+            pb[it][k] += gv[k];
+          }
+        }
+      }
+    } else {
+      for (int64_t i = first; i < c; i += step) {
+        float xhat[N], gv[N];
+        grad_x_at(i, xhat, gv);
+      }
+    }
+  }
+  if constexpr (kPartials) {
+    // The block's warps added in order, one parameter at a time.
+    const int warp = threadIdx.x / kWarp;
+    const int64_t blocks = gridDim.x;
+    for (int p = 0; p < (kCentered ? 2 : 1); ++p) {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int64_t i = first + it * step;
+        if (i < c) {
+#pragma unroll
+          for (int k = 0; k < N; ++k) lanes[warp][i + k] = p == 0 ? pw[it][k] : pb[it][k];
+        }
+      }
+      __syncthreads();
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kPartialWarps; ++k) sum += lanes[k][j];
+        part[(p * blocks + blockIdx.x) * c + j] = sum;
+      }
+      __syncthreads();  // read before the next parameter overwrites
     }
   }
 }
@@ -274,8 +341,29 @@ void Forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor
   CheckLaunch(op);
 }
 
-// The column sums of the parameter gradients into grad_weight / grad_bias
-// (each written when defined).
+// grad_weight / grad_bias (each written when defined) = the column sums of
+// part (kParams, chunks, C), one launch for both.
+template <bool kCentered>
+void ColumnSums(const char* op, const Tensor& part, int64_t chunks, int64_t c,
+                const Tensor& grad_weight, const Tensor& grad_bias) {
+  constexpr unsigned kParams = kCentered ? 2 : 1;
+  // Both parameters' sums in one launch (grid.y = parameter); they share a dtype.
+  const Tensor& first = grad_weight.defined() ? grad_weight : grad_bias;
+  if (!first.defined() || c == 0) return;
+  const dim3 grid(static_cast<unsigned>((c + kColTile - 1) / kColTile), kParams);
+  DispatchFloat(first.dtype(), op, [&](auto oz) {
+    using O = decltype(oz);
+    O* bias_out = kCentered && grad_bias.defined() ? Ptr<O>(grad_bias) : nullptr;
+    ColumnSumKernel<O><<<grid, kColTile * kRowLanes, 0, ComputeStream()>>>(
+        chunks > 0 ? Ptr<float>(part) : nullptr, chunks, c,
+        grad_weight.defined() ? Ptr<O>(grad_weight) : nullptr, bias_out);
+  });
+  CheckLaunch(op);
+}
+
+// The parameter gradients of rows longer than a warp's (a block per row in
+// the backward): the partial-sum kernel over grad_y and x, then the column
+// sums.
 template <bool kCentered, typename T>
 void ParamGrads(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& mean,
                 const Tensor& rstd, int64_t rows, int64_t c, const Tensor& grad_weight,
@@ -293,18 +381,16 @@ void ParamGrads(const char* op, const Tensor& grad_y, const Tensor& x, const Ten
         Ptr<float>(part), rows, c, rows_per_chunk);
     CheckLaunch(op);
   }
-  // Both parameters' sums in one launch (grid.y = parameter); they share a dtype.
-  const Tensor& first = grad_weight.defined() ? grad_weight : grad_bias;
-  if (!first.defined() || c == 0) return;
-  const dim3 grid(static_cast<unsigned>((c + kColTile - 1) / kColTile), kParams);
-  DispatchFloat(first.dtype(), op, [&](auto oz) {
-    using O = decltype(oz);
-    O* bias_out = kCentered && grad_bias.defined() ? Ptr<O>(grad_bias) : nullptr;
-    ColumnSumKernel<O><<<grid, kColTile * kRowLanes, 0, ComputeStream()>>>(
-        chunks > 0 ? Ptr<float>(part) : nullptr, chunks, c,
-        grad_weight.defined() ? Ptr<O>(grad_weight) : nullptr, bias_out);
-  });
-  CheckLaunch(op);
+  ColumnSums<kCentered>(op, part, chunks, c, grad_weight, grad_bias);
+}
+
+// Blocks of the backward that also sums the parameter gradients: about 4
+// rows a warp at gpt2's 16384 rows, from the row count alone (the sums'
+// order must not depend on the device).
+constexpr int64_t kMaxPartialBlocks = 512;
+int64_t PartialBlocks(int64_t rows) {
+  const int64_t by_rows = (rows + kPartialWarps - 1) / kPartialWarps;
+  return by_rows < kMaxPartialBlocks ? by_rows : kMaxPartialBlocks;
 }
 
 template <bool kCentered>
@@ -320,6 +406,27 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
     const bool vec = c % kVec == 0 && Aligned16(x) && Aligned16(grad_y) && Aligned16(grad_x) &&
                      Aligned16(weight) && Aligned16(add);
     const RowPlan plan = PlanRows(rows, c, vec ? kVec : 1);
+    const bool param_grads = grad_weight.defined() || (kCentered && grad_bias.defined());
+    if (rows > 0 && plan.warp_rows && param_grads) {
+      // grad_x and the parameter gradients' partial sums in one pass.
+      constexpr int kParams = kCentered ? 2 : 1;
+      const int64_t blocks = PartialBlocks(rows);
+      const Tensor part = Tensor::Empty({kParams, blocks, c}, Dtype::kF32, x.device());
+      DispatchParam<T>(weight, [&](auto wz) {
+        using W = decltype(wz);
+        DispatchRows<kVec>(true, vec, [&](auto, auto n) {
+          NormBackwardKernel<kCentered, true, decltype(n)::value, T, W, true>
+              <<<static_cast<unsigned>(blocks), kWarp * kPartialWarps, 0, ComputeStream()>>>(
+                  Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
+                  kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd),
+                  add.defined() ? Ptr<T>(add) : nullptr, Ptr<T>(grad_x), rows, c,
+                  Ptr<float>(part));
+        });
+      });
+      CheckLaunch(op);
+      ColumnSums<kCentered>(op, part, blocks, c, grad_weight, grad_bias);
+      return;
+    }
     if (rows > 0) {
       DispatchParam<T>(weight, [&](auto wz) {
         using W = decltype(wz);
