@@ -43,6 +43,11 @@
 #                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
 #                                GPU_SESSION_PROFILE_SKIP (700); tools/ncu_summary.py;
 #                                $OUT/profile.txt, $OUT/profile.json, $OUT/ncu.csv)
+#   tools/gpu_session.sh kernels Nsight Compute's sections (speed of light, compute and memory
+#                                workload, warp states, launch, occupancy) of the fused
+#                                attention's three tensor-core kernels, forward, dk/dv and dq,
+#                                at attention_benchmark's B 8, T 1024 ($OUT/kernels_ncu.txt;
+#                                their throughputs, busiest pipes and occupancy to stdout)
 #   tools/gpu_session.sh racecheck
 #                                compute-sanitizer's racecheck (shared-memory hazards) and
 #                                synccheck on the kernel tests with the most synchronization,
@@ -62,7 +67,7 @@ set -uo pipefail
 
 phase=${1:-}
 case "$phase" in
-  first|tests|bench|train|pytorch|profile|racecheck|memory) ;;
+  first|tests|bench|train|pytorch|profile|kernels|racecheck|memory) ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -320,6 +325,21 @@ PY
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     [[ -n "$(find_ncu)" ]] || { echo "gpu_session: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
     run_profile 590
+    ;;
+  kernels)
+    ncu=$(find_ncu)
+    [[ -n "$ncu" ]] || { echo "gpu_session: no ncu on this machine" >&2; exit 2; }
+    has attention_benchmark || { echo "gpu_session: attention_benchmark is not in the bundle" >&2; exit 2; }
+    # attention_benchmark 8 1 launches the forward 3 times (2 warm-ups) before its first
+    # forward, dk/dv, dq; one iteration keeps the rest of the run short.
+    mapfile -t cmd < <(GPU_BUNDLE_PRINT_COMMAND=1 "$run" attention_benchmark 8 1)
+    timeout -k 5 300 "$ncu" --target-processes all -k regex:Mma --launch-skip 3 --launch-count 3 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section LaunchStats --section Occupancy --page details \
+      "${cmd[@]}" > "$out/kernels_ncu.txt" 2>&1
+    echo "ncu exit $? (124: killed after 300 s)"
+    grep -E "MmaKernel|Duration|Compute \(SM\) Throughput|Issue Slots Busy|highest-utilized|Registers Per Thread|Achieved Occupancy" \
+      "$out/kernels_ncu.txt"
     ;;
   racecheck)
     cs=$(command -v compute-sanitizer ||
