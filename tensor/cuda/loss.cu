@@ -79,7 +79,9 @@ __device__ __forceinline__ void AddMany(MaxSum& a, const float (&v)[N]) {
 
 // a += row[0, n) for the elements this thread owns: a scalar head up to the
 // first 16-byte aligned element, N-wide vectors, a scalar tail; the block
-// covers the row.
+// covers the row. (Tried and dropped: loading 4 vectors before using any, in
+// this pass and the gradient's, took gpt2's fused loss on the H200 from 1.38
+// to 2.33 ms, at 1024 threads a block and 64 registers a thread.)
 template <int N, typename T>
 __device__ __forceinline__ void AddRow(MaxSum& a, const T* row, int64_t n) {
   const int64_t head = AlignedHead<N>(row, n);
