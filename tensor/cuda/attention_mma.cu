@@ -145,8 +145,9 @@ __device__ __forceinline__ void CpAsyncWaitAll() { ptx::CpAsyncWait<0>(); }
 // caller's CpAsyncCommit + CpAsyncWaitAll; otherwise they are stores, done
 // on return. The CTA's kThreads threads share the copies; with the sizes
 // known at compile time the loop unrolls and each thread's source offsets
-// are a base plus constant steps (on the H200 the address arithmetic of a
-// runtime loop made the integer ALU the forward's busiest pipe).
+// are a base plus constant steps (under ncu on the H200 the integer ALU was
+// the forward's busiest pipe; a runtime loop's address arithmetic is part of
+// that work).
 template <typename T, int kD, int kRows, int kThreads = 128>
 __device__ __forceinline__ void LoadTile(T* s, int ld, const T* src, int64_t stride, int row0,
                                          int valid, bool vec) {
