@@ -20,7 +20,6 @@ namespace cuda {
 namespace {
 
 using flash::Args;
-using flash::kLog2e;
 
 constexpr char kOp[] = "flash_attention";
 

@@ -13,7 +13,6 @@ namespace cuda {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------
 // Unfused baseline: row softmax over materialized scores, and its backward.

@@ -57,6 +57,9 @@ inline void SetDevice(const Tensor& t, const char* op) {
 }
 
 constexpr int kThreads = 256;
+// log2(e): exp(x) = exp2(x * kLog2e), exp2f being the cheaper instruction
+// sequence (the softmax, loss and attention kernels).
+constexpr float kLog2e = 1.4426950408889634f;
 inline unsigned Blocks(int64_t n, int threads = kThreads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);

@@ -54,8 +54,6 @@ __device__ __forceinline__ int64_t AlignedHead(const T* p, int64_t n) {
   return head < n ? head : n;
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // a += the N values: their max first, then one rescale and N independent
 // exponentials (base 2: exp2f is a few instructions where expf is a dozen),
 // so a thread's chain of dependent exponentials is one per N values, not N.
