@@ -77,8 +77,9 @@ __global__ void DeltaVecKernel(const Args a, int64_t rows) {
   }
 }
 
-// Whether the delta kernel can read t's (B, H, T, D) rows as 16-byte vectors:
-// the start and the B, H, T strides 16-byte aligned.
+// Whether every (B, H, T, D) row of t starts 16-byte aligned (the start and
+// the B, H, T strides in bytes): the rows the delta kernel and the tensor-core
+// kernels' cp.async copies read as 16-byte vectors.
 bool AlignedRows(const Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.raw_data()) % 16 != 0) return false;
   for (int i = 0; i < 3; ++i) {
@@ -177,14 +178,6 @@ void CheckStridedOutput(const Tensor& ref, const Tensor& t, const char* name, co
            t.strides()[0], ", ", t.strides()[1], ", ", t.strides()[2], ", ", t.strides()[3]);
 }
 
-bool Aligned16(const Tensor& t) {
-  if (reinterpret_cast<uintptr_t>(t.raw_data()) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i) {
-    if (t.strides()[i] % 8 != 0) return false;
-  }
-  return true;
-}
-
 FlashAttentionKernel Resolve(FlashAttentionKernel kernel, Dtype dtype) {
   if (kernel == FlashAttentionKernel::kAuto) {
     return dtype == Dtype::kF32 ? FlashAttentionKernel::kFloat : FlashAttentionKernel::kTensorCore;
@@ -211,7 +204,7 @@ Args MakeArgs(const Tensor& q, const Tensor& k, const Tensor& v, float scale, bo
   a.t_k = static_cast<int>(k.dim(2));
   a.causal_offset = a.t_k - a.t_q;
   a.causal = causal;
-  a.vec = Aligned16(q) && Aligned16(k) && Aligned16(v);
+  a.vec = AlignedRows(q) && AlignedRows(k) && AlignedRows(v);
   a.scale = scale;
   a.scale_log2 = scale * kLog2e;
   // As tensor/ops/dropout.cc: the threshold and the float scale.
@@ -439,7 +432,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   a.sy = StridesOf(out);
   a.grad_out = grad_out.raw_data();
   a.sdo = StridesOf(grad_out);
-  a.vec = a.vec && Aligned16(grad_out);
+  a.vec = a.vec && AlignedRows(grad_out);
   a.lse = lse.data<float>();
   a.delta = delta.data<float>();
   a.dq = dq.raw_data();
