@@ -167,12 +167,18 @@ def main():
                    help="(cuda) also time ours with FSDP_CUDA_ATTENTION_DQ=atomic: the fused "
                         "attention's backward as FlashAttention-2's (5 products, dq summed by "
                         "atomics, not bitwise reproducible) instead of the deterministic 7")
+    p.add_argument("--bias_grad_unfused", action="store_true",
+                   help="(cuda) also time ours with FSDP_CUDA_BIAS_GRAD_EPILOGUE=0: the Linear "
+                        "layers' bias gradients by the column-sum kernel after the dW GEMM instead "
+                        "of cuBLASLt's BGRADB epilogue")
     p.add_argument("--json_out", default="")
     args = p.parse_args()
     if args.gemm_tune and args.device != "cuda":
         sys.exit("--gemm_tune tunes cuBLASLt's GEMMs: it needs --device cuda")
     if args.attention_dq_atomic and args.device != "cuda":
         sys.exit("--attention_dq_atomic switches the fused CUDA attention: it needs --device cuda")
+    if args.bias_grad_unfused and args.device != "cuda":
+        sys.exit("--bias_grad_unfused switches a cuBLASLt epilogue: it needs --device cuda")
     if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
     if args.torch_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
@@ -195,6 +201,9 @@ def main():
         if args.attention_dq_atomic:
             results["ours_bf16_atomic_dq"] = ours_tokens_per_s(
                 args, "bf16", env={"FSDP_CUDA_ATTENTION_DQ": "atomic"})
+        if args.bias_grad_unfused:
+            results["ours_bf16_bias_grad_unfused"] = ours_tokens_per_s(
+                args, "bf16", env={"FSDP_CUDA_BIAS_GRAD_EPILOGUE": "0"})
         base = results["pytorch_autocast_bf16"][0]
         print(f"device {torch.cuda.get_device_name()}, peak {peak} TFLOP/s bf16, "
               f"{flops_per_token(args) / 1e9:.3f} GFLOP per token")

@@ -35,8 +35,9 @@
 #                                cache (the same tokens? tokens/s), the runs' losses
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
-#                                ours (also with FSDP_CUDA_GEMM_TUNE=1, and with
-#                                FSDP_CUDA_ATTENTION_DQ=atomic) and of PyTorch eager
+#                                ours (also with FSDP_CUDA_GEMM_TUNE=1, with
+#                                FSDP_CUDA_ATTENTION_DQ=atomic, and with
+#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
@@ -211,7 +212,7 @@ case "$phase" in
     else
       echo "=== ours against PyTorch eager"
       run_pytorch $(( phase_start + ${GPU_SESSION_PYTORCH_UNTIL_S:-400} - $(date +%s) )) \
-        --gemm_tune --attention_dq_atomic || echo "pytorch: exit $? (124: killed at the phase's limit)"
+        --gemm_tune --attention_dq_atomic --bias_grad_unfused || echo "pytorch: exit $? (124: killed at the phase's limit)"
     fi
     if ! has matmul_benchmark; then
       echo "SKIP bench (matmul_benchmark is not in the bundle)"
@@ -319,7 +320,7 @@ PY
     ;;
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
-    run_pytorch 590 --gemm_tune --attention_dq_atomic
+    run_pytorch 590 --gemm_tune --attention_dq_atomic --bias_grad_unfused
     ;;
   profile)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }

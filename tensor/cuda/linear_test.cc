@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda/testing.h"
@@ -185,36 +186,44 @@ TEST(CudaLinearTest, GeluInputGradMatchesTheCpu) {
 // LinearParamGradsInto: the bias gradient out of the weight-gradient GEMM
 // (BGRADB), accumulated into f32 buffers, against the f32 CPU sums; the weight
 // gradient a view inside a larger buffer (as an FSDP flat gradient holds it);
-// and the unfused path with fusing off.
+// and the unfused path (GEMM, then the column sums: m 24 the narrow-row
+// kernel, m 264 the 16-byte one) with fusing off, or only the bias gradient's.
 TEST(CudaLinearTest, ParamGradsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   for (Dtype dtype : FloatDtypes()) {
-    SCOPED_TRACE(DtypeName(dtype));
-    const int64_t n = 45, m = 24, k = 40;
-    const Tensor g = RandomTensor({n, m}, 80, -1, 1, dtype);
-    const Tensor x = RandomTensor({n, k}, 81, -1, 1, dtype);
-    const Tensor w0 = RandomTensor({m, k}, 82);  // what the buffers held before
-    const Tensor b0 = RandomTensor({m}, 83);
-    MatmulOptions ta;
-    ta.trans_a = true;
-    const Tensor want_w = Add(w0, Matmul(g.To(Dtype::kF32), x.To(Dtype::kF32), ta));
-    const Tensor want_b = Add(b0, AddBiasBackward(g.To(Dtype::kF32)));
-    const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
-    for (bool fuse : {true, false}) {
-      SCOPED_TRACE(fuse ? "fused" : "fusing off");
-      // grad_w: 8 elements into a flat buffer.
-      const Tensor flat = ToGpu(Tensor::Zeros({8 + m * k + 8}, Dtype::kF32));
-      Tensor grad_w = flat.Narrow(0, 8, m * k).View({m, k});
-      grad_w.CopyFrom(ToGpu(w0));
-      const Tensor grad_b = ToGpu(b0);
-      cuda::SetMatmulFuseEpilogues(fuse);
-      const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
-      LinearParamGradsInto(ToGpu(g), ToGpu(x), grad_w, grad_b);
-      const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
-      cuda::SetMatmulFuseEpilogues(true);
-      EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (fuse ? 1 : 0));
-      EXPECT_TRUE(MatchesCpu(grad_w, want_w, tol));
-      EXPECT_TRUE(MatchesCpu(grad_b, want_b, tol));
+    for (int64_t m : {24, 264}) {
+      SCOPED_TRACE(absl::StrCat(DtypeName(dtype), " m ", m));
+      const int64_t n = 45, k = 40;
+      const Tensor g = RandomTensor({n, m}, 80, -1, 1, dtype);
+      const Tensor x = RandomTensor({n, k}, 81, -1, 1, dtype);
+      const Tensor w0 = RandomTensor({m, k}, 82);  // what the buffers held before
+      const Tensor b0 = RandomTensor({m}, 83);
+      MatmulOptions ta;
+      ta.trans_a = true;
+      const Tensor want_w = Add(w0, Matmul(g.To(Dtype::kF32), x.To(Dtype::kF32), ta));
+      const Tensor want_b = Add(b0, AddBiasBackward(g.To(Dtype::kF32)));
+      const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+      enum class Mode { kFused, kFusingOff, kBiasGradOff };
+      for (Mode mode : {Mode::kFused, Mode::kFusingOff, Mode::kBiasGradOff}) {
+        SCOPED_TRACE(mode == Mode::kFused       ? "fused"
+                     : mode == Mode::kFusingOff ? "fusing off"
+                                                : "bias-gradient epilogue off");
+        // grad_w: 8 elements into a flat buffer.
+        const Tensor flat = ToGpu(Tensor::Zeros({8 + m * k + 8}, Dtype::kF32));
+        Tensor grad_w = flat.Narrow(0, 8, m * k).View({m, k});
+        grad_w.CopyFrom(ToGpu(w0));
+        const Tensor grad_b = ToGpu(b0);
+        cuda::SetMatmulFuseEpilogues(mode != Mode::kFusingOff);
+        cuda::SetMatmulFuseBiasGrad(mode != Mode::kBiasGradOff);
+        const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+        LinearParamGradsInto(ToGpu(g), ToGpu(x), grad_w, grad_b);
+        const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+        cuda::SetMatmulFuseEpilogues(true);
+        cuda::SetMatmulFuseBiasGrad(true);
+        EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (mode == Mode::kFused ? 1 : 0));
+        EXPECT_TRUE(MatchesCpu(grad_w, want_w, tol));
+        EXPECT_TRUE(MatchesCpu(grad_b, want_b, tol));
+      }
     }
   }
 }

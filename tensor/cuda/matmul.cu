@@ -187,6 +187,11 @@ std::atomic<bool>& FuseEpiloguesFlag() {
   return flag;
 }
 
+std::atomic<bool>& FuseBiasGradFlag() {
+  static std::atomic<bool> flag{!EnvIs("FSDP_CUDA_BIAS_GRAD_EPILOGUE", "0")};
+  return flag;
+}
+
 cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
   switch (kind) {
     case GemmEpilogue::kBias:
@@ -623,7 +628,8 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
            ") with aux_ld >= ", args.n, "; got aux_ld ", epilogue.aux_ld);
   // cuBLASLt's rule for aux_ld; 16-byte vectors, as its fused kernels assume.
   const void* vector = has_bias ? epilogue.bias : has_bias_grad ? epilogue.bias_grad : nullptr;
-  if (!MatmulFuseEpilogues() || (has_aux && epilogue.aux_ld % 8 != 0) ||
+  if (!MatmulFuseEpilogues() || (has_bias_grad && !MatmulFuseBiasGrad()) ||
+      (has_aux && epilogue.aux_ld % 8 != 0) ||
       (vector != nullptr && AlignmentBytes(vector, {}) < 16) ||
       (has_aux && AlignmentBytes(epilogue.aux, {}) < 16)) {
     epilogues_unfused.fetch_add(1, std::memory_order_relaxed);
@@ -699,6 +705,10 @@ void MatmulScale(const Tensor& out, float beta) {
 void SetMatmulFuseEpilogues(bool fuse) { FuseEpiloguesFlag().store(fuse); }
 
 bool MatmulFuseEpilogues() { return FuseEpiloguesFlag().load(std::memory_order_relaxed); }
+
+void SetMatmulFuseBiasGrad(bool fuse) { FuseBiasGradFlag().store(fuse); }
+
+bool MatmulFuseBiasGrad() { return FuseBiasGradFlag().load(std::memory_order_relaxed); }
 
 void SetMatmulAllowTf32(bool allow) { AllowTf32Flag().store(allow); }
 

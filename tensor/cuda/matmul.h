@@ -127,6 +127,17 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue);
 void SetMatmulFuseEpilogues(bool fuse);
 bool MatmulFuseEpilogues();
 
+// Whether GemmWithEpilogue fuses kBiasGradA (default on; environment
+// FSDP_CUDA_BIAS_GRAD_EPILOGUE=0 at startup turns it off): off, a Linear
+// layer's bias gradient is the weight-gradient GEMM's plain product and then
+// the column-sum kernel (tensor/cuda/reduce.h, 16-byte loads), a second read
+// of the output gradient. On the H200 cuBLASLt's BGRADB ran its own reduction
+// kernel after the GEMM (globalKernelBgradAB, 4.6% of a gpt2 step): this
+// switch times the two ways (matmul_benchmark's dW+db rows,
+// tools/bench_vs_pytorch.py --bias_grad_unfused).
+void SetMatmulFuseBiasGrad(bool fuse);
+bool MatmulFuseBiasGrad();
+
 // out = beta * out (zeros when beta == 0, whatever out held): the product of
 // an empty K. out is contiguous.
 void MatmulScale(const Tensor& out, float beta);

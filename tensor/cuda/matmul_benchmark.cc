@@ -10,7 +10,8 @@
 // algorithm could gain over its first choice; with FSDP_CUDA_GEMM_TUNE=1 the
 // "ours" columns are tuned, see tensor/cuda/matmul.h). Then the gpt2 block's Linear layers with the
 // bias (and GELU) fused into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the
-// MLP's backward through the GELU (DGELU epilogue) against GEMM + GeluBackward. Timed with CUDA
+// MLP's backward through the GELU (DGELU epilogue) against GEMM + GeluBackward, and the layers'
+// weight + bias gradients (BGRADB epilogue) against GEMM + column sums. Timed with CUDA
 // events on the calling thread's stream: warmup samples, then the median of --samples samples of
 // --reps back-to-back calls each.
 //
@@ -231,9 +232,10 @@ double MaxDiffHead(const Tensor& x, const Tensor& y) {
 // the bias (and GELU) in cuBLASLt's epilogue against the GEMM followed by our
 // bias / bias-GELU kernel (tensor::LinearForward / LinearGeluForward with
 // fusing switched off): the passes over the output the epilogue saves. Then
-// two backward GEMMs: the GELU's backward in c_proj's dx GEMM (against GEMM +
-// GeluBackward), and c_fc's bias gradient out of its dW GEMM (against GEMM +
-// our column sums).
+// the backward GEMMs: the GELU's backward in c_proj's dx GEMM (against GEMM +
+// GeluBackward), and each Linear layer's bias gradient out of its dW GEMM
+// (cuBLASLt's BGRADB, against GEMM + our column sums: the choice
+// FSDP_CUDA_BIAS_GRAD_EPILOGUE makes).
 void FusedEpilogues(int device) {
   enum class Fusion { kBias, kBiasGelu, kDGelu, kBiasGrad };
   struct Layer {
@@ -246,9 +248,12 @@ void FusedEpilogues(int device) {
                           {"mlp fc    +bias+gelu", 768, 3072, Fusion::kBiasGelu},
                           {"mlp proj  +bias", 3072, 768, Fusion::kBias},
                           // The backward: c_proj's input gradient through the GELU,
-                          // and c_fc's weight and bias gradients (f32, accumulated).
+                          // and the weight and bias gradients (f32, accumulated).
                           {"mlp proj  dx*gelu'", 3072, 768, Fusion::kDGelu},
-                          {"mlp fc    dW+db", 768, 3072, Fusion::kBiasGrad}};
+                          {"attn qkv  dW+db", 768, 2304, Fusion::kBiasGrad},
+                          {"attn proj dW+db", 768, 768, Fusion::kBiasGrad},
+                          {"mlp fc    dW+db", 768, 3072, Fusion::kBiasGrad},
+                          {"mlp proj  dW+db", 3072, 768, Fusion::kBiasGrad}};
   const int64_t tokens = 16 * 1024;
   std::printf("\nfused epilogues, bf16, %lld tokens (the gpt2 block's Linear layers)\n",
               static_cast<long long>(tokens));

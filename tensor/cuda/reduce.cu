@@ -3,8 +3,12 @@
 // Sums (double accumulators, no atomics):
 // - inner == 1 (row sums): one warp per chunk of kRowChunk elements of a row,
 //   lanes strided over the chunk, then a shuffle tree;
-// - inner > 1 (column sums): one thread per (outer, row chunk, column), the
-//   threads of a warp on adjacent columns (coalesced), rows summed in order.
+// - 1 < inner < 32 (column sums of narrow rows): one thread per (outer, row
+//   chunk, column), the threads of a warp on adjacent columns (coalesced),
+//   rows summed in order;
+// - inner >= 32 (column sums, e.g. bias gradients): a block per (column tile,
+//   row chunk), 16-byte loads when the rows allow, its warps on interleaved
+//   rows, their sums added in order through shared memory.
 // A reduction that needs one chunk stores its result directly; otherwise the
 // chunk partials go to a scratch buffer (a device tensor, seen by the memory
 // ledger) and a second kernel adds them, one warp per output. Chunk counts
@@ -12,10 +16,13 @@
 //
 // Max: the same warp-per-chunk scheme for rows, thread per column otherwise;
 // ties go to the smallest index, NaN is the largest value (as on the CPU).
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/reduce.h"
+#include "tensor/cuda/rows.cuh"
 
 namespace tensor {
 namespace cuda {
@@ -113,6 +120,55 @@ __global__ void ColChunkSumKernel(const TI* x, int64_t outer, int64_t reduce, in
   }
 }
 
+// Column sums of rows at least kTileCols wide (a Linear layer's bias
+// gradient: x (tokens, C)): block (column tile, chunk) = kTileCols column
+// vectors of kVec columns (one 16-byte load each when kVec > 1: a warp reads
+// 32 x 16 contiguous bytes of a row) x kRowLanes row lanes. Lane ty adds rows
+// r0 + ty, r0 + ty + kRowLanes, ... of the chunk in order; the lanes are then
+// added in order through shared memory and store((o * chunks + c) * inner + i,
+// sum) runs for each column i of the tile. The order does not depend on kVec:
+// the packed and the one-column kernels give the same bits.
+constexpr int kTileCols = 32;                   // column vectors per block (a warp's width)
+constexpr int kRowLanes = kThreads / kTileCols;  // warps per block, each on its own rows
+template <int kVec, typename TI, typename Store>
+__global__ void __launch_bounds__(kThreads)
+    ColTileSumKernel(const TI* __restrict__ x, int64_t outer, int64_t reduce, int64_t inner,
+                     int64_t rows_per_chunk, int64_t chunks, Store store) {
+  constexpr int kWidth = kTileCols * kVec;  // columns per block
+  __shared__ double lanes[kRowLanes][kWidth];
+  const int tx = threadIdx.x % kTileCols, ty = threadIdx.x / kTileCols;
+  const int64_t tile = int64_t{blockIdx.x} * kWidth;
+  const int64_t col = tile + int64_t{tx} * kVec;  // this thread's first column
+  for (int64_t oc = blockIdx.y; oc < outer * chunks; oc += gridDim.y) {  // uniform per block
+    const int64_t o = oc / chunks, c = oc % chunks;
+    const int64_t r0 = c * rows_per_chunk;
+    const int64_t r1 = r0 + rows_per_chunk < reduce ? r0 + rows_per_chunk : reduce;
+    double acc[kVec] = {};
+    if (col < inner) {  // kVec > 1 only when inner % kVec == 0: the whole vector is in
+      const TI* p = x + (o * reduce + r0 + ty) * inner + col;
+#pragma unroll 4
+      for (int64_t r = r0 + ty; r < r1; r += kRowLanes, p += kRowLanes * inner) {
+        float v[kVec];
+        rows::LoadF<kVec>(p, v);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] += v[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) lanes[ty][tx * kVec + k] = acc[k];
+    __syncthreads();
+    for (int j = threadIdx.x; j < kWidth; j += kThreads) {
+      if (tile + j < inner) {
+        double sum = 0;
+#pragma unroll
+        for (int k = 0; k < kRowLanes; ++k) sum += lanes[k][j];
+        store(oc * inner + tile + j, sum);
+      }
+    }
+    __syncthreads();  // lanes is rewritten by the next (o, c)
+  }
+}
+
 // Output k = o * inner + i (one warp each): the sum of partial[(o * chunks + c)
 // * inner + i] over c, lanes strided over c, then the shuffle tree.
 template <typename Store>
@@ -158,9 +214,52 @@ void RowSums(const Tensor& x, const TI* px, int64_t rows, int64_t n, const Store
                                                                         store);
 }
 
+// Column sums through ColTileSumKernel (inner >= kTileCols): chunks of at
+// least kTileMinRows rows, about kTileTargetValues partials in all (2 MiB),
+// so gpt2's (16384, 768) bias gradients run 768 blocks of 64 rows.
+constexpr int64_t kTileMinRows = 64;
+constexpr int64_t kTileTargetValues = int64_t{1} << 18;
+constexpr unsigned kMaxGridY = 65535;
+template <typename TI, typename Store>
+void ColTileSums(const Tensor& x, const TI* px, int64_t outer, int64_t reduce, int64_t inner,
+                 const Store& store) {
+  const int64_t outputs = outer * inner;
+  int64_t chunks = std::min(CeilDiv(kTileTargetValues, outputs), CeilDiv(reduce, kTileMinRows));
+  if (chunks < 1) chunks = 1;
+  const int64_t rows_per_chunk = CeilDiv(reduce, chunks);
+  chunks = CeilDiv(reduce, rows_per_chunk);
+  constexpr int kVec = 16 / sizeof(TI);
+  const bool packed = inner % kVec == 0 && reinterpret_cast<uintptr_t>(px) % 16 == 0;
+  const int64_t width = packed ? kTileCols * kVec : kTileCols;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(inner, width)),
+                  static_cast<unsigned>(std::min<int64_t>(outer * chunks, kMaxGridY)));
+  auto launch = [&](const auto& to) {
+    if (packed) {
+      ColTileSumKernel<kVec><<<grid, kThreads, 0, ComputeStream()>>>(px, outer, reduce, inner,
+                                                                     rows_per_chunk, chunks, to);
+    } else {
+      ColTileSumKernel<1><<<grid, kThreads, 0, ComputeStream()>>>(px, outer, reduce, inner,
+                                                                  rows_per_chunk, chunks, to);
+    }
+  };
+  if (chunks == 1) {
+    launch(store);
+    return;
+  }
+  Tensor scratch;
+  double* partial = Scratch(x, outputs * chunks, &scratch);
+  launch(DoubleStore{partial});
+  FinalizeSumKernel<<<WarpBlocks(outputs), kThreads, 0, ComputeStream()>>>(partial, outputs, chunks,
+                                                                           inner, store);
+}
+
 template <typename TI, typename Store>
 void ColSums(const Tensor& x, const TI* px, int64_t outer, int64_t reduce, int64_t inner,
              const Store& store) {
+  if (inner >= kTileCols) {
+    ColTileSums(x, px, outer, reduce, inner, store);
+    return;
+  }
   const int64_t outputs = outer * inner;
   int64_t chunks = 1;
   if (outputs < kTargetThreads) {

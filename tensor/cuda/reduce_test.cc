@@ -30,7 +30,8 @@ constexpr Tolerance kExact{0.0, 0.0};
 // Shapes whose (outer, reduce, inner) blocks take every GPU path: short and
 // chunked rows, few and many columns, split and unsplit column chunks.
 std::vector<Shape> Shapes() {
-  return {{7}, {3, 5, 4}, {2, 10000}, {10000, 3}, {64, 96}, {5, 1, 9}, {2, 3000, 7}};
+  return {{7},       {3, 5, 4},    {2, 10000},   {10000, 3},  {64, 96},
+          {5, 1, 9}, {2, 3000, 7}, {700, 40},    {3, 130, 264}};
 }
 
 TEST(CudaReduceTest, SumAndMeanOverEveryDim) {
@@ -92,6 +93,25 @@ TEST(CudaReduceTest, IsDeterministicRunToRun) {
   EXPECT_EQ(a, b);
   EXPECT_EQ(ToCpu(SumAll(x)).Item(), ToCpu(SumAll(x)).Item());
   EXPECT_EQ(SumSquares(x), SumSquares(x));
+}
+
+// Column sums of rows at least 32 wide (bias gradients) read 16 bytes at a
+// time when the rows allow; the one-column kernel (an odd offset) adds in the
+// same order: the same bits.
+TEST(CudaReduceTest, PackedColumnSumsMatchUnpackedBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype d : FloatDtypes()) {
+    SCOPED_TRACE(DtypeName(d));
+    const Tensor host = RandomTensor({1 + 600 * 264}, 12, -1.0f, 1.0f, d);
+    const Tensor flat = ToGpu(host);
+    const Tensor aligned = flat.Narrow(0, 0, 600 * 264).Reshape({600, 264});
+    const Tensor odd = flat.Narrow(0, 1, 600 * 264).Reshape({600, 264});
+    const Tensor odd_copy = ToGpu(ToCpu(odd));  // its own, aligned allocation
+    EXPECT_EQ(ToCpu(Sum(odd, 0)).To(Dtype::kF32).ToVector<float>(),
+              ToCpu(Sum(odd_copy, 0)).To(Dtype::kF32).ToVector<float>());
+    EXPECT_TRUE(MatchesCpu(Sum(aligned, 0), Sum(host.Narrow(0, 0, 600 * 264).Reshape({600, 264}), 0),
+                           DefaultTolerance(d, 2.0)));
+  }
 }
 
 TEST(CudaReduceTest, MaxWithFirstIndexTiesAndNaN) {
