@@ -120,6 +120,19 @@ TEST(CudaSemanticsTest, OversizedBlockIsALaunchError) {
   EXPECT_EQ(OversizedBlockError(), "cudaErrorInvalidValue");
 }
 
+TEST(CudaSemanticsTest, DynamicSharedMemoryAbove48KiBOnceTheLimitIsRaised) {
+  SKIP_WITHOUT_DEVICE();
+  EXPECT_EQ(LargeDynamicShared(/*raise_limit=*/true), 16384.0f);
+}
+
+TEST(CudaSemanticsDeathTest, DynamicSharedMemoryAbove48KiBWithoutRaisingTheLimit) {
+  SKIP_WITHOUT_DEVICE();
+  if (!Emulated()) GTEST_SKIP() << "a GPU fails the launch: emulation only";
+  EXPECT_DEATH(LargeDynamicShared(/*raise_limit=*/false),
+               "a kernel launched with 65536 bytes of dynamic shared memory, above its limit of "
+               "49152");
+}
+
 TEST(CudaSemanticsDeathTest, MismatchedBarriersAreReportedNotHung) {
   SKIP_WITHOUT_DEVICE();
   if (!Emulated()) GTEST_SKIP() << "a GPU would hang: emulation only";

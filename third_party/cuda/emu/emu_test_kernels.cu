@@ -126,6 +126,22 @@ __global__ void AsyncCopyToGlobalKernel(const uint32_t* a, uint32_t* global) {
   ptx::CpAsyncWait<0>();
 }
 
+// 64 KiB of dynamic shared memory (kVariant: one instantiation whose limit is
+// raised, one whose is not): thread i writes words i, i + 256, ... and
+// thread 0 adds them all up.
+constexpr int kLargeSharedWords = 16384;
+template <int kVariant>
+__global__ void LargeSharedKernel(float* out) {
+  extern __shared__ float words[];
+  for (int i = threadIdx.x; i < kLargeSharedWords; i += blockDim.x) words[i] = 1.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < kLargeSharedWords; ++i) sum += words[i];
+    *out = sum;
+  }
+}
+
 __global__ void EmptyKernel() {}
 
 __global__ void MismatchedKernel() {
@@ -223,6 +239,21 @@ void AsyncCopyToGlobal() {
   uint32_t* global = ToDevice(std::vector<uint32_t>(128, 0));
   AsyncCopyToGlobalKernel<<<1, 32>>>(a, global);
   Check(cudaDeviceSynchronize(), "AsyncCopyToGlobalKernel");
+}
+
+float LargeDynamicShared(bool raise_limit) {
+  float* out = ToDevice(std::vector<float>(1, 0.0f));
+  constexpr size_t kBytes = kLargeSharedWords * sizeof(float);
+  if (raise_limit) {
+    Check(cudaFuncSetAttribute(LargeSharedKernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kBytes)),
+          "cudaFuncSetAttribute");
+    LargeSharedKernel<0><<<1, 256, kBytes>>>(out);
+  } else {
+    LargeSharedKernel<1><<<1, 256, kBytes>>>(out);
+  }
+  Check(cudaGetLastError(), "LargeSharedKernel");
+  return ToHost(out, 1)[0];
 }
 
 std::string OversizedBlockError() {

@@ -51,6 +51,12 @@ std::vector<uint32_t> AsyncCopies();
 // A cp.async whose destination is global memory. Emulation only: it aborts.
 void AsyncCopyToGlobal();
 
+// A kernel with 64 KiB of dynamic shared memory adds up 16384 ones written
+// there: 16384. With raise_limit its limit is raised first
+// (cudaFuncSetAttribute); without, a GPU refuses the launch and the
+// emulation aborts naming the limit.
+float LargeDynamicShared(bool raise_limit);
+
 // A launch with 2048 threads per block: the error cudaGetLastError reports.
 std::string OversizedBlockError();
 

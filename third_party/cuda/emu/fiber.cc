@@ -227,6 +227,7 @@ struct Run {
   char launch_end_sync = 0;
   char barrier_sync[2] = {0, 0};
   int barrier_generation = 0;
+  bool shared_limit_checked = false;  // CheckDynamicSharedLimit, once a launch
 };
 
 thread_local Run* g_run = nullptr;
@@ -428,6 +429,21 @@ void* DynamicSharedMemory() {
   Run& r = *g_run;
   auto addr = reinterpret_cast<uintptr_t>(r.shared.data());
   return reinterpret_cast<void*>((addr + 15) & ~uintptr_t{15});
+}
+
+void CheckDynamicSharedLimit(const void* kernel) {
+  Run& r = CurrentRun();
+  if (kernel == nullptr || r.shared_limit_checked) return;
+  r.shared_limit_checked = true;
+  if (r.shared_bytes <= kDefaultDynamicShared) return;
+  const size_t limit = MaxDynamicSharedBytes(kernel);
+  if (r.shared_bytes <= limit) return;
+  std::fprintf(stderr,
+               "cuda_emu: a kernel launched with %zu bytes of dynamic shared memory, above its limit "
+               "of %zu: raise it first with cudaFuncSetAttribute(kernel, "
+               "cudaFuncAttributeMaxDynamicSharedMemorySize, %zu); a GPU refuses this launch\n",
+               r.shared_bytes, limit, r.shared_bytes);
+  std::abort();
 }
 
 void AsyncCopyToShared(void* dst, const void* src, int bytes, int src_bytes) {

@@ -100,10 +100,22 @@ void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_s
 // The block's dynamic shared memory (`extern __shared__`), 16-byte aligned,
 // filled with 0xff bytes (NaN in every float type) when each block starts.
 void* DynamicSharedMemory();
+// Above kDefaultDynamicShared bytes of dynamic shared memory a GPU launches a
+// kernel only after cudaFuncSetAttribute(kernel,
+// cudaFuncAttributeMaxDynamicSharedMemorySize, >= the bytes) raised its limit;
+// the launch fails otherwise. `kernel` (transform.py passes the address of the
+// kernel declaring the memory; nullptr: not checked) is checked once per
+// launch: a launch the GPU would refuse aborts, naming the bytes and the limit.
+constexpr size_t kDefaultDynamicShared = 48 << 10;
+void CheckDynamicSharedLimit(const void* kernel);
 template <typename T>
-T* DynamicShared() {
+T* DynamicShared(const void* kernel = nullptr) {
+  CheckDynamicSharedLimit(kernel);
   return static_cast<T*>(DynamicSharedMemory());
 }
+// The kernel's dynamic shared memory limit: kDefaultDynamicShared, or what
+// cudaFuncSetAttribute set (runtime.cc).
+size_t MaxDynamicSharedBytes(const void* kernel);
 // The running block's copy of the static __shared__ array declared where
 // `key` (a static local of the kernel's source) is: `bytes` of block memory
 // aligned to `align`, placed when a thread of the launch first reaches the

@@ -84,6 +84,16 @@ Memory& Mem() {
 thread_local cudaError_t g_last_error = cudaSuccess;
 thread_local int g_device = 0;
 
+// What cudaFuncSetAttribute set, per kernel (as on a GPU, for the process).
+struct FuncLimits {
+  std::mutex mu;
+  std::map<const void*, size_t> max_dynamic_shared;
+};
+FuncLimits& Limits() {
+  static FuncLimits* f = new FuncLimits;
+  return *f;
+}
+
 cudaError_t Fail(cudaError_t err) {
   g_last_error = err;
   return err;
@@ -257,6 +267,13 @@ void WaitAll(const PendingList& works) {
 }
 
 }  // namespace
+
+size_t MaxDynamicSharedBytes(const void* kernel) {
+  FuncLimits& f = Limits();
+  std::lock_guard<std::mutex> lock(f.mu);
+  const auto it = f.max_dynamic_shared.find(kernel);
+  return it == f.max_dynamic_shared.end() ? kDefaultDynamicShared : it->second;
+}
 
 int DeviceCount() {
   static const int count = [] {
@@ -541,8 +558,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (func == nullptr) return Fail(cudaErrorInvalidValue);
-  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > (227 << 10)) {
-    return Fail(cudaErrorInvalidValue);
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > (227 << 10)) return Fail(cudaErrorInvalidValue);
+    cuda_emu::FuncLimits& f = cuda_emu::Limits();
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.max_dynamic_shared[func] = static_cast<size_t>(value);
   }
   return cudaSuccess;
 }

@@ -10,7 +10,9 @@ Three rewrites, everything else is left to the force-included cuda_emu.h:
      (every CUDA thread calls K with its own copy of the arguments, converted
      and, for a template kernel, deduced as nvcc would)
   extern __shared__ [__align__(N)] T name[];
-      -> T* name = ::cuda_emu::DynamicShared<T>();
+      -> T* name = ::cuda_emu::DynamicShared<T>(<the enclosing kernel's address>);
+     (above 48 KiB of dynamic shared memory a GPU refuses the launch unless
+     cudaFuncSetAttribute raised the kernel's limit: fiber.h checks it)
   #include <cub/...>
       -> #include "third_party/cuda/emu/cub.h"
 A #line directive keeps compiler messages pointing at the .cu file.
@@ -91,13 +93,55 @@ def _static_shared(m: "re.Match[str]") -> str:
                 t, type_, dims, key, t, name, t, key, t, alignment))
 
 
+_KERNEL = re.compile(
+    r"__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(")
+_TEMPLATE = re.compile(r"template\s*<((?:[^<>]|<[^<>]*>)*)>\s*$")
+
+
+def _template_arguments(params: str) -> str:
+    """`typename T, int kD = 64, typename... Ts` -> `T, kD, Ts...`."""
+    names, depth, current = [], 0, ""
+    for c in params + ",":
+        if c == "," and depth == 0:
+            decl = current.split("=", 1)[0].strip()
+            name = re.findall(r"\w+", decl)[-1]
+            names.append(name + "..." if "..." in decl else name)
+            current = ""
+            continue
+        depth += c in "<(" and 1 or (c in ">)" and -1 or 0)
+        current += c
+    return ", ".join(names)
+
+
+def _enclosing_kernel(text: str, at: int) -> str:
+    """The address of the __global__ function whose body holds `at`, as an
+    expression valid inside that body (`&K` or `&K<T, kD>`)."""
+    kernels = list(_KERNEL.finditer(text, 0, at))
+    if not kernels:
+        raise SystemExit("transform.py: extern __shared__ outside a __global__ function")
+    kernel = kernels[-1]
+    template = _TEMPLATE.search(text, 0, kernel.start())
+    if template is None:
+        return "&%s" % kernel.group(1)
+    return "&%s<%s>" % (kernel.group(1), _template_arguments(template.group(1)))
+
+
+def _rewrite_dynamic_shared(text: str) -> str:
+    pattern = re.compile(
+        r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w\s:]*?)\s+(\w+)\s*\[\s*\]\s*;")
+    while True:
+        m = pattern.search(text)
+        if m is None:
+            return text
+        type_, name = m.group(1), m.group(2)
+        text = text[:m.start()] + (
+            "%s* %s = ::cuda_emu::DynamicShared<%s>(reinterpret_cast<const void*>(%s));"
+            % (type_, name, type_, _enclosing_kernel(text, m.start()))) + text[m.end():]
+
+
 def transform(text: str) -> str:
     text = _rewrite_launches(text)
-    text = re.sub(
-        r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w\s:]*?)\s+(\w+)\s*\[\s*\]\s*;",
-        lambda m: "%s* %s = ::cuda_emu::DynamicShared<%s>();" % (m.group(1), m.group(2), m.group(1)),
-        text,
-    )
+    text = _rewrite_dynamic_shared(text)
     # A static __shared__ array becomes a reference to the block's copy of it
     # (fiber.h's StaticShared: block memory, filled with 0xff bytes when each
     # block starts, as the GPU gives each block its own), keyed by a static
