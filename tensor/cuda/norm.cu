@@ -407,38 +407,42 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
                      Aligned16(weight) && Aligned16(add);
     const RowPlan plan = PlanRows(rows, c, vec ? kVec : 1);
     const bool param_grads = grad_weight.defined() || (kCentered && grad_bias.defined());
-    if (rows > 0 && plan.warp_rows && param_grads) {
-      // grad_x and the parameter gradients' partial sums in one pass.
-      constexpr int kParams = kCentered ? 2 : 1;
-      const int64_t blocks = PartialBlocks(rows);
-      const Tensor part = Tensor::Empty({kParams, blocks, c}, Dtype::kF32, x.device());
-      DispatchParam<T>(weight, [&](auto wz) {
-        using W = decltype(wz);
-        DispatchRows<kVec>(true, vec, [&](auto, auto n) {
-          NormBackwardKernel<kCentered, true, decltype(n)::value, T, W, true>
-              <<<static_cast<unsigned>(blocks), kWarp * kPartialWarps, 0, ComputeStream()>>>(
-                  Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
-                  kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd),
-                  add.defined() ? Ptr<T>(add) : nullptr, Ptr<T>(grad_x), rows, c,
-                  Ptr<float>(part));
-        });
-      });
-      CheckLaunch(op);
-      ColumnSums<kCentered>(op, part, blocks, c, grad_weight, grad_bias);
-      return;
-    }
+    // Rows of a warp: the grad_x kernel also makes the parameter gradients'
+    // partial sums (one pass over grad_y and x); otherwise ParamGrads reads
+    // them again after it.
+    const bool partials = rows > 0 && plan.warp_rows && param_grads;
+    constexpr int kParams = kCentered ? 2 : 1;
+    const int64_t blocks = partials ? PartialBlocks(rows) : 0;
+    const Tensor part =
+        partials ? Tensor::Empty({kParams, blocks, c}, Dtype::kF32, x.device()) : Tensor();
     if (rows > 0) {
       DispatchParam<T>(weight, [&](auto wz) {
         using W = decltype(wz);
         DispatchRows<kVec>(plan.warp_rows, vec, [&](auto warp_rows, auto n) {
-          NormBackwardKernel<kCentered, decltype(warp_rows)::value, decltype(n)::value, T, W>
-              <<<plan.grid, plan.block, 0, ComputeStream()>>>(
-                  Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
-                  kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd),
-                  add.defined() ? Ptr<T>(add) : nullptr, Ptr<T>(grad_x), rows, c);
+          constexpr bool kWarpRows = decltype(warp_rows)::value;
+          constexpr int N = decltype(n)::value;
+          auto launch = [&](auto* kernel, dim3 grid, dim3 block, float* partial_sums) {
+            kernel<<<grid, block, 0, ComputeStream()>>>(
+                Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
+                kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd),
+                add.defined() ? Ptr<T>(add) : nullptr, Ptr<T>(grad_x), rows, c, partial_sums);
+          };
+          if constexpr (kWarpRows) {
+            if (partials) {
+              launch(NormBackwardKernel<kCentered, true, N, T, W, true>,
+                     dim3(static_cast<unsigned>(blocks)), dim3(kWarp * kPartialWarps),
+                     Ptr<float>(part));
+              return;
+            }
+          }
+          launch(NormBackwardKernel<kCentered, kWarpRows, N, T, W>, plan.grid, plan.block, nullptr);
         });
       });
       CheckLaunch(op);
+    }
+    if (partials) {
+      ColumnSums<kCentered>(op, part, blocks, c, grad_weight, grad_bias);
+      return;
     }
     ParamGrads<kCentered, T>(op, grad_y, x, mean, rstd, rows, c, grad_weight, grad_bias);
   });
