@@ -246,17 +246,26 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     // With score terms every tile is checked (padded keys can be anywhere).
     const bool masked =
         kTerms || k0 + kBc > a.t_k || (a.causal && k0 + kBc - 1 > q0 + a.causal_offset);
+    // A tile with every pair visible keeps its raw scores: with a positive
+    // scale, max(s) * scale_log2 is the max of the scaled scores (rounding is
+    // monotonic), and exp2(s * scale_log2 - m) is one fused multiply-add, where
+    // scaling first took a multiply per score more. The other tiles are scaled
+    // (and masked, biased) here, their factor 1.
+    const bool raw = !masked && a.scale_log2 > 0.0f;
+    const float sc = raw ? a.scale_log2 : 1.0f;
+    if (!raw) {
 #pragma unroll
-    for (int j = 0; j < kBc / 8; ++j) {
+      for (int j = 0; j < kBc / 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + j * 8 + 2 * t + (e & 1);
-        if (!masked) {
-          s[j][e] *= a.scale_log2;
-        } else if (Visible<kTerms>(a, b, row[e / 2], key)) {
-          s[j][e] = s[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[e / 2], key);
-        } else {
-          s[j][e] = -kInf;
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + j * 8 + 2 * t + (e & 1);
+          if (!masked) {
+            s[j][e] *= a.scale_log2;
+          } else if (Visible<kTerms>(a, b, row[e / 2], key)) {
+            s[j][e] = s[j][e] * a.scale_log2 + Bias2<kTerms>(a, b, h, row[e / 2], key);
+          } else {
+            s[j][e] = -kInf;
+          }
         }
       }
     }
@@ -267,15 +276,15 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
       for (int j = 0; j < kBc / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));  // the 4 threads of a row
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-      const float m_new = fmaxf(m[r], mx);
+      const float m_new = fmaxf(m[r], mx * sc);
       const float m_use = m_new == -kInf ? 0.0f : m_new;  // no row key yet: avoid inf - inf
       const float alpha = exp2f(m[r] - m_use);
       m[r] = m_new;
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBc / 8; ++j) {
-        s[j][2 * r] = exp2f(s[j][2 * r] - m_use);
-        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - m_use);
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], sc, -m_use));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], sc, -m_use));
         sum += s[j][2 * r] + s[j][2 * r + 1];
       }
       l[r] = l[r] * alpha + sum;

@@ -155,13 +155,15 @@ void ExpectNear(const Reference& ref, const Tensor& out, const Tensor& lse, cons
   EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
 }
 
-void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligned = false) {
-  SCOPED_TRACE(Name(c, dt, kernel) + (unaligned ? " unaligned" : ""));
+// scale 0: 1 / sqrt(D).
+void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligned = false,
+             float scale = 0.0f) {
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  SCOPED_TRACE(absl::StrCat(Name(c, dt, kernel), unaligned ? " unaligned" : "", " scale ", scale));
   const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 1, dt, unaligned);
   const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 2, dt, unaligned);
   const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 3, dt, unaligned);
   const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 4, dt, unaligned);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   const Device dev = q.device();
   Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, dt, dev);
   Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
@@ -304,6 +306,20 @@ TEST(CudaFlashAttentionTest, AtomicDqMatchesReference) {
   RunTermsCase({2, 2, 45, 45, 32, true}, Dtype::kBF16, FlashAttentionKernel::kTensorCore,
                /*bias_per_example=*/false, Dtype::kF32, /*with_mask=*/false, 0,
                /*with_dbias=*/true);
+}
+
+// Other scales than 1 / sqrt(D): T5's 1, and a negative one (the forward
+// scales a tile's scores before their max unless the scale is positive; at
+// -20 the scores span hundreds, so a wrong max overflows exp2).
+TEST(CudaFlashAttentionTest, AnyScaleMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (float scale : {1.0f, -20.0f}) {
+    for (bool causal : {true, false}) {
+      const Case c{1, 2, 150, 150, 64, causal};
+      RunCase(c, Dtype::kBF16, FlashAttentionKernel::kTensorCore, /*unaligned=*/false, scale);
+      RunCase(c, Dtype::kF32, FlashAttentionKernel::kFloat, /*unaligned=*/false, scale);
+    }
+  }
 }
 
 TEST(CudaFlashAttentionTest, UnalignedRowsTakeTheScalarLoads) {
