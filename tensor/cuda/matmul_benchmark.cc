@@ -17,6 +17,7 @@
 //
 //   bazel-bin/tensor/cuda/matmul_benchmark --samples=20 --reps=10
 //   bazel-bin/tensor/cuda/matmul_benchmark --cases=head --dtypes=bf16   (the LM head rows only)
+//   bazel-bin/tensor/cuda/matmul_benchmark --epilogues_only             (the fused-epilogue table)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -50,6 +51,8 @@ ABSL_FLAG(std::string, cases, "",
           "only the cases whose name contains this text (e.g. 'head'); empty: all. The fused "
           "epilogue table runs only when this is empty");
 ABSL_FLAG(std::string, dtypes, "", "only these dtypes, comma-separated (f32, tf32, bf16); empty: all");
+ABSL_FLAG(bool, epilogues_only, false,
+          "only the fused-epilogue table (gpt2's Linear layers, fused against unfused)");
 
 namespace tensor {
 namespace {
@@ -344,6 +347,10 @@ int Main() {
       {"tf32", Dtype::kF32, true},
       {"bf16", Dtype::kBF16, false},
   };
+  if (absl::GetFlag(FLAGS_epilogues_only)) {
+    FusedEpilogues(device);
+    return 0;
+  }
   // "best of N": the fastest of cuBLASLt's first N heuristic candidates (bf16
   // only), what autotuning the algorithm could gain over the first one.
   std::printf("%-16s %-5s %6s %6s %6s | %9s %9s %9s | %7s %9s | %9s %8s\n", "case", "dtype", "M",
