@@ -1,6 +1,10 @@
 // Fill, and casts / strided copies (the backend's kernel behind Tensor::To and
 // Contiguous) on the GPU against the CPU.
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/ops/init.h"
 #include "tensor/ops/shape_ops.h"
@@ -67,6 +71,34 @@ TEST(CudaCastTest, CastAllMatchesToForEveryFloatingPair) {
         EXPECT_EQ(cast[i].dtype(), to);
         EXPECT_TRUE(MatchesCpu(cast[i], ToCpu(gpu[i].To(to)), {0, 0}))
             << DtypeName(from) << " -> " << DtypeName(to) << " [" << i << "]";
+      }
+    }
+  }
+}
+
+// CastManyOnDevice on pointers at every alignment (0-3 elements into their
+// buffers: the packed loads where both ends allow them, the element loop
+// otherwise) and lengths around its chunk and vector sizes: the bits To gives.
+TEST(CudaCastTest, CastManyAtEveryAlignment) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype from : FloatDtypes()) {
+    for (Dtype to : FloatDtypes()) {
+      if (from == to) continue;
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8192}, int64_t{8195}, int64_t{20011}}) {
+        const Tensor src = ToGpu(testing::RandomTensor({n + 3}, 300 + n, -3.0f, 3.0f, from));
+        const Tensor dst = ToGpu(Tensor::Zeros({n + 3}, to));
+        // (source, destination) offsets in elements: both aligned, either not.
+        for (const auto [s_off, d_off] :
+             {std::pair<int64_t, int64_t>{0, 0}, {1, 0}, {0, 3}, {2, 2}}) {
+          const std::vector<cuda::CastPair> pairs = {
+              {static_cast<const char*>(src.raw_data()) + s_off * DtypeSize(from),
+               static_cast<char*>(dst.raw_data()) + d_off * DtypeSize(to), n}};
+          cuda::CastManyOnDevice(pairs, from, to, src.device().index);
+          const Tensor want = ToCpu(src.Narrow(0, s_off, n)).To(to);
+          EXPECT_TRUE(MatchesCpu(dst.Narrow(0, d_off, n), want, {0, 0}))
+              << DtypeName(from) << " -> " << DtypeName(to) << " n " << n << " offsets " << s_off
+              << ", " << d_off;
+        }
       }
     }
   }
