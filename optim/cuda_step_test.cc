@@ -122,6 +122,29 @@ TEST(CudaOptimizerTest, AdamWAndClippingOfManyParametersMatchTheCpu) {
   }
 }
 
+// The GPU step takes 4 elements at a time where the parameter, its gradient
+// and its state are 16-byte aligned alike; a gradient one element off (a
+// view into a larger buffer) takes the element loop, with the same values.
+TEST(CudaOptimizerTest, AdamWWithTheGradientAtAnotherAlignment) {
+  SKIP_WITHOUT_GPU();
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  auto opt_cpu = AdamW::Create(o).value();
+  auto opt_gpu = AdamW::Create(o).value();
+  const int64_t n = 1001;
+  Tensor p_cpu = tensor::testing::RandomTensor({n}, 5);
+  Tensor p_gpu = ToGpu(p_cpu);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor g = tensor::testing::RandomTensor({n + 1}, 50 + step);
+    ParamRef cpu{"w", p_cpu, g.Narrow(0, 1, n).Clone(), {{3, 700}}};
+    ParamRef gpu{"w", p_gpu, ToGpu(g).Narrow(0, 1, n), {{3, 700}}};
+    opt_cpu->Step({cpu});
+    opt_gpu->Step({gpu});
+    EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7})) << "step " << step;
+  }
+}
+
 // State loaded from a checkpoint (host tensors) for a GPU parameter moves to
 // the GPU at the next step and continues like the CPU optimizer it came from.
 TEST(CudaOptimizerTest, StateLoadedOnTheHostFollowsAGpuParameter) {

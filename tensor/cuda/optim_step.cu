@@ -1,5 +1,6 @@
 // CUDA kernels of the optimizers and of gradient clipping.
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "tensor/cuda/common.cuh"
@@ -16,22 +17,45 @@ void CheckF32(const char* op, const Tensor& t, const Tensor& like) {
            like.device().ToString());
 }
 
-// Element i of an AdamW step. Explicit _rn intrinsics: no FMA contraction,
-// so every rounding is the one a separate multiply and add make.
+// One element of an AdamW step, in registers. Explicit _rn intrinsics: no FMA
+// contraction, so every rounding is the one a separate multiply and add make.
+template <bool kDecay>
+__device__ __forceinline__ void AdamWValue(float& p, float g, float& m, float& v,
+                                           const AdamWScalars& s) {
+  if (kDecay) p = __fmul_rn(p, s.decay);
+  m = __fadd_rn(__fmul_rn(m, s.beta1), __fmul_rn(s.one_minus_beta1, g));
+  v = __fadd_rn(__fmul_rn(v, s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+  p = __fadd_rn(p, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
+}
+
+// Element i of an AdamW step.
 template <bool kDecay>
 __device__ __forceinline__ void AdamWElement(float* __restrict__ p, const float* __restrict__ g,
                                              float* __restrict__ m, float* __restrict__ v,
                                              int64_t i, const AdamWScalars& s) {
-  float pi = p[i];
-  if (kDecay) pi = __fmul_rn(pi, s.decay);
-  const float gi = g[i];
-  const float mi = __fadd_rn(__fmul_rn(m[i], s.beta1), __fmul_rn(s.one_minus_beta1, gi));
-  const float vi =
-      __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias_correction2_sqrt), s.eps);
+  float pi = p[i], mi = m[i], vi = v[i];
+  AdamWValue<kDecay>(pi, g[i], mi, vi, s);
   m[i] = mi;
   v[i] = vi;
-  p[i] = __fadd_rn(pi, __fmul_rn(s.neg_step_size, __fdiv_rn(mi, denom)));
+  p[i] = pi;
+}
+
+// Elements [4 q, 4 q + 4) of an AdamW step as 16-byte accesses (the four
+// loads issued together).
+template <bool kDecay>
+__device__ __forceinline__ void AdamWQuad(float4* __restrict__ p, const float4* __restrict__ g,
+                                          float4* __restrict__ m, float4* __restrict__ v,
+                                          int64_t q, const AdamWScalars& s) {
+  float4 pq = p[q], mq = m[q], vq = v[q];
+  const float4 gq = g[q];
+  AdamWValue<kDecay>(pq.x, gq.x, mq.x, vq.x, s);
+  AdamWValue<kDecay>(pq.y, gq.y, mq.y, vq.y, s);
+  AdamWValue<kDecay>(pq.z, gq.z, mq.z, vq.z, s);
+  AdamWValue<kDecay>(pq.w, gq.w, mq.w, vq.w, s);
+  m[q] = mq;
+  v[q] = vq;
+  p[q] = pq;
 }
 
 // Up to kSegmentsPerLaunch segments of AdamWStepMany, passed by value (the
@@ -48,18 +72,41 @@ struct AdamWBatch {
   int decay[kSegmentsPerLaunch];
 };
 
+// The segment's elements: one at a time up to where p is 16-byte aligned,
+// then 4 at a time while g, m and v are aligned there too (they are when
+// their buffers are, as the segments' offsets are the same in all four),
+// the rest one at a time.
+template <bool kDecay>
+__device__ __forceinline__ void AdamWSegmentRun(float* p, const float* g, float* m, float* v,
+                                                int64_t n, const AdamWScalars& s) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const auto misalign = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16; };
+  int64_t head = static_cast<int64_t>((16 - misalign(p)) % 16 / sizeof(float));
+  if (head > n) head = n;
+  int64_t quads = 0;
+  if (misalign(p + head) == 0 && misalign(g + head) == 0 && misalign(m + head) == 0 &&
+      misalign(v + head) == 0) {
+    quads = (n - head) / 4;
+  }
+  for (int64_t i = first; i < head; i += stride) AdamWElement<kDecay>(p, g, m, v, i, s);
+  for (int64_t q = first; q < quads; q += stride) {
+    AdamWQuad<kDecay>(reinterpret_cast<float4*>(p + head), reinterpret_cast<const float4*>(g + head),
+                      reinterpret_cast<float4*>(m + head), reinterpret_cast<float4*>(v + head), q,
+                      s);
+  }
+  for (int64_t i = head + 4 * quads + first; i < n; i += stride) {
+    AdamWElement<kDecay>(p, g, m, v, i, s);
+  }
+}
+
 // blockIdx.y picks the segment; its blocks stride over it.
 __global__ void AdamWBatchKernel(AdamWBatch b) {
   const int k = blockIdx.y;
-  const int64_t n = b.n[k];
-  const AdamWScalars s = b.s[k];
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    if (b.decay[k]) {
-      AdamWElement<true>(b.p[k], b.g[k], b.m[k], b.v[k], i, s);
-    } else {
-      AdamWElement<false>(b.p[k], b.g[k], b.m[k], b.v[k], i, s);
-    }
+  if (b.decay[k]) {
+    AdamWSegmentRun<true>(b.p[k], b.g[k], b.m[k], b.v[k], b.n[k], b.s[k]);
+  } else {
+    AdamWSegmentRun<false>(b.p[k], b.g[k], b.m[k], b.v[k], b.n[k], b.s[k]);
   }
 }
 
@@ -231,7 +278,7 @@ void AdamWStepMany(const std::vector<AdamWSegment>& segments) {
   int64_t longest = 0;
   auto launch = [&] {
     // Enough blocks for the longest segment, at most 1024 (they stride).
-    const unsigned x = std::min<unsigned>(Blocks(longest), 1024);
+    const unsigned x = std::min<unsigned>(Blocks((longest + 3) / 4), 1024);
     AdamWBatchKernel<<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(
         batch);
     CheckLaunch(op);
