@@ -47,12 +47,17 @@ void ExpectSameSteps(const std::function<std::unique_ptr<Optimizer>()>& make) {
   }
 }
 
-TEST(CudaOptimizerTest, AdamWMatchesTheCpu) {
-  SKIP_WITHOUT_GPU();
+// The AdamW the tests compare: a large step, decay on.
+std::unique_ptr<Optimizer> DecayingAdamW() {
   AdamWOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0.1;
-  ExpectSameSteps([&] { return AdamW::Create(o).value(); });
+  return AdamW::Create(o).value();
+}
+
+TEST(CudaOptimizerTest, AdamWMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  ExpectSameSteps(DecayingAdamW);
 }
 
 TEST(CudaOptimizerTest, SgdVariantsMatchTheCpu) {
@@ -88,11 +93,8 @@ TEST(CudaOptimizerTest, ClipGradNormMatchesTheCpu) {
 // and clipping, whose norm is one read back of all gradients' block sums.
 TEST(CudaOptimizerTest, AdamWAndClippingOfManyParametersMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
-  auto opt_cpu = AdamW::Create(o).value();
-  auto opt_gpu = AdamW::Create(o).value();
+  auto opt_cpu = DecayingAdamW();
+  auto opt_gpu = DecayingAdamW();
   std::vector<Tensor> p_cpu, p_gpu;
   for (int i = 0; i < 70; ++i) {  // more than one launch takes (32 AdamW segments, 64 tensors)
     const int64_t n = 1 + (i * 977) % 20011;
@@ -127,11 +129,8 @@ TEST(CudaOptimizerTest, AdamWAndClippingOfManyParametersMatchTheCpu) {
 // view into a larger buffer) takes the element loop, with the same values.
 TEST(CudaOptimizerTest, AdamWWithTheGradientAtAnotherAlignment) {
   SKIP_WITHOUT_GPU();
-  AdamWOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
-  auto opt_cpu = AdamW::Create(o).value();
-  auto opt_gpu = AdamW::Create(o).value();
+  auto opt_cpu = DecayingAdamW();
+  auto opt_gpu = DecayingAdamW();
   const int64_t n = 1001;
   Tensor p_cpu = tensor::testing::RandomTensor({n}, 5);
   Tensor p_gpu = ToGpu(p_cpu);

@@ -197,21 +197,31 @@ double* Scratch(const Tensor& like, int64_t count, Tensor* holder) {
   return static_cast<double*>(holder->raw_data());
 }
 
+// launch(store) when one chunk covers each output; otherwise launch(partials)
+// into outputs * chunks scratch slots (output o * inner + i's chunk c at
+// (o * chunks + c) * inner + i) and FinalizeSumKernel adds them into `store`.
+template <typename Store, typename Launch>
+void SumInChunks(const Tensor& x, int64_t outputs, int64_t chunks, int64_t inner,
+                 const Store& store, const Launch& launch) {
+  if (chunks == 1) {
+    launch(store);
+    return;
+  }
+  Tensor scratch;
+  double* partial = Scratch(x, outputs * chunks, &scratch);
+  launch(DoubleStore{partial});
+  FinalizeSumKernel<<<WarpBlocks(outputs), kThreads, 0, ComputeStream()>>>(partial, outputs, chunks,
+                                                                           inner, store);
+}
+
 // Row sums (inner == 1) of x (rows, n) into `store` (squared when kSquare).
 template <bool kSquare, typename TI, typename Store>
 void RowSums(const Tensor& x, const TI* px, int64_t rows, int64_t n, const Store& store) {
   const int64_t chunks = n > kRowChunk ? CeilDiv(n, kRowChunk) : 1;
-  if (chunks == 1) {
+  SumInChunks(x, rows, chunks, 1, store, [&](const auto& to) {
     RowChunkSumKernel<kSquare>
-        <<<WarpBlocks(rows), kThreads, 0, ComputeStream()>>>(px, rows, n, 1, store);
-    return;
-  }
-  Tensor scratch;
-  double* partial = Scratch(x, rows * chunks, &scratch);
-  RowChunkSumKernel<kSquare><<<WarpBlocks(rows * chunks), kThreads, 0, ComputeStream()>>>(
-      px, rows, n, chunks, DoubleStore{partial});
-  FinalizeSumKernel<<<WarpBlocks(rows), kThreads, 0, ComputeStream()>>>(partial, rows, chunks, 1,
-                                                                        store);
+        <<<WarpBlocks(rows * chunks), kThreads, 0, ComputeStream()>>>(px, rows, n, chunks, to);
+  });
 }
 
 // Column sums through ColTileSumKernel (inner >= kTileCols): chunks of at
@@ -233,7 +243,7 @@ void ColTileSums(const Tensor& x, const TI* px, int64_t outer, int64_t reduce, i
   const int64_t width = packed ? kTileCols * kVec : kTileCols;
   const dim3 grid(static_cast<unsigned>(CeilDiv(inner, width)),
                   static_cast<unsigned>(std::min<int64_t>(outer * chunks, kMaxGridY)));
-  auto launch = [&](const auto& to) {
+  SumInChunks(x, outputs, chunks, inner, store, [&](const auto& to) {
     if (packed) {
       ColTileSumKernel<kVec><<<grid, kThreads, 0, ComputeStream()>>>(px, outer, reduce, inner,
                                                                      rows_per_chunk, chunks, to);
@@ -241,16 +251,7 @@ void ColTileSums(const Tensor& x, const TI* px, int64_t outer, int64_t reduce, i
       ColTileSumKernel<1><<<grid, kThreads, 0, ComputeStream()>>>(px, outer, reduce, inner,
                                                                   rows_per_chunk, chunks, to);
     }
-  };
-  if (chunks == 1) {
-    launch(store);
-    return;
-  }
-  Tensor scratch;
-  double* partial = Scratch(x, outputs * chunks, &scratch);
-  launch(DoubleStore{partial});
-  FinalizeSumKernel<<<WarpBlocks(outputs), kThreads, 0, ComputeStream()>>>(partial, outputs, chunks,
-                                                                           inner, store);
+  });
 }
 
 template <typename TI, typename Store>
@@ -270,17 +271,10 @@ void ColSums(const Tensor& x, const TI* px, int64_t outer, int64_t reduce, int64
   }
   const int64_t rows_per_chunk = CeilDiv(reduce, chunks);
   chunks = CeilDiv(reduce, rows_per_chunk);
-  if (chunks == 1) {
-    ColChunkSumKernel<<<Blocks(outputs), kThreads, 0, ComputeStream()>>>(px, outer, reduce, inner,
-                                                                         reduce, 1, store);
-    return;
-  }
-  Tensor scratch;
-  double* partial = Scratch(x, outputs * chunks, &scratch);
-  ColChunkSumKernel<<<Blocks(outputs * chunks), kThreads, 0, ComputeStream()>>>(
-      px, outer, reduce, inner, rows_per_chunk, chunks, DoubleStore{partial});
-  FinalizeSumKernel<<<WarpBlocks(outputs), kThreads, 0, ComputeStream()>>>(partial, outputs, chunks,
-                                                                           inner, store);
+  SumInChunks(x, outputs, chunks, inner, store, [&](const auto& to) {
+    ColChunkSumKernel<<<Blocks(outputs * chunks), kThreads, 0, ComputeStream()>>>(
+        px, outer, reduce, inner, rows_per_chunk, chunks, to);
+  });
 }
 
 // ---------------------------------------------------------------------------
