@@ -8,14 +8,17 @@
 #                                device time: every bundled test (GPU_SESSION_FIRST_TESTS names
 #                                others; each killed after 120 s, none started after 150 s; on
 #                                the H200 all took 45 s), then the pytorch phase (started before
-#                                300 s, killed at 400 s), matmul_benchmark's LM head rows in bf16
+#                                300 s, killed at 400 s), the attention phase (started before
+#                                420 s, killed at 445 s), matmul_benchmark's LM head rows in bf16
 #                                (started before 450 s, killed at 470 s) and the profile phase
 #                                (started before 480 s, killed at 580 s). GPU_SESSION_<PART>_BY_S
-#                                (PYTORCH, BENCH, PROFILE) move the start limits,
+#                                (PYTORCH, ATTENTION, BENCH, PROFILE) move the start limits,
 #                                GPU_SESSION_PYTORCH_UNTIL_S and GPU_SESSION_PROFILE_UNTIL_S
 #                                the kills, for a call that runs more. What does not start is
 #                                named NOT RUN. $OUT: tests.txt, tests.log, vs_pytorch.json,
-#                                vs_pytorch.svg, matmul.txt, ncu.csv, profile.txt, profile.json
+#                                attention.txt, matmul.txt, ncu.csv, profile.txt, profile.json
+#                                (the 8 files the device tool brings back; chart
+#                                vs_pytorch.json here with tools/plot.py)
 #   tools/gpu_session.sh tests [NAME...]
 #                                every bundled *_test (or the NAMEd ones): PASS / FAIL per
 #                                binary with its ok / skipped / failed counts, the tail of each
@@ -39,6 +42,11 @@
 #                                FSDP_CUDA_ATTENTION_DQ=atomic, and with
 #                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
+#   tools/gpu_session.sh attention
+#                                //tensor/cuda:attention_benchmark 8 20 and PyTorch's
+#                                scaled_dot_product_attention (flash, cudnn, efficient backends)
+#                                at its shapes, one table (tools/attention_vs_torch.py;
+#                                $OUT/attention.txt, $OUT/attention_vs_torch.json)
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
 #                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
@@ -68,7 +76,7 @@ set -uo pipefail
 
 phase=${1:-}
 case "$phase" in
-  first|tests|bench|train|pytorch|profile|kernels|racecheck|memory) ;;
+  first|tests|bench|train|pytorch|attention|profile|kernels|racecheck|memory) ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -153,6 +161,20 @@ run_matmul_bench() {
     tee "$out/matmul.txt" | tail -40
 }
 
+# run_attention LIMIT_S [FLAG...]: attention_benchmark (B 8, 20 iterations) and PyTorch's SDPA
+# backends at its shapes, side by side (tools/attention_vs_torch.py, FLAGs added), killed after
+# LIMIT_S seconds; $out/attention.txt.
+run_attention() {
+  local limit=$1
+  shift
+  PYTHONUNBUFFERED=1 timeout -k 5 "$limit" python3 "$here/attention_vs_torch.py" \
+    --ours_cmd "$run attention_benchmark" --batch 8 --iters 20 "$@" > "$out/attention.txt" 2>&1
+  local rc=$?
+  sed -n '/^fused causal attention/,$p' "$out/attention.txt"
+  (( rc == 0 )) || { echo "attention: exit $rc (124: killed after $limit s); the end of its log:"; tail -5 "$out/attention.txt"; }
+  return $rc
+}
+
 find_ncu() {
   command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
 }
@@ -214,6 +236,14 @@ case "$phase" in
       run_pytorch $(( phase_start + ${GPU_SESSION_PYTORCH_UNTIL_S:-400} - $(date +%s) )) \
         --gemm_tune --attention_dq_atomic --bias_grad_unfused || echo "pytorch: exit $? (124: killed at the phase's limit)"
     fi
+    if ! has attention_benchmark; then
+      echo "SKIP attention (attention_benchmark is not in the bundle)"
+    elif ! started_before "${GPU_SESSION_ATTENTION_BY_S:-420}"; then
+      echo "NOT RUN attention (the phase is $(( $(date +%s) - phase_start ))s old)"
+    else
+      echo "=== the fused attention against PyTorch's"
+      run_attention $(( phase_start + 445 - $(date +%s) ))
+    fi
     if ! has matmul_benchmark; then
       echo "SKIP bench (matmul_benchmark is not in the bundle)"
     elif ! started_before "${GPU_SESSION_BENCH_BY_S:-450}"; then
@@ -231,6 +261,7 @@ case "$phase" in
       echo "=== where a gpt2 bf16 step's GPU time goes (ncu)"
       run_profile $(( phase_start + ${GPU_SESSION_PROFILE_UNTIL_S:-580} - $(date +%s) ))
     fi
+    rm -f "$out/vs_pytorch.svg"  # the 8 files above come back; chart vs_pytorch.json here
     ;;
   tests)
     shift
@@ -321,6 +352,10 @@ PY
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
     run_pytorch 590 --gemm_tune --attention_dq_atomic --bias_grad_unfused
+    ;;
+  attention)
+    has attention_benchmark || { echo "gpu_session: attention_benchmark is not in the bundle" >&2; exit 2; }
+    run_attention 300 --json_out "$out/attention_vs_torch.json"
     ;;
   profile)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }

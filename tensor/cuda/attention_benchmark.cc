@@ -189,6 +189,8 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
   const double fwd_flops = 2.0 * b * h * t * t * d;  // causal half of 4 B H T^2 D
   const double all_flops = fwd_flops * 3.5;          // + backward at 2.5x
   const double tt_bytes = double(s.nbytes() + p.nbytes() + ds.nbytes());
+  // tools/attention_vs_torch.py reads the header, forward, fwd + bwd and
+  // backward lines (tools/testdata/attention_benchmark_sample.txt).
   std::printf("B=%lld H=%lld T=%lld D=%lld bf16 causal\n", static_cast<long long>(b),
               static_cast<long long>(h), static_cast<long long>(t), static_cast<long long>(d));
   std::printf("  forward:        fused %8.3f ms (%6.1f TFLOP/s)  unfused %8.3f ms (%6.1f)  x%.2f\n",
