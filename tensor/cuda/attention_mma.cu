@@ -26,19 +26,6 @@ namespace {
 // without going through shared memory.
 // ---------------------------------------------------------------------------
 
-template <typename T>
-__device__ __forceinline__ uint16_t Bits(T x) {
-  return *reinterpret_cast<const uint16_t*>(&x);
-}
-// Two elements as one register, lo in the low half.
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(T lo, T hi) {
-  return static_cast<uint32_t>(Bits(lo)) | (static_cast<uint32_t>(Bits(hi)) << 16);
-}
-template <typename T>
-__device__ __forceinline__ uint32_t PackF(float lo, float hi) {
-  return Pack2(FromF<T>(lo), FromF<T>(hi));
-}
 // Stores an element pair (4-byte aligned: the outputs' rows start at even
 // elements, checked on the host).
 template <typename T>
@@ -98,9 +85,10 @@ __device__ __forceinline__ void WarpGemmPB(float (&acc)[kN / 8][4], const float 
   const T* b_row = b + ((mi % 2) * 8 + ri) * ld + (mi / 2) * 8;
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
-    const uint32_t af[4] = {
-        PackF<T>(p[2 * kk][0], p[2 * kk][1]), PackF<T>(p[2 * kk][2], p[2 * kk][3]),
-        PackF<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), PackF<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const uint32_t af[4] = {FromF2<T>(p[2 * kk][0], p[2 * kk][1]),
+                            FromF2<T>(p[2 * kk][2], p[2 * kk][3]),
+                            FromF2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            FromF2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int j = 0; j < kN / 8; j += 2) {
       uint32_t bf[4];
@@ -320,7 +308,7 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
     T* yr = y + row[r] * a.sy.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      St32(yr + j * 8, PackF<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv));
+      St32(yr + j * 8, FromF2<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv));
     }
     if (t == 0) {
       a.lse[static_cast<int64_t>(bh) * a.t_q + row[r]] =
@@ -475,8 +463,8 @@ __global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
     T* dvr = dvp + key[r] * a.sdv.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      St32(dkr + j * 8, PackF<T>(dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale));
-      St32(dvr + j * 8, PackF<T>(dv[j][2 * r], dv[j][2 * r + 1]));
+      St32(dkr + j * 8, FromF2<T>(dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale));
+      St32(dvr + j * 8, FromF2<T>(dv[j][2 * r], dv[j][2 * r + 1]));
     }
   }
 }
@@ -567,7 +555,7 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
     T* dr = dqp + row[r] * a.sdq.t + 2 * t;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
-      St32(dr + j * 8, PackF<T>(dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale));
+      St32(dr + j * 8, FromF2<T>(dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale));
     }
   }
 }

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/cuda/elements.cuh"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 
@@ -272,13 +273,6 @@ struct Geometry {
   int64_t dst_strides[kMaxCopyDims];
 };
 
-__device__ __forceinline__ float LoadF(const float* p) { return *p; }
-__device__ __forceinline__ float LoadF(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float LoadF(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ void StoreF(float* p, float x) { *p = x; }
-__device__ __forceinline__ void StoreF(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void StoreF(__half* p, float x) { *p = __float2half_rn(x); }
-
 // Element i of the row-major index space -> source and destination offsets.
 template <typename S, typename D, bool kSame>
 __global__ void StridedCopyKernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n,
@@ -295,7 +289,7 @@ __global__ void StridedCopyKernel(const S* __restrict__ src, D* __restrict__ dst
     if constexpr (kSame) {
       dst[d_off] = src[so];
     } else {
-      StoreF(dst + d_off, LoadF(src + so));
+      dst[d_off] = FromF<D>(ToF(src[so]));
     }
   }
 }
@@ -466,13 +460,9 @@ struct CastTable {
   int count;
 };
 
-// kCastVec elements of T as one access (16 bytes of f32, 8 of bf16 / f16).
+// kCastVec elements as one access (16 bytes of f32, 8 of bf16 / f16).
 constexpr int kCastVec = 4;
 constexpr int kCastUnroll = 4;
-template <typename T>
-struct alignas(kCastVec * sizeof(T)) Quad {
-  T v[kCastVec];
-};
 
 template <typename S, typename D>
 __global__ void CastManyKernel(CastTable t) {
@@ -496,31 +486,26 @@ __global__ void CastManyKernel(CastTable t) {
   // kCastUnroll loads issued before any of its stores, so that several
   // accesses per thread are in flight (the element loop's iterations each
   // load then store).
-  if (reinterpret_cast<uintptr_t>(src) % sizeof(Quad<S>) == 0 &&
-      reinterpret_cast<uintptr_t>(dst) % sizeof(Quad<D>) == 0) {
+  if (reinterpret_cast<uintptr_t>(src) % sizeof(Pack<S, kCastVec>) == 0 &&
+      reinterpret_cast<uintptr_t>(dst) % sizeof(Pack<D, kCastVec>) == 0) {
     const int64_t quads = (end - begin) / kCastVec;
-    const Quad<S>* sq = reinterpret_cast<const Quad<S>*>(src + begin);
-    Quad<D>* dq = reinterpret_cast<Quad<D>*>(dst + begin);
     for (int64_t q0 = threadIdx.x; q0 < quads; q0 += int64_t{blockDim.x} * kCastUnroll) {
-      Quad<S> in[kCastUnroll];
+      float in[kCastUnroll][kCastVec];
 #pragma unroll
       for (int u = 0; u < kCastUnroll; ++u) {
         const int64_t q = q0 + u * int64_t{blockDim.x};
-        if (q < quads) in[u] = sq[q];
+        if (q < quads) LoadF<kCastVec>(src + begin + q * kCastVec, in[u]);
       }
 #pragma unroll
       for (int u = 0; u < kCastUnroll; ++u) {
         const int64_t q = q0 + u * int64_t{blockDim.x};
         if (q >= quads) break;
-        Quad<D> out;
-#pragma unroll
-        for (int k = 0; k < kCastVec; ++k) StoreF(&out.v[k], LoadF(&in[u].v[k]));
-        dq[q] = out;
+        StoreF<kCastVec>(dst + begin + q * kCastVec, in[u]);
       }
     }
     tail = begin + quads * kCastVec;
   }
-  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) StoreF(dst + i, LoadF(src + i));
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) dst[i] = FromF<D>(ToF(src[i]));
 }
 
 template <typename S, typename D>

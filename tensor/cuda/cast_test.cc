@@ -88,7 +88,7 @@ TEST(CudaCastTest, CastManyAtEveryAlignment) {
         const Tensor src = ToGpu(testing::RandomTensor({n + 3}, 300 + n, -3.0f, 3.0f, from));
         const Tensor dst = ToGpu(Tensor::Zeros({n + 3}, to));
         // (source, destination) offsets in elements: both aligned, either not.
-        for (const auto [s_off, d_off] :
+        for (const auto& [s_off, d_off] :
              {std::pair<int64_t, int64_t>{0, 0}, {1, 0}, {0, 3}, {2, 2}}) {
           const std::vector<cuda::CastPair> pairs = {
               {static_cast<const char*>(src.raw_data()) + s_off * DtypeSize(from),

@@ -1,6 +1,6 @@
 // What every CUDA kernel file of the tensor library shares: error checks that
 // throw tensor::OpError naming the op, the stream kernels run on, launch
-// geometry, and element access in float for f32 / bf16 / f16.
+// geometry, and (elements.cuh) element access in float for f32 / bf16 / f16.
 //
 // Conventions of tensor/cuda/*.cu (each family: <family>.h declares host
 // functions without CUDA types, <family>.cu implements them, <family>_stub.cc
@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "tensor/cuda/elements.cuh"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
@@ -37,20 +38,6 @@ inline void CheckLaunch(const char* op) { CheckCuda(cudaGetLastError(), op, "ker
 
 inline cudaStream_t ComputeStream() { return cudaStreamPerThread; }
 
-// A vector access of kBytes bytes at p must be kBytes-aligned on a GPU (else
-// "misaligned address", and the context is lost). Kernels pass their vector
-// loads' and stores' addresses through this; the CUDA emulation aborts on a
-// misaligned one, naming the block and thread (a CPU would not fault); on a
-// GPU it compiles to nothing.
-template <int kBytes>
-__device__ __forceinline__ void CheckAligned(const void* p) {
-#ifdef TENSOR_CUDA_EMULATION
-  if (reinterpret_cast<uintptr_t>(p) % kBytes != 0) ::cuda_emu::MisalignedAccess(p, kBytes);
-#else
-  (void)p;
-#endif
-}
-
 // Makes `t`'s device current on this thread.
 inline void SetDevice(const Tensor& t, const char* op) {
   CheckCuda(cudaSetDevice(t.device().index), op, "cudaSetDevice");
@@ -64,21 +51,6 @@ inline unsigned Blocks(int64_t n, int threads = kThreads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
 }
-
-// Element access in float.
-__device__ __forceinline__ float ToF(float x) { return x; }
-__device__ __forceinline__ float ToF(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
-template <typename T>
-__device__ __forceinline__ T FromF(float x);
-template <>
-__device__ __forceinline__ float FromF<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float x) { return __float2half_rn(x); }
 
 // The max / sum of one float per lane over a full warp, in every lane.
 __device__ __forceinline__ float WarpAllMax(float x) {

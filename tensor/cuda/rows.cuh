@@ -23,28 +23,10 @@ constexpr int64_t kWarpRowMaxCols = 1024;  // rows up to this long: a warp per r
 constexpr int kWarpRowsPerBlock = 8;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // row loops stride past this many blocks
 
-// N elements of T loaded or stored as one access (16 bytes at most).
-template <typename T, int N>
-struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
-  T v[N];
-};
-
-template <int N, typename T>
-__device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
-  CheckAligned<alignof(Pack<T, N>)>(p);
-  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = ToF(pk.v[k]);
-}
-
-template <int N, typename T>
-__device__ __forceinline__ void StoreF(T* p, const float (&in)[N]) {
-  Pack<T, N> pk;
-#pragma unroll
-  for (int k = 0; k < N; ++k) pk.v[k] = FromF<T>(in[k]);
-  CheckAligned<alignof(Pack<T, N>)>(p);
-  *reinterpret_cast<Pack<T, N>*>(p) = pk;
-}
+// Packs of N elements as one access (elements.cuh).
+using cuda::LoadF;
+using cuda::Pack;
+using cuda::StoreF;
 
 // Sums of K values over a warp; every lane gets the same bits (a butterfly:
 // each step adds the same two operands in every lane of a pair).
