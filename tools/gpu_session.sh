@@ -39,8 +39,10 @@
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours (also with FSDP_CUDA_GEMM_TUNE=1, with
-#                                FSDP_CUDA_ATTENTION_DQ=atomic, and with
-#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0) and of PyTorch eager
+#                                FSDP_CUDA_ATTENTION_DQ=atomic, with
+#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0, with
+#                                FSDP_CUDA_ATTENTION_DKDV=narrow, and with all but the atomic
+#                                dq together) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh attention
 #                                //tensor/cuda:attention_benchmark 8 20 and PyTorch's
@@ -138,6 +140,11 @@ run_tests() {
   echo "failed binaries: $failed" | tee -a "$out/tests.txt"
 }
 
+# The variants of ours the pytorch phase times beside the default: each switch alone, then all
+# of those that keep the gradients bitwise reproducible together.
+pytorch_variants=(--gemm_tune --attention_dq_atomic --bias_grad_unfused --attention_dkdv_narrow
+  --ours_env "all:FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0,FSDP_CUDA_ATTENTION_DKDV=narrow")
+
 # run_pytorch LIMIT_S [FLAG...]: gpt2 124M bf16, batch 16 x 1024, AdamW, ours against PyTorch
 # eager (with its fused attention too) through tools/bench_vs_pytorch.py, FLAGs added, killed
 # after LIMIT_S seconds; $out/vs_pytorch.json and its chart.
@@ -234,7 +241,7 @@ case "$phase" in
     else
       echo "=== ours against PyTorch eager"
       run_pytorch $(( phase_start + ${GPU_SESSION_PYTORCH_UNTIL_S:-400} - $(date +%s) )) \
-        --gemm_tune --attention_dq_atomic --bias_grad_unfused || echo "pytorch: exit $? (124: killed at the phase's limit)"
+        "${pytorch_variants[@]}" || echo "pytorch: exit $? (124: killed at the phase's limit)"
     fi
     if ! has attention_benchmark; then
       echo "SKIP attention (attention_benchmark is not in the bundle)"
@@ -351,7 +358,7 @@ PY
     ;;
   pytorch)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
-    run_pytorch 590 --gemm_tune --attention_dq_atomic --bias_grad_unfused
+    run_pytorch 590 "${pytorch_variants[@]}"
     ;;
   attention)
     has attention_benchmark || { echo "gpu_session: attention_benchmark is not in the bundle" >&2; exit 2; }

@@ -146,6 +146,14 @@ std::atomic<bool>& AtomicDqFlag() {
   return flag;
 }
 
+std::atomic<bool>& NarrowDkDvFlag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("FSDP_CUDA_ATTENTION_DKDV");
+    return env != nullptr && std::strcmp(env, "narrow") == 0;
+  }()};
+  return flag;
+}
+
 void CheckOnDevice(const Tensor& ref, const Tensor& t, const char* name) {
   OP_CHECK(t.defined() && t.device() == ref.device(), kOp, name, " must be on ",
            ref.device().ToString(), " with q");
@@ -330,6 +338,8 @@ flash::Kernels KernelsFor(FlashAttentionKernel kernel, Dtype dtype, int64_t d, c
 
 void SetFlashAttentionAtomicDq(bool atomic) { AtomicDqFlag().store(atomic); }
 bool FlashAttentionAtomicDq() { return AtomicDqFlag().load(std::memory_order_relaxed); }
+void SetFlashAttentionNarrowDkDv(bool narrow) { NarrowDkDvFlag().store(narrow); }
+bool FlashAttentionNarrowDkDv() { return NarrowDkDvFlag().load(std::memory_order_relaxed); }
 
 Tensor FlashKeyMaskBytes(const Tensor& key_mask) {
   OP_CHECK(key_mask.defined() && key_mask.device().is_cuda() && key_mask.is_contiguous(), kOp,
@@ -409,8 +419,6 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   Tensor keep;
   bool with_terms = SetTerms(terms, q, k, &a, &keep);
   const int64_t elem = DtypeSize(q.dtype());
-  const FlashAttentionTiles kv =
-      FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDkDv, d, elem);
   const FlashAttentionTiles qt =
       FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDq, d, elem);
   const FlashBiasGradGroups groups =
@@ -465,7 +473,13 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     });
     return;
   }
-  Launch(kernels.dkdv, bh, CeilDiv(t_k, kv.rows), kv, a);
+  // dk, dv: the narrow kernel (32 queries a step) where it is built and chosen.
+  const bool narrow = kernels.dkdv_narrow != nullptr && FlashAttentionNarrowDkDv();
+  const FlashAttentionTiles kv = FlashAttentionTilesFor(
+      kernel,
+      narrow ? FlashAttentionPass::kBackwardDkDvNarrow : FlashAttentionPass::kBackwardDkDv, d,
+      elem);
+  Launch(narrow ? kernels.dkdv_narrow : kernels.dkdv, bh, CeilDiv(t_k, kv.rows), kv, a);
   // dq (and dS): pass i takes example g * passes + i of each group g.
   a.dq_passes = static_cast<int>(groups.passes);
   for (int64_t pass = 0; pass < groups.passes; ++pass) {

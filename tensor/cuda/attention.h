@@ -26,6 +26,15 @@
 // then run in the order the CTAs reach them: not bitwise reproducible (as
 // PyTorch's flash backward), and the accumulator costs 4 bytes per dq element.
 // Off by default.
+// Narrow dk/dv (SetFlashAttentionNarrowDkDv, environment
+// FSDP_CUDA_ATTENTION_DKDV=narrow; tensor-core kernels at head size 64
+// without dropout or score terms): kernel 2 steps over 32 queries at a time
+// instead of 64, so half the probabilities and dS are live beside dK and dV:
+// 128 registers a thread instead of 168 (sm_90 ptxas, no spills), 4 CTAs an
+// SM instead of 3, for twice the steps (a barrier and a stage of copies each)
+// and the keys' and values' fragments read twice as often. The queries add
+// into dK and dV in the same order: the same bits. Off by default (not yet
+// timed on a GPU).
 //
 // Kernels (FlashAttentionKernel):
 // - kTensorCore (bf16, f16): warp-level mma.sync.m16n8k16 with f32
@@ -154,7 +163,15 @@ Tensor FlashKeyMaskBytes(const Tensor& key_mask);
 // ---- Host-side geometry (shared by the .cu and the tests; no CUDA needed) ----
 
 // kBackwardDkDvDq: kernel 2 of the atomic-dq backward (dk, dv and dq's atomics).
-enum class FlashAttentionPass { kForward, kBackwardDkDv, kBackwardDq, kBackwardDkDvDq };
+// kBackwardDkDvNarrow: kernel 2 of the deterministic backward with 32 queries
+// a step (SetFlashAttentionNarrowDkDv).
+enum class FlashAttentionPass {
+  kForward,
+  kBackwardDkDv,
+  kBackwardDq,
+  kBackwardDkDvDq,
+  kBackwardDkDvNarrow
+};
 
 struct FlashAttentionTiles {
   int rows;            // query rows (forward, dq) or key rows (dk/dv) per CTA
@@ -182,9 +199,12 @@ constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel
     if (pass == FlashAttentionPass::kForward) {
       return {64, 64, 128, (64 + 2 * 2 * 64) * ld * elem_size};  // Q; 2 x (K, V)
     }
-    if (pass == FlashAttentionPass::kBackwardDkDv || pass == FlashAttentionPass::kBackwardDkDvDq) {
-      // D = 128 takes 32 queries per step to keep dK, dV, S^T and dP^T in registers.
-      const int step = head_dim >= 128 ? 32 : 64;
+    if (pass == FlashAttentionPass::kBackwardDkDv || pass == FlashAttentionPass::kBackwardDkDvDq ||
+        pass == FlashAttentionPass::kBackwardDkDvNarrow) {
+      // D = 128 takes 32 queries per step to keep dK, dV, S^T and dP^T in
+      // registers; so does the narrow pass.
+      const int step =
+          head_dim >= 128 || pass == FlashAttentionPass::kBackwardDkDvNarrow ? 32 : 64;
       // K, V; 2 stages of (Q, dO, lse, delta); with dq, dS (step x 64 keys, padded by 8).
       const int64_t ds_bytes =
           pass == FlashAttentionPass::kBackwardDkDvDq ? step * (64 + 8) * elem_size : 0;
@@ -257,6 +277,13 @@ constexpr int64_t FlashAttentionBackwardWorkspaceBytes(int64_t batch, int64_t he
 // runs that trade reproducibility for speed.
 void SetFlashAttentionAtomicDq(bool atomic);
 bool FlashAttentionAtomicDq();
+
+// Whether the deterministic backward's dk/dv kernel takes 32 queries a step
+// where it has that kernel (see the top of this file): the same bits, another
+// speed. Default off; environment FSDP_CUDA_ATTENTION_DKDV=narrow at startup
+// turns it on. For timing both (attention_benchmark, bench_vs_pytorch.py).
+void SetFlashAttentionNarrowDkDv(bool narrow);
+bool FlashAttentionNarrowDkDv();
 
 // Throws OpError("[flash_attention] ...") unless q (B, H, T_q, D), k (B, H, T_k,
 // D) and v (B, H, T_k, D) fit the kernels: one floating dtype, D in {32, 64,

@@ -8,7 +8,9 @@
 // attention dropout and of T5's score terms (bias, key mask, dS); the
 // backward alone, deterministic (7 products: dk/dv, then dq) against the
 // atomic-dq one (FlashAttention-2's 5 products, SetFlashAttentionAtomicDq),
-// timed in alternation. Also prints how far apart the outputs are.
+// timed in alternation, and the deterministic one with the narrow dk/dv
+// kernel (SetFlashAttentionNarrowDkDv: 32 queries a step, 4 CTAs an SM).
+// Also prints how far apart the outputs are.
 //
 //   ./bazelw run --config=cuda //tensor/cuda:attention_benchmark -- [B] [iters]
 #include <cublas_v2.h>
@@ -168,16 +170,25 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
   // The backward alone in both modes, alternating rounds so both see the
   // same clocks; the better round of each.
   fused_fwd();
-  double det_ms = 1e30, atomic_ms = 1e30;
-  Tensor dq_atomic = Tensor::Empty(shape, dt, dev);
+  // The deterministic one also with the narrow dk/dv kernel (32 queries a
+  // step: the same bits).
+  double det_ms = 1e30, atomic_ms = 1e30, narrow_ms = 1e30;
+  Tensor dq_atomic = Tensor::Empty(shape, dt, dev), dk_narrow = Tensor::Empty(shape, dt, dev);
   for (int round = 0; round < 3; ++round) {
     cuda::SetFlashAttentionAtomicDq(false);
     det_ms = std::min(det_ms, TimeMs(fused_bwd, iters));
+    cuda::SetFlashAttentionNarrowDkDv(true);
+    narrow_ms = std::min(narrow_ms, TimeMs(fused_bwd, iters));
+    cuda::SetFlashAttentionNarrowDkDv(false);
     cuda::SetFlashAttentionAtomicDq(true);
     atomic_ms = std::min(atomic_ms, TimeMs(fused_bwd, iters));
   }
   dq_atomic.CopyFrom(dq);  // the atomic run's (the last one)
   cuda::SetFlashAttentionAtomicDq(false);
+  cuda::SetFlashAttentionNarrowDkDv(true);
+  fused_bwd();
+  dk_narrow.CopyFrom(dk);
+  cuda::SetFlashAttentionNarrowDkDv(false);
   fused_bwd();  // dq, dk, dv deterministic again for the comparisons below
   const double u_ms = TimeMs(unfused_fwd, iters);
   const double ub_ms = TimeMs(
@@ -206,6 +217,10 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
       "accumulator %.1f MiB\n",
       det_ms, bwd_flops / det_ms * 1e-9, atomic_ms, bwd_flops / atomic_ms * 1e-9,
       atomic_ms / det_ms, MaxAbsDiff(dq_atomic, dq), double(b * h * t * d * 4) / (1 << 20));
+  std::printf(
+      "  backward, narrow dk/dv (32 queries a step, FSDP_CUDA_ATTENTION_DKDV=narrow) %8.3f ms "
+      "(%6.1f TFLOP/s)  narrow / deterministic %.3f; max |dk narrow - deterministic| %.3g\n",
+      narrow_ms, bwd_flops / narrow_ms * 1e-9, narrow_ms / det_ms, MaxAbsDiff(dk_narrow, dk));
   const double slot_mib = double(h) * t * t * 4 / (1 << 20);
   std::printf(
       "  fwd + bwd, bias + key mask, the bias's gradient (T5): fused %8.3f ms (x%.2f the "

@@ -323,10 +323,16 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
 // query block's dS also goes to shared memory, and the CTA adds dQ += dS K
 // for its keys into a.dq_accum with float atomics (warps split the block's
 // query rows, and for D = 128 the columns too).
-template <typename T, int kD, bool kDrop, bool kTerms, bool kDq>
-__global__ void __launch_bounds__(128) BackwardDkDvMmaKernel(const Args a) {
-  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(kDq ? FlashAttentionPass::kBackwardDkDvDq
-                                                             : FlashAttentionPass::kBackwardDkDv);
+// kNarrow (FlashAttentionPass::kBackwardDkDvNarrow, built for D = 64 without
+// dropout or score terms): 32 queries a step, compiled for 4 CTAs an SM (128
+// registers; sm_90 ptxas: no spills), 3 at 64 queries (168).
+template <typename T, int kD, bool kDrop, bool kTerms, bool kDq, bool kNarrow = false>
+__global__ void __launch_bounds__(128, kNarrow ? 4 : 0) BackwardDkDvMmaKernel(const Args a) {
+  static_assert(!kNarrow || !kDq, "the narrow pass is the deterministic backward's");
+  constexpr FlashAttentionTiles kTiles =
+      MmaTiles<T, kD>(kDq       ? FlashAttentionPass::kBackwardDkDvDq
+                      : kNarrow ? FlashAttentionPass::kBackwardDkDvNarrow
+                                : FlashAttentionPass::kBackwardDkDv);
   constexpr int kBc = kTiles.rows, kBr = kTiles.step, kLd = kD + 8;
   static_assert(kBc == 64 && kBr % 16 == 0, "4 warps of 16 keys");
   // dQ's split over the 4 warps: kRowGroups groups of 16 query rows, each
@@ -572,10 +578,14 @@ Kernels MmaKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
     if constexpr (std::is_same_v<T, float>) {
       return Kernels{};  // refused above: no f32 tensor-core kernels
     } else {
+      KernelFn narrow = nullptr;  // built where it fits 4 CTAs an SM without spills
+      if constexpr (kD == 64 && !kDrop && !kTerms) {
+        narrow = BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, false, true>;
+      }
       return Kernels{ForwardMmaKernel<T, kD, kDrop, kTerms>,
                      BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, false>,
                      BackwardDqMmaKernel<T, kD, kDrop, kTerms>,
-                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, true>};
+                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, true>, narrow};
     }
   });
 }

@@ -20,6 +20,8 @@ Tensor FlashKeyMaskBytes(const Tensor& key_mask) { NotBuilt("flash_attention", k
 // Nothing to switch without the kernels: the backward itself refuses to run.
 void SetFlashAttentionAtomicDq(bool) {}
 bool FlashAttentionAtomicDq() { return false; }
+void SetFlashAttentionNarrowDkDv(bool) {}
+bool FlashAttentionNarrowDkDv() { return false; }
 void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {
   NotBuilt("unfused_attention_softmax", scores);
 }

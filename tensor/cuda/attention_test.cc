@@ -250,6 +250,18 @@ class ScopedAtomicDq {
   const bool was_;
 };
 
+// The narrow dk/dv kernel (SetFlashAttentionNarrowDkDv) for a scope.
+class ScopedNarrowDkDv {
+ public:
+  ScopedNarrowDkDv() : was_(cuda::FlashAttentionNarrowDkDv()) {
+    cuda::SetFlashAttentionNarrowDkDv(true);
+  }
+  ~ScopedNarrowDkDv() { cuda::SetFlashAttentionNarrowDkDv(was_); }
+
+ private:
+  const bool was_;
+};
+
 std::vector<Case> Cases() {
   return {
       {2, 3, 1, 1, 64, true},       // one token
@@ -306,6 +318,62 @@ TEST(CudaFlashAttentionTest, AtomicDqMatchesReference) {
   RunTermsCase({2, 2, 45, 45, 32, true}, Dtype::kBF16, FlashAttentionKernel::kTensorCore,
                /*bias_per_example=*/false, Dtype::kF32, /*with_mask=*/false, 0,
                /*with_dbias=*/true);
+}
+
+// The deterministic backward with the dk/dv kernel that takes 32 queries a
+// step (head size 64 without dropout or score terms; elsewhere the switch
+// changes nothing): against the reference, and the same bits as with 64
+// queries a step (the queries add into dK and dV in the same order), aligned
+// rows (cp.async tiles) and not.
+TEST(CudaFlashAttentionTest, NarrowDkDvMatchesReferenceBitForBit) {
+  SKIP_WITHOUT_GPU();
+  {
+    ScopedNarrowDkDv narrow;
+    for (const Case& c : Cases()) {
+      for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
+        RunCase(c, dt, FlashAttentionKernel::kTensorCore);
+      }
+    }
+  }
+  const std::vector<Case> cases = {{1, 2, 200, 200, 64, true},
+                                   {2, 1, 130, 130, 64, false},
+                                   {1, 2, 33, 100, 64, true},
+                                   {1, 2, 100, 33, 64, true},
+                                   {1, 2, 384, 384, 64, true}};
+  for (const Case& c : cases) {
+    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
+      for (bool unaligned : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(Name(c, dt, FlashAttentionKernel::kTensorCore),
+                                  unaligned ? " unaligned" : ""));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+        const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 31, dt, unaligned);
+        const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 32, dt, unaligned);
+        const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 33, dt, unaligned);
+        const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 34, dt, unaligned);
+        const Device dev = q.device();
+        Tensor out = Tensor::Empty(q.shape(), dt, dev);
+        Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+        cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse);
+        // dq, dk, dv with 64 queries a step ([0]) and with 32 ([1]).
+        std::vector<float> grads[2][3];
+        for (int narrow = 0; narrow < 2; ++narrow) {
+          const bool was = cuda::FlashAttentionNarrowDkDv();
+          cuda::SetFlashAttentionNarrowDkDv(narrow == 1);
+          Tensor dq = Tensor::Empty(q.shape(), dt, dev);
+          Tensor dk = Tensor::Empty(k.shape(), dt, dev);
+          Tensor dv = Tensor::Empty(v.shape(), dt, dev);
+          cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv);
+          cuda::SetFlashAttentionNarrowDkDv(was);
+          grads[narrow][0] = dq.ToVector<float>();
+          grads[narrow][1] = dk.ToVector<float>();
+          grads[narrow][2] = dv.ToVector<float>();
+        }
+        EXPECT_EQ(grads[1][0], grads[0][0]) << "dq";
+        EXPECT_EQ(grads[1][1], grads[0][1]) << "dk";
+        EXPECT_EQ(grads[1][2], grads[0][2]) << "dv";
+      }
+    }
+  }
 }
 
 // Other scales than 1 / sqrt(D): T5's 1, and a negative one (the forward
@@ -540,7 +608,8 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
          {FlashAttentionKernel::kTensorCore, FlashAttentionKernel::kFloat}) {
       for (FlashAttentionPass p :
            {FlashAttentionPass::kForward, FlashAttentionPass::kBackwardDkDv,
-            FlashAttentionPass::kBackwardDq, FlashAttentionPass::kBackwardDkDvDq}) {
+            FlashAttentionPass::kBackwardDq, FlashAttentionPass::kBackwardDkDvDq,
+            FlashAttentionPass::kBackwardDkDvNarrow}) {
         const cuda::FlashAttentionTiles t = FlashAttentionTilesFor(k, p, d, 2);
         EXPECT_LE(t.smem_bytes, kSm90MaxSmem) << d;
         EXPECT_GT(t.rows, 0);
@@ -579,6 +648,12 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
               step * 72 * 2)
         << d;
   }
+  // The narrow dk/dv pass: 32 queries a step, so its Q, dO stages and their
+  // lse, delta take half the shared memory of the 64-query pass at D = 64.
+  const cuda::FlashAttentionTiles narrow = FlashAttentionTilesFor(
+      FlashAttentionKernel::kTensorCore, FlashAttentionPass::kBackwardDkDvNarrow, 64, 2);
+  EXPECT_EQ(narrow.step, 32);
+  EXPECT_EQ(narrow.smem_bytes, (2 * 64 + 2 * 2 * 32) * 72 * 2 + 2 * 2 * 32 * 4);
 }
 
 // The groups of a shared bias's gradient: the fewest that give each dq launch
