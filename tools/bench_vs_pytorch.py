@@ -171,9 +171,10 @@ def main():
                    help="(cuda) also time ours with FSDP_CUDA_BIAS_GRAD_EPILOGUE=0: the Linear "
                         "layers' bias gradients by the column-sum kernel after the dW GEMM instead "
                         "of cuBLASLt's BGRADB epilogue")
-    p.add_argument("--attention_dkdv_narrow", action="store_true",
-                   help="(cuda) also time ours with FSDP_CUDA_ATTENTION_DKDV=narrow: the fused "
-                        "attention's dk/dv kernel 32 queries a step (4 CTAs an SM, the same bits)")
+    p.add_argument("--attention_narrow", action="store_true",
+                   help="(cuda) also time ours with FSDP_CUDA_ATTENTION_DKDV=narrow and "
+                        "FSDP_CUDA_ATTENTION_DQ=narrow: the fused attention's backward kernels "
+                        "32 rows a step (more CTAs an SM, the same bits)")
     p.add_argument("--ours_env", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                    help="(cuda) also time ours with these environment variables set, reported as "
                         "ours_bf16_NAME, e.g. all:FSDP_CUDA_GEMM_TUNE=1,"
@@ -189,9 +190,8 @@ def main():
             sys.exit(f"--ours_env={spec}: expected NAME:KEY=VALUE[,KEY=VALUE...] with NAME a "
                      "word (letters, digits, _)")
         extra_runs.append((name, {k: v for k, _, v in pairs}))
-    if (args.attention_dkdv_narrow or extra_runs) and args.device != "cuda":
-        sys.exit("--attention_dkdv_narrow and --ours_env time the CUDA build: they need "
-                 "--device cuda")
+    if (args.attention_narrow or extra_runs) and args.device != "cuda":
+        sys.exit("--attention_narrow and --ours_env time the CUDA build: they need --device cuda")
     if args.gemm_tune and args.device != "cuda":
         sys.exit("--gemm_tune tunes cuBLASLt's GEMMs: it needs --device cuda")
     if args.attention_dq_atomic and args.device != "cuda":
@@ -223,9 +223,10 @@ def main():
         if args.bias_grad_unfused:
             results["ours_bf16_bias_grad_unfused"] = ours_tokens_per_s(
                 args, "bf16", env={"FSDP_CUDA_BIAS_GRAD_EPILOGUE": "0"})
-        if args.attention_dkdv_narrow:
-            results["ours_bf16_dkdv_narrow"] = ours_tokens_per_s(
-                args, "bf16", env={"FSDP_CUDA_ATTENTION_DKDV": "narrow"})
+        if args.attention_narrow:
+            results["ours_bf16_attention_narrow"] = ours_tokens_per_s(
+                args, "bf16",
+                env={"FSDP_CUDA_ATTENTION_DKDV": "narrow", "FSDP_CUDA_ATTENTION_DQ": "narrow"})
         for name, env in extra_runs:
             results[f"ours_bf16_{name}"] = ours_tokens_per_s(args, "bf16", env=env)
         base = results["pytorch_autocast_bf16"][0]

@@ -41,8 +41,8 @@
 #                                ours (also with FSDP_CUDA_GEMM_TUNE=1, with
 #                                FSDP_CUDA_ATTENTION_DQ=atomic, with
 #                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0, with
-#                                FSDP_CUDA_ATTENTION_DKDV=narrow, and with all but the atomic
-#                                dq together) and of PyTorch eager
+#                                FSDP_CUDA_ATTENTION_DKDV=narrow + FSDP_CUDA_ATTENTION_DQ=narrow,
+#                                and with all but the atomic dq together) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh attention
 #                                //tensor/cuda:attention_benchmark 8 20 and PyTorch's
@@ -142,8 +142,8 @@ run_tests() {
 
 # The variants of ours the pytorch phase times beside the default: each switch alone, then all
 # of those that keep the gradients bitwise reproducible together.
-pytorch_variants=(--gemm_tune --attention_dq_atomic --bias_grad_unfused --attention_dkdv_narrow
-  --ours_env "all:FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0,FSDP_CUDA_ATTENTION_DKDV=narrow")
+pytorch_variants=(--gemm_tune --attention_dq_atomic --bias_grad_unfused --attention_narrow
+  --ours_env "all:FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0,FSDP_CUDA_ATTENTION_DKDV=narrow,FSDP_CUDA_ATTENTION_DQ=narrow")
 
 # run_pytorch LIMIT_S [FLAG...]: gpt2 124M bf16, batch 16 x 1024, AdamW, ours against PyTorch
 # eager (with its fused attention too) through tools/bench_vs_pytorch.py, FLAGs added, killed

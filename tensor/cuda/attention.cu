@@ -153,6 +153,13 @@ std::atomic<bool>& NarrowDkDvFlag() {
   }()};
   return flag;
 }
+std::atomic<bool>& NarrowDqFlag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("FSDP_CUDA_ATTENTION_DQ");
+    return env != nullptr && std::strcmp(env, "narrow") == 0;
+  }()};
+  return flag;
+}
 
 void CheckOnDevice(const Tensor& ref, const Tensor& t, const char* name) {
   OP_CHECK(t.defined() && t.device() == ref.device(), kOp, name, " must be on ",
@@ -340,6 +347,8 @@ void SetFlashAttentionAtomicDq(bool atomic) { AtomicDqFlag().store(atomic); }
 bool FlashAttentionAtomicDq() { return AtomicDqFlag().load(std::memory_order_relaxed); }
 void SetFlashAttentionNarrowDkDv(bool narrow) { NarrowDkDvFlag().store(narrow); }
 bool FlashAttentionNarrowDkDv() { return NarrowDkDvFlag().load(std::memory_order_relaxed); }
+void SetFlashAttentionNarrowDq(bool narrow) { NarrowDqFlag().store(narrow); }
+bool FlashAttentionNarrowDq() { return NarrowDqFlag().load(std::memory_order_relaxed); }
 
 Tensor FlashKeyMaskBytes(const Tensor& key_mask) {
   OP_CHECK(key_mask.defined() && key_mask.device().is_cuda() && key_mask.is_contiguous(), kOp,
@@ -419,6 +428,7 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
   Tensor keep;
   bool with_terms = SetTerms(terms, q, k, &a, &keep);
   const int64_t elem = DtypeSize(q.dtype());
+  // The dq kernel's query blocks (the narrow one's too: it steps over fewer keys).
   const FlashAttentionTiles qt =
       FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDq, d, elem);
   const FlashBiasGradGroups groups =
@@ -473,18 +483,23 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     });
     return;
   }
-  // dk, dv: the narrow kernel (32 queries a step) where it is built and chosen.
-  const bool narrow = kernels.dkdv_narrow != nullptr && FlashAttentionNarrowDkDv();
+  // The narrow kernels (32 rows a step) where they are built and chosen.
+  const bool narrow_dkdv = kernels.dkdv_narrow != nullptr && FlashAttentionNarrowDkDv();
+  const bool narrow_dq = kernels.dq_narrow != nullptr && FlashAttentionNarrowDq();
   const FlashAttentionTiles kv = FlashAttentionTilesFor(
       kernel,
-      narrow ? FlashAttentionPass::kBackwardDkDvNarrow : FlashAttentionPass::kBackwardDkDv, d,
+      narrow_dkdv ? FlashAttentionPass::kBackwardDkDvNarrow : FlashAttentionPass::kBackwardDkDv, d,
       elem);
-  Launch(narrow ? kernels.dkdv_narrow : kernels.dkdv, bh, CeilDiv(t_k, kv.rows), kv, a);
+  Launch(narrow_dkdv ? kernels.dkdv_narrow : kernels.dkdv, bh, CeilDiv(t_k, kv.rows), kv, a);
+  const FlashAttentionTiles dq_tiles =
+      narrow_dq ? FlashAttentionTilesFor(kernel, FlashAttentionPass::kBackwardDqNarrow, d, elem)
+                : qt;
   // dq (and dS): pass i takes example g * passes + i of each group g.
   a.dq_passes = static_cast<int>(groups.passes);
   for (int64_t pass = 0; pass < groups.passes; ++pass) {
     a.dq_pass = static_cast<int>(pass);
-    Launch(kernels.dq, static_cast<unsigned>(groups.groups * h), CeilDiv(t_q, qt.rows), qt, a);
+    Launch(narrow_dq ? kernels.dq_narrow : kernels.dq, static_cast<unsigned>(groups.groups * h),
+           CeilDiv(t_q, dq_tiles.rows), dq_tiles, a);
   }
   if (slots.defined() && !slots.SharesStorageWith(dbias)) {
     const int64_t n = dbias.numel();

@@ -26,15 +26,16 @@
 // then run in the order the CTAs reach them: not bitwise reproducible (as
 // PyTorch's flash backward), and the accumulator costs 4 bytes per dq element.
 // Off by default.
-// Narrow dk/dv (SetFlashAttentionNarrowDkDv, environment
-// FSDP_CUDA_ATTENTION_DKDV=narrow; tensor-core kernels at head size 64
-// without dropout or score terms): kernel 2 steps over 32 queries at a time
-// instead of 64, so half the probabilities and dS are live beside dK and dV:
-// 128 registers a thread instead of 168 (sm_90 ptxas, no spills), 4 CTAs an
-// SM instead of 3, for twice the steps (a barrier and a stage of copies each)
-// and the keys' and values' fragments read twice as often. The queries add
-// into dK and dV in the same order: the same bits. Off by default (not yet
-// timed on a GPU).
+// Narrow kernels (tensor-core kernels at head size 64 without dropout or
+// score terms; off by default, not yet timed on a GPU): kernel 2 steps over 32
+// queries at a time instead of 64 (SetFlashAttentionNarrowDkDv, environment
+// FSDP_CUDA_ATTENTION_DKDV=narrow), kernel 3 over 32 keys instead of 64
+// (SetFlashAttentionNarrowDq, FSDP_CUDA_ATTENTION_DQ=narrow), so half the
+// probabilities and dS are live beside the accumulators: dk/dv 128 registers
+// a thread instead of 168 (sm_90 ptxas, no spills), 4 CTAs an SM instead of
+// 3; dq 96 instead of 130, 5 CTAs instead of 3; for twice the steps (a
+// barrier and a stage of copies each) and the fixed operand's fragments read
+// twice as often. The sums run in the same order: the same bits.
 //
 // Kernels (FlashAttentionKernel):
 // - kTensorCore (bf16, f16): warp-level mma.sync.m16n8k16 with f32
@@ -163,14 +164,15 @@ Tensor FlashKeyMaskBytes(const Tensor& key_mask);
 // ---- Host-side geometry (shared by the .cu and the tests; no CUDA needed) ----
 
 // kBackwardDkDvDq: kernel 2 of the atomic-dq backward (dk, dv and dq's atomics).
-// kBackwardDkDvNarrow: kernel 2 of the deterministic backward with 32 queries
-// a step (SetFlashAttentionNarrowDkDv).
+// kBackwardDkDvNarrow, kBackwardDqNarrow: kernels 2 and 3 of the
+// deterministic backward with 32 queries (keys) a step (the narrow kernels).
 enum class FlashAttentionPass {
   kForward,
   kBackwardDkDv,
   kBackwardDq,
   kBackwardDkDvDq,
-  kBackwardDkDvNarrow
+  kBackwardDkDvNarrow,
+  kBackwardDqNarrow
 };
 
 struct FlashAttentionTiles {
@@ -211,7 +213,9 @@ constexpr FlashAttentionTiles FlashAttentionTilesFor(FlashAttentionKernel kernel
       return {64, step, 128,
               (2 * 64 + 2 * 2 * step) * ld * elem_size + 2 * 2 * step * 4 + ds_bytes};
     }
-    return {64, 64, 128, (2 * 64 + 2 * 2 * 64) * ld * elem_size};  // dq: Q, dO; 2 x (K, V)
+    const int64_t step = pass == FlashAttentionPass::kBackwardDqNarrow ? 32 : 64;
+    return {64, static_cast<int>(step), 128,
+            (2 * 64 + 2 * 2 * step) * ld * elem_size};  // dq: Q, dO; 2 x (K, V)
   }
   const int64_t ldf = head_dim + 1;
   if (pass == FlashAttentionPass::kForward) {
@@ -278,12 +282,16 @@ constexpr int64_t FlashAttentionBackwardWorkspaceBytes(int64_t batch, int64_t he
 void SetFlashAttentionAtomicDq(bool atomic);
 bool FlashAttentionAtomicDq();
 
-// Whether the deterministic backward's dk/dv kernel takes 32 queries a step
-// where it has that kernel (see the top of this file): the same bits, another
-// speed. Default off; environment FSDP_CUDA_ATTENTION_DKDV=narrow at startup
-// turns it on. For timing both (attention_benchmark, bench_vs_pytorch.py).
+// Whether the deterministic backward's dk/dv kernel takes 32 queries a step,
+// and its dq kernel 32 keys a step, where they have such kernels (see the top
+// of this file): the same bits, another speed. Default off; environment
+// FSDP_CUDA_ATTENTION_DKDV=narrow and FSDP_CUDA_ATTENTION_DQ=narrow at
+// startup turn them on. For timing them (attention_benchmark,
+// bench_vs_pytorch.py).
 void SetFlashAttentionNarrowDkDv(bool narrow);
 bool FlashAttentionNarrowDkDv();
+void SetFlashAttentionNarrowDq(bool narrow);
+bool FlashAttentionNarrowDq();
 
 // Throws OpError("[flash_attention] ...") unless q (B, H, T_q, D), k (B, H, T_k,
 // D) and v (B, H, T_k, D) fit the kernels: one floating dtype, D in {32, 64,

@@ -8,8 +8,8 @@
 // attention dropout and of T5's score terms (bias, key mask, dS); the
 // backward alone, deterministic (7 products: dk/dv, then dq) against the
 // atomic-dq one (FlashAttention-2's 5 products, SetFlashAttentionAtomicDq),
-// timed in alternation, and the deterministic one with the narrow dk/dv
-// kernel (SetFlashAttentionNarrowDkDv: 32 queries a step, 4 CTAs an SM).
+// timed in alternation, and the deterministic one with the narrow kernels
+// (SetFlashAttentionNarrowDkDv / Dq: 32 rows a step, more CTAs an SM).
 // Also prints how far apart the outputs are.
 //
 //   ./bazelw run --config=cuda //tensor/cuda:attention_benchmark -- [B] [iters]
@@ -170,25 +170,33 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
   // The backward alone in both modes, alternating rounds so both see the
   // same clocks; the better round of each.
   fused_fwd();
-  // The deterministic one also with the narrow dk/dv kernel (32 queries a
-  // step: the same bits).
-  double det_ms = 1e30, atomic_ms = 1e30, narrow_ms = 1e30;
-  Tensor dq_atomic = Tensor::Empty(shape, dt, dev), dk_narrow = Tensor::Empty(shape, dt, dev);
+  // The deterministic one also with the narrow kernels (32 rows a step: the
+  // same bits): dk/dv's, dq's, both (mode bits 1, 2).
+  double det_ms = 1e30, atomic_ms = 1e30, narrow_ms[4] = {0, 1e30, 1e30, 1e30};
+  auto set_narrow = [](int mode) {
+    cuda::SetFlashAttentionNarrowDkDv((mode & 1) != 0);
+    cuda::SetFlashAttentionNarrowDq((mode & 2) != 0);
+  };
+  Tensor dq_atomic = Tensor::Empty(shape, dt, dev), dq_narrow = Tensor::Empty(shape, dt, dev),
+         dk_narrow = Tensor::Empty(shape, dt, dev);
   for (int round = 0; round < 3; ++round) {
     cuda::SetFlashAttentionAtomicDq(false);
     det_ms = std::min(det_ms, TimeMs(fused_bwd, iters));
-    cuda::SetFlashAttentionNarrowDkDv(true);
-    narrow_ms = std::min(narrow_ms, TimeMs(fused_bwd, iters));
-    cuda::SetFlashAttentionNarrowDkDv(false);
+    for (int mode : {1, 2, 3}) {
+      set_narrow(mode);
+      narrow_ms[mode] = std::min(narrow_ms[mode], TimeMs(fused_bwd, iters));
+    }
+    set_narrow(0);
     cuda::SetFlashAttentionAtomicDq(true);
     atomic_ms = std::min(atomic_ms, TimeMs(fused_bwd, iters));
   }
   dq_atomic.CopyFrom(dq);  // the atomic run's (the last one)
   cuda::SetFlashAttentionAtomicDq(false);
-  cuda::SetFlashAttentionNarrowDkDv(true);
+  set_narrow(3);
   fused_bwd();
+  dq_narrow.CopyFrom(dq);
   dk_narrow.CopyFrom(dk);
-  cuda::SetFlashAttentionNarrowDkDv(false);
+  set_narrow(0);
   fused_bwd();  // dq, dk, dv deterministic again for the comparisons below
   const double u_ms = TimeMs(unfused_fwd, iters);
   const double ub_ms = TimeMs(
@@ -218,9 +226,13 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
       det_ms, bwd_flops / det_ms * 1e-9, atomic_ms, bwd_flops / atomic_ms * 1e-9,
       atomic_ms / det_ms, MaxAbsDiff(dq_atomic, dq), double(b * h * t * d * 4) / (1 << 20));
   std::printf(
-      "  backward, narrow dk/dv (32 queries a step, FSDP_CUDA_ATTENTION_DKDV=narrow) %8.3f ms "
-      "(%6.1f TFLOP/s)  narrow / deterministic %.3f; max |dk narrow - deterministic| %.3g\n",
-      narrow_ms, bwd_flops / narrow_ms * 1e-9, narrow_ms / det_ms, MaxAbsDiff(dk_narrow, dk));
+      "  backward, narrow kernels (32 rows a step; FSDP_CUDA_ATTENTION_DKDV=narrow, "
+      "FSDP_CUDA_ATTENTION_DQ=narrow): dk/dv %8.3f ms (x%.3f the deterministic), dq %8.3f ms "
+      "(x%.3f), both %8.3f ms (%6.1f TFLOP/s, x%.3f); max |narrow - deterministic| dq %.3g "
+      "dk %.3g\n",
+      narrow_ms[1], narrow_ms[1] / det_ms, narrow_ms[2], narrow_ms[2] / det_ms, narrow_ms[3],
+      bwd_flops / narrow_ms[3] * 1e-9, narrow_ms[3] / det_ms, MaxAbsDiff(dq_narrow, dq),
+      MaxAbsDiff(dk_narrow, dk));
   const double slot_mib = double(h) * t * t * 4 / (1 << 20);
   std::printf(
       "  fwd + bwd, bias + key mask, the bias's gradient (T5): fused %8.3f ms (x%.2f the "

@@ -93,11 +93,11 @@ using KernelFn = void (*)(Args);
 // The kernels of one configuration (dtype, head size, dropout, score terms).
 // dkdv_dq: dk, dv and the atomic adds of dq in one pass (tensor-core family
 // only; null for the float kernels).
-// dkdv_narrow: the dk/dv kernel of FlashAttentionPass::kBackwardDkDvNarrow,
-// null where it is not built (all but the tensor cores' head size 64 without
-// dropout or score terms).
+// dkdv_narrow, dq_narrow: the kernels of FlashAttentionPass::
+// kBackwardDkDvNarrow and kBackwardDqNarrow, null where they are not built
+// (all but the tensor cores' head size 64 without dropout or score terms).
 struct Kernels {
-  KernelFn forward, dkdv, dq, dkdv_dq, dkdv_narrow;
+  KernelFn forward, dkdv, dq, dkdv_dq, dkdv_narrow, dq_narrow;
 };
 
 // The tensor-core kernels (dtype bf16 or f16) and the float kernels (f32,

@@ -475,10 +475,12 @@ __global__ void __launch_bounds__(128, kNarrow ? 4 : 0) BackwardDkDvMmaKernel(co
   }
 }
 
-// Backward dq: CTA = 64 queries (4 warps x 16 rows); loops over key tiles.
-template <typename T, int kD, bool kDrop, bool kTerms>
+// Backward dq: CTA = 64 queries (4 warps x 16 rows); loops over key tiles
+// (kNarrow, FlashAttentionPass::kBackwardDqNarrow: of 32 keys).
+template <typename T, int kD, bool kDrop, bool kTerms, bool kNarrow = false>
 __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
-  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(FlashAttentionPass::kBackwardDq);
+  constexpr FlashAttentionTiles kTiles = MmaTiles<T, kD>(
+      kNarrow ? FlashAttentionPass::kBackwardDqNarrow : FlashAttentionPass::kBackwardDq);
   constexpr int kBr = kTiles.rows, kBc = kTiles.step, kLd = kD + 8;
   static_assert(kBr == 64 && kBc % 16 == 0, "4 warps of 16 rows");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -578,14 +580,17 @@ Kernels MmaKernels(Dtype dtype, int64_t d, bool dropout, bool terms) {
     if constexpr (std::is_same_v<T, float>) {
       return Kernels{};  // refused above: no f32 tensor-core kernels
     } else {
-      KernelFn narrow = nullptr;  // built where it fits 4 CTAs an SM without spills
+      KernelFn dkdv_narrow = nullptr, dq_narrow = nullptr;  // gpt2's case, see attention.h
       if constexpr (kD == 64 && !kDrop && !kTerms) {
-        narrow = BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, false, true>;
+        dkdv_narrow = BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, false, true>;
+        dq_narrow = BackwardDqMmaKernel<T, kD, kDrop, kTerms, true>;
       }
       return Kernels{ForwardMmaKernel<T, kD, kDrop, kTerms>,
                      BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, false>,
                      BackwardDqMmaKernel<T, kD, kDrop, kTerms>,
-                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, true>, narrow};
+                     BackwardDkDvMmaKernel<T, kD, kDrop, kTerms, true>,
+                     dkdv_narrow,
+                     dq_narrow};
     }
   });
 }

@@ -250,16 +250,22 @@ class ScopedAtomicDq {
   const bool was_;
 };
 
-// The narrow dk/dv kernel (SetFlashAttentionNarrowDkDv) for a scope.
-class ScopedNarrowDkDv {
+// The narrow kernels (SetFlashAttentionNarrowDkDv, SetFlashAttentionNarrowDq)
+// as given for a scope.
+class ScopedNarrow {
  public:
-  ScopedNarrowDkDv() : was_(cuda::FlashAttentionNarrowDkDv()) {
-    cuda::SetFlashAttentionNarrowDkDv(true);
+  ScopedNarrow(bool dkdv, bool dq)
+      : was_dkdv_(cuda::FlashAttentionNarrowDkDv()), was_dq_(cuda::FlashAttentionNarrowDq()) {
+    cuda::SetFlashAttentionNarrowDkDv(dkdv);
+    cuda::SetFlashAttentionNarrowDq(dq);
   }
-  ~ScopedNarrowDkDv() { cuda::SetFlashAttentionNarrowDkDv(was_); }
+  ~ScopedNarrow() {
+    cuda::SetFlashAttentionNarrowDkDv(was_dkdv_);
+    cuda::SetFlashAttentionNarrowDq(was_dq_);
+  }
 
  private:
-  const bool was_;
+  const bool was_dkdv_, was_dq_;
 };
 
 std::vector<Case> Cases() {
@@ -320,15 +326,15 @@ TEST(CudaFlashAttentionTest, AtomicDqMatchesReference) {
                /*with_dbias=*/true);
 }
 
-// The deterministic backward with the dk/dv kernel that takes 32 queries a
-// step (head size 64 without dropout or score terms; elsewhere the switch
-// changes nothing): against the reference, and the same bits as with 64
-// queries a step (the queries add into dK and dV in the same order), aligned
-// rows (cp.async tiles) and not.
-TEST(CudaFlashAttentionTest, NarrowDkDvMatchesReferenceBitForBit) {
+// The deterministic backward with the narrow kernels (32 queries a step in
+// dk/dv, 32 keys in dq; built for head size 64 without dropout or score
+// terms, elsewhere the switches change nothing): against the reference, and
+// the same bits as the default kernels (the sums run in the same order), each
+// narrow kernel alone and both, aligned rows (cp.async tiles) and not.
+TEST(CudaFlashAttentionTest, NarrowKernelsMatchReferenceBitForBit) {
   SKIP_WITHOUT_GPU();
   {
-    ScopedNarrowDkDv narrow;
+    ScopedNarrow narrow(true, true);
     for (const Case& c : Cases()) {
       for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
         RunCase(c, dt, FlashAttentionKernel::kTensorCore);
@@ -354,23 +360,23 @@ TEST(CudaFlashAttentionTest, NarrowDkDvMatchesReferenceBitForBit) {
         Tensor out = Tensor::Empty(q.shape(), dt, dev);
         Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
         cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse);
-        // dq, dk, dv with 64 queries a step ([0]) and with 32 ([1]).
-        std::vector<float> grads[2][3];
-        for (int narrow = 0; narrow < 2; ++narrow) {
-          const bool was = cuda::FlashAttentionNarrowDkDv();
-          cuda::SetFlashAttentionNarrowDkDv(narrow == 1);
+        // dq, dk, dv with narrow (dk/dv, dq) = mode bits 1, 2.
+        auto grads = [&](int mode) {
+          ScopedNarrow narrow((mode & 1) != 0, (mode & 2) != 0);
           Tensor dq = Tensor::Empty(q.shape(), dt, dev);
           Tensor dk = Tensor::Empty(k.shape(), dt, dev);
           Tensor dv = Tensor::Empty(v.shape(), dt, dev);
           cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv);
-          cuda::SetFlashAttentionNarrowDkDv(was);
-          grads[narrow][0] = dq.ToVector<float>();
-          grads[narrow][1] = dk.ToVector<float>();
-          grads[narrow][2] = dv.ToVector<float>();
+          return std::vector<std::vector<float>>{dq.ToVector<float>(), dk.ToVector<float>(),
+                                                 dv.ToVector<float>()};
+        };
+        const std::vector<std::vector<float>> base = grads(0);
+        for (int mode : {1, 2, 3}) {
+          const std::vector<std::vector<float>> got = grads(mode);
+          EXPECT_EQ(got[0], base[0]) << "dq, narrow mode " << mode;
+          EXPECT_EQ(got[1], base[1]) << "dk, narrow mode " << mode;
+          EXPECT_EQ(got[2], base[2]) << "dv, narrow mode " << mode;
         }
-        EXPECT_EQ(grads[1][0], grads[0][0]) << "dq";
-        EXPECT_EQ(grads[1][1], grads[0][1]) << "dk";
-        EXPECT_EQ(grads[1][2], grads[0][2]) << "dv";
       }
     }
   }
@@ -609,7 +615,7 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
       for (FlashAttentionPass p :
            {FlashAttentionPass::kForward, FlashAttentionPass::kBackwardDkDv,
             FlashAttentionPass::kBackwardDq, FlashAttentionPass::kBackwardDkDvDq,
-            FlashAttentionPass::kBackwardDkDvNarrow}) {
+            FlashAttentionPass::kBackwardDkDvNarrow, FlashAttentionPass::kBackwardDqNarrow}) {
         const cuda::FlashAttentionTiles t = FlashAttentionTilesFor(k, p, d, 2);
         EXPECT_LE(t.smem_bytes, kSm90MaxSmem) << d;
         EXPECT_GT(t.rows, 0);
@@ -654,6 +660,12 @@ TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
       FlashAttentionKernel::kTensorCore, FlashAttentionPass::kBackwardDkDvNarrow, 64, 2);
   EXPECT_EQ(narrow.step, 32);
   EXPECT_EQ(narrow.smem_bytes, (2 * 64 + 2 * 2 * 32) * 72 * 2 + 2 * 2 * 32 * 4);
+  // The narrow dq pass: the same 64 query rows a CTA, K, V stages of 32 keys.
+  const cuda::FlashAttentionTiles narrow_dq = FlashAttentionTilesFor(
+      FlashAttentionKernel::kTensorCore, FlashAttentionPass::kBackwardDqNarrow, 64, 2);
+  EXPECT_EQ(narrow_dq.rows, 64);
+  EXPECT_EQ(narrow_dq.step, 32);
+  EXPECT_EQ(narrow_dq.smem_bytes, (2 * 64 + 2 * 2 * 32) * 72 * 2);
 }
 
 // The groups of a shared bias's gradient: the fewest that give each dq launch
