@@ -336,48 +336,53 @@ TEST(CudaFlashAttentionTest, NarrowKernelsMatchReferenceBitForBit) {
   {
     ScopedNarrow narrow(true, true);
     for (const Case& c : Cases()) {
-      for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
-        RunCase(c, dt, FlashAttentionKernel::kTensorCore);
-      }
+      if (c.d == 64) RunCase(c, Dtype::kBF16, FlashAttentionKernel::kTensorCore);
     }
   }
-  const std::vector<Case> cases = {{1, 2, 200, 200, 64, true},
-                                   {2, 1, 130, 130, 64, false},
-                                   {1, 2, 33, 100, 64, true},
-                                   {1, 2, 100, 33, 64, true},
-                                   {1, 2, 384, 384, 64, true}};
-  for (const Case& c : cases) {
-    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
-      for (bool unaligned : {false, true}) {
-        SCOPED_TRACE(absl::StrCat(Name(c, dt, FlashAttentionKernel::kTensorCore),
-                                  unaligned ? " unaligned" : ""));
-        const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-        const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 31, dt, unaligned);
-        const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 32, dt, unaligned);
-        const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 33, dt, unaligned);
-        const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 34, dt, unaligned);
-        const Device dev = q.device();
-        Tensor out = Tensor::Empty(q.shape(), dt, dev);
-        Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
-        cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse);
-        // dq, dk, dv with narrow (dk/dv, dq) = mode bits 1, 2.
-        auto grads = [&](int mode) {
-          ScopedNarrow narrow((mode & 1) != 0, (mode & 2) != 0);
-          Tensor dq = Tensor::Empty(q.shape(), dt, dev);
-          Tensor dk = Tensor::Empty(k.shape(), dt, dev);
-          Tensor dv = Tensor::Empty(v.shape(), dt, dev);
-          cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv);
-          return std::vector<std::vector<float>>{dq.ToVector<float>(), dk.ToVector<float>(),
-                                                 dv.ToVector<float>()};
-        };
-        const std::vector<std::vector<float>> base = grads(0);
-        for (int mode : {1, 2, 3}) {
-          const std::vector<std::vector<float>> got = grads(mode);
-          EXPECT_EQ(got[0], base[0]) << "dq, narrow mode " << mode;
-          EXPECT_EQ(got[1], base[1]) << "dk, narrow mode " << mode;
-          EXPECT_EQ(got[2], base[2]) << "dv, narrow mode " << mode;
-        }
-      }
+  // (case, dtype, unaligned): partial and full tiles, causal or not, more
+  // queries than keys; bf16 both ways, f16 once (the emulation's race check
+  // runs this test too: kept small).
+  struct BitCase {
+    Case c;
+    Dtype dt;
+    bool unaligned;
+  };
+  const std::vector<BitCase> cases = {{{1, 2, 200, 200, 64, true}, Dtype::kBF16, false},
+                                      {{1, 2, 200, 200, 64, true}, Dtype::kBF16, true},
+                                      {{1, 2, 200, 200, 64, true}, Dtype::kF16, false},
+                                      {{2, 1, 130, 130, 64, false}, Dtype::kBF16, false},
+                                      {{1, 2, 100, 33, 64, true}, Dtype::kBF16, true},
+                                      {{1, 1, 256, 256, 64, true}, Dtype::kBF16, false}};
+  for (const BitCase& bc : cases) {
+    const Case& c = bc.c;
+    const Dtype dt = bc.dt;
+    SCOPED_TRACE(absl::StrCat(Name(c, dt, FlashAttentionKernel::kTensorCore),
+                              bc.unaligned ? " unaligned" : ""));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 31, dt, bc.unaligned);
+    const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 32, dt, bc.unaligned);
+    const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 33, dt, bc.unaligned);
+    const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 34, dt, bc.unaligned);
+    const Device dev = q.device();
+    Tensor out = Tensor::Empty(q.shape(), dt, dev);
+    Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+    cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse);
+    // dq, dk, dv with narrow (dk/dv, dq) = mode bits 1, 2.
+    auto grads = [&](int mode) {
+      ScopedNarrow narrow((mode & 1) != 0, (mode & 2) != 0);
+      Tensor dq = Tensor::Empty(q.shape(), dt, dev);
+      Tensor dk = Tensor::Empty(k.shape(), dt, dev);
+      Tensor dv = Tensor::Empty(v.shape(), dt, dev);
+      cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv);
+      return std::vector<std::vector<float>>{dq.ToVector<float>(), dk.ToVector<float>(),
+                                             dv.ToVector<float>()};
+    };
+    const std::vector<std::vector<float>> base = grads(0);
+    for (int mode : {1, 2, 3}) {
+      const std::vector<std::vector<float>> got = grads(mode);
+      EXPECT_EQ(got[0], base[0]) << "dq, narrow mode " << mode;
+      EXPECT_EQ(got[1], base[1]) << "dk, narrow mode " << mode;
+      EXPECT_EQ(got[2], base[2]) << "dv, narrow mode " << mode;
     }
   }
 }
