@@ -18,6 +18,19 @@ void CheckCpu(const char* op, std::initializer_list<const Tensor*> tensors) {
   }
 }
 
+bool CheckOneDevice(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    OP_CHECK(t->defined(), op, "got an undefined tensor");
+    if (first == nullptr) first = t;
+    OP_CHECK(t->device() == first->device(), op,
+             "tensors are on different devices: ", first->shape().ToString(), " on ",
+             first->device().ToString(), " and ", t->shape().ToString(), " on ",
+             t->device().ToString());
+  }
+  return first != nullptr && first->device().is_cuda();
+}
+
 void CheckFloating(const char* op, const Tensor& t) {
   OP_CHECK(IsFloatingPoint(t.dtype()), op, "dtype ", DtypeName(t.dtype()), " of tensor ",
            t.shape().ToString(), " is not supported; expected f32, bf16 or f16");

@@ -13,6 +13,10 @@ namespace tensor {
 // Throws unless every tensor is defined and on the CPU (the CUDA dispatch
 // replaces this when the CUDA backend implements the op).
 void CheckCpu(const char* op, std::initializer_list<const Tensor*> tensors);
+// Throws unless every tensor is defined and all are on one device (the
+// message names two of them and their devices); returns whether that device
+// is a CUDA device, so the caller runs the CUDA kernels.
+bool CheckOneDevice(const char* op, std::initializer_list<const Tensor*> tensors);
 // Throws unless `t` has dtype f32, bf16 or f16.
 void CheckFloating(const char* op, const Tensor& t);
 // Throws unless a and b have the same dtype.

@@ -16,29 +16,14 @@
 namespace tensor {
 namespace {
 
-// Throws unless every tensor is defined and all are on one device; true when
-// that device is a CUDA device (the CUDA kernels run), false on the CPU.
-bool OnCuda(const char* op, std::initializer_list<const Tensor*> tensors) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : tensors) {
-    OP_CHECK(t->defined(), op, "got an undefined tensor");
-    if (first == nullptr) first = t;
-    OP_CHECK(t->device() == first->device(), op,
-             "tensors are on different devices: ", first->shape().ToString(), " on ",
-             first->device().ToString(), " and ", t->shape().ToString(), " on ",
-             t->device().ToString());
-  }
-  return first != nullptr && first->device().is_cuda();
-}
-
 void CheckInputs(const char* op, const Tensor& a, const Tensor& b) {
-  OnCuda(op, {&a, &b});
+  CheckOneDevice(op, {&a, &b});
   CheckFloating(op, a);
   CheckSameDtype(op, a, b);
 }
 
 void CheckInput(const char* op, const Tensor& x) {
-  OnCuda(op, {&x});
+  CheckOneDevice(op, {&x});
   CheckFloating(op, x);
 }
 
@@ -168,7 +153,7 @@ void ScaleInPlace(const Tensor& x, double alpha) {
 namespace {
 
 void AccumulateChecked(const char* op, double alpha, const Tensor& x, const Tensor& y) {
-  const bool on_cuda = OnCuda(op, {&x, &y});
+  const bool on_cuda = CheckOneDevice(op, {&x, &y});
   CheckFloating(op, x);
   CheckFloating(op, y);
   OP_CHECK(y.dtype() == x.dtype() || y.dtype() == Dtype::kF32, op, "cannot accumulate ",
@@ -206,7 +191,7 @@ Tensor AddBiasBackward(const Tensor& grad_out) {
 
 void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias) {
   const char* op = "add_bias_backward";
-  OnCuda(op, {&grad_out, &grad_bias});
+  CheckOneDevice(op, {&grad_out, &grad_bias});
   CheckFloating(op, grad_out);
   CheckFloating(op, grad_bias);
   OP_CHECK(grad_out.rank() >= 1 && grad_bias.rank() == 1 && grad_bias.dim(0) == grad_out.dim(-1),

@@ -19,21 +19,6 @@
 namespace tensor {
 namespace {
 
-// Throws unless every tensor is defined and all are on one device; true when
-// that device is a CUDA device.
-bool OnCuda(const char* op, std::initializer_list<const Tensor*> tensors) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : tensors) {
-    OP_CHECK(t->defined(), op, "got an undefined tensor");
-    if (first == nullptr) first = t;
-    OP_CHECK(t->device() == first->device(), op,
-             "tensors are on different devices: ", first->shape().ToString(), " on ",
-             first->device().ToString(), " and ", t->shape().ToString(), " on ",
-             t->device().ToString());
-  }
-  return first != nullptr && first->device().is_cuda();
-}
-
 // The multi-index of flat position p in `shape`, as "[i,j,k]".
 std::string PositionString(int64_t p, const Shape& shape) {
   std::vector<int64_t> index(shape.rank());
@@ -90,7 +75,7 @@ void CheckGradOut(const char* op, const Tensor& grad_out, const Tensor& ids, int
 
 Tensor Embedding(const Tensor& weight, const Tensor& ids, bool ids_checked) {
   const char* op = "embedding";
-  const bool on_cuda = OnCuda(op, {&weight, &ids});
+  const bool on_cuda = CheckOneDevice(op, {&weight, &ids});
   OP_CHECK(weight.rank() == 2, op, "weight must be (V, C); got ", Describe("weight", weight));
   const Tensor ids_c = ids.Contiguous();
   if (!(on_cuda && ids_checked)) CheckIds(op, ids_c, weight.dim(0), Describe("weight", weight));
@@ -107,7 +92,7 @@ Tensor Embedding(const Tensor& weight, const Tensor& ids, bool ids_checked) {
 
 Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_embeddings) {
   const char* op = "embedding_backward";
-  const bool on_cuda = OnCuda(op, {&grad_out, &ids});
+  const bool on_cuda = CheckOneDevice(op, {&grad_out, &ids});
   OP_CHECK(num_embeddings >= 0, op, "num_embeddings must be >= 0; got ", num_embeddings);
   OP_CHECK(grad_out.rank() >= 1, op, "grad_out must be (..., C); got ",
            Describe("grad_out", grad_out));
@@ -127,7 +112,7 @@ Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_
 void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
                                  const Tensor& grad_weight, bool ids_checked) {
   const char* op = "embedding_backward";
-  const bool on_cuda = OnCuda(op, {&grad_out, &ids, &grad_weight});
+  const bool on_cuda = CheckOneDevice(op, {&grad_out, &ids, &grad_weight});
   OP_CHECK(grad_weight.rank() == 2, op, "grad_weight must be (V, C); got ",
            Describe("grad_weight", grad_weight));
   CheckFloating(op, grad_weight);

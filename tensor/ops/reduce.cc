@@ -16,19 +16,6 @@
 namespace tensor {
 namespace {
 
-// Throws unless every tensor is defined and all are on one device.
-void CheckOneDevice(const char* op, std::initializer_list<const Tensor*> tensors) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : tensors) {
-    OP_CHECK(t->defined(), op, "got an undefined tensor");
-    if (first == nullptr) first = t;
-    OP_CHECK(t->device() == first->device(), op,
-             "tensors are on different devices: ", first->shape().ToString(), " on ",
-             first->device().ToString(), " and ", t->shape().ToString(), " on ",
-             t->device().ToString());
-  }
-}
-
 // The kernels of the data's device (the op layer checked that all share it).
 void SumDim(const Tensor& x, int64_t outer, int64_t reduce, int64_t inner, double scale,
             bool accumulate, const Tensor& out) {
