@@ -58,7 +58,10 @@
 #                                workload, warp states, launch, occupancy) of the fused
 #                                attention's three tensor-core kernels, forward, dk/dv and dq,
 #                                at attention_benchmark's B 8, T 1024 ($OUT/kernels_ncu.txt;
-#                                their throughputs, busiest pipes and occupancy to stdout)
+#                                their throughputs, busiest pipes and occupancy to stdout);
+#                                with FSDP_CUDA_ATTENTION_DKDV=narrow FSDP_CUDA_ATTENTION_DQ=narrow
+#                                in the environment, the narrow dk/dv and dq kernels instead
+#                                (the benchmark's first backward runs as the environment says)
 #   tools/gpu_session.sh racecheck
 #                                compute-sanitizer's racecheck (shared-memory hazards) and
 #                                synccheck on the kernel tests with the most synchronization,

@@ -180,6 +180,7 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
   Tensor dq_atomic = Tensor::Empty(shape, dt, dev), dq_narrow = Tensor::Empty(shape, dt, dev),
          dk_narrow = Tensor::Empty(shape, dt, dev);
   for (int round = 0; round < 3; ++round) {
+    set_narrow(0);  // whatever FSDP_CUDA_ATTENTION_DKDV / _DQ said at startup
     cuda::SetFlashAttentionAtomicDq(false);
     det_ms = std::min(det_ms, TimeMs(fused_bwd, iters));
     for (int mode : {1, 2, 3}) {
