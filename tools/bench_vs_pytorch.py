@@ -77,6 +77,29 @@ def peak_tflops(args):
     sys.exit(f"no known bf16 peak for '{name}': pass --peak_tflops")
 
 
+# The switches of the CUDA build that --FLAG times ours with, as (flag, result name, environment,
+# what the switch does (for the error without --device cuda), help).
+OURS_SWITCHES = [
+    ("gemm_tune", "ours_bf16_gemm_tuned", {"FSDP_CUDA_GEMM_TUNE": "1"},
+     "tunes cuBLASLt's GEMMs",
+     "with FSDP_CUDA_GEMM_TUNE=1: each GEMM shape runs the fastest of cuBLASLt's heuristic "
+     "candidates, timed at its first call"),
+    ("attention_dq_atomic", "ours_bf16_atomic_dq", {"FSDP_CUDA_ATTENTION_DQ": "atomic"},
+     "switches the fused CUDA attention",
+     "with FSDP_CUDA_ATTENTION_DQ=atomic: the fused attention's backward as FlashAttention-2's "
+     "(5 products, dq summed by atomics, not bitwise reproducible) instead of the deterministic 7"),
+    ("bias_grad_unfused", "ours_bf16_bias_grad_unfused", {"FSDP_CUDA_BIAS_GRAD_EPILOGUE": "0"},
+     "switches a cuBLASLt epilogue",
+     "with FSDP_CUDA_BIAS_GRAD_EPILOGUE=0: the Linear layers' bias gradients by the column-sum "
+     "kernel after the dW GEMM instead of cuBLASLt's BGRADB epilogue"),
+    ("attention_narrow", "ours_bf16_attention_narrow",
+     {"FSDP_CUDA_ATTENTION_DKDV": "narrow", "FSDP_CUDA_ATTENTION_DQ": "narrow"},
+     "switches the fused CUDA attention",
+     "with FSDP_CUDA_ATTENTION_DKDV=narrow and FSDP_CUDA_ATTENTION_DQ=narrow: the fused "
+     "attention's backward kernels 32 rows a step (more CTAs an SM, the same bits)"),
+]
+
+
 def sync(args):
     if args.device == "cuda":
         torch.cuda.synchronize()
@@ -160,21 +183,8 @@ def main():
     p.add_argument("--torch_sdpa", action="store_true",
                    help="also time PyTorch with F.scaled_dot_product_attention (FlashAttention on "
                         "a GPU) in place of minGPT's four attention ops (PyTorch >= 2.0)")
-    p.add_argument("--gemm_tune", action="store_true",
-                   help="(cuda) also time ours with FSDP_CUDA_GEMM_TUNE=1: each GEMM shape runs the "
-                        "fastest of cuBLASLt's heuristic candidates, timed at its first call")
-    p.add_argument("--attention_dq_atomic", action="store_true",
-                   help="(cuda) also time ours with FSDP_CUDA_ATTENTION_DQ=atomic: the fused "
-                        "attention's backward as FlashAttention-2's (5 products, dq summed by "
-                        "atomics, not bitwise reproducible) instead of the deterministic 7")
-    p.add_argument("--bias_grad_unfused", action="store_true",
-                   help="(cuda) also time ours with FSDP_CUDA_BIAS_GRAD_EPILOGUE=0: the Linear "
-                        "layers' bias gradients by the column-sum kernel after the dW GEMM instead "
-                        "of cuBLASLt's BGRADB epilogue")
-    p.add_argument("--attention_narrow", action="store_true",
-                   help="(cuda) also time ours with FSDP_CUDA_ATTENTION_DKDV=narrow and "
-                        "FSDP_CUDA_ATTENTION_DQ=narrow: the fused attention's backward kernels "
-                        "32 rows a step (more CTAs an SM, the same bits)")
+    for flag, _, _, _, help_text in OURS_SWITCHES:
+        p.add_argument(f"--{flag}", action="store_true", help=f"(cuda) also time ours {help_text}")
     p.add_argument("--ours_env", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                    help="(cuda) also time ours with these environment variables set, reported as "
                         "ours_bf16_NAME, e.g. all:FSDP_CUDA_GEMM_TUNE=1,"
@@ -190,14 +200,15 @@ def main():
             sys.exit(f"--ours_env={spec}: expected NAME:KEY=VALUE[,KEY=VALUE...] with NAME a "
                      "word (letters, digits, _)")
         extra_runs.append((name, {k: v for k, _, v in pairs}))
-    if (args.attention_narrow or extra_runs) and args.device != "cuda":
-        sys.exit("--attention_narrow and --ours_env time the CUDA build: they need --device cuda")
-    if args.gemm_tune and args.device != "cuda":
-        sys.exit("--gemm_tune tunes cuBLASLt's GEMMs: it needs --device cuda")
-    if args.attention_dq_atomic and args.device != "cuda":
-        sys.exit("--attention_dq_atomic switches the fused CUDA attention: it needs --device cuda")
-    if args.bias_grad_unfused and args.device != "cuda":
-        sys.exit("--bias_grad_unfused switches a cuBLASLt epilogue: it needs --device cuda")
+    # Ours again with each switch given, then with each --ours_env: (result name, environment).
+    ours_runs = [(name, env) for flag, name, env, _, _ in OURS_SWITCHES if getattr(args, flag)]
+    ours_runs += [(f"ours_bf16_{name}", env) for name, env in extra_runs]
+    if args.device != "cuda":
+        for flag, _, _, what, _ in OURS_SWITCHES:
+            if getattr(args, flag):
+                sys.exit(f"--{flag} {what}: it needs --device cuda")
+        if extra_runs:
+            sys.exit("--ours_env times the CUDA build: it needs --device cuda")
     if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
     if args.torch_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
@@ -214,21 +225,8 @@ def main():
             results["pytorch_autocast_bf16_sdpa"] = torch_tokens_per_s(args, autocast_bf16=True,
                                                                        sdpa=True)
         results["ours_bf16"] = ours_tokens_per_s(args, "bf16")
-        if args.gemm_tune:  # the tuning runs in the first (warm-up) step
-            results["ours_bf16_gemm_tuned"] = ours_tokens_per_s(
-                args, "bf16", env={"FSDP_CUDA_GEMM_TUNE": "1"})
-        if args.attention_dq_atomic:
-            results["ours_bf16_atomic_dq"] = ours_tokens_per_s(
-                args, "bf16", env={"FSDP_CUDA_ATTENTION_DQ": "atomic"})
-        if args.bias_grad_unfused:
-            results["ours_bf16_bias_grad_unfused"] = ours_tokens_per_s(
-                args, "bf16", env={"FSDP_CUDA_BIAS_GRAD_EPILOGUE": "0"})
-        if args.attention_narrow:
-            results["ours_bf16_attention_narrow"] = ours_tokens_per_s(
-                args, "bf16",
-                env={"FSDP_CUDA_ATTENTION_DKDV": "narrow", "FSDP_CUDA_ATTENTION_DQ": "narrow"})
-        for name, env in extra_runs:
-            results[f"ours_bf16_{name}"] = ours_tokens_per_s(args, "bf16", env=env)
+        for name, env in ours_runs:  # GEMM tuning runs in the first (warm-up) step
+            results[name] = ours_tokens_per_s(args, "bf16", env=env)
         base = results["pytorch_autocast_bf16"][0]
         print(f"device {torch.cuda.get_device_name()}, peak {peak} TFLOP/s bf16, "
               f"{flops_per_token(args) / 1e9:.3f} GFLOP per token")
