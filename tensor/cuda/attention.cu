@@ -138,26 +138,17 @@ __global__ void DqFromAccumKernel(const Args a, int d, int64_t rows) {
   }
 }
 
+// The switches: the environment read once, at their first use.
 std::atomic<bool>& AtomicDqFlag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("FSDP_CUDA_ATTENTION_DQ");
-    return env != nullptr && std::strcmp(env, "atomic") == 0;
-  }()};
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_ATTENTION_DQ", "atomic")};
   return flag;
 }
-
 std::atomic<bool>& NarrowDkDvFlag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("FSDP_CUDA_ATTENTION_DKDV");
-    return env != nullptr && std::strcmp(env, "narrow") == 0;
-  }()};
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_ATTENTION_DKDV", "narrow")};
   return flag;
 }
 std::atomic<bool>& NarrowDqFlag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("FSDP_CUDA_ATTENTION_DQ");
-    return env != nullptr && std::strcmp(env, "narrow") == 0;
-  }()};
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_ATTENTION_DQ", "narrow")};
   return flag;
 }
 

@@ -20,6 +20,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "tensor/cuda/elements.cuh"
 #include "tensor/error.h"
@@ -37,6 +39,13 @@ inline void CheckCuda(cudaError_t err, const char* op, const char* what) {
 inline void CheckLaunch(const char* op) { CheckCuda(cudaGetLastError(), op, "kernel launch"); }
 
 inline cudaStream_t ComputeStream() { return cudaStreamPerThread; }
+
+// Whether environment variable `name` is set to `value` (the families' run-time
+// switches, FSDP_CUDA_*).
+inline bool EnvIs(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, value) == 0;
+}
 
 // Makes `t`'s device current on this thread.
 inline void SetDevice(const Tensor& t, const char* op) {

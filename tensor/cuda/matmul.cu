@@ -159,13 +159,7 @@ LtCache& Cache() {
   return *cache;
 }
 
-// Whether environment variable `name` is set to `value` (the switches below
-// are read once, at their first use).
-bool EnvIs(const char* name, const char* value) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, value) == 0;
-}
-
+// The switches below read the environment once (EnvIs), at their first use.
 std::atomic<bool>& AllowTf32Flag() {
   static std::atomic<bool> flag{EnvIs("FSDP_CUDA_TF32", "1")};
   return flag;
