@@ -41,21 +41,22 @@ __device__ __forceinline__ void AdamWElement(float* __restrict__ p, const float*
   p[i] = pi;
 }
 
-// Elements [4 q, 4 q + 4) of an AdamW step as 16-byte accesses (the four
-// loads issued together).
+// Elements [i, i + 4) of an AdamW step as 16-byte accesses (LoadF / StoreF,
+// the four loads issued together; i is where all four are 16-byte aligned).
 template <bool kDecay>
-__device__ __forceinline__ void AdamWQuad(float4* __restrict__ p, const float4* __restrict__ g,
-                                          float4* __restrict__ m, float4* __restrict__ v,
-                                          int64_t q, const AdamWScalars& s) {
-  float4 pq = p[q], mq = m[q], vq = v[q];
-  const float4 gq = g[q];
-  AdamWValue<kDecay>(pq.x, gq.x, mq.x, vq.x, s);
-  AdamWValue<kDecay>(pq.y, gq.y, mq.y, vq.y, s);
-  AdamWValue<kDecay>(pq.z, gq.z, mq.z, vq.z, s);
-  AdamWValue<kDecay>(pq.w, gq.w, mq.w, vq.w, s);
-  m[q] = mq;
-  v[q] = vq;
-  p[q] = pq;
+__device__ __forceinline__ void AdamWQuad(float* __restrict__ p, const float* __restrict__ g,
+                                          float* __restrict__ m, float* __restrict__ v, int64_t i,
+                                          const AdamWScalars& s) {
+  float pq[4], gq[4], mq[4], vq[4];
+  LoadF<4>(p + i, pq);
+  LoadF<4>(g + i, gq);
+  LoadF<4>(m + i, mq);
+  LoadF<4>(v + i, vq);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) AdamWValue<kDecay>(pq[k], gq[k], mq[k], vq[k], s);
+  StoreF<4>(m + i, mq);
+  StoreF<4>(v + i, vq);
+  StoreF<4>(p + i, pq);
 }
 
 // Up to kSegmentsPerLaunch segments of AdamWStepMany, passed by value (the
@@ -90,11 +91,7 @@ __device__ __forceinline__ void AdamWSegmentRun(float* p, const float* g, float*
     quads = (n - head) / 4;
   }
   for (int64_t i = first; i < head; i += stride) AdamWElement<kDecay>(p, g, m, v, i, s);
-  for (int64_t q = first; q < quads; q += stride) {
-    AdamWQuad<kDecay>(reinterpret_cast<float4*>(p + head), reinterpret_cast<const float4*>(g + head),
-                      reinterpret_cast<float4*>(m + head), reinterpret_cast<float4*>(v + head), q,
-                      s);
-  }
+  for (int64_t q = first; q < quads; q += stride) AdamWQuad<kDecay>(p, g, m, v, head + 4 * q, s);
   for (int64_t i = head + 4 * quads + first; i < n; i += stride) {
     AdamWElement<kDecay>(p, g, m, v, i, s);
   }
