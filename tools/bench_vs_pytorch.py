@@ -97,6 +97,10 @@ OURS_SWITCHES = [
      "switches the fused CUDA attention",
      "with FSDP_CUDA_ATTENTION_DKDV=narrow and FSDP_CUDA_ATTENTION_DQ=narrow: the fused "
      "attention's backward kernels 32 rows a step (more CTAs an SM, the same bits)"),
+    ("attention_cudnn", "ours_bf16_attention_cudnn", {"FSDP_CUDA_ATTENTION": "cudnn"},
+     "switches the fused CUDA attention",
+     "with FSDP_CUDA_ATTENTION=cudnn: cuDNN's fused attention (its runtime-fusion SDPA graphs, "
+     "dq summed by atomics) instead of our kernels, where it takes the shapes"),
 ]
 
 

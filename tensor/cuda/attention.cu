@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_cudnn.h"
 #include "tensor/cuda/attention_internal.cuh"
 #include "tensor/cuda/rows.cuh"
 
@@ -145,6 +146,10 @@ std::atomic<bool>& AtomicDqFlag() {
 }
 std::atomic<bool>& NarrowDkDvFlag() {
   static std::atomic<bool> flag{EnvIs("FSDP_CUDA_ATTENTION_DKDV", "narrow")};
+  return flag;
+}
+std::atomic<bool>& CudnnFlag() {
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_ATTENTION", "cudnn")};
   return flag;
 }
 std::atomic<bool>& NarrowDqFlag() {
@@ -340,6 +345,8 @@ void SetFlashAttentionNarrowDkDv(bool narrow) { NarrowDkDvFlag().store(narrow); 
 bool FlashAttentionNarrowDkDv() { return NarrowDkDvFlag().load(std::memory_order_relaxed); }
 void SetFlashAttentionNarrowDq(bool narrow) { NarrowDqFlag().store(narrow); }
 bool FlashAttentionNarrowDq() { return NarrowDqFlag().load(std::memory_order_relaxed); }
+void SetFlashAttentionCudnn(bool use) { CudnnFlag().store(use); }
+bool FlashAttentionCudnn() { return CudnnFlag().load(std::memory_order_relaxed); }
 
 Tensor FlashKeyMaskBytes(const Tensor& key_mask) {
   OP_CHECK(key_mask.defined() && key_mask.device().is_cuda() && key_mask.is_contiguous(), kOp,
@@ -376,8 +383,14 @@ void FlashAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
                            const FlashScoreTerms& terms) {
   CheckInputsAndOutputs(q, k, v, out, lse);
   const int64_t b = q.dim(0), h = q.dim(1), t_q = q.dim(2), d = q.dim(3);
-  kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
+  std::string why;  // where cuDNN declines: said once by attention_cudnn.cc
+  if (kernel == FlashAttentionKernel::kAuto && FlashAttentionCudnn() && dropout.p == 0.0f &&
+      !terms.bias.defined() && !terms.key_mask.defined() &&
+      CudnnAttentionForward(q, k, v, scale, causal, out, lse, &why)) {
+    return;
+  }
+  kernel = Resolve(kernel, q.dtype());
   Args a = MakeArgs(q, k, v, scale, causal, dropout);
   Tensor keep;  // (B, T_k) u8, alive until the launch is queued (the allocator orders reuse)
   const bool with_terms = SetTerms(terms, q, k, &a, &keep);
@@ -412,8 +425,14 @@ void FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     CheckOutput(q, dbias, "dbias", Shape({shared_bias ? 1 : b, h, t_q, t_k}), Dtype::kF32);
   }
   OP_CHECK(bias_grad_groups >= 0, kOp, "bias_grad_groups must be >= 0; got ", bias_grad_groups);
-  kernel = Resolve(kernel, q.dtype());
   SetDevice(q, kOp);
+  std::string why;  // where cuDNN declines: said once by attention_cudnn.cc
+  if (kernel == FlashAttentionKernel::kAuto && FlashAttentionCudnn() && dropout.p == 0.0f &&
+      !terms.bias.defined() && !terms.key_mask.defined() && !dbias.defined() &&
+      CudnnAttentionBackward(q, k, v, out, lse, grad_out, scale, causal, dq, dk, dv, &why)) {
+    return;
+  }
+  kernel = Resolve(kernel, q.dtype());
   Tensor delta = Tensor::Empty({b, h, t_q}, Dtype::kF32, q.device());
   Args a = MakeArgs(q, k, v, scale, causal, dropout);
   Tensor keep;

@@ -293,6 +293,18 @@ bool FlashAttentionNarrowDkDv();
 void SetFlashAttentionNarrowDq(bool narrow);
 bool FlashAttentionNarrowDq();
 
+// Whether FlashAttentionForward / FlashAttentionBackward hand the tensors cuDNN
+// takes (attention_cudnn.h: bf16 / f16, D 64 or 128, causal with T_q == T_k,
+// no dropout, score terms or bias gradient, kernel kAuto) to cuDNN's fused
+// attention instead of our kernels. lse means the same both ways, so a
+// forward by one pairs with a backward by the other. cuDNN's dq is summed with
+// atomics (not bitwise reproducible). Where cuDNN declines (no plan for the
+// shape, no cuDNN in the build) our kernels run, and stderr says why once per
+// thread and reason. Default off; environment FSDP_CUDA_ATTENTION=cudnn at
+// startup turns it on.
+void SetFlashAttentionCudnn(bool use);
+bool FlashAttentionCudnn();
+
 // Throws OpError("[flash_attention] ...") unless q (B, H, T_q, D), k (B, H, T_k,
 // D) and v (B, H, T_k, D) fit the kernels: one floating dtype, D in {32, 64,
 // 128}, unit stride in D, sizes that fit the launch geometry. Devices are

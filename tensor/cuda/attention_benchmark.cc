@@ -9,7 +9,9 @@
 // backward alone, deterministic (7 products: dk/dv, then dq) against the
 // atomic-dq one (FlashAttention-2's 5 products, SetFlashAttentionAtomicDq),
 // timed in alternation, and the deterministic one with the narrow kernels
-// (SetFlashAttentionNarrowDkDv / Dq: 32 rows a step, more CTAs an SM).
+// (SetFlashAttentionNarrowDkDv / Dq: 32 rows a step, more CTAs an SM); and
+// cuDNN's fused attention (attention_cudnn.h, FSDP_CUDA_ATTENTION=cudnn),
+// forward and backward each timed in alternation with ours.
 // Also prints how far apart the outputs are.
 //
 //   ./bazelw run --config=cuda //tensor/cuda:attention_benchmark -- [B] [iters]
@@ -21,9 +23,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_cudnn.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -199,6 +203,29 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
   dk_narrow.CopyFrom(dk);
   set_narrow(0);
   fused_bwd();  // dq, dk, dv deterministic again for the comparisons below
+  // cuDNN's forward and backward (direct calls), alternating rounds with ours.
+  std::string cudnn_why;
+  double cudnn_fwd_ms = 0, cudnn_bwd_ms = 0, ours_fwd_ms = 1e30, ours_bwd_ms = 1e30;
+  Tensor yc = Tensor::Empty(shape, dt, dev), lsec = Tensor::Empty({b, h, t}, Dtype::kF32, dev);
+  Tensor dqc = Tensor::Empty(shape, dt, dev), dkc = Tensor::Empty(shape, dt, dev),
+         dvc = Tensor::Empty(shape, dt, dev);
+  auto cudnn_fwd = [&] {
+    return cuda::CudnnAttentionForward(q, k, v, scale, true, yc, lsec, &cudnn_why);
+  };
+  auto cudnn_bwd = [&] {
+    return cuda::CudnnAttentionBackward(q, k, v, yc, lsec, dout, scale, true, dqc, dkc, dvc,
+                                        &cudnn_why);
+  };
+  const bool with_cudnn = cudnn_fwd() && cudnn_bwd();
+  if (with_cudnn) {
+    cudnn_fwd_ms = cudnn_bwd_ms = 1e30;
+    for (int round = 0; round < 3; ++round) {
+      ours_fwd_ms = std::min(ours_fwd_ms, TimeMs(fused_fwd, iters));
+      cudnn_fwd_ms = std::min(cudnn_fwd_ms, TimeMs([&] { cudnn_fwd(); }, iters));
+      ours_bwd_ms = std::min(ours_bwd_ms, TimeMs(fused_bwd, iters));
+      cudnn_bwd_ms = std::min(cudnn_bwd_ms, TimeMs([&] { cudnn_bwd(); }, iters));
+    }
+  }
   const double u_ms = TimeMs(unfused_fwd, iters);
   const double ub_ms = TimeMs(
       [&] {
@@ -234,6 +261,17 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
       narrow_ms[1], narrow_ms[1] / det_ms, narrow_ms[2], narrow_ms[2] / det_ms, narrow_ms[3],
       bwd_flops / narrow_ms[3] * 1e-9, narrow_ms[3] / det_ms, MaxAbsDiff(dq_narrow, dq),
       MaxAbsDiff(dk_narrow, dk));
+  if (with_cudnn) {
+    std::printf(
+        "  cuDNN (FSDP_CUDA_ATTENTION=cudnn): forward %8.3f ms (%6.1f TFLOP/s, x%.3f ours), "
+        "backward %8.3f ms (%6.1f TFLOP/s, x%.3f ours' deterministic); max |cuDNN - ours| y %.3g "
+        "lse %.3g dq %.3g dk %.3g dv %.3g\n",
+        cudnn_fwd_ms, fwd_flops / cudnn_fwd_ms * 1e-9, cudnn_fwd_ms / ours_fwd_ms, cudnn_bwd_ms,
+        bwd_flops / cudnn_bwd_ms * 1e-9, cudnn_bwd_ms / ours_bwd_ms, MaxAbsDiff(yc, y),
+        MaxAbsDiff(lsec, lse), MaxAbsDiff(dqc, dq), MaxAbsDiff(dkc, dk), MaxAbsDiff(dvc, dv));
+  } else {
+    std::printf("  cuDNN (FSDP_CUDA_ATTENTION=cudnn): not run: %s\n", cudnn_why.c_str());
+  }
   const double slot_mib = double(h) * t * t * 4 / (1 << 20);
   std::printf(
       "  fwd + bwd, bias + key mask, the bias's gradient (T5): fused %8.3f ms (x%.2f the "

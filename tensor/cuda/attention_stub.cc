@@ -22,6 +22,8 @@ void SetFlashAttentionAtomicDq(bool) {}
 bool FlashAttentionAtomicDq() { return false; }
 void SetFlashAttentionNarrowDkDv(bool) {}
 bool FlashAttentionNarrowDkDv() { return false; }
+void SetFlashAttentionCudnn(bool) {}
+bool FlashAttentionCudnn() { return false; }
 void SetFlashAttentionNarrowDq(bool) {}
 bool FlashAttentionNarrowDq() { return false; }
 void UnfusedAttentionSoftmax(const Tensor& scores, float, bool, const Tensor&) {

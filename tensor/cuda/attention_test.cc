@@ -15,6 +15,7 @@
 // the largest result, so 2e-2 (10 roundoffs) for bf16. f16 (2^-11): 5e-3. f32
 // (float FMA, exp2f): 1e-4. lse is f32 in every case: 1e-4.
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_cudnn.h"
 
 #include <algorithm>
 #include <cmath>
@@ -585,6 +586,94 @@ TEST(CudaFlashAttentionTest, UnfusedSoftmaxMatchesReference) {
   EXPECT_TRUE(NearScaled(probs, ref.out, 1e-5));
 }
 
+// cuDNN's fused attention (attention_cudnn.h), called directly: the causal
+// cases it takes (T_q == T_k, D 64 and 128, bf16 and f16, lengths short of and
+// past its tiles, q / k / v as heads viewed out of (B, T, H, D) memory) against
+// the reference, with the tolerances of our tensor-core kernels; and its lse
+// and out fed to our backward, and ours to its backward (lse means the same).
+// Only where cuDNN is linked (--config=cuda on a GPU; the emulation has none).
+TEST(CudaFlashAttentionTest, CudnnMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::CudnnAttentionBuilt()) GTEST_SKIP() << "cuDNN not linked (the CUDA emulation)";
+  const std::vector<Case> cases = {{2, 3, 1, 1, 64, true},
+                                   {1, 2, 17, 17, 64, true},
+                                   {1, 2, 200, 200, 128, true},
+                                   {2, 3, 256, 256, 64, true},
+                                   {1, 12, 1024, 1024, 64, true}};
+  for (const Case& c : cases) {
+    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
+      SCOPED_TRACE(absl::StrCat(Name(c, dt, FlashAttentionKernel::kAuto), " cuDNN"));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 41, dt, false);
+      const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 42, dt, false);
+      const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 43, dt, false);
+      const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 44, dt, false);
+      const Device dev = q.device();
+      auto empty_like = [&](const Tensor& t) { return Tensor::Empty(t.shape(), dt, dev); };
+      Tensor out = empty_like(q), lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+      Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+      std::string why;
+      ASSERT_TRUE(cuda::CudnnAttentionForward(q, k, v, scale, true, out, lse, &why)) << why;
+      ASSERT_TRUE(cuda::CudnnAttentionBackward(q, k, v, out, lse, dout, scale, true, dq, dk, dv,
+                                               &why))
+          << why;
+      const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(),
+                                    v.ToVector<float>(), dout.ToVector<float>(), scale);
+      ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
+      // cuDNN's forward, our backward.
+      Tensor dq2 = empty_like(q), dk2 = empty_like(k), dv2 = empty_like(v);
+      cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, true, dq2, dk2, dv2,
+                                   FlashAttentionKernel::kTensorCore);
+      ExpectNear(ref, out, lse, dq2, dk2, dv2, Tol(dt));
+      // Our forward, cuDNN's backward.
+      Tensor out3 = empty_like(q), lse3 = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+      Tensor dq3 = empty_like(q), dk3 = empty_like(k), dv3 = empty_like(v);
+      cuda::FlashAttentionForward(q, k, v, scale, true, out3, lse3,
+                                  FlashAttentionKernel::kTensorCore);
+      ASSERT_TRUE(cuda::CudnnAttentionBackward(q, k, v, out3, lse3, dout, scale, true, dq3, dk3,
+                                               dv3, &why))
+          << why;
+      ExpectNear(ref, out3, lse3, dq3, dk3, dv3, Tol(dt));
+    }
+  }
+}
+
+// SetFlashAttentionCudnn routes what cuDNN takes to it (the same bits as the
+// direct call: its forward is deterministic) and leaves the rest to our
+// kernels (f32, full attention, T_q != T_k, an explicit kernel): no error.
+TEST(CudaFlashAttentionTest, CudnnSwitchRoutesWhatItTakes) {
+  SKIP_WITHOUT_GPU();
+  struct ScopedCudnn {
+    const bool was = cuda::FlashAttentionCudnn();
+    ScopedCudnn() { cuda::SetFlashAttentionCudnn(true); }
+    ~ScopedCudnn() { cuda::SetFlashAttentionCudnn(was); }
+  } use_cudnn;
+  const Case c = {2, 3, 256, 256, 64, true};
+  const float scale = 0.125f;
+  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 51, Dtype::kBF16, false);
+  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 52, Dtype::kBF16, false);
+  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 53, Dtype::kBF16, false);
+  const Device dev = q.device();
+  Tensor out = Tensor::Empty(q.shape(), Dtype::kBF16, dev);
+  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+  cuda::FlashAttentionForward(q, k, v, scale, true, out, lse);
+  if (cuda::CudnnAttentionBuilt()) {
+    Tensor direct = Tensor::Empty(q.shape(), Dtype::kBF16, dev);
+    Tensor direct_lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+    std::string why;
+    ASSERT_TRUE(cuda::CudnnAttentionForward(q, k, v, scale, true, direct, direct_lse, &why))
+        << why;
+    EXPECT_EQ(out.ToVector<float>(), direct.ToVector<float>());
+    EXPECT_EQ(lse.ToVector<float>(), direct_lse.ToVector<float>());
+  }
+  // What cuDNN does not take runs our kernels, as without the switch.
+  RunCase({1, 2, 100, 100, 64, true}, Dtype::kF32, FlashAttentionKernel::kAuto);
+  RunCase({2, 1, 130, 130, 64, false}, Dtype::kBF16, FlashAttentionKernel::kAuto);
+  RunCase({1, 2, 33, 100, 64, true}, Dtype::kBF16, FlashAttentionKernel::kAuto);
+  RunCase({1, 2, 100, 100, 64, true}, Dtype::kBF16, FlashAttentionKernel::kAuto, true);
+  RunCase({1, 2, 100, 100, 64, true}, Dtype::kBF16, FlashAttentionKernel::kTensorCore);
+}
+
 // ---- Host side: runs without a GPU ----
 
 TEST(CudaFlashAttentionHostTest, RejectsUnsupportedInputs) {
@@ -610,6 +699,31 @@ TEST(CudaFlashAttentionHostTest, RejectsUnsupportedInputs) {
   const Tensor strided = Tensor::Zeros({2, 3, 64, 10}, Dtype::kBF16).Transpose(2, 3);
   expect_error(strided, k, k, "unit stride");
   expect_error(Tensor::Zeros({3, 10, 64}, Dtype::kBF16), k, k, "(B, H, T, D)");
+}
+
+// What cuDNN's attention takes, with the reason for what it does not (no
+// cuDNN call; the emulation's build declines everything as not linked).
+TEST(CudaFlashAttentionHostTest, CudnnEligibility) {
+  std::string why;
+  const Tensor q = Tensor::Zeros({2, 256, 3, 64}, Dtype::kBF16).Transpose(1, 2);
+  if (!cuda::CudnnAttentionBuilt()) {
+    EXPECT_FALSE(cuda::CudnnAttentionEligible(q, q, q, true, &why));
+    EXPECT_NE(why.find("not linked"), std::string::npos) << why;
+    return;
+  }
+  EXPECT_TRUE(cuda::CudnnAttentionEligible(q, q, q, true, &why)) << why;
+  auto expect_no = [](const Tensor& q, const Tensor& k, bool causal, const std::string& what) {
+    std::string why;
+    EXPECT_FALSE(cuda::CudnnAttentionEligible(q, k, k, causal, &why)) << what;
+    EXPECT_NE(why.find(what), std::string::npos) << why;
+  };
+  expect_no(q.To(Dtype::kF32), q.To(Dtype::kF32), true, "dtype f32");
+  const Tensor q32 = Tensor::Zeros({2, 3, 256, 32}, Dtype::kBF16);
+  expect_no(q32, q32, true, "head size 32");
+  expect_no(q, q, false, "non-causal");
+  expect_no(q, Tensor::Zeros({2, 3, 255, 64}, Dtype::kBF16), true, "T_q 256 != T_k 255");
+  const Tensor odd = Tensor::Zeros({2, 3, 256, 65}, Dtype::kBF16).Narrow(3, 1, 64);
+  expect_no(odd, odd, true, "multiples of 8");
 }
 
 TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {

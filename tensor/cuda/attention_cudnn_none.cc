@@ -1,0 +1,32 @@
+// Builds without cuDNN (the CUDA emulation, --config=cuda_emu): cuDNN's attention
+// is never taken; the flash attention entry points run our kernels.
+#include "tensor/cuda/attention_cudnn.h"
+
+namespace tensor {
+namespace cuda {
+namespace {
+constexpr char kNotBuilt[] = "cuDNN is not linked in this build (the CUDA emulation has none)";
+}  // namespace
+
+bool CudnnAttentionBuilt() { return false; }
+
+bool CudnnAttentionEligible(const Tensor&, const Tensor&, const Tensor&, bool, std::string* why) {
+  *why = kNotBuilt;
+  return false;
+}
+
+bool CudnnAttentionForward(const Tensor&, const Tensor&, const Tensor&, float, bool,
+                           const Tensor&, const Tensor&, std::string* why) {
+  *why = kNotBuilt;
+  return false;
+}
+
+bool CudnnAttentionBackward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            const Tensor&, const Tensor&, float, bool, const Tensor&,
+                            const Tensor&, const Tensor&, std::string* why) {
+  *why = kNotBuilt;
+  return false;
+}
+
+}  // namespace cuda
+}  // namespace tensor
