@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/cuda/thread_device_slot.h"
 #include "tensor/dtype.h"
 
 namespace tensor {
@@ -405,10 +406,7 @@ struct ThreadContext {
 
 // The context for `device` (made current by the caller), or nullptr with *why.
 ThreadContext* Context(int device, std::string* why) {
-  thread_local std::vector<std::unique_ptr<ThreadContext>> contexts;
-  if (device >= static_cast<int>(contexts.size())) contexts.resize(device + 1);
-  std::unique_ptr<ThreadContext>& slot = contexts[device];
-  if (slot == nullptr) {
+  return ThreadDeviceSlot<ThreadContext>(device, [&]() -> std::unique_ptr<ThreadContext> {
     auto ctx = std::make_unique<ThreadContext>();
     ctx->device = device;
     const cudnnStatus_t status = cudnnCreate(&ctx->handle);
@@ -417,9 +415,8 @@ ThreadContext* Context(int device, std::string* why) {
       return nullptr;
     }
     cudnnSetStream(ctx->handle, cudaStreamPerThread);
-    slot = std::move(ctx);
-  }
-  return slot.get();
+    return ctx;
+  });
 }
 
 void AppendTensorKey(std::vector<int64_t>* key, const Tensor& t) {

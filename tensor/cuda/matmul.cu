@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/matmul.h"
+#include "tensor/cuda/thread_device_slot.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/lru_cache.h"
 #include "tensor/memory_ledger.h"
@@ -96,18 +97,14 @@ struct ThreadContext {
 
 // The calling thread's context for `device` (the device is current).
 ThreadContext& Context(int device) {
-  thread_local std::vector<std::unique_ptr<ThreadContext>> contexts;
-  if (device >= static_cast<int>(contexts.size())) contexts.resize(device + 1);
-  std::unique_ptr<ThreadContext>& slot = contexts[device];
-  if (slot == nullptr) {
+  return *ThreadDeviceSlot<ThreadContext>(device, [device] {
     auto ctx = std::make_unique<ThreadContext>();
     ctx->device = device;
     CheckLt(cublasLtCreate(&ctx->handle), "cublasLtCreate");
     ctx->allocator = &DeviceAllocator(device);
     ctx->workspace = ctx->allocator->Allocate(kMatmulWorkspaceBytes);
-    slot = std::move(ctx);
-  }
-  return *slot;
+    return ctx;
+  });
 }
 
 // ---------------------------------------------------------------------------
