@@ -134,6 +134,10 @@ if [[ "$mode" == cpu ]]; then
     GPU_SESSION_DEADLINE_S=0 bash "$session_sh" tests 2>&1) || { echo "$out" >&2; fail "gpu_session.sh tests past its deadline"; }
   expect_in "NOT RUN (the phase's deadline passed): $test_name" "$out" "gpu_session.sh deadline"
   [[ "$out" != *"PASS $test_name"* ]] || fail "a test started after the deadline"
+  # The cudnn phase names the binary it lacks (this bundle holds none of its four).
+  out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session2" \
+    bash "$session_sh" cudnn 2>&1) && fail "gpu_session.sh cudnn ran without its binaries"
+  expect_in "attention_test is not in the bundle" "$out" "gpu_session.sh cudnn without attention_test"
   # The racecheck phase with a stand-in compute-sanitizer (runs the program; with FAKE_HAZARD
   # set, reports a hazard and exits with --error-exitcode), on this bundle's test.
   mkdir -p "$work/fakecs"

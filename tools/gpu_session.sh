@@ -48,6 +48,16 @@
 #                                scaled_dot_product_attention (flash, cudnn, efficient backends)
 #                                at its shapes, one table (tools/attention_vs_torch.py;
 #                                $OUT/attention.txt, $OUT/attention_vs_torch.json)
+#   tools/gpu_session.sh cudnn   cuDNN's fused attention (FSDP_CUDA_ATTENTION=cudnn), first run
+#                                and its figures in one call: attention_test's cuDNN cases under
+#                                cuDNN's API log (level 3: every backend call and attribute),
+#                                gpt2 trained 4 steps with our attention and with cuDNN's (the
+#                                losses side by side), PyTorch's own cuDNN SDPA
+#                                at T 1024 and 2048 under the same log (to diff the two graphs
+#                                here when ours fails), then the attention phase and the pytorch
+#                                phase (GPU_SESSION_CUDNN_PYTORCH_UNTIL_S, 560) with the cuDNN
+#                                variants. $OUT: tests.txt, tests.log, cudnn_logs.tar.xz (ours,
+#                                PyTorch's), attention.txt, vs_pytorch.json
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
 #                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
@@ -80,7 +90,7 @@ set -uo pipefail
 
 phase=${1:-}
 case "$phase" in
-  first|tests|bench|train|pytorch|attention|profile|kernels|racecheck|memory) ;;
+  first|tests|bench|train|pytorch|attention|cudnn|profile|kernels|racecheck|memory) ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -367,6 +377,59 @@ PY
   attention)
     has attention_benchmark || { echo "gpu_session: attention_benchmark is not in the bundle" >&2; exit 2; }
     run_attention 300 --json_out "$out/attention_vs_torch.json"
+    ;;
+  cudnn)
+    for t in attention_test attention_benchmark train; do
+      has "$t" || { echo "gpu_session: $t is not in the bundle" >&2; exit 2; }
+    done
+    # cuDNN's API logs (CUDNN_LOGLEVEL_DBG=3: every backend call, descriptor and attribute;
+    # cuDNN reads the variables when it loads), ours and PyTorch's, packed into one file.
+    logs=$(mktemp -d)
+    : > "$out/tests.log"
+    : > "$out/tests.txt"
+    per_check=120
+    CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$logs/ours_attention_test.log" \
+      timed_check "$run" attention_test --gtest_filter='*Cudnn*'
+    record_check tests "$verdict attention_test --gtest_filter=*Cudnn* (exit $code, ${secs}s)" \
+      -B2 -A12 -m 8 -E 'Failure|FAILED|error|Error|cuDNN'
+    # gpt2 (head size 64) trained 4 steps with our attention and with cuDNN's: the losses side by side.
+    gpt2=(--device=cuda:0 --preset=gpt2 --precision=bf16 --batch_size=4 --seq_len=1024 --steps=4
+          --data=random --dropout=0 --optimizer=adamw --log_every=1 --seed=5)
+    for engine in ours cudnn; do
+      [[ $engine == cudnn ]] && export FSDP_CUDA_ATTENTION=cudnn
+      CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$logs/train_$engine.cudnn.log" \
+        timed_check "$run" train "${gpt2[@]}" --metrics_out="$logs/train_$engine.jsonl"
+      unset FSDP_CUDA_ATTENTION
+      record_check tests "$verdict gpt2 4 steps, $engine attention (exit $code, ${secs}s)" \
+        -B2 -A12 -m 8 -E 'error|Error|cuDNN'
+    done
+    python3 - "$logs/train_ours.jsonl" "$logs/train_cudnn.jsonl" <<'PY' | tee -a "$out/tests.txt"
+import json, sys
+def losses(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line)["loss"] for line in f if line.strip()]
+    except OSError:
+        return []
+ours, cudnn = (losses(p) for p in sys.argv[1:])
+print("gpt2 losses, ours:  " + " ".join(f"{x:.5f}" for x in ours))
+print("gpt2 losses, cuDNN: " + " ".join(f"{x:.5f}" for x in cudnn))
+if ours and len(ours) == len(cudnn):
+    print(f"max |ours - cuDNN| {max(abs(a - b) for a, b in zip(ours, cudnn)):.3g}")
+PY
+    CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$logs/torch_sdpa_cudnn.log" timeout -k 5 120 \
+      python3 "$here/attention_vs_torch.py" --backends cudnn --batch 1 --iters 1 \
+      > "$logs/torch_sdpa_cudnn.txt" 2>&1 || echo "PyTorch's cuDNN SDPA: exit $? (its log in the tar)"
+    tar cJf "$out/cudnn_logs.tar.xz" -C "$logs" . && ls -l "$out/cudnn_logs.tar.xz"
+    rm -rf "$logs"
+    echo "=== the fused attention against PyTorch's (ours' cuDNN line: attention.txt)"
+    run_attention 90
+    grep -E 'cuDNN \(FSDP_CUDA_ATTENTION' "$out/attention.txt"
+    echo "=== ours against PyTorch eager, with cuDNN's attention"
+    run_pytorch $(( phase_start + ${GPU_SESSION_CUDNN_PYTORCH_UNTIL_S:-560} - $(date +%s) )) \
+      --attention_cudnn --gemm_tune --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 ||
+      echo "pytorch: exit $? (124: killed at the phase's limit)"
+    rm -f "$out/vs_pytorch.svg"
     ;;
   profile)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
