@@ -31,7 +31,8 @@ void Check(cudnnStatus_t status, const std::string& what) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
-  throw CudnnFailure{what + ": " + cudnnGetErrorString(status) + (last[0] ? std::string(" (") + last + ")" : "")};
+  throw CudnnFailure{what + ": " + cudnnGetErrorString(status) +
+                     (last[0] ? std::string(" (") + last + ")" : "")};
 }
 
 // One backend descriptor, destroyed with its owner.
@@ -202,6 +203,7 @@ class GraphBuilder {
     for (int64_t i = 0; i < returned; ++i) {
       try {
         Desc& plan = Keep(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+        plan.Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
         plan.Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                  &configs[i]);
         plan.Finalize();
@@ -210,7 +212,8 @@ class GraphBuilder {
               "execution plan workspace size");
         return plan;
       } catch (const CudnnFailure& f) {
-        failures += (failures.empty() ? "" : "; ") + ("engine config " + std::to_string(i) + ": " + f.what);
+        failures += (failures.empty() ? "" : "; ") +
+                    ("engine config " + std::to_string(i) + ": " + f.what);
       }
     }
     throw CudnnFailure{"no engine configuration finalized (" + failures + ")"};
@@ -251,7 +254,7 @@ enum Uid : int64_t {
   kDelta = 13,    // backward: rowsum(dO * O) (B, H, T, 1) f32
   kNegInfFwd = 11,
   kNegInfBwd = 20,
-  kDqAccum = 30,  // backward: dq's f32 accumulator (B, H, T, D), zeroed
+  kDqAccum = 30,  // backward: dq's f32 accumulator (B, H, T, D), zeroed (by cuDNN >= 9.6)
 };
 
 cudnnDataType_t CudnnType(Dtype d) {
@@ -259,13 +262,21 @@ cudnnDataType_t CudnnType(Dtype d) {
 }
 
 Dims4 Dims(const Tensor& t) { return {t.dim(0), t.dim(1), t.dim(2), t.dim(3)}; }
+// t's strides, where a dimension of size 1 with stride 0 (never stepped over)
+// gets the packed stride over the next one, as PyTorch gives cuDNN: the same
+// addresses, and no zero stride for cuDNN to refuse.
 Dims4 Strides(const Tensor& t) {
-  return {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]};
+  Dims4 s = {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]};
+  for (int i = 2; i >= 0; --i) {
+    if (t.dim(i) == 1 && s[i] == 0) s[i] = s[i + 1] * t.dim(i + 1);
+  }
+  return s;
 }
 // x (B, H, T, D) seen as x^T (B, H, D, T): the same memory.
 Dims4 TransposedDims(const Tensor& t) { return {t.dim(0), t.dim(1), t.dim(3), t.dim(2)}; }
 Dims4 TransposedStrides(const Tensor& t) {
-  return {t.strides()[0], t.strides()[1], t.strides()[3], t.strides()[2]};
+  const Dims4 s = Strides(t);
+  return {s[0], s[1], s[3], s[2]};
 }
 
 // The causal mask of a (B, H, T, T) f32 score tensor: keep where row >= column,
@@ -388,10 +399,12 @@ std::unique_ptr<Plan> BuildBackward(cudnnHandle_t handle, const Tensor& q, const
   return p;
 }
 
-// The calling thread's cuDNN handle on one device, and its plans.
+// The calling thread's cuDNN handle on one device, and its plans; or why
+// there is no handle (kept: not retried, said once).
 struct ThreadContext {
   int device = 0;
   cudnnHandle_t handle = nullptr;
+  std::string unusable;  // non-empty: no handle, for this reason
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans;
   std::set<std::string> warned;
 
@@ -404,19 +417,32 @@ struct ThreadContext {
   }
 };
 
-// The context for `device` (made current by the caller), or nullptr with *why.
-ThreadContext* Context(int device, std::string* why) {
-  return ThreadDeviceSlot<ThreadContext>(device, [&]() -> std::unique_ptr<ThreadContext> {
-    auto ctx = std::make_unique<ThreadContext>();
-    ctx->device = device;
-    const cudnnStatus_t status = cudnnCreate(&ctx->handle);
-    if (status != CUDNN_STATUS_SUCCESS) {
-      *why = std::string("cudnnCreate: ") + cudnnGetErrorString(status);
-      return nullptr;
+// The calling thread's context for `device` (made current by the caller).
+ThreadContext& Context(int device) {
+  return *ThreadDeviceSlot<ThreadContext>(device, [&] {
+    auto made = std::make_unique<ThreadContext>();
+    made->device = device;
+    const cudnnStatus_t created = cudnnCreate(&made->handle);
+    if (created != CUDNN_STATUS_SUCCESS) {
+      made->handle = nullptr;
+      made->unusable = std::string("cudnnCreate: ") + cudnnGetErrorString(created);
+      return made;
     }
-    cudnnSetStream(ctx->handle, cudaStreamPerThread);
-    return ctx;
+    // The workspace and the backward's buffers are freed right after a run is
+    // queued: safe only on the thread's stream, where their next use waits.
+    const cudnnStatus_t stream = cudnnSetStream(made->handle, cudaStreamPerThread);
+    if (stream != CUDNN_STATUS_SUCCESS) {
+      made->unusable = std::string("cudnnSetStream: ") + cudnnGetErrorString(stream);
+    }
+    return made;
   });
+}
+
+// Whether ctx has a handle; else *why.
+bool Usable(const ThreadContext& ctx, std::string* why) {
+  if (ctx.unusable.empty()) return true;
+  *why = ctx.unusable;
+  return false;
 }
 
 void AppendTensorKey(std::vector<int64_t>* key, const Tensor& t) {
@@ -426,10 +452,12 @@ void AppendTensorKey(std::vector<int64_t>* key, const Tensor& t) {
 
 bool Aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0; }
 
-// Strides (all but D's) multiples of 8 elements and a 16-byte aligned start.
+// Strides (all but D's) multiples of 8 elements, none 0 over a dimension
+// longer than 1 (a broadcast: outputs written there would collide), D's 1,
+// and a 16-byte aligned start.
 bool Vectorizable(const Tensor& t) {
   for (int i = 0; i < 3; ++i) {
-    if (t.strides()[i] % 8 != 0) return false;
+    if (t.strides()[i] % 8 != 0 || (t.strides()[i] == 0 && t.dim(i) > 1)) return false;
   }
   return t.strides()[3] == 1 && Aligned16(t);
 }
@@ -483,8 +511,8 @@ bool Execute(ThreadContext& ctx, const Plan& plan, const Device& device,
 
 // Says *why on stderr once per thread and reason: a run asked for cuDNN and
 // gets our kernels.
-void WarnOnce(ThreadContext* ctx, const std::string& why) {
-  if (ctx != nullptr && !ctx->warned.insert(why).second) return;
+void WarnOnce(ThreadContext& ctx, const std::string& why) {
+  if (!ctx.warned.insert(why).second) return;
   std::fprintf(stderr, "[flash_attention] cuDNN attention not used, our kernels instead: %s\n",
                why.c_str());
 }
@@ -503,6 +531,8 @@ bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, b
     *why = "non-causal attention (the causal graph only)";
   } else if (q.dim(2) != k.dim(2)) {
     *why = "T_q " + std::to_string(q.dim(2)) + " != T_k " + std::to_string(k.dim(2));
+  } else if (q.numel() == 0) {
+    *why = "empty q (B, H or T is 0)";
   } else if (!Vectorizable(q) || !Vectorizable(k) || !Vectorizable(v)) {
     *why = "q, k or v strides not multiples of 8 elements, or not 16-byte aligned";
   } else {
@@ -513,24 +543,23 @@ bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, b
 
 bool CudnnAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                            bool causal, const Tensor& out, const Tensor& lse, std::string* why) {
-  ThreadContext* ctx = nullptr;
-  bool ok = CudnnAttentionEligible(q, k, v, causal, why);
+  ThreadContext& ctx = Context(q.device().index);
+  bool ok = Usable(ctx, why) && CudnnAttentionEligible(q, k, v, causal, why);
   if (ok && (!Vectorizable(out) || !Aligned16(lse))) {
     *why = "out's strides not multiples of 8 elements, or out / lse not 16-byte aligned";
     ok = false;
   }
-  if (ok) ok = (ctx = Context(q.device().index, why)) != nullptr;
   Plan* plan = nullptr;
   if (ok) {
     std::vector<int64_t> key = {0, static_cast<int64_t>(q.dtype())};
     for (const Tensor* t : {&q, &k, &v, &out}) AppendTensorKey(&key, *t);
     plan = FindOrBuild(
-        *ctx, key, [&](cudnnHandle_t handle) { return BuildForward(handle, q, k, v, out); }, why);
+        ctx, key, [&](cudnnHandle_t handle) { return BuildForward(handle, q, k, v, out); }, why);
     ok = plan != nullptr;
   }
   if (ok) {
     float neg_inf = -INFINITY;
-    ok = Execute(*ctx, *plan, q.device(), {kQ, kK, kV, kO, kStats, kScale, kNegInfFwd},
+    ok = Execute(ctx, *plan, q.device(), {kQ, kK, kV, kO, kStats, kScale, kNegInfFwd},
                  {q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(), lse.raw_data(),
                   &scale, &neg_inf},
                  why);
@@ -543,21 +572,20 @@ bool CudnnAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& lse, const Tensor& grad_out, float scale, bool causal,
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
                             std::string* why) {
-  ThreadContext* ctx = nullptr;
-  bool ok = CudnnAttentionEligible(q, k, v, causal, why);
+  ThreadContext& ctx = Context(q.device().index);
+  bool ok = Usable(ctx, why) && CudnnAttentionEligible(q, k, v, causal, why);
   if (ok && !(Vectorizable(out) && Vectorizable(grad_out) && Vectorizable(dq) &&
               Vectorizable(dk) && Vectorizable(dv) && Aligned16(lse))) {
     *why = "out, grad_out, dq, dk or dv strides not multiples of 8 elements, or not 16-byte "
            "aligned";
     ok = false;
   }
-  if (ok) ok = (ctx = Context(q.device().index, why)) != nullptr;
   Plan* plan = nullptr;
   if (ok) {
     std::vector<int64_t> key = {1, static_cast<int64_t>(q.dtype())};
     for (const Tensor* t : {&q, &k, &v, &out, &grad_out, &dq, &dk, &dv}) AppendTensorKey(&key, *t);
     plan = FindOrBuild(
-        *ctx, key,
+        ctx, key,
         [&](cudnnHandle_t handle) {
           return BuildBackward(handle, q, k, v, out, grad_out, dq, dk, dv);
         },
@@ -568,15 +596,19 @@ bool CudnnAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
     const int64_t b = q.dim(0), h = q.dim(1), t = q.dim(2), d = q.dim(3);
     Tensor delta = Tensor::Empty({b, h, t}, Dtype::kF32, q.device());
     Tensor dq_accum = Tensor::Empty({b, h, t, d}, Dtype::kF32, q.device());
-    const cudaError_t zeroed = cudaMemsetAsync(dq_accum.raw_data(), 0,
-                                               dq_accum.numel() * sizeof(float),
-                                               cudaStreamPerThread);
+    // cuDNN zeroes the dq accumulator itself from 9.6 on (the frontend memsets
+    // it only before): one B*H*T*D*4-byte write fewer a call.
+    const cudaError_t zeroed =
+        cudnnGetVersion() >= 90600
+            ? cudaSuccess
+            : cudaMemsetAsync(dq_accum.raw_data(), 0, dq_accum.numel() * sizeof(float),
+                              cudaStreamPerThread);
     if (zeroed != cudaSuccess) {
       *why = std::string("zeroing the dq accumulator: ") + cudaGetErrorString(zeroed);
       ok = false;
     } else {
       float neg_inf = -INFINITY, one = 1.0f;
-      ok = Execute(*ctx, *plan, q.device(),
+      ok = Execute(ctx, *plan, q.device(),
                    {kQ, kK, kV, kO, kDo, kStats, kScale, kOne, kNegInfBwd, kDq, kDk, kDv,
                     kDelta, kDqAccum},
                    {q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),

@@ -724,6 +724,8 @@ TEST(CudaFlashAttentionHostTest, CudnnEligibility) {
   expect_no(q, Tensor::Zeros({2, 3, 255, 64}, Dtype::kBF16), true, "T_q 256 != T_k 255");
   const Tensor odd = Tensor::Zeros({2, 3, 256, 65}, Dtype::kBF16).Narrow(3, 1, 64);
   expect_no(odd, odd, true, "multiples of 8");
+  const Tensor empty = Tensor::Zeros({2, 3, 0, 64}, Dtype::kBF16);
+  expect_no(empty, empty, true, "empty q");
 }
 
 TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
