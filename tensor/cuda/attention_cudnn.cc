@@ -72,6 +72,8 @@ Dims4 Packed(const Dims4& dims) {
 // The tensors, operations and descriptors of one graph, kept alive with its plan.
 class GraphBuilder {
  public:
+  // handle nullptr: the tensors and operations only (no device needed), no
+  // operation graph or plan (Plan returns nullptr).
   explicit GraphBuilder(cudnnHandle_t handle) : handle_(handle) {}
 
   const Desc& Tensor4(int64_t uid, cudnnDataType_t type, const Dims4& dims, const Dims4& strides,
@@ -174,8 +176,10 @@ class GraphBuilder {
   }
 
   // The operation graph, cuDNN's heuristics (mode A, as the frontend) and the
-  // first engine configuration whose plan finalizes. Returns the plan.
-  const Desc& Plan(int64_t* workspace_bytes) {
+  // first engine configuration whose plan finalizes. Returns the plan (nullptr
+  // without a handle).
+  cudnnBackendDescriptor_t Plan(int64_t* workspace_bytes) {
+    if (handle_ == nullptr) return nullptr;
     Desc& graph = Keep(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     graph.Set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
               static_cast<int64_t>(ops_.size()), ops_.data());
@@ -203,14 +207,13 @@ class GraphBuilder {
     for (int64_t i = 0; i < returned; ++i) {
       try {
         Desc& plan = Keep(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-        plan.Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
         plan.Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                  &configs[i]);
         plan.Finalize();
         Check(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                        CUDNN_TYPE_INT64, 1, nullptr, workspace_bytes),
               "execution plan workspace size");
-        return plan;
+        return plan.get();
       } catch (const CudnnFailure& f) {
         failures += (failures.empty() ? "" : "; ") +
                     ("engine config " + std::to_string(i) + ": " + f.what);
@@ -329,7 +332,7 @@ std::unique_ptr<Plan> BuildForward(cudnnHandle_t handle, const Tensor& q, const 
   g.Binary(CUDNN_POINTWISE_ADD, row_max, log_sum, stats);
   g.Binary(CUDNN_POINTWISE_DIV, e, row_sum, probs);
   g.Matmul(probs, vd, o);
-  p->plan = g.Plan(&p->workspace_bytes).get();
+  p->plan = g.Plan(&p->workspace_bytes);
   return p;
 }
 
@@ -355,7 +358,8 @@ std::unique_ptr<Plan> BuildBackward(cudnnHandle_t handle, const Tensor& q, const
   const Desc& d_k = g.Tensor4(kDk, io, Dims(dk), Strides(dk));
   const Desc& d_q = g.Tensor4(kDq, io, Dims(dq), Strides(dq));
   // delta = rowsum(dO * O) * 1
-  const Desc& d_o_o = g.Virtual(100, CUDNN_DATA_FLOAT, td);
+  // PyTorch's strides for this one: (H T D, T D, H D, 1), as its log shows.
+  const Desc& d_o_o = g.Virtual(100, CUDNN_DATA_FLOAT, td, {h * t * d, t * d, h * d, 1});
   const Desc& delta_sum = g.Virtual(101, CUDNN_DATA_FLOAT, rows);
   const Desc& one = g.Scalar(kOne);
   const Desc& delta = g.Tensor4(kDelta, CUDNN_DATA_FLOAT, rows, Packed(rows));
@@ -395,7 +399,7 @@ std::unique_ptr<Plan> BuildBackward(cudnnHandle_t handle, const Tensor& q, const
   const Desc& dq_accum = g.Tensor4(kDqAccum, CUDNN_DATA_FLOAT, td, Packed(td));
   g.Matmul(ds, k_rows, dq_accum);
   g.Unary(CUDNN_POINTWISE_IDENTITY, dq_accum, d_q);
-  p->plan = g.Plan(&p->workspace_bytes).get();
+  p->plan = g.Plan(&p->workspace_bytes);
   return p;
 }
 
@@ -539,6 +543,22 @@ bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, b
     return true;
   }
   return false;
+}
+
+std::string CudnnAttentionCheckDescriptors(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& out, const Tensor& grad_out,
+                                           const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  try {
+    BuildForward(nullptr, q, k, v, out);
+  } catch (const CudnnFailure& f) {
+    return "forward: " + f.what;
+  }
+  try {
+    BuildBackward(nullptr, q, k, v, out, grad_out, dq, dk, dv);
+  } catch (const CudnnFailure& f) {
+    return "backward: " + f.what;
+  }
+  return "";
 }
 
 bool CudnnAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,

@@ -57,6 +57,14 @@ bool CudnnAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
                             std::string* why);
 
+// The forward's and backward's tensor and operation descriptors for these
+// tensors, each made and finalized by cuDNN on the host (no device, handle,
+// operation graph or plan): "" when all finalize, else which one failed and
+// cuDNN's words. What a build without a GPU can check of the graphs.
+std::string CudnnAttentionCheckDescriptors(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& out, const Tensor& grad_out,
+                                           const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
 }  // namespace cuda
 }  // namespace tensor
 

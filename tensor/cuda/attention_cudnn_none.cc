@@ -28,5 +28,11 @@ bool CudnnAttentionBackward(const Tensor&, const Tensor&, const Tensor&, const T
   return false;
 }
 
+std::string CudnnAttentionCheckDescriptors(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&) {
+  return kNotBuilt;
+}
+
 }  // namespace cuda
 }  // namespace tensor

@@ -728,6 +728,34 @@ TEST(CudaFlashAttentionHostTest, CudnnEligibility) {
   expect_no(empty, empty, true, "empty q");
 }
 
+// cuDNN finalizes every tensor and operation descriptor of both graphs on
+// the host (no GPU: the operation graph and plans are left to the GPU tests)
+// for gpt2's layouts -- q, k, v and their gradients views of one (B, T, 3, H,
+// D) buffer, out and grad_out (B, T, H, D) -- at both head sizes and dtypes;
+// and refuses a k whose T differs from q's (the graphs' shapes disagree).
+TEST(CudaFlashAttentionHostTest, CudnnDescriptorsFinalizeOnTheHost) {
+  if (!cuda::CudnnAttentionBuilt()) GTEST_SKIP() << "cuDNN not linked (the CUDA emulation)";
+  for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
+    for (int64_t d : {64, 128}) {
+      SCOPED_TRACE(absl::StrCat(DtypeName(dt), " D ", d));
+      const int64_t b = 2, t = 256, h = 4;
+      const Tensor qkv = Tensor::Zeros({b, t, 3, h, d}, dt);     // (B, T, 3, H, D)
+      const Tensor dqkv = Tensor::Zeros({b, t, 3, h, d}, dt);
+      auto part = [](const Tensor& x, int i) { return x.Select(2, i).Transpose(1, 2); };
+      const Tensor out = Tensor::Zeros({b, t, h, d}, dt).Transpose(1, 2);  // (B, H, T, D)
+      const Tensor dout = Tensor::Zeros({b, t, h, d}, dt).Transpose(1, 2);
+      EXPECT_EQ(cuda::CudnnAttentionCheckDescriptors(part(qkv, 0), part(qkv, 1), part(qkv, 2),
+                                                     out, dout, part(dqkv, 0), part(dqkv, 1),
+                                                     part(dqkv, 2)),
+                "");
+      const Tensor short_k = Tensor::Zeros({b, h, t / 2, d}, dt);
+      EXPECT_NE(cuda::CudnnAttentionCheckDescriptors(part(qkv, 0), short_k, short_k, out, dout,
+                                                     part(dqkv, 0), short_k, short_k),
+                "");
+    }
+  }
+}
+
 TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
   constexpr int64_t kSm90MaxSmem = 227 * 1024;
   for (int64_t d : {32, 64, 128}) {
