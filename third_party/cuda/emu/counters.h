@@ -37,8 +37,14 @@ Counters ReadCounters();
 // allocator and the libraries' caches, as the first steps of training do).
 Counters CountSteadyCall(const std::function<void()>& step, int warmup = 2);
 
-// Called by the emulation itself.
-void CountLaunch();
+// Called by the emulation itself: one launch of kernel `name`.
+//
+// With CUDA_EMU_LAUNCH_CENSUS=1 in the environment, the launches are also
+// counted per kernel name and listed on stderr when the process exits, most
+// first ("launch census: N launches" then "count name" lines): which kernels
+// a program's step launches, and how often, without a GPU (with
+// CUDA_EMU_KERNELS=skip, at the speed of the host work alone).
+void CountLaunch(const char* name);
 
 }  // namespace cuda_emu
 

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,21 @@ TEST(CountersTest, CountsKernelLaunches) {
   EXPECT_EQ(out.size(), 768u);
   EXPECT_EQ(c.kernel_launches, 1);
   EXPECT_NE(c.ToString().find("kernel launches 1"), std::string::npos) << c.ToString();
+}
+
+// CUDA_EMU_LAUNCH_CENSUS=1 lists the launches per kernel at exit (in a fresh
+// process: the environment is read at the first launch).
+TEST(CountersDeathTest, LaunchCensusListsKernelsByNameAtExit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("CUDA_EMU_LAUNCH_CENSUS", "1", 1);
+        for (int i = 0; i < 3; ++i) {
+          cuda_emu_test::ReverseThroughSharedMemory(std::vector<float>(256));
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "launch census: 3 launches\n +3 ReverseKernel\n");
 }
 
 // Only the call after the warm-up is counted: an allocation made by the

@@ -293,7 +293,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const Desc d = *D(desc);
   const Layout a = *L(adesc), b = *L(bdesc), c = *L(cdesc), dl = *L(ddesc);
   const cublasStatus_t st = CheckShapes(d, a, b, c, dl);
-  cuda_emu::CountLaunch();
+  cuda_emu::CountLaunch("cublasLtMatmul");
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!cuda_emu::KernelsRun()) {
     cuda_emu::RunOnStream(stream, [] {});

@@ -93,9 +93,9 @@ bool CheckLaunchConfig(dim3 grid, dim3 block, size_t dynamic_shared_bytes);
 
 // A launch on `stream`: deferred on a created stream (pending.h: checked and
 // counted now, run when something waits for it), else run now after the
-// stream's pending work.
+// stream's pending work. `name` (the kernel's) goes to the launch census.
 void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
-                    std::function<void()> body);
+                    std::function<void()> body, const char* name = "kernel");
 
 // The block's dynamic shared memory (`extern __shared__`), 16-byte aligned,
 // filled with 0xff bytes (NaN in every float type) when each block starts.

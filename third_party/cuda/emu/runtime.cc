@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -45,6 +46,48 @@ struct AtomicCounters {
 AtomicCounters& Count() {
   static AtomicCounters* c = new AtomicCounters;
   return *c;
+}
+
+// Launches per kernel name (CUDA_EMU_LAUNCH_CENSUS=1), listed on stderr at
+// exit, most first.
+class LaunchCensus {
+ public:
+  void Add(const char* name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++by_name_[name];
+  }
+  void Print() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<int64_t, std::string>> rows;
+    int64_t total = 0;
+    for (const auto& [name, n] : by_name_) {
+      rows.emplace_back(n, name);
+      total += n;
+    }
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    std::fprintf(stderr, "launch census: %lld launches\n", static_cast<long long>(total));
+    for (const auto& [n, name] : rows) {
+      std::fprintf(stderr, "%10lld %s\n", static_cast<long long>(n), name.c_str());
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int64_t> by_name_;
+};
+
+// The census (printed at exit), or nullptr when the environment does not ask
+// for one. Never freed, like the counters: launches may come until the end.
+LaunchCensus* Census() {
+  static LaunchCensus* census = [] {
+    const char* v = std::getenv("CUDA_EMU_LAUNCH_CENSUS");
+    if (v == nullptr || std::strcmp(v, "1") != 0) return static_cast<LaunchCensus*>(nullptr);
+    std::atexit([] { Census()->Print(); });
+    return new LaunchCensus;
+  }();
+  return census;
 }
 
 // Whether work this host thread queued (kernels, asynchronous copies and
@@ -355,9 +398,9 @@ void RunOnStream(cudaStream_t stream, std::function<void()> run) {
 }
 
 void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
-                    std::function<void()> body) {
+                    std::function<void()> body, const char* name) {
   if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
-  CountLaunch();  // when issued, deferred or not
+  CountLaunch(name);  // when issued, deferred or not
   if (!KernelsRun()) {
     RunOnStream(stream, [] {});
     return;
@@ -405,9 +448,10 @@ PendingList AllPending() {
 
 void SetLastError(cudaError_t err) { g_last_error = err; }
 
-void CountLaunch() {
+void CountLaunch(const char* name) {
   ++Count().kernel_launches;
   Queued();
+  if (LaunchCensus* census = Census()) census->Add(name);
 }
 
 Counters ReadCounters() {

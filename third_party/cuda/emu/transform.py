@@ -5,7 +5,7 @@ usage: transform.py IN.cu OUT.cc
 
 Three rewrites, everything else is left to the force-included cuda_emu.h:
   K<<<grid, block, smem, stream>>>(args)
-      -> ::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(grid, block, smem, stream),
+      -> ::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(grid, block, smem, stream), "K",
                                   [=]() { K(args); })
      (every CUDA thread calls K with its own copy of the arguments, converted
      and, for a template kernel, deduced as nvcc would)
@@ -77,8 +77,10 @@ def _rewrite_launches(text: str) -> str:
         # Line breaks dropped between the kernel, <<< and ( go after the
         # launch, so later lines keep their numbers.
         dropped = "\n" * (text[start:lt].count("\n") + text[gt:paren].count("\n"))
-        text = (text[:start] + "::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(%s), [=]() { %s(%s); })"
-                % (config, kernel, args) + text[close + 1:])
+        # The kernel's name without template arguments, for the launch census.
+        name = re.sub(r"\s+", "", kernel.split("<")[0])
+        text = (text[:start] + "::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(%s), \"%s\", "
+                "[=]() { %s(%s); })" % (config, name, kernel, args) + text[close + 1:])
         semicolon = text.index(";", start)
         text = text[:semicolon + 1] + dropped + text[semicolon + 1:]
 
