@@ -3,7 +3,6 @@
 
 #include "nn/norm_grad_add.h"
 #include "tensor/error.h"
-#include "tensor/ops/elementwise.h"
 #include "tensor/ops/norm.h"
 
 namespace nn {
@@ -45,16 +44,13 @@ Tensors LayerNorm::Forward(const Tensors& inputs, Context& ctx) {
 
 Tensor LayerNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
   const Tensor g = grad_y.To(s.x.dtype());
-  // An f32 weight makes the op return f32 parameter gradients.
-  const Tensor w32 = weight_ != nullptr ? weight_->value.To(Dtype::kF32) : Tensor();
-  tensor::LayerNormGrads grads = tensor::LayerNormBackward(g, s.x, w32, s.mean, s.rstd, add);
-  if (weight_ != nullptr && weight_->requires_grad) {
-    tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
-  }
-  if (bias_ != nullptr && bias_->requires_grad) {
-    tensor::AddInPlace(bias_->GradBuffer(), grads.grad_bias);
-  }
-  return grads.grad_x;
+  // The parameter gradients go straight into the f32 gradient buffers (no
+  // temporaries, no add per parameter); frozen parameters get none.
+  tensor::NormGradsInto into;
+  if (weight_ != nullptr && weight_->requires_grad) into.weight = weight_->GradBuffer();
+  if (bias_ != nullptr && bias_->requires_grad) into.bias = bias_->GradBuffer();
+  const Tensor w = weight_ != nullptr ? weight_->value : Tensor();
+  return tensor::LayerNormBackward(g, s.x, w, s.mean, s.rstd, add, into).grad_x;
 }
 
 Tensors LayerNorm::Backward(const Tensors& grad_outputs, Context& ctx) {

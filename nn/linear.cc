@@ -137,12 +137,14 @@ Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
   if (s.padded_w.defined()) {  // the padded product (no bias): g (N, ld) with zero pad columns
     const Tensor g_p = PaddedGrad(g, s);
-    if (weight_->requires_grad) {  // dW (out, in) += the first out rows of g_p^T @ x (ld, in)
+    if (weight_->requires_grad) {
+      // dW (out, in) += g^T @ x, g being g_p's first out columns (rows ld
+      // apart: aligned for the GEMM), accumulated by the GEMM itself in fp32
+      // (no (ld, in) product to add: 2 x 154 MB less traffic for GPT-2's head).
       MatmulOptions opts;
       opts.trans_a = true;
-      opts.out_dtype = Dtype::kF32;
-      const Tensor dw_p = tensor::Matmul(g_p, s.x, opts);  // (ld, in), fp32
-      tensor::AddInPlace(weight_->GradBuffer(), dw_p.Narrow(0, 0, out_));
+      tensor::MatmulInto(g_p.Narrow(1, 0, out_), s.x, weight_->GradBuffer(), opts,
+                         /*beta=*/1.0f);
     }
     return g_p;
   }

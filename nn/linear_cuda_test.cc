@@ -4,8 +4,8 @@
 // output zero), with the gradient given three ways: in place in the output's
 // buffer (as the cross-entropy leaves it), as a fresh tensor, and as a view
 // of another padded buffer whose pad columns hold NaN (which must not be
-// taken for the output's: 0 x NaN is NaN). Also a frozen weight. Tagged gpu; skips without a
-// device.
+// taken for the output's: 0 x NaN is NaN), added to a weight gradient already
+// there. Also a frozen weight. Tagged gpu; skips without a device.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -62,6 +62,10 @@ TEST(LinearCudaTest, AlignedOutputRowsMatchTheCpu) {
         const Tensor w = RandomTensor({kOut, kIn}, 1).To(dtype);
         cpu.weight()->value = w;
         gpu.weight()->value = ToGpu(w);
+        // A gradient already there (accumulation): the backward adds to it.
+        const Tensor old_grad = RandomTensor({kOut, kIn}, 4);
+        cpu.weight()->grad = old_grad.Clone();
+        gpu.weight()->grad = ToGpu(old_grad);
         const Tensor x = RandomTensor({rows, kIn}, 2).To(dtype);
         const Tensor g = RandomTensor({rows, kOut}, 3).To(dtype);
         Context c_cpu, c_gpu;

@@ -3,7 +3,6 @@
 
 #include "nn/norm_grad_add.h"
 #include "tensor/error.h"
-#include "tensor/ops/elementwise.h"
 #include "tensor/ops/norm.h"
 
 namespace nn {
@@ -31,11 +30,10 @@ Tensors RMSNorm::Forward(const Tensors& inputs, Context& ctx) {
 
 Tensor RMSNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
   const Tensor g = grad_y.To(s.x.dtype());
-  // An f32 weight makes the op return an f32 weight gradient.
-  tensor::RmsNormGrads grads =
-      tensor::RmsNormBackward(g, s.x, weight_->value.To(Dtype::kF32), s.rstd, add);
-  if (weight_->requires_grad) tensor::AddInPlace(weight_->GradBuffer(), grads.grad_weight);
-  return grads.grad_x;
+  // The weight gradient goes straight into its f32 buffer (LayerNorm's way).
+  tensor::NormGradsInto into;
+  if (weight_->requires_grad) into.weight = weight_->GradBuffer();
+  return tensor::RmsNormBackward(g, s.x, weight_->value, s.rstd, add, into).grad_x;
 }
 
 Tensors RMSNorm::Backward(const Tensors& grad_outputs, Context& ctx) {

@@ -275,16 +275,18 @@ __global__ void __launch_bounds__(kColTile* kRowLanes)
 
 // out_p[j] = sum over chunks of part[p, chunk, j] for parameter p =
 // blockIdx.y (out_0 grad_weight, out_1 grad_bias; null: not wanted), in
-// double. Block: kColTile columns x kRowLanes lanes; lane k adds chunks k, k +
-// kRowLanes, ... in order, then the lanes are added in order: a fixed order,
-// the same bits every run. (One thread per column adding all the chunks took
+// double; with add_p, out_p[j] += that sum (in f32) instead. Block: kColTile
+// columns x kRowLanes lanes; lane k adds chunks k, k + kRowLanes, ... in
+// order, then the lanes are added in order: a fixed order, the same bits
+// every run. (One thread per column adding all the chunks took
 // 22 us a parameter on the H200 for C = 768: 3 blocks in flight.)
 template <typename Out>
 __global__ void __launch_bounds__(kColTile* kRowLanes)
     ColumnSumKernel(const float* __restrict__ part, int64_t chunks, int64_t c, Out* out_0,
-                    Out* out_1) {
+                    Out* out_1, bool add_0, bool add_1) {
   __shared__ double lanes[kRowLanes][kColTile];
   Out* out = blockIdx.y == 0 ? out_0 : out_1;
+  const bool add = blockIdx.y == 0 ? add_0 : add_1;
   if (out == nullptr) return;  // the whole block
   const int tx = threadIdx.x % kColTile, ty = threadIdx.x / kColTile;
   const int64_t col = int64_t{blockIdx.x} * kColTile + tx;
@@ -299,7 +301,8 @@ __global__ void __launch_bounds__(kColTile* kRowLanes)
     double sum = 0.0;
 #pragma unroll
     for (int k = 0; k < kRowLanes; ++k) sum += lanes[k][tx];
-    out[col] = FromF<Out>(static_cast<float>(sum));
+    const float total = static_cast<float>(sum);
+    out[col] = FromF<Out>(add ? ToF(out[col]) + total : total);
   }
 }
 
@@ -341,11 +344,13 @@ void Forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor
   CheckLaunch(op);
 }
 
-// grad_weight / grad_bias (each written when defined) = the column sums of
-// part (kParams, chunks, C), one launch for both.
+// grad_weight / grad_bias (each written, or added to with add_weight /
+// add_bias, when defined) = the column sums of part (kParams, chunks, C), one
+// launch for both.
 template <bool kCentered>
 void ColumnSums(const char* op, const Tensor& part, int64_t chunks, int64_t c,
-                const Tensor& grad_weight, const Tensor& grad_bias) {
+                const Tensor& grad_weight, const Tensor& grad_bias, bool add_weight,
+                bool add_bias) {
   constexpr unsigned kParams = kCentered ? 2 : 1;
   // Both parameters' sums in one launch (grid.y = parameter); they share a dtype.
   const Tensor& first = grad_weight.defined() ? grad_weight : grad_bias;
@@ -356,7 +361,7 @@ void ColumnSums(const char* op, const Tensor& part, int64_t chunks, int64_t c,
     O* bias_out = kCentered && grad_bias.defined() ? Ptr<O>(grad_bias) : nullptr;
     ColumnSumKernel<O><<<grid, kColTile * kRowLanes, 0, ComputeStream()>>>(
         chunks > 0 ? Ptr<float>(part) : nullptr, chunks, c,
-        grad_weight.defined() ? Ptr<O>(grad_weight) : nullptr, bias_out);
+        grad_weight.defined() ? Ptr<O>(grad_weight) : nullptr, bias_out, add_weight, add_bias);
   });
   CheckLaunch(op);
 }
@@ -367,7 +372,7 @@ void ColumnSums(const char* op, const Tensor& part, int64_t chunks, int64_t c,
 template <bool kCentered, typename T>
 void ParamGrads(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& mean,
                 const Tensor& rstd, int64_t rows, int64_t c, const Tensor& grad_weight,
-                const Tensor& grad_bias) {
+                const Tensor& grad_bias, bool add_weight, bool add_bias) {
   constexpr int kParams = kCentered ? 2 : 1;
   const int64_t rows_per_chunk = RowsPerChunk(rows);
   const int64_t chunks = rows == 0 ? 0 : (rows + rows_per_chunk - 1) / rows_per_chunk;
@@ -381,7 +386,7 @@ void ParamGrads(const char* op, const Tensor& grad_y, const Tensor& x, const Ten
         Ptr<float>(part), rows, c, rows_per_chunk);
     CheckLaunch(op);
   }
-  ColumnSums<kCentered>(op, part, chunks, c, grad_weight, grad_bias);
+  ColumnSums<kCentered>(op, part, chunks, c, grad_weight, grad_bias, add_weight, add_bias);
 }
 
 // Blocks of the backward that also sums the parameter gradients: about 4
@@ -396,7 +401,8 @@ int64_t PartialBlocks(int64_t rows) {
 template <bool kCentered>
 void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tensor& weight,
               const Tensor& mean, const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
-              const Tensor& grad_weight, const Tensor& grad_bias) {
+              const Tensor& grad_weight, const Tensor& grad_bias, bool add_weight,
+              bool add_bias) {
   SetDevice(x, op);
   const int64_t c = x.dim(-1);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
@@ -441,10 +447,11 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
       CheckLaunch(op);
     }
     if (partials) {
-      ColumnSums<kCentered>(op, part, blocks, c, grad_weight, grad_bias);
+      ColumnSums<kCentered>(op, part, blocks, c, grad_weight, grad_bias, add_weight, add_bias);
       return;
     }
-    ParamGrads<kCentered, T>(op, grad_y, x, mean, rstd, rows, c, grad_weight, grad_bias);
+    ParamGrads<kCentered, T>(op, grad_y, x, mean, rstd, rows, c, grad_weight, grad_bias,
+                             add_weight, add_bias);
   });
 }
 
@@ -457,9 +464,10 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                        const Tensor& mean, const Tensor& rstd, const Tensor& add,
-                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                       bool add_weight, bool add_bias) {
   Backward<true>("layer_norm_backward", grad_y, x, weight, mean, rstd, add, grad_x, grad_weight,
-                 grad_bias);
+                 grad_bias, add_weight, add_bias);
 }
 
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
@@ -469,9 +477,9 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
 
 void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
-                     const Tensor& grad_weight) {
+                     const Tensor& grad_weight, bool add_weight) {
   Backward<false>("rms_norm_backward", grad_y, x, weight, Tensor(), rstd, add, grad_x, grad_weight,
-                  Tensor());
+                  Tensor(), add_weight, false);
 }
 
 }  // namespace cuda

@@ -22,19 +22,23 @@ namespace cuda {
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
 // grad_weight (C, weight's dtype) is written when defined; grad_bias (C, f32 or
-// weight's dtype: the sum of grad_y over rows) always.
+// weight's dtype: the sum of grad_y over rows) always; both one dtype. With
+// add_weight / add_bias, that gradient is added to what the tensor holds
+// (in f32: ToF(old) + sum, rounded once) instead of overwriting it.
 // grad_x = add (undefined: 0) + the gradient; add is contiguous, x's dtype.
 void LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                        const Tensor& mean, const Tensor& rstd, const Tensor& add,
-                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias);
+                       const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                       bool add_weight = false, bool add_bias = false);
 
 // RMSNorm (T5): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), saving rstd.
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
                     const Tensor& rstd);
-// grad_weight (C, weight's dtype) is written when defined.
+// grad_weight (C, weight's dtype) is written when defined (added to, with
+// add_weight, as LayerNormBackward's).
 void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
-                     const Tensor& grad_weight);
+                     const Tensor& grad_weight, bool add_weight = false);
 
 }  // namespace cuda
 }  // namespace tensor

@@ -10,14 +10,14 @@ void LayerNormForward(const Tensor& x, const Tensor&, const Tensor&, float, cons
   NotBuilt("layer_norm", x);
 }
 void LayerNormBackward(const Tensor&, const Tensor& x, const Tensor&, const Tensor&, const Tensor&,
-                       const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+                       const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, bool) {
   NotBuilt("layer_norm_backward", x);
 }
 void RmsNormForward(const Tensor& x, const Tensor&, float, const Tensor&, const Tensor&) {
   NotBuilt("rms_norm", x);
 }
 void RmsNormBackward(const Tensor&, const Tensor& x, const Tensor&, const Tensor&, const Tensor&,
-                     const Tensor&, const Tensor&) {
+                     const Tensor&, const Tensor&, bool) {
   NotBuilt("rms_norm_backward", x);
 }
 

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
 
 namespace tensor {
@@ -142,6 +143,61 @@ TEST(CudaNormTest, BackwardAddsTheGivenGradientAsTheCpu) {
       EXPECT_TRUE(MatchesCpu(
           RmsNormBackward(ToGpu(gy), ToGpu(x), ToGpu(w), ToGpu(rms.rstd), ToGpu(add)).grad_x,
           RmsNormBackward(gy, x, w, rms.rstd, add).grad_x, RowTolerance(d, c)));
+    }
+  }
+}
+
+// NormGradsInto on the device: the parameter gradients added into f32
+// buffers by the column-sum kernel are the bits of the returned f32 gradients
+// added by AddInPlace (a weight in x's dtype too: the sums are the same, only
+// not rounded to it), warp rows (partial sums in the grad_x kernel) and block
+// rows (the partial-sum kernel), one buffer or both; grad_x unchanged.
+TEST(CudaNormTest, ParameterGradientsAddedIntoBuffersAreTheReturnedOnesAdded) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  for (const Shape& shape : {Shape{4, 5, 768}, Shape{3, 77}, Shape{5, 4096}}) {
+    const int64_t c = shape[shape.rank() - 1];
+    for (Dtype d : FloatDtypes()) {
+      SCOPED_TRACE(shape.ToString() + " " + std::string(DtypeName(d)));
+      const Tensor x = ToGpu(RandomTensor(shape, ++seed, -2.0f, 3.0f, d));
+      const Tensor gy = ToGpu(RandomTensor(shape, ++seed, -1.0f, 1.0f, d));
+      const Tensor w32 = ToGpu(RandomTensor({c}, ++seed, 0.5f, 1.5f));
+      const Tensor b32 = ToGpu(RandomTensor({c}, ++seed, -0.5f, 0.5f));
+      const Tensor old_w = ToGpu(RandomTensor({c}, ++seed, -1.0f, 1.0f));
+      const Tensor old_b = ToGpu(RandomTensor({c}, ++seed, -1.0f, 1.0f));
+      const LayerNormResult fwd = LayerNorm(x, w32, b32);
+      const LayerNormGrads plain = LayerNormBackward(gy, x, w32, fwd.mean, fwd.rstd);
+      Tensor want_w = old_w.Clone(), want_b = old_b.Clone();
+      AddInPlace(want_w, plain.grad_weight);
+      AddInPlace(want_b, plain.grad_bias);
+      for (const Tensor& w : {w32, w32.To(d)}) {
+        SCOPED_TRACE(std::string("weight ") + std::string(DtypeName(w.dtype())));
+        NormGradsInto both{old_w.Clone(), old_b.Clone()};
+        const LayerNormGrads got =
+            LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), both);
+        EXPECT_FALSE(got.grad_weight.defined());
+        EXPECT_FALSE(got.grad_bias.defined());
+        // grad_x as with the weight's values in f32 (the parameter sums do not read it).
+        const Tensor want_x =
+            LayerNormBackward(gy, x, w.To(Dtype::kF32), fwd.mean, fwd.rstd).grad_x;
+        EXPECT_EQ(ToCpu(got.grad_x).ToVector<float>(), ToCpu(want_x).ToVector<float>());
+        EXPECT_EQ(ToCpu(both.weight).ToVector<float>(), ToCpu(want_w).ToVector<float>());
+        EXPECT_EQ(ToCpu(both.bias).ToVector<float>(), ToCpu(want_b).ToVector<float>());
+        NormGradsInto weight_only{old_w.Clone(), Tensor()};
+        const LayerNormGrads some =
+            LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), weight_only);
+        EXPECT_EQ(ToCpu(weight_only.weight).ToVector<float>(), ToCpu(want_w).ToVector<float>());
+        EXPECT_EQ(some.grad_bias.dtype(), w.dtype());
+        EXPECT_EQ(ToCpu(some.grad_bias).ToVector<float>(),
+                  ToCpu(plain.grad_bias.To(w.dtype())).ToVector<float>());
+      }
+      const RmsNormResult rms = RmsNorm(x, w32);
+      Tensor rwant = old_w.Clone();
+      AddInPlace(rwant, RmsNormBackward(gy, x, w32, rms.rstd).grad_weight);
+      NormGradsInto rinto{old_w.Clone(), Tensor()};
+      EXPECT_FALSE(RmsNormBackward(gy, x, w32.To(d), rms.rstd, Tensor(), rinto)
+                       .grad_weight.defined());
+      EXPECT_EQ(ToCpu(rinto.weight).ToVector<float>(), ToCpu(rwant).ToVector<float>());
     }
   }
 }

@@ -7,6 +7,7 @@
 #include "tensor/cpu/norm.h"
 #include "tensor/cuda/norm.h"
 #include "tensor/ops/check.h"
+#include "tensor/ops/elementwise.h"
 
 namespace tensor {
 namespace {
@@ -62,6 +63,26 @@ Tensor CheckedAdd(const char* op, const Tensor& add, const Tensor& x) {
   return add.Contiguous();
 }
 
+// A NormGradsInto tensor: undefined, or (C) f32 contiguous on x's device.
+void CheckInto(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+  if (!t.defined()) return;
+  CheckDevice(op, t, x);
+  OP_CHECK(t.rank() == 1 && t.dim(0) == x.dim(-1) && t.dtype() == Dtype::kF32 &&
+               t.is_contiguous(),
+           op, "the gradient to add the ", name, "'s into must be (", x.dim(-1),
+           ") f32 contiguous; got ", Describe(name, t));
+}
+
+// grad (C) f32 from the CPU kernels: added into `into` when defined, else
+// returned in the parameter's dtype.
+Tensor AddOrReturn(const Tensor& grad, const Tensor& into, Dtype dtype) {
+  if (into.defined()) {
+    AddInPlace(into, grad);
+    return Tensor();
+  }
+  return grad.To(dtype);
+}
+
 // Undefined stays undefined (the CUDA kernels read parameters in their own
 // dtype and treat absent ones as 1 / 0).
 Tensor ContiguousOrUndefined(const Tensor& p) { return p.defined() ? p.Contiguous() : p; }
@@ -99,7 +120,8 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
 }
 
 LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                 const Tensor& mean, const Tensor& rstd, const Tensor& grad_x_add) {
+                                 const Tensor& mean, const Tensor& rstd, const Tensor& grad_x_add,
+                                 const NormGradsInto& into) {
   const char* op = "layer_norm_backward";
   CheckInput(op, x, 0.0f);
   CheckDevice(op, grad_y, x);
@@ -109,11 +131,30 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
   CheckParam(op, "weight", weight, x);
   CheckStat(op, "mean", mean, x);
   CheckStat(op, "rstd", rstd, x);
+  CheckInto(op, "weight", into.weight, x);
+  CheckInto(op, "bias", into.bias, x);
+  OP_CHECK(!into.weight.defined() || weight.defined(), op,
+           "a weight gradient to add into, but no weight");
   const int64_t c = x.dim(-1);
+  const Dtype param_dtype = weight.defined() ? weight.dtype() : Dtype::kF32;
   if (x.device().is_cuda()) {
-    const Dtype param_dtype = weight.defined() ? weight.dtype() : Dtype::kF32;
     LayerNormGrads out;
     out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
+    if (into.weight.defined() || into.bias.defined()) {
+      // The kernel adds into f32 (C) tensors; one not given is made f32 and
+      // returned in the parameter's dtype.
+      const Tensor gw = into.weight.defined() ? into.weight
+                        : weight.defined()    ? Tensor::Empty({c}, Dtype::kF32, x.device())
+                                              : Tensor();
+      const Tensor gb =
+          into.bias.defined() ? into.bias : Tensor::Empty({c}, Dtype::kF32, x.device());
+      cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
+                              mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, gw, gb,
+                              into.weight.defined(), into.bias.defined());
+      if (!into.weight.defined() && gw.defined()) out.grad_weight = gw.To(param_dtype);
+      if (!into.bias.defined()) out.grad_bias = gb.To(param_dtype);
+      return out;
+    }
     if (weight.defined()) out.grad_weight = Tensor::Empty({c}, param_dtype, x.device());
     out.grad_bias = Tensor::Empty({c}, param_dtype, x.device());
     cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
@@ -127,12 +168,8 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());
   cpu::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
                          mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, grad_w32, grad_b32);
-  if (weight.defined()) {
-    out.grad_weight = grad_w32.To(weight.dtype());
-    out.grad_bias = grad_b32.To(weight.dtype());
-  } else {
-    out.grad_bias = grad_b32;
-  }
+  if (weight.defined()) out.grad_weight = AddOrReturn(grad_w32, into.weight, param_dtype);
+  out.grad_bias = AddOrReturn(grad_b32, into.bias, param_dtype);
   return out;
 }
 
@@ -152,7 +189,8 @@ RmsNormResult RmsNorm(const Tensor& x, const Tensor& weight, float eps) {
 }
 
 RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                             const Tensor& rstd, const Tensor& grad_x_add) {
+                             const Tensor& rstd, const Tensor& grad_x_add,
+                             const NormGradsInto& into) {
   const char* op = "rms_norm_backward";
   CheckInput(op, x, 0.0f);
   CheckDevice(op, grad_y, x);
@@ -161,10 +199,19 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
   const Tensor add = CheckedAdd(op, grad_x_add, x);
   CheckParam(op, "weight", weight, x);
   CheckStat(op, "rstd", rstd, x);
+  CheckInto(op, "weight", into.weight, x);
+  OP_CHECK(!into.weight.defined() || weight.defined(), op,
+           "a weight gradient to add into, but no weight");
+  OP_CHECK(!into.bias.defined(), op, "RMSNorm has no bias gradient to add into");
   const int64_t c = x.dim(-1);
   if (x.device().is_cuda()) {
     RmsNormGrads out;
     out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
+    if (into.weight.defined()) {
+      cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
+                            rstd.Contiguous(), add, out.grad_x, into.weight, /*add_weight=*/true);
+      return out;
+    }
     if (weight.defined()) out.grad_weight = Tensor::Empty({c}, weight.dtype(), x.device());
     cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
                           rstd.Contiguous(), add, out.grad_x, out.grad_weight);
@@ -175,7 +222,7 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());
   cpu::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
                        rstd.Contiguous(), add, out.grad_x, grad_w32);
-  if (weight.defined()) out.grad_weight = grad_w32.To(weight.dtype());
+  if (weight.defined()) out.grad_weight = AddOrReturn(grad_w32, into.weight, weight.dtype());
   return out;
 }
 

@@ -32,6 +32,16 @@ struct LayerNormGrads {
 LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           float eps = 1e-5f);
 
+// Where a norm's backward puts its parameter gradients: each one defined here
+// (f32, (C), contiguous, on x's device: a Parameter's gradient buffer) gets
+// its gradient added in place (in f32, the bits of a separate AddInPlace of
+// the returned one) and the returned one stays undefined: no (C) tensor made
+// and no add launched per parameter. Undefined ones are returned as without.
+struct NormGradsInto {
+  Tensor weight;
+  Tensor bias;  // LayerNorm only
+};
+
 // From the forward's x, weight, mean and rstd. With `grad_x_add` (x's shape
 // and dtype), grad_x is grad_x_add + the gradient, summed in fp32 as the
 // gradient is written: a pre-norm block's residual, whose gradient is both
@@ -39,7 +49,8 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
 // (the sum of a separate Add up to one rounding).
 LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                                  const Tensor& mean, const Tensor& rstd,
-                                 const Tensor& grad_x_add = Tensor());
+                                 const Tensor& grad_x_add = Tensor(),
+                                 const NormGradsInto& into = {});
 
 struct RmsNormResult {
   Tensor y;     // (..., C), x's dtype
@@ -55,9 +66,10 @@ struct RmsNormGrads {
 // or undefined (then 1).
 RmsNormResult RmsNorm(const Tensor& x, const Tensor& weight, float eps = 1e-6f);
 
-// grad_x_add: as LayerNormBackward's.
+// grad_x_add, into (its weight): as LayerNormBackward's.
 RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                             const Tensor& rstd, const Tensor& grad_x_add = Tensor());
+                             const Tensor& rstd, const Tensor& grad_x_add = Tensor(),
+                             const NormGradsInto& into = {});
 
 }  // namespace tensor
 

@@ -211,6 +211,71 @@ TEST(LayerNormTest, BackwardAddsTheGivenGradient) {
   }
 }
 
+// NormGradsInto: each parameter gradient given a buffer is added into it (the
+// bits of AddInPlace of the returned f32 gradient) and not returned; one not
+// given is returned as without; grad_x is unchanged; bad buffers are named.
+TEST(LayerNormTest, BackwardAddsParameterGradientsInto) {
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(DtypeName(d));
+    const Tensor x = RandomTensor({3, 5, 24}, 1, -2, 3, d);
+    const Tensor gy = RandomTensor({3, 5, 24}, 2, -1, 1, d);
+    const Tensor w = RandomTensor({24}, 4, 0.5f, 1.5f);
+    const Tensor b = RandomTensor({24}, 5, -0.5f, 0.5f);
+    const LayerNormResult fwd = LayerNorm(x, w, b);
+    const LayerNormGrads plain = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+    const Tensor old_w = RandomTensor({24}, 6, -1, 1), old_b = RandomTensor({24}, 7, -1, 1);
+    Tensor want_w = old_w.Clone(), want_b = old_b.Clone();
+    AddInPlace(want_w, plain.grad_weight);
+    AddInPlace(want_b, plain.grad_bias);
+
+    NormGradsInto both{old_w.Clone(), old_b.Clone()};
+    const LayerNormGrads got = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), both);
+    EXPECT_FALSE(got.grad_weight.defined());
+    EXPECT_FALSE(got.grad_bias.defined());
+    EXPECT_TRUE(AllClose(got.grad_x, plain.grad_x, 0, 0));
+    EXPECT_TRUE(AllClose(both.weight, want_w, 0, 0));
+    EXPECT_TRUE(AllClose(both.bias, want_b, 0, 0));
+
+    NormGradsInto bias_only{Tensor(), old_b.Clone()};
+    const LayerNormGrads some =
+        LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), bias_only);
+    EXPECT_TRUE(AllClose(some.grad_weight, plain.grad_weight, 0, 0));
+    EXPECT_FALSE(some.grad_bias.defined());
+    EXPECT_TRUE(AllClose(bias_only.bias, want_b, 0, 0));
+
+    const RmsNormResult rms = RmsNorm(x, w);
+    const RmsNormGrads rplain = RmsNormBackward(gy, x, w, rms.rstd);
+    Tensor rwant = old_w.Clone();
+    AddInPlace(rwant, rplain.grad_weight);
+    NormGradsInto rinto{old_w.Clone(), Tensor()};
+    const RmsNormGrads rgot = RmsNormBackward(gy, x, w, rms.rstd, Tensor(), rinto);
+    EXPECT_FALSE(rgot.grad_weight.defined());
+    EXPECT_TRUE(AllClose(rgot.grad_x, rplain.grad_x, 0, 0));
+    EXPECT_TRUE(AllClose(rinto.weight, rwant, 0, 0));
+  }
+  const Tensor x = Tensor::Zeros({2, 4});
+  const Tensor w = Tensor::Full({4}, 1.0);
+  const LayerNormResult fwd = LayerNorm(x, w, Tensor());
+  try {
+    LayerNormBackward(x, x, w, fwd.mean, fwd.rstd, Tensor(),
+                      NormGradsInto{Tensor::Zeros({4}, Dtype::kBF16), Tensor()});
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[layer_norm_backward] the gradient to add the weight's into must be (4) f32 "
+                 "contiguous; got weight (4) bf16");
+  }
+  EXPECT_THROW(LayerNormBackward(x, x, w, fwd.mean, fwd.rstd, Tensor(),
+                                 NormGradsInto{Tensor(), Tensor::Zeros({5})}),
+               OpError);
+  EXPECT_THROW(LayerNormBackward(x, x, Tensor(), fwd.mean, fwd.rstd, Tensor(),
+                                 NormGradsInto{Tensor::Zeros({4}), Tensor()}),
+               OpError);
+  EXPECT_THROW(RmsNormBackward(x, x, w, RmsNorm(x, w).rstd, Tensor(),
+                               NormGradsInto{Tensor(), Tensor::Zeros({4})}),
+               OpError);
+}
+
 TEST(LayerNormTest, ErrorsNameTheOpAndShapes) {
   const Tensor x = Tensor::Zeros({2, 3, 4});
   try {
