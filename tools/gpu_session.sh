@@ -56,7 +56,9 @@
 #                                at T 1024 and 2048 under the same log (to diff the two graphs
 #                                here when ours fails), then the attention phase and the pytorch
 #                                phase (GPU_SESSION_CUDNN_PYTORCH_UNTIL_S, 560) with the cuDNN
-#                                variants. $OUT: tests.txt, tests.log, cudnn_logs.tar.xz (ours,
+#                                variants (alone, with the GEMM tuning, and with the tuning and
+#                                the column-sum bias gradients) and the tuning and column sums
+#                                without it. $OUT: tests.txt, tests.log, cudnn_logs.tar.xz (ours,
 #                                PyTorch's), attention.txt, vs_pytorch.json
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
@@ -427,7 +429,9 @@ PY
     grep -E 'cuDNN \(FSDP_CUDA_ATTENTION' "$out/attention.txt"
     echo "=== ours against PyTorch eager, with cuDNN's attention"
     run_pytorch $(( phase_start + ${GPU_SESSION_CUDNN_PYTORCH_UNTIL_S:-560} - $(date +%s) )) \
-      --attention_cudnn --gemm_tune --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 ||
+      --attention_cudnn --gemm_tune --bias_grad_unfused \
+      --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 \
+      --ours_env cudnn_tuned_colsum:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0 ||
       echo "pytorch: exit $? (124: killed at the phase's limit)"
     rm -f "$out/vs_pytorch.svg"
     ;;
