@@ -612,11 +612,17 @@ TEST(CudaFlashAttentionTest, CudnnMatchesReference) {
       auto empty_like = [&](const Tensor& t) { return Tensor::Empty(t.shape(), dt, dev); };
       Tensor out = empty_like(q), lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
       Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+      // A case cuDNN declines fails alone (the others still run): the first
+      // run on a GPU says which shapes it takes.
       std::string why;
-      ASSERT_TRUE(cuda::CudnnAttentionForward(q, k, v, scale, true, out, lse, &why)) << why;
-      ASSERT_TRUE(cuda::CudnnAttentionBackward(q, k, v, out, lse, dout, scale, true, dq, dk, dv,
-                                               &why))
-          << why;
+      if (!cuda::CudnnAttentionForward(q, k, v, scale, true, out, lse, &why)) {
+        ADD_FAILURE() << "forward: " << why;
+        continue;
+      }
+      if (!cuda::CudnnAttentionBackward(q, k, v, out, lse, dout, scale, true, dq, dk, dv, &why)) {
+        ADD_FAILURE() << "backward: " << why;
+        continue;
+      }
       const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(),
                                     v.ToVector<float>(), dout.ToVector<float>(), scale);
       ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
@@ -630,9 +636,11 @@ TEST(CudaFlashAttentionTest, CudnnMatchesReference) {
       Tensor dq3 = empty_like(q), dk3 = empty_like(k), dv3 = empty_like(v);
       cuda::FlashAttentionForward(q, k, v, scale, true, out3, lse3,
                                   FlashAttentionKernel::kTensorCore);
-      ASSERT_TRUE(cuda::CudnnAttentionBackward(q, k, v, out3, lse3, dout, scale, true, dq3, dk3,
-                                               dv3, &why))
-          << why;
+      if (!cuda::CudnnAttentionBackward(q, k, v, out3, lse3, dout, scale, true, dq3, dk3, dv3,
+                                        &why)) {
+        ADD_FAILURE() << "backward after our forward: " << why;
+        continue;
+      }
       ExpectNear(ref, out3, lse3, dq3, dk3, dv3, Tol(dt));
     }
   }
