@@ -52,9 +52,11 @@
 #                                and its figures in one call: attention_test's cuDNN cases under
 #                                cuDNN's API log (level 3: every backend call and attribute),
 #                                gpt2 trained 4 steps with our attention and with cuDNN's (the
-#                                losses side by side), PyTorch's own cuDNN SDPA
-#                                at T 1024 and 2048 under the same log (to diff the two graphs
-#                                here when ours fails), then the attention phase and the pytorch
+#                                losses side by side), then attention_benchmark 1 1 and PyTorch's
+#                                own cuDNN SDPA (forward and backward, B 1, T 1024 and 2048) each
+#                                under the API log (to diff the two graphs here with
+#                                tools/cudnn_log_graph.py when ours fails), then the attention
+#                                phase and the pytorch
 #                                phase (GPU_SESSION_CUDNN_PYTORCH_UNTIL_S, 560) with the cuDNN
 #                                variants (alone, with the GEMM tuning, and with the tuning and
 #                                the column-sum bias gradients) and the tuning and column sums
@@ -419,9 +421,27 @@ print("gpt2 losses, cuDNN: " + " ".join(f"{x:.5f}" for x in cudnn))
 if ours and len(ours) == len(cudnn):
     print(f"max |ours - cuDNN| {max(abs(a - b) for a, b in zip(ours, cudnn)):.3g}")
 PY
+    # Ours and PyTorch's at the same shapes (B 1, H 12, T 1024 then 2048, D 64), each under the
+    # API log: tools/cudnn_log_graph.py torch_sdpa_cudnn.log ours_benchmark.log --ops 0:14 (14:36).
+    CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$logs/ours_benchmark.log" timeout -k 5 120 \
+      "$run" attention_benchmark 1 1 > "$logs/ours_benchmark.txt" 2>&1 ||
+      echo "attention_benchmark 1 1: exit $? (its log in the tar)"
+    # PyTorch: one training forward (with the statistics) and its backward, as ours.
     CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$logs/torch_sdpa_cudnn.log" timeout -k 5 120 \
-      python3 "$here/attention_vs_torch.py" --backends cudnn --batch 1 --iters 1 \
-      > "$logs/torch_sdpa_cudnn.txt" 2>&1 || echo "PyTorch's cuDNN SDPA: exit $? (its log in the tar)"
+      python3 - > "$logs/torch_sdpa_cudnn.txt" 2>&1 <<'PY' || echo "PyTorch's cuDNN SDPA: exit $? (its output in the tar)"
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+for t in (1024, 2048):
+    q, k, v, dout = (torch.rand((1, 12, t, 64), device="cuda").to(torch.bfloat16) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y.backward(dout)
+    torch.cuda.synchronize()
+    print(f"T {t}: PyTorch's cuDNN SDPA forward and backward ran")
+PY
     tar cJf "$out/cudnn_logs.tar.xz" -C "$logs" . && ls -l "$out/cudnn_logs.tar.xz"
     rm -rf "$logs"
     echo "=== the fused attention against PyTorch's (ours' cuDNN line: attention.txt)"
