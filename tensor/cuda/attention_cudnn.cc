@@ -123,8 +123,7 @@ class GraphBuilder {
     const float one = 1.0f;
     op.Set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
     op.Set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
-    op.Finalize();
-    ops_.push_back(op.get());
+    AddOperation(op);
   }
   void Binary(cudnnPointwiseMode_t mode, const Desc& x, const Desc& b, const Desc& y,
               cudnnDataType_t prec = CUDNN_DATA_FLOAT) {
@@ -145,8 +144,7 @@ class GraphBuilder {
     op.SetDesc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
     op.SetDesc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
     op.SetDesc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-    op.Finalize();
-    ops_.push_back(op.get());
+    AddOperation(op);
   }
 
   // y (B, H, T, 1) = reduce(x) over the last dimension.
@@ -162,8 +160,7 @@ class GraphBuilder {
     op.SetDesc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
     op.SetDesc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
     op.SetDesc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    op.Finalize();
-    ops_.push_back(op.get());
+    AddOperation(op);
   }
 
   // y = x seen with y's dimensions and strides (the graphs' transposes).
@@ -171,8 +168,7 @@ class GraphBuilder {
     Desc& op = Keep(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation");
     op.SetDesc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
     op.SetDesc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    op.Finalize();
-    ops_.push_back(op.get());
+    AddOperation(op);
   }
 
   // The operation graph, cuDNN's heuristics (mode A, as the frontend) and the
@@ -223,6 +219,12 @@ class GraphBuilder {
   }
 
  private:
+  // Finalizes an operation descriptor and makes it the graph's next operation.
+  void AddOperation(Desc& op) {
+    op.Finalize();
+    ops_.push_back(op.get());
+  }
+
   Desc& Keep(cudnnBackendDescriptorType_t type, const char* name) {
     descs_.push_back(std::make_unique<Desc>(type, name));
     return *descs_.back();

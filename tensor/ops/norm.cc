@@ -140,26 +140,19 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
   if (x.device().is_cuda()) {
     LayerNormGrads out;
     out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
-    if (into.weight.defined() || into.bias.defined()) {
-      // The kernel adds into f32 (C) tensors; one not given is made f32 and
-      // returned in the parameter's dtype.
-      const Tensor gw = into.weight.defined() ? into.weight
-                        : weight.defined()    ? Tensor::Empty({c}, Dtype::kF32, x.device())
-                                              : Tensor();
-      const Tensor gb =
-          into.bias.defined() ? into.bias : Tensor::Empty({c}, Dtype::kF32, x.device());
-      cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                              mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, gw, gb,
-                              into.weight.defined(), into.bias.defined());
-      if (!into.weight.defined() && gw.defined()) out.grad_weight = gw.To(param_dtype);
-      if (!into.bias.defined()) out.grad_bias = gb.To(param_dtype);
-      return out;
-    }
-    if (weight.defined()) out.grad_weight = Tensor::Empty({c}, param_dtype, x.device());
-    out.grad_bias = Tensor::Empty({c}, param_dtype, x.device());
+    // The kernel writes both parameter gradients in one dtype: the parameter's,
+    // or f32 when it adds into a given (f32) buffer; one not given is made and
+    // returned in the parameter's dtype (no copy when it already is).
+    const Dtype made = into.weight.defined() || into.bias.defined() ? Dtype::kF32 : param_dtype;
+    const Tensor gw = into.weight.defined() ? into.weight
+                      : weight.defined()    ? Tensor::Empty({c}, made, x.device())
+                                            : Tensor();
+    const Tensor gb = into.bias.defined() ? into.bias : Tensor::Empty({c}, made, x.device());
     cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                            mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, out.grad_weight,
-                            out.grad_bias);
+                            mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, gw, gb,
+                            into.weight.defined(), into.bias.defined());
+    if (!into.weight.defined() && gw.defined()) out.grad_weight = gw.To(param_dtype);
+    if (!into.bias.defined()) out.grad_bias = gb.To(param_dtype);
     return out;
   }
   const Tensor grad_w32 = Tensor::Empty({c});
@@ -207,14 +200,12 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
   if (x.device().is_cuda()) {
     RmsNormGrads out;
     out.grad_x = Tensor::Empty(x.shape(), x.dtype(), x.device());
-    if (into.weight.defined()) {
-      cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                            rstd.Contiguous(), add, out.grad_x, into.weight, /*add_weight=*/true);
-      return out;
-    }
-    if (weight.defined()) out.grad_weight = Tensor::Empty({c}, weight.dtype(), x.device());
+    const Tensor gw = into.weight.defined() ? into.weight
+                      : weight.defined()    ? Tensor::Empty({c}, weight.dtype(), x.device())
+                                            : Tensor();
     cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                          rstd.Contiguous(), add, out.grad_x, out.grad_weight);
+                          rstd.Contiguous(), add, out.grad_x, gw, into.weight.defined());
+    if (!into.weight.defined()) out.grad_weight = gw;
     return out;
   }
   const Tensor grad_w32 = Tensor::Empty({c});
