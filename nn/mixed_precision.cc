@@ -19,6 +19,7 @@ MixedPrecision::MixedPrecision(Module& root, precision::MixedPrecisionPolicy pol
       if (keep) {
         ++num_kept_fp32_;
       } else {
+        by_master_.emplace(p->value.raw_data(), entries_.size());
         entries_.push_back({p, p->value});
       }
     }
@@ -29,15 +30,48 @@ void MixedPrecision::CastForCompute() {
   // The compute copies live for one step, like FSDP's unsharded parameters.
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
   std::vector<tensor::Tensor> masters;
-  masters.reserve(entries_.size());
-  for (const Entry& e : entries_) masters.push_back(e.master);
+  std::vector<size_t> cast;  // entries_ indices of `masters`
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    Entry& e = entries_[i];
+    if (e.handed_out) {
+      e.param->value = e.kept;  // written by the optimizer's step
+    } else {
+      masters.push_back(e.master);
+      cast.push_back(i);
+    }
+    e.kept = tensor::Tensor();
+    e.handed_out = false;
+  }
   // On a GPU a launch per 64 parameters, not one each.
   std::vector<tensor::Tensor> compute = tensor::CastAll(masters, policy_.param_dtype);
-  for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param->value = compute[i];
+  for (size_t k = 0; k < cast.size(); ++k) entries_[cast[k]].param->value = compute[k];
 }
 
-void MixedPrecision::RestoreMasters() {
-  for (Entry& e : entries_) e.param->value = e.master;
+void MixedPrecision::Restore(bool keep_copies) {
+  for (Entry& e : entries_) {
+    const bool cast = e.param->value.defined() && e.param->value.raw_data() != e.master.raw_data();
+    e.kept = keep_copies && cast ? e.param->value : tensor::Tensor();
+    e.handed_out = false;
+    e.param->value = e.master;
+  }
+}
+
+void MixedPrecision::RestoreMasters() { Restore(/*keep_copies=*/false); }
+
+void MixedPrecision::RestoreMastersKeepingCopies() { Restore(/*keep_copies=*/true); }
+
+tensor::Tensor MixedPrecision::ComputeCopyToWrite(const tensor::Tensor& master) {
+  if (!master.defined()) return tensor::Tensor();
+  auto [first, last] = by_master_.equal_range(master.raw_data());
+  for (auto it = first; it != last; ++it) {
+    Entry& e = entries_[it->second];
+    // A parameter shared by two modules has two entries; the restore kept
+    // the copy in the first.
+    if (!e.kept.defined() || e.master.shape() != master.shape()) continue;
+    e.handed_out = true;
+    return e.kept;
+  }
+  return tensor::Tensor();
 }
 
 }  // namespace nn

@@ -33,6 +33,53 @@ TEST(MixedPrecisionTest, CastsLinearKeepsBatchNormAndRestores) {
   EXPECT_TRUE(lin->weight()->value.SharesStorageWith(master));
 }
 
+// The optimizer's way (RestoreMastersKeepingCopies, ComputeCopyToWrite): the
+// kept copy is handed out once per master, and the next CastForCompute uses
+// what was written into it rather than casting; a parameter whose copy was
+// not handed out is cast again, and plain RestoreMasters keeps nothing.
+TEST(MixedPrecisionTest, HandedOutCopiesAreTheNextComputeCopies) {
+  Sequential net;
+  auto* lin = net.Append(std::make_unique<Linear>(4, 3));
+  auto* bn = net.Append(std::make_unique<BatchNorm1d>(3));
+  net.Materialize(1);
+  Tensor weight = lin->weight()->value, bias = lin->bias()->value;
+  auto fill = [](Tensor& t, double value) { t.CopyFrom(Tensor::Full(t.shape(), value)); };
+  MixedPrecision mp(net, precision::MixedPrecisionPolicy::Bf16());
+  // Nothing kept before a step's copies exist.
+  EXPECT_FALSE(mp.ComputeCopyToWrite(weight).defined());
+  mp.CastForCompute();
+  const Tensor weight_copy = lin->weight()->value;
+  mp.RestoreMastersKeepingCopies();
+  EXPECT_TRUE(lin->weight()->value.SharesStorageWith(weight));
+  // BatchNorm's fp32 parameters and tensors that are no master have no copy.
+  EXPECT_FALSE(mp.ComputeCopyToWrite(bn->NamedParameters()[0].second->value).defined());
+  EXPECT_FALSE(mp.ComputeCopyToWrite(weight.Clone()).defined());
+  Tensor handed = mp.ComputeCopyToWrite(weight);
+  ASSERT_TRUE(handed.defined());
+  EXPECT_TRUE(handed.SharesStorageWith(weight_copy));
+  EXPECT_EQ(handed.dtype(), Dtype::kBF16);
+  // What an optimizer would write: the updated master's cast.
+  fill(weight, 0.5);
+  fill(bias, 0.25);
+  handed.CopyFrom(weight);
+  mp.CastForCompute();
+  EXPECT_TRUE(lin->weight()->value.SharesStorageWith(weight_copy));  // no cast
+  EXPECT_EQ(lin->weight()->value.To(Dtype::kF32).data<float>()[0], 0.5f);
+  // The bias's copy was not handed out: cast from its master.
+  EXPECT_EQ(lin->bias()->value.dtype(), Dtype::kBF16);
+  EXPECT_EQ(lin->bias()->value.To(Dtype::kF32).data<float>()[0], 0.25f);
+  // A hand-out lasts one CastForCompute: the next one casts again.
+  mp.RestoreMastersKeepingCopies();
+  handed = mp.ComputeCopyToWrite(weight);
+  mp.CastForCompute();
+  mp.RestoreMasters();
+  EXPECT_FALSE(mp.ComputeCopyToWrite(weight).defined());  // nothing kept
+  fill(weight, -1.0);
+  mp.CastForCompute();
+  EXPECT_FALSE(lin->weight()->value.SharesStorageWith(weight_copy));
+  EXPECT_EQ(lin->weight()->value.To(Dtype::kF32).data<float>()[0], -1.0f);
+}
+
 TEST(MixedPrecisionTest, Fp32PolicyManagesNothing) {
   Linear lin(2, 2);
   lin.Materialize(1);

@@ -96,7 +96,7 @@ void AdamW::UpdateAll(const std::vector<Updating>& params) {
     std::vector<tensor::cuda::AdamWSegment>& segments = on_gpu[ref.param.device().index];
     ForEachDecaySegment(ref, [&](int64_t b, int64_t e, bool d) {
       segments.push_back({ref.param, ref.grad, u.state->buffers[0], u.state->buffers[1], b, e, cs,
-                          d && any_decay});
+                          d && any_decay, ref.low_precision_copy});
     });
   }
   for (const auto& [device, segments] : on_gpu) tensor::cuda::AdamWStepMany(segments);

@@ -41,6 +41,12 @@ class AdamW : public Optimizer {
   // GPU params: every decay segment of every param of a device in one
   // launch per 32 segments (tensor::cuda::AdamWStepMany); CPU params: Update.
   void UpdateAll(const std::vector<Updating>& params) override;
+  // GPU params: the update's kernel writes the bf16 / f16 copy as it stores
+  // the param (2 bytes more a element written, where a cast afterwards reads
+  // the param's 4 again and writes the 2).
+  bool WritesLowPrecisionCopy(const ParamRef& ref) const override {
+    return ref.param.device().is_cuda();
+  }
 
  private:
   explicit AdamW(const AdamWOptions& options) : Optimizer(options.lr), options_(options) {}

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -19,6 +20,7 @@ namespace {
 
 using tensor::Tensor;
 using tensor::cuda::testing::MatchesCpu;
+using tensor::cuda::testing::ToCpu;
 using tensor::cuda::testing::ToGpu;
 
 // Three steps of `opt_cpu` and `opt_gpu` on the same parameter (10007
@@ -142,6 +144,80 @@ TEST(CudaOptimizerTest, AdamWWithTheGradientAtAnotherAlignment) {
     opt_gpu->Step({gpu});
     EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7})) << "step " << step;
   }
+}
+
+// The optimizers write a bf16 / f16 copy of each updated parameter
+// (ParamRef::low_precision_copy, mixed precision's next compute copy): after
+// every step it is the parameter cast, bit for bit, and the parameter is what
+// a step without a copy gives. AdamW writes it in its update's pass (the
+// copy's elements in frozen ranges left as they were), SGD casts after its
+// update. The parameter and its copy also sit one element into their
+// buffers (the update's scalar head), the copy at another alignment than
+// the parameter (the element loop throughout).
+TEST(CudaOptimizerTest, TheStepWritesTheLowPrecisionCopy) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 10007;
+  const ElementRanges decay = {{100, 5000}, {9000, 10007}};
+  const ElementRanges frozen = {{0, 7}, {4000, 4500}};
+  struct Layout {
+    int64_t p_offset, copy_offset;
+  };
+  SgdOptions sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  const std::vector<std::pair<std::string, std::function<std::unique_ptr<Optimizer>()>>> makes = {
+      {"adamw", DecayingAdamW}, {"sgd", [&] { return SGD::Create(sgd).value(); }}};
+  for (const auto& [name, make] : makes) {
+    for (tensor::Dtype dtype : {tensor::Dtype::kBF16, tensor::Dtype::kF16}) {
+      for (Layout at : {Layout{0, 0}, Layout{1, 1}, Layout{1, 0}}) {
+        SCOPED_TRACE(testing::Message() << name << " " << tensor::DtypeName(dtype) << " param at "
+                                        << at.p_offset << ", copy at " << at.copy_offset);
+        std::unique_ptr<Optimizer> plain = make(), with_copy = make();
+        const Tensor start = tensor::testing::RandomTensor({n}, 1);
+        Tensor p_plain = ToGpu(start);
+        Tensor p_buffer = Tensor::Zeros({n + 1}, tensor::Dtype::kF32, p_plain.device());
+        Tensor p = p_buffer.Narrow(0, at.p_offset, n);
+        p.CopyFrom(p_plain);
+        Tensor copy_buffer = Tensor::Zeros({n + 1}, dtype, p_plain.device());
+        Tensor copy = copy_buffer.Narrow(0, at.copy_offset, n);
+        copy.CopyFrom(p);  // the cast before the first step (as the frozen elements keep)
+        for (int step = 0; step < 3; ++step) {
+          const Tensor g = ToGpu(tensor::testing::RandomTensor({n}, 10 + step));
+          ParamRef ref{"w", p, g, decay, frozen};
+          ref.low_precision_copy = copy;
+          plain->Step({ParamRef{"w", p_plain, g, decay, frozen}});
+          with_copy->Step({ref});
+          EXPECT_TRUE(MatchesCpu(p, ToCpu(p_plain), {0, 0})) << "step " << step;
+          EXPECT_TRUE(MatchesCpu(copy, ToCpu(p).To(dtype), {0, 0})) << "step " << step;
+        }
+      }
+    }
+  }
+}
+
+// A copy that is f32, of another shape or on another device is refused
+// before anything changes, the message naming the parameter.
+TEST(CudaOptimizerTest, ABadLowPrecisionCopyIsRefused) {
+  SKIP_WITHOUT_GPU();
+  auto opt = DecayingAdamW();
+  const Tensor start = tensor::testing::RandomTensor({64}, 1);
+  Tensor p = ToGpu(start);
+  const Tensor g = ToGpu(tensor::testing::RandomTensor({64}, 2));
+  for (const Tensor& bad : {Tensor::Zeros({64}, tensor::Dtype::kF32, p.device()),
+                            Tensor::Zeros({63}, tensor::Dtype::kBF16, p.device()),
+                            Tensor::Zeros({64}, tensor::Dtype::kBF16)}) {
+    ParamRef ref = MakeParamRef("h.0.w", p, g, true);
+    ref.low_precision_copy = bad;
+    try {
+      opt->Step({ref});
+      ADD_FAILURE() << "accepted " << bad.shape().ToString() << " " << tensor::DtypeName(bad.dtype());
+    } catch (const tensor::OpError& e) {
+      EXPECT_NE(std::string(e.what()).find("'h.0.w'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("low-precision copy"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(MatchesCpu(p, start, {0, 0}));
+  EXPECT_FALSE(opt->HasState("h.0.w"));
 }
 
 // State loaded from a checkpoint (host tensors) for a GPU parameter moves to

@@ -63,6 +63,15 @@ void Optimizer::Step(const std::vector<ParamRef>& params) {
     updating.push_back({&ref, &state});
   }
   UpdateAll(updating);
+  // The low-precision copies the update did not write: cast (batched per
+  // device and dtype) from the updated params.
+  std::vector<Tensor> updated, copies;
+  for (const ParamRef& ref : params) {
+    if (!ref.low_precision_copy.defined() || WritesLowPrecisionCopy(ref)) continue;
+    updated.push_back(ref.param);
+    copies.push_back(ref.low_precision_copy);
+  }
+  tensor::CastAllInto(updated, copies);
 }
 
 void Optimizer::UpdateAll(const std::vector<Updating>& params) {

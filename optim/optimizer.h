@@ -43,7 +43,8 @@ class Optimizer {
   // ("momentum_buffer"; "exp_avg", "exp_avg_sq"). "step" is always kept too.
   virtual std::vector<std::string> BufferNames() const = 0;
 
-  // Updates every ref in place with the current lr, creating state for names
+  // Updates every ref in place with the current lr (and its
+  // low_precision_copy, when it has one), creating state for names
   // seen the first time on the param's device (state on another device, such
   // as host tensors loaded from a checkpoint for a GPU parameter, moves to
   // the param's device first). Throws tensor::OpError, before changing anything,
@@ -102,6 +103,10 @@ class Optimizer {
     ParamState* state;
   };
   virtual void UpdateAll(const std::vector<Updating>& params);
+  // Whether Update / UpdateAll write `ref`'s low_precision_copy themselves
+  // (in their pass over the parameter); otherwise Step casts the updated
+  // param into it afterwards.
+  virtual bool WritesLowPrecisionCopy(const ParamRef& ref) const { return false; }
 
   // The elements of `ref` an update touches: [0, numel) less its frozen
   // ranges, split where its decay ranges begin and end; fn(begin, end, decay)

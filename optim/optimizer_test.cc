@@ -362,6 +362,14 @@ TEST_P(OptimizerTest, InvalidRefsChangeNothing) {
       {MakeParamRef("a", a, g, true), MakeParamRef("b", RandomTensor({8}, 5), Tensor(), true)},
       {MakeParamRef("a", a, g, true),
        MakeParamRef("b", RandomTensor({4, 4}, 5).Transpose(0, 1), RandomTensor({4, 4}, 6), true)},
+      // Low-precision copies: f32, another shape, not contiguous.
+      {MakeParamRef("a", a, g, true),
+       {"b", RandomTensor({8}, 4), g, {}, {}, Tensor::Zeros({8}, tensor::Dtype::kF32)}},
+      {MakeParamRef("a", a, g, true),
+       {"b", RandomTensor({8}, 4), g, {}, {}, Tensor::Zeros({9}, tensor::Dtype::kBF16)}},
+      {MakeParamRef("a", a, g, true),
+       {"b", RandomTensor({2, 4}, 4), RandomTensor({2, 4}, 5), {}, {},
+        Tensor::Zeros({4, 2}, tensor::Dtype::kBF16).Transpose(0, 1)}},
   };
   for (size_t i = 0; i < bad.size(); ++i) {
     EXPECT_THROW(opt->Step(bad[i]), tensor::OpError) << "case " << i;
@@ -375,6 +383,29 @@ TEST_P(OptimizerTest, InvalidRefsChangeNothing) {
     if (!opt->BufferNames().empty()) ADD_FAILURE() << "expected a shape error";
   } catch (const tensor::OpError& e) {
     EXPECT_NE(std::string(e.what()).find("'a' has shape (9)"), std::string::npos) << e.what();
+  }
+}
+
+// A ref's low-precision copy holds the updated parameter cast to its dtype
+// after each step (on the CPU the step casts after the update), and the
+// parameter is what it is without a copy.
+TEST_P(OptimizerTest, TheStepWritesTheLowPrecisionCopy) {
+  for (tensor::Dtype dtype : {tensor::Dtype::kBF16, tensor::Dtype::kF16}) {
+    SCOPED_TRACE(tensor::DtypeName(dtype));
+    auto plain = Make();
+    auto with_copy = Make();
+    Tensor p = RandomTensor({1001}, 1);
+    Tensor p_plain = p.Clone();
+    Tensor copy = Tensor::Zeros({1001}, dtype);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor g = RandomTensor({1001}, 10 + step);
+      ParamRef ref = MakeParamRef("w", p, g, true);
+      ref.low_precision_copy = copy;
+      plain->Step({MakeParamRef("w", p_plain, g, true)});
+      with_copy->Step({ref});
+      EXPECT_TRUE(BitwiseEqual(p, p_plain)) << "step " << step;
+      EXPECT_TRUE(BitwiseEqual(copy, p.To(dtype))) << "step " << step;
+    }
   }
 }
 

@@ -54,6 +54,15 @@ void CheckOne(const char* op, const ParamRef& ref) {
            " differ in shape");
   OP_CHECK(ref.param.is_contiguous() && ref.grad.is_contiguous(), op, "parameter '", n,
            "': param and grad must be contiguous");
+  if (const Tensor& low = ref.low_precision_copy; low.defined()) {
+    OP_CHECK((low.dtype() == tensor::Dtype::kBF16 || low.dtype() == tensor::Dtype::kF16) &&
+                 low.shape() == ref.param.shape() && low.device() == ref.param.device() &&
+                 low.is_contiguous(),
+             op, "parameter '", n, "': the low-precision copy must be bf16 or f16, contiguous, ",
+             "of the param's shape and device: ", tensor::Describe("param", ref.param), " on ",
+             ref.param.device().ToString(), ", ", tensor::Describe("copy", low), " on ",
+             low.device().ToString(), low.is_contiguous() ? "" : " (not contiguous)");
+  }
   for (const auto* ranges : {&ref.decay_ranges, &ref.frozen_ranges}) {
     int64_t last_end = 0;
     for (const auto& [b, e] : *ranges) {

@@ -34,6 +34,14 @@ struct ParamRef {
   // optimizer leaves them, and their state, as they are (no update, no weight
   // decay). Sorted, disjoint, non-empty ranges within [0, param.numel()).
   ElementRanges frozen_ranges;
+  // Optional: a bf16 or f16 copy of param (same shape and device,
+  // contiguous) that the step leaves holding the updated param cast to its
+  // dtype (round to nearest even): the compute copy of mixed precision for
+  // the next step (nn::MixedPrecision::ComputeCopyToWrite). AdamW on a GPU
+  // writes it in its update's pass; other updates cast after theirs. The
+  // elements in frozen_ranges may be left alone: the copy must already hold
+  // their cast.
+  tensor::Tensor low_precision_copy;
 };
 
 // A ref over a whole tensor, decayed everywhere (decay = true) or nowhere.
@@ -50,9 +58,10 @@ std::vector<ParamRef> FromModule(nn::Module& module);
 ElementRanges SliceRanges(const ElementRanges& ranges, int64_t begin, int64_t end);
 
 // Throws tensor::OpError ("[op] ...", naming the ref) unless every ref is
-// valid: param and grad defined, fp32, CPU, contiguous and of the same shape;
-// decay and frozen ranges sorted, disjoint, non-empty and within the
-// parameter; names unique among `refs`.
+// valid: param and grad defined, fp32, on one device, contiguous and of the
+// same shape; decay and frozen ranges sorted, disjoint, non-empty and within
+// the parameter; a low-precision copy, if any, bf16 or f16, contiguous, of the
+// param's shape and device; names unique among `refs`.
 void CheckParamRefs(const char* op, const std::vector<ParamRef>& refs);
 
 }  // namespace optim

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -347,24 +348,59 @@ Tensor Tensor::To(Dtype dtype) const {
   return out;
 }
 
+namespace {
+
+// Whether src casts into a `dtype` buffer on its device in a batched launch.
+bool BatchCastable(const Tensor& src, Dtype dtype) {
+  return src.device().is_cuda() && src.is_contiguous() && src.dtype() != dtype &&
+         IsFloatingPoint(src.dtype()) && IsFloatingPoint(dtype);
+}
+
+// Casts on a device in one go, by (device, source dtype, destination dtype).
+using CastBatches = std::map<std::tuple<int, Dtype, Dtype>, std::vector<cuda::CastPair>>;
+
+void RunCastBatches(const CastBatches& batches) {
+  for (const auto& [key, pairs] : batches) {
+    cuda::CastManyOnDevice(pairs, std::get<1>(key), std::get<2>(key), std::get<0>(key));
+  }
+}
+
+}  // namespace
+
 std::vector<Tensor> CastAll(const std::vector<Tensor>& tensors, Dtype dtype) {
   std::vector<Tensor> out(tensors.size());
-  // Castable on a device in one go: by (device, source dtype).
-  std::map<std::pair<int, Dtype>, std::vector<cuda::CastPair>> batches;
+  CastBatches batches;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    if (!t.device().is_cuda() || !t.is_contiguous() || t.dtype() == dtype ||
-        !IsFloatingPoint(t.dtype()) || !IsFloatingPoint(dtype)) {
+    if (!BatchCastable(t, dtype)) {
       out[i] = t.To(dtype);
       continue;
     }
     out[i] = Tensor::Empty(t.shape(), dtype, t.device());
-    batches[{t.device().index, t.dtype()}].push_back({t.raw_data(), out[i].raw_data(), t.numel()});
+    batches[{t.device().index, t.dtype(), dtype}].push_back(
+        {t.raw_data(), out[i].raw_data(), t.numel()});
   }
-  for (const auto& [key, pairs] : batches) {
-    cuda::CastManyOnDevice(pairs, key.second, dtype, key.first);
-  }
+  RunCastBatches(batches);
   return out;
+}
+
+void CastAllInto(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  OP_CHECK(src.size() == dst.size(), "cast", src.size(), " sources for ", dst.size(),
+           " destinations");
+  CastBatches batches;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor& s = src[i];
+    Tensor d = dst[i];  // a handle: CopyFrom writes its buffer
+    OP_CHECK(s.shape() == d.shape(), "cast", "source shape ", s.shape().ToString(),
+             " does not match destination shape ", d.shape().ToString());
+    if (!BatchCastable(s, d.dtype()) || !d.is_contiguous() || d.device() != s.device()) {
+      d.CopyFrom(s);
+      continue;
+    }
+    batches[{s.device().index, s.dtype(), d.dtype()}].push_back(
+        {s.raw_data(), d.raw_data(), s.numel()});
+  }
+  RunCastBatches(batches);
 }
 
 Tensor Tensor::To(Device device) const {

@@ -125,6 +125,9 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // tensors of one device and dtype cast in one launch per 64 tensors instead
 // of one each (mixed precision's per-step casts of every parameter).
 std::vector<Tensor> CastAll(const std::vector<Tensor>& tensors, Dtype dtype);
+// dst[i].CopyFrom(src[i]) for every i (same shapes, any dtypes), batched as
+// CastAll: into existing buffers (an optimizer's low-precision copies).
+void CastAllInto(const std::vector<Tensor>& src, const std::vector<Tensor>& dst);
 
 // Copies between tensors of the same shape, any strides and dtypes, on the CPU.
 void CopyStrided(const Tensor& src, const Tensor& dst);

@@ -14,7 +14,9 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
                                                 optim::Optimizer& optimizer, double loss,
                                                 double scale, int64_t step, double grad_clip,
                                                 LossScaling& scaling) {
-  mixed.RestoreMasters();
+  // This step's compute copies are kept for the optimizer to overwrite with
+  // the next step's (below); a skipped step drops them at the next cast.
+  mixed.RestoreMastersKeepingCopies();
   if (!std::isfinite(loss)) {
     return absl::InternalError(
         absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
@@ -29,6 +31,10 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
   if (!apply.ok()) return apply.status();
   if (*apply) {
     if (grad_clip > 0) result.grad_norm = optim::ClipGradNorm(refs, grad_clip);
+    // The step writes the next step's compute copies as it updates the
+    // masters (AdamW on a GPU in the same pass): no cast of every master in
+    // the next CastForCompute.
+    for (optim::ParamRef& ref : refs) ref.low_precision_copy = mixed.ComputeCopyToWrite(ref.param);
     optimizer.Step(refs);
   }
   model.ZeroGrad();

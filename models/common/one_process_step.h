@@ -18,11 +18,13 @@ namespace train {
 
 // After the micro-batches' ForwardBackward returned their mean `loss` at loss
 // scale `scale` (with `mixed`'s compute copies as the parameters), in order:
-// the fp32 masters back as the parameters (mixed.RestoreMasters) -> a loss
-// that is not finite is an InternalError naming the 0-based `step` -> unscale
-// the fp32 gradients, where an inf or NaN skips the step (`scaling`, which
-// logs it) -> clip to a global norm of `grad_clip` (when > 0) -> optimizer
-// step -> zero the gradients.
+// the fp32 masters back as the parameters, this step's compute copies kept
+// (mixed.RestoreMastersKeepingCopies) -> a loss that is not finite is an
+// InternalError naming the 0-based `step` -> unscale the fp32 gradients, where
+// an inf or NaN skips the step (`scaling`, which logs it) -> clip to a global
+// norm of `grad_clip` (when > 0) -> optimizer step, which also writes the
+// kept copies for the next step (optim::ParamRef::low_precision_copy) -> zero
+// the gradients.
 absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrecision& mixed,
                                                 optim::Optimizer& optimizer, double loss,
                                                 double scale, int64_t step, double grad_clip,

@@ -113,6 +113,48 @@ TEST(FinishOneProcessStepTest, RestoresMastersAndRefusesANonFiniteLoss) {
   }
 }
 
+// bf16 mixed precision over steps: the optimizer writes the next step's
+// compute copies (the kept buffers, no cast), and training goes exactly as
+// with a cast of every master at each step (RestoreMasters, a plain Step).
+TEST(FinishOneProcessStepTest, TheOptimizerWritesTheNextComputeCopies) {
+  const testing::TinyBatch batch = testing::MakeTinyBatch();
+  mingpt::GPT expected(Config()), model(Config());
+  expected.Materialize(1);
+  model.Materialize(1);
+  auto expected_opt = MakeAdamW(), opt = MakeAdamW();
+  nn::MixedPrecision expected_mixed(expected, precision::MixedPrecisionPolicy::Bf16());
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Bf16());
+  LossScaling scaling = Scaling("none");
+  std::vector<tensor::Tensor> last_copies;
+  for (int step = 0; step < 3; ++step) {
+    expected_mixed.CastForCompute();
+    const double expected_loss = expected.ForwardBackward(batch.idx, batch.tgt);
+    expected_mixed.RestoreMasters();
+    expected_opt->Step(optim::FromModule(expected));
+    expected.ZeroGrad();
+
+    mixed.CastForCompute();
+    std::vector<tensor::Tensor> copies;
+    for (const auto& [name, p] : model.NamedParameters()) copies.push_back(p->value);
+    if (step > 0) {  // the buffers the last step kept and its optimizer wrote
+      for (size_t i = 0; i < copies.size(); ++i) {
+        EXPECT_TRUE(copies[i].SharesStorageWith(last_copies[i])) << "step " << step << " #" << i;
+      }
+    }
+    const double loss = model.ForwardBackward(batch.idx, batch.tgt);
+    absl::StatusOr<StepResult> done =
+        FinishOneProcessStep(model, mixed, *opt, loss, scaling.scale(), step, 0, scaling);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->loss, expected_loss) << "step " << step;
+    ExpectSameValues(model, expected);
+    last_copies = copies;
+  }
+  // The copies written by the last step are the masters' casts.
+  mixed.CastForCompute();
+  expected_mixed.CastForCompute();
+  ExpectSameValues(model, expected);
+}
+
 // An inf gradient under loss scaling: no update, the gradients zeroed, the
 // norm 0, the dynamic scale halved.
 TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {

@@ -58,10 +58,12 @@ Counters SteadyStepCounts(int64_t n_layer, bool fp16 = false) {
     tensor::Tensor targets = inputs;                                                   // (B, T)
     mixed.CastForCompute();
     const double loss = model.ForwardBackward(inputs, targets, scale);
-    mixed.RestoreMasters();
+    mixed.RestoreMastersKeepingCopies();
     std::vector<optim::ParamRef> refs = optim::FromModule(model);
     if (fp16 && train::UnscaleGradients(refs, 1.0 / scale)) return loss;  // skipped step
     optim::ClipGradNorm(refs, 1.0);
+    // AdamW writes the next step's compute copies: no cast in CastForCompute.
+    for (optim::ParamRef& ref : refs) ref.low_precision_copy = mixed.ComputeCopyToWrite(ref.param);
     adamw->Step(refs);
     model.ZeroGrad();
     return loss;

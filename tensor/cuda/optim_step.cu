@@ -1,6 +1,7 @@
 // CUDA kernels of the optimizers and of gradient clipping.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/cuda/common.cuh"
@@ -29,24 +30,28 @@ __device__ __forceinline__ void AdamWValue(float& p, float g, float& m, float& v
   p = __fadd_rn(p, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
 }
 
-// Element i of an AdamW step.
-template <bool kDecay>
+// Element i of an AdamW step; with a low-precision copy (L bf16 or f16; void:
+// none) the updated p also goes there, rounded to nearest even as a cast.
+template <bool kDecay, typename L>
 __device__ __forceinline__ void AdamWElement(float* __restrict__ p, const float* __restrict__ g,
                                              float* __restrict__ m, float* __restrict__ v,
-                                             int64_t i, const AdamWScalars& s) {
+                                             L* __restrict__ low, int64_t i,
+                                             const AdamWScalars& s) {
   float pi = p[i], mi = m[i], vi = v[i];
   AdamWValue<kDecay>(pi, g[i], mi, vi, s);
   m[i] = mi;
   v[i] = vi;
   p[i] = pi;
+  if constexpr (!std::is_void_v<L>) low[i] = FromF<L>(pi);
 }
 
 // Elements [i, i + 4) of an AdamW step as 16-byte accesses (LoadF / StoreF,
-// the four loads issued together; i is where all four are 16-byte aligned).
-template <bool kDecay>
+// the four loads issued together; i is where all four are 16-byte aligned,
+// and the copy 8-byte aligned).
+template <bool kDecay, typename L>
 __device__ __forceinline__ void AdamWQuad(float* __restrict__ p, const float* __restrict__ g,
-                                          float* __restrict__ m, float* __restrict__ v, int64_t i,
-                                          const AdamWScalars& s) {
+                                          float* __restrict__ m, float* __restrict__ v,
+                                          L* __restrict__ low, int64_t i, const AdamWScalars& s) {
   float pq[4], gq[4], mq[4], vq[4];
   LoadF<4>(p + i, pq);
   LoadF<4>(g + i, gq);
@@ -57,17 +62,26 @@ __device__ __forceinline__ void AdamWQuad(float* __restrict__ p, const float* __
   StoreF<4>(m + i, mq);
   StoreF<4>(v + i, vq);
   StoreF<4>(p + i, pq);
+  if constexpr (!std::is_void_v<L>) StoreF<4>(low + i, pq);
 }
 
+// A type as a value (C++17 has no std::type_identity).
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
 // Up to kSegmentsPerLaunch segments of AdamWStepMany, passed by value (the
-// launch's parameters, so no copy of pointers to the device: about 2.5 KiB of
-// the 4 KiB a launch may carry).
+// launch's parameters, so no copy of pointers to the device: about 2.8 KiB of
+// the 4 KiB a launch may carry). The segments of a launch all have a copy of
+// one dtype, or none (low unused).
 constexpr int kSegmentsPerLaunch = 32;
 struct AdamWBatch {
   float* p[kSegmentsPerLaunch];
   const float* g[kSegmentsPerLaunch];
   float* m[kSegmentsPerLaunch];
   float* v[kSegmentsPerLaunch];
+  void* low[kSegmentsPerLaunch];
   int64_t n[kSegmentsPerLaunch];
   AdamWScalars s[kSegmentsPerLaunch];
   int decay[kSegmentsPerLaunch];
@@ -75,35 +89,41 @@ struct AdamWBatch {
 
 // The segment's elements: one at a time up to where p is 16-byte aligned,
 // then 4 at a time while g, m and v are aligned there too (they are when
-// their buffers are, as the segments' offsets are the same in all four),
-// the rest one at a time.
-template <bool kDecay>
+// their buffers are, as the segments' offsets are the same in all four) and
+// the copy is 8-byte aligned, the rest one at a time.
+template <bool kDecay, typename L>
 __device__ __forceinline__ void AdamWSegmentRun(float* p, const float* g, float* m, float* v,
-                                                int64_t n, const AdamWScalars& s) {
+                                                L* low, int64_t n, const AdamWScalars& s) {
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  const auto misalign = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16; };
-  int64_t head = static_cast<int64_t>((16 - misalign(p)) % 16 / sizeof(float));
+  const auto misalign = [](const void* x, int bytes) {
+    return reinterpret_cast<uintptr_t>(x) % bytes;
+  };
+  int64_t head = static_cast<int64_t>((16 - misalign(p, 16)) % 16 / sizeof(float));
   if (head > n) head = n;
-  int64_t quads = 0;
-  if (misalign(p + head) == 0 && misalign(g + head) == 0 && misalign(m + head) == 0 &&
-      misalign(v + head) == 0) {
-    quads = (n - head) / 4;
+  bool vec = misalign(p + head, 16) == 0 && misalign(g + head, 16) == 0 &&
+             misalign(m + head, 16) == 0 && misalign(v + head, 16) == 0;
+  if constexpr (!std::is_void_v<L>) vec = vec && misalign(low + head, 4 * sizeof(L)) == 0;
+  const int64_t quads = vec ? (n - head) / 4 : 0;
+  for (int64_t i = first; i < head; i += stride) AdamWElement<kDecay>(p, g, m, v, low, i, s);
+  for (int64_t q = first; q < quads; q += stride) {
+    AdamWQuad<kDecay>(p, g, m, v, low, head + 4 * q, s);
   }
-  for (int64_t i = first; i < head; i += stride) AdamWElement<kDecay>(p, g, m, v, i, s);
-  for (int64_t q = first; q < quads; q += stride) AdamWQuad<kDecay>(p, g, m, v, head + 4 * q, s);
   for (int64_t i = head + 4 * quads + first; i < n; i += stride) {
-    AdamWElement<kDecay>(p, g, m, v, i, s);
+    AdamWElement<kDecay>(p, g, m, v, low, i, s);
   }
 }
 
-// blockIdx.y picks the segment; its blocks stride over it.
+// blockIdx.y picks the segment; its blocks stride over it. L: the copies'
+// element type (void: none).
+template <typename L>
 __global__ void AdamWBatchKernel(AdamWBatch b) {
   const int k = blockIdx.y;
+  L* low = static_cast<L*>(b.low[k]);
   if (b.decay[k]) {
-    AdamWSegmentRun<true>(b.p[k], b.g[k], b.m[k], b.v[k], b.n[k], b.s[k]);
+    AdamWSegmentRun<true>(b.p[k], b.g[k], b.m[k], b.v[k], low, b.n[k], b.s[k]);
   } else {
-    AdamWSegmentRun<false>(b.p[k], b.g[k], b.m[k], b.v[k], b.n[k], b.s[k]);
+    AdamWSegmentRun<false>(b.p[k], b.g[k], b.m[k], b.v[k], low, b.n[k], b.s[k]);
   }
 }
 
@@ -268,33 +288,54 @@ void AdamWStepMany(const std::vector<AdamWSegment>& segments) {
              " and ", seg.p.device().ToString());
     OP_CHECK(0 <= seg.begin && seg.begin <= seg.end && seg.end <= seg.p.numel(), op, "range [",
              seg.begin, ", ", seg.end, ") outside ", seg.p.numel(), " elements");
+    if (seg.low.defined()) {
+      OP_CHECK((seg.low.dtype() == Dtype::kBF16 || seg.low.dtype() == Dtype::kF16) &&
+                   seg.low.is_contiguous() && seg.low.numel() == seg.p.numel() &&
+                   seg.low.device() == seg.p.device(),
+               op, "the low-precision copy must be bf16 or f16, contiguous, of ", seg.p.numel(),
+               " elements on ", seg.p.device().ToString(), ", got ", DtypeName(seg.low.dtype()),
+               " of ", seg.low.numel(), " elements on ", seg.low.device().ToString());
+    }
   }
   SetDevice(first, op);
-  AdamWBatch batch;
-  int count = 0;
-  int64_t longest = 0;
-  auto launch = [&] {
-    // Enough blocks for the longest segment, at most 1024 (they stride).
-    const unsigned x = std::min<unsigned>(Blocks((longest + 3) / 4), 1024);
-    AdamWBatchKernel<<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(
-        batch);
-    CheckLaunch(op);
-    count = 0;
-    longest = 0;
+  // One series of launches per kind of copy (none, bf16, f16): a launch's
+  // kernel is compiled for one.
+  auto run = [&](auto low_type, auto wanted) {
+    using L = typename decltype(low_type)::type;
+    AdamWBatch batch;
+    int count = 0;
+    int64_t longest = 0;
+    auto launch = [&] {
+      // Enough blocks for the longest segment, at most 1024 (they stride).
+      const unsigned x = std::min<unsigned>(Blocks((longest + 3) / 4), 1024);
+      AdamWBatchKernel<L>
+          <<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(batch);
+      CheckLaunch(op);
+      count = 0;
+      longest = 0;
+    };
+    for (const AdamWSegment& seg : segments) {
+      if (seg.begin == seg.end || !wanted(seg)) continue;
+      batch.p[count] = Ptr<float>(seg.p) + seg.begin;
+      batch.g[count] = Ptr<float>(seg.g) + seg.begin;
+      batch.m[count] = Ptr<float>(seg.m) + seg.begin;
+      batch.v[count] = Ptr<float>(seg.v) + seg.begin;
+      batch.low[count] = nullptr;
+      if constexpr (!std::is_void_v<L>) batch.low[count] = Ptr<L>(seg.low) + seg.begin;
+      batch.n[count] = seg.end - seg.begin;
+      batch.s[count] = seg.s;
+      batch.decay[count] = seg.decay ? 1 : 0;
+      longest = std::max(longest, seg.end - seg.begin);
+      if (++count == kSegmentsPerLaunch) launch();
+    }
+    if (count > 0) launch();
   };
-  for (const AdamWSegment& seg : segments) {
-    if (seg.begin == seg.end) continue;
-    batch.p[count] = Ptr<float>(seg.p) + seg.begin;
-    batch.g[count] = Ptr<float>(seg.g) + seg.begin;
-    batch.m[count] = Ptr<float>(seg.m) + seg.begin;
-    batch.v[count] = Ptr<float>(seg.v) + seg.begin;
-    batch.n[count] = seg.end - seg.begin;
-    batch.s[count] = seg.s;
-    batch.decay[count] = seg.decay ? 1 : 0;
-    longest = std::max(longest, seg.end - seg.begin);
-    if (++count == kSegmentsPerLaunch) launch();
-  }
-  if (count > 0) launch();
+  auto low_is = [](Dtype d) {
+    return [d](const AdamWSegment& seg) { return seg.low.defined() && seg.low.dtype() == d; };
+  };
+  run(TypeTag<void>{}, [](const AdamWSegment& seg) { return !seg.low.defined(); });
+  run(TypeTag<__nv_bfloat16>{}, low_is(Dtype::kBF16));
+  run(TypeTag<__half>{}, low_is(Dtype::kF16));
 }
 
 void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,

@@ -37,10 +37,16 @@ struct AdamWSegment {
   int64_t end = 0;
   AdamWScalars s{};
   bool decay = false;
+  // Optional: a bf16 or f16 copy of p (contiguous, p's numel and device)
+  // whose elements [begin, end) get the updated p, rounded to nearest even
+  // as a cast would, in the same pass (a 2-byte write per element where a
+  // cast afterwards would read p's 4 bytes again).
+  Tensor low;
 };
 // Every segment's AdamWStep (all on one device; segments of different
-// tensors, or disjoint ranges of one) in one launch per 32 segments: the same
-// results, without a launch per parameter.
+// tensors, or disjoint ranges of one) in one launch per 32 segments of one
+// kind of copy (none, bf16, f16): the same results, without a launch per
+// parameter.
 void AdamWStepMany(const std::vector<AdamWSegment>& segments);
 
 struct SgdScalars {
