@@ -28,11 +28,6 @@ LinearOptions NoBias(float std) {
 // "(2,3,4)" or "undefined", for error messages.
 std::string ShapeText(const Tensor& t) { return t.defined() ? t.shape().ToString() : "undefined"; }
 
-// a + b in f32 (b may be undefined), converted to dtype.
-Tensor SumTo(const Tensor& a, const Tensor& b, tensor::Dtype dtype) {
-  if (!b.defined()) return a.To(dtype);
-  return tensor::Add(a.To(tensor::Dtype::kF32), b.To(tensor::Dtype::kF32)).To(dtype);
-}
 
 }  // namespace
 
@@ -212,7 +207,9 @@ Tensors T5Attention::Backward(const Tensors& grad_outputs, Context& ctx) {
   Tensors grads(s.num_inputs);
   if (relative_bias_ != nullptr) {
     // Its own use (ag.dbias) plus the other layers' uses of the returned bias.
-    const Tensor g = SumTo(ag.dbias, g_bias_out, tensor::Dtype::kF32);  // (1, nh, T, S)
+    const Tensor g = g_bias_out.defined()
+                         ? tensor::SumAs({ag.dbias, g_bias_out}, tensor::Dtype::kF32)
+                         : ag.dbias.To(tensor::Dtype::kF32);  // (1, nh, T, S)
     relative_bias_->RunBackward(Tensors{g}, ctx.Child(kBias));
   } else if (ag.dbias.defined()) {
     grads.at(2) = ag.dbias;  // the position_bias input's shape and dtype
@@ -220,11 +217,12 @@ Tensors T5Attention::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Tensor dv = v_->RunBackward(MergeHeads(ag.dv), ctx.Child(kV));  // (B, S, d_model)
   const Tensor dk = k_->RunBackward(MergeHeads(ag.dk), ctx.Child(kK));  // (B, S, d_model)
   const Tensor dq = q_->RunBackward(MergeHeads(ag.dq), ctx.Child(kQ));  // (B, T, d_model)
+  // Added in f32 and rounded once to the input's dtype, in one pass.
   if (options_.cross_attention) {
     grads[0] = dq.To(s.x_dtype);
-    grads[1] = SumTo(dk, dv, s.kv_dtype);
+    grads[1] = tensor::SumAs({dk, dv}, s.kv_dtype);
   } else {
-    grads[0] = SumTo(SumTo(dq, dk, tensor::Dtype::kF32), dv, s.x_dtype);
+    grads[0] = tensor::SumAs({dq, dk, dv}, s.x_dtype);
   }
   if (s.num_inputs > 4) grads[4] = gy;  // the residual's gradient is the output's
   return grads;

@@ -35,7 +35,7 @@ bool IsIds(const Tensor& t) {
 Tensor Accumulate(const Tensor& acc, const Tensor& g) {
   if (!g.defined()) return acc;
   if (!acc.defined()) return g.To(Dtype::kF32);
-  return tensor::Add(acc, g.To(Dtype::kF32));
+  return tensor::SumAs({acc, g}, Dtype::kF32);  // one pass, g cast as it is read
 }
 
 }  // namespace

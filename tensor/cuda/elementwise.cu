@@ -268,6 +268,39 @@ struct ReluGradFn {
   }
 };
 
+// An operand of SumAsFn: its first element and dtype (the same branch for
+// every thread: no divergence).
+struct AnyFloat {
+  const void* p;
+  Dtype dtype;
+  __device__ float At(int64_t i) const {
+    switch (dtype) {
+      case Dtype::kF32:
+        return static_cast<const float*>(p)[i];
+      case Dtype::kBF16:
+        return ToF(static_cast<const __nv_bfloat16*>(p)[i]);
+      default:
+        return ToF(static_cast<const __half*>(p)[i]);
+    }
+  }
+};
+
+// out = x[0] + x[1] + ... + x[count - 1], in float from left to right.
+template <typename T>
+struct SumAsFn {
+  T* out;
+  AnyFloat x[4];
+  int count;
+  __device__ void operator()(const int64_t* off) const {
+    float sum = x[0].At(off[1]);
+#pragma unroll
+    for (int k = 1; k < 4; ++k) {
+      if (k < count) sum = __fadd_rn(sum, x[k].At(off[k + 1]));
+    }
+    out[off[0]] = FromF<T>(sum);
+  }
+};
+
 template <typename T, typename Op>
 void LaunchBinary(const Tensor& a, const Tensor& b, const Tensor& out) {
   Map<3>("binary", {&out, &a, &b}, BinaryFn<T, Op>{Ptr<T>(out), Ptr<T>(a), Ptr<T>(b)});
@@ -286,6 +319,22 @@ void Binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
       case BinaryOp::kMul:
         return LaunchBinary<T, MulOp>(a, b, out);
     }
+  });
+}
+
+void SumAs(const std::vector<Tensor>& xs, const Tensor& out) {
+  OP_CHECK(xs.size() >= 2 && xs.size() <= 4, "sum_as", "takes 2 to 4 tensors, got ", xs.size());
+  DispatchFloat(out.dtype(), "sum_as", [&](auto zero) {
+    using T = decltype(zero);
+    SumAsFn<T> fn{Ptr<T>(out), {}, static_cast<int>(xs.size())};
+    // Missing operands repeat the first (the layout's; never read).
+    std::array<const Tensor*, 5> operands{&out, &xs[0], &xs[0], &xs[0], &xs[0]};
+    for (size_t k = 0; k < 4; ++k) {
+      const Tensor& x = xs[k < xs.size() ? k : 0];
+      operands[k + 1] = &x;
+      fn.x[k] = AnyFloat{x.raw_data(), x.dtype()};
+    }
+    Map<5>("sum_as", operands, fn);
   });
 }
 

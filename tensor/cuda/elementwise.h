@@ -16,6 +16,8 @@
 #ifndef TENSOR_CUDA_ELEMENTWISE_H_
 #define TENSOR_CUDA_ELEMENTWISE_H_
 
+#include <vector>
+
 #include "tensor/tensor.h"
 
 namespace tensor {
@@ -39,6 +41,11 @@ void BiasGelu(const Tensor& x, const Tensor& bias, const Tensor& out);
 // grad_in = grad_out * gelu'(x + bias); bias may be undefined.
 void BiasGeluBackward(const Tensor& grad_out, const Tensor& x, const Tensor& bias,
                       const Tensor& grad_in);
+
+// out = xs[0] + xs[1] + ... (2 to 4 tensors of out's shape, any floating
+// dtypes and strides), added in float from left to right and rounded once to
+// out's dtype.
+void SumAs(const std::vector<Tensor>& xs, const Tensor& out);
 
 // out = max(x, 0); NaN propagates.
 void Relu(const Tensor& x, const Tensor& out);

@@ -12,6 +12,7 @@ void BiasGelu(const Tensor& x, const Tensor&, const Tensor&) { NotBuilt("gelu", 
 void BiasGeluBackward(const Tensor&, const Tensor& x, const Tensor&, const Tensor&) {
   NotBuilt("gelu_backward", x);
 }
+void SumAs(const std::vector<Tensor>&, const Tensor& out) { NotBuilt("sum_as", out); }
 void Relu(const Tensor& x, const Tensor&) { NotBuilt("relu", x); }
 void ReluBackward(const Tensor&, const Tensor& x, const Tensor&) { NotBuilt("relu_backward", x); }
 

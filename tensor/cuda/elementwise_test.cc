@@ -53,6 +53,26 @@ TEST(CudaElementwiseTest, AddSubMulEveryBroadcastBitForBit) {
   }
 }
 
+// SumAs of 2, 3 and 4 operands of mixed dtypes, contiguous and strided (a
+// transposed view; the strided kernel), into each dtype: the CPU's bits.
+TEST(CudaElementwiseTest, SumAsMixedDtypesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = RandomTensor({40, 33}, 1, -1.0f, 1.0f, Dtype::kBF16);
+  const Tensor b = RandomTensor({40, 33}, 2, -1.0f, 1.0f, Dtype::kF16);
+  const Tensor c = RandomTensor({40, 33}, 3, -1.0f, 1.0f, Dtype::kF32);
+  const Tensor d = RandomTensor({33, 40}, 4, -1.0f, 1.0f, Dtype::kBF16).Transpose(0, 1);
+  const Tensor ga = ToGpu(a), gb = ToGpu(b), gc = ToGpu(c);
+  const Tensor gd = ToGpu(d.Transpose(0, 1)).Transpose(0, 1);  // the same strided view
+  for (Dtype out : FloatDtypes()) {
+    SCOPED_TRACE(DtypeName(out));
+    EXPECT_TRUE(MatchesCpu(SumAs({ga, gb}, out), SumAs({a, b}, out), kExact));
+    EXPECT_TRUE(MatchesCpu(SumAs({ga, gb, gc}, out), SumAs({a, b, c}, out), kExact));
+    EXPECT_TRUE(MatchesCpu(SumAs({gd, ga, gb, gc}, out), SumAs({d, a, b, c}, out), kExact));
+    EXPECT_EQ(SumAs({ga, gb}, out).dtype(), out);
+  }
+  EXPECT_THROW(SumAs({ga, b}, Dtype::kF32), OpError);  // two devices
+}
+
 TEST(CudaElementwiseTest, StridedOperands) {
   SKIP_WITHOUT_GPU();
   for (Dtype d : FloatDtypes()) {

@@ -114,6 +114,29 @@ Tensor Sub(const Tensor& a, const Tensor& b) { return BinaryOp("sub", cpu::Binar
 
 Tensor Mul(const Tensor& a, const Tensor& b) { return BinaryOp("mul", cpu::BinaryOp::kMul, a, b); }
 
+Tensor SumAs(const std::vector<Tensor>& xs, Dtype dtype) {
+  const char* op = "sum_as";
+  OP_CHECK(xs.size() >= 2 && xs.size() <= 4, op, "takes 2 to 4 tensors, got ", xs.size());
+  OP_CHECK(IsFloatingPoint(dtype), op, "the sum's dtype must be floating, got ",
+           DtypeName(dtype));
+  for (const Tensor& x : xs) {
+    OP_CHECK(x.defined(), op, "got an undefined tensor");
+    CheckOneDevice(op, {&xs[0], &x});
+    CheckFloating(op, x);
+    OP_CHECK(x.shape() == xs[0].shape(), op, "shapes differ: ", xs[0].shape().ToString(), " and ",
+             x.shape().ToString());
+  }
+  if (xs[0].device().is_cuda()) {
+    Tensor out = Tensor::Empty(xs[0].shape(), dtype, xs[0].device());
+    cuda::SumAs(xs, out);
+    return out;
+  }
+  // The same float arithmetic from the ops: casts, a chain of f32 adds, a cast.
+  Tensor sum = Add(xs[0].To(Dtype::kF32), xs[1].To(Dtype::kF32));
+  for (size_t k = 2; k < xs.size(); ++k) sum = Add(sum, xs[k].To(Dtype::kF32));
+  return sum.To(dtype);
+}
+
 BinaryGrads AddBackward(const Tensor& grad_out, const Shape& a_shape, const Shape& b_shape) {
   const char* op = "add_backward";
   CheckInput(op, grad_out);

@@ -16,6 +16,8 @@
 #ifndef TENSOR_OPS_ELEMENTWISE_H_
 #define TENSOR_OPS_ELEMENTWISE_H_
 
+#include <vector>
+
 #include "tensor/tensor.h"
 
 namespace tensor {
@@ -52,6 +54,14 @@ void ScaleInPlace(const Tensor& x, double alpha);
 void Axpy(double alpha, const Tensor& x, const Tensor& y);
 // y += x (Axpy with alpha 1): gradient accumulation.
 void AddInPlace(const Tensor& y, const Tensor& x);
+
+// ---- Sums across dtypes ----
+// xs[0] + xs[1] (+ xs[2] (+ xs[3])): 2 to 4 tensors of one shape on one
+// device, of any floating dtypes, added in float from left to right and
+// rounded once to the floating `dtype` -- what casting each to f32, adding
+// and casting the sum gives, in one pass on a GPU (mixed precision's sums of
+// gradients that arrive in bf16).
+Tensor SumAs(const std::vector<Tensor>& xs, Dtype dtype);
 
 // ---- Bias ----
 // x (..., C) + bias (C).

@@ -297,6 +297,55 @@ TEST(ElementwiseTest, MixedPrecisionAccumulation) {
   }
 }
 
+// SumAs adds in float, left to right, and rounds once: (a + b) + c in f32
+// for bf16 / f16 / f32 operands (each exact in f32), then the output dtype.
+TEST(ElementwiseTest, SumAsAddsInFloatAndRoundsOnce) {
+  const Tensor a = RandomTensor({3, 50}, 71, -1, 1, Dtype::kBF16);
+  const Tensor b = RandomTensor({3, 50}, 72, -1, 1, Dtype::kF16);
+  const Tensor c = RandomTensor({3, 50}, 73);
+  const std::vector<float> va = a.To(Dtype::kF32).ToVector<float>();
+  const std::vector<float> vb = b.To(Dtype::kF32).ToVector<float>();
+  const std::vector<float> vc = c.ToVector<float>();
+  for (Dtype out : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+    SCOPED_TRACE(DtypeName(out));
+    const Tensor sum3 = SumAs({a, b, c}, out);
+    const Tensor sum2 = SumAs({a, b.Transpose(0, 1).Contiguous().Transpose(0, 1)}, out);
+    EXPECT_EQ(sum3.dtype(), out);
+    const std::vector<float> got3 = sum3.To(Dtype::kF32).ToVector<float>();
+    const std::vector<float> got2 = sum2.To(Dtype::kF32).ToVector<float>();
+    std::vector<float> want3(va.size()), want2(va.size());
+    for (size_t i = 0; i < va.size(); ++i) {
+      want3[i] = (va[i] + vb[i]) + vc[i];
+      want2[i] = va[i] + vb[i];
+    }
+    const std::vector<float> r3 =
+        Tensor::FromVector(want3, {3, 50}).To(out).To(Dtype::kF32).ToVector<float>();
+    const std::vector<float> r2 =
+        Tensor::FromVector(want2, {3, 50}).To(out).To(Dtype::kF32).ToVector<float>();
+    EXPECT_EQ(got3, r3);
+    EXPECT_EQ(got2, r2);
+  }
+  // What is wrong is named.
+  const auto message = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const OpError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { SumAs({a}, Dtype::kF32); }).find("2 to 4 tensors, got 1"),
+            std::string::npos);
+  EXPECT_NE(message([&] { SumAs({a, b, c, a, b}, Dtype::kF32); }).find("got 5"), std::string::npos);
+  EXPECT_NE(message([&] { SumAs({a, RandomTensor({50, 3}, 1)}, Dtype::kF32); })
+                .find("shapes differ: (3,50) and (50,3)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { SumAs({a, b}, Dtype::kI64); }).find("dtype must be floating"),
+            std::string::npos);
+  EXPECT_NE(message([&] { SumAs({a, Tensor()}, Dtype::kF32); }).find("undefined"),
+            std::string::npos);
+}
+
 TEST(ElementwiseTest, AddBiasAndBackward) {
   const Tensor x = RandomTensor({2, 3, 5}, 71);
   const Tensor bias = RandomTensor({5}, 72);
