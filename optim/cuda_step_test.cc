@@ -90,38 +90,51 @@ TEST(CudaOptimizerTest, ClipGradNormMatchesTheCpu) {
   EXPECT_TRUE(MatchesCpu(gpu[0].grad, cpu[0].grad, {1e-5, 1e-7}));
 }
 
+// SGD with momentum and decay, compared as the AdamW above.
+std::unique_ptr<Optimizer> DecayingSgd() {
+  SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  o.weight_decay = 0.05;
+  return SGD::Create(o).value();
+}
+
 // Many parameters of many sizes, some decayed in parts (more segments than
-// one launch of the batched kernels takes): every one as on the CPU;
-// and clipping, whose norm is one read back of all gradients' block sums.
-TEST(CudaOptimizerTest, AdamWAndClippingOfManyParametersMatchTheCpu) {
+// one launch of the batched kernels takes): every one as on the CPU, with
+// AdamW and with SGD; and clipping, whose norm is one read back of all
+// gradients' block sums.
+TEST(CudaOptimizerTest, AdamWSgdAndClippingOfManyParametersMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  auto opt_cpu = DecayingAdamW();
-  auto opt_gpu = DecayingAdamW();
-  std::vector<Tensor> p_cpu, p_gpu;
-  for (int i = 0; i < 70; ++i) {  // more than one launch takes (32 AdamW segments, 64 tensors)
-    const int64_t n = 1 + (i * 977) % 20011;
-    p_cpu.push_back(tensor::testing::RandomTensor({n}, 100 + i));
-    p_gpu.push_back(ToGpu(p_cpu.back()));
-  }
-  for (int step = 0; step < 3; ++step) {
-    std::vector<ParamRef> cpu, gpu;
-    for (size_t i = 0; i < p_cpu.size(); ++i) {
-      const int64_t n = p_cpu[i].numel();
-      const Tensor g = tensor::testing::RandomTensor({n}, 1000 * step + i);
-      ParamRef c{"p" + std::to_string(i), p_cpu[i], g.Clone(), {}};
-      if (i % 3 == 1) c.decay_ranges = {{0, n}};
-      if (i % 3 == 2 && n > 4) c.decay_ranges = {{n / 4, n / 2}, {3 * n / 4, n}};
-      ParamRef d{c.name, p_gpu[i], ToGpu(g), c.decay_ranges};
-      cpu.push_back(c);
-      gpu.push_back(d);
+  for (auto make : {DecayingAdamW, DecayingSgd}) {
+    auto opt_cpu = make();
+    auto opt_gpu = make();
+    SCOPED_TRACE(opt_cpu->name());
+    std::vector<Tensor> p_cpu, p_gpu;
+    for (int i = 0; i < 70; ++i) {  // more than one launch takes (32 AdamW segments, 64 tensors)
+      const int64_t n = 1 + (i * 977) % 20011;
+      p_cpu.push_back(tensor::testing::RandomTensor({n}, 100 + i));
+      p_gpu.push_back(ToGpu(p_cpu.back()));
     }
-    const double n_cpu = ClipGradNorm(cpu, 1.0);
-    const double n_gpu = ClipGradNorm(gpu, 1.0);
-    EXPECT_NEAR(n_gpu, n_cpu, 1e-5 * n_cpu) << "step " << step;
-    opt_cpu->Step(cpu);
-    opt_gpu->Step(gpu);
-    for (size_t i = 0; i < p_cpu.size(); ++i) {
-      EXPECT_TRUE(MatchesCpu(p_gpu[i], p_cpu[i], {1e-6, 1e-7})) << "step " << step << " p" << i;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<ParamRef> cpu, gpu;
+      for (size_t i = 0; i < p_cpu.size(); ++i) {
+        const int64_t n = p_cpu[i].numel();
+        const Tensor g = tensor::testing::RandomTensor({n}, 1000 * step + i);
+        ParamRef c{"p" + std::to_string(i), p_cpu[i], g.Clone(), {}};
+        if (i % 3 == 1) c.decay_ranges = {{0, n}};
+        if (i % 3 == 2 && n > 4) c.decay_ranges = {{n / 4, n / 2}, {3 * n / 4, n}};
+        ParamRef d{c.name, p_gpu[i], ToGpu(g), c.decay_ranges};
+        cpu.push_back(c);
+        gpu.push_back(d);
+      }
+      const double n_cpu = ClipGradNorm(cpu, 1.0);
+      const double n_gpu = ClipGradNorm(gpu, 1.0);
+      EXPECT_NEAR(n_gpu, n_cpu, 1e-5 * n_cpu) << "step " << step;
+      opt_cpu->Step(cpu);
+      opt_gpu->Step(gpu);
+      for (size_t i = 0; i < p_cpu.size(); ++i) {
+        EXPECT_TRUE(MatchesCpu(p_gpu[i], p_cpu[i], {1e-6, 1e-7})) << "step " << step << " p" << i;
+      }
     }
   }
 }
@@ -210,7 +223,8 @@ TEST(CudaOptimizerTest, ABadLowPrecisionCopyIsRefused) {
     ref.low_precision_copy = bad;
     try {
       opt->Step({ref});
-      ADD_FAILURE() << "accepted " << bad.shape().ToString() << " " << tensor::DtypeName(bad.dtype());
+      ADD_FAILURE() << "accepted " << bad.shape().ToString() << " "
+                    << tensor::DtypeName(bad.dtype());
     } catch (const tensor::OpError& e) {
       EXPECT_NE(std::string(e.what()).find("'h.0.w'"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("low-precision copy"), std::string::npos) << e.what();

@@ -2,6 +2,7 @@
 #include "optim/sgd.h"
 
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/cuda/optim_step.h"
@@ -75,6 +76,35 @@ KernelFn PickKernel(bool momentum, bool first, bool nesterov) {
 
 }  // namespace
 
+void SGD::UpdateAll(const std::vector<Updating>& params) {
+  const bool momentum = options_.momentum != 0;
+  // No decay at all when weight_decay == 0 (as PyTorch, which then skips the add).
+  const bool any_decay = options_.weight_decay != 0;
+  const tensor::cuda::SgdScalars cs{
+      static_cast<float>(lr()), static_cast<float>(options_.weight_decay),
+      static_cast<float>(options_.momentum), static_cast<float>(1.0 - options_.dampening)};
+  // GPU params by device: one list of segments each.
+  std::map<int, std::vector<tensor::cuda::SgdSegment>> on_gpu;
+  for (const Updating& u : params) {
+    const ParamRef& ref = *u.ref;
+    if (!ref.param.device().is_cuda()) {
+      Update(ref, *u.state);
+      continue;
+    }
+    std::vector<tensor::cuda::SgdSegment>& segments = on_gpu[ref.param.device().index];
+    const tensor::Tensor buf = momentum ? u.state->buffers[0] : tensor::Tensor();
+    ForEachDecaySegment(ref, [&](int64_t b, int64_t e, bool d) {
+      tensor::cuda::SgdFlags flags;
+      flags.decay = d && any_decay;
+      flags.momentum = momentum;
+      flags.first = u.state->step == 1;
+      flags.nesterov = options_.nesterov;
+      segments.push_back({ref.param, ref.grad, buf, b, e, cs, flags, ref.low_precision_copy});
+    });
+  }
+  for (const auto& [device, segments] : on_gpu) tensor::cuda::SgdStepMany(segments);
+}
+
 void SGD::Update(const ParamRef& ref, ParamState& state) {
   const bool momentum = options_.momentum != 0;
   const bool first = state.step == 1;
@@ -84,16 +114,7 @@ void SGD::Update(const ParamRef& ref, ParamState& state) {
   // No decay at all when weight_decay == 0 (as PyTorch, which then skips the add).
   const bool any_decay = options_.weight_decay != 0;
   if (ref.param.device().is_cuda()) {
-    const tensor::cuda::SgdScalars cs{s.lr, s.weight_decay, s.momentum, s.one_minus_dampening};
-    const tensor::Tensor buf = momentum ? state.buffers[0] : tensor::Tensor();
-    ForEachDecaySegment(ref, [&](int64_t b, int64_t e, bool d) {
-      tensor::cuda::SgdFlags flags;
-      flags.decay = d && any_decay;
-      flags.momentum = momentum;
-      flags.first = first;
-      flags.nesterov = options_.nesterov;
-      tensor::cuda::SgdStep(ref.param, ref.grad, buf, b, e, cs, flags);
-    });
+    UpdateAll({{&ref, &state}});
     return;
   }
   const KernelFn plain = PickKernel<false>(momentum, first, options_.nesterov);

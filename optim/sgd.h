@@ -39,6 +39,13 @@ class SGD : public Optimizer {
 
  protected:
   void Update(const ParamRef& ref, ParamState& state) override;
+  // GPU params: every decay segment of every param of a device in one launch
+  // per 32 segments (tensor::cuda::SgdStepMany), which also writes the
+  // low-precision copies; CPU params: Update.
+  void UpdateAll(const std::vector<Updating>& params) override;
+  bool WritesLowPrecisionCopy(const ParamRef& ref) const override {
+    return ref.param.device().is_cuda();
+  }
 
  private:
   explicit SGD(const SgdOptions& options) : Optimizer(options.lr), options_(options) {}

@@ -87,31 +87,52 @@ struct AdamWBatch {
   int decay[kSegmentsPerLaunch];
 };
 
-// The segment's elements: one at a time up to where p is 16-byte aligned,
-// then 4 at a time while g, m and v are aligned there too (they are when
-// their buffers are, as the segments' offsets are the same in all four) and
-// the copy is 8-byte aligned, the rest one at a time.
+__device__ __forceinline__ bool Aligned(const void* x, int bytes) {
+  return reinterpret_cast<uintptr_t>(x) % bytes == 0;
+}
+
+// Whether a low-precision copy (L: its element type; void: none) takes a
+// 4-element store at element i.
+template <typename L>
+__device__ __forceinline__ bool CopyAligned(L* low, int64_t i) {
+  if constexpr (std::is_void_v<L>) {
+    return true;
+  } else {
+    return Aligned(low + i, 4 * sizeof(L));
+  }
+}
+
+// An optimizer segment's n elements over the block's threads (striding over
+// the grid): one(i) up to where p is 16-byte aligned, then quad(i) for 4
+// elements at a time while aligned_at(head) says the other operands are
+// aligned there too (they are when their buffers are, as the segments'
+// offsets are the same in all), one(i) for the rest.
+template <typename AlignedAt, typename One, typename Quad>
+__device__ __forceinline__ void SegmentElements(const float* p, int64_t n,
+                                                const AlignedAt& aligned_at, const One& one,
+                                                const Quad& quad) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t head = static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16 / 4);
+  if (head > n) head = n;
+  const int64_t quads = Aligned(p + head, 16) && aligned_at(head) ? (n - head) / 4 : 0;
+  for (int64_t i = first; i < head; i += stride) one(i);
+  for (int64_t q = first; q < quads; q += stride) quad(head + 4 * q);
+  for (int64_t i = head + 4 * quads + first; i < n; i += stride) one(i);
+}
+
+// An AdamW segment's elements (SegmentElements).
 template <bool kDecay, typename L>
 __device__ __forceinline__ void AdamWSegmentRun(float* p, const float* g, float* m, float* v,
                                                 L* low, int64_t n, const AdamWScalars& s) {
-  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  const auto misalign = [](const void* x, int bytes) {
-    return reinterpret_cast<uintptr_t>(x) % bytes;
-  };
-  int64_t head = static_cast<int64_t>((16 - misalign(p, 16)) % 16 / sizeof(float));
-  if (head > n) head = n;
-  bool vec = misalign(p + head, 16) == 0 && misalign(g + head, 16) == 0 &&
-             misalign(m + head, 16) == 0 && misalign(v + head, 16) == 0;
-  if constexpr (!std::is_void_v<L>) vec = vec && misalign(low + head, 4 * sizeof(L)) == 0;
-  const int64_t quads = vec ? (n - head) / 4 : 0;
-  for (int64_t i = first; i < head; i += stride) AdamWElement<kDecay>(p, g, m, v, low, i, s);
-  for (int64_t q = first; q < quads; q += stride) {
-    AdamWQuad<kDecay>(p, g, m, v, low, head + 4 * q, s);
-  }
-  for (int64_t i = head + 4 * quads + first; i < n; i += stride) {
-    AdamWElement<kDecay>(p, g, m, v, low, i, s);
-  }
+  SegmentElements(
+      p, n,
+      [&](int64_t h) {
+        return Aligned(g + h, 16) && Aligned(m + h, 16) && Aligned(v + h, 16) &&
+               CopyAligned(low, h);
+      },
+      [&](int64_t i) { AdamWElement<kDecay>(p, g, m, v, low, i, s); },
+      [&](int64_t i) { AdamWQuad<kDecay>(p, g, m, v, low, i, s); });
 }
 
 // blockIdx.y picks the segment; its blocks stride over it. L: the copies'
@@ -127,40 +148,67 @@ __global__ void AdamWBatchKernel(AdamWBatch b) {
   }
 }
 
-template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
-__global__ void SgdKernel(float* __restrict__ p, const float* __restrict__ g,
-                          float* __restrict__ buf, int64_t n, SgdScalars s) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    float d = g[i];
-    if (kDecay) d = __fadd_rn(d, __fmul_rn(s.weight_decay, p[i]));
-    if (kMomentum) {
-      const float b =
-          kFirst ? d : __fadd_rn(__fmul_rn(buf[i], s.momentum), __fmul_rn(s.one_minus_dampening, d));
-      buf[i] = b;
-      d = kNesterov ? __fadd_rn(d, __fmul_rn(s.momentum, b)) : b;
-    }
-    p[i] = __fsub_rn(p[i], __fmul_rn(s.lr, d));
+// One element of an SGD step, in registers (torch.optim.SGD's order, each
+// operation rounded once as the CPU's); b: the momentum buffer's element.
+__device__ __forceinline__ void SgdValue(float& p, float g, float& b, const SgdScalars& s,
+                                         const SgdFlags& f) {
+  float d = g;
+  if (f.decay) d = __fadd_rn(d, __fmul_rn(s.weight_decay, p));
+  if (f.momentum) {
+    b = f.first ? d : __fadd_rn(__fmul_rn(b, s.momentum), __fmul_rn(s.one_minus_dampening, d));
+    d = f.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, b)) : b;
   }
+  p = __fsub_rn(p, __fmul_rn(s.lr, d));
 }
 
-template <bool kDecay, bool kMomentum>
-void LaunchSgd(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s,
-               const SgdFlags& f) {
-  const unsigned blocks = Blocks(n);
-  if (!kMomentum) {
-    SgdKernel<kDecay, false, false, false><<<blocks, kThreads, 0, ComputeStream()>>>(p, g, buf, n, s);
-  } else if (f.first) {
-    if (f.nesterov) {
-      SgdKernel<kDecay, true, true, true><<<blocks, kThreads, 0, ComputeStream()>>>(p, g, buf, n, s);
-    } else {
-      SgdKernel<kDecay, true, true, false><<<blocks, kThreads, 0, ComputeStream()>>>(p, g, buf, n, s);
-    }
-  } else if (f.nesterov) {
-    SgdKernel<kDecay, true, false, true><<<blocks, kThreads, 0, ComputeStream()>>>(p, g, buf, n, s);
-  } else {
-    SgdKernel<kDecay, true, false, false><<<blocks, kThreads, 0, ComputeStream()>>>(p, g, buf, n, s);
-  }
+// Up to kSegmentsPerLaunch segments of SgdStepMany (as AdamWBatch); buf
+// null for segments without momentum.
+struct SgdBatch {
+  float* p[kSegmentsPerLaunch];
+  const float* g[kSegmentsPerLaunch];
+  float* buf[kSegmentsPerLaunch];
+  void* low[kSegmentsPerLaunch];
+  int64_t n[kSegmentsPerLaunch];
+  SgdScalars s[kSegmentsPerLaunch];
+  SgdFlags flags[kSegmentsPerLaunch];
+};
+
+// blockIdx.y picks the segment; its blocks stride over it (SegmentElements:
+// 4 elements at a time where p, g, buf and the copy (L: its element type,
+// void: none) are aligned). The flags are the same in a whole block (no
+// divergence).
+template <typename L>
+__global__ void SgdBatchKernel(SgdBatch batch) {
+  const int k = blockIdx.y;
+  float* p = batch.p[k];
+  const float* g = batch.g[k];
+  float* buf = batch.buf[k];
+  L* low = static_cast<L*>(batch.low[k]);
+  const SgdScalars s = batch.s[k];
+  const SgdFlags f = batch.flags[k];
+  SegmentElements(
+      p, batch.n[k],
+      [&](int64_t h) {
+        return Aligned(g + h, 16) && (!f.momentum || Aligned(buf + h, 16)) && CopyAligned(low, h);
+      },
+      [&](int64_t i) {
+        float pi = p[i], bi = f.momentum ? buf[i] : 0.0f;
+        SgdValue(pi, g[i], bi, s, f);
+        if (f.momentum) buf[i] = bi;
+        p[i] = pi;
+        if constexpr (!std::is_void_v<L>) low[i] = FromF<L>(pi);
+      },
+      [&](int64_t i) {
+        float pq[4], gq[4], bq[4] = {};
+        LoadF<4>(p + i, pq);
+        LoadF<4>(g + i, gq);
+        if (f.momentum) LoadF<4>(buf + i, bq);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) SgdValue(pq[e], gq[e], bq[e], s, f);
+        if (f.momentum) StoreF<4>(buf + i, bq);
+        StoreF<4>(p + i, pq);
+        if constexpr (!std::is_void_v<L>) StoreF<4>(low + i, pq);
+      });
 }
 
 constexpr int kSumBlock = 1 << 13;  // elements per partial sum (as the CPU's block)
@@ -275,91 +323,129 @@ void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& 
   AdamWStepMany({AdamWSegment{p, g, m, v, begin, end, s, decay}});
 }
 
+namespace {
+
+// The checks every optimizer segment gets: p f32, contiguous, on `first`'s
+// device, the range inside it, the low-precision copy (if any) bf16 or f16,
+// contiguous, of p's size and device.
+template <typename Segment>
+void CheckSegment(const char* op, const Segment& seg, const Tensor& first) {
+  CheckF32(op, seg.p, seg.p);
+  CheckF32(op, seg.g, seg.p);
+  OP_CHECK(seg.p.device() == first.device(), op, "parameters on ", first.device().ToString(),
+           " and ", seg.p.device().ToString());
+  OP_CHECK(0 <= seg.begin && seg.begin <= seg.end && seg.end <= seg.p.numel(), op, "range [",
+           seg.begin, ", ", seg.end, ") outside ", seg.p.numel(), " elements");
+  if (seg.low.defined()) {
+    OP_CHECK((seg.low.dtype() == Dtype::kBF16 || seg.low.dtype() == Dtype::kF16) &&
+                 seg.low.is_contiguous() && seg.low.numel() == seg.p.numel() &&
+                 seg.low.device() == seg.p.device(),
+             op, "the low-precision copy must be bf16 or f16, contiguous, of ", seg.p.numel(),
+             " elements on ", seg.p.device().ToString(), ", got ", DtypeName(seg.low.dtype()),
+             " of ", seg.low.numel(), " elements on ", seg.low.device().ToString());
+  }
+}
+
+// The non-empty segments in launches of kSegmentsPerLaunch, one series per
+// kind of copy (none, bf16, f16), as a launch's kernel is compiled for one:
+// fill(batch, slot, segment, low) puts a segment in a slot (low: its copy at
+// the segment's start, or null); launch(TypeTag<L>, batch, count, blocks)
+// launches the kernel for copies of type L (void: none) with `blocks` blocks
+// a segment (enough for the longest, 4 elements a thread, at most 1024: they
+// stride).
+template <typename Batch, typename Segment, typename Fill, typename Launch>
+void LaunchBatches(const std::vector<Segment>& segments, const Fill& fill, const Launch& launch) {
+  auto series = [&](auto low_type, auto wanted) {
+    using L = typename decltype(low_type)::type;
+    Batch batch;
+    int count = 0;
+    int64_t longest = 0;
+    auto flush = [&] {
+      launch(low_type, batch, count, std::min<unsigned>(Blocks((longest + 3) / 4), 1024));
+      count = 0;
+      longest = 0;
+    };
+    for (const Segment& seg : segments) {
+      if (seg.begin == seg.end || !wanted(seg)) continue;
+      void* low = nullptr;
+      if constexpr (!std::is_void_v<L>) low = Ptr<L>(seg.low) + seg.begin;
+      fill(batch, count, seg, low);
+      longest = std::max(longest, seg.end - seg.begin);
+      if (++count == kSegmentsPerLaunch) flush();
+    }
+    if (count > 0) flush();
+  };
+  auto low_is = [](Dtype d) {
+    return [d](const Segment& seg) { return seg.low.defined() && seg.low.dtype() == d; };
+  };
+  series(TypeTag<void>{}, [](const Segment& seg) { return !seg.low.defined(); });
+  series(TypeTag<__nv_bfloat16>{}, low_is(Dtype::kBF16));
+  series(TypeTag<__half>{}, low_is(Dtype::kF16));
+}
+
+}  // namespace
+
 void AdamWStepMany(const std::vector<AdamWSegment>& segments) {
   const char* op = "adamw";
   if (segments.empty()) return;
   const Tensor& first = segments[0].p;
   for (const AdamWSegment& seg : segments) {
-    CheckF32(op, seg.p, seg.p);
-    CheckF32(op, seg.g, seg.p);
+    CheckSegment(op, seg, first);
     CheckF32(op, seg.m, seg.p);
     CheckF32(op, seg.v, seg.p);
-    OP_CHECK(seg.p.device() == first.device(), op, "parameters on ", first.device().ToString(),
-             " and ", seg.p.device().ToString());
-    OP_CHECK(0 <= seg.begin && seg.begin <= seg.end && seg.end <= seg.p.numel(), op, "range [",
-             seg.begin, ", ", seg.end, ") outside ", seg.p.numel(), " elements");
-    if (seg.low.defined()) {
-      OP_CHECK((seg.low.dtype() == Dtype::kBF16 || seg.low.dtype() == Dtype::kF16) &&
-                   seg.low.is_contiguous() && seg.low.numel() == seg.p.numel() &&
-                   seg.low.device() == seg.p.device(),
-               op, "the low-precision copy must be bf16 or f16, contiguous, of ", seg.p.numel(),
-               " elements on ", seg.p.device().ToString(), ", got ", DtypeName(seg.low.dtype()),
-               " of ", seg.low.numel(), " elements on ", seg.low.device().ToString());
-    }
   }
   SetDevice(first, op);
-  // One series of launches per kind of copy (none, bf16, f16): a launch's
-  // kernel is compiled for one.
-  auto run = [&](auto low_type, auto wanted) {
-    using L = typename decltype(low_type)::type;
-    AdamWBatch batch;
-    int count = 0;
-    int64_t longest = 0;
-    auto launch = [&] {
-      // Enough blocks for the longest segment, at most 1024 (they stride).
-      const unsigned x = std::min<unsigned>(Blocks((longest + 3) / 4), 1024);
-      AdamWBatchKernel<L>
-          <<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(batch);
-      CheckLaunch(op);
-      count = 0;
-      longest = 0;
-    };
-    for (const AdamWSegment& seg : segments) {
-      if (seg.begin == seg.end || !wanted(seg)) continue;
-      batch.p[count] = Ptr<float>(seg.p) + seg.begin;
-      batch.g[count] = Ptr<float>(seg.g) + seg.begin;
-      batch.m[count] = Ptr<float>(seg.m) + seg.begin;
-      batch.v[count] = Ptr<float>(seg.v) + seg.begin;
-      batch.low[count] = nullptr;
-      if constexpr (!std::is_void_v<L>) batch.low[count] = Ptr<L>(seg.low) + seg.begin;
-      batch.n[count] = seg.end - seg.begin;
-      batch.s[count] = seg.s;
-      batch.decay[count] = seg.decay ? 1 : 0;
-      longest = std::max(longest, seg.end - seg.begin);
-      if (++count == kSegmentsPerLaunch) launch();
-    }
-    if (count > 0) launch();
-  };
-  auto low_is = [](Dtype d) {
-    return [d](const AdamWSegment& seg) { return seg.low.defined() && seg.low.dtype() == d; };
-  };
-  run(TypeTag<void>{}, [](const AdamWSegment& seg) { return !seg.low.defined(); });
-  run(TypeTag<__nv_bfloat16>{}, low_is(Dtype::kBF16));
-  run(TypeTag<__half>{}, low_is(Dtype::kF16));
+  LaunchBatches<AdamWBatch>(
+      segments,
+      [](AdamWBatch& batch, int k, const AdamWSegment& seg, void* low) {
+        batch.p[k] = Ptr<float>(seg.p) + seg.begin;
+        batch.g[k] = Ptr<float>(seg.g) + seg.begin;
+        batch.m[k] = Ptr<float>(seg.m) + seg.begin;
+        batch.v[k] = Ptr<float>(seg.v) + seg.begin;
+        batch.low[k] = low;
+        batch.n[k] = seg.end - seg.begin;
+        batch.s[k] = seg.s;
+        batch.decay[k] = seg.decay ? 1 : 0;
+      },
+      [&](auto low_type, const AdamWBatch& batch, int count, unsigned blocks) {
+        using L = typename decltype(low_type)::type;
+        AdamWBatchKernel<L>
+            <<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(batch);
+        CheckLaunch(op);
+      });
+}
+
+void SgdStepMany(const std::vector<SgdSegment>& segments) {
+  const char* op = "sgd";
+  if (segments.empty()) return;
+  const Tensor& first = segments[0].p;
+  for (const SgdSegment& seg : segments) {
+    CheckSegment(op, seg, first);
+    if (seg.flags.momentum) CheckF32(op, seg.buf, seg.p);
+  }
+  SetDevice(first, op);
+  LaunchBatches<SgdBatch>(
+      segments,
+      [](SgdBatch& batch, int k, const SgdSegment& seg, void* low) {
+        batch.p[k] = Ptr<float>(seg.p) + seg.begin;
+        batch.g[k] = Ptr<float>(seg.g) + seg.begin;
+        batch.buf[k] = seg.flags.momentum ? Ptr<float>(seg.buf) + seg.begin : nullptr;
+        batch.low[k] = low;
+        batch.n[k] = seg.end - seg.begin;
+        batch.s[k] = seg.s;
+        batch.flags[k] = seg.flags;
+      },
+      [&](auto low_type, const SgdBatch& batch, int count, unsigned blocks) {
+        using L = typename decltype(low_type)::type;
+        SgdBatchKernel<L>
+            <<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(batch);
+        CheckLaunch(op);
+      });
 }
 
 void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
              const SgdScalars& s, const SgdFlags& flags) {
-  const char* op = "sgd";
-  CheckF32(op, p, p);
-  CheckF32(op, g, p);
-  if (flags.momentum) CheckF32(op, buf, p);
-  OP_CHECK(0 <= begin && begin <= end && end <= p.numel(), op, "range [", begin, ", ", end,
-           ") outside ", p.numel(), " elements");
-  if (begin == end) return;
-  SetDevice(p, op);
-  const int64_t n = end - begin;
-  float* pp = Ptr<float>(p) + begin;
-  const float* gp = Ptr<float>(g) + begin;
-  float* bp = flags.momentum ? Ptr<float>(buf) + begin : nullptr;
-  if (flags.decay) {
-    flags.momentum ? LaunchSgd<true, true>(pp, gp, bp, n, s, flags)
-                   : LaunchSgd<true, false>(pp, gp, bp, n, s, flags);
-  } else {
-    flags.momentum ? LaunchSgd<false, true>(pp, gp, bp, n, s, flags)
-                   : LaunchSgd<false, false>(pp, gp, bp, n, s, flags);
-  }
-  CheckLaunch(op);
+  SgdStepMany({SgdSegment{p, g, buf, begin, end, s, flags}});
 }
 
 double GradSumSquares(const std::vector<Tensor>& grads) {

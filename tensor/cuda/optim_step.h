@@ -61,9 +61,23 @@ struct SgdFlags {
   bool first = false;
   bool nesterov = false;  // d = d + momentum buf, else d = buf
 };
-// p, g (and buf when flags.momentum): f32, contiguous, one device; p -= lr d.
+// p, g (and buf when flags.momentum): f32, contiguous, one device; p -= lr d
+// over elements [begin, end).
 void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
              const SgdScalars& s, const SgdFlags& flags);
+
+// One SgdStep, as a segment of SgdStepMany; low as AdamWSegment's.
+struct SgdSegment {
+  Tensor p, g, buf;
+  int64_t begin = 0;
+  int64_t end = 0;
+  SgdScalars s{};
+  SgdFlags flags{};
+  Tensor low;
+};
+// Every segment's SgdStep (one device) in one launch per 32 segments of one
+// kind of copy, 4 elements a thread where aligned: the same results.
+void SgdStepMany(const std::vector<SgdSegment>& segments);
 
 // The clipping and loss-scaling kernels take lists of f32 contiguous tensors
 // on one CUDA device and launch once per 64 tensors (a launch's blocks find

@@ -16,6 +16,9 @@ void SgdStep(const Tensor& p, const Tensor&, const Tensor&, int64_t, int64_t, co
              const SgdFlags&) {
   NotBuilt("sgd", p);
 }
+void SgdStepMany(const std::vector<SgdSegment>& segments) {
+  NotBuilt("sgd", segments.empty() ? Tensor() : segments[0].p);
+}
 double GradSumSquares(const std::vector<Tensor>& grads) {
   NotBuilt("grad_norm", grads.empty() ? Tensor() : grads[0]);
 }
