@@ -289,26 +289,39 @@ absl::Status Zero1::Step() {
   reduced_ = false;
   // Bucket by bucket (those that train): step this rank's slices, then start the bucket's
   // all-gather, which runs while the next bucket steps.
-  const std::vector<optim::ParamRef> refs = ParamRefs();
+  // Mixed precision: the step also writes this rank's slice of the bucket's
+  // low-precision flat parameter (its updated master shard's cast, in
+  // AdamW's / SGD's own pass on a GPU), which the all-gather then sends.
+  std::vector<optim::ParamRef> refs = ParamRefs();
   std::vector<WorkPtr> works;
   for (int b = 0; b < num_buckets(); ++b) {
     if (!buckets_[b].trains) continue;  // frozen parameters only: unchanged everywhere
+    const tensor::Tensor mine = OwnSlice(buckets_[b]);
+    const bool low = !mine.SharesStorageWith(buckets_[b].master) &&
+                     (mine.dtype() == tensor::Dtype::kBF16 || mine.dtype() == tensor::Dtype::kF16);
+    if (low) refs[b].low_precision_copy = mine;
     optimizer_->Step({refs[b]});
-    works.push_back(GatherBucket(buckets_[b]));
+    works.push_back(GatherBucket(buckets_[b], /*own_slice_current=*/low));
   }
   for (WorkPtr& w : works) status.Update(w->Wait());
   return status;
 }
 
-WorkPtr Zero1::GatherBucket(Bucket& b) {
-  tensor::Tensor mine = b.param.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel);
-  if (!mine.SharesStorageWith(b.master)) mine.CopyFrom(b.master);  // rounded to param_dtype
+tensor::Tensor Zero1::OwnSlice(const Bucket& b) const {
+  return b.param.Narrow(0, b.seg.shard_begin - b.seg.begin, b.seg.shard_numel);
+}
+
+WorkPtr Zero1::GatherBucket(Bucket& b, bool own_slice_current) {
+  tensor::Tensor mine = OwnSlice(b);
+  if (!own_slice_current && !mine.SharesStorageWith(b.master)) {
+    mine.CopyFrom(b.master);  // rounded to param_dtype
+  }
   return pg_.AllGather(mine, b.param);
 }
 
 absl::Status Zero1::RefreshParameters() {
   std::vector<WorkPtr> works;
-  for (Bucket& b : buckets_) works.push_back(GatherBucket(b));
+  for (Bucket& b : buckets_) works.push_back(GatherBucket(b, /*own_slice_current=*/false));
   absl::Status status;
   for (WorkPtr& w : works) status.Update(w->Wait());
   return status;

@@ -264,9 +264,12 @@ class Zero1 {
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void IssueReadyBuckets();
+  // This rank's slice of `b`'s flat parameter (param_dtype).
+  tensor::Tensor OwnSlice(const Bucket& b) const;
   // Writes this rank's master slice of `b` into its buffer (rounded to the
-  // compute dtype) and starts the bucket's all-gather.
-  WorkPtr GatherBucket(Bucket& b);
+  // compute dtype), unless own_slice_current (the optimizer step wrote it),
+  // and starts the bucket's all-gather.
+  WorkPtr GatherBucket(Bucket& b, bool own_slice_current);
 
   nn::Module& model_;
   ProcessGroup& pg_;
