@@ -297,8 +297,7 @@ absl::Status Zero1::Step() {
   for (int b = 0; b < num_buckets(); ++b) {
     if (!buckets_[b].trains) continue;  // frozen parameters only: unchanged everywhere
     const tensor::Tensor mine = OwnSlice(buckets_[b]);
-    const bool low = !mine.SharesStorageWith(buckets_[b].master) &&
-                     (mine.dtype() == tensor::Dtype::kBF16 || mine.dtype() == tensor::Dtype::kF16);
+    const bool low = mine.dtype() != tensor::Dtype::kF32;  // the fp32 master is no copy
     if (low) refs[b].low_precision_copy = mine;
     optimizer_->Step({refs[b]});
     works.push_back(GatherBucket(buckets_[b], /*own_slice_current=*/low));

@@ -28,7 +28,6 @@ LinearOptions NoBias(float std) {
 // "(2,3,4)" or "undefined", for error messages.
 std::string ShapeText(const Tensor& t) { return t.defined() ? t.shape().ToString() : "undefined"; }
 
-
 }  // namespace
 
 T5Attention::T5Attention(int64_t d_model, int64_t n_heads, int64_t d_kv, T5AttentionOptions options)

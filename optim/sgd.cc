@@ -106,6 +106,10 @@ void SGD::UpdateAll(const std::vector<Updating>& params) {
 }
 
 void SGD::Update(const ParamRef& ref, ParamState& state) {
+  if (ref.param.device().is_cuda()) {
+    UpdateAll({{&ref, &state}});
+    return;
+  }
   const bool momentum = options_.momentum != 0;
   const bool first = state.step == 1;
   const SgdScalars s{static_cast<float>(lr()), static_cast<float>(options_.weight_decay),
@@ -113,10 +117,6 @@ void SGD::Update(const ParamRef& ref, ParamState& state) {
                      static_cast<float>(1.0 - options_.dampening)};
   // No decay at all when weight_decay == 0 (as PyTorch, which then skips the add).
   const bool any_decay = options_.weight_decay != 0;
-  if (ref.param.device().is_cuda()) {
-    UpdateAll({{&ref, &state}});
-    return;
-  }
   const KernelFn plain = PickKernel<false>(momentum, first, options_.nesterov);
   const KernelFn decayed = PickKernel<true>(momentum, first, options_.nesterov);
   float* p = ref.param.data<float>();

@@ -356,20 +356,11 @@ bool BatchCastable(const Tensor& src, Dtype dtype) {
          IsFloatingPoint(src.dtype()) && IsFloatingPoint(dtype);
 }
 
-// Casts on a device in one go, by (device, source dtype, destination dtype).
-using CastBatches = std::map<std::tuple<int, Dtype, Dtype>, std::vector<cuda::CastPair>>;
-
-void RunCastBatches(const CastBatches& batches) {
-  for (const auto& [key, pairs] : batches) {
-    cuda::CastManyOnDevice(pairs, std::get<1>(key), std::get<2>(key), std::get<0>(key));
-  }
-}
-
 }  // namespace
 
 std::vector<Tensor> CastAll(const std::vector<Tensor>& tensors, Dtype dtype) {
   std::vector<Tensor> out(tensors.size());
-  CastBatches batches;
+  std::vector<Tensor> src, dst;  // the batched casts, into fresh buffers
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     if (!BatchCastable(t, dtype)) {
@@ -377,17 +368,18 @@ std::vector<Tensor> CastAll(const std::vector<Tensor>& tensors, Dtype dtype) {
       continue;
     }
     out[i] = Tensor::Empty(t.shape(), dtype, t.device());
-    batches[{t.device().index, t.dtype(), dtype}].push_back(
-        {t.raw_data(), out[i].raw_data(), t.numel()});
+    src.push_back(t);
+    dst.push_back(out[i]);
   }
-  RunCastBatches(batches);
+  CastAllInto(src, dst);
   return out;
 }
 
 void CastAllInto(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
   OP_CHECK(src.size() == dst.size(), "cast", src.size(), " sources for ", dst.size(),
            " destinations");
-  CastBatches batches;
+  // Casts on a device in one go, by (device, source dtype, destination dtype).
+  std::map<std::tuple<int, Dtype, Dtype>, std::vector<cuda::CastPair>> batches;
   for (size_t i = 0; i < src.size(); ++i) {
     const Tensor& s = src[i];
     Tensor d = dst[i];  // a handle: CopyFrom writes its buffer
@@ -400,7 +392,10 @@ void CastAllInto(const std::vector<Tensor>& src, const std::vector<Tensor>& dst)
     batches[{s.device().index, s.dtype(), d.dtype()}].push_back(
         {s.raw_data(), d.raw_data(), s.numel()});
   }
-  RunCastBatches(batches);
+  for (const auto& [key, pairs] : batches) {
+    const auto& [device, from, to] = key;
+    cuda::CastManyOnDevice(pairs, from, to, device);
+  }
 }
 
 Tensor Tensor::To(Device device) const {

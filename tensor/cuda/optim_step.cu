@@ -318,11 +318,6 @@ void CheckSameDevice(const char* op, const std::vector<Tensor>& tensors) {
 
 }  // namespace
 
-void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t begin,
-               int64_t end, const AdamWScalars& s, bool decay) {
-  AdamWStepMany({AdamWSegment{p, g, m, v, begin, end, s, decay}});
-}
-
 namespace {
 
 // The checks every optimizer segment gets: p f32, contiguous, on `first`'s
@@ -441,11 +436,6 @@ void SgdStepMany(const std::vector<SgdSegment>& segments) {
             <<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, ComputeStream()>>>(batch);
         CheckLaunch(op);
       });
-}
-
-void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
-             const SgdScalars& s, const SgdFlags& flags) {
-  SgdStepMany({SgdSegment{p, g, buf, begin, end, s, flags}});
 }
 
 double GradSumSquares(const std::vector<Tensor>& grads) {

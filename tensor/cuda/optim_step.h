@@ -24,13 +24,10 @@ struct AdamWScalars {
   float eps;
 };
 
-// p, g, m, v: f32, contiguous, same numel, one CUDA device. Elements
-// [begin, end): (decay: p *= s.decay), m = beta1 m + (1 - beta1) g,
-// v = beta2 v + (1 - beta2) g^2, p += neg_step_size * m / (sqrt(v) / bc2 + eps).
-void AdamWStep(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t begin,
-               int64_t end, const AdamWScalars& s, bool decay);
-
-// One AdamWStep, as a segment of AdamWStepMany.
+// An AdamW step over elements [begin, end) of p, g, m, v (f32, contiguous,
+// same numel, one CUDA device): (decay: p *= s.decay), m = beta1 m +
+// (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
+// p += neg_step_size * m / (sqrt(v) / bc2 + eps).
 struct AdamWSegment {
   Tensor p, g, m, v;
   int64_t begin = 0;
@@ -43,7 +40,7 @@ struct AdamWSegment {
   // cast afterwards would read p's 4 bytes again).
   Tensor low;
 };
-// Every segment's AdamWStep (all on one device; segments of different
+// Every segment's step (all on one device; segments of different
 // tensors, or disjoint ranges of one) in one launch per 32 segments of one
 // kind of copy (none, bf16, f16): the same results, without a launch per
 // parameter.
@@ -61,12 +58,9 @@ struct SgdFlags {
   bool first = false;
   bool nesterov = false;  // d = d + momentum buf, else d = buf
 };
-// p, g (and buf when flags.momentum): f32, contiguous, one device; p -= lr d
-// over elements [begin, end).
-void SgdStep(const Tensor& p, const Tensor& g, const Tensor& buf, int64_t begin, int64_t end,
-             const SgdScalars& s, const SgdFlags& flags);
-
-// One SgdStep, as a segment of SgdStepMany; low as AdamWSegment's.
+// An SGD step over elements [begin, end) of p, g (and buf when
+// flags.momentum): f32, contiguous, one device; p -= lr d. low as
+// AdamWSegment's.
 struct SgdSegment {
   Tensor p, g, buf;
   int64_t begin = 0;
@@ -75,7 +69,7 @@ struct SgdSegment {
   SgdFlags flags{};
   Tensor low;
 };
-// Every segment's SgdStep (one device) in one launch per 32 segments of one
+// Every segment's step (one device) in one launch per 32 segments of one
 // kind of copy, 4 elements a thread where aligned: the same results.
 void SgdStepMany(const std::vector<SgdSegment>& segments);
 

@@ -5,16 +5,8 @@
 namespace tensor {
 namespace cuda {
 
-void AdamWStep(const Tensor& p, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
-               const AdamWScalars&, bool) {
-  NotBuilt("adamw", p);
-}
 void AdamWStepMany(const std::vector<AdamWSegment>& segments) {
   NotBuilt("adamw", segments.empty() ? Tensor() : segments[0].p);
-}
-void SgdStep(const Tensor& p, const Tensor&, const Tensor&, int64_t, int64_t, const SgdScalars&,
-             const SgdFlags&) {
-  NotBuilt("sgd", p);
 }
 void SgdStepMany(const std::vector<SgdSegment>& segments) {
   NotBuilt("sgd", segments.empty() ? Tensor() : segments[0].p);
