@@ -47,8 +47,16 @@ Tensor LayerNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s)
   // The parameter gradients go straight into the f32 gradient buffers (no
   // temporaries, no add per parameter); frozen parameters get none.
   tensor::NormGradsInto into;
-  if (weight_ != nullptr && weight_->requires_grad) into.weight = weight_->GradBuffer();
-  if (bias_ != nullptr && bias_->requires_grad) into.bias = bias_->GradBuffer();
+  if (weight_ != nullptr && weight_->requires_grad) {
+    const Parameter::GradSink dw = weight_->GradToWrite();
+    into.weight = dw.grad;
+    into.add_weight = dw.accumulate;
+  }
+  if (bias_ != nullptr && bias_->requires_grad) {
+    const Parameter::GradSink db = bias_->GradToWrite();
+    into.bias = db.grad;
+    into.add_bias = db.accumulate;
+  }
   const Tensor w = weight_ != nullptr ? weight_->value : Tensor();
   return tensor::LayerNormBackward(g, s.x, w, s.mean, s.rstd, add, into).grad_x;
 }

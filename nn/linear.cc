@@ -140,22 +140,25 @@ Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
     if (weight_->requires_grad) {
       // dW (out, in) += g^T @ x, g being g_p's first out columns (rows ld
       // apart: aligned for the GEMM), accumulated by the GEMM itself in fp32
-      // (no (ld, in) product to add: 2 x 154 MB less traffic for GPT-2's head).
+      // (no (ld, in) product to add: 2 x 154 MB less traffic for GPT-2's head),
+      // or written when the gradient is new.
       MatmulOptions opts;
       opts.trans_a = true;
-      tensor::MatmulInto(g_p.Narrow(1, 0, out_), s.x, weight_->GradBuffer(), opts,
-                         /*beta=*/1.0f);
+      const Parameter::GradSink dw = weight_->GradToWrite();
+      tensor::MatmulInto(g_p.Narrow(1, 0, out_), s.x, dw.grad, opts,
+                         /*beta=*/dw.accumulate ? 1.0f : 0.0f);
     }
     return g_p;
   }
   const bool bias_grad = bias_ != nullptr && bias_->requires_grad;
-  // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32; frozen
-  // parameters get none.
+  // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32 (= for a
+  // new gradient: no zeros written and read); frozen parameters get none.
+  const Parameter::GradSink db = bias_grad ? bias_->GradToWrite() : Parameter::GradSink{};
   if (weight_->requires_grad) {
-    tensor::LinearParamGradsInto(g, s.x, weight_->GradBuffer(),
-                                 bias_grad ? bias_->GradBuffer() : Tensor());
+    const Parameter::GradSink dw = weight_->GradToWrite();
+    tensor::LinearParamGradsInto(g, s.x, dw.grad, db.grad, dw.accumulate, db.accumulate);
   } else if (bias_grad) {
-    tensor::AddBiasBackwardInto(g, bias_->GradBuffer());
+    tensor::AddBiasBackwardInto(g, db.grad, db.accumulate);
   }
   return g;
 }

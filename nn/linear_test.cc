@@ -49,9 +49,21 @@ TEST(LinearTest, GradientsMatchFiniteDifferences) {
   EXPECT_TRUE(AllClose(lin.bias()->grad, NumericalGradient(loss, lin.bias()->value), 1e-3, 1e-2));
   // A second backward accumulates.
   Tensor g1 = lin.weight()->grad.Clone();
+  Tensor b1 = lin.bias()->grad.Clone();
   lin.Run(x, ctx);
   lin.RunBackward(w_out, ctx);
   EXPECT_TRUE(AllClose(lin.weight()->grad, tensor::Scale(g1, 2.0), 1e-5, 1e-5));
+  // Dropped (ZeroGrad(set_to_none)), the next backward writes them anew: the
+  // first one's bits, whatever the new buffers held (the allocator's cache
+  // hands back the dropped ones, holding twice that).
+  for (bool frozen_weight : {false, true}) {
+    lin.ZeroGrad(/*set_to_none=*/true);
+    lin.weight()->requires_grad = !frozen_weight;
+    lin.Run(x, ctx);
+    lin.RunBackward(w_out, ctx);
+    if (!frozen_weight) EXPECT_TRUE(AllClose(lin.weight()->grad, g1, 0, 0));
+    EXPECT_TRUE(AllClose(lin.bias()->grad, b1, 0, 0)) << "frozen weight " << frozen_weight;
+  }
 }
 
 TEST(LinearTest, Bf16ComputeKeepsFp32Gradients) {

@@ -132,6 +132,30 @@ TEST(ModuleTest, MaterializeIsDeterministicAndChargesParameters) {
             3 * 9 * 4);
 }
 
+// GradToWrite: without a gradient, a new f32 buffer (charged as gradients)
+// that the caller overwrites; with one, that buffer, added to; frozen: an error.
+TEST(ParameterTest, GradToWriteMakesANewBufferOrAddsToTheOldOne) {
+  tensor::MemoryLedger ledger;
+  tensor::ScopedLedger use(&ledger);
+  Pair p;
+  p.Materialize(1);
+  Parameter& w = *p.a_->w_;
+  ASSERT_FALSE(w.grad.defined());
+  const Parameter::GradSink fresh = w.GradToWrite();
+  EXPECT_FALSE(fresh.accumulate);
+  ASSERT_TRUE(w.grad.defined());
+  EXPECT_TRUE(fresh.grad.SharesStorageWith(w.grad));
+  EXPECT_EQ(w.grad.shape(), Shape({3}));
+  EXPECT_EQ(w.grad.dtype(), Dtype::kF32);
+  EXPECT_EQ(ledger.Stats(tensor::Device::Cpu(), tensor::MemoryCategory::kGradients).current,
+            3 * 4);
+  const Parameter::GradSink again = w.GradToWrite();
+  EXPECT_TRUE(again.accumulate);
+  EXPECT_TRUE(again.grad.SharesStorageWith(fresh.grad));
+  w.requires_grad = false;
+  EXPECT_THROW(w.GradToWrite(), tensor::OpError);
+}
+
 TEST(InitSliceTest, SlicesEqualTheWholeAndMomentsAreRight) {
   for (InitSpec spec : {InitSpec::Normal(0.5f, 0.02f), InitSpec::Uniform(-2, 2),
                         InitSpec::TruncatedNormal(0, 1)}) {

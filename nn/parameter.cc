@@ -95,4 +95,14 @@ tensor::Tensor& Parameter::GradBuffer() {
   return grad;
 }
 
+Parameter::GradSink Parameter::GradToWrite() {
+  OP_CHECK(requires_grad, "parameter", "a gradient was asked of a frozen parameter ",
+           shape.ToString(), " (requires_grad is false)");
+  if (grad.defined()) return {grad, /*accumulate=*/true};
+  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
+  grad = tensor::Tensor::Empty(shape, tensor::Dtype::kF32,
+                               value.defined() ? value.device() : tensor::Device::Cpu());
+  return {grad, /*accumulate=*/false};
+}
+
 }  // namespace nn

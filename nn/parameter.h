@@ -100,6 +100,18 @@ struct Parameter {
   // Throws tensor::OpError for a frozen parameter: a layer's backward must not
   // compute a gradient nobody asked for.
   tensor::Tensor& GradBuffer();
+
+  // Where a backward that computes the whole gradient at once puts it. With a
+  // gradient (accumulation over micro-batches or uses, FSDP's and DDP's views)
+  // it adds to it. Without one (after ZeroGrad(set_to_none=true), PyTorch's
+  // zero_grad default) it writes a new uninitialized fp32 buffer (category:
+  // gradients), now `grad`: no zero fill and no read of zeros. The caller must
+  // then write every element. Throws as GradBuffer for a frozen parameter.
+  struct GradSink {
+    tensor::Tensor grad;  // shares `grad`'s storage
+    bool accumulate;      // false: overwrite
+  };
+  GradSink GradToWrite();
 };
 
 }  // namespace nn

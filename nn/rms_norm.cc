@@ -32,7 +32,11 @@ Tensor RMSNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
   const Tensor g = grad_y.To(s.x.dtype());
   // The weight gradient goes straight into its f32 buffer (LayerNorm's way).
   tensor::NormGradsInto into;
-  if (weight_->requires_grad) into.weight = weight_->GradBuffer();
+  if (weight_->requires_grad) {
+    const Parameter::GradSink dw = weight_->GradToWrite();
+    into.weight = dw.grad;
+    into.add_weight = dw.accumulate;
+  }
   return tensor::RmsNormBackward(g, s.x, weight_->value, s.rstd, add, into).grad_x;
 }
 

@@ -1,5 +1,5 @@
 // FinishOneProcessStep does what the train binaries' plain loop did inline:
-// masters back, unscale, clip, step, zero grads; a non-finite loss is an
+// masters back, unscale, clip, step, drop the gradients; a non-finite loss is an
 // error and an inf gradient skips the step.
 #include "models/common/one_process_step.h"
 
@@ -53,17 +53,17 @@ void ExpectSameValues(mingpt::GPT& a, mingpt::GPT& b) {
   }
 }
 
-// ZeroGrad keeps the buffers (zeroed) or leaves none.
-void ExpectZeroGrads(mingpt::GPT& model) {
+// The step drops the gradients (ZeroGrad(set_to_none=true)): none is held
+// between steps, and the next backward writes each one anew.
+void ExpectNoGrads(mingpt::GPT& model) {
   for (const auto& [name, p] : model.NamedParameters()) {
-    if (p->grad.defined()) {
-      EXPECT_EQ(tensor::testing::Dot(p->grad, p->grad), 0.0) << name;
-    }
+    EXPECT_FALSE(p->grad.defined()) << name;
   }
 }
 
-// The step written out as the loops did before, and through the function:
-// the same parameters, loss and norm, gradients zeroed.
+// The step written out as the loops did before (gradients zeroed in place),
+// and through the function: the same parameters, loss and norm, the
+// gradients dropped.
 TEST(FinishOneProcessStepTest, EqualsTheStepWrittenOut) {
   const testing::TinyBatch batch = testing::MakeTinyBatch();
   mingpt::GPT expected(Config()), model(Config());
@@ -89,7 +89,7 @@ TEST(FinishOneProcessStepTest, EqualsTheStepWrittenOut) {
   EXPECT_EQ(done->loss, expected_loss);
   EXPECT_EQ(done->grad_norm, expected_norm);
   ExpectSameValues(model, expected);
-  ExpectZeroGrads(model);
+  ExpectNoGrads(model);
 }
 
 // Mixed precision: the parameters are the fp32 masters again afterwards,
@@ -155,7 +155,36 @@ TEST(FinishOneProcessStepTest, TheOptimizerWritesTheNextComputeCopies) {
   ExpectSameValues(model, expected);
 }
 
-// An inf gradient under loss scaling: no update, the gradients zeroed, the
+// Two micro-batches a step: the first backward writes the dropped gradients
+// anew, the second adds to them, as both adding to zeroed buffers did (the
+// same bits), step after step.
+TEST(FinishOneProcessStepTest, DroppedGradientsAreWrittenThenAccumulated) {
+  const testing::TinyBatch batch = testing::MakeTinyBatch();
+  mingpt::GPT expected(Config()), model(Config());
+  expected.Materialize(1);
+  model.Materialize(1);
+  auto expected_opt = MakeAdamW(), opt = MakeAdamW();
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Fp32());
+  LossScaling scaling = Scaling("none");
+  expected.ZeroGrad();  // buffers of zeros, kept
+  for (int step = 0; step < 3; ++step) {
+    expected.ForwardBackward(batch.idx, batch.tgt, 0.5);
+    expected.ForwardBackward(batch.tgt, batch.idx, 0.5);
+    expected_opt->Step(optim::FromModule(expected));
+    expected.ZeroGrad();
+
+    mixed.CastForCompute();
+    const double loss = 0.5 * (model.ForwardBackward(batch.idx, batch.tgt, 0.5) +
+                               model.ForwardBackward(batch.tgt, batch.idx, 0.5));
+    absl::StatusOr<StepResult> done =
+        FinishOneProcessStep(model, mixed, *opt, loss, scaling.scale(), step, 0, scaling);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ExpectSameValues(model, expected);
+    ExpectNoGrads(model);
+  }
+}
+
+// An inf gradient under loss scaling: no update, the gradients dropped, the
 // norm 0, the dynamic scale halved.
 TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {
   const testing::TinyBatch batch = testing::MakeTinyBatch();
@@ -176,7 +205,7 @@ TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {
   EXPECT_EQ(scaling.skipped_steps(), 1);
   EXPECT_EQ(scaling.scale(), scale / 2);
   ExpectSameValues(model, untouched);
-  ExpectZeroGrads(model);
+  ExpectNoGrads(model);
 }
 
 }  // namespace

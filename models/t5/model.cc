@@ -262,11 +262,13 @@ Tensor T5Model::TiedHeadBackward(const Tensor& grad_logits, Context& ctx) {
   nn::Parameter& w = *shared_->weight();
   const int64_t d = config_.d_model;
   const Tensor g = grad_logits.To(w.value.dtype()).Reshape({-1, config_.vocab_size});  // (N, V)
-  // d shared.weight (V, d) += g^T @ xs, accumulated in fp32 (frozen: none).
+  // d shared.weight (V, d) += g^T @ xs, accumulated in fp32, or written when
+  // the gradient is new (the embeddings' backward adds theirs after); frozen: none.
   if (w.requires_grad) {
     tensor::MatmulOptions dw;
     dw.trans_a = true;
-    tensor::MatmulInto(g, s.x, w.GradBuffer(), dw, /*beta=*/1.0f);
+    const nn::Parameter::GradSink sink = w.GradToWrite();
+    tensor::MatmulInto(g, s.x, sink.grad, dw, /*beta=*/sink.accumulate ? 1.0f : 0.0f);
   }
   const Tensor dxs = tensor::Matmul(g, w.value);  // (N, d)
   return tensor::Scale(dxs, 1.0 / std::sqrt(static_cast<double>(d)))

@@ -8,7 +8,9 @@
 // whose bias pointers are set per call). Tagged gpu; skips without a device.
 #include "tensor/ops/linear.h"
 
+#include <cmath>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -185,7 +187,8 @@ TEST(CudaLinearTest, GeluInputGradMatchesTheCpu) {
 
 // LinearParamGradsInto: the bias gradient out of the weight-gradient GEMM
 // (BGRADB), accumulated into f32 buffers, against the f32 CPU sums; the weight
-// gradient a view inside a larger buffer (as an FSDP flat gradient holds it);
+// gradient a view inside a larger buffer (as an FSDP flat gradient holds it),
+// each gradient added to or written (over NaN);
 // and the unfused path (GEMM, then the column sums: m 24 the narrow-row
 // kernel, m 264 the 16-byte one) with fusing off, or only the bias gradient's.
 TEST(CudaLinearTest, ParamGradsMatchTheCpu) {
@@ -200,29 +203,37 @@ TEST(CudaLinearTest, ParamGradsMatchTheCpu) {
       const Tensor b0 = RandomTensor({m}, 83);
       MatmulOptions ta;
       ta.trans_a = true;
-      const Tensor want_w = Add(w0, Matmul(g.To(Dtype::kF32), x.To(Dtype::kF32), ta));
-      const Tensor want_b = Add(b0, AddBiasBackward(g.To(Dtype::kF32)));
+      const Tensor dw = Matmul(g.To(Dtype::kF32), x.To(Dtype::kF32), ta);
+      const Tensor db = AddBiasBackward(g.To(Dtype::kF32));
       const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
       enum class Mode { kFused, kFusingOff, kBiasGradOff };
       for (Mode mode : {Mode::kFused, Mode::kFusingOff, Mode::kBiasGradOff}) {
-        SCOPED_TRACE(mode == Mode::kFused       ? "fused"
-                     : mode == Mode::kFusingOff ? "fusing off"
-                                                : "bias-gradient epilogue off");
-        // grad_w: 8 elements into a flat buffer.
-        const Tensor flat = ToGpu(Tensor::Zeros({8 + m * k + 8}, Dtype::kF32));
-        Tensor grad_w = flat.Narrow(0, 8, m * k).View({m, k});
-        grad_w.CopyFrom(ToGpu(w0));
-        const Tensor grad_b = ToGpu(b0);
-        cuda::SetMatmulFuseEpilogues(mode != Mode::kFusingOff);
-        cuda::SetMatmulFuseBiasGrad(mode != Mode::kBiasGradOff);
-        const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
-        LinearParamGradsInto(ToGpu(g), ToGpu(x), grad_w, grad_b);
-        const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
-        cuda::SetMatmulFuseEpilogues(true);
-        cuda::SetMatmulFuseBiasGrad(true);
-        EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (mode == Mode::kFused ? 1 : 0));
-        EXPECT_TRUE(MatchesCpu(grad_w, want_w, tol));
-        EXPECT_TRUE(MatchesCpu(grad_b, want_b, tol));
+        // Each gradient added to, or written over NaN (a new buffer's
+        // contents): BGRADB then writes grad_b itself.
+        for (const auto& [add_w, add_b] : {std::pair{true, true}, std::pair{false, false},
+                                           std::pair{false, true}, std::pair{true, false}}) {
+          SCOPED_TRACE(absl::StrCat(mode == Mode::kFused       ? "fused"
+                                    : mode == Mode::kFusingOff ? "fusing off"
+                                                               : "bias-gradient epilogue off",
+                                    add_w ? ", dW added" : ", dW written",
+                                    add_b ? ", db added" : ", db written"));
+          // grad_w: 8 elements into a flat buffer.
+          const Tensor flat = ToGpu(Tensor::Zeros({8 + m * k + 8}, Dtype::kF32));
+          Tensor grad_w = flat.Narrow(0, 8, m * k).View({m, k});
+          grad_w.CopyFrom(ToGpu(add_w ? w0 : Tensor::Full({m, k}, std::nan(""))));
+          const Tensor grad_b = ToGpu(add_b ? b0 : Tensor::Full({m}, std::nan("")));
+          cuda::SetMatmulFuseEpilogues(mode != Mode::kFusingOff);
+          cuda::SetMatmulFuseBiasGrad(mode != Mode::kBiasGradOff);
+          const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+          LinearParamGradsInto(ToGpu(g), ToGpu(x), grad_w, grad_b, add_w, add_b);
+          const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+          cuda::SetMatmulFuseEpilogues(true);
+          cuda::SetMatmulFuseBiasGrad(true);
+          EXPECT_EQ(after.epilogues_fused,
+                    before.epilogues_fused + (mode == Mode::kFused ? 1 : 0));
+          EXPECT_TRUE(MatchesCpu(grad_w, add_w ? Add(w0, dw) : dw, tol));
+          EXPECT_TRUE(MatchesCpu(grad_b, add_b ? Add(b0, db) : db, tol));
+        }
       }
     }
   }

@@ -4,6 +4,7 @@
 // x's dtype or absent, and bit-identical parameter gradients across runs.
 #include "tensor/ops/norm.h"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -190,6 +191,15 @@ TEST(CudaNormTest, ParameterGradientsAddedIntoBuffersAreTheReturnedOnesAdded) {
         EXPECT_EQ(some.grad_bias.dtype(), w.dtype());
         EXPECT_EQ(ToCpu(some.grad_bias).ToVector<float>(),
                   ToCpu(plain.grad_bias.To(w.dtype())).ToVector<float>());
+        // Written, not added (buffers of NaN, as new gradients may hold): the
+        // returned f32 gradients' bits.
+        const Tensor nan = ToGpu(Tensor::Full({c}, std::nan("")));
+        NormGradsInto written{nan.Clone(), nan.Clone()};
+        written.add_weight = written.add_bias = false;
+        LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), written);
+        EXPECT_EQ(ToCpu(written.weight).ToVector<float>(),
+                  ToCpu(plain.grad_weight).ToVector<float>());
+        EXPECT_EQ(ToCpu(written.bias).ToVector<float>(), ToCpu(plain.grad_bias).ToVector<float>());
       }
       const RmsNormResult rms = RmsNorm(x, w32);
       Tensor rwant = old_w.Clone();
@@ -198,6 +208,11 @@ TEST(CudaNormTest, ParameterGradientsAddedIntoBuffersAreTheReturnedOnesAdded) {
       EXPECT_FALSE(RmsNormBackward(gy, x, w32.To(d), rms.rstd, Tensor(), rinto)
                        .grad_weight.defined());
       EXPECT_EQ(ToCpu(rinto.weight).ToVector<float>(), ToCpu(rwant).ToVector<float>());
+      NormGradsInto rwritten{ToGpu(Tensor::Full({c}, std::nan(""))), Tensor()};
+      rwritten.add_weight = false;
+      RmsNormBackward(gy, x, w32.To(d), rms.rstd, Tensor(), rwritten);
+      EXPECT_EQ(ToCpu(rwritten.weight).ToVector<float>(),
+                ToCpu(RmsNormBackward(gy, x, w32, rms.rstd).grad_weight).ToVector<float>());
     }
   }
 }

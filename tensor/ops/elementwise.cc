@@ -212,7 +212,7 @@ Tensor AddBiasBackward(const Tensor& grad_out) {
   return BiasGrad(grad_out);
 }
 
-void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias) {
+void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias, bool accumulate) {
   const char* op = "add_bias_backward";
   CheckOneDevice(op, {&grad_out, &grad_bias});
   CheckFloating(op, grad_out);
@@ -224,7 +224,7 @@ void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias) {
            "cannot accumulate ", Describe("grad_out", grad_out), " into ",
            Describe("grad_bias", grad_bias), ": grad_bias must have its dtype or be f32");
   OP_CHECK(grad_bias.is_contiguous(), op, "grad_bias must be contiguous");
-  ReduceToShapeInto(grad_out, grad_bias, /*accumulate=*/true);
+  ReduceToShapeInto(grad_out, grad_bias, accumulate);
 }
 
 Tensor Gelu(const Tensor& x) {

@@ -69,9 +69,10 @@ Tensor AddBias(const Tensor& x, const Tensor& bias);
 // grad_bias (C) = grad_out (..., C) summed over the leading dims; grad_x is
 // grad_out itself.
 Tensor AddBiasBackward(const Tensor& grad_out);
-// grad_bias (C) += sum of grad_out (..., C) over the leading dims. grad_bias may
-// be f32 while grad_out is bf16/f16 (summed in double either way).
-void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias);
+// grad_bias (C) += sum of grad_out (..., C) over the leading dims (= with
+// accumulate false: the old contents, even NaN, ignored). grad_bias may be f32
+// while grad_out is bf16/f16 (summed in double either way).
+void AddBiasBackwardInto(const Tensor& grad_out, const Tensor& grad_bias, bool accumulate = true);
 
 // ---- Activations ----
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

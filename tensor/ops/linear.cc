@@ -191,7 +191,7 @@ Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& 
 }
 
 void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w,
-                          const Tensor& grad_b) {
+                          const Tensor& grad_b, bool accumulate_w, bool accumulate_b) {
   constexpr char kGradOp[] = "linear_param_grads";
   OP_CHECK(g.defined() && x.defined() && grad_w.defined(), kGradOp, "got an undefined tensor");
   OP_CHECK(g.rank() == 2 && x.rank() == 2 && grad_w.rank() == 2 && g.dim(0) == x.dim(0) &&
@@ -206,19 +206,21 @@ void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w
       grad_b.dtype() == Dtype::kF32 && grad_b.is_contiguous() && g.dtype() == x.dtype() &&
       g.device() == grad_w.device() && x.device() == grad_w.device() &&
       grad_b.device() == grad_w.device() && GemmFriendly(grad_w)) {
-    const Tensor db = Tensor::Empty({g.dim(1)}, Dtype::kF32, grad_w.device());  // (M)
+    // The epilogue overwrites its output: grad_b itself, or a temporary (M) added to it.
+    const Tensor db =
+        accumulate_b ? Tensor::Empty({g.dim(1)}, Dtype::kF32, grad_w.device()) : grad_b;
     cuda::GemmEpilogueArgs e;
     e.kind = cuda::GemmEpilogue::kBiasGradA;
     e.bias_grad = db.raw_data();
-    if (FusedOnCuda(gt, x, grad_w, e, /*beta=*/1.0f)) {
-      AddInPlace(grad_b, db);
+    if (FusedOnCuda(gt, x, grad_w, e, /*beta=*/accumulate_w ? 1.0f : 0.0f)) {
+      if (accumulate_b) AddInPlace(grad_b, db);
       return;
     }
   }
   MatmulOptions opts;
   opts.trans_a = true;
-  MatmulInto(g, x, grad_w, opts, /*beta=*/1.0f);
-  if (grad_b.defined()) AddBiasBackwardInto(g, grad_b);
+  MatmulInto(g, x, grad_w, opts, /*beta=*/accumulate_w ? 1.0f : 0.0f);
+  if (grad_b.defined()) AddBiasBackwardInto(g, grad_b, accumulate_b);
 }
 
 }  // namespace tensor

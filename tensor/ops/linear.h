@@ -46,11 +46,15 @@ Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& 
 // A Linear layer's parameter gradients from its output gradient g (N, M) and
 // input x (N, K): grad_w (M, K) += g^T @ x and, when grad_b is defined,
 // grad_b (M) += g's column sums, both accumulated in fp32 (f32 buffers, or
-// g's dtype). On a GPU, with f32 buffers, the bias gradient comes out of the
-// weight-gradient GEMM's epilogue (cuBLASLt's BGRADB into a temporary, then
-// added), so g is read once; elsewhere MatmulInto then AddBiasBackwardInto.
+// g's dtype). accumulate_w / accumulate_b false: = instead of += (the old
+// contents, even NaN, ignored: a gradient buffer just allocated). On a GPU,
+// with f32 buffers, the bias gradient comes out of the weight-gradient GEMM's
+// epilogue (cuBLASLt's BGRADB: straight into grad_b when it overwrites, else
+// into a temporary then added), so g is read once; elsewhere MatmulInto then
+// AddBiasBackwardInto.
 void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w,
-                          const Tensor& grad_b);
+                          const Tensor& grad_b, bool accumulate_w = true,
+                          bool accumulate_b = true);
 
 }  // namespace tensor
 

@@ -5,6 +5,7 @@
 // tensor/cuda/linear_test.cc.
 #include "tensor/ops/linear.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -98,6 +99,39 @@ TEST(LinearOpsTest, ParamGradsAccumulateAsTheUnfusedOps) {
     const Tensor before = grad_w.Clone();
     LinearParamGradsInto(g, x, grad_w, Tensor());
     EXPECT_TRUE(AllClose(grad_w, Add(before, Matmul(g32, x32, ta)), 1e-6, 1e-6));
+  }
+}
+
+// accumulate false writes the gradients: buffers full of NaN (what a new,
+// uninitialized gradient may hold) come out as the product and column sums
+// alone, each flag on its own.
+TEST(LinearOpsTest, ParamGradsOverwriteWithoutAccumulate) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(DtypeName(dtype));
+    const Tensor g = RandomTensor({9, 6}, 7, -1, 1, dtype);  // (N, M)
+    const Tensor x = RandomTensor({9, 4}, 8, -1, 1, dtype);  // (N, K)
+    MatmulOptions ta;
+    ta.trans_a = true;
+    const Tensor g32 = g.To(Dtype::kF32), x32 = x.To(Dtype::kF32);
+    const Tensor dw = Matmul(g32, x32, ta), db = AddBiasBackward(g32);
+    const Tensor nan_w = Tensor::Full({6, 4}, std::nan("")), nan_b = Tensor::Full({6}, std::nan(""));
+    Tensor grad_w = nan_w.Clone(), grad_b = nan_b.Clone();
+    LinearParamGradsInto(g, x, grad_w, grad_b, /*accumulate_w=*/false, /*accumulate_b=*/false);
+    EXPECT_TRUE(AllClose(grad_w, dw, 1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(grad_b, db, 1e-6, 1e-6));
+    // The weight's written, the bias's added to.
+    grad_w = nan_w.Clone();
+    LinearParamGradsInto(g, x, grad_w, grad_b, /*accumulate_w=*/false, /*accumulate_b=*/true);
+    EXPECT_TRUE(AllClose(grad_w, dw, 1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(grad_b, Add(db, db), 1e-6, 1e-6));
+    // The bias's written, the weight's added to; and the bias alone.
+    grad_b = nan_b.Clone();
+    LinearParamGradsInto(g, x, grad_w, grad_b, /*accumulate_w=*/true, /*accumulate_b=*/false);
+    EXPECT_TRUE(AllClose(grad_w, Add(dw, dw), 1e-6, 1e-6));
+    EXPECT_TRUE(AllClose(grad_b, db, 1e-6, 1e-6));
+    grad_b = nan_b.Clone();
+    AddBiasBackwardInto(g, grad_b, /*accumulate=*/false);
+    EXPECT_TRUE(AllClose(grad_b, db, 1e-6, 1e-6));
   }
 }
 

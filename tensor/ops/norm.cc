@@ -73,11 +73,16 @@ void CheckInto(const char* op, const char* name, const Tensor& t, const Tensor& 
            ") f32 contiguous; got ", Describe(name, t));
 }
 
-// grad (C) f32 from the CPU kernels: added into `into` when defined, else
-// returned in the parameter's dtype.
-Tensor AddOrReturn(const Tensor& grad, const Tensor& into, Dtype dtype) {
+// grad (C) f32 from the CPU kernels: added into `into` (or written, without
+// `add`) when defined, else returned in the parameter's dtype.
+Tensor AddOrReturn(const Tensor& grad, const Tensor& into, bool add, Dtype dtype) {
   if (into.defined()) {
-    AddInPlace(into, grad);
+    if (add) {
+      AddInPlace(into, grad);
+    } else {
+      Tensor out = into;  // a handle: writes into's storage
+      out.CopyFrom(grad);
+    }
     return Tensor();
   }
   return grad.To(dtype);
@@ -150,7 +155,8 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
     const Tensor gb = into.bias.defined() ? into.bias : Tensor::Empty({c}, made, x.device());
     cuda::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
                             mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, gw, gb,
-                            into.weight.defined(), into.bias.defined());
+                            into.weight.defined() && into.add_weight,
+                            into.bias.defined() && into.add_bias);
     if (!into.weight.defined() && gw.defined()) out.grad_weight = gw.To(param_dtype);
     if (!into.bias.defined()) out.grad_bias = gb.To(param_dtype);
     return out;
@@ -161,8 +167,10 @@ LayerNormGrads LayerNormBackward(const Tensor& grad_y, const Tensor& x, const Te
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());
   cpu::LayerNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
                          mean.Contiguous(), rstd.Contiguous(), add, out.grad_x, grad_w32, grad_b32);
-  if (weight.defined()) out.grad_weight = AddOrReturn(grad_w32, into.weight, param_dtype);
-  out.grad_bias = AddOrReturn(grad_b32, into.bias, param_dtype);
+  if (weight.defined()) {
+    out.grad_weight = AddOrReturn(grad_w32, into.weight, into.add_weight, param_dtype);
+  }
+  out.grad_bias = AddOrReturn(grad_b32, into.bias, into.add_bias, param_dtype);
   return out;
 }
 
@@ -204,7 +212,8 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
                       : weight.defined()    ? Tensor::Empty({c}, weight.dtype(), x.device())
                                             : Tensor();
     cuda::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ContiguousOrUndefined(weight),
-                          rstd.Contiguous(), add, out.grad_x, gw, into.weight.defined());
+                          rstd.Contiguous(), add, out.grad_x, gw,
+                          into.weight.defined() && into.add_weight);
     if (!into.weight.defined()) out.grad_weight = gw;
     return out;
   }
@@ -213,7 +222,9 @@ RmsNormGrads RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor
   out.grad_x = Tensor::Empty(x.shape(), x.dtype());
   cpu::RmsNormBackward(grad_y.Contiguous(), x.Contiguous(), ParamF32(weight, c, 1.0),
                        rstd.Contiguous(), add, out.grad_x, grad_w32);
-  if (weight.defined()) out.grad_weight = AddOrReturn(grad_w32, into.weight, weight.dtype());
+  if (weight.defined()) {
+    out.grad_weight = AddOrReturn(grad_w32, into.weight, into.add_weight, weight.dtype());
+  }
   return out;
 }
 

@@ -37,9 +37,13 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& b
 // its gradient added in place (in f32, the bits of a separate AddInPlace of
 // the returned one) and the returned one stays undefined: no (C) tensor made
 // and no add launched per parameter. Undefined ones are returned as without.
+// With add_weight / add_bias false the gradient is written instead (the old
+// contents, even NaN, ignored: a gradient buffer just allocated).
 struct NormGradsInto {
   Tensor weight;
   Tensor bias;  // LayerNorm only
+  bool add_weight = true;
+  bool add_bias = true;
 };
 
 // From the forward's x, weight, mean and rstd. With `grad_x_add` (x's shape

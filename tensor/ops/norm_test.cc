@@ -276,6 +276,44 @@ TEST(LayerNormTest, BackwardAddsParameterGradientsInto) {
                OpError);
 }
 
+// add_weight / add_bias false: the buffers (full of NaN, as a new gradient
+// may be) get the gradient written, the bits of the returned one; each flag
+// on its own; RMSNorm's weight alike.
+TEST(LayerNormTest, BackwardWritesParameterGradientsIntoWithoutAdd) {
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(DtypeName(d));
+    const Tensor x = RandomTensor({3, 5, 24}, 1, -2, 3, d);
+    const Tensor gy = RandomTensor({3, 5, 24}, 2, -1, 1, d);
+    const Tensor w = RandomTensor({24}, 4, 0.5f, 1.5f);
+    const Tensor b = RandomTensor({24}, 5, -0.5f, 0.5f);
+    const LayerNormResult fwd = LayerNorm(x, w, b);
+    const LayerNormGrads plain = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd);
+    const Tensor nan = Tensor::Full({24}, std::nan(""));
+    const Tensor old_b = RandomTensor({24}, 7, -1, 1);
+    Tensor want_b = old_b.Clone();
+    AddInPlace(want_b, plain.grad_bias);
+
+    NormGradsInto into{nan.Clone(), old_b.Clone()};
+    into.add_weight = false;  // written; the bias added to
+    const LayerNormGrads got = LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), into);
+    EXPECT_TRUE(AllClose(got.grad_x, plain.grad_x, 0, 0));
+    EXPECT_TRUE(AllClose(into.weight, plain.grad_weight.To(Dtype::kF32), 0, 0));
+    EXPECT_TRUE(AllClose(into.bias, want_b, 0, 0));
+
+    NormGradsInto bias_written{Tensor(), nan.Clone()};
+    bias_written.add_bias = false;
+    LayerNormBackward(gy, x, w, fwd.mean, fwd.rstd, Tensor(), bias_written);
+    EXPECT_TRUE(AllClose(bias_written.bias, plain.grad_bias.To(Dtype::kF32), 0, 0));
+
+    const RmsNormResult rms = RmsNorm(x, w);
+    const RmsNormGrads rplain = RmsNormBackward(gy, x, w, rms.rstd);
+    NormGradsInto rinto{nan.Clone(), Tensor()};
+    rinto.add_weight = false;
+    RmsNormBackward(gy, x, w, rms.rstd, Tensor(), rinto);
+    EXPECT_TRUE(AllClose(rinto.weight, rplain.grad_weight.To(Dtype::kF32), 0, 0));
+  }
+}
+
 TEST(LayerNormTest, ErrorsNameTheOpAndShapes) {
   const Tensor x = Tensor::Zeros({2, 3, 4});
   try {

@@ -22,6 +22,7 @@ struct Counters {
   int64_t pinned_allocs = 0;     // cudaHostAlloc / cudaMallocHost
   int64_t copies_to_host = 0;    // device -> host copies, synchronous or not
   int64_t copies_to_device = 0;  // host -> device copies, synchronous or not
+  int64_t memsets = 0;           // cudaMemset / cudaMemsetAsync (a kernel on a real GPU)
 
   Counters operator-(const Counters& earlier) const;
   std::string ToString() const;  // "launches 12, host syncs 1, ..."

@@ -93,6 +93,23 @@ TEST(CountersTest, CountsKernelLaunches) {
   EXPECT_NE(c.ToString().find("kernel launches 1"), std::string::npos) << c.ToString();
 }
 
+// Memsets, synchronous or not, count apart from the launches (an empty one
+// does nothing and is not counted).
+TEST(CountersTest, CountsMemsets) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 64 * sizeof(float)), cudaSuccess);
+  const Counters before = ReadCounters();
+  ASSERT_EQ(cudaMemset(device, 0, 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device, 0, 16 * sizeof(float), nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device, 0, 0, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Counters c = ReadCounters() - before;
+  EXPECT_EQ(c.memsets, 2) << c.ToString();
+  EXPECT_EQ(c.kernel_launches, 0) << c.ToString();
+  EXPECT_NE(c.ToString().find("memsets 2"), std::string::npos) << c.ToString();
+  ASSERT_EQ(cudaFree(device), cudaSuccess);
+}
+
 // CUDA_EMU_LAUNCH_CENSUS=1 lists the launches per kernel at exit (in a fresh
 // process: the environment is read at the first launch).
 TEST(CountersDeathTest, LaunchCensusListsKernelsByNameAtExit) {

@@ -42,6 +42,7 @@ struct AtomicCounters {
   std::atomic<int64_t> pinned_allocs{0};
   std::atomic<int64_t> copies_to_host{0};
   std::atomic<int64_t> copies_to_device{0};
+  std::atomic<int64_t> memsets{0};
 };
 AtomicCounters& Count() {
   static AtomicCounters* c = new AtomicCounters;
@@ -454,6 +455,8 @@ void CountLaunch(const char* name) {
   if (LaunchCensus* census = Census()) census->Add(name);
 }
 
+void CountMemset() { ++Count().memsets; }
+
 Counters ReadCounters() {
   const AtomicCounters& c = Count();
   Counters r;
@@ -464,6 +467,7 @@ Counters ReadCounters() {
   r.pinned_allocs = c.pinned_allocs;
   r.copies_to_host = c.copies_to_host;
   r.copies_to_device = c.copies_to_device;
+  r.memsets = c.memsets;
   return r;
 }
 
@@ -483,15 +487,16 @@ Counters Counters::operator-(const Counters& e) const {
   r.pinned_allocs = pinned_allocs - e.pinned_allocs;
   r.copies_to_host = copies_to_host - e.copies_to_host;
   r.copies_to_device = copies_to_device - e.copies_to_device;
+  r.memsets = memsets - e.memsets;
   return r;
 }
 
 std::string Counters::ToString() const {
   return absl::StrFormat(
       "kernel launches %d, host syncs %d, cudaMalloc %d, cudaFree %d, cudaHostAlloc %d, "
-      "copies to host %d, copies to device %d",
+      "copies to host %d, copies to device %d, memsets %d",
       kernel_launches, host_syncs, device_allocs, device_frees, pinned_allocs, copies_to_host,
-      copies_to_device);
+      copies_to_device, memsets);
 }
 
 }  // namespace cuda_emu
@@ -674,12 +679,14 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   if (cuda_emu::MovesBytes(n)) std::memset(p, value, n);
   cuda_emu::Queued();  // a device memset does not wait, even the synchronous one
+  cuda_emu::CountMemset();
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   cuda_emu::Queued();  // never waits
+  cuda_emu::CountMemset();
   cuda_emu::RunOnStream(stream, [p, value, n] {
     if (cuda_emu::MovesBytes(n)) std::memset(p, value, n);
   });
