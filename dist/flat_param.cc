@@ -97,7 +97,20 @@ void FlatParameter::ClearValues() {
   for (Entry& e : entries_) e.param->value = tensor::Tensor();
 }
 
-void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad) {
+void FlatParameter::ZeroUncoveredGrad(const tensor::Tensor& flat_grad) const {
+  OP_CHECK(flat_grad.numel() == padded_numel() && flat_grad.is_contiguous() &&
+               flat_grad.dtype() == tensor::Dtype::kF32,
+           "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
+           padded_numel());
+  for (const Entry& e : entries_) {
+    if (e.frozen) tensor::Zero(flat_grad.Narrow(0, e.offset, e.numel));
+  }
+  if (padded_numel() > numel_) {
+    tensor::Zero(flat_grad.Narrow(0, numel_, padded_numel() - numel_));
+  }
+}
+
+void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad, bool unwritten) {
   OP_CHECK(flat_grad.numel() == padded_numel() && flat_grad.is_contiguous() &&
                flat_grad.dtype() == tensor::Dtype::kF32,
            "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
@@ -105,6 +118,16 @@ void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad) {
   for (Entry& e : entries_) {
     if (!e.frozen) {
       e.param->grad = flat_grad.Narrow(0, e.offset, e.numel).View(e.param->shape);
+      e.param->grad_unwritten = unwritten;
+    }
+  }
+}
+
+void FlatParameter::ZeroUnwrittenGrads() {
+  for (Entry& e : entries_) {
+    if (e.param->grad_unwritten) {
+      tensor::Zero(e.param->grad);
+      e.param->grad_unwritten = false;
     }
   }
 }
@@ -118,7 +141,10 @@ void FlatParameter::CheckFrozenUnchanged() const {
 }
 
 void FlatParameter::ClearGrads() {
-  for (Entry& e : entries_) e.param->grad = tensor::Tensor();
+  for (Entry& e : entries_) {
+    e.param->grad = tensor::Tensor();
+    e.param->grad_unwritten = false;
+  }
 }
 
 }  // namespace dist

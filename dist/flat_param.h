@@ -83,9 +83,19 @@ class FlatParameter {
   // Points every parameter's value at its view of `flat` (padded_numel elements).
   void SetValueViews(const tensor::Tensor& flat);
   void ClearValues();
+  // Zeroes the elements of a flat gradient (fp32, padded_numel) that no
+  // gradient view covers: the padding and frozen parameters' elements. With
+  // SetGradViews(..., /*unwritten=*/true) a flat gradient made without a
+  // memset of the whole is then zero wherever no backward writes.
+  void ZeroUncoveredGrad(const tensor::Tensor& flat_grad) const;
   // Points every trainable parameter's grad at its view of `flat_grad` (fp32,
-  // padded_numel); frozen ones keep none.
-  void SetGradViews(const tensor::Tensor& flat_grad);
+  // padded_numel); frozen ones keep none. `unwritten`: flat_grad's views hold
+  // no values yet (memory just allocated): each is marked Parameter::grad_unwritten,
+  // so the backward's first gradient writes it instead of adding to it.
+  void SetGradViews(const tensor::Tensor& flat_grad, bool unwritten = false);
+  // Zeroes the views still unwritten (parameters the backward did not reach)
+  // and clears their marks.
+  void ZeroUnwrittenGrads();
   void ClearGrads();
 
  private:

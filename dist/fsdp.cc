@@ -316,16 +316,20 @@ class FsdpUnit : public nn::ModuleHooks {
     WaitUnshard();
     flat_.CheckFrozenUnchanged();
     if (!flat_.trains()) return;  // frozen: the input gradients only, nothing to reduce
-    if (!full_grad_.defined()) {  // else: accumulated under no_sync
+    if (full_grad_.defined()) {  // accumulated under no_sync: added to
+      flat_.SetGradViews(full_grad_);
+    } else {  // new, not zeroed: the backward writes each parameter's gradient
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-      full_grad_ = tensor::Tensor::Zeros({flat_.padded_numel()}, tensor::Dtype::kF32, device_);
+      full_grad_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32, device_);
+      flat_.ZeroUncoveredGrad(full_grad_);
+      flat_.SetGradViews(full_grad_, /*unwritten=*/true);
     }
-    flat_.SetGradViews(full_grad_);
   }
 
   void PostBackward(nn::Module&) override {
     OP_CHECK(full_grad_.defined() || !flat_.trains(), "fsdp", "unit '", name_,
              "': post-backward without pre-backward");
+    flat_.ZeroUnwrittenGrads();  // parameters this backward did not reach
     flat_.ClearGrads();
     if (!shared_.explicit_backward[id_] &&
         shared_.options.backward_prefetch == BackwardPrefetch::kPost) {

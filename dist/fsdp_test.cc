@@ -24,6 +24,7 @@
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "nn/freeze.h"
+#include "nn/linear.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "optim/clip_grad.h"
@@ -31,6 +32,8 @@
 #include "optim/sgd.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
+#include "tensor/ops/elementwise.h"
+#include "tensor/ops/init.h"
 #include "tensor/testing.h"
 
 namespace dist {
@@ -211,6 +214,107 @@ TEST(FlatParameterTest, DecayRangesOfShardsCoverTheDecayedParameters) {
       EXPECT_EQ(seen[i], i < decay.size() ? decay[i] : false) << "world " << world << " elem " << i;
     }
   }
+}
+
+// A flat gradient made for a backward to write (no memset of the whole): the
+// padding and a frozen parameter's elements are zeroed over what the memory
+// held (NaN here), every trainable view is marked unwritten, the first GradToWrite
+// writes (not adds) and clears its mark, GradBuffer zeroes first, and
+// ZeroUnwrittenGrads zeroes the views no backward reached: no NaN left of
+// the memory's old contents.
+TEST(FlatParameterTest, AnUnwrittenGradientIsWrittenOrZeroedNeverReadAsIs) {
+  mingpt::GPT gpt(Tiny());
+  auto plans = PlanUnits(gpt, WrapPolicy::None());
+  std::vector<std::pair<std::string, nn::Parameter*>>& params = plans[0].params;
+  ASSERT_GE(params.size(), 4u);
+  params[1].second->requires_grad = false;  // frozen before the FlatParameter is built
+  FlatParameter flat(params, /*num_shards=*/3, /*shard=*/0);
+  ASSERT_GT(flat.padded_numel(), flat.numel()) << "no padding to check";
+  // What new memory may hold.
+  const tensor::Tensor grad = tensor::Tensor::Full({flat.padded_numel()}, std::nan(""));
+  flat.ZeroUncoveredGrad(grad);
+  flat.SetGradViews(grad, /*unwritten=*/true);
+  EXPECT_FALSE(params[1].second->grad.defined());
+  for (size_t i : {0, 2, 3}) EXPECT_TRUE(params[i].second->grad_unwritten) << params[i].first;
+  // Parameter 0 written, 2 zeroed then added to, 3 untouched.
+  nn::Parameter::GradSink sink = params[0].second->GradToWrite();
+  EXPECT_FALSE(sink.accumulate);
+  EXPECT_FALSE(params[0].second->grad_unwritten);
+  tensor::Fill(sink.grad, 1.0);
+  EXPECT_TRUE(params[0].second->GradToWrite().accumulate);  // written once: added to now
+  tensor::AddInPlace(params[2].second->GradBuffer(), tensor::Tensor::Full(params[2].second->shape, 2.0));
+  flat.ZeroUnwrittenGrads();
+  for (size_t i : {0, 2, 3}) EXPECT_FALSE(params[i].second->grad_unwritten) << params[i].first;
+  const float* g = grad.data<float>();
+  for (const FlatParameter::Entry& e : flat.entries()) {
+    const float want = e.param == params[0].second ? 1.0f : e.param == params[2].second ? 2.0f : 0.0f;
+    for (int64_t i = e.offset; i < e.offset + e.numel; ++i) ASSERT_EQ(g[i], want) << e.name;
+  }
+  for (int64_t i = flat.numel(); i < flat.padded_numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "pad " << i;
+  flat.ClearGrads();
+  EXPECT_FALSE(params[0].second->grad.defined());
+}
+
+// A layer the forward skips: its parameters' gradients, in the unit's new
+// unsharded gradient that no backward wrote, reach the shards as zeros (the
+// unit zeroes the views still unwritten after its backward), not as what the
+// new memory held. The memory is first filled with NaN and freed, for the
+// allocator to hand back.
+class SkipsSecond : public nn::Module {
+ public:
+  SkipsSecond() : Module("SkipsSecond") {
+    first_ = RegisterModule("first", std::make_unique<nn::Linear>(8, 8));
+    RegisterModule("second", std::make_unique<nn::Linear>(8, 8));
+  }
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    return first_->Run(in, ctx.Child(0));
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    return first_->RunBackward(grad, ctx.Child(0));
+  }
+
+ private:
+  nn::Linear* first_;
+};
+
+TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
+  ThreadWorld world(2);
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    SkipsSecond m;
+    FsdpOptions options;
+    options.seed = kSeed;
+    auto fsdp = FullyShard(m, pg, options);
+    ASSERT_EQ(fsdp->num_units(), 1);
+    const int64_t padded = fsdp->flat_param(0).padded_numel();
+    for (int step = 0; step < 2; ++step) {
+      { const Tensor nan = Tensor::Full({padded}, std::nan("")); }
+      nn::Context ctx;
+      const Tensor x = tensor::testing::RandomTensor({3, 8}, 10 + rank);
+      m.Run(x, ctx);
+      m.RunBackward(Tensor::Full({3, 8}, 1.0), ctx);
+      for (const optim::ParamRef& ref : fsdp->ParamRefs()) {
+        const std::vector<float> g = ref.grad.ToVector<float>();
+        const FlatParameter& flat = fsdp->flat_param(0);
+        for (const FlatParameter::Entry& e : flat.entries()) {
+          const bool second = absl::StartsWith(e.name, "second.");
+          // e's elements in this shard, in shard coordinates
+          const int64_t lo = std::max(e.offset, flat.shard_begin()) - flat.shard_begin();
+          const int64_t hi = std::min(e.offset + e.numel, flat.shard_end()) - flat.shard_begin();
+          for (int64_t i = lo; i < hi; ++i) {
+            ASSERT_TRUE(std::isfinite(g[i])) << e.name << " step " << step;
+            if (second) ASSERT_EQ(g[i], 0.0f) << e.name << " step " << step;
+          }
+        }
+        for (int64_t i = flat.numel() - flat.shard_begin(); i < flat.shard_numel(); ++i) {
+          if (i >= 0) ASSERT_EQ(g[i], 0.0f) << "padding";
+        }
+      }
+      fsdp->ZeroGrad();
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // ---- Training parity ----

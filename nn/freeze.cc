@@ -48,6 +48,7 @@ absl::StatusOr<std::vector<std::string>> FreezeParameters(
     if (!selected[i]) continue;
     params[i].second->requires_grad = false;
     params[i].second->grad = tensor::Tensor();  // a frozen parameter has no gradient
+    params[i].second->grad_unwritten = false;
     frozen.push_back(params[i].first);
   }
   return frozen;

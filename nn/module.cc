@@ -138,6 +138,7 @@ void Module::ZeroGrad(bool set_to_none) {
     } else {
       p->grad.CopyFrom(Tensor::Zeros(p->grad.shape(), p->grad.dtype(), p->grad.device()));
     }
+    p->grad_unwritten = false;
   }
 }
 

@@ -152,6 +152,20 @@ TEST(ParameterTest, GradToWriteMakesANewBufferOrAddsToTheOldOne) {
   const Parameter::GradSink again = w.GradToWrite();
   EXPECT_TRUE(again.accumulate);
   EXPECT_TRUE(again.grad.SharesStorageWith(fresh.grad));
+  // A view marked unwritten (FSDP's): written by GradToWrite, zeroed by
+  // GradBuffer, the mark cleared either way, and by ZeroGrad.
+  w.grad.CopyFrom(Tensor::Full({3}, std::nan("")));
+  w.grad_unwritten = true;
+  const Parameter::GradSink view = w.GradToWrite();
+  EXPECT_FALSE(view.accumulate);
+  EXPECT_TRUE(view.grad.SharesStorageWith(fresh.grad));
+  EXPECT_FALSE(w.grad_unwritten);
+  w.grad_unwritten = true;
+  EXPECT_EQ(w.GradBuffer().ToVector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_FALSE(w.grad_unwritten);
+  w.grad_unwritten = true;
+  p.ZeroGrad();
+  EXPECT_FALSE(w.grad_unwritten);
   w.requires_grad = false;
   EXPECT_THROW(w.GradToWrite(), tensor::OpError);
 }

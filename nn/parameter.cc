@@ -7,6 +7,7 @@
 #include "tensor/cpu/dispatch.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/check.h"
+#include "tensor/ops/init.h"
 #include "tensor/random.h"
 #include "tensor/thread_pool.h"
 
@@ -91,17 +92,25 @@ tensor::Tensor& Parameter::GradBuffer() {
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
     grad = tensor::Tensor::Zeros(shape, tensor::Dtype::kF32,
                                  value.defined() ? value.device() : tensor::Device::Cpu());
+  } else if (grad_unwritten) {
+    tensor::Zero(grad);
   }
+  grad_unwritten = false;
   return grad;
 }
 
 Parameter::GradSink Parameter::GradToWrite() {
   OP_CHECK(requires_grad, "parameter", "a gradient was asked of a frozen parameter ",
            shape.ToString(), " (requires_grad is false)");
-  if (grad.defined()) return {grad, /*accumulate=*/true};
+  if (grad.defined()) {
+    const bool accumulate = !grad_unwritten;
+    grad_unwritten = false;
+    return {grad, accumulate};
+  }
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
   grad = tensor::Tensor::Empty(shape, tensor::Dtype::kF32,
                                value.defined() ? value.device() : tensor::Device::Cpu());
+  grad_unwritten = false;
   return {grad, /*accumulate=*/false};
 }
 

@@ -94,19 +94,26 @@ struct Parameter {
   // The fp32 gradient; undefined until a backward writes one. FSDP points it
   // into its flat gradient buffer.
   tensor::Tensor grad;
+  // `grad` is a view its owner has not zeroed (FSDP's unsharded gradient,
+  // made without a memset): its contents mean zero. The first GradToWrite
+  // writes over them, GradBuffer zeroes them first; either clears the flag,
+  // and the owner zeroes what no backward wrote (FSDP after the unit's
+  // backward).
+  bool grad_unwritten = false;
 
   int64_t numel() const { return shape.numel(); }
-  // The gradient, allocated as fp32 zeros (category: gradients) if undefined.
-  // Throws tensor::OpError for a frozen parameter: a layer's backward must not
-  // compute a gradient nobody asked for.
+  // The gradient, allocated as fp32 zeros (category: gradients) if undefined,
+  // zeroed if unwritten. Throws tensor::OpError for a frozen parameter: a
+  // layer's backward must not compute a gradient nobody asked for.
   tensor::Tensor& GradBuffer();
 
   // Where a backward that computes the whole gradient at once puts it. With a
-  // gradient (accumulation over micro-batches or uses, FSDP's and DDP's views)
-  // it adds to it. Without one (after ZeroGrad(set_to_none=true), PyTorch's
-  // zero_grad default) it writes a new uninitialized fp32 buffer (category:
-  // gradients), now `grad`: no zero fill and no read of zeros. The caller must
-  // then write every element. Throws as GradBuffer for a frozen parameter.
+  // gradient (accumulation over micro-batches or uses, DDP's views) it adds to
+  // it. Without one (after ZeroGrad(set_to_none=true), PyTorch's zero_grad
+  // default) it writes a new uninitialized fp32 buffer (category: gradients),
+  // now `grad`; and it writes an unwritten one (grad_unwritten): no zero fill
+  // and no read of zeros. The caller must then write every element. Throws as
+  // GradBuffer for a frozen parameter.
   struct GradSink {
     tensor::Tensor grad;  // shares `grad`'s storage
     bool accumulate;      // false: overwrite
