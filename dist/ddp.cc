@@ -165,8 +165,13 @@ std::vector<std::string> DistributedDataParallel::BucketParameterNames(int i) co
   return names;
 }
 
-void DistributedDataParallel::ZeroGrad() {
+void DistributedDataParallel::ZeroGrad(bool set_to_none) {
+  if (set_to_none) {
+    internal::DropGrads(params_);
+    return;
+  }
   for (auto& b : buckets_) tensor::Zero(b.flat);
+  for (const auto& [name, p] : params_) p->grad_unwritten = false;
 }
 
 void DistributedDataParallel::BeginForwardOnly() { compute_.BeginForwardOnly(); }
@@ -202,6 +207,7 @@ void DistributedDataParallel::IssueReadyBuckets() {
   // In bucket order, so every rank issues the same sequence.
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
+    internal::ZeroUnwrittenGrads(params_, b.params);  // parameters the backward did not reach
     if (reduce_low_) {
       const tensor::Tensor low = copies_->Make(i, b.flat, options_.mixed_precision.reduce_dtype);
       b.work = pg_.AllReduce(low, ReduceOp::kAvg);
@@ -217,8 +223,10 @@ void DistributedDataParallel::IssueReadyBuckets() {
 
 void DistributedDataParallel::OnPostBackward(nn::Module& module) {
   if (&module == &model_) {
-    // Backward is over: the optimizer steps the fp32 masters.
+    // Backward is over: the optimizer steps the fp32 masters; gradients it
+    // did not reach are zeros (under no_sync too).
     compute_.RestoreMasters();
+    internal::ZeroUnwrittenGrads(params_);
     if (!syncing_this_step_ || finished_) return;
     events_.push_back({Event::Kind::kRootPostBackward, -1});
     absl::Status status = Finish();

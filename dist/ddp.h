@@ -172,8 +172,11 @@ class DistributedDataParallel {
   // no_sync.
   absl::Status FinishBackward();
 
-  // Sets every gradient (every bucket) to zero in place.
-  void ZeroGrad();
+  // Sets every gradient (every bucket) to zero in place; or, with
+  // set_to_none (PyTorch's zero_grad default), drops the parameters'
+  // gradients (undefined until the next backward) and zeroes nothing: that
+  // backward writes each gradient into its bucket instead of adding to zeros.
+  void ZeroGrad(bool set_to_none = false);
   // Before forward passes without a backward (evaluation, generation): the
   // compute copies (mixed precision) are made once here and kept until
   // EndForwardOnly, where each root forward would cast them again. A backward

@@ -30,6 +30,7 @@
 #include "precision/policy.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/testing.h"
 
 namespace dist {
 namespace {
@@ -100,7 +101,7 @@ std::vector<RankResult> Train(Mode mode, Opt opt, int n, const Batch& batch,
         r.t.losses.push_back(GlobalLoss(pg, model.ForwardBackward(idx, targets)));
         ASSERT_TRUE(ddp.FinishBackward().ok());
         optimizer->Step(optim::FromModule(model));
-        ddp.ZeroGrad();
+        ddp.ZeroGrad(/*set_to_none=*/step % 2 == 1);  // both ways: the same training
       }
       r.optimizer_state_bytes = optimizer->StateBytes();
       EXPECT_EQ(tensor::MemoryLedger::Current()
@@ -117,7 +118,7 @@ std::vector<RankResult> Train(Mode mode, Opt opt, int n, const Batch& batch,
       for (int step = 0; step < kSteps; ++step) {
         r.t.losses.push_back(GlobalLoss(pg, model.ForwardBackward(idx, targets)));
         ASSERT_TRUE(zero.Step().ok());
-        zero.ZeroGrad();
+        zero.ZeroGrad(/*set_to_none=*/step % 2 == 1);  // both ways: the same training
       }
       r.optimizer_state_bytes =
           tensor::MemoryLedger::Current()
@@ -634,6 +635,95 @@ TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
                   got[rank] = ReducedSlices(zero);
                 }).ok());
     for (int r = 0; r < c.n; ++r) ExpectSlicesEqual(got[r], c.want, c.Tol(reduce), r);
+  }
+}
+
+// A second Linear the forward may skip. After ZeroGrad(set_to_none=true) its
+// gradient's view still holds the last step's reduced gradient; a backward
+// that skips it must reduce zeros there, not that.
+class MaybeSkips : public nn::Module {
+ public:
+  explicit MaybeSkips(int64_t d) : nn::Module("MaybeSkips") {
+    first_ = RegisterModule("first", std::make_unique<nn::Linear>(d, d));
+    second_ = RegisterModule("second", std::make_unique<nn::Linear>(d, d));
+  }
+  bool use_second = true;
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    nn::Tensors h = first_->Run(in, ctx.Child(0));
+    return use_second ? second_->Run(h, ctx.Child(1)) : h;
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    const nn::Tensors g = use_second ? second_->RunBackward(grad, ctx.Child(1)) : grad;
+    return first_->RunBackward(g, ctx.Child(0));
+  }
+
+ private:
+  nn::Linear* first_;
+  nn::Linear* second_;
+};
+
+// DDP and ZeRO-1 train alike whether ZeroGrad zeroes the buckets or drops the
+// gradients (the next backward writing them), bit for bit, with a step whose
+// forward skips a layer and a step accumulating two micro-batches (the first
+// under no_sync).
+TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
+  constexpr int64_t kD = 8, kRows = 4;
+  for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
+    std::vector<float> params[2];  // rank 0's, ZeroGrad zeroing / dropping
+    for (bool drop : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(mode == Mode::kDdp ? "ddp" : "zero1", drop ? ", dropped" : ""));
+      ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                    MaybeSkips m(kD);
+                    m.Materialize(kSeed);
+                    std::unique_ptr<DistributedDataParallel> ddp;
+                    std::unique_ptr<Zero1> zero;
+                    std::unique_ptr<optim::Optimizer> opt;
+                    if (mode == Mode::kDdp) {
+                      ddp = std::make_unique<DistributedDataParallel>(m, pg, DdpOptions{0.0005});
+                      opt = MakeOptimizer(Opt::kSgd);
+                    } else {
+                      Zero1Options o;
+                      o.bucket_cap_mb = 0.0005;
+                      zero = std::make_unique<Zero1>(m, pg, MakeOptimizer(Opt::kSgd), o);
+                    }
+                    auto backward = [&](int seed) {
+                      nn::Context ctx;
+                      const Tensor x = tensor::testing::RandomTensor({kRows, kD}, seed + rank);
+                      m.Run(x, ctx);
+                      m.RunBackward(tensor::testing::RandomTensor({kRows, kD}, seed + 7), ctx);
+                    };
+                    const bool uses[] = {true, false, true, true};
+                    for (int step = 0; step < 4; ++step) {
+                      m.use_second = uses[step];
+                      if (step == 3) {  // two micro-batches, the first under no_sync
+                        if (ddp) {
+                          auto guard = ddp->no_sync();
+                          backward(100);
+                        } else {
+                          auto guard = zero->no_sync();
+                          backward(100);
+                        }
+                      }
+                      backward(10 * step);
+                      if (ddp) {
+                        ASSERT_TRUE(ddp->FinishBackward().ok());
+                        opt->Step(optim::FromModule(m));
+                        ddp->ZeroGrad(drop);
+                      } else {
+                        ASSERT_TRUE(zero->Step().ok());
+                        zero->ZeroGrad(drop);
+                      }
+                      for (const auto& [name, p] : m.NamedParameters()) {
+                        EXPECT_EQ(p->grad.defined(), !drop) << name;
+                      }
+                    }
+                    if (rank == 0) params[drop] = FlatParams(m);
+                  }).ok());
+    }
+    ASSERT_FALSE(params[0].empty());
+    EXPECT_EQ(params[0], params[1]) << (mode == Mode::kDdp ? "ddp" : "zero1");
   }
 }
 

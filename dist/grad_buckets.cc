@@ -39,12 +39,38 @@ void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*
     if (!p->requires_grad) continue;  // frozen: no gradient
     tensor::Tensor& view = grad_views[i];
     if (!p->grad.defined()) {
-      tensor::Zero(view);
       p->grad = view;
+      p->grad_unwritten = true;
     } else if (p->grad.raw_data() != view.raw_data()) {
       view.CopyFrom(p->grad);
       p->grad = view;
+      p->grad_unwritten = false;
     }
+  }
+}
+
+void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                        const std::vector<int>& indices) {
+  for (int i : indices) {
+    nn::Parameter* p = params[i].second;
+    if (!p->grad_unwritten) continue;
+    tensor::Zero(p->grad);
+    p->grad_unwritten = false;
+  }
+}
+
+void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
+  for (const auto& [name, p] : params) {
+    if (!p->grad_unwritten) continue;
+    tensor::Zero(p->grad);
+    p->grad_unwritten = false;
+  }
+}
+
+void DropGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
+  for (const auto& [name, p] : params) {
+    p->grad = tensor::Tensor();
+    p->grad_unwritten = false;
   }
 }
 

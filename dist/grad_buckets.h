@@ -49,11 +49,25 @@ std::vector<std::vector<int>> ReverseOrderBuckets(
     double cap_mb, bool skip_frozen = false);
 
 // Before a backward: params[i]'s gradient becomes grad_views[i] (its view of
-// its bucket; frozen parameters are skipped, and keep no gradient) again where it was dropped (ZeroGrad(set_to_none): the view is
-// zeroed) or replaced by another tensor (its values are copied in), so that
-// backward accumulates into the buckets.
+// its bucket; frozen parameters are skipped, and keep no gradient) again where
+// it was dropped (ZeroGrad(set_to_none): the view, not zeroed, is marked
+// Parameter::grad_unwritten, so the backward writes it instead of adding to
+// zeros) or replaced by another tensor (its values are copied in), so that
+// backward puts the gradients into the buckets.
 void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
                          std::vector<tensor::Tensor>& grad_views);
+
+// Zeroes the gradients of params[i], i in `indices` (or every one), still
+// marked unwritten (no backward reached them) and clears their marks: before
+// a bucket's collective, and when a backward ends.
+void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                        const std::vector<int>& indices);
+void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params);
+
+// Drops every trainable parameter's gradient (a view of its bucket), leaving
+// the buckets as they are: the next backward's PointGradsAtBuckets marks the
+// views unwritten (DDP's and ZeRO-1's ZeroGrad(set_to_none=true)).
+void DropGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params);
 
 // Which of `params` are frozen (requires_grad false), as a wrapper sees them
 // when it is built.

@@ -92,8 +92,10 @@ TEST(CheckFrozenUnchangedTest, NamesTheParameterThatChanged) {
 }
 
 // One flat buffer with a view per parameter, as DDP and ZeRO-1 lay out their
-// buckets: a dropped gradient becomes its zeroed view, a replaced one is
-// copied into its view, and one already there is left alone.
+// buckets: a dropped gradient becomes its view, not zeroed but marked
+// unwritten, a replaced one is copied into its view, and one already there is
+// left alone. ZeroUnwrittenGrads then zeroes the marked views of the given
+// parameters (or of all) and clears the marks; DropGrads drops every one.
 TEST(PointGradsAtBucketsTest, EveryGradientEndsInItsView) {
   auto seq = ThreeLinears();
   const auto params = seq->NamedParameters();
@@ -113,10 +115,27 @@ TEST(PointGradsAtBucketsTest, EveryGradientEndsInItsView) {
     SCOPED_TRACE(params[i].first);
     EXPECT_EQ(params[i].second->grad.raw_data(), views[i].raw_data());
   }
-  EXPECT_EQ(views[0].ToVector<float>(), std::vector<float>(16, 0.0f));
+  EXPECT_TRUE(params[0].second->grad_unwritten);
+  EXPECT_EQ(views[0].ToVector<float>(), std::vector<float>(16, 7.0f));  // not zeroed
+  for (size_t i = 1; i < params.size(); ++i) EXPECT_FALSE(params[i].second->grad_unwritten);
   EXPECT_EQ(views[1].ToVector<float>(), std::vector<float>(4, 2.5f));
   EXPECT_EQ(views[2].ToVector<float>(), std::vector<float>(16, 1.0f));
   EXPECT_EQ(views[3].ToVector<float>(), std::vector<float>(4, 7.0f));  // untouched
+
+  ZeroUnwrittenGrads(params, {1, 2});  // not parameter 0's
+  EXPECT_TRUE(params[0].second->grad_unwritten);
+  ZeroUnwrittenGrads(params, {0});
+  EXPECT_FALSE(params[0].second->grad_unwritten);
+  EXPECT_EQ(views[0].ToVector<float>(), std::vector<float>(16, 0.0f));
+  EXPECT_EQ(views[2].ToVector<float>(), std::vector<float>(16, 1.0f));  // written: kept
+  params[3].second->grad_unwritten = true;
+  ZeroUnwrittenGrads(params);
+  EXPECT_EQ(views[3].ToVector<float>(), std::vector<float>(4, 0.0f));
+  EXPECT_FALSE(params[3].second->grad_unwritten);
+
+  DropGrads(params);
+  for (const auto& [name, p] : params) EXPECT_FALSE(p->grad.defined()) << name;
+  EXPECT_EQ(views[2].ToVector<float>(), std::vector<float>(16, 1.0f));  // the buffer as it was
 }
 
 TEST(ReverseOrderBucketsTest, CapMustBePositive) {

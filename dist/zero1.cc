@@ -195,7 +195,14 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
   return refs;
 }
 
-void Zero1::ZeroGrad() { tensor::Zero(flat_grad_); }
+void Zero1::ZeroGrad(bool set_to_none) {
+  if (set_to_none) {
+    internal::DropGrads(params_);
+    return;
+  }
+  tensor::Zero(flat_grad_);
+  for (const auto& [name, p] : params_) p->grad_unwritten = false;
+}
 
 void Zero1::BeginForwardOnly() { compute_.BeginForwardOnly(); }
 
@@ -227,6 +234,7 @@ void Zero1::IssueReadyBuckets() {
   // In bucket order, so every rank issues the same sequence.
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
+    internal::ZeroUnwrittenGrads(params_, b.params);  // parameters the backward did not reach
     in_flight_ = true;        // this step's reductions (none for a frozen bucket)
     if (!b.trains) continue;  // frozen parameters only: nothing to reduce
     tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
@@ -248,6 +256,7 @@ void Zero1::IssueReadyBuckets() {
 void Zero1::OnPostBackward(nn::Module& module) {
   if (&module == &model_) {
     compute_.RestoreMasters();  // backward is over
+    internal::ZeroUnwrittenGrads(params_);  // what it did not reach: zeros (under no_sync too)
     if (!syncing_this_step_) return;
     events_.push_back({BackwardEvent::Kind::kRootPostBackward, -1});
     readiness_->MarkAllFinal();

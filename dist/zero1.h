@@ -164,8 +164,12 @@ class Zero1 {
   // reflects the masters (what Step does after the update; also after a
   // checkpoint load wrote the master slices). Collective.
   absl::Status RefreshParameters();
-  // Zeroes the whole flat gradient in place.
-  void ZeroGrad();
+  // Zeroes the whole flat gradient in place; or, with set_to_none (PyTorch's
+  // zero_grad default), drops the parameters' gradients (undefined until the
+  // next backward) and zeroes nothing: that backward writes each gradient
+  // into the flat gradient instead of adding to zeros (frozen parameters' and
+  // padding elements stay the zeros they always are).
+  void ZeroGrad(bool set_to_none = false);
   // Before forward passes without a backward (evaluation, generation): the
   // compute copies (mixed precision) are made once here and kept until
   // EndForwardOnly, where each root forward would cast them again. A backward

@@ -723,10 +723,12 @@ absl::Status DataParallelModel::Step() {
 }
 
 void DataParallelModel::ZeroGrad() {
+  // DDP and ZeRO-1 drop the gradients: the next backward writes them into
+  // the buckets (no memset of every bucket, no GEMM reading zeros).
   if (ddp_ != nullptr) {
-    ddp_->ZeroGrad();
+    ddp_->ZeroGrad(/*set_to_none=*/true);
   } else if (zero1_ != nullptr) {
-    zero1_->ZeroGrad();
+    zero1_->ZeroGrad(/*set_to_none=*/true);
   } else {
     fsdp_->ZeroGrad();
   }

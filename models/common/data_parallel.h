@@ -276,6 +276,8 @@ class DataParallelModel {
   // One optimizer step (ZeRO-1: of this rank's shard, then the all-gather of
   // the parameters).
   absl::Status Step();
+  // After a step: DDP and ZeRO-1 drop the parameters' gradients (the next
+  // backward writes them into the buckets), FSDP zeroes its gradient shards.
   void ZeroGrad();
 
   // How forward-only work holds FSDP's parameters (DDP and ZeRO-1 hold them
