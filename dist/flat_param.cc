@@ -102,12 +102,24 @@ void FlatParameter::ZeroUncoveredGrad(const tensor::Tensor& flat_grad) const {
                flat_grad.dtype() == tensor::Dtype::kF32,
            "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
            padded_numel());
+  // Runs of adjacent frozen parameters, and the padding, one memset each.
+  int64_t run_begin = -1, run_end = -1;
+  auto flush = [&] {
+    if (run_end > run_begin) tensor::Zero(flat_grad.Narrow(0, run_begin, run_end - run_begin));
+    run_begin = run_end = -1;
+  };
   for (const Entry& e : entries_) {
-    if (e.frozen) tensor::Zero(flat_grad.Narrow(0, e.offset, e.numel));
+    if (!e.frozen || e.numel == 0) continue;
+    if (e.offset != run_end) flush();
+    if (run_begin < 0) run_begin = e.offset;
+    run_end = e.offset + e.numel;
   }
   if (padded_numel() > numel_) {
-    tensor::Zero(flat_grad.Narrow(0, numel_, padded_numel() - numel_));
+    if (run_end != numel_) flush();
+    if (run_begin < 0) run_begin = numel_;
+    run_end = padded_numel();
   }
+  flush();
 }
 
 void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad, bool unwritten) {

@@ -255,6 +255,35 @@ TEST(FlatParameterTest, AnUnwrittenGradientIsWrittenOrZeroedNeverReadAsIs) {
   EXPECT_FALSE(params[0].second->grad.defined());
 }
 
+// ZeroUncoveredGrad zeroes exactly the frozen parameters' elements (adjacent
+// ones and the padding as one run) and the padding; the rest keeps what the
+// memory held.
+TEST(FlatParameterTest, ZeroUncoveredGradZeroesFrozenParametersAndThePaddingOnly) {
+  mingpt::GPT gpt(Tiny());
+  auto plans = PlanUnits(gpt, WrapPolicy::None());
+  std::vector<std::pair<std::string, nn::Parameter*>>& params = plans[0].params;
+  const size_t n = params.size();
+  ASSERT_GE(n, 5u);
+  for (size_t i : {size_t{1}, size_t{2}, n - 1}) params[i].second->requires_grad = false;
+  FlatParameter flat(params, /*num_shards=*/3, /*shard=*/0);
+  ASSERT_GT(flat.padded_numel(), flat.numel()) << "no padding to check";
+  const tensor::Tensor grad = tensor::Tensor::Full({flat.padded_numel()}, std::nan(""));
+  flat.ZeroUncoveredGrad(grad);
+  const float* g = grad.data<float>();
+  for (const FlatParameter::Entry& e : flat.entries()) {
+    for (int64_t i = e.offset; i < e.offset + e.numel; ++i) {
+      if (e.frozen) {
+        ASSERT_EQ(g[i], 0.0f) << e.name;
+      } else {
+        ASSERT_TRUE(std::isnan(g[i])) << e.name;
+      }
+    }
+  }
+  for (int64_t i = flat.numel(); i < flat.padded_numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "pad " << i;
+  EXPECT_THROW(flat.ZeroUncoveredGrad(tensor::Tensor::Zeros({flat.padded_numel() + 1})),
+               tensor::OpError);
+}
+
 // A layer the forward skips: its parameters' gradients, in the unit's new
 // unsharded gradient that no backward wrote, reach the shards as zeros (the
 // unit zeroes the views still unwritten after its backward), not as what the

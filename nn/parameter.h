@@ -95,10 +95,11 @@ struct Parameter {
   // into its flat gradient buffer.
   tensor::Tensor grad;
   // `grad` is a view its owner has not zeroed (FSDP's unsharded gradient,
-  // made without a memset): its contents mean zero. The first GradToWrite
+  // made without a memset; a DDP / ZeRO-1 bucket view after
+  // ZeroGrad(set_to_none)): its contents mean zero. The first GradToWrite
   // writes over them, GradBuffer zeroes them first; either clears the flag,
   // and the owner zeroes what no backward wrote (FSDP after the unit's
-  // backward).
+  // backward, DDP / ZeRO-1 before a bucket's collective).
   bool grad_unwritten = false;
 
   int64_t numel() const { return shape.numel(); }

@@ -239,6 +239,33 @@ TEST(CudaLinearTest, ParamGradsMatchTheCpu) {
   }
 }
 
+// A bias gradient to write that is a view 4 bytes into a flat buffer (an FSDP
+// or DDP bucket's, at an offset cuBLASLt's epilogue cannot take): the GEMM
+// still fuses, into a temporary copied into the view; the elements around
+// the view are left alone.
+TEST(CudaLinearTest, AMisalignedBiasGradientToWriteGoesThroughATemporary) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 45, m = 24, k = 40;
+  const Tensor g = RandomTensor({n, m}, 90, -1, 1, Dtype::kBF16);
+  const Tensor x = RandomTensor({n, k}, 91, -1, 1, Dtype::kBF16);
+  MatmulOptions ta;
+  ta.trans_a = true;
+  const Tensor db = AddBiasBackward(g.To(Dtype::kF32));
+  const Tensor flat = ToGpu(Tensor::Full({m + 2}, std::nan("")));
+  const Tensor grad_b = flat.Narrow(0, 1, m);
+  const Tensor grad_w = ToGpu(Tensor::Full({m, k}, std::nan("")));
+  const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+  LinearParamGradsInto(ToGpu(g), ToGpu(x), grad_w, grad_b, /*accumulate_w=*/false,
+                       /*accumulate_b=*/false);
+  EXPECT_EQ(cuda::GetMatmulCacheStats().epilogues_fused, before.epilogues_fused + 1);
+  const cuda::testing::Tolerance tol = DefaultTolerance(Dtype::kBF16, 4);
+  EXPECT_TRUE(MatchesCpu(grad_b, db, tol));
+  EXPECT_TRUE(MatchesCpu(grad_w, Matmul(g.To(Dtype::kF32), x.To(Dtype::kF32), ta), tol));
+  const std::vector<float> all = cuda::testing::ToCpu(flat).ToVector<float>();
+  EXPECT_TRUE(std::isnan(all.front()));
+  EXPECT_TRUE(std::isnan(all.back()));
+}
+
 // Tuning the fused GEMMs: the bias, GELU (its aux written again by the real
 // call), GELU backward and bias-gradient epilogues give the CPU's values.
 TEST(CudaLinearTest, TunedEpiloguesMatchTheCpu) {

@@ -1,5 +1,7 @@
 #include "tensor/ops/linear.h"
 
+#include <cstdint>
+
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/ops/check.h"
@@ -206,14 +208,22 @@ void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w
       grad_b.dtype() == Dtype::kF32 && grad_b.is_contiguous() && g.dtype() == x.dtype() &&
       g.device() == grad_w.device() && x.device() == grad_w.device() &&
       grad_b.device() == grad_w.device() && GemmFriendly(grad_w)) {
-    // The epilogue overwrites its output: grad_b itself, or a temporary (M) added to it.
-    const Tensor db =
-        accumulate_b ? Tensor::Empty({g.dim(1)}, Dtype::kF32, grad_w.device()) : grad_b;
+    // The epilogue overwrites its output, 16-byte aligned: grad_b itself, or
+    // a temporary (M) then added to grad_b (or copied, into a view of a flat
+    // buffer at an offset cuBLASLt cannot take).
+    const bool direct =
+        !accumulate_b && reinterpret_cast<std::uintptr_t>(grad_b.raw_data()) % 16 == 0;
+    const Tensor db = direct ? grad_b : Tensor::Empty({g.dim(1)}, Dtype::kF32, grad_w.device());
     cuda::GemmEpilogueArgs e;
     e.kind = cuda::GemmEpilogue::kBiasGradA;
     e.bias_grad = db.raw_data();
     if (FusedOnCuda(gt, x, grad_w, e, /*beta=*/accumulate_w ? 1.0f : 0.0f)) {
-      if (accumulate_b) AddInPlace(grad_b, db);
+      if (accumulate_b) {
+        AddInPlace(grad_b, db);
+      } else if (!direct) {
+        Tensor out = grad_b;  // a handle: writes grad_b's storage
+        out.CopyFrom(db);
+      }
       return;
     }
   }
