@@ -43,6 +43,9 @@ FlatParameter::FlatParameter(std::vector<std::pair<std::string, nn::Parameter*>>
   if (shard_numel_ == 0) shard_numel_ = 1;  // keep every tensor non-empty
   shard_decay_ = optim::SliceRanges(decay, shard_begin(), shard_end());
   shard_frozen_ = optim::SliceRanges(frozen, shard_begin(), shard_end());
+  // What no gradient view covers: the frozen ranges and the padding.
+  uncovered_grad_ = frozen;
+  append(uncovered_grad_, numel_, padded_numel());
 }
 
 void FlatParameter::InitShard(uint64_t seed, tensor::Device device, bool pinned) {
@@ -103,23 +106,9 @@ void FlatParameter::ZeroUncoveredGrad(const tensor::Tensor& flat_grad) const {
            "FlatParameter", "flat gradient of ", flat_grad.numel(), " elements, expected ",
            padded_numel());
   // Runs of adjacent frozen parameters, and the padding, one memset each.
-  int64_t run_begin = -1, run_end = -1;
-  auto flush = [&] {
-    if (run_end > run_begin) tensor::Zero(flat_grad.Narrow(0, run_begin, run_end - run_begin));
-    run_begin = run_end = -1;
-  };
-  for (const Entry& e : entries_) {
-    if (!e.frozen || e.numel == 0) continue;
-    if (e.offset != run_end) flush();
-    if (run_begin < 0) run_begin = e.offset;
-    run_end = e.offset + e.numel;
+  for (const auto& [begin, end] : uncovered_grad_) {
+    tensor::Zero(flat_grad.Narrow(0, begin, end - begin));
   }
-  if (padded_numel() > numel_) {
-    if (run_end != numel_) flush();
-    if (run_begin < 0) run_begin = numel_;
-    run_end = padded_numel();
-  }
-  flush();
 }
 
 void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad, bool unwritten) {
@@ -136,12 +125,7 @@ void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad, bool unwritten
 }
 
 void FlatParameter::ZeroUnwrittenGrads() {
-  for (Entry& e : entries_) {
-    if (e.param->grad_unwritten) {
-      tensor::Zero(e.param->grad);
-      e.param->grad_unwritten = false;
-    }
-  }
+  for (Entry& e : entries_) e.param->ZeroGradIfUnwritten();
 }
 
 void FlatParameter::CheckFrozenUnchanged() const {
@@ -153,10 +137,7 @@ void FlatParameter::CheckFrozenUnchanged() const {
 }
 
 void FlatParameter::ClearGrads() {
-  for (Entry& e : entries_) {
-    e.param->grad = tensor::Tensor();
-    e.param->grad_unwritten = false;
-  }
+  for (Entry& e : entries_) e.param->DropGrad();
 }
 
 }  // namespace dist

@@ -108,6 +108,9 @@ class FlatParameter {
   tensor::Tensor grad_shard_;
   optim::ElementRanges shard_decay_;
   optim::ElementRanges shard_frozen_;
+  // Of the whole flat buffer: frozen parameters' elements and the padding,
+  // adjacent ones merged (ZeroUncoveredGrad).
+  optim::ElementRanges uncovered_grad_;
   bool trains_ = false;
 };
 

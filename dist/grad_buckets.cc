@@ -51,27 +51,15 @@ void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*
 
 void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
                         const std::vector<int>& indices) {
-  for (int i : indices) {
-    nn::Parameter* p = params[i].second;
-    if (!p->grad_unwritten) continue;
-    tensor::Zero(p->grad);
-    p->grad_unwritten = false;
-  }
+  for (int i : indices) params[i].second->ZeroGradIfUnwritten();
 }
 
 void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
-  for (const auto& [name, p] : params) {
-    if (!p->grad_unwritten) continue;
-    tensor::Zero(p->grad);
-    p->grad_unwritten = false;
-  }
+  for (const auto& [name, p] : params) p->ZeroGradIfUnwritten();
 }
 
 void DropGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
-  for (const auto& [name, p] : params) {
-    p->grad = tensor::Tensor();
-    p->grad_unwritten = false;
-  }
+  for (const auto& [name, p] : params) p->DropGrad();
 }
 
 std::vector<bool> FrozenFlags(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {

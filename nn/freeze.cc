@@ -47,8 +47,7 @@ absl::StatusOr<std::vector<std::string>> FreezeParameters(
   for (size_t i = 0; i < params.size(); ++i) {
     if (!selected[i]) continue;
     params[i].second->requires_grad = false;
-    params[i].second->grad = tensor::Tensor();  // a frozen parameter has no gradient
-    params[i].second->grad_unwritten = false;
+    params[i].second->DropGrad();  // a frozen parameter has no gradient
     frozen.push_back(params[i].first);
   }
   return frozen;

@@ -132,13 +132,15 @@ void Module::Train(bool training) {
 void Module::ZeroGrad(bool set_to_none) {
   for (auto& [name, p] : NamedParameters()) {
     if (set_to_none || !p->grad.defined()) {
-      p->grad = Tensor();
-    } else if (p->grad.is_contiguous()) {
+      p->DropGrad();
+      continue;
+    }
+    if (p->grad.is_contiguous()) {
       tensor::Zero(p->grad);  // in place; on a GPU a memset queued on its stream
     } else {
       p->grad.CopyFrom(Tensor::Zeros(p->grad.shape(), p->grad.dtype(), p->grad.device()));
     }
-    p->grad_unwritten = false;
+    p->grad_unwritten = false;  // zeros now, in fact
   }
 }
 

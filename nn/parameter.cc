@@ -86,16 +86,7 @@ void TensorInitSource::Read(int64_t begin, tensor::Tensor& out) const {
 }
 
 tensor::Tensor& Parameter::GradBuffer() {
-  OP_CHECK(requires_grad, "parameter", "a gradient was asked of a frozen parameter ",
-           shape.ToString(), " (requires_grad is false)");
-  if (!grad.defined()) {
-    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-    grad = tensor::Tensor::Zeros(shape, tensor::Dtype::kF32,
-                                 value.defined() ? value.device() : tensor::Device::Cpu());
-  } else if (grad_unwritten) {
-    tensor::Zero(grad);
-  }
-  grad_unwritten = false;
+  if (!GradToWrite().accumulate) tensor::Zero(grad);  // new or unwritten: zeros to add to
   return grad;
 }
 
@@ -112,6 +103,17 @@ Parameter::GradSink Parameter::GradToWrite() {
                                value.defined() ? value.device() : tensor::Device::Cpu());
   grad_unwritten = false;
   return {grad, /*accumulate=*/false};
+}
+
+void Parameter::ZeroGradIfUnwritten() {
+  if (!grad_unwritten) return;
+  tensor::Zero(grad);
+  grad_unwritten = false;
+}
+
+void Parameter::DropGrad() {
+  grad = tensor::Tensor();
+  grad_unwritten = false;
 }
 
 }  // namespace nn

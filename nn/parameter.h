@@ -120,6 +120,12 @@ struct Parameter {
     bool accumulate;      // false: overwrite
   };
   GradSink GradToWrite();
+
+  // What no backward wrote: zeroes `grad` if it is marked unwritten, and
+  // clears the mark (the owners of unwritten views, after a backward).
+  void ZeroGradIfUnwritten();
+  // Drops the gradient (undefined, unmarked).
+  void DropGrad();
 };
 
 }  // namespace nn
