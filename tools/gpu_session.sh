@@ -28,9 +28,10 @@
 #                                the phase, so one call ends inside the device tool's 600 s with
 #                                its summary: the ones left are listed as NOT RUN, to pass by name
 #                                to a second call.
-#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark (also with FSDP_CUDA_GEMM_TUNE=1)
-#                                and :attention_benchmark (tables; $OUT/matmul.txt,
-#                                $OUT/matmul_tuned.txt, $OUT/attention.txt)
+#   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark (also with FSDP_CUDA_GEMM_TUNE=1),
+#                                :attention_benchmark and :norm_benchmark (tables;
+#                                $OUT/matmul.txt, $OUT/matmul_tuned.txt, $OUT/attention.txt,
+#                                $OUT/norm.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
 #                                losses and per-rank memory ($OUT/train.log), sampling from
@@ -39,7 +40,7 @@
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours (also with FSDP_CUDA_GEMM_TUNE=1, with
-#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0,
+#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0, with FSDP_CUDA_NORM_HOLD_ROWS=0,
 #                                and with FSDP_CUDA_ATTENTION=cudnn, alone and with the tuning;
 #                                GPU_SESSION_PYTORCH_VARIANTS: other flags) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
@@ -56,12 +57,14 @@
 #                                own cuDNN SDPA (forward and backward, B 1, T 1024 and 2048) each
 #                                under the API log (to diff the two graphs here with
 #                                tools/cudnn_log_graph.py when ours fails), then the attention
-#                                phase and the pytorch
+#                                phase, norm_benchmark ($OUT/norm.txt) and the pytorch
 #                                phase (GPU_SESSION_CUDNN_PYTORCH_UNTIL_S, 560) with the cuDNN
 #                                variants (alone, with the GEMM tuning, and with the tuning and
-#                                the column-sum bias gradients) and the tuning and column sums
-#                                without it. $OUT: tests.txt, tests.log, cudnn_logs.tar.xz (ours,
-#                                PyTorch's), attention.txt, vs_pytorch.json
+#                                the column-sum bias gradients), the tuning and column sums
+#                                without it, and the norms loading their rows
+#                                (FSDP_CUDA_NORM_HOLD_ROWS=0). $OUT: tests.txt, tests.log,
+#                                cudnn_logs.tar.xz (ours, PyTorch's), attention.txt, norm.txt,
+#                                vs_pytorch.json
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
 #                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
@@ -157,11 +160,12 @@ run_tests() {
 }
 
 # The variants of ours the pytorch phase times beside the default: the GEMM tuning, the
-# column-sum bias gradients, cuDNN's attention, and cuDNN's attention with the tuning.
+# column-sum bias gradients, cuDNN's attention, cuDNN's attention with the tuning, and the
+# norm kernels loading their rows in each pass (FSDP_CUDA_NORM_HOLD_ROWS=0).
 # (--attention_dq_atomic and --attention_narrow, timed on 2026-11-27: 39.6% and 41.5% MFU
 # against 41.0%, the narrow kernels x1.01 in attention_benchmark; GPU_SESSION_PYTORCH_VARIANTS
 # replaces the list.)
-read -r -a pytorch_variants <<< "${GPU_SESSION_PYTORCH_VARIANTS:---gemm_tune --bias_grad_unfused --attention_cudnn --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1}"
+read -r -a pytorch_variants <<< "${GPU_SESSION_PYTORCH_VARIANTS:---gemm_tune --bias_grad_unfused --attention_cudnn --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0}"
 
 # run_pytorch LIMIT_S [FLAG...]: gpt2 124M bf16, batch 16 x 1024, AdamW, ours against PyTorch
 # eager (with its fused attention too) through tools/bench_vs_pytorch.py, FLAGs added, killed
@@ -197,6 +201,21 @@ run_attention() {
   local rc=$?
   sed -n '/^fused causal attention/,$p' "$out/attention.txt"
   (( rc == 0 )) || { echo "attention: exit $rc (124: killed after $limit s); the end of its log:"; tail -5 "$out/attention.txt"; }
+  return $rc
+}
+
+# run_norm_bench LIMIT_S: //tensor/cuda:norm_benchmark (gpt2's LayerNorm, T5's RMSNorm: rows
+# held in registers against rows loaded by each pass, alternating rounds) into $out/norm.txt,
+# killed after LIMIT_S seconds.
+run_norm_bench() {
+  if ! has norm_benchmark; then
+    echo "SKIP norm (norm_benchmark is not in the bundle)"
+    return 0
+  fi
+  timeout -k 5 "$1" "$run" norm_benchmark 11 20 > "$out/norm.txt" 2>&1
+  local rc=$?
+  grep -v '^{' "$out/norm.txt"
+  (( rc == 0 )) || echo "norm: exit $rc (124: killed after $1 s)"
   return $rc
 }
 
@@ -315,6 +334,7 @@ case "$phase" in
     else
       echo "gpu_session: attention_benchmark is not in the bundle" >&2
     fi
+    run_norm_bench 120
     ;;
   train)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
@@ -447,11 +467,14 @@ PY
     echo "=== the fused attention against PyTorch's (ours' cuDNN line: attention.txt)"
     run_attention 90
     grep -E 'cuDNN \(FSDP_CUDA_ATTENTION' "$out/attention.txt"
+    echo "=== the norm kernels, rows held in registers against loaded (norm.txt)"
+    run_norm_bench 60
     echo "=== ours against PyTorch eager, with cuDNN's attention"
     run_pytorch $(( phase_start + ${GPU_SESSION_CUDNN_PYTORCH_UNTIL_S:-560} - $(date +%s) )) \
       --attention_cudnn --gemm_tune --bias_grad_unfused \
       --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 \
-      --ours_env cudnn_tuned_colsum:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0 ||
+      --ours_env cudnn_tuned_colsum:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0 \
+      --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0 ||
       echo "pytorch: exit $? (124: killed at the phase's limit)"
     rm -f "$out/vs_pytorch.svg"
     ;;

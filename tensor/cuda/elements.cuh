@@ -68,12 +68,24 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
   T v[N];
 };
 
+// One access of N elements, kept as loaded (16 bytes are 4 registers
+// whatever T is: a row kernel can hold a lane's share of a 16-bit row in
+// half the registers its floats would take).
 template <int N, typename T>
-__device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
+__device__ __forceinline__ Pack<T, N> LoadPack(const T* p) {
   CheckAligned<alignof(Pack<T, N>)>(p);
-  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void Unpack(const Pack<T, N>& pk, float (&out)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = ToF(pk.v[k]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void LoadF(const T* p, float (&out)[N]) {
+  Unpack(LoadPack<N>(p), out);
 }
 
 // Rounded as FromF each; bf16 / f16 in pairs (FromF2).

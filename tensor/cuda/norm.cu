@@ -5,14 +5,19 @@
 // or per block (longer rows), float accumulation, reductions by warp shuffles
 // (and shared memory across warps); 16-byte vector loads where every pointer
 // is aligned and C is a multiple of the vector width, scalar loads otherwise.
-// The row is read from global memory once; the later passes over it hit L1/L2.
+// The row is read from global memory once. Warp rows of bf16 / f16 in 16-byte
+// packs are held in the lanes' registers (rows.cuh's LanePacks, at most 4
+// packs a lane): every load of a row issued at its start, the later passes
+// reading registers (SetNormHoldRows); other rows' later passes hit L1/L2.
 //
 // Parameter gradients (column sums over rows) without atomics: partial sums
 // per block of rows, then a column kernel that adds them in order in double.
 // Rows of up to kWarpRowMaxCols: the grad_x kernel itself adds its warps' rows
-// into the partial sums (one read of grad_y and x); longer rows: a partial-sum
-// kernel over a grid of (32-column tiles) x (fixed chunks of rows).
+// into the partial sums (one read of grad_y and x; each warp's sums in its
+// own slice of shared memory); longer rows: a partial-sum kernel over a grid
+// of (32-column tiles) x (fixed chunks of rows).
 // Deterministic: the summation order depends only on the shapes.
+#include <atomic>
 #include <type_traits>
 
 #include "tensor/cuda/common.cuh"
@@ -43,47 +48,52 @@ __device__ __forceinline__ void LoadParam(const W* p, int64_t i, float fill, flo
   }
 }
 
-// y = (x - mean) * rstd * w (+ b), saving mean (kCentered) and rstd.
-template <bool kCentered, bool kWarpRows, int N, typename T, typename W>
-__global__ void __launch_bounds__(kMaxRowThreads)
+// y = (x - mean) * rstd * w (+ b), saving mean (kCentered) and rstd. kHeld > 0
+// (warp rows): the lane's packs of x held in registers (LanePacks).
+template <bool kCentered, bool kWarpRows, int N, int kHeld, typename T, typename W>
+__global__ void __launch_bounds__(kHeld > 0 ? kWarp * kWarpRowsPerBlock : kMaxRowThreads)
     NormForwardKernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
                       float eps, T* __restrict__ y, float* __restrict__ mean,
                       float* __restrict__ rstd, int64_t rows, int64_t c) {
+  static_assert(kHeld == 0 || kWarpRows, "a block row does not fit a lane's registers");
   __shared__ float smem[kWarp];
   const RowGroup<kWarpRows> g;
   const int64_t first = int64_t{g.rank} * N, step = int64_t{g.size} * N;
   const float fc = static_cast<float>(c);
   for (int64_t r = g.FirstRow(); r < rows; r += g.RowStride()) {
     const T* xr = x + r * c;  // (C)
+    LanePacks<kHeld, N, T> xp(xr, first, step, c);
     float m = 0.0f;
     if constexpr (kCentered) {
       float s[1] = {0.0f};
-      for (int64_t i = first; i < c; i += step) {
+      ForPacks<kHeld>(first, step, c, [&](int it, int64_t i) {
         float v[N];
-        LoadF<N>(xr + i, v);
+        xp.Get(it, i, v);
 #pragma unroll
         for (int k = 0; k < N; ++k) s[0] += v[k];
-      }
+      });
       g.Sum(s, smem);
       m = s[0] / fc;
+      xp.Refresh();
     }
     // Squared deviations from the mean (two passes: no cancellation).
     float ss[1] = {0.0f};
-    for (int64_t i = first; i < c; i += step) {
+    ForPacks<kHeld>(first, step, c, [&](int it, int64_t i) {
       float v[N];
-      LoadF<N>(xr + i, v);
+      xp.Get(it, i, v);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const float d = v[k] - m;
         ss[0] += d * d;
       }
-    }
+    });
     g.Sum(ss, smem);
+    xp.Refresh();
     const float rs = 1.0f / sqrtf(ss[0] / fc + eps);
     T* yr = y + r * c;  // (C)
-    for (int64_t i = first; i < c; i += step) {
+    ForPacks<kHeld>(first, step, c, [&](int it, int64_t i) {
       float v[N], wv[N], o[N];
-      LoadF<N>(xr + i, v);
+      xp.Get(it, i, v);
       LoadParam<N>(w, i, 1.0f, wv);
 #pragma unroll
       for (int k = 0; k < N; ++k) o[k] = (v[k] - m) * rs * wv[k];
@@ -94,7 +104,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         for (int k = 0; k < N; ++k) o[k] += bv[k];
       }
       StoreF<N>(yr + i, o);
-    }
+    });
     if (g.rank == 0) {
       if constexpr (kCentered) mean[r] = m;
       rstd[r] = rs;
@@ -103,13 +113,17 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 }
 
 // Blocks of the backward with the parameter-gradient partial sums
-// (kPartials): kWarpRowsPerBlock warps, each adding its rows' sums per column
-// in registers, then the block's warps added in order into one partial row.
-constexpr int kPartialWarps = kWarpRowsPerBlock;
+// (kPartials): kPartialWarps warps, each adding its rows' sums per column
+// into its own slice of shared memory, then the block's warps added in order
+// into one partial row. (The sums were in registers, 2 x 32 floats a lane:
+// 124 registers a thread, 16 warps an SM on sm_90.)
+constexpr int kPartialWarps = 4;
 
 // grad_x per row: xhat = (x - mean) * rstd, dxhat = grad_y * w,
 // grad_x = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
 // (RMSNorm: no mean(dxhat) term); add (nullable): grad_x += add, in fp32.
+// kHeld > 0 (warp rows): the lane's packs of grad_y, x and add held in
+// registers (LanePacks), all three loaded at the row's start.
 // kPartials (rows of a warp, C <= kWarpRowMaxCols): also the block's partial
 // sums of the parameter gradients, part (kParams, gridDim.x, C): over the
 // rows the block's warps visit (warp k of block b: rows (b kPartialWarps + k)
@@ -118,32 +132,47 @@ constexpr int kPartialWarps = kWarpRowsPerBlock;
 // its warp's rows in order, then the warps are added in order: the sums
 // depend on the shapes and the grid only. This replaces a partial-sum kernel
 // that read grad_y and x again.
-template <bool kCentered, bool kWarpRows, int N, typename T, typename W, bool kPartials = false>
-__global__ void __launch_bounds__(kPartials ? kWarp* kPartialWarps : kMaxRowThreads)
+template <bool kCentered, bool kWarpRows, int N, int kHeld, typename T, typename W,
+          bool kPartials = false>
+__global__ void __launch_bounds__(kPartials   ? kWarp * kPartialWarps
+                                  : kHeld > 0 ? kWarp * kWarpRowsPerBlock
+                                              : kMaxRowThreads)
     NormBackwardKernel(const T* __restrict__ gy, const T* __restrict__ x, const W* __restrict__ w,
                        const float* __restrict__ mean, const float* __restrict__ rstd,
                        const T* __restrict__ add, T* __restrict__ gx, int64_t rows, int64_t c,
                        float* __restrict__ part = nullptr) {
   static_assert(!kPartials || kWarpRows, "partial sums per warp need rows of a warp");
-  // A lane's columns: first + it * step for it < kIters.
-  constexpr int kIters = kPartials ? static_cast<int>(kWarpRowMaxCols) / (kWarp * N) : 1;
+  static_assert(kHeld == 0 || kWarpRows, "a block row does not fit a lane's registers");
+  constexpr int kParams = kCentered ? 2 : 1;
   __shared__ float smem[2 * kWarp];
-  // kPartials: the block's warps' sums of one parameter, [kPartialWarps][kWarpRowMaxCols].
-  __shared__ float lanes[kPartials ? kPartialWarps : 1][kPartials ? kWarpRowMaxCols : 1];
+  // kPartials: each warp's sums of each parameter, [kParams][kPartialWarps][kWarpRowMaxCols]
+  // (32 KiB for LayerNorm); a lane only touches its own columns of its warp's slice.
+  __shared__ float lanes[kPartials ? kParams : 1][kPartials ? kPartialWarps : 1]
+                        [kPartials ? kWarpRowMaxCols : 1];
   const RowGroup<kWarpRows> g;
+  const int warp = threadIdx.x / kWarp;
   const int64_t first = int64_t{g.rank} * N, step = int64_t{g.size} * N;
   const float inv_c = 1.0f / static_cast<float>(c);
-  float pw[kIters][N] = {};  // kPartials: this lane's sums of grad_y * xhat ...
-  float pb[kIters][N] = {};  // ... and of grad_y
+  if constexpr (kPartials) {
+    ForPacks<kHeld>(first, step, c, [&](int, int64_t i) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+#pragma unroll
+        for (int p = 0; p < kParams; ++p) lanes[p][warp][i + k] = 0.0f;
+      }
+    });
+  }
   for (int64_t r = g.FirstRow(); r < rows; r += g.RowStride()) {
-    const T* xr = x + r * c;   // (C)
-    const T* gr = gy + r * c;  // (C)
+    LanePacks<kHeld, N, T> xp(x + r * c, first, step, c);   // (C)
+    LanePacks<kHeld, N, T> gp(gy + r * c, first, step, c);  // (C)
+    const LanePacks<kHeld, N, T> ap(add != nullptr ? add + r * c : nullptr, first, step,
+                                    add != nullptr ? c : 0);  // (C) or nothing
     const float m = kCentered ? mean[r] : 0.0f, rs = rstd[r];
     float sums[2] = {0.0f, 0.0f};  // sum(dxhat), sum(dxhat * xhat)
-    for (int64_t i = first; i < c; i += step) {
+    ForPacks<kHeld>(first, step, c, [&](int it, int64_t i) {
       float xv[N], gv[N], wv[N];
-      LoadF<N>(xr + i, xv);
-      LoadF<N>(gr + i, gv);
+      xp.Get(it, i, xv);
+      gp.Get(it, i, gv);
       LoadParam<N>(w, i, 1.0f, wv);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
@@ -151,15 +180,16 @@ __global__ void __launch_bounds__(kPartials ? kWarp* kPartialWarps : kMaxRowThre
         sums[0] += dxhat;
         sums[1] += dxhat * ((xv[k] - m) * rs);
       }
-    }
+    });
     g.Sum(sums, smem);
+    xp.Refresh();
+    gp.Refresh();
     const float a = kCentered ? sums[0] * inv_c : 0.0f, bc = sums[1] * inv_c;
     T* out = gx + r * c;  // (C)
-    // grad_x at columns [i, i + N); xhat and gv for the partial sums.
-    auto grad_x_at = [&](int64_t i, float (&xhat)[N], float (&gv)[N]) {
-      float xv[N], wv[N], o[N];
-      LoadF<N>(xr + i, xv);
-      LoadF<N>(gr + i, gv);
+    ForPacks<kHeld>(first, step, c, [&](int it, int64_t i) {
+      float xv[N], gv[N], wv[N], xhat[N], o[N];
+      xp.Get(it, i, xv);
+      gp.Get(it, i, gv);
       LoadParam<N>(w, i, 1.0f, wv);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
@@ -168,54 +198,31 @@ __global__ void __launch_bounds__(kPartials ? kWarp* kPartialWarps : kMaxRowThre
       }
       if (add != nullptr) {
         float av[N];
-        LoadF<N>(add + r * c + i, av);
+        ap.Get(it, i, av);
 #pragma unroll
         for (int k = 0; k < N; ++k) o[k] += av[k];
       }
       StoreF<N>(out + i, o);
-    };
-    if constexpr (kPartials) {
+      if constexpr (kPartials) {
 #pragma unroll
-      for (int it = 0; it < kIters; ++it) {  // constant indices: pw, pb stay in registers
-        const int64_t i = first + it * step;
-        if (i < c) {
-          float xhat[N], gv[N];
-          grad_x_at(i, xhat, gv);
-#pragma unroll
-          for (int k = 0; k < N; ++k) {
-            pw[it][k] += gv[k] * xhat[k];
-            pb[it][k] += gv[k];
-          }
+        for (int k = 0; k < N; ++k) {
+          lanes[0][warp][i + k] += gv[k] * xhat[k];
+          if constexpr (kCentered) lanes[kParams - 1][warp][i + k] += gv[k];
         }
       }
-    } else {
-      for (int64_t i = first; i < c; i += step) {
-        float xhat[N], gv[N];
-        grad_x_at(i, xhat, gv);
-      }
-    }
+    });
   }
   if constexpr (kPartials) {
-    // The block's warps added in order, one parameter at a time.
-    const int warp = threadIdx.x / kWarp;
+    // The block's warps added in order.
+    __syncthreads();
     const int64_t blocks = gridDim.x;
-    for (int p = 0; p < (kCentered ? 2 : 1); ++p) {
-#pragma unroll
-      for (int it = 0; it < kIters; ++it) {
-        const int64_t i = first + it * step;
-        if (i < c) {
-#pragma unroll
-          for (int k = 0; k < N; ++k) lanes[warp][i + k] = p == 0 ? pw[it][k] : pb[it][k];
-        }
-      }
-      __syncthreads();
+    for (int p = 0; p < kParams; ++p) {
       for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
         float sum = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kPartialWarps; ++k) sum += lanes[k][j];
+        for (int k = 0; k < kPartialWarps; ++k) sum += lanes[p][k][j];
         part[(p * blocks + blockIdx.x) * c + j] = sum;
       }
-      __syncthreads();  // read before the next parameter overwrites
     }
   }
 }
@@ -317,6 +324,42 @@ void DispatchParam(const Tensor& p, Fn&& fn) {
   }
 }
 
+std::atomic<bool>& HoldRowsFlag() {
+  static std::atomic<bool> flag{!EnvIs("FSDP_CUDA_NORM_HOLD_ROWS", "0")};
+  return flag;
+}
+
+// Calls fn(std::bool_constant<warp_rows>, std::integral_constant<int, N>,
+// std::integral_constant<int, held>): DispatchRows' first two, and held > 0
+// for warp rows of a 16-bit dtype in 16-byte packs when NormHoldRows(): the
+// packs a lane owns (1 to 4; C <= kWarpRowMaxCols = 4 x 32 lanes x 8), held
+// in registers. f32 rows would take twice the registers (up to 8 packs a
+// lane): they keep the loads (held 0), as do rows without 16-byte packs.
+template <int kVec, typename T, typename Fn>
+void DispatchNormRows(const RowPlan& plan, bool vec, int64_t c, Fn&& fn) {
+  using W = std::true_type;
+  using V = std::integral_constant<int, kVec>;
+  if constexpr (sizeof(T) == 2) {
+    static_assert(kWarpRowMaxCols <= 4 * kWarp * kVec,
+                  "a 16-bit warp row is at most 4 packs a lane");
+    if (plan.warp_rows && vec && NormHoldRows()) {
+      switch ((c + kWarp * kVec - 1) / (kWarp * kVec)) {
+        case 1:
+          return fn(W{}, V{}, std::integral_constant<int, 1>{});
+        case 2:
+          return fn(W{}, V{}, std::integral_constant<int, 2>{});
+        case 3:
+          return fn(W{}, V{}, std::integral_constant<int, 3>{});
+        default:
+          return fn(W{}, V{}, std::integral_constant<int, 4>{});
+      }
+    }
+  }
+  DispatchRows<kVec>(plan.warp_rows, vec, [&](auto warp_rows, auto n) {
+    fn(warp_rows, n, std::integral_constant<int, 0>{});
+  });
+}
+
 template <bool kCentered>
 void Forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
              const Tensor& y, const Tensor& mean, const Tensor& rstd) {
@@ -333,8 +376,9 @@ void Forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor
     // weight and bias share a dtype (checked by the op); either may be absent.
     DispatchParam<T>(weight.defined() ? weight : bias, [&](auto wz) {
       using W = decltype(wz);
-      DispatchRows<kVec>(plan.warp_rows, vec, [&](auto warp_rows, auto n) {
-        NormForwardKernel<kCentered, decltype(warp_rows)::value, decltype(n)::value, T, W>
+      DispatchNormRows<kVec, T>(plan, vec, c, [&](auto warp_rows, auto n, auto held) {
+        NormForwardKernel<kCentered, decltype(warp_rows)::value, decltype(n)::value,
+                          decltype(held)::value, T, W>
             <<<plan.grid, plan.block, 0, ComputeStream()>>>(
                 Ptr<T>(x), ParamPtr<W>(weight), kCentered ? ParamPtr<W>(bias) : nullptr, eps,
                 Ptr<T>(y), kCentered ? Ptr<float>(mean) : nullptr, Ptr<float>(rstd), rows, c);
@@ -424,9 +468,10 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
     if (rows > 0) {
       DispatchParam<T>(weight, [&](auto wz) {
         using W = decltype(wz);
-        DispatchRows<kVec>(plan.warp_rows, vec, [&](auto warp_rows, auto n) {
+        DispatchNormRows<kVec, T>(plan, vec, c, [&](auto warp_rows, auto n, auto held) {
           constexpr bool kWarpRows = decltype(warp_rows)::value;
           constexpr int N = decltype(n)::value;
+          constexpr int kHeld = decltype(held)::value;
           auto launch = [&](auto* kernel, dim3 grid, dim3 block, float* partial_sums) {
             kernel<<<grid, block, 0, ComputeStream()>>>(
                 Ptr<T>(grad_y), Ptr<T>(x), ParamPtr<W>(weight),
@@ -435,13 +480,14 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
           };
           if constexpr (kWarpRows) {
             if (partials) {
-              launch(NormBackwardKernel<kCentered, true, N, T, W, true>,
+              launch(NormBackwardKernel<kCentered, true, N, kHeld, T, W, true>,
                      dim3(static_cast<unsigned>(blocks)), dim3(kWarp * kPartialWarps),
                      Ptr<float>(part));
               return;
             }
           }
-          launch(NormBackwardKernel<kCentered, kWarpRows, N, T, W>, plan.grid, plan.block, nullptr);
+          launch(NormBackwardKernel<kCentered, kWarpRows, N, kHeld, T, W>, plan.grid, plan.block,
+                 nullptr);
         });
       });
       CheckLaunch(op);
@@ -456,6 +502,10 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
 }
 
 }  // namespace
+
+void SetNormHoldRows(bool hold) { HoldRowsFlag().store(hold); }
+
+bool NormHoldRows() { return HoldRowsFlag().load(std::memory_order_relaxed); }
 
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       const Tensor& y, const Tensor& mean, const Tensor& rstd) {

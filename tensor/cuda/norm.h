@@ -40,6 +40,18 @@ void RmsNormBackward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
                      const Tensor& rstd, const Tensor& add, const Tensor& grad_x,
                      const Tensor& grad_weight, bool add_weight = false);
 
+// Warp rows of bf16 / f16 in 16-byte packs (C <= 1024, C a multiple of 8,
+// every pointer 16-byte aligned): each lane holds its packs of the row (x in
+// the forward; grad_y, x and the residual's gradient in the backward) in
+// registers, every load issued at the row's start, so a row costs one memory
+// round trip and the later passes read registers (default on; environment
+// FSDP_CUDA_NORM_HOLD_ROWS=0 at startup turns it off). Off, each pass loads
+// its packs one or two at a time (the later passes from L1 / L2). The same
+// arithmetic in the same order: the same bits either way. For timing the two
+// (//tensor/cuda:norm_benchmark) and testing them against each other.
+void SetNormHoldRows(bool hold);
+bool NormHoldRows();
+
 }  // namespace cuda
 }  // namespace tensor
 

@@ -1,4 +1,7 @@
-// Builds without --config=cuda: the norm kernels fail with a clear message.
+// Builds without --config=cuda: the norm kernels fail with a clear message;
+// the hold-rows switch still answers.
+#include <atomic>
+
 #include "tensor/cuda/norm.h"
 #include "tensor/cuda/stub.h"
 
@@ -20,6 +23,13 @@ void RmsNormBackward(const Tensor&, const Tensor& x, const Tensor&, const Tensor
                      const Tensor&, const Tensor&, bool) {
   NotBuilt("rms_norm_backward", x);
 }
+
+// The switch alone works without CUDA (there are no kernels to switch).
+namespace {
+std::atomic<bool> hold_rows{true};
+}  // namespace
+void SetNormHoldRows(bool hold) { hold_rows.store(hold); }
+bool NormHoldRows() { return hold_rows.load(); }
 
 }  // namespace cuda
 }  // namespace tensor

@@ -1,7 +1,8 @@
 // LayerNorm and RMSNorm forward and backward on the GPU against the CPU: rows
 // per warp and per block, vector and scalar paths (row lengths that are not
 // multiples of the vector width), more than 65535 rows, parameters in f32 or
-// x's dtype or absent, and bit-identical parameter gradients across runs.
+// x's dtype or absent, bit-identical parameter gradients across runs, and
+// rows held in registers against rows loaded by each pass.
 #include "tensor/ops/norm.h"
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/cuda/norm.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/testing.h"
@@ -258,6 +260,55 @@ TEST(CudaNormTest, ParameterGradientsAreBitIdenticalAcrossRuns) {
   EXPECT_EQ(ToCpu(a.grad_weight).ToVector<float>(), ToCpu(b.grad_weight).ToVector<float>());
   EXPECT_EQ(ToCpu(a.grad_bias).ToVector<float>(), ToCpu(b.grad_bias).ToVector<float>());
   EXPECT_EQ(ToCpu(a.grad_x).ToVector<float>(), ToCpu(b.grad_x).ToVector<float>());
+}
+
+// The lanes' packs held in registers (cuda::NormHoldRows, the default for
+// 16-bit warp rows in 16-byte packs) and loaded by each pass give the same
+// bits: LayerNorm and RMSNorm, forward and backward with the residual's
+// gradient and the parameter gradients (written and added into buffers), at
+// rows of 1 to 4 packs a lane (C 8 .. 1024; 1000: some lanes' last pack
+// missing), weights in f32 and in x's dtype.
+TEST(CudaNormTest, HeldRowsGiveTheBitsOfLoadedOnes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 700;
+  auto bits = [](const Tensor& t) { return ToCpu(t.To(Dtype::kF32)).ToVector<float>(); };
+  for (int64_t c : {8, 264, 512, 768, 1000, 1024}) {
+    for (Dtype d : {Dtype::kBF16, Dtype::kF16}) {
+      for (Dtype wd : {Dtype::kF32, d}) {
+        SCOPED_TRACE("C " + std::to_string(c) + " " + std::string(DtypeName(d)) + " weight " +
+                     std::string(DtypeName(wd)));
+        const Tensor x = ToGpu(RandomTensor({37, c}, ++seed, -2.0f, 3.0f, d));
+        const Tensor gy = ToGpu(RandomTensor({37, c}, ++seed, -1.0f, 1.0f, d));
+        const Tensor add = ToGpu(RandomTensor({37, c}, ++seed, -1.0f, 1.0f, d));
+        const Tensor w = ToGpu(RandomTensor({c}, ++seed, 0.5f, 1.5f, wd));
+        const Tensor b = ToGpu(RandomTensor({c}, ++seed, -0.5f, 0.5f, wd));
+        const Tensor old = ToGpu(RandomTensor({c}, ++seed, -1.0f, 1.0f));
+        auto run = [&](bool hold) {
+          cuda::SetNormHoldRows(hold);
+          std::vector<std::vector<float>> out;
+          const LayerNormResult ln = LayerNorm(x, w, b);
+          const LayerNormGrads lg = LayerNormBackward(gy, x, w, ln.mean, ln.rstd, add);
+          NormGradsInto into{old.Clone(), old.Clone()};
+          const Tensor gx_into = LayerNormBackward(gy, x, w, ln.mean, ln.rstd, add, into).grad_x;
+          const RmsNormResult rms = RmsNorm(x, w);
+          const RmsNormGrads rg = RmsNormBackward(gy, x, w, rms.rstd);
+          NormGradsInto rinto{ToGpu(Tensor::Full({c}, std::nan(""))), Tensor()};
+          rinto.add_weight = false;
+          const Tensor rgx_into = RmsNormBackward(gy, x, w, rms.rstd, add, rinto).grad_x;
+          for (const Tensor& t : {ln.y, ln.mean, ln.rstd, lg.grad_x, lg.grad_weight, lg.grad_bias,
+                                  gx_into, into.weight, into.bias, rms.y, rms.rstd, rg.grad_x,
+                                  rg.grad_weight, rgx_into, rinto.weight}) {
+            out.push_back(bits(t));
+          }
+          return out;
+        };
+        const std::vector<std::vector<float>> loaded = run(false), held = run(true);
+        ASSERT_EQ(held.size(), loaded.size());
+        for (size_t i = 0; i < held.size(); ++i) EXPECT_EQ(held[i], loaded[i]) << "result " << i;
+      }
+    }
+  }
+  cuda::SetNormHoldRows(true);
 }
 
 TEST(CudaNormTest, StridedInputAndOutputsOnTheDevice) {

@@ -25,8 +25,10 @@ constexpr int64_t kMaxGrid = int64_t{1} << 20;  // row loops stride past this ma
 
 // Packs of N elements as one access (elements.cuh).
 using cuda::LoadF;
+using cuda::LoadPack;
 using cuda::Pack;
 using cuda::StoreF;
+using cuda::Unpack;
 
 // Sums of K values over a warp; every lane gets the same bits (a butterfly:
 // each step adds the same two operands in every lane of a pair).
@@ -121,6 +123,73 @@ void DispatchRows(bool warp_rows, bool vec, Fn&& fn) {
     vec ? fn(B{}, V{}) : fn(B{}, S{});
   }
 }
+
+// ---- A lane's share of a row, held in registers ----
+
+// fn(it, i) for the packs of N elements a lane owns in a row of c elements,
+// i = first + it * step while i < c. kCount > 0: unrolled over it < kCount
+// (each it a constant, so arrays indexed by it stay in registers; the row has
+// at most kCount packs a lane); 0: a loop, it always 0.
+template <int kCount, typename F>
+__device__ __forceinline__ void ForPacks(int64_t first, int64_t step, int64_t c, F&& fn) {
+  if constexpr (kCount > 0) {
+#pragma unroll
+    for (int it = 0; it < kCount; ++it) {
+      const int64_t i = first + it * step;
+      if (i < c) fn(it, i);
+    }
+  } else {
+    for (int64_t i = first; i < c; i += step) fn(0, i);
+  }
+}
+
+// A lane's packs of one row (the ForPacks ones). kHeld > 0: all of them (at
+// most kHeld) loaded by the constructor, every load issued before any is
+// used (one memory round trip a row instead of one or two a pack), and read
+// from registers by every pass after; 0: Get loads (the first pass from
+// memory, later passes from L1 / L2). A null row with c = 0 holds nothing.
+template <int kHeld, int N, typename T>
+class LanePacks {
+ public:
+  __device__ LanePacks(const T* row, int64_t first, int64_t step, int64_t c) : row_(row) {
+    if constexpr (kHeld > 0) {
+      ForPacks<kHeld>(first, step, c,
+                      [&](int it, int64_t i) { packs_[it] = LoadPack<N>(row + i); });
+    }
+  }
+  // Marks the held packs as changed (an empty asm on each 32-bit word, on
+  // the GPU; nothing otherwise): the next pass converts them again instead of
+  // the compiler keeping the previous pass's floats alive in between (twice
+  // the registers for 16-bit elements).
+  __device__ __forceinline__ void Refresh() {
+#ifndef TENSOR_CUDA_EMULATION
+    if constexpr (kHeld > 0) {
+      static_assert(sizeof(Pack<T, N>) % 4 == 0, "packs of whole words");
+#pragma unroll
+      for (int it = 0; it < kHeld; ++it) {
+        uint32_t* words = reinterpret_cast<uint32_t*>(&packs_[it]);
+#pragma unroll
+        for (int k = 0; k < static_cast<int>(sizeof(Pack<T, N>) / 4); ++k) {
+          asm volatile("" : "+r"(words[k]));
+        }
+      }
+    }
+#endif
+  }
+
+  // Elements [i, i + N) in float, i being pack `it`'s first.
+  __device__ __forceinline__ void Get(int it, int64_t i, float (&v)[N]) const {
+    if constexpr (kHeld > 0) {
+      Unpack(packs_[it], v);
+    } else {
+      LoadF<N>(row_ + i, v);
+    }
+  }
+
+ private:
+  const T* row_;
+  Pack<T, N> packs_[kHeld > 0 ? kHeld : 1];
+};
 
 inline bool Aligned16(const Tensor& t) {
   return !t.defined() || reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
