@@ -4,6 +4,7 @@
 
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/elementwise.h"
 #include "tensor/ops/init.h"
 
 namespace dist {
@@ -138,6 +139,29 @@ void FlatParameter::CheckFrozenUnchanged() const {
 
 void FlatParameter::ClearGrads() {
   for (Entry& e : entries_) e.param->DropGrad();
+}
+
+void FlatParameter::DropGradShard() { grad_shard_unwritten_ = trains_; }
+
+void FlatParameter::ZeroGradShard() {
+  if (!trains_) return;
+  tensor::Zero(grad_shard_);
+  grad_shard_unwritten_ = false;
+}
+
+void FlatParameter::ZeroGradShardIfUnwritten() {
+  if (grad_shard_unwritten_) ZeroGradShard();
+}
+
+void FlatParameter::AccumulateGradShard(const tensor::Tensor& reduced) {
+  OP_CHECK(trains_, "fsdp", "a reduced gradient for a unit that does not train");
+  if (grad_shard_unwritten_) {
+    tensor::Tensor shard = grad_shard_;  // a handle: writes grad_shard_'s storage
+    shard.CopyFrom(reduced);
+  } else {
+    tensor::AddInPlace(grad_shard_, reduced);
+  }
+  grad_shard_unwritten_ = false;
 }
 
 }  // namespace dist

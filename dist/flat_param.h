@@ -98,6 +98,20 @@ class FlatParameter {
   void ZeroUnwrittenGrads();
   void ClearGrads();
 
+  // The sharded gradient dropped (PyTorch's zero_grad(set_to_none=True)):
+  // the buffer stays (optimizers hold it) but is marked unwritten instead of
+  // zeroed; the next reduced gradient is written into it, not added.
+  // ZeroGradShard zeroes it in place and clears the mark; ...IfUnwritten only
+  // when marked (a step that no reduce reached: zeros, as before).
+  void DropGradShard();
+  void ZeroGradShard();
+  void ZeroGradShardIfUnwritten();
+  bool grad_shard_unwritten() const { return grad_shard_unwritten_; }
+  // grad_shard += reduced (shard_numel elements, any float dtype, on
+  // grad_shard's device), or grad_shard = reduced when it is unwritten (one
+  // pass, no memset or read of the old values); clears the mark.
+  void AccumulateGradShard(const tensor::Tensor& reduced);
+
  private:
   std::vector<Entry> entries_;
   int num_shards_;
@@ -112,6 +126,7 @@ class FlatParameter {
   // adjacent ones merged (ZeroUncoveredGrad).
   optim::ElementRanges uncovered_grad_;
   bool trains_ = false;
+  bool grad_shard_unwritten_ = false;
 };
 
 }  // namespace dist

@@ -338,9 +338,12 @@ class FsdpUnit : public nn::ModuleHooks {
     if (shared_.require_sync && flat_.trains()) {
       IssueReduce();
       shared_.pending_reduces.push_back(this);
-      // Keep this unit's reduce in flight while the next unit computes.
-      shared_.FinishReducesBefore(is_root() ? 0 : 1);
     }
+    // Keep this unit's reduce in flight while the next unit computes; the
+    // root's finishes every one, also when the root has no parameter that
+    // trains (its children all wrapped: the last unit's reduce was left in
+    // flight past the optimizer step, and issued again over itself).
+    if (shared_.require_sync) shared_.FinishReducesBefore(is_root() ? 0 : 1);
     Reshard();
     if (is_root()) {
       shared_.backward_order = shared_.backward_now;
@@ -385,7 +388,7 @@ class FsdpUnit : public nn::ModuleHooks {
       host.CopyFrom(reduce_out_);
       reduce_out_ = host;
     }
-    tensor::AddInPlace(flat_.grad_shard(), reduce_out_);
+    flat_.AccumulateGradShard(reduce_out_);  // written when ZeroGrad dropped it
     reduce_out_ = tensor::Tensor();
     reduce_buf_ = tensor::Tensor();
   }
@@ -655,6 +658,7 @@ std::string FullyShardedModel::param_ref_name(int i) const {
 }
 
 std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
+  ZeroUnreducedGradShards();
   std::vector<optim::ParamRef> refs;
   for (size_t i = 0; i < units_.size(); ++i) {
     auto& u = units_[i];
@@ -670,11 +674,19 @@ std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
   return refs;
 }
 
-void FullyShardedModel::ZeroGrad() {
+void FullyShardedModel::ZeroGrad(bool set_to_none) {
   for (auto& u : units_) {
     u->DropAccumulatedGrad();
-    if (u->flat().trains()) tensor::Zero(u->flat().grad_shard());
+    if (set_to_none) {
+      u->flat().DropGradShard();
+    } else {
+      u->flat().ZeroGradShard();
+    }
   }
+}
+
+void FullyShardedModel::ZeroUnreducedGradShards() {
+  for (auto& u : units_) u->flat().ZeroGradShardIfUnwritten();
 }
 
 FullyShardedModel::PrefetchStats FullyShardedModel::prefetch_stats() const {
@@ -724,6 +736,7 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
 }
 
 bool FullyShardedModel::UnscaleGradsAndCheck(double inv_scale) {
+  ZeroUnreducedGradShards();
   std::vector<tensor::Tensor> grads;
   grads.reserve(units_.size());
   for (auto& u : units_) {

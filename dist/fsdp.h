@@ -167,9 +167,14 @@ class FullyShardedModel {
   // gradient, its weight-decay and frozen ranges, named "fsdp.<unit>"
   // ("fsdp.root" for the root). Units of frozen parameters only have none.
   std::vector<optim::ParamRef> ParamRefs();
-  // Zeroes the sharded gradients (in place) and drops gradients accumulated
-  // under no_sync.
-  void ZeroGrad();
+  // Drops gradients accumulated under no_sync, and zeroes the sharded
+  // gradients in place; with set_to_none (PyTorch's zero_grad default) marks
+  // them unwritten instead (FlatParameter::DropGradShard): the next backward's
+  // reduce writes each one, with no memset and no read of the old values. A
+  // shard no reduce reached by the time ParamRefs, ClipGradNorm or
+  // UnscaleGradsAndCheck reads it is zeroed there: optimizers and clipping see
+  // zeros, as after ZeroGrad().
+  void ZeroGrad(bool set_to_none = false);
 
   // While the guard lives, backward communicates nothing (see above).
   class NoSyncGuard {
@@ -312,6 +317,9 @@ class FullyShardedModel {
   // Reshard, then gather units 0 .. num_units - 1 (0 is the root) and hold
   // them until Reshard.
   void Hold(size_t num_units);
+  // Zeroes the sharded gradients ZeroGrad(set_to_none) dropped that no
+  // reduce has written since (units the backward skipped, or no backward).
+  void ZeroUnreducedGradShards();
 
   nn::Module* root_;
   ProcessGroup* pg_;

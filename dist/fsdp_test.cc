@@ -346,6 +346,99 @@ TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Two Linears, the second skipped by the forward while use_second is false.
+class MaybeSkips : public nn::Module {
+ public:
+  explicit MaybeSkips(int64_t d) : nn::Module("MaybeSkips") {
+    first_ = RegisterModule("first", std::make_unique<nn::Linear>(d, d));
+    second_ = RegisterModule("second", std::make_unique<nn::Linear>(d, d));
+  }
+  bool use_second = true;
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    nn::Tensors h = first_->Run(in, ctx.Child(0));
+    return use_second ? second_->Run(h, ctx.Child(1)) : h;
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    const nn::Tensors g = use_second ? second_->RunBackward(grad, ctx.Child(1)) : grad;
+    return first_->RunBackward(g, ctx.Child(0));
+  }
+
+ private:
+  nn::Linear* first_;
+  nn::Linear* second_;
+};
+
+// FSDP trains alike whether ZeroGrad zeroes the gradient shards or drops them
+// (set_to_none: the next reduce writes each), and whether the model is one
+// unit or a unit per Linear (a root with no parameter of its own), bit for
+// bit: with a step whose forward skips the second Linear (as its own unit, no
+// reduce reaches its dropped shard: ParamRefs zeroes it) and a step of two
+// micro-batches (the first under no_sync). Fails if a dropped shard is added
+// to, or read before it is written or zeroed, or if a reduce is still in
+// flight when the backward returns (the root without parameters used to leave
+// the last one pending past the optimizer's step).
+TEST(FsdpDroppedGradTest, DroppedShardsTrainAsZeroedOnes) {
+  constexpr int64_t kD = 8, kRows = 4;
+  std::vector<float> params[2][2];  // [wrap][drop]: rank 0's final parameters, gathered
+  for (bool wrap : {false, true}) {
+    for (bool drop : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(wrap ? "a unit per Linear" : "one unit", drop ? ", dropped" : ""));
+      ThreadWorld world(2);
+      absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+        MaybeSkips m(kD);
+        FsdpOptions options;
+        options.seed = kSeed;
+        if (wrap) options.policy = WrapPolicy::Transformer({"Linear"});
+        auto fsdp = FullyShard(m, pg, options);
+        ASSERT_EQ(fsdp->num_units(), wrap ? 3 : 1);
+        auto opt = optim::SGD::Create(Sgd()).value();
+        auto backward = [&](int seed) {
+          nn::Context ctx;
+          m.Run(tensor::testing::RandomTensor({kRows, kD}, seed + rank), ctx);
+          m.RunBackward(tensor::testing::RandomTensor({kRows, kD}, seed + 7), ctx);
+        };
+        const bool uses[] = {true, false, true, true};
+        for (int step = 0; step < 4; ++step) {
+          m.use_second = uses[step];
+          if (step == 3) {
+            auto no_sync = fsdp->no_sync();
+            backward(100);
+          }
+          backward(10 * step);
+          if (drop && wrap && step == 1) {  // the skipped unit: not written yet
+            ASSERT_EQ(fsdp->unit_name(2), "second");
+            ASSERT_TRUE(fsdp->flat_param(2).grad_shard_unwritten());
+          }
+          opt->Step(fsdp->ParamRefs());
+          for (int u = 0; u < fsdp->num_units(); ++u) {
+            ASSERT_FALSE(fsdp->flat_param(u).grad_shard_unwritten()) << "unit " << u;
+          }
+          fsdp->ZeroGrad(drop);
+          for (int u = 0; u < fsdp->num_units(); ++u) {
+            const FlatParameter& flat = fsdp->flat_param(u);
+            EXPECT_EQ(flat.grad_shard_unwritten(), drop && flat.trains()) << "unit " << u;
+          }
+        }
+        fsdp->Unshard();  // collective: every parameter whole on every rank
+        if (rank == 0) {
+          for (const auto& [name, p] : m.NamedParameters()) {
+            const std::vector<float> v = p->value.ToVector<float>();
+            params[wrap][drop].insert(params[wrap][drop].end(), v.begin(), v.end());
+          }
+        }
+        fsdp->Reshard();
+      });
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+  ASSERT_EQ(params[0][0].size(), static_cast<size_t>(2 * (kD * kD + kD)));
+  EXPECT_EQ(params[0][1], params[0][0]) << "one unit, dropped";
+  EXPECT_EQ(params[1][0], params[0][0]) << "a unit per Linear";
+  EXPECT_EQ(params[1][1], params[0][0]) << "a unit per Linear, dropped";
+}
+
 // ---- Training parity ----
 // Tolerance: |fsdp - single| <= 1e-5 + 1e-5 * |single| for every loss, every
 // gradient norm and every final parameter (the ranks sum their halves of the

@@ -138,7 +138,8 @@ RunResult TrainRank(const mingpt::GptConfig& c, const Tensor& idx, const Tensor&
   auto opt = optim::SGD::Create(Sgd()).value();
   RunResult mine;
   for (int step = 0; step < kSteps; ++step) {
-    fsdp->ZeroGrad();
+    // Zeroed in place, then dropped (set_to_none), alternately: the same training.
+    fsdp->ZeroGrad(/*set_to_none=*/step % 2 == 1);
     double loss = 0;
     for (int j = 0; j < micro_batches; ++j) {
       const Tensor my_idx = idx.Narrow(0, rank * B + j * b, b).Contiguous().To(options.device);

@@ -723,14 +723,15 @@ absl::Status DataParallelModel::Step() {
 }
 
 void DataParallelModel::ZeroGrad() {
-  // DDP and ZeRO-1 drop the gradients: the next backward writes them into
-  // the buckets (no memset of every bucket, no GEMM reading zeros).
+  // Every strategy drops the gradients: the next backward writes them (DDP and
+  // ZeRO-1 into the buckets, FSDP's reduces into the shards): no memset of
+  // every bucket or shard, no kernel reading zeros.
   if (ddp_ != nullptr) {
     ddp_->ZeroGrad(/*set_to_none=*/true);
   } else if (zero1_ != nullptr) {
     zero1_->ZeroGrad(/*set_to_none=*/true);
   } else {
-    fsdp_->ZeroGrad();
+    fsdp_->ZeroGrad(/*set_to_none=*/true);
   }
 }
 

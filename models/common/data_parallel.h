@@ -277,7 +277,8 @@ class DataParallelModel {
   // the parameters).
   absl::Status Step();
   // After a step: DDP and ZeRO-1 drop the parameters' gradients (the next
-  // backward writes them into the buckets), FSDP zeroes its gradient shards.
+  // backward writes them into the buckets), FSDP drops its gradient shards
+  // (the next backward's reduces write them).
   void ZeroGrad();
 
   // How forward-only work holds FSDP's parameters (DDP and ZeRO-1 hold them
