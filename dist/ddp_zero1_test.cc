@@ -43,6 +43,7 @@ using ddp_zero1_testing::kSteps;
 using ddp_zero1_testing::kTol;
 using ddp_zero1_testing::MakeOptimizer;
 using ddp_zero1_testing::MaxAbsDiff;
+using testing::MaybeSkips;
 using ddp_zero1_testing::Mode;
 using ddp_zero1_testing::Opt;
 using ddp_zero1_testing::RandomBatch;
@@ -637,32 +638,6 @@ TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
     for (int r = 0; r < c.n; ++r) ExpectSlicesEqual(got[r], c.want, c.Tol(reduce), r);
   }
 }
-
-// A second Linear the forward may skip. After ZeroGrad(set_to_none=true) its
-// gradient's view still holds the last step's reduced gradient; a backward
-// that skips it must reduce zeros there, not that.
-class MaybeSkips : public nn::Module {
- public:
-  explicit MaybeSkips(int64_t d) : nn::Module("MaybeSkips") {
-    first_ = RegisterModule("first", std::make_unique<nn::Linear>(d, d));
-    second_ = RegisterModule("second", std::make_unique<nn::Linear>(d, d));
-  }
-  bool use_second = true;
-
- protected:
-  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
-    nn::Tensors h = first_->Run(in, ctx.Child(0));
-    return use_second ? second_->Run(h, ctx.Child(1)) : h;
-  }
-  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
-    const nn::Tensors g = use_second ? second_->RunBackward(grad, ctx.Child(1)) : grad;
-    return first_->RunBackward(g, ctx.Child(0));
-  }
-
- private:
-  nn::Linear* first_;
-  nn::Linear* second_;
-};
 
 // DDP and ZeRO-1 train alike whether ZeroGrad zeroes the buckets or drops the
 // gradients (the next backward writing them), bit for bit, with a step whose

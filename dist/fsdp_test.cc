@@ -346,30 +346,6 @@ TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// Two Linears, the second skipped by the forward while use_second is false.
-class MaybeSkips : public nn::Module {
- public:
-  explicit MaybeSkips(int64_t d) : nn::Module("MaybeSkips") {
-    first_ = RegisterModule("first", std::make_unique<nn::Linear>(d, d));
-    second_ = RegisterModule("second", std::make_unique<nn::Linear>(d, d));
-  }
-  bool use_second = true;
-
- protected:
-  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
-    nn::Tensors h = first_->Run(in, ctx.Child(0));
-    return use_second ? second_->Run(h, ctx.Child(1)) : h;
-  }
-  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
-    const nn::Tensors g = use_second ? second_->RunBackward(grad, ctx.Child(1)) : grad;
-    return first_->RunBackward(g, ctx.Child(0));
-  }
-
- private:
-  nn::Linear* first_;
-  nn::Linear* second_;
-};
-
 // FSDP trains alike whether ZeroGrad zeroes the gradient shards or drops them
 // (set_to_none: the next reduce writes each), and whether the model is one
 // unit or a unit per Linear (a root with no parameter of its own), bit for

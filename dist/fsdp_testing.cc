@@ -233,5 +233,20 @@ void ExpectCloseTraining(const RunResult& got, const RunResult& want) {
   }
 }
 
+MaybeSkips::MaybeSkips(int64_t d) : nn::Module("MaybeSkips") {
+  first_ = RegisterModule("first", std::make_unique<nn::Linear>(d, d));
+  second_ = RegisterModule("second", std::make_unique<nn::Linear>(d, d));
+}
+
+nn::Tensors MaybeSkips::Forward(const nn::Tensors& in, nn::Context& ctx) {
+  nn::Tensors h = first_->Run(in, ctx.Child(0));
+  return use_second ? second_->Run(h, ctx.Child(1)) : h;
+}
+
+nn::Tensors MaybeSkips::Backward(const nn::Tensors& grad, nn::Context& ctx) {
+  const nn::Tensors g = use_second ? second_->RunBackward(grad, ctx.Child(1)) : grad;
+  return first_->RunBackward(g, ctx.Child(0));
+}
+
 }  // namespace testing
 }  // namespace dist

@@ -12,6 +12,8 @@
 #include "dist/fsdp.h"
 #include "dist/process_group.h"
 #include "models/mingpt/config.h"
+#include "nn/linear.h"
+#include "nn/module.h"
 #include "optim/sgd.h"
 #include "precision/policy.h"
 #include "tensor/tensor.h"
@@ -81,6 +83,23 @@ RunResult Sharded(const mingpt::GptConfig& c, const tensor::Tensor& idx,
                   const WrapPolicy& policy,
                   const precision::MixedPrecisionPolicy& mp =
                       precision::MixedPrecisionPolicy::Fp32());
+
+// Two d x d Linears, the second of which the forward may skip
+// (use_second = false): the unit or bucket a backward does not reach, whose
+// gradient must still count as zeros after ZeroGrad(set_to_none=true).
+class MaybeSkips : public nn::Module {
+ public:
+  explicit MaybeSkips(int64_t d);
+  bool use_second = true;
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override;
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override;
+
+ private:
+  nn::Linear* first_;
+  nn::Linear* second_;
+};
 
 // fp32: |got - want| <= tol + tol |want| for every loss, norm and parameter.
 void ExpectSameTraining(const RunResult& got, const RunResult& want, double tol = 1e-5);

@@ -28,6 +28,7 @@
 
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/attention_cudnn.h"
+#include "tensor/cuda/bench_timing.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -35,12 +36,7 @@
 namespace tensor {
 namespace {
 
-void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
+void Check(cudaError_t err, const char* what) { bench::CheckCuda(err, what); }
 void Check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "%s: cuBLAS status %d\n", what, static_cast<int>(st));
@@ -69,18 +65,7 @@ void Gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, const Tensor&
 // Milliseconds per call of fn, averaged over iters after 2 warm-up calls.
 double TimeMs(const std::function<void()>& fn, int iters) {
   for (int i = 0; i < 2; ++i) fn();
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
-  Check(cudaEventRecord(start, cudaStreamPerThread), "cudaEventRecord");
-  for (int i = 0; i < iters; ++i) fn();
-  Check(cudaEventRecord(stop, cudaStreamPerThread), "cudaEventRecord");
-  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-  float ms = 0;
-  Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
+  return bench::EventMs(fn, iters);
 }
 
 double MaxAbsDiff(const Tensor& a, const Tensor& b) {
@@ -292,23 +277,10 @@ void Run(cublasHandle_t handle, int64_t b, int64_t h, int64_t t, int64_t d, int 
 }  // namespace
 }  // namespace tensor
 
-// argv[i] as a positive integer, or `fallback` when absent; exits with a
-// message naming the argument otherwise.
-int64_t PositiveArg(int argc, char** argv, int i, const char* name, int64_t fallback) {
-  if (argc <= i) return fallback;
-  char* end = nullptr;
-  const long long v = std::strtoll(argv[i], &end, 10);
-  if (end == argv[i] || *end != '\0' || v <= 0) {
-    std::fprintf(stderr, "attention_benchmark: %s must be a positive integer, got '%s'\n"
-                 "usage: attention_benchmark [B] [iters]\n", name, argv[i]);
-    std::exit(2);
-  }
-  return v;
-}
-
 int main(int argc, char** argv) {
-  const int64_t b = PositiveArg(argc, argv, 1, "B", 8);
-  const int iters = static_cast<int>(PositiveArg(argc, argv, 2, "iters", 20));
+  constexpr char kUsage[] = "attention_benchmark [B] [iters]";
+  const int64_t b = tensor::bench::PositiveArg(argc, argv, 1, "B", 8, kUsage);
+  const int iters = static_cast<int>(tensor::bench::PositiveArg(argc, argv, 2, "iters", 20, kUsage));
   if (tensor::cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "no CUDA device visible\n");
     return 1;

@@ -36,6 +36,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "tensor/cuda/bench_timing.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/ops/init.h"
@@ -57,12 +58,7 @@ ABSL_FLAG(bool, epilogues_only, false,
 namespace tensor {
 namespace {
 
-void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
+using bench::CheckCuda;
 
 void CheckLt(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -91,24 +87,12 @@ double TimeCall(const std::function<void()>& call) {
   const cudaStream_t stream = cudaStreamPerThread;
   const int reps = absl::GetFlag(FLAGS_reps);
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup) * reps; ++i) call();
-  Check(cudaStreamSynchronize(stream), "warmup");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
+  CheckCuda(cudaStreamSynchronize(stream), "warmup");
   std::vector<double> seconds;
   for (int s = 0; s < absl::GetFlag(FLAGS_samples); ++s) {
-    Check(cudaEventRecord(start, stream), "cudaEventRecord");
-    for (int i = 0; i < reps; ++i) call();
-    Check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    seconds.push_back(ms * 1e-3 / reps);
+    seconds.push_back(bench::EventMs(call, reps, stream) * 1e-3);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  return bench::Median(std::move(seconds));
 }
 
 // A device tensor of deterministic values in [-1, 1).
@@ -135,7 +119,7 @@ class RawLt {
   RawLt(const Case& c, const Precision& p, const Tensor& a, const Tensor& b, const Tensor& out)
       : a_(a.raw_data()), b_(b.raw_data()), c_(out.raw_data()) {
     CheckLt(cublasLtCreate(&handle_), "cublasLtCreate");
-    Check(cudaMalloc(&workspace_, cuda::kMatmulWorkspaceBytes), "cudaMalloc");
+    CheckCuda(cudaMalloc(&workspace_, cuda::kMatmulWorkspaceBytes), "cudaMalloc");
     const cublasComputeType_t compute = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CheckLt(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     // cuBLASLt's A = b: (n, k) row major is column-major k x n, used transposed;
@@ -301,7 +285,7 @@ void FusedEpilogues(int device) {
     const Tensor unfused_out = run().Clone();
     const double t_unfused = TimeCall([&] { run(); });
     cuda::SetMatmulFuseEpilogues(true);
-    Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");
+    CheckCuda(cudaStreamSynchronize(cudaStreamPerThread), "sync");
     std::printf("%-22s %6lld %6lld | %9.3f %9.3f | %7.3f %9.2g%s\n", l.name,
                 static_cast<long long>(k), static_cast<long long>(n), t_fused * 1e3,
                 t_unfused * 1e3, t_unfused / t_fused, MaxDiffHead(fused_out, unfused_out),
@@ -316,9 +300,9 @@ int Main() {
     std::fprintf(stderr, "no CUDA device cuda:%d visible\n", device);
     return 1;
   }
-  Check(cudaSetDevice(device), "cudaSetDevice");
+  CheckCuda(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp prop;
-  Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  CheckCuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   std::printf("device: %s (sm_%d%d); median of %d samples x %d calls, %d warmup samples\n",
               prop.name, prop.major, prop.minor, absl::GetFlag(FLAGS_samples),
               absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_warmup));
@@ -394,7 +378,7 @@ int Main() {
                                       : TimeCall([&] { Matmul(a, b, opts); });
       const double t_into = TimeCall([&] { MatmulInto(a, b, into, opts); });
       const double t_raw = TimeCall([&] { raw.Run(); });
-      Check(cudaStreamSynchronize(cudaStreamPerThread), "sync");
+      CheckCuda(cudaStreamSynchronize(cudaStreamPerThread), "sync");
       const double diff = MaxDiffHead(into, raw_out);
 
       const double flops = 2.0 * c.m * c.n * c.k;

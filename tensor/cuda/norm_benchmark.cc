@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/cuda/bench_timing.h"
 #include "tensor/cuda/norm.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
@@ -27,33 +28,8 @@
 namespace tensor {
 namespace {
 
-void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
-
-// ms a call of fn over `calls` calls between two events on the compute stream.
-double TimeMs(const std::function<void()>& fn, int calls) {
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
-  Check(cudaEventRecord(start, cudaStreamPerThread), "cudaEventRecord");
-  for (int i = 0; i < calls; ++i) fn();
-  Check(cudaEventRecord(stop, cudaStreamPerThread), "cudaEventRecord");
-  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-  float ms = 0.0f;
-  Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / calls;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::EventMs;
+using bench::Median;
 
 struct Case {
   std::string name;
@@ -114,7 +90,7 @@ int Run(int rounds, int calls) {
     for (int r = 0; r < rounds; ++r) {
       for (bool hold : {r % 2 == 0, r % 2 != 0}) {
         cuda::SetNormHoldRows(hold);
-        (hold ? held : loaded).push_back(TimeMs(k.fn, calls));
+        (hold ? held : loaded).push_back(EventMs(k.fn, calls));
       }
     }
     cuda::SetNormHoldRows(true);
@@ -138,22 +114,13 @@ int Run(int rounds, int calls) {
   return 0;
 }
 
-int PositiveArg(int argc, char** argv, int i, const char* what, int fallback) {
-  if (argc <= i) return fallback;
-  const int v = std::atoi(argv[i]);
-  if (v <= 0) {
-    std::fprintf(stderr, "%s must be a positive integer; got '%s'\n", what, argv[i]);
-    std::exit(2);
-  }
-  return v;
-}
-
 }  // namespace
 }  // namespace tensor
 
 int main(int argc, char** argv) {
-  const int rounds = tensor::PositiveArg(argc, argv, 1, "rounds", 11);
-  const int calls = tensor::PositiveArg(argc, argv, 2, "calls", 20);
+  constexpr char kUsage[] = "norm_benchmark [rounds] [calls]";
+  const int rounds = static_cast<int>(tensor::bench::PositiveArg(argc, argv, 1, "rounds", 11, kUsage));
+  const int calls = static_cast<int>(tensor::bench::PositiveArg(argc, argv, 2, "calls", 20, kUsage));
   if (tensor::cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "no CUDA device visible\n");
     return 1;
