@@ -75,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The parameters category's peak during a second forward+backward (the first
 // records the unit order): shards + root + one block without prefetch; with
 // prefetch and a limit of L all-gathers, the units gathered ahead add up to
-// L - 1 blocks. Exact bounds as in fsdp_test's memory test: the engine's
+// L - 1 blocks. Exact bounds as in fsdp_memory_test: the engine's
 // worker may release a finished buffer just after the next is allocated.
 
 // Bytes of shards + the root unsharded (`base`) and of one unsharded block.

@@ -1,0 +1,415 @@
+// Data parallelism for the train binaries, its configuration: the flags
+// (--backend, --strategy, --auto_wrap, ...), the launcher's environment, the
+// rendezvous, and the checked DataParallelConfig they make. At run time:
+// data_parallel.cc.
+#include "models/common/data_parallel.h"
+
+#include <climits>
+#include <cstdlib>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "tensor/tensor.h"
+
+namespace train {
+namespace {
+
+// The variable's value parsed as an int in [min, max]; `fallback` when unset
+// (nullopt fallback: required).
+absl::StatusOr<int> EnvInt(const GetEnvFn& getenv, const char* name, std::optional<int> fallback,
+                           int min, int max) {
+  const char* value = getenv(name);
+  if (value == nullptr || value[0] == '\0') {
+    if (fallback.has_value()) return *fallback;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend=gloo: ", name,
+                     " is not set; start the workers with //tools:launch (or torchrun), which "
+                     "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, "
+                     "RESTART_COUNT and RUN_ID, or use --backend=threads"));
+  }
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=gloo: ", name, "='", value, "' is not an integer in [", min, ", ", max, "]"));
+  }
+  return static_cast<int>(v);
+}
+
+// Keeps [A-Za-z0-9.-], maps the rest to '_': a safe piece of a file name.
+std::string FileNamePiece(absl::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- Flags ----
+
+absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
+  if (name == "threads") return Backend::kThreads;
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "nccl") return Backend::kNccl;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend='", name, "' is not one of threads, gloo, nccl"));
+}
+
+absl::string_view BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kThreads:
+      return "threads";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
+  if (name == "ddp") return Strategy::kDdp;
+  if (name == "zero1") return Strategy::kZero1;
+  if (name == "shard_grad_op") return Strategy::kShardGradOp;
+  if (name == "full_shard" || name.empty()) return Strategy::kFullShard;
+  if (name == "no_shard") return Strategy::kNoShard;
+  if (name == "hybrid_shard") return Strategy::kHybridShard;
+  if (name == "hybrid_shard_zero2") return Strategy::kHybridShardZero2;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--strategy='", name,
+                   "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard, "
+                   "hybrid_shard, hybrid_shard_zero2"));
+}
+
+absl::string_view StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDdp:
+      return "DDP";
+    case Strategy::kZero1:
+      return "ZeRO-1";
+    case Strategy::kShardGradOp:
+      return "FSDP SHARD_GRAD_OP";
+    case Strategy::kFullShard:
+      return "FSDP FULL_SHARD";
+    case Strategy::kHybridShard:
+      return "FSDP HYBRID_SHARD";
+    case Strategy::kHybridShardZero2:
+      return "FSDP HYBRID_SHARD_ZERO2";
+    case Strategy::kNoShard:
+      return "FSDP NO_SHARD";
+  }
+  return "?";
+}
+
+bool IsFsdp(Strategy strategy) {
+  return strategy != Strategy::kDdp && strategy != Strategy::kZero1;
+}
+
+bool IsHybrid(Strategy strategy) {
+  return strategy == Strategy::kHybridShard || strategy == Strategy::kHybridShardZero2;
+}
+
+absl::StatusOr<dist::WrapPolicy> ParseAutoWrap(absl::string_view spec,
+                                               const std::set<std::string>& block_classes) {
+  if (spec == "none") return dist::WrapPolicy::None();
+  if (spec == "transformer") return dist::WrapPolicy::Transformer(block_classes);
+  if (absl::StartsWith(spec, "size:")) {
+    int64_t min_params = 0;
+    if (!absl::SimpleAtoi(spec.substr(5), &min_params) || min_params < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--auto_wrap='", spec,
+                                                     "': size:N needs a whole number N >= 1 (the "
+                                                     "fewest parameters of a unit)"));
+    }
+    return dist::WrapPolicy::SizeBased(min_params);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--auto_wrap='", spec, "' is not one of none, transformer, size:N"));
+}
+
+// ---- The launcher's environment ----
+
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv) {
+  LaunchEnv env;
+  absl::StatusOr<int> world = EnvInt(getenv, "WORLD_SIZE", std::nullopt, 1, 1 << 20);
+  if (!world.ok()) return world.status();
+  env.world_size = *world;
+  absl::StatusOr<int> rank = EnvInt(getenv, "RANK", std::nullopt, 0, env.world_size - 1);
+  if (!rank.ok()) return rank.status();
+  env.rank = *rank;
+  absl::StatusOr<int> local_world =
+      EnvInt(getenv, "LOCAL_WORLD_SIZE", env.world_size, 1, env.world_size);
+  if (!local_world.ok()) return local_world.status();
+  env.local_world_size = *local_world;
+  absl::StatusOr<int> local_rank =
+      EnvInt(getenv, "LOCAL_RANK", env.rank % env.local_world_size, 0, env.local_world_size - 1);
+  if (!local_rank.ok()) return local_rank.status();
+  env.local_rank = *local_rank;
+  absl::StatusOr<int> port = EnvInt(getenv, "MASTER_PORT", 0, 0, 65535);
+  if (!port.ok()) return port.status();
+  env.master_port = *port;
+  absl::StatusOr<int> restart = EnvInt(getenv, "RESTART_COUNT", 0, 0, INT_MAX);
+  if (!restart.ok()) return restart.status();
+  env.restart_count = *restart;
+  const char* addr = getenv("MASTER_ADDR");
+  env.master_addr = addr == nullptr ? "" : addr;
+  const char* run_id = getenv("RUN_ID");
+  env.run_id = run_id == nullptr ? "" : run_id;
+  return env;
+}
+
+std::string TempDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
+                                             const std::string& temp_dir) {
+  Rendezvous r;
+  const std::string attempt = absl::StrCat("restart", env.restart_count);
+  if (!rdzv.empty()) {
+    if (rdzv == "file://" || rdzv == "redis://") {
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv='", rdzv, "' names no store"));
+    }
+    r.store = rdzv;
+    r.prefix = absl::StrCat(env.run_id.empty() ? "run" : FileNamePiece(env.run_id), "/", attempt);
+    return r;
+  }
+  if (env.local_world_size < env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=gloo on several nodes (WORLD_SIZE=", env.world_size,
+        ", LOCAL_WORLD_SIZE=", env.local_world_size,
+        ") needs --rdzv=redis://host:port or a directory every node shares; the default "
+        "rendezvous directory is local to one node"));
+  }
+  std::vector<std::string> missing;
+  if (env.master_addr.empty()) missing.push_back("MASTER_ADDR");
+  if (env.master_port == 0) missing.push_back("MASTER_PORT");
+  if (env.run_id.empty()) missing.push_back("RUN_ID");
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=gloo without --rdzv needs ", absl::StrJoin(missing, ", "),
+        " in the environment (//tools:launch sets them; RUN_ID keeps the rendezvous keys of "
+        "earlier runs apart), or --rdzv=<a fresh directory> or redis://host:port"));
+  }
+  r.store =
+      absl::StrCat(temp_dir, "/fsdp_rdzv_", FileNamePiece(env.master_addr), "_", env.master_port);
+  r.prefix = absl::StrCat(FileNamePiece(env.run_id), "/", attempt);
+  return r;
+}
+
+// ---- The configuration ----
+
+bool WantsDataParallel(const DataParallelFlags& flags) {
+  // A negative --world_size goes on to ConfigureDataParallel, which names it.
+  return flags.world_size < 0 || flags.world_size > 1 || !flags.strategy.empty() ||
+         flags.backend != "threads";
+}
+
+std::string DataParallelConfig::Describe() const {
+  std::string s(StrategyName(strategy));
+  if (IsFsdp(strategy)) absl::StrAppend(&s, " (auto_wrap ", auto_wrap, ")");
+  absl::StrAppend(&s, " over ", world_size, world_size == 1 ? " rank (" : " ranks (",
+                  BackendName(backend), ")");
+  if (!device.is_cpu()) {
+    absl::StrAppend(&s, " on ", backend == Backend::kNccl ? "cuda:LOCAL_RANK" : device.ToString());
+  }
+  if (cpu_offload) absl::StrAppend(&s, ", CPU offload");
+  return s;
+}
+
+namespace {
+
+// The hybrid strategies' shard group: --hybrid_shard_group_size, or the
+// ranks of one node (LOCAL_WORLD_SIZE, `local_world_size` > 0) with gloo; it
+// must divide the world size. Other strategies: the flag must be 0.
+absl::Status ResolveHybridShardGroup(int flag, int local_world_size, DataParallelConfig& config) {
+  if (!IsHybrid(config.strategy)) {
+    if (flag != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hybrid_shard_group_size=", flag,
+                       " applies to --strategy=hybrid_shard or hybrid_shard_zero2 only"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string strategy = config.strategy == Strategy::kHybridShard
+                                   ? "--strategy=hybrid_shard"
+                                   : "--strategy=hybrid_shard_zero2";
+  const int group = flag > 0 ? flag : local_world_size;
+  if (group == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        strategy,
+        " with --backend=threads needs --hybrid_shard_group_size (the ranks of one shard group, "
+        "e.g. the GPUs of a node)"));
+  }
+  if (config.world_size % group != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(strategy, ": a shard group of ", group,
+                     flag > 0 ? " (--hybrid_shard_group_size)" : " (LOCAL_WORLD_SIZE)",
+                     " ranks does not divide the world size ", config.world_size));
+  }
+  config.hybrid_shard_group_size = group;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+
+// --device and --cpu_offload against the backend and strategy.
+absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& config) {
+  absl::StatusOr<tensor::Device> device = tensor::ParseDevice(flags.device);
+  if (!device.ok()) return device.status();
+  config.device = *device;
+  if (device->is_cuda()) {
+    if (config.backend == Backend::kGloo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend=gloo runs collectives on the CPU; with --device=", flags.device,
+          " use --backend=nccl (one process per GPU, through //tools:launch) or "
+          "--backend=threads (ranks sharing the GPU)"));
+    }
+  } else if (config.backend == Backend::kNccl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=nccl needs --device=cuda (each rank on cuda:LOCAL_RANK), got --device=",
+        flags.device));
+  }
+  config.cpu_offload = flags.cpu_offload;
+  if (flags.cpu_offload && (!device->is_cuda() || !IsFsdp(config.strategy))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cpu_offload keeps FSDP's shards, gradients and optimizer state in host memory: it "
+        "needs an FSDP strategy and --device=cuda (got --device=",
+        flags.device, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags& flags,
+                                                         const std::set<std::string>& block_classes,
+                                                         const GetEnvFn& getenv) {
+  DataParallelConfig config;
+  absl::StatusOr<Backend> backend = ParseBackend(flags.backend);
+  if (!backend.ok()) return backend.status();
+  config.backend = *backend;
+  absl::StatusOr<Strategy> strategy = ParseStrategy(flags.strategy);
+  if (!strategy.ok()) return strategy.status();
+  config.strategy = *strategy;
+  absl::StatusOr<dist::WrapPolicy> policy = ParseAutoWrap(flags.auto_wrap, block_classes);
+  if (!policy.ok()) return policy.status();
+  config.policy = *policy;
+  config.auto_wrap = flags.auto_wrap;
+  absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
+      precision::MixedPrecisionPolicy::FromName(flags.precision);
+  if (!mixed.ok()) return mixed.status();
+  config.mixed_precision = *mixed;  // every strategy: fp32 masters, low-precision compute
+  absl::Status s;
+  if (flags.backward_prefetch == "pre") {
+    config.backward_prefetch = dist::BackwardPrefetch::kPre;
+  } else if (flags.backward_prefetch == "post") {
+    config.backward_prefetch = dist::BackwardPrefetch::kPost;
+  } else if (flags.backward_prefetch == "none") {
+    config.backward_prefetch = dist::BackwardPrefetch::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backward_prefetch='", flags.backward_prefetch, "' is not one of pre, post, none"));
+  }
+  config.forward_prefetch = flags.forward_prefetch;
+  if (flags.max_inflight_all_gathers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_inflight_all_gathers=",
+                                                   flags.max_inflight_all_gathers,
+                                                   " must be >= 1 (1: no prefetch)"));
+  }
+  config.max_inflight_all_gathers = flags.max_inflight_all_gathers;
+  if (flags.prefetch_units < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefetch_units=", flags.prefetch_units, " must be >= 0 (0: none)"));
+  }
+  if (flags.prefetch_units > 0 && !IsFsdp(config.strategy)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prefetch_units=", flags.prefetch_units,
+        " names FSDP units to all-gather ahead; --strategy=", flags.strategy, " has none"));
+  }
+  config.prefetch_units = flags.prefetch_units;
+  if (flags.keep_last_unit && config.strategy != Strategy::kFullShard &&
+      config.strategy != Strategy::kHybridShard) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would reshard after "
+                     "its forward; --strategy=",
+                     flags.strategy, " reshards none"));
+  }
+  config.keep_last_unit = flags.keep_last_unit;
+  if (flags.hybrid_shard_group_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hybrid_shard_group_size=", flags.hybrid_shard_group_size, " must be >= 0"));
+  }
+  if (!(flags.bucket_cap_mb > 0) || flags.bucket_cap_mb > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bucket_cap_mb=", flags.bucket_cap_mb, " must be in (0, 1e6]"));
+  }
+  config.bucket_cap_mb = flags.bucket_cap_mb;
+  if (flags.max_inflight_buckets < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_buckets=", flags.max_inflight_buckets, " must be >= 0 (0: no bound)"));
+  }
+  config.max_inflight_buckets = flags.max_inflight_buckets;
+  if (!(flags.timeout_s > 0) || flags.timeout_s > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout_s=", flags.timeout_s, " must be in (0, 1e6] seconds"));
+  }
+  config.timeout = absl::Seconds(flags.timeout_s);
+  s = ResolveDevice(flags, config);
+  if (!s.ok()) return s;
+  if (flags.world_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world_size=", flags.world_size, " must be >= 1"));
+  }
+  if (config.backend == Backend::kThreads) {
+    config.world_size = flags.world_size == 0 ? 1 : flags.world_size;
+    if (!flags.rdzv.empty()) {
+      return absl::InvalidArgumentError(
+          "--rdzv applies to --backend=gloo only (the threads engine needs no rendezvous)");
+    }
+    s = ResolveHybridShardGroup(flags.hybrid_shard_group_size, 0, config);
+    if (!s.ok()) return s;
+    return config;
+  }
+  absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(getenv);
+  if (!env.ok()) return env.status();
+  if (flags.world_size != 0 && flags.world_size != env->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--world_size=", flags.world_size, " disagrees with WORLD_SIZE=", env->world_size,
+        " from the launcher; with --backend=", BackendName(config.backend),
+        " the launcher sets the world size (--nproc_per_node x --nnodes): leave --world_size "
+        "out"));
+  }
+  config.env = *env;
+  config.world_size = env->world_size;
+  absl::StatusOr<Rendezvous> rdzv = ResolveRendezvous(flags.rdzv, *env, TempDir());
+  if (!rdzv.ok()) return rdzv.status();
+  if (config.backend == Backend::kNccl) {
+    if (absl::StartsWith(rdzv->store, "redis://")) {
+      return absl::InvalidArgumentError(
+          "--backend=nccl meets through a directory store: --rdzv=<a directory every rank "
+          "sees>, not redis://");
+    }
+    if (absl::StartsWith(rdzv->store, "file://")) rdzv->store = rdzv->store.substr(7);
+    config.device = tensor::Device::Cuda(env->local_rank);  // one GPU per rank of a node
+  }
+  config.rendezvous = *rdzv;
+  s = ResolveHybridShardGroup(flags.hybrid_shard_group_size, env->local_world_size, config);
+  if (!s.ok()) return s;
+  return config;
+}
+
+}  // namespace train
