@@ -41,6 +41,14 @@ std::map<std::string, std::string> LaunchVars(int rank, int world, const std::st
           {"RUN_ID", run_id}};
 }
 
+DataParallelFlags Flags(std::string backend, std::string strategy, int world_size) {
+  DataParallelFlags f;
+  f.backend = std::move(backend);
+  f.strategy = std::move(strategy);
+  f.world_size = world_size;
+  return f;
+}
+
 Tensor Rows(const std::vector<int64_t>& v, int r, int n) {
   const int64_t B = kRows / n;
   std::vector<int64_t> out(v.begin() + r * B * kT, v.begin() + (r + 1) * B * kT);

@@ -39,6 +39,10 @@ GetEnvFn FakeEnv(std::map<std::string, std::string> vars);
 std::map<std::string, std::string> LaunchVars(int rank, int world,
                                               const std::string& run_id = "123-456");
 
+// Flags for `backend` and `strategy` at `world_size` (0: the launcher's), the
+// rest default.
+DataParallelFlags Flags(std::string backend, std::string strategy, int world_size = 0);
+
 // 2 layers, 2 heads, n_embd 8, vocab 11, block 6, no dropout.
 using dist::testing::Tiny;
 

@@ -1,0 +1,357 @@
+// models/common:data_parallel's configuration: flag parsing, the launcher's
+// environment and the rendezvous it implies, and the configuration checks
+// with their messages (data_parallel_config.cc). Running ranks and each
+// strategy's step: data_parallel_test.cc.
+#include "models/common/data_parallel.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "dist/wrap_policy.h"
+#include "gtest/gtest.h"
+#include "models/common/data_parallel_testing.h"
+#include "models/mingpt/model.h"
+#include "tensor/cuda_backend.h"
+
+namespace train {
+namespace {
+
+using namespace dp_testing;  // NOLINT: the shared fixtures
+
+// ---- Flags ----
+
+TEST(ParseTest, Backends) {
+  EXPECT_EQ(*ParseBackend("threads"), Backend::kThreads);
+  EXPECT_EQ(*ParseBackend("gloo"), Backend::kGloo);
+  EXPECT_EQ(*ParseBackend("nccl"), Backend::kNccl);
+  absl::StatusOr<Backend> bad = ParseBackend("mpi");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--backend='mpi' is not one of"));
+}
+
+TEST(ParseTest, Strategies) {
+  EXPECT_EQ(*ParseStrategy("ddp"), Strategy::kDdp);
+  EXPECT_EQ(*ParseStrategy("zero1"), Strategy::kZero1);
+  EXPECT_EQ(*ParseStrategy("shard_grad_op"), Strategy::kShardGradOp);
+  EXPECT_EQ(*ParseStrategy("full_shard"), Strategy::kFullShard);
+  EXPECT_EQ(*ParseStrategy(""), Strategy::kFullShard);
+  EXPECT_EQ(*ParseStrategy("no_shard"), Strategy::kNoShard);
+  EXPECT_FALSE(IsFsdp(Strategy::kDdp));
+  EXPECT_FALSE(IsFsdp(Strategy::kZero1));
+  EXPECT_TRUE(IsFsdp(Strategy::kNoShard));
+  EXPECT_EQ(StrategyName(Strategy::kFullShard), "FSDP FULL_SHARD");
+  EXPECT_EQ(*ParseStrategy("hybrid_shard"), Strategy::kHybridShard);
+  EXPECT_TRUE(IsFsdp(Strategy::kHybridShard));
+  EXPECT_EQ(*ParseStrategy("hybrid_shard_zero2"), Strategy::kHybridShardZero2);
+  EXPECT_TRUE(IsFsdp(Strategy::kHybridShardZero2));
+  EXPECT_EQ(StrategyName(Strategy::kHybridShardZero2), "FSDP HYBRID_SHARD_ZERO2");
+  EXPECT_TRUE(IsHybrid(Strategy::kHybridShard));
+  EXPECT_TRUE(IsHybrid(Strategy::kHybridShardZero2));
+  EXPECT_FALSE(IsHybrid(Strategy::kFullShard));
+  EXPECT_FALSE(IsHybrid(Strategy::kShardGradOp));
+  absl::StatusOr<Strategy> bad = ParseStrategy("fsdp");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--strategy='fsdp' is not one of"));
+}
+
+std::vector<std::string> UnitNames(nn::Module& model, const dist::WrapPolicy& policy) {
+  std::vector<std::string> names;
+  for (const dist::UnitPlan& unit : dist::PlanUnits(model, policy)) names.push_back(unit.name);
+  return names;
+}
+
+TEST(ParseTest, AutoWrap) {
+  mingpt::GPT model(Tiny());
+  EXPECT_EQ(UnitNames(model, *ParseAutoWrap("none", {"Block"})), std::vector<std::string>{""});
+  const std::vector<std::string> blocks =
+      UnitNames(model, *ParseAutoWrap("transformer", {"Block"}));
+  EXPECT_EQ(blocks, (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
+  // size:N is dist's size-based policy: the same units.
+  for (int64_t n : {1, 100, 300, 100000}) {
+    SCOPED_TRACE(n);
+    absl::StatusOr<dist::WrapPolicy> p = ParseAutoWrap(absl::StrCat("size:", n), {"Block"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(UnitNames(model, *p), UnitNames(model, dist::WrapPolicy::SizeBased(n)));
+  }
+  EXPECT_GT(UnitNames(model, *ParseAutoWrap("size:1", {"Block"})).size(), blocks.size());
+  EXPECT_EQ(UnitNames(model, *ParseAutoWrap("size:100000", {"Block"})).size(), 1u);
+  for (const char* bad : {"size:", "size:0", "size:-3", "size:1e3", "blocks", ""}) {
+    SCOPED_TRACE(bad);
+    absl::StatusOr<dist::WrapPolicy> p = ParseAutoWrap(bad, {"Block"});
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(p.status().message(), "--auto_wrap=")) << p.status();
+  }
+}
+
+// ---- The launcher's environment ----
+
+TEST(LaunchEnvTest, ReadsTheLaunchersVariables) {
+  absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(FakeEnv(LaunchVars(1, 2)));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rank, 1);
+  EXPECT_EQ(env->world_size, 2);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world_size, 2);
+  EXPECT_EQ(env->master_addr, "127.0.0.1");
+  EXPECT_EQ(env->master_port, 29500);
+  EXPECT_EQ(env->restart_count, 0);
+  EXPECT_EQ(env->run_id, "123-456");
+  // Only RANK and WORLD_SIZE are required.
+  env = ReadLaunchEnv(FakeEnv({{"RANK", "3"}, {"WORLD_SIZE", "4"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 3);
+  EXPECT_EQ(env->local_world_size, 4);
+  EXPECT_EQ(env->master_port, 0);
+  EXPECT_EQ(env->run_id, "");
+}
+
+TEST(LaunchEnvTest, MissingOrInvalidVariablesAreNamed) {
+  struct Case {
+    std::string var, value, expected;  // value "" removes the variable
+  };
+  const std::vector<Case> cases = {
+      {"RANK", "", "RANK is not set"},
+      {"WORLD_SIZE", "", "WORLD_SIZE is not set"},
+      {"RANK", "2", "RANK='2' is not an integer in [0, 1]"},
+      {"RANK", "-1", "RANK='-1' is not an integer"},
+      {"RANK", "one", "RANK='one' is not an integer"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE='0' is not an integer"},
+      {"LOCAL_WORLD_SIZE", "3", "LOCAL_WORLD_SIZE='3' is not an integer in [1, 2]"},
+      {"MASTER_PORT", "70000", "MASTER_PORT='70000'"},
+      {"RESTART_COUNT", "x", "RESTART_COUNT='x'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.var + "=" + c.value);
+    std::map<std::string, std::string> vars = LaunchVars(1, 2);
+    if (c.value.empty()) {
+      vars.erase(c.var);
+    } else {
+      vars[c.var] = c.value;
+    }
+    absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(FakeEnv(vars));
+    ASSERT_FALSE(env.ok());
+    EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(env.status().message(), c.expected)) << env.status();
+  }
+}
+
+TEST(RendezvousTest, DefaultDirectoryAndPerRunPrefix) {
+  LaunchEnv env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 2)));
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/scratch");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_127.0.0.1_29500");
+  EXPECT_EQ(r->prefix, "123-456/restart0");
+  // Another run, or a restart of this one, meets under other keys in the
+  // same directory.
+  env.run_id = "124-999";
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch")->prefix, "124-999/restart0");
+  env.restart_count = 2;
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch")->prefix, "124-999/restart2");
+  // Odd characters do not reach the file names.
+  env.master_addr = "node-1/x";
+  env.run_id = "a b";
+  r = ResolveRendezvous("", env, "/scratch");
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_node-1_x_29500");
+  EXPECT_EQ(r->prefix, "a_b/restart2");
+  // An explicit store is used as given.
+  r = ResolveRendezvous("redis://10.0.0.1:6379", env, "/scratch");
+  EXPECT_EQ(r->store, "redis://10.0.0.1:6379");
+  EXPECT_EQ(r->prefix, "a_b/restart2");
+  env.run_id = "";
+  EXPECT_EQ(ResolveRendezvous("/shared/rdzv", env, "/scratch")->prefix, "run/restart2");
+}
+
+TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
+  LaunchEnv env = *ReadLaunchEnv(FakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/tmp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "needs MASTER_ADDR, MASTER_PORT, RUN_ID"))
+      << r.status();
+  env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 4)));
+  env.local_world_size = 2;  // two nodes
+  r = ResolveRendezvous("", env, "/tmp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "several nodes")) << r.status();
+  EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp").ok());
+  EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp").ok());
+}
+
+// ---- The configuration ----
+
+absl::Status ConfigError(const DataParallelFlags& f, int world = 2) {
+  return ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(0, world))).status();
+}
+
+TEST(ConfigureTest, ThreadsAndGloo) {
+  EXPECT_FALSE(WantsDataParallel(Flags("threads", "", 0)));
+  EXPECT_FALSE(WantsDataParallel(Flags("threads", "", 1)));
+  EXPECT_TRUE(WantsDataParallel(Flags("threads", "", 2)));
+  EXPECT_TRUE(WantsDataParallel(Flags("threads", "ddp", 1)));
+  EXPECT_TRUE(WantsDataParallel(Flags("gloo", "", 0)));
+  EXPECT_TRUE(WantsDataParallel(Flags("threads", "", -2)));  // to be refused
+
+  absl::StatusOr<DataParallelConfig> c =
+      ConfigureDataParallel(Flags("threads", "ddp", 0), {"Block"}, FakeEnv({}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->world_size, 1);
+  EXPECT_EQ(c->Describe(), "DDP over 1 rank (threads)");
+
+  DataParallelFlags gloo = Flags("gloo", "", 0);
+  gloo.timeout_s = 7.5;
+  c = ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->world_size, 3);
+  EXPECT_EQ(c->env.rank, 1);
+  EXPECT_EQ(c->timeout, absl::Seconds(7.5));
+  EXPECT_EQ(c->rendezvous.prefix, "123-456/restart0");
+  EXPECT_TRUE(absl::StartsWith(c->rendezvous.store, TempDir() + "/fsdp_rdzv_127.0.0.1_29500"));
+  EXPECT_EQ(c->Describe(), "FSDP FULL_SHARD (auto_wrap transformer) over 3 ranks (gloo)");
+  gloo.world_size = 3;  // agrees with WORLD_SIZE
+  EXPECT_TRUE(ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3))).ok());
+}
+
+TEST(ConfigureTest, DevicesAndNccl) {
+  // Threads: every rank on the given GPU, optionally offloading.
+  DataParallelFlags f = Flags("threads", "full_shard", 2);
+  f.device = "cuda:1";
+  f.cpu_offload = true;
+  absl::StatusOr<DataParallelConfig> c = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, tensor::Device::Cuda(1));
+  EXPECT_TRUE(c->cpu_offload);
+  EXPECT_EQ(c->Describe(),
+            "FSDP FULL_SHARD (auto_wrap transformer) over 2 ranks (threads) on cuda:1, CPU "
+            "offload");
+  // nccl: one process per GPU, cuda:LOCAL_RANK, meeting in a directory.
+  f = Flags("nccl", "no_shard", 0);
+  f.device = "cuda";
+  c = ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->backend, Backend::kNccl);
+  EXPECT_EQ(c->device, tensor::Device::Cuda(1));  // LOCAL_RANK defaults to RANK
+  EXPECT_TRUE(absl::StartsWith(c->rendezvous.store, TempDir() + "/fsdp_rdzv_"));
+  EXPECT_EQ(c->Describe(),
+            "FSDP NO_SHARD (auto_wrap transformer) over 3 ranks (nccl) on cuda:LOCAL_RANK");
+  f.rdzv = "file:///shared/rdzv";
+  c = ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rendezvous.store, "/shared/rdzv");
+}
+
+TEST(RunDataParallelTest, NcclWithoutCudaSaysHowToBuildIt) {
+  if (tensor::cuda::Built()) GTEST_SKIP() << "a --config=cuda build";
+  DataParallelFlags f = Flags("nccl", "", 0);
+  f.device = "cuda";
+  absl::StatusOr<DataParallelConfig> c =
+      ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 2)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  bool ran = false;
+  absl::Status s = RunDataParallel(*c, [&](RankContext&) {
+    ran = true;
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1: --backend=nccl: this binary was built "
+                                             "without CUDA support; build it with --config=cuda"))
+      << s;
+}
+
+TEST(ConfigureTest, RefusesWithClearMessages) {
+  struct Case {
+    DataParallelFlags flags;
+    std::string expected;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Flags("gloo", "", 4), "--world_size=4 disagrees with WORLD_SIZE=2"});
+  cases.push_back({Flags("nccl", ""), "--backend=nccl needs --device=cuda"});
+  DataParallelFlags on_gpu = Flags("gloo", "", 0);
+  on_gpu.device = "cuda";
+  cases.push_back({on_gpu, "--backend=gloo runs collectives on the CPU; with --device=cuda"});
+  on_gpu = Flags("nccl", "", 0);
+  on_gpu.device = "cuda";
+  on_gpu.rdzv = "redis://127.0.0.1:6379";
+  cases.push_back({on_gpu, "--backend=nccl meets through a directory store"});
+  on_gpu = Flags("threads", "full_shard", 2);
+  on_gpu.cpu_offload = true;
+  cases.push_back({on_gpu, "--cpu_offload keeps FSDP's shards"});
+  on_gpu.device = "cuda";
+  on_gpu.strategy = "zero1";
+  cases.push_back({on_gpu, "--cpu_offload keeps FSDP's shards"});
+  on_gpu = Flags("threads", "full_shard", 2);
+  on_gpu.device = "tpu";
+  cases.push_back({on_gpu, "tpu"});
+  cases.push_back({Flags("threads", "hybrid_shard", 4),
+                   "--strategy=hybrid_shard with --backend=threads needs --hybrid_shard_group_size"});
+  DataParallelFlags hybrid = Flags("threads", "hybrid_shard", 4);
+  hybrid.hybrid_shard_group_size = 3;
+  cases.push_back({hybrid, "a shard group of 3 (--hybrid_shard_group_size) ranks does not divide "
+                           "the world size 4"});
+  hybrid = Flags("threads", "full_shard", 4);
+  hybrid.hybrid_shard_group_size = 2;
+  cases.push_back({hybrid,
+                   "--hybrid_shard_group_size=2 applies to --strategy=hybrid_shard or "
+                   "hybrid_shard_zero2 only"});
+  cases.push_back({Flags("threads", "hybrid_shard_zero2", 4),
+                   "--strategy=hybrid_shard_zero2 with --backend=threads needs "
+                   "--hybrid_shard_group_size"});
+  hybrid = Flags("threads", "full_shard", 4);
+  hybrid.backward_prefetch = "early";
+  cases.push_back({hybrid, "--backward_prefetch='early' is not one of pre, post, none"});
+  hybrid = Flags("threads", "full_shard", 4);
+  hybrid.max_inflight_all_gathers = 0;
+  cases.push_back({hybrid, "--max_inflight_all_gathers=0 must be >= 1"});
+  DataParallelFlags ahead = Flags("threads", "full_shard", 2);
+  ahead.prefetch_units = -1;
+  cases.push_back({ahead, "--prefetch_units=-1 must be >= 0 (0: none)"});
+  ahead = Flags("threads", "ddp", 2);
+  ahead.prefetch_units = 2;
+  cases.push_back({ahead,
+                   "--prefetch_units=2 names FSDP units to all-gather ahead; --strategy=ddp "
+                   "has none"});
+  ahead = Flags("threads", "shard_grad_op", 2);
+  ahead.keep_last_unit = true;
+  cases.push_back({ahead,
+                   "--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would reshard "
+                   "after its forward; --strategy=shard_grad_op reshards none"});
+  hybrid = Flags("threads", "zero1", 2);
+  hybrid.bucket_cap_mb = 0;
+  cases.push_back({hybrid, "--bucket_cap_mb=0 must be in (0, 1e6]"});
+  DataParallelFlags inflight = Flags("threads", "zero1", 2);
+  inflight.max_inflight_buckets = -1;
+  cases.push_back({inflight, "--max_inflight_buckets=-1 must be >= 0 (0: no bound)"});
+  cases.push_back({Flags("threads", "", -1), "--world_size=-1 must be >= 1"});
+  DataParallelFlags f = Flags("threads", "", 2);
+  f.timeout_s = 0;
+  cases.push_back({f, "--timeout_s=0 must be in (0, 1e6]"});
+  f = Flags("threads", "", 2);
+  f.rdzv = "/tmp/x";
+  cases.push_back({f, "--rdzv applies to --backend=gloo only"});
+  f = Flags("threads", "", 2);
+  f.auto_wrap = "blocks";
+  cases.push_back({f, "--auto_wrap='blocks'"});
+  f = Flags("threads", "", 2);
+  f.precision = "fp8";
+  cases.push_back({f, "fp8"});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expected);
+    absl::Status s = ConfigError(c.flags);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
+  }
+  // bf16 with every strategy is fine.
+  for (const char* strategy : {"ddp", "zero1", "full_shard", "shard_grad_op", "no_shard"}) {
+    f = Flags("threads", strategy, 2);
+    f.precision = "bf16";
+    EXPECT_TRUE(ConfigError(f).ok()) << strategy;
+  }
+}
+
+}  // namespace
+}  // namespace train
