@@ -29,9 +29,9 @@
 #                                its summary: the ones left are listed as NOT RUN, to pass by name
 #                                to a second call.
 #   tools/gpu_session.sh bench   //tensor/cuda:matmul_benchmark (also with FSDP_CUDA_GEMM_TUNE=1),
-#                                :attention_benchmark and :norm_benchmark (tables;
-#                                $OUT/matmul.txt, $OUT/matmul_tuned.txt, $OUT/attention.txt,
-#                                $OUT/norm.txt)
+#                                :attention_benchmark, :norm_benchmark and :loss_benchmark
+#                                (tables; $OUT/matmul.txt, $OUT/matmul_tuned.txt,
+#                                $OUT/attention.txt, $OUT/norm.txt, $OUT/loss.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
 #                                losses and per-rank memory ($OUT/train.log), sampling from
@@ -41,7 +41,8 @@
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours (also with FSDP_CUDA_GEMM_TUNE=1, with
 #                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0, with FSDP_CUDA_NORM_HOLD_ROWS=0,
-#                                and with FSDP_CUDA_ATTENTION=cudnn, alone and with the tuning;
+#                                with FSDP_CUDA_LOSS_ROW_THREADS=256, and with
+#                                FSDP_CUDA_ATTENTION=cudnn, alone and with the tuning;
 #                                GPU_SESSION_PYTORCH_VARIANTS: other flags) and of PyTorch eager
 #                                ($OUT/vs_pytorch.json, charted in $OUT/vs_pytorch.svg)
 #   tools/gpu_session.sh attention
@@ -57,14 +58,15 @@
 #                                own cuDNN SDPA (forward and backward, B 1, T 1024 and 2048) each
 #                                under the API log (to diff the two graphs here with
 #                                tools/cudnn_log_graph.py when ours fails), then the attention
-#                                phase, norm_benchmark ($OUT/norm.txt) and the pytorch
+#                                phase, norm_benchmark ($OUT/norm.txt), loss_benchmark
+#                                ($OUT/loss.txt) and the pytorch
 #                                phase (GPU_SESSION_CUDNN_PYTORCH_UNTIL_S, 560) with the cuDNN
 #                                variants (alone, with the GEMM tuning, and with the tuning and
 #                                the column-sum bias gradients), the tuning and column sums
 #                                without it, and the norms loading their rows
 #                                (FSDP_CUDA_NORM_HOLD_ROWS=0). $OUT: tests.txt, tests.log,
 #                                cudnn_logs.tar.xz (ours, PyTorch's), attention.txt, norm.txt,
-#                                vs_pytorch.json
+#                                loss.txt, vs_pytorch.json
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
 #                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
@@ -165,7 +167,7 @@ run_tests() {
 # (--attention_dq_atomic and --attention_narrow, timed on 2026-11-27: 39.6% and 41.5% MFU
 # against 41.0%, the narrow kernels x1.01 in attention_benchmark; GPU_SESSION_PYTORCH_VARIANTS
 # replaces the list.)
-read -r -a pytorch_variants <<< "${GPU_SESSION_PYTORCH_VARIANTS:---gemm_tune --bias_grad_unfused --attention_cudnn --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0}"
+read -r -a pytorch_variants <<< "${GPU_SESSION_PYTORCH_VARIANTS:---gemm_tune --bias_grad_unfused --attention_cudnn --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0 --ours_env loss_rows_256:FSDP_CUDA_LOSS_ROW_THREADS=256}"
 
 # run_pytorch LIMIT_S [FLAG...]: gpt2 124M bf16, batch 16 x 1024, AdamW, ours against PyTorch
 # eager (with its fused attention too) through tools/bench_vs_pytorch.py, FLAGs added, killed
@@ -204,18 +206,21 @@ run_attention() {
   return $rc
 }
 
-# run_norm_bench LIMIT_S: //tensor/cuda:norm_benchmark (gpt2's LayerNorm, T5's RMSNorm: rows
-# held in registers against rows loaded by each pass, alternating rounds) into $out/norm.txt,
-# killed after LIMIT_S seconds.
-run_norm_bench() {
-  if ! has norm_benchmark; then
-    echo "SKIP norm (norm_benchmark is not in the bundle)"
+# run_row_bench NAME LIMIT_S ARG...: //tensor/cuda:NAME_benchmark ARGs (its table, then a JSON
+# line) into $out/NAME.txt, killed after LIMIT_S seconds: norm (gpt2's LayerNorm, T5's
+# RMSNorm: rows held in registers against rows loaded by each pass) and loss (gpt2's fused
+# cross-entropy with each row block size), alternating rounds.
+run_row_bench() {
+  local name=$1 limit=$2
+  shift 2
+  if ! has "${name}_benchmark"; then
+    echo "SKIP $name (${name}_benchmark is not in the bundle)"
     return 0
   fi
-  timeout -k 5 "$1" "$run" norm_benchmark 11 20 > "$out/norm.txt" 2>&1
+  timeout -k 5 "$limit" "$run" "${name}_benchmark" "$@" > "$out/$name.txt" 2>&1
   local rc=$?
-  grep -v '^{' "$out/norm.txt"
-  (( rc == 0 )) || echo "norm: exit $rc (124: killed after $1 s)"
+  grep -v '^{' "$out/$name.txt"
+  (( rc == 0 )) || echo "$name: exit $rc (124: killed after $limit s)"
   return $rc
 }
 
@@ -334,7 +339,8 @@ case "$phase" in
     else
       echo "gpu_session: attention_benchmark is not in the bundle" >&2
     fi
-    run_norm_bench 120
+    run_row_bench norm 120 11 20
+    run_row_bench loss 120 7 5
     ;;
   train)
     has train || { echo "gpu_session: train is not in the bundle" >&2; exit 2; }
@@ -468,7 +474,9 @@ PY
     run_attention 90
     grep -E 'cuDNN \(FSDP_CUDA_ATTENTION' "$out/attention.txt"
     echo "=== the norm kernels, rows held in registers against loaded (norm.txt)"
-    run_norm_bench 60
+    run_row_bench norm 60 11 20
+    echo "=== the fused cross-entropy's row block sizes (loss.txt)"
+    run_row_bench loss 60 7 5
     echo "=== ours against PyTorch eager, with cuDNN's attention"
     run_pytorch $(( phase_start + ${GPU_SESSION_CUDNN_PYTORCH_UNTIL_S:-560} - $(date +%s) )) \
       --attention_cudnn --gemm_tune --bias_grad_unfused \

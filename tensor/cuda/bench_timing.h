@@ -1,6 +1,6 @@
 // What the GPU benchmarks of tensor/cuda share: exiting on a CUDA error with
-// the call's name, timing calls between two CUDA events, medians, and
-// positive integer arguments.
+// the call's name, timing calls between two CUDA events, medians, positive
+// integer arguments, and the main() of the ones taking [rounds] [calls].
 #ifndef TENSOR_CUDA_BENCH_TIMING_H_
 #define TENSOR_CUDA_BENCH_TIMING_H_
 
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace tensor {
@@ -61,6 +62,22 @@ inline int64_t PositiveArg(int argc, char** argv, int i, const char* name, int64
     std::exit(2);
   }
   return v;
+}
+
+// main() of a benchmark run as `name [rounds] [calls]`: both positive (these
+// defaults when absent); exits 1 without a CUDA device, else returns
+// run(rounds, calls).
+inline int RoundsAndCallsMain(int argc, char** argv, const char* name, int rounds, int calls,
+                              int (*run)(int rounds, int calls)) {
+  const std::string usage = std::string(name) + " [rounds] [calls]";
+  rounds = static_cast<int>(PositiveArg(argc, argv, 1, "rounds", rounds, usage.c_str()));
+  calls = static_cast<int>(PositiveArg(argc, argv, 2, "calls", calls, usage.c_str()));
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "%s: no CUDA device visible\n", name);
+    return 1;
+  }
+  return run(rounds, calls);
 }
 
 }  // namespace bench

@@ -14,9 +14,11 @@
 //    the first aligned element, 16-byte vectors, and a scalar tail.
 // 3. LossSumKernel (one block): the per-row losses added in double in a fixed
 //    order (deterministic), loss = total / count written on the device.
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/rows.cuh"
@@ -278,8 +280,37 @@ void DispatchIndexType(const char* op, Dtype dtype, Fn&& fn) {
   }
 }
 
-// Threads per row block: about 4 loads a thread, 128 to 1024.
+// Whether `threads` may be a row block's size: a multiple of a warp in [32, 1024].
+bool ValidRowThreads(int64_t threads) {
+  return threads >= kWarp && threads <= kMaxRowThreads && threads % kWarp == 0;
+}
+
+// FSDP_CUDA_LOSS_ROW_THREADS as a row block's size (unset or empty: 0, the
+// default); throws OpError naming the variable when it is not one.
+int RowThreadsFromEnv() {
+  const char* env = std::getenv("FSDP_CUDA_LOSS_ROW_THREADS");
+  if (env == nullptr || env[0] == '\0') return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || (v != 0 && !ValidRowThreads(v))) {
+    ThrowOpError("cross_entropy", "FSDP_CUDA_LOSS_ROW_THREADS='", env,
+                 "' must be 0 (the default) or a multiple of 32 in [32, 1024]");
+  }
+  return static_cast<int>(v);
+}
+
+// The threads a row's block is given (0: RowThreads' choice). Read from the
+// environment at its first use; a throw there leaves it unset, so each call
+// says so again.
+std::atomic<int>& RowThreadsSetting() {
+  static std::atomic<int> threads{RowThreadsFromEnv()};
+  return threads;
+}
+
+// Threads per row block: the setting, or about 4 loads a thread, 128 to 1024.
 unsigned RowThreads(int64_t v, int vec) {
+  const int setting = RowThreadsSetting().load(std::memory_order_relaxed);
+  if (setting > 0) return static_cast<unsigned>(setting);
   const int64_t loads = (v + vec - 1) / vec;
   int64_t threads = ((loads + 3) / 4 + kWarp - 1) / kWarp * kWarp;
   threads = threads < 128 ? 128 : (threads > kMaxRowThreads ? kMaxRowThreads : threads);
@@ -371,6 +402,20 @@ CrossEntropyStats CrossEntropyForwardBackwardInPlace(const Tensor& logits, const
                                                      int64_t ignore_index, float grad_loss,
                                                      const Tensor& lse, const Tensor& loss) {
   return Run<kBoth>("cross_entropy", logits, targets, ignore_index, grad_loss, lse, loss, logits);
+}
+
+void SetCrossEntropyRowThreads(int threads) {
+  OP_CHECK(threads == 0 || ValidRowThreads(threads), "cross_entropy",
+           "row threads must be 0 (the default) or a multiple of 32 in [32, 1024]; got ", threads);
+  RowThreadsSetting().store(threads);
+}
+
+int CrossEntropyRowThreads() { return RowThreadsSetting().load(std::memory_order_relaxed); }
+
+int CrossEntropyBlockThreads(int64_t v, int per_load) {
+  OP_CHECK(v >= 0 && per_load >= 1, "cross_entropy", "rows of ", v, " elements loaded ", per_load,
+           " at a time");
+  return static_cast<int>(RowThreads(v, per_load));
 }
 
 }  // namespace cuda

@@ -49,6 +49,20 @@ CrossEntropyStats CrossEntropyForwardBackwardInPlace(const Tensor& logits, const
                                                      int64_t ignore_index, float grad_loss,
                                                      const Tensor& lse, const Tensor& loss);
 
+// Threads of a row's block (the kernels run one block a row): 0, the default,
+// takes about 4 16-byte loads a thread, 128 to 1024 (1024 at GPT-2's 50257);
+// else that many, a multiple of 32 in [32, 1024] (anything else throws
+// OpError). Environment FSDP_CUDA_LOSS_ROW_THREADS=N sets it at the first call
+// (an invalid N makes each call throw, naming the variable). The results are
+// the same up to the order of a row's sums. For timing block sizes against each
+// other (//tensor/cuda:loss_benchmark) and testing them.
+void SetCrossEntropyRowThreads(int threads);
+int CrossEntropyRowThreads();
+// The threads a row's block gets for rows of v elements loaded `per_load` at a
+// time (16 bytes: 8 of bf16 / f16, 4 of f32; 1 for rows not 16-byte aligned):
+// the setting above, or its default.
+int CrossEntropyBlockThreads(int64_t v, int per_load);
+
 }  // namespace cuda
 }  // namespace tensor
 

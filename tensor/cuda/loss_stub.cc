@@ -1,4 +1,7 @@
-// Builds without --config=cuda: the cross-entropy kernels fail with a clear message.
+// Builds without --config=cuda: the cross-entropy kernels fail with a clear
+// message; the row-threads switch still answers.
+#include <atomic>
+
 #include "tensor/cuda/loss.h"
 #include "tensor/cuda/stub.h"
 
@@ -16,6 +19,23 @@ CrossEntropyStats CrossEntropyBackward(const Tensor& logits, const Tensor&, cons
 CrossEntropyStats CrossEntropyForwardBackwardInPlace(const Tensor& logits, const Tensor&, int64_t,
                                                      float, const Tensor&, const Tensor&) {
   NotBuilt("cross_entropy", logits);
+}
+
+// The switch alone works without CUDA (there are no kernels to size).
+namespace {
+std::atomic<int> row_threads{0};
+}  // namespace
+void SetCrossEntropyRowThreads(int threads) {
+  OP_CHECK(threads == 0 || (threads >= 32 && threads <= 1024 && threads % 32 == 0),
+           "cross_entropy",
+           "row threads must be 0 (the default) or a multiple of 32 in [32, 1024]; got ", threads);
+  row_threads.store(threads);
+}
+int CrossEntropyRowThreads() { return row_threads.load(); }
+int CrossEntropyBlockThreads(int64_t v, int per_load) {
+  OP_CHECK(false, "cross_entropy", "CUDA support was not built into this binary (rows of ", v,
+           " elements loaded ", per_load, " at a time)");
+  return 0;
 }
 
 }  // namespace cuda

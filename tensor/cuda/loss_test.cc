@@ -2,8 +2,9 @@
 // backward, and the fused in-place forward + backward; V = 50257 (rows that
 // are not 16-byte aligned), tiny V, more than 65535 rows, i32 and i64 targets,
 // ignore_index (some, all, and one that is a class id), the error for targets
-// out of range (the fused op then leaves the logits alone), and a loss that is
-// bit-identical across runs.
+// out of range (the fused op then leaves the logits alone), a loss that is
+// bit-identical across runs, and every size a row's block may be given
+// (cuda::SetCrossEntropyRowThreads).
 #include "tensor/ops/loss.h"
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tensor/cuda/loss.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
 
@@ -223,6 +225,78 @@ TEST(CudaLossTest, LossIsBitIdenticalAcrossRuns) {
   const CrossEntropyResult b = CrossEntropy(x, t);
   EXPECT_EQ(a.loss.Item(), b.loss.Item());
   EXPECT_EQ(ToCpu(a.lse).ToVector<float>(), ToCpu(b.lse).ToVector<float>());
+}
+
+// Restores the kernels' default row block size when it goes.
+class RowThreadsGuard {
+ public:
+  RowThreadsGuard() = default;
+  RowThreadsGuard(const RowThreadsGuard&) = delete;
+  RowThreadsGuard& operator=(const RowThreadsGuard&) = delete;
+  ~RowThreadsGuard() { cuda::SetCrossEntropyRowThreads(0); }
+};
+
+// Every row block size gives the CPU's results: one warp a row to 1024
+// threads, with rows of 37 (fewer elements than threads) and 1001 (bf16 rows
+// that start off 16-byte boundaries: a scalar head, vectors and a tail).
+TEST(CudaLossTest, EveryRowBlockSizeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  RowThreadsGuard restore;
+  uint64_t seed = 700;
+  for (int threads : {32, 96, 256, 1024}) {
+    cuda::SetCrossEntropyRowThreads(threads);
+    ASSERT_EQ(cuda::CrossEntropyRowThreads(), threads);
+    ASSERT_EQ(cuda::CrossEntropyBlockThreads(1001, 8), threads);
+    for (const Shape& shape : {Shape({6, 37}), Shape({4, 1001})}) {
+      for (Dtype d : {Dtype::kBF16, Dtype::kF32}) {
+        SCOPED_TRACE(std::to_string(threads) + " threads, " + shape.ToString() + " " +
+                     std::string(DtypeName(d)));
+        const int64_t v = shape[1];
+        const Tensor x = RandomTensor(shape, ++seed, -5.0f, 5.0f, d);
+        const Tensor t = RandomTargets({shape[0]}, v, ++seed, 3, Dtype::kI64);
+        const Tensor cpu_logits = x.Clone();
+        const CrossEntropyResult cpu = CrossEntropyForwardBackwardInPlace(cpu_logits, t, 2.0f);
+        const Tensor gpu_logits = ToGpu(x);
+        const CrossEntropyResult gpu =
+            CrossEntropyForwardBackwardInPlace(gpu_logits, ToGpu(t), 2.0f);
+        EXPECT_EQ(gpu.count, cpu.count);
+        EXPECT_TRUE(MatchesCpu(gpu.loss, cpu.loss, LossTolerance()));
+        EXPECT_TRUE(MatchesCpu(gpu.lse, cpu.lse, LossTolerance()));
+        EXPECT_TRUE(MatchesCpu(gpu_logits, cpu_logits, GradTolerance(d)));
+      }
+    }
+  }
+}
+
+// The default: about 4 loads a thread, 128 to 1024 (GPT-2's rows of 50257
+// bf16: 1024).
+TEST(CudaLossTest, DefaultRowBlockSizes) {
+  SKIP_WITHOUT_GPU();
+  RowThreadsGuard restore;
+  cuda::SetCrossEntropyRowThreads(0);
+  EXPECT_EQ(cuda::CrossEntropyBlockThreads(50257, 8), 1024);
+  EXPECT_EQ(cuda::CrossEntropyBlockThreads(50257, 1), 1024);
+  EXPECT_EQ(cuda::CrossEntropyBlockThreads(8192, 8), 256);  // 1024 loads: 4 a thread
+  EXPECT_EQ(cuda::CrossEntropyBlockThreads(37, 4), 128);
+}
+
+// A size that is not a multiple of a warp in [32, 1024] is refused, naming it
+// (with or without a GPU), and leaves the setting as it was.
+TEST(CudaLossTest, InvalidRowBlockSizesAreRefused) {
+  RowThreadsGuard restore;
+  cuda::SetCrossEntropyRowThreads(256);
+  for (int bad : {-32, 16, 48, 1056, 2048}) {
+    try {
+      cuda::SetCrossEntropyRowThreads(bad);
+      ADD_FAILURE() << bad << " threads a row were accepted";
+    } catch (const OpError& e) {
+      EXPECT_NE(std::string(e.what()).find("multiple of 32 in [32, 1024]; got " +
+                                           std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(cuda::CrossEntropyRowThreads(), 256);
+  }
 }
 
 }  // namespace

@@ -21,7 +21,6 @@
 
 #include "tensor/cuda/bench_timing.h"
 #include "tensor/cuda/norm.h"
-#include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
@@ -118,12 +117,5 @@ int Run(int rounds, int calls) {
 }  // namespace tensor
 
 int main(int argc, char** argv) {
-  constexpr char kUsage[] = "norm_benchmark [rounds] [calls]";
-  const int rounds = static_cast<int>(tensor::bench::PositiveArg(argc, argv, 1, "rounds", 11, kUsage));
-  const int calls = static_cast<int>(tensor::bench::PositiveArg(argc, argv, 2, "calls", 20, kUsage));
-  if (tensor::cuda::DeviceCount() == 0) {
-    std::fprintf(stderr, "no CUDA device visible\n");
-    return 1;
-  }
-  return tensor::Run(rounds, calls);
+  return tensor::bench::RoundsAndCallsMain(argc, argv, "norm_benchmark", 11, 20, tensor::Run);
 }
