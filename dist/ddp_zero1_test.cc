@@ -43,14 +43,14 @@ using ddp_zero1_testing::kSteps;
 using ddp_zero1_testing::kTol;
 using ddp_zero1_testing::MakeOptimizer;
 using ddp_zero1_testing::MaxAbsDiff;
-using testing::MaybeSkips;
 using ddp_zero1_testing::Mode;
 using ddp_zero1_testing::Opt;
 using ddp_zero1_testing::RandomBatch;
 using ddp_zero1_testing::RankSeed;
 using ddp_zero1_testing::Rows;
 using tensor::Tensor;
-using testing::Tiny;  // dist/fsdp_testing.h
+using testing::MaybeSkips;  // dist/fsdp_testing.h
+using testing::Tiny;        // dist/fsdp_testing.h
 
 struct Trajectory {
   std::vector<double> losses;

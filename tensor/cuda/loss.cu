@@ -280,10 +280,8 @@ void DispatchIndexType(const char* op, Dtype dtype, Fn&& fn) {
   }
 }
 
-// Whether `threads` may be a row block's size: a multiple of a warp in [32, 1024].
-bool ValidRowThreads(int64_t threads) {
-  return threads >= kWarp && threads <= kMaxRowThreads && threads % kWarp == 0;
-}
+static_assert(kWarp == 32 && kMaxRowThreads == 1024,
+              "ValidCrossEntropyRowThreads (loss.h) spells out the warp and the block limit");
 
 // FSDP_CUDA_LOSS_ROW_THREADS as a row block's size (unset or empty: 0, the
 // default); throws OpError naming the variable when it is not one.
@@ -292,7 +290,7 @@ int RowThreadsFromEnv() {
   if (env == nullptr || env[0] == '\0') return 0;
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || (v != 0 && !ValidRowThreads(v))) {
+  if (*end != '\0' || (v != 0 && !ValidCrossEntropyRowThreads(v))) {
     ThrowOpError("cross_entropy", "FSDP_CUDA_LOSS_ROW_THREADS='", env,
                  "' must be 0 (the default) or a multiple of 32 in [32, 1024]");
   }
@@ -405,7 +403,7 @@ CrossEntropyStats CrossEntropyForwardBackwardInPlace(const Tensor& logits, const
 }
 
 void SetCrossEntropyRowThreads(int threads) {
-  OP_CHECK(threads == 0 || ValidRowThreads(threads), "cross_entropy",
+  OP_CHECK(threads == 0 || ValidCrossEntropyRowThreads(threads), "cross_entropy",
            "row threads must be 0 (the default) or a multiple of 32 in [32, 1024]; got ", threads);
   RowThreadsSetting().store(threads);
 }

@@ -58,6 +58,11 @@ CrossEntropyStats CrossEntropyForwardBackwardInPlace(const Tensor& logits, const
 // other (//tensor/cuda:loss_benchmark) and testing them.
 void SetCrossEntropyRowThreads(int threads);
 int CrossEntropyRowThreads();
+// Whether `threads` may be a row's block size: a multiple of a warp (32) in
+// [32, 1024] (what the setting above takes besides 0).
+inline bool ValidCrossEntropyRowThreads(int64_t threads) {
+  return threads >= 32 && threads <= 1024 && threads % 32 == 0;
+}
 // The threads a row's block gets for rows of v elements loaded `per_load` at a
 // time (16 bytes: 8 of bf16 / f16, 4 of f32; 1 for rows not 16-byte aligned):
 // the setting above, or its default.

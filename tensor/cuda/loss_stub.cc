@@ -26,8 +26,7 @@ namespace {
 std::atomic<int> row_threads{0};
 }  // namespace
 void SetCrossEntropyRowThreads(int threads) {
-  OP_CHECK(threads == 0 || (threads >= 32 && threads <= 1024 && threads % 32 == 0),
-           "cross_entropy",
+  OP_CHECK(threads == 0 || ValidCrossEntropyRowThreads(threads), "cross_entropy",
            "row threads must be 0 (the default) or a multiple of 32 in [32, 1024]; got ", threads);
   row_threads.store(threads);
 }
