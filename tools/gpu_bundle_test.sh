@@ -137,7 +137,7 @@ if [[ "$mode" == cpu ]]; then
   # The cudnn phase names the binary it lacks (this bundle holds none of its four).
   out=$(cd "$work" && env -i PATH=/usr/bin:/bin GPU_SESSION_BUNDLE="$u" OUT="$work/session2" \
     bash "$session_sh" cudnn 2>&1) && fail "gpu_session.sh cudnn ran without its binaries"
-  expect_in "attention_test is not in the bundle" "$out" "gpu_session.sh cudnn without attention_test"
+  expect_in "attention_cudnn_test is not in the bundle" "$out" "gpu_session.sh cudnn without attention_cudnn_test"
   # The racecheck phase with a stand-in compute-sanitizer (runs the program; with FAKE_HAZARD
   # set, reports a hazard and exits with --error-exitcode), on this bundle's test.
   mkdir -p "$work/fakecs"

@@ -51,7 +51,7 @@
 #                                at its shapes, one table (tools/attention_vs_torch.py;
 #                                $OUT/attention.txt, $OUT/attention_vs_torch.json)
 #   tools/gpu_session.sh cudnn   cuDNN's fused attention (FSDP_CUDA_ATTENTION=cudnn), first run
-#                                and its figures in one call: attention_test's cuDNN cases under
+#                                and its figures in one call: attention_cudnn_test under
 #                                cuDNN's API log (level 3: every backend call and attribute),
 #                                gpt2 trained 4 steps with our attention and with cuDNN's (the
 #                                losses side by side), then attention_benchmark 1 1 and PyTorch's
@@ -409,7 +409,7 @@ PY
     run_attention 300 --json_out "$out/attention_vs_torch.json"
     ;;
   cudnn)
-    for t in attention_test attention_benchmark train; do
+    for t in attention_cudnn_test attention_benchmark train; do
       has "$t" || { echo "gpu_session: $t is not in the bundle" >&2; exit 2; }
     done
     # cuDNN's API logs (CUDNN_LOGLEVEL_DBG=3: every backend call, descriptor and attribute;
@@ -418,9 +418,9 @@ PY
     : > "$out/tests.log"
     : > "$out/tests.txt"
     per_check=120
-    CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$logs/ours_attention_test.log" \
-      timed_check "$run" attention_test --gtest_filter='*Cudnn*'
-    record_check tests "$verdict attention_test --gtest_filter=*Cudnn* (exit $code, ${secs}s)" \
+    CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$logs/ours_attention_cudnn_test.log" \
+      timed_check "$run" attention_cudnn_test
+    record_check tests "$verdict attention_cudnn_test (exit $code, ${secs}s)" \
       -B2 -A12 -m 8 -E 'Failure|FAILED|error|Error|cuDNN'
     # gpt2 (head size 64) trained 4 steps with our attention and with cuDNN's: the losses side by side.
     gpt2=(--device=cuda:0 --preset=gpt2 --precision=bf16 --batch_size=4 --seq_len=1024 --steps=4

@@ -3,8 +3,9 @@
 // bf16 / f16 / f32, causal or not, T_q = T_k and not, lengths that are not
 // multiples of the tiles, strided and unaligned inputs, a bias and a key
 // padding mask (with the bias's gradient, summed over a shared batch in
-// groups), reproducibility; plus
-// the host-side checks and geometry, which run without a GPU.
+// groups), reproducibility; plus the host-side checks and geometry, which
+// run without a GPU. cuDNN's attention: attention_cudnn_test.cc; the
+// reference and the shared helpers: attention_testing.h.
 //
 // Tolerances (|gpu - ref| <= tol * (max|ref| + |ref|), per tensor): the
 // reference sees exactly the rounded inputs, so the error is the kernels'
@@ -15,7 +16,6 @@
 // the largest result, so 2e-2 (10 roundoffs) for bf16. f16 (2^-11): 5e-3. f32
 // (float FMA, exp2f): 1e-4. lse is f32 in every case: 1e-4.
 #include "tensor/cuda/attention.h"
-#include "tensor/cuda/attention_cudnn.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tensor/cuda/attention_testing.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
 
@@ -34,150 +35,18 @@ namespace {
 using cuda::FlashAttentionKernel;
 using cuda::FlashAttentionPass;
 using cuda::FlashAttentionTilesFor;
+using cuda::attention_testing::Case;
+using cuda::attention_testing::Compute;
+using cuda::attention_testing::ExpectNear;
+using cuda::attention_testing::GpuView;
+using cuda::attention_testing::Name;
+using cuda::attention_testing::Reference;
+using cuda::attention_testing::RunCase;
+using cuda::attention_testing::Terms;
+using cuda::attention_testing::Tol;
 using cuda::testing::NearScaled;
 using cuda::testing::ToGpu;
 using testing::RandomTensor;
-
-struct Case {
-  int64_t b, h, t_q, t_k, d;
-  bool causal;
-};
-
-std::string Name(const Case& c, Dtype dt, FlashAttentionKernel k) {
-  return absl::StrCat("B", c.b, " H", c.h, " Tq", c.t_q, " Tk", c.t_k, " D", c.d,
-                      c.causal ? " causal " : " full ", DtypeName(dt),
-                      k == FlashAttentionKernel::kFloat ? " float" : " tensor-core");
-}
-
-// Plain loops in double over (B*H, T, D) row-major vectors.
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;
-  std::vector<double> dscores;  // (B*H, T_q, T_k): d loss / d (scale q k^T + bias)
-};
-
-// Score terms of the reference: bias (bias_batch (1 or B), H, T_q, T_k) and
-// keep (B, T_k), each empty for none.
-struct Terms {
-  std::vector<float> bias;
-  int64_t bias_batch = 1;
-  std::vector<float> keep;
-};
-
-Reference Compute(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
-                  const std::vector<float>& v, const std::vector<float>& dout, double scale,
-                  const Terms& terms = {}) {
-  const int64_t bh = c.b * c.h, tq = c.t_q, tk = c.t_k, d = c.d;
-  Reference r;
-  r.out.assign(bh * tq * d, 0.0);
-  r.lse.assign(bh * tq, -INFINITY);
-  r.dq.assign(bh * tq * d, 0.0);
-  r.dk.assign(bh * tk * d, 0.0);
-  r.dv.assign(bh * tk * d, 0.0);
-  r.dscores.assign(bh * tq * tk, 0.0);
-  std::vector<double> p(tk), dp(tk);
-  std::vector<bool> seen(tk);
-  for (int64_t n = 0; n < bh; ++n) {
-    const int64_t b = n / c.h, h = n % c.h;
-    const float* qn = q.data() + n * tq * d;
-    const float* kn = k.data() + n * tk * d;
-    const float* vn = v.data() + n * tk * d;
-    const float* don = dout.data() + n * tq * d;
-    const float* bn =
-        terms.bias.empty()
-            ? nullptr
-            : terms.bias.data() + ((terms.bias_batch == 1 ? 0 : b) * c.h + h) * tq * tk;
-    for (int64_t i = 0; i < tq; ++i) {
-      const int64_t limit = c.causal ? std::min(tk, i + (tk - tq) + 1) : tk;  // keys < limit
-      double m = -INFINITY;
-      for (int64_t j = 0; j < tk; ++j) {
-        seen[j] = j < limit && (terms.keep.empty() || terms.keep[b * tk + j] != 0.0f);
-        if (!seen[j]) continue;
-        double s = 0;
-        for (int64_t x = 0; x < d; ++x) s += double(qn[i * d + x]) * kn[j * d + x];
-        p[j] = s * scale + (bn != nullptr ? bn[i * tk + j] : 0.0);
-        m = std::max(m, p[j]);
-      }
-      if (m == -INFINITY) continue;  // no key: out 0, lse -inf, no gradient
-      double sum = 0;
-      for (int64_t j = 0; j < tk; ++j) sum += seen[j] ? (p[j] = std::exp(p[j] - m)) : 0.0;
-      for (int64_t j = 0; j < tk; ++j) p[j] = seen[j] ? p[j] / sum : 0.0;
-      r.lse[n * tq + i] = m + std::log(sum);
-      double delta = 0;
-      for (int64_t j = 0; j < tk; ++j) {
-        if (!seen[j]) continue;
-        double s = 0;
-        for (int64_t x = 0; x < d; ++x) {
-          r.out[(n * tq + i) * d + x] += p[j] * vn[j * d + x];
-          s += double(don[i * d + x]) * vn[j * d + x];
-        }
-        dp[j] = s;
-        delta += p[j] * s;
-      }
-      for (int64_t j = 0; j < tk; ++j) {
-        if (!seen[j]) continue;
-        const double dsc = p[j] * (dp[j] - delta);
-        r.dscores[(n * tq + i) * tk + j] = dsc;
-        const double ds = dsc * scale;
-        for (int64_t x = 0; x < d; ++x) {
-          r.dq[(n * tq + i) * d + x] += ds * kn[j * d + x];
-          r.dk[(n * tk + j) * d + x] += ds * qn[i * d + x];
-          r.dv[(n * tk + j) * d + x] += p[j] * don[i * d + x];
-        }
-      }
-    }
-  }
-  return r;
-}
-
-double Tol(Dtype dt) { return dt == Dtype::kBF16 ? 2e-2 : dt == Dtype::kF16 ? 5e-3 : 1e-4; }
-
-// q, k, v as (B, H, T, D) views of (B, T, H, D) GPU tensors (as heads of a
-// projection are); `unaligned` pads rows to D + 1 (no 16-byte loads).
-struct Inputs {
-  Tensor q, k, v, dout;  // GPU views
-};
-
-Tensor GpuView(const Shape& bhtd, uint64_t seed, Dtype dt, bool unaligned) {
-  const int64_t b = bhtd[0], h = bhtd[1], t = bhtd[2], d = bhtd[3];
-  if (unaligned) {
-    const Tensor base = ToGpu(RandomTensor({b, h, t, d + 1}, seed, -1.0f, 1.0f, dt));
-    return base.Narrow(3, 1, d);
-  }
-  return ToGpu(RandomTensor({b, t, h, d}, seed, -1.0f, 1.0f, dt)).Transpose(1, 2);
-}
-
-// The kernels' results against the reference (lse is f32 whatever the dtype).
-void ExpectNear(const Reference& ref, const Tensor& out, const Tensor& lse, const Tensor& dq,
-                const Tensor& dk, const Tensor& dv, double tol) {
-  EXPECT_TRUE(NearScaled(out, ref.out, tol)) << "out";
-  EXPECT_TRUE(NearScaled(lse, ref.lse, 1e-4)) << "lse";
-  EXPECT_TRUE(NearScaled(dq, ref.dq, tol)) << "dq";
-  EXPECT_TRUE(NearScaled(dk, ref.dk, tol)) << "dk";
-  EXPECT_TRUE(NearScaled(dv, ref.dv, tol)) << "dv";
-}
-
-// scale 0: 1 / sqrt(D).
-void RunCase(const Case& c, Dtype dt, FlashAttentionKernel kernel, bool unaligned = false,
-             float scale = 0.0f) {
-  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-  SCOPED_TRACE(absl::StrCat(Name(c, dt, kernel), unaligned ? " unaligned" : "", " scale ", scale));
-  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 1, dt, unaligned);
-  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 2, dt, unaligned);
-  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 3, dt, unaligned);
-  const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 4, dt, unaligned);
-  const Device dev = q.device();
-  Tensor out = Tensor::Empty({c.b, c.h, c.t_q, c.d}, dt, dev);
-  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
-  cuda::FlashAttentionForward(q, k, v, scale, c.causal, out, lse, kernel);
-  Tensor dq = Tensor::Empty(q.shape(), dt, dev);
-  Tensor dk = Tensor::Empty(k.shape(), dt, dev);
-  Tensor dv = Tensor::Empty(v.shape(), dt, dev);
-  cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, c.causal, dq, dk, dv, kernel);
-
-  const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
-                                dout.ToVector<float>(), scale);
-  ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
-}
 
 // With score terms: a random bias (1 or B, H, T_q, T_k) in `bias_dt` and a
 // key padding mask (i64: example 0 pads its last third of keys, example 1
@@ -586,102 +455,6 @@ TEST(CudaFlashAttentionTest, UnfusedSoftmaxMatchesReference) {
   EXPECT_TRUE(NearScaled(probs, ref.out, 1e-5));
 }
 
-// cuDNN's fused attention (attention_cudnn.h), called directly: the causal
-// cases it takes (T_q == T_k, D 64 and 128, bf16 and f16, lengths short of and
-// past its tiles, q / k / v as heads viewed out of (B, T, H, D) memory) against
-// the reference, with the tolerances of our tensor-core kernels; and its lse
-// and out fed to our backward, and ours to its backward (lse means the same).
-// Only where cuDNN is linked (--config=cuda on a GPU; the emulation has none).
-TEST(CudaFlashAttentionTest, CudnnMatchesReference) {
-  SKIP_WITHOUT_GPU();
-  if (!cuda::CudnnAttentionBuilt()) GTEST_SKIP() << "cuDNN not linked (the CUDA emulation)";
-  const std::vector<Case> cases = {{2, 3, 1, 1, 64, true},
-                                   {1, 2, 17, 17, 64, true},
-                                   {1, 2, 200, 200, 128, true},
-                                   {2, 3, 256, 256, 64, true},
-                                   {1, 12, 1024, 1024, 64, true}};
-  for (const Case& c : cases) {
-    for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
-      SCOPED_TRACE(absl::StrCat(Name(c, dt, FlashAttentionKernel::kAuto), " cuDNN"));
-      const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-      const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 41, dt, false);
-      const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 42, dt, false);
-      const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 43, dt, false);
-      const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 44, dt, false);
-      const Device dev = q.device();
-      auto empty_like = [&](const Tensor& t) { return Tensor::Empty(t.shape(), dt, dev); };
-      Tensor out = empty_like(q), lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
-      Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
-      // A case cuDNN declines fails alone (the others still run): the first
-      // run on a GPU says which shapes it takes.
-      std::string why;
-      if (!cuda::CudnnAttentionForward(q, k, v, scale, true, out, lse, &why)) {
-        ADD_FAILURE() << "forward: " << why;
-        continue;
-      }
-      if (!cuda::CudnnAttentionBackward(q, k, v, out, lse, dout, scale, true, dq, dk, dv, &why)) {
-        ADD_FAILURE() << "backward: " << why;
-        continue;
-      }
-      const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(),
-                                    v.ToVector<float>(), dout.ToVector<float>(), scale);
-      ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
-      // cuDNN's forward, our backward.
-      Tensor dq2 = empty_like(q), dk2 = empty_like(k), dv2 = empty_like(v);
-      cuda::FlashAttentionBackward(q, k, v, out, lse, dout, scale, true, dq2, dk2, dv2,
-                                   FlashAttentionKernel::kTensorCore);
-      ExpectNear(ref, out, lse, dq2, dk2, dv2, Tol(dt));
-      // Our forward, cuDNN's backward.
-      Tensor out3 = empty_like(q), lse3 = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
-      Tensor dq3 = empty_like(q), dk3 = empty_like(k), dv3 = empty_like(v);
-      cuda::FlashAttentionForward(q, k, v, scale, true, out3, lse3,
-                                  FlashAttentionKernel::kTensorCore);
-      if (!cuda::CudnnAttentionBackward(q, k, v, out3, lse3, dout, scale, true, dq3, dk3, dv3,
-                                        &why)) {
-        ADD_FAILURE() << "backward after our forward: " << why;
-        continue;
-      }
-      ExpectNear(ref, out3, lse3, dq3, dk3, dv3, Tol(dt));
-    }
-  }
-}
-
-// SetFlashAttentionCudnn routes what cuDNN takes to it (the same bits as the
-// direct call: its forward is deterministic) and leaves the rest to our
-// kernels (f32, full attention, T_q != T_k, an explicit kernel): no error.
-TEST(CudaFlashAttentionTest, CudnnSwitchRoutesWhatItTakes) {
-  SKIP_WITHOUT_GPU();
-  struct ScopedCudnn {
-    const bool was = cuda::FlashAttentionCudnn();
-    ScopedCudnn() { cuda::SetFlashAttentionCudnn(true); }
-    ~ScopedCudnn() { cuda::SetFlashAttentionCudnn(was); }
-  } use_cudnn;
-  const Case c = {2, 3, 256, 256, 64, true};
-  const float scale = 0.125f;
-  const Tensor q = GpuView({c.b, c.h, c.t_q, c.d}, 51, Dtype::kBF16, false);
-  const Tensor k = GpuView({c.b, c.h, c.t_k, c.d}, 52, Dtype::kBF16, false);
-  const Tensor v = GpuView({c.b, c.h, c.t_k, c.d}, 53, Dtype::kBF16, false);
-  const Device dev = q.device();
-  Tensor out = Tensor::Empty(q.shape(), Dtype::kBF16, dev);
-  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
-  cuda::FlashAttentionForward(q, k, v, scale, true, out, lse);
-  if (cuda::CudnnAttentionBuilt()) {
-    Tensor direct = Tensor::Empty(q.shape(), Dtype::kBF16, dev);
-    Tensor direct_lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
-    std::string why;
-    ASSERT_TRUE(cuda::CudnnAttentionForward(q, k, v, scale, true, direct, direct_lse, &why))
-        << why;
-    EXPECT_EQ(out.ToVector<float>(), direct.ToVector<float>());
-    EXPECT_EQ(lse.ToVector<float>(), direct_lse.ToVector<float>());
-  }
-  // What cuDNN does not take runs our kernels, as without the switch.
-  RunCase({1, 2, 100, 100, 64, true}, Dtype::kF32, FlashAttentionKernel::kAuto);
-  RunCase({2, 1, 130, 130, 64, false}, Dtype::kBF16, FlashAttentionKernel::kAuto);
-  RunCase({1, 2, 33, 100, 64, true}, Dtype::kBF16, FlashAttentionKernel::kAuto);
-  RunCase({1, 2, 100, 100, 64, true}, Dtype::kBF16, FlashAttentionKernel::kAuto, true);
-  RunCase({1, 2, 100, 100, 64, true}, Dtype::kBF16, FlashAttentionKernel::kTensorCore);
-}
-
 // ---- Host side: runs without a GPU ----
 
 TEST(CudaFlashAttentionHostTest, RejectsUnsupportedInputs) {
@@ -709,60 +482,6 @@ TEST(CudaFlashAttentionHostTest, RejectsUnsupportedInputs) {
   expect_error(Tensor::Zeros({3, 10, 64}, Dtype::kBF16), k, k, "(B, H, T, D)");
 }
 
-// What cuDNN's attention takes, with the reason for what it does not (no
-// cuDNN call; the emulation's build declines everything as not linked).
-TEST(CudaFlashAttentionHostTest, CudnnEligibility) {
-  std::string why;
-  const Tensor q = Tensor::Zeros({2, 256, 3, 64}, Dtype::kBF16).Transpose(1, 2);
-  if (!cuda::CudnnAttentionBuilt()) {
-    EXPECT_FALSE(cuda::CudnnAttentionEligible(q, q, q, true, &why));
-    EXPECT_NE(why.find("not linked"), std::string::npos) << why;
-    return;
-  }
-  EXPECT_TRUE(cuda::CudnnAttentionEligible(q, q, q, true, &why)) << why;
-  auto expect_no = [](const Tensor& q, const Tensor& k, bool causal, const std::string& what) {
-    std::string why;
-    EXPECT_FALSE(cuda::CudnnAttentionEligible(q, k, k, causal, &why)) << what;
-    EXPECT_NE(why.find(what), std::string::npos) << why;
-  };
-  expect_no(q.To(Dtype::kF32), q.To(Dtype::kF32), true, "dtype f32");
-  const Tensor q32 = Tensor::Zeros({2, 3, 256, 32}, Dtype::kBF16);
-  expect_no(q32, q32, true, "head size 32");
-  expect_no(q, q, false, "non-causal");
-  expect_no(q, Tensor::Zeros({2, 3, 255, 64}, Dtype::kBF16), true, "T_q 256 != T_k 255");
-  const Tensor odd = Tensor::Zeros({2, 3, 256, 65}, Dtype::kBF16).Narrow(3, 1, 64);
-  expect_no(odd, odd, true, "multiples of 8");
-  const Tensor empty = Tensor::Zeros({2, 3, 0, 64}, Dtype::kBF16);
-  expect_no(empty, empty, true, "empty q");
-}
-
-// cuDNN finalizes every tensor and operation descriptor of both graphs on
-// the host (no GPU: the operation graph and plans are left to the GPU tests)
-// for gpt2's layouts -- q, k, v and their gradients views of one (B, T, 3, H,
-// D) buffer, out and grad_out (B, T, H, D) -- at both head sizes and dtypes;
-// and refuses a k whose T differs from q's (the graphs' shapes disagree).
-TEST(CudaFlashAttentionHostTest, CudnnDescriptorsFinalizeOnTheHost) {
-  if (!cuda::CudnnAttentionBuilt()) GTEST_SKIP() << "cuDNN not linked (the CUDA emulation)";
-  for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
-    for (int64_t d : {64, 128}) {
-      SCOPED_TRACE(absl::StrCat(DtypeName(dt), " D ", d));
-      const int64_t b = 2, t = 256, h = 4;
-      const Tensor qkv = Tensor::Zeros({b, t, 3, h, d}, dt);     // (B, T, 3, H, D)
-      const Tensor dqkv = Tensor::Zeros({b, t, 3, h, d}, dt);
-      auto part = [](const Tensor& x, int i) { return x.Select(2, i).Transpose(1, 2); };
-      const Tensor out = Tensor::Zeros({b, t, h, d}, dt).Transpose(1, 2);  // (B, H, T, D)
-      const Tensor dout = Tensor::Zeros({b, t, h, d}, dt).Transpose(1, 2);
-      EXPECT_EQ(cuda::CudnnAttentionCheckDescriptors(part(qkv, 0), part(qkv, 1), part(qkv, 2),
-                                                     out, dout, part(dqkv, 0), part(dqkv, 1),
-                                                     part(dqkv, 2)),
-                "");
-      const Tensor short_k = Tensor::Zeros({b, h, t / 2, d}, dt);
-      EXPECT_NE(cuda::CudnnAttentionCheckDescriptors(part(qkv, 0), short_k, short_k, out, dout,
-                                                     part(dqkv, 0), short_k, short_k),
-                "");
-    }
-  }
-}
 
 TEST(CudaFlashAttentionHostTest, TilesFitSharedMemoryAndAreIndependentOfT) {
   constexpr int64_t kSm90MaxSmem = 227 * 1024;
