@@ -414,7 +414,9 @@ TEST_F(T5TenTokensTest, SampledBeamsFollowTheSeedWithAndWithoutTheCache) {
     const std::vector<std::vector<int64_t>> picks =
         GenerateBothWays(model_, EncoderInputs(), EncoderMask(), options_);
     ExpectEndsAtEos2OrRuns10(picks);
-    if (seed == 1 && !first.empty()) EXPECT_EQ(picks, first) << "seed 1 again";
+    if (seed == 1 && !first.empty()) {
+      EXPECT_EQ(picks, first) << "seed 1 again";
+    }
     if (first.empty()) first = picks;
     searches.insert(picks);
   }

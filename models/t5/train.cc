@@ -34,10 +34,8 @@
 //   the last under no_sync; DDP / FSDP communicate the last one's gradients
 //   during its backward) -> loss averaged over the ranks -> finish the
 //   gradient communication -> clip by the global norm -> step -> zero grads
-#include <algorithm>
 #include <cstdio>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,7 +47,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/types/span.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
@@ -69,9 +66,9 @@
 #include "models/data/span_corruption.h"
 #include "models/data/token_file.h"
 #include "models/t5/config.h"
-#include "models/t5/generate.h"
 #include "models/t5/model.h"
 #include "models/t5/pretrained.h"
+#include "models/t5/train_report.h"
 #include "nn/checkpoint.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
@@ -80,7 +77,6 @@
 #include "optim/sgd.h"
 #include "precision/policy.h"
 #include "tensor/memory_ledger.h"
-#include "tensor/thread_pool.h"
 
 ABSL_FLAG(std::string, preset, "t5-tiny",
           "model preset: t5-tiny (this binary's: d_model 128, 4 heads of 32, d_ff 512, 2+2 "
@@ -184,115 +180,6 @@ absl::Status WithContext(const absl::Status& s, const std::string& context) {
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
-// At most `max_chars` of a rendered example, for the start-up sample lines.
-std::string Clip(std::string s, size_t max_chars) {
-  for (char& ch : s) {
-    if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-  }
-  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
-  return s;
-}
-
-// The start-up lines: the model, the data (and a decoded sample of byte
-// text), the batch. `ranks` is "" in one process, else "2 ranks (gloo) x ",
-// then "4 micro-batches x " with gradient accumulation;
-// tokens_per_step counts every rank's; `scheme` names the optimizer, the
-// schedule and the precision or strategy.
-void PrintStartup(const T5Config& config, const data::TokenSource& source,
-                  const data::SpanCorruptionOptions& span, const data::SpanCorruptionLoader& loader,
-                  const std::string& ranks, int64_t B, int64_t tokens_per_step,
-                  const std::string& scheme) {
-  const ParamCount count = CountParameters(config);
-  const data::SpanCorruptor& corruptor = loader.corruptor();
-  const int64_t S = span.encoder_length;
-  const int64_t T_dec = corruptor.decoder_length();
-  std::printf("model %s: %.2fM parameters (%.2fM without embeddings)\n", config.ToString().c_str(),
-              count.total / 1e6, count.non_embedding / 1e6);
-  std::printf(
-      "data: span corruption of %s | vocab %lld + %lld sentinels | %lld raw tokens -> "
-      "encoder %lld, decoder %lld (%lld noise tokens in %lld spans)\n",
-      source.Describe().c_str(), static_cast<long long>(source.vocab_size()),
-      static_cast<long long>(span.num_sentinels), static_cast<long long>(corruptor.raw_length()),
-      static_cast<long long>(S), static_cast<long long>(T_dec),
-      static_cast<long long>(corruptor.counts().num_noise),
-      static_cast<long long>(corruptor.counts().num_spans));
-  std::printf(
-      "batch %s%lld x (%lld encoder + %lld decoder) = %lld tokens/step (tok/s counts encoder + "
-      "decoder tokens) | %s | %d threads\n",
-      ranks.c_str(), static_cast<long long>(B), static_cast<long long>(S),
-      static_cast<long long>(T_dec), static_cast<long long>(tokens_per_step), scheme.c_str(),
-      tensor::DefaultThreadPool().num_threads());
-  if (source.vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random") {
-    // Row 0 of the first step, decoded, so the objective is visible: the
-    // example --sample_every fills in, also on a resumed run.
-    const data::Seq2SeqBatch sample = loader.Batch(0);
-    const int64_t* enc = sample.encoder_inputs.data<int64_t>();
-    const int64_t* tgt = sample.decoder_targets.data<int64_t>();
-    std::printf(
-        "sample inputs:  %s\n",
-        Clip(corruptor.Render(absl::MakeConstSpan(enc, S), data::DecodeBytes), 160).c_str());
-    std::printf(
-        "sample targets: %s\n",
-        Clip(corruptor.Render(absl::MakeConstSpan(tgt, T_dec), data::DecodeBytes), 160).c_str());
-  }
-  std::fflush(stdout);
-}
-
-// --sample_every's samples: the model's greedy fill-in of the spans of one
-// fixed example (row 0 of the data's first batch, which the start-up lines
-// show), printed under its inputs and targets: text for byte data, else ids.
-struct Sampler {
-  train::SampleSchedule schedule;
-  std::optional<data::SpanCorruptor> corruptor;
-  tensor::Tensor encoder_inputs, encoder_mask;  // (1, S) on the host
-  std::vector<int64_t> targets;                 // (T_dec), ignore_index at padding
-  int64_t eos_id = -1;
-  bool text = false;
-
-  // "sample at step N:" and the three lines, from `model` (eval mode, on
-  // `device`): greedy, so every rank of a data-parallel run draws the same.
-  absl::StatusOr<std::string> Draw(T5Model& model, int64_t step_done, tensor::Device device) const {
-    GenerateOptions options;
-    options.max_new_tokens = static_cast<int64_t>(
-        std::count_if(targets.begin(), targets.end(), [](int64_t t) { return t >= 0; }));
-    options.eos_id = eos_id;
-    absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
-        Generate(model, encoder_inputs.To(device), encoder_mask.To(device), options);
-    if (!rows.ok()) return rows.status();
-    using Decode = std::function<std::string(absl::Span<const int64_t>)>;
-    const Decode decode = text ? Decode(data::DecodeBytes) : [](absl::Span<const int64_t> ids) {
-      return absl::StrCat(" ", absl::StrJoin(ids, " "), " ");
-    };
-    auto show = [&](absl::Span<const int64_t> ids) {
-      return Clip(corruptor->Render(ids, decode), 160);
-    };
-    return absl::StrCat("sample at step ", step_done,
-                        ":\n  inputs:  ", show(encoder_inputs.ToVector<int64_t>()),
-                        "\n  targets: ", show(targets), "\n  model:   ", show((*rows)[0]), "\n");
-  }
-};
-
-// The sampler of the --sample_* flags over `source`, corrupted as `span` says.
-absl::StatusOr<Sampler> MakeSampler(std::shared_ptr<const data::TokenSource> source,
-                                    const data::SpanCorruptionOptions& span) {
-  Sampler s;
-  absl::StatusOr<train::SampleSchedule> schedule = train::SampleScheduleFromCommandLine();
-  if (!schedule.ok()) return schedule.status();
-  s.schedule = *schedule;
-  if (s.schedule.every == 0) return s;
-  s.text = source->vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random";
-  absl::StatusOr<data::SpanCorruptionLoader> one =
-      data::SpanCorruptionLoader::Create(std::move(source), {1, 0, 1, 1}, span);
-  if (!one.ok()) return one.status();
-  const data::Seq2SeqBatch batch = one->Batch(0);  // (1, S), (1, T_dec)
-  s.corruptor.emplace(one->corruptor());
-  s.encoder_inputs = batch.encoder_inputs;
-  s.encoder_mask = batch.encoder_mask;
-  s.targets = batch.decoder_targets.ToVector<int64_t>();
-  s.eos_id = span.eos_id;
-  return s;
-}
-
 // On resuming: a note on stderr when the checkpoint's run used another LR
 // schedule (cosine depends on --steps), which this run continues with.
 void NoteScheduleChange(const train::TrainState& resumed, const optim::LrSchedule& schedule) {
@@ -302,6 +189,11 @@ void NoteScheduleChange(const train::TrainState& resumed, const optim::LrSchedul
   std::fprintf(stderr,
                "train: note: the checkpoint was trained with lr schedule %s; continuing with %s\n",
                saved.c_str(), schedule.ToString().c_str());
+}
+
+// Byte text (not --data=random): the start-up lines and samples show it decoded.
+bool ShowsText(const data::TokenSource& source) {
+  return source.vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random";
 }
 
 // ---- Data parallelism ----
@@ -425,7 +317,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
         absl::StrCat(W, " ranks (", train::BackendName(setup.dp.backend), ") x ",
                      train::AccumulationPrefix(K)),
         B, tokens_per_step,
-        absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()));
+        absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()),
+        ShowsText(*setup.source));
     if (!setup.init_line.empty()) std::printf("%s\n", setup.init_line.c_str());
     if (!setup.freeze_line.empty()) std::printf("%s\n", setup.freeze_line.c_str());
     if (setup.eval_source) {
@@ -619,7 +512,9 @@ absl::Status Train() {
     if (!l.ok()) return WithContext(l.status(), "--eval_data");
     eval_loader.emplace(*std::move(l));
   }
-  absl::StatusOr<Sampler> sampler = MakeSampler(source, span);
+  absl::StatusOr<train::SampleSchedule> sample_schedule = train::SampleScheduleFromCommandLine();
+  if (!sample_schedule.ok()) return sample_schedule.status();
+  absl::StatusOr<Sampler> sampler = MakeSampler(source, span, *sample_schedule, ShowsText(*source));
   if (!sampler.ok()) return sampler.status();
   // The model's vocabulary: the source's plus the sentinels, which the loader
   // numbers right above the source's ids; --init_from's may be padded beyond.
@@ -717,7 +612,8 @@ absl::Status Train() {
   const int64_t tokens_per_step = K * B * (S + loader->corruptor().decoder_length());
   PrintStartup(*config, *source, span, *loader, train::AccumulationPrefix(K), B, tokens_per_step,
                absl::StrCat((*optimizer)->name(), " | ", (*schedule)->ToString(), " | precision ",
-                            policy.ToString()));
+                            policy.ToString()),
+               ShowsText(*source));
   if (init) std::printf("%s\n", init_line.c_str());
   if (!freeze_line->empty()) std::printf("%s\n", freeze_line->c_str());
   if (eval_source) {
