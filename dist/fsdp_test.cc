@@ -328,11 +328,15 @@ TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
           const int64_t hi = std::min(e.offset + e.numel, flat.shard_end()) - flat.shard_begin();
           for (int64_t i = lo; i < hi; ++i) {
             ASSERT_TRUE(std::isfinite(g[i])) << e.name << " step " << step;
-            if (second) ASSERT_EQ(g[i], 0.0f) << e.name << " step " << step;
+            if (second) {
+              ASSERT_EQ(g[i], 0.0f) << e.name << " step " << step;
+            }
           }
         }
         for (int64_t i = flat.numel() - flat.shard_begin(); i < flat.shard_numel(); ++i) {
-          if (i >= 0) ASSERT_EQ(g[i], 0.0f) << "padding";
+          if (i >= 0) {
+            ASSERT_EQ(g[i], 0.0f) << "padding";
+          }
         }
       }
       fsdp->ZeroGrad();

@@ -1,100 +1,34 @@
-// The `threads` engine: rendezvous state shared by the handles of a group,
-// the per-handle communication worker, the copy-free collectives (on host
-// buffers, or with kernels on a communication stream when every rank's
-// tensors are on one GPU), and RunRanks.
+// The `threads` engine: the per-handle communication worker, the copy-free
+// collectives (on host buffers, or with kernels on a communication stream
+// when every rank's tensors are on one GPU), and RunRanks. How the ranks of
+// a round meet: thread_rendezvous.h.
 #include "dist/thread_group.h"
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <exception>
-#include <map>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dist/collective_share.h"
 #include "dist/device_lane.h"
+#include "dist/thread_rendezvous.h"
 #include "glog/logging.h"
 #include "tensor/cuda_backend.h"
 
 namespace dist {
 namespace internal {
-
-// What every group of a world shares: one lock and condition variable for all
-// rendezvous state, and which ranks' threads have finished.
-struct WorldState {
-  explicit WorldState(int size) : finished(size, false), finish_status(size) {}
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<bool> finished;               // by world rank; guarded by mu
-  std::vector<absl::Status> finish_status;  // by world rank; guarded by mu
-  int live_handles = 0;                     // guarded by mu
-};
-
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// One rank's call as its peers see it during a round. Lives on the stack of
-// the rank's worker until every member has left the round's compute phase.
-struct Arrival {
-  bool is_split = false;
-  const CollectiveCall* call = nullptr;  // when !is_split
-  int color = -1;                        // split
-  int key = 0;                           // split
-  const void* in = nullptr;              // contiguous buffers (staged when needed)
-  void* out = nullptr;
-  // Where in / out were at arrival: the host, or a GPU (the device path:
-  // see Execute). Fixed once published: every rank decides the round's path
-  // from it (StageOnHost may then move in / out to host buffers).
-  tensor::Device device = tensor::Device::Cpu();
-  tensor::cuda::EventHandle issued = nullptr;  // device path: the issuing stream's mark
-  tensor::cuda::EventHandle done = nullptr;    // device path: the end of this rank's share
-  absl::Status error;                          // this rank's arguments are invalid
-  absl::Status failed;  // staging or device work failed on this rank (set before leaving)
-};
-
-std::string Describe(const Arrival& a) {
-  return a.is_split ? absl::StrCat("split(color ", a.color, ", key ", a.key, ")")
-                    : DescribeCall(*a.call);
-}
-
-bool SameCall(const Arrival& a, const Arrival& b) {
-  if (a.is_split != b.is_split) return false;
-  if (a.is_split) return true;
-  const CollectiveCall& x = *a.call;
-  const CollectiveCall& y = *b.call;
-  if (x.kind != y.kind) return false;
-  if (x.kind == CollectiveKind::kBarrier) return true;
-  if ((x.kind == CollectiveKind::kAllReduce || x.kind == CollectiveKind::kReduceScatter) &&
-      x.op != y.op) {
-    return false;
-  }
-  if (x.kind == CollectiveKind::kBroadcast && x.root != y.root) return false;
-  if (x.input.dtype() != y.input.dtype() || x.input.numel() != y.input.numel()) return false;
-  if (x.output.defined() != y.output.defined()) return false;
-  return !x.output.defined() || x.output.numel() == y.output.numel();
-}
-
-// "2.0 s", "0.5 s", "0.25 s".
-std::string FormatSeconds(absl::Duration d) {
-  if (d == absl::InfiniteDuration()) return "inf s";
-  const double s = absl::ToDoubleSeconds(d);
-  const double tenths = s * 10.0;
-  if (s >= 1.0 || tenths == static_cast<double>(static_cast<int64_t>(tenths))) {
-    return absl::StrFormat("%.1f s", s);
-  }
-  return absl::StrFormat("%.3g s", s);
-}
 
 bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   const auto pa = reinterpret_cast<uintptr_t>(a);
@@ -104,48 +38,15 @@ bool Overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
 
 }  // namespace
 
-struct GroupState;
-
-// The state of one collective call (the seq-th of the group) while its
-// members pass through it.
-struct Round {
-  std::vector<const Arrival*> arrivals;  // by group rank; null until arrived
-  int num_arrived = 0;
-  int num_staged = 0;  // calls mixing devices: ranks whose buffers are on the host now
-  int num_done = 0;
-  int num_left = 0;
-  std::map<int, std::shared_ptr<GroupState>> splits;  // by color (split rounds)
-  // Collectives, by group rank, published by each rank as it finishes its
-  // share (Leave): read after every rank has, when a peer's Arrival may
-  // already be gone (a peer that left returns and destroys it).
-  std::vector<tensor::cuda::EventHandle> share_done;  // device path: the end of its share
-  std::vector<absl::Status> failed;                   // its staging or device work failed
-};
-
-// What the handles of one group share. Guarded by world->mu.
-struct GroupState {
-  GroupState(std::shared_ptr<WorldState> w, std::vector<int> ranks, std::string name)
-      : world(std::move(w)),
-        world_ranks(std::move(ranks)),
-        label(std::move(name)),
-        pending(world_ranks.size(), 0),
-        closed(world_ranks.size(), false) {}
-  int size() const { return static_cast<int>(world_ranks.size()); }
-
-  const std::shared_ptr<WorldState> world;
-  const std::vector<int> world_ranks;  // group rank -> world rank
-  const std::string label;             // "" for the world group
-  std::map<int64_t, Round> rounds;     // by call number
-  std::vector<int> pending;            // calls queued or running, by group rank
-  std::vector<bool> closed;            // the member's handle was destroyed
-  absl::Status abort;                  // not OK once a call failed for good
-};
-
 class ThreadProcessGroup final : public ProcessGroup {
  public:
   ThreadProcessGroup(std::shared_ptr<GroupState> group, int rank, tensor::MemoryLedger* ledger,
                      absl::Duration timeout)
-      : ProcessGroup(timeout), group_(std::move(group)), rank_(rank), ledger_(ledger) {
+      : ProcessGroup(timeout),
+        group_(std::move(group)),
+        rank_(rank),
+        ledger_(ledger),
+        rendezvous_(group_, rank) {
     {
       std::lock_guard<std::mutex> lock(group_->world->mu);
       ++group_->world->live_handles;
@@ -179,11 +80,7 @@ class ThreadProcessGroup final : public ProcessGroup {
   }
 
  protected:
-  std::string Who() const override {
-    std::string who = absl::StrCat("rank ", rank_, " of ", size());
-    if (!group_->label.empty()) absl::StrAppend(&who, " in group ", group_->label);
-    return who;
-  }
+  std::string Who() const override { return rendezvous_.Who(); }
 
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     auto work = std::make_shared<CompletionWork>();
@@ -199,8 +96,8 @@ class ThreadProcessGroup final : public ProcessGroup {
         // stream must have produced the inputs first.
         if (issued == nullptr) tensor::cuda::SynchronizeStream(/*stream=*/nullptr, device);
       } catch (const std::exception& e) {
-        call->error = absl::InternalError(absl::StrCat("[", CollectiveName(call->kind), "] ",
-                                                       Who(), ": ", e.what()));
+        call->error = absl::InternalError(
+            absl::StrCat("[", CollectiveName(call->kind), "] ", Who(), ": ", e.what()));
       }
     }
     Enqueue([this, work, call, issued]() mutable {
@@ -267,139 +164,6 @@ class ThreadProcessGroup final : public ProcessGroup {
       }
       queue_cv_.notify_all();
     }
-  }
-
-  // "ranks 2, 3" (+ " (world ranks 5, 6)" in a subgroup).
-  std::string NameRanks(const std::vector<int>& ranks) const {
-    std::string s =
-        absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
-    if (!group_->label.empty()) {
-      std::vector<int> world_ranks;
-      for (int r : ranks) world_ranks.push_back(group_->world_ranks[r]);
-      absl::StrAppend(&s, " (world ", absl::StrJoin(world_ranks, ", "), ")");
-    }
-    return s;
-  }
-
-  // The error of a call on an aborted group. world.mu held.
-  absl::Status AbortedError(absl::string_view op) const {
-    return absl::Status(
-        group_->abort.code(),
-        absl::StrCat("[", op, "] ", Who(), ": the group was aborted: ", group_->abort.message()));
-  }
-
-  // Publishes `me` as this rank's seq-th call and waits until every member has
-  // arrived (filling *arrivals), the timeout passes, a missing member is gone
-  // for good, or the group is aborted. Takes world.mu.
-  absl::Status Arrive(int64_t seq, const Arrival& me, absl::string_view op, absl::Duration timeout,
-                      std::vector<const Arrival*>* arrivals) {
-    WorldState& world = *group_->world;
-    GroupState& g = *group_;
-    std::unique_lock<std::mutex> lock(world.mu);
-    if (!g.abort.ok()) return AbortedError(op);
-    Round& round = g.rounds[seq];
-    if (round.arrivals.empty()) round.arrivals.assign(g.size(), nullptr);
-    round.arrivals[rank_] = &me;
-    ++round.num_arrived;
-    world.cv.notify_all();
-    // Timeouts beyond a century (and InfiniteDuration) mean: wait forever.
-    const bool bounded = timeout < absl::Hours(24 * 365 * 100);
-    const Clock::time_point deadline =
-        bounded ? Clock::now() + absl::ToChronoNanoseconds(timeout) : Clock::time_point::max();
-    while (round.num_arrived < g.size()) {
-      if (!g.abort.ok()) return AbortedError(op);
-      std::vector<int> missing, gone;
-      for (int m = 0; m < g.size(); ++m) {
-        if (round.arrivals[m] != nullptr) continue;
-        missing.push_back(m);
-        const int w = g.world_ranks[m];
-        if (g.closed[m] || (world.finished[w] && g.pending[m] == 0)) gone.push_back(m);
-      }
-      if (!gone.empty()) {
-        std::vector<std::string> why;
-        for (int m : gone) {
-          const int w = g.world_ranks[m];
-          if (g.closed[m]) {
-            why.push_back(absl::StrCat("rank ", m, " destroyed its handle of the group"));
-          } else if (world.finish_status[w].ok()) {
-            why.push_back(absl::StrCat("rank ", m, "'s thread finished without making this call"));
-          } else {
-            why.push_back(absl::StrCat("rank ", m, "'s thread failed (",
-                                       world.finish_status[w].ToString(), ")"));
-          }
-        }
-        const std::string reason = absl::StrCat(NameRanks(gone), " will never join ", op,
-                                                " (call #", seq, "): ", absl::StrJoin(why, "; "));
-        g.abort = absl::AbortedError(absl::StrCat(Who(), " saw that ", reason));
-        world.cv.notify_all();
-        return absl::AbortedError(absl::StrCat("[", op, "] ", Who(), ": ", reason));
-      }
-      if (bounded && Clock::now() >= deadline) {
-        const std::string waited = absl::StrCat("timed out after ", FormatSeconds(timeout),
-                                                " waiting for ", NameRanks(missing));
-        g.abort = absl::DeadlineExceededError(
-            absl::StrCat(Who(), " ", waited, " in ", op, " (call #", seq, ")"));
-        world.cv.notify_all();
-        return absl::DeadlineExceededError(absl::StrCat("[", op, "] ", Who(), " ", waited));
-      }
-      if (bounded) {
-        world.cv.wait_until(lock, deadline);
-      } else {
-        world.cv.wait(lock);
-      }
-    }
-    *arrivals = round.arrivals;
-    return absl::OkStatus();
-  }
-
-  // Marks this rank's share of round seq done and waits for the others (no
-  // timeout: every member has arrived and only has bounded copies left, and
-  // peers may still be reading this rank's buffers). Takes world.mu.
-  // `before_leave` runs under the lock once all are done; it must read the
-  // peers' results from the Round (`mine`'s done and failed are published
-  // there), never through their Arrivals, which a peer that already left has
-  // destroyed.
-  void Leave(int64_t seq, const std::function<void(Round&)>& before_leave = nullptr,
-             const Arrival* mine = nullptr) {
-    WorldState& world = *group_->world;
-    std::unique_lock<std::mutex> lock(world.mu);
-    Round& round = group_->rounds[seq];
-    if (mine != nullptr) {
-      if (round.failed.empty()) {
-        round.share_done.assign(group_->size(), nullptr);
-        round.failed.assign(group_->size(), absl::OkStatus());
-      }
-      round.share_done[rank_] = mine->done;
-      round.failed[rank_] = mine->failed;
-    }
-    ++round.num_done;
-    world.cv.notify_all();
-    world.cv.wait(lock, [&] { return round.num_done == group_->size(); });
-    if (before_leave) before_leave(round);
-    if (++round.num_left == group_->size()) group_->rounds.erase(seq);
-  }
-
-  // The error when some member's arguments were invalid or the calls differ;
-  // identical on every rank, so no rank needs to abort the group.
-  absl::Status CheckArrivals(const std::vector<const Arrival*>& all, absl::string_view op) const {
-    const Arrival& me = *all[rank_];
-    if (!me.error.ok()) return me.error;
-    for (int r = 0; r < size(); ++r) {
-      if (!all[r]->error.ok()) {
-        return absl::Status(all[r]->error.code(),
-                            absl::StrCat("[", op, "] ", Who(), ": rank ", r,
-                                         "'s call is invalid: ", all[r]->error.message()));
-      }
-    }
-    bool same = true;
-    for (int r = 1; r < size(); ++r) same = same && SameCall(*all[0], *all[r]);
-    if (same) return absl::OkStatus();
-    std::vector<std::string> calls;
-    for (int r = 0; r < size(); ++r)
-      calls.push_back(absl::StrCat("rank ", r, ": ", Describe(*all[r])));
-    return absl::InvalidArgumentError(
-        absl::StrCat("[", op, "] ", Who(),
-                     ": the calls do not match across ranks: ", absl::StrJoin(calls, "; ")));
   }
 
   // Whether this rank can take the device path: contiguous tensors on the
@@ -476,21 +240,6 @@ class ThreadProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  // "[op] rank r of n: rank p failed: <why>" for the first peer p whose
-  // staging or device work failed (failed_of(p), read once every rank has set
-  // its own), else OK.
-  absl::Status PeerFailure(const std::string& op,
-                           absl::FunctionRef<const absl::Status&(int)> failed_of) const {
-    for (int r = 0; r < size(); ++r) {
-      const absl::Status& failed = failed_of(r);
-      if (r != rank_ && !failed.ok()) {
-        return absl::Status(failed.code(), absl::StrCat("[", op, "] ", Who(), ": rank ", r,
-                                                        " failed: ", failed.message()));
-      }
-    }
-    return absl::OkStatus();
-  }
-
   static std::vector<RankBuffers> Buffers(const std::vector<const Arrival*>& all) {
     std::vector<RankBuffers> buffers;
     for (const Arrival* a : all) buffers.push_back({a->in, a->out});
@@ -515,25 +264,22 @@ class ThreadProcessGroup final : public ProcessGroup {
             absl::StrCat("[", op, "] ", Who(), ": staging on the host failed: ", e.what()));
       }
     }
-    WorldState& world = *group_->world;
-    std::unique_lock<std::mutex> lock(world.mu);
-    if (me->device.is_cuda() && staged.ok()) {
-      *in = host_in;
-      *out = host_out;
-      // me->device stays: every rank decided this round's path from the
-      // devices published at arrival, and a peer may still be reading them.
-      me->in = in->raw_data();
-      me->out = out->raw_data();
-    }
-    me->failed = staged;
-    Round& round = group_->rounds[seq];
-    ++round.num_staged;
-    world.cv.notify_all();
-    world.cv.wait(lock, [&] { return round.num_staged == group_->size(); });
+    rendezvous_.Staged(seq, [&] {
+      if (me->device.is_cuda() && staged.ok()) {
+        *in = host_in;
+        *out = host_out;
+        // me->device stays: every rank decided this round's path from the
+        // devices published at arrival, and a peer may still be reading them.
+        me->in = in->raw_data();
+        me->out = out->raw_data();
+      }
+      me->failed = staged;
+    });
     if (!me->failed.ok()) return me->failed;
     // The peers are all still in this round (none can leave before this rank
     // has finished its share): their Arrivals are alive.
-    return PeerFailure(op, [&](int r) -> const absl::Status& { return all[r]->failed; });
+    return rendezvous_.PeerFailure(op,
+                                   [&](int r) -> const absl::Status& { return all[r]->failed; });
   }
 
   // The staged host result into the caller's tensor (any strides, any
@@ -584,12 +330,12 @@ class ThreadProcessGroup final : public ProcessGroup {
       }
     }
     std::vector<const Arrival*> all;
-    absl::Status status = Arrive(seq, me, op, call.timeout, &all);
+    absl::Status status = rendezvous_.Arrive(seq, me, op, call.timeout, &all);
     if (!status.ok()) {  // Never entered the compute phase.
       lane_.Recycle(issued);
       return status;
     }
-    status = CheckArrivals(all, op);
+    status = rendezvous_.CheckArrivals(all, op);
     bool on_device = status.ok();
     bool any_on_device = false;
     for (const Arrival* a : all) {
@@ -607,14 +353,14 @@ class ThreadProcessGroup final : public ProcessGroup {
     // The peers' ends of their shares (device path), and whether a peer's failed.
     std::vector<tensor::cuda::EventHandle> peers_done;
     absl::Status peer_failed;
-    Leave(
+    rendezvous_.Leave(
         seq,
         [&](Round& round) {
           for (int r = 0; r < size(); ++r) {
             if (r != rank_) peers_done.push_back(round.share_done[r]);
           }
-          peer_failed =
-              PeerFailure(op, [&](int r) -> const absl::Status& { return round.failed[r]; });
+          peer_failed = rendezvous_.PeerFailure(
+              op, [&](int r) -> const absl::Status& { return round.failed[r]; });
         },
         &me);
     if (status.ok() && on_device) {
@@ -623,8 +369,8 @@ class ThreadProcessGroup final : public ProcessGroup {
         lane_.Drain();
       } catch (const std::exception& e) {
         if (me.failed.ok()) {
-          me.failed = absl::InternalError(absl::StrCat("[", op, "] ", Who(), ": waiting on ",
-                                                       me.device.ToString(), " failed: ", e.what()));
+          me.failed = absl::InternalError(absl::StrCat(
+              "[", op, "] ", Who(), ": waiting on ", me.device.ToString(), " failed: ", e.what()));
         }
       }
     }
@@ -664,9 +410,9 @@ class ThreadProcessGroup final : public ProcessGroup {
     me.color = color;
     me.key = key;
     std::vector<const Arrival*> all;
-    absl::Status status = Arrive(seq, me, "split", timeout, &all);
+    absl::Status status = rendezvous_.Arrive(seq, me, "split", timeout, &all);
     if (!status.ok()) return status;
-    status = CheckArrivals(all, "split");
+    status = rendezvous_.CheckArrivals(all, "split");
     std::shared_ptr<GroupState> child;
     int child_rank = -1;
     if (status.ok() && color >= 0) {
@@ -679,7 +425,7 @@ class ThreadProcessGroup final : public ProcessGroup {
                        [&](int a, int b) { return all[a]->key < all[b]->key; });
       child_rank =
           static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-      Leave(seq, [&](Round& round) {
+      rendezvous_.Leave(seq, [&](Round& round) {
         std::shared_ptr<GroupState>& slot = round.splits[color];
         if (slot == nullptr) {
           std::vector<int> world_ranks;
@@ -691,7 +437,7 @@ class ThreadProcessGroup final : public ProcessGroup {
         child = slot;
       });
     } else {
-      Leave(seq);
+      rendezvous_.Leave(seq);
     }
     if (!status.ok()) return status;
     if (child != nullptr) {
@@ -703,8 +449,9 @@ class ThreadProcessGroup final : public ProcessGroup {
   const std::shared_ptr<GroupState> group_;
   const int rank_;
   tensor::MemoryLedger* const ledger_;
-  int64_t next_seq_ = 0;  // worker thread only
-  DeviceLane lane_;       // calls on a GPU: the communication stream and events
+  Rendezvous rendezvous_;  // this rank's side of the group's rounds
+  int64_t next_seq_ = 0;   // worker thread only
+  DeviceLane lane_;        // calls on a GPU: the communication stream and events
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
