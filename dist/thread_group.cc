@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -569,6 +570,8 @@ absl::Status RunRanksImpl(ThreadWorld& world, const RankFn& fn) {
           status = fn(r, world.group(r));
         } catch (const std::invalid_argument& e) {
           status = absl::InvalidArgumentError(absl::StrCat("uncaught exception: ", e.what()));
+        } catch (const std::bad_alloc& e) {  // tensor::OutOfMemoryError says where and how much
+          status = absl::ResourceExhaustedError(e.what());
         } catch (const std::exception& e) {
           status = absl::InternalError(absl::StrCat("uncaught exception: ", e.what()));
         } catch (...) {

@@ -6,17 +6,37 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
+#include <string>
+#include <utility>
 
 #include "tensor/device.h"
 #include "tensor/memory_ledger.h"
 
 namespace tensor {
 
+// What running out of device or host memory throws: a std::bad_alloc (what
+// code that only asks "was there no memory?" catches) whose what() says
+// where, how much was asked for and what was held:
+//   [memory] out of memory on cuda:0: 1.50 GiB of activations asked for;
+//   cuda:0 has 0.91 GiB free of 139.80 GiB, ...; this thread's ledger holds
+//   137.20 GiB there (parameters 0.46 GiB, ...)
+class OutOfMemoryError : public std::bad_alloc {
+ public:
+  explicit OutOfMemoryError(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
   // Returns memory for `bytes` bytes (64-byte aligned on the CPU); throws
-  // std::bad_alloc when the device is out of memory.
+  // std::bad_alloc when the device is out of memory (an OutOfMemoryError
+  // saying what the device holds, where the allocator knows; Storage::Allocate
+  // adds the request's category and the ledger).
   virtual void* Allocate(int64_t bytes) = 0;
   virtual void Deallocate(void* ptr, int64_t bytes) = 0;
 };

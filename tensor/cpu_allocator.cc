@@ -2,6 +2,7 @@
 #include "tensor/cpu_allocator.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,8 +12,20 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "tensor/memory_ledger.h"
+
 namespace tensor {
 namespace {
+
+// The host refused a block: what it had (Storage::Allocate adds the request).
+OutOfMemoryError HostOutOfMemory(const char* call) {
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  return OutOfMemoryError(absl::StrCat("the host refused it (", call, "; ",
+                                       FormatBytes(sysconf(_SC_AVPHYS_PAGES) * page), " of ",
+                                       FormatBytes(sysconf(_SC_PHYS_PAGES) * page),
+                                       " of RAM free)"));
+}
 
 constexpr int64_t kAlign = 64;
 constexpr int64_t kPage = 4096;
@@ -73,7 +86,7 @@ void* CpuCachingAllocator::Allocate(int64_t bytes) {
   if (!Cached(bytes)) {
     const int64_t rounded = ((bytes + kAlign - 1) / kAlign) * kAlign;
     void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
-    if (p == nullptr) throw std::bad_alloc();
+    if (p == nullptr) throw HostOutOfMemory("aligned_alloc");
     return p;
   }
   const int64_t size = SizeClass(bytes);
@@ -97,7 +110,7 @@ void* CpuCachingAllocator::Allocate(int64_t bytes) {
   if (p == nullptr) {
     ReleaseCachedMemory();
     p = MapBlock(size);
-    if (p == nullptr) throw std::bad_alloc();
+    if (p == nullptr) throw HostOutOfMemory("mmap, after releasing the cached blocks");
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.misses;

@@ -76,6 +76,18 @@ void MemoryLedger::ResetPeaks() {
   for (int slot = 0; slot < kNumSlots; ++slot) ResetPeaks(SlotDevice(slot));
 }
 
+std::string FormatBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024 && bytes > -1024) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes) / 1024.0;
+  int unit = 0;
+  while ((value >= 1024.0 || value <= -1024.0) && unit + 1 < 6) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return absl::StrFormat("%.2f %s", value, kUnits[unit]);
+}
+
 std::string MemoryLedger::Summary() const {
   constexpr double kMiB = 1024.0 * 1024.0;
   std::string out = absl::StrFormat("%-8s %-16s %12s %12s\n", "device", "category",

@@ -33,6 +33,9 @@ enum class MemoryCategory : uint8_t {
 inline constexpr int kNumMemoryCategories = 6;
 absl::string_view MemoryCategoryName(MemoryCategory category);
 
+// "512 B", "12.00 KiB", "1.50 GiB": binary units, two decimals from KiB on.
+std::string FormatBytes(int64_t bytes);
+
 struct MemoryStats {
   int64_t current = 0;
   int64_t peak = 0;

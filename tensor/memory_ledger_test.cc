@@ -1,7 +1,11 @@
 // The memory ledger is exact to the byte, per category and per device, and
-// follows the thread's ScopedLedger / ScopedMemoryCategory.
+// follows the thread's ScopedLedger / ScopedMemoryCategory; FormatBytes; and
+// the error of running out of host memory, which names what the ledger holds.
 #include "tensor/memory_ledger.h"
 
+#include <cstdio>
+#include <new>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -96,6 +100,50 @@ TEST(MemoryLedgerTest, TotalPeakIsThePeakOfTheSum) {
   EXPECT_NE(json.find("\"cuda:1\":{"), std::string::npos) << json;
   EXPECT_NE(json.find("\"gradients\":{\"current\":60,\"peak\":60}"), std::string::npos) << json;
   EXPECT_NE(ledger.Summary().find("communication"), std::string::npos);
+}
+
+TEST(MemoryLedgerTest, FormatBytes) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1024), "1.00 KiB");
+  EXPECT_EQ(FormatBytes(1536 << 20), "1.50 GiB");
+  EXPECT_EQ(FormatBytes(int64_t{1} << 52), "4.00 PiB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 61), "6.00 EiB");
+  EXPECT_EQ(FormatBytes(-(3 << 20)), "-3.00 MiB");
+}
+
+// Running out of host memory throws an OutOfMemoryError (a std::bad_alloc)
+// naming the device, the request and its category, what the host had, and
+// what this thread's ledger holds there; the ledger is charged nothing.
+TEST(MemoryLedgerTest, OutOfMemoryNamesTheRequestAndTheLedger) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators abort on a 4 PiB request";
+#endif
+  MemoryLedger ledger;
+  ScopedLedger use(&ledger);
+  ScopedMemoryCategory params(MemoryCategory::kParameters);
+  const Tensor p = Tensor::Empty({1 << 18}, Dtype::kF32);  // 1 MiB
+  ScopedMemoryCategory act(MemoryCategory::kActivations);
+  try {
+    Tensor huge = Tensor::Empty({int64_t{1} << 50}, Dtype::kF32);  // 4 PiB
+    ADD_FAILURE() << "4 PiB were allocated";
+  } catch (const OutOfMemoryError& e) {
+    const std::string message = e.what();
+    std::printf("%s\n", message.c_str());
+    EXPECT_EQ(message.rfind("[memory] out of memory on cpu: 4.00 PiB of activations asked for; "
+                            "the host refused it (",
+                            0),
+              0u)
+        << message;
+    EXPECT_NE(message.find(" of RAM free); this thread's ledger holds 1.00 MiB there (parameters "
+                           "1.00 MiB, gradients 0 B, optimizer_state 0 B, activations 0 B, "
+                           "communication 0 B, temporaries 0 B; peak 1.00 MiB)"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_THROW(Tensor::Empty({int64_t{1} << 50}, Dtype::kF32), std::bad_alloc);
+  EXPECT_EQ(ledger.Total(kCpu).current, 1 << 20);
+  EXPECT_EQ(ledger.Total(kCpu).peak, 1 << 20);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -41,6 +42,8 @@ template <typename Fn>
 absl::Status Guarded(Fn&& fn) {
   try {
     return fn();
+  } catch (const std::bad_alloc& e) {  // tensor::OutOfMemoryError says where and how much
+    return absl::ResourceExhaustedError(e.what());
   } catch (const std::exception& e) {
     return absl::InternalError(e.what());
   }

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <exception>
+#include <new>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -260,6 +263,28 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
                                                ",total_steps=", steps));
   }
   return optim::ParseLrSchedule(spec);
+}
+
+int RunTrainMain(const std::function<absl::Status()>& train) {
+  absl::Status s;
+  try {
+    s = train();
+  } catch (const std::bad_alloc& e) {
+    s = absl::ResourceExhaustedError(e.what());
+  } catch (const std::exception& e) {
+    s = absl::InternalError(e.what());
+  }
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
+  if (s.code() == absl::StatusCode::kResourceExhausted &&
+      absl::StrContains(s.message(), "out of memory")) {
+    std::fprintf(stderr,
+                 "train: a rank needs less memory with a smaller --batch_size (--grad_accum_steps "
+                 "keeps the global batch), --activation_checkpointing, --precision=bf16 on a GPU, or its "
+                 "state sharded over more ranks (--strategy=full_shard --auto_wrap=transformer; "
+                 "--cpu_offload keeps the optimizer state on the host)\n");
+  }
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
 }  // namespace train

@@ -5,6 +5,7 @@
 #define MODELS_COMMON_TRAIN_SETUP_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -116,6 +117,13 @@ struct Compute {
 };
 absl::StatusOr<Compute> ResolveCompute(const std::string& device_flag,
                                        const std::string& precision_flag);
+
+// A train binary's main after its flags are parsed: runs `train`, turning
+// exceptions into errors (running out of memory, tensor::OutOfMemoryError,
+// into ResourceExhausted), prints "train: error: <message>" on stderr and,
+// after running out of memory, the flags that lower what a rank needs.
+// Returns the exit code: 0, 2 for InvalidArgument (bad flags), else 1.
+int RunTrainMain(const std::function<absl::Status()>& train);
 
 }  // namespace train
 

@@ -35,7 +35,6 @@
 //   during its backward) -> loss averaged over the ranks -> finish the
 //   gradient communication -> clip by the global norm -> step -> zero grads
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -724,15 +723,5 @@ int main(int argc, char** argv) {
       "Trains T5 on span corruption. With no flags: t5-tiny on the shipped text.");
   absl::ParseCommandLine(argc, argv);
   data::SetProgramPath(argv[0]);
-  try {
-    absl::Status s = t5::Train();
-    if (!s.ok()) {
-      std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
-      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return train::RunTrainMain(t5::Train);
 }

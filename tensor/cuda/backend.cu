@@ -20,9 +20,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "tensor/allocator.h"
 #include "tensor/cuda/elements.cuh"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
+#include "tensor/memory_ledger.h"
 
 namespace tensor {
 namespace cuda {
@@ -99,7 +102,7 @@ class CachingAllocator final : public Allocator {
     }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      throw std::bad_alloc();
+      throw OutOfMemory(size);
     }
     Check(err, "cudaMalloc");
     std::lock_guard<std::mutex> lock(mu_);
@@ -117,6 +120,23 @@ class CachingAllocator final : public Allocator {
     }
     pools_[it->second][RoundSize(bytes)].push_back(ptr);
     owner_.erase(it);
+  }
+
+  // What the device holds once the cache is released and the request of
+  // `size` rounded bytes still fails.
+  OutOfMemoryError OutOfMemory(int64_t size) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) cudaGetLastError();
+    int64_t live = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live = reserved_;
+    }
+    return OutOfMemoryError(absl::StrCat(
+        "cuda:", device_, " has ", FormatBytes(static_cast<int64_t>(free_bytes)), " free of ",
+        FormatBytes(static_cast<int64_t>(total_bytes)), " with this process's caching allocator "
+        "holding ", FormatBytes(live), " there in live blocks, its free ones released (the request "
+        "rounds to ", FormatBytes(size), ")"));
   }
 
   // Frees every thread's cached blocks (live blocks are untouched).
@@ -214,7 +234,8 @@ class PinnedHostCache final : public Allocator {
     }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      throw std::bad_alloc();
+      throw OutOfMemoryError(absl::StrCat("cudaHostAlloc could not page-lock ",
+                                          FormatBytes(size), " of host memory, its cache released"));
     }
     Check(err, "cudaHostAlloc");
     return p;

@@ -1,7 +1,9 @@
 // CUDA backend: allocation charged to the ledger, round trips host <-> device,
-// and the caching allocator's per-thread pools (a freed block goes back to the
+// running out of device memory, and the caching allocator's per-thread pools (a freed block goes back to the
 // thread that allocated it; concurrent rank threads never share a block).
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,6 +56,37 @@ TEST(CudaBackendTest, PinnedHostTensors) {
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   const int n = cuda::DeviceCount();
   EXPECT_THROW(Tensor::Empty({4}, Dtype::kF32, Device::Cuda(n)), std::exception);
+}
+
+// A request the device cannot hold throws an OutOfMemoryError (a
+// std::bad_alloc) naming the device, the size and category, and what the
+// device and the caching allocator hold; later allocations still work.
+TEST(CudaBackendTest, OutOfMemoryNamesTheDeviceAndWhatItHolds) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  MemoryLedger ledger;
+  ScopedLedger use(&ledger);
+  const Tensor small = Tensor::Empty({256}, Dtype::kF32, Device::Cuda(0));  // 1 KiB
+  try {
+    Tensor huge = Tensor::Empty({int64_t{1} << 50}, Dtype::kF32, Device::Cuda(0));  // 4 PiB
+    ADD_FAILURE() << "4 PiB were allocated";
+  } catch (const OutOfMemoryError& e) {
+    const std::string message = e.what();
+    std::printf("%s\n", message.c_str());
+    EXPECT_EQ(message.rfind("[memory] out of memory on cuda:0: 4.00 PiB of temporaries asked for; "
+                            "cuda:0 has ",
+                            0),
+              0u)
+        << message;
+    EXPECT_NE(message.find(" free of "), std::string::npos) << message;
+    EXPECT_NE(message.find("caching allocator holding "), std::string::npos) << message;
+    EXPECT_NE(message.find("the request rounds to 4.00 PiB); this thread's ledger holds 1.00 KiB "
+                           "there (parameters 0 B"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(ledger.Total(Device::Cuda(0)).current, 1024);
+  const Tensor after = Tensor::Zeros({4}, Dtype::kF32).To(Device::Cuda(0));
+  EXPECT_EQ(after.To(Device::Cpu()).ToVector<float>(), std::vector<float>(4, 0.0f));
 }
 
 TEST(CudaBackendTest, FreedBlockReturnsToTheAllocatingThread) {
