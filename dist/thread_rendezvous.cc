@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "dist/store.h"  // internal::FormatSeconds
 
 namespace dist {
 namespace internal {
@@ -30,16 +30,6 @@ bool SameCall(const Arrival& a, const Arrival& b) {
   return !x.output.defined() || x.output.numel() == y.output.numel();
 }
 
-// "2.0 s", "0.5 s", "0.25 s".
-std::string FormatSeconds(absl::Duration d) {
-  if (d == absl::InfiniteDuration()) return "inf s";
-  const double s = absl::ToDoubleSeconds(d);
-  const double tenths = s * 10.0;
-  if (s >= 1.0 || tenths == static_cast<double>(static_cast<int64_t>(tenths))) {
-    return absl::StrFormat("%.1f s", s);
-  }
-  return absl::StrFormat("%.3g s", s);
-}
 
 }  // namespace
 
