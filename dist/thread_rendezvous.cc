@@ -30,13 +30,13 @@ bool SameCall(const Arrival& a, const Arrival& b) {
   return !x.output.defined() || x.output.numel() == y.output.numel();
 }
 
-
-}  // namespace
-
+// DescribeCall's "all_reduce(sum, f32, 10 elements)", or "split(color 1, key 0)".
 std::string Describe(const Arrival& a) {
   return a.is_split ? absl::StrCat("split(color ", a.color, ", key ", a.key, ")")
                     : DescribeCall(*a.call);
 }
+
+}  // namespace
 
 std::string Rendezvous::Who() const {
   std::string who = absl::StrCat("rank ", rank_, " of ", size());

@@ -59,9 +59,6 @@ struct Arrival {
   absl::Status failed;  // staging or device work failed on this rank (set before leaving)
 };
 
-// DescribeCall's "all_reduce(sum, f32, 10 elements)", or "split(color 1, key 0)".
-std::string Describe(const Arrival& a);
-
 struct GroupState;
 
 // The state of one collective call (the seq-th of the group) while its

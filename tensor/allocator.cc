@@ -43,19 +43,20 @@ std::shared_ptr<Storage> Storage::Allocate(int64_t nbytes, Device device) {
 }
 
 std::shared_ptr<Storage> Storage::Allocate(int64_t nbytes, Device device, Allocator& allocator) {
+  const MemoryCategory category = CurrentMemoryCategory();
+  MemoryLedger& ledger = MemoryLedger::Current();
   std::shared_ptr<Storage> s(new Storage());
   try {
     s->data_ = allocator.Allocate(nbytes);
   } catch (const std::bad_alloc& e) {
-    throw OutOfMemoryError(OutOfMemoryMessage(nbytes, device, CurrentMemoryCategory(),
-                                              MemoryLedger::Current(), e));
+    throw OutOfMemoryError(OutOfMemoryMessage(nbytes, device, category, ledger, e));
   }
   s->allocator_ = &allocator;
   s->nbytes_ = nbytes;
   s->device_ = device;
-  s->category_ = CurrentMemoryCategory();
-  s->ledger_ = &MemoryLedger::Current();
-  s->ledger_->RecordAlloc(device, s->category_, nbytes);
+  s->category_ = category;
+  s->ledger_ = &ledger;
+  s->ledger_->RecordAlloc(device, category, nbytes);
   return s;
 }
 

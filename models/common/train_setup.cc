@@ -280,9 +280,9 @@ int RunTrainMain(const std::function<absl::Status()>& train) {
       absl::StrContains(s.message(), "out of memory")) {
     std::fprintf(stderr,
                  "train: a rank needs less memory with a smaller --batch_size (--grad_accum_steps "
-                 "keeps the global batch), --activation_checkpointing, --precision=bf16 on a GPU, or its "
-                 "state sharded over more ranks (--strategy=full_shard --auto_wrap=transformer; "
-                 "--cpu_offload keeps the optimizer state on the host)\n");
+                 "keeps the global batch), --activation_checkpointing, --precision=bf16 on a GPU, "
+                 "or its state sharded over more ranks (--strategy=full_shard "
+                 "--auto_wrap=transformer; --cpu_offload keeps the optimizer state on the host)\n");
   }
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }

@@ -27,12 +27,6 @@ std::string Clip(std::string s, size_t max_chars) {
 
 }  // namespace
 
-// The start-up lines: the model, the data (and a decoded sample of byte
-// text), the batch. `ranks` is "" in one process, else "2 ranks (gloo) x ",
-// then "4 micro-batches x " with gradient accumulation;
-// tokens_per_step counts every rank's; `scheme` names the optimizer, the
-// schedule and the precision or strategy; `show_text` adds a decoded example
-// (byte text).
 void PrintStartup(const T5Config& config, const data::TokenSource& source,
                   const data::SpanCorruptionOptions& span, const data::SpanCorruptionLoader& loader,
                   const std::string& ranks, int64_t B, int64_t tokens_per_step,
@@ -94,7 +88,6 @@ absl::StatusOr<std::string> Sampler::Draw(T5Model& model, int64_t step_done,
                       "\n  targets: ", show(targets), "\n  model:   ", show((*rows)[0]), "\n");
 }
 
-// The sampler of the --sample_* flags over `source`, corrupted as `span` says.
 absl::StatusOr<Sampler> MakeSampler(std::shared_ptr<const data::TokenSource> source,
                                     const data::SpanCorruptionOptions& span,
                                     const train::SampleSchedule& schedule, bool text) {
