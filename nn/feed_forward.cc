@@ -143,14 +143,19 @@ Tensors FeedForward::BackwardOfX(const Tensor& grad, Context& ctx) {
   Tensor gx;  // (N, dim)
   if (activation_ == FfnActivation::kGelu) {
     Tensor gh;  // (N, hidden): the gradient of h0, the GELU's input
+    // c_fc's bias gradient (hidden), f32, when c_proj's GEMM summed gh too
+    // (on a GPU with cuda::MatmulDGeluBiasGrad); else c_fc sums gh itself.
+    Tensor db_in;
+    const Parameter* b_in = in_[0]->bias();
     if (!hidden_dropout) {
-      gh = out_->RunBackwardThroughGelu(g, ctx.Child(kOut), s.h0);
+      gh = out_->RunBackwardThroughGelu(g, ctx.Child(kOut), s.h0,
+                                        b_in != nullptr && b_in->requires_grad ? &db_in : nullptr);
     } else {
       const Tensor ga = dropout_->RunBackward(out_->RunBackward(g, ctx.Child(kOut)),
                                               ctx.Child(kDropout));  // (N, hidden)
       gh = tensor::GeluBackward(ga.To(s.h0.dtype()), s.h0);
     }
-    gx = in_[0]->RunBackward(gh, ctx.Child(kIn0));
+    gx = in_[0]->RunBackwardWithBiasGrad(gh, ctx.Child(kIn0), db_in);
     return {gx.To(s.input_dtype).Reshape(s.input_shape)};
   }
   Tensor ga = out_->RunBackward(g, ctx.Child(kOut));  // (N, hidden), a's dtype

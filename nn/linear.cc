@@ -132,7 +132,8 @@ Tensor Linear::SavedInput(const Tensor& x) const {
   return weight_->requires_grad ? x : Tensor();
 }
 
-Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
+Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s,
+                                    const Tensor& bias_grad) {
   const Tensor& w = weight_->value;
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
   if (s.padded_w.defined()) {  // the padded product (no bias): g (N, ld) with zero pad columns
@@ -150,29 +151,60 @@ Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s) {
     }
     return g_p;
   }
-  const bool bias_grad = bias_ != nullptr && bias_->requires_grad;
+  const bool wants_bias_grad = bias_ != nullptr && bias_->requires_grad;
   // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32 (= for a
   // new gradient: no zeros written and read); frozen parameters get none.
-  const Parameter::GradSink db = bias_grad ? bias_->GradToWrite() : Parameter::GradSink{};
+  const Parameter::GradSink db = wants_bias_grad ? bias_->GradToWrite() : Parameter::GradSink{};
+  const bool summed = wants_bias_grad && bias_grad.defined();
+  if (summed) {
+    OP_CHECK(bias_grad.rank() == 1 && bias_grad.dim(0) == out_, "linear", "the bias gradient ",
+             bias_grad.shape().ToString(), " given is not (", out_, ")");
+    Tensor out = db.grad;  // a handle: writes the gradient's storage
+    if (db.accumulate) {
+      tensor::AddInPlace(out, bias_grad.To(out.dtype()));
+    } else {
+      out.CopyFrom(bias_grad);
+    }
+  }
   if (weight_->requires_grad) {
     const Parameter::GradSink dw = weight_->GradToWrite();
-    tensor::LinearParamGradsInto(g, s.x, dw.grad, db.grad, dw.accumulate, db.accumulate);
-  } else if (bias_grad) {
+    tensor::LinearParamGradsInto(g, s.x, dw.grad, summed ? Tensor() : db.grad, dw.accumulate,
+                                 db.accumulate);
+  } else if (wants_bias_grad && !summed) {
     tensor::AddBiasBackwardInto(g, db.grad, db.accumulate);
   }
   return g;
+}
+
+Tensor Linear::InputGrad(const Tensor& g, const Saved& s) const {
+  // dx (N, in) = g @ W (g_p @ w_p: the pad columns and rows add nothing).
+  Tensor dx = tensor::Matmul(g, s.padded_w.defined() ? s.padded_w : weight_->value);
+  return dx.To(s.input_dtype).Reshape(s.input_shape);
 }
 
 Tensors Linear::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
   // (N, out), or (N, ld) for the padded product
   const Tensor g = AccumulateParamGrads(grad_outputs.at(0), s);
-  // dx (N, in) = g @ W (g_p @ w_p: the pad columns and rows add nothing).
-  Tensor dx = tensor::Matmul(g, s.padded_w.defined() ? s.padded_w : weight_->value);
-  return {dx.To(s.input_dtype).Reshape(s.input_shape)};
+  return {InputGrad(g, s)};
 }
 
-Tensor Linear::RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const Tensor& pre) {
+Tensor Linear::RunBackwardWithBiasGrad(const Tensor& grad_y, Context& ctx,
+                                       const Tensor& bias_grad) {
+  if (!bias_grad.defined()) return RunBackward(grad_y, ctx);
+  return RunBackwardFrame(ctx,
+                          [&] {
+                            const Saved& s = ctx.Saved<Saved>();
+                            OP_CHECK(bias_ != nullptr, "linear",
+                                     "a bias gradient was given to a layer without a bias");
+                            const Tensor g = AccumulateParamGrads(grad_y, s, bias_grad);
+                            return Tensors{InputGrad(g, s)};
+                          })
+      .at(0);
+}
+
+Tensor Linear::RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const Tensor& pre,
+                                      Tensor* pre_bias_grad) {
   return RunBackwardFrame(
              ctx,
              [&] {
@@ -181,8 +213,10 @@ Tensor Linear::RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const 
                         pre.shape().ToString(), " is not shaped as x ", s.input_shape.ToString());
                const Tensor g = AccumulateParamGrads(grad_y, s);  // (N, out)
                // d pre (N, in) = gelu'(pre) * (g @ W).
-               const Tensor dpre = tensor::LinearGeluInputGrad(
-                   g, weight_->value, pre.To(weight_->value.dtype()).Reshape({-1, in_}));
+               const Tensor dpre =
+                   tensor::LinearGeluInputGrad(g, weight_->value,
+                                               pre.To(weight_->value.dtype()).Reshape({-1, in_}),
+                                               pre_bias_grad);
                return Tensors{dpre.To(pre.dtype()).Reshape(pre.shape())};
              })
       .at(0);

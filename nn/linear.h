@@ -67,8 +67,17 @@ class Linear : public Module {
   // of pre instead of x's, gelu'(pre) * (grad @ W) (..., in) in pre's dtype,
   // with the GELU's backward in the GEMM's epilogue on a GPU
   // (tensor::LinearGeluInputGrad). pre has x's shape. Accumulates W.grad and
-  // b.grad as RunBackward does.
-  Tensor RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const Tensor& pre);
+  // b.grad as RunBackward does. With pre_bias_grad, that GEMM may also sum
+  // the result over its rows (a GPU, cuda::MatmulDGeluBiasGrad on): then
+  // *pre_bias_grad is the f32 (in) bias gradient of the layer that made pre,
+  // for its RunBackwardWithBiasGrad; else it is left undefined.
+  Tensor RunBackwardThroughGelu(const Tensor& grad_y, Context& ctx, const Tensor& pre,
+                                Tensor* pre_bias_grad = nullptr);
+
+  // RunBackward given this layer's bias gradient already summed (f32 (out),
+  // from the next layer's RunBackwardThroughGelu): b.grad takes it and the
+  // weight gradient's GEMM sums nothing. An undefined bias_grad: RunBackward.
+  Tensor RunBackwardWithBiasGrad(const Tensor& grad_y, Context& ctx, const Tensor& bias_grad);
 
  protected:
   // inputs[0]: x (..., in) -> (..., out)
@@ -103,8 +112,12 @@ class Linear : public Module {
   static Tensor PaddedGrad(const Tensor& g, const Saved& s);
 
   // The weight and bias gradients of the saved x; returns grad (N, out) in
-  // the compute dtype.
-  Tensor AccumulateParamGrads(const Tensor& grad_y, const Saved& s);
+  // the compute dtype. A defined bias_grad (f32 (out)) is the bias gradient,
+  // summed already.
+  Tensor AccumulateParamGrads(const Tensor& grad_y, const Saved& s,
+                              const Tensor& bias_grad = Tensor());
+  // dx (..., in) in x's dtype from g (N, out) (or the padded product's (N, ld)).
+  Tensor InputGrad(const Tensor& g, const Saved& s) const;
   // What Saved::x holds: x, or nothing when the weight is frozen.
   Tensor SavedInput(const Tensor& x) const;
 

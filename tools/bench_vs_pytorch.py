@@ -92,6 +92,11 @@ OURS_SWITCHES = [
      "switches a cuBLASLt epilogue",
      "with FSDP_CUDA_BIAS_GRAD_EPILOGUE=0: the Linear layers' bias gradients by the column-sum "
      "kernel after the dW GEMM instead of cuBLASLt's BGRADB epilogue"),
+    ("dgelu_bias_grad", "ours_bf16_dgelu_bias_grad", {"FSDP_CUDA_DGELU_BIAS_GRAD": "1"},
+     "switches a cuBLASLt epilogue",
+     "with FSDP_CUDA_DGELU_BIAS_GRAD=1: the MLP's c_fc bias gradient out of c_proj's "
+     "GELU-backward GEMM (DGELU_BGRAD) and c_fc's dW a plain GEMM, instead of BGRADB's "
+     "separate reduction"),
     ("attention_narrow", "ours_bf16_attention_narrow",
      {"FSDP_CUDA_ATTENTION_DKDV": "narrow", "FSDP_CUDA_ATTENTION_DQ": "narrow"},
      "switches the fused CUDA attention",

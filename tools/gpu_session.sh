@@ -40,7 +40,8 @@
 #                                and tokens/s charted by tools/plot.py ($OUT/train.svg)
 #   tools/gpu_session.sh pytorch gpt2 124M bf16, batch 16 x 1024, AdamW: tokens/s and MFU of
 #                                ours (also with FSDP_CUDA_GEMM_TUNE=1, with
-#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0, with FSDP_CUDA_NORM_HOLD_ROWS=0,
+#                                FSDP_CUDA_BIAS_GRAD_EPILOGUE=0, FSDP_CUDA_DGELU_BIAS_GRAD=1,
+#                                with FSDP_CUDA_NORM_HOLD_ROWS=0,
 #                                with FSDP_CUDA_LOSS_ROW_THREADS=256, and with
 #                                FSDP_CUDA_ATTENTION=cudnn, alone and with the tuning;
 #                                GPU_SESSION_PYTORCH_VARIANTS: other flags) and of PyTorch eager
@@ -59,14 +60,15 @@
 #                                under the API log (to diff the two graphs here with
 #                                tools/cudnn_log_graph.py when ours fails), then the attention
 #                                phase, norm_benchmark ($OUT/norm.txt), loss_benchmark
-#                                ($OUT/loss.txt) and the pytorch
+#                                ($OUT/loss.txt), matmul_benchmark --epilogues_only
+#                                ($OUT/matmul.txt: the DGELU_BGRAD pair last) and the pytorch
 #                                phase (GPU_SESSION_CUDNN_PYTORCH_UNTIL_S, 560) with the cuDNN
 #                                variants (alone, with the GEMM tuning, and with the tuning and
-#                                the column-sum bias gradients), the tuning and column sums
-#                                without it, and the norms loading their rows
-#                                (FSDP_CUDA_NORM_HOLD_ROWS=0). $OUT: tests.txt, tests.log,
+#                                FSDP_CUDA_DGELU_BIAS_GRAD=1), the tuning, c_fc's bias gradient
+#                                and the column sums without it, and the norms loading their
+#                                rows (FSDP_CUDA_NORM_HOLD_ROWS=0). $OUT: tests.txt, tests.log,
 #                                cudnn_logs.tar.xz (ours, PyTorch's), attention.txt, norm.txt,
-#                                loss.txt, vs_pytorch.json
+#                                loss.txt, matmul.txt, vs_pytorch.json
 #   tools/gpu_session.sh profile where a gpt2 bf16 training step's GPU time goes, per kernel
 #                                (Nsight Compute's durations of about one steady step's
 #                                kernels: GPU_SESSION_PROFILE_KERNELS (700) after the first
@@ -162,12 +164,12 @@ run_tests() {
 }
 
 # The variants of ours the pytorch phase times beside the default: the GEMM tuning, the
-# column-sum bias gradients, cuDNN's attention, cuDNN's attention with the tuning, and the
+# column-sum bias gradients, c_fc's bias gradient out of DGELU_BGRAD, cuDNN's attention, cuDNN's attention with the tuning, and the
 # norm kernels loading their rows in each pass (FSDP_CUDA_NORM_HOLD_ROWS=0).
 # (--attention_dq_atomic and --attention_narrow, timed on 2026-11-27: 39.6% and 41.5% MFU
 # against 41.0%, the narrow kernels x1.01 in attention_benchmark; GPU_SESSION_PYTORCH_VARIANTS
 # replaces the list.)
-read -r -a pytorch_variants <<< "${GPU_SESSION_PYTORCH_VARIANTS:---gemm_tune --bias_grad_unfused --attention_cudnn --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0 --ours_env loss_rows_256:FSDP_CUDA_LOSS_ROW_THREADS=256}"
+read -r -a pytorch_variants <<< "${GPU_SESSION_PYTORCH_VARIANTS:---gemm_tune --bias_grad_unfused --dgelu_bias_grad --attention_cudnn --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0 --ours_env loss_rows_256:FSDP_CUDA_LOSS_ROW_THREADS=256}"
 
 # run_pytorch LIMIT_S [FLAG...]: gpt2 124M bf16, batch 16 x 1024, AdamW, ours against PyTorch
 # eager (with its fused attention too) through tools/bench_vs_pytorch.py, FLAGs added, killed
@@ -477,11 +479,17 @@ PY
     run_row_bench norm 60 11 20
     echo "=== the fused cross-entropy's row block sizes (loss.txt)"
     run_row_bench loss 60 7 5
+    echo "=== cuBLASLt's epilogues against our kernels, and c_fc's bias gradient (matmul.txt)"
+    if has matmul_benchmark; then
+      run_matmul_bench 45 --epilogues_only --samples=10
+    else
+      echo "SKIP epilogues (matmul_benchmark is not in the bundle)"
+    fi
     echo "=== ours against PyTorch eager, with cuDNN's attention"
     run_pytorch $(( phase_start + ${GPU_SESSION_CUDNN_PYTORCH_UNTIL_S:-560} - $(date +%s) )) \
-      --attention_cudnn --gemm_tune --bias_grad_unfused \
+      --attention_cudnn --gemm_tune --dgelu_bias_grad --bias_grad_unfused \
       --ours_env cudnn_tuned:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1 \
-      --ours_env cudnn_tuned_colsum:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_BIAS_GRAD_EPILOGUE=0 \
+      --ours_env cudnn_tuned_dgelu:FSDP_CUDA_ATTENTION=cudnn,FSDP_CUDA_GEMM_TUNE=1,FSDP_CUDA_DGELU_BIAS_GRAD=1 \
       --ours_env norms_loaded:FSDP_CUDA_NORM_HOLD_ROWS=0 ||
       echo "pytorch: exit $? (124: killed at the phase's limit)"
     rm -f "$out/vs_pytorch.svg"

@@ -5,7 +5,8 @@
 // (64), in f32 and with a loss scale (the gradient scaled in the padded rows),
 // at 12 tokens and at 256 (where the head's GEMMs run at the padded size);
 // cached decoding (generation) gives the CPU's logits, and beam search (the
-// cache's rows reordered on the device) the CPU's tokens.
+// cache's rows reordered on the device) the CPU's tokens. Also c_fc's bias
+// gradient out of the GELU backward's GEMM (cuda::MatmulDGeluBiasGrad).
 #include <cmath>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "models/mingpt/generate.h"
 #include "models/mingpt/model.h"
 #include "nn/linear.h"
+#include "tensor/cuda/matmul.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/testing.h"
 
@@ -75,6 +77,56 @@ TEST(GptCudaTest, LossAndGradientsMatchTheCpuWithAlignedLogitsRows) {
               << grads[0][i].first;
         }
       }
+    }
+  }
+}
+
+// With cuda::MatmulDGeluBiasGrad on, each MLP's c_fc bias gradient comes out
+// of c_proj's GELU-backward GEMM (DGELU_BGRAD) and c_fc's weight gradient is
+// a plain GEMM: one fused GEMM fewer a layer than with it off, and in both
+// ways the CPU's loss and gradients (f32; 4 x 64 tokens, hidden 64).
+TEST(GptCudaTest, CFcBiasGradientFromTheGeluBackwardMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const GptConfig config = Tiny(64, 64);
+  const int64_t batch = 4, block = 64;
+  std::vector<int64_t> ids(batch * block), targets(batch * block);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int64_t>((i * 5 + 1) % 64);
+    targets[i] = static_cast<int64_t>((i * 7 + 3) % 64);
+  }
+  struct Run {
+    double loss = 0;
+    std::vector<std::pair<std::string, Tensor>> grads;  // on the CPU
+    int64_t fused = 0;                                   // GEMMs with an epilogue
+  };
+  auto run = [&](Device device) {
+    Run r;
+    GPT model(config);
+    model.Materialize(9, device);
+    const Tensor idx = Tensor::FromData<int64_t>(ids, {batch, block}).To(device);
+    const Tensor tgt = Tensor::FromData<int64_t>(targets, {batch, block}).To(device);
+    const int64_t before = tensor::cuda::GetMatmulCacheStats().epilogues_fused;
+    r.loss = model.ForwardBackward(idx, tgt);
+    r.fused = tensor::cuda::GetMatmulCacheStats().epilogues_fused - before;
+    for (auto& [name, p] : model.NamedParameters()) {
+      r.grads.emplace_back(name, p->grad.To(Device::Cpu()));
+    }
+    return r;
+  };
+  const Run cpu = run(Device::Cpu());
+  tensor::cuda::SetMatmulDGeluBiasGrad(false);
+  const Run off = run(Device::Cuda(0));
+  tensor::cuda::SetMatmulDGeluBiasGrad(true);
+  const Run on = run(Device::Cuda(0));
+  tensor::cuda::SetMatmulDGeluBiasGrad(false);
+  EXPECT_EQ(off.fused - on.fused, config.n_layer);
+  for (const Run* gpu : {&off, &on}) {
+    SCOPED_TRACE(gpu == &on ? "switch on" : "switch off");
+    EXPECT_NEAR(gpu->loss, cpu.loss, 1e-5 * std::abs(cpu.loss));
+    ASSERT_EQ(gpu->grads.size(), cpu.grads.size());
+    for (size_t i = 0; i < cpu.grads.size(); ++i) {
+      EXPECT_TRUE(tensor::testing::AllClose(gpu->grads[i].second, cpu.grads[i].second, 1e-4, 1e-5))
+          << cpu.grads[i].first;
     }
   }
 }

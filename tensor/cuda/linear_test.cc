@@ -185,6 +185,52 @@ TEST(CudaLinearTest, GeluInputGradMatchesTheCpu) {
   }
 }
 
+// LinearGeluInputGrad with the bias gradient of pre's layer asked for: with
+// cuda::MatmulDGeluBiasGrad on, one GEMM (DGELU_BGRAD) gives the GELU input's
+// gradient and its f32 column sums, the CPU's values; with the switch off, or
+// where the GEMM does not fuse (pre's rows 12 apart), the gradient alone, the
+// sums left undefined for the caller.
+TEST(CudaLinearTest, GeluInputGradSumsThePreLayersBiasGradient) {
+  SKIP_WITHOUT_GPU();
+  for (Dtype dtype : FloatDtypes()) {
+    for (const auto& [k, fuses] : {std::pair<int64_t, bool>{64, true}, {12, false}}) {
+      const int64_t n = 37, m = 24;  // g (n, m), w (m, k), pre (n, k)
+      const Tensor g = RandomTensor({n, m}, 73 + k, -1, 1, dtype);
+      const Tensor w = RandomTensor({m, k}, 74 + k, -1, 1, dtype);
+      const Tensor pre = RandomTensor({n, k}, 75 + k, -3, 3, dtype);
+      const Tensor want = GeluBackward(Matmul(g.To(Dtype::kF32), w.To(Dtype::kF32)),
+                                       pre.To(Dtype::kF32));  // (n, k)
+      const Tensor want_db = AddBiasBackward(want);            // (k)
+      const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+      for (bool on : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(DtypeName(dtype), " pre ", n, "x", k,
+                                  on ? ", switch on" : ", switch off"));
+        cuda::SetMatmulDGeluBiasGrad(on);
+        Tensor db = Tensor::Zeros({1});  // to be reset
+        const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+        const Tensor got = LinearGeluInputGrad(ToGpu(g), ToGpu(w), ToGpu(pre), &db);
+        const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+        cuda::SetMatmulDGeluBiasGrad(false);
+        EXPECT_EQ(after.epilogues_fused, before.epilogues_fused + (fuses ? 1 : 0));
+        EXPECT_TRUE(MatchesCpu(got.To(Dtype::kF32), want, tol));
+        ASSERT_EQ(db.defined(), on && fuses);
+        if (db.defined()) {
+          EXPECT_EQ(db.dtype(), Dtype::kF32);
+          EXPECT_TRUE(db.device().is_cuda());
+          EXPECT_TRUE(MatchesCpu(db, want_db, tol));
+        }
+      }
+    }
+  }
+  // The CPU: the sums are always the caller's.
+  Tensor db = Tensor::Zeros({1});
+  cuda::SetMatmulDGeluBiasGrad(true);
+  LinearGeluInputGrad(RandomTensor({5, 8}, 1), RandomTensor({8, 16}, 2), RandomTensor({5, 16}, 3),
+                      &db);
+  cuda::SetMatmulDGeluBiasGrad(false);
+  EXPECT_FALSE(db.defined());
+}
+
 // LinearParamGradsInto: the bias gradient out of the weight-gradient GEMM
 // (BGRADB), accumulated into f32 buffers, against the f32 CPU sums; the weight
 // gradient a view inside a larger buffer (as an FSDP flat gradient holds it),

@@ -183,6 +183,11 @@ std::atomic<bool>& FuseBiasGradFlag() {
   return flag;
 }
 
+std::atomic<bool>& DGeluBiasGradFlag() {
+  static std::atomic<bool> flag{EnvIs("FSDP_CUDA_DGELU_BIAS_GRAD", "1")};
+  return flag;
+}
+
 cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
   switch (kind) {
     case GemmEpilogue::kBias:
@@ -193,6 +198,8 @@ cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
       return CUBLASLT_EPILOGUE_DGELU;
     case GemmEpilogue::kBiasGradA:
       return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our a
+    case GemmEpilogue::kDGeluBiasGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;  // sums over D's columns: our c's rows
     default:
       return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -208,6 +215,8 @@ const char* EpilogueName(GemmEpilogue kind) {
       return "dgelu";
     case GemmEpilogue::kBiasGradA:
       return "bias_grad_a";
+    case GemmEpilogue::kDGeluBiasGrad:
+      return "dgelu_bias_grad";
     default:
       return "none";
   }
@@ -220,12 +229,17 @@ bool EpilogueHasBias(GemmEpilogue kind) {
 }
 
 bool EpilogueHasAux(GemmEpilogue kind) {
-  return kind == GemmEpilogue::kGeluAuxBias || kind == GemmEpilogue::kDGelu;
+  return kind == GemmEpilogue::kGeluAuxBias || kind == GemmEpilogue::kDGelu ||
+         kind == GemmEpilogue::kDGeluBiasGrad;
+}
+
+bool EpilogueHasBiasGrad(GemmEpilogue kind) {
+  return kind == GemmEpilogue::kBiasGradA || kind == GemmEpilogue::kDGeluBiasGrad;
 }
 
 void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const GemmEpilogueArgs& epi) {
-  if (EpilogueHasBias(epi.kind) || epi.kind == GemmEpilogue::kBiasGradA) {
-    const void* bias = epi.kind == GemmEpilogue::kBiasGradA ? epi.bias_grad : epi.bias;
+  if (EpilogueHasBias(epi.kind) || EpilogueHasBiasGrad(epi.kind)) {
+    const void* bias = EpilogueHasBiasGrad(epi.kind) ? epi.bias_grad : epi.bias;
     CheckLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                            sizeof(bias)),
             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
@@ -374,6 +388,12 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
       CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                              &aux_ld, sizeof(aux_ld)),
               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)");
+    }
+    if (call.kind() == GemmEpilogue::kDGeluBiasGrad) {  // f32 sums of a 16-bit (or f32) D
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      CheckLt(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                             &bias_type, sizeof(bias_type)),
+              "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
     }
     SetEpiloguePointers(e->desc, *call.epilogue);
   }
@@ -600,7 +620,7 @@ LtPlan CheckAndPlan(const GemmArgs& args, LtCall* call) {
 bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   const bool has_bias = EpilogueHasBias(epilogue.kind);
   const bool has_aux = EpilogueHasAux(epilogue.kind);
-  const bool has_bias_grad = epilogue.kind == GemmEpilogue::kBiasGradA;
+  const bool has_bias_grad = EpilogueHasBiasGrad(epilogue.kind);
   const bool has_residual = epilogue.residual != nullptr;
   OP_CHECK((epilogue.kind != GemmEpilogue::kNone || has_residual) &&
                (!has_bias || epilogue.bias != nullptr) &&
@@ -610,7 +630,8 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
   OP_CHECK(
       !has_residual || epilogue.kind == GemmEpilogue::kNone || epilogue.kind == GemmEpilogue::kBias,
       kOp, "a residual goes with no epilogue or the bias one, not ", EpilogueName(epilogue.kind));
-  OP_CHECK(args.batch.empty() && (args.beta == 0.0f || has_bias_grad), kOp,
+  OP_CHECK(args.batch.empty() && (args.beta == 0.0f || epilogue.kind == GemmEpilogue::kBiasGradA),
+           kOp,
            "the ", EpilogueName(epilogue.kind),
            " epilogue takes one unbatched GEMM with beta 0 (got ", args.batch.size(),
            " batch dims, beta ", args.beta, ")");
@@ -619,7 +640,8 @@ bool GemmWithEpilogue(const GemmArgs& args, const GemmEpilogueArgs& epilogue) {
            ") with aux_ld >= ", args.n, "; got aux_ld ", epilogue.aux_ld);
   // cuBLASLt's rule for aux_ld; 16-byte vectors, as its fused kernels assume.
   const void* vector = has_bias ? epilogue.bias : has_bias_grad ? epilogue.bias_grad : nullptr;
-  if (!MatmulFuseEpilogues() || (has_bias_grad && !MatmulFuseBiasGrad()) ||
+  if (!MatmulFuseEpilogues() ||
+      (epilogue.kind == GemmEpilogue::kBiasGradA && !MatmulFuseBiasGrad()) ||
       (has_aux && epilogue.aux_ld % 8 != 0) ||
       (vector != nullptr && AlignmentBytes(vector, {}) < 16) ||
       (has_aux && AlignmentBytes(epilogue.aux, {}) < 16)) {
@@ -700,6 +722,10 @@ bool MatmulFuseEpilogues() { return FuseEpiloguesFlag().load(std::memory_order_r
 void SetMatmulFuseBiasGrad(bool fuse) { FuseBiasGradFlag().store(fuse); }
 
 bool MatmulFuseBiasGrad() { return FuseBiasGradFlag().load(std::memory_order_relaxed); }
+
+void SetMatmulDGeluBiasGrad(bool fuse) { DGeluBiasGradFlag().store(fuse); }
+
+bool MatmulDGeluBiasGrad() { return DGeluBiasGradFlag().load(std::memory_order_relaxed); }
 
 void SetMatmulAllowTf32(bool allow) { AllowTf32Flag().store(allow); }
 

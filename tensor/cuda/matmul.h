@@ -95,20 +95,25 @@ void Gemm(const GemmArgs& args);
 //                 a Linear layer's weight and bias gradients in one pass over
 //                 its output gradient (a = g^T) (cuBLASLt's BGRADB, its B
 //                 being our a); bias_grad is written, not accumulated
-// bias (n) and bias_grad (m) are contiguous; aux is (m, n), row major with
-// rows aux_ld apart. All have c's dtype (out_dtype).
+//   kDGeluBiasGrad: kDGelu, and bias_grad (n) = c's column sums, f32 whatever
+//                 c's dtype: the GELU's backward and the bias gradient of the
+//                 layer whose output was the GELU's input, out of one GEMM
+//                 (cuBLASLt's DGELU_BGRAD); bias_grad is written
+// bias (n) and bias_grad (m, or n for kDGeluBiasGrad) are contiguous; aux is
+// (m, n), row major with rows aux_ld apart. All have c's dtype (out_dtype),
+// but kDGeluBiasGrad's bias_grad.
 // A residual (kNone or kBias only): c = a @ b (+ bias) + residual, the
 // residual being cuBLASLt's C and c its D (D = A B + 1 * C, C != D): a
 // Linear layer's output added to a transformer's residual stream in one
 // write. residual (m, n) is laid out as c (row major, c's row stride) and
 // does not overlap c, a or b.
-enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu, kBiasGradA };
+enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGelu, kBiasGradA, kDGeluBiasGrad };
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::kNone;
   const void* bias = nullptr;      // kBias and kGeluAuxBias
-  void* aux = nullptr;             // kGeluAuxBias (written) and kDGelu (read)
+  void* aux = nullptr;             // kGeluAuxBias (written), kDGelu[BiasGrad] (read)
   int64_t aux_ld = 0;              // elements
-  void* bias_grad = nullptr;       // kBiasGradA (written)
+  void* bias_grad = nullptr;       // kBiasGradA and kDGeluBiasGrad (written)
   const void* residual = nullptr;  // kNone or kBias (read); nullptr: none
 };
 
@@ -137,6 +142,18 @@ bool MatmulFuseEpilogues();
 // tools/bench_vs_pytorch.py --bias_grad_unfused).
 void SetMatmulFuseBiasGrad(bool fuse);
 bool MatmulFuseBiasGrad();
+
+// Whether the backward of a Linear layer followed by a GELU (LinearGeluInputGrad,
+// the MLP's c_proj) also returns the bias gradient of the GELU's input layer
+// (c_fc) out of its GEMM's epilogue (kDGeluBiasGrad), so that c_fc's weight
+// gradient is a plain GEMM, without cuBLASLt's separate reduction over its
+// output gradient (BGRADB's globalKernelBgradAB, which read gpt2's 100 MB a
+// layer of c_fc gradient a second time on the H200). Default off, not yet timed
+// on a GPU; environment FSDP_CUDA_DGELU_BIAS_GRAD=1 at startup turns it on
+// (matmul_benchmark's "dx*gelu' + db" rows, tools/bench_vs_pytorch.py
+// --dgelu_bias_grad).
+void SetMatmulDGeluBiasGrad(bool fuse);
+bool MatmulDGeluBiasGrad();
 
 // out = beta * out (zeros when beta == 0, whatever out held): the product of
 // an empty K. out is contiguous.

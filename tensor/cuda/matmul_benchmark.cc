@@ -11,7 +11,8 @@
 // "ours" columns are tuned, see tensor/cuda/matmul.h). Then the gpt2 block's Linear layers with the
 // bias (and GELU) fused into cuBLASLt's epilogue against the unfused GEMM + bias kernel, and the
 // MLP's backward through the GELU (DGELU epilogue) against GEMM + GeluBackward, and the layers'
-// weight + bias gradients (BGRADB epilogue) against GEMM + column sums. Timed with CUDA
+// weight + bias gradients (BGRADB epilogue) against GEMM + column sums, and c_fc's bias gradient
+// out of the GELU backward's GEMM (DGELU_BGRAD) against BGRADB's. Timed with CUDA
 // events on the calling thread's stream: warmup samples, then the median of --samples samples of
 // --reps back-to-back calls each.
 //
@@ -294,6 +295,53 @@ void FusedEpilogues(int device) {
   }
 }
 
+// What FSDP_CUDA_DGELU_BIAS_GRAD changes in gpt2's MLP backward (bf16, 16384
+// tokens): c_fc's bias gradient summed by c_proj's GELU-backward GEMM
+// (DGELU_BGRAD), then c_fc's dW a plain GEMM and the sums copied into the
+// bias gradient, against the default: the DGELU GEMM, then c_fc's dW with
+// BGRADB (cuBLASLt's separate reduction over the 16384 x 3072 gradient). The
+// two ways are timed in turn, sample by sample; max|diff| compares their bias
+// gradients.
+void DGeluBiasGrad(int device) {
+  const int64_t tokens = 16 * 1024, dim = 768, hidden = 3072;
+  const Tensor g = DeviceRandom({tokens, dim}, Dtype::kBF16, 200, device);      // c_proj's dy
+  const Tensor w = DeviceRandom({dim, hidden}, Dtype::kBF16, 201, device);      // c_proj's W
+  const Tensor pre = DeviceRandom({tokens, hidden}, Dtype::kBF16, 202, device); // GELU input
+  const Tensor x = DeviceRandom({tokens, dim}, Dtype::kBF16, 203, device);      // c_fc's x
+  const Tensor grad_w = Tensor::Zeros({hidden, dim}, Dtype::kF32, Device::Cuda(device));
+  const Tensor grad_b[2] = {Tensor::Zeros({hidden}, Dtype::kF32, Device::Cuda(device)),
+                            Tensor::Zeros({hidden}, Dtype::kF32, Device::Cuda(device))};
+  bool summed = false;  // whether cuBLASLt ran DGELU_BGRAD
+  auto run = [&](int way) {
+    Tensor db;  // (hidden) f32
+    cuda::SetMatmulDGeluBiasGrad(way == 1);
+    const Tensor dpre = LinearGeluInputGrad(g, w, pre, &db);  // (tokens, hidden)
+    cuda::SetMatmulDGeluBiasGrad(false);
+    summed = db.defined();
+    LinearParamGradsInto(dpre, x, grad_w, summed ? Tensor() : grad_b[way], false, false);
+    if (summed) {
+      Tensor out = grad_b[way];  // a handle: writes its storage
+      out.CopyFrom(db);
+    }
+  };
+  std::printf("\nc_fc's bias gradient, bf16, %lld tokens: DGELU + dW with BGRADB (default) "
+              "against DGELU_BGRAD + plain dW (FSDP_CUDA_DGELU_BIAS_GRAD=1)\n",
+              static_cast<long long>(tokens));
+  run(1);
+  const bool fused = summed;
+  run(0);
+  std::vector<double> ms[2];
+  for (int s = 0; s < absl::GetFlag(FLAGS_samples); ++s) {
+    for (int way : {0, 1}) ms[way].push_back(TimeCall([&] { run(way); }) * 1e3);
+  }
+  const double t0 = bench::Median(ms[0]), t1 = bench::Median(ms[1]);
+  std::printf("%-30s %9.3f ms\n%-30s %9.3f ms  (x%.3f)  max|db diff| %.3g%s\n",
+              "dgelu, dW+db (BGRADB)", t0, "dgelu+db (DGELU_BGRAD), dW", t1, t0 / t1,
+              MaxDiffHead(grad_b[0], grad_b[1]),
+              fused ? "" : "  (cuBLASLt declined DGELU_BGRAD: both ways the default)");
+  std::fflush(stdout);
+}
+
 int Main() {
   const int device = absl::GetFlag(FLAGS_device);
   if (cuda::DeviceCount() <= device) {
@@ -333,6 +381,7 @@ int Main() {
   };
   if (absl::GetFlag(FLAGS_epilogues_only)) {
     FusedEpilogues(device);
+    DGeluBiasGrad(device);
     return 0;
   }
   // "best of N": the fastest of cuBLASLt's first N heuristic candidates (bf16
@@ -396,7 +445,10 @@ int Main() {
     }
   }
   cuda::SetMatmulAllowTf32(false);
-  if (only_cases.empty()) FusedEpilogues(device);
+  if (only_cases.empty()) {
+    FusedEpilogues(device);
+    DGeluBiasGrad(device);
+  }
   const cuda::MatmulCacheStats stats = cuda::GetMatmulCacheStats();
   std::printf("descriptor cache: %lld entries, %lld hits, %lld misses\n",
               static_cast<long long>(stats.entries), static_cast<long long>(stats.hits),

@@ -12,6 +12,7 @@ namespace {
 std::atomic<bool> allow_tf32{false};
 std::atomic<bool> fuse_epilogues{true};
 std::atomic<bool> fuse_bias_grad{true};
+std::atomic<bool> dgelu_bias_grad{false};
 
 }  // namespace
 
@@ -27,6 +28,8 @@ void SetMatmulFuseEpilogues(bool fuse) { fuse_epilogues.store(fuse); }
 bool MatmulFuseEpilogues() { return fuse_epilogues.load(); }
 void SetMatmulFuseBiasGrad(bool fuse) { fuse_bias_grad.store(fuse); }
 bool MatmulFuseBiasGrad() { return fuse_bias_grad.load(); }
+void SetMatmulDGeluBiasGrad(bool fuse) { dgelu_bias_grad.store(fuse); }
+bool MatmulDGeluBiasGrad() { return dgelu_bias_grad.load(); }
 void MatmulScale(const Tensor& out, float) { NotBuilt("matmul", out); }
 void SetMatmulAllowTf32(bool allow) { allow_tf32.store(allow); }
 bool MatmulAllowTf32() { return allow_tf32.load(); }

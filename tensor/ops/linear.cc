@@ -167,7 +167,8 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
   return r;
 }
 
-Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre) {
+Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre,
+                           Tensor* pre_bias_grad) {
   constexpr char kGradOp[] = "linear_gelu_input_grad";
   OP_CHECK(grad_y.defined() && w.defined() && pre.defined(), kGradOp, "got an undefined tensor");
   OP_CHECK(grad_y.rank() == 2 && w.rank() == 2 && pre.rank() == 2 && grad_y.dim(1) == w.dim(0) &&
@@ -181,13 +182,25 @@ Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& 
   OP_CHECK(grad_y.device() == w.device() && pre.device() == w.device(), kGradOp,
            "devices differ: grad_y on ", grad_y.device().ToString(), ", w on ",
            w.device().ToString(), ", pre on ", pre.device().ToString());
-  if (w.device().is_cuda()) {
+  if (pre_bias_grad != nullptr) *pre_bias_grad = Tensor();
+  if (w.device().is_cuda() && pre.strides()[1] == 1) {
     Tensor out = Tensor::Empty({pre.dim(0), pre.dim(1)}, w.dtype(), w.device());  // (N, K)
     cuda::GemmEpilogueArgs e;
     e.kind = cuda::GemmEpilogue::kDGelu;
     e.aux = pre.raw_data();  // read only
     e.aux_ld = pre.strides()[0];
-    if (pre.strides()[1] == 1 && FusedOnCuda(grad_y, w, out, e)) return out;
+    if (pre_bias_grad != nullptr && cuda::MatmulDGeluBiasGrad()) {
+      Tensor db = Tensor::Empty({pre.dim(1)}, Dtype::kF32, w.device());  // (K)
+      e.kind = cuda::GemmEpilogue::kDGeluBiasGrad;
+      e.bias_grad = db.raw_data();
+      if (FusedOnCuda(grad_y, w, out, e)) {
+        *pre_bias_grad = db;
+        return out;
+      }
+      e.kind = cuda::GemmEpilogue::kDGelu;  // no such kernel: DGELU alone
+      e.bias_grad = nullptr;
+    }
+    if (FusedOnCuda(grad_y, w, out, e)) return out;
   }
   return GeluBackward(Matmul(grad_y, w), pre);
 }

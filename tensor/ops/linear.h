@@ -41,7 +41,13 @@ LinearGeluResult LinearGeluForward(const Tensor& x, const Tensor& w, const Tenso
 // one dtype -> (N, K). On a GPU the GELU's backward runs in the GEMM's
 // epilogue (cuBLASLt's DGELU), so grad_y @ w is never written out; elsewhere
 // Matmul then GeluBackward (which rounds the product to the dtype first).
-Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre);
+// With pre_bias_grad, and cuda::MatmulDGeluBiasGrad on, the same GEMM also
+// sums the result's columns (DGELU_BGRAD, from the f32 values before their
+// rounding): *pre_bias_grad becomes that f32 (K) vector, the bias gradient of
+// the layer whose output was pre. Where it cannot (the CPU, the switch off, an
+// unfused case) *pre_bias_grad is left undefined and the caller sums them.
+Tensor LinearGeluInputGrad(const Tensor& grad_y, const Tensor& w, const Tensor& pre,
+                           Tensor* pre_bias_grad = nullptr);
 
 // A Linear layer's parameter gradients from its output gradient g (N, M) and
 // input x (N, K): grad_w (M, K) += g^T @ x and, when grad_b is defined,

@@ -8,8 +8,10 @@
 // else the project does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED.
 // Epilogues: BIAS, GELU_AUX_BIAS (the tanh GELU, its input stored in the
 // aux matrix), DGELU (the product times the tanh GELU's derivative at the
-// aux matrix) and BGRADB (op(B)'s sums over k written to the bias pointer, in
-// D's type), unbatched, with the library's rules on their attributes (a
+// aux matrix), DGELU_BGRAD (DGELU, and D's row sums over its columns, before
+// D's rounding, written to the bias pointer) and BGRADB (op(B)'s sums over k
+// written to the bias pointer), the written vectors in BIAS_DATA_TYPE (D's
+// type unless set), unbatched, with the library's rules on their attributes (a
 // bias pointer for the bias ones; an aux pointer and an aux leading dimension
 // that is a multiple of 8 and at least D's rows for the GELU ones).
 #include <cublasLt.h>
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "third_party/cuda/emu/counters.h"
 #include "third_party/cuda/emu/pending.h"
@@ -34,9 +37,10 @@ struct Desc {
   int32_t trans_a = CUBLAS_OP_N;
   int32_t trans_b = CUBLAS_OP_N;
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  void* bias = nullptr;  // read; written by BGRADB
+  void* bias = nullptr;  // read; written by BGRADB and DGELU_BGRAD
   void* aux = nullptr;
   int64_t aux_ld = 0;
+  int32_t bias_type = -1;  // BIAS_DATA_TYPE; -1: D's type
 };
 
 struct Layout {
@@ -128,7 +132,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       std::memcpy(&e, buf, sizeof(e));
       if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
           e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU &&
-          e != CUBLASLT_EPILOGUE_BGRADB) {
+          e != CUBLASLT_EPILOGUE_DGELU_BGRAD && e != CUBLASLT_EPILOGUE_BGRADB) {
         return CUBLAS_STATUS_NOT_SUPPORTED;
       }
       d.epilogue = e;
@@ -146,6 +150,16 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       if (bytes != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
       std::memcpy(&d.aux_ld, buf, bytes);
       return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
+      if (bytes != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      int32_t t;
+      std::memcpy(&t, buf, sizeof(t));
+      if (t != CUDA_R_32F && t != CUDA_R_16BF && t != CUDA_R_16F) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+      }
+      d.bias_type = t;
+      return CUBLAS_STATUS_SUCCESS;
+    }
     case CUBLASLT_MATMUL_DESC_TRANSA:
     case CUBLASLT_MATMUL_DESC_TRANSB:
       break;
@@ -227,8 +241,9 @@ static cublasStatus_t CheckShapes(const Desc& d, const Layout& a, const Layout& 
   if (c.type != dd.type || a.type != b.type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     if (dd.batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
-    const bool aux =
-        d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+    const bool aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                     d.epilogue == CUBLASLT_EPILOGUE_DGELU ||
+                     d.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
     if (d.epilogue != CUBLASLT_EPILOGUE_DGELU && d.bias == nullptr) {
       return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -305,6 +320,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const int64_t m = dl.rows, n = dl.cols;
     const int64_t k = d.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
     const bool ta = d.trans_a == CUBLAS_OP_T, tb = d.trans_b == CUBLAS_OP_T;
+    const cudaDataType bias_type =
+        d.bias_type < 0 ? dl.type : static_cast<cudaDataType>(d.bias_type);
+    const bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU ||
+                       d.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    // DGELU_BGRAD: D's row sums (over its columns), of the values before D's rounding.
+    std::vector<float> row_sums(d.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD ? m : 0, 0.0f);
     for (int32_t batch = 0; batch < dl.batch; ++batch) {
       const int64_t oa = batch * a.batch_stride, ob = batch * b.batch_stride;
       const int64_t oc = batch * c.batch_stride, od = batch * dl.batch_stride;
@@ -323,9 +344,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
               d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
             out += Load(d.bias, dl.type, i);
           }
-          if (d.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-            out *= GeluGrad(Load(d.aux, dl.type, i + j * d.aux_ld));
-          }
+          if (dgelu) out *= GeluGrad(Load(d.aux, dl.type, i + j * d.aux_ld));
+          if (!row_sums.empty()) row_sums[i] += out;
           if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
             Store(d.aux, dl.type, i + j * d.aux_ld, out);
             out = Gelu(out);
@@ -336,9 +356,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
           float sum = 0.0f;
           for (int64_t p = 0; p < k; ++p)
             sum += Load(B, b.type, ob + (tb ? j + p * b.ld : p + j * b.ld));
-          Store(d.bias, dl.type, j, sum);
+          Store(d.bias, bias_type, j, sum);
         }
       }
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(row_sums.size()); ++i) {
+      Store(d.bias, bias_type, i, row_sums[i]);
     }
   });
   return CUBLAS_STATUS_SUCCESS;
