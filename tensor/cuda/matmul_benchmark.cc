@@ -300,8 +300,8 @@ void FusedEpilogues(int device) {
 // (DGELU_BGRAD), then c_fc's dW a plain GEMM and the sums copied into the
 // bias gradient, against the default: the DGELU GEMM, then c_fc's dW with
 // BGRADB (cuBLASLt's separate reduction over the 16384 x 3072 gradient). The
-// two ways are timed in turn, sample by sample; max|diff| compares their bias
-// gradients.
+// two ways are timed in turn, a sample of --reps calls each; max|diff|
+// compares their bias gradients.
 void DGeluBiasGrad(int device) {
   const int64_t tokens = 16 * 1024, dim = 768, hidden = 3072;
   const Tensor g = DeviceRandom({tokens, dim}, Dtype::kBF16, 200, device);      // c_proj's dy
@@ -329,10 +329,13 @@ void DGeluBiasGrad(int device) {
               static_cast<long long>(tokens));
   run(1);
   const bool fused = summed;
-  run(0);
-  std::vector<double> ms[2];
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup) * reps; ++i) {
+    for (int way : {0, 1}) run(way);
+  }
+  std::vector<double> ms[2];  // per sample of reps calls: ms a call
   for (int s = 0; s < absl::GetFlag(FLAGS_samples); ++s) {
-    for (int way : {0, 1}) ms[way].push_back(TimeCall([&] { run(way); }) * 1e3);
+    for (int way : {0, 1}) ms[way].push_back(bench::EventMs([&] { run(way); }, reps));
   }
   const double t0 = bench::Median(ms[0]), t1 = bench::Median(ms[1]);
   std::printf("%-30s %9.3f ms\n%-30s %9.3f ms  (x%.3f)  max|db diff| %.3g%s\n",
