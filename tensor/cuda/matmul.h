@@ -150,8 +150,8 @@ bool MatmulFuseBiasGrad();
 // output gradient (BGRADB's globalKernelBgradAB, which read gpt2's 100 MB a
 // layer of c_fc gradient a second time on the H200). Default off, not yet timed
 // on a GPU; environment FSDP_CUDA_DGELU_BIAS_GRAD=1 at startup turns it on
-// (matmul_benchmark's "dx*gelu' + db" rows, tools/bench_vs_pytorch.py
-// --dgelu_bias_grad).
+// (matmul_benchmark's last table times the two ways; tools/bench_vs_pytorch.py
+// --dgelu_bias_grad times gpt2 with it).
 void SetMatmulDGeluBiasGrad(bool fuse);
 bool MatmulDGeluBiasGrad();
 

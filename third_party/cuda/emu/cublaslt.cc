@@ -10,8 +10,8 @@
 // aux matrix), DGELU (the product times the tanh GELU's derivative at the
 // aux matrix), DGELU_BGRAD (DGELU, and D's row sums over its columns, before
 // D's rounding, written to the bias pointer) and BGRADB (op(B)'s sums over k
-// written to the bias pointer), the written vectors in BIAS_DATA_TYPE (D's
-// type unless set), unbatched, with the library's rules on their attributes (a
+// written to the bias pointer), the bias vectors (read or written) in
+// BIAS_DATA_TYPE (D's type unless set), unbatched, with the library's rules on their attributes (a
 // bias pointer for the bias ones; an aux pointer and an aux leading dimension
 // that is a multiple of 8 and at least D's rows for the GELU ones).
 #include <cublasLt.h>
@@ -342,7 +342,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
           if (be != 0.0f) out += be * Load(C, c.type, oc + i + j * c.ld);
           if (d.epilogue == CUBLASLT_EPILOGUE_BIAS ||
               d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-            out += Load(d.bias, dl.type, i);
+            out += Load(d.bias, bias_type, i);
           }
           if (dgelu) out *= GeluGrad(Load(d.aux, dl.type, i + j * d.aux_ld));
           if (!row_sums.empty()) row_sums[i] += out;
