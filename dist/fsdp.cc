@@ -1,13 +1,13 @@
+// FullyShardedModel (fsdp.h): builds the units of a model from its wrap plan,
+// and the model-wide calls (parameters, gradients, clipping, state dicts).
 #include "dist/fsdp.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
-#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "nn/checkpoint.h"
+#include "dist/fsdp_unit.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
 #include "tensor/cuda_backend.h"
@@ -53,460 +53,6 @@ const char* BackwardPrefetchName(BackwardPrefetch p) {
   return "?";
 }
 
-namespace internal {
-
-// What the units of one model share: the pass counter, the unit order recorded
-// in the last forward and backward (for prefetch), the reduce-scatters in
-// flight, the no_sync flag and the prefetch counts.
-struct FsdpShared {
-  FsdpOptions options;
-  std::vector<FsdpUnit*> units;  // units[0] is the root
-  // Incremented at the root's PreForward: gathers of an earlier pass are stale.
-  int64_t pass = 0;
-  // Unit ids in the order PreForward / PreBackward ran in the last complete
-  // pass, and the ones of the pass running now. Forward-only passes (the
-  // root held by Unshard / UnshardRoot) keep an order of their own: they may
-  // run other units than training does (T5's decoding steps run the decoder
-  // alone), and would otherwise make the next training forward's prefetch
-  // gather units it does not run next.
-  std::vector<int> training_forward_order, forward_only_order, backward_order;
-  std::vector<int> forward_now, backward_now;
-  // Per unit: the units its PreForward / PreBackward prefetches explicitly
-  // (SetForwardPrefetch / SetBackwardPrefetch), or none set: the recorded
-  // order's prefetch.
-  std::vector<std::optional<std::vector<int>>> explicit_forward, explicit_backward;
-  // Reduce-scatters issued and not yet finished, oldest first.
-  std::vector<FsdpUnit*> pending_reduces;
-  bool require_sync = true;
-  FullyShardedModel::PrefetchStats prefetch_stats;
-  int64_t all_gathers = 0;  // of unit parameters, since FullyShard
-
-  // A forward-only pass: the root is held (Unshard / UnshardRoot), so no
-  // backward follows it (one would throw).
-  bool forward_only() const;
-  // The recorded forward order for the kind of pass running now.
-  std::vector<int>& forward_order();
-
-  bool recorded(const std::vector<int>& order, const std::vector<int>& now) const {
-    return now.size() <= order.size() && std::equal(now.begin(), now.end(), order.begin());
-  }
-  // Issues the all-gathers of the units that follow `now` in `order` (when the
-  // pass so far matches it), up to max_inflight_all_gathers not yet used.
-  void Prefetch(const std::vector<int>& order, const std::vector<int>& now);
-  // Issues the all-gathers of `ids` (an explicit list) not issued this pass.
-  void PrefetchUnits(const std::vector<int>& ids);
-  void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
-  // At the end of a pass: reshards the units prefetched and not used (the
-  // pass ran other units than its recorded order said), which would
-  // otherwise hold their memory and count against max_inflight_all_gathers
-  // until their next use.
-  void FreeUnusedPrefetches();
-  // At the root's PostBackward: frees the units the backward did not reach (a
-  // model's backward stops below its lowest trainable parameter), which
-  // SHARD_GRAD_OP and SetReshardAfterForward(false) kept gathered for it.
-  void ReshardUnitsBackwardSkipped();
-};
-
-class FsdpUnit : public nn::ModuleHooks {
- public:
-  // `shard_pg`: the group this unit is sharded over; `replicate_pg`: HYBRID_SHARD's
-  // group of ranks holding the same shard (else null). `kept_fp32`: parameters
-  // of modules the mixed-precision policy keeps fp32.
-  FsdpUnit(int id, UnitPlan plan, FsdpShared& shared, ProcessGroup& shard_pg,
-           ProcessGroup* replicate_pg, const std::set<const nn::Parameter*>& kept_fp32)
-      : id_(id),
-        name_(plan.name),
-        module_(plan.module),
-        shared_(shared),
-        pg_(shard_pg),
-        replicate_pg_(replicate_pg),
-        strategy_(shared.options.strategy),
-        device_(shared.options.device),
-        offload_(shared.options.cpu_offload),
-        param_dtype_(shared.options.mixed_precision.param_dtype),
-        // A group of one communicates nothing: keep the gradient fp32 (as
-        // DDP and ZeRO-1 do), so world 1 equals one process bit for bit.
-        reduce_dtype_(shard_pg.size() == 1 && replicate_pg == nullptr
-                          ? tensor::Dtype::kF32
-                          : shared.options.mixed_precision.reduce_dtype),
-        flat_(std::move(plan.params), no_shard() ? 1 : shard_pg.size(),
-              no_shard() ? 0 : shard_pg.rank()) {
-    gather_dtype_ = param_dtype_;
-    if (param_dtype_ != tensor::Dtype::kF32) {
-      for (const FlatParameter::Entry& e : flat_.entries()) {
-        const bool keep = kept_fp32.count(e.param) > 0;
-        keep_fp32_.push_back(keep);
-        if (keep) gather_dtype_ = tensor::Dtype::kF32;  // gather fp32, cast the others
-      }
-    }
-  }
-
-  ~FsdpUnit() override {
-    // Collectives still in flight complete (or time out) on their own; wait so
-    // that no engine writes into buffers of a unit that is gone.
-    if (gather_work_) gather_work_->Wait().IgnoreError();
-    if (reduce_work_) reduce_work_->Wait().IgnoreError();
-  }
-
-  int id() const { return id_; }
-  bool is_root() const { return id_ == 0; }
-  const std::string& name() const { return name_; }
-  nn::Module* module() const { return module_; }
-  FlatParameter& flat() { return flat_; }
-  bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
-  // FullyShardedModel::SetReshardAfterForward: overrides the strategy's rule.
-  void set_reshard_after_forward(bool reshard) { reshard_after_forward_ = reshard; }
-  // Low-precision compute copies (param_dtype not f32).
-  bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
-  // NO_SHARD in fp32 on the compute device: parameter values are views of
-  // the (whole) shard itself; nothing is ever gathered.
-  bool values_are_shard() const { return no_shard() && !mixed() && !offload_; }
-
-  void Init(uint64_t seed) {
-    // Offloaded shards live in page-locked host memory: they travel to the
-    // GPU at every unshard and their gradients back at every reduce.
-    flat_.InitShard(seed, offload_ ? tensor::Device::Cpu() : device_, /*pinned=*/offload_);
-    if (values_are_shard()) flat_.SetValueViews(flat_.shard());
-  }
-
-  // Gathers the unsharded fp32 flat parameter into `out` (padded_numel, on
-  // the compute device).
-  void GatherInto(const tensor::Tensor& out) {
-    tensor::Tensor send;
-    {
-      tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-      send = ShardOnDevice(tensor::Dtype::kF32);
-    }
-    Check(pg_.AllGatherSync(send, out), "all_gather");
-  }
-
-  // ---- Unsharding: issue (maybe early, a prefetch), then wait ----
-
-  // True when this pass's gather is issued or done and not yet resharded.
-  bool gathered_this_pass() const { return gather_pass_ == shared_.pass && full_.defined(); }
-  bool prefetched() const { return prefetched_; }
-  // Holds an unsharded flat parameter (gathered, prefetched or held).
-  bool unsharded() const { return full_.defined(); }
-
-  // Issues the all-gather of this pass unless already issued. `prefetch`: for
-  // a later module (counted against max_inflight_all_gathers until used).
-  void IssueUnshard(bool prefetch) {
-    if (values_are_shard() || held_) return;
-    if (gathered_this_pass()) {
-      if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
-      return;
-    }
-    // Held from an earlier pass (SHARD_GRAD_OP's units, the root after a
-    // forward-only pass, a prefetch the pass did not use): stale, and freed
-    // before the new buffer is allocated, so that a unit never holds two.
-    if (full_.defined()) Reshard();
-    gather_pass_ = shared_.pass;
-    prefetched_ = prefetch;
-    if (prefetch) ++shared_.prefetch_stats.issued;
-    views_set_ = false;  // a new buffer: WaitUnshard points the values at it
-    tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
-    if (no_shard()) {  // a local cast and/or copy to the device, nothing to communicate
-      full_ = ShardOnDevice(gather_dtype_);
-      return;
-    }
-    full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
-    ++shared_.all_gathers;
-    if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
-      gather_work_ = pg_.AllGather(flat_.shard(), full_);
-    } else {
-      tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-      gather_send_ = ShardOnDevice(gather_dtype_);
-      gather_work_ = pg_.AllGather(gather_send_, full_);
-    }
-  }
-
-  // Waits for this pass's gather and points the parameters at it.
-  void WaitUnshard() {
-    prefetched_ = false;
-    if (values_are_shard() || held_) return;
-    if (gather_work_) {
-      WorkPtr work = std::move(gather_work_);
-      gather_send_ = tensor::Tensor();
-      Check(work->Wait(), "all_gather");
-    }
-    if (views_set_) return;
-    flat_.SetValueViews(full_);
-    views_set_ = true;
-    if (gather_dtype_ != param_dtype_) {
-      // fp32 gather: cast the parameters not kept fp32 (as nn::MixedPrecision).
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-      const auto& entries = flat_.entries();
-      for (size_t i = 0; i < entries.size(); ++i) {
-        if (!keep_fp32_[i]) entries[i].param->value = entries[i].param->value.To(param_dtype_);
-      }
-    }
-  }
-
-  void Unshard() {
-    IssueUnshard(false);
-    WaitUnshard();
-  }
-
-  // Gathered now, and kept so (hooks gather and free nothing) until Reshard
-  // (FullyShardedModel::Unshard / UnshardRoot).
-  void Hold() {
-    WaitUnshard();
-    held_ = true;
-  }
-  bool held() const { return held_; }
-
-  void Reshard() {
-    held_ = false;
-    if (values_are_shard()) return;
-    if (prefetched_) ++shared_.prefetch_stats.unused;
-    if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
-    gather_work_ = nullptr;
-    gather_send_ = tensor::Tensor();
-    flat_.ClearValues();
-    full_ = tensor::Tensor();
-    views_set_ = false;
-    prefetched_ = false;
-  }
-
-  // ---- Hooks ----
-
-  void PreForward(nn::Module&) override {
-    if (nn::IsRecomputing()) {  // activation checkpointing, inside the backward
-      Unshard();
-      return;
-    }
-    if (is_root()) {
-      ++shared_.pass;
-      shared_.forward_now.clear();
-      shared_.backward_now.clear();
-    }
-    shared_.forward_now.push_back(id_);
-    IssueUnshard(false);
-    if (const auto& next = shared_.explicit_forward[id_]) {
-      shared_.PrefetchUnits(*next);
-    } else if (shared_.options.forward_prefetch) {
-      shared_.Prefetch(shared_.forward_order(), shared_.forward_now);
-    }
-    WaitUnshard();
-  }
-
-  void PostForward(nn::Module&) override {
-    if (is_root()) {
-      shared_.forward_order() = shared_.forward_now;
-      shared_.FreeUnusedPrefetches();  // this pass left the recorded order
-    }
-    if (nn::IsRecomputing()) return;  // its backward follows at once
-    // Forward-only passes free the unit under every strategy: SHARD_GRAD_OP
-    // keeps it for a backward that will not come.
-    if ((reshards_after_forward() || shared_.forward_only()) && !is_root() && !held_) Reshard();
-  }
-
-  void PreBackward(nn::Module&) override {
-    OP_CHECK(!held_, "fsdp", "unit '", name_,
-             "': backward while Unshard() holds the parameters (forward-only work); call "
-             "Reshard() before training");
-    if (is_root()) shared_.backward_now.clear();
-    shared_.backward_now.push_back(id_);
-    IssueUnshard(false);
-    if (const auto& next = shared_.explicit_backward[id_]) {
-      shared_.PrefetchUnits(*next);
-    } else if (shared_.options.backward_prefetch == BackwardPrefetch::kPre) {
-      shared_.Prefetch(shared_.backward_order, shared_.backward_now);
-    }
-    WaitUnshard();
-    flat_.CheckFrozenUnchanged();
-    if (!flat_.trains()) return;  // frozen: the input gradients only, nothing to reduce
-    if (full_grad_.defined()) {  // accumulated under no_sync: added to
-      flat_.SetGradViews(full_grad_);
-    } else {  // new, not zeroed: the backward writes each parameter's gradient
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
-      full_grad_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32, device_);
-      flat_.ZeroUncoveredGrad(full_grad_);
-      flat_.SetGradViews(full_grad_, /*unwritten=*/true);
-    }
-  }
-
-  void PostBackward(nn::Module&) override {
-    OP_CHECK(full_grad_.defined() || !flat_.trains(), "fsdp", "unit '", name_,
-             "': post-backward without pre-backward");
-    flat_.ZeroUnwrittenGrads();  // parameters this backward did not reach
-    flat_.ClearGrads();
-    if (!shared_.explicit_backward[id_] &&
-        shared_.options.backward_prefetch == BackwardPrefetch::kPost) {
-      shared_.Prefetch(shared_.backward_order, shared_.backward_now);
-    }
-    if (shared_.require_sync && flat_.trains()) {
-      IssueReduce();
-      shared_.pending_reduces.push_back(this);
-    }
-    // Keep this unit's reduce in flight while the next unit computes; the
-    // root's finishes every one, also when the root has no parameter that
-    // trains (its children all wrapped: the last unit's reduce was left in
-    // flight past the optimizer step, and issued again over itself).
-    if (shared_.require_sync) shared_.FinishReducesBefore(is_root() ? 0 : 1);
-    Reshard();
-    if (is_root()) {
-      shared_.backward_order = shared_.backward_now;
-      shared_.FreeUnusedPrefetches();
-      shared_.ReshardUnitsBackwardSkipped();
-    }
-  }
-
-  // ---- Gradient reduction ----
-
-  // Issues the reduce-scatter (all-reduce under NO_SHARD) of the unsharded
-  // gradient in reduce_dtype; the buffers live until FinishReduce.
-  void IssueReduce() {
-    if (reduce_dtype_ != tensor::Dtype::kF32) {
-      tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-      reduce_buf_ = full_grad_.To(reduce_dtype_);
-      full_grad_ = tensor::Tensor();
-    } else {
-      reduce_buf_ = std::move(full_grad_);
-    }
-    if (no_shard()) {
-      reduce_out_ = reduce_buf_;
-      reduce_work_ = pg_.AllReduce(reduce_buf_, ReduceOp::kAvg);
-    } else {
-      reduce_out_ = reduce_buf_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
-      reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
-    }
-  }
-
-  // Waits for the reduce, averages over the replicas (HYBRID_SHARD) and adds
-  // the result into the fp32 gradient shard (offloaded: copied to the host
-  // in reduce_dtype first).
-  void FinishReduce() {
-    WorkPtr work = std::move(reduce_work_);
-    Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
-    if (replicate_pg_ != nullptr) {
-      Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
-    }
-    if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
-      tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-      tensor::Tensor host = tensor::Tensor::EmptyPinned(reduce_out_.shape(), reduce_out_.dtype());
-      host.CopyFrom(reduce_out_);
-      reduce_out_ = host;
-    }
-    flat_.AccumulateGradShard(reduce_out_);  // written when ZeroGrad dropped it
-    reduce_out_ = tensor::Tensor();
-    reduce_buf_ = tensor::Tensor();
-  }
-
-  // Drops the unsharded gradient accumulated under no_sync.
-  void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
-
- private:
-  bool reshards_after_forward() const {
-    return reshard_after_forward_.value_or(ReshardsAfterForward(strategy_));
-  }
-
-  // This rank's shard in `dtype` on the compute device: the shard itself, or
-  // a copy (offloaded: cast on the host first, into page-locked memory, so
-  // fewer bytes cross to the device).
-  tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const {
-    tensor::Tensor shard = flat_.shard();
-    if (dtype != shard.dtype()) {
-      if (offload_) {
-        tensor::Tensor cast = tensor::Tensor::EmptyPinned(shard.shape(), dtype);
-        cast.CopyFrom(shard);
-        shard = cast;
-      } else {
-        shard = shard.To(dtype);
-      }
-    }
-    return shard.To(device_);
-  }
-
-  void Check(const absl::Status& s, const char* what) {
-    OP_CHECK(s.ok(), "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what, ": ",
-             s.ToString());
-  }
-
-  int id_;
-  std::string name_;
-  nn::Module* module_;
-  FsdpShared& shared_;
-  ProcessGroup& pg_;
-  ProcessGroup* replicate_pg_;
-  ShardingStrategy strategy_;
-  tensor::Device device_;  // compute
-  bool offload_;           // shards in host memory
-  tensor::Dtype param_dtype_;
-  tensor::Dtype reduce_dtype_;
-  tensor::Dtype gather_dtype_ = tensor::Dtype::kF32;
-  std::vector<bool> keep_fp32_;  // per flat entry (mixed precision only)
-  FlatParameter flat_;
-  // Unsharding: the unsharded flat parameter (padded_numel, gather dtype;
-  // undefined while sharded), the pass it was gathered in, the all-gather in
-  // flight and its low-precision send buffer.
-  tensor::Tensor full_;
-  int64_t gather_pass_ = -1;
-  bool held_ = false;  // Hold() until Reshard()
-  WorkPtr gather_work_;
-  tensor::Tensor gather_send_;
-  bool views_set_ = false;
-  bool prefetched_ = false;
-  std::optional<bool> reshard_after_forward_;  // unset: the strategy's rule
-  // The unsharded fp32 gradient (padded_numel; from PreBackward to
-  // PostBackward, or across backwards under no_sync), and the reduce in
-  // flight: its buffer (reduce dtype) and where this rank's result lands.
-  tensor::Tensor full_grad_;
-  tensor::Tensor reduce_buf_;
-  tensor::Tensor reduce_out_;
-  WorkPtr reduce_work_;
-};
-
-bool FsdpShared::forward_only() const { return units[0]->held(); }
-
-std::vector<int>& FsdpShared::forward_order() {
-  return forward_only() ? forward_only_order : training_forward_order;
-}
-
-void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>& now) {
-  if (!recorded(order, now)) return;  // first pass, or the order changed
-  int in_flight = 1;                  // the unit now running
-  for (FsdpUnit* u : units) in_flight += u->prefetched() ? 1 : 0;
-  for (size_t j = now.size(); j < order.size() && in_flight < options.max_inflight_all_gathers;
-       ++j) {
-    FsdpUnit* next = units[order[j]];
-    if (next->gathered_this_pass()) continue;
-    next->IssueUnshard(/*prefetch=*/true);
-    ++in_flight;
-  }
-}
-
-void FsdpShared::PrefetchUnits(const std::vector<int>& ids) {
-  for (int id : ids) {
-    if (!units[id]->gathered_this_pass()) units[id]->IssueUnshard(/*prefetch=*/true);
-  }
-}
-
-void FsdpShared::FreeUnusedPrefetches() {
-  for (FsdpUnit* u : units) {
-    if (u->prefetched()) u->Reshard();
-  }
-}
-
-void FsdpShared::ReshardUnitsBackwardSkipped() {
-  for (FsdpUnit* u : units) {
-    if (u->is_root() || u->held() || !u->unsharded()) continue;
-    if (std::find(backward_now.begin(), backward_now.end(), u->id()) == backward_now.end()) {
-      u->Reshard();
-    }
-  }
-}
-
-void FsdpShared::FinishReducesBefore(size_t keep) {
-  while (pending_reduces.size() > keep) {
-    FsdpUnit* u = pending_reduces.front();
-    pending_reduces.erase(pending_reduces.begin());
-    u->FinishReduce();
-  }
-}
-
-}  // namespace internal
-
 FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOptions options)
     : root_(&root),
       pg_(&pg),
@@ -518,9 +64,8 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     OP_CHECK(tensor::cuda::Built(), "FullyShard", "device ", device.ToString(),
              ": this binary was built without CUDA support (build with --config=cuda)");
     const int count = tensor::cuda::DeviceCount();
-    OP_CHECK(device.index >= 0 && device.index < count, "FullyShard", "device ",
-             device.ToString(), " is not available: this machine has ", count,
-             " CUDA device(s)");
+    OP_CHECK(device.index >= 0 && device.index < count, "FullyShard", "device ", device.ToString(),
+             " is not available: this machine has ", count, " CUDA device(s)");
   }
   OP_CHECK(!options_.cpu_offload || device.is_cuda(), "FullyShard", "cpu_offload keeps shards ",
            "in host memory instead of the compute device's; with device ", device.ToString(),
@@ -529,8 +74,9 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     absl::Status s = options_.mixed_precision.Validate(device);
     OP_CHECK(s.ok(), "FullyShard", "mixed precision: ", s.ToString());
   }
-  OP_CHECK(options_.max_inflight_all_gathers >= 1, "FullyShard", "max_inflight_all_gathers=",
-           options_.max_inflight_all_gathers, " must be >= 1 (1: no prefetch)");
+  OP_CHECK(options_.max_inflight_all_gathers >= 1, "FullyShard",
+           "max_inflight_all_gathers=", options_.max_inflight_all_gathers,
+           " must be >= 1 (1: no prefetch)");
   ProcessGroup* shard_pg = &pg;
   ProcessGroup* replicate_pg = nullptr;
   if (IsHybrid(options_.strategy)) {
@@ -543,8 +89,8 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     absl::StatusOr<std::unique_ptr<ProcessGroup>> shard = pg.Split(pg.rank() / g);
     OP_CHECK(shard.ok(), "FullyShard", "HYBRID_SHARD shard group: ", shard.status().ToString());
     absl::StatusOr<std::unique_ptr<ProcessGroup>> replicate = pg.Split(pg.rank() % g);
-    OP_CHECK(replicate.ok(), "FullyShard", "HYBRID_SHARD replicate group: ",
-             replicate.status().ToString());
+    OP_CHECK(replicate.ok(), "FullyShard",
+             "HYBRID_SHARD replicate group: ", replicate.status().ToString());
     shard_pg_ = std::move(*shard);
     replicate_pg_ = std::move(*replicate);
     shard_pg = shard_pg_.get();
@@ -570,9 +116,9 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
-    auto unit = std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()),
-                                                     std::move(plans[i]), *shared_, *shard_pg,
-                                                     replicate_pg, kept_fp32);
+    auto unit =
+        std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()), std::move(plans[i]),
+                                             *shared_, *shard_pg, replicate_pg, kept_fp32);
     unit->Init(options_.seed);
     unit->module()->set_hooks(unit.get());
     shared_->units.push_back(unit.get());

@@ -1,0 +1,325 @@
+// FSDP's unit (fsdp_unit.h): unsharding with prefetch, the hooks, and the
+// gradient's reduce-scatter.
+#include "dist/fsdp_unit.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "nn/checkpoint.h"
+#include "tensor/error.h"
+#include "tensor/memory_ledger.h"
+
+namespace dist {
+namespace internal {
+
+FsdpUnit::FsdpUnit(int id, UnitPlan plan, FsdpShared& shared, ProcessGroup& shard_pg,
+                   ProcessGroup* replicate_pg, const std::set<const nn::Parameter*>& kept_fp32)
+    : id_(id),
+      name_(plan.name),
+      module_(plan.module),
+      shared_(shared),
+      pg_(shard_pg),
+      replicate_pg_(replicate_pg),
+      strategy_(shared.options.strategy),
+      device_(shared.options.device),
+      offload_(shared.options.cpu_offload),
+      param_dtype_(shared.options.mixed_precision.param_dtype),
+      // A group of one communicates nothing: keep the gradient fp32 (as
+      // DDP and ZeRO-1 do), so world 1 equals one process bit for bit.
+      reduce_dtype_(shard_pg.size() == 1 && replicate_pg == nullptr
+                        ? tensor::Dtype::kF32
+                        : shared.options.mixed_precision.reduce_dtype),
+      flat_(std::move(plan.params), no_shard() ? 1 : shard_pg.size(),
+            no_shard() ? 0 : shard_pg.rank()) {
+  gather_dtype_ = param_dtype_;
+  if (param_dtype_ != tensor::Dtype::kF32) {
+    for (const FlatParameter::Entry& e : flat_.entries()) {
+      const bool keep = kept_fp32.count(e.param) > 0;
+      keep_fp32_.push_back(keep);
+      if (keep) gather_dtype_ = tensor::Dtype::kF32;  // gather fp32, cast the others
+    }
+  }
+}
+
+FsdpUnit::~FsdpUnit() {
+  // Collectives still in flight complete (or time out) on their own; wait so
+  // that no engine writes into buffers of a unit that is gone.
+  if (gather_work_) gather_work_->Wait().IgnoreError();
+  if (reduce_work_) reduce_work_->Wait().IgnoreError();
+}
+
+void FsdpUnit::Init(uint64_t seed) {
+  // Offloaded shards live in page-locked host memory: they travel to the
+  // GPU at every unshard and their gradients back at every reduce.
+  flat_.InitShard(seed, offload_ ? tensor::Device::Cpu() : device_, /*pinned=*/offload_);
+  if (values_are_shard()) flat_.SetValueViews(flat_.shard());
+}
+
+void FsdpUnit::GatherInto(const tensor::Tensor& out) {
+  tensor::Tensor send;
+  {
+    tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+    send = ShardOnDevice(tensor::Dtype::kF32);
+  }
+  Check(pg_.AllGatherSync(send, out), "all_gather");
+}
+
+void FsdpUnit::IssueUnshard(bool prefetch) {
+  if (values_are_shard() || held_) return;
+  if (gathered_this_pass()) {
+    if (!prefetch) prefetched_ = false;  // in use now: no longer counted as ahead
+    return;
+  }
+  // Held from an earlier pass (SHARD_GRAD_OP's units, the root after a
+  // forward-only pass, a prefetch the pass did not use): stale, and freed
+  // before the new buffer is allocated, so that a unit never holds two.
+  if (full_.defined()) Reshard();
+  gather_pass_ = shared_.pass;
+  prefetched_ = prefetch;
+  if (prefetch) ++shared_.prefetch_stats.issued;
+  views_set_ = false;  // a new buffer: WaitUnshard points the values at it
+  tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
+  if (no_shard()) {  // a local cast and/or copy to the device, nothing to communicate
+    full_ = ShardOnDevice(gather_dtype_);
+    return;
+  }
+  full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
+  ++shared_.all_gathers;
+  if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
+    gather_work_ = pg_.AllGather(flat_.shard(), full_);
+  } else {
+    tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+    gather_send_ = ShardOnDevice(gather_dtype_);
+    gather_work_ = pg_.AllGather(gather_send_, full_);
+  }
+}
+
+void FsdpUnit::WaitUnshard() {
+  prefetched_ = false;
+  if (values_are_shard() || held_) return;
+  if (gather_work_) {
+    WorkPtr work = std::move(gather_work_);
+    gather_send_ = tensor::Tensor();
+    Check(work->Wait(), "all_gather");
+  }
+  if (views_set_) return;
+  flat_.SetValueViews(full_);
+  views_set_ = true;
+  if (gather_dtype_ != param_dtype_) {
+    // fp32 gather: cast the parameters not kept fp32 (as nn::MixedPrecision).
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
+    const auto& entries = flat_.entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!keep_fp32_[i]) entries[i].param->value = entries[i].param->value.To(param_dtype_);
+    }
+  }
+}
+
+void FsdpUnit::Unshard() {
+  IssueUnshard(false);
+  WaitUnshard();
+}
+
+void FsdpUnit::Hold() {
+  WaitUnshard();
+  held_ = true;
+}
+
+void FsdpUnit::Reshard() {
+  held_ = false;
+  if (values_are_shard()) return;
+  if (prefetched_) ++shared_.prefetch_stats.unused;
+  if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
+  gather_work_ = nullptr;
+  gather_send_ = tensor::Tensor();
+  flat_.ClearValues();
+  full_ = tensor::Tensor();
+  views_set_ = false;
+  prefetched_ = false;
+}
+
+void FsdpUnit::PreForward(nn::Module&) {
+  if (nn::IsRecomputing()) {  // activation checkpointing, inside the backward
+    Unshard();
+    return;
+  }
+  if (is_root()) {
+    ++shared_.pass;
+    shared_.forward_now.clear();
+    shared_.backward_now.clear();
+  }
+  shared_.forward_now.push_back(id_);
+  IssueUnshard(false);
+  if (const auto& next = shared_.explicit_forward[id_]) {
+    shared_.PrefetchUnits(*next);
+  } else if (shared_.options.forward_prefetch) {
+    shared_.Prefetch(shared_.forward_order(), shared_.forward_now);
+  }
+  WaitUnshard();
+}
+
+void FsdpUnit::PostForward(nn::Module&) {
+  if (is_root()) {
+    shared_.forward_order() = shared_.forward_now;
+    shared_.FreeUnusedPrefetches();  // this pass left the recorded order
+  }
+  if (nn::IsRecomputing()) return;  // its backward follows at once
+  // Forward-only passes free the unit under every strategy: SHARD_GRAD_OP
+  // keeps it for a backward that will not come.
+  if ((reshards_after_forward() || shared_.forward_only()) && !is_root() && !held_) Reshard();
+}
+
+void FsdpUnit::PreBackward(nn::Module&) {
+  OP_CHECK(!held_, "fsdp", "unit '", name_,
+           "': backward while Unshard() holds the parameters (forward-only work); call "
+           "Reshard() before training");
+  if (is_root()) shared_.backward_now.clear();
+  shared_.backward_now.push_back(id_);
+  IssueUnshard(false);
+  if (const auto& next = shared_.explicit_backward[id_]) {
+    shared_.PrefetchUnits(*next);
+  } else if (shared_.options.backward_prefetch == BackwardPrefetch::kPre) {
+    shared_.Prefetch(shared_.backward_order, shared_.backward_now);
+  }
+  WaitUnshard();
+  flat_.CheckFrozenUnchanged();
+  if (!flat_.trains()) return;  // frozen: the input gradients only, nothing to reduce
+  if (full_grad_.defined()) {   // accumulated under no_sync: added to
+    flat_.SetGradViews(full_grad_);
+  } else {  // new, not zeroed: the backward writes each parameter's gradient
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
+    full_grad_ = tensor::Tensor::Empty({flat_.padded_numel()}, tensor::Dtype::kF32, device_);
+    flat_.ZeroUncoveredGrad(full_grad_);
+    flat_.SetGradViews(full_grad_, /*unwritten=*/true);
+  }
+}
+
+void FsdpUnit::PostBackward(nn::Module&) {
+  OP_CHECK(full_grad_.defined() || !flat_.trains(), "fsdp", "unit '", name_,
+           "': post-backward without pre-backward");
+  flat_.ZeroUnwrittenGrads();  // parameters this backward did not reach
+  flat_.ClearGrads();
+  if (!shared_.explicit_backward[id_] &&
+      shared_.options.backward_prefetch == BackwardPrefetch::kPost) {
+    shared_.Prefetch(shared_.backward_order, shared_.backward_now);
+  }
+  if (shared_.require_sync && flat_.trains()) {
+    IssueReduce();
+    shared_.pending_reduces.push_back(this);
+  }
+  // Keep this unit's reduce in flight while the next unit computes; the
+  // root's finishes every one, also when the root has no parameter that
+  // trains (its children all wrapped: the last unit's reduce was left in
+  // flight past the optimizer step, and issued again over itself).
+  if (shared_.require_sync) shared_.FinishReducesBefore(is_root() ? 0 : 1);
+  Reshard();
+  if (is_root()) {
+    shared_.backward_order = shared_.backward_now;
+    shared_.FreeUnusedPrefetches();
+    shared_.ReshardUnitsBackwardSkipped();
+  }
+}
+
+void FsdpUnit::IssueReduce() {
+  if (reduce_dtype_ != tensor::Dtype::kF32) {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    reduce_buf_ = full_grad_.To(reduce_dtype_);
+    full_grad_ = tensor::Tensor();
+  } else {
+    reduce_buf_ = std::move(full_grad_);
+  }
+  if (no_shard()) {
+    reduce_out_ = reduce_buf_;
+    reduce_work_ = pg_.AllReduce(reduce_buf_, ReduceOp::kAvg);
+  } else {
+    reduce_out_ = reduce_buf_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
+    reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
+  }
+}
+
+void FsdpUnit::FinishReduce() {
+  WorkPtr work = std::move(reduce_work_);
+  Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
+  if (replicate_pg_ != nullptr) {
+    Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
+  }
+  if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
+    tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+    tensor::Tensor host = tensor::Tensor::EmptyPinned(reduce_out_.shape(), reduce_out_.dtype());
+    host.CopyFrom(reduce_out_);
+    reduce_out_ = host;
+  }
+  flat_.AccumulateGradShard(reduce_out_);  // written when ZeroGrad dropped it
+  reduce_out_ = tensor::Tensor();
+  reduce_buf_ = tensor::Tensor();
+}
+
+tensor::Tensor FsdpUnit::ShardOnDevice(tensor::Dtype dtype) const {
+  tensor::Tensor shard = flat_.shard();
+  if (dtype != shard.dtype()) {
+    if (offload_) {
+      tensor::Tensor cast = tensor::Tensor::EmptyPinned(shard.shape(), dtype);
+      cast.CopyFrom(shard);
+      shard = cast;
+    } else {
+      shard = shard.To(dtype);
+    }
+  }
+  return shard.To(device_);
+}
+
+void FsdpUnit::Check(const absl::Status& s, const char* what) {
+  OP_CHECK(s.ok(), "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what, ": ",
+           s.ToString());
+}
+
+bool FsdpShared::forward_only() const { return units[0]->held(); }
+
+std::vector<int>& FsdpShared::forward_order() {
+  return forward_only() ? forward_only_order : training_forward_order;
+}
+
+void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>& now) {
+  if (!recorded(order, now)) return;  // first pass, or the order changed
+  int in_flight = 1;                  // the unit now running
+  for (FsdpUnit* u : units) in_flight += u->prefetched() ? 1 : 0;
+  for (size_t j = now.size(); j < order.size() && in_flight < options.max_inflight_all_gathers;
+       ++j) {
+    FsdpUnit* next = units[order[j]];
+    if (next->gathered_this_pass()) continue;
+    next->IssueUnshard(/*prefetch=*/true);
+    ++in_flight;
+  }
+}
+
+void FsdpShared::PrefetchUnits(const std::vector<int>& ids) {
+  for (int id : ids) {
+    if (!units[id]->gathered_this_pass()) units[id]->IssueUnshard(/*prefetch=*/true);
+  }
+}
+
+void FsdpShared::FreeUnusedPrefetches() {
+  for (FsdpUnit* u : units) {
+    if (u->prefetched()) u->Reshard();
+  }
+}
+
+void FsdpShared::ReshardUnitsBackwardSkipped() {
+  for (FsdpUnit* u : units) {
+    if (u->is_root() || u->held() || !u->unsharded()) continue;
+    if (std::find(backward_now.begin(), backward_now.end(), u->id()) == backward_now.end()) {
+      u->Reshard();
+    }
+  }
+}
+
+void FsdpShared::FinishReducesBefore(size_t keep) {
+  while (pending_reduces.size() > keep) {
+    FsdpUnit* u = pending_reduces.front();
+    pending_reduces.erase(pending_reduces.begin());
+    u->FinishReduce();
+  }
+}
+
+}  // namespace internal
+}  // namespace dist

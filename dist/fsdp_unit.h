@@ -1,0 +1,203 @@
+// FSDP's unit, private to //dist:fsdp: FsdpUnit holds one wrapped module's
+// FlatParameter and is that module's hooks (gather the parameters before its
+// forward and backward, free them after, reduce-scatter its gradient);
+// FsdpShared is what the units of one model share (the pass, the orders
+// recorded for prefetch, the reduces in flight). FullyShardedModel (fsdp.h)
+// builds and drives them.
+#ifndef DIST_FSDP_UNIT_H_
+#define DIST_FSDP_UNIT_H_
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "dist/flat_param.h"
+#include "dist/fsdp.h"
+#include "dist/process_group.h"
+#include "dist/wrap_policy.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+namespace internal {
+
+// What the units of one model share: the pass counter, the unit order recorded
+// in the last forward and backward (for prefetch), the reduce-scatters in
+// flight, the no_sync flag and the prefetch counts.
+struct FsdpShared {
+  FsdpOptions options;
+  std::vector<FsdpUnit*> units;  // units[0] is the root
+  // Incremented at the root's PreForward: gathers of an earlier pass are stale.
+  int64_t pass = 0;
+  // Unit ids in the order PreForward / PreBackward ran in the last complete
+  // pass, and the ones of the pass running now. Forward-only passes (the
+  // root held by Unshard / UnshardRoot) keep an order of their own: they may
+  // run other units than training does (T5's decoding steps run the decoder
+  // alone), and would otherwise make the next training forward's prefetch
+  // gather units it does not run next.
+  std::vector<int> training_forward_order, forward_only_order, backward_order;
+  std::vector<int> forward_now, backward_now;
+  // Per unit: the units its PreForward / PreBackward prefetches explicitly
+  // (SetForwardPrefetch / SetBackwardPrefetch), or none set: the recorded
+  // order's prefetch.
+  std::vector<std::optional<std::vector<int>>> explicit_forward, explicit_backward;
+  // Reduce-scatters issued and not yet finished, oldest first.
+  std::vector<FsdpUnit*> pending_reduces;
+  bool require_sync = true;
+  FullyShardedModel::PrefetchStats prefetch_stats;
+  int64_t all_gathers = 0;  // of unit parameters, since FullyShard
+
+  // A forward-only pass: the root is held (Unshard / UnshardRoot), so no
+  // backward follows it (one would throw).
+  bool forward_only() const;
+  // The recorded forward order for the kind of pass running now.
+  std::vector<int>& forward_order();
+
+  bool recorded(const std::vector<int>& order, const std::vector<int>& now) const {
+    return now.size() <= order.size() && std::equal(now.begin(), now.end(), order.begin());
+  }
+  // Issues the all-gathers of the units that follow `now` in `order` (when the
+  // pass so far matches it), up to max_inflight_all_gathers not yet used.
+  void Prefetch(const std::vector<int>& order, const std::vector<int>& now);
+  // Issues the all-gathers of `ids` (an explicit list) not issued this pass.
+  void PrefetchUnits(const std::vector<int>& ids);
+  void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
+  // At the end of a pass: reshards the units prefetched and not used (the
+  // pass ran other units than its recorded order said), which would
+  // otherwise hold their memory and count against max_inflight_all_gathers
+  // until their next use.
+  void FreeUnusedPrefetches();
+  // At the root's PostBackward: frees the units the backward did not reach (a
+  // model's backward stops below its lowest trainable parameter), which
+  // SHARD_GRAD_OP and SetReshardAfterForward(false) kept gathered for it.
+  void ReshardUnitsBackwardSkipped();
+};
+
+class FsdpUnit : public nn::ModuleHooks {
+ public:
+  // `shard_pg`: the group this unit is sharded over; `replicate_pg`: HYBRID_SHARD's
+  // group of ranks holding the same shard (else null). `kept_fp32`: parameters
+  // of modules the mixed-precision policy keeps fp32.
+  FsdpUnit(int id, UnitPlan plan, FsdpShared& shared, ProcessGroup& shard_pg,
+           ProcessGroup* replicate_pg, const std::set<const nn::Parameter*>& kept_fp32);
+
+  ~FsdpUnit() override;
+
+  int id() const { return id_; }
+  bool is_root() const { return id_ == 0; }
+  const std::string& name() const { return name_; }
+  nn::Module* module() const { return module_; }
+  FlatParameter& flat() { return flat_; }
+  bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
+  // FullyShardedModel::SetReshardAfterForward: overrides the strategy's rule.
+  void set_reshard_after_forward(bool reshard) { reshard_after_forward_ = reshard; }
+  // Low-precision compute copies (param_dtype not f32).
+  bool mixed() const { return param_dtype_ != tensor::Dtype::kF32; }
+  // NO_SHARD in fp32 on the compute device: parameter values are views of
+  // the (whole) shard itself; nothing is ever gathered.
+  bool values_are_shard() const { return no_shard() && !mixed() && !offload_; }
+
+  void Init(uint64_t seed);
+
+  // Gathers the unsharded fp32 flat parameter into `out` (padded_numel, on
+  // the compute device).
+  void GatherInto(const tensor::Tensor& out);
+
+  // ---- Unsharding: issue (maybe early, a prefetch), then wait ----
+
+  // True when this pass's gather is issued or done and not yet resharded.
+  bool gathered_this_pass() const { return gather_pass_ == shared_.pass && full_.defined(); }
+  bool prefetched() const { return prefetched_; }
+  // Holds an unsharded flat parameter (gathered, prefetched or held).
+  bool unsharded() const { return full_.defined(); }
+
+  // Issues the all-gather of this pass unless already issued. `prefetch`: for
+  // a later module (counted against max_inflight_all_gathers until used).
+  void IssueUnshard(bool prefetch);
+
+  // Waits for this pass's gather and points the parameters at it.
+  void WaitUnshard();
+
+  void Unshard();
+
+  // Gathered now, and kept so (hooks gather and free nothing) until Reshard
+  // (FullyShardedModel::Unshard / UnshardRoot).
+  void Hold();
+  bool held() const { return held_; }
+
+  void Reshard();
+
+  // ---- Hooks ----
+
+  void PreForward(nn::Module&) override;
+  void PostForward(nn::Module&) override;
+  void PreBackward(nn::Module&) override;
+  void PostBackward(nn::Module&) override;
+
+  // ---- Gradient reduction ----
+
+  // Issues the reduce-scatter (all-reduce under NO_SHARD) of the unsharded
+  // gradient in reduce_dtype; the buffers live until FinishReduce.
+  void IssueReduce();
+
+  // Waits for the reduce, averages over the replicas (HYBRID_SHARD) and adds
+  // the result into the fp32 gradient shard (offloaded: copied to the host
+  // in reduce_dtype first).
+  void FinishReduce();
+
+  // Drops the unsharded gradient accumulated under no_sync.
+  void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
+
+ private:
+  bool reshards_after_forward() const {
+    return reshard_after_forward_.value_or(ReshardsAfterForward(strategy_));
+  }
+
+  // This rank's shard in `dtype` on the compute device: the shard itself, or
+  // a copy (offloaded: cast on the host first, into page-locked memory, so
+  // fewer bytes cross to the device).
+  tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const;
+
+  void Check(const absl::Status& s, const char* what);
+
+  int id_;
+  std::string name_;
+  nn::Module* module_;
+  FsdpShared& shared_;
+  ProcessGroup& pg_;
+  ProcessGroup* replicate_pg_;
+  ShardingStrategy strategy_;
+  tensor::Device device_;  // compute
+  bool offload_;           // shards in host memory
+  tensor::Dtype param_dtype_;
+  tensor::Dtype reduce_dtype_;
+  tensor::Dtype gather_dtype_ = tensor::Dtype::kF32;
+  std::vector<bool> keep_fp32_;  // per flat entry (mixed precision only)
+  FlatParameter flat_;
+  // Unsharding: the unsharded flat parameter (padded_numel, gather dtype;
+  // undefined while sharded), the pass it was gathered in, the all-gather in
+  // flight and its low-precision send buffer.
+  tensor::Tensor full_;
+  int64_t gather_pass_ = -1;
+  bool held_ = false;  // Hold() until Reshard()
+  WorkPtr gather_work_;
+  tensor::Tensor gather_send_;
+  bool views_set_ = false;
+  bool prefetched_ = false;
+  std::optional<bool> reshard_after_forward_;  // unset: the strategy's rule
+  // The unsharded fp32 gradient (padded_numel; from PreBackward to
+  // PostBackward, or across backwards under no_sync), and the reduce in
+  // flight: its buffer (reduce dtype) and where this rank's result lands.
+  tensor::Tensor full_grad_;
+  tensor::Tensor reduce_buf_;
+  tensor::Tensor reduce_out_;
+  WorkPtr reduce_work_;
+};
+
+}  // namespace internal
+}  // namespace dist
+
+#endif  // DIST_FSDP_UNIT_H_
