@@ -1,3 +1,4 @@
+// The DDP / ZeRO-1 tests' shared fixtures (ddp_zero1_testing.h).
 #include "dist/ddp_zero1_testing.h"
 
 #include <algorithm>

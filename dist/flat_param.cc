@@ -1,3 +1,5 @@
+// FlatParameter (flat_param.h): flattening, padding and sharding one FSDP unit's
+// parameters, and the views into its shard and unsharded buffers.
 #include "dist/flat_param.h"
 
 #include <algorithm>

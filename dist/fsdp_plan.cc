@@ -1,3 +1,5 @@
+// FSDP planning without allocation (fsdp_plan.h): units, flat layouts and
+// per-rank memory from a model's shapes.
 #include "dist/fsdp_plan.h"
 
 #include <algorithm>

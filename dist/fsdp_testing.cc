@@ -1,3 +1,4 @@
+// The FSDP tests' shared fixtures (fsdp_testing.h).
 #include "dist/fsdp_testing.h"
 
 #include <cmath>

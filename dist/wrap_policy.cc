@@ -1,3 +1,4 @@
+// FSDP wrap policies (wrap_policy.h): which modules become units.
 #include "dist/wrap_policy.h"
 
 #include <functional>

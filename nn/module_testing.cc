@@ -1,3 +1,4 @@
+// Test helpers over whole modules (module_testing.h).
 #include "nn/module_testing.h"
 
 #include "gtest/gtest.h"

@@ -1,3 +1,4 @@
+// Crash-safe file writes (durable_file.h).
 #include "tensor/durable_file.h"
 
 #include <fcntl.h>

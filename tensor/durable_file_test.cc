@@ -1,3 +1,4 @@
+// Tests of the crash-safe file writes (durable_file.h).
 #include "tensor/durable_file.h"
 
 #include <filesystem>

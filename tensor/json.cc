@@ -1,3 +1,4 @@
+// The small JSON reader and string quoting (json.h).
 #include "tensor/json.h"
 
 #include <cctype>

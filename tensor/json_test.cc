@@ -1,3 +1,4 @@
+// Tests of the JSON reader and string quoting (json.h).
 #include "tensor/json.h"
 
 #include "gtest/gtest.h"

@@ -1,3 +1,5 @@
+// The train binaries' data-parallel flags (data_parallel_flags.h), read into
+// DataParallelFlags.
 #include "models/common/data_parallel_flags.h"
 
 #include <string>

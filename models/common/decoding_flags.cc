@@ -1,3 +1,4 @@
+// The generation binaries' decoding flags (decoding_flags.h).
 #include "models/common/decoding_flags.h"
 
 #include <cstdint>

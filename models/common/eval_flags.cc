@@ -1,3 +1,4 @@
+// The train binaries' evaluation flags (eval_flags.h).
 #include "models/common/eval_flags.h"
 
 #include <cstdint>

@@ -1,3 +1,4 @@
+// --freeze (freeze_flags.h): which parameters stay fixed while fine-tuning.
 #include "models/common/freeze_flags.h"
 
 #include <string>

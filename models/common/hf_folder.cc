@@ -1,3 +1,5 @@
+// Reading a Hugging Face model folder (hf_folder.h): config.json and the
+// safetensors weights, one file or shards.
 #include "models/common/hf_folder.h"
 
 #include <algorithm>

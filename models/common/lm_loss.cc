@@ -1,3 +1,4 @@
+// A training step's language-model loss with its loss scale (lm_loss.h).
 #include "models/common/lm_loss.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// Loss scaling in the train binaries (loss_scaling.h).
 #include "models/common/loss_scaling.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// The train binaries' loss-scaling flags (loss_scaling_flags.h).
 #include "models/common/loss_scaling_flags.h"
 
 #include <string>

@@ -1,3 +1,4 @@
+// Model FLOPs utilization (mfu.h).
 #include "models/common/mfu.h"
 
 #include <utility>

@@ -1,3 +1,4 @@
+// --backend=nccl for the train binaries (nccl_backend.h), in a --config=cuda build.
 #include "models/common/nccl_backend.h"
 
 #include <utility>

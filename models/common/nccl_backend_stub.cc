@@ -1,3 +1,4 @@
+// --backend=nccl in a build without CUDA (nccl_backend.h): a clear error.
 #include "absl/status/status.h"
 #include "models/common/nccl_backend.h"
 

@@ -1,3 +1,4 @@
+// The rest of a one-process training step (one_process_step.h).
 #include "models/common/one_process_step.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// What the parity tests against PyTorch share (parity_testing.h).
 #include "models/common/parity_testing.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The train binaries' sampling-schedule flags (sample_flags.h).
 #include "models/common/sample_flags.h"
 
 #include <cstdint>

@@ -1,3 +1,4 @@
+// Files of the tests that write model folders (test_files.h).
 #include "models/common/test_files.h"
 
 #include <filesystem>

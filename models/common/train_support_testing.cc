@@ -1,3 +1,4 @@
+// What the checkpoint loading tests share (train_support_testing.h).
 #include "models/common/train_support_testing.h"
 
 #include <filesystem>

@@ -1,3 +1,4 @@
+// GPT-2's byte-level BPE tokenizer (gpt2_tokenizer.h).
 #include "models/data/gpt2_tokenizer.h"
 
 #include <algorithm>

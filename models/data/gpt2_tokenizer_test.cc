@@ -1,3 +1,5 @@
+// Tests of GPT-2's BPE tokenizer: the shipped files, and ids equal to tiktoken's
+// on the reference cases and the shipped text.
 #include "models/data/gpt2_tokenizer.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// minGPT weights from disk (pretrained.h): a train checkpoint or a Hugging Face
+// GPT-2 folder.
 #include "models/mingpt/pretrained.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Text in and out of minGPT's token ids (text.h).
 #include "models/mingpt/text.h"
 
 #include "absl/status/status.h"

@@ -1,3 +1,4 @@
+// T5 weights from a Hugging Face folder (pretrained.h).
 #include "models/t5/pretrained.h"
 
 #include <map>

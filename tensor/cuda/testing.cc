@@ -1,3 +1,4 @@
+// The generic check of the CUDA backend against the CPU (testing.h).
 #include "tensor/cuda/testing.h"
 
 #include <algorithm>

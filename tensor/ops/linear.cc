@@ -1,3 +1,4 @@
+// The Linear layer's GEMMs with their bias and GELU fused in (linear.h).
 #include "tensor/ops/linear.h"
 
 #include <cstdint>

@@ -1,3 +1,4 @@
+// Kernels for the CUDA emulation's own tests (emu_test_kernels.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
