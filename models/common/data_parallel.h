@@ -214,6 +214,15 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(
     const DataParallelFlags& flags, const std::set<std::string>& block_classes,
     const GetEnvFn& getenv = [](const char* name) -> const char* { return std::getenv(name); });
 
+// For the binaries' one-process loop (WantsDataParallel false), which uses
+// none of these flags: a malformed value is still an error naming it (checked
+// as ConfigureDataParallel does), and so is a flag that asks for an FSDP
+// feature the loop does not have (--cpu_offload, --forward_prefetch,
+// --prefetch_units, --keep_last_unit: the error says to add --strategy, which
+// runs with one rank too), rather than being ignored.
+absl::Status CheckOneProcessFlags(const DataParallelFlags& flags,
+                                  const std::set<std::string>& block_classes);
+
 // ---- Running the ranks ----
 
 // What one rank's training function gets.

@@ -412,4 +412,20 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   return config;
 }
 
+absl::Status CheckOneProcessFlags(const DataParallelFlags& flags,
+                                  const std::set<std::string>& block_classes) {
+  absl::StatusOr<DataParallelConfig> checked = ConfigureDataParallel(flags, block_classes);
+  if (!checked.ok()) return checked.status();
+  std::string asked;  // the FSDP feature asked for
+  if (flags.cpu_offload) asked = "--cpu_offload";
+  if (flags.forward_prefetch) asked = "--forward_prefetch";
+  if (flags.prefetch_units > 0) asked = absl::StrCat("--prefetch_units=", flags.prefetch_units);
+  if (flags.keep_last_unit) asked = "--keep_last_unit";
+  if (asked.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(asked,
+                   " is an FSDP option, and one process without --strategy trains without FSDP; "
+                   "add --strategy=full_shard (it runs with one rank too)"));
+}
+
 }  // namespace train

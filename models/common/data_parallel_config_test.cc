@@ -353,5 +353,57 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   }
 }
 
+// The one-process loop uses none of the data-parallel flags, yet checks them:
+// a malformed value, or an FSDP feature it does not have, is an error.
+TEST(ConfigureTest, OneProcessChecksTheFlagsItDoesNotUse) {
+  const std::set<std::string> blocks = {"Block"};
+  DataParallelFlags f = Flags("threads", "", 0);
+  EXPECT_TRUE(CheckOneProcessFlags(f, blocks).ok());
+  f.world_size = 1;
+  f.device = "cuda";  // one process on a GPU (any count of devices: not opened here)
+  f.precision = "bf16";
+  EXPECT_TRUE(CheckOneProcessFlags(f, blocks).ok());
+  struct Case {
+    DataParallelFlags flags;
+    std::string expected;
+  };
+  std::vector<Case> cases;
+  f = Flags("threads", "", 0);
+  f.auto_wrap = "size:abc";
+  cases.push_back({f, "--auto_wrap='size:abc': size:N needs a whole number N >= 1"});
+  f = Flags("threads", "", 0);
+  f.backward_prefetch = "bogus";
+  cases.push_back({f, "--backward_prefetch='bogus' is not one of pre, post, none"});
+  f = Flags("threads", "", 0);
+  f.bucket_cap_mb = -5;
+  cases.push_back({f, "--bucket_cap_mb=-5 must be in (0, 1e6]"});
+  f = Flags("threads", "", 0);
+  f.hybrid_shard_group_size = 2;
+  cases.push_back({f, "--hybrid_shard_group_size=2 applies to --strategy=hybrid_shard"});
+  f = Flags("threads", "", 0);
+  f.cpu_offload = true;  // on the CPU: named as for data parallelism
+  cases.push_back({f, "--cpu_offload keeps FSDP's shards"});
+  f.device = "cuda";
+  cases.push_back({f,
+                   "--cpu_offload is an FSDP option, and one process without --strategy trains "
+                   "without FSDP; add --strategy=full_shard (it runs with one rank too)"});
+  f = Flags("threads", "", 1);
+  f.forward_prefetch = true;
+  cases.push_back({f, "--forward_prefetch is an FSDP option"});
+  f = Flags("threads", "", 0);
+  f.prefetch_units = 2;
+  cases.push_back({f, "--prefetch_units=2 is an FSDP option"});
+  f = Flags("threads", "", 0);
+  f.keep_last_unit = true;
+  cases.push_back({f, "--keep_last_unit is an FSDP option"});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expected);
+    absl::Status s = CheckOneProcessFlags(c.flags, blocks);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
+  }
+}
+
 }  // namespace
 }  // namespace train

@@ -589,6 +589,9 @@ absl::Status Train() {
     return train::RunDataParallel(
         setup.dp, [&setup](train::RankContext& rank) { return TrainRank(setup, rank); });
   }
+  // One process: the data-parallel flags go unused, but a malformed or FSDP-only one is an error.
+  absl::Status dp_unused = train::CheckOneProcessFlags(dp_flags, {"T5Block"});
+  if (!dp_unused.ok()) return dp_unused;
 
   absl::StatusOr<double> peak =
       train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), device, policy.param_dtype, 1);
