@@ -535,10 +535,7 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
   if (!step_dir.ok()) return step_dir.status();
   absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir);
-  if (!state.ok()) {
-    return absl::Status(state.status().code(),
-                        absl::StrCat("--resume=", resume, ": ", state.status().message()));
-  }
+  if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
   if (pg_.rank() == 0) {

@@ -12,10 +12,14 @@
 #include <functional>
 #include <system_error>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
@@ -247,16 +251,50 @@ std::string InitFromLine(absl::string_view source, bool resuming) {
                       resuming ? " (its configuration; --resume loads the weights)" : "");
 }
 
+absl::Status ResumeFailure(const absl::Status& failure, const std::string& resume,
+                           const std::string& step_dir) {
+  std::string message = absl::StrCat("--resume=", resume, ": ", failure.message());
+  if (failure.code() != absl::StatusCode::kDataLoss) return absl::Status(failure.code(), message);
+  // The other step folders beside it that hold a checkpoint, newest first.
+  namespace fs = std::filesystem;
+  fs::path failed = fs::path(step_dir).lexically_normal();
+  if (!failed.has_filename()) failed = failed.parent_path();  // "dir/step_000004/"
+  const fs::path dir = failed.has_parent_path() ? failed.parent_path() : fs::path(".");
+  std::vector<std::pair<int64_t, std::string>> others;  // (step, folder name)
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t step = 0;
+    if (name == failed.filename().string() || !absl::StartsWith(name, "step_") ||
+        !absl::SimpleAtoi(name.substr(5), &step)) {
+      continue;
+    }
+    const std::string path = it->path().string();
+    std::error_code exists_ec;
+    if (IsShardedCheckpoint(path) || fs::exists(path + "/model.safetensors", exists_ec)) {
+      others.emplace_back(step, name);
+    }
+  }
+  std::sort(others.rbegin(), others.rend());
+  if (others.empty()) {
+    absl::StrAppend(&message, " (no other checkpoint in ", dir.string(), ")");
+  } else {
+    std::vector<std::string> names;
+    for (const auto& [step, name] : others) names.push_back(name);
+    absl::StrAppend(&message, "; the other checkpoints in ", dir.string(), ", newest first: ",
+                    absl::StrJoin(names, ", "), " (resume one with --resume=",
+                    (dir / others.front().second).string(), ")");
+  }
+  return absl::DataLossError(message);
+}
+
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
                                          const std::string& checkpoint_dir, nn::Module& model,
                                          optim::Optimizer& optimizer, const std::string& config) {
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
   if (!step_dir.ok()) return step_dir.status();
   absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir, model, optimizer);
-  if (!state.ok()) {
-    return absl::Status(state.status().code(),
-                        absl::StrCat("--resume=", resume, ": ", state.status().message()));
-  }
+  if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
   std::printf("resumed from %s at step %lld\n", step_dir->c_str(),

@@ -114,9 +114,16 @@ struct Resumed {
   TrainState state;
   data::LoaderState loader;
 };
+// A failure to load `step_dir` for --resume=`resume`: the message prefixed
+// "--resume=<resume>: ", and when the folder's files are damaged (DataLoss:
+// missing, truncated, a checksum that differs) followed by the other
+// checkpoints beside it, newest first, and how to resume one of them, so
+// that the steps they hold are not lost to one bad save.
+absl::Status ResumeFailure(const absl::Status& failure, const std::string& resume,
+                           const std::string& step_dir);
 // --resume in one process: "latest" in checkpoint_dir or a step folder
 // (ResolveCheckpoint); LoadCheckpoint into `model` and `optimizer` (its errors
-// prefixed "--resume=<resume>: "), then CheckResumable against `config` (the
+// as ResumeFailure says), then CheckResumable against `config` (the
 // model's config string). Prints "resumed from <step folder> at step N".
 // DataParallelModel::Resume is the same for the ranks of a data-parallel run.
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,

@@ -4,11 +4,13 @@
 // the loaded run equals the saved one.
 #include "models/common/train_support.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/common/train_support_testing.h"
 #include "models/data/loader_state.h"
@@ -109,6 +111,45 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
   EXPECT_EQ(corrupt.status().message().rfind("--resume=latest: ", 0), 0) << corrupt.status();
   EXPECT_NE(corrupt.status().message().find("model.safetensors"), std::string::npos)
       << corrupt.status();
+  EXPECT_NE(corrupt.status().message().find("(no other checkpoint in "), std::string::npos)
+      << corrupt.status();
+}
+
+// A damaged checkpoint's error names the others beside it, newest first, and
+// how to resume the newest; other failures only get the --resume prefix.
+TEST(ResumeFailureTest, NamesTheOtherCheckpointsWhenTheFilesAreDamaged) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "resume_failure";
+  fs::remove_all(dir);
+  const auto touch = [](const fs::path& file) {
+    fs::create_directories(file.parent_path());
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr) << file;
+    std::fclose(f);
+  };
+  touch(dir / "step_000002" / "model.safetensors");  // one process / DDP
+  touch(dir / "step_000010" / "index.json");         // sharded
+  touch(dir / "step_000004" / "model.safetensors");  // the damaged one
+  touch(dir / "step_000006" / "notes.txt");          // not a checkpoint
+  touch(dir / "step_x" / "model.safetensors");       // not a step
+  const std::string failed = (dir / "step_000004").string();
+  const absl::Status damaged = absl::DataLossError("'m' is not a valid safetensors file");
+
+  absl::Status s = ResumeFailure(damaged, "latest", failed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(),
+            absl::StrCat("--resume=latest: 'm' is not a valid safetensors file; the other "
+                         "checkpoints in ",
+                         dir.string(), ", newest first: step_000010, step_000002 (resume one with "
+                         "--resume=",
+                         (dir / "step_000010").string(), ")"));
+  // A trailing slash names the same folder.
+  EXPECT_EQ(ResumeFailure(damaged, "x", failed + "/").message().find("step_000004"),
+            std::string::npos);
+
+  s = ResumeFailure(absl::InvalidArgumentError("shape differs"), "latest", failed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--resume=latest: shape differs");
 }
 
 TEST(InitFromLineTest, SaysWhenOnlyTheConfigurationIsTaken) {
