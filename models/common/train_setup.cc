@@ -140,6 +140,26 @@ absl::Status CheckGradAccumSteps(int64_t grad_accum_steps) {
                                                  " must be >= 1 (1: no gradient accumulation)"));
 }
 
+absl::Status CheckLoopFlags(int64_t steps, int64_t log_every, int64_t checkpoint_every,
+                            const std::string& checkpoint_dir) {
+  if (steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps=", steps, " must be >= 0"));
+  }
+  if (log_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log_every=", log_every, " must be >= 1 (the first and last steps always print)"));
+  }
+  if (checkpoint_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint_every=", checkpoint_every,
+                                                   " must be >= 0 (0: at the end only)"));
+  }
+  if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_every=", checkpoint_every, " needs --checkpoint_dir to save into"));
+  }
+  return absl::OkStatus();
+}
+
 std::string AccumulationPrefix(int64_t grad_accum_steps) {
   if (grad_accum_steps == 1) return "";
   return absl::StrCat(grad_accum_steps, " micro-batches x ");
@@ -258,9 +278,10 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
                                                                   double lr, int64_t steps) {
   if (spec == "constant") return optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
   if (spec == "cosine") {
+    // 10% warmup, at least a step (none for --steps=0, which trains nothing).
+    const int64_t warmup = std::min(steps, std::max<int64_t>(1, steps / 10));
     return optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
-                                               ",warmup_steps=", std::max<int64_t>(1, steps / 10),
-                                               ",total_steps=", steps));
+                                               ",warmup_steps=", warmup, ",total_steps=", steps));
   }
   return optim::ParseLrSchedule(spec);
 }

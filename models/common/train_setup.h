@@ -48,6 +48,12 @@ absl::Status CheckGradClip(double grad_clip);
 
 // --grad_accum_steps: >= 1; InvalidArgument naming the flag.
 absl::Status CheckGradAccumSteps(int64_t grad_accum_steps);
+// The training loop's counts: --steps >= 0 (in all, resumed ones counted),
+// --log_every >= 1, --checkpoint_every >= 0 (0: at the end only), and a
+// --checkpoint_every > 0 needs a --checkpoint_dir to save into. InvalidArgument
+// naming the flag.
+absl::Status CheckLoopFlags(int64_t steps, int64_t log_every, int64_t checkpoint_every,
+                            const std::string& checkpoint_dir);
 // How the start-up line shows K micro-batches: "" for 1, "4 micro-batches x "
 // otherwise (before the batch size).
 std::string AccumulationPrefix(int64_t grad_accum_steps);

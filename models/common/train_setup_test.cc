@@ -4,6 +4,8 @@
 // what a rank needs; nothing more after other errors.
 #include "models/common/train_setup.h"
 
+#include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +40,33 @@ TEST(RunTrainMainTest, ExitCodesAndTheErrorLine) {
   EXPECT_EQ(RunMain([] { return absl::ResourceExhaustedError("No space left on device"); }, &err),
             1);
   EXPECT_EQ(err, "train: error: No space left on device\n");
+}
+
+TEST(CheckLoopFlagsTest, NamesTheFlagThatIsOutOfRange) {
+  EXPECT_TRUE(CheckLoopFlags(0, 1, 0, "").ok());  // zero steps: nothing to train
+  EXPECT_TRUE(CheckLoopFlags(100, 10, 20, "/tmp/ck").ok());
+  const auto message = [](int64_t steps, int64_t log_every, int64_t every, const char* dir) {
+    absl::Status s = CheckLoopFlags(steps, log_every, every, dir);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message(-3, 10, 0, ""), "--steps=-3 must be >= 0");
+  EXPECT_EQ(message(5, 0, 0, ""),
+            "--log_every=0 must be >= 1 (the first and last steps always print)");
+  EXPECT_EQ(message(5, 1, -1, "/tmp/ck"), "--checkpoint_every=-1 must be >= 0 (0: at the end only)");
+  EXPECT_EQ(message(5, 1, 2, ""), "--checkpoint_every=2 needs --checkpoint_dir to save into");
+}
+
+// "cosine" warms up over 10% of --steps, at least one step, and none when
+// --steps=0 (a run that only loads, evaluates or saves).
+TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
+  for (int64_t steps : {0, 5, 100}) {
+    absl::StatusOr<std::unique_ptr<optim::LrSchedule>> s = MakeLrSchedule("cosine", 1e-3, steps);
+    ASSERT_TRUE(s.ok()) << steps << ": " << s.status();
+    const std::string warmup = steps == 0 ? "0" : steps == 5 ? "1" : "10";
+    EXPECT_NE((*s)->ToString().find("warmup_steps=" + warmup), std::string::npos)
+        << (*s)->ToString();
+  }
 }
 
 TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {

@@ -432,7 +432,10 @@ absl::Status Train() {
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
-  if (steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  absl::Status loop_ok = train::CheckLoopFlags(steps, absl::GetFlag(FLAGS_log_every),
+                                               absl::GetFlag(FLAGS_checkpoint_every),
+                                               absl::GetFlag(FLAGS_checkpoint_dir));
+  if (!loop_ok.ok()) return loop_ok;
   absl::Status accum_ok = train::CheckGradAccumSteps(K);
   if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));

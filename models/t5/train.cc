@@ -426,9 +426,10 @@ absl::Status Train() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t S = absl::GetFlag(FLAGS_encoder_length);
-  if (steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps=", steps, " must be >= 0"));
-  }
+  absl::Status loop_ok = train::CheckLoopFlags(steps, absl::GetFlag(FLAGS_log_every),
+                                               absl::GetFlag(FLAGS_checkpoint_every),
+                                               absl::GetFlag(FLAGS_checkpoint_dir));
+  if (!loop_ok.ok()) return loop_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
