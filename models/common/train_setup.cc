@@ -276,14 +276,22 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerS
 
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
                                                                   double lr, int64_t steps) {
-  if (spec == "constant") return optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
-  if (spec == "cosine") {
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule;
+  if (spec == "constant") {
+    schedule = optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
+  } else if (spec == "cosine") {
     // 10% warmup, at least a step (none for --steps=0, which trains nothing).
     const int64_t warmup = std::min(steps, std::max<int64_t>(1, steps / 10));
-    return optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
-                                               ",warmup_steps=", warmup, ",total_steps=", steps));
+    schedule = optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
+                                                   ",warmup_steps=", warmup,
+                                                   ",total_steps=", steps));
+  } else {
+    schedule = optim::ParseLrSchedule(spec);
   }
-  return optim::ParseLrSchedule(spec);
+  if (schedule.ok()) return schedule;
+  return absl::Status(schedule.status().code(),
+                      absl::StrCat("--lr_schedule='", spec, "' (--lr=", lr, ", --steps=", steps,
+                                   "): ", schedule.status().message()));
 }
 
 int RunTrainMain(const std::function<absl::Status()>& train) {

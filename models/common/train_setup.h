@@ -106,7 +106,7 @@ struct OptimizerSpec {
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec);
 
 // "constant", "cosine" (10% warmup, then down to lr/10 at `steps`), or a spec
-// optim::ParseLrSchedule reads.
+// optim::ParseLrSchedule reads. Errors name --lr_schedule, --lr and --steps.
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
                                                                   double lr, int64_t steps);
 

@@ -53,7 +53,8 @@ TEST(CheckLoopFlagsTest, NamesTheFlagThatIsOutOfRange) {
   EXPECT_EQ(message(-3, 10, 0, ""), "--steps=-3 must be >= 0");
   EXPECT_EQ(message(5, 0, 0, ""),
             "--log_every=0 must be >= 1 (the first and last steps always print)");
-  EXPECT_EQ(message(5, 1, -1, "/tmp/ck"), "--checkpoint_every=-1 must be >= 0 (0: at the end only)");
+  EXPECT_EQ(message(5, 1, -1, "/tmp/ck"),
+            "--checkpoint_every=-1 must be >= 0 (0: at the end only)");
   EXPECT_EQ(message(5, 1, 2, ""), "--checkpoint_every=2 needs --checkpoint_dir to save into");
 }
 
@@ -67,6 +68,11 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
     EXPECT_NE((*s)->ToString().find("warmup_steps=" + warmup), std::string::npos)
         << (*s)->ToString();
   }
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> bad =
+      MakeLrSchedule("cosine:max_lr=1", 1e-3, 9);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::StartsWith("--lr_schedule='cosine:max_lr=1' (--lr=0.001, --steps=9): "));
 }
 
 TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {

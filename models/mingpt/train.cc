@@ -436,6 +436,10 @@ absl::Status Train() {
                                                absl::GetFlag(FLAGS_checkpoint_every),
                                                absl::GetFlag(FLAGS_checkpoint_dir));
   if (!loop_ok.ok()) return loop_ok;
+  if (absl::GetFlag(FLAGS_vocab_size) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " must be >= 0 (0: the data's)"));
+  }
   absl::Status accum_ok = train::CheckGradAccumSteps(K);
   if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));

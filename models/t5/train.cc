@@ -551,10 +551,10 @@ absl::Status Train() {
   if (!optimizer.ok()) return optimizer.status();
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
       train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
-  if (!schedule.ok()) return WithContext(schedule.status(), "--lr_schedule");
+  if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
-  if (!metrics.ok()) return WithContext(metrics.status(), "--metrics_out");
+  if (!metrics.ok()) return metrics.status();
 
   // --freeze checked on a model with no values (nothing allocated) before any rank starts.
   absl::StatusOr<std::string> freeze_line;
