@@ -345,6 +345,77 @@ TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// A Linear run twice in a row, y = inner(inner(x)): as its own unit, its two
+// backwards come back to back with no other unit's between.
+class TwiceInARow : public nn::Module {
+ public:
+  TwiceInARow() : Module("TwiceInARow") {
+    inner_ = RegisterModule("inner", std::make_unique<nn::Linear>(8, 8));
+  }
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    return inner_->Run(inner_->Run(in, ctx.Child(0)), ctx.Child(1));
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    return inner_->RunBackward(inner_->RunBackward(grad, ctx.Child(1)), ctx.Child(0));
+  }
+
+ private:
+  nn::Linear* inner_;
+};
+
+// Each backward of the unit reduces its gradient, and the second waits for
+// the first: both reach the shard (the second used to be issued over the
+// first, which was lost, and the unit then finished a reduce twice: a crash).
+TEST(FsdpRunTwiceTest, AUnitRunTwiceInARowGetsBothGradients) {
+  constexpr int kWorld = 2;
+  constexpr int64_t kRows = 4;
+  const Tensor x = tensor::testing::RandomTensor({kRows, 8}, 21);
+  // One process on every row: the reference flat gradient, in entry order.
+  TwiceInARow ref;
+  ref.Materialize(kSeed);
+  {
+    nn::Context ctx;
+    ref.Run(x, ctx);
+    ref.RunBackward(Tensor::Full({kRows, 8}, 1.0 / kRows), ctx);
+  }
+  std::map<std::string, std::vector<float>> want;
+  for (auto& [name, p] : ref.NamedParameters()) want[name] = p->grad.ToVector<float>();
+
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    ThreadWorld world(kWorld);
+    absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+      TwiceInARow m;
+      FsdpOptions options;
+      options.seed = kSeed;
+      options.strategy = strategy;
+      options.policy = WrapPolicy::Transformer({"Linear"});
+      auto fsdp = FullyShard(m, pg, options);
+      ASSERT_EQ(fsdp->num_units(), 2);  // the root (no parameters) and inner
+      nn::Context ctx;
+      const int64_t B = kRows / kWorld;
+      m.Run(x.Narrow(0, rank * B, B).Contiguous(), ctx);
+      m.RunBackward(Tensor::Full({B, 8}, 1.0 / kRows * kWorld), ctx);  // local mean
+      for (int u = 0; u < fsdp->num_units(); ++u) {
+        const FlatParameter& flat = fsdp->flat_param(u);
+        if (flat.numel() == 0) continue;
+        const std::vector<float> got = flat.grad_shard().ToVector<float>();
+        for (const FlatParameter::Entry& e : flat.entries()) {
+          const int64_t lo = std::max(e.offset, flat.shard_begin());
+          const int64_t hi = std::min(e.offset + e.numel, flat.shard_end());
+          for (int64_t i = lo; i < hi; ++i) {
+            ASSERT_NEAR(got[i - flat.shard_begin()], want.at(e.name)[i - e.offset], 1e-6)
+                << e.name << " element " << i - e.offset << " rank " << rank;
+          }
+        }
+      }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 // FSDP trains alike whether ZeroGrad zeroes the gradient shards or drops them
 // (set_to_none: the next reduce writes each), and whether the model is one
 // unit or a unit per Linear (a root with no parameter of its own), bit for

@@ -204,6 +204,10 @@ void FsdpUnit::PostBackward(nn::Module&) {
     shared_.Prefetch(shared_.backward_order, shared_.backward_now);
   }
   if (shared_.require_sync && flat_.trains()) {
+    // A unit run twice in a forward (its backwards back to back, no other
+    // unit's between): its first reduce finishes, into the gradient shard,
+    // before the second is issued over the same buffers.
+    if (reduce_work_) shared_.FinishReducesThrough(this);
     IssueReduce();
     shared_.pending_reduces.push_back(this);
   }
@@ -310,6 +314,12 @@ void FsdpShared::ReshardUnitsBackwardSkipped() {
     if (std::find(backward_now.begin(), backward_now.end(), u->id()) == backward_now.end()) {
       u->Reshard();
     }
+  }
+}
+
+void FsdpShared::FinishReducesThrough(const FsdpUnit* unit) {
+  while (std::find(pending_reduces.begin(), pending_reduces.end(), unit) != pending_reduces.end()) {
+    FinishReducesBefore(pending_reduces.size() - 1);
   }
 }
 

@@ -65,6 +65,9 @@ struct FsdpShared {
   // Issues the all-gathers of `ids` (an explicit list) not issued this pass.
   void PrefetchUnits(const std::vector<int>& ids);
   void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
+  // Finishes the pending reduces up to and including `unit`'s (the oldest
+  // first, as every rank does).
+  void FinishReducesThrough(const FsdpUnit* unit);
   // At the end of a pass: reshards the units prefetched and not used (the
   // pass ran other units than its recorded order said), which would
   // otherwise hold their memory and count against max_inflight_all_gathers
