@@ -639,6 +639,37 @@ TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
   }
 }
 
+// ZeRO-1 averages the flat gradient in place, so a second backward after a
+// synced one (before Step), or one after Step without ZeroGrad, is refused
+// rather than averaged again; after ZeroGrad training goes on.
+TEST(Zero1Test, ABackwardOverReducedGradientsIsRefused) {
+  const SharedTwiceCase c = MakeSharedTwiceCase(2);
+  const auto throws = [](const std::function<void()>& f, const std::string& expected) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected: " << expected;
+    } catch (const tensor::OpError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
+                SharedTwice m(c.kD);
+                m.Materialize(kSeed);
+                Zero1 zero(m, pg, MakeOptimizer(Opt::kSgd));
+                const Tensor x = c.RankRows(rank);
+                const int64_t rows = c.kRows / c.n;
+                SharedTwiceGrads(m, x, rows);
+                throws([&] { SharedTwiceGrads(m, x, rows); },
+                       "a backward after a synced backward whose gradients Step() has not taken");
+                ASSERT_TRUE(zero.Step().ok());
+                throws([&] { SharedTwiceGrads(m, x, rows); },
+                       "a backward after Step() without ZeroGrad()");
+                zero.ZeroGrad();
+                SharedTwiceGrads(m, x, rows);
+                EXPECT_TRUE(zero.Step().ok());
+              }).ok());
+}
+
 // DDP and ZeRO-1 train alike whether ZeroGrad zeroes the buckets or drops the
 // gradients (the next backward writing them), bit for bit, with a step whose
 // forward skips a layer and a step accumulating two micro-batches (the first

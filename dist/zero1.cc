@@ -196,6 +196,8 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
 }
 
 void Zero1::ZeroGrad(bool set_to_none) {
+  stepped_ = false;
+  reduced_ = false;  // gradients a Step() did not take are dropped too
   if (set_to_none) {
     internal::DropGrads(params_);
     return;
@@ -221,6 +223,17 @@ void Zero1::OnRootPreBackward() {
   readiness_->EndForward();
   // A step still in flight (a backward whose reductions Step never took).
   if (syncing_this_step_ || in_flight_) FinishBackward().IgnoreError();
+  // The reduce-scatters work in place: after a synced backward this rank's
+  // slices hold averages and the rest of the flat gradient its own local
+  // gradient, which no later backward can add to and reduce again.
+  OP_CHECK(!reduced_, "zero1",
+           "a backward after a synced backward whose gradients Step() has not taken: the "
+           "reduce-scatters average the flat gradient in place, so a second one would average "
+           "this rank's slices again; accumulate micro-batches under no_sync() with only the "
+           "last one synced (as the train binaries do), or Step() in between");
+  OP_CHECK(!stepped_, "zero1",
+           "a backward after Step() without ZeroGrad(): the flat gradient still holds the last "
+           "step's reduced slices and local gradients; call ZeroGrad() after Step()");
   internal::CheckFrozenUnchanged("zero1", params_, frozen_);
   // Gradients dropped (ZeroGrad(set_to_none)) or replaced go back to the buckets.
   internal::PointGradsAtBuckets(params_, grad_views_);
@@ -296,6 +309,7 @@ absl::Status Zero1::Step() {
         "zero1: Step() without a synced backward since the last step");
   }
   reduced_ = false;
+  stepped_ = true;  // until ZeroGrad
   // Bucket by bucket (those that train): step this rank's slices, then start the bucket's
   // all-gather, which runs while the next bucket steps.
   // Mixed precision: the step also writes this rank's slice of the bucket's

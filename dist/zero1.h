@@ -45,7 +45,10 @@
 // once every all-gather is done, so every rank ends with the same full
 // parameters. After a synced backward only this
 // rank's slices of the flat gradient hold averaged values (the rest holds
-// local gradients).
+// local gradients), so the next backward must follow ZeroGrad(): a backward
+// after a synced one before Step(), or after Step() without ZeroGrad(), throws
+// OpError saying so (accumulate micro-batches under no_sync(), the last one
+// synced). DDP and FSDP add such backwards up; ZeRO-1 would average twice.
 //
 // fp32 (the default): the flat parameter is fp32 and this rank's slices of
 // it are the master (master_shard(b) is a view of it: no copy).
@@ -298,6 +301,7 @@ class Zero1 {
   bool syncing_this_step_ = false;  // in a synced backward (until its root PostBackward)
   bool in_flight_ = false;          // reduce-scatters issued and not waited for
   bool reduced_ = false;            // a synced backward's gradients are ready for Step
+  bool stepped_ = false;            // Step() ran, and ZeroGrad() has not since
   std::vector<BackwardEvent> events_;
   std::unique_ptr<internal::BackwardHooks> hooks_;
 };
