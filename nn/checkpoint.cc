@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/error.h"
+
 namespace nn {
 namespace {
 
@@ -72,10 +74,13 @@ uint64_t SeedFor(uint64_t seed, const std::string& name) {
 
 }  // namespace
 
-void SeedRandomSources(Module& root, uint64_t seed) {
+void SeedRandomSources(Module& root, uint64_t seed, uint64_t batch_part, uint64_t batch_parts) {
+  OP_CHECK(batch_parts >= 1 && batch_part < batch_parts, "SeedRandomSources", "batch part ",
+           batch_part, " of ", batch_parts, " is not in [0, ", batch_parts, ")");
   for (auto& [name, m] : root.NamedModules()) {
     if (auto* source = dynamic_cast<RandomSource*>(m)) {
       source->generator() = tensor::Generator(SeedFor(seed, name), 0);
+      source->generator().SetBatchPart(batch_part, batch_parts);
     }
   }
 }

@@ -40,8 +40,14 @@ namespace nn {
 // Gives every RandomSource under `root` (root included) a fresh generator
 // whose seed is derived from `seed` and the module's dotted name, at offset 0:
 // distinct, reproducible streams per layer (layers built with the same
-// default seed would otherwise draw identical masks).
-void SeedRandomSources(Module& root, uint64_t seed);
+// default seed would otherwise draw identical masks). The forward that
+// follows runs part `batch_part` of `batch_parts` equal parts of a batch (a
+// data-parallel rank's micro-batch: Generator::SetBatchPart), so it draws the
+// masks one forward over the whole batch gives those rows: dropout is then a
+// function of the global row, whatever the ranks and micro-batches, and no
+// two ranks draw the same masks. OpError unless batch_part < batch_parts.
+void SeedRandomSources(Module& root, uint64_t seed, uint64_t batch_part = 0,
+                       uint64_t batch_parts = 1);
 
 // True while a checkpointed module's forward is being recomputed (on this thread).
 bool IsRecomputing();

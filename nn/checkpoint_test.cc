@@ -18,6 +18,7 @@
 #include "nn/feed_forward.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
+#include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
 
@@ -111,6 +112,40 @@ TEST(CheckpointTest, NestedCheckpointingIsStillExact) {
                                }),
             4);
   ExpectSameTraining(*plain, *ckpt, {3, 8}, /*steps=*/2);
+}
+
+// A model seeded for part k of K of a batch drops what one forward over the
+// whole batch drops in those rows: two dropouts in a row, rows of 8 and 36
+// elements (one counter per 4 elements: exact), for every part.
+TEST(SeedRandomSourcesTest, BatchPartsDrawTheWholeBatchsMasksForTheirRows) {
+  auto make = [] {
+    auto m = std::make_unique<Sequential>();
+    m->Append(std::make_unique<Dropout>(0.5f));
+    m->Append(std::make_unique<Dropout>(0.5f));
+    return m;
+  };
+  for (int64_t row : {8, 36}) {
+    SCOPED_TRACE(row);
+    constexpr int64_t kParts = 3, kRows = 2;  // rows per part
+    const tensor::Tensor x = RandomTensor({kParts * kRows, row}, 4);
+    auto whole = make();
+    SeedRandomSources(*whole, 11);
+    Context ctx;
+    const std::vector<float> want = whole->Run(x, ctx).ToVector<float>();
+    for (int64_t k = 0; k < kParts; ++k) {
+      auto part = make();
+      SeedRandomSources(*part, 11, k, kParts);
+      Context part_ctx;
+      const std::vector<float> got =
+          part->Run(x.Narrow(0, k * kRows, kRows).Contiguous(), part_ctx).ToVector<float>();
+      ASSERT_EQ(got.size(), static_cast<size_t>(kRows * row));
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], want[k * kRows * row + i]) << "part " << k << " element " << i;
+      }
+    }
+  }
+  Sequential m;
+  EXPECT_THROW(SeedRandomSources(m, 1, 2, 2), tensor::OpError);
 }
 
 TEST(CheckpointTest, BatchNormRunningStatsUpdatedOnce) {

@@ -29,11 +29,26 @@ class Generator {
   uint64_t offset() const { return offset_; }
   void set_offset(uint64_t offset) { offset_ = offset; }
 
+  // Draws for part `index` of `count` equal parts of a batch (a data-parallel
+  // rank's rows, a micro-batch's): each Reserve(n) then takes this part's n
+  // counters out of the count * n the whole batch would reserve, so the parts
+  // draw what one draw over the whole batch gives their rows (exactly where a
+  // part's elements fill whole counters: dropout's n = numel / 4 for numel a
+  // multiple of 4), and no two parts draw the same numbers. Default: the whole
+  // (0 of 1). index in [0, count).
+  void SetBatchPart(uint64_t index, uint64_t count) {
+    part_ = index;
+    parts_ = count;
+  }
+  uint64_t part() const { return part_; }
+  uint64_t parts() const { return parts_; }
+
   // Reserves `n` counters and returns the first; callers then draw counter
-  // base + i for element i with Bits().
+  // base + i for element i with Bits(). With a batch part (SetBatchPart) the
+  // offset moves past every part's n.
   uint64_t Reserve(uint64_t n) {
-    const uint64_t base = offset_;
-    offset_ += n;
+    const uint64_t base = offset_ + part_ * n;
+    offset_ += parts_ * n;
     return base;
   }
   // 4 random words for counter c (under this generator's seed).
@@ -46,6 +61,8 @@ class Generator {
  private:
   uint64_t seed_;
   uint64_t offset_;
+  uint64_t part_ = 0;
+  uint64_t parts_ = 1;
 };
 
 }  // namespace tensor

@@ -31,6 +31,18 @@ TEST(GeneratorTest, SameSeedSameNumbersAndOffsetsAdvance) {
   EXPECT_NE(a.Uniform(3), c.Uniform(3));
 }
 
+// Part 1 of 3 takes the middle n counters of each 3 n a whole batch would
+// reserve, and the offset moves as the whole batch's.
+TEST(GeneratorTest, BatchPartsReserveTheirShareOfTheWholesCounters) {
+  Generator whole(7), part(7);
+  part.SetBatchPart(1, 3);
+  EXPECT_EQ(whole.Reserve(30), 0u);
+  EXPECT_EQ(part.Reserve(10), 10u);
+  EXPECT_EQ(whole.Reserve(6), 30u);
+  EXPECT_EQ(part.Reserve(2), 32u);
+  EXPECT_EQ(part.offset(), whole.offset());
+}
+
 TEST(GeneratorTest, UniformAndNormalMoments) {
   Generator g(1);
   const int n = 200000;

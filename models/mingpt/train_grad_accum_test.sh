@@ -4,15 +4,16 @@
 # one process and under data parallelism (DDP, ZeRO-1, FSDP FULL_SHARD at
 # world 2, K*2*B the global batch); a checkpoint saved with accumulation
 # resumes without it at the same global batch (and the reverse) with the
-# uninterrupted run's losses; a bad value exits 2 naming the flag. Dropout 0:
-# masks depend on how rows are split.
+# uninterrupted run's losses; a bad value exits 2 naming the flag. With
+# dropout: its masks are a function of the step and the global row, however
+# the rows are split into ranks and micro-batches.
 set -euo pipefail
 train="$1"
 source "$2"  # models/common/losses_testing.sh: losses, same_losses
 dir="${TEST_TMPDIR}/grad_accum"
 mkdir -p "$dir"
 
-common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --dropout=0
+common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --dropout=0.1
         --optimizer=adamw --lr=3e-3)
 
 # Reference: one process, batch 8.

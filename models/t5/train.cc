@@ -375,7 +375,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     // Forward, loss and backward of each micro-batch; only the last one's
     // backward communicates (the others under no_sync).
     const double local_loss = train::AccumulateGradients(K, dp->get(), [&](int64_t m) {
-      nn::SeedRandomSources(model, seed * 1000003 + step * K + m);  // as the single-process loop
+      // Dropout masks: a function of the step and the global row (this micro-batch
+      // is part m * W + r of the global batch, as in the single-process loop).
+      nn::SeedRandomSources(model, seed * 1000003 + step, m * W + rank.rank, K * W);
       const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
       return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
                                    micro.decoder_targets, scale / K);
@@ -679,7 +681,9 @@ absl::Status Train() {
     const double scale = scaling->scale();
     // Forward, loss and backward of each micro-batch; the gradients add up.
     const double loss = train::AccumulateGradients(K, nullptr, [&](int64_t m) {
-      nn::SeedRandomSources(model, seed * 1000003 + step * K + m);  // dropout: a function of both
+      // Dropout masks: a function of the step and the global row (micro-batch m
+      // is part m of K of the step's batch), as under data parallelism.
+      nn::SeedRandomSources(model, seed * 1000003 + step, m, K);
       const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
       return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
                                    micro.decoder_targets, scale / K);
