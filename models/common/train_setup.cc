@@ -294,6 +294,14 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
                                    "): ", schedule.status().message()));
 }
 
+void NoteScheduleChange(const TrainState& resumed, const optim::LrSchedule& schedule) {
+  auto it = resumed.extra.find("lr_schedule");
+  if (it == resumed.extra.end() || it->second == schedule.ToString()) return;
+  std::fprintf(stderr,
+               "train: note: the checkpoint was trained with lr schedule %s; continuing with %s\n",
+               it->second.c_str(), schedule.ToString().c_str());
+}
+
 int RunTrainMain(const std::function<absl::Status()>& train) {
   absl::Status s;
   try {

@@ -105,6 +105,12 @@ struct OptimizerSpec {
 };
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec);
 
+// On resuming: a note on stderr when the checkpoint's run used another LR
+// schedule (its extra["lr_schedule"]) than `schedule`, which the run
+// continues with (cosine depends on --steps); nothing when the checkpoint
+// records none.
+void NoteScheduleChange(const TrainState& resumed, const optim::LrSchedule& schedule);
+
 // "constant", "cosine" (10% warmup, then down to lr/10 at `steps`), or a spec
 // optim::ParseLrSchedule reads. Errors name --lr_schedule, --lr and --steps.
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,

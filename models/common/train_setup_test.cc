@@ -75,6 +75,23 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
               ::testing::StartsWith("--lr_schedule='cosine:max_lr=1' (--lr=0.001, --steps=9): "));
 }
 
+TEST(NoteScheduleChangeTest, SaysWhenTheCheckpointsScheduleDiffers) {
+  auto schedule = MakeLrSchedule("cosine", 1e-3, 200).value();
+  const auto note = [&](const TrainState& state) {
+    ::testing::internal::CaptureStderr();
+    NoteScheduleChange(state, *schedule);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  TrainState state;
+  EXPECT_EQ(note(state), "");  // a checkpoint that records none
+  state.extra["lr_schedule"] = schedule->ToString();
+  EXPECT_EQ(note(state), "");
+  state.extra["lr_schedule"] = MakeLrSchedule("cosine", 1e-3, 100).value()->ToString();
+  EXPECT_EQ(note(state), "train: note: the checkpoint was trained with lr schedule " +
+                             state.extra["lr_schedule"] + "; continuing with " +
+                             schedule->ToString() + "\n");
+}
+
 TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {
   const std::string oom =
       "[memory] out of memory on cuda:0: 1.50 GiB of activations asked for; cuda:0 has ...";

@@ -351,6 +351,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (!restored.ok()) return restored;
     restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
+    if (rank.logs()) train::NoteScheduleChange(resumed->state, *setup.schedule);
     start = resumed->state.step;
   }
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -359,6 +360,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = setup.config.ToString();
+    state.extra["lr_schedule"] = setup.schedule->ToString();
     if (!setup.tokenizer.empty()) state.extra["tokenizer"] = setup.tokenizer;
     scaling.Save(state.extra);
     return (*dp)->SaveCheckpoint(checkpoint_dir, state);
@@ -618,6 +620,7 @@ absl::Status Train() {
     if (!restored.ok()) return restored;
     restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
+    train::NoteScheduleChange(resumed->state, **schedule);
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
@@ -627,6 +630,7 @@ absl::Status Train() {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = config->ToString();
+    state.extra["lr_schedule"] = (*schedule)->ToString();
     if (!tokenizer->empty()) state.extra["tokenizer"] = *tokenizer;
     scaling->Save(state.extra);
     return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);

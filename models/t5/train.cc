@@ -179,17 +179,6 @@ absl::Status WithContext(const absl::Status& s, const std::string& context) {
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
-// On resuming: a note on stderr when the checkpoint's run used another LR
-// schedule (cosine depends on --steps), which this run continues with.
-void NoteScheduleChange(const train::TrainState& resumed, const optim::LrSchedule& schedule) {
-  auto it = resumed.extra.find("lr_schedule");
-  const std::string saved = it == resumed.extra.end() ? "" : it->second;
-  if (saved == schedule.ToString()) return;
-  std::fprintf(stderr,
-               "train: note: the checkpoint was trained with lr schedule %s; continuing with %s\n",
-               saved.c_str(), schedule.ToString().c_str());
-}
-
 // Byte text (not --data=random): the start-up lines and samples show it decoded.
 bool ShowsText(const data::TokenSource& source) {
   return source.vocab_size() == data::kByteVocabSize && absl::GetFlag(FLAGS_data) != "random";
@@ -342,7 +331,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (!restored.ok()) return restored;
     restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
-    if (rank.logs()) NoteScheduleChange(resumed->state, *setup.schedule);
+    if (rank.logs()) train::NoteScheduleChange(resumed->state, *setup.schedule);
     start = resumed->state.step;
   }
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -647,7 +636,7 @@ absl::Status Train() {
     if (!restored.ok()) return restored;
     restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
-    NoteScheduleChange(resumed->state, **schedule);
+    train::NoteScheduleChange(resumed->state, **schedule);
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
