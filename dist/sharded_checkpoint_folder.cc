@@ -2,18 +2,16 @@
 #include "dist/sharded_checkpoint_folder.h"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint_index.h"
+#include "tensor/durable_file.h"
 
 namespace dist::sharded {
 
@@ -59,26 +57,7 @@ void RemoveTree(const std::string& path) {
 absl::Status Publish(const std::string& tmp, const std::string& dir, const std::string& id) {
   absl::Status replaceable = CheckReplaceable(dir);
   if (!replaceable.ok()) return replaceable;
-  if (::rename(tmp.c_str(), dir.c_str()) == 0) return absl::OkStatus();
-  if (errno != EEXIST && errno != ENOTEMPTY) {
-    return ErrnoStatus("cannot rename a checkpoint onto", dir);
-  }
-  // `dir` holds an older checkpoint: swap the two folders, then drop the old one.
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    RemoveTree(tmp);
-    return absl::OkStatus();
-  }
-  // No RENAME_EXCHANGE here: two renames (a crash between them leaves the old
-  // checkpoint in "<dir>.old-<id>" and no `dir`).
-  const std::string old = absl::StrCat(dir, ".old-", id);
-  if (::rename(dir.c_str(), old.c_str()) != 0) return ErrnoStatus("cannot move aside", dir);
-  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename a checkpoint onto", dir);
-    ::rename(old.c_str(), dir.c_str());
-    return s;
-  }
-  RemoveTree(old);
-  return absl::OkStatus();
+  return tensor::ReplaceFolderDurably(tmp, dir, id);
 }
 
 std::string ParentOf(const std::string& path) {

@@ -21,8 +21,9 @@ absl::Status CheckReplaceable(const std::string& dir);
 // Removes `path` and everything below it; errors are ignored.
 void RemoveTree(const std::string& path);
 
-// Moves the finished folder `tmp` onto `dir` (replacing a previous checkpoint
-// atomically when the filesystem supports RENAME_EXCHANGE).
+// CheckReplaceable(dir), then moves the finished folder `tmp` onto `dir`
+// (tensor::ReplaceFolderDurably: replacing a previous checkpoint atomically
+// when the filesystem supports RENAME_EXCHANGE).
 absl::Status Publish(const std::string& tmp, const std::string& dir, const std::string& id);
 
 // The folder holding `path` ("." for a bare name, "/" for a top-level one).

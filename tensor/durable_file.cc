@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
@@ -119,6 +121,38 @@ void FsyncDir(const std::string& dir) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+absl::Status ReplaceFolderDurably(const std::string& tmp, const std::string& dir,
+                                  const std::string& tag) {
+  const size_t slash = dir.find_last_of('/');
+  const std::string parent =
+      slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+  if (::rename(tmp.c_str(), dir.c_str()) == 0) {
+    FsyncDir(parent);
+    return absl::OkStatus();
+  }
+  if (errno != EEXIST && errno != ENOTEMPTY) {
+    return ErrnoError("cannot rename a folder onto", dir, errno);
+  }
+  std::error_code ec;
+  // `dir` holds an older folder: swap the two, then drop the old one.
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    FsyncDir(parent);
+    std::filesystem::remove_all(tmp, ec);
+    return absl::OkStatus();
+  }
+  // No RENAME_EXCHANGE here: two renames.
+  const std::string old = absl::StrCat(dir, ".old-", tag);
+  if (::rename(dir.c_str(), old.c_str()) != 0) return ErrnoError("cannot move aside", dir, errno);
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    const int error = errno;
+    ::rename(old.c_str(), dir.c_str());
+    return ErrnoError("cannot rename a folder onto", dir, error);
+  }
+  FsyncDir(parent);
+  std::filesystem::remove_all(old, ec);
+  return absl::OkStatus();
 }
 
 }  // namespace tensor

@@ -60,6 +60,17 @@ class DurableFileWriter {
 // durable; errors are ignored (some filesystems refuse it).
 void FsyncDir(const std::string& dir);
 
+// Moves the finished folder `tmp` (its files written durably) onto `dir`, a
+// sibling, so that a crash leaves either the old folder or the new one at
+// `dir`: a rename when `dir` does not exist (or is empty), else an atomic swap
+// (RENAME_EXCHANGE) and the old folder removed; where the filesystem has no
+// swap, `dir` is first moved aside to "<dir>.old-<tag>" (a crash between the
+// two renames leaves it there, and a failed second rename moves it back).
+// The parent folder is fsynced. Unavailable naming the folder and the
+// system's reason; `tmp` is left for the caller to remove then.
+absl::Status ReplaceFolderDurably(const std::string& tmp, const std::string& dir,
+                                  const std::string& tag);
+
 }  // namespace tensor
 
 #endif  // TENSOR_DURABLE_FILE_H_

@@ -82,5 +82,25 @@ TEST(DurableFileTest, WriterAppendsOverwritesAndCommitsOrLeavesNothing) {
   EXPECT_EQ(Entries(dir), std::vector<std::string>{"f"});
 }
 
+// A folder moves onto a new name, then replaces an older folder as a whole
+// (none of the old one's files stay); a missing source names the target.
+TEST(DurableFileTest, ReplaceFolderDurablyRenamesOrSwaps) {
+  namespace fs = std::filesystem;
+  const std::string root = ::testing::TempDir() + "/durable_folder";
+  fs::remove_all(root);
+  fs::create_directories(root + "/tmp");
+  ASSERT_TRUE(WriteFileDurably(root + "/tmp/a", "1").ok());
+  ASSERT_TRUE(ReplaceFolderDurably(root + "/tmp", root + "/dir", "t").ok());
+  EXPECT_EQ(Read(root + "/dir/a"), "1");
+  fs::create_directories(root + "/tmp");
+  ASSERT_TRUE(WriteFileDurably(root + "/tmp/b", "2").ok());
+  ASSERT_TRUE(ReplaceFolderDurably(root + "/tmp", root + "/dir", "t").ok());
+  EXPECT_EQ(Entries(root + "/dir"), std::vector<std::string>{"b"});
+  EXPECT_EQ(Entries(root), std::vector<std::string>{"dir"});
+  absl::Status missing = ReplaceFolderDurably(root + "/none", root + "/other", "t");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(missing.message().find(root + "/other"), std::string::npos) << missing;
+}
+
 }  // namespace
 }  // namespace tensor

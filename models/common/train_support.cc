@@ -112,15 +112,57 @@ absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
   return SetLatestCheckpoint(dir, state.step);
 }
 
+namespace {
+
+// OK when `step_dir` does not exist or holds nothing but a checkpoint's files
+// (this format's, a sharded one's, or temporaries of either), so that
+// replacing it loses nothing else.
+absl::Status CheckReplaceableStep(const std::string& step_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(step_dir, ec)) return absl::OkStatus();
+  for (fs::directory_iterator it(step_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool ours = name == "model.safetensors" || name == "optimizer.safetensors" ||
+                      name == "index.json" ||
+                      (absl::StartsWith(name, "shard_") && absl::EndsWith(name, ".safetensors")) ||
+                      absl::StrContains(name, ".tmp.");
+    if (!ours) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("refusing to replace '", step_dir, "': it holds '", name,
+                       "', which is not part of a checkpoint"));
+    }
+  }
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot list '", step_dir, "': ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
                                  const optim::Optimizer& optimizer, const TrainState& state) {
   absl::Status s = MakeDir(dir);
   if (!s.ok()) return s;
   const std::string step_dir = absl::StrCat(dir, "/", CheckpointStepName(state.step));
-  s = MakeDir(step_dir);
+  s = CheckReplaceableStep(step_dir);
   if (!s.ok()) return s;
-  return WriteCheckpointFiles(step_dir, nn::StateDict(model), optimizer.StateTensors(),
-                              optimizer.name(), state);
+  // Both files go into a temporary folder that then replaces the step's as a
+  // whole: a crash leaves the old checkpoint or the new one, never one file
+  // of each (a step saved again after resuming from an earlier one).
+  const std::string tag = absl::StrCat(::getpid());
+  const std::string tmp = absl::StrCat(step_dir, ".tmp-", tag);
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);  // a crashed save's
+  s = MakeDir(tmp);
+  if (s.ok()) {
+    s = WriteCheckpointFiles(tmp, nn::StateDict(model), optimizer.StateTensors(),
+                             optimizer.name(), state);
+  }
+  if (s.ok()) s = tensor::ReplaceFolderDurably(tmp, step_dir, tag);
+  if (!s.ok()) std::filesystem::remove_all(tmp, ec);
+  return s;
 }
 
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,

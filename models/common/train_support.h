@@ -37,7 +37,10 @@ struct TrainState {
   std::map<std::string, std::string> extra;  // e.g. the model config, the loss scale
 };
 
-// Writes <dir>/step_<N>/ and then points <dir>/latest at it (both atomic).
+// Writes <dir>/step_<N>/ and then points <dir>/latest at it (both atomic:
+// the step's two files are written into a temporary folder that replaces
+// step_<N> as a whole, tensor::ReplaceFolderDurably; a step_<N> that holds
+// anything but a checkpoint's files is refused, FailedPrecondition).
 absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
                             const optim::Optimizer& optimizer, const TrainState& state);
 // The two halves of SaveCheckpoint: the step folder, then the `latest` file

@@ -4,11 +4,13 @@
 // the loaded run equals the saved one.
 #include "models/common/train_support.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -150,6 +152,41 @@ TEST(ResumeFailureTest, NamesTheOtherCheckpointsWhenTheFilesAreDamaged) {
   s = ResumeFailure(absl::InvalidArgumentError("shape differs"), "latest", failed);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "--resume=latest: shape differs");
+}
+
+// Saving a step again replaces its folder as a whole (another run's files,
+// a sharded checkpoint's index, go with it) and leaves no temporary folder; a
+// folder holding something else is refused, untouched.
+TEST(SaveCheckpointTest, ASavedStepReplacesTheFolderAsAWhole) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/save_replaces";
+  fs::remove_all(dir);
+  mingpt::GPT model(Config());
+  model.Materialize(3);
+  auto opt = optim::AdamW::Create({}).value();
+  TrainState state;
+  state.step = 5;
+  state.loader_state = "first";
+  ASSERT_TRUE(SaveCheckpoint(dir, model, *opt, state).ok());
+  const std::string step_dir = dir + "/step_000005";
+  { std::ofstream(step_dir + "/index.json") << "{}"; }  // as a sharded save left it
+  state.loader_state = "second";
+  ASSERT_TRUE(SaveCheckpoint(dir, model, *opt, state).ok());
+  EXPECT_FALSE(fs::exists(step_dir + "/index.json"));
+  absl::StatusOr<TrainState> loaded = LoadCheckpoint(step_dir, model, *opt);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->loader_state, "second");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_000005"}));
+
+  { std::ofstream(step_dir + "/notes.txt") << "mine"; }
+  absl::Status refused = SaveCheckpoint(dir, model, *opt, state);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("it holds 'notes.txt'"), std::string::npos) << refused;
+  EXPECT_TRUE(fs::exists(step_dir + "/notes.txt"));
+  EXPECT_TRUE(fs::exists(step_dir + "/model.safetensors"));
 }
 
 TEST(InitFromLineTest, SaysWhenOnlyTheConfigurationIsTaken) {
