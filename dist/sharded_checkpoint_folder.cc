@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint_index.h"
 #include "tensor/durable_file.h"
@@ -35,7 +36,11 @@ absl::Status CheckReplaceable(const std::string& dir) {
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
-    if (!IsCheckpointFile(name)) {
+    // A sharded checkpoint's files, or a single-process one's (a step saved
+    // again under another strategy after resuming from an earlier step).
+    const bool single_process = absl::StartsWith(name, "model.safetensors") ||
+                                absl::StartsWith(name, "optimizer.safetensors");
+    if (!IsCheckpointFile(name) && !single_process) {
       stray = name;
       break;
     }
@@ -44,7 +49,7 @@ absl::Status CheckReplaceable(const std::string& dir) {
   if (!stray.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "refusing to replace '", dir, "': it holds '", stray,
-        "', which is not part of a sharded checkpoint (save into a new or empty folder)"));
+        "', which is not part of a checkpoint (save into a new or empty folder)"));
   }
   return absl::OkStatus();
 }

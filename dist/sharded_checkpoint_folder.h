@@ -15,7 +15,8 @@ namespace dist::sharded {
 absl::Status ErrnoStatus(const std::string& what, const std::string& path);
 
 // OK when `dir` does not exist, or is a folder that holds nothing but a
-// sharded checkpoint's files (so replacing it loses nothing else).
+// checkpoint's files, sharded or single-process (so replacing it loses
+// nothing else).
 absl::Status CheckReplaceable(const std::string& dir);
 
 // Removes `path` and everything below it; errors are ignored.
