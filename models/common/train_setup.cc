@@ -302,6 +302,14 @@ void NoteScheduleChange(const TrainState& resumed, const optim::LrSchedule& sche
                it->second.c_str(), schedule.ToString().c_str());
 }
 
+void DropMetricsAfter(MetricsWriter& metrics, int64_t step) {
+  absl::Status s = metrics.DropAfter(step);
+  if (s.ok()) return;
+  std::fprintf(stderr,
+               "train: warning: --metrics_out: %s; it may hold the steps after %lld twice\n",
+               std::string(s.message()).c_str(), static_cast<long long>(step));
+}
+
 int RunTrainMain(const std::function<absl::Status()>& train) {
   absl::Status s;
   try {

@@ -111,6 +111,10 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerS
 // records none.
 void NoteScheduleChange(const TrainState& resumed, const optim::LrSchedule& schedule);
 
+// On resuming after `step` steps: MetricsWriter::DropAfter, and a warning on
+// stderr (training goes on) when the file cannot be rewritten.
+void DropMetricsAfter(MetricsWriter& metrics, int64_t step);
+
 // "constant", "cosine" (10% warmup, then down to lr/10 at `steps`), or a spec
 // optim::ParseLrSchedule reads. Errors name --lr_schedule, --lr and --steps.
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,

@@ -387,6 +387,34 @@ absl::Status MetricsWriter::WriteEval(int64_t step, double eval_loss, double ms)
       absl::StrFormat("{\"step\":%d,\"eval_loss\":%.6f,\"eval_ms\":%.3f}", step, eval_loss, ms));
 }
 
+absl::Status MetricsWriter::DropAfter(int64_t step) {
+  if (path_.empty()) return absl::OkStatus();
+  out_.close();
+  std::string kept;
+  {
+    std::ifstream in(path_);
+    std::string line;
+    constexpr absl::string_view kStep = "{\"step\":";
+    while (std::getline(in, line)) {
+      int64_t line_step = 0;
+      if (absl::StartsWith(line, kStep)) {
+        const absl::string_view rest = absl::string_view(line).substr(kStep.size());
+        if (absl::SimpleAtoi(rest.substr(0, rest.find_first_of(",}")), &line_step) &&
+            line_step > step) {
+          continue;
+        }
+      }
+      absl::StrAppend(&kept, line, "\n");
+    }
+  }
+  absl::Status s = tensor::WriteFileDurably(path_, kept);
+  out_.open(path_, std::ios::app);
+  if (s.ok() && !out_) {
+    s = absl::UnavailableError(absl::StrCat("cannot open '", path_, "' for append"));
+  }
+  return s;
+}
+
 absl::Status MetricsWriter::WriteLine(const std::string& json) {
   out_ << json << "\n";
   out_.flush();

@@ -170,6 +170,11 @@ class MetricsWriter {
   // {"step":6,"eval_loss":2.345678,"eval_ms":12.3}: an evaluation after `step`
   // steps (no "loss" key, so readers of the training losses skip it).
   absl::Status WriteEval(int64_t step, double eval_loss, double ms);
+  // Resuming after `step` steps: removes the records of later steps, which a
+  // run that stopped after its last checkpoint wrote and the resumed run
+  // writes again (TensorBoard's purge_step), so the file holds each step
+  // once. Lines without a leading "step" stay. The file is rewritten durably.
+  absl::Status DropAfter(int64_t step);
 
  private:
   explicit MetricsWriter(std::string path) : path_(std::move(path)) {}

@@ -189,6 +189,31 @@ TEST(SaveCheckpointTest, ASavedStepReplacesTheFolderAsAWhole) {
   EXPECT_TRUE(fs::exists(step_dir + "/model.safetensors"));
 }
 
+// Resuming after step 2 drops the records of steps 3 and 4 that the stopped
+// run wrote; other lines stay, and writing goes on at the end.
+TEST(MetricsWriterTest, DropAfterRemovesTheStepsRunAgain) {
+  const std::string path = ::testing::TempDir() + "/metrics_drop.jsonl";
+  {
+    std::ofstream f(path);
+    f << "{\"step\":1,\"loss\":5}\n{\"step\":2,\"loss\":4}\n{\"step\":2,\"eval_loss\":4.5}\n"
+      << "{\"note\":\"kept\"}\n{\"step\":3,\"loss\":3}\n{\"step\":4,\"eval_loss\":3.5}\n";
+  }
+  absl::StatusOr<std::unique_ptr<MetricsWriter>> w = MetricsWriter::Open(path);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->DropAfter(2).ok());
+  ASSERT_TRUE((*w)->WriteEval(3, 2.5, 1.0).ok());
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0], "{\"step\":1,\"loss\":5}");
+  EXPECT_EQ(lines[2], "{\"step\":2,\"eval_loss\":4.5}");
+  EXPECT_EQ(lines[3], "{\"note\":\"kept\"}");
+  EXPECT_EQ(lines[4].rfind("{\"step\":3,\"eval_loss\":2.5", 0), 0u) << lines[4];
+  // An empty path writes and drops nothing.
+  EXPECT_TRUE(MetricsWriter::Open("").value()->DropAfter(0).ok());
+}
+
 TEST(InitFromLineTest, SaysWhenOnlyTheConfigurationIsTaken) {
   EXPECT_EQ(InitFromLine("Hugging Face T5 /m", false), "init_from: Hugging Face T5 /m");
   EXPECT_EQ(InitFromLine("checkpoint /c (step 3)", true),

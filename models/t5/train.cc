@@ -331,7 +331,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (!restored.ok()) return restored;
     restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
-    if (rank.logs()) train::NoteScheduleChange(resumed->state, *setup.schedule);
+    if (rank.logs()) {
+      train::NoteScheduleChange(resumed->state, *setup.schedule);
+      train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
+    }
     start = resumed->state.step;
   }
   auto save = [&](int64_t step_done) -> absl::Status {
@@ -637,6 +640,7 @@ absl::Status Train() {
     restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
     train::NoteScheduleChange(resumed->state, **schedule);
+    train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
