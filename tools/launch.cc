@@ -18,11 +18,17 @@
 // by a signal, else the first reaped; then the others), stops the others
 // (SIGTERM to each worker's process group, SIGKILL after the grace period) and
 // either restarts all of them (they resume from their own latest checkpoint)
-// while --max_restarts allows, or exits 1. SIGINT/SIGTERM to the launcher
-// stop the workers the same way. With several nodes each node's launcher
-// restarts only its own workers (no cross-node restart coordination).
+// while --max_restarts allows, or exits 1. SIGINT, SIGTERM, SIGHUP or SIGQUIT
+// to the launcher stop the workers the same way, and a launcher that dies
+// anyway (SIGKILL) takes its workers with it (each gets SIGTERM from the
+// kernel, PR_SET_PDEATHSIG). Once its workers have ended, whatever they left
+// running in their process groups is killed, so that nothing holds their
+// output (nor a GPU) after the launch ends. With several nodes each node's
+// launcher restarts only its own workers (no cross-node restart coordination).
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,8 +74,11 @@ bool ParseInt(const std::string& s, int* v) {
   return true;
 }
 
-// Copies lines from `fd` to stdout, each prefixed with `prefix`.
-void Pump(int fd, std::string prefix) {
+// Copies lines from `fd` to stdout, each prefixed with `prefix`, until the
+// pipe's last writer closes it; or, once `finish` is set (the worker and its
+// process group are gone), until the pipe stays empty for half a second: a
+// process that left the worker's group (setsid) may hold it open for ever.
+void Pump(int fd, std::string prefix, const std::atomic<bool>* finish) {
   std::string pending;
   char buf[4096];
   auto emit = [&](const std::string& line) {
@@ -80,6 +89,13 @@ void Pump(int fd, std::string prefix) {
     std::fflush(stdout);
   };
   while (true) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, 500);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      if (finish->load()) break;
+      continue;
+    }
     ssize_t n = read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -96,10 +112,11 @@ void Pump(int fd, std::string prefix) {
 
 struct Worker {
   int rank = 0;
-  pid_t pid = -1;
+  pid_t pid = -1;  // also its process group's id
   bool done = false;
   int status = 0;
   std::thread pump;
+  std::atomic<bool> finish{false};  // the pump stops at the next quiet half second
 };
 
 // Reaps every worker that has exited, without blocking; a failed one (non-zero
@@ -202,8 +219,8 @@ int main(int argc, char** argv) {
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
+  const pid_t launcher = getpid();
 
   for (int attempt = 0;; ++attempt) {
     std::vector<Worker> workers(nproc);
@@ -218,12 +235,14 @@ int main(int argc, char** argv) {
       pid_t pid = fork();
       if (pid == 0) {
         setpgid(0, 0);
+        // The launcher's death (even by SIGKILL) ends the worker.
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != launcher) _exit(1);  // it died before prctl
         dup2(fds[1], 1);
         dup2(fds[1], 2);
         close(fds[0]);
         close(fds[1]);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
+        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(sig, SIG_DFL);
         auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
         set("RANK", std::to_string(w.rank));
         set("LOCAL_RANK", std::to_string(local));
@@ -248,7 +267,7 @@ int main(int argc, char** argv) {
       }
       setpgid(pid, pid);
       w.pid = pid;
-      w.pump = std::thread(Pump, fds[0], "[rank " + std::to_string(w.rank) + "] ");
+      w.pump = std::thread(Pump, fds[0], "[rank " + std::to_string(w.rank) + "] ", &w.finish);
     }
 
     // Wait until all succeed, one fails, or we are told to stop.
@@ -302,6 +321,12 @@ int main(int argc, char** argv) {
         ReapExited(workers, running, stopped);
         if (running > 0) usleep(20000);
       }
+    }
+    // What the workers left in their process groups (a child sent to the
+    // background) would hold their output pipes, and maybe a device: killed.
+    for (auto& w : workers) {
+      kill(-w.pid, SIGKILL);
+      w.finish = true;
     }
     for (auto& w : workers) w.pump.join();
     if (stop_signal != 0) return 128 + stop_signal;

@@ -86,6 +86,27 @@ out=$("$LAUNCH" --nproc_per_node=1 --max_restarts=1 -- sh -c 'echo "attempt $RES
 [ "$(echo "$out" | grep -c '^\[rank 0\] attempt')" -eq 2 ] || fail "expected exactly 2 attempts: $out"
 echo "$out" | grep -q "giving up: rank 0 failed with exit status 3 after 1 restarts" || fail "no give-up message"
 
+# 4. A worker that leaves a child running in the background: the launch ends
+# (it waited for ever on the child's hold of the output pipe) and the child
+# is killed with the worker's process group, after success and failure alike.
+alive() { pgrep -f "sleep $1" > /dev/null; }
+out=$(timeout 60 "$LAUNCH" --nproc_per_node=1 -- sh -c 'sleep 9871 & echo started' 2>&1) \
+  || fail "a worker with a background child: exit $? ($out)"
+echo "$out" | grep -qx "\[rank 0\] started" || fail "worker output lost: $out"
+sleep 0.5; alive 9871 && fail "the background child of a finished worker still runs"
+out=$(timeout 60 "$LAUNCH" --nproc_per_node=1 --max_restarts=1 -- sh -c 'sleep 9872 & exit 3' 2>&1)
+[ $? -eq 1 ] || fail "failing worker with a background child: expected exit 1 ($out)"
+echo "$out" | grep -q "giving up: rank 0 failed with exit status 3 after 1 restarts" || fail "$out"
+sleep 0.5; alive 9872 && fail "the background child of a failed worker still runs"
+
+# 5. A launcher killed with SIGKILL takes its workers with it (PR_SET_PDEATHSIG).
+"$LAUNCH" --nproc_per_node=2 -- sh -c 'echo $$ > "'"$T"'/pid_$RANK"; exec sleep 9873' > /dev/null 2>&1 &
+launcher=$!
+for _ in $(seq 100); do [ -s "$T/pid_0" ] && [ -s "$T/pid_1" ] && break; sleep 0.1; done
+kill -9 "$launcher"; wait "$launcher" 2> /dev/null
+for _ in $(seq 50); do alive 9873 || break; sleep 0.1; done
+alive 9873 && { pkill -f "sleep 9873"; fail "workers outlived their SIGKILLed launcher"; }
+
 # Usage errors.
 "$LAUNCH" --nproc_per_node=2 2>/dev/null && fail "no command accepted"
 "$LAUNCH" --nproc_per_node=2 --nnodes=2 -- true 2>/dev/null && fail "multi-node without endpoint accepted"
