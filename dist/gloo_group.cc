@@ -221,12 +221,40 @@ struct Shared {
   std::string where;  // The store, for messages.
 };
 
+// A store whose reads wait the group's timeout: gloo's connectFullMesh reads
+// each lower rank's address with Store::get, which its FileStore bounds by
+// its own 30 s default (a rank that came up later than that failed the
+// rendezvous early, whatever --timeout_s said; a shorter timeout was not
+// honoured there either).
+class TimedStore : public gloo::rendezvous::Store {
+ public:
+  TimedStore(gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout)
+      : inner_(inner), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    inner_.wait({key}, timeout_);
+    return inner_.get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override { inner_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    inner_.wait(keys, timeout);
+  }
+
+ private:
+  gloo::rendezvous::Store& inner_;
+  const std::chrono::milliseconds timeout_;
+};
+
 absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(const std::shared_ptr<Shared>& shared,
                                                        const std::string& prefix, int rank,
                                                        int size, absl::Duration timeout,
                                                        const std::string& who) {
   try {
-    gloo::rendezvous::PrefixStore store(prefix, *shared->root_store);
+    TimedStore timed(*shared->root_store, ToMillis(timeout));
+    gloo::rendezvous::PrefixStore store(prefix, timed);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(timeout));
     ctx->connectFullMesh(store, shared->device);

@@ -332,6 +332,20 @@ TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
   EXPECT_LT(o.elapsed, absl::Seconds(20));
 }
 
+// Rank 1 alone: gloo reads rank 0's address with a store get, which now waits
+// the group's 2 s, not the file store's own 30 s default.
+TEST(GlooGroup, AHigherRankWaitsTheGroupsTimeoutForALowerOne) {
+  const std::string dir = TmpDir("store_rank1");
+  Outcome o = RunProcesses(1, [&](int, int) -> std::string {
+    auto pg = CreateGlooProcessGroup(1, 2, FileOptions(dir, absl::Seconds(2)));
+    if (pg.ok()) return "joined a group whose rank 0 never came";
+    if (!absl::StrContains(pg.status().message(), "within 2")) return pg.status().ToString();
+    return "";
+  }, absl::Seconds(60));
+  ExpectAllOk(o);
+  EXPECT_LT(o.elapsed, absl::Seconds(20));
+}
+
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
