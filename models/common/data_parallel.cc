@@ -456,8 +456,14 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
   tensor::Tensor in = tensor::Tensor::FromVector({local.ok() ? 0.0f : 1.0f}, {1});
   tensor::Tensor all = tensor::Tensor::Empty({pg.size()});
   absl::Status s = pg.AllGatherSync(in, all);
+  if (!local.ok()) {  // this rank's own error first, whatever the agreement gave
+    if (s.ok()) return local;
+    return absl::Status(local.code(),
+                        absl::StrCat(local.message(),
+                                     " (and agreeing with the other ranks failed: ", s.message(),
+                                     ")"));
+  }
   if (!s.ok()) return s;
-  if (!local.ok()) return local;
   std::vector<int> failed;
   for (int r = 0; r < pg.size(); ++r) {
     if (all.data<float>()[r] != 0.0f) failed.push_back(r);

@@ -32,8 +32,10 @@ absl::StatusOr<int> EnvInt(const GetEnvFn& getenv, const char* name, std::option
     return absl::InvalidArgumentError(
         absl::StrCat("--backend=gloo: ", name,
                      " is not set; start the workers with //tools:launch (or torchrun), which "
-                     "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, "
-                     "RESTART_COUNT and RUN_ID, or use --backend=threads"));
+                     "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the run's "
+                     "id and restart count (RUN_ID, RESTART_COUNT; torchrun's "
+                     "TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT), or use "
+                     "--backend=threads"));
   }
   int64_t v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
@@ -156,12 +158,21 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv) {
   absl::StatusOr<int> port = EnvInt(getenv, "MASTER_PORT", 0, 0, 65535);
   if (!port.ok()) return port.status();
   env.master_port = *port;
-  absl::StatusOr<int> restart = EnvInt(getenv, "RESTART_COUNT", 0, 0, INT_MAX);
+  // //tools:launch's names, else torchrun's (TORCHELASTIC_*), so that runs and
+  // restarts under torchrun keep their rendezvous keys apart too.
+  const auto set = [&](const char* name) {
+    const char* v = getenv(name);
+    return v != nullptr && v[0] != '\0';
+  };
+  const char* restart_name =
+      set("RESTART_COUNT") || !set("TORCHELASTIC_RESTART_COUNT") ? "RESTART_COUNT"
+                                                                 : "TORCHELASTIC_RESTART_COUNT";
+  absl::StatusOr<int> restart = EnvInt(getenv, restart_name, 0, 0, INT_MAX);
   if (!restart.ok()) return restart.status();
   env.restart_count = *restart;
   const char* addr = getenv("MASTER_ADDR");
   env.master_addr = addr == nullptr ? "" : addr;
-  const char* run_id = getenv("RUN_ID");
+  const char* run_id = getenv(set("RUN_ID") ? "RUN_ID" : "TORCHELASTIC_RUN_ID");
   env.run_id = run_id == nullptr ? "" : run_id;
   return env;
 }
@@ -199,8 +210,9 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
   if (!missing.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--backend=gloo without --rdzv needs ", absl::StrJoin(missing, ", "),
-        " in the environment (//tools:launch sets them; RUN_ID keeps the rendezvous keys of "
-        "earlier runs apart), or --rdzv=<a fresh directory> or redis://host:port"));
+        " in the environment (//tools:launch sets them, torchrun its TORCHELASTIC_RUN_ID; "
+        "RUN_ID keeps the rendezvous keys of earlier runs apart), or --rdzv=<a fresh "
+        "directory> or redis://host:port"));
   }
   r.store =
       absl::StrCat(temp_dir, "/fsdp_rdzv_", FileNamePiece(env.master_addr), "_", env.master_port);

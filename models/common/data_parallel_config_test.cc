@@ -108,6 +108,20 @@ TEST(LaunchEnvTest, ReadsTheLaunchersVariables) {
   EXPECT_EQ(env->local_world_size, 4);
   EXPECT_EQ(env->master_port, 0);
   EXPECT_EQ(env->run_id, "");
+  // torchrun's names for the run and the restart, when the launcher's are unset.
+  std::map<std::string, std::string> torchrun = {{"RANK", "0"},
+                                                 {"WORLD_SIZE", "2"},
+                                                 {"TORCHELASTIC_RUN_ID", "job7"},
+                                                 {"TORCHELASTIC_RESTART_COUNT", "2"}};
+  env = ReadLaunchEnv(FakeEnv(torchrun));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->run_id, "job7");
+  EXPECT_EQ(env->restart_count, 2);
+  torchrun["TORCHELASTIC_RESTART_COUNT"] = "x";
+  env = ReadLaunchEnv(FakeEnv(torchrun));
+  ASSERT_FALSE(env.ok());
+  EXPECT_TRUE(absl::StrContains(env.status().message(), "TORCHELASTIC_RESTART_COUNT='x'"))
+      << env.status();
 }
 
 TEST(LaunchEnvTest, MissingOrInvalidVariablesAreNamed) {
