@@ -123,6 +123,7 @@ bool Overlaps(const Tensor& x, const Tensor& y) {
 // (B, T, nh * hs) buffer viewed as (B, nh, T, hs) all are.
 bool GemmWritable(const Tensor& out) {
   if (out.rank() < 2 || (out.dim(-1) != 1 && out.strides()[out.rank() - 1] != 1)) return false;
+  if (out.numel() == 0) return true;  // nothing is written (its strides may be anything)
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
   for (int d = 0; d < out.rank(); ++d) {
     if (out.dim(d) > 1) dims.emplace_back(out.strides()[d], out.dim(d));
@@ -238,11 +239,15 @@ void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOption
   if (out.numel() == 0) return;
   const bool on_cuda = out.device().is_cuda();
   if (p.k == 0) {
+    // out's elements may lie apart (a row-padded view, heads in a wider
+    // buffer): then a contiguous copy is scaled and written back.
+    const Tensor c = out.is_contiguous() ? out : out.Contiguous();
     if (on_cuda) {
-      cuda::MatmulScale(out, beta);
+      cuda::MatmulScale(c, beta);
     } else {
-      ScaleInPlace(out, beta);
+      ScaleInPlace(c, beta);
     }
+    if (!out.is_contiguous()) Tensor(out).CopyFrom(c);  // a handle: writes out's elements
     return;
   }
   Tensor av = opts.trans_a ? a.Transpose(-1, -2) : a;  // (..., M, K)
@@ -267,6 +272,7 @@ void Run(const Tensor& a, const Tensor& b, const Tensor& out, const MatmulOption
   g.b = Operand(bv, batch_rank);
   g.c = Operand(out, batch_rank);
   if (p.m == 1) g.c.row_stride = p.n;  // one row: its stride is free (the libraries want >= n)
+  if (p.n == 1) g.c.col_stride = 1;    // one column: its stride is never stepped over
   g.beta = beta;
   CollapseBatch(&g);
   FoldBatchIntoM(&g);
@@ -318,6 +324,8 @@ MatmulGrads MatmulBackward(const Tensor& grad_out, const Tensor& a, const Tensor
            " but ", ShapesText(a, b, opts), " give ", p.out_shape.ToString());
   CheckFloating(kOp, grad_out);
   const Tensor g = grad_out.To(a.dtype());  // (..., M, N)
+  int64_t batch = 1;  // the product of the batch dims (explicit: M, N or K may be 0)
+  for (int d = 0; d + 2 < p.out_shape.rank(); ++d) batch *= p.out_shape.dim(d);
   const bool ta = opts.trans_a;
   const bool tb = opts.trans_b;
   const Dtype dt = p.out_dtype;
@@ -326,8 +334,8 @@ MatmulGrads MatmulBackward(const Tensor& grad_out, const Tensor& a, const Tensor
   // d op(a) = g @ op(b)^T; a stored transposed gets its transpose op(b) @ g^T.
   if (a.rank() == 2 && b.rank() > 2) {
     // a was broadcast over b's batch: sum the per-item products, in f32.
-    const Tensor g3 = g.Reshape({-1, p.m, p.n});              // (B, M, N)
-    const Tensor b3 = b.Reshape({-1, b.dim(-2), b.dim(-1)});  // (B, K, N) or (B, N, K)
+    const Tensor g3 = g.Reshape({batch, p.m, p.n});              // (B, M, N)
+    const Tensor b3 = b.Reshape({batch, b.dim(-2), b.dim(-1)});  // (B, K, N) or (B, N, K)
     const Dtype acc = Dtype::kF32;  // f32, or bf16 / f16 products summed in f32
     Tensor grad_a = g3.dim(0) == 0 ? Tensor::Zeros(a.shape(), acc, a.device())
                                    : Tensor::Empty(a.shape(), acc, a.device());
@@ -349,8 +357,8 @@ MatmulGrads MatmulBackward(const Tensor& grad_out, const Tensor& a, const Tensor
   // d op(b) = op(a)^T @ g; b stored transposed gets g^T @ op(a).
   if (b.rank() == 2 && a.rank() > 2) {
     // b was broadcast over a's batch: one GEMM over the batch folded into M.
-    const Tensor a2 = (ta ? a.Transpose(-1, -2) : a).Reshape({-1, p.k});  // (B*M, K)
-    const Tensor g2 = g.Reshape({-1, p.n});                               // (B*M, N)
+    const Tensor a2 = (ta ? a.Transpose(-1, -2) : a).Reshape({batch * p.m, p.k});  // (B*M, K)
+    const Tensor g2 = g.Reshape({batch * p.m, p.n});                               // (B*M, N)
     grads.grad_b = tb ? Matmul(g2, a2, {true, false, dt})                 // (N, K)
                       : Matmul(a2, g2, {true, false, dt});                // (K, N)
   } else if (tb) {

@@ -309,6 +309,26 @@ TEST_P(MatmulBackendTest, EmptyDimensions) {
   EXPECT_TRUE(
       AllClose(Matmul(Tensor::Empty({2, 4, 0}, Dtype::kBF16), Tensor::Empty({0, 3}, Dtype::kBF16)),
                Tensor::Zeros({2, 4, 3}), 0, 0));
+  // K = 0 into a row-padded view: its elements zeroed, the padding untouched.
+  Tensor padded = Tensor::Full({4, 8}, 7.0);
+  MatmulInto(a, b, padded.Narrow(1, 0, 3));
+  std::vector<float> want(4 * 8, 7.0f);
+  for (int r = 0; r < 4; ++r) std::fill_n(want.begin() + r * 8, 3, 0.0f);
+  EXPECT_EQ(padded.ToVector<float>(), want);
+  // The backward of a broadcast operand with an empty M, N or K.
+  for (const auto& [as, bs] : std::vector<std::pair<Shape, Shape>>{
+           {Shape({2, 4, 0}), Shape({0, 3})},   // K = 0, b broadcast
+           {Shape({2, 0, 5}), Shape({5, 3})},   // M = 0, b broadcast
+           {Shape({4, 0}), Shape({2, 0, 3})},   // K = 0, a broadcast
+           {Shape({4, 5}), Shape({2, 5, 0})}})  // N = 0, a broadcast
+  {
+    SCOPED_TRACE(as.ToString() + " @ " + bs.ToString());
+    const Tensor x = Tensor::Zeros(as), y = Tensor::Zeros(bs);
+    const Tensor g = Tensor::Full(Matmul(x, y).shape(), 1.0);
+    const MatmulGrads grads = MatmulBackward(g, x, y);
+    EXPECT_TRUE(AllClose(grads.grad_a, Tensor::Zeros(as), 0, 0));
+    EXPECT_TRUE(AllClose(grads.grad_b, Tensor::Zeros(bs), 0, 0));
+  }
 }
 
 TEST_P(MatmulBackendTest, VectorShapedMatrices) {
@@ -317,6 +337,12 @@ TEST_P(MatmulBackendTest, VectorShapedMatrices) {
   const Tensor col = RandomTensor({30, 1}, 31);
   EXPECT_TRUE(AllClose(Matmul(row, col), Reference(row, col, false, false), kF32Tol, kF32Tol));
   EXPECT_TRUE(AllClose(Matmul(col, row), Reference(col, row, false, false), kF32Tol, kF32Tol));
+  // One output column with a column stride other than 1 (a row's transpose).
+  const Tensor m = RandomTensor({4, 30}, 33);
+  Tensor out_row = Tensor::Empty({1, 4});
+  MatmulInto(m, col, out_row.Transpose(0, 1));  // (4, 1), strides (1, 4)
+  EXPECT_TRUE(AllClose(out_row.Transpose(0, 1), Reference(m, col, false, false), kF32Tol,
+                       kF32Tol));
   const Tensor x = RandomTensor({5, 1, 30}, 32);  // batch of rows times a shared matrix
   const Tensor w = RandomTensor({30, 7}, 33);
   EXPECT_TRUE(AllClose(Matmul(x, w), Reference(x, w, false, false), kF32Tol, kF32Tol));
