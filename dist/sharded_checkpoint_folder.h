@@ -1,7 +1,9 @@
 // The checkpoint folder on disk, for the sharded checkpoint protocol: durable
 // writes, the check that a folder may be replaced (it holds nothing but a
-// sharded checkpoint's files), and the atomic swap of a finished folder onto
-// its name. Private to the sharded_checkpoint library.
+// checkpoint's files, sharded or single-process), and the atomic swap of a finished folder onto
+// its name. Private to the sharded_checkpoint library and to the
+// single-process save (models/common:train_support), which replaces step
+// folders under the same check.
 #ifndef DIST_SHARDED_CHECKPOINT_FOLDER_H_
 #define DIST_SHARDED_CHECKPOINT_FOLDER_H_
 

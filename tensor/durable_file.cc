@@ -34,6 +34,12 @@ absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path) 
   return absl::OkStatus();
 }
 
+// The folder holding `path`, whose fsync makes a rename there durable.
+std::string ParentFolder(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace
 
 absl::Status WriteFileDurably(const std::string& path, absl::Span<const absl::string_view> parts) {
@@ -110,8 +116,7 @@ absl::Status DurableFileWriter::Commit() {
     ::unlink(tmp_.c_str());
     return ErrnoError("cannot rename onto", path_, error);
   }
-  const size_t slash = path_.find_last_of('/');
-  FsyncDir(slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash));
+  FsyncDir(ParentFolder(path_));
   return absl::OkStatus();
 }
 
@@ -125,9 +130,7 @@ void FsyncDir(const std::string& dir) {
 
 absl::Status ReplaceFolderDurably(const std::string& tmp, const std::string& dir,
                                   const std::string& tag) {
-  const size_t slash = dir.find_last_of('/');
-  const std::string parent =
-      slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+  const std::string parent = ParentFolder(dir);
   if (::rename(tmp.c_str(), dir.c_str()) == 0) {
     FsyncDir(parent);
     return absl::OkStatus();

@@ -40,8 +40,6 @@ class Generator {
     part_ = index;
     parts_ = count;
   }
-  uint64_t part() const { return part_; }
-  uint64_t parts() const { return parts_; }
 
   // Reserves `n` counters and returns the first; callers then draw counter
   // base + i for element i with Bits(). With a batch part (SetBatchPart) the

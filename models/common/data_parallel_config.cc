@@ -164,10 +164,9 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv) {
     const char* v = getenv(name);
     return v != nullptr && v[0] != '\0';
   };
-  const char* restart_name =
-      set("RESTART_COUNT") || !set("TORCHELASTIC_RESTART_COUNT") ? "RESTART_COUNT"
-                                                                 : "TORCHELASTIC_RESTART_COUNT";
-  absl::StatusOr<int> restart = EnvInt(getenv, restart_name, 0, 0, INT_MAX);
+  absl::StatusOr<int> restart =
+      EnvInt(getenv, set("RESTART_COUNT") ? "RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT", 0, 0,
+             INT_MAX);
   if (!restart.ok()) return restart.status();
   env.restart_count = *restart;
   const char* addr = getenv("MASTER_ADDR");

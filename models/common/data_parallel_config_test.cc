@@ -4,6 +4,7 @@
 // strategy's step: data_parallel_test.cc.
 #include "models/common/data_parallel.h"
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -201,6 +202,24 @@ absl::Status ConfigError(const DataParallelFlags& f, int world = 2) {
   return ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(0, world))).status();
 }
 
+// Flags to refuse, and what the error must say.
+struct Refusal {
+  DataParallelFlags flags;
+  std::string expected;
+};
+
+// `check` refuses each case's flags: InvalidArgument with its text.
+void ExpectRefused(const std::vector<Refusal>& cases,
+                   const std::function<absl::Status(const DataParallelFlags&)>& check) {
+  for (const Refusal& c : cases) {
+    SCOPED_TRACE(c.expected);
+    absl::Status s = check(c.flags);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
+  }
+}
+
 TEST(ConfigureTest, ThreadsAndGloo) {
   EXPECT_FALSE(WantsDataParallel(Flags("threads", "", 0)));
   EXPECT_FALSE(WantsDataParallel(Flags("threads", "", 1)));
@@ -277,11 +296,7 @@ TEST(RunDataParallelTest, NcclWithoutCudaSaysHowToBuildIt) {
 }
 
 TEST(ConfigureTest, RefusesWithClearMessages) {
-  struct Case {
-    DataParallelFlags flags;
-    std::string expected;
-  };
-  std::vector<Case> cases;
+  std::vector<Refusal> cases;
   cases.push_back({Flags("gloo", "", 4), "--world_size=4 disagrees with WORLD_SIZE=2"});
   cases.push_back({Flags("nccl", ""), "--backend=nccl needs --device=cuda"});
   DataParallelFlags on_gpu = Flags("gloo", "", 0);
@@ -352,13 +367,7 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   f = Flags("threads", "", 2);
   f.precision = "fp8";
   cases.push_back({f, "fp8"});
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.expected);
-    absl::Status s = ConfigError(c.flags);
-    ASSERT_FALSE(s.ok());
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
-  }
+  ExpectRefused(cases, [](const DataParallelFlags& f) { return ConfigError(f); });
   // bf16 with every strategy is fine.
   for (const char* strategy : {"ddp", "zero1", "full_shard", "shard_grad_op", "no_shard"}) {
     f = Flags("threads", strategy, 2);
@@ -377,11 +386,7 @@ TEST(ConfigureTest, OneProcessChecksTheFlagsItDoesNotUse) {
   f.device = "cuda";  // one process on a GPU (any count of devices: not opened here)
   f.precision = "bf16";
   EXPECT_TRUE(CheckOneProcessFlags(f, blocks).ok());
-  struct Case {
-    DataParallelFlags flags;
-    std::string expected;
-  };
-  std::vector<Case> cases;
+  std::vector<Refusal> cases;
   f = Flags("threads", "", 0);
   f.auto_wrap = "size:abc";
   cases.push_back({f, "--auto_wrap='size:abc': size:N needs a whole number N >= 1"});
@@ -410,13 +415,8 @@ TEST(ConfigureTest, OneProcessChecksTheFlagsItDoesNotUse) {
   f = Flags("threads", "", 0);
   f.keep_last_unit = true;
   cases.push_back({f, "--keep_last_unit is an FSDP option"});
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.expected);
-    absl::Status s = CheckOneProcessFlags(c.flags, blocks);
-    ASSERT_FALSE(s.ok());
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
-  }
+  ExpectRefused(cases,
+                [&](const DataParallelFlags& f) { return CheckOneProcessFlags(f, blocks); });
 }
 
 }  // namespace

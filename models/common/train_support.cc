@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "dist/sharded_checkpoint_folder.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
 #include "tensor/memory_ledger.h"
@@ -112,41 +113,12 @@ absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
   return SetLatestCheckpoint(dir, state.step);
 }
 
-namespace {
-
-// OK when `step_dir` does not exist or holds nothing but a checkpoint's files
-// (this format's, a sharded one's, or temporaries of either), so that
-// replacing it loses nothing else.
-absl::Status CheckReplaceableStep(const std::string& step_dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(step_dir, ec)) return absl::OkStatus();
-  for (fs::directory_iterator it(step_dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const bool ours = name == "model.safetensors" || name == "optimizer.safetensors" ||
-                      name == "index.json" ||
-                      (absl::StartsWith(name, "shard_") && absl::EndsWith(name, ".safetensors")) ||
-                      absl::StrContains(name, ".tmp.");
-    if (!ours) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("refusing to replace '", step_dir, "': it holds '", name,
-                       "', which is not part of a checkpoint"));
-    }
-  }
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot list '", step_dir, "': ", ec.message()));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
                                  const optim::Optimizer& optimizer, const TrainState& state) {
   absl::Status s = MakeDir(dir);
   if (!s.ok()) return s;
   const std::string step_dir = absl::StrCat(dir, "/", CheckpointStepName(state.step));
-  s = CheckReplaceableStep(step_dir);
+  s = dist::sharded::CheckReplaceable(step_dir);  // a checkpoint's files only, either format
   if (!s.ok()) return s;
   // Both files go into a temporary folder that then replaces the step's as a
   // whole: a crash leaves the old checkpoint or the new one, never one file
@@ -187,11 +159,14 @@ bool IsShardedCheckpoint(const std::string& step_dir) {
   return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
 }
 
-std::string StepFolderOf(const std::string& path) {
+bool HoldsCheckpoint(const std::string& step_dir) {
   std::error_code ec;
-  if (IsShardedCheckpoint(path) || std::filesystem::exists(path + "/model.safetensors", ec)) {
-    return path;
-  }
+  return IsShardedCheckpoint(step_dir) ||
+         std::filesystem::exists(step_dir + "/model.safetensors", ec);
+}
+
+std::string StepFolderOf(const std::string& path) {
+  if (HoldsCheckpoint(path)) return path;
   absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", path);
   return latest.ok() ? *latest : path;
 }
@@ -311,11 +286,7 @@ absl::Status ResumeFailure(const absl::Status& failure, const std::string& resum
         !absl::SimpleAtoi(name.substr(5), &step)) {
       continue;
     }
-    const std::string path = it->path().string();
-    std::error_code exists_ec;
-    if (IsShardedCheckpoint(path) || fs::exists(path + "/model.safetensors", exists_ec)) {
-      others.emplace_back(step, name);
-    }
+    if (HoldsCheckpoint(it->path().string())) others.emplace_back(step, name);
   }
   std::sort(others.rbegin(), others.rend());
   if (others.empty()) {

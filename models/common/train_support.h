@@ -88,6 +88,8 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
 // keep the training state in their `extra` map: "step", "loader_state" and
 // "extra.<key>" for each TrainState::extra entry.
 bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
+// A step folder of either format: sharded, or holding model.safetensors.
+bool HoldsCheckpoint(const std::string& step_dir);
 
 // What a tool given "a step folder or a checkpoint directory" reads: `path`
 // itself when it is a step folder (sharded, or holding model.safetensors),
