@@ -98,9 +98,9 @@ bool ScaleAndCheckNonFinite(absl::Span<Tensor> grads, float factor) {
         using T = std::remove_pointer_t<decltype(p)>;
         bool bad = false;
         for (int64_t i = 0; i < n; ++i) {
-          const float v = tensor::ToFloat(p[i]) * factor;
-          bad |= !std::isfinite(v);
-          p[i] = tensor::FromFloat<T>(v);
+          // Checked as stored: an f16 result past 65504 is inf only once narrowed.
+          p[i] = tensor::FromFloat<T>(tensor::ToFloat(p[i]) * factor);
+          bad |= !std::isfinite(tensor::ToFloat(p[i]));
         }
         return bad;
       });

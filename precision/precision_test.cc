@@ -103,6 +103,14 @@ TEST(NonFiniteTest, FindsInfAndNanInEveryFloatDtype) {
   EXPECT_EQ(g.ToVector<float>(), (std::vector<float>{1, 2, 4}));
   Tensor h = Tensor::FromVector({3e38f}, {1});
   EXPECT_TRUE(ScaleAndCheckNonFinite(h, 10.0f));  // overflow to inf
+  // Finite as a float, inf once stored in 16 bits (f16's largest is 65504).
+  Tensor f16 = Tensor::FromVector({40000.0f, 1.0f}, {2}).To(tensor::Dtype::kF16);
+  EXPECT_TRUE(ScaleAndCheckNonFinite(f16, 2.0f));
+  EXPECT_TRUE(std::isinf(f16.To(tensor::Dtype::kF32).ToVector<float>()[0]));
+  Tensor bf16 = Tensor::FromVector({3e38f}, {1}).To(tensor::Dtype::kBF16);
+  EXPECT_TRUE(ScaleAndCheckNonFinite(bf16, 1.2f));
+  Tensor fine = Tensor::FromVector({40000.0f}, {1}).To(tensor::Dtype::kF16);
+  EXPECT_FALSE(ScaleAndCheckNonFinite(fine, 0.5f));
 }
 
 }  // namespace

@@ -13,7 +13,9 @@
 // gradients of the root and two units). Activations are not included.
 // --freeze (the train binaries' patterns): frozen parameters, wrapped as the
 // binaries wrap them (dist::WrapPolicy::FrozenLeavesApart); units of frozen
-// parameters only hold no gradient shard and no optimizer state.
+// parameters only hold no gradient shard and no optimizer state. A layout the
+// train binaries refuse (T5's tied shared.weight outside the root unit, as
+// --auto_wrap=size:N with a small N gives) is an error here too.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -29,6 +31,7 @@
 #include "dist/fsdp_plan.h"
 #include "dist/wrap_policy.h"
 #include "models/common/memory_estimate.h"
+#include "models/common/tied_weights.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "models/t5/config.h"
@@ -91,12 +94,17 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::vector<std::string>> patterns =
       nn::ParseFreezePatterns(absl::GetFlag(FLAGS_freeze));
   if (!patterns.ok()) return Fail(std::string(patterns.status().message()));
+  // T5's tied shared.weight stays in the root unit, as //models/t5:train
+  // requires (minGPT has none of that name).
+  const std::vector<std::string> root_params = {"shared.weight"};
   if (!patterns->empty()) {
     absl::StatusOr<std::vector<std::string>> frozen = nn::FreezeParameters(*model, *patterns);
     if (!frozen.ok()) return Fail(absl::StrCat("--freeze: ", frozen.status().message()));
-    // T5's tied shared.weight stays in the root unit (minGPT has none of that name).
-    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), *model, {"shared.weight"});
+    policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), *model, root_params);
   }
+  absl::Status tied =
+      train::CheckTiedWeightsInRoot(*model, policy, wrap, root_params, /*must_exist=*/false);
+  if (!tied.ok()) return Fail(std::string(tied.message()));
   const nn::TrainableCount count = nn::CountTrainable(*model);
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "fp32" && precision != "bf16") {
@@ -112,10 +120,15 @@ int main(int argc, char** argv) {
     }
     worlds.push_back(n);
   }
+  const int max_inflight = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+  if (max_inflight < 1) {  // dist::FullyShard refuses it too
+    return Fail(absl::StrCat("--max_inflight_all_gathers=", max_inflight,
+                             " must be >= 1 (1: no prefetch)"));
+  }
   dist::FsdpEstimateOptions options;
   options.param_bytes = precision == "bf16" ? 2 : 4;
   options.optimizer_bytes = *k;
-  options.max_inflight_all_gathers = absl::GetFlag(FLAGS_max_inflight_all_gathers);
+  options.max_inflight_all_gathers = max_inflight;
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
     std::printf("%s | auto_wrap %s | %s compute, %s (K=%d) | parameters: %lld", preset.c_str(),

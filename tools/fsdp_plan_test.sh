@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # //tools:fsdp_plan --freeze: the trainable count, the frozen units (T5's
 # shared embedding kept in the root unit), less model state than with
-# everything training, and a pattern that selects nothing exits 2.
+# everything training, and a pattern that selects nothing exits 2. Layouts
+# training refuses (T5's tied shared.weight outside the root unit) and
+# --max_inflight_all_gathers < 1 exit 2 too.
 set -euo pipefail
 plan="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -19,4 +21,16 @@ awk -v a="$(state "${TEST_TMPDIR}/frozen.txt")" -v b="$(state "${TEST_TMPDIR}/al
 "$plan" --preset=t5-small --world_sizes=8 --freeze=shared,encoder --units > "${TEST_TMPDIR}/t5.txt"
 grep -qE "^ +<root> +2 params" "${TEST_TMPDIR}/t5.txt" || { cat "${TEST_TMPDIR}/t5.txt"; exit 1; }
 exits_2 "--freeze: freeze pattern 'nope' selects no parameter" "$plan" --preset=gpt-nano --freeze=nope
-echo "fsdp_plan --freeze: frozen units, less state, errors named"
+# size:1000000 makes T5's shared embedding a unit: //models/t5:train refuses it, so does the plan.
+exits_2 "--auto_wrap=size:1000000 puts 'shared.weight' into the FSDP unit 'shared', but it must \
+stay in the root unit" "$plan" --preset=t5-small --auto_wrap=size:1000000
+exits_2 "puts 'shared.weight' into the FSDP unit" \
+  "$plan" --preset=t5-small --auto_wrap=size:1000000 --freeze=encoder
+"$plan" --preset=t5-small --world_sizes=8 --auto_wrap=none > /dev/null
+"$plan" --preset=gpt2 --world_sizes=8 --auto_wrap=size:1000000 > /dev/null  # no tied weight
+exits_2 "--max_inflight_all_gathers=0 must be >= 1" "$plan" --preset=gpt-nano \
+  --max_inflight_all_gathers=0
+exits_2 "--max_inflight_all_gathers=-1 must be >= 1" "$plan" --preset=gpt-nano \
+  --max_inflight_all_gathers=-1
+"$plan" --preset=gpt-nano --world_sizes=8 --max_inflight_all_gathers=1 > /dev/null
+echo "fsdp_plan: frozen units, less state, errors named"

@@ -28,6 +28,7 @@
 #include "glog/logging.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
+#include "models/common/tied_weights.h"
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
@@ -165,27 +166,8 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
   }
   if (IsFsdp(config.strategy)) {
     // Tied weights must stay in the root unit: check the plan before sharding.
-    const std::vector<dist::UnitPlan> plan = dist::PlanUnits(model, policy);
-    for (const std::string& name : root_params) {
-      const dist::UnitPlan* holder = nullptr;
-      for (const dist::UnitPlan& unit : plan) {
-        for (const auto& [param_name, param] : unit.params) {
-          if (param_name == name) holder = &unit;
-        }
-      }
-      if (holder == nullptr) {
-        return absl::InternalError(
-            absl::StrCat("DataParallelModel: the model has no parameter '", name, "'"));
-      }
-      if (!holder->name.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--auto_wrap=", config.auto_wrap, " puts '", name, "' into the FSDP unit '",
-            holder->name, "', but it must stay in the root unit (the model reads it outside ",
-            holder->name,
-            "'s forward: a tied weight); use --auto_wrap=transformer or a larger "
-            "size:N"));
-      }
-    }
+    absl::Status tied = CheckTiedWeightsInRoot(model, policy, config.auto_wrap, root_params);
+    if (!tied.ok()) return tied;
   }
   absl::Status s = Guarded([&]() -> absl::Status {
     switch (config.strategy) {
@@ -436,6 +418,8 @@ absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_lo
       absl::StatusOr<double> norm = ClipGradNorm(grad_clip);  // global, over all ranks
       if (!norm.ok()) return norm.status();
       result.grad_norm = *norm;
+      s = CheckGradNorm(*norm, step);  // the same norm on every rank: all stop
+      if (!s.ok()) return s;
     }
     s = Step();
     if (!s.ok()) return s;

@@ -12,20 +12,33 @@
 
 namespace train {
 
-absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec, double init_scale,
+absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
+                                                   std::optional<double> init_flag,
                                                    bool needs_scaling) {
   LossScaling s;
   const std::string mode = spec == "auto" ? (needs_scaling ? "dynamic" : "none") : spec;
+  // --init_loss_scale given to a mode that would ignore it.
+  auto init_ignored = [&]() -> absl::Status {
+    if (!init_flag.has_value()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--init_loss_scale=", *init_flag, " is the first scale of --loss_scale=dynamic, and ",
+        spec == "auto" ? "--loss_scale=auto means none without fp16"
+                       : absl::StrCat("--loss_scale=", spec, " is not dynamic"),
+        ": add --loss_scale=dynamic or drop --init_loss_scale"));
+  };
   if (mode == "none") {
     if (needs_scaling) {
       return absl::InvalidArgumentError(
           "--loss_scale=none with --precision=fp16: fp16 gradients underflow without loss "
           "scaling; use --loss_scale=dynamic (the default) or a fixed scale");
     }
+    absl::Status ignored = init_ignored();
+    if (!ignored.ok()) return ignored;
     return s;
   }
   s.enabled_ = true;
   if (mode == "dynamic") {
+    const double init_scale = init_flag.value_or(precision::LossScalerOptions().init_scale);
     if (!(init_scale > 0) || !std::isfinite(init_scale)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--init_loss_scale=", init_scale, " must be a positive finite number"));
@@ -42,6 +55,8 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec, doub
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss_scale='", spec, "' is not auto, none, dynamic or a positive finite number"));
   }
+  absl::Status ignored = init_ignored();
+  if (!ignored.ok()) return ignored;
   s.fixed_ = fixed;
   return s;
 }
@@ -64,6 +79,13 @@ absl::StatusOr<bool> LossScaling::FinishStep(
   absl::StatusOr<bool> found = unscale(1.0 / scale);
   if (!found.ok()) return found.status();
   const bool apply = Update(*found);
+  skipped_in_a_row_ = apply ? 0 : skipped_in_a_row_ + 1;
+  if (skipped_in_a_row_ >= kMaxSkippedInARow) {
+    return absl::InternalError(absl::StrCat(
+        "inf/nan gradients in ", skipped_in_a_row_, " steps in a row, the last at step ", step,
+        " at loss scale ", scale, ": every one was skipped, so the run is not training; lower "
+        "--lr or check the data"));
+  }
   if (!apply && log) {
     std::printf("step %lld: inf/nan gradients at loss scale %g: skipped; loss scale %s\n",
                 static_cast<long long>(step), scale, Describe().c_str());
@@ -90,8 +112,8 @@ absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extr
   precision::DynamicLossScaler::State st = dynamic_->GetState();
   auto good = extra.find("loss_scale_good_steps");
   if (!absl::SimpleAtod(scale->second, &st.scale) || !(st.scale > 0) ||
-      good == extra.end() || !absl::SimpleAtoi(good->second, &st.good_steps) ||
-      st.good_steps < 0) {
+      !std::isfinite(st.scale) || good == extra.end() ||
+      !absl::SimpleAtoi(good->second, &st.good_steps) || st.good_steps < 0) {
     return absl::DataLossError(absl::StrCat("the checkpoint's loss scale state ('",
                                             scale->second, "') is not valid"));
   }

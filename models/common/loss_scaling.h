@@ -20,7 +20,6 @@
 #include <map>
 #include <optional>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,10 +30,13 @@ namespace train {
 
 class LossScaling {
  public:
-  // `needs_scaling`: the precision policy asks for it (fp16). Errors name the
-  // flag: an unknown spec, a scale that is not a positive finite number,
-  // --loss_scale=none with fp16.
-  static absl::StatusOr<LossScaling> FromFlags(const std::string& spec, double init_scale,
+  // `needs_scaling`: the precision policy asks for it (fp16). `init_scale`:
+  // --init_loss_scale when given (dynamic's first scale; unset: 65536).
+  // Errors name the flag: an unknown spec, a scale that is not a positive
+  // finite number, --loss_scale=none with fp16, --init_loss_scale with a
+  // mode that is not dynamic (it would be ignored).
+  static absl::StatusOr<LossScaling> FromFlags(const std::string& spec,
+                                               std::optional<double> init_scale,
                                                bool needs_scaling);
 
   bool enabled() const { return enabled_; }
@@ -48,16 +50,21 @@ class LossScaling {
   // found an inf or NaN; then Update. Returns whether to apply the step
   // (always true when disabled, without calling `unscale`); a skipped step is
   // printed when `log` ("step 3: inf/nan gradients at loss scale 65536:
-  // skipped; loss scale dynamic (now 32768)").
+  // skipped; loss scale dynamic (now 32768)"). The kMaxSkippedInARow-th
+  // step skipped in a row is an InternalError naming the 1-based `step`
+  // instead: the run is not training (a dynamic scale halved that many times
+  // is far below any use), rather than going on to its end doing nothing.
   absl::StatusOr<bool> FinishStep(double scale, int64_t step, bool log,
                                   const std::function<absl::StatusOr<bool>(double)>& unscale);
   int64_t skipped_steps() const { return skipped_; }
+  static constexpr int kMaxSkippedInARow = 50;
   // "none", "dynamic (init 65536)", "fixed 1024".
   std::string Describe() const;
 
   // Checkpoints: the scale and its run of good steps under "loss_scale" and
   // "loss_scale_good_steps" in TrainState::extra (nothing when disabled);
-  // Restore reads them when present.
+  // Restore reads them when present (DataLoss unless the scale is a positive
+  // finite number and the count a count).
   void Save(std::map<std::string, std::string>& extra) const;
   absl::Status Restore(const std::map<std::string, std::string>& extra);
 
@@ -67,6 +74,7 @@ class LossScaling {
   double fixed_ = 1.0;
   std::optional<precision::DynamicLossScaler> dynamic_;
   int64_t skipped_ = 0;
+  int64_t skipped_in_a_row_ = 0;  // by FinishStep
 };
 
 // One process: multiplies every gradient by `inv_scale` in place and returns

@@ -1,6 +1,7 @@
 // The train binaries' loss-scaling flags (loss_scaling_flags.h).
 #include "models/common/loss_scaling_flags.h"
 
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -8,7 +9,8 @@
 ABSL_FLAG(std::string, loss_scale, "auto",
           "auto (dynamic for fp16, else none), none, dynamic, or a fixed scale: the backward "
           "starts from loss x scale; steps with inf/nan gradients are skipped");
-ABSL_FLAG(double, init_loss_scale, 65536, "--loss_scale=dynamic: the first scale");
+ABSL_FLAG(std::optional<double>, init_loss_scale, std::nullopt,
+          "--loss_scale=dynamic: the first scale (unset: 65536); an error with other modes");
 
 namespace train {
 

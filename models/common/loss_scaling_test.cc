@@ -5,8 +5,10 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 
@@ -14,7 +16,7 @@ namespace train {
 namespace {
 
 TEST(LossScalingTest, ModesAndTheirDefaults) {
-  LossScaling none = *LossScaling::FromFlags("auto", 65536, /*needs_scaling=*/false);
+  LossScaling none = *LossScaling::FromFlags("auto", std::nullopt, /*needs_scaling=*/false);
   EXPECT_FALSE(none.enabled());
   EXPECT_EQ(none.scale(), 1.0);
   EXPECT_EQ(none.Describe(), "none");
@@ -22,13 +24,13 @@ TEST(LossScalingTest, ModesAndTheirDefaults) {
   EXPECT_TRUE(fp16.enabled());
   EXPECT_EQ(fp16.scale(), 65536.0);
   EXPECT_EQ(fp16.Describe(), "dynamic (now 65536)");
-  LossScaling fixed = *LossScaling::FromFlags("1024", 65536, false);
+  LossScaling fixed = *LossScaling::FromFlags("1024", std::nullopt, false);
   EXPECT_EQ(fixed.scale(), 1024.0);
   EXPECT_EQ(fixed.Describe(), "fixed 1024");
 }
 
 TEST(LossScalingTest, BadFlagsAreNamed) {
-  auto error = [](const std::string& spec, double init, bool fp16) {
+  auto error = [](const std::string& spec, std::optional<double> init, bool fp16) {
     return std::string(LossScaling::FromFlags(spec, init, fp16).status().message());
   };
   EXPECT_NE(error("lots", 1, false).find("--loss_scale='lots' is not auto, none, dynamic"),
@@ -39,6 +41,15 @@ TEST(LossScalingTest, BadFlagsAreNamed) {
             std::string::npos);
   EXPECT_NE(error("none", 1, true).find("--loss_scale=none with --precision=fp16"),
             std::string::npos);
+  // --init_loss_scale is dynamic's: refused where it would be ignored.
+  EXPECT_EQ(error("auto", 1024, false),
+            "--init_loss_scale=1024 is the first scale of --loss_scale=dynamic, and "
+            "--loss_scale=auto means none without fp16: add --loss_scale=dynamic or drop "
+            "--init_loss_scale");
+  EXPECT_NE(error("128", 1024, false).find("--loss_scale=128 is not dynamic"), std::string::npos);
+  EXPECT_NE(error("none", 1024, false).find("--init_loss_scale=1024"), std::string::npos);
+  EXPECT_TRUE(LossScaling::FromFlags("auto", 1024, /*needs_scaling=*/true).ok());
+  EXPECT_EQ(LossScaling::FromFlags("dynamic", std::nullopt, false)->scale(), 65536.0);
 }
 
 TEST(LossScalingTest, NonFiniteStepsAreSkippedAndTheDynamicScaleBacksOff) {
@@ -48,7 +59,7 @@ TEST(LossScalingTest, NonFiniteStepsAreSkippedAndTheDynamicScaleBacksOff) {
   EXPECT_TRUE(d.Update(false));
   EXPECT_EQ(d.scale(), 512.0);
   EXPECT_EQ(d.skipped_steps(), 1);
-  LossScaling f = *LossScaling::FromFlags("8", 1, false);
+  LossScaling f = *LossScaling::FromFlags("8", std::nullopt, false);
   EXPECT_FALSE(f.Update(true));
   EXPECT_EQ(f.scale(), 8.0);  // a fixed scale stays
   EXPECT_TRUE(f.Update(false));
@@ -56,7 +67,7 @@ TEST(LossScalingTest, NonFiniteStepsAreSkippedAndTheDynamicScaleBacksOff) {
 }
 
 TEST(LossScalingTest, FinishStepUnscalesUpdatesAndPassesErrorsOn) {
-  LossScaling none = *LossScaling::FromFlags("none", 1, false);
+  LossScaling none = *LossScaling::FromFlags("none", std::nullopt, false);
   bool called = false;
   auto unscale = [&](double) -> absl::StatusOr<bool> {
     called = true;
@@ -80,6 +91,34 @@ TEST(LossScalingTest, FinishStepUnscalesUpdatesAndPassesErrorsOn) {
   EXPECT_EQ(d.scale(), 4.0) << "an error changes nothing";
 }
 
+// Every step skipped is a run that does not train: the 50th in a row is an
+// error naming the step; a step applied in between starts the count again.
+TEST(LossScalingTest, FiftyStepsSkippedInARowStopTheRun) {
+  for (const char* spec : {"dynamic", "1024"}) {
+    SCOPED_TRACE(spec);
+    LossScaling s = *LossScaling::FromFlags(spec, std::nullopt, false);
+    auto found = [](bool inf) {
+      return [inf](double) -> absl::StatusOr<bool> { return inf; };
+    };
+    int64_t step = 1;
+    for (int i = 0; i + 1 < LossScaling::kMaxSkippedInARow; ++i) {
+      ASSERT_FALSE(*s.FinishStep(s.scale(), step++, false, found(true)));
+    }
+    ASSERT_TRUE(*s.FinishStep(s.scale(), step++, false, found(false)));
+    for (int i = 0; i + 1 < LossScaling::kMaxSkippedInARow; ++i) {
+      ASSERT_FALSE(*s.FinishStep(s.scale(), step++, false, found(true)));
+    }
+    const double scale = s.scale();
+    absl::StatusOr<bool> last = s.FinishStep(scale, step, false, found(true));
+    EXPECT_EQ(last.status().code(), absl::StatusCode::kInternal);
+    EXPECT_EQ(last.status().message(),
+              absl::StrCat("inf/nan gradients in 50 steps in a row, the last at step ", step,
+                           " at loss scale ", scale,
+                           ": every one was skipped, so the run is not training; lower --lr or "
+                           "check the data"));
+  }
+}
+
 TEST(LossScalingTest, StateRoundTripsThroughACheckpoint) {
   LossScaling a = *LossScaling::FromFlags("dynamic", 1024, false);
   a.Update(true);
@@ -93,6 +132,9 @@ TEST(LossScalingTest, StateRoundTripsThroughACheckpoint) {
   EXPECT_EQ(b.scale(), 512.0);
   extra["loss_scale"] = "-1";
   EXPECT_EQ(b.Restore(extra).code(), absl::StatusCode::kDataLoss);
+  extra["loss_scale"] = "inf";  // would skip every step: inf * 0.5 is inf
+  EXPECT_EQ(b.Restore(extra).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(b.scale(), 512.0);
   std::map<std::string, std::string> none;
   EXPECT_TRUE(b.Restore(none).ok());  // a checkpoint from a run without scaling
   EXPECT_EQ(b.scale(), 512.0);

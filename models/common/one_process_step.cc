@@ -31,7 +31,14 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
       [&](double inv) -> absl::StatusOr<bool> { return UnscaleGradients(refs, inv); });
   if (!apply.ok()) return apply.status();
   if (*apply) {
-    if (grad_clip > 0) result.grad_norm = optim::ClipGradNorm(refs, grad_clip);
+    if (grad_clip > 0) {
+      result.grad_norm = optim::ClipGradNorm(refs, grad_clip);
+      absl::Status finite = CheckGradNorm(result.grad_norm, step);
+      if (!finite.ok()) {
+        model.ZeroGrad(/*set_to_none=*/true);
+        return finite;
+      }
+    }
     // The step writes the next step's compute copies as it updates the
     // masters (AdamW on a GPU in the same pass): no cast of every master in
     // the next CastForCompute.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,9 @@ std::unique_ptr<optim::Optimizer> MakeAdamW() {
 }
 
 LossScaling Scaling(const std::string& spec) {
-  return LossScaling::FromFlags(spec, 1024, false).value();
+  const std::optional<double> init =
+      spec == "dynamic" ? std::optional<double>(1024) : std::nullopt;
+  return LossScaling::FromFlags(spec, init, false).value();
 }
 
 void ExpectSameValues(mingpt::GPT& a, mingpt::GPT& b) {
@@ -204,6 +207,32 @@ TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {
   EXPECT_EQ(done->grad_norm, 0.0);
   EXPECT_EQ(scaling.skipped_steps(), 1);
   EXPECT_EQ(scaling.scale(), scale / 2);
+  ExpectSameValues(model, untouched);
+  ExpectNoGrads(model);
+}
+
+// Without loss scaling (fp32, bf16) nothing checks the gradients before the
+// clip: an inf one makes the norm inf, which stops the run before the
+// optimizer step, so the weights (and what a checkpoint would save) stay
+// finite.
+TEST(FinishOneProcessStepTest, AnInfGradientNormWithoutLossScalingStopsBeforeTheStep) {
+  const testing::TinyBatch batch = testing::MakeTinyBatch();
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(1);
+  untouched.Materialize(1);
+  auto opt = MakeAdamW();
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Fp32());
+  LossScaling scaling = Scaling("none");
+  mixed.CastForCompute();
+  const double loss = model.ForwardBackward(batch.idx, batch.tgt, 1.0);
+  ASSERT_TRUE(std::isfinite(loss));
+  model.NamedParameters()[1].second->grad.data<float>()[2] = std::numeric_limits<float>::infinity();
+  absl::StatusOr<StepResult> done = FinishOneProcessStep(model, mixed, *opt, loss, 1.0, 4, 1.0,
+                                                         scaling);
+  ASSERT_FALSE(done.ok());
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(done.status().message().find("the gradient norm is inf at step 4"), std::string::npos)
+      << done.status();
   ExpectSameValues(model, untouched);
   ExpectNoGrads(model);
 }

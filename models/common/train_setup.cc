@@ -253,6 +253,12 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& pa
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec) {
   if (spec.name == "adamw") {
+    if (spec.momentum.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--momentum=", *spec.momentum,
+          " is an SGD option; --optimizer=adamw has none (its first moment decays with "
+          "beta1 = 0.9): drop --momentum or use --optimizer=sgd"));
+    }
     optim::AdamWOptions o;
     o.lr = spec.lr;
     o.beta2 = spec.beta2;
@@ -264,7 +270,7 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerS
   if (spec.name == "sgd") {
     optim::SgdOptions o;
     o.lr = spec.lr;
-    o.momentum = spec.momentum;
+    o.momentum = spec.momentum.value_or(0.9);
     o.weight_decay = spec.weight_decay;
     auto opt = optim::SGD::Create(o);
     if (!opt.ok()) return opt.status();

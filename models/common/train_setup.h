@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -99,7 +100,9 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& pa
 struct OptimizerSpec {
   std::string name;  // "adamw" or "sgd"
   double lr = 1e-3;
-  double momentum = 0.9;  // sgd
+  // sgd: --momentum, 0.9 when unset; an error with adamw (whose first
+  // moment's decay is beta1 = 0.9), rather than silently ignored.
+  std::optional<double> momentum;
   double beta2 = 0.999;   // adamw (minGPT uses 0.95)
   double weight_decay = 0.0;
 };

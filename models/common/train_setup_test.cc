@@ -12,6 +12,8 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
 #include "tensor/allocator.h"
 
 namespace train {
@@ -56,6 +58,32 @@ TEST(CheckLoopFlagsTest, NamesTheFlagThatIsOutOfRange) {
   EXPECT_EQ(message(5, 1, -1, "/tmp/ck"),
             "--checkpoint_every=-1 must be >= 0 (0: at the end only)");
   EXPECT_EQ(message(5, 1, 2, ""), "--checkpoint_every=2 needs --checkpoint_dir to save into");
+}
+
+// --optimizer and its options: --momentum is SGD's (0.9 when unset), and an
+// error with adamw instead of being ignored.
+TEST(MakeOptimizerTest, MomentumIsSgdsAndRefusedWithAdamW) {
+  OptimizerSpec spec;
+  spec.name = "sgd";
+  std::unique_ptr<optim::Optimizer> sgd = MakeOptimizer(spec).value();
+  EXPECT_EQ(static_cast<optim::SGD&>(*sgd).options().momentum, 0.9);
+  spec.momentum = 0.0;  // plain SGD, asked for
+  sgd = MakeOptimizer(spec).value();
+  EXPECT_EQ(static_cast<optim::SGD&>(*sgd).options().momentum, 0.0);
+
+  spec.name = "adamw";
+  spec.beta2 = 0.95;
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> adamw = MakeOptimizer(spec);
+  EXPECT_EQ(adamw.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(adamw.status().message(), HasSubstr("--momentum=0 is an SGD option"));
+  spec.momentum.reset();
+  adamw = MakeOptimizer(spec);
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_EQ(static_cast<optim::AdamW&>(**adamw).options().beta2, 0.95);
+
+  spec.name = "lamb";
+  EXPECT_THAT(MakeOptimizer(spec).status().message(),
+              HasSubstr("--optimizer='lamb' is not one of adamw, sgd"));
 }
 
 // "cosine" warms up over 10% of --steps, at least one step, and none when

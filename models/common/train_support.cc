@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -317,6 +318,13 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
 
 bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps) {
   return every > 0 && step_done % every == 0 && step_done < steps;
+}
+
+absl::Status CheckGradNorm(double norm, int64_t step) {
+  if (std::isfinite(norm)) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "the gradient norm is ", norm, " at step ", step,
+      " (the loss was finite); the step was not applied; lower --lr or check the data"));
 }
 
 std::string FormatStep(const StepMetrics& m, const tensor::MemoryLedger& ledger,

@@ -157,6 +157,13 @@ struct StepResult {
   double grad_norm = 0;  // before clipping; 0 when not clipped or the step was skipped
 };
 
+// The gradient norm before clipping at 0-based `step`: one that is not finite
+// (an inf or NaN gradient with a finite loss, which loss scaling, when on,
+// would have caught first) is an InternalError naming the step, returned
+// before the optimizer step, so that the weights, and any checkpoint saved
+// after, stay finite (PyTorch's clip_grad_norm_(error_if_nonfinite=True)).
+absl::Status CheckGradNorm(double norm, int64_t step);
+
 // "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."
 // ("| 16600 tok/s | MFU 45.1% |" when m.mfu > 0). Memory: the ledger's peaks
 // on `device` ("peak MiB on cuda:0:" when not the CPU).

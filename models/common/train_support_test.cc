@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -218,6 +219,19 @@ TEST(InitFromLineTest, SaysWhenOnlyTheConfigurationIsTaken) {
   EXPECT_EQ(InitFromLine("Hugging Face T5 /m", false), "init_from: Hugging Face T5 /m");
   EXPECT_EQ(InitFromLine("checkpoint /c (step 3)", true),
             "init_from: checkpoint /c (step 3) (its configuration; --resume loads the weights)");
+}
+
+TEST(CheckGradNormTest, ANormThatIsNotFiniteNamesTheStep) {
+  EXPECT_TRUE(CheckGradNorm(0.0, 3).ok());
+  EXPECT_TRUE(CheckGradNorm(1e30, 3).ok());
+  for (double norm : {std::numeric_limits<double>::infinity(),
+                      std::numeric_limits<double>::quiet_NaN()}) {
+    const absl::Status s = CheckGradNorm(norm, 7);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_EQ(s.message(), absl::StrCat("the gradient norm is ", norm,
+                                        " at step 7 (the loss was finite); the step was not "
+                                        "applied; lower --lr or check the data"));
+  }
 }
 
 TEST(CheckpointDueTest, EveryNStepsBeforeTheLast) {

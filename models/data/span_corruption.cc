@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "models/data/row_random.h"
 
@@ -34,6 +35,12 @@ std::vector<int64_t> RandomComposition(int64_t n, int64_t k, RowRandom* rng, uin
   parts[k - 1] = n - prev;
   return parts;
 }
+
+// The automatic raw length (raw_length 0) is searched up to this many raw
+// tokens per encoder position (noise densities up to about 0.999 fit) and never
+// past kMaxSearchedLength (lengths stay exact in a double).
+constexpr int64_t kMaxRawPerEncoderPosition = 1000;
+constexpr int64_t kMaxSearchedLength = int64_t{1} << 52;
 
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("[span corruption] ", what));
@@ -127,9 +134,34 @@ absl::StatusOr<SpanCorruptor> SpanCorruptor::Create(int64_t source_vocab_size,
   }
   int64_t length = o.raw_length;
   if (length == 0) {
-    // As T5's compute_input_and_target_lengths: grow while the input still fits.
-    length = 2;
-    while (encoder_tokens(length + 1) <= o.encoder_length) ++length;
+    // As T5's compute_input_and_target_lengths: the longest length whose input
+    // still fits. encoder_tokens is non-decreasing in the length (noise tokens
+    // and spans grow by at most one per token, the kept tokens never shrink), so
+    // a binary search finds what T5's one-token-at-a-time loop finds. With a
+    // noise_density near 1 the kept tokens grow ever more slowly (and without a
+    // bound on the search, start-up spins): past kMaxRawPerEncoderPosition raw
+    // tokens per encoder position the density is refused.
+    const int64_t cap = o.encoder_length <= kMaxSearchedLength / kMaxRawPerEncoderPosition
+                            ? o.encoder_length * kMaxRawPerEncoderPosition
+                            : kMaxSearchedLength;
+    if (encoder_tokens(cap + 1) <= o.encoder_length) {
+      return Invalid(absl::StrCat(
+          "noise_density ", absl::StrFormat("%.12g", o.noise_density),
+          " (mean_noise_span_length ", o.mean_noise_span_length,
+          ") keeps too few tokens: filling encoder_length ", o.encoder_length,
+          " would take more than ", cap, " raw tokens per example (", kMaxRawPerEncoderPosition,
+          " per encoder position); use a lower noise_density or set raw_length"));
+    }
+    int64_t fits = 2, too_long = cap + 1;  // encoder_tokens(fits) <= S < encoder_tokens(too_long)
+    while (too_long - fits > 1) {
+      const int64_t mid = fits + (too_long - fits) / 2;
+      if (encoder_tokens(mid) <= o.encoder_length) {
+        fits = mid;
+      } else {
+        too_long = mid;
+      }
+    }
+    length = fits;
   } else if (length < 2) {
     return Invalid(absl::StrCat("raw_length must be 0 (automatic) or >= 2, got ", length));
   } else if (encoder_tokens(length) > o.encoder_length) {

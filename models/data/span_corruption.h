@@ -45,7 +45,8 @@ struct SpanCorruptionOptions {
   // ignore_index; shorter is an error.
   int64_t decoder_length = 0;
   // Raw tokens per example (L); 0 picks the longest L whose corrupted input
-  // fills encoder_length exactly (as T5). A shorter L pads the encoder inputs.
+  // fills encoder_length exactly (as T5), at most 1000 * encoder_length (a
+  // noise_density that needs more is an error). A shorter L pads the encoder inputs.
   int64_t raw_length = 0;
   double noise_density = 0.15;
   double mean_noise_span_length = 3.0;
@@ -79,8 +80,9 @@ std::vector<bool> RandomSpansNoiseMask(const SpanCounts& counts, uint64_t seed, 
 class SpanCorruptor {
  public:
   // InvalidArgument for options out of range, an encoder length too short for
-  // one span (or for raw_length), too few sentinels for the spans, or a
-  // decoder length shorter than the targets.
+  // one span (or for raw_length), a noise_density too close to 1 for an
+  // automatic raw_length, too few sentinels for the spans, or a decoder length
+  // shorter than the targets.
   static absl::StatusOr<SpanCorruptor> Create(int64_t source_vocab_size,
                                               const SpanCorruptionOptions& options);
 

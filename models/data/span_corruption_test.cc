@@ -130,6 +130,67 @@ TEST(SpanCorruptionTest, ComputeSpanCountsClamps) {
   EXPECT_EQ(dense.num_spans, 1);  // only one non-noise token to separate spans
 }
 
+// T5's compute_input_and_target_lengths, one token at a time (what Create's
+// binary search must agree with).
+int64_t LinearRawLength(const SpanCorruptionOptions& o) {
+  const int64_t eos = o.eos_id >= 0 ? 1 : 0;
+  auto encoder_tokens = [&](int64_t length) {
+    const SpanCounts c = ComputeSpanCounts(length, o.noise_density, o.mean_noise_span_length);
+    return length - c.num_noise + c.num_spans + eos;
+  };
+  int64_t length = 2;
+  while (encoder_tokens(length + 1) <= o.encoder_length) ++length;
+  return length;
+}
+
+TEST(SpanCorruptionTest, AutomaticRawLengthIsT5sLoops) {
+  for (double density : {0.01, 0.15, 0.3, 0.5, 0.8, 0.95, 0.99}) {
+    for (double mean : {1.0, 3.0, 7.5}) {
+      for (int64_t encoder_length : {3, 8, 57, 512, 2048}) {
+        for (int64_t eos_id : {-1, 1}) {
+          SpanCorruptionOptions o;
+          o.encoder_length = encoder_length;
+          o.noise_density = density;
+          o.mean_noise_span_length = mean;
+          o.eos_id = eos_id;
+          o.num_sentinels = 100000;
+          auto c = SpanCorruptor::Create(32000, o);
+          if (!c.ok()) continue;  // encoder_length too short for one span
+          EXPECT_EQ(c->raw_length(), LinearRawLength(o))
+              << "density " << density << " mean " << mean << " S " << encoder_length
+              << " eos " << eos_id;
+        }
+      }
+    }
+  }
+}
+
+TEST(SpanCorruptionTest, NoiseDensityNearOneIsRefusedQuickly) {
+  // Only ~1 token is kept whatever the length: T5's loop would run ~1e12
+  // times. Refused at once, naming the density and the encoder length.
+  SpanCorruptionOptions o;
+  o.encoder_length = 512;
+  o.noise_density = 1 - 1e-10;
+  auto c = SpanCorruptor::Create(32000, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("noise_density 0.9999999999 (mean_noise_span_length 3) "
+                                      "keeps too few tokens: filling encoder_length 512 would "
+                                      "take more than 512000 raw tokens"),
+            absl::string_view::npos)
+      << c.status();
+  // The loader says the same.
+  std::shared_ptr<const TokenSource> source = *RandomTokenSource::Create(2, 500);
+  auto loader = SpanCorruptionLoader::Create(source, {1, 0, 1}, o);
+  ASSERT_FALSE(loader.ok());
+  EXPECT_NE(loader.status().message().find("noise_density 0.9999999999"),
+            absl::string_view::npos)
+      << loader.status();
+  // An explicit raw_length still works at that density.
+  o.raw_length = 1000;
+  EXPECT_TRUE(SpanCorruptor::Create(32000, o).ok());
+}
+
 struct Case {
   std::string name;
   int source;  // 0 random tokens, 1 byte text

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,7 +49,8 @@ Counters SteadyStepCounts(int64_t n_layer, bool fp16 = false) {
   nn::MixedPrecision mixed(model, fp16 ? precision::MixedPrecisionPolicy::Fp16()
                                        : precision::MixedPrecisionPolicy::Bf16());
   // A fixed scale: its unscale and check run at every step, as the dynamic one's.
-  train::LossScaling scaling = *train::LossScaling::FromFlags(fp16 ? "1024" : "none", 1, fp16);
+  train::LossScaling scaling =
+      *train::LossScaling::FromFlags(fp16 ? "1024" : "none", std::nullopt, fp16);
   std::unique_ptr<optim::AdamW> adamw = *optim::AdamW::Create({});
   std::vector<int64_t> ids(kB * kT);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + 3) % kVocab);

@@ -97,7 +97,8 @@ ABSL_FLAG(std::string, lr_schedule, "constant",
           "constant, cosine (10% warmup, decay to lr/10 at --steps), or a spec such as "
           "cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=100,total_steps=2000");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
+          "SGD momentum (unset: 0.9); an error with --optimizer=adamw");
 ABSL_FLAG(double, weight_decay, 0.1, "weight decay (Linear weights only, as minGPT)");
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");
 ABSL_FLAG(std::string, precision, "fp32",

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,7 +57,7 @@ Counters SteadyStepCounts(int64_t layers) {
     tgt[i] = static_cast<int64_t>((i * 3 + 2) % kVocab);
   }
 
-  train::LossScaling scaling = *train::LossScaling::FromFlags("none", 1, false);
+  train::LossScaling scaling = *train::LossScaling::FromFlags("none", std::nullopt, false);
 
   // The single-process step of //models/t5:train: forward and backward, then
   // the binary's own end of a step (masters back, clip, AdamW writing the

@@ -105,7 +105,8 @@ ABSL_FLAG(std::string, lr_schedule, "cosine",
           "with another --steps changes it), constant, or a spec such as "
           "cosine:max_lr=1e-3,min_lr=1e-4,warmup_steps=100,total_steps=2000");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
+          "SGD momentum (unset: 0.9); an error with --optimizer=adamw");
 ABSL_FLAG(double, weight_decay, 0.01,
           "weight decay (Linear weights only: not the embedding, not the RMSNorm weights)");
 ABSL_FLAG(double, grad_clip, 1.0, "clip the global gradient norm to this; 0 disables");

@@ -1,0 +1,35 @@
+// Tied weights must stay in the root FSDP unit (tied_weights.h).
+#include "models/common/tied_weights.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace train {
+
+absl::Status CheckTiedWeightsInRoot(nn::Module& model, const dist::WrapPolicy& policy,
+                                    const std::string& auto_wrap,
+                                    const std::vector<std::string>& root_params,
+                                    bool must_exist) {
+  const std::vector<dist::UnitPlan> plan = dist::PlanUnits(model, policy);
+  for (const std::string& name : root_params) {
+    const dist::UnitPlan* holder = nullptr;
+    for (const dist::UnitPlan& unit : plan) {
+      for (const auto& [param_name, param] : unit.params) {
+        if (param_name == name) holder = &unit;
+      }
+    }
+    if (holder == nullptr) {
+      if (!must_exist) continue;
+      return absl::InternalError(
+          absl::StrCat("DataParallelModel: the model has no parameter '", name, "'"));
+    }
+    if (!holder->name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--auto_wrap=", auto_wrap, " puts '", name, "' into the FSDP unit '", holder->name,
+          "', but it must stay in the root unit (the model reads it outside ", holder->name,
+          "'s forward: a tied weight); use --auto_wrap=transformer or a larger size:N"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace train
