@@ -244,8 +244,10 @@ class FullyShardedModel {
   // an empty list turns prefetching off there. The units named are gathered
   // whatever max_inflight_all_gathers says (the list is the bound) and count
   // against it for the recorded-order prefetches of other units. A listed
-  // unit the pass does not run next is freed unused at the end of the pass.
-  // Names are unit_name()'s ("" is the root); an unknown name, `unit` itself
+  // unit the pass does not run next is freed unused at the end of the pass;
+  // once a backward has run, a backward list skips the units it did not run
+  // (those under the model's lowest trainable parameter, whose backward the
+  // model skips). Names are unit_name()'s ("" is the root); an unknown name, `unit` itself
   // in `next` or a name listed twice throws OpError naming it. Local, but
   // it changes which collectives a pass issues: every rank must set the
   // same lists.

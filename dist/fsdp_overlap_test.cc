@@ -9,12 +9,14 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "dist/fsdp.h"
 #include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "nn/freeze.h"
 #include "optim/sgd.h"
 #include "tensor/error.h"
 
@@ -163,7 +165,8 @@ struct ExplicitRunResult {
 // the parameters category's peak is taken over the first forward+backward
 // (no recorded order yet).
 ExplicitRunResult ExplicitRun(const FsdpOptions& options,
-                              const std::function<void(FullyShardedModel&)>& setup) {
+                              const std::function<void(FullyShardedModel&)>& setup,
+                              const std::vector<std::string>& freeze = {}) {
   const mingpt::GptConfig c = Small();
   constexpr int kWorld = 2;
   const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 3);
@@ -172,6 +175,7 @@ ExplicitRunResult ExplicitRun(const FsdpOptions& options,
   ThreadWorld world(kWorld);
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
+    if (!freeze.empty()) ASSERT_TRUE(nn::FreezeParameters(gpt, freeze).ok());
     auto fsdp = FullyShard(gpt, pg, options);
     setup(*fsdp);
     auto opt = optim::SGD::Create(Sgd()).value();
@@ -271,6 +275,28 @@ TEST(FsdpExplicitPrefetchTest, PrefetchNeighborsListsTheNextUnits) {
     }
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// The embeddings and the first two blocks frozen: the model's backward stops
+// above them (nothing below h.2 trains), so h.3's and h.2's backward lists
+// name units that run no backward. Once a backward has shown which units run
+// one, those are not gathered again: 2 unused gathers in the first step
+// (h.1 by h.3, h.0 by h.2), none after, and the same bits.
+TEST(FsdpExplicitPrefetchTest, UnitsWhoseBackwardDoesNotRunAreNotPrefetchedForIt) {
+  FsdpOptions none = PerBlock();
+  none.backward_prefetch = BackwardPrefetch::kNone;
+  none.max_inflight_all_gathers = 1;
+  const std::vector<std::string> frozen = {"transformer.wte", "transformer.wpe", Block(0),
+                                           Block(1)};
+  const ExplicitRunResult want = ExplicitRun(none, [](FullyShardedModel&) {}, frozen);
+  const ExplicitRunResult got =
+      ExplicitRun(none, [](FullyShardedModel& m) { PrefetchNeighbors(m, 2); }, frozen);
+  ExpectBitwiseEqual(got.run, want.run);
+  // Per step: 4 forward; backward, the root's h.3 and h.2, then h.1 and h.0
+  // by h.3 and h.2 in the first step only.
+  EXPECT_EQ(got.stats.issued, 3 * 6 + 2);
+  EXPECT_EQ(got.stats.unused, 2);
+  EXPECT_EQ(got.all_gathers, want.all_gathers + 2);
 }
 
 // A list names units whatever order the pass runs them in: one the pass has

@@ -177,7 +177,7 @@ void FsdpUnit::PreBackward(nn::Module&) {
   shared_.backward_now.push_back(id_);
   IssueUnshard(false);
   if (const auto& next = shared_.explicit_backward[id_]) {
-    shared_.PrefetchUnits(*next);
+    shared_.PrefetchUnits(*next, /*in_backward=*/true);
   } else if (shared_.options.backward_prefetch == BackwardPrefetch::kPre) {
     shared_.Prefetch(shared_.backward_order, shared_.backward_now);
   }
@@ -296,8 +296,12 @@ void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>&
   }
 }
 
-void FsdpShared::PrefetchUnits(const std::vector<int>& ids) {
+void FsdpShared::PrefetchUnits(const std::vector<int>& ids, bool in_backward) {
   for (int id : ids) {
+    if (in_backward && !backward_order.empty() &&
+        std::find(backward_order.begin(), backward_order.end(), id) == backward_order.end()) {
+      continue;  // the last backward did not run it
+    }
     if (!units[id]->gathered_this_pass()) units[id]->IssueUnshard(/*prefetch=*/true);
   }
 }

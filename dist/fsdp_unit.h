@@ -63,7 +63,11 @@ struct FsdpShared {
   // pass so far matches it), up to max_inflight_all_gathers not yet used.
   void Prefetch(const std::vector<int>& order, const std::vector<int>& now);
   // Issues the all-gathers of `ids` (an explicit list) not issued this pass.
-  void PrefetchUnits(const std::vector<int>& ids);
+  // `in_backward`: after a first backward, only of the units it ran (the
+  // model's backward stops below its lowest trainable parameter: a unit
+  // under it would be gathered for nothing, and held until the root's
+  // post-backward, past the peak).
+  void PrefetchUnits(const std::vector<int>& ids, bool in_backward = false);
   void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
   // Finishes the pending reduces up to and including `unit`'s (the oldest
   // first, as every rank does).

@@ -46,7 +46,7 @@ using sharded::kShardKey;
 using sharded::kValueKind;
 using sharded::NewCheckpointId;
 using sharded::ParamRec;
-using sharded::ParentOf;
+using tensor::ParentFolder;
 using sharded::Publish;
 using sharded::ReadIndex;
 using sharded::RemoveTree;
@@ -316,10 +316,10 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
     if (s.ok()) s = CheckReplaceable(dir);
     if (s.ok()) {
       std::error_code ec;
-      std::filesystem::create_directories(ParentOf(dir), ec);
+      std::filesystem::create_directories(ParentFolder(dir), ec);
       if (ec) {
         s = absl::UnavailableError(
-            absl::StrCat("cannot create '", ParentOf(dir), "': ", ec.message()));
+            absl::StrCat("cannot create '", ParentFolder(dir), "': ", ec.message()));
       }
     }
     if (s.ok() && ::mkdir(absl::StrCat(dir, ".tmp-", id).c_str(), 0755) != 0) {
@@ -362,7 +362,7 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
       s = Publish(tmp, dir, id);
     }
     if (s.ok()) {
-      FsyncDir(ParentOf(dir));
+      FsyncDir(ParentFolder(dir));
     } else {
       RemoveTree(tmp);
     }
@@ -696,7 +696,12 @@ absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string
                                                                const ShardedLoadOptions& options) {
   SC_RETURN_IF_ERROR(CheckFsdpGroup(fsdp, pg));
   Participant p = FromFsdp(fsdp);
-  return LoadImpl(dir, p, optimizer, pg, options, nullptr);
+  return LoadImpl(dir, p, optimizer, pg, options, [&fsdp]() -> absl::Status {
+    // Units held unsharded (Unshard, UnshardRoot, or kept from a forward)
+    // hold the old values: freed, so the next forward gathers the loaded.
+    fsdp.Reshard();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status SaveSharded(const std::string& dir, Zero1& zero, ProcessGroup& pg,

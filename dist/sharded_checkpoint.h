@@ -115,7 +115,9 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedModel& fsdp,
 
 // Fills every rank's shards (in place; parameter values are gathered from
 // them by the next forward, as after an optimizer step) and the optimizer
-// state of fsdp.ParamRefs(). Returns the `extra` map given to Save.
+// state of fsdp.ParamRefs(), then frees the units held unsharded (ends
+// Unshard() and UnshardRoot(): their values were the old ones). Must not run
+// between a forward and its backward. Returns the `extra` map given to Save.
 absl::StatusOr<std::map<std::string, std::string>> LoadSharded(
     const std::string& dir, FullyShardedModel& fsdp, optim::Optimizer& optimizer,
     ProcessGroup& pg, const ShardedLoadOptions& options = {});

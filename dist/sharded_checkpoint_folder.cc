@@ -65,13 +65,6 @@ absl::Status Publish(const std::string& tmp, const std::string& dir, const std::
   return tensor::ReplaceFolderDurably(tmp, dir, id);
 }
 
-std::string ParentOf(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 std::string StripTrailingSlashes(std::string s) {
   while (s.size() > 1 && s.back() == '/') s.pop_back();
   return s;

@@ -29,9 +29,6 @@ void RemoveTree(const std::string& path);
 // when the filesystem supports RENAME_EXCHANGE).
 absl::Status Publish(const std::string& tmp, const std::string& dir, const std::string& id);
 
-// The folder holding `path` ("." for a bare name, "/" for a top-level one).
-std::string ParentOf(const std::string& path);
-
 // `s` without trailing '/' (but "/" stays "/").
 std::string StripTrailingSlashes(std::string s);
 

@@ -236,7 +236,7 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
   // Written into "<dir>.tmp-<id>", then published onto dir.
   const std::string tmp = absl::StrCat(dir, ".tmp-", x.id);
   std::error_code ec;
-  std::filesystem::create_directories(sharded::ParentOf(dir), ec);
+  std::filesystem::create_directories(tensor::ParentFolder(dir), ec);
   if (::mkdir(tmp.c_str(), 0755) != 0) return sharded::ErrnoStatus("cannot create", tmp);
   const std::string path = absl::StrCat(tmp, "/", file);
   s = WriteParameters(path, specs, read, optimizer_buffers, x);

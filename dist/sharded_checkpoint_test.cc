@@ -49,8 +49,11 @@ using checkpoint_testing::RankModel;
 using checkpoint_testing::RunSegment;
 using checkpoint_testing::Segment;
 using checkpoint_testing::SegmentResult;
+using checkpoint_testing::StepIdx;
+using checkpoint_testing::StepTgt;
 using checkpoint_testing::TestDir;
 using checkpoint_testing::Tiny;
+using checkpoint_testing::kSeed;
 
 // ---- Resharding: world 4 -> 2 and other layouts ----
 
@@ -388,6 +391,34 @@ TEST(ShardedCheckpointTest, CheckpointBeforeTheFirstStepHasNoOptimizerState) {
     ASSERT_GT(m.opt().StateBytes(), 0);
     ASSERT_TRUE(m.Load(dir, pg).ok());
     EXPECT_EQ(m.opt().StateBytes(), 0);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// A load while Unshard() or UnshardRoot() holds units (generation between
+// checkpoints): the held values were the old shards'; the next forward
+// computes with the loaded ones, as a fresh model that loaded them does.
+TEST(ShardedCheckpointTest, LoadingWhileUnitsAreHeldUsesTheLoadedValues) {
+  const std::string dir = TestDir("held") + "/ck";
+  Segment base;
+  base.world = 2;
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    RankModel saved(base, pg, /*seed=*/kSeed + 1);
+    saved.TrainStep(base, pg, 0);
+    ASSERT_TRUE(saved.Save(dir, pg, {}).ok());
+    RankModel fresh(base, pg);
+    ASSERT_TRUE(fresh.Load(dir, pg).ok());
+    const tensor::Tensor idx = StepIdx(base.config, 1), tgt = StepTgt(base.config, 1);
+    const double want = fresh.gpt->Loss(idx, tgt);
+    for (bool root_only : {false, true}) {
+      SCOPED_TRACE(root_only ? "UnshardRoot" : "Unshard");
+      RankModel held(base, pg);
+      root_only ? held.fsdp->UnshardRoot() : held.fsdp->Unshard();
+      const double before = held.gpt->Loss(idx, tgt);
+      ASSERT_TRUE(held.Load(dir, pg).ok());
+      EXPECT_NE(held.gpt->Loss(idx, tgt), before);
+      EXPECT_EQ(held.gpt->Loss(idx, tgt), want) << "rank " << rank;
+    }
   });
   EXPECT_TRUE(s.ok()) << s;
 }

@@ -135,6 +135,9 @@ Tensors FeedForward::Backward(const Tensors& grad_outputs, Context& ctx) {
 
 Tensors FeedForward::BackwardOfX(const Tensor& grad, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
+  OP_CHECK(grad.defined() && grad.shape() == s.input_shape, "feed_forward", "the output gradient ",
+           grad.defined() ? grad.shape().ToString() : "undefined", " is not shaped as the output ",
+           s.input_shape.ToString());
   Tensor g = grad.Reshape({-1, dim_});  // (N, dim)
   if (dropout_ != nullptr && !dropout_on_hidden_ && !s.residual_in_projection) {
     g = dropout_->RunBackward(g, ctx.Child(kDropout));

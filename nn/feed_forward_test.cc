@@ -254,5 +254,39 @@ TEST(FeedForwardTest, WrongInputIsAClearError) {
   }
 }
 
+// An output gradient not shaped as the output (the same elements, the leading
+// dims swapped) is refused before any child's gradient is touched; a correct
+// backward afterwards gives a fresh module's gradients.
+TEST(FeedForwardTest, WrongOutputGradientIsRefusedAndLeavesNoGradient) {
+  for (FfnActivation act :
+       {FfnActivation::kGelu, FfnActivation::kRelu, FfnActivation::kGatedGelu}) {
+    SCOPED_TRACE(static_cast<int>(act));
+    FeedForward ffn(4, 8, Form(act, /*bias=*/true)), fresh(4, 8, Form(act, /*bias=*/true));
+    Randomize(ffn, 30);
+    Randomize(fresh, 30);
+    const Tensor x = RandomTensor({2, 3, 4}, 31);
+    Context ctx;
+    ffn.Run(x, ctx);
+    try {
+      ffn.RunBackward(RandomTensor({3, 2, 4}, 32), ctx);
+      FAIL();
+    } catch (const tensor::OpError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "[feed_forward] the output gradient (3,2,4) is not shaped as the output (2,3,4)");
+    }
+    for (auto& [name, p] : ffn.NamedParameters()) EXPECT_FALSE(p->grad.defined()) << name;
+    const Tensor g = RandomTensor({2, 3, 4}, 33);
+    Context c1, c2;
+    ffn.Run(x, c1);
+    fresh.Run(x, c2);
+    EXPECT_TRUE(AllClose(ffn.RunBackward(g, c1), fresh.RunBackward(g, c2), 0, 0));
+    const auto got = ffn.NamedParameters(), want = fresh.NamedParameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(AllClose(got[i].second->grad, want[i].second->grad, 0, 0)) << got[i].first;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nn

@@ -43,6 +43,11 @@ Tensors LayerNorm::Forward(const Tensors& inputs, Context& ctx) {
 }
 
 Tensor LayerNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
+  // Checked before any GradToWrite: a refused gradient leaves the parameters'
+  // gradients as they were.
+  OP_CHECK(grad_y.defined() && grad_y.shape() == s.x.shape(), "layer_norm", "the output gradient ",
+           grad_y.defined() ? grad_y.shape().ToString() : "undefined", " is not shaped as x ",
+           s.x.shape().ToString());
   const Tensor g = grad_y.To(s.x.dtype());
   // The parameter gradients go straight into the f32 gradient buffers (no
   // temporaries, no add per parameter); frozen parameters get none.

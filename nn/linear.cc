@@ -20,6 +20,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
       in_(in_features),
       out_(out_features),
       align_output_rows_(options.align_output_rows) {
+  OP_CHECK(in_features > 0 && out_features > 0, "linear",
+           "in_features and out_features must be > 0; got (", in_features, ",", out_features, ")");
   weight_ = RegisterParameter("weight", {out_, in_}, options.weight_init, /*weight_decay=*/true);
   bias_ = options.bias ? RegisterParameter("bias", {out_}, options.bias_init, false) : nullptr;
 }
@@ -134,6 +136,14 @@ Tensor Linear::SavedInput(const Tensor& x) const {
 
 Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s,
                                     const Tensor& bias_grad) {
+  // Checked before any GradToWrite: a refused gradient leaves the parameters'
+  // gradients as they were.
+  tensor::Shape out_shape = s.input_shape;
+  out_shape[out_shape.rank() - 1] = out_;
+  OP_CHECK(grad_y.defined() && grad_y.shape() == out_shape, "linear", "the output gradient ",
+           grad_y.defined() ? grad_y.shape().ToString() : "undefined",
+           " is not shaped as the output ", out_shape.ToString(), " (input ",
+           s.input_shape.ToString(), ")");
   const Tensor& w = weight_->value;
   Tensor g = grad_y.To(w.dtype()).Reshape({-1, out_});  // (N, out)
   if (s.padded_w.defined()) {  // the padded product (no bias): g (N, ld) with zero pad columns
@@ -154,11 +164,11 @@ Tensor Linear::AccumulateParamGrads(const Tensor& grad_y, const Saved& s,
   const bool wants_bias_grad = bias_ != nullptr && bias_->requires_grad;
   // dW (out, in) += g^T @ x and db (out) += g's column sums, in fp32 (= for a
   // new gradient: no zeros written and read); frozen parameters get none.
-  const Parameter::GradSink db = wants_bias_grad ? bias_->GradToWrite() : Parameter::GradSink{};
   const bool summed = wants_bias_grad && bias_grad.defined();
+  OP_CHECK(!summed || (bias_grad.rank() == 1 && bias_grad.dim(0) == out_), "linear",
+           "the bias gradient ", bias_grad.shape().ToString(), " given is not (", out_, ")");
+  const Parameter::GradSink db = wants_bias_grad ? bias_->GradToWrite() : Parameter::GradSink{};
   if (summed) {
-    OP_CHECK(bias_grad.rank() == 1 && bias_grad.dim(0) == out_, "linear", "the bias gradient ",
-             bias_grad.shape().ToString(), " given is not (", out_, ")");
     Tensor out = db.grad;  // a handle: writes the gradient's storage
     if (db.accumulate) {
       tensor::AddInPlace(out, bias_grad.To(out.dtype()));

@@ -1,7 +1,10 @@
 // Linear: forward against a reference, gradients by finite differences,
 // accumulation over calls, the bf16 compute path with fp32 gradients, and
-// the residual added in the GEMM.
+// the residual added in the GEMM, and refused arguments (no gradient left).
 #include "nn/linear.h"
+
+#include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "tensor/ops/elementwise.h"
@@ -139,6 +142,70 @@ TEST(LinearTest, WrongInputIsAClearError) {
     EXPECT_EQ(std::string(e.what()),
               "[linear] the residual (2,3) is not shaped as the output (2,2)");
   }
+}
+
+TEST(LinearTest, NonPositiveFeaturesAreRefusedAtConstruction) {
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{-1, 5}, {4, 0}, {0, 3}}) {
+    try {
+      Linear lin(in, out);
+      FAIL() << in << "," << out;
+    } catch (const tensor::OpError& e) {
+      EXPECT_EQ(std::string(e.what()), "[linear] in_features and out_features must be > 0; got (" +
+                                           std::to_string(in) + "," + std::to_string(out) + ")");
+    }
+  }
+}
+
+// An output gradient not shaped as the output (here the same elements, the
+// leading dims swapped) is refused by every backward entry point before any
+// gradient buffer is touched; a correct backward afterwards gives a fresh
+// layer's gradients.
+TEST(LinearTest, WrongOutputGradientIsRefusedAndLeavesNoGradient) {
+  const Tensor x = RandomTensor({2, 3, 4}, 21);
+  const Tensor good = RandomTensor({2, 3, 5}, 22);
+  const Tensor bad = RandomTensor({3, 2, 5}, 23);
+  const std::string want =
+      "[linear] the output gradient (3,2,5) is not shaped as the output (2,3,5) (input (2,3,4))";
+  Linear lin(4, 5), fresh(4, 5);
+  lin.Materialize(7);
+  fresh.Materialize(7);
+  auto expect_refused = [&](auto&& backward) {
+    Context ctx;
+    try {
+      backward(ctx);
+      FAIL();
+    } catch (const tensor::OpError& e) {
+      EXPECT_EQ(std::string(e.what()), want);
+    }
+    EXPECT_FALSE(lin.weight()->grad.defined());
+    EXPECT_FALSE(lin.bias()->grad.defined());
+  };
+  expect_refused([&](Context& ctx) {
+    lin.Run(x, ctx);
+    lin.RunBackward(bad, ctx);
+  });
+  expect_refused([&](Context& ctx) {
+    lin.Run(x, ctx);
+    lin.RunBackwardWithBiasGrad(bad, ctx, RandomTensor({5}, 24));
+  });
+  expect_refused([&](Context& ctx) {
+    const Tensor pre = RandomTensor({2, 3, 4}, 25);
+    lin.Run(tensor::Gelu(pre), ctx);
+    lin.RunBackwardThroughGelu(bad, ctx, pre);
+  });
+  {  // a bias gradient of the wrong shape: refused before the weight's too
+    Context ctx;
+    lin.Run(x, ctx);
+    EXPECT_THROW(lin.RunBackwardWithBiasGrad(good, ctx, RandomTensor({4}, 26)), tensor::OpError);
+    EXPECT_FALSE(lin.weight()->grad.defined());
+    EXPECT_FALSE(lin.bias()->grad.defined());
+  }
+  Context c1, c2;
+  lin.Run(x, c1);
+  fresh.Run(x, c2);
+  EXPECT_TRUE(AllClose(lin.RunBackward(good, c1), fresh.RunBackward(good, c2), 0, 0));
+  EXPECT_TRUE(AllClose(lin.weight()->grad, fresh.weight()->grad, 0, 0));
+  EXPECT_TRUE(AllClose(lin.bias()->grad, fresh.bias()->grad, 0, 0));
 }
 
 }  // namespace

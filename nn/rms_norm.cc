@@ -29,6 +29,11 @@ Tensors RMSNorm::Forward(const Tensors& inputs, Context& ctx) {
 }
 
 Tensor RMSNorm::GradX(const Tensor& grad_y, const Tensor& add, const Saved& s) {
+  // Checked before any GradToWrite: a refused gradient leaves the parameters'
+  // gradients as they were.
+  OP_CHECK(grad_y.defined() && grad_y.shape() == s.x.shape(), "rms_norm", "the output gradient ",
+           grad_y.defined() ? grad_y.shape().ToString() : "undefined", " is not shaped as x ",
+           s.x.shape().ToString());
   const Tensor g = grad_y.To(s.x.dtype());
   // The weight gradient goes straight into its f32 buffer (LayerNorm's way).
   tensor::NormGradsInto into;

@@ -34,13 +34,12 @@ absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path) 
   return absl::OkStatus();
 }
 
-// The folder holding `path`, whose fsync makes a rename there durable.
+}  // namespace
+
 std::string ParentFolder(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
-
-}  // namespace
 
 absl::Status WriteFileDurably(const std::string& path, absl::Span<const absl::string_view> parts) {
   absl::StatusOr<std::unique_ptr<DurableFileWriter>> w = DurableFileWriter::Create(path);

@@ -56,6 +56,10 @@ class DurableFileWriter {
   int64_t size_ = 0;
 };
 
+// The folder holding `path` ("." for a bare name, "/" for a top-level one),
+// whose fsync makes a rename there durable.
+std::string ParentFolder(const std::string& path);
+
 // fsync of a folder, making the creation, removal or renaming of its entries
 // durable; errors are ignored (some filesystems refuse it).
 void FsyncDir(const std::string& dir);

@@ -84,6 +84,13 @@ TEST(DurableFileTest, WriterAppendsOverwritesAndCommitsOrLeavesNothing) {
 
 // A folder moves onto a new name, then replaces an older folder as a whole
 // (none of the old one's files stay); a missing source names the target.
+TEST(DurableFileTest, ParentFolder) {
+  EXPECT_EQ(ParentFolder("ck/step_000010"), "ck");
+  EXPECT_EQ(ParentFolder("/tmp/a/b"), "/tmp/a");
+  EXPECT_EQ(ParentFolder("/ck"), "/");
+  EXPECT_EQ(ParentFolder("ck"), ".");
+}
+
 TEST(DurableFileTest, ReplaceFolderDurablyRenamesOrSwaps) {
   namespace fs = std::filesystem;
   const std::string root = ::testing::TempDir() + "/durable_folder";
