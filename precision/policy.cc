@@ -18,7 +18,6 @@ MixedPrecisionPolicy MixedPrecisionPolicy::Bf16() {
   MixedPrecisionPolicy p;
   p.param_dtype = Dtype::kBF16;
   p.reduce_dtype = Dtype::kBF16;
-  p.buffer_dtype = Dtype::kBF16;
   return p;
 }
 
@@ -26,7 +25,6 @@ MixedPrecisionPolicy MixedPrecisionPolicy::Fp16() {
   MixedPrecisionPolicy p;
   p.param_dtype = Dtype::kF16;
   p.reduce_dtype = Dtype::kF16;
-  p.buffer_dtype = Dtype::kF16;
   return p;
 }
 
@@ -49,8 +47,14 @@ bool MixedPrecisionPolicy::NeedsLossScaling() const {
 }
 
 absl::Status MixedPrecisionPolicy::Validate(tensor::Device device) const {
+  if (buffer_dtype != Dtype::kF32) {
+    return absl::UnimplementedError(absl::StrCat(
+        "mixed precision policy: buffer_dtype=", tensor::DtypeName(buffer_dtype),
+        ": casting buffers is not implemented; buffers stay f32 (BatchNorm's running "
+        "statistics, the only buffers of the nn layers, are kept f32 in any case)"));
+  }
   const std::pair<const char*, Dtype> fields[] = {
-      {"param_dtype", param_dtype}, {"reduce_dtype", reduce_dtype}, {"buffer_dtype", buffer_dtype}};
+      {"param_dtype", param_dtype}, {"reduce_dtype", reduce_dtype}};
   for (const auto& [field, dtype] : fields) {
     absl::Status s = CheckComputeDtype(dtype, device);
     if (!s.ok()) {

@@ -22,7 +22,10 @@ struct MixedPrecisionPolicy {
   tensor::Dtype param_dtype = tensor::Dtype::kF32;
   // Dtype gradients are communicated in (all-reduce / reduce-scatter); they land fp32.
   tensor::Dtype reduce_dtype = tensor::Dtype::kF32;
-  // Dtype of buffers (e.g. BatchNorm running statistics) outside fp32 modules.
+  // Dtype of buffers outside fp32 modules. Only f32 for now (Validate
+  // refuses others): no buffer is cast, as with PyTorch's buffer_dtype=None;
+  // the nn layers' only buffers, BatchNorm's running statistics, are kept
+  // f32 in any case.
   tensor::Dtype buffer_dtype = tensor::Dtype::kF32;
   // Module classes (nn::Module::class_name()) computed entirely in fp32.
   std::vector<std::string> fp32_module_classes = {"BatchNorm1d"};
@@ -45,7 +48,8 @@ struct MixedPrecisionPolicy {
   }
   // f16 anywhere in the policy: gradients need the dynamic loss scaler.
   bool NeedsLossScaling() const;
-  // Every dtype floating and supported by `device` (see dtype_support.h).
+  // Every dtype floating and supported by `device` (see dtype_support.h);
+  // Unimplemented for a buffer_dtype other than f32.
   absl::Status Validate(tensor::Device device) const;
   // "param=bf16 reduce=bf16 buffer=f32 fp32_modules=[BatchNorm1d]".
   std::string ToString() const;

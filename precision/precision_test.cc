@@ -25,7 +25,12 @@ TEST(PolicyTest, PresetsAndNames) {
   EXPECT_FALSE(bf16->NeedsLossScaling());
   EXPECT_TRUE(MixedPrecisionPolicy::Fp16().NeedsLossScaling());
   EXPECT_FALSE(MixedPrecisionPolicy::Fp32().IsMixed());
-  EXPECT_EQ(bf16->ToString(), "param=bf16 reduce=bf16 buffer=bf16 fp32_modules=[BatchNorm1d]");
+  // Buffers are not cast (BatchNorm's stay f32): the policy says so, and
+  // refuses to promise another buffer dtype.
+  EXPECT_EQ(bf16->ToString(), "param=bf16 reduce=bf16 buffer=f32 fp32_modules=[BatchNorm1d]");
+  MixedPrecisionPolicy cast_buffers = *bf16;
+  cast_buffers.buffer_dtype = Dtype::kBF16;
+  EXPECT_EQ(cast_buffers.Validate(Device::Cpu()).code(), absl::StatusCode::kUnimplemented);
   auto bad = MixedPrecisionPolicy::FromName("fp8");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(), "unknown precision 'fp8'; expected fp32, bf16 or fp16");

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -222,6 +223,27 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   if (!opt.ok()) return opt.status();
   absl::StatusOr<TrainState> state = TrainStateFromMetadata(weights->metadata, model_path);
   if (!state.ok()) return state.status();
+  // Another optimizer's state (or SGD's without momentum) said as such, not
+  // as a missing or unexpected tensor.
+  const auto saved_name = opt->metadata.find("optimizer");
+  std::set<std::string> saved_buffers;  // the state's kinds: "exp_avg", "momentum_buffer", ...
+  for (const tensor::SafetensorsEntry& e : opt->entries) {
+    const size_t dot = e.name.rfind('.');
+    const std::string kind = dot == std::string::npos ? e.name : e.name.substr(dot + 1);
+    if (kind != "step") saved_buffers.insert(kind);
+  }
+  const std::vector<std::string> names = optimizer.BufferNames();
+  if ((saved_name != opt->metadata.end() && saved_name->second != optimizer.name()) ||
+      (!opt->entries.empty() &&
+       saved_buffers != std::set<std::string>(names.begin(), names.end()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        step_dir, ": the checkpoint's optimizer state is ",
+        saved_name != opt->metadata.end() ? saved_name->second : "unnamed", " (",
+        absl::StrJoin(saved_buffers, ", "), ") but this run's optimizer is ", optimizer.name(),
+        " (", absl::StrJoin(names, ", "),
+        "); resume with the run's --optimizer and --momentum, or take the weights alone "
+        "with --init_from"));
+  }
   absl::Status s = tensor::VerifySafetensors(model_path, *weights);
   if (s.ok()) s = tensor::VerifySafetensors(opt_path, *opt);
   if (!s.ok()) return s;

@@ -20,6 +20,7 @@
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
+#include "optim/sgd.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/testing.h"
 
@@ -65,6 +66,35 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
   testing::StepBoth(saved, model, *fresh);
   auto a = saved.model->NamedParameters(), b = model.NamedParameters();
   ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
+        << a[i].first;
+  }
+}
+
+// Resuming with another optimizer (or SGD without momentum where the run had
+// it) names both, before anything is read into the model.
+TEST(LoadCheckpointTest, AnotherOptimizersStateIsNamedAndNothingIsRead) {
+  testing::SavedRun saved = testing::SaveAfterOneStep(
+      Config(), ::testing::TempDir() + "/load_other_optimizer", TrainState{});
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(2);
+  untouched.Materialize(2);
+  optim::SgdOptions o;
+  for (double momentum : {0.9, 0.0}) {
+    o.momentum = momentum;
+    auto sgd = optim::SGD::Create(o).value();
+    absl::StatusOr<TrainState> loaded = LoadCheckpoint(saved.step_dir, model, *sgd);
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(loaded.status().message().find(absl::StrCat(
+                  "the checkpoint's optimizer state is adamw (exp_avg, exp_avg_sq) but this "
+                  "run's optimizer is sgd (",
+                  momentum > 0 ? "momentum_buffer" : "", ")")),
+              std::string::npos)
+        << loaded.status();
+    EXPECT_EQ(sgd->StateBytes(), 0);
+  }
+  auto a = untouched.NamedParameters(), b = model.NamedParameters();
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
         << a[i].first;
