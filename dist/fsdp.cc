@@ -16,6 +16,49 @@
 #include "tensor/ops/init.h"
 
 namespace dist {
+namespace {
+
+// sync_module_states for one unit's parameters: rank 0's values, broadcast
+// in one flat buffer (the unit's size, on `device`, for the engine), become
+// every rank's; the unit's shard is then taken from them. Every rank throws
+// the same OpError when rank 0 lacks a value.
+void BroadcastUnitValues(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                         ProcessGroup& pg, tensor::Device device) {
+  int64_t numel = 0;
+  int missing = -1;  // this rank's first parameter without a value
+  for (size_t i = 0; i < params.size(); ++i) {
+    numel += params[i].second->shape.numel();
+    if (missing < 0 && !params[i].second->value.defined()) missing = static_cast<int>(i);
+  }
+  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+  // (1,): rank 0's `missing` (+ 1), for every rank to refuse alike.
+  tensor::Tensor said = tensor::Tensor::FromVector({static_cast<float>(missing + 1)}, {1});
+  said = said.To(device);
+  absl::Status s = pg.BroadcastSync(said, 0);
+  OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
+  const int rank0_missing =
+      static_cast<int>(said.To(tensor::Device::Cpu()).ToVector<float>()[0]) - 1;
+  OP_CHECK(rank0_missing < 0, "FullyShard", "sync_module_states: rank 0's parameter '",
+           params[rank0_missing].first,
+           "' is not materialized (rank 0's values become every rank's: it must have them all)");
+  tensor::Tensor flat = tensor::Tensor::Empty({numel}, tensor::Dtype::kF32, device);  // (numel,)
+  int64_t offset = 0;
+  for (const auto& [name, p] : params) {
+    const int64_t n = p->shape.numel();
+    if (pg.rank() == 0) flat.Narrow(0, offset, n).CopyFrom(p->value.Reshape({n}));
+    offset += n;
+  }
+  s = pg.BroadcastSync(flat, 0);
+  OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
+  offset = 0;
+  for (const auto& [name, p] : params) {
+    const int64_t n = p->shape.numel();
+    p->value = flat.Narrow(0, offset, n).View(p->shape);
+    offset += n;
+  }
+}
+
+}  // namespace
 
 const char* ShardingStrategyName(ShardingStrategy s) {
   switch (s) {
@@ -108,6 +151,10 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // keeps its own on the compute device.
   for (auto& [name, buffer] : root.NamedBuffers()) {
     if (buffer->defined() && buffer->device() != device) *buffer = buffer->To(device);
+    if (options_.sync_module_states && buffer->defined()) {
+      absl::Status s = pg.BroadcastSync(*buffer, 0);
+      OP_CHECK(s.ok(), "FullyShard", "sync_module_states: buffer ", name, ": ", s.ToString());
+    }
   }
   std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -116,6 +163,7 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
+    if (options_.sync_module_states) BroadcastUnitValues(plans[i].params, pg, device);
     auto unit =
         std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()), std::move(plans[i]),
                                              *shared_, *shard_pg, replicate_pg, kept_fp32);

@@ -150,6 +150,14 @@ struct FsdpOptions {
   // Shards, sharded gradients and optimizer state in host memory (see
   // above); needs a CUDA device.
   bool cpu_offload = false;
+  // PyTorch FSDP's sync_module_states: every rank's parameters and buffers
+  // start as rank 0's (a unit at a time broadcast before it is sharded), so
+  // a model only rank 0 loaded (or materialized) shards as that model. Rank 0
+  // must have every parameter materialized; the other ranks need not. Off:
+  // each rank shards its own values (or initializes from `seed`), which must
+  // then agree (FULL_SHARD would otherwise stitch the ranks' slices
+  // together, and replicas under NO_SHARD or HYBRID_SHARD would differ).
+  bool sync_module_states = false;
 };
 
 namespace internal {

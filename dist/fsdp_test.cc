@@ -189,6 +189,57 @@ TEST_P(ShardedInitTest, ShardsEqualSingleProcessMaterializeBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedInitTest, ::testing::Values(1, 2, 3, 4));
 
+// sync_module_states: rank 0's model (materialized with another seed) is
+// every rank's, whatever the others hold (another model, or nothing), under
+// each strategy: each rank's shard is the slice of rank 0's values. Without
+// a value on rank 0, every rank refuses alike.
+TEST(ShardedInitTest, SyncModuleStatesShardsRankZerosModel) {
+  const mingpt::GptConfig c = Tiny();
+  mingpt::GPT ref(c);
+  ref.Materialize(kSeed + 7);
+  std::map<std::string, Tensor> ref_params;
+  for (auto& [n, p] : ref.NamedParameters()) ref_params[n] = p->value;
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard,
+                                    ShardingStrategy::kHybridShard}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    absl::Status s = RunRanks(4, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      if (rank == 0) gpt.Materialize(kSeed + 7);
+      if (rank == 2) gpt.Materialize(99);  // ranks 1 and 3: nothing
+      FsdpOptions options = PerBlock(strategy);
+      options.hybrid_shard_group_size = 2;
+      options.sync_module_states = true;
+      auto fsdp = FullyShard(gpt, pg, options);
+      for (int u = 0; u < fsdp->num_units(); ++u) {
+        const FlatParameter& flat = fsdp->flat_param(u);
+        std::vector<float> expected(flat.padded_numel(), 0.0f);
+        for (auto& e : flat.entries()) {
+          auto v = ref_params.at(e.name).ToVector<float>();
+          std::copy(v.begin(), v.end(), expected.begin() + e.offset);
+        }
+        EXPECT_EQ(0, std::memcmp(flat.shard().data<float>(), expected.data() + flat.shard_begin(),
+                                 flat.shard_numel() * sizeof(float)))
+            << "unit " << fsdp->unit_name(u) << " rank " << rank;
+      }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    if (rank == 1) gpt.Materialize(kSeed);
+    FsdpOptions options = PerBlock();
+    options.sync_module_states = true;
+    try {
+      auto fsdp = FullyShard(gpt, pg, options);
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_TRUE(absl::StrContains(e.what(), "sync_module_states: rank 0's parameter '"))
+          << e.what();
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(FlatParameterTest, DecayRangesOfShardsCoverTheDecayedParameters) {
   mingpt::GPT gpt(Tiny());
   auto plans = PlanUnits(gpt, WrapPolicy::None());
