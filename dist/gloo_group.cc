@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -248,24 +250,63 @@ class TimedStore : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
-absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(const std::shared_ptr<Shared>& shared,
-                                                       const std::string& prefix, int rank,
-                                                       int size, absl::Duration timeout,
-                                                       const std::string& who) {
+// Each rank's process, as it announced itself at the rendezvous: a peer on
+// this host whose process has exited is named when a collective fails (gloo
+// only says a connection closed).
+struct PeerProcess {
+  std::string host;
+  int64_t pid = 0;
+};
+
+std::string ThisHost() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// True when `pid` (on this host) is gone: no such process, or one that has
+// exited and not been reaped yet (a zombie).
+bool ProcessExited(int64_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+struct Connected {
+  std::shared_ptr<gloo::Context> ctx;
+  std::vector<PeerProcess> processes;  // by rank
+};
+
+absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const std::string& prefix,
+                                  int rank, int size, absl::Duration timeout,
+                                  const std::string& who) {
   try {
     TimedStore timed(*shared->root_store, ToMillis(timeout));
     gloo::rendezvous::PrefixStore store(prefix, timed);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(timeout));
     ctx->connectFullMesh(store, shared->device);
+    const std::string me = absl::StrCat(ThisHost(), " ", ::getpid());
+    store.set(absl::StrCat("process/", rank), std::vector<char>(me.begin(), me.end()));
     // A rank's connectFullMesh can return while a peer is still finishing
     // its side of the handshake; a barrier over the new connections makes
     // the group exist on every rank before any rank returns it (a rank that
     // then exits fails its peers' next collective, not their rendezvous).
+    // Every rank has announced its process by then.
     gloo::BarrierOptions barrier(ctx);
     barrier.setTimeout(ToMillis(timeout));
     gloo::barrier(barrier);
-    return std::shared_ptr<gloo::Context>(ctx);
+    Connected connected{ctx, std::vector<PeerProcess>(size)};
+    for (int r = 0; r < size; ++r) {
+      const std::vector<char> v = store.get(absl::StrCat("process/", r));
+      const std::vector<std::string> parts = absl::StrSplit(std::string(v.begin(), v.end()), ' ');
+      PeerProcess& p = connected.processes[r];
+      if (parts.size() == 2 && absl::SimpleAtoi(parts[1], &p.pid)) p.host = parts[0];
+    }
+    return connected;
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string msg =
@@ -281,11 +322,12 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(const std::shared_ptr<Sha
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
-  GlooProcessGroup(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx,
-                   std::string prefix, absl::Duration timeout)
+  GlooProcessGroup(std::shared_ptr<Shared> shared, Connected connected, std::string prefix,
+                   absl::Duration timeout)
       : ProcessGroup(timeout),
         shared_(std::move(shared)),
-        ctx_(std::move(ctx)),
+        ctx_(std::move(connected.ctx)),
+        processes_(std::move(connected.processes)),
         prefix_(std::move(prefix)),
         ledger_(&tensor::MemoryLedger::Current()),
         worker_([this] { Loop(); }) {}
@@ -333,11 +375,11 @@ class GlooProcessGroup final : public ProcessGroup {
       if (members[i].second == rank()) new_rank = i;
     }
     const std::string prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
-    auto ctx = Connect(shared_, prefix, new_rank, static_cast<int>(members.size()), timeout,
-                       absl::StrCat("[split] ", Who()));
-    if (!ctx.ok()) return ctx.status();
+    auto connected = Connect(shared_, prefix, new_rank, static_cast<int>(members.size()), timeout,
+                             absl::StrCat("[split] ", Who()));
+    if (!connected.ok()) return connected.status();
     return std::unique_ptr<ProcessGroup>(
-        new GlooProcessGroup(shared_, *std::move(ctx), prefix, this->timeout()));
+        new GlooProcessGroup(shared_, *std::move(connected), prefix, this->timeout()));
   }
 
  private:
@@ -416,6 +458,9 @@ class GlooProcessGroup final : public ProcessGroup {
             Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
             peers.size() == 1 ? "rank " : "ranks ", absl::StrJoin(peers, ", "),
             " (gloo: ", what, ")"));
+      } else if (const std::string exited = ExitedPeers(); !exited.empty()) {
+        broken_ = absl::AbortedError(
+            absl::StrCat(Prefix(call), ": lost a peer: ", exited, " (gloo: ", what, ")"));
       } else {
         broken_ = absl::AbortedError(absl::StrCat(
             Prefix(call), ": lost a peer (one of ", peers.size() == 1 ? "rank " : "ranks ",
@@ -423,6 +468,25 @@ class GlooProcessGroup final : public ProcessGroup {
       }
       return broken_;
     }
+  }
+
+  // The peers on this host whose process has exited: "rank 2 exited (pid
+  // 4242 on this host)"; "" when none did (another host's, or a broken
+  // connection). A peer's sockets close as its process exits, a moment
+  // before the process is gone: it is looked for for up to a second.
+  std::string ExitedPeers() const {
+    const std::string host = ThisHost();
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      std::vector<std::string> exited;
+      for (int r = 0; r < size(); ++r) {
+        const PeerProcess& p = processes_[r];
+        if (r == rank() || p.host.empty() || p.host != host || !ProcessExited(p.pid)) continue;
+        exited.push_back(absl::StrCat("rank ", r, " exited (pid ", p.pid, " on this host)"));
+      }
+      if (!exited.empty()) return absl::StrJoin(exited, ", ");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "";
   }
 
   void RunData(CollectiveCall& call, std::chrono::milliseconds timeout) {
@@ -484,6 +548,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   const std::shared_ptr<Shared> shared_;
   const std::shared_ptr<gloo::Context> ctx_;
+  const std::vector<PeerProcess> processes_;  // by rank
   const std::string prefix_;
   int split_seq_ = 0;            // Issuing thread only.
   absl::Status broken_;          // Worker thread only.
@@ -556,10 +621,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
                                                options.store, "\" or device: ", e.what()));
   }
   shared->where = options.store;
-  auto ctx = Connect(shared, options.prefix, rank, size, options.timeout, who);
-  if (!ctx.ok()) return ctx.status();
+  auto connected = Connect(shared, options.prefix, rank, size, options.timeout, who);
+  if (!connected.ok()) return connected.status();
   return std::unique_ptr<ProcessGroup>(
-      new GlooProcessGroup(shared, *std::move(ctx), options.prefix, options.timeout));
+      new GlooProcessGroup(shared, *std::move(connected), options.prefix, options.timeout));
 }
 
 }  // namespace dist

@@ -318,6 +318,31 @@ TEST(GlooGroup, PeerThatExitsFailsTheOtherFast) {
   ExpectAllOk(o);
 }
 
+// Three ranks, one exits: the rank that reads from it (the all-gather ring's
+// rank 0 reads from rank 2) names it and its pid, not "one of ranks 1, 2".
+TEST(GlooGroup, APeerWhoseProcessExitedIsNamed) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(3, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor mine = Tensor::FromVector({static_cast<float>(::getpid())}, {1});
+    Tensor pids = Tensor::Empty({3});
+    absl::Status s = (*pg)->AllGatherSync(mine, pids);
+    if (!s.ok()) return s.ToString();
+    if (rank == 2) _exit(0);  // Leaves without a word.
+    Tensor t = Tensor::Empty({8});
+    s = (*pg)->AllReduceSync(t, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(5)));
+    if (s.ok()) return "no error";
+    if (rank == 1) return "";  // reads from rank 0, which fails: either error
+    const std::string want = absl::StrCat(
+        "lost a peer: rank 2 exited (pid ", static_cast<int64_t>(pids.ToVector<float>()[2]),
+        " on this host)");
+    if (absl::StrContains(s.message(), want)) return "";
+    return absl::StrCat("no '", want, "' in ", s.ToString());
+  });
+  ExpectAllOk(o);
+}
+
 TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
   const std::string dir = TmpDir("store");
   Outcome o = RunProcesses(1, [&](int rank, int) -> std::string {

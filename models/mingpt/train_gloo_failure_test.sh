@@ -87,7 +87,8 @@ wait $p1 2>/dev/null
 wait_exit $p0 $(( 20 + 10 ))
 tail -3 "$dir/bare0.log"
 [[ $rc == 1 ]] || fail "the surviving rank 0 exited $rc"
-grep -Eq "^train: error: rank 0: .*(lost a peer \(one of rank 1 |waiting for rank 1)" "$dir/bare0.log" ||
+grep -Eq "^train: error: rank 0: .*(lost a peer(: rank 1 exited \(pid $p1 | \(one of rank 1 )|waiting for rank 1)" \
+  "$dir/bare0.log" ||
   fail "rank 0's error does not name rank 1"
 echo "2. survivor: rank 0 exited $rc after $took s naming rank 1"
 
