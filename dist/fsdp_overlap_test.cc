@@ -16,6 +16,7 @@
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "nn/containers.h"
 #include "nn/freeze.h"
 #include "optim/sgd.h"
 #include "tensor/error.h"
@@ -439,6 +440,55 @@ TEST(FsdpPrefetchTest, ActivationCheckpointingTrainsTheSame) {
     ExpectBitwiseEqual(checkpointed, plain);
     ExpectSameTraining(checkpointed, want);
   }
+}
+
+// Units nested inside a checkpointed Block (size-based: each Block's attn
+// and mlp.c_fc in units of their own): the Block's recompute frees each of
+// them after its recompute forward, as the forward did, and their backward
+// gathers them again (3 all-gathers a step each, where the Block, recomputed
+// and then back-propagated, takes 2). So the recompute holds one nested unit
+// at a time: the parameters' peak is the root, a Block and its larger nested
+// unit, not the Block and both. The same training, bit for bit.
+TEST(FsdpPrefetchTest, CheckpointingFreesNestedUnitsAfterTheirRecompute) {
+  const mingpt::GptConfig c = Small();
+  const Batch b = GlobalBatch(c);
+  FsdpOptions options = PerBlock();
+  options.policy = WrapPolicy::SizeBased(4224);
+  options.backward_prefetch = BackwardPrefetch::kNone;
+  options.max_inflight_all_gathers = 1;
+  const RunResult plain = Sharded(c, b.idx, b.tgt, 2, options);
+  const RunResult checkpointed = Sharded(c, b.idx, b.tgt, 2, options, 1, true);
+  ExpectBitwiseEqual(checkpointed, plain);
+
+  const Tensor idx = RandomIds(4, c.block_size, c.vocab_size, 3);
+  const Tensor tgt = RandomIds(4, c.block_size, c.vocab_size, 4);
+  ThreadWorld world(2);
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    nn::ApplyCheckpointing(
+        gpt, [](const std::string&, nn::Module& m) { return m.class_name() == "Block"; });
+    auto fsdp = FullyShard(gpt, pg, options);
+    int64_t shards = 0, block = 0, attn = 0, c_fc = 0;
+    for (int u = 0; u < fsdp->num_units(); ++u) {
+      const FlatParameter& flat = fsdp->flat_param(u);
+      shards += flat.shard_numel() * 4;
+      const std::string& name = fsdp->unit_name(u);
+      if (name == "transformer.h.0") block = flat.padded_numel() * 4;
+      if (name == "transformer.h.0.attn") attn = flat.padded_numel() * 4;
+      if (name == "transformer.h.0.mlp.c_fc") c_fc = flat.padded_numel() * 4;
+    }
+    ASSERT_GT(block * attn * c_fc, 0) << "the units are not as this test expects";
+    const int64_t root = fsdp->flat_param(0).padded_numel() * 4;
+    world.ledger(rank).ResetPeaks();
+    const int64_t before = fsdp->all_gathers();
+    gpt.ForwardBackward(idx.Narrow(0, rank * 2, 2).Contiguous(),
+                        tgt.Narrow(0, rank * 2, 2).Contiguous());
+    // The root once; per Block: itself twice, attn and c_fc three times.
+    EXPECT_EQ(fsdp->all_gathers() - before, 1 + c.n_layer * (2 + 3 + 3));
+    const int64_t peak = fsdp->Memory(tensor::MemoryCategory::kParameters).peak;
+    EXPECT_LE(peak, shards + root + block + std::max(attn, c_fc));
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // ---- no_sync: gradient accumulation ----

@@ -163,7 +163,17 @@ void FsdpUnit::PostForward(nn::Module&) {
     shared_.forward_order() = shared_.forward_now;
     shared_.FreeUnusedPrefetches();  // this pass left the recorded order
   }
-  if (nn::IsRecomputing()) return;  // its backward follows at once
+  if (nn::IsRecomputing()) {
+    // The module recomputed: its backward follows at once, on these values.
+    // A unit inside it (nested units, or units under a checkpointed
+    // container) runs its backward only after the rest of the recompute:
+    // freed now as after its forward, gathered again for its backward, so a
+    // recompute holds one such unit at a time, not the whole region.
+    if (nn::RecomputeRoot() != module_ && reshards_after_forward() && !is_root() && !held_) {
+      Reshard();
+    }
+    return;
+  }
   // Forward-only passes free the unit under every strategy: SHARD_GRAD_OP
   // keeps it for a backward that will not come.
   if ((reshards_after_forward() || shared_.forward_only()) && !is_root() && !held_) Reshard();

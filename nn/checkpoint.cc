@@ -11,12 +11,18 @@ namespace nn {
 namespace {
 
 thread_local int recompute_depth = 0;
+thread_local const Module* recompute_root = nullptr;  // the outermost one recomputed
 
-// Marks the calling thread as recomputing while alive (nests).
+// Marks the calling thread as recomputing `module` while alive (nests: the
+// outermost module stays the root).
 class RecomputeScope {
  public:
-  RecomputeScope() { ++recompute_depth; }
-  ~RecomputeScope() { --recompute_depth; }
+  explicit RecomputeScope(const Module& module) {
+    if (recompute_depth++ == 0) recompute_root = &module;
+  }
+  ~RecomputeScope() {
+    if (--recompute_depth == 0) recompute_root = nullptr;
+  }
   RecomputeScope(const RecomputeScope&) = delete;
   RecomputeScope& operator=(const RecomputeScope&) = delete;
 };
@@ -87,6 +93,8 @@ void SeedRandomSources(Module& root, uint64_t seed, uint64_t batch_part, uint64_
 
 bool IsRecomputing() { return recompute_depth > 0; }
 
+const Module* RecomputeRoot() { return recompute_root; }
+
 Tensors CheckpointedRun(Module& module, const Tensors& inputs, Context& ctx) {
   std::vector<GeneratorState> generators = SnapshotGenerators(module);
   Tensors outputs;
@@ -108,7 +116,7 @@ Tensors CheckpointedRunBackward(Module& module, const Tensors& grad_outputs, Con
   Context inner;
   {
     ReplayGenerators replay(saved.generators);
-    RecomputeScope recomputing;
+    RecomputeScope recomputing(module);
     module.Run(saved.inputs, inner);  // outputs unused: only the context matters
   }
   saved.inputs.clear();  // the recomputed context holds what the backward needs

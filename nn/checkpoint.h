@@ -51,6 +51,10 @@ void SeedRandomSources(Module& root, uint64_t seed, uint64_t batch_part = 0,
 
 // True while a checkpointed module's forward is being recomputed (on this thread).
 bool IsRecomputing();
+// The outermost module whose forward is being recomputed on this thread (its
+// backward follows at once; the modules inside it run their backwards
+// later), or nullptr when none is.
+const Module* RecomputeRoot();
 
 // Runs module.Forward (through module.Run) with a context of its own that is
 // dropped at once; `ctx` keeps only the inputs (handles, no copy) and the

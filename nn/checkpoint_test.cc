@@ -171,15 +171,18 @@ TEST(CheckpointTest, BatchNormRunningStatsUpdatedOnce) {
   EXPECT_EQ(b_ckpt[2].second->Item(), 2.0);  // num_batches_tracked: 2 steps, not 4
 }
 
-// Records IsRecomputing() at each forward; the identity otherwise.
+// Records IsRecomputing() and RecomputeRoot() at each forward; the identity
+// otherwise.
 class Probe : public Module {
  public:
   Probe() : Module("Probe") {}
   std::vector<bool> seen;
+  std::vector<const Module*> roots;
 
  protected:
   Tensors Forward(const Tensors& in, Context& ctx) override {
     seen.push_back(IsRecomputing());
+    roots.push_back(RecomputeRoot());
     ctx.Save(0);
     return in;
   }
@@ -198,7 +201,9 @@ TEST(CheckpointTest, IsRecomputingOnlyDuringTheRecompute) {
   EXPECT_EQ(probe.seen, (std::vector<bool>{false}));
   CheckpointedRunBackward(probe, x, ctx);
   EXPECT_EQ(probe.seen, (std::vector<bool>{false, true}));
+  EXPECT_EQ(probe.roots, (std::vector<const Module*>{nullptr, &probe}));
   EXPECT_FALSE(IsRecomputing());
+  EXPECT_EQ(RecomputeRoot(), nullptr);
   EXPECT_FALSE(ctx.has_saved());  // cleared
 }
 
