@@ -187,54 +187,49 @@ TEST(FinishOneProcessStepTest, DroppedGradientsAreWrittenThenAccumulated) {
   }
 }
 
-// An inf gradient under loss scaling: no update, the gradients dropped, the
-// norm 0, the dynamic scale halved.
-TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {
+// A step (the 0-based `step`) whose backward at `scaling`'s scale was finite
+// but left an inf in a gradient: FinishOneProcessStep's result. In either
+// outcome the parameters are not updated and the gradients are dropped.
+absl::StatusOr<StepResult> StepWithAnInfGradient(LossScaling& scaling, int64_t step) {
   const testing::TinyBatch batch = testing::MakeTinyBatch();
   mingpt::GPT model(Config()), untouched(Config());
   model.Materialize(1);
   untouched.Materialize(1);
   auto opt = MakeAdamW();
   nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Fp32());
-  LossScaling scaling = Scaling("dynamic");
   const double scale = scaling.scale();
   mixed.CastForCompute();
   const double loss = model.ForwardBackward(batch.idx, batch.tgt, scale);
-  model.NamedParameters()[0].second->grad.data<float>()[0] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isfinite(loss));
+  model.NamedParameters()[1].second->grad.data<float>()[2] = std::numeric_limits<float>::infinity();
   absl::StatusOr<StepResult> done =
-      FinishOneProcessStep(model, mixed, *opt, loss, scale, 0, 1.0, scaling);
+      FinishOneProcessStep(model, mixed, *opt, loss, scale, step, 1.0, scaling);
+  ExpectSameValues(model, untouched);
+  ExpectNoGrads(model);
+  return done;
+}
+
+// Under loss scaling: the step is skipped (norm 0), the dynamic scale halved.
+TEST(FinishOneProcessStepTest, AnInfGradientSkipsTheStep) {
+  LossScaling scaling = Scaling("dynamic");
+  const double scale = scaling.scale();
+  absl::StatusOr<StepResult> done = StepWithAnInfGradient(scaling, 0);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->grad_norm, 0.0);
   EXPECT_EQ(scaling.skipped_steps(), 1);
   EXPECT_EQ(scaling.scale(), scale / 2);
-  ExpectSameValues(model, untouched);
-  ExpectNoGrads(model);
 }
 
 // Without loss scaling (fp32, bf16) nothing checks the gradients before the
-// clip: an inf one makes the norm inf, which stops the run before the
-// optimizer step, so the weights (and what a checkpoint would save) stay
-// finite.
+// clip: the norm is inf, which stops the run before the optimizer step, so
+// the weights (and what a checkpoint would save) stay finite.
 TEST(FinishOneProcessStepTest, AnInfGradientNormWithoutLossScalingStopsBeforeTheStep) {
-  const testing::TinyBatch batch = testing::MakeTinyBatch();
-  mingpt::GPT model(Config()), untouched(Config());
-  model.Materialize(1);
-  untouched.Materialize(1);
-  auto opt = MakeAdamW();
-  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Fp32());
   LossScaling scaling = Scaling("none");
-  mixed.CastForCompute();
-  const double loss = model.ForwardBackward(batch.idx, batch.tgt, 1.0);
-  ASSERT_TRUE(std::isfinite(loss));
-  model.NamedParameters()[1].second->grad.data<float>()[2] = std::numeric_limits<float>::infinity();
-  absl::StatusOr<StepResult> done = FinishOneProcessStep(model, mixed, *opt, loss, 1.0, 4, 1.0,
-                                                         scaling);
+  absl::StatusOr<StepResult> done = StepWithAnInfGradient(scaling, 4);
   ASSERT_FALSE(done.ok());
   EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(done.status().message().find("the gradient norm is inf at step 4"), std::string::npos)
       << done.status();
-  ExpectSameValues(model, untouched);
-  ExpectNoGrads(model);
 }
 
 }  // namespace
