@@ -13,7 +13,8 @@ namespace {
 
 class JsonParser {
  public:
-  JsonParser(const std::string& s, int max_depth) : s_(s), max_depth_(max_depth) {}
+  JsonParser(const std::string& s, int max_depth, int64_t max_values)
+      : s_(s), max_depth_(max_depth), max_values_(max_values) {}
 
   absl::StatusOr<Json> ParseDocument() {
     absl::StatusOr<Json> v = Parse(0);
@@ -81,6 +82,7 @@ class JsonParser {
     if (depth > max_depth_) return Error("nested too deeply");
     SkipSpace();
     if (pos_ >= s_.size()) return Error("unexpected end");
+    if (++values_ > max_values_) return Error(absl::StrCat("more than ", max_values_, " values"));
     Json v;
     const char c = s_[pos_];
     if (c == '{') {
@@ -135,6 +137,8 @@ class JsonParser {
 
   const std::string& s_;
   const int max_depth_;
+  const int64_t max_values_;
+  int64_t values_ = 0;
   size_t pos_ = 0;
 };
 
@@ -147,8 +151,8 @@ const Json* Json::Get(const std::string& key) const {
   return nullptr;
 }
 
-absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth) {
-  return JsonParser(text, max_depth).ParseDocument();
+absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth, int64_t max_values) {
+  return JsonParser(text, max_depth, max_values).ParseDocument();
 }
 
 void AppendUtf8(uint32_t code_point, std::string& out) {

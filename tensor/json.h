@@ -24,9 +24,16 @@ struct Json {
   const Json* Get(const std::string& key) const;
 };
 
+// The default cap on the values of one document (each costs ~100 bytes of
+// memory, some 40x its text).
+inline constexpr int64_t kDefaultMaxJsonValues = int64_t{1} << 24;
+
 // Parses one JSON document. DataLoss "bad JSON at byte N: <what>" on a syntax
-// error, trailing characters, or nesting deeper than max_depth.
-absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth = 32);
+// error, trailing characters, nesting deeper than max_depth, or more than
+// max_values values (scalars, arrays and objects; checked as they are read, so
+// a hostile document is refused before it costs more than max_values nodes).
+absl::StatusOr<Json> ParseJson(const std::string& text, int max_depth = 32,
+                               int64_t max_values = kDefaultMaxJsonValues);
 
 // `s` as a JSON string literal: quoted, with '"', '\\' and control characters
 // escaped.

@@ -36,6 +36,21 @@ TEST(JsonTest, ErrorsNameTheByte) {
   EXPECT_TRUE(ParseJson("[[[[1]]]]", 4).ok());
 }
 
+TEST(JsonTest, ValueBudgetIsAnErrorNotAnAllocation) {
+  // [1,2,3] is four values (the array and three numbers).
+  EXPECT_TRUE(ParseJson("[1,2,3]", 32, 4).ok());
+  absl::StatusOr<Json> j = ParseJson("[1,2,3]", 32, 3);
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(j.status().message().find("more than 3 values"), absl::string_view::npos)
+      << j.status();
+  std::string zeros = "[0";
+  for (int i = 1; i < 100000; ++i) zeros += ",0";
+  zeros += "]";
+  EXPECT_FALSE(ParseJson(zeros, 32, 1000).ok());
+  EXPECT_TRUE(ParseJson(zeros).ok());
+}
+
 TEST(JsonTest, QuoteRoundTrips) {
   const std::string s = "a\"b\\c\nd\te\rf\x01g";
   const std::string q = JsonQuote(s);

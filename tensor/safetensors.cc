@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -27,6 +28,10 @@ namespace {
 
 constexpr char kChecksumKey[] = "fsdp.crc32c";
 constexpr int64_t kMaxHeaderBytes = 100 << 20;
+// A header of 100 MiB could hold ~50M JSON values (some 5 GB parsed): allow
+// 4M (enough for ~400k tensors) and tensors of at most 64 dims.
+constexpr int64_t kMaxHeaderValues = int64_t{1} << 22;
+constexpr int kMaxRank = 64;
 
 const char* SafetensorsDtypeName(Dtype d) {
   switch (d) {
@@ -261,14 +266,16 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   std::string text(n, '\0');
   s = ReadAt(fd.get(), text.data(), n, 8, path);
   if (!s.ok()) return s;
-  absl::StatusOr<Json> doc = ParseJson(text, 16);
+  absl::StatusOr<Json> doc = ParseJson(text, 16, kMaxHeaderValues);
   if (!doc.ok()) return bad(std::string(doc.status().message()));
   if (doc->kind != Json::Kind::kObject) return bad("header is not a JSON object");
 
   SafetensorsHeader header;
   header.data_start = 8 + n;
   const int64_t data_size = file_size - header.data_start;
+  std::set<std::string> names;
   for (const auto& [name, v] : doc->fields) {
+    if (!names.insert(name).second) return bad(absl::StrCat("entry '", name, "' appears twice"));
     if (name == "__metadata__") {
       for (const auto& [k, mv] : v.fields) {
         if (mv.kind != Json::Kind::kString) return bad("metadata values must be strings");
@@ -292,6 +299,10 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
     absl::StatusOr<Dtype> d = DtypeFromSafetensorsName(dtype->text);
     if (!d.ok()) return bad(absl::StrCat("entry '", name, "': ", d.status().message()));
     e.dtype = *d;
+    if (shape->items.size() > static_cast<size_t>(kMaxRank)) {
+      return bad(absl::StrCat("rank ", shape->items.size(), " of entry '", name,
+                              "' is more than ", kMaxRank));
+    }
     for (const Json& dim : shape->items) {
       absl::StatusOr<int64_t> x = JsonInt(dim, "shape");
       if (!x.ok() || *x < 0) return bad(absl::StrCat("entry '", name, "' has a bad shape"));
@@ -306,7 +317,13 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
       return bad(absl::StrCat("entry '", name, "' spans bytes [", e.begin, ", ", e.end,
                               ") but the data section has ", data_size, " (truncated?)"));
     }
-    if (e.end - e.begin != e.shape.numel() * DtypeSize(e.dtype)) {
+    const std::optional<int64_t> numel = CheckedNumel(e.shape.span());
+    int64_t bytes = 0;
+    if (!numel || __builtin_mul_overflow(*numel, DtypeSize(e.dtype), &bytes)) {
+      return bad(absl::StrCat("entry '", name, "' has shape ", e.shape.ToString(), " of ",
+                              DtypeName(e.dtype), ": more than 2^63-1 bytes"));
+    }
+    if (e.end - e.begin != bytes) {
       return bad(absl::StrCat("entry '", name, "' has ", e.end - e.begin, " bytes for shape ",
                               e.shape.ToString(), " ", DtypeName(e.dtype)));
     }
@@ -387,7 +404,7 @@ absl::Status ReadSafetensorsSlice(const std::string& path, const SafetensorsHead
     return absl::NotFoundError(absl::StrCat("'", path, "' has no tensor named '", name, "'"));
   }
   const int64_t numel = e->shape.numel();
-  if (begin < 0 || begin + out.numel() > numel) {
+  if (begin < 0 || out.numel() > numel - begin) {
     return absl::OutOfRangeError(absl::StrCat("slice [", begin, ", ", begin + out.numel(),
                                               ") of '", name, "' exceeds its ", numel,
                                               " elements in '", path, "'"));

@@ -89,7 +89,8 @@ class SafetensorsWriter {
 };
 
 // Parses and validates the header (offsets inside the file, no overlaps, sizes
-// matching dtype x shape) without reading the data.
+// matching dtype x shape, no name twice, at most 64 dims, at most 4M JSON
+// values) without reading the data. DataLoss naming the file and what is wrong.
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
 
 struct SafetensorsFile {

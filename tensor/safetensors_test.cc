@@ -190,9 +190,41 @@ TEST(SafetensorsTest, MalformedHeadersAndMissingFiles) {
                 .message()
                 .find("overlaps"),
             std::string::npos);
+  // Sizes that wrap in 64 bits: 4 * (2^62 + 1) bytes, and 2^32 * 2^32 elements.
+  for (const char* header : {
+           R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}})",
+           R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"}) {
+    const absl::Status s = with_header(header, 4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << header;
+    EXPECT_NE(s.message().find("entry 'a' has shape"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("more than 2^63-1 bytes"), std::string::npos) << s;
+  }
+  // A name twice: the reader and Find would disagree on which is meant.
+  const absl::Status twice =
+      with_header(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                  R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                  2);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(twice.message().find("entry 'a' appears twice"), std::string::npos) << twice;
   absl::Status missing = ReadSafetensors(TempPath("does_not_exist.safetensors")).status();
   EXPECT_NE(missing.message().find("cannot open"), std::string::npos);
   EXPECT_FALSE(WriteSafetensors("/nonexistent_dir/x.safetensors", {{"a", Tensor::Zeros({1})}}).ok());
+}
+
+// A header of zeros in one shape would make a huge parse and a Shape of that
+// rank: the rank is capped (and the JSON parser's values, see json_test).
+TEST(SafetensorsTest, HugeRankIsRefused) {
+  const std::string path = TempPath("huge_rank.safetensors");
+  std::string header = R"({"a":{"dtype":"U8","data_offsets":[0,0],"shape":[0)";
+  for (int i = 1; i < (1 << 20); ++i) header += ",0";
+  header += "]}}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  WriteBytes(path, bytes + header);
+  const absl::Status s = ReadSafetensors(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("rank 1048576 of entry 'a' is more than 64"), std::string::npos)
+      << s.message().substr(0, 200);
 }
 
 TEST(SafetensorsTest, Crc32cKnownValue) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -25,6 +26,8 @@ class Shape {
   int64_t& operator[](int i) { return dims_[i]; }
   // Negative indices count from the end: dim(-1) is the last dimension.
   int64_t dim(int i) const { return dims_[i < 0 ? i + rank() : i]; }
+  // The product of the dims; throws OpError when it does not fit in int64_t
+  // (see CheckedNumel).
   int64_t numel() const;
   const Dims& dims() const { return dims_; }
   absl::Span<const int64_t> span() const { return dims_; }
@@ -39,6 +42,11 @@ class Shape {
 };
 
 std::ostream& operator<<(std::ostream& os, const Shape& shape);
+
+// The element count of `dims`, or nullopt when a dim is negative or the
+// nonzero dims multiply past int64_t (then no row-major stride fits either):
+// the check for shapes read from files.
+std::optional<int64_t> CheckedNumel(absl::Span<const int64_t> dims);
 
 // Row-major strides of a contiguous tensor of this shape.
 Dims ContiguousStrides(const Shape& shape);

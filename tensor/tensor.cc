@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -84,6 +85,10 @@ Shape InferShape(const Shape& shape, int64_t numel, const char* op, const Shape&
 // of new dims must be contiguous within itself).
 bool ViewStrides(const Shape& shape, const Dims& strides, const Shape& new_shape, Dims* out) {
   out->assign(new_shape.rank(), 0);
+  if (shape.rank() == 0) {  // one element: every new dim is 1 (the caller checked numel)
+    out->assign(new_shape.rank(), 1);
+    return true;
+  }
   if (shape.numel() == 0) {
     *out = ContiguousStrides(new_shape);
     return true;
@@ -167,6 +172,47 @@ void AppendElement(std::string* out, T v) {
   }
 }
 
+// The bytes of a contiguous `shape` of `dtype`; OpError naming `op` for a
+// negative dim or a size past int64_t.
+int64_t CheckedBytes(const Shape& shape, Dtype dtype, const char* op) {
+  for (int64_t d : shape.dims()) {
+    OP_CHECK(d >= 0, op, "negative dimension in shape ", shape.ToString());
+  }
+  const std::optional<int64_t> numel = CheckedNumel(shape.span());
+  int64_t bytes = 0;
+  OP_CHECK(numel.has_value() && !__builtin_mul_overflow(*numel, DtypeSize(dtype), &bytes), op,
+           "shape ", shape.ToString(), " of ", DtypeName(dtype), " is more than 2^63-1 bytes");
+  return bytes;
+}
+
+// The element range [lo, hi) that `t` reaches in its storage (empty: lo == hi).
+std::pair<int64_t, int64_t> ElementSpan(const Tensor& t) {
+  if (t.numel() == 0) return {t.offset(), t.offset()};
+  int64_t lo = t.offset(), hi = t.offset();
+  for (int i = 0; i < t.rank(); ++i) {
+    const int64_t reach = (t.dim(i) - 1) * t.strides()[i];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo, hi + 1};
+}
+
+// Whether writing `dst` may change elements of `src` before they are read:
+// the same storage and intersecting byte ranges (not exactly the same view).
+enum class Alias { kNone, kSameView, kOverlap };
+Alias AliasOf(const Tensor& src, const Tensor& dst) {
+  if (!src.defined() || !src.SharesStorageWith(dst)) return Alias::kNone;
+  if (src.offset() == dst.offset() && src.strides() == dst.strides() &&
+      src.dtype() == dst.dtype()) {
+    return Alias::kSameView;
+  }
+  const auto [s_lo, s_hi] = ElementSpan(src);
+  const auto [d_lo, d_hi] = ElementSpan(dst);
+  if (s_lo == s_hi || d_lo == d_hi) return Alias::kNone;
+  const bool apart = s_hi * src.element_size() <= d_lo * dst.element_size() ||
+                     d_hi * dst.element_size() <= s_lo * src.element_size();
+  return apart ? Alias::kNone : Alias::kOverlap;
+}
+
 }  // namespace
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, const Shape& shape, const Dims& strides,
@@ -178,20 +224,15 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, const Shape& shape, const Dims&
 }
 
 Tensor Tensor::Empty(const Shape& shape, Dtype dtype, Device device) {
-  for (int64_t d : shape.dims()) {
-    OP_CHECK(d >= 0, "empty", "negative dimension in shape ", shape.ToString());
-  }
-  auto storage = Storage::Allocate(shape.numel() * DtypeSize(dtype), device);
+  auto storage = Storage::Allocate(CheckedBytes(shape, dtype, "empty"), device);
   return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
 }
 
 Tensor Tensor::EmptyPinned(const Shape& shape, Dtype dtype) {
   Allocator* pinned = cuda::PinnedHostAllocator();
+  const int64_t bytes = CheckedBytes(shape, dtype, "empty_pinned");
   if (pinned == nullptr) return Empty(shape, dtype);
-  for (int64_t d : shape.dims()) {
-    OP_CHECK(d >= 0, "empty_pinned", "negative dimension in shape ", shape.ToString());
-  }
-  auto storage = Storage::Allocate(shape.numel() * DtypeSize(dtype), Device::Cpu(), *pinned);
+  auto storage = Storage::Allocate(bytes, Device::Cpu(), *pinned);
   return Tensor(std::move(storage), shape, ContiguousStrides(shape), 0, dtype);
 }
 
@@ -409,6 +450,11 @@ Tensor Tensor::To(Device device) const {
 void Tensor::CopyFrom(const Tensor& src) {
   OP_CHECK(src.shape() == shape_, "copy", "source shape ", src.shape().ToString(),
            " does not match destination shape ", shape_.ToString());
+  switch (AliasOf(src, *this)) {
+    case Alias::kSameView: return;  // every element onto itself
+    case Alias::kOverlap: return CopyFrom(src.Clone());  // read all before writing any
+    case Alias::kNone: break;
+  }
   if (src.device() != device()) {
     OP_CHECK(src.dtype() == dtype_ && is_contiguous(), "copy",
              "a copy across devices needs the same dtype and a contiguous destination");
@@ -439,6 +485,11 @@ void Tensor::CopyFrom(const Tensor& src) {
 void CopyStrided(const Tensor& src, const Tensor& dst) {
   OP_CHECK(src.shape() == dst.shape(), "copy", "shapes ", src.shape().ToString(), " and ",
            dst.shape().ToString(), " differ");
+  switch (AliasOf(src, dst)) {
+    case Alias::kSameView: return;
+    case Alias::kOverlap: return CopyStrided(src.Clone(), dst);
+    case Alias::kNone: break;
+  }
   DispatchAll(src.dtype(), [&](auto* s_tag) {
     using S = std::remove_pointer_t<decltype(s_tag)>;
     DispatchAll(dst.dtype(), [&](auto* d_tag) {
@@ -470,6 +521,7 @@ std::string Tensor::ToString(int64_t max_per_dim) const {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* p = c.data<T>();
     const Dims strides = ContiguousStrides(shape_);
+    const int64_t keep = std::max<int64_t>(max_per_dim, 2);  // first and last at least
     // Recursive printer over dimension d at element offset base.
     auto print = [&](auto&& self, int d, int64_t base) -> void {
       if (d == rank()) {
@@ -479,9 +531,9 @@ std::string Tensor::ToString(int64_t max_per_dim) const {
       out += "[";
       const int64_t n = shape_[d];
       for (int64_t i = 0; i < n; ++i) {
-        if (n > max_per_dim && i == max_per_dim / 2) {
+        if (n > keep && i == keep / 2) {
           out += "..., ";
-          i = n - max_per_dim / 2;
+          i = n - keep / 2;
         }
         self(self, d + 1, base + i * strides[d]);
         if (i + 1 < n) out += d + 1 == rank() ? ", " : ",\n";

@@ -25,6 +25,7 @@ class Tensor {
   Tensor() = default;
 
   // Uninitialized memory, charged to the calling thread's ledger and category.
+  // OpError for a negative dim or a size of more than 2^63-1 bytes.
   static Tensor Empty(const Shape& shape, Dtype dtype = Dtype::kF32,
                       Device device = Device::Cpu());
   // A CPU tensor in page-locked host memory when this binary has CUDA and the
@@ -99,7 +100,8 @@ class Tensor {
   // A copy on `device` (this tensor if already there).
   Tensor To(Device device) const;
   Tensor Clone() const;
-  // Copies src's elements into this tensor (same shape; dtype converted).
+  // Copies src's elements into this tensor (same shape; dtype converted). src
+  // may overlap this tensor (a view of the same storage): it is read whole first.
   void CopyFrom(const Tensor& src);
 
   // Elements as a vector of T (converted from dtype()); CPU tensors only.
@@ -108,7 +110,8 @@ class Tensor {
   // The single element of a one-element tensor, as double.
   double Item() const;
 
-  // "Tensor(shape=(2,3), dtype=f32, device=cpu)\n[[...]]", eliding the middle of big tensors.
+  // "Tensor(shape=(2,3), dtype=f32, device=cpu)\n[[...]]", eliding the middle of big tensors:
+  // a dim longer than max_per_dim (at least 2) shows its first and last max_per_dim / 2.
   std::string ToString(int64_t max_per_dim = 6) const;
 
  private:
@@ -129,7 +132,8 @@ std::vector<Tensor> CastAll(const std::vector<Tensor>& tensors, Dtype dtype);
 // CastAll: into existing buffers (an optimizer's low-precision copies).
 void CastAllInto(const std::vector<Tensor>& src, const std::vector<Tensor>& dst);
 
-// Copies between tensors of the same shape, any strides and dtypes, on the CPU.
+// Copies between tensors of the same shape, any strides and dtypes, on the CPU
+// (overlapping ones too, through a copy of src).
 void CopyStrided(const Tensor& src, const Tensor& dst);
 
 template <typename T>

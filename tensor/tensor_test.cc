@@ -4,6 +4,7 @@
 #include "tensor/cuda_backend.h"
 
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -152,6 +153,63 @@ TEST(TensorTest, BadViewsAreErrorsNotCrashes) {
   EXPECT_THROW(Tensor::Empty({2, -1}), OpError);
 }
 
+TEST(TensorTest, SizesPast64BitsAreErrorsNotWrappedAllocations) {
+  EXPECT_THROW(Tensor::Empty({int64_t{1} << 62, 8}), OpError);
+  EXPECT_THROW(Tensor::EmptyPinned({int64_t{1} << 62, 8}), OpError);
+  try {
+    Tensor::Empty({int64_t{1} << 61}, Dtype::kF32);  // the elements fit, the bytes do not
+    FAIL();
+  } catch (const OpError& e) {
+    EXPECT_EQ(std::string(e.what()), "[empty] shape (2305843009213693952) of f32 is more than "
+                                     "2^63-1 bytes");
+  }
+  EXPECT_THROW(Shape({int64_t{1} << 32, int64_t{1} << 32}).numel(), OpError);
+  EXPECT_EQ(Shape({int64_t{1} << 40, 0}).numel(), 0);
+  EXPECT_EQ(CheckedNumel({int64_t{1} << 32, int64_t{1} << 32}), std::nullopt);
+  EXPECT_EQ(CheckedNumel({3, -1}), std::nullopt);
+  EXPECT_EQ(CheckedNumel({3, 0, 5}), 0);
+  EXPECT_EQ(CheckedNumel({}), 1);
+}
+
+TEST(TensorTest, RankZeroReshapesAndViews) {
+  Tensor s = Tensor::Full({}, 3);
+  for (const Tensor& v : {s.Reshape({1}), s.Flatten(), s.View({1, 1}), s.View({-1})}) {
+    EXPECT_TRUE(v.SharesStorageWith(s));
+    EXPECT_EQ(v.numel(), 1);
+    EXPECT_EQ(v.Item(), 3.0);
+  }
+  EXPECT_EQ(s.View({1, 1}).shape(), Shape({1, 1}));
+  EXPECT_THROW(s.Reshape({2}), OpError);
+  Tensor m = Tensor::Full({1, 1}, 5);
+  Tensor back = m.Reshape({});
+  EXPECT_EQ(back.rank(), 0);
+  EXPECT_TRUE(back.SharesStorageWith(m));
+  EXPECT_EQ(back.Item(), 5.0);
+  EXPECT_EQ(m.View({}).Item(), 5.0);
+}
+
+TEST(TensorTest, CopyFromAnOverlappingViewReadsItWholeFirst) {
+  Tensor t = Tensor::FromVector({1, 2, 3, 4}, {2, 2});
+  t.CopyFrom(t.Transpose(0, 1));
+  EXPECT_EQ(t.ToVector<float>(), (std::vector<float>{1, 3, 2, 4}));
+  const int n = 8;
+  Tensor buf = Tensor::FromVector(Iota(n), {n});
+  buf.Narrow(0, 1, n - 1).CopyFrom(buf.Narrow(0, 0, n - 1));  // shift right by one
+  EXPECT_EQ(buf.ToVector<float>(), (std::vector<float>{0, 0, 1, 2, 3, 4, 5, 6}));
+  buf = Tensor::FromVector(Iota(n), {n});
+  buf.Narrow(0, 0, n - 1).CopyFrom(buf.Narrow(0, 1, n - 1));  // shift left by one
+  EXPECT_EQ(buf.ToVector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 7}));
+  // The same through CopyStrided.
+  buf = Tensor::FromVector(Iota(n), {n});
+  CopyStrided(buf.Narrow(0, 0, n - 2), buf.Narrow(0, 2, n - 2));
+  EXPECT_EQ(buf.ToVector<float>(), (std::vector<float>{0, 1, 0, 1, 2, 3, 4, 5}));
+  // A copy onto itself and one between disjoint halves of a storage.
+  buf = Tensor::FromVector(Iota(n), {n});
+  buf.CopyFrom(buf);
+  buf.Narrow(0, 0, 4).CopyFrom(buf.Narrow(0, 4, 4));
+  EXPECT_EQ(buf.ToVector<float>(), (std::vector<float>{4, 5, 6, 7, 4, 5, 6, 7}));
+}
+
 TEST(TensorTest, CudaTensorWithoutADeviceIsAClearError) {
   if (cuda::DeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_THROW(Tensor::Empty({2}, Dtype::kF32, Device::Cuda(0)), std::exception);
@@ -162,6 +220,11 @@ TEST(TensorTest, Printing) {
   EXPECT_EQ(a.ToString(), "Tensor(shape=(2,3), dtype=f32, device=cpu)\n[[0, 1, 2],\n[3, 4, 5]]");
   Tensor big = Tensor::FromVector(Iota(10), {10}, Dtype::kI32);
   EXPECT_EQ(big.ToString(4), "Tensor(shape=(10), dtype=i32, device=cpu)\n[0, 1, ..., 8, 9]");
+  // Fewer than 2 per dim still shows the first and the last element.
+  for (int64_t max_per_dim : {0, 1, 2}) {
+    EXPECT_EQ(big.ToString(max_per_dim),
+              "Tensor(shape=(10), dtype=i32, device=cpu)\n[0, ..., 9]");
+  }
 }
 
 }  // namespace
