@@ -46,6 +46,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -258,6 +259,7 @@ int ExportHf(const std::string& dir, const std::string& out) {
   // auto: the one the checkpoint records (train's), if any.
   const std::string tokenizer_flag = flag == "auto" ? w->tokenizer : flag == "none" ? "" : flag;
   std::pair<std::string, std::string> tokenizer_files;
+  std::optional<int64_t> end_of_text;  // config.json's bos/eos ids: the tokenizer's
   if (!tokenizer_flag.empty()) {
     absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
         data::Gpt2Tokenizer::OpenForModel(tokenizer_flag, w->config.vocab_size);
@@ -265,8 +267,9 @@ int ExportHf(const std::string& dir, const std::string& out) {
       return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": ", tokenizer.status().message()));
     }
     tokenizer_files = *data::Gpt2Tokenizer::FindFiles(tokenizer->source());
+    end_of_text = tokenizer->end_of_text();
   }
-  absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->sources);
+  absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->sources, end_of_text);
   if (!s.ok()) return Fail(std::string(s.message()));
   std::string written = "config.json, model.safetensors";
   if (!tokenizer_flag.empty()) {

@@ -2,6 +2,7 @@
 #include "models/common/eval_flags.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -13,15 +14,28 @@ ABSL_FLAG(std::string, eval_data, "",
 ABSL_FLAG(double, val_fraction, 0.0,
           "hold out the last fraction of --data's tokens for evaluation (training reads the "
           "rest; instead of --eval_data); 0: none");
-ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps and after the last; 0: after the last");
-ABSL_FLAG(int64_t, eval_batches, 4,
-          "global batches per evaluation (the same ones every time; no dropout)");
+// Unset by default, so that one given without --eval_data or --val_fraction
+// (nothing to evaluate) is an error rather than ignored.
+ABSL_FLAG(std::optional<int64_t>, eval_every, std::nullopt,
+          "evaluate every N steps and after the last; 0 (unset): after the last. Needs "
+          "--eval_data or --val_fraction");
+ABSL_FLAG(std::optional<int64_t>, eval_batches, std::nullopt,
+          "global batches per evaluation (the same ones every time; no dropout); unset: 4. "
+          "Needs --eval_data or --val_fraction");
 
 namespace train {
 
 EvalFlags EvalFlagsFromCommandLine() {
-  return {absl::GetFlag(FLAGS_eval_data), absl::GetFlag(FLAGS_eval_every),
-          absl::GetFlag(FLAGS_eval_batches), absl::GetFlag(FLAGS_val_fraction)};
+  EvalFlags flags;
+  flags.data = absl::GetFlag(FLAGS_eval_data);
+  flags.val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  const std::optional<int64_t> every = absl::GetFlag(FLAGS_eval_every);
+  const std::optional<int64_t> batches = absl::GetFlag(FLAGS_eval_batches);
+  flags.every = every.value_or(flags.every);
+  flags.batches = batches.value_or(flags.batches);
+  flags.every_given = every.has_value();
+  flags.batches_given = batches.has_value();
+  return flags;
 }
 
 }  // namespace train

@@ -95,7 +95,9 @@ absl::StatusOr<int64_t> CountAllowed(absl::Span<const T> scores) {
 
 // The tokens a draw may return (`allowed` > 0 of the scores finite, not
 // greedy): their ids by falling score, ties by id, and their weights
-// exp((score - top) / temperature), after top_k and then top_p.
+// exp((score - top) / temperature), after top_k (the k best and every one
+// tied with the k-th: nanoGPT and Hugging Face drop only scores below it)
+// and then top_p.
 template <typename T>
 void KeepTokens(absl::Span<const T> scores, const Sampling& sampling, int64_t allowed,
                 std::vector<int64_t>& ids, std::vector<double>& p) {
@@ -104,10 +106,19 @@ void KeepTokens(absl::Span<const T> scores, const Sampling& sampling, int64_t al
     return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
   };
   // The excluded tokens sort last and are never kept.
-  const int64_t keep = std::min(sampling.top_k > 0 ? sampling.top_k : V, allowed);
+  int64_t keep = std::min(sampling.top_k > 0 ? sampling.top_k : V, allowed);
   ids.resize(V);
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), before);
+  if (keep < allowed) {
+    // The ones tied with the k-th follow it, by id (their ids are above the
+    // tied ones partial_sort put first).
+    const T kth = scores[ids[keep - 1]];
+    const auto tied_end = std::partition(ids.begin() + keep, ids.end(),
+                                         [&](int64_t id) { return scores[id] == kth; });
+    std::sort(ids.begin() + keep, tied_end);
+    keep = tied_end - ids.begin();
+  }
   ids.resize(keep);
   // Softmax of scores / temperature over the kept ids (in double).
   p.resize(keep);

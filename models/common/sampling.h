@@ -21,7 +21,8 @@ struct Sampling {
   // Divides the logits before the softmax; 0: greedy (the most likely token,
   // the lowest id among equals), and top_k / top_p do not matter.
   double temperature = 1.0;
-  // Keep only the k most likely tokens; 0: all.
+  // Keep only the k most likely tokens, and every one tied with the k-th
+  // (nanoGPT and Hugging Face drop only the logits below the k-th); 0: all.
   int64_t top_k = 0;
   // Keep the smallest set of most likely tokens whose probability (after
   // temperature and top_k) reaches top_p; 1: all.

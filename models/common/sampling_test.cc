@@ -1,8 +1,9 @@
 // The sampling rule draws each token with its filtered probability (checked
 // exactly over a grid of uniforms: temperature, top-k, top-p and their mix),
-// greedy takes the lowest id among equal maxima, bad logits and options are
-// named, WarpScores keeps what a draw can return, and the uniforms behind
-// the draws are reproducible and spread.
+// top-k keeps the tokens tied with the k-th, greedy takes the lowest id
+// among equal maxima, bad logits and options are named, WarpScores keeps
+// what a draw can return, and the uniforms behind the draws are
+// reproducible and spread.
 #include "models/common/sampling.h"
 
 #include <cmath>
@@ -68,8 +69,41 @@ TEST(SampleFromLogitsTest, GreedyTakesTheMostLikelyLowestIdAmongEquals) {
   EXPECT_EQ(*SampleFromLogits(tied, o, 0.0), 1);
   o.temperature = 1.0;
   o.top_k = 1;  // one left: greedy whatever u is
-  EXPECT_EQ(*SampleFromLogits(tied, o, 0.999), 1);
   EXPECT_EQ(*SampleFromLogits(kLogits, o, 0.999), 1);
+  // Unless others tie with it: top_k keeps them all (TopKKeepsTies).
+  EXPECT_EQ(*SampleFromLogits(tied, o, 0.0), 1);
+  EXPECT_EQ(*SampleFromLogits(tied, o, 0.999), 3);
+}
+
+// top_k keeps every token tied with the k-th, as nanoGPT (logits below the
+// k-th set to -inf) and Hugging Face's TopKLogitsWarper do: k = 2 of
+// {3, 2, 2, 2, 0} keeps ids 0 to 3, never 4.
+TEST(SampleFromLogitsTest, TopKKeepsTies) {
+  const std::vector<float> logits = {3.0f, 2.0f, 2.0f, 2.0f, 0.0f};
+  Sampling o;
+  o.top_k = 2;
+  std::set<int64_t> drawn;
+  for (uint64_t seed = 1; seed <= 2000; ++seed) {
+    absl::StatusOr<int64_t> id = SampleFromLogits(logits, o, DrawUniform(seed, 0, 0));
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_NE(*id, 4) << "seed " << seed;
+    drawn.insert(*id);
+  }
+  EXPECT_EQ(drawn, (std::set<int64_t>{0, 1, 2, 3}));
+  // Each with its share of e^3 + 3 e^2.
+  const double z = std::exp(3.0) + 3 * std::exp(2.0);
+  const double tie = std::exp(2.0) / z;
+  ExpectFrequencies(Frequencies(logits, o), {std::exp(3.0) / z, tie, tie, tie, 0.0});
+  // And WarpScores keeps the same ones.
+  std::vector<double> scores(logits.begin(), logits.end());
+  ASSERT_TRUE(WarpScores(absl::MakeSpan(scores), o).ok());
+  EXPECT_EQ(scores,
+            (std::vector<double>{3.0, 2.0, 2.0, 2.0, -std::numeric_limits<double>::infinity()}));
+  // Below the k-th nothing is tied: k = 1 keeps id 0 alone, k = 4 all but id 4.
+  o.top_k = 1;
+  ExpectFrequencies(Frequencies(logits, o), {1.0, 0.0, 0.0, 0.0, 0.0});
+  o.top_k = 4;
+  ExpectFrequencies(Frequencies(logits, o), {std::exp(3.0) / z, tie, tie, tie, 0.0});
 }
 
 TEST(SampleFromLogitsTest, ErrorsNameWhatIsWrong) {

@@ -90,9 +90,18 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(const s
   return absl::InvalidArgumentError(absl::StrCat(flag, "=", spec, ": ", source.status().message()));
 }
 
+namespace {
+
+// shipped or a text file: every byte a token.
+bool IsByteText(const std::string& data) {
+  return data != "random" && !absl::EndsWith(data, ".bin");
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std::string& data,
                                              const std::string& from_weights, int64_t model_vocab) {
-  const bool byte_text = data != "random" && !absl::EndsWith(data, ".bin");
+  const bool byte_text = IsByteText(data);
   std::string name;
   if (flag == "auto") {
     if (byte_text) return std::string();
@@ -126,6 +135,28 @@ absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std:
                      flag == "auto" ? " (--tokenizer=none trains without recording one)" : ""));
   }
   return name;
+}
+
+absl::Status CheckInitFromData(const std::string& tokenizer_flag, const std::string& data,
+                               const std::string& init_from, const std::string& weights_tokenizer,
+                               bool hugging_face, int64_t model_vocab) {
+  if (tokenizer_flag == "none" || !IsByteText(data)) return absl::OkStatus();
+  std::string why;
+  if (!weights_tokenizer.empty()) {
+    why = absl::StrCat("the weights' ids are tokens of the tokenizer ", weights_tokenizer,
+                       " they record");
+  } else if (hugging_face && model_vocab != data::kByteVocabSize) {
+    why =
+        absl::StrCat("the weights are a Hugging Face model of ", model_vocab,
+                     " token ids (GPT-2's BPE has 50257), not of ", data::kByteVocabSize, " bytes");
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--init_from=", init_from, " with --data=", data, ": ", why,
+      ", but --data is byte-level text (its ids are byte values 0..255, not those tokens): "
+      "encode it with //tools:tokenize (text -> GPT-2 token ids) and train on the .bin file, "
+      "or give --tokenizer=none to train on the bytes anyway"));
 }
 
 absl::Status CheckGradClip(double grad_clip) {
@@ -201,6 +232,13 @@ absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalF
     absl::StatusOr<std::shared_ptr<const data::TokenSource>> eval =
         OpenEvalSource(flags, seed, vocab_size);
     if (!eval.ok()) return eval.status();
+    if (*eval == nullptr && (flags.every_given || flags.batches_given)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flags.every_given ? absl::StrCat("--eval_every=", flags.every)
+                            : absl::StrCat("--eval_batches=", flags.batches),
+          " without evaluation data: give --eval_data, or --val_fraction to hold out part of "
+          "--data (without either nothing is evaluated)"));
+    }
     return DataSources{*std::move(source), *std::move(eval)};
   }
   auto error = [f](absl::string_view why) {

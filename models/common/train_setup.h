@@ -44,6 +44,20 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(
 absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std::string& data,
                                              const std::string& from_weights, int64_t model_vocab);
 
+// --init_from's weights on byte-level text --data (shipped, a text file: its
+// ids are byte values): refused when the weights' ids are a tokenizer's
+// tokens, not bytes: they record a tokenizer (`weights_tokenizer`: a
+// checkpoint trained on tokenized data, a Hugging Face folder holding
+// vocab.json + merges.txt), or come from a Hugging Face folder
+// (`hugging_face`) whose vocabulary (`model_vocab`) is not 256 (the hub's
+// GPT-2: 50257). A checkpoint of ours that records none (a byte-level model,
+// its vocabulary maybe padded past 256) passes, and so does everything with
+// --tokenizer=none (`tokenizer_flag`: train on the bytes anyway).
+// InvalidArgument naming --init_from and --data, pointing to //tools:tokenize.
+absl::Status CheckInitFromData(const std::string& tokenizer_flag, const std::string& data,
+                               const std::string& init_from, const std::string& weights_tokenizer,
+                               bool hugging_face, int64_t model_vocab);
+
 // --grad_clip: >= 0 (0 disables clipping); InvalidArgument naming the flag.
 absl::Status CheckGradClip(double grad_clip);
 
@@ -65,6 +79,10 @@ struct EvalFlags {
   int64_t every = 0;    // every N steps and after the last; 0: after the last
   int64_t batches = 4;  // global batches per evaluation
   double val_fraction = 0.0;  // > 0: hold out the last part of --data for evaluation
+  // Whether --eval_every / --eval_batches were given: without --eval_data or
+  // --val_fraction (nothing to evaluate) OpenDataSources refuses them.
+  bool every_given = false;
+  bool batches_given = false;
 };
 // Checks every >= 0 and batches >= 1, then opens the evaluation source as
 // OpenTokenSource does (errors name --eval_data), with seed + 1 so that random
@@ -78,9 +96,11 @@ absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenEvalSource(const Ev
 //     (with seed + 1) and training the first 1 - f (TokenSource::Slice): a
 //     held-out split of one file, as nanoGPT's prepare.py writes train.bin
 //     and val.bin; random tokens have nothing to hold out;
-//   neither: no evaluation (eval nullptr).
+//   neither: no evaluation (eval nullptr); --eval_every or --eval_batches
+//     given (every_given, batches_given) is an error then.
 // Errors are InvalidArgument naming the flag (--data, --eval_data,
-// --val_fraction; both --eval_data and --val_fraction is one).
+// --val_fraction, --eval_every, --eval_batches; both --eval_data and
+// --val_fraction is one).
 struct DataSources {
   std::shared_ptr<const data::TokenSource> train;
   std::shared_ptr<const data::TokenSource> eval;

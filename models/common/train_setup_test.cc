@@ -60,6 +60,69 @@ TEST(CheckLoopFlagsTest, NamesTheFlagThatIsOutOfRange) {
   EXPECT_EQ(message(5, 1, 2, ""), "--checkpoint_every=2 needs --checkpoint_dir to save into");
 }
 
+// --eval_every and --eval_batches given with nothing to evaluate (no
+// --eval_data, no --val_fraction) are refused, naming the flag and what to
+// give, rather than ignored; unset, or with evaluation data, they are fine.
+TEST(OpenDataSourcesTest, EvalScheduleWithoutEvaluationDataIsAnError) {
+  EvalFlags flags;
+  absl::StatusOr<DataSources> plain = OpenDataSources("random", flags, 1, 64);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->eval, nullptr);
+  flags.every = 5;
+  flags.every_given = true;
+  absl::StatusOr<DataSources> every = OpenDataSources("random", flags, 1, 64);
+  EXPECT_EQ(every.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(every.status().message(), HasSubstr("--eval_every=5 without evaluation data"));
+  EXPECT_THAT(every.status().message(), HasSubstr("--eval_data"));
+  EXPECT_THAT(every.status().message(), HasSubstr("--val_fraction"));
+  flags.every = 0;  // given as its default value: still given
+  EXPECT_THAT(OpenDataSources("random", flags, 1, 64).status().message(),
+              HasSubstr("--eval_every=0 without evaluation data"));
+  flags.every_given = false;
+  flags.batches = 2;
+  flags.batches_given = true;
+  absl::StatusOr<DataSources> batches = OpenDataSources("random", flags, 1, 64);
+  EXPECT_EQ(batches.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(batches.status().message(), HasSubstr("--eval_batches=2 without evaluation data"));
+  // With evaluation data they apply.
+  flags.every = 5;
+  flags.every_given = true;
+  flags.data = "random";
+  absl::StatusOr<DataSources> both = OpenDataSources("random", flags, 1, 64);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_NE(both->eval, nullptr);
+}
+
+// --init_from on byte-level text: weights whose ids are a tokenizer's (a
+// recorded tokenizer, or a Hugging Face model whose vocabulary is not 256)
+// are refused, naming --init_from, --data and //tools:tokenize; byte-level
+// weights (ours, maybe padded; a Hugging Face export of 256 ids), token data
+// and --tokenizer=none pass.
+TEST(CheckInitFromDataTest, RefusesTokenizedWeightsOnByteText) {
+  const auto refused = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  const std::string hub =
+      refused(CheckInitFromData("auto", "shipped", "/m/gpt2", "/m/gpt2", true, 50257));
+  EXPECT_THAT(hub, HasSubstr("--init_from=/m/gpt2 with --data=shipped"));
+  EXPECT_THAT(hub, HasSubstr("//tools:tokenize"));
+  EXPECT_THAT(hub, HasSubstr("tokens of the tokenizer /m/gpt2 they record"));
+  // A Hugging Face folder without vocab.json + merges.txt: its vocabulary tells.
+  EXPECT_THAT(refused(CheckInitFromData("auto", "t.txt", "/m/bare", "", true, 50257)),
+              HasSubstr("a Hugging Face model of 50257 token ids"));
+  EXPECT_THAT(refused(CheckInitFromData("auto", "shipped", "/ck", "gpt2", false, 50304)),
+              HasSubstr("tokens of the tokenizer gpt2 they record"));
+  // Byte-level weights.
+  EXPECT_TRUE(CheckInitFromData("auto", "shipped", "/ck", "", false, 256).ok());
+  EXPECT_TRUE(CheckInitFromData("auto", "shipped", "/ck", "", false, 320).ok());  // padded
+  EXPECT_TRUE(CheckInitFromData("auto", "shipped", "/hf", "", true, 256).ok());
+  // Token data, and --tokenizer=none.
+  EXPECT_TRUE(CheckInitFromData("auto", "train.bin", "/m/gpt2", "/m/gpt2", true, 50257).ok());
+  EXPECT_TRUE(CheckInitFromData("auto", "random", "/m/gpt2", "/m/gpt2", true, 50257).ok());
+  EXPECT_TRUE(CheckInitFromData("none", "shipped", "/m/gpt2", "/m/gpt2", true, 50257).ok());
+}
+
 // --optimizer and its options: --momentum is SGD's (0.9 when unset), and an
 // error with adamw instead of being ignored.
 TEST(MakeOptimizerTest, MomentumIsSgdsAndRefusedWithAdamW) {

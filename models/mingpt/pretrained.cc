@@ -140,6 +140,7 @@ absl::StatusOr<PretrainedSources> OpenHfGpt2(const std::string& dir) {
   PretrainedSources out;
   out.config = *config;
   out.source = absl::StrCat("Hugging Face GPT-2 ", dir);
+  out.hugging_face = true;
   if (data::Gpt2Tokenizer::IsTokenizerDir(dir)) {
     out.tokenizer = data::Gpt2Tokenizer::RecordName(dir);
   }
@@ -237,12 +238,12 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
 }
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
-                         const tensor::NamedTensors& weights) {
-  return WriteHfGpt2(dir, config, nn::TensorInitSources(weights));
+                         const tensor::NamedTensors& weights, std::optional<int64_t> end_of_text) {
+  return WriteHfGpt2(dir, config, nn::TensorInitSources(weights), end_of_text);
 }
 
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
-                         const nn::NamedInitSources& weights) {
+                         const nn::NamedInitSources& weights, std::optional<int64_t> end_of_text) {
   // ParameterShapes order: Conv1D weights transposed; wte kept until lm_head,
   // the last, is compared with it (tied when equal).
   std::vector<train::HfWeightOut> layout;
@@ -260,6 +261,9 @@ absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
         }
       });
   if (!s.ok()) return s;
+  // GPT-2's "<|endoftext|>" is both (50256, not vocab_size - 1: 50303 in a
+  // vocabulary padded to 50304); a byte-level model has none.
+  const std::string eot = end_of_text.has_value() ? absl::StrCat(*end_of_text) : "null";
   const std::string json = absl::StrFormat(
       R"({
   "architectures": ["GPT2LMHeadModel"],
@@ -278,15 +282,15 @@ absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
   "initializer_range": 0.02,
   "scale_attn_weights": true,
   "tie_word_embeddings": %s,
-  "bos_token_id": %d,
-  "eos_token_id": %d,
+  "bos_token_id": %s,
+  "eos_token_id": %s,
   "torch_dtype": "float32",
   "minGPT_config": %s
 }
 )",
       config.vocab_size, config.block_size, config.n_embd, config.n_layer, config.n_head,
-      config.dropout, config.dropout, config.dropout, tied ? "true" : "false",
-      config.vocab_size - 1, config.vocab_size - 1, tensor::JsonQuote(config.ToString()));
+      config.dropout, config.dropout, config.dropout, tied ? "true" : "false", eot, eot,
+      tensor::JsonQuote(config.ToString()));
   return tensor::WriteFileDurably(dir + "/config.json", json);
 }
 

@@ -23,6 +23,7 @@
 #define MODELS_MINGPT_PRETRAINED_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -56,6 +57,7 @@ struct PretrainedSources {
   nn::NamedInitSources sources;  // ParameterShapes(config) names
   std::string source;            // as PretrainedWeights::source
   std::string tokenizer;         // as PretrainedWeights::tokenizer
+  bool hugging_face = false;     // from a Hugging Face folder (OpenHfGpt2), not a checkpoint
 };
 
 // A Hugging Face GPT-2 folder as sources read slice by slice: the headers are
@@ -78,14 +80,20 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 
 // Writes `weights` (ours: names and shapes of ParameterShapes(config)) to
 // `dir` (created if missing) as config.json + model.safetensors in
-// GPT2LMHeadModel's names and layout.
+// GPT2LMHeadModel's names and layout. config.json's bos_token_id and
+// eos_token_id are `end_of_text`: the id of the model's tokenizer's
+// "<|endoftext|>" (data::Gpt2Tokenizer::end_of_text(): 50256 for GPT-2's,
+// whatever the vocabulary's padding), null when there is none (a byte-level
+// model, no tokenizer known).
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
-                         const tensor::NamedTensors& weights);
+                         const tensor::NamedTensors& weights,
+                         std::optional<int64_t> end_of_text = std::nullopt);
 // The same from sources (OpenPretrained's), read and written one weight at a
 // time: the host holds one weight (and wte, kept to find whether lm_head is
 // tied to it), not the model. DataLoss naming the weight when a read fails.
 absl::Status WriteHfGpt2(const std::string& dir, const GptConfig& config,
-                         const nn::NamedInitSources& weights);
+                         const nn::NamedInitSources& weights,
+                         std::optional<int64_t> end_of_text = std::nullopt);
 
 }  // namespace mingpt
 

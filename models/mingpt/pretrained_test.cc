@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "models/common/test_files.h"
 #include "models/common/train_support.h"
+#include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
 #include "models/mingpt/model.h"
 #include "nn/state_dict.h"
@@ -244,6 +245,43 @@ TEST(HfGpt2Test, WritesGpt2LMHeadModelsLayoutAndReadsItBack) {
   const std::string tied_text((std::istreambuf_iterator<char>(tied_in)),
                               std::istreambuf_iterator<char>());
   EXPECT_EQ(tensor::ParseJson(tied_text)->Get("tie_word_embeddings")->text, "true");
+}
+
+// config.json's bos_token_id and eos_token_id are the tokenizer's
+// "<|endoftext|>": GPT-2's 50256 in a vocabulary padded to 50304 (not the
+// last id, 50303), and null without a tokenizer (a byte-level model).
+TEST(HfGpt2Test, EndOfTextIsTheTokenizersIdNotTheLastOne) {
+  absl::StatusOr<data::Gpt2Tokenizer> gpt2 = data::Gpt2Tokenizer::Shipped();
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  ASSERT_EQ(gpt2->end_of_text(), 50256);
+  auto config_json = [](const std::string& dir) {
+    std::ifstream in(dir + "/config.json");
+    absl::StatusOr<tensor::Json> json = tensor::ParseJson(
+        std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+    EXPECT_TRUE(json.ok()) << json.status();
+    return json.ok() ? *json : tensor::Json();
+  };
+  GptConfig c = Small();
+  c.vocab_size = 50304;  // GPT-2's 50257 padded to a multiple of 64, as nanoGPT does
+  const std::string padded = FreshTempDir("export_eot");
+  ASSERT_TRUE(WriteHfGpt2(padded, c, RandomWeights(c, 8, /*tie=*/true), gpt2->end_of_text()).ok());
+  const tensor::Json json = config_json(padded);
+  ASSERT_NE(json.Get("eos_token_id"), nullptr);
+  EXPECT_EQ(json.Get("eos_token_id")->text, "50256");
+  EXPECT_EQ(json.Get("bos_token_id")->text, "50256");
+  EXPECT_EQ(json.Get("vocab_size")->text, "50304");
+  absl::StatusOr<PretrainedWeights> back = ReadHfGpt2(padded);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->config.vocab_size, 50304);
+
+  const std::string bytes = FreshTempDir("export_no_eot");
+  ASSERT_TRUE(WriteHfGpt2(bytes, Small(), RandomWeights(Small(), 9, /*tie=*/false)).ok());
+  const tensor::Json none = config_json(bytes);
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    ASSERT_NE(none.Get(key), nullptr) << key;
+    EXPECT_EQ(none.Get(key)->kind, tensor::Json::Kind::kNull) << key;
+  }
+  EXPECT_TRUE(ReadHfGpt2(bytes).ok());
 }
 
 // Exporting from sources (what `checkpoint export-hf` does) reads and writes

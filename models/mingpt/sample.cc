@@ -158,6 +158,11 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
   const std::string tokens = absl::GetFlag(FLAGS_prompt_tokens);
   std::vector<int64_t> ids;
   if (!tokens.empty()) {
+    if (absl::GetFlag(FLAGS_prompt) != kDefaultPrompt) {
+      return absl::InvalidArgumentError(
+          "--prompt_tokens takes the place of --prompt (the prompt as ids, not text): give one "
+          "of them");
+    }
     for (absl::string_view s : absl::StrSplit(tokens, ',')) {
       int64_t id = 0;
       if (!absl::SimpleAtoi(s, &id) || id < 0 || id >= config.vocab_size) {

@@ -134,6 +134,8 @@ expect_error "--eos_id=256 is not an id of the vocabulary of 256 (nor -1)" --che
 expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint="$dir/one" \
   --prompt_tokens=1,300
 expect_error "--prompt is empty" --checkpoint="$dir/one" --prompt=
+expect_error "--prompt_tokens takes the place of --prompt" --checkpoint="$dir/one" \
+  --prompt="Light is" --prompt_tokens=1,2
 expect_error "--print=words: expected text, tokens or auto" --checkpoint="$dir/one" --print=words
 expect_error "--prompts_file takes the place of --prompt and --prompt_tokens" \
   --checkpoint="$dir/one" --prompts_file="$dir/prompts.txt" --prompt=x
@@ -186,8 +188,10 @@ echo "GPT-2 tokens: --prompt text = its ids ($ids), text out; <|endoftext|> is 5
 # with no --tokenizer (its own vocab.json + merges.txt); none turns it off.
 "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" > "$dir/export.out"  # the recorded one
 grep -qF "(config.json, model.safetensors, vocab.json, merges.txt)" "$dir/export.out"
+grep -qF '"eos_token_id": 50256' "$dir/bpe_hf/config.json"  # the tokenizer's <|endoftext|>
 "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf_bare" --tokenizer=none > "$dir/export.out"
 grep -qF "(config.json, model.safetensors) of" "$dir/export.out"
+grep -qF '"eos_token_id": null' "$dir/bpe_hf_bare/config.json"
 "$sample" --checkpoint="$dir/bpe_hf" --prompt="Light is" "${bpe[@]}" 2> "$dir/hf_bpe.err" |
   cmp - "$dir/bpe.txt"
 grep -qF "tokenizer: GPT-2 BPE from $dir/bpe_hf (50257 ids)" "$dir/hf_bpe.err"

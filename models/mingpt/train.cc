@@ -488,6 +488,12 @@ absl::Status Train() {
         pretrained ? "--init_from: the model's vocabulary " : "--vocab_size=", config->vocab_size,
         " is smaller than the data's vocabulary ", source->vocab_size()));
   }
+  if (pretrained) {  // GPT-2's BPE ids are not bytes: refused on byte-level text
+    absl::Status fits = train::CheckInitFromData(
+        absl::GetFlag(FLAGS_tokenizer), absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_init_from),
+        pretrained->tokenizer, pretrained->hugging_face, config->vocab_size);
+    if (!fits.ok()) return fits;
+  }
   config->dropout = static_cast<float>(absl::GetFlag(FLAGS_dropout));
   if (T > config->block_size) {
     return absl::InvalidArgumentError(absl::StrCat("--seq_len=", T, " exceeds the block_size ",

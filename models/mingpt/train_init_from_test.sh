@@ -7,7 +7,8 @@
 # model it evaluates before changing anything (--lr=0) is the checkpoint's: its
 # eval loss equals the one the first run printed after its last step. Such a
 # run resumes (the same flags and --resume). Bad combinations exit 2 naming
-# the flag. A run from --init_from resumes.
+# the flag, GPT-2 BPE weights on byte-level text among them. A run from
+# --init_from resumes.
 set -euo pipefail
 train="$1"
 checkpoint="$2"
@@ -100,4 +101,29 @@ expect_error "--init_from: $dir/none: no such folder" --init_from="$dir/none"
   --checkpoint_dir="$dir/small_vocab" > /dev/null
 expect_error "--init_from: the model's vocabulary 100 is smaller than the data's vocabulary 256" \
   --init_from="$dir/small_vocab" --data=shipped
-echo "bad input exits 2 naming it"
+# GPT-2 BPE weights on byte-level text (the default --data=shipped): their ids
+# are BPE tokens, not bytes, so the run is refused, pointing to tokenize. The
+# model: vocabulary 50257 with GPT-2's tokenizer recorded, exported as a
+# Hugging Face GPT-2 folder with vocab.json + merges.txt (as the hub's gpt2)
+# and without (the vocabulary tells).
+"$train" --preset=gpt-nano --data=random --tokenizer=gpt2 --steps=1 --seq_len=8 --batch_size=1 \
+  --checkpoint_dir="$dir/bpe" > /dev/null
+"$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" > /dev/null
+"$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf_bare" --tokenizer=none > /dev/null
+bytes="but --data is byte-level text (its ids are byte values 0..255, not those tokens): "
+bytes+="encode it with //tools:tokenize (text -> GPT-2 token ids)"
+expect_error "--init_from=$dir/bpe_hf with --data=shipped: the weights' ids are tokens of \
+the tokenizer $dir/bpe_hf they record, $bytes" --init_from="$dir/bpe_hf"
+expect_error "--init_from=$dir/bpe_hf_bare with --data=shipped: the weights are a Hugging Face \
+model of 50257 token ids (GPT-2's BPE has 50257), not of 256 bytes, $bytes" \
+  --init_from="$dir/bpe_hf_bare"
+expect_error "--init_from=$dir/bpe with --data=shipped: the weights' ids are tokens of the \
+tokenizer gpt2 they record, $bytes" --init_from="$dir/bpe"
+# --tokenizer=none trains on the bytes anyway; a byte-level checkpoint with a
+# padded vocabulary (320 ids) initializes byte-level runs as before.
+"$train" --init_from="$dir/bpe_hf" --tokenizer=none --steps=1 --seq_len=8 --batch_size=1 \
+  > /dev/null
+"$train" --preset=gpt-nano --data=shipped --vocab_size=320 --steps=1 --seq_len=8 --batch_size=1 \
+  --checkpoint_dir="$dir/padded" > /dev/null
+"$train" --init_from="$dir/padded" --steps=1 --seq_len=8 --batch_size=1 > /dev/null
+echo "bad input exits 2 naming it; BPE weights on byte text are refused"
