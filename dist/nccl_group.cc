@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -132,12 +133,29 @@ struct Comm {
   float* barrier = nullptr;  // (1): the operand of barrier()
   absl::Duration finalize_timeout;
 
-  // Aborts the communicator: kernels waiting for peers exit.
+  // Aborts the communicator: kernels waiting for peers exit. Then waits (up
+  // to finalize_timeout) for this communicator's stream to drain, since the
+  // worker releases the calls' buffers next: an aborted kernel still
+  // writing one would otherwise corrupt the tensor the allocator hands it to.
   void Abort() {
     if (comm == nullptr) return;
     DeviceGuard guard(device);
     ncclCommAbort(comm);
     comm = nullptr;
+    const absl::StatusOr<bool> idle = nccl::PollUntil(
+        [this]() -> absl::StatusOr<bool> {
+          const cudaError_t err = cudaStreamQuery(stream);
+          if (err == cudaErrorNotReady) return false;
+          cudaGetLastError();  // a sticky error from the aborted kernels is not ours to keep
+          return true;
+        },
+        absl::Now() + finalize_timeout, nccl::Clock(), absl::Milliseconds(1));
+    if (!idle.ok() || !*idle) {
+      std::fprintf(stderr,
+                   "nccl: the communication stream of cuda:%d is still busy %s after the "
+                   "abort; its buffers are released anyway\n",
+                   device, absl::FormatDuration(finalize_timeout).c_str());
+    }
   }
 
   ~Comm() {
@@ -229,12 +247,15 @@ class NcclCollective final : public nccl::PendingCall {
   }
 
   absl::StatusOr<bool> Finished() override {
+    // NCCL's error first (as PyTorch): a communicator that failed or was
+    // aborted (a peer's call differed, a peer aborted) can let the done
+    // event complete without the collective having run, and the call must
+    // not then look successful over an output nothing wrote.
+    absl::StatusOr<bool> state = CommReady(comm_->comm);
+    if (!state.ok()) return state.status();
     const cudaError_t err = cudaEventQuery(done_);
     if (err == cudaSuccess) return true;
     if (err != cudaErrorNotReady) return CudaCheck(err, "cudaEventQuery");
-    // Still running: NCCL may have seen a peer fail.
-    absl::StatusOr<bool> state = CommReady(comm_->comm);
-    if (!state.ok()) return state.status();
     return false;
   }
 

@@ -379,6 +379,41 @@ TEST(NcclGroupTest, CollectivesWaitForTheComputeStream) {
   cudaStreamDestroy(stream);
 }
 
+// A call whose sizes differ across the ranks: the emulated NCCL flags both
+// communicators and ends their pending work without running it (real NCCL's
+// behaviour is undefined: not run there). The call fails on every rank with
+// NCCL's error instead of returning OK over an output nothing wrote.
+TEST(NcclGroupTest, ACallThatDiffersAcrossRanksFailsOnEveryRank) {
+#ifndef CUDA_EMULATED
+  GTEST_SKIP() << "mismatched NCCL calls are undefined on a real GPU";
+#endif
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  std::vector<absl::Status> got(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto pg =
+          CreateNcclProcessGroup(rank, 2, rank, store, Options("differs", absl::Seconds(20)));
+      if (!pg.ok()) {
+        got[rank] = pg.status();
+        return;
+      }
+      got[rank] = (*pg)->BarrierSync();
+      if (!got[rank].ok()) return;
+      Tensor x = Tensor::Full({rank == 0 ? 16 : 8}, 1.0, Dtype::kF32, Device::Cuda(rank));
+      got[rank] = (*pg)->AllReduceSync(x, ReduceOp::kSum);
+      (*pg)->set_timeout(absl::Seconds(3));  // bounds the broken group's shutdown
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_FALSE(got[rank].ok()) << "rank " << rank;
+    EXPECT_THAT(std::string(got[rank].message()), HasSubstr("differs across ranks"))
+        << "rank " << rank << ": " << got[rank];
+  }
+}
+
 TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
