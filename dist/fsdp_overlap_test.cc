@@ -176,7 +176,9 @@ ExplicitRunResult ExplicitRun(const FsdpOptions& options,
   ThreadWorld world(kWorld);
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
-    if (!freeze.empty()) ASSERT_TRUE(nn::FreezeParameters(gpt, freeze).ok());
+    if (!freeze.empty()) {
+      ASSERT_TRUE(nn::FreezeParameters(gpt, freeze).ok());
+    }
     auto fsdp = FullyShard(gpt, pg, options);
     setup(*fsdp);
     auto opt = optim::SGD::Create(Sgd()).value();
