@@ -31,6 +31,12 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(const AdamWOptions& o) {
   return std::unique_ptr<AdamW>(new AdamW(o));
 }
 
+std::string AdamW::Settings() const {
+  const AdamWOptions& o = options_;
+  return absl::StrCat("adamw(beta1=", o.beta1, ",beta2=", o.beta2, ",eps=", o.eps,
+                      ",weight_decay=", o.weight_decay, ")");
+}
+
 namespace {
 
 struct AdamWScalars {

@@ -33,6 +33,7 @@ class AdamW : public Optimizer {
   static absl::StatusOr<std::unique_ptr<AdamW>> Create(const AdamWOptions& options);
 
   const char* name() const override { return "adamw"; }
+  std::string Settings() const override;
   std::vector<std::string> BufferNames() const override { return {"exp_avg", "exp_avg_sq"}; }
   const AdamWOptions& options() const { return options_; }
 

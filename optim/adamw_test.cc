@@ -233,5 +233,16 @@ TEST(AdamWTest, CreateRejectsInvalidOptions) {
   }
 }
 
+// Settings: every hyperparameter but the learning rate, which a schedule changes.
+TEST(AdamWTest, SettingsNameEveryHyperparameterButTheLr) {
+  auto a = AdamW::Create(Opt(3e-4, 0.9, 0.95, 1e-8, 0.1));
+  auto b = AdamW::Create(Opt(1e-3, 0.9, 0.95, 1e-8, 0.1));
+  auto c = AdamW::Create(Opt(3e-4, 0.9, 0.999, 1e-8, 0.1));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ((*a)->Settings(), "adamw(beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0.1)");
+  EXPECT_EQ((*a)->Settings(), (*b)->Settings());
+  EXPECT_NE((*a)->Settings(), (*c)->Settings());
+}
+
 }  // namespace
 }  // namespace optim

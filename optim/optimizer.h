@@ -39,6 +39,11 @@ class Optimizer {
 
   // "sgd", "adamw": starts error messages.
   virtual const char* name() const = 0;
+  // The hyperparameters besides the learning rate (which a schedule changes
+  // during training), as one line that compares equal for equal settings:
+  // "adamw(beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0.1)". Checkpoints
+  // record it, so that a resumed run can say what differs.
+  virtual std::string Settings() const = 0;
   // Keys of the per-parameter buffers, in ParamState::buffers order
   // ("momentum_buffer"; "exp_avg", "exp_avg_sq"). "step" is always kept too.
   virtual std::vector<std::string> BufferNames() const = 0;

@@ -32,6 +32,13 @@ absl::StatusOr<std::unique_ptr<SGD>> SGD::Create(const SgdOptions& o) {
   return std::unique_ptr<SGD>(new SGD(o));
 }
 
+std::string SGD::Settings() const {
+  const SgdOptions& o = options_;
+  return absl::StrCat("sgd(momentum=", o.momentum, ",dampening=", o.dampening,
+                      ",nesterov=", o.nesterov ? "true" : "false",
+                      ",weight_decay=", o.weight_decay, ")");
+}
+
 std::vector<std::string> SGD::BufferNames() const {
   if (options_.momentum == 0) return {};
   return {"momentum_buffer"};

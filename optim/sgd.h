@@ -34,6 +34,7 @@ class SGD : public Optimizer {
   static absl::StatusOr<std::unique_ptr<SGD>> Create(const SgdOptions& options);
 
   const char* name() const override { return "sgd"; }
+  std::string Settings() const override;
   std::vector<std::string> BufferNames() const override;
   const SgdOptions& options() const { return options_; }
 

@@ -251,5 +251,15 @@ TEST(SgdTest, SetLrAppliesToNextStep) {
   EXPECT_THROW(sgd->set_lr(-1), tensor::OpError);
 }
 
+// Settings: every hyperparameter but the learning rate, which a schedule changes.
+TEST(SgdTest, SettingsNameEveryHyperparameterButTheLr) {
+  EXPECT_EQ(MakeSgd(Opt(0.1, 0.9, 0, true, 0.01))->Settings(),
+            "sgd(momentum=0.9,dampening=0,nesterov=true,weight_decay=0.01)");
+  EXPECT_EQ(MakeSgd(Opt(0.5, 0.9, 0, true, 0.01))->Settings(),
+            MakeSgd(Opt(0.1, 0.9, 0, true, 0.01))->Settings());
+  EXPECT_NE(MakeSgd(Opt(0.1, 0.9, 0, true, 0))->Settings(),
+            MakeSgd(Opt(0.1, 0.9, 0, true, 0.01))->Settings());
+}
+
 }  // namespace
 }  // namespace optim

@@ -532,7 +532,7 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
     std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
                 static_cast<long long>(state->step));
   }
-  return Resumed{std::move(*state), std::move(*loader)};
+  return Resumed{std::move(*state), std::move(*loader), *std::move(step_dir)};
 }
 
 // ---- Memory ----

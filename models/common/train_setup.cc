@@ -338,12 +338,22 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
                                    "): ", schedule.status().message()));
 }
 
-void NoteScheduleChange(const TrainState& resumed, const optim::LrSchedule& schedule) {
-  auto it = resumed.extra.find("lr_schedule");
-  if (it == resumed.extra.end() || it->second == schedule.ToString()) return;
-  std::fprintf(stderr,
-               "train: note: the checkpoint was trained with lr schedule %s; continuing with %s\n",
-               it->second.c_str(), schedule.ToString().c_str());
+void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer& optimizer,
+                       std::map<std::string, std::string>& extra) {
+  extra["lr_schedule"] = schedule.ToString();
+  extra["optimizer_settings"] = optimizer.Settings();
+}
+
+void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& schedule,
+                            const optim::Optimizer& optimizer) {
+  const auto note = [&](const char* key, const char* what, const std::string& now) {
+    auto it = resumed.extra.find(key);
+    if (it == resumed.extra.end() || it->second == now) return;
+    std::fprintf(stderr, "train: note: the checkpoint was trained with %s %s; continuing with %s\n",
+                 what, it->second.c_str(), now.c_str());
+  };
+  note("lr_schedule", "lr schedule", schedule.ToString());
+  note("optimizer_settings", "optimizer", optimizer.Settings());
 }
 
 void DropMetricsAfter(MetricsWriter& metrics, int64_t step) {

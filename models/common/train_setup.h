@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,11 +129,18 @@ struct OptimizerSpec {
 };
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec);
 
-// On resuming: a note on stderr when the checkpoint's run used another LR
-// schedule (its extra["lr_schedule"]) than `schedule`, which the run
-// continues with (cosine depends on --steps); nothing when the checkpoint
-// records none.
-void NoteScheduleChange(const TrainState& resumed, const optim::LrSchedule& schedule);
+// What a checkpoint records of the run's settings that a resumed run may
+// change on purpose: extra["lr_schedule"] (schedule.ToString()) and
+// extra["optimizer_settings"] (optimizer.Settings(): betas, eps, momentum,
+// weight decay).
+void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer& optimizer,
+                       std::map<std::string, std::string>& extra);
+// On resuming: a note on stderr for each setting RecordRunSettings recorded
+// that differs from the run's (it continues with its own, as flags ask: a
+// cosine schedule depends on --steps, a weight decay may be lowered late);
+// nothing for a setting the checkpoint does not record.
+void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& schedule,
+                            const optim::Optimizer& optimizer);
 
 // On resuming after `step` steps: MetricsWriter::DropAfter, and a warning on
 // stderr (training goes on) when the file cannot be rewritten.

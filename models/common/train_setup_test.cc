@@ -166,21 +166,32 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
               ::testing::StartsWith("--lr_schedule='cosine:max_lr=1' (--lr=0.001, --steps=9): "));
 }
 
-TEST(NoteScheduleChangeTest, SaysWhenTheCheckpointsScheduleDiffers) {
+TEST(NoteRunSettingsChangesTest, SaysWhichOfTheCheckpointsSettingsDiffer) {
   auto schedule = MakeLrSchedule("cosine", 1e-3, 200).value();
+  auto adamw = MakeOptimizer({"adamw", 1e-3, std::nullopt, 0.95, 0.1}).value();
   const auto note = [&](const TrainState& state) {
     ::testing::internal::CaptureStderr();
-    NoteScheduleChange(state, *schedule);
+    NoteRunSettingsChanges(state, *schedule, *adamw);
     return ::testing::internal::GetCapturedStderr();
   };
   TrainState state;
   EXPECT_EQ(note(state), "");  // a checkpoint that records none
-  state.extra["lr_schedule"] = schedule->ToString();
+  RecordRunSettings(*schedule, *adamw, state.extra);
+  EXPECT_EQ(state.extra["optimizer_settings"], adamw->Settings());
   EXPECT_EQ(note(state), "");
   state.extra["lr_schedule"] = MakeLrSchedule("cosine", 1e-3, 100).value()->ToString();
   EXPECT_EQ(note(state), "train: note: the checkpoint was trained with lr schedule " +
                              state.extra["lr_schedule"] + "; continuing with " +
                              schedule->ToString() + "\n");
+  // Another weight decay (the lr is the schedule's, so it alone does not count).
+  RecordRunSettings(*schedule, *MakeOptimizer({"adamw", 5e-4, std::nullopt, 0.95, 0.0}).value(),
+                    state.extra);
+  EXPECT_EQ(note(state), "train: note: the checkpoint was trained with optimizer "
+                         "adamw(beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0); continuing with "
+                         "adamw(beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0.1)\n");
+  RecordRunSettings(*schedule, *MakeOptimizer({"adamw", 5e-4, std::nullopt, 0.95, 0.1}).value(),
+                    state.extra);
+  EXPECT_EQ(note(state), "");
 }
 
 TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <system_error>
@@ -324,6 +325,29 @@ absl::Status ResumeFailure(const absl::Status& failure, const std::string& resum
   return absl::DataLossError(message);
 }
 
+void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed) {
+  if (checkpoint_dir.empty()) return;
+  namespace fs = std::filesystem;
+  fs::path folder = fs::path(resumed.step_dir).lexically_normal();
+  if (!folder.has_filename()) folder = folder.parent_path();  // "dir/step_000100/"
+  const fs::path parent = folder.parent_path().empty() ? fs::path(".") : folder.parent_path();
+  const std::string name = CheckpointStepName(resumed.state.step);
+  std::error_code ec;
+  if (folder.filename() != name || !fs::equivalent(parent, checkpoint_dir, ec) || ec) return;
+  std::ifstream f(checkpoint_dir + "/latest");
+  std::string latest;
+  if ((f >> latest) && latest == name) return;
+  absl::Status s = SetLatestCheckpoint(checkpoint_dir, resumed.state.step);
+  if (!s.ok()) {
+    std::fprintf(stderr, "train: warning: %s/latest still names %s: %s\n",
+                 checkpoint_dir.c_str(), latest.c_str(), std::string(s.message()).c_str());
+    return;
+  }
+  std::printf("%s/latest now names %s, the step this run continues (it named %s, which stays "
+              "on disk)\n",
+              checkpoint_dir.c_str(), name.c_str(), latest.empty() ? "none" : latest.c_str());
+}
+
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
                                          const std::string& checkpoint_dir, nn::Module& model,
                                          optim::Optimizer& optimizer, const std::string& config) {
@@ -335,7 +359,7 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
   if (!loader.ok()) return loader.status();
   std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
               static_cast<long long>(state->step));
-  return Resumed{*std::move(state), *std::move(loader)};
+  return Resumed{*std::move(state), *std::move(loader), *std::move(step_dir)};
 }
 
 bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps) {

@@ -118,6 +118,7 @@ std::string InitFromLine(absl::string_view source, bool resuming);
 struct Resumed {
   TrainState state;
   data::LoaderState loader;
+  std::string step_dir;  // the step folder it was loaded from
 };
 // A failure to load `step_dir` for --resume=`resume`: the message prefixed
 // "--resume=<resume>: ", and when the folder's files are damaged (DataLoss:
@@ -134,6 +135,15 @@ absl::Status ResumeFailure(const absl::Status& failure, const std::string& resum
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
                                          const std::string& checkpoint_dir, nn::Module& model,
                                          optim::Optimizer& optimizer, const std::string& config);
+// Once a resumed run restored everything and has steps to train: when
+// resumed.step_dir is a step folder of `checkpoint_dir` (its folder for that
+// step) and checkpoint_dir/latest names another (a later step, of the run
+// this one branches off), points `latest` at it and says so on stdout, so
+// that --resume=latest before this run's first save continues this run, not
+// the abandoned one. The later folders stay (a save of this run at their
+// step replaces them). Nothing for another directory, or when latest already
+// names it; a failure to write is a warning on stderr (the run goes on).
+void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed);
 // Whether to save a checkpoint after step_done (1-based) of `steps` every
 // `every` steps (0: never here; the last step's is saved after the loop).
 bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps);

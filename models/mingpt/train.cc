@@ -353,8 +353,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
     if (rank.logs()) {
-      train::NoteScheduleChange(resumed->state, *setup.schedule);
+      train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
+      if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
     }
     start = resumed->state.step;
   }
@@ -364,7 +365,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = setup.config.ToString();
-    state.extra["lr_schedule"] = setup.schedule->ToString();
+    train::RecordRunSettings(*setup.schedule, opt, state.extra);
     if (!setup.tokenizer.empty()) state.extra["tokenizer"] = setup.tokenizer;
     scaling.Save(state.extra);
     return (*dp)->SaveCheckpoint(checkpoint_dir, state);
@@ -452,6 +453,14 @@ absl::Status Train() {
   if (!accum_ok.ok()) return accum_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
+  // The optimizer's and schedule's flags, checked before any data is read.
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
+      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
+       absl::GetFlag(FLAGS_weight_decay)});
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
+      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
+  if (!schedule.ok()) return schedule.status();
   // --init_from: the weights, and the configuration that fits them.
   std::optional<PretrainedSources> pretrained;
   if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
@@ -529,13 +538,6 @@ absl::Status Train() {
       return absl::InvalidArgumentError(absl::StrCat("--eval_data: ", l.status().message()));
     eval_loader.emplace(*std::move(l));
   }
-  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
-      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum), 0.95,
-       absl::GetFlag(FLAGS_weight_decay)});
-  if (!optimizer.ok()) return optimizer.status();
-  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
-      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
-  if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
@@ -630,8 +632,9 @@ absl::Status Train() {
     if (!restored.ok()) return restored;
     restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
-    train::NoteScheduleChange(resumed->state, **schedule);
+    train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
+    if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
@@ -641,7 +644,7 @@ absl::Status Train() {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = config->ToString();
-    state.extra["lr_schedule"] = (*schedule)->ToString();
+    train::RecordRunSettings(**schedule, **optimizer, state.extra);
     if (!tokenizer->empty()) state.extra["tokenizer"] = *tokenizer;
     scaling->Save(state.extra);
     return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);

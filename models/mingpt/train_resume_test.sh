@@ -21,6 +21,12 @@ diff <(losses "$dir/full.jsonl") <(cat <(losses "$dir/part1.jsonl") <(losses "$d
 echo "resumed losses equal the uninterrupted run's:"
 losses "$dir/full.jsonl"
 
+# A resumed run that changes an optimizer setting says so, and continues with its own.
+"$train" "${common[@]}" --steps=4 --resume="$dir/ckpt/step_000003" --weight_decay=0.05 \
+  > /dev/null 2> "$dir/note.txt"
+grep -q "note: the checkpoint was trained with optimizer adamw(.*weight_decay=0.1); continuing with adamw(.*weight_decay=0.05)" "$dir/note.txt" ||
+  { echo "expected a note naming both weight decays:"; cat "$dir/note.txt"; exit 1; }
+
 # The loss falls over the 6 steps.
 first=$(losses "$dir/full.jsonl" | head -1 | cut -d' ' -f2)
 last=$(losses "$dir/full.jsonl" | tail -1 | cut -d' ' -f2)
@@ -33,6 +39,12 @@ if "$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest 2> "$dir
   echo "resuming from a corrupted checkpoint should fail"; exit 1
 fi
 grep -q "model.safetensors' is corrupted: checksum" "$dir/err.txt"
+# Resuming an earlier step of the directory points its latest there (it named step 6).
+"$train" "${common[@]}" --steps=4 --checkpoint_dir="$dir/ckpt" \
+  --resume="$dir/ckpt/step_000003" > "$dir/branch.log"
+grep -q "ckpt/latest now names step_000003, the step this run continues (it named step_000006" \
+  "$dir/branch.log" || { cat "$dir/branch.log"; exit 1; }
+[[ "$(cat "$dir/ckpt/latest")" == step_000004 && -d "$dir/ckpt/step_000006" ]]
 
 # Bad flags: exit code 2 and a message naming the flag.
 set +e
@@ -60,6 +72,8 @@ bad_flag "--grad_clip=-1 must be >= 0" --grad_clip=-1
 bad_flag "--grad_clip=nan must be >= 0" --grad_clip=nan
 bad_flag "--resume=$dir/none: no such checkpoint folder" --resume="$dir/none"
 bad_flag "--data=$dir/none.txt: .*cannot open" --data="$dir/none.txt"
+# The optimizer's flags are checked before the data is read.
+bad_flag "--optimizer='lion' is not one of adamw, sgd" --optimizer=lion --data="$dir/none.txt"
 bad_flag "--metrics_out: cannot open '$dir/none/m.jsonl'" --metrics_out="$dir/none/m.jsonl"
 bad_flag "--peak_tflops=-1 must be >= 0" --peak_tflops=-1
 

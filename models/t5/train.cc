@@ -333,8 +333,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
     if (rank.logs()) {
-      train::NoteScheduleChange(resumed->state, *setup.schedule);
+      train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
+      if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
     }
     start = resumed->state.step;
   }
@@ -344,7 +345,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = setup.config.ToString();
-    state.extra["lr_schedule"] = setup.schedule->ToString();
+    train::RecordRunSettings(*setup.schedule, opt, state.extra);
     scaling.Save(state.extra);
     return (*dp)->SaveCheckpoint(checkpoint_dir, state);
   };
@@ -427,6 +428,14 @@ absl::Status Train() {
   if (!loop_ok.ok()) return loop_ok;
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
+  // The optimizer's and schedule's flags, checked before any data is read.
+  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
+      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
+       0.999, absl::GetFlag(FLAGS_weight_decay)});
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
+      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
+  if (!schedule.ok()) return schedule.status();
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   absl::Status accum_ok = train::CheckGradAccumSteps(K);
   if (!accum_ok.ok()) return accum_ok;
@@ -540,13 +549,6 @@ absl::Status Train() {
   absl::StatusOr<train::LossScaling> scaling =
       train::LossScalingFromCommandLine(policy.NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
-  absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
-      {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
-       0.999, absl::GetFlag(FLAGS_weight_decay)});
-  if (!optimizer.ok()) return optimizer.status();
-  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
-      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
-  if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
       train::OpenMetrics(absl::GetFlag(FLAGS_metrics_out));
   if (!metrics.ok()) return metrics.status();
@@ -640,8 +642,9 @@ absl::Status Train() {
     if (!restored.ok()) return restored;
     restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return restored;
-    train::NoteScheduleChange(resumed->state, **schedule);
+    train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
+    if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
@@ -651,7 +654,7 @@ absl::Status Train() {
     state.step = step_done;
     state.loader_state = loader->state().ToString();
     state.extra["config"] = config->ToString();
-    state.extra["lr_schedule"] = (*schedule)->ToString();
+    train::RecordRunSettings(**schedule, **optimizer, state.extra);
     scaling->Save(state.extra);
     return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
   };
