@@ -250,18 +250,26 @@ class TimedStore : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
-// Each rank's process, as it announced itself at the rendezvous: a peer on
-// this host whose process has exited is named when a collective fails (gloo
-// only says a connection closed).
+// Each rank's process, as it announced itself when the group connected: a
+// peer on this host whose process has exited is named when a collective
+// fails (gloo only says a connection closed). Hosts compare by a hash of
+// their name (0: unknown).
 struct PeerProcess {
-  std::string host;
+  uint64_t host = 0;
   int64_t pid = 0;
 };
+static_assert(sizeof(PeerProcess) == 16, "all-gathered as 16 bytes a rank");
 
-std::string ThisHost() {
+// FNV-1a of the host name: the same on every rank whatever its build.
+uint64_t ThisHost() {
   char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
+  if (::gethostname(name, sizeof(name) - 1) != 0) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = name; *c != 0; ++c) {
+    h ^= static_cast<unsigned char>(*c);
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
 }
 
 // True when `pid` (on this host) is gone: no such process, or one that has
@@ -289,23 +297,16 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(timeout));
     ctx->connectFullMesh(store, shared->device);
-    const std::string me = absl::StrCat(ThisHost(), " ", ::getpid());
-    store.set(absl::StrCat("process/", rank), std::vector<char>(me.begin(), me.end()));
     // A rank's connectFullMesh can return while a peer is still finishing
-    // its side of the handshake; a barrier over the new connections makes
+    // its side of the handshake; a collective over the new connections makes
     // the group exist on every rank before any rank returns it (a rank that
     // then exits fails its peers' next collective, not their rendezvous).
-    // Every rank has announced its process by then.
-    gloo::BarrierOptions barrier(ctx);
-    barrier.setTimeout(ToMillis(timeout));
-    gloo::barrier(barrier);
+    // It is the all-gather of every rank's (host, pid): one collective, where
+    // reading each rank's key from the store cost size() reads per rank.
+    const PeerProcess me{ThisHost(), static_cast<int64_t>(::getpid())};
     Connected connected{ctx, std::vector<PeerProcess>(size)};
-    for (int r = 0; r < size; ++r) {
-      const std::vector<char> v = store.get(absl::StrCat("process/", r));
-      const std::vector<std::string> parts = absl::StrSplit(std::string(v.begin(), v.end()), ' ');
-      PeerProcess& p = connected.processes[r];
-      if (parts.size() == 2 && absl::SimpleAtoi(parts[1], &p.pid)) p.host = parts[0];
-    }
+    AllGatherBytes(ctx.get(), &me, connected.processes.data(), sizeof(PeerProcess),
+                   ToMillis(timeout));
     return connected;
   } catch (const std::exception& e) {
     const std::string what = e.what();
@@ -475,12 +476,12 @@ class GlooProcessGroup final : public ProcessGroup {
   // connection). A peer's sockets close as its process exits, a moment
   // before the process is gone: it is looked for for up to a second.
   std::string ExitedPeers() const {
-    const std::string host = ThisHost();
+    const uint64_t host = ThisHost();
     for (int attempt = 0; attempt < 10; ++attempt) {
       std::vector<std::string> exited;
       for (int r = 0; r < size(); ++r) {
         const PeerProcess& p = processes_[r];
-        if (r == rank() || p.host.empty() || p.host != host || !ProcessExited(p.pid)) continue;
+        if (r == rank() || p.host == 0 || p.host != host || !ProcessExited(p.pid)) continue;
         exited.push_back(absl::StrCat("rank ", r, " exited (pid ", p.pid, " on this host)"));
       }
       if (!exited.empty()) return absl::StrJoin(exited, ", ");
