@@ -229,8 +229,9 @@ void DistributedDataParallel::OnPostBackward(nn::Module& module) {
     internal::ZeroUnwrittenGrads(params_);
     if (!syncing_this_step_ || finished_) return;
     events_.push_back({Event::Kind::kRootPostBackward, -1});
+    readiness_->EndBackward();
     absl::Status status = Finish();
-    OP_CHECK(status.ok(), "ddp", "gradient all-reduce failed: ", status.ToString());
+    OP_CHECK(status.ok(), "ddp", "the synced backward failed: ", status.ToString());
     return;
   }
   if (!syncing_this_step_ || finished_) return;
@@ -247,6 +248,7 @@ absl::Status DistributedDataParallel::Finish() {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
+  status.Update(readiness_->CheckNoLateWrites("ddp", "all-reduce"));
   events_.push_back({Event::Kind::kReductionsDone, -1});
   finished_ = true;
   status_ = status;

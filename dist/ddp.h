@@ -18,12 +18,18 @@
 //
 // Hooks: a ModuleHooks object of this class is installed on every module of
 // the model (chaining to hooks installed before it, which still run first in
-// PostBackward and last in PreBackward). When a module's backward is done --
-// its last backward of the step, for a module run several times in forward
-// (T5's shared embedding, run by the encoder and the decoder) -- the
-// gradients of every parameter in its subtree are final; a bucket whose
-// parameters are all final is all-reduced (avg) asynchronously, in bucket
-// order on every rank, while backward goes on. At the root's PostBackward the
+// PostBackward and last in PreBackward). A parameter's gradient is final when
+// its module's backward is done -- its last backward of the step, for a module
+// run several times in forward (T5's shared embedding, run by the encoder and
+// the decoder) -- and the backward wrote it as often as the first synced
+// backward did (a use by another module, like T5's tied head, is waited for;
+// internal::BucketReadiness). The first synced backward, which learns those
+// counts, issues every bucket at its end, as PyTorch DDP's first iteration
+// learns the order; later ones overlap: a bucket whose parameters are all
+// final is all-reduced (avg) asynchronously, in bucket order on every rank,
+// while backward goes on (a gradient written after its bucket went out stops
+// the backward with an error naming it, on the rank that saw it, not a wrong
+// average; its peers' next collective then fails). At the root's PostBackward the
 // remaining buckets are issued and all are waited for (FinishBackward), so when
 // the root's RunBackward returns, every rank holds the averaged gradients.
 // Hooks installed on the model's modules after this object are not chained:

@@ -322,6 +322,7 @@ class RecordingOptimizer final : public optim::Optimizer {
  public:
   explicit RecordingOptimizer(std::vector<std::string>* log) : Optimizer(0.1), log_(log) {}
   const char* name() const override { return "recording"; }
+  std::string Settings() const override { return "recording()"; }
   std::vector<std::string> BufferNames() const override { return {}; }
 
  protected:

@@ -72,5 +72,37 @@ std::unique_ptr<optim::Optimizer> MakeOptimizer(Opt opt) {
   return optim::AdamW::Create(o).value();
 }
 
+std::vector<std::pair<int64_t, float>> ReducedSlices(const Zero1& zero) {
+  std::vector<std::pair<int64_t, float>> out;
+  for (int b = 0; b < zero.num_buckets(); ++b) {
+    const Zero1::Segment seg = zero.segment(b);
+    int64_t unpadded = 0;
+    for (int c = 0; c < zero.num_buckets(); ++c) {
+      if (zero.segment(c).begin < seg.begin) unpadded += zero.segment(c).numel;
+    }
+    const std::vector<float> g = zero.grad_shard(b).ToVector<float>();
+    for (int64_t j = 0; j < static_cast<int64_t>(g.size()); ++j) {
+      const int64_t in_segment = seg.shard_begin - seg.begin + j;
+      out.emplace_back(in_segment < seg.numel ? unpadded + in_segment : -1, g[j]);
+    }
+  }
+  return out;
+}
+
+void ExpectSlicesEqual(const std::vector<std::pair<int64_t, float>>& slices,
+                       const std::vector<float>& want, double tol, int rank) {
+  int64_t checked = 0;
+  for (auto& [pos, v] : slices) {
+    if (pos < 0) {
+      EXPECT_EQ(v, 0.0f) << "rank " << rank << ": padding";
+      continue;
+    }
+    ASSERT_LT(pos, static_cast<int64_t>(want.size()));
+    EXPECT_NEAR(v, want[pos], tol) << "rank " << rank << " @" << pos;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "rank " << rank;
+}
+
 }  // namespace ddp_zero1_testing
 }  // namespace dist

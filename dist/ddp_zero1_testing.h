@@ -1,14 +1,17 @@
 // What the DDP / ZeRO-1 tests share (ddp_zero1_test.cc: against one process,
-// buckets, no_sync; ddp_zero1_mixed_precision_test.cc: bf16 and memory): a
-// random global batch of token ids, each rank's rows of it, the model's
-// parameters and gradients flattened, and the two optimizers they step.
+// buckets, no_sync; ddp_zero1_reuse_test.cc: parameters used more than once;
+// ddp_zero1_mixed_precision_test.cc: bf16 and memory): a random global batch
+// of token ids, each rank's rows of it, the model's parameters and gradients
+// flattened, ZeRO-1's reduced slices, and the two optimizers they step.
 #ifndef DIST_DDP_ZERO1_TESTING_H_
 #define DIST_DDP_ZERO1_TESTING_H_
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "dist/zero1.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "tensor/tensor.h"
@@ -48,6 +51,15 @@ enum class Mode { kDdp, kZero1 };
 // SGD (lr 0.1, momentum 0.9, weight decay 0.01) or AdamW (lr 1e-2, weight decay 0.1).
 enum class Opt { kSgd, kAdamW };
 std::unique_ptr<optim::Optimizer> MakeOptimizer(Opt opt);
+
+// This rank's reduced gradient slices, each element with its position in the
+// model's gradients flattened in registration order without padding (-1 for
+// padding). The segments follow registration order, so a segment's first
+// element is preceded by the elements of the segments before it.
+std::vector<std::pair<int64_t, float>> ReducedSlices(const Zero1& zero);
+// Every slice element equals `want` at its position within `tol`; padding is zero.
+void ExpectSlicesEqual(const std::vector<std::pair<int64_t, float>>& slices,
+                       const std::vector<float>& want, double tol, int rank);
 
 }  // namespace ddp_zero1_testing
 }  // namespace dist

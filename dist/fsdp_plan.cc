@@ -1,25 +1,125 @@
-// FSDP planning without allocation (fsdp_plan.h): units, flat layouts and
-// per-rank memory from a model's shapes.
+// FSDP planning without allocation (fsdp_plan.h): units, flat layouts, their
+// nesting and per-rank memory from a model's shapes.
 #include "dist/fsdp_plan.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "dist/flat_param.h"
 #include "tensor/error.h"
 
 namespace dist {
+namespace {
 
-ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards) {
+// The parameters FullyShard keeps fp32: those owned by modules of `classes`.
+std::set<const nn::Parameter*> KeptFp32(nn::Module& root, const std::vector<std::string>& classes) {
+  std::set<const nn::Parameter*> kept;
+  if (classes.empty()) return kept;
+  for (auto& [prefix, module] : root.NamedModules()) {
+    if (std::find(classes.begin(), classes.end(), module->class_name()) == classes.end()) {
+      continue;
+    }
+    for (auto& [name, p] : module->LocalParameters()) kept.insert(p);
+  }
+  return kept;
+}
+
+// Sets each unit's parent: the nearest enclosing module that is a unit of
+// the plan (`index`: module -> plan index; units dropped for holding no
+// parameter are not in it, so their nested units hang from the unit above).
+void SetParents(nn::Module& root, const std::map<nn::Module*, int>& index, ShardingPlan* plan) {
+  std::function<void(nn::Module&, int)> walk = [&](nn::Module& m, int enclosing) {
+    for (auto& [child_name, child] : m.NamedChildren()) {
+      auto it = index.find(child);
+      if (it != index.end() && it->second != 0) {
+        plan->units[it->second].parent = enclosing;
+        walk(*child, it->second);
+      } else {
+        walk(*child, enclosing);
+      }
+    }
+  };
+  walk(root, 0);
+}
+
+// Unit u's unsharded parameters in bytes (see FsdpRankBytes): its gather
+// alone (`cast` false: prefetched, not yet in use), or with the param_dtype
+// copies of its parameters not kept fp32 (`cast`: in use).
+int64_t UnshardedBytes(const ShardingPlan::Unit& u, int param_bytes, bool cast) {
+  if (param_bytes >= 4 || u.fp32_numel == 0) return int64_t{param_bytes} * u.padded_numel;
+  return 4 * u.padded_numel + (cast ? int64_t{param_bytes} * (u.numel - u.fp32_numel) : 0);
+}
+
+// The root's `in_use` bytes plus the maximum over non-root units u of: the
+// `in_use` bytes of u's enclosing non-root units, plus, of the non-root
+// units that do not enclose u, the largest `in_use` (u itself) and `window`
+// - 1 times the largest `ahead` (units gathered ahead of their use), at most
+// as many units as there are. A unit of zero bytes (frozen, for gradients)
+// still counts as u.
+int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
+                 const std::vector<int64_t>& ahead, int64_t window) {
+  const int n = static_cast<int>(plan.units.size());
+  if (n <= 1) return n == 1 ? in_use[0] : 0;
+  // Non-root units with bytes, largest first by each measure.
+  std::vector<int> by_use, by_ahead;
+  for (int i = 1; i < n; ++i) {
+    if (in_use[i] > 0) by_use.push_back(i);
+  }
+  by_ahead = by_use;
+  std::stable_sort(by_use.begin(), by_use.end(),
+                   [&](int a, int b) { return in_use[a] > in_use[b]; });
+  std::stable_sort(by_ahead.begin(), by_ahead.end(),
+                   [&](int a, int b) { return ahead[a] > ahead[b]; });
+  // The largest of `sizes` over `order`'s units not in `enclosing` (found
+  // within the first |enclosing| + 1).
+  auto largest = [](const std::vector<int>& order, const std::vector<int64_t>& sizes,
+                    const std::set<int>& enclosing) -> int64_t {
+    for (int i : order) {
+      if (enclosing.count(i) == 0) return sizes[i];
+    }
+    return 0;
+  };
+  int64_t best = 0;
+  for (int u = 1; u < n; ++u) {
+    std::set<int> enclosing;  // with bytes
+    int64_t held = 0;
+    for (int a = plan.units[u].parent; a > 0; a = plan.units[a].parent) {
+      if (in_use[a] > 0) enclosing.insert(a);
+      held += in_use[a];
+    }
+    const int64_t others = int64_t(by_use.size() - enclosing.size());  // not enclosing u
+    const int64_t count = std::min(window, others);
+    if (count > 0) {
+      held +=
+          largest(by_use, in_use, enclosing) + (count - 1) * largest(by_ahead, ahead, enclosing);
+    }
+    best = std::max(best, held);
+  }
+  return in_use[0] + best;
+}
+
+}  // namespace
+
+ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards,
+                          const std::vector<std::string>& fp32_module_classes) {
   OP_CHECK(num_shards >= 1, "PlanSharding", "num_shards=", num_shards, " must be >= 1");
   ShardingPlan plan;
   plan.num_shards = num_shards;
+  const std::set<const nn::Parameter*> kept = KeptFp32(root, fp32_module_classes);
   std::vector<UnitPlan> units = PlanUnits(root, policy);
+  std::map<nn::Module*, int> index;  // module -> index in plan.units
   for (size_t i = 0; i < units.size(); ++i) {
     if (units[i].params.empty() && i != 0) continue;  // as FullyShard
     ShardingPlan::Unit u;
     u.name = units[i].name;
     u.num_params = static_cast<int>(units[i].params.size());
+    for (const auto& [name, p] : units[i].params) {
+      if (kept.count(p) > 0) u.fp32_numel += p->numel();
+    }
+    index[units[i].module] = static_cast<int>(plan.units.size());
     // The layout only: constructing a FlatParameter allocates nothing.
     const FlatParameter flat(std::move(units[i].params), num_shards, 0);
     u.numel = flat.numel();
@@ -31,6 +131,7 @@ ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_sh
     if (u.trains) plan.trainable_shard_numel += u.shard_numel;
     plan.units.push_back(std::move(u));
   }
+  SetParents(root, index, &plan);
   for (size_t i = plan.units.size() > 1 ? 1 : 0; i < plan.units.size(); ++i) {
     plan.max_padded_numel = std::max(plan.max_padded_numel, plan.units[i].padded_numel);
     if (plan.units[i].trains) {
@@ -42,28 +143,24 @@ ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_sh
 }
 
 FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptions& options) {
+  OP_CHECK(options.max_inflight_all_gathers >= 1, "EstimateFsdpRank",
+           "max_inflight_all_gathers=", options.max_inflight_all_gathers, " must be >= 1");
   FsdpRankBytes b;
   b.sharded_parameters = 4 * plan.shard_numel;
   b.sharded_gradients = 4 * plan.trainable_shard_numel;
   b.optimizer_state = int64_t{options.optimizer_bytes} * plan.trainable_shard_numel;
-  const int64_t root = plan.units.empty() ? 0 : plan.units.front().padded_numel;
-  const bool only_root = plan.units.size() <= 1;
-  int64_t params = 0;
-  if (!options.reshard_after_forward) {
-    for (const ShardingPlan::Unit& u : plan.units) params += u.padded_numel;
-  } else {
-    const int64_t others = int64_t(plan.units.size()) - 1;
-    params = root + (only_root ? 0
-                               : std::min<int64_t>(options.max_inflight_all_gathers, others) *
-                                     plan.max_padded_numel);
+  std::vector<int64_t> params, gathers, grads;  // per unit, bytes
+  for (const ShardingPlan::Unit& u : plan.units) {
+    params.push_back(UnshardedBytes(u, options.param_bytes, /*cast=*/true));
+    gathers.push_back(UnshardedBytes(u, options.param_bytes, /*cast=*/false));
+    grads.push_back(u.trains ? 4 * u.padded_numel : 0);
   }
-  b.unsharded_parameters_peak = int64_t{options.param_bytes} * params;
-  int64_t training_others = 0;
-  for (size_t i = 1; i < plan.units.size(); ++i) training_others += plan.units[i].trains ? 1 : 0;
-  const bool root_trains = !plan.units.empty() && plan.units.front().trains;
-  b.unsharded_gradients_peak =
-      4 * ((root_trains ? root : 0) +
-           std::min<int64_t>(2, training_others) * plan.max_trainable_padded_numel);
+  if (!options.reshard_after_forward) {
+    for (int64_t p : params) b.unsharded_parameters_peak += p;
+  } else {
+    b.unsharded_parameters_peak = HeldPeak(plan, params, gathers, options.max_inflight_all_gathers);
+  }
+  b.unsharded_gradients_peak = HeldPeak(plan, grads, grads, 2);
   return b;
 }
 

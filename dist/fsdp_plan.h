@@ -9,6 +9,10 @@
 //
 // The layouts are FlatParameter's own (the same code FullyShard runs), so
 // plan.units[i].shard_numel equals FullyShard(...)->flat_param(i).shard_numel().
+// The plan also records how units nest (a size-based policy wraps a module
+// and modules inside it: FullyShard keeps the outer unit gathered while the
+// inner ones run) and which units hold parameters of module classes a
+// mixed-precision policy keeps fp32 (such a unit is gathered in fp32).
 #ifndef DIST_FSDP_PLAN_H_
 #define DIST_FSDP_PLAN_H_
 
@@ -31,6 +35,14 @@ struct ShardingPlan {
     // Some parameter trains (requires_grad): the unit has a gradient shard
     // and optimizer state (of its whole shard, frozen elements included).
     bool trains = true;
+    // The index in `units` of the nearest enclosing unit (0: the root; -1 for
+    // the root itself). FullyShard holds every enclosing unit gathered (and
+    // its gradient allocated) while this one runs its forward or backward.
+    int parent = -1;
+    // Elements of parameters owned by modules of the fp32 classes given to
+    // PlanSharding. Under a low-precision param dtype a unit with any gathers
+    // in fp32 and holds param_dtype copies of its other parameters.
+    int64_t fp32_numel = 0;
   };
   int num_shards = 1;
   std::vector<Unit> units;  // FullyShard's order: the root first (units without parameters dropped)
@@ -42,30 +54,48 @@ struct ShardingPlan {
 };
 
 // `num_shards` >= 1: the shard group size (world size; HYBRID_SHARD: its
-// group size).
-ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards);
+// group size). `fp32_module_classes`: nn::Module::class_name()s whose
+// parameters the mixed-precision policy keeps fp32
+// (precision::MixedPrecisionPolicy::fp32_module_classes, as FsdpOptions'
+// mixed_precision gives FullyShard).
+ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards,
+                          const std::vector<std::string>& fp32_module_classes = {});
 
 struct FsdpEstimateOptions {
   int param_bytes = 4;       // unsharded compute copies: 4 fp32, 2 bf16/fp16
   int optimizer_bytes = 8;   // K per element: AdamW 8, SGD with momentum 4
-  int max_inflight_all_gathers = 2;
+  int max_inflight_all_gathers = 2;  // >= 1 (EstimateFsdpRank throws tensor::OpError)
   bool reshard_after_forward = true;  // FULL_SHARD (false: SHARD_GRAD_OP)
 };
 
 // Bytes one rank holds (FULL_SHARD / SHARD_GRAD_OP), as the memory ledger
-// counts them: sharded state exactly; the unsharded peaks as an upper
-// estimate from the layout (activations and temporaries are not included).
+// counts them: sharded state exactly; the unsharded peaks as an upper bound
+// from the layout (activations and temporaries are not included; nor are
+// gradients accumulated under no_sync, explicit prefetch lists longer than
+// max_inflight_all_gathers, or SetReshardAfterForward overrides).
+//
+// A unit's unsharded parameters take param_bytes per padded element; under a
+// low-precision param_bytes (< 4) a unit holding fp32-kept parameters
+// (Unit::fp32_numel > 0) takes 4 per padded element (its fp32 gather), plus,
+// once in use (not while only prefetched), param_bytes per element not kept
+// (the compute copies FullyShard casts from the gather).
 struct FsdpRankBytes {
   int64_t sharded_parameters = 0;  // fp32 shards: 4 * shard_numel
   int64_t sharded_gradients = 0;   // fp32: 4 * trainable_shard_numel
   int64_t optimizer_state = 0;     // K * trainable_shard_numel
   // FULL_SHARD: the root unit (kept from its forward to its backward) plus
-  // max_inflight_all_gathers of the largest units, in param_bytes;
-  // SHARD_GRAD_OP: every unit.
+  // the maximum over units u of: u's enclosing units (held while u runs)
+  // plus max_inflight_all_gathers units (u, and the ones prefetched ahead of
+  // it), each as large as the largest unit that does not enclose u. Without
+  // nesting (and fp32 units): the root plus max_inflight_all_gathers of the
+  // largest units. SHARD_GRAD_OP: every unit.
   int64_t unsharded_parameters_peak = 0;
-  // fp32 unsharded gradients: the root plus two of the largest units (the one
-  // computing and the one whose reduce-scatter is in flight); units of frozen
-  // parameters only have none.
+  // fp32 unsharded gradients: the root's plus the maximum over units u of
+  // u's enclosing units' (allocated from their pre-backward to their
+  // post-backward) plus two of the largest units that do not enclose u (the
+  // one computing and the one whose reduce-scatter is in flight); units of
+  // frozen parameters only have none. Without nesting: the root plus two of
+  // the largest units.
   int64_t unsharded_gradients_peak = 0;
   int64_t model_state() const { return sharded_parameters + sharded_gradients + optimizer_state; }
   int64_t peak() const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -94,15 +95,26 @@ std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Mo
 
 BucketReadiness::BucketReadiness(nn::Module& root, std::vector<int> bucket_of, int num_buckets)
     : root_(root),
+      params_(root.NamedParameters()),
       bucket_of_(std::move(bucket_of)),
+      bucket_params_(num_buckets),
       bucket_size_(num_buckets, 0),
       pending_(num_buckets, 0),
       final_(bucket_of_.size(), false),
+      modules_done_(bucket_of_.size(), false),
+      writes_at_start_(bucket_of_.size(), 0),
+      writes_when_taken_(bucket_of_.size(), -1),
+      expected_writes_(bucket_of_.size(), 0),
       subtree_(SubtreeParameterIndices(root)) {
-  for (int b : bucket_of_) {
+  OP_CHECK(bucket_of_.size() == params_.size(), "buckets", bucket_of_.size(),
+           " bucket indices for ", params_.size(), " parameters");
+  for (size_t i = 0; i < bucket_of_.size(); ++i) {
+    const int b = bucket_of_[i];
     OP_CHECK(b >= -1 && b < num_buckets, "buckets", "bucket ", b, " out of [0, ", num_buckets,
              ") (or -1: none)");
-    if (b >= 0) ++bucket_size_[b];
+    if (b < 0) continue;
+    ++bucket_size_[b];
+    bucket_params_[b].push_back(static_cast<int>(i));
   }
   for (auto& [module, indices] : subtree_) calls_[module] = {0, 0};
 }
@@ -119,16 +131,46 @@ void BucketReadiness::EndForward() { forward_phase_ = false; }
 
 void BucketReadiness::StartBackward() {
   std::fill(final_.begin(), final_.end(), false);
+  std::fill(modules_done_.begin(), modules_done_.end(), false);
+  std::fill(writes_when_taken_.begin(), writes_when_taken_.end(), -1);
+  for (size_t i = 0; i < params_.size(); ++i) writes_at_start_[i] = params_[i].second->grad_writes;
   pending_ = bucket_size_;
   next_ = 0;
 }
 
+int64_t BucketReadiness::Writes(int param) const {
+  return params_[param].second->grad_writes - writes_at_start_[param];
+}
+
 void BucketReadiness::OnPostBackward(nn::Module& module) {
   std::pair<int, int>& calls = calls_[&module];
-  if (++calls.second < calls.first) return;
-  auto it = subtree_.find(&module);
-  if (it == subtree_.end()) return;
-  for (int i : it->second) MarkFinal(i);
+  if (++calls.second >= calls.first) {
+    auto it = subtree_.find(&module);
+    if (it != subtree_.end()) {
+      for (int i : it->second) modules_done_[i] = true;
+    }
+  }
+  // Also parameters whose modules finished earlier and that another module
+  // has written since.
+  MarkWrittenFinal();
+}
+
+void BucketReadiness::MarkWrittenFinal() {
+  if (!learned_) return;  // the first synced backward: final at its end
+  // The buckets not taken yet (a parameter in none decides nothing).
+  for (size_t b = next_; b < bucket_params_.size(); ++b) {
+    for (int p : bucket_params_[b]) {
+      if (!final_[p] && modules_done_[p] && Writes(p) >= expected_writes_[p]) MarkFinal(p);
+    }
+  }
+}
+
+void BucketReadiness::EndBackward() {
+  for (size_t i = 0; i < expected_writes_.size(); ++i) {
+    expected_writes_[i] = std::max(expected_writes_[i], Writes(static_cast<int>(i)));
+  }
+  learned_ = true;
+  MarkAllFinal();
 }
 
 void BucketReadiness::MarkAllFinal() {
@@ -143,7 +185,22 @@ void BucketReadiness::MarkFinal(int param) {
 
 int BucketReadiness::TakeNextReady() {
   if (next_ >= static_cast<int>(pending_.size()) || pending_[next_] > 0) return -1;
+  for (int p : bucket_params_[next_]) writes_when_taken_[p] = Writes(p);
   return next_++;
+}
+
+absl::Status BucketReadiness::CheckNoLateWrites(const char* op, const char* collective) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int p = static_cast<int>(i);
+    if (writes_when_taken_[p] < 0 || Writes(p) == writes_when_taken_[p]) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "[", op, "] the gradient of '", params_[p].first, "' was written after its bucket's ",
+        collective, " went out (", Writes(p), " writes this backward, ", writes_when_taken_[p],
+        " when the bucket went out): it was used more often than in the synced backwards "
+        "before, which set when its gradient is final, and every rank's gradient of it is "
+        "wrong. Use each parameter equally often every step"));
+  }
+  return absl::OkStatus();
 }
 
 tensor::Tensor LowPrecisionCopies::Make(int bucket, const tensor::Tensor& src,

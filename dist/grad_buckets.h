@@ -84,13 +84,22 @@ void CheckFrozenUnchanged(const char* op,
 // of the parameters in its subtree.
 std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);
 
-// Which buckets' gradients are final during a synced backward. A module's
-// parameters are final after its last backward of the step: as many
-// backwards as it ran forwards (a module run twice, like T5's shared
-// embedding, is done only after its second backward). Forwards count from the
-// root's PreForward to EndForward; forwards recomputed during backward
-// (activation checkpointing) do not count. Buckets are taken strictly in
-// bucket order, so every rank issues the same sequence of collectives.
+// Which buckets' gradients are final during a synced backward. A
+// parameter's gradient is final once both hold:
+//  - the modules of its subtree ran as many backwards as forwards (a module
+//    run twice, like T5's shared embedding, is done only after its second
+//    backward). Forwards count from the root's PreForward to EndForward;
+//    forwards recomputed during backward (activation checkpointing) do not;
+//  - the backward wrote it (Parameter::grad_writes) as often as the synced
+//    backwards before did (the most any made), so a use by another module
+//    (T5's tied head, a weight a parent module reads itself) is waited for.
+// The first synced backward knows no write counts yet: no bucket is final
+// before its end (EndBackward), which records them (PyTorch DDP's first
+// iteration, too, learns the order gradients become ready). A later backward
+// that writes a gradient after its bucket was taken (a parameter used more
+// often than in the first) is reported by CheckNoLateWrites. Buckets are
+// taken strictly in bucket order, so every rank issues the same sequence of
+// collectives.
 class BucketReadiness {
  public:
   // bucket_of: per parameter of root.NamedParameters(), its bucket in
@@ -107,23 +116,47 @@ class BucketReadiness {
   void StartBackward();
   // From a module hook's PostBackward during a synced backward.
   void OnPostBackward(nn::Module& module);
-  // Every parameter is final (the root's backward ended, or the step is
-  // being finished early).
+  // The root's backward ended: every parameter is final, and each one's
+  // writes this backward become the count later backwards wait for (the
+  // largest seen).
+  void EndBackward();
+  // Every parameter is final (the step is being finished early; nothing is
+  // learned from a partial backward: a loop whose synced backwards never
+  // reach the root's PostBackward never overlaps its collectives).
   void MarkAllFinal();
   // The next bucket, in bucket order, whose parameters are all final, now
   // taken; -1 when the next one is not ready (or all were taken).
   int TakeNextReady();
   // Buckets taken this backward: [0, num_taken()).
   int num_taken() const { return next_; }
+  // FailedPrecondition (starting "[op] ") naming the first parameter whose
+  // gradient was written after its bucket was taken this backward: the
+  // `collective` read it while it changed, so every rank's copy is wrong.
+  absl::Status CheckNoLateWrites(const char* op, const char* collective) const;
 
  private:
   void MarkFinal(int param);
+  // Marks final the parameters whose modules are done and whose writes
+  // reached the learned count.
+  void MarkWrittenFinal();
+  int64_t Writes(int param) const;  // this backward's
 
   nn::Module& root_;
+  std::vector<std::pair<std::string, nn::Parameter*>> params_;
   std::vector<int> bucket_of_;
+  std::vector<std::vector<int>> bucket_params_;
   std::vector<int> bucket_size_;  // parameters per bucket
   std::vector<int> pending_;      // per bucket: parameters not final yet
-  std::vector<bool> final_;       // per parameter, this backward
+  // Per parameter, this backward: final; its modules done; grad_writes at
+  // StartBackward; writes when its bucket was taken (-1: not taken).
+  std::vector<bool> final_;
+  std::vector<bool> modules_done_;
+  std::vector<int64_t> writes_at_start_;
+  std::vector<int64_t> writes_when_taken_;
+  // Per parameter: the writes a backward makes (the largest an ended synced
+  // backward made); known once one ended.
+  std::vector<int64_t> expected_writes_;
+  bool learned_ = false;
   int next_ = 0;
   std::unordered_map<nn::Module*, std::vector<int>> subtree_;
   // Per module this step: {forward calls, backward calls}.

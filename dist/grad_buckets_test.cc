@@ -161,19 +161,44 @@ void Forward(BucketReadiness& r, nn::Sequential& seq) {
   r.EndForward();
 }
 
+// A backward's gradient writes: once per parameter of seq.at(layer).
+void WriteGrads(nn::Sequential& seq, size_t layer) {
+  for (auto& [name, p] : seq.at(layer)->NamedParameters()) p->GradToWrite();
+}
+
+// The first synced backward (each layer's parameters written once), which
+// the rule learns from: every bucket waits for its end.
+std::unique_ptr<BucketReadiness> LearnedReadiness(nn::Sequential& seq) {
+  auto r = Readiness(seq);
+  Forward(*r, seq);
+  r->StartBackward();
+  for (size_t layer : {2, 1, 0}) {
+    WriteGrads(seq, layer);
+    r->OnPostBackward(*seq.at(layer));
+    EXPECT_EQ(r->TakeNextReady(), -1) << "the first backward issues at its end";
+  }
+  r->EndBackward();
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(r->TakeNextReady(), b);
+  EXPECT_TRUE(r->CheckNoLateWrites("t", "all-reduce").ok());
+  return r;
+}
+
 TEST(BucketReadinessTest, BucketsAreTakenInOrderOnceTheirModulesAreDone) {
   auto seq = ThreeLinears();
-  auto r = Readiness(*seq);
+  auto r = LearnedReadiness(*seq);
   for (int step = 0; step < 2; ++step) {
     Forward(*r, *seq);
     r->StartBackward();
     EXPECT_EQ(r->TakeNextReady(), -1);
+    WriteGrads(*seq, 2);
     r->OnPostBackward(*seq->at(2));
     EXPECT_EQ(r->TakeNextReady(), 0);
     EXPECT_EQ(r->TakeNextReady(), -1);
     // Bucket 2 is ready before bucket 1: it waits, so every rank issues 0, 1, 2.
+    WriteGrads(*seq, 0);
     r->OnPostBackward(*seq->at(0));
     EXPECT_EQ(r->TakeNextReady(), -1);
+    WriteGrads(*seq, 1);
     r->OnPostBackward(*seq->at(1));
     EXPECT_EQ(r->TakeNextReady(), 1);
     EXPECT_EQ(r->TakeNextReady(), 2);
@@ -184,32 +209,36 @@ TEST(BucketReadinessTest, BucketsAreTakenInOrderOnceTheirModulesAreDone) {
 
 TEST(BucketReadinessTest, AModuleRunTwiceIsDoneAfterItsSecondBackward) {
   auto seq = ThreeLinears();
-  auto r = Readiness(*seq);
+  auto r = LearnedReadiness(*seq);
   r->OnPreForward(*seq);
   for (int i : {0, 1, 2, 2}) r->OnPreForward(*seq->at(i));  // layer 2 runs twice
   r->EndForward();
   r->StartBackward();
+  WriteGrads(*seq, 2);
   r->OnPostBackward(*seq->at(2));
   EXPECT_EQ(r->TakeNextReady(), -1);
+  WriteGrads(*seq, 2);
   r->OnPostBackward(*seq->at(2));
   EXPECT_EQ(r->TakeNextReady(), 0);
 }
 
 TEST(BucketReadinessTest, ForwardsRecomputedDuringBackwardDoNotCount) {
   auto seq = ThreeLinears();
-  auto r = Readiness(*seq);
+  auto r = LearnedReadiness(*seq);
   Forward(*r, *seq);
   r->StartBackward();
   r->OnPreForward(*seq->at(2));  // activation checkpointing recomputes layer 2
+  WriteGrads(*seq, 2);
   r->OnPostBackward(*seq->at(2));
   EXPECT_EQ(r->TakeNextReady(), 0);
 }
 
 TEST(BucketReadinessTest, MarkAllFinalReleasesEveryBucketInOrder) {
   auto seq = ThreeLinears();
-  auto r = Readiness(*seq);
+  auto r = LearnedReadiness(*seq);
   Forward(*r, *seq);
   r->StartBackward();
+  WriteGrads(*seq, 1);
   r->OnPostBackward(*seq->at(1));  // bucket 1 ready, bucket 0 not
   EXPECT_EQ(r->TakeNextReady(), -1);
   r->MarkAllFinal();
@@ -217,11 +246,66 @@ TEST(BucketReadinessTest, MarkAllFinalReleasesEveryBucketInOrder) {
   EXPECT_EQ(r->TakeNextReady(), 1);
   EXPECT_EQ(r->TakeNextReady(), 2);
   EXPECT_EQ(r->TakeNextReady(), -1);
-  // The root's backward marks its whole subtree too.
+  // The root's backward marks its whole subtree too (once every gradient is written).
   r->StartBackward();
+  for (size_t layer : {2, 1, 0}) WriteGrads(*seq, layer);
   r->OnPostBackward(*seq);
   EXPECT_EQ(r->num_taken(), 0);
   EXPECT_EQ(r->TakeNextReady(), 0);
+}
+
+// A parameter another module also uses (a weight of layer 2 that layer 0's
+// backward writes too, as T5's tied head writes the shared embedding): the
+// first backward learns its two writes, and later ones wait for both.
+TEST(BucketReadinessTest, AGradientWrittenByAnotherModuleIsFinalAfterThatWriteToo) {
+  auto seq = ThreeLinears();
+  auto r = Readiness(*seq);
+  nn::Parameter& shared = *seq->NamedParameters()[4].second;  // 2.weight, bucket 0
+  for (int step = 0; step < 3; ++step) {
+    Forward(*r, *seq);
+    r->StartBackward();
+    WriteGrads(*seq, 2);
+    r->OnPostBackward(*seq->at(2));
+    EXPECT_EQ(r->TakeNextReady(), -1) << step;  // step 0: learning; then: one write missing
+    WriteGrads(*seq, 1);
+    r->OnPostBackward(*seq->at(1));
+    EXPECT_EQ(r->TakeNextReady(), -1) << step;
+    WriteGrads(*seq, 0);
+    shared.GradToWrite();  // layer 0's backward uses 2.weight too
+    r->OnPostBackward(*seq->at(0));
+    if (step == 0) {
+      EXPECT_EQ(r->TakeNextReady(), -1);
+      r->EndBackward();
+    }
+    for (int b = 0; b < 3; ++b) EXPECT_EQ(r->TakeNextReady(), b) << step;
+    EXPECT_TRUE(r->CheckNoLateWrites("t", "all-reduce").ok());
+    if (step > 0) r->EndBackward();
+  }
+}
+
+// A gradient written after its bucket was taken (more uses than the first
+// backward made) is an error naming the parameter and the counts.
+TEST(BucketReadinessTest, AWriteAfterTheBucketWentOutIsReported) {
+  auto seq = ThreeLinears();
+  auto r = LearnedReadiness(*seq);
+  Forward(*r, *seq);
+  r->StartBackward();
+  WriteGrads(*seq, 2);
+  r->OnPostBackward(*seq->at(2));
+  EXPECT_EQ(r->TakeNextReady(), 0);
+  seq->NamedParameters()[5].second->GradToWrite();  // 2.bias again, after bucket 0 went out
+  WriteGrads(*seq, 1);
+  r->OnPostBackward(*seq->at(1));
+  WriteGrads(*seq, 0);
+  r->OnPostBackward(*seq->at(0));
+  r->EndBackward();
+  const absl::Status late = r->CheckNoLateWrites("ddp", "all-reduce");
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(late.message()),
+            "[ddp] the gradient of '2.bias' was written after its bucket's all-reduce went out "
+            "(2 writes this backward, 1 when the bucket went out): it was used more often than "
+            "in the synced backwards before, which set when its gradient is final, and every "
+            "rank's gradient of it is wrong. Use each parameter equally often every step");
 }
 
 }  // namespace

@@ -272,7 +272,7 @@ void Zero1::OnPostBackward(nn::Module& module) {
     internal::ZeroUnwrittenGrads(params_);  // what it did not reach: zeros (under no_sync too)
     if (!syncing_this_step_) return;
     events_.push_back({BackwardEvent::Kind::kRootPostBackward, -1});
-    readiness_->MarkAllFinal();
+    readiness_->EndBackward();
     IssueReadyBuckets();
     syncing_this_step_ = false;
     return;
@@ -294,6 +294,7 @@ absl::Status Zero1::FinishBackward() {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
+  status.Update(readiness_->CheckNoLateWrites("zero1", "reduce-scatter"));
   for (Bucket& b : buckets_) b.work.reset();
   events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
   in_flight_ = false;

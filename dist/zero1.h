@@ -34,7 +34,8 @@
 //
 // Backward (hooks installed on every module, as DDP's, chaining to earlier
 // hooks): once every parameter of a bucket has its final gradient (the rule
-// of internal::BucketReadiness), the bucket's segment of the flat gradient is
+// of internal::BucketReadiness, which the first synced backward learns: it
+// issues every bucket at its end), the bucket's segment of the flat gradient is
 // reduce-scattered (avg) asynchronously into this rank's slice of it, in
 // bucket order, so the reduce-scatters overlap the rest of backward (as
 // DeepSpeed's overlap_comm). The root's PostBackward issues what is left.

@@ -93,6 +93,7 @@ tensor::Tensor& Parameter::GradBuffer() {
 Parameter::GradSink Parameter::GradToWrite() {
   OP_CHECK(requires_grad, "parameter", "a gradient was asked of a frozen parameter ",
            shape.ToString(), " (requires_grad is false)");
+  ++grad_writes;
   if (grad.defined()) {
     const bool accumulate = !grad_unwritten;
     grad_unwritten = false;

@@ -101,6 +101,10 @@ struct Parameter {
   // and the owner zeroes what no backward wrote (FSDP after the unit's
   // backward, DDP / ZeRO-1 before a bucket's collective).
   bool grad_unwritten = false;
+  // How many times a backward asked for the gradient (GradToWrite, GradBuffer):
+  // once per use. DDP and ZeRO-1 count a backward's writes to know when a
+  // gradient is final, whichever modules use the parameter.
+  int64_t grad_writes = 0;
 
   int64_t numel() const { return shape.numel(); }
   // The gradient, allocated as fp32 zeros (category: gradients) if undefined,

@@ -8,9 +8,18 @@
 //
 // Per world size: elements per rank, the sharded model state (fp32 parameter
 // and gradient shards + optimizer state: (4 + 4 + K) Psi / N plus padding),
-// and an upper estimate of the unsharded peaks (the root unit and
-// --max_inflight_all_gathers of the largest units in the compute dtype; fp32
-// gradients of the root and two units). Activations are not included.
+// and an upper bound of the unsharded peaks (dist::EstimateFsdpRank): the
+// root unit plus, for the unit running, the units enclosing it (nested units:
+// --auto_wrap=size:N wraps a module and modules inside it; FSDP keeps the
+// outer unit gathered while the inner ones run) and --max_inflight_all_gathers
+// units (it and those prefetched), in the compute dtype; fp32 gradients of
+// the root, the enclosing units and two units. Without nesting: the root and
+// --max_inflight_all_gathers of the largest units. Under --precision=bf16 a
+// unit holding parameters of a module class the train binaries' bf16 policy
+// keeps fp32 (precision::MixedPrecisionPolicy::Bf16()'s fp32_module_classes:
+// BatchNorm1d) is counted as FSDP gathers it: in fp32, plus bf16 copies of its
+// other parameters. Activations are not included. --units marks such units
+// "(fp32 gather)" and nested ones "(inside <unit>)".
 // --freeze (the train binaries' patterns): frozen parameters, wrapped as the
 // binaries wrap them (dist::WrapPolicy::FrozenLeavesApart); units of frozen
 // parameters only hold no gradient shard and no optimizer state. A layout the
@@ -37,11 +46,13 @@
 #include "models/t5/config.h"
 #include "models/t5/model.h"
 #include "nn/freeze.h"
+#include "precision/policy.h"
 
 ABSL_FLAG(std::string, preset, "gpt-175b", "a minGPT preset (gpt-nano .. gpt-1t) or a T5 preset");
 ABSL_FLAG(std::string, world_sizes, "8,64,512,1024", "comma-separated shard group sizes");
 ABSL_FLAG(std::string, auto_wrap, "transformer", "none, transformer (Block / T5Block) or size:N");
-ABSL_FLAG(std::string, precision, "bf16", "compute dtype of the unsharded parameters: fp32 or bf16");
+ABSL_FLAG(std::string, precision, "bf16",
+          "compute dtype of the unsharded parameters: fp32 or bf16 (the train binaries' policy)");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd (sets K, optimizer bytes per element)");
 ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the root");
 ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a table");
@@ -110,6 +121,11 @@ int main(int argc, char** argv) {
   if (precision != "fp32" && precision != "bf16") {
     return Fail(absl::StrCat("--precision='", precision, "' is not one of fp32, bf16"));
   }
+  // The policy the train binaries build from --precision (the classes it
+  // keeps fp32 are gathered in fp32 under bf16).
+  absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
+      precision::MixedPrecisionPolicy::FromName(precision);
+  if (!mixed.ok()) return Fail(std::string(mixed.status().message()));
   absl::StatusOr<int> k = train::OptimizerBytesPerParameter(absl::GetFlag(FLAGS_optimizer));
   if (!k.ok()) return Fail(std::string(k.status().message()));
   std::vector<int> worlds;
@@ -142,7 +158,8 @@ int main(int argc, char** argv) {
                 "state GiB", "unsh. params", "unsh. grads", "total GiB");
   }
   for (int world : worlds) {
-    const dist::ShardingPlan plan = dist::PlanSharding(*model, policy, world);
+    const dist::ShardingPlan plan =
+        dist::PlanSharding(*model, policy, world, mixed->fp32_module_classes);
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
     if (json) {
       std::printf(
@@ -164,10 +181,14 @@ int main(int argc, char** argv) {
     }
     if (absl::GetFlag(FLAGS_units)) {
       for (const dist::ShardingPlan::Unit& u : plan.units) {
-        std::printf("    %-28s %4d params %16lld elements %16lld padded %14lld per rank%s\n",
+        const bool fp32 = mixed->IsMixed() && u.fp32_numel > 0;
+        const std::string inside =
+            u.parent > 0 ? absl::StrCat(" (inside ", plan.units[u.parent].name, ")") : "";
+        std::printf("    %-28s %4d params %16lld elements %16lld padded %14lld per rank%s%s%s\n",
                     u.name.empty() ? "<root>" : u.name.c_str(), u.num_params,
                     static_cast<long long>(u.numel), static_cast<long long>(u.padded_numel),
-                    static_cast<long long>(u.shard_numel), u.trains ? "" : " (frozen)");
+                    static_cast<long long>(u.shard_numel), u.trains ? "" : " (frozen)",
+                    fp32 ? " (fp32 gather)" : "", inside.c_str());
       }
     }
   }

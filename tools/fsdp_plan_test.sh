@@ -3,7 +3,7 @@
 # shared embedding kept in the root unit), less model state than with
 # everything training, and a pattern that selects nothing exits 2. Layouts
 # training refuses (T5's tied shared.weight outside the root unit) and
-# --max_inflight_all_gathers < 1 exit 2 too.
+# --max_inflight_all_gathers < 1 exit 2 too. Nested units (size:N) name the unit they sit in.
 set -euo pipefail
 plan="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -27,7 +27,11 @@ stay in the root unit" "$plan" --preset=t5-small --auto_wrap=size:1000000
 exits_2 "puts 'shared.weight' into the FSDP unit" \
   "$plan" --preset=t5-small --auto_wrap=size:1000000 --freeze=encoder
 "$plan" --preset=t5-small --world_sizes=8 --auto_wrap=none > /dev/null
-"$plan" --preset=gpt2 --world_sizes=8 --auto_wrap=size:1000000 > /dev/null  # no tied weight
+# no tied weight; size:N wraps the transformer and large modules inside it: nested units
+# are listed as such.
+"$plan" --preset=gpt2 --world_sizes=8 --auto_wrap=size:1000000 --units > "${TEST_TMPDIR}/nested.txt"
+grep -qE "^ +transformer\.h\.0\.mlp\.c_fc .*per rank \(inside transformer\)$" \
+  "${TEST_TMPDIR}/nested.txt" || { cat "${TEST_TMPDIR}/nested.txt"; exit 1; }
 exits_2 "--max_inflight_all_gathers=0 must be >= 1" "$plan" --preset=gpt-nano \
   --max_inflight_all_gathers=0
 exits_2 "--max_inflight_all_gathers=-1 must be >= 1" "$plan" --preset=gpt-nano \
