@@ -1,6 +1,12 @@
-// PlanSharding: the layouts equal FullyShard's own, and a gpt-175b plan at
-// 1024 ranks is built without allocating any parameter.
+// PlanSharding: the layouts equal FullyShard's own, a gpt-175b plan at 1024
+// ranks is built without allocating any parameter, and EstimateFsdpRank's
+// unsharded peaks bound what FullyShard's ledger measures, with nested units
+// and with units gathered fp32 under bf16.
 #include "dist/fsdp_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
 
 #include "dist/fsdp.h"
 #include "dist/fsdp_testing.h"
@@ -10,10 +16,57 @@
 #include "models/mingpt/model.h"
 #include "nn/freeze.h"
 #include "optim/adamw.h"
+#include "precision/policy.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
 namespace {
+
+using tensor::MemoryCategory;
+
+struct Peaks {
+  int64_t params = 0;  // unsharded parameters: the category's peak less the shards
+  int64_t grads = 0;   // unsharded gradients: the same less the gradient shards
+};
+
+// The largest unsharded peaks any rank's ledger measures over `passes`
+// forward+backward passes of minGPT `c` under FullyShard(options) on
+// `world` threads-engine ranks (the first pass records the order the later
+// ones prefetch from).
+Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& options,
+                   int passes = 2) {
+  const tensor::Tensor idx = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 3);
+  const tensor::Tensor tgt = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 4);
+  ThreadWorld threads(world);
+  std::mutex mu;
+  Peaks worst;
+  absl::Status s = RunRanks(threads, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    auto fsdp = FullyShard(gpt, pg, options);
+    const int64_t shards = fsdp->Memory(MemoryCategory::kParameters).current;
+    const int64_t grad_shards = fsdp->Memory(MemoryCategory::kGradients).current;
+    threads.ledger(rank).ResetPeaks();
+    for (int pass = 0; pass < passes; ++pass) {
+      gpt.ForwardBackward(idx.Narrow(0, rank * 2, 2).Contiguous(),
+                          tgt.Narrow(0, rank * 2, 2).Contiguous());
+    }
+    const int64_t params = fsdp->Memory(MemoryCategory::kParameters).peak - shards;
+    const int64_t grads = fsdp->Memory(MemoryCategory::kGradients).peak - grad_shards;
+    std::lock_guard<std::mutex> lock(mu);
+    worst.params = std::max(worst.params, params);
+    worst.grads = std::max(worst.grads, grads);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return worst;
+}
+
+// The estimate before it knew of nesting: the root plus `window` of the
+// largest units, as if no unit held another.
+int64_t FlatBound(const ShardingPlan& plan, int bytes, int window, bool trainable) {
+  const int64_t others = int64_t(plan.units.size()) - 1;
+  const int64_t largest = trainable ? plan.max_trainable_padded_numel : plan.max_padded_numel;
+  return bytes * (plan.units.front().padded_numel + std::min<int64_t>(window, others) * largest);
+}
 
 // With frozen parameters too (the embeddings and the first Block, the
 // embeddings in units of their own as the train binaries wrap them): units
@@ -92,6 +145,121 @@ TEST(FsdpPlanTest, Gpt175bAt1024RanksAllocatesNothing) {
   // Nothing was allocated: parameters have shapes only.
   EXPECT_EQ(ledger.Total(tensor::Device::Cpu()).peak, 0);
   for (auto& [name, p] : gpt.NamedParameters()) ASSERT_FALSE(p->value.defined()) << name;
+}
+
+// Nested units (size-based wrapping of minGPT Small: "transformer" holds
+// wte/wpe/ln_f, each Block holds its LayerNorms and attn.c_proj, and inside it
+// c_attn, mlp.c_fc and mlp.c_proj are units of their own): FullyShard keeps
+// the enclosing units gathered, and their gradients allocated, while an
+// inner unit runs, so the measured peaks pass the flat bound (root + window
+// of the largest units); the estimate stays above them, and within 25%.
+// With the per-Block policy (no nesting) the estimate is the flat bound.
+TEST(FsdpPlanTest, EstimateBoundsTheLedgerWithNestedUnits) {
+  const mingpt::GptConfig c = testing::Small();
+  constexpr int kWorld = 2;
+  struct Case {
+    const char* name;
+    WrapPolicy policy;
+    bool nested;
+  };
+  const Case cases[] = {{"per block", WrapPolicy::Transformer({"Block"}), false},
+                        {"size 1100", WrapPolicy::SizeBased(1100), true},
+                        {"size 300", WrapPolicy::SizeBased(300), true}};
+  for (const Case& k : cases) {
+    mingpt::GPT reference(c);
+    const ShardingPlan plan = PlanSharding(reference, k.policy, kWorld);
+    int max_depth = 0;
+    for (const ShardingPlan::Unit& u : plan.units) {
+      int depth = 0;
+      for (int a = u.parent; a > 0; a = plan.units[a].parent) ++depth;
+      max_depth = std::max(max_depth, depth);
+    }
+    EXPECT_EQ(max_depth > 0, k.nested) << k.name;
+    for (int inflight : {1, 2, 3}) {
+      for (BackwardPrefetch prefetch : {BackwardPrefetch::kPre, BackwardPrefetch::kPost}) {
+        SCOPED_TRACE(::testing::Message() << k.name << ", max_inflight_all_gathers " << inflight
+                                          << ", " << BackwardPrefetchName(prefetch));
+        FsdpOptions options;
+        options.policy = k.policy;
+        options.forward_prefetch = true;
+        options.backward_prefetch = prefetch;
+        options.max_inflight_all_gathers = inflight;
+        const Peaks measured = MeasurePeaks(c, kWorld, options);
+        FsdpEstimateOptions estimate;
+        estimate.max_inflight_all_gathers = inflight;
+        const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+        std::printf("%s inflight %d %s: params %lld <= %lld, grads %lld <= %lld\n", k.name,
+                    inflight, BackwardPrefetchName(prefetch), (long long)measured.params,
+                    (long long)b.unsharded_parameters_peak, (long long)measured.grads,
+                    (long long)b.unsharded_gradients_peak);
+        EXPECT_GE(b.unsharded_parameters_peak, measured.params);
+        EXPECT_GE(b.unsharded_gradients_peak, measured.grads);
+        EXPECT_LE(b.unsharded_parameters_peak, measured.params * 5 / 4);
+        EXPECT_LE(b.unsharded_gradients_peak, measured.grads * 5 / 4);
+        const int64_t flat_params = FlatBound(plan, 4, inflight, false);
+        const int64_t flat_grads = FlatBound(plan, 4, 2, true);
+        if (k.nested) {
+          // Three in flight: the flat bound's third largest unit covers the
+          // enclosing units in some cases.
+          if (inflight < 3) {
+            EXPECT_LT(flat_params, measured.params);
+          }
+          EXPECT_LT(flat_grads, measured.grads);
+        } else {
+          EXPECT_EQ(b.unsharded_parameters_peak, flat_params);
+          EXPECT_EQ(b.unsharded_gradients_peak, flat_grads);
+        }
+      }
+    }
+  }
+}
+
+// bf16 compute with LayerNorm kept fp32: every unit of minGPT Small (the
+// root holds ln_f, each Block ln_1 and ln_2) is gathered in fp32 and, in use,
+// holds bf16 copies of its other parameters, so the ledger measures more than
+// 2 bytes per element. The plan knows the kept elements; the estimate equals
+// the measured peak (the root and a Block in use, gather and copies, and the
+// next Block's prefetched gather), where 2 bytes per element falls short.
+TEST(FsdpPlanTest, UnitsKeptFp32UnderBf16AreEstimatedInFp32) {
+  const mingpt::GptConfig c = testing::Small();
+  constexpr int kWorld = 2;
+  precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
+  bf16.fp32_module_classes = {"LayerNorm"};
+  FsdpOptions options = testing::PerBlock();
+  options.mixed_precision = bf16;
+  options.forward_prefetch = true;
+  mingpt::GPT reference(c);
+  const ShardingPlan plan = PlanSharding(reference, options.policy, kWorld, {"LayerNorm"});
+  const ShardingPlan unaware = PlanSharding(reference, options.policy, kWorld);
+  ASSERT_EQ(plan.units.size(), 1u + c.n_layer);
+  EXPECT_EQ(plan.units[0].fp32_numel, 2 * c.n_embd);  // ln_f
+  for (int i = 1; i <= c.n_layer; ++i) {
+    EXPECT_EQ(plan.units[i].fp32_numel, 4 * c.n_embd) << i;  // ln_1, ln_2
+    EXPECT_EQ(plan.units[i].parent, 0) << i;
+    EXPECT_EQ(unaware.units[i].fp32_numel, 0) << i;
+  }
+  const Peaks measured = MeasurePeaks(c, kWorld, options);
+  FsdpEstimateOptions estimate;
+  estimate.param_bytes = 2;
+  const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+  const FsdpRankBytes low = EstimateFsdpRank(unaware, estimate);
+  std::printf("bf16 with fp32 LayerNorm: params %lld, estimate %lld (unaware %lld)\n",
+              (long long)measured.params, (long long)b.unsharded_parameters_peak,
+              (long long)low.unsharded_parameters_peak);
+  const ShardingPlan::Unit& block = plan.units[1];
+  const ShardingPlan::Unit& root = plan.units[0];
+  const int64_t block_bytes = 4 * block.padded_numel + 2 * (block.numel - block.fp32_numel);
+  const int64_t root_bytes = 4 * root.padded_numel + 2 * (root.numel - root.fp32_numel);
+  EXPECT_EQ(b.unsharded_parameters_peak, root_bytes + block_bytes + 4 * block.padded_numel);
+  EXPECT_EQ(b.unsharded_parameters_peak, measured.params);
+  EXPECT_LT(low.unsharded_parameters_peak, measured.params);
+  // Gradients are fp32 either way.
+  EXPECT_EQ(b.unsharded_gradients_peak, low.unsharded_gradients_peak);
+  EXPECT_GE(b.unsharded_gradients_peak, measured.grads);
+  // fp32 compute: nothing is cast, the kept classes change nothing.
+  FsdpEstimateOptions fp32;
+  EXPECT_EQ(EstimateFsdpRank(plan, fp32).unsharded_parameters_peak,
+            EstimateFsdpRank(unaware, fp32).unsharded_parameters_peak);
 }
 
 }  // namespace

@@ -148,6 +148,44 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
       << corrupt.status();
 }
 
+// Resuming an earlier step of --checkpoint_dir points `latest` at it (a
+// --resume=latest before this run's first save continues it, not the run it
+// branched off); another folder, or the step latest names, changes nothing.
+TEST(PointLatestAtResumedTest, AnEarlierStepOfTheDirectoryBecomesLatest) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/point_latest";
+  const std::string other = ::testing::TempDir() + "/point_latest_other";
+  for (const std::string& d : {dir + "/step_000100", dir + "/step_000200", other + "/step_000100"}) {
+    fs::create_directories(d);
+  }
+  const auto latest = [&] {
+    std::ifstream f(dir + "/latest");
+    std::string name;
+    f >> name;
+    return name;
+  };
+  const auto point = [&](const std::string& checkpoint_dir, const std::string& step_dir,
+                         int64_t step) {
+    Resumed resumed;
+    resumed.state.step = step;
+    resumed.step_dir = step_dir;
+    ::testing::internal::CaptureStdout();
+    PointLatestAtResumed(checkpoint_dir, resumed);
+    return ::testing::internal::GetCapturedStdout();
+  };
+  ASSERT_TRUE(SetLatestCheckpoint(dir, 200).ok());
+  EXPECT_EQ(point(dir, dir + "/step_000200", 200), "");    // the latest itself
+  EXPECT_EQ(point(dir, other + "/step_000100", 100), "");  // another directory's
+  EXPECT_EQ(point("", dir + "/step_000100", 100), "");     // no --checkpoint_dir
+  EXPECT_EQ(latest(), "step_000200");
+  EXPECT_EQ(point(dir, dir + "/step_000100/", 100),
+            dir + "/latest now names step_000100, the step this run continues (it named "
+                  "step_000200, which stays on disk)\n");
+  EXPECT_EQ(latest(), "step_000100");
+  EXPECT_TRUE(fs::exists(dir + "/step_000200"));
+  EXPECT_EQ(point(dir, dir + "/step_000100", 100), "");
+}
+
 // A damaged checkpoint's error names the others beside it, newest first, and
 // how to resume the newest; other failures only get the --resume prefix.
 TEST(ResumeFailureTest, NamesTheOtherCheckpointsWhenTheFilesAreDamaged) {
