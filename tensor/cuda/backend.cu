@@ -43,12 +43,25 @@ int64_t RoundSize(int64_t bytes) {
   return std::max<int64_t>(align, (bytes + align - 1) / align * align);
 }
 
-// Drains the calling thread's per-thread stream when the thread ends, so the
-// blocks in its pool are idle before a new thread can get the same id (and
-// so the pool). Errors are ignored (at process exit the runtime may be gone).
-struct DrainStreamAtThreadExit {
-  ~DrainStreamAtThreadExit() {
-    if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) cudaGetLastError();
+// Drains the calling thread's per-thread stream on every device it allocated
+// on (a per-thread stream is per device too) when the thread ends, so the
+// blocks in its pools are idle before a new thread can get the same id (and
+// so the pools). Errors are ignored (at process exit the runtime may be gone).
+struct DrainStreamsAtThreadExit {
+  std::vector<int> devices;  // in first-allocation order
+
+  void Add(int device) {
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+      devices.push_back(device);
+    }
+  }
+  ~DrainStreamsAtThreadExit() {
+    for (int device : devices) {
+      if (cudaSetDevice(device) != cudaSuccess ||
+          cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) {
+        cudaGetLastError();
+      }
+    }
   }
 };
 
@@ -72,7 +85,7 @@ struct DrainStreamAtThreadExit {
 // (cudaDeviceSynchronize first: they may still be in use on their streams)
 // and the request is retried once. The pool of a thread that has ended stays
 // cached until then (a new thread that gets the same id reuses it: every
-// allocating thread drains its stream when it ends, DrainStreamAtThreadExit).
+// allocating thread drains its streams when it ends, DrainStreamsAtThreadExit).
 class CachingAllocator final : public Allocator {
  public:
   explicit CachingAllocator(int device) : device_(device) {}
@@ -80,8 +93,8 @@ class CachingAllocator final : public Allocator {
   void* Allocate(int64_t bytes) override {
     const int64_t size = RoundSize(bytes);
     const std::thread::id self = std::this_thread::get_id();
-    thread_local DrainStreamAtThreadExit drain;  // constructed on this thread's first use
-    (void)drain;
+    thread_local DrainStreamsAtThreadExit drain;  // constructed on this thread's first use
+    drain.Add(device_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       std::vector<void*>& blocks = pools_[self][size];
