@@ -140,7 +140,9 @@ TEST(FreezeParametersTest, FrozenLinearKeepsNoInput) {
   for (bool frozen : {false, true}) {
     Linear lin(64, 32);
     lin.Materialize(1);
-    if (frozen) ASSERT_TRUE(FreezeParameters(lin, {"weight"}).ok());
+    if (frozen) {
+      ASSERT_TRUE(FreezeParameters(lin, {"weight"}).ok());
+    }
     tensor::MemoryLedger ledger;
     tensor::ScopedLedger scoped(&ledger);
     Context ctx;

@@ -64,7 +64,9 @@ TEST(LinearTest, GradientsMatchFiniteDifferences) {
     lin.weight()->requires_grad = !frozen_weight;
     lin.Run(x, ctx);
     lin.RunBackward(w_out, ctx);
-    if (!frozen_weight) EXPECT_TRUE(AllClose(lin.weight()->grad, g1, 0, 0));
+    if (!frozen_weight) {
+      EXPECT_TRUE(AllClose(lin.weight()->grad, g1, 0, 0));
+    }
     EXPECT_TRUE(AllClose(lin.bias()->grad, b1, 0, 0)) << "frozen weight " << frozen_weight;
   }
 }
