@@ -37,6 +37,13 @@ using ddp_zero1_testing::Opt;
 using ddp_zero1_testing::ReducedSlices;
 using tensor::Tensor;
 
+// SGD with lr 0: a step changes nothing, so every step's gradients are alike.
+std::unique_ptr<optim::Optimizer> StillSgd() {
+  optim::SgdOptions o;
+  o.lr = 0;
+  return optim::SGD::Create(o).value();
+}
+
 // A Linear whose weights and biases are all far from zero.
 nn::LinearOptions RandomLinear() {
   nn::LinearOptions o;
@@ -131,7 +138,9 @@ TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
   const SharedTwiceCase c = MakeSharedTwiceCase(2);
   for (tensor::Dtype reduce : {tensor::Dtype::kF32, tensor::Dtype::kBF16}) {
     SCOPED_TRACE(tensor::DtypeName(reduce));
-    std::vector<std::vector<float>> got(c.n);
+    // Per step, per rank: step 0 learns the gradient writes (every bucket at
+    // its end); step 1 issues buckets during backward by the rule.
+    std::vector<std::vector<std::vector<float>>> got(2, std::vector<std::vector<float>>(c.n));
     ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
                   SharedTwice m(c.kD);
                   m.Materialize(kSeed);
@@ -141,13 +150,19 @@ TEST(DdpTest, ModuleRunTwiceIsReducedAfterItsLastBackward) {
                   DistributedDataParallel ddp(m, pg, o);
                   ASSERT_EQ(ddp.num_buckets(), 2);
                   EXPECT_EQ(ddp.BucketParameterNames(1).back(), "shared.weight");
-                  // Local means, averaged by DDP: the global mean.
-                  got[rank] = HalfSquareGrads(m, c.RankRows(rank), c.kRows / c.n);
+                  for (int step = 0; step < 2; ++step) {
+                    // Local means, averaged by DDP: the global mean.
+                    got[step][rank] = HalfSquareGrads(m, c.RankRows(rank), c.kRows / c.n);
+                    ddp.ZeroGrad();
+                  }
                 }).ok());
-    for (int r = 0; r < c.n; ++r) {
-      ASSERT_EQ(got[r].size(), c.want.size());
-      for (size_t i = 0; i < c.want.size(); ++i) {
-        EXPECT_NEAR(got[r][i], c.want[i], c.Tol(reduce)) << "rank " << r << " element " << i;
+    for (int step = 0; step < 2; ++step) {
+      for (int r = 0; r < c.n; ++r) {
+        ASSERT_EQ(got[step][r].size(), c.want.size());
+        for (size_t i = 0; i < c.want.size(); ++i) {
+          EXPECT_NEAR(got[step][r][i], c.want[i], c.Tol(reduce))
+              << "step " << step << " rank " << r << " element " << i;
+        }
       }
     }
   }
@@ -157,21 +172,30 @@ TEST(Zero1Test, ModuleRunTwiceIsReducedAfterItsLastBackward) {
   const SharedTwiceCase c = MakeSharedTwiceCase(2);
   for (tensor::Dtype reduce : {tensor::Dtype::kF32, tensor::Dtype::kBF16}) {
     SCOPED_TRACE(tensor::DtypeName(reduce));
-    std::vector<std::vector<std::pair<int64_t, float>>> got(c.n);
+    // Per step, per rank (as the DDP test: step 1 reduces by the rule).
+    std::vector<std::vector<std::vector<std::pair<int64_t, float>>>> got(
+        2, std::vector<std::vector<std::pair<int64_t, float>>>(c.n));
     ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
                   SharedTwice m(c.kD);
                   m.Materialize(kSeed);
                   Zero1Options o;
                   o.bucket_cap_mb = 0.002;  // one Linear per bucket
                   o.mixed_precision.reduce_dtype = reduce;
-                  Zero1 zero(m, pg, MakeOptimizer(Opt::kSgd), o);
+                  Zero1 zero(m, pg, StillSgd(), o);
                   ASSERT_EQ(zero.num_buckets(), 2);
                   EXPECT_EQ(zero.BucketParameters(1).front().first, "shared.weight");
-                  HalfSquareGrads(m, c.RankRows(rank), c.kRows / c.n);
-                  ASSERT_TRUE(zero.FinishBackward().ok());
-                  got[rank] = ReducedSlices(zero);
+                  for (int step = 0; step < 2; ++step) {
+                    HalfSquareGrads(m, c.RankRows(rank), c.kRows / c.n);
+                    ASSERT_TRUE(zero.FinishBackward().ok());
+                    got[step][rank] = ReducedSlices(zero);
+                    ASSERT_TRUE(zero.Step().ok());
+                    zero.ZeroGrad();
+                  }
                 }).ok());
-    for (int r = 0; r < c.n; ++r) ExpectSlicesEqual(got[r], c.want, c.Tol(reduce), r);
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE(step);
+      for (int r = 0; r < c.n; ++r) ExpectSlicesEqual(got[step][r], c.want, c.Tol(reduce), r);
+    }
   }
 }
 
@@ -242,9 +266,7 @@ TEST(DdpTest, AWeightTheParentAlsoUsesIsReducedAfterItsLastWrite) {
                   } else {
                     Zero1Options o;
                     o.bucket_cap_mb = 0.0001;
-                    optim::SgdOptions frozen_sgd;  // lr 0: every step's gradients alike
-                    frozen_sgd.lr = 0;
-                    zero = std::make_unique<Zero1>(m, pg, optim::SGD::Create(frozen_sgd).value(), o);
+                    zero = std::make_unique<Zero1>(m, pg, StillSgd(), o);
                   }
                   for (int step = 0; step < 3; ++step) {
                     const std::vector<float> got = HalfSquareGrads(m, rows, kRows / n);

@@ -109,6 +109,17 @@ absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step) {
   return tensor::WriteFileDurably(dir + "/latest", CheckpointStepName(step) + "\n");
 }
 
+namespace {
+// The step folder name dir/latest holds ("step_000100"); "" when it is
+// missing or empty.
+std::string LatestStepName(const std::string& dir) {
+  std::ifstream f(dir + "/latest");
+  std::string name;
+  f >> name;
+  return name;
+}
+}  // namespace
+
 absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
                             const optim::Optimizer& optimizer, const TrainState& state) {
   absl::Status s = WriteCheckpointStep(dir, model, optimizer, state);
@@ -201,9 +212,8 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
   if (checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("--resume=latest needs --checkpoint_dir");
   }
-  std::ifstream f(checkpoint_dir + "/latest");
-  std::string name;
-  if (!(f >> name)) {
+  const std::string name = LatestStepName(checkpoint_dir);
+  if (name.empty()) {
     return absl::NotFoundError(
         absl::StrCat("no checkpoint to resume: '", checkpoint_dir, "/latest' is missing"));
   }
@@ -334,9 +344,8 @@ void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resu
   const std::string name = CheckpointStepName(resumed.state.step);
   std::error_code ec;
   if (folder.filename() != name || !fs::equivalent(parent, checkpoint_dir, ec) || ec) return;
-  std::ifstream f(checkpoint_dir + "/latest");
-  std::string latest;
-  if ((f >> latest) && latest == name) return;
+  const std::string latest = LatestStepName(checkpoint_dir);
+  if (latest == name) return;
   absl::Status s = SetLatestCheckpoint(checkpoint_dir, resumed.state.step);
   if (!s.ok()) {
     std::fprintf(stderr, "train: warning: %s/latest still names %s: %s\n",
