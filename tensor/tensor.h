@@ -99,6 +99,13 @@ class Tensor {
   Tensor To(Dtype dtype) const;
   // A copy on `device` (this tensor if already there).
   Tensor To(Device device) const;
+  // To(device), except that a copy from the CPU to a GPU does not make the
+  // host wait for the GPU: the bytes are staged in page-locked memory and the
+  // copy is queued on the calling thread's stream, where later work sees them
+  // (PyTorch's pin_memory() then to(device, non_blocking=True)). This tensor
+  // may change or be freed at once. A training step's batch, uploaded while
+  // the GPU still runs the previous step.
+  Tensor ToQueued(Device device) const;
   Tensor Clone() const;
   // Copies src's elements into this tensor (same shape; dtype converted). src
   // may overlap this tensor (a view of the same storage): it is read whole first.

@@ -150,7 +150,7 @@ double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     const data::LmBatch batch = eval.Batch(i);  // (K*B, T)
-    const Tensor inputs = batch.inputs.To(device), targets = batch.targets.To(device);
+    const Tensor inputs = batch.inputs.ToQueued(device), targets = batch.targets.ToQueued(device);
     for (int64_t m = 0; m < K; ++m) {
       sum += model.Loss(inputs.Narrow(0, m * B, B), targets.Narrow(0, m * B, B));
     }
@@ -381,8 +381,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();  // this rank's K micro-batches of B rows (K*B, T)
-    batch.inputs = batch.inputs.To(setup.dp.device);
-    batch.targets = batch.targets.To(setup.dp.device);
+    // Queued on a GPU: no wait for the previous step's kernels.
+    batch.inputs = batch.inputs.ToQueued(setup.dp.device);
+    batch.targets = batch.targets.ToQueued(setup.dp.device);
     opt.set_lr(setup.schedule->LrAt(step));
     const double scale = scaling.scale();
     // Forward, loss and backward of each micro-batch; only the last one's
@@ -663,9 +664,9 @@ absl::Status Train() {
   for (int64_t step = start; step < steps; ++step) {
     timer.Start();
     data::LmBatch batch = loader->Next();  // inputs, targets (K*B, T): K micro-batches of B rows
-    if (device.is_cuda()) {
-      batch.inputs = batch.inputs.To(device);
-      batch.targets = batch.targets.To(device);
+    if (device.is_cuda()) {  // queued: no wait for the previous step's kernels
+      batch.inputs = batch.inputs.ToQueued(device);
+      batch.targets = batch.targets.ToQueued(device);
     }
     (*optimizer)->set_lr((*schedule)->LrAt(step));
     mixed.CastForCompute();

@@ -187,12 +187,13 @@ bool ShowsText(const data::TokenSource& source) {
 
 // ---- Data parallelism ----
 
-// The batch's tensors on the device the model computes on.
+// The batch's tensors on the device the model computes on (on a GPU queued on
+// this thread's stream: no wait for the previous step's kernels).
 void MoveBatch(data::Seq2SeqBatch& batch, tensor::Device device) {
-  batch.encoder_inputs = batch.encoder_inputs.To(device);
-  if (batch.encoder_mask.defined()) batch.encoder_mask = batch.encoder_mask.To(device);
-  batch.decoder_inputs = batch.decoder_inputs.To(device);
-  batch.decoder_targets = batch.decoder_targets.To(device);
+  batch.encoder_inputs = batch.encoder_inputs.ToQueued(device);
+  if (batch.encoder_mask.defined()) batch.encoder_mask = batch.encoder_mask.ToQueued(device);
+  batch.decoder_inputs = batch.decoder_inputs.ToQueued(device);
+  batch.decoder_targets = batch.decoder_targets.ToQueued(device);
 }
 
 // Rows [m*B, (m+1)*B) of a batch of K micro-batches: micro-batch m (views).

@@ -53,6 +53,52 @@ TEST(CudaBackendTest, PinnedHostTensors) {
   EXPECT_EQ(Tensor::EmptyPinned({1000}, Dtype::kF32).raw_data(), first) << "a cached block";
 }
 
+// ToQueued: the copy to the GPU is queued on the thread's stream and its
+// staging block is held until the copy has run, so the source may change at
+// once and the next upload cannot take the block early (under
+// CUDA_EMU_DEFER=all the emulation runs the copies only when the results are
+// read: a block released at the call would hand the first copy the second's
+// bytes). Charged to the ledger on the GPU only.
+TEST(CudaBackendTest, QueuedUploadsKeepTheirBytes) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  MemoryLedger ledger;
+  ScopedLedger use(&ledger);
+  const Device gpu = Device::Cuda(0);
+  std::vector<int64_t> a(300), b(300);
+  for (int i = 0; i < 300; ++i) {
+    a[i] = i;
+    b[i] = 1000 + i;
+  }
+  Tensor host = Tensor::FromData<int64_t>(a, {10, 30});  // (10, 30)
+  Tensor first = host.ToQueued(gpu);
+  host.CopyFrom(Tensor::FromData<int64_t>(b, {10, 30}));  // the source changes at once
+  Tensor second = host.ToQueued(gpu);
+  host = Tensor();
+  // A strided source (a transposed view) arrives in its logical order.
+  Tensor third = Tensor::FromData<int64_t>(a, {10, 30}).Transpose(0, 1).ToQueued(gpu);  // (30, 10)
+  EXPECT_EQ(first.device(), gpu);
+  EXPECT_EQ(ledger.Total(gpu).current, 3 * 300 * 8);
+  EXPECT_EQ(ledger.Total(Device::Cpu()).current, 0) << "the staging blocks are not charged";
+  EXPECT_EQ(first.To(Device::Cpu()).ToVector<int64_t>(), a);
+  EXPECT_EQ(second.To(Device::Cpu()).ToVector<int64_t>(), b);
+  std::vector<int64_t> transposed(300);
+  for (int i = 0; i < 30; ++i) {
+    for (int j = 0; j < 10; ++j) transposed[i * 10 + j] = a[j * 30 + i];
+  }
+  EXPECT_EQ(third.shape(), Shape({30, 10}));
+  EXPECT_EQ(third.To(Device::Cpu()).ToVector<int64_t>(), transposed);
+  // Uploads after the copies have run reuse their blocks (nothing leaks).
+  for (int i = 0; i < 20; ++i) {
+    Tensor again = Tensor::FromData<int64_t>(b, {10, 30}).ToQueued(gpu);
+    EXPECT_EQ(again.To(Device::Cpu()).ToVector<int64_t>(), b);
+  }
+  // Not a CPU -> GPU copy: To's result.
+  Tensor cpu = Tensor::FromData<int64_t>(a, {300});
+  EXPECT_TRUE(cpu.ToQueued(Device::Cpu()).SharesStorageWith(cpu));
+  EXPECT_EQ(first.ToQueued(Device::Cpu()).ToVector<int64_t>(), a);
+  EXPECT_EQ(Tensor::Empty({0, 3}, Dtype::kI64).ToQueued(gpu).numel(), 0);
+}
+
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   const int n = cuda::DeviceCount();
   EXPECT_THROW(Tensor::Empty({4}, Dtype::kF32, Device::Cuda(n)), std::exception);

@@ -6,9 +6,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "tensor/cuda/thread_device_slot.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 
@@ -83,6 +87,83 @@ void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamH
   Check(cudaSetDevice(device), "cudaSetDevice");
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, AsStream(stream)),
         "cudaMemcpyAsync");
+}
+
+namespace {
+
+// This thread's queued host -> device copies on one device: each copy's event
+// and its source's owner, held until the event has passed. Events are reused.
+class QueuedUploads {
+ public:
+  explicit QueuedUploads(int device) : device_(device) {}
+  QueuedUploads(const QueuedUploads&) = delete;
+  QueuedUploads& operator=(const QueuedUploads&) = delete;
+  // At the thread's exit: the sources stay alive until their copies have run.
+  // Errors are ignored (at process exit the runtime may be gone).
+  ~QueuedUploads() {
+    if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
+    for (Pending& p : pending_) {
+      if (cudaEventSynchronize(p.event) != cudaSuccess) cudaGetLastError();
+      p.owner.reset();
+      free_.push_back(p.event);
+    }
+    for (cudaEvent_t e : free_) {
+      if (cudaEventDestroy(e) != cudaSuccess) cudaGetLastError();
+    }
+  }
+
+  // Releases the owners of the copies that have run (in queue order: a
+  // stream runs them in order), without waiting for the others.
+  void ReleaseFinished() {
+    while (!pending_.empty()) {
+      const cudaError_t done = cudaEventQuery(pending_.front().event);
+      if (done == cudaErrorNotReady) {
+        cudaGetLastError();
+        return;
+      }
+      Check(done, "cudaEventQuery");
+      free_.push_back(pending_.front().event);
+      pending_.pop_front();
+    }
+  }
+
+  void Queue(void* dst, const void* src, int64_t bytes, std::shared_ptr<const void> owner) {
+    cudaEvent_t event = nullptr;
+    if (free_.empty()) {
+      Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    } else {
+      event = free_.back();
+      free_.pop_back();
+    }
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
+    if (err == cudaSuccess) err = cudaEventRecord(event, cudaStreamPerThread);
+    if (err != cudaSuccess) {
+      free_.push_back(event);
+      Check(err, "queuing a host -> device copy");
+    }
+    pending_.push_back(Pending{event, std::move(owner)});
+  }
+
+ private:
+  const int device_;
+  struct Pending {
+    cudaEvent_t event;
+    std::shared_ptr<const void> owner;
+  };
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> free_;
+};
+
+}  // namespace
+
+void CopyToDeviceQueued(void* dst, const void* src, int64_t bytes, int device,
+                        std::shared_ptr<const void> owner) {
+  if (bytes == 0) return;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  QueuedUploads* uploads = ThreadDeviceSlot<QueuedUploads>(
+      device, [device] { return std::make_unique<QueuedUploads>(device); });
+  uploads->ReleaseFinished();
+  uploads->Queue(dst, src, bytes, std::move(owner));
 }
 
 namespace {

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <tuple>
 #include <type_traits>
 
 #include "third_party/cuda/emu/fiber.h"

@@ -114,6 +114,14 @@ TEST(CudaSemanticsTest, AsyncCopiesLandByGroup) {
   }
 }
 
+// A launch's arguments are evaluated when it is made, even where the
+// emulation runs the kernel later (it evaluated them when the kernel ran: a
+// deferred dropout launch read a caller's tensor after it was gone).
+TEST(CudaSemanticsTest, ArgumentsAreTheirValuesAtTheLaunch) {
+  SKIP_WITHOUT_DEVICE();
+  EXPECT_EQ(ArgumentsAtLaunch(), std::vector<int>({7, 8}));
+}
+
 TEST(CudaSemanticsTest, OversizedBlockIsALaunchError) {
   SKIP_WITHOUT_DEVICE();
   // What CUDA 13 returns on an H200 (cudaErrorInvalidConfiguration before).

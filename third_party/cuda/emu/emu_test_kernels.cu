@@ -145,6 +145,11 @@ __global__ void LargeSharedKernel(float* out) {
 
 __global__ void EmptyKernel() {}
 
+__global__ void StoreTwoKernel(int* out, int a, int b) {
+  out[0] = a;
+  out[1] = b;
+}
+
 __global__ void MismatchedKernel() {
   if (threadIdx.x == 0) {
     __syncwarp(0xffffffffu);
@@ -255,6 +260,23 @@ float LargeDynamicShared(bool raise_limit) {
   }
   Check(cudaGetLastError(), "LargeSharedKernel");
   return ToHost(out, 1)[0];
+}
+
+std::vector<int> ArgumentsAtLaunch() {
+  int* out = ToDevice(std::vector<int>(2, 0));
+  cudaStream_t stream = nullptr;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  {
+    std::vector<int> values = {7, 8};
+    const int* first = values.data();
+    StoreTwoKernel<<<1, 1, 0, stream>>>(out, *first, values[1]);
+    Check(cudaGetLastError(), "StoreTwoKernel");
+    values[0] = -1;
+    values[1] = -2;
+  }  // the arguments' sources are gone before the kernel need have run
+  Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  Check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  return ToHost(out, 2);
 }
 
 std::string OversizedBlockError() {

@@ -19,6 +19,12 @@ namespace cuda_emu_test {
 // where v = 10 * thread + 1.
 std::vector<int64_t> Shuffles();
 
+// A kernel queued on a created stream (which the emulation defers until a
+// wait) stores its two int arguments; their host sources change and go out
+// of scope before the stream is synchronized. {7, 8}: the arguments' values at
+// the launch, as on a GPU.
+std::vector<int> ArgumentsAtLaunch();
+
 // 256 threads reverse a 256-element array through shared memory (static and
 // dynamic) with __syncthreads, over 3 blocks: out[b * 256 + i] = in[b * 256 +
 // 255 - i] + b.

@@ -6,9 +6,12 @@ usage: transform.py IN.cu OUT.cc
 Three rewrites, everything else is left to the force-included cuda_emu.h:
   K<<<grid, block, smem, stream>>>(args)
       -> ::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(grid, block, smem, stream), "K",
-                                  [=]() { K(args); })
-     (every CUDA thread calls K with its own copy of the arguments, converted
-     and, for a template kernel, deduced as nvcc would)
+             [=, emu_args = ::std::make_tuple(args)]() {
+               ::std::apply([&](const auto&... a) { K(a...); }, emu_args); })
+     (the arguments are evaluated once, at the launch, as on a GPU: a launch
+     the emulation defers must not read its caller's variables when it runs;
+     every CUDA thread calls K with its own copy of them, converted and, for a
+     template kernel, deduced as nvcc would)
   extern __shared__ [__align__(N)] T name[];
       -> T* name = ::cuda_emu::DynamicShared<T>(<the enclosing kernel's address>);
      (above 48 KiB of dynamic shared memory a GPU refuses the launch unless
@@ -80,7 +83,8 @@ def _rewrite_launches(text: str) -> str:
         # The kernel's name without template arguments, for the launch census.
         name = re.sub(r"\s+", "", kernel.split("<")[0])
         text = (text[:start] + "::cuda_emu::LaunchKernel(::cuda_emu::LaunchConfig(%s), \"%s\", "
-                "[=]() { %s(%s); })" % (config, name, kernel, args) + text[close + 1:])
+                "[=, emu_args = ::std::make_tuple(%s)]() { ::std::apply([&](const auto&... a) { "
+                "%s(a...); }, emu_args); })" % (config, name, args, kernel) + text[close + 1:])
         semicolon = text.index(";", start)
         text = text[:semicolon + 1] + dropped + text[semicolon + 1:]
 
