@@ -6,7 +6,7 @@
 #define TENSOR_CUDA_BACKEND_H_
 
 #include <cstdint>
-#include <memory>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -93,15 +93,14 @@ void SynchronizeEvent(EventHandle event, int device);
 void SynchronizeStream(StreamHandle stream, int device);
 // `bytes` from src to dst, both in memory of cuda:`device`, queued on `stream`.
 void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream);
-// Queues a copy of `bytes` from page-locked host memory at `src` (from
-// PinnedHostAllocator) to memory of cuda:`device` at `dst` on the calling
+// Queues a copy of `bytes` to memory of cuda:`device` at `dst` on the calling
 // thread's stream, and returns without waiting for the GPU: later work on the
-// stream sees the bytes. `owner` (what keeps `src` alive, e.g. its tensor's
-// storage) is held until the copy has run: later calls release the owners of
-// the copies that are done, and the thread's exit waits for the rest. The
-// caller must not write `src` again (a storage given up is safe).
-void CopyToDeviceQueued(void* dst, const void* src, int64_t bytes, int device,
-                        std::shared_ptr<const void> owner);
+// stream sees the bytes. fill(staging) writes them into a page-locked block
+// (PinnedHostAllocator's) that is held until the copy has run: later calls
+// give back the blocks of the copies that are done before taking one, and
+// the thread's exit waits for the rest.
+void CopyToDeviceQueued(void* dst, int64_t bytes, int device,
+                        const std::function<void(void* staging)>& fill);
 // The device twin of the CPU collectives' arithmetic
 // (dist/cpu_reduce.h ReduceBuffers), with the same results: for i in
 // [0, count), v = op(inputs[0][i], inputs[1][i], ...) combined in order (avg =

@@ -21,7 +21,7 @@ void CopyBytes(void*, Device dst_device, const void*, Device src_device, int64_t
   ThrowOpError("copy", kNotBuilt, " (", src_device.ToString(), " -> ", dst_device.ToString(), ")");
 }
 
-void CopyToDeviceQueued(void*, const void*, int64_t, int device, std::shared_ptr<const void>) {
+void CopyToDeviceQueued(void*, int64_t, int device, const std::function<void(void*)>&) {
   ThrowOpError("copy", kNotBuilt, " (cpu -> cuda:", device, ")");
 }
 

@@ -452,19 +452,15 @@ Tensor Tensor::ToQueued(Device device) const {
     return To(device);  // nothing to queue, or no GPU to queue it on (To names why)
   }
   Tensor out = Empty(shape_, dtype_, device);
-  if (nbytes() == 0) return out;
   // The staging block is the copy's, held past the caller's scope until the
   // copy has run (maybe past the ledger the caller charges): not charged, as
   // the allocators' cached blocks are not.
-  Allocator* pinned = cuda::PinnedHostAllocator();
   const int64_t bytes = nbytes();
-  void* block = pinned->Allocate(bytes);
-  Tensor staged(Storage::Wrap(block, bytes, Device::Cpu(),
-                              [pinned, block, bytes] { pinned->Deallocate(block, bytes); }),
-                shape_, ContiguousStrides(shape_), 0, dtype_);
-  staged.CopyFrom(*this);
-  cuda::CopyToDeviceQueued(out.raw_data(), staged.raw_data(), bytes, device.index,
-                           staged.storage());
+  cuda::CopyToDeviceQueued(out.raw_data(), bytes, device.index, [&](void* staging) {
+    Tensor staged(Storage::Wrap(staging, bytes, Device::Cpu(), [] {}), shape_,
+                  ContiguousStrides(shape_), 0, dtype_);
+    staged.CopyFrom(*this);
+  });
   return out;
 }
 

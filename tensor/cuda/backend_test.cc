@@ -87,7 +87,9 @@ TEST(CudaBackendTest, QueuedUploadsKeepTheirBytes) {
   }
   EXPECT_EQ(third.shape(), Shape({30, 10}));
   EXPECT_EQ(third.To(Device::Cpu()).ToVector<int64_t>(), transposed);
-  // Uploads after the copies have run reuse their blocks (nothing leaks).
+  // Many uploads in a row (their blocks given back as their copies run:
+  // //models/mingpt:gpu_step_counts_test pins that a steady step takes no new
+  // page-locked block).
   for (int i = 0; i < 20; ++i) {
     Tensor again = Tensor::FromData<int64_t>(b, {10, 30}).ToQueued(gpu);
     EXPECT_EQ(again.To(Device::Cpu()).ToVector<int64_t>(), b);

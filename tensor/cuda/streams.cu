@@ -7,9 +7,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "tensor/cuda/thread_device_slot.h"
@@ -92,19 +92,20 @@ void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamH
 namespace {
 
 // This thread's queued host -> device copies on one device: each copy's event
-// and its source's owner, held until the event has passed. Events are reused.
+// and its page-locked staging block, held until the event has passed and then
+// given back to the pinned allocator. Events are reused.
 class QueuedUploads {
  public:
-  explicit QueuedUploads(int device) : device_(device) {}
+  QueuedUploads(int device, Allocator& pinned) : device_(device), pinned_(pinned) {}
   QueuedUploads(const QueuedUploads&) = delete;
   QueuedUploads& operator=(const QueuedUploads&) = delete;
-  // At the thread's exit: the sources stay alive until their copies have run.
+  // At the thread's exit: the blocks go back once their copies have run.
   // Errors are ignored (at process exit the runtime may be gone).
   ~QueuedUploads() {
     if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
-    for (Pending& p : pending_) {
+    for (const Pending& p : pending_) {
       if (cudaEventSynchronize(p.event) != cudaSuccess) cudaGetLastError();
-      p.owner.reset();
+      pinned_.Deallocate(p.block, p.bytes);
       free_.push_back(p.event);
     }
     for (cudaEvent_t e : free_) {
@@ -112,58 +113,78 @@ class QueuedUploads {
     }
   }
 
-  // Releases the owners of the copies that have run (in queue order: a
+  // Gives back the blocks of the copies that have run (in queue order: a
   // stream runs them in order), without waiting for the others.
   void ReleaseFinished() {
     while (!pending_.empty()) {
       const cudaError_t done = cudaEventQuery(pending_.front().event);
-      if (done == cudaErrorNotReady) {
-        cudaGetLastError();
-        return;
-      }
+      if (done == cudaErrorNotReady) return;
       Check(done, "cudaEventQuery");
-      free_.push_back(pending_.front().event);
+      const Pending& p = pending_.front();
+      pinned_.Deallocate(p.block, p.bytes);
+      free_.push_back(p.event);
       pending_.pop_front();
     }
   }
 
-  void Queue(void* dst, const void* src, int64_t bytes, std::shared_ptr<const void> owner) {
-    cudaEvent_t event = nullptr;
+  void Queue(void* dst, int64_t bytes, const std::function<void(void*)>& fill) {
     if (free_.empty()) {
-      Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    } else {
-      event = free_.back();
-      free_.pop_back();
+      cudaEvent_t e = nullptr;
+      Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      free_.push_back(e);
     }
-    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
-    if (err == cudaSuccess) err = cudaEventRecord(event, cudaStreamPerThread);
+    pending_.push_back(Pending{free_.back(), pinned_.Allocate(bytes), bytes});
+    free_.pop_back();
+    Pending& p = pending_.back();
+    cudaError_t err = cudaSuccess;
+    try {
+      fill(p.block);
+      err = cudaMemcpyAsync(dst, p.block, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
+      if (err == cudaSuccess) err = cudaEventRecord(p.event, cudaStreamPerThread);
+    } catch (...) {
+      Drop();
+      throw;
+    }
     if (err != cudaSuccess) {
-      free_.push_back(event);
+      Drop();
       Check(err, "queuing a host -> device copy");
     }
-    pending_.push_back(Pending{event, std::move(owner)});
   }
 
  private:
-  const int device_;
   struct Pending {
     cudaEvent_t event;
-    std::shared_ptr<const void> owner;
+    void* block;
+    int64_t bytes;
   };
+
+  // Takes back the newest entry, whose copy may have been queued: the stream
+  // finishes first so that the block is free to reuse.
+  void Drop() {
+    if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) cudaGetLastError();
+    pinned_.Deallocate(pending_.back().block, pending_.back().bytes);
+    free_.push_back(pending_.back().event);
+    pending_.pop_back();
+  }
+
+  const int device_;
+  Allocator& pinned_;
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> free_;
 };
 
 }  // namespace
 
-void CopyToDeviceQueued(void* dst, const void* src, int64_t bytes, int device,
-                        std::shared_ptr<const void> owner) {
+void CopyToDeviceQueued(void* dst, int64_t bytes, int device,
+                        const std::function<void(void* staging)>& fill) {
   if (bytes == 0) return;
+  Allocator* pinned = PinnedHostAllocator();
+  if (pinned == nullptr) ThrowOpError("copy", "no CUDA device to queue a copy to cuda:", device);
   Check(cudaSetDevice(device), "cudaSetDevice");
   QueuedUploads* uploads = ThreadDeviceSlot<QueuedUploads>(
-      device, [device] { return std::make_unique<QueuedUploads>(device); });
-  uploads->ReleaseFinished();
-  uploads->Queue(dst, src, bytes, std::move(owner));
+      device, [device, pinned] { return std::make_unique<QueuedUploads>(device, *pinned); });
+  uploads->ReleaseFinished();  // first: their blocks serve this copy
+  uploads->Queue(dst, bytes, fill);
 }
 
 namespace {

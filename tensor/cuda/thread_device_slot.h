@@ -1,7 +1,8 @@
 // One object per (calling thread, device), made at the thread's first use of
 // that device and destroyed when the thread exits: the library handles of the
 // CUDA backend (cuBLASLt's in matmul.cu, cuDNN's in attention_cudnn.cc), which
-// are bound to a device and used on the thread's own stream. Plain C++ (no
+// are bound to a device and used on the thread's own stream, and the staging
+// blocks of its queued uploads (streams.cu). Plain C++ (no
 // CUDA types), for nvcc and host compilers alike.
 #ifndef TENSOR_CUDA_THREAD_DEVICE_SLOT_H_
 #define TENSOR_CUDA_THREAD_DEVICE_SLOT_H_

@@ -2,7 +2,8 @@
 // sees when it is compiled as plain C++ instead of by nvcc. Force-included
 // (-include) before the source, after the source went through transform.py,
 // which rewrites what a header cannot: launches `K<<<g, b, s, st>>>(args)`
-// become `LaunchKernel(LaunchConfig(g, b, s, st), "K", [=]() { K(args); })`, and
+// become `LaunchKernel(LaunchConfig(g, b, s, st), "K", [=, emu_args =
+// std::make_tuple(args)]() { std::apply(<call K>, emu_args); })`, and
 // `extern __shared__ T name[];` becomes a pointer to the block's dynamic
 // shared memory.
 //
@@ -238,7 +239,7 @@ cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
 namespace cuda_emu {
 
 // ---- Launches (transform.py turns `K<<<config>>>(args)` into
-// `LaunchKernel(LaunchConfig(config), "K", [=]() { K(args); })`) ----
+// `LaunchKernel(LaunchConfig(config), "K", <a call of K with args>)`) ----
 struct LaunchConfig {
   LaunchConfig(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0)
       : grid(g), block(b), shared_bytes(smem), stream(s) {}
@@ -247,9 +248,10 @@ struct LaunchConfig {
   cudaStream_t stream;
 };
 
-// The kernel's arguments are captured by value (transform.py writes `[=]`),
-// so a launch deferred on a created stream (pending.h) runs with the values
-// they had when it was issued, as a GPU copies them at the launch.
+// The kernel's arguments are evaluated at the launch into a tuple the call
+// holds (transform.py), so a launch deferred on a created stream (pending.h)
+// runs with the values they had when it was issued, as a GPU copies them at
+// the launch; each CUDA thread's call copies them into K's parameters.
 inline void LaunchKernel(const LaunchConfig& config, const char* name,
                          std::function<void()> call) {
   LaunchOnStream(config.stream, config.grid, config.block, config.shared_bytes, std::move(call),
