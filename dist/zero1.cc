@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -309,6 +310,14 @@ absl::Status Zero1::Step() {
     return absl::FailedPreconditionError(
         "zero1: Step() without a synced backward since the last step");
   }
+  // A GPU check of this step's inputs still unread (an embedding's ids) throws
+  // here, before anything changes (the optimizer would, after the flags below).
+  std::vector<optim::ParamRef> refs = ParamRefs();
+  for (const optim::ParamRef& ref : refs) {
+    if (ref.param.device().is_cuda()) {
+      tensor::cuda::RaiseDeferredChecks(ref.param.device().index, /*wait=*/true);
+    }
+  }
   reduced_ = false;
   stepped_ = true;  // until ZeroGrad
   // Bucket by bucket (those that train): step this rank's slices, then start the bucket's
@@ -316,7 +325,6 @@ absl::Status Zero1::Step() {
   // Mixed precision: the step also writes this rank's slice of the bucket's
   // low-precision flat parameter (its updated master shard's cast, in
   // AdamW's / SGD's own pass on a GPU), which the all-gather then sends.
-  std::vector<optim::ParamRef> refs = ParamRefs();
   std::vector<WorkPtr> works;
   for (int b = 0; b < num_buckets(); ++b) {
     if (!buckets_[b].trains) continue;  // frozen parameters only: unchanged everywhere

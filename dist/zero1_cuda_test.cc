@@ -17,6 +17,8 @@
 #include "models/mingpt/model.h"
 #include "precision/policy.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/error.h"
+#include "tensor/ops/embedding.h"
 
 namespace dist {
 namespace {
@@ -67,6 +69,46 @@ TEST(Zero1CudaTest, EachRanksStepWritesItsBf16SliceThatTheAllGatherSends) {
                   }
                 }).ok());
   }
+}
+
+// A GPU check still unread when Step() starts (here an embedding's ids, looked
+// up after the loss was read, so no wait has read the check) throws before
+// anything changes: the parameters keep their values, and the next Step()
+// runs as if this one had not been tried.
+TEST(Zero1CudaTest, AFailedDeferredCheckStopsTheStepBeforeAnythingChanges) {
+  SKIP_WITHOUT_GPU();
+  const int n = 2;
+  const ddp_zero1_testing::Batch batch = RandomBatch(31);
+  const Device gpu = Device::Cuda(0);
+  ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
+                mingpt::GPT model(Tiny());
+                model.Materialize(kSeed, gpu);
+                Zero1 zero(model, pg, MakeOptimizer(Opt::kAdamW), Zero1Options{});
+                model.ForwardBackward(Rows(batch.idx, rank, n).To(gpu),
+                                      Rows(batch.targets, rank, n).To(gpu));
+                auto values = [&] {
+                  std::vector<std::vector<float>> v;
+                  for (const auto& [name, p] : model.NamedParameters()) {
+                    v.push_back(p->value.To(Device::Cpu()).ToVector<float>());
+                  }
+                  return v;
+                };
+                const std::vector<std::vector<float>> before = values();
+                const Tensor table = Tensor::Zeros({3, 2}, Dtype::kF32, gpu);
+                const Tensor ids = Tensor::FromData<int64_t>({5}, {1}).To(gpu);  // 5 >= 3
+                tensor::Embedding(table, ids);  // queued, no wait
+                try {
+                  (void)zero.Step();
+                  ADD_FAILURE() << "expected OpError";
+                } catch (const tensor::OpError& e) {
+                  const std::string msg = e.what();
+                  EXPECT_NE(msg.find("[embedding] id 5 at position [0]"), std::string::npos)
+                      << msg;
+                }
+                EXPECT_EQ(values(), before) << "rank " << rank;
+                ASSERT_TRUE(zero.Step().ok());
+                EXPECT_NE(values(), before) << "rank " << rank;
+              }).ok());
 }
 
 }  // namespace

@@ -26,8 +26,9 @@ Tensors Embedding::Forward(const Tensors& inputs, Context& ctx) {
   OP_CHECK(ids.defined() && (ids.dtype() == Dtype::kI32 || ids.dtype() == Dtype::kI64), "embedding",
            "ids must be i32 or i64; got ", ids.defined() ? ids.shape().ToString() : "undefined",
            " ", ids.defined() ? tensor::DtypeName(ids.dtype()) : "");
-  // Out-of-range ids throw "[embedding] ..." from the op, naming id and
-  // position (on a GPU, unless the owner checked them).
+  // Out-of-range ids throw "[embedding] ..." naming id and position: from the
+  // op on the CPU, at the host's next wait on a GPU (unless the owner checked
+  // them).
   Tensor y = tensor::Embedding(w, ids, /*ids_checked=*/owner_checks_ids_);  // (..., dim)
   ctx.Save(Saved{ids});
   return {y};
@@ -36,8 +37,8 @@ Tensors Embedding::Forward(const Tensors& inputs, Context& ctx) {
 Tensors Embedding::Backward(const Tensors& grad_outputs, Context& ctx) {
   const Saved& s = ctx.Saved<Saved>();
   // f32 (V, dim) += rows of grad (..., dim), in any floating dtype (a frozen
-  // table: nothing). Forward checked these ids against V: a GPU does not wait
-  // to check them again.
+  // table: nothing). Forward checked these ids against V: a GPU does not
+  // check them again.
   if (weight_->requires_grad) {
     tensor::EmbeddingBackwardAccumulate(grad_outputs.at(0), s.ids, weight_->GradBuffer(),
                                         /*ids_checked=*/true);

@@ -17,7 +17,7 @@ struct EmbeddingOptions {
   InitSpec weight_init = InitSpec::Normal(0.0f, 0.02f);  // minGPT's init
   // The owner makes the ids itself and guarantees [0, num_embeddings) (e.g.
   // positions 0..T-1 after checking T against the table): a GPU skips the id
-  // check and the host wait for its result (the CPU checks anyway).
+  // check's kernels (the CPU checks anyway).
   bool owner_checks_ids = false;
 };
 

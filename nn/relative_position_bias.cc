@@ -163,7 +163,7 @@ Tensors RelativePositionBias::Backward(const Tensors& grad_outputs, Context& ctx
   if (!weight_->requires_grad) return {Tensor()};  // frozen: no gradient to compute
   // (1, nh, T_q, T_k) -> (T_q, T_k, nh) rows, summed into the table rows by bucket.
   const Tensor rows = g.Select(0, 0).Transpose(0, 1).Transpose(1, 2).Contiguous();
-  // The forward's lookup checked the buckets: a GPU does not wait to check again.
+  // The forward's lookup checked the buckets: a GPU does not check again.
   tensor::EmbeddingBackwardAccumulate(rows, s.buckets, weight_->GradBuffer(),
                                       /*ids_checked=*/true);
   return {Tensor()};

@@ -13,6 +13,8 @@
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/error.h"
+#include "tensor/ops/embedding.h"
 #include "tensor/testing.h"
 
 namespace optim {
@@ -256,6 +258,44 @@ TEST(CudaOptimizerTest, StateLoadedOnTheHostFollowsAGpuParameter) {
     if (t.numel() > 1) {
       EXPECT_TRUE(t.device().is_cuda()) << name;
     }
+  }
+}
+
+// A GPU check still unread when the step starts (an embedding's ids, checked
+// without a host wait) is waited for, and its failure stops the step before
+// anything changes: the parameter, and the optimizer's state and step count
+// (the next step is a first step, as on the CPU).
+TEST(CudaOptimizerTest, AFailedDeferredCheckStopsTheStepBeforeAnythingChanges) {
+  SKIP_WITHOUT_GPU();
+  for (bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    auto make = [adamw]() -> std::unique_ptr<Optimizer> {
+      SgdOptions sgd;
+      sgd.lr = 0.1;
+      sgd.momentum = 0.9;
+      if (adamw) return DecayingAdamW();
+      return SGD::Create(sgd).value();
+    };
+    auto cpu = make(), gpu = make();
+    const Tensor start = tensor::testing::RandomTensor({513}, 1);
+    Tensor p_cpu = start.Clone();
+    Tensor p_gpu = ToGpu(start);
+    const Tensor g = tensor::testing::RandomTensor({513}, 2);
+    const Tensor g_gpu = ToGpu(g);  // before the check: this copy waits for the GPU
+    const Tensor ids = ToGpu(Tensor::FromData<int64_t>({0, 3}, {2}));  // 3: out of range for 3
+    tensor::Embedding(ToGpu(Tensor::Full({3, 4}, 1.0)), ids);  // queued, no wait
+    try {
+      gpu->Step({MakeParamRef("w", p_gpu, g_gpu, true)});
+      FAIL() << "expected OpError";
+    } catch (const tensor::OpError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("[embedding] id 3 at position [1] of ids (2)"), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(MatchesCpu(p_gpu, start, {0, 0}));
+    EXPECT_TRUE(gpu->StateTensors().empty());
+    cpu->Step({MakeParamRef("w", p_cpu, g, true)});
+    gpu->Step({MakeParamRef("w", p_gpu, ToGpu(g), true)});
+    EXPECT_TRUE(MatchesCpu(p_gpu, p_cpu, {1e-6, 1e-7}));
   }
 }
 

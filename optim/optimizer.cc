@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <unordered_set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/thread_pool.h"
 
@@ -25,6 +27,15 @@ constexpr int64_t kGrain = 1 << 14;
 
 void Optimizer::Step(const std::vector<ParamRef>& params) {
   CheckParamRefs(name(), params);
+  // No step while a GPU check of this step's inputs (an embedding's ids) is
+  // unread: it is waited for and thrown before anything changes. A wait only
+  // when one is pending (a training step reads its loss first, which reports
+  // them).
+  std::set<int> gpus;
+  for (const ParamRef& ref : params) {
+    if (ref.param.device().is_cuda()) gpus.insert(ref.param.device().index);
+  }
+  for (int gpu : gpus) tensor::cuda::RaiseDeferredChecks(gpu, /*wait=*/true);
   for (const ParamRef& ref : params) {
     auto it = state_.find(ref.name);
     if (it == state_.end() || it->second.buffers.empty()) continue;

@@ -54,7 +54,9 @@ class Optimizer {
   // as host tensors loaded from a checkpoint for a GPU parameter, moves to
   // the param's device first). Throws tensor::OpError, before changing anything,
   // when a ref is invalid (see CheckParamRefs) or its shape differs from the
-  // state kept under its name.
+  // state kept under its name, or when a deferred GPU check of the params'
+  // devices failed (tensor/cuda_backend.h: an embedding's out-of-range id;
+  // pending ones are waited for first).
   void Step(const std::vector<ParamRef>& params);
 
   double lr() const { return lr_; }

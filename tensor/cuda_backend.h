@@ -101,6 +101,32 @@ void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamH
 // the thread's exit waits for the rest.
 void CopyToDeviceQueued(void* dst, int64_t bytes, int device,
                         const std::function<void(void* staging)>& fill);
+
+// ---- Deferred checks: PyTorch's device-side asserts, with the messages of the
+// host's checks. A kernel on the calling thread's stream writes a check's
+// outcome to `n_words` (1 to kMaxCheckWords) int64 words of memory of
+// cuda:`device`; DeferCheck queues their copy to page-locked memory and
+// returns without waiting. The words may be freed at once only when they came
+// from the calling thread's caching allocator on that device (a Tensor made on
+// this thread: its next use of the block is queued behind the copy); other
+// memory must live until the copy has run. The thread reads them after its
+// next wait for the GPU that reports (RaiseDeferredChecks, which the backend's
+// own waits call: reading a loss, a gradient norm or the loss scale's flag,
+// a reduction's value, a tensor copied to the host), where describe(words)
+// gives "" for a check that passed and the error otherwise, thrown as an
+// OpError of `op` (a string literal). Waits that do not report (SynchronizeStream,
+// SynchronizeEvent, device-to-device copies, another thread's waits) leave it
+// to the next one that does. Until then the kernels that use the checked
+// values must stay in bounds (an embedding's out-of-range id gathers zeros).
+constexpr int kMaxCheckWords = 4;
+void DeferCheck(const char* op, int device, const void* words, int n_words,
+                std::function<std::string(const int64_t* words)> describe);
+// Throws the first failed check (in queuing order) of this thread on
+// cuda:`device` whose words have arrived; with `wait`, waits for every pending
+// check first (the optimizers do, so a step is never applied while a check of
+// its inputs is pending: a wait only when one is). Checks left at the thread's
+// exit are read then, and failures printed to stderr.
+void RaiseDeferredChecks(int device, bool wait);
 // The device twin of the CPU collectives' arithmetic
 // (dist/cpu_reduce.h ReduceBuffers), with the same results: for i in
 // [0, count), v = op(inputs[0][i], inputs[1][i], ...) combined in order (avg =

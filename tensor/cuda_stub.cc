@@ -25,6 +25,13 @@ void CopyToDeviceQueued(void*, int64_t, int device, const std::function<void(voi
   ThrowOpError("copy", kNotBuilt, " (cpu -> cuda:", device, ")");
 }
 
+void DeferCheck(const char* op, int device, const void*, int,
+                std::function<std::string(const int64_t*)>) {
+  ThrowOpError(op, kNotBuilt, " (cuda:", device, ")");
+}
+
+void RaiseDeferredChecks(int, bool) {}  // no GPU, no checks
+
 void CopyStridedOnDevice(const DeviceView&, const DeviceView&, int device) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }

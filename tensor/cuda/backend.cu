@@ -296,6 +296,10 @@ void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
   if (dst_device.is_cuda()) Check(cudaSetDevice(dst_device.index), "cudaSetDevice");
   else if (src_device.is_cuda()) Check(cudaSetDevice(src_device.index), "cudaSetDevice");
   Check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy");
+  // A copy to the host waited for the GPU: the checks that arrived report.
+  if (src_device.is_cuda() && dst_device.is_cpu()) {
+    RaiseDeferredChecks(src_device.index, /*wait=*/false);
+  }
 }
 
 namespace {

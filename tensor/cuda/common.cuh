@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "tensor/cuda/elements.cuh"
+#include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
@@ -39,6 +40,17 @@ inline void CheckCuda(cudaError_t err, const char* op, const char* what) {
 inline void CheckLaunch(const char* op) { CheckCuda(cudaGetLastError(), op, "kernel launch"); }
 
 inline cudaStream_t ComputeStream() { return cudaStreamPerThread; }
+
+// The host waits for the thread's stream on the current device (to read a
+// result back), then throws the first failed deferred check that the wait let
+// arrive (tensor/cuda_backend.h: an embedding's ids, checked without a wait of
+// their own, report here).
+inline void WaitForComputeStream(const char* op, const char* what) {
+  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, what);
+  int device = 0;
+  CheckCuda(cudaGetDevice(&device), op, "cudaGetDevice");
+  RaiseDeferredChecks(device, /*wait=*/false);
+}
 
 // Whether environment variable `name` is set to `value` (the families' run-time
 // switches, FSDP_CUDA_*).

@@ -1,13 +1,18 @@
-// CUDA embedding kernels: an id range check reported through a device flag, a
-// row gather in the widest aligned unit (up to 16 bytes), and a deterministic
+// CUDA embedding kernels: an id range check whose first bad position and id
+// the host reads at its next wait (a deferred check), a row gather in the
+// widest aligned unit (up to 16 bytes), and a deterministic
 // backward: positions sorted by id with CUB's stable radix sort, then one
 // block per run of equal ids summing the run's gradient rows in position
 // order (one thread per column), so no two threads write the same element.
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <functional>
+#include <string>
+#include <utility>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/embedding.h"
+#include "tensor/cuda_backend.h"
 
 namespace tensor {
 namespace cuda {
@@ -28,14 +33,25 @@ __global__ void FindBadIdKernel(const I* ids, int64_t n, int64_t vocab, unsigned
   }
 }
 
-// out row n = weight row ids[n], copied in units of U (row_units per row).
+// bad[1] = ids[bad[0]] when bad[0] (FindBadIdKernel's) names a position.
+template <typename I>
+__global__ void BadIdKernel(const I* ids, int64_t n, unsigned long long* bad) {
+  if (bad[0] < static_cast<unsigned long long>(n)) {
+    bad[1] = static_cast<unsigned long long>(static_cast<int64_t>(ids[bad[0]]));
+  }
+}
+
+// out row n = weight row ids[n], copied in units of U (row_units per row); a
+// row of zeros for an id outside [0, vocab), whose error the host reports at
+// its next wait (CheckIdsDeferred): never a read out of bounds.
 template <typename U, typename I>
 __global__ void GatherKernel(const U* weight, const I* ids, int64_t rows, int64_t row_units,
-                             U* out) {
+                             int64_t vocab, U* out) {
   const int64_t total = rows * row_units;
   for (int64_t e = GlobalThread(); e < total; e += ThreadCount()) {
     const int64_t n = e / row_units, u = e % row_units;
-    out[e] = weight[static_cast<int64_t>(ids[n]) * row_units + u];
+    const int64_t id = static_cast<int64_t>(ids[n]);
+    out[e] = id >= 0 && id < vocab ? weight[id * row_units + u] : U{};
   }
 }
 
@@ -92,7 +108,7 @@ void LaunchGather(const Tensor& weight, const I* ids, int64_t rows, int64_t row_
                   const Tensor& out) {
   const int64_t row_units = row_bytes / static_cast<int64_t>(sizeof(U));
   GatherKernel<U, I><<<Blocks(rows * row_units), kThreads, 0, ComputeStream()>>>(
-      static_cast<const U*>(weight.raw_data()), ids, rows, row_units,
+      static_cast<const U*>(weight.raw_data()), ids, rows, row_units, weight.dim(0),
       static_cast<U*>(out.raw_data()));
 }
 
@@ -100,34 +116,27 @@ bool Aligned(const void* p, int64_t unit) { return reinterpret_cast<uintptr_t>(p
 
 }  // namespace
 
-int64_t FindBadId(const char* op, const Tensor& ids, int64_t vocab, int64_t* bad_id) {
+void CheckIdsDeferred(const char* op, const Tensor& ids, int64_t vocab,
+                      std::function<std::string(int64_t position, int64_t id)> report) {
   const int64_t n = ids.numel();
-  if (n == 0) return -1;
+  if (n == 0) return;
   SetDevice(ids, op);
-  Tensor flag = Tensor::Empty({1}, Dtype::kI64, ids.device());
-  auto* bad = static_cast<unsigned long long*>(flag.raw_data());
+  // (2,): the first bad position (kNoPosition: none), then its id.
+  Tensor words = Tensor::Empty({2}, Dtype::kI64, ids.device());
+  auto* bad = static_cast<unsigned long long*>(words.raw_data());
   CheckCuda(cudaMemsetAsync(bad, 0x7f, sizeof(*bad), ComputeStream()), op, "cudaMemsetAsync");
   DispatchIds(ids, op, [&](auto zero) {
     using I = decltype(zero);
     FindBadIdKernel<<<Blocks(n), kThreads, 0, ComputeStream()>>>(Ptr<I>(ids), n, vocab, bad);
+    CheckLaunch(op);
+    BadIdKernel<<<1, 1, 0, ComputeStream()>>>(Ptr<I>(ids), n, bad);
+    CheckLaunch(op);
   });
-  CheckLaunch(op);
-  unsigned long long first = kNoPosition;
-  CheckCuda(cudaMemcpyAsync(&first, bad, sizeof(first), cudaMemcpyDeviceToHost, ComputeStream()),
-            op, "cudaMemcpyAsync");
-  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "cudaStreamSynchronize");
-  if (first == kNoPosition) return -1;
-  const int64_t p = static_cast<int64_t>(first);
-  DispatchIds(ids, op, [&](auto zero) {
-    using I = decltype(zero);
-    I id = 0;
-    CheckCuda(
-        cudaMemcpyAsync(&id, Ptr<I>(ids) + p, sizeof(I), cudaMemcpyDeviceToHost, ComputeStream()),
-        op, "cudaMemcpyAsync");
-    CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "cudaStreamSynchronize");
-    *bad_id = static_cast<int64_t>(id);
-  });
-  return p;
+  DeferCheck(op, ids.device().index, bad, 2,
+             [report = std::move(report)](const int64_t* w) -> std::string {
+               if (static_cast<unsigned long long>(w[0]) == kNoPosition) return "";
+               return report(w[0], w[1]);
+             });
 }
 
 void EmbeddingForward(const Tensor& weight, const Tensor& ids, const Tensor& out) {

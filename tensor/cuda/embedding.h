@@ -11,25 +11,30 @@
 #define TENSOR_CUDA_EMBEDDING_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "tensor/tensor.h"
 
 namespace tensor {
 namespace cuda {
 
-// The first position p (row-major in ids) whose id is outside [0, vocab), or
-// -1 when all are in range; `*bad_id` receives that id. Synchronizes the
-// stream (the answer is read back from a device flag).
-int64_t FindBadId(const char* op, const Tensor& ids, int64_t vocab, int64_t* bad_id);
+// Checks that every id is in [0, vocab) without a host wait: a kernel finds
+// the first position p (row-major in ids) whose id is not, and the host reads
+// p and that id at its next wait for the GPU (a deferred check,
+// tensor/cuda_backend.h), where report(p, id) gives the error thrown.
+void CheckIdsDeferred(const char* op, const Tensor& ids, int64_t vocab,
+                      std::function<std::string(int64_t position, int64_t id)> report);
 
 // out (N, C) = weight (V, C) rows ids (N); out has weight's dtype (any dtype:
-// rows are copied). Ids must be in range (FindBadId).
+// rows are copied). A row for an id outside [0, V) is zeros (its error is
+// CheckIdsDeferred's to report).
 void EmbeddingForward(const Tensor& weight, const Tensor& ids, const Tensor& out);
 
 // grad_weight (V, C) (=, or += with accumulate) the sum of grad_out (N, C) rows
 // over the positions n with ids[n] == v, in ascending n, in f32. grad_out and
 // grad_weight floating, dtypes may differ. Ids outside [0, V) add nothing
-// (checking them is the caller's: FindBadId).
+// (checking them is the caller's: CheckIdsDeferred).
 void EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight,
                        bool accumulate);
 

@@ -1,6 +1,7 @@
 // Embedding on the GPU against the CPU: the gather (any dtype, i32 / i64 ids)
 // and the backward, both bit for bit (the GPU sums each row in the CPU's
-// position order), accumulation into f32, out-of-range ids, determinism.
+// position order), accumulation into f32, out-of-range ids (reported at the
+// next wait: a deferred check), determinism.
 #include "tensor/ops/embedding.h"
 
 #include <string>
@@ -24,6 +25,13 @@ constexpr Tolerance kExact{0.0, 0.0};
 
 Tensor Ids(const std::vector<int64_t>& v, const Shape& shape, Dtype dtype) {
   return Tensor::FromData<int64_t>(v, shape).To(dtype);
+}
+
+// The sum of an f32 tensor's elements.
+float Total(const Tensor& t) {
+  float sum = 0.0f;
+  for (float x : t.ToVector<float>()) sum += x;
+  return sum;
 }
 
 // n ids in [0, hi) (many repeats when hi is small).
@@ -120,30 +128,64 @@ TEST(CudaEmbeddingTest, EmptyIds) {
                          EmbeddingBackward(Tensor::Empty({0, 3}), ids, 4), kExact));  // zeros
 }
 
-TEST(CudaEmbeddingTest, OutOfRangeIdsAreReportedAsOnTheCpu) {
+// The error of the CPU's check, thrown at the host's next wait for the GPU
+// (here the copy back) rather than by the op, which queues the check and
+// returns; the rows of the bad ids are zeros meanwhile.
+TEST(CudaEmbeddingTest, OutOfRangeIdsAreReportedAtTheNextWait) {
   SKIP_WITHOUT_GPU();
-  const Tensor w = Tensor::Zeros({5, 3});
+  const Tensor w = Tensor::Full({5, 3}, 1.0);
   for (Dtype id_dtype : {Dtype::kI32, Dtype::kI64}) {
     // Two bad ids: the first position is named.
     const Tensor ids = Ids({1, 2, 7, -1}, {2, 2}, id_dtype);
+    const Tensor out = Embedding(ToGpu(w), ToGpu(ids));  // queued, no throw
     try {
-      Embedding(ToGpu(w), ToGpu(ids));
+      ToCpu(out);
       FAIL() << "expected OpError";
     } catch (const OpError& e) {
       EXPECT_STREQ(e.what(),
                    "[embedding] id 7 at position [1,0] of ids (2,2) is out of range for 5 "
-                   "embeddings (weight (5,3) f32)");
+                   "embeddings (weight (5,3) f32; checked on the GPU, reported at the next wait "
+                   "for it)");
     }
+    // Reported once: the same rows read again, zeros where the ids were bad.
+    EXPECT_EQ(ToCpu(out).ToVector<float>(),
+              std::vector<float>({1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0}));
   }
+  const Tensor grad = EmbeddingBackward(ToGpu(Tensor::Full({2, 4}, 1.0)),
+                                        ToGpu(Ids({0, -3}, {2}, Dtype::kI32)), 5);
   try {
-    EmbeddingBackward(ToGpu(Tensor::Zeros({2, 4})), ToGpu(Ids({0, -3}, {2}, Dtype::kI32)), 5);
+    ToCpu(grad);
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("[embedding_backward] id -3 at position [1]"), std::string::npos) << msg;
   }
+  EXPECT_EQ(Total(ToCpu(grad)), 4.0f);  // row 0 only: -3 added nothing
   EXPECT_THROW(Embedding(ToGpu(w), Ids({0}, {1}, Dtype::kI64)), OpError);  // devices differ
   EXPECT_THROW(Embedding(ToGpu(w), ToGpu(Tensor::Zeros({2}))), OpError);   // f32 ids
+}
+
+// Checks that pass report nothing; many of them with no wait between stay
+// bounded (at 64 unread, the next check waits for the oldest and reads those
+// arrived) and a failed one among them is still the one reported, with its
+// own position.
+TEST(CudaEmbeddingTest, ManyChecksWithoutAWaitReportTheFailedOne) {
+  SKIP_WITHOUT_GPU();
+  const Tensor w = ToGpu(Tensor::Full({5, 3}, 1.0));
+  const Tensor good = ToGpu(Ids({0, 4, 2}, {3}, Dtype::kI64));
+  for (int i = 0; i < 100; ++i) Embedding(w, good);
+  EXPECT_EQ(Total(ToCpu(Embedding(w, good))), 9.0f);
+  try {
+    for (int i = 0; i < 200; ++i) {
+      Embedding(w, i == 150 ? ToGpu(Ids({0, 4, 5}, {3}, Dtype::kI64)) : good);
+    }
+    ToCpu(w);
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("[embedding] id 5 at position [2] of ids (3)"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(Total(ToCpu(Embedding(w, good))), 9.0f);  // nothing left to report
 }
 
 }  // namespace

@@ -373,7 +373,7 @@ CrossEntropyStats Run(const char* op, const Tensor& logits, const Tensor& target
   Stats host;
   CheckCuda(cudaMemcpyAsync(&host, stats, sizeof(Stats), cudaMemcpyDeviceToHost, stream), op,
             "reading back the loss statistics");
-  CheckCuda(cudaStreamSynchronize(stream), op, "cross-entropy kernels");
+  WaitForComputeStream(op, "cross-entropy kernels");
   CrossEntropyStats out;
   out.total = host.total;
   out.count = host.count;

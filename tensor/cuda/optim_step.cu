@@ -461,7 +461,7 @@ double GradSumSquares(const std::vector<Tensor>& grads) {
   CheckCuda(cudaMemcpyAsync(host.data(), Ptr<float>(partial), blocks * sizeof(float),
                             cudaMemcpyDeviceToHost, ComputeStream()),
             op, "copy of the partial sums");
-  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "synchronize");
+  WaitForComputeStream(op, "synchronize");
   double total = 0.0;
   for (size_t i = 0; i < grads.size(); ++i) {
     double sum = 0.0;  // this tensor's blocks in order, then tensors in order
@@ -499,7 +499,7 @@ bool ScaleGradsAndCheckNonFinite(const std::vector<Tensor>& grads, float factor)
   CheckCuda(cudaMemcpyAsync(&host, Ptr<int>(found), sizeof(int), cudaMemcpyDeviceToHost,
                             ComputeStream()),
             op, "copy of the flag");
-  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "synchronize");
+  WaitForComputeStream(op, "synchronize");
   return host != 0;
 }
 

@@ -436,7 +436,7 @@ template <typename T>
 void CopyToHost(T* host, const void* device, const char* op) {
   CheckCuda(cudaMemcpyAsync(host, device, sizeof(T), cudaMemcpyDeviceToHost, ComputeStream()), op,
             "cudaMemcpyAsync");
-  CheckCuda(cudaStreamSynchronize(ComputeStream()), op, "cudaStreamSynchronize");
+  WaitForComputeStream(op, "cudaStreamSynchronize");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Embedding ops: argument and id-range checks, then the kernels of the
 // tensors' device: tensor/cpu/embedding.h, or tensor/cuda/embedding.h for
 // tensors on a CUDA device (ids checked there by a kernel whose first bad
-// position is read back, so the error names the same id and position).
+// position and id the host reads at its next wait for the GPU, a deferred
+// check: the error names the same id and position, later).
 #include "tensor/ops/embedding.h"
 
 #include <initializer_list>
@@ -33,13 +34,13 @@ std::string PositionString(int64_t p, const Shape& shape) {
 void CheckIds(const char* op, const Tensor& ids, int64_t vocab, const std::string& context) {
   if (ids.device().is_cuda()) {
     DispatchIndex(op, ids.dtype(), [](auto*) {});  // i32 or i64
-    int64_t id = 0;
-    const int64_t bad = cuda::FindBadId(op, ids, vocab, &id);
-    if (bad >= 0) {
-      ThrowOpError(op, "id ", id, " at position ", PositionString(bad, ids.shape()), " of ids ",
-                   ids.shape().ToString(), " is out of range for ", vocab, " embeddings (", context,
-                   ")");
-    }
+    // Reported at the host's next wait for the GPU, with the CPU's message.
+    cuda::CheckIdsDeferred(op, ids, vocab, [shape = ids.shape(), vocab, context](int64_t p,
+                                                                               int64_t id) {
+      return absl::StrCat("id ", id, " at position ", PositionString(p, shape), " of ids ",
+                          shape.ToString(), " is out of range for ", vocab, " embeddings (",
+                          context, "; checked on the GPU, reported at the next wait for it)");
+    });
     return;
   }
   DispatchIndex(op, ids.dtype(), [&](auto* tag) {

@@ -10,10 +10,15 @@
 namespace tensor {
 
 // weight (V, C) any dtype, ids (...) i32 or i64 -> (..., C) in weight's dtype.
-// An id outside [0, V) throws OpError naming the id, its position and V.
+// An id outside [0, V) throws OpError naming the id, its position and V. On a
+// GPU the check costs no host wait: a kernel checks, and the error is thrown
+// at the host's next wait for the GPU (reading a loss, a gradient norm or a
+// tensor back; an optimizer step waits for pending checks before it changes
+// any parameter), as PyTorch's device-side asserts are; the rows of bad ids
+// are zeros.
 // ids_checked: the caller made the ids itself and guarantees [0, V) (e.g. T5's
-// relative position buckets), so a GPU skips the check and the host wait for
-// its result. On the CPU the check costs no wait and always runs.
+// relative position buckets), so a GPU skips the check's kernels. On the CPU
+// the check always runs.
 Tensor Embedding(const Tensor& weight, const Tensor& ids, bool ids_checked = false);
 
 // grad_weight (V, C) with V = num_embeddings: row v is the sum of the rows of
@@ -27,9 +32,9 @@ Tensor EmbeddingBackward(const Tensor& grad_out, const Tensor& ids, int64_t num_
 // also receive the LM head's gradient).
 //
 // ids_checked: the caller has already checked these ids against V (the
-// forward's Embedding did, on the same ids), so a GPU skips the check and the
-// host wait for its result; ids out of range then add nothing. On the CPU
-// the check costs no wait and always runs.
+// forward's Embedding did, on the same ids), so a GPU skips the check's
+// kernels; ids out of range then add nothing. On the CPU the check always
+// runs.
 void EmbeddingBackwardAccumulate(const Tensor& grad_out, const Tensor& ids,
                                  const Tensor& grad_weight, bool ids_checked = false);
 

@@ -130,7 +130,7 @@ TEST(EmbeddingTest, ErrorsNameTheOpIdPositionAndShapes) {
                  "embeddings (weight (5,3) f32)");
   }
   EXPECT_THROW(Embedding(w, Ids({-1}, {1}, Dtype::kI32)), OpError);
-  // ids_checked only lets a GPU skip its wait: the CPU checks anyway.
+  // ids_checked only lets a GPU skip its check: the CPU checks anyway.
   EXPECT_THROW(Embedding(w, Ids({-1}, {1}, Dtype::kI32), /*ids_checked=*/true), OpError);
   EXPECT_THROW(Embedding(w, Tensor::Zeros({2})), OpError);  // f32 ids
   EXPECT_THROW(Embedding(Tensor::Zeros({5}), Ids({0}, {1}, Dtype::kI32)), OpError);
