@@ -160,7 +160,11 @@ FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptio
   } else {
     b.unsharded_parameters_peak = HeldPeak(plan, params, gathers, options.max_inflight_all_gathers);
   }
-  b.unsharded_gradients_peak = HeldPeak(plan, grads, grads, 2);
+  if (options.no_sync) {
+    for (int64_t g : grads) b.unsharded_gradients_peak += g;  // all kept between backwards
+  } else {
+    b.unsharded_gradients_peak = HeldPeak(plan, grads, grads, 2);
+  }
   return b;
 }
 

@@ -66,13 +66,17 @@ struct FsdpEstimateOptions {
   int optimizer_bytes = 8;   // K per element: AdamW 8, SGD with momentum 4
   int max_inflight_all_gathers = 2;  // >= 1 (EstimateFsdpRank throws tensor::OpError)
   bool reshard_after_forward = true;  // FULL_SHARD (false: SHARD_GRAD_OP)
+  // Gradient accumulation under no_sync (the train binaries'
+  // --grad_accum_steps > 1): every trainable unit keeps its unsharded fp32
+  // gradient from the first micro-batch's backward to the synced one.
+  bool no_sync = false;
 };
 
 // Bytes one rank holds (FULL_SHARD / SHARD_GRAD_OP), as the memory ledger
 // counts them: sharded state exactly; the unsharded peaks as an upper bound
 // from the layout (activations and temporaries are not included; nor are
-// gradients accumulated under no_sync, explicit prefetch lists longer than
-// max_inflight_all_gathers, or SetReshardAfterForward overrides).
+// explicit prefetch lists longer than max_inflight_all_gathers, or
+// SetReshardAfterForward overrides).
 //
 // A unit's unsharded parameters take param_bytes per padded element; under a
 // low-precision param_bytes (< 4) a unit holding fp32-kept parameters
@@ -95,7 +99,7 @@ struct FsdpRankBytes {
   // post-backward) plus two of the largest units that do not enclose u (the
   // one computing and the one whose reduce-scatter is in flight); units of
   // frozen parameters only have none. Without nesting: the root plus two of
-  // the largest units.
+  // the largest units. Under no_sync: every trainable unit's.
   int64_t unsharded_gradients_peak = 0;
   int64_t model_state() const { return sharded_parameters + sharded_gradients + optimizer_state; }
   int64_t peak() const {

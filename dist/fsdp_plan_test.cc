@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 
 #include "dist/fsdp.h"
 #include "dist/fsdp_testing.h"
@@ -34,7 +35,7 @@ struct Peaks {
 // `world` threads-engine ranks (the first pass records the order the later
 // ones prefetch from).
 Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& options,
-                   int passes = 2) {
+                   int passes = 2, bool no_sync = false) {
   const tensor::Tensor idx = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 3);
   const tensor::Tensor tgt = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 4);
   ThreadWorld threads(world);
@@ -47,6 +48,9 @@ Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& opt
     const int64_t grad_shards = fsdp->Memory(MemoryCategory::kGradients).current;
     threads.ledger(rank).ResetPeaks();
     for (int pass = 0; pass < passes; ++pass) {
+      // no_sync: every pass but the last accumulates without communicating.
+      std::optional<FullyShardedModel::NoSyncGuard> guard;
+      if (no_sync && pass + 1 < passes) guard.emplace(fsdp.get());
       gpt.ForwardBackward(idx.Narrow(0, rank * 2, 2).Contiguous(),
                           tgt.Narrow(0, rank * 2, 2).Contiguous());
     }
@@ -211,6 +215,37 @@ TEST(FsdpPlanTest, EstimateBoundsTheLedgerWithNestedUnits) {
         }
       }
     }
+  }
+}
+
+// Gradient accumulation under no_sync: every trainable unit keeps its
+// unsharded fp32 gradient between backwards, so the gradients' peak is all of
+// them (with nested units or not), far above the synced step's window; the
+// estimate with no_sync is that sum and bounds the ledger.
+TEST(FsdpPlanTest, NoSyncKeepsEveryUnitsGradient) {
+  const mingpt::GptConfig c = testing::Small();
+  constexpr int kWorld = 2;
+  for (const WrapPolicy& policy :
+       {WrapPolicy::Transformer({"Block"}), WrapPolicy::SizeBased(300)}) {
+    mingpt::GPT reference(c);
+    const ShardingPlan plan = PlanSharding(reference, policy, kWorld);
+    FsdpOptions options;
+    options.policy = policy;
+    const Peaks measured = MeasurePeaks(c, kWorld, options, /*passes=*/3, /*no_sync=*/true);
+    const Peaks synced = MeasurePeaks(c, kWorld, options, /*passes=*/3);
+    FsdpEstimateOptions estimate;
+    estimate.no_sync = true;
+    const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+    int64_t all = 0;
+    for (const ShardingPlan::Unit& u : plan.units) all += u.trains ? 4 * u.padded_numel : 0;
+    std::printf("%zu units: no_sync grads %lld <= %lld (synced %lld)\n", plan.units.size(),
+                (long long)measured.grads, (long long)b.unsharded_gradients_peak,
+                (long long)synced.grads);
+    EXPECT_EQ(b.unsharded_gradients_peak, all);
+    EXPECT_GE(b.unsharded_gradients_peak, measured.grads);
+    EXPECT_LE(b.unsharded_gradients_peak, measured.grads * 5 / 4);
+    EXPECT_GT(measured.grads, synced.grads);
+    EXPECT_GT(b.unsharded_gradients_peak, EstimateFsdpRank(plan, {}).unsharded_gradients_peak);
   }
 }
 

@@ -20,6 +20,8 @@
 // BatchNorm1d) is counted as FSDP gathers it: in fp32, plus bf16 copies of its
 // other parameters. Activations are not included. --units marks such units
 // "(fp32 gather)" and nested ones "(inside <unit>)".
+// --grad_accum_steps > 1: the unsharded gradients' peak is every trainable
+// unit's (FSDP's no_sync keeps them between micro-batches).
 // --freeze (the train binaries' patterns): frozen parameters, wrapped as the
 // binaries wrap them (dist::WrapPolicy::FrozenLeavesApart); units of frozen
 // parameters only hold no gradient shard and no optimizer state. A layout the
@@ -55,6 +57,9 @@ ABSL_FLAG(std::string, precision, "bf16",
           "compute dtype of the unsharded parameters: fp32 or bf16 (the train binaries' policy)");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd (sets K, optimizer bytes per element)");
 ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the root");
+ABSL_FLAG(int, grad_accum_steps, 1,
+          "micro-batches a step, as the train binaries' flag: above 1 every trainable unit keeps "
+          "its unsharded fp32 gradient between them (no_sync)");
 ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a table");
 ABSL_FLAG(bool, units, false, "also list every unit (name, elements, padded, shard)");
 ABSL_FLAG(std::string, freeze, "",
@@ -141,7 +146,12 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--max_inflight_all_gathers=", max_inflight,
                              " must be >= 1 (1: no prefetch)"));
   }
+  const int grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
+  if (grad_accum_steps < 1) {
+    return Fail(absl::StrCat("--grad_accum_steps=", grad_accum_steps, " must be >= 1"));
+  }
   dist::FsdpEstimateOptions options;
+  options.no_sync = grad_accum_steps > 1;
   options.param_bytes = precision == "bf16" ? 2 : 4;
   options.optimizer_bytes = *k;
   options.max_inflight_all_gathers = max_inflight;
@@ -153,6 +163,9 @@ int main(int argc, char** argv) {
     if (count.trainable < count.total) {
       std::printf(", %lld trainable", static_cast<long long>(count.trainable));
     }
+    if (options.no_sync) {
+      std::printf(" | %d micro-batches: every unit's gradient kept (no_sync)", grad_accum_steps);
+    }
     std::printf("\n");
     std::printf("%7s %6s %16s %12s %14s %14s %12s\n", "world", "units", "elements/rank",
                 "state GiB", "unsh. params", "unsh. grads", "total GiB");
@@ -163,12 +176,13 @@ int main(int argc, char** argv) {
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
     if (json) {
       std::printf(
-          "{\"preset\":\"%s\",\"auto_wrap\":\"%s\",\"world_size\":%d,\"units\":%zu,"
+          "{\"preset\":\"%s\",\"auto_wrap\":\"%s\",\"world_size\":%d,\"grad_accum_steps\":%d,"
+          "\"units\":%zu,"
           "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
           "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
           "\"peak_bytes\":%lld}\n",
-          preset.c_str(), wrap.c_str(), world, plan.units.size(),
+          preset.c_str(), wrap.c_str(), world, grad_accum_steps, plan.units.size(),
           static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
           static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),
           static_cast<long long>(b.unsharded_parameters_peak),

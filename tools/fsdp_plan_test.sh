@@ -4,6 +4,7 @@
 # everything training, and a pattern that selects nothing exits 2. Layouts
 # training refuses (T5's tied shared.weight outside the root unit) and
 # --max_inflight_all_gathers < 1 exit 2 too. Nested units (size:N) name the unit they sit in.
+# --grad_accum_steps > 1 keeps every unit's unsharded gradient (no_sync).
 set -euo pipefail
 plan="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -37,4 +38,16 @@ exits_2 "--max_inflight_all_gathers=0 must be >= 1" "$plan" --preset=gpt-nano \
 exits_2 "--max_inflight_all_gathers=-1 must be >= 1" "$plan" --preset=gpt-nano \
   --max_inflight_all_gathers=-1
 "$plan" --preset=gpt-nano --world_sizes=8 --max_inflight_all_gathers=1 > /dev/null
-echo "fsdp_plan: frozen units, less state, errors named"
+# Gradient accumulation (no_sync): every unit's unsharded gradient is kept (fp32 of all 163M
+# parameters, padding aside), more than the synced step's window of units; the model state
+# does not change.
+grads() { awk '$1 == 8 { print $6 }' "$1"; }  # unsharded gradients GiB at world 8
+"$plan" --preset=gpt2 --world_sizes=8 --grad_accum_steps=4 > "${TEST_TMPDIR}/accum.txt"
+grep -q "4 micro-batches: every unit's gradient kept (no_sync)" "${TEST_TMPDIR}/accum.txt" ||
+  { cat "${TEST_TMPDIR}/accum.txt"; exit 1; }
+awk -v a="$(grads "${TEST_TMPDIR}/accum.txt")" -v b="$(grads "${TEST_TMPDIR}/all.txt")" \
+  'BEGIN { exit !(a > b && a - 4 * 163037184 / 2^30 < 0.001 && a >= 0.607) }' ||
+  { echo "grads $(grads "${TEST_TMPDIR}/accum.txt") vs $(grads "${TEST_TMPDIR}/all.txt")"; exit 1; }
+[[ $(state "${TEST_TMPDIR}/accum.txt") == $(state "${TEST_TMPDIR}/all.txt") ]]
+exits_2 "--grad_accum_steps=0 must be >= 1" "$plan" --preset=gpt-nano --grad_accum_steps=0
+echo "fsdp_plan: frozen units, less state, no_sync, errors named"
