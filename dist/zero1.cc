@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -313,11 +312,7 @@ absl::Status Zero1::Step() {
   // A GPU check of this step's inputs still unread (an embedding's ids) throws
   // here, before anything changes (the optimizer would, after the flags below).
   std::vector<optim::ParamRef> refs = ParamRefs();
-  for (const optim::ParamRef& ref : refs) {
-    if (ref.param.device().is_cuda()) {
-      tensor::cuda::RaiseDeferredChecks(ref.param.device().index, /*wait=*/true);
-    }
-  }
+  optim::RaiseDeferredGpuChecks(refs);
   reduced_ = false;
   stepped_ = true;  // until ZeroGrad
   // Bucket by bucket (those that train): step this rank's slices, then start the bucket's

@@ -25,17 +25,21 @@ constexpr int64_t kGrain = 1 << 14;
 
 }  // namespace
 
+void RaiseDeferredGpuChecks(const std::vector<ParamRef>& params) {
+  std::set<int> gpus;
+  for (const ParamRef& ref : params) {
+    if (ref.param.device().is_cuda()) gpus.insert(ref.param.device().index);
+  }
+  for (int gpu : gpus) tensor::cuda::RaiseDeferredChecks(gpu, /*wait=*/true);
+}
+
 void Optimizer::Step(const std::vector<ParamRef>& params) {
   CheckParamRefs(name(), params);
   // No step while a GPU check of this step's inputs (an embedding's ids) is
   // unread: it is waited for and thrown before anything changes. A wait only
   // when one is pending (a training step reads its loss first, which reports
   // them).
-  std::set<int> gpus;
-  for (const ParamRef& ref : params) {
-    if (ref.param.device().is_cuda()) gpus.insert(ref.param.device().index);
-  }
-  for (int gpu : gpus) tensor::cuda::RaiseDeferredChecks(gpu, /*wait=*/true);
+  RaiseDeferredGpuChecks(params);
   for (const ParamRef& ref : params) {
     auto it = state_.find(ref.name);
     if (it == state_.end() || it->second.buffers.empty()) continue;

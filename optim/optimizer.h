@@ -31,6 +31,12 @@ struct ParamState {
   std::vector<tensor::Tensor> buffers;
 };
 
+// Throws tensor::OpError when a deferred GPU check on a device of `params`
+// failed (tensor/cuda_backend.h: an embedding's out-of-range id), waiting for
+// pending ones first; once per device. Nothing for CPU params. What a step
+// calls before it changes anything (Optimizer::Step, dist::Zero1::Step).
+void RaiseDeferredGpuChecks(const std::vector<ParamRef>& params);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

@@ -30,16 +30,25 @@ std::string PositionString(int64_t p, const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(index, ","), "]");
 }
 
+// What is wrong with id `id` at flat position p of ids shaped `shape`
+// (without the op's name, which the thrower adds).
+std::string BadIdMessage(int64_t id, int64_t p, const Shape& shape, int64_t vocab,
+                         const std::string& context) {
+  return absl::StrCat("id ", id, " at position ", PositionString(p, shape), " of ids ",
+                      shape.ToString(), " is out of range for ", vocab, " embeddings (", context,
+                      ")");
+}
+
 // Throws unless every id is in [0, vocab); names the first one that is not.
 void CheckIds(const char* op, const Tensor& ids, int64_t vocab, const std::string& context) {
   if (ids.device().is_cuda()) {
     DispatchIndex(op, ids.dtype(), [](auto*) {});  // i32 or i64
     // Reported at the host's next wait for the GPU, with the CPU's message.
-    cuda::CheckIdsDeferred(op, ids, vocab, [shape = ids.shape(), vocab, context](int64_t p,
-                                                                               int64_t id) {
-      return absl::StrCat("id ", id, " at position ", PositionString(p, shape), " of ids ",
-                          shape.ToString(), " is out of range for ", vocab, " embeddings (",
-                          context, "; checked on the GPU, reported at the next wait for it)");
+    const std::string where =
+        absl::StrCat(context, "; checked on the GPU, reported at the next wait for it");
+    cuda::CheckIdsDeferred(op, ids, vocab, [shape = ids.shape(), vocab, where](int64_t p,
+                                                                             int64_t id) {
+      return BadIdMessage(id, p, shape, vocab, where);
     });
     return;
   }
@@ -56,9 +65,8 @@ void CheckIds(const char* op, const Tensor& ids, int64_t vocab, const std::strin
       }
     }
     if (bad >= 0) {
-      ThrowOpError(op, "id ", static_cast<int64_t>(id[bad]), " at position ",
-                   PositionString(bad, ids.shape()), " of ids ", ids.shape().ToString(),
-                   " is out of range for ", vocab, " embeddings (", context, ")");
+      ThrowOpError(op, BadIdMessage(static_cast<int64_t>(id[bad]), bad, ids.shape(), vocab,
+                                    context));
     }
   });
 }
