@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -54,13 +55,16 @@ int64_t UnshardedBytes(const ShardingPlan::Unit& u, int param_bytes, bool cast) 
 }
 
 // The root's `in_use` bytes plus the maximum over non-root units u of: the
-// `in_use` bytes of u's enclosing non-root units, plus, of the non-root
-// units that do not enclose u, the largest `in_use` (u itself) and `window`
+// `in_use` bytes of the non-root units held while u runs (those enclosing u,
+// and the `kept` units before u in pre-order: gathered by their forward,
+// which ran before u's, until their backward, which runs after u's), plus,
+// of the other non-root units, the largest `in_use` (u itself) and `window`
 // - 1 times the largest `ahead` (units gathered ahead of their use), at most
 // as many units as there are. A unit of zero bytes (frozen, for gradients)
-// still counts as u.
+// still counts as u. `kept`: empty, or one flag per unit.
 int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
-                 const std::vector<int64_t>& ahead, int64_t window) {
+                 const std::vector<int64_t>& ahead, int64_t window,
+                 const std::vector<bool>& kept = {}) {
   const int n = static_cast<int>(plan.units.size());
   if (n <= 1) return n == 1 ? in_use[0] : 0;
   // Non-root units with bytes, largest first by each measure.
@@ -73,28 +77,32 @@ int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
                    [&](int a, int b) { return in_use[a] > in_use[b]; });
   std::stable_sort(by_ahead.begin(), by_ahead.end(),
                    [&](int a, int b) { return ahead[a] > ahead[b]; });
-  // The largest of `sizes` over `order`'s units not in `enclosing` (found
-  // within the first |enclosing| + 1).
+  // The largest of `sizes` over `order`'s units not in `held` (found within
+  // the first |held| + 1).
   auto largest = [](const std::vector<int>& order, const std::vector<int64_t>& sizes,
-                    const std::set<int>& enclosing) -> int64_t {
+                    const std::set<int>& held) -> int64_t {
     for (int i : order) {
-      if (enclosing.count(i) == 0) return sizes[i];
+      if (held.count(i) == 0) return sizes[i];
     }
     return 0;
   };
   int64_t best = 0;
   for (int u = 1; u < n; ++u) {
-    std::set<int> enclosing;  // with bytes
-    int64_t held = 0;
-    for (int a = plan.units[u].parent; a > 0; a = plan.units[a].parent) {
-      if (in_use[a] > 0) enclosing.insert(a);
-      held += in_use[a];
+    std::set<int> held_units;  // with bytes
+    for (int a = plan.units[u].parent; a > 0; a = plan.units[a].parent) held_units.insert(a);
+    for (int k = 1; k < u && !kept.empty(); ++k) {
+      if (kept[k]) held_units.insert(k);
     }
-    const int64_t others = int64_t(by_use.size() - enclosing.size());  // not enclosing u
+    int64_t held = 0;
+    for (auto it = held_units.begin(); it != held_units.end();) {
+      held += in_use[*it];
+      it = in_use[*it] > 0 ? std::next(it) : held_units.erase(it);
+    }
+    const int64_t others = int64_t(by_use.size() - held_units.size());  // not held
     const int64_t count = std::min(window, others);
     if (count > 0) {
-      held +=
-          largest(by_use, in_use, enclosing) + (count - 1) * largest(by_ahead, ahead, enclosing);
+      held += largest(by_use, in_use, held_units) +
+              (count - 1) * largest(by_ahead, ahead, held_units);
     }
     best = std::max(best, held);
   }
@@ -149,6 +157,20 @@ FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptio
   b.sharded_parameters = 4 * plan.shard_numel;
   b.sharded_gradients = 4 * plan.trainable_shard_numel;
   b.optimizer_state = int64_t{options.optimizer_bytes} * plan.trainable_shard_numel;
+  OP_CHECK(options.prefetch_units >= 0, "EstimateFsdpRank",
+           "prefetch_units=", options.prefetch_units, " must be >= 0");
+  const int n = static_cast<int>(plan.units.size());
+  std::vector<bool> kept(n, false);
+  for (int k : options.kept_units) {
+    OP_CHECK(k >= 1 && k < n, "EstimateFsdpRank", "kept unit ", k, " is not a unit index in [1, ",
+             n, ") (the root is always kept)");
+    kept[k] = true;
+  }
+  // Explicit lists replace the recorded-order prefetch at every unit, and a
+  // unit's list is gathered whatever max_inflight_all_gathers says: the unit
+  // running and the k it names.
+  const int64_t window = options.prefetch_units > 0 ? int64_t{options.prefetch_units} + 1
+                                                    : options.max_inflight_all_gathers;
   std::vector<int64_t> params, gathers, grads;  // per unit, bytes
   for (const ShardingPlan::Unit& u : plan.units) {
     params.push_back(UnshardedBytes(u, options.param_bytes, /*cast=*/true));
@@ -158,7 +180,7 @@ FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptio
   if (!options.reshard_after_forward) {
     for (int64_t p : params) b.unsharded_parameters_peak += p;
   } else {
-    b.unsharded_parameters_peak = HeldPeak(plan, params, gathers, options.max_inflight_all_gathers);
+    b.unsharded_parameters_peak = HeldPeak(plan, params, gathers, window, kept);
   }
   if (options.no_sync) {
     for (int64_t g : grads) b.unsharded_gradients_peak += g;  // all kept between backwards

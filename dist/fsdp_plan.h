@@ -70,13 +70,23 @@ struct FsdpEstimateOptions {
   // --grad_accum_steps > 1): every trainable unit keeps its unsharded fp32
   // gradient from the first micro-batch's backward to the synced one.
   bool no_sync = false;
+  // FSDP2's explicit prefetch as dist::PrefetchNeighbors(k) sets it (the train
+  // binaries' --prefetch_units=k): each unit gathers the k next (forward) or
+  // previous (backward) units ahead, whatever max_inflight_all_gathers says,
+  // so k + 1 units are in flight. 0: the recorded-order prefetch, bounded by
+  // max_inflight_all_gathers.
+  int prefetch_units = 0;
+  // Indices into ShardingPlan::units (>= 1) of units not resharded after
+  // forward (FullyShardedModel::SetReshardAfterForward(unit, false); the
+  // train binaries' --keep_last_unit keeps the last unit that trains): each
+  // is held from its forward to its backward, so while every later unit runs.
+  std::vector<int> kept_units;
 };
 
 // Bytes one rank holds (FULL_SHARD / SHARD_GRAD_OP), as the memory ledger
 // counts them: sharded state exactly; the unsharded peaks as an upper bound
-// from the layout (activations and temporaries are not included; nor are
-// explicit prefetch lists longer than max_inflight_all_gathers, or
-// SetReshardAfterForward overrides).
+// from the layout (activations and temporaries are not included; explicit
+// prefetch lists other than PrefetchNeighbors' are not modelled).
 //
 // A unit's unsharded parameters take param_bytes per padded element; under a
 // low-precision param_bytes (< 4) a unit holding fp32-kept parameters
@@ -88,11 +98,12 @@ struct FsdpRankBytes {
   int64_t sharded_gradients = 0;   // fp32: 4 * trainable_shard_numel
   int64_t optimizer_state = 0;     // K * trainable_shard_numel
   // FULL_SHARD: the root unit (kept from its forward to its backward) plus
-  // the maximum over units u of: u's enclosing units (held while u runs)
-  // plus max_inflight_all_gathers units (u, and the ones prefetched ahead of
-  // it), each as large as the largest unit that does not enclose u. Without
-  // nesting (and fp32 units): the root plus max_inflight_all_gathers of the
-  // largest units. SHARD_GRAD_OP: every unit.
+  // the maximum over units u of: the units held while u runs (those
+  // enclosing u, and the kept_units before u) plus max_inflight_all_gathers
+  // (prefetch_units + 1) units (u, and the ones prefetched ahead of it),
+  // each as large as the largest unit not held. Without nesting, kept units
+  // and fp32 units: the root plus max_inflight_all_gathers of the largest
+  // units. SHARD_GRAD_OP: every unit.
   int64_t unsharded_parameters_peak = 0;
   // fp32 unsharded gradients: the root's plus the maximum over units u of
   // u's enclosing units' (allocated from their pre-backward to their

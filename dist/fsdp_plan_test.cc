@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <optional>
 
@@ -34,8 +35,10 @@ struct Peaks {
 // forward+backward passes of minGPT `c` under FullyShard(options) on
 // `world` threads-engine ranks (the first pass records the order the later
 // ones prefetch from).
+// `setup` (when given) runs on each rank's model after FullyShard.
 Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& options,
-                   int passes = 2, bool no_sync = false) {
+                   int passes = 2, bool no_sync = false,
+                   const std::function<void(FullyShardedModel&)>& setup = nullptr) {
   const tensor::Tensor idx = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 3);
   const tensor::Tensor tgt = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 4);
   ThreadWorld threads(world);
@@ -44,6 +47,7 @@ Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& opt
   absl::Status s = RunRanks(threads, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
     auto fsdp = FullyShard(gpt, pg, options);
+    if (setup) setup(*fsdp);
     const int64_t shards = fsdp->Memory(MemoryCategory::kParameters).current;
     const int64_t grad_shards = fsdp->Memory(MemoryCategory::kGradients).current;
     threads.ledger(rank).ResetPeaks();
@@ -246,6 +250,80 @@ TEST(FsdpPlanTest, NoSyncKeepsEveryUnitsGradient) {
     EXPECT_LE(b.unsharded_gradients_peak, measured.grads * 5 / 4);
     EXPECT_GT(measured.grads, synced.grads);
     EXPECT_GT(b.unsharded_gradients_peak, EstimateFsdpRank(plan, {}).unsharded_gradients_peak);
+  }
+}
+
+// FSDP2's explicit prefetch (PrefetchNeighbors(k): k + 1 units in flight,
+// whatever max_inflight_all_gathers says) and units kept gathered from their
+// forward to their backward (SetReshardAfterForward(unit, false): held while
+// every later unit runs). The estimate given both bounds the ledger: exactly
+// for a stack of Blocks; with nested units within 50% (k + 1 of the largest
+// units, where the neighbours in pre-order are smaller ones). For the stack
+// the estimate without them is below what the ledger measures for k + 1 >
+// max_inflight_all_gathers and for a kept unit that is not the last.
+TEST(FsdpPlanTest, ExplicitPrefetchAndKeptUnitsAreEstimated) {
+  const mingpt::GptConfig c = testing::Small();  // 4 Blocks
+  constexpr int kWorld = 2;
+  for (const bool nested : {false, true}) {
+    const WrapPolicy policy =
+        nested ? WrapPolicy::SizeBased(300) : WrapPolicy::Transformer({"Block"});
+    mingpt::GPT reference(c);
+    const ShardingPlan plan = PlanSharding(reference, policy, kWorld);
+    const int last = static_cast<int>(plan.units.size()) - 1;
+    const std::vector<std::vector<int>> kept_cases = {{}, {1}, {last}, {1, 2}};
+    for (int k : {0, 1, 3}) {
+      for (const std::vector<int>& kept : kept_cases) {
+        SCOPED_TRACE(::testing::Message() << plan.units.size() << " units, prefetch_units " << k
+                                          << ", " << kept.size() << " kept, first "
+                                          << (kept.empty() ? 0 : kept[0]));
+        FsdpOptions options;
+        options.policy = policy;
+        options.forward_prefetch = true;
+        const Peaks measured =
+            MeasurePeaks(c, kWorld, options, /*passes=*/2, /*no_sync=*/false,
+                         [&](FullyShardedModel& fsdp) {
+                           PrefetchNeighbors(fsdp, k);
+                           for (int u : kept) fsdp.SetReshardAfterForward(fsdp.unit_name(u), false);
+                         });
+        FsdpEstimateOptions estimate;
+        estimate.prefetch_units = k;
+        estimate.kept_units = kept;
+        const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+        const FsdpRankBytes unaware = EstimateFsdpRank(plan, {});
+        std::printf("%zu units, k %d, %zu kept (first %d): params %lld <= %lld (unaware %lld)\n",
+                    plan.units.size(), k, kept.size(), kept.empty() ? 0 : kept[0],
+                    (long long)measured.params, (long long)b.unsharded_parameters_peak,
+                    (long long)unaware.unsharded_parameters_peak);
+        EXPECT_GE(b.unsharded_parameters_peak, measured.params);
+        EXPECT_GE(b.unsharded_gradients_peak, measured.grads);
+        if (nested) {
+          EXPECT_LE(b.unsharded_parameters_peak, measured.params * 3 / 2);
+        } else {
+          EXPECT_EQ(b.unsharded_parameters_peak, measured.params);
+          if (k == 3 || (!kept.empty() && kept[0] == 1)) {
+            EXPECT_LT(unaware.unsharded_parameters_peak, measured.params);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FsdpPlanTest, BadPrefetchUnitsAndKeptUnitsAreRefused) {
+  mingpt::GPT reference(testing::Small());
+  const ShardingPlan plan = PlanSharding(reference, WrapPolicy::Transformer({"Block"}), 2);
+  FsdpEstimateOptions negative;
+  negative.prefetch_units = -1;
+  EXPECT_THROW(EstimateFsdpRank(plan, negative), tensor::OpError);
+  for (int bad : {0, static_cast<int>(plan.units.size())}) {
+    FsdpEstimateOptions kept;
+    kept.kept_units = {bad};
+    try {
+      EstimateFsdpRank(plan, kept);
+      ADD_FAILURE() << "kept unit " << bad << " was accepted";
+    } catch (const tensor::OpError& e) {
+      EXPECT_NE(std::string(e.what()).find("kept unit"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -21,7 +21,9 @@
 // other parameters. Activations are not included. --units marks such units
 // "(fp32 gather)" and nested ones "(inside <unit>)".
 // --grad_accum_steps > 1: the unsharded gradients' peak is every trainable
-// unit's (FSDP's no_sync keeps them between micro-batches).
+// unit's (FSDP's no_sync keeps them between micro-batches). --prefetch_units=k
+// (explicit prefetch of the k neighbours) puts k + 1 units in flight;
+// --keep_last_unit holds the last trainable unit from its forward on.
 // --freeze (the train binaries' patterns): frozen parameters, wrapped as the
 // binaries wrap them (dist::WrapPolicy::FrozenLeavesApart); units of frozen
 // parameters only hold no gradient shard and no optimizer state. A layout the
@@ -60,6 +62,12 @@ ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the 
 ABSL_FLAG(int, grad_accum_steps, 1,
           "micro-batches a step, as the train binaries' flag: above 1 every trainable unit keeps "
           "its unsharded fp32 gradient between them (no_sync)");
+ABSL_FLAG(int, prefetch_units, 0,
+          "as the train binaries' flag: each unit gathers the next (previous, in backward) N "
+          "units ahead, whatever --max_inflight_all_gathers says (dist::PrefetchNeighbors)");
+ABSL_FLAG(bool, keep_last_unit, false,
+          "as the train binaries' flag: the last unit that trains stays gathered from its "
+          "forward to its backward");
 ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a table");
 ABSL_FLAG(bool, units, false, "also list every unit (name, elements, padded, shard)");
 ABSL_FLAG(std::string, freeze, "",
@@ -150,8 +158,14 @@ int main(int argc, char** argv) {
   if (grad_accum_steps < 1) {
     return Fail(absl::StrCat("--grad_accum_steps=", grad_accum_steps, " must be >= 1"));
   }
+  const int prefetch_units = absl::GetFlag(FLAGS_prefetch_units);
+  if (prefetch_units < 0) {
+    return Fail(absl::StrCat("--prefetch_units=", prefetch_units, " must be >= 0 (0: none)"));
+  }
+  const bool keep_last_unit = absl::GetFlag(FLAGS_keep_last_unit);
   dist::FsdpEstimateOptions options;
   options.no_sync = grad_accum_steps > 1;
+  options.prefetch_units = prefetch_units;
   options.param_bytes = precision == "bf16" ? 2 : 4;
   options.optimizer_bytes = *k;
   options.max_inflight_all_gathers = max_inflight;
@@ -166,6 +180,10 @@ int main(int argc, char** argv) {
     if (options.no_sync) {
       std::printf(" | %d micro-batches: every unit's gradient kept (no_sync)", grad_accum_steps);
     }
+    if (prefetch_units > 0) {
+      std::printf(" | explicit prefetch: %d units in flight", prefetch_units + 1);
+    }
+    if (keep_last_unit) std::printf(" | last unit kept gathered");
     std::printf("\n");
     std::printf("%7s %6s %16s %12s %14s %14s %12s\n", "world", "units", "elements/rank",
                 "state GiB", "unsh. params", "unsh. grads", "total GiB");
@@ -173,16 +191,27 @@ int main(int argc, char** argv) {
   for (int world : worlds) {
     const dist::ShardingPlan plan =
         dist::PlanSharding(*model, policy, world, mixed->fp32_module_classes);
+    if (keep_last_unit) {
+      // As the train binaries choose it: the last unit in pre-order that trains.
+      int last = static_cast<int>(plan.units.size()) - 1;
+      while (last > 0 && !plan.units[last].trains) --last;
+      if (last == 0) {
+        return Fail(absl::StrCat("--keep_last_unit: --auto_wrap=", wrap,
+                                 " gives no unit but the root that trains"));
+      }
+      options.kept_units = {last};
+    }
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
     if (json) {
       std::printf(
           "{\"preset\":\"%s\",\"auto_wrap\":\"%s\",\"world_size\":%d,\"grad_accum_steps\":%d,"
-          "\"units\":%zu,"
+          "\"prefetch_units\":%d,\"keep_last_unit\":%s,\"units\":%zu,"
           "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
           "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
           "\"peak_bytes\":%lld}\n",
-          preset.c_str(), wrap.c_str(), world, grad_accum_steps, plan.units.size(),
+          preset.c_str(), wrap.c_str(), world, grad_accum_steps, prefetch_units,
+          keep_last_unit ? "true" : "false", plan.units.size(),
           static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
           static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),
           static_cast<long long>(b.unsharded_parameters_peak),

@@ -4,7 +4,8 @@
 # everything training, and a pattern that selects nothing exits 2. Layouts
 # training refuses (T5's tied shared.weight outside the root unit) and
 # --max_inflight_all_gathers < 1 exit 2 too. Nested units (size:N) name the unit they sit in.
-# --grad_accum_steps > 1 keeps every unit's unsharded gradient (no_sync).
+# --grad_accum_steps > 1 keeps every unit's unsharded gradient (no_sync); --prefetch_units and
+# --keep_last_unit as the train binaries' flags.
 set -euo pipefail
 plan="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -50,4 +51,19 @@ awk -v a="$(grads "${TEST_TMPDIR}/accum.txt")" -v b="$(grads "${TEST_TMPDIR}/all
   { echo "grads $(grads "${TEST_TMPDIR}/accum.txt") vs $(grads "${TEST_TMPDIR}/all.txt")"; exit 1; }
 [[ $(state "${TEST_TMPDIR}/accum.txt") == $(state "${TEST_TMPDIR}/all.txt") ]]
 exits_2 "--grad_accum_steps=0 must be >= 1" "$plan" --preset=gpt-nano --grad_accum_steps=0
-echo "fsdp_plan: frozen units, less state, no_sync, errors named"
+# Explicit prefetch of 3 neighbours: 4 units in flight against 2, more unsharded parameters;
+# the last unit kept: gpt2's blocks are alike, so the same peak as without (it is the unit
+# running when its backward starts).
+params() { awk '$1 == 8 { print $5 }' "$1"; }  # unsharded parameters GiB at world 8
+"$plan" --preset=gpt2 --world_sizes=8 --prefetch_units=3 > "${TEST_TMPDIR}/prefetch.txt"
+grep -q "explicit prefetch: 4 units in flight" "${TEST_TMPDIR}/prefetch.txt" ||
+  { cat "${TEST_TMPDIR}/prefetch.txt"; exit 1; }
+awk -v a="$(params "${TEST_TMPDIR}/prefetch.txt")" -v b="$(params "${TEST_TMPDIR}/all.txt")" \
+  'BEGIN { exit !(a > b) }' ||
+  { echo "params $(params "${TEST_TMPDIR}/prefetch.txt") vs $(params "${TEST_TMPDIR}/all.txt")"; exit 1; }
+"$plan" --preset=gpt2 --world_sizes=8 --keep_last_unit --json > "${TEST_TMPDIR}/kept.json"
+grep -q '"keep_last_unit":true' "${TEST_TMPDIR}/kept.json" || { cat "${TEST_TMPDIR}/kept.json"; exit 1; }
+exits_2 "--prefetch_units=-1 must be >= 0" "$plan" --preset=gpt-nano --prefetch_units=-1
+exits_2 "--keep_last_unit: --auto_wrap=none gives no unit but the root" \
+  "$plan" --preset=gpt-nano --auto_wrap=none --keep_last_unit
+echo "fsdp_plan: frozen units, less state, no_sync, prefetch, kept unit, errors named"
