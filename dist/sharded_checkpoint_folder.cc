@@ -38,8 +38,13 @@ absl::Status CheckReplaceable(const std::string& dir) {
     if (name == "." || name == "..") continue;
     // A sharded checkpoint's files, or a single-process one's (a step saved
     // again under another strategy after resuming from an earlier step).
-    const bool single_process = absl::StartsWith(name, "model.safetensors") ||
-                                absl::StartsWith(name, "optimizer.safetensors");
+    // (tensor::DurableFileWriter's temporaries are "<file>.tmp.<pid>"; a
+    // "model.safetensors.bak" of the user's is not theirs.)
+    bool single_process = false;
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      single_process = single_process || name == file ||
+                       absl::StartsWith(name, absl::StrCat(file, ".tmp."));
+    }
     if (!IsCheckpointFile(name) && !single_process) {
       stray = name;
       break;

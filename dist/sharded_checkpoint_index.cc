@@ -256,7 +256,12 @@ absl::Status ValidateIndex(Index& x) {
       return absl::DataLossError(absl::StrCat("bad file entry '", f.name, "'"));
     }
   }
-  if (x.crc_block <= 0) return absl::DataLossError("bad crc32c_block_elements");
+  // Bounded so that a slice's block count cannot overflow (a block of more
+  // than 2^40 elements would make its checksums cover nothing).
+  if (x.crc_block <= 0 || x.crc_block > (int64_t{1} << 40)) {
+    return absl::DataLossError(absl::StrCat("bad crc32c_block_elements ", x.crc_block,
+                                            " (must be in [1, 2^40])"));
+  }
   x.by_name.clear();
   for (size_t i = 0; i < x.params.size(); ++i) {
     ParamRec& p = x.params[i];

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -258,7 +259,9 @@ TEST(ShardedCheckpointIndexTest, InconsistentRecordsAreRefused) {
       {[](Index& x) { x.files[1].name = x.files[0].name; },
        "bad file entry 'shard_0_of_2.safetensors'"},
       {[](Index& x) { x.files[1].bytes = -1; }, "bad file entry 'shard_1_of_2.safetensors'"},
-      {[](Index& x) { x.crc_block = 0; }, "bad crc32c_block_elements"},
+      {[](Index& x) { x.crc_block = 0; }, "bad crc32c_block_elements 0 (must be in [1, 2^40])"},
+      {[](Index& x) { x.crc_block = std::numeric_limits<int64_t>::max(); },
+       "bad crc32c_block_elements 9223372036854775807 (must be in [1, 2^40])"},
       {[](Index& x) { x.params[1].name = x.params[0].name; }, w + " is listed twice"},
       {[](Index& x) { x.params[0].numel = 7; }, w + ": numel 7 does not match shape (2,3)"},
       {[](Index& x) { x.params[0].value[1].file = 2; },

@@ -212,7 +212,9 @@ int Verify(const std::string& dir) {
 int Consolidate(const std::string& dir, const std::string& out) {
   absl::Status s = train::ConsolidateShardedCheckpoint(dir, out);
   if (!s.ok()) return Fail(std::string(s.message()));
-  std::printf("wrote %s/model.safetensors and optimizer.safetensors from %s\n", out.c_str(),
+  std::string folder = out;  // "OUT/" named as OUT
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  std::printf("wrote %s/model.safetensors and optimizer.safetensors from %s\n", folder.c_str(),
               dir.c_str());
   return 0;
 }

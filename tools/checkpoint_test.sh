@@ -53,7 +53,8 @@ expect 0 "^OK .*every stored checksum matches; no NaN or Inf" "$ckpt" verify "$d
 echo "info, verify: sharded"
 
 # Consolidated, it resumes in one process and under DDP with the losses of the full run.
-expect 0 "wrote $dir/one/model.safetensors" "$ckpt" consolidate "$dir/ck" "$dir/one"
+# (OUT/ is OUT: the temporary folder goes beside it.)
+expect 0 "wrote $dir/one/model.safetensors" "$ckpt" consolidate "$dir/ck" "$dir/one/"
 expect 0 "kind:        single-process" "$ckpt" info "$dir/one"
 grep -q "optimizer:   adamw (exp_avg, exp_avg_sq), step 3" "$dir/out.txt"
 expect 0 "^OK " "$ckpt" verify "$dir/one"

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint.h"
+#include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/train_support.h"
 #include "tensor/safetensors.h"
@@ -85,7 +86,9 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
 }  // namespace
 
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
-                                          const std::string& out_dir) {
+                                          const std::string& out_dir_in) {
+  // "OUT/" is OUT: its temporary folder goes beside it, not inside.
+  const std::string out_dir = dist::sharded::StripTrailingSlashes(out_dir_in);
   if (!IsShardedCheckpoint(sharded_dir)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", sharded_dir, "' is not a sharded checkpoint (no index.json)"));

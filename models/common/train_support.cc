@@ -199,13 +199,71 @@ absl::StatusOr<TrainState> TrainStateFromShardedExtra(
   return state;
 }
 
+namespace {
+
+// The folder of `step_dir` and the folder it sits in ("." when none).
+std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
+    const std::string& step_dir) {
+  namespace fs = std::filesystem;
+  fs::path folder = fs::path(step_dir).lexically_normal();
+  if (!folder.has_filename()) folder = folder.parent_path();  // "dir/step_000004/"
+  return {folder, folder.has_parent_path() ? folder.parent_path() : fs::path(".")};
+}
+
+// The other step folders beside `step_dir` that hold a checkpoint, newest
+// first, and how to resume one; or that there are none.
+std::string OtherCheckpointsNote(const std::string& step_dir) {
+  namespace fs = std::filesystem;
+  const auto [failed, dir] = FolderAndParent(step_dir);
+  std::vector<std::pair<int64_t, std::string>> others;  // (step, folder name)
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t step = 0;
+    if (name == failed.filename().string() || !absl::StartsWith(name, "step_") ||
+        !absl::SimpleAtoi(name.substr(5), &step)) {
+      continue;
+    }
+    if (HoldsCheckpoint(it->path().string())) others.emplace_back(step, name);
+  }
+  std::sort(others.rbegin(), others.rend());
+  if (others.empty()) return absl::StrCat(" (no other checkpoint in ", dir.string(), ")");
+  std::vector<std::string> names;
+  for (const auto& [step, name] : others) names.push_back(name);
+  return absl::StrCat("; the other checkpoints in ", dir.string(), ", newest first: ",
+                      absl::StrJoin(names, ", "), " (resume one with --resume=",
+                      (dir / others.front().second).string(), ")");
+}
+
+// A missing step folder whose save was interrupted between its two renames
+// (tensor::ReplaceFolderDurably without RENAME_EXCHANGE: the old folder moved
+// aside to "<folder>.old-<tag>", the new one not yet renamed into place): how
+// to get it back; "" when there is no such copy.
+std::string InterruptedSaveNote(const std::string& step_dir) {
+  namespace fs = std::filesystem;
+  const auto [folder, dir] = FolderAndParent(step_dir);
+  const std::string prefix = folder.filename().string() + ".old-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!absl::StartsWith(name, prefix) || !HoldsCheckpoint(it->path().string())) continue;
+    return absl::StrCat(
+        "; a save of it was interrupted after moving the previous copy aside: ",
+        it->path().string(), " holds it; put it back with `mv ", it->path().string(), " ",
+        folder.string(), "`");
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
                                               const std::string& checkpoint_dir) {
+  std::error_code ec;
   if (resume != "latest") {
-    std::error_code ec;
     if (!std::filesystem::is_directory(resume, ec)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--resume=", resume, ": no such checkpoint folder"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--resume=", resume, ": no such checkpoint folder", InterruptedSaveNote(resume)));
     }
     return resume;
   }
@@ -217,7 +275,14 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
     return absl::NotFoundError(
         absl::StrCat("no checkpoint to resume: '", checkpoint_dir, "/latest' is missing"));
   }
-  return absl::StrCat(checkpoint_dir, "/", name);
+  const std::string step_dir = absl::StrCat(checkpoint_dir, "/", name);
+  if (!std::filesystem::is_directory(step_dir, ec)) {
+    const std::string interrupted = InterruptedSaveNote(step_dir);
+    return absl::DataLossError(absl::StrCat(
+        "--resume=latest: ", checkpoint_dir, "/latest names ", name, ", which is missing",
+        interrupted.empty() ? OtherCheckpointsNote(step_dir) : interrupted));
+  }
+  return step_dir;
 }
 
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
@@ -226,6 +291,13 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   // is read straight into its parameters and the optimizer state into the
   // buffers it keeps, so neither file is held whole besides what it fills
   // (ranks that are threads of one process each load without a copy).
+  if (IsShardedCheckpoint(step_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", step_dir, " is sharded (index.json: saved by FSDP or ZeRO-1); resume it "
+        "with an FSDP strategy or --strategy=zero1 (--world_size=1 is enough), or turn it into a "
+        "single-process checkpoint with `checkpoint consolidate ", step_dir,
+        " OUT` (//tools:checkpoint)"));
+  }
   const std::string model_path = step_dir + "/model.safetensors";
   const std::string opt_path = step_dir + "/optimizer.safetensors";
   absl::StatusOr<tensor::SafetensorsHeader> weights = tensor::ReadSafetensorsHeader(model_path);
@@ -305,34 +377,20 @@ std::string InitFromLine(absl::string_view source, bool resuming) {
 absl::Status ResumeFailure(const absl::Status& failure, const std::string& resume,
                            const std::string& step_dir) {
   std::string message = absl::StrCat("--resume=", resume, ": ", failure.message());
-  if (failure.code() != absl::StatusCode::kDataLoss) return absl::Status(failure.code(), message);
-  // The other step folders beside it that hold a checkpoint, newest first.
-  namespace fs = std::filesystem;
-  fs::path failed = fs::path(step_dir).lexically_normal();
-  if (!failed.has_filename()) failed = failed.parent_path();  // "dir/step_000004/"
-  const fs::path dir = failed.has_parent_path() ? failed.parent_path() : fs::path(".");
-  std::vector<std::pair<int64_t, std::string>> others;  // (step, folder name)
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    int64_t step = 0;
-    if (name == failed.filename().string() || !absl::StartsWith(name, "step_") ||
-        !absl::SimpleAtoi(name.substr(5), &step)) {
-      continue;
-    }
-    if (HoldsCheckpoint(it->path().string())) others.emplace_back(step, name);
+  // Damaged (DataLoss) or missing files (NotFound: a shard or index.json;
+  // Unavailable: a file that cannot be opened).
+  const absl::StatusCode code = failure.code();
+  if (code != absl::StatusCode::kDataLoss && code != absl::StatusCode::kNotFound &&
+      code != absl::StatusCode::kUnavailable) {
+    return absl::Status(code, message);
   }
-  std::sort(others.rbegin(), others.rend());
-  if (others.empty()) {
-    absl::StrAppend(&message, " (no other checkpoint in ", dir.string(), ")");
-  } else {
-    std::vector<std::string> names;
-    for (const auto& [step, name] : others) names.push_back(name);
-    absl::StrAppend(&message, "; the other checkpoints in ", dir.string(), ", newest first: ",
-                    absl::StrJoin(names, ", "), " (resume one with --resume=",
-                    (dir / others.front().second).string(), ")");
-  }
-  return absl::DataLossError(message);
+  return absl::Status(code, message + OtherCheckpointsNote(step_dir));
+}
+
+absl::Status InResumedCheckpoint(const Resumed& resumed, const absl::Status& failure) {
+  if (failure.ok()) return failure;
+  return absl::Status(failure.code(),
+                      absl::StrCat("checkpoint ", resumed.step_dir, ": ", failure.message()));
 }
 
 void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed) {

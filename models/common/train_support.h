@@ -70,7 +70,10 @@ absl::Status MakeCheckpointDir(const std::string& dir);
 absl::Status PrepareCheckpointDir(const std::string& dir);
 
 // `resume` is "latest" (the newest checkpoint in checkpoint_dir) or the path of
-// a step folder. Returns the step folder.
+// a step folder. Returns the step folder. A folder that is missing is an
+// error (DataLoss when `latest` names it, with the other checkpoints beside
+// it) that names the copy an interrupted save left aside ("<folder>.old-*",
+// tensor::ReplaceFolderDurably) and how to put it back.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
                                               const std::string& checkpoint_dir);
 
@@ -121,8 +124,9 @@ struct Resumed {
   std::string step_dir;  // the step folder it was loaded from
 };
 // A failure to load `step_dir` for --resume=`resume`: the message prefixed
-// "--resume=<resume>: ", and when the folder's files are damaged (DataLoss:
-// missing, truncated, a checksum that differs) followed by the other
+// "--resume=<resume>: ", and when the folder's files are damaged or missing
+// (DataLoss: truncated, a checksum that differs; NotFound, Unavailable: a
+// file missing or that cannot be opened) followed by the other
 // checkpoints beside it, newest first, and how to resume one of them, so
 // that the steps they hold are not lost to one bad save.
 absl::Status ResumeFailure(const absl::Status& failure, const std::string& resume,
@@ -144,6 +148,10 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
 // step replaces them). Nothing for another directory, or when latest already
 // names it; a failure to write is a warning on stderr (the run goes on).
 void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed);
+// A failure to restore what `resumed` holds besides the weights (the data
+// loader's position, the loss scale): `failure` with "checkpoint <step_dir>: "
+// before its message, so the error names the checkpoint; OK stays OK.
+absl::Status InResumedCheckpoint(const Resumed& resumed, const absl::Status& failure);
 // Whether to save a checkpoint after step_done (1-based) of `steps` every
 // `every` steps (0: never here; the last step's is saved after the loop).
 bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps);

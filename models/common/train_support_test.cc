@@ -221,6 +221,74 @@ TEST(ResumeFailureTest, NamesTheOtherCheckpointsWhenTheFilesAreDamaged) {
   s = ResumeFailure(absl::InvalidArgumentError("shape differs"), "latest", failed);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "--resume=latest: shape differs");
+  // A file missing (a shard not visible on this node; a file that cannot be
+  // opened) names them too.
+  for (const absl::Status& missing :
+       {absl::NotFoundError("no shard file"), absl::UnavailableError("cannot open")}) {
+    s = ResumeFailure(missing, "latest", failed);
+    EXPECT_EQ(s.code(), missing.code());
+    EXPECT_NE(s.message().find("newest first: step_000010, step_000002"), std::string::npos)
+        << s.message();
+  }
+}
+
+// `latest` naming a folder that is gone: DataLoss naming it and the other
+// checkpoints; when a save was interrupted between moving the previous copy
+// aside and renaming the new one into place (a filesystem without
+// RENAME_EXCHANGE), the error names that copy and how to put it back.
+TEST(ResolveCheckpointTest, AMissingFolderNamesTheCopyAnInterruptedSaveLeft) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "resolve_missing";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "step_000002");
+  std::ofstream(dir / "step_000002" / "model.safetensors") << "x";
+  ASSERT_TRUE(SetLatestCheckpoint(dir.string(), 4).ok());
+  absl::StatusOr<std::string> r = ResolveCheckpoint("latest", dir.string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("latest names step_000004, which is missing; the other "
+                                      "checkpoints in"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("step_000002"), std::string::npos) << r.status();
+
+  const fs::path aside = dir / "step_000004.old-123";
+  fs::create_directories(aside);
+  std::ofstream(aside / "index.json") << "{}";
+  for (const std::string& resume : {std::string("latest"), (dir / "step_000004").string()}) {
+    r = ResolveCheckpoint(resume, dir.string());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(absl::StrCat(
+                  "a save of it was interrupted after moving the previous copy aside: ",
+                  aside.string(), " holds it; put it back with `mv ", aside.string(), " ",
+                  (dir / "step_000004").string(), "`")),
+              std::string::npos)
+        << r.status();
+  }
+  fs::rename(aside, dir / "step_000004");
+  r = ResolveCheckpoint("latest", dir.string());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (dir / "step_000004").string());
+}
+
+// A sharded checkpoint given to the single-process load says what it is and
+// how to resume it, instead of a missing model.safetensors.
+TEST(LoadCheckpointTest, AShardedCheckpointSaysHowToResumeIt) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "load_sharded" / "step_000003";
+  fs::create_directories(dir);
+  std::ofstream(dir / "index.json") << "{}";
+  mingpt::GPT model(Config());
+  model.Materialize(3);
+  auto opt = optim::AdamW::Create({}).value();
+  absl::StatusOr<TrainState> state = LoadCheckpoint(dir.string(), model, *opt);
+  ASSERT_FALSE(state.ok());
+  EXPECT_EQ(state.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(state.status().message().find("is sharded (index.json: saved by FSDP or ZeRO-1); "
+                                          "resume it with an FSDP strategy"),
+            std::string::npos)
+      << state.status();
+  EXPECT_NE(state.status().message().find("checkpoint consolidate"), std::string::npos);
 }
 
 // Saving a step again replaces its folder as a whole (another run's files,
@@ -256,6 +324,17 @@ TEST(SaveCheckpointTest, ASavedStepReplacesTheFolderAsAWhole) {
   EXPECT_NE(refused.message().find("it holds 'notes.txt'"), std::string::npos) << refused;
   EXPECT_TRUE(fs::exists(step_dir + "/notes.txt"));
   EXPECT_TRUE(fs::exists(step_dir + "/model.safetensors"));
+  // A user's copy named after a checkpoint file is not one (a writer's
+  // "model.safetensors.tmp.<pid>" is).
+  fs::remove(step_dir + "/notes.txt");
+  { std::ofstream(step_dir + "/model.safetensors.bak") << "mine"; }
+  refused = SaveCheckpoint(dir, model, *opt, state);
+  EXPECT_NE(refused.message().find("it holds 'model.safetensors.bak'"), std::string::npos)
+      << refused;
+  EXPECT_TRUE(fs::exists(step_dir + "/model.safetensors.bak"));
+  fs::remove(step_dir + "/model.safetensors.bak");
+  { std::ofstream(step_dir + "/optimizer.safetensors.tmp.77") << "half"; }
+  EXPECT_TRUE(SaveCheckpoint(dir, model, *opt, state).ok());
 }
 
 // Resuming after step 2 drops the records of steps 3 and 4 that the stopped

@@ -75,9 +75,15 @@ echo "ddp -> one process: the same losses"
 exits_2 "is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy" \
   "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=ddp \
   --resume="$dir/ck_copy/step_000003"
+# One process (no --strategy) given a sharded checkpoint: what it is and how to resume it.
+exits_2 "is sharded (index.json: saved by FSDP or ZeRO-1); resume it with an FSDP strategy" \
+  "$train" "${common[@]}" --batch_size=8 --resume="$dir/ck_copy/step_000003"
 exits_2 "is not sharded (no index.json" \
   "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
   --resume="$dir/ck_ddp/step_000003"
+exits_2 "checkpoint $dir/ck_copy/step_000003: [" \
+  "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
+  --resume="$dir/ck_copy/step_000003"
 exits_2 "saved state is for another data configuration" \
   "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
   --resume="$dir/ck_copy/step_000003"

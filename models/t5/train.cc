@@ -329,10 +329,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     absl::StatusOr<train::Resumed> resumed =
         (*dp)->Resume(absl::GetFlag(FLAGS_resume), checkpoint_dir, setup.config.ToString());
     if (!resumed.ok()) return resumed.status();
-    absl::Status restored = loader->Restore(resumed->loader);  // the same global batch
-    if (!restored.ok()) return restored;
-    restored = scaling.Restore(resumed->state.extra);
-    if (!restored.ok()) return restored;
+    // The same global batch, the same loss scale.
+    absl::Status restored = loader->Restore(resumed->loader);
+    if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
+    if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     if (rank.logs()) {
       train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
@@ -640,9 +640,8 @@ absl::Status Train() {
         absl::GetFlag(FLAGS_resume), checkpoint_dir, model, **optimizer, config->ToString());
     if (!resumed.ok()) return resumed.status();
     absl::Status restored = loader->Restore(resumed->loader);
-    if (!restored.ok()) return restored;
-    restored = scaling->Restore(resumed->state.extra);
-    if (!restored.ok()) return restored;
+    if (restored.ok()) restored = scaling->Restore(resumed->state.extra);
+    if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
     if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
