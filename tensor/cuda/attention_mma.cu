@@ -126,6 +126,13 @@ __device__ __forceinline__ void WarpGemmAB(float (&acc)[kN / 8][4], const T* a, 
 // Waits for every committed group of this thread's copies.
 __device__ __forceinline__ void CpAsyncWaitAll() { ptx::CpAsyncWait<0>(); }
 
+// Commits and waits for the copies a block queued but will not use (its
+// range of keys or queries is empty), so that none is in flight at its exit.
+__device__ __forceinline__ void DrainUnusedCopies() {
+  CpAsyncCommit();
+  CpAsyncWaitAll();
+}
+
 // Copies rows [row0, row0 + kRows) of a (T, kD) slice (row stride `stride`)
 // into shared memory (leading dimension ld); rows at or past `valid` (relative
 // to row0) become zeros, so padded keys and values never inject NaN. With
@@ -220,7 +227,11 @@ __global__ void __launch_bounds__(128) ForwardMmaKernel(const Args a) {
   float m[2] = {-kInf, -kInf};  // running max of the base-2 scores
   float l[2] = {0.0f, 0.0f};    // this thread's part of the running sum
   const int k_end = KeyEnd(a, q0, kBr);
-  if (k_end > 0) LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
+  if (k_end > 0) {
+    LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
+  } else {
+    DrainUnusedCopies();  // Q's (no key is visible to these rows)
+  }
 
   for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
     CpAsyncWaitAll();  // this thread's copies of Q and of this block's tiles
@@ -379,7 +390,11 @@ __global__ void __launch_bounds__(128, kNarrow ? 4 : 0) BackwardDkDvMmaKernel(co
       lse_s[kBr + i] = in ? delta[q0 + i] : 0.0f;
     }
   };
-  if (q_begin < a.t_q) load_q(0, q_begin);
+  if (q_begin < a.t_q) {
+    load_q(0, q_begin);
+  } else {
+    DrainUnusedCopies();  // K's and V's (no query sees these keys)
+  }
 
   for (int q0 = q_begin, stage = 0; q0 < a.t_q; q0 += kBr, stage ^= 1) {
     CpAsyncWaitAll();  // this thread's copies of K, V and of this block's tiles
@@ -512,7 +527,11 @@ __global__ void __launch_bounds__(128) BackwardDqMmaKernel(const Args a) {
   float dq[kD / 8][4] = {};
   const int k_end = KeyEnd(a, q0, kBr);
 
-  if (k_end > 0) LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
+  if (k_end > 0) {
+    LoadKeyValueStage<T, kD, kBc>(kvs, 0, k, v, a, 0);
+  } else {
+    DrainUnusedCopies();  // Q's and dO's (no key is visible to these rows)
+  }
 
   for (int k0 = 0, stage = 0; k0 < k_end; k0 += kBc, stage ^= 1) {
     CpAsyncWaitAll();  // this thread's copies of Q, dO and of this block's tiles

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <type_traits>
 #include <utility>
@@ -231,6 +232,10 @@ Tensor Arange(int64_t n, Dtype dtype, Device device) {
   OP_CHECK(n >= 0, "arange", "n must be >= 0, got ", n);
   OP_CHECK(dtype == Dtype::kI32 || dtype == Dtype::kI64, "arange", "dtype must be i32 or i64, not ",
            DtypeName(dtype));
+  // Values 0 .. n-1 must fit the dtype (checked before anything is allocated).
+  OP_CHECK(dtype != Dtype::kI32 || n <= int64_t{std::numeric_limits<int32_t>::max()} + 1,
+           "arange", "n = ", n, " does not fit i32 (its last value would be ", n - 1,
+           "); use i64");
   Tensor t = Tensor::Empty({n}, dtype, device);
   if (device.is_cuda()) {
     cuda::IotaOnDevice(t.raw_data(), dtype, n, device.index);

@@ -280,6 +280,17 @@ TEST(ArangeTest, CountsFromZeroInI32AndI64) {
   EXPECT_EQ(Arange(0).numel(), 0);
   EXPECT_THROW(Arange(-1), OpError);
   EXPECT_THROW(Arange(3, Dtype::kF32), OpError);
+  // i32 holds values up to 2^31 - 1: a longer range is refused before it is
+  // allocated (it would wrap to negative ids), and names the dtype to use.
+  try {
+    Arange(int64_t{1} << 32, Dtype::kI32);
+    ADD_FAILURE() << "a range past i32 was accepted";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit i32 (its last value would be 4294967295); "
+                                         "use i64"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
