@@ -460,7 +460,7 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
 }  // namespace
 
 absl::Status DataParallelModel::PrepareCheckpointDir(const std::string& checkpoint_dir) {
-  return AgreeOnStatus(pg_, train::PrepareCheckpointDir(checkpoint_dir),
+  return AgreeOnStatus(pg_, train::PrepareCheckpointDir(checkpoint_dir, pg_.rank() == 0),
                        absl::StrCat("preparing --checkpoint_dir ", checkpoint_dir));
 }
 

@@ -86,7 +86,39 @@ absl::Status MakeCheckpointDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status PrepareCheckpointDir(const std::string& dir) {
+std::string LeftoversOfInterruptedSaves(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t dot = name.find('.');
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step_") || dot == std::string::npos ||
+        !absl::SimpleAtoi(name.substr(5, dot - 5), &step) || !it->is_directory(ec)) {
+      continue;
+    }
+    const std::string rest = name.substr(dot);
+    const bool tmp = absl::StartsWith(rest, ".tmp-");
+    // A copy moved aside is a leftover only once its step folder is back.
+    const bool old = absl::StartsWith(rest, ".old-") &&
+                     fs::is_directory(fs::path(dir) / name.substr(0, dot), ec);
+    if (!tmp && !old) continue;
+    int64_t bytes = 0;
+    for (fs::recursive_directory_iterator f(it->path(), ec), f_end; !ec && f != f_end;
+         f.increment(ec)) {
+      if (f->is_regular_file(ec)) bytes += static_cast<int64_t>(f->file_size(ec));
+    }
+    found.push_back(absl::StrCat(name, " (", absl::StrFormat("%.1f", bytes / 1048576.0), " MiB)"));
+  }
+  if (found.empty()) return "";
+  std::sort(found.begin(), found.end());
+  return absl::StrCat(dir, " holds folders interrupted saves left, which nothing reads: ",
+                      absl::StrJoin(found, ", "),
+                      "; remove them (rm -r) once no other run saves into it");
+}
+
+absl::Status PrepareCheckpointDir(const std::string& dir, bool report_leftovers) {
   absl::Status s = MakeCheckpointDir(dir);
   if (s.ok()) {
     const std::string probe =
@@ -101,7 +133,13 @@ absl::Status PrepareCheckpointDir(const std::string& dir) {
       std::remove(probe.c_str());
     }
   }
-  if (s.ok()) return s;
+  if (s.ok()) {
+    const std::string leftovers = report_leftovers ? LeftoversOfInterruptedSaves(dir) : "";
+    if (!leftovers.empty()) {
+      std::fprintf(stderr, "train: warning: --checkpoint_dir: %s\n", leftovers.c_str());
+    }
+    return s;
+  }
   return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir: ", s.message()));
 }
 

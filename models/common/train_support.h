@@ -66,8 +66,14 @@ absl::Status MakeCheckpointDir(const std::string& dir);
 // Before training: creates `dir` (and its parents) and checks that a file can
 // be created and removed there, so that an unusable --checkpoint_dir fails at
 // once (InvalidArgument naming it and why) instead of at the first save,
-// after the steps it would have kept.
-absl::Status PrepareCheckpointDir(const std::string& dir);
+// after the steps it would have kept. With report_leftovers, the folders
+// LeftoversOfInterruptedSaves names are a warning on stderr.
+absl::Status PrepareCheckpointDir(const std::string& dir, bool report_leftovers = true);
+// The step folders' temporaries that saves killed midway left in `dir`
+// ("step_N.tmp-*", and "step_N.old-*" beside a step_N that is back), each
+// with its size, and that they may be removed; "" when there are none. They
+// are only named: a run saving into `dir` at the same time may own them.
+std::string LeftoversOfInterruptedSaves(const std::string& dir);
 
 // `resume` is "latest" (the newest checkpoint in checkpoint_dir) or the path of
 // a step folder. Returns the step folder. A folder that is missing is an

@@ -271,6 +271,34 @@ TEST(ResolveCheckpointTest, AMissingFolderNamesTheCopyAnInterruptedSaveLeft) {
   EXPECT_EQ(*r, (dir / "step_000004").string());
 }
 
+// What saves killed midway left is named with its size (temporaries, a
+// copy moved aside once its step folder is back), never removed; a copy
+// moved aside whose step folder is missing is the checkpoint, not a leftover.
+TEST(PrepareCheckpointDirTest, NamesWhatInterruptedSavesLeft) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "leftovers";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "step_000002");
+  fs::create_directories(dir / "step_000004.tmp-99");
+  std::ofstream(dir / "step_000004.tmp-99" / "model.safetensors") << std::string(2 * 1048576, 'x');
+  fs::create_directories(dir / "step_000002.old-7");
+  fs::create_directories(dir / "step_000006.old-8");  // step_000006 is missing: the survivor
+  fs::create_directories(dir / "notes.tmp-1");         // not a step's
+  EXPECT_EQ(LeftoversOfInterruptedSaves(dir.string()),
+            dir.string() + " holds folders interrupted saves left, which nothing reads: "
+                           "step_000002.old-7 (0.0 MiB), step_000004.tmp-99 (2.0 MiB); remove "
+                           "them (rm -r) once no other run saves into it");
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(PrepareCheckpointDir(dir.string()).ok());
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("train: warning: --checkpoint_dir: "),
+            std::string::npos);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(PrepareCheckpointDir(dir.string(), /*report_leftovers=*/false).ok());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_TRUE(fs::exists(dir / "step_000004.tmp-99" / "model.safetensors"));
+  EXPECT_EQ(LeftoversOfInterruptedSaves((dir / "step_000002").string()), "");
+}
+
 // A sharded checkpoint given to the single-process load says what it is and
 // how to resume it, instead of a missing model.safetensors.
 TEST(LoadCheckpointTest, AShardedCheckpointSaysHowToResumeIt) {
