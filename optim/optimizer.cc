@@ -144,8 +144,12 @@ absl::Status Optimizer::AdoptStateTensors(NamedTensors tensors) {
   return Load(tensors, nullptr, /*adopt=*/true);
 }
 
+absl::Status Optimizer::CheckStateTensors(const NamedTensors& tensors) {
+  return Load(tensors, nullptr, /*adopt=*/false, /*check_only=*/true);
+}
+
 absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<ParamRef>* params,
-                             bool adopt) {
+                             bool adopt, bool check_only) {
   const std::vector<std::string> keys = BufferNames();
   auto error = [&](auto&&... pieces) {
     return absl::InvalidArgumentError(absl::StrCat("[", name(), "] load state: ", pieces...));
@@ -258,6 +262,8 @@ absl::Status Optimizer::Load(const NamedTensors& tensors, const std::vector<Para
       }
     }
   }
+
+  if (check_only) return absl::OkStatus();
 
   // Allocate what cannot be reused, then copy: nothing can fail after this.
   std::unordered_map<std::string, ParamState> next;

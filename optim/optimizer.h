@@ -101,6 +101,10 @@ class Optimizer {
   // loading a checkpoint's state read from disk does not hold it twice. The
   // caller hands the tensors over: they must not be used afterwards.
   absl::Status AdoptStateTensors(NamedTensors tensors);
+  // LoadStateTensors(tensors)'s checks alone: the same error where it would
+  // fail, and nothing changes either way (a checkpoint load checks the
+  // optimizer's state before it writes the model's weights).
+  absl::Status CheckStateTensors(const NamedTensors& tensors);
 
  protected:
   explicit Optimizer(double lr) : lr_(lr) {}
@@ -139,8 +143,10 @@ class Optimizer {
   static void DecaySegmentsInParallel(int64_t numel, const ElementRanges& decay_ranges,
                                       const std::function<void(int64_t, int64_t, bool)>& fn);
 
+  // check_only: return after the checks, before anything is allocated or
+  // changed.
   absl::Status Load(const NamedTensors& tensors, const std::vector<ParamRef>* params,
-                    bool adopt = false);
+                    bool adopt = false, bool check_only = false);
 
   double lr_;
   std::vector<std::string> order_;  // parameter names, in order of state creation

@@ -326,7 +326,12 @@ TEST_P(OptimizerTest, LoadErrorsLeaveStateUnchanged) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(status.message()).find(c.says), std::string::npos) << status;
     EXPECT_TRUE(SameState(Snapshot(*opt), good));
+    if (!c.with_params) {  // the checks alone say the same
+      EXPECT_EQ(opt->CheckStateTensors(c.tensors), status);
+      EXPECT_TRUE(SameState(Snapshot(*opt), good));
+    }
   }
+  EXPECT_TRUE(opt->CheckStateTensors(good).ok());
   // Loading state for a parameter not among the refs given is an error too.
   absl::Status extra = opt->LoadStateTensors(good, refs_a);
   EXPECT_NE(std::string(extra.message()).find("unexpected state for 'b'"), std::string::npos)

@@ -377,6 +377,10 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
       state_tensors.emplace_back(e.name, *std::move(t));
     }
   }
+  // The optimizer state's entries are checked before the weights are
+  // written: a failed load leaves the model as it was.
+  s = optimizer.CheckStateTensors(state_tensors);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
   s = nn::LoadStateDictFromSafetensors(model, model_path, *weights);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": ", s.message()));
   s = optimizer.AdoptStateTensors(std::move(state_tensors));

@@ -13,12 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/common/train_support_testing.h"
 #include "models/data/loader_state.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "nn/state_dict.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/memory_ledger.h"
@@ -94,6 +96,45 @@ TEST(LoadCheckpointTest, AnotherOptimizersStateIsNamedAndNothingIsRead) {
         << loaded.status();
     EXPECT_EQ(sgd->StateBytes(), 0);
   }
+  auto a = untouched.NamedParameters(), b = model.NamedParameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
+        << a[i].first;
+  }
+}
+
+// Optimizer state whose entries fail their checks (a bf16 buffer) is found
+// before the weights are read: the model stays as it was.
+TEST(LoadCheckpointTest, BadOptimizerStateLeavesTheModelAsItWas) {
+  namespace fs = std::filesystem;
+  testing::SavedRun saved = testing::SaveAfterOneStep(
+      Config(), ::testing::TempDir() + "/load_bad_state", TrainState{});
+  // The same checkpoint with one exp_avg entry in bf16.
+  const std::string bad_dir = ::testing::TempDir() + "/load_bad_state_bf16";
+  fs::remove_all(bad_dir);
+  fs::create_directories(bad_dir);
+  tensor::NamedTensors state = saved.optimizer->StateTensors();
+  for (auto& [name, t] : state) {
+    if (absl::EndsWith(name, ".exp_avg")) {
+      t = t.To(tensor::Dtype::kBF16);
+      break;
+    }
+  }
+  TrainState train_state;
+  train_state.step = 1;
+  ASSERT_TRUE(WriteCheckpointFiles(bad_dir, nn::StateDict(*saved.model), state,
+                                   saved.optimizer->name(), train_state)
+                  .ok());
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(2);
+  untouched.Materialize(2);
+  auto fresh = optim::AdamW::Create({}).value();
+  absl::StatusOr<TrainState> loaded = LoadCheckpoint(bad_dir, model, *fresh);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("is bf16 on cpu, expected f32 on cpu"),
+            std::string::npos)
+      << loaded.status();
+  EXPECT_EQ(fresh->StateBytes(), 0);
   auto a = untouched.NamedParameters(), b = model.NamedParameters();
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
