@@ -40,6 +40,16 @@ mingpt::GptConfig Config() {
   return c;
 }
 
+// Every parameter of `a` and `b` holds the same values, bit for bit.
+void ExpectSameParameters(mingpt::GPT& a, mingpt::GPT& b) {
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(tensor::testing::AllClose(pa[i].second->value, pb[i].second->value, 0, 0))
+        << pa[i].first;
+  }
+}
+
 TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
   TrainState state;
   state.loader_state = "x";
@@ -66,12 +76,7 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
 
   // One more step of each equals.
   testing::StepBoth(saved, model, *fresh);
-  auto a = saved.model->NamedParameters(), b = model.NamedParameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
-        << a[i].first;
-  }
+  ExpectSameParameters(*saved.model, model);
 }
 
 // Resuming with another optimizer (or SGD without momentum where the run had
@@ -96,11 +101,7 @@ TEST(LoadCheckpointTest, AnotherOptimizersStateIsNamedAndNothingIsRead) {
         << loaded.status();
     EXPECT_EQ(sgd->StateBytes(), 0);
   }
-  auto a = untouched.NamedParameters(), b = model.NamedParameters();
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
-        << a[i].first;
-  }
+  ExpectSameParameters(untouched, model);
 }
 
 // Optimizer state whose entries fail their checks (a bf16 buffer) is found
@@ -135,11 +136,7 @@ TEST(LoadCheckpointTest, BadOptimizerStateLeavesTheModelAsItWas) {
             std::string::npos)
       << loaded.status();
   EXPECT_EQ(fresh->StateBytes(), 0);
-  auto a = untouched.NamedParameters(), b = model.NamedParameters();
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
-        << a[i].first;
-  }
+  ExpectSameParameters(untouched, model);
 }
 
 // --resume=latest in one process: the saved step's state and loader
@@ -163,12 +160,7 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
   EXPECT_EQ(resumed->state.step, 1);
   EXPECT_EQ(resumed->loader.step, 3);
   EXPECT_EQ(resumed->loader.config, "rows");
-  auto a = saved.model->NamedParameters(), b = model.NamedParameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(tensor::testing::AllClose(a[i].second->value, b[i].second->value, 0, 0))
-        << a[i].first;
-  }
+  ExpectSameParameters(*saved.model, model);
 
   absl::StatusOr<Resumed> other = ResumeCheckpoint("latest", dir, model, *fresh, "another");
   ASSERT_FALSE(other.ok());
