@@ -168,10 +168,13 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
         std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()), std::move(plans[i]),
                                              *shared_, *shard_pg, replicate_pg, kept_fp32);
     unit->Init(options_.seed);
-    unit->module()->set_hooks(unit.get());
     shared_->units.push_back(unit.get());
     units_.push_back(std::move(unit));
   }
+  // Hooks last: a unit that fails above (a peer lost during
+  // sync_module_states, rank 0 missing a value, out of memory) throws before
+  // any module points at a unit, so nothing dangles once units_ is freed.
+  for (auto& unit : units_) unit->module()->set_hooks(unit.get());
   shared_->explicit_forward.resize(units_.size());
   shared_->explicit_backward.resize(units_.size());
 }

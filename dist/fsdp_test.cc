@@ -240,6 +240,35 @@ TEST(ShardedInitTest, SyncModuleStatesShardsRankZerosModel) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// A unit after the first failing in FullyShard (rank 0 lacks a value of the
+// second Block) leaves no module with hooks: none points at the units freed
+// with the constructor, and the model can be sharded again once it is whole.
+TEST(FsdpTest, AUnitFailingInFullyShardLeavesNoHooks) {
+  const mingpt::GptConfig c = Tiny();
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    gpt.Materialize(kSeed);
+    nn::Parameter* dropped = nullptr;
+    for (auto& [name, p] : gpt.NamedParameters()) {
+      if (name == "transformer.h.1.attn.c_attn.weight") dropped = p;
+    }
+    ASSERT_NE(dropped, nullptr);
+    if (rank == 0) dropped->value = tensor::Tensor();
+    FsdpOptions options = PerBlock();
+    options.sync_module_states = true;
+    try {
+      auto fsdp = FullyShard(gpt, pg, options);
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_TRUE(absl::StrContains(e.what(), "transformer.h.1.attn.c_attn.weight")) << e.what();
+    }
+    for (auto& [name, module] : gpt.NamedModules()) {
+      EXPECT_EQ(module->hooks(), nullptr) << "rank " << rank << ": module '" << name << "'";
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(FlatParameterTest, DecayRangesOfShardsCoverTheDecayedParameters) {
   mingpt::GPT gpt(Tiny());
   auto plans = PlanUnits(gpt, WrapPolicy::None());
