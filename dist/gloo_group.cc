@@ -45,8 +45,13 @@ namespace {
 using tensor::Dtype;
 using tensor::Tensor;
 
+// At least 1 ms; at most 30 days, so that an infinite timeout stays one:
+// gloo multiplies its timeouts (its pairs wait 5 x the timeout to connect),
+// and INT64_MAX ms would wrap to an immediate one.
 std::chrono::milliseconds ToMillis(absl::Duration d) {
-  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+  constexpr int64_t kMaxMillis = int64_t{30} * 24 * 3600 * 1000;
+  return std::chrono::milliseconds(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, kMaxMillis));
 }
 
 std::string Seconds(absl::Duration d) {

@@ -267,6 +267,21 @@ TEST_P(GlooGroupSizes, EveryCollectiveThroughFileStore) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooGroupSizes, ::testing::Values(2, 3));
 
+// An infinite timeout waits as long as it takes (gloo multiplies its
+// timeouts: the engine hands it 30 days, not INT64_MAX ms, which wrapped).
+TEST(GlooGroup, AnInfiniteTimeoutConnectsAndReduces) {
+  const std::string dir = TmpDir("infinite");
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::InfiniteDuration()));
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor t = Tensor::FromData<float>({1.0f + rank}, {1});
+    RETURN_IF_ERROR_MSG((*pg)->AllReduceSync(t));
+    EXPECT_OR_MSG(t.ToVector<float>()[0] == 3.0f, "all_reduce");
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
 TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingTheCollective) {
   const std::string dir = TmpDir("store");
   Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
