@@ -34,7 +34,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,13 +68,19 @@ void Say(const std::string& s) {
   std::exit(2);
 }
 
+// A decimal int (no wrap-around: "4294967297" is refused, not 1).
 bool ParseInt(const std::string& s, int* v) {
   char* end = nullptr;
+  errno = 0;
   long x = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0') return false;
+  if (s.empty() || *end != '\0' || errno == ERANGE || x < INT_MIN || x > INT_MAX) return false;
   *v = static_cast<int>(x);
   return true;
 }
+
+// At most this many workers a node: each holds two pipe ends and a thread
+// here (and a training process, a GPU or cores there).
+constexpr int kMaxWorkersPerNode = 1024;
 
 // Copies lines from `fd` to stdout, each prefixed with `prefix`, until the
 // pipe's last writer closes it; or, once `finish` is set (the worker and its
@@ -194,7 +202,11 @@ int main(int argc, char** argv) {
     }
   }
   if (cmd.empty()) Usage("no worker command after --");
-  if (nproc < 1) Usage("--nproc_per_node must be >= 1");
+  if (nproc < 1 || nproc > kMaxWorkersPerNode) {
+    Usage("--nproc_per_node must be in [1, " + std::to_string(kMaxWorkersPerNode) + "], got " +
+          std::to_string(nproc));
+  }
+  if (nnodes > INT_MAX / nproc) Usage("--nnodes x --nproc_per_node must fit an int");
   if (nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
     Usage("--node_rank must be in [0, --nnodes)");
   }
@@ -205,8 +217,9 @@ int main(int argc, char** argv) {
   }
   const auto colon = endpoint.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !ParseInt(endpoint.substr(colon + 1), &port) || port <= 0) {
-    Usage("--rdzv_endpoint must be host:port, got \"" + endpoint + "\"");
+  if (colon == std::string::npos || !ParseInt(endpoint.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
+    Usage("--rdzv_endpoint must be host:port with a port in [1, 65535], got \"" + endpoint + "\"");
   }
   const std::string master_addr = endpoint.substr(0, colon);
   const int world = nproc * nnodes;
@@ -224,13 +237,17 @@ int main(int argc, char** argv) {
 
   for (int attempt = 0;; ++attempt) {
     std::vector<Worker> workers(nproc);
+    // A worker that cannot be started (no file descriptors, no processes
+    // left) stops those started before it, as a failed one would.
+    std::string start_error;
+    int started = 0;
     for (int local = 0; local < nproc; ++local) {
       Worker& w = workers[local];
       w.rank = node_rank * nproc + local;
       int fds[2];
       if (pipe(fds) != 0) {
-        Say(std::string("pipe: ") + strerror(errno));
-        return 1;
+        start_error = std::string("pipe: ") + strerror(errno);
+        break;
       }
       pid_t pid = fork();
       if (pid == 0) {
@@ -262,22 +279,28 @@ int main(int argc, char** argv) {
       }
       close(fds[1]);
       if (pid < 0) {
-        Say(std::string("fork: ") + strerror(errno));
-        return 1;
+        close(fds[0]);
+        start_error = std::string("fork: ") + strerror(errno);
+        break;
       }
       setpgid(pid, pid);
       w.pid = pid;
       w.pump = std::thread(Pump, fds[0], "[rank " + std::to_string(w.rank) + "] ", &w.finish);
+      ++started;
     }
+    for (int i = started; i < nproc; ++i) workers[i].done = true;  // never started
 
     // Wait until all succeed, one fails, or we are told to stop.
     std::vector<int> failures;  // local ranks, in the order they were reaped
-    int running = nproc;
-    while (running > 0 && failures.empty() && stop_signal == 0) {
+    int running = started;
+    while (start_error.empty() && running > 0 && failures.empty() && stop_signal == 0) {
       if (!ReapExited(workers, running, failures)) usleep(20000);
     }
     int failed = -1;
-    if (!failures.empty()) {
+    if (!start_error.empty()) {
+      Say("cannot start local rank " + std::to_string(started) + " of " + std::to_string(nproc) +
+          ": " + start_error + (running > 0 ? "; stopping the workers started" : ""));
+    } else if (!failures.empty()) {
       // A worker's failure makes its peers fail too (a lost peer ends their
       // collectives), often within one poll: let those settle, then name the
       // root cause first and the others after it.
@@ -325,11 +348,14 @@ int main(int argc, char** argv) {
     // What the workers left in their process groups (a child sent to the
     // background) would hold their output pipes, and maybe a device: killed.
     for (auto& w : workers) {
-      kill(-w.pid, SIGKILL);
+      if (w.pid > 0) kill(-w.pid, SIGKILL);
       w.finish = true;
     }
-    for (auto& w : workers) w.pump.join();
+    for (auto& w : workers) {
+      if (w.pump.joinable()) w.pump.join();
+    }
     if (stop_signal != 0) return 128 + stop_signal;
+    if (!start_error.empty()) return 1;  // no restart: it would fail the same way
     if (failed < 0) return 0;
     if (attempt < max_restarts) {
       Say("restarting all " + std::to_string(nproc) + " workers (restart " +

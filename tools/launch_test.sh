@@ -110,4 +110,23 @@ alive 9873 && { pkill -f "sleep 9873"; fail "workers outlived their SIGKILLed la
 # Usage errors.
 "$LAUNCH" --nproc_per_node=2 2>/dev/null && fail "no command accepted"
 "$LAUNCH" --nproc_per_node=2 --nnodes=2 -- true 2>/dev/null && fail "multi-node without endpoint accepted"
+# Out-of-range integers are refused, not wrapped (4294967297 is not 1 worker).
+for bad in --nproc_per_node=4294967297 --nproc_per_node=100000 "--nproc_per_node=2 --nnodes=2147483647"; do
+  # shellcheck disable=SC2086
+  "$LAUNCH" $bad --rdzv_endpoint=127.0.0.1:1234 -- true 2>"$T/usage.err"
+  [ $? -eq 2 ] || fail "$bad accepted"
+done
+grep -q "nnodes x --nproc_per_node must fit an int" "$T/usage.err" || fail "overflow message"
+"$LAUNCH" --nproc_per_node=1 --rdzv_endpoint=localhost:70000 -- true 2>"$T/usage.err"
+[ $? -eq 2 ] || fail "port 70000 accepted"
+grep -q "a port in \[1, 65535\]" "$T/usage.err" || fail "port message"
+
+# A worker that cannot be started (too few file descriptors for its pipe):
+# the launcher stops the ones started, says why, exits 1 (it used to abort).
+out=$( (ulimit -n 12; "$LAUNCH" --nproc_per_node=12 -- sleep 9874) 2>&1)
+rc=$?
+[ $rc -eq 1 ] || { echo "$out"; fail "start failure exited $rc, wanted 1"; }
+echo "$out" | grep -q "launch: cannot start local rank [0-9]* of 12: pipe: Too many open files; stopping the workers started" \
+  || { echo "$out"; fail "start failure message"; }
+pgrep -f "sleep 9874" > /dev/null && { pkill -f "sleep 9874"; fail "started workers outlived a failed start"; }
 echo PASS
