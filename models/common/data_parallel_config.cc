@@ -386,6 +386,18 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
         absl::StrCat("--world_size=", flags.world_size, " must be >= 1"));
   }
   if (config.backend == Backend::kThreads) {
+    // Under a launcher every process would train the whole job on its own
+    // (each saving into the same --checkpoint_dir).
+    const char* launched = getenv("WORLD_SIZE");
+    int launched_world = 0;
+    if (launched != nullptr && absl::SimpleAtoi(launched, &launched_world) && launched_world > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "WORLD_SIZE=", launched_world, " is set (a launcher such as //tools:launch or torchrun "
+          "started this process) but --backend=threads trains within one process: each of the ",
+          launched_world, " processes would train the whole job alone; add --backend=gloo (or "
+          "nccl) to train them together, or run without the launcher (--world_size=N runs N "
+          "ranks as threads)"));
+    }
     config.world_size = flags.world_size == 0 ? 1 : flags.world_size;
     if (!flags.rdzv.empty()) {
       return absl::InvalidArgumentError(

@@ -198,8 +198,11 @@ TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
 
 // ---- The configuration ----
 
+// The launcher's variables for gloo and nccl; none for the threads engine
+// (which refuses WORLD_SIZE > 1: a launcher started it).
 absl::Status ConfigError(const DataParallelFlags& f, int world = 2) {
-  return ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(0, world))).status();
+  const GetEnvFn env = f.backend == "threads" ? FakeEnv({}) : FakeEnv(LaunchVars(0, world));
+  return ConfigureDataParallel(f, {"Block"}, env).status();
 }
 
 // Flags to refuse, and what the error must say.
@@ -246,6 +249,20 @@ TEST(ConfigureTest, ThreadsAndGloo) {
   EXPECT_EQ(c->Describe(), "FSDP FULL_SHARD (auto_wrap transformer) over 3 ranks (gloo)");
   gloo.world_size = 3;  // agrees with WORLD_SIZE
   EXPECT_TRUE(ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3))).ok());
+
+  // Started by a launcher without --backend=gloo: each process would train
+  // the whole job alone (one process, or threads); WORLD_SIZE=1 is fine.
+  for (const DataParallelFlags& threads : {Flags("threads", "", 0), Flags("threads", "ddp", 2)}) {
+    c = ConfigureDataParallel(threads, {"Block"}, FakeEnv(LaunchVars(1, 3)));
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("WORLD_SIZE=3 is set (a launcher such as //tools:launch "
+                                        "or torchrun started this process) but --backend=threads"),
+              std::string::npos)
+        << c.status();
+  }
+  EXPECT_TRUE(ConfigureDataParallel(Flags("threads", "", 0), {"Block"}, FakeEnv(LaunchVars(0, 1)))
+                  .ok());
 }
 
 TEST(ConfigureTest, DevicesAndNccl) {

@@ -159,10 +159,15 @@ absl::Status CheckInitFromData(const std::string& tokenizer_flag, const std::str
       "or give --tokenizer=none to train on the bytes anyway"));
 }
 
+std::string EvalFlags::SourceFlag() const {
+  return data.empty() && val_fraction > 0 ? absl::StrCat("--val_fraction=", val_fraction)
+                                          : "--eval_data";
+}
+
 absl::Status CheckGradClip(double grad_clip) {
-  if (grad_clip >= 0) return absl::OkStatus();  // false for NaN too
-  return absl::InvalidArgumentError(
-      absl::StrCat("--grad_clip=", grad_clip, " must be >= 0 (0 disables clipping)"));
+  if (grad_clip >= 0 && std::isfinite(grad_clip)) return absl::OkStatus();  // NaN fails too
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--grad_clip=", grad_clip, " must be finite and >= 0 (0 disables clipping)"));
 }
 
 absl::Status CheckGradAccumSteps(int64_t grad_accum_steps) {

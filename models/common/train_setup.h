@@ -84,6 +84,9 @@ struct EvalFlags {
   // --val_fraction (nothing to evaluate) OpenDataSources refuses them.
   bool every_given = false;
   bool batches_given = false;
+  // The flag that chose the evaluation data, for its errors: "--eval_data",
+  // or "--val_fraction=F" when that held out part of --data.
+  std::string SourceFlag() const;
 };
 // Checks every >= 0 and batches >= 1, then opens the evaluation source as
 // OpenTokenSource does (errors name --eval_data), with seed + 1 so that random

@@ -429,6 +429,17 @@ absl::Status ResumeFailure(const absl::Status& failure, const std::string& resum
   return absl::Status(code, message + OtherCheckpointsNote(step_dir));
 }
 
+void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int64_t steps) {
+  if (steps > resumed.state.step) {
+    PointLatestAtResumed(checkpoint_dir, resumed);
+    return;
+  }
+  std::fprintf(stderr,
+               "train: note: --steps=%lld is not past the checkpoint's step %lld: nothing to "
+               "train (--steps counts from the start of the run; raise it to continue)\n",
+               static_cast<long long>(steps), static_cast<long long>(resumed.state.step));
+}
+
 absl::Status InResumedCheckpoint(const Resumed& resumed, const absl::Status& failure) {
   if (failure.ok()) return failure;
   return absl::Status(failure.code(),

@@ -154,6 +154,10 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
 // step replaces them). Nothing for another directory, or when latest already
 // names it; a failure to write is a warning on stderr (the run goes on).
 void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed);
+// After a resume, for a run of `steps` steps in all: PointLatestAtResumed
+// when it trains past the checkpoint's step; otherwise a note on stderr that
+// there is nothing to train (--steps is the total, not the steps to add).
+void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int64_t steps);
 // A failure to restore what `resumed` holds besides the weights (the data
 // loader's position, the loss scale): `failure` with "checkpoint <step_dir>: "
 // before its message, so the error names the checkpoint; OK stays OK.

@@ -284,7 +284,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     absl::StatusOr<data::LmLoader> l =
         data::LmLoader::Create(setup.eval_source, {B, rank.rank, W, K}, T);
     if (!l.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--eval_data: ", l.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          train::EvalFlagsFromCommandLine().SourceFlag(), ": ", l.status().message()));
     eval_loader.emplace(*std::move(l));
   }
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
@@ -355,7 +356,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (rank.logs()) {
       train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
-      if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
+      train::AfterResume(checkpoint_dir, *resumed, steps);
     }
     start = resumed->state.step;
   }
@@ -536,7 +537,8 @@ absl::Status Train() {
   if (eval_source) {
     absl::StatusOr<data::LmLoader> l = data::LmLoader::Create(eval_source, {B, 0, 1, K}, T);
     if (!l.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--eval_data: ", l.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          train::EvalFlagsFromCommandLine().SourceFlag(), ": ", l.status().message()));
     eval_loader.emplace(*std::move(l));
   }
   absl::StatusOr<std::unique_ptr<train::MetricsWriter>> metrics =
@@ -634,7 +636,7 @@ absl::Status Train() {
     if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
-    if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
+    train::AfterResume(checkpoint_dir, *resumed, steps);
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);

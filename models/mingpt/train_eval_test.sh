@@ -91,4 +91,6 @@ bad_flag "--val_fraction=0.1: holds out part of --data for evaluation, and --eva
   --val_fraction=0.1 --eval_data=shipped
 bad_flag "--val_fraction=0.1: random tokens" --data=random --val_fraction=0.1
 bad_flag "--val_fraction=1e-09: holds out 0 of the 567198 tokens" --val_fraction=1e-9
+# A held-out part shorter than a batch: the loader's error names --val_fraction, not --eval_data.
+bad_flag "--val_fraction=1e-05: [lm loader]" --val_fraction=0.00001
 echo "bad values are named"

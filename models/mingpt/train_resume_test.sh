@@ -68,8 +68,9 @@ bad_flag() {  # bad_flag PATTERN FLAGS...
   [[ $code == 2 ]] && grep -q -- "$pattern" "$dir/err_flag.txt" ||
     { echo "$*: expected exit 2 and '$pattern'; got $code:"; cat "$dir/err_flag.txt"; exit 1; }
 }
-bad_flag "--grad_clip=-1 must be >= 0" --grad_clip=-1
-bad_flag "--grad_clip=nan must be >= 0" --grad_clip=nan
+bad_flag "--grad_clip=-1 must be finite and >= 0" --grad_clip=-1
+bad_flag "--grad_clip=inf must be finite and >= 0" --grad_clip=inf
+bad_flag "--grad_clip=nan must be finite and >= 0" --grad_clip=nan
 bad_flag "--resume=$dir/none: no such checkpoint folder" --resume="$dir/none"
 bad_flag "--data=$dir/none.txt: .*cannot open" --data="$dir/none.txt"
 # The optimizer's flags are checked before the data is read.

@@ -271,7 +271,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   if (setup.eval_source) {
     absl::StatusOr<data::SpanCorruptionLoader> l =
         data::SpanCorruptionLoader::Create(setup.eval_source, {B, rank.rank, W, K}, setup.span);
-    if (!l.ok()) return WithContext(l.status(), "--eval_data");
+    if (!l.ok()) return WithContext(l.status(), train::EvalFlagsFromCommandLine().SourceFlag());
     eval_loader.emplace(*std::move(l));
   }
   absl::StatusOr<std::unique_ptr<optim::Optimizer>> optimizer = train::MakeOptimizer(
@@ -336,7 +336,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (rank.logs()) {
       train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
-      if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
+      train::AfterResume(checkpoint_dir, *resumed, steps);
     }
     start = resumed->state.step;
   }
@@ -514,7 +514,7 @@ absl::Status Train() {
     }
     absl::StatusOr<data::SpanCorruptionLoader> l =
         data::SpanCorruptionLoader::Create(eval_source, {B, 0, 1, K}, span);
-    if (!l.ok()) return WithContext(l.status(), "--eval_data");
+    if (!l.ok()) return WithContext(l.status(), train::EvalFlagsFromCommandLine().SourceFlag());
     eval_loader.emplace(*std::move(l));
   }
   absl::StatusOr<train::SampleSchedule> sample_schedule = train::SampleScheduleFromCommandLine();
@@ -644,7 +644,7 @@ absl::Status Train() {
     if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
-    if (steps > resumed->state.step) train::PointLatestAtResumed(checkpoint_dir, *resumed);
+    train::AfterResume(checkpoint_dir, *resumed, steps);
     start = resumed->state.step;
   }
   nn::MixedPrecision mixed(model, policy);
