@@ -81,9 +81,10 @@
 #include "tensor/memory_ledger.h"
 #include "tensor/thread_pool.h"
 
-ABSL_FLAG(std::string, preset, "gpt-mini",
-          "model preset: gpt-nano, gpt-micro, gpt-mini, gopher-44m, gpt2, gpt2-medium, "
-          "gpt2-large, gpt2-xl, gpt-175b, gpt-1t");
+// Optional, so that --init_from can refuse it given at all (even as gpt-mini).
+ABSL_FLAG(std::optional<std::string>, preset, std::nullopt,
+          "model preset (default gpt-mini): gpt-nano, gpt-micro, gpt-mini, gopher-44m, gpt2, "
+          "gpt2-medium, gpt2-large, gpt2-xl, gpt-175b, gpt-1t");
 ABSL_FLAG(int64_t, vocab_size, 0,
           "vocabulary size; 0 = the data's (256 for text, 50257 otherwise)");
 ABSL_FLAG(int64_t, steps, 150, "optimizer steps to run (in all, counting resumed ones)");
@@ -466,7 +467,9 @@ absl::Status Train() {
   // --init_from: the weights, and the configuration that fits them.
   std::optional<PretrainedSources> pretrained;
   if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
-    if (absl::GetFlag(FLAGS_preset) != "gpt-mini" || absl::GetFlag(FLAGS_vocab_size) != 0) {
+    // Given at all, even as its default value (--preset=gpt-mini).
+    if (absl::GetFlag(FLAGS_preset).has_value() ||
+        absl::GetFlag(FLAGS_vocab_size) != 0) {
       return absl::InvalidArgumentError(
           "--preset / --vocab_size with --init_from: the model's configuration comes from the "
           "weights");
@@ -488,7 +491,7 @@ absl::Status Train() {
   if (!sources.ok()) return sources.status();
   const std::shared_ptr<const data::TokenSource>& source = sources->train;
   absl::StatusOr<GptConfig> config =
-      pretrained ? pretrained->config : Preset(absl::GetFlag(FLAGS_preset));
+      pretrained ? pretrained->config : Preset(absl::GetFlag(FLAGS_preset).value_or("gpt-mini"));
   if (!config.ok()) return config.status();
   if (!pretrained) {
     config->vocab_size = absl::GetFlag(FLAGS_vocab_size) > 0 ? absl::GetFlag(FLAGS_vocab_size)

@@ -104,7 +104,7 @@ echo "a restarted job rendezvouses again and trains the same losses"
 # is the threads engine's from the same checkpoint, and all three give it.
 mini=(--data=shipped --seq_len=32 --batch_size=2 --steps=1 --timeout_s=120)
 "$train" --preset=gpt-mini "${mini[@]}" --checkpoint_dir="$dir/mini" > /dev/null
-"$train" --preset=gpt-mini "${mini[@]}" --lr=0 --init_from="$dir/mini" --world_size=2 \
+"$train" "${mini[@]}" --lr=0 --init_from="$dir/mini" --world_size=2 \
   --strategy=full_shard --checkpoint_dir="$dir/mini_sharded" > /dev/null
 "$checkpoint" export-hf "$dir/mini" "$dir/mini_hf" > /dev/null
 "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29531 -- \

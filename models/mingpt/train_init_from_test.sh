@@ -96,6 +96,8 @@ echo "a run from --init_from resumes with the uninterrupted run's losses"
 # Bad input: exit 2, naming what was wrong.
 expect_error() { exits_2 "$1" "$train" "${@:2}" --steps=1; }
 expect_error "--preset / --vocab_size with --init_from" --init_from="$dir/hf" --preset=gpt2
+# The default preset given by name is still a preset given (it was ignored without a word).
+expect_error "--preset / --vocab_size with --init_from" --init_from="$dir/hf" --preset=gpt-mini
 expect_error "--init_from: $dir/none: no such folder" --init_from="$dir/none"
 "$train" --preset=gpt-nano --data=random --vocab_size=100 --steps=1 --seq_len=16 --batch_size=2 \
   --checkpoint_dir="$dir/small_vocab" > /dev/null

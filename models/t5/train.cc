@@ -77,10 +77,11 @@
 #include "precision/policy.h"
 #include "tensor/memory_ledger.h"
 
-ABSL_FLAG(std::string, preset, "t5-tiny",
-          "model preset: t5-tiny (this binary's: d_model 128, 4 heads of 32, d_ff 512, 2+2 "
-          "layers), t5-small, t5-base, t5-large, t5-3b, t5-11b; the vocabulary is always the "
-          "data's plus the sentinels");
+// Optional, so that --init_from can refuse it given at all (even as t5-tiny).
+ABSL_FLAG(std::optional<std::string>, preset, std::nullopt,
+          "model preset (default t5-tiny): t5-tiny (this binary's: d_model 128, 4 heads of "
+          "32, d_ff 512, 2+2 layers), t5-small, t5-base, t5-large, t5-3b, t5-11b; the "
+          "vocabulary is always the data's plus the sentinels");
 ABSL_FLAG(bool, v1_1, false, "T5 v1.1 form of the preset: gated-GELU feed-forward, untied lm_head");
 ABSL_FLAG(int64_t, vocab_size, 0,
           "vocabulary of random tokens and .bin files (before sentinels); 0 = 50257 (GPT-2's); "
@@ -454,13 +455,15 @@ absl::Status Train() {
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--dropout=", dropout, " is not in [0, 1)"));
   }
-  absl::StatusOr<T5Config> config = MakeConfig(absl::GetFlag(FLAGS_preset));
+  absl::StatusOr<T5Config> config = MakeConfig(absl::GetFlag(FLAGS_preset).value_or("t5-tiny"));
   if (!config.ok()) return config.status();
   if (absl::GetFlag(FLAGS_v1_1)) *config = AsV1_1(*config);
   // --init_from: the weights, and the configuration that fits them.
   std::optional<Init> init;
   if (const std::string init_from = absl::GetFlag(FLAGS_init_from); !init_from.empty()) {
-    if (absl::GetFlag(FLAGS_preset) != "t5-tiny" || absl::GetFlag(FLAGS_v1_1)) {
+    // Given at all, even as its default value (--preset=t5-tiny).
+    if (absl::GetFlag(FLAGS_preset).has_value() ||
+        absl::GetFlag(FLAGS_v1_1)) {
       return absl::InvalidArgumentError(
           "--preset / --v1_1 with --init_from: the model's configuration comes from its weights");
     }

@@ -94,6 +94,8 @@ echo "a run from --init_from resumes with the uninterrupted run's losses"
 
 exits_2 "--preset / --v1_1 with --init_from" "$train" "${frozen[@]}" \
   --init_from="$dir/run" --preset=t5-small
+exits_2 "--preset / --v1_1 with --init_from" "$train" "${frozen[@]}" \
+  --init_from="$dir/run" --preset=t5-tiny
 exits_2 "--init_from=$dir/nope: " "$train" "${frozen[@]}" --init_from="$dir/nope"
 exits_2 "--init_from: the model's vocabulary 356 is smaller than the data's 456" "$train" \
   "${frozen[@]}" --init_from="$dir/run" --num_sentinels=200
