@@ -385,6 +385,32 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   f.precision = "fp8";
   cases.push_back({f, "fp8"});
   ExpectRefused(cases, [](const DataParallelFlags& f) { return ConfigError(f); });
+  // A flag the strategy does not read, set to other than its default: FSDP's
+  // under DDP / ZeRO-1, the buckets' under FSDP (their defaults pass).
+  std::vector<std::pair<DataParallelFlags, std::string>> unread;
+  f = Flags("threads", "ddp", 2);
+  f.forward_prefetch = true;
+  f.max_inflight_all_gathers = 7;
+  unread.push_back({f, "--forward_prefetch --max_inflight_all_gathers=7: FSDP's units and their "
+                       "all-gathers; --strategy=ddp has none"});
+  f = Flags("threads", "zero1", 2);
+  f.auto_wrap = "size:5";
+  f.backward_prefetch = "post";
+  unread.push_back({f, "--backward_prefetch=post --auto_wrap=size:5: FSDP's units"});
+  f = Flags("threads", "full_shard", 2);
+  f.bucket_cap_mb = 0.001;
+  f.max_inflight_buckets = 9;
+  unread.push_back({f, "--bucket_cap_mb=0.001 --max_inflight_buckets=9: gradient buckets are "
+                       "--strategy=ddp's and zero1's; --strategy=full_shard reduces gradients unit "
+                       "by unit"});
+  for (const auto& [flags, says] : unread) {
+    const absl::Status refused = ConfigError(flags);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << says;
+    EXPECT_NE(refused.message().find(says), std::string::npos) << refused;
+  }
+  for (const char* strategy : {"ddp", "zero1", "full_shard"}) {
+    EXPECT_TRUE(ConfigError(Flags("threads", strategy, 2)).ok()) << strategy;
+  }
   // bf16 with every strategy is fine.
   for (const char* strategy : {"ddp", "zero1", "full_shard", "shard_grad_op", "no_shard"}) {
     f = Flags("threads", strategy, 2);
@@ -432,6 +458,15 @@ TEST(ConfigureTest, OneProcessChecksTheFlagsItDoesNotUse) {
   f = Flags("threads", "", 0);
   f.keep_last_unit = true;
   cases.push_back({f, "--keep_last_unit is an FSDP option"});
+  f = Flags("threads", "", 0);
+  f.bucket_cap_mb = 5;
+  f.max_inflight_buckets = 3;
+  cases.push_back({f,
+                   "--bucket_cap_mb=5 --max_inflight_buckets=3: data parallelism's, and one "
+                   "process without --strategy or --world_size trains without it; add --strategy"});
+  f = Flags("threads", "", 1);
+  f.auto_wrap = "none";
+  cases.push_back({f, "--auto_wrap=none: data parallelism's"});
   ExpectRefused(cases,
                 [&](const DataParallelFlags& f) { return CheckOneProcessFlags(f, blocks); });
 }
