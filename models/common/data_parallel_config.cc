@@ -441,6 +441,13 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
           "ranks as threads)"));
     }
     config.world_size = flags.world_size == 0 ? 1 : flags.world_size;
+    constexpr int kMaxThreadRanks = 1024;
+    if (config.world_size > kMaxThreadRanks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--world_size=", config.world_size, ": the threads engine runs every rank as a thread "
+          "of this process, each with its own model; at most ", kMaxThreadRanks,
+          " (more ranks: --backend=gloo over processes)"));
+    }
     if (!flags.rdzv.empty()) {
       return absl::InvalidArgumentError(
           "--rdzv applies to --backend=gloo only (the threads engine needs no rendezvous)");

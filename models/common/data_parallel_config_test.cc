@@ -372,6 +372,8 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   inflight.max_inflight_buckets = -1;
   cases.push_back({inflight, "--max_inflight_buckets=-1 must be >= 0 (0: no bound)"});
   cases.push_back({Flags("threads", "", -1), "--world_size=-1 must be >= 1"});
+  cases.push_back({Flags("threads", "", 100000),
+                   "--world_size=100000: the threads engine runs every rank as a thread"});
   DataParallelFlags f = Flags("threads", "", 2);
   f.timeout_s = 0;
   cases.push_back({f, "--timeout_s=0 must be in (0, 1e6]"});

@@ -324,8 +324,14 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerS
 }
 
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
-                                                                  double lr, int64_t steps) {
+                                                                  double lr, int64_t steps,
+                                                                  bool lr_set) {
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule;
+  if (lr_set && spec != "constant" && spec != "cosine") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lr=", lr, " with --lr_schedule='", spec, "': the spec sets its own rates, so --lr "
+        "would be ignored; drop --lr, or give --lr_schedule=cosine or constant, which take it"));
+  }
   if (spec == "constant") {
     schedule = optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
   } else if (spec == "cosine") {

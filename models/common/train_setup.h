@@ -151,8 +151,11 @@ void DropMetricsAfter(MetricsWriter& metrics, int64_t step);
 
 // "constant", "cosine" (10% warmup, then down to lr/10 at `steps`), or a spec
 // optim::ParseLrSchedule reads. Errors name --lr_schedule, --lr and --steps.
+// `lr_set`: --lr was given a value other than its default, which a full spec
+// (with its own rates) would ignore: an error.
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
-                                                                  double lr, int64_t steps);
+                                                                  double lr, int64_t steps,
+                                                                  bool lr_set = false);
 
 // --device: "cpu", "cuda" or "cuda:N", checked against this binary (built
 // with --config=cuda?) and machine (that many GPUs?); errors name the flag.

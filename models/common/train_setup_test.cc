@@ -164,6 +164,14 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
               ::testing::StartsWith("--lr_schedule='cosine:max_lr=1' (--lr=0.001, --steps=9): "));
+  // --lr set with a spec that has its own rates: refused, not ignored.
+  bad = MakeLrSchedule("cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=1,total_steps=9", 0.5, 9,
+                       /*lr_set=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::StartsWith("--lr=0.5 with --lr_schedule='cosine:max_lr=6e-4"));
+  EXPECT_TRUE(MakeLrSchedule("cosine", 0.5, 9, /*lr_set=*/true).ok());
+  EXPECT_TRUE(MakeLrSchedule("constant", 0.5, 9, /*lr_set=*/true).ok());
 }
 
 TEST(NoteRunSettingsChangesTest, SaysWhichOfTheCheckpointsSettingsDiffer) {

@@ -462,7 +462,9 @@ absl::Status Train() {
        absl::GetFlag(FLAGS_weight_decay)});
   if (!optimizer.ok()) return optimizer.status();
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
-      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
+      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps,
+                            absl::GetFlagReflectionHandle(FLAGS_lr).CurrentValue() !=
+                                absl::GetFlagReflectionHandle(FLAGS_lr).DefaultValue());
   if (!schedule.ok()) return schedule.status();
   // --init_from: the weights, and the configuration that fits them.
   std::optional<PretrainedSources> pretrained;

@@ -70,6 +70,8 @@ bad_flag() {  # bad_flag PATTERN FLAGS...
 }
 bad_flag "--grad_clip=-1 must be finite and >= 0" --grad_clip=-1
 bad_flag "--grad_clip=inf must be finite and >= 0" --grad_clip=inf
+bad_flag "--lr=0.5 with --lr_schedule='cosine:max_lr=6e-4" --lr=0.5 \
+  --lr_schedule=cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=1,total_steps=9
 bad_flag "--grad_clip=nan must be finite and >= 0" --grad_clip=nan
 bad_flag "--resume=$dir/none: no such checkpoint folder" --resume="$dir/none"
 bad_flag "--data=$dir/none.txt: .*cannot open" --data="$dir/none.txt"

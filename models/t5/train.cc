@@ -436,7 +436,9 @@ absl::Status Train() {
        0.999, absl::GetFlag(FLAGS_weight_decay)});
   if (!optimizer.ok()) return optimizer.status();
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
-      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps);
+      train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps,
+                            absl::GetFlagReflectionHandle(FLAGS_lr).CurrentValue() !=
+                                absl::GetFlagReflectionHandle(FLAGS_lr).DefaultValue());
   if (!schedule.ok()) return schedule.status();
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   absl::Status accum_ok = train::CheckGradAccumSteps(K);
