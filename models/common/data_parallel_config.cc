@@ -308,35 +308,47 @@ absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& c
 
 namespace {
 
-// Flags set to other than their defaults that `strategy` does not read: the
-// FSDP units' prefetch and wrapping under DDP / ZeRO-1, the gradient buckets'
-// sizes under FSDP. They were ignored without a word.
-absl::Status CheckFlagsApply(const DataParallelFlags& f, Strategy strategy) {
+// The flags set to other than their defaults, as "--name=value", among
+// FSDP's units' (`units`: their prefetch and wrapping) and the gradient
+// buckets' of DDP and ZeRO-1 (`buckets`).
+std::vector<std::string> FlagsOffDefault(const DataParallelFlags& f, bool units, bool buckets) {
   const DataParallelFlags d;
   std::vector<std::string> given;
-  if (IsFsdp(strategy)) {
+  if (units) {
+    if (f.forward_prefetch) given.push_back("--forward_prefetch");
+    if (f.backward_prefetch != d.backward_prefetch) {
+      given.push_back(absl::StrCat("--backward_prefetch=", f.backward_prefetch));
+    }
+    if (f.max_inflight_all_gathers != d.max_inflight_all_gathers) {
+      given.push_back(absl::StrCat("--max_inflight_all_gathers=", f.max_inflight_all_gathers));
+    }
+    if (f.auto_wrap != d.auto_wrap) given.push_back(absl::StrCat("--auto_wrap=", f.auto_wrap));
+  }
+  if (buckets) {
     if (f.bucket_cap_mb != d.bucket_cap_mb) {
       given.push_back(absl::StrCat("--bucket_cap_mb=", f.bucket_cap_mb));
     }
     if (f.max_inflight_buckets != d.max_inflight_buckets) {
       given.push_back(absl::StrCat("--max_inflight_buckets=", f.max_inflight_buckets));
     }
-    if (given.empty()) return absl::OkStatus();
+  }
+  return given;
+}
+
+// Flags set to other than their defaults that `strategy` does not read: the
+// FSDP units' prefetch and wrapping under DDP / ZeRO-1, the gradient buckets'
+// sizes under FSDP. They were ignored without a word.
+absl::Status CheckFlagsApply(const DataParallelFlags& f, Strategy strategy) {
+  const bool fsdp = IsFsdp(strategy);
+  const std::vector<std::string> given = FlagsOffDefault(f, !fsdp, fsdp);
+  if (given.empty()) return absl::OkStatus();
+  if (fsdp) {
     return absl::InvalidArgumentError(absl::StrCat(
         absl::StrJoin(given, " "),
         ": gradient buckets are --strategy=ddp's and zero1's; --strategy=",
         f.strategy.empty() ? "full_shard (the default)" : f.strategy,
         " reduces gradients unit by unit (--auto_wrap sets the units)"));
   }
-  if (f.forward_prefetch) given.push_back("--forward_prefetch");
-  if (f.backward_prefetch != d.backward_prefetch) {
-    given.push_back(absl::StrCat("--backward_prefetch=", f.backward_prefetch));
-  }
-  if (f.max_inflight_all_gathers != d.max_inflight_all_gathers) {
-    given.push_back(absl::StrCat("--max_inflight_all_gathers=", f.max_inflight_all_gathers));
-  }
-  if (f.auto_wrap != d.auto_wrap) given.push_back(absl::StrCat("--auto_wrap=", f.auto_wrap));
-  if (given.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       absl::StrJoin(given, " "), ": FSDP's units and their all-gathers; --strategy=", f.strategy,
       " has none (its gradients go in buckets: --bucket_cap_mb, --max_inflight_buckets)"));
@@ -497,21 +509,7 @@ absl::Status CheckOneProcessFlags(const DataParallelFlags& flags,
     // What only data parallelism reads, set to other than its default
     // (--timeout_s, a bound that changes no result, may stay in a script's
     // flags for every run).
-    const DataParallelFlags d;
-    std::vector<std::string> given;
-    if (flags.auto_wrap != d.auto_wrap) given.push_back("--auto_wrap=" + flags.auto_wrap);
-    if (flags.backward_prefetch != d.backward_prefetch) {
-      given.push_back("--backward_prefetch=" + flags.backward_prefetch);
-    }
-    if (flags.max_inflight_all_gathers != d.max_inflight_all_gathers) {
-      given.push_back(absl::StrCat("--max_inflight_all_gathers=", flags.max_inflight_all_gathers));
-    }
-    if (flags.bucket_cap_mb != d.bucket_cap_mb) {
-      given.push_back(absl::StrCat("--bucket_cap_mb=", flags.bucket_cap_mb));
-    }
-    if (flags.max_inflight_buckets != d.max_inflight_buckets) {
-      given.push_back(absl::StrCat("--max_inflight_buckets=", flags.max_inflight_buckets));
-    }
+    const std::vector<std::string> given = FlagsOffDefault(flags, true, true);
     if (given.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         absl::StrJoin(given, " "), ": data parallelism's, and one process without --strategy or "
