@@ -294,6 +294,12 @@ absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& c
         "--backend=nccl needs --device=cuda (each rank on cuda:LOCAL_RANK), got --device=",
         flags.device));
   }
+  if (config.backend == Backend::kNccl && flags.device != "cuda") {
+    // An index would be replaced by each rank's LOCAL_RANK without a word.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend=nccl puts each rank on cuda:LOCAL_RANK: give --device=cuda, not --device=",
+        flags.device, " (CUDA_VISIBLE_DEVICES chooses which GPUs a node's ranks use)"));
+  }
   config.cpu_offload = flags.cpu_offload;
   if (flags.cpu_offload && (!device->is_cuda() || !IsFsdp(config.strategy))) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -316,6 +316,10 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   std::vector<Refusal> cases;
   cases.push_back({Flags("gloo", "", 4), "--world_size=4 disagrees with WORLD_SIZE=2"});
   cases.push_back({Flags("nccl", ""), "--backend=nccl needs --device=cuda"});
+  DataParallelFlags nccl_index = Flags("nccl", "");
+  nccl_index.device = "cuda:1";
+  cases.push_back({nccl_index, "--backend=nccl puts each rank on cuda:LOCAL_RANK: give "
+                               "--device=cuda, not --device=cuda:1"});
   DataParallelFlags on_gpu = Flags("gloo", "", 0);
   on_gpu.device = "cuda";
   cases.push_back({on_gpu, "--backend=gloo runs collectives on the CPU; with --device=cuda"});
