@@ -369,6 +369,10 @@ absl::StatusOr<SampleSchedule> SampleSchedule::Parse(int64_t every, const std::s
     return absl::InvalidArgumentError(
         absl::StrCat("--sample_gather must be model or unit, got '", gather, "'"));
   }
+  if (every == 0 && gather != "model") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sample_gather=", gather, " without --sample_every: no sample is drawn to gather for"));
+  }
   return s;
 }
 

@@ -225,7 +225,17 @@ absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& 
   absl::StatusOr<train::SampleSchedule> schedule = train::SampleScheduleFromCommandLine();
   if (!schedule.ok()) return schedule.status();
   s.schedule = *schedule;
-  if (s.schedule.every == 0) return s;
+  if (s.schedule.every == 0) {
+    // A sample's settings without samples: named, not ignored.
+    const absl::CommandLineFlag& prompt = absl::GetFlagReflectionHandle(FLAGS_sample_prompt);
+    const absl::CommandLineFlag& tokens = absl::GetFlagReflectionHandle(FLAGS_sample_tokens);
+    for (const absl::CommandLineFlag* flag : {&prompt, &tokens}) {
+      if (flag->CurrentValue() == flag->DefaultValue()) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag->Name(), " without --sample_every: no sample is drawn"));
+    }
+    return s;
+  }
   s.options.max_new_tokens = absl::GetFlag(FLAGS_sample_tokens);
   if (s.options.max_new_tokens < 1) {
     return absl::InvalidArgumentError(

@@ -47,4 +47,8 @@ exits_2 "--sample_gather must be model or unit, got 'layer'" "$train" --sample_e
 exits_2 "--sample_prompt is empty" "$train" --sample_every=1 --sample_prompt=
 exits_2 "--sample_prompt is byte-level text, and this model's vocabulary is" "$train" \
   --data=random --sample_every=1
+# A sample's settings without --sample_every draw nothing: named, not ignored.
+exits_2 "--sample_tokens without --sample_every: no sample is drawn" "$train" --sample_tokens=5
+exits_2 "--sample_prompt without --sample_every: no sample is drawn" "$train" --sample_prompt=Hi
+exits_2 "--sample_gather=unit without --sample_every" "$train" --sample_gather=unit
 echo PASS
