@@ -273,10 +273,6 @@ absl::Status ResolveHybridShardGroup(int flag, int local_world_size, DataParalle
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
 // --device and --cpu_offload against the backend and strategy.
 absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& config) {
   absl::StatusOr<tensor::Device> device = tensor::ParseDevice(flags.device);
@@ -309,10 +305,6 @@ absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& c
   }
   return absl::OkStatus();
 }
-
-}  // namespace
-
-namespace {
 
 // The flags set to other than their defaults, as "--name=value", among
 // FSDP's units' (`units`: their prefetch and wrapping) and the gradient

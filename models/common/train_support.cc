@@ -449,9 +449,7 @@ absl::Status InResumedCheckpoint(const Resumed& resumed, const absl::Status& fai
 void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed) {
   if (checkpoint_dir.empty()) return;
   namespace fs = std::filesystem;
-  fs::path folder = fs::path(resumed.step_dir).lexically_normal();
-  if (!folder.has_filename()) folder = folder.parent_path();  // "dir/step_000100/"
-  const fs::path parent = folder.parent_path().empty() ? fs::path(".") : folder.parent_path();
+  const auto [folder, parent] = FolderAndParent(resumed.step_dir);
   const std::string name = CheckpointStepName(resumed.state.step);
   std::error_code ec;
   if (folder.filename() != name || !fs::equivalent(parent, checkpoint_dir, ec) || ec) return;
