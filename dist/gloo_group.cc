@@ -1,6 +1,6 @@
 // The `gloo` engine (see gloo_group.h): a worker thread per group that runs
-// each call as a descriptor exchange (Gloo all-gather) followed by the Gloo
-// collective, with the call's timeout.
+// each call as staging (its buffers in Gloo's dtypes), a descriptor exchange
+// (Gloo all-gather) and the Gloo collective, with the call's timeout.
 #include "dist/gloo_group.h"
 
 #include <signal.h>
@@ -17,6 +17,7 @@
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -148,27 +149,42 @@ void AllReduceNative(gloo::Context* ctx, const Tensor& t, ReduceOp op,
   }
 }
 
-// All-reduces `t` in place (any dtype; f16/bf16 through f32; non-contiguous
-// through a contiguous copy).
-void AllReduceTensor(gloo::Context* ctx, const Tensor& t, ReduceOp op,
-                     std::chrono::milliseconds timeout) {
-  if (t.numel() == 0) return;
-  if (t.dtype() == Dtype::kF16 || t.dtype() == Dtype::kBF16) {
-    Tensor stage = t.To(Dtype::kF32);
-    AllReduceNative(ctx, stage, op, timeout);
-    Tensor back = stage.To(t.dtype());
-    Tensor target = t;
-    target.CopyFrom(back);
-    return;
+// The contiguous buffers in Gloo's dtypes that a call's data phase works on,
+// allocated before the descriptors are exchanged: a rank short of memory
+// tells its peers there, while the group is still in step, instead of
+// leaving them inside a collective it cannot join. Copied back by Finish.
+struct Staged {
+  // all_reduce, reduce_scatter: what is reduced in place (f16/bf16 as f32;
+  // reduce_scatter: a flat copy of the whole input). all_gather: this rank's
+  // piece (a copy: the input may alias the output). broadcast: the buffer.
+  Tensor work;
+  Tensor out;  // all_gather: where the pieces land
+};
+
+bool IsHalf(Dtype d) { return d == Dtype::kF16 || d == Dtype::kBF16; }
+
+Staged Stage(const CollectiveCall& call) {
+  Staged s;
+  const Tensor& in = call.input;
+  switch (call.kind) {
+    case CollectiveKind::kAllReduce:
+      s.work = IsHalf(in.dtype()) ? in.To(Dtype::kF32) : in.Contiguous();
+      break;
+    case CollectiveKind::kReduceScatter:
+      s.work = (IsHalf(in.dtype()) ? in.To(Dtype::kF32) : in.Clone()).Flatten();
+      break;
+    case CollectiveKind::kAllGather:
+      s.work = in.is_contiguous() ? in.Clone() : in.Contiguous();
+      s.out = call.output.is_contiguous() ? call.output
+                                          : Tensor::Empty(call.output.shape(), call.output.dtype());
+      break;
+    case CollectiveKind::kBroadcast:
+      s.work = in.Contiguous();
+      break;
+    case CollectiveKind::kBarrier:
+      break;
   }
-  if (t.is_contiguous()) {
-    AllReduceNative(ctx, t, op, timeout);
-    return;
-  }
-  Tensor work = t.Contiguous();
-  AllReduceNative(ctx, work, op, timeout);
-  Tensor target = t;
-  target.CopyFrom(work);
+  return s;
 }
 
 void AllGatherBytes(gloo::Context* ctx, const void* in, void* out, size_t bytes_per_rank,
@@ -182,9 +198,11 @@ void AllGatherBytes(gloo::Context* ctx, const void* in, void* out, size_t bytes_
 
 // The descriptor every rank publishes before a call.
 constexpr int kDescLen = 8;
-std::vector<int64_t> Describe(const CollectiveCall& call) {
+// d[1] is the rank's state: 0 ready, 1 invalid arguments, 2 out of memory
+// while staging.
+std::vector<int64_t> Describe(const CollectiveCall& call, const absl::Status& staging) {
   return {1,
-          call.error.ok() ? 0 : 1,
+          !call.error.ok() ? 1 : staging.ok() ? 0 : 2,
           static_cast<int64_t>(call.kind),
           static_cast<int64_t>(call.op),
           call.input.defined() ? static_cast<int64_t>(call.input.dtype()) : -1,
@@ -423,20 +441,41 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     const absl::Time deadline = absl::Now() + call.timeout;
     auto remaining = [&] { return ToMillis(deadline - absl::Now()); };
+    // 1. This rank's buffers (one short of memory says so in step 2).
+    Staged staged;
+    absl::Status staging;
+    if (call.error.ok()) {
+      try {
+        staged = Stage(call);
+      } catch (const std::bad_alloc& e) {
+        staging = absl::ResourceExhaustedError(
+            absl::StrCat(Prefix(call), ": out of memory staging the call's buffers (",
+                         e.what(), "); the call did nothing on any rank"));
+      }
+    }
     try {
-      // 1. Descriptors: every rank learns what every rank called.
-      std::vector<int64_t> mine = Describe(call);
+      // 2. Descriptors: every rank learns what every rank called.
+      std::vector<int64_t> mine = Describe(call, staging);
       std::vector<int64_t> all(kDescLen * size());
       AllGatherBytes(ctx_.get(), mine.data(), all.data(), kDescLen * sizeof(int64_t),
                      remaining());
       std::vector<int> invalid;
+      std::vector<int> short_of_memory;
       std::vector<int> differ;
       for (int r = 0; r < size(); ++r) {
         const int64_t* d = &all[kDescLen * r];
-        if (d[1] != 0) invalid.push_back(r);
+        if (d[1] == 1) invalid.push_back(r);
+        if (d[1] == 2) short_of_memory.push_back(r);
         if (!SameCall(d, mine.data())) differ.push_back(r);
       }
       if (!call.error.ok()) return call.error;
+      if (!staging.ok()) return staging;
+      if (!short_of_memory.empty()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            Prefix(call), ": ", short_of_memory.size() == 1 ? "rank " : "ranks ",
+            absl::StrJoin(short_of_memory, ", "),
+            " ran out of memory staging the call's buffers; the call did nothing on any rank"));
+      }
       if (!invalid.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat(Prefix(call), ": ", invalid.size() == 1 ? "rank " : "ranks ",
@@ -450,9 +489,14 @@ class GlooProcessGroup final : public ProcessGroup {
         return absl::InvalidArgumentError(absl::StrCat(
             Prefix(call), ": mismatched collective calls (", absl::StrJoin(calls, "; "), ")"));
       }
-      // 2. Data.
-      RunData(call, remaining());
-      return absl::OkStatus();
+      // 3. Data.
+      RunData(call, staged, remaining());
+    } catch (const std::bad_alloc& e) {
+      // Gloo's own buffers: the peers may be inside the collective already.
+      broken_ = absl::ResourceExhaustedError(
+          absl::StrCat(Prefix(call), ": out of memory inside the collective (", e.what(),
+                       "); its peers may wait for this rank until their timeout"));
+      return broken_;
     } catch (const std::exception& e) {
       const std::string what = e.what();
       std::vector<int> peers;
@@ -474,6 +518,9 @@ class GlooProcessGroup final : public ProcessGroup {
       }
       return broken_;
     }
+    // 4. The result into the call's tensors.
+    Finish(call, staged);
+    return absl::OkStatus();
   }
 
   // The peers on this host whose process has exited: "rank 2 exited (pid
@@ -495,60 +542,68 @@ class GlooProcessGroup final : public ProcessGroup {
     return "";
   }
 
-  void RunData(CollectiveCall& call, std::chrono::milliseconds timeout) {
+  // The collective itself, on the staged buffers.
+  void RunData(const CollectiveCall& call, const Staged& staged,
+               std::chrono::milliseconds timeout) {
     gloo::Context* ctx = ctx_.get();
+    const Tensor& work = staged.work;
     switch (call.kind) {
       case CollectiveKind::kAllReduce:
-        AllReduceTensor(ctx, call.input, call.op, timeout);
+      case CollectiveKind::kReduceScatter:  // all-reduce the whole input, keep chunk rank()
+        if (work.numel() > 0) AllReduceNative(ctx, work, call.op, timeout);
         return;
-      case CollectiveKind::kReduceScatter: {
-        // All-reduce a copy of the whole input, keep chunk rank().
-        Tensor work = call.input.Clone().Flatten();
-        AllReduceTensor(ctx, work, call.op, timeout);
-        const int64_t k = call.output.numel();
-        const Tensor chunk = work.Narrow(0, rank() * k, k);
-        Tensor out = call.output;
-        out.CopyFrom(chunk.Reshape(call.output.shape()));
-        return;
-      }
-      case CollectiveKind::kAllGather: {
-        const Tensor in = call.input.Contiguous().Clone();  // may alias output
-        Tensor out = call.output.is_contiguous()
-                         ? call.output
-                         : Tensor::Empty(call.output.shape(), call.output.dtype());
-        if (in.nbytes() > 0) {
-          AllGatherBytes(ctx, in.raw_data(), out.raw_data(), static_cast<size_t>(in.nbytes()),
-                         timeout);
-        }
-        if (!call.output.is_contiguous()) {
-          Tensor target = call.output;
-          target.CopyFrom(out);
+      case CollectiveKind::kAllGather:
+        if (work.nbytes() > 0) {
+          AllGatherBytes(ctx, work.raw_data(), staged.out.raw_data(),
+                         static_cast<size_t>(work.nbytes()), timeout);
         }
         return;
-      }
-      case CollectiveKind::kBroadcast: {
-        Tensor buf = call.input.is_contiguous() ? call.input : call.input.Contiguous();
-        if (buf.nbytes() > 0) {
+      case CollectiveKind::kBroadcast:
+        if (work.nbytes() > 0) {
           gloo::BroadcastOptions opts(
               std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
-          opts.setOutput<uint8_t>(static_cast<uint8_t*>(buf.raw_data()),
-                                  static_cast<size_t>(buf.nbytes()));
+          opts.setOutput<uint8_t>(static_cast<uint8_t*>(work.raw_data()),
+                                  static_cast<size_t>(work.nbytes()));
           opts.setRoot(call.root);
           opts.setTimeout(timeout);
           gloo::broadcast(opts);
         }
-        if (!call.input.is_contiguous()) {
-          Tensor target = call.input;
-          target.CopyFrom(buf);
-        }
         return;
-      }
       case CollectiveKind::kBarrier: {
         gloo::BarrierOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
         opts.setTimeout(timeout);
         gloo::barrier(opts);
         return;
       }
+    }
+  }
+
+  // Copies the staged result into the call's tensors (converting the dtype;
+  // nothing is allocated).
+  void Finish(const CollectiveCall& call, const Staged& staged) const {
+    const Tensor& work = staged.work;
+    switch (call.kind) {
+      case CollectiveKind::kAllReduce:
+      case CollectiveKind::kBroadcast:
+        if (!work.SharesStorageWith(call.input)) {
+          Tensor target = call.input;
+          target.CopyFrom(work);
+        }
+        return;
+      case CollectiveKind::kReduceScatter: {
+        const int64_t k = call.output.numel();
+        Tensor out = call.output;
+        out.CopyFrom(work.Narrow(0, rank() * k, k).Reshape(call.output.shape()));
+        return;
+      }
+      case CollectiveKind::kAllGather:
+        if (!staged.out.SharesStorageWith(call.output)) {
+          Tensor target = call.output;
+          target.CopyFrom(staged.out);
+        }
+        return;
+      case CollectiveKind::kBarrier:
+        return;
     }
   }
 

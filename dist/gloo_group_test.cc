@@ -5,6 +5,7 @@
 #include "dist/gloo_group.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -328,6 +329,53 @@ TEST(GlooGroup, PeerThatExitsFailsTheOtherFast) {
     if (took > absl::Seconds(5)) {
       return absl::StrCat("took ", absl::FormatDuration(took), ": ", s.ToString());
     }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
+// Limits this process's address space to what it maps now plus `headroom`,
+// so that a larger allocation fails as it would on a full host.
+bool LimitAddressSpace(int64_t headroom) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) != 0) continue;
+    const int64_t mapped = std::atoll(line.c_str() + 7) * 1024;
+    struct rlimit limit {};
+    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(mapped + headroom);
+    return setrlimit(RLIMIT_AS, &limit) == 0;
+  }
+  return false;
+}
+
+// A rank that runs out of memory staging a call (a bf16 all-reduce is reduced
+// as f32) says so in the descriptor exchange, before any data moves: both
+// ranks fail with ResourceExhausted naming it, and the group stays in step.
+TEST(GlooGroup, ARankOutOfMemoryWhileStagingFailsEveryRankAndKeepsTheGroup) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers reserve more address space than an RLIMIT_AS allows";
+#endif
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor t = Tensor::Full({int64_t{1} << 26}, 1.0, Dtype::kBF16);  // 128 MiB; 256 MiB as f32
+    if (rank == 1 && !LimitAddressSpace(int64_t{64} << 20)) return "setrlimit failed";
+    const absl::Status s = (*pg)->AllReduceSync(t, ReduceOp::kSum);
+    const std::string expected =
+        rank == 1 ? "[all_reduce] rank 1 of 2: out of memory staging the call's buffers ("
+                  : "[all_reduce] rank 0 of 2: rank 1 ran out of memory staging the call's "
+                    "buffers; the call did nothing on any rank";
+    if (s.code() != absl::StatusCode::kResourceExhausted ||
+        !absl::StrContains(s.message(), expected)) {
+      return absl::StrCat("rank ", rank, ": unexpected status: ", s.ToString());
+    }
+    if (t.Narrow(0, 0, 1).ToVector<float>()[0] != 1.0f) return "the input changed";
+    // Still in step: a small all-reduce works on both ranks.
+    Tensor small = Tensor::Full({4}, rank + 1.0);
+    RETURN_IF_ERROR_MSG((*pg)->AllReduceSync(small, ReduceOp::kSum));
+    EXPECT_OR_MSG(small.ToVector<float>()[3] == 3.0f, "the next all-reduce is wrong");
     return "";
   });
   ExpectAllOk(o);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -373,7 +374,11 @@ class NcclProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
-    if (!call->error.ok()) return Work::Done(call->error);
+    // A refused call breaks a group of several ranks (CallWorker::Refuse):
+    // the peers make it, and this rank's next call would pair with theirs.
+    if (!call->error.ok()) {
+      return worker_.Refuse(std::string(CollectiveName(call->kind)), call->timeout, call->error);
+    }
     if (OnlyCpuTensors(*call)) return Work::Done(RunStaged(*call));
     return IssueOnDevice(std::move(call), compute_stream_);
   }
@@ -401,10 +406,21 @@ class NcclProcessGroup final : public ProcessGroup {
       if (call.output.defined()) {
         staged->output = tensor::Tensor::Empty(call.output.shape(), call.output.dtype(), device);
       }
+    } catch (const std::bad_alloc& e) {
+      return worker_
+          .Refuse(op, call.timeout,
+                  Prefixed(absl::ResourceExhaustedError(absl::StrCat(
+                               "out of memory staging the CPU tensors on ", device.ToString(),
+                               ": ", e.what())),
+                           op, rank_, size_))
+          ->Wait();
     } catch (const std::exception& e) {
-      return Prefixed(absl::InternalError(absl::StrCat("staging the CPU tensors on ",
-                                                       device.ToString(), ": ", e.what())),
-                      op, rank_, size_);
+      return worker_
+          .Refuse(op, call.timeout,
+                  Prefixed(absl::InternalError(absl::StrCat("staging the CPU tensors on ",
+                                                            device.ToString(), ": ", e.what())),
+                           op, rank_, size_))
+          ->Wait();
     }
     const bool result_in_input =
         call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast;
@@ -425,15 +441,15 @@ class NcclProcessGroup final : public ProcessGroup {
   // `after`.
   WorkPtr IssueOnDevice(std::shared_ptr<CollectiveCall> call, cudaStream_t after) {
     const tensor::Device device = tensor::Device::Cuda(comm_->device);
-    if (absl::Status s = nccl::CheckNcclTensors(*call, device, rank_, size_); !s.ok()) {
-      return Work::Done(s);
-    }
     const std::string op(CollectiveName(call->kind));
+    if (absl::Status s = nccl::CheckNcclTensors(*call, device, rank_, size_); !s.ok()) {
+      return worker_.Refuse(op, call->timeout, s);
+    }
     if (!worker_.broken().ok()) return Work::Done(worker_.BrokenError(op));
     DeviceGuard guard(comm_->device);
     auto pending = std::make_shared<NcclCollective>(comm_.get(), call);
     if (absl::Status s = pending->RecordReady(after); !s.ok()) {
-      return Work::Done(Prefixed(s, op, rank_, size_));
+      return worker_.Refuse(op, call->timeout, Prefixed(s, op, rank_, size_));
     }
     return worker_.Submit(op, call->timeout, std::move(pending));
   }

@@ -460,5 +460,45 @@ TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
                          "[all_reduce] rank 0 of 2 timed out"));
 }
 
+// A call rank 1 refuses (a strided tensor) is made by rank 0 only: rank 1's
+// group breaks instead of pairing its next call with rank 0's all-reduce, and
+// rank 0's all-reduce fails naming rank 1, which had issued 1 call.
+TEST(NcclGroupTest, ACallOneRankRefusesBreaksItsGroupInsteadOfDesyncing) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  std::vector<absl::Status> got(2);
+  std::vector<absl::Status> later(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto pg = CreateNcclProcessGroup(rank, 2, rank, store, Options("refused", absl::Seconds(30)));
+      if (!pg.ok()) {
+        got[rank] = pg.status();
+        return;
+      }
+      got[rank] = (*pg)->BarrierSync();  // call #0, both ranks
+      if (!got[rank].ok()) return;
+      (*pg)->set_timeout(absl::Seconds(2));  // rank 0's wait for rank 1; bounds the shutdown
+      Tensor x = Tensor::Full({4, 4}, 1.0, Dtype::kF32, Device::Cuda(rank));
+      got[rank] = (*pg)->AllReduceSync(rank == 0 ? x : x.Transpose(0, 1), ReduceOp::kSum);
+      later[rank] = (*pg)->BarrierSync();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(absl::IsInvalidArgument(got[1])) << got[1];
+  EXPECT_THAT(std::string(got[1].message()),
+              StartsWith("[all_reduce] rank 1 of 2: the tensor is not contiguous"));
+  EXPECT_THAT(std::string(later[1].message()),
+              StartsWith("[barrier] rank 1 of 2: the group is unusable after an earlier failure: "
+                         "[all_reduce] rank 1 of 2: the tensor is not contiguous"));
+  EXPECT_FALSE(got[0].ok());
+  EXPECT_THAT(std::string(got[0].message()), StartsWith("[all_reduce] rank 0 of 2"));
+  if (absl::IsDeadlineExceeded(got[0])) {
+    EXPECT_THAT(std::string(got[0].message()),
+                HasSubstr("waiting for rank 1 (call #1 of this rank; rank 1 had issued 1 call)"));
+  }
+  EXPECT_FALSE(later[0].ok());
+}
+
 }  // namespace
 }  // namespace dist

@@ -85,6 +85,10 @@ absl::Status PublishCount(Store& store, absl::string_view dir, int rank, int64_t
   return store.Set(RankKey(dir, rank), absl::StrCat(count));
 }
 
+absl::Status PublishIssued(Store& store, absl::string_view prefix, int rank, int64_t issued) {
+  return PublishCount(store, SeqDir(prefix), rank, issued);
+}
+
 RankCounts ReadCounts(Store& store, absl::string_view dir, int size, absl::Duration wait) {
   std::vector<std::string> keys;
   keys.reserve(size);

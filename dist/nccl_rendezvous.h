@@ -57,6 +57,10 @@ using RankCounts = std::vector<std::optional<int64_t>>;
 // Sets "<dir>/<rank>" to `count` (decimal).
 absl::Status PublishCount(Store& store, absl::string_view dir, int rank, int64_t count);
 
+// Sets this rank's count of issued calls, "<prefix>/seq/<rank>", as a call
+// that failed to start does (ReportProgress sets it on a timeout).
+absl::Status PublishIssued(Store& store, absl::string_view prefix, int rank, int64_t issued);
+
 // The counts of ranks 0 .. size-1 under "<dir>/", after waiting up to `wait`
 // for all of them to be set (returns early once all are). Store errors leave
 // the rank's entry empty.

@@ -65,6 +65,29 @@ WorkPtr CallWorker::Submit(std::string op, absl::Duration timeout,
   return work;
 }
 
+namespace {
+
+// A call this rank refused: it starts once every earlier call has finished,
+// and fails (breaking the group) with the refusal.
+class RefusedCall final : public PendingCall {
+ public:
+  explicit RefusedCall(absl::Status error) : error_(std::move(error)) {}
+  absl::Status Start() override { return error_; }
+  absl::StatusOr<bool> Finished() override { return true; }
+  bool NeedsIdle() const override { return true; }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  const absl::Status error_;
+};
+
+}  // namespace
+
+WorkPtr CallWorker::Refuse(std::string op, absl::Duration timeout, absl::Status error) {
+  if (options_.size == 1) return Work::Done(std::move(error));
+  return Submit(std::move(op), timeout, std::make_shared<RefusedCall>(std::move(error)));
+}
+
 int64_t CallWorker::submitted() const {
   std::lock_guard<std::mutex> lock(mu_);
   return submitted_;
@@ -122,7 +145,13 @@ void CallWorker::Break(Item& failed, const absl::Status& error) {
 bool CallWorker::StartItem(Item& item) {
   const absl::Time start = options_.clock.now();
   if (absl::Status started = item.call->Start(); !started.ok()) {
-    Break(item, CallError(item, started));
+    // The peers' timeouts on this call name this rank: it issued only the
+    // calls before it.
+    if (options_.store != nullptr) {
+      PublishIssued(*options_.store, options_.prefix, options_.rank, item.number).IgnoreError();
+    }
+    const auto* refused = dynamic_cast<const RefusedCall*>(item.call.get());
+    Break(item, refused != nullptr ? refused->error() : CallError(item, started));
     return false;
   }
   PendingCall* call = item.call.get();

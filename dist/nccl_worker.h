@@ -9,7 +9,10 @@
 //     call, and on a timeout publishes this rank's progress to the store to
 //     name the ranks it waited for (dist/nccl_rendezvous.h), aborts the
 //     communicator (a callback) and fails that call and every later one: the
-//     group is then unusable, as with the other engines;
+//     group is then unusable, as with the other engines. A call that fails
+//     to start, or that this rank refuses (CallWorker::Refuse), breaks the
+//     group the same way, so that its later calls cannot pair with a peer's
+//     earlier one;
 //   - CheckNcclTensors: the device, layout and aliasing rules of NCCL calls.
 #ifndef DIST_NCCL_WORKER_H_
 #define DIST_NCCL_WORKER_H_
@@ -104,6 +107,16 @@ class CallWorker {
   // On a broken worker the call is not started and its work fails at once
   // with BrokenError(op).
   WorkPtr Submit(std::string op, absl::Duration timeout, std::shared_ptr<PendingCall> call);
+
+  // This rank's next call, refused before it reached NCCL (bad arguments, no
+  // memory to stage it): `error`, already prefixed with the op and rank. In a
+  // group of one the work fails at once and the group stays usable. In a
+  // larger group the peers will issue the call that this rank never makes,
+  // and this rank's next call would pair with it: once every earlier call has
+  // finished, the refusal publishes this rank's count of issued calls (so the
+  // peers' timeouts name it) and breaks the group, whose later calls then
+  // fail with BrokenError.
+  WorkPtr Refuse(std::string op, absl::Duration timeout, absl::Status error);
 
   // The number of calls submitted so far.
   int64_t submitted() const;

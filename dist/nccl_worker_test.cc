@@ -202,6 +202,58 @@ TEST(CallWorkerTest, TimeoutNamesTheRankThatNeverIssuedTheCall) {
   EXPECT_TRUE(workers[2]->broken().ok());
 }
 
+// A call rank 1 refuses (bad arguments) would leave its next call to pair
+// with the peers' refused one: once its earlier call finished, the refusal
+// publishes its count and breaks its group; rank 0's call times out naming
+// rank 1, and rank 1's later calls fail naming the refusal.
+TEST(CallWorkerTest, ARefusedCallBreaksTheGroupAfterTheCallsBeforeIt) {
+  constexpr int kSize = 2;
+  HashStore store;
+  Loopback loopback(kSize);
+  std::vector<std::atomic<int>> aborts(kSize);
+  std::vector<std::unique_ptr<CallWorker>> workers;
+  for (int rank = 0; rank < kSize; ++rank) {
+    CallWorkerOptions options;
+    options.rank = rank;
+    options.size = kSize;
+    options.store = &store;
+    options.prefix = "rf";
+    options.report_wait = absl::Milliseconds(500);
+    options.abort = [&aborts, rank] { aborts[rank].fetch_add(1); };
+    workers.push_back(std::make_unique<CallWorker>(options));
+  }
+  const absl::Duration timeout = absl::Milliseconds(300);
+  const absl::Status refusal =
+      absl::InvalidArgumentError("[all_reduce] rank 1 of 2: the tensor is on cpu");
+  // Rank 1's call #0 starts only when rank 0's does; its refusal waits for it.
+  const WorkPtr first1 = workers[1]->Submit("all_gather", timeout, loopback.Call(0));
+  const WorkPtr refused = workers[1]->Refuse("all_reduce", timeout, refusal);
+  const WorkPtr later1 = workers[1]->Submit("barrier", timeout, loopback.Call(2));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(aborts[1].load(), 0);
+  const WorkPtr first0 = workers[0]->Submit("all_gather", timeout, loopback.Call(0));
+  const WorkPtr second0 = workers[0]->Submit("all_reduce", timeout, loopback.Call(1));
+  EXPECT_TRUE(first0->Wait().ok());
+  EXPECT_TRUE(first1->Wait().ok());
+  EXPECT_EQ(refused->Wait(), refusal);
+  const absl::Status later = later1->Wait();
+  EXPECT_TRUE(absl::IsInvalidArgument(later)) << later;
+  EXPECT_EQ(later.message(),
+            "[barrier] rank 1 of 2: the group is unusable after an earlier failure: "
+            "[all_reduce] rank 1 of 2: the tensor is on cpu");
+  EXPECT_EQ(aborts[1].load(), 1);
+  EXPECT_EQ(store.Get("rf/seq/1").value(), "1");
+  const absl::Status waited = second0->Wait();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited)) << waited;
+  EXPECT_EQ(waited.message(),
+            "[all_reduce] rank 0 of 2 timed out after 0.3 s waiting for rank 1 (call #1 of this "
+            "rank; rank 1 had issued 1 call)");
+  // In a group of one there is no peer to fall out of step with.
+  CallWorker alone{CallWorkerOptions()};
+  EXPECT_EQ(alone.Refuse("all_reduce", timeout, refusal)->Wait(), refusal);
+  EXPECT_TRUE(alone.broken().ok());
+}
+
 TEST(CallWorkerTest, TimeoutCountsFromWhenTheCallBecameTheOldest) {
   CallWorker worker{CallWorkerOptions()};
   const absl::Time first_done = absl::Now() + absl::Milliseconds(400);
