@@ -3,10 +3,12 @@
 #include "dist/fsdp.h"
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "dist/fsdp_unit.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
@@ -17,6 +19,31 @@
 
 namespace dist {
 namespace {
+
+// Every rank learns which ranks failed `what` (an all-gather of one flag per
+// rank), so that all stop together instead of the peers waiting in their
+// next collective for a rank that left: a rank that failed rethrows its own
+// exception, the others throw an OpError naming the ranks that failed.
+void AgreeOrRethrow(ProcessGroup& pg, tensor::Device device, const std::exception_ptr& local,
+                    absl::string_view what) {
+  if (pg.size() == 1) {
+    if (local) std::rethrow_exception(local);
+    return;
+  }
+  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+  const tensor::Tensor mine = tensor::Tensor::FromVector({local ? 1.0f : 0.0f}, {1}).To(device);
+  tensor::Tensor all = tensor::Tensor::Empty({pg.size()}, tensor::Dtype::kF32, device);  // (size,)
+  const absl::Status s = pg.AllGatherSync(mine, all);
+  if (local) std::rethrow_exception(local);  // this rank's own error first
+  OP_CHECK(s.ok(), "FullyShard", "agreeing that every rank finished ", what, ": ", s.ToString());
+  const std::vector<float> flags = all.To(tensor::Device::Cpu()).ToVector<float>();
+  std::vector<int> failed;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (flags[r] != 0.0f) failed.push_back(r);
+  }
+  OP_CHECK(failed.empty(), "FullyShard", what, " failed on rank(s) ", absl::StrJoin(failed, ", "),
+           " (see their errors)");
+}
 
 // sync_module_states for one unit's parameters: rank 0's values, broadcast
 // in one flat buffer (the unit's size, on `device`, for the engine), become
@@ -161,16 +188,27 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard", "module '", plans[i].name,
              "' already has hooks");
   }
+  // A unit's Init reads this rank's shard (--init_from's file, out of
+  // memory): it may fail on some ranks only. Those ranks skip the later
+  // Inits but keep making the same collectives, and all agree below.
+  std::exception_ptr init_failure;  // this rank's first
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
     if (options_.sync_module_states) BroadcastUnitValues(plans[i].params, pg, device);
     auto unit =
         std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()), std::move(plans[i]),
                                              *shared_, *shard_pg, replicate_pg, kept_fp32);
-    unit->Init(options_.seed);
+    if (!init_failure) {
+      try {
+        unit->Init(options_.seed);
+      } catch (...) {
+        init_failure = std::current_exception();
+      }
+    }
     shared_->units.push_back(unit.get());
     units_.push_back(std::move(unit));
   }
+  AgreeOrRethrow(pg, device, init_failure, "initializing its FSDP units");
   // Hooks last: a unit that fails above (a peer lost during
   // sync_module_states, rank 0 missing a value, out of memory) throws before
   // any module points at a unit, so nothing dangles once units_ is freed.

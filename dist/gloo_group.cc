@@ -344,6 +344,62 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
   }
 }
 
+// The launch layout check of GlooGroupOptions::local_world_size: node n's
+// local rank 0 sets "<prefix>/layout/node<n>" to "<size>,<ranks per node>";
+// every rank reads the nodes' it expects (waiting up to `timeout` in all).
+absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string& prefix,
+                               int rank, int size, int per_node, absl::Duration timeout,
+                               const std::string& who) {
+  if (per_node <= 0 || per_node >= size || size % per_node != 0) return absl::OkStatus();
+  auto key = [&](int node) { return absl::StrCat(prefix, "/layout/node", node); };
+  auto layout = [](int world, int ranks) { return absl::StrCat(world, ",", ranks); };
+  auto runs = [](int ranks, int world) {
+    return absl::StrCat(" runs ", ranks, ranks == 1 ? " rank" : " ranks", " in a world of ", world);
+  };
+  const std::string mine = layout(size, per_node);
+  const int nodes = size / per_node;
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<int> missing;
+  std::vector<std::string> differ;
+  try {
+    if (rank % per_node == 0) store.set(key(rank / per_node), {mine.begin(), mine.end()});
+    for (int n = 0; n < nodes; ++n) {
+      try {
+        store.wait({key(n)}, ToMillis(deadline - absl::Now()));
+      } catch (const std::exception&) {  // a timeout
+        missing.push_back(n);
+        continue;
+      }
+      const std::vector<char> value = store.get(key(n));
+      int world = 0, ranks = 0;
+      const std::vector<std::string> parts =
+          absl::StrSplit(std::string(value.begin(), value.end()), ',');
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &world) ||
+          !absl::SimpleAtoi(parts[1], &ranks) || layout(world, ranks) != mine) {
+        differ.push_back(absl::StrCat("node ", n, runs(ranks, world)));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
+                                               ": reading the nodes' launch layout: ", e.what()));
+  }
+  if (!differ.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[rendezvous] ", who, ": the nodes were launched differently: node ", rank / per_node,
+        " (this rank's)", runs(per_node, size), ", ",
+        absl::StrJoin(differ, ", "),
+        "; every node's launch must give the same --nnodes and --nproc_per_node"));
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "[rendezvous] ", who, ": ", missing.size() == 1 ? "node " : "nodes ",
+        absl::StrJoin(missing, ", "), " of ", nodes, " did not arrive within ", Seconds(timeout),
+        missing.size() == 1 ? " (its launcher has" : " (their launchers have",
+        " not started local rank 0, or use another rendezvous endpoint or id)"));
+  }
+  return absl::OkStatus();
+}
+
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(std::shared_ptr<Shared> shared, Connected connected, std::string prefix,
@@ -682,6 +738,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
                                                options.store, "\" or device: ", e.what()));
   }
   shared->where = options.store;
+  absl::Status layout = CheckLaunchLayout(*shared->root_store, options.prefix, rank, size,
+                                          options.local_world_size, options.timeout, who);
+  if (!layout.ok()) return layout;
   auto connected = Connect(shared, options.prefix, rank, size, options.timeout, who);
   if (!connected.ok()) return connected.status();
   return std::unique_ptr<ProcessGroup>(

@@ -334,6 +334,54 @@ TEST(GlooGroup, PeerThatExitsFailsTheOtherFast) {
   ExpectAllOk(o);
 }
 
+// Two "nodes" launched with different --nproc_per_node: node 0 runs ranks 0
+// and 1 of 4, node 1 rank 1 of 2. Every rank fails at once naming the
+// layouts, instead of timing out (or pairing with the wrong peer).
+TEST(GlooGroup, NodesLaunchedDifferentlyFailAtOnceNamingTheLayouts) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(3, [&](int process, int) -> std::string {
+    const int rank = process == 2 ? 1 : process;
+    const int size = process == 2 ? 2 : 4;
+    GlooGroupOptions options = FileOptions(dir, absl::Seconds(20));
+    options.local_world_size = process == 2 ? 1 : 2;
+    const absl::Time start = absl::Now();
+    auto pg = CreateGlooProcessGroup(rank, size, options);
+    if (pg.ok()) return "joined";
+    if (absl::Now() - start > absl::Seconds(10)) return "took the timeout";
+    const std::string node = process == 2 ? "node 1 (this rank's) runs 1 rank in a world of 2, "
+                                            "node 0 runs 2 ranks in a world of 4"
+                                          : "node 0 (this rank's) runs 2 ranks in a world of 4, "
+                                            "node 1 runs 1 rank in a world of 2";
+    if (!absl::IsInvalidArgument(pg.status()) ||
+        !absl::StrContains(pg.status().message(),
+                           absl::StrCat("the nodes were launched differently: ", node,
+                                        "; every node's launch must give the same --nnodes and "
+                                        "--nproc_per_node"))) {
+      return absl::StrCat("process ", process, ": ", pg.status().ToString());
+    }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
+// A node that never comes is named (its local rank 0 never set its layout).
+TEST(GlooGroup, ANodeThatNeverArrivesIsNamed) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(1, [&](int, int) -> std::string {
+    GlooGroupOptions options = FileOptions(dir, absl::Seconds(1));
+    options.local_world_size = 1;
+    auto pg = CreateGlooProcessGroup(0, 3, options);
+    if (absl::IsDeadlineExceeded(pg.status()) &&
+        absl::StrContains(pg.status().message(),
+                          "[rendezvous] rank 0 of 3: nodes 1, 2 of 3 did not arrive within 1.0 s "
+                          "(their launchers have not started local rank 0")) {
+      return "";
+    }
+    return pg.status().ToString();
+  });
+  ExpectAllOk(o);
+}
+
 // Limits this process's address space to what it maps now plus `headroom`,
 // so that a larger allocation fails as it would on a full host.
 bool LimitAddressSpace(int64_t headroom) {

@@ -118,6 +118,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
   options.store = config.rendezvous.store;
   options.prefix = config.rendezvous.prefix;
   options.timeout = config.timeout;
+  options.local_world_size = env.local_world_size;  // nodes launched alike, checked
   if (env.local_world_size < env.world_size) {
     // Several nodes: announce this host's name (loopback would not reach it).
     char host[256] = {0};
@@ -169,10 +170,20 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
     absl::Status tied = CheckTiedWeightsInRoot(model, policy, config.auto_wrap, root_params);
     if (!tied.ok()) return tied;
   }
+  // DDP and ZeRO-1 materialize the whole model on every rank (reading
+  // --init_from's file), which may fail on some ranks only: all agree before
+  // the wrapper's first broadcast. FSDP agrees after its units' Init.
+  if (!IsFsdp(config.strategy)) {
+    absl::Status materialized = Guarded([&] {
+      model.Materialize(seed, config.device);
+      return absl::OkStatus();
+    });
+    materialized = AgreeOnStatus(pg, materialized, "materializing the model");
+    if (!materialized.ok()) return materialized;
+  }
   absl::Status s = Guarded([&]() -> absl::Status {
     switch (config.strategy) {
       case Strategy::kDdp: {
-        model.Materialize(seed, config.device);
         dist::DdpOptions o;
         o.mixed_precision = config.mixed_precision;
         o.bucket_cap_mb = config.bucket_cap_mb;
@@ -183,7 +194,6 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
         return absl::OkStatus();
       }
       case Strategy::kZero1: {
-        model.Materialize(seed, config.device);
         dist::Zero1Options o;
         o.mixed_precision = config.mixed_precision;
         o.bucket_cap_mb = config.bucket_cap_mb;
@@ -434,11 +444,6 @@ absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_lo
 
 // ---- Checkpoints ----
 
-namespace {
-
-// Every rank learns whether every rank's `local` is OK: the first failing
-// rank's message when it is this one, else a message naming the ranks that
-// failed (their own errors carry the details).
 absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                            absl::string_view what) {
   tensor::Tensor in = tensor::Tensor::FromVector({local.ok() ? 0.0f : 1.0f}, {1});
@@ -460,8 +465,6 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
   return absl::AbortedError(absl::StrCat(what, " failed on rank(s) ", absl::StrJoin(failed, ", "),
                                          " (see their errors)"));
 }
-
-}  // namespace
 
 absl::Status DataParallelModel::PrepareCheckpointDir(const std::string& checkpoint_dir) {
   return AgreeOnStatus(pg_, train::PrepareCheckpointDir(checkpoint_dir, pg_.rank() == 0),
@@ -526,8 +529,13 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
 absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
                                                   const std::string& checkpoint_dir,
                                                   const std::string& config) {
+  // Each rank resolves --resume itself (its view of the folder): all stop
+  // together when one cannot.
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
-  if (!step_dir.ok()) return step_dir.status();
+  if (absl::Status s = AgreeOnStatus(pg_, step_dir.status(), absl::StrCat("--resume=", resume));
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir);
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);

@@ -247,6 +247,14 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
 
 // ---- Inside a rank ----
 
+// Every rank learns whether every rank's `local` is OK (an all-gather): this
+// rank's own error when it failed, else Aborted "<what> failed on rank(s) 1
+// (see their errors)". For work that can fail on some ranks only (reading
+// files), before their next collective: the peers then stop at once instead
+// of waiting for the failed rank until their timeout.
+absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
+                           absl::string_view what);
+
 // One rank's model wrapped for the strategy, and the optimizer that steps it.
 class DataParallelModel {
  public:

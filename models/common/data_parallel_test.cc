@@ -21,6 +21,8 @@
 #include "models/common/data_parallel_testing.h"
 #include "models/mingpt/model.h"
 #include "nn/freeze.h"
+#include "nn/state_dict.h"
+#include "tensor/error.h"
 #include "optim/adamw.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/memory_ledger.h"
@@ -337,6 +339,48 @@ TEST(DataParallelModelTest, BucketCapSetsTheGradientBuckets) {
       return absl::OkStatus();
     });
     EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// An --init_from value one rank cannot read fails every rank at once: that
+// rank with its own error, the others naming it (not waiting for it in the
+// wrapper's first collective until their timeout).
+class FailingSource final : public nn::InitSource {
+ public:
+  explicit FailingSource(tensor::Shape shape) : shape_(std::move(shape)) {}
+  const tensor::Shape& shape() const override { return shape_; }
+  void Read(int64_t, Tensor&) const override {
+    tensor::ThrowOpError("init_from", "cannot read this rank's copy");
+  }
+
+ private:
+  tensor::Shape shape_;
+};
+
+TEST(DataParallelModelTest, AnInitValueOneRankCannotReadFailsEveryRankNamingIt) {
+  for (const char* strategy : {"ddp", "zero1", "full_shard"}) {
+    const DataParallelConfig config = ThreadsConfig(strategy, 2);
+    std::vector<absl::Status> got(2);
+    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+      mingpt::GPT model(Tiny());
+      if (rank.rank == 1) {
+        nn::NamedInitSources sources;
+        for (const auto& [name, p] : model.NamedParameters()) {
+          sources.emplace_back(name, std::make_shared<FailingSource>(p->shape));
+        }
+        const absl::Status init = nn::InitFromSources(model, sources);
+        EXPECT_TRUE(init.ok()) << init;
+      }
+      got[rank.rank] = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed).status();
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(absl::StrContains(got[1].message(), "cannot read this rank's copy"))
+        << strategy << ": " << got[1];
+    const std::string expected = std::string(strategy) == "full_shard"
+                                     ? "initializing its FSDP units failed on rank(s) 1"
+                                     : "materializing the model failed on rank(s) 1";
+    EXPECT_TRUE(absl::StrContains(got[0].message(), expected)) << strategy << ": " << got[0];
   }
 }
 

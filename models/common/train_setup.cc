@@ -311,6 +311,13 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerS
     return std::unique_ptr<optim::Optimizer>(std::move(*opt));
   }
   if (spec.name == "sgd") {
+    // optim::SGD takes any momentum >= 0, as PyTorch's does; a training run
+    // with 1 or more never forgets a gradient and its steps grow without end.
+    if (spec.momentum.has_value() && !(*spec.momentum >= 0 && *spec.momentum < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--momentum=", *spec.momentum,
+          " must be in [0, 1): the momentum buffer keeps that fraction of itself each step"));
+    }
     optim::SgdOptions o;
     o.lr = spec.lr;
     o.momentum = spec.momentum.value_or(0.9);

@@ -5,6 +5,7 @@
 #include "models/common/train_setup.h"
 
 #include <cstdint>
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -133,6 +134,13 @@ TEST(MakeOptimizerTest, MomentumIsSgdsAndRefusedWithAdamW) {
   spec.momentum = 0.0;  // plain SGD, asked for
   sgd = MakeOptimizer(spec).value();
   EXPECT_EQ(static_cast<optim::SGD&>(*sgd).options().momentum, 0.0);
+  for (double bad : {1.0, 1.5, -0.1, std::nan("")}) {
+    spec.momentum = bad;
+    const absl::Status s = MakeOptimizer(spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("must be in [0, 1)")) << s;
+  }
+  spec.momentum = 0.0;
 
   spec.name = "adamw";
   spec.beta2 = 0.95;
