@@ -166,6 +166,13 @@ std::vector<std::string> DistributedDataParallel::BucketParameterNames(int i) co
 }
 
 void DistributedDataParallel::ZeroGrad(bool set_to_none) {
+  // A backward whose root PostBackward never ran (an API user's, abandoned)
+  // may still be all-reducing into the buckets: finish it before they are
+  // zeroed or handed back to the next backward.
+  if (syncing_this_step_ && !finished_) {
+    const absl::Status status = Finish();
+    OP_CHECK(status.ok(), "ddp", "ZeroGrad: the all-reduces in flight failed: ", status.ToString());
+  }
   if (set_to_none) {
     internal::DropGrads(params_);
     return;

@@ -182,6 +182,8 @@ class DistributedDataParallel {
   // set_to_none (PyTorch's zero_grad default), drops the parameters'
   // gradients (undefined until the next backward) and zeroes nothing: that
   // backward writes each gradient into its bucket instead of adding to zeros.
+  // A backward whose all-reduces are still in flight (one that threw) is
+  // finished first.
   void ZeroGrad(bool set_to_none = false);
   // Before forward passes without a backward (evaluation, generation): the
   // compute copies (mixed precision) are made once here and kept until

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
 #include "nn/freeze.h"
+#include "nn/linear.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
@@ -266,6 +267,83 @@ TEST(DdpTest, BucketsAreReverseOrderAndIssuedBeforeBackwardEnds) {
                   ddp.ZeroGrad();
                 }
               }).ok());
+}
+
+// Two Linear layers whose backward can stop after the second one (as an
+// exception in the middle of an API user's backward would): its bucket is
+// then in flight and the root's PostBackward never runs.
+class StopsInBackward final : public nn::Module {
+ public:
+  StopsInBackward() : nn::Module("StopsInBackward") {
+    a_ = RegisterModule("a", std::make_unique<nn::Linear>(8, 8));
+    b_ = RegisterModule("b", std::make_unique<nn::Linear>(8, 8));
+  }
+  bool stop = false;
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    return {b_->Run(a_->Run(in.at(0), ctx.Child(0)), ctx.Child(1))};
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    const Tensor g = b_->RunBackward(grad.at(0), ctx.Child(1));
+    if (stop) tensor::ThrowOpError("test", "backward stopped after b");
+    return {a_->RunBackward(g, ctx.Child(0))};
+  }
+
+ private:
+  nn::Linear* a_;
+  nn::Linear* b_;
+};
+
+// ZeroGrad after such a backward finishes its reductions first (on every
+// rank alike), instead of zeroing buckets an all-reduce or reduce-scatter is
+// still writing: the gradients are zeros after it, and the next step trains.
+TEST(DdpZero1Test, ZeroGradFinishesTheReductionsOfAnAbandonedBackward) {
+  for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
+    ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                  StopsInBackward model;
+                  model.Materialize(kSeed);
+                  std::unique_ptr<DistributedDataParallel> ddp;
+                  std::unique_ptr<Zero1> zero;
+                  DdpOptions ddp_options;
+                  ddp_options.bucket_cap_mb = 0.0003;  // a bucket per layer
+                  Zero1Options zero_options;
+                  zero_options.bucket_cap_mb = 0.0003;
+                  if (mode == Mode::kDdp) {
+                    ddp = std::make_unique<DistributedDataParallel>(model, pg, ddp_options);
+                  } else {
+                    zero = std::make_unique<Zero1>(model, pg, MakeOptimizer(Opt::kSgd),
+                                                   zero_options);
+                  }
+                  auto zero_grad = [&] { ddp ? ddp->ZeroGrad() : zero->ZeroGrad(); };
+                  auto step = [&] {
+                    nn::Context ctx;
+                    const Tensor x = Tensor::Full({4, 8}, 0.5 + rank);
+                    const Tensor y = model.Run(x, ctx);
+                    model.RunBackward(Tensor::Full({4, 8}, 1.0), ctx);
+                  };
+                  step();  // the first synced backward learns the buckets' order
+                  if (zero) ASSERT_TRUE(zero->Step().ok());
+                  zero_grad();
+                  model.stop = true;
+                  EXPECT_THROW(step(), tensor::OpError);
+                  zero_grad();
+                  for (const std::vector<float> g = FlatGrads(model); float v : g) {
+                    ASSERT_EQ(v, 0.0f) << "rank " << rank;
+                  }
+                  if (ddp) {
+                    EXPECT_EQ(ddp->last_backward_events().back().kind,
+                              DistributedDataParallel::Event::Kind::kReductionsDone);
+                  }
+                  model.stop = false;
+                  step();
+                  if (ddp) {
+                    ASSERT_TRUE(ddp->FinishBackward().ok());
+                  } else {
+                    ASSERT_TRUE(zero->Step().ok());
+                  }
+                }).ok());
+  }
 }
 
 // Reference gradients: one process, `first` then `second` accumulated.

@@ -196,6 +196,13 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
 }
 
 void Zero1::ZeroGrad(bool set_to_none) {
+  // A backward whose reductions Step never took may still be reduce-
+  // scattering into the flat gradient: finish it before it is zeroed.
+  if (syncing_this_step_ || in_flight_) {
+    const absl::Status status = FinishBackward();
+    OP_CHECK(status.ok(), "zero1", "ZeroGrad: the reduce-scatters in flight failed: ",
+             status.ToString());
+  }
   stepped_ = false;
   reduced_ = false;  // gradients a Step() did not take are dropped too
   if (set_to_none) {

@@ -172,7 +172,8 @@ class Zero1 {
   // zero_grad default), drops the parameters' gradients (undefined until the
   // next backward) and zeroes nothing: that backward writes each gradient
   // into the flat gradient instead of adding to zeros (frozen parameters' and
-  // padding elements stay the zeros they always are).
+  // padding elements stay the zeros they always are). A backward whose
+  // reductions are still in flight (one that threw) is finished first.
   void ZeroGrad(bool set_to_none = false);
   // Before forward passes without a backward (evaluation, generation): the
   // compute copies (mixed precision) are made once here and kept until
