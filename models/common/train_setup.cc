@@ -170,6 +170,10 @@ absl::Status CheckGradClip(double grad_clip) {
       "--grad_clip=", grad_clip, " must be finite and >= 0 (0 disables clipping)"));
 }
 
+bool OffDefault(const absl::CommandLineFlag& flag) {
+  return flag.CurrentValue() != flag.DefaultValue();
+}
+
 absl::Status CheckGradAccumSteps(int64_t grad_accum_steps) {
   if (grad_accum_steps >= 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("--grad_accum_steps=", grad_accum_steps,

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "models/common/train_support.h"
@@ -61,6 +62,10 @@ absl::Status CheckInitFromData(const std::string& tokenizer_flag, const std::str
 
 // --grad_clip: >= 0 (0 disables clipping); InvalidArgument naming the flag.
 absl::Status CheckGradClip(double grad_clip);
+
+// Whether `flag` holds another value than its default (set on the command
+// line, or by a program, to something else).
+bool OffDefault(const absl::CommandLineFlag& flag);
 
 // --grad_accum_steps: >= 1; InvalidArgument naming the flag.
 absl::Status CheckGradAccumSteps(int64_t grad_accum_steps);

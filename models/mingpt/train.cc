@@ -230,7 +230,7 @@ absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& 
     const absl::CommandLineFlag& prompt = absl::GetFlagReflectionHandle(FLAGS_sample_prompt);
     const absl::CommandLineFlag& tokens = absl::GetFlagReflectionHandle(FLAGS_sample_tokens);
     for (const absl::CommandLineFlag* flag : {&prompt, &tokens}) {
-      if (flag->CurrentValue() == flag->DefaultValue()) continue;
+      if (!train::OffDefault(*flag)) continue;
       return absl::InvalidArgumentError(
           absl::StrCat("--", flag->Name(), " without --sample_every: no sample is drawn"));
     }
@@ -473,8 +473,7 @@ absl::Status Train() {
   if (!optimizer.ok()) return optimizer.status();
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
       train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps,
-                            absl::GetFlagReflectionHandle(FLAGS_lr).CurrentValue() !=
-                                absl::GetFlagReflectionHandle(FLAGS_lr).DefaultValue());
+                            train::OffDefault(absl::GetFlagReflectionHandle(FLAGS_lr)));
   if (!schedule.ok()) return schedule.status();
   // --init_from: the weights, and the configuration that fits them.
   std::optional<PretrainedSources> pretrained;

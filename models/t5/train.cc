@@ -437,8 +437,7 @@ absl::Status Train() {
   if (!optimizer.ok()) return optimizer.status();
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule =
       train::MakeLrSchedule(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_lr), steps,
-                            absl::GetFlagReflectionHandle(FLAGS_lr).CurrentValue() !=
-                                absl::GetFlagReflectionHandle(FLAGS_lr).DefaultValue());
+                            train::OffDefault(absl::GetFlagReflectionHandle(FLAGS_lr)));
   if (!schedule.ok()) return schedule.status();
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   absl::Status accum_ok = train::CheckGradAccumSteps(K);
