@@ -467,8 +467,16 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
 }
 
 absl::Status DataParallelModel::PrepareCheckpointDir(const std::string& checkpoint_dir) {
-  return AgreeOnStatus(pg_, train::PrepareCheckpointDir(checkpoint_dir, pg_.rank() == 0),
-                       absl::StrCat("preparing --checkpoint_dir ", checkpoint_dir));
+  absl::Status ready = train::PrepareCheckpointDir(checkpoint_dir, pg_.rank() == 0);
+  if (ready.ok() && pg_.rank() == 0 && !checkpoint_dir_lock_.has_value()) {
+    absl::StatusOr<CheckpointDirLock> lock = CheckpointDirLock::Acquire(checkpoint_dir);
+    if (lock.ok()) {
+      checkpoint_dir_lock_.emplace(*std::move(lock));
+    } else {
+      ready = lock.status();
+    }
+  }
+  return AgreeOnStatus(pg_, ready, absl::StrCat("preparing --checkpoint_dir ", checkpoint_dir));
 }
 
 absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir,

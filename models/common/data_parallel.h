@@ -63,6 +63,7 @@
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
 #include "models/common/loss_scaling.h"
+#include "models/common/checkpoint_dir_lock.h"
 #include "models/common/train_support.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -369,7 +370,9 @@ class DataParallelModel {
   // same success or failure.
   absl::Status SaveCheckpoint(const std::string& checkpoint_dir, const TrainState& state);
   // Before training: train::PrepareCheckpointDir on every rank (the folder
-  // must be one every rank sees); every rank returns the same result.
+  // must be one every rank sees), and rank 0 locks it for this run
+  // (CheckpointDirLock, held while this object lives); every rank returns
+  // the same result.
   absl::Status PrepareCheckpointDir(const std::string& checkpoint_dir);
   // Loads a step folder SaveCheckpoint wrote: sharded ones into FSDP or
   // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
@@ -398,6 +401,7 @@ class DataParallelModel {
   std::unique_ptr<dist::DistributedDataParallel> ddp_;
   std::unique_ptr<dist::Zero1> zero1_;
   std::unique_ptr<dist::FullyShardedModel> fsdp_;
+  std::optional<CheckpointDirLock> checkpoint_dir_lock_;  // rank 0's
 };
 
 // --sample_every and --sample_gather of the train binaries: a sample every

@@ -49,6 +49,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "models/common/checkpoint_dir_lock.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
@@ -637,10 +638,10 @@ absl::Status Train() {
   // ---- Resume ----
   int64_t start = 0;
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  if (!checkpoint_dir.empty()) {  // now, not at the first save
-    absl::Status ready = train::PrepareCheckpointDir(checkpoint_dir);
-    if (!ready.ok()) return ready;
-  }
+  // Checked now, not at the first save; locked for this run until it ends.
+  absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
+      train::PrepareAndLockCheckpointDir(checkpoint_dir);
+  if (!dir_lock.ok()) return dir_lock.status();
   if (!absl::GetFlag(FLAGS_resume).empty()) {
     absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
         absl::GetFlag(FLAGS_resume), checkpoint_dir, model, **optimizer, config->ToString());
