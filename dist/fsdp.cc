@@ -20,30 +20,44 @@
 namespace dist {
 namespace {
 
-// Every rank learns which ranks failed `what` (an all-gather of one flag per
+// Every rank learns which ranks failed a step (an all-gather of one flag per
 // rank), so that all stop together instead of the peers waiting in their
 // next collective for a rank that left: a rank that failed rethrows its own
-// exception, the others throw an OpError naming the ranks that failed.
-void AgreeOrRethrow(ProcessGroup& pg, tensor::Device device, const std::exception_ptr& local,
-                    absl::string_view what) {
-  if (pg.size() == 1) {
-    if (local) std::rethrow_exception(local);
-    return;
+// exception, the others throw an OpError naming the ranks that failed. Its
+// buffers are made first, before the step that may run out of memory.
+class FailureAgreement {
+ public:
+  FailureAgreement(ProcessGroup& pg, tensor::Device device) : pg_(pg) {
+    if (pg.size() == 1) return;
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    mine_ = tensor::Tensor::Zeros({1}, tensor::Dtype::kF32, device);
+    all_ = tensor::Tensor::Empty({pg.size()}, tensor::Dtype::kF32, device);  // (size,)
   }
-  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-  const tensor::Tensor mine = tensor::Tensor::FromVector({local ? 1.0f : 0.0f}, {1}).To(device);
-  tensor::Tensor all = tensor::Tensor::Empty({pg.size()}, tensor::Dtype::kF32, device);  // (size,)
-  const absl::Status s = pg.AllGatherSync(mine, all);
-  if (local) std::rethrow_exception(local);  // this rank's own error first
-  OP_CHECK(s.ok(), "FullyShard", "agreeing that every rank finished ", what, ": ", s.ToString());
-  const std::vector<float> flags = all.To(tensor::Device::Cpu()).ToVector<float>();
-  std::vector<int> failed;
-  for (int r = 0; r < pg.size(); ++r) {
-    if (flags[r] != 0.0f) failed.push_back(r);
+
+  void AgreeOrRethrow(const std::exception_ptr& local, absl::string_view what) {
+    if (pg_.size() == 1) {
+      if (local) std::rethrow_exception(local);
+      return;
+    }
+    if (local) tensor::Fill(mine_, 1.0);
+    const absl::Status s = pg_.AllGatherSync(mine_, all_);
+    if (local) std::rethrow_exception(local);  // this rank's own error first
+    OP_CHECK(s.ok(), "FullyShard", "agreeing that every rank finished ", what, ": ",
+             s.ToString());
+    const std::vector<float> flags = all_.To(tensor::Device::Cpu()).ToVector<float>();
+    std::vector<int> failed;
+    for (int r = 0; r < pg_.size(); ++r) {
+      if (flags[r] != 0.0f) failed.push_back(r);
+    }
+    OP_CHECK(failed.empty(), "FullyShard", what, " failed on rank(s) ",
+             absl::StrJoin(failed, ", "), " (see their errors)");
   }
-  OP_CHECK(failed.empty(), "FullyShard", what, " failed on rank(s) ", absl::StrJoin(failed, ", "),
-           " (see their errors)");
-}
+
+ private:
+  ProcessGroup& pg_;
+  tensor::Tensor mine_;  // (1,): 1 when this rank failed
+  tensor::Tensor all_;   // (size,)
+};
 
 // sync_module_states for one unit's parameters: rank 0's values, broadcast
 // in one flat buffer (the unit's size, on `device`, for the engine), become
@@ -192,6 +206,7 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // memory): it may fail on some ranks only. Those ranks skip the later
   // Inits but keep making the same collectives, and all agree below.
   std::exception_ptr init_failure;  // this rank's first
+  FailureAgreement agreement(pg, device);
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
     if (options_.sync_module_states) BroadcastUnitValues(plans[i].params, pg, device);
@@ -208,7 +223,7 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     shared_->units.push_back(unit.get());
     units_.push_back(std::move(unit));
   }
-  AgreeOrRethrow(pg, device, init_failure, "initializing its FSDP units");
+  agreement.AgreeOrRethrow(init_failure, "initializing its FSDP units");
   // Hooks last: a unit that fails above (a peer lost during
   // sync_module_states, rank 0 missing a value, out of memory) throws before
   // any module points at a unit, so nothing dangles once units_ is freed.
@@ -310,6 +325,9 @@ std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
 }
 
 void FullyShardedModel::ZeroGrad(bool set_to_none) {
+  // Reduce-scatters a backward that threw left in flight would add into the
+  // shards after they are zeroed (or dropped): finish them first.
+  shared_->FinishReducesBefore(0);
   for (auto& u : units_) {
     u->DropAccumulatedGrad();
     if (set_to_none) {

@@ -565,6 +565,55 @@ TEST(FsdpDroppedGradTest, DroppedShardsTrainAsZeroedOnes) {
   EXPECT_EQ(params[1][1], params[0][0]) << "a unit per Linear, dropped";
 }
 
+// A backward that throws after the second unit's reduce-scatter was issued
+// leaves it in flight: ZeroGrad finishes it before zeroing (or dropping) the
+// shards, so the next step trains exactly as if the failed backward had never
+// run (before, its reduction was added into the next step's gradients).
+TEST(FsdpAbandonedBackwardTest, ZeroGradFinishesItsReductionsAndTheNextStepIsClean) {
+  constexpr int64_t kD = 8, kRows = 4;
+  for (bool drop : {false, true}) {
+    std::vector<float> params[2];  // [abandoned]: rank 0's final parameters, gathered
+    for (bool abandoned : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(abandoned ? "abandoned" : "clean", drop ? ", dropped" : ""));
+      ThreadWorld world(2);
+      absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+        MaybeSkips m(kD);
+        FsdpOptions options;
+        options.seed = kSeed;
+        options.policy = WrapPolicy::Transformer({"Linear"});
+        auto fsdp = FullyShard(m, pg, options);
+        auto opt = optim::SGD::Create(Sgd()).value();
+        auto backward = [&](int seed) {
+          nn::Context ctx;
+          m.Run(tensor::testing::RandomTensor({kRows, kD}, seed + rank), ctx);
+          m.RunBackward(tensor::testing::RandomTensor({kRows, kD}, seed + 7), ctx);
+        };
+        for (int step = 0; step < 3; ++step) {
+          if (abandoned && step == 2) {
+            m.stop_in_backward = true;
+            EXPECT_THROW(backward(1000), tensor::OpError);
+            m.stop_in_backward = false;
+            fsdp->ZeroGrad(drop);
+          }
+          backward(10 * step);
+          opt->Step(fsdp->ParamRefs());
+          fsdp->ZeroGrad(drop);
+        }
+        fsdp->Unshard();
+        if (rank == 0) {
+          for (const auto& [name, p] : m.NamedParameters()) {
+            const std::vector<float> v = p->value.ToVector<float>();
+            params[abandoned].insert(params[abandoned].end(), v.begin(), v.end());
+          }
+        }
+        fsdp->Reshard();
+      });
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ(params[1], params[0]) << (drop ? "dropped" : "zeroed");
+  }
+}
+
 // ---- Training parity ----
 // Tolerance: |fsdp - single| <= 1e-5 + 1e-5 * |single| for every loss, every
 // gradient norm and every final parameter (the ranks sum their halves of the

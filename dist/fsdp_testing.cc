@@ -11,6 +11,7 @@
 #include "models/mingpt/model.h"
 #include "nn/mixed_precision.h"
 #include "optim/clip_grad.h"
+#include "tensor/error.h"
 #include "optim/param_ref.h"
 #include "tensor/testing.h"
 
@@ -246,6 +247,7 @@ nn::Tensors MaybeSkips::Forward(const nn::Tensors& in, nn::Context& ctx) {
 
 nn::Tensors MaybeSkips::Backward(const nn::Tensors& grad, nn::Context& ctx) {
   const nn::Tensors g = use_second ? second_->RunBackward(grad, ctx.Child(1)) : grad;
+  if (stop_in_backward) tensor::ThrowOpError("MaybeSkips", "backward stopped after 'second'");
   return first_->RunBackward(g, ctx.Child(0));
 }
 

@@ -86,11 +86,15 @@ RunResult Sharded(const mingpt::GptConfig& c, const tensor::Tensor& idx,
 
 // Two d x d Linears, the second of which the forward may skip
 // (use_second = false): the unit or bucket a backward does not reach, whose
-// gradient must still count as zeros after ZeroGrad(set_to_none=true).
+// gradient must still count as zeros after ZeroGrad(set_to_none=true). With
+// stop_in_backward the backward throws OpError after the second Linear's (as
+// an error in the middle of an API user's backward would): its bucket or
+// unit reduction is then in flight and the root's PostBackward never runs.
 class MaybeSkips : public nn::Module {
  public:
   explicit MaybeSkips(int64_t d);
   bool use_second = true;
+  bool stop_in_backward = false;
 
  protected:
   nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override;

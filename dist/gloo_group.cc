@@ -38,6 +38,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "dist/gloo_layout.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
@@ -198,11 +199,13 @@ void AllGatherBytes(gloo::Context* ctx, const void* in, void* out, size_t bytes_
 
 // The descriptor every rank publishes before a call.
 constexpr int kDescLen = 8;
-// d[1] is the rank's state: 0 ready, 1 invalid arguments, 2 out of memory
-// while staging.
+// d[1] is the rank's state: 0 ready, 1 invalid arguments (or tensors it
+// could not stage), 2 out of memory while staging.
 std::vector<int64_t> Describe(const CollectiveCall& call, const absl::Status& staging) {
   return {1,
-          !call.error.ok() ? 1 : staging.ok() ? 0 : 2,
+          !call.error.ok() || absl::IsInvalidArgument(staging) ? 1
+          : staging.ok()                                       ? 0
+                                                               : 2,
           static_cast<int64_t>(call.kind),
           static_cast<int64_t>(call.op),
           call.input.defined() ? static_cast<int64_t>(call.input.dtype()) : -1,
@@ -344,62 +347,6 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
   }
 }
 
-// The launch layout check of GlooGroupOptions::local_world_size: node n's
-// local rank 0 sets "<prefix>/layout/node<n>" to "<size>,<ranks per node>";
-// every rank reads the nodes' it expects (waiting up to `timeout` in all).
-absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string& prefix,
-                               int rank, int size, int per_node, absl::Duration timeout,
-                               const std::string& who) {
-  if (per_node <= 0 || per_node >= size || size % per_node != 0) return absl::OkStatus();
-  auto key = [&](int node) { return absl::StrCat(prefix, "/layout/node", node); };
-  auto layout = [](int world, int ranks) { return absl::StrCat(world, ",", ranks); };
-  auto runs = [](int ranks, int world) {
-    return absl::StrCat(" runs ", ranks, ranks == 1 ? " rank" : " ranks", " in a world of ", world);
-  };
-  const std::string mine = layout(size, per_node);
-  const int nodes = size / per_node;
-  const absl::Time deadline = absl::Now() + timeout;
-  std::vector<int> missing;
-  std::vector<std::string> differ;
-  try {
-    if (rank % per_node == 0) store.set(key(rank / per_node), {mine.begin(), mine.end()});
-    for (int n = 0; n < nodes; ++n) {
-      try {
-        store.wait({key(n)}, ToMillis(deadline - absl::Now()));
-      } catch (const std::exception&) {  // a timeout
-        missing.push_back(n);
-        continue;
-      }
-      const std::vector<char> value = store.get(key(n));
-      int world = 0, ranks = 0;
-      const std::vector<std::string> parts =
-          absl::StrSplit(std::string(value.begin(), value.end()), ',');
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &world) ||
-          !absl::SimpleAtoi(parts[1], &ranks) || layout(world, ranks) != mine) {
-        differ.push_back(absl::StrCat("node ", n, runs(ranks, world)));
-      }
-    }
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
-                                               ": reading the nodes' launch layout: ", e.what()));
-  }
-  if (!differ.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "[rendezvous] ", who, ": the nodes were launched differently: node ", rank / per_node,
-        " (this rank's)", runs(per_node, size), ", ",
-        absl::StrJoin(differ, ", "),
-        "; every node's launch must give the same --nnodes and --nproc_per_node"));
-  }
-  if (!missing.empty()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "[rendezvous] ", who, ": ", missing.size() == 1 ? "node " : "nodes ",
-        absl::StrJoin(missing, ", "), " of ", nodes, " did not arrive within ", Seconds(timeout),
-        missing.size() == 1 ? " (its launcher has" : " (their launchers have",
-        " not started local rank 0, or use another rendezvous endpoint or id)"));
-  }
-  return absl::OkStatus();
-}
-
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(std::shared_ptr<Shared> shared, Connected connected, std::string prefix,
@@ -507,6 +454,9 @@ class GlooProcessGroup final : public ProcessGroup {
         staging = absl::ResourceExhaustedError(
             absl::StrCat(Prefix(call), ": out of memory staging the call's buffers (",
                          e.what(), "); the call did nothing on any rank"));
+      } catch (const std::exception& e) {  // tensors gloo cannot take: invalid arguments
+        staging = absl::InvalidArgumentError(
+            absl::StrCat(Prefix(call), ": cannot stage the call's tensors: ", e.what()));
       }
     }
     try {
@@ -525,13 +475,7 @@ class GlooProcessGroup final : public ProcessGroup {
         if (!SameCall(d, mine.data())) differ.push_back(r);
       }
       if (!call.error.ok()) return call.error;
-      if (!staging.ok()) return staging;
-      if (!short_of_memory.empty()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            Prefix(call), ": ", short_of_memory.size() == 1 ? "rank " : "ranks ",
-            absl::StrJoin(short_of_memory, ", "),
-            " ran out of memory staging the call's buffers; the call did nothing on any rank"));
-      }
+      if (absl::IsInvalidArgument(staging)) return staging;
       if (!invalid.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat(Prefix(call), ": ", invalid.size() == 1 ? "rank " : "ranks ",
@@ -544,6 +488,14 @@ class GlooProcessGroup final : public ProcessGroup {
         }
         return absl::InvalidArgumentError(absl::StrCat(
             Prefix(call), ": mismatched collective calls (", absl::StrJoin(calls, "; "), ")"));
+      }
+      // Short of memory last: a mismatched (larger) call may be why.
+      if (!staging.ok()) return staging;
+      if (!short_of_memory.empty()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            Prefix(call), ": ", short_of_memory.size() == 1 ? "rank " : "ranks ",
+            absl::StrJoin(short_of_memory, ", "),
+            " ran out of memory staging the call's buffers; the call did nothing on any rank"));
       }
       // 3. Data.
       RunData(call, staged, remaining());
@@ -574,8 +526,14 @@ class GlooProcessGroup final : public ProcessGroup {
       }
       return broken_;
     }
-    // 4. The result into the call's tensors.
-    Finish(call, staged);
+    // 4. The result into the call's tensors (every rank's data phase is
+    // done: a failure here is this rank's alone and leaves the group usable).
+    try {
+      Finish(call, staged);
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat(Prefix(call), ": copying the result into the call's tensors: ", e.what()));
+    }
     return absl::OkStatus();
   }
 
@@ -738,10 +696,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
                                                options.store, "\" or device: ", e.what()));
   }
   shared->where = options.store;
-  absl::Status layout = CheckLaunchLayout(*shared->root_store, options.prefix, rank, size,
-                                          options.local_world_size, options.timeout, who);
+  // The layout check and the connection share the rendezvous timeout.
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
+  absl::Status layout =
+      internal::CheckLaunchLayout(*shared->root_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;
-  auto connected = Connect(shared, options.prefix, rank, size, options.timeout, who);
+  auto connected = Connect(shared, options.prefix, rank, size, deadline - absl::Now(), who);
   if (!connected.ok()) return connected.status();
   return std::unique_ptr<ProcessGroup>(
       new GlooProcessGroup(shared, *std::move(connected), options.prefix, options.timeout));

@@ -57,12 +57,12 @@ struct GlooGroupOptions {
   std::string iface;
   // The timeout of the rendezvous and of calls without their own.
   absl::Duration timeout = DefaultCollectiveTimeout();
-  // Ranks per node as the launcher said (LOCAL_WORLD_SIZE); 0: not known.
-  // When it is below the group's size (several nodes, whose ranks the
-  // launcher numbers node by node), each node's local rank 0 announces its
-  // (world size, ranks per node) and every rank compares the nodes' before
-  // connecting: nodes launched with different --nnodes or --nproc_per_node
-  // fail at once naming the disagreement, not at the timeout naming keys.
+  // This rank's place on its node as the launcher said (LOCAL_RANK,
+  // LOCAL_WORLD_SIZE; 0: not known). When known, the nodes' layouts are
+  // compared before connecting (dist/gloo_layout.h): nodes launched with
+  // different --nnodes or --nproc_per_node fail at once naming the
+  // disagreement, not at the timeout naming keys.
+  int local_rank = 0;
   int local_world_size = 0;
 };
 

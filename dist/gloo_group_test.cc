@@ -336,27 +336,28 @@ TEST(GlooGroup, PeerThatExitsFailsTheOtherFast) {
 
 // Two "nodes" launched with different --nproc_per_node: node 0 runs ranks 0
 // and 1 of 4, node 1 rank 1 of 2. Every rank fails at once naming the
-// layouts, instead of timing out (or pairing with the wrong peer).
+// layouts (the rank that found it, for the others), instead of timing out
+// (or pairing with the wrong peer).
 TEST(GlooGroup, NodesLaunchedDifferentlyFailAtOnceNamingTheLayouts) {
   const std::string dir = TmpDir("store");
   Outcome o = RunProcesses(3, [&](int process, int) -> std::string {
     const int rank = process == 2 ? 1 : process;
     const int size = process == 2 ? 2 : 4;
     GlooGroupOptions options = FileOptions(dir, absl::Seconds(20));
+    options.local_rank = process == 2 ? 0 : process;
     options.local_world_size = process == 2 ? 1 : 2;
     const absl::Time start = absl::Now();
     auto pg = CreateGlooProcessGroup(rank, size, options);
     if (pg.ok()) return "joined";
     if (absl::Now() - start > absl::Seconds(10)) return "took the timeout";
-    const std::string node = process == 2 ? "node 1 (this rank's) runs 1 rank in a world of 2, "
-                                            "node 0 runs 2 ranks in a world of 4"
-                                          : "node 0 (this rank's) runs 2 ranks in a world of 4, "
-                                            "node 1 runs 1 rank in a world of 2";
-    if (!absl::IsInvalidArgument(pg.status()) ||
-        !absl::StrContains(pg.status().message(),
-                           absl::StrCat("the nodes were launched differently: ", node,
-                                        "; every node's launch must give the same --nnodes and "
-                                        "--nproc_per_node"))) {
+    const std::string found =
+        "[rendezvous] rank 1 of 2 found the nodes launched differently: ranks 0-1 run 2 per node "
+        "in a world of 4; this rank's node: rank 1 runs 1 per node in a world of 2. Every node's "
+        "launch must give the same --nnodes and --nproc_per_node";
+    const std::string expected =
+        process == 2 ? found
+                     : absl::StrCat("[rendezvous] rank ", rank, " of 4: ", found.substr(13));
+    if (!absl::IsInvalidArgument(pg.status()) || pg.status().message() != expected) {
       return absl::StrCat("process ", process, ": ", pg.status().ToString());
     }
     return "";
@@ -364,7 +365,25 @@ TEST(GlooGroup, NodesLaunchedDifferentlyFailAtOnceNamingTheLayouts) {
   ExpectAllOk(o);
 }
 
-// A node that never comes is named (its local rank 0 never set its layout).
+// Nodes of different sizes (as torchrun allows) agree: 2 ranks on the first,
+// 1 on the second; the group connects and reduces.
+TEST(GlooGroup, NodesOfDifferentSizesConnect) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(3, [&](int rank, int size) -> std::string {
+    GlooGroupOptions options = FileOptions(dir, absl::Seconds(20));
+    options.local_rank = rank == 2 ? 0 : rank;
+    options.local_world_size = rank == 2 ? 1 : 2;
+    auto pg = CreateGlooProcessGroup(rank, size, options);
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor t = Tensor::Full({4}, 1.0);
+    RETURN_IF_ERROR_MSG((*pg)->AllReduceSync(t, ReduceOp::kSum));
+    EXPECT_OR_MSG(t.ToVector<float>()[0] == 3.0f, "wrong sum");
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
+// A node that never comes is named by its first rank.
 TEST(GlooGroup, ANodeThatNeverArrivesIsNamed) {
   const std::string dir = TmpDir("store");
   Outcome o = RunProcesses(1, [&](int, int) -> std::string {
@@ -373,8 +392,10 @@ TEST(GlooGroup, ANodeThatNeverArrivesIsNamed) {
     auto pg = CreateGlooProcessGroup(0, 3, options);
     if (absl::IsDeadlineExceeded(pg.status()) &&
         absl::StrContains(pg.status().message(),
-                          "[rendezvous] rank 0 of 3: nodes 1, 2 of 3 did not arrive within 1.0 s "
-                          "(their launchers have not started local rank 0")) {
+                          "[rendezvous] rank 0 of 3: the node whose first rank is 1 did not "
+                          "arrive in time (its launcher has not started its local rank 0, or uses "
+                          "another rendezvous endpoint or id); so far rank 0 runs 1 per node in a "
+                          "world of 3")) {
       return "";
     }
     return pg.status().ToString();

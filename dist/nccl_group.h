@@ -42,11 +42,14 @@
 // that error. The store must outlive the group and the groups split from it.
 //
 // Unlike the threads and gloo engines, calls are not compared across ranks
-// before they run (that would cost a host round trip per call): an invalid
-// call fails at once on the rank that made it (and is not issued, so its
-// peers time out naming that rank), and calls that do not match across
-// ranks are NCCL's undefined behaviour (usually a hang, caught by the
-// timeout).
+// before they run (that would cost a host round trip per call). An invalid
+// call is not issued: in a group of one it fails at once and the group stays
+// usable; in a larger group this rank cannot know whether its peers refused
+// it too, and its next call would pair with theirs, so once its earlier
+// calls have finished the call fails and breaks the group (later calls fail
+// naming it; peers that made the call time out naming this rank). Calls that
+// do not match across ranks are NCCL's undefined behaviour (usually a hang,
+// caught by the timeout).
 //
 // Split / NewSubgroup use ncclCommSplit (NCCL >= 2.18); the new group's
 // keys live under "<prefix>/split<n>/color<c>".

@@ -84,7 +84,8 @@ class RefusedCall final : public PendingCall {
 }  // namespace
 
 WorkPtr CallWorker::Refuse(std::string op, absl::Duration timeout, absl::Status error) {
-  if (options_.size == 1) return Work::Done(std::move(error));
+  // Alone, or already broken: the refusal itself says most.
+  if (options_.size == 1 || !broken().ok()) return Work::Done(std::move(error));
   return Submit(std::move(op), timeout, std::make_shared<RefusedCall>(std::move(error)));
 }
 

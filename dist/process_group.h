@@ -19,7 +19,8 @@
 // After a timeout (or a peer that left) the group is unusable (its ranks
 // disagree about which calls were made): every later call fails at once with
 // the error that aborted it. Mismatched or invalid calls fail on every rank
-// alike and leave the group usable.
+// alike and leave the group usable (threads, gloo; the nccl engine cannot
+// compare calls across ranks: see dist/nccl_group.h).
 //
 // Tensors: contiguous CPU tensors (engines may accept more) of f32, f16, bf16
 // (reduced in f32, rounded once), i32, i64 and u8. Buffers must stay alive and

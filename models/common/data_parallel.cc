@@ -118,7 +118,8 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
   options.store = config.rendezvous.store;
   options.prefix = config.rendezvous.prefix;
   options.timeout = config.timeout;
-  options.local_world_size = env.local_world_size;  // nodes launched alike, checked
+  options.local_rank = env.local_rank;  // the nodes' launches are compared
+  options.local_world_size = env.local_world_size;
   if (env.local_world_size < env.world_size) {
     // Several nodes: announce this host's name (loopback would not reach it).
     char host[256] = {0};

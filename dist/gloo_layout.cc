@@ -1,0 +1,95 @@
+// CheckLaunchLayout (gloo_layout.h): the nodes' layouts through the store.
+#include "dist/gloo_layout.h"
+
+#include <chrono>
+#include <exception>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace dist::internal {
+namespace {
+
+bool Present(gloo::rendezvous::Store& store, const std::string& key) {
+  try {
+    store.wait({key}, std::chrono::milliseconds(1));
+    return true;
+  } catch (const std::exception&) {  // gloo's timeout
+    return false;
+  }
+}
+
+std::string Text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+// "ranks 0-3 run 4 per node in a world of 8" (one node's layout).
+std::string Node(int first, int count, int world) {
+  const std::string ranks = count == 1 ? absl::StrCat("rank ", first)
+                                       : absl::StrCat("ranks ", first, "-", first + count - 1);
+  return absl::StrCat(ranks, " run", count == 1 ? "s " : " ", count, " per node in a world of ",
+                      world);
+}
+
+}  // namespace
+
+absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string& prefix,
+                               const LaunchLayout& me, absl::Time deadline,
+                               const std::string& who) {
+  if (me.local_world_size <= 0) return absl::OkStatus();
+  const std::string dir = absl::StrCat(prefix, "/layout");
+  const std::string mismatch_key = absl::StrCat(dir, "/mismatch");
+  auto key = [&](int first) { return absl::StrCat(dir, "/first", first); };
+  const int first = me.rank - me.local_rank;  // this rank's node
+  const std::string mine = absl::StrCat(me.size, ",", me.local_world_size);
+  try {
+    if (me.local_rank == 0) store.set(key(first), {mine.begin(), mine.end()});
+    std::vector<std::string> nodes;  // the walk so far
+    bool differ = false;
+    int r = 0;
+    while (r < me.size && !differ) {
+      // Node r's layout, or another rank's verdict, by the deadline.
+      while (!Present(store, key(r))) {
+        if (Present(store, mismatch_key)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("[rendezvous] ", who, ": ", Text(store.get(mismatch_key))));
+        }
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "[rendezvous] ", who, ": the node whose first rank is ", r,
+              " did not arrive in time (its launcher has not started its local rank 0, or uses "
+              "another rendezvous endpoint or id)",
+              nodes.empty() ? "" : absl::StrCat("; so far ", absl::StrJoin(nodes, ", "))));
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      const std::vector<std::string> parts = absl::StrSplit(Text(store.get(key(r))), ',');
+      int world = 0, count = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &world) ||
+          !absl::SimpleAtoi(parts[1], &count) || count < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "[rendezvous] ", who, ": the store holds no launch layout at ", key(r),
+            " (a key of another program under prefix \"", prefix, "\")"));
+      }
+      nodes.push_back(Node(r, count, world));
+      // A different world, or a node that steps over this rank's.
+      differ = world != me.size || (r < first && r + count > first);
+      r += count;
+    }
+    if (!differ && r == me.size) return absl::OkStatus();
+    const std::string message = absl::StrCat(
+        who, " found the nodes launched differently: ", absl::StrJoin(nodes, ", "),
+        "; this rank's node: ", Node(first, me.local_world_size, me.size),
+        ". Every node's launch must give the same --nnodes and --nproc_per_node");
+    store.set(mismatch_key, {message.begin(), message.end()});
+    return absl::InvalidArgumentError(absl::StrCat("[rendezvous] ", message));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
+                                               ": reading the nodes' launch layout: ", e.what()));
+  }
+}
+
+}  // namespace dist::internal

@@ -1,0 +1,39 @@
+// The launch layout check of the gloo engine's rendezvous (GlooGroupOptions::
+// local_world_size): before ranks connect, every node's local rank 0 sets
+// "<prefix>/layout/first<r>" = "<world size>,<ranks on the node>" (r: the
+// node's first rank), and every rank walks the nodes from rank 0, each
+// node's first rank plus its count giving the next, until the world is
+// covered. A node whose world size differs, a walk that overshoots the world
+// or steps over this rank's node, is a launch that disagrees (--nnodes,
+// --nproc_per_node): the rank that finds it writes the message under
+// "<prefix>/layout/mismatch" and every rank fails at once with it, instead of
+// timing out on gloo's keys or pairing with the wrong peer. Nodes may have
+// different counts (as torchrun allows). Private to dist:gloo_group.
+#ifndef DIST_GLOO_LAYOUT_H_
+#define DIST_GLOO_LAYOUT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gloo/rendezvous/store.h"
+
+namespace dist::internal {
+
+struct LaunchLayout {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_world_size = 0;  // 0: not known (no check)
+};
+
+// OK when the nodes agree; InvalidArgument naming the disagreement;
+// DeadlineExceeded naming the first node (by its first rank) that did not
+// arrive by `deadline`; Unavailable when the store fails.
+absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string& prefix,
+                               const LaunchLayout& me, absl::Time deadline,
+                               const std::string& who);
+
+}  // namespace dist::internal
+
+#endif  // DIST_GLOO_LAYOUT_H_
