@@ -152,22 +152,32 @@ class Loopback {
   std::map<int64_t, int> started_;
 };
 
+// One worker per rank of `size`, reporting progress to `store` under
+// `prefix` (waiting 0.5 s for the others' reports); aborts[rank] counts the
+// aborts of that rank's communicator.
+std::vector<std::unique_ptr<CallWorker>> Workers(int size, HashStore& store,
+                                                 const std::string& prefix,
+                                                 std::vector<std::atomic<int>>& aborts) {
+  std::vector<std::unique_ptr<CallWorker>> workers;
+  for (int rank = 0; rank < size; ++rank) {
+    CallWorkerOptions options;
+    options.rank = rank;
+    options.size = size;
+    options.store = &store;
+    options.prefix = prefix;
+    options.report_wait = absl::Milliseconds(500);
+    options.abort = [&aborts, rank] { aborts[rank].fetch_add(1); };
+    workers.push_back(std::make_unique<CallWorker>(options));
+  }
+  return workers;
+}
+
 TEST(CallWorkerTest, TimeoutNamesTheRankThatNeverIssuedTheCall) {
   constexpr int kSize = 3;
   HashStore store;
   Loopback loopback(kSize);
   std::vector<std::atomic<int>> aborts(kSize);
-  std::vector<std::unique_ptr<CallWorker>> workers;
-  for (int rank = 0; rank < kSize; ++rank) {
-    CallWorkerOptions options;
-    options.rank = rank;
-    options.size = kSize;
-    options.store = &store;
-    options.prefix = "lb";
-    options.report_wait = absl::Milliseconds(500);
-    options.abort = [&aborts, rank] { aborts[rank].fetch_add(1); };
-    workers.push_back(std::make_unique<CallWorker>(options));
-  }
+  std::vector<std::unique_ptr<CallWorker>> workers = Workers(kSize, store, "lb", aborts);
   const absl::Duration timeout = absl::Milliseconds(300);
   std::vector<WorkPtr> first(kSize);
   std::vector<WorkPtr> second(kSize);
@@ -211,17 +221,7 @@ TEST(CallWorkerTest, ARefusedCallBreaksTheGroupAfterTheCallsBeforeIt) {
   HashStore store;
   Loopback loopback(kSize);
   std::vector<std::atomic<int>> aborts(kSize);
-  std::vector<std::unique_ptr<CallWorker>> workers;
-  for (int rank = 0; rank < kSize; ++rank) {
-    CallWorkerOptions options;
-    options.rank = rank;
-    options.size = kSize;
-    options.store = &store;
-    options.prefix = "rf";
-    options.report_wait = absl::Milliseconds(500);
-    options.abort = [&aborts, rank] { aborts[rank].fetch_add(1); };
-    workers.push_back(std::make_unique<CallWorker>(options));
-  }
+  std::vector<std::unique_ptr<CallWorker>> workers = Workers(kSize, store, "rf", aborts);
   const absl::Duration timeout = absl::Milliseconds(300);
   const absl::Status refusal =
       absl::InvalidArgumentError("[all_reduce] rank 1 of 2: the tensor is on cpu");
