@@ -243,8 +243,16 @@ bool SameCall(const int64_t* a, const int64_t* b) {
 }
 
 // The store and device shared by a world group and the groups split from it.
+// gloo's FileStore with its check() (whether keys are set, no waiting) public.
+class CheckableFileStore final : public gloo::rendezvous::FileStore {
+ public:
+  using FileStore::check;
+  using FileStore::FileStore;
+};
+
 struct Shared {
   std::shared_ptr<gloo::rendezvous::Store> root_store;
+  internal::KeyPresent present;  // root_store's check of one key
   std::shared_ptr<gloo::transport::Device> device;
   std::string where;  // The store, for messages.
 };
@@ -314,14 +322,16 @@ struct Connected {
   std::vector<PeerProcess> processes;  // by rank
 };
 
+// Connects within `budget`; errors name `timeout` (the group's: the budget
+// may be what is left of it).
 absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const std::string& prefix,
-                                  int rank, int size, absl::Duration timeout,
-                                  const std::string& who) {
+                                  int rank, int size, absl::Duration budget,
+                                  absl::Duration timeout, const std::string& who) {
   try {
-    TimedStore timed(*shared->root_store, ToMillis(timeout));
+    TimedStore timed(*shared->root_store, ToMillis(budget));
     gloo::rendezvous::PrefixStore store(prefix, timed);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(ToMillis(timeout));
+    ctx->setTimeout(ToMillis(budget));
     ctx->connectFullMesh(store, shared->device);
     // A rank's connectFullMesh can return while a peer is still finishing
     // its side of the handshake; a collective over the new connections makes
@@ -332,7 +342,7 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
     const PeerProcess me{ThisHost(), static_cast<int64_t>(::getpid())};
     Connected connected{ctx, std::vector<PeerProcess>(size)};
     AllGatherBytes(ctx.get(), &me, connected.processes.data(), sizeof(PeerProcess),
-                   ToMillis(timeout));
+                   ToMillis(budget));
     return connected;
   } catch (const std::exception& e) {
     const std::string what = e.what();
@@ -403,6 +413,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     const std::string prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
     auto connected = Connect(shared_, prefix, new_rank, static_cast<int>(members.size()), timeout,
+                             timeout,
                              absl::StrCat("[split] ", Who()));
     if (!connected.ok()) return connected.status();
     return std::unique_ptr<ProcessGroup>(
@@ -530,6 +541,10 @@ class GlooProcessGroup final : public ProcessGroup {
     // done: a failure here is this rank's alone and leaves the group usable).
     try {
       Finish(call, staged);
+    } catch (const std::bad_alloc& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(Prefix(call), ": out of memory copying the result into the call's "
+                       "tensors: ", e.what()));
     } catch (const std::exception& e) {
       return absl::InternalError(
           absl::StrCat(Prefix(call), ": copying the result into the call's tensors: ", e.what()));
@@ -671,7 +686,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
         return absl::InvalidArgumentError(
             absl::StrCat("[gloo] ", who, ": bad port in store \"", options.store, "\""));
       }
-      shared->root_store = std::make_shared<gloo::rendezvous::RedisStore>(parts[0], port);
+      auto redis = std::make_shared<gloo::rendezvous::RedisStore>(parts[0], port);
+      shared->present = [redis](const std::string& key) { return redis->check({key}); };
+      shared->root_store = std::move(redis);
     } else {
       std::string dir = options.store;
       if (absl::StartsWith(dir, "file://")) dir = dir.substr(7);
@@ -684,7 +701,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
         pos = dir.find('/', pos + 1);
         ::mkdir(dir.substr(0, pos).c_str(), 0755);
       }
-      shared->root_store = std::make_shared<gloo::rendezvous::FileStore>(dir);
+      auto file = std::make_shared<CheckableFileStore>(dir);
+      shared->present = [file](const std::string& key) { return file->check({key}); };
+      shared->root_store = std::move(file);
     }
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
@@ -699,11 +718,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   // The layout check and the connection share the rendezvous timeout.
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
-  absl::Status layout =
-      internal::CheckLaunchLayout(*shared->root_store, options.prefix, me, deadline, who);
+  absl::Status layout = internal::CheckLaunchLayout(*shared->root_store, shared->present,
+                                                    options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;
-  auto connected = Connect(shared, options.prefix, rank, size, deadline - absl::Now(), who);
+  auto connected =
+      Connect(shared, options.prefix, rank, size, deadline - absl::Now(), options.timeout, who);
   if (!connected.ok()) return connected.status();
+  // A node launched for another world may have shown up meanwhile.
+  layout = internal::CheckNoLayoutMismatch(*shared->root_store, shared->present, options.prefix,
+                                           me, who);
+  if (!layout.ok()) return layout;
   return std::unique_ptr<ProcessGroup>(
       new GlooProcessGroup(shared, *std::move(connected), options.prefix, options.timeout));
 }

@@ -365,6 +365,31 @@ TEST(GlooGroup, NodesLaunchedDifferentlyFailAtOnceNamingTheLayouts) {
   ExpectAllOk(o);
 }
 
+// A node launched as if alone (--nnodes=1: ranks 0-1 of 2) beside one launched
+// for two nodes (ranks 2-3 of 4): the latter's two ranks both find the
+// disagreement (one writes it, neither fails on the other's write), and the
+// lone node, whose own walk ends at its world size, fails too (on their
+// verdict, or on the node it sees at rank 2) instead of training alone.
+TEST(GlooGroup, ANodeLaunchedAsIfAloneFailsToo) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(4, [&](int process, int) -> std::string {
+    const bool alone = process < 2;
+    if (alone) absl::SleepFor(absl::Seconds(1));  // the others are there first
+    GlooGroupOptions options = FileOptions(dir, absl::Seconds(20));
+    options.local_rank = process % 2;
+    options.local_world_size = 2;
+    auto pg = CreateGlooProcessGroup(process, alone ? 2 : 4, options);
+    if (pg.ok()) return absl::StrCat("process ", process, " joined");
+    if (!absl::IsInvalidArgument(pg.status()) ||
+        !absl::StrContains(pg.status().message(), "launched differently") ||
+        !absl::StrContains(pg.status().message(), "Every node's launch must give the same")) {
+      return absl::StrCat("process ", process, ": ", pg.status().ToString());
+    }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
 // Nodes of different sizes (as torchrun allows) agree: 2 ranks on the first,
 // 1 on the second; the group connects and reduces.
 TEST(GlooGroup, NodesOfDifferentSizesConnect) {

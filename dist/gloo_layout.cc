@@ -15,15 +15,6 @@
 namespace dist::internal {
 namespace {
 
-bool Present(gloo::rendezvous::Store& store, const std::string& key) {
-  try {
-    store.wait({key}, std::chrono::milliseconds(1));
-    return true;
-  } catch (const std::exception&) {  // gloo's timeout
-    return false;
-  }
-}
-
 std::string Text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
 // "ranks 0-3 run 4 per node in a world of 8" (one node's layout).
@@ -34,15 +25,41 @@ std::string Node(int first, int count, int world) {
                       world);
 }
 
+std::string Key(const std::string& prefix, int first) {
+  return absl::StrCat(prefix, "/layout/first", first);
+}
+std::string MismatchKey(const std::string& prefix) {
+  return absl::StrCat(prefix, "/layout/mismatch");
+}
+
 }  // namespace
 
-absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string& prefix,
-                               const LaunchLayout& me, absl::Time deadline,
-                               const std::string& who) {
+absl::Status CheckNoLayoutMismatch(gloo::rendezvous::Store& store, const KeyPresent& present,
+                                   const std::string& prefix, const LaunchLayout& me,
+                                   const std::string& who) {
   if (me.local_world_size <= 0) return absl::OkStatus();
-  const std::string dir = absl::StrCat(prefix, "/layout");
-  const std::string mismatch_key = absl::StrCat(dir, "/mismatch");
-  auto key = [&](int first) { return absl::StrCat(dir, "/first", first); };
+  try {
+    if (present(MismatchKey(prefix))) {  // another rank's verdict
+      return absl::InvalidArgumentError(
+          absl::StrCat("[rendezvous] ", who, ": ", Text(store.get(MismatchKey(prefix)))));
+    }
+    if (!present(Key(prefix, me.size))) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
+        me.size, ", this rank's world size. Every node's launch must give the same --nnodes and "
+        "--nproc_per_node"));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
+                                               ": reading the nodes' launch layout: ", e.what()));
+  }
+}
+
+absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const KeyPresent& present,
+                               const std::string& prefix, const LaunchLayout& me,
+                               absl::Time deadline, const std::string& who) {
+  if (me.local_world_size <= 0) return absl::OkStatus();
+  const std::string mismatch_key = MismatchKey(prefix);
+  auto key = [&](int first) { return Key(prefix, first); };
   const int first = me.rank - me.local_rank;  // this rank's node
   const std::string mine = absl::StrCat(me.size, ",", me.local_world_size);
   try {
@@ -52,8 +69,8 @@ absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string
     int r = 0;
     while (r < me.size && !differ) {
       // Node r's layout, or another rank's verdict, by the deadline.
-      while (!Present(store, key(r))) {
-        if (Present(store, mismatch_key)) {
+      while (!present(key(r))) {
+        if (present(mismatch_key)) {
           return absl::InvalidArgumentError(
               absl::StrCat("[rendezvous] ", who, ": ", Text(store.get(mismatch_key))));
         }
@@ -79,12 +96,15 @@ absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const std::string
       differ = world != me.size || (r < first && r + count > first);
       r += count;
     }
-    if (!differ && r == me.size) return absl::OkStatus();
+    if (!differ && r == me.size) return CheckNoLayoutMismatch(store, present, prefix, me, who);
     const std::string message = absl::StrCat(
         who, " found the nodes launched differently: ", absl::StrJoin(nodes, ", "),
         "; this rank's node: ", Node(first, me.local_world_size, me.size),
         ". Every node's launch must give the same --nnodes and --nproc_per_node");
-    store.set(mismatch_key, {message.begin(), message.end()});
+    try {  // the first rank to find it writes it (a key is set once)
+      if (!present(mismatch_key)) store.set(mismatch_key, {message.begin(), message.end()});
+    } catch (const std::exception&) {  // another rank wrote it first
+    }
     return absl::InvalidArgumentError(absl::StrCat("[rendezvous] ", message));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,

@@ -84,8 +84,14 @@ class RefusedCall final : public PendingCall {
 }  // namespace
 
 WorkPtr CallWorker::Refuse(std::string op, absl::Duration timeout, absl::Status error) {
-  // Alone, or already broken: the refusal itself says most.
-  if (options_.size == 1 || !broken().ok()) return Work::Done(std::move(error));
+  if (options_.size == 1) return Work::Done(std::move(error));
+  if (!broken().ok()) {
+    const absl::Status broken_error = BrokenError(op);
+    return Work::Done(absl::Status(
+        broken_error.code(),
+        absl::StrCat(broken_error.message(), " (and this call was refused: ", error.message(),
+                     ")")));
+  }
   return Submit(std::move(op), timeout, std::make_shared<RefusedCall>(std::move(error)));
 }
 

@@ -110,8 +110,9 @@ class CallWorker {
 
   // This rank's next call, refused before it reached NCCL (bad arguments, no
   // memory to stage it): `error`, already prefixed with the op and rank. In a
-  // group of one (or a broken one) the work fails at once with `error`, and
-  // a group of one stays usable. In a
+  // group of one the work fails at once with `error` and the group stays
+  // usable; in a broken one it fails at once with BrokenError (naming
+  // `error` too). In a
   // larger group the peers will issue the call that this rank never makes,
   // and this rank's next call would pair with it: once every earlier call has
   // finished, the refusal publishes this rank's count of issued calls (so the
