@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -19,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +35,7 @@
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "tensor/safetensors.h"
 #include "tensor/tensor.h"
 
 namespace train {
@@ -535,6 +539,45 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
   return TrainStateFromShardedExtra(*extra, step_dir);
 }
 
+namespace {
+
+// The step of a step folder's name ("step_000100": 100); for another name, a
+// negative number from its checksum. Trailing slashes are ignored.
+int64_t StepFolderId(const std::string& step_dir) {
+  std::filesystem::path folder = std::filesystem::path(step_dir).lexically_normal();
+  if (!folder.has_filename()) folder = folder.parent_path();
+  const std::string name = folder.filename().string();
+  int64_t step = 0;
+  if (absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step) && step >= 0) {
+    return step;
+  }
+  return -1 - static_cast<int64_t>(tensor::Crc32c(name.data(), static_cast<int64_t>(name.size())));
+}
+
+}  // namespace
+
+absl::Status AgreeOnStepFolder(dist::ProcessGroup& pg, const std::string& step_dir,
+                               const std::string& resume) {
+  tensor::Tensor mine = tensor::Tensor::Full({1}, 0.0, tensor::Dtype::kI64);
+  mine.data<int64_t>()[0] = StepFolderId(step_dir);
+  tensor::Tensor all = tensor::Tensor::Empty({pg.size()}, tensor::Dtype::kI64);
+  if (absl::Status s = pg.AllGatherSync(mine, all); !s.ok()) return s;
+  const int64_t* ids = all.data<int64_t>();
+  bool same = true;
+  for (int r = 1; r < pg.size(); ++r) same = same && ids[r] == ids[0];
+  if (same) return absl::OkStatus();
+  std::vector<std::string> steps;
+  for (int r = 0; r < pg.size(); ++r) {
+    steps.push_back(ids[r] >= 0 ? absl::StrCat("rank ", r, ": step ", ids[r])
+                                : absl::StrCat("rank ", r, ": a folder not named step_N"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--resume=", resume, ": the ranks resolved different step folders (",
+      absl::StrJoin(steps, ", "), "; this rank: ", step_dir,
+      "); resuming them would mix their shards. Each rank reads the folder on its own host: "
+      "give every rank one --checkpoint_dir they all see (a shared file system)"));
+}
+
 absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
                                                   const std::string& checkpoint_dir,
                                                   const std::string& config) {
@@ -545,6 +588,7 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = AgreeOnStepFolder(pg_, *step_dir, resume); !s.ok()) return s;
   absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir);
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);

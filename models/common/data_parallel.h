@@ -255,6 +255,11 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
 // of waiting for the failed rank until their timeout.
 absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                            absl::string_view what);
+// Every rank resumes the same step folder (each resolved --resume=latest
+// through its own view of the checkpoint directory): FailedPrecondition on
+// every rank naming each rank's step when they differ.
+absl::Status AgreeOnStepFolder(dist::ProcessGroup& pg, const std::string& step_dir,
+                               const std::string& resume);
 
 // One rank's model wrapped for the strategy, and the optimizer that steps it.
 class DataParallelModel {

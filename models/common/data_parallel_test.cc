@@ -384,6 +384,29 @@ TEST(DataParallelModelTest, AnInitValueOneRankCannotReadFailsEveryRankNamingIt) 
   }
 }
 
+// --resume=latest read through each rank's view of the checkpoint directory
+// (another host's, unshared) may name different steps: every rank refuses
+// naming each rank's step, before any shard is read.
+TEST(AgreeOnStepFolderTest, RanksThatResolvedDifferentStepsAllRefuse) {
+  const DataParallelConfig config = ThreadsConfig("full_shard", 2);
+  std::vector<absl::Status> same(2), differ(2);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    same[rank.rank] = AgreeOnStepFolder(rank.pg, "/ck/step_000100/", "latest");
+    differ[rank.rank] = AgreeOnStepFolder(
+        rank.pg, rank.rank == 0 ? "/ck/step_000100" : "/other/ck/step_000090", "latest");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(same[r].ok()) << same[r];
+    EXPECT_EQ(differ[r].code(), absl::StatusCode::kFailedPrecondition) << differ[r];
+    EXPECT_TRUE(absl::StrContains(differ[r].message(),
+                                  "--resume=latest: the ranks resolved different step folders "
+                                  "(rank 0: step 100, rank 1: step 90; this rank: "))
+        << differ[r];
+  }
+}
+
 TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
   const DataParallelConfig transformer = ThreadsConfig("full_shard", 1);
   const DataParallelConfig small_units = ThreadsConfig("full_shard", 1, "size:50");
