@@ -496,6 +496,27 @@ TEST(FsdpRunTwiceTest, AUnitRunTwiceInARowGetsBothGradients) {
   }
 }
 
+// One forward and backward of `m` on random (rows, d) inputs (this rank's:
+// seed + rank) and output gradients (seed + 7, the same on every rank).
+void RandomBackward(nn::Module& m, int64_t rows, int64_t d, int seed, int rank) {
+  nn::Context ctx;
+  m.Run(tensor::testing::RandomTensor({rows, d}, seed + rank), ctx);
+  m.RunBackward(tensor::testing::RandomTensor({rows, d}, seed + 7), ctx);
+}
+
+// Every parameter of `m` gathered whole (collective: every rank calls it),
+// in NamedParameters order as one vector.
+std::vector<float> GatheredParameters(FullyShardedModel& fsdp, nn::Module& m) {
+  fsdp.Unshard();
+  std::vector<float> all;
+  for (const auto& [name, p] : m.NamedParameters()) {
+    const std::vector<float> v = p->value.ToVector<float>();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  fsdp.Reshard();
+  return all;
+}
+
 // FSDP trains alike whether ZeroGrad zeroes the gradient shards or drops them
 // (set_to_none: the next reduce writes each), and whether the model is one
 // unit or a unit per Linear (a root with no parameter of its own), bit for
@@ -520,11 +541,7 @@ TEST(FsdpDroppedGradTest, DroppedShardsTrainAsZeroedOnes) {
         auto fsdp = FullyShard(m, pg, options);
         ASSERT_EQ(fsdp->num_units(), wrap ? 3 : 1);
         auto opt = optim::SGD::Create(Sgd()).value();
-        auto backward = [&](int seed) {
-          nn::Context ctx;
-          m.Run(tensor::testing::RandomTensor({kRows, kD}, seed + rank), ctx);
-          m.RunBackward(tensor::testing::RandomTensor({kRows, kD}, seed + 7), ctx);
-        };
+        auto backward = [&](int seed) { RandomBackward(m, kRows, kD, seed, rank); };
         const bool uses[] = {true, false, true, true};
         for (int step = 0; step < 4; ++step) {
           m.use_second = uses[step];
@@ -547,14 +564,8 @@ TEST(FsdpDroppedGradTest, DroppedShardsTrainAsZeroedOnes) {
             EXPECT_EQ(flat.grad_shard_unwritten(), drop && flat.trains()) << "unit " << u;
           }
         }
-        fsdp->Unshard();  // collective: every parameter whole on every rank
-        if (rank == 0) {
-          for (const auto& [name, p] : m.NamedParameters()) {
-            const std::vector<float> v = p->value.ToVector<float>();
-            params[wrap][drop].insert(params[wrap][drop].end(), v.begin(), v.end());
-          }
-        }
-        fsdp->Reshard();
+        const std::vector<float> gathered = GatheredParameters(*fsdp, m);
+        if (rank == 0) params[wrap][drop] = gathered;
       });
       ASSERT_TRUE(s.ok()) << s;
     }
@@ -583,11 +594,7 @@ TEST(FsdpAbandonedBackwardTest, ZeroGradFinishesItsReductionsAndTheNextStepIsCle
         options.policy = WrapPolicy::Transformer({"Linear"});
         auto fsdp = FullyShard(m, pg, options);
         auto opt = optim::SGD::Create(Sgd()).value();
-        auto backward = [&](int seed) {
-          nn::Context ctx;
-          m.Run(tensor::testing::RandomTensor({kRows, kD}, seed + rank), ctx);
-          m.RunBackward(tensor::testing::RandomTensor({kRows, kD}, seed + 7), ctx);
-        };
+        auto backward = [&](int seed) { RandomBackward(m, kRows, kD, seed, rank); };
         for (int step = 0; step < 3; ++step) {
           if (abandoned && step == 2) {
             m.stop_in_backward = true;
@@ -599,14 +606,8 @@ TEST(FsdpAbandonedBackwardTest, ZeroGradFinishesItsReductionsAndTheNextStepIsCle
           opt->Step(fsdp->ParamRefs());
           fsdp->ZeroGrad(drop);
         }
-        fsdp->Unshard();
-        if (rank == 0) {
-          for (const auto& [name, p] : m.NamedParameters()) {
-            const std::vector<float> v = p->value.ToVector<float>();
-            params[abandoned].insert(params[abandoned].end(), v.begin(), v.end());
-          }
-        }
-        fsdp->Reshard();
+        const std::vector<float> gathered = GatheredParameters(*fsdp, m);
+        if (rank == 0) params[abandoned] = gathered;
       });
       ASSERT_TRUE(s.ok()) << s;
     }

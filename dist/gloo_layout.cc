@@ -1,13 +1,11 @@
 // CheckLaunchLayout (gloo_layout.h): the nodes' layouts through the store.
 #include "dist/gloo_layout.h"
 
-#include <chrono>
 #include <exception>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -70,9 +68,9 @@ absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const KeyPresent&
     while (r < me.size && !differ) {
       // Node r's layout, or another rank's verdict, by the deadline.
       while (!present(key(r))) {
-        if (present(mismatch_key)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("[rendezvous] ", who, ": ", Text(store.get(mismatch_key))));
+        if (absl::Status found = CheckNoLayoutMismatch(store, present, prefix, me, who);
+            !found.ok()) {
+          return found;
         }
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(absl::StrCat(

@@ -406,21 +406,14 @@ class NcclProcessGroup final : public ProcessGroup {
       if (call.output.defined()) {
         staged->output = tensor::Tensor::Empty(call.output.shape(), call.output.dtype(), device);
       }
-    } catch (const std::bad_alloc& e) {
-      return worker_
-          .Refuse(op, call.timeout,
-                  Prefixed(absl::ResourceExhaustedError(absl::StrCat(
-                               "out of memory staging the CPU tensors on ", device.ToString(),
-                               ": ", e.what())),
-                           op, rank_, size_))
-          ->Wait();
     } catch (const std::exception& e) {
-      return worker_
-          .Refuse(op, call.timeout,
-                  Prefixed(absl::InternalError(absl::StrCat("staging the CPU tensors on ",
-                                                            device.ToString(), ": ", e.what())),
-                           op, rank_, size_))
-          ->Wait();
+      const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+      const std::string what = absl::StrCat(oom ? "out of memory " : "",
+                                            "staging the CPU tensors on ", device.ToString(), ": ",
+                                            e.what());
+      const absl::Status refusal =
+          oom ? absl::ResourceExhaustedError(what) : absl::InternalError(what);
+      return worker_.Refuse(op, call.timeout, Prefixed(refusal, op, rank_, size_))->Wait();
     }
     const bool result_in_input =
         call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast;

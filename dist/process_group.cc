@@ -222,16 +222,14 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::NewSubgroup(
   }
   fingerprint = (fingerprint ^ ranks.size()) * 1099511628211ull;
   if (!problem.empty()) fingerprint = 0;  // Invalid lists never match valid ones.
-  const std::vector<int64_t> mine = {static_cast<int64_t>(fingerprint)};
-  tensor::Tensor local = tensor::Tensor::FromData<int64_t>(mine, {1});
-  tensor::Tensor all = tensor::Tensor::Empty({size()}, tensor::Dtype::kI64);
-  absl::Status gathered = AllGatherSync(local, all, options);
-  if (!gathered.ok()) return gathered;
+  absl::StatusOr<std::vector<int64_t>> gathered =
+      AllGatherOverRanks(*this, static_cast<int64_t>(fingerprint), options);
+  if (!gathered.ok()) return gathered.status();
   if (!problem.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("[new_subgroup] ", Who(), ": invalid ranks [",
                                                    absl::StrJoin(ranks, ", "), "]: ", problem));
   }
-  const std::vector<int64_t> prints = all.ToVector<int64_t>();
+  const std::vector<int64_t>& prints = *gathered;
   std::vector<int> differ;
   for (int r = 0; r < size(); ++r) {
     if (prints[r] != prints[rank()]) differ.push_back(r);
@@ -260,6 +258,15 @@ absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x) {
   double sum = 0;
   for (int r = 0; r < pg.size(); ++r) sum += static_cast<double>(p[2 * r]) + p[2 * r + 1];
   return sum;
+}
+
+absl::StatusOr<std::vector<int64_t>> AllGatherOverRanks(ProcessGroup& pg, int64_t x,
+                                                        const CollectiveOptions& options) {
+  const tensor::Tensor in = tensor::Tensor::FromData<int64_t>({x}, {1});         // (1)
+  tensor::Tensor all = tensor::Tensor::Empty({pg.size()}, tensor::Dtype::kI64);  // (ranks)
+  absl::Status s = pg.AllGatherSync(in, all, options);
+  if (!s.ok()) return s;
+  return all.ToVector<int64_t>();
 }
 
 absl::StatusOr<bool> AnyOverRanks(ProcessGroup& pg, bool flag) {

@@ -189,6 +189,11 @@ class ProcessGroup {
 absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x);
 // SumOverRanks / size.
 absl::StatusOr<double> MeanOverRanks(ProcessGroup& pg, double x);
+// Every rank's `x`, in rank order, the same on every rank (an all-gather of
+// one i64 per rank): e.g. a fingerprint each rank computed alone, to check
+// that all computed the same. Errors are the all-gather's.
+absl::StatusOr<std::vector<int64_t>> AllGatherOverRanks(ProcessGroup& pg, int64_t x,
+                                                        const CollectiveOptions& options = {});
 // True on every rank when `flag` is true on any rank (an all-reduce max of
 // one element): e.g. an inf/nan some rank found in its gradient shard, so
 // that every rank skips the step. Errors are the all-reduce's.

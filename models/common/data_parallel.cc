@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -451,20 +452,18 @@ absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_lo
 
 absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                            absl::string_view what) {
-  tensor::Tensor in = tensor::Tensor::FromVector({local.ok() ? 0.0f : 1.0f}, {1});
-  tensor::Tensor all = tensor::Tensor::Empty({pg.size()});
-  absl::Status s = pg.AllGatherSync(in, all);
+  const absl::StatusOr<std::vector<int64_t>> all = dist::AllGatherOverRanks(pg, local.ok() ? 0 : 1);
   if (!local.ok()) {  // this rank's own error first, whatever the agreement gave
-    if (s.ok()) return local;
+    if (all.ok()) return local;
     return absl::Status(local.code(),
                         absl::StrCat(local.message(),
-                                     " (and agreeing with the other ranks failed: ", s.message(),
-                                     ")"));
+                                     " (and agreeing with the other ranks failed: ",
+                                     all.status().message(), ")"));
   }
-  if (!s.ok()) return s;
+  if (!all.ok()) return all.status();
   std::vector<int> failed;
   for (int r = 0; r < pg.size(); ++r) {
-    if (all.data<float>()[r] != 0.0f) failed.push_back(r);
+    if ((*all)[r] != 0) failed.push_back(r);
   }
   if (failed.empty()) return absl::OkStatus();
   return absl::AbortedError(absl::StrCat(what, " failed on rank(s) ", absl::StrJoin(failed, ", "),
@@ -472,11 +471,14 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
 }
 
 absl::Status DataParallelModel::PrepareCheckpointDir(const std::string& checkpoint_dir) {
-  absl::Status ready = train::PrepareCheckpointDir(checkpoint_dir, pg_.rank() == 0);
-  if (ready.ok() && pg_.rank() == 0 && !checkpoint_dir_lock_.has_value()) {
-    absl::StatusOr<CheckpointDirLock> lock = CheckpointDirLock::Acquire(checkpoint_dir);
+  absl::Status ready;
+  if (pg_.rank() != 0 || checkpoint_dir_lock_.has_value()) {
+    ready = train::PrepareCheckpointDir(checkpoint_dir, pg_.rank() == 0);
+  } else {  // rank 0 locks the folder for the run
+    absl::StatusOr<std::optional<CheckpointDirLock>> lock =
+        PrepareAndLockCheckpointDir(checkpoint_dir);
     if (lock.ok()) {
-      checkpoint_dir_lock_.emplace(*std::move(lock));
+      checkpoint_dir_lock_ = *std::move(lock);
     } else {
       ready = lock.status();
     }
@@ -558,14 +560,11 @@ int64_t StepFolderId(const std::string& step_dir) {
 
 absl::Status AgreeOnStepFolder(dist::ProcessGroup& pg, const std::string& step_dir,
                                const std::string& resume) {
-  tensor::Tensor mine = tensor::Tensor::Full({1}, 0.0, tensor::Dtype::kI64);
-  mine.data<int64_t>()[0] = StepFolderId(step_dir);
-  tensor::Tensor all = tensor::Tensor::Empty({pg.size()}, tensor::Dtype::kI64);
-  if (absl::Status s = pg.AllGatherSync(mine, all); !s.ok()) return s;
-  const int64_t* ids = all.data<int64_t>();
-  bool same = true;
-  for (int r = 1; r < pg.size(); ++r) same = same && ids[r] == ids[0];
-  if (same) return absl::OkStatus();
+  const absl::StatusOr<std::vector<int64_t>> gathered =
+      dist::AllGatherOverRanks(pg, StepFolderId(step_dir));
+  if (!gathered.ok()) return gathered.status();
+  const std::vector<int64_t>& ids = *gathered;
+  if (std::count(ids.begin(), ids.end(), ids[0]) == pg.size()) return absl::OkStatus();
   std::vector<std::string> steps;
   for (int r = 0; r < pg.size(); ++r) {
     steps.push_back(ids[r] >= 0 ? absl::StrCat("rank ", r, ": step ", ids[r])
