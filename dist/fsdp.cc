@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <new>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "dist/fsdp_unit.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
+#include "tensor/allocator.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
@@ -61,8 +63,12 @@ class FailureAgreement {
 
 // sync_module_states for one unit's parameters: rank 0's values, broadcast
 // in one flat buffer (the unit's size, on `device`, for the engine), become
-// every rank's; the unit's shard is then taken from them. Every rank throws
-// the same OpError when rank 0 lacks a value.
+// every rank's; the unit's shard is then taken from them. Every rank makes
+// its buffer before any value moves and says in one all-gather whether it
+// could, with rank 0 saying which value it lacks: all ranks then throw alike
+// (a rank short of memory its own OutOfMemoryError, its peers one naming it;
+// an OpError when rank 0 lacks a value) instead of some waiting in the
+// broadcast for a rank that left it.
 void BroadcastUnitValues(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
                          ProcessGroup& pg, tensor::Device device) {
   int64_t numel = 0;
@@ -72,17 +78,37 @@ void BroadcastUnitValues(const std::vector<std::pair<std::string, nn::Parameter*
     if (missing < 0 && !params[i].second->value.defined()) missing = static_cast<int>(i);
   }
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-  // (1,): rank 0's `missing` (+ 1), for every rank to refuse alike.
-  tensor::Tensor said = tensor::Tensor::FromVector({static_cast<float>(missing + 1)}, {1});
+  tensor::Tensor flat;  // (numel,)
+  std::exception_ptr short_of_memory;
+  try {
+    flat = tensor::Tensor::Empty({numel}, tensor::Dtype::kF32, device);
+  } catch (const std::bad_alloc&) {
+    short_of_memory = std::current_exception();
+  }
+  // (2,) per rank: [1 when short of memory, its `missing` + 1].
+  tensor::Tensor said = tensor::Tensor::FromVector(
+      {short_of_memory ? 1.0f : 0.0f, static_cast<float>(missing + 1)}, {2});
   said = said.To(device);
-  absl::Status s = pg.BroadcastSync(said, 0);
+  tensor::Tensor all = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32, device);
+  absl::Status s = pg.AllGatherSync(said, all);
+  if (short_of_memory) std::rethrow_exception(short_of_memory);  // this rank's own error first
   OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
-  const int rank0_missing =
-      static_cast<int>(said.To(tensor::Device::Cpu()).ToVector<float>()[0]) - 1;
+  const std::vector<float> told = all.To(tensor::Device::Cpu()).ToVector<float>();  // (2 * size,)
+  std::vector<int> short_ranks;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (told[2 * r] != 0.0f) short_ranks.push_back(r);
+  }
+  if (!short_ranks.empty()) {
+    throw tensor::OutOfMemoryError(absl::StrCat(
+        "[FullyShard] sync_module_states: ", short_ranks.size() == 1 ? "rank " : "ranks ",
+        absl::StrJoin(short_ranks, ", "), " ran out of memory making the buffer for rank 0's ",
+        numel, " values (see ", short_ranks.size() == 1 ? "its" : "their",
+        " error); no value moved"));
+  }
+  const int rank0_missing = static_cast<int>(told[1]) - 1;
   OP_CHECK(rank0_missing < 0, "FullyShard", "sync_module_states: rank 0's parameter '",
            params[rank0_missing].first,
            "' is not materialized (rank 0's values become every rank's: it must have them all)");
-  tensor::Tensor flat = tensor::Tensor::Empty({numel}, tensor::Dtype::kF32, device);  // (numel,)
   int64_t offset = 0;
   for (const auto& [name, p] : params) {
     const int64_t n = p->shape.numel();

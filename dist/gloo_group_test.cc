@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "dist/process_testing.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 
@@ -31,85 +32,11 @@ namespace {
 
 using tensor::Dtype;
 using tensor::Tensor;
-
-std::string TmpDir(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(t ? t : "/tmp", "/", name, "_", getpid(), "_", absl::ToUnixMicros(absl::Now()));
-}
-
-// A rank's body: returns "" on success, else the failure.
-using RankBody = std::function<std::string(int rank, int size)>;
-
-struct Outcome {
-  std::vector<int> exit_codes;
-  std::vector<std::string> messages;
-  absl::Duration elapsed;
-};
-
-// Forks `size` ranks running body(rank, size); each writes its message to a
-// file. Kills everything after `limit`.
-Outcome RunProcesses(int size, const RankBody& body, absl::Duration limit = absl::Seconds(60)) {
-  const std::string dir = TmpDir("msgs");
-  mkdir(dir.c_str(), 0755);
-  std::vector<pid_t> pids;
-  const absl::Time start = absl::Now();
-  for (int r = 0; r < size; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::string msg;
-      try {
-        msg = body(r, size);
-      } catch (const std::exception& e) {
-        msg = absl::StrCat("exception: ", e.what());
-      }
-      std::ofstream(absl::StrCat(dir, "/", r)) << msg;
-      _exit(msg.empty() ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  Outcome out;
-  out.exit_codes.assign(size, -1);
-  int left = size;
-  while (left > 0) {
-    for (int r = 0; r < size; ++r) {
-      if (out.exit_codes[r] != -1) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        out.exit_codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --left;
-      }
-    }
-    if (absl::Now() - start > limit) {
-      for (int r = 0; r < size; ++r) {
-        if (out.exit_codes[r] == -1) {
-          kill(pids[r], SIGKILL);
-          waitpid(pids[r], nullptr, 0);
-          out.exit_codes[r] = 999;
-        }
-      }
-      break;
-    }
-    usleep(10000);
-  }
-  out.elapsed = absl::Now() - start;
-  for (int r = 0; r < size; ++r) {
-    std::ifstream in(absl::StrCat(dir, "/", r));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out.messages.push_back(ss.str());
-  }
-  return out;
-}
-
-#define RETURN_IF_ERROR_MSG(expr)                        \
-  do {                                                   \
-    absl::Status _s = (expr);                            \
-    if (!_s.ok()) return std::string(_s.ToString());     \
-  } while (0)
-#define EXPECT_OR_MSG(cond, what)                                      \
-  do {                                                                 \
-    if (!(cond)) return absl::StrCat("rank ", rank, ": ", what);       \
-  } while (0)
+using testing::ExpectAllOk;
+using testing::LimitAddressSpace;
+using testing::Outcome;
+using testing::RunProcesses;
+using testing::TmpDir;
 
 std::string CheckAllCollectives(ProcessGroup& pg) {
   const int rank = pg.rank();
@@ -239,12 +166,6 @@ std::string CheckAllCollectives(ProcessGroup& pg) {
     for (int i = 1; i < members; ++i) EXPECT_OR_MSG(order[i - 1] > order[i], "split order");
   }
   return "";
-}
-
-void ExpectAllOk(const Outcome& o) {
-  for (size_t r = 0; r < o.exit_codes.size(); ++r) {
-    EXPECT_EQ(o.exit_codes[r], 0) << "rank " << r << ": " << o.messages[r];
-  }
 }
 
 GlooGroupOptions FileOptions(const std::string& dir, absl::Duration timeout) {
@@ -426,21 +347,6 @@ TEST(GlooGroup, ANodeThatNeverArrivesIsNamed) {
     return pg.status().ToString();
   });
   ExpectAllOk(o);
-}
-
-// Limits this process's address space to what it maps now plus `headroom`,
-// so that a larger allocation fails as it would on a full host.
-bool LimitAddressSpace(int64_t headroom) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmSize:", 0) != 0) continue;
-    const int64_t mapped = std::atoll(line.c_str() + 7) * 1024;
-    struct rlimit limit {};
-    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(mapped + headroom);
-    return setrlimit(RLIMIT_AS, &limit) == 0;
-  }
-  return false;
 }
 
 // A rank that runs out of memory staging a call (a bf16 all-reduce is reduced

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "dist/nccl_rendezvous.h"
 #include "dist/nccl_worker.h"
+#include "tensor/error.h"
 #include "tensor/tensor.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
@@ -406,13 +407,9 @@ class NcclProcessGroup final : public ProcessGroup {
       if (call.output.defined()) {
         staged->output = tensor::Tensor::Empty(call.output.shape(), call.output.dtype(), device);
       }
-    } catch (const std::exception& e) {
-      const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
-      const std::string what = absl::StrCat(oom ? "out of memory " : "",
-                                            "staging the CPU tensors on ", device.ToString(), ": ",
-                                            e.what());
-      const absl::Status refusal =
-          oom ? absl::ResourceExhaustedError(what) : absl::InternalError(what);
+    } catch (...) {
+      const absl::Status refusal = tensor::StatusOfCurrentException(
+          absl::StrCat("staging the CPU tensors on ", device.ToString(), ": "));
       return worker_.Refuse(op, call.timeout, Prefixed(refusal, op, rank_, size_))->Wait();
     }
     const bool result_in_input =

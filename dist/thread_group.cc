@@ -26,6 +26,7 @@
 #include "dist/thread_rendezvous.h"
 #include "glog/logging.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/error.h"
 
 namespace dist {
 namespace internal {
@@ -260,9 +261,9 @@ class ThreadProcessGroup final : public ProcessGroup {
     if (me->device.is_cuda()) {
       try {
         staged = Prepare(call, /*on_device=*/false, &host_in, &host_out);
-      } catch (const std::exception& e) {
-        staged = absl::ResourceExhaustedError(
-            absl::StrCat("[", op, "] ", Who(), ": staging on the host failed: ", e.what()));
+      } catch (...) {
+        staged = tensor::StatusOfCurrentException(
+            absl::StrCat("[", op, "] ", Who(), ": staging on the host failed: "));
       }
     }
     rendezvous_.Staged(seq, [&] {
@@ -317,9 +318,9 @@ class ThreadProcessGroup final : public ProcessGroup {
           tensor::cuda::StreamWaitEvent(/*stream=*/nullptr, issued, call.input.device().index);
         }
         me.error = Prepare(call, eligible, &in, &out);
-      } catch (const std::exception& e) {
-        me.error = absl::ResourceExhaustedError(
-            absl::StrCat("[", op, "] ", Who(), ": preparing buffers failed: ", e.what()));
+      } catch (...) {
+        me.error = tensor::StatusOfCurrentException(
+            absl::StrCat("[", op, "] ", Who(), ": preparing buffers failed: "));
       }
     }
     if (me.error.ok() && in.defined()) {
@@ -572,10 +573,8 @@ absl::Status RunRanksImpl(ThreadWorld& world, const RankFn& fn) {
           status = absl::InvalidArgumentError(absl::StrCat("uncaught exception: ", e.what()));
         } catch (const std::bad_alloc& e) {  // tensor::OutOfMemoryError says where and how much
           status = absl::ResourceExhaustedError(e.what());
-        } catch (const std::exception& e) {
-          status = absl::InternalError(absl::StrCat("uncaught exception: ", e.what()));
         } catch (...) {
-          status = absl::UnknownError("uncaught exception of unknown type");
+          status = tensor::StatusOfCurrentException("uncaught exception: ");
         }
       }
       if (!status.ok()) {

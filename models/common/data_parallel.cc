@@ -36,6 +36,7 @@
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "tensor/error.h"
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
 
@@ -48,10 +49,8 @@ template <typename Fn>
 absl::Status Guarded(Fn&& fn) {
   try {
     return fn();
-  } catch (const std::bad_alloc& e) {  // tensor::OutOfMemoryError says where and how much
-    return absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(e.what());
+  } catch (...) {
+    return tensor::StatusOfCurrentException();
   }
 }
 

@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/error.h"
 
 namespace train {
 
@@ -390,10 +391,8 @@ int RunTrainMain(const std::function<absl::Status()>& train) {
   absl::Status s;
   try {
     s = train();
-  } catch (const std::bad_alloc& e) {
-    s = absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    s = absl::InternalError(e.what());
+  } catch (...) {
+    s = tensor::StatusOfCurrentException();
   }
   if (s.ok()) return 0;
   std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
