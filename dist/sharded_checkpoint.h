@@ -44,7 +44,9 @@
 // each file's byte size, the optimizer (name, buffer keys, lr, step count),
 // and for every parameter its shape, numel, optimizer step, and the slices
 // (file, tensor, [begin, end), CRC-32C of the slice's bytes) of its values and
-// of each optimizer buffer; plus the caller's string map ("extra"). Because
+// of each optimizer buffer; plus the caller's string map ("extra"); last,
+// the CRC-32C of its own text ("index_crc32c"), so that a changed step,
+// learning rate or extra value is refused rather than resumed. Because
 // the ranges are per parameter, not per flat parameter, the files are
 // independent of the wrap policy and the world size: loading maps each rank's
 // new shard of each flat parameter (FlatParameter entries; each ZeRO-1
@@ -69,7 +71,7 @@
 // others hanging or diverging); the message names the rank(s), the file and
 // what was wrong: no such folder; no index.json (not a checkpoint, or a save
 // that did not finish); a missing, truncated or replaced shard file; a
-// corrupted slice (checksum); a parameter of the model missing from the
+// corrupted slice or index.json (checksums); a parameter of the model missing from the
 // checkpoint, one the model lacks, or another shape; another optimizer kind
 // (adamw vs sgd buffers); optimizer steps that cannot form one state.
 // Load checks and reads everything into staging buffers first: on error the

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -99,6 +100,22 @@ TEST(ShardedCheckpointErrorTest, MissingFolderOrIndex) {
   ExpectLoadFails(dir, {"index.json' is missing", "did not finish"});
   std::ofstream(dir + "/index.json") << "{\"format\": ";
   ExpectLoadFails(dir, {"index.json' is invalid", "bad JSON"});
+
+  // A digit of the optimizer's step changed: still valid JSON and records,
+  // refused by index.json's own checksum.
+  const std::string changed = SaveBase(root + "/changed");
+  std::string text;
+  {
+    std::ifstream in(changed + "/index.json");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = text.find("\"has_state\": true, \"step\": ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const size_t digit = at + std::string("\"has_state\": true, \"step\": ").size();
+  text[digit] = text[digit] == '9' ? '8' : '9';
+  std::ofstream(changed + "/index.json", std::ios::trunc) << text;
+  ExpectLoadFails(changed,
+                  {"index.json' is invalid", "its text does not match its checksum"});
 }
 
 TEST(ShardedCheckpointErrorTest, MissingTruncatedCorruptedOrForeignShardFiles) {

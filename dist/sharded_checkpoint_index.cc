@@ -154,6 +154,21 @@ absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Ind
   return absl::OkStatus();
 }
 
+// Whether index.json's text is the one its writer checksummed: `crc` (the
+// value of kIndexCrcKey) is the CRC-32C of every byte before that field's
+// line. DataLoss naming both checksums when not.
+absl::Status CheckIndexText(const std::string& text, const std::string& crc) {
+  const std::string line = absl::StrCat("\n  ", JsonQuote(kIndexCrcKey), ": ");
+  const size_t at = text.rfind(line);
+  const std::string actual =
+      at == std::string::npos ? "none" : Hex32(tensor::Crc32c(text.data(), at + 1));
+  if (actual == crc) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "its text does not match its checksum (", kIndexCrcKey, " ", crc, ", the text's ", actual,
+      "): it changed after it was written (a damaged disk or copy; an index.json edited by hand "
+      "must drop \"", kIndexCrcKey, "\")"));
+}
+
 }  // namespace
 
 std::string NewCheckpointId() {
@@ -244,7 +259,10 @@ std::string IndexToJson(const Index& x) {
     extra.push_back(absl::StrCat("    ", JsonQuote(k), ": ", JsonQuote(v)));
   }
   absl::StrAppend(&out, "  \"extra\": {", extra.empty() ? "" : "\n", absl::StrJoin(extra, ",\n"),
-                  extra.empty() ? "" : "\n  ", "}\n}\n");
+                  extra.empty() ? "" : "\n  ", "},\n");
+  // Last, the checksum of every byte above.
+  absl::StrAppend(&out, "  ", JsonQuote(kIndexCrcKey), ": ",
+                  JsonQuote(Hex32(tensor::Crc32c(out.data(), out.size()))), "\n}\n");
   return out;
 }
 
@@ -403,6 +421,12 @@ absl::StatusOr<Index> ParseIndex(const std::string& text) {
   }
   absl::Status valid = ValidateIndex(x);
   if (!valid.ok()) return valid;
+  const Json* crc = nullptr;
+  SC_ASSIGN(crc, f.Get(kIndexCrcKey, Json::Kind::kString, /*optional=*/true));
+  if (crc != nullptr) {  // absent: written before index.json had one, or edited on purpose
+    absl::Status intact = CheckIndexText(text, crc->text);
+    if (!intact.ok()) return intact;
+  }
   return x;
 }
 

@@ -23,6 +23,8 @@ inline constexpr int kVersion = 1;
 // Shard file metadata: the checkpoint id, and "<file index>/<files>".
 inline constexpr char kIdKey[] = "fsdp.checkpoint_id";
 inline constexpr char kShardKey[] = "fsdp.shard";
+// index.json's last field: the CRC-32C of its text before that field's line.
+inline constexpr char kIndexCrcKey[] = "index_crc32c";
 // The slice kind of parameter values (the others are optimizer buffer keys).
 inline constexpr char kValueKind[] = "value";
 // Slices are checksummed in blocks of this many elements (1 MiB of fp32), so
@@ -96,7 +98,7 @@ std::string SliceTensorName(const std::string& kind, const std::string& param, i
 // shorter).
 std::vector<uint32_t> BlockCrcs(const float* data, int64_t n, int64_t block);
 
-// index.json's text.
+// index.json's text, ending with its checksum (kIndexCrcKey).
 std::string IndexToJson(const Index& x);
 
 // Checks the index's consistency (file names, slices that tile every
@@ -104,7 +106,8 @@ std::string IndexToJson(const Index& x);
 // parameter's slices by `begin` and fills by_name. DataLoss on error.
 absl::Status ValidateIndex(Index& x);
 
-// Parses and validates index.json's text. Errors name the field
+// Parses and validates index.json's text, and checks it against its
+// checksum (an index without one is taken as it is). Errors name the field
 // ("params[3].shape is not a shape").
 absl::StatusOr<Index> ParseIndex(const std::string& text);
 

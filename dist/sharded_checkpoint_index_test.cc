@@ -5,6 +5,7 @@
 // block checksums.
 #include "dist/sharded_checkpoint_index.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -244,6 +245,38 @@ TEST(ShardedCheckpointIndexTest, MalformedTextIsRefused) {
   x = ParseIndex(text.substr(0, text.size() / 2));
   EXPECT_EQ(x.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(x.status().message(), HasSubstr("bad JSON"));
+}
+
+// index.json ends with the checksum of its text: a change that still parses
+// and validates (a step, a learning rate) is refused naming both checksums;
+// an index without the field (an older writer's, or edited by hand with the
+// field dropped) is read as it is.
+TEST(ShardedCheckpointIndexTest, ATextChangedAfterWritingIsRefused) {
+  const std::string text = IndexToJson(Sample());
+  ASSERT_TRUE(ParseIndex(text).ok());
+  const std::string line = "\n  \"index_crc32c\": \"";
+  const size_t at = text.rfind(line);
+  ASSERT_NE(at, std::string::npos);
+  const std::string written = text.substr(at + line.size(), 8);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\": \"100\"", "\"step\": \"900\""}, {"\"lr\": \"", "\"lr\": \"1"}}) {
+    absl::StatusOr<Index> x = ParseIndex(Edit(text, from, to));
+    ASSERT_FALSE(x.ok()) << to;
+    EXPECT_EQ(x.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(x.status().message(),
+                HasSubstr(absl::StrCat("its text does not match its checksum (index_crc32c ",
+                                       written, ", the text's ")));
+    EXPECT_THAT(x.status().message(), HasSubstr("must drop \"index_crc32c\""));
+  }
+  std::string reformatted = text;  // the field kept, the lines before it rewritten
+  reformatted.erase(std::remove(reformatted.begin(), reformatted.end(), '\n'), reformatted.end());
+  EXPECT_THAT(ParseIndex(reformatted).status().message(), HasSubstr(", the text's none)"));
+
+  const std::string unchecked = text.substr(0, at - 1) + "\n}\n";  // without ",\n" and the field
+  absl::StatusOr<Index> x =
+      ParseIndex(Edit(unchecked, "\"step\": \"100\"", "\"step\": \"900\""));
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(x->extra.at("step"), "900");
 }
 
 struct RecordCase {
