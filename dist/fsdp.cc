@@ -6,6 +6,7 @@
 #include <exception>
 #include <map>
 #include <new>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -61,69 +62,95 @@ class FailureAgreement {
   tensor::Tensor all_;   // (size,)
 };
 
-// sync_module_states for one unit's parameters: rank 0's values, broadcast
+// sync_module_states: rank 0's values of each unit's parameters, broadcast
 // in one flat buffer (the unit's size, on `device`, for the engine), become
 // every rank's; the unit's shard is then taken from them. Every rank makes
-// its buffer before any value moves and says in one all-gather whether it
-// could, with rank 0 saying which value it lacks: all ranks then throw alike
-// (a rank short of memory its own OutOfMemoryError, its peers one naming it;
-// an OpError when rank 0 lacks a value) instead of some waiting in the
-// broadcast for a rank that left it.
-void BroadcastUnitValues(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
-                         ProcessGroup& pg, tensor::Device device) {
-  int64_t numel = 0;
-  int missing = -1;  // this rank's first parameter without a value
-  for (size_t i = 0; i < params.size(); ++i) {
-    numel += params[i].second->shape.numel();
-    if (missing < 0 && !params[i].second->value.defined()) missing = static_cast<int>(i);
+// its buffer (rank 0 also fills it) before any value moves, and says in one
+// all-gather whether it could, rank 0 also which value it lacks: all ranks
+// then throw alike (a rank that failed its own error; its peers an
+// OutOfMemoryError naming the ranks short of memory, else an OpError naming
+// the ranks that failed; an OpError when rank 0 lacks a value) instead of
+// some waiting in the broadcast for a rank that left it. The exchange's
+// buffers are made once, before the first unit.
+class UnitValuesBroadcast {
+ public:
+  UnitValuesBroadcast(ProcessGroup& pg, tensor::Device device) : pg_(pg), device_(device) {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    said_ = tensor::Tensor::Empty({2}, tensor::Dtype::kF32, device);
+    all_ = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32, device);
   }
-  tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-  tensor::Tensor flat;  // (numel,)
-  std::exception_ptr short_of_memory;
-  try {
-    flat = tensor::Tensor::Empty({numel}, tensor::Dtype::kF32, device);
-  } catch (const std::bad_alloc&) {
-    short_of_memory = std::current_exception();
+
+  void Run(const std::vector<std::pair<std::string, nn::Parameter*>>& params) {
+    int64_t numel = 0;
+    int missing = -1;  // this rank's first parameter without a value
+    for (size_t i = 0; i < params.size(); ++i) {
+      numel += params[i].second->shape.numel();
+      if (missing < 0 && !params[i].second->value.defined()) missing = static_cast<int>(i);
+    }
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    tensor::Tensor flat;  // (numel,)
+    std::exception_ptr failure;
+    bool short_of_memory = false;
+    try {
+      flat = tensor::Tensor::Empty({numel}, tensor::Dtype::kF32, device_);
+      if (pg_.rank() == 0 && missing < 0) {
+        int64_t offset = 0;
+        for (const auto& [name, p] : params) {
+          const int64_t n = p->shape.numel();
+          flat.Narrow(0, offset, n).CopyFrom(p->value.Reshape({n}));
+          offset += n;
+        }
+      }
+    } catch (const std::bad_alloc&) {
+      failure = std::current_exception();
+      short_of_memory = true;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // (2,) per rank: [0 ready, 1 short of memory, 2 failed otherwise; its `missing` + 1].
+    tensor::Fill(said_.Narrow(0, 0, 1), failure ? (short_of_memory ? 1.0 : 2.0) : 0.0);
+    tensor::Fill(said_.Narrow(0, 1, 1), static_cast<double>(missing + 1));
+    absl::Status s = pg_.AllGatherSync(said_, all_);
+    if (failure) std::rethrow_exception(failure);  // this rank's own error first
+    OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
+    const std::vector<float> told = all_.To(tensor::Device::Cpu()).ToVector<float>();  // (2 size,)
+    std::vector<int> short_ranks, failed_ranks;
+    for (int r = 0; r < pg_.size(); ++r) {
+      if (told[2 * r] == 1.0f) short_ranks.push_back(r);
+      if (told[2 * r] == 2.0f) failed_ranks.push_back(r);
+    }
+    const auto ranks = [](const std::vector<int>& r) {
+      return absl::StrCat(r.size() == 1 ? "rank " : "ranks ", absl::StrJoin(r, ", "));
+    };
+    if (!short_ranks.empty()) {
+      throw tensor::OutOfMemoryError(absl::StrCat(
+          "[FullyShard] sync_module_states: ", ranks(short_ranks),
+          " ran out of memory making the buffer for rank 0's ", numel, " values (see ",
+          short_ranks.size() == 1 ? "its" : "their", " error); no value moved"));
+    }
+    OP_CHECK(failed_ranks.empty(), "FullyShard", "sync_module_states: ", ranks(failed_ranks),
+             " failed to make the buffer for rank 0's ", numel, " values (see ",
+             failed_ranks.size() == 1 ? "its" : "their", " error); no value moved");
+    const int rank0_missing = static_cast<int>(told[1]) - 1;
+    OP_CHECK(rank0_missing < 0, "FullyShard", "sync_module_states: rank 0's parameter '",
+             params[rank0_missing].first,
+             "' is not materialized (rank 0's values become every rank's: it must have them all)");
+    s = pg_.BroadcastSync(flat, 0);
+    OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
+    int64_t offset = 0;
+    for (const auto& [name, p] : params) {
+      const int64_t n = p->shape.numel();
+      p->value = flat.Narrow(0, offset, n).View(p->shape);
+      offset += n;
+    }
   }
-  // (2,) per rank: [1 when short of memory, its `missing` + 1].
-  tensor::Tensor said = tensor::Tensor::FromVector(
-      {short_of_memory ? 1.0f : 0.0f, static_cast<float>(missing + 1)}, {2});
-  said = said.To(device);
-  tensor::Tensor all = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32, device);
-  absl::Status s = pg.AllGatherSync(said, all);
-  if (short_of_memory) std::rethrow_exception(short_of_memory);  // this rank's own error first
-  OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
-  const std::vector<float> told = all.To(tensor::Device::Cpu()).ToVector<float>();  // (2 * size,)
-  std::vector<int> short_ranks;
-  for (int r = 0; r < pg.size(); ++r) {
-    if (told[2 * r] != 0.0f) short_ranks.push_back(r);
-  }
-  if (!short_ranks.empty()) {
-    throw tensor::OutOfMemoryError(absl::StrCat(
-        "[FullyShard] sync_module_states: ", short_ranks.size() == 1 ? "rank " : "ranks ",
-        absl::StrJoin(short_ranks, ", "), " ran out of memory making the buffer for rank 0's ",
-        numel, " values (see ", short_ranks.size() == 1 ? "its" : "their",
-        " error); no value moved"));
-  }
-  const int rank0_missing = static_cast<int>(told[1]) - 1;
-  OP_CHECK(rank0_missing < 0, "FullyShard", "sync_module_states: rank 0's parameter '",
-           params[rank0_missing].first,
-           "' is not materialized (rank 0's values become every rank's: it must have them all)");
-  int64_t offset = 0;
-  for (const auto& [name, p] : params) {
-    const int64_t n = p->shape.numel();
-    if (pg.rank() == 0) flat.Narrow(0, offset, n).CopyFrom(p->value.Reshape({n}));
-    offset += n;
-  }
-  s = pg.BroadcastSync(flat, 0);
-  OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
-  offset = 0;
-  for (const auto& [name, p] : params) {
-    const int64_t n = p->shape.numel();
-    p->value = flat.Narrow(0, offset, n).View(p->shape);
-    offset += n;
-  }
-}
+
+ private:
+  ProcessGroup& pg_;
+  tensor::Device device_;
+  tensor::Tensor said_;  // (2,)
+  tensor::Tensor all_;   // (2 * size,)
+};
 
 }  // namespace
 
@@ -233,9 +260,11 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // Inits but keep making the same collectives, and all agree below.
   std::exception_ptr init_failure;  // this rank's first
   FailureAgreement agreement(pg, device);
+  std::optional<UnitValuesBroadcast> broadcast;
+  if (options_.sync_module_states) broadcast.emplace(pg, device);
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].params.empty() && i != 0) continue;  // a unit with nothing to shard
-    if (options_.sync_module_states) BroadcastUnitValues(plans[i].params, pg, device);
+    if (broadcast) broadcast->Run(plans[i].params);
     auto unit =
         std::make_unique<internal::FsdpUnit>(static_cast<int>(units_.size()), std::move(plans[i]),
                                              *shared_, *shard_pg, replicate_pg, kept_fp32);

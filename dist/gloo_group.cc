@@ -16,6 +16,7 @@
 #include <deque>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <string>
@@ -38,7 +39,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/transport/tcp/device.h"
-#include "dist/gloo_layout.h"
+#include "dist/launch_layout.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
@@ -252,9 +253,28 @@ class CheckableFileStore final : public gloo::rendezvous::FileStore {
 
 struct Shared {
   std::shared_ptr<gloo::rendezvous::Store> root_store;
-  internal::KeyPresent present;  // root_store's check of one key
+  // Whether root_store holds a key now, without waiting (gloo's wait counts
+  // whole seconds); throws on store errors.
+  std::function<bool(const std::string& key)> present;
   std::shared_ptr<gloo::transport::Device> device;
   std::string where;  // The store, for messages.
+};
+
+// The shared store as the launch layout check's (launch_layout.h).
+class GlooLayoutStore final : public internal::LayoutStore {
+ public:
+  explicit GlooLayoutStore(const Shared& shared) : shared_(shared) {}
+  void Set(const std::string& key, const std::string& value) override {
+    shared_.root_store->set(key, std::vector<char>(value.begin(), value.end()));
+  }
+  std::string Get(const std::string& key) override {
+    const std::vector<char> value = shared_.root_store->get(key);
+    return std::string(value.begin(), value.end());
+  }
+  bool Present(const std::string& key) override { return shared_.present(key); }
+
+ private:
+  const Shared& shared_;
 };
 
 // A store whose reads wait the group's timeout: gloo's connectFullMesh reads
@@ -718,15 +738,15 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   // The layout check and the connection share the rendezvous timeout.
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
-  absl::Status layout = internal::CheckLaunchLayout(*shared->root_store, shared->present,
-                                                    options.prefix, me, deadline, who);
+  GlooLayoutStore layout_store(*shared);
+  absl::Status layout =
+      internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;
   auto connected =
       Connect(shared, options.prefix, rank, size, deadline - absl::Now(), options.timeout, who);
   if (!connected.ok()) return connected.status();
   // A node launched for another world may have shown up meanwhile.
-  layout = internal::CheckNoLayoutMismatch(*shared->root_store, shared->present, options.prefix,
-                                           me, who);
+  layout = internal::CheckNoLayoutMismatch(layout_store, options.prefix, me, who);
   if (!layout.ok()) return layout;
   return std::unique_ptr<ProcessGroup>(
       new GlooProcessGroup(shared, *std::move(connected), options.prefix, options.timeout));

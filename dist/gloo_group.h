@@ -59,7 +59,7 @@ struct GlooGroupOptions {
   absl::Duration timeout = DefaultCollectiveTimeout();
   // This rank's place on its node as the launcher said (LOCAL_RANK,
   // LOCAL_WORLD_SIZE; 0: not known). When known, the nodes' layouts are
-  // compared before connecting (dist/gloo_layout.h): nodes launched with
+  // compared before connecting (dist/launch_layout.h): nodes launched with
   // different --nnodes or --nproc_per_node fail at once naming the
   // disagreement, not at the timeout naming keys.
   int local_rank = 0;

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "dist/launch_layout.h"
 #include "dist/nccl_rendezvous.h"
 #include "dist/nccl_worker.h"
 #include "tensor/error.h"
@@ -529,6 +530,14 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   }
   DeviceGuard guard(device_index);
   const absl::Time deadline = absl::Now() + options.timeout;
+  // The nodes' launches agree (within the init's timeout) before any id is set.
+  const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
+  internal::DistLayoutStore layout_store(store);
+  if (absl::Status s =
+          internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::string> id = nccl::ExchangeUniqueId(
       store, options.prefix, rank, size, sizeof(ncclUniqueId),
       []() -> absl::StatusOr<std::string> {
@@ -559,6 +568,12 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     const absl::Status s =
         ready.ok() ? nccl::InitTimeoutError(store, options.prefix, rank, size, options.timeout, "")
                    : Prefixed(ready.status(), "nccl_init", rank, size);
+    ncclCommAbort(nccl_comm);
+    return s;
+  }
+  // A node launched for another world may have shown up meanwhile.
+  if (absl::Status s = internal::CheckNoLayoutMismatch(layout_store, options.prefix, me, who);
+      !s.ok()) {
     ncclCommAbort(nccl_comm);
     return s;
   }

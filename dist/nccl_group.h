@@ -79,6 +79,14 @@ struct NcclGroupOptions {
   // The caller's compute stream (a cudaStream_t on the group's device);
   // nullptr: the issuing thread's per-thread default stream.
   void* compute_stream = nullptr;
+  // This rank's place on its node (LOCAL_RANK, LOCAL_WORLD_SIZE): with a
+  // local_world_size, the nodes' launches are compared through the store
+  // before the unique id is exchanged (dist/launch_layout.h): nodes launched
+  // with different --nnodes or --nproc_per_node all fail at once naming the
+  // layouts, instead of timing out in communicator init or pairing with the
+  // wrong peer. 0: not checked.
+  int local_rank = 0;
+  int local_world_size = 0;
 };
 
 // Joins the group of `size` ranks as rank `rank`, on CUDA device

@@ -267,6 +267,36 @@ TEST(NcclGroupTest, InitTimesOutNamingTheMissingRank) {
   }
 }
 
+// Node A launched as 2 nodes x 1 rank (rank 0 of 2), node B as 2 nodes x 2
+// ranks (ranks 2, 3 of 4): every rank fails at once naming the layouts,
+// before any unique id or communicator init.
+TEST(NcclGroupTest, NodesLaunchedDifferentlyFailBeforeInit) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  struct Launched {
+    int rank, size, local_rank, local_world_size;
+  };
+  const std::vector<Launched> ranks = {{0, 2, 0, 1}, {2, 4, 0, 2}, {3, 4, 1, 2}};
+  std::vector<absl::Status> got(ranks.size());
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      NcclGroupOptions options = Options("layout", absl::Seconds(20));
+      options.local_rank = ranks[i].local_rank;
+      options.local_world_size = ranks[i].local_world_size;
+      got[i] = CreateNcclProcessGroup(ranks[i].rank, ranks[i].size, 0, store, options).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the ranks waited for the timeout";
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(absl::IsInvalidArgument(got[i])) << i << ": " << got[i];
+    EXPECT_THAT(std::string(got[i].message()), HasSubstr("found the nodes launched differently"));
+  }
+  EXPECT_FALSE(store.Check({"layout/unique_id"}).value()) << "an id was set";
+}
+
 TEST(NcclGroupTest, BadArgumentsFailAtOnceAndLeaveTheGroupUsable) {
   SKIP_WITHOUT_GPUS(1);
   HashStore store;

@@ -162,7 +162,7 @@ absl::Status CheckIndexText(const std::string& text, const std::string& crc) {
   const size_t at = text.rfind(line);
   const std::string actual =
       at == std::string::npos ? "none" : Hex32(tensor::Crc32c(text.data(), at + 1));
-  if (actual == crc) return absl::OkStatus();
+  if (at != std::string::npos && actual == crc) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       "its text does not match its checksum (", kIndexCrcKey, " ", crc, ", the text's ", actual,
       "): it changed after it was written (a damaged disk or copy; an index.json edited by hand "

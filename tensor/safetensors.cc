@@ -27,6 +27,7 @@ namespace tensor {
 namespace {
 
 constexpr char kChecksumKey[] = "fsdp.crc32c";
+constexpr char kHeaderChecksumKey[] = "fsdp.header_crc32c";
 constexpr int64_t kMaxHeaderBytes = 100 << 20;
 // A header of 100 MiB could hold ~50M JSON values (some 5 GB parsed): allow
 // 4M (enough for ~400k tensors) and tensors of at most 64 dims.
@@ -107,6 +108,26 @@ absl::Status CheckChecksum(const std::string& path, const SafetensorsHeader& hea
                                           it->second, " recorded at write time"));
 }
 
+// The CRC-32C of what a header says, its two checksums aside: each entry's
+// name, dtype, shape and byte range (by name), then each metadata pair, in a
+// fixed form, so that the JSON's spacing and order do not count.
+uint32_t HeaderCrc(const std::vector<SafetensorsEntry>& entries,
+                   const std::map<std::string, std::string>& metadata) {
+  std::vector<const SafetensorsEntry*> by_name;
+  for (const auto& e : entries) by_name.push_back(&e);
+  std::sort(by_name.begin(), by_name.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  std::string said;
+  for (const SafetensorsEntry* e : by_name) {
+    absl::StrAppend(&said, e->name, std::string(1, '\0'), SafetensorsDtypeName(e->dtype), "|",
+                    absl::StrJoin(e->shape.dims(), ","), "|", e->begin, "|", e->end, "\n");
+  }
+  for (const auto& [k, v] : metadata) {
+    if (k == kChecksumKey || k == kHeaderChecksumKey) continue;
+    absl::StrAppend(&said, k, std::string(1, '\0'), v, "\n");
+  }
+  return Crc32c(said.data(), static_cast<int64_t>(said.size()));
+}
+
 // The entries in offset order: the writer's order, which the checksum runs over.
 std::vector<const SafetensorsEntry*> EntriesByOffset(const SafetensorsHeader& header) {
   std::vector<const SafetensorsEntry*> by_offset;
@@ -165,6 +186,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   std::string header = "{";
   int64_t offset = 0;
   std::set<std::string> names;
+  std::vector<SafetensorsEntry> said;  // what the header says, for its checksum
   for (const Decl& e : entries) {
     if (e.name == "__metadata__") {
       return absl::InvalidArgumentError("'__metadata__' is reserved in safetensors");
@@ -177,11 +199,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
                     SafetensorsDtypeName(e.dtype), "\",\"shape\":[",
                     absl::StrJoin(e.shape.dims(), ","), "],\"data_offsets\":[", offset, ",",
                     offset + bytes, "]}");
+    said.push_back({e.name, e.dtype, e.shape, offset, offset + bytes});
     offset += bytes;
   }
-  // The metadata, our checksum among it: 8 hex digits written by Finish.
+  // The metadata, our checksums among it: the header's, and the data's (8
+  // hex digits written by Finish).
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = "00000000";
+  meta[kHeaderChecksumKey] = absl::StrFormat("%08x", HeaderCrc(said, meta));
   absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"__metadata__\":{");
   int64_t checksum_at = -1;
   bool first = true;
@@ -334,6 +359,17 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) {
     if (spans[i].first < spans[i - 1].second) return bad("tensor data overlaps");
+  }
+  auto recorded = header.metadata.find(kHeaderChecksumKey);
+  if (recorded != header.metadata.end()) {  // files of other writers have none
+    const std::string actual =
+        absl::StrFormat("%08x", HeaderCrc(header.entries, header.metadata));
+    if (recorded->second != actual) {
+      return absl::DataLossError(absl::StrCat(
+          "'", path, "' is corrupted: its header's checksum ", actual, " does not match ",
+          recorded->second, " recorded at write time (a tensor's name, dtype, shape or place, or "
+          "a metadata value, changed)"));
+    }
   }
   return header;
 }

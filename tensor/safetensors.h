@@ -3,7 +3,9 @@
 // The header maps each name to {"dtype", "shape", "data_offsets"} and may hold
 // "__metadata__" (string -> string). Files written here are readable by the
 // `safetensors` Python package; they also carry a CRC-32C of the data section in
-// the metadata ("fsdp.crc32c"), checked on read. Writes are atomic: a temporary
+// the metadata ("fsdp.crc32c"), checked on read, and one of what the header
+// says ("fsdp.header_crc32c": names, dtypes, shapes, offsets and the other
+// metadata), checked whenever the header is read. Writes are atomic: a temporary
 // file is written, fsync'ed and renamed over the target.
 #ifndef TENSOR_SAFETENSORS_H_
 #define TENSOR_SAFETENSORS_H_
@@ -90,7 +92,8 @@ class SafetensorsWriter {
 
 // Parses and validates the header (offsets inside the file, no overlaps, sizes
 // matching dtype x shape, no name twice, at most 64 dims, at most 4M JSON
-// values) without reading the data. DataLoss naming the file and what is wrong.
+// values) and against its checksum when it records one, without reading the
+// data. DataLoss naming the file and what is wrong.
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
 
 struct SafetensorsFile {

@@ -108,6 +108,28 @@ TEST(SafetensorsTest, StreamingWriterEqualsWholeWriteAndChecksItsInput) {
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A header that still parses and fits its data but says something else
+// than it was written with (a metadata value, a shape of the same size) is
+// refused by the header's checksum, before any data is read.
+TEST(SafetensorsTest, AChangedHeaderIsRefused) {
+  const std::string path = TempPath("header.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", testing::RandomTensor({5, 3}, 1)}}, {{"step", "100"}})
+                  .ok());
+  const std::string bytes = ReadBytes(path);
+  ASSERT_TRUE(ReadSafetensorsHeader(path).ok());
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"100\"", "\"900\""}, {"[5,3]", "[3,5]"}}) {
+    const size_t at = bytes.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    WriteBytes(path, bytes.substr(0, at) + to + bytes.substr(at + from.size()));
+    absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
+    EXPECT_EQ(header.status().code(), absl::StatusCode::kDataLoss) << to;
+    EXPECT_NE(header.status().message().find("is corrupted: its header's checksum "),
+              std::string::npos)
+        << header.status();
+  }
+}
+
 TEST(SafetensorsTest, ReadsAFileWithoutOurChecksum) {
   // As written by the Python safetensors package: no fsdp.crc32c, no padding.
   const std::string header =

@@ -104,8 +104,9 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
   const LaunchEnv& env = config.env;
   if (config.backend == Backend::kNccl) {
     absl::StatusOr<NcclJob> job =
-        JoinNcclJob(env.rank, env.world_size, config.device.index, config.rendezvous.store,
-                    config.rendezvous.prefix, config.timeout);
+        JoinNcclJob(env.rank, env.world_size, env.local_rank, env.local_world_size,
+                    config.device.index, config.rendezvous.store, config.rendezvous.prefix,
+                    config.timeout);
     if (!job.ok()) return WithRank(env.rank, job.status());
     tensor::MemoryLedger& ledger = tensor::MemoryLedger::Current();
     absl::Status s = Guarded([&] {

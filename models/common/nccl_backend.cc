@@ -8,7 +8,8 @@
 
 namespace train {
 
-absl::StatusOr<NcclJob> JoinNcclJob(int rank, int world_size, int device_index,
+absl::StatusOr<NcclJob> JoinNcclJob(int rank, int world_size, int local_rank,
+                                    int local_world_size, int device_index,
                                     const std::string& store_dir, const std::string& prefix,
                                     absl::Duration timeout) {
   absl::StatusOr<std::unique_ptr<dist::FileStore>> store = dist::FileStore::Open(store_dir, timeout);
@@ -17,6 +18,8 @@ absl::StatusOr<NcclJob> JoinNcclJob(int rank, int world_size, int device_index,
   dist::NcclGroupOptions options;
   options.prefix = prefix;
   options.timeout = timeout;
+  options.local_rank = local_rank;
+  options.local_world_size = local_world_size;
   absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group =
       dist::CreateNcclProcessGroup(rank, world_size, device_index, *shared, options);
   if (!group.ok()) return group.status();

@@ -21,11 +21,13 @@ struct NcclJob {
   std::unique_ptr<dist::ProcessGroup> group;
 };
 
-// Joins the group of `world_size` ranks as `rank` on cuda:`device_index`
-// through the FileStore at directory `store_dir`, keys under `prefix`.
-// Blocks until every rank joined or `timeout` passed (naming the missing
-// ranks).
-absl::StatusOr<NcclJob> JoinNcclJob(int rank, int world_size, int device_index,
+// Joins the group of `world_size` ranks as `rank` (local rank `local_rank`
+// of `local_world_size` on its node: the nodes' launches are compared) on
+// cuda:`device_index` through the FileStore at directory `store_dir`, keys
+// under `prefix`. Blocks until every rank joined or `timeout` passed (naming
+// the missing ranks).
+absl::StatusOr<NcclJob> JoinNcclJob(int rank, int world_size, int local_rank,
+                                    int local_world_size, int device_index,
                                     const std::string& store_dir, const std::string& prefix,
                                     absl::Duration timeout);
 

@@ -4,7 +4,7 @@
 
 namespace train {
 
-absl::StatusOr<NcclJob> JoinNcclJob(int, int, int, const std::string&, const std::string&,
+absl::StatusOr<NcclJob> JoinNcclJob(int, int, int, int, int, const std::string&, const std::string&,
                                     absl::Duration) {
   return absl::FailedPreconditionError(
       "--backend=nccl: this binary was built without CUDA support; build it with "

@@ -1,7 +1,8 @@
-// CheckLaunchLayout (gloo_layout.h): the nodes' layouts through the store.
-#include "dist/gloo_layout.h"
+// CheckLaunchLayout (launch_layout.h): the nodes' layouts through the store.
+#include "dist/launch_layout.h"
 
 #include <exception>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -12,8 +13,6 @@
 
 namespace dist::internal {
 namespace {
-
-std::string Text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
 // "ranks 0-3 run 4 per node in a world of 8" (one node's layout).
 std::string Node(int first, int count, int world) {
@@ -32,16 +31,32 @@ std::string MismatchKey(const std::string& prefix) {
 
 }  // namespace
 
-absl::Status CheckNoLayoutMismatch(gloo::rendezvous::Store& store, const KeyPresent& present,
-                                   const std::string& prefix, const LaunchLayout& me,
-                                   const std::string& who) {
+void DistLayoutStore::Set(const std::string& key, const std::string& value) {
+  const absl::Status s = store_.Set(key, value);
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
+std::string DistLayoutStore::Get(const std::string& key) {
+  absl::StatusOr<std::string> v = store_.Get(key);
+  if (!v.ok()) throw std::runtime_error(v.status().ToString());
+  return *std::move(v);
+}
+
+bool DistLayoutStore::Present(const std::string& key) {
+  absl::StatusOr<bool> set = store_.Check({key});
+  if (!set.ok()) throw std::runtime_error(set.status().ToString());
+  return *set;
+}
+
+absl::Status CheckNoLayoutMismatch(LayoutStore& store, const std::string& prefix,
+                                   const LaunchLayout& me, const std::string& who) {
   if (me.local_world_size <= 0) return absl::OkStatus();
   try {
-    if (present(MismatchKey(prefix))) {  // another rank's verdict
+    if (store.Present(MismatchKey(prefix))) {  // another rank's verdict
       return absl::InvalidArgumentError(
-          absl::StrCat("[rendezvous] ", who, ": ", Text(store.get(MismatchKey(prefix)))));
+          absl::StrCat("[rendezvous] ", who, ": ", store.Get(MismatchKey(prefix))));
     }
-    if (!present(Key(prefix, me.size))) return absl::OkStatus();
+    if (!store.Present(Key(prefix, me.size))) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
         me.size, ", this rank's world size. Every node's launch must give the same --nnodes and "
@@ -52,23 +67,23 @@ absl::Status CheckNoLayoutMismatch(gloo::rendezvous::Store& store, const KeyPres
   }
 }
 
-absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const KeyPresent& present,
-                               const std::string& prefix, const LaunchLayout& me,
-                               absl::Time deadline, const std::string& who) {
+absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
+                               const LaunchLayout& me, absl::Time deadline,
+                               const std::string& who) {
   if (me.local_world_size <= 0) return absl::OkStatus();
   const std::string mismatch_key = MismatchKey(prefix);
   auto key = [&](int first) { return Key(prefix, first); };
   const int first = me.rank - me.local_rank;  // this rank's node
   const std::string mine = absl::StrCat(me.size, ",", me.local_world_size);
   try {
-    if (me.local_rank == 0) store.set(key(first), {mine.begin(), mine.end()});
+    if (me.local_rank == 0) store.Set(key(first), mine);
     std::vector<std::string> nodes;  // the walk so far
     bool differ = false;
     int r = 0;
     while (r < me.size && !differ) {
       // Node r's layout, or another rank's verdict, by the deadline.
-      while (!present(key(r))) {
-        if (absl::Status found = CheckNoLayoutMismatch(store, present, prefix, me, who);
+      while (!store.Present(key(r))) {
+        if (absl::Status found = CheckNoLayoutMismatch(store, prefix, me, who);
             !found.ok()) {
           return found;
         }
@@ -81,7 +96,7 @@ absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const KeyPresent&
         }
         absl::SleepFor(absl::Milliseconds(20));
       }
-      const std::vector<std::string> parts = absl::StrSplit(Text(store.get(key(r))), ',');
+      const std::vector<std::string> parts = absl::StrSplit(store.Get(key(r)), ',');
       int world = 0, count = 0;
       if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &world) ||
           !absl::SimpleAtoi(parts[1], &count) || count < 1) {
@@ -94,13 +109,13 @@ absl::Status CheckLaunchLayout(gloo::rendezvous::Store& store, const KeyPresent&
       differ = world != me.size || (r < first && r + count > first);
       r += count;
     }
-    if (!differ && r == me.size) return CheckNoLayoutMismatch(store, present, prefix, me, who);
+    if (!differ && r == me.size) return CheckNoLayoutMismatch(store, prefix, me, who);
     const std::string message = absl::StrCat(
         who, " found the nodes launched differently: ", absl::StrJoin(nodes, ", "),
         "; this rank's node: ", Node(first, me.local_world_size, me.size),
         ". Every node's launch must give the same --nnodes and --nproc_per_node");
     try {  // the first rank to find it writes it (a key is set once)
-      if (!present(mismatch_key)) store.set(mismatch_key, {message.begin(), message.end()});
+      if (!store.Present(mismatch_key)) store.Set(mismatch_key, message);
     } catch (const std::exception&) {  // another rank wrote it first
     }
     return absl::InvalidArgumentError(absl::StrCat("[rendezvous] ", message));

@@ -1,0 +1,76 @@
+// The launch layout check of the process engines' rendezvous (gloo, nccl):
+// before ranks connect, every node's local rank 0 sets
+// "<prefix>/layout/first<r>" = "<world size>,<ranks on the node>" (r: the
+// node's first rank), and every rank walks the nodes from rank 0, each
+// node's first rank plus its count giving the next, until the world is
+// covered. A node whose world size differs, a walk that overshoots the world
+// or steps over this rank's node, is a launch that disagrees (--nnodes,
+// --nproc_per_node): the rank that finds it writes the message under
+// "<prefix>/layout/mismatch" and every rank fails at once with it, instead of
+// timing out on the engine's keys or pairing with the wrong peer. Nodes may
+// have different counts (as torchrun allows). A node set up for a smaller
+// world whose walk ends before the others' nodes (it sees a node at its
+// world size, or the mismatch another rank wrote) fails too, if that shows
+// before it has connected (CheckNoLayoutMismatch after connecting); one that
+// arrives later is not caught.
+//
+// The store is reached through LayoutStore: gloo's store and dist::Store
+// each have an adapter (DistLayoutStore here; gloo's in gloo_group.cc).
+#ifndef DIST_LAUNCH_LAYOUT_H_
+#define DIST_LAUNCH_LAYOUT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "dist/store.h"
+
+namespace dist::internal {
+
+struct LaunchLayout {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_world_size = 0;  // 0: not known (no check)
+};
+
+// The three store operations the check needs; each throws a std::exception
+// on a store error.
+class LayoutStore {
+ public:
+  virtual ~LayoutStore() = default;
+  // Sets `key` (a key is set once: a second set may throw).
+  virtual void Set(const std::string& key, const std::string& value) = 0;
+  // The value of `key`, which Present said is set.
+  virtual std::string Get(const std::string& key) = 0;
+  // Whether `key` is set now, without waiting.
+  virtual bool Present(const std::string& key) = 0;
+};
+
+// A dist::Store as a LayoutStore (its errors thrown as std::runtime_error).
+class DistLayoutStore final : public LayoutStore {
+ public:
+  explicit DistLayoutStore(Store& store) : store_(store) {}
+  void Set(const std::string& key, const std::string& value) override;
+  std::string Get(const std::string& key) override;
+  bool Present(const std::string& key) override;
+
+ private:
+  Store& store_;
+};
+
+// OK when the nodes agree; InvalidArgument naming the disagreement;
+// DeadlineExceeded naming the first node (by its first rank) that did not
+// arrive by `deadline`; Unavailable when the store fails.
+absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
+                               const LaunchLayout& me, absl::Time deadline,
+                               const std::string& who);
+
+// After connecting: InvalidArgument when a rank has since found the nodes
+// launched differently, or a node starts at this rank's world size.
+absl::Status CheckNoLayoutMismatch(LayoutStore& store, const std::string& prefix,
+                                   const LaunchLayout& me, const std::string& who);
+
+}  // namespace dist::internal
+
+#endif  // DIST_LAUNCH_LAYOUT_H_

@@ -1,0 +1,109 @@
+// Tests of the launch layout check over an in-process store: nodes (groups
+// of threads) launched alike pass, nodes launched for other world sizes all
+// fail naming the layouts, a node that never comes is named, store errors
+// are Unavailable.
+#include "dist/launch_layout.h"
+
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "dist/store.h"
+#include "gtest/gtest.h"
+
+namespace dist::internal {
+namespace {
+
+// Each rank's layout, checked on its own thread through one store.
+std::vector<absl::Status> CheckAll(const std::vector<LaunchLayout>& ranks,
+                                   absl::Duration wait = absl::Seconds(10)) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  std::vector<absl::Status> got(ranks.size());
+  std::vector<std::thread> threads;
+  const absl::Time deadline = absl::Now() + wait;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::string who = absl::StrCat("rank ", ranks[i].rank, " of ", ranks[i].size);
+      got[i] = CheckLaunchLayout(layout, "job", ranks[i], deadline, who);
+      if (got[i].ok()) got[i] = CheckNoLayoutMismatch(layout, "job", ranks[i], who);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return got;
+}
+
+// The ranks of nodes of `counts` ranks each, in a world of their sum (or
+// `world` when given).
+std::vector<LaunchLayout> Nodes(const std::vector<int>& counts, int world = 0) {
+  int total = 0;
+  for (int c : counts) total += c;
+  std::vector<LaunchLayout> ranks;
+  int first = 0;
+  for (int c : counts) {
+    for (int l = 0; l < c; ++l) ranks.push_back({first + l, world > 0 ? world : total, l, c});
+    first += c;
+  }
+  return ranks;
+}
+
+TEST(LaunchLayoutTest, NodesLaunchedAlikePassWhateverTheirCounts) {
+  for (const std::vector<int>& counts : {std::vector<int>{2, 2}, {3, 1}, {1, 1, 1}, {4}}) {
+    for (const absl::Status& s : CheckAll(Nodes(counts))) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Node 0 launched as 2 nodes x 2 ranks; node 1 as if 2 nodes x 3 ranks (its
+// ranks 3-5 of 6): every rank fails, naming the nodes.
+TEST(LaunchLayoutTest, NodesLaunchedForOtherWorldsAllFail) {
+  std::vector<LaunchLayout> ranks = Nodes({2, 2});
+  for (int l = 0; l < 3; ++l) ranks.push_back({3 + l, 6, l, 3});
+  ranks.erase(ranks.begin() + 2, ranks.begin() + 4);  // node 1 is the 3-rank one
+  const std::vector<absl::Status> got = CheckAll(ranks);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].code(), absl::StatusCode::kInvalidArgument) << i << ": " << got[i];
+    EXPECT_TRUE(absl::StrContains(got[i].message(), "launched differently")) << got[i];
+  }
+}
+
+TEST(LaunchLayoutTest, ANodeThatNeverComesIsNamed) {
+  std::vector<LaunchLayout> ranks = Nodes({2, 2});
+  ranks.resize(2);  // node 1 (ranks 2, 3) never starts
+  for (const absl::Status& s : CheckAll(ranks, absl::Milliseconds(300))) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "the node whose first rank is 2 did not arrive"))
+        << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "so far ranks 0-1 run 2 per node in a world of 4"))
+        << s;
+  }
+}
+
+TEST(LaunchLayoutTest, UnknownLocalWorldSizeChecksNothing) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  EXPECT_TRUE(CheckLaunchLayout(layout, "job", {1, 4, 1, 0}, absl::Now(), "rank 1 of 4").ok());
+}
+
+class FailingStore final : public LayoutStore {
+ public:
+  void Set(const std::string&, const std::string&) override {
+    throw std::runtime_error("disk full");
+  }
+  std::string Get(const std::string&) override { return ""; }
+  bool Present(const std::string&) override { return false; }
+};
+
+TEST(LaunchLayoutTest, StoreErrorsAreUnavailable) {
+  FailingStore store;
+  const absl::Status s =
+      CheckLaunchLayout(store, "job", {0, 2, 0, 2}, absl::Now() + absl::Seconds(1), "rank 0 of 2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "reading the nodes' launch layout: disk full")) << s;
+}
+
+}  // namespace
+}  // namespace dist::internal
