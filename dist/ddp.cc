@@ -173,6 +173,7 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
     const absl::Status status = Finish();
     OP_CHECK(status.ok(), "ddp", "ZeroGrad: the all-reduces in flight failed: ", status.ToString());
   }
+  compute_.RestoreMastersAfterBackward();
   if (set_to_none) {
     internal::DropGrads(params_);
     return;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -271,9 +272,15 @@ TEST(DdpTest, BucketsAreReverseOrderAndIssuedBeforeBackwardEnds) {
 // ZeroGrad after a backward that threw (its first bucket in flight) finishes
 // its reductions first (on every rank alike), instead of zeroing buckets an
 // all-reduce or reduce-scatter is still writing: the gradients are zeros
-// after it, and the next step trains.
+// after it, the values are as a finished step leaves them under bf16
+// compute (DDP's fp32 masters: the root's PostBackward that restores them
+// never ran), and the next step trains.
 TEST(DdpZero1Test, ZeroGradFinishesTheReductionsOfAnAbandonedBackward) {
-  for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
+  for (const std::pair<Mode, bool>& run : std::vector<std::pair<Mode, bool>>{
+           {Mode::kDdp, false}, {Mode::kDdp, true}, {Mode::kZero1, false}, {Mode::kZero1, true}}) {
+    const Mode mode = run.first;
+    const bool bf16 = run.second;
+    SCOPED_TRACE(absl::StrCat(mode == Mode::kDdp ? "ddp" : "zero1", bf16 ? ", bf16" : ""));
     ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
                   MaybeSkips model(8);
                   model.Materialize(kSeed);
@@ -283,6 +290,10 @@ TEST(DdpZero1Test, ZeroGradFinishesTheReductionsOfAnAbandonedBackward) {
                   ddp_options.bucket_cap_mb = 0.0003;  // a bucket per layer
                   Zero1Options zero_options;
                   zero_options.bucket_cap_mb = 0.0003;
+                  if (bf16) {
+                    ddp_options.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+                    zero_options.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+                  }
                   if (mode == Mode::kDdp) {
                     ddp = std::make_unique<DistributedDataParallel>(model, pg, ddp_options);
                   } else {
@@ -299,11 +310,18 @@ TEST(DdpZero1Test, ZeroGradFinishesTheReductionsOfAnAbandonedBackward) {
                   step();  // the first synced backward learns the buckets' order
                   if (zero) ASSERT_TRUE(zero->Step().ok());
                   zero_grad();
+                  std::map<std::string, tensor::Dtype> dtypes;  // as a finished step leaves them
+                  for (const auto& [name, p] : model.NamedParameters()) {
+                    dtypes[name] = p->value.dtype();
+                  }
                   model.stop_in_backward = true;
                   EXPECT_THROW(step(), tensor::OpError);
                   zero_grad();
                   for (const std::vector<float> g = FlatGrads(model); float v : g) {
                     ASSERT_EQ(v, 0.0f) << "rank " << rank;
+                  }
+                  for (const auto& [name, p] : model.NamedParameters()) {
+                    EXPECT_EQ(p->value.dtype(), dtypes.at(name)) << name;
                   }
                   if (ddp) {
                     EXPECT_EQ(ddp->last_backward_events().back().kind,

@@ -17,7 +17,10 @@ std::vector<std::vector<int>> ReverseOrderBuckets(
     const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
     double cap_mb, bool skip_frozen) {
   OP_CHECK(cap_mb > 0, op, "bucket_cap_mb must be > 0, got ", cap_mb);
-  const int64_t cap_bytes = std::max<int64_t>(1, static_cast<int64_t>(cap_mb * 1024.0 * 1024.0));
+  // Clamped before the cast (an infinite or huge cap is one bucket, not the
+  // undefined conversion's).
+  const int64_t cap_bytes = static_cast<int64_t>(
+      std::clamp(cap_mb * 1024.0 * 1024.0, 1.0, static_cast<double>(int64_t{1} << 62)));
   std::vector<std::vector<int>> groups;
   int64_t bytes = 0;
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {

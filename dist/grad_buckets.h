@@ -239,6 +239,12 @@ class ComputeCopies {
   void RestoreMasters() {
     if (casts_) casts_->RestoreMasters();
   }
+  // ZeroGrad: the masters again after a backward that threw before its
+  // root's PostBackward restored them (a no-op when it did); a forward-only
+  // region keeps its copies.
+  void RestoreMastersAfterBackward() {
+    if (!forward_only_) RestoreMasters();
+  }
 
  private:
   std::unique_ptr<nn::MixedPrecision> casts_;

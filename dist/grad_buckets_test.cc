@@ -3,6 +3,7 @@
 // real backward passes).
 #include "dist/grad_buckets.h"
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -34,9 +35,13 @@ TEST(ReverseOrderBucketsTest, LastParametersFirstUpToTheCap) {
   // 10 floats: a weight (16) exceeds the cap and gets a bucket of its own.
   EXPECT_EQ(ReverseOrderBuckets("t", params, Mb(40)),
             (std::vector<std::vector<int>>{{5}, {4}, {3}, {2}, {1}, {0}}));
-  // A large cap: one bucket.
-  EXPECT_EQ(ReverseOrderBuckets("t", params, 25),
-            (std::vector<std::vector<int>>{{5, 4, 3, 2, 1, 0}}));
+  // A large cap: one bucket; so is an infinite or huge one (not a bucket
+  // each, as an undefined conversion to bytes gave).
+  for (double cap : {25.0, 1e300, std::numeric_limits<double>::infinity()}) {
+    EXPECT_EQ(ReverseOrderBuckets("t", params, cap),
+              (std::vector<std::vector<int>>{{5, 4, 3, 2, 1, 0}}))
+        << cap;
+  }
 }
 
 // DDP leaves frozen parameters out of its buckets; ZeRO-1, whose buckets

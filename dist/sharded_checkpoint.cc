@@ -25,6 +25,7 @@
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
 #include "tensor/durable_file.h"
+#include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/safetensors.h"
 
@@ -300,6 +301,43 @@ absl::StatusOr<Index> AssembleIndex(const Participant& p, const optim::Optimizer
 
 int64_t CrcBlockForSave();
 
+// fn's result, or what it threw as a status (out of memory: ResourceExhausted)
+// prefixed by `context`: a rank's failure must reach the next exchange, not
+// leave the others waiting in it.
+template <typename T, typename Fn>
+absl::StatusOr<T> Guarded(Fn&& fn, absl::string_view context) {
+  try {
+    return fn();
+  } catch (...) {
+    return tensor::StatusOfCurrentException(context);
+  }
+}
+
+// FailedPrecondition naming each rank's checkpoint id when the ranks staged
+// different checkpoints (`ids`: the load's first exchange, by rank).
+absl::Status SameCheckpointOnEveryRank(const std::vector<std::string>& ids,
+                                       const std::string& what) {
+  if (std::all_of(ids.begin(), ids.end(), [&](const std::string& id) { return id == ids[0]; })) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> each;
+  for (size_t r = 0; r < ids.size(); ++r) each.push_back(absl::StrCat("rank ", r, " ", ids[r]));
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": the ranks read different checkpoints (checkpoint ids: ", absl::StrJoin(each, ", "),
+      "): every rank must load the same folder (another path, or an index.json replaced while "
+      "they read it); nothing was loaded"));
+}
+
+// A check that may fail on some ranks only (it depends on the rank): every
+// rank exchanges its result, so all fail with it instead of some waiting in
+// the next phase's collective for the ranks that returned.
+absl::Status AgreeOnCheck(ProcessGroup& pg, const absl::Status& mine, const char* op,
+                          const std::string& dir) {
+  const std::string what = absl::StrCat(op, " '", StripTrailingSlashes(dir), "'");
+  absl::StatusOr<std::vector<std::string>> got = Exchange(pg, mine, "", what);
+  return got.ok() ? absl::OkStatus() : got.status();
+}
+
 absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const optim::Optimizer& opt,
                       ProcessGroup& pg, const std::map<std::string, std::string>& extra) {
   const std::string dir = StripTrailingSlashes(dir_in);
@@ -338,7 +376,9 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   std::string manifest;
   s = absl::OkStatus();
   if (p.writes) {
-    absl::StatusOr<std::string> m = WriteShard(tmp, p, opt, id, crc_block, rank);
+    absl::StatusOr<std::string> m =
+        Guarded<std::string>([&] { return WriteShard(tmp, p, opt, id, crc_block, rank); },
+                             "writing this rank's shard: ");
     if (m.ok()) {
       manifest = std::move(*m);
     } else {
@@ -354,7 +394,9 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   // Phase 2 (rank 0): index.json, then the folder goes live.
   s = absl::OkStatus();
   if (rank == 0) {
-    absl::StatusOr<Index> index = AssembleIndex(p, opt, *got, pg.size(), id, crc_block, extra);
+    absl::StatusOr<Index> index = Guarded<Index>(
+        [&] { return AssembleIndex(p, opt, *got, pg.size(), id, crc_block, extra); },
+        "assembling index.json: ");
     if (!index.ok()) s = index.status();
     if (s.ok()) s = WriteFileDurably(absl::StrCat(tmp, "/", kIndexFile), IndexToJson(*index));
     if (s.ok()) {
@@ -568,10 +610,21 @@ absl::StatusOr<std::map<std::string, std::string>> LoadImpl(
   const std::string what = absl::StrCat("load_sharded '", dir, "'");
   absl::StatusOr<Index> index = ReadIndex(dir);
   absl::StatusOr<Staged> staged =
-      index.ok() ? Stage(dir, *index, p, opt, options) : absl::StatusOr<Staged>(index.status());
-  absl::StatusOr<std::vector<std::string>> got = Exchange(pg, staged.status(), "", what);
+      index.ok() ? Guarded<Staged>([&] { return Stage(dir, *index, p, opt, options); },
+                                   "staging this rank's shard: ")
+                 : absl::StatusOr<Staged>(index.status());
+  // Every rank staged the same checkpoint: ranks given other folders, or
+  // one that read an index.json being replaced, all refuse before any commit.
+  absl::StatusOr<std::vector<std::string>> got =
+      Exchange(pg, staged.status(), staged.ok() ? index->id : "", what);
   if (!got.ok()) return got.status();
-  absl::Status s = Commit(p, *staged, opt, options);
+  if (absl::Status same = SameCheckpointOnEveryRank(*got, what); !same.ok()) return same;
+  absl::Status s;
+  try {
+    s = Commit(p, *staged, opt, options);
+  } catch (...) {
+    s = tensor::StatusOfCurrentException("committing the loaded state: ");
+  }
   got = Exchange(pg, s, "", absl::StrCat(what, " (the ranks may now disagree on the state)"));
   if (!got.ok()) return got.status();
   if (after_commit) {
@@ -685,7 +738,7 @@ void SetCrcBlockElementsForTesting(int64_t elements) {
 absl::Status SaveSharded(const std::string& dir, FullyShardedModel& fsdp,
                          const optim::Optimizer& optimizer, ProcessGroup& pg,
                          const std::map<std::string, std::string>& extra) {
-  SC_RETURN_IF_ERROR(CheckFsdpGroup(fsdp, pg));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckFsdpGroup(fsdp, pg), "save_sharded", dir));
   return SaveImpl(dir, FromFsdp(fsdp), optimizer, pg, extra);
 }
 
@@ -694,7 +747,7 @@ absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string
                                                                optim::Optimizer& optimizer,
                                                                ProcessGroup& pg,
                                                                const ShardedLoadOptions& options) {
-  SC_RETURN_IF_ERROR(CheckFsdpGroup(fsdp, pg));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckFsdpGroup(fsdp, pg), "load_sharded", dir));
   Participant p = FromFsdp(fsdp);
   return LoadImpl(dir, p, optimizer, pg, options, [&fsdp]() -> absl::Status {
     // Units held unsharded (Unshard, UnshardRoot, or kept from a forward)
@@ -706,14 +759,14 @@ absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string
 
 absl::Status SaveSharded(const std::string& dir, Zero1& zero, ProcessGroup& pg,
                          const std::map<std::string, std::string>& extra) {
-  SC_RETURN_IF_ERROR(CheckZero1Group(zero, pg));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckZero1Group(zero, pg), "save_sharded", dir));
   return SaveImpl(dir, FromZero1(zero, pg), zero.optimizer(), pg, extra);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string& dir, Zero1& zero,
                                                                ProcessGroup& pg,
                                                                const ShardedLoadOptions& options) {
-  SC_RETURN_IF_ERROR(CheckZero1Group(zero, pg));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckZero1Group(zero, pg), "load_sharded", dir));
   Participant p = FromZero1(zero, pg);
   return LoadImpl(dir, p, zero.optimizer(), pg, options,
                   [&zero]() -> absl::Status {

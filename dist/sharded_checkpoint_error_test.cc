@@ -118,6 +118,63 @@ TEST(ShardedCheckpointErrorTest, MissingFolderOrIndex) {
                   {"index.json' is invalid", "its text does not match its checksum"});
 }
 
+// Ranks given different folders (two checkpoints of the same model) all
+// refuse, naming each rank's checkpoint id, before anything is loaded.
+TEST(ShardedCheckpointErrorTest, RanksGivenDifferentCheckpointsAllRefuse) {
+  const std::string root = TestDir("err_differ");
+  const std::string a = SaveBase(root + "/a");
+  const std::string b = SaveBase(root + "/b");
+  Segment seg = AdamW();
+  seg.world = 2;
+  std::vector<absl::Status> got(2);
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    RankModel m(seg, pg);
+    m.TrainStep(seg, pg, 0);
+    const NamedTensors before = m.Snapshot();
+    got[rank] = m.Load(rank == 0 ? a : b, pg).status();
+    ExpectBitwiseEqual(m.Snapshot(), before, "rank " + std::to_string(rank));
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (const absl::Status& g : got) {
+    EXPECT_EQ(g.code(), absl::StatusCode::kFailedPrecondition) << g;
+    EXPECT_THAT(std::string(g.message()),
+                HasSubstr("the ranks read different checkpoints (checkpoint ids: rank 0 "));
+    EXPECT_THAT(std::string(g.message()), HasSubstr("nothing was loaded"));
+  }
+}
+
+// A ZeRO-1 save or load through a group whose ranks are in another order than
+// the one the model shards over fails on the ranks whose slice moved (1 and
+// 2), and on the others with them instead of their waiting in the save's
+// first exchange for ranks that returned.
+TEST(ShardedCheckpointErrorTest, AGroupInAnotherRankOrderFailsEveryRank) {
+  Segment seg;
+  seg.world = 4;
+  seg.engine = Engine::kZero1;
+  seg.opt = Opt::kAdamW;
+  const std::string dir = TestDir("err_order") + "/ck";
+  std::vector<absl::Status> saved(4), loaded(4);
+  absl::Status s = RunRanks(4, [&](int rank, ProcessGroup& pg) {
+    RankModel m(seg, pg);
+    m.TrainStep(seg, pg, 0);
+    const int key[] = {0, 2, 1, 3};
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> swapped = pg.Split(0, key[rank]);
+    ASSERT_TRUE(swapped.ok()) << swapped.status();
+    saved[rank] = SaveSharded(dir, *m.zero, **swapped, {});
+    loaded[rank] = LoadSharded(dir, *m.zero, **swapped).status();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 4; ++r) {
+    for (const absl::Status& g : {saved[r], loaded[r]}) {
+      EXPECT_EQ(g.code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << g;
+      EXPECT_THAT(std::string(g.message()), HasSubstr("is not the one this Zero1 shards over"));
+      EXPECT_THAT(std::string(g.message()), HasSubstr("rank 1 of 4: the process group"));
+      EXPECT_THAT(std::string(g.message()), HasSubstr("rank 2 of 4: the process group"));
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 TEST(ShardedCheckpointErrorTest, MissingTruncatedCorruptedOrForeignShardFiles) {
   const std::string root = TestDir("err_files");
   // Rank 1 alone reads shard 1 (same layout): the other rank still fails too.

@@ -203,6 +203,7 @@ void Zero1::ZeroGrad(bool set_to_none) {
     OP_CHECK(status.ok(), "zero1", "ZeroGrad: the reduce-scatters in flight failed: ",
              status.ToString());
   }
+  compute_.RestoreMastersAfterBackward();
   stepped_ = false;
   reduced_ = false;  // gradients a Step() did not take are dropped too
   if (set_to_none) {
