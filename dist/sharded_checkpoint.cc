@@ -25,7 +25,7 @@
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
 #include "tensor/durable_file.h"
-#include "tensor/error.h"
+#include "tensor/guarded.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/safetensors.h"
 
@@ -301,16 +301,9 @@ absl::StatusOr<Index> AssembleIndex(const Participant& p, const optim::Optimizer
 
 int64_t CrcBlockForSave();
 
-// fn's result, or what it threw as a status (out of memory: ResourceExhausted)
-// prefixed by `context`: a rank's failure must reach the next exchange, not
-// leave the others waiting in it.
-template <typename T, typename Fn>
-absl::StatusOr<T> Guarded(Fn&& fn, absl::string_view context) {
-  try {
-    return fn();
-  } catch (...) {
-    return tensor::StatusOfCurrentException(context);
-  }
+// How errors name a save or load: "save_sharded '<dir>'".
+std::string OpWhat(const char* op, const std::string& dir) {
+  return absl::StrCat(op, " '", StripTrailingSlashes(dir), "'");
 }
 
 // FailedPrecondition naming each rank's checkpoint id when the ranks staged
@@ -333,15 +326,14 @@ absl::Status SameCheckpointOnEveryRank(const std::vector<std::string>& ids,
 // the next phase's collective for the ranks that returned.
 absl::Status AgreeOnCheck(ProcessGroup& pg, const absl::Status& mine, const char* op,
                           const std::string& dir) {
-  const std::string what = absl::StrCat(op, " '", StripTrailingSlashes(dir), "'");
-  absl::StatusOr<std::vector<std::string>> got = Exchange(pg, mine, "", what);
+  absl::StatusOr<std::vector<std::string>> got = Exchange(pg, mine, "", OpWhat(op, dir));
   return got.ok() ? absl::OkStatus() : got.status();
 }
 
 absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const optim::Optimizer& opt,
                       ProcessGroup& pg, const std::map<std::string, std::string>& extra) {
   const std::string dir = StripTrailingSlashes(dir_in);
-  const std::string what = absl::StrCat("save_sharded '", dir, "'");
+  const std::string what = OpWhat("save_sharded", dir);
   const int rank = pg.rank();
   const int64_t crc_block = CrcBlockForSave();
 
@@ -377,8 +369,8 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   s = absl::OkStatus();
   if (p.writes) {
     absl::StatusOr<std::string> m =
-        Guarded<std::string>([&] { return WriteShard(tmp, p, opt, id, crc_block, rank); },
-                             "writing this rank's shard: ");
+        tensor::Guarded([&] { return WriteShard(tmp, p, opt, id, crc_block, rank); },
+                        "writing this rank's shard: ");
     if (m.ok()) {
       manifest = std::move(*m);
     } else {
@@ -394,7 +386,7 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   // Phase 2 (rank 0): index.json, then the folder goes live.
   s = absl::OkStatus();
   if (rank == 0) {
-    absl::StatusOr<Index> index = Guarded<Index>(
+    absl::StatusOr<Index> index = tensor::Guarded(
         [&] { return AssembleIndex(p, opt, *got, pg.size(), id, crc_block, extra); },
         "assembling index.json: ");
     if (!index.ok()) s = index.status();
@@ -607,10 +599,10 @@ absl::StatusOr<std::map<std::string, std::string>> LoadImpl(
     const std::string& dir_in, Participant& p, optim::Optimizer& opt, ProcessGroup& pg,
     const ShardedLoadOptions& options, const std::function<absl::Status()>& after_commit) {
   const std::string dir = StripTrailingSlashes(dir_in);
-  const std::string what = absl::StrCat("load_sharded '", dir, "'");
+  const std::string what = OpWhat("load_sharded", dir);
   absl::StatusOr<Index> index = ReadIndex(dir);
   absl::StatusOr<Staged> staged =
-      index.ok() ? Guarded<Staged>([&] { return Stage(dir, *index, p, opt, options); },
+      index.ok() ? tensor::Guarded([&] { return Stage(dir, *index, p, opt, options); },
                                    "staging this rank's shard: ")
                  : absl::StatusOr<Staged>(index.status());
   // Every rank staged the same checkpoint: ranks given other folders, or
@@ -619,12 +611,8 @@ absl::StatusOr<std::map<std::string, std::string>> LoadImpl(
       Exchange(pg, staged.status(), staged.ok() ? index->id : "", what);
   if (!got.ok()) return got.status();
   if (absl::Status same = SameCheckpointOnEveryRank(*got, what); !same.ok()) return same;
-  absl::Status s;
-  try {
-    s = Commit(p, *staged, opt, options);
-  } catch (...) {
-    s = tensor::StatusOfCurrentException("committing the loaded state: ");
-  }
+  absl::Status s = tensor::Guarded([&] { return Commit(p, *staged, opt, options); },
+                                   "committing the loaded state: ");
   got = Exchange(pg, s, "", absl::StrCat(what, " (the ranks may now disagree on the state)"));
   if (!got.ok()) return got.status();
   if (after_commit) {

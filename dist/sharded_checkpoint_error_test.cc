@@ -50,31 +50,40 @@ std::string SaveBase(const std::string& dir, Opt opt = Opt::kAdamW, int last_ste
   return dir;
 }
 
-// Loads `dir` at world 2 into a model trained one step (so there is state to
-// lose). Every rank must fail with the same message containing every needle,
-// and leave its shards and optimizer state bitwise unchanged.
 Segment AdamW() {
   Segment seg;
   seg.opt = Opt::kAdamW;
   return seg;
 }
 
-void ExpectLoadFails(const std::string& dir, const std::vector<std::string>& needles,
-                     Segment seg = AdamW()) {
+// Loads dirs[rank] at world 2 into a model trained one step (so there is
+// state to lose); each rank's load must fail and leave its shards and
+// optimizer state bitwise unchanged. The ranks' statuses.
+std::vector<absl::Status> FailingLoads(const std::vector<std::string>& dirs,
+                                       Segment seg = AdamW()) {
   seg.world = 2;
-  std::vector<std::string> messages(2);
+  std::vector<absl::Status> got(2);
   absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
     RankModel m(seg, pg);
     m.TrainStep(seg, pg, 0);
     const NamedTensors before = m.Snapshot();
-    auto loaded = m.Load(dir, pg);
-    ASSERT_FALSE(loaded.ok());
-    messages[rank] = std::string(loaded.status().message());
+    got[rank] = m.Load(dirs[rank], pg).status();
+    EXPECT_FALSE(got[rank].ok()) << "rank " << rank;
     ExpectBitwiseEqual(m.Snapshot(), before, "rank " + std::to_string(rank));
     // The world is still usable: the ranks agree on what happened.
     EXPECT_TRUE(pg.BarrierSync().ok());
   });
-  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(s.ok()) << s;
+  return got;
+}
+
+// Every rank must fail loading `dir` with the same message containing every
+// needle (FailingLoads).
+void ExpectLoadFails(const std::string& dir, const std::vector<std::string>& needles,
+                     Segment seg = AdamW()) {
+  const std::vector<absl::Status> got = FailingLoads({dir, dir}, seg);
+  const std::vector<std::string> messages = {std::string(got[0].message()),
+                                             std::string(got[1].message())};
   EXPECT_EQ(messages[0], messages[1]);
   for (const std::string& n : needles) EXPECT_THAT(messages[0], HasSubstr(n));
   std::printf("error: %s\n", messages[0].c_str());
@@ -122,20 +131,7 @@ TEST(ShardedCheckpointErrorTest, MissingFolderOrIndex) {
 // refuse, naming each rank's checkpoint id, before anything is loaded.
 TEST(ShardedCheckpointErrorTest, RanksGivenDifferentCheckpointsAllRefuse) {
   const std::string root = TestDir("err_differ");
-  const std::string a = SaveBase(root + "/a");
-  const std::string b = SaveBase(root + "/b");
-  Segment seg = AdamW();
-  seg.world = 2;
-  std::vector<absl::Status> got(2);
-  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
-    RankModel m(seg, pg);
-    m.TrainStep(seg, pg, 0);
-    const NamedTensors before = m.Snapshot();
-    got[rank] = m.Load(rank == 0 ? a : b, pg).status();
-    ExpectBitwiseEqual(m.Snapshot(), before, "rank " + std::to_string(rank));
-  });
-  ASSERT_TRUE(s.ok()) << s;
-  for (const absl::Status& g : got) {
+  for (const absl::Status& g : FailingLoads({SaveBase(root + "/a"), SaveBase(root + "/b")})) {
     EXPECT_EQ(g.code(), absl::StatusCode::kFailedPrecondition) << g;
     EXPECT_THAT(std::string(g.message()),
                 HasSubstr("the ranks read different checkpoints (checkpoint ids: rank 0 "));

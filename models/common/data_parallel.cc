@@ -36,23 +36,12 @@
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
-#include "tensor/error.h"
+#include "tensor/guarded.h"
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
 
 namespace train {
 namespace {
-
-// Runs fn, turning exceptions (collective failures inside FSDP hooks throw
-// tensor::OpError) into errors.
-template <typename Fn>
-absl::Status Guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (...) {
-    return tensor::StatusOfCurrentException();
-  }
-}
 
 absl::Status WithRank(int rank, const absl::Status& s) {
   if (s.ok()) return s;
@@ -109,7 +98,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
                     config.timeout);
     if (!job.ok()) return WithRank(env.rank, job.status());
     tensor::MemoryLedger& ledger = tensor::MemoryLedger::Current();
-    absl::Status s = Guarded([&] {
+    absl::Status s = tensor::Guarded([&] {
       RankContext context{env.rank, env.world_size, *job->group, ledger};
       return fn(context);
     });
@@ -134,7 +123,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
       dist::CreateGlooProcessGroup(env.rank, env.world_size, options);
   if (!pg.ok()) return WithRank(env.rank, pg.status());
   tensor::MemoryLedger& ledger = tensor::MemoryLedger::Current();
-  absl::Status s = Guarded([&] {
+  absl::Status s = tensor::Guarded([&] {
     RankContext context{env.rank, env.world_size, **pg, ledger};
     return fn(context);
   });
@@ -180,14 +169,14 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
   // --init_from's file), which may fail on some ranks only: all agree before
   // the wrapper's first broadcast. FSDP agrees after its units' Init.
   if (!IsFsdp(config.strategy)) {
-    absl::Status materialized = Guarded([&] {
+    absl::Status materialized = tensor::Guarded([&] {
       model.Materialize(seed, config.device);
       return absl::OkStatus();
     });
     materialized = AgreeOnStatus(pg, materialized, "materializing the model");
     if (!materialized.ok()) return materialized;
   }
-  absl::Status s = Guarded([&]() -> absl::Status {
+  absl::Status s = tensor::Guarded([&]() -> absl::Status {
     switch (config.strategy) {
       case Strategy::kDdp: {
         dist::DdpOptions o;
@@ -279,7 +268,7 @@ absl::Status DataParallelModel::FinishBackward() {
 
 absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
   double norm = 0;
-  absl::Status s = Guarded([&]() -> absl::Status {
+  absl::Status s = tensor::Guarded([&]() -> absl::Status {
     if (ddp_ != nullptr) {
       // Every rank holds the same averaged gradients: the local norm is global.
       norm = optim::ClipGradNorm(optim::FromModule(model_), max_norm);
@@ -302,7 +291,7 @@ absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
 
 absl::StatusOr<bool> DataParallelModel::UnscaleGradsAndCheck(double inv_scale) {
   bool found = false;
-  absl::Status s = Guarded([&]() -> absl::Status {
+  absl::Status s = tensor::Guarded([&]() -> absl::Status {
     if (fsdp_ != nullptr) {
       found = fsdp_->UnscaleGradsAndCheck(inv_scale);
       return absl::OkStatus();
@@ -321,7 +310,7 @@ absl::StatusOr<bool> DataParallelModel::UnscaleGradsAndCheck(double inv_scale) {
 }
 
 absl::Status DataParallelModel::Step() {
-  return Guarded([&]() -> absl::Status {
+  return tensor::Guarded([&]() -> absl::Status {
     if (ddp_ != nullptr) {
       std::vector<optim::ParamRef> refs = optim::FromModule(model_);
       optimizer_->Step(refs);

@@ -17,7 +17,7 @@
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/cuda_backend.h"
-#include "tensor/error.h"
+#include "tensor/guarded.h"
 
 namespace train {
 
@@ -388,12 +388,7 @@ void DropMetricsAfter(MetricsWriter& metrics, int64_t step) {
 }
 
 int RunTrainMain(const std::function<absl::Status()>& train) {
-  absl::Status s;
-  try {
-    s = train();
-  } catch (...) {
-    s = tensor::StatusOfCurrentException();
-  }
+  const absl::Status s = tensor::Guarded(train);
   if (s.ok()) return 0;
   std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
   if (s.code() == absl::StatusCode::kResourceExhausted &&
