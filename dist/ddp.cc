@@ -216,12 +216,18 @@ void DistributedDataParallel::IssueReadyBuckets() {
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
     internal::ZeroUnwrittenGrads(params_, b.params);  // parameters the backward did not reach
-    if (reduce_low_) {
-      const tensor::Tensor low = copies_->Make(i, b.flat, options_.mixed_precision.reduce_dtype);
-      b.work = pg_.AllReduce(low, ReduceOp::kAvg);
-      copies_->Issued(i, b.work);
-    } else {
-      b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
+    try {  // out of memory for the copy: the bucket goes back, for Finish to issue
+      if (reduce_low_) {
+        const tensor::Tensor low =
+            copies_->Make(i, b.flat, options_.mixed_precision.reduce_dtype);
+        b.work = pg_.AllReduce(low, ReduceOp::kAvg);
+        copies_->Issued(i, b.work);
+      } else {
+        b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
+      }
+    } catch (...) {
+      if (b.work == nullptr) readiness_->GiveBack(i);
+      throw;
     }
     events_.push_back({Event::Kind::kBucketIssued, i});
   }

@@ -192,6 +192,13 @@ int BucketReadiness::TakeNextReady() {
   return next_++;
 }
 
+void BucketReadiness::GiveBack(int bucket) {
+  OP_CHECK(next_ > 0 && bucket == next_ - 1, "grad_buckets", "bucket ", bucket,
+           " given back is not the last one taken (", next_ - 1, ")");
+  for (int p : bucket_params_[bucket]) writes_when_taken_[p] = -1;
+  --next_;
+}
+
 absl::Status BucketReadiness::CheckNoLateWrites(const char* op, const char* collective) const {
   for (size_t i = 0; i < params_.size(); ++i) {
     const int p = static_cast<int>(i);

@@ -127,6 +127,11 @@ class BucketReadiness {
   // The next bucket, in bucket order, whose parameters are all final, now
   // taken; -1 when the next one is not ready (or all were taken).
   int TakeNextReady();
+  // Bucket `bucket`, the last one taken, was not issued (making its copy or
+  // issuing its collective threw): it is the next one ready again, so the
+  // FinishBackward or ZeroGrad that ends this backward issues it and this
+  // rank's collectives stay in step with the other ranks'.
+  void GiveBack(int bucket);
   // Buckets taken this backward: [0, num_taken()).
   int num_taken() const { return next_; }
   // FailedPrecondition (starting "[op] ") naming the first parameter whose

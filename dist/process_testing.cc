@@ -92,10 +92,18 @@ bool LimitAddressSpace(int64_t headroom) {
     if (line.rfind("VmSize:", 0) != 0) continue;
     const int64_t mapped = std::atoll(line.c_str() + 7) * 1024;
     struct rlimit limit {};
-    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(mapped + headroom);
+    if (getrlimit(RLIMIT_AS, &limit) != 0) return false;
+    limit.rlim_cur = static_cast<rlim_t>(mapped + headroom);
     return setrlimit(RLIMIT_AS, &limit) == 0;
   }
   return false;
+}
+
+bool LiftAddressSpaceLimit() {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_AS, &limit) != 0) return false;
+  limit.rlim_cur = limit.rlim_max;
+  return setrlimit(RLIMIT_AS, &limit) == 0;
 }
 
 }  // namespace testing

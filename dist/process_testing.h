@@ -36,8 +36,10 @@ Outcome RunProcesses(int size, const RankBody& body, absl::Duration limit = absl
 void ExpectAllOk(const Outcome& o);
 
 // Limits this process's address space to what it maps now plus `headroom`
-// bytes; false when it cannot.
+// bytes (the soft limit); false when it cannot.
 bool LimitAddressSpace(int64_t headroom);
+// Lifts that limit (the soft limit back to the hard one); false when it cannot.
+bool LiftAddressSpaceLimit();
 
 }  // namespace testing
 }  // namespace dist

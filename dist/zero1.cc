@@ -260,13 +260,19 @@ void Zero1::IssueReadyBuckets() {
     if (!b.trains) continue;  // frozen parameters only: nothing to reduce
     tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
     const int64_t mine = b.seg.shard_begin - b.seg.begin;
-    if (reduce_low_) {
-      const tensor::Tensor low = copies_->Make(i, segment, options_.mixed_precision.reduce_dtype);
-      b.work = pg_.ReduceScatter(low, low.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
-      copies_->Issued(i, b.work);
-    } else {
-      b.work =
-          pg_.ReduceScatter(segment, segment.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
+    try {  // out of memory for the copy: the bucket goes back, for FinishBackward to issue
+      if (reduce_low_) {
+        const tensor::Tensor low =
+            copies_->Make(i, segment, options_.mixed_precision.reduce_dtype);
+        b.work = pg_.ReduceScatter(low, low.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);
+        copies_->Issued(i, b.work);
+      } else {
+        b.work = pg_.ReduceScatter(segment, segment.Narrow(0, mine, b.seg.shard_numel),
+                                   ReduceOp::kAvg);
+      }
+    } catch (...) {
+      if (b.work == nullptr) readiness_->GiveBack(i);
+      throw;
     }
     events_.push_back({BackwardEvent::Kind::kBucketIssued, i});
   }
@@ -297,16 +303,24 @@ absl::Status Zero1::FinishBackward() {
     syncing_this_step_ = false;
   }
   if (!in_flight_) return absl::OkStatus();
-  absl::Status status;
+  absl::Status collectives;
   for (Bucket& b : buckets_) {
-    if (b.work) status.Update(b.work->Wait());
+    if (b.work) collectives.Update(b.work->Wait());
   }
-  if (reduce_low_) status.Update(copies_->Finish());
+  if (reduce_low_) collectives.Update(copies_->Finish());
+  absl::Status status = collectives;
   status.Update(readiness_->CheckNoLateWrites("zero1", "reduce-scatter"));
   for (Bucket& b : buckets_) b.work.reset();
   events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
   in_flight_ = false;
-  if (status.ok()) reduced_ = true;
+  if (status.ok()) {
+    reduced_ = true;
+  } else if (collectives.ok()) {
+    // A late write on this rank, which may be the only one (a rank-dependent
+    // forward): the others' Step all-gathers their stepped slices, so this
+    // rank sends its own unchanged instead of leaving them waiting.
+    status.Update(GatherUnstepped());
+  }
   return status;
 }
 
@@ -351,6 +365,16 @@ WorkPtr Zero1::GatherBucket(Bucket& b, bool own_slice_current) {
     mine.CopyFrom(b.master);  // rounded to param_dtype
   }
   return pg_.AllGather(mine, b.param);
+}
+
+absl::Status Zero1::GatherUnstepped() {
+  std::vector<WorkPtr> works;
+  for (Bucket& b : buckets_) {
+    if (b.trains) works.push_back(GatherBucket(b, /*own_slice_current=*/false));
+  }
+  absl::Status status;
+  for (WorkPtr& w : works) status.Update(w->Wait());
+  return status;
 }
 
 absl::Status Zero1::RefreshParameters() {
