@@ -672,9 +672,14 @@ Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
     FlatLayout L;
     L.ref = refs[b].name;
     int64_t offset = 0;
-    for (const auto& [name, param] : zero.BucketParameters(b)) {
-      L.entries.push_back({name, param->shape, offset, param->numel(), !param->requires_grad});
-      offset += param->numel();
+    // Frozen as wrapped: what the optimizer stepped (a flag flipped since
+    // does not give a never-stepped parameter state).
+    const std::vector<bool> frozen = zero.BucketFrozen(b);
+    const auto params = zero.BucketParameters(b);
+    for (size_t j = 0; j < params.size(); ++j) {
+      const nn::Parameter& param = *params[j].second;
+      L.entries.push_back({params[j].first, param.shape, offset, param.numel(), frozen[j]});
+      offset += param.numel();
     }
     L.shard_begin = seg.shard_begin - seg.begin;
     L.shard_numel = seg.shard_numel;

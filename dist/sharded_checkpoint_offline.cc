@@ -94,6 +94,7 @@ absl::Status WriteParameters(const std::string& path, const std::vector<WholePar
                              const std::vector<std::string>& optimizer_buffers, sharded::Index& x) {
   std::vector<tensor::SafetensorsWriter::Decl> entries;
   for (const sharded::ParamRec& r : x.params) {
+    if (r.numel == 0) continue;  // no slices, no tensors
     entries.push_back({r.value[0].tensor, tensor::Dtype::kF32, tensor::Shape({r.numel})});
     for (const std::string& b : r.has_state ? optimizer_buffers : std::vector<std::string>{}) {
       entries.push_back({r.state.at(b)[0].tensor, tensor::Dtype::kF32, tensor::Shape({r.numel})});
@@ -123,7 +124,8 @@ absl::Status WriteParameters(const std::string& path, const std::vector<WholePar
                        tensor::DtypeName(p->value.dtype()), " on ", p->value.device().ToString()));
     }
     sharded::ParamRec& r = x.params[i];
-    absl::Status s = append(p->value, r.value[0]);
+    const bool stored = r.numel > 0;  // a zero-element parameter has no slices
+    absl::Status s = stored ? append(p->value, r.value[0]) : absl::OkStatus();
     if (!s.ok()) return s;
     if (!p->has_state) continue;
     if (p->buffers.size() != optimizer_buffers.size()) {
@@ -140,6 +142,7 @@ absl::Status WriteParameters(const std::string& path, const std::vector<WholePar
                          p->value.shape().ToString(), " on the CPU; got ",
                          tensor::DtypeName(b.dtype()), " ", b.shape().ToString()));
       }
+      if (!stored) continue;
       s = append(b, r.state.at(optimizer_buffers[k])[0]);
       if (!s.ok()) return s;
     }
@@ -217,13 +220,15 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
     r.name = p.name;
     r.shape = p.shape;
     r.numel = p.shape.numel();
-    r.value.push_back(slice(sharded::kValueKind, p.name, r.numel));
+    // One slice each, none for a zero-element parameter (as SaveSharded).
+    if (r.numel > 0) r.value.push_back(slice(sharded::kValueKind, p.name, r.numel));
     if (p.has_state) {
       r.has_state = true;
       r.step = p.step;
       steps.insert(p.step);
       for (const std::string& b : optimizer_buffers) {
-        r.state[b].push_back(slice(b, p.name, r.numel));
+        std::vector<sharded::SliceRec>& slices = r.state[b];
+        if (r.numel > 0) slices.push_back(slice(b, p.name, r.numel));
       }
     }
     x.params.push_back(std::move(r));

@@ -309,6 +309,34 @@ TEST(ShardedCheckpointOfflineTest, WriteWholeParametersRefusesBadInput) {
   EXPECT_EQ(ReadAll(dir).size(), 1u);
 }
 
+// A zero-element parameter (a (0, 4) table, as SaveSharded writes one: no
+// slices) is written, with its state, and reads back with its shape.
+TEST(ShardedCheckpointOfflineTest, WriteWholeParametersTakesZeroElementParameters) {
+  WholeParameter empty;
+  empty.name = "empty";
+  empty.value = Tensor::Zeros({0, 4});
+  empty.has_state = true;
+  empty.step = 3;
+  empty.buffers = {Tensor::Zeros({0, 4})};
+  WholeParameter w = empty;
+  w.name = "w";
+  w.value = Tensor::Full({2, 3}, 1.5);
+  w.buffers = {Tensor::Full({2, 3}, 0.25)};
+  const std::string dir = TestDir("whole_empty");
+  absl::Status s = WriteWholeParameters(dir, {empty, w}, "sgd", {"momentum_buffer"}, {});
+  ASSERT_TRUE(s.ok()) << s;
+  const std::vector<WholeParameter> back = ReadAll(dir);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].name, "empty");
+  EXPECT_EQ(back[0].value.shape(), tensor::Shape({0, 4}));
+  EXPECT_EQ(back[0].step, 3);
+  ASSERT_EQ(back[0].buffers.size(), 1u);
+  EXPECT_EQ(back[0].buffers[0].shape(), tensor::Shape({0, 4}));
+  EXPECT_TRUE(BitwiseEqual(back[1].value, w.value));
+  ASSERT_EQ(back[1].buffers.size(), 1u);
+  EXPECT_TRUE(BitwiseEqual(back[1].buffers[0], w.buffers[0]));
+}
+
 // ShardedCheckpointInitSources read any range of a parameter as the whole
 // read holds it (ranges crossing the ranks' stored slices, bf16 outputs
 // rounded from them); FSDP at world 2 initialized from them (another wrap

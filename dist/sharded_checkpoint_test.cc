@@ -309,6 +309,36 @@ TEST(ShardedCheckpointTest, FrozenParametersReshardAcrossWrapsAndEngines) {
   ExpectContinues(za, RunSegment(blocks), want);
 }
 
+// A ZeRO-1 parameter frozen when wrapped and unfrozen before a save (for the
+// next phase of training) was never stepped: it is saved without optimizer
+// state, as wrapped, not with the zero state its current flag would claim.
+TEST(ShardedCheckpointTest, Zero1SavesTheFrozenFlagsItWasWrappedWith) {
+  const std::string dir = TestDir("unfrozen") + "/ck";
+  Segment base;
+  base.world = 2;
+  base.engine = Engine::kZero1;
+  base.opt = Opt::kAdamW;
+  base.clip = false;
+  base.freeze = {"transformer.wte"};
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    RankModel m(base, pg);
+    m.TrainStep(base, pg, 0);
+    for (auto& [name, p] : m.gpt->NamedParameters()) p->requires_grad = true;
+    ASSERT_TRUE(m.Save(dir, pg, {}).ok());
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<ShardedCheckpointInfo> info = ReadShardedCheckpointInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->param_has_state.size(), info->params.size());
+  int stateless = 0;
+  for (size_t i = 0; i < info->params.size(); ++i) {
+    const bool wte = info->params[i].first == "transformer.wte.weight";
+    EXPECT_EQ(info->param_has_state[i], !wte) << info->params[i].first;
+    stateless += info->param_has_state[i] ? 0 : 1;
+  }
+  EXPECT_EQ(stateless, 1);
+}
+
 // ---- Layout, info, overwrite ----
 
 TEST(ShardedCheckpointTest, FolderHoldsOneFilePerWriterAndAnIndex) {

@@ -176,6 +176,12 @@ std::vector<std::pair<std::string, nn::Parameter*>> Zero1::BucketParameters(int 
   return out;
 }
 
+std::vector<bool> Zero1::BucketFrozen(int b) const {
+  std::vector<bool> out;
+  for (int i : buckets_.at(b).params) out.push_back(frozen_[i]);
+  return out;
+}
+
 tensor::Tensor Zero1::grad_shard(int b) const {
   const Segment& seg = buckets_.at(b).seg;
   return flat_grad_.Narrow(0, seg.shard_begin, seg.shard_numel);

@@ -228,6 +228,10 @@ class Zero1 {
   // Bucket b's parameters, named as model.NamedParameters() names them, in
   // registration (flat buffer) order.
   std::vector<std::pair<std::string, nn::Parameter*>> BucketParameters(int b) const;
+  // Per BucketParameters(b): frozen (requires_grad false) when wrapped, which
+  // decides what the optimizer steps (a flag flipped since is refused at the
+  // next backward).
+  std::vector<bool> BucketFrozen(int b) const;
   // This rank's fp32 master slice of bucket b (k_b; in fp32 a view of the
   // flat parameter), its fp32 gradient slice (a view of the flat gradient)
   // and the slice's decay ranges.
