@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -105,6 +106,9 @@ absl::StatusOr<std::vector<SliceRec>> ParseSlices(const Json& arr, const std::st
     SliceRec s;
     int64_t file = 0;
     SC_ASSIGN(file, f.Int("file"));
+    if (file < 0 || file > std::numeric_limits<int>::max()) {  // not truncated into range
+      return absl::DataLossError(absl::StrCat(w, ".file ", file, " is not a file number"));
+    }
     s.file = static_cast<int>(file);
     SC_ASSIGN(s.tensor, f.Str("tensor"));
     SC_ASSIGN(s.begin, f.Int("begin"));
@@ -135,7 +139,7 @@ absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Ind
       return absl::DataLossError(absl::StrCat(what, ": slice '", s.tensor, "' names file #", s.file,
                                               " of ", x.files.size()));
     }
-    if (s.begin != pos || s.end <= s.begin) {
+    if (s.begin != pos || s.end <= s.begin || s.end > numel) {
       return absl::DataLossError(absl::StrCat(what, ": slices do not tile its ", numel,
                                               " elements (a slice [", s.begin, ", ", s.end,
                                               ") where element ", pos, " was expected)"));
@@ -343,6 +347,9 @@ absl::StatusOr<Index> ParseIndex(const std::string& text) {
   SC_ASSIGN(x.strategy, f.Str("strategy"));
   int64_t world = 0;
   SC_ASSIGN(world, f.Int("world_size"));
+  if (world < 1 || world > std::numeric_limits<int>::max()) {  // not truncated into range
+    return absl::DataLossError(absl::StrCat("world_size ", world, " is not a world size"));
+  }
   x.world_size = static_cast<int>(world);
   const Json* units = nullptr;
   SC_ASSIGN(units, f.Get("units", Json::Kind::kArray));
@@ -382,11 +389,17 @@ absl::StatusOr<Index> ParseIndex(const std::string& text) {
     SC_ASSIGN(p.name, fp.Str("name"));
     const Json* shape = nullptr;
     SC_ASSIGN(shape, fp.Get("shape", Json::Kind::kArray));
+    int64_t nonzero = 1;  // the product of the nonzero dimensions bounds every partial one
     for (const Json& d : shape->items) {
       int64_t v = 0;
       if (d.kind != Json::Kind::kNumber || !absl::SimpleAtoi(d.text, &v) || v < 0) {
         return absl::DataLossError(absl::StrCat(where, ".shape is not a shape"));
       }
+      if (v > 0 && nonzero > std::numeric_limits<int64_t>::max() / v) {
+        return absl::DataLossError(
+            absl::StrCat(where, ".shape has more elements than an int64 counts"));
+      }
+      nonzero *= v > 0 ? v : 1;
       p.shape.push_back(v);
     }
     SC_ASSIGN(p.numel, fp.Int("numel"));

@@ -232,6 +232,19 @@ TEST(ShardedCheckpointIndexTest, MalformedTextIsRefused) {
        "\"numel\": 5, \"dtype\": \"F32\", \"state\": {\"exp_avg\": []}", kDataLoss,
        "parameter 'lm_head.bias' has optimizer buffers but no step"},
       {"\"step\": \"100\"", "\"step\": 100", kDataLoss, "extra values must be strings"},
+      // Integers out of range are refused, not truncated (an index without
+      // its checksum is read as it is).
+      {"\"world_size\": 4", "\"world_size\": 4294967300", kDataLoss,
+       "world_size 4294967300 is not a world size"},
+      {"\"world_size\": 4", "\"world_size\": 0", kDataLoss, "world_size 0 is not a world size"},
+      {"{\"file\": 1, \"tensor\": \"model/lm_head.bias@0\"",
+       "{\"file\": 4294967297, \"tensor\": \"model/lm_head.bias@0\"", kDataLoss,
+       "params[1].value[0].file 4294967297 is not a file number"},
+      {"\"shape\": [5]", "\"shape\": [5, 0, 4294967296, 4294967296]", kDataLoss,
+       "params[1].shape has more elements than an int64 counts"},
+      {"\"begin\": 0, \"end\": 5", "\"begin\": 0, \"end\": 9223372036854775807", kDataLoss,
+       "parameter 'lm_head.bias': slices do not tile its 5 elements (a slice [0, "
+       "9223372036854775807) where element 0 was expected)"},
   };
   for (const TextCase& c : cases) {
     absl::StatusOr<Index> x = ParseIndex(Edit(text, c.from, c.to));
