@@ -60,8 +60,9 @@
 // (atomically) and renames the folder onto `dir` (renameat2 RENAME_EXCHANGE
 // when `dir` already holds a checkpoint, then deletes the old one). So `dir`
 // only ever holds a complete checkpoint: a crash mid-save leaves the previous
-// one (or nothing) there, plus a "<dir>.tmp-<id>" folder that never loads (no
-// index.json). `dir` is only replaced when it is empty or holds nothing but a
+// one (or nothing) there, plus a "<dir>.tmp-<id>" folder to delete (it holds
+// index.json, and loads, only if the crash came between that write and the
+// rename; a load of `dir` never reads it). `dir` is only replaced when it is empty or holds nothing but a
 // sharded checkpoint's files; otherwise Save refuses, naming the stray file.
 // The folder must be on a filesystem every rank sees (as DCP's
 // FileSystemWriter).

@@ -193,6 +193,15 @@ TEST(ShardedCheckpointErrorTest, MissingTruncatedCorruptedOrForeignShardFiles) {
                 fs::copy_options::overwrite_existing);
   // Sizes match (same layout), so the id check is what catches it.
   ExpectLoadFails(dir, {"shard_0_of_2.safetensors' belongs to another checkpoint"});
+
+  // Two shard files of this checkpoint swapped (renamed into each other's place).
+  dir = SaveBase(root + "/swapped");
+  fs::rename(dir + "/shard_0_of_2.safetensors", dir + "/tmp");
+  fs::rename(dir + "/shard_1_of_2.safetensors", dir + "/shard_0_of_2.safetensors");
+  fs::rename(dir + "/tmp", dir + "/shard_1_of_2.safetensors");
+  ExpectLoadFails(dir, {"shard_0_of_2.safetensors' holds shard 1/2 of this checkpoint (its "
+                        "fsdp.shard) where index.json lists shard 0/2: shard files renamed, "
+                        "swapped"});
 }
 
 // A parameter frozen beside trainable ones (the token embedding in FSDP's

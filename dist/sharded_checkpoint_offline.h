@@ -46,8 +46,9 @@ struct WholeParameter {
 };
 
 // Calls `fn` for every parameter of the checkpoint in `dir`, in index.json's
-// order (FSDP: unit by unit, the root unit first; ZeRO-1: registration
-// order), each read whole from the slices of every shard file; stops at the
+// order (FSDP: unit by unit, the root unit first; ZeRO-1: bucket by bucket,
+// bucket 0 holding the last-registered parameters, each bucket's in
+// registration order), each read whole from the slices of every shard file; stops at the
 // first error (a read's or fn's) and returns it. Holds one parameter (and
 // its buffers) at a time.
 absl::Status ForEachWholeParameter(const std::string& dir, bool with_optimizer_state,

@@ -120,7 +120,26 @@ absl::StatusOr<const tensor::SafetensorsHeader*> SliceReader::Header(int file) {
     return ErrnoStatus("cannot stat", path);
   }
   const FileRec& rec = index_.files[file];
+  // Which shard of the checkpoint the file says it is ("i/n"; none before
+  // fsdp.shard was checked): another one's means files renamed or swapped.
+  const std::string want_shard = absl::StrCat(file, "/", index_.files.size());
+  auto misplaced = [&](const tensor::SafetensorsHeader& h) -> absl::Status {
+    auto shard = h.metadata.find(kShardKey);
+    auto id = h.metadata.find(kIdKey);
+    if (shard == h.metadata.end() || shard->second == want_shard) return absl::OkStatus();
+    const bool same_id = id != h.metadata.end() && id->second == index_.id;
+    return absl::DataLossError(absl::StrCat(
+        "'", path, "' holds shard ", shard->second, same_id ? " of this checkpoint" : "",
+        " (its ", kShardKey, ") where index.json lists shard ", want_shard,
+        ": shard files renamed, swapped or copied from another checkpoint"));
+  };
   if (st.st_size != rec.bytes) {
+    // A whole shard file in the wrong place says so rather than its size.
+    absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadSafetensorsHeader(path);
+    if (h.ok()) {
+      absl::Status s = misplaced(*h);
+      if (!s.ok()) return s;
+    }
     return absl::DataLossError(absl::StrCat(
         "'", path, "' has ", static_cast<int64_t>(st.st_size), " bytes but index.json records ",
         rec.bytes, st.st_size < rec.bytes ? " (truncated)" : " (replaced or appended to)"));
@@ -134,6 +153,8 @@ absl::StatusOr<const tensor::SafetensorsHeader*> SliceReader::Header(int file) {
                      id == h->metadata.end() ? std::string("none") : id->second,
                      ", index.json has ", index_.id, ")"));
   }
+  absl::Status s = misplaced(*h);
+  if (!s.ok()) return s;
   return &headers_.emplace(file, std::move(*h)).first->second;
 }
 
