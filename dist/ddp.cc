@@ -179,7 +179,7 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
     return;
   }
   for (auto& b : buckets_) tensor::Zero(b.flat);
-  for (const auto& [name, p] : params_) p->grad_unwritten = false;
+  internal::ZeroReplacedGrads(params_, grad_views_);
 }
 
 void DistributedDataParallel::BeginForwardOnly() { compute_.BeginForwardOnly(); }

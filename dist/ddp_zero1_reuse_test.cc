@@ -4,7 +4,8 @@
 // last gradient write (bucket readiness, dist/grad_buckets.h), in fp32 and
 // bf16 reduction; a later step using a parameter more often is an error (on
 // one rank only, ZeRO-1's ranks stay in step); a backward over gradients
-// ZeRO-1 already reduced is refused.
+// ZeRO-1 already reduced is refused; ZeroGrad zeroes a gradient the user
+// replaced.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -343,6 +344,44 @@ TEST(Zero1Test, ALateWriteOnOneRankFailsItsStepAndKeepsTheRanksInStep) {
                 params[rank] = ddp_zero1_testing::FlatParams(m);
               }).ok());
   EXPECT_EQ(MaxAbsDiff(params[0], params[1]), 0.0);
+}
+
+// ZeroGrad(set_to_none=false) after the user replaced a gradient (with
+// another tensor, holding 7s): the replacement reads zeros, and the next
+// backward's gradients are the one-process ones, not added to the 7s.
+TEST(DdpTest, ZeroGradZeroesAReplacedGradient) {
+  const SharedTwiceCase c = MakeSharedTwiceCase(2);
+  for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
+    SCOPED_TRACE(mode == Mode::kDdp ? "ddp" : "zero1");
+    ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
+                  SharedTwice m(c.kD);
+                  m.Materialize(kSeed);
+                  std::unique_ptr<DistributedDataParallel> ddp;
+                  std::unique_ptr<Zero1> zero;
+                  if (mode == Mode::kDdp) {
+                    ddp = std::make_unique<DistributedDataParallel>(m, pg);
+                  } else {
+                    zero = std::make_unique<Zero1>(m, pg, StillSgd());
+                  }
+                  const Tensor x = c.RankRows(rank);
+                  const int64_t rows = c.kRows / c.n;
+                  HalfSquareGrads(m, x, rows);
+                  if (zero) ASSERT_TRUE(zero->Step().ok());
+                  nn::Parameter* p = m.NamedParameters().front().second;
+                  p->grad = Tensor::Full(p->shape, 7.0);
+                  const Tensor replaced = p->grad;
+                  ddp ? ddp->ZeroGrad(false) : zero->ZeroGrad(false);
+                  for (float v : replaced.ToVector<float>()) ASSERT_EQ(v, 0.0f);
+                  for (float v : p->grad.ToVector<float>()) ASSERT_EQ(v, 0.0f);
+                  const std::vector<float> got = HalfSquareGrads(m, x, rows);
+                  if (ddp) {
+                    EXPECT_LT(MaxAbsDiff(got, c.want), 1e-6);
+                  } else {
+                    ASSERT_TRUE(zero->FinishBackward().ok());
+                    ExpectSlicesEqual(ReducedSlices(*zero), c.want, 1e-6, rank);
+                  }
+                }).ok());
+  }
 }
 
 // ZeRO-1 averages the flat gradient in place, so a second backward after a

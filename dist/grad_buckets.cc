@@ -53,6 +53,18 @@ void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*
   }
 }
 
+void ZeroReplacedGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                       std::vector<tensor::Tensor>& grad_views) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    nn::Parameter* p = params[i].second;
+    p->grad_unwritten = false;
+    if (!p->requires_grad || !p->grad.defined()) continue;
+    if (p->grad.raw_data() == grad_views[i].raw_data()) continue;  // the bucket's, zeroed
+    tensor::Zero(p->grad);
+    p->grad = grad_views[i];
+  }
+}
+
 void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
                         const std::vector<int>& indices) {
   for (int i : indices) params[i].second->ZeroGradIfUnwritten();

@@ -60,6 +60,12 @@ void PointGradsAtBuckets(const std::vector<std::pair<std::string, nn::Parameter*
 // Zeroes the gradients of params[i], i in `indices` (or every one), still
 // marked unwritten (no backward reached them) and clears their marks: before
 // a bucket's collective, and when a backward ends.
+// ZeroGrad(set_to_none=false), once the buckets are zeroed: no gradient is
+// unwritten, and one the user replaced by another tensor is zeroed in place
+// (PyTorch's zero_grad) and pointed back at its bucket, so the next backward
+// does not copy its old values in (dropped ones stay undefined).
+void ZeroReplacedGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
+                       std::vector<tensor::Tensor>& grad_views);
 void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params,
                         const std::vector<int>& indices);
 void ZeroUnwrittenGrads(const std::vector<std::pair<std::string, nn::Parameter*>>& params);

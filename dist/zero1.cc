@@ -217,7 +217,7 @@ void Zero1::ZeroGrad(bool set_to_none) {
     return;
   }
   tensor::Zero(flat_grad_);
-  for (const auto& [name, p] : params_) p->grad_unwritten = false;
+  internal::ZeroReplacedGrads(params_, grad_views_);
 }
 
 void Zero1::BeginForwardOnly() { compute_.BeginForwardOnly(); }
