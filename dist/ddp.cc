@@ -226,7 +226,10 @@ void DistributedDataParallel::IssueReadyBuckets() {
         b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
       }
     } catch (...) {
-      if (b.work == nullptr) readiness_->GiveBack(i);
+      if (b.work == nullptr) {  // not issued: no copy left to unpack, the bucket ready again
+        if (reduce_low_) copies_->Abandon(i);
+        readiness_->GiveBack(i);
+      }
       throw;
     }
     events_.push_back({Event::Kind::kBucketIssued, i});

@@ -58,7 +58,9 @@ void ZeroReplacedGrads(const std::vector<std::pair<std::string, nn::Parameter*>>
   for (size_t i = 0; i < params.size(); ++i) {
     nn::Parameter* p = params[i].second;
     p->grad_unwritten = false;
-    if (!p->requires_grad || !p->grad.defined()) continue;
+    // Frozen when wrapped (no view; CheckFrozenUnchanged names a flag flipped
+    // since), frozen, or dropped: nothing to zero.
+    if (!grad_views[i].defined() || !p->requires_grad || !p->grad.defined()) continue;
     if (p->grad.raw_data() == grad_views[i].raw_data()) continue;  // the bucket's, zeroed
     tensor::Zero(p->grad);
     p->grad = grad_views[i];
@@ -244,9 +246,17 @@ void LowPrecisionCopies::Issued(int bucket, WorkPtr work) {
   out_.back().work = std::move(work);
 }
 
+void LowPrecisionCopies::Abandon(int bucket) {
+  if (!out_.empty() && out_.back().bucket == bucket && out_.back().work == nullptr) {
+    out_.pop_back();
+  }
+}
+
 void LowPrecisionCopies::WaitOldest() {
   Out& o = out_.front();
-  absl::Status s = o.work ? o.work->Wait() : absl::OkStatus();
+  OP_CHECK(o.work != nullptr, "grad_buckets", "bucket ", o.bucket,
+           "'s copy was neither issued nor abandoned");
+  absl::Status s = o.work->Wait();
   if (s.ok()) unpack_(o.bucket, o.copy);
   status_.Update(s);
   out_.pop_front();

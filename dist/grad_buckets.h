@@ -195,6 +195,10 @@ class LowPrecisionCopies {
   tensor::Tensor Make(int bucket, const tensor::Tensor& src, tensor::Dtype dtype);
   // The collective issued on bucket b's copy.
   void Issued(int bucket, WorkPtr work);
+  // Bucket b's copy, made last, whose collective was never issued (issuing it
+  // threw): freed, so that nothing unpacks its unreduced values; a no-op when
+  // Make threw before the copy existed.
+  void Abandon(int bucket);
   // Unpacks and frees the copies whose collective completed, oldest first.
   void UnpackCompleted();
   // Waits for every copy out, unpacks those that succeeded, frees all;

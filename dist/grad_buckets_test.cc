@@ -347,4 +347,27 @@ TEST(LowPrecisionCopiesTest, BoundOrderAndErrors) {
   EXPECT_THROW(copies.Issued(3, Work::Done(absl::OkStatus())), tensor::OpError);  // no copy made
 }
 
+// A copy whose collective was never issued (issuing it threw) is abandoned:
+// freed, never unpacked; the bucket's copy made again and issued is unpacked
+// once.
+TEST(LowPrecisionCopiesTest, AnAbandonedCopyIsNeverUnpacked) {
+  std::vector<int> unpacked;
+  LowPrecisionCopies copies(0, [&](int b, const tensor::Tensor&) { unpacked.push_back(b); });
+  const tensor::Tensor src = tensor::Tensor::Zeros({8});
+  copies.Make(0, src, tensor::Dtype::kBF16);
+  copies.Issued(0, Work::Done(absl::OkStatus()));
+  copies.Make(1, src, tensor::Dtype::kBF16);
+  copies.Abandon(0);  // not the last one made: nothing happens
+  EXPECT_EQ(copies.inflight(), 2);
+  copies.Abandon(1);
+  EXPECT_EQ(copies.inflight(), 1);
+  copies.Abandon(1);  // nothing left of it
+  copies.Make(1, src, tensor::Dtype::kBF16);
+  copies.Issued(1, Work::Done(absl::OkStatus()));
+  EXPECT_TRUE(copies.Finish().ok());
+  EXPECT_EQ(unpacked, (std::vector<int>{0, 1}));
+  copies.Make(2, src, tensor::Dtype::kBF16);  // never issued nor abandoned: an internal error
+  EXPECT_THROW(copies.Finish().IgnoreError(), tensor::OpError);
+}
+
 }  // namespace dist::internal

@@ -139,7 +139,11 @@ absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Ind
       return absl::DataLossError(absl::StrCat(what, ": slice '", s.tensor, "' names file #", s.file,
                                               " of ", x.files.size()));
     }
-    if (s.begin != pos || s.end <= s.begin || s.end > numel) {
+    if (s.end > numel && s.begin == pos) {
+      return absl::DataLossError(absl::StrCat(what, ": slice [", s.begin, ", ", s.end,
+                                              ") ends past its ", numel, " elements"));
+    }
+    if (s.begin != pos || s.end <= s.begin) {
       return absl::DataLossError(absl::StrCat(what, ": slices do not tile its ", numel,
                                               " elements (a slice [", s.begin, ", ", s.end,
                                               ") where element ", pos, " was expected)"));

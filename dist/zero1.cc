@@ -277,7 +277,10 @@ void Zero1::IssueReadyBuckets() {
                                    ReduceOp::kAvg);
       }
     } catch (...) {
-      if (b.work == nullptr) readiness_->GiveBack(i);
+      if (b.work == nullptr) {  // not issued: no copy left to unpack, the bucket ready again
+        if (reduce_low_) copies_->Abandon(i);
+        readiness_->GiveBack(i);
+      }
       throw;
     }
     events_.push_back({BackwardEvent::Kind::kBucketIssued, i});
@@ -309,24 +312,16 @@ absl::Status Zero1::FinishBackward() {
     syncing_this_step_ = false;
   }
   if (!in_flight_) return absl::OkStatus();
-  absl::Status collectives;
+  absl::Status status;
   for (Bucket& b : buckets_) {
-    if (b.work) collectives.Update(b.work->Wait());
+    if (b.work) status.Update(b.work->Wait());
   }
-  if (reduce_low_) collectives.Update(copies_->Finish());
-  absl::Status status = collectives;
+  if (reduce_low_) status.Update(copies_->Finish());
   status.Update(readiness_->CheckNoLateWrites("zero1", "reduce-scatter"));
   for (Bucket& b : buckets_) b.work.reset();
   events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
   in_flight_ = false;
-  if (status.ok()) {
-    reduced_ = true;
-  } else if (collectives.ok()) {
-    // A late write on this rank, which may be the only one (a rank-dependent
-    // forward): the others' Step all-gathers their stepped slices, so this
-    // rank sends its own unchanged instead of leaving them waiting.
-    status.Update(GatherUnstepped());
-  }
+  if (status.ok()) reduced_ = true;
   return status;
 }
 
@@ -371,16 +366,6 @@ WorkPtr Zero1::GatherBucket(Bucket& b, bool own_slice_current) {
     mine.CopyFrom(b.master);  // rounded to param_dtype
   }
   return pg_.AllGather(mine, b.param);
-}
-
-absl::Status Zero1::GatherUnstepped() {
-  std::vector<WorkPtr> works;
-  for (Bucket& b : buckets_) {
-    if (b.trains) works.push_back(GatherBucket(b, /*own_slice_current=*/false));
-  }
-  absl::Status status;
-  for (WorkPtr& w : works) status.Update(w->Wait());
-  return status;
 }
 
 absl::Status Zero1::RefreshParameters() {

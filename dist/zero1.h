@@ -156,10 +156,7 @@ class Zero1 {
   // Waits for this step's reduce-scatters (issuing those the root's
   // PostBackward did not) and casts low-precision results into the fp32
   // gradient slices. Returns the first error. OK and nothing to do under
-  // no_sync. When only this rank's gradients are refused (one written after
-  // its bucket went out) it all-gathers its slices unchanged before
-  // returning the error, pairing with the all-gathers of the ranks that step:
-  // every rank keeps the same parameters and the same collectives.
+  // no_sync.
   absl::Status FinishBackward();
   // FinishBackward, then one optimizer step on this rank's slices
   // (ParamRefs(), one bucket at a time, each bucket's all-gather started
@@ -286,9 +283,6 @@ class Zero1 {
   // compute dtype), unless own_slice_current (the optimizer step wrote it),
   // and starts the bucket's all-gather.
   WorkPtr GatherBucket(Bucket& b, bool own_slice_current);
-  // The all-gathers of Step (the buckets that train) with this rank's slices
-  // unchanged: for a rank whose step is refused while the others step.
-  absl::Status GatherUnstepped();
 
   nn::Module& model_;
   ProcessGroup& pg_;
