@@ -28,8 +28,9 @@
 // learns the order; later ones overlap: a bucket whose parameters are all
 // final is all-reduced (avg) asynchronously, in bucket order on every rank,
 // while backward goes on (a gradient written after its bucket went out stops
-// the backward with an error naming it, on the rank that saw it, not a wrong
-// average; its peers' next collective then fails). At the root's PostBackward the
+// the backward with an error naming it, not a wrong average; the ranks agree
+// on it, so a late write on one rank stops every rank's backward, the others
+// naming that rank). At the root's PostBackward the
 // remaining buckets are issued and all are waited for (FinishBackward), so when
 // the root's RunBackward returns, every rank holds the averaged gradients.
 // Hooks installed on the model's modules after this object are not chained:
@@ -175,7 +176,10 @@ class DistributedDataParallel {
   // Issues the buckets not issued yet and waits for all; idempotent within a
   // step (the root's PostBackward calls it; it throws there on error). Returns
   // the first error of this step's all-reduces. OK and nothing to do under
-  // no_sync.
+  // no_sync. After a backward that threw on this rank (out of memory), this
+  // or ZeroGrad issues what it did not, so the ranks' collectives stay in
+  // step: to skip the batch everywhere, call ZeroGrad on the rank that threw,
+  // then agree (AnyOverRanks) before stepping.
   absl::Status FinishBackward();
 
   // Sets every gradient (every bucket) to zero in place; or, with

@@ -2,8 +2,9 @@
 // module, over the threads engine: a module run twice in forward, and a
 // parent that reads its child's weight itself, are reduced only after their
 // last gradient write (bucket readiness, dist/grad_buckets.h), in fp32 and
-// bf16 reduction; a later step using a parameter more often is an error; a
-// backward over gradients ZeRO-1 already reduced is refused; ZeroGrad zeroes a gradient the user
+// bf16 reduction; a later step using a parameter more often is an error (on
+// every rank, when only some use it more often); a backward over gradients
+// ZeRO-1 already reduced is refused; ZeroGrad zeroes a gradient the user
 // replaced.
 #include <algorithm>
 #include <cmath>
@@ -307,6 +308,65 @@ TEST(DdpTest, AWeightTheParentAlsoUsesIsReducedAfterItsLastWrite) {
                       << e.what();
                 }
               }).ok());
+}
+
+// A rank-dependent forward: in step 1 only rank 1 uses the weight more often
+// than in step 0. The late write is agreed: every rank's step fails (rank 1
+// naming the weight, rank 0 naming rank 1), no rank steps, and after
+// ZeroGrad both train on in step with the same parameters.
+TEST(DdpTest, ALateWriteOnOneRankFailsEveryRank) {
+  constexpr int64_t kD = 8, kRows = 4;
+  const int n = 2;
+  for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
+    SCOPED_TRACE(mode == Mode::kDdp ? "ddp" : "zero1");
+    const std::string collective = mode == Mode::kDdp ? "all-reduce" : "reduce-scatter";
+    std::vector<std::vector<float>> params(n);
+    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
+                  ParentReadsChildWeight m(kD);
+                  m.Materialize(kSeed);
+                  std::unique_ptr<DistributedDataParallel> ddp;
+                  std::unique_ptr<Zero1> zero;
+                  if (mode == Mode::kDdp) {
+                    DdpOptions o;
+                    o.bucket_cap_mb = 0.0001;  // the bias, then the weight
+                    ddp = std::make_unique<DistributedDataParallel>(m, pg, o);
+                  } else {
+                    Zero1Options o;
+                    o.bucket_cap_mb = 0.0001;
+                    zero = std::make_unique<Zero1>(m, pg, MakeOptimizer(Opt::kSgd), o);
+                  }
+                  const Tensor x = Tensor::Full({kRows, kD}, 0.5f + rank);
+                  for (int step = 0; step < 3; ++step) {
+                    m.uses_weight = step == 1 && rank == 1;
+                    std::string error;
+                    try {
+                      HalfSquareGrads(m, x, kRows);  // DDP: fails at the root's PostBackward
+                      if (zero) {
+                        const absl::Status s = zero->Step();
+                        if (!s.ok()) error = std::string(s.message());
+                      }
+                    } catch (const tensor::OpError& e) {
+                      error = e.what();
+                    }
+                    if (step != 1) {
+                      EXPECT_EQ(error, "") << "step " << step;
+                    } else if (rank == 1) {
+                      EXPECT_NE(error.find("the gradient of 'inner.weight' was written after its "
+                                           "bucket's " + collective + " went out"),
+                                std::string::npos)
+                          << error;
+                    } else {
+                      EXPECT_NE(error.find("rank 1 wrote a gradient after its bucket's " +
+                                           collective + " went out (see their errors)"),
+                                std::string::npos)
+                          << error;
+                    }
+                    ddp ? ddp->ZeroGrad() : zero->ZeroGrad();
+                  }
+                  params[rank] = ddp_zero1_testing::FlatParams(m);
+                }).ok());
+    EXPECT_EQ(MaxAbsDiff(params[0], params[1]), 0.0);
+  }
 }
 
 // ZeroGrad(set_to_none=false) after the user replaced a gradient (with

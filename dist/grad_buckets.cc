@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -204,6 +205,28 @@ int BucketReadiness::TakeNextReady() {
   if (next_ >= static_cast<int>(pending_.size()) || pending_[next_] > 0) return -1;
   for (int p : bucket_params_[next_]) writes_when_taken_[p] = Writes(p);
   return next_++;
+}
+
+absl::Status BucketReadiness::AgreeNoLateWrites(ProcessGroup& pg, const char* op,
+                                                const char* collective) const {
+  const absl::Status mine = CheckNoLateWrites(op, collective);
+  // An all-reduce (max) of one flag per rank, 1 where that rank wrote late:
+  // an all-reduce like the step's own, no all-gather where DDP has none.
+  tensor::Tensor flags = tensor::Tensor::Zeros({pg.size()});  // (N,)
+  flags.data<float>()[pg.rank()] = mine.ok() ? 0.0f : 1.0f;
+  const absl::Status exchanged = pg.AllReduceSync(flags, ReduceOp::kMax);
+  if (!mine.ok()) return mine;  // this rank's own, whatever the exchange gave
+  if (!exchanged.ok()) return exchanged;
+  std::vector<int> late;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (flags.data<float>()[r] != 0.0f) late.push_back(r);
+  }
+  if (late.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "[", op, "] rank", late.size() == 1 ? " " : "s ", absl::StrJoin(late, ", "),
+      " wrote a gradient after its bucket's ", collective,
+      " went out (see their errors), so every rank's reduced gradients are wrong: no rank "
+      "steps. Use each parameter equally often on every rank"));
 }
 
 void BucketReadiness::GiveBack(int bucket) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "dist/process_group.h"
 #include "dist/work.h"
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
@@ -144,6 +145,13 @@ class BucketReadiness {
   // gradient was written after its bucket was taken this backward: the
   // `collective` read it while it changed, so every rank's copy is wrong.
   absl::Status CheckNoLateWrites(const char* op, const char* collective) const;
+  // CheckNoLateWrites agreed over the ranks (an all-reduce of a flag a rank),
+  // once the step's collectives succeeded: a late write on some ranks only (a
+  // rank-dependent forward) fails every rank, this one with its own error and
+  // the others naming the ranks, instead of some stepping while the others
+  // wait in their next collective. Collective: every rank calls it once per
+  // synced backward.
+  absl::Status AgreeNoLateWrites(ProcessGroup& pg, const char* op, const char* collective) const;
 
  private:
   void MarkFinal(int param);
