@@ -265,9 +265,7 @@ absl::Status DistributedDataParallel::Finish() {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
-  // Agreed only when the all-reduces succeeded: after a failed one the group
-  // may be broken, and its ranks fail anyway.
-  if (status.ok()) status = readiness_->AgreeNoLateWrites(pg_, "ddp", "all-reduce");
+  status = readiness_->AgreeOnReductions(pg_, status, "ddp", "all-reduce");
   events_.push_back({Event::Kind::kReductionsDone, -1});
   finished_ = true;
   status_ = status;

@@ -2,8 +2,9 @@
 // dtypes of masters, compute copies and gradients, the bf16 gradient
 // reduction into fp32, the model-state bytes between steps and during set-up,
 // the bf16 bucket copies in flight (bounded), ZeRO-1's all-gathers started
-// bucket by bucket, and the policy's errors (DDP and ZeRO-1 against one
-// process: ddp_zero1_test.cc).
+// bucket by bucket, a reduction failing on one rank alone failing every
+// rank, and the policy's errors (DDP and ZeRO-1 against one process:
+// ddp_zero1_test.cc).
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dist/ddp.h"
 #include "dist/ddp_zero1_testing.h"
 #include "dist/fsdp_testing.h"
@@ -260,11 +262,13 @@ TEST(MixedPrecisionMemoryTest, Zero1SetUpHoldsTheModelTwiceForOneBucketAtMost) {
 // Forwards every collective to the group it wraps, but its works never say
 // they are completed before they are waited for: as a slow network would,
 // every copy stays in flight until something waits for it. `on_issue` sees
-// each collective's kind as it is issued.
+// each collective's kind as it is issued; what it returns replaces the
+// collective's result when that was OK (a failure of this rank alone, such
+// as copying the result back, after the collective itself completed).
 class UnpolledGroup final : public ProcessGroup {
  public:
   explicit UnpolledGroup(ProcessGroup& inner,
-                         std::function<void(CollectiveKind)> on_issue = nullptr)
+                         std::function<absl::Status(CollectiveKind)> on_issue = nullptr)
       : ProcessGroup(inner.timeout()), inner_(inner), on_issue_(std::move(on_issue)) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -273,19 +277,22 @@ class UnpolledGroup final : public ProcessGroup {
  protected:
   class UnpolledWork final : public Work {
    public:
-    explicit UnpolledWork(WorkPtr inner) : inner_(std::move(inner)) {}
+    UnpolledWork(WorkPtr inner, absl::Status result)
+        : inner_(std::move(inner)), result_(std::move(result)) {}
     absl::Status Wait() override {
       waited_ = true;
-      return inner_->Wait();
+      const absl::Status s = inner_->Wait();
+      return s.ok() ? result_ : s;
     }
     bool IsCompleted() const override { return waited_; }
 
    private:
     WorkPtr inner_;
+    const absl::Status result_;
     std::atomic<bool> waited_{false};
   };
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
-    if (on_issue_) on_issue_(call->kind);
+    const absl::Status result = on_issue_ ? on_issue_(call->kind) : absl::OkStatus();
     const auto options = CollectiveOptions::WithTimeout(call->timeout);
     WorkPtr work;
     switch (call->kind) {
@@ -305,7 +312,7 @@ class UnpolledGroup final : public ProcessGroup {
         work = inner_.Barrier(options);
         break;
     }
-    return std::make_shared<UnpolledWork>(std::move(work));
+    return std::make_shared<UnpolledWork>(std::move(work), result);
   }
   absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int, int, absl::Duration) override {
     return absl::UnimplementedError("UnpolledGroup does not split");
@@ -313,7 +320,7 @@ class UnpolledGroup final : public ProcessGroup {
 
  private:
   ProcessGroup& inner_;
-  std::function<void(CollectiveKind)> on_issue_;
+  std::function<absl::Status(CollectiveKind)> on_issue_;
 };
 
 // Steps nothing; records which ParamRefs it was asked to update, into the
@@ -344,6 +351,7 @@ TEST(Zero1Test, StepStartsEachBucketsAllGatherRightAfterItsStep) {
                 std::vector<std::string> log;
                 UnpolledGroup pg(world_pg, [&](CollectiveKind kind) {
                   if (kind == CollectiveKind::kAllGather) log.push_back("all_gather");
+                  return absl::OkStatus();
                 });
                 mingpt::GPT model(Tiny());
                 model.Materialize(kSeed);
@@ -500,6 +508,65 @@ TEST(Zero1MixedPrecisionTest, KeptFp32ClassesKeepAnFp32FlatParameter) {
                 }
                 ASSERT_TRUE(zero.Step().ok());
               }).ok());
+}
+
+// A step's reduction that fails on rank 1 alone (its result could not be
+// copied back; the collective itself completed on both ranks) fails both
+// ranks' FinishBackward, rank 0 naming rank 1, so neither steps and the
+// ranks' collectives stay in step: the next step trains on both.
+TEST(DdpZero1Test, AReductionFailingOnOneRankFailsEveryRank) {
+  const int n = 2;
+  const Batch batch = RandomBatch(26);
+  for (bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "zero1" : "ddp");
+    const CollectiveKind reduction =
+        zero1 ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+    ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& world_pg) {
+                  int reductions = 0;
+                  UnpolledGroup pg(world_pg, [&](CollectiveKind kind) {
+                    // Rank 1's first bucket reduction of step 0 (the set-up
+                    // only broadcasts).
+                    const bool fail = rank == 1 && kind == reduction && ++reductions == 1;
+                    return fail ? absl::DataLossError("copying the result back failed")
+                                : absl::OkStatus();
+                  });
+                  mingpt::GPT model(Tiny());
+                  model.Materialize(kSeed);
+                  std::unique_ptr<DistributedDataParallel> ddp;
+                  std::unique_ptr<Zero1> zero;
+                  if (zero1) {
+                    zero = std::make_unique<Zero1>(model, pg, MakeOptimizer(Opt::kSgd));
+                  } else {
+                    ddp = std::make_unique<DistributedDataParallel>(model, pg);
+                  }
+                  for (int step = 0; step < 2; ++step) {
+                    std::string error;
+                    try {
+                      model.ForwardBackward(Rows(batch.idx, rank, n),
+                                            Rows(batch.targets, rank, n));
+                      const absl::Status s = zero ? zero->FinishBackward() : ddp->FinishBackward();
+                      if (!s.ok()) error = std::string(s.message());
+                    } catch (const tensor::OpError& e) {  // DDP: at the root's PostBackward
+                      error = e.what();
+                    }
+                    if (step == 1) {
+                      EXPECT_EQ(error, "");
+                      if (zero) EXPECT_TRUE(zero->Step().ok());
+                    } else if (rank == 1) {
+                      EXPECT_NE(error.find("copying the result back failed"), std::string::npos)
+                          << error;
+                    } else {
+                      EXPECT_NE(error.find(absl::StrCat("this step's ",
+                                                        zero1 ? "reduce-scatter" : "all-reduce",
+                                                        "s failed on rank 1 (see their errors): "
+                                                        "no rank steps")),
+                                std::string::npos)
+                          << error;
+                    }
+                    zero ? zero->ZeroGrad() : ddp->ZeroGrad();
+                  }
+                }).ok());
+  }
 }
 
 TEST(MixedPrecisionOptionsTest, Fp32PolicyIsBitwiseTheDefault) {

@@ -207,24 +207,35 @@ int BucketReadiness::TakeNextReady() {
   return next_++;
 }
 
-absl::Status BucketReadiness::AgreeNoLateWrites(ProcessGroup& pg, const char* op,
-                                                const char* collective) const {
-  const absl::Status mine = CheckNoLateWrites(op, collective);
-  // An all-reduce (max) of one flag per rank, 1 where that rank wrote late:
-  // an all-reduce like the step's own, no all-gather where DDP has none.
+absl::Status BucketReadiness::AgreeOnReductions(ProcessGroup& pg, const absl::Status& collectives,
+                                                const char* op, const char* collective) const {
+  const absl::Status mine =
+      collectives.ok() ? CheckNoLateWrites(op, collective) : collectives;
+  if (pg.size() == 1) return mine;
+  // An all-reduce (max) of one flag per rank (an all-reduce like the step's
+  // own, no all-gather where DDP has none): 1 where that rank wrote late, 2
+  // where its collectives failed. On a broken group it fails at once.
   tensor::Tensor flags = tensor::Tensor::Zeros({pg.size()});  // (N,)
-  flags.data<float>()[pg.rank()] = mine.ok() ? 0.0f : 1.0f;
+  flags.data<float>()[pg.rank()] = mine.ok() ? 0.0f : collectives.ok() ? 1.0f : 2.0f;
   const absl::Status exchanged = pg.AllReduceSync(flags, ReduceOp::kMax);
   if (!mine.ok()) return mine;  // this rank's own, whatever the exchange gave
   if (!exchanged.ok()) return exchanged;
-  std::vector<int> late;
+  std::vector<int> late, failed;
   for (int r = 0; r < pg.size(); ++r) {
-    if (flags.data<float>()[r] != 0.0f) late.push_back(r);
+    const float f = flags.data<float>()[r];
+    if (f == 1.0f) late.push_back(r);
+    if (f == 2.0f) failed.push_back(r);
+  }
+  const auto ranks = [](const std::vector<int>& rs) {
+    return absl::StrCat("rank", rs.size() == 1 ? " " : "s ", absl::StrJoin(rs, ", "));
+  };
+  if (!failed.empty()) {
+    return absl::AbortedError(absl::StrCat("[", op, "] this step's ", collective, "s failed on ",
+                                           ranks(failed), " (see their errors): no rank steps"));
   }
   if (late.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "[", op, "] rank", late.size() == 1 ? " " : "s ", absl::StrJoin(late, ", "),
-      " wrote a gradient after its bucket's ", collective,
+      "[", op, "] ", ranks(late), " wrote a gradient after its bucket's ", collective,
       " went out (see their errors), so every rank's reduced gradients are wrong: no rank "
       "steps. Use each parameter equally often on every rank"));
 }

@@ -145,13 +145,16 @@ class BucketReadiness {
   // gradient was written after its bucket was taken this backward: the
   // `collective` read it while it changed, so every rank's copy is wrong.
   absl::Status CheckNoLateWrites(const char* op, const char* collective) const;
-  // CheckNoLateWrites agreed over the ranks (an all-reduce of a flag a rank),
-  // once the step's collectives succeeded: a late write on some ranks only (a
-  // rank-dependent forward) fails every rank, this one with its own error and
-  // the others naming the ranks, instead of some stepping while the others
-  // wait in their next collective. Collective: every rank calls it once per
-  // synced backward.
-  absl::Status AgreeNoLateWrites(ProcessGroup& pg, const char* op, const char* collective) const;
+  // The step's reductions agreed over the ranks: `collectives` (this rank's
+  // result of waiting for them), then CheckNoLateWrites, exchanged in an
+  // all-reduce of one flag per rank (none at world size 1). A failure on
+  // some ranks only (a late write from a rank-dependent forward, a result
+  // this rank alone could not copy back) fails every rank, this one with its
+  // own error and the others naming the ranks, instead of some stepping while
+  // the others wait in their next collective. Collective: every rank calls it
+  // once per synced backward, whatever its own result.
+  absl::Status AgreeOnReductions(ProcessGroup& pg, const absl::Status& collectives,
+                                 const char* op, const char* collective) const;
 
  private:
   void MarkFinal(int param);

@@ -317,9 +317,7 @@ absl::Status Zero1::FinishBackward() {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
-  // Agreed only when the reduce-scatters succeeded: after a failed one the
-  // group may be broken, and its ranks fail anyway.
-  if (status.ok()) status = readiness_->AgreeNoLateWrites(pg_, "zero1", "reduce-scatter");
+  status = readiness_->AgreeOnReductions(pg_, status, "zero1", "reduce-scatter");
   for (Bucket& b : buckets_) b.work.reset();
   events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
   in_flight_ = false;
