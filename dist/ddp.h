@@ -175,7 +175,9 @@ class DistributedDataParallel {
 
   // Issues the buckets not issued yet and waits for all; idempotent within a
   // step (the root's PostBackward calls it; it throws there on error). Returns
-  // the first error of this step's all-reduces. OK and nothing to do under
+  // this rank's first error (its all-reduces', or a gradient it wrote late);
+  // or, when another rank failed so, an error naming that rank: the ranks
+  // agree on the result in one all-reduce. OK and nothing to do under
   // no_sync. After a backward that threw on this rank (out of memory), this
   // or ZeroGrad issues what it did not, so the ranks' collectives stay in
   // step: to skip the batch everywhere, call ZeroGrad on the rank that threw,

@@ -521,6 +521,7 @@ TEST(DdpZero1Test, AReductionFailingOnOneRankFailsEveryRank) {
     SCOPED_TRACE(zero1 ? "zero1" : "ddp");
     const CollectiveKind reduction =
         zero1 ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+    std::vector<std::vector<float>> params(n);
     ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& world_pg) {
                   int reductions = 0;
                   UnpolledGroup pg(world_pg, [&](CollectiveKind kind) {
@@ -549,6 +550,9 @@ TEST(DdpZero1Test, AReductionFailingOnOneRankFailsEveryRank) {
                     } catch (const tensor::OpError& e) {  // DDP: at the root's PostBackward
                       error = e.what();
                     }
+                    if (step == 0 && zero) {
+                      EXPECT_FALSE(zero->Step().ok()) << "a rank stepped";
+                    }
                     if (step == 1) {
                       EXPECT_EQ(error, "");
                       if (zero) EXPECT_TRUE(zero->Step().ok());
@@ -558,14 +562,16 @@ TEST(DdpZero1Test, AReductionFailingOnOneRankFailsEveryRank) {
                     } else {
                       EXPECT_NE(error.find(absl::StrCat("this step's ",
                                                         zero1 ? "reduce-scatter" : "all-reduce",
-                                                        "s failed on rank 1 (see their errors): "
-                                                        "no rank steps")),
+                                                        "s failed on rank 1 (see its error), so "
+                                                        "no rank should step")),
                                 std::string::npos)
                           << error;
                     }
                     zero ? zero->ZeroGrad() : ddp->ZeroGrad();
                   }
+                  params[rank] = FlatParams(model);
                 }).ok());
+    EXPECT_EQ(MaxAbsDiff(params[0], params[1]), 0.0) << "the ranks' parameters differ";
   }
 }
 

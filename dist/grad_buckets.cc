@@ -226,18 +226,21 @@ absl::Status BucketReadiness::AgreeOnReductions(ProcessGroup& pg, const absl::St
     if (f == 1.0f) late.push_back(r);
     if (f == 2.0f) failed.push_back(r);
   }
+  // "rank 1 (see its error)", "ranks 1, 3 (see their errors)".
   const auto ranks = [](const std::vector<int>& rs) {
-    return absl::StrCat("rank", rs.size() == 1 ? " " : "s ", absl::StrJoin(rs, ", "));
+    const bool one = rs.size() == 1;
+    return absl::StrCat(one ? "rank " : "ranks ", absl::StrJoin(rs, ", "),
+                        one ? " (see its error)" : " (see their errors)");
   };
   if (!failed.empty()) {
     return absl::AbortedError(absl::StrCat("[", op, "] this step's ", collective, "s failed on ",
-                                           ranks(failed), " (see their errors): no rank steps"));
+                                           ranks(failed), ", so no rank should step"));
   }
   if (late.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "[", op, "] ", ranks(late), " wrote a gradient after its bucket's ", collective,
-      " went out (see their errors), so every rank's reduced gradients are wrong: no rank "
-      "steps. Use each parameter equally often on every rank"));
+      " went out, so every rank's reduced gradients are wrong and no rank should step. Use "
+      "each parameter equally often on every rank"));
 }
 
 void BucketReadiness::GiveBack(int bucket) {

@@ -155,13 +155,14 @@ class Zero1 {
 
   // Waits for this step's reduce-scatters (issuing those the root's
   // PostBackward did not) and casts low-precision results into the fp32
-  // gradient slices. Returns the first error: a gradient written after its
-  // bucket went out on any rank fails every rank (the ranks agree on it, so
-  // none steps). OK and nothing to do under no_sync. After a backward that
-  // threw on this rank (out of memory), this or ZeroGrad issues what it did
-  // not, so the ranks' collectives stay in step: to skip the batch
-  // everywhere, call ZeroGrad on the rank that threw, then agree
-  // (AnyOverRanks) before Step.
+  // gradient slices. Returns this rank's first error (its reduce-scatters',
+  // or a gradient it wrote after its bucket went out); or, when another rank
+  // failed so, an error naming that rank: the ranks agree on the result in
+  // one all-reduce, so none steps. OK and nothing to do under no_sync. After
+  // a backward that threw on this rank (out of memory), this or ZeroGrad
+  // issues what it did not, so the ranks' collectives stay in step: to skip
+  // the batch everywhere, every rank calls FinishBackward (ZeroGrad on the
+  // rank that threw), then the ranks agree (AnyOverRanks) before Step.
   absl::Status FinishBackward();
   // FinishBackward, then one optimizer step on this rank's slices
   // (ParamRefs(), one bucket at a time, each bucket's all-gather started
