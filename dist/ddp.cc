@@ -216,7 +216,7 @@ void DistributedDataParallel::IssueReadyBuckets() {
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
     internal::ZeroUnwrittenGrads(params_, b.params);  // parameters the backward did not reach
-    try {  // out of memory for the copy: the bucket goes back, for Finish to issue
+    internal::IssueOrGiveBack(*readiness_, copies_.get(), i, b.work, [&] {
       if (reduce_low_) {
         const tensor::Tensor low =
             copies_->Make(i, b.flat, options_.mixed_precision.reduce_dtype);
@@ -225,13 +225,7 @@ void DistributedDataParallel::IssueReadyBuckets() {
       } else {
         b.work = pg_.AllReduce(b.flat, ReduceOp::kAvg);
       }
-    } catch (...) {
-      if (b.work == nullptr) {  // not issued: no copy left to unpack, the bucket ready again
-        if (reduce_low_) copies_->Abandon(i);
-        readiness_->GiveBack(i);
-      }
-      throw;
-    }
+    });
     events_.push_back({Event::Kind::kBucketIssued, i});
   }
   // Free the copies of the buckets already reduced (errors surface in Finish).

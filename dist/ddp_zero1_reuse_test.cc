@@ -47,6 +47,30 @@ std::unique_ptr<optim::Optimizer> StillSgd() {
   return optim::SGD::Create(o).value();
 }
 
+// A model wrapped in DDP or ZeRO-1 (which one: the pointer set), both with
+// buckets of `bucket_cap_mb`.
+struct Wrapped {
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<Zero1> zero;
+  void ZeroGrad(bool set_to_none = false) {
+    ddp ? ddp->ZeroGrad(set_to_none) : zero->ZeroGrad(set_to_none);
+  }
+};
+Wrapped Wrap(Mode mode, nn::Module& m, ProcessGroup& pg, std::unique_ptr<optim::Optimizer> opt,
+             double bucket_cap_mb = 25) {
+  Wrapped w;
+  if (mode == Mode::kDdp) {
+    DdpOptions o;
+    o.bucket_cap_mb = bucket_cap_mb;
+    w.ddp = std::make_unique<DistributedDataParallel>(m, pg, o);
+  } else {
+    Zero1Options o;
+    o.bucket_cap_mb = bucket_cap_mb;
+    w.zero = std::make_unique<Zero1>(m, pg, std::move(opt), o);
+  }
+  return w;
+}
+
 // A Linear whose weights and biases are all far from zero.
 nn::LinearOptions RandomLinear() {
   nn::LinearOptions o;
@@ -260,27 +284,18 @@ TEST(DdpTest, AWeightTheParentAlsoUsesIsReducedAfterItsLastWrite) {
                   ParentReadsChildWeight m(kD);
                   m.Materialize(kSeed);
                   const Tensor rows = x.Narrow(0, rank * kRows / n, kRows / n).Contiguous();
-                  std::unique_ptr<DistributedDataParallel> ddp;
-                  std::unique_ptr<Zero1> zero;
-                  if (mode == Mode::kDdp) {
-                    DdpOptions o;
-                    o.bucket_cap_mb = 0.0001;  // the bias, then the weight
-                    ddp = std::make_unique<DistributedDataParallel>(m, pg, o);
-                  } else {
-                    Zero1Options o;
-                    o.bucket_cap_mb = 0.0001;
-                    zero = std::make_unique<Zero1>(m, pg, StillSgd(), o);
-                  }
+                  // Buckets: the bias, then the weight.
+                  Wrapped w = Wrap(mode, m, pg, StillSgd(), /*bucket_cap_mb=*/0.0001);
                   for (int step = 0; step < 3; ++step) {
                     const std::vector<float> got = HalfSquareGrads(m, rows, kRows / n);
-                    if (ddp) {
+                    if (w.ddp) {
                       EXPECT_LT(MaxAbsDiff(got, want), 1e-6) << "step " << step;
-                      ddp->ZeroGrad();
+                      w.ddp->ZeroGrad();
                     } else {
-                      ASSERT_TRUE(zero->FinishBackward().ok());
-                      ExpectSlicesEqual(ReducedSlices(*zero), want, 1e-6, rank);
-                      ASSERT_TRUE(zero->Step().ok());
-                      zero->ZeroGrad();
+                      ASSERT_TRUE(w.zero->FinishBackward().ok());
+                      ExpectSlicesEqual(ReducedSlices(*w.zero), want, 1e-6, rank);
+                      ASSERT_TRUE(w.zero->Step().ok());
+                      w.zero->ZeroGrad();
                     }
                   }
                 }).ok());
@@ -324,25 +339,16 @@ TEST(DdpTest, ALateWriteOnOneRankFailsEveryRank) {
     ASSERT_TRUE(RunRanks(n, [&](int rank, ProcessGroup& pg) {
                   ParentReadsChildWeight m(kD);
                   m.Materialize(kSeed);
-                  std::unique_ptr<DistributedDataParallel> ddp;
-                  std::unique_ptr<Zero1> zero;
-                  if (mode == Mode::kDdp) {
-                    DdpOptions o;
-                    o.bucket_cap_mb = 0.0001;  // the bias, then the weight
-                    ddp = std::make_unique<DistributedDataParallel>(m, pg, o);
-                  } else {
-                    Zero1Options o;
-                    o.bucket_cap_mb = 0.0001;
-                    zero = std::make_unique<Zero1>(m, pg, MakeOptimizer(Opt::kSgd), o);
-                  }
+                  // Buckets: the bias, then the weight.
+                  Wrapped w = Wrap(mode, m, pg, MakeOptimizer(Opt::kSgd), 0.0001);
                   const Tensor x = Tensor::Full({kRows, kD}, 0.5f + rank);
                   for (int step = 0; step < 3; ++step) {
                     m.uses_weight = step == 1 && rank == 1;
                     std::string error;
                     try {
                       HalfSquareGrads(m, x, kRows);  // DDP: fails at the root's PostBackward
-                      if (zero) {
-                        const absl::Status s = zero->Step();
+                      if (w.zero) {
+                        const absl::Status s = w.zero->Step();
                         if (!s.ok()) error = std::string(s.message());
                       }
                     } catch (const tensor::OpError& e) {
@@ -361,7 +367,7 @@ TEST(DdpTest, ALateWriteOnOneRankFailsEveryRank) {
                                 std::string::npos)
                           << error;
                     }
-                    ddp ? ddp->ZeroGrad() : zero->ZeroGrad();
+                    w.ZeroGrad();
                   }
                   params[rank] = ddp_zero1_testing::FlatParams(m);
                 }).ok());
@@ -379,29 +385,23 @@ TEST(DdpTest, ZeroGradZeroesAReplacedGradient) {
     ASSERT_TRUE(RunRanks(c.n, [&](int rank, ProcessGroup& pg) {
                   SharedTwice m(c.kD);
                   m.Materialize(kSeed);
-                  std::unique_ptr<DistributedDataParallel> ddp;
-                  std::unique_ptr<Zero1> zero;
-                  if (mode == Mode::kDdp) {
-                    ddp = std::make_unique<DistributedDataParallel>(m, pg);
-                  } else {
-                    zero = std::make_unique<Zero1>(m, pg, StillSgd());
-                  }
+                  Wrapped w = Wrap(mode, m, pg, StillSgd());
                   const Tensor x = c.RankRows(rank);
                   const int64_t rows = c.kRows / c.n;
                   HalfSquareGrads(m, x, rows);
-                  if (zero) ASSERT_TRUE(zero->Step().ok());
+                  if (w.zero) ASSERT_TRUE(w.zero->Step().ok());
                   nn::Parameter* p = m.NamedParameters().front().second;
                   p->grad = Tensor::Full(p->shape, 7.0);
                   const Tensor replaced = p->grad;
-                  ddp ? ddp->ZeroGrad(false) : zero->ZeroGrad(false);
+                  w.ZeroGrad(false);
                   for (float v : replaced.ToVector<float>()) ASSERT_EQ(v, 0.0f);
                   for (float v : p->grad.ToVector<float>()) ASSERT_EQ(v, 0.0f);
                   const std::vector<float> got = HalfSquareGrads(m, x, rows);
-                  if (ddp) {
+                  if (w.ddp) {
                     EXPECT_LT(MaxAbsDiff(got, c.want), 1e-6);
                   } else {
-                    ASSERT_TRUE(zero->FinishBackward().ok());
-                    ExpectSlicesEqual(ReducedSlices(*zero), c.want, 1e-6, rank);
+                    ASSERT_TRUE(w.zero->FinishBackward().ok());
+                    ExpectSlicesEqual(ReducedSlices(*w.zero), c.want, 1e-6, rank);
                   }
                 }).ok());
   }

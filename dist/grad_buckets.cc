@@ -289,6 +289,19 @@ void LowPrecisionCopies::Abandon(int bucket) {
   }
 }
 
+void IssueOrGiveBack(BucketReadiness& readiness, LowPrecisionCopies* copies, int bucket,
+                     const WorkPtr& work, const std::function<void()>& issue) {
+  try {
+    issue();
+  } catch (...) {
+    if (work == nullptr) {  // not issued: no copy left to unpack, the bucket ready again
+      if (copies != nullptr) copies->Abandon(bucket);
+      readiness.GiveBack(bucket);
+    }
+    throw;
+  }
+}
+
 void LowPrecisionCopies::WaitOldest() {
   Out& o = out_.front();
   OP_CHECK(o.work != nullptr, "grad_buckets", "bucket ", o.bucket,

@@ -234,6 +234,14 @@ class LowPrecisionCopies {
   int peak_ = 0, last_peak_ = 0;
 };
 
+// Runs issue(), which makes bucket `bucket`'s copy (when `copies` is set)
+// and starts its collective into `work`. When it throws before the collective
+// went out (out of memory for the copy), the copy is abandoned and the bucket
+// given back, so that the FinishBackward or ZeroGrad ending this backward
+// issues it and the ranks' collectives stay in step; the exception goes on.
+void IssueOrGiveBack(BucketReadiness& readiness, LowPrecisionCopies* copies, int bucket,
+                     const WorkPtr& work, const std::function<void()>& issue);
+
 // The low-precision compute copies of a replicated model (DDP's, ZeRO-1's):
 // the casts (SetCasts; none: nothing to cast) make param_dtype copies of the
 // fp32 masters at each root forward, and the masters are the values again

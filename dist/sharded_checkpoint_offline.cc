@@ -227,7 +227,7 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
       r.step = p.step;
       steps.insert(p.step);
       for (const std::string& b : optimizer_buffers) {
-        std::vector<sharded::SliceRec>& slices = r.state[b];
+        std::vector<sharded::SliceRec>& slices = r.state[b];  // listed even when empty
         if (r.numel > 0) slices.push_back(slice(b, p.name, r.numel));
       }
     }

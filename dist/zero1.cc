@@ -266,7 +266,7 @@ void Zero1::IssueReadyBuckets() {
     if (!b.trains) continue;  // frozen parameters only: nothing to reduce
     tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
     const int64_t mine = b.seg.shard_begin - b.seg.begin;
-    try {  // out of memory for the copy: the bucket goes back, for FinishBackward to issue
+    internal::IssueOrGiveBack(*readiness_, copies_.get(), i, b.work, [&] {
       if (reduce_low_) {
         const tensor::Tensor low =
             copies_->Make(i, segment, options_.mixed_precision.reduce_dtype);
@@ -276,13 +276,7 @@ void Zero1::IssueReadyBuckets() {
         b.work = pg_.ReduceScatter(segment, segment.Narrow(0, mine, b.seg.shard_numel),
                                    ReduceOp::kAvg);
       }
-    } catch (...) {
-      if (b.work == nullptr) {  // not issued: no copy left to unpack, the bucket ready again
-        if (reduce_low_) copies_->Abandon(i);
-        readiness_->GiveBack(i);
-      }
-      throw;
-    }
+    });
     events_.push_back({BackwardEvent::Kind::kBucketIssued, i});
   }
   // Free the copies of the buckets already reduced (errors surface in FinishBackward).
