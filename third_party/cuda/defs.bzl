@@ -147,3 +147,40 @@ def cuda_enabled_select(if_cuda, if_not = [], if_emu = None):
         "@fsdp//third_party/cuda:emu": if_cuda if if_emu == None else if_emu,
         "//conditions:default": if_not,
     })
+
+def _link_only_impl(ctx):
+    dep = ctx.attr.dep
+    return [
+        CcInfo(linking_context = dep[CcInfo].linking_context),
+        DefaultInfo(runfiles = dep[DefaultInfo].default_runfiles),
+    ]
+
+_link_only = rule(
+    implementation = _link_only_impl,
+    attrs = {"dep": attr.label(providers = [CcInfo])},
+)
+
+def link_only(name, dep, visibility = None, **kwargs):
+    """`dep`'s objects and libraries for the link, without its headers or include paths."""
+    _link_only(name = name, dep = dep, visibility = visibility, **kwargs)
+
+def cuda_link_only(name, dep, visibility = None):
+    """`dep`'s objects and libraries for the link, without its headers or include paths.
+
+    The seams between the CPU code and the CUDA backend (tensor's allocator and
+    kernel declarations, the nccl backend) declare everything their users
+    include themselves; the real backend behind them only has to be linked. Its
+    include paths (CUDA's, the emulation's) would otherwise reach every file
+    that includes the seam, so --config=cuda would compile the whole project
+    again with different command lines. With them kept out, the files that do
+    not include CUDA compile alike in every configuration, and Bazel reuses their
+    objects across configurations (what Bazel 5's implementation_deps does). The
+    stubs behind the seams are linked the same way (link_only): a compile's
+    declared headers must be the same too.
+    """
+    _link_only(
+        name = name,
+        dep = dep,
+        target_compatible_with = cuda_compatible(),
+        visibility = visibility,
+    )
