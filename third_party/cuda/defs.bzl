@@ -160,27 +160,32 @@ _link_only = rule(
     attrs = {"dep": attr.label(providers = [CcInfo])},
 )
 
-def link_only(name, dep, visibility = None, **kwargs):
-    """`dep`'s objects and libraries for the link, without its headers or include paths."""
-    _link_only(name = name, dep = dep, visibility = visibility, **kwargs)
+def cuda_seam(name, hdrs, deps, real, stub, visibility = None):
+    """A cc_library of `hdrs` (and `deps`) behind which `real` is linked with
+    --config=cuda or --config=cuda_emu, and `stub` otherwise.
 
-def cuda_link_only(name, dep, visibility = None):
-    """`dep`'s objects and libraries for the link, without its headers or include paths.
-
-    The seams between the CPU code and the CUDA backend (tensor's allocator and
-    kernel declarations, the nccl backend) declare everything their users
-    include themselves; the real backend behind them only has to be linked. Its
-    include paths (CUDA's, the emulation's) would otherwise reach every file
-    that includes the seam, so --config=cuda would compile the whole project
-    again with different command lines. With them kept out, the files that do
-    not include CUDA compile alike in every configuration, and Bazel reuses their
-    objects across configurations (what Bazel 5's implementation_deps does). The
-    stubs behind the seams are linked the same way (link_only): a compile's
-    declared headers must be the same too.
+    Both are linked only (_link_only: a CcInfo with the linking context alone):
+    their headers and include paths (CUDA's, the emulation's) do not reach the
+    files that include `hdrs`, so those compile with the same command lines
+    and inputs in every configuration and Bazel reuses their objects across
+    configurations, as Bazel 5's implementation_deps would (with the real
+    backend as a plain dependency, --config=cuda compiled the whole project
+    again). `hdrs` must declare all that users of the seam include; `real` and
+    `stub` implement them.
     """
     _link_only(
-        name = name,
-        dep = dep,
+        name = name + "_real_linked",
+        dep = real,
         target_compatible_with = cuda_compatible(),
+        visibility = ["//visibility:private"],
+    )
+    _link_only(name = name + "_stub_linked", dep = stub, visibility = ["//visibility:private"])
+    native.cc_library(
+        name = name,
+        hdrs = hdrs,
+        deps = deps + cuda_enabled_select(
+            if_cuda = [":" + name + "_real_linked"],
+            if_not = [":" + name + "_stub_linked"],
+        ),
         visibility = visibility,
     )
