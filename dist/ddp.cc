@@ -169,10 +169,14 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
   // A backward whose root PostBackward never ran (an API user's, abandoned)
   // may still be all-reducing into the buckets: finish it before they are
   // zeroed or handed back to the next backward.
+  // Its gradients, partial on some rank or not, are dropped here: that is no
+  // error.
   if (syncing_this_step_ && !finished_) {
-    const absl::Status status = Finish();
-    OP_CHECK(status.ok(), "ddp", "ZeroGrad: the all-reduces in flight failed: ", status.ToString());
+    const internal::AgreedReductions agreed = Finish();
+    OP_CHECK(agreed.status.ok() || agreed.only_partial, "ddp",
+             "ZeroGrad: the all-reduces in flight failed: ", agreed.status.ToString());
   }
+  partial_.Clear();
   compute_.RestoreMastersAfterBackward();
   if (set_to_none) {
     internal::DropGrads(params_);
@@ -198,8 +202,9 @@ void DistributedDataParallel::OnRootPreBackward() {
   compute_.OnRootPreBackward();
   readiness_->EndForward();
   // A step still in flight (a backward whose root PostBackward never ran).
-  if (!finished_) Finish().IgnoreError();
+  if (!finished_) Finish().status.IgnoreError();
   internal::CheckFrozenUnchanged("ddp", params_, frozen_);
+  partial_.OnRootPreBackward();
   // Gradients dropped (ZeroGrad(set_to_none)) or replaced go back to the buckets.
   internal::PointGradsAtBuckets(params_, grad_views_);
   syncing_this_step_ = require_sync_;
@@ -208,7 +213,7 @@ void DistributedDataParallel::OnRootPreBackward() {
   readiness_->StartBackward();
   for (auto& b : buckets_) b.work.reset();
   finished_ = false;
-  status_ = absl::OkStatus();
+  agreed_ = {};
 }
 
 void DistributedDataParallel::IssueReadyBuckets() {
@@ -236,12 +241,13 @@ void DistributedDataParallel::OnPostBackward(nn::Module& module) {
   if (&module == &model_) {
     // Backward is over: the optimizer steps the fp32 masters; gradients it
     // did not reach are zeros (under no_sync too).
+    partial_.OnRootPostBackward();
     compute_.RestoreMasters();
     internal::ZeroUnwrittenGrads(params_);
     if (!syncing_this_step_ || finished_) return;
     events_.push_back({Event::Kind::kRootPostBackward, -1});
     readiness_->EndBackward();
-    absl::Status status = Finish();
+    const absl::Status status = Finish().status;
     OP_CHECK(status.ok(), "ddp", "the synced backward failed: ", status.ToString());
     return;
   }
@@ -250,8 +256,8 @@ void DistributedDataParallel::OnPostBackward(nn::Module& module) {
   IssueReadyBuckets();
 }
 
-absl::Status DistributedDataParallel::Finish() {
-  if (finished_) return status_;
+internal::AgreedReductions DistributedDataParallel::Finish() {
+  if (finished_) return agreed_;
   readiness_->MarkAllFinal();
   IssueReadyBuckets();
   absl::Status status;
@@ -259,16 +265,15 @@ absl::Status DistributedDataParallel::Finish() {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
-  status = readiness_->AgreeOnReductions(pg_, status, "ddp", "all-reduce");
+  agreed_ = readiness_->AgreeOnReductions(pg_, status, partial_.partial(), "ddp", "all-reduce");
   events_.push_back({Event::Kind::kReductionsDone, -1});
   finished_ = true;
-  status_ = status;
-  return status;
+  return agreed_;
 }
 
 absl::Status DistributedDataParallel::FinishBackward() {
   if (!syncing_this_step_) return absl::OkStatus();
-  return Finish();
+  return Finish().status;
 }
 
 }  // namespace dist

@@ -30,7 +30,8 @@
 // while backward goes on (a gradient written after its bucket went out stops
 // the backward with an error naming it, not a wrong average; the ranks agree
 // on it, so a late write on one rank stops every rank's backward, the others
-// naming that rank). At the root's PostBackward the
+// naming that rank; so does a backward that threw partway on one rank, whose
+// gradients are partial: see FinishBackward). At the root's PostBackward the
 // remaining buckets are issued and all are waited for (FinishBackward), so when
 // the root's RunBackward returns, every rank holds the averaged gradients.
 // Hooks installed on the model's modules after this object are not chained:
@@ -180,8 +181,15 @@ class DistributedDataParallel {
   // agree on the result in one all-reduce. OK and nothing to do under
   // no_sync. After a backward that threw on this rank (out of memory), this
   // or ZeroGrad issues what it did not, so the ranks' collectives stay in
-  // step: to skip the batch everywhere, call ZeroGrad on the rank that threw,
-  // then agree (AnyOverRanks) before stepping.
+  // step. A backward that threw before the root's backward ended left partial
+  // gradients (internal::PartialBackward): this returns FailedPrecondition on
+  // that rank and an error naming it on the others (their root's
+  // PostBackward throws it), so no rank steps. The gradients stay partial
+  // until ZeroGrad, on every rank, skips the batch: a synced backward after
+  // one that stopped under no_sync, or after this error without ZeroGrad, is
+  // refused too. One that threw after the root's backward ended (a reduction
+  // copy out of memory) wrote every gradient: this issues what it did not and
+  // the step goes on.
   absl::Status FinishBackward();
 
   // Sets every gradient (every bucket) to zero in place; or, with
@@ -189,7 +197,9 @@ class DistributedDataParallel {
   // gradients (undefined until the next backward) and zeroes nothing: that
   // backward writes each gradient into its bucket instead of adding to zeros.
   // A backward whose all-reduces are still in flight (one that threw) is
-  // finished first.
+  // finished first: a backward that stopped partway on some rank is no error
+  // here (its gradients are the ones dropped); its all-reduces failing is
+  // (OpError).
   void ZeroGrad(bool set_to_none = false);
   // Before forward passes without a backward (evaluation, generation): the
   // compute copies (mixed precision) are made once here and kept until
@@ -243,7 +253,7 @@ class DistributedDataParallel {
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void IssueReadyBuckets();
-  absl::Status Finish();
+  internal::AgreedReductions Finish();
 
   nn::Module& model_;
   ProcessGroup& pg_;
@@ -253,8 +263,9 @@ class DistributedDataParallel {
   std::vector<tensor::Tensor> grad_views_;  // per parameter: its view of its bucket
   std::vector<Bucket> buckets_;
   std::unique_ptr<internal::BucketReadiness> readiness_;
-  bool finished_ = true;  // this step's all-reduces waited for
-  absl::Status status_;   // their result
+  bool finished_ = true;              // this step's all-reduces waited for
+  internal::AgreedReductions agreed_;  // their result
+  internal::PartialBackward partial_;  // a backward stopped partway since ZeroGrad
   bool require_sync_ = true;
   bool syncing_this_step_ = false;
   std::vector<Event> events_;

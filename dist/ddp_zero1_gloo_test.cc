@@ -1,8 +1,11 @@
 // DDP and ZeRO-1 across real processes over gloo, for what threads cannot
 // show: a rank that runs out of memory making a bucket's bf16 reduction copy
-// (its backward throws) gives the bucket back, so the FinishBackward or Step
-// that follows issues it and pairs with the other rank's collective; both
-// ranks hold the averaged gradient and train on in step.
+// at the root's PostBackward (its backward throws after writing every
+// gradient) gives the bucket back, so the FinishBackward or Step that follows
+// issues it and pairs with the other rank's collective; both ranks hold the
+// averaged gradient and train on in step. (Out of memory before the root's
+// backward ended leaves partial gradients, which no rank steps on:
+// ddp_zero1_test's ABackwardStoppedPartwayOnOneRankStopsEveryRank.)
 #include <memory>
 #include <new>
 #include <string>

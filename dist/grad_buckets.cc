@@ -207,25 +207,46 @@ int BucketReadiness::TakeNextReady() {
   return next_++;
 }
 
-absl::Status BucketReadiness::AgreeOnReductions(ProcessGroup& pg, const absl::Status& collectives,
-                                                const char* op, const char* collective) const {
-  const absl::Status mine =
-      collectives.ok() ? CheckNoLateWrites(op, collective) : collectives;
-  if (pg.size() == 1) return mine;
+AgreedReductions BucketReadiness::AgreeOnReductions(ProcessGroup& pg,
+                                                    const absl::Status& collectives, bool partial,
+                                                    const char* op,
+                                                    const char* collective) const {
+  // The flag this rank reports: 0 OK, 1 a late write, 2 its collectives
+  // failed, 3 its backward stopped partway (a late-write check means nothing
+  // for a partial backward, which wrote less).
+  constexpr float kLate = 1, kFailed = 2, kPartial = 3;
+  float flag = 0;
+  absl::Status mine = collectives;
+  if (!collectives.ok()) {
+    flag = kFailed;
+  } else if (partial) {
+    flag = kPartial;
+    mine = absl::FailedPreconditionError(absl::StrCat(
+        "[", op, "] this rank's backward stopped partway (it threw before the root module's "
+        "backward ended), so its gradients are partial and no rank should step on their "
+        "average; call ZeroGrad on every rank to skip the batch"));
+  } else {
+    mine = CheckNoLateWrites(op, collective);
+    if (!mine.ok()) flag = kLate;
+  }
+  if (pg.size() == 1) return {mine, flag == kPartial};
   // An all-reduce (max) of one flag per rank (an all-reduce like the step's
-  // own, no all-gather where DDP has none): 1 where that rank wrote late, 2
-  // where its collectives failed. On a broken group it fails at once.
+  // own, no all-gather where DDP has none). On a broken group it fails at once.
   tensor::Tensor flags = tensor::Tensor::Zeros({pg.size()});  // (N,)
-  flags.data<float>()[pg.rank()] = mine.ok() ? 0.0f : collectives.ok() ? 1.0f : 2.0f;
+  flags.data<float>()[pg.rank()] = flag;
   const absl::Status exchanged = pg.AllReduceSync(flags, ReduceOp::kMax);
-  if (!mine.ok()) return mine;  // this rank's own, whatever the exchange gave
-  if (!exchanged.ok()) return exchanged;
-  std::vector<int> late, failed;
+  if (!exchanged.ok()) return {flag == kPartial || mine.ok() ? exchanged : mine, false};
+  std::vector<int> late, failed, stopped;
   for (int r = 0; r < pg.size(); ++r) {
     const float f = flags.data<float>()[r];
-    if (f == 1.0f) late.push_back(r);
-    if (f == 2.0f) failed.push_back(r);
+    if (f == kLate) late.push_back(r);
+    if (f == kFailed) failed.push_back(r);
+    if (f == kPartial) stopped.push_back(r);
   }
+  const bool only_partial = !stopped.empty() && late.empty() && failed.empty();
+  // This rank's own error; a partial backward's only when no rank failed
+  // otherwise (that failure, named below, is the one that matters).
+  if (!mine.ok() && (flag != kPartial || only_partial)) return {mine, only_partial};
   // "rank 1 (see its error)", "ranks 1, 3 (see their errors)".
   const auto ranks = [](const std::vector<int>& rs) {
     const bool one = rs.size() == 1;
@@ -233,14 +254,24 @@ absl::Status BucketReadiness::AgreeOnReductions(ProcessGroup& pg, const absl::St
                         one ? " (see its error)" : " (see their errors)");
   };
   if (!failed.empty()) {
-    return absl::AbortedError(absl::StrCat("[", op, "] this step's ", collective, "s failed on ",
-                                           ranks(failed), ", so no rank should step"));
+    return {absl::AbortedError(absl::StrCat("[", op, "] this step's ", collective,
+                                            "s failed on ", ranks(failed),
+                                            ", so no rank should step")),
+            false};
   }
-  if (late.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "[", op, "] ", ranks(late), " wrote a gradient after its bucket's ", collective,
-      " went out, so every rank's reduced gradients are wrong and no rank should step. Use "
-      "each parameter equally often on every rank"));
+  if (!late.empty()) {
+    return {absl::FailedPreconditionError(absl::StrCat(
+                "[", op, "] ", ranks(late), " wrote a gradient after its bucket's ", collective,
+                " went out, so every rank's reduced gradients are wrong and no rank should "
+                "step. Use each parameter equally often on every rank")),
+            false};
+  }
+  if (stopped.empty()) return {absl::OkStatus(), false};
+  return {absl::FailedPreconditionError(absl::StrCat(
+              "[", op, "] the backward stopped partway on ", ranks(stopped),
+              ", so the reduced gradients are not this batch's and no rank should step; "
+              "call ZeroGrad on every rank to skip the batch")),
+          only_partial};
 }
 
 void BucketReadiness::GiveBack(int bucket) {

@@ -91,6 +91,48 @@ void CheckFrozenUnchanged(const char* op,
 // of the parameters in its subtree.
 std::unordered_map<nn::Module*, std::vector<int>> SubtreeParameterIndices(nn::Module& root);
 
+// Whether a rank's gradients hold the writes of a backward that stopped
+// partway -- it threw before the root's backward ended (an error or an out
+// of memory in some layer), so some gradients are missing or half
+// accumulated -- since they were last zeroed. DDP and ZeRO-1 still issue
+// such a backward's remaining collectives (the ranks stay in step), but the
+// average is not one of the batch's gradients, so no rank may step on it
+// (AgreeOnReductions). A backward that threw after its root's backward ended
+// (a reduction copy out of memory at the root's PostBackward) wrote every
+// gradient: it is not partial.
+class PartialBackward {
+ public:
+  // The root's PreBackward, after any backward still in flight was finished:
+  // a backward still open stopped partway, and its writes stay in the
+  // gradients this one adds to.
+  void OnRootPreBackward() {
+    partial_ = partial_ || open_;
+    open_ = true;
+  }
+  // The root's PostBackward: this backward wrote every gradient it would.
+  void OnRootPostBackward() { open_ = false; }
+  // Outside a backward (FinishBackward, ZeroGrad, Step, the next root
+  // PreBackward): the gradients hold a partial backward's writes.
+  bool partial() const { return partial_ || open_; }
+  // ZeroGrad zeroed or dropped the gradients.
+  void Clear() { partial_ = open_ = false; }
+
+ private:
+  bool open_ = false;     // a root PreBackward without its PostBackward yet
+  bool partial_ = false;  // an earlier backward stopped partway
+};
+
+// The result of BucketReadiness::AgreeOnReductions.
+struct AgreedReductions {
+  // OK; this rank's own error; an error naming the ranks that failed; or
+  // the exchange's own error (the group is broken).
+  absl::Status status;
+  // Every failure any rank reported was a partial backward (its collectives
+  // completed, no gradient was written late): ZeroGrad, which drops the
+  // gradients, skips the batch on every rank without an error.
+  bool only_partial = false;
+};
+
 // Which buckets' gradients are final during a synced backward. A
 // parameter's gradient is final once both hold:
 //  - the modules of its subtree ran as many backwards as forwards (a module
@@ -146,15 +188,18 @@ class BucketReadiness {
   // `collective` read it while it changed, so every rank's copy is wrong.
   absl::Status CheckNoLateWrites(const char* op, const char* collective) const;
   // The step's reductions agreed over the ranks: `collectives` (this rank's
-  // result of waiting for them), then CheckNoLateWrites, exchanged in an
-  // all-reduce of one flag per rank (none at world size 1). A failure on
-  // some ranks only (a late write from a rank-dependent forward, a result
-  // this rank alone could not copy back) fails every rank, this one with its
-  // own error and the others naming the ranks, instead of some stepping while
-  // the others wait in their next collective. Collective: every rank calls it
-  // once per synced backward, whatever its own result.
-  absl::Status AgreeOnReductions(ProcessGroup& pg, const absl::Status& collectives,
-                                 const char* op, const char* collective) const;
+  // result of waiting for them), then `partial` (this rank's gradients hold
+  // a backward that stopped partway: PartialBackward), then
+  // CheckNoLateWrites, exchanged in an all-reduce of one flag per rank (none
+  // at world size 1). A failure on some ranks only (a late write from a
+  // rank-dependent forward, a result this rank alone could not copy back, a
+  // backward that threw partway on one rank) fails every rank, this one with
+  // its own error and the others naming the ranks, instead of some stepping
+  // on a wrong average or waiting in their next collective. Collective: every
+  // rank calls it once per synced backward, whatever its own result.
+  AgreedReductions AgreeOnReductions(ProcessGroup& pg, const absl::Status& collectives,
+                                     bool partial, const char* op,
+                                     const char* collective) const;
 
  private:
   void MarkFinal(int param);

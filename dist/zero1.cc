@@ -204,11 +204,15 @@ std::vector<optim::ParamRef> Zero1::ParamRefs() const {
 void Zero1::ZeroGrad(bool set_to_none) {
   // A backward whose reductions Step never took may still be reduce-
   // scattering into the flat gradient: finish it before it is zeroed.
+  // Its gradients, partial on some rank or not, are dropped here: that is no
+  // error.
   if (syncing_this_step_ || in_flight_) {
-    const absl::Status status = FinishBackward();
-    OP_CHECK(status.ok(), "zero1", "ZeroGrad: the reduce-scatters in flight failed: ",
-             status.ToString());
+    const internal::AgreedReductions agreed = Finish();
+    OP_CHECK(agreed.status.ok() || agreed.only_partial, "zero1",
+             "ZeroGrad: the reduce-scatters in flight failed: ", agreed.status.ToString());
   }
+  partial_.Clear();
+  refused_ = absl::OkStatus();
   compute_.RestoreMastersAfterBackward();
   stepped_ = false;
   reduced_ = false;  // gradients a Step() did not take are dropped too
@@ -236,7 +240,7 @@ void Zero1::OnRootPreBackward() {
   compute_.OnRootPreBackward();
   readiness_->EndForward();
   // A step still in flight (a backward whose reductions Step never took).
-  if (syncing_this_step_ || in_flight_) FinishBackward().IgnoreError();
+  if (syncing_this_step_ || in_flight_) Finish().status.IgnoreError();
   // The reduce-scatters work in place: after a synced backward this rank's
   // slices hold averages and the rest of the flat gradient its own local
   // gradient, which no later backward can add to and reduce again.
@@ -249,6 +253,7 @@ void Zero1::OnRootPreBackward() {
            "a backward after Step() without ZeroGrad(): the flat gradient still holds the last "
            "step's reduced slices and local gradients; call ZeroGrad() after Step()");
   internal::CheckFrozenUnchanged("zero1", params_, frozen_);
+  partial_.OnRootPreBackward();
   // Gradients dropped (ZeroGrad(set_to_none)) or replaced go back to the buckets.
   internal::PointGradsAtBuckets(params_, grad_views_);
   syncing_this_step_ = require_sync_;
@@ -285,6 +290,7 @@ void Zero1::IssueReadyBuckets() {
 
 void Zero1::OnPostBackward(nn::Module& module) {
   if (&module == &model_) {
+    partial_.OnRootPostBackward();
     compute_.RestoreMasters();  // backward is over
     internal::ZeroUnwrittenGrads(params_);  // what it did not reach: zeros (under no_sync too)
     if (!syncing_this_step_) return;
@@ -299,29 +305,32 @@ void Zero1::OnPostBackward(nn::Module& module) {
   IssueReadyBuckets();
 }
 
-absl::Status Zero1::FinishBackward() {
+internal::AgreedReductions Zero1::Finish() {
   if (syncing_this_step_) {  // the root's PostBackward did not run
     readiness_->MarkAllFinal();
     IssueReadyBuckets();
     syncing_this_step_ = false;
   }
-  if (!in_flight_) return absl::OkStatus();
+  if (!in_flight_) return {};
   absl::Status status;
   for (Bucket& b : buckets_) {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
-  status = readiness_->AgreeOnReductions(pg_, status, "zero1", "reduce-scatter");
+  const internal::AgreedReductions agreed =
+      readiness_->AgreeOnReductions(pg_, status, partial_.partial(), "zero1", "reduce-scatter");
   for (Bucket& b : buckets_) b.work.reset();
   events_.push_back({BackwardEvent::Kind::kReductionsDone, -1});
   in_flight_ = false;
-  if (status.ok()) reduced_ = true;
-  return status;
+  if (agreed.status.ok()) reduced_ = true;
+  refused_ = agreed.status;
+  return agreed;
 }
 
 absl::Status Zero1::Step() {
   absl::Status status = FinishBackward();
   if (!status.ok()) return status;
+  if (!reduced_ && !refused_.ok()) return refused_;  // FinishBackward said why
   if (!reduced_) {
     return absl::FailedPreconditionError(
         "zero1: Step() without a synced backward since the last step");

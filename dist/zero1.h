@@ -160,10 +160,17 @@ class Zero1 {
   // failed so, an error naming that rank: the ranks agree on the result in
   // one all-reduce, so none steps. OK and nothing to do under no_sync. After
   // a backward that threw on this rank (out of memory), this or ZeroGrad
-  // issues what it did not, so the ranks' collectives stay in step: to skip
-  // the batch everywhere, every rank calls FinishBackward (ZeroGrad on the
-  // rank that threw), then the ranks agree (AnyOverRanks) before Step.
-  absl::Status FinishBackward();
+  // issues what it did not, so the ranks' collectives stay in step. A
+  // backward that threw before the root's backward ended left partial
+  // gradients (internal::PartialBackward): this (and Step, until ZeroGrad)
+  // returns FailedPrecondition on that rank and an error naming it on the
+  // others, so no rank steps. The gradients stay partial until ZeroGrad, on
+  // every rank, skips the batch: a synced backward after one that stopped
+  // under no_sync, or after this error without ZeroGrad, is refused too. One
+  // that threw after the root's backward ended (a reduction copy out of
+  // memory) wrote every gradient: this issues what it did not and the step
+  // goes on.
+  absl::Status FinishBackward() { return Finish().status; }
   // FinishBackward, then one optimizer step on this rank's slices
   // (ParamRefs(), one bucket at a time, each bucket's all-gather started
   // right after its step). FailedPrecondition when no synced backward ran
@@ -179,7 +186,9 @@ class Zero1 {
   // next backward) and zeroes nothing: that backward writes each gradient
   // into the flat gradient instead of adding to zeros (frozen parameters' and
   // padding elements stay the zeros they always are). A backward whose
-  // reductions are still in flight (one that threw) is finished first.
+  // reductions are still in flight (one that threw) is finished first: a
+  // backward that stopped partway on some rank is no error here (its
+  // gradients are the ones dropped); its reduce-scatters failing is (OpError).
   void ZeroGrad(bool set_to_none = false);
   // Before forward passes without a backward (evaluation, generation): the
   // compute copies (mixed precision) are made once here and kept until
@@ -283,6 +292,7 @@ class Zero1 {
   void OnRootPreBackward();
   void OnPostBackward(nn::Module& module);
   void IssueReadyBuckets();
+  internal::AgreedReductions Finish();
   // This rank's slice of `b`'s flat parameter (param_dtype).
   tensor::Tensor OwnSlice(const Bucket& b) const;
   // Writes this rank's master slice of `b` into its buffer (rounded to the
@@ -314,6 +324,8 @@ class Zero1 {
   bool in_flight_ = false;          // reduce-scatters issued and not waited for
   bool reduced_ = false;            // a synced backward's gradients are ready for Step
   bool stepped_ = false;            // Step() ran, and ZeroGrad() has not since
+  internal::PartialBackward partial_;  // a backward stopped partway since ZeroGrad
+  absl::Status refused_;  // the last Finish's error, which Step repeats until ZeroGrad
   std::vector<BackwardEvent> events_;
   std::unique_ptr<internal::BackwardHooks> hooks_;
 };
