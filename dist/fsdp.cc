@@ -241,10 +241,25 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
       for (auto& [name, p] : module->LocalParameters()) kept_fp32.insert(p);
     }
   }
+  FailureAgreement agreement(pg, device);
   // Buffers (BatchNorm's running statistics) are not sharded: every rank
-  // keeps its own on the compute device.
-  for (auto& [name, buffer] : root.NamedBuffers()) {
-    if (buffer->defined() && buffer->device() != device) *buffer = buffer->To(device);
+  // keeps its own on the compute device. Moving them there may run out of
+  // memory on some ranks only: the ranks agree before any collective (a model
+  // without buffers, the same on every rank, exchanges nothing).
+  const auto buffers = root.NamedBuffers();
+  if (!buffers.empty()) {
+    std::exception_ptr move_failure;
+    try {
+      for (auto& [name, buffer] : buffers) {
+        if (buffer->defined() && buffer->device() != device) *buffer = buffer->To(device);
+      }
+    } catch (...) {
+      move_failure = std::current_exception();
+    }
+    agreement.AgreeOrRethrow(move_failure,
+                             absl::StrCat("moving its buffers to ", device.ToString()));
+  }
+  for (auto& [name, buffer] : buffers) {
     if (options_.sync_module_states && buffer->defined()) {
       absl::Status s = pg.BroadcastSync(*buffer, 0);
       OP_CHECK(s.ok(), "FullyShard", "sync_module_states: buffer ", name, ": ", s.ToString());
@@ -259,7 +274,6 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // memory): it may fail on some ranks only. Those ranks skip the later
   // Inits but keep making the same collectives, and all agree below.
   std::exception_ptr init_failure;  // this rank's first
-  FailureAgreement agreement(pg, device);
   std::optional<UnitValuesBroadcast> broadcast;
   if (options_.sync_module_states) broadcast.emplace(pg, device);
   for (size_t i = 0; i < plans.size(); ++i) {

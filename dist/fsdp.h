@@ -352,7 +352,10 @@ void PrefetchNeighbors(FullyShardedModel& model, int k);
 // Shards `root` over `pg` (any engine whose collectives take tensors on
 // options.device). Throws tensor::OpError when a unit module already has
 // hooks or an option is invalid (the message names it), e.g. a CUDA device
-// this binary or machine does not have.
+// this binary or machine does not have. A failure on some ranks only (out of
+// memory moving the buffers to the device or initializing a unit's shard)
+// fails every rank together: that rank with its own error, the others with
+// an OpError naming it, and the group stays usable.
 std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
                                               FsdpOptions options = {});
 

@@ -6,16 +6,22 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "dist/fsdp.h"
 #include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "nn/linear.h"
+#include "nn/module.h"
 #include "optim/adamw.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 
 namespace dist {
@@ -131,6 +137,61 @@ TEST(FsdpCudaTest, LedgerShowsShardsOnTheGpuOrOffloadedToTheHost) {
     });
     EXPECT_TRUE(s.ok()) << s;
   }
+}
+
+// A Linear with a buffer of n floats (as BatchNorm's running statistics).
+class LinearWithBuffer : public nn::Module {
+ public:
+  explicit LinearWithBuffer(int64_t n) : nn::Module("LinearWithBuffer") {
+    linear_ = RegisterModule("linear", std::make_unique<nn::Linear>(4, 4));
+    RegisterBuffer("stats", Tensor::Zeros({n}));
+  }
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    return linear_->Run(in, ctx.Child(0));
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    return linear_->RunBackward(grad, ctx.Child(0));
+  }
+
+ private:
+  nn::Linear* linear_;
+};
+
+// Rank 1 runs out of memory moving its buffers to the GPU (its 64 MiB do not
+// fit under a limit 32 MiB above what the process holds; rank 0's 1 KiB do):
+// FullyShard fails on both ranks together, rank 1 with its own error and
+// rank 0 naming rank 1, before any other collective, and the group stays
+// usable.
+TEST(FsdpCudaTest, ARankOutOfMemoryMovingItsBuffersFailsEveryRank) {
+  SKIP_WITHOUT_GPU();
+  struct Lift {
+    ~Lift() { tensor::cuda::SetDeviceMemoryLimit(0, -1); }
+  } lift;
+  tensor::cuda::ReleaseCachedDeviceMemory(0);  // what is reserved now is live
+  tensor::cuda::SetDeviceMemoryLimit(0, tensor::cuda::DeviceReservedBytes(0) + (32 << 20));
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    LinearWithBuffer m(rank == 1 ? int64_t{16} << 20 : 256);
+    FsdpOptions o;
+    o.device = Device::Cuda(0);
+    std::string error;
+    try {
+      auto fsdp = FullyShard(m, pg, o);
+      error = "no error";
+    } catch (const tensor::OutOfMemoryError& e) {
+      error = absl::StrCat("out of memory: ", e.what());
+    } catch (const tensor::OpError& e) {
+      error = e.what();
+    }
+    const std::string want =
+        rank == 1 ? "past this process's limit of "
+                  : "[FullyShard] moving its buffers to cuda:0 failed on rank(s) 1 (see their "
+                    "errors)";
+    EXPECT_NE(error.find(want), std::string::npos) << "rank " << rank << ": " << error;
+    EXPECT_TRUE(pg.BarrierSync().ok()) << "rank " << rank;
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace

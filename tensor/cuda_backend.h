@@ -27,6 +27,24 @@ int ComputeCapability(int index);
 std::string DeviceName(int index);
 // The caching allocator of cuda:index.
 Allocator& DeviceAllocator(int index);
+// Caps what this process's caching allocator may reserve on cuda:index
+// (cudaMalloc'd blocks, live or cached) at `bytes`: a request past it
+// releases the cache, retries, then throws OutOfMemoryError naming the limit,
+// as running out of the device would. PyTorch's
+// torch.cuda.set_per_process_memory_fraction, in bytes: to leave room for
+// another process on the GPU, or to see a smaller GPU's out of memory on a
+// larger one. -1 (the default): no cap. Throws OpError for a device not
+// visible or bytes < -1. Blocks reserved already stay.
+void SetDeviceMemoryLimit(int index, int64_t bytes);
+// The cap on cuda:index (-1: none).
+int64_t DeviceMemoryLimit(int index);
+// What this process's caching allocator holds on cuda:index now, in live
+// blocks and cached free ones.
+int64_t DeviceReservedBytes(int index);
+// Frees the caching allocator's free blocks on cuda:index, every thread's
+// (after the device finished their last kernels); the bytes freed. Live
+// blocks stay. PyTorch's torch.cuda.empty_cache().
+int64_t ReleaseCachedDeviceMemory(int index);
 // Page-locked host memory (cudaHostAlloc, freed blocks cached by size) for CPU
 // tensors that travel to and from GPUs, such as FSDP's offloaded shards:
 // copies need no staging buffer. nullptr without CUDA support or a visible

@@ -15,6 +15,14 @@ int DeviceCount() { return 0; }
 int ComputeCapability(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
 std::string DeviceName(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
 Allocator& DeviceAllocator(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
+void SetDeviceMemoryLimit(int index, int64_t) {
+  ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")");
+}
+int64_t DeviceMemoryLimit(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
+int64_t DeviceReservedBytes(int index) { ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")"); }
+int64_t ReleaseCachedDeviceMemory(int index) {
+  ThrowOpError("cuda", kNotBuilt, " (cuda:", index, ")");
+}
 Allocator* PinnedHostAllocator() { return nullptr; }
 bool IsPinnedHost(const void*) { return false; }
 void CopyBytes(void*, Device dst_device, const void*, Device src_device, int64_t) {

@@ -107,11 +107,11 @@ class CachingAllocator final : public Allocator {
     }
     Check(cudaSetDevice(device_), "cudaSetDevice");
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, size);
+    cudaError_t err = WithinLimit(size) ? cudaMalloc(&p, size) : cudaErrorMemoryAllocation;
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the sticky error
       ReleaseCache();
-      err = cudaMalloc(&p, size);
+      err = WithinLimit(size) ? cudaMalloc(&p, size) : cudaErrorMemoryAllocation;
     }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -140,20 +140,47 @@ class CachingAllocator final : public Allocator {
   OutOfMemoryError OutOfMemory(int64_t size) {
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) cudaGetLastError();
-    int64_t live = 0;
+    int64_t live = 0, limit = -1;
     {
       std::lock_guard<std::mutex> lock(mu_);
       live = reserved_;
+      limit = limit_;
     }
+    const std::string capped =
+        limit >= 0 && live + size > limit
+            ? absl::StrCat(", past this process's limit of ", FormatBytes(limit),
+                           " there (SetDeviceMemoryLimit)")
+            : "";
     return OutOfMemoryError(absl::StrCat(
         "cuda:", device_, " has ", FormatBytes(static_cast<int64_t>(free_bytes)), " free of ",
         FormatBytes(static_cast<int64_t>(total_bytes)), " with this process's caching allocator "
         "holding ", FormatBytes(live), " there in live blocks, its free ones released (the request "
-        "rounds to ", FormatBytes(size), ")"));
+        "rounds to ", FormatBytes(size), capped, ")"));
   }
 
-  // Frees every thread's cached blocks (live blocks are untouched).
-  void ReleaseCache() {
+  void set_limit(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = bytes;
+  }
+  int64_t limit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limit_;
+  }
+  int64_t reserved() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reserved_;
+  }
+
+  // Whether reserving `size` more bytes stays within the limit.
+  bool WithinLimit(int64_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limit_ < 0 || reserved_ + size <= limit_;
+  }
+
+  // Frees every thread's cached blocks (live blocks are untouched); the
+  // bytes freed.
+  int64_t ReleaseCache() {
+    int64_t freed = 0;
     std::lock_guard<std::mutex> lock(mu_);
     cudaSetDevice(device_);
     cudaDeviceSynchronize();  // the blocks' last kernels may still be queued
@@ -162,10 +189,12 @@ class CachingAllocator final : public Allocator {
         for (void* p : blocks) {
           cudaFree(p);
           reserved_ -= size;
+          freed += size;
         }
       }
     }
     pools_.clear();
+    return freed;
   }
 
  private:
@@ -176,7 +205,8 @@ class CachingAllocator final : public Allocator {
   std::mutex mu_;
   std::unordered_map<std::thread::id, Pool> pools_;   // free blocks, by owning thread
   std::unordered_map<void*, std::thread::id> owner_;  // live block -> allocating thread
-  int64_t reserved_ = 0;
+  int64_t reserved_ = 0;  // cudaMalloc'd bytes, live or cached
+  int64_t limit_ = -1;    // the most reserved_ may reach (-1: the device's memory)
 };
 
 }  // namespace
@@ -207,7 +237,9 @@ std::string DeviceName(int index) {
   return prop.name;
 }
 
-Allocator& DeviceAllocator(int index) {
+namespace {
+
+CachingAllocator& DeviceCache(int index) {
   static std::mutex mu;
   static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();
   std::lock_guard<std::mutex> lock(mu);
@@ -218,6 +250,22 @@ Allocator& DeviceAllocator(int index) {
   if (!(*allocators)[index]) (*allocators)[index] = std::make_unique<CachingAllocator>(index);
   return *(*allocators)[index];
 }
+
+}  // namespace
+
+Allocator& DeviceAllocator(int index) { return DeviceCache(index); }
+
+void SetDeviceMemoryLimit(int index, int64_t bytes) {
+  OP_CHECK(bytes >= -1, "cuda", "SetDeviceMemoryLimit(cuda:", index, ", ", bytes,
+           "): the limit is a byte count >= 0, or -1 for none");
+  DeviceCache(index).set_limit(bytes);
+}
+
+int64_t DeviceMemoryLimit(int index) { return DeviceCache(index).limit(); }
+
+int64_t DeviceReservedBytes(int index) { return DeviceCache(index).reserved(); }
+
+int64_t ReleaseCachedDeviceMemory(int index) { return DeviceCache(index).ReleaseCache(); }
 
 namespace {
 

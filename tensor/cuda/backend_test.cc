@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/error.h"
 #include "tensor/tensor.h"
 
 namespace tensor {
@@ -135,6 +136,42 @@ TEST(CudaBackendTest, OutOfMemoryNamesTheDeviceAndWhatItHolds) {
   EXPECT_EQ(ledger.Total(Device::Cuda(0)).current, 1024);
   const Tensor after = Tensor::Zeros({4}, Dtype::kF32).To(Device::Cuda(0));
   EXPECT_EQ(after.To(Device::Cpu()).ToVector<float>(), std::vector<float>(4, 0.0f));
+}
+
+// SetDeviceMemoryLimit: past the cap a request releases the cache and then
+// throws OutOfMemoryError naming the limit, as a smaller device would; under
+// it requests succeed (a freed block is reused within it), and -1 lifts it.
+TEST(CudaBackendTest, AMemoryLimitMakesASmallerDevice) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  EXPECT_EQ(cuda::DeviceMemoryLimit(0), -1);
+  EXPECT_THROW(cuda::SetDeviceMemoryLimit(0, -2), OpError);
+  {
+    const Tensor t = Tensor::Empty({1 << 20}, Dtype::kF32, Device::Cuda(0));  // 4 MiB
+  }
+  const int64_t cached = cuda::DeviceReservedBytes(0);
+  EXPECT_GE(cuda::ReleaseCachedDeviceMemory(0), 4 << 20);  // the block freed above, at least
+  EXPECT_LE(cuda::DeviceReservedBytes(0), cached - (4 << 20));
+  const int64_t before = cuda::DeviceReservedBytes(0);  // live blocks only
+  cuda::SetDeviceMemoryLimit(0, before + (16 << 20));  // room for 16 MiB more
+  EXPECT_EQ(cuda::DeviceMemoryLimit(0), before + (16 << 20));
+  {
+    const Tensor fits = Tensor::Empty({int64_t{3} << 20}, Dtype::kF32, Device::Cuda(0));  // 12 MiB
+    try {
+      Tensor past = Tensor::Empty({int64_t{2} << 20}, Dtype::kF32, Device::Cuda(0));  // 8 MiB
+      ADD_FAILURE() << "8 MiB more were allocated past the limit";
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_NE(std::string(e.what()).find("past this process's limit of "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_LE(cuda::DeviceReservedBytes(0), before + (16 << 20));
+  }
+  // The 12 MiB block is free again: reused within the limit.
+  const Tensor again = Tensor::Full({int64_t{3} << 20}, 2.0f).To(Device::Cuda(0));
+  EXPECT_EQ(again.Narrow(0, 0, 2).To(Device::Cpu()).ToVector<float>(),
+            std::vector<float>(2, 2.0f));
+  cuda::SetDeviceMemoryLimit(0, -1);
+  const Tensor lifted = Tensor::Empty({int64_t{6} << 20}, Dtype::kF32, Device::Cuda(0));  // 24 MiB
+  EXPECT_EQ(cuda::DeviceMemoryLimit(0), -1);
 }
 
 TEST(CudaBackendTest, FreedBlockReturnsToTheAllocatingThread) {
