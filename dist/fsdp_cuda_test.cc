@@ -185,7 +185,7 @@ TEST(FsdpCudaTest, ARankOutOfMemoryMovingItsBuffersFailsEveryRank) {
       error = e.what();
     }
     const std::string want =
-        rank == 1 ? "past this process's limit of "
+        rank == 1 ? "past its limit of "
                   : "[FullyShard] moving its buffers to cuda:0 failed on rank(s) 1 (see their "
                     "errors)";
     EXPECT_NE(error.find(want), std::string::npos) << "rank " << rank << ": " << error;

@@ -107,11 +107,19 @@ class CachingAllocator final : public Allocator {
     }
     Check(cudaSetDevice(device_), "cudaSetDevice");
     void* p = nullptr;
-    cudaError_t err = WithinLimit(size) ? cudaMalloc(&p, size) : cudaErrorMemoryAllocation;
+    // The bytes are counted before cudaMalloc, so threads allocating at once
+    // cannot pass the limit together.
+    auto reserve = [&]() -> cudaError_t {
+      if (!TryReserve(size)) return cudaErrorMemoryAllocation;
+      const cudaError_t e = cudaMalloc(&p, size);
+      if (e != cudaSuccess) Unreserve(size);
+      return e;
+    };
+    cudaError_t err = reserve();
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the sticky error
       ReleaseCache();
-      err = WithinLimit(size) ? cudaMalloc(&p, size) : cudaErrorMemoryAllocation;
+      err = reserve();
     }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -119,7 +127,6 @@ class CachingAllocator final : public Allocator {
     }
     Check(err, "cudaMalloc");
     std::lock_guard<std::mutex> lock(mu_);
-    reserved_ += size;
     owner_.emplace(p, self);
     return p;
   }
@@ -148,8 +155,8 @@ class CachingAllocator final : public Allocator {
     }
     const std::string capped =
         limit >= 0 && live + size > limit
-            ? absl::StrCat(", past this process's limit of ", FormatBytes(limit),
-                           " there (SetDeviceMemoryLimit)")
+            ? absl::StrCat(", which would take this process past its limit of ",
+                           FormatBytes(limit), " there, set by SetDeviceMemoryLimit")
             : "";
     return OutOfMemoryError(absl::StrCat(
         "cuda:", device_, " has ", FormatBytes(static_cast<int64_t>(free_bytes)), " free of ",
@@ -171,14 +178,21 @@ class CachingAllocator final : public Allocator {
     return reserved_;
   }
 
-  // Whether reserving `size` more bytes stays within the limit.
-  bool WithinLimit(int64_t size) {
+  // Counts `size` more reserved bytes when that stays within the limit.
+  bool TryReserve(int64_t size) {
     std::lock_guard<std::mutex> lock(mu_);
-    return limit_ < 0 || reserved_ + size <= limit_;
+    if (limit_ >= 0 && reserved_ + size > limit_) return false;
+    reserved_ += size;
+    return true;
+  }
+  void Unreserve(int64_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= size;
   }
 
   // Frees every thread's cached blocks (live blocks are untouched); the
-  // bytes freed.
+  // bytes freed. Holds the lock throughout, so a thread that finds the limit
+  // reached while another releases waits for the bytes to be counted free.
   int64_t ReleaseCache() {
     int64_t freed = 0;
     std::lock_guard<std::mutex> lock(mu_);

@@ -144,6 +144,9 @@ TEST(CudaBackendTest, OutOfMemoryNamesTheDeviceAndWhatItHolds) {
 TEST(CudaBackendTest, AMemoryLimitMakesASmallerDevice) {
   if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
   EXPECT_EQ(cuda::DeviceMemoryLimit(0), -1);
+  struct Lift {  // whatever fails below, the later tests run uncapped
+    ~Lift() { cuda::SetDeviceMemoryLimit(0, -1); }
+  } lift;
   EXPECT_THROW(cuda::SetDeviceMemoryLimit(0, -2), OpError);
   {
     const Tensor t = Tensor::Empty({1 << 20}, Dtype::kF32, Device::Cuda(0));  // 4 MiB
@@ -160,15 +163,21 @@ TEST(CudaBackendTest, AMemoryLimitMakesASmallerDevice) {
       Tensor past = Tensor::Empty({int64_t{2} << 20}, Dtype::kF32, Device::Cuda(0));  // 8 MiB
       ADD_FAILURE() << "8 MiB more were allocated past the limit";
     } catch (const OutOfMemoryError& e) {
-      EXPECT_NE(std::string(e.what()).find("past this process's limit of "), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("which would take this process past its limit of "),
+                std::string::npos)
           << e.what();
     }
     EXPECT_LE(cuda::DeviceReservedBytes(0), before + (16 << 20));
   }
-  // The 12 MiB block is free again: reused within the limit.
-  const Tensor again = Tensor::Full({int64_t{3} << 20}, 2.0f).To(Device::Cuda(0));
-  EXPECT_EQ(again.Narrow(0, 0, 2).To(Device::Cpu()).ToVector<float>(),
-            std::vector<float>(2, 2.0f));
+  {
+    // The 12 MiB block is free again: reused within the limit.
+    const Tensor again = Tensor::Full({int64_t{3} << 20}, 2.0f).To(Device::Cuda(0));
+    EXPECT_EQ(again.Narrow(0, 0, 2).To(Device::Cpu()).ToVector<float>(),
+              std::vector<float>(2, 2.0f));
+  }
+  // 16 MiB of another size fit only once the cached 12 MiB block is released.
+  const Tensor other = Tensor::Empty({int64_t{4} << 20}, Dtype::kF32, Device::Cuda(0));
+  EXPECT_LE(cuda::DeviceReservedBytes(0), before + (16 << 20));
   cuda::SetDeviceMemoryLimit(0, -1);
   const Tensor lifted = Tensor::Empty({int64_t{6} << 20}, Dtype::kF32, Device::Cuda(0));  // 24 MiB
   EXPECT_EQ(cuda::DeviceMemoryLimit(0), -1);

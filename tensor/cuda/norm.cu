@@ -496,6 +496,7 @@ void Backward(const char* op, const Tensor& grad_y, const Tensor& x, const Tenso
       ColumnSums<kCentered>(op, part, blocks, c, grad_weight, grad_bias, add_weight, add_bias);
       return;
     }
+    if (!param_grads) return;  // no weight (nor bias) to sum for
     ParamGrads<kCentered, T>(op, grad_y, x, mean, rstd, rows, c, grad_weight, grad_bias,
                              add_weight, add_bias);
   });

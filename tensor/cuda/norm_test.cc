@@ -32,7 +32,7 @@ using testing::RandomTensor;
 // check, //:gpu_race_tests) builds this file with NORM_TEST_RACE_SHAPES: the
 // same kernels and branches at fewer elements, for the check multiplies the
 // emulation's time: 2100 rows where there are 70000 (more than 2048 still
-// caps the backward's partial-sum blocks, so a warp sums several rows; both
+// caps the backward's partial-sum blocks, so some warps sum two rows; both
 // are far below the grid-stride limit), and one row of 16500 where there are
 // two of 50257 (both cap the row's threads at kMaxRowThreads, each looping
 // over more loads; the parameter gradients' column sums cost in C).
