@@ -26,8 +26,10 @@ namespace {
 // Every rank learns which ranks failed a step (an all-gather of one flag per
 // rank), so that all stop together instead of the peers waiting in their
 // next collective for a rank that left: a rank that failed rethrows its own
-// exception, the others throw an OpError naming the ranks that failed. Its
-// buffers are made first, before the step that may run out of memory.
+// exception, the others throw an error naming the ranks that failed -- an
+// OutOfMemoryError when every one of them ran out of memory (the job needs
+// less memory per rank, as sync_module_states says too), else an OpError.
+// Its buffers are made first, before the step that may run out of memory.
 class FailureAgreement {
  public:
   FailureAgreement(ProcessGroup& pg, tensor::Device device) : pg_(pg) {
@@ -42,21 +44,41 @@ class FailureAgreement {
       if (local) std::rethrow_exception(local);
       return;
     }
-    if (local) tensor::Fill(mine_, 1.0);
+    if (local) tensor::Fill(mine_, IsOutOfMemory(local) ? kShort : kFailed);
     const absl::Status s = pg_.AllGatherSync(mine_, all_);
     if (local) std::rethrow_exception(local);  // this rank's own error first
     OP_CHECK(s.ok(), "FullyShard", "agreeing that every rank finished ", what, ": ",
              s.ToString());
     const std::vector<float> flags = all_.To(tensor::Device::Cpu()).ToVector<float>();
     std::vector<int> failed;
+    bool all_short = true;
     for (int r = 0; r < pg_.size(); ++r) {
-      if (flags[r] != 0.0f) failed.push_back(r);
+      if (flags[r] == 0.0f) continue;
+      failed.push_back(r);
+      all_short = all_short && flags[r] == kShort;
+    }
+    if (!failed.empty() && all_short) {
+      throw tensor::OutOfMemoryError(absl::StrCat("[FullyShard] ", what, " failed on rank(s) ",
+                                                  absl::StrJoin(failed, ", "),
+                                                  ", out of memory (see their errors)"));
     }
     OP_CHECK(failed.empty(), "FullyShard", what, " failed on rank(s) ",
              absl::StrJoin(failed, ", "), " (see their errors)");
   }
 
  private:
+  static constexpr float kFailed = 1, kShort = 2;  // a rank's flag: failed, out of memory
+
+  static bool IsOutOfMemory(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
   ProcessGroup& pg_;
   tensor::Tensor mine_;  // (1,): 1 when this rank failed
   tensor::Tensor all_;   // (size,)

@@ -355,7 +355,8 @@ void PrefetchNeighbors(FullyShardedModel& model, int k);
 // this binary or machine does not have. A failure on some ranks only (out of
 // memory moving the buffers to the device or initializing a unit's shard)
 // fails every rank together: that rank with its own error, the others with
-// an OpError naming it, and the group stays usable.
+// one naming it (an OutOfMemoryError when every rank that failed ran out of
+// memory, else an OpError), and the group stays usable.
 std::unique_ptr<FullyShardedModel> FullyShard(nn::Module& root, ProcessGroup& pg,
                                               FsdpOptions options = {});
 

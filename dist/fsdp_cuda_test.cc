@@ -162,8 +162,8 @@ class LinearWithBuffer : public nn::Module {
 // Rank 1 runs out of memory moving its buffers to the GPU (its 64 MiB do not
 // fit under a limit 32 MiB above what the process holds; rank 0's 1 KiB do):
 // FullyShard fails on both ranks together, rank 1 with its own error and
-// rank 0 naming rank 1, before any other collective, and the group stays
-// usable.
+// rank 0 with an out of memory naming rank 1, before any other collective,
+// and the group stays usable.
 TEST(FsdpCudaTest, ARankOutOfMemoryMovingItsBuffersFailsEveryRank) {
   SKIP_WITHOUT_GPU();
   struct Lift {
@@ -186,8 +186,8 @@ TEST(FsdpCudaTest, ARankOutOfMemoryMovingItsBuffersFailsEveryRank) {
     }
     const std::string want =
         rank == 1 ? "past its limit of "
-                  : "[FullyShard] moving its buffers to cuda:0 failed on rank(s) 1 (see their "
-                    "errors)";
+                  : "out of memory: [FullyShard] moving its buffers to cuda:0 failed on rank(s) 1, "
+                    "out of memory (see their errors)";
     EXPECT_NE(error.find(want), std::string::npos) << "rank " << rank << ": " << error;
     EXPECT_TRUE(pg.BarrierSync().ok()) << "rank " << rank;
   });
