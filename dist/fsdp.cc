@@ -80,7 +80,7 @@ class FailureAgreement {
   }
 
   ProcessGroup& pg_;
-  tensor::Tensor mine_;  // (1,): 1 when this rank failed
+  tensor::Tensor mine_;  // (1,): 0, or kFailed / kShort when this rank failed
   tensor::Tensor all_;   // (size,)
 };
 
