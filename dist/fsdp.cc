@@ -314,6 +314,13 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     shared_->units.push_back(unit.get());
     units_.push_back(std::move(unit));
   }
+  if (options_.cpu_offload && !init_failure) {
+    try {
+      shared_->AllocateOffloadStaging();
+    } catch (...) {
+      init_failure = std::current_exception();
+    }
+  }
   agreement.AgreeOrRethrow(init_failure, "initializing its FSDP units");
   // Hooks last: a unit that fails above (a peer lost during
   // sync_module_states, rank 0 missing a value, out of memory) throws before

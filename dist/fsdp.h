@@ -94,7 +94,9 @@
 // unshard copies the shard to the device (cast to param_dtype on the host
 // first: fewer bytes to copy) and all-gathers it there; each reduced gradient
 // shard is copied back (in reduce_dtype) and accumulated into the fp32 host
-// shard. Needs a CUDA compute device.
+// shard. Both go through page-locked buffers of the largest shard, one per
+// dtype, allocated by FullyShard, so no step allocates page-locked memory.
+// Needs a CUDA compute device.
 //
 // Collective failures inside hooks throw tensor::OpError naming the unit.
 // Every rank must call the same FSDP methods in the same order (they issue

@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 
@@ -134,6 +135,47 @@ TEST(FsdpCudaTest, LedgerShowsShardsOnTheGpuOrOffloadedToTheHost) {
                     static_cast<long long>(
                         fsdp->Memory(Device::Cuda(0), MemoryCategory::kGradients).peak));
       }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Offloaded, each step copies shards out and reduced gradients back through
+// the page-locked buffers FullyShard made (one per dtype: bf16 for both
+// here, f32 too when the reduce stays fp32): the steps allocate no host
+// memory for communication (the ledger charges page-locked blocks to the
+// CPU), so none can run out of it on one rank only
+// (after its reduce, its peers stepped without it).
+TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
+  SKIP_WITHOUT_GPU();
+  const mingpt::GptConfig c = Tiny();
+  constexpr int kWorld = 2;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 7);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 8);
+  for (tensor::Dtype reduce : {tensor::Dtype::kBF16, tensor::Dtype::kF32}) {
+    SCOPED_TRACE(tensor::DtypeName(reduce));
+    ThreadWorld world(kWorld);
+    absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      FsdpOptions o = OnGpu(ShardingStrategy::kFullShard, /*offload=*/true);
+      o.seed = kSeed;
+      o.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+      o.mixed_precision.reduce_dtype = reduce;
+      auto fsdp = FullyShard(gpt, pg, o);
+      auto opt = optim::AdamW::Create({}).value();
+      tensor::MemoryLedger& ledger = world.ledger(rank);
+      const int64_t staging = ledger.Stats(Device::Cpu(), MemoryCategory::kCommunication).current;
+      EXPECT_GT(staging, 0) << "rank " << rank << ": no staging buffer";
+      ledger.ResetPeaks();
+      for (int step = 0; step < 2; ++step) {
+        gpt.ForwardBackward(idx.Narrow(0, rank * 2, 2).Contiguous().To(Device::Cuda(0)),
+                            tgt.Narrow(0, rank * 2, 2).Contiguous().To(Device::Cuda(0)));
+        opt->Step(fsdp->ParamRefs());
+        fsdp->ZeroGrad();
+      }
+      const tensor::MemoryStats comm = ledger.Stats(Device::Cpu(), MemoryCategory::kCommunication);
+      EXPECT_EQ(comm.current, staging) << "rank " << rank;
+      EXPECT_EQ(comm.peak, staging) << "rank " << rank << ": a step allocated host memory";
     });
     EXPECT_TRUE(s.ok()) << s;
   }

@@ -3,9 +3,11 @@
 #include "dist/fsdp_unit.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "nn/checkpoint.h"
+#include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 
@@ -53,6 +55,14 @@ void FsdpUnit::Init(uint64_t seed) {
   // GPU at every unshard and their gradients back at every reduce.
   flat_.InitShard(seed, offload_ ? tensor::Device::Cpu() : device_, /*pinned=*/offload_);
   if (values_are_shard()) flat_.SetValueViews(flat_.shard());
+}
+
+std::vector<tensor::Dtype> FsdpUnit::OffloadDtypes() const {
+  std::vector<tensor::Dtype> dtypes;
+  if (!offload_) return dtypes;
+  if (flat_.trains()) dtypes.push_back(reduce_dtype_);
+  if (gather_dtype_ != tensor::Dtype::kF32) dtypes.push_back(gather_dtype_);
+  return dtypes;
 }
 
 void FsdpUnit::GatherInto(const tensor::Tensor& out) {
@@ -258,9 +268,8 @@ void FsdpUnit::FinishReduce() {
     Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
   }
   if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
-    tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-    tensor::Tensor host = tensor::Tensor::EmptyPinned(reduce_out_.shape(), reduce_out_.dtype());
-    host.CopyFrom(reduce_out_);
+    tensor::Tensor host = shared_.OffloadStaging(reduce_dtype_, reduce_out_.numel());
+    host.CopyFrom(reduce_out_);  // synchronous: the staging buffer is free again below
     reduce_out_ = host;
   }
   flat_.AccumulateGradShard(reduce_out_);  // written when ZeroGrad dropped it
@@ -272,9 +281,9 @@ tensor::Tensor FsdpUnit::ShardOnDevice(tensor::Dtype dtype) const {
   tensor::Tensor shard = flat_.shard();
   if (dtype != shard.dtype()) {
     if (offload_) {
-      tensor::Tensor cast = tensor::Tensor::EmptyPinned(shard.shape(), dtype);
+      tensor::Tensor cast = shared_.OffloadStaging(dtype, shard.numel());
       cast.CopyFrom(shard);
-      shard = cast;
+      shard = cast;  // copied to the device below, synchronously: the staging is free again
     } else {
       shard = shard.To(dtype);
     }
@@ -314,6 +323,27 @@ void FsdpShared::PrefetchUnits(const std::vector<int>& ids, bool in_backward) {
     }
     if (!units[id]->gathered_this_pass()) units[id]->IssueUnshard(/*prefetch=*/true);
   }
+}
+
+void FsdpShared::AllocateOffloadStaging() {
+  std::map<tensor::Dtype, int64_t> numel;  // the largest shard per dtype
+  for (FsdpUnit* u : units) {
+    for (tensor::Dtype d : u->OffloadDtypes()) {
+      numel[d] = std::max(numel[d], u->flat().shard_numel());
+    }
+  }
+  tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+  for (const auto& [dtype, n] : numel) {
+    offload_staging[dtype] = tensor::Tensor::EmptyPinned({n}, dtype);
+  }
+}
+
+tensor::Tensor FsdpShared::OffloadStaging(tensor::Dtype dtype, int64_t numel) const {
+  const auto it = offload_staging.find(dtype);
+  OP_CHECK(it != offload_staging.end() && it->second.numel() >= numel, "fsdp",
+           "no offload staging buffer of ", numel, " ", tensor::DtypeName(dtype),
+           " values (FullyShard allocates them)");
+  return it->second.Narrow(0, 0, numel);
 }
 
 void FsdpShared::FreeUnusedPrefetches() {

@@ -8,6 +8,7 @@
 #define DIST_FSDP_UNIT_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -47,6 +48,13 @@ struct FsdpShared {
   // Reduce-scatters issued and not yet finished, oldest first.
   std::vector<FsdpUnit*> pending_reduces;
   bool require_sync = true;
+  // cpu_offload: page-locked host buffers of the largest shard, one per
+  // dtype a unit moves through the host: its reduced gradient comes back
+  // through one, and a low-precision copy of its shard goes out through one
+  // (AllocateOffloadStaging, at FullyShard). No step allocates page-locked
+  // memory then, which could fail on one rank only: after its reduce, the
+  // other ranks stepped without it; before its all-gather, they waited.
+  std::map<tensor::Dtype, tensor::Tensor> offload_staging;
   FullyShardedModel::PrefetchStats prefetch_stats;
   int64_t all_gathers = 0;  // of unit parameters, since FullyShard
 
@@ -68,6 +76,10 @@ struct FsdpShared {
   // under it would be gathered for nothing, and held until the root's
   // post-backward, past the peak).
   void PrefetchUnits(const std::vector<int>& ids, bool in_backward = false);
+  // Allocates offload_staging for the units (each unit's OffloadDtypes).
+  void AllocateOffloadStaging();
+  // The first `numel` values of the staging buffer of `dtype`.
+  tensor::Tensor OffloadStaging(tensor::Dtype dtype, int64_t numel) const;
   void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
   // Finishes the pending reduces up to and including `unit`'s (the oldest
   // first, as every rank does).
@@ -108,6 +120,11 @@ class FsdpUnit : public nn::ModuleHooks {
   bool values_are_shard() const { return no_shard() && !mixed() && !offload_; }
 
   void Init(uint64_t seed);
+
+  // cpu_offload: the dtypes this unit's shard-sized values cross between the
+  // host and the device in through a staging buffer (its reduced gradient's;
+  // its gather dtype when not fp32, cast on the host); none without offload.
+  std::vector<tensor::Dtype> OffloadDtypes() const;
 
   // Gathers the unsharded fp32 flat parameter into `out` (padded_numel, on
   // the compute device).
@@ -164,8 +181,8 @@ class FsdpUnit : public nn::ModuleHooks {
   }
 
   // This rank's shard in `dtype` on the compute device: the shard itself, or
-  // a copy (offloaded: cast on the host first, into page-locked memory, so
-  // fewer bytes cross to the device).
+  // a copy (offloaded: cast on the host first, into the page-locked staging
+  // buffer, so fewer bytes cross to the device).
   tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const;
 
   void Check(const absl::Status& s, const char* what);
