@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "dist/fsdp.h"
@@ -152,12 +153,18 @@ TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
   constexpr int kWorld = 2;
   const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 7);
   const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 8);
-  for (tensor::Dtype reduce : {tensor::Dtype::kBF16, tensor::Dtype::kF32}) {
-    SCOPED_TRACE(tensor::DtypeName(reduce));
+  for (const std::pair<ShardingStrategy, tensor::Dtype>& run :
+       {std::pair{ShardingStrategy::kFullShard, tensor::Dtype::kBF16},
+        std::pair{ShardingStrategy::kFullShard, tensor::Dtype::kF32},
+        std::pair{ShardingStrategy::kNoShard, tensor::Dtype::kBF16}}) {
+    const ShardingStrategy strategy = run.first;  // named: lambdas capture no bindings
+    const tensor::Dtype reduce = run.second;
+    SCOPED_TRACE(absl::StrCat(ShardingStrategyName(strategy), ", reduce ",
+                              tensor::DtypeName(reduce)));
     ThreadWorld world(kWorld);
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
-      FsdpOptions o = OnGpu(ShardingStrategy::kFullShard, /*offload=*/true);
+      FsdpOptions o = OnGpu(strategy, /*offload=*/true);
       o.seed = kSeed;
       o.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
       o.mixed_precision.reduce_dtype = reduce;

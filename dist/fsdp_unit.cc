@@ -268,8 +268,8 @@ void FsdpUnit::FinishReduce() {
     Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
   }
   if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
-    tensor::Tensor host = shared_.OffloadStaging(reduce_dtype_, reduce_out_.numel());
-    host.CopyFrom(reduce_out_);  // synchronous: the staging buffer is free again below
+    tensor::Tensor host = shared_.OffloadStaging(reduce_out_.dtype(), reduce_out_.numel());
+    host.CopyFrom(reduce_out_);  // synchronous; the staging is free after the accumulate below
     reduce_out_ = host;
   }
   flat_.AccumulateGradShard(reduce_out_);  // written when ZeroGrad dropped it

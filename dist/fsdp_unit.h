@@ -121,8 +121,8 @@ class FsdpUnit : public nn::ModuleHooks {
 
   void Init(uint64_t seed);
 
-  // cpu_offload: the dtypes this unit's shard-sized values cross between the
-  // host and the device in through a staging buffer (its reduced gradient's;
+  // cpu_offload: the dtypes this unit's shard-sized values cross between
+  // host and device through a staging buffer in (its reduced gradient's;
   // its gather dtype when not fp32, cast on the host); none without offload.
   std::vector<tensor::Dtype> OffloadDtypes() const;
 
