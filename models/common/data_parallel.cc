@@ -581,10 +581,6 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
-  if (pg_.rank() == 0) {
-    std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
-                static_cast<long long>(state->step));
-  }
   return Resumed{std::move(*state), std::move(*loader), *std::move(step_dir)};
 }
 

@@ -429,6 +429,11 @@ absl::Status ResumeFailure(const absl::Status& failure, const std::string& resum
   return absl::Status(code, message + OtherCheckpointsNote(step_dir));
 }
 
+void PrintResumed(const Resumed& resumed) {
+  std::printf("resumed from %s at step %lld\n", resumed.step_dir.c_str(),
+              static_cast<long long>(resumed.state.step));
+}
+
 void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int64_t steps) {
   if (steps > resumed.state.step) {
     PointLatestAtResumed(checkpoint_dir, resumed);
@@ -475,8 +480,6 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
-  std::printf("resumed from %s at step %lld\n", step_dir->c_str(),
-              static_cast<long long>(state->step));
   return Resumed{*std::move(state), *std::move(loader), *std::move(step_dir)};
 }
 

@@ -154,6 +154,9 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
 // step replaces them). Nothing for another directory, or when latest already
 // names it; a failure to write is a warning on stderr (the run goes on).
 void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resumed);
+// "resumed from <step folder> at step N" on stdout: once the loader and the
+// loss scale restored too (a refusal of either is the run's error alone).
+void PrintResumed(const Resumed& resumed);
 // After a resume, for a run of `steps` steps in all: PointLatestAtResumed
 // when it trains past the checkpoint's step; otherwise a note on stderr that
 // there is nothing to train (--steps is the total, not the steps to add).

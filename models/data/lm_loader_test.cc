@@ -200,6 +200,15 @@ TEST_P(LmLoaderTest, RestoreRefusesAnotherConfiguration) {
     EXPECT_NE(st.message().find("another data configuration"), absl::string_view::npos) << st;
     EXPECT_EQ(other.step(), 0);
   }
+  // Another global batch (2 ranks of 4 rows, saved as 2 of 2) says which to keep.
+  const absl::Status st = MakeLoader(Source(3), 4, 0, 2, 16).Restore(s);
+  EXPECT_NE(st.message().find("the global batch differs (saved 4 rows, now 8): resume with 4 = "
+                              "ranks x rows per rank x micro-batches"),
+            absl::string_view::npos)
+      << st;
+  // The same global batch over another source: no word on the batch.
+  EXPECT_EQ(MakeLoader(Source(4), 2, 0, 2, 16).Restore(s).message().find("global batch differs"),
+            absl::string_view::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, LmLoaderTest, ::testing::Values(0, 1, 2),

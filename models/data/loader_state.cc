@@ -1,6 +1,9 @@
 // Validation of data-parallel layouts and (de)serialization of loader state.
 #include "models/data/loader_state.h"
 
+#include <cstdint>
+#include <string>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -52,6 +55,20 @@ absl::StatusOr<LoaderState> LoaderState::FromString(absl::string_view s) {
   return state;
 }
 
+namespace {
+
+// N of ",global_batch=N" in a loader's configuration; -1 without one.
+int64_t GlobalBatchOf(absl::string_view config) {
+  constexpr absl::string_view kKey = "global_batch=";
+  const size_t at = config.find(kKey);
+  if (at == absl::string_view::npos) return -1;
+  const absl::string_view rest = config.substr(at + kKey.size());
+  int64_t n = -1;
+  return absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &n) ? n : -1;
+}
+
+}  // namespace
+
 absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
                           absl::string_view who) {
   if (saved.step < 0) {
@@ -59,9 +76,18 @@ absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
         absl::StrCat("[", who, "] cannot restore a negative step ", saved.step));
   }
   if (saved.config != config) {
+    // Another world size resumes the same stream when the global batch stays.
+    const int64_t saved_batch = GlobalBatchOf(saved.config), batch = GlobalBatchOf(config);
+    const std::string hint =
+        saved_batch > 0 && batch > 0 && saved_batch != batch
+            ? absl::StrCat("; the global batch differs (saved ", saved_batch, " rows, now ", batch,
+                           "): resume with ", saved_batch,
+                           " = ranks x rows per rank x micro-batches (the train binaries' "
+                           "--world_size x --batch_size x --grad_accum_steps)")
+            : "";
     return absl::InvalidArgumentError(
         absl::StrCat("[", who, "] the saved state is for another data configuration: saved \"",
-                     saved.config, "\", this loader \"", config, "\""));
+                     saved.config, "\", this loader \"", config, "\"", hint));
   }
   return absl::OkStatus();
 }

@@ -84,7 +84,13 @@ exits_2 "is not sharded (no index.json" \
 exits_2 "checkpoint $dir/ck_copy/step_000003: [" \
   "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
   --resume="$dir/ck_copy/step_000003"
-exits_2 "saved state is for another data configuration" \
+exits_2 "the global batch differs (saved 8 rows, now 4): resume with 8 = ranks x" \
   "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
   --resume="$dir/ck_copy/step_000003"
+# A refused resume does not say it resumed.
+"$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
+  --resume="$dir/ck_copy/step_000003" > "$dir/refused.log" 2> /dev/null || true
+if grep -q "resumed from" "$dir/refused.log"; then
+  echo "a refused resume printed 'resumed from'"; exit 1
+fi
 echo "mismatched resumes are refused"

@@ -336,6 +336,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     if (rank.logs()) {
+      train::PrintResumed(*resumed);
       train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
       train::AfterResume(checkpoint_dir, *resumed, steps);
@@ -647,6 +648,7 @@ absl::Status Train() {
     absl::Status restored = loader->Restore(resumed->loader);
     if (restored.ok()) restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
+    train::PrintResumed(*resumed);
     train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
     train::AfterResume(checkpoint_dir, *resumed, steps);
