@@ -257,7 +257,7 @@ enum Uid : int64_t {
   kDk = 11,
   kDv = 12,
   kDelta = 13,    // backward: rowsum(dO * O) (B, H, T, 1) f32
-  kNegInfFwd = 11,
+  kNegInfFwd = 11,  // PyTorch's too: kDk's number, in the forward graph, which has no dk
   kNegInfBwd = 20,
   kDqAccum = 30,  // backward: dq's f32 accumulator (B, H, T, D), zeroed (by cuDNN >= 9.6)
 };
@@ -541,6 +541,10 @@ bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, b
     *why = "empty q (B, H or T is 0)";
   } else if (!Vectorizable(q) || !Vectorizable(k) || !Vectorizable(v)) {
     *why = "q, k or v strides not multiples of 8 elements, or not 16-byte aligned";
+  } else if (std::string decline =
+                 CudnnSdpaVersionDecline(static_cast<int64_t>(cudnnGetVersion()), q.dim(2));
+             !decline.empty()) {
+    *why = decline;
   } else {
     return true;
   }

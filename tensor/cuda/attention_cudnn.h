@@ -16,9 +16,10 @@
 // API log on an H200), node for node and tensor for tensor. lse means the same
 // here as in our kernels, so either forward pairs with either backward.
 //
-// What cuDNN takes here: bf16 / f16, D in {64, 128}, T_q == T_k, causal, no
+// What cuDNN takes here: bf16 / f16, D in {64, 128}, T_q == T_k > 1, causal, no
 // dropout or score terms, every stride but D's a multiple of 8 elements and
-// the pointers 16-byte aligned (the fused qkv projection's views are). Plans
+// the pointers 16-byte aligned (the fused qkv projection's views are), on a
+// cuDNN the frontend would use for it (CudnnSdpaVersionDecline). Plans
 // are built once per shape, strides and thread (the handle is per device and
 // thread, as cuBLASLt's), and a shape cuDNN has no plan for is remembered.
 // Only --config=cuda builds link cuDNN; the emulation (--config=cuda_emu) has
@@ -26,6 +27,7 @@
 #ifndef TENSOR_CUDA_ATTENTION_CUDNN_H_
 #define TENSOR_CUDA_ATTENTION_CUDNN_H_
 
+#include <cstdint>
 #include <string>
 
 #include "tensor/tensor.h"
@@ -35,6 +37,26 @@ namespace cuda {
 
 // Whether this build links cuDNN's attention (false under the emulation).
 bool CudnnAttentionBuilt();
+
+// Why the cuDNN library loaded at run time (`version` as cudnnGetVersion()
+// gives it: 91900 for 9.19.0) cannot run these graphs for sequences of length
+// t, as cudnn-frontend declines them; "" when it can. 9.10.0 and 9.10.1 have
+// known SDPA bugs; no version takes t = 1 backward (s_q = s_kv = 1); and up to
+// 9.15 the backward needs a padding mask (these graphs have none) when t is
+// not a multiple of 128. CudnnAttentionEligible declines for all three.
+inline std::string CudnnSdpaVersionDecline(int64_t version, int64_t t) {
+  const std::string v = std::to_string(version / 10000) + "." +
+                        std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
+  if (version == 91000 || version == 91001) {
+    return "cuDNN " + v + " (known SDPA bugs: 9.10.2 or newer)";
+  }
+  if (t == 1) return "T 1 (cuDNN's SDPA backward takes no s_q = s_kv = 1)";
+  if (version <= 91500 && t % 128 != 0) {
+    return "T " + std::to_string(t) + " not a multiple of 128 on cuDNN " + v +
+           " (up to 9.15 its backward needs a padding mask there)";
+  }
+  return "";
+}
 
 // Whether the tensors fit what cuDNN takes here (above); *why names what
 // does not. No cuDNN call.
