@@ -9,6 +9,7 @@
 #include "tensor/ops/linear.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tensor/cuda/matmul.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/matmul.h"
 #include "tensor/testing.h"
@@ -147,6 +149,41 @@ TEST(CudaLinearTest, AMisalignedBiasOrFusingOffGivesTheSameValuesUnfused) {
   EXPECT_TRUE(MatchesCpu(unfused.pre.To(Dtype::kF32), fused.pre.To(Dtype::kF32), tol));
   EXPECT_TRUE(MatchesCpu(unfused.out.To(Dtype::kF32), fused.out.To(Dtype::kF32), tol));
   EXPECT_TRUE(MatchesCpu(unfused_y.To(Dtype::kF32), c.pre, tol));
+}
+
+// cuBLASLt may refuse a fused epilogue at the call after its heuristic took
+// it (it checks more there): the GEMM runs unfused, with the CPU's values, and
+// that shape stays unfused. The emulation refuses with
+// CUDA_EMU_LT_REFUSE_EPILOGUES=1; a GPU, which does not, skips.
+TEST(CudaLinearTest, AFusedEpilogueRefusedAtTheCallRunsUnfused) {
+  SKIP_WITHOUT_GPU();
+  if (cuda::DeviceName(0).rfind("cuda_emu", 0) != 0) {
+    GTEST_SKIP() << "the refusal is the emulation's (CUDA_EMU_LT_REFUSE_EPILOGUES)";
+  }
+  const Dtype dtype = Dtype::kBF16;
+  const Case c = MakeCase(19, 40, 48, dtype, 70);  // a shape no other test fuses
+  const Tensor x = ToGpu(c.x), w = ToGpu(c.w), b = ToGpu(c.b);
+  const cuda::testing::Tolerance tol = DefaultTolerance(dtype, 4);
+  struct Refusing {  // unset however the block ends, so later tests fuse again
+    Refusing() { setenv("CUDA_EMU_LT_REFUSE_EPILOGUES", "1", 1); }
+    ~Refusing() { unsetenv("CUDA_EMU_LT_REFUSE_EPILOGUES"); }
+  };
+  const cuda::MatmulCacheStats before = cuda::GetMatmulCacheStats();
+  Tensor y;
+  LinearGeluResult r;
+  {
+    Refusing refusing;
+    y = LinearForward(x, w, b);          // the bias epilogue
+    r = LinearGeluForward(x, w, b);      // GELU_AUX_BIAS
+  }
+  const LinearGeluResult again = LinearGeluForward(x, w, b);  // remembered as refused
+  const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();
+  EXPECT_EQ(after.epilogues_fused, before.epilogues_fused);
+  EXPECT_EQ(after.epilogues_unfused, before.epilogues_unfused + 3);
+  EXPECT_TRUE(MatchesCpu(y.To(Dtype::kF32), c.pre, tol));
+  EXPECT_TRUE(MatchesCpu(r.pre.To(Dtype::kF32), c.pre, tol));
+  EXPECT_TRUE(MatchesCpu(r.out.To(Dtype::kF32), c.out, tol));
+  EXPECT_TRUE(MatchesCpu(again.out.To(Dtype::kF32), c.out, tol));
 }
 
 // LinearGeluInputGrad: gelu'(pre) * (g @ w) with the GELU's backward in the

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -120,9 +121,10 @@ struct LtEntry {
   cublasLtMatrixLayout_t c = nullptr;  // C and D
   cublasLtMatmulAlgo_t algo = {};
   size_t workspace_bytes = 0;
-  // False: cuBLASLt has no algorithm for this fused epilogue (only fused
-  // entries are kept in that state; plain GEMMs without one throw).
-  bool supported = true;
+  // False: cuBLASLt has no algorithm for this fused epilogue, or refused its
+  // first call (RunLt); only fused entries are kept in that state (plain
+  // GEMMs without one throw). Fused entries are one thread's.
+  mutable std::atomic<bool> supported{true};
 
   LtEntry() = default;
   LtEntry(const LtEntry&) = delete;
@@ -467,7 +469,7 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
 
 // One cublasLtMatmul over `call.count` batch items starting at a / b / c
 // (our operands). False (nothing queued) when the call's fused epilogue has
-// no algorithm.
+// no algorithm, or cuBLASLt refuses the call (NOT_SUPPORTED, INVALID_VALUE).
 bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const LtCall& call,
            const void* a, const void* b, void* c, const void* residual = nullptr) {
   const GemmEpilogue kind = call.kind();
@@ -509,6 +511,16 @@ bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const L
   const cublasStatus_t st =
       cublasLtMatmul(ctx.handle, e->desc, &alpha, b, e->a, a, e->b, &beta, c_in, e->c, c, e->c,
                      &e->algo, ctx.workspace, kMatmulWorkspaceBytes, ComputeStream());
+  if (st != CUBLAS_STATUS_SUCCESS && kind != GemmEpilogue::kNone &&
+      (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+    // The heuristic took the fused epilogue and the call refuses it (it checks
+    // more, e.g. the vector's dtype): nothing was queued, so the caller's
+    // unfused path runs, now and for this entry's later calls.
+    e->supported.store(false);
+    std::fprintf(stderr, "[matmul] cublasLtMatmul refused %s (%s): the unfused kernels run "
+                 "instead\n", Describe(args, plan, call).c_str(), cublasLtGetStatusString(st));
+    return false;
+  }
   if (st != CUBLAS_STATUS_SUCCESS) {
     ThrowOpError(kOp, "cublasLtMatmul failed for ", Describe(args, plan, call), ": ",
                  cublasLtGetStatusString(st));

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -308,6 +309,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const Desc d = *D(desc);
   const Layout a = *L(adesc), b = *L(bdesc), c = *L(cdesc), dl = *L(ddesc);
   const cublasStatus_t st = CheckShapes(d, a, b, c, dl);
+  // Tests of the caller's fallback: CUDA_EMU_LT_REFUSE_EPILOGUES=1 refuses every
+  // fused epilogue here, after the heuristic took it, as cuBLASLt may (it
+  // checks more at the call, e.g. the bias vector's dtype): nothing launched.
+  // Read at each call.
+  const char* refuse = std::getenv("CUDA_EMU_LT_REFUSE_EPILOGUES");
+  if (st == CUBLAS_STATUS_SUCCESS && d.epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
+      refuse != nullptr && std::strcmp(refuse, "1") == 0) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   cuda_emu::CountLaunch("cublasLtMatmul");
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!cuda_emu::KernelsRun()) {
