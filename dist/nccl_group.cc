@@ -528,7 +528,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
         absl::StrCat("[nccl_init] ", who, ": device cuda:", device_index, " does not exist (",
                      count, " CUDA devices visible)"));
   }
-  DeviceGuard guard(device_index);
+  // The rank's device becomes, and stays, this thread's current one (one
+  // process per GPU, as torch.cuda.set_device(local_rank) before
+  // init_process_group). Restoring the one before -- cuda:0 on a thread that
+  // never chose -- would make CUDA 12+ create a context on GPU 0 for every rank.
+  if (const cudaError_t err = cudaSetDevice(device_index); err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("[nccl_init] ", who, ": cudaSetDevice(",
+                                                      device_index,
+                                                      ") failed: ", cudaGetErrorString(err)));
+  }
   const absl::Time deadline = absl::Now() + options.timeout;
   // The nodes' launches agree (within the init's timeout) before any id is set.
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};

@@ -196,6 +196,14 @@ TEST(NcclGroupTest, TwoRanksAsThreadsMatchTheCpuReference) {
         statuses[rank] = pg.status();
         return;
       }
+      // The rank's device stays current (restoring cuda:0 would give GPU 0 a
+      // context of every rank's).
+      int current = -1;
+      if (cudaGetDevice(&current) != cudaSuccess || current != rank) {
+        statuses[rank] = absl::InternalError(
+            absl::StrCat("the current device after init is ", current, ", not ", rank));
+        return;
+      }
       for (size_t i = 0; i < cases.size(); ++i) {
         absl::StatusOr<Tensor> r = RunCase(**pg, cases[i], static_cast<int>(i), Device::Cuda(rank));
         if (!r.ok()) {
