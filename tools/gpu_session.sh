@@ -113,6 +113,9 @@ mkdir -p "$out"
 run=$bundle/run.sh
 [[ -x "$run" ]] || { echo "gpu_session: no $run (unpack gpu_bundle.tar.xz first)" >&2; exit 2; }
 has() { [[ -x "$bundle/bin/$1" ]]; }
+# NCCL's own warnings (why an init or a collective failed) into the tests' logs; a machine with
+# a small /dev/shm may also need NCCL_SHM_DISABLE=1.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
 # The phases that run many checks (tests, racecheck): none starts after the phase's deadline,
 # each is killed after the per-check timeout.
