@@ -91,9 +91,10 @@ struct NcclGroupOptions {
 
 // Joins the group of `size` ranks as rank `rank`, on CUDA device
 // `device_index` (one rank per device: NCCL refuses two ranks of a group on
-// one device), which it leaves the calling thread's current device. Blocks until every rank has joined or options.timeout passes
-// (DeadlineExceeded naming the missing ranks). `store` must outlive the
-// group.
+// one device), which it leaves the calling thread's current device (also
+// when a later step fails). Blocks until every rank has joined or
+// options.timeout passes (DeadlineExceeded naming the missing ranks). `store`
+// must outlive the group.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     int rank, int size, int device_index, Store& store, const NcclGroupOptions& options = {});
 

@@ -384,10 +384,10 @@ class DataParallelModel {
   // naming the strategy to resume with). Returns the saved TrainState.
   absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir);
   // --resume: "latest" in checkpoint_dir or a step folder; LoadCheckpoint,
-  // then CheckResumable against `config` (the model's config string). Rank 0
-  // prints "resumed from <step folder> at step N". The caller restores its
-  // data loader to `loader` (the global batch must be the same). The ranks'
-  // counterpart of train::ResumeCheckpoint.
+  // then CheckResumable against `config` (the model's config string). The
+  // caller restores its data loader to `loader` (the global batch must be the
+  // same), then rank 0 calls train::PrintResumed. The ranks' counterpart of
+  // train::ResumeCheckpoint.
   absl::StatusOr<Resumed> Resume(const std::string& resume, const std::string& checkpoint_dir,
                                  const std::string& config);
 

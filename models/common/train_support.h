@@ -140,8 +140,8 @@ absl::Status ResumeFailure(const absl::Status& failure, const std::string& resum
 // --resume in one process: "latest" in checkpoint_dir or a step folder
 // (ResolveCheckpoint); LoadCheckpoint into `model` and `optimizer` (its errors
 // as ResumeFailure says), then CheckResumable against `config` (the
-// model's config string). Prints "resumed from <step folder> at step N".
-// DataParallelModel::Resume is the same for the ranks of a data-parallel run.
+// model's config string); the caller restores its loader and loss scale,
+// then PrintResumed. DataParallelModel::Resume is the same for the ranks of a data-parallel run.
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
                                          const std::string& checkpoint_dir, nn::Module& model,
                                          optim::Optimizer& optimizer, const std::string& config);

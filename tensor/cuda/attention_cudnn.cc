@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -515,10 +516,14 @@ bool Execute(ThreadContext& ctx, const Plan& plan, const Device& device,
   return true;
 }
 
-// Says *why on stderr once per thread and reason: a run asked for cuDNN and
-// gets our kernels.
+// Says *why on stderr once per thread and kind of reason (its numbers left
+// out: sampling's lengths, one more each token, would print a line a token):
+// a run asked for cuDNN and gets our kernels.
 void WarnOnce(ThreadContext& ctx, const std::string& why) {
-  if (!ctx.warned.insert(why).second) return;
+  std::string kind = why;
+  kind.erase(std::remove_if(kind.begin(), kind.end(), [](char c) { return c >= '0' && c <= '9'; }),
+             kind.end());
+  if (!ctx.warned.insert(kind).second) return;
   std::fprintf(stderr, "[flash_attention] cuDNN attention not used, our kernels instead: %s\n",
                why.c_str());
 }
@@ -526,6 +531,8 @@ void WarnOnce(ThreadContext& ctx, const std::string& why) {
 }  // namespace
 
 bool CudnnAttentionBuilt() { return true; }
+
+int64_t CudnnRuntimeVersion() { return static_cast<int64_t>(cudnnGetVersion()); }
 
 bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                             std::string* why) {
@@ -541,8 +548,7 @@ bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, b
     *why = "empty q (B, H or T is 0)";
   } else if (!Vectorizable(q) || !Vectorizable(k) || !Vectorizable(v)) {
     *why = "q, k or v strides not multiples of 8 elements, or not 16-byte aligned";
-  } else if (std::string decline =
-                 CudnnSdpaVersionDecline(static_cast<int64_t>(cudnnGetVersion()), q.dim(2));
+  } else if (std::string decline = CudnnSdpaVersionDecline(CudnnRuntimeVersion(), q.dim(2));
              !decline.empty()) {
     *why = decline;
   } else {

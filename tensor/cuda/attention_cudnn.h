@@ -38,6 +38,10 @@ namespace cuda {
 // Whether this build links cuDNN's attention (false under the emulation).
 bool CudnnAttentionBuilt();
 
+// The loaded cuDNN's version as cudnnGetVersion() gives it (91900 for
+// 9.19.0); 0 in a build without cuDNN.
+int64_t CudnnRuntimeVersion();
+
 // Why the cuDNN library loaded at run time (`version` as cudnnGetVersion()
 // gives it: 91900 for 9.19.0) cannot run these graphs for sequences of length
 // t, as cudnn-frontend declines them; "" when it can. 9.10.0 and 9.10.1 have
@@ -59,7 +63,7 @@ inline std::string CudnnSdpaVersionDecline(int64_t version, int64_t t) {
 }
 
 // Whether the tensors fit what cuDNN takes here (above); *why names what
-// does not. No cuDNN call.
+// does not. No cuDNN call but CudnnRuntimeVersion().
 bool CudnnAttentionEligible(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                             std::string* why);
 

@@ -10,6 +10,8 @@ constexpr char kNotBuilt[] = "cuDNN is not linked in this build (the CUDA emulat
 
 bool CudnnAttentionBuilt() { return false; }
 
+int64_t CudnnRuntimeVersion() { return 0; }
+
 bool CudnnAttentionEligible(const Tensor&, const Tensor&, const Tensor&, bool, std::string* why) {
   *why = kNotBuilt;
   return false;

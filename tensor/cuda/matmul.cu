@@ -435,6 +435,10 @@ std::shared_ptr<const LtEntry> CreateEntry(cublasLtHandle_t handle, const GemmAr
       st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   if (!found && call.kind() != GemmEpilogue::kNone) {
     e->supported = false;  // the caller runs the plain GEMM and its own kernel
+    // Once per shape (the entry is kept): a timing of a fused switch would
+    // otherwise measure the unfused path without a word.
+    std::fprintf(stderr, "[matmul] cuBLASLt has no algorithm for %s: the unfused kernels run "
+                 "instead\n", Describe(args, plan, call).c_str());
     return e;
   }
   if (st != CUBLAS_STATUS_SUCCESS) {
