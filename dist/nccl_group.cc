@@ -9,10 +9,12 @@
 
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <memory>
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dist/launch_layout.h"
@@ -161,6 +163,12 @@ struct Comm {
     }
   }
 
+  // Set when the abort did not return in time (CallWorkerOptions::abandon):
+  // the abort's thread may still use this communicator, and the kernels the
+  // calls' buffers, so CommDeleter leaves both allocated.
+  std::atomic<bool> abandoned{false};
+  std::vector<std::shared_ptr<nccl::PendingCall>> kept_calls;
+
   ~Comm() {
     DeviceGuard guard(device);
     if (comm != nullptr) {
@@ -185,11 +193,19 @@ struct Comm {
   }
 };
 
+// Deletes a Comm unless it was abandoned (the process should exit then).
+struct CommDeleter {
+  void operator()(Comm* comm) const {
+    if (!comm->abandoned.load()) delete comm;
+  }
+};
+using CommPtr = std::unique_ptr<Comm, CommDeleter>;
+
 // Wraps an initialized communicator: a non-blocking stream and the barrier
 // buffer on `device` (current on this thread).
-absl::StatusOr<std::unique_ptr<Comm>> MakeComm(ncclComm_t nccl_comm, int device,
-                                               absl::Duration finalize_timeout) {
-  auto comm = std::make_unique<Comm>();
+absl::StatusOr<CommPtr> MakeComm(ncclComm_t nccl_comm, int device,
+                                 absl::Duration finalize_timeout) {
+  CommPtr comm(new Comm());
   comm->device = device;
   comm->comm = nccl_comm;
   comm->finalize_timeout = finalize_timeout;
@@ -351,7 +367,7 @@ class NcclSplit final : public nccl::PendingCall {
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
-  NcclProcessGroup(int rank, int size, Store* store, std::unique_ptr<Comm> comm,
+  NcclProcessGroup(int rank, int size, Store* store, CommPtr comm,
                    const NcclGroupOptions& options)
       : ProcessGroup(options.timeout),
         rank_(rank),
@@ -455,7 +471,7 @@ class NcclProcessGroup final : public ProcessGroup {
   cudaStream_t compute_stream_;  // Issuing thread only.
   int split_seq_ = 0;            // Issuing thread only.
   // Declared before the worker, which uses it, so destroyed after it.
-  const std::unique_ptr<Comm> comm_;
+  const CommPtr comm_;
   nccl::CallWorker worker_;
 };
 
@@ -484,7 +500,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
     return Prefixed(s, "split", rank_, size_);
   }
   DeviceGuard guard(comm_->device);
-  absl::StatusOr<std::unique_ptr<Comm>> comm = MakeComm(child, comm_->device, this->timeout());
+  absl::StatusOr<CommPtr> comm = MakeComm(child, comm_->device, this->timeout());
   if (!comm.ok()) return Prefixed(comm.status(), "split", rank_, size_);
   NcclGroupOptions options;
   options.prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
@@ -506,6 +522,13 @@ nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
   options.on_thread_start = [device] { cudaSetDevice(device); };
   Comm* comm = comm_.get();
   options.abort = [comm] { comm->Abort(); };
+  // The abort drains the stream for up to finalize_timeout after NCCL's
+  // abort returns; past that and a margin, NCCL's abort is what hangs.
+  options.abort_timeout = comm_->finalize_timeout + absl::Seconds(30);
+  options.abandon = [comm](std::vector<std::shared_ptr<nccl::PendingCall>> calls) {
+    comm->kept_calls = std::move(calls);
+    comm->abandoned = true;
+  };
   return options;
 }
 
@@ -586,7 +609,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     ncclCommAbort(nccl_comm);
     return s;
   }
-  absl::StatusOr<std::unique_ptr<Comm>> comm = MakeComm(nccl_comm, device_index, options.timeout);
+  absl::StatusOr<CommPtr> comm = MakeComm(nccl_comm, device_index, options.timeout);
   if (!comm.ok()) return Prefixed(comm.status(), "nccl_init", rank, size);
   return std::unique_ptr<ProcessGroup>(
       new NcclProcessGroup(rank, size, &store, *std::move(comm), options));

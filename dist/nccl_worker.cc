@@ -132,19 +132,78 @@ absl::Status CallWorker::TimeoutError(const Item& item) {
                           options_.report_wait);
 }
 
+bool CallWorker::RunAbort() {
+  if (!options_.abort) return true;
+  struct Returned {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto returned = std::make_shared<Returned>();
+  // The thread holds its own copies: it may outlive this worker.
+  std::thread aborter([start = options_.on_thread_start, abort = options_.abort, returned] {
+    if (start) start();  // the worker's device, as the abort expects
+    abort();
+    {
+      std::lock_guard<std::mutex> lock(returned->mu);
+      returned->done = true;
+    }
+    returned->cv.notify_all();
+  });
+  bool done = false;
+  {
+    std::unique_lock<std::mutex> lock(returned->mu);
+    if (options_.abort_timeout == absl::InfiniteDuration()) {  // no chrono overflow
+      returned->cv.wait(lock, [&] { return returned->done; });
+      done = true;
+    } else {
+      done = returned->cv.wait_for(lock, absl::ToChronoNanoseconds(options_.abort_timeout),
+                                   [&] { return returned->done; });
+    }
+  }
+  if (done) {
+    aborter.join();
+  } else {
+    aborter.detach();
+  }
+  return done;
+}
+
 void CallWorker::Break(Item& failed, const absl::Status& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.ok()) broken_ = error;
   }
-  if (options_.abort) options_.abort();
-  // Buffers are released before the waiters wake.
-  failed.call.reset();
-  failed.work->Complete(error);
+  absl::Status failure = error;
+  const bool aborted = RunAbort();
+  if (!aborted) {
+    failure = absl::Status(
+        error.code(),
+        absl::StrCat(error.message(), " (then the communicator's abort did not return within ",
+                     absl::FormatDuration(options_.abort_timeout),
+                     ": its buffers stay allocated; this process should exit)"));
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = failure;  // later calls name it too
+  }
+  // Buffers are released before the waiters wake; kept for good when the
+  // abort did not return, since the kernels may still write them.
+  std::vector<std::shared_ptr<PendingCall>> kept;
+  auto release = [&](Item& item) {
+    if (aborted) {
+      item.call.reset();
+    } else {
+      kept.push_back(std::move(item.call));
+    }
+  };
+  release(failed);
   for (Item& other : in_flight_) {
-    if (&other == &failed) continue;
-    other.call.reset();
-    other.work->Complete(BrokenError(other.op));
+    if (&other != &failed) release(other);
+  }
+  if (!aborted && options_.abandon) options_.abandon(std::move(kept));
+  kept.clear();
+  failed.work->Complete(failure);
+  for (Item& other : in_flight_) {
+    if (&other != &failed) other.work->Complete(BrokenError(other.op));
   }
   in_flight_.clear();
 }

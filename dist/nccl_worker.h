@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -84,11 +85,21 @@ struct CallWorkerOptions {
   std::string prefix = "nccl";
   // How long a rank whose call timed out waits for the other ranks' reports.
   absl::Duration report_wait = absl::Seconds(5);
-  // Runs first on the worker thread (e.g. selects the CUDA device).
+  // Runs first on the worker thread, and on the abort's (e.g. selects the
+  // CUDA device).
   std::function<void()> on_thread_start;
-  // Runs once, on the worker thread, at the group's first failure, before the
-  // calls are failed (aborts the communicator so that stuck kernels exit).
+  // Runs once, at the group's first failure, before the calls are failed
+  // (aborts the communicator so that stuck kernels exit), on a thread of its
+  // own that the worker waits for up to abort_timeout.
   std::function<void()> abort;
+  // NCCL's abort may itself hang (a peer's process gone mid-call). Past
+  // abort_timeout the calls fail anyway, their errors saying so, and their
+  // PendingCalls (with the buffers the kernels may still write) go to
+  // `abandon`, on the worker thread, to be kept for good: the engine must also
+  // leave its communicator allocated, since the abort still uses it, and the
+  // process should exit. Without `abandon` they are released.
+  absl::Duration abort_timeout = absl::Seconds(60);
+  std::function<void(std::vector<std::shared_ptr<PendingCall>>)> abandon;
   Clock clock;
   // The longest sleep between two polls of an unfinished call.
   absl::Duration max_poll_sleep = absl::Microseconds(100);
@@ -144,6 +155,9 @@ class CallWorker {
   // fails `failed` with `error` and every other call in flight or queued with
   // BrokenError.
   void Break(Item& failed, const absl::Status& error);
+  // Runs options_.abort on a thread of its own; false when it has not
+  // returned within abort_timeout (the thread is then left running).
+  bool RunAbort();
   absl::Status TimeoutError(const Item& item);
   absl::Status CallError(const Item& item, const absl::Status& status) const;
   absl::Status BrokenErrorLocked(absl::string_view op) const;

@@ -6,6 +6,7 @@
 #include "dist/nccl_worker.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -346,6 +347,70 @@ TEST(CallWorkerTest, AnErrorBreaksTheGroupAndNothingRunsAfterTheAbort) {
   EXPECT_FALSE(late_started.load());
   EXPECT_FALSE(touched_after_abort.load());
   EXPECT_EQ(aborts.load(), 1);
+}
+
+// NCCL's abort may itself hang (a peer's process gone mid-call): past
+// abort_timeout the calls fail anyway, saying so, their buffers go to
+// `abandon` to be kept, and the worker can be destroyed while the abort still
+// runs.
+TEST(CallWorkerTest, AnAbortThatDoesNotReturnStillFailsTheCalls) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;  // Guarded by mu.
+  std::atomic<bool> abort_returned{false};
+  std::atomic<int> abandons{0};
+  std::vector<std::shared_ptr<PendingCall>> kept;
+  {
+    CallWorkerOptions options;
+    options.abort_timeout = absl::Milliseconds(200);
+    options.abort = [&] {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return release; });
+      abort_returned = true;
+    };
+    options.abandon = [&](std::vector<std::shared_ptr<PendingCall>> calls) {
+      abandons.fetch_add(1);
+      kept = std::move(calls);
+    };
+    CallWorker worker(options);
+    std::atomic<bool> second_started{false};
+    auto failing = std::make_shared<FakeCall>();
+    failing->finished = [&]() -> absl::StatusOr<bool> {
+      if (second_started.load()) return absl::InternalError("boom");
+      return false;
+    };
+    auto pending = std::make_shared<FakeCall>();
+    pending->start = [&] {
+      second_started = true;
+      return absl::OkStatus();
+    };
+    pending->finished = []() -> absl::StatusOr<bool> { return false; };
+    const absl::Time start = absl::Now();
+    WorkPtr a = worker.Submit("all_reduce", absl::Seconds(30), failing);
+    WorkPtr b = worker.Submit("broadcast", absl::Seconds(30), pending);
+    const absl::Status first = a->Wait();
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(195));
+    EXPECT_EQ(first, absl::InternalError("[all_reduce] rank 0 of 1: boom (then the "
+                                         "communicator's abort did not return within 200ms: "
+                                         "its buffers stay allocated; this process should "
+                                         "exit)"));
+    EXPECT_THAT(std::string(b->Wait().message()), HasSubstr("abort did not return within"));
+    const WorkPtr later =
+        worker.Submit("barrier", absl::Seconds(30), std::make_shared<FakeCall>());
+    EXPECT_THAT(std::string(later->Wait().message()),
+                HasSubstr("unusable after an earlier failure: [all_reduce] rank 0 of 1: boom "
+                          "(then the communicator's abort did not return"));
+    EXPECT_EQ(abandons.load(), 1);
+    EXPECT_EQ(kept.size(), 2u);  // both calls' buffers, kept
+    EXPECT_FALSE(abort_returned.load());
+  }  // the worker goes while its abort still runs
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (int i = 0; i < 500 && !abort_returned.load(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(abort_returned.load());
 }
 
 TEST(CallWorkerTest, StartErrorsAndEnqueueTimeoutsFailTheCall) {
