@@ -130,7 +130,8 @@ cudaStream_t AsStream(void* stream) {
 }
 
 // A communicator with its stream and barrier buffer. The group destroys it
-// after its worker thread (the only other user) has stopped.
+// after its worker thread has stopped, and after the abort's thread returned
+// (an abandoned one is never destroyed: CommDeleter).
 struct Comm {
   int device = 0;
   ncclComm_t comm = nullptr;  // nullptr once aborted
@@ -139,10 +140,11 @@ struct Comm {
   absl::Duration finalize_timeout;
 
   // Aborts the communicator: kernels waiting for peers exit. Then waits (up
-  // to finalize_timeout) for this communicator's stream to drain, since the
-  // worker releases the calls' buffers next: an aborted kernel still
-  // writing one would otherwise corrupt the tensor the allocator hands it to.
-  void Abort() {
+  // to `drain`) for this communicator's stream to drain, since the worker
+  // releases the calls' buffers next: an aborted kernel still writing one
+  // would otherwise corrupt the tensor the allocator hands it to. `drain` is
+  // the caller's value: the group may change finalize_timeout meanwhile.
+  void Abort(absl::Duration drain) {
     if (comm == nullptr) return;
     DeviceGuard guard(device);
     ncclCommAbort(comm);
@@ -154,12 +156,12 @@ struct Comm {
           cudaGetLastError();  // a sticky error from the aborted kernels is not ours to keep
           return true;
         },
-        absl::Now() + finalize_timeout, nccl::Clock(), absl::Milliseconds(1));
+        absl::Now() + drain, nccl::Clock(), absl::Milliseconds(1));
     if (!idle.ok() || !*idle) {
       std::fprintf(stderr,
                    "nccl: the communication stream of cuda:%d is still busy %s after the "
-                   "abort; its buffers are released anyway\n",
-                   device, absl::FormatDuration(finalize_timeout).c_str());
+                   "abort\n",
+                   device, absl::FormatDuration(drain).c_str());
     }
   }
 
@@ -217,7 +219,7 @@ absl::StatusOr<CommPtr> MakeComm(ncclComm_t nccl_comm, int device,
   }
   if (s.ok()) s = CudaCheck(cudaMemset(comm->barrier, 0, sizeof(float)), "cudaMemset");
   if (!s.ok()) {
-    comm->Abort();
+    comm->Abort(finalize_timeout);
     return s;
   }
   return comm;
@@ -521,10 +523,11 @@ nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
   const int device = comm_->device;
   options.on_thread_start = [device] { cudaSetDevice(device); };
   Comm* comm = comm_.get();
-  options.abort = [comm] { comm->Abort(); };
-  // The abort drains the stream for up to finalize_timeout after NCCL's
-  // abort returns; past that and a margin, NCCL's abort is what hangs.
-  options.abort_timeout = comm_->finalize_timeout + absl::Seconds(30);
+  // The abort drains the stream for up to `drain` after NCCL's abort
+  // returns; past that and a margin, NCCL's abort is what hangs.
+  const absl::Duration drain = comm_->finalize_timeout;
+  options.abort = [comm, drain] { comm->Abort(drain); };
+  options.abort_timeout = drain + absl::Seconds(30);
   options.abandon = [comm](std::vector<std::shared_ptr<nccl::PendingCall>> calls) {
     comm->kept_calls = std::move(calls);
     comm->abandoned = true;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -141,7 +142,7 @@ bool CallWorker::RunAbort() {
   };
   auto returned = std::make_shared<Returned>();
   // The thread holds its own copies: it may outlive this worker.
-  std::thread aborter([start = options_.on_thread_start, abort = options_.abort, returned] {
+  auto run = [start = options_.on_thread_start, abort = options_.abort, returned] {
     if (start) start();  // the worker's device, as the abort expects
     abort();
     {
@@ -149,7 +150,14 @@ bool CallWorker::RunAbort() {
       returned->done = true;
     }
     returned->cv.notify_all();
-  });
+  };
+  std::thread aborter;
+  try {
+    aborter = std::thread(run);
+  } catch (const std::system_error&) {  // no thread to spare: abort here, unbounded
+    run();
+    return true;
+  }
   bool done = false;
   {
     std::unique_lock<std::mutex> lock(returned->mu);

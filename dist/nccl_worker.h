@@ -152,8 +152,8 @@ class CallWorker {
   // Starts `item` and waits until it is enqueued; false when it failed.
   bool StartItem(Item& item);
   // Breaks the group with `error` (the failure of `failed`): aborts, then
-  // fails `failed` with `error` and every other call in flight or queued with
-  // BrokenError.
+  // fails `failed` with `error` (plus a word on the abort when it did not
+  // return) and every other call in flight or queued with BrokenError.
   void Break(Item& failed, const absl::Status& error);
   // Runs options_.abort on a thread of its own; false when it has not
   // returned within abort_timeout (the thread is then left running).

@@ -364,9 +364,11 @@ TEST(CallWorkerTest, AnAbortThatDoesNotReturnStillFailsTheCalls) {
     CallWorkerOptions options;
     options.abort_timeout = absl::Milliseconds(200);
     options.abort = [&] {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return release; });
-      abort_returned = true;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return release; });
+      }
+      abort_returned = true;  // the last use of the test's locals
     };
     options.abandon = [&](std::vector<std::shared_ptr<PendingCall>> calls) {
       abandons.fetch_add(1);
