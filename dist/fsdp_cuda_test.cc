@@ -143,10 +143,10 @@ TEST(FsdpCudaTest, LedgerShowsShardsOnTheGpuOrOffloadedToTheHost) {
 
 // Offloaded, each step copies shards out and reduced gradients back through
 // the page-locked buffers FullyShard made (one per dtype: bf16 for both
-// here, f32 too when the reduce stays fp32): the steps allocate no host
-// memory for communication (the ledger charges page-locked blocks to the
-// CPU), so none can run out of it on one rank only
-// (after its reduce, its peers stepped without it).
+// here, f32 too when the reduce stays fp32; FULL_SHARD, NO_SHARD and
+// HYBRID_SHARD): the steps allocate no host memory for communication (the
+// ledger charges page-locked blocks to the CPU), so none can run out of it
+// on one rank only (after its reduce, its peers stepped without it).
 TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
   SKIP_WITHOUT_GPU();
   const mingpt::GptConfig c = Tiny();
@@ -156,7 +156,8 @@ TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
   for (const std::pair<ShardingStrategy, tensor::Dtype>& run :
        {std::pair{ShardingStrategy::kFullShard, tensor::Dtype::kBF16},
         std::pair{ShardingStrategy::kFullShard, tensor::Dtype::kF32},
-        std::pair{ShardingStrategy::kNoShard, tensor::Dtype::kBF16}}) {
+        std::pair{ShardingStrategy::kNoShard, tensor::Dtype::kBF16},
+        std::pair{ShardingStrategy::kHybridShard, tensor::Dtype::kBF16}}) {
     const ShardingStrategy strategy = run.first;  // named: lambdas capture no bindings
     const tensor::Dtype reduce = run.second;
     SCOPED_TRACE(absl::StrCat(ShardingStrategyName(strategy), ", reduce ",
@@ -168,6 +169,7 @@ TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
       o.seed = kSeed;
       o.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
       o.mixed_precision.reduce_dtype = reduce;
+      o.hybrid_shard_group_size = 1;  // HYBRID_SHARD: the replicas' all-reduce, then the copy
       auto fsdp = FullyShard(gpt, pg, o);
       auto opt = optim::AdamW::Create({}).value();
       tensor::MemoryLedger& ledger = world.ledger(rank);
