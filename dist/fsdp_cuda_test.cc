@@ -67,6 +67,24 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpCudaParityTest,
                                                               ShardingStrategy::kNoShard),
                                             ::testing::Values(1, 2, 3)));
 
+// HYBRID_SHARD over GPU memory (4 ranks: shard groups of 2, each shard's
+// gradient averaged over its 2 replicas after the reduce-scatter), on the GPU
+// and offloaded (the replicas' all-reduce, then the copy back to the host).
+TEST(FsdpCudaTest, HybridShardMatchesOneProcessOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 9);
+  const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 10);
+  const RunResult want = SingleProcess(c, idx, tgt, precision::MixedPrecisionPolicy::Fp32(), 1, 1,
+                                       Device::Cuda(0));
+  for (bool offload : {false, true}) {
+    SCOPED_TRACE(offload ? "offload" : "on the GPU");
+    FsdpOptions o = OnGpu(ShardingStrategy::kHybridShard, offload);
+    o.hybrid_shard_group_size = 2;
+    ExpectSameTraining(Sharded(c, idx, tgt, 4, o), want, kGpuTol);
+  }
+}
+
 TEST(FsdpCudaTest, Bf16FullShardMatchesOneProcessBf16OnTheGpu) {
   SKIP_WITHOUT_GPU();
   const mingpt::GptConfig c = Tiny();
