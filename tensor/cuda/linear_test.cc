@@ -173,8 +173,8 @@ TEST(CudaLinearTest, AFusedEpilogueRefusedAtTheCallRunsUnfused) {
   LinearGeluResult r;
   {
     Refusing refusing;
-    y = LinearForward(x, w, b);          // the bias epilogue
-    r = LinearGeluForward(x, w, b);      // GELU_AUX_BIAS
+    y = LinearForward(x, w, b);      // the bias epilogue
+    r = LinearGeluForward(x, w, b);  // GELU_AUX_BIAS
   }
   const LinearGeluResult again = LinearGeluForward(x, w, b);  // remembered as refused
   const cuda::MatmulCacheStats after = cuda::GetMatmulCacheStats();

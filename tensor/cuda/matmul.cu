@@ -515,7 +515,7 @@ bool RunLt(ThreadContext& ctx, const GemmArgs& args, const LtPlan& plan, const L
   const cublasStatus_t st =
       cublasLtMatmul(ctx.handle, e->desc, &alpha, b, e->a, a, e->b, &beta, c_in, e->c, c, e->c,
                      &e->algo, ctx.workspace, kMatmulWorkspaceBytes, ComputeStream());
-  if (st != CUBLAS_STATUS_SUCCESS && kind != GemmEpilogue::kNone &&
+  if (kind != GemmEpilogue::kNone &&
       (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
     // The heuristic took the fused epilogue and the call refuses it (it checks
     // more, e.g. the vector's dtype): nothing was queued, so the caller's
