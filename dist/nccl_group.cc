@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dist/launch_layout.h"
+#include "dist/nccl_launch_order.h"
 #include "dist/nccl_rendezvous.h"
 #include "dist/nccl_worker.h"
 #include "tensor/error.h"
@@ -369,8 +370,10 @@ class NcclSplit final : public nccl::PendingCall {
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
+  // `launch_order` is shared with the group this one was split from, if any.
   NcclProcessGroup(int rank, int size, Store* store, CommPtr comm,
-                   const NcclGroupOptions& options)
+                   const NcclGroupOptions& options,
+                   std::shared_ptr<nccl::LaunchOrder> launch_order)
       : ProcessGroup(options.timeout),
         rank_(rank),
         size_(size),
@@ -378,6 +381,7 @@ class NcclProcessGroup final : public ProcessGroup {
         prefix_(options.prefix),
         report_wait_(options.report_wait),
         compute_stream_(AsStream(options.compute_stream)),
+        launch_order_(std::move(launch_order)),
         comm_(std::move(comm)),
         worker_(WorkerOptions()) {}
 
@@ -472,6 +476,10 @@ class NcclProcessGroup final : public ProcessGroup {
   const absl::Duration report_wait_;
   cudaStream_t compute_stream_;  // Issuing thread only.
   int split_seq_ = 0;            // Issuing thread only.
+  // This rank's calls on this group and the groups split from it reach NCCL
+  // in the order they were issued (nccl_launch_order.h), whichever group's
+  // worker gets to them first.
+  const std::shared_ptr<nccl::LaunchOrder> launch_order_;
   // Declared before the worker, which uses it, so destroyed after it.
   const CommPtr comm_;
   nccl::CallWorker worker_;
@@ -510,7 +518,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   options.report_wait = report_wait_;
   options.compute_stream = compute_stream_ == cudaStreamPerThread ? nullptr : compute_stream_;
   return std::unique_ptr<ProcessGroup>(
-      new NcclProcessGroup(new_rank, new_size, store_, *std::move(comm), options));
+      new NcclProcessGroup(new_rank, new_size, store_, *std::move(comm), options, launch_order_));
 }
 
 nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
@@ -520,6 +528,7 @@ nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
   options.store = store_;
   options.prefix = prefix_;
   options.report_wait = report_wait_;
+  options.launch_order = launch_order_;
   const int device = comm_->device;
   options.on_thread_start = [device] { cudaSetDevice(device); };
   Comm* comm = comm_.get();
@@ -615,7 +624,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   absl::StatusOr<CommPtr> comm = MakeComm(nccl_comm, device_index, options.timeout);
   if (!comm.ok()) return Prefixed(comm.status(), "nccl_init", rank, size);
   return std::unique_ptr<ProcessGroup>(
-      new NcclProcessGroup(rank, size, &store, *std::move(comm), options));
+      new NcclProcessGroup(rank, size, &store, *std::move(comm), options,
+                           std::make_shared<nccl::LaunchOrder>()));
 }
 
 absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream) {

@@ -17,7 +17,11 @@
 // there when the call is issued is waited for on the communication stream.
 // The worker enqueues the NCCL kernel, records a completion event and polls
 // it; Work::Wait() returns once the collective has finished on the device, so
-// its results may then be read from any stream.
+// its results may then be read from any stream. A group and the groups split
+// from it (HYBRID_SHARD's world, shard and replica groups) enqueue one rank's
+// calls in the order they were issued, across their workers
+// (dist/nccl_launch_order.h): NCCL needs the kernels of communicators that
+// share GPUs launched in the same order on every rank.
 //
 // Dtypes f32, f16, bf16, i32, i64, u8 go to NCCL as they are (f16 and bf16
 // are reduced by NCCL in their own precision, as in PyTorch; max and min of

@@ -53,6 +53,7 @@ WorkPtr CallWorker::Submit(std::string op, absl::Duration timeout,
       item.op = std::move(op);
       item.timeout = timeout;
       item.number = submitted_++;
+      if (options_.launch_order) item.ticket = options_.launch_order->Take();
       item.call = std::move(call);
       item.work = work;
       queue_.push_back(std::move(item));
@@ -216,9 +217,16 @@ void CallWorker::Break(Item& failed, const absl::Status& error) {
   in_flight_.clear();
 }
 
+void CallWorker::PassTurn(Item& item) {
+  if (item.ticket < 0) return;
+  options_.launch_order->Pass(item.ticket);
+  item.ticket = -1;
+}
+
 bool CallWorker::StartItem(Item& item) {
   const absl::Time start = options_.clock.now();
   if (absl::Status started = item.call->Start(); !started.ok()) {
+    PassTurn(item);
     // The peers' timeouts on this call name this rank: it issued only the
     // calls before it.
     if (options_.store != nullptr) {
@@ -232,6 +240,7 @@ bool CallWorker::StartItem(Item& item) {
   absl::StatusOr<bool> enqueued =
       PollUntil([call] { return call->Enqueued(); }, start + item.timeout, options_.clock,
                 options_.max_poll_sleep);
+  PassTurn(item);  // enqueued, or failed: the family's next call may start
   if (!enqueued.ok()) {
     Break(item, CallError(item, enqueued.status()));
     return false;
@@ -251,14 +260,20 @@ void CallWorker::Loop() {
   while (true) {
     std::optional<Item> next;
     std::deque<Item> rejected;
+    int64_t awaited_turn = -1;  // The next call's ticket, when the family's turn is not yet its.
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (in_flight_.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (!broken_.ok()) {
         rejected.swap(queue_);
       } else if (!queue_.empty() && (in_flight_.empty() || !queue_.front().call->NeedsIdle())) {
-        next = std::move(queue_.front());
-        queue_.pop_front();
+        const int64_t ticket = queue_.front().ticket;
+        if (ticket < 0 || options_.launch_order->IsTurn(ticket)) {
+          next = std::move(queue_.front());
+          queue_.pop_front();
+        } else {
+          awaited_turn = ticket;
+        }
       }
       if (stop_ && rejected.empty() && !next.has_value() && queue_.empty() && in_flight_.empty()) {
         return;
@@ -266,6 +281,7 @@ void CallWorker::Loop() {
     }
     if (!rejected.empty()) {
       for (Item& item : rejected) {
+        PassTurn(item);
         item.call.reset();
         item.work->Complete(BrokenError(item.op));
       }
@@ -281,7 +297,11 @@ void CallWorker::Loop() {
       sleep = absl::Microseconds(1);
       continue;
     }
-    if (in_flight_.empty()) continue;
+    if (in_flight_.empty()) {
+      // Only this thread breaks the group or starts its calls: the front stays.
+      if (awaited_turn >= 0) options_.launch_order->WaitForTurn(awaited_turn);
+      continue;
+    }
     Item& oldest = in_flight_.front();
     absl::StatusOr<bool> finished = oldest.call->Finished();
     if (!finished.ok()) {

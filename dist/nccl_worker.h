@@ -13,6 +13,9 @@
 //     to start, or that this rank refuses (CallWorker::Refuse), breaks the
 //     group the same way, so that its later calls cannot pair with a peer's
 //     earlier one;
+//     With a LaunchOrder shared by a family of groups, each call starts only
+//     once the family's calls issued before it have been enqueued
+//     (dist/nccl_launch_order.h);
 //   - CheckNcclTensors: the device, layout and aliasing rules of NCCL calls.
 #ifndef DIST_NCCL_WORKER_H_
 #define DIST_NCCL_WORKER_H_
@@ -33,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "dist/nccl_launch_order.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "dist/work.h"
@@ -100,6 +104,10 @@ struct CallWorkerOptions {
   // process should exit. Without `abandon` they are released.
   absl::Duration abort_timeout = absl::Seconds(60);
   std::function<void(std::vector<std::shared_ptr<PendingCall>>)> abandon;
+  // Shared by a group and the groups split from it: a call starts only on its
+  // turn in the family's issue order (taken at Submit). Null: this worker's
+  // own order only.
+  std::shared_ptr<LaunchOrder> launch_order;
   Clock clock;
   // The longest sleep between two polls of an unfinished call.
   absl::Duration max_poll_sleep = absl::Microseconds(100);
@@ -144,11 +152,14 @@ class CallWorker {
     std::string op;
     absl::Duration timeout;
     int64_t number = 0;
+    int64_t ticket = -1;  // In options_.launch_order, until passed.
     std::shared_ptr<PendingCall> call;
     std::shared_ptr<CompletionWork> work;
   };
 
   void Loop();
+  // Passes `item`'s ticket, if it holds one: the family's next call may start.
+  void PassTurn(Item& item);
   // Starts `item` and waits until it is enqueued; false when it failed.
   bool StartItem(Item& item);
   // Breaks the group with `error` (the failure of `failed`): aborts, then

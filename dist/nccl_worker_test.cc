@@ -475,6 +475,120 @@ TEST(CallWorkerTest, DestructionLetsCallsFinish) {
   EXPECT_TRUE(work->Wait().ok());
 }
 
+// Whether `work` completes within `limit` (polled: a test must not hang on it).
+bool CompletesWithin(const WorkPtr& work, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!work->IsCompleted()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Two workers of one family (a group and its split) sharing a LaunchOrder.
+struct Family {
+  std::shared_ptr<LaunchOrder> order = std::make_shared<LaunchOrder>();
+  std::mutex mu;
+  std::vector<std::string> started;  // the calls' names, in the order they started
+
+  CallWorkerOptions Options(std::function<void()> abort = nullptr) {
+    CallWorkerOptions options;
+    options.launch_order = order;
+    options.abort = std::move(abort);
+    return options;
+  }
+  std::shared_ptr<FakeCall> Call(std::string name) {
+    auto call = std::make_shared<FakeCall>();
+    call->start = [this, name] {
+      std::lock_guard<std::mutex> lock(mu);
+      started.push_back(name);
+      return absl::OkStatus();
+    };
+    return call;
+  }
+  std::vector<std::string> Started() {
+    std::lock_guard<std::mutex> lock(mu);
+    return started;
+  }
+};
+
+// Issued a0, a1 on group A, then b0 on its split B: while a0 is still being
+// enqueued, B's worker (idle, its call queued) must not start b0 before a1,
+// or ranks whose workers ran in other orders would launch NCCL kernels of
+// the two communicators in different orders.
+TEST(CallWorkerTest, AFamilysCallsStartInIssueOrderAcrossWorkers) {
+  Family family;
+  CallWorker a(family.Options());
+  CallWorker b(family.Options());
+  std::atomic<bool> release{false};
+  auto a0 = family.Call("a0");
+  a0->enqueued = [&]() -> absl::StatusOr<bool> { return release.load(); };
+  const WorkPtr w0 = a.Submit("all_gather", absl::Seconds(30), a0);
+  const WorkPtr w1 = a.Submit("reduce_scatter", absl::Seconds(30), family.Call("a1"));
+  const WorkPtr w2 = b.Submit("all_reduce", absl::Seconds(30), family.Call("b0"));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_THAT(family.Started(), ElementsAre("a0"));
+  release = true;
+  for (const WorkPtr& w : {w0, w1, w2}) {
+    ASSERT_TRUE(CompletesWithin(w, absl::Seconds(10)));
+    EXPECT_TRUE(w->Wait().ok());
+  }
+  EXPECT_THAT(family.Started(), ElementsAre("a0", "a1", "b0"));
+  EXPECT_EQ(family.order->taken(), 3);
+}
+
+// A group that breaks drops its queued calls' turns: the family goes on.
+TEST(CallWorkerTest, ABrokenGroupPassesItsTurnsToTheFamily) {
+  Family family;
+  CallWorker a(family.Options([] {}));
+  CallWorker b(family.Options());
+  std::atomic<bool> release{false};
+  auto a0 = family.Call("a0");
+  a0->enqueued = [&]() -> absl::StatusOr<bool> {
+    if (!release.load()) return false;
+    return absl::AbortedError("a peer exited");
+  };
+  const WorkPtr w0 = a.Submit("all_gather", absl::Seconds(30), a0);
+  const WorkPtr w1 = a.Submit("all_gather", absl::Seconds(30), family.Call("a1"));
+  const WorkPtr w2 = b.Submit("all_reduce", absl::Seconds(30), family.Call("b0"));
+  absl::SleepFor(absl::Milliseconds(20));
+  release = true;
+  for (const WorkPtr& w : {w0, w1, w2}) ASSERT_TRUE(CompletesWithin(w, absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsAborted(w0->Wait())) << w0->Wait();
+  EXPECT_TRUE(absl::IsAborted(w1->Wait())) << w1->Wait();
+  EXPECT_TRUE(w2->Wait().ok());
+  EXPECT_THAT(family.Started(), ElementsAre("a0", "b0"));
+  // Later calls of the family still run.
+  const WorkPtr w3 = b.Submit("all_reduce", absl::Seconds(30), family.Call("b1"));
+  ASSERT_TRUE(CompletesWithin(w3, absl::Seconds(10)));
+  EXPECT_TRUE(w3->Wait().ok());
+}
+
+// A worker whose next call waits for its turn still watches the calls it
+// has in flight: one that never finishes times out meanwhile.
+TEST(CallWorkerTest, AWorkerWaitingForItsTurnStillTimesOutItsCalls) {
+  Family family;
+  CallWorker a(family.Options([] {}));
+  CallWorker b(family.Options());
+  std::atomic<bool> release{false};
+  auto a0 = family.Call("a0");
+  a0->finished = []() -> absl::StatusOr<bool> { return false; };
+  auto b0 = family.Call("b0");
+  b0->enqueued = [&]() -> absl::StatusOr<bool> { return release.load(); };
+  const WorkPtr w0 = a.Submit("all_gather", absl::Milliseconds(100), a0);
+  const WorkPtr w1 = b.Submit("all_reduce", absl::Seconds(30), b0);
+  const WorkPtr w2 = a.Submit("all_gather", absl::Seconds(30), family.Call("a1"));
+  ASSERT_TRUE(CompletesWithin(w0, absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(w0->Wait())) << w0->Wait();
+  EXPECT_FALSE(w1->IsCompleted());
+  release = true;
+  ASSERT_TRUE(CompletesWithin(w1, absl::Seconds(10)));
+  ASSERT_TRUE(CompletesWithin(w2, absl::Seconds(10)));
+  EXPECT_TRUE(w1->Wait().ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(w2->Wait())) << w2->Wait();  // A is broken
+  EXPECT_THAT(family.Started(), ElementsAre("a0", "b0"));
+}
+
 CollectiveCall MakeCall(CollectiveKind kind, Tensor input, Tensor output = Tensor()) {
   CollectiveCall call;
   call.kind = kind;

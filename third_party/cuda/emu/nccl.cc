@@ -21,6 +21,12 @@
 //   communicator with ncclInvalidUsage; a rank that aborts fails the calls
 //   its peers made with it (ncclRemoteError), and its own finish at once.
 //   Floating sums accumulate in f32 (f64 for f64) and round once.
+// - Launch order across communicators: NCCL kernels of communicators that
+//   share devices must be launched in the same order on every device, or a
+//   kernel waiting for its peers can keep a GPU from running the one they
+//   wait for. Two unfinished collectives launched in opposite orders on two
+//   devices (each device's launches are kept until their calls finish) fail
+//   both communicators' ranks with ncclInvalidUsage, naming the devices.
 // Not modeled: timing, ncclGroupStart/End, point-to-point, processes.
 #include <nccl.h>
 
@@ -108,6 +114,30 @@ std::condition_variable& Cv() {
 std::map<std::string, std::shared_ptr<Clique>>& Cliques() {
   static auto* cliques = new std::map<std::string, std::shared_ptr<Clique>>;
   return *cliques;
+}
+
+// A collective launched on a device and not finished.
+struct Launch {
+  const Clique* clique = nullptr;
+  int64_t number = 0;
+};
+// By device, in launch order.
+std::map<int, std::vector<Launch>>& Launches() {
+  static auto* launches = new std::map<int, std::vector<Launch>>;
+  return *launches;
+}
+
+// Drops the launches of `clique` (call `number`, or every call when number
+// is negative) on `device` (every device when negative). With Mu() held.
+void ForgetLaunches(const Clique* clique, int64_t number, int device) {
+  for (auto& [d, list] : Launches()) {
+    if (device >= 0 && d != device) continue;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](const Launch& l) {
+                                return l.clique == clique && (number < 0 || l.number == number);
+                              }),
+               list.end());
+  }
 }
 
 size_t Size(ncclDataType_t t) {
@@ -339,6 +369,68 @@ void FinishSplit(Call& c) {
   }
 }
 
+// The rank of `clique` on `device`, or -1.
+int RankOn(const Clique& clique, int device) {
+  for (int r = 0; r < clique.size; ++r) {
+    if (clique.members[r] != nullptr && clique.members[r]->device == device) return r;
+  }
+  return -1;
+}
+
+// Whether call `number` of `clique` is unfinished and its rank on `device`
+// has not launched it. With Mu() held.
+bool NotYetLaunchedOn(const Clique& clique, int64_t number, int device) {
+  const auto it = clique.calls.find(number);
+  if (it == clique.calls.end()) return false;
+  const int r = RankOn(clique, device);
+  return r >= 0 && it->second.parts[r].work == nullptr;
+}
+
+// Checks the launch of call `number` of `comm`'s clique on comm's device
+// against the launches of other communicators: fails both communicators when
+// another device launched the two calls in the other order. With Mu() held.
+void CheckLaunchOrder(ncclComm_t comm, const Call& call, int64_t number) {
+  const Clique& clique = *comm->clique;
+  const int device = comm->device;
+  // `y_first` launched call #other_number of `other` before this call,
+  // `x_first` this call first.
+  auto fail = [&](const Clique& other, int64_t other_number, int y_first, int x_first) {
+    const std::string message =
+        "emulated NCCL: communicators sharing devices launched in different orders: cuda:" +
+        std::to_string(y_first) + " launched call #" + std::to_string(other_number) +
+        " of one before call #" + std::to_string(number) + " of another, cuda:" +
+        std::to_string(x_first) +
+        " the other way round (NCCL kernels can then deadlock: launch them in the same order "
+        "on every rank)";
+    for (ncclComm_t m : clique.members) SetError(m, ncclInvalidUsage, message);
+    for (ncclComm_t m : other.members) SetError(m, ncclInvalidUsage, message);
+  };
+  // An earlier unfinished launch Y on this device, which a peer's device
+  // that already launched this call has not launched yet.
+  for (const Launch& y : Launches()[device]) {
+    if (y.clique == &clique) continue;
+    for (int r = 0; r < clique.size; ++r) {
+      if (r == comm->rank || call.parts[r].work == nullptr) continue;
+      const int other_device = clique.members[r] == nullptr ? -1 : clique.members[r]->device;
+      if (other_device >= 0 && NotYetLaunchedOn(*y.clique, y.number, other_device)) {
+        return fail(*y.clique, y.number, device, other_device);
+      }
+    }
+  }
+  // A peer's device that launched this call after a call Y that this device
+  // has not launched yet.
+  for (int r = 0; r < clique.size; ++r) {
+    if (r == comm->rank || call.parts[r].work == nullptr || clique.members[r] == nullptr) continue;
+    const int other_device = clique.members[r]->device;
+    for (const Launch& y : Launches()[other_device]) {
+      if (y.clique == &clique && y.number == number) break;  // launches after this call's
+      if (y.clique != &clique && NotYetLaunchedOn(*y.clique, y.number, device)) {
+        return fail(*y.clique, y.number, other_device, device);
+      }
+    }
+  }
+}
+
 // Rank `comm->rank`'s part of call number comm->next_call (`proto` says what
 // the call is). Queues its pending work on `stream`; the last rank to come
 // runs the call. With Mu() held.
@@ -356,6 +448,8 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   if (proto.kind != 4) {
     comm->outstanding.push_back(part.work);
     cuda_emu::QueuePending(stream, part.work);
+    CheckLaunchOrder(comm, call, number);
+    Launches()[comm->device].push_back(Launch{&clique, number});
   }
   if (!SameCall(call, proto)) {
     const std::string message = "emulated NCCL: call #" + std::to_string(number) +
@@ -374,6 +468,7 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   }
   for (Part& p : call.parts) p.work->Finish();
   clique.calls.erase(it);
+  ForgetLaunches(&clique, number, -1);
   Cv().notify_all();
   return ncclSuccess;
 }
@@ -582,8 +677,10 @@ void Leave(ncclComm_t comm) {
       }
       // Ranks still to come find no call under this number and start a new
       // one that never completes: as on a GPU, they hang until they abort.
+      emu::ForgetLaunches(&clique, it->first, -1);
       it = clique.calls.erase(it);
     }
+    emu::ForgetLaunches(&clique, -1, comm->device);  // this rank's launches that remain
     if (clique.members[comm->rank] == comm) clique.members[comm->rank] = nullptr;
   }
   for (const auto& w : comm->outstanding) w->Finish();  // aborted kernels exit

@@ -3,7 +3,8 @@
 // not ready, work queued after it waits) until every rank has made it; calls that differ across ranks
 // fail every communicator; a rank that aborts during a call fails its peers'
 // (ncclRemoteError) instead of hanging them; two ranks on one device are
-// refused; non-blocking init and split report ncclInProgress until complete.
+// refused; non-blocking init and split report ncclInProgress until complete;
+// communicators sharing devices launched in different orders fail.
 // Emulation only (--config=cuda_emu, CUDA_EMU_DEVICES=3 from the BUILD file).
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -152,6 +153,67 @@ TEST(EmulatedNccl, CallsThatDifferAcrossRanksFailEveryCommunicator) {
   for (ncclComm_t c : comms) ncclCommAbort(c);
   cudaFree(a);
   cudaFree(b);
+}
+
+// Two communicators over the same two devices: calls launched in the same
+// order on both run; launched in opposite orders (a kernel of each waiting
+// for the other's peer, which can deadlock a GPU) they fail both
+// communicators, whichever device launched second, and name the devices.
+TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
+  // Launches as (rank, communicator): {0, 0} is rank 0's call on comm A.
+  const std::vector<std::vector<std::pair<int, int>>> orders = {
+      {{0, 0}, {0, 1}, {1, 0}, {1, 1}},  // the same order: fine
+      {{0, 0}, {0, 1}, {1, 1}},          // rank 1 launches B first
+      {{0, 0}, {1, 1}, {0, 1}},          // rank 0 launches B after rank 1 did, behind A
+  };
+  for (size_t o = 0; o < orders.size(); ++o) {
+    std::vector<ncclResult_t> states;
+    std::vector<ncclComm_t> a = InitAll({0, 1}, &states);
+    std::vector<ncclComm_t> b = InitAll({0, 1}, &states);
+    float* x[2] = {DeviceFloats(0, {1, 2}), DeviceFloats(1, {3, 4})};
+    cudaStream_t streams[2][2];  // [rank][communicator]
+    for (int r = 0; r < 2; ++r) {
+      cudaSetDevice(r);
+      for (int c = 0; c < 2; ++c) {
+        ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r][c], cudaStreamNonBlocking), cudaSuccess);
+      }
+    }
+    for (const auto& [r, c] : orders[o]) {
+      cudaSetDevice(r);
+      ASSERT_EQ(ncclAllReduce(x[r], x[r], 1 + c, ncclFloat32, ncclSum, (c == 0 ? a : b)[r],
+                              streams[r][c]),
+                ncclSuccess);
+    }
+    for (const std::vector<ncclComm_t>* comms : {&a, &b}) {
+      for (ncclComm_t comm : *comms) {
+        ncclResult_t state = ncclSuccess;
+        ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+        if (o == 0) {
+          EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comm);
+        } else {
+          EXPECT_EQ(state, ncclInvalidUsage) << "order " << o;
+          EXPECT_NE(std::strstr(ncclGetLastError(comm), "launched in different orders"), nullptr)
+              << ncclGetLastError(comm);
+          // Rank 0 (cuda:0) launched A (call #0, count 1) before B.
+          EXPECT_NE(std::strstr(ncclGetLastError(comm),
+                                "cuda:0 launched call #0 of one before call #0 of another, "
+                                "cuda:1 the other way round"),
+                    nullptr)
+              << ncclGetLastError(comm);
+        }
+      }
+    }
+    if (o == 0) {
+      // A: 1 + 3; then B: 4 + 4, 2 + 4.
+      EXPECT_EQ(HostFloats(x[0], 2), (std::vector<float>{8, 6}));
+    }
+    for (int r = 0; r < 2; ++r) {
+      ncclCommAbort(a[r]);
+      ncclCommAbort(b[r]);
+      for (int c = 0; c < 2; ++c) cudaStreamDestroy(streams[r][c]);
+      cudaFree(x[r]);
+    }
+  }
 }
 
 // An abort ends the aborting rank's calls. Peers that made a call with it
