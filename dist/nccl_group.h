@@ -43,7 +43,13 @@
 // naming the ranks that had not issued the call or sent no report. An error
 // NCCL reports (a peer's process died: ncclRemoteError) fails the call too.
 // After either, the group is unusable: every later call fails at once with
-// that error. The store must outlive the group and the groups split from it.
+// that error. A rank whose group breaks, or is destroyed (its work ended, or
+// failed outside the group), says so in the store; a peer whose call has
+// been unfinished for a second looks there every second, and fails (Aborted)
+// a call that rank will never make, instead of waiting for its timeout:
+//   "[all_reduce] rank 0 of 2: rank 1 will never make this call (call #1 of this rank; rank 1
+//   stopped before its call #1: its group was destroyed after issuing 1 call (...))"
+// The store must outlive the group and the groups split from it.
 //
 // Unlike the threads and gloo engines, calls are not compared across ranks
 // before they run (that would cost a host round trip per call). An invalid

@@ -547,9 +547,55 @@ TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
                          "[all_reduce] rank 0 of 2 timed out"));
 }
 
+// Rank 1 makes one call and destroys its group (its work ended, or failed
+// outside the group, as a rank of FSDP whose backward threw does): rank 0's
+// next call, which rank 1 will never make, fails within about a second
+// instead of after its 60 s timeout, naming rank 1; the group is then
+// unusable on rank 0.
+TEST(NcclGroupTest, ACallAPeerWillNeverMakeFailsOnceThePeerIsGone) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  absl::Status first;
+  absl::Status never;
+  absl::Duration waited;
+  absl::Status rank1;
+  std::thread rank0_thread([&] {
+    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("gone", absl::Seconds(60)));
+    if (!pg.ok()) {
+      first = pg.status();
+      return;
+    }
+    first = (*pg)->BarrierSync();  // call #0, both ranks
+    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
+    const absl::Time start = absl::Now();
+    never = (*pg)->AllReduceSync(x, ReduceOp::kSum);
+    waited = absl::Now() - start;
+  });
+  std::thread rank1_thread([&] {
+    auto pg = CreateNcclProcessGroup(1, 2, 1, store, Options("gone", absl::Seconds(60)));
+    if (!pg.ok()) {
+      rank1 = pg.status();
+      return;
+    }
+    rank1 = (*pg)->BarrierSync();
+  });  // rank 1's group is destroyed here
+  rank0_thread.join();
+  rank1_thread.join();
+  ASSERT_TRUE(rank1.ok()) << rank1;
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(absl::IsAborted(never)) << never;
+  EXPECT_EQ(never.message(),
+            "[all_reduce] rank 0 of 2: rank 1 will never make this call (call #1 of this rank; "
+            "rank 1 stopped before its call #1: its group was destroyed after issuing 1 call "
+            "(the rank finished, or stopped on an error outside this group))");
+  EXPECT_LT(waited, absl::Seconds(30));
+}
+
 // A call rank 1 refuses (a strided tensor) is made by rank 0 only: rank 1's
 // group breaks instead of pairing its next call with rank 0's all-reduce, and
-// rank 0's all-reduce fails naming rank 1, which had issued 1 call.
+// rank 0's all-reduce fails naming rank 1 and its refusal (or, when rank 0's
+// 2 s timeout comes before its check of the store, naming rank 1 as having
+// issued 1 call).
 TEST(NcclGroupTest, ACallOneRankRefusesBreaksItsGroupInsteadOfDesyncing) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
@@ -583,6 +629,11 @@ TEST(NcclGroupTest, ACallOneRankRefusesBreaksItsGroupInsteadOfDesyncing) {
   if (absl::IsDeadlineExceeded(got[0])) {
     EXPECT_THAT(std::string(got[0].message()),
                 HasSubstr("waiting for rank 1 (call #1 of this rank; rank 1 had issued 1 call)"));
+  } else {
+    EXPECT_EQ(got[0].message(),
+              "[all_reduce] rank 0 of 2: rank 1 will never make this call (call #1 of this "
+              "rank; rank 1 stopped before its call #1: [all_reduce] rank 1 of 2: the tensor is "
+              "not contiguous (the nccl engine takes contiguous tensors only))");
   }
   EXPECT_FALSE(later[0].ok());
 }

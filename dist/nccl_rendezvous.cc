@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace dist {
 namespace nccl {
@@ -20,6 +21,8 @@ std::string NameRanks(const std::vector<int>& ranks) {
 
 std::string InitDir(absl::string_view prefix) { return absl::StrCat(prefix, "/init"); }
 std::string SeqDir(absl::string_view prefix) { return absl::StrCat(prefix, "/seq"); }
+std::string GoneDir(absl::string_view prefix) { return absl::StrCat(prefix, "/gone"); }
+std::string GoneCountKey(absl::string_view prefix) { return absl::StrCat(prefix, "/gone_count"); }
 
 bool IsHex(absl::string_view text) {
   for (char c : text) {
@@ -194,6 +197,60 @@ absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Du
         &message, " [could not report this rank's progress: ", report.publish_error.message(), "]");
   }
   return absl::DeadlineExceededError(message);
+}
+
+absl::Status PublishGone(Store& store, absl::string_view prefix, int rank, int64_t first_unrun,
+                         absl::string_view reason) {
+  // "<first_unrun> <reason>": the number first, the reason may hold anything.
+  absl::Status s =
+      store.Set(RankKey(GoneDir(prefix), rank), absl::StrCat(first_unrun, " ", reason));
+  if (!s.ok()) return s;
+  return store.Add(GoneCountKey(prefix), 1).status();
+}
+
+std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int rank, int size,
+                                     int64_t call, GoneCache& cache) {
+  // Read, not Add(key, 0), which writes (a file store rewrites the file).
+  const std::string count_key = GoneCountKey(prefix);
+  int64_t count = 0;
+  absl::StatusOr<bool> counted = store.Check({count_key});
+  if (counted.ok() && *counted) {
+    absl::StatusOr<std::string> text = store.Get(count_key, absl::ZeroDuration());
+    if (!text.ok() || !absl::SimpleAtoi(*text, &count)) count = 0;
+  }
+  if (count > cache.count_seen) {
+    const std::string dir = GoneDir(prefix);
+    cache.peers.clear();
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const std::string key = RankKey(dir, r);
+      absl::StatusOr<bool> there = store.Check({key});
+      if (!there.ok() || !*there) continue;
+      absl::StatusOr<std::string> value = store.Get(key, absl::ZeroDuration());
+      if (!value.ok()) continue;
+      const std::pair<absl::string_view, absl::string_view> parts =
+          absl::StrSplit(*value, absl::MaxSplits(' ', 1));
+      GonePeer peer;
+      peer.rank = r;
+      if (!absl::SimpleAtoi(parts.first, &peer.first_unrun)) continue;
+      peer.reason = std::string(parts.second);
+      cache.peers.push_back(std::move(peer));
+    }
+    cache.count_seen = count;
+  }
+  for (const GonePeer& peer : cache.peers) {
+    if (peer.first_unrun <= call) return peer;
+  }
+  return std::nullopt;
+}
+
+absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
+                           const GonePeer& peer) {
+  return absl::AbortedError(absl::StrCat("[", op, "] ", Who(rank, size), ": rank ", peer.rank,
+                                         " will never make this call (call #", call,
+                                         " of this rank; rank ", peer.rank,
+                                         " stopped before its call #", peer.first_unrun, ": ",
+                                         peer.reason, ")"));
 }
 
 }  // namespace nccl

@@ -11,7 +11,12 @@
 //     fewer calls than the one that timed out, or that sent no report, are the
 //     ones it waited for;
 //   - the messages of those failures, in the form every engine uses:
-//     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3".
+//     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3";
+//   - departures: a rank whose group broke, or whose group is being
+//     destroyed, sets "<prefix>/gone/<rank>" (the number of its first call
+//     that will not run, and why) and counts itself in "<prefix>/gone_count",
+//     so that a peer waiting in a call that rank will never make fails at
+//     once instead of timing out (as the threads engine's "peer left").
 //
 // Calls are numbered from 0 in issue order on each rank's group (as in the
 // threads engine's messages); a rank's count of issued calls is the number of
@@ -113,6 +118,39 @@ absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Du
 
 // "<dir>/<rank>".
 std::string RankKey(absl::string_view dir, int rank);
+
+// Says that `rank` will not run its calls numbered `first_unrun` and later
+// (its group broke at that call, or was destroyed after issuing that many),
+// with `reason` for the peers' messages. Sets "<prefix>/gone/<rank>" (which
+// a later departure with a lower number overwrites) and adds 1 to
+// "<prefix>/gone_count".
+absl::Status PublishGone(Store& store, absl::string_view prefix, int rank, int64_t first_unrun,
+                         absl::string_view reason);
+
+// A peer that published its departure.
+struct GonePeer {
+  int rank = 0;
+  int64_t first_unrun = 0;
+  std::string reason;
+};
+
+// What a rank has read of its peers' departures (one per group and rank).
+struct GoneCache {
+  int64_t count_seen = 0;          // "<prefix>/gone_count" when last read in full
+  std::vector<GonePeer> peers;     // every departure read, by rank
+};
+
+// The lowest-numbered peer of `rank` (of `size`) gone before this rank's call
+// number `call` (first_unrun <= call), or nullopt. Reads (never writes) one
+// key while no rank has departed since the last read; reads the departures in full (into
+// `cache`) only when gone_count grew. Store errors count as no departure.
+std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int rank, int size,
+                                     int64_t call, GoneCache& cache);
+
+// "[<op>] rank 0 of 2: rank 1 will never make this call (call #3 of this rank;
+// rank 1 stopped before its call #3: <reason>)". Aborted.
+absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
+                           const GonePeer& peer);
 
 }  // namespace nccl
 }  // namespace dist

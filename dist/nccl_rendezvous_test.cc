@@ -226,6 +226,38 @@ TEST(NcclRendezvousTest, InitTimeoutNamesRanksThatNeverArrived) {
               HasSubstr("waiting for the communicator to connect (every rank reached"));
 }
 
+// Departures: found only for calls at or after the peer's first unrun one;
+// a later, lower departure of the same rank replaces its first; the reason
+// survives spaces; the message names the peer and why.
+TEST(NcclRendezvousTest, GonePeersAreFoundForTheCallsTheyWillNotMake) {
+  HashStore store;
+  GoneCache cache;
+  EXPECT_FALSE(FindGonePeer(store, "g", 0, 3, 5, cache).has_value());
+  ASSERT_TRUE(PublishGone(store, "g", 2, 4, "its group was destroyed after issuing 4 calls").ok());
+  EXPECT_FALSE(FindGonePeer(store, "g", 0, 3, 3, cache).has_value()) << "rank 2 made call #3";
+  std::optional<GonePeer> gone = FindGonePeer(store, "g", 0, 3, 4, cache);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->rank, 2);
+  EXPECT_EQ(gone->first_unrun, 4);
+  EXPECT_EQ(gone->reason, "its group was destroyed after issuing 4 calls");
+  // A rank's own departure is not its peer's.
+  GoneCache own;
+  EXPECT_FALSE(FindGonePeer(store, "g", 2, 3, 9, own).has_value());
+  // Rank 1 broke at its call #1: the lowest-numbered peer gone before call 4
+  // is found first; call #2 finds rank 1 only.
+  ASSERT_TRUE(PublishGone(store, "g", 1, 1, "[all_reduce] rank 1 of 3: bad").ok());
+  gone = FindGonePeer(store, "g", 0, 3, 2, cache);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->rank, 1);
+  EXPECT_EQ(PeerGoneError("barrier", 0, 3, 2, *gone),
+            absl::AbortedError("[barrier] rank 0 of 3: rank 1 will never make this call (call #2 "
+                               "of this rank; rank 1 stopped before its call #1: [all_reduce] "
+                               "rank 1 of 3: bad)"));
+  // Another prefix (another group) sees none of them.
+  GoneCache other;
+  EXPECT_FALSE(FindGonePeer(store, "h", 0, 3, 9, other).has_value());
+}
+
 }  // namespace
 }  // namespace nccl
 }  // namespace dist

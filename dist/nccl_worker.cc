@@ -35,6 +35,15 @@ CallWorker::~CallWorker() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    // Peers waiting in a call this rank never issued fail at once (a broken
+    // group said so with the number of the call that failed).
+    if (TracksPeers() && broken_.ok()) {
+      PublishGone(*options_.store, options_.prefix, options_.rank, submitted_,
+                  absl::StrCat("its group was destroyed after issuing ", submitted_,
+                               submitted_ == 1 ? " call" : " calls",
+                               " (the rank finished, or stopped on an error outside this group)"))
+          .IgnoreError();
+    }
   }
   cv_.notify_all();
   thread_.join();
@@ -179,9 +188,17 @@ bool CallWorker::RunAbort() {
 }
 
 void CallWorker::Break(Item& failed, const absl::Status& error) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.ok()) broken_ = error;
+    first = broken_.ok();
+    if (first) broken_ = error;
+  }
+  // Before the abort, which may take long: peers waiting in this call or a
+  // later one fail at once instead of timing out.
+  if (first && TracksPeers()) {
+    PublishGone(*options_.store, options_.prefix, options_.rank, failed.number, error.message())
+        .IgnoreError();
   }
   absl::Status failure = error;
   const bool aborted = RunAbort();
@@ -256,6 +273,9 @@ void CallWorker::Loop() {
   if (options_.on_thread_start) options_.on_thread_start();
   const Clock& clock = options_.clock;
   absl::Time oldest_since;  // When in_flight_.front() became the oldest call.
+  absl::Time next_peer_check = absl::InfiniteFuture();  // For the oldest call.
+  const bool check_peers =
+      TracksPeers() && options_.peer_check_interval != absl::InfiniteDuration();
   absl::Duration sleep = absl::Microseconds(1);
   while (true) {
     std::optional<Item> next;
@@ -292,7 +312,10 @@ void CallWorker::Loop() {
       const absl::Time start = clock.now();
       if (StartItem(*next)) {
         in_flight_.push_back(std::move(*next));
-        if (was_idle) oldest_since = start;
+        if (was_idle) {
+          oldest_since = start;
+          if (check_peers) next_peer_check = start + options_.peer_check_interval;
+        }
       }
       sleep = absl::Microseconds(1);
       continue;
@@ -312,6 +335,7 @@ void CallWorker::Loop() {
       Item done = std::move(oldest);
       in_flight_.pop_front();
       oldest_since = clock.now();
+      if (check_peers) next_peer_check = oldest_since + options_.peer_check_interval;
       done.call.reset();
       done.work->Complete(absl::OkStatus());
       sleep = absl::Microseconds(1);
@@ -322,6 +346,15 @@ void CallWorker::Loop() {
     if (now >= deadline) {
       Break(oldest, TimeoutError(oldest));
       continue;
+    }
+    if (now >= next_peer_check) {
+      next_peer_check = now + options_.peer_check_interval;
+      const std::optional<GonePeer> gone = FindGonePeer(
+          *options_.store, options_.prefix, options_.rank, options_.size, oldest.number, gone_);
+      if (gone.has_value()) {
+        Break(oldest, PeerGoneError(oldest.op, options_.rank, options_.size, oldest.number, *gone));
+        continue;
+      }
     }
     clock.sleep(std::min(sleep, deadline - now));
     sleep = std::min(2 * sleep, options_.max_poll_sleep);

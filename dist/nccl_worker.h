@@ -12,7 +12,10 @@
 //     group is then unusable, as with the other engines. A call that fails
 //     to start, or that this rank refuses (CallWorker::Refuse), breaks the
 //     group the same way, so that its later calls cannot pair with a peer's
-//     earlier one;
+//     earlier one. A rank whose group breaks, or whose worker is destroyed,
+//     publishes its departure (PublishGone); a call still unfinished after
+//     peer_check_interval looks for one every interval, and a peer gone
+//     before that call fails it at once, naming the peer and why;
 //     With a LaunchOrder shared by a family of groups, each call starts only
 //     once the family's calls issued before it have been enqueued
 //     (dist/nccl_launch_order.h);
@@ -37,6 +40,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dist/nccl_launch_order.h"
+#include "dist/nccl_rendezvous.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "dist/work.h"
@@ -103,6 +107,10 @@ struct CallWorkerOptions {
   // leave its communicator allocated, since the abort still uses it, and the
   // process should exit. Without `abandon` they are released.
   absl::Duration abort_timeout = absl::Seconds(60);
+  // How long a call may be unfinished before its worker looks in the store
+  // for peers gone before it, and then how often (one store read while none
+  // has gone). InfiniteDuration: never.
+  absl::Duration peer_check_interval = absl::Seconds(1);
   std::function<void(std::vector<std::shared_ptr<PendingCall>>)> abandon;
   // Shared by a group and the groups split from it: a call starts only on its
   // turn in the family's issue order (taken at Submit). Null: this worker's
@@ -170,6 +178,8 @@ class CallWorker {
   // returned within abort_timeout (the thread is then left running).
   bool RunAbort();
   absl::Status TimeoutError(const Item& item);
+  // Whether this worker publishes its departures and reads its peers'.
+  bool TracksPeers() const { return options_.store != nullptr && options_.size > 1; }
   absl::Status CallError(const Item& item, const absl::Status& status) const;
   absl::Status BrokenErrorLocked(absl::string_view op) const;
 
@@ -181,6 +191,7 @@ class CallWorker {
   absl::Status broken_;         // Guarded by mu_.
   bool stop_ = false;           // Guarded by mu_.
   std::deque<Item> in_flight_;  // Started, unfinished, oldest first. Worker thread only.
+  GoneCache gone_;              // The peers' departures read so far. Worker thread only.
   std::thread thread_;          // Last: starts after the members above exist.
 };
 

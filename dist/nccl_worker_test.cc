@@ -589,6 +589,72 @@ TEST(CallWorkerTest, AWorkerWaitingForItsTurnStillTimesOutItsCalls) {
   EXPECT_THAT(family.Started(), ElementsAre("a0", "b0"));
 }
 
+// Options of rank `rank` of 2 on `store`, checking for departed peers every
+// 20 ms; aborts counted in `aborts`.
+CallWorkerOptions PeerOptions(int rank, HashStore& store, std::atomic<int>& aborts) {
+  CallWorkerOptions options;
+  options.rank = rank;
+  options.size = 2;
+  options.store = &store;
+  options.prefix = "gone";
+  options.report_wait = absl::Milliseconds(100);
+  options.peer_check_interval = absl::Milliseconds(20);
+  options.abort = [&aborts] { aborts.fetch_add(1); };
+  return options;
+}
+
+// Rank 1 issues call #0 and is destroyed (its process finished, or failed
+// outside the group): rank 0's call #0 runs, and its call #1, which rank 1
+// will never make, fails at once (not after its 30 s timeout) naming rank 1,
+// and aborts rank 0's communicator.
+TEST(CallWorkerTest, ACallAPeerWillNeverMakeFailsAtOnceOnceThePeerIsGone) {
+  HashStore store;
+  Loopback loopback(2);
+  std::atomic<int> aborts0{0};
+  std::atomic<int> aborts1{0};
+  CallWorker rank0(PeerOptions(0, store, aborts0));
+  const WorkPtr first0 = rank0.Submit("all_gather", absl::Seconds(30), loopback.Call(0));
+  const WorkPtr second0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(1));
+  {
+    CallWorker rank1(PeerOptions(1, store, aborts1));
+    EXPECT_TRUE(rank1.Submit("all_gather", absl::Seconds(30), loopback.Call(0))->Wait().ok());
+    absl::SleepFor(absl::Milliseconds(100));  // a few checks: rank 1 is not gone yet
+    EXPECT_FALSE(second0->IsCompleted());
+  }
+  EXPECT_TRUE(first0->Wait().ok());
+  ASSERT_TRUE(CompletesWithin(second0, absl::Seconds(5)));
+  EXPECT_EQ(second0->Wait(),
+            absl::AbortedError("[all_reduce] rank 0 of 2: rank 1 will never make this call (call "
+                               "#1 of this rank; rank 1 stopped before its call #1: its group "
+                               "was destroyed after issuing 1 call (the rank finished, or "
+                               "stopped on an error outside this group))"));
+  EXPECT_EQ(aborts0.load(), 1);
+  EXPECT_EQ(aborts1.load(), 0);
+}
+
+// Rank 1 refuses its call #0 (bad arguments): rank 0, in that call, fails at
+// once with rank 1's reason instead of timing out.
+TEST(CallWorkerTest, APeerWhoseGroupBrokeFailsTheCallsItWillNotMake) {
+  HashStore store;
+  Loopback loopback(2);
+  std::atomic<int> aborts0{0};
+  std::atomic<int> aborts1{0};
+  CallWorker rank0(PeerOptions(0, store, aborts0));
+  CallWorker rank1(PeerOptions(1, store, aborts1));
+  const WorkPtr call0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  const absl::Status refusal =
+      absl::InvalidArgumentError("[all_reduce] rank 1 of 2: the tensor is on cpu");
+  EXPECT_EQ(rank1.Refuse("all_reduce", absl::Seconds(30), refusal)->Wait(), refusal);
+  ASSERT_TRUE(CompletesWithin(call0, absl::Seconds(5)));
+  EXPECT_EQ(call0->Wait(),
+            absl::AbortedError("[all_reduce] rank 0 of 2: rank 1 will never make this call (call "
+                               "#0 of this rank; rank 1 stopped before its call #0: [all_reduce] "
+                               "rank 1 of 2: the tensor is on cpu)"));
+  EXPECT_EQ(aborts0.load(), 1);
+  // Rank 0's departure (broken at #0) does not fail rank 1 again: it is broken already.
+  EXPECT_EQ(aborts1.load(), 1);
+}
+
 CollectiveCall MakeCall(CollectiveKind kind, Tensor input, Tensor output = Tensor()) {
   CollectiveCall call;
   call.kind = kind;
