@@ -12,7 +12,10 @@
 //
 // LaunchOrder hands each call a ticket when it is issued (Take, in issue
 // order); a worker starts a call only on its turn, once every earlier ticket
-// has been passed: its call fully enqueued, or failed, or dropped.
+// has been passed: its call fully enqueued, or failed, or dropped. Groups
+// made by separate CreateNcclProcessGroup calls are separate families, not
+// ordered against each other (PyTorch orders every group by its issuing
+// thread): split them from one group when one rank uses several.
 #ifndef DIST_NCCL_LAUNCH_ORDER_H_
 #define DIST_NCCL_LAUNCH_ORDER_H_
 

@@ -62,10 +62,13 @@ WorkPtr CallWorker::Submit(std::string op, absl::Duration timeout,
       item.op = std::move(op);
       item.timeout = timeout;
       item.number = submitted_++;
-      if (options_.launch_order) item.ticket = options_.launch_order->Take();
       item.call = std::move(call);
       item.work = work;
       queue_.push_back(std::move(item));
+      // After the push, which may throw: a ticket taken must be passed.
+      if (options_.launch_order && queue_.back().call->Launches()) {
+        queue_.back().ticket = options_.launch_order->Take();
+      }
     }
   }
   if (!rejected.ok()) {
@@ -86,6 +89,7 @@ class RefusedCall final : public PendingCall {
   absl::Status Start() override { return error_; }
   absl::StatusOr<bool> Finished() override { return true; }
   bool NeedsIdle() const override { return true; }
+  bool Launches() const override { return false; }  // holds no turn of the family
   const absl::Status& error() const { return error_; }
 
  private:
@@ -193,6 +197,10 @@ void CallWorker::Break(Item& failed, const absl::Status& error) {
     std::lock_guard<std::mutex> lock(mu_);
     first = broken_.ok();
     if (first) broken_ = error;
+    // The queued calls will never launch: the family's later calls need not
+    // wait for the report and the abort below (worker, then order: the
+    // locks' one order).
+    for (Item& item : queue_) PassTurn(item);
   }
   // Before the abort, which may take long: peers waiting in this call or a
   // later one fail at once instead of timing out.
@@ -257,15 +265,19 @@ bool CallWorker::StartItem(Item& item) {
   absl::StatusOr<bool> enqueued =
       PollUntil([call] { return call->Enqueued(); }, start + item.timeout, options_.clock,
                 options_.max_poll_sleep);
-  PassTurn(item);  // enqueued, or failed: the family's next call may start
+  // The family's next call may start once this one is enqueued, or once the
+  // abort has ended an enqueue that failed (which could finish later).
   if (!enqueued.ok()) {
     Break(item, CallError(item, enqueued.status()));
+    PassTurn(item);
     return false;
   }
   if (!*enqueued) {
     Break(item, TimeoutError(item));
+    PassTurn(item);
     return false;
   }
+  PassTurn(item);
   return true;
 }
 

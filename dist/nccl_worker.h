@@ -81,6 +81,9 @@ class PendingCall {
   // True for calls that may only start once every earlier call has finished
   // (communicator management such as a split).
   virtual bool NeedsIdle() const { return false; }
+  // False for calls that reach no NCCL communicator (a refusal): they take
+  // no turn in the family's launch order.
+  virtual bool Launches() const { return true; }
 };
 
 struct CallWorkerOptions {

@@ -493,6 +493,7 @@ struct Family {
 
   CallWorkerOptions Options(std::function<void()> abort = nullptr) {
     CallWorkerOptions options;
+    options.size = 2;  // a refusal breaks the group (in a group of one it fails alone)
     options.launch_order = order;
     options.abort = std::move(abort);
     return options;
@@ -518,9 +519,9 @@ struct Family {
 // the two communicators in different orders.
 TEST(CallWorkerTest, AFamilysCallsStartInIssueOrderAcrossWorkers) {
   Family family;
+  std::atomic<bool> release{false};  // before the workers, whose calls read it
   CallWorker a(family.Options());
   CallWorker b(family.Options());
-  std::atomic<bool> release{false};
   auto a0 = family.Call("a0");
   a0->enqueued = [&]() -> absl::StatusOr<bool> { return release.load(); };
   const WorkPtr w0 = a.Submit("all_gather", absl::Seconds(30), a0);
@@ -540,9 +541,9 @@ TEST(CallWorkerTest, AFamilysCallsStartInIssueOrderAcrossWorkers) {
 // A group that breaks drops its queued calls' turns: the family goes on.
 TEST(CallWorkerTest, ABrokenGroupPassesItsTurnsToTheFamily) {
   Family family;
+  std::atomic<bool> release{false};
   CallWorker a(family.Options([] {}));
   CallWorker b(family.Options());
-  std::atomic<bool> release{false};
   auto a0 = family.Call("a0");
   a0->enqueued = [&]() -> absl::StatusOr<bool> {
     if (!release.load()) return false;
@@ -564,13 +565,72 @@ TEST(CallWorkerTest, ABrokenGroupPassesItsTurnsToTheFamily) {
   EXPECT_TRUE(w3->Wait().ok());
 }
 
+// A refusal reaches no communicator: while it waits for its group's call in
+// flight, the family's later calls launch.
+TEST(CallWorkerTest, ARefusalTakesNoTurnOfTheFamily) {
+  Family family;
+  std::atomic<bool> release{false};
+  CallWorker a(family.Options([] {}));
+  CallWorker b(family.Options());
+  auto a0 = family.Call("a0");
+  a0->finished = [&]() -> absl::StatusOr<bool> { return release.load(); };
+  const WorkPtr w0 = a.Submit("all_gather", absl::Seconds(30), a0);
+  const WorkPtr refused =
+      a.Refuse("all_reduce", absl::Seconds(30), absl::InvalidArgumentError("bad"));
+  const WorkPtr w1 = b.Submit("all_reduce", absl::Seconds(30), family.Call("b0"));
+  ASSERT_TRUE(CompletesWithin(w1, absl::Seconds(10)));
+  EXPECT_TRUE(w1->Wait().ok());
+  EXPECT_FALSE(refused->IsCompleted()) << "it waits for a0";
+  release = true;
+  ASSERT_TRUE(CompletesWithin(refused, absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused->Wait()));
+  EXPECT_EQ(family.order->taken(), 2) << "a0 and b0";
+}
+
+// A group that breaks passes its queued calls' turns before its abort, which
+// may take long: the family's later calls need not wait for it.
+TEST(CallWorkerTest, ABreakingGroupPassesItsQueuedTurnsBeforeItsAbort) {
+  Family family;
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> b0_saw_aborted{true};
+  CallWorker a(family.Options([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    aborted = true;
+  }));
+  CallWorker b(family.Options());
+  std::atomic<bool> fail{false};
+  auto a0 = family.Call("a0");
+  a0->finished = [&]() -> absl::StatusOr<bool> {
+    if (fail.load()) return absl::AbortedError("a peer exited");
+    return false;
+  };
+  auto b0 = family.Call("b0");
+  b0->start = [&] {
+    b0_saw_aborted = aborted.load();
+    return absl::OkStatus();
+  };
+  auto a1 = family.Call("a1");
+  a1->needs_idle = true;  // a split: queued behind a0, holding the turn b0 waits for
+  const WorkPtr w0 = a.Submit("all_gather", absl::Seconds(30), a0);
+  const WorkPtr w1 = a.Submit("split", absl::Seconds(30), a1);
+  const WorkPtr w2 = b.Submit("all_reduce", absl::Seconds(30), b0);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(w2->IsCompleted());
+  fail = true;
+  ASSERT_TRUE(CompletesWithin(w2, absl::Seconds(10)));
+  EXPECT_TRUE(w2->Wait().ok());
+  EXPECT_FALSE(b0_saw_aborted.load()) << "b0 started only after A's abort returned";
+  ASSERT_TRUE(CompletesWithin(w1, absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsAborted(w1->Wait())) << w1->Wait();
+}
+
 // A worker whose next call waits for its turn still watches the calls it
 // has in flight: one that never finishes times out meanwhile.
 TEST(CallWorkerTest, AWorkerWaitingForItsTurnStillTimesOutItsCalls) {
   Family family;
+  std::atomic<bool> release{false};
   CallWorker a(family.Options([] {}));
   CallWorker b(family.Options());
-  std::atomic<bool> release{false};
   auto a0 = family.Call("a0");
   a0->finished = []() -> absl::StatusOr<bool> { return false; };
   auto b0 = family.Call("b0");

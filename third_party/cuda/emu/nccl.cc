@@ -27,6 +27,10 @@
 //   wait for. Two unfinished collectives launched in opposite orders on two
 //   devices (each device's launches are kept until their calls finish) fail
 //   both communicators' ranks with ncclInvalidUsage, naming the devices.
+//   Only pairs: a cycle through three or more devices (each pair of
+//   communicators sharing one device, as HYBRID_SHARD's shard and replica
+//   groups) is not caught, since calls complete once their ranks all came
+//   rather than when the calls launched before them on a device finished.
 // Not modeled: timing, ncclGroupStart/End, point-to-point, processes.
 #include <nccl.h>
 
@@ -404,6 +408,10 @@ void CheckLaunchOrder(ncclComm_t comm, const Call& call, int64_t number) {
         "on every rank)";
     for (ncclComm_t m : clique.members) SetError(m, ncclInvalidUsage, message);
     for (ncclComm_t m : other.members) SetError(m, ncclInvalidUsage, message);
+    // Failed communicators launch nothing more; their launches so far must not
+    // blame communicators made later on these devices.
+    ForgetLaunches(&clique, -1, -1);
+    ForgetLaunches(&other, -1, -1);
   };
   // An earlier unfinished launch Y on this device, which a peer's device
   // that already launched this call has not launched yet.
@@ -449,7 +457,7 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
     comm->outstanding.push_back(part.work);
     cuda_emu::QueuePending(stream, part.work);
     CheckLaunchOrder(comm, call, number);
-    Launches()[comm->device].push_back(Launch{&clique, number});
+    if (comm->error == ncclSuccess) Launches()[comm->device].push_back(Launch{&clique, number});
   }
   if (!SameCall(call, proto)) {
     const std::string message = "emulated NCCL: call #" + std::to_string(number) +

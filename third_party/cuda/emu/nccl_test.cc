@@ -206,6 +206,21 @@ TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
     if (o == 0) {
       // A: 1 + 3; then B: 4 + 4, 2 + 4.
       EXPECT_EQ(HostFloats(x[0], 2), (std::vector<float>{8, 6}));
+    } else {
+      // The failed pair's launches (not aborted yet) blame no communicator
+      // made later: a new one runs in the same order as before.
+      std::vector<ncclComm_t> c = InitAll({0, 1}, &states);
+      for (int r : {1, 0}) {
+        cudaSetDevice(r);
+        ASSERT_EQ(ncclAllReduce(x[r], x[r], 1, ncclFloat32, ncclSum, c[r], streams[r][0]),
+                  ncclSuccess);
+      }
+      for (ncclComm_t comm : c) {
+        ncclResult_t state = ncclSuccess;
+        ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+        EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comm);
+        ncclCommAbort(comm);
+      }
     }
     for (int r = 0; r < 2; ++r) {
       ncclCommAbort(a[r]);
