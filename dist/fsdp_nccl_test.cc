@@ -2,7 +2,8 @@
 // with its own GPU and NCCL communicator (one rank per device, as NCCL
 // requires), train a tiny minGPT like one process on cuda:0: FULL_SHARD,
 // SHARD_GRAD_OP and NO_SHARD at world 2, HYBRID_SHARD at world 4 (shard
-// groups of 2 split from the world communicator), bf16 mixed precision. The
+// groups of 2 split from the world communicator), bf16 mixed precision; a
+// rank failing mid-backward fails its peer at once. The
 // multi-GPU path of the train binaries (--backend=nccl), in one process.
 // Needs 2 (4) CUDA devices and skips with fewer; on the CUDA emulation
 // (--config=cuda_emu, CUDA_EMU_DEVICES=4 from the BUILD file) the
@@ -16,10 +17,14 @@
 #include "dist/fsdp_testing.h"
 #include "dist/nccl_group.h"
 #include "dist/store.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
+#include "nn/module.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/cuda_backend.h"
+#include "tensor/error.h"
+#include "tensor/testing.h"
 
 namespace dist {
 namespace {
@@ -107,6 +112,53 @@ TEST(FsdpNcclTest, Bf16FullShardMatchesOneProcessBf16) {
   FsdpOptions o = Options(ShardingStrategy::kFullShard);
   o.mixed_precision = bf16;
   ExpectCloseTraining(OverNccl(c, idx, tgt, 2, o, "bf16"), want);
+}
+
+// Rank 1's backward throws after the second Linear's reduce-scatter (an
+// error of its own, mid-backward), and the rank stops, its groups destroyed.
+// Rank 0's backward goes on to the first Linear's reduce-scatter, which rank
+// 1 will never make: it fails within seconds naming rank 1, not after the
+// group's 120 s timeout (the threads engine's "peer left", on NCCL).
+TEST(FsdpNcclTest, APeerThatFailsMidBackwardFailsTheOtherRanksAtOnce) {
+  SKIP_WITHOUT_GPUS(2);
+  constexpr int64_t kD = 8, kRows = 4;
+  HashStore store;
+  std::vector<std::string> errors(2);
+  absl::Duration rank0_wait;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      NcclGroupOptions group_options;
+      group_options.prefix = "midbackward";
+      group_options.timeout = absl::Seconds(120);
+      auto pg = CreateNcclProcessGroup(rank, 2, rank, store, group_options);
+      if (!pg.ok()) {
+        errors[rank] = pg.status().ToString();
+        return;
+      }
+      const Device device = Device::Cuda(rank);
+      MaybeSkips m(kD);
+      FsdpOptions options;
+      options.device = device;
+      options.policy = WrapPolicy::Transformer({"Linear"});
+      auto fsdp = FullyShard(m, **pg, options);
+      m.stop_in_backward = rank == 1;
+      const absl::Time start = absl::Now();
+      try {
+        nn::Context ctx;
+        m.Run(tensor::testing::RandomTensor({kRows, kD}, 3 + rank).To(device), ctx);
+        m.RunBackward(tensor::testing::RandomTensor({kRows, kD}, 9).To(device), ctx);
+      } catch (const tensor::OpError& e) {
+        errors[rank] = e.what();
+      }
+      if (rank == 0) rank0_wait = absl::Now() - start;
+    });  // the rank's FSDP model and groups are destroyed here
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(errors[1], ::testing::HasSubstr("backward stopped after 'second'"));
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("rank 1 will never make this call"));
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("its group was destroyed after issuing"));
+  EXPECT_LT(rank0_wait, absl::Seconds(60));
 }
 
 }  // namespace
