@@ -316,7 +316,7 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   }
   if (options_.cpu_offload && !init_failure) {
     try {
-      shared_->AllocateOffloadStaging();
+      shared_->AllocateOffloadStaging(options_.device);
     } catch (...) {
       init_failure = std::current_exception();
     }

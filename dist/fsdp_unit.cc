@@ -269,7 +269,9 @@ void FsdpUnit::FinishReduce() {
   }
   if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
     tensor::Tensor host = shared_.OffloadStaging(reduce_out_.dtype(), reduce_out_.numel());
-    host.CopyFrom(reduce_out_);  // synchronous; the staging is free after the accumulate below
+    // The reduce has finished (waited above): the copy waits for nothing else,
+    // and the staging is free again after the accumulate below.
+    shared_.CopyToHost(reduce_out_, host);
     reduce_out_ = host;
   }
   flat_.AccumulateGradShard(reduce_out_);  // written when ZeroGrad dropped it
@@ -325,7 +327,27 @@ void FsdpShared::PrefetchUnits(const std::vector<int>& ids, bool in_backward) {
   }
 }
 
-void FsdpShared::AllocateOffloadStaging() {
+FsdpShared::OffloadStream::OffloadStream(int device)
+    : device(device), stream(tensor::cuda::CreateStream(device)) {}
+
+FsdpShared::OffloadStream::~OffloadStream() { tensor::cuda::DestroyStream(stream, device); }
+
+void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const {
+  if (offload_stream == nullptr) {  // not on a GPU
+    host.CopyFrom(device_values);
+    return;
+  }
+  OP_CHECK(device_values.is_contiguous() && host.is_contiguous() &&
+               device_values.dtype() == host.dtype() && device_values.numel() == host.numel(),
+           "fsdp", "offload copy: mismatched buffers");
+  tensor::cuda::CopyToHostOnStream(host.raw_data(), device_values.raw_data(),
+                                   device_values.nbytes(), offload_stream->device,
+                                   offload_stream->stream);
+  tensor::cuda::SynchronizeStream(offload_stream->stream, offload_stream->device);
+}
+
+void FsdpShared::AllocateOffloadStaging(const tensor::Device& device) {
+  if (device.is_cuda()) offload_stream = std::make_unique<OffloadStream>(device.index);
   std::map<tensor::Dtype, int64_t> numel;  // the largest shard per dtype
   for (FsdpUnit* u : units) {
     for (tensor::Dtype d : u->OffloadDtypes()) {

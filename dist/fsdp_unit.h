@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "dist/process_group.h"
 #include "dist/wrap_policy.h"
 #include "nn/module.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 
 namespace dist {
@@ -55,6 +57,20 @@ struct FsdpShared {
   // memory then, which could fail on one rank only: after its reduce, the
   // other ranks stepped without it; before its all-gather, they waited.
   std::map<tensor::Dtype, tensor::Tensor> offload_staging;
+  // cpu_offload on a GPU: the stream a reduced gradient comes back to the
+  // host on (AllocateOffloadStaging). Its reduce has finished when the copy
+  // is queued; on the compute stream the copy would wait for the backward
+  // kernels queued since too, and the GPU would then idle while the host
+  // accumulates the gradient. Here those kernels run meanwhile.
+  struct OffloadStream {
+    OffloadStream(const OffloadStream&) = delete;
+    OffloadStream& operator=(const OffloadStream&) = delete;
+    explicit OffloadStream(int device);
+    ~OffloadStream();
+    const int device;
+    const tensor::cuda::StreamHandle stream;
+  };
+  std::unique_ptr<OffloadStream> offload_stream;
   FullyShardedModel::PrefetchStats prefetch_stats;
   int64_t all_gathers = 0;  // of unit parameters, since FullyShard
 
@@ -76,8 +92,12 @@ struct FsdpShared {
   // under it would be gathered for nothing, and held until the root's
   // post-backward, past the peak).
   void PrefetchUnits(const std::vector<int>& ids, bool in_backward = false);
-  // Allocates offload_staging for the units (each unit's OffloadDtypes).
-  void AllocateOffloadStaging();
+  // Allocates offload_staging for the units (each unit's OffloadDtypes), and
+  // the offload_stream when `device` is a GPU.
+  void AllocateOffloadStaging(const tensor::Device& device);
+  // Copies `device_values` (final: their producer has finished) into
+  // `host` (offload staging) and waits for the copy.
+  void CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const;
   // The first `numel` values of the staging buffer of `dtype`.
   tensor::Tensor OffloadStaging(tensor::Dtype dtype, int64_t numel) const;
   void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`

@@ -111,6 +111,12 @@ void SynchronizeEvent(EventHandle event, int device);
 void SynchronizeStream(StreamHandle stream, int device);
 // `bytes` from src to dst, both in memory of cuda:`device`, queued on `stream`.
 void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream);
+// `bytes` from src in memory of cuda:`device` to page-locked host memory at
+// dst, queued on `stream`: the host reads dst after waiting for the stream.
+// On a stream of its own the copy does not wait for the kernels queued on
+// the thread's stream (as a blocking copy would).
+void CopyToHostOnStream(void* dst, const void* src, int64_t bytes, int device,
+                        StreamHandle stream);
 // Queues a copy of `bytes` to memory of cuda:`device` at `dst` on the calling
 // thread's stream, and returns without waiting for the GPU: later work on the
 // stream sees the bytes. fill(staging) writes them into a page-locked block

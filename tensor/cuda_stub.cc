@@ -77,6 +77,9 @@ void SynchronizeStream(StreamHandle, int device) {
 void CopyOnStream(void*, const void*, int64_t, int device, StreamHandle) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }
+void CopyToHostOnStream(void*, const void*, int64_t, int device, StreamHandle) {
+  ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
+}
 void ReduceBuffersOnDevice(Dtype, BufferReduceOp, const std::vector<const void*>&,
                            const std::vector<void*>&, int64_t, int device, StreamHandle) {
   ThrowOpError("reduce", kNotBuilt, " (cuda:", device, ")");

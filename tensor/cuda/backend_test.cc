@@ -3,6 +3,7 @@
 // thread that allocated it; concurrent rank threads never share a block).
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,6 +101,36 @@ TEST(CudaBackendTest, QueuedUploadsKeepTheirBytes) {
   EXPECT_TRUE(cpu.ToQueued(Device::Cpu()).SharesStorageWith(cpu));
   EXPECT_EQ(first.ToQueued(Device::Cpu()).ToVector<int64_t>(), a);
   EXPECT_EQ(Tensor::Empty({0, 3}, Dtype::kI64).ToQueued(gpu).numel(), 0);
+}
+
+// CopyToHostOnStream on a stream of its own waits for that stream only, not
+// for the kernels queued on the thread's stream (a blocking copy waits for
+// them: FSDP's offloaded gradients come back this way while the backward's
+// kernels run). Seen on the emulation under CUDA_EMU_DEFER=all, where the
+// thread's queued work runs only when something waits for it, and where
+// device memory can be read from the host to see that it has not run.
+TEST(CudaBackendTest, ACopyToTheHostOnItsOwnStreamDoesNotWaitForTheThreadsStream) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const char* defer = std::getenv("CUDA_EMU_DEFER");
+  if (cuda::DeviceName(0).rfind("cuda_emu", 0) != 0 || defer == nullptr ||
+      std::string(defer) != "all") {
+    GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
+  }
+  const Device gpu = Device::Cuda(0);
+  Tensor ready = Tensor::Full({64}, 1.0, Dtype::kF32, gpu);
+  cuda::SynchronizeStream(nullptr, 0);  // `ready` is written
+  Tensor queued = Tensor::Full({64}, 2.0, Dtype::kF32, gpu);  // deferred on the thread's stream
+  Tensor host = Tensor::EmptyPinned({64}, Dtype::kF32);
+  cuda::StreamHandle stream = cuda::CreateStream(0);
+  cuda::CopyToHostOnStream(host.raw_data(), ready.raw_data(), ready.nbytes(), 0, stream);
+  cuda::SynchronizeStream(stream, 0);
+  EXPECT_EQ(host.ToVector<float>(), std::vector<float>(64, 1.0f));
+  EXPECT_NE(static_cast<const float*>(queued.raw_data())[0], 2.0f)
+      << "the thread's queued fill ran: the copy waited for it";
+  // A blocking copy does wait for it.
+  host.CopyFrom(ready);
+  EXPECT_EQ(static_cast<const float*>(queued.raw_data())[0], 2.0f);
+  cuda::DestroyStream(stream, 0);
 }
 
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {

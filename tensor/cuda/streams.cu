@@ -89,6 +89,14 @@ void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamH
         "cudaMemcpyAsync");
 }
 
+void CopyToHostOnStream(void* dst, const void* src, int64_t bytes, int device,
+                        StreamHandle stream) {
+  if (bytes == 0) return;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, AsStream(stream)),
+        "cudaMemcpyAsync");
+}
+
 namespace {
 
 // This thread's queued host -> device copies on one device: each copy's event
