@@ -380,6 +380,7 @@ class NcclProcessGroup final : public ProcessGroup {
         store_(store),
         prefix_(options.prefix),
         report_wait_(options.report_wait),
+        peer_check_interval_(options.peer_check_interval),
         compute_stream_(AsStream(options.compute_stream)),
         launch_order_(std::move(launch_order)),
         comm_(std::move(comm)),
@@ -474,6 +475,7 @@ class NcclProcessGroup final : public ProcessGroup {
   Store* const store_;
   const std::string prefix_;
   const absl::Duration report_wait_;
+  const absl::Duration peer_check_interval_;
   cudaStream_t compute_stream_;  // Issuing thread only.
   int split_seq_ = 0;            // Issuing thread only.
   // This rank's calls on this group and the groups split from it reach NCCL
@@ -516,6 +518,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   options.prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
   options.timeout = this->timeout();
   options.report_wait = report_wait_;
+  options.peer_check_interval = peer_check_interval_;
   options.compute_stream = compute_stream_ == cudaStreamPerThread ? nullptr : compute_stream_;
   return std::unique_ptr<ProcessGroup>(
       new NcclProcessGroup(new_rank, new_size, store_, *std::move(comm), options, launch_order_));
@@ -528,6 +531,7 @@ nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
   options.store = store_;
   options.prefix = prefix_;
   options.report_wait = report_wait_;
+  options.peer_check_interval = peer_check_interval_;
   options.launch_order = launch_order_;
   const int device = comm_->device;
   options.on_thread_start = [device] { cudaSetDevice(device); };
@@ -551,6 +555,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("[nccl_init] invalid rank ", rank, " for a group of size ", size));
+  }
+  if (options.peer_check_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[nccl_init] peer_check_interval must be > 0 (InfiniteDuration: ",
+                     "never), not ", absl::FormatDuration(options.peer_check_interval)));
   }
   const std::string who = nccl::Who(rank, size);
   int count = 0;

@@ -45,8 +45,9 @@
 // After either, the group is unusable: every later call fails at once with
 // that error. A rank whose group breaks, or is destroyed (its work ended, or
 // failed outside the group), says so in the store; a peer whose call has
-// been unfinished for a second looks there every second, and fails (Aborted)
-// a call that rank will never make, instead of waiting for its timeout:
+// been unfinished for peer_check_interval (1 s) looks there every interval,
+// and fails (Aborted) a call that rank will never make, instead of waiting
+// for its timeout (a rank that timed out says so after its report_wait):
 //   "[all_reduce] rank 0 of 2: rank 1 will never make this call (call #1 of this rank; rank 1
 //   stopped before its call #1: its group was destroyed after issuing 1 call (...))"
 // The store must outlive the group and the groups split from it.
@@ -57,7 +58,8 @@
 // usable; in a larger group this rank cannot know whether its peers refused
 // it too, and its next call would pair with theirs, so once its earlier
 // calls have finished the call fails and breaks the group (later calls fail
-// naming it; peers that made the call time out naming this rank). Calls that
+// naming it; peers that made the call fail about a second later naming this
+// rank and the refusal, see below). Calls that
 // do not match across ranks are NCCL's undefined behaviour (usually a hang,
 // caught by the timeout).
 //
@@ -97,6 +99,11 @@ struct NcclGroupOptions {
   // wrong peer. 0: not checked.
   int local_rank = 0;
   int local_world_size = 0;
+  // How long a call may be unfinished before this rank looks in the store
+  // for peers gone before it (a group broken or destroyed), and then how
+  // often; each look reads one key while none has gone. Must be > 0;
+  // InfiniteDuration: never (peers then wait for the timeout).
+  absl::Duration peer_check_interval = absl::Seconds(1);
 };
 
 // Joins the group of `size` ranks as rank `rank`, on CUDA device

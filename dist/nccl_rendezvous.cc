@@ -2,9 +2,11 @@
 // progress reports and the messages that name missing ranks.
 #include "dist/nccl_rendezvous.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -213,35 +215,54 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
   // Read, not Add(key, 0), which writes (a file store rewrites the file).
   const std::string count_key = GoneCountKey(prefix);
   int64_t count = 0;
-  absl::StatusOr<bool> counted = store.Check({count_key});
-  if (counted.ok() && *counted) {
-    absl::StatusOr<std::string> text = store.Get(count_key, absl::ZeroDuration());
-    if (!text.ok() || !absl::SimpleAtoi(*text, &count)) count = 0;
-  }
+  absl::StatusOr<std::string> text = store.Get(count_key, absl::ZeroDuration());
+  if (!text.ok() || !absl::SimpleAtoi(*text, &count)) count = 0;
   if (count > cache.count_seen) {
     const std::string dir = GoneDir(prefix);
-    cache.peers.clear();
+    std::vector<GonePeer> peers;
+    bool complete = true;  // every departure counted was read
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
       const std::string key = RankKey(dir, r);
       absl::StatusOr<bool> there = store.Check({key});
+      if (!there.ok()) complete = false;
       if (!there.ok() || !*there) continue;
       absl::StatusOr<std::string> value = store.Get(key, absl::ZeroDuration());
-      if (!value.ok()) continue;
       const std::pair<absl::string_view, absl::string_view> parts =
-          absl::StrSplit(*value, absl::MaxSplits(' ', 1));
+          value.ok() ? absl::StrSplit(*value, absl::MaxSplits(' ', 1))
+                     : std::pair<absl::string_view, absl::string_view>();
       GonePeer peer;
       peer.rank = r;
-      if (!absl::SimpleAtoi(parts.first, &peer.first_unrun)) continue;
+      if (!value.ok() || !absl::SimpleAtoi(parts.first, &peer.first_unrun)) {
+        complete = false;  // read again at the next check
+        continue;
+      }
       peer.reason = std::string(parts.second);
-      cache.peers.push_back(std::move(peer));
+      peers.push_back(std::move(peer));
     }
-    cache.count_seen = count;
+    // Peers read before and not now (a failed read) stay known.
+    for (const GonePeer& known : cache.peers) {
+      const bool read = std::any_of(peers.begin(), peers.end(),
+                                    [&](const GonePeer& p) { return p.rank == known.rank; });
+      if (!read) peers.push_back(known);
+    }
+    cache.peers = std::move(peers);
+    if (complete) cache.count_seen = count;
   }
+  // The peer that stopped on its own rather than because another had gone
+  // (whose reason is such a message itself), then the lowest rank.
+  auto cascade = [](const GonePeer& p) {
+    return absl::StrContains(p.reason, "will never make this call");
+  };
+  std::optional<GonePeer> found;
   for (const GonePeer& peer : cache.peers) {
-    if (peer.first_unrun <= call) return peer;
+    if (peer.first_unrun > call) continue;
+    if (!found.has_value() ||
+        std::make_pair(cascade(peer), peer.rank) < std::make_pair(cascade(*found), found->rank)) {
+      found = peer;
+    }
   }
-  return std::nullopt;
+  return found;
 }
 
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,

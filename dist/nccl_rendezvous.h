@@ -119,6 +119,9 @@ absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Du
 // "<dir>/<rank>".
 std::string RankKey(absl::string_view dir, int rank);
 
+// The keys stay in the store: a run that reuses the prefix with the same
+// store would read them, as it would a stale unique id (use a fresh prefix).
+//
 // Says that `rank` will not run its calls numbered `first_unrun` and later
 // (its group broke at that call, or was destroyed after issuing that many),
 // with `reason` for the peers' messages. Sets "<prefix>/gone/<rank>" (which
@@ -136,14 +139,17 @@ struct GonePeer {
 
 // What a rank has read of its peers' departures (one per group and rank).
 struct GoneCache {
-  int64_t count_seen = 0;          // "<prefix>/gone_count" when last read in full
-  std::vector<GonePeer> peers;     // every departure read, by rank
+  int64_t count_seen = 0;       // "<prefix>/gone_count" when last read in full
+  std::vector<GonePeer> peers;  // every departure read (the latest of each rank)
 };
 
-// The lowest-numbered peer of `rank` (of `size`) gone before this rank's call
-// number `call` (first_unrun <= call), or nullopt. Reads (never writes) one
-// key while no rank has departed since the last read; reads the departures in full (into
-// `cache`) only when gone_count grew. Store errors count as no departure.
+// A peer of `rank` (of `size`) gone before this rank's call number `call`
+// (first_unrun <= call), or nullopt: one that stopped on its own before one
+// that stopped because another had gone ("will never make this call" in its
+// reason), then the lowest rank. Reads (never writes) gone_count, and the
+// departures (into `cache`) only when it grew; a departure that could not
+// be read is read again at the next call. Store errors count as no
+// departure.
 std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int rank, int size,
                                      int64_t call, GoneCache& cache);
 

@@ -228,7 +228,8 @@ TEST(NcclRendezvousTest, InitTimeoutNamesRanksThatNeverArrived) {
 
 // Departures: found only for calls at or after the peer's first unrun one;
 // a later, lower departure of the same rank replaces its first; the reason
-// survives spaces; the message names the peer and why.
+// survives spaces; the message names the peer and why; a peer that stopped
+// on its own comes before one that stopped because another had gone.
 TEST(NcclRendezvousTest, GonePeersAreFoundForTheCallsTheyWillNotMake) {
   HashStore store;
   GoneCache cache;
@@ -253,6 +254,24 @@ TEST(NcclRendezvousTest, GonePeersAreFoundForTheCallsTheyWillNotMake) {
             absl::AbortedError("[barrier] rank 0 of 3: rank 1 will never make this call (call #2 "
                                "of this rank; rank 1 stopped before its call #1: [all_reduce] "
                                "rank 1 of 3: bad)"));
+  // Rank 2 departs again, lower (a call of its destroyed group failed
+  // later): the new number counts.
+  ASSERT_TRUE(PublishGone(store, "g", 2, 0, "[barrier] rank 2 of 3: timed out").ok());
+  gone = FindGonePeer(store, "g", 0, 3, 0, cache);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->rank, 2);
+  EXPECT_EQ(gone->first_unrun, 0);
+  // Both gone before call 4: the lower rank, unless its reason is another
+  // peer's departure (a cascade): then the one that stopped on its own.
+  gone = FindGonePeer(store, "g", 0, 3, 4, cache);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->rank, 1);
+  ASSERT_TRUE(PublishGone(store, "g", 1, 1,
+                          "[all_reduce] rank 1 of 3: rank 2 will never make this call (...)")
+                  .ok());
+  gone = FindGonePeer(store, "g", 0, 3, 4, cache);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->rank, 2);
   // Another prefix (another group) sees none of them.
   GoneCache other;
   EXPECT_FALSE(FindGonePeer(store, "h", 0, 3, 9, other).has_value());

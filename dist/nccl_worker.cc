@@ -203,9 +203,13 @@ void CallWorker::Break(Item& failed, const absl::Status& error) {
     for (Item& item : queue_) PassTurn(item);
   }
   // Before the abort, which may take long: peers waiting in this call or a
-  // later one fail at once instead of timing out.
+  // later one fail at once instead of timing out. The abort ends this rank's
+  // calls in flight before it too (failed is the newest when it failed to
+  // start).
   if (first && TracksPeers()) {
-    PublishGone(*options_.store, options_.prefix, options_.rank, failed.number, error.message())
+    int64_t first_unrun = failed.number;
+    for (const Item& other : in_flight_) first_unrun = std::min(first_unrun, other.number);
+    PublishGone(*options_.store, options_.prefix, options_.rank, first_unrun, error.message())
         .IgnoreError();
   }
   absl::Status failure = error;
@@ -242,6 +246,14 @@ void CallWorker::Break(Item& failed, const absl::Status& error) {
   in_flight_.clear();
 }
 
+absl::Status CallWorker::PeerGone(const Item& item) {
+  const std::optional<GonePeer> gone = FindGonePeer(*options_.store, options_.prefix,
+                                                    options_.rank, options_.size, item.number,
+                                                    gone_);
+  if (!gone.has_value()) return absl::OkStatus();
+  return PeerGoneError(item.op, options_.rank, options_.size, item.number, *gone);
+}
+
 void CallWorker::PassTurn(Item& item) {
   if (item.ticket < 0) return;
   options_.launch_order->Pass(item.ticket);
@@ -262,13 +274,27 @@ bool CallWorker::StartItem(Item& item) {
     return false;
   }
   PendingCall* call = item.call.get();
-  absl::StatusOr<bool> enqueued =
-      PollUntil([call] { return call->Enqueued(); }, start + item.timeout, options_.clock,
-                options_.max_poll_sleep);
+  // A call whose enqueue waits for its peers (a split; NCCL connecting on a
+  // first call) fails at once too when one of them is gone before it.
+  absl::Time next_peer_check = ChecksPeers() ? start + options_.peer_check_interval
+                                             : absl::InfiniteFuture();
+  absl::Status peer_gone;
+  absl::StatusOr<bool> enqueued = PollUntil(
+      [&]() -> absl::StatusOr<bool> {
+        absl::StatusOr<bool> done = call->Enqueued();
+        if (!done.ok() || *done) return done;
+        if (options_.clock.now() >= next_peer_check) {
+          next_peer_check = options_.clock.now() + options_.peer_check_interval;
+          peer_gone = PeerGone(item);
+          if (!peer_gone.ok()) return peer_gone;
+        }
+        return false;
+      },
+      start + item.timeout, options_.clock, options_.max_poll_sleep);
   // The family's next call may start once this one is enqueued, or once the
   // abort has ended an enqueue that failed (which could finish later).
   if (!enqueued.ok()) {
-    Break(item, CallError(item, enqueued.status()));
+    Break(item, !peer_gone.ok() ? peer_gone : CallError(item, enqueued.status()));
     PassTurn(item);
     return false;
   }
@@ -286,8 +312,7 @@ void CallWorker::Loop() {
   const Clock& clock = options_.clock;
   absl::Time oldest_since;  // When in_flight_.front() became the oldest call.
   absl::Time next_peer_check = absl::InfiniteFuture();  // For the oldest call.
-  const bool check_peers =
-      TracksPeers() && options_.peer_check_interval != absl::InfiniteDuration();
+  const bool check_peers = ChecksPeers();
   absl::Duration sleep = absl::Microseconds(1);
   while (true) {
     std::optional<Item> next;
@@ -361,10 +386,8 @@ void CallWorker::Loop() {
     }
     if (now >= next_peer_check) {
       next_peer_check = now + options_.peer_check_interval;
-      const std::optional<GonePeer> gone = FindGonePeer(
-          *options_.store, options_.prefix, options_.rank, options_.size, oldest.number, gone_);
-      if (gone.has_value()) {
-        Break(oldest, PeerGoneError(oldest.op, options_.rank, options_.size, oldest.number, *gone));
+      if (absl::Status gone = PeerGone(oldest); !gone.ok()) {
+        Break(oldest, gone);
         continue;
       }
     }

@@ -127,8 +127,10 @@ struct CallWorkerOptions {
 class CallWorker {
  public:
   explicit CallWorker(CallWorkerOptions options);
-  // Lets every submitted call finish (each one completes or fails within its
-  // timeout), then stops the thread.
+  // Publishes this rank's departure (first unrun call: submitted(); under
+  // the lock, so that a Break racing with it publishes a lower number after
+  // it), then lets every submitted call finish (each one completes or fails
+  // within its timeout), then stops the thread.
   ~CallWorker();
   CallWorker(const CallWorker&) = delete;
   CallWorker& operator=(const CallWorker&) = delete;
@@ -145,9 +147,10 @@ class CallWorker {
   // `error` too). In a
   // larger group the peers will issue the call that this rank never makes,
   // and this rank's next call would pair with it: once every earlier call has
-  // finished, the refusal publishes this rank's count of issued calls (so the
-  // peers' timeouts name it) and breaks the group, whose later calls then
-  // fail with BrokenError.
+  // finished, the refusal publishes this rank's count of issued calls (so a
+  // peer's timeout names it) and breaks the group, whose later calls then
+  // fail with BrokenError; the departure it publishes fails the peers' call
+  // at their next peer check.
   WorkPtr Refuse(std::string op, absl::Duration timeout, absl::Status error);
 
   // The number of calls submitted so far.
@@ -183,6 +186,12 @@ class CallWorker {
   absl::Status TimeoutError(const Item& item);
   // Whether this worker publishes its departures and reads its peers'.
   bool TracksPeers() const { return options_.store != nullptr && options_.size > 1; }
+  bool ChecksPeers() const {
+    return TracksPeers() && options_.peer_check_interval != absl::InfiniteDuration();
+  }
+  // PeerGoneError when a peer published its departure before `item`'s call
+  // (FindGonePeer); else OK. Worker thread only.
+  absl::Status PeerGone(const Item& item);
   absl::Status CallError(const Item& item, const absl::Status& status) const;
   absl::Status BrokenErrorLocked(absl::string_view op) const;
 

@@ -715,6 +715,75 @@ TEST(CallWorkerTest, APeerWhoseGroupBrokeFailsTheCallsItWillNotMake) {
   EXPECT_EQ(aborts1.load(), 1);
 }
 
+// A call whose enqueue waits for the peers (a split) fails at once too when
+// a peer is gone before it.
+TEST(CallWorkerTest, ACallStillEnqueuingFailsOnceAPeerIsGone) {
+  HashStore store;
+  std::atomic<int> aborts0{0};
+  std::atomic<int> aborts1{0};
+  CallWorker rank0(PeerOptions(0, store, aborts0));
+  auto split = std::make_shared<FakeCall>();
+  split->needs_idle = true;
+  split->enqueued = []() -> absl::StatusOr<bool> { return false; };  // never, without rank 1
+  const WorkPtr work = rank0.Submit("split", absl::Seconds(30), split);
+  { CallWorker rank1(PeerOptions(1, store, aborts1)); }  // gone, having issued nothing
+  ASSERT_TRUE(CompletesWithin(work, absl::Seconds(5)));
+  EXPECT_TRUE(absl::IsAborted(work->Wait())) << work->Wait();
+  EXPECT_THAT(std::string(work->Wait().message()),
+              StartsWith("[split] rank 0 of 2: rank 1 will never make this call (call #0"));
+}
+
+// A peer destroyed after issuing more calls than this rank has reached yet
+// fails none of them: rank 1 issues #0 and #1 and is destroyed (its
+// destructor waits for them); rank 0 issues #1 late, which runs.
+TEST(CallWorkerTest, APeerGoneAfterACallDoesNotFailThatCall) {
+  HashStore store;
+  Loopback loopback(2);
+  std::atomic<int> aborts0{0};
+  std::atomic<int> aborts1{0};
+  CallWorker rank0(PeerOptions(0, store, aborts0));
+  auto rank1 = std::make_unique<CallWorker>(PeerOptions(1, store, aborts1));
+  const WorkPtr a1 = rank1->Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  const WorkPtr b1 = rank1->Submit("all_reduce", absl::Seconds(30), loopback.Call(1));
+  std::thread destroy([&] { rank1.reset(); });  // publishes "gone before #2" at once
+  const WorkPtr a0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  EXPECT_TRUE(a0->Wait().ok());
+  absl::SleepFor(absl::Milliseconds(100));  // checks run meanwhile (every 20 ms)
+  const WorkPtr b0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(1));
+  ASSERT_TRUE(CompletesWithin(b0, absl::Seconds(5)));
+  EXPECT_TRUE(b0->Wait().ok()) << b0->Wait();
+  destroy.join();
+  EXPECT_TRUE(a1->Wait().ok());
+  EXPECT_TRUE(b1->Wait().ok());
+  EXPECT_EQ(aborts0.load(), 0);
+}
+
+// Rank 1's call #1 fails to start while its #0 is in flight: the abort ends
+// #0 too, so its departure is from #0, and rank 0, waiting in #0, fails at
+// once.
+TEST(CallWorkerTest, ADepartureCountsTheCallsItsAbortEnds) {
+  HashStore store;
+  Loopback loopback(2);
+  std::atomic<int> aborts0{0};
+  std::atomic<int> aborts1{0};
+  CallWorker rank0(PeerOptions(0, store, aborts0));
+  CallWorker rank1(PeerOptions(1, store, aborts1));
+  auto stuck = std::make_shared<FakeCall>();
+  stuck->finished = []() -> absl::StatusOr<bool> { return false; };
+  auto fails = std::make_shared<FakeCall>();
+  fails->start = [] { return absl::InternalError("no memory"); };
+  const WorkPtr a1 = rank1.Submit("all_reduce", absl::Seconds(30), stuck);
+  const WorkPtr b1 = rank1.Submit("all_gather", absl::Seconds(30), fails);
+  const WorkPtr a0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  ASSERT_TRUE(CompletesWithin(a0, absl::Seconds(5)));
+  EXPECT_THAT(std::string(a0->Wait().message()),
+              StartsWith("[all_reduce] rank 0 of 2: rank 1 will never make this call (call #0 of "
+                         "this rank; rank 1 stopped before its call #0: [all_gather] rank 1 of 2: "
+                         "no memory"));
+  EXPECT_TRUE(b1->IsCompleted());
+  EXPECT_TRUE(a1->IsCompleted());
+}
+
 CollectiveCall MakeCall(CollectiveKind kind, Tensor input, Tensor output = Tensor()) {
   CollectiveCall call;
   call.kind = kind;
