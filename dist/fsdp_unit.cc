@@ -333,10 +333,10 @@ FsdpShared::OffloadStream::OffloadStream(int device)
 FsdpShared::OffloadStream::~OffloadStream() { tensor::cuda::DestroyStream(stream, device); }
 
 void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const {
-  if (offload_stream == nullptr) {  // not on a GPU
-    host.CopyFrom(device_values);
-    return;
-  }
+  OP_CHECK(offload_stream != nullptr && device_values.device().is_cuda() &&
+               device_values.device().index == offload_stream->device,
+           "fsdp", "offload copy: no offload stream for ", device_values.device().ToString(),
+           " (cpu_offload runs on a GPU)");
   OP_CHECK(device_values.is_contiguous() && host.is_contiguous() &&
                device_values.dtype() == host.dtype() && device_values.numel() == host.numel(),
            "fsdp", "offload copy: mismatched buffers");

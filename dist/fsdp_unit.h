@@ -59,9 +59,11 @@ struct FsdpShared {
   std::map<tensor::Dtype, tensor::Tensor> offload_staging;
   // cpu_offload on a GPU: the stream a reduced gradient comes back to the
   // host on (AllocateOffloadStaging). Its reduce has finished when the copy
-  // is queued; on the compute stream the copy would wait for the backward
-  // kernels queued since too, and the GPU would then idle while the host
-  // accumulates the gradient. Here those kernels run meanwhile.
+  // is queued; a blocking copy (on the legacy default stream) would wait for
+  // the backward kernels every rank thread queued since too, and the GPU
+  // would then idle while the host accumulates the gradient. Here those
+  // kernels run meanwhile (not under HYBRID_SHARD, whose replicas' all-reduce
+  // before the copy is ordered after them).
   struct OffloadStream {
     OffloadStream(const OffloadStream&) = delete;
     OffloadStream& operator=(const OffloadStream&) = delete;

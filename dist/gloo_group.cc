@@ -19,6 +19,7 @@
 #include <functional>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -166,6 +167,17 @@ struct Staged {
 bool IsHalf(Dtype d) { return d == Dtype::kF16 || d == Dtype::kBF16; }
 
 Staged Stage(const CollectiveCall& call) {
+  // Gloo reads and writes host memory: a GPU tensor would need the issuing
+  // stream's work ordered before its reads, and its result copied back
+  // before the Work completes, which this engine does not do.
+  for (const Tensor* t : {&call.input, &call.output}) {
+    if (t->defined() && !t->device().is_cpu()) {
+      throw std::invalid_argument(absl::StrCat(
+          "the gloo engine takes CPU tensors; the ", t == &call.input ? "input" : "output",
+          " is on ", t->device().ToString(),
+          " (the nccl engine takes GPU tensors, the threads engine ranks sharing a GPU)"));
+    }
+  }
   Staged s;
   const Tensor& in = call.input;
   switch (call.kind) {

@@ -181,8 +181,8 @@ class ThreadProcessGroup final : public ProcessGroup {
   // Engine checks (overlap) and staging copies: of non-contiguous tensors,
   // and of tensors in device memory off the device path, which are copied to
   // host buffers here and back after the call (cudaMemcpy on the legacy
-  // default stream: it waits for the kernels every rank thread queued before,
-  // and the copy back completes before the Work does). Sets *in / *out to the
+  // default stream: it waits for the kernels every rank thread queued before;
+  // the copy back is waited for before the Work completes). Sets *in / *out to the
   // buffers to publish: the call's own tensors on the device path.
   absl::Status Prepare(const CollectiveCall& call, bool on_device, tensor::Tensor* in,
                        tensor::Tensor* out) {
@@ -393,9 +393,13 @@ class ThreadProcessGroup final : public ProcessGroup {
         CopyBack(out, dst);
       }
       // A strided device destination was written by a kernel on this
-      // thread's stream: done before the Work is.
+      // thread's stream, a contiguous one by a cudaMemcpy from pageable
+      // memory, which may return before its bytes land (on the legacy
+      // stream): both done before the Work is, so that any stream may read
+      // the result (FSDP's offload copies it back on a stream of its own).
       if (dst.defined() && dst.device().is_cuda()) {
         tensor::cuda::SynchronizeStream(/*stream=*/nullptr, dst.device().index);
+        tensor::cuda::SynchronizeLegacyStream(dst.device().index);
       }
     } catch (const std::exception& e) {
       return absl::InternalError(

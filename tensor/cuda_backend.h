@@ -109,12 +109,18 @@ void StreamWaitEvent(StreamHandle stream, EventHandle event, int device);
 void SynchronizeEvent(EventHandle event, int device);
 // The host waits until the work queued on `stream` so far has finished.
 void SynchronizeStream(StreamHandle stream, int device);
+// The host waits for the legacy default stream of cuda:`device`: a plain
+// cudaMemcpy from pageable host memory may return before its bytes reach
+// the device, and only work ordered after the legacy stream (or this wait)
+// is sure to see them; a stream of CreateStream's is not ordered after it.
+void SynchronizeLegacyStream(int device);
 // `bytes` from src to dst, both in memory of cuda:`device`, queued on `stream`.
 void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream);
 // `bytes` from src in memory of cuda:`device` to page-locked host memory at
 // dst, queued on `stream`: the host reads dst after waiting for the stream.
 // On a stream of its own the copy does not wait for the kernels queued on
-// the thread's stream (as a blocking copy would).
+// the thread's stream (as a blocking copy, on the legacy default stream,
+// would: it waits for every thread's).
 void CopyToHostOnStream(void* dst, const void* src, int64_t bytes, int device,
                         StreamHandle stream);
 // Queues a copy of `bytes` to memory of cuda:`device` at `dst` on the calling

@@ -77,6 +77,9 @@ void SynchronizeStream(StreamHandle, int device) {
 void CopyOnStream(void*, const void*, int64_t, int device, StreamHandle) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }
+void SynchronizeLegacyStream(int device) {
+  ThrowOpError("synchronize", kNotBuilt, " (cuda:", device, ")");
+}
 void CopyToHostOnStream(void*, const void*, int64_t, int device, StreamHandle) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
@@ -119,17 +121,19 @@ TEST(CudaBackendTest, ACopyToTheHostOnItsOwnStreamDoesNotWaitForTheThreadsStream
   const Device gpu = Device::Cuda(0);
   Tensor ready = Tensor::Full({64}, 1.0, Dtype::kF32, gpu);
   cuda::SynchronizeStream(nullptr, 0);  // `ready` is written
-  Tensor queued = Tensor::Full({64}, 2.0, Dtype::kF32, gpu);  // deferred on the thread's stream
+  // A value no earlier fill of a cached block could have left there.
+  const float value = 1000.0f + static_cast<float>(absl::ToUnixMicros(absl::Now()) % 100000);
+  Tensor queued = Tensor::Full({64}, value, Dtype::kF32, gpu);  // deferred on the thread's stream
   Tensor host = Tensor::EmptyPinned({64}, Dtype::kF32);
   cuda::StreamHandle stream = cuda::CreateStream(0);
   cuda::CopyToHostOnStream(host.raw_data(), ready.raw_data(), ready.nbytes(), 0, stream);
   cuda::SynchronizeStream(stream, 0);
   EXPECT_EQ(host.ToVector<float>(), std::vector<float>(64, 1.0f));
-  EXPECT_NE(static_cast<const float*>(queued.raw_data())[0], 2.0f)
+  EXPECT_NE(static_cast<const float*>(queued.raw_data())[0], value)
       << "the thread's queued fill ran: the copy waited for it";
   // A blocking copy does wait for it.
   host.CopyFrom(ready);
-  EXPECT_EQ(static_cast<const float*>(queued.raw_data())[0], 2.0f);
+  EXPECT_EQ(static_cast<const float*>(queued.raw_data())[0], value);
   cuda::DestroyStream(stream, 0);
 }
 

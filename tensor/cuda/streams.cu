@@ -82,6 +82,11 @@ void SynchronizeStream(StreamHandle stream, int device) {
   Check(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
 }
 
+void SynchronizeLegacyStream(int device) {
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  Check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+}
+
 void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream) {
   if (bytes == 0) return;
   Check(cudaSetDevice(device), "cudaSetDevice");
