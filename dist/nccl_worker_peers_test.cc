@@ -196,35 +196,40 @@ TEST(CallWorkerTest, AWorkerWaitingForItsTurnStillTimesOutItsCalls) {
   EXPECT_THAT(family.Started(), ElementsAre("a0", "b0"));
 }
 
-// Options of rank `rank` of 2 on `store`, checking for departed peers every
-// 20 ms; aborts counted in `aborts`.
-CallWorkerOptions PeerOptions(int rank, HashStore& store, std::atomic<int>& aborts) {
-  CallWorkerOptions options;
-  options.rank = rank;
-  options.size = 2;
-  options.store = &store;
-  options.prefix = "gone";
-  options.report_wait = absl::Milliseconds(100);
-  options.peer_check_interval = absl::Milliseconds(20);
-  options.abort = [&aborts] { aborts.fetch_add(1); };
-  return options;
-}
+// What two ranks' workers share: the store they publish their departures
+// to, loopback calls, and each rank's count of aborts. Options(rank) checks
+// for departed peers every 20 ms.
+struct TwoRanks {
+  HashStore store;
+  Loopback loopback{2};
+  std::atomic<int> aborts[2] = {{0}, {0}};
+
+  CallWorkerOptions Options(int rank) {
+    CallWorkerOptions options;
+    options.rank = rank;
+    options.size = 2;
+    options.store = &store;
+    options.prefix = "gone";
+    options.report_wait = absl::Milliseconds(100);
+    options.peer_check_interval = absl::Milliseconds(20);
+    std::atomic<int>* count = &aborts[rank];
+    options.abort = [count] { count->fetch_add(1); };
+    return options;
+  }
+};
 
 // Rank 1 issues call #0 and is destroyed (its process finished, or failed
 // outside the group): rank 0's call #0 runs, and its call #1, which rank 1
 // will never make, fails at once (not after its 30 s timeout) naming rank 1,
 // and aborts rank 0's communicator.
 TEST(CallWorkerTest, ACallAPeerWillNeverMakeFailsAtOnceOnceThePeerIsGone) {
-  HashStore store;
-  Loopback loopback(2);
-  std::atomic<int> aborts0{0};
-  std::atomic<int> aborts1{0};
-  CallWorker rank0(PeerOptions(0, store, aborts0));
-  const WorkPtr first0 = rank0.Submit("all_gather", absl::Seconds(30), loopback.Call(0));
-  const WorkPtr second0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(1));
+  TwoRanks two;
+  CallWorker rank0(two.Options(0));
+  const WorkPtr first0 = rank0.Submit("all_gather", absl::Seconds(30), two.loopback.Call(0));
+  const WorkPtr second0 = rank0.Submit("all_reduce", absl::Seconds(30), two.loopback.Call(1));
   {
-    CallWorker rank1(PeerOptions(1, store, aborts1));
-    EXPECT_TRUE(rank1.Submit("all_gather", absl::Seconds(30), loopback.Call(0))->Wait().ok());
+    CallWorker rank1(two.Options(1));
+    EXPECT_TRUE(rank1.Submit("all_gather", absl::Seconds(30), two.loopback.Call(0))->Wait().ok());
     absl::SleepFor(absl::Milliseconds(100));  // a few checks: rank 1 is not gone yet
     EXPECT_FALSE(second0->IsCompleted());
   }
@@ -235,20 +240,17 @@ TEST(CallWorkerTest, ACallAPeerWillNeverMakeFailsAtOnceOnceThePeerIsGone) {
                                "#1 of this rank; rank 1 stopped before its call #1: its group "
                                "was destroyed after issuing 1 call (the rank finished, or "
                                "stopped on an error outside this group))"));
-  EXPECT_EQ(aborts0.load(), 1);
-  EXPECT_EQ(aborts1.load(), 0);
+  EXPECT_EQ(two.aborts[0].load(), 1);
+  EXPECT_EQ(two.aborts[1].load(), 0);
 }
 
 // Rank 1 refuses its call #0 (bad arguments): rank 0, in that call, fails at
 // once with rank 1's reason instead of timing out.
 TEST(CallWorkerTest, APeerWhoseGroupBrokeFailsTheCallsItWillNotMake) {
-  HashStore store;
-  Loopback loopback(2);
-  std::atomic<int> aborts0{0};
-  std::atomic<int> aborts1{0};
-  CallWorker rank0(PeerOptions(0, store, aborts0));
-  CallWorker rank1(PeerOptions(1, store, aborts1));
-  const WorkPtr call0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  TwoRanks two;
+  CallWorker rank0(two.Options(0));
+  CallWorker rank1(two.Options(1));
+  const WorkPtr call0 = rank0.Submit("all_reduce", absl::Seconds(30), two.loopback.Call(0));
   const absl::Status refusal =
       absl::InvalidArgumentError("[all_reduce] rank 1 of 2: the tensor is on cpu");
   EXPECT_EQ(rank1.Refuse("all_reduce", absl::Seconds(30), refusal)->Wait(), refusal);
@@ -257,23 +259,21 @@ TEST(CallWorkerTest, APeerWhoseGroupBrokeFailsTheCallsItWillNotMake) {
             absl::AbortedError("[all_reduce] rank 0 of 2: rank 1 will never make this call (call "
                                "#0 of this rank; rank 1 stopped before its call #0: [all_reduce] "
                                "rank 1 of 2: the tensor is on cpu)"));
-  EXPECT_EQ(aborts0.load(), 1);
+  EXPECT_EQ(two.aborts[0].load(), 1);
   // Rank 0's departure (broken at #0) does not fail rank 1 again: it is broken already.
-  EXPECT_EQ(aborts1.load(), 1);
+  EXPECT_EQ(two.aborts[1].load(), 1);
 }
 
 // A call whose enqueue waits for the peers (a split) fails at once too when
 // a peer is gone before it.
 TEST(CallWorkerTest, ACallStillEnqueuingFailsOnceAPeerIsGone) {
-  HashStore store;
-  std::atomic<int> aborts0{0};
-  std::atomic<int> aborts1{0};
-  CallWorker rank0(PeerOptions(0, store, aborts0));
+  TwoRanks two;
+  CallWorker rank0(two.Options(0));
   auto split = std::make_shared<FakeCall>();
   split->needs_idle = true;
   split->enqueued = []() -> absl::StatusOr<bool> { return false; };  // never, without rank 1
   const WorkPtr work = rank0.Submit("split", absl::Seconds(30), split);
-  { CallWorker rank1(PeerOptions(1, store, aborts1)); }  // gone, having issued nothing
+  { CallWorker rank1(two.Options(1)); }  // gone, having issued nothing
   ASSERT_TRUE(CompletesWithin(work, absl::Seconds(5)));
   EXPECT_TRUE(absl::IsAborted(work->Wait())) << work->Wait();
   EXPECT_THAT(std::string(work->Wait().message()),
@@ -284,44 +284,38 @@ TEST(CallWorkerTest, ACallStillEnqueuingFailsOnceAPeerIsGone) {
 // fails none of them: rank 1 issues #0 and #1 and is destroyed (its
 // destructor waits for them); rank 0 issues #1 late, which runs.
 TEST(CallWorkerTest, APeerGoneAfterACallDoesNotFailThatCall) {
-  HashStore store;
-  Loopback loopback(2);
-  std::atomic<int> aborts0{0};
-  std::atomic<int> aborts1{0};
-  CallWorker rank0(PeerOptions(0, store, aborts0));
-  auto rank1 = std::make_unique<CallWorker>(PeerOptions(1, store, aborts1));
-  const WorkPtr a1 = rank1->Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
-  const WorkPtr b1 = rank1->Submit("all_reduce", absl::Seconds(30), loopback.Call(1));
+  TwoRanks two;
+  CallWorker rank0(two.Options(0));
+  auto rank1 = std::make_unique<CallWorker>(two.Options(1));
+  const WorkPtr a1 = rank1->Submit("all_reduce", absl::Seconds(30), two.loopback.Call(0));
+  const WorkPtr b1 = rank1->Submit("all_reduce", absl::Seconds(30), two.loopback.Call(1));
   std::thread destroy([&] { rank1.reset(); });  // publishes "gone before #2" at once
-  const WorkPtr a0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  const WorkPtr a0 = rank0.Submit("all_reduce", absl::Seconds(30), two.loopback.Call(0));
   EXPECT_TRUE(a0->Wait().ok());
   absl::SleepFor(absl::Milliseconds(100));  // checks run meanwhile (every 20 ms)
-  const WorkPtr b0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(1));
+  const WorkPtr b0 = rank0.Submit("all_reduce", absl::Seconds(30), two.loopback.Call(1));
   ASSERT_TRUE(CompletesWithin(b0, absl::Seconds(5)));
   EXPECT_TRUE(b0->Wait().ok()) << b0->Wait();
   destroy.join();
   EXPECT_TRUE(a1->Wait().ok());
   EXPECT_TRUE(b1->Wait().ok());
-  EXPECT_EQ(aborts0.load(), 0);
+  EXPECT_EQ(two.aborts[0].load(), 0);
 }
 
 // Rank 1's call #1 fails to start while its #0 is in flight: the abort ends
 // #0 too, so its departure is from #0, and rank 0, waiting in #0, fails at
 // once.
 TEST(CallWorkerTest, ADepartureCountsTheCallsItsAbortEnds) {
-  HashStore store;
-  Loopback loopback(2);
-  std::atomic<int> aborts0{0};
-  std::atomic<int> aborts1{0};
-  CallWorker rank0(PeerOptions(0, store, aborts0));
-  CallWorker rank1(PeerOptions(1, store, aborts1));
+  TwoRanks two;
+  CallWorker rank0(two.Options(0));
+  CallWorker rank1(two.Options(1));
   auto stuck = std::make_shared<FakeCall>();
   stuck->finished = []() -> absl::StatusOr<bool> { return false; };
   auto fails = std::make_shared<FakeCall>();
   fails->start = [] { return absl::InternalError("no memory"); };
   const WorkPtr a1 = rank1.Submit("all_reduce", absl::Seconds(30), stuck);
   const WorkPtr b1 = rank1.Submit("all_gather", absl::Seconds(30), fails);
-  const WorkPtr a0 = rank0.Submit("all_reduce", absl::Seconds(30), loopback.Call(0));
+  const WorkPtr a0 = rank0.Submit("all_reduce", absl::Seconds(30), two.loopback.Call(0));
   ASSERT_TRUE(CompletesWithin(a0, absl::Seconds(5)));
   EXPECT_THAT(std::string(a0->Wait().message()),
               StartsWith("[all_reduce] rank 0 of 2: rank 1 will never make this call (call #0 of "
