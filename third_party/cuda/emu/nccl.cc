@@ -21,16 +21,13 @@
 //   communicator with ncclInvalidUsage; a rank that aborts fails the calls
 //   its peers made with it (ncclRemoteError), and its own finish at once.
 //   Floating sums accumulate in f32 (f64 for f64) and round once.
-// - Launch order across communicators: NCCL kernels of communicators that
-//   share devices must be launched in the same order on every device, or a
-//   kernel waiting for its peers can keep a GPU from running the one they
-//   wait for. Two unfinished collectives launched in opposite orders on two
-//   devices (each device's launches are kept until their calls finish) fail
-//   both communicators' ranks with ncclInvalidUsage, naming the devices.
-//   Only pairs: a cycle through three or more devices (each pair of
-//   communicators sharing one device, as HYBRID_SHARD's shard and replica
-//   groups) is not caught, since calls complete once their ranks all came
-//   rather than when the calls launched before them on a device finished.
+// - Launch order across communicators (nccl_order.cc): a call whose ranks
+//   all came also waits, on each of its ranks' devices, for the unfinished
+//   calls of other communicators launched there before it, as NCCL kernels
+//   that cannot share a GPU would; calls launched in orders that could
+//   deadlock so (two devices in opposite orders, or a cycle through more)
+//   fail the communicators involved with ncclInvalidUsage, naming the
+//   devices.
 // Not modeled: timing, ncclGroupStart/End, point-to-point, processes.
 #include <nccl.h>
 
@@ -51,62 +48,11 @@
 
 #include <unistd.h>
 
+#include "third_party/cuda/emu/nccl_model.h"
 #include "third_party/cuda/emu/pending.h"
 
 namespace cuda_emu_nccl {
 
-// One rank's part in one numbered call.
-struct Part {
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::shared_ptr<cuda_emu::PendingWork> work;
-  ncclComm_t comm = nullptr;
-  int color = 0, key = 0;  // splits (recv is then the new communicator)
-};
-
-struct Call {
-  // What every rank must agree on.
-  int kind = 0;  // 0 all_reduce, 1 reduce_scatter, 2 all_gather, 3 broadcast, 4 split
-  size_t count = 0;
-  ncclDataType_t dtype = ncclFloat32;
-  ncclRedOp_t op = ncclSum;
-  int root = 0;
-  std::vector<Part> parts;  // by rank; work == nullptr until the rank came
-  int arrived = 0;
-  bool failed = false;  // a member aborted: the others finish without a result
-};
-
-// The ranks of one unique id (or of one color of a split).
-struct Clique {
-  int size = 0;
-  std::vector<ncclComm_t> members;  // by rank; nullptr until joined / after destroy
-  int joined = 0;
-  std::map<int64_t, Call> calls;  // by number, until done
-};
-
-}  // namespace cuda_emu_nccl
-
-// The handle the API hands out.
-struct ncclComm {
-  std::shared_ptr<cuda_emu_nccl::Clique> clique;  // null while a split is in progress
-  int rank = -1;
-  int size = 0;
-  int device = 0;
-  int64_t next_call = 0;
-  ncclResult_t error = ncclSuccess;  // asynchronous error
-  std::string last_error;
-  // This rank's pending collectives (to finish on abort, to wait for on finalize).
-  std::vector<std::shared_ptr<cuda_emu::PendingWork>> outstanding;
-  // This rank's part in the last ncclCommSplit of this communicator: as in
-  // NCCL, the parent is in progress until every rank has made the split, even
-  // for a rank that takes no part in a new communicator (NCCL_SPLIT_NOCOLOR).
-  std::shared_ptr<cuda_emu::PendingWork> split;
-};
-
-namespace cuda_emu_nccl {
-namespace {
-
-// One lock for every clique and communicator: the emulation favors clarity.
 std::mutex& Mu() {
   static std::mutex* mu = new std::mutex;
   return *mu;
@@ -115,33 +61,18 @@ std::condition_variable& Cv() {
   static std::condition_variable* cv = new std::condition_variable;
   return *cv;
 }
+
+void SetError(ncclComm_t comm, ncclResult_t error, const std::string& message) {
+  if (comm == nullptr || comm->error != ncclSuccess) return;
+  comm->error = error;
+  comm->last_error = message;
+}
+
+namespace {
+
 std::map<std::string, std::shared_ptr<Clique>>& Cliques() {
   static auto* cliques = new std::map<std::string, std::shared_ptr<Clique>>;
   return *cliques;
-}
-
-// A collective launched on a device and not finished.
-struct Launch {
-  const Clique* clique = nullptr;
-  int64_t number = 0;
-};
-// By device, in launch order.
-std::map<int, std::vector<Launch>>& Launches() {
-  static auto* launches = new std::map<int, std::vector<Launch>>;
-  return *launches;
-}
-
-// Drops the launches of `clique` (call `number`, or every call when number
-// is negative) on `device` (every device when negative). With Mu() held.
-void ForgetLaunches(const Clique* clique, int64_t number, int device) {
-  for (auto& [d, list] : Launches()) {
-    if (device >= 0 && d != device) continue;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [&](const Launch& l) {
-                                return l.clique == clique && (number < 0 || l.number == number);
-                              }),
-               list.end());
-  }
 }
 
 size_t Size(ncclDataType_t t) {
@@ -329,12 +260,6 @@ void Execute(const Call& c) {
   }
 }
 
-void SetError(ncclComm_t comm, ncclResult_t error, const std::string& message) {
-  if (comm == nullptr || comm->error != ncclSuccess) return;
-  comm->error = error;
-  comm->last_error = message;
-}
-
 bool SameCall(const Call& a, const Call& b) {
   return a.kind == b.kind && a.count == b.count && a.dtype == b.dtype && a.op == b.op &&
          a.root == b.root;
@@ -373,72 +298,6 @@ void FinishSplit(Call& c) {
   }
 }
 
-// The rank of `clique` on `device`, or -1.
-int RankOn(const Clique& clique, int device) {
-  for (int r = 0; r < clique.size; ++r) {
-    if (clique.members[r] != nullptr && clique.members[r]->device == device) return r;
-  }
-  return -1;
-}
-
-// Whether call `number` of `clique` is unfinished and its rank on `device`
-// has not launched it. With Mu() held.
-bool NotYetLaunchedOn(const Clique& clique, int64_t number, int device) {
-  const auto it = clique.calls.find(number);
-  if (it == clique.calls.end()) return false;
-  const int r = RankOn(clique, device);
-  return r >= 0 && it->second.parts[r].work == nullptr;
-}
-
-// Checks the launch of call `number` of `comm`'s clique on comm's device
-// against the launches of other communicators: fails both communicators when
-// another device launched the two calls in the other order. With Mu() held.
-void CheckLaunchOrder(ncclComm_t comm, const Call& call, int64_t number) {
-  const Clique& clique = *comm->clique;
-  const int device = comm->device;
-  // `y_first` launched call #other_number of `other` before this call,
-  // `x_first` this call first.
-  auto fail = [&](const Clique& other, int64_t other_number, int y_first, int x_first) {
-    const std::string message =
-        "emulated NCCL: communicators sharing devices launched in different orders: cuda:" +
-        std::to_string(y_first) + " launched call #" + std::to_string(other_number) +
-        " of one before call #" + std::to_string(number) + " of another, cuda:" +
-        std::to_string(x_first) +
-        " the other way round (NCCL kernels can then deadlock: launch them in the same order "
-        "on every rank)";
-    for (ncclComm_t m : clique.members) SetError(m, ncclInvalidUsage, message);
-    for (ncclComm_t m : other.members) SetError(m, ncclInvalidUsage, message);
-    // Failed communicators launch nothing more; their launches so far must not
-    // blame communicators made later on these devices.
-    ForgetLaunches(&clique, -1, -1);
-    ForgetLaunches(&other, -1, -1);
-  };
-  // An earlier unfinished launch Y on this device, which a peer's device
-  // that already launched this call has not launched yet.
-  for (const Launch& y : Launches()[device]) {
-    if (y.clique == &clique) continue;
-    for (int r = 0; r < clique.size; ++r) {
-      if (r == comm->rank || call.parts[r].work == nullptr) continue;
-      const int other_device = clique.members[r] == nullptr ? -1 : clique.members[r]->device;
-      if (other_device >= 0 && NotYetLaunchedOn(*y.clique, y.number, other_device)) {
-        return fail(*y.clique, y.number, device, other_device);
-      }
-    }
-  }
-  // A peer's device that launched this call after a call Y that this device
-  // has not launched yet.
-  for (int r = 0; r < clique.size; ++r) {
-    if (r == comm->rank || call.parts[r].work == nullptr || clique.members[r] == nullptr) continue;
-    const int other_device = clique.members[r]->device;
-    for (const Launch& y : Launches()[other_device]) {
-      if (y.clique == &clique && y.number == number) break;  // launches after this call's
-      if (y.clique != &clique && NotYetLaunchedOn(*y.clique, y.number, device)) {
-        return fail(*y.clique, y.number, other_device, device);
-      }
-    }
-  }
-}
-
 // Rank `comm->rank`'s part of call number comm->next_call (`proto` says what
 // the call is). Queues its pending work on `stream`; the last rank to come
 // runs the call. With Mu() held.
@@ -456,8 +315,7 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   if (proto.kind != 4) {
     comm->outstanding.push_back(part.work);
     cuda_emu::QueuePending(stream, part.work);
-    CheckLaunchOrder(comm, call, number);
-    if (comm->error == ncclSuccess) Launches()[comm->device].push_back(Launch{&clique, number});
+    RecordLaunch(comm, call, number);
   }
   if (!SameCall(call, proto)) {
     const std::string message = "emulated NCCL: call #" + std::to_string(number) +
@@ -466,7 +324,27 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
     for (ncclComm_t m : clique.members) SetError(m, ncclInvalidUsage, message);
     call.failed = true;
   }
-  if (call.arrived < clique.size) return ncclSuccess;
+  if (call.arrived < clique.size) {
+    if (proto.kind != 4) FailDeadlock(clique, number);
+    return ncclSuccess;
+  }
+  // Run now, unless it waits for calls of other communicators launched
+  // before it on its devices: then when they finish (or fails now if they
+  // wait for it in turn).
+  if (call.failed || call.kind == 4 || !Blocked(clique, number)) {
+    CompleteCall(clique, number);
+  } else {
+    FailDeadlock(clique, number);
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+void CompleteCall(Clique& clique, int64_t number) {
+  const auto it = clique.calls.find(number);
+  if (it == clique.calls.end()) return;
+  Call& call = it->second;
   if (!call.failed) {
     if (call.kind == 4) {
       FinishSplit(call);
@@ -477,9 +355,11 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   for (Part& p : call.parts) p.work->Finish();
   clique.calls.erase(it);
   ForgetLaunches(&clique, number, -1);
+  CompleteUnblocked();  // calls that waited for this one
   Cv().notify_all();
-  return ncclSuccess;
 }
+
+namespace {
 
 ncclResult_t Collective(int kind, const void* send, void* recv, size_t count,
                         ncclDataType_t dtype, ncclRedOp_t op, int root, ncclComm_t comm,
@@ -692,6 +572,7 @@ void Leave(ncclComm_t comm) {
     if (clique.members[comm->rank] == comm) clique.members[comm->rank] = nullptr;
   }
   for (const auto& w : comm->outstanding) w->Finish();  // aborted kernels exit
+  emu::CompleteUnblocked();  // calls that waited for the ones ended here
   emu::Cv().notify_all();
 }
 

@@ -4,8 +4,10 @@
 // fail every communicator; a rank that aborts during a call fails its peers'
 // (ncclRemoteError) instead of hanging them; two ranks on one device are
 // refused; non-blocking init and split report ncclInProgress until complete;
-// communicators sharing devices launched in different orders fail.
-// Emulation only (--config=cuda_emu, CUDA_EMU_DEVICES=3 from the BUILD file).
+// communicators sharing devices launched in different orders fail, also in
+// a cycle through four devices, and calls launched in one order complete in
+// it.
+// Emulation only (--config=cuda_emu, CUDA_EMU_DEVICES=4 from the BUILD file).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -227,6 +229,68 @@ TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
       ncclCommAbort(b[r]);
       for (int c = 0; c < 2; ++c) cudaStreamDestroy(streams[r][c]);
       cudaFree(x[r]);
+    }
+  }
+}
+
+// HYBRID_SHARD's shape on four devices: shard groups S0 = {0, 1}, S1 =
+// {2, 3}, replica groups R0 = {0, 2}, R1 = {1, 3}; each pair of groups shares
+// at most one device. Launched in one order on every device (R before S),
+// every call completes, each waiting for the calls launched before it on its
+// devices. Launched so that each device's first call waits for a call queued
+// second on another device, around all four, none could finish on a GPU that
+// runs one NCCL kernel at a time: all four communicators fail, naming the
+// cycle.
+TEST(EmulatedNccl, ACycleOfLaunchOrdersThroughFourDevicesFails) {
+  // Launches as (device, group): groups 0 S0, 1 S1, 2 R0, 3 R1.
+  const std::vector<std::vector<std::pair<int, int>>> orders = {
+      {{0, 2}, {0, 0}, {1, 3}, {1, 0}, {2, 2}, {2, 1}, {3, 3}, {3, 1}},  // R then S everywhere
+      {{0, 2}, {0, 0}, {1, 0}, {1, 3}, {3, 3}, {3, 1}, {2, 1}, {2, 2}},  // the cycle
+  };
+  const std::vector<std::vector<int>> members = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
+  for (size_t o = 0; o < orders.size(); ++o) {
+    std::vector<ncclResult_t> states;
+    std::vector<std::vector<ncclComm_t>> comms;  // [group][rank in group]
+    for (const std::vector<int>& devices : members) comms.push_back(InitAll(devices, &states));
+    float* x[4];
+    cudaStream_t streams[4][4];  // [device][group]
+    for (int d = 0; d < 4; ++d) {
+      x[d] = DeviceFloats(d, {1.0f + d});
+      cudaSetDevice(d);
+      for (int g = 0; g < 4; ++g) {
+        ASSERT_EQ(cudaStreamCreateWithFlags(&streams[d][g], cudaStreamNonBlocking), cudaSuccess);
+      }
+    }
+    for (const auto& [d, g] : orders[o]) {
+      const int r = members[g][0] == d ? 0 : 1;
+      cudaSetDevice(d);
+      ASSERT_EQ(ncclAllReduce(x[d], x[d], 1, ncclFloat32, ncclSum, comms[g][r], streams[d][g]),
+                ncclSuccess);
+    }
+    for (int g = 0; g < 4; ++g) {
+      for (ncclComm_t comm : comms[g]) {
+        ncclResult_t state = ncclSuccess;
+        ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+        if (o == 0) {
+          EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comm);
+        } else {
+          EXPECT_EQ(state, ncclInvalidUsage) << "group " << g;
+          EXPECT_NE(std::strstr(ncclGetLastError(comm), "in a cycle"), nullptr)
+              << ncclGetLastError(comm);
+        }
+      }
+    }
+    if (o == 0) {
+      // R: {1 + 3, 2 + 4} = {4, 6} on devices {0, 2} and {1, 3}; then S:
+      // 4 + 6 on every device.
+      for (int d = 0; d < 4; ++d) EXPECT_EQ(HostFloats(x[d], 1)[0], 10.0f) << "cuda:" << d;
+    }
+    for (int g = 0; g < 4; ++g) {
+      for (ncclComm_t comm : comms[g]) ncclCommAbort(comm);
+    }
+    for (int d = 0; d < 4; ++d) {
+      for (int g = 0; g < 4; ++g) cudaStreamDestroy(streams[d][g]);
+      cudaFree(x[d]);
     }
   }
 }
