@@ -14,9 +14,11 @@
 // - Collectives (all_reduce, reduce_scatter, all_gather, broadcast; sum,
 //   prod, max, min, avg; the integer and floating dtypes): each call is
 //   numbered per communicator and rank and queued on its stream as pending
-//   work (pending.h); the rank that completes a call's number does the whole
-//   collective for every rank, reading inputs and writing outputs in place
-//   (one address space), and finishes every rank's pending work. Calls that
+//   work (pending.h); the rank that completes a call's number (or, for a
+//   call that waits for other communicators' calls, the thread that finishes
+//   the last of those) does the whole collective for every rank, reading
+//   inputs and writing outputs in place (one address space), and finishes
+//   every rank's pending work. Calls that
 //   differ across ranks (op, dtype, count, root) fail every rank's
 //   communicator with ncclInvalidUsage; a rank that aborts fails the calls
 //   its peers made with it (ncclRemoteError), and its own finish at once.
@@ -300,7 +302,9 @@ void FinishSplit(Call& c) {
 
 // Rank `comm->rank`'s part of call number comm->next_call (`proto` says what
 // the call is). Queues its pending work on `stream`; the last rank to come
-// runs the call. With Mu() held.
+// runs the call, unless it waits for calls of other communicators
+// (nccl_order.cc): then the call that finishes last of those runs it. With
+// Mu() held.
 ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t stream) {
   if (comm->error != ncclSuccess) return comm->error;
   Clique& clique = *comm->clique;
@@ -315,7 +319,9 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
   if (proto.kind != 4) {
     comm->outstanding.push_back(part.work);
     cuda_emu::QueuePending(stream, part.work);
-    RecordLaunch(comm, call, number);
+    // A launch that breaks the order fails the communicator: the call never
+    // runs (its pending work finishes when the rank aborts).
+    if (!RecordLaunch(comm, call, number)) call.failed = true;
   }
   if (!SameCall(call, proto)) {
     const std::string message = "emulated NCCL: call #" + std::to_string(number) +
@@ -324,18 +330,13 @@ ncclResult_t Arrive(ncclComm_t comm, const Call& proto, Part part, cudaStream_t 
     for (ncclComm_t m : clique.members) SetError(m, ncclInvalidUsage, message);
     call.failed = true;
   }
-  if (call.arrived < clique.size) {
-    if (proto.kind != 4) FailDeadlock(clique, number);
-    return ncclSuccess;
-  }
-  // Run now, unless it waits for calls of other communicators launched
-  // before it on its devices: then when they finish (or fails now if they
-  // wait for it in turn).
-  if (call.failed || call.kind == 4 || !Blocked(clique, number)) {
+  if (proto.kind != 4 && !call.failed && FailDeadlock(clique, number)) call.failed = true;
+  if (call.arrived == clique.size && (call.failed || call.kind == 4 || !Blocked(clique, number))) {
     CompleteCall(clique, number);
-  } else {
-    FailDeadlock(clique, number);
   }
+  // Calls that waited for this one, or for calls of communicators that
+  // failed just now.
+  CompleteUnblocked();
   return ncclSuccess;
 }
 
@@ -355,7 +356,6 @@ void CompleteCall(Clique& clique, int64_t number) {
   for (Part& p : call.parts) p.work->Finish();
   clique.calls.erase(it);
   ForgetLaunches(&clique, number, -1);
-  CompleteUnblocked();  // calls that waited for this one
   Cv().notify_all();
 }
 

@@ -55,23 +55,29 @@ std::condition_variable& Cv();
 void SetError(ncclComm_t comm, ncclResult_t error, const std::string& message);
 
 // Runs call `number` of `clique`, whose ranks all came (unless it failed),
-// finishes every rank's pending work and drops the call (nccl.cc).
+// finishes every rank's pending work and drops the call (nccl.cc). The
+// caller then runs CompleteUnblocked for the calls that waited for it.
 void CompleteCall(Clique& clique, int64_t number);
 
 // ---- Launch order (nccl_order.cc) ----
 // Records that comm's rank launched its call `number` (a collective) on its
-// device, after checking it against the other communicators' launches there
-// (two devices that launched two unfinished calls in opposite orders fail
-// both communicators).
-void RecordLaunch(ncclComm_t comm, const Call& call, int64_t number);
-// Whether call `number` of `clique` must wait, on one of its ranks' devices,
-// for an unfinished call of another communicator launched there before it.
+// device, after checking it against the other communicators' launches there:
+// two devices that launched two unfinished calls in opposite orders fail
+// both communicators (false then, and nothing is recorded).
+bool RecordLaunch(ncclComm_t comm, const Call& call, int64_t number);
+// Whether call `number` of `clique` (launched by every rank) must wait, on
+// one of its ranks' devices, for an unfinished call of another communicator
+// launched there before it.
 bool Blocked(const Clique& clique, int64_t number);
-// Fails the communicators of a cycle of calls each waiting for the next
-// (Blocked), through `clique`'s call `number`; true when there was one.
+// Fails the communicators of a cycle of calls each waiting for the next,
+// through `clique`'s call `number` just launched; true when there was one.
+// A call waits for the unfinished calls of other communicators launched
+// before it on its devices, and, on the device of a rank that has not
+// launched it yet, for every unfinished call of another communicator
+// launched there already.
 bool FailDeadlock(const Clique& clique, int64_t number);
 // Completes the calls whose ranks all came and that no longer wait (after a
-// call finished or a communicator left).
+// call finished, a communicator failed or left), until none is left.
 void CompleteUnblocked();
 // Drops the launches of `clique` (call `number`, or every call when number
 // is negative) on `device` (every device when negative).

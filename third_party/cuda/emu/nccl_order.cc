@@ -10,7 +10,10 @@
 //     as soon as the second device launches one of them (CheckPair);
 //   - a cycle of calls each waiting for the next, through three or more
 //     devices (HYBRID_SHARD's shard and replica groups share one device
-//     pairwise), seen when the last call of the cycle is launched.
+//     pairwise), seen when the launch that closes it comes: a call waits for
+//     the calls launched before it on its devices, and, on the device of a
+//     rank that has not launched it yet, for every call launched there
+//     already (it will come after them).
 #include <algorithm>
 #include <functional>
 #include <set>
@@ -29,7 +32,8 @@ struct Launch {
   int64_t number = 0;
   bool operator==(const Launch& o) const { return clique == o.clique && number == o.number; }
   bool operator<(const Launch& o) const {
-    return std::make_pair(clique, number) < std::make_pair(o.clique, o.number);
+    if (clique != o.clique) return std::less<const Clique*>()(clique, o.clique);
+    return number < o.number;
   }
 };
 
@@ -122,18 +126,40 @@ std::string GroupName(const Clique& clique) {
   return name;
 }
 
-// The calls `x` waits for, each with the device it waits on: the unfinished
-// calls of other communicators launched before it on its ranks' devices.
+// The calls `x` waits for, each with the device it waits on: on each of its
+// ranks' devices, the unfinished calls of other communicators launched there
+// before it, or, where its rank has not launched it yet, all of them.
 std::vector<std::pair<Launch, int>> WaitsFor(const Launch& x) {
   std::vector<std::pair<Launch, int>> out;
-  for (const auto& [device, list] : Launches()) {
-    const auto at = std::find(list.begin(), list.end(), x);
-    if (at == list.end()) continue;
-    for (auto y = list.begin(); y != at; ++y) {
-      if (y->clique != x.clique) out.push_back({*y, device});
+  const auto call = x.clique->calls.find(x.number);
+  if (call == x.clique->calls.end()) return out;
+  for (int r = 0; r < x.clique->size; ++r) {
+    const ncclComm_t m = x.clique->members[r];
+    if (m == nullptr) continue;
+    const auto list = Launches().find(m->device);
+    if (list == Launches().end()) continue;
+    const bool launched = call->second.parts[r].work != nullptr;
+    const auto end = launched ? std::find(list->second.begin(), list->second.end(), x)
+                              : list->second.end();
+    for (auto y = list->second.begin(); y != end; ++y) {
+      if (y->clique != x.clique) out.push_back({*y, m->device});
     }
   }
   return out;
+}
+
+// Whether some unfinished call waits for `x` (WaitsFor): without one, no
+// cycle passes through it.
+bool Awaited(const Launch& x) {
+  for (const auto& [device, list] : Launches()) {
+    for (const Launch& y : list) {
+      if (y.clique == x.clique) continue;
+      for (const auto& [z, on] : WaitsFor(y)) {
+        if (z == x) return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -149,9 +175,10 @@ void ForgetLaunches(const Clique* clique, int64_t number, int device) {
   }
 }
 
-void RecordLaunch(ncclComm_t comm, const Call& call, int64_t number) {
-  if (CheckPair(comm, call, number)) return;
+bool RecordLaunch(ncclComm_t comm, const Call& call, int64_t number) {
+  if (CheckPair(comm, call, number)) return false;
   Launches()[comm->device].push_back(Launch{comm->clique.get(), number});
+  return true;
 }
 
 bool Blocked(const Clique& clique, int64_t number) {
@@ -162,6 +189,7 @@ bool FailDeadlock(const Clique& clique, int64_t number) {
   // Depth-first from the call along "waits for"; a path back to it is a
   // cycle: every call on it waits for the next, none can finish.
   const Launch start{&clique, number};
+  if (!Awaited(start)) return false;
   std::vector<std::pair<Launch, int>> path;  // the calls after `start`, each with its device
   std::set<Launch> seen;
   std::function<bool(const Launch&)> visit = [&](const Launch& x) -> bool {
@@ -180,9 +208,10 @@ bool FailDeadlock(const Clique& clique, int64_t number) {
   std::vector<const Clique*> cliques = {&clique};
   Launch from = start;
   for (const auto& [y, device] : path) {
-    message += " cuda:" + std::to_string(device) + " launched call #" + std::to_string(y.number) +
-               " of " + GroupName(*y.clique) + " before call #" + std::to_string(from.number) +
-               " of " + GroupName(*from.clique) + ";";
+    message += std::string(from == start ? " " : "; ") + "cuda:" + std::to_string(device) +
+               " has call #" + std::to_string(y.number) + " of " + GroupName(*y.clique) +
+               " before call #" + std::to_string(from.number) + " of " +
+               GroupName(*from.clique);
     if (std::find(cliques.begin(), cliques.end(), y.clique) == cliques.end()) {
       cliques.push_back(y.clique);
     }
@@ -199,7 +228,7 @@ void CompleteUnblocked() {
     progress = false;
     for (const auto& [device, list] : Launches()) {
       for (const Launch& l : list) {
-        auto* clique = const_cast<Clique*>(l.clique);
+        auto* clique = const_cast<Clique*>(l.clique);  // the calls are the emulation's own
         const auto it = clique->calls.find(l.number);
         if (it == clique->calls.end() || it->second.arrived < clique->size) continue;
         if (Blocked(*clique, l.number)) continue;

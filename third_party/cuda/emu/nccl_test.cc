@@ -235,64 +235,115 @@ TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
 
 // HYBRID_SHARD's shape on four devices: shard groups S0 = {0, 1}, S1 =
 // {2, 3}, replica groups R0 = {0, 2}, R1 = {1, 3}; each pair of groups shares
-// at most one device. Launched in one order on every device (R before S),
-// every call completes, each waiting for the calls launched before it on its
+// at most one device; and Q = {0, 1}, another group, launched last on its
+// devices. Launched in one order on every device (R, then S, then Q), every
+// call completes, each waiting for the calls launched before it on its
 // devices. Launched so that each device's first call waits for a call queued
 // second on another device, around all four, none could finish on a GPU that
-// runs one NCCL kernel at a time: all four communicators fail, naming the
-// cycle.
+// runs one NCCL kernel at a time: the four communicators fail when the launch
+// that closes the cycle comes (a launch after it may see the failure), naming
+// it, and Q, which waited for their calls, runs once they are dropped.
 TEST(EmulatedNccl, ACycleOfLaunchOrdersThroughFourDevicesFails) {
-  // Launches as (device, group): groups 0 S0, 1 S1, 2 R0, 3 R1.
+  // Launches as (device, group): groups 0 S0, 1 S1, 2 R0, 3 R1, 4 Q.
   const std::vector<std::vector<std::pair<int, int>>> orders = {
-      {{0, 2}, {0, 0}, {1, 3}, {1, 0}, {2, 2}, {2, 1}, {3, 3}, {3, 1}},  // R then S everywhere
-      {{0, 2}, {0, 0}, {1, 0}, {1, 3}, {3, 3}, {3, 1}, {2, 1}, {2, 2}},  // the cycle
+      {{0, 2}, {0, 0}, {0, 4}, {1, 3}, {1, 0}, {1, 4}, {2, 2}, {2, 1}, {3, 3}, {3, 1}},
+      {{0, 2}, {0, 0}, {1, 0}, {1, 3}, {3, 3}, {3, 1}, {0, 4}, {1, 4}, {2, 1}, {2, 2}},
   };
-  const std::vector<std::vector<int>> members = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
+  const std::vector<std::vector<int>> members = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {0, 1}};
+  constexpr int kGroups = 5;
   for (size_t o = 0; o < orders.size(); ++o) {
+    SCOPED_TRACE(o == 0 ? "one order" : "a cycle");
     std::vector<ncclResult_t> states;
     std::vector<std::vector<ncclComm_t>> comms;  // [group][rank in group]
     for (const std::vector<int>& devices : members) comms.push_back(InitAll(devices, &states));
     float* x[4];
-    cudaStream_t streams[4][4];  // [device][group]
+    cudaStream_t streams[4][kGroups];  // [device][group]
     for (int d = 0; d < 4; ++d) {
       x[d] = DeviceFloats(d, {1.0f + d});
       cudaSetDevice(d);
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < kGroups; ++g) {
         ASSERT_EQ(cudaStreamCreateWithFlags(&streams[d][g], cudaStreamNonBlocking), cudaSuccess);
       }
     }
     for (const auto& [d, g] : orders[o]) {
       const int r = members[g][0] == d ? 0 : 1;
       cudaSetDevice(d);
-      ASSERT_EQ(ncclAllReduce(x[d], x[d], 1, ncclFloat32, ncclSum, comms[g][r], streams[d][g]),
-                ncclSuccess);
+      const ncclResult_t launched =
+          ncclAllReduce(x[d], x[d], 1, ncclFloat32, ncclSum, comms[g][r], streams[d][g]);
+      if (launched != ncclSuccess) {
+        EXPECT_EQ(launched, ncclInvalidUsage);
+        EXPECT_EQ(o, 1u) << "a launch failed in the ordered case";
+      }
     }
-    for (int g = 0; g < 4; ++g) {
+    for (int g = 0; g < kGroups; ++g) {
       for (ncclComm_t comm : comms[g]) {
         ncclResult_t state = ncclSuccess;
         ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
-        if (o == 0) {
-          EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comm);
+        if (o == 0 || g == 4) {
+          EXPECT_EQ(state, ncclSuccess) << "group " << g << ": " << ncclGetLastError(comm);
         } else {
           EXPECT_EQ(state, ncclInvalidUsage) << "group " << g;
-          EXPECT_NE(std::strstr(ncclGetLastError(comm), "in a cycle"), nullptr)
+          EXPECT_NE(std::strstr(ncclGetLastError(comm), "in a cycle of calls"), nullptr)
               << ncclGetLastError(comm);
+          // The four groups, by their devices, in the message.
+          for (const char* group :
+               {"the group on cuda:0 and cuda:1", "the group on cuda:2 and cuda:3",
+                "the group on cuda:0 and cuda:2", "the group on cuda:1 and cuda:3"}) {
+            EXPECT_NE(std::strstr(ncclGetLastError(comm), group), nullptr) << group;
+          }
         }
       }
     }
+    // Q ran (its streams are idle) although R0 and S0, launched before it,
+    // never will.
+    for (int d : {0, 1}) EXPECT_EQ(cudaStreamQuery(streams[d][4]), cudaSuccess) << "cuda:" << d;
+    for (int g = 0; g < kGroups; ++g) {
+      for (ncclComm_t comm : comms[g]) ncclCommAbort(comm);  // ends the failed calls
+    }
     if (o == 0) {
       // R: {1 + 3, 2 + 4} = {4, 6} on devices {0, 2} and {1, 3}; then S:
-      // 4 + 6 on every device.
-      for (int d = 0; d < 4; ++d) EXPECT_EQ(HostFloats(x[d], 1)[0], 10.0f) << "cuda:" << d;
-    }
-    for (int g = 0; g < 4; ++g) {
-      for (ncclComm_t comm : comms[g]) ncclCommAbort(comm);
+      // 4 + 6 on every device; then Q: 10 + 10 on devices 0 and 1.
+      const float want[4] = {20, 20, 10, 10};
+      for (int d = 0; d < 4; ++d) EXPECT_EQ(HostFloats(x[d], 1)[0], want[d]) << "cuda:" << d;
+    } else {
+      EXPECT_EQ(HostFloats(x[0], 1)[0], 3.0f) << "Q alone: 1 + 2";
     }
     for (int d = 0; d < 4; ++d) {
-      for (int g = 0; g < 4; ++g) cudaStreamDestroy(streams[d][g]);
+      for (int g = 0; g < kGroups; ++g) cudaStreamDestroy(streams[d][g]);
       cudaFree(x[d]);
     }
   }
+}
+
+// A call that waits for another communicator's call launched before it on
+// its device runs when that communicator is aborted.
+TEST(EmulatedNccl, AnAbortLetsTheCallsThatWaitedForItsCallsRun) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> a = InitAll({0, 1}, &states);
+  std::vector<ncclComm_t> b = InitAll({0, 2}, &states);
+  float* x0 = DeviceFloats(0, {1});
+  float* x2 = DeviceFloats(2, {2});
+  cudaStream_t sa, sb0, sb2;
+  cudaSetDevice(0);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&sb0, cudaStreamNonBlocking), cudaSuccess);
+  cudaSetDevice(2);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&sb2, cudaStreamNonBlocking), cudaSuccess);
+  cudaSetDevice(0);
+  ASSERT_EQ(ncclAllReduce(x0, x0, 1, ncclFloat32, ncclSum, a[0], sa), ncclSuccess);  // no rank 1
+  ASSERT_EQ(ncclAllReduce(x0, x0, 1, ncclFloat32, ncclSum, b[0], sb0), ncclSuccess);
+  cudaSetDevice(2);
+  ASSERT_EQ(ncclAllReduce(x2, x2, 1, ncclFloat32, ncclSum, b[1], sb2), ncclSuccess);
+  EXPECT_EQ(cudaStreamQuery(sb0), cudaErrorNotReady) << "b waits for a's call on cuda:0";
+  ncclCommAbort(a[0]);
+  EXPECT_EQ(cudaStreamQuery(sb0), cudaSuccess);
+  EXPECT_EQ(cudaStreamQuery(sb2), cudaSuccess);
+  EXPECT_EQ(HostFloats(x2, 1)[0], 3.0f);
+  ncclCommAbort(a[1]);
+  for (ncclComm_t c : b) ncclCommAbort(c);
+  for (cudaStream_t st : {sa, sb0, sb2}) cudaStreamDestroy(st);
+  cudaFree(x0);
+  cudaFree(x2);
 }
 
 // An abort ends the aborting rank's calls. Peers that made a call with it
