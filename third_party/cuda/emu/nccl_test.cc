@@ -160,13 +160,16 @@ TEST(EmulatedNccl, CallsThatDifferAcrossRanksFailEveryCommunicator) {
 // Two communicators over the same two devices: calls launched in the same
 // order on both run; launched in opposite orders (a kernel of each waiting
 // for the other's peer, which can deadlock a GPU) they fail both
-// communicators, whichever device launched second, and name the devices.
+// communicators, and name the devices: as soon as one device launched both
+// and the other one of them in the other order, or, when each launched one,
+// as a cycle (each will launch the other after it); a launch after that
+// fails.
 TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
   // Launches as (rank, communicator): {0, 0} is rank 0's call on comm A.
   const std::vector<std::vector<std::pair<int, int>>> orders = {
       {{0, 0}, {0, 1}, {1, 0}, {1, 1}},  // the same order: fine
       {{0, 0}, {0, 1}, {1, 1}},          // rank 1 launches B first
-      {{0, 0}, {1, 1}, {0, 1}},          // rank 0 launches B after rank 1 did, behind A
+      {{0, 0}, {1, 1}, {0, 1}},          // rank 1 launches B while rank 0 is in A
   };
   for (size_t o = 0; o < orders.size(); ++o) {
     std::vector<ncclResult_t> states;
@@ -180,11 +183,13 @@ TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
         ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r][c], cudaStreamNonBlocking), cudaSuccess);
       }
     }
-    for (const auto& [r, c] : orders[o]) {
+    for (size_t i = 0; i < orders[o].size(); ++i) {
+      const auto [r, c] = orders[o][i];
       cudaSetDevice(r);
-      ASSERT_EQ(ncclAllReduce(x[r], x[r], 1 + c, ncclFloat32, ncclSum, (c == 0 ? a : b)[r],
+      EXPECT_EQ(ncclAllReduce(x[r], x[r], 1 + c, ncclFloat32, ncclSum, (c == 0 ? a : b)[r],
                               streams[r][c]),
-                ncclSuccess);
+                o == 2 && i == 2 ? ncclInvalidUsage : ncclSuccess)
+          << "order " << o << ", launch " << i;
     }
     for (const std::vector<ncclComm_t>* comms : {&a, &b}) {
       for (ncclComm_t comm : *comms) {
@@ -198,8 +203,9 @@ TEST(EmulatedNccl, CommunicatorsLaunchedInDifferentOrdersFail) {
               << ncclGetLastError(comm);
           // Rank 0 (cuda:0) launched A (call #0, count 1) before B.
           EXPECT_NE(std::strstr(ncclGetLastError(comm),
-                                "cuda:0 launched call #0 of one before call #0 of another, "
-                                "cuda:1 the other way round"),
+                                o == 1 ? "cuda:0 launched call #0 of one before call #0 of "
+                                         "another, cuda:1 the other way round"
+                                       : "in a cycle of calls each waiting for the next: cuda:"),
                     nullptr)
               << ncclGetLastError(comm);
         }
