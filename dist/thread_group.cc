@@ -352,22 +352,31 @@ class ThreadProcessGroup final : public ProcessGroup {
     } else if (status.ok()) {
       ShareOnHost(call, rank_, Buffers(all));
     }
-    // The peers' ends of their shares (device path), and whether a peer's failed.
-    std::vector<tensor::cuda::EventHandle> peers_done;
+    // Whether a peer's share failed; on the device path, this rank's stream
+    // waits for the ends of the peers' shares (queued before any peer
+    // returns from Leave: a peer that returned may destroy its end event).
     absl::Status peer_failed;
+    std::string wait_error;
     rendezvous_.Leave(
         seq,
         [&](Round& round) {
+          peer_failed = rendezvous_.PeerFailure(
+              op, [&](int r) -> const absl::Status& { return round.failed[r]; });
+          if (!status.ok() || !on_device) return;
+          std::vector<tensor::cuda::EventHandle> peers_done;
           for (int r = 0; r < size(); ++r) {
             if (r != rank_) peers_done.push_back(round.share_done[r]);
           }
-          peer_failed = rendezvous_.PeerFailure(
-              op, [&](int r) -> const absl::Status& { return round.failed[r]; });
+          try {
+            lane_.WaitFor(peers_done);
+          } catch (const std::exception& e) {
+            wait_error = e.what();
+          }
         },
         &me);
     if (status.ok() && on_device) {
       try {  // My buffers are done with once every peer's share has finished.
-        lane_.WaitFor(peers_done);
+        if (!wait_error.empty()) throw std::runtime_error(wait_error);
         lane_.Drain();
       } catch (const std::exception& e) {
         if (me.failed.ok()) {

@@ -169,7 +169,10 @@ void Rendezvous::Leave(int64_t seq, const std::function<void(Round&)>& before_le
   world.cv.notify_all();
   world.cv.wait(lock, [&] { return round.num_done == group_->size(); });
   if (before_leave) before_leave(round);
-  if (++round.num_left == group_->size()) group_->rounds.erase(seq);
+  ++round.num_left;
+  world.cv.notify_all();
+  world.cv.wait(lock, [&] { return round.num_left == group_->size(); });
+  if (++round.num_exited == group_->size()) group_->rounds.erase(seq);
 }
 
 absl::Status Rendezvous::PeerFailure(absl::string_view op,

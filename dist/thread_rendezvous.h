@@ -68,7 +68,8 @@ struct Round {
   int num_arrived = 0;
   int num_staged = 0;  // calls mixing devices: ranks whose buffers are on the host now
   int num_done = 0;
-  int num_left = 0;
+  int num_left = 0;    // ranks whose before_leave has run
+  int num_exited = 0;  // ranks that returned from Leave
   std::map<int, std::shared_ptr<GroupState>> splits;  // by color (split rounds)
   // Collectives, by group rank, published by each rank as it finishes its
   // share (Leave): read after every rank has, when a peer's Arrival may
@@ -128,7 +129,9 @@ class Rendezvous {
   // `before_leave` runs under the lock once all are done; it must read the
   // peers' results from the Round (`mine`'s done and failed are published
   // there), never through their Arrivals, which a peer that already left has
-  // destroyed.
+  // destroyed. No rank returns before every rank's before_leave has run: a
+  // rank that returned may destroy what a peer's uses (the event that ends
+  // its share, which the peer's stream waits for).
   void Leave(int64_t seq, const std::function<void(Round&)>& before_leave = nullptr,
              const Arrival* mine = nullptr);
 
