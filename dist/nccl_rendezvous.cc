@@ -26,6 +26,10 @@ std::string SeqDir(absl::string_view prefix) { return absl::StrCat(prefix, "/seq
 std::string GoneDir(absl::string_view prefix) { return absl::StrCat(prefix, "/gone"); }
 std::string GoneCountKey(absl::string_view prefix) { return absl::StrCat(prefix, "/gone_count"); }
 
+// What PeerGoneError says of the peer, and how FindGonePeer tells a
+// departure caused by another's from one on its own.
+constexpr absl::string_view kNeverMakes = " will never make this call";
+
 bool IsHex(absl::string_view text) {
   for (char c : text) {
     if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
@@ -251,9 +255,7 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
   }
   // The peer that stopped on its own rather than because another had gone
   // (whose reason is such a message itself), then the lowest rank.
-  auto cascade = [](const GonePeer& p) {
-    return absl::StrContains(p.reason, "will never make this call");
-  };
+  auto cascade = [](const GonePeer& p) { return absl::StrContains(p.reason, kNeverMakes); };
   std::optional<GonePeer> found;
   for (const GonePeer& peer : cache.peers) {
     if (peer.first_unrun > call) continue;
@@ -268,7 +270,7 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
                            const GonePeer& peer) {
   return absl::AbortedError(absl::StrCat("[", op, "] ", Who(rank, size), ": rank ", peer.rank,
-                                         " will never make this call (call #", call,
+                                         kNeverMakes, " (call #", call,
                                          " of this rank; rank ", peer.rank,
                                          " stopped before its call #", peer.first_unrun, ": ",
                                          peer.reason, ")"));

@@ -337,8 +337,7 @@ void CallWorker::Loop() {
       }
     }
     if (!rejected.empty()) {
-      for (Item& item : rejected) {
-        PassTurn(item);
+      for (Item& item : rejected) {  // their turns were passed by Break
         item.call.reset();
         item.work->Complete(BrokenError(item.op));
       }

@@ -356,7 +356,7 @@ class ThreadProcessGroup final : public ProcessGroup {
     // waits for the ends of the peers' shares (queued before any peer
     // returns from Leave: a peer that returned may destroy its end event).
     absl::Status peer_failed;
-    std::string wait_error;
+    std::exception_ptr wait_error;
     rendezvous_.Leave(
         seq,
         [&](Round& round) {
@@ -369,14 +369,14 @@ class ThreadProcessGroup final : public ProcessGroup {
           }
           try {
             lane_.WaitFor(peers_done);
-          } catch (const std::exception& e) {
-            wait_error = e.what();
+          } catch (...) {
+            wait_error = std::current_exception();
           }
         },
         &me);
     if (status.ok() && on_device) {
       try {  // My buffers are done with once every peer's share has finished.
-        if (!wait_error.empty()) throw std::runtime_error(wait_error);
+        if (wait_error) std::rethrow_exception(wait_error);
         lane_.Drain();
       } catch (const std::exception& e) {
         if (me.failed.ok()) {

@@ -87,19 +87,24 @@ void SynchronizeLegacyStream(int device) {
   Check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
 }
 
-void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream) {
+namespace {
+
+void CopyAsync(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream,
+               cudaMemcpyKind kind) {
   if (bytes == 0) return;
   Check(cudaSetDevice(device), "cudaSetDevice");
-  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, AsStream(stream)),
-        "cudaMemcpyAsync");
+  Check(cudaMemcpyAsync(dst, src, bytes, kind, AsStream(stream)), "cudaMemcpyAsync");
+}
+
+}  // namespace
+
+void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamHandle stream) {
+  CopyAsync(dst, src, bytes, device, stream, cudaMemcpyDeviceToDevice);
 }
 
 void CopyToHostOnStream(void* dst, const void* src, int64_t bytes, int device,
                         StreamHandle stream) {
-  if (bytes == 0) return;
-  Check(cudaSetDevice(device), "cudaSetDevice");
-  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, AsStream(stream)),
-        "cudaMemcpyAsync");
+  CopyAsync(dst, src, bytes, device, stream, cudaMemcpyDeviceToHost);
 }
 
 namespace {
