@@ -85,6 +85,32 @@ TEST(FsdpCudaTest, HybridShardMatchesOneProcessOnTheGpu) {
   }
 }
 
+// Offloaded with every unit's all-gather prefetched ahead (forward and
+// backward, up to 3 in flight): the uploads of several units are in flight
+// at once, each through its own slot, fp32 and bf16 (cast on the host).
+TEST(FsdpCudaTest, OffloadedPrefetchedGathersMatchOneProcess) {
+  SKIP_WITHOUT_GPU();
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 11);
+  const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 12);
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    const precision::MixedPrecisionPolicy mp =
+        bf16 ? precision::MixedPrecisionPolicy::Bf16() : precision::MixedPrecisionPolicy::Fp32();
+    const RunResult want = SingleProcess(c, idx, tgt, mp, 1, 1, Device::Cuda(0));
+    FsdpOptions o = OnGpu(ShardingStrategy::kFullShard, /*offload=*/true);
+    o.mixed_precision = mp;
+    o.forward_prefetch = true;
+    o.max_inflight_all_gathers = 3;
+    const RunResult got = Sharded(c, idx, tgt, 2, o);
+    if (bf16) {
+      ExpectCloseTraining(got, want);
+    } else {
+      ExpectSameTraining(got, want, kGpuTol);
+    }
+  }
+}
+
 TEST(FsdpCudaTest, Bf16FullShardMatchesOneProcessBf16OnTheGpu) {
   SKIP_WITHOUT_GPU();
   const mingpt::GptConfig c = Tiny();

@@ -11,7 +11,7 @@
 // Host waits are printed, not bounded: each rank's communication worker
 // waits for its stream once per collective (the Work completes with the
 // results in place), which grows with the units; a rank's compute thread
-// does not wait there.
+// does not wait there. With cpu_offload, the shards' uploads add none.
 #include <cstdint>
 #include <cstdio>
 
@@ -35,14 +35,16 @@ using namespace dist::testing;  // NOLINT: the shared fixtures
 constexpr int kWorld = 2;
 
 // Both ranks' counts of the third of three FULL_SHARD steps (auto-wrap by
-// Block, SGD, clipping) of a model with `n_layer` blocks.
-Counters SteadyStepCounts(int64_t n_layer) {
+// Block, SGD, clipping) of a model with `n_layer` blocks; `offload`: with
+// cpu_offload (shards, gradients and SGD on the host).
+Counters SteadyStepCounts(int64_t n_layer, bool offload = false) {
   mingpt::GptConfig c = Tiny();
   c.n_layer = n_layer;
   const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 1);
   const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 2);
   FsdpOptions options = PerBlock();
   options.device = Device::Cuda(0);
+  options.cpu_offload = offload;
   const int64_t B = kGlobalBatch / kWorld;
   Counters before, after;
   ThreadWorld world(kWorld);
@@ -69,9 +71,10 @@ Counters SteadyStepCounts(int64_t n_layer) {
   });
   EXPECT_TRUE(s.ok()) << s;
   const Counters counts = after - before;
-  std::printf("FSDP FULL_SHARD, %d ranks on cuda:0, n_layer %lld (%lld units): both ranks' step: %s\n",
-              kWorld, static_cast<long long>(n_layer), static_cast<long long>(n_layer + 1),
-              counts.ToString().c_str());
+  std::printf("FSDP FULL_SHARD%s, %d ranks on cuda:0, n_layer %lld (%lld units): both ranks' "
+              "step: %s\n",
+              offload ? " offloaded" : "", kWorld, static_cast<long long>(n_layer),
+              static_cast<long long>(n_layer + 1), counts.ToString().c_str());
   return counts;
 }
 
@@ -91,6 +94,23 @@ TEST(FsdpStepCountsTest, SteadyStateStepAllocatesNoDeviceMemory) {
   // ZeroGrad drops the gradient shards (the reduces write them): no memset a
   // unit (12 / 16 when each shard was zeroed: 6 / 6 now).
   EXPECT_EQ(four.memsets, two.memsets) << four.ToString();
+}
+
+// Offloaded, each unit's shard goes up for its all-gathers on a stream of
+// its own (dist/offload_uploads.h) and no rank thread waits for it: two
+// units more add the waits they add on the GPU (the workers' per
+// collective) and one per rank and unit for the gradient's copy back, none
+// for the four uploads (22 where each upload was a blocking copy).
+TEST(FsdpStepCountsTest, OffloadedShardsGoUpWithoutAHostWait) {
+  const Counters two = SteadyStepCounts(2, /*offload=*/true);
+  const Counters four = SteadyStepCounts(4, /*offload=*/true);
+  for (const Counters& c : {two, four}) {
+    EXPECT_EQ(c.device_allocs, 0) << c.ToString();
+    EXPECT_EQ(c.pinned_allocs, 0) << c.ToString();
+  }
+  const int64_t on_gpu = SteadyStepCounts(4).host_syncs - SteadyStepCounts(2).host_syncs;
+  EXPECT_EQ(four.host_syncs - two.host_syncs, on_gpu + 2 * kWorld)
+      << two.ToString() << " / " << four.ToString();
 }
 
 }  // namespace

@@ -61,8 +61,13 @@ std::vector<tensor::Dtype> FsdpUnit::OffloadDtypes() const {
   std::vector<tensor::Dtype> dtypes;
   if (!offload_) return dtypes;
   if (flat_.trains()) dtypes.push_back(reduce_dtype_);
-  if (gather_dtype_ != tensor::Dtype::kF32) dtypes.push_back(gather_dtype_);
+  if (no_shard() && gather_dtype_ != tensor::Dtype::kF32) dtypes.push_back(gather_dtype_);
   return dtypes;
+}
+
+std::optional<tensor::Dtype> FsdpUnit::UploadDtype() const {
+  if (!offload_ || no_shard()) return std::nullopt;
+  return gather_dtype_;
 }
 
 void FsdpUnit::GatherInto(const tensor::Tensor& out) {
@@ -97,6 +102,12 @@ void FsdpUnit::IssueUnshard(bool prefetch) {
   ++shared_.all_gathers;
   if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
     gather_work_ = pg_.AllGather(flat_.shard(), full_);
+  } else if (offload_ && shared_.uploads) {
+    // The shard goes up on the uploads' stream; this thread's stream (and so
+    // the all-gather) waits for it, the host does not.
+    OffloadUploads::Upload up = shared_.uploads->Start(flat_.shard(), gather_dtype_);
+    gather_slot_ = up.slot;
+    gather_work_ = pg_.AllGather(up.values, full_);
   } else {
     tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
     gather_send_ = ShardOnDevice(gather_dtype_);
@@ -110,7 +121,9 @@ void FsdpUnit::WaitUnshard() {
   if (gather_work_) {
     WorkPtr work = std::move(gather_work_);
     gather_send_ = tensor::Tensor();
-    Check(work->Wait(), "all_gather");
+    const absl::Status s = work->Wait();
+    DropGatherSlot(s.ok());
+    Check(s, "all_gather");
   }
   if (views_set_) return;
   flat_.SetValueViews(full_);
@@ -139,8 +152,13 @@ void FsdpUnit::Reshard() {
   held_ = false;
   if (values_are_shard()) return;
   if (prefetched_) ++shared_.prefetch_stats.unused;
-  if (gather_work_) Check(gather_work_->Wait(), "all_gather");  // unused prefetch
-  gather_work_ = nullptr;
+  if (gather_work_) {  // an unused prefetch
+    WorkPtr work = std::move(gather_work_);
+    const absl::Status s = work->Wait();
+    DropGatherSlot(s.ok());
+    Check(s, "all_gather");
+  }
+  DropGatherSlot(false);  // an upload whose all-gather was not issued (it threw)
   gather_send_ = tensor::Tensor();
   flat_.ClearValues();
   full_ = tensor::Tensor();
@@ -279,6 +297,11 @@ void FsdpUnit::FinishReduce() {
   reduce_buf_ = tensor::Tensor();
 }
 
+void FsdpUnit::DropGatherSlot(bool read_finished) {
+  if (gather_slot_ >= 0 && read_finished) shared_.uploads->Release(gather_slot_);
+  gather_slot_ = -1;
+}
+
 tensor::Tensor FsdpUnit::ShardOnDevice(tensor::Dtype dtype) const {
   tensor::Tensor shard = flat_.shard();
   if (dtype != shard.dtype()) {
@@ -349,16 +372,29 @@ void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor&
 void FsdpShared::AllocateOffloadStaging(const tensor::Device& device) {
   if (device.is_cuda()) offload_stream = std::make_unique<OffloadStream>(device.index);
   std::map<tensor::Dtype, int64_t> numel;  // the largest shard per dtype
+  std::map<tensor::Dtype, int64_t> upload_numel;
+  std::map<tensor::Dtype, int> uploaders;  // units gathered in the dtype
   for (FsdpUnit* u : units) {
     for (tensor::Dtype d : u->OffloadDtypes()) {
       numel[d] = std::max(numel[d], u->flat().shard_numel());
+    }
+    if (const std::optional<tensor::Dtype> d = u->UploadDtype()) {
+      upload_numel[*d] = std::max(upload_numel[*d], u->flat().shard_numel());
+      ++uploaders[*d];
     }
   }
   tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
   for (const auto& [dtype, n] : numel) {
     offload_staging[dtype] = tensor::Tensor::EmptyPinned({n}, dtype);
   }
+  if (device.is_cuda() && !upload_numel.empty()) {
+    uploads = std::make_unique<OffloadUploads>(device.index);
+    for (const auto& [dtype, n] : upload_numel) {
+      uploads->Reserve(dtype, n, std::min(options.max_inflight_all_gathers, uploaders[dtype]));
+    }
+  }
 }
+
 
 tensor::Tensor FsdpShared::OffloadStaging(tensor::Dtype dtype, int64_t numel) const {
   const auto it = offload_staging.find(dtype);

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "dist/flat_param.h"
 #include "dist/fsdp.h"
+#include "dist/offload_uploads.h"
 #include "dist/process_group.h"
 #include "dist/wrap_policy.h"
 #include "nn/module.h"
@@ -52,11 +53,17 @@ struct FsdpShared {
   bool require_sync = true;
   // cpu_offload: page-locked host buffers of the largest shard, one per
   // dtype a unit moves through the host: its reduced gradient comes back
-  // through one, and a low-precision copy of its shard goes out through one
-  // (AllocateOffloadStaging, at FullyShard). No step allocates page-locked
-  // memory then, which could fail on one rank only: after its reduce, the
-  // other ranks stepped without it; before its all-gather, they waited.
+  // through one, and under NO_SHARD a low-precision copy of its shard goes
+  // out through one (AllocateOffloadStaging, at FullyShard). No step
+  // allocates page-locked memory then, which could fail on one rank only:
+  // after its reduce, the other ranks stepped without it; before its
+  // all-gather, they waited.
   std::map<tensor::Dtype, tensor::Tensor> offload_staging;
+  // cpu_offload on a GPU, strategies that gather: each unit's shard goes up
+  // for its all-gather on a stream of its own, through slots made at
+  // FullyShard (offload_uploads.h; max_inflight_all_gathers per gather
+  // dtype, fewer when fewer units gather in it).
+  std::unique_ptr<OffloadUploads> uploads;
   // cpu_offload on a GPU: the stream a reduced gradient comes back to the
   // host on (AllocateOffloadStaging). Its reduce has finished when the copy
   // is queued; a blocking copy (on the legacy default stream) would wait for
@@ -95,7 +102,7 @@ struct FsdpShared {
   // post-backward, past the peak).
   void PrefetchUnits(const std::vector<int>& ids, bool in_backward = false);
   // Allocates offload_staging for the units (each unit's OffloadDtypes), and
-  // the offload_stream when `device` is a GPU.
+  // the offload_stream and the uploads' slots when `device` is a GPU.
   void AllocateOffloadStaging(const tensor::Device& device);
   // Copies `device_values` (final: their producer has finished) into
   // `host` (offload staging) and waits for the copy.
@@ -145,8 +152,12 @@ class FsdpUnit : public nn::ModuleHooks {
 
   // cpu_offload: the dtypes this unit's shard-sized values cross between
   // host and device through a staging buffer in (its reduced gradient's;
-  // its gather dtype when not fp32, cast on the host); none without offload.
+  // under NO_SHARD its gather dtype when not fp32, cast on the host); none
+  // without offload.
   std::vector<tensor::Dtype> OffloadDtypes() const;
+  // cpu_offload: the dtype this unit's shard goes up in for an all-gather
+  // (an upload slot's), or none (nothing gathered: NO_SHARD, or no offload).
+  std::optional<tensor::Dtype> UploadDtype() const;
 
   // Gathers the unsharded fp32 flat parameter into `out` (padded_numel, on
   // the compute device).
@@ -206,6 +217,9 @@ class FsdpUnit : public nn::ModuleHooks {
   // a copy (offloaded: cast on the host first, into the page-locked staging
   // buffer, so fewer bytes cross to the device).
   tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const;
+  // The gather's upload slot is no longer read: free for the next upload
+  // when `read_finished` (the gather succeeded), else left in use.
+  void DropGatherSlot(bool read_finished);
 
   void Check(const absl::Status& s, const char* what);
 
@@ -231,6 +245,7 @@ class FsdpUnit : public nn::ModuleHooks {
   bool held_ = false;  // Hold() until Reshard()
   WorkPtr gather_work_;
   tensor::Tensor gather_send_;
+  int gather_slot_ = -1;  // cpu_offload on a GPU: the upload slot it sends
   bool views_set_ = false;
   bool prefetched_ = false;
   std::optional<bool> reshard_after_forward_;  // unset: the strategy's rule

@@ -123,6 +123,14 @@ void CopyOnStream(void* dst, const void* src, int64_t bytes, int device, StreamH
 // would: it waits for every thread's).
 void CopyToHostOnStream(void* dst, const void* src, int64_t bytes, int device,
                         StreamHandle stream);
+// `bytes` from page-locked host memory at src to memory of cuda:`device` at
+// dst, queued on `stream`: the host may change src once the copy has run
+// (an event recorded after it has passed), and work on another stream sees
+// dst after waiting for such an event. On a stream of its own the copy waits
+// for nothing the thread queued (FSDP's offloaded shards going up while the
+// thread's kernels run).
+void CopyToDeviceOnStream(void* dst, const void* src, int64_t bytes, int device,
+                          StreamHandle stream);
 // Queues a copy of `bytes` to memory of cuda:`device` at `dst` on the calling
 // thread's stream, and returns without waiting for the GPU: later work on the
 // stream sees the bytes. fill(staging) writes them into a page-locked block

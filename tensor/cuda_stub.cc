@@ -83,6 +83,9 @@ void SynchronizeLegacyStream(int device) {
 void CopyToHostOnStream(void*, const void*, int64_t, int device, StreamHandle) {
   ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
 }
+void CopyToDeviceOnStream(void*, const void*, int64_t, int device, StreamHandle) {
+  ThrowOpError("copy", kNotBuilt, " (cuda:", device, ")");
+}
 void ReduceBuffersOnDevice(Dtype, BufferReduceOp, const std::vector<const void*>&,
                            const std::vector<void*>&, int64_t, int device, StreamHandle) {
   ThrowOpError("reduce", kNotBuilt, " (cuda:", device, ")");

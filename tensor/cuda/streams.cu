@@ -107,6 +107,11 @@ void CopyToHostOnStream(void* dst, const void* src, int64_t bytes, int device,
   CopyAsync(dst, src, bytes, device, stream, cudaMemcpyDeviceToHost);
 }
 
+void CopyToDeviceOnStream(void* dst, const void* src, int64_t bytes, int device,
+                          StreamHandle stream) {
+  CopyAsync(dst, src, bytes, device, stream, cudaMemcpyHostToDevice);
+}
+
 namespace {
 
 // This thread's queued host -> device copies on one device: each copy's event

@@ -1,0 +1,92 @@
+// FSDP cpu_offload's uploads, private to //dist:fsdp: each unit's shard goes
+// from page-locked host memory to the GPU for its all-gather on a stream of
+// its own, into a device buffer kept for uploads (a slot), so the copy waits
+// for none of the kernels the thread has queued and the host does not wait
+// at all. A blocking copy into a new block of the caching allocator waited
+// for the thread's queued kernels (the block may be one they still use) and
+// then for the copy itself, while the GPU ran dry.
+//
+// The protocol of one upload (the unit's gather, fsdp_unit.cc):
+//   1. Start: a free slot of the dtype (one more is made if none is free);
+//      a low-precision dtype is cast on the host into the slot's page-locked
+//      buffer first. The copy is queued on the upload stream, an event is
+//      recorded after it, and the calling thread's stream waits for the
+//      event: the all-gather issued next (ordered after that stream) reads
+//      the uploaded values.
+//   2. Release, once the work that read the slot has finished on the device
+//      (the all-gather's Work::Wait returned OK): the slot is free for the
+//      next Start. A slot whose reader failed is never released: a
+//      collective that failed may still read it, so later uploads take
+//      another.
+// The host may change a shard once its upload's reader has finished: FSDP
+// waits for every all-gather it issues within the pass (a gather that
+// finished read its upload, which had finished before it began), so an
+// optimizer step after the backward changes no shard an upload still reads.
+#ifndef DIST_OFFLOAD_UPLOADS_H_
+#define DIST_OFFLOAD_UPLOADS_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "tensor/cuda_backend.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace dist {
+namespace internal {
+
+class OffloadUploads {
+ public:
+  // Uploads to cuda:`device`. Throws OpError without CUDA support.
+  explicit OffloadUploads(int device);
+  // Waits for the uploads queued, then frees the slots.
+  ~OffloadUploads();
+  OffloadUploads(const OffloadUploads&) = delete;
+  OffloadUploads& operator=(const OffloadUploads&) = delete;
+
+  // Makes `count` slots of `numel` values of `dtype` (device memory, and
+  // page-locked host memory for a dtype other than f32), charged to the
+  // ledger's communication; slots made later for `dtype` (none free) have
+  // that size too, or the shard's when larger.
+  void Reserve(tensor::Dtype dtype, int64_t numel, int count);
+
+  struct Upload {
+    int slot = -1;
+    tensor::Tensor values;  // [shard numel] in the upload's dtype, on the GPU
+  };
+  // Queues the copy of `shard` (f32, contiguous, page-locked host memory),
+  // cast to `dtype` on the host first when that differs, into a free slot;
+  // the calling thread's stream waits for it (step 1 above).
+  Upload Start(const tensor::Tensor& shard, tensor::Dtype dtype);
+  // Step 2 above: the reader of the slot's values has finished on the device.
+  void Release(int slot);
+  // The host waits until every upload queued has read its source.
+  void WaitForReads();
+
+  // Slots made (Reserve's and those made because none was free).
+  int slots() const { return static_cast<int>(slots_.size()); }
+  int busy() const;
+
+ private:
+  struct Slot {
+    tensor::Dtype dtype;
+    tensor::Tensor device;  // [numel] dtype, on the GPU
+    tensor::Tensor host;    // [numel] dtype, page-locked (cast dtypes only)
+    bool busy = false;
+  };
+  // Makes a slot (the upload stream waits for the thread's stream once: the
+  // block may be one the thread's kernels still use).
+  int AddSlot(tensor::Dtype dtype, int64_t numel);
+
+  const int device_;
+  tensor::cuda::StreamHandle stream_ = nullptr;
+  tensor::cuda::EventHandle uploaded_ = nullptr;  // recorded after each copy
+  std::map<tensor::Dtype, int64_t> slot_numel_;   // Reserve's size per dtype
+  std::vector<Slot> slots_;
+};
+
+}  // namespace internal
+}  // namespace dist
+
+#endif  // DIST_OFFLOAD_UPLOADS_H_
