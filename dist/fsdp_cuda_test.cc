@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dist/fsdp.h"
@@ -231,6 +232,55 @@ TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
       EXPECT_EQ(comm.peak, staging) << "rank " << rank << ": a step allocated host memory";
     });
     EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Offloaded, with explicit prefetch lists deeper than the upload slots
+// (max_inflight_all_gathers 2: 2 slots; each unit prefetches the next 3), and
+// FullyShardedModel::Unshard gathering every unit at once: the gathers that
+// find no slot free copy their shard by a blocking copy through the staging
+// buffer FullyShard made, so no step allocates page-locked memory, and the
+// losses are those of the run whose every gather takes a slot.
+TEST(FsdpCudaTest, OffloadedGathersPastTheUploadSlotsAllocateNoPageLockedMemory) {
+  SKIP_WITHOUT_GPU();
+  mingpt::GptConfig c = Tiny();
+  c.n_layer = 4;
+  constexpr int kWorld = 2;
+  constexpr int kSteps = 3;
+  const Tensor idx = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 13);
+  const Tensor tgt = RandomIds(2 * kWorld, c.block_size, c.vocab_size, 14);
+  std::vector<double> losses[2][kWorld];
+  for (int deep : {0, 1}) {
+    SCOPED_TRACE(deep ? "prefetching 3 units ahead" : "the default prefetch");
+    ThreadWorld world(kWorld);
+    absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      FsdpOptions o = OnGpu(ShardingStrategy::kFullShard, /*offload=*/true);
+      o.seed = kSeed;
+      o.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+      auto fsdp = FullyShard(gpt, pg, o);
+      if (deep) PrefetchNeighbors(*fsdp, 3);
+      auto opt = optim::AdamW::Create({}).value();
+      tensor::MemoryLedger& ledger = world.ledger(rank);
+      const int64_t staging = ledger.Stats(Device::Cpu(), MemoryCategory::kCommunication).current;
+      ledger.ResetPeaks();
+      for (int step = 0; step < kSteps; ++step) {
+        losses[deep][rank].push_back(
+            gpt.ForwardBackward(idx.Narrow(0, rank * 2, 2).Contiguous().To(Device::Cuda(0)),
+                                tgt.Narrow(0, rank * 2, 2).Contiguous().To(Device::Cuda(0))));
+        opt->Step(fsdp->ParamRefs());
+        fsdp->ZeroGrad();
+      }
+      fsdp->Unshard();  // every unit, each waiting for nothing before the next
+      fsdp->Reshard();
+      const tensor::MemoryStats comm = ledger.Stats(Device::Cpu(), MemoryCategory::kCommunication);
+      EXPECT_EQ(comm.peak, staging) << "rank " << rank << ": a step allocated host memory";
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_EQ(losses[1][rank], losses[0][rank]) << "rank " << rank;
+    EXPECT_EQ(losses[0][rank].size(), static_cast<size_t>(kSteps));
   }
 }
 

@@ -61,7 +61,7 @@ std::vector<tensor::Dtype> FsdpUnit::OffloadDtypes() const {
   std::vector<tensor::Dtype> dtypes;
   if (!offload_) return dtypes;
   if (flat_.trains()) dtypes.push_back(reduce_dtype_);
-  if (no_shard() && gather_dtype_ != tensor::Dtype::kF32) dtypes.push_back(gather_dtype_);
+  if (gather_dtype_ != tensor::Dtype::kF32) dtypes.push_back(gather_dtype_);
   return dtypes;
 }
 
@@ -100,15 +100,17 @@ void FsdpUnit::IssueUnshard(bool prefetch) {
   }
   full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
   ++shared_.all_gathers;
-  if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
+  // Offloaded: the shard goes up on the uploads' stream when a slot is
+  // free; this thread's stream (and so the all-gather) waits for it, the
+  // host does not.
+  std::optional<OffloadUploads::Upload> up;
+  if (offload_ && shared_.uploads) up = shared_.uploads->TryStart(flat_.shard(), gather_dtype_);
+  if (up) {
+    gather_slot_ = up->slot;
+    gather_work_ = pg_.AllGather(up->values, full_);
+  } else if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
     gather_work_ = pg_.AllGather(flat_.shard(), full_);
-  } else if (offload_ && shared_.uploads) {
-    // The shard goes up on the uploads' stream; this thread's stream (and so
-    // the all-gather) waits for it, the host does not.
-    OffloadUploads::Upload up = shared_.uploads->Start(flat_.shard(), gather_dtype_);
-    gather_slot_ = up.slot;
-    gather_work_ = pg_.AllGather(up.values, full_);
-  } else {
+  } else {  // a copy (offloaded and no slot free: a blocking one)
     tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
     gather_send_ = ShardOnDevice(gather_dtype_);
     gather_work_ = pg_.AllGather(gather_send_, full_);

@@ -53,16 +53,17 @@ struct FsdpShared {
   bool require_sync = true;
   // cpu_offload: page-locked host buffers of the largest shard, one per
   // dtype a unit moves through the host: its reduced gradient comes back
-  // through one, and under NO_SHARD a low-precision copy of its shard goes
-  // out through one (AllocateOffloadStaging, at FullyShard). No step
-  // allocates page-locked memory then, which could fail on one rank only:
-  // after its reduce, the other ranks stepped without it; before its
-  // all-gather, they waited.
+  // through one, and a low-precision copy of its shard goes out through one
+  // where no upload slot (below) takes it (AllocateOffloadStaging, at
+  // FullyShard). No step allocates page-locked memory then, which could
+  // fail on one rank only: after its reduce, the other ranks stepped without
+  // it; before its all-gather, they waited.
   std::map<tensor::Dtype, tensor::Tensor> offload_staging;
   // cpu_offload on a GPU, strategies that gather: each unit's shard goes up
   // for its all-gather on a stream of its own, through slots made at
   // FullyShard (offload_uploads.h; max_inflight_all_gathers per gather
-  // dtype, fewer when fewer units gather in it).
+  // dtype, fewer when fewer units gather in it); with none free, by a
+  // blocking copy as under NO_SHARD.
   std::unique_ptr<OffloadUploads> uploads;
   // cpu_offload on a GPU: the stream a reduced gradient comes back to the
   // host on (AllocateOffloadStaging). Its reduce has finished when the copy
@@ -152,8 +153,8 @@ class FsdpUnit : public nn::ModuleHooks {
 
   // cpu_offload: the dtypes this unit's shard-sized values cross between
   // host and device through a staging buffer in (its reduced gradient's;
-  // under NO_SHARD its gather dtype when not fp32, cast on the host); none
-  // without offload.
+  // its gather dtype when not fp32, cast on the host, where no upload slot
+  // takes it); none without offload.
   std::vector<tensor::Dtype> OffloadDtypes() const;
   // cpu_offload: the dtype this unit's shard goes up in for an all-gather
   // (an upload slot's), or none (nothing gathered: NO_SHARD, or no offload).

@@ -2,6 +2,8 @@
 #include "dist/offload_uploads.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
@@ -13,54 +15,55 @@ namespace cuda = tensor::cuda;
 
 OffloadUploads::OffloadUploads(int device) : device_(device) {
   stream_ = cuda::CreateStream(device);
-  uploaded_ = cuda::CreateEvent(device);
+  try {
+    uploaded_ = cuda::CreateEvent(device);
+  } catch (...) {
+    cuda::DestroyStream(stream_, device);
+    throw;
+  }
 }
 
 OffloadUploads::~OffloadUploads() {
-  cuda::SynchronizeStream(stream_, device_);
-  cuda::DestroyEvent(uploaded_, device_);
-  cuda::DestroyStream(stream_, device_);
+  try {
+    cuda::SynchronizeStream(stream_, device_);  // the copies have read their sources
+    cuda::DestroyEvent(uploaded_, device_);
+    cuda::DestroyStream(stream_, device_);
+  } catch (const std::exception& e) {  // a device that failed: nothing to do but say so
+    std::fprintf(stderr, "fsdp: offload uploads of cuda:%d: %s\n", device_, e.what());
+  }
 }
 
 void OffloadUploads::Reserve(tensor::Dtype dtype, int64_t numel, int count) {
   OP_CHECK(numel >= 0 && count >= 0, "fsdp", "offload uploads: bad reservation of ", count,
            " slots of ", numel, " values");
-  int64_t& size = slot_numel_[dtype];
-  size = std::max(size, numel);
-  for (int i = 0; i < count; ++i) AddSlot(dtype, size);
-}
-
-int OffloadUploads::AddSlot(tensor::Dtype dtype, int64_t numel) {
   tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
-  Slot slot;
-  slot.dtype = dtype;
-  slot.device = tensor::Tensor::Empty({numel}, dtype, tensor::Device::Cuda(device_));
-  if (dtype != tensor::Dtype::kF32) slot.host = tensor::Tensor::EmptyPinned({numel}, dtype);
-  // The block came from this thread's cache: kernels the thread queued may
-  // still use it. The upload stream writes it only after them.
-  cuda::EventHandle allocated = cuda::CreateEvent(device_);
-  cuda::RecordEvent(allocated, nullptr, device_);
-  cuda::StreamWaitEvent(stream_, allocated, device_);
-  cuda::DestroyEvent(allocated, device_);
-  slots_.push_back(std::move(slot));
-  return static_cast<int>(slots_.size()) - 1;
+  for (int i = 0; i < count; ++i) {
+    Slot slot;
+    slot.dtype = dtype;
+    slot.device = tensor::Tensor::Empty({numel}, dtype, tensor::Device::Cuda(device_));
+    if (dtype != tensor::Dtype::kF32) slot.host = tensor::Tensor::EmptyPinned({numel}, dtype);
+    slots_.push_back(std::move(slot));
+  }
+  // The blocks came from this thread's cache: kernels the thread queued may
+  // still use them. The upload stream writes them only after those kernels.
+  cuda::RecordEvent(uploaded_, nullptr, device_);
+  cuda::StreamWaitEvent(stream_, uploaded_, device_);
 }
 
-OffloadUploads::Upload OffloadUploads::Start(const tensor::Tensor& shard, tensor::Dtype dtype) {
+std::optional<OffloadUploads::Upload> OffloadUploads::TryStart(const tensor::Tensor& shard,
+                                                               tensor::Dtype dtype) {
   OP_CHECK(shard.device().is_cpu() && shard.is_contiguous() &&
                shard.dtype() == tensor::Dtype::kF32 && cuda::IsPinnedHost(shard.raw_data()),
            "fsdp", "offload upload: the shard must be contiguous f32 in page-locked host memory");
   const int64_t n = shard.numel();
-  int slot = -1;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (!s.busy && s.dtype == dtype && s.device.numel() >= n) {
-      slot = static_cast<int>(i);
-      break;
-    }
-  }
-  if (slot < 0) slot = AddSlot(dtype, std::max(n, slot_numel_[dtype]));
-  Slot& s = slots_[slot];
+  const auto free = std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) {
+    return !s.busy && s.dtype == dtype && s.device.numel() >= n;
+  });
+  if (free == slots_.end()) return std::nullopt;
+  Slot& s = *free;
+  // Busy from here on: a failure below leaves the slot to a copy that may
+  // have been queued.
+  s.busy = true;
   const void* source = shard.raw_data();
   if (dtype != shard.dtype()) {
     // Free: the last upload from it was read by a reader that has finished.
@@ -72,8 +75,7 @@ OffloadUploads::Upload OffloadUploads::Start(const tensor::Tensor& shard, tensor
   cuda::CopyToDeviceOnStream(values.raw_data(), source, values.nbytes(), device_, stream_);
   cuda::RecordEvent(uploaded_, stream_, device_);
   cuda::StreamWaitEvent(nullptr, uploaded_, device_);  // the thread's next work sees them
-  s.busy = true;
-  return Upload{slot, values};
+  return Upload{static_cast<int>(free - slots_.begin()), values};
 }
 
 void OffloadUploads::Release(int slot) {

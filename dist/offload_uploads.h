@@ -7,17 +7,21 @@
 // then for the copy itself, while the GPU ran dry.
 //
 // The protocol of one upload (the unit's gather, fsdp_unit.cc):
-//   1. Start: a free slot of the dtype (one more is made if none is free);
-//      a low-precision dtype is cast on the host into the slot's page-locked
-//      buffer first. The copy is queued on the upload stream, an event is
-//      recorded after it, and the calling thread's stream waits for the
-//      event: the all-gather issued next (ordered after that stream) reads
-//      the uploaded values.
+//   1. TryStart: a free slot of the dtype, or none (the caller copies the
+//      shard as before: every slot is in use by gathers in flight, e.g. an
+//      explicit prefetch list longer than max_inflight_all_gathers, or
+//      FullyShardedModel::Unshard gathering every unit); a low-precision
+//      dtype is cast on the host into the slot's page-locked buffer first.
+//      The copy is queued on the upload stream, an event is recorded after
+//      it, and the calling thread's stream waits for the event: the
+//      all-gather issued next (ordered after that stream) reads the uploaded
+//      values. The thread's later kernels wait for the copy too: a prefetch's
+//      upload holds up the kernels queued after it until it has landed.
 //   2. Release, once the work that read the slot has finished on the device
 //      (the all-gather's Work::Wait returned OK): the slot is free for the
 //      next Start. A slot whose reader failed is never released: a
-//      collective that failed may still read it, so later uploads take
-//      another.
+//      collective that failed may still read it (the slots are freed with
+//      this object, after FSDP's units waited for their gathers).
 // The host may change a shard once its upload's reader has finished: FSDP
 // waits for every all-gather it issues within the pass (a gather that
 // finished read its upload, which had finished before it began), so an
@@ -26,7 +30,7 @@
 #define DIST_OFFLOAD_UPLOADS_H_
 
 #include <cstdint>
-#include <map>
+#include <optional>
 #include <vector>
 
 #include "tensor/cuda_backend.h"
@@ -47,8 +51,7 @@ class OffloadUploads {
 
   // Makes `count` slots of `numel` values of `dtype` (device memory, and
   // page-locked host memory for a dtype other than f32), charged to the
-  // ledger's communication; slots made later for `dtype` (none free) have
-  // that size too, or the shard's when larger.
+  // ledger's communication. Uploads make none: no step allocates.
   void Reserve(tensor::Dtype dtype, int64_t numel, int count);
 
   struct Upload {
@@ -57,14 +60,15 @@ class OffloadUploads {
   };
   // Queues the copy of `shard` (f32, contiguous, page-locked host memory),
   // cast to `dtype` on the host first when that differs, into a free slot;
-  // the calling thread's stream waits for it (step 1 above).
-  Upload Start(const tensor::Tensor& shard, tensor::Dtype dtype);
+  // the calling thread's stream waits for it (step 1 above). Nullopt when
+  // no slot of `dtype` that holds the shard is free.
+  std::optional<Upload> TryStart(const tensor::Tensor& shard, tensor::Dtype dtype);
   // Step 2 above: the reader of the slot's values has finished on the device.
   void Release(int slot);
   // The host waits until every upload queued has read its source.
   void WaitForReads();
 
-  // Slots made (Reserve's and those made because none was free).
+  // Slots made.
   int slots() const { return static_cast<int>(slots_.size()); }
   int busy() const;
 
@@ -75,14 +79,9 @@ class OffloadUploads {
     tensor::Tensor host;    // [numel] dtype, page-locked (cast dtypes only)
     bool busy = false;
   };
-  // Makes a slot (the upload stream waits for the thread's stream once: the
-  // block may be one the thread's kernels still use).
-  int AddSlot(tensor::Dtype dtype, int64_t numel);
-
   const int device_;
   tensor::cuda::StreamHandle stream_ = nullptr;
   tensor::cuda::EventHandle uploaded_ = nullptr;  // recorded after each copy
-  std::map<tensor::Dtype, int64_t> slot_numel_;   // Reserve's size per dtype
   std::vector<Slot> slots_;
 };
 

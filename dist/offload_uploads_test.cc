@@ -54,7 +54,7 @@ TEST(OffloadUploadsTest, TheThreadsStreamSeesEachUploadsValues) {
     // the first one's values (or the block's old bytes).
     for (float first : {1.0f, 100.0f}) {
       const Tensor shard = PinnedRamp(48, first);
-      const OffloadUploads::Upload up = uploads.Start(shard, dtype);
+      const OffloadUploads::Upload up = uploads.TryStart(shard, dtype).value();
       EXPECT_EQ(up.slot, 0);
       EXPECT_EQ(up.values.dtype(), dtype);
       EXPECT_EQ(up.values.numel(), 48);
@@ -77,7 +77,7 @@ TEST(OffloadUploadsTest, AnUploadDoesNotWaitForTheThreadsQueuedWork) {
   const float value = 1000.0f + static_cast<float>(absl::ToUnixMicros(absl::Now()) % 100000);
   Tensor queued = Tensor::Full({64}, value, Dtype::kF32, Device::Cuda(0));  // deferred
   const Tensor shard = PinnedRamp(64, 1.0f);
-  const OffloadUploads::Upload up = uploads.Start(shard, Dtype::kF32);
+  const OffloadUploads::Upload up = uploads.TryStart(shard, Dtype::kF32).value();
   uploads.WaitForReads();
   // The emulation's device memory is the host's: read where the copy landed.
   const float* landed = static_cast<const float*>(up.values.raw_data());
@@ -102,7 +102,7 @@ TEST(OffloadUploadsTest, AnUploadLandsAfterTheThreadsLastUseOfTheSlotsBlock) {
     OffloadUploads uploads(0);
     uploads.Reserve(Dtype::kF32, 64, 1);  // the same block, from the cache
     const Tensor shard = PinnedRamp(64, 1.0f);
-    const OffloadUploads::Upload up = uploads.Start(shard, Dtype::kF32);
+    const OffloadUploads::Upload up = uploads.TryStart(shard, Dtype::kF32).value();
     uploads.WaitForReads();  // the copy runs now (the fill, deferred, would run after it)
     EXPECT_EQ(ReadOnThreadsStream(up.values), shard.ToVector<float>()) << "round " << round;
     uploads.Release(up.slot);
@@ -112,29 +112,26 @@ TEST(OffloadUploadsTest, AnUploadLandsAfterTheThreadsLastUseOfTheSlotsBlock) {
 TEST(OffloadUploadsTest, ASlotIsReusedOnlyOnceReleased) {
   SKIP_WITHOUT_GPU();
   OffloadUploads uploads(0);
-  uploads.Reserve(Dtype::kF32, 32, 1);
-  const Tensor a = PinnedRamp(32, 1.0f), b = PinnedRamp(32, 50.0f), c = PinnedRamp(32, 90.0f);
-  const OffloadUploads::Upload up_a = uploads.Start(a, Dtype::kF32);
-  const OffloadUploads::Upload up_b = uploads.Start(b, Dtype::kF32);  // none free: a new slot
+  uploads.Reserve(Dtype::kF32, 32, 2);
+  const Tensor a = PinnedRamp(32, 1.0f), b = PinnedRamp(20, 50.0f), c = PinnedRamp(32, 90.0f);
+  const OffloadUploads::Upload up_a = uploads.TryStart(a, Dtype::kF32).value();
+  const OffloadUploads::Upload up_b = uploads.TryStart(b, Dtype::kF32).value();
   EXPECT_EQ(up_a.slot, 0);
   EXPECT_EQ(up_b.slot, 1);
-  EXPECT_EQ(uploads.slots(), 2);
   EXPECT_EQ(uploads.busy(), 2);
+  // None free: the caller copies the shard itself; no slot is made.
+  EXPECT_FALSE(uploads.TryStart(c, Dtype::kF32).has_value());
   uploads.Release(up_a.slot);
-  const OffloadUploads::Upload up_c = uploads.Start(c, Dtype::kF32);
+  const OffloadUploads::Upload up_c = uploads.TryStart(c, Dtype::kF32).value();
   EXPECT_EQ(up_c.slot, 0);
-  EXPECT_EQ(uploads.slots(), 2);
   EXPECT_EQ(ReadOnThreadsStream(up_b.values), b.ToVector<float>());
   EXPECT_EQ(ReadOnThreadsStream(up_c.values), c.ToVector<float>());
-  // Another dtype, and a shard larger than the reservation: slots of their own.
-  const OffloadUploads::Upload up_d = uploads.Start(a, Dtype::kBF16);
-  EXPECT_EQ(up_d.slot, 2);
-  const Tensor big = PinnedRamp(100, 3.0f);
   uploads.Release(up_b.slot);
-  const OffloadUploads::Upload up_e = uploads.Start(big, Dtype::kF32);
-  EXPECT_EQ(up_e.slot, 3);
-  EXPECT_EQ(ReadOnThreadsStream(up_e.values), big.ToVector<float>());
-  EXPECT_EQ(uploads.busy(), 3);
+  // Another dtype, or a shard larger than the slots: none of theirs.
+  EXPECT_FALSE(uploads.TryStart(a, Dtype::kBF16).has_value());
+  EXPECT_FALSE(uploads.TryStart(PinnedRamp(33, 3.0f), Dtype::kF32).has_value());
+  EXPECT_EQ(uploads.slots(), 2);
+  EXPECT_EQ(uploads.busy(), 1);
   EXPECT_THROW(uploads.Release(up_b.slot), tensor::OpError);  // released already
 }
 
@@ -143,7 +140,7 @@ TEST(OffloadUploadsTest, AShardOutsidePageLockedMemoryIsRefused) {
   OffloadUploads uploads(0);
   const Tensor pageable = Tensor::Zeros({8});
   try {
-    uploads.Start(pageable, Dtype::kF32);
+    uploads.TryStart(pageable, Dtype::kF32);
     ADD_FAILURE() << "no error";
   } catch (const tensor::OpError& e) {
     EXPECT_NE(std::string(e.what()).find("page-locked host memory"), std::string::npos)
