@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -154,8 +155,14 @@ class GraphBuilder {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
     r.Set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     r.Set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce);
-    const bool deterministic = false;
-    r.Set(CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
+#if CUDNN_VERSION >= 91100
+    // An attribute of cuDNN 9.11 on (cudnn-frontend sets it only there too):
+    // an older cuDNN refuses it, and every plan would fail.
+    if (cudnnGetVersion() >= 91100) {
+      const bool deterministic = false;
+      r.Set(CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic);
+    }
+#endif
     r.Finalize();
     Desc& op = Keep(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation");
     op.SetDesc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
@@ -204,6 +211,9 @@ class GraphBuilder {
     for (int64_t i = 0; i < returned; ++i) {
       try {
         Desc& plan = Keep(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+        // Both required: cudnn-frontend's plan builder refuses a plan without
+        // its handle ("Check and Set the CUDNN_ATTR_EXECUTION_PLAN_HANDLE").
+        plan.Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
         plan.Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                  &configs[i]);
         plan.Finalize();
@@ -406,6 +416,12 @@ std::unique_ptr<Plan> BuildBackward(cudnnHandle_t handle, const Tensor& q, const
   return p;
 }
 
+// The causal mask's fill: -inf, or the lowest float before cuDNN 9.10, whose
+// softmax prefers it (cudnn-frontend's choice, by the loaded version).
+float MaskValue() {
+  return cudnnGetVersion() >= 91000 ? -INFINITY : std::numeric_limits<float>::lowest();
+}
+
 // The calling thread's cuDNN handle on one device, and its plans; or why
 // there is no handle (kept: not retried, said once).
 struct ThreadContext {
@@ -419,6 +435,10 @@ struct ThreadContext {
   ThreadContext(const ThreadContext&) = delete;
   ThreadContext& operator=(const ThreadContext&) = delete;
   ~ThreadContext() {
+    // Attention this thread queued may still run its plans: let it finish
+    // first (at a thread's exit; errors then are of no interest).
+    if (cudaSetDevice(device) == cudaSuccess) cudaStreamSynchronize(cudaStreamPerThread);
+    cudaGetLastError();
     plans.clear();  // descriptors before the handle
     if (handle != nullptr) cudnnDestroy(handle);
   }
@@ -590,7 +610,7 @@ bool CudnnAttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, fl
     ok = plan != nullptr;
   }
   if (ok) {
-    float neg_inf = -INFINITY;
+    float neg_inf = MaskValue();
     ok = Execute(ctx, *plan, q.device(), {kQ, kK, kV, kO, kStats, kScale, kNegInfFwd},
                  {q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(), lse.raw_data(),
                   &scale, &neg_inf},
@@ -639,7 +659,7 @@ bool CudnnAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
       *why = std::string("zeroing the dq accumulator: ") + cudaGetErrorString(zeroed);
       ok = false;
     } else {
-      float neg_inf = -INFINITY, one = 1.0f;
+      float neg_inf = MaskValue(), one = 1.0f;
       ok = Execute(ctx, *plan, q.device(),
                    {kQ, kK, kV, kO, kDo, kStats, kScale, kOne, kNegInfBwd, kDq, kDk, kDv,
                     kDelta, kDqAccum},
