@@ -395,6 +395,7 @@ class NcclProcessGroup final : public ProcessGroup {
   absl::string_view backend() const override { return "nccl"; }
 
   void set_compute_stream(void* stream) { compute_stream_ = AsStream(stream); }
+  const std::shared_ptr<nccl::LaunchOrder>& launch_order() const { return launch_order_; }
   void* communication_stream() const { return comm_->stream; }
 
  protected:
@@ -556,6 +557,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     return absl::InvalidArgumentError(
         absl::StrCat("[nccl_init] invalid rank ", rank, " for a group of size ", size));
   }
+  std::shared_ptr<nccl::LaunchOrder> launch_order = std::make_shared<nccl::LaunchOrder>();
+  if (options.launch_order_with != nullptr) {
+    auto* other = dynamic_cast<NcclProcessGroup*>(options.launch_order_with);
+    if (other == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "[nccl_init] launch_order_with: the group's engine is ",
+          options.launch_order_with->backend(), ", not nccl"));
+    }
+    launch_order = other->launch_order();
+  }
   if (options.peer_check_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("[nccl_init] peer_check_interval must be > 0 (InfiniteDuration: ",
@@ -634,7 +645,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   if (!comm.ok()) return Prefixed(comm.status(), "nccl_init", rank, size);
   return std::unique_ptr<ProcessGroup>(
       new NcclProcessGroup(rank, size, &store, *std::move(comm), options,
-                           std::make_shared<nccl::LaunchOrder>()));
+                           std::move(launch_order)));
 }
 
 absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream) {

@@ -104,6 +104,16 @@ struct NcclGroupOptions {
   // often; each look reads one key while none has gone. Must be > 0;
   // InfiniteDuration: never (peers then wait for the timeout).
   absl::Duration peer_check_interval = absl::Seconds(1);
+  // An nccl group of this rank whose launch order the new group shares:
+  // this rank's calls on both (and on the groups split from either) reach
+  // NCCL in the order they were issued, as a group and its splits always do
+  // (PyTorch orders every group by its issuing thread). Without it, groups
+  // made by separate calls are not ordered against each other, and calls
+  // issued on them one after another may be enqueued in different orders on
+  // different ranks: NCCL kernels of communicators sharing GPUs can then
+  // deadlock. nullptr: an order of its own. InvalidArgument when not an
+  // nccl group. It need not outlive the new group.
+  ProcessGroup* launch_order_with = nullptr;
 };
 
 // Joins the group of `size` ranks as rank `rank`, on CUDA device

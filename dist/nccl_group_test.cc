@@ -249,15 +249,15 @@ TEST(NcclGroupTest, TwoRanksAsThreadsMatchTheCpuReference) {
   }
 }
 
-// A group and its split share both devices. Each rank issues calls on the
-// two alternately without waiting; the groups' worker threads must still
-// launch them in issue order, the same on both ranks (NCCL kernels of
-// communicators sharing GPUs launched in different orders can deadlock; the
-// emulated NCCL fails them). Each result is checked too. Meaningful on the
-// emulation, which checks the order; a GPU that runs the two kernels side by
-// side passes it in any order.
-TEST(NcclGroupTest, CallsOnAGroupAndItsSplitReachNcclInIssueOrder) {
-  SKIP_WITHOUT_GPUS(2);
+// Two groups share both devices: a group and its split, or two groups made
+// by separate calls, the second with launch_order_with the first. Each rank
+// issues calls on the two alternately without waiting; the groups' worker
+// threads must still launch them in issue order, the same on both ranks
+// (NCCL kernels of communicators sharing GPUs launched in different orders
+// can deadlock; the emulated NCCL fails them). Each result is checked too.
+// Meaningful on the emulation, which checks the order; a GPU that runs the
+// two kernels side by side passes it in any order.
+absl::Status AlternateCallsOnTwoGroups(bool split) {
   constexpr int kSize = 2;
   constexpr int kCalls = 200;
   HashStore store;
@@ -268,12 +268,19 @@ TEST(NcclGroupTest, CallsOnAGroupAndItsSplitReachNcclInIssueOrder) {
       statuses[rank] = [&]() -> absl::Status {
         auto pg = CreateNcclProcessGroup(rank, kSize, rank, store, Options("order"));
         if (!pg.ok()) return pg.status();
-        auto split = (*pg)->Split(0);
-        if (!split.ok()) return split.status();
+        absl::StatusOr<std::unique_ptr<ProcessGroup>> other;
+        if (split) {
+          other = (*pg)->Split(0);
+        } else {
+          NcclGroupOptions second = Options("order_second");
+          second.launch_order_with = pg->get();
+          other = CreateNcclProcessGroup(rank, kSize, rank, store, second);
+        }
+        if (!other.ok()) return other.status();
         std::vector<Tensor> values;
         std::vector<WorkPtr> works;
         for (int i = 0; i < kCalls; ++i) {
-          ProcessGroup& group = i % 2 == 0 ? **pg : **split;
+          ProcessGroup& group = i % 2 == 0 ? **pg : **other;
           // (1 + i % 3): the calls' sizes differ, so a call paired with
           // another of its communicator would fail as well.
           values.push_back(
@@ -294,8 +301,37 @@ TEST(NcclGroupTest, CallsOnAGroupAndItsSplitReachNcclInIssueOrder) {
   }
   for (std::thread& t : threads) t.join();
   for (int rank = 0; rank < kSize; ++rank) {
-    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+    if (!statuses[rank].ok()) {
+      return absl::Status(statuses[rank].code(),
+                          absl::StrCat("rank ", rank, ": ", statuses[rank].message()));
+    }
   }
+  return absl::OkStatus();
+}
+
+TEST(NcclGroupTest, CallsOnAGroupAndItsSplitReachNcclInIssueOrder) {
+  SKIP_WITHOUT_GPUS(2);
+  const absl::Status s = AlternateCallsOnTwoGroups(/*split=*/true);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(NcclGroupTest, CallsOnGroupsSharingALaunchOrderReachNcclInIssueOrder) {
+  SKIP_WITHOUT_GPUS(2);
+  const absl::Status s = AlternateCallsOnTwoGroups(/*split=*/false);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(NcclGroupTest, LaunchOrderWithAnotherEngineIsRefused) {
+  SKIP_WITHOUT_GPUS(1);
+  ThreadWorld world(1);
+  HashStore store;
+  NcclGroupOptions options = Options("order_threads");
+  options.launch_order_with = &world.group(0);
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, options);
+  ASSERT_FALSE(pg.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(pg.status())) << pg.status();
+  EXPECT_THAT(std::string(pg.status().message()),
+              HasSubstr("launch_order_with: the group's engine is threads, not nccl"));
 }
 
 TEST(NcclGroupTest, InitTimesOutNamingTheMissingRank) {
