@@ -751,6 +751,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
   GlooLayoutStore layout_store(*shared);
+  if (absl::Status s = internal::ClaimRank(layout_store, options.prefix, rank, who); !s.ok()) {
+    return s;
+  }
   absl::Status layout =
       internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;

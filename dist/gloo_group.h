@@ -46,8 +46,9 @@ namespace dist {
 struct GlooGroupOptions {
   // "redis://host:port", or a directory (optionally "file://<dir>") for
   // Gloo's FileStore; the directory is created if missing. Use a fresh
-  // directory (or `prefix`) per run: stale keys of an earlier run confuse the
-  // rendezvous.
+  // directory (or `prefix`) per run: an earlier run's keys would confuse the
+  // rendezvous, so a rank whose place under the prefix an earlier group
+  // claimed fails at once (FailedPrecondition, launch_layout.h ClaimRank).
   std::string store;
   // Namespaces the keys in the store (e.g. a run id).
   std::string prefix = "gloo";

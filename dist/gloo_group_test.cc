@@ -189,6 +189,37 @@ TEST_P(GlooGroupSizes, EveryCollectiveThroughFileStore) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooGroupSizes, ::testing::Values(2, 3));
 
+// A second run into the same directory under the same prefix fails at once
+// on every rank, naming the earlier claim (its keys -- the peers' addresses
+// -- would otherwise be read as this run's); under a fresh prefix it connects.
+TEST(GlooGroup, ARunUnderAPrefixAnEarlierRunUsedFailsAtOnce) {
+  const std::string dir = TmpDir("reused");
+  auto run = [&](const std::string& prefix) {
+    return RunProcesses(2, [&](int rank, int size) -> std::string {
+      GlooGroupOptions options = FileOptions(dir, absl::Seconds(30));
+      options.prefix = prefix;
+      const absl::Time start = absl::Now();
+      auto pg = CreateGlooProcessGroup(rank, size, options);
+      if (!pg.ok()) {
+        if (absl::Now() - start > absl::Seconds(10)) return "failed, but slowly";
+        return pg.status().ToString();
+      }
+      return std::string((*pg)->BarrierSync().ok() ? "" : "barrier failed");
+    });
+  };
+  ExpectAllOk(run("job"));
+  const Outcome again = run("job");
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(absl::StrContains(
+        again.messages[rank],
+        absl::StrCat("FAILED_PRECONDITION: [rendezvous] rank ", rank,
+                     " of 2: the store already holds rank ", rank,
+                     "'s keys under prefix \"job\"")))
+        << "rank " << rank << ": " << again.messages[rank];
+  }
+  ExpectAllOk(run("job2"));
+}
+
 // An infinite timeout waits as long as it takes (gloo multiplies its
 // timeouts: the engine hands it 30 days, not INT64_MAX ms, which wrapped).
 TEST(GlooGroup, AnInfiniteTimeoutConnectsAndReduces) {

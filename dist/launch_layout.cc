@@ -1,6 +1,8 @@
 // CheckLaunchLayout (launch_layout.h): the nodes' layouts through the store.
 #include "dist/launch_layout.h"
 
+#include <unistd.h>
+
 #include <exception>
 #include <stdexcept>
 #include <vector>
@@ -29,7 +31,41 @@ std::string MismatchKey(const std::string& prefix) {
   return absl::StrCat(prefix, "/layout/mismatch");
 }
 
+// This process, for the claim's value: "host <name> pid <pid>".
+std::string ThisProcess() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
+  return absl::StrCat("host ", name[0] != '\0' ? name : "?", " pid ", ::getpid());
+}
+
 }  // namespace
+
+absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
+                       const std::string& who) {
+  const std::string key = absl::StrCat(prefix, "/joined/", rank);
+  std::string holder;
+  try {
+    if (!store.Present(key)) {
+      try {
+        store.Set(key, ThisProcess());
+        return absl::OkStatus();
+      } catch (const std::exception&) {
+        // Set meanwhile: a key is set once (another process claims this rank).
+        if (!store.Present(key)) throw;
+      }
+    }
+    holder = store.Get(key);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("[rendezvous] ", who, ": claiming rank ", rank, " in the store: ", e.what()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "[rendezvous] ", who, ": the store already holds rank ", rank, "'s keys under prefix \"",
+      prefix, "\" (", holder, " joined as rank ", rank,
+      "): a group of an earlier run, or another process started as this rank, used it, and its "
+      "keys would be read as this group's. Give each run a prefix of its own (//tools:launch "
+      "--rdzv_id, torchrun's run id, the engine's prefix option) or a fresh rendezvous directory"));
+}
 
 void DistLayoutStore::Set(const std::string& key, const std::string& value) {
   const absl::Status s = store_.Set(key, value);

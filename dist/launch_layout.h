@@ -14,6 +14,12 @@
 // before it has connected (CheckNoLayoutMismatch after connecting); one that
 // arrives later is not caught.
 //
+// Before that, each rank claims its place under the prefix (ClaimRank): a
+// store that already holds a rank's claim was used by an earlier group under
+// the same prefix (a file store's directory outlives its run), whose keys --
+// the NCCL unique id, the peers' addresses, their departures -- this group
+// would read as its own: a hang, or a peer reported gone that is not.
+//
 // The store is reached through LayoutStore: gloo's store and dist::Store
 // each have an adapter (DistLayoutStore here; gloo's in gloo_group.cc).
 #ifndef DIST_LAUNCH_LAYOUT_H_
@@ -58,6 +64,13 @@ class DistLayoutStore final : public LayoutStore {
  private:
   Store& store_;
 };
+
+// Sets "<prefix>/joined/<rank>" to this process ("host <name> pid <pid>").
+// FailedPrecondition when it is set already, naming the process that set it
+// and what to change; Unavailable when the store fails. Call it first, before
+// any other key of the group is set or read.
+absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
+                       const std::string& who);
 
 // OK when the nodes agree; InvalidArgument naming the disagreement;
 // DeadlineExceeded naming the first node (by its first rank) that did not

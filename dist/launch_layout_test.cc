@@ -1,8 +1,10 @@
 // Tests of the launch layout check over an in-process store: nodes (groups
 // of threads) launched alike pass, nodes launched for other world sizes all
 // fail naming the layouts, a node that never comes is named, store errors
-// are Unavailable.
+// are Unavailable; a rank's place under a prefix is claimed once.
 #include "dist/launch_layout.h"
+
+#include <unistd.h>
 
 #include <stdexcept>
 #include <string>
@@ -103,6 +105,36 @@ TEST(LaunchLayoutTest, StoreErrorsAreUnavailable) {
       CheckLaunchLayout(store, "job", {0, 2, 0, 2}, absl::Now() + absl::Seconds(1), "rank 0 of 2");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "reading the nodes' launch layout: disk full")) << s;
+}
+
+// A rank claims its place once per prefix: a second claim (an earlier run's
+// keys left in the store, or two processes started as one rank) fails naming
+// the process that holds it and what to change; other ranks and prefixes
+// are free.
+TEST(LaunchLayoutTest, ARankClaimedUnderThePrefixBeforeFails) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  EXPECT_TRUE(ClaimRank(layout, "run/restart0", 0, "rank 0 of 2").ok());
+  EXPECT_TRUE(ClaimRank(layout, "run/restart0", 1, "rank 1 of 2").ok());
+  EXPECT_TRUE(ClaimRank(layout, "run/restart1", 0, "rank 0 of 2").ok());
+  const absl::Status again = ClaimRank(layout, "run/restart0", 1, "rank 1 of 2");
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_TRUE(absl::StrContains(
+      again.message(),
+      "[rendezvous] rank 1 of 2: the store already holds rank 1's keys under prefix "
+      "\"run/restart0\" (host "))
+      << again;
+  EXPECT_TRUE(absl::StrContains(again.message(), absl::StrCat(" pid ", ::getpid(),
+                                                              " joined as rank 1)")))
+      << again;
+  EXPECT_TRUE(absl::StrContains(again.message(), "Give each run a prefix of its own")) << again;
+}
+
+TEST(LaunchLayoutTest, AClaimTheStoreCannotTakeIsUnavailable) {
+  FailingStore store;
+  const absl::Status s = ClaimRank(store, "job", 0, "rank 0 of 2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "claiming rank 0 in the store: disk full")) << s;
 }
 
 }  // namespace

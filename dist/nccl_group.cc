@@ -597,6 +597,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   // The nodes' launches agree (within the init's timeout) before any id is set.
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
   internal::DistLayoutStore layout_store(store);
+  if (absl::Status s = internal::ClaimRank(layout_store, options.prefix, rank, who); !s.ok()) {
+    return s;
+  }
   if (absl::Status s =
           internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
       !s.ok()) {

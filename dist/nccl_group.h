@@ -7,7 +7,9 @@
 // it; then each rank initializes its communicator (non-blocking, so init has
 // the group's timeout as well and fails naming the ranks that never arrived).
 // Use a fresh prefix (or store directory) per run: a stale id in the store
-// makes init time out.
+// would make init time out, and an earlier run's departures fail calls; a
+// rank whose place under the prefix an earlier group claimed fails at once
+// (FailedPrecondition, dist/launch_layout.h ClaimRank).
 //
 // Each group has its own communicator, a communication stream
 // (cudaStreamNonBlocking) and a worker thread. A collective is ordered after

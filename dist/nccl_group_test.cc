@@ -334,6 +334,26 @@ TEST(NcclGroupTest, LaunchOrderWithAnotherEngineIsRefused) {
               HasSubstr("launch_order_with: the group's engine is threads, not nccl"));
 }
 
+// A group under a prefix an earlier group used in the same store fails at
+// once (it would read the earlier unique id and time out in init).
+TEST(NcclGroupTest, AGroupUnderAPrefixUsedBeforeFailsAtOnce) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  {
+    auto first = CreateNcclProcessGroup(0, 1, 0, store, Options("reused"));
+    ASSERT_TRUE(first.ok()) << first.status();
+  }
+  const absl::Time start = absl::Now();
+  auto again = CreateNcclProcessGroup(0, 1, 0, store, Options("reused"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr("[rendezvous] rank 0 of 1: the store already holds rank 0's keys under "
+                        "prefix \"reused\""));
+  EXPECT_TRUE(CreateNcclProcessGroup(0, 1, 0, store, Options("reused_not")).ok());
+}
+
 TEST(NcclGroupTest, InitTimesOutNamingTheMissingRank) {
   SKIP_WITHOUT_GPUS(1);
   {

@@ -23,8 +23,10 @@
 // anyway (SIGKILL) takes its workers with it (each gets SIGTERM from the
 // kernel, PR_SET_PDEATHSIG). Once its workers have ended, whatever they left
 // running in their process groups is killed, so that nothing holds their
-// output (nor a GPU) after the launch ends. With several nodes each node's
-// launcher restarts only its own workers (no cross-node restart coordination).
+// output (nor a GPU) after the launch ends. --max_restarts takes one node
+// only: with several, each node's launcher could restart only its own
+// workers (no cross-node coordination), and the nodes' attempts would not
+// meet.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -211,6 +213,11 @@ int main(int argc, char** argv) {
     Usage("--node_rank must be in [0, --nnodes)");
   }
   if (max_restarts < 0 || grace_s < 0) Usage("--max_restarts and --grace_period_s must be >= 0");
+  if (max_restarts > 0 && nnodes > 1) {
+    Usage("--max_restarts needs --nnodes=1: each node's launcher would restart only its own "
+          "workers, and the nodes' attempts (their rendezvous prefixes) would drift apart; "
+          "restart the whole job instead");
+  }
   if (endpoint.empty()) {
     if (nnodes > 1) Usage("--rdzv_endpoint=host:port is required with --nnodes > 1");
     endpoint = "127.0.0.1:29500";

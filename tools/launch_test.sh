@@ -39,6 +39,9 @@ out=$("$LAUNCH" --nproc_per_node=1 --nnodes=2 --node_rank=0 --rdzv_endpoint=10.0
   sh -c 'echo "id=$RUN_ID"') || fail "multi-node run id run"
 [ "$out" = "[rank 0] id=none" ] || fail "multi-node default RUN_ID: $out"
 "$LAUNCH" --nproc_per_node=1 --rdzv_id= -- true 2>/dev/null && fail "empty --rdzv_id accepted"
+"$LAUNCH" --nproc_per_node=1 --nnodes=2 --rdzv_endpoint=10.0.0.1:29400 --max_restarts=1 -- true \
+  2> "$T/restarts.err" && fail "--max_restarts with several nodes accepted"
+grep -q "max_restarts needs --nnodes=1" "$T/restarts.err" || fail "restarts message: $(cat "$T/restarts.err")"
 
 # 2. Rank 1 exits 3; rank 0 sleeps (and ignores SIGTERM, so SIGKILL is needed).
 start=$(date +%s)

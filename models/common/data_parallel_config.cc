@@ -197,10 +197,10 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
   }
   if (env.local_world_size < env.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--backend=gloo on several nodes (WORLD_SIZE=", env.world_size,
+        "--backend=gloo or nccl on several nodes (WORLD_SIZE=", env.world_size,
         ", LOCAL_WORLD_SIZE=", env.local_world_size,
-        ") needs --rdzv=redis://host:port or a directory every node shares; the default "
-        "rendezvous directory is local to one node"));
+        ") needs --rdzv=<a directory every node shares> (gloo also takes redis://host:port); "
+        "the default rendezvous directory is local to one node"));
   }
   std::vector<std::string> missing;
   if (env.master_addr.empty()) missing.push_back("MASTER_ADDR");
