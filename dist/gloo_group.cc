@@ -751,12 +751,14 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
   GlooLayoutStore layout_store(*shared);
-  if (absl::Status s = internal::ClaimRank(layout_store, options.prefix, rank, who); !s.ok()) {
-    return s;
-  }
+  // A rank claimed before fails after the layout check, which names nodes
+  // launched differently (two of whose ranks may claim one rank) better.
+  const absl::Status claim = internal::ClaimRank(layout_store, options.prefix, rank, who);
+  if (absl::IsUnavailable(claim)) return claim;
   absl::Status layout =
       internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;
+  if (!claim.ok()) return claim;
   auto connected =
       Connect(shared, options.prefix, rank, size, deadline - absl::Now(), options.timeout, who);
   if (!connected.ok()) return connected.status();

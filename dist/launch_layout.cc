@@ -112,7 +112,8 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
   const int first = me.rank - me.local_rank;  // this rank's node
   const std::string mine = absl::StrCat(me.size, ",", me.local_world_size);
   try {
-    if (me.local_rank == 0) store.Set(key(first), mine);
+    // (Set already: an earlier run's key, which the walk reads as any.)
+    if (me.local_rank == 0 && !store.Present(key(first))) store.Set(key(first), mine);
     std::vector<std::string> nodes;  // the walk so far
     bool differ = false;
     int r = 0;

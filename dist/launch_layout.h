@@ -68,7 +68,9 @@ class DistLayoutStore final : public LayoutStore {
 // Sets "<prefix>/joined/<rank>" to this process ("host <name> pid <pid>").
 // FailedPrecondition when it is set already, naming the process that set it
 // and what to change; Unavailable when the store fails. Call it first, before
-// any other key of the group is set or read.
+// any other key of the group is set or read; the engines report a claim
+// that failed after CheckLaunchLayout, whose message for nodes launched
+// differently (two of whose ranks may claim one rank) says more.
 absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
                        const std::string& who);
 

@@ -597,14 +597,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   // The nodes' launches agree (within the init's timeout) before any id is set.
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
   internal::DistLayoutStore layout_store(store);
-  if (absl::Status s = internal::ClaimRank(layout_store, options.prefix, rank, who); !s.ok()) {
-    return s;
-  }
+  // A rank claimed before fails after the layout check, which names nodes
+  // launched differently (two of whose ranks may claim one rank) better.
+  const absl::Status claim = internal::ClaimRank(layout_store, options.prefix, rank, who);
+  if (absl::IsUnavailable(claim)) return claim;
   if (absl::Status s =
           internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
       !s.ok()) {
     return s;
   }
+  if (!claim.ok()) return claim;
   absl::StatusOr<std::string> id = nccl::ExchangeUniqueId(
       store, options.prefix, rank, size, sizeof(ncclUniqueId),
       []() -> absl::StatusOr<std::string> {
