@@ -283,6 +283,16 @@ class GlooLayoutStore final : public internal::LayoutStore {
     const std::vector<char> value = shared_.root_store->get(key);
     return std::string(value.begin(), value.end());
   }
+  bool SetIfAbsent(const std::string& key, const std::string& value) override {
+    if (Present(key)) return false;
+    try {
+      Set(key, value);  // Redis: SETNX; the FileStore: refuses a file that exists
+      return true;
+    } catch (const std::exception&) {
+      if (Present(key)) return false;  // set meanwhile
+      throw;
+    }
+  }
   bool Present(const std::string& key) override { return shared_.present(key); }
 
  private:
@@ -751,14 +761,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
   GlooLayoutStore layout_store(*shared);
-  // A rank claimed before fails after the layout check, which names nodes
-  // launched differently (two of whose ranks may claim one rank) better.
-  const absl::Status claim = internal::ClaimRank(layout_store, options.prefix, rank, who);
-  if (absl::IsUnavailable(claim)) return claim;
   absl::Status layout =
-      internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
+      internal::ClaimAndCheckLayout(layout_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;
-  if (!claim.ok()) return claim;
   auto connected =
       Connect(shared, options.prefix, rank, size, deadline - absl::Now(), options.timeout, who);
   if (!connected.ok()) return connected.status();

@@ -48,7 +48,8 @@ struct GlooGroupOptions {
   // Gloo's FileStore; the directory is created if missing. Use a fresh
   // directory (or `prefix`) per run: an earlier run's keys would confuse the
   // rendezvous, so a rank whose place under the prefix an earlier group
-  // claimed fails at once (FailedPrecondition, launch_layout.h ClaimRank).
+  // claimed (the ranks that group had) fails at once (FailedPrecondition,
+  // launch_layout.h).
   std::string store;
   // Namespaces the keys in the store (e.g. a run id).
   std::string prefix = "gloo";

@@ -45,16 +45,9 @@ absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
   const std::string key = absl::StrCat(prefix, "/joined/", rank);
   std::string holder;
   try {
-    if (!store.Present(key)) {
-      try {
-        store.Set(key, ThisProcess());
-        return absl::OkStatus();
-      } catch (const std::exception&) {
-        // Set meanwhile: a key is set once (another process claims this rank).
-        if (!store.Present(key)) throw;
-      }
-    }
-    holder = store.Get(key);
+    if (store.SetIfAbsent(key, ThisProcess())) return absl::OkStatus();
+    // The winner of a race may not have written its value yet.
+    holder = store.Present(key) ? store.Get(key) : "another process";
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("[rendezvous] ", who, ": claiming rank ", rank, " in the store: ", e.what()));
@@ -67,9 +60,30 @@ absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
       "--rdzv_id, torchrun's run id, the engine's prefix option) or a fresh rendezvous directory"));
 }
 
+absl::Status ClaimAndCheckLayout(LayoutStore& store, const std::string& prefix,
+                                 const LaunchLayout& me, absl::Time deadline,
+                                 const std::string& who) {
+  const absl::Status claim = ClaimRank(store, prefix, me.rank, who);
+  if (claim.ok()) return CheckLaunchLayout(store, prefix, me, deadline, who);
+  if (absl::IsUnavailable(claim)) return claim;
+  const absl::Status layout = CheckLaunchLayout(store, prefix, me, absl::Now(), who);
+  if (layout.ok() || absl::IsDeadlineExceeded(layout)) return claim;
+  return absl::FailedPreconditionError(absl::StrCat(
+      claim.message(), " (and the launch layout check failed: ", layout.message(), ")"));
+}
+
 void DistLayoutStore::Set(const std::string& key, const std::string& value) {
   const absl::Status s = store_.Set(key, value);
   if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+
+bool DistLayoutStore::SetIfAbsent(const std::string& key, const std::string& value) {
+  // dist::Store's Set overwrites; its Add is atomic: the first adder wins.
+  const absl::StatusOr<int64_t> n = store_.Add(absl::StrCat(key, "/claims"), 1);
+  if (!n.ok()) throw std::runtime_error(n.status().ToString());
+  if (*n != 1) return false;
+  Set(key, value);
+  return true;
 }
 
 std::string DistLayoutStore::Get(const std::string& key) {

@@ -40,13 +40,17 @@ struct LaunchLayout {
   int local_world_size = 0;  // 0: not known (no check)
 };
 
-// The three store operations the check needs; each throws a std::exception
-// on a store error.
+// The store operations the checks need; each throws a std::exception on a
+// store error.
 class LayoutStore {
  public:
   virtual ~LayoutStore() = default;
   // Sets `key` (a key is set once: a second set may throw).
   virtual void Set(const std::string& key, const std::string& value) = 0;
+  // Sets `key` unless it is set: true when this call set it. Of processes
+  // racing for one key, one wins (dist::Store: by Add; Gloo's stores: Redis's
+  // SETNX, the FileStore's check for its file, which leaves a short window).
+  virtual bool SetIfAbsent(const std::string& key, const std::string& value) = 0;
   // The value of `key`, which Present said is set.
   virtual std::string Get(const std::string& key) = 0;
   // Whether `key` is set now, without waiting.
@@ -58,6 +62,7 @@ class DistLayoutStore final : public LayoutStore {
  public:
   explicit DistLayoutStore(Store& store) : store_(store) {}
   void Set(const std::string& key, const std::string& value) override;
+  bool SetIfAbsent(const std::string& key, const std::string& value) override;
   std::string Get(const std::string& key) override;
   bool Present(const std::string& key) override;
 
@@ -67,12 +72,18 @@ class DistLayoutStore final : public LayoutStore {
 
 // Sets "<prefix>/joined/<rank>" to this process ("host <name> pid <pid>").
 // FailedPrecondition when it is set already, naming the process that set it
-// and what to change; Unavailable when the store fails. Call it first, before
-// any other key of the group is set or read; the engines report a claim
-// that failed after CheckLaunchLayout, whose message for nodes launched
-// differently (two of whose ranks may claim one rank) says more.
+// and what to change; Unavailable when the store fails.
 absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
                        const std::string& who);
+
+// The engines' first step: ClaimRank, then CheckLaunchLayout. A rank claimed
+// before fails with the claim's error (and the layout check's, when that
+// fails too), after a layout check that waits for nothing: a node's first
+// rank still publishes its layout, so that the ranks of nodes launched
+// differently (two of whose ranks may claim one rank) find it.
+absl::Status ClaimAndCheckLayout(LayoutStore& store, const std::string& prefix,
+                                 const LaunchLayout& me, absl::Time deadline,
+                                 const std::string& who);
 
 // OK when the nodes agree; InvalidArgument naming the disagreement;
 // DeadlineExceeded naming the first node (by its first rank) that did not

@@ -95,6 +95,9 @@ class FailingStore final : public LayoutStore {
   void Set(const std::string&, const std::string&) override {
     throw std::runtime_error("disk full");
   }
+  bool SetIfAbsent(const std::string&, const std::string&) override {
+    throw std::runtime_error("disk full");
+  }
   std::string Get(const std::string&) override { return ""; }
   bool Present(const std::string&) override { return false; }
 };
@@ -128,6 +131,74 @@ TEST(LaunchLayoutTest, ARankClaimedUnderThePrefixBeforeFails) {
                                                               " joined as rank 1)")))
       << again;
   EXPECT_TRUE(absl::StrContains(again.message(), "Give each run a prefix of its own")) << again;
+}
+
+// A HashStore whose Check returns 2 ms late: a claim that looked before it
+// set would let both of two racing claimants in.
+class SlowChecks final : public Store {
+ public:
+  SlowChecks() : Store(DefaultStoreTimeout()) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return base_.Set(key, value);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override {
+    return base_.Add(key, delta);
+  }
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override {
+    absl::StatusOr<bool> set = base_.Check(keys);
+    absl::SleepFor(absl::Milliseconds(2));
+    return set;
+  }
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) override { return base_.DeleteKey(key); }
+
+ protected:
+  absl::StatusOr<std::string> DoGet(absl::string_view key, absl::Duration timeout) override {
+    return base_.Get(key, timeout);
+  }
+  absl::Status DoWait(absl::Span<const std::string> keys, absl::Duration timeout) override {
+    return base_.Wait(keys, timeout);
+  }
+
+ private:
+  HashStore base_;
+};
+
+// Two processes started as one rank, claiming at once: one wins, every time.
+TEST(LaunchLayoutTest, OfTwoRacingClaimsOneWins) {
+  SlowChecks store;
+  DistLayoutStore layout(store);
+  for (int round = 0; round < 50; ++round) {
+    const std::string prefix = absl::StrCat("race", round);
+    absl::Status got[2];
+    std::thread other([&] { got[1] = ClaimRank(layout, prefix, 0, "rank 0 of 1"); });
+    got[0] = ClaimRank(layout, prefix, 0, "rank 0 of 1");
+    other.join();
+    ASSERT_EQ(got[0].ok() + got[1].ok(), 1) << "round " << round << ": " << got[0] << " / "
+                                            << got[1];
+  }
+}
+
+// A rank claimed before fails with the claim's error after a layout check
+// that waits for nothing; its node's layout is published all the same.
+TEST(LaunchLayoutTest, AClaimedRankFailsAfterPublishingItsNodesLayout) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  ASSERT_TRUE(ClaimRank(layout, "job", 2, "rank 2 of 4").ok());
+  const absl::Time start = absl::Now();
+  const absl::Status s = ClaimAndCheckLayout(layout, "job", {2, 4, 0, 2},
+                                             absl::Now() + absl::Seconds(30), "rank 2 of 4");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "the store already holds rank 2's keys")) << s;
+  EXPECT_TRUE(layout.Present("job/layout/first2"));
+  // The claim's error, and the layout check's when that fails too (an
+  // earlier run of 4 ranks, 2 a node, left its keys).
+  layout.Set("job2/layout/first0", "4,2");
+  ASSERT_TRUE(ClaimRank(layout, "job2", 0, "rank 0 of 4").ok());
+  const absl::Status both = ClaimAndCheckLayout(layout, "job2", {0, 2, 0, 1},
+                                                absl::Now() + absl::Seconds(30), "rank 0 of 2");
+  EXPECT_EQ(both.code(), absl::StatusCode::kFailedPrecondition) << both;
+  EXPECT_TRUE(absl::StrContains(both.message(), "(and the launch layout check failed: ")) << both;
 }
 
 TEST(LaunchLayoutTest, AClaimTheStoreCannotTakeIsUnavailable) {

@@ -396,6 +396,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   void set_compute_stream(void* stream) { compute_stream_ = AsStream(stream); }
   const std::shared_ptr<nccl::LaunchOrder>& launch_order() const { return launch_order_; }
+  int device() const { return comm_->device; }
   void* communication_stream() const { return comm_->stream; }
 
  protected:
@@ -565,6 +566,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
           "[nccl_init] launch_order_with: the group's engine is ",
           options.launch_order_with->backend(), ", not nccl"));
     }
+    if (other->device() != device_index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "[nccl_init] launch_order_with: that group runs on cuda:", other->device(),
+          ", this one on cuda:", device_index,
+          ": the order is one rank's (another rank's group would make the two ranks wait "
+          "for each other's turns)"));
+    }
     launch_order = other->launch_order();
   }
   if (options.peer_check_interval <= absl::ZeroDuration()) {
@@ -597,16 +605,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   // The nodes' launches agree (within the init's timeout) before any id is set.
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
   internal::DistLayoutStore layout_store(store);
-  // A rank claimed before fails after the layout check, which names nodes
-  // launched differently (two of whose ranks may claim one rank) better.
-  const absl::Status claim = internal::ClaimRank(layout_store, options.prefix, rank, who);
-  if (absl::IsUnavailable(claim)) return claim;
   if (absl::Status s =
-          internal::CheckLaunchLayout(layout_store, options.prefix, me, deadline, who);
+          internal::ClaimAndCheckLayout(layout_store, options.prefix, me, deadline, who);
       !s.ok()) {
     return s;
   }
-  if (!claim.ok()) return claim;
   absl::StatusOr<std::string> id = nccl::ExchangeUniqueId(
       store, options.prefix, rank, size, sizeof(ncclUniqueId),
       []() -> absl::StatusOr<std::string> {

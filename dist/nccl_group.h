@@ -8,8 +8,8 @@
 // the group's timeout as well and fails naming the ranks that never arrived).
 // Use a fresh prefix (or store directory) per run: a stale id in the store
 // would make init time out, and an earlier run's departures fail calls; a
-// rank whose place under the prefix an earlier group claimed fails at once
-// (FailedPrecondition, dist/launch_layout.h ClaimRank).
+// rank whose place under the prefix an earlier group claimed (the ranks that
+// group had) fails at once (FailedPrecondition, dist/launch_layout.h).
 //
 // Each group has its own communicator, a communication stream
 // (cudaStreamNonBlocking) and a worker thread. A collective is ordered after
@@ -114,7 +114,8 @@ struct NcclGroupOptions {
   // issued on them one after another may be enqueued in different orders on
   // different ranks: NCCL kernels of communicators sharing GPUs can then
   // deadlock. nullptr: an order of its own. InvalidArgument when not an
-  // nccl group. It need not outlive the new group.
+  // nccl group, or one on another device (another rank's). It need not
+  // outlive the new group.
   ProcessGroup* launch_order_with = nullptr;
 };
 

@@ -321,6 +321,22 @@ TEST(NcclGroupTest, CallsOnGroupsSharingALaunchOrderReachNcclInIssueOrder) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// One rank's order: another rank's group (ranks as threads of one process)
+// is refused, naming the two devices.
+TEST(NcclGroupTest, LaunchOrderWithAnotherRanksGroupIsRefused) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  auto first = CreateNcclProcessGroup(0, 1, 0, store, Options("order_rank0"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  NcclGroupOptions options = Options("order_rank1");
+  options.launch_order_with = first->get();
+  auto pg = CreateNcclProcessGroup(0, 1, 1, store, options);
+  ASSERT_FALSE(pg.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(pg.status())) << pg.status();
+  EXPECT_THAT(std::string(pg.status().message()),
+              HasSubstr("launch_order_with: that group runs on cuda:0, this one on cuda:1"));
+}
+
 TEST(NcclGroupTest, LaunchOrderWithAnotherEngineIsRefused) {
   SKIP_WITHOUT_GPUS(1);
   ThreadWorld world(1);

@@ -15,7 +15,8 @@
 // has been passed: its call fully enqueued, or failed, or dropped. Groups
 // made by separate CreateNcclProcessGroup calls are separate families, not
 // ordered against each other (PyTorch orders every group by its issuing
-// thread): split them from one group when one rank uses several.
+// thread), unless made with NcclGroupOptions::launch_order_with: split them
+// from one group, or pass that, when one rank uses several.
 #ifndef DIST_NCCL_LAUNCH_ORDER_H_
 #define DIST_NCCL_LAUNCH_ORDER_H_
 

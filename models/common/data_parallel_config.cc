@@ -208,7 +208,7 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
   if (env.run_id.empty()) missing.push_back("RUN_ID");
   if (!missing.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--backend=gloo without --rdzv needs ", absl::StrJoin(missing, ", "),
+        "--backend=gloo or nccl without --rdzv needs ", absl::StrJoin(missing, ", "),
         " in the environment (//tools:launch sets them, torchrun its TORCHELASTIC_RUN_ID; "
         "RUN_ID keeps the rendezvous keys of earlier runs apart), or --rdzv=<a fresh "
         "directory> or redis://host:port"));
