@@ -72,6 +72,14 @@ absl::StatusOr<bool> CommReady(ncclComm_t comm) {
   return true;
 }
 
+// A query's "not ready" (cudaEventQuery, cudaStreamQuery) may be left as the
+// thread's last error (PyTorch clears it after its event queries), which a
+// later check of cudaGetLastError would report: cleared when it is the error
+// pending.
+void ClearNotReady() {
+  if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+}
+
 // Makes `device` current on this thread for its lifetime.
 class DeviceGuard {
  public:
@@ -153,7 +161,10 @@ struct Comm {
     const absl::StatusOr<bool> idle = nccl::PollUntil(
         [this]() -> absl::StatusOr<bool> {
           const cudaError_t err = cudaStreamQuery(stream);
-          if (err == cudaErrorNotReady) return false;
+          if (err == cudaErrorNotReady) {
+            ClearNotReady();
+            return false;
+          }
           cudaGetLastError();  // a sticky error from the aborted kernels is not ours to keep
           return true;
         },
@@ -278,6 +289,7 @@ class NcclCollective final : public nccl::PendingCall {
     const cudaError_t err = cudaEventQuery(done_);
     if (err == cudaSuccess) return true;
     if (err != cudaErrorNotReady) return CudaCheck(err, "cudaEventQuery");
+    ClearNotReady();
     return false;
   }
 

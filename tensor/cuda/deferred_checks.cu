@@ -105,7 +105,13 @@ class DeferredChecks {
         Check(cudaEventSynchronize(front.event), "cudaEventSynchronize (deferred checks)");
       } else {
         const cudaError_t done = cudaEventQuery(front.event);
-        if (done == cudaErrorNotReady) return;
+        if (done == cudaErrorNotReady) {
+          // A query's "not ready" may be left as the thread's last error
+          // (PyTorch clears it after its event queries): the next launch
+          // check would report it. Cleared when it is the error pending.
+          if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+          return;
+        }
         Check(done, "cudaEventQuery (deferred checks)");
       }
       Pending p = std::move(front);

@@ -141,7 +141,13 @@ class QueuedUploads {
   void ReleaseFinished() {
     while (!pending_.empty()) {
       const cudaError_t done = cudaEventQuery(pending_.front().event);
-      if (done == cudaErrorNotReady) return;
+      if (done == cudaErrorNotReady) {
+        // A query's "not ready" may be left as the thread's last error
+        // (PyTorch clears it after its event queries): the next launch check
+        // would report it. Cleared when it is the error pending.
+        if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+        return;
+      }
       Check(done, "cudaEventQuery");
       const Pending& p = pending_.front();
       pinned_.Deallocate(p.block, p.bytes);

@@ -718,9 +718,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   cuda_emu::Wait();
   return cudaSuccess;
 }
+// A "not ready" answer is left as the thread's last error, as PyTorch found
+// CUDA does (it clears it after its event queries): code that does not clear
+// it fails its next launch check here, as it may on a GPU.
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   cuda_emu::RunDeferred(cuda_emu::Unfinished(s));
-  return cuda_emu::Unfinished(s).empty() ? cudaSuccess : cudaErrorNotReady;
+  return cuda_emu::Unfinished(s).empty() ? cudaSuccess : Fail(cudaErrorNotReady);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
@@ -759,7 +762,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   const cuda_emu::PendingList& captured = reinterpret_cast<cuda_emu::Event*>(e)->captured;
   cuda_emu::RunDeferred(captured);
   for (const auto& w : captured) {
-    if (!w->done()) return cudaErrorNotReady;
+    if (!w->done()) return Fail(cudaErrorNotReady);  // left as the last error (cudaStreamQuery)
   }
   return cudaSuccess;
 }
