@@ -32,9 +32,9 @@ namespace cuda {
 namespace {
 
 void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
-  }
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // cleared, as streams.cu's Check
+  ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
 }
 
 // Cached block sizes: 512-byte granularity below 1 MiB, 2 MiB granularity above.

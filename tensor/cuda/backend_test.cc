@@ -137,6 +137,15 @@ TEST(CudaBackendTest, ACopyToTheHostOnItsOwnStreamDoesNotWaitForTheThreadsStream
   cuda::DestroyStream(stream, 0);
 }
 
+// A CUDA call that failed (and threw) leaves no error behind for the next
+// kernel launch's check on the thread, whose caller handled the first.
+TEST(CudaBackendTest, AFailedCallLeavesNoErrorForTheNextLaunch) {
+  if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  EXPECT_THROW(cuda::CopyOnStream(nullptr, nullptr, 4, 0, nullptr), OpError);
+  const Tensor t = Tensor::Full({8}, 2.0, Dtype::kF32, Device::Cuda(0));
+  EXPECT_EQ(t.ToVector<float>(), std::vector<float>(8, 2.0f));
+}
+
 TEST(CudaBackendTest, MissingDeviceIsAClearError) {
   const int n = cuda::DeviceCount();
   EXPECT_THROW(Tensor::Empty({4}, Dtype::kF32, Device::Cuda(n)), std::exception);

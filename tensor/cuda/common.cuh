@@ -32,8 +32,13 @@ namespace tensor {
 namespace cuda {
 
 // Throws OpError "[op] <what>: <cuda error>" when err is not cudaSuccess.
+// The failure is cleared from the thread's last error first (as PyTorch's
+// C10_CUDA_CHECK): a caller who handles it does not see it again at its next
+// launch check (a sticky error stays whatever is done).
 inline void CheckCuda(cudaError_t err, const char* op, const char* what) {
-  if (err != cudaSuccess) ThrowOpError(op, what, ": ", cudaGetErrorString(err));
+  if (err == cudaSuccess) return;
+  cudaGetLastError();
+  ThrowOpError(op, what, ": ", cudaGetErrorString(err));
 }
 // After a kernel launch: launch errors (bad geometry, no device code for this
 // GPU) surface here, not at the next synchronization.

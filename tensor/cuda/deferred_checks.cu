@@ -25,7 +25,9 @@ namespace cuda {
 namespace {
 
 void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // cleared, as streams.cu's Check
+  ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
 }
 
 // At this many unread checks (a program that queues checks and never waits for

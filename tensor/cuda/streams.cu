@@ -21,7 +21,12 @@ namespace cuda {
 namespace {
 
 void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
+  if (err == cudaSuccess) return;
+  // The failure is also the thread's last error: cleared (as PyTorch's
+  // C10_CUDA_CHECK), so that a caller who handles it does not see it again at
+  // its next launch check (a sticky error stays whatever is done).
+  cudaGetLastError();
+  ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
 }
 
 cudaStream_t AsStream(StreamHandle s) {
