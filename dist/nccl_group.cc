@@ -35,6 +35,9 @@ using tensor::Dtype;
 
 absl::Status CudaCheck(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  // Handled here (a Status): cleared from the thread's last error, so that
+  // the thread's next launch check does not report it again.
+  cudaGetLastError();
   return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(err)));
 }
 

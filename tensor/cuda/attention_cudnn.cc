@@ -656,6 +656,7 @@ bool CudnnAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, c
             : cudaMemsetAsync(dq_accum.raw_data(), 0, dq_accum.numel() * sizeof(float),
                               cudaStreamPerThread);
     if (zeroed != cudaSuccess) {
+      cudaGetLastError();  // handled (our kernels run instead): not left for their launch check
       *why = std::string("zeroing the dq accumulator: ") + cudaGetErrorString(zeroed);
       ok = false;
     } else {
