@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_testing.h"
@@ -35,7 +37,11 @@ TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
   std::vector<Trace> traces(world);
   std::vector<absl::Status> statuses(world);
   std::vector<std::thread> threads;
-  const std::string run_id = absl::StrCat("nccl-", strategy, "-", ::getpid());
+  // A run id of its own (the pid alone repeats in a sandbox's pid namespace,
+  // and the rendezvous directory outlives the test: a rerun would find the
+  // last run's claims under its prefix and fail).
+  const std::string run_id = absl::StrCat("nccl-", strategy, "-", ::getpid(), "-",
+                                          absl::ToUnixMicros(absl::Now()));
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       DataParallelFlags flags;
