@@ -121,11 +121,8 @@ void FsdpUnit::WaitUnshard() {
   prefetched_ = false;
   if (values_are_shard() || held_) return;
   if (gather_work_) {
-    WorkPtr work = std::move(gather_work_);
     gather_send_ = tensor::Tensor();
-    const absl::Status s = work->Wait();
-    DropGatherSlot(s.ok());
-    Check(s, "all_gather");
+    WaitGather();
   }
   if (views_set_) return;
   flat_.SetValueViews(full_);
@@ -154,12 +151,7 @@ void FsdpUnit::Reshard() {
   held_ = false;
   if (values_are_shard()) return;
   if (prefetched_) ++shared_.prefetch_stats.unused;
-  if (gather_work_) {  // an unused prefetch
-    WorkPtr work = std::move(gather_work_);
-    const absl::Status s = work->Wait();
-    DropGatherSlot(s.ok());
-    Check(s, "all_gather");
-  }
+  if (gather_work_) WaitGather();  // an unused prefetch
   DropGatherSlot(false);  // an upload whose all-gather was not issued (it threw)
   gather_send_ = tensor::Tensor();
   flat_.ClearValues();
@@ -299,6 +291,13 @@ void FsdpUnit::FinishReduce() {
   reduce_buf_ = tensor::Tensor();
 }
 
+void FsdpUnit::WaitGather() {
+  WorkPtr work = std::move(gather_work_);
+  const absl::Status s = work->Wait();
+  DropGatherSlot(s.ok());
+  Check(s, "all_gather");
+}
+
 void FsdpUnit::DropGatherSlot(bool read_finished) {
   if (gather_slot_ >= 0 && read_finished) shared_.uploads->Release(gather_slot_);
   gather_slot_ = -1;
@@ -396,7 +395,6 @@ void FsdpShared::AllocateOffloadStaging(const tensor::Device& device) {
     }
   }
 }
-
 
 tensor::Tensor FsdpShared::OffloadStaging(tensor::Dtype dtype, int64_t numel) const {
   const auto it = offload_staging.find(dtype);

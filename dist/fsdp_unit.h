@@ -218,6 +218,9 @@ class FsdpUnit : public nn::ModuleHooks {
   // a copy (offloaded: cast on the host first, into the page-locked staging
   // buffer, so fewer bytes cross to the device).
   tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const;
+  // Waits for the all-gather in flight, frees its upload slot when it
+  // succeeded, and throws naming the unit when it failed.
+  void WaitGather();
   // The gather's upload slot is no longer read: free for the next upload
   // when `read_finished` (the gather succeeded), else left in use.
   void DropGatherSlot(bool read_finished);

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/allocator.h"
+#include "tensor/cuda/backend_errors.cuh"
 #include "tensor/cuda/elements.cuh"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
@@ -31,11 +32,7 @@ namespace tensor {
 namespace cuda {
 namespace {
 
-void Check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  cudaGetLastError();  // cleared, as streams.cu's Check
-  ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
-}
+using backend::Check;
 
 // Cached block sizes: 512-byte granularity below 1 MiB, 2 MiB granularity above.
 int64_t RoundSize(int64_t bytes) {

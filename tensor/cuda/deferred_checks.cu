@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/cuda/backend_errors.cuh"
 #include "tensor/cuda/thread_device_slot.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
@@ -24,11 +25,7 @@ namespace tensor {
 namespace cuda {
 namespace {
 
-void Check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  cudaGetLastError();  // cleared, as streams.cu's Check
-  ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
-}
+using backend::Check;
 
 // At this many unread checks (a program that queues checks and never waits for
 // the GPU), the next one waits for the oldest and reads every check that has
@@ -108,10 +105,7 @@ class DeferredChecks {
       } else {
         const cudaError_t done = cudaEventQuery(front.event);
         if (done == cudaErrorNotReady) {
-          // A query's "not ready" may be left as the thread's last error
-          // (PyTorch clears it after its event queries): the next launch
-          // check would report it. Cleared when it is the error pending.
-          if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+          backend::ClearNotReady();
           return;
         }
         Check(done, "cudaEventQuery (deferred checks)");

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/cuda/backend_errors.cuh"
 #include "tensor/cuda/thread_device_slot.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/error.h"
@@ -20,14 +21,7 @@ namespace tensor {
 namespace cuda {
 namespace {
 
-void Check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  // The failure is also the thread's last error: cleared (as PyTorch's
-  // C10_CUDA_CHECK), so that a caller who handles it does not see it again at
-  // its next launch check (a sticky error stays whatever is done).
-  cudaGetLastError();
-  ThrowOpError("cuda", what, " failed: ", cudaGetErrorString(err));
-}
+using backend::Check;
 
 cudaStream_t AsStream(StreamHandle s) {
   return s == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(s);
@@ -147,10 +141,7 @@ class QueuedUploads {
     while (!pending_.empty()) {
       const cudaError_t done = cudaEventQuery(pending_.front().event);
       if (done == cudaErrorNotReady) {
-        // A query's "not ready" may be left as the thread's last error
-        // (PyTorch clears it after its event queries): the next launch check
-        // would report it. Cleared when it is the error pending.
-        if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+        backend::ClearNotReady();
         return;
       }
       Check(done, "cudaEventQuery");

@@ -718,9 +718,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   cuda_emu::Wait();
   return cudaSuccess;
 }
-// A "not ready" answer is left as the thread's last error, as PyTorch found
-// CUDA does (it clears it after its event queries): code that does not clear
-// it fails its next launch check here, as it may on a GPU.
+// A "not ready" answer is left as the thread's last error, as PyTorch
+// assumes CUDA may (it clears it after its event queries): code that does not
+// clear it fails its next launch check here, as it may on a GPU.
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   cuda_emu::RunDeferred(cuda_emu::Unfinished(s));
   return cuda_emu::Unfinished(s).empty() ? cudaSuccess : Fail(cudaErrorNotReady);
