@@ -67,10 +67,10 @@ TEST(EmulatedNccl, ACallIsPendingUntilEveryRankMakesIt) {
   cudaStream_t s0, s1;
   cudaSetDevice(0);
   ASSERT_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t done0;  // an event is recorded on a stream of its device
+  ASSERT_EQ(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming), cudaSuccess);
   cudaSetDevice(1);
   ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
-  cudaEvent_t done0;
-  ASSERT_EQ(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming), cudaSuccess);
 
   ASSERT_EQ(ncclAllReduce(a, a, 3, ncclFloat32, ncclSum, comms[0], s0), ncclSuccess);
   ASSERT_EQ(cudaEventRecord(done0, s0), cudaSuccess);

@@ -105,8 +105,8 @@ void WaitForStream(cudaStream_t stream);
 // Which streams defer their work: CUDA_EMU_DEFER=created (the default: the
 // streams the program created), all (the threads' default streams too; the
 // legacy default stream's synchronous copies and memsets then first run what
-// every thread deferred, as the legacy stream waits for the blocking
-// streams), none (everything runs when issued).
+// every thread deferred on the current device, as a device's legacy stream
+// waits for its blocking streams), none (everything runs when issued).
 enum class DeferMode { kNone, kCreated, kAll };
 DeferMode DeferModeNow();
 

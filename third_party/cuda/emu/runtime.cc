@@ -7,7 +7,8 @@
 // them and capture pending work, and the
 // runtime checks what a GPU would refuse: copies whose kind does not match
 // where the pointers live, frees of unknown pointers, devices that do not
-// exist. It also counts what costs time on a GPU beyond the kernels
+// exist, kernels and event records on another device's stream (streams and
+// events belong to a device; each device has its own default streams). It also counts what costs time on a GPU beyond the kernels
 // (counters.h).
 #include <cuda_runtime.h>
 
@@ -20,7 +21,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -248,32 +248,48 @@ cudaError_t CheckDevice(int device) {
 
 using PendingList = std::vector<std::shared_ptr<PendingWork>>;
 
+// Streams and events belong to the device current when they were made (the
+// CUDA programming guide's "Stream and Event Behavior"): a kernel launched on
+// a stream of another device fails, as does an event recorded on one, while a
+// stream may wait for another device's event.
 struct Event {
+  int device = 0;
   bool recorded = false;
   bool timing = true;
   std::chrono::steady_clock::time_point at;
   PendingList captured;  // the stream's pending work when recorded
 };
 
-struct Stream {};
+struct Stream {
+  int device = 0;
+};
 
 // Pending work by stream (pending.h). The per-thread default stream is a
-// different stream on every thread: its key is a thread_local's address.
+// different stream on every thread and device: its key is the address of one
+// of the thread's thread_local bytes, one a device.
 struct PendingStreams {
   std::mutex mu;
   std::map<const void*, PendingList> by_stream;
-  std::set<const void*> per_thread;  // the keys of threads' default streams
+  std::map<const void*, int> per_thread;  // the keys of threads' default streams: their device
 };
 PendingStreams& Pendings() {
   static PendingStreams* p = new PendingStreams;
   return *p;
 }
-thread_local char g_per_thread_stream_key;
+constexpr int kMaxDevices = 8;  // DeviceCount's limit
+thread_local char g_per_thread_stream_keys[kMaxDevices];
 
 const void* StreamKey(cudaStream_t s) {
-  if (s == cudaStreamPerThread) return &g_per_thread_stream_key;
+  if (s == cudaStreamPerThread) return &g_per_thread_stream_keys[g_device];
   if (s == nullptr) return cudaStreamLegacy;
   return s;
+}
+
+// The device `s` belongs to: a created stream's own; the default streams are
+// the current device's.
+int StreamDevice(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return g_device;
+  return reinterpret_cast<const Stream*>(s)->device;
 }
 
 // The unfinished work queued under `key` (finished work is dropped). With
@@ -302,7 +318,9 @@ void AddPending(cudaStream_t s, const PendingList& works) {
   if (works.empty()) return;
   PendingStreams& p = Pendings();
   std::lock_guard<std::mutex> lock(p.mu);
-  PendingList& list = p.by_stream[StreamKey(s)];
+  const void* key = StreamKey(s);
+  if (s == cudaStreamPerThread) p.per_thread[key] = g_device;
+  PendingList& list = p.by_stream[key];
   list.insert(list.end(), works.begin(), works.end());
 }
 
@@ -323,7 +341,7 @@ int DeviceCount() {
   static const int count = [] {
     const char* env = std::getenv("CUDA_EMU_DEVICES");
     const int n = env != nullptr ? std::atoi(env) : 1;
-    return std::clamp(n, 1, 8);
+    return std::clamp(n, 1, kMaxDevices);
   }();
   return count;
 }
@@ -375,7 +393,7 @@ void Defer(cudaStream_t stream, std::function<void()> run) {
   PendingStreams& p = Pendings();
   std::lock_guard<std::mutex> lock(p.mu);
   const void* key = StreamKey(stream);
-  if (stream == cudaStreamPerThread) p.per_thread.insert(key);
+  if (stream == cudaStreamPerThread) p.per_thread[key] = device;
   auto work = std::make_shared<PendingWork>(
       [run = std::move(run), device] {
         const int saved = g_device;
@@ -401,6 +419,13 @@ void RunOnStream(cudaStream_t stream, std::function<void()> run) {
 void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
                     std::function<void()> body, const char* name) {
   if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
+  if (const int device = StreamDevice(stream); device != g_device) {
+    std::fprintf(stderr,
+                 "cuda_emu: kernel %s launched on a stream of cuda:%d with cuda:%d current\n",
+                 name, device, g_device);
+    SetLastError(cudaErrorInvalidResourceHandle);
+    return;
+  }
   CountLaunch(name);  // when issued, deferred or not
   if (!KernelsRun()) {
     RunOnStream(stream, [] {});
@@ -421,21 +446,41 @@ void RunDeferred(const PendingList& works) {
 
 void RunDeferredOn(cudaStream_t stream) { RunDeferred(Unfinished(stream)); }
 
-// What the legacy default stream waits for before its work (CUDA_EMU_DEFER=all):
-// the work deferred on every thread's default stream (they are blocking
-// streams); the program's streams are created non-blocking.
+// What the current device's legacy default stream waits for before its work
+// (CUDA_EMU_DEFER=all): the work deferred on every thread's default stream of
+// that device (they are blocking streams); the program's streams are created
+// non-blocking. Another device's streams are not waited for.
 void RunDeferredOnBlockingStreams() {
   if (DeferModeNow() != DeferMode::kAll) return;
   PendingList blocking;
   {
     PendingStreams& p = Pendings();
     std::lock_guard<std::mutex> lock(p.mu);
-    for (const void* key : p.per_thread) {
+    for (const auto& [key, device] : p.per_thread) {
+      if (device != g_device) continue;
       const PendingList list = UnfinishedLocked(p, key);
       blocking.insert(blocking.end(), list.begin(), list.end());
     }
   }
   RunDeferred(blocking);
+}
+
+// Everything pending on `device`'s streams (and on the legacy stream, which
+// is not told apart by device: nothing is deferred there).
+PendingList PendingOnDevice(int device) {
+  PendingList all;
+  PendingStreams& p = Pendings();
+  std::lock_guard<std::mutex> lock(p.mu);
+  for (const auto& [key, list] : p.by_stream) {
+    int on = device;
+    if (const auto it = p.per_thread.find(key); it != p.per_thread.end()) {
+      on = it->second;
+    } else if (key != cudaStreamLegacy) {
+      on = static_cast<const Stream*>(key)->device;  // a created stream (destroyed: erased)
+    }
+    if (on == device) all.insert(all.end(), list.begin(), list.end());
+  }
+  return all;
 }
 
 // Everything pending on every stream.
@@ -551,7 +596,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
-  cuda_emu::WaitAll(cuda_emu::AllPending());
+  cuda_emu::WaitAll(cuda_emu::PendingOnDevice(cuda_emu::g_device));
   cuda_emu::Wait();
   return cudaSuccess;
 }
@@ -694,7 +739,9 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = reinterpret_cast<cudaStream_t>(new cuda_emu::Stream);
+  auto* stream = new cuda_emu::Stream;
+  stream->device = cuda_emu::g_device;
+  *s = reinterpret_cast<cudaStream_t>(stream);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
@@ -733,6 +780,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   auto* ev = new cuda_emu::Event;
+  ev->device = cuda_emu::g_device;
   ev->timing = (flags & cudaEventDisableTiming) == 0;
   *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
@@ -746,6 +794,11 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   auto* ev = reinterpret_cast<cuda_emu::Event*>(e);
+  if (const int device = cuda_emu::StreamDevice(s); device != ev->device) {
+    std::fprintf(stderr, "cuda_emu: an event of cuda:%d recorded on a stream of cuda:%d\n",
+                 ev->device, device);
+    return Fail(cudaErrorInvalidResourceHandle);
+  }
   ev->recorded = true;
   ev->captured = cuda_emu::Unfinished(s);
   ev->at = std::chrono::steady_clock::now();
@@ -770,7 +823,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   auto* a = reinterpret_cast<cuda_emu::Event*>(start);
   auto* b = reinterpret_cast<cuda_emu::Event*>(end);
   if (a == nullptr || b == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  if (!a->timing || !b->timing || !a->recorded || !b->recorded) {
+  if (!a->timing || !b->timing || !a->recorded || !b->recorded || a->device != b->device) {
     return Fail(cudaErrorInvalidResourceHandle);
   }
   *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
