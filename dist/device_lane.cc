@@ -24,7 +24,7 @@ DeviceLane::~DeviceLane() {
   cuda::DestroyStream(stream_, dev);
 }
 
-DeviceLane::EventHandle DeviceLane::MarkIssued(int device) {
+DeviceLane::EventHandle DeviceLane::MarkIssued(int device, StreamHandle stream) {
   EventHandle event = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -41,7 +41,7 @@ DeviceLane::EventHandle DeviceLane::MarkIssued(int device) {
     all_.push_back(event);
   }
   try {
-    cuda::RecordEvent(event, /*stream=*/nullptr, device);
+    cuda::RecordEvent(event, stream, device);
   } catch (...) {
     Recycle(event);
     throw;

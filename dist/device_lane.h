@@ -38,11 +38,11 @@ class DeviceLane {
   DeviceLane(const DeviceLane&) = delete;
   DeviceLane& operator=(const DeviceLane&) = delete;
 
-  // Issuing thread: an event recorded on the calling thread's stream of
-  // cuda:`device`. The lane serves the device of its first call; for another
-  // device the result is nullptr (that call goes through host memory).
-  // Throws tensor::OpError when CUDA fails.
-  EventHandle MarkIssued(int device);
+  // Issuing thread: an event recorded on `stream` of cuda:`device` (nullptr:
+  // the calling thread's stream). The lane serves the device of its first
+  // call; for another device the result is nullptr (that call goes through
+  // host memory). Throws tensor::OpError when CUDA fails.
+  EventHandle MarkIssued(int device, StreamHandle stream = nullptr);
   // An event of MarkIssued that no stream will be asked to wait for again.
   void Recycle(EventHandle event);
 

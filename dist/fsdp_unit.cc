@@ -101,13 +101,15 @@ void FsdpUnit::IssueUnshard(bool prefetch) {
   full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
   ++shared_.all_gathers;
   // Offloaded: the shard goes up on the uploads' stream when a slot is
-  // free; this thread's stream (and so the all-gather) waits for it, the
-  // host does not.
+  // free; the all-gather waits for it (and for this thread's work so far),
+  // neither this thread's later kernels nor the host do.
   std::optional<OffloadUploads::Upload> up;
   if (offload_ && shared_.uploads) up = shared_.uploads->TryStart(flat_.shard(), gather_dtype_);
   if (up) {
     gather_slot_ = up->slot;
-    gather_work_ = pg_.AllGather(up->values, full_);
+    CollectiveOptions after_upload;
+    after_upload.ready_stream = up->ready_stream;
+    gather_work_ = pg_.AllGather(up->values, full_, after_upload);
   } else if (gather_dtype_ == tensor::Dtype::kF32 && !offload_) {
     gather_work_ = pg_.AllGather(flat_.shard(), full_);
   } else {  // a copy (offloaded and no slot free: a blocking one)

@@ -422,7 +422,9 @@ class NcclProcessGroup final : public ProcessGroup {
       return worker_.Refuse(std::string(CollectiveName(call->kind)), call->timeout, call->error);
     }
     if (OnlyCpuTensors(*call)) return Work::Done(RunStaged(*call));
-    return IssueOnDevice(std::move(call), compute_stream_);
+    const cudaStream_t after =
+        call->ready_stream != nullptr ? AsStream(call->ready_stream) : compute_stream_;
+    return IssueOnDevice(std::move(call), after);
   }
 
   absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int color, int key,

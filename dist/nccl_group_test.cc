@@ -540,6 +540,37 @@ TEST(NcclGroupTest, CollectivesWaitForTheComputeStream) {
   cudaStreamDestroy(stream);
 }
 
+// A call given a ready stream (CollectiveOptions::ready_stream) waits for its
+// work instead of the compute stream's: an upload queued there (deferred on
+// the emulation until something waits for it) is what the all-gather copies.
+TEST(NcclGroupTest, ACallWaitsForItsReadyStream) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("ready"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  constexpr int64_t n = int64_t{1} << 20;
+  float* host = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000 + 1);
+  Tensor in = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+  Tensor out = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the zeros are in place
+  ASSERT_EQ(cudaMemcpyAsync(in.raw_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  CollectiveOptions options;
+  options.ready_stream = stream;
+  ASSERT_TRUE((*pg)->AllGatherSync(in, out, options).ok());
+  const std::vector<float> result = out.ToVector<float>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += result[i] != host[i];
+  EXPECT_EQ(wrong, 0);
+  cudaFreeHost(host);
+  cudaStreamDestroy(stream);
+}
+
 // A call whose sizes differ across the ranks: the emulated NCCL flags both
 // communicators and ends their pending work without running it (real NCCL's
 // behaviour is undefined: not run there). The call fails on every rank with

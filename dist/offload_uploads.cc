@@ -14,20 +14,29 @@ namespace internal {
 namespace cuda = tensor::cuda;
 
 OffloadUploads::OffloadUploads(int device) : device_(device) {
-  stream_ = cuda::CreateStream(device);
   try {
+    stream_ = cuda::CreateStream(device);
+    ready_ = cuda::CreateStream(device);
     uploaded_ = cuda::CreateEvent(device);
+    issued_ = cuda::CreateEvent(device);
   } catch (...) {
-    cuda::DestroyStream(stream_, device);
+    Destroy();
     throw;
   }
+}
+
+void OffloadUploads::Destroy() {
+  if (issued_ != nullptr) cuda::DestroyEvent(issued_, device_);
+  if (uploaded_ != nullptr) cuda::DestroyEvent(uploaded_, device_);
+  if (ready_ != nullptr) cuda::DestroyStream(ready_, device_);
+  if (stream_ != nullptr) cuda::DestroyStream(stream_, device_);
+  issued_ = uploaded_ = ready_ = stream_ = nullptr;
 }
 
 OffloadUploads::~OffloadUploads() {
   try {
     cuda::SynchronizeStream(stream_, device_);  // the copies have read their sources
-    cuda::DestroyEvent(uploaded_, device_);
-    cuda::DestroyStream(stream_, device_);
+    Destroy();
   } catch (const std::exception& e) {  // a device that failed: nothing to do but say so
     std::fprintf(stderr, "fsdp: offload uploads of cuda:%d: %s\n", device_, e.what());
   }
@@ -73,9 +82,13 @@ std::optional<OffloadUploads::Upload> OffloadUploads::TryStart(const tensor::Ten
   }
   tensor::Tensor values = s.device.Narrow(0, 0, n);
   cuda::CopyToDeviceOnStream(values.raw_data(), source, values.nbytes(), device_, stream_);
+  // The reader's ready stream: after the copy and after the thread's work so
+  // far. The thread's stream itself waits for nothing.
   cuda::RecordEvent(uploaded_, stream_, device_);
-  cuda::StreamWaitEvent(nullptr, uploaded_, device_);  // the thread's next work sees them
-  return Upload{static_cast<int>(free - slots_.begin()), values};
+  cuda::RecordEvent(issued_, /*stream=*/nullptr, device_);
+  cuda::StreamWaitEvent(ready_, uploaded_, device_);
+  cuda::StreamWaitEvent(ready_, issued_, device_);
+  return Upload{static_cast<int>(free - slots_.begin()), values, ready_};
 }
 
 void OffloadUploads::Release(int slot) {

@@ -12,11 +12,14 @@
 //      explicit prefetch list longer than max_inflight_all_gathers, or
 //      FullyShardedModel::Unshard gathering every unit); a low-precision
 //      dtype is cast on the host into the slot's page-locked buffer first.
-//      The copy is queued on the upload stream, an event is recorded after
-//      it, and the calling thread's stream waits for the event: the
-//      all-gather issued next (ordered after that stream) reads the uploaded
-//      values. The thread's later kernels wait for the copy too: a prefetch's
-//      upload holds up the kernels queued after it until it has landed.
+//      The copy is queued on the upload stream, and the upload's ready
+//      stream waits for it and for the work the calling thread had queued
+//      (the earlier users of the all-gather's output block). The all-gather
+//      issued next waits for the ready stream
+//      (CollectiveOptions::ready_stream), so it reads the uploaded values,
+//      and the thread's later kernels (a prefetch's overlap) do not wait for
+//      the copy. (Until 2026-12-01 the thread's stream waited for the copy:
+//      a prefetched upload held up the kernels queued after it.)
 //   2. Release, once the work that read the slot has finished on the device
 //      (the all-gather's Work::Wait returned OK): the slot is free for the
 //      next Start. A slot whose reader failed is never released: a
@@ -57,11 +60,14 @@ class OffloadUploads {
   struct Upload {
     int slot = -1;
     tensor::Tensor values;  // [shard numel] in the upload's dtype, on the GPU
+    // What the reader of `values` waits for (CollectiveOptions::ready_stream):
+    // the copy, and the work the calling thread had queued before it.
+    tensor::cuda::StreamHandle ready_stream = nullptr;
   };
   // Queues the copy of `shard` (f32, contiguous, page-locked host memory),
-  // cast to `dtype` on the host first when that differs, into a free slot;
-  // the calling thread's stream waits for it (step 1 above). Nullopt when
-  // no slot of `dtype` that holds the shard is free.
+  // cast to `dtype` on the host first when that differs, into a free slot
+  // (step 1 above); the calling thread's stream does not wait for it.
+  // Nullopt when no slot of `dtype` that holds the shard is free.
   std::optional<Upload> TryStart(const tensor::Tensor& shard, tensor::Dtype dtype);
   // Step 2 above: the reader of the slot's values has finished on the device.
   void Release(int slot);
@@ -79,9 +85,14 @@ class OffloadUploads {
     tensor::Tensor host;    // [numel] dtype, page-locked (cast dtypes only)
     bool busy = false;
   };
+  // Destroys the streams and events made (the constructor's cleanup too).
+  void Destroy();
+
   const int device_;
-  tensor::cuda::StreamHandle stream_ = nullptr;
+  tensor::cuda::StreamHandle stream_ = nullptr;   // the copies
+  tensor::cuda::StreamHandle ready_ = nullptr;    // waits only: Upload::ready_stream
   tensor::cuda::EventHandle uploaded_ = nullptr;  // recorded after each copy
+  tensor::cuda::EventHandle issued_ = nullptr;    // on the thread's stream at each copy
   std::vector<Slot> slots_;
 };
 

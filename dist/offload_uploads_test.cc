@@ -1,6 +1,7 @@
 // FSDP cpu_offload's uploads (offload_uploads.h): the values arrive for the
-// thread's next work, the copy waits for none of the thread's queued work,
-// slots are reused once released and only then. On a GPU or the emulation
+// reader that waits for the upload's ready stream, which comes after the
+// thread's queued work; neither the copy nor the thread's later work waits
+// for the other; slots are reused once released and only then. On a GPU or the emulation
 // (--config=cuda / cuda_emu); skips without one. The ordering cases show
 // only with CUDA_EMU_DEFER=all (//:gpu_stream_order_tests), where a reader
 // that skips its wait reads the old bytes.
@@ -39,12 +40,22 @@ Tensor PinnedRamp(int64_t n, float first) {
   return t;
 }
 
-// `values` as the thread's stream sees them: copied there, then read.
-std::vector<float> ReadOnThreadsStream(const Tensor& values) {
-  return values.Clone().To(Device::Cpu()).To(Dtype::kF32).ToVector<float>();
+// An upload's values as its reader sees them: the thread's stream waits for
+// the upload's ready stream (as the all-gather does), then copies them.
+std::vector<float> ReadAfterReady(const OffloadUploads::Upload& up) {
+  tensor::cuda::EventHandle ready = tensor::cuda::CreateEvent(0);
+  tensor::cuda::RecordEvent(ready, up.ready_stream, 0);
+  tensor::cuda::StreamWaitEvent(/*stream=*/nullptr, ready, 0);
+  tensor::cuda::DestroyEvent(ready, 0);
+  return up.values.Clone().To(Device::Cpu()).To(Dtype::kF32).ToVector<float>();
 }
 
-TEST(OffloadUploadsTest, TheThreadsStreamSeesEachUploadsValues) {
+// A value no earlier fill of a cached block could have left there.
+float FreshValue() {
+  return 1000.0f + static_cast<float>(absl::ToUnixMicros(absl::Now()) % 100000);
+}
+
+TEST(OffloadUploadsTest, AReaderAfterTheReadyStreamSeesEachUploadsValues) {
   SKIP_WITHOUT_GPU();
   for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
     SCOPED_TRACE(tensor::DtypeName(dtype));
@@ -58,7 +69,7 @@ TEST(OffloadUploadsTest, TheThreadsStreamSeesEachUploadsValues) {
       EXPECT_EQ(up.slot, 0);
       EXPECT_EQ(up.values.dtype(), dtype);
       EXPECT_EQ(up.values.numel(), 48);
-      EXPECT_EQ(ReadOnThreadsStream(up.values), shard.To(dtype).To(Dtype::kF32).ToVector<float>());
+      EXPECT_EQ(ReadAfterReady(up), shard.To(dtype).To(Dtype::kF32).ToVector<float>());
       uploads.Release(up.slot);
     }
     EXPECT_EQ(uploads.slots(), 1);
@@ -74,7 +85,7 @@ TEST(OffloadUploadsTest, AnUploadDoesNotWaitForTheThreadsQueuedWork) {
   OffloadUploads uploads(0);
   uploads.Reserve(Dtype::kF32, 64, 1);
   tensor::cuda::SynchronizeStream(nullptr, 0);  // the slot's block is free
-  const float value = 1000.0f + static_cast<float>(absl::ToUnixMicros(absl::Now()) % 100000);
+  const float value = FreshValue();
   Tensor queued = Tensor::Full({64}, value, Dtype::kF32, Device::Cuda(0));  // deferred
   const Tensor shard = PinnedRamp(64, 1.0f);
   const OffloadUploads::Upload up = uploads.TryStart(shard, Dtype::kF32).value();
@@ -85,8 +96,51 @@ TEST(OffloadUploadsTest, AnUploadDoesNotWaitForTheThreadsQueuedWork) {
       << "the copy has not run";
   EXPECT_NE(static_cast<const float*>(queued.raw_data())[0], value)
       << "the thread's queued fill ran: the upload waited for it";
-  EXPECT_EQ(ReadOnThreadsStream(up.values), shard.ToVector<float>());
+  EXPECT_EQ(ReadAfterReady(up), shard.ToVector<float>());
   EXPECT_EQ(static_cast<const float*>(queued.raw_data())[0], value);
+  uploads.Release(up.slot);
+}
+
+// The thread's kernels queued after an upload (a prefetch's overlap) do not
+// wait for its copy: synchronizing the thread's stream runs them, not the
+// copy (CUDA_EMU_DEFER=all; a wait of the thread's stream for the upload
+// would run it).
+TEST(OffloadUploadsTest, TheThreadsLaterWorkDoesNotWaitForTheUpload) {
+  SKIP_WITHOUT_GPU();
+  if (!DeferAll()) GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
+  OffloadUploads uploads(0);
+  uploads.Reserve(Dtype::kF32, 64, 1);
+  tensor::cuda::SynchronizeStream(nullptr, 0);
+  const Tensor shard = PinnedRamp(64, FreshValue());
+  const OffloadUploads::Upload up = uploads.TryStart(shard, Dtype::kF32).value();
+  const float value = FreshValue() + 0.5f;
+  Tensor later = Tensor::Full({64}, value, Dtype::kF32, Device::Cuda(0));
+  tensor::cuda::SynchronizeStream(nullptr, 0);
+  EXPECT_EQ(static_cast<const float*>(later.raw_data())[0], value);
+  const float* landed = static_cast<const float*>(up.values.raw_data());
+  EXPECT_NE(landed[0], shard.ToVector<float>()[0])
+      << "the copy ran with the thread's stream: its later work waited for the upload";
+  tensor::cuda::SynchronizeStream(up.ready_stream, 0);
+  EXPECT_EQ(std::vector<float>(landed, landed + 64), shard.ToVector<float>());
+  uploads.Release(up.slot);
+}
+
+// The ready stream comes after the work the thread queued before the upload
+// (the earlier users of the all-gather's output block): synchronizing it runs
+// that work (CUDA_EMU_DEFER=all).
+TEST(OffloadUploadsTest, TheReadyStreamWaitsForTheThreadsEarlierWork) {
+  SKIP_WITHOUT_GPU();
+  if (!DeferAll()) GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
+  OffloadUploads uploads(0);
+  uploads.Reserve(Dtype::kF32, 64, 1);
+  tensor::cuda::SynchronizeStream(nullptr, 0);
+  const float value = FreshValue();
+  Tensor earlier = Tensor::Full({64}, value, Dtype::kF32, Device::Cuda(0));  // deferred
+  const OffloadUploads::Upload up = uploads.TryStart(PinnedRamp(64, 1.0f), Dtype::kF32).value();
+  EXPECT_NE(static_cast<const float*>(earlier.raw_data())[0], value);
+  tensor::cuda::SynchronizeStream(up.ready_stream, 0);
+  EXPECT_EQ(static_cast<const float*>(earlier.raw_data())[0], value)
+      << "the ready stream does not wait for the thread's earlier work";
   uploads.Release(up.slot);
 }
 
@@ -104,7 +158,7 @@ TEST(OffloadUploadsTest, AnUploadLandsAfterTheThreadsLastUseOfTheSlotsBlock) {
     const Tensor shard = PinnedRamp(64, 1.0f);
     const OffloadUploads::Upload up = uploads.TryStart(shard, Dtype::kF32).value();
     uploads.WaitForReads();  // the copy runs now (the fill, deferred, would run after it)
-    EXPECT_EQ(ReadOnThreadsStream(up.values), shard.ToVector<float>()) << "round " << round;
+    EXPECT_EQ(ReadAfterReady(up), shard.ToVector<float>()) << "round " << round;
     uploads.Release(up.slot);
   }
 }
@@ -124,8 +178,8 @@ TEST(OffloadUploadsTest, ASlotIsReusedOnlyOnceReleased) {
   uploads.Release(up_a.slot);
   const OffloadUploads::Upload up_c = uploads.TryStart(c, Dtype::kF32).value();
   EXPECT_EQ(up_c.slot, 0);
-  EXPECT_EQ(ReadOnThreadsStream(up_b.values), b.ToVector<float>());
-  EXPECT_EQ(ReadOnThreadsStream(up_c.values), c.ToVector<float>());
+  EXPECT_EQ(ReadAfterReady(up_b), b.ToVector<float>());
+  EXPECT_EQ(ReadAfterReady(up_c), c.ToVector<float>());
   uploads.Release(up_b.slot);
   // Another dtype, or a shard larger than the slots: none of theirs.
   EXPECT_FALSE(uploads.TryStart(a, Dtype::kBF16).has_value());

@@ -124,6 +124,7 @@ WorkPtr ProcessGroup::AllReduce(const tensor::Tensor& tensor, ReduceOp op,
   call.op = op;
   call.input = tensor;
   call.timeout = Resolve(options);
+  call.ready_stream = options.ready_stream;
   return CheckAndIssue(std::move(shared));
 }
 
@@ -136,6 +137,7 @@ WorkPtr ProcessGroup::ReduceScatter(const tensor::Tensor& input, const tensor::T
   call.input = input;
   call.output = output;
   call.timeout = Resolve(options);
+  call.ready_stream = options.ready_stream;
   return CheckAndIssue(std::move(shared));
 }
 
@@ -147,6 +149,7 @@ WorkPtr ProcessGroup::AllGather(const tensor::Tensor& input, const tensor::Tenso
   call.input = input;
   call.output = output;
   call.timeout = Resolve(options);
+  call.ready_stream = options.ready_stream;
   return CheckAndIssue(std::move(shared));
 }
 
@@ -158,6 +161,7 @@ WorkPtr ProcessGroup::Broadcast(const tensor::Tensor& tensor, int root,
   call.input = tensor;
   call.root = root;
   call.timeout = Resolve(options);
+  call.ready_stream = options.ready_stream;
   return CheckAndIssue(std::move(shared));
 }
 
@@ -166,6 +170,7 @@ WorkPtr ProcessGroup::Barrier(const CollectiveOptions& options) {
   CollectiveCall& call = *shared;
   call.kind = CollectiveKind::kBarrier;
   call.timeout = Resolve(options);
+  call.ready_stream = options.ready_stream;
   return CheckAndIssue(std::move(shared));
 }
 

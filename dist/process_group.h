@@ -65,6 +65,16 @@ absl::Duration DefaultCollectiveTimeout();
 struct CollectiveOptions {
   // Overrides the group's timeout for this call.
   std::optional<absl::Duration> timeout;
+  // Tensors on a GPU: the stream (a tensor::cuda::StreamHandle of their
+  // device) whose work queued so far the call waits for before it reads its
+  // input or writes its output, in place of the issuing thread's stream (the
+  // nccl engine: the group's compute stream). The caller makes that stream
+  // wait for what the call depends on: the input's writers, and the earlier
+  // users of the output's memory. FSDP's offloaded all-gathers wait so for
+  // their shard's upload and the thread's stream, and the thread's later
+  // kernels do not wait for the upload. nullptr: the default; host tensors
+  // (and the gloo engine, which takes none on a GPU) ignore it.
+  void* ready_stream = nullptr;
 
   static CollectiveOptions WithTimeout(absl::Duration timeout) {
     CollectiveOptions options;
@@ -85,6 +95,7 @@ struct CollectiveCall {
   tensor::Tensor output;
   int root = 0;  // broadcast
   absl::Duration timeout;
+  void* ready_stream = nullptr;  // CollectiveOptions::ready_stream
   // Set when this rank's arguments are invalid; engines still rendezvous so
   // that the peers fail at once with this message instead of timing out.
   absl::Status error;

@@ -86,17 +86,18 @@ class ThreadProcessGroup final : public ProcessGroup {
 
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     auto work = std::make_shared<CompletionWork>();
-    // Tensors on a GPU: mark where this thread's stream stands, so that the
-    // collective's kernels start after the ones producing its inputs.
+    // Tensors on a GPU: mark where this thread's stream (or the call's ready
+    // stream) stands, so that the collective's kernels start after the ones
+    // producing its inputs.
     tensor::cuda::EventHandle issued = nullptr;
     if (call->error.ok() && call->input.defined() && call->input.device().is_cuda()) {
       try {
         const int device = call->input.device().index;
-        issued = lane_.MarkIssued(device);
+        issued = lane_.MarkIssued(device, call->ready_stream);
         // Another GPU than the lane's: no mark to wait for, and the call is
-        // staged through the host on the worker thread, so this thread's
-        // stream must have produced the inputs first.
-        if (issued == nullptr) tensor::cuda::SynchronizeStream(/*stream=*/nullptr, device);
+        // staged through the host on the worker thread, so that stream must
+        // have produced the inputs first.
+        if (issued == nullptr) tensor::cuda::SynchronizeStream(call->ready_stream, device);
       } catch (const std::exception& e) {
         call->error = absl::InternalError(
             absl::StrCat("[", CollectiveName(call->kind), "] ", Who(), ": ", e.what()));

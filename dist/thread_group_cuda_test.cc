@@ -4,6 +4,7 @@
 // calls whose ranks' tensors are on different devices still work (staged).
 // Also the device reduction itself against the host one. Runs on a GPU
 // (--config=cuda) or the CUDA emulation; skips where no device is visible.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -183,6 +184,29 @@ TEST(ThreadGroupCudaTest, AsyncCallsSeeTheKernelsQueuedBeforeThem) {
       EXPECT_EQ(v.front(), want);
       EXPECT_EQ(v.back(), want);
     }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// A call given a ready stream (CollectiveOptions::ready_stream) waits for
+// that stream's work, here an upload queued there, not the issuing thread's
+// stream alone: created streams defer their work on the emulation, so a call
+// that did not wait for it would reduce the zeros.
+TEST(ThreadGroupCudaTest, ACallWaitsForItsReadyStream) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 1 << 12;
+  const absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    Tensor x = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+    tensor::cuda::SynchronizeStream(/*stream=*/nullptr, 0);  // the zeros are in place
+    Tensor host = Tensor::EmptyPinned({n}, Dtype::kF32);
+    std::fill_n(static_cast<float*>(host.raw_data()), n, rank + 1.0f);
+    tensor::cuda::StreamHandle stream = tensor::cuda::CreateStream(0);
+    tensor::cuda::CopyToDeviceOnStream(x.raw_data(), host.raw_data(), x.nbytes(), 0, stream);
+    CollectiveOptions options;
+    options.ready_stream = stream;
+    ASSERT_TRUE(pg.AllReduceSync(x, ReduceOp::kSum, options).ok());
+    EXPECT_EQ(ToCpu(x).ToVector<float>(), std::vector<float>(n, 3.0f));
+    tensor::cuda::DestroyStream(stream, 0);
   });
   EXPECT_TRUE(s.ok()) << s;
 }
