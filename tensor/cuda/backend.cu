@@ -349,56 +349,16 @@ bool IsPinnedHost(const void* p) {
   return attr.type == cudaMemoryTypeHost;
 }
 
-namespace {
-
-// An event that is destroyed with its scope (CUDA frees it once the work it
-// marks has run).
-class ScopedEvent {
- public:
-  // On the current device.
-  ScopedEvent() {
-    Check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  ~ScopedEvent() { cudaEventDestroy(event_); }
-  ScopedEvent(const ScopedEvent&) = delete;
-  ScopedEvent& operator=(const ScopedEvent&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-// A copy between two GPUs, ordered as PyTorch orders one: on the source
-// device's stream of this thread, after what the destination device's stream
-// queued before it (the destination block may still be in use there), and
-// the destination's stream waits for it. The host waits for neither. A
-// cudaMemcpy would run on the destination device's legacy stream, which waits
-// for that device's work only: the kernels still writing the source on its
-// device, and those reusing the source's block after it is freed, would race
-// with the copy.
-void CopyBetweenDevices(void* dst, int dst_device, const void* src, int src_device,
-                        int64_t bytes) {
-  Check(cudaSetDevice(dst_device), "cudaSetDevice");
-  ScopedEvent destination_ready;
-  Check(cudaEventRecord(destination_ready.get(), cudaStreamPerThread), "cudaEventRecord");
-  Check(cudaSetDevice(src_device), "cudaSetDevice");
-  ScopedEvent copied;
-  Check(cudaStreamWaitEvent(cudaStreamPerThread, destination_ready.get(), 0),
-        "cudaStreamWaitEvent");
-  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread),
-        "cudaMemcpyAsync");
-  Check(cudaEventRecord(copied.get(), cudaStreamPerThread), "cudaEventRecord");
-  Check(cudaSetDevice(dst_device), "cudaSetDevice");  // current after the copy, as for others
-  Check(cudaStreamWaitEvent(cudaStreamPerThread, copied.get(), 0), "cudaStreamWaitEvent");
-}
-
-}  // namespace
-
+// A copy on the legacy default stream: it waits for the device's blocking
+// streams (every thread's per-thread stream). Between two GPUs it waits for
+// the earlier work of both and comes before the later work of either (the CUDA
+// programming guide, "Peer-to-Peer Memory Copy": a copy in the implicit NULL
+// stream between two devices), so the kernels still writing the source, and
+// those that reuse its block once it is freed, are ordered on both devices,
+// whichever thread queued them (PyTorch's two events order the calling
+// thread's streams only).
 void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {
   if (bytes == 0) return;
-  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
-    return CopyBetweenDevices(dst, dst_device.index, src, src_device.index, bytes);
-  }
   cudaMemcpyKind kind = cudaMemcpyDefault;  // unified addressing infers the direction
   if (dst_device.is_cuda()) Check(cudaSetDevice(dst_device.index), "cudaSetDevice");
   else if (src_device.is_cuda()) Check(cudaSetDevice(src_device.index), "cudaSetDevice");

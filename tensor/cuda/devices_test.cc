@@ -1,10 +1,13 @@
-// Copies between two GPUs (Tensor::To, CopyFrom): in the order of both
-// devices' streams, without a host wait. Needs 2 devices; on the emulation
-// (the BUILD file gives it 2, and CUDA_EMU_DEFER=all, so each stream's work
-// waits until something waits for it), a copy that does not wait for the
-// source's kernels, or whose destination's kernels do not wait for it, reads
-// bytes nobody wrote yet.
+// Copies between two GPUs (Tensor::To, CopyFrom): after the work queued
+// before them on both devices, by any thread, and before the work queued after
+// them on either (a copy on the legacy stream between two devices, the CUDA
+// programming guide's "Peer-to-Peer Memory Copy"). Needs 2 devices; on the
+// emulation (the BUILD file gives it 2, and CUDA_EMU_DEFER=all, so each
+// stream's work waits until something waits for it), a copy out of that
+// order reads bytes nobody wrote yet.
 #include <cstdint>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -49,6 +52,29 @@ TEST(CudaDevicesTest, TheDestinationsKernelsWaitForTheCopy) {
   Tensor c = Tensor::Full({kN}, 0.0, Dtype::kF32, Device::Cuda(1));
   c.CopyFrom(Tensor::Full({kN}, value + 1, Dtype::kF32, Device::Cuda(0)));
   EXPECT_EQ(Scale(c, 2.0).ToVector<float>(), Filled(2 * (value + 1)));
+}
+
+// The source written by another thread's stream (its rank, a data loader):
+// the copy waits for it too (two events on the calling thread's streams, as
+// PyTorch orders its copies between GPUs, would not).
+TEST(CudaDevicesTest, ACopyWaitsForAnotherThreadsKernels) {
+  SKIP_WITHOUT_GPUS(2);
+  const float value = FreshValue();
+  Tensor a;
+  std::promise<void> written, copied;
+  // The writer lives on until the copy is made (a thread's exit drains its
+  // streams): its fill is still queued (deferred on the emulation).
+  std::thread writer([&] {
+    a = Tensor::Full({kN}, value, Dtype::kF32, Device::Cuda(0));
+    written.set_value();
+    copied.get_future().wait();
+  });
+  written.get_future().wait();
+  Tensor b = a.To(Device::Cuda(1));
+  std::vector<float> got = b.ToVector<float>();
+  copied.set_value();
+  writer.join();
+  EXPECT_EQ(got, Filled(value));
 }
 
 // The source's block, freed after the copy, goes back to cuda:0's cache and

@@ -1,9 +1,10 @@
 // Streams and events belong to devices (the CUDA programming guide's "Stream
 // and Event Behavior"), as the emulation models them: each device has its own
 // per-thread default stream, and its legacy stream and cudaDeviceSynchronize
-// wait for that device's work only; a kernel launched on a stream of another
-// device, or an event recorded on one, fails; a stream may wait for another
-// device's event. Emulation only (2 devices and CUDA_EMU_DEFER=all from the
+// wait for that device's work only, except that a legacy copy touching
+// another device's memory waits for that device's too; a kernel launched on a
+// stream of another device, or an event recorded on one, fails; a stream may
+// wait for another device's event. Emulation only (2 devices and CUDA_EMU_DEFER=all from the
 // BUILD file, so the threads' default streams hold their work too).
 #include <cuda_runtime.h>
 
@@ -44,11 +45,35 @@ class DevicesTest : public ::testing::Test {
 TEST_F(DevicesTest, EachDeviceHasItsOwnPerThreadStream) {
   ASSERT_EQ(cudaMemsetAsync(on0_, 7, kBytes, cudaStreamPerThread), cudaSuccess);  // cuda:0's
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
-  EXPECT_EQ(FirstByte(on0_), 1) << "cuda:1's legacy stream ran cuda:0's work";
+  void* on1 = nullptr;
+  ASSERT_EQ(cudaMalloc(&on1, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(on1, 2, kBytes), cudaSuccess);  // cuda:1's legacy stream
   ASSERT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);  // cuda:1's: empty
-  EXPECT_EQ(FirstByte(on0_), 1);
+  EXPECT_EQ(FirstByte(on1), 2);
+  // The emulation's device memory is the host's: cuda:0's memset has not run.
+  EXPECT_EQ(*static_cast<const unsigned char*>(on0_), 1) << "cuda:1's streams ran cuda:0's work";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   EXPECT_EQ(FirstByte(on0_), 7);
+  EXPECT_EQ(cudaFree(on1), cudaSuccess);
+}
+
+// A copy on the legacy stream that reads or writes another device's memory
+// waits for that device's earlier work too (the CUDA programming guide,
+// "Peer-to-Peer Memory Copy").
+TEST_F(DevicesTest, ALegacyCopyBetweenDevicesWaitsForBoth) {
+  ASSERT_EQ(cudaMemsetAsync(on0_, 7, kBytes, cudaStreamPerThread), cudaSuccess);  // cuda:0's
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  void* on1 = nullptr;
+  ASSERT_EQ(cudaMalloc(&on1, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(on1, 2, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(on1, 4, 1, cudaStreamPerThread), cudaSuccess);  // cuda:1's
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(FirstByte(on1), 4) << "a copy from cuda:1's memory with cuda:0 current";
+  ASSERT_EQ(cudaMemsetAsync(on0_, 9, kBytes, cudaStreamPerThread), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(on1, on0_, kBytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+  EXPECT_EQ(FirstByte(on1), 9);
+  EXPECT_EQ(cudaFree(on1), cudaSuccess);
 }
 
 TEST_F(DevicesTest, DeviceSynchronizeWaitsForTheCurrentDeviceOnly) {

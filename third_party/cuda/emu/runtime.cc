@@ -18,9 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -278,11 +280,19 @@ PendingStreams& Pendings() {
 }
 constexpr int kMaxDevices = 8;  // DeviceCount's limit
 thread_local char g_per_thread_stream_keys[kMaxDevices];
+char g_legacy_stream_keys[kMaxDevices];  // one legacy stream a device, for every thread
 
 const void* StreamKey(cudaStream_t s) {
   if (s == cudaStreamPerThread) return &g_per_thread_stream_keys[g_device];
-  if (s == nullptr) return cudaStreamLegacy;
+  if (s == nullptr || s == cudaStreamLegacy) return &g_legacy_stream_keys[g_device];
   return s;
+}
+
+// The device whose legacy stream `key` is, or -1.
+int LegacyStreamDevice(const void* key) {
+  const char* k = static_cast<const char*>(key);
+  if (k < g_legacy_stream_keys || k >= g_legacy_stream_keys + kMaxDevices) return -1;
+  return static_cast<int>(k - g_legacy_stream_keys);
 }
 
 // The device `s` belongs to: a created stream's own; the default streams are
@@ -350,7 +360,7 @@ void QueuePending(cudaStream_t stream, std::shared_ptr<PendingWork> work) {
   AddPending(stream, {std::move(work)});
 }
 
-void RunDeferredOnBlockingStreams();
+void RunDeferredOnBlockingStreams(std::initializer_list<const void*> memory = {});
 
 void WaitForStream(cudaStream_t stream) {
   // The legacy default stream also waits for the blocking streams.
@@ -449,15 +459,24 @@ void RunDeferredOn(cudaStream_t stream) { RunDeferred(Unfinished(stream)); }
 // What the current device's legacy default stream waits for before its work
 // (CUDA_EMU_DEFER=all): the work deferred on every thread's default stream of
 // that device (they are blocking streams); the program's streams are created
-// non-blocking. Another device's streams are not waited for.
-void RunDeferredOnBlockingStreams() {
+// non-blocking. A copy or memset there that touches `memory` of other devices
+// waits for theirs too (the CUDA programming guide, "Peer-to-Peer Memory
+// Copy": a copy in the implicit NULL stream between two devices waits for
+// the earlier work of both); other devices' streams are not waited for.
+void RunDeferredOnBlockingStreams(std::initializer_list<const void*> memory) {
   if (DeferModeNow() != DeferMode::kAll) return;
+  std::set<int> devices = {g_device};
+  for (const void* p : memory) {
+    Kind kind;
+    int device = 0;
+    if (Find(p, &kind, &device) && kind == Kind::kDevice) devices.insert(device);
+  }
   PendingList blocking;
   {
     PendingStreams& p = Pendings();
     std::lock_guard<std::mutex> lock(p.mu);
     for (const auto& [key, device] : p.per_thread) {
-      if (device != g_device) continue;
+      if (devices.count(device) == 0) continue;
       const PendingList list = UnfinishedLocked(p, key);
       blocking.insert(blocking.end(), list.begin(), list.end());
     }
@@ -465,8 +484,7 @@ void RunDeferredOnBlockingStreams() {
   RunDeferred(blocking);
 }
 
-// Everything pending on `device`'s streams (and on the legacy stream, which
-// is not told apart by device: nothing is deferred there).
+// Everything pending on `device`'s streams.
 PendingList PendingOnDevice(int device) {
   PendingList all;
   PendingStreams& p = Pendings();
@@ -475,7 +493,9 @@ PendingList PendingOnDevice(int device) {
     int on = device;
     if (const auto it = p.per_thread.find(key); it != p.per_thread.end()) {
       on = it->second;
-    } else if (key != cudaStreamLegacy) {
+    } else if (const int legacy = LegacyStreamDevice(key); legacy >= 0) {
+      on = legacy;
+    } else {
       on = static_cast<const Stream*>(key)->device;  // a created stream (destroyed: erased)
     }
     if (on == device) all.insert(all.end(), list.begin(), list.end());
@@ -711,16 +731,19 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-  cuda_emu::RunDeferredOnBlockingStreams();  // the legacy default stream's order
+  cuda_emu::RunDeferredOnBlockingStreams({dst, src});  // the legacy default stream's order
   return cuda_emu::Copy(dst, src, n, kind, /*async=*/false);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy) {
+    cuda_emu::RunDeferredOnBlockingStreams({dst, src});
+  }
   return cuda_emu::Copy(dst, src, n, kind, /*async=*/true, stream);
 }
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
-  cuda_emu::RunDeferredOnBlockingStreams();
+  cuda_emu::RunDeferredOnBlockingStreams({p});
   if (!cuda_emu::OnDevice(p)) return Fail(cudaErrorInvalidValue);
   if (cuda_emu::MovesBytes(n)) std::memset(p, value, n);
   cuda_emu::Queued();  // a device memset does not wait, even the synchronous one
