@@ -567,8 +567,8 @@ TEST(NcclGroupTest, ACallWaitsForItsReadyStream) {
   int64_t wrong = 0;
   for (int64_t i = 0; i < n; ++i) wrong += result[i] != host[i];
   EXPECT_EQ(wrong, 0);
+  cudaStreamDestroy(stream);  // runs a copy still deferred there before its source goes
   cudaFreeHost(host);
-  cudaStreamDestroy(stream);
 }
 
 // A call whose sizes differ across the ranks: the emulated NCCL flags both

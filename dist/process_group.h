@@ -68,12 +68,13 @@ struct CollectiveOptions {
   // Tensors on a GPU: the stream (a tensor::cuda::StreamHandle of their
   // device) whose work queued so far the call waits for before it reads its
   // input or writes its output, in place of the issuing thread's stream (the
-  // nccl engine: the group's compute stream). The caller makes that stream
-  // wait for what the call depends on: the input's writers, and the earlier
-  // users of the output's memory. FSDP's offloaded all-gathers wait so for
-  // their shard's upload and the thread's stream, and the thread's later
-  // kernels do not wait for the upload. nullptr: the default; host tensors
-  // (and the gloo engine, which takes none on a GPU) ignore it.
+  // nccl engine: the group's compute stream, which the call then does not
+  // wait for). The caller makes that stream wait for what the call depends
+  // on: the input's writers, and the earlier users of the output's memory.
+  // FSDP's offloaded all-gathers wait so for their shard's upload and the
+  // thread's stream, and the thread's later kernels do not wait for the
+  // upload. nullptr: the default; host tensors, the threads engine's barrier
+  // (no tensors) and the gloo engine (no GPU tensors) ignore it.
   void* ready_stream = nullptr;
 
   static CollectiveOptions WithTimeout(absl::Duration timeout) {
