@@ -202,12 +202,30 @@ struct Comm {
       if (clean) {
         ncclCommDestroy(comm);
       } else {
-        ncclCommAbort(comm);
+        // NCCL's abort may hang too (as the worker's, CallWorker::RunAbort):
+        // past kAbortWait the process goes on (to its exit, usually). The
+        // communicator may still use its stream and buffer: they stay
+        // allocated.
+        auto abort = [dev = device, c = comm] {
+          cudaSetDevice(dev);
+          ncclCommAbort(c);
+        };
+        if (!nccl::RunWithin(abort, kAbortWait)) {
+          std::fprintf(stderr,
+                       "nccl: the communicator of cuda:%d did not finalize within %s nor abort "
+                       "within %s: left to the process's exit\n",
+                       device, absl::FormatDuration(finalize_timeout).c_str(),
+                       absl::FormatDuration(kAbortWait).c_str());
+          return;
+        }
       }
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (barrier != nullptr) cudaFree(barrier);
   }
+
+  // How long ~Comm waits for NCCL's abort after its finalize timed out.
+  static constexpr absl::Duration kAbortWait = absl::Seconds(30);
 };
 
 // Deletes a Comm unless it was abandoned (the process should exit then).

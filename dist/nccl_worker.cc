@@ -147,48 +147,56 @@ absl::Status CallWorker::TimeoutError(const Item& item) {
                           options_.report_wait);
 }
 
-bool CallWorker::RunAbort() {
-  if (!options_.abort) return true;
+bool RunWithin(std::function<void()> fn, absl::Duration limit) {
   struct Returned {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
   };
   auto returned = std::make_shared<Returned>();
-  // The thread holds its own copies: it may outlive this worker.
-  auto run = [start = options_.on_thread_start, abort = options_.abort, returned] {
-    if (start) start();  // the worker's device, as the abort expects
-    abort();
+  // The thread holds its own copies: it may outlive the caller.
+  auto run = [fn = std::move(fn), returned] {
+    fn();
     {
       std::lock_guard<std::mutex> lock(returned->mu);
       returned->done = true;
     }
     returned->cv.notify_all();
   };
-  std::thread aborter;
+  std::thread runner;
   try {
-    aborter = std::thread(run);
-  } catch (const std::system_error&) {  // no thread to spare: abort here, unbounded
+    runner = std::thread(run);
+  } catch (const std::system_error&) {  // no thread to spare: run here, unbounded
     run();
     return true;
   }
   bool done = false;
   {
     std::unique_lock<std::mutex> lock(returned->mu);
-    if (options_.abort_timeout == absl::InfiniteDuration()) {  // no chrono overflow
+    if (limit == absl::InfiniteDuration()) {  // no chrono overflow
       returned->cv.wait(lock, [&] { return returned->done; });
       done = true;
     } else {
-      done = returned->cv.wait_for(lock, absl::ToChronoNanoseconds(options_.abort_timeout),
+      done = returned->cv.wait_for(lock, absl::ToChronoNanoseconds(limit),
                                    [&] { return returned->done; });
     }
   }
   if (done) {
-    aborter.join();
+    runner.join();
   } else {
-    aborter.detach();
+    runner.detach();
   }
   return done;
+}
+
+bool CallWorker::RunAbort() {
+  if (!options_.abort) return true;
+  return RunWithin(
+      [start = options_.on_thread_start, abort = options_.abort] {
+        if (start) start();  // the worker's device, as the abort expects
+        abort();
+      },
+      options_.abort_timeout);
 }
 
 void CallWorker::Break(Item& failed, const absl::Status& error) {

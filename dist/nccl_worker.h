@@ -64,6 +64,13 @@ absl::StatusOr<bool> PollUntil(absl::FunctionRef<absl::StatusOr<bool>()> poll, a
                                const Clock& clock = Clock(),
                                absl::Duration max_sleep = absl::Microseconds(100));
 
+// Runs fn() on a thread of its own and waits up to `limit` for it to return:
+// true when it did; false when it did not, the thread then left running
+// (detached, with its own copy of fn: what fn uses must outlive it). With no
+// thread to spare, runs fn() on this one, unbounded (true). For calls that
+// may hang, as NCCL's abort may (NVIDIA/nccl#863: a peer gone mid-call).
+bool RunWithin(std::function<void()> fn, absl::Duration limit);
+
 // One call as the worker drives it. The worker calls these on its thread, in
 // this order: Start once, Enqueued until true, Finished until true. After the
 // first failure of the group none is called again.

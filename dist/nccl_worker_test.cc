@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -310,6 +311,36 @@ TEST(CallWorkerTest, AnErrorBreaksTheGroupAndNothingRunsAfterTheAbort) {
   EXPECT_FALSE(late_started.load());
   EXPECT_FALSE(touched_after_abort.load());
   EXPECT_EQ(aborts.load(), 1);
+}
+
+// RunWithin (what bounds NCCL's aborts: the worker's, and ~Comm's after a
+// finalize that timed out): true once fn returned in time; false after about
+// the limit when it did not, fn left running on its own thread.
+TEST(RunWithinTest, SaysWhetherTheFunctionReturnedInTime) {
+  std::atomic<bool> ran{false};
+  EXPECT_TRUE(RunWithin([&] { ran = true; }, absl::Seconds(10)));
+  EXPECT_TRUE(ran.load());
+  ran = false;
+  EXPECT_TRUE(RunWithin([&] { ran = true; }, absl::InfiniteDuration()));
+  EXPECT_TRUE(ran.load());
+
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(RunWithin(
+      [released, returned] {
+        released.wait();
+        *returned = true;
+      },
+      absl::Milliseconds(200)));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(195));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_FALSE(returned->load());
+  release->set_value();  // the left thread finishes on its own
+  for (int i = 0; i < 2000 && !returned->load(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(returned->load());
 }
 
 // NCCL's abort may itself hang (a peer's process gone mid-call): past
