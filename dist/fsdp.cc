@@ -296,6 +296,13 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // memory): it may fail on some ranks only. Those ranks skip the later
   // Inits but keep making the same collectives, and all agree below.
   std::exception_ptr init_failure;  // this rank's first
+  if (replicate_pg != nullptr && device.is_cuda()) {
+    try {
+      shared_->replicas_ready = std::make_unique<internal::FsdpShared::SideStream>(device.index);
+    } catch (...) {
+      init_failure = std::current_exception();
+    }
+  }
   std::optional<UnitValuesBroadcast> broadcast;
   if (options_.sync_module_states) broadcast.emplace(pg, device);
   for (size_t i = 0; i < plans.size(); ++i) {

@@ -279,7 +279,11 @@ void FsdpUnit::FinishReduce() {
   WorkPtr work = std::move(reduce_work_);
   Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
   if (replicate_pg_ != nullptr) {
-    Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg), "all_reduce (replicas)");
+    // Waits for nothing on the device (FsdpShared::replicas_ready).
+    CollectiveOptions options;
+    if (shared_.replicas_ready) options.ready_stream = shared_.replicas_ready->stream;
+    Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg, options),
+          "all_reduce (replicas)");
   }
   if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
     tensor::Tensor host = shared_.OffloadStaging(reduce_out_.dtype(), reduce_out_.numel());
@@ -353,10 +357,10 @@ void FsdpShared::PrefetchUnits(const std::vector<int>& ids, bool in_backward) {
   }
 }
 
-FsdpShared::OffloadStream::OffloadStream(int device)
+FsdpShared::SideStream::SideStream(int device)
     : device(device), stream(tensor::cuda::CreateStream(device)) {}
 
-FsdpShared::OffloadStream::~OffloadStream() { tensor::cuda::DestroyStream(stream, device); }
+FsdpShared::SideStream::~SideStream() { tensor::cuda::DestroyStream(stream, device); }
 
 void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const {
   OP_CHECK(offload_stream != nullptr && device_values.device().is_cuda() &&
@@ -373,7 +377,7 @@ void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor&
 }
 
 void FsdpShared::AllocateOffloadStaging(const tensor::Device& device) {
-  if (device.is_cuda()) offload_stream = std::make_unique<OffloadStream>(device.index);
+  if (device.is_cuda()) offload_stream = std::make_unique<SideStream>(device.index);
   std::map<tensor::Dtype, int64_t> numel;  // the largest shard per dtype
   std::map<tensor::Dtype, int64_t> upload_numel;
   std::map<tensor::Dtype, int> uploaders;  // units gathered in the dtype

@@ -65,22 +65,30 @@ struct FsdpShared {
   // dtype, fewer when fewer units gather in it); with none free, by a
   // blocking copy as under NO_SHARD.
   std::unique_ptr<OffloadUploads> uploads;
+  // A stream of FSDP's own on the GPU (created and destroyed with it).
+  struct SideStream {
+    SideStream(const SideStream&) = delete;
+    SideStream& operator=(const SideStream&) = delete;
+    explicit SideStream(int device);
+    ~SideStream();
+    const int device;
+    const tensor::cuda::StreamHandle stream;
+  };
   // cpu_offload on a GPU: the stream a reduced gradient comes back to the
   // host on (AllocateOffloadStaging). Its reduce has finished when the copy
   // is queued; a blocking copy (on the legacy default stream) would wait for
   // the backward kernels every rank thread queued since too, and the GPU
   // would then idle while the host accumulates the gradient. Here those
-  // kernels run meanwhile (not under HYBRID_SHARD, whose replicas' all-reduce
-  // before the copy is ordered after them).
-  struct OffloadStream {
-    OffloadStream(const OffloadStream&) = delete;
-    OffloadStream& operator=(const OffloadStream&) = delete;
-    explicit OffloadStream(int device);
-    ~OffloadStream();
-    const int device;
-    const tensor::cuda::StreamHandle stream;
-  };
-  std::unique_ptr<OffloadStream> offload_stream;
+  // kernels run meanwhile.
+  std::unique_ptr<SideStream> offload_stream;
+  // HYBRID_SHARD on a GPU: a stream with no work, the ready stream
+  // (CollectiveOptions::ready_stream) of the replicas' all-reduce of a
+  // unit's reduced gradient. Its reduce-scatter has finished when it is
+  // issued (FinishReduce waited for it), so it needs to wait for nothing on
+  // the device; behind the thread's stream it would wait for the backward
+  // kernels queued since (a later unit's), and the all-reduce between the
+  // nodes, which the host then waits for, would not overlap them.
+  std::unique_ptr<SideStream> replicas_ready;
   FullyShardedModel::PrefetchStats prefetch_stats;
   int64_t all_gathers = 0;  // of unit parameters, since FullyShard
 
