@@ -141,9 +141,32 @@ cudaStream_t AsStream(void* stream) {
   return stream == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(stream);
 }
 
+// How long an abort outside the worker (CallWorker::RunAbort bounds its own)
+// may take: NCCL's abort may hang (NVIDIA/nccl#863; before NCCL 2.19 an
+// intra-node collective, which a local peer that is gone never joins).
+constexpr absl::Duration kAbortWait = absl::Seconds(30);
+
+// Aborts `comm` on cuda:`device` on a thread of its own (nccl::RunWithin):
+// false, saying so on stderr with `what`, when the abort did not return
+// within kAbortWait; it goes on running then, and what the communicator uses
+// must stay allocated (the process should exit).
+bool AbortWithin(ncclComm_t comm, int device, const char* what) {
+  auto abort = [comm, device] {
+    cudaSetDevice(device);
+    ncclCommAbort(comm);
+  };
+  if (nccl::RunWithin(abort, kAbortWait)) return true;
+  std::fprintf(stderr,
+               "nccl: %s: the abort of a communicator on cuda:%d did not return within %s; left "
+               "running (this process should exit)\n",
+               what, device, absl::FormatDuration(kAbortWait).c_str());
+  return false;
+}
+
 // A communicator with its stream and barrier buffer. The group destroys it
-// after its worker thread has stopped, and after the abort's thread returned
-// (an abandoned one is never destroyed: CommDeleter).
+// after its worker thread has stopped, and after the worker's abort returned
+// (an abandoned one is never destroyed: CommDeleter); its own abort, after a
+// finalize that did not complete, is bounded as well (~Comm).
 struct Comm {
   int device = 0;
   ncclComm_t comm = nullptr;  // nullptr once aborted
@@ -201,31 +224,15 @@ struct Comm {
       }
       if (clean) {
         ncclCommDestroy(comm);
-      } else {
-        // NCCL's abort may hang too (as the worker's, CallWorker::RunAbort):
-        // past kAbortWait the process goes on (to its exit, usually). The
-        // communicator may still use its stream and buffer: they stay
-        // allocated.
-        auto abort = [dev = device, c = comm] {
-          cudaSetDevice(dev);
-          ncclCommAbort(c);
-        };
-        if (!nccl::RunWithin(abort, kAbortWait)) {
-          std::fprintf(stderr,
-                       "nccl: the communicator of cuda:%d did not finalize within %s nor abort "
-                       "within %s: left to the process's exit\n",
-                       device, absl::FormatDuration(finalize_timeout).c_str(),
-                       absl::FormatDuration(kAbortWait).c_str());
-          return;
-        }
+      } else if (!AbortWithin(comm, device, "destroying a group whose finalize failed or did "
+                                            "not complete in time")) {
+        return;  // the abort may still use the stream and buffer: kept
       }
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (barrier != nullptr) cudaFree(barrier);
   }
 
-  // How long ~Comm waits for NCCL's abort after its finalize timed out.
-  static constexpr absl::Duration kAbortWait = absl::Seconds(30);
 };
 
 // Deletes a Comm unless it was abandoned (the process should exit then).
@@ -363,7 +370,7 @@ class NcclSplit final : public nccl::PendingCall {
     config_.blocking = 0;
   }
   ~NcclSplit() override {
-    if (child_ != nullptr) ncclCommAbort(child_);
+    if (child_ != nullptr) AbortWithin(child_, parent_->device, "a split that failed");
   }
 
   bool NeedsIdle() const override { return true; }
@@ -420,7 +427,8 @@ class NcclProcessGroup final : public ProcessGroup {
         worker_(WorkerOptions()) {}
 
   // The worker finishes the calls in flight (each within its timeout); then
-  // the communicator is finalized within the group's current timeout.
+  // the communicator is finalized within the group's current timeout, or
+  // else aborted within kAbortWait (the destruction takes up to both then).
   ~NcclProcessGroup() override { comm_->finalize_timeout = timeout(); }
 
   int rank() const override { return rank_; }
@@ -531,7 +539,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   if (absl::Status s = worker_.Submit("split", timeout, split)->Wait(); !s.ok()) return s;
   ncclComm_t child = split->TakeChild();
   if (color < 0) {
-    if (child != nullptr) ncclCommAbort(child);
+    if (child != nullptr) AbortWithin(child, comm_->device, "split");
     return std::unique_ptr<ProcessGroup>();
   }
   if (child == nullptr) {
@@ -545,7 +553,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   if (result == ncclSuccess) result = ncclCommCount(child, &new_size);
   if (result != ncclSuccess) {
     const absl::Status s = NcclError(result, "ncclCommUserRank/ncclCommCount", child);
-    ncclCommAbort(child);
+    AbortWithin(child, comm_->device, "split");
     return Prefixed(s, "split", rank_, size_);
   }
   DeviceGuard guard(comm_->device);
@@ -666,7 +674,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   const ncclResult_t result = ncclCommInitRankConfig(&nccl_comm, size, unique, rank, &config);
   if (result != ncclSuccess && result != ncclInProgress) {
     const absl::Status s = NcclError(result, "ncclCommInitRankConfig", nccl_comm);
-    if (nccl_comm != nullptr) ncclCommAbort(nccl_comm);
+    if (nccl_comm != nullptr) AbortWithin(nccl_comm, device_index, "init");
     return Prefixed(s, "nccl_init", rank, size);
   }
   absl::StatusOr<bool> ready = nccl::PollUntil([&] { return CommReady(nccl_comm); }, deadline,
@@ -675,13 +683,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     const absl::Status s =
         ready.ok() ? nccl::InitTimeoutError(store, options.prefix, rank, size, options.timeout, "")
                    : Prefixed(ready.status(), "nccl_init", rank, size);
-    ncclCommAbort(nccl_comm);
+    AbortWithin(nccl_comm, device_index, "init");
     return s;
   }
   // A node launched for another world may have shown up meanwhile.
   if (absl::Status s = internal::CheckNoLayoutMismatch(layout_store, options.prefix, me, who);
       !s.ok()) {
-    ncclCommAbort(nccl_comm);
+    AbortWithin(nccl_comm, device_index, "init");
     return s;
   }
   absl::StatusOr<CommPtr> comm = MakeComm(nccl_comm, device_index, options.timeout);

@@ -19,6 +19,8 @@
 //     With a LaunchOrder shared by a family of groups, each call starts only
 //     once the family's calls issued before it have been enqueued
 //     (dist/nccl_launch_order.h);
+//   - RunWithin: a call on a thread of its own, waited for up to a limit
+//     (NCCL's aborts, which may hang);
 //   - CheckNcclTensors: the device, layout and aliasing rules of NCCL calls.
 #ifndef DIST_NCCL_WORKER_H_
 #define DIST_NCCL_WORKER_H_
