@@ -21,11 +21,13 @@
 #include "nn/linear.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
+#include "optim/param_ref.h"
 #include "tensor/cuda/testing.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/ops/init.h"
 
 namespace dist {
 namespace {
@@ -84,6 +86,47 @@ TEST(FsdpCudaTest, HybridShardMatchesOneProcessOnTheGpu) {
     o.hybrid_shard_group_size = 2;
     ExpectSameTraining(Sharded(c, idx, tgt, 4, o), want, kGpuTol);
   }
+}
+
+// NO_SHARD offloaded with bf16 parameters: each unit's f32 values go up on
+// the rank's stream and are cast there (FsdpUnit::QueueUpload).
+TEST(FsdpCudaTest, NoShardOffloadedBf16MatchesOneProcessBf16) {
+  SKIP_WITHOUT_GPU();
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 13);
+  const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 14);
+  const precision::MixedPrecisionPolicy mp = precision::MixedPrecisionPolicy::Bf16();
+  const RunResult want = SingleProcess(c, idx, tgt, mp, 1, 1, Device::Cuda(0));
+  FsdpOptions o = OnGpu(ShardingStrategy::kNoShard, /*offload=*/true);
+  o.mixed_precision = mp;
+  ExpectCloseTraining(Sharded(c, idx, tgt, 2, o), want);
+}
+
+// NO_SHARD offloaded: a forward ends with its uploads done, so the host may
+// change the shards right after it (an optimizer step, a checkpoint's load)
+// without the forward seeing the new values. Under CUDA_EMU_DEFER=all the
+// uploads queued on the rank's stream wait until something waits for them:
+// without the forward's final wait they would copy the zeros.
+TEST(FsdpCudaTest, NoShardOffloadedForwardUsesTheValuesAtItsStart) {
+  SKIP_WITHOUT_GPU();
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(2, c.block_size, c.vocab_size, 15);
+  ThreadWorld world(1);
+  absl::Status s = RunRanks(world, [&](int, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    FsdpOptions o = OnGpu(ShardingStrategy::kNoShard, /*offload=*/true);
+    o.seed = kSeed;
+    auto fsdp = FullyShard(gpt, pg, o);
+    const Tensor on_gpu = idx.To(Device::Cuda(0));
+    const std::vector<float> want = gpt.LastLogits(on_gpu).To(Device::Cpu()).ToVector<float>();
+    const Tensor logits = gpt.LastLogits(on_gpu);  // not read yet
+    for (optim::ParamRef& p : fsdp->ParamRefs()) {
+      ASSERT_TRUE(p.param.device().is_cpu());
+      tensor::Fill(p.param, 0.0);
+    }
+    EXPECT_EQ(logits.To(Device::Cpu()).ToVector<float>(), want);
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // Offloaded with every unit's all-gather prefetched ahead (forward and

@@ -34,10 +34,12 @@ using namespace dist::testing;  // NOLINT: the shared fixtures
 
 constexpr int kWorld = 2;
 
-// Both ranks' counts of the third of three FULL_SHARD steps (auto-wrap by
-// Block, SGD, clipping) of a model with `n_layer` blocks; `offload`: with
-// cpu_offload (shards, gradients and SGD on the host).
-Counters SteadyStepCounts(int64_t n_layer, bool offload = false) {
+// Both ranks' counts of the third of three steps (FULL_SHARD unless
+// `strategy` says otherwise, auto-wrap by Block, SGD, clipping) of a model
+// with `n_layer` blocks; `offload`: with cpu_offload (shards, gradients and
+// SGD on the host).
+Counters SteadyStepCounts(int64_t n_layer, bool offload = false,
+                          ShardingStrategy strategy = ShardingStrategy::kFullShard) {
   mingpt::GptConfig c = Tiny();
   c.n_layer = n_layer;
   const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 1);
@@ -45,6 +47,7 @@ Counters SteadyStepCounts(int64_t n_layer, bool offload = false) {
   FsdpOptions options = PerBlock();
   options.device = Device::Cuda(0);
   options.cpu_offload = offload;
+  options.strategy = strategy;
   const int64_t B = kGlobalBatch / kWorld;
   Counters before, after;
   ThreadWorld world(kWorld);
@@ -71,9 +74,10 @@ Counters SteadyStepCounts(int64_t n_layer, bool offload = false) {
   });
   EXPECT_TRUE(s.ok()) << s;
   const Counters counts = after - before;
-  std::printf("FSDP FULL_SHARD%s, %d ranks on cuda:0, n_layer %lld (%lld units): both ranks' "
+  std::printf("FSDP %s%s, %d ranks on cuda:0, n_layer %lld (%lld units): both ranks' "
               "step: %s\n",
-              offload ? " offloaded" : "", kWorld, static_cast<long long>(n_layer),
+              ShardingStrategyName(strategy), offload ? " offloaded" : "", kWorld,
+              static_cast<long long>(n_layer),
               static_cast<long long>(n_layer + 1), counts.ToString().c_str());
   return counts;
 }
@@ -112,6 +116,27 @@ TEST(FsdpStepCountsTest, OffloadedShardsGoUpWithoutAHostWait) {
   }
   const int64_t on_gpu = SteadyStepCounts(4).host_syncs - SteadyStepCounts(2).host_syncs;
   EXPECT_LE(four.host_syncs - two.host_syncs, on_gpu + 2 * kWorld + 3)
+      << two.ToString() << " / " << four.ToString();
+}
+
+// NO_SHARD offloaded: each unit's whole flat parameter goes up by a copy
+// queued on the thread's stream (FsdpUnit::QueueUpload), no host wait a unit
+// (a blocking copy each was one wait a rank and unit); the root's forward
+// ends with one wait for the last upload. Two units more add the GPU's own
+// waits (the workers' per all-reduce, as without offload) and the gradients'
+// copies back (one a rank and unit), 2 of slack (measured: 8 against a
+// bound of 10, and 12 with blocking copies).
+TEST(FsdpStepCountsTest, NoShardOffloadedValuesGoUpWithoutAHostWait) {
+  const ShardingStrategy no_shard = ShardingStrategy::kNoShard;
+  const Counters two = SteadyStepCounts(2, /*offload=*/true, no_shard);
+  const Counters four = SteadyStepCounts(4, /*offload=*/true, no_shard);
+  for (const Counters& c : {two, four}) {
+    EXPECT_EQ(c.device_allocs, 0) << c.ToString();
+    EXPECT_EQ(c.pinned_allocs, 0) << c.ToString();
+  }
+  const int64_t on_gpu = SteadyStepCounts(4, false, no_shard).host_syncs -
+                         SteadyStepCounts(2, false, no_shard).host_syncs;
+  EXPECT_LE(four.host_syncs - two.host_syncs, on_gpu + 2 * kWorld + 2)
       << two.ToString() << " / " << four.ToString();
 }
 

@@ -95,7 +95,7 @@ void FsdpUnit::IssueUnshard(bool prefetch) {
   views_set_ = false;  // a new buffer: WaitUnshard points the values at it
   tensor::ScopedMemoryCategory params(tensor::MemoryCategory::kParameters);
   if (no_shard()) {  // a local cast and/or copy to the device, nothing to communicate
-    full_ = ShardOnDevice(gather_dtype_);
+    full_ = shared_.queued_upload ? QueueUpload() : ShardOnDevice(gather_dtype_);
     return;
   }
   full_ = tensor::Tensor::Empty({flat_.padded_numel()}, gather_dtype_, device_);
@@ -186,6 +186,10 @@ void FsdpUnit::PostForward(nn::Module&) {
   if (is_root()) {
     shared_.forward_order() = shared_.forward_now;
     shared_.FreeUnusedPrefetches();  // this pass left the recorded order
+    if (shared_.upload_queued) {  // the host may change the shards from here on
+      tensor::cuda::SynchronizeEvent(shared_.queued_upload->event, shared_.queued_upload->device);
+      shared_.upload_queued = false;
+    }
   }
   if (nn::IsRecomputing()) {
     // The module recomputed: its backward follows at once, on these values.
@@ -309,6 +313,24 @@ void FsdpUnit::DropGatherSlot(bool read_finished) {
   gather_slot_ = -1;
 }
 
+tensor::Tensor FsdpUnit::QueueUpload() {
+  const tensor::Tensor& values = flat_.shard();  // [padded numel] f32, page-locked
+  tensor::Tensor up;
+  if (gather_dtype_ == values.dtype()) {
+    up = tensor::Tensor::Empty(values.shape(), values.dtype(), device_);
+  } else {  // cast below: the f32 copy is transient
+    tensor::ScopedMemoryCategory comm(tensor::MemoryCategory::kCommunication);
+    up = tensor::Tensor::Empty(values.shape(), values.dtype(), device_);
+  }
+  // After the thread's earlier kernels (the block's last users), before its
+  // later ones (the unit's forward).
+  tensor::cuda::CopyToDeviceOnStream(up.raw_data(), values.raw_data(), values.nbytes(),
+                                     device_.index, /*stream=*/nullptr);
+  tensor::cuda::RecordEvent(shared_.queued_upload->event, /*stream=*/nullptr, device_.index);
+  shared_.upload_queued = true;
+  return gather_dtype_ == values.dtype() ? up : up.To(gather_dtype_);
+}
+
 tensor::Tensor FsdpUnit::ShardOnDevice(tensor::Dtype dtype) const {
   tensor::Tensor shard = flat_.shard();
   if (dtype != shard.dtype()) {
@@ -362,6 +384,11 @@ FsdpShared::SideStream::SideStream(int device)
 
 FsdpShared::SideStream::~SideStream() { tensor::cuda::DestroyStream(stream, device); }
 
+FsdpShared::SideEvent::SideEvent(int device)
+    : device(device), event(tensor::cuda::CreateEvent(device)) {}
+
+FsdpShared::SideEvent::~SideEvent() { tensor::cuda::DestroyEvent(event, device); }
+
 void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const {
   OP_CHECK(offload_stream != nullptr && device_values.device().is_cuda() &&
                device_values.device().index == offload_stream->device,
@@ -394,6 +421,9 @@ void FsdpShared::AllocateOffloadStaging(const tensor::Device& device) {
   for (const auto& [dtype, n] : numel) {
     offload_staging[dtype] = tensor::Tensor::EmptyPinned({n}, dtype);
   }
+  const bool no_shard = std::any_of(units.begin(), units.end(),
+                                    [](const FsdpUnit* u) { return u->no_shard(); });
+  if (device.is_cuda() && no_shard) queued_upload = std::make_unique<SideEvent>(device.index);
   if (device.is_cuda() && !upload_numel.empty()) {
     uploads = std::make_unique<OffloadUploads>(device.index);
     for (const auto& [dtype, n] : upload_numel) {

@@ -89,6 +89,22 @@ struct FsdpShared {
   // kernels queued since (a later unit's), and the all-reduce between the
   // nodes, which the host then waits for, would not overlap them.
   std::unique_ptr<SideStream> replicas_ready;
+  // NO_SHARD offloaded on a GPU: recorded after each unit's upload, which is
+  // queued on the thread's stream (FsdpUnit::QueueUpload). The root's
+  // PostForward waits for the last one (`upload_queued`), so that the host
+  // changes no shard (an optimizer step, a checkpoint's load) that a queued
+  // upload still reads; a backward waits for its all-reduces, issued after
+  // the uploads, anyway, but a forward-only pass has none.
+  struct SideEvent {
+    SideEvent(const SideEvent&) = delete;
+    SideEvent& operator=(const SideEvent&) = delete;
+    explicit SideEvent(int device);
+    ~SideEvent();
+    const int device;
+    const tensor::cuda::EventHandle event;
+  };
+  std::unique_ptr<SideEvent> queued_upload;
+  bool upload_queued = false;
   FullyShardedModel::PrefetchStats prefetch_stats;
   int64_t all_gathers = 0;  // of unit parameters, since FullyShard
 
@@ -226,6 +242,12 @@ class FsdpUnit : public nn::ModuleHooks {
   // a copy (offloaded: cast on the host first, into the page-locked staging
   // buffer, so fewer bytes cross to the device).
   tensor::Tensor ShardOnDevice(tensor::Dtype dtype) const;
+  // NO_SHARD offloaded on a GPU: the unit's values in the gather dtype on
+  // the GPU, copied there on this thread's stream without a host wait (a
+  // blocking copy waited for every kernel queued before it); a low-precision
+  // dtype is cast on the device after an f32 copy, as PyTorch FSDP casts its
+  // offloaded parameters. Records FsdpShared::queued_upload after the copy.
+  tensor::Tensor QueueUpload();
   // Waits for the all-gather in flight, frees its upload slot when it
   // succeeded, and throws naming the unit when it failed.
   void WaitGather();
