@@ -413,6 +413,7 @@ std::string FullyShardedModel::param_ref_name(int i) const {
 }
 
 std::vector<optim::ParamRef> FullyShardedModel::ParamRefs() {
+  shared_->WaitQueuedUploads();  // the caller may change the shards
   ZeroUnreducedGradShards();
   std::vector<optim::ParamRef> refs;
   for (size_t i = 0; i < units_.size(); ++i) {

@@ -176,6 +176,8 @@ class FullyShardedModel {
   // One ref per unit that trains: this rank's fp32 shard, its sharded fp32
   // gradient, its weight-decay and frozen ranges, named "fsdp.<unit>"
   // ("fsdp.root" for the root). Units of frozen parameters only have none.
+  // The caller may change the shards: NO_SHARD's offloaded uploads still
+  // queued on the GPU, which read them, are waited for first.
   std::vector<optim::ParamRef> ParamRefs();
   // Drops gradients accumulated under no_sync, and zeroes the sharded
   // gradients in place; with set_to_none (PyTorch's zero_grad default) marks

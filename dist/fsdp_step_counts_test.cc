@@ -12,6 +12,7 @@
 // waits for its stream once per collective (the Work completes with the
 // results in place), which grows with the units; a rank's compute thread
 // does not wait there. With cpu_offload, the shards' uploads add none.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -121,23 +122,27 @@ TEST(FsdpStepCountsTest, OffloadedShardsGoUpWithoutAHostWait) {
 
 // NO_SHARD offloaded: each unit's whole flat parameter goes up by a copy
 // queued on the thread's stream (FsdpUnit::QueueUpload), no host wait a unit
-// (a blocking copy each was one wait a rank and unit); the root's forward
-// ends with one wait for the last upload. Two units more add the GPU's own
-// waits (the workers' per all-reduce, as without offload) and the gradients'
-// copies back (one a rank and unit), 2 of slack (measured: 8 against a
-// bound of 10, and 12 with blocking copies).
+// (a blocking copy each was one wait a rank and unit). Two units more add the
+// GPU's own waits (the workers' per all-reduce, as without offload) and the
+// gradients' copies back (one a rank and unit), 2 of slack. The counts move
+// by about one between runs as the threads interleave: each growth is the
+// least of 3 runs (measured: 8 against a bound of 10; 12 with blocking
+// copies).
 TEST(FsdpStepCountsTest, NoShardOffloadedValuesGoUpWithoutAHostWait) {
   const ShardingStrategy no_shard = ShardingStrategy::kNoShard;
-  const Counters two = SteadyStepCounts(2, /*offload=*/true, no_shard);
-  const Counters four = SteadyStepCounts(4, /*offload=*/true, no_shard);
-  for (const Counters& c : {two, four}) {
-    EXPECT_EQ(c.device_allocs, 0) << c.ToString();
-    EXPECT_EQ(c.pinned_allocs, 0) << c.ToString();
+  int64_t offloaded = INT64_MAX, on_gpu = INT64_MAX;
+  for (int run = 0; run < 3; ++run) {
+    const Counters two = SteadyStepCounts(2, /*offload=*/true, no_shard);
+    const Counters four = SteadyStepCounts(4, /*offload=*/true, no_shard);
+    for (const Counters& c : {two, four}) {
+      EXPECT_EQ(c.device_allocs, 0) << c.ToString();
+      EXPECT_EQ(c.pinned_allocs, 0) << c.ToString();
+    }
+    offloaded = std::min(offloaded, four.host_syncs - two.host_syncs);
+    on_gpu = std::min(on_gpu, SteadyStepCounts(4, false, no_shard).host_syncs -
+                                  SteadyStepCounts(2, false, no_shard).host_syncs);
   }
-  const int64_t on_gpu = SteadyStepCounts(4, false, no_shard).host_syncs -
-                         SteadyStepCounts(2, false, no_shard).host_syncs;
-  EXPECT_LE(four.host_syncs - two.host_syncs, on_gpu + 2 * kWorld + 2)
-      << two.ToString() << " / " << four.ToString();
+  EXPECT_LE(offloaded, on_gpu + 2 * kWorld + 2) << "without offload: " << on_gpu;
 }
 
 }  // namespace

@@ -61,7 +61,11 @@ std::vector<tensor::Dtype> FsdpUnit::OffloadDtypes() const {
   std::vector<tensor::Dtype> dtypes;
   if (!offload_) return dtypes;
   if (flat_.trains()) dtypes.push_back(reduce_dtype_);
-  if (gather_dtype_ != tensor::Dtype::kF32) dtypes.push_back(gather_dtype_);
+  // A low-precision copy of the shard cast on the host (NO_SHARD's uploads
+  // on a GPU cast on the device: QueueUpload).
+  if (gather_dtype_ != tensor::Dtype::kF32 && !(no_shard() && device_.is_cuda())) {
+    dtypes.push_back(gather_dtype_);
+  }
   return dtypes;
 }
 
@@ -186,10 +190,6 @@ void FsdpUnit::PostForward(nn::Module&) {
   if (is_root()) {
     shared_.forward_order() = shared_.forward_now;
     shared_.FreeUnusedPrefetches();  // this pass left the recorded order
-    if (shared_.upload_queued) {  // the host may change the shards from here on
-      tensor::cuda::SynchronizeEvent(shared_.queued_upload->event, shared_.queued_upload->device);
-      shared_.upload_queued = false;
-    }
   }
   if (nn::IsRecomputing()) {
     // The module recomputed: its backward follows at once, on these values.
@@ -388,6 +388,12 @@ FsdpShared::SideEvent::SideEvent(int device)
     : device(device), event(tensor::cuda::CreateEvent(device)) {}
 
 FsdpShared::SideEvent::~SideEvent() { tensor::cuda::DestroyEvent(event, device); }
+
+void FsdpShared::WaitQueuedUploads() {
+  if (!upload_queued) return;
+  tensor::cuda::SynchronizeEvent(queued_upload->event, queued_upload->device);
+  upload_queued = false;
+}
 
 void FsdpShared::CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const {
   OP_CHECK(offload_stream != nullptr && device_values.device().is_cuda() &&

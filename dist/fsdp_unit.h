@@ -63,7 +63,7 @@ struct FsdpShared {
   // for its all-gather on a stream of its own, through slots made at
   // FullyShard (offload_uploads.h; max_inflight_all_gathers per gather
   // dtype, fewer when fewer units gather in it); with none free, by a
-  // blocking copy as under NO_SHARD.
+  // blocking copy. (NO_SHARD's go up on the thread's stream: QueueUpload.)
   std::unique_ptr<OffloadUploads> uploads;
   // A stream of FSDP's own on the GPU (created and destroyed with it).
   struct SideStream {
@@ -90,11 +90,13 @@ struct FsdpShared {
   // nodes, which the host then waits for, would not overlap them.
   std::unique_ptr<SideStream> replicas_ready;
   // NO_SHARD offloaded on a GPU: recorded after each unit's upload, which is
-  // queued on the thread's stream (FsdpUnit::QueueUpload). The root's
-  // PostForward waits for the last one (`upload_queued`), so that the host
-  // changes no shard (an optimizer step, a checkpoint's load) that a queued
-  // upload still reads; a backward waits for its all-reduces, issued after
-  // the uploads, anyway, but a forward-only pass has none.
+  // queued on the thread's stream (FsdpUnit::QueueUpload). The host changes
+  // the shards only through FullyShardedModel::ParamRefs (an optimizer step,
+  // a sharded checkpoint's load), which waits for the last upload first
+  // (WaitQueuedUploads), so no queued upload reads a shard being changed,
+  // whatever ran before (a forward-only pass, Unshard, a forward that threw).
+  // After a backward the uploads have finished (its all-reduces, issued
+  // after them, were waited for): the wait costs nothing then.
   struct SideEvent {
     SideEvent(const SideEvent&) = delete;
     SideEvent& operator=(const SideEvent&) = delete;
@@ -105,6 +107,8 @@ struct FsdpShared {
   };
   std::unique_ptr<SideEvent> queued_upload;
   bool upload_queued = false;
+  // The host waits for the last queued upload, if one is pending.
+  void WaitQueuedUploads();
   FullyShardedModel::PrefetchStats prefetch_stats;
   int64_t all_gathers = 0;  // of unit parameters, since FullyShard
 

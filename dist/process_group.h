@@ -73,7 +73,8 @@ struct CollectiveOptions {
   // on: the input's writers, and the earlier users of the output's memory.
   // FSDP's offloaded all-gathers wait so for their shard's upload and the
   // thread's stream, and the thread's later kernels do not wait for the
-  // upload. nullptr: the default; host tensors, the threads engine's barrier
+  // upload; HYBRID_SHARD's replicas' all-reduce, whose input is final, for
+  // an idle stream. nullptr: the default; host tensors, the threads engine's barrier
   // (no tensors) and the gloo engine (no GPU tensors) ignore it.
   void* ready_stream = nullptr;
 
