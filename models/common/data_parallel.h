@@ -207,6 +207,15 @@ struct DataParallelConfig {
   std::string Describe() const;
 };
 
+// The GPU of a --backend=nccl rank, given the CUDA devices this process sees
+// (`visible`): cuda:LOCAL_RANK when the node's GPUs are visible to each of
+// its ranks (at least one a rank); cuda:0 when each process sees one GPU of
+// its own (CUDA_VISIBLE_DEVICES set per rank: Slurm's --gpus-per-task=1, a
+// container per rank). Between those, an InvalidArgument naming both counts
+// (NCCL refuses two ranks on one GPU). `visible` 0 (a build without CUDA, no
+// device): cuda:LOCAL_RANK, which the nccl engine then refuses, saying why.
+absl::StatusOr<tensor::Device> NcclRankDevice(const LaunchEnv& env, int visible);
+
 // Checks the flags and reads the launcher's environment (gloo) through
 // `getenv`. Errors are InvalidArgument and name the flag or variable:
 // unknown names, --world_size that disagrees with WORLD_SIZE, unsupported

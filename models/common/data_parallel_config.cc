@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 
 namespace train {
@@ -486,12 +487,28 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
           "sees>, not redis://");
     }
     if (absl::StartsWith(rdzv->store, "file://")) rdzv->store = rdzv->store.substr(7);
-    config.device = tensor::Device::Cuda(env->local_rank);  // one GPU per rank of a node
+    absl::StatusOr<tensor::Device> gpu = NcclRankDevice(*env, tensor::cuda::DeviceCount());
+    if (!gpu.ok()) return gpu.status();
+    config.device = *gpu;  // one GPU per rank of a node
   }
   config.rendezvous = *rdzv;
   s = ResolveHybridShardGroup(flags.hybrid_shard_group_size, env->local_world_size, config);
   if (!s.ok()) return s;
   return config;
+}
+
+absl::StatusOr<tensor::Device> NcclRankDevice(const LaunchEnv& env, int visible) {
+  if (visible == 1) return tensor::Device::Cuda(0);  // this rank's own GPU
+  if (visible == 0 || visible >= env.local_world_size) {
+    return tensor::Device::Cuda(env.local_rank);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--backend=nccl runs one rank per GPU: this node runs ", env.local_world_size,
+      " ranks (LOCAL_WORLD_SIZE) but this process sees ", visible,
+      " CUDA devices (CUDA_VISIBLE_DEVICES). Give every rank of the node all of its GPUs (at "
+      "least one a rank: rank LOCAL_RANK uses cuda:LOCAL_RANK) or each rank one GPU of its "
+      "own, launch fewer ranks a node (--nproc_per_node), or share a GPU with "
+      "--backend=threads"));
 }
 
 absl::Status CheckOneProcessFlags(const DataParallelFlags& flags,

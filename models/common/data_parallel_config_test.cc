@@ -283,7 +283,8 @@ TEST(ConfigureTest, DevicesAndNccl) {
   c = ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 3)));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->backend, Backend::kNccl);
-  EXPECT_EQ(c->device, tensor::Device::Cuda(1));  // LOCAL_RANK defaults to RANK
+  // LOCAL_RANK defaults to RANK; one visible GPU is the rank's own (NcclRankDevice).
+  EXPECT_EQ(c->device, tensor::Device::Cuda(tensor::cuda::DeviceCount() == 1 ? 0 : 1));
   EXPECT_TRUE(absl::StartsWith(c->rendezvous.store, TempDir() + "/fsdp_rdzv_"));
   EXPECT_EQ(c->Describe(),
             "FSDP NO_SHARD (auto_wrap transformer) over 3 ranks (nccl) on cuda:LOCAL_RANK");
@@ -291,6 +292,30 @@ TEST(ConfigureTest, DevicesAndNccl) {
   c = ConfigureDataParallel(f, {"Block"}, FakeEnv(LaunchVars(1, 3)));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rendezvous.store, "/shared/rdzv");
+}
+
+// A nccl rank's GPU from the devices its process sees: all of the node's
+// (cuda:LOCAL_RANK), one of its own (cuda:0), or too few (an error naming
+// both counts).
+TEST(ConfigureTest, NcclRankDeviceFollowsTheVisibleGpus) {
+  LaunchEnv env;
+  env.rank = 5;
+  env.world_size = 8;
+  env.local_rank = 5;
+  env.local_world_size = 8;
+  EXPECT_EQ(NcclRankDevice(env, 8).value(), tensor::Device::Cuda(5));
+  EXPECT_EQ(NcclRankDevice(env, 16).value(), tensor::Device::Cuda(5));
+  EXPECT_EQ(NcclRankDevice(env, 1).value(), tensor::Device::Cuda(0));  // CUDA_VISIBLE_DEVICES=5
+  EXPECT_EQ(NcclRankDevice(env, 0).value(), tensor::Device::Cuda(5));  // the engine says why
+  const absl::StatusOr<tensor::Device> few = NcclRankDevice(env, 4);
+  ASSERT_FALSE(few.ok());
+  EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(few.status().message(),
+                                "this node runs 8 ranks (LOCAL_WORLD_SIZE) but this process sees "
+                                "4 CUDA devices"))
+      << few.status();
+  env.local_rank = 0;
+  EXPECT_FALSE(NcclRankDevice(env, 4).ok()) << "a rank whose GPU exists fails with the others";
 }
 
 TEST(RunDataParallelTest, NcclWithoutCudaSaysHowToBuildIt) {
