@@ -7,7 +7,9 @@
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT and
-// RUN_ID in its environment. RUN_ID names this run, so that workers can keep
+// RUN_ID in its environment, and FSDP_NUM_THREADS (its tensor thread pool's
+// size) = the cores this launcher may use / --nproc_per_node (at least 1)
+// unless the launcher's environment sets it. RUN_ID names this run, so that workers can keep
 // their rendezvous keys apart from those an earlier run left in a store:
 // --rdzv_id when given (give every node's launcher the same one), otherwise a
 // fresh id per launch on one node ("<pid>-<microseconds since the epoch>") and
@@ -29,12 +31,14 @@
 // meet.
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -237,6 +241,26 @@ int main(int argc, char** argv) {
     run_id = nnodes > 1 ? "none" : std::to_string(getpid()) + "-" + std::to_string(us);
   }
 
+  // Each worker's tensor thread pool (tensor/thread_pool.h) would start a
+  // thread per core: the node's workers share the cores instead (torchrun
+  // sets OMP_NUM_THREADS=1 for the same reason). FSDP_NUM_THREADS in the
+  // launcher's environment is passed as it is.
+  std::string threads_per_worker;
+  if (std::getenv("FSDP_NUM_THREADS") == nullptr) {
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                          ? CPU_COUNT(&cpus)
+                          : static_cast<int>(std::thread::hardware_concurrency());
+    threads_per_worker = std::to_string(std::max(1, cores / nproc));
+    if (nproc > 1) {
+      std::fprintf(stderr,
+                   "launch: FSDP_NUM_THREADS=%s for each worker (%d cores, %d workers); set it "
+                   "to choose\n",
+                   threads_per_worker.c_str(), cores, nproc);
+    }
+  }
+
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
@@ -277,6 +301,7 @@ int main(int argc, char** argv) {
         set("MASTER_PORT", std::to_string(port));
         set("RESTART_COUNT", std::to_string(attempt));
         set("RUN_ID", run_id);
+        if (!threads_per_worker.empty()) set("FSDP_NUM_THREADS", threads_per_worker);
         std::vector<char*> args;
         for (auto& c : cmd) args.push_back(const_cast<char*>(c.c_str()));
         args.push_back(nullptr);
