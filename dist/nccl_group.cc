@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -597,6 +598,13 @@ nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     int rank, int size, int device_index, Store& store, const NcclGroupOptions& options) {
+  // NCCL's buffers at init (nccl_group.h), once per process, before NCCL
+  // first reads its parameters (at its first init).
+  static const bool connect_at_init = [] {
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+    return true;
+  }();
+  (void)connect_at_init;
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("[nccl_init] invalid rank ", rank, " for a group of size ", size));

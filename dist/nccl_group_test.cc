@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -538,6 +539,21 @@ TEST(NcclGroupTest, CollectivesWaitForTheComputeStream) {
   cudaFreeHost(host);
   ASSERT_TRUE(SetNcclComputeStream(**pg, nullptr).ok());
   cudaStreamDestroy(stream);
+}
+
+// NCCL allocates its buffers at init (NCCL_RUNTIME_CONNECT=0), unless the
+// environment chose otherwise before the first group.
+TEST(NcclGroupTest, NcclConnectsAtInitUnlessTheEnvironmentSays) {
+  SKIP_WITHOUT_GPUS(1);
+  const char* before = std::getenv("NCCL_RUNTIME_CONNECT");
+  const std::string chosen = before == nullptr ? "" : before;
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("connect"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  const char* after = std::getenv("NCCL_RUNTIME_CONNECT");
+  ASSERT_NE(after, nullptr);
+  // Another test's group may have come first: "0" then, or the environment's.
+  EXPECT_EQ(std::string(after), chosen.empty() ? "0" : chosen);
 }
 
 // A call given a ready stream (CollectiveOptions::ready_stream) waits for its
