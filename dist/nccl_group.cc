@@ -17,8 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "dist/launch_layout.h"
+#include "dist/nccl_env.h"
 #include "dist/nccl_launch_order.h"
 #include "dist/nccl_rendezvous.h"
 #include "dist/nccl_worker.h"
@@ -598,13 +600,7 @@ nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     int rank, int size, int device_index, Store& store, const NcclGroupOptions& options) {
-  // NCCL's buffers at init (nccl_group.h), once per process, before NCCL
-  // first reads its parameters (at its first init).
-  static const bool connect_at_init = [] {
-    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-    return true;
-  }();
-  (void)connect_at_init;
+  nccl::ChooseNcclEnvironment();  // before NCCL reads it (its first init)
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("[nccl_init] invalid rank ", rank, " for a group of size ", size));
@@ -688,9 +684,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   absl::StatusOr<bool> ready = nccl::PollUntil([&] { return CommReady(nccl_comm); }, deadline,
                                                nccl::Clock(), absl::Milliseconds(1));
   if (!ready.ok() || !*ready) {
-    const absl::Status s =
+    absl::Status s =
         ready.ok() ? nccl::InitTimeoutError(store, options.prefix, rank, size, options.timeout, "")
                    : Prefixed(ready.status(), "nccl_init", rank, size);
+    if (absl::StrContains(s.message(), "Duplicate GPU")) {  // NCCL's words for it
+      s = absl::Status(
+          s.code(),
+          absl::StrCat(s.message(), ": two ranks of this group are on one GPU. NCCL needs one "
+                       "GPU per rank: check CUDA_VISIBLE_DEVICES and the ranks a node runs "
+                       "(--nproc_per_node), or share a GPU with the threads engine"));
+    }
     AbortWithin(nccl_comm, device_index, "init");
     return s;
   }

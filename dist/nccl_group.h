@@ -127,12 +127,8 @@ struct NcclGroupOptions {
 // must outlive the group.
 //
 // The first call in a process sets NCCL_RUNTIME_CONNECT=0 unless the
-// environment sets it: NCCL (2.22 and later) then connects the peers and
-// allocates its buffers at init, while the GPU's memory is free, rather than
-// at the first collective of each kind, when this process's caching
-// allocator may hold all of it (its cache is released when its own
-// allocations fail, but NCCL's are not its own): an out-of-memory error there
-// breaks the group mid-step. (As TensorRT-LLM sets it before its inits.)
+// environment or NCCL's configuration files set it (dist/nccl_env.h): NCCL's
+// buffers are allocated at init, while the GPU's memory is free.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     int rank, int size, int device_index, Store& store, const NcclGroupOptions& options = {});
 

@@ -622,6 +622,30 @@ TEST(NcclGroupTest, ACallThatDiffersAcrossRanksFailsOnEveryRank) {
   }
 }
 
+// Two ranks on one GPU: NCCL refuses them (its duplicate-GPU check), and the
+// error says what to change.
+TEST(NcclGroupTest, TwoRanksOnOneGpuFailSayingWhy) {
+#ifndef CUDA_EMULATED
+  GTEST_SKIP() << "the emulated NCCL's check stands for NCCL's; a GPU run would need 2 ranks";
+#endif
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  std::vector<absl::Status> got(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      got[rank] =
+          CreateNcclProcessGroup(rank, 2, 0, store, Options("one_gpu", absl::Seconds(20))).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(std::string(got[rank].message()),
+                HasSubstr("two ranks of this group are on one GPU. NCCL needs one GPU per rank"))
+        << "rank " << rank << ": " << got[rank];
+  }
+}
+
 TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;

@@ -8,8 +8,9 @@
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT and
 // RUN_ID in its environment, and FSDP_NUM_THREADS (its tensor thread pool's
-// size) = the cores this launcher may use / --nproc_per_node (at least 1)
-// unless the launcher's environment sets it. RUN_ID names this run, so that workers can keep
+// size), OMP_NUM_THREADS and OPENBLAS_NUM_THREADS = the cores this launcher
+// may use / --nproc_per_node (at least 1), each unless the launcher's
+// environment sets it. RUN_ID names this run, so that workers can keep
 // their rendezvous keys apart from those an earlier run left in a store:
 // --rdzv_id when given (give every node's launcher the same one), otherwise a
 // fresh id per launch on one node ("<pid>-<microseconds since the epoch>") and
@@ -171,6 +172,24 @@ std::string DescribeStatus(int status) {
 
 }  // namespace
 
+// The CPUs this process may run on (its affinity mask, any size), or the
+// hardware's count when that cannot be read. CPU quotas (cgroups) are not
+// seen.
+int UsableCores() {
+  const long configured = sysconf(_SC_NPROCESSORS_CONF);
+  const int n = static_cast<int>(std::max(1024L, configured));
+  cpu_set_t* set = CPU_ALLOC(n);
+  int cores = 0;
+  if (set != nullptr) {
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    if (sched_getaffinity(0, bytes, set) == 0) cores = CPU_COUNT_S(bytes, set);
+    CPU_FREE(set);
+  }
+  if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(cores, 1);
+}
+
 int main(int argc, char** argv) {
   int nproc = -1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;
   std::string endpoint, run_id;
@@ -241,24 +260,22 @@ int main(int argc, char** argv) {
     run_id = nnodes > 1 ? "none" : std::to_string(getpid()) + "-" + std::to_string(us);
   }
 
-  // Each worker's tensor thread pool (tensor/thread_pool.h) would start a
-  // thread per core: the node's workers share the cores instead (torchrun
-  // sets OMP_NUM_THREADS=1 for the same reason). FSDP_NUM_THREADS in the
-  // launcher's environment is passed as it is.
-  std::string threads_per_worker;
-  if (std::getenv("FSDP_NUM_THREADS") == nullptr) {
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
-                          ? CPU_COUNT(&cpus)
-                          : static_cast<int>(std::thread::hardware_concurrency());
-    threads_per_worker = std::to_string(std::max(1, cores / nproc));
-    if (nproc > 1) {
-      std::fprintf(stderr,
-                   "launch: FSDP_NUM_THREADS=%s for each worker (%d cores, %d workers); set it "
-                   "to choose\n",
-                   threads_per_worker.c_str(), cores, nproc);
-    }
+  // Each worker's tensor thread pool (tensor/thread_pool.h) and oneDNN's
+  // OpenMP team (tensor/cpu/matmul.cc) would start a thread per core: the
+  // node's workers share the cores instead (torchrun sets OMP_NUM_THREADS=1
+  // for the same reason). A variable the launcher's environment sets is
+  // passed as it is.
+  const int cores = UsableCores();
+  const std::string share = std::to_string(std::max(1, cores / nproc));
+  std::vector<const char*> thread_vars;
+  for (const char* var : {"FSDP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (std::getenv(var) == nullptr) thread_vars.push_back(var);
+  }
+  if (nproc > 1 && !thread_vars.empty()) {
+    std::string given;
+    for (const char* var : thread_vars) given += std::string(" ") + var + "=" + share;
+    std::fprintf(stderr, "launch: each worker gets%s (%d cores, %d workers); set them to choose\n",
+                 given.c_str(), cores, nproc);
   }
 
   struct sigaction sa {};
@@ -301,7 +318,7 @@ int main(int argc, char** argv) {
         set("MASTER_PORT", std::to_string(port));
         set("RESTART_COUNT", std::to_string(attempt));
         set("RUN_ID", run_id);
-        if (!threads_per_worker.empty()) set("FSDP_NUM_THREADS", threads_per_worker);
+        for (const char* var : thread_vars) set(var, share);
         std::vector<char*> args;
         for (auto& c : cmd) args.push_back(const_cast<char*>(c.c_str()));
         args.push_back(nullptr);

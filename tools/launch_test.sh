@@ -18,18 +18,21 @@ for r in 0 1; do
 done
 [ "$(echo "$out" | wc -l)" -eq 4 ] || fail "expected 4 lines"
 
-# FSDP_NUM_THREADS: the cores shared by the node's workers, unless set.
-cores=$(nproc)
-want=$(( cores / 2 )); [ $want -ge 1 ] || want=1
-out=$(env -u FSDP_NUM_THREADS "$LAUNCH" --nproc_per_node=2 -- sh -c 'echo "threads=$FSDP_NUM_THREADS"' 2> "$T/threads.err") \
+# FSDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS: the cores shared by
+# the node's workers, each unless set (the cores as the launcher counts them:
+# its affinity mask, which nproc may not report).
+out=$(env -u FSDP_NUM_THREADS -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS "$LAUNCH" --nproc_per_node=2 -- \
+  sh -c 'echo "threads=$FSDP_NUM_THREADS,$OMP_NUM_THREADS,$OPENBLAS_NUM_THREADS"' 2> "$T/threads.err") \
   || fail "threads run exited $?"
-[ "$(echo "$out" | sort -u)" = "[rank 0] threads=$want
-[rank 1] threads=$want" ] || fail "FSDP_NUM_THREADS for 2 workers on $cores cores: $out"
-grep -q "launch: FSDP_NUM_THREADS=$want for each worker ($cores cores, 2 workers)" "$T/threads.err" \
-  || fail "no line saying the threads: $(cat "$T/threads.err")"
-out=$(FSDP_NUM_THREADS=3 "$LAUNCH" --nproc_per_node=2 -- sh -c 'echo "threads=$FSDP_NUM_THREADS"') \
-  || fail "threads run 2 exited $?"
-[ "$(echo "$out" | sed 's/^\[rank [01]\] //' | sort -u)" = "threads=3" ] || fail "FSDP_NUM_THREADS=3 not kept: $out"
+cores=$(sed -n 's/^launch: each worker gets FSDP_NUM_THREADS=[0-9]* OMP_NUM_THREADS=[0-9]* OPENBLAS_NUM_THREADS=[0-9]* (\([0-9]*\) cores, 2 workers).*/\1/p' "$T/threads.err")
+[ -n "$cores" ] || fail "no line saying the threads: $(cat "$T/threads.err")"
+want=$(( cores / 2 )); [ $want -ge 1 ] || want=1
+[ "$(echo "$out" | sort -u)" = "[rank 0] threads=$want,$want,$want
+[rank 1] threads=$want,$want,$want" ] || fail "thread counts for 2 workers on $cores cores: $out"
+out=$(FSDP_NUM_THREADS=3 env -u OMP_NUM_THREADS "$LAUNCH" --nproc_per_node=2 -- \
+  sh -c 'echo "threads=$FSDP_NUM_THREADS,$OMP_NUM_THREADS"' 2>/dev/null) || fail "threads run 2 exited $?"
+[ "$(echo "$out" | sed 's/^\[rank [01]\] //' | sort -u)" = "threads=3,$want" ] \
+  || fail "FSDP_NUM_THREADS=3 not kept, or OMP_NUM_THREADS not set: $out"
 
 # Second node of two: global ranks 2, 3.
 out=$("$LAUNCH" --nproc_per_node=2 --nnodes=2 --node_rank=1 --rdzv_endpoint=10.0.0.1:29400 -- \

@@ -234,7 +234,12 @@ std::string DataParallelConfig::Describe() const {
   absl::StrAppend(&s, " over ", world_size, world_size == 1 ? " rank (" : " ranks (",
                   BackendName(backend), ")");
   if (!device.is_cpu()) {
-    absl::StrAppend(&s, " on ", backend == Backend::kNccl ? "cuda:LOCAL_RANK" : device.ToString());
+    std::string where = device.ToString();
+    if (backend == Backend::kNccl) {  // NcclRankDevice
+      where = device.index == env.local_rank ? "cuda:LOCAL_RANK"
+                                             : "cuda:0 (each rank's one visible GPU)";
+    }
+    absl::StrAppend(&s, " on ", where);
   }
   if (cpu_offload) absl::StrAppend(&s, ", CPU offload");
   return s;
