@@ -507,6 +507,29 @@ TEST(NcclGroupTest, SplitsOfAGroupOfOne) {
   EXPECT_TRUE((*pg)->BarrierSync().ok());
 }
 
+// Queues a copy of n page-locked values on `stream` into a zeroed input, then
+// all-gathers it at world size 1 (a copy to another buffer) with `options`;
+// the number of output values that are not the copied ones.
+int64_t WrongAfterACopyOn(ProcessGroup& pg, cudaStream_t stream, int64_t n,
+                          const CollectiveOptions& options) {
+  float* host = nullptr;
+  EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000 + 1);
+  Tensor in = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+  Tensor out = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the zeros are in place
+  EXPECT_EQ(cudaMemcpyAsync(in.raw_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  const absl::Status s = pg.AllGatherSync(in, out, options);
+  EXPECT_TRUE(s.ok()) << s;
+  const std::vector<float> result = out.ToVector<float>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += result[i] != host[i];
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // the copy has read its source
+  cudaFreeHost(host);
+  return wrong;
+}
+
 TEST(NcclGroupTest, CollectivesWaitForTheComputeStream) {
   SKIP_WITHOUT_GPUS(1);
   HashStore store;
@@ -520,23 +543,9 @@ TEST(NcclGroupTest, CollectivesWaitForTheComputeStream) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_TRUE(SetNcclComputeStream(**pg, stream).ok());
-  // A large copy queued on the compute stream fills the input; the all-gather
-  // (a copy to another buffer at world size 1) must see all of it.
-  constexpr int64_t n = int64_t{32} << 20;  // 128 MiB of f32
-  float* host = nullptr;
-  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)), cudaSuccess);
-  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000 + 1);
-  Tensor in = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
-  Tensor out = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the zeros are in place
-  ASSERT_EQ(cudaMemcpyAsync(in.raw_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream),
-            cudaSuccess);
-  ASSERT_TRUE((*pg)->AllGatherSync(in, out).ok());
-  const std::vector<float> result = out.ToVector<float>();
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < n; ++i) wrong += result[i] != host[i];
-  EXPECT_EQ(wrong, 0);
-  cudaFreeHost(host);
+  // A large copy queued on the compute stream fills the input (128 MiB of
+  // f32); the all-gather must see all of it.
+  EXPECT_EQ(WrongAfterACopyOn(**pg, stream, int64_t{32} << 20, {}), 0);
   ASSERT_TRUE(SetNcclComputeStream(**pg, nullptr).ok());
   cudaStreamDestroy(stream);
 }
@@ -567,24 +576,10 @@ TEST(NcclGroupTest, ACallWaitsForItsReadyStream) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  constexpr int64_t n = int64_t{1} << 20;
-  float* host = nullptr;
-  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)), cudaSuccess);
-  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000 + 1);
-  Tensor in = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
-  Tensor out = Tensor::Zeros({n}, Dtype::kF32, Device::Cuda(0));
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the zeros are in place
-  ASSERT_EQ(cudaMemcpyAsync(in.raw_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream),
-            cudaSuccess);
   CollectiveOptions options;
   options.ready_stream = stream;
-  ASSERT_TRUE((*pg)->AllGatherSync(in, out, options).ok());
-  const std::vector<float> result = out.ToVector<float>();
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < n; ++i) wrong += result[i] != host[i];
-  EXPECT_EQ(wrong, 0);
-  cudaStreamDestroy(stream);  // runs a copy still deferred there before its source goes
-  cudaFreeHost(host);
+  EXPECT_EQ(WrongAfterACopyOn(**pg, stream, int64_t{1} << 20, options), 0);
+  cudaStreamDestroy(stream);
 }
 
 // A call whose sizes differ across the ranks: the emulated NCCL flags both
