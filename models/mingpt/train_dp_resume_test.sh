@@ -7,6 +7,10 @@
 # //tools:launch resumes on threads; DDP's (single-process format) resumes in
 # the single-process loop. Dropout 0: masks depend on each rank's rows.
 set -euo pipefail
+# The same thread counts in the launched workers as in the one-process runs
+# they are compared with (the launcher would give each its share of the
+# cores, and bf16 GEMMs round differently with another OpenMP team size).
+export FSDP_NUM_THREADS=2 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 launch="$1"
 train="$2"
 source "$3"  # models/common/losses_testing.sh: losses, same_losses

@@ -8,6 +8,10 @@
 # keys behind). --init_from reads only each process's FSDP shard of a
 # checkpoint (one-process, sharded, or a Hugging Face folder). Bad launch environments and flags are clear errors (exit 2).
 set -euo pipefail
+# The same thread counts in the launched workers as in the one-process runs
+# they are compared with (the launcher would give each its share of the
+# cores, and bf16 GEMMs round differently with another OpenMP team size).
+export FSDP_NUM_THREADS=2 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 launch="$1"
 train="$2"
 source "$3"  # models/common/cli_testing.sh: exits_2

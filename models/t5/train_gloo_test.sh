@@ -6,6 +6,10 @@
 # A wrap policy that would move the shared embedding out of the root unit is
 # refused (exit 2).
 set -euo pipefail
+# The same thread counts in the launched workers as in the one-process runs
+# they are compared with (the launcher would give each its share of the
+# cores, and bf16 GEMMs round differently with another OpenMP team size).
+export FSDP_NUM_THREADS=2 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 launch="$1"
 train="$2"
 dir="${TEST_TMPDIR}/t5_gloo"
