@@ -109,7 +109,8 @@ class FileLock {
       if (errno == EINTR) continue;
       const int err = errno;
       ::close(fd);
-      return ErrnoError("cannot lock", file, err);
+      const absl::Status s = ErrnoError("cannot lock", file, err);
+      return absl::Status(s.code(), absl::StrCat(s.message(), internal::FileLockHint(err)));
     }
     return std::unique_ptr<FileLock>(new FileLock(fd));
   }
@@ -121,6 +122,24 @@ class FileLock {
 };
 
 }  // namespace
+
+namespace internal {
+
+std::string FileLockHint(int err) {
+  switch (err) {
+    case ENOSYS:
+    case ENOLCK:
+    case EOPNOTSUPP:
+    case EINVAL:
+      return " (the filesystem takes no file locks, which the store's counters need: Lustre "
+             "mounted without -o flock, NFS mounted with nolock; give the store a directory "
+             "on a filesystem that takes them, a local one for one node)";
+    default:
+      return "";
+  }
+}
+
+}  // namespace internal
 
 absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& path,
                                                            absl::Duration timeout) {

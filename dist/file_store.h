@@ -47,6 +47,13 @@ class FileStore final : public Store {
   const std::string path_;
 };
 
+namespace internal {
+// What a failed file lock with errno `err` says beyond strerror: for the
+// errors of filesystems that take no locks, which to use instead ("" for
+// others).
+std::string FileLockHint(int err);
+}  // namespace internal
+
 }  // namespace dist
 
 #endif  // DIST_FILE_STORE_H_

@@ -2,6 +2,7 @@
 // threads, and two processes (fork) rendezvousing through one directory.
 #include "dist/file_store.h"
 
+#include <errno.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -89,6 +91,17 @@ TEST(FileStoreTest, OpenFailsOnAFile) {
   absl::StatusOr<std::unique_ptr<FileStore>> bad = FileStore::Open(store->PathForKey("k"));
   EXPECT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("is not a directory"));
+}
+
+// A filesystem that takes no locks (Lustre without -o flock, NFS with nolock)
+// fails every Add: the error says so, not only strerror's words.
+TEST(FileStoreTest, ALockTheFilesystemRefusesIsNamed) {
+  for (int err : {ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL}) {
+    EXPECT_TRUE(
+        absl::StrContains(internal::FileLockHint(err), "the filesystem takes no file locks"))
+        << err;
+  }
+  EXPECT_EQ(internal::FileLockHint(EIO), "");
 }
 
 TEST(FileStoreTest, ThreadsRendezvousAndAddAtomically) {
