@@ -80,12 +80,32 @@ TEST(FsdpCudaTest, HybridShardMatchesOneProcessOnTheGpu) {
   const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 10);
   const RunResult want = SingleProcess(c, idx, tgt, precision::MixedPrecisionPolicy::Fp32(), 1, 1,
                                        Device::Cuda(0));
-  for (bool offload : {false, true}) {
-    SCOPED_TRACE(offload ? "offload" : "on the GPU");
-    FsdpOptions o = OnGpu(ShardingStrategy::kHybridShard, offload);
-    o.hybrid_shard_group_size = 2;
-    ExpectSameTraining(Sharded(c, idx, tgt, 4, o), want, kGpuTol);
+  for (ShardingStrategy strategy :
+       {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}) {
+    for (bool offload : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(ShardingStrategyName(strategy), offload ? ", offload" : ""));
+      FsdpOptions o = OnGpu(strategy, offload);
+      o.hybrid_shard_group_size = 2;
+      ExpectSameTraining(Sharded(c, idx, tgt, 4, o), want, kGpuTol);
+    }
   }
+}
+
+// HYBRID_SHARD with bf16 parameters and bf16 gradient reduction: the
+// replicas' all-reduce (on FSDP's idle stream) reduces the bf16 shard the
+// reduce-scatter wrote.
+TEST(FsdpCudaTest, HybridShardBf16ReduceMatchesOneProcessBf16) {
+  SKIP_WITHOUT_GPU();
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 16);
+  const Tensor tgt = RandomIds(kGlobalBatch, c.block_size, c.vocab_size, 17);
+  precision::MixedPrecisionPolicy mp = precision::MixedPrecisionPolicy::Bf16();
+  const RunResult want = SingleProcess(c, idx, tgt, mp, 1, 1, Device::Cuda(0));
+  mp.reduce_dtype = tensor::Dtype::kBF16;
+  FsdpOptions o = OnGpu(ShardingStrategy::kHybridShard);
+  o.mixed_precision = mp;
+  o.hybrid_shard_group_size = 2;
+  ExpectCloseTraining(Sharded(c, idx, tgt, 4, o), want);
 }
 
 // NO_SHARD offloaded with bf16 parameters: each unit's f32 values go up on
