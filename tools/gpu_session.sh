@@ -34,6 +34,7 @@
 #                                $OUT/attention.txt, $OUT/norm.txt, $OUT/loss.txt)
 #   tools/gpu_session.sh train   minGPT on the GPU: one process, FSDP FULL_SHARD over 2 ranks
 #                                sharing it (threads), the same with --cpu_offload, and DDP;
+#                                NO_SHARD offloaded, HYBRID_SHARD (4 ranks) and offloaded;
 #                                losses and per-rank memory ($OUT/train.log), sampling from
 #                                the first run's checkpoint with and without the key/value
 #                                cache (the same tokens? tokens/s), the runs' losses
@@ -382,6 +383,16 @@ case "$phase" in
       echo "=== bf16, FSDP FULL_SHARD, 2 ranks"
       "$run" train "${common[@]}" --batch_size=4 --world_size=2 --precision=bf16 \
         --metrics_out="$metrics/5_fsdp_bf16.jsonl"
+      # Written 2026-12-01 without a GPU: NO_SHARD's offloaded uploads queued on
+      # the rank's stream, HYBRID_SHARD's replicas' all-reduce on an idle stream.
+      echo "=== NO_SHARD with --cpu_offload, 2 ranks"
+      "$run" train "${common[@]}" --batch_size=4 --world_size=2 --strategy=no_shard --cpu_offload \
+        --metrics_out="$metrics/6_no_shard_offload.jsonl"
+      echo "=== HYBRID_SHARD, 4 ranks (2 groups of 2), and with --cpu_offload"
+      "$run" train "${common[@]}" --batch_size=2 --world_size=4 --strategy=hybrid_shard \
+        --hybrid_shard_group_size=2 --metrics_out="$metrics/7_hybrid.jsonl"
+      "$run" train "${common[@]}" --batch_size=2 --world_size=4 --strategy=hybrid_shard \
+        --hybrid_shard_group_size=2 --cpu_offload --metrics_out="$metrics/8_hybrid_offload.jsonl"
     } > "$out/train.log" 2>&1
     grep -E '^===|step +6|error|per-rank|^[0-9] |^generated|^sample:|^losses of' "$out/train.log" |
       head -90
