@@ -29,12 +29,16 @@ struct CudnnFailure {
   std::string what;
 };
 
-void Check(cudnnStatus_t status, const std::string& what) {
-  if (status == CUDNN_STATUS_SUCCESS) return;
+// " (cuDNN's last error)", or "" when it has none.
+std::string LastError() {
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
-  throw CudnnFailure{what + ": " + cudnnGetErrorString(status) +
-                     (last[0] ? std::string(" (") + last + ")" : "")};
+  return last[0] ? std::string(" (") + last + ")" : "";
+}
+
+void Check(cudnnStatus_t status, const std::string& what) {
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  throw CudnnFailure{what + ": " + cudnnGetErrorString(status) + LastError()};
 }
 
 // One backend descriptor, destroyed with its owner.
@@ -198,7 +202,9 @@ class GraphBuilder {
     Check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
           "engine heuristics: count of results");
-    if (count <= 0) throw CudnnFailure{"cuDNN's heuristics found no engine for the graph"};
+    if (count <= 0) {
+      throw CudnnFailure{"cuDNN's heuristics found no engine for the graph" + LastError()};
+    }
     std::vector<cudnnBackendDescriptor_t> configs;
     for (int64_t i = 0; i < count; ++i) {
       configs.push_back(Keep(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config").get());

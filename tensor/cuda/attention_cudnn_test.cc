@@ -16,6 +16,7 @@
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/attention_testing.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/testing.h"
 
 namespace tensor {
 namespace {
@@ -91,6 +92,39 @@ TEST(CudaCudnnAttentionTest, MatchesReference) {
       ExpectNear(ref, out3, lse3, dq3, dk3, dv3, Tol(dt));
     }
   }
+}
+
+// gpt2's layout in training: q, k and v are views of the qkv projection's
+// (B, T, 3, H, D) output, dq, dk and dv of its gradient's, out and grad_out
+// (B, T, H, D) memory: the strides the host test only finalizes, run (a
+// review found the GPU cases above used contiguous gradients only).
+TEST(CudaCudnnAttentionTest, MatchesReferenceInGpt2sLayout) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::CudnnAttentionBuilt()) GTEST_SKIP() << "cuDNN not linked (the CUDA emulation)";
+  const Case c = {2, 4, 256, 256, 64, true};
+  const Dtype dt = Dtype::kBF16;
+  const float scale = 0.125f;
+  auto part = [](const Tensor& x, int i) { return x.Select(2, i).Transpose(1, 2); };
+  const Tensor qkv = cuda::testing::ToGpu(
+      testing::RandomTensor({c.b, c.t_q, 3, c.h, c.d}, 61, -1.0f, 1.0f, dt));
+  const Tensor q = part(qkv, 0), k = part(qkv, 1), v = part(qkv, 2);
+  const Tensor dout = GpuView({c.b, c.h, c.t_q, c.d}, 62, dt, false);  // (B, T, H, D) memory
+  const Device dev = q.device();
+  Tensor out = Tensor::Empty({c.b, c.t_q, c.h, c.d}, dt, dev).Transpose(1, 2);
+  Tensor lse = Tensor::Empty({c.b, c.h, c.t_q}, Dtype::kF32, dev);
+  Tensor dqkv = Tensor::Empty({c.b, c.t_q, 3, c.h, c.d}, dt, dev);
+  Tensor dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
+  std::string why;
+  if (!cuda::CudnnAttentionForward(q, k, v, scale, true, out, lse, &why)) {
+    ASSERT_EQ(why, cuda::CudnnSdpaVersionDecline(cuda::CudnnRuntimeVersion(), c.t_q))
+        << "forward";
+    GTEST_SKIP() << "declined, as the frontend would: " << why;
+  }
+  ASSERT_TRUE(cuda::CudnnAttentionBackward(q, k, v, out, lse, dout, scale, true, dq, dk, dv, &why))
+      << "backward: " << why;
+  const Reference ref = Compute(c, q.ToVector<float>(), k.ToVector<float>(), v.ToVector<float>(),
+                                dout.ToVector<float>(), scale);
+  ExpectNear(ref, out, lse, dq, dk, dv, Tol(dt));
 }
 
 // SetFlashAttentionCudnn routes what cuDNN takes to it (the same bits as the
