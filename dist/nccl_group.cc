@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -235,7 +234,6 @@ struct Comm {
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (barrier != nullptr) cudaFree(barrier);
   }
-
 };
 
 // Deletes a Comm unless it was abandoned (the process should exit then).

@@ -8,6 +8,7 @@
 #include "dist/offload_uploads.h"
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,15 +77,25 @@ TEST(OffloadUploadsTest, AReaderAfterTheReadyStreamSeesEachUploadsValues) {
   }
 }
 
+// The ordering cases, which show only under CUDA_EMU_DEFER=all (skipped
+// elsewhere): one f32 slot of 64 values, whose block no queued work uses.
+class OffloadUploadsOrderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    if (!DeferAll()) GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
+    uploads_.emplace(0);
+    uploads_->Reserve(Dtype::kF32, 64, 1);
+    tensor::cuda::SynchronizeStream(nullptr, 0);  // the slot's block is free
+  }
+  std::optional<OffloadUploads> uploads_;
+};
+
 // The copy runs on the uploads' stream: waiting for it does not run the
 // kernels this thread queued before it (CUDA_EMU_DEFER=all defers them until
 // something waits for them; a copy on the thread's stream would run them).
-TEST(OffloadUploadsTest, AnUploadDoesNotWaitForTheThreadsQueuedWork) {
-  SKIP_WITHOUT_GPU();
-  if (!DeferAll()) GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
-  OffloadUploads uploads(0);
-  uploads.Reserve(Dtype::kF32, 64, 1);
-  tensor::cuda::SynchronizeStream(nullptr, 0);  // the slot's block is free
+TEST_F(OffloadUploadsOrderTest, AnUploadDoesNotWaitForTheThreadsQueuedWork) {
+  OffloadUploads& uploads = *uploads_;
   const float value = FreshValue();
   Tensor queued = Tensor::Full({64}, value, Dtype::kF32, Device::Cuda(0));  // deferred
   const Tensor shard = PinnedRamp(64, 1.0f);
@@ -105,12 +116,8 @@ TEST(OffloadUploadsTest, AnUploadDoesNotWaitForTheThreadsQueuedWork) {
 // wait for its copy: synchronizing the thread's stream runs them, not the
 // copy (CUDA_EMU_DEFER=all; a wait of the thread's stream for the upload
 // would run it).
-TEST(OffloadUploadsTest, TheThreadsLaterWorkDoesNotWaitForTheUpload) {
-  SKIP_WITHOUT_GPU();
-  if (!DeferAll()) GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
-  OffloadUploads uploads(0);
-  uploads.Reserve(Dtype::kF32, 64, 1);
-  tensor::cuda::SynchronizeStream(nullptr, 0);
+TEST_F(OffloadUploadsOrderTest, TheThreadsLaterWorkDoesNotWaitForTheUpload) {
+  OffloadUploads& uploads = *uploads_;
   const Tensor shard = PinnedRamp(64, FreshValue());
   const OffloadUploads::Upload up = uploads.TryStart(shard, Dtype::kF32).value();
   const float value = FreshValue() + 0.5f;
@@ -128,12 +135,8 @@ TEST(OffloadUploadsTest, TheThreadsLaterWorkDoesNotWaitForTheUpload) {
 // The ready stream comes after the work the thread queued before the upload
 // (the earlier users of the all-gather's output block): synchronizing it runs
 // that work (CUDA_EMU_DEFER=all).
-TEST(OffloadUploadsTest, TheReadyStreamWaitsForTheThreadsEarlierWork) {
-  SKIP_WITHOUT_GPU();
-  if (!DeferAll()) GTEST_SKIP() << "needs the emulation with CUDA_EMU_DEFER=all";
-  OffloadUploads uploads(0);
-  uploads.Reserve(Dtype::kF32, 64, 1);
-  tensor::cuda::SynchronizeStream(nullptr, 0);
+TEST_F(OffloadUploadsOrderTest, TheReadyStreamWaitsForTheThreadsEarlierWork) {
+  OffloadUploads& uploads = *uploads_;
   const float value = FreshValue();
   Tensor earlier = Tensor::Full({64}, value, Dtype::kF32, Device::Cuda(0));  // deferred
   const OffloadUploads::Upload up = uploads.TryStart(PinnedRamp(64, 1.0f), Dtype::kF32).value();

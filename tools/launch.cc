@@ -170,8 +170,6 @@ std::string DescribeStatus(int status) {
   return "status " + std::to_string(status);
 }
 
-}  // namespace
-
 // The CPUs this process may run on (its affinity mask, any size), or the
 // hardware's count when that cannot be read. CPU quotas (cgroups) are not
 // seen.
@@ -189,6 +187,8 @@ int UsableCores() {
   if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());
   return std::max(cores, 1);
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int nproc = -1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;

@@ -8,8 +8,8 @@
 // runtime checks what a GPU would refuse: copies whose kind does not match
 // where the pointers live, frees of unknown pointers, devices that do not
 // exist, kernels and event records on another device's stream (streams and
-// events belong to a device; each device has its own default streams). It also counts what costs time on a GPU beyond the kernels
-// (counters.h).
+// events belong to a device; each device has its own default streams). It
+// also counts what costs time on a GPU beyond the kernels (counters.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
