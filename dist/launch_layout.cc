@@ -31,6 +31,26 @@ std::string MismatchKey(const std::string& prefix) {
   return absl::StrCat(prefix, "/layout/mismatch");
 }
 
+// Parses a node's layout, "<world size>,<ranks on the node>": false when it
+// is not one (a key of another program).
+bool ParseNode(const std::string& value, int* world, int* count) {
+  const std::vector<std::string> parts = absl::StrSplit(value, ',');
+  return parts.size() == 2 && absl::SimpleAtoi(parts[0], world) &&
+         absl::SimpleAtoi(parts[1], count) && *count >= 1;
+}
+
+// The verdict of `who`, which found the nodes launched differently, as every
+// rank reports it: written once under the mismatch key (another rank may
+// have written its own first, which the others then report).
+absl::Status LaunchedDifferently(LayoutStore& store, const std::string& prefix,
+                                 const std::string& message) {
+  try {
+    if (!store.Present(MismatchKey(prefix))) store.Set(MismatchKey(prefix), message);
+  } catch (const std::exception&) {  // another rank wrote it first
+  }
+  return absl::InvalidArgumentError(absl::StrCat("[rendezvous] ", message));
+}
+
 // This process, for the claim's value: "host <name> pid <pid>".
 std::string ThisProcess() {
   char name[256] = {};
@@ -106,11 +126,30 @@ absl::Status CheckNoLayoutMismatch(LayoutStore& store, const std::string& prefix
       return absl::InvalidArgumentError(
           absl::StrCat("[rendezvous] ", who, ": ", store.Get(MismatchKey(prefix))));
     }
-    if (!store.Present(Key(prefix, me.size))) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
-        me.size, ", this rank's world size. Every node's launch must give the same --nnodes and "
-        "--nproc_per_node"));
+    if (store.Present(Key(prefix, me.size))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
+          me.size, ", this rank's world size. Every node's launch must give the same --nnodes "
+          "and --nproc_per_node"));
+    }
+    // A node starting inside this rank's: the walk steps over it (a process
+    // whose claim of a rank failed still publishes its node's layout).
+    const int first = me.rank - me.local_rank;
+    for (int f = first + 1; f < first + me.local_world_size; ++f) {
+      if (!store.Present(Key(prefix, f))) continue;
+      int world = 0, count = 0;
+      const std::string value = store.Get(Key(prefix, f));
+      const std::string node = ParseNode(value, &world, &count)
+                                   ? Node(f, count, world)
+                                   : absl::StrCat("\"", value, "\" at ", Key(prefix, f));
+      return LaunchedDifferently(
+          store, prefix,
+          absl::StrCat(who, " found the nodes launched differently: a node starts inside this "
+                       "rank's node (", node, "); this rank's node: ",
+                       Node(first, me.local_world_size, me.size),
+                       ". Every node's launch must give the same --nnodes and --nproc_per_node"));
+    }
+    return absl::OkStatus();
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
                                                ": reading the nodes' launch layout: ", e.what()));
@@ -121,7 +160,6 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
                                const LaunchLayout& me, absl::Time deadline,
                                const std::string& who) {
   if (me.local_world_size <= 0) return absl::OkStatus();
-  const std::string mismatch_key = MismatchKey(prefix);
   auto key = [&](int first) { return Key(prefix, first); };
   const int first = me.rank - me.local_rank;  // this rank's node
   const std::string mine = absl::StrCat(me.size, ",", me.local_world_size);
@@ -147,10 +185,8 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
         }
         absl::SleepFor(absl::Milliseconds(20));
       }
-      const std::vector<std::string> parts = absl::StrSplit(store.Get(key(r)), ',');
       int world = 0, count = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &world) ||
-          !absl::SimpleAtoi(parts[1], &count) || count < 1) {
+      if (!ParseNode(store.Get(key(r)), &world, &count)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "[rendezvous] ", who, ": the store holds no launch layout at ", key(r),
             " (a key of another program under prefix \"", prefix, "\")"));
@@ -161,15 +197,11 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
       r += count;
     }
     if (!differ && r == me.size) return CheckNoLayoutMismatch(store, prefix, me, who);
-    const std::string message = absl::StrCat(
-        who, " found the nodes launched differently: ", absl::StrJoin(nodes, ", "),
-        "; this rank's node: ", Node(first, me.local_world_size, me.size),
-        ". Every node's launch must give the same --nnodes and --nproc_per_node");
-    try {  // the first rank to find it writes it (a key is set once)
-      if (!store.Present(mismatch_key)) store.Set(mismatch_key, message);
-    } catch (const std::exception&) {  // another rank wrote it first
-    }
-    return absl::InvalidArgumentError(absl::StrCat("[rendezvous] ", message));
+    return LaunchedDifferently(
+        store, prefix,
+        absl::StrCat(who, " found the nodes launched differently: ", absl::StrJoin(nodes, ", "),
+                     "; this rank's node: ", Node(first, me.local_world_size, me.size),
+                     ". Every node's launch must give the same --nnodes and --nproc_per_node"));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
                                                ": reading the nodes' launch layout: ", e.what()));

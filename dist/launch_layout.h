@@ -12,7 +12,8 @@
 // world whose walk ends before the others' nodes (it sees a node at its
 // world size, or the mismatch another rank wrote) fails too, if that shows
 // before it has connected (CheckNoLayoutMismatch after connecting); one that
-// arrives later is not caught.
+// arrives later is not caught. A node that starts inside a rank's own node
+// (which the walk steps over) is a disagreement that rank finds too.
 //
 // Before that, each rank claims its place under the prefix (ClaimRank): a
 // store that already holds a rank's claim was used by an earlier group under
@@ -92,8 +93,10 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
                                const LaunchLayout& me, absl::Time deadline,
                                const std::string& who);
 
-// After connecting: InvalidArgument when a rank has since found the nodes
-// launched differently, or a node starts at this rank's world size.
+// After connecting (and while the walk waits): InvalidArgument when a rank
+// has since found the nodes launched differently, a node starts at this
+// rank's world size, or one starts inside this rank's node (this rank's
+// verdict, then written for the others).
 absl::Status CheckNoLayoutMismatch(LayoutStore& store, const std::string& prefix,
                                    const LaunchLayout& me, const std::string& who);
 

@@ -20,11 +20,9 @@
 namespace dist::internal {
 namespace {
 
-// Each rank's layout, checked on its own thread through one store.
-std::vector<absl::Status> CheckAll(const std::vector<LaunchLayout>& ranks,
-                                   absl::Duration wait = absl::Seconds(10)) {
-  HashStore store;
-  DistLayoutStore layout(store);
+// Each rank's layout, checked on its own thread through `layout`.
+std::vector<absl::Status> CheckAll(LayoutStore& layout, const std::vector<LaunchLayout>& ranks,
+                                   absl::Duration wait) {
   std::vector<absl::Status> got(ranks.size());
   std::vector<std::thread> threads;
   const absl::Time deadline = absl::Now() + wait;
@@ -37,6 +35,14 @@ std::vector<absl::Status> CheckAll(const std::vector<LaunchLayout>& ranks,
   }
   for (std::thread& t : threads) t.join();
   return got;
+}
+
+// The same through a store of their own.
+std::vector<absl::Status> CheckAll(const std::vector<LaunchLayout>& ranks,
+                                   absl::Duration wait = absl::Seconds(10)) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  return CheckAll(layout, ranks, wait);
 }
 
 // The ranks of nodes of `counts` ranks each, in a world of their sum (or
@@ -199,6 +205,35 @@ TEST(LaunchLayoutTest, AClaimedRankFailsAfterPublishingItsNodesLayout) {
                                                 absl::Now() + absl::Seconds(30), "rank 0 of 2");
   EXPECT_EQ(both.code(), absl::StatusCode::kFailedPrecondition) << both;
   EXPECT_TRUE(absl::StrContains(both.message(), "(and the launch layout check failed: ")) << both;
+}
+
+// Two processes started as rank 1: one of a node of ranks 0-1 of 4, which
+// claims it, and a node of its own as rank 1 of 2 (--nnodes=2
+// --nproc_per_node=1), whose claim fails before node 0 has published its
+// layout: it publishes its own and leaves. Node 0's walk steps from rank 0
+// to 2, over the node at rank 1, yet both its ranks fail at once (not at
+// their deadline), naming that node, and the verdict is written for others.
+TEST(LaunchLayoutTest, ANodeInsideThisRanksNodeFailsIt) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  ASSERT_TRUE(ClaimRank(layout, "job", 1, "rank 1 of 4").ok());
+  const absl::Status stray = ClaimAndCheckLayout(layout, "job", {1, 2, 0, 1},
+                                                 absl::Now() + absl::Seconds(30), "rank 1 of 2");
+  EXPECT_TRUE(absl::IsFailedPrecondition(stray)) << stray;
+  ASSERT_TRUE(layout.Present("job/layout/first1"));
+  const absl::Time start = absl::Now();
+  const std::vector<absl::Status> got = CheckAll(layout, Nodes({2}, 4), absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the ranks waited for their deadline";
+  for (const absl::Status& s : got) {
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_TRUE(absl::StrContains(
+        s.message(),
+        "found the nodes launched differently: a node starts inside this rank's node (rank 1 "
+        "runs 1 per node in a world of 2); this rank's node: ranks 0-1 run 2 per node in a world "
+        "of 4. Every node's launch must give the same --nnodes and --nproc_per_node"))
+        << s;
+  }
+  EXPECT_TRUE(layout.Present("job/layout/mismatch"));
 }
 
 TEST(LaunchLayoutTest, AClaimTheStoreCannotTakeIsUnavailable) {
