@@ -9,7 +9,8 @@
 // GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT and
 // RUN_ID in its environment, and FSDP_NUM_THREADS (its tensor thread pool's
 // size), OMP_NUM_THREADS and OPENBLAS_NUM_THREADS = the cores this launcher
-// may use / --nproc_per_node (at least 1), each unless the launcher's
+// may use (its affinity mask, or its cgroup's CPU quota when that allows
+// fewer) / --nproc_per_node (at least 1), each unless the launcher's
 // environment sets it. RUN_ID names this run, so that workers can keep
 // their rendezvous keys apart from those an earlier run left in a store:
 // --rdzv_id when given (give every node's launcher the same one), otherwise a
@@ -51,6 +52,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tools/cpu_quota.h"
 
 namespace {
 
@@ -171,8 +174,8 @@ std::string DescribeStatus(int status) {
 }
 
 // The CPUs this process may run on (its affinity mask, any size), or the
-// hardware's count when that cannot be read. CPU quotas (cgroups) are not
-// seen.
+// hardware's count when that cannot be read. A cgroup's CPU quota may allow
+// fewer (CgroupCpuLimit, in main).
 int UsableCores() {
   const long configured = sysconf(_SC_NPROCESSORS_CONF);
   const int n = static_cast<int>(std::max(1024L, configured));
@@ -265,7 +268,8 @@ int main(int argc, char** argv) {
   // node's workers share the cores instead (torchrun sets OMP_NUM_THREADS=1
   // for the same reason). A variable the launcher's environment sets is
   // passed as it is.
-  const int cores = UsableCores();
+  const int quota = tools::CgroupCpuLimit();
+  const int cores = quota > 0 ? std::min(quota, UsableCores()) : UsableCores();
   const std::string share = std::to_string(std::max(1, cores / nproc));
   std::vector<const char*> thread_vars;
   for (const char* var : {"FSDP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
@@ -274,8 +278,9 @@ int main(int argc, char** argv) {
   if (nproc > 1 && !thread_vars.empty()) {
     std::string given;
     for (const char* var : thread_vars) given += std::string(" ") + var + "=" + share;
-    std::fprintf(stderr, "launch: each worker gets%s (%d cores, %d workers); set them to choose\n",
-                 given.c_str(), cores, nproc);
+    std::fprintf(stderr,
+                 "launch: each worker gets%s (%d cores%s, %d workers); set them to choose\n",
+                 given.c_str(), cores, cores == quota ? " by the cgroup's CPU quota" : "", nproc);
   }
 
   struct sigaction sa {};

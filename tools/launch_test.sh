@@ -24,7 +24,7 @@ done
 out=$(env -u FSDP_NUM_THREADS -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS "$LAUNCH" --nproc_per_node=2 -- \
   sh -c 'echo "threads=$FSDP_NUM_THREADS,$OMP_NUM_THREADS,$OPENBLAS_NUM_THREADS"' 2> "$T/threads.err") \
   || fail "threads run exited $?"
-cores=$(sed -n 's/^launch: each worker gets FSDP_NUM_THREADS=[0-9]* OMP_NUM_THREADS=[0-9]* OPENBLAS_NUM_THREADS=[0-9]* (\([0-9]*\) cores, 2 workers).*/\1/p' "$T/threads.err")
+cores=$(sed -n 's/^launch: each worker gets FSDP_NUM_THREADS=[0-9]* OMP_NUM_THREADS=[0-9]* OPENBLAS_NUM_THREADS=[0-9]* (\([0-9]*\) cores[^,]*, 2 workers).*/\1/p' "$T/threads.err")
 [ -n "$cores" ] || fail "no line saying the threads: $(cat "$T/threads.err")"
 want=$(( cores / 2 )); [ $want -ge 1 ] || want=1
 [ "$(echo "$out" | sort -u)" = "[rank 0] threads=$want,$want,$want
