@@ -7,12 +7,16 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "dist/fsdp.h"
 #include "dist/fsdp_testing.h"
+#include "dist/recording_group.h"
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
@@ -634,6 +638,62 @@ TEST(FsdpHybridShardTest, ShardsAreOneGroupthAndReplicasAgree) {
     EXPECT_EQ(first_shard[0], first_shard[2]);
     EXPECT_EQ(first_shard[1], first_shard[3]);
     EXPECT_NE(first_shard[0], first_shard[1]);
+  }
+}
+
+// A unit's all-reduce over the replicas (between the nodes) stays in flight
+// while the next unit's backward runs: between its issue and its wait, the
+// rank issues the next unit's reduce-scatter. Every one is waited for by the
+// end of the backward (the root's post-backward), whose gradients are final.
+TEST(FsdpHybridShardTest, TheReplicasAllReduceOverlapsTheNextUnitsBackward) {
+  for (ShardingStrategy strategy :
+       {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    const mingpt::GptConfig c = Small();  // 5 units
+    const Batch b = GlobalBatch(c);
+    std::vector<std::vector<std::string>> logs(4);
+    std::vector<int> units(4);
+    absl::Status s = RunRanks(4, [&](int rank, ProcessGroup& pg) {
+      auto log = std::make_shared<CollectiveLog>();
+      RecordingGroup recorded(pg, log);
+      mingpt::GPT gpt(c);
+      FsdpOptions options = PerBlock(strategy);
+      options.hybrid_shard_group_size = 2;
+      auto fsdp = FullyShard(gpt, recorded, options);
+      const int per_rank = kGlobalBatch / 4;
+      gpt.ForwardBackward(b.idx.Narrow(0, rank * per_rank, per_rank).Contiguous(),
+                          b.tgt.Narrow(0, rank * per_rank, per_rank).Contiguous());
+      logs[rank] = log->Lines();
+      units[rank] = fsdp->num_units();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    for (int rank = 0; rank < 4; ++rank) {
+      SCOPED_TRACE(::testing::Message() << "rank " << rank);
+      const std::vector<std::string>& lines = logs[rank];
+      // FullyShard splits the shard groups first, then the replicas'.
+      const std::string replicas = "world/split2 ", shards = "world/split1 ";
+      // Where each all-reduce was issued and waited for (oldest first, as
+      // FSDP waits for them: the n-th wait is the n-th issue's).
+      std::vector<size_t> issues, waits;
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (absl::StartsWith(lines[i], replicas + "issue all_reduce")) issues.push_back(i);
+        if (absl::StartsWith(lines[i], replicas + "wait all_reduce")) waits.push_back(i);
+      }
+      ASSERT_EQ(issues.size(), static_cast<size_t>(units[rank]));
+      ASSERT_EQ(waits.size(), issues.size());
+      int overlapped = 0;
+      for (size_t n = 0; n < issues.size(); ++n) {
+        for (size_t j = issues[n] + 1; j < waits[n]; ++j) {
+          if (absl::StartsWith(lines[j], shards + "issue reduce_scatter")) {
+            ++overlapped;
+            break;
+          }
+        }
+      }
+      // The last two units' all-reduces are issued at the root's
+      // post-backward, after every reduce-scatter.
+      EXPECT_EQ(overlapped, units[rank] - 2) << absl::StrJoin(lines, "\n");
+    }
   }
 }
 

@@ -48,6 +48,7 @@ FsdpUnit::~FsdpUnit() {
   // that no engine writes into buffers of a unit that is gone.
   if (gather_work_) gather_work_->Wait().IgnoreError();
   if (reduce_work_) reduce_work_->Wait().IgnoreError();
+  if (replicas_work_) replicas_work_->Wait().IgnoreError();
 }
 
 void FsdpUnit::Init(uint64_t seed) {
@@ -245,7 +246,7 @@ void FsdpUnit::PostBackward(nn::Module&) {
     // A unit run twice in a forward (its backwards back to back, no other
     // unit's between): its first reduce finishes, into the gradient shard,
     // before the second is issued over the same buffers.
-    if (reduce_work_) shared_.FinishReducesThrough(this);
+    if (reducing()) shared_.FinishReducesThrough(this);
     IssueReduce();
     shared_.pending_reduces.push_back(this);
   }
@@ -273,6 +274,12 @@ void FsdpUnit::IssueReduce() {
   if (no_shard()) {
     reduce_out_ = reduce_buf_;
     reduce_work_ = pg_.AllReduce(reduce_buf_, ReduceOp::kAvg);
+  } else if (replicate_pg_ != nullptr) {
+    // A buffer of its own, which the replicas' all-reduce then averages in
+    // place while reduce_buf_ is already freed (FinishReduce).
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    reduce_out_ = tensor::Tensor::Empty({flat_.shard_numel()}, reduce_dtype_, reduce_buf_.device());
+    reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
   } else {
     reduce_out_ = reduce_buf_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
     reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
@@ -282,13 +289,25 @@ void FsdpUnit::IssueReduce() {
 void FsdpUnit::FinishReduce() {
   WorkPtr work = std::move(reduce_work_);
   Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
-  if (replicate_pg_ != nullptr) {
-    // Waits for nothing on the device (FsdpShared::replicas_ready).
-    CollectiveOptions options;
-    if (shared_.replicas_ready) options.ready_stream = shared_.replicas_ready->stream;
-    Check(replicate_pg_->AllReduceSync(reduce_out_, ReduceOp::kAvg, options),
-          "all_reduce (replicas)");
+  if (replicate_pg_ == nullptr) {
+    AccumulateReduced();
+    return;
   }
+  reduce_buf_ = tensor::Tensor();  // read: the reduce-scatter has finished
+  // Waits for nothing on the device (FsdpShared::replicas_ready); the host
+  // goes on with the next unit's backward (FinishReplicas waits).
+  CollectiveOptions options;
+  if (shared_.replicas_ready) options.ready_stream = shared_.replicas_ready->stream;
+  replicas_work_ = replicate_pg_->AllReduce(reduce_out_, ReduceOp::kAvg, options);
+}
+
+void FsdpUnit::FinishReplicas() {
+  WorkPtr work = std::move(replicas_work_);
+  Check(work->Wait(), "all_reduce (replicas)");
+  AccumulateReduced();
+}
+
+void FsdpUnit::AccumulateReduced() {
   if (reduce_out_.device() != flat_.grad_shard().device()) {  // offloaded
     tensor::Tensor host = shared_.OffloadStaging(reduce_out_.dtype(), reduce_out_.numel());
     // The reduce has finished (waited above): the copy waits for nothing else,
@@ -462,17 +481,29 @@ void FsdpShared::ReshardUnitsBackwardSkipped() {
 }
 
 void FsdpShared::FinishReducesThrough(const FsdpUnit* unit) {
-  while (std::find(pending_reduces.begin(), pending_reduces.end(), unit) != pending_reduces.end()) {
-    FinishReducesBefore(pending_reduces.size() - 1);
-  }
+  auto pending = [unit](const std::vector<FsdpUnit*>& units) {
+    return std::find(units.begin(), units.end(), unit) != units.end();
+  };
+  while (pending(pending_reduces)) FinishOldestReduce();
+  while (pending(pending_replicas)) FinishOldestReplicas();
 }
 
 void FsdpShared::FinishReducesBefore(size_t keep) {
-  while (pending_reduces.size() > keep) {
-    FsdpUnit* u = pending_reduces.front();
-    pending_reduces.erase(pending_reduces.begin());
-    u->FinishReduce();
-  }
+  while (pending_reduces.size() > keep) FinishOldestReduce();
+  while (pending_replicas.size() > keep) FinishOldestReplicas();
+}
+
+void FsdpShared::FinishOldestReduce() {
+  FsdpUnit* u = pending_reduces.front();
+  pending_reduces.erase(pending_reduces.begin());
+  u->FinishReduce();
+  if (u->averaging_replicas()) pending_replicas.push_back(u);
+}
+
+void FsdpShared::FinishOldestReplicas() {
+  FsdpUnit* u = pending_replicas.front();
+  pending_replicas.erase(pending_replicas.begin());
+  u->FinishReplicas();
 }
 
 }  // namespace internal

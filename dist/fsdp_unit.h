@@ -48,8 +48,10 @@ struct FsdpShared {
   // (SetForwardPrefetch / SetBackwardPrefetch), or none set: the recorded
   // order's prefetch.
   std::vector<std::optional<std::vector<int>>> explicit_forward, explicit_backward;
-  // Reduce-scatters issued and not yet finished, oldest first.
+  // Reduce-scatters issued and not yet finished, oldest first; then, under
+  // HYBRID_SHARD, the units whose replicas' all-reduce is in flight.
   std::vector<FsdpUnit*> pending_reduces;
+  std::vector<FsdpUnit*> pending_replicas;
   bool require_sync = true;
   // cpu_offload: page-locked host buffers of the largest shard, one per
   // dtype a unit moves through the host: its reduced gradient comes back
@@ -86,8 +88,8 @@ struct FsdpShared {
   // unit's reduced gradient. Its reduce-scatter has finished when it is
   // issued (FinishReduce waited for it), so it needs to wait for nothing on
   // the device; behind the thread's stream it would wait for the backward
-  // kernels queued since (a later unit's), and the all-reduce between the
-  // nodes, which the host then waits for, would not overlap them.
+  // kernels queued since (a later unit's): the all-reduce between the nodes
+  // would start only after them, and not overlap them.
   std::unique_ptr<SideStream> replicas_ready;
   // NO_SHARD offloaded on a GPU: recorded after each unit's upload, which is
   // queued on the thread's stream (FsdpUnit::QueueUpload). The host changes
@@ -138,10 +140,18 @@ struct FsdpShared {
   void CopyToHost(const tensor::Tensor& device_values, tensor::Tensor& host) const;
   // The first `numel` values of the staging buffer of `dtype`.
   tensor::Tensor OffloadStaging(tensor::Dtype dtype, int64_t numel) const;
-  void FinishReducesBefore(size_t keep);  // finishes all but the newest `keep`
-  // Finishes the pending reduces up to and including `unit`'s (the oldest
-  // first, as every rank does).
+  // Finishes all but the newest `keep` pending reduces, then all but the
+  // newest `keep` replicas' all-reduces (those of the reduces finished first
+  // among them): under HYBRID_SHARD a unit's all-reduce between the nodes
+  // runs while the host queues the next unit's backward (PyTorch's HSDP
+  // queues it behind the reduce-scatter on its stream), and the host waits
+  // for it one unit later. 0: every one (the root's post-backward, ZeroGrad).
+  void FinishReducesBefore(size_t keep);
+  // Finishes the pending reduces up to and including `unit`'s, and its
+  // replicas' all-reduce (the oldest first, as every rank does).
   void FinishReducesThrough(const FsdpUnit* unit);
+  void FinishOldestReduce();    // pending_reduces' first
+  void FinishOldestReplicas();  // pending_replicas' first
   // At the end of a pass: reshards the units prefetched and not used (the
   // pass ran other units than its recorded order said), which would
   // otherwise hold their memory and count against max_inflight_all_gathers
@@ -226,13 +236,22 @@ class FsdpUnit : public nn::ModuleHooks {
   // ---- Gradient reduction ----
 
   // Issues the reduce-scatter (all-reduce under NO_SHARD) of the unsharded
-  // gradient in reduce_dtype; the buffers live until FinishReduce.
+  // gradient in reduce_dtype; the buffers live until FinishReduce (the
+  // result's, under HYBRID_SHARD, until FinishReplicas).
   void IssueReduce();
 
-  // Waits for the reduce, averages over the replicas (HYBRID_SHARD) and adds
-  // the result into the fp32 gradient shard (offloaded: copied to the host
-  // in reduce_dtype first).
+  // Waits for the reduce; then adds the result into the fp32 gradient shard
+  // (offloaded: copied to the host in reduce_dtype first), or, under
+  // HYBRID_SHARD, frees the unsharded gradient and issues the all-reduce
+  // that averages the result over the replicas (FinishReplicas adds it).
   void FinishReduce();
+  // The replicas' all-reduce is in flight (FinishReduce issued it).
+  bool averaging_replicas() const { return replicas_work_ != nullptr; }
+  // Waits for the replicas' all-reduce and adds the result into the fp32
+  // gradient shard, as FinishReduce does without replicas.
+  void FinishReplicas();
+  // A reduce or a replicas' all-reduce is in flight.
+  bool reducing() const { return reduce_work_ != nullptr || replicas_work_ != nullptr; }
 
   // Drops the unsharded gradient accumulated under no_sync.
   void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
@@ -258,6 +277,10 @@ class FsdpUnit : public nn::ModuleHooks {
   // The gather's upload slot is no longer read: free for the next upload
   // when `read_finished` (the gather succeeded), else left in use.
   void DropGatherSlot(bool read_finished);
+
+  // Adds reduce_out_ (this rank's reduced gradient) into the gradient shard,
+  // through the host's staging buffer when offloaded, and frees the buffers.
+  void AccumulateReduced();
 
   void Check(const absl::Status& s, const char* what);
 
@@ -289,11 +312,14 @@ class FsdpUnit : public nn::ModuleHooks {
   std::optional<bool> reshard_after_forward_;  // unset: the strategy's rule
   // The unsharded fp32 gradient (padded_numel; from PreBackward to
   // PostBackward, or across backwards under no_sync), and the reduce in
-  // flight: its buffer (reduce dtype) and where this rank's result lands.
+  // flight: its buffer (reduce dtype) and where this rank's result lands
+  // (a view of it, or under HYBRID_SHARD a buffer of its own), and the
+  // replicas' all-reduce in flight over that result.
   tensor::Tensor full_grad_;
   tensor::Tensor reduce_buf_;
   tensor::Tensor reduce_out_;
   WorkPtr reduce_work_;
+  WorkPtr replicas_work_;
 };
 
 }  // namespace internal
