@@ -51,6 +51,53 @@ absl::Status LaunchedDifferently(LayoutStore& store, const std::string& prefix,
   return absl::InvalidArgumentError(absl::StrCat("[rendezvous] ", message));
 }
 
+// A key under the layout's prefix that holds no layout.
+absl::Status NotALayout(const std::string& prefix, const std::string& key,
+                        const std::string& who) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("[rendezvous] ", who, ": the store holds no launch layout at ", key,
+                   " (a key of another program under prefix \"", prefix, "\")"));
+}
+
+// CheckNoLayoutMismatch's checks. `scan_node`: also for a node that starts
+// inside this rank's, which the walk steps over (a process whose claim of a
+// rank failed still publishes its node's layout): its verdict is written for
+// the others. (While the walk waits, only a node's local rank 0 looks, each
+// poll: the other ranks of the node see its verdict.)
+absl::Status CheckVerdicts(LayoutStore& store, const std::string& prefix, const LaunchLayout& me,
+                           const std::string& who, bool scan_node) {
+  if (me.local_world_size <= 0) return absl::OkStatus();
+  try {
+    if (store.Present(MismatchKey(prefix))) {  // another rank's verdict
+      return absl::InvalidArgumentError(
+          absl::StrCat("[rendezvous] ", who, ": ", store.Get(MismatchKey(prefix))));
+    }
+    if (store.Present(Key(prefix, me.size))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
+          me.size, ", this rank's world size. Every node's launch must give the same --nnodes "
+          "and --nproc_per_node"));
+    }
+    const int first = me.rank - me.local_rank;
+    for (int f = first + 1; scan_node && f < first + me.local_world_size; ++f) {
+      if (!store.Present(Key(prefix, f))) continue;
+      int world = 0, count = 0;
+      if (!ParseNode(store.Get(Key(prefix, f)), &world, &count)) {
+        return NotALayout(prefix, Key(prefix, f), who);
+      }
+      return LaunchedDifferently(
+          store, prefix,
+          absl::StrCat(who, " found the nodes launched differently: ", Node(f, count, world),
+                       ", inside the node where ", Node(first, me.local_world_size, me.size),
+                       ". Every node's launch must give the same --nnodes and --nproc_per_node"));
+    }
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
+                                               ": reading the nodes' launch layout: ", e.what()));
+  }
+}
+
 // This process, for the claim's value: "host <name> pid <pid>".
 std::string ThisProcess() {
   char name[256] = {};
@@ -120,40 +167,7 @@ bool DistLayoutStore::Present(const std::string& key) {
 
 absl::Status CheckNoLayoutMismatch(LayoutStore& store, const std::string& prefix,
                                    const LaunchLayout& me, const std::string& who) {
-  if (me.local_world_size <= 0) return absl::OkStatus();
-  try {
-    if (store.Present(MismatchKey(prefix))) {  // another rank's verdict
-      return absl::InvalidArgumentError(
-          absl::StrCat("[rendezvous] ", who, ": ", store.Get(MismatchKey(prefix))));
-    }
-    if (store.Present(Key(prefix, me.size))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
-          me.size, ", this rank's world size. Every node's launch must give the same --nnodes "
-          "and --nproc_per_node"));
-    }
-    // A node starting inside this rank's: the walk steps over it (a process
-    // whose claim of a rank failed still publishes its node's layout).
-    const int first = me.rank - me.local_rank;
-    for (int f = first + 1; f < first + me.local_world_size; ++f) {
-      if (!store.Present(Key(prefix, f))) continue;
-      int world = 0, count = 0;
-      const std::string value = store.Get(Key(prefix, f));
-      const std::string node = ParseNode(value, &world, &count)
-                                   ? Node(f, count, world)
-                                   : absl::StrCat("\"", value, "\" at ", Key(prefix, f));
-      return LaunchedDifferently(
-          store, prefix,
-          absl::StrCat(who, " found the nodes launched differently: a node starts inside this "
-                       "rank's node (", node, "); this rank's node: ",
-                       Node(first, me.local_world_size, me.size),
-                       ". Every node's launch must give the same --nnodes and --nproc_per_node"));
-    }
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
-                                               ": reading the nodes' launch layout: ", e.what()));
-  }
+  return CheckVerdicts(store, prefix, me, who, /*scan_node=*/true);
 }
 
 absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
@@ -172,7 +186,7 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
     while (r < me.size && !differ) {
       // Node r's layout, or another rank's verdict, by the deadline.
       while (!store.Present(key(r))) {
-        if (absl::Status found = CheckNoLayoutMismatch(store, prefix, me, who);
+        if (absl::Status found = CheckVerdicts(store, prefix, me, who, me.local_rank == 0);
             !found.ok()) {
           return found;
         }
@@ -186,11 +200,7 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
         absl::SleepFor(absl::Milliseconds(20));
       }
       int world = 0, count = 0;
-      if (!ParseNode(store.Get(key(r)), &world, &count)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "[rendezvous] ", who, ": the store holds no launch layout at ", key(r),
-            " (a key of another program under prefix \"", prefix, "\")"));
-      }
+      if (!ParseNode(store.Get(key(r)), &world, &count)) return NotALayout(prefix, key(r), who);
       nodes.push_back(Node(r, count, world));
       // A different world, or a node that steps over this rank's.
       differ = world != me.size || (r < first && r + count > first);

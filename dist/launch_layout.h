@@ -13,7 +13,8 @@
 // world size, or the mismatch another rank wrote) fails too, if that shows
 // before it has connected (CheckNoLayoutMismatch after connecting); one that
 // arrives later is not caught. A node that starts inside a rank's own node
-// (which the walk steps over) is a disagreement that rank finds too.
+// (which the walk steps over) is a disagreement too: the node's local rank 0
+// looks for one while it waits, and every rank once its walk is done.
 //
 // Before that, each rank claims its place under the prefix (ClaimRank): a
 // store that already holds a rank's claim was used by an earlier group under

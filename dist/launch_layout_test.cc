@@ -228,9 +228,9 @@ TEST(LaunchLayoutTest, ANodeInsideThisRanksNodeFailsIt) {
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_TRUE(absl::StrContains(
         s.message(),
-        "found the nodes launched differently: a node starts inside this rank's node (rank 1 "
-        "runs 1 per node in a world of 2); this rank's node: ranks 0-1 run 2 per node in a world "
-        "of 4. Every node's launch must give the same --nnodes and --nproc_per_node"))
+        "found the nodes launched differently: rank 1 runs 1 per node in a world of 2, inside "
+        "the node where ranks 0-1 run 2 per node in a world of 4. Every node's launch must give "
+        "the same --nnodes and --nproc_per_node"))
         << s;
   }
   EXPECT_TRUE(layout.Present("job/layout/mismatch"));

@@ -21,6 +21,24 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return parts;
 }
 
+// A mountinfo field as a path: the kernel writes a space, tab, newline and
+// backslash in one as an octal escape ("\040").
+std::string Unescape(const std::string& field) {
+  std::string path;
+  for (size_t i = 0; i < field.size(); ++i) {
+    const auto octal = [&](size_t j, char max) { return field[j] >= '0' && field[j] <= max; };
+    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1, '3') && octal(i + 2, '7') &&
+        octal(i + 3, '7')) {
+      path += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                                (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      path += field[i];
+    }
+  }
+  return path;
+}
+
 bool Contains(const std::vector<std::string>& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
@@ -56,7 +74,7 @@ int DirLimit(const std::string& dir, bool v2) {
   int64_t quota = 0, period = 0;
   if (v2) {
     const std::vector<std::string> max = Split(FirstLine(dir + "/cpu.max"), ' ');
-    if (max.size() != 2 || !ParseInt(max[0], &quota) || !ParseInt(max[1], &period)) return 0;
+    if (max.size() < 2 || !ParseInt(max[0], &quota) || !ParseInt(max[1], &period)) return 0;
   } else if (!ParseInt(FirstLine(dir + "/cpu.cfs_quota_us"), &quota) ||
              !ParseInt(FirstLine(dir + "/cpu.cfs_period_us"), &period)) {
     return 0;
@@ -120,14 +138,14 @@ int CgroupCpuLimit(const std::string& root) {
     // `mount_root` (a container's own cgroup, without a cgroup namespace).
     // Another path (a cgroup namespace's view that does not start there):
     // the mount's own top, this process's cgroup or an ancestor of it.
-    const std::string& mount_root = f[3];
+    const std::string mount_root = Unescape(f[3]);
     if (mount_root != "/") {
       const bool under = path.compare(0, mount_root.size(), mount_root) == 0 &&
                          (path.size() == mount_root.size() || path[mount_root.size()] == '/');
       path = under ? path.substr(mount_root.size()) : "";
     }
     if (path == "/") path.clear();
-    const std::string top = root + f[4];
+    const std::string top = root + Unescape(f[4]);
     const int limit = LeastUpTo(top + path, top, v2);
     if (limit > 0 && (least == 0 || limit < least)) least = limit;
   }

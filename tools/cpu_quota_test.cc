@@ -92,6 +92,26 @@ TEST_F(CpuQuotaTest, BothHierarchiesGiveTheLesser) {
   EXPECT_EQ(CgroupCpuLimit(root_), 5);
 }
 
+// mountinfo's optional fields ("shared:7") before its "-", and a mount point
+// with a space (written "\040").
+TEST_F(CpuQuotaTest, OptionalFieldsAndEscapedPaths) {
+  Write("/proc/self/mountinfo",
+        "30 23 0:26 / /sys/fs/my\\040cgroup rw shared:7 master:2 - cgroup2 cgroup2 rw\n");
+  Write("/proc/self/cgroup", "0::/job\n");
+  Write("/sys/fs/my cgroup/job/cpu.max", "600000 100000\n");
+  EXPECT_EQ(CgroupCpuLimit(root_), 6);
+}
+
+// A path the mount does not show (outside its root): the mount's top.
+TEST_F(CpuQuotaTest, APathOutsideTheMountsRootReadsItsTop) {
+  Write("/proc/self/mountinfo",
+        "40 31 0:29 /docker/abc /sys/fs/cgroup/cpu ro - cgroup cgroup rw,cpu\n");
+  Write("/proc/self/cgroup", "4:cpu:/elsewhere\n");
+  Write("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "200000\n");
+  Write("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(CgroupCpuLimit(root_), 2);
+}
+
 TEST(CpuQuotaOnThisMachineTest, ReadsWithoutFailing) { EXPECT_GE(CgroupCpuLimit(), 0); }
 
 }  // namespace

@@ -268,8 +268,9 @@ int main(int argc, char** argv) {
   // node's workers share the cores instead (torchrun sets OMP_NUM_THREADS=1
   // for the same reason). A variable the launcher's environment sets is
   // passed as it is.
-  const int quota = tools::CgroupCpuLimit();
-  const int cores = quota > 0 ? std::min(quota, UsableCores()) : UsableCores();
+  const int affinity = UsableCores(), quota = tools::CgroupCpuLimit();
+  const bool by_quota = quota > 0 && quota < affinity;
+  const int cores = by_quota ? quota : affinity;
   const std::string share = std::to_string(std::max(1, cores / nproc));
   std::vector<const char*> thread_vars;
   for (const char* var : {"FSDP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
@@ -280,7 +281,7 @@ int main(int argc, char** argv) {
     for (const char* var : thread_vars) given += std::string(" ") + var + "=" + share;
     std::fprintf(stderr,
                  "launch: each worker gets%s (%d cores%s, %d workers); set them to choose\n",
-                 given.c_str(), cores, cores == quota ? " by the cgroup's CPU quota" : "", nproc);
+                 given.c_str(), cores, by_quota ? " by the cgroup's CPU quota" : "", nproc);
   }
 
   struct sigaction sa {};
