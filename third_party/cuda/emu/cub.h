@@ -1,7 +1,8 @@
 // cub::DeviceRadixSort::SortPairs for the CPU emulation (cuda_emu.h): a stable
 // sort by the key bits [begin_bit, end_bit), as CUB's radix sort is; the size
 // query (temp == nullptr) asks for one byte of temporary storage. The sort runs
-// in its stream's order (pending.h).
+// in its stream's order (pending.h), and fails on a stream of another device
+// than the current one.
 #ifndef THIRD_PARTY_CUDA_EMU_CUB_H_
 #define THIRD_PARTY_CUDA_EMU_CUB_H_
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "third_party/cuda/emu/pending.h"
+#include "third_party/cuda/emu/stream_device.h"
 
 namespace cub {
 
@@ -29,6 +31,9 @@ struct DeviceRadixSort {
     if (temp_bytes < 1 || num_items < 0 || begin_bit < 0 || end_bit > static_cast<int>(sizeof(K) * 8) ||
         begin_bit > end_bit) {
       return cudaErrorInvalidValue;
+    }
+    if (!::cuda_emu::StreamOnCurrentDevice(stream, "cub::DeviceRadixSort::SortPairs")) {
+      return cudaErrorInvalidResourceHandle;
     }
     if (!::cuda_emu::KernelsRun()) {
       ::cuda_emu::RunOnStream(stream, [] {});

@@ -27,6 +27,7 @@
 
 #include "third_party/cuda/emu/counters.h"
 #include "third_party/cuda/emu/pending.h"
+#include "third_party/cuda/emu/stream_device.h"
 
 namespace {
 
@@ -320,6 +321,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   }
   cuda_emu::CountLaunch("cublasLtMatmul");
   if (st != CUBLAS_STATUS_SUCCESS) return st;
+  // Its kernels launch on the current device: on another device's stream they
+  // fail, and so does the call.
+  if (!cuda_emu::StreamOnCurrentDevice(stream, "cublasLtMatmul")) {
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   if (!cuda_emu::KernelsRun()) {
     cuda_emu::RunOnStream(stream, [] {});
     return CUBLAS_STATUS_SUCCESS;

@@ -52,6 +52,7 @@
 
 #include "third_party/cuda/emu/nccl_model.h"
 #include "third_party/cuda/emu/pending.h"
+#include "third_party/cuda/emu/stream_device.h"
 
 namespace cuda_emu_nccl {
 
@@ -370,6 +371,13 @@ ncclResult_t Collective(int kind, const void* send, void* recv, size_t count,
     if (op < ncclSum || op > ncclAvg || (op == ncclAvg && !IsFloat(dtype))) {
       return ncclInvalidArgument;
     }
+  }
+  // NCCL launches on the communicator's device: a stream of another fails.
+  if (const int device = cuda_emu::CreatedStreamDevice(stream);
+      device >= 0 && device != comm->device) {
+    std::fprintf(stderr, "emulated NCCL: a call of the communicator of cuda:%d on a stream of "
+                 "cuda:%d\n", comm->device, device);
+    return ncclUnhandledCudaError;
   }
   // What was deferred on the stream before the call (pending.h) runs first:
   // the call reads and writes its buffers when the last rank arrives.

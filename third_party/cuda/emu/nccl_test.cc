@@ -356,11 +356,13 @@ TEST(EmulatedNccl, AnAbortLetsTheCallsThatWaitedForItsCallsRun) {
 // get ncclRemoteError; a peer that comes to the call later waits, as on one
 // node where nothing tells it (the engine's watchdog times it out).
 TEST(EmulatedNccl, AbortEndsTheCallsAndFailsThePeersInThem) {
-  cudaEvent_t done0, done1;
-  ASSERT_EQ(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming), cudaSuccess);
-  ASSERT_EQ(cudaEventCreateWithFlags(&done1, cudaEventDisableTiming), cudaSuccess);
+  cudaEvent_t done0, done1;  // each rank's stream and event, on its device
   cudaStream_t s0, s1;
+  cudaSetDevice(0);
+  ASSERT_EQ(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  cudaSetDevice(1);
+  ASSERT_EQ(cudaEventCreateWithFlags(&done1, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
   float* a = DeviceFloats(0, {1});
   float* b = DeviceFloats(1, {1});
@@ -402,6 +404,32 @@ TEST(EmulatedNccl, AbortEndsTheCallsAndFailsThePeersInThem) {
   cudaEventDestroy(done1);
   cudaStreamDestroy(s0);
   cudaStreamDestroy(s1);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+// NCCL launches on its communicator's device: a call on a stream created on
+// another device fails, and queues nothing; on the default stream (whichever
+// device's NCCL makes current) or its own device's stream it is made.
+TEST(EmulatedNccl, ACallOnAStreamOfAnotherDeviceFails) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);
+  float* a = DeviceFloats(0, {1, 2});
+  float* b = DeviceFloats(1, {10, 20});
+  cudaStream_t s1;
+  cudaSetDevice(1);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  cudaSetDevice(0);
+  EXPECT_EQ(ncclAllReduce(a, a, 2, ncclFloat32, ncclSum, comms[0], s1), ncclUnhandledCudaError);
+  ASSERT_EQ(ncclAllReduce(a, a, 2, ncclFloat32, ncclSum, comms[0], cudaStreamPerThread),
+            ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(b, b, 2, ncclFloat32, ncclSum, comms[1], s1), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+  EXPECT_EQ(HostFloats(b, 2), (std::vector<float>{11, 22})) << "the failed call was made";
+  cudaSetDevice(1);
+  EXPECT_EQ(cudaStreamDestroy(s1), cudaSuccess);
+  cudaSetDevice(0);
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   cudaFree(a);
   cudaFree(b);
 }

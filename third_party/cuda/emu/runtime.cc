@@ -30,6 +30,7 @@
 #include "third_party/cuda/emu/counters.h"
 #include "third_party/cuda/emu/fiber.h"
 #include "third_party/cuda/emu/pending.h"
+#include "third_party/cuda/emu/stream_device.h"
 
 namespace cuda_emu {
 namespace {
@@ -429,11 +430,8 @@ void RunOnStream(cudaStream_t stream, std::function<void()> run) {
 void LaunchOnStream(cudaStream_t stream, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
                     std::function<void()> body, const char* name) {
   if (!CheckLaunchConfig(grid, block, dynamic_shared_bytes)) return;
-  if (const int device = StreamDevice(stream); device != g_device) {
-    std::fprintf(stderr,
-                 "cuda_emu: kernel %s launched on a stream of cuda:%d with cuda:%d current\n",
-                 name, device, g_device);
-    SetLastError(cudaErrorInvalidResourceHandle);
+  if (StreamDevice(stream) != g_device &&
+      !StreamOnCurrentDevice(stream, (std::string("kernel ") + name + " launched").c_str())) {
     return;
   }
   CountLaunch(name);  // when issued, deferred or not
@@ -513,6 +511,20 @@ PendingList AllPending() {
 }
 
 void SetLastError(cudaError_t err) { g_last_error = err; }
+
+bool StreamOnCurrentDevice(cudaStream_t stream, const char* what) {
+  const int device = StreamDevice(stream);
+  if (device == g_device) return true;
+  std::fprintf(stderr, "cuda_emu: %s on a stream of cuda:%d with cuda:%d current\n", what, device,
+               g_device);
+  SetLastError(cudaErrorInvalidResourceHandle);
+  return false;
+}
+
+int CreatedStreamDevice(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
+  return StreamDevice(stream);
+}
 
 void CountLaunch(const char* name) {
   ++Count().kernel_launches;
