@@ -693,6 +693,11 @@ TEST(FsdpHybridShardTest, TheReplicasAllReduceOverlapsTheNextUnitsBackward) {
       // The last two units' all-reduces are issued at the root's
       // post-backward, after every reduce-scatter.
       EXPECT_EQ(overlapped, units[rank] - 2) << absl::StrJoin(lines, "\n");
+      // Each is waited for one unit later (not all at the end): at most 2 in
+      // flight, their buffers' bound.
+      for (size_t n = 2; n < issues.size(); ++n) {
+        EXPECT_LT(waits[n - 2], issues[n]) << "all-reduce " << n - 2;
+      }
     }
   }
 }

@@ -463,7 +463,10 @@ TEST(FsdpRunTwiceTest, AUnitRunTwiceInARowGetsBothGradients) {
   std::map<std::string, std::vector<float>> want;
   for (auto& [name, p] : ref.NamedParameters()) want[name] = p->grad.ToVector<float>();
 
-  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+  // HYBRID_SHARD with shard groups of 1: the first run's all-reduce over the
+  // replicas finishes before the second run's reduce is issued.
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard,
+                                    ShardingStrategy::kHybridShard}) {
     SCOPED_TRACE(ShardingStrategyName(strategy));
     ThreadWorld world(kWorld);
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
@@ -471,6 +474,7 @@ TEST(FsdpRunTwiceTest, AUnitRunTwiceInARowGetsBothGradients) {
       FsdpOptions options;
       options.seed = kSeed;
       options.strategy = strategy;
+      options.hybrid_shard_group_size = 1;
       options.policy = WrapPolicy::Transformer({"Linear"});
       auto fsdp = FullyShard(m, pg, options);
       ASSERT_EQ(fsdp->num_units(), 2);  // the root (no parameters) and inner

@@ -274,9 +274,10 @@ void FsdpUnit::IssueReduce() {
   if (no_shard()) {
     reduce_out_ = reduce_buf_;
     reduce_work_ = pg_.AllReduce(reduce_buf_, ReduceOp::kAvg);
-  } else if (replicate_pg_ != nullptr) {
+  } else if (replicate_pg_ != nullptr && pg_.size() > 1) {
     // A buffer of its own, which the replicas' all-reduce then averages in
-    // place while reduce_buf_ is already freed (FinishReduce).
+    // place while reduce_buf_ is already freed (FinishReduce). (With shard
+    // groups of 1 the shard is the whole buffer: the view below.)
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
     reduce_out_ = tensor::Tensor::Empty({flat_.shard_numel()}, reduce_dtype_, reduce_buf_.device());
     reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
@@ -288,7 +289,9 @@ void FsdpUnit::IssueReduce() {
 
 void FsdpUnit::FinishReduce() {
   WorkPtr work = std::move(reduce_work_);
-  Check(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
+  const absl::Status reduced = work->Wait();
+  if (!reduced.ok()) DropReduceBuffers();
+  Check(reduced, no_shard() ? "all_reduce" : "reduce_scatter");
   if (replicate_pg_ == nullptr) {
     AccumulateReduced();
     return;
@@ -303,8 +306,15 @@ void FsdpUnit::FinishReduce() {
 
 void FsdpUnit::FinishReplicas() {
   WorkPtr work = std::move(replicas_work_);
-  Check(work->Wait(), "all_reduce (replicas)");
+  const absl::Status averaged = work->Wait();
+  if (!averaged.ok()) DropReduceBuffers();
+  Check(averaged, "all_reduce (replicas)");
   AccumulateReduced();
+}
+
+void FsdpUnit::DropReduceBuffers() {
+  reduce_out_ = tensor::Tensor();
+  reduce_buf_ = tensor::Tensor();
 }
 
 void FsdpUnit::AccumulateReduced() {
@@ -489,7 +499,12 @@ void FsdpShared::FinishReducesThrough(const FsdpUnit* unit) {
 }
 
 void FsdpShared::FinishReducesBefore(size_t keep) {
-  while (pending_reduces.size() > keep) FinishOldestReduce();
+  // Each reduce finished may issue a replicas' all-reduce: no more than
+  // max(keep, 1) stay in flight behind it, also while every one finishes.
+  while (pending_reduces.size() > keep) {
+    FinishOldestReduce();
+    while (pending_replicas.size() > std::max<size_t>(keep, 1)) FinishOldestReplicas();
+  }
   while (pending_replicas.size() > keep) FinishOldestReplicas();
 }
 

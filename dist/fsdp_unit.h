@@ -142,7 +142,8 @@ struct FsdpShared {
   tensor::Tensor OffloadStaging(tensor::Dtype dtype, int64_t numel) const;
   // Finishes all but the newest `keep` pending reduces, then all but the
   // newest `keep` replicas' all-reduces (those of the reduces finished first
-  // among them): under HYBRID_SHARD a unit's all-reduce between the nodes
+  // among them; never more than max(keep, 1) in flight after a reduce
+  // finishes): under HYBRID_SHARD a unit's all-reduce between the nodes
   // runs while the host queues the next unit's backward (PyTorch's HSDP
   // queues it behind the reduce-scatter on its stream), and the host waits
   // for it one unit later. 0: every one (the root's post-backward, ZeroGrad).
@@ -244,6 +245,9 @@ class FsdpUnit : public nn::ModuleHooks {
   // (offloaded: copied to the host in reduce_dtype first), or, under
   // HYBRID_SHARD, frees the unsharded gradient and issues the all-reduce
   // that averages the result over the replicas (FinishReplicas adds it).
+  // Memory: with shard groups of more than 1, the result is a shard-sized
+  // buffer of its own (kCommunication), and up to 2 of them wait in the
+  // replicas' all-reduces beside the reduces in flight.
   void FinishReduce();
   // The replicas' all-reduce is in flight (FinishReduce issued it).
   bool averaging_replicas() const { return replicas_work_ != nullptr; }
@@ -281,6 +285,8 @@ class FsdpUnit : public nn::ModuleHooks {
   // Adds reduce_out_ (this rank's reduced gradient) into the gradient shard,
   // through the host's staging buffer when offloaded, and frees the buffers.
   void AccumulateReduced();
+  // A reduce failed: its buffers go (the collective has ended).
+  void DropReduceBuffers();
 
   void Check(const absl::Status& s, const char* what);
 

@@ -2,7 +2,9 @@
 // every Split, to the group it wraps, and logs when each collective is
 // issued and when it is waited for, so that a test can read the order of a
 // rank's communication (e.g. that a collective stays in flight while the
-// next one is issued).
+// next one is issued). It is not the engine's class: what looks for an
+// engine's group by type (the nccl engine's SetNcclComputeStream) does not
+// find it, and its messages name ranks as the base class does.
 #ifndef DIST_RECORDING_GROUP_H_
 #define DIST_RECORDING_GROUP_H_
 
