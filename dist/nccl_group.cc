@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
@@ -67,8 +68,10 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank
 }
 
 // Whether `comm` has finished its background work (init, split, enqueue,
-// finalize); an error when NCCL reports one (e.g. a peer died).
-absl::StatusOr<bool> CommReady(ncclComm_t comm) {
+// finalize); an error when NCCL reports one (e.g. a peer died). `calls`: its
+// family's (nccl::LaunchOrder::NcclCalls), held for the NCCL calls.
+absl::StatusOr<bool> CommReady(ncclComm_t comm, std::mutex& calls) {
+  std::lock_guard<std::mutex> lock(calls);
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
   if (result != ncclSuccess) return NcclError(result, "ncclCommGetAsyncError", comm);
@@ -172,6 +175,10 @@ bool AbortWithin(ncclComm_t comm, int device, const char* what) {
 struct Comm {
   int device = 0;
   ncclComm_t comm = nullptr;  // nullptr once aborted
+  // The groups it orders its launches with, whose NCCL calls it makes one
+  // thread at a time (NcclCalls).
+  std::shared_ptr<nccl::LaunchOrder> family;
+  std::mutex& calls() const { return family->NcclCalls(); }
   cudaStream_t stream = nullptr;
   float* barrier = nullptr;  // (1): the operand of barrier()
   absl::Duration finalize_timeout;
@@ -217,14 +224,19 @@ struct Comm {
       // Finalize (flushes the calls, may wait for the peers) and destroy; abort
       // when that does not finish in time.
       bool clean = false;
-      const ncclResult_t result = ncclCommFinalize(comm);
+      ncclResult_t result;
+      {
+        std::lock_guard<std::mutex> lock(calls());
+        result = ncclCommFinalize(comm);
+      }
       if (result == ncclSuccess || result == ncclInProgress) {
-        absl::StatusOr<bool> done =
-            nccl::PollUntil([this] { return CommReady(comm); }, absl::Now() + finalize_timeout,
-                            nccl::Clock(), absl::Milliseconds(1));
+        absl::StatusOr<bool> done = nccl::PollUntil([this] { return CommReady(comm, calls()); },
+                                                    absl::Now() + finalize_timeout,
+                                                    nccl::Clock(), absl::Milliseconds(1));
         clean = done.ok() && *done;
       }
       if (clean) {
+        std::lock_guard<std::mutex> lock(calls());
         ncclCommDestroy(comm);
       } else if (!AbortWithin(comm, device, "destroying a group whose finalize failed or did "
                                             "not complete in time")) {
@@ -244,13 +256,15 @@ struct CommDeleter {
 };
 using CommPtr = std::unique_ptr<Comm, CommDeleter>;
 
-// Wraps an initialized communicator: a non-blocking stream and the barrier
-// buffer on `device` (current on this thread).
+// Wraps an initialized communicator of `family`: a non-blocking stream and
+// the barrier buffer on `device` (current on this thread).
 absl::StatusOr<CommPtr> MakeComm(ncclComm_t nccl_comm, int device,
-                                 absl::Duration finalize_timeout) {
+                                 absl::Duration finalize_timeout,
+                                 std::shared_ptr<nccl::LaunchOrder> family) {
   CommPtr comm(new Comm());
   comm->device = device;
   comm->comm = nccl_comm;
+  comm->family = std::move(family);
   comm->finalize_timeout = finalize_timeout;
   absl::Status s = CudaCheck(cudaStreamCreateWithFlags(&comm->stream, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags");
@@ -294,15 +308,18 @@ class NcclCollective final : public nccl::PendingCall {
     absl::Status s =
         CudaCheck(cudaStreamWaitEvent(comm_->stream, ready_, 0), "cudaStreamWaitEvent");
     if (!s.ok()) return s;
-    const ncclResult_t result = Launch();
-    if (result == ncclInProgress) return absl::OkStatus();  // Enqueued() completes it.
-    if (result != ncclSuccess) return NcclError(result, "enqueuing the NCCL call", comm_->comm);
+    {
+      std::lock_guard<std::mutex> lock(comm_->calls());
+      const ncclResult_t result = Launch();
+      if (result == ncclInProgress) return absl::OkStatus();  // Enqueued() completes it.
+      if (result != ncclSuccess) return NcclError(result, "enqueuing the NCCL call", comm_->comm);
+    }
     return RecordDone();
   }
 
   absl::StatusOr<bool> Enqueued() override {
     if (recorded_) return true;
-    absl::StatusOr<bool> ready = CommReady(comm_->comm);
+    absl::StatusOr<bool> ready = CommReady(comm_->comm, comm_->calls());
     if (!ready.ok() || !*ready) return ready;
     if (absl::Status s = RecordDone(); !s.ok()) return s;
     return true;
@@ -313,7 +330,7 @@ class NcclCollective final : public nccl::PendingCall {
     // aborted (a peer's call differed, a peer aborted) can let the done
     // event complete without the collective having run, and the call must
     // not then look successful over an output nothing wrote.
-    absl::StatusOr<bool> state = CommReady(comm_->comm);
+    absl::StatusOr<bool> state = CommReady(comm_->comm, comm_->calls());
     if (!state.ok()) return state.status();
     const cudaError_t err = cudaEventQuery(done_);
     if (err == cudaSuccess) return true;
@@ -377,6 +394,7 @@ class NcclSplit final : public nccl::PendingCall {
   bool NeedsIdle() const override { return true; }
 
   absl::Status Start() override {
+    std::lock_guard<std::mutex> lock(parent_->calls());
     const ncclResult_t result = ncclCommSplit(
         parent_->comm, color_ < 0 ? NCCL_SPLIT_NOCOLOR : color_, key_, &child_, &config_);
     if (result != ncclSuccess && result != ncclInProgress) {
@@ -389,9 +407,9 @@ class NcclSplit final : public nccl::PendingCall {
   absl::StatusOr<bool> Enqueued() override { return Finished(); }
 
   absl::StatusOr<bool> Finished() override {
-    absl::StatusOr<bool> parent = CommReady(parent_->comm);
+    absl::StatusOr<bool> parent = CommReady(parent_->comm, parent_->calls());
     if (!parent.ok() || !*parent || child_ == nullptr) return parent;
-    return CommReady(child_);
+    return CommReady(child_, parent_->calls());  // of the same family
   }
 
   // The new communicator (nullptr for a negative color), once finished.
@@ -550,15 +568,21 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   }
   int new_rank = 0;
   int new_size = 0;
-  ncclResult_t result = ncclCommUserRank(child, &new_rank);
-  if (result == ncclSuccess) result = ncclCommCount(child, &new_size);
-  if (result != ncclSuccess) {
-    const absl::Status s = NcclError(result, "ncclCommUserRank/ncclCommCount", child);
+  absl::Status counted;
+  {
+    std::lock_guard<std::mutex> lock(comm_->calls());
+    ncclResult_t result = ncclCommUserRank(child, &new_rank);
+    if (result == ncclSuccess) result = ncclCommCount(child, &new_size);
+    if (result != ncclSuccess) {
+      counted = NcclError(result, "ncclCommUserRank/ncclCommCount", child);
+    }
+  }
+  if (!counted.ok()) {
     AbortWithin(child, comm_->device, "split");
-    return Prefixed(s, "split", rank_, size_);
+    return Prefixed(counted, "split", rank_, size_);
   }
   DeviceGuard guard(comm_->device);
-  absl::StatusOr<CommPtr> comm = MakeComm(child, comm_->device, this->timeout());
+  absl::StatusOr<CommPtr> comm = MakeComm(child, comm_->device, this->timeout(), launch_order_);
   if (!comm.ok()) return Prefixed(comm.status(), "split", rank_, size_);
   NcclGroupOptions options;
   options.prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
@@ -673,14 +697,19 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // Init runs in the background: it can time out.
   ncclComm_t nccl_comm = nullptr;
-  const ncclResult_t result = ncclCommInitRankConfig(&nccl_comm, size, unique, rank, &config);
+  ncclResult_t result;
+  {
+    std::lock_guard<std::mutex> lock(launch_order->NcclCalls());
+    result = ncclCommInitRankConfig(&nccl_comm, size, unique, rank, &config);
+  }
   if (result != ncclSuccess && result != ncclInProgress) {
     const absl::Status s = NcclError(result, "ncclCommInitRankConfig", nccl_comm);
     if (nccl_comm != nullptr) AbortWithin(nccl_comm, device_index, "init");
     return Prefixed(s, "nccl_init", rank, size);
   }
-  absl::StatusOr<bool> ready = nccl::PollUntil([&] { return CommReady(nccl_comm); }, deadline,
-                                               nccl::Clock(), absl::Milliseconds(1));
+  absl::StatusOr<bool> ready =
+      nccl::PollUntil([&] { return CommReady(nccl_comm, launch_order->NcclCalls()); }, deadline,
+                      nccl::Clock(), absl::Milliseconds(1));
   if (!ready.ok() || !*ready) {
     absl::Status s =
         ready.ok() ? nccl::InitTimeoutError(store, options.prefix, rank, size, options.timeout, "")
@@ -701,7 +730,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     AbortWithin(nccl_comm, device_index, "init");
     return s;
   }
-  absl::StatusOr<CommPtr> comm = MakeComm(nccl_comm, device_index, options.timeout);
+  absl::StatusOr<CommPtr> comm = MakeComm(nccl_comm, device_index, options.timeout, launch_order);
   if (!comm.ok()) return Prefixed(comm.status(), "nccl_init", rank, size);
   return std::unique_ptr<ProcessGroup>(
       new NcclProcessGroup(rank, size, &store, *std::move(comm), options,

@@ -17,6 +17,12 @@
 // ordered against each other (PyTorch orders every group by its issuing
 // thread), unless made with NcclGroupOptions::launch_order_with: split them
 // from one group, or pass that, when one rank uses several.
+//
+// A family also makes its NCCL calls one thread at a time (NcclCalls): NCCL
+// is not thread-safe across communicators of one device ("Thread Safety" in
+// its user guide), and each group's worker polls its communicator
+// (ncclCommGetAsyncError) while another's may enqueue. ncclCommAbort, which
+// NCCL lets another thread call, does not take it.
 #ifndef DIST_NCCL_LAUNCH_ORDER_H_
 #define DIST_NCCL_LAUNCH_ORDER_H_
 
@@ -45,12 +51,17 @@ class LaunchOrder {
   // Tickets taken so far.
   int64_t taken() const;
 
+  // Held around each NCCL call on the family's communicators (every call
+  // returns at once: the communicators are non-blocking).
+  std::mutex& NcclCalls() const { return nccl_calls_; }
+
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   int64_t taken_ = 0;             // Guarded by mu_.
   int64_t turn_ = 0;              // The lowest ticket not passed. Guarded by mu_.
   std::set<int64_t> passed_ahead_;  // Passed tickets above turn_. Guarded by mu_.
+  mutable std::mutex nccl_calls_;
 };
 
 }  // namespace nccl

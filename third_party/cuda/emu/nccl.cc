@@ -30,6 +30,16 @@
 //   deadlock so (two devices in opposite orders, or a cycle through more)
 //   fail the communicators involved with ncclInvalidUsage, naming the
 //   devices.
+// - Thread safety (NCCL's user guide, "Thread Safety"): calls on
+//   communicators of one device must not be made from several threads at
+//   once (one communicator's, or independent ones'). Ranks are threads
+//   standing for processes, so the rule binds the communicators of one
+//   emulated process (a communicator made by init and those split from it):
+//   two threads inside calls on them fail the later call's communicator with
+//   ncclInvalidUsage, naming the rule (init, which makes a process, and
+//   ncclCommAbort, which NCCL lets another thread call, excepted).
+//   CUDA_EMU_NCCL_CALL_US holds each call that many microseconds, so that
+//   calls which would overlap on a GPU meet.
 // Not modeled: timing, ncclGroupStart/End, point-to-point, processes.
 #include <nccl.h>
 
@@ -37,15 +47,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -72,6 +85,82 @@ void SetError(ncclComm_t comm, ncclResult_t error, const std::string& message) {
 }
 
 namespace {
+
+// A fresh emulated process (ncclComm::process), for an init.
+int64_t NewProcess() {
+  static std::atomic<int64_t> next{1};
+  return next++;
+}
+
+// Which thread is inside calls on an emulated process's communicators
+// (NCCL's thread safety, above), and how deep (a thread's nested calls are
+// one).
+struct ProcessCalls {
+  std::mutex mu;
+  std::thread::id owner;
+  int depth = 0;
+};
+
+// CUDA_EMU_NCCL_CALL_US (read once): how long each guarded call holds its
+// device.
+std::chrono::microseconds CallHold() {
+  static const std::chrono::microseconds hold = [] {
+    const char* env = std::getenv("CUDA_EMU_NCCL_CALL_US");
+    return std::chrono::microseconds(env != nullptr ? std::atoi(env) : 0);
+  }();
+  return hold;
+}
+
+// Marks this thread inside a call on `comm`'s process's communicators for
+// its lifetime; concurrent() when another thread is inside one too.
+class CallGuard {
+ public:
+  explicit CallGuard(ncclComm_t comm) : calls_(Calls(comm->process)) {
+    {
+      std::lock_guard<std::mutex> lock(calls_.mu);
+      if (calls_.depth > 0 && calls_.owner != std::this_thread::get_id()) {
+        concurrent_ = true;
+        return;
+      }
+      calls_.owner = std::this_thread::get_id();
+      ++calls_.depth;
+    }
+    if (CallHold().count() > 0) std::this_thread::sleep_for(CallHold());
+  }
+  ~CallGuard() {
+    if (concurrent_) return;
+    std::lock_guard<std::mutex> lock(calls_.mu);
+    --calls_.depth;
+  }
+  CallGuard(const CallGuard&) = delete;
+  CallGuard& operator=(const CallGuard&) = delete;
+  bool concurrent() const { return concurrent_; }
+
+ private:
+  static ProcessCalls& Calls(int64_t process) {
+    static std::mutex* mu = new std::mutex;
+    static auto* calls = new std::map<int64_t, std::unique_ptr<ProcessCalls>>;
+    std::lock_guard<std::mutex> lock(*mu);
+    std::unique_ptr<ProcessCalls>& slot = (*calls)[process];
+    if (slot == nullptr) slot = std::make_unique<ProcessCalls>();
+    return *slot;
+  }
+  ProcessCalls& calls_;
+  bool concurrent_ = false;
+};
+
+// Fails `comm` for a call made while another thread was inside one on its
+// process's communicators.
+ncclResult_t ConcurrentCall(ncclComm_t comm) {
+  const std::string message =
+      "emulated NCCL: two threads made calls on communicators of cuda:" +
+      std::to_string(comm->device) +
+      " at once (NCCL's thread safety: one thread at a time per device)";
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::lock_guard<std::mutex> lock(Mu());
+  SetError(comm, ncclInvalidUsage, message);
+  return ncclInvalidUsage;
+}
 
 std::map<std::string, std::shared_ptr<Clique>>& Cliques() {
   static auto* cliques = new std::map<std::string, std::shared_ptr<Clique>>;
@@ -379,6 +468,8 @@ ncclResult_t Collective(int kind, const void* send, void* recv, size_t count,
                  "cuda:%d\n", comm->device, device);
     return ncclUnhandledCudaError;
   }
+  const CallGuard guard(comm);
+  if (guard.concurrent()) return ConcurrentCall(comm);
   // What was deferred on the stream before the call (pending.h) runs first:
   // the call reads and writes its buffers when the last rank arrives.
   cuda_emu::RunDeferredOn(stream);
@@ -434,6 +525,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   c->rank = rank;
   c->size = nranks;
   c->device = device;
+  c->process = emu::NewProcess();
   clique->members[rank] = c;
   ++clique->joined;
   *comm = c;
@@ -468,12 +560,15 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (comm == nullptr || newcomm == nullptr || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) {
     return ncclInvalidArgument;
   }
+  const emu::CallGuard guard(comm);
+  if (guard.concurrent()) return emu::ConcurrentCall(comm);
   std::unique_lock<std::mutex> lock(emu::Mu());
   if (comm->clique == nullptr || comm->clique->joined < comm->size) return ncclInvalidUsage;
   ncclComm_t child = nullptr;
   if (color != NCCL_SPLIT_NOCOLOR) {
     child = new ncclComm;
     child->device = comm->device;
+    child->process = comm->process;
   }
   emu::Call proto;
   proto.kind = 4;
@@ -505,6 +600,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (comm == nullptr || state == nullptr) return ncclInvalidArgument;
+  const emu::CallGuard guard(comm);
+  if (guard.concurrent()) emu::ConcurrentCall(comm);  // *state says it
   std::lock_guard<std::mutex> lock(emu::Mu());
   if (comm->error != ncclSuccess) {
     *state = comm->error;
@@ -519,6 +616,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (comm == nullptr || count == nullptr) return ncclInvalidArgument;
+  const emu::CallGuard guard(comm);
+  if (guard.concurrent()) return emu::ConcurrentCall(comm);
   std::lock_guard<std::mutex> lock(emu::Mu());
   *count = comm->size;
   return ncclSuccess;
@@ -526,6 +625,8 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (comm == nullptr || rank == nullptr) return ncclInvalidArgument;
+  const emu::CallGuard guard(comm);
+  if (guard.concurrent()) return emu::ConcurrentCall(comm);
   std::lock_guard<std::mutex> lock(emu::Mu());
   *rank = comm->rank;
   return ncclSuccess;
@@ -541,6 +642,8 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 // unfinished; the emulation reports that through the pending works.
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
+  const emu::CallGuard guard(comm);
+  if (guard.concurrent()) return emu::ConcurrentCall(comm);
   std::lock_guard<std::mutex> lock(emu::Mu());
   for (const auto& w : comm->outstanding) {
     if (!w->done()) return ncclInProgress;
@@ -588,6 +691,8 @@ void Leave(ncclComm_t comm) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
+  const emu::CallGuard guard(comm);
+  if (guard.concurrent()) emu::ConcurrentCall(comm);  // destroyed all the same
   std::lock_guard<std::mutex> lock(emu::Mu());
   Leave(comm);  // destroying with calls unfinished is an abort
   delete comm;

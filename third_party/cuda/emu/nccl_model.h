@@ -91,6 +91,10 @@ struct ncclComm {
   int rank = -1;
   int size = 0;
   int device = 0;
+  // The emulated process this communicator belongs to: a fresh one at init
+  // (ranks are threads standing for processes), its parent's for a split.
+  // NCCL's thread safety binds the communicators of one process and device.
+  int64_t process = 0;
   int64_t next_call = 0;
   ncclResult_t error = ncclSuccess;  // asynchronous error
   std::string last_error;

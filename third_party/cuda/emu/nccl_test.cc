@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -432,6 +433,51 @@ TEST(EmulatedNccl, ACallOnAStreamOfAnotherDeviceFails) {
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   cudaFree(a);
   cudaFree(b);
+}
+
+// NCCL is not thread-safe across the communicators of one device: a call on
+// one while another thread of the process is inside a call on another (here
+// a blocking split of its parent, waiting for the peer) fails the
+// communicator, naming the rule. (Ranks are threads standing for processes:
+// a process is a communicator from init and those split from it.)
+TEST(EmulatedNccl, CallsOnOneDevicesCommunicatorsFromTwoThreadsAtOnceFail) {
+  std::vector<ncclResult_t> states;
+  std::vector<ncclComm_t> parents = InitAll({0, 1}, &states);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;  // blocking
+  ncclComm_t first[2] = {nullptr, nullptr}, second[2] = {nullptr, nullptr};
+  {
+    std::thread peer([&] {
+      cudaSetDevice(1);
+      EXPECT_EQ(ncclCommSplit(parents[1], 0, 0, &first[1], &config), ncclSuccess);
+    });
+    cudaSetDevice(0);
+    ASSERT_EQ(ncclCommSplit(parents[0], 0, 0, &first[0], &config), ncclSuccess);
+    peer.join();
+  }
+  // This thread goes inside a call on rank 0's parent (its split waits for
+  // rank 1's); another, once it is there, calls on rank 0's first child,
+  // then makes rank 1's split.
+  std::atomic<bool> entering{false};
+  ncclResult_t state = ncclSuccess;
+  std::thread other([&] {
+    while (!entering) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(ncclCommGetAsyncError(first[0], &state), ncclSuccess);
+    cudaSetDevice(1);
+    EXPECT_EQ(ncclCommSplit(parents[1], 0, 0, &second[1], &config), ncclSuccess);
+  });
+  cudaSetDevice(0);
+  entering = true;
+  EXPECT_EQ(ncclCommSplit(parents[0], 0, 0, &second[0], &config), ncclSuccess);
+  other.join();
+  EXPECT_EQ(state, ncclInvalidUsage);
+  EXPECT_NE(std::strstr(ncclGetLastError(first[0]), "two threads made calls on communicators of "
+                                                    "cuda:0 at once"),
+            nullptr)
+      << ncclGetLastError(first[0]);
+  for (ncclComm_t c : {first[0], first[1], second[0], second[1], parents[0], parents[1]}) {
+    ncclCommAbort(c);
+  }
 }
 
 TEST(EmulatedNccl, TwoRanksOnOneDeviceAreRefused) {
