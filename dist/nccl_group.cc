@@ -67,11 +67,27 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank
                       absl::StrCat("[", op, "] ", nccl::Who(rank, size), ": ", status.message()));
 }
 
+using CallsLock = std::unique_lock<std::timed_mutex>;
+
+// The family's NCCL call lock (nccl::LaunchOrder::NcclCalls) for a call that
+// is not a poll, within `bound`; past it an error: another group's call has
+// held it that long (it hangs: its group's watchdog aborts it, unlocked).
+absl::StatusOr<CallsLock> LockCalls(std::timed_mutex& calls, absl::Duration bound,
+                                    absl::string_view what) {
+  CallsLock lock(calls, std::defer_lock);
+  if (lock.try_lock_for(absl::ToChronoNanoseconds(bound))) return lock;
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, ": another NCCL call on this device's groups did not return within ",
+                   absl::FormatDuration(bound), " (it hangs; its group's watchdog aborts it)"));
+}
+
 // Whether `comm` has finished its background work (init, split, enqueue,
 // finalize); an error when NCCL reports one (e.g. a peer died). `calls`: its
-// family's (nccl::LaunchOrder::NcclCalls), held for the NCCL calls.
-absl::StatusOr<bool> CommReady(ncclComm_t comm, std::mutex& calls) {
-  std::lock_guard<std::mutex> lock(calls);
+// family's lock, only tried: held by another call, `comm` reads as not ready
+// yet, and the caller's deadline goes on running.
+absl::StatusOr<bool> CommReady(ncclComm_t comm, std::timed_mutex& calls) {
+  CallsLock lock(calls, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
   if (result != ncclSuccess) return NcclError(result, "ncclCommGetAsyncError", comm);
@@ -178,7 +194,7 @@ struct Comm {
   // The groups it orders its launches with, whose NCCL calls it makes one
   // thread at a time (NcclCalls).
   std::shared_ptr<nccl::LaunchOrder> family;
-  std::mutex& calls() const { return family->NcclCalls(); }
+  std::timed_mutex& calls() const { return family->NcclCalls(); }
   cudaStream_t stream = nullptr;
   float* barrier = nullptr;  // (1): the operand of barrier()
   absl::Duration finalize_timeout;
@@ -224,9 +240,9 @@ struct Comm {
       // Finalize (flushes the calls, may wait for the peers) and destroy; abort
       // when that does not finish in time.
       bool clean = false;
-      ncclResult_t result;
-      {
-        std::lock_guard<std::mutex> lock(calls());
+      ncclResult_t result = ncclInternalError;
+      if (absl::StatusOr<CallsLock> lock = LockCalls(calls(), finalize_timeout, "finalize");
+          lock.ok()) {
         result = ncclCommFinalize(comm);
       }
       if (result == ncclSuccess || result == ncclInProgress) {
@@ -235,8 +251,9 @@ struct Comm {
                                                     nccl::Clock(), absl::Milliseconds(1));
         clean = done.ok() && *done;
       }
-      if (clean) {
-        std::lock_guard<std::mutex> lock(calls());
+      absl::StatusOr<CallsLock> lock = clean ? LockCalls(calls(), finalize_timeout, "destroy")
+                                             : absl::StatusOr<CallsLock>(absl::CancelledError());
+      if (lock.ok()) {
         ncclCommDestroy(comm);
       } else if (!AbortWithin(comm, device, "destroying a group whose finalize failed or did "
                                             "not complete in time")) {
@@ -309,7 +326,9 @@ class NcclCollective final : public nccl::PendingCall {
         CudaCheck(cudaStreamWaitEvent(comm_->stream, ready_, 0), "cudaStreamWaitEvent");
     if (!s.ok()) return s;
     {
-      std::lock_guard<std::mutex> lock(comm_->calls());
+      absl::StatusOr<CallsLock> lock =
+          LockCalls(comm_->calls(), comm_->finalize_timeout, "enqueuing the NCCL call");
+      if (!lock.ok()) return lock.status();
       const ncclResult_t result = Launch();
       if (result == ncclInProgress) return absl::OkStatus();  // Enqueued() completes it.
       if (result != ncclSuccess) return NcclError(result, "enqueuing the NCCL call", comm_->comm);
@@ -394,7 +413,9 @@ class NcclSplit final : public nccl::PendingCall {
   bool NeedsIdle() const override { return true; }
 
   absl::Status Start() override {
-    std::lock_guard<std::mutex> lock(parent_->calls());
+    absl::StatusOr<CallsLock> lock =
+        LockCalls(parent_->calls(), parent_->finalize_timeout, "ncclCommSplit");
+    if (!lock.ok()) return lock.status();
     const ncclResult_t result = ncclCommSplit(
         parent_->comm, color_ < 0 ? NCCL_SPLIT_NOCOLOR : color_, key_, &child_, &config_);
     if (result != ncclSuccess && result != ncclInProgress) {
@@ -569,8 +590,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   int new_rank = 0;
   int new_size = 0;
   absl::Status counted;
-  {
-    std::lock_guard<std::mutex> lock(comm_->calls());
+  if (absl::StatusOr<CallsLock> lock =
+          LockCalls(comm_->calls(), this->timeout(), "ncclCommUserRank/ncclCommCount");
+      !lock.ok()) {
+    counted = lock.status();
+  } else {
     ncclResult_t result = ncclCommUserRank(child, &new_rank);
     if (result == ncclSuccess) result = ncclCommCount(child, &new_size);
     if (result != ncclSuccess) {
@@ -699,7 +723,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
   ncclComm_t nccl_comm = nullptr;
   ncclResult_t result;
   {
-    std::lock_guard<std::mutex> lock(launch_order->NcclCalls());
+    absl::StatusOr<CallsLock> lock =
+        LockCalls(launch_order->NcclCalls(), options.timeout, "ncclCommInitRankConfig");
+    if (!lock.ok()) return Prefixed(lock.status(), "nccl_init", rank, size);
     result = ncclCommInitRankConfig(&nccl_comm, size, unique, rank, &config);
   }
   if (result != ncclSuccess && result != ncclInProgress) {

@@ -21,8 +21,12 @@
 // A family also makes its NCCL calls one thread at a time (NcclCalls): NCCL
 // is not thread-safe across communicators of one device ("Thread Safety" in
 // its user guide), and each group's worker polls its communicator
-// (ncclCommGetAsyncError) while another's may enqueue. ncclCommAbort, which
-// NCCL lets another thread call, does not take it.
+// (ncclCommGetAsyncError) while another's may enqueue. Polls only try it
+// (taken: not ready yet), and other calls wait for it a bounded time, so
+// that a call that hangs holding it (a destroy behind a kernel waiting for a
+// peer) does not keep the other groups' watchdogs from their timeouts and
+// aborts. ncclCommAbort does not take it: an abort must not wait behind the
+// call it ends (a hang NCCL's abort is for).
 #ifndef DIST_NCCL_LAUNCH_ORDER_H_
 #define DIST_NCCL_LAUNCH_ORDER_H_
 
@@ -51,9 +55,9 @@ class LaunchOrder {
   // Tickets taken so far.
   int64_t taken() const;
 
-  // Held around each NCCL call on the family's communicators (every call
-  // returns at once: the communicators are non-blocking).
-  std::mutex& NcclCalls() const { return nccl_calls_; }
+  // Held around each NCCL call on the family's communicators (the
+  // communicators are non-blocking: a call returns at once, unless it hangs).
+  std::timed_mutex& NcclCalls() const { return nccl_calls_; }
 
  private:
   mutable std::mutex mu_;
@@ -61,7 +65,7 @@ class LaunchOrder {
   int64_t taken_ = 0;             // Guarded by mu_.
   int64_t turn_ = 0;              // The lowest ticket not passed. Guarded by mu_.
   std::set<int64_t> passed_ahead_;  // Passed tickets above turn_. Guarded by mu_.
-  mutable std::mutex nccl_calls_;
+  mutable std::timed_mutex nccl_calls_;
 };
 
 }  // namespace nccl

@@ -319,13 +319,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       refuse != nullptr && std::strcmp(refuse, "1") == 0) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  cuda_emu::CountLaunch("cublasLtMatmul");
-  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cuda_emu::CountLaunch("cublasLtMatmul");
+    return st;
+  }
   // Its kernels launch on the current device: on another device's stream they
-  // fail, and so does the call.
-  if (!cuda_emu::StreamOnCurrentDevice(stream, "cublasLtMatmul")) {
+  // fail, and so does the call (whose launch error cuBLASLt keeps to itself).
+  if (!cuda_emu::StreamOnCurrentDevice(stream, "cublasLtMatmul", /*sets_last_error=*/false)) {
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
+  cuda_emu::CountLaunch("cublasLtMatmul");
   if (!cuda_emu::KernelsRun()) {
     cuda_emu::RunOnStream(stream, [] {});
     return CUBLAS_STATUS_SUCCESS;

@@ -68,7 +68,6 @@ TEST_F(LibraryDevicesTest, AMatmulOnAStreamOfAnotherDeviceFails) {
                           nullptr, nullptr, 0, stream);
   };
   EXPECT_EQ(matmul(on1_), CUBLAS_STATUS_EXECUTION_FAILED);
-  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
   EXPECT_EQ(cudaStreamSynchronize(on0_), cudaSuccess);
   EXPECT_EQ(Host(d, 4), (std::vector<float>{0, 0, 0, 0})) << "the failed matmul ran";
   EXPECT_EQ(matmul(on0_), CUBLAS_STATUS_SUCCESS);

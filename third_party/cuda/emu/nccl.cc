@@ -135,6 +135,11 @@ class CallGuard {
   CallGuard(const CallGuard&) = delete;
   CallGuard& operator=(const CallGuard&) = delete;
   bool concurrent() const { return concurrent_; }
+  static int Depth(ncclComm_t comm) {
+    ProcessCalls& calls = Calls(comm->process);
+    std::lock_guard<std::mutex> lock(calls.mu);
+    return calls.depth;
+  }
 
  private:
   static ProcessCalls& Calls(int64_t process) {
@@ -147,6 +152,23 @@ class CallGuard {
   }
   ProcessCalls& calls_;
   bool concurrent_ = false;
+};
+
+int CallsInside(ncclComm_t comm) { return CallGuard::Depth(comm); }
+
+// Makes `device` current on this thread for its lifetime.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    cudaGetDevice(&saved_);
+    cudaSetDevice(device);
+  }
+  ~CurrentDevice() { cudaSetDevice(saved_); }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int saved_ = 0;
 };
 
 // Fails `comm` for a call made while another thread was inside one on its
@@ -461,15 +483,22 @@ ncclResult_t Collective(int kind, const void* send, void* recv, size_t count,
       return ncclInvalidArgument;
     }
   }
-  // NCCL launches on the communicator's device: a stream of another fails.
-  if (const int device = cuda_emu::CreatedStreamDevice(stream);
-      device >= 0 && device != comm->device) {
-    std::fprintf(stderr, "emulated NCCL: a call of the communicator of cuda:%d on a stream of "
-                 "cuda:%d\n", comm->device, device);
-    return ncclUnhandledCudaError;
-  }
   const CallGuard guard(comm);
   if (guard.concurrent()) return ConcurrentCall(comm);
+  // NCCL launches with the communicator's device current: a created stream
+  // of another device fails the launch (and, as NCCL's group cleanup does, a
+  // non-blocking communicator); the default streams are that device's.
+  if (const int device = cuda_emu::CreatedStreamDevice(stream);
+      device >= 0 && device != comm->device) {
+    const std::string message = "emulated NCCL: a call of the communicator of cuda:" +
+                                std::to_string(comm->device) + " on a stream of cuda:" +
+                                std::to_string(device);
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::lock_guard<std::mutex> lock(Mu());
+    if (!comm->blocking) SetError(comm, ncclUnhandledCudaError, message);
+    return ncclUnhandledCudaError;
+  }
+  const CurrentDevice current(comm->device);
   // What was deferred on the stream before the call (pending.h) runs first:
   // the call reads and writes its buffers when the last rank arrives.
   cuda_emu::RunDeferredOn(stream);
@@ -525,6 +554,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   c->rank = rank;
   c->size = nranks;
   c->device = device;
+  c->blocking = config == nullptr || config->blocking != 0;
   c->process = emu::NewProcess();
   clique->members[rank] = c;
   ++clique->joined;
@@ -568,6 +598,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (color != NCCL_SPLIT_NOCOLOR) {
     child = new ncclComm;
     child->device = comm->device;
+    child->blocking = config == nullptr || config->blocking != 0;
     child->process = comm->process;
   }
   emu::Call proto;
@@ -706,6 +737,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   delete comm;
   return ncclSuccess;
 }
+
+// Tests: how deep a thread is inside calls on `comm`'s emulated process's
+// communicators (0: none), to start a call while another is inside one.
+int cuda_emu_nccl_calls_inside(ncclComm_t comm) { return emu::CallsInside(comm); }
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {

@@ -95,6 +95,7 @@ struct ncclComm {
   // (ranks are threads standing for processes), its parent's for a split.
   // NCCL's thread safety binds the communicators of one process and device.
   int64_t process = 0;
+  bool blocking = true;  // its config's (errors of a non-blocking one are kept)
   int64_t next_call = 0;
   ncclResult_t error = ncclSuccess;  // asynchronous error
   std::string last_error;

@@ -11,13 +11,16 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+
+// The emulation's test hook (nccl.cc): how deep a thread is inside calls on
+// `comm`'s emulated process's communicators.
+extern "C" int cuda_emu_nccl_calls_inside(ncclComm_t comm);
 
 namespace {
 
@@ -409,28 +412,28 @@ TEST(EmulatedNccl, AbortEndsTheCallsAndFailsThePeersInThem) {
   cudaFree(b);
 }
 
-// NCCL launches on its communicator's device: a call on a stream created on
-// another device fails, and queues nothing; on the default stream (whichever
-// device's NCCL makes current) or its own device's stream it is made.
+// NCCL launches with its communicator's device current: a call on a stream
+// created on another device fails, queues nothing, and (as NCCL's group
+// cleanup does) fails the non-blocking communicator; the default stream is
+// the communicator's device's whichever device is current.
 TEST(EmulatedNccl, ACallOnAStreamOfAnotherDeviceFails) {
   std::vector<ncclResult_t> states;
-  std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);
+  std::vector<ncclComm_t> comms = InitAll({0, 1}, &states);  // non-blocking
   float* a = DeviceFloats(0, {1, 2});
   float* b = DeviceFloats(1, {10, 20});
   cudaStream_t s1;
   cudaSetDevice(1);
   ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
-  cudaSetDevice(0);
-  EXPECT_EQ(ncclAllReduce(a, a, 2, ncclFloat32, ncclSum, comms[0], s1), ncclUnhandledCudaError);
-  ASSERT_EQ(ncclAllReduce(a, a, 2, ncclFloat32, ncclSum, comms[0], cudaStreamPerThread),
-            ncclSuccess);
   ASSERT_EQ(ncclAllReduce(b, b, 2, ncclFloat32, ncclSum, comms[1], s1), ncclSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
-  EXPECT_EQ(HostFloats(b, 2), (std::vector<float>{11, 22})) << "the failed call was made";
-  cudaSetDevice(1);
+  EXPECT_EQ(ncclAllReduce(a, a, 2, ncclFloat32, ncclSum, comms[0], s1), ncclUnhandledCudaError);
+  ncclResult_t state = ncclSuccess;
+  ASSERT_EQ(ncclCommGetAsyncError(comms[0], &state), ncclSuccess);
+  EXPECT_EQ(state, ncclUnhandledCudaError);
+  EXPECT_EQ(HostFloats(a, 2), (std::vector<float>{1, 2})) << "the failed call ran";
+  for (ncclComm_t c : comms) ncclCommAbort(c);  // rank 1's call ends
+  EXPECT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(s1), cudaSuccess);
   cudaSetDevice(0);
-  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   cudaFree(a);
   cudaFree(b);
 }
@@ -457,17 +460,14 @@ TEST(EmulatedNccl, CallsOnOneDevicesCommunicatorsFromTwoThreadsAtOnceFail) {
   // This thread goes inside a call on rank 0's parent (its split waits for
   // rank 1's); another, once it is there, calls on rank 0's first child,
   // then makes rank 1's split.
-  std::atomic<bool> entering{false};
   ncclResult_t state = ncclSuccess;
   std::thread other([&] {
-    while (!entering) std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    while (cuda_emu_nccl_calls_inside(parents[0]) == 0) std::this_thread::yield();
     EXPECT_EQ(ncclCommGetAsyncError(first[0], &state), ncclSuccess);
     cudaSetDevice(1);
     EXPECT_EQ(ncclCommSplit(parents[1], 0, 0, &second[1], &config), ncclSuccess);
   });
   cudaSetDevice(0);
-  entering = true;
   EXPECT_EQ(ncclCommSplit(parents[0], 0, 0, &second[0], &config), ncclSuccess);
   other.join();
   EXPECT_EQ(state, ncclInvalidUsage);

@@ -512,12 +512,12 @@ PendingList AllPending() {
 
 void SetLastError(cudaError_t err) { g_last_error = err; }
 
-bool StreamOnCurrentDevice(cudaStream_t stream, const char* what) {
+bool StreamOnCurrentDevice(cudaStream_t stream, const char* what, bool sets_last_error) {
   const int device = StreamDevice(stream);
   if (device == g_device) return true;
   std::fprintf(stderr, "cuda_emu: %s on a stream of cuda:%d with cuda:%d current\n", what, device,
                g_device);
-  SetLastError(cudaErrorInvalidResourceHandle);
+  if (sets_last_error) SetLastError(cudaErrorInvalidResourceHandle);
   return false;
 }
 

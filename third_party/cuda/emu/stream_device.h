@@ -12,8 +12,10 @@ namespace cuda_emu {
 // True when `stream` is the current device's (the default streams always
 // are). Otherwise says so on stderr ("cuda_emu: <what> on a stream of cuda:1
 // with cuda:0 current"), sets the thread's last error to
-// cudaErrorInvalidResourceHandle, as the failed launch would, and is false.
-bool StreamOnCurrentDevice(cudaStream_t stream, const char* what);
+// cudaErrorInvalidResourceHandle as the failed launch would (unless
+// `sets_last_error` is false: a library that launches through its own
+// runtime), and is false.
+bool StreamOnCurrentDevice(cudaStream_t stream, const char* what, bool sets_last_error = true);
 
 // The device of a created stream; -1 for the default streams (nullptr,
 // cudaStreamLegacy, cudaStreamPerThread), which are whichever device is
