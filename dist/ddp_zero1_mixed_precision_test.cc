@@ -19,6 +19,7 @@
 #include "dist/ddp.h"
 #include "dist/ddp_zero1_testing.h"
 #include "dist/fsdp_testing.h"
+#include "dist/recording_group.h"
 #include "dist/thread_group.h"
 #include "dist/zero1.h"
 #include "gtest/gtest.h"
@@ -293,26 +294,7 @@ class UnpolledGroup final : public ProcessGroup {
   };
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     const absl::Status result = on_issue_ ? on_issue_(call->kind) : absl::OkStatus();
-    const auto options = CollectiveOptions::WithTimeout(call->timeout);
-    WorkPtr work;
-    switch (call->kind) {
-      case CollectiveKind::kAllReduce:
-        work = inner_.AllReduce(call->input, call->op, options);
-        break;
-      case CollectiveKind::kReduceScatter:
-        work = inner_.ReduceScatter(call->input, call->output, call->op, options);
-        break;
-      case CollectiveKind::kAllGather:
-        work = inner_.AllGather(call->input, call->output, options);
-        break;
-      case CollectiveKind::kBroadcast:
-        work = inner_.Broadcast(call->input, call->root, options);
-        break;
-      case CollectiveKind::kBarrier:
-        work = inner_.Barrier(options);
-        break;
-    }
-    return std::make_shared<UnpolledWork>(std::move(work), result);
+    return std::make_shared<UnpolledWork>(dist::testing::ForwardCall(inner_, *call), result);
   }
   absl::StatusOr<std::unique_ptr<ProcessGroup>> DoSplit(int, int, absl::Duration) override {
     return absl::UnimplementedError("UnpolledGroup does not split");

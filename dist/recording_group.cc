@@ -52,30 +52,28 @@ RecordingGroup::RecordingGroup(std::unique_ptr<ProcessGroup> owned,
       log_(std::move(log)),
       name_(std::move(name)) {}
 
+WorkPtr ForwardCall(ProcessGroup& inner, const CollectiveCall& call) {
+  CollectiveOptions options = CollectiveOptions::WithTimeout(call.timeout);
+  options.ready_stream = call.ready_stream;
+  switch (call.kind) {
+    case CollectiveKind::kAllReduce:
+      return inner.AllReduce(call.input, call.op, options);
+    case CollectiveKind::kReduceScatter:
+      return inner.ReduceScatter(call.input, call.output, call.op, options);
+    case CollectiveKind::kAllGather:
+      return inner.AllGather(call.input, call.output, options);
+    case CollectiveKind::kBroadcast:
+      return inner.Broadcast(call.input, call.root, options);
+    case CollectiveKind::kBarrier:
+      return inner.Barrier(options);
+  }
+  return Work::Done(absl::InternalError("ForwardCall: an unknown collective kind"));
+}
+
 WorkPtr RecordingGroup::Issue(std::shared_ptr<CollectiveCall> call) {
   const std::string what = DescribeCall(*call);
   log_->Add(absl::StrCat(name_, " issue ", what));
-  CollectiveOptions options = CollectiveOptions::WithTimeout(call->timeout);
-  options.ready_stream = call->ready_stream;
-  WorkPtr work;
-  switch (call->kind) {
-    case CollectiveKind::kAllReduce:
-      work = inner_.AllReduce(call->input, call->op, options);
-      break;
-    case CollectiveKind::kReduceScatter:
-      work = inner_.ReduceScatter(call->input, call->output, call->op, options);
-      break;
-    case CollectiveKind::kAllGather:
-      work = inner_.AllGather(call->input, call->output, options);
-      break;
-    case CollectiveKind::kBroadcast:
-      work = inner_.Broadcast(call->input, call->root, options);
-      break;
-    case CollectiveKind::kBarrier:
-      work = inner_.Barrier(options);
-      break;
-  }
-  return std::make_shared<RecordingWork>(std::move(work), log_,
+  return std::make_shared<RecordingWork>(ForwardCall(inner_, *call), log_,
                                          absl::StrCat(name_, " wait ", what));
 }
 

@@ -31,6 +31,10 @@ class CollectiveLog {
   std::vector<std::string> lines_;
 };
 
+// Issues `call` on `inner` as its own collective (the call's kind, tensors,
+// op, root, timeout and ready stream): for groups that wrap another.
+WorkPtr ForwardCall(ProcessGroup& inner, const CollectiveCall& call);
+
 class RecordingGroup final : public ProcessGroup {
  public:
   // Wraps `inner` (which outlives this group).
