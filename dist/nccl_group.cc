@@ -75,19 +75,29 @@ using CallsLock = std::unique_lock<std::timed_mutex>;
 absl::StatusOr<CallsLock> LockCalls(std::timed_mutex& calls, absl::Duration bound,
                                     absl::string_view what) {
   CallsLock lock(calls, std::defer_lock);
+  // An infinite (or huge) bound waits as long as it takes: try_lock_for's
+  // now() + bound would overflow and give up at once.
+  if (bound >= absl::Hours(24 * 365 * 100)) {
+    lock.lock();
+    return lock;
+  }
   if (lock.try_lock_for(absl::ToChronoNanoseconds(bound))) return lock;
   return absl::DeadlineExceededError(
       absl::StrCat(what, ": another NCCL call on this device's groups did not return within ",
-                   absl::FormatDuration(bound), " (it hangs; its group's watchdog aborts it)"));
+                   absl::FormatDuration(bound), " (a call that hangs: the aborts that end one do not take this lock)"));
 }
 
 // Whether `comm` has finished its background work (init, split, enqueue,
 // finalize); an error when NCCL reports one (e.g. a peer died). `calls`: its
 // family's lock, only tried: held by another call, `comm` reads as not ready
-// yet, and the caller's deadline goes on running.
-absl::StatusOr<bool> CommReady(ncclComm_t comm, std::timed_mutex& calls) {
+// yet (and `*busy`, when given, is set: nothing was asked of NCCL), and the
+// caller's deadline goes on running.
+absl::StatusOr<bool> CommReady(ncclComm_t comm, std::timed_mutex& calls, bool* busy = nullptr) {
   CallsLock lock(calls, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+  if (!lock.owns_lock()) {
+    if (busy != nullptr) *busy = true;
+    return false;
+  }
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
   if (result != ncclSuccess) return NcclError(result, "ncclCommGetAsyncError", comm);
@@ -327,7 +337,7 @@ class NcclCollective final : public nccl::PendingCall {
     if (!s.ok()) return s;
     {
       absl::StatusOr<CallsLock> lock =
-          LockCalls(comm_->calls(), comm_->finalize_timeout, "enqueuing the NCCL call");
+          LockCalls(comm_->calls(), call_->timeout, "enqueuing the NCCL call");
       if (!lock.ok()) return lock.status();
       const ncclResult_t result = Launch();
       if (result == ncclInProgress) return absl::OkStatus();  // Enqueued() completes it.
@@ -349,8 +359,10 @@ class NcclCollective final : public nccl::PendingCall {
     // aborted (a peer's call differed, a peer aborted) can let the done
     // event complete without the collective having run, and the call must
     // not then look successful over an output nothing wrote.
-    absl::StatusOr<bool> state = CommReady(comm_->comm, comm_->calls());
+    bool busy = false;
+    absl::StatusOr<bool> state = CommReady(comm_->comm, comm_->calls(), &busy);
     if (!state.ok()) return state.status();
+    if (busy) return false;  // NCCL's error unread: not the event alone
     const cudaError_t err = cudaEventQuery(done_);
     if (err == cudaSuccess) return true;
     if (err != cudaErrorNotReady) return CudaCheck(err, "cudaEventQuery");
@@ -403,7 +415,8 @@ class NcclCollective final : public nccl::PendingCall {
 // finished. Aborts the new communicator unless TakeChild() took it.
 class NcclSplit final : public nccl::PendingCall {
  public:
-  NcclSplit(Comm* parent, int color, int key) : parent_(parent), color_(color), key_(key) {
+  NcclSplit(Comm* parent, int color, int key, absl::Duration timeout)
+      : parent_(parent), color_(color), key_(key), timeout_(timeout) {
     config_.blocking = 0;
   }
   ~NcclSplit() override {
@@ -413,8 +426,7 @@ class NcclSplit final : public nccl::PendingCall {
   bool NeedsIdle() const override { return true; }
 
   absl::Status Start() override {
-    absl::StatusOr<CallsLock> lock =
-        LockCalls(parent_->calls(), parent_->finalize_timeout, "ncclCommSplit");
+    absl::StatusOr<CallsLock> lock = LockCalls(parent_->calls(), timeout_, "ncclCommSplit");
     if (!lock.ok()) return lock.status();
     const ncclResult_t result = ncclCommSplit(
         parent_->comm, color_ < 0 ? NCCL_SPLIT_NOCOLOR : color_, key_, &child_, &config_);
@@ -444,6 +456,7 @@ class NcclSplit final : public nccl::PendingCall {
   Comm* const parent_;
   const int color_;
   const int key_;
+  const absl::Duration timeout_;  // the split's
   ncclConfig_t config_ = NCCL_CONFIG_INITIALIZER;
   ncclComm_t child_ = nullptr;
 };
@@ -575,7 +588,7 @@ class NcclProcessGroup final : public ProcessGroup {
 absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int color, int key,
                                                                         absl::Duration timeout) {
   const int seq = split_seq_++;
-  auto split = std::make_shared<NcclSplit>(comm_.get(), color, key);
+  auto split = std::make_shared<NcclSplit>(comm_.get(), color, key, timeout);
   if (absl::Status s = worker_.Submit("split", timeout, split)->Wait(); !s.ok()) return s;
   ncclComm_t child = split->TakeChild();
   if (color < 0) {

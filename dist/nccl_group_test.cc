@@ -258,7 +258,8 @@ TEST(NcclGroupTest, TwoRanksAsThreadsMatchTheCpuReference) {
 // can deadlock; the emulated NCCL fails them). Each result is checked too.
 // Meaningful on the emulation, which checks the order; a GPU that runs the
 // two kernels side by side passes it in any order.
-absl::Status AlternateCallsOnTwoGroups(bool split) {
+absl::Status AlternateCallsOnTwoGroups(bool split,
+                                       absl::Duration timeout = absl::ZeroDuration()) {
   constexpr int kSize = 2;
   constexpr int kCalls = 200;
   HashStore store;
@@ -267,7 +268,9 @@ absl::Status AlternateCallsOnTwoGroups(bool split) {
   for (int rank = 0; rank < kSize; ++rank) {
     threads.emplace_back([&, rank] {
       statuses[rank] = [&]() -> absl::Status {
-        auto pg = CreateNcclProcessGroup(rank, kSize, rank, store, Options("order"));
+        NcclGroupOptions first = Options("order");
+        if (timeout != absl::ZeroDuration()) first.timeout = timeout;
+        auto pg = CreateNcclProcessGroup(rank, kSize, rank, store, first);
         if (!pg.ok()) return pg.status();
         absl::StatusOr<std::unique_ptr<ProcessGroup>> other;
         if (split) {
@@ -313,6 +316,15 @@ absl::Status AlternateCallsOnTwoGroups(bool split) {
 TEST(NcclGroupTest, CallsOnAGroupAndItsSplitReachNcclInIssueOrder) {
   SKIP_WITHOUT_GPUS(2);
   const absl::Status s = AlternateCallsOnTwoGroups(/*split=*/true);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// With an infinite timeout, a call waits for the family's NCCL call lock as
+// long as another call holds it (a bound of forever must not overflow into
+// none).
+TEST(NcclGroupTest, CallsOnAGroupAndItsSplitWithAnInfiniteTimeout) {
+  SKIP_WITHOUT_GPUS(2);
+  const absl::Status s = AlternateCallsOnTwoGroups(/*split=*/true, absl::InfiniteDuration());
   EXPECT_TRUE(s.ok()) << s;
 }
 
