@@ -84,7 +84,8 @@ absl::StatusOr<CallsLock> LockCalls(std::timed_mutex& calls, absl::Duration boun
   if (lock.try_lock_for(absl::ToChronoNanoseconds(bound))) return lock;
   return absl::DeadlineExceededError(
       absl::StrCat(what, ": another NCCL call on this device's groups did not return within ",
-                   absl::FormatDuration(bound), " (a call that hangs: the aborts that end one do not take this lock)"));
+                   absl::FormatDuration(bound),
+                   " (a call that hangs: the aborts that end one do not take this lock)"));
 }
 
 // Whether `comm` has finished its background work (init, split, enqueue,
