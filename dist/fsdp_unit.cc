@@ -274,24 +274,23 @@ void FsdpUnit::IssueReduce() {
   if (no_shard()) {
     reduce_out_ = reduce_buf_;
     reduce_work_ = pg_.AllReduce(reduce_buf_, ReduceOp::kAvg);
-  } else if (replicate_pg_ != nullptr && pg_.size() > 1) {
+    return;
+  }
+  if (replicate_pg_ != nullptr && pg_.size() > 1) {
     // A buffer of its own, which the replicas' all-reduce then averages in
     // place while reduce_buf_ is already freed (FinishReduce). (With shard
     // groups of 1 the shard is the whole buffer: the view below.)
     tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
-    reduce_out_ = tensor::Tensor::Empty({flat_.shard_numel()}, reduce_dtype_, reduce_buf_.device());
-    reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
+    reduce_out_ = tensor::Tensor::Empty({flat_.shard_numel()}, reduce_dtype_, device_);
   } else {
     reduce_out_ = reduce_buf_.Narrow(0, flat_.shard_begin(), flat_.shard_numel());
-    reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
   }
+  reduce_work_ = pg_.ReduceScatter(reduce_buf_, reduce_out_, ReduceOp::kAvg);
 }
 
 void FsdpUnit::FinishReduce() {
   WorkPtr work = std::move(reduce_work_);
-  const absl::Status reduced = work->Wait();
-  if (!reduced.ok()) DropReduceBuffers();
-  Check(reduced, no_shard() ? "all_reduce" : "reduce_scatter");
+  CheckReduced(work->Wait(), no_shard() ? "all_reduce" : "reduce_scatter");
   if (replicate_pg_ == nullptr) {
     AccumulateReduced();
     return;
@@ -306,15 +305,16 @@ void FsdpUnit::FinishReduce() {
 
 void FsdpUnit::FinishReplicas() {
   WorkPtr work = std::move(replicas_work_);
-  const absl::Status averaged = work->Wait();
-  if (!averaged.ok()) DropReduceBuffers();
-  Check(averaged, "all_reduce (replicas)");
+  CheckReduced(work->Wait(), "all_reduce (replicas)");
   AccumulateReduced();
 }
 
-void FsdpUnit::DropReduceBuffers() {
-  reduce_out_ = tensor::Tensor();
-  reduce_buf_ = tensor::Tensor();
+void FsdpUnit::CheckReduced(const absl::Status& s, const char* what) {
+  if (!s.ok()) {  // the collective has ended: its buffers go
+    reduce_out_ = tensor::Tensor();
+    reduce_buf_ = tensor::Tensor();
+  }
+  Check(s, what);
 }
 
 void FsdpUnit::AccumulateReduced() {

@@ -285,8 +285,9 @@ class FsdpUnit : public nn::ModuleHooks {
   // Adds reduce_out_ (this rank's reduced gradient) into the gradient shard,
   // through the host's staging buffer when offloaded, and frees the buffers.
   void AccumulateReduced();
-  // A reduce failed: its buffers go (the collective has ended).
-  void DropReduceBuffers();
+  // Check(s, what) for a reduce or the replicas' all-reduce, whose buffers
+  // go first when it failed (the collective has ended).
+  void CheckReduced(const absl::Status& s, const char* what);
 
   void Check(const absl::Status& s, const char* what);
 

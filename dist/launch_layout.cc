@@ -31,6 +31,10 @@ std::string MismatchKey(const std::string& prefix) {
   return absl::StrCat(prefix, "/layout/mismatch");
 }
 
+// How every "launched differently" message ends.
+constexpr char kSameLaunch[] =
+    ". Every node's launch must give the same --nnodes and --nproc_per_node";
+
 // Parses a node's layout, "<world size>,<ranks on the node>": false when it
 // is not one (a key of another program).
 bool ParseNode(const std::string& value, int* world, int* count) {
@@ -75,8 +79,7 @@ absl::Status CheckVerdicts(LayoutStore& store, const std::string& prefix, const 
     if (store.Present(Key(prefix, me.size))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "[rendezvous] ", who, ": the nodes were launched differently: a node starts at rank ",
-          me.size, ", this rank's world size. Every node's launch must give the same --nnodes "
-          "and --nproc_per_node"));
+          me.size, ", this rank's world size", kSameLaunch));
     }
     const int first = me.rank - me.local_rank;
     for (int f = first + 1; scan_node && f < first + me.local_world_size; ++f) {
@@ -89,7 +92,7 @@ absl::Status CheckVerdicts(LayoutStore& store, const std::string& prefix, const 
           store, prefix,
           absl::StrCat(who, " found the nodes launched differently: ", Node(f, count, world),
                        ", inside the node where ", Node(first, me.local_world_size, me.size),
-                       ". Every node's launch must give the same --nnodes and --nproc_per_node"));
+                       kSameLaunch));
     }
     return absl::OkStatus();
   } catch (const std::exception& e) {
@@ -211,7 +214,7 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
         store, prefix,
         absl::StrCat(who, " found the nodes launched differently: ", absl::StrJoin(nodes, ", "),
                      "; this rank's node: ", Node(first, me.local_world_size, me.size),
-                     ". Every node's launch must give the same --nnodes and --nproc_per_node"));
+                     kSameLaunch));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("[rendezvous] ", who,
                                                ": reading the nodes' launch layout: ", e.what()));

@@ -5,21 +5,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace tools {
 namespace {
 
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(s);
-  while (std::getline(in, part, sep)) parts.push_back(part);
-  if (!s.empty() && s.back() == sep) parts.push_back("");
-  return parts;
-}
 
 // A mountinfo field as a path: the kernel writes a space, tab, newline and
 // backslash in one as an octal escape ("\040").
@@ -39,8 +34,14 @@ std::string Unescape(const std::string& field) {
   return path;
 }
 
-bool Contains(const std::vector<std::string>& list, const std::string& item) {
-  return std::find(list.begin(), list.end(), item) != list.end();
+
+// Whether a comma-separated list of controllers ("rw,cpu,cpuacct") names
+// the cpu controller.
+bool NamesCpu(absl::string_view list) {
+  for (absl::string_view item : absl::StrSplit(list, ',')) {
+    if (item == "cpu") return true;
+  }
+  return false;
 }
 
 // The first line of `path`, or "" when it cannot be read.
@@ -49,17 +50,6 @@ std::string FirstLine(const std::string& path) {
   std::string line;
   std::getline(in, line);
   return line;
-}
-
-bool ParseInt(const std::string& s, int64_t* v) {
-  if (s.empty()) return false;
-  size_t used = 0;
-  try {
-    *v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    return false;
-  }
-  return used == s.size();
 }
 
 // CPUs of a quota over a period, rounded up; 0 when unlimited or unreadable.
@@ -73,10 +63,13 @@ int Cpus(int64_t quota, int64_t period) {
 int DirLimit(const std::string& dir, bool v2) {
   int64_t quota = 0, period = 0;
   if (v2) {
-    const std::vector<std::string> max = Split(FirstLine(dir + "/cpu.max"), ' ');
-    if (max.size() < 2 || !ParseInt(max[0], &quota) || !ParseInt(max[1], &period)) return 0;
-  } else if (!ParseInt(FirstLine(dir + "/cpu.cfs_quota_us"), &quota) ||
-             !ParseInt(FirstLine(dir + "/cpu.cfs_period_us"), &period)) {
+    const std::vector<std::string> max = absl::StrSplit(FirstLine(dir + "/cpu.max"), ' ');
+    if (max.size() < 2 || !absl::SimpleAtoi(max[0], &quota) ||
+        !absl::SimpleAtoi(max[1], &period)) {
+      return 0;
+    }
+  } else if (!absl::SimpleAtoi(FirstLine(dir + "/cpu.cfs_quota_us"), &quota) ||
+             !absl::SimpleAtoi(FirstLine(dir + "/cpu.cfs_period_us"), &period)) {
     return 0;
   }
   return Cpus(quota, period);
@@ -109,7 +102,7 @@ bool CgroupPath(const std::string& root, bool v2, std::string* path) {
     if (b == std::string::npos) continue;
     const std::string controllers = line.substr(a + 1, b - a - 1);
     const bool match = v2 ? line.substr(0, a) == "0" && controllers.empty()
-                          : Contains(Split(controllers, ','), "cpu");
+                          : NamesCpu(controllers);
     if (match) {
       *path = line.substr(b + 1);
       return true;
@@ -126,12 +119,12 @@ int CgroupCpuLimit(const std::string& root) {
   int least = 0;
   while (std::getline(mounts, line)) {
     // "36 25 0:31 <root> <mount point> <options> [optional...] - <type> <source> <super options>"
-    const std::vector<std::string> f = Split(line, ' ');
+    const std::vector<std::string> f = absl::StrSplit(line, ' ');
     const auto dash = std::find(f.begin(), f.end(), "-");
     if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
     const std::string& type = dash[1];
     const bool v2 = type == "cgroup2";
-    if (!v2 && (type != "cgroup" || !Contains(Split(dash[3], ','), "cpu"))) continue;
+    if (!v2 && (type != "cgroup" || !NamesCpu(dash[3]))) continue;
     std::string path;
     if (!CgroupPath(root, v2, &path)) continue;
     // The path is from the hierarchy's root; the mount shows it from
