@@ -249,30 +249,45 @@ struct Comm {
     DeviceGuard guard(device);
     if (comm != nullptr) {
       // Finalize (flushes the calls, may wait for the peers) and destroy; abort
-      // when that does not finish in time.
-      bool clean = false;
-      ncclResult_t result = ncclInternalError;
-      if (absl::StatusOr<CallsLock> lock = LockCalls(calls(), finalize_timeout, "finalize");
-          lock.ok()) {
-        result = ncclCommFinalize(comm);
-      }
-      if (result == ncclSuccess || result == ncclInProgress) {
-        absl::StatusOr<bool> done = nccl::PollUntil([this] { return CommReady(comm, calls()); },
-                                                    absl::Now() + finalize_timeout,
-                                                    nccl::Clock(), absl::Milliseconds(1));
-        clean = done.ok() && *done;
-      }
-      absl::StatusOr<CallsLock> lock = clean ? LockCalls(calls(), finalize_timeout, "destroy")
-                                             : absl::StatusOr<CallsLock>(absl::CancelledError());
-      if (lock.ok()) {
-        ncclCommDestroy(comm);
-      } else if (!AbortWithin(comm, device, "destroying a group whose finalize failed or did "
-                                            "not complete in time")) {
-        return;  // the abort may still use the stream and buffer: kept
+      // when that does not finish in time, saying why.
+      const std::string why = FinalizeAndDestroy();
+      if (!why.empty()) {
+        std::fprintf(stderr, "nccl: cuda:%d: the communicator is aborted, not destroyed: %s\n",
+                     device, why.c_str());
+        if (!AbortWithin(comm, device, why.c_str())) {
+          return;  // the abort may still use the stream and buffer: kept
+        }
       }
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (barrier != nullptr) cudaFree(barrier);
+  }
+
+ private:
+  // ncclCommFinalize, its completion and ncclCommDestroy, each within
+  // finalize_timeout: "" when all three were done, else what failed (the
+  // communicator is left for an abort then).
+  std::string FinalizeAndDestroy() {
+    {
+      absl::StatusOr<CallsLock> lock = LockCalls(calls(), finalize_timeout, "finalize");
+      if (!lock.ok()) return std::string(lock.status().message());
+      const ncclResult_t result = ncclCommFinalize(comm);
+      if (result != ncclSuccess && result != ncclInProgress) {
+        return absl::StrCat("ncclCommFinalize: ", ncclGetErrorString(result));
+      }
+    }
+    absl::StatusOr<bool> done =
+        nccl::PollUntil([this] { return CommReady(comm, calls()); },
+                        absl::Now() + finalize_timeout, nccl::Clock(), absl::Milliseconds(1));
+    if (!done.ok()) return absl::StrCat("finalize: ", done.status().message());
+    if (!*done) {
+      return absl::StrCat("the finalize did not complete within ",
+                          absl::FormatDuration(finalize_timeout));
+    }
+    absl::StatusOr<CallsLock> lock = LockCalls(calls(), finalize_timeout, "destroy");
+    if (!lock.ok()) return std::string(lock.status().message());
+    ncclCommDestroy(comm);
+    return "";
   }
 };
 
@@ -795,5 +810,18 @@ absl::StatusOr<void*> NcclCommunicationStream(ProcessGroup& group) {
   }
   return nccl_group->communication_stream();
 }
+
+namespace internal {
+
+absl::StatusOr<std::timed_mutex*> NcclCallsLockForTesting(ProcessGroup& group) {
+  auto* nccl_group = dynamic_cast<NcclProcessGroup*>(&group);
+  if (nccl_group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[nccl] NcclCallsLockForTesting: the group's engine is ", group.backend(), ", not nccl"));
+  }
+  return &nccl_group->launch_order()->NcclCalls();
+}
+
+}  // namespace internal
 
 }  // namespace dist

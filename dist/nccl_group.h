@@ -71,6 +71,7 @@
 #define DIST_NCCL_GROUP_H_
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -142,6 +143,15 @@ absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream);
 // another stream wait for it.
 absl::StatusOr<void*> NcclCommunicationStream(ProcessGroup& group);
 
+namespace internal {
+
+// For tests: the lock under which `group`, the groups split from it and those
+// sharing its launch order make their NCCL calls (nccl::LaunchOrder::NcclCalls),
+// to hold it as another group's hung call would. InvalidArgument when `group`
+// is not an nccl group.
+absl::StatusOr<std::timed_mutex*> NcclCallsLockForTesting(ProcessGroup& group);
+
+}  // namespace internal
 }  // namespace dist
 
 #endif  // DIST_NCCL_GROUP_H_

@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -804,6 +805,103 @@ TEST(NcclGroupTest, ACallOneRankRefusesBreaksItsGroupInsteadOfDesyncing) {
 #endif
   }
   EXPECT_FALSE(later[0].ok());
+}
+
+// Another call of the device's groups holding the NCCL call lock (one that
+// hangs, as a destroy behind a kernel waiting for a peer can) holds up this
+// group's enqueue for the call's timeout at most: the call then fails naming
+// the lock, and the group is broken, instead of waiting as long as the hang.
+TEST(NcclGroupTest, AnEnqueueWaitsForTheNcclCallLockItsTimeoutAtMost) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("locked"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  absl::StatusOr<std::timed_mutex*> calls = internal::NcclCallsLockForTesting(**pg);
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  Tensor t = Tensor::Full({4}, 1.0, Dtype::kF32, Device::Cuda(0));
+  std::unique_lock<std::timed_mutex> held(**calls);
+  WorkPtr work = (*pg)->AllReduce(t, ReduceOp::kSum,
+                                  CollectiveOptions::WithTimeout(absl::Milliseconds(300)));
+  // Let go after 20 s whatever happens (a wait without a bound then enqueues
+  // the call, which succeeds: that fails below).
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!work->IsCompleted() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  held.unlock();
+  const absl::Status s = work->Wait();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("enqueuing the NCCL call: another NCCL call on this device's groups did "
+                        "not return within 300ms"));
+  EXPECT_THAT(std::string((*pg)->BarrierSync().message()),
+              HasSubstr("the group is unusable after an earlier failure"));
+}
+
+// A group destroyed while another call holds the NCCL call lock aborts its
+// communicator once the finalize has waited the group's timeout for the lock,
+// and says so, naming the lock.
+TEST(NcclGroupTest, AGroupWhoseFinalizeCannotTakeTheLockIsAbortedSayingWhy) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("destroyed"));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  absl::StatusOr<std::timed_mutex*> calls = internal::NcclCallsLockForTesting(**pg);
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  (*pg)->set_timeout(absl::Milliseconds(200));
+  std::unique_lock<std::timed_mutex> held(**calls);
+  ::testing::internal::CaptureStderr();
+  pg->reset();
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(said, HasSubstr("nccl: cuda:0: the communicator is aborted, not destroyed: "
+                              "finalize: another NCCL call on this device's groups did not "
+                              "return within 200ms"));
+}
+
+// While another call of its family holds the NCCL call lock, a call whose
+// kernel has finished on the device is not finished for the group: NCCL's
+// error (ncclCommGetAsyncError, a call under the lock) is unread, and a
+// communicator that failed can let the done event complete without the
+// collective having run. Once the lock is free the call finishes.
+TEST(NcclGroupTest, ACallIsNotFinishedWhileNcclsErrorCannotBeRead) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  std::vector<std::unique_ptr<ProcessGroup>> groups(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto pg = CreateNcclProcessGroup(rank, 2, rank, store, Options("unread"));
+      if (pg.ok()) groups[rank] = *std::move(pg);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(groups[0] != nullptr && groups[1] != nullptr);
+  absl::StatusOr<std::timed_mutex*> calls = internal::NcclCallsLockForTesting(*groups[0]);
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  // Rank 0's call must be enqueued before the lock is taken (else it waits
+  // for the lock, and rank 1's call for it): tried again when it was not.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    Tensor t0 = Tensor::Full({4}, 1.0, Dtype::kF32, Device::Cuda(0));
+    Tensor t1 = Tensor::Full({4}, 2.0, Dtype::kF32, Device::Cuda(1));
+    WorkPtr w0 = groups[0]->AllReduce(t0, ReduceOp::kSum);
+    absl::SleepFor(absl::Milliseconds(100));  // rank 0's worker enqueues its part
+    std::unique_lock<std::timed_mutex> held(**calls);
+    WorkPtr w1 = groups[1]->AllReduce(t1, ReduceOp::kSum);
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (!w1->IsCompleted() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+    if (!w1->IsCompleted()) {
+      held.unlock();
+      ASSERT_TRUE(w0->Wait().ok());
+      ASSERT_TRUE(w1->Wait().ok());
+      continue;
+    }
+    ASSERT_TRUE(w1->Wait().ok());  // both ranks' kernels have run
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_FALSE(w0->IsCompleted()) << "finished without NCCL's error read";
+    held.unlock();
+    ASSERT_TRUE(w0->Wait().ok());
+    EXPECT_EQ(t0.ToVector<float>(), std::vector<float>(4, 3.0f));
+    return;
+  }
+  FAIL() << "rank 0's call was not enqueued within 100 ms, 3 times";
 }
 
 }  // namespace
