@@ -83,7 +83,8 @@ absl::StatusOr<CallsLock> LockCalls(std::timed_mutex& calls, absl::Duration boun
   }
   if (lock.try_lock_for(absl::ToChronoNanoseconds(bound))) return lock;
   return absl::DeadlineExceededError(
-      absl::StrCat(what, ": another NCCL call on this device's groups did not return within ",
+      absl::StrCat(what, ": another NCCL call of the group's family (the groups split from "
+                   "one, or sharing its launch order) did not return within ",
                    absl::FormatDuration(bound),
                    " (a call that hangs: the aborts that end one do not take this lock)"));
 }
@@ -252,9 +253,10 @@ struct Comm {
       // when that does not finish in time, saying why.
       const std::string why = FinalizeAndDestroy();
       if (!why.empty()) {
-        std::fprintf(stderr, "nccl: cuda:%d: the communicator is aborted, not destroyed: %s\n",
+        std::fprintf(stderr,
+                     "nccl: cuda:%d: aborting the communicator instead of destroying it: %s\n",
                      device, why.c_str());
-        if (!AbortWithin(comm, device, why.c_str())) {
+        if (!AbortWithin(comm, device, "destroying a group")) {
           return;  // the abort may still use the stream and buffer: kept
         }
       }
@@ -264,29 +266,42 @@ struct Comm {
   }
 
  private:
-  // ncclCommFinalize, its completion and ncclCommDestroy, each within
-  // finalize_timeout: "" when all three were done, else what failed (the
-  // communicator is left for an abort then).
+  // ncclCommFinalize, its completion and ncclCommDestroy, each waiting up to
+  // finalize_timeout (for the family's lock, or for the finalize): "" once
+  // ncclCommDestroy was called (its failure is only said on stderr: the
+  // communicator is gone either way), else what failed, the communicator
+  // left for an abort.
   std::string FinalizeAndDestroy() {
     {
       absl::StatusOr<CallsLock> lock = LockCalls(calls(), finalize_timeout, "finalize");
       if (!lock.ok()) return std::string(lock.status().message());
       const ncclResult_t result = ncclCommFinalize(comm);
       if (result != ncclSuccess && result != ncclInProgress) {
-        return absl::StrCat("ncclCommFinalize: ", ncclGetErrorString(result));
+        return std::string(NcclError(result, "ncclCommFinalize", comm).message());
       }
     }
-    absl::StatusOr<bool> done =
-        nccl::PollUntil([this] { return CommReady(comm, calls()); },
-                        absl::Now() + finalize_timeout, nccl::Clock(), absl::Milliseconds(1));
+    bool busy = false;  // the last poll found the lock taken
+    absl::StatusOr<bool> done = nccl::PollUntil(
+        [&] {
+          busy = false;
+          return CommReady(comm, calls(), &busy);
+        },
+        absl::Now() + finalize_timeout, nccl::Clock(), absl::Milliseconds(1));
     if (!done.ok()) return absl::StrCat("finalize: ", done.status().message());
     if (!*done) {
-      return absl::StrCat("the finalize did not complete within ",
-                          absl::FormatDuration(finalize_timeout));
+      return busy ? absl::StrCat("finalize: NCCL's state could not be read within ",
+                                 absl::FormatDuration(finalize_timeout),
+                                 ": another NCCL call of the group's family held the lock")
+                  : absl::StrCat("the finalize did not complete within ",
+                                 absl::FormatDuration(finalize_timeout));
     }
     absl::StatusOr<CallsLock> lock = LockCalls(calls(), finalize_timeout, "destroy");
     if (!lock.ok()) return std::string(lock.status().message());
-    ncclCommDestroy(comm);
+    const ncclResult_t destroyed = ncclCommDestroy(comm);
+    if (destroyed != ncclSuccess) {
+      std::fprintf(stderr, "nccl: cuda:%d: ncclCommDestroy: %s\n", device,
+                   ncclGetErrorString(destroyed));
+    }
     return "";
   }
 };
@@ -496,8 +511,9 @@ class NcclProcessGroup final : public ProcessGroup {
         worker_(WorkerOptions()) {}
 
   // The worker finishes the calls in flight (each within its timeout); then
-  // the communicator is finalized within the group's current timeout, or
-  // else aborted within kAbortWait (the destruction takes up to both then).
+  // the communicator is finalized and destroyed (~Comm: three steps, each
+  // waiting up to the group's current timeout), or else aborted within
+  // kAbortWait: up to 3 timeouts and kAbortWait in all.
   ~NcclProcessGroup() override { comm_->finalize_timeout = timeout(); }
 
   int rank() const override { return rank_; }
@@ -813,13 +829,14 @@ absl::StatusOr<void*> NcclCommunicationStream(ProcessGroup& group) {
 
 namespace internal {
 
-absl::StatusOr<std::timed_mutex*> NcclCallsLockForTesting(ProcessGroup& group) {
+absl::StatusOr<std::shared_ptr<std::timed_mutex>> NcclCallsLockForTesting(ProcessGroup& group) {
   auto* nccl_group = dynamic_cast<NcclProcessGroup*>(&group);
   if (nccl_group == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "[nccl] NcclCallsLockForTesting: the group's engine is ", group.backend(), ", not nccl"));
   }
-  return &nccl_group->launch_order()->NcclCalls();
+  const std::shared_ptr<nccl::LaunchOrder>& family = nccl_group->launch_order();
+  return std::shared_ptr<std::timed_mutex>(family, &family->NcclCalls());
 }
 
 }  // namespace internal

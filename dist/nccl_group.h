@@ -134,9 +134,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     int rank, int size, int device_index, Store& store, const NcclGroupOptions& options = {});
 
 // Sets the stream (a cudaStream_t on the group's device; nullptr: the
-// issuing thread's per-thread default stream) whose queued work later collectives of `group` wait for.
-// Call it from the thread that issues the collectives. InvalidArgument when
-// `group` is not an nccl group.
+// issuing thread's per-thread default stream) whose queued work later
+// collectives of `group` wait for. Call it from the thread that issues the
+// collectives. InvalidArgument when `group` is not an nccl group.
 absl::Status SetNcclComputeStream(ProcessGroup& group, void* stream);
 
 // The communication stream (a cudaStream_t) of an nccl group, e.g. to make
@@ -147,11 +147,13 @@ namespace internal {
 
 // For tests: the lock under which `group`, the groups split from it and those
 // sharing its launch order make their NCCL calls (nccl::LaunchOrder::NcclCalls),
-// to hold it as another group's hung call would. InvalidArgument when `group`
-// is not an nccl group.
-absl::StatusOr<std::timed_mutex*> NcclCallsLockForTesting(ProcessGroup& group);
+// to hold it as another group's hung call would; it lives as long as the
+// pointer (or the last of those groups). InvalidArgument when `group` is not
+// an nccl group.
+absl::StatusOr<std::shared_ptr<std::timed_mutex>> NcclCallsLockForTesting(ProcessGroup& group);
 
 }  // namespace internal
+
 }  // namespace dist
 
 #endif  // DIST_NCCL_GROUP_H_

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -807,7 +808,7 @@ TEST(NcclGroupTest, ACallOneRankRefusesBreaksItsGroupInsteadOfDesyncing) {
   EXPECT_FALSE(later[0].ok());
 }
 
-// Another call of the device's groups holding the NCCL call lock (one that
+// Another call of the group's family holding the NCCL call lock (one that
 // hangs, as a destroy behind a kernel waiting for a peer can) holds up this
 // group's enqueue for the call's timeout at most: the call then fails naming
 // the lock, and the group is broken, instead of waiting as long as the hang.
@@ -816,7 +817,8 @@ TEST(NcclGroupTest, AnEnqueueWaitsForTheNcclCallLockItsTimeoutAtMost) {
   HashStore store;
   auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("locked"));
   ASSERT_TRUE(pg.ok()) << pg.status();
-  absl::StatusOr<std::timed_mutex*> calls = internal::NcclCallsLockForTesting(**pg);
+  absl::StatusOr<std::shared_ptr<std::timed_mutex>> calls =
+      internal::NcclCallsLockForTesting(**pg);
   ASSERT_TRUE(calls.ok()) << calls.status();
   Tensor t = Tensor::Full({4}, 1.0, Dtype::kF32, Device::Cuda(0));
   std::unique_lock<std::timed_mutex> held(**calls);
@@ -830,37 +832,52 @@ TEST(NcclGroupTest, AnEnqueueWaitsForTheNcclCallLockItsTimeoutAtMost) {
   const absl::Status s = work->Wait();
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("enqueuing the NCCL call: another NCCL call on this device's groups did "
-                        "not return within 300ms"));
+              HasSubstr("enqueuing the NCCL call: another NCCL call of the group's family (the "
+                        "groups split from one, or sharing its launch order) did not return "
+                        "within 300ms"));
   EXPECT_THAT(std::string((*pg)->BarrierSync().message()),
               HasSubstr("the group is unusable after an earlier failure"));
 }
 
-// A group destroyed while another call holds the NCCL call lock aborts its
-// communicator once the finalize has waited the group's timeout for the lock,
-// and says so, naming the lock.
+// A group destroyed while another call of its family holds the NCCL call
+// lock aborts its communicator once the finalize has waited the group's
+// timeout for the lock, and says so, naming the lock. (Destroyed on a thread
+// of its own: only this one may let go of the lock, after 20 s at most.)
 TEST(NcclGroupTest, AGroupWhoseFinalizeCannotTakeTheLockIsAbortedSayingWhy) {
   SKIP_WITHOUT_GPUS(1);
   HashStore store;
   auto pg = CreateNcclProcessGroup(0, 1, 0, store, Options("destroyed"));
   ASSERT_TRUE(pg.ok()) << pg.status();
-  absl::StatusOr<std::timed_mutex*> calls = internal::NcclCallsLockForTesting(**pg);
+  absl::StatusOr<std::shared_ptr<std::timed_mutex>> calls =
+      internal::NcclCallsLockForTesting(**pg);
   ASSERT_TRUE(calls.ok()) << calls.status();
   (*pg)->set_timeout(absl::Milliseconds(200));
   std::unique_lock<std::timed_mutex> held(**calls);
   ::testing::internal::CaptureStderr();
-  pg->reset();
+  std::atomic<bool> destroyed{false};
+  std::thread destroy([&] {
+    pg->reset();
+    destroyed = true;
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!destroyed && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  const bool in_time = destroyed;
+  held.unlock();
+  destroy.join();
   const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_THAT(said, HasSubstr("nccl: cuda:0: the communicator is aborted, not destroyed: "
-                              "finalize: another NCCL call on this device's groups did not "
-                              "return within 200ms"));
+  EXPECT_TRUE(in_time) << "the destruction waited for the lock without a bound";
+  EXPECT_THAT(said, HasSubstr("nccl: cuda:0: aborting the communicator instead of destroying it: "
+                              "finalize: another NCCL call of the group's family (the groups "
+                              "split from one, or sharing its launch order) did not return "
+                              "within 200ms"));
 }
 
 // While another call of its family holds the NCCL call lock, a call whose
 // kernel has finished on the device is not finished for the group: NCCL's
 // error (ncclCommGetAsyncError, a call under the lock) is unread, and a
 // communicator that failed can let the done event complete without the
-// collective having run. Once the lock is free the call finishes.
+// collective having run. Once the lock is free the call finishes. (The two
+// ranks' groups are separate families.)
 TEST(NcclGroupTest, ACallIsNotFinishedWhileNcclsErrorCannotBeRead) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
@@ -874,34 +891,50 @@ TEST(NcclGroupTest, ACallIsNotFinishedWhileNcclsErrorCannotBeRead) {
   }
   for (std::thread& t : threads) t.join();
   ASSERT_TRUE(groups[0] != nullptr && groups[1] != nullptr);
-  absl::StatusOr<std::timed_mutex*> calls = internal::NcclCallsLockForTesting(*groups[0]);
+  absl::StatusOr<std::shared_ptr<std::timed_mutex>> calls =
+      internal::NcclCallsLockForTesting(*groups[0]);
   ASSERT_TRUE(calls.ok()) << calls.status();
+  // A first call on both, waited for: NCCL has connected (with
+  // NCCL_RUNTIME_CONNECT=1 a first call's enqueue would return in progress,
+  // completed only by a poll under the lock) and the workers are running.
+  {
+    Tensor t0 = Tensor::Full({1}, 1.0, Dtype::kF32, Device::Cuda(0));
+    Tensor t1 = Tensor::Full({1}, 1.0, Dtype::kF32, Device::Cuda(1));
+    WorkPtr w0 = groups[0]->AllReduce(t0, ReduceOp::kSum);
+    WorkPtr w1 = groups[1]->AllReduce(t1, ReduceOp::kSum);
+    const absl::Status s0 = w0->Wait(), s1 = w1->Wait();
+    ASSERT_TRUE(s0.ok() && s1.ok()) << s0 << "; " << s1;
+  }
   // Rank 0's call must be enqueued before the lock is taken (else it waits
-  // for the lock, and rank 1's call for it): tried again when it was not.
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  // for the lock, and rank 1's call for it): tried again, with a longer
+  // wait, when it was not.
+  absl::Duration enqueue_wait = absl::Milliseconds(100);
+  for (int attempt = 0; attempt < 3; ++attempt, enqueue_wait *= 4) {
     Tensor t0 = Tensor::Full({4}, 1.0, Dtype::kF32, Device::Cuda(0));
     Tensor t1 = Tensor::Full({4}, 2.0, Dtype::kF32, Device::Cuda(1));
     WorkPtr w0 = groups[0]->AllReduce(t0, ReduceOp::kSum);
-    absl::SleepFor(absl::Milliseconds(100));  // rank 0's worker enqueues its part
+    absl::SleepFor(enqueue_wait);  // rank 0's worker enqueues its part
     std::unique_lock<std::timed_mutex> held(**calls);
     WorkPtr w1 = groups[1]->AllReduce(t1, ReduceOp::kSum);
     const absl::Time give_up = absl::Now() + absl::Seconds(5);
     while (!w1->IsCompleted() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
     if (!w1->IsCompleted()) {
       held.unlock();
-      ASSERT_TRUE(w0->Wait().ok());
-      ASSERT_TRUE(w1->Wait().ok());
+      const absl::Status s0 = w0->Wait(), s1 = w1->Wait();
+      ASSERT_TRUE(s0.ok() && s1.ok()) << s0 << "; " << s1;
       continue;
     }
-    ASSERT_TRUE(w1->Wait().ok());  // both ranks' kernels have run
+    const absl::Status s1 = w1->Wait();  // both ranks' kernels have run
+    ASSERT_TRUE(s1.ok()) << s1;
     absl::SleepFor(absl::Milliseconds(300));
     EXPECT_FALSE(w0->IsCompleted()) << "finished without NCCL's error read";
     held.unlock();
-    ASSERT_TRUE(w0->Wait().ok());
+    const absl::Status s0 = w0->Wait();
+    ASSERT_TRUE(s0.ok()) << s0;
     EXPECT_EQ(t0.ToVector<float>(), std::vector<float>(4, 3.0f));
     return;
   }
-  FAIL() << "rank 0's call was not enqueued within 100 ms, 3 times";
+  FAIL() << "rank 0's call was not enqueued before the lock was taken, 3 times";
 }
 
 }  // namespace
