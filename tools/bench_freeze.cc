@@ -31,8 +31,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,6 +39,7 @@
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
+#include "models/common/command_line.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
 #include "models/mingpt/config.h"
@@ -196,10 +195,9 @@ absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Step time and memory of minGPT with parameters frozen, side by side: "
       "bench_freeze [--preset=gpt-mini] [--world_size=N] [--freeze_sets='none|a,b|...']");
-  absl::ParseCommandLine(argc, argv);
   absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) {
     std::fprintf(stderr, "bench_freeze: --preset: %s\n", config.status().ToString().c_str());

@@ -34,13 +34,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "dist/wrap_policy.h"
+#include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
 #include "models/common/train_setup.h"
 #include "models/mingpt/config.h"
@@ -378,8 +377,8 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("minGPT and T5 generation with and without the key/value cache.");
-  absl::ParseCommandLine(argc, argv);
+  train::ParseCommandLineOrExit(
+      argc, argv, "minGPT and T5 generation with and without the key/value cache.");
   absl::Status s = Run();
   if (!s.ok()) {
     std::fprintf(stderr, "bench_generate: error: %s\n", std::string(s.message()).c_str());

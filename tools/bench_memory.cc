@@ -53,8 +53,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -67,6 +65,7 @@
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "models/common/command_line.h"
 #include "models/common/train_setup.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
@@ -432,7 +431,8 @@ int Main() {
   std::printf(
       "per-rank peak memory on %s (rank 0, MiB, memory ledger) | %s (K = %d fp32, %d bf16) | "
       "batch %lld x %lld tokens per rank, vocab %lld, %lld steps\n",
-      device->ToString().c_str(), optimizer.c_str(), optimizer == "adamw" ? 8 : 4, optimizer == "adamw" ? 12 : 8,
+      device->ToString().c_str(), optimizer.c_str(), optimizer == "adamw" ? 8 : 4,
+      optimizer == "adamw" ? 12 : 8,
       static_cast<long long>(absl::GetFlag(FLAGS_batch_size)),
       static_cast<long long>(absl::GetFlag(FLAGS_seq_len)),
       static_cast<long long>(absl::GetFlag(FLAGS_vocab_size)),
@@ -578,10 +578,9 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Per-rank peak memory by category of DDP, ZeRO-1, FSDP SHARD_GRAD_OP / FULL_SHARD (+ "
       "transformer auto-wrap) in fp32 and bf16, checked against the ZeRO formulas.\n"
       "Exit status: 0 all checks pass, 2 bad flags, 1 a run failed, 3 a check failed.");
-  absl::ParseCommandLine(argc, argv);
   return Main();
 }

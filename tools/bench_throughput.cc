@@ -35,8 +35,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,6 +46,7 @@
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
+#include "models/common/command_line.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
 #include "models/mingpt/config.h"
@@ -415,8 +414,7 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Step time of DDP vs FSDP FULL_SHARD (+auto-wrap) vs ZeRO-1, interleaved.");
-  absl::ParseCommandLine(argc, argv);
   return Main();
 }

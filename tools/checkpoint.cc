@@ -52,13 +52,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/checkpoint_convert.h"
+#include "models/common/command_line.h"
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
@@ -204,8 +203,9 @@ int Verify(const std::string& dir) {
     for (const std::string& p : problems) std::printf("  %s\n", p.c_str());
     return 1;
   }
-  std::printf("OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf\n",
-              dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements));
+  std::printf(
+      "OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf\n",
+      dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements));
   return 0;
 }
 
@@ -437,10 +437,8 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> a = train::ParseCommandLineOrExit(argc, argv, kUsage, 3);
   data::SetProgramPath(argv[0]);
-  const std::vector<std::string> a(args.begin() + 1, args.end());
   if (a.empty()) return Fail(absl::StrCat("no command; usage: ", kUsage));
   const std::string& cmd = a[0];
   auto want = [&](size_t n) { return a.size() == n + 1; };

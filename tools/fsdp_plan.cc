@@ -35,14 +35,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "dist/fsdp_plan.h"
 #include "dist/wrap_policy.h"
+#include "models/common/command_line.h"
 #include "models/common/memory_estimate.h"
 #include "models/common/tied_weights.h"
 #include "models/mingpt/config.h"
@@ -86,8 +85,8 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("FSDP units and per-rank memory of a preset, without allocating.");
-  absl::ParseCommandLine(argc, argv);
+  train::ParseCommandLineOrExit(
+      argc, argv, "FSDP units and per-rank memory of a preset, without allocating.");
   const std::string preset = absl::GetFlag(FLAGS_preset);
   std::unique_ptr<nn::Module> model;
   std::string block_class;

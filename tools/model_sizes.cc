@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "models/common/command_line.h"
 #include "models/common/memory_estimate.h"
 #include "models/mingpt/config.h"
 #include "models/t5/config.h"
@@ -38,7 +38,8 @@ void Print(const std::string& family, const std::string& name, int64_t params) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  train::ParseCommandLineOrExit(
+      argc, argv, "Parameters and memory of every preset: model_sizes [--json].");
   if (!absl::GetFlag(FLAGS_json)) {
     std::printf("%-7s %-12s %16s %12s %12s %12s\n", "family", "preset", "parameters",
                 "fp32+AdamW", "bf16+AdamW", "fp32+SGD");

@@ -35,12 +35,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "models/common/command_line.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/mapped_file.h"
 #include "models/data/runfiles.h"
@@ -176,10 +175,9 @@ absl::Status Tokenize() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Encodes text files as a token file: --input=a.txt[,b.txt] --output=train.bin "
       "[--tokenizer=gpt2|DIR --format=raw|llmc --append_eot]");
-  absl::ParseCommandLine(argc, argv);
   data::SetProgramPath(argv[0]);
   absl::Status s = Tokenize();
   if (!s.ok()) {

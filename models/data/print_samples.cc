@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/common/command_line.h"
 #include "models/data/byte_text.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
@@ -133,7 +133,7 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  train::ParseCommandLineOrExit(argc, argv, "Prints samples of a data loader.");
   data::SetProgramPath(argv[0]);
   return Run();
 }

@@ -32,14 +32,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "models/common/command_line.h"
 #include "models/common/decoding_flags.h"
 #include "models/common/train_setup.h"
 #include "models/data/gpt2_tokenizer.h"
@@ -337,9 +336,8 @@ absl::Status Sample() {
 }  // namespace mingpt
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Samples from a trained minGPT: --checkpoint=<checkpoint_dir or step folder>.");
-  absl::ParseCommandLine(argc, argv);
   data::SetProgramPath(argv[0]);
   try {
     absl::Status s = mingpt::Sample();

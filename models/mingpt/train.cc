@@ -41,8 +41,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +48,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "models/common/checkpoint_dir_lock.h"
+#include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
@@ -736,8 +735,8 @@ absl::Status Train() {
 }  // namespace mingpt
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Trains minGPT. With no flags: gpt-mini on the shipped text.");
-  absl::ParseCommandLine(argc, argv);
+  train::ParseCommandLineOrExit(
+      argc, argv, "Trains minGPT. With no flags: gpt-mini on the shipped text.");
   data::SetProgramPath(argv[0]);
   return train::RunTrainMain(mingpt::Train);
 }

@@ -21,8 +21,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -30,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "models/common/command_line.h"
 #include "models/common/decoding_flags.h"
 #include "models/common/train_setup.h"
 #include "models/t5/generate.h"
@@ -174,9 +173,8 @@ absl::Status Run() {
 }  // namespace t5
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Generation with a trained T5, greedy or sampled (token ids in and out).");
-  absl::ParseCommandLine(argc, argv);
   try {
     absl::Status s = t5::Run();
     if (!s.ok()) {

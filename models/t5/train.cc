@@ -40,14 +40,13 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/checkpoint_dir_lock.h"
+#include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
 #include "models/common/eval_flags.h"
@@ -731,9 +730,8 @@ absl::Status Train() {
 }  // namespace t5
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  train::ParseCommandLineOrExit(argc, argv,
       "Trains T5 on span corruption. With no flags: t5-tiny on the shipped text.");
-  absl::ParseCommandLine(argc, argv);
   data::SetProgramPath(argv[0]);
   return train::RunTrainMain(t5::Train);
 }

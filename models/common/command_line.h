@@ -1,0 +1,38 @@
+// The command line of the project's binaries: Abseil's flags, with the checks
+// Abseil's ParseCommandLine leaves out, so that a mistyped command line
+// stops with a message naming what was wrong (exit status 2) instead of
+// running with something else than the user meant:
+//   - an unknown flag names the closest known one ("--stpes": did you mean
+//     --steps?), torchrun's dashed spellings included (--nproc-per-node);
+//   - a value a flag cannot take names the flag (Abseil exits 1 there);
+//   - a positional argument the program does not take is refused; the
+//     common mistake "--bool_flag false" (a boolean flag takes its value
+//     after '=': that sets it true and leaves "false" over) says so.
+// And --help lists every flag of the project the binary links (the shared
+// ones of models/common too), not only those of the file named like it.
+#ifndef MODELS_COMMON_COMMAND_LINE_H_
+#define MODELS_COMMON_COMMAND_LINE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace train {
+
+// The checks above on argv[1..argc), without parsing: InvalidArgument naming
+// the first problem. `max_positional`: how many positional arguments the
+// program takes (after the flags, or anywhere; all of those after "--").
+absl::Status CheckCommandLine(int argc, char** argv, int max_positional);
+
+// Sets the usage message and the --help configuration, runs
+// CheckCommandLine (on a problem: "<program>: error: <what>" on stderr and
+// exit status 2), then Abseil's ParseCommandLine (which handles --help and
+// --flagfile). Returns the positional arguments.
+std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::string_view usage,
+                                                int max_positional = 0);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_COMMAND_LINE_H_

@@ -1,0 +1,77 @@
+// CheckCommandLine: unknown flags with the closest known one, values a flag
+// cannot take, stray arguments and "--bool_flag false", each named.
+#include "models/common/command_line.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+ABSL_FLAG(int, steps, 10, "steps");
+ABSL_FLAG(bool, activation_checkpointing, false, "a boolean");
+ABSL_FLAG(int, nproc_per_node, 1, "processes per node");
+ABSL_FLAG(std::string, strategy, "full_shard", "a string");
+
+namespace train {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Status Check(std::vector<std::string> args, int max_positional = 0) {
+  args.insert(args.begin(), "program");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return CheckCommandLine(static_cast<int>(argv.size()), argv.data(), max_positional);
+}
+
+TEST(CheckCommandLineTest, ACorrectCommandLinePasses) {
+  EXPECT_TRUE(Check({"--steps=3", "--activation_checkpointing", "--strategy", "ddp"}).ok());
+  EXPECT_TRUE(Check({"--noactivation_checkpointing", "-steps=2"}).ok());
+  EXPECT_TRUE(Check({"--activation_checkpointing=false", "--steps", "4"}).ok());
+  EXPECT_TRUE(Check({"--steps=3", "a", "b"}, 2).ok());
+  EXPECT_TRUE(Check({"--", "--not-a-flag"}, 1).ok());
+  EXPECT_TRUE(Check({"--help"}).ok());  // Abseil's usage flags
+  EXPECT_TRUE(Check({"--helpon", "command_line_test"}).ok());
+}
+
+TEST(CheckCommandLineTest, AnUnknownFlagNamesTheClosestKnownOne) {
+  absl::Status s = Check({"--stpes=3"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_EQ(s.message(), "unknown flag --stpes (did you mean --steps?)");
+  EXPECT_EQ(Check({"--nproc-per-node=2"}).message(),
+            "unknown flag --nproc-per-node (did you mean --nproc_per_node?)");
+  EXPECT_EQ(Check({"--zzzzzzzzzzzzzzzzzzzzzz"}).message(), "unknown flag --zzzzzzzzzzzzzzzzzzzzzz");
+  // A non-boolean flag has no --no form.
+  EXPECT_THAT(std::string(Check({"--nosteps"}).message()), HasSubstr("unknown flag --nosteps"));
+}
+
+TEST(CheckCommandLineTest, AValueTheFlagCannotTakeNamesTheFlag) {
+  absl::Status s = Check({"--steps=abc"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--steps=abc: "));
+  EXPECT_THAT(std::string(Check({"--steps", "x1"}).message()), HasSubstr("--steps x1: "));
+  EXPECT_EQ(Check({"--steps"}).message(), "--steps needs a value");
+}
+
+TEST(CheckCommandLineTest, ABooleanFlagsValueAfterASpaceIsRefused) {
+  EXPECT_EQ(Check({"--activation_checkpointing", "false", "--steps=1"}).message(),
+            "--activation_checkpointing false: a boolean flag takes its value after '=' "
+            "(--activation_checkpointing=false); as written --activation_checkpointing is true "
+            "and 'false' an argument");
+  // Also where the program takes arguments.
+  EXPECT_FALSE(Check({"--activation_checkpointing", "0"}, 1).ok());
+}
+
+TEST(CheckCommandLineTest, StrayArgumentsAreRefused) {
+  EXPECT_EQ(Check({"--steps=3", "extra"}).message(),
+            "unexpected argument 'extra': this program takes flags only (--name=value)");
+  EXPECT_EQ(Check({"a", "b", "c"}, 2).message(),
+            "unexpected argument 'c': this program takes at most 2 arguments besides its flags");
+  EXPECT_FALSE(Check({"--", "x"}).ok());
+}
+
+}  // namespace
+}  // namespace train

@@ -1,0 +1,33 @@
+#!/bin/bash
+# The binaries' command lines (models/common/command_line.h) on the real
+# binaries: a mistyped flag, a value a flag cannot take, a stray argument and
+# "--bool_flag false" each stop the program before it runs (exit 2, naming
+# what was wrong), and --help lists the flags the train binary shares with
+# the others (models/common/*_flags.cc), not only its own.
+set -euo pipefail
+train="$1"
+sample="$2"
+checkpoint="$3"
+source "$4"  # models/common/cli_testing.sh: exits_2
+
+exits_2 "train: error: unknown flag --stpes (did you mean --steps?)" "$train" --stpes=3
+exits_2 "train: error: --steps=abc: Illegal value 'abc' specified for flag 'steps'" \
+  "$train" --steps=abc
+exits_2 "train: error: --activation_checkpointing false: a boolean flag takes its value after" \
+  "$train" --activation_checkpointing false --steps=1
+exits_2 "train: error: unexpected argument 'extra': this program takes flags only" \
+  "$train" --steps=1 extra
+exits_2 "sample: error: unexpected argument 'Light is': this program takes flags only" \
+  "$sample" --checkpoint=/nonexistent "Light is"
+exits_2 "checkpoint: error: unknown flag --param (did you mean --params?)" \
+  "$checkpoint" info /nonexistent --param
+exits_2 "checkpoint: error: unexpected argument 'c': this program takes at most 3 arguments" \
+  "$checkpoint" diff a b c
+echo "mistyped command lines exit 2 naming what was wrong"
+
+help="${TEST_TMPDIR}/help.txt"
+"$train" --help > "$help" 2>&1 || true
+for flag in --strategy --world_size --eval_data --freeze --loss_scale --sample_every --steps; do
+  grep -qE "^ *${flag} " "$help" || { echo "train --help does not list ${flag}:"; cat "$help"; exit 1; }
+done
+echo "train --help lists the shared flags"
