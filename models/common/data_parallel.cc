@@ -499,7 +499,8 @@ absl::Status DataParallelModel::SaveCheckpoint(const std::string& checkpoint_dir
   return AgreeOnStatus(pg_, latest, absl::StrCat("pointing ", checkpoint_dir, "/latest at it"));
 }
 
-absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& step_dir) {
+absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& step_dir,
+                                                             const std::string& config) {
   const bool sharded = IsShardedCheckpoint(step_dir);
   absl::Status mismatch;
   if (ddp_ != nullptr && sharded) {
@@ -518,10 +519,24 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
   absl::Status s = AgreeOnStatus(pg_, mismatch, absl::StrCat("loading ", step_dir));
   if (!s.ok()) return s;
   if (ddp_ != nullptr) {
-    absl::StatusOr<TrainState> state = train::LoadCheckpoint(step_dir, model_, *optimizer_);
+    absl::StatusOr<TrainState> state =
+        train::LoadCheckpoint(step_dir, model_, *optimizer_, config);
     s = AgreeOnStatus(pg_, state.status(), absl::StrCat("loading ", step_dir));
     if (!s.ok()) return s;
     return state;
+  }
+  if (!config.empty()) {
+    // The model first, from index.json (a failure to read it is LoadSharded's
+    // to report).
+    absl::Status same;
+    const absl::StatusOr<dist::ShardedCheckpointInfo> info =
+        dist::ReadShardedCheckpointInfo(step_dir);
+    if (info.ok()) {
+      const auto saved = info->extra.find("extra.config");
+      same = CheckSameModel(saved == info->extra.end() ? "" : saved->second, step_dir, config);
+    }
+    s = AgreeOnStatus(pg_, same, absl::StrCat("loading ", step_dir));
+    if (!s.ok()) return s;
   }
   absl::StatusOr<std::map<std::string, std::string>> extra =
       zero1_ != nullptr ? dist::LoadSharded(step_dir, *zero1_, pg_)
@@ -577,7 +592,7 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
     return s;
   }
   if (absl::Status s = AgreeOnStepFolder(pg_, *step_dir, resume); !s.ok()) return s;
-  absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir);
+  absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir, config);
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();

@@ -390,8 +390,11 @@ class DataParallelModel {
   absl::Status PrepareCheckpointDir(const std::string& checkpoint_dir);
   // Loads a step folder SaveCheckpoint wrote: sharded ones into FSDP or
   // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
-  // naming the strategy to resume with). Returns the saved TrainState.
-  absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir);
+  // naming the strategy to resume with). Returns the saved TrainState. With
+  // a `config`, a checkpoint of another model is refused first
+  // (CheckSameModel), before any tensor is read.
+  absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir,
+                                            const std::string& config = "");
   // --resume: "latest" in checkpoint_dir or a step folder; LoadCheckpoint,
   // then CheckResumable against `config` (the model's config string). The
   // caller restores its data loader to `loader` (the global batch must be the

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "nn/state_dict.h"
@@ -250,27 +252,52 @@ std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
 
 // The other step folders beside `step_dir` that hold a checkpoint, newest
 // first, and how to resume one; or that there are none.
-std::string OtherCheckpointsNote(const std::string& step_dir) {
+// The step folders in `dir` holding a checkpoint, newest first, but `except`.
+std::vector<std::string> StepFoldersIn(const std::filesystem::path& dir,
+                                       const std::string& except = "") {
   namespace fs = std::filesystem;
-  const auto [failed, dir] = FolderAndParent(step_dir);
-  std::vector<std::pair<int64_t, std::string>> others;  // (step, folder name)
+  std::vector<std::pair<int64_t, std::string>> found;  // (step, folder name)
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     int64_t step = 0;
-    if (name == failed.filename().string() || !absl::StartsWith(name, "step_") ||
+    if (name == except || !absl::StartsWith(name, "step_") ||
         !absl::SimpleAtoi(name.substr(5), &step)) {
       continue;
     }
-    if (HoldsCheckpoint(it->path().string())) others.emplace_back(step, name);
+    if (HoldsCheckpoint(it->path().string())) found.emplace_back(step, name);
   }
-  std::sort(others.rbegin(), others.rend());
-  if (others.empty()) return absl::StrCat(" (no other checkpoint in ", dir.string(), ")");
+  std::sort(found.rbegin(), found.rend());
   std::vector<std::string> names;
-  for (const auto& [step, name] : others) names.push_back(name);
+  for (const auto& [step, name] : found) names.push_back(name);
+  return names;
+}
+
+std::string OtherCheckpointsNote(const std::string& step_dir) {
+  const auto [failed, dir] = FolderAndParent(step_dir);
+  const std::vector<std::string> others = StepFoldersIn(dir, failed.filename().string());
+  if (others.empty()) return absl::StrCat(" (no other checkpoint in ", dir.string(), ")");
   return absl::StrCat("; the other checkpoints in ", dir.string(), ", newest first: ",
-                      absl::StrJoin(names, ", "), " (resume one with --resume=",
-                      (dir / others.front().second).string(), ")");
+                      absl::StrJoin(others, ", "), " (resume one with --resume=",
+                      (dir / others.front()).string(), ")");
+}
+
+// The fields of a config string "name(key=value, key=value, ...)", in order;
+// nullopt when it is not one.
+std::optional<std::vector<std::pair<std::string, std::string>>> ConfigFields(
+    absl::string_view config) {
+  const size_t open = config.find('(');
+  if (open == absl::string_view::npos || config.empty() || config.back() != ')') {
+    return std::nullopt;
+  }
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (absl::string_view field :
+       absl::StrSplit(config.substr(open + 1, config.size() - open - 2), ", ")) {
+    const size_t eq = field.find('=');
+    if (eq == absl::string_view::npos) return std::nullopt;
+    fields.emplace_back(std::string(field.substr(0, eq)), std::string(field.substr(eq + 1)));
+  }
+  return fields;
 }
 
 // A missing step folder whose save was interrupted between its two renames
@@ -303,7 +330,24 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
       return absl::InvalidArgumentError(absl::StrCat(
           "--resume=", resume, ": no such checkpoint folder", InterruptedSaveNote(resume)));
     }
-    return resume;
+    if (HoldsCheckpoint(resume)) return resume;
+    // A checkpoint directory: its latest step.
+    if (!LatestStepName(resume).empty()) {
+      absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", resume);
+      if (latest.ok()) return latest;
+      return absl::Status(latest.status().code(),
+                          absl::StrCat("--resume=", resume, " (a checkpoint directory: its latest "
+                                       "step): ", latest.status().message()));
+    }
+    const std::vector<std::string> steps = StepFoldersIn(resume);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume=", resume, ": not a checkpoint (no model.safetensors or index.json) nor a "
+        "checkpoint directory (no 'latest' file)",
+        steps.empty() ? ""
+                      : absl::StrCat("; it holds the step folders ", absl::StrJoin(steps, ", "),
+                                     ", newest first (resume one with --resume=",
+                                     (std::filesystem::path(resume) / steps.front()).string(),
+                                     ")")));
   }
   if (checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("--resume=latest needs --checkpoint_dir");
@@ -324,7 +368,8 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 }
 
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
-                                          optim::Optimizer& optimizer) {
+                                          optim::Optimizer& optimizer,
+                                          const std::string& config) {
   // Both files' headers and checksums (read in pieces) first; then the model
   // is read straight into its parameters and the optimizer state into the
   // buffers it keeps, so neither file is held whole besides what it fills
@@ -344,6 +389,12 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   if (!opt.ok()) return opt.status();
   absl::StatusOr<TrainState> state = TrainStateFromMetadata(weights->metadata, model_path);
   if (!state.ok()) return state.status();
+  if (!config.empty()) {
+    const auto saved = state->extra.find("config");
+    absl::Status same = CheckSameModel(saved == state->extra.end() ? "" : saved->second,
+                                       step_dir, config);
+    if (!same.ok()) return same;
+  }
   // Another optimizer's state (or SGD's without momentum) said as such, not
   // as a missing or unexpected tensor.
   const auto saved_name = opt->metadata.find("optimizer");
@@ -399,15 +450,37 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
   return state;
 }
 
+absl::Status CheckSameModel(const std::string& saved, const std::string& step_dir,
+                            const std::string& config) {
+  if (saved == config) return absl::OkStatus();
+  const auto saved_fields = ConfigFields(saved);
+  const auto fields = ConfigFields(config);
+  std::vector<std::string> differ;
+  bool comparable = saved_fields.has_value() && fields.has_value() &&
+                    saved_fields->size() == fields->size();
+  for (size_t i = 0; comparable && i < fields->size(); ++i) {
+    const auto& [key, value] = (*fields)[i];
+    const auto& [saved_key, saved_value] = (*saved_fields)[i];
+    if (key != saved_key) {
+      comparable = false;
+    } else if (value != saved_value && key != "dropout" && key != "dropout_rate") {
+      differ.push_back(absl::StrCat(key, " ", saved_value, " there, ", value, " here"));
+    }
+  }
+  if (comparable && differ.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint ", step_dir, " is of model ", saved.empty() ? "(none recorded)" : saved,
+      ", not ", config, comparable ? absl::StrCat(" (", absl::StrJoin(differ, "; "), ")") : "",
+      "; resume with the model flags it was trained with (--preset and the sizes)"));
+}
+
 absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
                                                  const std::string& step_dir,
                                                  const std::string& config) {
   auto it = state.extra.find("config");
-  const std::string saved = it == state.extra.end() ? "" : it->second;
-  if (saved != config) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", step_dir, " is of model ", saved, ", not ", config));
-  }
+  absl::Status same =
+      CheckSameModel(it == state.extra.end() ? "" : it->second, step_dir, config);
+  if (!same.ok()) return same;
   return data::LoaderState::FromString(state.loader_state);
 }
 
@@ -476,7 +549,7 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
                                          optim::Optimizer& optimizer, const std::string& config) {
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume, checkpoint_dir);
   if (!step_dir.ok()) return step_dir.status();
-  absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir, model, optimizer);
+  absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir, model, optimizer, config);
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();

@@ -75,8 +75,11 @@ absl::Status PrepareCheckpointDir(const std::string& dir, bool report_leftovers 
 // are only named: a run saving into `dir` at the same time may own them.
 std::string LeftoversOfInterruptedSaves(const std::string& dir);
 
-// `resume` is "latest" (the newest checkpoint in checkpoint_dir) or the path of
-// a step folder. Returns the step folder. A folder that is missing is an
+// `resume` is "latest" (the newest checkpoint in checkpoint_dir), the path of
+// a step folder, or of a checkpoint directory (what --checkpoint_dir names:
+// its latest step, as the sample binary's --checkpoint takes). Returns the
+// step folder. A folder that is neither is an error naming the step folders
+// it holds, if any. A folder that is missing is an
 // error (DataLoss when `latest` names it, with the other checkpoints beside
 // it) that names the copy an interrupted save left aside ("<folder>.old-*",
 // tensor::ReplaceFolderDurably) and how to put it back.
@@ -84,9 +87,21 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
                                               const std::string& checkpoint_dir);
 
 // Loads weights into `model` (fp32 values) and state into `optimizer` from a
-// step folder; a missing, truncated or corrupted file is a clear error.
+// step folder; a missing, truncated or corrupted file is a clear error. With
+// a `config` (the model's config string), a checkpoint of another model is
+// refused first (CheckSameModel), before any tensor is read.
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,
-                                          optim::Optimizer& optimizer);
+                                          optim::Optimizer& optimizer,
+                                          const std::string& config = "");
+
+// Whether a checkpoint whose config string is `saved` (GptConfig /
+// T5Config::ToString: "name(key=value, ...)") can be resumed by a model of
+// `config`: the same values of every field but the dropout (which the
+// forward alone applies: a resume may change it, as nanoGPT's does) and the
+// name (a preset's fields given as flags are the same model). Else
+// InvalidArgument naming the fields that differ, both values of each.
+absl::Status CheckSameModel(const std::string& saved, const std::string& step_dir,
+                            const std::string& config);
 
 // The training state of a model.safetensors file's metadata; DataLoss naming
 // `path` when the step is missing.
@@ -111,8 +126,8 @@ absl::StatusOr<TrainState> TrainStateFromShardedExtra(
     const std::map<std::string, std::string>& extra, const std::string& step_dir);
 
 // The loader position to continue from, once a checkpoint's state is loaded:
-// InvalidArgument when the checkpoint is of another model (extra["config"]
-// differs from `config`) or its loader state does not parse.
+// InvalidArgument when the checkpoint is of another model (CheckSameModel of
+// extra["config"] and `config`) or its loader state does not parse.
 absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
                                                  const std::string& step_dir,
                                                  const std::string& config);

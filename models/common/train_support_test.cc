@@ -181,6 +181,67 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
       << corrupt.status();
 }
 
+// A checkpoint of a model of other sizes is refused before any tensor is
+// read, naming the fields that differ; one whose dropout or name alone
+// differs is the same model and resumes.
+TEST(ResumeCheckpointTest, AnotherModelIsRefusedNamingTheFieldsBeforeAnythingIsRead) {
+  const std::string dir = ::testing::TempDir() + "/resume_another_model";
+  TrainState state;
+  state.loader_state = data::LoaderState().ToString();
+  state.extra["config"] = Config().ToString();
+  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(2);
+  untouched.Materialize(2);
+  auto fresh = optim::AdamW::Create({}).value();
+  mingpt::GptConfig bigger = Config();
+  bigger.n_layer = 3;
+  bigger.n_embd = 48;
+  absl::StatusOr<TrainState> loaded =
+      LoadCheckpoint(saved.step_dir, model, *fresh, bigger.ToString());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(),
+                                "(n_layer 2 there, 3 here; n_embd 32 there, 48 here); resume "
+                                "with the model flags it was trained with"))
+      << loaded.status();
+  ExpectSameParameters(untouched, model);
+  absl::StatusOr<Resumed> resumed = ResumeCheckpoint("latest", dir, model, *fresh,
+                                                     bigger.ToString());
+  EXPECT_FALSE(resumed.ok());
+  ExpectSameParameters(untouched, model);
+
+  mingpt::GptConfig other_dropout = Config();
+  other_dropout.dropout = 0.1f;
+  other_dropout.name = "a-preset";
+  resumed = ResumeCheckpoint("latest", dir, model, *fresh, other_dropout.ToString());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ExpectSameParameters(*saved.model, model);
+}
+
+// --resume of a checkpoint directory (what --checkpoint_dir names) resumes
+// its latest step; a folder that is neither a step folder nor a checkpoint
+// directory is refused naming the step folders it holds.
+TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
+  const std::string dir = ::testing::TempDir() + "/resolve_directory";
+  TrainState state;
+  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  absl::StatusOr<std::string> step_dir = ResolveCheckpoint(dir, "");
+  ASSERT_TRUE(step_dir.ok()) << step_dir.status();
+  EXPECT_EQ(*step_dir, saved.step_dir);
+
+  std::filesystem::remove(dir + "/latest");
+  step_dir = ResolveCheckpoint(dir, "");
+  ASSERT_FALSE(step_dir.ok());
+  EXPECT_EQ(step_dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(step_dir.status().message(),
+            absl::StrCat("--resume=", dir, ": not a checkpoint (no model.safetensors or "
+                         "index.json) nor a checkpoint directory (no 'latest' file); it holds "
+                         "the step folders step_000001, newest first (resume one with --resume=",
+                         saved.step_dir, ")"));
+}
+
 // Resuming an earlier step of --checkpoint_dir points `latest` at it (a
 // --resume=latest before this run's first save continues it, not the run it
 // branched off); another folder, or the step latest names, changes nothing.

@@ -91,6 +91,18 @@ exits_2 "checkpoint $dir/ck_copy/step_000003: [" \
 exits_2 "the global batch differs (saved 8 rows, now 4): resume with 8 = ranks x" \
   "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
   --resume="$dir/ck_copy/step_000003"
+# Another model is refused before any shard is read, naming the fields that
+# differ (sharded, and the single-process format under DDP).
+exits_2 "(n_layer 3 there, 4 here; n_head 3 there, 4 here; n_embd 48 there, 128 here)" \
+  "$train" "${common[@]}" --preset=gpt-micro --world_size=4 --batch_size=2 \
+  --strategy=full_shard --resume="$dir/ck_copy/step_000003"
+exits_2 "(n_layer 3 there, 4 here; n_head 3 there, 4 here; n_embd 48 there, 128 here)" \
+  "$train" "${common[@]}" --preset=gpt-micro --world_size=2 --batch_size=4 --strategy=ddp \
+  --resume="$dir/ck_ddp/step_000003"
+# A checkpoint directory as --resume: its latest step.
+"$train" "${common[@]}" --world_size=4 --batch_size=2 --strategy=full_shard --steps=4 \
+  --resume="$dir/ck_copy" > "$dir/from_directory.log"
+grep -q "resumed from $dir/ck_copy/step_000003 at step 3" "$dir/from_directory.log"
 # A refused resume does not say it resumed.
 "$train" "${common[@]}" --world_size=2 --batch_size=2 --strategy=full_shard \
   --resume="$dir/ck_copy/step_000003" > "$dir/refused.log" 2> /dev/null || true
