@@ -115,7 +115,9 @@ ABSL_FLAG(double, dropout, 0.1, "dropout of embeddings, attention and residuals"
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each Block's activations in backward");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
-ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
+ABSL_FLAG(std::string, resume, "",
+          "'latest' (in --checkpoint_dir), a step folder, or a checkpoint directory (its latest "
+          "step) to resume");
 ABSL_FLAG(
     std::string, init_from, "",
     "start from these weights (a checkpoint, or a Hugging Face GPT-2 folder) at step 0 with a "

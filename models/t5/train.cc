@@ -126,7 +126,9 @@ ABSL_FLAG(bool, activation_checkpointing, false,
           "recompute each T5Block's activations (encoder and decoder) in backward");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
-ABSL_FLAG(std::string, resume, "", "'latest' (in --checkpoint_dir) or a step folder to resume");
+ABSL_FLAG(std::string, resume, "",
+          "'latest' (in --checkpoint_dir), a step folder, or a checkpoint directory (its latest "
+          "step) to resume");
 ABSL_FLAG(std::string, init_from, "",
           "a checkpoint of this binary (a step folder, or a --checkpoint_dir: its latest step; "
           "single-process or sharded) or a Hugging Face T5 folder (config.json and "

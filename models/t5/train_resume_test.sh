@@ -37,13 +37,14 @@ first=$(losses "$dir/full.jsonl" | head -1 | cut -d' ' -f2)
 last=$(losses "$dir/full.jsonl" | tail -1 | cut -d' ' -f2)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
 
-# A checkpoint of another model is refused.
+# A checkpoint of another model is refused, naming the fields that differ.
 set +e
-"$train" "${common[@]}" --dropout=0.2 --checkpoint_dir="$dir/ckpt" --resume=latest \
+"$train" "${common[@]}" --v1_1 --checkpoint_dir="$dir/ckpt" --resume=latest \
   > /dev/null 2> "$dir/err_config.txt"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "is of model" "$dir/err_config.txt" ||
-  { echo "expected exit 2 and is of model; got $code:"; cat "$dir/err_config.txt"; exit 1; }
+want="(feed_forward_proj relu there, gated-gelu here; tie_word_embeddings true there, false here)"
+[[ $code == 2 ]] && grep -qF "$want" "$dir/err_config.txt" ||
+  { echo "expected exit 2 and $want; got $code:"; cat "$dir/err_config.txt"; exit 1; }
 
 # Resuming with another LR schedule continues with it, and says so (one
 # process, and rank 0 of DDP, which resumes the single-process format).
