@@ -2,9 +2,13 @@
 // (command_line.h).
 #include "models/common/command_line.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -168,6 +172,14 @@ std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::str
     std::exit(2);
   }
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  // Under `bazel run` the program starts in its runfiles tree: relative paths
+  // in its flags and arguments mean the directory bazel was run from.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && *dir != 0) {
+    if (::chdir(dir) != 0) {
+      std::fprintf(stderr, "warning: cannot change to BUILD_WORKING_DIRECTORY %s: %s\n", dir,
+                   std::strerror(errno));
+    }
+  }
   return std::vector<std::string>(rest.begin() + 1, rest.end());
 }
 

@@ -9,7 +9,9 @@
 //     common mistake "--bool_flag false" (a boolean flag takes its value
 //     after '=': that sets it true and leaves "false" over) says so.
 // And --help lists every flag of the project the binary links (the shared
-// ones of models/common too), not only those of the file named like it.
+// ones of models/common too), not only those of the file named like it;
+// under `bazel run` (BUILD_WORKING_DIRECTORY set) the program changes to the
+// directory bazel was run from, so that relative paths mean what they say.
 #ifndef MODELS_COMMON_COMMAND_LINE_H_
 #define MODELS_COMMON_COMMAND_LINE_H_
 
@@ -29,7 +31,8 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional);
 // Sets the usage message and the --help configuration, runs
 // CheckCommandLine (on a problem: "<program>: error: <what>" on stderr and
 // exit status 2), then Abseil's ParseCommandLine (which handles --help and
-// --flagfile). Returns the positional arguments.
+// --flagfile), then the change to BUILD_WORKING_DIRECTORY when set. Returns
+// the positional arguments.
 std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::string_view usage,
                                                 int max_positional = 0);
 

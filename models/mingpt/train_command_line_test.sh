@@ -31,3 +31,14 @@ for flag in --strategy --world_size --eval_data --freeze --loss_scale --sample_e
   grep -qE "^ *${flag} " "$help" || { echo "train --help does not list ${flag}:"; cat "$help"; exit 1; }
 done
 echo "train --help lists the shared flags"
+
+# As under `bazel run`: relative paths mean the directory bazel was run from.
+wd="${TEST_TMPDIR}/working_directory"
+mkdir -p "$wd"
+printf 'Light is a relative path in the working directory. %.0s' {1..40} > "$wd/text.txt"
+train_path="$(realpath "$train")"
+(cd / && BUILD_WORKING_DIRECTORY="$wd" "$train_path" --data=text.txt --steps=1 --batch_size=2 \
+  --seq_len=16 --preset=gpt-nano --metrics_out=metrics.jsonl > "$wd/run.log")
+[[ -s "$wd/metrics.jsonl" ]] ||
+  { echo "no metrics.jsonl in BUILD_WORKING_DIRECTORY:"; cat "$wd/run.log"; exit 1; }
+echo "under bazel run, relative paths are the working directory's"
