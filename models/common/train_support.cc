@@ -26,6 +26,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
@@ -321,6 +323,25 @@ std::string InterruptedSaveNote(const std::string& step_dir) {
 }
 
 }  // namespace
+
+absl::Status SaveAndSay(const std::string& checkpoint_dir, int64_t step, bool log,
+                        const std::function<absl::Status()>& save) {
+  const absl::Time start = absl::Now();
+  absl::Status saved = save();
+  if (!saved.ok() || !log) return saved;
+  const std::string step_dir = absl::StrCat(checkpoint_dir, "/", CheckpointStepName(step));
+  std::error_code ec;
+  uintmax_t bytes = 0;
+  for (std::filesystem::directory_iterator it(step_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const uintmax_t size = it->file_size(ec);
+    if (!ec) bytes += size;
+  }
+  std::printf("saved checkpoint %s (%.1f MiB in %.2f s)\n", step_dir.c_str(),
+              static_cast<double>(bytes) / 1048576.0, absl::ToDoubleSeconds(absl::Now() - start));
+  std::fflush(stdout);
+  return saved;
+}
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
                                               const std::string& checkpoint_dir) {

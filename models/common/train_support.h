@@ -43,6 +43,11 @@ struct TrainState {
 // anything but a checkpoint's files is refused, FailedPrecondition).
 absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
                             const optim::Optimizer& optimizer, const TrainState& state);
+// Runs `save` (a save of step `step` into checkpoint_dir); when it succeeds
+// and `log`, says so on stdout: "saved checkpoint <dir>/step_N (S MiB in T s)"
+// (S: the step folder's files, as this process sees them).
+absl::Status SaveAndSay(const std::string& checkpoint_dir, int64_t step, bool log,
+                        const std::function<absl::Status()>& save);
 // The two halves of SaveCheckpoint: the step folder, then the `latest` file
 // (data-parallel runs point `latest` at a step only once every rank saved).
 absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,

@@ -383,7 +383,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     train::RecordRunSettings(*setup.schedule, opt, state.extra);
     if (!setup.tokenizer.empty()) state.extra["tokenizer"] = setup.tokenizer;
     scaling.Save(state.extra);
-    return (*dp)->SaveCheckpoint(checkpoint_dir, state);
+    return train::SaveAndSay(checkpoint_dir, step_done, rank.logs(),
+                             [&] { return (*dp)->SaveCheckpoint(checkpoint_dir, state); });
   };
 
   // ---- Training loop (rank 0 reports; global tokens per step) ----
@@ -667,7 +668,9 @@ absl::Status Train() {
     train::RecordRunSettings(**schedule, **optimizer, state.extra);
     if (!tokenizer->empty()) state.extra["tokenizer"] = *tokenizer;
     scaling->Save(state.extra);
-    return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
+    return train::SaveAndSay(checkpoint_dir, step_done, /*log=*/true, [&] {
+      return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
+    });
   };
 
   // ---- Training loop ----

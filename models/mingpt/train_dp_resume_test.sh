@@ -31,6 +31,8 @@ common=(--preset=gpt-nano --data=shipped --steps=6 --seq_len=32 --log_every=1 --
 "$train" "${common[@]}" --steps=3 --world_size=4 --batch_size=2 --strategy=full_shard \
   --checkpoint_dir="$dir/ck" > "$dir/first.log"
 [[ "$(cat "$dir/ck/latest")" == step_000003 ]]
+grep -q "^saved checkpoint $dir/ck/step_000003 (" "$dir/first.log"  # rank 0 says it, once
+[[ $(grep -c "^saved checkpoint" "$dir/first.log") == 1 ]]
 ls "$dir/ck/step_000003/index.json" "$dir/ck/step_000003/shard_3_of_4.safetensors" > /dev/null
 cp -r "$dir/ck" "$dir/ck_copy"  # the resumed runs below write step_000006 into their own copies
 "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \

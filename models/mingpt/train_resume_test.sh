@@ -11,7 +11,9 @@ common=(--preset=gpt-nano --steps=6 --batch_size=4 --seq_len=32 --dropout=0.1 --
 losses() { sed -E 's/.*"step":([0-9]+),"loss":([0-9.]+).*/\1 \2/' "$1"; }
 
 "$train" "${common[@]}" --metrics_out="$dir/full.jsonl" > "$dir/full.log"
-"$train" "${common[@]}" --steps=3 --checkpoint_dir="$dir/ckpt" --metrics_out="$dir/part1.jsonl" > /dev/null
+"$train" "${common[@]}" --steps=3 --checkpoint_dir="$dir/ckpt" --metrics_out="$dir/part1.jsonl" \
+  > "$dir/part1.log"
+grep -q "^saved checkpoint $dir/ckpt/step_000003 (.* MiB in .* s)$" "$dir/part1.log"
 "$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest \
   --metrics_out="$dir/part2.jsonl" > "$dir/resumed.log"
 grep -q "resumed from .*step_000003 at step 3" "$dir/resumed.log"

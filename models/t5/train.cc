@@ -352,7 +352,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     state.extra["config"] = setup.config.ToString();
     train::RecordRunSettings(*setup.schedule, opt, state.extra);
     scaling.Save(state.extra);
-    return (*dp)->SaveCheckpoint(checkpoint_dir, state);
+    return train::SaveAndSay(checkpoint_dir, step_done, rank.logs(),
+                             [&] { return (*dp)->SaveCheckpoint(checkpoint_dir, state); });
   };
 
   // ---- Training loop (rank 0 reports; global tokens per step) ----
@@ -664,7 +665,9 @@ absl::Status Train() {
     state.extra["config"] = config->ToString();
     train::RecordRunSettings(**schedule, **optimizer, state.extra);
     scaling->Save(state.extra);
-    return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
+    return train::SaveAndSay(checkpoint_dir, step_done, /*log=*/true, [&] {
+      return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
+    });
   };
 
   // ---- Training loop ----
