@@ -3,7 +3,14 @@
 //
 //   launch --nproc_per_node=4 [--nnodes=2 --node_rank=0
 //          --rdzv_endpoint=host:port --rdzv_id=job42] [--max_restarts=3]
-//          [--grace_period_s=5] -- ./train --flags...
+//          [--grace_period_s=5] [--] ./train --flags...
+//
+// As torchrun's: the worker command starts at "--" or at the first argument
+// that is not a flag of the launcher (a flag's value may follow it after a
+// space), flags may be spelled with dashes (--nproc-per-node), and
+// --standalone is accepted (one node, the default endpoint). Under `bazel
+// run` the launcher changes to the directory bazel was run from
+// (BUILD_WORKING_DIRECTORY), so that a relative worker path means that one.
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT and
@@ -68,13 +75,13 @@ void Say(const std::string& s) {
   std::fflush(stderr);
 }
 
+constexpr char kUsage[] =
+    "usage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
+    "[--rdzv_endpoint=host:port] [--rdzv_id=ID] [--max_restarts=0] [--grace_period_s=5] "
+    "[--standalone] [--] command [args...]\n";
+
 [[noreturn]] void Usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "launch: %s\nusage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
-               "[--rdzv_endpoint=host:port] [--rdzv_id=ID] [--max_restarts=0] "
-               "[--grace_period_s=5] -- "
-               "command [args...]\n",
-               problem.c_str());
+  std::fprintf(stderr, "launch: %s\n%s", problem.c_str(), kUsage);
   std::exit(2);
 }
 
@@ -195,16 +202,29 @@ int UsableCores() {
 
 int main(int argc, char** argv) {
   int nproc = -1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;
+  bool standalone = false;
   std::string endpoint, run_id;
   std::vector<std::string> cmd;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--") {
-      for (int j = i + 1; j < argc; ++j) cmd.push_back(argv[j]);
+    if (a == "--" || a.empty() || a[0] != '-') {  // the worker command
+      for (int j = a == "--" ? i + 1 : i; j < argc; ++j) cmd.push_back(argv[j]);
       break;
+    }
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
     }
     auto eq = a.find('=');
     std::string name = a.substr(0, eq), value;
+    // torchrun's spellings: --nproc-per-node is --nproc_per_node.
+    for (size_t c = 2; c < name.size(); ++c) {
+      if (name[c] == '-') name[c] = '_';
+    }
+    if (name == "--standalone" && eq == std::string::npos) {
+      standalone = true;
+      continue;
+    }
     if (eq != std::string::npos) {
       value = a.substr(eq + 1);
     } else if (i + 1 < argc) {
@@ -224,12 +244,22 @@ int main(int argc, char** argv) {
       if (value.empty()) Usage("--rdzv_id must not be empty");
       run_id = value;
     } else if (target == nullptr) {
-      Usage("unknown flag " + name);
+      Usage("unknown flag " + name + " (the worker command goes after the launcher's flags, or "
+            "after --)");
     } else if (!ParseInt(value, target)) {
       Usage("flag " + name + " needs an integer, got \"" + value + "\"");
     }
   }
-  if (cmd.empty()) Usage("no worker command after --");
+  if (cmd.empty()) Usage("no worker command");
+  if (standalone && (nnodes != 1 || !endpoint.empty())) {
+    Usage("--standalone is one node on this host: not with --nnodes > 1 or --rdzv_endpoint");
+  }
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && *dir != 0) {
+    if (chdir(dir) != 0) {
+      std::fprintf(stderr, "launch: warning: cannot change to BUILD_WORKING_DIRECTORY %s: %s\n",
+                   dir, std::strerror(errno));
+    }
+  }
   if (nproc < 1 || nproc > kMaxWorkersPerNode) {
     Usage("--nproc_per_node must be in [1, " + std::to_string(kMaxWorkersPerNode) + "], got " +
           std::to_string(nproc));

@@ -126,6 +126,16 @@ kill -9 "$launcher"; wait "$launcher" 2> /dev/null
 for _ in $(seq 50); do alive 9873 || break; sleep 0.1; done
 alive 9873 && { pkill -f "sleep 9873"; fail "workers outlived their SIGKILLed launcher"; }
 
+# torchrun's forms: the command without "--", a flag's value after a space,
+# dashed spellings, --standalone; --help prints the usage and exits 0.
+out=$("$LAUNCH" --nproc-per-node 2 --standalone sh -c 'echo "w $RANK/$WORLD_SIZE"' 2>&1) ||
+  { echo "$out"; fail "torchrun-style command line"; }
+[ "$(echo "$out" | grep -c "w [01]/2")" -eq 2 ] || { echo "$out"; fail "torchrun-style workers"; }
+"$LAUNCH" --help | grep -q "^usage: launch --nproc_per_node=N" || fail "--help"
+"$LAUNCH" --nproc_per_node=1 --bogus=1 -- true 2>"$T/usage.err"
+[ $? -eq 2 ] && grep -q "unknown flag --bogus (the worker command goes after" "$T/usage.err" ||
+  fail "unknown flag message"
+
 # Usage errors.
 "$LAUNCH" --nproc_per_node=2 2>/dev/null && fail "no command accepted"
 "$LAUNCH" --nproc_per_node=2 --nnodes=2 -- true 2>/dev/null && fail "multi-node without endpoint accepted"
