@@ -460,7 +460,9 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
       return absl::InvalidArgumentError(absl::StrCat(
           "the checkpoint's optimizer state is ", x.optimizer, " (", absl::StrJoin(x.buffers, ", "),
           ") but the optimizer is ", opt.name(), " (", absl::StrJoin(keys, ", "),
-          "); load with load_optimizer_state = false to take the model only"));
+          "); load with load_optimizer_state = false to take the model only (the train "
+          "binaries: resume with the run's --optimizer and --momentum, or take the weights "
+          "alone with --init_from)"));
     }
   }
 
