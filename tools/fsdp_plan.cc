@@ -38,6 +38,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "dist/fsdp_plan.h"
 #include "dist/wrap_policy.h"
@@ -97,7 +98,11 @@ int main(int argc, char** argv) {
     block_class = "T5Block";
   } else {
     absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);
-    if (!config.ok()) return Fail(std::string(config.status().message()));
+    if (!config.ok()) {
+      return Fail(absl::StrCat("--preset: unknown preset '", preset, "'; minGPT: ",
+                               absl::StrJoin(mingpt::PresetNames(), ", "),
+                               "; T5: ", absl::StrJoin(t5::PresetNames(), ", ")));
+    }
     model = std::make_unique<mingpt::GPT>(*config);
     block_class = "Block";
   }

@@ -29,6 +29,9 @@ stay in the root unit" "$plan" --preset=t5-small --auto_wrap=size:1000000
 exits_2 "puts 'shared.weight' into the FSDP unit" \
   "$plan" --preset=t5-small --auto_wrap=size:1000000 --freeze=encoder
 "$plan" --preset=t5-small --world_sizes=8 --auto_wrap=none > /dev/null
+"$plan" --preset=t5-tiny --world_sizes=2 > /dev/null  # //models/t5:train's default
+exits_2 "--preset: unknown preset 'gpt-9'; minGPT: gpt-nano," "$plan" --preset=gpt-9
+exits_2 "; T5: t5-tiny, t5-small," "$plan" --preset=gpt-9
 # no tied weight; size:N wraps the transformer and large modules inside it: nested units
 # are listed as such.
 "$plan" --preset=gpt2 --world_sizes=8 --auto_wrap=size:1000000 --units > "${TEST_TMPDIR}/nested.txt"

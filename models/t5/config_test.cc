@@ -44,14 +44,15 @@ TEST(T5ConfigTest, PresetsHaveThePaperSizes) {
     EXPECT_TRUE(c->tie_word_embeddings);
     EXPECT_TRUE(c->Validate().ok()) << c->Validate();
   }
-  EXPECT_EQ(PresetNames().size(), 5u);
+  EXPECT_EQ(PresetNames().size(), 6u);
 }
 
 TEST(T5ConfigTest, UnknownPresetIsAClearError) {
   absl::StatusOr<T5Config> c = Preset("t5-huge");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(),
-            "unknown t5 preset 't5-huge'; known: t5-small, t5-base, t5-large, t5-3b, t5-11b");
+            "unknown t5 preset 't5-huge'; known: t5-tiny, t5-small, t5-base, t5-large, t5-3b, "
+            "t5-11b");
 }
 
 // model.num_parameters() of the Hugging Face checkpoints (T5ForConditionalGeneration,

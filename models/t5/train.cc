@@ -150,30 +150,9 @@ namespace {
 
 using tensor::MemoryLedger;
 
-constexpr char kTinyPreset[] = "t5-tiny";
-
-// The binary's default: small enough to train on the shipped text in about a
-// minute on a few CPU cores. T5 v1.0 otherwise (ReLU, tied embeddings).
-T5Config TinyConfig() {
-  T5Config c;
-  c.name = kTinyPreset;
-  c.d_model = 128;
-  c.num_heads = 4;
-  c.d_kv = 32;
-  c.d_ff = 512;
-  c.num_layers = 2;
-  c.num_decoder_layers = 2;
-  return c;
-}
-
 absl::StatusOr<T5Config> MakeConfig(const std::string& name) {
-  if (name == kTinyPreset) return TinyConfig();
   absl::StatusOr<T5Config> c = Preset(name);
-  if (!c.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--preset: unknown t5 preset '", name,
-                                                   "'; known: ", kTinyPreset, ", ",
-                                                   absl::StrJoin(PresetNames(), ", ")));
-  }
+  if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("--preset: ", c.status().message()));
   return c;
 }
 
