@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace optim {
@@ -107,7 +108,8 @@ absl::StatusOr<std::unique_ptr<LrSchedule>> ParseLrSchedule(absl::string_view sp
       }
       const absl::string_view value = absl::StripAsciiWhitespace(kv[1]);
       if (allowed.count(key) == 0) {
-        return Invalid(absl::StrCat("unknown key '", key, "' for ", o.kind, " in '", spec, "'"));
+        return Invalid(absl::StrCat("unknown key '", key, "' for ", o.kind, " in '", spec,
+                                    "' (its keys: ", absl::StrJoin(allowed, ", "), ")"));
       }
       if (!seen.insert(key).second) {
         return Invalid(absl::StrCat("key '", key, "' given twice in '", spec, "'"));

@@ -99,6 +99,9 @@ TEST(LrScheduleTest, ParseErrorsNameTheBadPart) {
       {"constant:lr=nan", "bad value 'nan' for lr"},
       {"constant:lr=-1", "lr=-1"},
       {"constant:rate=1", "unknown key 'rate' for constant"},
+      {"cosine:max_lr=1,warmup=10",
+       "unknown key 'warmup' for cosine in 'cosine:max_lr=1,warmup=10' (its keys: max_lr, "
+       "min_lr, total_steps, warmup_steps)"},
       {"constant:lr", "expected key=value, got 'lr'"},
       {"constant:lr=1,lr=2", "key 'lr' given twice"},
       {"cosine:max_lr=1", "cosine needs total_steps=..."},

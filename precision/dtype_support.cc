@@ -49,7 +49,10 @@ absl::Status CheckComputeDtype(tensor::Dtype dtype, tensor::Device device) {
       if (Fp16Supported(device)) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat(
           "f16 is not supported on ", device.ToString(),
-          device.is_cpu() ? ": the CPU backend has no f16 GEMM; use bf16"
+          device.is_cpu() ? (Bf16Supported(device) ? ": the CPU backend has no f16 GEMM; use bf16"
+                                                   : ": the CPU backend has no f16 GEMM; use "
+                                                     "fp32 (or bf16, emulated slowly on this "
+                                                     "CPU: FSDP_ALLOW_SLOW_BF16=1)")
                           : ": the device is absent or older than compute capability 7.0"));
     default:
       return absl::InvalidArgumentError(

@@ -43,6 +43,10 @@ TEST(DtypeSupportTest, Fp32AlwaysAndClearErrorsOtherwise) {
   absl::Status f16 = CheckComputeDtype(Dtype::kF16, Device::Cpu());
   ASSERT_FALSE(f16.ok());
   EXPECT_NE(f16.message().find("f16 is not supported on cpu"), std::string::npos);
+  // What to use instead: bf16 where this CPU runs it, else fp32.
+  EXPECT_NE(f16.message().find(Bf16Supported(Device::Cpu()) ? "; use bf16" : "; use fp32"),
+            std::string::npos)
+      << f16.message();
   // A CUDA device that is not there.
   absl::Status gpu = CheckComputeDtype(Dtype::kBF16, Device::Cuda(99));
   ASSERT_FALSE(gpu.ok());

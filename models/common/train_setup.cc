@@ -23,7 +23,10 @@ namespace train {
 
 absl::StatusOr<tensor::Device> ResolveDevice(const std::string& flag) {
   absl::StatusOr<tensor::Device> device = tensor::ParseDevice(flag);
-  if (!device.ok()) return device.status();
+  if (!device.ok()) {
+    return absl::Status(device.status().code(),
+                        absl::StrCat("--device=", flag, ": ", device.status().message()));
+  }
   if (!device->is_cuda()) return device;
   if (!tensor::cuda::Built()) {
     return absl::InvalidArgumentError(

@@ -45,6 +45,13 @@ TEST(RunTrainMainTest, ExitCodesAndTheErrorLine) {
   EXPECT_EQ(err, "train: error: No space left on device\n");
 }
 
+TEST(ResolveDeviceTest, AnUnknownDeviceNamesTheFlag) {
+  absl::StatusOr<tensor::Device> device = ResolveDevice("gpu");
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().message(),
+            "--device=gpu: unknown device 'gpu'; expected cpu, cuda or cuda:N");
+}
+
 TEST(CheckLoopFlagsTest, NamesTheFlagThatIsOutOfRange) {
   EXPECT_TRUE(CheckLoopFlags(0, 1, 0, "").ok());  // zero steps: nothing to train
   EXPECT_TRUE(CheckLoopFlags(100, 10, 20, "/tmp/ck").ok());
