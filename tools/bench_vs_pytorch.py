@@ -35,10 +35,14 @@ import time
 
 import shlex
 
-import torch
+try:  # checked in main(), after --help
+    import torch
+except ImportError:
+    torch = None
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mingpt_reference  # noqa: E402  (the same minGPT as the parity fixture)
+if torch is not None:
+    import mingpt_reference  # noqa: E402  (the same minGPT as the parity fixture)
 
 PRESETS = {"gopher-44m": (8, 16, 512), "gpt-mini": (6, 6, 192), "gpt-micro": (4, 4, 128),
            "gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}
@@ -220,6 +224,9 @@ def main():
             sys.exit("--ours_env times the CUDA build: it needs --device cuda")
     if not args.train_cmd and not os.path.exists(args.train_binary):
         sys.exit(f"{args.train_binary} not found: run ./bazelw build //models/mingpt:train first")
+    if torch is None:
+        sys.exit("bench_vs_pytorch times PyTorch eager beside our binary: it needs PyTorch "
+                 "(Debian: apt install python3-torch; or pip install torch)")
     if args.torch_sdpa and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
         sys.exit(f"--torch_sdpa needs PyTorch 2.0 or later (F.scaled_dot_product_attention); "
                  f"this is torch {torch.__version__}")

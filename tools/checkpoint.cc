@@ -448,5 +448,12 @@ int main(int argc, char** argv) {
   if (cmd == "shard" && want(2)) return Shard(train::StepFolderOf(a[1]), a[2]);
   if (cmd == "export-hf" && want(2)) return ExportHf(a[1], a[2]);
   if (cmd == "diff" && want(2)) return Diff(train::StepFolderOf(a[1]), train::StepFolderOf(a[2]));
-  return Fail(absl::StrCat("bad command line '", absl::StrJoin(a, " "), "'; usage: ", kUsage));
+  for (const char* known : {"info", "verify", "consolidate", "shard", "export-hf", "diff"}) {
+    if (cmd == known) {
+      return Fail(absl::StrCat("wrong number of arguments for '", cmd, "'; usage: ", kUsage));
+    }
+  }
+  return Fail(absl::StrCat("unknown command '", cmd,
+                           "' (info, verify, consolidate, shard, export-hf or diff); usage: ",
+                           kUsage));
 }

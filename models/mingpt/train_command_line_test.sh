@@ -23,6 +23,10 @@ exits_2 "checkpoint: error: unknown flag --param (did you mean --params?)" \
   "$checkpoint" info /nonexistent --param
 exits_2 "checkpoint: error: unexpected argument 'c': this program takes at most 3 arguments" \
   "$checkpoint" diff a b c
+exits_2 "checkpoint: error: unknown command 'inspect' (info, verify, consolidate, shard," \
+  "$checkpoint" inspect /nonexistent
+exits_2 "checkpoint: error: wrong number of arguments for 'consolidate'; usage:" \
+  "$checkpoint" consolidate /nonexistent
 echo "mistyped command lines exit 2 naming what was wrong"
 
 help="${TEST_TMPDIR}/help.txt"
