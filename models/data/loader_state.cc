@@ -67,6 +67,16 @@ int64_t GlobalBatchOf(absl::string_view config) {
   return absl::SimpleAtoi(rest.substr(0, rest.find_first_not_of("0123456789")), &n) ? n : -1;
 }
 
+// "range=[a, b)" of a config string (a source sliced for a held-out tail:
+// data::TokenSource fingerprints), or "" when it has none.
+std::string RangeOf(absl::string_view config) {
+  const size_t begin = config.find("range=[");
+  if (begin == absl::string_view::npos) return "";
+  const size_t end = config.find(')', begin);
+  if (end == absl::string_view::npos) return "";
+  return std::string(config.substr(begin, end + 1 - begin));
+}
+
 }  // namespace
 
 absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
@@ -78,13 +88,22 @@ absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
   if (saved.config != config) {
     // Another world size resumes the same stream when the global batch stays.
     const int64_t saved_batch = GlobalBatchOf(saved.config), batch = GlobalBatchOf(config);
-    const std::string hint =
+    std::string hint =
         saved_batch > 0 && batch > 0 && saved_batch != batch
             ? absl::StrCat("; the global batch differs (saved ", saved_batch, " rows, now ", batch,
                            "): resume with ", saved_batch,
                            " = ranks x rows per rank x micro-batches (the train binaries' "
                            "--world_size x --batch_size x --grad_accum_steps)")
             : "";
+    // A slice of the data (a held-out tail taken off) that differs.
+    const std::string saved_range = RangeOf(saved.config), range = RangeOf(config);
+    if (saved_range != range) {
+      absl::StrAppend(&hint, "; the part of the data trained on differs (saved ",
+                      saved_range.empty() ? "all of it" : saved_range, ", now ",
+                      range.empty() ? "all of it" : range,
+                      "): resume with the run's --val_fraction (the train binaries hold out the "
+                      "data's tail with it)");
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("[", who, "] the saved state is for another data configuration: saved \"",
                      saved.config, "\", this loader \"", config, "\"", hint));

@@ -86,6 +86,14 @@ TEST(LoaderStateTest, CheckRestoreComparesConfigs) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("saved \"a\", this loader \"b\""), absl::string_view::npos) << s;
   EXPECT_FALSE(CheckRestore({-1, "a"}, "a", "w").ok());
+  // A held-out tail (--val_fraction) that differs is named.
+  const absl::Status sliced =
+      CheckRestore({3, "lm(byte_text(bytes=10,range=[0, 90),seed=4))"},
+                   "lm(byte_text(bytes=10,seed=4))", "w");
+  EXPECT_NE(sliced.message().find("; the part of the data trained on differs (saved range=[0, "
+                                  "90), now all of it): resume with the run's --val_fraction"),
+            absl::string_view::npos)
+      << sliced;
 }
 
 }  // namespace
