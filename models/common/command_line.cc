@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 
 namespace train {
 namespace {
@@ -62,9 +64,8 @@ std::string DidYouMean(absl::string_view name) {
 }
 
 // Abseil's usage flags, which ParseCommandLine handles without registering
-// them as flags; the last two take a value.
-bool IsUsageFlag(absl::string_view name, bool* takes_value) {
-  *takes_value = name == "helpon" || name == "helpmatch";
+// them as flags (helpon and helpmatch take their value after '=' only).
+bool IsUsageFlag(absl::string_view name) {
   for (const char* usage : {"help", "helpfull", "helpshort", "helppackage", "version",
                             "only_check_args", "helpon", "helpmatch"}) {
     if (name == usage) return true;
@@ -79,9 +80,50 @@ bool LooksBoolean(absl::string_view value) {
   return false;
 }
 
+// The flag name of `arg` when it is a flag ("-x", "--x", "--x=v"): "x".
+std::optional<absl::string_view> FlagName(absl::string_view arg) {
+  if (arg.size() < 2 || arg[0] != '-' || arg == "--") return std::nullopt;
+  const absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
+  return body.substr(0, body.find('='));
+}
+
+// Whether `name` is something Abseil takes as a flag: a registered one, a
+// usage flag, or the --no form of a boolean one.
+bool KnownToAbseil(absl::string_view name) {
+  if (absl::FindCommandLineFlag(name) != nullptr || IsUsageFlag(name)) return true;
+  if (!absl::StartsWith(name, "no")) return false;
+  const absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+  return negated != nullptr && negated->IsOfType<bool>();
+}
+
+// Abseil's own flags (--flagfile, --fromenv, --undefok, ...): Abseil acts on
+// them as it parses, so they are left to it, not set by the check.
+bool IsAbseils(const absl::CommandLineFlag& flag) {
+  return absl::StrContains(flag.Filename(), "absl/");
+}
+
 }  // namespace
 
 absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
+  // With a usage flag Abseil prints the help and exits: nothing to check.
+  // --undefok names flags Abseil lets be unknown.
+  std::vector<std::string> undefok;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    const std::optional<absl::string_view> name = FlagName(arg);
+    if (!name.has_value()) continue;
+    if (IsUsageFlag(*name)) return absl::OkStatus();
+    if (*name == "undefok") {
+      const size_t eq = arg.find('=');
+      const absl::string_view list =
+          eq != absl::string_view::npos ? arg.substr(eq + 1)
+                                        : (i + 1 < argc ? absl::string_view(argv[i + 1]) : "");
+      for (absl::string_view u : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+        undefok.emplace_back(u);
+      }
+    }
+  }
   std::vector<std::string> positional;
   std::string after_bool;  // the boolean flag (without '=') the last argument was
   for (int i = 1; i < argc; ++i) {
@@ -90,11 +132,12 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
       for (int j = i + 1; j < argc; ++j) positional.emplace_back(argv[j]);
       break;
     }
-    if (arg.size() < 2 || arg[0] != '-') {
+    if (!FlagName(arg).has_value()) {
       if (!after_bool.empty() && LooksBoolean(arg)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--", after_bool, " ", arg, ": a boolean flag takes its value after '=' (--",
-            after_bool, "=", arg, "); as written --", after_bool, " is true and '", arg,
+            after_bool, "=", arg, "); as written --", after_bool, " is ",
+            absl::StartsWith(after_bool, "no") ? "false" : "true", " and '", arg,
             "' an argument"));
       }
       positional.emplace_back(arg);
@@ -102,25 +145,34 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
       continue;
     }
     after_bool.clear();
-    absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
     const size_t eq = body.find('=');
     const absl::string_view name = body.substr(0, eq);
-    if (bool takes_value = false; IsUsageFlag(name, &takes_value)) {
-      if (takes_value && eq == absl::string_view::npos) ++i;
-      continue;
-    }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
-      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) continue;  // --noflag
+    if (flag == nullptr && absl::StartsWith(name, "no")) {  // --noflag
+      const absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && !negated->IsRetired()) {
+        if (!negated->IsOfType<bool>()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--", name, ": --", name.substr(2), " is not a boolean flag (no --no form)"));
+        }
+        if (eq != absl::string_view::npos) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--", body, ": the --no form of a boolean flag takes no value (--",
+                           name.substr(2), "=false)"));
+        }
+        after_bool = std::string(name);
+        continue;
+      }
     }
     if (flag == nullptr || flag->IsRetired()) {
+      if (std::find(undefok.begin(), undefok.end(), name) != undefok.end()) continue;
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag --", name, DidYouMean(name)));
     }
     if (eq != absl::string_view::npos) {
       std::string error;
-      if (!flag->ParseFrom(body.substr(eq + 1), &error)) {
+      if (!IsAbseils(*flag) && !flag->ParseFrom(body.substr(eq + 1), &error)) {
         return absl::InvalidArgumentError(absl::StrCat("--", body, ": ", error));
       }
       continue;
@@ -129,13 +181,22 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
       after_bool = std::string(name);
       continue;
     }
-    // "--name value": Abseil takes the next argument as the value.
+    // "--name value": Abseil takes the next argument as the value, even a
+    // flag ("--checkpoint_dir --resume=latest" would save into a folder
+    // named "--resume=latest"): refused unless it is not one (-1).
     if (i + 1 >= argc) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
     }
+    const absl::string_view value = argv[i + 1];
+    if (const std::optional<absl::string_view> next = FlagName(value);
+        value == "--" || (next.has_value() && KnownToAbseil(*next))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, " needs a value, and the next argument is the flag ", value,
+          " (write --", name, "=VALUE)"));
+    }
     std::string error;
-    if (!flag->ParseFrom(argv[i + 1], &error)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " ", argv[i + 1], ": ", error));
+    if (!IsAbseils(*flag) && !flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " ", value, ": ", error));
     }
     ++i;
   }
@@ -161,6 +222,19 @@ std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::str
     return !absl::StrContains(file, "absl/");
   };
   absl::SetFlagsUsageConfig(config);
+  // Under `bazel run` the program starts in its runfiles tree: relative paths
+  // in its flags (a --flagfile's too) and arguments mean the directory bazel
+  // was run from.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && *dir != 0) {
+    if (::chdir(dir) != 0) {
+      std::fprintf(stderr, "warning: cannot change to BUILD_WORKING_DIRECTORY %s: %s\n", dir,
+                   std::strerror(errno));
+    }
+  }
+  static char help[] = "--help";
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0) argv[i] = help;  // as most programs take it
+  }
   if (absl::Status s = CheckCommandLine(argc, argv, max_positional); !s.ok()) {
     const absl::string_view program = argv[0];
     const size_t slash = program.rfind('/');
@@ -172,14 +246,6 @@ std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::str
     std::exit(2);
   }
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  // Under `bazel run` the program starts in its runfiles tree: relative paths
-  // in its flags and arguments mean the directory bazel was run from.
-  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && *dir != 0) {
-    if (::chdir(dir) != 0) {
-      std::fprintf(stderr, "warning: cannot change to BUILD_WORKING_DIRECTORY %s: %s\n", dir,
-                   std::strerror(errno));
-    }
-  }
   return std::vector<std::string>(rest.begin() + 1, rest.end());
 }
 

@@ -3,15 +3,20 @@
 // stops with a message naming what was wrong (exit status 2) instead of
 // running with something else than the user meant:
 //   - an unknown flag names the closest known one ("--stpes": did you mean
-//     --steps?), torchrun's dashed spellings included (--nproc-per-node);
-//   - a value a flag cannot take names the flag (Abseil exits 1 there);
+//     --steps?), dashed spellings included (--batch-size);
+//   - a value a flag cannot take names the flag (Abseil exits 1 there), and a
+//     flag given where a value should be ("--checkpoint_dir --resume=latest",
+//     which Abseil takes as the folder "--resume=latest") is refused;
 //   - a positional argument the program does not take is refused; the
 //     common mistake "--bool_flag false" (a boolean flag takes its value
 //     after '=': that sets it true and leaves "false" over) says so.
-// And --help lists every flag of the project the binary links (the shared
-// ones of models/common too), not only those of the file named like it;
-// under `bazel run` (BUILD_WORKING_DIRECTORY set) the program changes to the
-// directory bazel was run from, so that relative paths mean what they say.
+// Abseil's own flags (--flagfile, --undefok, ...) are left to it (a
+// flagfile's contents are not checked), and a usage flag (--help, -h, ...)
+// skips the checks. --help lists every flag of the project the binary links
+// (the shared ones of models/common too), not only those of the file named
+// like it. Under `bazel run` (BUILD_WORKING_DIRECTORY set) the program
+// changes to the directory bazel was run from, so that relative paths mean
+// what they say.
 #ifndef MODELS_COMMON_COMMAND_LINE_H_
 #define MODELS_COMMON_COMMAND_LINE_H_
 
@@ -28,11 +33,11 @@ namespace train {
 // program takes (after the flags, or anywhere; all of those after "--").
 absl::Status CheckCommandLine(int argc, char** argv, int max_positional);
 
-// Sets the usage message and the --help configuration, runs
-// CheckCommandLine (on a problem: "<program>: error: <what>" on stderr and
-// exit status 2), then Abseil's ParseCommandLine (which handles --help and
-// --flagfile), then the change to BUILD_WORKING_DIRECTORY when set. Returns
-// the positional arguments.
+// Sets the usage message and the --help configuration, changes to
+// BUILD_WORKING_DIRECTORY when set, runs CheckCommandLine (on a problem:
+// "<program>: error: <what>" on stderr and exit status 2), then Abseil's
+// ParseCommandLine (which handles --help and --flagfile). Returns the
+// positional arguments.
 std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::string_view usage,
                                                 int max_positional = 0);
 

@@ -33,8 +33,10 @@ TEST(CheckCommandLineTest, ACorrectCommandLinePasses) {
   EXPECT_TRUE(Check({"--activation_checkpointing=false", "--steps", "4"}).ok());
   EXPECT_TRUE(Check({"--steps=3", "a", "b"}, 2).ok());
   EXPECT_TRUE(Check({"--", "--not-a-flag"}, 1).ok());
-  EXPECT_TRUE(Check({"--help"}).ok());  // Abseil's usage flags
-  EXPECT_TRUE(Check({"--helpon", "command_line_test"}).ok());
+  EXPECT_TRUE(Check({"--help"}).ok());  // Abseil's usage flags: it prints the help
+  EXPECT_TRUE(Check({"--helpon=command_line_test", "--stpes", "extra"}).ok());
+  EXPECT_TRUE(Check({"--undefok=from_a_newer_version", "--from_a_newer_version=1"}).ok());
+  EXPECT_TRUE(Check({"--steps", "-1"}).ok());  // a negative value after a space
 }
 
 TEST(CheckCommandLineTest, AnUnknownFlagNamesTheClosestKnownOne) {
@@ -44,8 +46,12 @@ TEST(CheckCommandLineTest, AnUnknownFlagNamesTheClosestKnownOne) {
   EXPECT_EQ(Check({"--nproc-per-node=2"}).message(),
             "unknown flag --nproc-per-node (did you mean --nproc_per_node?)");
   EXPECT_EQ(Check({"--zzzzzzzzzzzzzzzzzzzzzz"}).message(), "unknown flag --zzzzzzzzzzzzzzzzzzzzzz");
-  // A non-boolean flag has no --no form.
-  EXPECT_THAT(std::string(Check({"--nosteps"}).message()), HasSubstr("unknown flag --nosteps"));
+  // A non-boolean flag has no --no form; the --no form takes no value.
+  EXPECT_EQ(Check({"--nosteps"}).message(),
+            "--nosteps: --steps is not a boolean flag (no --no form)");
+  EXPECT_EQ(Check({"--noactivation_checkpointing=true"}).message(),
+            "--noactivation_checkpointing=true: the --no form of a boolean flag takes no value "
+            "(--activation_checkpointing=false)");
 }
 
 TEST(CheckCommandLineTest, AValueTheFlagCannotTakeNamesTheFlag) {
@@ -54,6 +60,10 @@ TEST(CheckCommandLineTest, AValueTheFlagCannotTakeNamesTheFlag) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("--steps=abc: "));
   EXPECT_THAT(std::string(Check({"--steps", "x1"}).message()), HasSubstr("--steps x1: "));
   EXPECT_EQ(Check({"--steps"}).message(), "--steps needs a value");
+  // The next argument is a flag: Abseil would take it as the value.
+  EXPECT_EQ(Check({"--strategy", "--steps=3"}).message(),
+            "--strategy needs a value, and the next argument is the flag --steps=3 (write "
+            "--strategy=VALUE)");
 }
 
 TEST(CheckCommandLineTest, ABooleanFlagsValueAfterASpaceIsRefused) {
@@ -61,8 +71,11 @@ TEST(CheckCommandLineTest, ABooleanFlagsValueAfterASpaceIsRefused) {
             "--activation_checkpointing false: a boolean flag takes its value after '=' "
             "(--activation_checkpointing=false); as written --activation_checkpointing is true "
             "and 'false' an argument");
-  // Also where the program takes arguments.
+  // Also where the program takes arguments, and for the --no form.
   EXPECT_FALSE(Check({"--activation_checkpointing", "0"}, 1).ok());
+  EXPECT_THAT(std::string(Check({"--noactivation_checkpointing", "false"}).message()),
+              HasSubstr("as written --noactivation_checkpointing is false and 'false' an "
+                        "argument"));
 }
 
 TEST(CheckCommandLineTest, StrayArgumentsAreRefused) {

@@ -395,7 +395,8 @@ class DataParallelModel {
   // (CheckSameModel), before any tensor is read.
   absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir,
                                             const std::string& config = "");
-  // --resume: "latest" in checkpoint_dir or a step folder; LoadCheckpoint,
+  // --resume: "latest" in checkpoint_dir, a step folder or a checkpoint
+  // directory (ResolveCheckpoint); LoadCheckpoint,
   // then CheckResumable against `config` (the model's config string). The
   // caller restores its data loader to `loader` (the global batch must be the
   // same), then rank 0 calls train::PrintResumed. The ranks' counterpart of

@@ -371,7 +371,7 @@ void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer
 }
 
 void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& schedule,
-                            const optim::Optimizer& optimizer) {
+                            const optim::Optimizer& optimizer, const std::string& config) {
   const auto note = [&](const char* key, const char* what, const std::string& now) {
     auto it = resumed.extra.find(key);
     if (it == resumed.extra.end() || it->second == now) return;
@@ -380,6 +380,11 @@ void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& 
   };
   note("lr_schedule", "lr schedule", schedule.ToString());
   note("optimizer_settings", "optimizer", optimizer.Settings());
+  if (auto it = resumed.extra.find("config"); !config.empty() && it != resumed.extra.end()) {
+    for (const std::string& change : ResumedModelChanges(it->second, config)) {
+      std::fprintf(stderr, "train: note: %s\n", change.c_str());
+    }
+  }
 }
 
 void DropMetricsAfter(MetricsWriter& metrics, int64_t step) {

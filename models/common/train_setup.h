@@ -146,9 +146,11 @@ void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer
 // On resuming: a note on stderr for each setting RecordRunSettings recorded
 // that differs from the run's (it continues with its own, as flags ask: a
 // cosine schedule depends on --steps, a weight decay may be lowered late);
-// nothing for a setting the checkpoint does not record.
+// nothing for a setting the checkpoint does not record. With the model's
+// `config` string, also what the resume changes of the model (the dropout:
+// ResumedModelChanges).
 void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& schedule,
-                            const optim::Optimizer& optimizer);
+                            const optim::Optimizer& optimizer, const std::string& config = "");
 
 // On resuming after `step` steps: MetricsWriter::DropAfter, and a warning on
 // stderr (training goes on) when the file cannot be rewritten.

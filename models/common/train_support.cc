@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -252,8 +253,6 @@ std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
   return {folder, folder.has_parent_path() ? folder.parent_path() : fs::path(".")};
 }
 
-// The other step folders beside `step_dir` that hold a checkpoint, newest
-// first, and how to resume one; or that there are none.
 // The step folders in `dir` holding a checkpoint, newest first, but `except`.
 std::vector<std::string> StepFoldersIn(const std::filesystem::path& dir,
                                        const std::string& except = "") {
@@ -275,6 +274,8 @@ std::vector<std::string> StepFoldersIn(const std::filesystem::path& dir,
   return names;
 }
 
+// The other step folders beside `step_dir` that hold a checkpoint, newest
+// first, and how to resume one; or that there are none.
 std::string OtherCheckpointsNote(const std::string& step_dir) {
   const auto [failed, dir] = FolderAndParent(step_dir);
   const std::vector<std::string> others = StepFoldersIn(dir, failed.filename().string());
@@ -353,14 +354,21 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
     }
     if (HoldsCheckpoint(resume)) return resume;
     // A checkpoint directory: its latest step.
-    if (!LatestStepName(resume).empty()) {
-      absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", resume);
+    std::string dir = std::filesystem::path(resume).lexically_normal().string();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();  // "ck/" -> "ck"
+    if (!LatestStepName(dir).empty()) {
+      absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", dir);
       if (latest.ok()) return latest;
+      const absl::string_view why =
+          absl::StripPrefix(latest.status().message(), "--resume=latest: ");
       return absl::Status(latest.status().code(),
                           absl::StrCat("--resume=", resume, " (a checkpoint directory: its latest "
-                                       "step): ", latest.status().message()));
+                                       "step): ", why));
     }
-    const std::vector<std::string> steps = StepFoldersIn(resume);
+    // No step folders in it either: a step folder whose files are missing,
+    // which loading names (with the checkpoints beside it).
+    const std::vector<std::string> steps = StepFoldersIn(dir);
+    if (steps.empty()) return resume;
     return absl::InvalidArgumentError(absl::StrCat(
         "--resume=", resume, ": not a checkpoint (no model.safetensors or index.json) nor a "
         "checkpoint directory (no 'latest' file)",
@@ -471,28 +479,62 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
   return state;
 }
 
+namespace {
+
+// The fields of two config strings that differ, as (key, saved, now), split
+// into those a resume may change (the dropout) and the others; nullopt when
+// the strings do not have the same keys in the same order.
+struct ModelDifferences {
+  std::vector<std::array<std::string, 3>> resumable, others;
+};
+std::optional<ModelDifferences> CompareModels(const std::string& saved,
+                                              const std::string& config) {
+  const auto saved_fields = ConfigFields(saved);
+  const auto fields = ConfigFields(config);
+  if (!saved_fields.has_value() || !fields.has_value() || saved_fields->size() != fields->size()) {
+    return std::nullopt;
+  }
+  ModelDifferences d;
+  for (size_t i = 0; i < fields->size(); ++i) {
+    const auto& [key, value] = (*fields)[i];
+    const auto& [saved_key, saved_value] = (*saved_fields)[i];
+    if (key != saved_key) return std::nullopt;
+    if (value == saved_value) continue;
+    (key == "dropout" || key == "dropout_rate" ? d.resumable : d.others)
+        .push_back({key, saved_value, value});
+  }
+  return d;
+}
+
+}  // namespace
+
 absl::Status CheckSameModel(const std::string& saved, const std::string& step_dir,
                             const std::string& config) {
   if (saved == config) return absl::OkStatus();
-  const auto saved_fields = ConfigFields(saved);
-  const auto fields = ConfigFields(config);
+  const std::optional<ModelDifferences> d = CompareModels(saved, config);
+  if (d.has_value() && d->others.empty()) return absl::OkStatus();
   std::vector<std::string> differ;
-  bool comparable = saved_fields.has_value() && fields.has_value() &&
-                    saved_fields->size() == fields->size();
-  for (size_t i = 0; comparable && i < fields->size(); ++i) {
-    const auto& [key, value] = (*fields)[i];
-    const auto& [saved_key, saved_value] = (*saved_fields)[i];
-    if (key != saved_key) {
-      comparable = false;
-    } else if (value != saved_value && key != "dropout" && key != "dropout_rate") {
-      differ.push_back(absl::StrCat(key, " ", saved_value, " there, ", value, " here"));
+  if (d.has_value()) {
+    for (const auto& [key, there, here] : d->others) {
+      differ.push_back(absl::StrCat(key, " ", there, " there, ", here, " here"));
     }
   }
-  if (comparable && differ.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "checkpoint ", step_dir, " is of model ", saved.empty() ? "(none recorded)" : saved,
-      ", not ", config, comparable ? absl::StrCat(" (", absl::StrJoin(differ, "; "), ")") : "",
-      "; resume with the model flags it was trained with (--preset and the sizes)"));
+      ", not ", config, d.has_value() ? absl::StrCat(" (", absl::StrJoin(differ, "; "), ")") : "",
+      "; resume with the model flags it was trained with (the preset and sizes, the data's "
+      "vocabulary, or the same --init_from)"));
+}
+
+std::vector<std::string> ResumedModelChanges(const std::string& saved, const std::string& config) {
+  std::vector<std::string> changes;
+  const std::optional<ModelDifferences> d = CompareModels(saved, config);
+  if (!d.has_value()) return changes;
+  for (const auto& [key, there, here] : d->resumable) {
+    changes.push_back(absl::StrCat("the checkpoint was trained with ", key, "=", there,
+                                   "; continuing with ", key, "=", here));
+  }
+  return changes;
 }
 
 absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,

@@ -107,6 +107,10 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
 // InvalidArgument naming the fields that differ, both values of each.
 absl::Status CheckSameModel(const std::string& saved, const std::string& step_dir,
                             const std::string& config);
+// What a resume that CheckSameModel lets through changes (the dropout), one
+// line each: "the checkpoint was trained with dropout=0.1; continuing with
+// dropout=0"; empty when nothing.
+std::vector<std::string> ResumedModelChanges(const std::string& saved, const std::string& config);
 
 // The training state of a model.safetensors file's metadata; DataLoss naming
 // `path` when the step is missing.
@@ -157,8 +161,8 @@ struct Resumed {
 // that the steps they hold are not lost to one bad save.
 absl::Status ResumeFailure(const absl::Status& failure, const std::string& resume,
                            const std::string& step_dir);
-// --resume in one process: "latest" in checkpoint_dir or a step folder
-// (ResolveCheckpoint); LoadCheckpoint into `model` and `optimizer` (its errors
+// --resume in one process: "latest" in checkpoint_dir, a step folder or a
+// checkpoint directory (ResolveCheckpoint); LoadCheckpoint into `model` and `optimizer` (its errors
 // as ResumeFailure says), then CheckResumable against `config` (the
 // model's config string); the caller restores its loader and loss scale,
 // then PrintResumed. DataParallelModel::Resume is the same for the ranks of a data-parallel run.

@@ -218,6 +218,11 @@ TEST(ResumeCheckpointTest, AnotherModelIsRefusedNamingTheFieldsBeforeAnythingIsR
   resumed = ResumeCheckpoint("latest", dir, model, *fresh, other_dropout.ToString());
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   ExpectSameParameters(*saved.model, model);
+  // What the resume changes is said (NoteRunSettingsChanges prints it).
+  EXPECT_EQ(ResumedModelChanges(Config().ToString(), other_dropout.ToString()),
+            std::vector<std::string>{
+                "the checkpoint was trained with dropout=0; continuing with dropout=0.1"});
+  EXPECT_TRUE(ResumedModelChanges(Config().ToString(), Config().ToString()).empty());
 }
 
 // --resume of a checkpoint directory (what --checkpoint_dir names) resumes
@@ -227,9 +232,14 @@ TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
   const std::string dir = ::testing::TempDir() + "/resolve_directory";
   TrainState state;
   testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  // (TempDir() ends in '/': the paths are compared normalized.)
+  const std::string want = std::filesystem::path(saved.step_dir).lexically_normal().string();
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(dir, "");
   ASSERT_TRUE(step_dir.ok()) << step_dir.status();
-  EXPECT_EQ(*step_dir, saved.step_dir);
+  EXPECT_EQ(*step_dir, want);
+  step_dir = ResolveCheckpoint(dir + "/", "");
+  ASSERT_TRUE(step_dir.ok()) << step_dir.status();
+  EXPECT_EQ(*step_dir, want);  // no "ck//step_000001"
 
   std::filesystem::remove(dir + "/latest");
   step_dir = ResolveCheckpoint(dir, "");
@@ -240,6 +250,27 @@ TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
                          "index.json) nor a checkpoint directory (no 'latest' file); it holds "
                          "the step folders step_000001, newest first (resume one with --resume=",
                          saved.step_dir, ")"));
+}
+
+// A step folder whose files are missing is still taken as one: loading it
+// names the missing file and the checkpoints beside it.
+TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {
+  const std::string dir = ::testing::TempDir() + "/resolve_damaged";
+  TrainState state;
+  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  std::filesystem::remove(saved.step_dir + "/model.safetensors");
+  absl::StatusOr<std::string> step_dir = ResolveCheckpoint(saved.step_dir, "");
+  ASSERT_TRUE(step_dir.ok()) << step_dir.status();
+  EXPECT_EQ(*step_dir, saved.step_dir);
+  mingpt::GPT model(Config());
+  model.Materialize(2);
+  auto fresh = optim::AdamW::Create({}).value();
+  absl::StatusOr<Resumed> resumed = ResumeCheckpoint(saved.step_dir, "", model, *fresh, "");
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_TRUE(absl::StrContains(resumed.status().message(), "model.safetensors"))
+      << resumed.status();
+  EXPECT_TRUE(absl::StrContains(resumed.status().message(), "(no other checkpoint in "))
+      << resumed.status();
 }
 
 // Resuming an earlier step of --checkpoint_dir points `latest` at it (a

@@ -27,14 +27,19 @@ exits_2 "checkpoint: error: unknown command 'inspect' (info, verify, consolidate
   "$checkpoint" inspect /nonexistent
 exits_2 "checkpoint: error: wrong number of arguments for 'consolidate'; usage:" \
   "$checkpoint" consolidate /nonexistent
+exits_2 "train: error: --checkpoint_dir needs a value, and the next argument is the flag" \
+  "$train" --checkpoint_dir --resume=latest
 echo "mistyped command lines exit 2 naming what was wrong"
 
 help="${TEST_TMPDIR}/help.txt"
 "$train" --help > "$help" 2>&1 || true
 for flag in --strategy --world_size --eval_data --freeze --loss_scale --sample_every --steps; do
-  grep -qE "^ *${flag} " "$help" || { echo "train --help does not list ${flag}:"; cat "$help"; exit 1; }
+  grep -qE "^ *${flag} " "$help" ||
+    { echo "train --help does not list ${flag}:"; cat "$help"; exit 1; }
 done
-echo "train --help lists the shared flags"
+"$train" -h > "$help" 2>&1 || true
+grep -qE "^ *--strategy " "$help" || { echo "train -h is not --help:"; cat "$help"; exit 1; }
+echo "train --help (and -h) lists the shared flags"
 
 # As under `bazel run`: relative paths mean the directory bazel was run from.
 wd="${TEST_TMPDIR}/working_directory"

@@ -95,9 +95,12 @@ exits_2 "the global batch differs (saved 8 rows, now 4): resume with 8 = ranks x
   --resume="$dir/ck_copy/step_000003"
 # Another model is refused before any shard is read, naming the fields that
 # differ (sharded, and the single-process format under DDP).
+# (From index.json alone: a copy with a shard cut short says the same.)
+cp -r "$dir/ck_copy/step_000003" "$dir/cut_shard"
+truncate -s 100 "$dir/cut_shard/shard_0_of_4.safetensors"
 exits_2 "(n_layer 3 there, 4 here; n_head 3 there, 4 here; n_embd 48 there, 128 here)" \
   "$train" "${common[@]}" --preset=gpt-micro --world_size=4 --batch_size=2 \
-  --strategy=full_shard --resume="$dir/ck_copy/step_000003"
+  --strategy=full_shard --resume="$dir/cut_shard"
 exits_2 "(n_layer 3 there, 4 here; n_head 3 there, 4 here; n_embd 48 there, 128 here)" \
   "$train" "${common[@]}" --preset=gpt-micro --world_size=2 --batch_size=4 --strategy=ddp \
   --resume="$dir/ck_ddp/step_000003"

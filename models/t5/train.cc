@@ -317,7 +317,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     if (rank.logs()) {
       train::PrintResumed(*resumed);
-      train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt);
+      train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt,
+                                    setup.config.ToString());
       train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
       train::AfterResume(checkpoint_dir, *resumed, steps);
     }
@@ -630,7 +631,7 @@ absl::Status Train() {
     if (restored.ok()) restored = scaling->Restore(resumed->state.extra);
     if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
     train::PrintResumed(*resumed);
-    train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer);
+    train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer, config->ToString());
     train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
     train::AfterResume(checkpoint_dir, *resumed, steps);
     start = resumed->state.step;

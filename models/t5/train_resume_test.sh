@@ -37,6 +37,13 @@ first=$(losses "$dir/full.jsonl" | head -1 | cut -d' ' -f2)
 last=$(losses "$dir/full.jsonl" | tail -1 | cut -d' ' -f2)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
 
+# A resume may change the dropout (the forward's alone), and says so.
+"$train" "${common[@]}" --steps=4 --dropout=0.2 --resume="$dir/ckpt/step_000003" \
+  > /dev/null 2> "$dir/dropout_note.txt"
+grep -qF "train: note: the checkpoint was trained with dropout_rate=0.1; continuing with \
+dropout_rate=0.2" "$dir/dropout_note.txt" ||
+  { echo "expected a note naming both dropouts:"; cat "$dir/dropout_note.txt"; exit 1; }
+
 # A checkpoint of another model is refused, naming the fields that differ.
 set +e
 "$train" "${common[@]}" --v1_1 --checkpoint_dir="$dir/ckpt" --resume=latest \
