@@ -344,6 +344,31 @@ absl::Status SaveAndSay(const std::string& checkpoint_dir, int64_t step, bool lo
   return saved;
 }
 
+absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
+                                              const std::string& checkpoint_dir) {
+  if (resume != "auto") return resume;
+  if (checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--resume=auto needs --checkpoint_dir (it resumes that folder's latest checkpoint when "
+        "there is one)");
+  }
+  return LatestStepName(checkpoint_dir).empty() ? "" : "latest";
+}
+
+absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
+  if (checkpoint_dir.empty()) return absl::OkStatus();
+  const std::string latest = LatestStepName(checkpoint_dir);
+  const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
+  if (latest.empty() && steps.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
+      latest.empty() ? absl::StrCat("step folders ", absl::StrJoin(steps, ", "))
+                     : absl::StrCat("latest: ", latest),
+      "), which this run's saves would replace: continue that run with --resume=latest "
+      "(--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
+      "as a restarted job wants), or give this run a new --checkpoint_dir"));
+}
+
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
                                               const std::string& checkpoint_dir) {
   std::error_code ec;

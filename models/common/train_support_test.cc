@@ -252,6 +252,35 @@ TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
                          saved.step_dir, ")"));
 }
 
+// --resume=auto: the folder's latest checkpoint when there is one, else a
+// fresh start; a fresh start into a folder of checkpoints is refused.
+TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothing) {
+  const std::string dir = ::testing::TempDir() + "/auto_resume";
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(*ResolveAutoResume("auto", dir), "");  // missing
+  EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(*ResolveAutoResume("auto", dir), "");  // empty
+  EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
+  EXPECT_EQ(*ResolveAutoResume("latest", dir), "latest");  // others as they are
+  EXPECT_EQ(ResolveAutoResume("auto", "").status().code(), absl::StatusCode::kInvalidArgument);
+
+  TrainState state;
+  testing::SaveAfterOneStep(Config(), dir, state);
+  EXPECT_EQ(*ResolveAutoResume("auto", dir), "latest");
+  const absl::Status fresh = CheckFreshCheckpointDir(dir);
+  EXPECT_EQ(fresh.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fresh.message(),
+            absl::StrCat("--checkpoint_dir=", dir, " holds an earlier run's checkpoints "
+                         "(latest: step_000001), which this run's saves would replace: continue "
+                         "that run with --resume=latest (--resume=auto resumes when there is a "
+                         "checkpoint and starts fresh when there is none, as a restarted job "
+                         "wants), or give this run a new --checkpoint_dir"));
+  std::filesystem::remove(dir + "/latest");  // step folders alone
+  EXPECT_TRUE(absl::StrContains(CheckFreshCheckpointDir(dir).message(),
+                                "(step folders step_000001)"));
+}
+
 // A step folder whose files are missing is still taken as one: loading it
 // names the missing file and the checkpoints beside it.
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {

@@ -47,6 +47,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "dist/process_group.h"
 #include "models/common/checkpoint_dir_lock.h"
 #include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
@@ -117,7 +118,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: no
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "",
           "'latest' (in --checkpoint_dir), a step folder, or a checkpoint directory (its latest "
-          "step) to resume");
+          "step) to resume; 'auto': --checkpoint_dir's latest when it has one, else a fresh "
+          "start (for jobs restarted by launch --max_restarts)");
 ABSL_FLAG(
     std::string, init_from, "",
     "start from these weights (a checkpoint, or a Hugging Face GPT-2 folder) at step 0 with a "
@@ -275,6 +277,7 @@ struct DpSetup {
   const Sampler* sampler = nullptr;
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
+  std::string resume;          // --resume, auto resolved: "" for a fresh start
   std::string tokenizer;       // recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
@@ -358,9 +361,18 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     absl::Status ready = (*dp)->PrepareCheckpointDir(checkpoint_dir);
     if (!ready.ok()) return ready;
   }
-  if (!absl::GetFlag(FLAGS_resume).empty()) {
+  // --resume=auto resolved on each process's view of the folder: every rank
+  // resumes, or none does.
+  absl::StatusOr<bool> any_resumes = dist::AnyOverRanks(rank.pg, !setup.resume.empty());
+  if (!any_resumes.ok()) return any_resumes.status();
+  if (*any_resumes && setup.resume.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--resume=auto: other ranks found a checkpoint in ", checkpoint_dir,
+        " and this one did not; give every rank one --checkpoint_dir they all see"));
+  }
+  if (!setup.resume.empty()) {
     absl::StatusOr<train::Resumed> resumed =
-        (*dp)->Resume(absl::GetFlag(FLAGS_resume), checkpoint_dir, setup.config.ToString());
+        (*dp)->Resume(setup.resume, checkpoint_dir, setup.config.ToString());
     if (!resumed.ok()) return resumed.status();
     // The same global batch, the same loss scale.
     absl::Status restored = loader->Restore(resumed->loader);
@@ -463,6 +475,19 @@ absl::Status Train() {
                                                absl::GetFlag(FLAGS_checkpoint_every),
                                                absl::GetFlag(FLAGS_checkpoint_dir));
   if (!loop_ok.ok()) return loop_ok;
+  // --resume=auto: "latest" when the folder has a checkpoint, else a fresh
+  // start; a fresh start must not replace an earlier run's checkpoints.
+  absl::StatusOr<std::string> resume =
+      train::ResolveAutoResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir));
+  if (!resume.ok()) return resume.status();
+  if (resume->empty()) {
+    absl::Status fresh = train::CheckFreshCheckpointDir(absl::GetFlag(FLAGS_checkpoint_dir));
+    if (!fresh.ok()) return fresh;
+    if (absl::GetFlag(FLAGS_resume) == "auto") {
+      std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
+                  absl::GetFlag(FLAGS_checkpoint_dir).c_str());
+    }
+  }
   if (absl::GetFlag(FLAGS_vocab_size) < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " must be >= 0 (0: the data's)"));
@@ -498,7 +523,7 @@ absl::Status Train() {
   }
   // --init_from with --resume: the run it continues started from those
   // weights; its configuration is theirs, its weights are the checkpoint's.
-  const bool init_weights = pretrained && absl::GetFlag(FLAGS_resume).empty();
+  const bool init_weights = pretrained && resume->empty();
   const std::string init_line =
       pretrained ? train::InitFromLine(pretrained->source, !init_weights) : "";
   absl::StatusOr<train::DataSources> sources = train::OpenDataSources(
@@ -589,6 +614,7 @@ absl::Status Train() {
     setup.peak_flops = *peak;
     setup.init_line = init_line;
     setup.freeze_line = *freeze_line;
+    setup.resume = *resume;
     std::optional<SharedInit> init;
     if (init_weights) {
       init.emplace(*std::move(pretrained),
@@ -646,9 +672,9 @@ absl::Status Train() {
   absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
       train::PrepareAndLockCheckpointDir(checkpoint_dir);
   if (!dir_lock.ok()) return dir_lock.status();
-  if (!absl::GetFlag(FLAGS_resume).empty()) {
+  if (!resume->empty()) {
     absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
-        absl::GetFlag(FLAGS_resume), checkpoint_dir, model, **optimizer, config->ToString());
+        *resume, checkpoint_dir, model, **optimizer, config->ToString());
     if (!resumed.ok()) return resumed.status();
     absl::Status restored = loader->Restore(resumed->loader);
     if (restored.ok()) restored = scaling->Restore(resumed->state.extra);

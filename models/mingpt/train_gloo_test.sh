@@ -100,6 +100,24 @@ same_losses "$dir/threads_full_shard.jsonl" "$dir/restarted.jsonl" "restarted"
 ls "$TMPDIR"/fsdp_rdzv_127.0.0.1_29531/ > /dev/null  # the default directory was used
 echo "a restarted job rendezvouses again and trains the same losses"
 
+# A job restarted after its checkpoint continues from it with --resume=auto
+# (the flag its first attempt had too, which then starts fresh): attempt 0
+# trains 2 of the 4 steps, saves and exits 3 on both ranks; attempt 1
+# resumes at step 2 and the 4 steps' losses are the uninterrupted run's.
+marker="$dir/stopped_once"
+"$launch" --nproc_per_node=2 --max_restarts=1 --grace_period_s=1 --rdzv_endpoint=127.0.0.1:29531 -- \
+  sh -c 'if [ ! -e "$0.$RANK" ]; then touch "$0.$RANK"; "$@" --steps=2 || exit 1; exit 3; fi
+         exec "$@"' \
+  "$marker" "$train" "${common[@]}" --backend=gloo --strategy=full_shard \
+  --checkpoint_dir="$dir/restart_ck" --resume=auto --metrics_out="$dir/auto.jsonl" \
+  > "$dir/auto.log" 2>&1 || { echo "restarted run failed:"; cat "$dir/auto.log"; exit 1; }
+grep -q "restarting all 2 workers (restart 1 of 1)" "$dir/auto.log"
+grep -q -- "--resume=auto: no checkpoint in $dir/restart_ck yet: starting from step 0" \
+  "$dir/auto.log"
+grep -q "resumed from $dir/restart_ck/step_000002 at step 2" "$dir/auto.log"
+same_losses "$dir/threads_full_shard.jsonl" "$dir/auto.jsonl" "restarted with --resume=auto"
+echo "a job restarted after a checkpoint resumes it (--resume=auto)"
+
 # --init_from reads only each process's FSDP shard, slice by slice, of a
 # one-process checkpoint, its Hugging Face export (Conv1D weights read
 # transposed) and a sharded checkpoint (world 2), so a process's peak memory

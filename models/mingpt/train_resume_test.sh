@@ -23,6 +23,22 @@ diff <(losses "$dir/full.jsonl") <(cat <(losses "$dir/part1.jsonl") <(losses "$d
 echo "resumed losses equal the uninterrupted run's:"
 losses "$dir/full.jsonl"
 
+# A fresh run into a folder of checkpoints is refused (its saves would replace
+# them); --resume=auto resumes the latest when there is one, else starts fresh.
+if "$train" "${common[@]}" --steps=2 --checkpoint_dir="$dir/ckpt" > /dev/null 2> "$dir/fresh.txt"
+then echo "a fresh run into a folder of checkpoints was accepted"; exit 1; fi
+grep -q "holds an earlier run's checkpoints (latest: step_000006)" "$dir/fresh.txt" ||
+  { echo "expected the folder's checkpoints named:"; cat "$dir/fresh.txt"; exit 1; }
+cp -r "$dir/ckpt" "$dir/ckpt_auto"  # the checks below read ckpt as it is
+"$train" "${common[@]}" --steps=7 --checkpoint_dir="$dir/ckpt_auto" --resume=auto > "$dir/auto.log"
+grep -q "resumed from .*ckpt_auto/step_000006 at step 6" "$dir/auto.log"
+"$train" "${common[@]}" --steps=1 --checkpoint_dir="$dir/auto_fresh" --resume=auto \
+  > "$dir/auto_fresh.log"
+grep -q -- "--resume=auto: no checkpoint in $dir/auto_fresh yet: starting from step 0" \
+  "$dir/auto_fresh.log"
+[[ "$(cat "$dir/auto_fresh/latest")" == step_000001 ]]
+echo "a fresh run keeps an earlier run's checkpoints; --resume=auto resumes or starts"
+
 # A resumed run that changes an optimizer setting says so, and continues with its own.
 "$train" "${common[@]}" --steps=4 --resume="$dir/ckpt/step_000003" --weight_decay=0.05 \
   > /dev/null 2> "$dir/note.txt"
