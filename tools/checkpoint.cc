@@ -245,6 +245,10 @@ int ExportHfT5(const train::RecordedCheckpoint& recorded, const t5::T5Config& co
 }
 
 int ExportHf(const std::string& dir, const std::string& out) {
+  // Not over (or mixed with) another folder's files.
+  if (absl::Status fresh = train::CheckFreshFolder(out); !fresh.ok()) {
+    return Fail(std::string(fresh.message()));
+  }
   // A T5 checkpoint by its recorded configuration; else minGPT's (whose errors
   // say what the folder is not).
   if (absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(dir);

@@ -110,8 +110,17 @@ absl::Status Tokenize() {
     if (!file.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--input: ", file.status().message()));
     }
+    std::error_code ec;
+    if (std::filesystem::equivalent(input, output, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--output=", output, " is the input ", input, ": writing it would destroy the text"));
+    }
     total_bytes += (*file)->size();
     files.push_back(*std::move(file));
+  }
+  if (total_bytes == 0 && !append_eot) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--input: ", absl::GetFlag(FLAGS_input), " holds no text (0 bytes): nothing to write"));
   }
 
   const auto start = std::chrono::steady_clock::now();

@@ -59,6 +59,15 @@ expect_error "--threads must be >= 0, got -1" --input="$text" --output="$dir/x.b
 expect_error "--format=u32: expected raw or llmc" --input="$text" --output="$dir/x.bin" --format=u32
 expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --input="$text" --output="$dir/x.bin" \
   --tokenizer="$dir"
-expect_error "--output: " --input="$text" --output="$dir/no/such/dir/x.bin"
+expect_error "--output: [token file] cannot create $dir/no/such/dir/x.bin.tmp: No such file" \
+  --input="$text" --output="$dir/no/such/dir/x.bin"
 [[ ! -e "$dir/x.bin" && ! -e "$dir/x.bin.json" ]]
+cp "$dir/a.txt" "$dir/keep.txt"
+expect_error "--output=$dir/keep.txt is the input $dir/keep.txt: writing it would destroy the text" \
+  --input="$dir/keep.txt" --output="$dir/keep.txt"
+cmp "$dir/a.txt" "$dir/keep.txt"  # the text is still there
+: > "$dir/empty.txt"
+expect_error "holds no text (0 bytes): nothing to write" --input="$dir/empty.txt" \
+  --output="$dir/empty.bin"
+[[ ! -e "$dir/empty.bin" ]]
 echo "bad input: exit 2, named, nothing written"

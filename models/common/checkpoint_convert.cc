@@ -22,11 +22,9 @@
 #include "tensor/safetensors.h"
 
 namespace train {
-namespace {
 
 namespace fs = std::filesystem;
 
-// OK when `dir` does not exist or is an empty folder.
 absl::Status CheckFreshFolder(const std::string& dir) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
@@ -40,6 +38,8 @@ absl::Status CheckFreshFolder(const std::string& dir) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // The two files of the single-process format in `dir`, streamed: both
 // headers are declared from the index (every parameter whole in fp32; per

@@ -26,6 +26,11 @@
 
 namespace train {
 
+// OK when `dir` does not exist or is an empty folder; else AlreadyExists
+// naming it (what every writer of a new checkpoint folder checks first, so
+// that nothing is written over, or mixed with, another folder's files).
+absl::Status CheckFreshFolder(const std::string& dir);
+
 // Writes the single-process step folder `out_dir` (created with its parents;
 // it must not exist, or be an empty folder) from the sharded step folder
 // `sharded_dir`: every parameter whole in fp32, the optimizer state per

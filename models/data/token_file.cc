@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -141,7 +143,8 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const s
   const std::string temp = absl::StrCat(path, ".tmp");
   std::FILE* f = std::fopen(temp.c_str(), "wb");
   if (f == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("[token file] cannot create ", temp));
+    return absl::FailedPreconditionError(
+        absl::StrCat("[token file] cannot create ", temp, ": ", std::strerror(errno)));
   }
   std::unique_ptr<TokenFileWriter> writer(new TokenFileWriter(path, format, f));
   if (format == TokenFileFormat::kLlmc) {

@@ -112,6 +112,9 @@ expect_error "--init_from: the model's vocabulary 100 is smaller than the data's
   --checkpoint_dir="$dir/bpe" > /dev/null
 "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf" > /dev/null
 "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf_bare" --tokenizer=none > /dev/null
+# Not into a folder that holds files already (they would mix).
+exits_2 "checkpoint: error: '$dir/bpe_hf' is not empty; give a new folder" \
+  "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf"
 bytes="but --data is byte-level text (its ids are byte values 0..255, not those tokens): "
 bytes+="encode it with //tools:tokenize (text -> GPT-2 token ids)"
 expect_error "--init_from=$dir/bpe_hf with --data=shipped: the weights' ids are tokens of \
