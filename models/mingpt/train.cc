@@ -163,8 +163,17 @@ double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t
   return sum / static_cast<double>(batches * K);
 }
 
-// The evaluation source's vocabulary must fit the model's.
-absl::Status CheckEvalVocabulary(const data::TokenSource& eval, int64_t vocab_size) {
+// The evaluation source's vocabulary must be the training data's (byte text
+// evaluated by a model of GPT-2 tokens gives a loss that means nothing), and
+// fit the model's.
+absl::Status CheckEvalVocabulary(const data::TokenSource& eval, const data::TokenSource& train,
+                                 int64_t vocab_size) {
+  if (eval.vocab_size() != train.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
+        eval.vocab_size(), " is not the training data's ", train.vocab_size(),
+        " (evaluate data tokenized as the training data is)"));
+  }
   if (eval.vocab_size() <= vocab_size) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
@@ -574,7 +583,7 @@ absl::Status Train() {
   if (!loader.ok()) return loader.status();
   const std::shared_ptr<const data::TokenSource>& eval_source = sources->eval;
   if (eval_source) {
-    absl::Status fits = CheckEvalVocabulary(*eval_source, config->vocab_size);
+    absl::Status fits = CheckEvalVocabulary(*eval_source, *source, config->vocab_size);
     if (!fits.ok()) return fits;
   }
   std::optional<data::LmLoader> eval_loader;
