@@ -75,6 +75,7 @@
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
+#include "precision/dtype_support.h"
 #include "precision/policy.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/loss.h"
@@ -427,6 +428,14 @@ int Main() {
   }
   absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return usage_error(std::string(device.status().message()));
+  // bf16 checked before the fp32 half runs (a refusal then lost its results).
+  if (std::find(mixed_modes.begin(), mixed_modes.end(), true) != mixed_modes.end()) {
+    if (absl::Status bf16 = precision::CheckComputeDtype(tensor::Dtype::kBF16, *device);
+        !bf16.ok()) {
+      return usage_error(absl::StrCat("--precision=", absl::GetFlag(FLAGS_precision), ": ",
+                                      bf16.message(), "; --precision=fp32 runs here"));
+    }
+  }
 
   std::printf(
       "per-rank peak memory on %s (rank 0, MiB, memory ledger) | %s (K = %d fp32, %d bf16) | "

@@ -53,6 +53,7 @@
 #include "models/mingpt/model.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
+#include "precision/dtype_support.h"
 #include "precision/policy.h"
 
 ABSL_FLAG(std::string, presets, "gpt-mini", "comma-separated minGPT presets");
@@ -277,6 +278,16 @@ int Main() {
       std::fprintf(stderr,
                    "bench_throughput: error: unknown --precision entry '%s' (want fp32, bf16)\n",
                    std::string(p).c_str());
+      return 2;
+    }
+  }
+  if (want_bf16) {  // before any fp32 run (a refusal then lost its results)
+    if (absl::Status bf16 = precision::CheckComputeDtype(tensor::Dtype::kBF16,
+                                                         tensor::Device::Cpu());
+        !bf16.ok()) {
+      std::fprintf(stderr, "bench_throughput: error: --precision=%s: %s; --precision=fp32 runs "
+                   "here\n", absl::GetFlag(FLAGS_precision).c_str(),
+                   std::string(bf16.message()).c_str());
       return 2;
     }
   }

@@ -1,0 +1,35 @@
+#!/bin/bash
+# //tools:bench_memory and //tools:bench_throughput at their smallest: an
+# fp32 run writes its JSON; on a CPU without bf16 units their default
+# precisions (fp32,bf16) stop before any run, naming --precision (a bf16
+# refusal used to come after the fp32 half had run, and lose it).
+set -euo pipefail
+memory="$1"
+throughput="$2"
+dir="${TEST_TMPDIR}/bench"
+mkdir -p "$dir"
+unset FSDP_ALLOW_SLOW_BF16
+
+"$memory" --presets=gpt-nano --world_sizes=2 --strategies=ddp,full_shard --precision=fp32 \
+  --seq_len=16 --vocab_size=64 --json_out="$dir/memory.json" > "$dir/memory.txt"
+grep -q '"rows"' "$dir/memory.json" || { echo "no rows in memory.json"; exit 1; }
+echo "bench_memory fp32 writes its JSON"
+
+rc=0
+"$memory" --presets=gpt-nano --world_sizes=2 --strategies=ddp --seq_len=16 --vocab_size=64 \
+  > "$dir/bf16.txt" 2> "$dir/bf16.err" || rc=$?
+if [[ $rc == 2 ]]; then
+  grep -q -- "--precision=fp32,bf16: bf16 is not supported on cpu" "$dir/bf16.err"
+  grep -q -- "--precision=fp32 runs here" "$dir/bf16.err"
+  [[ ! -s "$dir/bf16.txt" || $(grep -c "^gpt-nano" "$dir/bf16.txt" || true) == 0 ]]
+  rc=0
+  "$throughput" --presets=gpt-nano --seq_len=16 --vocab_size=64 > /dev/null 2> "$dir/t.err" ||
+    rc=$?
+  [[ $rc == 2 ]] && grep -q -- "--precision=fp32 runs here" "$dir/t.err" ||
+    { echo "bench_throughput exit $rc:"; cat "$dir/t.err"; exit 1; }
+  echo "without bf16 units, bf16 is refused before any run"
+elif [[ $rc == 0 ]]; then
+  echo "this CPU runs bf16: the refusal is not exercised"
+else
+  echo "bench_memory exit $rc:"; cat "$dir/bf16.err"; exit 1
+fi
