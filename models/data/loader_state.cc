@@ -3,10 +3,14 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace data {
 
@@ -77,6 +81,47 @@ std::string RangeOf(absl::string_view config) {
   return std::string(config.substr(begin, end + 1 - begin));
 }
 
+// The key=value fields of a config string, in order ("S=32" in
+// "span_corruption(...,S=32,...)"); a range's "[a, b)" counts as its value.
+std::vector<std::pair<std::string, std::string>> Fields(absl::string_view config) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (size_t eq = config.find('='); eq != absl::string_view::npos; eq = config.find('=', eq + 1)) {
+    size_t begin = eq;
+    while (begin > 0 && (absl::ascii_isalnum(config[begin - 1]) || config[begin - 1] == '_')) {
+      --begin;
+    }
+    size_t end = eq + 1;
+    if (end < config.size() && config[end] == '[') {
+      end = config.find(')', end);
+      end = end == absl::string_view::npos ? config.size() : end + 1;
+    } else {
+      while (end < config.size() && config[end] != ',' && config[end] != '(' &&
+             config[end] != ')') {
+        ++end;
+      }
+    }
+    fields.emplace_back(std::string(config.substr(begin, eq - begin)),
+                        std::string(config.substr(eq + 1, end - eq - 1)));
+  }
+  return fields;
+}
+
+// "; it differs in S (32 saved, 64 now), ..." for the fields of two configs
+// with the same keys in the same order; "" otherwise.
+std::string DifferingFields(absl::string_view saved, absl::string_view now) {
+  const auto a = Fields(saved), b = Fields(now);
+  if (a.size() != b.size()) return "";
+  std::vector<std::string> differ;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first) return "";
+    if (a[i].second != b[i].second) {
+      differ.push_back(absl::StrCat(a[i].first, " (", a[i].second, " saved, ", b[i].second,
+                                    " now)"));
+    }
+  }
+  return differ.empty() ? "" : absl::StrCat("; it differs in ", absl::StrJoin(differ, ", "));
+}
+
 }  // namespace
 
 absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
@@ -106,7 +151,9 @@ absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
     }
     return absl::InvalidArgumentError(
         absl::StrCat("[", who, "] the saved state is for another data configuration: saved \"",
-                     saved.config, "\", this loader \"", config, "\"", hint));
+                     saved.config, "\", this loader \"", config, "\"",
+                     DifferingFields(saved.config, config), hint,
+                     hint.empty() ? "; resume with the data flags it was saved with" : ""));
   }
   return absl::OkStatus();
 }

@@ -86,6 +86,14 @@ TEST(LoaderStateTest, CheckRestoreComparesConfigs) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("saved \"a\", this loader \"b\""), absl::string_view::npos) << s;
   EXPECT_FALSE(CheckRestore({-1, "a"}, "a", "w").ok());
+  // The fields that differ are named.
+  const absl::Status fields =
+      CheckRestore({3, "span_corruption(src(seed=1),S=32,T_dec=8,noise=0.15)"},
+                   "span_corruption(src(seed=1),S=64,T_dec=16,noise=0.15)", "w");
+  EXPECT_NE(fields.message().find("; it differs in S (32 saved, 64 now), T_dec (8 saved, 16 "
+                                  "now); resume with the data flags it was saved with"),
+            absl::string_view::npos)
+      << fields;
   // A held-out tail (--val_fraction) that differs is named.
   const absl::Status sliced =
       CheckRestore({3, "lm(byte_text(bytes=10,range=[0, 90),seed=4))"},
