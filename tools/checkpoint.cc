@@ -438,6 +438,25 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
   return ok ? 0 : 1;
 }
 
+// The step folder a command reads (train::StepFolderOf); a folder that
+// exists but holds no checkpoint is said as such (was "cannot open
+// '<folder>/model.safetensors'"): an empty folder, a --checkpoint_dir
+// before its first save, a `latest` naming a step that is gone. Other
+// paths go on to the command, which names what is missing.
+absl::StatusOr<std::string> StepFolder(const std::string& path) {
+  const std::string step = train::StepFolderOf(path);
+  std::error_code ec;
+  if (train::HoldsCheckpoint(step) || !std::filesystem::is_directory(path, ec)) return step;
+  if (step != path) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, "/latest names ", std::filesystem::path(step).filename().string(),
+        ", which holds no checkpoint (gone, or a save was interrupted)"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, " is not a checkpoint (no model.safetensors or index.json in it) nor a checkpoint "
+      "directory (no 'latest' file)"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -445,6 +464,14 @@ int main(int argc, char** argv) {
   data::SetProgramPath(argv[0]);
   if (a.empty()) return Fail(absl::StrCat("no command; usage: ", kUsage));
   const std::string& cmd = a[0];
+  // Each folder argument of a command that reads one (export-hf reads a
+  // checkpoint or a Hugging Face folder).
+  for (size_t i = 1; i < a.size() && cmd != "export-hf"; ++i) {
+    if (i == 2 && (cmd == "consolidate" || cmd == "shard")) break;  // the output
+    if (absl::StatusOr<std::string> folder = StepFolder(a[i]); !folder.ok()) {
+      return Fail(std::string(folder.status().message()));
+    }
+  }
   auto want = [&](size_t n) { return a.size() == n + 1; };
   if (cmd == "info" && want(1)) return Info(train::StepFolderOf(a[1]));
   if (cmd == "verify" && want(1)) return Verify(train::StepFolderOf(a[1]));

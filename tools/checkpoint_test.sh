@@ -139,6 +139,10 @@ expect 2 "is already sharded" "$ckpt" shard "$dir/ck" "$dir/z"
 expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"
 expect 2 "usage:" "$ckpt" info
 expect 2 "is not a folder" "$ckpt" info "$dir/nope"
+mkdir -p "$dir/plain"
+expect 2 "$dir/plain is not a checkpoint (no model.safetensors or index.json in it) nor a" \
+  "$ckpt" info "$dir/plain"
+expect 2 "$dir/plain is not a checkpoint" "$ckpt" diff "$dir/ck" "$dir/plain"
 # corrupt FILE: overwrites a byte inside its last tensor's data (9 bytes before the end).
 corrupt() {
   local size
