@@ -12,6 +12,13 @@
 
 namespace train {
 
+namespace {
+// The largest fixed loss scale taken: 2^64. fp32 overflows at 2^128, and the
+// scale multiplies the loss and the gradients (PyTorch's GradScaler starts at
+// 2^16). A dynamic scale may start higher: it halves until steps are finite.
+constexpr double kMaxScale = 18446744073709551616.0;
+}  // namespace
+
 absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
                                                    std::optional<double> init_flag,
                                                    bool needs_scaling) {
@@ -54,6 +61,11 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
   if (!absl::SimpleAtod(mode, &fixed) || !(fixed > 0) || !std::isfinite(fixed)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss_scale='", spec, "' is not auto, none, dynamic or a positive finite number"));
+  }
+  if (fixed > kMaxScale) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss_scale=", spec, " is above 2^64: the scaled loss and gradients would overflow "
+        "(every step skipped as inf/nan)"));
   }
   absl::Status ignored = init_ignored();
   if (!ignored.ok()) return ignored;
