@@ -283,6 +283,14 @@ absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalF
   return DataSources{*std::move(train), *std::move(eval)};
 }
 
+absl::Status TrainDataFailure(const absl::Status& failure, const EvalFlags& flags) {
+  if (failure.ok() || !(flags.val_fraction > 0)) return failure;
+  return absl::Status(failure.code(),
+                      absl::StrCat("--val_fraction=", flags.val_fraction,
+                                   ": the training part (the first ", 1.0 - flags.val_fraction,
+                                   " of --data): ", failure.message()));
+}
+
 bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps) {
   return step_done == steps || (flags.every > 0 && step_done % flags.every == 0);
 }

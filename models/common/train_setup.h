@@ -117,6 +117,11 @@ struct DataSources {
 absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalFlags& flags,
                                             uint64_t seed, int64_t vocab_size);
 
+// A failure to make the training batches from --data's training part: with
+// --val_fraction, said as that flag's ("--val_fraction=0.99: the training
+// part (the first 0.01 of --data): ..."), else as it is.
+absl::Status TrainDataFailure(const absl::Status& failure, const EvalFlags& flags);
+
 // Whether to evaluate after step_done (1-based) of `steps`.
 bool EvalAfter(const EvalFlags& flags, int64_t step_done, int64_t steps);
 // The start-up line naming the evaluation data and schedule:

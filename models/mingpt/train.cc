@@ -303,7 +303,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const int W = rank.world_size;
   absl::StatusOr<data::LmLoader> loader =
       data::LmLoader::Create(setup.source, {B, rank.rank, W, K}, T);
-  if (!loader.ok()) return loader.status();
+  if (!loader.ok()) {
+    return train::TrainDataFailure(loader.status(), train::EvalFlagsFromCommandLine());
+  }
   std::optional<data::LmLoader> eval_loader;  // this rank's rows of the evaluation batches
   if (setup.eval_source) {
     absl::StatusOr<data::LmLoader> l =
@@ -580,7 +582,9 @@ absl::Status Train() {
       train::LossScalingFromCommandLine(policy.NeedsLossScaling());
   if (!scaling.ok()) return scaling.status();
   absl::StatusOr<data::LmLoader> loader = data::LmLoader::Create(source, {B, 0, 1, K}, T);
-  if (!loader.ok()) return loader.status();
+  if (!loader.ok()) {
+    return train::TrainDataFailure(loader.status(), train::EvalFlagsFromCommandLine());
+  }
   const std::shared_ptr<const data::TokenSource>& eval_source = sources->eval;
   if (eval_source) {
     absl::Status fits = CheckEvalVocabulary(*eval_source, *source, config->vocab_size);

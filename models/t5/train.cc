@@ -251,7 +251,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const int W = rank.world_size;
   absl::StatusOr<data::SpanCorruptionLoader> loader =
       data::SpanCorruptionLoader::Create(setup.source, {B, rank.rank, W, K}, setup.span);
-  if (!loader.ok()) return loader.status();
+  if (!loader.ok()) {
+    return train::TrainDataFailure(loader.status(), train::EvalFlagsFromCommandLine());
+  }
   std::optional<data::SpanCorruptionLoader> eval_loader;  // this rank's rows of the eval batches
   if (setup.eval_source) {
     absl::StatusOr<data::SpanCorruptionLoader> l =
