@@ -86,8 +86,8 @@ bad_flag "--eval_every=-1 must be >= 0" --eval_data=shipped --eval_every=-1
 bad_flag "--eval_batches=0 must be >= 1" --eval_data=shipped --eval_batches=0
 bad_flag "--eval_data=$dir/missing.bin" --eval_data="$dir/missing.bin"
 bad_flag "--eval_data=random: its vocabulary 50257 is not the training data's 256" --eval_data=random
-bad_flag "--val_fraction=0.9999: the training part (the first 0.0001 of --data): [lm loader]" \
-  --val_fraction=0.9999
+bad_flag "--val_fraction=0.99995: the training part (the first 5e-05 of --data): [lm loader]" \
+  --val_fraction=0.99995
 bad_flag "--val_fraction=1: must be in [0, 1)" --val_fraction=1
 bad_flag "--val_fraction=0.1: holds out part of --data for evaluation, and --eval_data=shipped" \
   --val_fraction=0.1 --eval_data=shipped
