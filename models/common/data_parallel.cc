@@ -381,6 +381,17 @@ absl::StatusOr<SampleSchedule> SampleSchedule::Parse(int64_t every, const std::s
   return s;
 }
 
+absl::Status SampleSchedule::CheckApplies(std::optional<Strategy> strategy) const {
+  if (gather != DataParallelModel::Gather::kPerUnit || (strategy && IsFsdp(*strategy))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--sample_gather=unit gathers FSDP's units one by one, and ",
+      strategy ? absl::StrCat(StrategyName(*strategy), " has none")
+               : std::string("one process without --strategy has none"),
+      " (the whole model is there to sample)"));
+}
+
 absl::Status PrintSample(DataParallelModel& dp, const SampleSchedule& schedule, bool print,
                          const std::function<absl::StatusOr<std::string>()>& draw) {
   absl::StatusOr<std::string> sample;

@@ -435,6 +435,10 @@ struct SampleSchedule {
   // InvalidArgument naming the flag unless every >= 0 and gather is "model"
   // or "unit".
   static absl::StatusOr<SampleSchedule> Parse(int64_t every, const std::string& gather);
+  // --sample_gather=unit is FSDP's (its units, gathered one by one):
+  // InvalidArgument naming the flag for a run without FSDP (`strategy`:
+  // nullopt for the single-process loop).
+  absl::Status CheckApplies(std::optional<Strategy> strategy) const;
 };
 
 // A sample under data parallelism: `draw` (the same work on every rank) runs

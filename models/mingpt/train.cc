@@ -616,6 +616,7 @@ absl::Status Train() {
     absl::StatusOr<train::DataParallelConfig> dp =
         train::ConfigureDataParallel(dp_flags, {"Block"});
     if (!dp.ok()) return dp.status();
+    if (absl::Status s = (sampler->schedule).CheckApplies(dp->strategy); !s.ok()) return s;
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.tokenizer = *tokenizer;
@@ -644,6 +645,7 @@ absl::Status Train() {
   // One process: the data-parallel flags go unused, but a malformed or FSDP-only one is an error.
   absl::Status dp_unused = train::CheckOneProcessFlags(dp_flags, {"Block"});
   if (!dp_unused.ok()) return dp_unused;
+  if (absl::Status s = sampler->schedule.CheckApplies(std::nullopt); !s.ok()) return s;
 
   // ---- Model ----
   MemoryLedger& ledger = MemoryLedger::Process();

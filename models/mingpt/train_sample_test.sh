@@ -51,4 +51,8 @@ exits_2 "--sample_prompt is byte-level text, and this model's vocabulary is" "$t
 exits_2 "--sample_tokens without --sample_every: no sample is drawn" "$train" --sample_tokens=5
 exits_2 "--sample_prompt without --sample_every: no sample is drawn" "$train" --sample_prompt=Hi
 exits_2 "--sample_gather=unit without --sample_every" "$train" --sample_gather=unit
+exits_2 "--sample_gather=unit gathers FSDP's units one by one, and DDP has none" "$train" \
+  --sample_every=1 --sample_gather=unit --world_size=2 --strategy=ddp
+exits_2 "and one process without --strategy has none" "$train" --sample_every=1 \
+  --sample_gather=unit
 echo PASS

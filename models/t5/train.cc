@@ -584,6 +584,7 @@ absl::Status Train() {
     absl::StatusOr<train::DataParallelConfig> dp =
         train::ConfigureDataParallel(dp_flags, {"T5Block"});
     if (!dp.ok()) return dp.status();
+    if (absl::Status s = (*sample_schedule).CheckApplies(dp->strategy); !s.ok()) return s;
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.source = source;
@@ -607,6 +608,7 @@ absl::Status Train() {
   // One process: the data-parallel flags go unused, but a malformed or FSDP-only one is an error.
   absl::Status dp_unused = train::CheckOneProcessFlags(dp_flags, {"T5Block"});
   if (!dp_unused.ok()) return dp_unused;
+  if (absl::Status s = sample_schedule->CheckApplies(std::nullopt); !s.ok()) return s;
 
   absl::StatusOr<double> peak =
       train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), device, policy.param_dtype, 1);
