@@ -77,6 +77,9 @@ grep -q "^3 examples, 18 tokens in " "$dir/generate.log"
 [[ $(wc -l < "$dir/out.txt") == 3 ]]
 awk '{ if (NF != 6) exit 1; for (i = 1; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i >= 400) exit 1 }' \
   "$dir/out.txt"
+# The same ids apart by tabs, from stdin (--input=-): the same tokens.
+tr ' ' '\t' < "$dir/ids.txt" | "$generate" --init_from="$dir/ck" --input=- --max_new_tokens=6 \
+  2> /dev/null | cmp - "$dir/out.txt"
 # Without the key/value cache: the same tokens. Sampled: a seed repeats its draws.
 "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --nokv_cache \
   2> /dev/null | cmp - "$dir/out.txt"

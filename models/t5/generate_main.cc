@@ -13,10 +13,13 @@
 // is one example's new tokens (--num_return_sequences lines each with beams,
 // best first). What was loaded and the speed go to stderr.
 // Exit 2 on bad flags or input (named).
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -41,7 +44,8 @@ ABSL_FLAG(std::string, init_from, "",
           "a checkpoint of //models/t5:train (a step folder or a --checkpoint_dir) or a Hugging "
           "Face T5 folder");
 ABSL_FLAG(std::string, input, "",
-          "a file of examples, one per line: token ids separated by spaces");
+          "a file of examples, one per line: token ids separated by spaces or tabs; - reads "
+          "stdin");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "tokens decoded per example at most");
 ABSL_FLAG(int64_t, eos_id, -1, "an example stops after this id (T5's </s>: 1); -1: none");
 ABSL_FLAG(int64_t, decoder_start_id, 0, "the decoder's first input (T5's: the pad id 0)");
@@ -68,13 +72,22 @@ using tensor::Tensor;
 // anything but ids below vocab_size, or no example.
 absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string& path,
                                                                int64_t vocab_size) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": cannot be read"));
+  std::ifstream file;
+  if (path != "-") {
+    file.open(path);
+    if (!file) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input=", path, ": cannot be read: ", std::strerror(errno)));
+    }
+  }
+  std::istream& in = path == "-" ? std::cin : file;
   std::vector<std::vector<int64_t>> examples;
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     std::vector<int64_t> ids;
-    for (absl::string_view token : absl::StrSplit(line, ' ', absl::SkipWhitespace())) {
+    // Ids apart by spaces or tabs (a CRLF line's '\r' too).
+    for (absl::string_view token :
+         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipWhitespace())) {
       int64_t id = 0;
       if (!absl::SimpleAtoi(token, &id) || id < 0 || id >= vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": line ", line_no, ": '",
@@ -84,8 +97,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string
       ids.push_back(id);
     }
     if (ids.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--input=", path, ": line ", line_no, " has no ids"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--input=", path, ": line ", line_no,
+          " has no ids (each line is one example, its output on the same line)"));
     }
     examples.push_back(std::move(ids));
   }
