@@ -96,8 +96,20 @@ def nice_ticks(lo, hi, count=5):
     return ticks
 
 
-def fmt(v):
+def fmt(v, step=None):
+    """A tick label; with the ticks' step, as many decimals as the step needs, so
+    that close ticks (10.65, 10.70, ...) do not print alike."""
+    if step is not None and step > 0:
+        decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+        q = step / 10 ** -decimals
+        if abs(q - round(q)) > 1e-6:  # a step of 0.25 needs one more
+            decimals += 1
+        return f"{v:.{decimals}f}"
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def tick_step(ticks):
+    return ticks[1] - ticks[0] if len(ticks) > 1 else None
 
 
 class Axes:
@@ -120,7 +132,7 @@ class Axes:
         for t in self.yticks:
             yy = self.py(t)
             s.line(self.x, yy, self.x + self.w, yy, stroke="#ddd")
-            s.text(self.x - 5, yy + 4, fmt(t), size=10, anchor="end")
+            s.text(self.x - 5, yy + 4, fmt(t, tick_step(self.yticks)), size=10, anchor="end")
         s.line(self.x, self.y, self.x, self.y + self.h)
         s.line(self.x, self.y + self.h, self.x + self.w, self.y + self.h)
         s.text(self.x - 42, self.y + self.h / 2, label, size=11, anchor="middle", rotate=-90)

@@ -143,6 +143,25 @@ expect2() {  # expect2 PATTERN ARGS...
   [[ $code == 2 ]] && grep -q -- "$pattern" "$out/err.txt" ||
     { echo "expected exit 2 and '$pattern' from $*; got $code:"; cat "$out/err.txt"; exit 1; }
 }
+# Losses close together: tick labels with the decimals their step needs, each
+# distinct (10.7 printed twice while labels had 3 significant digits).
+python3 - "$ddp" "$out/close.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+with open(sys.argv[2], "w") as f:
+    for i, r in enumerate(rows):
+        r["loss"] = 10.67 + 0.16 * i / max(1, len(rows) - 1)
+        f.write(json.dumps(r) + "\n")
+PY
+python3 "$plot" loss "$out/close.jsonl" --out "$out/close.svg" > /dev/null
+python3 - "$out/close.svg" <<'PY' || fail "close ticks"
+import re, sys
+labels = re.findall(r'text-anchor="end"[^>]*>([0-9.]+)<', open(sys.argv[1]).read())
+labels = [l for l in labels if l.startswith("10.")]
+assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+PY
+echo "close losses: distinct tick labels"
+
 expect2 "cannot read '$out/none.json'" memory "$out/none.json" --out "$out/x.svg"
 printf '{"rows": [' > "$out/bad.json"
 expect2 "is not JSON" memory "$out/bad.json" --out "$out/x.svg"
