@@ -415,7 +415,7 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
     if (std::isnan(d.max_abs) || d.max_abs > max_abs) max_abs = d.max_abs;
   }
   std::printf("A: %s\nB: %s\n", dir_a.c_str(), dir_b.c_str());
-  const int top = absl::GetFlag(FLAGS_top);
+  const int top = absl::GetFlag(FLAGS_top);  // checked >= 0 in main
   const size_t shown = top <= 0 ? diffs.size() : std::min<size_t>(diffs.size(), top);
   if (shown > 0) {
     std::printf("  %-48s %12s %12s %10s\n", "parameter", "max |a-b|", "max rel", "over tol");
@@ -426,7 +426,18 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
     }
     if (shown < diffs.size()) std::printf("  ... %zu more\n", diffs.size() - shown);
   }
-  for (const std::string& m : mismatched) std::printf("  MISMATCH %s\n", m.c_str());
+  const size_t shown_mismatches =
+      top <= 0 ? mismatched.size() : std::min<size_t>(mismatched.size(), top);
+  for (size_t i = 0; i < shown_mismatches; ++i) {
+    std::printf("  MISMATCH %s\n", mismatched[i].c_str());
+  }
+  if (shown_mismatches < mismatched.size()) {
+    std::printf("  ... %zu more mismatches\n", mismatched.size() - shown_mismatches);
+  }
+  if (diffs.empty() && !mismatched.empty()) {
+    std::printf("no parameter of the same name and shape in both: models of another "
+                "architecture or size\n");
+  }
   const bool ok = mismatched.empty() && over == 0;
   std::printf(
       "%s: %zu parameters compared (%lld elements), %lld differ, largest |a-b| %.4g; "
@@ -464,6 +475,9 @@ int main(int argc, char** argv) {
   data::SetProgramPath(argv[0]);
   if (a.empty()) return Fail(absl::StrCat("no command; usage: ", kUsage));
   const std::string& cmd = a[0];
+  if (absl::GetFlag(FLAGS_top) < 0) {
+    return Fail(absl::StrCat("--top=", absl::GetFlag(FLAGS_top), " must be >= 0 (0: all)"));
+  }
   // Each folder argument of a command that reads one (export-hf reads a
   // checkpoint or a Hugging Face folder).
   for (size_t i = 1; i < a.size() && cmd != "export-hf"; ++i) {

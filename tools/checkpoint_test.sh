@@ -96,6 +96,14 @@ expect 0 "^SAME: .* 41 differ" "$ckpt" diff --atol=1 "$dir/ck" "$dir/ck_full"
 expect 1 "MISMATCH 'transformer.wte.weight' is (300,48) f32 in A" \
   "$ckpt" diff "$dir/ck_other" "$dir/ck"
 grep -q "name/shape mismatches" "$dir/out.txt"
+# Another architecture: nothing in common, said once; the mismatches listed up to --top.
+"$train" --preset=gpt-micro --data=shipped --steps=1 --seq_len=32 --dropout=0 \
+  --checkpoint_dir="$dir/ck_micro" > /dev/null
+expect 1 "no parameter of the same name and shape in both" \
+  "$ckpt" diff --top=2 "$dir/ck_micro" "$dir/ck"
+[[ $(grep -c "MISMATCH" "$dir/out.txt") == 2 ]] && grep -q "more mismatches" "$dir/out.txt" ||
+  { cat "$dir/out.txt"; echo "--top bounds the mismatches"; exit 1; }
+expect 2 "--top=-1 must be >= 0" "$ckpt" diff --top=-1 "$dir/ck" "$dir/ck"
 echo "diff: ddp = fsdp within 1e-5; later steps and another model differ"
 
 # shard: DDP's checkpoint as a sharded one resumes under FSDP (world 2) and ZeRO-1 (world 4).
