@@ -22,15 +22,16 @@
 #include "models/data/token_file.h"
 
 ABSL_FLAG(std::string, task, "lm", "lm (next-token batches) or t5 (span corruption)");
-ABSL_FLAG(std::string, data, "default",
-          "default (the shipped text), random, a text file, or a .bin token file");
+ABSL_FLAG(std::string, data, "shipped",
+          "shipped (the shipped text; also 'default'), random, a text file, or a .bin token "
+          "file (as the train binaries' --data)");
 ABSL_FLAG(int64_t, vocab, data::kGpt2VocabSize, "vocabulary of random tokens and .bin files");
 ABSL_FLAG(int64_t, seq_len, 64, "T for lm; encoder length S for t5");
 ABSL_FLAG(int64_t, batch_size, 2, "rows per rank");
 ABSL_FLAG(int, rank, 0, "this rank");
 ABSL_FLAG(int, world_size, 1, "number of ranks");
 ABSL_FLAG(int64_t, step, 0, "the step to show");
-ABSL_FLAG(uint64_t, seed, 1, "data seed");
+ABSL_FLAG(uint64_t, seed, 1337, "data seed (the train binaries' default --seed)");
 
 namespace {
 
@@ -43,7 +44,7 @@ absl::StatusOr<Source> OpenSource() {
   const std::string spec = absl::GetFlag(FLAGS_data);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   Source s;
-  if (spec == "default") {
+  if (spec == "shipped" || spec == "default") {
     auto text = data::ByteTextSource::OpenDefault(seed);
     if (!text.ok()) return text.status();
     s.source = *std::move(text);
@@ -80,7 +81,7 @@ int Run() {
   absl::StatusOr<Source> source = OpenSource();
   if (!source.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(source.status().message()).c_str());
-    return 1;
+    return 2;
   }
   const data::DataParallel layout{absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_rank),
                                   absl::GetFlag(FLAGS_world_size)};
@@ -90,7 +91,7 @@ int Run() {
     auto loader = data::LmLoader::Create(source->source, layout, absl::GetFlag(FLAGS_seq_len));
     if (!loader.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(loader.status().message()).c_str());
-      return 1;
+      return 2;
     }
     const data::LmBatch batch = loader->Batch(step);
     for (int64_t b = 0; b < layout.batch_size; ++b) {
@@ -106,7 +107,7 @@ int Run() {
     auto loader = data::SpanCorruptionLoader::Create(source->source, layout, options);
     if (!loader.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(loader.status().message()).c_str());
-      return 1;
+      return 2;
     }
     const data::SpanCorruptor& c = loader->corruptor();
     std::printf(
@@ -125,7 +126,7 @@ int Run() {
   } else {
     std::fprintf(stderr, "error: --task must be lm or t5, got %s\n",
                  absl::GetFlag(FLAGS_task).c_str());
-    return 1;
+    return 2;
   }
   return 0;
 }
