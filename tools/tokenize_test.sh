@@ -57,6 +57,8 @@ expect_error "--output is required" --input="$text"
 expect_error "--input: " --input="$text,$dir/none.txt" --output="$dir/x.bin"
 expect_error "--threads must be >= 0, got -1" --input="$text" --output="$dir/x.bin" --threads=-1
 expect_error "--format=u32: expected raw or llmc" --input="$text" --output="$dir/x.bin" --format=u32
+expect_error "the tokenizer folder $dir/gone does not exist" --input="$text" \
+  --output="$dir/x.bin" --tokenizer="$dir/gone"
 expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --input="$text" --output="$dir/x.bin" \
   --tokenizer="$dir"
 expect_error "--output: [token file] cannot create $dir/no/such/dir/x.bin.tmp: No such file" \

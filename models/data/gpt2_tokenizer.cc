@@ -274,6 +274,11 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Parse(const std::string& vocab_json
 absl::StatusOr<std::pair<std::string, std::string>> Gpt2Tokenizer::FindFiles(
     const std::string& dir) {
   namespace fs = std::filesystem;
+  std::error_code missing;
+  if (!fs::is_directory(dir, missing)) {
+    return absl::NotFoundError(absl::StrCat(
+        "the tokenizer folder ", dir, " does not exist (moved or deleted since it was recorded?)"));
+  }
   for (const auto& [vocab_name, merges_name] : kFilePairs) {
     std::string vocab_path = (fs::path(dir) / vocab_name).string();
     std::string merges_path = (fs::path(dir) / merges_name).string();
