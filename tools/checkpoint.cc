@@ -270,7 +270,11 @@ int ExportHf(const std::string& dir, const std::string& out) {
     absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
         data::Gpt2Tokenizer::OpenForModel(tokenizer_flag, w->config.vocab_size);
     if (!tokenizer.ok()) {
-      return Fail(absl::StrCat("--tokenizer=", tokenizer_flag, ": ", tokenizer.status().message()));
+      return Fail(absl::StrCat(
+          flag == "auto" ? absl::StrCat("the tokenizer the checkpoint records (", tokenizer_flag,
+                                        "; --tokenizer=none exports without it)")
+                         : absl::StrCat("--tokenizer=", tokenizer_flag),
+          ": ", tokenizer.status().message()));
     }
     tokenizer_files = *data::Gpt2Tokenizer::FindFiles(tokenizer->source());
     end_of_text = tokenizer->end_of_text();
