@@ -55,11 +55,10 @@ ABSL_FLAG(int64_t, seq_len, 128, "tokens per row");
 ABSL_FLAG(int64_t, steps, 6, "timed steps of each variant");
 ABSL_FLAG(int64_t, warmup, 1, "untimed steps of each variant first");
 ABSL_FLAG(int, world_size, 1, "1: one process; N > 1: FSDP FULL_SHARD over N thread ranks");
-ABSL_FLAG(std::string, freeze_sets,
-          "none|transformer.wte,transformer.wpe|transformer.wte,transformer.wpe,"
-          "transformer.h.0,transformer.h.1,transformer.h.2|transformer",
+ABSL_FLAG(std::string, freeze_sets, "",
           "'|'-separated variants, each a --freeze value of the train binaries ('none': nothing "
-          "frozen, the reference of the ratios)");
+          "frozen, the reference of the ratios); empty: none | the embeddings | the embeddings "
+          "and the lower half of the preset's blocks | the whole transformer");
 ABSL_FLAG(std::string, json_out, "", "write the results as JSON to this file");
 
 namespace {
@@ -205,7 +204,13 @@ int main(int argc, char** argv) {
   }
   config->dropout = 0.0f;
   std::vector<Variant> variants;
-  for (absl::string_view set : absl::StrSplit(absl::GetFlag(FLAGS_freeze_sets), '|')) {
+  std::string sets = absl::GetFlag(FLAGS_freeze_sets);
+  if (sets.empty()) {  // the lower half of this preset's blocks (gpt-mini: 0-2 of 6)
+    std::string lower = "transformer.wte,transformer.wpe";
+    for (int64_t b = 0; b < config->n_layer / 2; ++b) absl::StrAppend(&lower, ",transformer.h.", b);
+    sets = absl::StrCat("none|transformer.wte,transformer.wpe|", lower, "|transformer");
+  }
+  for (absl::string_view set : absl::StrSplit(sets, '|')) {
     variants.push_back({std::string(set)});
   }
   if (variants.empty() || variants[0].freeze != "none") {
