@@ -55,6 +55,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/command_line.h"
@@ -244,11 +245,30 @@ int ExportHfT5(const train::RecordedCheckpoint& recorded, const t5::T5Config& co
   return 0;
 }
 
+int ExportHfInto(const std::string& dir, const std::string& out);
+
 int ExportHf(const std::string& dir, const std::string& out) {
-  // Not over (or mixed with) another folder's files.
+  // Not over (or mixed with) another folder's files; and what a failed export
+  // wrote goes, so that it can be run again into the same folder.
   if (absl::Status fresh = train::CheckFreshFolder(out); !fresh.ok()) {
     return Fail(std::string(fresh.message()));
   }
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(out, ec);
+  const int rc = ExportHfInto(dir, out);
+  if (rc != 0) {
+    if (!existed) {
+      std::filesystem::remove_all(out, ec);
+    } else {
+      for (const auto& entry : std::filesystem::directory_iterator(out, ec)) {
+        std::filesystem::remove_all(entry.path(), ec);
+      }
+    }
+  }
+  return rc;
+}
+
+int ExportHfInto(const std::string& dir, const std::string& out) {
   // A T5 checkpoint by its recorded configuration; else minGPT's (whose errors
   // say what the folder is not).
   if (absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(dir);
@@ -456,16 +476,21 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
 // The step folder a command reads (train::StepFolderOf); a folder that
 // exists but holds no checkpoint is said as such (was "cannot open
 // '<folder>/model.safetensors'"): an empty folder, a --checkpoint_dir
-// before its first save, a `latest` naming a step that is gone. Other
-// paths go on to the command, which names what is missing.
+// before its first save, a `latest` naming a step that is gone (with the
+// checkpoints beside it). Other paths go on to the command, which names what
+// is missing.
 absl::StatusOr<std::string> StepFolder(const std::string& path) {
   const std::string step = train::StepFolderOf(path);
   std::error_code ec;
   if (train::HoldsCheckpoint(step) || !std::filesystem::is_directory(path, ec)) return step;
-  if (step != path) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, "/latest names ", std::filesystem::path(step).filename().string(),
-        ", which holds no checkpoint (gone, or a save was interrupted)"));
+  if (std::filesystem::exists(std::filesystem::path(path) / "latest", ec)) {
+    absl::StatusOr<std::string> latest = train::ResolveCheckpoint("latest", path);
+    if (!latest.ok()) {
+      return absl::Status(latest.status().code(),
+                          absl::StripPrefix(latest.status().message(), "--resume=latest: "));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(*latest, " (what ", path, "/latest names) holds no checkpoint"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       path, " is not a checkpoint (no model.safetensors or index.json in it) nor a checkpoint "
@@ -482,26 +507,29 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_top) < 0) {
     return Fail(absl::StrCat("--top=", absl::GetFlag(FLAGS_top), " must be >= 0 (0: all)"));
   }
-  // Each folder argument of a command that reads one (export-hf reads a
-  // checkpoint or a Hugging Face folder).
-  for (size_t i = 1; i < a.size() && cmd != "export-hf"; ++i) {
-    if (i == 2 && (cmd == "consolidate" || cmd == "shard")) break;  // the output
-    if (absl::StatusOr<std::string> folder = StepFolder(a[i]); !folder.ok()) {
-      return Fail(std::string(folder.status().message()));
+  const std::map<std::string, size_t> arguments = {{"info", 1},  {"verify", 1},
+                                                    {"consolidate", 2}, {"shard", 2},
+                                                    {"export-hf", 2}, {"diff", 2}};
+  const auto known = arguments.find(cmd);
+  if (known != arguments.end() && a.size() != known->second + 1) {
+    return Fail(absl::StrCat("wrong number of arguments for '", cmd, "'; usage: ", kUsage));
+  }
+  if (known != arguments.end()) {
+    // The folders a command reads (not verify's, which reports FAILED with
+    // exit 1; not export-hf's, a checkpoint or a Hugging Face folder).
+    const size_t inputs = cmd == "diff" ? 2 : cmd == "verify" || cmd == "export-hf" ? 0 : 1;
+    for (size_t i = 1; i <= inputs; ++i) {
+      if (absl::StatusOr<std::string> folder = StepFolder(a[i]); !folder.ok()) {
+        return Fail(std::string(folder.status().message()));
+      }
     }
   }
-  auto want = [&](size_t n) { return a.size() == n + 1; };
-  if (cmd == "info" && want(1)) return Info(train::StepFolderOf(a[1]));
-  if (cmd == "verify" && want(1)) return Verify(train::StepFolderOf(a[1]));
-  if (cmd == "consolidate" && want(2)) return Consolidate(train::StepFolderOf(a[1]), a[2]);
-  if (cmd == "shard" && want(2)) return Shard(train::StepFolderOf(a[1]), a[2]);
-  if (cmd == "export-hf" && want(2)) return ExportHf(a[1], a[2]);
-  if (cmd == "diff" && want(2)) return Diff(train::StepFolderOf(a[1]), train::StepFolderOf(a[2]));
-  for (const char* known : {"info", "verify", "consolidate", "shard", "export-hf", "diff"}) {
-    if (cmd == known) {
-      return Fail(absl::StrCat("wrong number of arguments for '", cmd, "'; usage: ", kUsage));
-    }
-  }
+  if (cmd == "info") return Info(train::StepFolderOf(a[1]));
+  if (cmd == "verify") return Verify(train::StepFolderOf(a[1]));
+  if (cmd == "consolidate") return Consolidate(train::StepFolderOf(a[1]), a[2]);
+  if (cmd == "shard") return Shard(train::StepFolderOf(a[1]), a[2]);
+  if (cmd == "export-hf") return ExportHf(a[1], a[2]);
+  if (cmd == "diff") return Diff(train::StepFolderOf(a[1]), train::StepFolderOf(a[2]));
   return Fail(absl::StrCat("unknown command '", cmd,
                            "' (info, verify, consolidate, shard, export-hf or diff); usage: ",
                            kUsage));

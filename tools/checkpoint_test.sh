@@ -151,6 +151,10 @@ mkdir -p "$dir/plain"
 expect 2 "$dir/plain is not a checkpoint (no model.safetensors or index.json in it) nor a" \
   "$ckpt" info "$dir/plain"
 expect 2 "$dir/plain is not a checkpoint" "$ckpt" diff "$dir/ck" "$dir/plain"
+expect 2 "unknown command 'frobnicate'" "$ckpt" frobnicate "$dir/plain"  # the command first
+mkdir -p "$dir/dangling" && echo step_000009 > "$dir/dangling/latest"
+expect 2 "$dir/dangling/latest names step_000009, which is missing" "$ckpt" info "$dir/dangling"
+expect 1 "FAILED $dir/plain" "$ckpt" verify "$dir/plain"  # verify's own report, exit 1
 # corrupt FILE: overwrites a byte inside its last tensor's data (9 bytes before the end).
 corrupt() {
   local size

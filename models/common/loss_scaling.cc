@@ -64,7 +64,7 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
   }
   if (fixed > kMaxScale) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--loss_scale=", spec, " is above 2^64: the scaled loss and gradients would overflow "
+        "--loss_scale='", spec, "' is above 2^64: the scaled loss and gradients would overflow "
         "(every step skipped as inf/nan)"));
   }
   absl::Status ignored = init_ignored();

@@ -37,7 +37,7 @@ TEST(LossScalingTest, BadFlagsAreNamed) {
             std::string::npos);
   EXPECT_NE(error("-2", 1, false).find("--loss_scale='-2'"), std::string::npos);
   EXPECT_NE(error("inf", 1, false).find("--loss_scale='inf'"), std::string::npos);
-  EXPECT_NE(error("1e39", std::nullopt, false).find("--loss_scale=1e39 is above 2^64"),
+  EXPECT_NE(error("1e39", std::nullopt, false).find("--loss_scale='1e39' is above 2^64"),
             std::string::npos);
   EXPECT_NE(error("dynamic", 0, false).find("--init_loss_scale=0 must be a positive"),
             std::string::npos);

@@ -118,8 +118,9 @@ absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalF
                                             uint64_t seed, int64_t vocab_size);
 
 // A failure to make the training batches from --data's training part: with
-// --val_fraction, said as that flag's ("--val_fraction=0.99: the training
-// part (the first 0.01 of --data): ..."), else as it is.
+// --val_fraction and data too small for a sample, said as that flag's
+// ("--val_fraction=0.99: the training part (the first 0.01 of --data): ..."),
+// else as it is.
 absl::Status TrainDataFailure(const absl::Status& failure, const EvalFlags& flags);
 
 // Whether to evaluate after step_done (1-based) of `steps`.

@@ -352,20 +352,31 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
         "--resume=auto needs --checkpoint_dir (it resumes that folder's latest checkpoint when "
         "there is one)");
   }
-  return LatestStepName(checkpoint_dir).empty() ? "" : "latest";
+  // `latest` when it names a checkpoint; else the newest step folder (a run
+  // killed between its first step folder and `latest`); else a fresh start.
+  const std::string latest = LatestStepName(checkpoint_dir);
+  if (!latest.empty() && HoldsCheckpoint(absl::StrCat(checkpoint_dir, "/", latest))) {
+    return "latest";
+  }
+  const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
+  if (!steps.empty()) return absl::StrCat(checkpoint_dir, "/", steps.front());
+  return "";
 }
 
 absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return absl::OkStatus();
   const std::string latest = LatestStepName(checkpoint_dir);
+  const bool latest_holds =
+      !latest.empty() && HoldsCheckpoint(absl::StrCat(checkpoint_dir, "/", latest));
   const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
-  if (latest.empty() && steps.empty()) return absl::OkStatus();
+  if (!latest_holds && steps.empty()) return absl::OkStatus();  // a dangling latest holds nothing
   return absl::InvalidArgumentError(absl::StrCat(
       "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
-      latest.empty() ? absl::StrCat("step folders ", absl::StrJoin(steps, ", "))
-                     : absl::StrCat("latest: ", latest),
-      "), which this run's saves would replace: continue that run with --resume=latest "
-      "(--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
+      latest_holds ? absl::StrCat("latest: ", latest)
+                   : absl::StrCat("step folders ", absl::StrJoin(steps, ", ")),
+      "), which this run's saves would replace: continue that run with --resume=",
+      latest_holds ? "latest" : absl::StrCat(checkpoint_dir, "/", steps.front()),
+      " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
       "as a restarted job wants), or give this run a new --checkpoint_dir"));
 }
 

@@ -93,16 +93,19 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 
 // --resume=auto, what a job restarted by //tools:launch --max_restarts (or
 // rerun by a scheduler) gives from its first start: "latest" when
-// checkpoint_dir has a `latest` file, else "" (a fresh start). Other values
-// are returned as they are. InvalidArgument for auto without a checkpoint_dir.
+// checkpoint_dir's `latest` names a checkpoint, else its newest step folder
+// (a run killed between its first save's folder and `latest`), else "" (a
+// fresh start). Other values are returned as they are. InvalidArgument for
+// auto without a checkpoint_dir.
 absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
                                               const std::string& checkpoint_dir);
 
 // Before a run that starts fresh (no --resume) saves into checkpoint_dir:
 // InvalidArgument when the folder holds an earlier run's checkpoints (a
-// `latest` file or step folders), which this run's saves would replace one
-// by one, naming them and the ways on (--resume=latest, --resume=auto, or
-// another --checkpoint_dir). OK for an empty or missing folder.
+// `latest` naming one, or step folders), which this run's saves would
+// replace one by one, naming them and the ways on (--resume, --resume=auto,
+// or another --checkpoint_dir). OK for an empty or missing folder, or one
+// whose `latest` names a step that is gone and holds no step folder.
 absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir);
 
 // Loads weights into `model` (fp32 values) and state into `optimizer` from a

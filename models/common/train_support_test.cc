@@ -276,9 +276,18 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
                          "that run with --resume=latest (--resume=auto resumes when there is a "
                          "checkpoint and starts fresh when there is none, as a restarted job "
                          "wants), or give this run a new --checkpoint_dir"));
-  std::filesystem::remove(dir + "/latest");  // step folders alone
+  // Killed between the first step folder and `latest`: that step.
+  std::filesystem::remove(dir + "/latest");
   EXPECT_TRUE(absl::StrContains(CheckFreshCheckpointDir(dir).message(),
-                                "(step folders step_000001)"));
+                                absl::StrCat("(step folders step_000001), which this run's saves "
+                                             "would replace: continue that run with --resume=",
+                                             dir, "/step_000001")));
+  EXPECT_EQ(*ResolveAutoResume("auto", dir), dir + "/step_000001");
+  // A `latest` naming a step that is gone, nothing else: a fresh start.
+  std::filesystem::remove_all(dir + "/step_000001");
+  { std::ofstream(dir + "/latest") << "step_000001\n"; }
+  EXPECT_EQ(*ResolveAutoResume("auto", dir), "");
+  EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
 }
 
 // A step folder whose files are missing is still taken as one: loading it

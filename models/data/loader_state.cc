@@ -1,6 +1,7 @@
 // Validation of data-parallel layouts and (de)serialization of loader state.
 #include "models/data/loader_state.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 
 namespace data {
 
@@ -81,27 +83,41 @@ std::string RangeOf(absl::string_view config) {
   return std::string(config.substr(begin, end + 1 - begin));
 }
 
-// The key=value fields of a config string, in order ("S=32" in
-// "span_corruption(...,S=32,...)"); a range's "[a, b)" counts as its value.
+// The key=value fields of a config string, in order, each key qualified by
+// the call it sits in ("span_corruption(token_file(seed=1),S=32)": the
+// fields token_file.seed and span_corruption.S); a range's "[a, b)" counts
+// as its value.
 std::vector<std::pair<std::string, std::string>> Fields(absl::string_view config) {
   std::vector<std::pair<std::string, std::string>> fields;
-  for (size_t eq = config.find('='); eq != absl::string_view::npos; eq = config.find('=', eq + 1)) {
-    size_t begin = eq;
-    while (begin > 0 && (absl::ascii_isalnum(config[begin - 1]) || config[begin - 1] == '_')) {
-      --begin;
-    }
-    size_t end = eq + 1;
-    if (end < config.size() && config[end] == '[') {
-      end = config.find(')', end);
-      end = end == absl::string_view::npos ? config.size() : end + 1;
-    } else {
-      while (end < config.size() && config[end] != ',' && config[end] != '(' &&
-             config[end] != ')') {
-        ++end;
+  std::vector<std::string> calls;  // the enclosing calls' names, innermost last
+  size_t word = 0;                 // where the current identifier starts
+  for (size_t i = 0; i < config.size(); ++i) {
+    const char c = config[i];
+    if (c == '(') {
+      calls.emplace_back(config.substr(word, i - word));
+      word = i + 1;
+    } else if (c == ')') {
+      if (!calls.empty()) calls.pop_back();
+      word = i + 1;
+    } else if (c == ',') {
+      word = i + 1;
+    } else if (c == '=') {
+      const std::string key(absl::StripAsciiWhitespace(config.substr(word, i - word)));
+      size_t end = i + 1;
+      if (end < config.size() && config[end] == '[') {
+        end = config.find(')', end);
+        end = end == absl::string_view::npos ? config.size() : end + 1;
+      } else {
+        while (end < config.size() && config[end] != ',' && config[end] != '(' &&
+               config[end] != ')') {
+          ++end;
+        }
       }
+      fields.emplace_back(calls.empty() ? key : absl::StrCat(calls.back(), ".", key),
+                          std::string(config.substr(i + 1, end - i - 1)));
+      i = end - 1;
+      word = end;
     }
-    fields.emplace_back(std::string(config.substr(begin, eq - begin)),
-                        std::string(config.substr(eq + 1, end - eq - 1)));
   }
   return fields;
 }
@@ -120,6 +136,21 @@ std::string DifferingFields(absl::string_view saved, absl::string_view now) {
     }
   }
   return differ.empty() ? "" : absl::StrCat("; it differs in ", absl::StrJoin(differ, ", "));
+}
+
+// Whether the fields that differ describe the data itself (its size or
+// vocabulary: another file), not how it is read.
+bool DataItselfDiffers(absl::string_view saved, absl::string_view now) {
+  const auto a = Fields(saved), b = Fields(now);
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (a[i].first != b[i].first || a[i].second == b[i].second) continue;
+    const absl::string_view key = a[i].first;
+    if (absl::EndsWith(key, ".tokens") || absl::EndsWith(key, ".bytes") ||
+        absl::EndsWith(key, ".vocab")) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -153,7 +184,10 @@ absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
         absl::StrCat("[", who, "] the saved state is for another data configuration: saved \"",
                      saved.config, "\", this loader \"", config, "\"",
                      DifferingFields(saved.config, config), hint,
-                     hint.empty() ? "; resume with the data flags it was saved with" : ""));
+                     !hint.empty() ? ""
+                     : DataItselfDiffers(saved.config, config)
+                         ? "; the data differs: resume with the data it was saved with"
+                         : "; resume with the data flags it was saved with"));
   }
   return absl::OkStatus();
 }

@@ -90,10 +90,20 @@ TEST(LoaderStateTest, CheckRestoreComparesConfigs) {
   const absl::Status fields =
       CheckRestore({3, "span_corruption(src(seed=1),S=32,T_dec=8,noise=0.15)"},
                    "span_corruption(src(seed=1),S=64,T_dec=16,noise=0.15)", "w");
-  EXPECT_NE(fields.message().find("; it differs in S (32 saved, 64 now), T_dec (8 saved, 16 "
-                                  "now); resume with the data flags it was saved with"),
+  EXPECT_NE(fields.message().find("; it differs in span_corruption.S (32 saved, 64 now), "
+                                  "span_corruption.T_dec (8 saved, 16 now); resume with the data "
+                                  "flags it was saved with"),
             absl::string_view::npos)
       << fields;
+  // Keys of several calls apart; another file is said as such.
+  const absl::Status file =
+      CheckRestore({3, "lm(token_file(tokens=100,vocab=50257,seed=1),seed=1)"},
+                   "lm(token_file(tokens=200,vocab=50257,seed=2),seed=1)", "w");
+  EXPECT_NE(file.message().find("; it differs in token_file.tokens (100 saved, 200 now), "
+                                "token_file.seed (1 saved, 2 now); the data differs: resume with "
+                                "the data it was saved with"),
+            absl::string_view::npos)
+      << file;
   // A held-out tail (--val_fraction) that differs is named.
   const absl::Status sliced =
       CheckRestore({3, "lm(byte_text(bytes=10,range=[0, 90),seed=4))"},

@@ -164,21 +164,14 @@ double EvalLoss(GPT& model, const data::LmLoader& eval, int64_t batches, int64_t
 }
 
 // The evaluation source's vocabulary must be the training data's (byte text
-// evaluated by a model of GPT-2 tokens gives a loss that means nothing), and
-// fit the model's.
-absl::Status CheckEvalVocabulary(const data::TokenSource& eval, const data::TokenSource& train,
-                                 int64_t vocab_size) {
-  if (eval.vocab_size() != train.vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
-        eval.vocab_size(), " is not the training data's ", train.vocab_size(),
-        " (evaluate data tokenized as the training data is)"));
-  }
-  if (eval.vocab_size() <= vocab_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
-                   eval.vocab_size(), " is larger than the model's ", vocab_size,
-                   " (set by --data / --vocab_size)"));
+// evaluated by a model of GPT-2 tokens gives a loss that means nothing); the
+// training data's fits the model's.
+absl::Status CheckEvalVocabulary(const data::TokenSource& eval, const data::TokenSource& train) {
+  if (eval.vocab_size() == train.vocab_size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--eval_data=", train::EvalFlagsFromCommandLine().data, ": its vocabulary ",
+      eval.vocab_size(), " is not the training data's ", train.vocab_size(),
+      " (evaluate data tokenized as the training data is)"));
 }
 
 // ---- Data parallelism ----
@@ -287,6 +280,7 @@ struct DpSetup {
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
   std::string resume;          // --resume, auto resolved: "" for a fresh start
+  bool auto_fresh = false;     // --resume=auto found no checkpoint
   std::string tokenizer;       // recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
@@ -376,10 +370,17 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // resumes, or none does.
   absl::StatusOr<bool> any_resumes = dist::AnyOverRanks(rank.pg, !setup.resume.empty());
   if (!any_resumes.ok()) return any_resumes.status();
-  if (*any_resumes && setup.resume.empty()) {
+  absl::StatusOr<bool> any_fresh = dist::AnyOverRanks(rank.pg, setup.resume.empty());
+  if (!any_fresh.ok()) return any_fresh.status();
+  if (*any_resumes && *any_fresh) {  // every rank stops
     return absl::FailedPreconditionError(absl::StrCat(
-        "--resume=auto: other ranks found a checkpoint in ", checkpoint_dir,
-        " and this one did not; give every rank one --checkpoint_dir they all see"));
+        "--resume=auto: some ranks found a checkpoint in ", checkpoint_dir, " and others did "
+        "not (this one ", setup.resume.empty() ? "did not" : "did",
+        "); give every rank one --checkpoint_dir they all see"));
+  }
+  if (setup.auto_fresh && rank.logs()) {
+    std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
+                checkpoint_dir.c_str());
   }
   if (!setup.resume.empty()) {
     absl::StatusOr<train::Resumed> resumed =
@@ -494,11 +495,9 @@ absl::Status Train() {
   if (resume->empty()) {
     absl::Status fresh = train::CheckFreshCheckpointDir(absl::GetFlag(FLAGS_checkpoint_dir));
     if (!fresh.ok()) return fresh;
-    if (absl::GetFlag(FLAGS_resume) == "auto") {
-      std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
-                  absl::GetFlag(FLAGS_checkpoint_dir).c_str());
-    }
   }
+  // Said by the loop that trains (rank 0 under data parallelism).
+  const bool auto_fresh = resume->empty() && absl::GetFlag(FLAGS_resume) == "auto";
   if (absl::GetFlag(FLAGS_vocab_size) < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab_size=", absl::GetFlag(FLAGS_vocab_size), " must be >= 0 (0: the data's)"));
@@ -587,7 +586,7 @@ absl::Status Train() {
   }
   const std::shared_ptr<const data::TokenSource>& eval_source = sources->eval;
   if (eval_source) {
-    absl::Status fits = CheckEvalVocabulary(*eval_source, *source, config->vocab_size);
+    absl::Status fits = CheckEvalVocabulary(*eval_source, *source);
     if (!fits.ok()) return fits;
   }
   std::optional<data::LmLoader> eval_loader;
@@ -629,6 +628,7 @@ absl::Status Train() {
     setup.init_line = init_line;
     setup.freeze_line = *freeze_line;
     setup.resume = *resume;
+    setup.auto_fresh = auto_fresh;
     std::optional<SharedInit> init;
     if (init_weights) {
       init.emplace(*std::move(pretrained),
@@ -687,6 +687,10 @@ absl::Status Train() {
   absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
       train::PrepareAndLockCheckpointDir(checkpoint_dir);
   if (!dir_lock.ok()) return dir_lock.status();
+  if (auto_fresh) {
+    std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
+                checkpoint_dir.c_str());
+  }
   if (!resume->empty()) {
     absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
         *resume, checkpoint_dir, model, **optimizer, config->ToString());

@@ -115,6 +115,10 @@ expect_error "--init_from: the model's vocabulary 100 is smaller than the data's
 # Not into a folder that holds files already (they would mix).
 exits_2 "checkpoint: error: '$dir/bpe_hf' is not empty; give a new folder" \
   "$checkpoint" export-hf "$dir/bpe" "$dir/bpe_hf"
+# A failed export leaves nothing: the same command runs again once fixed.
+exits_2 "--tokenizer=$dir: " "$checkpoint" export-hf "$dir/bpe" "$dir/failed_hf" \
+  --tokenizer="$dir"
+[[ ! -e "$dir/failed_hf" ]] || { echo "a failed export left $dir/failed_hf"; exit 1; }
 bytes="but --data is byte-level text (its ids are byte values 0..255, not those tokens): "
 bytes+="encode it with //tools:tokenize (text -> GPT-2 token ids)"
 expect_error "--init_from=$dir/bpe_hf with --data=shipped: the weights' ids are tokens of \

@@ -236,6 +236,7 @@ struct DpSetup {
   std::string init_line;       // "init_from: ..." (rank 0 prints it), or ""
   std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
   std::string resume;          // --resume, auto resolved: "" for a fresh start
+  bool auto_fresh = false;     // --resume=auto found no checkpoint
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
   const Sampler* sampler = nullptr;
 };
@@ -316,10 +317,17 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   // resumes, or none does.
   absl::StatusOr<bool> any_resumes = dist::AnyOverRanks(rank.pg, !setup.resume.empty());
   if (!any_resumes.ok()) return any_resumes.status();
-  if (*any_resumes && setup.resume.empty()) {
+  absl::StatusOr<bool> any_fresh = dist::AnyOverRanks(rank.pg, setup.resume.empty());
+  if (!any_fresh.ok()) return any_fresh.status();
+  if (*any_resumes && *any_fresh) {  // every rank stops
     return absl::FailedPreconditionError(absl::StrCat(
-        "--resume=auto: other ranks found a checkpoint in ", checkpoint_dir,
-        " and this one did not; give every rank one --checkpoint_dir they all see"));
+        "--resume=auto: some ranks found a checkpoint in ", checkpoint_dir, " and others did "
+        "not (this one ", setup.resume.empty() ? "did not" : "did",
+        "); give every rank one --checkpoint_dir they all see"));
+  }
+  if (setup.auto_fresh && rank.logs()) {
+    std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
+                checkpoint_dir.c_str());
   }
   if (!setup.resume.empty()) {
     absl::StatusOr<train::Resumed> resumed =
@@ -434,11 +442,9 @@ absl::Status Train() {
   if (resume->empty()) {
     absl::Status fresh = train::CheckFreshCheckpointDir(absl::GetFlag(FLAGS_checkpoint_dir));
     if (!fresh.ok()) return fresh;
-    if (absl::GetFlag(FLAGS_resume) == "auto") {
-      std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
-                  absl::GetFlag(FLAGS_checkpoint_dir).c_str());
-    }
   }
+  // Said by the loop that trains (rank 0 under data parallelism).
+  const bool auto_fresh = resume->empty() && absl::GetFlag(FLAGS_resume) == "auto";
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
   // The optimizer's and schedule's flags, checked before any data is read.
@@ -513,7 +519,7 @@ absl::Status Train() {
       data::SpanCorruptionLoader::Create(source, {B, 0, 1, K}, span);
   if (!loader.ok()) {
     return WithContext(
-        loader.status(),
+        train::TrainDataFailure(loader.status(), train::EvalFlagsFromCommandLine()),
         absl::StrCat("--encoder_length=", S, " --num_sentinels=", span.num_sentinels,
                      " --noise_density=", span.noise_density,
                      " --mean_noise_span_length=", span.mean_noise_span_length,
@@ -596,6 +602,7 @@ absl::Status Train() {
     setup.init_line = init_line;
     setup.freeze_line = *freeze_line;
     setup.resume = *resume;
+    setup.auto_fresh = auto_fresh;
     setup.sampler = &*sampler;
     absl::StatusOr<double> peak =
         train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
@@ -653,6 +660,10 @@ absl::Status Train() {
   absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
       train::PrepareAndLockCheckpointDir(checkpoint_dir);
   if (!dir_lock.ok()) return dir_lock.status();
+  if (auto_fresh) {
+    std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
+                checkpoint_dir.c_str());
+  }
   if (!resume->empty()) {
     absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
         *resume, checkpoint_dir, model, **optimizer, config->ToString());
