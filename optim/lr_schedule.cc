@@ -125,6 +125,11 @@ absl::StatusOr<std::unique_ptr<LrSchedule>> ParseLrSchedule(absl::string_view sp
       if (!ok) {
         return Invalid(absl::StrCat("bad value '", value, "' for ", key, " in '", spec, "'"));
       }
+      // A rate below 0 is wrong whatever else the spec lacks: said first.
+      if ((key == "lr" || key == "max_lr" || key == "min_lr") &&
+          (key == "lr" ? o.lr : key == "max_lr" ? o.max_lr : o.min_lr) < 0) {
+        return Invalid(absl::StrCat(key, "=", value, " must be >= 0 in '", spec, "'"));
+      }
     }
   }
   for (const std::string& key : required) {

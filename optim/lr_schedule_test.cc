@@ -98,6 +98,7 @@ TEST(LrScheduleTest, ParseErrorsNameTheBadPart) {
       {"constant:lr=abc", "bad value 'abc' for lr"},
       {"constant:lr=nan", "bad value 'nan' for lr"},
       {"constant:lr=-1", "lr=-1"},
+      {"cosine:max_lr=-1", "max_lr=-1 must be >= 0 in 'cosine:max_lr=-1'"},
       {"constant:rate=1", "unknown key 'rate' for constant"},
       {"cosine:max_lr=1,warmup=10",
        "unknown key 'warmup' for cosine in 'cosine:max_lr=1,warmup=10' (its keys: max_lr, "
