@@ -573,6 +573,19 @@ int64_t StepFolderId(const std::string& step_dir) {
 
 }  // namespace
 
+absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
+                             const std::string& checkpoint_dir) {
+  absl::StatusOr<bool> any_resumes = dist::AnyOverRanks(pg, !resume.empty());
+  if (!any_resumes.ok()) return any_resumes.status();
+  absl::StatusOr<bool> any_fresh = dist::AnyOverRanks(pg, resume.empty());
+  if (!any_fresh.ok()) return any_fresh.status();
+  if (!*any_resumes || !*any_fresh) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--resume=auto: some ranks found a checkpoint in ", checkpoint_dir,
+      " and others did not (this one ", resume.empty() ? "did not" : "did",
+      "); give every rank one --checkpoint_dir they all see"));
+}
+
 absl::Status AgreeOnStepFolder(dist::ProcessGroup& pg, const std::string& step_dir,
                                const std::string& resume) {
   const absl::StatusOr<std::vector<int64_t>> gathered =

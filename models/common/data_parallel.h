@@ -264,6 +264,11 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
 // of waiting for the failed rank until their timeout.
 absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                            absl::string_view what);
+// Every rank resumes, or none does, after each resolved --resume=auto on its
+// own view of checkpoint_dir (`resume`: "" for a fresh start):
+// FailedPrecondition on every rank otherwise (a folder they do not all see).
+absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
+                             const std::string& checkpoint_dir);
 // Every rank resumes the same step folder (each resolved --resume=latest
 // through its own view of the checkpoint directory): FailedPrecondition on
 // every rank naming each rank's step when they differ.

@@ -407,6 +407,30 @@ TEST(AgreeOnStepFolderTest, RanksThatResolvedDifferentStepsAllRefuse) {
   }
 }
 
+// --resume=auto resolved differently (a folder one rank does not see): every
+// rank stops, the ones that would resume too.
+TEST(AgreeOnResumingTest, RanksThatDisagreeAllStop) {
+  const DataParallelConfig config = ThreadsConfig("full_shard", 2);
+  std::vector<absl::Status> all(2), none(2), mixed(2);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    all[rank.rank] = AgreeOnResuming(rank.pg, "latest", "/ck");
+    none[rank.rank] = AgreeOnResuming(rank.pg, "", "/ck");
+    mixed[rank.rank] = AgreeOnResuming(rank.pg, rank.rank == 0 ? "latest" : "", "/ck");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(all[r].ok()) << all[r];
+    EXPECT_TRUE(none[r].ok()) << none[r];
+    EXPECT_EQ(mixed[r].code(), absl::StatusCode::kFailedPrecondition) << mixed[r];
+    EXPECT_TRUE(absl::StrContains(mixed[r].message(),
+                                  absl::StrCat("--resume=auto: some ranks found a checkpoint in "
+                                               "/ck and others did not (this one ",
+                                               r == 0 ? "did)" : "did not)")))
+        << mixed[r];
+  }
+}
+
 TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
   const DataParallelConfig transformer = ThreadsConfig("full_shard", 1);
   const DataParallelConfig small_units = ThreadsConfig("full_shard", 1, "size:50");

@@ -44,7 +44,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dist/process_group.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/checkpoint_dir_lock.h"
 #include "models/common/command_line.h"
@@ -315,15 +314,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   }
   // --resume=auto resolved on each process's view of the folder: every rank
   // resumes, or none does.
-  absl::StatusOr<bool> any_resumes = dist::AnyOverRanks(rank.pg, !setup.resume.empty());
-  if (!any_resumes.ok()) return any_resumes.status();
-  absl::StatusOr<bool> any_fresh = dist::AnyOverRanks(rank.pg, setup.resume.empty());
-  if (!any_fresh.ok()) return any_fresh.status();
-  if (*any_resumes && *any_fresh) {  // every rank stops
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--resume=auto: some ranks found a checkpoint in ", checkpoint_dir, " and others did "
-        "not (this one ", setup.resume.empty() ? "did not" : "did",
-        "); give every rank one --checkpoint_dir they all see"));
+  if (absl::Status s = train::AgreeOnResuming(rank.pg, setup.resume, checkpoint_dir); !s.ok()) {
+    return s;
   }
   if (setup.auto_fresh && rank.logs()) {
     std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
