@@ -253,16 +253,19 @@ int ExportHf(const std::string& dir, const std::string& out) {
   if (absl::Status fresh = train::CheckFreshFolder(out); !fresh.ok()) {
     return Fail(std::string(fresh.message()));
   }
+  namespace fs = std::filesystem;
   std::error_code ec;
-  const bool existed = std::filesystem::exists(out, ec);
+  const bool existed = fs::exists(fs::symlink_status(out, ec));  // a link is the user's
   const int rc = ExportHfInto(dir, out);
   if (rc != 0) {
     if (!existed) {
-      std::filesystem::remove_all(out, ec);
-    } else {
-      for (const auto& entry : std::filesystem::directory_iterator(out, ec)) {
-        std::filesystem::remove_all(entry.path(), ec);
+      fs::remove_all(out, ec);
+    } else if (fs::is_directory(out, ec)) {  // the empty folder it was: what was written goes
+      std::vector<fs::path> written;
+      for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+        written.push_back(it->path());
       }
+      for (const fs::path& p : written) fs::remove_all(p, ec);
     }
   }
   return rc;

@@ -352,22 +352,31 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
         "--resume=auto needs --checkpoint_dir (it resumes that folder's latest checkpoint when "
         "there is one)");
   }
-  // `latest` when it names a checkpoint; else the newest step folder (a run
-  // killed between its first step folder and `latest`); else a fresh start.
+  // `latest` when it names a checkpoint (or a save of it that was
+  // interrupted and can be put back: refused, saying how); else the newest
+  // step folder (a run killed between its first save's folder and `latest`,
+  // or a `latest` naming a step that is gone); else a fresh start.
+  namespace fs = std::filesystem;
   const std::string latest = LatestStepName(checkpoint_dir);
-  if (!latest.empty() && HoldsCheckpoint(absl::StrCat(checkpoint_dir, "/", latest))) {
-    return "latest";
+  const std::string latest_dir = (fs::path(checkpoint_dir) / latest).string();
+  if (!latest.empty() && HoldsCheckpoint(latest_dir)) return "latest";
+  if (!latest.empty() && !InterruptedSaveNote(latest_dir).empty()) {
+    return ResolveCheckpoint("latest", checkpoint_dir).status();
   }
   const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
-  if (!steps.empty()) return absl::StrCat(checkpoint_dir, "/", steps.front());
+  if (!steps.empty()) return (fs::path(checkpoint_dir) / steps.front()).string();
   return "";
 }
 
 absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return absl::OkStatus();
+  namespace fs = std::filesystem;
   const std::string latest = LatestStepName(checkpoint_dir);
-  const bool latest_holds =
-      !latest.empty() && HoldsCheckpoint(absl::StrCat(checkpoint_dir, "/", latest));
+  const std::string latest_dir = (fs::path(checkpoint_dir) / latest).string();
+  const bool latest_holds = !latest.empty() && HoldsCheckpoint(latest_dir);
+  if (!latest.empty() && !latest_holds && !InterruptedSaveNote(latest_dir).empty()) {
+    return ResolveCheckpoint("latest", checkpoint_dir).status();  // put it back first
+  }
   const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
   if (!latest_holds && steps.empty()) return absl::OkStatus();  // a dangling latest holds nothing
   return absl::InvalidArgumentError(absl::StrCat(
@@ -375,7 +384,7 @@ absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
       latest_holds ? absl::StrCat("latest: ", latest)
                    : absl::StrCat("step folders ", absl::StrJoin(steps, ", ")),
       "), which this run's saves would replace: continue that run with --resume=",
-      latest_holds ? "latest" : absl::StrCat(checkpoint_dir, "/", steps.front()),
+      latest_holds ? "latest" : (fs::path(checkpoint_dir) / steps.front()).string(),
       " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
       "as a restarted job wants), or give this run a new --checkpoint_dir"));
 }
@@ -638,9 +647,13 @@ void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resu
                  checkpoint_dir.c_str(), latest.c_str(), std::string(s.message()).c_str());
     return;
   }
-  std::printf("%s/latest now names %s, the step this run continues (it named %s, which stays "
-              "on disk)\n",
-              checkpoint_dir.c_str(), name.c_str(), latest.empty() ? "none" : latest.c_str());
+  const std::string before =
+      latest.empty() ? "there was none"
+      : fs::exists(fs::path(checkpoint_dir) / latest, ec)
+          ? absl::StrCat("it named ", latest, ", which stays on disk")
+          : absl::StrCat("it named ", latest, ", which is gone");
+  std::printf("%s/latest now names %s, the step this run continues (%s)\n",
+              checkpoint_dir.c_str(), name.c_str(), before.c_str());
 }
 
 absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,

@@ -94,9 +94,11 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 // --resume=auto, what a job restarted by //tools:launch --max_restarts (or
 // rerun by a scheduler) gives from its first start: "latest" when
 // checkpoint_dir's `latest` names a checkpoint, else its newest step folder
-// (a run killed between its first save's folder and `latest`), else "" (a
-// fresh start). Other values are returned as they are. InvalidArgument for
-// auto without a checkpoint_dir.
+// (a run killed between its first save's folder and `latest`, or a `latest`
+// naming a step that is gone), else "" (a fresh start). A `latest` whose save
+// was interrupted with its copy set aside is an error saying how to put it
+// back (ResolveCheckpoint's). Other values are returned as they are.
+// InvalidArgument for auto without a checkpoint_dir.
 absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
                                               const std::string& checkpoint_dir);
 

@@ -283,6 +283,16 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
                                              "would replace: continue that run with --resume=",
                                              dir, "/step_000001")));
   EXPECT_EQ(*ResolveAutoResume("auto", dir), dir + "/step_000001");
+  // A save interrupted with its copy set aside: how to put it back, not a
+  // fresh start over it.
+  std::filesystem::rename(dir + "/step_000001", dir + "/step_000001.old-7");
+  { std::ofstream(dir + "/latest") << "step_000001\n"; }
+  const absl::StatusOr<std::string> interrupted = ResolveAutoResume("auto", dir);
+  ASSERT_FALSE(interrupted.ok());
+  EXPECT_TRUE(absl::StrContains(interrupted.status().message(), "put it back with `mv"))
+      << interrupted.status();
+  EXPECT_TRUE(absl::StrContains(CheckFreshCheckpointDir(dir).message(), "put it back with `mv"));
+  std::filesystem::rename(dir + "/step_000001.old-7", dir + "/step_000001");
   // A `latest` naming a step that is gone, nothing else: a fresh start.
   std::filesystem::remove_all(dir + "/step_000001");
   { std::ofstream(dir + "/latest") << "step_000001\n"; }

@@ -117,8 +117,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "where to save checkpoints; empty: no
 ABSL_FLAG(int64_t, checkpoint_every, 0, "save every N steps (and at the end); 0: at the end only");
 ABSL_FLAG(std::string, resume, "",
           "'latest' (in --checkpoint_dir), a step folder, or a checkpoint directory (its latest "
-          "step) to resume; 'auto': --checkpoint_dir's latest when it has one, else a fresh "
-          "start (for jobs restarted by launch --max_restarts)");
+          "step) to resume; 'auto': --checkpoint_dir's latest checkpoint when it has one, else a "
+          "fresh start (for jobs restarted by launch --max_restarts)");
 ABSL_FLAG(
     std::string, init_from, "",
     "start from these weights (a checkpoint, or a Hugging Face GPT-2 folder) at step 0 with a "
@@ -479,8 +479,9 @@ absl::Status Train() {
                                                absl::GetFlag(FLAGS_checkpoint_every),
                                                absl::GetFlag(FLAGS_checkpoint_dir));
   if (!loop_ok.ok()) return loop_ok;
-  // --resume=auto: "latest" when the folder has a checkpoint, else a fresh
-  // start; a fresh start must not replace an earlier run's checkpoints.
+  // --resume=auto: the folder's latest checkpoint (train::ResolveAutoResume),
+  // else a fresh start; a fresh start must not replace an earlier run's
+  // checkpoints.
   absl::StatusOr<std::string> resume =
       train::ResolveAutoResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir));
   if (!resume.ok()) return resume.status();
