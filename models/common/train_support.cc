@@ -368,6 +368,20 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
   return "";
 }
 
+absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
+                                      const std::string& checkpoint_dir) {
+  absl::StatusOr<std::string> resume = ResolveAutoResume(resume_flag, checkpoint_dir);
+  if (!resume.ok()) return resume.status();
+  ResumePlan plan;
+  plan.resume = *std::move(resume);
+  if (plan.resume.empty()) {
+    absl::Status fresh = CheckFreshCheckpointDir(checkpoint_dir);
+    if (!fresh.ok()) return fresh;
+    plan.auto_fresh = resume_flag == "auto";
+  }
+  return plan;
+}
+
 absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return absl::OkStatus();
   namespace fs = std::filesystem;

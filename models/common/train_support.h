@@ -102,6 +102,15 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
                                               const std::string& checkpoint_dir);
 
+// The train binaries' --resume, decided before anything else runs:
+// ResolveAutoResume, then CheckFreshCheckpointDir for a fresh start.
+struct ResumePlan {
+  std::string resume;       // what to resume ("latest", a folder); "" for a fresh start
+  bool auto_fresh = false;  // --resume=auto found no checkpoint (the run says so)
+};
+absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
+                                      const std::string& checkpoint_dir);
+
 // Before a run that starts fresh (no --resume) saves into checkpoint_dir:
 // InvalidArgument when the folder holds an earlier run's checkpoints (a
 // `latest` naming one, or step folders), which this run's saves would

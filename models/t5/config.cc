@@ -22,9 +22,9 @@ struct PresetRow {
 // text in about a minute on a few CPU cores. The others: Raffel et al. 2020,
 // table 14 / the Hugging Face configs (decoder depth = encoder depth).
 constexpr PresetRow kPresets[] = {
-    {"t5-tiny", 2, 128, 512, 4, 32},       {"t5-small", 6, 512, 2048, 8, 64},     {"t5-base", 12, 768, 3072, 12, 64},
-    {"t5-large", 24, 1024, 4096, 16, 64},  {"t5-3b", 24, 1024, 16384, 32, 128},
-    {"t5-11b", 24, 1024, 65536, 128, 128},
+    {"t5-tiny", 2, 128, 512, 4, 32},       {"t5-small", 6, 512, 2048, 8, 64},
+    {"t5-base", 12, 768, 3072, 12, 64},    {"t5-large", 24, 1024, 4096, 16, 64},
+    {"t5-3b", 24, 1024, 16384, 32, 128},   {"t5-11b", 24, 1024, 65536, 128, 128},
 };
 
 absl::Status Invalid(const T5Config& c, absl::string_view what) {

@@ -429,15 +429,11 @@ absl::Status Train() {
   // --resume=auto: the folder's latest checkpoint (train::ResolveAutoResume),
   // else a fresh start; a fresh start must not replace an earlier run's
   // checkpoints.
-  absl::StatusOr<std::string> resume =
-      train::ResolveAutoResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir));
-  if (!resume.ok()) return resume.status();
-  if (resume->empty()) {
-    absl::Status fresh = train::CheckFreshCheckpointDir(absl::GetFlag(FLAGS_checkpoint_dir));
-    if (!fresh.ok()) return fresh;
-  }
-  // Said by the loop that trains (rank 0 under data parallelism).
-  const bool auto_fresh = resume->empty() && absl::GetFlag(FLAGS_resume) == "auto";
+  absl::StatusOr<train::ResumePlan> plan =
+      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir));
+  if (!plan.ok()) return plan.status();
+  const std::string& resume = plan->resume;
+  const bool auto_fresh = plan->auto_fresh;  // said by the loop that trains (rank 0)
   absl::Status clip_ok = train::CheckGradClip(absl::GetFlag(FLAGS_grad_clip));
   if (!clip_ok.ok()) return clip_ok;
   // The optimizer's and schedule's flags, checked before any data is read.
@@ -485,7 +481,7 @@ absl::Status Train() {
   }
   // --init_from with --resume: the run it continues started from those
   // weights; its configuration is theirs, its weights are the checkpoint's.
-  const bool init_weights = init && resume->empty();
+  const bool init_weights = init && resume.empty();
   const std::string init_line = init ? train::InitFromLine(init->source, !init_weights) : "";
   absl::StatusOr<train::DataSources> sources =
       train::OpenDataSources(absl::GetFlag(FLAGS_data), train::EvalFlagsFromCommandLine(), seed,
@@ -594,7 +590,7 @@ absl::Status Train() {
     setup.init = init_weights ? &*init : nullptr;
     setup.init_line = init_line;
     setup.freeze_line = *freeze_line;
-    setup.resume = *resume;
+    setup.resume = resume;
     setup.auto_fresh = auto_fresh;
     setup.sampler = &*sampler;
     absl::StatusOr<double> peak =
@@ -657,9 +653,9 @@ absl::Status Train() {
     std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
                 checkpoint_dir.c_str());
   }
-  if (!resume->empty()) {
+  if (!resume.empty()) {
     absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
-        *resume, checkpoint_dir, model, **optimizer, config->ToString());
+        resume, checkpoint_dir, model, **optimizer, config->ToString());
     if (!resumed.ok()) return resumed.status();
     absl::Status restored = loader->Restore(resumed->loader);
     if (restored.ok()) restored = scaling->Restore(resumed->state.extra);
