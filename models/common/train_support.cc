@@ -344,6 +344,63 @@ absl::Status SaveAndSay(const std::string& checkpoint_dir, int64_t step, bool lo
   return saved;
 }
 
+namespace {
+
+// What a --checkpoint_dir holds, as --resume=auto and a fresh start see it.
+struct CheckpointDirContents {
+  std::string latest;          // what `latest` names; "" without one
+  bool latest_holds = false;   // it names a checkpoint
+  bool latest_aside = false;   // it names a step whose save was interrupted with its copy
+                               // set aside (InterruptedSaveNote: how to put it back)
+  std::vector<std::string> steps;  // step folders holding a checkpoint, newest first
+};
+CheckpointDirContents ReadCheckpointDir(const std::string& checkpoint_dir) {
+  namespace fs = std::filesystem;
+  CheckpointDirContents c;
+  c.latest = LatestStepName(checkpoint_dir);
+  if (!c.latest.empty()) {
+    const std::string latest_dir = (fs::path(checkpoint_dir) / c.latest).string();
+    c.latest_holds = HoldsCheckpoint(latest_dir);
+    c.latest_aside = !c.latest_holds && !InterruptedSaveNote(latest_dir).empty();
+  }
+  c.steps = StepFoldersIn(checkpoint_dir);
+  return c;
+}
+
+// ResolveAutoResume's choice for auto, from the folder's contents.
+absl::StatusOr<std::string> AutoResume(const std::string& checkpoint_dir,
+                                       const CheckpointDirContents& c) {
+  // `latest` when it names a checkpoint (or a save of it that was
+  // interrupted and can be put back: refused, saying how); else the newest
+  // step folder (a run killed between its first save's folder and `latest`,
+  // or a `latest` naming a step that is gone); else a fresh start.
+  if (c.latest_holds) return "latest";
+  if (c.latest_aside) return ResolveCheckpoint("latest", checkpoint_dir).status();
+  if (!c.steps.empty()) return (std::filesystem::path(checkpoint_dir) / c.steps.front()).string();
+  return "";
+}
+
+// CheckFreshCheckpointDir's verdict, from the folder's contents.
+absl::Status FreshCheckpointDir(const std::string& checkpoint_dir,
+                                const CheckpointDirContents& c) {
+  if (c.latest_aside) {
+    return ResolveCheckpoint("latest", checkpoint_dir).status();  // put it back first
+  }
+  // A dangling latest holds nothing.
+  if (!c.latest_holds && c.steps.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
+      c.latest_holds ? absl::StrCat("latest: ", c.latest)
+                     : absl::StrCat("step folders ", absl::StrJoin(c.steps, ", ")),
+      "), which this run's saves would replace: continue that run with --resume=",
+      c.latest_holds ? "latest"
+                     : (std::filesystem::path(checkpoint_dir) / c.steps.front()).string(),
+      " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
+      "as a restarted job wants), or give this run a new --checkpoint_dir"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
                                               const std::string& checkpoint_dir) {
   if (resume != "auto") return resume;
@@ -352,55 +409,38 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
         "--resume=auto needs --checkpoint_dir (it resumes that folder's latest checkpoint when "
         "there is one)");
   }
-  // `latest` when it names a checkpoint (or a save of it that was
-  // interrupted and can be put back: refused, saying how); else the newest
-  // step folder (a run killed between its first save's folder and `latest`,
-  // or a `latest` naming a step that is gone); else a fresh start.
-  namespace fs = std::filesystem;
-  const std::string latest = LatestStepName(checkpoint_dir);
-  const std::string latest_dir = (fs::path(checkpoint_dir) / latest).string();
-  if (!latest.empty() && HoldsCheckpoint(latest_dir)) return "latest";
-  if (!latest.empty() && !InterruptedSaveNote(latest_dir).empty()) {
-    return ResolveCheckpoint("latest", checkpoint_dir).status();
-  }
-  const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
-  if (!steps.empty()) return (fs::path(checkpoint_dir) / steps.front()).string();
-  return "";
+  return AutoResume(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
 }
 
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
                                       const std::string& checkpoint_dir) {
-  absl::StatusOr<std::string> resume = ResolveAutoResume(resume_flag, checkpoint_dir);
-  if (!resume.ok()) return resume.status();
   ResumePlan plan;
-  plan.resume = *std::move(resume);
+  const bool automatic = resume_flag == "auto";
+  if (!automatic && !resume_flag.empty()) {
+    plan.resume = resume_flag;
+    return plan;
+  }
+  if (checkpoint_dir.empty()) {
+    if (automatic) return ResolveAutoResume(resume_flag, checkpoint_dir).status();  // its error
+    return plan;  // a fresh start that saves nothing
+  }
+  const CheckpointDirContents contents = ReadCheckpointDir(checkpoint_dir);  // once, for both
+  if (automatic) {
+    absl::StatusOr<std::string> resume = AutoResume(checkpoint_dir, contents);
+    if (!resume.ok()) return resume.status();
+    plan.resume = *std::move(resume);
+  }
   if (plan.resume.empty()) {
-    absl::Status fresh = CheckFreshCheckpointDir(checkpoint_dir);
+    absl::Status fresh = FreshCheckpointDir(checkpoint_dir, contents);
     if (!fresh.ok()) return fresh;
-    plan.auto_fresh = resume_flag == "auto";
+    plan.auto_fresh = automatic;
   }
   return plan;
 }
 
 absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return absl::OkStatus();
-  namespace fs = std::filesystem;
-  const std::string latest = LatestStepName(checkpoint_dir);
-  const std::string latest_dir = (fs::path(checkpoint_dir) / latest).string();
-  const bool latest_holds = !latest.empty() && HoldsCheckpoint(latest_dir);
-  if (!latest.empty() && !latest_holds && !InterruptedSaveNote(latest_dir).empty()) {
-    return ResolveCheckpoint("latest", checkpoint_dir).status();  // put it back first
-  }
-  const std::vector<std::string> steps = StepFoldersIn(checkpoint_dir);
-  if (!latest_holds && steps.empty()) return absl::OkStatus();  // a dangling latest holds nothing
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
-      latest_holds ? absl::StrCat("latest: ", latest)
-                   : absl::StrCat("step folders ", absl::StrJoin(steps, ", ")),
-      "), which this run's saves would replace: continue that run with --resume=",
-      latest_holds ? "latest" : (fs::path(checkpoint_dir) / steps.front()).string(),
-      " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
-      "as a restarted job wants), or give this run a new --checkpoint_dir"));
+  return FreshCheckpointDir(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
 }
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
@@ -430,12 +470,9 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
     if (steps.empty()) return resume;
     return absl::InvalidArgumentError(absl::StrCat(
         "--resume=", resume, ": not a checkpoint (no model.safetensors or index.json) nor a "
-        "checkpoint directory (no 'latest' file)",
-        steps.empty() ? ""
-                      : absl::StrCat("; it holds the step folders ", absl::StrJoin(steps, ", "),
-                                     ", newest first (resume one with --resume=",
-                                     (std::filesystem::path(resume) / steps.front()).string(),
-                                     ")")));
+        "checkpoint directory (no 'latest' file); it holds the step folders ",
+        absl::StrJoin(steps, ", "), ", newest first (resume one with --resume=",
+        (std::filesystem::path(resume) / steps.front()).string(), ")"));
   }
   if (checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("--resume=latest needs --checkpoint_dir");

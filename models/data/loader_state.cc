@@ -2,6 +2,7 @@
 #include "models/data/loader_state.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -122,29 +123,42 @@ std::vector<std::pair<std::string, std::string>> Fields(absl::string_view config
   return fields;
 }
 
-// "; it differs in S (32 saved, 64 now), ..." for the fields of two configs
-// with the same keys in the same order; "" otherwise.
-std::string DifferingFields(absl::string_view saved, absl::string_view now) {
+// The fields of two configs that differ, each (key, saved value, now), with
+// `aligned` when both have the same keys in the same order. Else only the
+// positions where the keys agree are compared.
+struct FieldDifferences {
+  bool aligned = true;
+  std::vector<std::array<std::string, 3>> differ;
+};
+FieldDifferences CompareFields(absl::string_view saved, absl::string_view now) {
   const auto a = Fields(saved), b = Fields(now);
-  if (a.size() != b.size()) return "";
-  std::vector<std::string> differ;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].first != b[i].first) return "";
-    if (a[i].second != b[i].second) {
-      differ.push_back(absl::StrCat(a[i].first, " (", a[i].second, " saved, ", b[i].second,
-                                    " now)"));
+  FieldDifferences d;
+  d.aligned = a.size() == b.size();
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (a[i].first != b[i].first) {
+      d.aligned = false;
+    } else if (a[i].second != b[i].second) {
+      d.differ.push_back({a[i].first, a[i].second, b[i].second});
     }
   }
-  return differ.empty() ? "" : absl::StrCat("; it differs in ", absl::StrJoin(differ, ", "));
+  return d;
+}
+
+// "; it differs in S (32 saved, 64 now), ..." for configs with the same keys
+// in the same order; "" otherwise.
+std::string DifferingFields(const FieldDifferences& d) {
+  if (!d.aligned || d.differ.empty()) return "";
+  std::vector<std::string> differ;
+  for (const auto& [key, saved, now] : d.differ) {
+    differ.push_back(absl::StrCat(key, " (", saved, " saved, ", now, " now)"));
+  }
+  return absl::StrCat("; it differs in ", absl::StrJoin(differ, ", "));
 }
 
 // Whether the fields that differ describe the data itself (its size or
 // vocabulary: another file), not how it is read.
-bool DataItselfDiffers(absl::string_view saved, absl::string_view now) {
-  const auto a = Fields(saved), b = Fields(now);
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (a[i].first != b[i].first || a[i].second == b[i].second) continue;
-    const absl::string_view key = a[i].first;
+bool DataItselfDiffers(const FieldDifferences& d) {
+  for (const auto& [key, saved, now] : d.differ) {
     if (absl::EndsWith(key, ".tokens") || absl::EndsWith(key, ".bytes") ||
         absl::EndsWith(key, ".vocab")) {
       return true;
@@ -180,14 +194,16 @@ absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
                       "): resume with the run's --val_fraction (the train binaries hold out the "
                       "data's tail with it)");
     }
+    const FieldDifferences fields = CompareFields(saved.config, config);
     return absl::InvalidArgumentError(
         absl::StrCat("[", who, "] the saved state is for another data configuration: saved \"",
-                     saved.config, "\", this loader \"", config, "\"",
-                     DifferingFields(saved.config, config), hint,
-                     !hint.empty() ? ""
-                     : DataItselfDiffers(saved.config, config)
-                         ? "; the data differs: resume with the data it was saved with"
-                         : "; resume with the data flags it was saved with"));
+                     saved.config, "\", this loader \"", config, "\"", DifferingFields(fields),
+                     hint,
+                     !hint.empty()               ? ""
+                     : DataItselfDiffers(fields) ? "; the data differs: resume with the data "
+                                                   "it was saved with"
+                                                 : "; resume with the data flags it was saved "
+                                                   "with"));
   }
   return absl::OkStatus();
 }
