@@ -82,23 +82,21 @@ absl::StatusOr<std::unique_ptr<LrSchedule>> MakeLrSchedule(const LrScheduleOptio
   return Invalid(absl::StrCat("unknown kind '", o.kind, "' (expected constant or cosine)"));
 }
 
-absl::StatusOr<std::unique_ptr<LrSchedule>> ParseLrSchedule(absl::string_view spec) {
+absl::StatusOr<LrSpec> ParseLrSpec(absl::string_view spec) {
   const std::vector<absl::string_view> kind_args = absl::StrSplit(spec, absl::MaxSplits(':', 1));
-  LrScheduleOptions o;
+  LrSpec parsed;
+  LrScheduleOptions& o = parsed.options;
   o.kind = std::string(absl::StripAsciiWhitespace(kind_args[0]));
   std::set<std::string> allowed;
-  std::set<std::string> required;
   if (o.kind == "constant") {
     allowed = {"lr"};
-    required = {"lr"};
   } else if (o.kind == "cosine") {
     allowed = {"max_lr", "min_lr", "warmup_steps", "total_steps"};
-    required = {"max_lr", "total_steps"};
   } else {
     return Invalid(
         absl::StrCat("unknown kind '", o.kind, "' in '", spec, "' (expected constant or cosine)"));
   }
-  std::set<std::string> seen;
+  std::set<std::string>& seen = parsed.keys;
   if (kind_args.size() == 2) {
     for (absl::string_view item : absl::StrSplit(kind_args[1], ',')) {
       const std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
@@ -132,12 +130,22 @@ absl::StatusOr<std::unique_ptr<LrSchedule>> ParseLrSchedule(absl::string_view sp
       }
     }
   }
+  return parsed;
+}
+
+absl::StatusOr<std::unique_ptr<LrSchedule>> ParseLrSchedule(absl::string_view spec) {
+  absl::StatusOr<LrSpec> parsed = ParseLrSpec(spec);
+  if (!parsed.ok()) return parsed.status();
+  const std::vector<std::string> required =
+      parsed->options.kind == "constant" ? std::vector<std::string>{"lr"}
+                                         : std::vector<std::string>{"max_lr", "total_steps"};
   for (const std::string& key : required) {
-    if (seen.count(key) == 0) {
-      return Invalid(absl::StrCat(o.kind, " needs ", key, "=..., missing in '", spec, "'"));
+    if (parsed->keys.count(key) == 0) {
+      return Invalid(absl::StrCat(parsed->options.kind, " needs ", key, "=..., missing in '",
+                                  spec, "'"));
     }
   }
-  return MakeLrSchedule(o);
+  return MakeLrSchedule(parsed->options);
 }
 
 }  // namespace optim

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -69,9 +70,22 @@ struct LrScheduleOptions {
 // The schedule `options` describe; an error names a bad kind or value.
 absl::StatusOr<std::unique_ptr<LrSchedule>> MakeLrSchedule(const LrScheduleOptions& options);
 
-// Parses "KIND" or "KIND:key=value,key=value" (keys as in LrScheduleOptions;
-// constant: lr; cosine: max_lr, min_lr, warmup_steps, total_steps, where
-// max_lr and total_steps are required). Errors name the bad kind, key or value.
+// A spec as written: its kind, the keys it names and their values in
+// `options` (the keys it leaves out keep LrScheduleOptions' defaults).
+struct LrSpec {
+  LrScheduleOptions options;
+  std::set<std::string> keys;
+};
+
+// Reads "KIND" or "KIND:key=value,key=value" (keys as in LrScheduleOptions;
+// constant: lr; cosine: max_lr, min_lr, warmup_steps, total_steps) without
+// requiring any key: for a caller that fills in the ones left out (a train
+// binary: the rate from --lr, total_steps from --steps). Errors name the bad
+// kind, key or value.
+absl::StatusOr<LrSpec> ParseLrSpec(absl::string_view spec);
+
+// ParseLrSpec, where constant needs lr and cosine needs max_lr and
+// total_steps, then the schedule (MakeLrSchedule).
 absl::StatusOr<std::unique_ptr<LrSchedule>> ParseLrSchedule(absl::string_view spec);
 
 }  // namespace optim

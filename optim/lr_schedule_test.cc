@@ -2,6 +2,8 @@
 #include "optim/lr_schedule.h"
 
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -116,6 +118,24 @@ TEST(LrScheduleTest, ParseErrorsNameTheBadPart) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(s.status().message()).find(c.says), std::string::npos)
         << c.spec << ": " << s.status();
+  }
+}
+
+// ParseLrSpec says which keys a spec gives, requires none, and refuses what
+// ParseLrSchedule refuses in the keys it reads.
+TEST(LrScheduleTest, ParseLrSpecSaysWhichKeysTheSpecGives) {
+  absl::StatusOr<LrSpec> spec = ParseLrSpec("cosine:warmup_steps=5,min_lr=1e-5");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->options.kind, "cosine");
+  EXPECT_EQ(spec->keys, (std::set<std::string>{"min_lr", "warmup_steps"}));
+  EXPECT_EQ(spec->options.warmup_steps, 5);
+  EXPECT_EQ(spec->options.min_lr, 1e-5);
+  EXPECT_EQ(spec->options.total_steps, 0);  // LrScheduleOptions' default
+  spec = ParseLrSpec("constant");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->keys.empty());
+  for (const char* bad : {"cosine:max_lr=-1", "cosine:warmup=3", "linear:lr=1"}) {
+    EXPECT_FALSE(ParseLrSpec(bad).ok()) << bad;
   }
 }
 

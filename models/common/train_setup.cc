@@ -355,11 +355,6 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
                                                                   double lr, int64_t steps,
                                                                   bool lr_set) {
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule;
-  if (lr_set && spec != "constant" && spec != "cosine") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--lr=", lr, " with --lr_schedule='", spec, "': the spec sets its own rates, so --lr "
-        "would be ignored; drop --lr, or give --lr_schedule=cosine or constant, which take it"));
-  }
   if (spec == "constant") {
     schedule = optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
   } else if (spec == "cosine") {
@@ -368,8 +363,21 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
     schedule = optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
                                                    ",warmup_steps=", warmup,
                                                    ",total_steps=", steps));
+  } else if (absl::StatusOr<optim::LrSpec> parsed = optim::ParseLrSpec(spec); !parsed.ok()) {
+    schedule = parsed.status();
   } else {
-    schedule = optim::ParseLrSchedule(spec);
+    // What the spec leaves out: its rate is --lr's and a cosine decays over --steps.
+    optim::LrScheduleOptions& o = parsed->options;
+    const bool constant = o.kind == "constant";
+    const char* rate_key = constant ? "lr" : "max_lr";
+    if (parsed->keys.count(rate_key) > 0 && lr_set) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lr=", lr, " with --lr_schedule='", spec, "': the spec sets its own ", rate_key,
+          ", so --lr would be ignored; drop one of them"));
+    }
+    if (parsed->keys.count(rate_key) == 0) (constant ? o.lr : o.max_lr) = lr;
+    if (!constant && parsed->keys.count("total_steps") == 0) o.total_steps = steps;
+    schedule = optim::MakeLrSchedule(o);
   }
   if (schedule.ok()) return schedule;
   return absl::Status(schedule.status().code(),

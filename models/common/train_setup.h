@@ -163,9 +163,11 @@ void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& 
 void DropMetricsAfter(MetricsWriter& metrics, int64_t step);
 
 // "constant", "cosine" (10% warmup, then down to lr/10 at `steps`), or a spec
-// optim::ParseLrSchedule reads. Errors name --lr_schedule, --lr and --steps.
-// `lr_set`: --lr was given a value other than its default, which a full spec
-// (with its own rates) would ignore: an error.
+// optim::ParseLrSpec reads, whose rate (constant's lr, cosine's max_lr) is
+// `lr` and whose cosine total_steps is `steps` where it leaves them out
+// ("cosine:warmup_steps=100,min_lr=1e-5"). Errors name --lr_schedule, --lr
+// and --steps. `lr_set`: --lr was given a value other than its default, which
+// a spec with its own rate would ignore: an error.
 absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::string& spec,
                                                                   double lr, int64_t steps,
                                                                   bool lr_set = false);

@@ -175,18 +175,41 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
         << (*s)->ToString();
   }
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> bad =
-      MakeLrSchedule("cosine:max_lr=1", 1e-3, 9);
+      MakeLrSchedule("cosine:max_lr=1,warmup_steps=10", 1e-3, 9);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
-              ::testing::StartsWith("--lr_schedule='cosine:max_lr=1' (--lr=0.001, --steps=9): "));
-  // --lr set with a spec that has its own rates: refused, not ignored.
+              ::testing::StartsWith("--lr_schedule='cosine:max_lr=1,warmup_steps=10' "
+                                    "(--lr=0.001, --steps=9): "));
+  // --lr set with a spec that has its own rate: refused, not ignored.
   bad = MakeLrSchedule("cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=1,total_steps=9", 0.5, 9,
                        /*lr_set=*/true);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
               ::testing::StartsWith("--lr=0.5 with --lr_schedule='cosine:max_lr=6e-4"));
+  bad = MakeLrSchedule("constant:lr=1e-4", 0.5, 9, /*lr_set=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("the spec sets its own lr, so --lr would be ignored"));
   EXPECT_TRUE(MakeLrSchedule("cosine", 0.5, 9, /*lr_set=*/true).ok());
   EXPECT_TRUE(MakeLrSchedule("constant", 0.5, 9, /*lr_set=*/true).ok());
+}
+
+// A spec's keys left out: its rate is --lr's and a cosine ends at --steps
+// (nanoGPT decays over the run); the others keep the spec's defaults (0).
+TEST(MakeLrScheduleTest, ASpecTakesWhatItLeavesOutFromLrAndSteps) {
+  EXPECT_EQ(MakeLrSchedule("cosine:warmup_steps=5", 0.5, 40, /*lr_set=*/true).value()->ToString(),
+            "cosine:max_lr=0.5,min_lr=0,warmup_steps=5,total_steps=40");
+  EXPECT_EQ(MakeLrSchedule("cosine:max_lr=1,min_lr=0.1", 1e-3, 40).value()->ToString(),
+            "cosine:max_lr=1,min_lr=0.1,warmup_steps=0,total_steps=40");
+  EXPECT_EQ(MakeLrSchedule("cosine:total_steps=90", 1e-3, 40).value()->ToString(),
+            "cosine:max_lr=0.001,min_lr=0,warmup_steps=0,total_steps=90");
+  // Still checked as a whole: min_lr above the rate from --lr.
+  absl::StatusOr<std::unique_ptr<optim::LrSchedule>> bad =
+      MakeLrSchedule("cosine:min_lr=0.1", 1e-3, 40);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("cosine needs 0 <= min_lr <= max_lr, got min_lr=0.1 "
+                                   "max_lr=0.001"));
 }
 
 TEST(NoteRunSettingsChangesTest, SaysWhichOfTheCheckpointsSettingsDiffer) {
