@@ -537,7 +537,9 @@ TEST(DdpZero1Test, AReductionFailingOnOneRankFailsEveryRank) {
                     }
                     if (step == 1) {
                       EXPECT_EQ(error, "");
-                      if (zero) EXPECT_TRUE(zero->Step().ok());
+                      if (zero) {
+                        EXPECT_TRUE(zero->Step().ok());
+                      }
                     } else if (rank == 1) {
                       EXPECT_NE(error.find("copying the result back failed"), std::string::npos)
                           << error;

@@ -389,7 +389,9 @@ TEST(DdpTest, ZeroGradZeroesAReplacedGradient) {
                   const Tensor x = c.RankRows(rank);
                   const int64_t rows = c.kRows / c.n;
                   HalfSquareGrads(m, x, rows);
-                  if (w.zero) ASSERT_TRUE(w.zero->Step().ok());
+                  if (w.zero) {
+                    ASSERT_TRUE(w.zero->Step().ok());
+                  }
                   nn::Parameter* p = m.NamedParameters().front().second;
                   p->grad = Tensor::Full(p->shape, 7.0);
                   const Tensor replaced = p->grad;

@@ -310,7 +310,9 @@ TEST(DdpZero1Test, ZeroGradFinishesTheReductionsOfAnAbandonedBackward) {
                     model.RunBackward(Tensor::Full({4, 8}, 1.0), ctx);
                   };
                   step();  // the first synced backward learns the buckets' order
-                  if (zero) ASSERT_TRUE(zero->Step().ok());
+                  if (zero) {
+                    ASSERT_TRUE(zero->Step().ok());
+                  }
                   zero_grad();
                   std::map<std::string, tensor::Dtype> dtypes;  // as a finished step leaves them
                   for (const auto& [name, p] : model.NamedParameters()) {
@@ -319,7 +321,7 @@ TEST(DdpZero1Test, ZeroGradFinishesTheReductionsOfAnAbandonedBackward) {
                   model.stop_in_backward = true;
                   EXPECT_THROW(step(), tensor::OpError);
                   zero_grad();
-                  for (const std::vector<float> g = FlatGrads(model); float v : g) {
+                  for (float v : FlatGrads(model)) {
                     ASSERT_EQ(v, 0.0f) << "rank " << rank;
                   }
                   for (const auto& [name, p] : model.NamedParameters()) {

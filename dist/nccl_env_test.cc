@@ -2,6 +2,7 @@
 #include "dist/nccl_env.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -29,7 +30,7 @@ GetEnv Fake(std::map<std::string, std::string> vars) {
 TEST(NcclEnvTest, AConfigurationFileThatSetsTheVariableIsFound) {
   const std::string home = TmpDir() + "/home";
   std::remove((home + "/.nccl.conf").c_str());
-  std::system(("mkdir -p " + home).c_str());
+  std::filesystem::create_directories(home);
   EXPECT_FALSE(SetInNcclConfFiles("NCCL_RUNTIME_CONNECT", Fake({{"HOME", home}})));
   Write(home + "/.nccl.conf",
         "# NCCL_RUNTIME_CONNECT=1 (a comment)\nNCCL_DEBUG=WARN\n  NCCL_RUNTIME_CONNECT = 1\n");

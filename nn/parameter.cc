@@ -112,9 +112,15 @@ void Parameter::ZeroGradIfUnwritten() {
   grad_unwritten = false;
 }
 
+// GCC 12 warns here that moving an empty Shape (an absl::InlinedVector whose
+// inline storage holds nothing) reads it uninitialized: a false positive of
+// Debian's Abseil (it copies the whole inline buffer).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 void Parameter::DropGrad() {
   grad = tensor::Tensor();
   grad_unwritten = false;
 }
+#pragma GCC diagnostic pop
 
 }  // namespace nn
