@@ -5,14 +5,17 @@ Another Bazel workspace that uses this one calls, in its WORKSPACE:
     local_repository(name = "fsdp", path = "/path/to/this/repo")
     load("@fsdp//:repositories.bzl", "fsdp_repositories")
     fsdp_repositories(fsdp_path = "/path/to/this/repo")
+
+(both paths absolute, or relative to that workspace's root, as
+examples/external_workspace/WORKSPACE gives them).
 """
 
 def fsdp_repositories(fsdp_path = None):
     """Declares the local repositories Bazel 4 and the project need.
 
     Args:
-      fsdp_path: absolute path of this repository when called from another
-        workspace; None when called from this repository's own WORKSPACE.
+      fsdp_path: path of this repository when called from another workspace
+        (absolute, or relative to that workspace's root); None when called from this repository's own WORKSPACE.
     """
     base = (fsdp_path + "/") if fsdp_path else ""
     stand_ins = base + "third_party/bazel/"

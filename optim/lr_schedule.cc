@@ -97,7 +97,8 @@ absl::StatusOr<LrSpec> ParseLrSpec(absl::string_view spec) {
         absl::StrCat("unknown kind '", o.kind, "' in '", spec, "' (expected constant or cosine)"));
   }
   std::set<std::string>& seen = parsed.keys;
-  if (kind_args.size() == 2) {
+  // "KIND:" gives no key, as "KIND" does.
+  if (kind_args.size() == 2 && !absl::StripAsciiWhitespace(kind_args[1]).empty()) {
     for (absl::string_view item : absl::StrSplit(kind_args[1], ',')) {
       const std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
       const std::string key(absl::StripAsciiWhitespace(kv[0]));

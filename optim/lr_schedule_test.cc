@@ -131,9 +131,11 @@ TEST(LrScheduleTest, ParseLrSpecSaysWhichKeysTheSpecGives) {
   EXPECT_EQ(spec->options.warmup_steps, 5);
   EXPECT_EQ(spec->options.min_lr, 1e-5);
   EXPECT_EQ(spec->options.total_steps, 0);  // LrScheduleOptions' default
-  spec = ParseLrSpec("constant");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_TRUE(spec->keys.empty());
+  for (const char* none : {"constant", "constant:", "cosine: "}) {
+    spec = ParseLrSpec(none);
+    ASSERT_TRUE(spec.ok()) << none << ": " << spec.status();
+    EXPECT_TRUE(spec->keys.empty()) << none;
+  }
   for (const char* bad : {"cosine:max_lr=-1", "cosine:warmup=3", "linear:lr=1"}) {
     EXPECT_FALSE(ParseLrSpec(bad).ok()) << bad;
   }

@@ -9,8 +9,11 @@
 //   cd examples/external_workspace && ../../bazelw run //:fsdp_tiny_gpt
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
 #include "dist/wrap_policy.h"

@@ -7,9 +7,13 @@
 #include <exception>
 #include <new>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/data/byte_text.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/random_tokens.h"
@@ -355,9 +359,11 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
                                                                   double lr, int64_t steps,
                                                                   bool lr_set) {
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> schedule;
-  if (spec == "constant") {
+  std::vector<std::string> filled;  // the keys --lr and --steps gave a spec
+  const absl::string_view kind = absl::StripAsciiWhitespace(spec);  // as the parser reads it
+  if (kind == "constant") {
     schedule = optim::ParseLrSchedule(absl::StrCat("constant:lr=", lr));
-  } else if (spec == "cosine") {
+  } else if (kind == "cosine") {
     // 10% warmup, at least a step (none for --steps=0, which trains nothing).
     const int64_t warmup = std::min(steps, std::max<int64_t>(1, steps / 10));
     schedule = optim::ParseLrSchedule(absl::StrCat("cosine:max_lr=", lr, ",min_lr=", lr / 10,
@@ -375,14 +381,22 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
           "--lr=", lr, " with --lr_schedule='", spec, "': the spec sets its own ", rate_key,
           ", so --lr would be ignored; drop one of them"));
     }
-    if (parsed->keys.count(rate_key) == 0) (constant ? o.lr : o.max_lr) = lr;
-    if (!constant && parsed->keys.count("total_steps") == 0) o.total_steps = steps;
+    if (parsed->keys.count(rate_key) == 0) {
+      (constant ? o.lr : o.max_lr) = lr;
+      filled.push_back(absl::StrCat(rate_key, " from --lr"));
+    }
+    if (!constant && parsed->keys.count("total_steps") == 0) {
+      o.total_steps = steps;
+      filled.push_back("total_steps from --steps");
+    }
     schedule = optim::MakeLrSchedule(o);
   }
   if (schedule.ok()) return schedule;
-  return absl::Status(schedule.status().code(),
-                      absl::StrCat("--lr_schedule='", spec, "' (--lr=", lr, ", --steps=", steps,
-                                   "): ", schedule.status().message()));
+  return absl::Status(
+      schedule.status().code(),
+      absl::StrCat("--lr_schedule='", spec, "' (--lr=", lr, ", --steps=", steps,
+                   filled.empty() ? "" : absl::StrCat("; ", absl::StrJoin(filled, ", ")),
+                   "): ", schedule.status().message()));
 }
 
 void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer& optimizer,

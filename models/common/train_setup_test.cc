@@ -175,10 +175,10 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
         << (*s)->ToString();
   }
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> bad =
-      MakeLrSchedule("cosine:max_lr=1,warmup_steps=10", 1e-3, 9);
+      MakeLrSchedule("cosine:max_lr=1,warmup_steps=10,total_steps=9", 1e-3, 9);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
-              ::testing::StartsWith("--lr_schedule='cosine:max_lr=1,warmup_steps=10' "
+              ::testing::StartsWith("--lr_schedule='cosine:max_lr=1,warmup_steps=10,total_steps=9' "
                                     "(--lr=0.001, --steps=9): "));
   // --lr set with a spec that has its own rate: refused, not ignored.
   bad = MakeLrSchedule("cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=1,total_steps=9", 0.5, 9,
@@ -203,13 +203,24 @@ TEST(MakeLrScheduleTest, ASpecTakesWhatItLeavesOutFromLrAndSteps) {
             "cosine:max_lr=1,min_lr=0.1,warmup_steps=0,total_steps=40");
   EXPECT_EQ(MakeLrSchedule("cosine:total_steps=90", 1e-3, 40).value()->ToString(),
             "cosine:max_lr=0.001,min_lr=0,warmup_steps=0,total_steps=90");
-  // Still checked as a whole: min_lr above the rate from --lr.
+  EXPECT_EQ(MakeLrSchedule("constant:", 0.25, 40, /*lr_set=*/true).value()->ToString(),
+            "constant:lr=0.25");
+  // Spaces around the kind: the keyword's schedule still (10% warmup, lr/10).
+  EXPECT_EQ(MakeLrSchedule(" cosine ", 1.0, 40).value()->ToString(),
+            MakeLrSchedule("cosine", 1.0, 40).value()->ToString());
+  // Still checked as a whole, the error saying which values came from the flags.
   absl::StatusOr<std::unique_ptr<optim::LrSchedule>> bad =
       MakeLrSchedule("cosine:min_lr=0.1", 1e-3, 40);
   ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "--lr_schedule='cosine:min_lr=0.1' (--lr=0.001, --steps=40; max_lr from --lr, "
+            "total_steps from --steps): lr schedule: cosine needs 0 <= min_lr <= max_lr, got "
+            "min_lr=0.1 max_lr=0.001");
+  bad = MakeLrSchedule("cosine:max_lr=1,warmup_steps=100", 1e-3, 50);
+  ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
-              ::testing::HasSubstr("cosine needs 0 <= min_lr <= max_lr, got min_lr=0.1 "
-                                   "max_lr=0.001"));
+              ::testing::StartsWith("--lr_schedule='cosine:max_lr=1,warmup_steps=100' (--lr=0.001, "
+                                    "--steps=50; total_steps from --steps): "));
 }
 
 TEST(NoteRunSettingsChangesTest, SaysWhichOfTheCheckpointsSettingsDiffer) {

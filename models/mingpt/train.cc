@@ -97,7 +97,9 @@ ABSL_FLAG(double, lr, 1e-3, "learning rate (the peak, with --lr_schedule=cosine)
 ABSL_FLAG(std::string, lr_schedule, "constant",
           "constant, cosine (10% warmup, decay to lr/10 at --steps), or a spec such as "
           "cosine:max_lr=6e-4,min_lr=6e-5,warmup_steps=100,total_steps=2000 (a key left out: "
-          "max_lr or lr is --lr, total_steps is --steps, min_lr and warmup_steps are 0)");
+          "max_lr or lr is --lr, total_steps is --steps, min_lr and warmup_steps are 0). "
+          "cosine, and a spec without total_steps, depend on --steps: resuming with another "
+          "--steps changes the decay");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
 ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
           "SGD momentum (unset: 0.9); an error with --optimizer=adamw");

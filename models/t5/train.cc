@@ -105,7 +105,8 @@ ABSL_FLAG(std::string, lr_schedule, "cosine",
           "cosine (10% warmup, decay to lr/10 at --steps; it depends on --steps, so resuming "
           "with another --steps changes it), constant, or a spec such as "
           "cosine:max_lr=1e-3,min_lr=1e-4,warmup_steps=100,total_steps=2000 (a key left out: "
-          "max_lr or lr is --lr, total_steps is --steps, min_lr and warmup_steps are 0)");
+          "max_lr or lr is --lr, total_steps is --steps, min_lr and warmup_steps are 0; such a "
+          "spec depends on --steps too)");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
 ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
           "SGD momentum (unset: 0.9); an error with --optimizer=adamw");
