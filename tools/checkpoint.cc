@@ -227,62 +227,44 @@ int Shard(const std::string& dir, const std::string& out) {
   return 0;
 }
 
-// A T5 checkpoint as a Hugging Face T5ForConditionalGeneration folder. No
-// tokenizer goes with it (T5's is SentencePiece, which train does not record).
-int ExportHfT5(const train::RecordedCheckpoint& recorded, const t5::T5Config& config,
-               const std::string& out) {
+// What an export wrote: the model ("GPT-2", "T5") and its files, configuration
+// and source, said once the folder is in place.
+struct Exported {
+  std::string model;
+  std::string contents;
+};
+
+// A T5 checkpoint as a Hugging Face T5ForConditionalGeneration folder in
+// `tmp`. No tokenizer goes with it (T5's is SentencePiece, which train does
+// not record).
+absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
+                                       const t5::T5Config& config, const std::string& tmp) {
   if (absl::GetFlag(FLAGS_tokenizer) != "auto" && absl::GetFlag(FLAGS_tokenizer) != "none") {
-    return Fail(absl::StrCat("--tokenizer=", absl::GetFlag(FLAGS_tokenizer),
-                             ": a T5 checkpoint is exported without a tokenizer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer=", absl::GetFlag(FLAGS_tokenizer),
+        ": a T5 checkpoint is exported without a tokenizer"));
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded.step_dir);
-  if (!sources.ok()) return Fail(std::string(sources.status().message()));
-  absl::Status s = t5::WriteHfT5(out, config, *sources);
-  if (!s.ok()) return Fail(std::string(s.message()));
-  std::printf(
-      "wrote the Hugging Face T5 folder %s (config.json, model.safetensors) of %s from %s\n",
-      out.c_str(), config.ToString().c_str(), recorded.description.c_str());
-  return 0;
+  if (!sources.ok()) return sources.status();
+  absl::Status s = t5::WriteHfT5(tmp, config, *sources);
+  if (!s.ok()) return s;
+  return Exported{"T5", absl::StrCat("(config.json, model.safetensors) of ", config.ToString(),
+                                     " from ", recorded.description)};
 }
 
-int ExportHfInto(const std::string& dir, const std::string& out);
-
-int ExportHf(const std::string& dir, const std::string& out) {
-  // Not over (or mixed with) another folder's files; and what a failed export
-  // wrote goes, so that it can be run again into the same folder.
-  if (absl::Status fresh = train::CheckFreshFolder(out); !fresh.ok()) {
-    return Fail(std::string(fresh.message()));
-  }
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const bool existed = fs::exists(fs::symlink_status(out, ec));  // a link is the user's
-  const int rc = ExportHfInto(dir, out);
-  if (rc != 0) {
-    if (!existed) {
-      fs::remove_all(out, ec);
-    } else if (fs::is_directory(out, ec)) {  // the empty folder it was: what was written goes
-      std::vector<fs::path> written;
-      for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
-        written.push_back(it->path());
-      }
-      for (const fs::path& p : written) fs::remove_all(p, ec);
-    }
-  }
-  return rc;
-}
-
-int ExportHfInto(const std::string& dir, const std::string& out) {
-  // A T5 checkpoint by its recorded configuration; else minGPT's (whose errors
-  // say what the folder is not).
+// The export of checkpoint `dir` into the temporary folder `tmp`: a T5
+// checkpoint by its recorded configuration; else minGPT's (whose errors say
+// what the folder is not).
+absl::StatusOr<Exported> ExportHfInto(const std::string& dir, const std::string& tmp) {
   if (absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(dir);
       recorded.ok()) {
     if (absl::StatusOr<t5::T5Config> config = t5::ParseConfig(recorded->config); config.ok()) {
-      return ExportHfT5(*recorded, *config, out);
+      return ExportHfT5(*recorded, *config, tmp);
     }
   }
   // Opened, not read: the weights are read and written one at a time.
   absl::StatusOr<mingpt::PretrainedSources> w = mingpt::OpenPretrained(dir);
-  if (!w.ok()) return Fail(std::string(w.status().message()));
+  if (!w.ok()) return w.status();
   // The tokenizer is checked before anything is written.
   const std::string flag = absl::GetFlag(FLAGS_tokenizer);
   // auto: the one the checkpoint records (train's), if any.
@@ -293,34 +275,51 @@ int ExportHfInto(const std::string& dir, const std::string& out) {
     absl::StatusOr<data::Gpt2Tokenizer> tokenizer =
         data::Gpt2Tokenizer::OpenForModel(tokenizer_flag, w->config.vocab_size);
     if (!tokenizer.ok()) {
-      return Fail(absl::StrCat(
-          flag == "auto" ? absl::StrCat("the tokenizer the checkpoint records (", tokenizer_flag,
-                                        "; --tokenizer=none exports without it)")
-                         : absl::StrCat("--tokenizer=", tokenizer_flag),
-          ": ", tokenizer.status().message()));
+      return absl::Status(
+          tokenizer.status().code(),
+          absl::StrCat(flag == "auto"
+                           ? absl::StrCat("the tokenizer the checkpoint records (", tokenizer_flag,
+                                          "; --tokenizer=none exports without it)")
+                           : absl::StrCat("--tokenizer=", tokenizer_flag),
+                       ": ", tokenizer.status().message()));
     }
     tokenizer_files = *data::Gpt2Tokenizer::FindFiles(tokenizer->source());
     end_of_text = tokenizer->end_of_text();
   }
-  absl::Status s = mingpt::WriteHfGpt2(out, w->config, w->sources, end_of_text);
-  if (!s.ok()) return Fail(std::string(s.message()));
+  absl::Status s = mingpt::WriteHfGpt2(tmp, w->config, w->sources, end_of_text);
+  if (!s.ok()) return s;
   std::string written = "config.json, model.safetensors";
   if (!tokenizer_flag.empty()) {
     namespace fs = std::filesystem;
     std::error_code ec;
     for (const auto& [from, name] : {std::pair{tokenizer_files.first, "vocab.json"},
                                      std::pair{tokenizer_files.second, "merges.txt"}}) {
-      fs::copy_file(from, fs::path(out) / name, fs::copy_options::overwrite_existing, ec);
+      fs::copy_file(from, fs::path(tmp) / name, ec);
       if (ec) {
-        std::fprintf(stderr, "checkpoint: error: copying %s to %s: %s\n", from.c_str(),
-                     (fs::path(out) / name).c_str(), ec.message().c_str());
-        return 1;
+        return absl::UnavailableError(
+            absl::StrCat("copying ", from, " to ", name, ": ", ec.message()));
       }
     }
     absl::StrAppend(&written, ", vocab.json, merges.txt");
   }
-  std::printf("wrote the Hugging Face GPT-2 folder %s (%s) of %s from %s\n", out.c_str(),
-              written.c_str(), w->config.ToString().c_str(), w->source.c_str());
+  return Exported{"GPT-2", absl::StrCat("(", written, ") of ", w->config.ToString(), " from ",
+                                        w->source)};
+}
+
+// Written whole or not at all (train::WriteFreshFolder): not over, or mixed
+// with, another folder's files, and a failed or interrupted export leaves
+// nothing at OUT, so that it can be run again as it was.
+int ExportHf(const std::string& dir, const std::string& out) {
+  Exported exported;
+  absl::Status s = train::WriteFreshFolder(out, "export-hf", [&](const std::string& tmp) {
+    absl::StatusOr<Exported> written = ExportHfInto(dir, tmp);
+    if (!written.ok()) return written.status();
+    exported = *std::move(written);
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return Fail(std::string(s.message()));
+  std::printf("wrote the Hugging Face %s folder %s %s\n", exported.model.c_str(), out.c_str(),
+              exported.contents.c_str());
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include "models/common/checkpoint_convert.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +20,7 @@
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/train_support.h"
+#include "tensor/durable_file.h"
 #include "tensor/safetensors.h"
 
 namespace train {
@@ -37,6 +39,37 @@ absl::Status CheckFreshFolder(const std::string& dir) {
         absl::StrCat("'", dir, "' is not empty; give a new folder to write the checkpoint to"));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
+                              const std::function<absl::Status(const std::string& tmp)>& write) {
+  // "OUT/" is OUT: its temporary folder goes beside it, not inside.
+  const std::string named = dist::sharded::StripTrailingSlashes(dir_in);
+  absl::Status s = CheckFreshFolder(named);
+  if (!s.ok()) return s;
+  std::error_code ec;
+  // An existing (empty) folder through a link: the link's target is replaced.
+  std::string dir = named;
+  if (fs::is_symlink(fs::symlink_status(named, ec))) {
+    const fs::path target = fs::canonical(named, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot follow the link '", named, "': ", ec.message()));
+    }
+    dir = target.string();
+  }
+  const std::string tmp = absl::StrCat(dir, ".tmp-", what, "-", ::getpid());
+  fs::remove_all(tmp, ec);
+  const fs::path parent = fs::path(tmp).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);  // errors show at mkdir
+  if (::mkdir(tmp.c_str(), 0755) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
+  }
+  s = write(tmp);
+  if (s.ok()) s = tensor::ReplaceFolderDurably(tmp, dir, absl::StrCat(what, "-", ::getpid()));
+  if (!s.ok()) fs::remove_all(tmp, ec);
+  return s;
 }
 
 namespace {
@@ -86,9 +119,7 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
 }  // namespace
 
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
-                                          const std::string& out_dir_in) {
-  // "OUT/" is OUT: its temporary folder goes beside it, not inside.
-  const std::string out_dir = dist::sharded::StripTrailingSlashes(out_dir_in);
+                                          const std::string& out_dir) {
   if (!IsShardedCheckpoint(sharded_dir)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", sharded_dir, "' is not a sharded checkpoint (no index.json)"));
@@ -97,31 +128,10 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
   if (!info.ok()) return info.status();
   absl::StatusOr<TrainState> state = TrainStateFromShardedExtra(info->extra, sharded_dir);
   if (!state.ok()) return state.status();
-  absl::Status s = CheckFreshFolder(out_dir);
-  if (!s.ok()) return s;
-
-  // Written into a temporary folder renamed onto out_dir: a failed write
-  // leaves nothing that looks like a checkpoint.
-  const std::string tmp = absl::StrCat(out_dir, ".tmp-consolidate");
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  const fs::path parent = fs::path(tmp).parent_path();
-  if (!parent.empty()) fs::create_directories(parent, ec);  // errors show at mkdir
-  if (::mkdir(tmp.c_str(), 0755) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
-  }
-  s = WriteConsolidated(sharded_dir, *info, *state, tmp);
-  if (s.ok()) {
-    fs::remove(out_dir, ec);  // an empty folder, if any
-    fs::rename(tmp, out_dir, ec);
-    if (ec) {
-      s = absl::UnavailableError(
-          absl::StrCat("cannot rename '", tmp, "' onto '", out_dir, "': ", ec.message()));
-    }
-  }
-  if (!s.ok()) fs::remove_all(tmp, ec);
-  return s;
+  // A failed write leaves nothing that looks like a checkpoint.
+  return WriteFreshFolder(out_dir, "consolidate", [&](const std::string& tmp) {
+    return WriteConsolidated(sharded_dir, *info, *state, tmp);
+  });
 }
 
 absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,

@@ -12,6 +12,7 @@
 #define MODELS_COMMON_CHECKPOINT_CONVERT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,17 @@ namespace train {
 // naming it (what every writer of a new checkpoint folder checks first, so
 // that nothing is written over, or mixed with, another folder's files).
 absl::Status CheckFreshFolder(const std::string& dir);
+
+// Writes the new folder `dir` whole or not at all: CheckFreshFolder(dir),
+// then `write` fills a temporary folder beside it ("<dir>.tmp-<what>-<pid>",
+// its parents created), which is renamed onto `dir` when `write` succeeds
+// (tensor::ReplaceFolderDurably: onto an empty folder too; a link to an
+// empty folder stays a link, its target replaced) and removed when it fails,
+// so a failed or interrupted write never leaves a partial folder at `dir`
+// and can be run again as it was. "dir/" is dir. `write`'s error is returned
+// as it is.
+absl::Status WriteFreshFolder(const std::string& dir, absl::string_view what,
+                              const std::function<absl::Status(const std::string& tmp)>& write);
 
 // Writes the single-process step folder `out_dir` (created with its parents;
 // it must not exist, or be an empty folder) from the sharded step folder

@@ -1,9 +1,12 @@
 // Consolidating a sharded checkpoint streams it: the single-process files
 // hold every parameter and its optimizer state as saved, and the host holds
-// one parameter (and its state) at a time, not the model.
+// one parameter (and its state) at a time, not the model. A new folder is
+// written whole or not at all (WriteFreshFolder).
 #include "models/common/checkpoint_convert.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -113,7 +116,72 @@ TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {
   s = ConsolidateShardedCheckpoint(broken, root + "/from_broken");
   EXPECT_FALSE(s.ok());
   EXPECT_FALSE(std::filesystem::exists(root + "/from_broken"));
-  EXPECT_FALSE(std::filesystem::exists(root + "/from_broken.tmp-consolidate"));
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    EXPECT_EQ(e.path().filename().string().find("from_broken"), std::string::npos) << e.path();
+  }
+}
+
+// The names in folder `dir`, sorted ("" for a missing folder).
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; ++it) {
+    names.push_back(it->path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// A new folder is written whole or not at all: in a temporary folder beside
+// it, renamed into place when the write succeeds and removed when it fails.
+TEST(WriteFreshFolderTest, AFolderAppearsWholeOrNotAtAll) {
+  const std::string root = ::testing::TempDir() + "/fresh";
+  std::filesystem::remove_all(root);
+  const std::string out = root + "/a/out";  // its parents are created
+  // While the write runs, `out` does not exist yet; a failed write leaves
+  // nothing (not `out`, not the temporary folder) and is returned as it is.
+  absl::Status s = WriteFreshFolder(out, "test", [&](const std::string& tmp) {
+    EXPECT_EQ(std::filesystem::path(tmp).parent_path(), std::filesystem::path(root + "/a"));
+    EXPECT_FALSE(std::filesystem::exists(out));
+    WriteText(tmp + "/half.bin", "half");
+    return absl::DataLossError("the source broke halfway");
+  });
+  EXPECT_EQ(s, absl::DataLossError("the source broke halfway"));
+  EXPECT_EQ(Names(root + "/a"), std::vector<std::string>{});
+  // Run again as it was: it succeeds, and the folder holds what was written.
+  s = WriteFreshFolder(out + "/", "test", [&](const std::string& tmp) {
+    WriteText(tmp + "/model.bin", "weights");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Names(root + "/a"), std::vector<std::string>{"out"});
+  EXPECT_EQ(Names(out), std::vector<std::string>{"model.bin"});
+  // A folder that holds files: refused before anything is written.
+  bool wrote = false;
+  s = WriteFreshFolder(out, "test", [&](const std::string&) {
+    wrote = true;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_FALSE(wrote);
+  EXPECT_EQ(Names(out), std::vector<std::string>{"model.bin"});
+  // An empty folder is replaced; through a link, its target is, and the link stays.
+  const std::string empty = root + "/empty";
+  std::filesystem::create_directories(empty);
+  const std::string link = root + "/link";
+  std::filesystem::create_directory_symlink(empty, link);
+  s = WriteFreshFolder(link, "test", [&](const std::string& tmp) {
+    WriteText(tmp + "/config.json", "{}");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(Names(empty), std::vector<std::string>{"config.json"});
+  EXPECT_EQ(Names(root), (std::vector<std::string>{"a", "empty", "link"}));
 }
 
 // The recorded checkpoint of a run: found through the directory's `latest`,
