@@ -510,6 +510,30 @@ TEST(Zero1Test, NoSyncAccumulatesThenReduceScattersTheSum) {
   for (int r = 0; r < n; ++r) ExpectSlicesEqual(shards[r], global, kTol, r);
 }
 
+// Under ZeRO-1 each rank's gradient is averaged in its own slices only: an
+// optimizer of the caller's stepping on the model's parameters would set the
+// ranks apart, and is refused naming the parameter; frozen ones and a model
+// whose Zero1 is gone are the module's own again.
+TEST(Zero1Test, AnOptimizerOfTheCallersIsRefusedTheModelsParameters) {
+  ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                mingpt::GPT model(Tiny());
+                model.Materialize(kSeed);
+                {
+                  Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd));
+                  model.ForwardBackward(Rows(RandomBatch(3).idx, rank, 2),
+                                        Rows(RandomBatch(3).targets, rank, 2));
+                  ASSERT_TRUE(zero.FinishBackward().ok());
+                  EXPECT_THAT([&] { optim::FromModule(model); },
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::StartsWith(
+                                  "[FromModule] parameter 'transformer.wte.weight' is held by "
+                                  "ZeRO-1, whose optimizer steps on this rank's shards")));
+                  ASSERT_TRUE(zero.Step().ok());
+                }
+                for (auto& [name, p] : model.NamedParameters()) EXPECT_EQ(p->held_by, "") << name;
+                EXPECT_FALSE(optim::FromModule(model).empty());
+              }).ok());
+}
+
 TEST(Zero1Test, BucketsAreReverseOrderAndReduceScatterBeforeBackwardEnds) {
   const Batch batch = RandomBatch(5);
   ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {

@@ -236,6 +236,10 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   OP_CHECK(options_.max_inflight_all_gathers >= 1, "FullyShard",
            "max_inflight_all_gathers=", options_.max_inflight_all_gathers,
            " must be >= 1 (1: no prefetch)");
+  OP_CHECK(IsHybrid(options_.strategy) || options_.hybrid_shard_group_size == 0, "FullyShard",
+           "hybrid_shard_group_size=", options_.hybrid_shard_group_size, " applies to ",
+           "HYBRID_SHARD and HYBRID_SHARD_ZERO2 only; ", ShardingStrategyName(options_.strategy),
+           " uses all ", pg.size(), " ranks as one group (leave it 0)");
   ProcessGroup* shard_pg = &pg;
   ProcessGroup* replicate_pg = nullptr;
   if (IsHybrid(options_.strategy)) {
@@ -287,10 +291,16 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
       OP_CHECK(s.ok(), "FullyShard", "sync_module_states: buffer ", name, ": ", s.ToString());
     }
   }
+  {
+    absl::Status s = options_.policy.CheckMatches(root);
+    OP_CHECK(s.ok(), "FullyShard", s.message());
+  }
   std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
   for (size_t i = 0; i < plans.size(); ++i) {
-    OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard", "module '", plans[i].name,
-             "' already has hooks");
+    OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard",
+             plans[i].name.empty() ? std::string("the root module")
+                                   : absl::StrCat("module '", plans[i].name, "'"),
+             " is wrapped already (FullyShard, DDP or ZeRO-1 hooks on it): wrap a model once");
   }
   // A unit's Init reads this rank's shard (--init_from's file, out of
   // memory): it may fail on some ranks only. Those ranks skip the later
@@ -332,13 +342,22 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // Hooks last: a unit that fails above (a peer lost during
   // sync_module_states, rank 0 missing a value, out of memory) throws before
   // any module points at a unit, so nothing dangles once units_ is freed.
-  for (auto& unit : units_) unit->module()->set_hooks(unit.get());
+  for (auto& unit : units_) {
+    unit->module()->set_hooks(unit.get());
+    const std::string holder = unit->name().empty()
+                                   ? std::string("the FSDP root unit")
+                                   : absl::StrCat("FSDP unit '", unit->name(), "'");
+    for (const FlatParameter::Entry& e : unit->flat().entries()) e.param->held_by = holder;
+  }
   shared_->explicit_forward.resize(units_.size());
   shared_->explicit_backward.resize(units_.size());
 }
 
 FullyShardedModel::~FullyShardedModel() {
-  for (auto& u : units_) u->module()->set_hooks(nullptr);
+  for (auto& u : units_) {
+    u->module()->set_hooks(nullptr);
+    for (const FlatParameter::Entry& e : u->flat().entries()) e.param->held_by.clear();
+  }
 }
 
 const std::string& FullyShardedModel::unit_name(int i) const { return units_.at(i)->name(); }

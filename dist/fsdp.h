@@ -145,7 +145,7 @@ struct FsdpOptions {
   bool forward_prefetch = false;
   int max_inflight_all_gathers = 2;
   // HYBRID_SHARD(_ZERO2) only: ranks per shard group (e.g. ranks per node);
-  // must divide the world size.
+  // must divide the world size. Other strategies: must stay 0.
   int hybrid_shard_group_size = 0;
   // The compute device (see above): cpu, or cuda:N available to this rank.
   tensor::Device device = tensor::Device::Cpu();

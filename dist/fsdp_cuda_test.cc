@@ -277,7 +277,8 @@ TEST(FsdpCudaTest, OffloadedStepsAllocateNoPageLockedMemory) {
       o.seed = kSeed;
       o.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
       o.mixed_precision.reduce_dtype = reduce;
-      o.hybrid_shard_group_size = 1;  // HYBRID_SHARD: the replicas' all-reduce, then the copy
+      // HYBRID_SHARD: the replicas' all-reduce, then the copy.
+      o.hybrid_shard_group_size = IsHybrid(strategy) ? 1 : 0;
       auto fsdp = FullyShard(gpt, pg, o);
       auto opt = optim::AdamW::Create({}).value();
       tensor::MemoryLedger& ledger = world.ledger(rank);

@@ -257,7 +257,7 @@ TEST(FsdpMemoryTest, ReshardingAfterAForwardOnlyPassLeavesOnlyTheShards) {
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
       FsdpOptions options = PerBlock(strategy);
-      options.hybrid_shard_group_size = 2;
+      options.hybrid_shard_group_size = IsHybrid(strategy) ? 2 : 0;
       options.forward_prefetch = true;  // a prefetch issued in the pass is freed too
       auto fsdp = FullyShard(gpt, pg, options);
       using tensor::MemoryCategory;
@@ -316,7 +316,7 @@ TEST(FsdpUnshardTest, ValuesAreTheCurrentFullParametersUntilReshard) {
     absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
       FsdpOptions options = PerBlock(k.strategy);
-      options.hybrid_shard_group_size = 2;
+      options.hybrid_shard_group_size = IsHybrid(k.strategy) ? 2 : 0;
       options.mixed_precision = k.mp;
       auto fsdp = FullyShard(gpt, pg, options);
       const int64_t shards = fsdp->Memory(tensor::MemoryCategory::kParameters).current;

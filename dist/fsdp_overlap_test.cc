@@ -508,7 +508,7 @@ TEST_P(FsdpNoSyncTest, AccumulatedMicroBatchesMatchOneProcess) {
   const Batch b = GlobalBatch(c);
   for (int world : {2, 3}) {
     FsdpOptions options = PerBlock(GetParam());
-    options.hybrid_shard_group_size = 1;
+    options.hybrid_shard_group_size = IsHybrid(GetParam()) ? 1 : 0;
     const RunResult want = SingleProcess(c, b.idx, b.tgt, precision::MixedPrecisionPolicy::Fp32(),
                                          /*micro_batches=*/2, world);
     // Accumulation changes the result (else the test shows nothing).
@@ -719,6 +719,17 @@ TEST(FsdpHybridShardTest, AGroupSizeThatDoesNotDivideTheWorldIsAClearError) {
                   std::string::npos)
             << e.what();
       }
+    }
+    // The other strategies use one group of every rank: a group size given
+    // to them is a mistake said as one, not ignored.
+    options.strategy = ShardingStrategy::kFullShard;
+    try {
+      FullyShard(gpt, pg, options);
+      ADD_FAILURE() << "no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "[FullyShard] hybrid_shard_group_size=3 applies to HYBRID_SHARD and "
+                "HYBRID_SHARD_ZERO2 only; FULL_SHARD uses all 4 ranks as one group (leave it 0)");
     }
   });
   EXPECT_TRUE(s.ok()) << s;

@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -60,6 +62,37 @@ TEST(WrapPolicyTest, TransformerPolicyWrapsBlocksAndTheRootKeepsTheRest) {
   for (auto& plan : plans)
     for (auto& [n, p] : plan.params) total += p->numel();
   EXPECT_EQ(total, gpt.NumParameters());
+}
+
+// A transformer policy whose block classes the model lacks (a misspelt
+// name) is refused, naming the classes the model has, where it would have
+// left the whole model in one unit; one of several names is enough.
+TEST(WrapPolicyTest, ATransformerPolicyMatchingNoModuleIsRefused) {
+  mingpt::GPT gpt(Tiny());
+  EXPECT_TRUE(WrapPolicy::Transformer({"Block", "T5Block"}).CheckMatches(gpt).ok());
+  EXPECT_TRUE(WrapPolicy::SizeBased(1 << 30).CheckMatches(gpt).ok());
+  const absl::Status s = WrapPolicy::Transformer({"block"}).CheckMatches(gpt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "block classes {block} match no module of the "
+                                             "model (its classes: Block, "))
+      << s;
+  // Kept by FrozenLeavesApart, which wraps the policy; checked by FullyShard.
+  const WrapPolicy apart = WrapPolicy::FrozenLeavesApart(WrapPolicy::Transformer({"block"}));
+  EXPECT_FALSE(apart.CheckMatches(gpt).ok());
+  absl::Status run = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT model(Tiny());
+    FsdpOptions options;
+    options.policy = apart;
+    try {
+      auto fsdp = FullyShard(model, pg, options);
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_TRUE(absl::StartsWith(e.what(), "[FullyShard] the transformer wrap policy's block "
+                                             "classes {block} match no module"))
+          << e.what();
+    }
+  });
+  EXPECT_TRUE(run.ok()) << run;
 }
 
 // Frozen leaf modules outside the policy's units get units of their own
@@ -207,7 +240,7 @@ TEST(ShardedInitTest, SyncModuleStatesShardsRankZerosModel) {
       if (rank == 0) gpt.Materialize(kSeed + 7);
       if (rank == 2) gpt.Materialize(99);  // ranks 1 and 3: nothing
       FsdpOptions options = PerBlock(strategy);
-      options.hybrid_shard_group_size = 2;
+      options.hybrid_shard_group_size = IsHybrid(strategy) ? 2 : 0;
       options.sync_module_states = true;
       auto fsdp = FullyShard(gpt, pg, options);
       for (int u = 0; u < fsdp->num_units(); ++u) {
@@ -265,6 +298,41 @@ TEST(FsdpTest, AUnitFailingInFullyShardLeavesNoHooks) {
     for (auto& [name, module] : gpt.NamedModules()) {
       EXPECT_EQ(module->hooks(), nullptr) << "rank " << rank << ": module '" << name << "'";
     }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// While FSDP holds a model, its parameters are FSDP's views: an optimizer
+// stepping on them (optim::FromModule) would change nothing FSDP keeps, and
+// is refused naming the unit; so is wrapping the model again. Once the
+// wrapper is gone they are the module's again.
+TEST(FsdpTest, AWrappedModelsParametersAreRefusedToAnOptimizerAndToASecondWrap) {
+  const mingpt::GptConfig c = Tiny();
+  absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(c);
+    auto fsdp = FullyShard(gpt, pg, PerBlock());
+    const Tensor idx = Tensor::FromData<int64_t>(std::vector<int64_t>{1, 2, 3, 4}, {1, 4});
+    gpt.ForwardBackward(idx, idx);
+    const auto message = [&](const std::function<void()>& f) -> std::string {
+      try {
+        f();
+      } catch (const tensor::OpError& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    EXPECT_EQ(message([&] { optim::FromModule(gpt); }),
+              "[FromModule] parameter 'transformer.wte.weight' is held by the FSDP root unit, "
+              "whose optimizer steps on this rank's shards, not on the module's parameters "
+              "(FSDP: FullyShardedModel::ParamRefs(); ZeRO-1: Zero1::Step())");
+    EXPECT_TRUE(absl::StrContains(message([&] { optim::FromModule(*gpt.transformer()->blocks()); }),
+                                  "'0.ln_1.weight' is held by FSDP unit 'transformer.h.0'"));
+    EXPECT_EQ(message([&] { FullyShard(gpt, pg, PerBlock()); }),
+              "[FullyShard] the root module is wrapped already (FullyShard, DDP or ZeRO-1 hooks "
+              "on it): wrap a model once");
+    fsdp.reset();
+    for (auto& [name, p] : gpt.NamedParameters()) EXPECT_EQ(p->held_by, "") << name;
+    EXPECT_EQ(message([&] { optim::FromModule(gpt); }), "no error");
   });
   EXPECT_TRUE(s.ok()) << s;
 }
@@ -474,7 +542,7 @@ TEST(FsdpRunTwiceTest, AUnitRunTwiceInARowGetsBothGradients) {
       FsdpOptions options;
       options.seed = kSeed;
       options.strategy = strategy;
-      options.hybrid_shard_group_size = 1;
+      options.hybrid_shard_group_size = IsHybrid(strategy) ? 1 : 0;
       options.policy = WrapPolicy::Transformer({"Linear"});
       auto fsdp = FullyShard(m, pg, options);
       ASSERT_EQ(fsdp->num_units(), 2);  // the root (no parameters) and inner

@@ -7,6 +7,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace dist {
 namespace {
 
@@ -62,9 +65,24 @@ void Assign(nn::Module& m, const std::string& name, int unit,
 WrapPolicy WrapPolicy::None() { return WrapPolicy(); }
 
 WrapPolicy WrapPolicy::Transformer(std::set<std::string> block_class_names) {
-  return FromPredicate([names = std::move(block_class_names)](const std::string&, nn::Module& m) {
+  WrapPolicy p = FromPredicate([names = block_class_names](const std::string&, nn::Module& m) {
     return names.count(m.class_name()) > 0;
   });
+  p.block_class_names_ = std::move(block_class_names);
+  return p;
+}
+
+absl::Status WrapPolicy::CheckMatches(nn::Module& root) const {
+  if (block_class_names_.empty()) return absl::OkStatus();
+  std::set<std::string> classes;
+  for (const auto& [name, m] : root.NamedModules()) {
+    if (block_class_names_.count(m->class_name()) > 0) return absl::OkStatus();
+    classes.insert(m->class_name());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the transformer wrap policy's block classes {", absl::StrJoin(block_class_names_, ", "),
+      "} match no module of the model (its classes: ", absl::StrJoin(classes, ", "),
+      "); as given, the whole model would be one unit"));
 }
 
 WrapPolicy WrapPolicy::SizeBased(int64_t min_params) {

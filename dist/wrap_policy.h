@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "nn/module.h"
 
 namespace dist {
@@ -51,6 +52,12 @@ class WrapPolicy {
   static WrapPolicy FrozenLeavesApart(WrapPolicy base, nn::Module& root,
                                       const std::vector<std::string>& keep_names);
 
+  // Transformer(names): InvalidArgument unless some module under `root` is of
+  // one of the classes, naming them and the classes `root` has (a misspelt
+  // class would leave the whole model in the root unit, gathered at once).
+  // OK for the other policies. FullyShard checks it.
+  absl::Status CheckMatches(nn::Module& root) const;
+
   // The unit modules (name relative to the root, module) in pre-order; the
   // root ("") is always first.
   std::vector<std::pair<std::string, nn::Module*>> SelectUnits(nn::Module& root) const;
@@ -60,6 +67,7 @@ class WrapPolicy {
   Kind kind_ = Kind::kNone;
   Predicate predicate_;
   int64_t min_params_ = 0;
+  std::set<std::string> block_class_names_;  // Transformer's
   // FrozenLeavesApart: leaves the base leaves in the root unit that become units.
   Predicate apart_;
 };

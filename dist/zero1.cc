@@ -158,9 +158,13 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   hooks_ = std::make_unique<internal::BackwardHooks>(
       model_, [this] { OnRootPreBackward(); }, [this](nn::Module& m) { OnPostBackward(m); },
       [this](nn::Module& m) { OnPreForward(m); });
+  // Each rank's gradient is averaged in its own slices only: an optimizer of
+  // the caller's stepping on the whole parameters would set the ranks apart.
+  for (auto& [name, p] : params_) p->held_by = "ZeRO-1";
 }
 
 Zero1::~Zero1() {
+  for (auto& [name, p] : params_) p->held_by.clear();
   hooks_.reset();
   for (Bucket& b : buckets_) {
     if (b.work) b.work->Wait().IgnoreError();

@@ -101,6 +101,11 @@ struct Parameter {
   // and the owner zeroes what no backward wrote (FSDP after the unit's
   // backward, DDP / ZeRO-1 before a bucket's collective).
   bool grad_unwritten = false;
+  // The wrapper that owns value and grad while it lives, whose optimizer
+  // steps on its own shards (optim::FromModule refuses the parameter): an
+  // FSDP unit ("FSDP unit 'transformer.h.0'"; value and grad are its views,
+  // undefined while sharded), or "ZeRO-1" (which steps on this rank's slices).
+  std::string held_by;
   // How many times a backward asked for the gradient (GradToWrite, GradBuffer):
   // once per use. DDP and ZeRO-1 count a backward's writes to know when a
   // gradient is final, whichever modules use the parameter.

@@ -21,7 +21,13 @@ ParamRef MakeParamRef(std::string name, Tensor param, Tensor grad, bool decay) {
 std::vector<ParamRef> FromModule(nn::Module& module) {
   std::vector<ParamRef> refs;
   for (auto& [name, p] : module.NamedParameters()) {
-    if (!p->requires_grad || !p->value.defined() || !p->grad.defined()) continue;
+    if (!p->requires_grad) continue;
+    // Stepping on FSDP's views would change nothing it keeps (the shards);
+    // on ZeRO-1's, gradients averaged in this rank's slices only.
+    OP_CHECK(p->held_by.empty(), "FromModule", "parameter '", name, "' is held by ", p->held_by,
+             ", whose optimizer steps on this rank's shards, not on the module's parameters "
+             "(FSDP: FullyShardedModel::ParamRefs(); ZeRO-1: Zero1::Step())");
+    if (!p->value.defined() || !p->grad.defined()) continue;
     refs.push_back(MakeParamRef(name, p->value, p->grad, p->weight_decay));
   }
   return refs;

@@ -50,7 +50,9 @@ ParamRef MakeParamRef(std::string name, tensor::Tensor param, tensor::Tensor gra
 // One ref per parameter of `module`, named as NamedParameters() names it, with
 // decay over the whole parameter iff Parameter::weight_decay. Parameters
 // without a value or without a gradient, and frozen ones, are skipped. The refs share the
-// parameters' tensors (no copy).
+// parameters' tensors (no copy). Throws tensor::OpError naming a trainable
+// parameter a wrapper holds (Parameter::held_by: FSDP, ZeRO-1), whose
+// optimizer steps on the wrapper's shards instead.
 std::vector<ParamRef> FromModule(nn::Module& module);
 
 // The part of `ranges` (sorted, disjoint) inside [begin, end), shifted so that

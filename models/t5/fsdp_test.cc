@@ -19,6 +19,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "dist/fsdp.h"
+#include "dist/thread_group.h"
 #include "dist/wrap_policy.h"
 #include "gtest/gtest.h"
 #include "models/common/data_parallel.h"
@@ -30,6 +32,7 @@
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "tensor/error.h"
 
 namespace t5 {
 namespace {
@@ -135,6 +138,31 @@ TEST(T5FsdpPlanTest, APolicyThatMovesTheSharedEmbeddingOutIsRefused) {
                                   "puts 'shared.weight' into the FSDP unit 'shared'"))
         << dp.status();
     return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+}
+
+// The same layout through dist::FullyShard alone (a library user's policy,
+// no train binary to check it): the head's read of the shared embedding says
+// which unit holds it and why that cannot work, where it said "not
+// materialized".
+TEST(T5FsdpPlanTest, TheHeadSaysWhichUnitHoldsTheSharedEmbedding) {
+  absl::Status s = dist::RunRanks(2, [&](int rank, dist::ProcessGroup& pg) {
+    T5Model model(Tiny(false));
+    dist::FsdpOptions options;
+    options.policy = dist::WrapPolicy::SizeBased(1000);  // the shared embedding alone
+    auto fsdp = dist::FullyShard(model, pg, options);
+    data::SpanCorruptionLoader loader = Loader(rank, 2);
+    const data::Seq2SeqBatch b = loader.Next();
+    try {
+      model.ForwardBackward(b.encoder_inputs, b.encoder_mask, b.decoder_inputs, b.decoder_targets);
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_TRUE(absl::StrContains(e.what(), "shared.weight, which the tied head reads, is held "
+                                              "by FSDP unit 'shared', not gathered when the head "
+                                              "runs"))
+          << e.what();
+    }
   });
   ASSERT_TRUE(s.ok()) << s;
 }

@@ -241,7 +241,14 @@ Tensors T5Model::Backward(const Tensors& grad_outputs, Context& ctx) {
 }
 
 Tensor T5Model::TiedHeadForward(const Tensor& x, Context& ctx) {
-  const Tensor& w = shared_->weight()->value;  // (V, d)
+  const nn::Parameter& shared = *shared_->weight();
+  const Tensor& w = shared.value;  // (V, d)
+  // Under FSDP the head reads it outside its unit's forward: gathered only
+  // in the root unit, which is gathered whenever the model runs.
+  OP_CHECK(w.defined() || shared.held_by.empty(), kOp,
+           "shared.weight, which the tied head reads, is held by ", shared.held_by,
+           ", not gathered when the head runs: a wrap policy must leave it in the root unit "
+           "(the transformer policy over T5Block does; train::CheckTiedWeightsInRoot checks one)");
   OP_CHECK(w.defined(), kOp, "shared.weight is not materialized");
   const int64_t d = config_.d_model;
   // Hugging Face: sequence_output * model_dim**-0.5 before the tied projection.
