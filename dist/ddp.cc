@@ -35,6 +35,8 @@ tensor::Device ModelDevice(const char* op,
   tensor::Device device = tensor::Device::Cpu();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
+    OP_CHECK(p->held_by.empty(), op, "parameter ", name, " is held by ", p->held_by,
+             " already: wrap a model once");
     OP_CHECK(p->value.defined(), op, "parameter ", name, " is not materialized");
     OP_CHECK(p->value.dtype() == tensor::Dtype::kF32 && p->value.is_contiguous(), op,
              "parameter ", name, " must be a contiguous fp32 tensor");

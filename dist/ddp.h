@@ -104,8 +104,9 @@ namespace dist {
 absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root = 0);
 
 // The device of `params` (CPU when empty). Throws tensor::OpError naming the
-// parameter when one is undefined, not a contiguous fp32 tensor, or on
-// another device than the first. DDP's and ZeRO-1's check of the model.
+// parameter when a wrapper holds it already (Parameter::held_by), or it is
+// undefined, not a contiguous fp32 tensor, or on another device than the
+// first. DDP's and ZeRO-1's check of the model.
 tensor::Device ModelDevice(const char* op,
                            const std::vector<std::pair<std::string, nn::Parameter*>>& params);
 

@@ -528,6 +528,14 @@ TEST(Zero1Test, AnOptimizerOfTheCallersIsRefusedTheModelsParameters) {
                                   "[FromModule] parameter 'transformer.wte.weight' is held by "
                                   "ZeRO-1, whose optimizer steps on this rank's shards")));
                   ASSERT_TRUE(zero.Step().ok());
+                  // Nor is the model wrapped again.
+                  EXPECT_THAT([&] { Zero1 again(model, pg, MakeOptimizer(Opt::kSgd)); },
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::HasSubstr(
+                                  "parameter transformer.wte.weight is held by ZeRO-1 already: "
+                                  "wrap a model once")));
+                  EXPECT_THAT([&] { DistributedDataParallel ddp(model, pg); },
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::HasSubstr(
+                                  "is held by ZeRO-1 already")));
                 }
                 for (auto& [name, p] : model.NamedParameters()) EXPECT_EQ(p->held_by, "") << name;
                 EXPECT_FALSE(optim::FromModule(model).empty());

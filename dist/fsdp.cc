@@ -236,6 +236,22 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   OP_CHECK(options_.max_inflight_all_gathers >= 1, "FullyShard",
            "max_inflight_all_gathers=", options_.max_inflight_all_gathers,
            " must be >= 1 (1: no prefetch)");
+  // The model and the policy, before anything changes it or communicates.
+  {
+    absl::Status s = options_.policy.CheckMatches(root);
+    OP_CHECK(s.ok(), "FullyShard", s.message());
+  }
+  std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard",
+             plans[i].name.empty() ? std::string("the root module")
+                                   : absl::StrCat("module '", plans[i].name, "'"),
+             " is wrapped already (FullyShard, DDP or ZeRO-1 hooks on it): wrap a model once");
+    for (const auto& [name, p] : plans[i].params) {
+      OP_CHECK(p->held_by.empty(), "FullyShard", "parameter '", name, "' is held by ", p->held_by,
+               " already: wrap a model once");
+    }
+  }
   OP_CHECK(IsHybrid(options_.strategy) || options_.hybrid_shard_group_size == 0, "FullyShard",
            "hybrid_shard_group_size=", options_.hybrid_shard_group_size, " applies to ",
            "HYBRID_SHARD and HYBRID_SHARD_ZERO2 only; ", ShardingStrategyName(options_.strategy),
@@ -290,17 +306,6 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
       absl::Status s = pg.BroadcastSync(*buffer, 0);
       OP_CHECK(s.ok(), "FullyShard", "sync_module_states: buffer ", name, ": ", s.ToString());
     }
-  }
-  {
-    absl::Status s = options_.policy.CheckMatches(root);
-    OP_CHECK(s.ok(), "FullyShard", s.message());
-  }
-  std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
-  for (size_t i = 0; i < plans.size(); ++i) {
-    OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard",
-             plans[i].name.empty() ? std::string("the root module")
-                                   : absl::StrCat("module '", plans[i].name, "'"),
-             " is wrapped already (FullyShard, DDP or ZeRO-1 hooks on it): wrap a model once");
   }
   // A unit's Init reads this rank's shard (--init_from's file, out of
   // memory): it may fail on some ranks only. Those ranks skip the later

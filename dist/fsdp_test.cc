@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
+#include "dist/zero1.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
@@ -71,6 +72,8 @@ TEST(WrapPolicyTest, ATransformerPolicyMatchingNoModuleIsRefused) {
   mingpt::GPT gpt(Tiny());
   EXPECT_TRUE(WrapPolicy::Transformer({"Block", "T5Block"}).CheckMatches(gpt).ok());
   EXPECT_TRUE(WrapPolicy::SizeBased(1 << 30).CheckMatches(gpt).ok());
+  // The root's own class does not count: the root is a unit whatever it is.
+  EXPECT_FALSE(WrapPolicy::Transformer({"GPT"}).CheckMatches(gpt).ok());
   const absl::Status s = WrapPolicy::Transformer({"block"}).CheckMatches(gpt);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.message(), "block classes {block} match no module of the "
@@ -330,6 +333,13 @@ TEST(FsdpTest, AWrappedModelsParametersAreRefusedToAnOptimizerAndToASecondWrap) 
     EXPECT_EQ(message([&] { FullyShard(gpt, pg, PerBlock()); }),
               "[FullyShard] the root module is wrapped already (FullyShard, DDP or ZeRO-1 hooks "
               "on it): wrap a model once");
+    // A wrapper of other modules over the same parameters: refused too.
+    EXPECT_EQ(message([&] { FullyShard(*gpt.transformer()->blocks(), pg, FsdpOptions()); }),
+              "[FullyShard] parameter '0.ln_1.weight' is held by FSDP unit 'transformer.h.0' "
+              "already: wrap a model once");
+    EXPECT_EQ(message([&] { Zero1 zero(gpt, pg, optim::SGD::Create({}).value()); }),
+              "[zero1] parameter transformer.wte.weight is held by the FSDP root unit already: "
+              "wrap a model once");
     fsdp.reset();
     for (auto& [name, p] : gpt.NamedParameters()) EXPECT_EQ(p->held_by, "") << name;
     EXPECT_EQ(message([&] { optim::FromModule(gpt); }), "no error");

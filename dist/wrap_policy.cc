@@ -76,6 +76,7 @@ absl::Status WrapPolicy::CheckMatches(nn::Module& root) const {
   if (block_class_names_.empty()) return absl::OkStatus();
   std::set<std::string> classes;
   for (const auto& [name, m] : root.NamedModules()) {
+    if (name.empty()) continue;  // the root is a unit whatever its class
     if (block_class_names_.count(m->class_name()) > 0) return absl::OkStatus();
     classes.insert(m->class_name());
   }

@@ -44,9 +44,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +68,7 @@
 #include "models/t5/config.h"
 #include "models/t5/pretrained.h"
 #include "nn/state_dict.h"
+#include "tensor/durable_file.h"
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
 
@@ -290,15 +293,17 @@ absl::StatusOr<Exported> ExportHfInto(const std::string& dir, const std::string&
   if (!s.ok()) return s;
   std::string written = "config.json, model.safetensors";
   if (!tokenizer_flag.empty()) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
+    // Copied durably, as the weights are written: the folder is renamed in next.
     for (const auto& [from, name] : {std::pair{tokenizer_files.first, "vocab.json"},
                                      std::pair{tokenizer_files.second, "merges.txt"}}) {
-      fs::copy_file(from, fs::path(tmp) / name, ec);
-      if (ec) {
-        return absl::UnavailableError(
-            absl::StrCat("copying ", from, " to ", name, ": ", ec.message()));
+      std::ifstream in(from, std::ios::binary);
+      std::ostringstream bytes;
+      bytes << in.rdbuf();
+      if (!in || !bytes) {
+        return absl::UnavailableError(absl::StrCat("cannot read ", from, " (for ", name, ")"));
       }
+      absl::Status s = tensor::WriteFileDurably(tmp + "/" + name, bytes.str());
+      if (!s.ok()) return s;
     }
     absl::StrAppend(&written, ", vocab.json, merges.txt");
   }

@@ -9,13 +9,16 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_offline.h"
@@ -41,35 +44,83 @@ absl::Status CheckFreshFolder(const std::string& dir) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Removes what `dir` holds, not `dir`.
+void EmptyFolder(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    entries.push_back(it->path());
+  }
+  for (const fs::path& p : entries) fs::remove_all(p, ec);
+}
+
+// write(folder), with `cleanup` run when it fails or throws.
+absl::Status WriteOrClean(const std::function<absl::Status(const std::string&)>& write,
+                          const std::string& folder, const std::function<void()>& cleanup) {
+  absl::Status s;
+  try {
+    s = write(folder);
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  if (!s.ok()) cleanup();
+  return s;
+}
+
+}  // namespace
+
 absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
                               const std::function<absl::Status(const std::string& tmp)>& write) {
   // "OUT/" is OUT: its temporary folder goes beside it, not inside.
-  const std::string named = dist::sharded::StripTrailingSlashes(dir_in);
-  absl::Status s = CheckFreshFolder(named);
+  const std::string dir = dist::sharded::StripTrailingSlashes(dir_in);
+  absl::Status s = CheckFreshFolder(dir);
   if (!s.ok()) return s;
   std::error_code ec;
-  // An existing (empty) folder through a link: the link's target is replaced.
-  std::string dir = named;
-  if (fs::is_symlink(fs::symlink_status(named, ec))) {
-    const fs::path target = fs::canonical(named, ec);
-    if (ec) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot follow the link '", named, "': ", ec.message()));
-    }
-    dir = target.string();
+  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(fs::status(dir, ec))) {
+    return absl::AlreadyExistsError(absl::StrCat("'", dir, "' is a link to nothing"));
   }
-  const std::string tmp = absl::StrCat(dir, ".tmp-", what, "-", ::getpid());
-  fs::remove_all(tmp, ec);
+  if (fs::exists(fs::status(dir, ec))) {
+    // An empty folder the caller made (a mount point, a link to one, its
+    // permissions): written in place, emptied again when the write fails.
+    s = WriteOrClean(write, dir, [&] { EmptyFolder(dir); });
+    if (s.ok()) tensor::FsyncDir(dir);
+    return s;
+  }
+  // A new folder: written beside it under a name of its own, then renamed
+  // into place. rename(2) replaces no folder that holds anything, so a
+  // folder that appeared at `dir` meanwhile is left as it is.
+  const std::string tmp =
+      absl::StrCat(dir, ".tmp-", what, "-", ::getpid(), "-", absl::Hex(std::random_device{}()));
   const fs::path parent = fs::path(tmp).parent_path();
   if (!parent.empty()) fs::create_directories(parent, ec);  // errors show at mkdir
   if (::mkdir(tmp.c_str(), 0755) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
   }
-  s = write(tmp);
-  if (s.ok()) s = tensor::ReplaceFolderDurably(tmp, dir, absl::StrCat(what, "-", ::getpid()));
-  if (!s.ok()) fs::remove_all(tmp, ec);
-  return s;
+  const auto remove_tmp = [&] {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+  };
+  s = WriteOrClean(write, tmp, remove_tmp);
+  if (s.ok()) {
+    if (::rename(tmp.c_str(), dir.c_str()) == 0) {
+      tensor::FsyncDir(tensor::ParentFolder(dir));
+      return absl::OkStatus();
+    }
+    const int error = errno;
+    remove_tmp();
+    s = error == EEXIST || error == ENOTEMPTY
+            ? absl::AlreadyExistsError(absl::StrCat(
+                  "'", dir, "' appeared while it was being written; it was left as it is"))
+            : absl::UnavailableError(
+                  absl::StrCat("cannot rename '", tmp, "' to '", dir, "': ", std::strerror(error)));
+    return s;
+  }
+  // The writer's error, naming the folder as the caller gave it.
+  return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{tmp, dir}}));
 }
 
 namespace {

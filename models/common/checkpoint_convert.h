@@ -32,14 +32,16 @@ namespace train {
 // that nothing is written over, or mixed with, another folder's files).
 absl::Status CheckFreshFolder(const std::string& dir);
 
-// Writes the new folder `dir` whole or not at all: CheckFreshFolder(dir),
-// then `write` fills a temporary folder beside it ("<dir>.tmp-<what>-<pid>",
-// its parents created), which is renamed onto `dir` when `write` succeeds
-// (tensor::ReplaceFolderDurably: onto an empty folder too; a link to an
-// empty folder stays a link, its target replaced) and removed when it fails,
-// so a failed or interrupted write never leaves a partial folder at `dir`
-// and can be run again as it was. "dir/" is dir. `write`'s error is returned
-// as it is.
+// Writes the new folder `dir` (CheckFreshFolder first): `write` fills the
+// folder it is given. A `dir` that does not exist is written whole or not at
+// all: into a temporary folder beside it ("<dir>.tmp-<what>-<pid>-<random>",
+// its parents created), renamed into place when `write` succeeds (the parent
+// fsynced) and removed when it fails or throws; a folder that appeared at
+// `dir` meanwhile is left alone (AlreadyExists). A killed write leaves only
+// the temporary folder. An existing empty folder (or a link to one: a mount
+// point, a folder with its own permissions) is written in place, and emptied
+// again when `write` fails. "dir/" is dir; `write`'s error is returned with
+// the temporary folder named as `dir`.
 absl::Status WriteFreshFolder(const std::string& dir, absl::string_view what,
                               const std::function<absl::Status(const std::string& tmp)>& write);
 

@@ -169,19 +169,47 @@ TEST(WriteFreshFolderTest, AFolderAppearsWholeOrNotAtAll) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
   EXPECT_FALSE(wrote);
   EXPECT_EQ(Names(out), std::vector<std::string>{"model.bin"});
-  // An empty folder is replaced; through a link, its target is, and the link stays.
+  // A folder that appears at `out` while it is written (another run) is
+  // left as it is, and said.
+  const std::string raced = root + "/raced";
+  s = WriteFreshFolder(raced, "test", [&](const std::string& tmp) {
+    WriteText(tmp + "/mine.bin", "mine");
+    std::filesystem::create_directories(raced);
+    WriteText(raced + "/theirs.bin", "theirs");
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s, absl::AlreadyExistsError("'" + raced + "' appeared while it was being written; "
+                                        "it was left as it is"));
+  EXPECT_EQ(Names(raced), std::vector<std::string>{"theirs.bin"});
+  // The writer's error names the folder as given; a throw cleans up too.
+  s = WriteFreshFolder(root + "/b", "test", [&](const std::string& tmp) {
+    return absl::UnavailableError("cannot write '" + tmp + "/x.bin'");
+  });
+  EXPECT_EQ(s, absl::UnavailableError("cannot write '" + root + "/b/x.bin'"));
+  EXPECT_THROW(WriteFreshFolder(root + "/b", "test",
+                                [&](const std::string&) -> absl::Status { throw 7; }),
+               int);
+  EXPECT_EQ(Names(root), (std::vector<std::string>{"a", "raced"}));
+  // An empty folder (here through a link: the link stays) is written in
+  // place, and emptied again when the write fails.
   const std::string empty = root + "/empty";
   std::filesystem::create_directories(empty);
   const std::string link = root + "/link";
   std::filesystem::create_directory_symlink(empty, link);
-  s = WriteFreshFolder(link, "test", [&](const std::string& tmp) {
-    WriteText(tmp + "/config.json", "{}");
+  s = WriteFreshFolder(link, "test", [&](const std::string& folder) {
+    WriteText(folder + "/half.bin", "half");
+    return absl::DataLossError("broke");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Names(empty), std::vector<std::string>{});
+  s = WriteFreshFolder(link, "test", [&](const std::string& folder) {
+    WriteText(folder + "/config.json", "{}");
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(std::filesystem::is_symlink(link));
   EXPECT_EQ(Names(empty), std::vector<std::string>{"config.json"});
-  EXPECT_EQ(Names(root), (std::vector<std::string>{"a", "empty", "link"}));
+  EXPECT_EQ(Names(root), (std::vector<std::string>{"a", "empty", "link", "raced"}));
 }
 
 // The recorded checkpoint of a run: found through the directory's `latest`,
