@@ -347,6 +347,8 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   // Hooks last: a unit that fails above (a peer lost during
   // sync_module_states, rank 0 missing a value, out of memory) throws before
   // any module points at a unit, so nothing dangles once units_ is freed.
+  shared_->explicit_forward.resize(units_.size());
+  shared_->explicit_backward.resize(units_.size());
   for (auto& unit : units_) {
     unit->module()->set_hooks(unit.get());
     const std::string holder = unit->name().empty()
@@ -354,8 +356,6 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
                                    : absl::StrCat("FSDP unit '", unit->name(), "'");
     for (const FlatParameter::Entry& e : unit->flat().entries()) e.param->held_by = holder;
   }
-  shared_->explicit_forward.resize(units_.size());
-  shared_->explicit_backward.resize(units_.size());
 }
 
 FullyShardedModel::~FullyShardedModel() {

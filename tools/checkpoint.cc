@@ -313,7 +313,8 @@ absl::StatusOr<Exported> ExportHfInto(const std::string& dir, const std::string&
 
 // Written whole or not at all (train::WriteFreshFolder): not over, or mixed
 // with, another folder's files, and a failed or interrupted export leaves
-// nothing at OUT, so that it can be run again as it was.
+// nothing at OUT (into a link or a mount point: written in place, emptied
+// when it fails), so that it can be run again as it was.
 int ExportHf(const std::string& dir, const std::string& out) {
   Exported exported;
   absl::Status s = train::WriteFreshFolder(out, "export-hf", [&](const std::string& tmp) {

@@ -2,6 +2,8 @@
 // checkpoint_convert.h).
 #include "models/common/checkpoint_convert.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,29 +76,38 @@ absl::Status WriteOrClean(const std::function<absl::Status(const std::string&)>&
 
 absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
                               const std::function<absl::Status(const std::string& tmp)>& write) {
-  // "OUT/" is OUT: its temporary folder goes beside it, not inside.
-  const std::string dir = dist::sharded::StripTrailingSlashes(dir_in);
+  if (dir_in.empty()) return absl::InvalidArgumentError("the folder to write has no name");
+  // "OUT/" and "OUT/." are OUT, whose temporary folder goes beside it, not
+  // inside: operations use the absolute, normal path; messages the name given.
+  const std::string named = dist::sharded::StripTrailingSlashes(dir_in);
+  const std::string dir =
+      dist::sharded::StripTrailingSlashes(fs::absolute(named).lexically_normal().string());
   absl::Status s = CheckFreshFolder(dir);
-  if (!s.ok()) return s;
+  if (!s.ok()) return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{dir, named}}));
   std::error_code ec;
-  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(fs::status(dir, ec))) {
-    return absl::AlreadyExistsError(absl::StrCat("'", dir, "' is a link to nothing"));
+  const fs::file_status link = fs::symlink_status(dir, ec);
+  const bool exists = fs::exists(fs::status(dir, ec));
+  if (fs::is_symlink(link) && !exists) {
+    return absl::AlreadyExistsError(absl::StrCat("'", named, "' is a link to nothing"));
   }
-  if (fs::exists(fs::status(dir, ec))) {
-    // An empty folder the caller made (a mount point, a link to one, its
-    // permissions): written in place, emptied again when the write fails.
+  // A link to an empty folder, or a mount point: written in place (the
+  // folder cannot be replaced), emptied again when the write fails.
+  struct stat here {}, parent {};
+  const bool mount_point = exists && ::stat(dir.c_str(), &here) == 0 &&
+                           ::stat(tensor::ParentFolder(dir).c_str(), &parent) == 0 &&
+                           here.st_dev != parent.st_dev;
+  if (fs::is_symlink(link) || mount_point) {
     s = WriteOrClean(write, dir, [&] { EmptyFolder(dir); });
     if (s.ok()) tensor::FsyncDir(dir);
-    return s;
+    return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{dir, named}}));
   }
-  // A new folder: written beside it under a name of its own, then renamed
-  // into place. rename(2) replaces no folder that holds anything, so a
-  // folder that appeared at `dir` meanwhile is left as it is.
+  // Else written beside it under a name of its own, then renamed into place
+  // (an empty folder there is replaced, its permissions kept), so that a
+  // failed or killed write leaves nothing at `dir`.
   const std::string tmp =
       absl::StrCat(dir, ".tmp-", what, "-", ::getpid(), "-", absl::Hex(std::random_device{}()));
-  const fs::path parent = fs::path(tmp).parent_path();
-  if (!parent.empty()) fs::create_directories(parent, ec);  // errors show at mkdir
-  if (::mkdir(tmp.c_str(), 0755) != 0) {
+  fs::create_directories(fs::path(tmp).parent_path(), ec);  // errors show at mkdir
+  if (::mkdir(tmp.c_str(), exists ? here.st_mode & 07777 : 0755) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
   }
@@ -105,22 +116,31 @@ absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
     fs::remove_all(tmp, ignored);
   };
   s = WriteOrClean(write, tmp, remove_tmp);
-  if (s.ok()) {
-    if (::rename(tmp.c_str(), dir.c_str()) == 0) {
-      tensor::FsyncDir(tensor::ParentFolder(dir));
-      return absl::OkStatus();
-    }
-    const int error = errno;
-    remove_tmp();
-    s = error == EEXIST || error == ENOTEMPTY
-            ? absl::AlreadyExistsError(absl::StrCat(
-                  "'", dir, "' appeared while it was being written; it was left as it is"))
-            : absl::UnavailableError(
-                  absl::StrCat("cannot rename '", tmp, "' to '", dir, "': ", std::strerror(error)));
-    return s;
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{tmp, named}, {dir, named}}));
   }
-  // The writer's error, naming the folder as the caller gave it.
-  return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{tmp, dir}}));
+  // No folder at `dir` is replaced but the empty one found there: whatever
+  // appeared meanwhile (another run's, even empty) is left as it is.
+  int error = 0;
+  if (exists && ::rmdir(dir.c_str()) != 0) error = errno;
+  if (error == 0 &&
+      ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
+    error = errno;
+    if (error == EINVAL || error == ENOSYS) {  // a file system without RENAME_NOREPLACE
+      error = ::rename(tmp.c_str(), dir.c_str()) == 0 ? 0 : errno;
+    }
+  }
+  if (error == 0) {
+    tensor::FsyncDir(tensor::ParentFolder(dir));
+    return absl::OkStatus();
+  }
+  remove_tmp();
+  if (error == EEXIST || error == ENOTEMPTY) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "'", named, "' was filled while it was being written; it was left as it is"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("cannot rename '", tmp, "' to '", named, "': ", std::strerror(error)));
 }
 
 namespace {

@@ -32,16 +32,16 @@ namespace train {
 // that nothing is written over, or mixed with, another folder's files).
 absl::Status CheckFreshFolder(const std::string& dir);
 
-// Writes the new folder `dir` (CheckFreshFolder first): `write` fills the
-// folder it is given. A `dir` that does not exist is written whole or not at
-// all: into a temporary folder beside it ("<dir>.tmp-<what>-<pid>-<random>",
-// its parents created), renamed into place when `write` succeeds (the parent
-// fsynced) and removed when it fails or throws; a folder that appeared at
-// `dir` meanwhile is left alone (AlreadyExists). A killed write leaves only
-// the temporary folder. An existing empty folder (or a link to one: a mount
-// point, a folder with its own permissions) is written in place, and emptied
-// again when `write` fails. "dir/" is dir; `write`'s error is returned with
-// the temporary folder named as `dir`.
+// Writes the new folder `dir` (CheckFreshFolder first) whole or not at all:
+// `write` fills a temporary folder beside it ("<dir>.tmp-<what>-<pid>-
+// <random>", its parents created), which is renamed into place when `write`
+// succeeds (the parent fsynced; an empty folder there is replaced, its
+// permissions kept) and removed when it fails or throws. A folder filled, or
+// made, at `dir` meanwhile by someone else is left alone (AlreadyExists). A
+// killed write leaves only the temporary folder. A link to an empty folder,
+// or an empty mount point, cannot be replaced: it is written in place, and
+// emptied again when `write` fails. "dir/" and "dir/." are dir; `write`'s
+// error is returned naming `dir` where it named the temporary folder.
 absl::Status WriteFreshFolder(const std::string& dir, absl::string_view what,
                               const std::function<absl::Status(const std::string& tmp)>& write);
 

@@ -178,9 +178,34 @@ TEST(WriteFreshFolderTest, AFolderAppearsWholeOrNotAtAll) {
     WriteText(raced + "/theirs.bin", "theirs");
     return absl::OkStatus();
   });
-  EXPECT_EQ(s, absl::AlreadyExistsError("'" + raced + "' appeared while it was being written; "
+  EXPECT_EQ(s, absl::AlreadyExistsError("'" + raced + "' was filled while it was being written; "
                                         "it was left as it is"));
   EXPECT_EQ(Names(raced), std::vector<std::string>{"theirs.bin"});
+  // Even an empty one made meanwhile (another run about to write into it).
+  const std::string made = root + "/made";
+  s = WriteFreshFolder(made, "test", [&](const std::string& tmp) {
+    std::filesystem::create_directories(made);
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  std::filesystem::remove(made);
+  // An empty folder found there is replaced, keeping its permissions;
+  // "OUT/." is OUT; a folder without a name is refused.
+  const std::string plain = root + "/plain";
+  std::filesystem::create_directories(plain);
+  std::filesystem::permissions(plain, std::filesystem::perms::owner_all);  // 0700
+  s = WriteFreshFolder(plain + "/.", "test", [&](const std::string& tmp) {
+    EXPECT_EQ(std::filesystem::path(tmp).parent_path(), std::filesystem::path(root));
+    WriteText(tmp + "/model.bin", "weights");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Names(plain), std::vector<std::string>{"model.bin"});
+  EXPECT_EQ(std::filesystem::status(plain).permissions(), std::filesystem::perms::owner_all);
+  std::filesystem::remove_all(plain);
+  EXPECT_EQ(WriteFreshFolder("", "test", [](const std::string&) { return absl::OkStatus(); })
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   // The writer's error names the folder as given; a throw cleans up too.
   s = WriteFreshFolder(root + "/b", "test", [&](const std::string& tmp) {
     return absl::UnavailableError("cannot write '" + tmp + "/x.bin'");
