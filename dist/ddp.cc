@@ -50,6 +50,14 @@ tensor::Device ModelDevice(const char* op,
 
 namespace internal {
 
+void CheckNotWrapped(const char* op, nn::Module& root) {
+  for (auto& [name, m] : root.NamedModules()) {
+    OP_CHECK(dynamic_cast<const BackwardHooks*>(m->hooks()) == nullptr, op,
+             name.empty() ? std::string("the model") : absl::StrCat("module '", name, "'"),
+             " is wrapped already (DDP or ZeRO-1 hooks on it): wrap a model once");
+  }
+}
+
 BackwardHooks::BackwardHooks(nn::Module& root, std::function<void()> root_pre_backward,
                              std::function<void(nn::Module&)> post_backward,
                              std::function<void(nn::Module&)> pre_forward)
@@ -102,6 +110,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       options_(options),
       params_(model.NamedParameters()),
       frozen_(internal::FrozenFlags(params_)) {
+  internal::CheckNotWrapped("ddp", model_);
   const std::vector<std::vector<int>> groups =
       internal::ReverseOrderBuckets("ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true);
   const tensor::Device device = ModelDevice("ddp", params_);

@@ -112,6 +112,12 @@ tensor::Device ModelDevice(const char* op,
 
 namespace internal {
 
+// Throws tensor::OpError (naming `op` and the module) when a module of
+// `root`'s tree carries DDP's or ZeRO-1's hooks: a model wrapped twice, whose
+// collectives would run twice per backward. (FSDP's parameters are refused
+// by ModelDevice; a user's own hooks are chained to.)
+void CheckNotWrapped(const char* op, nn::Module& root);
+
 // A ModuleHooks installed on every module of `root`'s tree, chaining to the
 // hooks each module had. Calls `post_backward(module)` after each module's
 // backward (after the chained hook), `root_pre_backward()` before the root's

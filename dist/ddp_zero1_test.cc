@@ -530,15 +530,33 @@ TEST(Zero1Test, AnOptimizerOfTheCallersIsRefusedTheModelsParameters) {
                   ASSERT_TRUE(zero.Step().ok());
                   // Nor is the model wrapped again.
                   EXPECT_THAT([&] { Zero1 again(model, pg, MakeOptimizer(Opt::kSgd)); },
-                              ::testing::ThrowsMessage<tensor::OpError>(::testing::HasSubstr(
-                                  "parameter transformer.wte.weight is held by ZeRO-1 already: "
-                                  "wrap a model once")));
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::StrEq(
+                                  "[zero1] the model is wrapped already (DDP or ZeRO-1 hooks on "
+                                  "it): wrap a model once")));
                   EXPECT_THAT([&] { DistributedDataParallel ddp(model, pg); },
-                              ::testing::ThrowsMessage<tensor::OpError>(::testing::HasSubstr(
-                                  "is held by ZeRO-1 already")));
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::StartsWith(
+                                  "[ddp] the model is wrapped already")));
+                  // Nor a part of it.
+                  EXPECT_THAT(
+                      [&] { DistributedDataParallel ddp(*model.transformer()->blocks(), pg); },
+                      ::testing::ThrowsMessage<tensor::OpError>(::testing::StartsWith(
+                          "[ddp] the model is wrapped already")));
                 }
                 for (auto& [name, p] : model.NamedParameters()) EXPECT_EQ(p->held_by, "") << name;
                 EXPECT_FALSE(optim::FromModule(model).empty());
+                {
+                  // DDP leaves the parameters to the caller's optimizer, and
+                  // is not wrapped twice either.
+                  DistributedDataParallel ddp(model, pg);
+                  EXPECT_FALSE(optim::FromModule(model).empty());
+                  EXPECT_THAT([&] { DistributedDataParallel again(model, pg); },
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::StartsWith(
+                                  "[ddp] the model is wrapped already")));
+                  EXPECT_THAT([&] { Zero1 zero(model, pg, MakeOptimizer(Opt::kSgd)); },
+                              ::testing::ThrowsMessage<tensor::OpError>(::testing::StartsWith(
+                                  "[zero1] the model is wrapped already")));
+                }
+                Zero1 after(model, pg, MakeOptimizer(Opt::kSgd));  // once DDP is gone
               }).ok());
 }
 

@@ -33,6 +33,7 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
       params_(model.NamedParameters()),
       frozen_(internal::FrozenFlags(params_)) {
   OP_CHECK(optimizer_ != nullptr, "zero1", "the optimizer is null");
+  internal::CheckNotWrapped("zero1", model_);
   const std::vector<std::vector<int>> groups =
       internal::ReverseOrderBuckets("zero1", params_, options_.bucket_cap_mb);
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
