@@ -470,6 +470,21 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                                          " (see their errors)"));
 }
 
+absl::Status DataParallelModel::PrepareToTrain(const std::string& checkpoint_dir,
+                                              const std::string& resume, bool auto_fresh,
+                                              bool logs) {
+  if (!checkpoint_dir.empty()) {  // now, not at the first save
+    absl::Status ready = PrepareCheckpointDir(checkpoint_dir);
+    if (!ready.ok()) return ready;
+  }
+  // --resume=auto resolved on each process's view of the folder: every rank
+  // resumes, or none does.
+  absl::Status agreed = AgreeOnResuming(pg_, resume, checkpoint_dir);
+  if (!agreed.ok()) return agreed;
+  if (auto_fresh && logs) PrintAutoFreshStart(checkpoint_dir);
+  return absl::OkStatus();
+}
+
 absl::Status DataParallelModel::PrepareCheckpointDir(const std::string& checkpoint_dir) {
   absl::Status ready;
   if (pg_.rank() != 0 || checkpoint_dir_lock_.has_value()) {

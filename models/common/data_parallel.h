@@ -393,6 +393,12 @@ class DataParallelModel {
   // (CheckpointDirLock, held while this object lives); every rank returns
   // the same result.
   absl::Status PrepareCheckpointDir(const std::string& checkpoint_dir);
+  // Before resuming or starting fresh, on every rank: PrepareCheckpointDir
+  // (with a checkpoint_dir), AgreeOnResuming (`resume`: --resume resolved on
+  // this process, "" for a fresh start), and where `logs`, a fresh
+  // --resume=auto start said (`auto_fresh`: PrintAutoFreshStart).
+  absl::Status PrepareToTrain(const std::string& checkpoint_dir, const std::string& resume,
+                              bool auto_fresh, bool logs);
   // Loads a step folder SaveCheckpoint wrote: sharded ones into FSDP or
   // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
   // naming the strategy to resume with). Returns the saved TrainState. With

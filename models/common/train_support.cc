@@ -438,6 +438,11 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
   return plan;
 }
 
+void PrintAutoFreshStart(const std::string& checkpoint_dir) {
+  std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
+              checkpoint_dir.c_str());
+}
+
 absl::Status CheckFreshCheckpointDir(const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return absl::OkStatus();
   return FreshCheckpointDir(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));

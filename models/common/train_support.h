@@ -110,6 +110,9 @@ struct ResumePlan {
 };
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
                                       const std::string& checkpoint_dir);
+// What a run says on stdout when --resume=auto found no checkpoint in
+// checkpoint_dir (ResumePlan::auto_fresh): it starts from step 0.
+void PrintAutoFreshStart(const std::string& checkpoint_dir);
 
 // Before a run that starts fresh (no --resume) saves into checkpoint_dir:
 // InvalidArgument when the folder holds an earlier run's checkpoints (a

@@ -364,19 +364,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   train::LossScaling scaling = setup.scaling;  // this rank's copy; all ranks update alike
   int64_t start = 0;
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  if (!checkpoint_dir.empty()) {  // now, not at the first save
-    absl::Status ready = (*dp)->PrepareCheckpointDir(checkpoint_dir);
-    if (!ready.ok()) return ready;
-  }
-  // --resume=auto resolved on each process's view of the folder: every rank
-  // resumes, or none does.
-  if (absl::Status s = train::AgreeOnResuming(rank.pg, setup.resume, checkpoint_dir); !s.ok()) {
-    return s;
-  }
-  if (setup.auto_fresh && rank.logs()) {
-    std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
-                checkpoint_dir.c_str());
-  }
+  absl::Status ready =
+      (*dp)->PrepareToTrain(checkpoint_dir, setup.resume, setup.auto_fresh, rank.logs());
+  if (!ready.ok()) return ready;
   if (!setup.resume.empty()) {
     absl::StatusOr<train::Resumed> resumed =
         (*dp)->Resume(setup.resume, checkpoint_dir, setup.config.ToString());
@@ -679,10 +669,7 @@ absl::Status Train() {
   absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
       train::PrepareAndLockCheckpointDir(checkpoint_dir);
   if (!dir_lock.ok()) return dir_lock.status();
-  if (auto_fresh) {
-    std::printf("--resume=auto: no checkpoint in %s yet: starting from step 0\n",
-                checkpoint_dir.c_str());
-  }
+  if (auto_fresh) train::PrintAutoFreshStart(checkpoint_dir);
   if (!resume.empty()) {
     absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
         resume, checkpoint_dir, model, **optimizer, config->ToString());
