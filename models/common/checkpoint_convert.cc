@@ -3,6 +3,7 @@
 #include "models/common/checkpoint_convert.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,8 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_offline.h"
@@ -56,6 +59,50 @@ void EmptyFolder(const std::string& dir) {
     entries.push_back(it->path());
   }
   for (const fs::path& p : entries) fs::remove_all(p, ec);
+}
+
+// This host's name; "" when it has none.
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// Removes the temporary folders beside `dir` that killed writes of this
+// host left ("<dir>.tmp-<what>-<host>-<pid>-<hex>" whose pid is gone),
+// saying each on stderr. Those of other hosts, or of a process still
+// running, are left alone.
+void RemoveLeftoversOfKilledWrites(const std::string& dir, const std::string& host) {
+  if (host.empty()) return;
+  const fs::path path(dir);
+  const std::string prefix = path.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(path.parent_path(), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    absl::string_view rest = name;
+    if (!absl::ConsumePrefix(&rest, prefix)) continue;
+    // rest: "<what>-<host>-<pid>-<hex>", read from the right.
+    const size_t hex = rest.rfind('-');
+    if (hex == absl::string_view::npos || hex == 0) continue;
+    const size_t pid_at = rest.rfind('-', hex - 1);
+    int64_t pid = 0;
+    if (pid_at == absl::string_view::npos ||
+        !absl::SimpleAtoi(rest.substr(pid_at + 1, hex - pid_at - 1), &pid) || pid <= 0) {
+      continue;
+    }
+    absl::string_view what_host = rest.substr(0, pid_at);
+    if (!absl::ConsumeSuffix(&what_host, absl::StrCat("-", host)) || what_host.empty()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // running
+    std::error_code ignored;
+    if (!it->is_directory(ignored) || it->is_symlink(ignored)) continue;
+    if (fs::remove_all(it->path(), ignored) == static_cast<std::uintmax_t>(-1) || ignored) {
+      continue;
+    }
+    std::fprintf(stderr, "note: removed %s, left by a %s (pid %lld on this host) that was "
+                 "killed\n", it->path().c_str(), std::string(what_host).c_str(),
+                 static_cast<long long>(pid));
+  }
 }
 
 // write(folder), with `cleanup` run when it fails or throws.
@@ -104,8 +151,10 @@ absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
   // Else written beside it under a name of its own, then renamed into place
   // (an empty folder there is replaced, its permissions kept), so that a
   // failed or killed write leaves nothing at `dir`.
-  const std::string tmp =
-      absl::StrCat(dir, ".tmp-", what, "-", ::getpid(), "-", absl::Hex(std::random_device{}()));
+  const std::string host = HostName();
+  RemoveLeftoversOfKilledWrites(dir, host);
+  const std::string tmp = absl::StrCat(dir, ".tmp-", what, "-", host.empty() ? "?" : host, "-",
+                                       ::getpid(), "-", absl::Hex(std::random_device{}()));
   fs::create_directories(fs::path(tmp).parent_path(), ec);  // errors show at mkdir
   if (::mkdir(tmp.c_str(), exists ? here.st_mode & 07777 : 0755) != 0) {
     return absl::UnavailableError(

@@ -4,6 +4,9 @@
 // written whole or not at all (WriteFreshFolder).
 #include "models/common/checkpoint_convert.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "gtest/gtest.h"
 #include "models/common/train_support.h"
@@ -235,6 +239,46 @@ TEST(WriteFreshFolderTest, AFolderAppearsWholeOrNotAtAll) {
   EXPECT_TRUE(std::filesystem::is_symlink(link));
   EXPECT_EQ(Names(empty), std::vector<std::string>{"config.json"});
   EXPECT_EQ(Names(root), (std::vector<std::string>{"a", "empty", "link", "raced"}));
+}
+
+// A write that was killed leaves its temporary folder; the next write to the
+// same folder on this host removes it (its process is gone), and leaves
+// those of a running process or of another host alone.
+TEST(WriteFreshFolderTest, TheNextWriteRemovesWhatAKilledOneLeft) {
+  const std::string root = ::testing::TempDir() + "/killed";
+  std::filesystem::remove_all(root);
+  const std::string out = root + "/out";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // killed halfway through its write
+    (void)WriteFreshFolder(out, "consolidate", [&](const std::string& tmp) -> absl::Status {
+      WriteText(tmp + "/half.bin", "half");
+      ::_exit(9);
+    });
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9);
+  const std::vector<std::string> left = Names(root);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].rfind("out.tmp-consolidate-", 0), 0u) << left[0];
+  EXPECT_NE(left[0].find(absl::StrCat("-", child, "-")), std::string::npos) << left[0];
+  // A running write of this host (this process) and one of another host.
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  const std::string running = absl::StrCat("out.tmp-export-hf-", host, "-", ::getpid(), "-ab");
+  const std::string elsewhere = absl::StrCat("out.tmp-consolidate-", host, "x-", child, "-cd");
+  std::filesystem::create_directories(root + "/" + running);
+  std::filesystem::create_directories(root + "/" + elsewhere);
+  absl::Status s = WriteFreshFolder(out, "consolidate", [&](const std::string& tmp) {
+    WriteText(tmp + "/model.bin", "weights");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Names(root), (std::vector<std::string>{"out", elsewhere, running}));
+  EXPECT_EQ(Names(out), std::vector<std::string>{"model.bin"});
+  std::filesystem::remove_all(root);
 }
 
 // The recorded checkpoint of a run: found through the directory's `latest`,
