@@ -56,6 +56,7 @@
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/mfu.h"
 #include "models/common/one_process_step.h"
+#include "models/common/rank_loop.h"
 #include "models/common/sample_flags.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
@@ -306,106 +307,51 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     }
   }
 
-  // ---- Resume (every rank loads its part; any world size) ----
-  train::LossScaling scaling = setup.scaling;  // this rank's copy; all ranks update alike
-  int64_t start = 0;
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  absl::Status ready =
-      (*dp)->PrepareToTrain(checkpoint_dir, setup.resume, setup.auto_fresh, rank.logs());
-  if (!ready.ok()) return ready;
-  if (!setup.resume.empty()) {
-    absl::StatusOr<train::Resumed> resumed =
-        (*dp)->Resume(setup.resume, checkpoint_dir, setup.config.ToString());
-    if (!resumed.ok()) return resumed.status();
-    // The same global batch, the same loss scale.
-    absl::Status restored = loader->Restore(resumed->loader);
-    if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
-    if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
-    if (rank.logs()) {
-      train::PrintResumed(*resumed);
-      train::NoteRunSettingsChanges(resumed->state, *setup.schedule, opt,
-                                    setup.config.ToString());
-      train::DropMetricsAfter(*setup.metrics, resumed->state.step);  // steps run again
-      train::AfterResume(checkpoint_dir, *resumed, steps);
-    }
-    start = resumed->state.step;
-  }
-  auto save = [&](int64_t step_done) -> absl::Status {
-    if (checkpoint_dir.empty()) return absl::OkStatus();
-    train::TrainState state;
-    state.step = step_done;
-    state.loader_state = loader->state().ToString();
-    state.extra["config"] = setup.config.ToString();
-    train::RecordRunSettings(*setup.schedule, opt, state.extra);
-    scaling.Save(state.extra);
-    return train::SaveAndSay(checkpoint_dir, step_done, rank.logs(),
-                             [&] { return (*dp)->SaveCheckpoint(checkpoint_dir, state); });
+  // ---- Resume, then the steps (train::RunRankLoop: rank 0 reports) ----
+  train::RankLoopSettings settings;
+  settings.seed = seed;
+  settings.steps = steps;
+  settings.micro_batches = K;
+  settings.log_every = absl::GetFlag(FLAGS_log_every);
+  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  settings.grad_clip = grad_clip;
+  settings.resume = setup.resume;
+  settings.auto_fresh = setup.auto_fresh;
+  settings.config = setup.config.ToString();
+  settings.tokens_per_step = static_cast<double>(tokens_per_step);
+  settings.flops_per_step =
+      FlopsPerExample(setup.config, setup.span.encoder_length,
+                      loader->corruptor().decoder_length()) *
+      static_cast<double>(K * W * B);
+  settings.peak_flops = setup.peak_flops;
+  settings.summary_note = " (global, encoder + decoder)";
+  settings.eval = train::EvalFlagsFromCommandLine();
+  settings.device = setup.dp.device;
+  settings.schedule = setup.schedule;
+  settings.metrics = setup.metrics;
+  settings.sample_schedule = &setup.sampler->schedule;
+  settings.scaling = &setup.scaling;
+  train::RankLoopParts<data::SpanCorruptionLoader> parts;
+  parts.model = &model;
+  parts.dp = dp->get();
+  parts.loader = &*loader;
+  // Encoder (K*B, S), decoder (K*B, T).
+  parts.to_device = [&](data::Seq2SeqBatch& batch) { MoveBatch(batch, setup.dp.device); };
+  parts.forward_backward = [&](const data::Seq2SeqBatch& batch, int64_t m, double scale) {
+    const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
+    return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
+                                 micro.decoder_targets, scale);
   };
-
-  // ---- Training loop (rank 0 reports; global tokens per step) ----
-  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  train::StepReporter reporter(rank.ledger, *setup.metrics, start, steps,
-                               absl::GetFlag(FLAGS_log_every), tokens_per_step, setup.dp.device);
-  reporter.SetMfu(FlopsPerExample(setup.config, setup.span.encoder_length,
-                                  loader->corruptor().decoder_length()) *
-                      static_cast<double>(K * W * B),
-                  setup.peak_flops);
-  train::StepTimer timer;
-  for (int64_t step = start; step < steps; ++step) {
-    timer.Start();
-    // This rank's K micro-batches of B rows: encoder (K*B, S), decoder (K*B, T).
-    data::Seq2SeqBatch batch = loader->Next();
-    MoveBatch(batch, setup.dp.device);
-    opt.set_lr(setup.schedule->LrAt(step));
-    const double scale = scaling.scale();
-    // Forward, loss and backward of each micro-batch; only the last one's
-    // backward communicates (the others under no_sync).
-    const double local_loss = train::AccumulateGradients(K, dp->get(), [&](int64_t m) {
-      // Dropout masks: a function of the step and the global row (this micro-batch
-      // is part m * W + r of the global batch, as in the single-process loop).
-      nn::SeedRandomSources(model, seed * 1000003 + step, m * W + rank.rank, K * W);
-      const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
-      return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
-                                   micro.decoder_targets, scale / K);
-    });
-    // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
-    // any rank skips the step on all) -> clip by the global norm -> optimizer
-    // step -> zero grads.
-    absl::StatusOr<train::StepResult> done =
-        (*dp)->FinishTrainingStep(local_loss, scale, step, grad_clip, scaling, rank.logs());
-    if (!done.ok()) return done.status();
-    if (rank.logs()) {
-      absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs());
-      if (!reported.ok()) return reported;
-    }
-    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
-      // Every rank evaluates its rows; the mean over the ranks.
-      absl::Status evaluated = reporter.TimedEval(step + 1, rank.logs(), [&] {
-        return (*dp)->Evaluate([&] {
-          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
-                          setup.dp.device);
-        });
-      });
-      if (!evaluated.ok()) return evaluated;
-    }
-    if (setup.sampler->schedule.Due(step + 1, steps)) {
-      // Every rank draws alike (FSDP: the units held as --sample_gather says); rank 0 prints.
-      absl::Status sampled = train::PrintSample(**dp, setup.sampler->schedule, rank.logs(), [&] {
-        return setup.sampler->Draw(model, step + 1, setup.dp.device);
-      });
-      if (!sampled.ok()) return sampled;
-    }
-    if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
-      absl::Status s = save(step + 1);
-      if (!s.ok()) return s;
-    }
+  if (eval_loader) {
+    parts.eval_loss = [&] {
+      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, setup.dp.device);
+    };
   }
-  if (steps > start) {
-    absl::Status saved = save(steps);
-    if (!saved.ok()) return saved;
-  }
-  if (rank.logs()) reporter.PrintSummary(" (global, encoder + decoder)");
-  return absl::OkStatus();
+  parts.draw = [&](int64_t step_done) {
+    return setup.sampler->Draw(model, step_done, setup.dp.device);
+  };
+  return train::RunRankLoop(settings, parts, rank);
 }
 
 absl::Status Train() {

@@ -1,0 +1,185 @@
+// train::RunRankLoop: the steps one rank of a data-parallel run takes, the
+// same in both train binaries (//models/mingpt:train, //models/t5:train),
+// which build the model, its wrapper (DataParallelModel) and its loaders and
+// say how a micro-batch runs. In order:
+//   - --checkpoint_dir prepared and locked; --resume loaded (every rank its
+//     part, any world size), with the loader's position and the loss scale;
+//   - each step: this rank's batch -> the learning rate -> forward and
+//     backward of each of its K micro-batches (only the last communicates)
+//     -> FinishTrainingStep (mean loss over the ranks -> gradients ->
+//     unscale, an inf or NaN on any rank skipping the step on all -> clip ->
+//     optimizer step -> zero grads) -> rank 0's report -> evaluation -> a
+//     sample -> a checkpoint;
+//   - a checkpoint after the last step, and rank 0's summary.
+// The one-process loop (no data parallelism) is each binary's own.
+#ifndef MODELS_COMMON_RANK_LOOP_H_
+#define MODELS_COMMON_RANK_LOOP_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/common/data_parallel.h"
+#include "models/common/loss_scaling.h"
+#include "models/common/train_setup.h"
+#include "models/common/train_support.h"
+#include "models/data/loader_state.h"
+#include "nn/checkpoint.h"
+#include "nn/module.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+#include "tensor/device.h"
+
+namespace train {
+
+// What the loop needs from the command line and the run's setup.
+struct RankLoopSettings {
+  uint64_t seed = 0;             // with the step, seeds each micro-batch's dropout
+  int64_t steps = 0;             // the step the run ends after
+  int64_t micro_batches = 1;     // K, --grad_accum_steps
+  int64_t log_every = 1;
+  int64_t checkpoint_every = 0;  // 0: a checkpoint after the last step only
+  std::string checkpoint_dir;    // "": no checkpoints
+  double grad_clip = 0;          // the global norm to clip to; 0: none
+  std::string resume;            // --resume, auto resolved: "" for a fresh start
+  bool auto_fresh = false;       // --resume=auto found no checkpoint
+  std::string config;            // the model's config string, which checkpoints record
+  std::string tokenizer;         // recorded in checkpoints; "" for none
+  double tokens_per_step = 0;    // global: every rank's micro-batches
+  double flops_per_step = 0;     // global, for the MFU
+  double peak_flops = 0;         // of the job's devices; 0: no MFU
+  std::string summary_note;      // after "tokens/s" in rank 0's summary
+  EvalFlags eval;                // when to evaluate (with RankLoopParts::eval_loss)
+  tensor::Device device = tensor::Device::Cpu();  // the model's
+  const optim::LrSchedule* schedule = nullptr;
+  MetricsWriter* metrics = nullptr;
+  const SampleSchedule* sample_schedule = nullptr;
+  const LossScaling* scaling = nullptr;  // the run's; each rank updates a copy alike
+};
+
+// What the loop needs from the model's binary. Loader: data::LmLoader or
+// data::SpanCorruptionLoader (Next(), state(), Restore()).
+template <typename Loader>
+struct RankLoopParts {
+  using Batch = decltype(std::declval<Loader&>().Next());
+  nn::Module* model = nullptr;
+  DataParallelModel* dp = nullptr;
+  Loader* loader = nullptr;  // this rank's rows of the global batch, K micro-batches
+  // Moves a batch Next() returned to the model's device (queued on a GPU:
+  // no wait for the previous step's kernels).
+  std::function<void(Batch& batch)> to_device;
+  // Forward, loss and backward of micro-batch m (0 .. K-1) of `batch`, the
+  // gradient weighted by `scale`; returns the loss (unscaled).
+  std::function<double(const Batch& batch, int64_t m, double scale)> forward_backward;
+  // This rank's mean loss over its rows of the evaluation batches (forward
+  // passes only); null: no evaluation.
+  std::function<double()> eval_loss;
+  // A sample after step `step_done`, drawn alike on every rank.
+  std::function<absl::StatusOr<std::string>(int64_t step_done)> draw;
+};
+
+template <typename Loader>
+absl::Status RunRankLoop(const RankLoopSettings& s, const RankLoopParts<Loader>& parts,
+                         RankContext& rank) {
+  using Batch = typename RankLoopParts<Loader>::Batch;
+  DataParallelModel& dp = *parts.dp;
+  optim::Optimizer& opt = dp.optimizer();
+  Loader& loader = *parts.loader;
+  const int64_t K = s.micro_batches;
+  const int64_t W = rank.world_size;
+
+  // ---- Resume (every rank loads its part; any world size) ----
+  LossScaling scaling = *s.scaling;  // this rank's copy; all ranks update alike
+  int64_t start = 0;
+  absl::Status ready = dp.PrepareToTrain(s.checkpoint_dir, s.resume, s.auto_fresh, rank.logs());
+  if (!ready.ok()) return ready;
+  if (!s.resume.empty()) {
+    absl::StatusOr<Resumed> resumed = dp.Resume(s.resume, s.checkpoint_dir, s.config);
+    if (!resumed.ok()) return resumed.status();
+    // The same global batch, the same loss scale.
+    absl::Status restored = loader.Restore(resumed->loader);
+    if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
+    if (!restored.ok()) return InResumedCheckpoint(*resumed, restored);
+    if (rank.logs()) {
+      PrintResumed(*resumed);
+      NoteRunSettingsChanges(resumed->state, *s.schedule, opt, s.config);
+      DropMetricsAfter(*s.metrics, resumed->state.step);  // steps run again
+      AfterResume(s.checkpoint_dir, *resumed, s.steps);
+    }
+    start = resumed->state.step;
+  }
+  auto save = [&](int64_t step_done) -> absl::Status {
+    if (s.checkpoint_dir.empty()) return absl::OkStatus();
+    TrainState state;
+    state.step = step_done;
+    state.loader_state = loader.state().ToString();
+    state.extra["config"] = s.config;
+    RecordRunSettings(*s.schedule, opt, state.extra);
+    if (!s.tokenizer.empty()) state.extra["tokenizer"] = s.tokenizer;
+    scaling.Save(state.extra);
+    return SaveAndSay(s.checkpoint_dir, step_done, rank.logs(),
+                      [&] { return dp.SaveCheckpoint(s.checkpoint_dir, state); });
+  };
+
+  // ---- Training loop (rank 0 reports; global tokens per step) ----
+  StepReporter reporter(rank.ledger, *s.metrics, start, s.steps, s.log_every, s.tokens_per_step,
+                        s.device);
+  reporter.SetMfu(s.flops_per_step, s.peak_flops);
+  StepTimer timer;
+  for (int64_t step = start; step < s.steps; ++step) {
+    timer.Start();
+    Batch batch = loader.Next();  // this rank's K micro-batches
+    parts.to_device(batch);
+    opt.set_lr(s.schedule->LrAt(step));
+    const double scale = scaling.scale();
+    // Forward, loss and backward of each micro-batch; only the last one's
+    // backward communicates (the others under no_sync).
+    const double local_loss = AccumulateGradients(K, &dp, [&](int64_t m) {
+      // Dropout masks: a function of the step and the global row (this
+      // micro-batch is part m * W + r of the global batch, as in the
+      // single-process loop).
+      nn::SeedRandomSources(*parts.model, s.seed * 1000003 + step, m * W + rank.rank, K * W);
+      return parts.forward_backward(batch, m, scale / K);
+    });
+    // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
+    // any rank skips the step on all) -> clip by the global norm -> optimizer
+    // step -> zero grads.
+    absl::StatusOr<StepResult> done =
+        dp.FinishTrainingStep(local_loss, scale, step, s.grad_clip, scaling, rank.logs());
+    if (!done.ok()) return done.status();
+    if (rank.logs()) {
+      absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs());
+      if (!reported.ok()) return reported;
+    }
+    if (parts.eval_loss && EvalAfter(s.eval, step + 1, s.steps)) {
+      // Every rank evaluates its rows; the mean over the ranks.
+      absl::Status evaluated = reporter.TimedEval(
+          step + 1, rank.logs(), [&] { return dp.Evaluate(parts.eval_loss); });
+      if (!evaluated.ok()) return evaluated;
+    }
+    if (s.sample_schedule->Due(step + 1, s.steps)) {
+      // Every rank draws alike (FSDP: the units held as --sample_gather
+      // says); rank 0 prints.
+      absl::Status sampled = PrintSample(dp, *s.sample_schedule, rank.logs(),
+                                         [&] { return parts.draw(step + 1); });
+      if (!sampled.ok()) return sampled;
+    }
+    if (CheckpointDue(s.checkpoint_every, step + 1, s.steps)) {
+      absl::Status saved = save(step + 1);
+      if (!saved.ok()) return saved;
+    }
+  }
+  if (s.steps > start) {
+    absl::Status saved = save(s.steps);
+    if (!saved.ok()) return saved;
+  }
+  if (rank.logs()) reporter.PrintSummary(s.summary_note);
+  return absl::OkStatus();
+}
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_RANK_LOOP_H_
