@@ -417,6 +417,10 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
   ResumePlan plan;
   const bool automatic = resume_flag == "auto";
   if (!automatic && !resume_flag.empty()) {
+    // Found now, before the run reads data, builds the model or makes and
+    // locks checkpoint_dir; loaded by the run (which resolves it again).
+    absl::Status found = ResolveCheckpoint(resume_flag, checkpoint_dir).status();
+    if (!found.ok()) return found;
     plan.resume = resume_flag;
     return plan;
   }

@@ -103,7 +103,10 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
                                               const std::string& checkpoint_dir);
 
 // The train binaries' --resume, decided before anything else runs:
-// ResolveAutoResume, then CheckFreshCheckpointDir for a fresh start.
+// ResolveAutoResume, then CheckFreshCheckpointDir for a fresh start. A
+// --resume given (not auto) must name a checkpoint ResolveCheckpoint finds
+// (its error otherwise), so that a wrong one stops the run before it reads
+// data, builds the model or creates checkpoint_dir.
 struct ResumePlan {
   std::string resume;       // what to resume ("latest", a folder); "" for a fresh start
   bool auto_fresh = false;  // --resume=auto found no checkpoint (the run says so)

@@ -302,6 +302,28 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
 
 // A step folder whose files are missing is still taken as one: loading it
 // names the missing file and the checkpoints beside it.
+// A --resume given (not auto) is found before the run starts: one that names
+// no checkpoint fails the plan with ResolveCheckpoint's error.
+TEST(PlanResumeTest, AGivenResumeMustNameACheckpoint) {
+  const std::string dir = ::testing::TempDir() + "/plan_resume";
+  std::filesystem::remove_all(dir);
+  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir);
+  EXPECT_EQ(none.status(), absl::NotFoundError("no checkpoint to resume: '" + dir +
+                                               "/latest' is missing"));
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  EXPECT_EQ(PlanResume(dir + "/step_000001", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TrainState state;
+  testing::SaveAfterOneStep(Config(), dir, state);
+  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->resume, "latest");
+  EXPECT_FALSE(plan->auto_fresh);
+  plan = PlanResume(dir + "/step_000001", "");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->resume, dir + "/step_000001");
+}
+
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {
   const std::string dir = ::testing::TempDir() + "/resolve_damaged";
   TrainState state;

@@ -134,6 +134,19 @@ for ranks in 1 2; do
   [[ "$(cat "$dir/new$ranks/a/b/latest")" == step_000001 ]]
 done
 echo "an unusable --checkpoint_dir fails before training; nested new folders are made"
+# --resume=latest into a folder with no checkpoint (a mistyped --checkpoint_dir)
+# fails before the model is built, and makes no folder.
+for ranks in 1 2; do
+  set +e
+  "$train" "${dp[@]}" --world_size=$ranks --checkpoint_dir="$dir/typo$ranks" --resume=latest \
+    > "$dir/out6.txt" 2> "$dir/err6.txt"; code=$?
+  set -e
+  [[ $code == 1 ]] && grep -q "no checkpoint to resume: '$dir/typo$ranks/latest' is missing" \
+    "$dir/err6.txt" || { echo "world $ranks: --resume=latest of no checkpoint: got $code:";
+    cat "$dir/err6.txt"; exit 1; }
+  ! grep -q "^model" "$dir/out6.txt" || { echo "world $ranks: built the model first"; exit 1; }
+  [[ ! -e "$dir/typo$ranks" ]] || { echo "world $ranks: made $dir/typo$ranks"; exit 1; }
+done
 set +e
 "$train" "${dp[@]}" --world_size=2 --strategy=fsdp 2> "$dir/err5.txt"; code=$?
 set -e
