@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,9 +21,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/sharded_checkpoint_folder.h"
@@ -68,10 +71,26 @@ std::string HostName() {
   return name;
 }
 
+// The temporary folder's name beside `dir`: "<dir>.tmp-<what>@<host>-<pid>-
+// <hex>" ('@' is in no host name: the name reads back unambiguously).
+std::string TemporaryName(const std::string& dir, absl::string_view what,
+                          const std::string& host) {
+  return absl::StrCat(dir, ".tmp-", what, "@", host.empty() ? "?" : host, "-", ::getpid(), "-",
+                      absl::Hex(std::random_device{}()));
+}
+
+constexpr char kWhatChars[] = "abcdefghijklmnopqrstuvwxyz-";
+
+bool AllOf(absl::string_view s, const char* chars) {
+  return !s.empty() && s.find_first_not_of(chars) == absl::string_view::npos;
+}
+
 // Removes the temporary folders beside `dir` that killed writes of this
-// host left ("<dir>.tmp-<what>-<host>-<pid>-<hex>" whose pid is gone),
-// saying each on stderr. Those of other hosts, or of a process still
-// running, are left alone.
+// host left, saying each on stderr: a name TemporaryName gives with this
+// host, whose pid is gone, and whose lock (the writer's flock on the folder,
+// released when its process ends) is free. Those of other hosts, of a live
+// process, or whose lock is held or cannot be taken (a file system without
+// flock) are left alone.
 void RemoveLeftoversOfKilledWrites(const std::string& dir, const std::string& host) {
   if (host.empty()) return;
   const fs::path path(dir);
@@ -82,26 +101,37 @@ void RemoveLeftoversOfKilledWrites(const std::string& dir, const std::string& ho
     const std::string name = it->path().filename().string();
     absl::string_view rest = name;
     if (!absl::ConsumePrefix(&rest, prefix)) continue;
-    // rest: "<what>-<host>-<pid>-<hex>", read from the right.
-    const size_t hex = rest.rfind('-');
-    if (hex == absl::string_view::npos || hex == 0) continue;
-    const size_t pid_at = rest.rfind('-', hex - 1);
-    int64_t pid = 0;
-    if (pid_at == absl::string_view::npos ||
-        !absl::SimpleAtoi(rest.substr(pid_at + 1, hex - pid_at - 1), &pid) || pid <= 0) {
+    // rest: "<what>@<host>-<pid>-<hex>".
+    const size_t at = rest.rfind('@');
+    if (at == absl::string_view::npos || !AllOf(rest.substr(0, at), kWhatChars)) continue;
+    const std::vector<absl::string_view> tail = absl::StrSplit(rest.substr(at + 1), '-');
+    if (tail.size() < 3) continue;
+    const absl::string_view pid_text = tail[tail.size() - 2];
+    int pid = 0;
+    if (!AllOf(tail.back(), "0123456789abcdef") || !AllOf(pid_text, "0123456789") ||
+        !absl::SimpleAtoi(pid_text, &pid) || pid <= 0) {
       continue;
     }
-    absl::string_view what_host = rest.substr(0, pid_at);
-    if (!absl::ConsumeSuffix(&what_host, absl::StrCat("-", host)) || what_host.empty()) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // running
+    const absl::string_view host_text =
+        rest.substr(at + 1, rest.size() - (at + 1) - pid_text.size() - tail.back().size() - 2);
+    if (host_text != host) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours to probe)
     std::error_code ignored;
-    if (!it->is_directory(ignored) || it->is_symlink(ignored)) continue;
-    if (fs::remove_all(it->path(), ignored) == static_cast<std::uintmax_t>(-1) || ignored) {
+    if (it->is_symlink(ignored) || !it->is_directory(ignored)) continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;  // else held, or no flock here
+    if (free) fs::remove_all(it->path(), ignored);
+    ::close(fd);
+    if (!free) continue;
+    if (ignored) {
+      std::fprintf(stderr, "warning: could not remove %s (the %s run that wrote it, pid %d on "
+                   "this host, was killed): %s\n", it->path().c_str(),
+                   std::string(rest.substr(0, at)).c_str(), pid, ignored.message().c_str());
       continue;
     }
-    std::fprintf(stderr, "note: removed %s, left by a %s (pid %lld on this host) that was "
-                 "killed\n", it->path().c_str(), std::string(what_host).c_str(),
-                 static_cast<long long>(pid));
+    std::fprintf(stderr, "note: removed %s: the %s run that wrote it (pid %d on this host) was "
+                 "killed\n", it->path().c_str(), std::string(rest.substr(0, at)).c_str(), pid);
   }
 }
 
@@ -124,6 +154,10 @@ absl::Status WriteOrClean(const std::function<absl::Status(const std::string&)>&
 absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
                               const std::function<absl::Status(const std::string& tmp)>& write) {
   if (dir_in.empty()) return absl::InvalidArgumentError("the folder to write has no name");
+  if (!AllOf(what, kWhatChars)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WriteFreshFolder: what='", what, "' must be lower-case letters and '-'"));
+  }
   // "OUT/" and "OUT/." are OUT, whose temporary folder goes beside it, not
   // inside: operations use the absolute, normal path; messages the name given.
   const std::string named = dist::sharded::StripTrailingSlashes(dir_in);
@@ -153,13 +187,19 @@ absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
   // failed or killed write leaves nothing at `dir`.
   const std::string host = HostName();
   RemoveLeftoversOfKilledWrites(dir, host);
-  const std::string tmp = absl::StrCat(dir, ".tmp-", what, "-", host.empty() ? "?" : host, "-",
-                                       ::getpid(), "-", absl::Hex(std::random_device{}()));
+  const std::string tmp = TemporaryName(dir, what, host);
   fs::create_directories(fs::path(tmp).parent_path(), ec);  // errors show at mkdir
   if (::mkdir(tmp.c_str(), exists ? here.st_mode & 07777 : 0755) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
   }
+  // Locked while this process writes it (RemoveLeftoversOfKilledWrites);
+  // best effort: a file system without flock leaves it unlocked.
+  const int lock_fd = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock_fd >= 0) (void)::flock(lock_fd, LOCK_EX | LOCK_NB);
+  const absl::Cleanup unlock = [lock_fd] {
+    if (lock_fd >= 0) ::close(lock_fd);
+  };
   const auto remove_tmp = [&] {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);

@@ -33,13 +33,15 @@ namespace train {
 absl::Status CheckFreshFolder(const std::string& dir);
 
 // Writes the new folder `dir` (CheckFreshFolder first) whole or not at all:
-// `write` fills a temporary folder beside it ("<dir>.tmp-<what>-<host>-
-// <pid>-<random>", its parents created), which is renamed into place when
-// `write` succeeds (the parent fsynced; an empty folder there is replaced,
-// its permissions kept) and removed when it fails or throws. A folder filled,
-// or made, at `dir` meanwhile by someone else is left alone (AlreadyExists).
-// A killed write leaves only the temporary folder, which the next write to
-// `dir` on that host removes (its pid gone), saying so on stderr. A link to an empty folder,
+// `write` fills a temporary folder beside it ("<dir>.tmp-<what>@<host>-
+// <pid>-<random>", its parents created; `what`: lower-case letters and
+// '-'), which is renamed into place when `write` succeeds (the parent
+// fsynced; an empty folder there is replaced, its permissions kept) and
+// removed when it fails or throws. A folder filled, or made, at `dir`
+// meanwhile by someone else is left alone (AlreadyExists). A killed write
+// leaves only the temporary folder, which the next write to `dir` on that
+// host removes, saying so on stderr: its pid gone and its flock (held by
+// the writer while it writes) free. A link to an empty folder,
 // or an empty mount point, cannot be replaced: it is written in place, and
 // emptied again when `write` fails. "dir/" and "dir/." are dir; `write`'s
 // error is returned naming `dir` where it named the temporary folder.

@@ -4,6 +4,9 @@
 // written whole or not at all (WriteFreshFolder).
 #include "models/common/checkpoint_convert.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "gtest/gtest.h"
@@ -242,8 +246,9 @@ TEST(WriteFreshFolderTest, AFolderAppearsWholeOrNotAtAll) {
 }
 
 // A write that was killed leaves its temporary folder; the next write to the
-// same folder on this host removes it (its process is gone), and leaves
-// those of a running process or of another host alone.
+// same folder on this host removes it (its process gone, its lock free) and
+// says so, and leaves alone those of a live process, of another host, whose
+// lock is held, of another folder, and names it did not make.
 TEST(WriteFreshFolderTest, TheNextWriteRemovesWhatAKilledOneLeft) {
   const std::string root = ::testing::TempDir() + "/killed";
   std::filesystem::remove_all(root);
@@ -262,22 +267,100 @@ TEST(WriteFreshFolderTest, TheNextWriteRemovesWhatAKilledOneLeft) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9);
   const std::vector<std::string> left = Names(root);
   ASSERT_EQ(left.size(), 1u);
-  EXPECT_EQ(left[0].rfind("out.tmp-consolidate-", 0), 0u) << left[0];
-  EXPECT_NE(left[0].find(absl::StrCat("-", child, "-")), std::string::npos) << left[0];
-  // A running write of this host (this process) and one of another host.
   char host[256] = {};
   ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
-  const std::string running = absl::StrCat("out.tmp-export-hf-", host, "-", ::getpid(), "-ab");
-  const std::string elsewhere = absl::StrCat("out.tmp-consolidate-", host, "x-", child, "-cd");
-  std::filesystem::create_directories(root + "/" + running);
-  std::filesystem::create_directories(root + "/" + elsewhere);
+  EXPECT_EQ(left[0].rfind(absl::StrCat("out.tmp-consolidate@", host, "-", child, "-"), 0), 0u)
+      << left[0];
+  // Another killed write of this host (a name with '-'): removed too.
+  const std::string export_hf = absl::StrCat("out.tmp-export-hf@", host, "-", child, "-ef");
+  // Kept: a live process's (this one's); another host's, whose name ends in
+  // this host's; one whose lock is held (its pid gone); another folder's; a
+  // name not made by a write.
+  const std::vector<std::string> kept = {
+      absl::StrCat("out.tmp-consolidate@", host, "-", ::getpid(), "-ab"),
+      absl::StrCat("out.tmp-consolidate@x-", host, "-", child, "-cd"),
+      absl::StrCat("out.tmp-export-hf@", host, "-", child, "-12"),
+      absl::StrCat("out2.tmp-consolidate@", host, "-", child, "-cd"),
+      absl::StrCat("out.tmp-consolidate@", host, "-", child, "-zz"),
+      absl::StrCat("out.tmp-consolidate@", host, "-+", child, "-cd"),
+      "out.tmp-notes"};
+  std::filesystem::create_directories(root + "/" + export_hf);
+  for (const std::string& k : kept) std::filesystem::create_directories(root + "/" + k);
+  const int held = ::open((root + "/" + kept[2]).c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  ::testing::internal::CaptureStderr();
   absl::Status s = WriteFreshFolder(out, "consolidate", [&](const std::string& tmp) {
     WriteText(tmp + "/model.bin", "weights");
     return absl::OkStatus();
   });
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ::close(held);
   ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(Names(root), (std::vector<std::string>{"out", elsewhere, running}));
+  std::vector<std::string> want = kept;
+  want.push_back("out");
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(Names(root), want);
   EXPECT_EQ(Names(out), std::vector<std::string>{"model.bin"});
+  const std::string dir = std::filesystem::path(root).lexically_normal().string();
+  EXPECT_TRUE(absl::StrContains(
+      said, absl::StrCat("note: removed ", dir, "/", left[0], ": the consolidate run that wrote "
+                         "it (pid ", child, " on this host) was killed\n")))
+      << said;
+  EXPECT_TRUE(absl::StrContains(
+      said, absl::StrCat("note: removed ", dir, "/", export_hf, ": the export-hf run that")))
+      << said;
+  // A writer whose pid is gone but whose lock is held (here a child it
+  // forked holds it; a writer in another pid namespace, whose pid cannot be
+  // seen, looks the same): its folder is kept until the lock is free.
+  const std::string out3 = root + "/out3";
+  const pid_t writer = ::fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {
+    (void)WriteFreshFolder(out3, "consolidate", [&](const std::string&) -> absl::Status {
+      const pid_t holder = ::fork();  // inherits the writer's locked descriptor
+      if (holder == 0) {
+        ::sleep(60);
+        ::_exit(0);
+      }
+      WriteText(root + "/holder.pid", absl::StrCat(holder));
+      ::_exit(9);
+    });
+    ::_exit(0);
+  }
+  ASSERT_EQ(::waitpid(writer, &status, 0), writer);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9);
+  int holder = 0;
+  {
+    std::ifstream in(root + "/holder.pid");
+    ASSERT_TRUE(in >> holder);
+  }
+  std::filesystem::remove(root + "/holder.pid");
+  auto tmp3 = [&] {
+    for (const std::string& n : Names(root)) {
+      if (n.rfind("out3.tmp-", 0) == 0) return n;
+    }
+    return std::string();
+  };
+  const std::string locked = tmp3();
+  ASSERT_FALSE(locked.empty());
+  s = WriteFreshFolder(out3, "consolidate", [](const std::string&) {
+    return absl::AbortedError("only the cleanup was wanted");
+  });
+  EXPECT_EQ(tmp3(), locked);  // kept: its lock is held
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  const int fd = ::open((root + "/" + locked).c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // waits for the holder's exit
+  ::close(fd);
+  s = WriteFreshFolder(out3, "consolidate", [](const std::string&) { return absl::OkStatus(); });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(tmp3(), "");  // removed once its lock was free
+  // `what` is part of the name: lower-case letters and '-' only.
+  EXPECT_EQ(WriteFreshFolder(out + "x", "Bad@", [](const std::string&) {
+              return absl::OkStatus();
+            }).code(),
+            absl::StatusCode::kInvalidArgument);
   std::filesystem::remove_all(root);
 }
 

@@ -85,6 +85,11 @@ template <typename Loader>
 absl::Status RunRankLoop(const RankLoopSettings& s, const RankLoopParts<Loader>& parts,
                          RankContext& rank) {
   using Batch = typename RankLoopParts<Loader>::Batch;
+  if (s.schedule == nullptr || s.metrics == nullptr || s.sample_schedule == nullptr ||
+      s.scaling == nullptr || parts.model == nullptr || parts.dp == nullptr ||
+      parts.loader == nullptr || !parts.to_device || !parts.forward_backward || !parts.draw) {
+    return absl::InternalError("RunRankLoop: a setting or part it needs was not given");
+  }
   DataParallelModel& dp = *parts.dp;
   optim::Optimizer& opt = dp.optimizer();
   Loader& loader = *parts.loader;
