@@ -470,6 +470,17 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
                                          " (see their errors)"));
 }
 
+absl::Status DataParallelModel::PrintSample(
+    const SampleSchedule& schedule, bool print,
+    const std::function<absl::StatusOr<std::string>()>& draw) {
+  return train::PrintSample(*this, schedule, print, draw);
+}
+
+double DataParallelModel::AccumulateGradients(
+    int64_t K, const std::function<double(int64_t m)>& micro_step) {
+  return train::AccumulateGradients(K, this, micro_step);
+}
+
 absl::Status DataParallelModel::PrepareToTrain(const std::string& checkpoint_dir,
                                               const std::string& resume, bool auto_fresh,
                                               bool logs) {

@@ -65,6 +65,7 @@
 #include "models/common/loss_scaling.h"
 #include "models/common/checkpoint_dir_lock.h"
 #include "models/common/train_support.h"
+#include "models/common/trainer.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "precision/policy.h"
@@ -276,7 +277,7 @@ absl::Status AgreeOnStepFolder(dist::ProcessGroup& pg, const std::string& step_d
                                const std::string& resume);
 
 // One rank's model wrapped for the strategy, and the optimizer that steps it.
-class DataParallelModel {
+class DataParallelModel : public Trainer {
  public:
   // DDP and ZeRO-1: materializes `model` from `seed` and broadcasts rank 0's
   // values. FSDP: shards it by the configured policy with sharded
@@ -291,11 +292,11 @@ class DataParallelModel {
       nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config,
       std::unique_ptr<optim::Optimizer> optimizer, uint64_t seed,
       const std::vector<std::string>& root_params = {});
-  ~DataParallelModel();
+  ~DataParallelModel() override;
   DataParallelModel(const DataParallelModel&) = delete;
   DataParallelModel& operator=(const DataParallelModel&) = delete;
 
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  optim::Optimizer& optimizer() override { return *optimizer_; }
   // "DDP", "ZeRO-1", "FSDP FULL_SHARD, 7 units (auto_wrap transformer)".
   std::string Describe() const;
   // The FSDP model (nullptr for DDP and ZeRO-1).
@@ -348,7 +349,13 @@ class DataParallelModel {
   // Evaluation: ForwardOnly(local_loss, kPerUnit) (forward passes only, e.g.
   // a model's Loss over this rank's rows of the evaluation batches), then the
   // loss averaged over the ranks.
-  absl::StatusOr<double> Evaluate(const std::function<double()>& local_loss);
+  absl::StatusOr<double> Evaluate(const std::function<double()>& local_loss) override;
+  // Trainer's: train::PrintSample(*this, ...) (below).
+  absl::Status PrintSample(const SampleSchedule& schedule, bool print,
+                           const std::function<absl::StatusOr<std::string>()>& draw) override;
+  // Trainer's: train::AccumulateGradients(K, this, micro_step) (below).
+  double AccumulateGradients(int64_t K,
+                             const std::function<double(int64_t m)>& micro_step) override;
 
   // Gradient accumulation (--grad_accum_steps): while the guard lives,
   // backward accumulates this rank's gradients locally and communicates
@@ -376,7 +383,8 @@ class DataParallelModel {
   // > 0) -> Step -> ZeroGrad. The same result on every rank. One process
   // without data parallelism: train::FinishOneProcessStep.
   absl::StatusOr<StepResult> FinishTrainingStep(double local_loss, double scale, int64_t step,
-                                                double grad_clip, LossScaling& scaling, bool log);
+                                                double grad_clip, LossScaling& scaling,
+                                                bool log) override;
 
   // ---- Checkpoints (collective: every rank calls) ----
   // Saves <checkpoint_dir>/step_<N> and, once every rank is done, points
@@ -387,7 +395,8 @@ class DataParallelModel {
   // (model.safetensors + optimizer.safetensors), which --world_size=1 resumes
   // too. The directory must be one every rank sees. Every rank returns the
   // same success or failure.
-  absl::Status SaveCheckpoint(const std::string& checkpoint_dir, const TrainState& state);
+  absl::Status SaveCheckpoint(const std::string& checkpoint_dir,
+                              const TrainState& state) override;
   // Before training: train::PrepareCheckpointDir on every rank (the folder
   // must be one every rank sees), and rank 0 locks it for this run
   // (CheckpointDirLock, held while this object lives); every rank returns
@@ -398,7 +407,7 @@ class DataParallelModel {
   // this process, "" for a fresh start), and where `logs`, a fresh
   // --resume=auto start said (`auto_fresh`: PrintAutoFreshStart).
   absl::Status PrepareToTrain(const std::string& checkpoint_dir, const std::string& resume,
-                              bool auto_fresh, bool logs);
+                              bool auto_fresh, bool logs) override;
   // Loads a step folder SaveCheckpoint wrote: sharded ones into FSDP or
   // ZeRO-1, single-process ones into DDP (other pairings are InvalidArgument
   // naming the strategy to resume with). Returns the saved TrainState. With
@@ -413,7 +422,7 @@ class DataParallelModel {
   // same), then rank 0 calls train::PrintResumed. The ranks' counterpart of
   // train::ResumeCheckpoint.
   absl::StatusOr<Resumed> Resume(const std::string& resume, const std::string& checkpoint_dir,
-                                 const std::string& config);
+                                 const std::string& config) override;
 
  private:
   DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);

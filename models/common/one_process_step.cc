@@ -2,6 +2,7 @@
 #include "models/common/one_process_step.h"
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +51,65 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
   // gradient, no GEMM reading zeros), and no gradient is held between steps.
   model.ZeroGrad(/*set_to_none=*/true);
   return result;
+}
+
+OneProcessModel::OneProcessModel(nn::Module& model, optim::Optimizer& optimizer,
+                                 precision::MixedPrecisionPolicy policy)
+    : model_(model), optimizer_(optimizer), policy_(std::move(policy)) {}
+
+nn::MixedPrecision& OneProcessModel::mixed() {
+  if (!mixed_.has_value()) mixed_.emplace(model_, policy_);
+  return *mixed_;
+}
+
+absl::Status OneProcessModel::PrepareToTrain(const std::string& checkpoint_dir,
+                                             const std::string& /*resume*/, bool auto_fresh,
+                                             bool logs) {
+  // Checked now, not at the first save; locked for this run until it ends.
+  absl::StatusOr<std::optional<CheckpointDirLock>> lock =
+      PrepareAndLockCheckpointDir(checkpoint_dir);
+  if (!lock.ok()) return lock.status();
+  checkpoint_dir_lock_ = *std::move(lock);
+  if (auto_fresh && logs) PrintAutoFreshStart(checkpoint_dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Resumed> OneProcessModel::Resume(const std::string& resume,
+                                                const std::string& checkpoint_dir,
+                                                const std::string& config) {
+  return ResumeCheckpoint(resume, checkpoint_dir, model_, optimizer_, config);
+}
+
+void OneProcessModel::BeginStep() { mixed().CastForCompute(); }
+
+double OneProcessModel::AccumulateGradients(int64_t K,
+                                            const std::function<double(int64_t m)>& micro_step) {
+  double sum = 0;  // nothing to hold back: every backward adds up locally
+  for (int64_t m = 0; m < K; ++m) sum += micro_step(m);
+  return sum / K;
+}
+
+absl::StatusOr<StepResult> OneProcessModel::FinishTrainingStep(double local_loss, double scale,
+                                                               int64_t step, double grad_clip,
+                                                               LossScaling& scaling,
+                                                               bool /*log*/) {
+  return FinishOneProcessStep(model_, mixed(), optimizer_, local_loss, scale, step, grad_clip,
+                              scaling);
+}
+
+absl::StatusOr<double> OneProcessModel::Evaluate(const std::function<double()>& local_loss) {
+  return EvalInOneProcess(model_, mixed(), local_loss);
+}
+
+absl::Status OneProcessModel::PrintSample(
+    const SampleSchedule& /*schedule*/, bool /*print*/,
+    const std::function<absl::StatusOr<std::string>()>& draw) {
+  return PrintSampleInOneProcess(model_, mixed(), draw);  // the whole model, printed
+}
+
+absl::Status OneProcessModel::SaveCheckpoint(const std::string& checkpoint_dir,
+                                             const TrainState& state) {
+  return train::SaveCheckpoint(checkpoint_dir, model_, optimizer_, state);
 }
 
 }  // namespace train

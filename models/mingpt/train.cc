@@ -47,7 +47,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "models/common/checkpoint_dir_lock.h"
 #include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
@@ -57,10 +56,10 @@
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/mfu.h"
 #include "models/common/one_process_step.h"
-#include "models/common/rank_loop.h"
 #include "models/common/sample_flags.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
+#include "models/common/training_loop.h"
 #include "models/data/byte_text.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
@@ -72,7 +71,6 @@
 #include "models/mingpt/pretrained.h"
 #include "models/mingpt/text.h"
 #include "nn/checkpoint.h"
-#include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -361,8 +359,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     std::fflush(stdout);
   }
 
-  // ---- Resume, then the steps (train::RunRankLoop: rank 0 reports) ----
-  train::RankLoopSettings settings;
+  // ---- Resume, then the steps (train::RunTrainingLoop: rank 0 reports) ----
+  train::TrainingLoopSettings settings;
+  settings.rank = rank.rank;
+  settings.world_size = W;
   settings.seed = seed;
   settings.steps = steps;
   settings.micro_batches = K;
@@ -380,13 +380,14 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.summary_note = " (global)";
   settings.eval = train::EvalFlagsFromCommandLine();
   settings.device = setup.dp.device;
+  settings.ledger = &rank.ledger;
   settings.schedule = setup.schedule;
   settings.metrics = setup.metrics;
   settings.sample_schedule = &setup.sampler->schedule;
   settings.scaling = &setup.scaling;
-  train::RankLoopParts<data::LmLoader> parts;
+  train::TrainingLoopParts<data::LmLoader> parts;
   parts.model = &model;
-  parts.dp = dp->get();
+  parts.trainer = dp->get();
   parts.loader = &*loader;
   parts.to_device = [&](data::LmBatch& batch) {  // (K*B, T) each
     batch.inputs = batch.inputs.ToQueued(setup.dp.device);
@@ -404,7 +405,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   parts.draw = [&](int64_t step_done) {
     return setup.sampler->Draw(model, step_done, setup.dp.device);
   };
-  return train::RunRankLoop(settings, parts, rank);
+  return train::RunTrainingLoop(settings, parts);
 }
 
 absl::Status Train() {
@@ -608,101 +609,55 @@ absl::Status Train() {
     }
   }
 
-  // ---- Resume ----
-  int64_t start = 0;
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  // Checked now, not at the first save; locked for this run until it ends.
-  absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
-      train::PrepareAndLockCheckpointDir(checkpoint_dir);
-  if (!dir_lock.ok()) return dir_lock.status();
-  if (auto_fresh) train::PrintAutoFreshStart(checkpoint_dir);
-  if (!resume.empty()) {
-    absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
-        resume, checkpoint_dir, model, **optimizer, config->ToString());
-    if (!resumed.ok()) return resumed.status();
-    absl::Status restored = loader->Restore(resumed->loader);
-    if (restored.ok()) restored = scaling->Restore(resumed->state.extra);
-    if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
-    train::PrintResumed(*resumed);
-    train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer, config->ToString());
-    train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
-    train::AfterResume(checkpoint_dir, *resumed, steps);
-    start = resumed->state.step;
-  }
-  nn::MixedPrecision mixed(model, policy);
-  auto save = [&](int64_t step_done) -> absl::Status {
-    if (checkpoint_dir.empty()) return absl::OkStatus();
-    train::TrainState state;
-    state.step = step_done;
-    state.loader_state = loader->state().ToString();
-    state.extra["config"] = config->ToString();
-    train::RecordRunSettings(**schedule, **optimizer, state.extra);
-    if (!tokenizer->empty()) state.extra["tokenizer"] = *tokenizer;
-    scaling->Save(state.extra);
-    return train::SaveAndSay(checkpoint_dir, step_done, /*log=*/true, [&] {
-      return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
-    });
-  };
-
-  // ---- Training loop ----
-  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               K * B * T, device);
+  // ---- Resume, then the steps (train::RunTrainingLoop) ----
   absl::StatusOr<double> peak =
       train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), device, policy.param_dtype, 1);
   if (!peak.ok()) return peak.status();
-  reporter.SetMfu(FlopsPerToken(*config, T) * static_cast<double>(K * B * T), *peak);
-  train::StepTimer timer;
-  for (int64_t step = start; step < steps; ++step) {
-    timer.Start();
-    data::LmBatch batch = loader->Next();  // inputs, targets (K*B, T): K micro-batches of B rows
+  train::OneProcessModel trainer(model, **optimizer, policy);
+  train::TrainingLoopSettings settings;
+  settings.seed = seed;
+  settings.steps = steps;
+  settings.micro_batches = K;
+  settings.log_every = absl::GetFlag(FLAGS_log_every);
+  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  settings.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  settings.resume = resume;
+  settings.auto_fresh = auto_fresh;
+  settings.config = config->ToString();
+  settings.tokenizer = *tokenizer;
+  settings.tokens_per_step = static_cast<double>(K * B * T);
+  settings.flops_per_step = FlopsPerToken(*config, T) * static_cast<double>(K * B * T);
+  settings.peak_flops = *peak;
+  settings.eval = train::EvalFlagsFromCommandLine();
+  settings.device = device;
+  settings.ledger = &ledger;
+  settings.schedule = schedule->get();
+  settings.metrics = metrics->get();
+  settings.sample_schedule = &sampler->schedule;
+  settings.scaling = &*scaling;
+  train::TrainingLoopParts<data::LmLoader> parts;
+  parts.model = &model;
+  parts.trainer = &trainer;
+  parts.loader = &*loader;
+  parts.to_device = [&](data::LmBatch& batch) {  // inputs, targets (K*B, T)
     if (device.is_cuda()) {  // queued: no wait for the previous step's kernels
       batch.inputs = batch.inputs.ToQueued(device);
       batch.targets = batch.targets.ToQueued(device);
     }
-    (*optimizer)->set_lr((*schedule)->LrAt(step));
-    mixed.CastForCompute();
-    const double scale = scaling->scale();
-    // Forward, loss and backward of each micro-batch; the gradients add up.
-    const double loss = train::AccumulateGradients(K, nullptr, [&](int64_t m) {
-      // Dropout masks: a function of the step and the global row (micro-batch m
-      // is part m of K of the step's batch), as under data parallelism.
-      nn::SeedRandomSources(model, seed * 1000003 + step, m, K);
-      return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
-                                   batch.targets.Narrow(0, m * B, B), scale / K);
-    });
-    // fp32 masters back -> unscale (inf/nan skips the step) -> clip -> optimizer
-    // step -> zero grads.
-    absl::StatusOr<train::StepResult> done = train::FinishOneProcessStep(
-        model, mixed, **optimizer, loss, scale, step, grad_clip, *scaling);
-    if (!done.ok()) return done.status();
-    absl::Status reported = reporter.Report(step + 1, *done, (*optimizer)->lr(), timer.ElapsedMs());
-    if (!reported.ok()) return reported;
-    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
-      reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
-        return train::EvalInOneProcess(model, mixed, [&] {
-          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
-                          device);
-        });
-      });
-      if (!reported.ok()) return reported;
-    }
-    if (sampler->schedule.Due(step + 1, steps)) {
-      absl::Status sampled = train::PrintSampleInOneProcess(
-          model, mixed, [&] { return sampler->Draw(model, step + 1, device); });
-      if (!sampled.ok()) return sampled;
-    }
-    if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
-      absl::Status saved = save(step + 1);
-      if (!saved.ok()) return saved;
-    }
+  };
+  parts.forward_backward = [&](const data::LmBatch& batch, int64_t m, double scale) {
+    return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
+                                 batch.targets.Narrow(0, m * B, B), scale);
+  };
+  if (eval_loader) {
+    parts.eval_loss = [&] {
+      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, device);
+    };
   }
-  if (steps > start) {
-    absl::Status saved = save(steps);
-    if (!saved.ok()) return saved;
-  }
-  reporter.PrintSummary();
+  parts.draw = [&](int64_t step_done) { return sampler->Draw(model, step_done, device); };
+  absl::Status trained = train::RunTrainingLoop(settings, parts);
+  if (!trained.ok()) return trained;
   std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
   return absl::OkStatus();
 }

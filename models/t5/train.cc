@@ -45,7 +45,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/common/checkpoint_convert.h"
-#include "models/common/checkpoint_dir_lock.h"
 #include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
@@ -56,10 +55,10 @@
 #include "models/common/loss_scaling_flags.h"
 #include "models/common/mfu.h"
 #include "models/common/one_process_step.h"
-#include "models/common/rank_loop.h"
 #include "models/common/sample_flags.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
+#include "models/common/training_loop.h"
 #include "models/data/byte_text.h"
 #include "models/data/random_tokens.h"
 #include "models/data/runfiles.h"
@@ -70,7 +69,6 @@
 #include "models/t5/pretrained.h"
 #include "models/t5/train_report.h"
 #include "nn/checkpoint.h"
-#include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -307,8 +305,10 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
     }
   }
 
-  // ---- Resume, then the steps (train::RunRankLoop: rank 0 reports) ----
-  train::RankLoopSettings settings;
+  // ---- Resume, then the steps (train::RunTrainingLoop: rank 0 reports) ----
+  train::TrainingLoopSettings settings;
+  settings.rank = rank.rank;
+  settings.world_size = W;
   settings.seed = seed;
   settings.steps = steps;
   settings.micro_batches = K;
@@ -328,13 +328,14 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.summary_note = " (global, encoder + decoder)";
   settings.eval = train::EvalFlagsFromCommandLine();
   settings.device = setup.dp.device;
+  settings.ledger = &rank.ledger;
   settings.schedule = setup.schedule;
   settings.metrics = setup.metrics;
   settings.sample_schedule = &setup.sampler->schedule;
   settings.scaling = &setup.scaling;
-  train::RankLoopParts<data::SpanCorruptionLoader> parts;
+  train::TrainingLoopParts<data::SpanCorruptionLoader> parts;
   parts.model = &model;
-  parts.dp = dp->get();
+  parts.trainer = dp->get();
   parts.loader = &*loader;
   // Encoder (K*B, S), decoder (K*B, T).
   parts.to_device = [&](data::Seq2SeqBatch& batch) { MoveBatch(batch, setup.dp.device); };
@@ -351,7 +352,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   parts.draw = [&](int64_t step_done) {
     return setup.sampler->Draw(model, step_done, setup.dp.device);
   };
-  return train::RunRankLoop(settings, parts, rank);
+  return train::RunTrainingLoop(settings, parts);
 }
 
 absl::Status Train() {
@@ -580,98 +581,51 @@ absl::Status Train() {
     }
   }
 
-  // ---- Resume ----
-  int64_t start = 0;
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  // Checked now, not at the first save; locked for this run until it ends.
-  absl::StatusOr<std::optional<train::CheckpointDirLock>> dir_lock =
-      train::PrepareAndLockCheckpointDir(checkpoint_dir);
-  if (!dir_lock.ok()) return dir_lock.status();
-  if (auto_fresh) train::PrintAutoFreshStart(checkpoint_dir);
-  if (!resume.empty()) {
-    absl::StatusOr<train::Resumed> resumed = train::ResumeCheckpoint(
-        resume, checkpoint_dir, model, **optimizer, config->ToString());
-    if (!resumed.ok()) return resumed.status();
-    absl::Status restored = loader->Restore(resumed->loader);
-    if (restored.ok()) restored = scaling->Restore(resumed->state.extra);
-    if (!restored.ok()) return train::InResumedCheckpoint(*resumed, restored);
-    train::PrintResumed(*resumed);
-    train::NoteRunSettingsChanges(resumed->state, **schedule, **optimizer, config->ToString());
-    train::DropMetricsAfter(**metrics, resumed->state.step);  // steps run again
-    train::AfterResume(checkpoint_dir, *resumed, steps);
-    start = resumed->state.step;
-  }
-  nn::MixedPrecision mixed(model, policy);
-  auto save = [&](int64_t step_done) -> absl::Status {
-    if (checkpoint_dir.empty()) return absl::OkStatus();
-    train::TrainState state;
-    state.step = step_done;
-    state.loader_state = loader->state().ToString();
-    state.extra["config"] = config->ToString();
-    train::RecordRunSettings(**schedule, **optimizer, state.extra);
-    scaling->Save(state.extra);
-    return train::SaveAndSay(checkpoint_dir, step_done, /*log=*/true, [&] {
-      return train::SaveCheckpoint(checkpoint_dir, model, **optimizer, state);
-    });
+  // ---- Resume, then the steps (train::RunTrainingLoop) ----
+  train::OneProcessModel trainer(model, **optimizer, policy);
+  train::TrainingLoopSettings settings;
+  settings.seed = seed;
+  settings.steps = steps;
+  settings.micro_batches = K;
+  settings.log_every = absl::GetFlag(FLAGS_log_every);
+  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  settings.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  settings.resume = resume;
+  settings.auto_fresh = auto_fresh;
+  settings.config = config->ToString();
+  settings.tokens_per_step = static_cast<double>(tokens_per_step);
+  settings.flops_per_step =
+      FlopsPerExample(*config, S, loader->corruptor().decoder_length()) *
+      static_cast<double>(K * B);
+  settings.peak_flops = *peak;
+  settings.summary_note = " (encoder + decoder)";
+  settings.eval = train::EvalFlagsFromCommandLine();
+  settings.device = device;
+  settings.ledger = &ledger;
+  settings.schedule = schedule->get();
+  settings.metrics = metrics->get();
+  settings.sample_schedule = &sampler->schedule;
+  settings.scaling = &*scaling;
+  train::TrainingLoopParts<data::SpanCorruptionLoader> parts;
+  parts.model = &model;
+  parts.trainer = &trainer;
+  parts.loader = &*loader;
+  // K micro-batches of B rows: encoder (K*B, S) + mask, decoder (K*B, T_dec) x 2.
+  parts.to_device = [&](data::Seq2SeqBatch& batch) { MoveBatch(batch, device); };
+  parts.forward_backward = [&](const data::Seq2SeqBatch& batch, int64_t m, double scale) {
+    const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
+    return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
+                                 micro.decoder_targets, scale);
   };
-
-  // ---- Training loop ----
-  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  train::StepReporter reporter(ledger, **metrics, start, steps, absl::GetFlag(FLAGS_log_every),
-                               tokens_per_step, device);
-  reporter.SetMfu(FlopsPerExample(*config, S, loader->corruptor().decoder_length()) *
-                      static_cast<double>(K * B),
-                  *peak);
-  train::StepTimer timer;
-  for (int64_t step = start; step < steps; ++step) {
-    timer.Start();
-    // K micro-batches of B rows: encoder (K*B, S) + mask, decoder (K*B, T_dec) x 2.
-    data::Seq2SeqBatch batch = loader->Next();
-    MoveBatch(batch, device);
-    (*optimizer)->set_lr((*schedule)->LrAt(step));
-    mixed.CastForCompute();
-    const double scale = scaling->scale();
-    // Forward, loss and backward of each micro-batch; the gradients add up.
-    const double loss = train::AccumulateGradients(K, nullptr, [&](int64_t m) {
-      // Dropout masks: a function of the step and the global row (micro-batch m
-      // is part m of K of the step's batch), as under data parallelism.
-      nn::SeedRandomSources(model, seed * 1000003 + step, m, K);
-      const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
-      return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
-                                   micro.decoder_targets, scale / K);
-    });
-    // fp32 masters back -> unscale (inf/nan skips the step) -> clip -> optimizer
-    // step -> zero grads.
-    absl::StatusOr<train::StepResult> done = train::FinishOneProcessStep(
-        model, mixed, **optimizer, loss, scale, step, grad_clip, *scaling);
-    if (!done.ok()) return done.status();
-    absl::Status reported = reporter.Report(step + 1, *done, (*optimizer)->lr(), timer.ElapsedMs());
-    if (!reported.ok()) return reported;
-    if (eval_loader && train::EvalAfter(train::EvalFlagsFromCommandLine(), step + 1, steps)) {
-      reported = reporter.TimedEval(step + 1, /*log=*/true, [&]() -> absl::StatusOr<double> {
-        return train::EvalInOneProcess(model, mixed, [&] {
-          return EvalLoss(model, *eval_loader, train::EvalFlagsFromCommandLine().batches, K, B,
-                          device);
-        });
-      });
-      if (!reported.ok()) return reported;
-    }
-    if (sampler->schedule.Due(step + 1, steps)) {
-      absl::Status sampled = train::PrintSampleInOneProcess(
-          model, mixed, [&] { return sampler->Draw(model, step + 1, device); });
-      if (!sampled.ok()) return sampled;
-    }
-    if (train::CheckpointDue(checkpoint_every, step + 1, steps)) {
-      absl::Status saved = save(step + 1);
-      if (!saved.ok()) return saved;
-    }
+  if (eval_loader) {
+    parts.eval_loss = [&] {
+      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, device);
+    };
   }
-  if (steps > start) {
-    absl::Status saved = save(steps);
-    if (!saved.ok()) return saved;
-  }
-  reporter.PrintSummary(" (encoder + decoder)");
+  parts.draw = [&](int64_t step_done) { return sampler->Draw(model, step_done, device); };
+  absl::Status trained = train::RunTrainingLoop(settings, parts);
+  if (!trained.ok()) return trained;
   std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
   return absl::OkStatus();
 }

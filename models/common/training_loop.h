@@ -1,8 +1,9 @@
-// train::RunRankLoop: the steps one rank of a data-parallel run takes, the
-// same in both train binaries (//models/mingpt:train, //models/t5:train),
-// which build the model, its wrapper (DataParallelModel) and its loaders and
-// say how a micro-batch runs. In order:
-//   - --checkpoint_dir prepared and locked; --resume loaded (every rank its
+// train::RunTrainingLoop: the steps of a training run, the same in both
+// train binaries (//models/mingpt:train, //models/t5:train), in one process
+// (train::OneProcessModel) and on each rank of a data-parallel run
+// (train::DataParallelModel). The binaries build the model, its Trainer and
+// its loaders and say how a micro-batch runs. In order:
+//   - --checkpoint_dir prepared and locked; --resume loaded (each rank its
 //     part, any world size), with the loader's position and the loss scale;
 //   - each step: this rank's batch -> the learning rate -> forward and
 //     backward of each of its K micro-batches (only the last communicates)
@@ -11,9 +12,8 @@
 //     optimizer step -> zero grads) -> rank 0's report -> evaluation -> a
 //     sample -> a checkpoint;
 //   - a checkpoint after the last step, and rank 0's summary.
-// The one-process loop (no data parallelism) is each binary's own.
-#ifndef MODELS_COMMON_RANK_LOOP_H_
-#define MODELS_COMMON_RANK_LOOP_H_
+#ifndef MODELS_COMMON_TRAINING_LOOP_H_
+#define MODELS_COMMON_TRAINING_LOOP_H_
 
 #include <cstdint>
 #include <functional>
@@ -22,21 +22,24 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "models/common/data_parallel.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
+#include "models/common/trainer.h"
 #include "models/data/loader_state.h"
 #include "nn/checkpoint.h"
 #include "nn/module.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "tensor/device.h"
+#include "tensor/memory_ledger.h"
 
 namespace train {
 
 // What the loop needs from the command line and the run's setup.
-struct RankLoopSettings {
+struct TrainingLoopSettings {
+  int rank = 0;                  // this process's or thread's; rank 0 logs
+  int world_size = 1;            // the ranks that share each global batch
   uint64_t seed = 0;             // with the step, seeds each micro-batch's dropout
   int64_t steps = 0;             // the step the run ends after
   int64_t micro_batches = 1;     // K, --grad_accum_steps
@@ -52,21 +55,23 @@ struct RankLoopSettings {
   double flops_per_step = 0;     // global, for the MFU
   double peak_flops = 0;         // of the job's devices; 0: no MFU
   std::string summary_note;      // after "tokens/s" in rank 0's summary
-  EvalFlags eval;                // when to evaluate (with RankLoopParts::eval_loss)
+  EvalFlags eval;                // when to evaluate (with TrainingLoopParts::eval_loss)
   tensor::Device device = tensor::Device::Cpu();  // the model's
+  const tensor::MemoryLedger* ledger = nullptr;   // this rank's, for the step lines
   const optim::LrSchedule* schedule = nullptr;
   MetricsWriter* metrics = nullptr;
   const SampleSchedule* sample_schedule = nullptr;
   const LossScaling* scaling = nullptr;  // the run's; each rank updates a copy alike
+  bool logs() const { return rank == 0; }
 };
 
 // What the loop needs from the model's binary. Loader: data::LmLoader or
 // data::SpanCorruptionLoader (Next(), state(), Restore()).
 template <typename Loader>
-struct RankLoopParts {
+struct TrainingLoopParts {
   using Batch = decltype(std::declval<Loader&>().Next());
   nn::Module* model = nullptr;
-  DataParallelModel* dp = nullptr;
+  Trainer* trainer = nullptr;
   Loader* loader = nullptr;  // this rank's rows of the global batch, K micro-batches
   // Moves a batch Next() returned to the model's device (queued on a GPU:
   // no wait for the previous step's kernels).
@@ -82,33 +87,35 @@ struct RankLoopParts {
 };
 
 template <typename Loader>
-absl::Status RunRankLoop(const RankLoopSettings& s, const RankLoopParts<Loader>& parts,
-                         RankContext& rank) {
-  using Batch = typename RankLoopParts<Loader>::Batch;
-  if (s.schedule == nullptr || s.metrics == nullptr || s.sample_schedule == nullptr ||
-      s.scaling == nullptr || parts.model == nullptr || parts.dp == nullptr ||
-      parts.loader == nullptr || !parts.to_device || !parts.forward_backward || !parts.draw) {
-    return absl::InternalError("RunRankLoop: a setting or part it needs was not given");
+absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
+                             const TrainingLoopParts<Loader>& parts) {
+  using Batch = typename TrainingLoopParts<Loader>::Batch;
+  if (s.ledger == nullptr || s.schedule == nullptr || s.metrics == nullptr ||
+      s.sample_schedule == nullptr || s.scaling == nullptr || parts.model == nullptr ||
+      parts.trainer == nullptr || parts.loader == nullptr || !parts.to_device ||
+      !parts.forward_backward || !parts.draw) {
+    return absl::InternalError("RunTrainingLoop: a setting or part it needs was not given");
   }
-  DataParallelModel& dp = *parts.dp;
-  optim::Optimizer& opt = dp.optimizer();
+  Trainer& trainer = *parts.trainer;
+  optim::Optimizer& opt = trainer.optimizer();
   Loader& loader = *parts.loader;
   const int64_t K = s.micro_batches;
-  const int64_t W = rank.world_size;
+  const int64_t W = s.world_size;
 
   // ---- Resume (every rank loads its part; any world size) ----
   LossScaling scaling = *s.scaling;  // this rank's copy; all ranks update alike
   int64_t start = 0;
-  absl::Status ready = dp.PrepareToTrain(s.checkpoint_dir, s.resume, s.auto_fresh, rank.logs());
+  absl::Status ready =
+      trainer.PrepareToTrain(s.checkpoint_dir, s.resume, s.auto_fresh, s.logs());
   if (!ready.ok()) return ready;
   if (!s.resume.empty()) {
-    absl::StatusOr<Resumed> resumed = dp.Resume(s.resume, s.checkpoint_dir, s.config);
+    absl::StatusOr<Resumed> resumed = trainer.Resume(s.resume, s.checkpoint_dir, s.config);
     if (!resumed.ok()) return resumed.status();
     // The same global batch, the same loss scale.
     absl::Status restored = loader.Restore(resumed->loader);
     if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return InResumedCheckpoint(*resumed, restored);
-    if (rank.logs()) {
+    if (s.logs()) {
       PrintResumed(*resumed);
       NoteRunSettingsChanges(resumed->state, *s.schedule, opt, s.config);
       DropMetricsAfter(*s.metrics, resumed->state.step);  // steps run again
@@ -125,12 +132,12 @@ absl::Status RunRankLoop(const RankLoopSettings& s, const RankLoopParts<Loader>&
     RecordRunSettings(*s.schedule, opt, state.extra);
     if (!s.tokenizer.empty()) state.extra["tokenizer"] = s.tokenizer;
     scaling.Save(state.extra);
-    return SaveAndSay(s.checkpoint_dir, step_done, rank.logs(),
-                      [&] { return dp.SaveCheckpoint(s.checkpoint_dir, state); });
+    return SaveAndSay(s.checkpoint_dir, step_done, s.logs(),
+                      [&] { return trainer.SaveCheckpoint(s.checkpoint_dir, state); });
   };
 
   // ---- Training loop (rank 0 reports; global tokens per step) ----
-  StepReporter reporter(rank.ledger, *s.metrics, start, s.steps, s.log_every, s.tokens_per_step,
+  StepReporter reporter(*s.ledger, *s.metrics, start, s.steps, s.log_every, s.tokens_per_step,
                         s.device);
   reporter.SetMfu(s.flops_per_step, s.peak_flops);
   StepTimer timer;
@@ -139,37 +146,37 @@ absl::Status RunRankLoop(const RankLoopSettings& s, const RankLoopParts<Loader>&
     Batch batch = loader.Next();  // this rank's K micro-batches
     parts.to_device(batch);
     opt.set_lr(s.schedule->LrAt(step));
+    trainer.BeginStep();
     const double scale = scaling.scale();
     // Forward, loss and backward of each micro-batch; only the last one's
     // backward communicates (the others under no_sync).
-    const double local_loss = AccumulateGradients(K, &dp, [&](int64_t m) {
+    const double local_loss = trainer.AccumulateGradients(K, [&](int64_t m) {
       // Dropout masks: a function of the step and the global row (this
-      // micro-batch is part m * W + r of the global batch, as in the
-      // single-process loop).
-      nn::SeedRandomSources(*parts.model, s.seed * 1000003 + step, m * W + rank.rank, K * W);
+      // micro-batch is part m * W + r of the global batch, whatever W).
+      nn::SeedRandomSources(*parts.model, s.seed * 1000003 + step, m * W + s.rank, K * W);
       return parts.forward_backward(batch, m, scale / K);
     });
     // Mean loss over ranks -> gradient communication -> unscale (inf/nan on
     // any rank skips the step on all) -> clip by the global norm -> optimizer
     // step -> zero grads.
     absl::StatusOr<StepResult> done =
-        dp.FinishTrainingStep(local_loss, scale, step, s.grad_clip, scaling, rank.logs());
+        trainer.FinishTrainingStep(local_loss, scale, step, s.grad_clip, scaling, s.logs());
     if (!done.ok()) return done.status();
-    if (rank.logs()) {
+    if (s.logs()) {
       absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs());
       if (!reported.ok()) return reported;
     }
     if (parts.eval_loss && EvalAfter(s.eval, step + 1, s.steps)) {
       // Every rank evaluates its rows; the mean over the ranks.
       absl::Status evaluated = reporter.TimedEval(
-          step + 1, rank.logs(), [&] { return dp.Evaluate(parts.eval_loss); });
+          step + 1, s.logs(), [&] { return trainer.Evaluate(parts.eval_loss); });
       if (!evaluated.ok()) return evaluated;
     }
     if (s.sample_schedule->Due(step + 1, s.steps)) {
       // Every rank draws alike (FSDP: the units held as --sample_gather
       // says); rank 0 prints.
-      absl::Status sampled = PrintSample(dp, *s.sample_schedule, rank.logs(),
-                                         [&] { return parts.draw(step + 1); });
+      absl::Status sampled = trainer.PrintSample(*s.sample_schedule, s.logs(),
+                                                 [&] { return parts.draw(step + 1); });
       if (!sampled.ok()) return sampled;
     }
     if (CheckpointDue(s.checkpoint_every, step + 1, s.steps)) {
@@ -181,10 +188,10 @@ absl::Status RunRankLoop(const RankLoopSettings& s, const RankLoopParts<Loader>&
     absl::Status saved = save(s.steps);
     if (!saved.ok()) return saved;
   }
-  if (rank.logs()) reporter.PrintSummary(s.summary_note);
+  if (s.logs()) reporter.PrintSummary(s.summary_note);
   return absl::OkStatus();
 }
 
 }  // namespace train
 
-#endif  // MODELS_COMMON_RANK_LOOP_H_
+#endif  // MODELS_COMMON_TRAINING_LOOP_H_
