@@ -412,15 +412,71 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
   return AutoResume(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
 }
 
+namespace {
+
+// A --resume given (not auto), resolved to `step_dir`, against what
+// checkpoint_dir holds (c) and the steps this run saves (those
+// CheckpointDue(checkpoint_every) says, and `steps`). A checkpoint of
+// another folder starts this run's own checkpoints in checkpoint_dir, as a
+// fresh start does (FreshCheckpointDir). One of checkpoint_dir's own steps
+// before the one `latest` names (going back to it) must not have the later
+// steps this run saves again on disk: those saves would replace them.
+// (Continuing the step `latest` names replaces nothing of another run: a
+// later step folder there is this run's own save, interrupted before
+// `latest` was pointed at it.)
+absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::string& step_dir,
+                                        const std::string& checkpoint_dir,
+                                        const CheckpointDirContents& c, int64_t steps,
+                                        int64_t checkpoint_every) {
+  namespace fs = std::filesystem;
+  const auto [folder, parent] = FolderAndParent(step_dir);
+  const std::string name = folder.filename().string();
+  int64_t resumed = 0;
+  std::error_code ec;
+  const bool own = fs::equivalent(parent, checkpoint_dir, ec) && !ec &&
+                   absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &resumed);
+  if (!own) {
+    absl::Status fresh = FreshCheckpointDir(checkpoint_dir, c);
+    if (fresh.ok()) return fresh;
+    return absl::Status(fresh.code(),
+                        absl::StrCat("--resume=", resume, " is a checkpoint of another folder: ",
+                                     fresh.message()));
+  }
+  if (name == c.latest) return absl::OkStatus();
+  std::vector<std::string> replaced;
+  for (const std::string& later : c.steps) {  // newest first
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(later.substr(5), &step) || step <= resumed) continue;
+    if (step == steps || CheckpointDue(checkpoint_every, step, steps)) replaced.push_back(later);
+  }
+  if (replaced.empty()) return absl::OkStatus();
+  std::reverse(replaced.begin(), replaced.end());
+  const fs::path first = fs::path(checkpoint_dir) / replaced.front();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--resume=", resume, " goes back to step ", resumed, " of --checkpoint_dir=",
+      checkpoint_dir, ", which holds later checkpoints this run would save again, replacing "
+      "them: ", absl::StrJoin(replaced, ", "), "; move them aside first (mv ", first.string(),
+      " ", first.string(), ".before-resume), or give this run a new --checkpoint_dir"));
+}
+
+}  // namespace
+
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
-                                      const std::string& checkpoint_dir) {
+                                      const std::string& checkpoint_dir, int64_t steps,
+                                      int64_t checkpoint_every) {
   ResumePlan plan;
   const bool automatic = resume_flag == "auto";
   if (!automatic && !resume_flag.empty()) {
     // Found now, before the run reads data, builds the model or makes and
     // locks checkpoint_dir; loaded by the run (which resolves it again).
-    absl::Status found = ResolveCheckpoint(resume_flag, checkpoint_dir).status();
-    if (!found.ok()) return found;
+    absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume_flag, checkpoint_dir);
+    if (!step_dir.ok()) return step_dir.status();
+    if (!checkpoint_dir.empty()) {
+      absl::Status replaces =
+          CheckResumeReplacesNothing(resume_flag, *step_dir, checkpoint_dir,
+                                     ReadCheckpointDir(checkpoint_dir), steps, checkpoint_every);
+      if (!replaces.ok()) return replaces;
+    }
     plan.resume = resume_flag;
     return plan;
   }

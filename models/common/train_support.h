@@ -106,13 +106,20 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
 // ResolveAutoResume, then CheckFreshCheckpointDir for a fresh start. A
 // --resume given (not auto) must name a checkpoint ResolveCheckpoint finds
 // (its error otherwise), so that a wrong one stops the run before it reads
-// data, builds the model or creates checkpoint_dir.
+// data, builds the model or creates checkpoint_dir. Nor may this run's saves
+// (at the steps CheckpointDue(checkpoint_every) gives, and at `steps`)
+// replace another run's checkpoints: a checkpoint of another folder is
+// refused as a fresh start is when checkpoint_dir holds checkpoints; going
+// back to an earlier step of checkpoint_dir than `latest` names is refused
+// while a later step folder this run would save again is there, naming
+// them (InvalidArgument).
 struct ResumePlan {
   std::string resume;       // what to resume ("latest", a folder); "" for a fresh start
   bool auto_fresh = false;  // --resume=auto found no checkpoint (the run says so)
 };
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
-                                      const std::string& checkpoint_dir);
+                                      const std::string& checkpoint_dir, int64_t steps,
+                                      int64_t checkpoint_every);
 // What a run says on stdout when --resume=auto found no checkpoint in
 // checkpoint_dir (ResumePlan::auto_fresh): it starts from step 0.
 void PrintAutoFreshStart(const std::string& checkpoint_dir);

@@ -307,21 +307,75 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
 TEST(PlanResumeTest, AGivenResumeMustNameACheckpoint) {
   const std::string dir = ::testing::TempDir() + "/plan_resume";
   std::filesystem::remove_all(dir);
-  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir);
+  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir, 10, 0);
   EXPECT_EQ(none.status(), absl::NotFoundError("no checkpoint to resume: '" + dir +
                                                "/latest' is missing"));
   EXPECT_FALSE(std::filesystem::exists(dir));
-  EXPECT_EQ(PlanResume(dir + "/step_000001", "").status().code(),
+  EXPECT_EQ(PlanResume(dir + "/step_000001", "", 10, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   TrainState state;
   testing::SaveAfterOneStep(Config(), dir, state);
-  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir);
+  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir, 10, 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, "latest");
   EXPECT_FALSE(plan->auto_fresh);
-  plan = PlanResume(dir + "/step_000001", "");
+  plan = PlanResume(dir + "/step_000001", "", 10, 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, dir + "/step_000001");
+}
+
+// A --resume given may not let this run's saves replace another run's
+// checkpoints: going back to an earlier step of --checkpoint_dir is refused
+// while later steps it would save again are there; a checkpoint of another
+// folder is refused when --checkpoint_dir holds checkpoints (as a fresh
+// start is); continuing the latest step replaces nothing of another run.
+TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/plan_replace";
+  const std::string other = ::testing::TempDir() + "/plan_other";
+  fs::remove_all(dir);
+  fs::remove_all(other);
+  TrainState state;
+  testing::SaveAfterOneStep(Config(), dir, state);  // step_000001
+  testing::SaveAfterOneStep(Config(), other, state);
+  for (const char* step : {"step_000002", "step_000004", "step_000005"}) {
+    fs::copy(dir + "/step_000001", dir + "/" + step);
+  }
+  ASSERT_TRUE(SetLatestCheckpoint(dir, 4).ok());
+  // Back to step 2 for 6 steps, saving every 2: step_000004 would be saved
+  // again (step_000005 would not, and stays).
+  absl::StatusOr<ResumePlan> plan = PlanResume(dir + "/step_000002", dir, 6, 2);
+  EXPECT_EQ(plan.status(),
+            absl::InvalidArgumentError(absl::StrCat(
+                "--resume=", dir, "/step_000002 goes back to step 2 of --checkpoint_dir=", dir,
+                ", which holds later checkpoints this run would save again, replacing them: "
+                "step_000004; move them aside first (mv ", dir, "/step_000004 ", dir,
+                "/step_000004.before-resume), or give this run a new --checkpoint_dir")));
+  // The last step's save counts too.
+  plan = PlanResume(dir + "/step_000002", dir, 5, 0);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "replacing them: step_000005;"))
+      << plan.status();
+  // Saves that miss the later steps: accepted.
+  EXPECT_TRUE(PlanResume(dir + "/step_000002", dir, 6, 3).ok());
+  EXPECT_TRUE(PlanResume(dir + "/step_000002", dir, 3, 0).ok());
+  // The step `latest` names (also as "latest" or as the folder): step_000005
+  // is this run's own save, interrupted before `latest`.
+  EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, 6, 1).ok());
+  EXPECT_TRUE(PlanResume("latest", dir, 6, 1).ok());
+  EXPECT_TRUE(PlanResume(dir, dir, 6, 1).ok());
+  // Another folder's checkpoint into a folder of checkpoints: refused as a
+  // fresh start is; into a new folder: accepted.
+  plan = PlanResume(other + "/step_000001", dir, 6, 0);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(absl::StartsWith(
+      plan.status().message(),
+      absl::StrCat("--resume=", other, "/step_000001 is a checkpoint of another folder: "
+                   "--checkpoint_dir=", dir, " holds an earlier run's checkpoints (latest: "
+                   "step_000004)")))
+      << plan.status();
+  EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", 6, 0).ok());
+  EXPECT_TRUE(PlanResume(dir + "/step_000002", "", 6, 1).ok());  // saves nothing
 }
 
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {

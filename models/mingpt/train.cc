@@ -423,7 +423,8 @@ absl::Status Train() {
   // else a fresh start; a fresh start must not replace an earlier run's
   // checkpoints.
   absl::StatusOr<train::ResumePlan> plan =
-      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir));
+      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir), steps,
+                        absl::GetFlag(FLAGS_checkpoint_every));
   if (!plan.ok()) return plan.status();
   const std::string& resume = plan->resume;
   const bool auto_fresh = plan->auto_fresh;  // said by the loop that trains (rank 0)

@@ -57,6 +57,15 @@ if "$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest 2> "$dir
   echo "resuming from a corrupted checkpoint should fail"; exit 1
 fi
 grep -q "model.safetensors' is corrupted: checksum" "$dir/err.txt"
+# Going back to an earlier step is refused while a later step this run would
+# save again is there (its save would replace the other run's step_000006).
+set +e
+"$train" "${common[@]}" --steps=6 --checkpoint_dir="$dir/ckpt" \
+  --resume="$dir/ckpt/step_000003" > /dev/null 2> "$dir/back.txt"; code=$?
+set -e
+[[ $code == 2 ]] && grep -q "goes back to step 3 of --checkpoint_dir=$dir/ckpt, which holds later \
+checkpoints this run would save again, replacing them: step_000006; move them aside" \
+  "$dir/back.txt" || { echo "going back over step 6: got $code:"; cat "$dir/back.txt"; exit 1; }
 # Resuming an earlier step of the directory points its latest there (it named step 6).
 "$train" "${common[@]}" --steps=4 --checkpoint_dir="$dir/ckpt" \
   --resume="$dir/ckpt/step_000003" > "$dir/branch.log"
