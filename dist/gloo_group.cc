@@ -738,10 +738,24 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
         return absl::InvalidArgumentError(absl::StrCat(
             "[gloo] ", who, ": no store given (a directory or redis://host:port)"));
       }
-      // mkdir -p
+      // mkdir -p; then it must be a folder this process can write.
+      int mkdir_err = 0;  // the first mkdir that failed, but for one that exists
       for (size_t pos = 1; pos != std::string::npos;) {
         pos = dir.find('/', pos + 1);
-        ::mkdir(dir.substr(0, pos).c_str(), 0755);
+        if (::mkdir(dir.substr(0, pos).c_str(), 0755) != 0 && errno != EEXIST && mkdir_err == 0) {
+          mkdir_err = errno;
+        }
+      }
+      struct stat st {};
+      const int err = ::stat(dir.c_str(), &st) != 0 ? (mkdir_err != 0 ? mkdir_err : errno)
+                      : !S_ISDIR(st.st_mode)          ? ENOTDIR
+                      : ::access(dir.c_str(), W_OK | X_OK) != 0 ? errno
+                                                                 : 0;
+      if (err != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "[gloo] ", who, ": the rendezvous store '", dir, "' is not a folder this process "
+            "can write (", std::strerror(err), "): give --rdzv=<a folder every rank can write> "
+            "(or redis://host:port), or another TMPDIR for the default one"));
       }
       auto file = std::make_shared<CheckableFileStore>(dir);
       shared->present = [file](const std::string& key) { return file->check({key}); };

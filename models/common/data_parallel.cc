@@ -128,6 +128,15 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
     return fn(context);
   });
   if (!s.ok()) return WithRank(env.rank, s);
+  if (config.rendezvous.owned) {
+    // Every rank is done with the store: rank 0 removes the run's folder of
+    // the default directory (a failed run leaves it, for its keys' story).
+    absl::Status done = (*pg)->BarrierSync();
+    if (done.ok() && env.rank == 0) {
+      std::error_code ignored;
+      std::filesystem::remove_all(config.rendezvous.store, ignored);
+    }
+  }
   std::printf("%s\n", RankMemoryLine(env.rank, ledger).c_str());
   std::fflush(stdout);
   return absl::OkStatus();

@@ -129,19 +129,26 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv);
 struct Rendezvous {
   std::string store;   // a directory (Gloo's FileStore) or "redis://host:port"
   std::string prefix;  // "<run id>/restart<RESTART_COUNT>"
+  // The default directory, the run's own: removed when the run ends well.
+  bool owned = false;
 };
 
 // --rdzv given: that store ("redis://host:port", or a directory, optionally
-// "file://<dir>"), keys under "<RUN_ID or 'run'>/restart<RESTART_COUNT>".
-// --rdzv empty (one node): the directory
-//   <temp_dir>/fsdp_rdzv_<MASTER_ADDR>_<MASTER_PORT>
-// with keys under "<RUN_ID>/restart<RESTART_COUNT>". RUN_ID is fresh for each
-// launch and RESTART_COUNT for each restart, so keys an earlier run (or an
-// earlier attempt of this one) left in the directory are never read. Needs
-// MASTER_ADDR, MASTER_PORT and RUN_ID; on several nodes (LOCAL_WORLD_SIZE <
-// WORLD_SIZE) a local directory cannot be shared, so --rdzv is required.
+// "file://<dir>"; another scheme, such as torchrun's tcp:// or c10d://, is
+// InvalidArgument), keys under "<RUN_ID or 'run'>/restart<RESTART_COUNT>".
+// --rdzv empty (one node): the directory, this user's (`uid`) and this run's,
+//   <temp_dir>/fsdp_rdzv_u<uid>_<MASTER_ADDR>_<MASTER_PORT>/<RUN_ID>
+// (owned), with keys under "<RUN_ID>/restart<RESTART_COUNT>". RUN_ID is fresh
+// for each launch and RESTART_COUNT for each restart, so keys an earlier run
+// (or an earlier attempt of this one) left are never read. torchrun without
+// --rdzv-id sets the RUN_ID "none" for every job: the folder is then
+// "none_agent<parent_pid>" (the workers of one torchrun agent are its
+// children). Needs MASTER_ADDR, MASTER_PORT and RUN_ID; on several nodes
+// (LOCAL_WORLD_SIZE < WORLD_SIZE) a local directory cannot be shared, so
+// --rdzv is required.
 absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
-                                             const std::string& temp_dir);
+                                             const std::string& temp_dir, int64_t uid,
+                                             int64_t parent_pid);
 // $TMPDIR, or /tmp.
 std::string TempDir();
 

@@ -4,6 +4,8 @@
 // data_parallel.cc.
 #include "models/common/data_parallel.h"
 
+#include <unistd.h>
+
 #include <climits>
 #include <cstdlib>
 #include <optional>
@@ -185,12 +187,20 @@ std::string TempDir() {
 }
 
 absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
-                                             const std::string& temp_dir) {
+                                             const std::string& temp_dir, int64_t uid,
+                                             int64_t parent_pid) {
   Rendezvous r;
   const std::string attempt = absl::StrCat("restart", env.restart_count);
   if (!rdzv.empty()) {
     if (rdzv == "file://" || rdzv == "redis://") {
       return absl::InvalidArgumentError(absl::StrCat("--rdzv='", rdzv, "' names no store"));
+    }
+    if (absl::StrContains(rdzv, "://") && !absl::StartsWith(rdzv, "file://") &&
+        !absl::StartsWith(rdzv, "redis://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rdzv='", rdzv, "': the ranks meet in a directory every node sees (DIR or "
+          "file://DIR) or a Redis server (redis://host:port); torchrun's tcp:// / c10d:// "
+          "stores are not spoken here"));
     }
     r.store = rdzv;
     r.prefix = absl::StrCat(env.run_id.empty() ? "run" : FileNamePiece(env.run_id), "/", attempt);
@@ -214,9 +224,16 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
         "RUN_ID keeps the rendezvous keys of earlier runs apart), or --rdzv=<a fresh "
         "directory> or redis://host:port"));
   }
-  r.store =
-      absl::StrCat(temp_dir, "/fsdp_rdzv_", FileNamePiece(env.master_addr), "_", env.master_port);
+  // A folder of this user's per run: a job of another user on the same
+  // port does not meet a folder it cannot write, and the run removes its
+  // keys when it ends well. torchrun without --rdzv-id gives every job the
+  // run id "none": its workers, children of one agent, add the agent's pid.
+  std::string run = FileNamePiece(env.run_id);
+  if (env.run_id == "none") absl::StrAppend(&run, "_agent", parent_pid);
+  r.store = absl::StrCat(temp_dir, "/fsdp_rdzv_u", uid, "_", FileNamePiece(env.master_addr), "_",
+                         env.master_port, "/", run);
   r.prefix = absl::StrCat(FileNamePiece(env.run_id), "/", attempt);
+  r.owned = true;
   return r;
 }
 
@@ -483,7 +500,8 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   }
   config.env = *env;
   config.world_size = env->world_size;
-  absl::StatusOr<Rendezvous> rdzv = ResolveRendezvous(flags.rdzv, *env, TempDir());
+  absl::StatusOr<Rendezvous> rdzv =
+      ResolveRendezvous(flags.rdzv, *env, TempDir(), ::getuid(), ::getppid());
   if (!rdzv.ok()) return rdzv.status();
   if (config.backend == Backend::kNccl) {
     if (absl::StartsWith(rdzv->store, "redis://")) {

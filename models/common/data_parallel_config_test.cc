@@ -4,6 +4,8 @@
 // strategy's step: data_parallel_test.cc.
 #include "models/common/data_parallel.h"
 
+#include <unistd.h>
+
 #include <functional>
 #include <map>
 #include <set>
@@ -157,43 +159,64 @@ TEST(LaunchEnvTest, MissingOrInvalidVariablesAreNamed) {
 
 TEST(RendezvousTest, DefaultDirectoryAndPerRunPrefix) {
   LaunchEnv env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 2)));
-  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/scratch");
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/scratch", 1000, 77);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_127.0.0.1_29500");
+  // This user's, this run's (removed when the run ends well).
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_127.0.0.1_29500/123-456");
   EXPECT_EQ(r->prefix, "123-456/restart0");
-  // Another run, or a restart of this one, meets under other keys in the
-  // same directory.
+  EXPECT_TRUE(r->owned);
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1001, 77)->store,
+            "/scratch/fsdp_rdzv_u1001_127.0.0.1_29500/123-456");
+  // Another run, or a restart of this one, meets under other keys.
   env.run_id = "124-999";
-  EXPECT_EQ(ResolveRendezvous("", env, "/scratch")->prefix, "124-999/restart0");
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000, 77)->prefix, "124-999/restart0");
   env.restart_count = 2;
-  EXPECT_EQ(ResolveRendezvous("", env, "/scratch")->prefix, "124-999/restart2");
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000, 77)->prefix, "124-999/restart2");
+  // torchrun's run id when none is given: each agent's workers apart.
+  env.run_id = "none";
+  r = ResolveRendezvous("", env, "/scratch", 1000, 77);
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_127.0.0.1_29500/none_agent77");
+  EXPECT_EQ(r->prefix, "none/restart2");
   // Odd characters do not reach the file names.
   env.master_addr = "node-1/x";
   env.run_id = "a b";
-  r = ResolveRendezvous("", env, "/scratch");
-  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_node-1_x_29500");
+  r = ResolveRendezvous("", env, "/scratch", 1000, 77);
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_node-1_x_29500/a_b");
   EXPECT_EQ(r->prefix, "a_b/restart2");
-  // An explicit store is used as given.
-  r = ResolveRendezvous("redis://10.0.0.1:6379", env, "/scratch");
+  // An explicit store is used as given, and kept.
+  r = ResolveRendezvous("redis://10.0.0.1:6379", env, "/scratch", 1000, 77);
   EXPECT_EQ(r->store, "redis://10.0.0.1:6379");
   EXPECT_EQ(r->prefix, "a_b/restart2");
+  EXPECT_FALSE(r->owned);
   env.run_id = "";
-  EXPECT_EQ(ResolveRendezvous("/shared/rdzv", env, "/scratch")->prefix, "run/restart2");
+  r = ResolveRendezvous("/shared/rdzv", env, "/scratch", 1000, 77);
+  EXPECT_EQ(r->prefix, "run/restart2");
+  EXPECT_FALSE(r->owned);
 }
 
 TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
   LaunchEnv env = *ReadLaunchEnv(FakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
-  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/tmp");
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/tmp", 1000, 77);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::StrContains(r.status().message(), "needs MASTER_ADDR, MASTER_PORT, RUN_ID"))
       << r.status();
   env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 4)));
   env.local_world_size = 2;  // two nodes
-  r = ResolveRendezvous("", env, "/tmp");
+  r = ResolveRendezvous("", env, "/tmp", 1000, 77);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::StrContains(r.status().message(), "several nodes")) << r.status();
-  EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp").ok());
-  EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp").ok());
+  EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp", 1000, 77).ok());
+  EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp", 1000, 77).ok());
+  // torchrun's stores are not a directory of that name.
+  for (const char* other : {"tcp://127.0.0.1:29800", "c10d://node0:29400"}) {
+    r = ResolveRendezvous(other, env, "/tmp", 1000, 77);
+    ASSERT_FALSE(r.ok()) << other;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(r.status().message(),
+                                  absl::StrCat("--rdzv='", other, "': the ranks meet in")))
+        << r.status();
+  }
+  EXPECT_TRUE(ResolveRendezvous("file:///shared/rdzv", env, "/tmp", 1000, 77).ok());
 }
 
 // ---- The configuration ----
@@ -245,7 +268,9 @@ TEST(ConfigureTest, ThreadsAndGloo) {
   EXPECT_EQ(c->env.rank, 1);
   EXPECT_EQ(c->timeout, absl::Seconds(7.5));
   EXPECT_EQ(c->rendezvous.prefix, "123-456/restart0");
-  EXPECT_TRUE(absl::StartsWith(c->rendezvous.store, TempDir() + "/fsdp_rdzv_127.0.0.1_29500"));
+  EXPECT_TRUE(absl::StartsWith(c->rendezvous.store,
+                               absl::StrCat(TempDir(), "/fsdp_rdzv_u", ::getuid(),
+                                            "_127.0.0.1_29500/")));
   EXPECT_EQ(c->Describe(), "FSDP FULL_SHARD (auto_wrap transformer) over 3 ranks (gloo)");
   gloo.world_size = 3;  // agrees with WORLD_SIZE
   EXPECT_TRUE(ConfigureDataParallel(gloo, {"Block"}, FakeEnv(LaunchVars(1, 3))).ok());

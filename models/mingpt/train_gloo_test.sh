@@ -97,7 +97,11 @@ marker="$dir/failed_once"
   { echo "restarted run failed:"; cat "$dir/restarted.log"; exit 1; }
 grep -q "restarting all 2 workers (restart 1 of 1)" "$dir/restarted.log"
 same_losses "$dir/threads_full_shard.jsonl" "$dir/restarted.jsonl" "restarted"
-ls "$TMPDIR"/fsdp_rdzv_127.0.0.1_29531/ > /dev/null  # the default directory was used
+# The default directory (this user's) was used, and the run's folder in it,
+# with the keys both attempts left, removed when the run ended well.
+[[ -d "$TMPDIR/fsdp_rdzv_u$(id -u)_127.0.0.1_29531" ]]
+[[ -z "$(ls -A "$TMPDIR/fsdp_rdzv_u$(id -u)_127.0.0.1_29531")" ]] ||
+  { echo "run folders left:"; ls "$TMPDIR/fsdp_rdzv_u$(id -u)_127.0.0.1_29531"; exit 1; }
 echo "a restarted job rendezvouses again and trains the same losses"
 
 # A job restarted after its checkpoint continues from it with --resume=auto
@@ -161,6 +165,30 @@ echo "gloo --init_from a checkpoint, its HF export, a sharded checkpoint: each p
 
 # Errors: exit code 2, a message naming what is wrong.
 quick=(--preset=gpt-nano --data=random --steps=1 --batch_size=2 --seq_len=32)
+
+# Workers started as torchrun without --rdzv-id starts them (run id "none",
+# the same for every job): a second job on the same port meets as the first
+# did, whose keys went with it.
+for job in 1 2; do
+  for r in 0 1; do
+    env -u RUN_ID -u RESTART_COUNT WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=29537 TORCHELASTIC_RUN_ID=none \
+      TORCHELASTIC_RESTART_COUNT=0 "$train" "${quick[@]}" --backend=gloo --timeout_s=60 \
+      > "$dir/none_${job}_$r.log" 2>&1 &
+  done
+  for r in 0 1; do
+    wait -n || { echo "torchrun-like job $job failed:"; cat "$dir/none_${job}"_*.log; exit 1; }
+  done
+done
+[[ -z "$(ls -A "$TMPDIR/fsdp_rdzv_u$(id -u)_127.0.0.1_29537")" ]]
+echo "two torchrun-like jobs (run id none) on one port: both train, no keys left"
+exits_2 "--rdzv='tcp://127.0.0.1:29800': the ranks meet in a directory" \
+  env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 RUN_ID=x \
+  "$train" "${quick[@]}" --backend=gloo --rdzv=tcp://127.0.0.1:29800
+touch "$dir/a_file"
+exits_2 "the rendezvous store '$dir/a_file' is not a folder this process can write (Not a dir" \
+  env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 RUN_ID=x \
+  "$train" "${quick[@]}" --backend=gloo --rdzv="$dir/a_file"
 exits_2 "RANK is not set" env -u RANK WORLD_SIZE=2 "$train" "${quick[@]}" --backend=gloo
 exits_2 "WORLD_SIZE='x' is not an integer" \
   env RANK=0 WORLD_SIZE=x "$train" "${quick[@]}" --backend=gloo
