@@ -22,8 +22,9 @@
 // their rendezvous keys apart from those an earlier run left in a store:
 // --rdzv_id when given (give every node's launcher the same one), otherwise a
 // fresh id per launch on one node ("<pid>-<microseconds since the epoch>") and
-// "none" on several nodes (as torchrun). Every line a worker writes (stdout
-// and stderr) is printed prefixed with "[rank N] ". When a worker fails
+// "none" on several nodes (as torchrun). Every line a worker writes is
+// printed prefixed with "[rank N] ", its stdout's on stdout and its
+// stderr's on stderr (as torchrun keeps them). When a worker fails
 // (non-zero exit or a signal), the launcher names it (when several fail
 // within 200 ms, as peers of a dead worker do, the root cause first: one killed
 // by a signal, else the first reaped; then the others), stops the others
@@ -95,23 +96,24 @@ bool ParseInt(const std::string& s, int* v) {
   return true;
 }
 
-// At most this many workers a node: each holds two pipe ends and a thread
-// here (and a training process, a GPU or cores there).
+// At most this many workers a node: each holds two pipes' read ends and two
+// threads here (and a training process, a GPU or cores there).
 constexpr int kMaxWorkersPerNode = 1024;
 
-// Copies lines from `fd` to stdout, each prefixed with `prefix`, until the
-// pipe's last writer closes it; or, once `finish` is set (the worker and its
-// process group are gone), until the pipe stays empty for half a second: a
-// process that left the worker's group (setsid) may hold it open for ever.
-void Pump(int fd, std::string prefix, const std::atomic<bool>* finish) {
+// Copies lines from `fd` to `out` (stdout or stderr), each prefixed with
+// `prefix`, until the pipe's last writer closes it; or, once `finish` is set
+// (the worker and its process group are gone), until the pipe stays empty
+// for half a second: a process that left the worker's group (setsid) may
+// hold it open for ever.
+void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE* out) {
   std::string pending;
   char buf[4096];
   auto emit = [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(out_mu);
-    std::fwrite(prefix.data(), 1, prefix.size(), stdout);
-    std::fwrite(line.data(), 1, line.size(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
+    std::fwrite(prefix.data(), 1, prefix.size(), out);
+    std::fwrite(line.data(), 1, line.size(), out);
+    std::fputc('\n', out);
+    std::fflush(out);
   };
   while (true) {
     pollfd p{fd, POLLIN, 0};
@@ -140,8 +142,8 @@ struct Worker {
   pid_t pid = -1;  // also its process group's id
   bool done = false;
   int status = 0;
-  std::thread pump;
-  std::atomic<bool> finish{false};  // the pump stops at the next quiet half second
+  std::thread pump_out, pump_err;   // its stdout's and its stderr's lines
+  std::atomic<bool> finish{false};  // the pumps stop at the next quiet half second
 };
 
 // Reaps every worker that has exited, without blocking; a failed one (non-zero
@@ -328,9 +330,15 @@ int main(int argc, char** argv) {
     for (int local = 0; local < nproc; ++local) {
       Worker& w = workers[local];
       w.rank = node_rank * nproc + local;
-      int fds[2];
-      if (pipe(fds) != 0) {
+      int out_fds[2], err_fds[2];
+      if (pipe(out_fds) != 0) {
         start_error = std::string("pipe: ") + strerror(errno);
+        break;
+      }
+      if (pipe(err_fds) != 0) {
+        start_error = std::string("pipe: ") + strerror(errno);
+        close(out_fds[0]);
+        close(out_fds[1]);
         break;
       }
       pid_t pid = fork();
@@ -339,10 +347,9 @@ int main(int argc, char** argv) {
         // The launcher's death (even by SIGKILL) ends the worker.
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != launcher) _exit(1);  // it died before prctl
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
-        close(fds[0]);
-        close(fds[1]);
+        dup2(out_fds[1], 1);
+        dup2(err_fds[1], 2);
+        for (int fd : {out_fds[0], out_fds[1], err_fds[0], err_fds[1]}) close(fd);
         for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(sig, SIG_DFL);
         auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
         set("RANK", std::to_string(w.rank));
@@ -362,15 +369,19 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "launch: cannot run %s: %s\n", args[0], strerror(errno));
         _exit(127);
       }
-      close(fds[1]);
+      close(out_fds[1]);
+      close(err_fds[1]);
       if (pid < 0) {
-        close(fds[0]);
+        close(out_fds[0]);
+        close(err_fds[0]);
         start_error = std::string("fork: ") + strerror(errno);
         break;
       }
       setpgid(pid, pid);
       w.pid = pid;
-      w.pump = std::thread(Pump, fds[0], "[rank " + std::to_string(w.rank) + "] ", &w.finish);
+      const std::string prefix = "[rank " + std::to_string(w.rank) + "] ";
+      w.pump_out = std::thread(Pump, out_fds[0], prefix, &w.finish, stdout);
+      w.pump_err = std::thread(Pump, err_fds[0], prefix, &w.finish, stderr);
       ++started;
     }
     for (int i = started; i < nproc; ++i) workers[i].done = true;  // never started
@@ -437,7 +448,8 @@ int main(int argc, char** argv) {
       w.finish = true;
     }
     for (auto& w : workers) {
-      if (w.pump.joinable()) w.pump.join();
+      if (w.pump_out.joinable()) w.pump_out.join();
+      if (w.pump_err.joinable()) w.pump_err.join();
     }
     if (stop_signal != 0) return 128 + stop_signal;
     if (!start_error.empty()) return 1;  // no restart: it would fail the same way

@@ -7,16 +7,18 @@ T="${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*"; exit 1; }
 
 # 1. Two workers print their environment.
+# Their stdout's lines on stdout, their stderr's on stderr (as torchrun).
 out=$("$LAUNCH" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:1234 -- \
-  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"; echo "err line" >&2') \
-  || fail "env run exited $?"
+  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"; echo "err line" >&2' \
+  2> "$T/env.err") || fail "env run exited $?"
 echo "$out"
 for r in 0 1; do
   echo "$out" | grep -qx "\[rank $r\] RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234" \
     || fail "rank $r env line missing"
-  echo "$out" | grep -qx "\[rank $r\] err line" || fail "rank $r stderr line missing"
+  grep -qx "\[rank $r\] err line" "$T/env.err" || fail "rank $r stderr line missing"
 done
-[ "$(echo "$out" | wc -l)" -eq 4 ] || fail "expected 4 lines"
+[ "$(echo "$out" | wc -l)" -eq 2 ] || fail "expected 2 lines on stdout"
+[ "$(grep -c '^\[rank' "$T/env.err")" -eq 2 ] || { cat "$T/env.err"; fail "expected 2 worker lines on stderr"; }
 
 # FSDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS: the cores shared by
 # the node's workers, each unless set (the cores as the launcher counts them:
