@@ -359,6 +359,27 @@ bool ProcessExited(int64_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
+// After a rendezvous timed out: "; rank 1 never joined (...)" naming the
+// ranks whose claim (internal::ClaimRank's "<prefix>/joined/<r>") is not in
+// the store; "" when every rank joined, or for a group split off another
+// (whose prefix holds no claims).
+std::string NeverJoined(const Shared& shared, const std::string& prefix, int rank, int size) {
+  std::vector<int> absent;
+  try {
+    auto joined = [&](int r) { return shared.present(absl::StrCat(prefix, "/joined/", r)); };
+    if (!joined(rank)) return "";
+    for (int r = 0; r < size; ++r) {
+      if (r != rank && !joined(r)) absent.push_back(r);
+    }
+  } catch (const std::exception&) {
+    return "";  // the store itself failed: gloo's error says enough
+  }
+  if (absent.empty()) return "";
+  return absl::StrCat("; ", absent.size() == 1 ? "rank " : "ranks ", absl::StrJoin(absent, ", "),
+                      " never joined (not started, or started with another store or run id: "
+                      "--rdzv, RUN_ID)");
+}
+
 struct Connected {
   std::shared_ptr<gloo::Context> ctx;
   std::vector<PeerProcess> processes;  // by rank
@@ -393,7 +414,8 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
                      shared->where, " (prefix \"", prefix, "\") within ", Seconds(timeout), ": ",
                      what);
     if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout")) {
-      return absl::DeadlineExceededError(msg);
+      return absl::DeadlineExceededError(
+          absl::StrCat(msg, NeverJoined(*shared, prefix, rank, size)));
     }
     return absl::UnavailableError(msg);
   }

@@ -460,7 +460,10 @@ TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
   Outcome o = RunProcesses(1, [&](int rank, int) -> std::string {
     auto pg = CreateGlooProcessGroup(rank, 2, FileOptions(dir, absl::Seconds(2)));
     if (pg.ok()) return "joined a group whose peer never came";
-    if (!absl::StrContains(pg.status().message(), "rank 0 of 2")) {
+    if (!absl::StrContains(pg.status().message(), "rank 0 of 2") ||
+        !absl::StrContains(pg.status().message(),
+                           "; rank 1 never joined (not started, or started with another store "
+                           "or run id: --rdzv, RUN_ID)")) {
       return pg.status().ToString();
     }
     return "";

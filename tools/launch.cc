@@ -282,9 +282,10 @@ int main(int argc, char** argv) {
   }
   const auto colon = endpoint.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !ParseInt(endpoint.substr(colon + 1), &port) || port <= 0 ||
-      port > 65535) {
-    Usage("--rdzv_endpoint must be host:port with a port in [1, 65535], got \"" + endpoint + "\"");
+  if (colon == std::string::npos || colon == 0 ||
+      !ParseInt(endpoint.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    Usage("--rdzv_endpoint must be host:port (a host, and a port in [1, 65535]), got \"" +
+          endpoint + "\"");
   }
   const std::string master_addr = endpoint.substr(0, colon);
   const int world = nproc * nnodes;

@@ -151,6 +151,9 @@ grep -q "nnodes x --nproc_per_node must fit an int" "$T/usage.err" || fail "over
 "$LAUNCH" --nproc_per_node=1 --rdzv_endpoint=localhost:70000 -- true 2>"$T/usage.err"
 [ $? -eq 2 ] || fail "port 70000 accepted"
 grep -q "a port in \[1, 65535\]" "$T/usage.err" || fail "port message"
+"$LAUNCH" --nproc_per_node=1 --rdzv_endpoint=:29500 -- true 2>"$T/usage.err"
+[ $? -eq 2 ] || fail "an endpoint without a host accepted"
+grep -q 'must be host:port (a host, .*got ":29500"' "$T/usage.err" || fail "host message"
 
 # A worker that cannot be started (too few file descriptors for its pipe):
 # the launcher stops the ones started, says why, exits 1 (it used to abort).
