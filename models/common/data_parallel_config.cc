@@ -448,6 +448,13 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_buckets=", flags.max_inflight_buckets, " must be >= 0 (0: no bound)"));
   }
+  if (flags.max_inflight_buckets != DataParallelFlags().max_inflight_buckets &&
+      !IsFsdp(config.strategy) && config.mixed_precision.reduce_dtype == tensor::Dtype::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_buckets=", flags.max_inflight_buckets,
+        " bounds the low-precision copies of the buckets in flight (--precision=bf16 or fp16); "
+        "with --precision=", flags.precision, " the buckets reduce in place and nothing reads it"));
+  }
   config.max_inflight_buckets = flags.max_inflight_buckets;
   if (!(flags.timeout_s > 0) || flags.timeout_s > 1e6) {
     return absl::InvalidArgumentError(

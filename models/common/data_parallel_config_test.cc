@@ -466,6 +466,16 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   unread.push_back({f, "--bucket_cap_mb=0.001 --max_inflight_buckets=9: gradient buckets are "
                        "--strategy=ddp's and zero1's; --strategy=full_shard reduces gradients unit "
                        "by unit"});
+  // The bound on the buckets' low-precision copies, with fp32 buckets.
+  for (const char* strategy : {"ddp", "zero1"}) {
+    f = Flags("threads", strategy, 2);
+    f.max_inflight_buckets = 3;
+    unread.push_back({f, "--max_inflight_buckets=3 bounds the low-precision copies of the "
+                         "buckets in flight (--precision=bf16 or fp16); with --precision=fp32 "
+                         "the buckets reduce in place and nothing reads it"});
+    f.precision = "bf16";
+    EXPECT_TRUE(ConfigError(f).ok()) << strategy;
+  }
   for (const auto& [flags, says] : unread) {
     const absl::Status refused = ConfigError(flags);
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << says;
