@@ -556,10 +556,14 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
         "or --strategy=zero1 (any world size), not ddp; or turn it into a single-process "
         "checkpoint with `checkpoint consolidate ",
         step_dir, " OUT` (//tools:checkpoint)"));
+  } else if (const std::string lost = ShardsWithoutIndex(step_dir); !lost.empty()) {
+    mismatch = absl::DataLossError(lost);
   } else if (ddp_ == nullptr && !sharded) {
     mismatch = absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", step_dir, " is not sharded (no index.json: a single-process or DDP "
-        "checkpoint, or not a checkpoint); resume it with --strategy=ddp or --world_size=1"));
+        "checkpoint, or not a checkpoint); resume it with --strategy=ddp or --world_size=1, or "
+        "turn it into a sharded one that FSDP and ZeRO-1 resume at any world size with "
+        "`checkpoint shard ", step_dir, " OUT` (//tools:checkpoint)"));
   }
   // The same on every rank unless the folder is not shared: agree anyway.
   absl::Status s = AgreeOnStatus(pg_, mismatch, absl::StrCat("loading ", step_dir));

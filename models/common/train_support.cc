@@ -216,6 +216,25 @@ bool IsShardedCheckpoint(const std::string& step_dir) {
   return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
 }
 
+std::string ShardsWithoutIndex(const std::string& step_dir) {
+  if (IsShardedCheckpoint(step_dir)) return "";
+  std::vector<std::string> shards;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(step_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (absl::StartsWith(name, "shard_") && absl::EndsWith(name, ".safetensors")) {
+      shards.push_back(name);
+    }
+  }
+  if (shards.empty()) return "";
+  std::sort(shards.begin(), shards.end());
+  return absl::StrCat("checkpoint ", step_dir, " holds the shard files of a sharded checkpoint (",
+                      absl::StrJoin(shards, ", "), ") but no index.json, which says what they "
+                      "hold: the folder is incomplete (a copy or a save cut short); resume "
+                      "another step folder, or copy the whole folder again");
+}
+
 bool HoldsCheckpoint(const std::string& step_dir) {
   std::error_code ec;
   return IsShardedCheckpoint(step_dir) ||
@@ -570,6 +589,9 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
         "with an FSDP strategy or --strategy=zero1 (--world_size=1 is enough), or turn it into a "
         "single-process checkpoint with `checkpoint consolidate ", step_dir,
         " OUT` (//tools:checkpoint)"));
+  }
+  if (const std::string lost = ShardsWithoutIndex(step_dir); !lost.empty()) {
+    return absl::DataLossError(lost);
   }
   const std::string model_path = step_dir + "/model.safetensors";
   const std::string opt_path = step_dir + "/optimizer.safetensors";

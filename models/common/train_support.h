@@ -162,6 +162,10 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
 // keep the training state in their `extra` map: "step", "loader_state" and
 // "extra.<key>" for each TrainState::extra entry.
 bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
+// A sharded step folder that lost its index: "" unless `step_dir` holds
+// shard files ("shard_<r>_of_<n>.safetensors") but no index.json; then the
+// error's text, naming them.
+std::string ShardsWithoutIndex(const std::string& step_dir);
 // A step folder of either format: sharded, or holding model.safetensors.
 bool HoldsCheckpoint(const std::string& step_dir);
 
