@@ -400,6 +400,7 @@ absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& pat
   auto tokenizer = extra.find("tokenizer");
   if (tokenizer != extra.end()) out.tokenizer = tokenizer->second;
   out.description = absl::StrCat("checkpoint ", out.step_dir, " (step ", summary->state.step, ")");
+  out.loader_state = summary->state.loader_state;
   return out;
 }
 

@@ -99,6 +99,7 @@ struct RecordedCheckpoint {
   std::string config;
   std::string tokenizer;
   std::string description;
+  std::string loader_state;  // data::LoaderState::ToString() of its data loader
 };
 // Errors: ReadCheckpointSummary's, with "<unreadable>: " before its message
 // when `unreadable` is not empty; InvalidArgument "<step_dir> records no model

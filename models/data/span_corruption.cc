@@ -6,6 +6,8 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -311,6 +313,28 @@ absl::Status SpanCorruptionLoader::Restore(const LoaderState& state) {
   if (absl::Status s = CheckRestore(state, Config(), "span corruption"); !s.ok()) return s;
   step_ = state.step;
   return absl::OkStatus();
+}
+
+absl::StatusOr<SpanCorruptionIds> SpanCorruptionIdsOf(absl::string_view state) {
+  const size_t open = state.find(";span_corruption(");
+  if (open == absl::string_view::npos || !absl::EndsWith(state, ")")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a span corruption loader's state: \"", state, "\""));
+  }
+  // The ids come after the source's fingerprint: read the last of each.
+  auto id = [&](absl::string_view key, int64_t* out) {
+    const size_t at = state.rfind(absl::StrCat(",", key, "="));
+    if (at == absl::string_view::npos || at < open) return false;
+    absl::string_view rest = state.substr(at + key.size() + 2);
+    return absl::SimpleAtoi(rest.substr(0, rest.find_first_of(",)")), out);
+  };
+  SpanCorruptionIds ids;
+  if (!id("eos", &ids.eos_id) || !id("pad", &ids.pad_id) ||
+      !id("start", &ids.decoder_start_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a span corruption loader's state without its ids: \"", state, "\""));
+  }
+  return ids;
 }
 
 std::string SpanCorruptionLoader::Config() const {

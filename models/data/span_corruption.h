@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "models/data/loader_state.h"
 #include "models/data/token_source.h"
@@ -175,6 +176,17 @@ class SpanCorruptionLoader {
   SpanCorruptor corruptor_;
   int64_t step_ = 0;
 };
+
+// The special ids a SpanCorruptionLoader's state records (its config holds
+// ",eos=<id>,pad=<id>,...,start=<id>"): what a model trained on its batches
+// takes as end, padding and decoder start. InvalidArgument when `state`
+// (LoaderState::ToString()) is not a span corruption loader's.
+struct SpanCorruptionIds {
+  int64_t eos_id = -1;  // -1: the rows end without one
+  int64_t pad_id = 0;
+  int64_t decoder_start_id = 0;
+};
+absl::StatusOr<SpanCorruptionIds> SpanCorruptionIdsOf(absl::string_view state);
 
 }  // namespace data
 

@@ -479,6 +479,32 @@ std::string CreateError(int64_t vocab, const SpanCorruptionOptions& o) {
   return c.ok() ? "" : std::string(c.status().message());
 }
 
+// The special ids read back from a loader's saved state; other states are
+// refused.
+TEST(SpanCorruptionTest, TheIdsReadBackFromTheState) {
+  SpanCorruptionOptions o;
+  o.encoder_length = 48;
+  o.eos_id = 7;
+  o.pad_id = 3;
+  o.decoder_start_id = 5;
+  SpanCorruptionLoader loader = MakeLoader(*RandomTokenSource::Create(1, 300), {4, 0, 1}, o);
+  absl::StatusOr<SpanCorruptionIds> ids = SpanCorruptionIdsOf(loader.state().ToString());
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->eos_id, 7);
+  EXPECT_EQ(ids->pad_id, 3);
+  EXPECT_EQ(ids->decoder_start_id, 5);
+  o.eos_id = -1;
+  ids = SpanCorruptionIdsOf(
+      MakeLoader(*RandomTokenSource::Create(1, 300), {4, 0, 1}, o).state().ToString());
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->eos_id, -1);
+  for (const char* other : {"", "step=3;lm(random(seed=1,vocab=300),global_batch=4,seq_len=8)",
+                            "step=3;span_corruption(random(seed=1),eos=x)"}) {
+    EXPECT_EQ(SpanCorruptionIdsOf(other).status().code(), absl::StatusCode::kInvalidArgument)
+        << other;
+  }
+}
+
 TEST(SpanCorruptionTest, ClearErrors) {
   SpanCorruptionOptions o;
   o.encoder_length = 512;

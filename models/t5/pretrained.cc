@@ -160,16 +160,14 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
 }
 
 absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
-                       const nn::NamedInitSources& weights) {
+                       const nn::NamedInitSources& weights, const HfT5Ids& ids) {
   std::vector<train::HfWeightOut> layout;
   for (const ParamShape& p : ParameterShapes(config)) {
     layout.push_back({p.name, tensor::Shape(p.shape)});
   }
   absl::Status s = train::WriteHfWeights(dir, weights, layout, config.ToString());
   if (!s.ok()) return s;
-  // Hugging Face's T5Config fields; decoder_start_token_id and pad_token_id 0
-  // and eos_token_id 1 are T5's SentencePiece ids (ours: data::SpanCorruptor's
-  // pad and decoder start 0).
+  // Hugging Face's T5Config fields; the special ids as `ids` says.
   const std::string json = absl::StrFormat(
       R"({
   "architectures": ["T5ForConditionalGeneration"],
@@ -191,9 +189,9 @@ absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
   "is_gated_act": %s,
   "tie_word_embeddings": %s,
   "is_encoder_decoder": true,
-  "decoder_start_token_id": 0,
-  "pad_token_id": 0,
-  "eos_token_id": 1,
+  "decoder_start_token_id": %d,
+  "pad_token_id": %d,
+  "eos_token_id": %s,
   "torch_dtype": "float32"
 }
 )",
@@ -202,7 +200,8 @@ absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
       config.relative_attention_max_distance, config.dropout_rate, config.layer_norm_epsilon,
       config.initializer_factor, config.gated() ? "gated-gelu" : "relu",
       config.gated() ? "gelu_new" : "relu", config.gated() ? "true" : "false",
-      config.tie_word_embeddings ? "true" : "false");
+      config.tie_word_embeddings ? "true" : "false", ids.decoder_start_id, ids.pad_id,
+      ids.eos_id >= 0 ? absl::StrCat(ids.eos_id) : "null");
   return tensor::WriteFileDurably(dir + "/config.json", json);
 }
 

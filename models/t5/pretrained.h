@@ -55,12 +55,22 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir);
 // a checkpoint that is not T5's.
 absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 
+// The special token ids config.json records: T5's SentencePiece ids by
+// default (pad and decoder start 0, eos 1); a checkpoint's are those its span
+// corruption batches used (data::SpanCorruptionIdsOf), eos -1 written as
+// null (its rows end without one).
+struct HfT5Ids {
+  int64_t eos_id = 1;
+  int64_t pad_id = 0;
+  int64_t decoder_start_id = 0;
+};
+
 // Writes `weights` (ours: the names and shapes of ParameterShapes(config)) to
 // `dir` (created if missing) as config.json + model.safetensors that
 // T5ForConditionalGeneration.from_pretrained loads, one weight read and
 // written at a time.
 absl::Status WriteHfT5(const std::string& dir, const T5Config& config,
-                       const nn::NamedInitSources& weights);
+                       const nn::NamedInitSources& weights, const HfT5Ids& ids = {});
 
 }  // namespace t5
 

@@ -54,6 +54,11 @@ echo "FSDP and DDP at world 2 start from either kind of checkpoint"
 "$checkpoint" export-hf "$dir/run" "$dir/hf" > "$dir/export.log"
 grep -q "wrote the Hugging Face T5 folder $dir/hf (config.json, model.safetensors)" "$dir/export.log"
 grep -q '"feed_forward_proj": "gated-gelu"' "$dir/hf/config.json"
+# The special ids the run's batches used: byte-level text with no eos (null),
+# pad and decoder start 0.
+grep -q '"eos_token_id": null,' "$dir/hf/config.json"
+grep -q '"pad_token_id": 0,' "$dir/hf/config.json"
+grep -q '"decoder_start_token_id": 0,' "$dir/hf/config.json"
 "$train" "${common[@]}" "${frozen[@]}" --init_from="$dir/hf" --metrics_out="$dir/hf.jsonl" \
   > "$dir/hf.log"
 grep -q "^init_from: Hugging Face T5 $dir/hf" "$dir/hf.log"
