@@ -57,6 +57,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,8 +104,8 @@ constexpr int kMaxWorkersPerNode = 1024;
 // Copies lines from `fd` to `out` (stdout or stderr), each prefixed with
 // `prefix`, until the pipe's last writer closes it; or, once `finish` is set
 // (the worker and its process group are gone), until the pipe stays empty
-// for half a second: a process that left the worker's group (setsid) may
-// hold it open for ever.
+// for half a second, or for two seconds at most: a process that left the
+// worker's group (setsid) may hold it open, and write to it, for ever.
 void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE* out) {
   std::string pending;
   char buf[4096];
@@ -115,7 +116,13 @@ void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE
     std::fputc('\n', out);
     std::fflush(out);
   };
+  std::optional<std::chrono::steady_clock::time_point> finishing;  // when `finish` was seen
   while (true) {
+    if (finish->load()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!finishing) finishing = now;
+      if (now - *finishing > std::chrono::seconds(2)) break;
+    }
     pollfd p{fd, POLLIN, 0};
     const int ready = poll(&p, 1, 500);
     if (ready < 0 && errno == EINTR) continue;

@@ -120,6 +120,17 @@ out=$(timeout 60 "$LAUNCH" --nproc_per_node=1 --max_restarts=1 -- sh -c 'sleep 9
 echo "$out" | grep -q "giving up: rank 0 failed with exit status 3 after 1 restarts" || fail "$out"
 sleep 0.5; alive 9872 && fail "the background child of a failed worker still runs"
 
+# A child that left the worker's process group (setsid) and keeps writing to
+# its output: the launch still ends, within a few seconds of the worker.
+start=$(date +%s)
+out=$(timeout 60 "$LAUNCH" --nproc_per_node=1 -- \
+  sh -c 'setsid sh -c "while true; do echo tick; sleep 0.2; done # 9876" & echo started' 2>&1) \
+  || fail "a worker with an escaped writer: exit $?"
+took=$(( $(date +%s) - start ))
+pkill -f "# 9876"
+[ "$took" -le 10 ] || fail "the launch waited ${took}s for an escaped writer"
+echo "$out" | grep -qx "\[rank 0\] started" || fail "worker output lost: $out"
+
 # 5. A launcher killed with SIGKILL takes its workers with it (PR_SET_PDEATHSIG).
 "$LAUNCH" --nproc_per_node=2 -- sh -c 'echo $$ > "'"$T"'/pid_$RANK"; exec sleep 9873' > /dev/null 2>&1 &
 launcher=$!
