@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <cerrno>
 #include <cmath>
@@ -217,7 +218,11 @@ bool IsShardedCheckpoint(const std::string& step_dir) {
 }
 
 std::string ShardsWithoutIndex(const std::string& step_dir) {
-  if (IsShardedCheckpoint(step_dir)) return "";
+  std::error_code exists;
+  if (IsShardedCheckpoint(step_dir) ||
+      std::filesystem::exists(step_dir + "/model.safetensors", exists)) {
+    return "";  // sharded, or single-process (a stray shard file beside it)
+  }
   std::vector<std::string> shards;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(step_dir, ec), end; !ec && it != end;
@@ -434,19 +439,17 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
 namespace {
 
 // A --resume given (not auto), resolved to `step_dir`, against what
-// checkpoint_dir holds (c) and the steps this run saves (those
-// CheckpointDue(checkpoint_every) says, and `steps`). A checkpoint of
-// another folder starts this run's own checkpoints in checkpoint_dir, as a
-// fresh start does (FreshCheckpointDir). One of checkpoint_dir's own steps
-// before the one `latest` names (going back to it) must not have the later
-// steps this run saves again on disk: those saves would replace them.
-// (Continuing the step `latest` names replaces nothing of another run: a
-// later step folder there is this run's own save, interrupted before
-// `latest` was pointed at it.)
+// checkpoint_dir holds (c): this run's saves must not replace another run's
+// checkpoints there. A checkpoint of another folder starts this run's own
+// checkpoints in checkpoint_dir, as a fresh start does (FreshCheckpointDir).
+// One of checkpoint_dir's own steps before the one `latest` names (going
+// back to it) is refused while any later step folder is there, so that
+// checkpoint_dir keeps one history: its `latest` names its newest step (a
+// later step folder is this run's own save, interrupted before `latest` was
+// pointed at it, which --resume=latest and auto may replace).
 absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::string& step_dir,
                                         const std::string& checkpoint_dir,
-                                        const CheckpointDirContents& c, int64_t steps,
-                                        int64_t checkpoint_every) {
+                                        const CheckpointDirContents& c) {
   namespace fs = std::filesystem;
   const auto [folder, parent] = FolderAndParent(step_dir);
   const std::string name = folder.filename().string();
@@ -462,38 +465,54 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
                                      fresh.message()));
   }
   if (name == c.latest) return absl::OkStatus();
-  std::vector<std::string> replaced;
-  for (const std::string& later : c.steps) {  // newest first
+  std::vector<std::string> later;  // oldest first
+  for (const std::string& other : c.steps) {  // newest first
     int64_t step = 0;
-    if (!absl::SimpleAtoi(later.substr(5), &step) || step <= resumed) continue;
-    if (step == steps || CheckpointDue(checkpoint_every, step, steps)) replaced.push_back(later);
+    if (absl::SimpleAtoi(other.substr(5), &step) && step > resumed) {
+      later.insert(later.begin(), other);
+    }
   }
-  if (replaced.empty()) return absl::OkStatus();
-  std::reverse(replaced.begin(), replaced.end());
-  const fs::path first = fs::path(checkpoint_dir) / replaced.front();
+  if (later.empty()) return absl::OkStatus();
+  std::vector<std::string> moves;
+  for (const std::string& l : later) {
+    const std::string path = (fs::path(checkpoint_dir) / l).string();
+    moves.push_back(absl::StrCat("mv ", path, " ", path, ".before-resume"));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "--resume=", resume, " goes back to step ", resumed, " of --checkpoint_dir=",
-      checkpoint_dir, ", which holds later checkpoints this run would save again, replacing "
-      "them: ", absl::StrJoin(replaced, ", "), "; move them aside first (mv ", first.string(),
-      " ", first.string(), ".before-resume), or give this run a new --checkpoint_dir"));
+      checkpoint_dir, ", which holds later checkpoints (", absl::StrJoin(later, ", "),
+      ") that this run's saves, or a later --resume=latest, would replace: move them aside "
+      "first (", absl::StrJoin(moves, "; "), "), or give this run a new --checkpoint_dir"));
 }
 
 }  // namespace
 
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
-                                      const std::string& checkpoint_dir, int64_t steps,
-                                      int64_t checkpoint_every) {
+                                      const std::string& checkpoint_dir, int restart_count) {
   ResumePlan plan;
   const bool automatic = resume_flag == "auto";
   if (!automatic && !resume_flag.empty()) {
+    if (restart_count > 0 && !checkpoint_dir.empty()) {
+      // A restarted job continues what its earlier attempts saved (its first
+      // attempt was checked below, so they are its own).
+      absl::StatusOr<std::string> own =
+          AutoResume(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
+      if (!own.ok()) return own.status();
+      if (!own->empty()) {
+        plan.resume = *own;
+        plan.note = absl::StrCat("restart ", restart_count, " of this job: continuing ",
+                                 checkpoint_dir, "'s latest checkpoint, not --resume=",
+                                 resume_flag, " (where its first attempt started)");
+        return plan;
+      }
+    }
     // Found now, before the run reads data, builds the model or makes and
     // locks checkpoint_dir; loaded by the run (which resolves it again).
     absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume_flag, checkpoint_dir);
     if (!step_dir.ok()) return step_dir.status();
     if (!checkpoint_dir.empty()) {
-      absl::Status replaces =
-          CheckResumeReplacesNothing(resume_flag, *step_dir, checkpoint_dir,
-                                     ReadCheckpointDir(checkpoint_dir), steps, checkpoint_every);
+      absl::Status replaces = CheckResumeReplacesNothing(resume_flag, *step_dir, checkpoint_dir,
+                                                         ReadCheckpointDir(checkpoint_dir));
       if (!replaces.ok()) return replaces;
     }
     plan.resume = resume_flag;
@@ -515,6 +534,14 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
     plan.auto_fresh = automatic;
   }
   return plan;
+}
+
+int RestartCountFromEnvironment() {
+  const char* value = std::getenv("RESTART_COUNT");
+  if (value == nullptr) value = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  int count = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &count) || count < 0) return 0;
+  return count;
 }
 
 void PrintAutoFreshStart(const std::string& checkpoint_dir) {

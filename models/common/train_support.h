@@ -107,19 +107,24 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
 // --resume given (not auto) must name a checkpoint ResolveCheckpoint finds
 // (its error otherwise), so that a wrong one stops the run before it reads
 // data, builds the model or creates checkpoint_dir. Nor may this run's saves
-// (at the steps CheckpointDue(checkpoint_every) gives, and at `steps`)
 // replace another run's checkpoints: a checkpoint of another folder is
 // refused as a fresh start is when checkpoint_dir holds checkpoints; going
 // back to an earlier step of checkpoint_dir than `latest` names is refused
-// while a later step folder this run would save again is there, naming
-// them (InvalidArgument).
+// while a later step folder is there, naming them and the `mv`s that move
+// them aside (InvalidArgument). On a restart of a job (`restart_count` > 0,
+// RestartCountFromEnvironment) whose checkpoint_dir holds a checkpoint, the
+// given --resume (where its first attempt started) gives way to that
+// checkpoint, as auto would take, and ResumePlan::note says so.
 struct ResumePlan {
   std::string resume;       // what to resume ("latest", a folder); "" for a fresh start
   bool auto_fresh = false;  // --resume=auto found no checkpoint (the run says so)
+  std::string note;         // for stderr (rank 0): why `resume` is not the flag's
 };
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
-                                      const std::string& checkpoint_dir, int64_t steps,
-                                      int64_t checkpoint_every);
+                                      const std::string& checkpoint_dir, int restart_count);
+// RESTART_COUNT (//tools:launch) or TORCHELASTIC_RESTART_COUNT (torchrun):
+// the attempt of a restarted job this process is; 0 when unset or malformed.
+int RestartCountFromEnvironment();
 // What a run says on stdout when --resume=auto found no checkpoint in
 // checkpoint_dir (ResumePlan::auto_fresh): it starts from step 0.
 void PrintAutoFreshStart(const std::string& checkpoint_dir);
@@ -163,8 +168,8 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
 // "extra.<key>" for each TrainState::extra entry.
 bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
 // A sharded step folder that lost its index: "" unless `step_dir` holds
-// shard files ("shard_<r>_of_<n>.safetensors") but no index.json; then the
-// error's text, naming them.
+// shard files ("shard_<r>_of_<n>.safetensors") but neither index.json nor
+// model.safetensors; then the error's text, naming them.
 std::string ShardsWithoutIndex(const std::string& step_dir);
 // A step folder of either format: sharded, or holding model.safetensors.
 bool HoldsCheckpoint(const std::string& step_dir);

@@ -307,28 +307,29 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
 TEST(PlanResumeTest, AGivenResumeMustNameACheckpoint) {
   const std::string dir = ::testing::TempDir() + "/plan_resume";
   std::filesystem::remove_all(dir);
-  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir, 10, 0);
+  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir, 0);
   EXPECT_EQ(none.status(), absl::NotFoundError("no checkpoint to resume: '" + dir +
                                                "/latest' is missing"));
   EXPECT_FALSE(std::filesystem::exists(dir));
-  EXPECT_EQ(PlanResume(dir + "/step_000001", "", 10, 0).status().code(),
+  EXPECT_EQ(PlanResume(dir + "/step_000001", "", 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   TrainState state;
   testing::SaveAfterOneStep(Config(), dir, state);
-  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir, 10, 0);
+  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir, 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, "latest");
   EXPECT_FALSE(plan->auto_fresh);
-  plan = PlanResume(dir + "/step_000001", "", 10, 0);
+  plan = PlanResume(dir + "/step_000001", "", 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, dir + "/step_000001");
 }
 
 // A --resume given may not let this run's saves replace another run's
 // checkpoints: going back to an earlier step of --checkpoint_dir is refused
-// while later steps it would save again are there; a checkpoint of another
-// folder is refused when --checkpoint_dir holds checkpoints (as a fresh
-// start is); continuing the latest step replaces nothing of another run.
+// while later step folders are there; a checkpoint of another folder is
+// refused when --checkpoint_dir holds checkpoints (as a fresh start is);
+// continuing the latest step replaces nothing of another run. A restarted
+// job continues its own latest checkpoint instead of the --resume given.
 TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "/plan_replace";
@@ -342,31 +343,25 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
     fs::copy(dir + "/step_000001", dir + "/" + step);
   }
   ASSERT_TRUE(SetLatestCheckpoint(dir, 4).ok());
-  // Back to step 2 for 6 steps, saving every 2: step_000004 would be saved
-  // again (step_000005 would not, and stays).
-  absl::StatusOr<ResumePlan> plan = PlanResume(dir + "/step_000002", dir, 6, 2);
+  // Back to step 2: steps 4 and 5 are later (5 is this run's interrupted
+  // save after latest, but going back would strand it too).
+  absl::StatusOr<ResumePlan> plan = PlanResume(dir + "/step_000002", dir, 0);
   EXPECT_EQ(plan.status(),
             absl::InvalidArgumentError(absl::StrCat(
                 "--resume=", dir, "/step_000002 goes back to step 2 of --checkpoint_dir=", dir,
-                ", which holds later checkpoints this run would save again, replacing them: "
-                "step_000004; move them aside first (mv ", dir, "/step_000004 ", dir,
-                "/step_000004.before-resume), or give this run a new --checkpoint_dir")));
-  // The last step's save counts too.
-  plan = PlanResume(dir + "/step_000002", dir, 5, 0);
-  ASSERT_FALSE(plan.ok());
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "replacing them: step_000005;"))
-      << plan.status();
-  // Saves that miss the later steps: accepted.
-  EXPECT_TRUE(PlanResume(dir + "/step_000002", dir, 6, 3).ok());
-  EXPECT_TRUE(PlanResume(dir + "/step_000002", dir, 3, 0).ok());
+                ", which holds later checkpoints (step_000004, step_000005) that this run's "
+                "saves, or a later --resume=latest, would replace: move them aside first (mv ",
+                dir, "/step_000004 ", dir, "/step_000004.before-resume; mv ", dir,
+                "/step_000005 ", dir, "/step_000005.before-resume), or give this run a new "
+                "--checkpoint_dir")));
   // The step `latest` names (also as "latest" or as the folder): step_000005
   // is this run's own save, interrupted before `latest`.
-  EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, 6, 1).ok());
-  EXPECT_TRUE(PlanResume("latest", dir, 6, 1).ok());
-  EXPECT_TRUE(PlanResume(dir, dir, 6, 1).ok());
+  EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, 0).ok());
+  EXPECT_TRUE(PlanResume("latest", dir, 0).ok());
+  EXPECT_TRUE(PlanResume(dir, dir, 0).ok());
   // Another folder's checkpoint into a folder of checkpoints: refused as a
-  // fresh start is; into a new folder: accepted.
-  plan = PlanResume(other + "/step_000001", dir, 6, 0);
+  // fresh start is; into a new folder, or saving nothing: accepted.
+  plan = PlanResume(other + "/step_000001", dir, 0);
   ASSERT_FALSE(plan.ok());
   EXPECT_TRUE(absl::StartsWith(
       plan.status().message(),
@@ -374,8 +369,23 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
                    "--checkpoint_dir=", dir, " holds an earlier run's checkpoints (latest: "
                    "step_000004)")))
       << plan.status();
-  EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", 6, 0).ok());
-  EXPECT_TRUE(PlanResume(dir + "/step_000002", "", 6, 1).ok());  // saves nothing
+  EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", 0).ok());
+  EXPECT_TRUE(PlanResume(dir + "/step_000002", "", 0).ok());
+  // A restart of the job (its first attempt started from another folder, or
+  // went back): its own latest checkpoint, said in the note.
+  for (const std::string& given : {other + "/step_000001", dir + "/step_000002"}) {
+    plan = PlanResume(given, dir, 1);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->resume, "latest");
+    EXPECT_EQ(plan->note, absl::StrCat("restart 1 of this job: continuing ", dir,
+                                       "'s latest checkpoint, not --resume=", given,
+                                       " (where its first attempt started)"));
+  }
+  // A restart before anything was saved: the --resume given, checked.
+  plan = PlanResume(other + "/step_000001", dir + "_empty", 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->resume, other + "/step_000001");
+  EXPECT_EQ(plan->note, "");
 }
 
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {

@@ -16,12 +16,14 @@
 #define MODELS_COMMON_TRAINING_LOOP_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "models/common/data_parallel.h"  // SampleSchedule
 #include "models/common/loss_scaling.h"
 #include "models/common/train_setup.h"
 #include "models/common/train_support.h"
@@ -49,6 +51,7 @@ struct TrainingLoopSettings {
   double grad_clip = 0;          // the global norm to clip to; 0: none
   std::string resume;            // --resume, auto resolved: "" for a fresh start
   bool auto_fresh = false;       // --resume=auto found no checkpoint
+  std::string resume_note;       // why `resume` is not --resume's (ResumePlan::note), or ""
   std::string config;            // the model's config string, which checkpoints record
   std::string tokenizer;         // recorded in checkpoints; "" for none
   double tokens_per_step = 0;    // global: every rank's micro-batches
@@ -109,6 +112,9 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
       trainer.PrepareToTrain(s.checkpoint_dir, s.resume, s.auto_fresh, s.logs());
   if (!ready.ok()) return ready;
   if (!s.resume.empty()) {
+    if (s.logs() && !s.resume_note.empty()) {
+      std::fprintf(stderr, "train: note: %s\n", s.resume_note.c_str());
+    }
     absl::StatusOr<Resumed> resumed = trainer.Resume(s.resume, s.checkpoint_dir, s.config);
     if (!resumed.ok()) return resumed.status();
     // The same global batch, the same loss scale.

@@ -282,6 +282,7 @@ struct DpSetup {
   std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
   std::string resume;          // --resume, auto resolved: "" for a fresh start
   bool auto_fresh = false;     // --resume=auto found no checkpoint
+  std::string resume_note;     // why resume is not --resume's (rank 0 says it), or ""
   std::string tokenizer;       // recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
 };
@@ -372,6 +373,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.grad_clip = grad_clip;
   settings.resume = setup.resume;
   settings.auto_fresh = setup.auto_fresh;
+  settings.resume_note = setup.resume_note;
   settings.config = setup.config.ToString();
   settings.tokenizer = setup.tokenizer;
   settings.tokens_per_step = static_cast<double>(K * W * B * T);
@@ -423,8 +425,8 @@ absl::Status Train() {
   // else a fresh start; a fresh start must not replace an earlier run's
   // checkpoints.
   absl::StatusOr<train::ResumePlan> plan =
-      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir), steps,
-                        absl::GetFlag(FLAGS_checkpoint_every));
+      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir),
+                        train::RestartCountFromEnvironment());
   if (!plan.ok()) return plan.status();
   const std::string& resume = plan->resume;
   const bool auto_fresh = plan->auto_fresh;  // said by the loop that trains (rank 0)
@@ -559,6 +561,7 @@ absl::Status Train() {
     setup.freeze_line = *freeze_line;
     setup.resume = resume;
     setup.auto_fresh = auto_fresh;
+    setup.resume_note = plan->note;
     std::optional<SharedInit> init;
     if (init_weights) {
       init.emplace(*std::move(pretrained),
@@ -625,6 +628,7 @@ absl::Status Train() {
   settings.grad_clip = absl::GetFlag(FLAGS_grad_clip);
   settings.resume = resume;
   settings.auto_fresh = auto_fresh;
+  settings.resume_note = plan->note;
   settings.config = config->ToString();
   settings.tokenizer = *tokenizer;
   settings.tokens_per_step = static_cast<double>(K * B * T);

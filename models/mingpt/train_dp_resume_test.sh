@@ -84,7 +84,8 @@ exits_2 "is sharded (FSDP or ZeRO-1); resume it with an FSDP strategy" \
 # One process (no --strategy) given a sharded checkpoint: what it is and how to resume it.
 exits_2 "is sharded (index.json: saved by FSDP or ZeRO-1); resume it with an FSDP strategy" \
   "$train" "${common[@]}" --batch_size=8 --resume="$dir/ck_copy/step_000003"
-exits_2 "resume it with --strategy=ddp or --world_size=1, or turn it into a sharded one that FSDP and ZeRO-1 resume at any world size with \`checkpoint shard $dir/ck_ddp/step_000003 OUT\`" \
+exits_2 "resume it with --strategy=ddp or --world_size=1, or turn it into a sharded one that \
+FSDP and ZeRO-1 resume at any world size with \`checkpoint shard $dir/ck_ddp/step_000003 OUT\`" \
   "$train" "${common[@]}" --world_size=2 --batch_size=4 --strategy=full_shard \
   --resume="$dir/ck_ddp/step_000003"
 # A sharded step folder without its index.json: said as such, in one process
@@ -97,7 +98,10 @@ for run in "--batch_size=8" "--world_size=2 --batch_size=4 --strategy=full_shard
   "$train" "${common[@]}" $run --resume="$dir/no_index" > /dev/null 2> "$dir/no_index.err"
   code=$?
   set -e
-  [[ $code == 1 ]] && grep -qF "checkpoint $dir/no_index holds the shard files of a sharded checkpoint (shard_0_of_4.safetensors, shard_1_of_4.safetensors, shard_2_of_4.safetensors, shard_3_of_4.safetensors) but no index.json" "$dir/no_index.err" ||
+  shards="shard_0_of_4.safetensors, shard_1_of_4.safetensors, shard_2_of_4.safetensors, \
+shard_3_of_4.safetensors"
+  [[ $code == 1 ]] && grep -qF "checkpoint $dir/no_index holds the shard files of a sharded \
+checkpoint ($shards) but no index.json" "$dir/no_index.err" ||
     { echo "$run without index.json: exit $code"; cat "$dir/no_index.err"; exit 1; }
 done
 exits_2 "checkpoint $dir/ck_copy/step_000003: [" \

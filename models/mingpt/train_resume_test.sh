@@ -57,21 +57,35 @@ if "$train" "${common[@]}" --checkpoint_dir="$dir/ckpt" --resume=latest 2> "$dir
   echo "resuming from a corrupted checkpoint should fail"; exit 1
 fi
 grep -q "model.safetensors' is corrupted: checksum" "$dir/err.txt"
-# Going back to an earlier step is refused while a later step this run would
-# save again is there (its save would replace the other run's step_000006).
+# Going back to an earlier step is refused while a later step folder is there
+# (this run's saves, or a later --resume=latest, would replace step_000006).
 set +e
-"$train" "${common[@]}" --steps=6 --checkpoint_dir="$dir/ckpt" \
+"$train" "${common[@]}" --steps=4 --checkpoint_dir="$dir/ckpt" \
   --resume="$dir/ckpt/step_000003" > /dev/null 2> "$dir/back.txt"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "goes back to step 3 of --checkpoint_dir=$dir/ckpt, which holds later \
-checkpoints this run would save again, replacing them: step_000006; move them aside" \
+[[ $code == 2 ]] && grep -qF "goes back to step 3 of --checkpoint_dir=$dir/ckpt, which holds \
+later checkpoints (step_000006) that this run's saves, or a later --resume=latest, would \
+replace: move them aside first (mv $dir/ckpt/step_000006 $dir/ckpt/step_000006.before-resume)" \
   "$dir/back.txt" || { echo "going back over step 6: got $code:"; cat "$dir/back.txt"; exit 1; }
-# Resuming an earlier step of the directory points its latest there (it named step 6).
+# A job restarted (RESTART_COUNT > 0, as //tools:launch and torchrun set it)
+# with the --resume its first attempt started from continues its own latest
+# checkpoint instead, and says so.
+"$train" "${common[@]}" --steps=4 --checkpoint_dir="$dir/branched" \
+  --resume="$dir/ckpt/step_000003" > /dev/null
+RESTART_COUNT=1 "$train" "${common[@]}" --steps=5 --checkpoint_dir="$dir/branched" \
+  --resume="$dir/ckpt/step_000003" > "$dir/restart.log" 2> "$dir/restart.err"
+grep -qF "train: note: restart 1 of this job: continuing $dir/branched's latest checkpoint, not \
+--resume=$dir/ckpt/step_000003 (where its first attempt started)" "$dir/restart.err" ||
+  { cat "$dir/restart.err"; exit 1; }
+grep -q "resumed from $dir/branched/step_000004 at step 4" "$dir/restart.log"
+# Moved aside: resuming an earlier step of the directory points its latest
+# there (it named step 6).
+mv "$dir/ckpt/step_000006" "$dir/ckpt/step_000006.before-resume"
 "$train" "${common[@]}" --steps=4 --checkpoint_dir="$dir/ckpt" \
   --resume="$dir/ckpt/step_000003" > "$dir/branch.log"
 grep -q "ckpt/latest now names step_000003, the step this run continues (it named step_000006" \
   "$dir/branch.log" || { cat "$dir/branch.log"; exit 1; }
-[[ "$(cat "$dir/ckpt/latest")" == step_000004 && -d "$dir/ckpt/step_000006" ]]
+[[ "$(cat "$dir/ckpt/latest")" == step_000004 && -d "$dir/ckpt/step_000006.before-resume" ]]
 
 # Bad flags: exit code 2 and a message naming the flag.
 set +e

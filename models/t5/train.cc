@@ -237,6 +237,7 @@ struct DpSetup {
   std::string freeze_line;     // "frozen: ..." (rank 0 prints it), or ""
   std::string resume;          // --resume, auto resolved: "" for a fresh start
   bool auto_fresh = false;     // --resume=auto found no checkpoint
+  std::string resume_note;     // why resume is not --resume's (rank 0 says it), or ""
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
   const Sampler* sampler = nullptr;
 };
@@ -318,6 +319,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.grad_clip = grad_clip;
   settings.resume = setup.resume;
   settings.auto_fresh = setup.auto_fresh;
+  settings.resume_note = setup.resume_note;
   settings.config = setup.config.ToString();
   settings.tokens_per_step = static_cast<double>(tokens_per_step);
   settings.flops_per_step =
@@ -369,8 +371,8 @@ absl::Status Train() {
   // else a fresh start; a fresh start must not replace an earlier run's
   // checkpoints.
   absl::StatusOr<train::ResumePlan> plan =
-      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir), steps,
-                        absl::GetFlag(FLAGS_checkpoint_every));
+      train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir),
+                        train::RestartCountFromEnvironment());
   if (!plan.ok()) return plan.status();
   const std::string& resume = plan->resume;
   const bool auto_fresh = plan->auto_fresh;  // said by the loop that trains (rank 0)
@@ -532,6 +534,7 @@ absl::Status Train() {
     setup.freeze_line = *freeze_line;
     setup.resume = resume;
     setup.auto_fresh = auto_fresh;
+    setup.resume_note = plan->note;
     setup.sampler = &*sampler;
     absl::StatusOr<double> peak =
         train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), setup.dp.device, policy.param_dtype,
@@ -594,6 +597,7 @@ absl::Status Train() {
   settings.grad_clip = absl::GetFlag(FLAGS_grad_clip);
   settings.resume = resume;
   settings.auto_fresh = auto_fresh;
+  settings.resume_note = plan->note;
   settings.config = config->ToString();
   settings.tokens_per_step = static_cast<double>(tokens_per_step);
   settings.flops_per_step =
