@@ -294,6 +294,7 @@ class GlooLayoutStore final : public internal::LayoutStore {
     }
   }
   bool Present(const std::string& key) override { return shared_.present(key); }
+  std::string Where() const override { return shared_.where; }
 
  private:
   const Shared& shared_;

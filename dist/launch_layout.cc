@@ -1,16 +1,22 @@
 // CheckLaunchLayout (launch_layout.h): the nodes' layouts through the store.
 #include "dist/launch_layout.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 namespace dist::internal {
@@ -108,6 +114,26 @@ std::string ThisProcess() {
   return absl::StrCat("host ", name[0] != '\0' ? name : "?", " pid ", ::getpid());
 }
 
+// For a claim's holder ("host <name> pid <pid>") of this host whose process
+// has exited: "; pid P on this host has exited: an earlier run that did not
+// end well left them (remove <where>, ...)"; else "".
+std::string StaleHolderNote(const std::string& holder, const std::string& where) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "";
+  absl::string_view rest = holder;
+  int64_t pid = 0;
+  if (!absl::ConsumePrefix(&rest, absl::StrCat("host ", name, " pid ")) ||
+      !absl::SimpleAtoi(rest, &pid) || pid <= 0 || pid > INT_MAX) {
+    return "";
+  }
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return "";
+  const bool folder = !where.empty() && !absl::StartsWith(where, "redis://");
+  return absl::StrCat("; pid ", pid, " on this host has exited: an earlier run that did not end "
+                      "well left them", folder ? absl::StrCat(" (rm -r ", where, " removes them")
+                                               : " (remove them from the store",
+                      ", when no run uses it)");
+}
+
 }  // namespace
 
 absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
@@ -126,8 +152,9 @@ absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
       "[rendezvous] ", who, ": the store already holds rank ", rank, "'s keys under prefix \"",
       prefix, "\" (", holder, " joined as rank ", rank,
       "): a group of an earlier run, or another process started as this rank, used it, and its "
-      "keys would be read as this group's. Give each run a prefix of its own (//tools:launch "
-      "--rdzv_id, torchrun's run id, the engine's prefix option) or a fresh rendezvous directory"));
+      "keys would be read as this group's", StaleHolderNote(holder, store.Where()),
+      ". Give each run a prefix of its own (//tools:launch --rdzv_id, torchrun's --rdzv-id, "
+      "the engine's prefix option) or a fresh rendezvous directory"));
 }
 
 absl::Status ClaimAndCheckLayout(LayoutStore& store, const std::string& prefix,

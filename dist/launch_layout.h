@@ -57,6 +57,8 @@ class LayoutStore {
   virtual std::string Get(const std::string& key) = 0;
   // Whether `key` is set now, without waiting.
   virtual bool Present(const std::string& key) = 0;
+  // The store, for messages ("/tmp/rdzv", "redis://host:port"); "" unknown.
+  virtual std::string Where() const { return ""; }
 };
 
 // A dist::Store as a LayoutStore (its errors thrown as std::runtime_error).

@@ -4,6 +4,7 @@
 // are Unavailable; a rank's place under a prefix is claimed once.
 #include "dist/launch_layout.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <stdexcept>
@@ -137,6 +138,33 @@ TEST(LaunchLayoutTest, ARankClaimedUnderThePrefixBeforeFails) {
                                                               " joined as rank 1)")))
       << again;
   EXPECT_TRUE(absl::StrContains(again.message(), "Give each run a prefix of its own")) << again;
+}
+
+// A claim whose holder, a process of this host, has exited: said, with how
+// to clear the keys it left.
+TEST(LaunchLayoutTest, AClaimOfAnExitedProcessOfThisHostIsSaid) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  ASSERT_TRUE(layout.SetIfAbsent("none/restart0/joined/0", absl::StrCat("host ", host, " pid ",
+                                                                         child)));
+  const absl::Status s = ClaimRank(layout, "none/restart0", 0, "rank 0 of 2");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(
+      s.message(), absl::StrCat("; pid ", child, " on this host has exited: an earlier run that "
+                                "did not end well left them (remove them from the store, when "
+                                "no run uses it). Give each run")))
+      << s;
+  // A live holder (this process) is not called stale.
+  ASSERT_TRUE(layout.SetIfAbsent("none/restart0/joined/1", absl::StrCat("host ", host, " pid ",
+                                                                         ::getpid())));
+  EXPECT_FALSE(absl::StrContains(ClaimRank(layout, "none/restart0", 1, "rank 1 of 2").message(),
+                                 "has exited"));
 }
 
 // A HashStore whose Check returns 2 ms late: a claim that looked before it

@@ -64,6 +64,15 @@ dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
   }
 }
 
+// After a run that ended well on this rank: once every rank is done with
+// the store (a barrier), rank 0 removes the run's folder of the default
+// directory (Rendezvous::owned). A run that failed leaves it.
+void RemoveOwnedStore(const DataParallelConfig& config, dist::ProcessGroup& pg) {
+  if (!config.rendezvous.owned || !pg.BarrierSync().ok() || pg.rank() != 0) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(config.rendezvous.store, ignored);
+}
+
 }  // namespace
 
 // ---- Running the ranks ----
@@ -91,6 +100,10 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
     return absl::OkStatus();
   }
   const LaunchEnv& env = config.env;
+  if (config.rendezvous.owned) {
+    absl::Status mine = CheckOwnedStore(config.rendezvous.store);
+    if (!mine.ok()) return WithRank(env.rank, mine);
+  }
   if (config.backend == Backend::kNccl) {
     absl::StatusOr<NcclJob> job =
         JoinNcclJob(env.rank, env.world_size, env.local_rank, env.local_world_size,
@@ -103,6 +116,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
       return fn(context);
     });
     if (!s.ok()) return WithRank(env.rank, s);
+    RemoveOwnedStore(config, *job->group);
     std::printf("%s\n%s\n", RankMemoryLine(env.rank, ledger, config.device).c_str(),
                 RankMemoryLine(env.rank, ledger).c_str());
     std::fflush(stdout);
@@ -128,15 +142,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
     return fn(context);
   });
   if (!s.ok()) return WithRank(env.rank, s);
-  if (config.rendezvous.owned) {
-    // Every rank is done with the store: rank 0 removes the run's folder of
-    // the default directory (a failed run leaves it, for its keys' story).
-    absl::Status done = (*pg)->BarrierSync();
-    if (done.ok() && env.rank == 0) {
-      std::error_code ignored;
-      std::filesystem::remove_all(config.rendezvous.store, ignored);
-    }
-  }
+  RemoveOwnedStore(config, **pg);
   std::printf("%s\n", RankMemoryLine(env.rank, ledger).c_str());
   std::fflush(stdout);
   return absl::OkStatus();

@@ -4,9 +4,13 @@
 // data_parallel.cc.
 #include "models/common/data_parallel.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
+#include <cstring>
+#include <cerrno>
 #include <cstdlib>
 #include <optional>
 #include <set>
@@ -17,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "tensor/cuda_backend.h"
@@ -179,6 +184,32 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv) {
   return env;
 }
 
+absl::Status CheckOwnedStore(const std::string& store) {
+  const std::string base = std::filesystem::path(store).parent_path().string();
+  if (::mkdir(base.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create the rendezvous folder ", base, ": ", std::strerror(errno),
+        " (give --rdzv=<a folder of yours>, or another TMPDIR)"));
+  }
+  struct stat st {};
+  std::string wrong;
+  if (::lstat(base.c_str(), &st) != 0) {
+    wrong = std::strerror(errno);
+  } else if (!S_ISDIR(st.st_mode)) {
+    wrong = "it is not a folder";
+  } else if (st.st_uid != ::getuid()) {
+    wrong = absl::StrCat("it belongs to uid ", st.st_uid, ", not to this user (uid ", ::getuid(),
+                         ")");
+  } else if ((st.st_mode & 022) != 0) {
+    wrong = absl::StrFormat("others may write it (mode %04o)", st.st_mode & 07777);
+  }
+  if (wrong.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the default rendezvous folder ", base, " is not this user's alone: ", wrong,
+      "; another user could read or forge this run's keys there. Remove it, or give "
+      "--rdzv=<a folder of yours> or another TMPDIR"));
+}
+
 std::string TempDir() {
   const char* tmp = std::getenv("TMPDIR");
   std::string dir = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
@@ -187,20 +218,24 @@ std::string TempDir() {
 }
 
 absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
-                                             const std::string& temp_dir, int64_t uid,
-                                             int64_t parent_pid) {
+                                             const std::string& temp_dir, int64_t uid) {
   Rendezvous r;
   const std::string attempt = absl::StrCat("restart", env.restart_count);
   if (!rdzv.empty()) {
     if (rdzv == "file://" || rdzv == "redis://") {
       return absl::InvalidArgumentError(absl::StrCat("--rdzv='", rdzv, "' names no store"));
     }
-    if (absl::StrContains(rdzv, "://") && !absl::StartsWith(rdzv, "file://") &&
-        !absl::StartsWith(rdzv, "redis://")) {
+    // "host:29400" (torchrun's --rdzv-endpoint) would be a relative folder.
+    const size_t colon = rdzv.rfind(':');
+    const bool endpoint = rdzv.find('/') == std::string::npos && colon != std::string::npos &&
+                          colon + 1 < rdzv.size() &&
+                          rdzv.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+    if (endpoint || (absl::StrContains(rdzv, "://") && !absl::StartsWith(rdzv, "file://") &&
+                     !absl::StartsWith(rdzv, "redis://"))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--rdzv='", rdzv, "': the ranks meet in a directory every node sees (DIR or "
           "file://DIR) or a Redis server (redis://host:port); torchrun's tcp:// / c10d:// "
-          "stores are not spoken here"));
+          "stores and host:port endpoints are not spoken here"));
     }
     r.store = rdzv;
     r.prefix = absl::StrCat(env.run_id.empty() ? "run" : FileNamePiece(env.run_id), "/", attempt);
@@ -226,12 +261,9 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
   }
   // A folder of this user's per run: a job of another user on the same
   // port does not meet a folder it cannot write, and the run removes its
-  // keys when it ends well. torchrun without --rdzv-id gives every job the
-  // run id "none": its workers, children of one agent, add the agent's pid.
-  std::string run = FileNamePiece(env.run_id);
-  if (env.run_id == "none") absl::StrAppend(&run, "_agent", parent_pid);
+  // keys when it ends well.
   r.store = absl::StrCat(temp_dir, "/fsdp_rdzv_u", uid, "_", FileNamePiece(env.master_addr), "_",
-                         env.master_port, "/", run);
+                         env.master_port, "/", FileNamePiece(env.run_id));
   r.prefix = absl::StrCat(FileNamePiece(env.run_id), "/", attempt);
   r.owned = true;
   return r;
@@ -508,7 +540,7 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   config.env = *env;
   config.world_size = env->world_size;
   absl::StatusOr<Rendezvous> rdzv =
-      ResolveRendezvous(flags.rdzv, *env, TempDir(), ::getuid(), ::getppid());
+      ResolveRendezvous(flags.rdzv, *env, TempDir(), ::getuid());
   if (!rdzv.ok()) return rdzv.status();
   if (config.backend == Backend::kNccl) {
     if (absl::StartsWith(rdzv->store, "redis://")) {

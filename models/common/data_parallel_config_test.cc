@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -159,64 +160,82 @@ TEST(LaunchEnvTest, MissingOrInvalidVariablesAreNamed) {
 
 TEST(RendezvousTest, DefaultDirectoryAndPerRunPrefix) {
   LaunchEnv env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 2)));
-  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/scratch", 1000, 77);
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/scratch", 1000);
   ASSERT_TRUE(r.ok()) << r.status();
   // This user's, this run's (removed when the run ends well).
   EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_127.0.0.1_29500/123-456");
   EXPECT_EQ(r->prefix, "123-456/restart0");
   EXPECT_TRUE(r->owned);
-  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1001, 77)->store,
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1001)->store,
             "/scratch/fsdp_rdzv_u1001_127.0.0.1_29500/123-456");
   // Another run, or a restart of this one, meets under other keys.
   env.run_id = "124-999";
-  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000, 77)->prefix, "124-999/restart0");
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000)->prefix, "124-999/restart0");
   env.restart_count = 2;
-  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000, 77)->prefix, "124-999/restart2");
-  // torchrun's run id when none is given: each agent's workers apart.
-  env.run_id = "none";
-  r = ResolveRendezvous("", env, "/scratch", 1000, 77);
-  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_127.0.0.1_29500/none_agent77");
-  EXPECT_EQ(r->prefix, "none/restart2");
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000)->prefix, "124-999/restart2");
   // Odd characters do not reach the file names.
   env.master_addr = "node-1/x";
   env.run_id = "a b";
-  r = ResolveRendezvous("", env, "/scratch", 1000, 77);
+  r = ResolveRendezvous("", env, "/scratch", 1000);
   EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_node-1_x_29500/a_b");
   EXPECT_EQ(r->prefix, "a_b/restart2");
   // An explicit store is used as given, and kept.
-  r = ResolveRendezvous("redis://10.0.0.1:6379", env, "/scratch", 1000, 77);
+  r = ResolveRendezvous("redis://10.0.0.1:6379", env, "/scratch", 1000);
   EXPECT_EQ(r->store, "redis://10.0.0.1:6379");
   EXPECT_EQ(r->prefix, "a_b/restart2");
   EXPECT_FALSE(r->owned);
   env.run_id = "";
-  r = ResolveRendezvous("/shared/rdzv", env, "/scratch", 1000, 77);
+  r = ResolveRendezvous("/shared/rdzv", env, "/scratch", 1000);
   EXPECT_EQ(r->prefix, "run/restart2");
   EXPECT_FALSE(r->owned);
 }
 
+// The default store's folder must be this user's alone: made 0700, and
+// refused when others may write it or it is not a folder.
+TEST(RendezvousTest, TheOwnedStoresFolderIsThisUsersAlone) {
+  namespace fs = std::filesystem;
+  const std::string base = ::testing::TempDir() + "/owned_base";
+  fs::remove_all(base);
+  ASSERT_TRUE(CheckOwnedStore(base + "/run").ok());
+  EXPECT_EQ(fs::status(base).permissions(), fs::perms::owner_all);
+  fs::permissions(base, fs::perms::all);  // 0777
+  absl::Status s = CheckOwnedStore(base + "/run");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("the default rendezvous folder ", base,
+                                                          " is not this user's alone: others "
+                                                          "may write it (mode 0777)")))
+      << s;
+  fs::remove_all(base);
+  fs::create_directories(base + "_target");
+  fs::create_directory_symlink(base + "_target", base);
+  s = CheckOwnedStore(base + "/run");
+  EXPECT_TRUE(absl::StrContains(s.message(), "it is not a folder")) << s;
+  fs::remove(base);
+}
+
 TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
   LaunchEnv env = *ReadLaunchEnv(FakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
-  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/tmp", 1000, 77);
+  absl::StatusOr<Rendezvous> r = ResolveRendezvous("", env, "/tmp", 1000);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::StrContains(r.status().message(), "needs MASTER_ADDR, MASTER_PORT, RUN_ID"))
       << r.status();
   env = *ReadLaunchEnv(FakeEnv(LaunchVars(0, 4)));
   env.local_world_size = 2;  // two nodes
-  r = ResolveRendezvous("", env, "/tmp", 1000, 77);
+  r = ResolveRendezvous("", env, "/tmp", 1000);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::StrContains(r.status().message(), "several nodes")) << r.status();
-  EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp", 1000, 77).ok());
-  EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp", 1000, 77).ok());
+  EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp", 1000).ok());
+  EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp", 1000).ok());
   // torchrun's stores are not a directory of that name.
-  for (const char* other : {"tcp://127.0.0.1:29800", "c10d://node0:29400"}) {
-    r = ResolveRendezvous(other, env, "/tmp", 1000, 77);
+  for (const char* other : {"tcp://127.0.0.1:29800", "c10d://node0:29400", "node0:29400"}) {
+    r = ResolveRendezvous(other, env, "/tmp", 1000);
     ASSERT_FALSE(r.ok()) << other;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(r.status().message(),
                                   absl::StrCat("--rdzv='", other, "': the ranks meet in")))
         << r.status();
   }
-  EXPECT_TRUE(ResolveRendezvous("file:///shared/rdzv", env, "/tmp", 1000, 77).ok());
+  EXPECT_TRUE(ResolveRendezvous("file:///shared/rdzv", env, "/tmp", 1000).ok());
 }
 
 // ---- The configuration ----
