@@ -43,6 +43,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -104,8 +105,9 @@ constexpr int kMaxWorkersPerNode = 1024;
 // Copies lines from `fd` to `out` (stdout or stderr), each prefixed with
 // `prefix`, until the pipe's last writer closes it; or, once `finish` is set
 // (the worker and its process group are gone), until the pipe stays empty
-// for half a second, or for two seconds at most: a process that left the
-// worker's group (setsid) may hold it open, and write to it, for ever.
+// for half a second, or, past what the pipe held then, for two seconds at
+// most: a process that left the worker's group (setsid) may hold it open,
+// and write to it, for ever.
 void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE* out) {
   std::string pending;
   char buf[4096];
@@ -116,12 +118,23 @@ void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE
     std::fputc('\n', out);
     std::fflush(out);
   };
-  std::optional<std::chrono::steady_clock::time_point> finishing;  // when `finish` was seen
+  // Once `finish` is seen: what the pipe held then (the worker's last
+  // output) is always copied; the two seconds bound what comes after it.
+  std::optional<std::chrono::steady_clock::time_point> finishing;
+  int64_t owed = 0;  // bytes the pipe held when `finish` was seen, not yet read
+  bool cut = false;  // stopped by the bound, not by the end of the pipe
   while (true) {
     if (finish->load()) {
       const auto now = std::chrono::steady_clock::now();
-      if (!finishing) finishing = now;
-      if (now - *finishing > std::chrono::seconds(2)) break;
+      if (!finishing) {
+        finishing = now;
+        int held = 0;
+        if (ioctl(fd, FIONREAD, &held) == 0) owed = held;
+      }
+      if (owed <= 0 && now - *finishing > std::chrono::seconds(2)) {
+        cut = true;
+        break;
+      }
     }
     pollfd p{fd, POLLIN, 0};
     const int ready = poll(&p, 1, 500);
@@ -133,6 +146,7 @@ void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE
     ssize_t n = read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
+    owed -= n;
     pending.append(buf, static_cast<size_t>(n));
     size_t pos;
     while ((pos = pending.find('\n')) != std::string::npos) {
@@ -140,7 +154,9 @@ void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE
       pending.erase(0, pos + 1);
     }
   }
-  if (!pending.empty()) emit(pending);
+  // A last line without its newline: the worker's (at the pipe's end), or
+  // one the bound cut, said as such.
+  if (!pending.empty()) emit(cut ? pending + " [cut: the launch stopped reading]" : pending);
   close(fd);
 }
 

@@ -131,6 +131,29 @@ pkill -f "# 9876"
 [ "$took" -le 10 ] || fail "the launch waited ${took}s for an escaped writer"
 echo "$out" | grep -qx "\[rank 0\] started" || fail "worker output lost: $out"
 
+# A worker's last output reaches a slow reader whole (what the pipe held when
+# the worker ended is copied, however long that takes; the bound above is for
+# what comes after it).
+lines=$(python3 -c '
+import fcntl, os, subprocess, sys, time
+r, w = os.pipe()
+fcntl.fcntl(r, 1031, 4096)  # F_SETPIPE_SZ: the launch cannot run ahead of this reader
+launch = subprocess.Popen([sys.argv[1], "--nproc_per_node=1", "--", "seq", "-f",
+                           "line-padding-padding-padding-%g", "1", "2500"], stdout=w)
+os.close(w)
+data = b""
+while True:
+    chunk = os.read(r, 4096)
+    if not chunk:
+        break
+    data += chunk
+    time.sleep(0.2)  # 20 KB/s: the 64 KiB left in the workers pipe take 3 s
+launch.wait()
+lines = data.decode().splitlines()
+print(len(lines), lines[-1])' "$LAUNCH")
+[ "$lines" = "2500 [rank 0] line-padding-padding-padding-2500" ] ||
+  fail "a slow reader got: $lines"
+
 # 5. A launcher killed with SIGKILL takes its workers with it (PR_SET_PDEATHSIG).
 "$LAUNCH" --nproc_per_node=2 -- sh -c 'echo $$ > "'"$T"'/pid_$RANK"; exec sleep 9873' > /dev/null 2>&1 &
 launcher=$!
