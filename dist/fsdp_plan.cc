@@ -58,10 +58,11 @@ int64_t UnshardedBytes(const ShardingPlan::Unit& u, int param_bytes, bool cast) 
 // `in_use` bytes of the non-root units held while u runs (those enclosing u,
 // and the `kept` units before u in pre-order: gathered by their forward,
 // which ran before u's, until their backward, which runs after u's), plus,
-// of the other non-root units, the largest `in_use` (u itself) and `window`
-// - 1 times the largest `ahead` (units gathered ahead of their use), at most
-// as many units as there are. A unit of zero bytes (frozen, for gradients)
-// still counts as u. `kept`: empty, or one flag per unit.
+// of the other non-root units, one running (its `in_use`) and `window` - 1
+// others gathered ahead of their use (their `ahead`), at most as many units
+// as there are: the largest such sum, each unit counted once. A unit of zero
+// bytes (frozen, for gradients) still counts as u. `kept`: empty, or one
+// flag per unit.
 int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
                  const std::vector<int64_t>& ahead, int64_t window,
                  const std::vector<bool>& kept = {}) {
@@ -77,15 +78,6 @@ int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
                    [&](int a, int b) { return in_use[a] > in_use[b]; });
   std::stable_sort(by_ahead.begin(), by_ahead.end(),
                    [&](int a, int b) { return ahead[a] > ahead[b]; });
-  // The largest of `sizes` over `order`'s units not in `held` (found within
-  // the first |held| + 1).
-  auto largest = [](const std::vector<int>& order, const std::vector<int64_t>& sizes,
-                    const std::set<int>& held) -> int64_t {
-    for (int i : order) {
-      if (held.count(i) == 0) return sizes[i];
-    }
-    return 0;
-  };
   int64_t best = 0;
   for (int u = 1; u < n; ++u) {
     std::set<int> held_units;  // with bytes
@@ -101,8 +93,27 @@ int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
     const int64_t others = int64_t(by_use.size() - held_units.size());  // not held
     const int64_t count = std::min(window, others);
     if (count > 0) {
-      held += largest(by_use, in_use, held_units) +
-              (count - 1) * largest(by_ahead, ahead, held_units);
+      // The unit running, r, and the count - 1 largest `ahead` of the other
+      // units not held: the top count - 1 of them, or, when r is among
+      // those, the others and the next one.
+      std::vector<int> free_ahead;  // by_ahead's units not held, largest first
+      for (int i : by_ahead) {
+        if (held_units.count(i) == 0) free_ahead.push_back(i);
+      }
+      const size_t k = static_cast<size_t>(count - 1);
+      std::vector<bool> in_top(n, false);
+      int64_t top = 0;
+      for (size_t j = 0; j < k && j < free_ahead.size(); ++j) {
+        top += ahead[free_ahead[j]];
+        in_top[free_ahead[j]] = true;
+      }
+      const int64_t next = free_ahead.size() > k ? ahead[free_ahead[k]] : 0;
+      int64_t most = 0;
+      for (int r : by_use) {
+        if (held_units.count(r) > 0) continue;
+        most = std::max(most, in_use[r] + (in_top[r] ? top - ahead[r] + next : top));
+      }
+      held += most;
     }
     best = std::max(best, held);
   }

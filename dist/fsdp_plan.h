@@ -100,17 +100,17 @@ struct FsdpRankBytes {
   // FULL_SHARD: the root unit (kept from its forward to its backward) plus
   // the maximum over units u of: the units held while u runs (those
   // enclosing u, and the kept_units before u) plus max_inflight_all_gathers
-  // (prefetch_units + 1) units (u, and the ones prefetched ahead of it),
-  // each as large as the largest unit not held. Without nesting, kept units
-  // and fp32 units: the root plus max_inflight_all_gathers of the largest
-  // units. SHARD_GRAD_OP: every unit.
+  // (prefetch_units + 1) units (u, and the ones prefetched ahead of it):
+  // the largest such set of distinct units not held. Without nesting, kept
+  // units and fp32 units: the root plus max_inflight_all_gathers of the
+  // largest units. SHARD_GRAD_OP: every unit.
   int64_t unsharded_parameters_peak = 0;
   // fp32 unsharded gradients: the root's plus the maximum over units u of
   // u's enclosing units' (allocated from their pre-backward to their
-  // post-backward) plus two of the largest units that do not enclose u (the
+  // post-backward) plus the two largest units that do not enclose u (the
   // one computing and the one whose reduce-scatter is in flight); units of
-  // frozen parameters only have none. Without nesting: the root plus two of
-  // the largest units. Under no_sync: every trainable unit's.
+  // frozen parameters only have none. Without nesting: the root plus the two
+  // largest units. Under no_sync: every trainable unit's.
   int64_t unsharded_gradients_peak = 0;
   int64_t model_state() const { return sharded_parameters + sharded_gradients + optimizer_state; }
   int64_t peak() const {

@@ -36,9 +36,11 @@ struct Peaks {
 // `world` threads-engine ranks (the first pass records the order the later
 // ones prefetch from).
 // `setup` (when given) runs on each rank's model after FullyShard.
+// `freeze`: parameters frozen before FullyShard.
 Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& options,
                    int passes = 2, bool no_sync = false,
-                   const std::function<void(FullyShardedModel&)>& setup = nullptr) {
+                   const std::function<void(FullyShardedModel&)>& setup = nullptr,
+                   const std::vector<std::string>& freeze = {}) {
   const tensor::Tensor idx = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 3);
   const tensor::Tensor tgt = testing::RandomIds(2 * world, c.block_size, c.vocab_size, 4);
   ThreadWorld threads(world);
@@ -46,6 +48,9 @@ Peaks MeasurePeaks(const mingpt::GptConfig& c, int world, const FsdpOptions& opt
   Peaks worst;
   absl::Status s = RunRanks(threads, [&](int rank, ProcessGroup& pg) {
     mingpt::GPT gpt(c);
+    if (!freeze.empty()) {
+      ASSERT_TRUE(nn::FreezeParameters(gpt, freeze).ok());
+    }
     auto fsdp = FullyShard(gpt, pg, options);
     if (setup) setup(*fsdp);
     const int64_t shards = fsdp->Memory(MemoryCategory::kParameters).current;
@@ -220,6 +225,31 @@ TEST(FsdpPlanTest, EstimateBoundsTheLedgerWithNestedUnits) {
       }
     }
   }
+}
+
+// One unit far larger than the others (a frozen embedding in a unit of its
+// own, as the train binaries wrap it): the unit running and the one gathered
+// ahead are two units, never the largest twice; the estimate stays within
+// the ledger's peak and a quarter.
+TEST(FsdpPlanTest, TheLargestUnitIsCountedOnce) {
+  mingpt::GptConfig c = testing::Small();
+  c.vocab_size = 4096;  // wte: 4096 x n_embd, far above a Block
+  const std::vector<std::string> freeze = {"transformer.wte", "transformer.wpe"};
+  mingpt::GPT reference(c);
+  ASSERT_TRUE(nn::FreezeParameters(reference, freeze).ok());
+  const WrapPolicy policy = WrapPolicy::FrozenLeavesApart(WrapPolicy::Transformer({"Block"}));
+  const ShardingPlan plan = PlanSharding(reference, policy, 2);
+  FsdpOptions options;
+  options.policy = policy;
+  options.max_inflight_all_gathers = 2;
+  const Peaks measured = MeasurePeaks(c, 2, options, 2, false, nullptr, freeze);
+  FsdpEstimateOptions estimate;
+  estimate.max_inflight_all_gathers = 2;
+  const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+  std::printf("params %lld <= %lld\n", (long long)measured.params,
+              (long long)b.unsharded_parameters_peak);
+  EXPECT_GE(b.unsharded_parameters_peak, measured.params);
+  EXPECT_LE(b.unsharded_parameters_peak, measured.params * 5 / 4);
 }
 
 // Gradient accumulation under no_sync: every trainable unit keeps its

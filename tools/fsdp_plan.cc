@@ -18,8 +18,9 @@
 // unit holding parameters of a module class the train binaries' bf16 policy
 // keeps fp32 (precision::MixedPrecisionPolicy::Bf16()'s fp32_module_classes:
 // BatchNorm1d) is counted as FSDP gathers it: in fp32, plus bf16 copies of its
-// other parameters. Activations are not included. --units marks such units
-// "(fp32 gather)" and nested ones "(inside <unit>)".
+// other parameters. Activations are not included, nor, under bf16, the
+// communication buffers of the gradients' reduction (the ledger's "comm").
+// --units marks such units "(fp32 gather)" and nested ones "(inside <unit>)".
 // --grad_accum_steps > 1: the unsharded gradients' peak is every trainable
 // unit's (FSDP's no_sync keeps them between micro-batches). --prefetch_units=k
 // (explicit prefetch of the k neighbours) puts k + 1 units in flight;
@@ -29,6 +30,7 @@
 // parameters only hold no gradient shard and no optimizer state. A layout the
 // train binaries refuse (T5's tied shared.weight outside the root unit, as
 // --auto_wrap=size:N with a small N gives) is an error here too.
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -57,7 +59,8 @@ ABSL_FLAG(std::string, world_sizes, "8,64,512,1024", "comma-separated shard grou
 ABSL_FLAG(std::string, auto_wrap, "transformer", "none, transformer (Block / T5Block) or size:N");
 ABSL_FLAG(std::string, precision, "bf16",
           "compute dtype of the unsharded parameters: fp32 or bf16 (the train binaries' policy)");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd (sets K, optimizer bytes per element)");
+ABSL_FLAG(std::string, optimizer, "adamw",
+          "adamw, sgd or sgd-nomomentum (sets K, optimizer bytes per element)");
 ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the root");
 ABSL_FLAG(int, grad_accum_steps, 1,
           "micro-batches a step, as the train binaries' flag: above 1 every trainable unit keeps "
@@ -69,7 +72,9 @@ ABSL_FLAG(bool, keep_last_unit, false,
           "as the train binaries' flag: the last unit that trains stays gathered from its "
           "forward to its backward");
 ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a table");
-ABSL_FLAG(bool, units, false, "also list every unit (name, elements, padded, shard)");
+ABSL_FLAG(bool, units, false,
+          "also list every unit (name, elements, padded, shard); with --json, as the "
+          "object's \"unit_list\"");
 ABSL_FLAG(std::string, freeze, "",
           "parameters kept frozen, as the train binaries' --freeze (comma-separated names, "
           "modules or globs)");
@@ -81,6 +86,20 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 int Fail(const std::string& message) {
   std::fprintf(stderr, "fsdp_plan: error: %s\n", message.c_str());
   return 2;
+}
+
+// ",\"unit_list\":[{...}, ...]": every unit as --units lists it.
+std::string UnitsJson(const dist::ShardingPlan& plan, bool mixed) {
+  std::vector<std::string> units;
+  for (const dist::ShardingPlan::Unit& u : plan.units) {
+    units.push_back(absl::StrCat(
+        "{\"name\":\"", u.name, "\",\"params\":", u.num_params, ",\"elements\":", u.numel,
+        ",\"padded\":", u.padded_numel, ",\"per_rank\":", u.shard_numel,
+        ",\"trains\":", u.trains ? "true" : "false",
+        ",\"fp32_gather\":", mixed && u.fp32_numel > 0 ? "true" : "false", ",\"inside\":\"",
+        u.parent > 0 ? plan.units[u.parent].name : "", "\"}"));
+  }
+  return absl::StrCat(",\"unit_list\":[", absl::StrJoin(units, ","), "]");
 }
 
 }  // namespace
@@ -134,6 +153,10 @@ int main(int argc, char** argv) {
       train::CheckTiedWeightsInRoot(*model, policy, wrap, root_params, /*must_exist=*/false);
   if (!tied.ok()) return Fail(std::string(tied.message()));
   const nn::TrainableCount count = nn::CountTrainable(*model);
+  if (count.trainable == 0) {  // as the train binaries refuse it
+    return Fail(absl::StrCat("--freeze='", absl::GetFlag(FLAGS_freeze),
+                             "' freezes every parameter of the model: nothing would train"));
+  }
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "fp32" && precision != "bf16") {
     return Fail(absl::StrCat("--precision='", precision, "' is not one of fp32, bf16"));
@@ -147,11 +170,12 @@ int main(int argc, char** argv) {
   if (!k.ok()) return Fail(std::string(k.status().message()));
   std::vector<int> worlds;
   for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_world_sizes), ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(w, &n) || n < 1) {
-      return Fail(absl::StrCat("--world_sizes: '", w, "' is not an integer >= 1"));
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(w, &n) || n < 1 || n > INT_MAX) {
+      return Fail(absl::StrCat("--world_sizes: '", w, "' is not an integer in [1, ", INT_MAX,
+                               "]"));
     }
-    worlds.push_back(n);
+    worlds.push_back(static_cast<int>(n));
   }
   const int max_inflight = absl::GetFlag(FLAGS_max_inflight_all_gathers);
   if (max_inflight < 1) {  // dist::FullyShard refuses it too
@@ -167,6 +191,17 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--prefetch_units=", prefetch_units, " must be >= 0 (0: none)"));
   }
   const bool keep_last_unit = absl::GetFlag(FLAGS_keep_last_unit);
+  int kept_unit = 0;  // --keep_last_unit's: the last unit in pre-order that trains
+  if (keep_last_unit) {  // (the same units at every world size)
+    const dist::ShardingPlan plan =
+        dist::PlanSharding(*model, policy, 1, mixed->fp32_module_classes);
+    kept_unit = static_cast<int>(plan.units.size()) - 1;
+    while (kept_unit > 0 && !plan.units[kept_unit].trains) --kept_unit;
+    if (kept_unit == 0) {
+      return Fail(absl::StrCat("--keep_last_unit: --auto_wrap=", wrap,
+                               " gives no unit but the root that trains"));
+    }
+  }
   dist::FsdpEstimateOptions options;
   options.no_sync = grad_accum_steps > 1;
   options.prefetch_units = prefetch_units;
@@ -195,16 +230,7 @@ int main(int argc, char** argv) {
   for (int world : worlds) {
     const dist::ShardingPlan plan =
         dist::PlanSharding(*model, policy, world, mixed->fp32_module_classes);
-    if (keep_last_unit) {
-      // As the train binaries choose it: the last unit in pre-order that trains.
-      int last = static_cast<int>(plan.units.size()) - 1;
-      while (last > 0 && !plan.units[last].trains) --last;
-      if (last == 0) {
-        return Fail(absl::StrCat("--keep_last_unit: --auto_wrap=", wrap,
-                                 " gives no unit but the root that trains"));
-      }
-      options.kept_units = {last};
-    }
+    if (keep_last_unit) options.kept_units = {kept_unit};
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
     if (json) {
       std::printf(
@@ -213,20 +239,21 @@ int main(int argc, char** argv) {
           "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
           "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
-          "\"peak_bytes\":%lld}\n",
+          "\"peak_bytes\":%lld%s}\n",
           preset.c_str(), wrap.c_str(), world, grad_accum_steps, prefetch_units,
           keep_last_unit ? "true" : "false", plan.units.size(),
           static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
           static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),
           static_cast<long long>(b.unsharded_parameters_peak),
-          static_cast<long long>(b.unsharded_gradients_peak), static_cast<long long>(b.peak()));
+          static_cast<long long>(b.unsharded_gradients_peak), static_cast<long long>(b.peak()),
+          absl::GetFlag(FLAGS_units) ? UnitsJson(plan, mixed->IsMixed()).c_str() : "");
     } else {
       std::printf("%7d %6zu %16lld %12.3f %14.3f %14.3f %12.3f\n", world, plan.units.size(),
                   static_cast<long long>(plan.shard_numel), b.model_state() / kGiB,
                   b.unsharded_parameters_peak / kGiB, b.unsharded_gradients_peak / kGiB,
                   b.peak() / kGiB);
     }
-    if (absl::GetFlag(FLAGS_units)) {
+    if (absl::GetFlag(FLAGS_units) && !json) {
       for (const dist::ShardingPlan::Unit& u : plan.units) {
         const bool fp32 = mixed->IsMixed() && u.fp32_numel > 0;
         const std::string inside =

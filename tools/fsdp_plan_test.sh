@@ -69,4 +69,28 @@ grep -q '"keep_last_unit":true' "${TEST_TMPDIR}/kept.json" || { cat "${TEST_TMPD
 exits_2 "--prefetch_units=-1 must be >= 0" "$plan" --preset=gpt-nano --prefetch_units=-1
 exits_2 "--keep_last_unit: --auto_wrap=none gives no unit but the root" \
   "$plan" --preset=gpt-nano --auto_wrap=none --keep_last_unit
+# Refused before anything is printed: a --freeze that leaves nothing to train
+# (as the train binaries refuse it), --keep_last_unit with no trainable unit
+# but the root, a world size past an int.
+for bad in "--freeze=transformer,lm_head" "--keep_last_unit --freeze=transformer" \
+           "--world_sizes=99999999999"; do
+  # shellcheck disable=SC2086
+  "$plan" --preset=gpt-nano $bad > "${TEST_TMPDIR}/bad.out" 2> "${TEST_TMPDIR}/bad.err" &&
+    { echo "accepted: $bad"; exit 1; }
+  [[ ! -s "${TEST_TMPDIR}/bad.out" ]] ||
+    { echo "$bad printed:"; cat "${TEST_TMPDIR}/bad.out"; exit 1; }
+done
+exits_2 "--freeze='transformer,lm_head' freezes every parameter of the model: nothing would train" \
+  "$plan" --preset=gpt-nano --freeze=transformer,lm_head
+exits_2 "--world_sizes: '99999999999' is not an integer in [1, 2147483647]" \
+  "$plan" --preset=gpt-nano --world_sizes=99999999999
+# --json --units: one JSON object per world size, its units inside.
+"$plan" --preset=gpt-nano --world_sizes=2,4 --json --units > "${TEST_TMPDIR}/units.json"
+python3 -c '
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert [r["world_size"] for r in rows] == [2, 4], rows
+assert all(len(r["unit_list"]) == r["units"] for r in rows), rows
+assert rows[0]["unit_list"][0]["name"] == "" and rows[0]["unit_list"][1]["trains"], rows
+' "${TEST_TMPDIR}/units.json" || { cat "${TEST_TMPDIR}/units.json"; exit 1; }
 echo "fsdp_plan: frozen units, less state, no_sync, prefetch, kept unit, errors named"
