@@ -396,7 +396,13 @@ int Main() {
   for (const std::string& w : SplitList(absl::GetFlag(FLAGS_world_sizes))) {
     int n = 0;
     if (!absl::SimpleAtoi(w, &n) || n < 1) {
-      return usage_error(absl::StrCat("bad --world_sizes entry '", w, "' (want integers >= 1)"));
+      return usage_error(absl::StrCat("bad --world_sizes entry '", w, "' (want integers >= 2)"));
+    }
+    if (n == 1) {
+      return usage_error(
+          "--world_sizes=1: one rank has nothing to shard (FULL_SHARD would hold its shard and "
+          "a gathered copy of every unit; PyTorch FSDP switches to NO_SHARD there), so the "
+          "orderings checked here need N >= 2");
     }
     worlds.push_back(n);
   }
@@ -419,12 +425,30 @@ int Main() {
   if (presets.empty() || worlds.empty() || strategies.empty() || mixed_modes.empty()) {
     return usage_error("--presets, --world_sizes, --strategies and --precision need an entry");
   }
-  for (const std::string& p : presets) {
-    if (!mingpt::Preset(p).ok()) return usage_error(absl::StrCat("unknown preset '", p, "'"));
-  }
   if (absl::GetFlag(FLAGS_batch_size) < 1 || absl::GetFlag(FLAGS_seq_len) < 1 ||
       absl::GetFlag(FLAGS_steps) < 1) {
     return usage_error("--batch_size, --seq_len and --steps must be >= 1");
+  }
+  for (const std::string& p : presets) {
+    absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(p);
+    if (!config.ok()) return usage_error(absl::StrCat("unknown preset '", p, "'"));
+    if (absl::GetFlag(FLAGS_seq_len) > config->block_size) {
+      return usage_error(absl::StrCat("--seq_len=", absl::GetFlag(FLAGS_seq_len),
+                                      " exceeds the block_size ", config->block_size, " of ", p));
+    }
+  }
+  if (!(absl::GetFlag(FLAGS_bucket_cap_mb) > 0) || absl::GetFlag(FLAGS_bucket_cap_mb) > 1e6) {
+    return usage_error(absl::StrCat("--bucket_cap_mb=", absl::GetFlag(FLAGS_bucket_cap_mb),
+                                    " must be in (0, 1e6]"));
+  }
+  if (absl::GetFlag(FLAGS_max_inflight_buckets) < 0) {
+    return usage_error(absl::StrCat("--max_inflight_buckets=",
+                                    absl::GetFlag(FLAGS_max_inflight_buckets),
+                                    " must be >= 0 (0: no bound)"));
+  }
+  if (absl::Status writable = train::CheckWritableFile(absl::GetFlag(FLAGS_json_out));
+      !writable.ok()) {
+    return usage_error(absl::StrCat("--json_out: ", writable.message()));
   }
   absl::StatusOr<tensor::Device> device = train::ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return usage_error(std::string(device.status().message()));

@@ -33,3 +33,27 @@ elif [[ $rc == 0 ]]; then
 else
   echo "bench_memory exit $rc:"; cat "$dir/bf16.err"; exit 1
 fi
+
+# Bad flags: exit 2 naming them, before anything runs (they used to fail a
+# rank mid-run, or after the whole run for --json_out).
+bad() {  # bad WANT COMMAND...
+  local want="$1" rc=0
+  shift
+  "$@" > "$dir/bad.out" 2> "$dir/bad.err" || rc=$?
+  [[ $rc == 2 ]] && grep -qF -- "$want" "$dir/bad.err" && [[ ! -s "$dir/bad.out" ]] ||
+    { echo "exit $rc from $*, wanted 2 and '$want':"; cat "$dir/bad.err" "$dir/bad.out"; exit 1; }
+}
+small=(--presets=gpt-nano --precision=fp32 --seq_len=16 --vocab_size=64)
+bad "--world_sizes=1: one rank has nothing to shard" "$memory" "${small[@]}" --world_sizes=1
+bad "--max_inflight_buckets=-1 must be >= 0" "$memory" "${small[@]}" --max_inflight_buckets=-1
+bad "--bucket_cap_mb=0 must be in (0, 1e6]" "$memory" "${small[@]}" --bucket_cap_mb=0
+bad "--seq_len=1000 exceeds the block_size 128 of gpt-nano" "$memory" "${small[@]}" --seq_len=1000
+bad "--json_out: cannot write '$dir/none/x.json': No such file or directory" \
+  "$memory" "${small[@]}" --json_out="$dir/none/x.json"
+bad "--backward_prefetch='foo' is not one of pre, post, none" \
+  "$throughput" "${small[@]}" --backward_prefetch=foo
+bad "--max_inflight_all_gathers=0 must be >= 1" "$throughput" "${small[@]}" \
+  --max_inflight_all_gathers=0
+bad "--json_out: cannot write '$dir/none/x.json'" \
+  "$throughput" "${small[@]}" --json_out="$dir/none/x.json"
+echo "bad flags are refused before any run"

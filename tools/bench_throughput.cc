@@ -47,6 +47,7 @@
 #include "dist/wrap_policy.h"
 #include "dist/zero1.h"
 #include "models/common/command_line.h"
+#include "models/common/train_setup.h"
 #include "models/data/lm_loader.h"
 #include "models/data/random_tokens.h"
 #include "models/mingpt/config.h"
@@ -290,6 +291,40 @@ int Main() {
                    std::string(bf16.message()).c_str());
       return 2;
     }
+  }
+  // Every flag checked before the first line is printed.
+  auto usage_error = [](const std::string& message) {
+    std::fprintf(stderr, "bench_throughput: error: %s\n", message.c_str());
+    return 2;
+  };
+  const std::string backward = absl::GetFlag(FLAGS_backward_prefetch);
+  if (backward != "pre" && backward != "post" && backward != "none") {
+    return usage_error(
+        absl::StrCat("--backward_prefetch='", backward, "' is not one of pre, post, none"));
+  }
+  if (absl::GetFlag(FLAGS_max_inflight_all_gathers) < 1) {
+    return usage_error(absl::StrCat("--max_inflight_all_gathers=",
+                                    absl::GetFlag(FLAGS_max_inflight_all_gathers),
+                                    " must be >= 1 (1: no prefetch)"));
+  }
+  if (!(absl::GetFlag(FLAGS_bucket_cap_mb) > 0) || absl::GetFlag(FLAGS_bucket_cap_mb) > 1e6) {
+    return usage_error(absl::StrCat("--bucket_cap_mb=", absl::GetFlag(FLAGS_bucket_cap_mb),
+                                    " must be in (0, 1e6]"));
+  }
+  if (B < 1 || T < 1 || absl::GetFlag(FLAGS_warmup) < 0) {
+    return usage_error("--batch_size and --seq_len must be >= 1, --warmup >= 0");
+  }
+  for (const std::string& preset : presets) {
+    absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);
+    if (!config.ok()) return usage_error(std::string(config.status().message()));
+    if (T > config->block_size) {
+      return usage_error(absl::StrCat("--seq_len=", T, " exceeds the block_size ",
+                                      config->block_size, " of ", preset));
+    }
+  }
+  if (absl::Status writable = train::CheckWritableFile(absl::GetFlag(FLAGS_json_out));
+      !writable.ok()) {
+    return usage_error(absl::StrCat("--json_out: ", writable.message()));
   }
   std::vector<bool> mixed;
   if (want_fp32) mixed.push_back(false);

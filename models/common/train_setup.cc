@@ -1,8 +1,13 @@
 // Token sources, optimizers and LR schedules from train flags.
 #include "models/common/train_setup.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -311,6 +316,19 @@ std::string EvalLine(const data::TokenSource& eval, const EvalFlags& flags) {
                       : flags.every > 1 ? absl::StrCat("every ", flags.every, " steps and ")
                                         : "",
                       "after the last");
+}
+
+absl::Status CheckWritableFile(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  const bool existed = ::access(path.c_str(), F_OK) == 0;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write '", path, "': ", std::strerror(errno)));
+  }
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path) {

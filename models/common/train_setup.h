@@ -132,6 +132,12 @@ std::string EvalLine(const data::TokenSource& eval, const EvalFlags& flags);
 // --metrics_out: MetricsWriter::Open, its error InvalidArgument naming the flag.
 absl::StatusOr<std::unique_ptr<MetricsWriter>> OpenMetrics(const std::string& path);
 
+// An output file written at the end of a long run (a benchmark's --json_out),
+// checked before it starts: InvalidArgument "cannot write '<path>': <why>"
+// unless the file can be created (or appended to) now; OK for "". Nothing is
+// left behind that was not there.
+absl::Status CheckWritableFile(const std::string& path);
+
 struct OptimizerSpec {
   std::string name;  // "adamw" or "sgd"
   double lr = 1e-3;
