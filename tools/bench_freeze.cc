@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -88,9 +89,13 @@ absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants
   const int world = absl::GetFlag(FLAGS_world_size);
   const int64_t B = absl::GetFlag(FLAGS_batch_size), T = absl::GetFlag(FLAGS_seq_len);
   const int64_t warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
-  if (world < 1 || B < 1 || T < 1 || steps < 1 || warmup < 0) {
-    return absl::InvalidArgumentError(
-        "--world_size, --batch_size, --seq_len and --steps must be >= 1, --warmup >= 0");
+  for (const auto& [flag, value, least] :
+       {std::tuple<const char*, int64_t, int64_t>{"--world_size", world, 1},
+        {"--batch_size", B, 1}, {"--seq_len", T, 1}, {"--steps", steps, 1},
+        {"--warmup", warmup, 0}}) {
+    if (value < least) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, " must be >= ", least));
+    }
   }
   auto source = data::RandomTokenSource::Create(7, config.vocab_size);
   if (!source.ok()) return source.status();
@@ -211,6 +216,11 @@ int main(int argc, char** argv) {
     sets = absl::StrCat("none|transformer.wte,transformer.wpe|", lower, "|transformer");
   }
   for (absl::string_view set : absl::StrSplit(sets, '|')) {
+    if (set.empty()) {
+      std::fprintf(stderr, "bench_freeze: --freeze_sets='%s' has an empty set (between two '|', "
+                   "or at an end); 'none' names the unfrozen one\n", sets.c_str());
+      return 2;
+    }
     variants.push_back({std::string(set)});
   }
   if (variants.empty() || variants[0].freeze != "none") {

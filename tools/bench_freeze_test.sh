@@ -12,4 +12,16 @@ if grep -q "transformer.h.1" "$out"; then
   echo "more than the lower half frozen:"; cat "$out"; exit 1
 fi
 grep -q "^transformer " "$out"
+# Bad flags: exit 2 naming the flag, or the empty set.
+bad() {  # bad WANT FLAGS...
+  local want="$1" rc=0
+  shift
+  "$bench" --preset=gpt-nano --steps=1 --warmup=0 "$@" > /dev/null 2> "${TEST_TMPDIR}/bad.err" ||
+    rc=$?
+  [[ $rc == 2 ]] && grep -qF -- "$want" "${TEST_TMPDIR}/bad.err" ||
+    { echo "exit $rc from $*, wanted 2 and '$want':"; cat "${TEST_TMPDIR}/bad.err"; exit 1; }
+}
+bad "--seq_len=0 must be >= 1" --seq_len=0
+bad "--warmup=-1 must be >= 0" --warmup=-1
+bad "--freeze_sets='none||transformer' has an empty set" --freeze_sets='none||transformer'
 echo PASS

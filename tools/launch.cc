@@ -5,7 +5,8 @@
 //          --rdzv_endpoint=host:port --rdzv_id=job42] [--max_restarts=3]
 //          [--grace_period_s=5] [--] ./train --flags...
 //
-// As torchrun's: the worker command starts at "--" or at the first argument
+// As torchrun's: one worker unless --nproc_per_node says more; the worker
+// command starts at "--" or at the first argument
 // that is not a flag of the launcher (a flag's value may follow it after a
 // space), flags may be spelled with dashes (--nproc-per-node), and
 // --standalone is accepted (one node, the default endpoint). Under `bazel
@@ -79,7 +80,7 @@ void Say(const std::string& s) {
 }
 
 constexpr char kUsage[] =
-    "usage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
+    "usage: launch [--nproc_per_node=1] [--nnodes=1] [--node_rank=0] "
     "[--rdzv_endpoint=host:port] [--rdzv_id=ID] [--max_restarts=0] [--grace_period_s=5] "
     "[--standalone] [--] command [args...]\n";
 
@@ -226,7 +227,7 @@ int UsableCores() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nproc = -1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;
+  int nproc = 1, nnodes = 1, node_rank = 0, max_restarts = 0, grace_s = 5;  // torchrun's
   bool standalone = false;
   std::string endpoint, run_id;
   std::vector<std::string> cmd;

@@ -167,7 +167,10 @@ alive 9873 && { pkill -f "sleep 9873"; fail "workers outlived their SIGKILLed la
 out=$("$LAUNCH" --nproc-per-node 2 --standalone sh -c 'echo "w $RANK/$WORLD_SIZE"' 2>&1) ||
   { echo "$out"; fail "torchrun-style command line"; }
 [ "$(echo "$out" | grep -c "w [01]/2")" -eq 2 ] || { echo "$out"; fail "torchrun-style workers"; }
-"$LAUNCH" --help | grep -q "^usage: launch --nproc_per_node=N" || fail "--help"
+"$LAUNCH" --help | grep -q "^usage: launch \[--nproc_per_node=1\]" || fail "--help"
+# Without --nproc_per_node: one worker, as torchrun starts.
+out=$("$LAUNCH" -- sh -c 'echo "w $RANK/$WORLD_SIZE"') || fail "no --nproc_per_node: exit $?"
+[ "$out" = "[rank 0] w 0/1" ] || fail "no --nproc_per_node: $out"
 "$LAUNCH" --nproc_per_node=1 --bogus=1 -- true 2>"$T/usage.err"
 [ $? -eq 2 ] && grep -q "unknown flag --bogus (the worker command goes after" "$T/usage.err" ||
   fail "unknown flag message"

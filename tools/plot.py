@@ -201,7 +201,13 @@ def load_metrics(path):
                 if not isinstance(m, dict) or "step" not in m or "loss" not in m:
                     raise PlotError(f"'{path}' line {n} lacks \"step\" or \"loss\": "
                                     "not a train --metrics_out file")
-                points.append((m["step"], m["loss"], m.get("tokens_per_s")))
+                step, loss = m["step"], m["loss"]
+                if (isinstance(step, bool) or not isinstance(step, (int, float))
+                        or isinstance(loss, bool) or not isinstance(loss, (int, float))
+                        or not math.isfinite(step) or not math.isfinite(loss)):
+                    raise PlotError(f"'{path}' line {n}: step {step!r}, loss {loss!r}: "
+                                    "a chart needs finite numbers")
+                points.append((step, loss, m.get("tokens_per_s")))
     except OSError as e:
         raise PlotError(f"cannot read '{path}': {e.strerror}")
     if not points:

@@ -170,6 +170,12 @@ expect2 "is not JSON (Extra data at line 2)" throughput "$ddp" --out "$out/x.svg
 echo '{"steps": 3}' > "$out/other.json"
 expect2 "has no \"rows\" list: not the --json_out of //tools:bench_throughput" throughput "$out/other.json" --out "$out/x.svg"
 expect2 "line 1 lacks \"step\" or \"loss\"" loss "$thr" --out "$out/x.svg"
+printf '{"step":1,"loss":5.5}\n{"step":2,"loss":NaN}\n' > "$out/nan.jsonl"
+expect2 "line 2: step 2, loss nan: a chart needs finite numbers" loss "$out/nan.jsonl" \
+  --out "$out/x.svg"
+printf '{"step":1,"loss":"nan"}\n' > "$out/text.jsonl"
+expect2 "line 1: step 1, loss 'nan': a chart needs finite numbers" loss "$out/text.jsonl" \
+  --out "$out/x.svg"
 expect2 "is not the --json_out of tools/bench_vs_pytorch.py" speed "$mem" --out "$out/x.svg"
 expect2 "1 labels for 2 files" loss "$ddp" "$fsdp" --labels one --out "$out/x.svg"
 expect2 "cannot write '$out/no/such/dir.svg'" loss "$ddp" --out "$out/no/such/dir.svg"

@@ -73,6 +73,10 @@ absl::Status Tokenize() {
       absl::StrSplit(absl::GetFlag(FLAGS_input), ',', absl::SkipEmpty());
   if (inputs.empty()) return absl::InvalidArgumentError("--input is required: text files");
   if (output.empty()) return absl::InvalidArgumentError("--output is required: a token file");
+  if (std::error_code ec; std::filesystem::is_directory(output, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output=", output, " is a folder; give the token file's path"));
+  }
   const std::string format_flag = absl::GetFlag(FLAGS_format);
   if (format_flag != "raw" && format_flag != "llmc") {
     return absl::InvalidArgumentError(

@@ -63,6 +63,9 @@ expect_error "--tokenizer=$dir: $dir holds no GPT-2 tokenizer" --input="$text" -
   --tokenizer="$dir"
 expect_error "--output: [token file] cannot create $dir/no/such/dir/x.bin.tmp: No such file" \
   --input="$text" --output="$dir/no/such/dir/x.bin"
+mkdir -p "$dir/a_folder"
+expect_error "--output=$dir/a_folder is a folder; give the token file's path" \
+  --input="$text" --output="$dir/a_folder"
 [[ ! -e "$dir/x.bin" && ! -e "$dir/x.bin.json" ]]
 cp "$dir/a.txt" "$dir/keep.txt"
 expect_error "--output=$dir/keep.txt is the input $dir/keep.txt: writing it would destroy the text" \

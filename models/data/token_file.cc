@@ -221,9 +221,10 @@ absl::Status TokenFileWriter::Finish() {
                        : header;
   }
   if (std::rename(temp.c_str(), path_.c_str()) != 0) {
+    const int error = errno;
     std::remove(temp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("[token file] cannot rename ", temp, " to ", path_));
+    return absl::FailedPreconditionError(absl::StrCat("[token file] cannot rename ", temp, " to ",
+                                                      path_, ": ", std::strerror(error)));
   }
   const size_t slash = path_.find_last_of('/');
   tensor::FsyncDir(slash == std::string::npos ? "." : path_.substr(0, slash + 1));
