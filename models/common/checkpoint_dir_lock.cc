@@ -53,7 +53,11 @@ absl::StatusOr<CheckpointDirLock> CheckpointDirLock::Acquire(const std::string& 
         "): two runs saving into one folder would mix their step folders and `latest`; give "
         "each run its own --checkpoint_dir, or stop the other"));
   }
-  const std::string me = absl::StrCat("pid ", ::getpid(), " on host ", ThisHost(), "\n");
+  // "... for run R" lets a restart of the job know the folder is its own
+  // (PlanResume).
+  const std::string run = JobAttemptFromEnvironment().run_id;
+  const std::string me = absl::StrCat("pid ", ::getpid(), " on host ", ThisHost(),
+                                      run.empty() ? "" : absl::StrCat(" for run ", run), "\n");
   // Best effort: the lock works without the note.
   if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, me.data(), me.size(), 0) < 0) errno = 0;
   return CheckpointDirLock(fd);

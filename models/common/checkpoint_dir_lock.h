@@ -1,6 +1,7 @@
 // One run at a time per --checkpoint_dir: CheckpointDirLock holds an
 // exclusive lock (flock) on "<dir>/.lock" for as long as it lives, with the
-// holder ("pid 4242 on host a1") written in the file. A second run that
+// holder ("pid 4242 on host a1", then " for run <RUN_ID>" under a launcher)
+// written in the file. A second run that
 // names the same folder fails at once naming the holder, instead of both
 // writing step folders and `latest` into it. The lock goes with its process:
 // a run that crashed holds nothing, and its lock file is simply reused.

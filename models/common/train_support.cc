@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <array>
+#include <cstdlib>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -476,7 +476,7 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
   std::vector<std::string> moves;
   for (const std::string& l : later) {
     const std::string path = (fs::path(checkpoint_dir) / l).string();
-    moves.push_back(absl::StrCat("mv ", path, " ", path, ".before-resume"));
+    moves.push_back(absl::StrCat("mv -T ", path, " ", path, ".before-resume"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "--resume=", resume, " goes back to step ", resumed, " of --checkpoint_dir=",
@@ -488,21 +488,36 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
 }  // namespace
 
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
-                                      const std::string& checkpoint_dir, int restart_count) {
+                                      const std::string& checkpoint_dir,
+                                      const JobAttempt& attempt) {
   ResumePlan plan;
   const bool automatic = resume_flag == "auto";
   if (!automatic && !resume_flag.empty()) {
-    if (restart_count > 0 && !checkpoint_dir.empty()) {
-      // A restarted job continues what its earlier attempts saved (its first
-      // attempt was checked below, so they are its own).
+    if (attempt.restart > 0 && !checkpoint_dir.empty() && !attempt.run_id.empty() &&
+        attempt.run_id != "none" && LockedForRun(checkpoint_dir) == attempt.run_id) {
+      // A restarted job continues what its earlier attempts saved: one of
+      // them passed the checks below and locked the folder (the lock names
+      // the run), so its checkpoints are this job's.
+      const std::string restarted =
+          absl::StrCat("restart ", attempt.restart, " of run ", attempt.run_id);
       absl::StatusOr<std::string> own =
           AutoResume(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
-      if (!own.ok()) return own.status();
+      if (!own.ok()) {
+        return absl::Status(own.status().code(),
+                            absl::StrCat(restarted, ": continuing ", checkpoint_dir,
+                                         "'s latest checkpoint: ", own.status().message()));
+      }
       if (!own->empty()) {
         plan.resume = *own;
-        plan.note = absl::StrCat("restart ", restart_count, " of this job: continuing ",
-                                 checkpoint_dir, "'s latest checkpoint, not --resume=",
-                                 resume_flag, " (where its first attempt started)");
+        // Said when it is not the checkpoint --resume names.
+        const absl::StatusOr<std::string> given = ResolveCheckpoint(resume_flag, checkpoint_dir);
+        const absl::StatusOr<std::string> taken = ResolveCheckpoint(*own, checkpoint_dir);
+        std::error_code ec;
+        if (!given.ok() || !taken.ok() || !std::filesystem::equivalent(*given, *taken, ec)) {
+          plan.note = absl::StrCat(restarted, ": continuing ", checkpoint_dir,
+                                   "'s latest checkpoint, not --resume=", resume_flag,
+                                   " (where its first attempt started)");
+        }
         return plan;
       }
     }
@@ -536,12 +551,25 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
   return plan;
 }
 
-int RestartCountFromEnvironment() {
-  const char* value = std::getenv("RESTART_COUNT");
-  if (value == nullptr) value = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  int count = 0;
-  if (value == nullptr || !absl::SimpleAtoi(value, &count) || count < 0) return 0;
-  return count;
+JobAttempt JobAttemptFromEnvironment() {
+  JobAttempt attempt;
+  const char* count = std::getenv("RESTART_COUNT");
+  if (count == nullptr) count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (count == nullptr || !absl::SimpleAtoi(count, &attempt.restart) || attempt.restart < 0) {
+    attempt.restart = 0;
+  }
+  const char* run = std::getenv("RUN_ID");
+  if (run == nullptr) run = std::getenv("TORCHELASTIC_RUN_ID");
+  if (run != nullptr) attempt.run_id = run;
+  return attempt;
+}
+
+std::string LockedForRun(const std::string& checkpoint_dir) {
+  std::ifstream f(checkpoint_dir + "/.lock");
+  std::string holder;
+  std::getline(f, holder);
+  const size_t at = holder.rfind(" for run ");
+  return at == std::string::npos ? "" : holder.substr(at + 9);
 }
 
 void PrintAutoFreshStart(const std::string& checkpoint_dir) {

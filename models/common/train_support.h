@@ -111,20 +111,33 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
 // refused as a fresh start is when checkpoint_dir holds checkpoints; going
 // back to an earlier step of checkpoint_dir than `latest` names is refused
 // while a later step folder is there, naming them and the `mv`s that move
-// them aside (InvalidArgument). On a restart of a job (`restart_count` > 0,
-// RestartCountFromEnvironment) whose checkpoint_dir holds a checkpoint, the
-// given --resume (where its first attempt started) gives way to that
-// checkpoint, as auto would take, and ResumePlan::note says so.
+// them aside (InvalidArgument). On a restart of a job (attempt.restart > 0)
+// whose earlier attempt locked checkpoint_dir (its .lock names the run:
+// LockedForRun is attempt.run_id; not for torchrun's shared run id "none"),
+// the given --resume (where its first attempt started) gives way to the
+// folder's latest checkpoint, as auto would take, and ResumePlan::note says
+// so when that is another checkpoint. A restart whose earlier attempts were
+// refused gets the same checks, and refusal, again.
 struct ResumePlan {
   std::string resume;       // what to resume ("latest", a folder); "" for a fresh start
   bool auto_fresh = false;  // --resume=auto found no checkpoint (the run says so)
   std::string note;         // for stderr (rank 0): why `resume` is not the flag's
 };
+// Which attempt of which job this process is: RESTART_COUNT and RUN_ID
+// (//tools:launch), or TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID
+// (torchrun); restart 0 and no run id when unset (or malformed).
+struct JobAttempt {
+  int restart = 0;
+  std::string run_id;
+};
+JobAttempt JobAttemptFromEnvironment();
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
-                                      const std::string& checkpoint_dir, int restart_count);
-// RESTART_COUNT (//tools:launch) or TORCHELASTIC_RESTART_COUNT (torchrun):
-// the attempt of a restarted job this process is; 0 when unset or malformed.
-int RestartCountFromEnvironment();
+                                      const std::string& checkpoint_dir,
+                                      const JobAttempt& attempt);
+// The run whose process holds, or last held, checkpoint_dir's lock
+// (CheckpointDirLock writes "... for run <RUN_ID>" when the run has one);
+// "" when none is named.
+std::string LockedForRun(const std::string& checkpoint_dir);
 // What a run says on stdout when --resume=auto found no checkpoint in
 // checkpoint_dir (ResumePlan::auto_fresh): it starts from step 0.
 void PrintAutoFreshStart(const std::string& checkpoint_dir);

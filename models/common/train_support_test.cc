@@ -307,19 +307,19 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
 TEST(PlanResumeTest, AGivenResumeMustNameACheckpoint) {
   const std::string dir = ::testing::TempDir() + "/plan_resume";
   std::filesystem::remove_all(dir);
-  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir, 0);
+  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir, {});
   EXPECT_EQ(none.status(), absl::NotFoundError("no checkpoint to resume: '" + dir +
                                                "/latest' is missing"));
   EXPECT_FALSE(std::filesystem::exists(dir));
-  EXPECT_EQ(PlanResume(dir + "/step_000001", "", 0).status().code(),
+  EXPECT_EQ(PlanResume(dir + "/step_000001", "", {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   TrainState state;
   testing::SaveAfterOneStep(Config(), dir, state);
-  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir, 0);
+  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, "latest");
   EXPECT_FALSE(plan->auto_fresh);
-  plan = PlanResume(dir + "/step_000001", "", 0);
+  plan = PlanResume(dir + "/step_000001", "", {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, dir + "/step_000001");
 }
@@ -345,23 +345,23 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
   ASSERT_TRUE(SetLatestCheckpoint(dir, 4).ok());
   // Back to step 2: steps 4 and 5 are later (5 is this run's interrupted
   // save after latest, but going back would strand it too).
-  absl::StatusOr<ResumePlan> plan = PlanResume(dir + "/step_000002", dir, 0);
+  absl::StatusOr<ResumePlan> plan = PlanResume(dir + "/step_000002", dir, {});
   EXPECT_EQ(plan.status(),
             absl::InvalidArgumentError(absl::StrCat(
                 "--resume=", dir, "/step_000002 goes back to step 2 of --checkpoint_dir=", dir,
                 ", which holds later checkpoints (step_000004, step_000005) that this run's "
-                "saves, or a later --resume=latest, would replace: move them aside first (mv ",
-                dir, "/step_000004 ", dir, "/step_000004.before-resume; mv ", dir,
+                "saves, or a later --resume=latest, would replace: move them aside first (mv -T ",
+                dir, "/step_000004 ", dir, "/step_000004.before-resume; mv -T ", dir,
                 "/step_000005 ", dir, "/step_000005.before-resume), or give this run a new "
                 "--checkpoint_dir")));
   // The step `latest` names (also as "latest" or as the folder): step_000005
   // is this run's own save, interrupted before `latest`.
-  EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, 0).ok());
-  EXPECT_TRUE(PlanResume("latest", dir, 0).ok());
-  EXPECT_TRUE(PlanResume(dir, dir, 0).ok());
+  EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, {}).ok());
+  EXPECT_TRUE(PlanResume("latest", dir, {}).ok());
+  EXPECT_TRUE(PlanResume(dir, dir, {}).ok());
   // Another folder's checkpoint into a folder of checkpoints: refused as a
   // fresh start is; into a new folder, or saving nothing: accepted.
-  plan = PlanResume(other + "/step_000001", dir, 0);
+  plan = PlanResume(other + "/step_000001", dir, {});
   ASSERT_FALSE(plan.ok());
   EXPECT_TRUE(absl::StartsWith(
       plan.status().message(),
@@ -369,20 +369,34 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
                    "--checkpoint_dir=", dir, " holds an earlier run's checkpoints (latest: "
                    "step_000004)")))
       << plan.status();
-  EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", 0).ok());
-  EXPECT_TRUE(PlanResume(dir + "/step_000002", "", 0).ok());
-  // A restart of the job (its first attempt started from another folder, or
-  // went back): its own latest checkpoint, said in the note.
+  EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", {}).ok());
+  EXPECT_TRUE(PlanResume(dir + "/step_000002", "", {}).ok());
+  // A restart of the job whose earlier attempt locked the folder (the lock
+  // names its run): its own latest checkpoint, said in the note when it is
+  // not the one --resume names.
+  std::ofstream(dir + "/.lock") << "pid 1 on host h for run job7\n";
+  EXPECT_EQ(LockedForRun(dir), "job7");
+  const JobAttempt restarted{1, "job7"};
   for (const std::string& given : {other + "/step_000001", dir + "/step_000002"}) {
-    plan = PlanResume(given, dir, 1);
+    plan = PlanResume(given, dir, restarted);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->resume, "latest");
-    EXPECT_EQ(plan->note, absl::StrCat("restart 1 of this job: continuing ", dir,
+    EXPECT_EQ(plan->note, absl::StrCat("restart 1 of run job7: continuing ", dir,
                                        "'s latest checkpoint, not --resume=", given,
                                        " (where its first attempt started)"));
   }
-  // A restart before anything was saved: the --resume given, checked.
-  plan = PlanResume(other + "/step_000001", dir + "_empty", 2);
+  plan = PlanResume(dir + "/step_000004", dir, restarted);  // the same checkpoint: no note
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->note, "");
+  // Not this run's folder (another run locked it; torchrun's shared id
+  // "none"; the first attempt), or nothing saved: the checks, and refusal.
+  for (const JobAttempt& a : {JobAttempt{1, "job8"}, JobAttempt{1, "none"}, JobAttempt{0, "job7"},
+                              JobAttempt{1, ""}}) {
+    EXPECT_EQ(PlanResume(other + "/step_000001", dir, a).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << a.restart << " " << a.run_id;
+  }
+  plan = PlanResume(other + "/step_000001", dir + "_empty", restarted);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, other + "/step_000001");
   EXPECT_EQ(plan->note, "");

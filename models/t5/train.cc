@@ -372,7 +372,7 @@ absl::Status Train() {
   // checkpoints.
   absl::StatusOr<train::ResumePlan> plan =
       train::PlanResume(absl::GetFlag(FLAGS_resume), absl::GetFlag(FLAGS_checkpoint_dir),
-                        train::RestartCountFromEnvironment());
+                        train::JobAttemptFromEnvironment());
   if (!plan.ok()) return plan.status();
   const std::string& resume = plan->resume;
   const bool auto_fresh = plan->auto_fresh;  // said by the loop that trains (rank 0)
