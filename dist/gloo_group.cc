@@ -31,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -275,7 +276,9 @@ struct Shared {
 // The shared store as the launch layout check's (launch_layout.h).
 class GlooLayoutStore final : public internal::LayoutStore {
  public:
-  explicit GlooLayoutStore(const Shared& shared) : shared_(shared) {}
+  // `run_folder`: the store's folder when it is this run's alone, else "".
+  GlooLayoutStore(const Shared& shared, std::string run_folder)
+      : shared_(shared), run_folder_(std::move(run_folder)) {}
   void Set(const std::string& key, const std::string& value) override {
     shared_.root_store->set(key, std::vector<char>(value.begin(), value.end()));
   }
@@ -294,10 +297,11 @@ class GlooLayoutStore final : public internal::LayoutStore {
     }
   }
   bool Present(const std::string& key) override { return shared_.present(key); }
-  std::string Where() const override { return shared_.where; }
+  std::string Where() const override { return run_folder_; }
 
  private:
   const Shared& shared_;
+  const std::string run_folder_;
 };
 
 // A store whose reads wait the group's timeout: gloo's connectFullMesh reads
@@ -797,7 +801,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   // The layout check and the connection share the rendezvous timeout.
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
-  GlooLayoutStore layout_store(*shared);
+  std::string run_folder;
+  if (options.run_folder && !absl::StartsWith(options.store, "redis://")) {
+    run_folder = std::string(absl::StripPrefix(options.store, "file://"));
+  }
+  GlooLayoutStore layout_store(*shared, run_folder);
   absl::Status layout =
       internal::ClaimAndCheckLayout(layout_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;

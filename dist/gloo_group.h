@@ -66,6 +66,10 @@ struct GlooGroupOptions {
   // disagreement, not at the timeout naming keys.
   int local_rank = 0;
   int local_world_size = 0;
+  // The store is a folder of this run's alone (the train binaries' default
+  // one): a claim an exited process left there is said with the `rm -r`
+  // that clears it.
+  bool run_folder = false;
 };
 
 // Joins the group of `size` ranks as rank `rank`. Blocks until every rank has

@@ -127,11 +127,10 @@ std::string StaleHolderNote(const std::string& holder, const std::string& where)
     return "";
   }
   if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return "";
-  const bool folder = !where.empty() && !absl::StartsWith(where, "redis://");
   return absl::StrCat("; pid ", pid, " on this host has exited: an earlier run that did not end "
-                      "well left them", folder ? absl::StrCat(" (rm -r ", where, " removes them")
-                                               : " (remove them from the store",
-                      ", when no run uses it)");
+                      "well left them",
+                      where.empty() ? " (remove them from the store, when no run uses it)"
+                                    : absl::StrCat(" (rm -r ", where, " removes them)"));
 }
 
 }  // namespace

@@ -57,7 +57,8 @@ class LayoutStore {
   virtual std::string Get(const std::string& key) = 0;
   // Whether `key` is set now, without waiting.
   virtual bool Present(const std::string& key) = 0;
-  // The store, for messages ("/tmp/rdzv", "redis://host:port"); "" unknown.
+  // The store's folder when it holds this run's keys alone (messages may say
+  // to remove it); "" otherwise.
   virtual std::string Where() const { return ""; }
 };
 

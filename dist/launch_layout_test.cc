@@ -160,6 +160,24 @@ TEST(LaunchLayoutTest, AClaimOfAnExitedProcessOfThisHostIsSaid) {
                                 "did not end well left them (remove them from the store, when "
                                 "no run uses it). Give each run")))
       << s;
+  // A store that is this run's folder alone: the rm -r that clears it.
+  class RunFolder final : public LayoutStore {
+   public:
+    explicit RunFolder(LayoutStore& inner) : inner_(inner) {}
+    void Set(const std::string& k, const std::string& v) override { inner_.Set(k, v); }
+    bool SetIfAbsent(const std::string& k, const std::string& v) override {
+      return inner_.SetIfAbsent(k, v);
+    }
+    std::string Get(const std::string& k) override { return inner_.Get(k); }
+    bool Present(const std::string& k) override { return inner_.Present(k); }
+    std::string Where() const override { return "/tmp/rdzv_u0/none"; }
+
+   private:
+    LayoutStore& inner_;
+  };
+  RunFolder folder(layout);
+  EXPECT_TRUE(absl::StrContains(ClaimRank(folder, "none/restart0", 0, "rank 0 of 2").message(),
+                                "left them (rm -r /tmp/rdzv_u0/none removes them). Give"));
   // A live holder (this process) is not called stale.
   ASSERT_TRUE(layout.SetIfAbsent("none/restart0/joined/1", absl::StrCat("host ", host, " pid ",
                                                                          ::getpid())));

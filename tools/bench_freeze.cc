@@ -97,6 +97,10 @@ absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants
       return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, " must be >= ", least));
     }
   }
+  if (T > config.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_len=", T, " exceeds the block_size ",
+                                                   config.block_size, " of --preset"));
+  }
   auto source = data::RandomTokenSource::Create(7, config.vocab_size);
   if (!source.ok()) return source.status();
   std::shared_ptr<const data::TokenSource> src(std::move(*source));

@@ -41,10 +41,12 @@
 //      "TIE (expected)" when the totals agree within the padding.
 // Exit status 3 when a check fails.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -429,6 +431,10 @@ int Main() {
       absl::GetFlag(FLAGS_steps) < 1) {
     return usage_error("--batch_size, --seq_len and --steps must be >= 1");
   }
+  if (absl::GetFlag(FLAGS_vocab_size) < 1 || absl::GetFlag(FLAGS_vocab_size) > (int64_t{1} << 31)) {
+    return usage_error(absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size),
+                                    " must be in [1, 2^31]"));
+  }
   for (const std::string& p : presets) {
     absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(p);
     if (!config.ok()) return usage_error(absl::StrCat("unknown preset '", p, "'"));
@@ -600,7 +606,8 @@ int Main() {
         << absl::StrJoin(items, ",") << "],\"ordering\":[" << absl::StrJoin(ords, ",") << "]}\n";
     out.close();
     if (!out) {
-      std::fprintf(stderr, "bench_memory: error: cannot write %s\n", json_out.c_str());
+      std::fprintf(stderr, "bench_memory: error: cannot write %s: %s\n", json_out.c_str(),
+                   std::strerror(errno));
       return 1;
     }
     std::printf("wrote %s\n", json_out.c_str());

@@ -50,6 +50,8 @@ bad "--bucket_cap_mb=0 must be in (0, 1e6]" "$memory" "${small[@]}" --bucket_cap
 bad "--seq_len=1000 exceeds the block_size 128 of gpt-nano" "$memory" "${small[@]}" --seq_len=1000
 bad "--json_out: cannot write '$dir/none/x.json': No such file or directory" \
   "$memory" "${small[@]}" --json_out="$dir/none/x.json"
+bad "--vocab_size=0 must be in [1, 2^31]" "$memory" "${small[@]}" --vocab_size=0
+bad "--vocab_size=0 must be in [1, 2^31]" "$throughput" "${small[@]}" --vocab_size=0
 bad "--backward_prefetch='foo' is not one of pre, post, none" \
   "$throughput" "${small[@]}" --backward_prefetch=foo
 bad "--max_inflight_all_gathers=0 must be >= 1" "$throughput" "${small[@]}" \

@@ -25,9 +25,11 @@
 // the per-step-pair ratios, and each strategy's bf16 / fp32 step time (medians
 // and paired steps).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -314,6 +316,10 @@ int Main() {
   if (B < 1 || T < 1 || absl::GetFlag(FLAGS_warmup) < 0) {
     return usage_error("--batch_size and --seq_len must be >= 1, --warmup >= 0");
   }
+  if (absl::GetFlag(FLAGS_vocab_size) < 1 || absl::GetFlag(FLAGS_vocab_size) > (int64_t{1} << 31)) {
+    return usage_error(absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size),
+                                    " must be in [1, 2^31]"));
+  }
   for (const std::string& preset : presets) {
     absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);
     if (!config.ok()) return usage_error(std::string(config.status().message()));
@@ -450,7 +456,8 @@ int Main() {
         << ",\"all_within_target\":" << (all_within ? "true" : "false") << ",\"rows\":["
         << absl::StrJoin(json_rows, ",") << "]}\n";
     if (!out) {
-      std::fprintf(stderr, "bench_throughput: error: cannot write %s\n", json_out.c_str());
+      std::fprintf(stderr, "bench_throughput: error: cannot write %s: %s\n", json_out.c_str(),
+                   std::strerror(errno));
       return 1;
     }
   }

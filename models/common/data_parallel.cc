@@ -64,9 +64,10 @@ dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
   }
 }
 
-// After a run that ended well on this rank: once every rank is done with
-// the store (a barrier), rank 0 removes the run's folder of the default
-// directory (Rendezvous::owned). A run that failed leaves it.
+// After a gloo run that ended well on this rank: once every rank is done
+// with the store (a barrier; a gloo group does not use it after its
+// rendezvous), rank 0 removes the run's folder of the default directory
+// (Rendezvous::owned). A run that failed leaves it.
 void RemoveOwnedStore(const DataParallelConfig& config, dist::ProcessGroup& pg) {
   if (!config.rendezvous.owned || !pg.BarrierSync().ok() || pg.rank() != 0) return;
   std::error_code ignored;
@@ -116,7 +117,8 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
       return fn(context);
     });
     if (!s.ok()) return WithRank(env.rank, s);
-    RemoveOwnedStore(config, *job->group);
+    // (The run's folder stays: the NCCL group writes to the store as it is
+    // destroyed, after this.)
     std::printf("%s\n%s\n", RankMemoryLine(env.rank, ledger, config.device).c_str(),
                 RankMemoryLine(env.rank, ledger).c_str());
     std::fflush(stdout);
@@ -125,6 +127,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
   dist::GlooGroupOptions options;
   options.store = config.rendezvous.store;
   options.prefix = config.rendezvous.prefix;
+  options.run_folder = config.rendezvous.owned;
   options.timeout = config.timeout;
   options.local_rank = env.local_rank;  // the nodes' launches are compared
   options.local_world_size = env.local_world_size;

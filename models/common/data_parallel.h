@@ -117,6 +117,7 @@ struct LaunchEnv {
   int master_port = 0;       // MASTER_PORT; 0 when unset
   int restart_count = 0;     // RESTART_COUNT; default 0
   std::string run_id;        // RUN_ID (//tools:launch sets a fresh one per launch); may be empty
+  std::string error_file;    // TORCHELASTIC_ERROR_FILE (torchrun's); may be empty
 };
 
 // Reads the variables above through `getenv` (std::getenv, or a fake in
@@ -140,18 +141,21 @@ struct Rendezvous {
 //   <temp_dir>/fsdp_rdzv_u<uid>_<MASTER_ADDR>_<MASTER_PORT>/<RUN_ID>
 // (owned), with keys under "<RUN_ID>/restart<RESTART_COUNT>". RUN_ID is fresh
 // for each launch and RESTART_COUNT for each restart, so keys an earlier run
-// (or an earlier attempt of this one) left are never read; a run that ends
-// well removes its folder, so torchrun's RUN_ID "none" (every job's without
-// --rdzv-id) meets again. Needs MASTER_ADDR, MASTER_PORT and RUN_ID; on
-// several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE) a local directory cannot be
-// shared, so --rdzv is required. A --rdzv that looks like an endpoint
-// ("host:29400") is InvalidArgument too.
+// (or an earlier attempt of this one) left are never read, and a gloo run
+// that ends well removes its folder. torchrun's RUN_ID "none" (every job's
+// without --rdzv-id) adds the name of the agent's log folder for the run,
+// from TORCHELASTIC_ERROR_FILE, which every worker of one agent shares.
+// Needs MASTER_ADDR, MASTER_PORT and RUN_ID; on several nodes
+// (LOCAL_WORLD_SIZE < WORLD_SIZE) a local directory cannot be shared, so
+// --rdzv is required. A --rdzv that looks like an endpoint ("host:29400") is
+// InvalidArgument too.
 absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const LaunchEnv& env,
                                              const std::string& temp_dir, int64_t uid);
 // Before an owned store (Rendezvous::owned) is used: its parent, this user's
-// default folder, made 0700 when missing, must be a folder (not a link) that
-// this user owns and no one else may write (others could read or forge the
-// run's keys); FailedPrecondition naming it and what to do otherwise.
+// default folder, made 0700 when missing (and chmod 700 when others may
+// write it), must be a folder (not a link) that this user owns (others could
+// forge the run's keys); FailedPrecondition naming it and what to do
+// otherwise.
 absl::Status CheckOwnedStore(const std::string& store);
 // $TMPDIR, or /tmp.
 std::string TempDir();

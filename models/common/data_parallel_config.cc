@@ -181,6 +181,8 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv) {
   env.master_addr = addr == nullptr ? "" : addr;
   const char* run_id = getenv(set("RUN_ID") ? "RUN_ID" : "TORCHELASTIC_RUN_ID");
   env.run_id = run_id == nullptr ? "" : run_id;
+  const char* error_file = getenv("TORCHELASTIC_ERROR_FILE");
+  env.error_file = error_file == nullptr ? "" : error_file;
   return env;
 }
 
@@ -200,14 +202,16 @@ absl::Status CheckOwnedStore(const std::string& store) {
   } else if (st.st_uid != ::getuid()) {
     wrong = absl::StrCat("it belongs to uid ", st.st_uid, ", not to this user (uid ", ::getuid(),
                          ")");
-  } else if ((st.st_mode & 022) != 0) {
-    wrong = absl::StrFormat("others may write it (mode %04o)", st.st_mode & 07777);
+  } else if ((st.st_mode & 022) != 0 && ::chmod(base.c_str(), 0700) != 0) {
+    // Ours (an older version made it under a permissive umask): made 0700.
+    wrong = absl::StrFormat("others may write it (mode %04o) and chmod 700 failed: %s",
+                            st.st_mode & 07777, std::strerror(errno));
   }
   if (wrong.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the default rendezvous folder ", base, " is not this user's alone: ", wrong,
-      "; another user could read or forge this run's keys there. Remove it, or give "
-      "--rdzv=<a folder of yours> or another TMPDIR"));
+      "; another user could forge this run's keys there. Remove it (rm -r ", base,
+      "), or give --rdzv=<a folder of yours> or another TMPDIR"));
 }
 
 std::string TempDir() {
@@ -261,9 +265,19 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
   }
   // A folder of this user's per run: a job of another user on the same
   // port does not meet a folder it cannot write, and the run removes its
-  // keys when it ends well.
+  // keys when it ends well. torchrun without --rdzv-id gives every job the
+  // run id "none"; its agent's log folder for the run (TORCHELASTIC_ERROR_FILE
+  // is <it>/attempt_<n>/<local rank>/error.json) tells one agent's jobs apart.
+  std::string run = FileNamePiece(env.run_id);
+  if (env.run_id == "none" && !env.error_file.empty()) {
+    const std::filesystem::path agent_run =
+        std::filesystem::path(env.error_file).parent_path().parent_path().parent_path();
+    if (!agent_run.filename().empty()) {
+      absl::StrAppend(&run, "_", FileNamePiece(agent_run.filename().string()));
+    }
+  }
   r.store = absl::StrCat(temp_dir, "/fsdp_rdzv_u", uid, "_", FileNamePiece(env.master_addr), "_",
-                         env.master_port, "/", FileNamePiece(env.run_id));
+                         env.master_port, "/", run);
   r.prefix = absl::StrCat(FileNamePiece(env.run_id), "/", attempt);
   r.owned = true;
   return r;

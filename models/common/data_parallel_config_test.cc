@@ -173,6 +173,16 @@ TEST(RendezvousTest, DefaultDirectoryAndPerRunPrefix) {
   EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000)->prefix, "124-999/restart0");
   env.restart_count = 2;
   EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000)->prefix, "124-999/restart2");
+  // torchrun's run id when none is given ("none", every job's): its agent's
+  // log folder for the run, which all of the agent's workers share.
+  env.run_id = "none";
+  env.error_file = "/tmp/torchelastic_ab12/none_x9y8/attempt_2/1/error.json";
+  r = ResolveRendezvous("", env, "/scratch", 1000);
+  EXPECT_EQ(r->store, "/scratch/fsdp_rdzv_u1000_127.0.0.1_29500/none_none_x9y8");
+  EXPECT_EQ(r->prefix, "none/restart2");
+  env.error_file = "";
+  EXPECT_EQ(ResolveRendezvous("", env, "/scratch", 1000)->store,
+            "/scratch/fsdp_rdzv_u1000_127.0.0.1_29500/none");
   // Odd characters do not reach the file names.
   env.master_addr = "node-1/x";
   env.run_id = "a b";
@@ -198,18 +208,23 @@ TEST(RendezvousTest, TheOwnedStoresFolderIsThisUsersAlone) {
   fs::remove_all(base);
   ASSERT_TRUE(CheckOwnedStore(base + "/run").ok());
   EXPECT_EQ(fs::status(base).permissions(), fs::perms::owner_all);
+  // One that others may write (an older version's, under umask 0): made 0700.
   fs::permissions(base, fs::perms::all);  // 0777
-  absl::Status s = CheckOwnedStore(base + "/run");
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("the default rendezvous folder ", base,
-                                                          " is not this user's alone: others "
-                                                          "may write it (mode 0777)")))
-      << s;
+  EXPECT_TRUE(CheckOwnedStore(base + "/run").ok());
+  EXPECT_EQ(fs::status(base).permissions(), fs::perms::owner_all);
+  // 0755 (an older version's default) is kept as it is.
+  fs::permissions(base, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+  EXPECT_TRUE(CheckOwnedStore(base + "/run").ok());
   fs::remove_all(base);
   fs::create_directories(base + "_target");
   fs::create_directory_symlink(base + "_target", base);
-  s = CheckOwnedStore(base + "/run");
-  EXPECT_TRUE(absl::StrContains(s.message(), "it is not a folder")) << s;
+  const absl::Status s = CheckOwnedStore(base + "/run");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("the default rendezvous folder ", base,
+                                                          " is not this user's alone: it is not "
+                                                          "a folder")))
+      << s;
   fs::remove(base);
 }
 

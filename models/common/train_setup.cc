@@ -2,6 +2,7 @@
 #include "models/common/train_setup.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -320,7 +321,8 @@ std::string EvalLine(const data::TokenSource& eval, const EvalFlags& flags) {
 
 absl::Status CheckWritableFile(const std::string& path) {
   if (path.empty()) return absl::OkStatus();
-  const bool existed = ::access(path.c_str(), F_OK) == 0;
+  struct stat st {};
+  const bool existed = ::lstat(path.c_str(), &st) == 0;  // a link (even dangling) is kept
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::InvalidArgumentError(
