@@ -250,6 +250,17 @@ TEST(FsdpPlanTest, TheLargestUnitIsCountedOnce) {
               (long long)b.unsharded_parameters_peak);
   EXPECT_GE(b.unsharded_parameters_peak, measured.params);
   EXPECT_LE(b.unsharded_parameters_peak, measured.params * 5 / 4);
+  // Trained, in a unit of its own: the two gradients in flight are two units.
+  mingpt::GPT trained(c);
+  const WrapPolicy embeddings = WrapPolicy::Transformer({"Block", "Embedding"});
+  const ShardingPlan apart = PlanSharding(trained, embeddings, 2);
+  options.policy = embeddings;
+  const Peaks with_grads = MeasurePeaks(c, 2, options);
+  const FsdpRankBytes g = EstimateFsdpRank(apart, estimate);
+  std::printf("grads %lld <= %lld\n", (long long)with_grads.grads,
+              (long long)g.unsharded_gradients_peak);
+  EXPECT_GE(g.unsharded_gradients_peak, with_grads.grads);
+  EXPECT_LE(g.unsharded_gradients_peak, with_grads.grads * 5 / 4);
 }
 
 // Gradient accumulation under no_sync: every trainable unit keeps its
