@@ -115,8 +115,8 @@ std::string ThisProcess() {
 }
 
 // For a claim's holder ("host <name> pid <pid>") of this host whose process
-// has exited: "; pid P on this host has exited: an earlier run that did not
-// end well left them (remove <where>, ...)"; else "".
+// has exited: "; pid P on this host has exited: an earlier run of this
+// prefix left them (rm -r <where> ...)"; else "".
 std::string StaleHolderNote(const std::string& holder, const std::string& where) {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "";
@@ -127,8 +127,8 @@ std::string StaleHolderNote(const std::string& holder, const std::string& where)
     return "";
   }
   if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return "";
-  return absl::StrCat("; pid ", pid, " on this host has exited: an earlier run that did not end "
-                      "well left them",
+  return absl::StrCat("; pid ", pid, " on this host has exited: an earlier run of this prefix "
+                      "left them",
                       where.empty() ? " (remove them from the store, when no run uses it)"
                                     : absl::StrCat(" (rm -r ", where, " removes them)"));
 }

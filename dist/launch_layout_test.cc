@@ -156,9 +156,9 @@ TEST(LaunchLayoutTest, AClaimOfAnExitedProcessOfThisHostIsSaid) {
   const absl::Status s = ClaimRank(layout, "none/restart0", 0, "rank 0 of 2");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(absl::StrContains(
-      s.message(), absl::StrCat("; pid ", child, " on this host has exited: an earlier run that "
-                                "did not end well left them (remove them from the store, when "
-                                "no run uses it). Give each run")))
+      s.message(), absl::StrCat("; pid ", child, " on this host has exited: an earlier run of "
+                                "this prefix left them (remove them from the store, when no run "
+                                "uses it). Give each run")))
       << s;
   // A store that is this run's folder alone: the rm -r that clears it.
   class RunFolder final : public LayoutStore {

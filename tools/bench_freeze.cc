@@ -99,7 +99,7 @@ absl::Status Run(const mingpt::GptConfig& config, std::vector<Variant>& variants
   }
   if (T > config.block_size) {
     return absl::InvalidArgumentError(absl::StrCat("--seq_len=", T, " exceeds the block_size ",
-                                                   config.block_size, " of --preset"));
+                                                   config.block_size, " of ", config.name));
   }
   auto source = data::RandomTokenSource::Create(7, config.vocab_size);
   if (!source.ok()) return source.status();

@@ -23,6 +23,6 @@ bad() {  # bad WANT FLAGS...
 }
 bad "--seq_len=0 must be >= 1" --seq_len=0
 bad "--warmup=-1 must be >= 0" --warmup=-1
-bad "--seq_len=1000 exceeds the block_size 128 of --preset" --seq_len=1000
+bad "--seq_len=1000 exceeds the block_size 128 of gpt-nano" --seq_len=1000
 bad "--freeze_sets='none||transformer' has an empty set" --freeze_sets='none||transformer'
 echo PASS

@@ -596,6 +596,7 @@ int Main() {
           ",\"full_shard_peak_bytes\":", o.full_shard, ",\"full_shard_wrap_peak_bytes\":", o.wrap,
           ",\"result\":\"", o.result, "\"}"));
     }
+    errno = 0;
     std::ofstream out(json_out);
     out << "{\"optimizer\":\"" << optimizer << "\",\"tolerance\":" << kTolerance
         << ",\"batch_size\":" << absl::GetFlag(FLAGS_batch_size)
@@ -606,8 +607,8 @@ int Main() {
         << absl::StrJoin(items, ",") << "],\"ordering\":[" << absl::StrJoin(ords, ",") << "]}\n";
     out.close();
     if (!out) {
-      std::fprintf(stderr, "bench_memory: error: cannot write %s: %s\n", json_out.c_str(),
-                   std::strerror(errno));
+      std::fprintf(stderr, "bench_memory: error: cannot write %s%s%s\n", json_out.c_str(),
+                   errno != 0 ? ": " : "", errno != 0 ? std::strerror(errno) : "");
       return 1;
     }
     std::printf("wrote %s\n", json_out.c_str());

@@ -446,6 +446,7 @@ int Main() {
       "and with prefetch its all-gathers with the previous unit's compute.\n");
   const std::string json_out = absl::GetFlag(FLAGS_json_out);
   if (!json_out.empty()) {
+    errno = 0;
     std::ofstream out(json_out);
     out << "{\"world_size\":" << world << ",\"batch_size\":" << B << ",\"seq_len\":" << T
         << ",\"vocab_size\":" << absl::GetFlag(FLAGS_vocab_size)
@@ -455,9 +456,10 @@ int Main() {
         << ",\"target_ratio\":" << target
         << ",\"all_within_target\":" << (all_within ? "true" : "false") << ",\"rows\":["
         << absl::StrJoin(json_rows, ",") << "]}\n";
+    out.close();  // a failed flush counts too
     if (!out) {
-      std::fprintf(stderr, "bench_throughput: error: cannot write %s: %s\n", json_out.c_str(),
-                   std::strerror(errno));
+      std::fprintf(stderr, "bench_throughput: error: cannot write %s%s%s\n", json_out.c_str(),
+                   errno != 0 ? ": " : "", errno != 0 ? std::strerror(errno) : "");
       return 1;
     }
   }

@@ -14,8 +14,9 @@
 // (BUILD_WORKING_DIRECTORY), so that a relative worker path means that one.
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT and
-// RUN_ID in its environment, and FSDP_NUM_THREADS (its tensor thread pool's
+// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, RESTART_COUNT,
+// RUN_ID and LAUNCH_ID (this launch's, the same for its restarts, whatever
+// --rdzv_id says) in its environment, and FSDP_NUM_THREADS (its tensor thread pool's
 // size), OMP_NUM_THREADS and OPENBLAS_NUM_THREADS = the cores this launcher
 // may use (its affinity mask, or its cgroup's CPU quota when that allows
 // fewer) / --nproc_per_node (at least 1), each unless the launcher's
@@ -313,12 +314,14 @@ int main(int argc, char** argv) {
   }
   const std::string master_addr = endpoint.substr(0, colon);
   const int world = nproc * nnodes;
-  if (run_id.empty()) {
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
-    run_id = nnodes > 1 ? "none" : std::to_string(getpid()) + "-" + std::to_string(us);
-  }
+  // This launch, whatever --rdzv_id says: "<pid>-<microseconds>", the same
+  // for its restarts (LAUNCH_ID: a restart knows its own checkpoints by it).
+  const std::string launch_id =
+      std::to_string(getpid()) + "-" +
+      std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count());
+  if (run_id.empty()) run_id = nnodes > 1 ? "none" : launch_id;
 
   // Each worker's tensor thread pool (tensor/thread_pool.h) and oneDNN's
   // OpenMP team (tensor/cpu/matmul.cc) would start a thread per core: the
@@ -386,6 +389,7 @@ int main(int argc, char** argv) {
         set("MASTER_PORT", std::to_string(port));
         set("RESTART_COUNT", std::to_string(attempt));
         set("RUN_ID", run_id);
+        set("LAUNCH_ID", launch_id);
         for (const char* var : thread_vars) set(var, share);
         std::vector<char*> args;
         for (auto& c : cmd) args.push_back(const_cast<char*>(c.c_str()));

@@ -100,6 +100,12 @@ echo "$out"
 echo "$out" | grep -q "restarting all 2 workers (restart 1 of 1)" || fail "no restart message"
 echo "$out" | grep -qx "\[rank 0\] attempt 1" || fail "rank 0 not restarted"
 echo "$out" | grep -qx "\[rank 1\] attempt 1" || fail "rank 1 not restarted"
+# LAUNCH_ID: this launch's, the same for its restarts, whatever --rdzv_id says.
+out=$("$LAUNCH" --nproc_per_node=1 --max_restarts=1 --rdzv_id=fixed -- \
+  sh -c 'echo "launch $LAUNCH_ID run $RUN_ID"; [ "$RESTART_COUNT" = 1 ]' 2>/dev/null)
+[ "$(echo "$out" | sort -u | wc -l)" -eq 1 ] || fail "LAUNCH_ID changed on a restart: $out"
+echo "$out" | head -1 | grep -Eq "^\[rank 0\] launch [0-9]+-[0-9]+ run fixed$" ||
+  fail "LAUNCH_ID / RUN_ID: $out"
 
 # Always failing: one restart, then give up.
 out=$("$LAUNCH" --nproc_per_node=1 --max_restarts=1 -- sh -c 'echo "attempt $RESTART_COUNT"; exit 3' 2>&1) \

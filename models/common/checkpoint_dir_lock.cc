@@ -53,11 +53,12 @@ absl::StatusOr<CheckpointDirLock> CheckpointDirLock::Acquire(const std::string& 
         "): two runs saving into one folder would mix their step folders and `latest`; give "
         "each run its own --checkpoint_dir, or stop the other"));
   }
-  // "... for run R" lets a restart of the job know the folder is its own
+  // "... for launch L" lets a restart of the job know the folder is its own
   // (PlanResume).
-  const std::string run = JobAttemptFromEnvironment().run_id;
-  const std::string me = absl::StrCat("pid ", ::getpid(), " on host ", ThisHost(),
-                                      run.empty() ? "" : absl::StrCat(" for run ", run), "\n");
+  const std::string launch = JobAttemptFromEnvironment().launch;
+  const std::string me =
+      absl::StrCat("pid ", ::getpid(), " on host ", ThisHost(),
+                   launch.empty() ? "" : absl::StrCat(" for launch ", launch), "\n");
   // Best effort: the lock works without the note.
   if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, me.data(), me.size(), 0) < 0) errno = 0;
   return CheckpointDirLock(fd);

@@ -1,6 +1,6 @@
 // One run at a time per --checkpoint_dir: CheckpointDirLock holds an
 // exclusive lock (flock) on "<dir>/.lock" for as long as it lives, with the
-// holder ("pid 4242 on host a1", then " for run <RUN_ID>" under a launcher)
+// holder ("pid 4242 on host a1", then " for launch <id>" under a launcher)
 // written in the file. A second run that
 // names the same folder fails at once naming the holder, instead of both
 // writing step folders and `latest` into it. The lock goes with its process:

@@ -207,6 +207,15 @@ absl::Status CheckOwnedStore(const std::string& store) {
     wrong = absl::StrFormat("others may write it (mode %04o) and chmod 700 failed: %s",
                             st.st_mode & 07777, std::strerror(errno));
   }
+  if (wrong.empty() && ::lstat(store.c_str(), &st) == 0) {
+    // The run's folder in it, from an earlier attempt: ours, not a link.
+    const std::string run = absl::StrCat(" (", store, ")");
+    if (!S_ISDIR(st.st_mode)) {
+      wrong = absl::StrCat("its run folder", run, " is not a folder");
+    } else if (st.st_uid != ::getuid()) {
+      wrong = absl::StrCat("its run folder", run, " belongs to uid ", st.st_uid);
+    }
+  }
   if (wrong.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the default rendezvous folder ", base, " is not this user's alone: ", wrong,

@@ -216,6 +216,13 @@ TEST(RendezvousTest, TheOwnedStoresFolderIsThisUsersAlone) {
   fs::permissions(base, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                             fs::perms::others_read | fs::perms::others_exec);
   EXPECT_TRUE(CheckOwnedStore(base + "/run").ok());
+  EXPECT_EQ(fs::status(base).permissions() & fs::perms::all,
+            fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                fs::perms::others_read | fs::perms::others_exec);
+  // A run folder that is a link: refused.
+  fs::create_directory_symlink("/", base + "/run");
+  EXPECT_TRUE(absl::StrContains(CheckOwnedStore(base + "/run").message(),
+                                "its run folder (" + base + "/run) is not a folder"));
   fs::remove_all(base);
   fs::create_directories(base + "_target");
   fs::create_directory_symlink(base + "_target", base);

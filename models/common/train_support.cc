@@ -493,13 +493,12 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
   ResumePlan plan;
   const bool automatic = resume_flag == "auto";
   if (!automatic && !resume_flag.empty()) {
-    if (attempt.restart > 0 && !checkpoint_dir.empty() && !attempt.run_id.empty() &&
-        attempt.run_id != "none" && LockedForRun(checkpoint_dir) == attempt.run_id) {
+    if (attempt.restart > 0 && !checkpoint_dir.empty() && !attempt.launch.empty() &&
+        LockedForLaunch(checkpoint_dir) == attempt.launch) {
       // A restarted job continues what its earlier attempts saved: one of
       // them passed the checks below and locked the folder (the lock names
-      // the run), so its checkpoints are this job's.
-      const std::string restarted =
-          absl::StrCat("restart ", attempt.restart, " of run ", attempt.run_id);
+      // the launch), so its checkpoints are this job's.
+      const std::string restarted = absl::StrCat("restart ", attempt.restart, " of this job");
       absl::StatusOr<std::string> own =
           AutoResume(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
       if (!own.ok()) {
@@ -528,6 +527,12 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
     if (!checkpoint_dir.empty()) {
       absl::Status replaces = CheckResumeReplacesNothing(resume_flag, *step_dir, checkpoint_dir,
                                                          ReadCheckpointDir(checkpoint_dir));
+      if (!replaces.ok() && attempt.restart > 0) {
+        return absl::Status(replaces.code(),
+                            absl::StrCat(replaces.message(), " (restart ", attempt.restart,
+                                         " of a job: --resume=auto continues what its earlier "
+                                         "attempts saved)"));
+      }
       if (!replaces.ok()) return replaces;
     }
     plan.resume = resume_flag;
@@ -551,25 +556,35 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
   return plan;
 }
 
+namespace {
+// The variable's value; "" when unset or empty.
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+}  // namespace
+
 JobAttempt JobAttemptFromEnvironment() {
   JobAttempt attempt;
-  const char* count = std::getenv("RESTART_COUNT");
-  if (count == nullptr) count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (count == nullptr || !absl::SimpleAtoi(count, &attempt.restart) || attempt.restart < 0) {
-    attempt.restart = 0;
+  std::string count = Env("RESTART_COUNT");
+  if (count.empty()) count = Env("TORCHELASTIC_RESTART_COUNT");
+  if (!absl::SimpleAtoi(count, &attempt.restart) || attempt.restart < 0) attempt.restart = 0;
+  attempt.launch = Env("LAUNCH_ID");
+  const std::string error_file = Env("TORCHELASTIC_ERROR_FILE");
+  if (attempt.launch.empty() && !error_file.empty()) {
+    // torchrun's <log dir>/<run>_<random>/attempt_<n>/<local rank>/error.json:
+    // the agent's folder for the run, the same for its restarts.
+    attempt.launch = std::filesystem::path(error_file).parent_path().parent_path().parent_path();
   }
-  const char* run = std::getenv("RUN_ID");
-  if (run == nullptr) run = std::getenv("TORCHELASTIC_RUN_ID");
-  if (run != nullptr) attempt.run_id = run;
   return attempt;
 }
 
-std::string LockedForRun(const std::string& checkpoint_dir) {
+std::string LockedForLaunch(const std::string& checkpoint_dir) {
   std::ifstream f(checkpoint_dir + "/.lock");
   std::string holder;
   std::getline(f, holder);
-  const size_t at = holder.rfind(" for run ");
-  return at == std::string::npos ? "" : holder.substr(at + 9);
+  const size_t at = holder.find(" for launch ");
+  return at == std::string::npos ? "" : holder.substr(at + 12);
 }
 
 void PrintAutoFreshStart(const std::string& checkpoint_dir) {

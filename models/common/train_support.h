@@ -112,32 +112,34 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
 // back to an earlier step of checkpoint_dir than `latest` names is refused
 // while a later step folder is there, naming them and the `mv`s that move
 // them aside (InvalidArgument). On a restart of a job (attempt.restart > 0)
-// whose earlier attempt locked checkpoint_dir (its .lock names the run:
-// LockedForRun is attempt.run_id; not for torchrun's shared run id "none"),
-// the given --resume (where its first attempt started) gives way to the
-// folder's latest checkpoint, as auto would take, and ResumePlan::note says
-// so when that is another checkpoint. A restart whose earlier attempts were
-// refused gets the same checks, and refusal, again.
+// whose earlier attempt locked checkpoint_dir (its .lock names the launch:
+// LockedForLaunch is attempt.launch), the given --resume (where its first
+// attempt started) gives way to the folder's latest checkpoint, as auto
+// would take, and ResumePlan::note says so when that is another checkpoint.
+// A restart whose earlier attempts were refused gets the same checks, and
+// refusal, again (saying --resume=auto continues a job's own checkpoints).
 struct ResumePlan {
   std::string resume;       // what to resume ("latest", a folder); "" for a fresh start
   bool auto_fresh = false;  // --resume=auto found no checkpoint (the run says so)
   std::string note;         // for stderr (rank 0): why `resume` is not the flag's
 };
-// Which attempt of which job this process is: RESTART_COUNT and RUN_ID
-// (//tools:launch), or TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID
-// (torchrun); restart 0 and no run id when unset (or malformed).
+// Which attempt of which launch this process is: RESTART_COUNT and
+// LAUNCH_ID (//tools:launch: fresh for each launch, the same for its
+// restarts, whatever --rdzv_id says), or TORCHELASTIC_RESTART_COUNT and the
+// agent's folder for the run in TORCHELASTIC_ERROR_FILE (torchrun, one
+// node); restart 0 and no launch when unset, empty or malformed.
 struct JobAttempt {
   int restart = 0;
-  std::string run_id;
+  std::string launch;
 };
 JobAttempt JobAttemptFromEnvironment();
 absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
                                       const std::string& checkpoint_dir,
                                       const JobAttempt& attempt);
-// The run whose process holds, or last held, checkpoint_dir's lock
-// (CheckpointDirLock writes "... for run <RUN_ID>" when the run has one);
-// "" when none is named.
-std::string LockedForRun(const std::string& checkpoint_dir);
+// The launch whose process holds, or last held, checkpoint_dir's lock
+// (CheckpointDirLock writes "... for launch <JobAttempt::launch>" when there
+// is one); "" when none is named.
+std::string LockedForLaunch(const std::string& checkpoint_dir);
 // What a run says on stdout when --resume=auto found no checkpoint in
 // checkpoint_dir (ResumePlan::auto_fresh): it starts from step 0.
 void PrintAutoFreshStart(const std::string& checkpoint_dir);

@@ -372,34 +372,63 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
   EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", {}).ok());
   EXPECT_TRUE(PlanResume(dir + "/step_000002", "", {}).ok());
   // A restart of the job whose earlier attempt locked the folder (the lock
-  // names its run): its own latest checkpoint, said in the note when it is
-  // not the one --resume names.
-  std::ofstream(dir + "/.lock") << "pid 1 on host h for run job7\n";
-  EXPECT_EQ(LockedForRun(dir), "job7");
-  const JobAttempt restarted{1, "job7"};
+  // names its launch): its own latest checkpoint, said in the note when it
+  // is not the one --resume names.
+  std::ofstream(dir + "/.lock") << "pid 1 on host h for launch 42-7\n";
+  EXPECT_EQ(LockedForLaunch(dir), "42-7");
+  const JobAttempt restarted{1, "42-7"};
   for (const std::string& given : {other + "/step_000001", dir + "/step_000002"}) {
     plan = PlanResume(given, dir, restarted);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->resume, "latest");
-    EXPECT_EQ(plan->note, absl::StrCat("restart 1 of run job7: continuing ", dir,
+    EXPECT_EQ(plan->note, absl::StrCat("restart 1 of this job: continuing ", dir,
                                        "'s latest checkpoint, not --resume=", given,
                                        " (where its first attempt started)"));
   }
   plan = PlanResume(dir + "/step_000004", dir, restarted);  // the same checkpoint: no note
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->note, "");
-  // Not this run's folder (another run locked it; torchrun's shared id
-  // "none"; the first attempt), or nothing saved: the checks, and refusal.
-  for (const JobAttempt& a : {JobAttempt{1, "job8"}, JobAttempt{1, "none"}, JobAttempt{0, "job7"},
-                              JobAttempt{1, ""}}) {
-    EXPECT_EQ(PlanResume(other + "/step_000001", dir, a).status().code(),
-              absl::StatusCode::kInvalidArgument)
-        << a.restart << " " << a.run_id;
+  // Not this launch's folder (another launch locked it, even of a run of the
+  // same id; the first attempt; no launch known), or a lock that names none:
+  // the checks, and refusal, saying what a restart wants.
+  for (const JobAttempt& a : {JobAttempt{1, "43-9"}, JobAttempt{0, "42-7"}, JobAttempt{1, ""}}) {
+    const absl::Status s = PlanResume(other + "/step_000001", dir, a).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << a.restart << " " << a.launch;
+    EXPECT_EQ(absl::StrContains(s.message(), "--resume=auto continues what its earlier"),
+              a.restart > 0)
+        << s;
   }
+  std::ofstream(dir + "/.lock") << "pid 1 on host h\n";
+  EXPECT_EQ(LockedForLaunch(dir), "");
+  EXPECT_EQ(PlanResume(other + "/step_000001", dir, JobAttempt{1, ""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   plan = PlanResume(other + "/step_000001", dir + "_empty", restarted);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, other + "/step_000001");
   EXPECT_EQ(plan->note, "");
+}
+
+// The launch a restart knows its own checkpoints by: //tools:launch's
+// LAUNCH_ID, else torchrun's agent folder for the run (from its error file).
+TEST(JobAttemptTest, TheLaunchFromTheLaunchersVariables) {
+  for (const char* v : {"RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "LAUNCH_ID",
+                        "TORCHELASTIC_ERROR_FILE"}) {
+    ::unsetenv(v);
+  }
+  EXPECT_EQ(JobAttemptFromEnvironment().restart, 0);
+  EXPECT_EQ(JobAttemptFromEnvironment().launch, "");
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  ::setenv("TORCHELASTIC_ERROR_FILE", "/tmp/torchelastic_a1/none_b2/attempt_2/0/error.json", 1);
+  EXPECT_EQ(JobAttemptFromEnvironment().restart, 2);
+  EXPECT_EQ(JobAttemptFromEnvironment().launch, "/tmp/torchelastic_a1/none_b2");
+  ::setenv("RESTART_COUNT", "", 1);  // empty: unset
+  ::setenv("LAUNCH_ID", "42-7", 1);
+  EXPECT_EQ(JobAttemptFromEnvironment().restart, 2);
+  EXPECT_EQ(JobAttemptFromEnvironment().launch, "42-7");
+  for (const char* v : {"RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "LAUNCH_ID",
+                        "TORCHELASTIC_ERROR_FILE"}) {
+    ::unsetenv(v);
+  }
 }
 
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {

@@ -67,26 +67,29 @@ set -e
 later checkpoints (step_000006) that this run's saves, or a later --resume=latest, would \
 replace: move them aside first (mv -T $dir/ckpt/step_000006 $dir/ckpt/step_000006.before-resume)" \
   "$dir/back.txt" || { echo "going back over step 6: got $code:"; cat "$dir/back.txt"; exit 1; }
-# A job restarted (RESTART_COUNT > 0 and its RUN_ID, as //tools:launch and
-# torchrun set them) with the --resume its first attempt started from
-# continues its own latest checkpoint instead (the folder's lock names the
-# run), and says so; a restart whose first attempt was refused is refused
-# again.
-RUN_ID=job7 RESTART_COUNT=0 "$train" "${common[@]}" --steps=4 --checkpoint_dir="$dir/branched" \
-  --resume="$dir/ckpt/step_000003" > /dev/null
-grep -q " for run job7$" "$dir/branched/.lock"
-RUN_ID=job7 RESTART_COUNT=1 "$train" "${common[@]}" --steps=5 --checkpoint_dir="$dir/branched" \
-  --resume="$dir/ckpt/step_000003" > "$dir/restart.log" 2> "$dir/restart.err"
-grep -qF "train: note: restart 1 of run job7: continuing $dir/branched's latest checkpoint, \
+# A job restarted (RESTART_COUNT > 0 and its LAUNCH_ID, as //tools:launch sets
+# them) with the --resume its first attempt started from continues its own
+# latest checkpoint instead (the folder's lock names the launch), and says
+# so; a restart of another launch (even of a run of the same id) is refused,
+# saying what a restart wants.
+LAUNCH_ID=42-7 RESTART_COUNT=0 "$train" "${common[@]}" --steps=4 \
+  --checkpoint_dir="$dir/branched" --resume="$dir/ckpt/step_000003" > /dev/null
+grep -q " for launch 42-7$" "$dir/branched/.lock"
+LAUNCH_ID=42-7 RESTART_COUNT=1 "$train" "${common[@]}" --steps=5 \
+  --checkpoint_dir="$dir/branched" --resume="$dir/ckpt/step_000003" \
+  > "$dir/restart.log" 2> "$dir/restart.err"
+grep -qF "train: note: restart 1 of this job: continuing $dir/branched's latest checkpoint, \
 not --resume=$dir/ckpt/step_000003 (where its first attempt started)" "$dir/restart.err" ||
   { cat "$dir/restart.err"; exit 1; }
 grep -q "resumed from $dir/branched/step_000004 at step 4" "$dir/restart.log"
 set +e
-RUN_ID=job8 RESTART_COUNT=1 "$train" "${common[@]}" --steps=6 --checkpoint_dir="$dir/branched" \
-  --resume="$dir/ckpt/step_000003" > /dev/null 2> "$dir/other_run.err"; code=$?
+LAUNCH_ID=43-9 RESTART_COUNT=1 "$train" "${common[@]}" --steps=6 \
+  --checkpoint_dir="$dir/branched" --resume="$dir/ckpt/step_000003" \
+  > /dev/null 2> "$dir/other_run.err"; code=$?
 set -e
-[[ $code == 2 ]] && grep -q "is a checkpoint of another folder" "$dir/other_run.err" ||
-  { echo "another run's restart: exit $code"; cat "$dir/other_run.err"; exit 1; }
+[[ $code == 2 ]] && grep -q "is a checkpoint of another folder.*--resume=auto continues" \
+  "$dir/other_run.err" ||
+  { echo "another launch's restart: exit $code"; cat "$dir/other_run.err"; exit 1; }
 # Moved aside: resuming an earlier step of the directory points its latest
 # there (it named step 6).
 mv "$dir/ckpt/step_000006" "$dir/ckpt/step_000006.before-resume"
