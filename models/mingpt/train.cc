@@ -268,6 +268,21 @@ absl::StatusOr<Sampler> MakeSampler(const GptConfig& config, const std::string& 
   return s;
 }
 
+// The training loop's settings this binary's flags give, the same for the
+// loop in one process and on each rank.
+train::TrainingLoopSettings LoopFlags() {
+  train::TrainingLoopSettings s;
+  s.seed = absl::GetFlag(FLAGS_seed);
+  s.steps = absl::GetFlag(FLAGS_steps);
+  s.micro_batches = absl::GetFlag(FLAGS_grad_accum_steps);
+  s.log_every = absl::GetFlag(FLAGS_log_every);
+  s.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  s.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  s.eval = train::EvalFlagsFromCommandLine();
+  return s;
+}
+
 struct DpSetup {
   GptConfig config;
   train::LossScaling scaling;
@@ -291,11 +306,9 @@ struct DpSetup {
 // --backend=gloo); rank 0 logs.
 absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
-  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int W = rank.world_size;
   absl::StatusOr<data::LmLoader> loader =
       data::LmLoader::Create(setup.source, {B, rank.rank, W, K}, T);
@@ -361,16 +374,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   }
 
   // ---- Resume, then the steps (train::RunTrainingLoop: rank 0 reports) ----
-  train::TrainingLoopSettings settings;
+  train::TrainingLoopSettings settings = LoopFlags();
   settings.rank = rank.rank;
   settings.world_size = W;
-  settings.seed = seed;
-  settings.steps = steps;
-  settings.micro_batches = K;
-  settings.log_every = absl::GetFlag(FLAGS_log_every);
-  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  settings.grad_clip = grad_clip;
   settings.resume = setup.resume;
   settings.auto_fresh = setup.auto_fresh;
   settings.resume_note = setup.resume_note;
@@ -380,7 +386,6 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.flops_per_step = FlopsPerToken(setup.config, T) * static_cast<double>(K * W * B * T);
   settings.peak_flops = setup.peak_flops;
   settings.summary_note = " (global)";
-  settings.eval = train::EvalFlagsFromCommandLine();
   settings.device = setup.dp.device;
   settings.ledger = &rank.ledger;
   settings.schedule = setup.schedule;
@@ -618,14 +623,7 @@ absl::Status Train() {
       train::PeakFlops(absl::GetFlag(FLAGS_peak_tflops), device, policy.param_dtype, 1);
   if (!peak.ok()) return peak.status();
   train::OneProcessModel trainer(model, **optimizer, policy);
-  train::TrainingLoopSettings settings;
-  settings.seed = seed;
-  settings.steps = steps;
-  settings.micro_batches = K;
-  settings.log_every = absl::GetFlag(FLAGS_log_every);
-  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  settings.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  train::TrainingLoopSettings settings = LoopFlags();
   settings.resume = resume;
   settings.auto_fresh = auto_fresh;
   settings.resume_note = plan->note;
@@ -634,7 +632,6 @@ absl::Status Train() {
   settings.tokens_per_step = static_cast<double>(K * B * T);
   settings.flops_per_step = FlopsPerToken(*config, T) * static_cast<double>(K * B * T);
   settings.peak_flops = *peak;
-  settings.eval = train::EvalFlagsFromCommandLine();
   settings.device = device;
   settings.ledger = &ledger;
   settings.schedule = schedule->get();

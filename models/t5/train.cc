@@ -223,6 +223,21 @@ absl::StatusOr<Init> OpenInit(const std::string& flag) {
   return opened;
 }
 
+// The training loop's settings this binary's flags give, the same for the
+// loop in one process and on each rank.
+train::TrainingLoopSettings LoopFlags() {
+  train::TrainingLoopSettings s;
+  s.seed = absl::GetFlag(FLAGS_seed);
+  s.steps = absl::GetFlag(FLAGS_steps);
+  s.micro_batches = absl::GetFlag(FLAGS_grad_accum_steps);
+  s.log_every = absl::GetFlag(FLAGS_log_every);
+  s.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  s.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  s.eval = train::EvalFlagsFromCommandLine();
+  return s;
+}
+
 struct DpSetup {
   T5Config config;
   train::LossScaling scaling;
@@ -246,10 +261,8 @@ struct DpSetup {
 // --backend=gloo); rank 0 logs.
 absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size);
   const int64_t K = absl::GetFlag(FLAGS_grad_accum_steps);
-  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
   const int W = rank.world_size;
   absl::StatusOr<data::SpanCorruptionLoader> loader =
       data::SpanCorruptionLoader::Create(setup.source, {B, rank.rank, W, K}, setup.span);
@@ -307,16 +320,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   }
 
   // ---- Resume, then the steps (train::RunTrainingLoop: rank 0 reports) ----
-  train::TrainingLoopSettings settings;
+  train::TrainingLoopSettings settings = LoopFlags();
   settings.rank = rank.rank;
   settings.world_size = W;
-  settings.seed = seed;
-  settings.steps = steps;
-  settings.micro_batches = K;
-  settings.log_every = absl::GetFlag(FLAGS_log_every);
-  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  settings.grad_clip = grad_clip;
   settings.resume = setup.resume;
   settings.auto_fresh = setup.auto_fresh;
   settings.resume_note = setup.resume_note;
@@ -328,7 +334,6 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
       static_cast<double>(K * W * B);
   settings.peak_flops = setup.peak_flops;
   settings.summary_note = " (global, encoder + decoder)";
-  settings.eval = train::EvalFlagsFromCommandLine();
   settings.device = setup.dp.device;
   settings.ledger = &rank.ledger;
   settings.schedule = setup.schedule;
@@ -587,14 +592,7 @@ absl::Status Train() {
 
   // ---- Resume, then the steps (train::RunTrainingLoop) ----
   train::OneProcessModel trainer(model, **optimizer, policy);
-  train::TrainingLoopSettings settings;
-  settings.seed = seed;
-  settings.steps = steps;
-  settings.micro_batches = K;
-  settings.log_every = absl::GetFlag(FLAGS_log_every);
-  settings.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  settings.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  settings.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  train::TrainingLoopSettings settings = LoopFlags();
   settings.resume = resume;
   settings.auto_fresh = auto_fresh;
   settings.resume_note = plan->note;
@@ -605,7 +603,6 @@ absl::Status Train() {
       static_cast<double>(K * B);
   settings.peak_flops = *peak;
   settings.summary_note = " (encoder + decoder)";
-  settings.eval = train::EvalFlagsFromCommandLine();
   settings.device = device;
   settings.ledger = &ledger;
   settings.schedule = schedule->get();
