@@ -492,15 +492,17 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
                                       const JobAttempt& attempt) {
   ResumePlan plan;
   const bool automatic = resume_flag == "auto";
+  // What checkpoint_dir holds, read once for every decision below.
+  std::optional<CheckpointDirContents> contents;
+  if (!checkpoint_dir.empty()) contents = ReadCheckpointDir(checkpoint_dir);
   if (!automatic && !resume_flag.empty()) {
-    if (attempt.restart > 0 && !checkpoint_dir.empty() && !attempt.launch.empty() &&
+    if (attempt.restart > 0 && contents.has_value() && !attempt.launch.empty() &&
         LockedForLaunch(checkpoint_dir) == attempt.launch) {
       // A restarted job continues what its earlier attempts saved: one of
       // them passed the checks below and locked the folder (the lock names
       // the launch), so its checkpoints are this job's.
       const std::string restarted = absl::StrCat("restart ", attempt.restart, " of this job");
-      absl::StatusOr<std::string> own =
-          AutoResume(checkpoint_dir, ReadCheckpointDir(checkpoint_dir));
+      absl::StatusOr<std::string> own = AutoResume(checkpoint_dir, *contents);
       if (!own.ok()) {
         return absl::Status(own.status().code(),
                             absl::StrCat(restarted, ": continuing ", checkpoint_dir,
@@ -524,32 +526,31 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& resume_flag,
     // locks checkpoint_dir; loaded by the run (which resolves it again).
     absl::StatusOr<std::string> step_dir = ResolveCheckpoint(resume_flag, checkpoint_dir);
     if (!step_dir.ok()) return step_dir.status();
-    if (!checkpoint_dir.empty()) {
-      absl::Status replaces = CheckResumeReplacesNothing(resume_flag, *step_dir, checkpoint_dir,
-                                                         ReadCheckpointDir(checkpoint_dir));
-      if (!replaces.ok() && attempt.restart > 0) {
+    if (contents.has_value()) {
+      absl::Status replaces =
+          CheckResumeReplacesNothing(resume_flag, *step_dir, checkpoint_dir, *contents);
+      if (!replaces.ok()) {
+        if (attempt.restart == 0) return replaces;
         return absl::Status(replaces.code(),
                             absl::StrCat(replaces.message(), " (restart ", attempt.restart,
                                          " of a job: --resume=auto continues what its earlier "
                                          "attempts saved)"));
       }
-      if (!replaces.ok()) return replaces;
     }
     plan.resume = resume_flag;
     return plan;
   }
-  if (checkpoint_dir.empty()) {
+  if (!contents.has_value()) {
     if (automatic) return ResolveAutoResume(resume_flag, checkpoint_dir).status();  // its error
     return plan;  // a fresh start that saves nothing
   }
-  const CheckpointDirContents contents = ReadCheckpointDir(checkpoint_dir);  // once, for both
   if (automatic) {
-    absl::StatusOr<std::string> resume = AutoResume(checkpoint_dir, contents);
+    absl::StatusOr<std::string> resume = AutoResume(checkpoint_dir, *contents);
     if (!resume.ok()) return resume.status();
     plan.resume = *std::move(resume);
   }
   if (plan.resume.empty()) {
-    absl::Status fresh = FreshCheckpointDir(checkpoint_dir, contents);
+    absl::Status fresh = FreshCheckpointDir(checkpoint_dir, *contents);
     if (!fresh.ok()) return fresh;
     plan.auto_fresh = automatic;
   }
