@@ -283,6 +283,39 @@ train::TrainingLoopSettings LoopFlags() {
   return s;
 }
 
+// How the training loop runs minGPT on `device` with `trainer`: each batch
+// moved there queued (no wait for the previous step's kernels), micro-batch
+// m as rows [m*B, (m+1)*B) of the (K*B, T) inputs and targets, the
+// evaluation loss over `eval_batches` (with an eval_loader) and samples. What
+// it points to must outlive the loop.
+train::TrainingLoopParts<data::LmLoader> LoopParts(GPT& model, train::Trainer& trainer,
+                                                   data::LmLoader& loader,
+                                                   const data::LmLoader* eval_loader,
+                                                   const Sampler& sampler, tensor::Device device,
+                                                   int64_t B, int64_t K, int64_t eval_batches) {
+  train::TrainingLoopParts<data::LmLoader> parts;
+  parts.model = &model;
+  parts.trainer = &trainer;
+  parts.loader = &loader;
+  parts.to_device = [device](data::LmBatch& batch) {  // (K*B, T) each
+    batch.inputs = batch.inputs.ToQueued(device);
+    batch.targets = batch.targets.ToQueued(device);
+  };
+  parts.forward_backward = [&model, B](const data::LmBatch& batch, int64_t m, double scale) {
+    return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
+                                 batch.targets.Narrow(0, m * B, B), scale);
+  };
+  if (eval_loader != nullptr) {
+    parts.eval_loss = [&model, eval_loader, eval_batches, K, B, device] {
+      return EvalLoss(model, *eval_loader, eval_batches, K, B, device);
+    };
+  }
+  parts.draw = [&model, &sampler, device](int64_t step_done) {
+    return sampler.Draw(model, step_done, device);
+  };
+  return parts;
+}
+
 struct DpSetup {
   GptConfig config;
   train::LossScaling scaling;
@@ -392,27 +425,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.metrics = setup.metrics;
   settings.sample_schedule = &setup.sampler->schedule;
   settings.scaling = &setup.scaling;
-  train::TrainingLoopParts<data::LmLoader> parts;
-  parts.model = &model;
-  parts.trainer = dp->get();
-  parts.loader = &*loader;
-  parts.to_device = [&](data::LmBatch& batch) {  // (K*B, T) each
-    batch.inputs = batch.inputs.ToQueued(setup.dp.device);
-    batch.targets = batch.targets.ToQueued(setup.dp.device);
-  };
-  parts.forward_backward = [&](const data::LmBatch& batch, int64_t m, double scale) {
-    return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
-                                 batch.targets.Narrow(0, m * B, B), scale);
-  };
-  if (eval_loader) {
-    parts.eval_loss = [&] {
-      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, setup.dp.device);
-    };
-  }
-  parts.draw = [&](int64_t step_done) {
-    return setup.sampler->Draw(model, step_done, setup.dp.device);
-  };
-  return train::RunTrainingLoop(settings, parts);
+  return train::RunTrainingLoop(
+      settings, LoopParts(model, **dp, *loader, eval_loader ? &*eval_loader : nullptr,
+                          *setup.sampler, setup.dp.device, B, K, settings.eval.batches));
 }
 
 absl::Status Train() {
@@ -638,27 +653,9 @@ absl::Status Train() {
   settings.metrics = metrics->get();
   settings.sample_schedule = &sampler->schedule;
   settings.scaling = &*scaling;
-  train::TrainingLoopParts<data::LmLoader> parts;
-  parts.model = &model;
-  parts.trainer = &trainer;
-  parts.loader = &*loader;
-  parts.to_device = [&](data::LmBatch& batch) {  // inputs, targets (K*B, T)
-    if (device.is_cuda()) {  // queued: no wait for the previous step's kernels
-      batch.inputs = batch.inputs.ToQueued(device);
-      batch.targets = batch.targets.ToQueued(device);
-    }
-  };
-  parts.forward_backward = [&](const data::LmBatch& batch, int64_t m, double scale) {
-    return model.ForwardBackward(batch.inputs.Narrow(0, m * B, B),
-                                 batch.targets.Narrow(0, m * B, B), scale);
-  };
-  if (eval_loader) {
-    parts.eval_loss = [&] {
-      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, device);
-    };
-  }
-  parts.draw = [&](int64_t step_done) { return sampler->Draw(model, step_done, device); };
-  absl::Status trained = train::RunTrainingLoop(settings, parts);
+  absl::Status trained = train::RunTrainingLoop(
+      settings, LoopParts(model, trainer, *loader, eval_loader ? &*eval_loader : nullptr,
+                          *sampler, device, B, K, settings.eval.batches));
   if (!trained.ok()) return trained;
   std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
   return absl::OkStatus();

@@ -238,6 +238,36 @@ train::TrainingLoopSettings LoopFlags() {
   return s;
 }
 
+// How the training loop runs T5 on `device` with `trainer`: each batch moved
+// there, micro-batch m as rows [m*B, (m+1)*B) of the encoder (K*B, S) and
+// decoder (K*B, T_dec) tensors, the evaluation loss over `eval_batches` (with
+// an eval_loader) and samples. What it points to must outlive the loop.
+train::TrainingLoopParts<data::SpanCorruptionLoader> LoopParts(
+    T5Model& model, train::Trainer& trainer, data::SpanCorruptionLoader& loader,
+    const data::SpanCorruptionLoader* eval_loader, const Sampler& sampler, tensor::Device device,
+    int64_t B, int64_t K, int64_t eval_batches) {
+  train::TrainingLoopParts<data::SpanCorruptionLoader> parts;
+  parts.model = &model;
+  parts.trainer = &trainer;
+  parts.loader = &loader;
+  parts.to_device = [device](data::Seq2SeqBatch& batch) { MoveBatch(batch, device); };
+  parts.forward_backward = [&model, B](const data::Seq2SeqBatch& batch, int64_t m,
+                                       double scale) {
+    const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
+    return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
+                                 micro.decoder_targets, scale);
+  };
+  if (eval_loader != nullptr) {
+    parts.eval_loss = [&model, eval_loader, eval_batches, K, B, device] {
+      return EvalLoss(model, *eval_loader, eval_batches, K, B, device);
+    };
+  }
+  parts.draw = [&model, &sampler, device](int64_t step_done) {
+    return sampler.Draw(model, step_done, device);
+  };
+  return parts;
+}
+
 struct DpSetup {
   T5Config config;
   train::LossScaling scaling;
@@ -340,26 +370,9 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.metrics = setup.metrics;
   settings.sample_schedule = &setup.sampler->schedule;
   settings.scaling = &setup.scaling;
-  train::TrainingLoopParts<data::SpanCorruptionLoader> parts;
-  parts.model = &model;
-  parts.trainer = dp->get();
-  parts.loader = &*loader;
-  // Encoder (K*B, S), decoder (K*B, T).
-  parts.to_device = [&](data::Seq2SeqBatch& batch) { MoveBatch(batch, setup.dp.device); };
-  parts.forward_backward = [&](const data::Seq2SeqBatch& batch, int64_t m, double scale) {
-    const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
-    return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
-                                 micro.decoder_targets, scale);
-  };
-  if (eval_loader) {
-    parts.eval_loss = [&] {
-      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, setup.dp.device);
-    };
-  }
-  parts.draw = [&](int64_t step_done) {
-    return setup.sampler->Draw(model, step_done, setup.dp.device);
-  };
-  return train::RunTrainingLoop(settings, parts);
+  return train::RunTrainingLoop(
+      settings, LoopParts(model, **dp, *loader, eval_loader ? &*eval_loader : nullptr,
+                          *setup.sampler, setup.dp.device, B, K, settings.eval.batches));
 }
 
 absl::Status Train() {
@@ -609,24 +622,9 @@ absl::Status Train() {
   settings.metrics = metrics->get();
   settings.sample_schedule = &sampler->schedule;
   settings.scaling = &*scaling;
-  train::TrainingLoopParts<data::SpanCorruptionLoader> parts;
-  parts.model = &model;
-  parts.trainer = &trainer;
-  parts.loader = &*loader;
-  // K micro-batches of B rows: encoder (K*B, S) + mask, decoder (K*B, T_dec) x 2.
-  parts.to_device = [&](data::Seq2SeqBatch& batch) { MoveBatch(batch, device); };
-  parts.forward_backward = [&](const data::Seq2SeqBatch& batch, int64_t m, double scale) {
-    const data::Seq2SeqBatch micro = MicroBatch(batch, m, B);
-    return model.ForwardBackward(micro.encoder_inputs, micro.encoder_mask, micro.decoder_inputs,
-                                 micro.decoder_targets, scale);
-  };
-  if (eval_loader) {
-    parts.eval_loss = [&] {
-      return EvalLoss(model, *eval_loader, settings.eval.batches, K, B, device);
-    };
-  }
-  parts.draw = [&](int64_t step_done) { return sampler->Draw(model, step_done, device); };
-  absl::Status trained = train::RunTrainingLoop(settings, parts);
+  absl::Status trained = train::RunTrainingLoop(
+      settings, LoopParts(model, trainer, *loader, eval_loader ? &*eval_loader : nullptr,
+                          *sampler, device, B, K, settings.eval.batches));
   if (!trained.ok()) return trained;
   std::printf("memory (ledger):\n%s", ledger.Summary().c_str());
   return absl::OkStatus();
