@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "dist/host_name.h"
 
 namespace dist {
 namespace {
@@ -85,9 +86,7 @@ absl::Status WriteAll(int fd, absl::string_view data, const std::string& file) {
 // A unique temp-file name in `dir` (unique across hosts, processes, threads).
 std::string TempName(const std::string& dir) {
   static std::atomic<uint64_t> counter{0};
-  char host[64] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(dir, "/.tmp.", EscapeKey(host), ".", ::getpid(), ".",
+  return absl::StrCat(dir, "/.tmp.", EscapeKey(HostName()), ".", ::getpid(), ".",
                       std::hash<std::thread::id>()(std::this_thread::get_id()), ".",
                       counter.fetch_add(1));
 }

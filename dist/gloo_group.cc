@@ -41,6 +41,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "dist/host_name.h"
 #include "dist/launch_layout.h"
 #include "tensor/memory_ledger.h"
 
@@ -343,11 +344,11 @@ static_assert(sizeof(PeerProcess) == 16, "all-gathered as 16 bytes a rank");
 
 // FNV-1a of the host name: the same on every rank whatever its build.
 uint64_t ThisHost() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return 0;
+  const std::string name = HostName();
+  if (name.empty()) return 0;
   uint64_t h = 1469598103934665603ull;
-  for (const char* c = name; *c != 0; ++c) {
-    h ^= static_cast<unsigned char>(*c);
+  for (const char c : name) {
+    h ^= static_cast<unsigned char>(c);
     h *= 1099511628211ull;
   }
   return h == 0 ? 1 : h;

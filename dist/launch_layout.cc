@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "dist/host_name.h"
 
 namespace dist::internal {
 namespace {
@@ -109,17 +110,16 @@ absl::Status CheckVerdicts(LayoutStore& store, const std::string& prefix, const 
 
 // This process, for the claim's value: "host <name> pid <pid>".
 std::string ThisProcess() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
-  return absl::StrCat("host ", name[0] != '\0' ? name : "?", " pid ", ::getpid());
+  const std::string name = HostName();
+  return absl::StrCat("host ", name.empty() ? "?" : name, " pid ", ::getpid());
 }
 
 // For a claim's holder ("host <name> pid <pid>") of this host whose process
 // has exited: "; pid P on this host has exited: an earlier run of this
 // prefix left them (rm -r <where> ...)"; else "".
 std::string StaleHolderNote(const std::string& holder, const std::string& where) {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "";
+  const std::string name = HostName();
+  if (name.empty()) return "";
   absl::string_view rest = holder;
   int64_t pid = 0;
   if (!absl::ConsumePrefix(&rest, absl::StrCat("host ", name, " pid ")) ||

@@ -27,6 +27,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "dist/host_name.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_offline.h"
@@ -62,13 +63,6 @@ void EmptyFolder(const std::string& dir) {
     entries.push_back(it->path());
   }
   for (const fs::path& p : entries) fs::remove_all(p, ec);
-}
-
-// This host's name; "" when it has none.
-std::string HostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
 }
 
 // The temporary folder's name beside `dir`: "<dir>.tmp-<what>@<host>-<pid>-
@@ -185,7 +179,7 @@ absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
   // Else written beside it under a name of its own, then renamed into place
   // (an empty folder there is replaced, its permissions kept), so that a
   // failed or killed write leaves nothing at `dir`.
-  const std::string host = HostName();
+  const std::string host = dist::HostName();
   RemoveLeftoversOfKilledWrites(dir, host);
   const std::string tmp = TemporaryName(dir, what, host);
   fs::create_directories(fs::path(tmp).parent_path(), ec);  // errors show at mkdir

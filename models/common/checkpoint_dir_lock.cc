@@ -11,15 +11,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "dist/host_name.h"
 #include "models/common/train_support.h"
 
 namespace train {
 namespace {
 
 std::string ThisHost() {
-  char host[256] = {0};
-  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "an unnamed host";
-  return host;
+  std::string host = dist::HostName();
+  return host.empty() ? "an unnamed host" : host;
 }
 
 // What the holder wrote: "pid 4242 on host a1"; "" when unreadable or empty.

@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dist/gloo_group.h"
+#include "dist/host_name.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
 #include "glog/logging.h"
@@ -133,8 +134,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
   options.local_world_size = env.local_world_size;
   if (env.local_world_size < env.world_size) {
     // Several nodes: announce this host's name (loopback would not reach it).
-    char host[256] = {0};
-    if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') options.hostname = host;
+    if (std::string host = dist::HostName(); !host.empty()) options.hostname = host;
   }
   absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> pg =
       dist::CreateGlooProcessGroup(env.rank, env.world_size, options);
