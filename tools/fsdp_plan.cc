@@ -67,7 +67,7 @@ ABSL_FLAG(int, grad_accum_steps, 1,
           "its unsharded fp32 gradient between them (no_sync)");
 ABSL_FLAG(int, prefetch_units, 0,
           "as the train binaries' flag: each unit gathers the next (previous, in backward) N "
-          "units ahead, whatever --max_inflight_all_gathers says (dist::PrefetchNeighbors)");
+          "units ahead, in place of --max_inflight_all_gathers (dist::PrefetchNeighbors)");
 ABSL_FLAG(bool, keep_last_unit, false,
           "as the train binaries' flag: the last unit that trains stays gathered from its "
           "forward to its backward");
@@ -189,6 +189,11 @@ int main(int argc, char** argv) {
   const int prefetch_units = absl::GetFlag(FLAGS_prefetch_units);
   if (prefetch_units < 0) {
     return Fail(absl::StrCat("--prefetch_units=", prefetch_units, " must be >= 0 (0: none)"));
+  }
+  if (prefetch_units > 0 && max_inflight != 2) {  // as the train binaries refuse it
+    return Fail(absl::StrCat("--prefetch_units=", prefetch_units, " prefetches that many units "
+                             "ahead in place of --max_inflight_all_gathers=", max_inflight,
+                             ", which it would ignore: give one or the other"));
   }
   const bool keep_last_unit = absl::GetFlag(FLAGS_keep_last_unit);
   int kept_unit = 0;  // --keep_last_unit's: the last unit in pre-order that trains

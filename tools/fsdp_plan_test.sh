@@ -67,6 +67,9 @@ awk -v a="$(params "${TEST_TMPDIR}/prefetch.txt")" -v b="$(params "${TEST_TMPDIR
 "$plan" --preset=gpt2 --world_sizes=8 --keep_last_unit --json > "${TEST_TMPDIR}/kept.json"
 grep -q '"keep_last_unit":true' "${TEST_TMPDIR}/kept.json" || { cat "${TEST_TMPDIR}/kept.json"; exit 1; }
 exits_2 "--prefetch_units=-1 must be >= 0" "$plan" --preset=gpt-nano --prefetch_units=-1
+exits_2 "--prefetch_units=2 prefetches that many units ahead in place of \
+--max_inflight_all_gathers=1, which it would ignore" \
+  "$plan" --preset=gpt-nano --prefetch_units=2 --max_inflight_all_gathers=1
 exits_2 "--keep_last_unit: --auto_wrap=none gives no unit but the root" \
   "$plan" --preset=gpt-nano --auto_wrap=none --keep_last_unit
 # Refused before anything is printed: a --freeze that leaves nothing to train

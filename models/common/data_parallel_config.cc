@@ -477,6 +477,25 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
         "--prefetch_units=", flags.prefetch_units,
         " names FSDP units to all-gather ahead; --strategy=", flags.strategy, " has none"));
   }
+  if (flags.prefetch_units > 0) {
+    // The units' lists replace the prefetch along the recorded order, and
+    // gather whatever --max_inflight_all_gathers says (dist::PrefetchNeighbors).
+    std::vector<std::string> replaced;
+    if (flags.forward_prefetch) replaced.push_back("--forward_prefetch");
+    if (flags.backward_prefetch != "pre") {
+      replaced.push_back(absl::StrCat("--backward_prefetch=", flags.backward_prefetch));
+    }
+    if (flags.max_inflight_all_gathers != 2) {
+      replaced.push_back(
+          absl::StrCat("--max_inflight_all_gathers=", flags.max_inflight_all_gathers));
+    }
+    if (!replaced.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--prefetch_units=", flags.prefetch_units, " prefetches that many units ahead ",
+          "of each one's forward and backward in place of ", absl::StrJoin(replaced, ", "),
+          ", which it would ignore: give one or the other"));
+    }
+  }
   config.prefetch_units = flags.prefetch_units;
   if (flags.keep_last_unit && config.strategy != Strategy::kFullShard &&
       config.strategy != Strategy::kHybridShard) {

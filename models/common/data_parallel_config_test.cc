@@ -462,6 +462,18 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   cases.push_back({ahead,
                    "--prefetch_units=2 names FSDP units to all-gather ahead; --strategy=ddp "
                    "has none"});
+  ahead = Flags("threads", "full_shard", 2);
+  ahead.prefetch_units = 1;
+  ahead.backward_prefetch = "none";
+  cases.push_back({ahead,
+                   "--prefetch_units=1 prefetches that many units ahead of each one's forward "
+                   "and backward in place of --backward_prefetch=none, which it would ignore: "
+                   "give one or the other"});
+  ahead.backward_prefetch = "post";
+  ahead.forward_prefetch = true;
+  ahead.max_inflight_all_gathers = 1;
+  cases.push_back({ahead, "in place of --forward_prefetch, --backward_prefetch=post, "
+                          "--max_inflight_all_gathers=1, which"});
   ahead = Flags("threads", "shard_grad_op", 2);
   ahead.keep_last_unit = true;
   cases.push_back({ahead,
