@@ -451,6 +451,7 @@ absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_lo
   absl::StatusOr<bool> apply = scaling.FinishStep(
       scale, step + 1, log, [&](double inv) { return UnscaleGradsAndCheck(inv); });
   if (!apply.ok()) return apply.status();
+  result.skipped = !*apply;
   if (*apply) {
     if (grad_clip > 0) {
       absl::StatusOr<double> norm = ClipGradNorm(grad_clip);  // global, over all ranks

@@ -133,6 +133,21 @@ absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extr
   return absl::OkStatus();
 }
 
+std::string LossScaling::RestoreNote(const std::map<std::string, std::string>& extra) const {
+  auto saved = extra.find("loss_scale");
+  double scale = 0;
+  if (saved == extra.end() || !absl::SimpleAtod(saved->second, &scale)) return "";
+  if (!dynamic_) {
+    return absl::StrFormat("the checkpoint's dynamic loss scale (%g) is not continued: this run's "
+                           "loss scale is %s",
+                           scale, Describe());
+  }
+  if (scale == dynamic_->scale()) return "";
+  return absl::StrFormat("the dynamic loss scale continues from the checkpoint's %g in place of "
+                         "the initial %g (--init_loss_scale applies to a fresh start)",
+                         scale, dynamic_->scale());
+}
+
 bool UnscaleGradients(const std::vector<optim::ParamRef>& refs, double inv_scale) {
   std::vector<tensor::Tensor> grads;
   grads.reserve(refs.size());

@@ -67,6 +67,13 @@ class LossScaling {
   // finite number and the count a count).
   void Save(std::map<std::string, std::string>& extra) const;
   absl::Status Restore(const std::map<std::string, std::string>& extra);
+  // What Restore(extra) would change that the run's flags did not say, for a
+  // note on resume; "" when nothing: a dynamic scale that continues from the
+  // checkpoint's in place of this run's initial one ("the dynamic loss scale
+  // continues from the checkpoint's 65536 in place of the initial 1024
+  // (--init_loss_scale applies to a fresh start)"), or a checkpoint's dynamic
+  // scale that a fixed or no scale replaces.
+  std::string RestoreNote(const std::map<std::string, std::string>& extra) const;
 
  private:
   LossScaling() = default;

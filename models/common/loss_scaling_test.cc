@@ -142,6 +142,27 @@ TEST(LossScalingTest, StateRoundTripsThroughACheckpoint) {
   EXPECT_EQ(b.scale(), 512.0);
 }
 
+// What a resume changes that the flags did not say is noted.
+TEST(LossScalingTest, RestoreNoteSaysWhatTheCheckpointChanges) {
+  std::map<std::string, std::string> extra = {{"loss_scale", "65536"},
+                                              {"loss_scale_good_steps", "6"}};
+  LossScaling dynamic = *LossScaling::FromFlags("dynamic", 1024, false);
+  EXPECT_EQ(dynamic.RestoreNote(extra),
+            "the dynamic loss scale continues from the checkpoint's 65536 in place of the "
+            "initial 1024 (--init_loss_scale applies to a fresh start)");
+  ASSERT_TRUE(dynamic.Restore(extra).ok());
+  EXPECT_EQ(dynamic.RestoreNote(extra), "");  // the same scale: nothing to say
+  LossScaling fixed = *LossScaling::FromFlags("1024", std::nullopt, false);
+  EXPECT_EQ(fixed.RestoreNote(extra),
+            "the checkpoint's dynamic loss scale (65536) is not continued: this run's loss scale "
+            "is fixed 1024");
+  LossScaling none = *LossScaling::FromFlags("none", std::nullopt, false);
+  EXPECT_EQ(none.RestoreNote(extra),
+            "the checkpoint's dynamic loss scale (65536) is not continued: this run's loss scale "
+            "is none");
+  EXPECT_EQ(dynamic.RestoreNote({}), "");  // a checkpoint without a dynamic scale
+}
+
 TEST(LossScalingTest, UnscaleGradientsFindsInfAndNan) {
   tensor::Tensor g = tensor::Tensor::FromVector({2.0f, 4.0f}, {2});
   std::vector<optim::ParamRef> refs = {

@@ -31,6 +31,7 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
       scale, step + 1, /*log=*/true,
       [&](double inv) -> absl::StatusOr<bool> { return UnscaleGradients(refs, inv); });
   if (!apply.ok()) return apply.status();
+  result.skipped = !*apply;
   if (*apply) {
     if (grad_clip > 0) {
       result.grad_norm = optim::ClipGradNorm(refs, grad_clip);

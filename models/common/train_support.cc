@@ -914,11 +914,15 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
 
 absl::Status MetricsWriter::Write(const StepMetrics& m, const tensor::MemoryLedger& ledger) {
   if (path_.empty()) return absl::OkStatus();  // before formatting the ledger
-  const std::string mfu = m.mfu > 0 ? absl::StrFormat("\"mfu\":%.4f,", m.mfu) : "";
+  std::string extras = m.mfu > 0 ? absl::StrFormat("\"mfu\":%.4f,", m.mfu) : "";
+  if (m.loss_scale > 0) {
+    absl::StrAppend(&extras, absl::StrFormat("\"loss_scale\":%.17g,", m.loss_scale),
+                    m.skipped ? "\"skipped\":true," : "");
+  }
   return WriteLine(absl::StrFormat(
       "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
       "\"grad_norm\":%.6g,%s\"memory\":%s}",
-      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, mfu, ledger.ToJson()));
+      m.step, m.loss, m.lr, m.ms, m.tokens_per_s, m.grad_norm, extras, ledger.ToJson()));
 }
 
 absl::Status MetricsWriter::WriteEval(int64_t step, double eval_loss, double ms) {
@@ -995,13 +999,15 @@ absl::Status StepReporter::Report(StepMetrics m) {
 }
 
 absl::Status StepReporter::Report(int64_t step_done, const StepResult& result, double lr,
-                                  double ms) {
+                                  double ms, double loss_scale) {
   StepMetrics m;
   m.step = step_done;
   m.loss = result.loss;
   m.lr = lr;
   m.ms = ms;
   m.grad_norm = result.grad_norm;
+  m.loss_scale = loss_scale;
+  m.skipped = result.skipped;
   return Report(m);
 }
 

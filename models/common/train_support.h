@@ -267,6 +267,8 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double grad_norm = 0;
   double mfu = 0;  // model FLOPs utilization in [0, 1]; 0: not measured (no known peak)
+  double loss_scale = 0;  // the scale of the step's backward; 0: no loss scaling
+  bool skipped = false;   // inf/nan gradients at loss_scale: the step was not applied
 };
 
 // What the rest of a training step after the micro-batches' forward and
@@ -275,6 +277,7 @@ struct StepMetrics {
 struct StepResult {
   double loss = 0;       // the step's loss (averaged over the ranks)
   double grad_norm = 0;  // before clipping; 0 when not clipped or the step was skipped
+  bool skipped = false;  // loss scaling found inf/nan gradients: no optimizer step
 };
 
 // The gradient norm before clipping at 0-based `step`: one that is not finite
@@ -331,8 +334,9 @@ class StepReporter {
   // m.step is 1-based; m.tokens_per_s (and m.mfu) are computed here from m.ms.
   absl::Status Report(StepMetrics m);
   // The same for the step that ended `step_done` (1-based) with `result`, at
-  // learning rate `lr`, in `ms`.
-  absl::Status Report(int64_t step_done, const StepResult& result, double lr, double ms);
+  // learning rate `lr`, in `ms`, its backward at `loss_scale` (0: no scaling).
+  absl::Status Report(int64_t step_done, const StepResult& result, double lr, double ms,
+                      double loss_scale = 0);
   // Times evaluate() (collective under data parallelism: every rank calls it)
   // and, when `log`, reports its loss after step_done steps: prints "eval
   // after step 6 | loss 2.3457 | 12.3 ms" and appends MetricsWriter::WriteEval's

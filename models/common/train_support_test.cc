@@ -733,9 +733,21 @@ TEST(StepReporterTest, ReportsAStepResult) {
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
   EXPECT_EQ(line.rfind("{\"step\":1,\"loss\":2.500000,\"lr\":0.001,\"ms\":500.000,"
-                       "\"tokens_per_s\":2000.0,\"grad_norm\":0.75,",
+                       "\"tokens_per_s\":2000.0,\"grad_norm\":0.75,\"memory\":",
                        0),
             0)
+      << line;
+  // Under loss scaling: the step's scale, and whether it was skipped.
+  result.skipped = true;
+  ASSERT_TRUE(reporter.Report(2, result, 1e-3, 500, 65536).ok());
+  result.skipped = false;
+  ASSERT_TRUE(reporter.Report(3, result, 1e-3, 500, 32768).ok());
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_NE(line.find("\"grad_norm\":0.75,\"loss_scale\":65536,\"skipped\":true,\"memory\":"),
+            std::string::npos)
+      << line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_NE(line.find("\"grad_norm\":0.75,\"loss_scale\":32768,\"memory\":"), std::string::npos)
       << line;
 }
 

@@ -118,11 +118,13 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
     absl::StatusOr<Resumed> resumed = trainer.Resume(s.resume, s.checkpoint_dir, s.config);
     if (!resumed.ok()) return resumed.status();
     // The same global batch, the same loss scale.
+    const std::string scale_note = scaling.RestoreNote(resumed->state.extra);
     absl::Status restored = loader.Restore(resumed->loader);
     if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
     if (!restored.ok()) return InResumedCheckpoint(*resumed, restored);
     if (s.logs()) {
       PrintResumed(*resumed);
+      if (!scale_note.empty()) std::fprintf(stderr, "train: note: %s\n", scale_note.c_str());
       NoteRunSettingsChanges(resumed->state, *s.schedule, opt, s.config);
       DropMetricsAfter(*s.metrics, resumed->state.step);  // steps run again
       AfterResume(s.checkpoint_dir, *resumed, s.steps);
@@ -169,7 +171,8 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
         trainer.FinishTrainingStep(local_loss, scale, step, s.grad_clip, scaling, s.logs());
     if (!done.ok()) return done.status();
     if (s.logs()) {
-      absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs());
+      absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs(),
+                                              scaling.enabled() ? scale : 0);
       if (!reported.ok()) return reported;
     }
     if (parts.eval_loss && EvalAfter(s.eval, step + 1, s.steps)) {

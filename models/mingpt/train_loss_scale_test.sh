@@ -22,10 +22,13 @@ diff <(metrics "$dir/none.jsonl") <(metrics "$dir/fixed.jsonl") || fail "scale 1
 # halve the scale; then steps apply.
 for dp in "" "--world_size=2 --strategy=zero1" "--world_size=2 --strategy=full_shard"; do
   # shellcheck disable=SC2086
+  rm -f "$dir/dynamic.jsonl"
   "$train" "${common[@]}" $dp --steps=10 --loss_scale=dynamic --init_loss_scale=1e40 \
-    > "$dir/dynamic.log" || fail "dynamic ($dp)"
+    --metrics_out="$dir/dynamic.jsonl" > "$dir/dynamic.log" || fail "dynamic ($dp)"
   skipped=$(grep -c "inf/nan gradients at loss scale" "$dir/dynamic.log" || true)
   (( skipped >= 1 && skipped < 10 )) || { cat "$dir/dynamic.log"; fail "$skipped skipped steps ($dp)"; }
+  [[ $(grep -c '"skipped":true' "$dir/dynamic.jsonl") == "$skipped" ]] ||
+    fail "the metrics do not mark the $skipped skipped steps ($dp)"
   grep -q "step 1: inf/nan gradients at loss scale 1e+40: skipped; loss scale dynamic (now 5e+39)" \
     "$dir/dynamic.log" || fail "the first step is skipped and the scale halves ($dp)"
   grep -Eq "^step +10 \| loss [0-9]" "$dir/dynamic.log" || fail "the run ends ($dp)"
@@ -42,6 +45,23 @@ done
 grep -q "resumed from" "$dir/resumed.log" || fail "resumed"
 diff <(metrics "$dir/full.jsonl") <(cat <(metrics "$dir/part1.jsonl") <(metrics "$dir/part2.jsonl")) ||
   fail "the resumed run differs (the loss scale was not restored?)"
+# The metrics mark each skipped step (the lines that said so) and hold each step's scale.
+skipped=$("$train" "${common[@]}" --steps=10 --loss_scale=dynamic --init_loss_scale=1e40 |
+  grep -c "inf/nan gradients at loss scale" || true)
+[[ $(grep -c '"skipped":true' "$dir/full.jsonl") == "$skipped" && $skipped -ge 1 ]] ||
+  fail "$skipped steps skipped, metrics: $(grep -c '"skipped":true' "$dir/full.jsonl")"
+[[ $(grep -c '"loss_scale":' "$dir/full.jsonl") == 10 ]] || fail "a step without its loss scale"
+# Resumed with another --init_loss_scale: the checkpoint's scale goes on, and a note says so;
+# a fixed scale drops the checkpoint's dynamic one, and a note says that.
+"$train" "${common[@]}" --steps=11 --loss_scale=dynamic --init_loss_scale=8 \
+  --checkpoint_dir="$dir/ckpt" --resume=latest > /dev/null 2> "$dir/note.txt"
+grep -q "train: note: the dynamic loss scale continues from the checkpoint's .* in place of the \
+initial 8 (--init_loss_scale applies to a fresh start)" "$dir/note.txt" ||
+  { cat "$dir/note.txt"; fail "no note that the checkpoint's scale continues"; }
+"$train" "${common[@]}" --steps=12 --loss_scale=8 \
+  --checkpoint_dir="$dir/ckpt" --resume=latest > /dev/null 2> "$dir/note.txt"
+grep -q "train: note: the checkpoint's dynamic loss scale (.*) is not continued: this run's loss \
+scale is fixed 8" "$dir/note.txt" || { cat "$dir/note.txt"; fail "no note that it is dropped"; }
 
 # A bad flag: exit 2, named.
 set +e
