@@ -337,6 +337,38 @@ absl::StatusOr<SpanCorruptionIds> SpanCorruptionIdsOf(absl::string_view state) {
   return ids;
 }
 
+absl::StatusOr<SpanCorruptionVocab> SpanCorruptionVocabOf(absl::string_view state) {
+  const size_t open = state.find(";span_corruption(");
+  if (open == absl::string_view::npos || !absl::EndsWith(state, ")")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a span corruption loader's state: \"", state, "\""));
+  }
+  // The source's fingerprint comes first: "byte_text(...)", or
+  // "token_file(...,vocab=V,...)" / "random_tokens(vocab=V,...)".
+  const absl::string_view source = state.substr(open + 17);
+  const absl::string_view fingerprint = source.substr(0, source.find(')'));
+  SpanCorruptionVocab vocab;
+  bool known = false;
+  if (absl::StartsWith(fingerprint, "byte_text(")) {
+    vocab.source_vocab = 256;  // ByteTextSource's (kByteVocabSize)
+    known = true;
+  } else if (size_t at = fingerprint.find("vocab="); at != absl::string_view::npos) {
+    absl::string_view rest = fingerprint.substr(at + 6);
+    known = absl::SimpleAtoi(rest.substr(0, rest.find(',')), &vocab.source_vocab) &&
+            vocab.source_vocab > 0;
+  }
+  const size_t sentinels = state.rfind(",sentinels=");
+  absl::string_view count =
+      sentinels == absl::string_view::npos || sentinels < open ? "" : state.substr(sentinels + 11);
+  if (!known || !absl::SimpleAtoi(count.substr(0, count.find_first_of(",)")), &vocab.sentinels) ||
+      vocab.sentinels < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a span corruption loader's state without its source's vocabulary and sentinels: \"",
+        state, "\""));
+  }
+  return vocab;
+}
+
 std::string SpanCorruptionLoader::Config() const {
   const SpanCorruptionOptions& o = corruptor_.options();
   return absl::StrCat("span_corruption(", source_->Fingerprint(),

@@ -188,6 +188,17 @@ struct SpanCorruptionIds {
 };
 absl::StatusOr<SpanCorruptionIds> SpanCorruptionIdsOf(absl::string_view state);
 
+// The vocabulary a SpanCorruptionLoader's state records: its source's ids
+// (byte text: 256; a token file's or random tokens' "vocab=") and the
+// sentinels numbered right above them, so that a model's rows can be matched
+// to other data. InvalidArgument as SpanCorruptionIdsOf, or for a source
+// whose vocabulary the state does not say.
+struct SpanCorruptionVocab {
+  int64_t source_vocab = 0;
+  int64_t sentinels = 0;
+};
+absl::StatusOr<SpanCorruptionVocab> SpanCorruptionVocabOf(absl::string_view state);
+
 }  // namespace data
 
 #endif  // MODELS_DATA_SPAN_CORRUPTION_H_

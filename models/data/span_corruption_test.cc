@@ -505,6 +505,37 @@ TEST(SpanCorruptionTest, TheIdsReadBackFromTheState) {
   }
 }
 
+// The source's vocabulary and the sentinels read back from a loader's state,
+// for each kind of source; other states are refused.
+TEST(SpanCorruptionTest, TheVocabularyReadsBackFromTheState) {
+  SpanCorruptionOptions o;
+  o.encoder_length = 48;
+  o.num_sentinels = 7;
+  absl::StatusOr<SpanCorruptionVocab> vocab = SpanCorruptionVocabOf(
+      MakeLoader(*RandomTokenSource::Create(1, 300), {4, 0, 1}, o).state().ToString());
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->source_vocab, 300);
+  EXPECT_EQ(vocab->sentinels, 7);
+  std::shared_ptr<const TokenSource> bytes = *ByteTextSource::FromString(std::string(400, 'a'), 1);
+  vocab = SpanCorruptionVocabOf(MakeLoader(bytes, {4, 0, 1}, o).state().ToString());
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->source_vocab, 256);
+  // A token file's record, as a checkpoint holds it.
+  vocab = SpanCorruptionVocabOf(
+      "step=10;span_corruption(token_file(tokens=36269,vocab=50257,seed=1337),global_batch=4,"
+      "S=64,T_dec=16,L=71,density=0.15,mean_span=3,sentinels=100,eos=-1,pad=0,ignore=-100,"
+      "start=0,seed=1337)");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->source_vocab, 50257);
+  EXPECT_EQ(vocab->sentinels, 100);
+  for (const char* other : {"", "step=3;lm(random_tokens(vocab=300,seed=1),global_batch=4)",
+                            "step=3;span_corruption(other(seed=1),sentinels=100)",
+                            "step=3;span_corruption(random_tokens(vocab=300,seed=1),eos=1)"}) {
+    EXPECT_EQ(SpanCorruptionVocabOf(other).status().code(), absl::StatusCode::kInvalidArgument)
+        << other;
+  }
+}
+
 TEST(SpanCorruptionTest, ClearErrors) {
   SpanCorruptionOptions o;
   o.encoder_length = 512;

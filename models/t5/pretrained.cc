@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "models/common/checkpoint_convert.h"
 #include "models/common/hf_folder.h"
+#include "models/data/span_corruption.h"
 #include "tensor/durable_file.h"
 
 namespace t5 {
@@ -156,7 +157,29 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded->step_dir);
   if (!sources.ok()) return sources.status();
-  return PretrainedSources{*config, *std::move(sources), recorded->description};
+  return PretrainedSources{*config, *std::move(sources), recorded->description,
+                           recorded->loader_state};
+}
+
+absl::Status CheckSameVocabulary(const PretrainedSources& init, int64_t source_vocab,
+                                 int64_t sentinels) {
+  if (init.loader_state.empty()) return absl::OkStatus();
+  absl::StatusOr<data::SpanCorruptionVocab> theirs =
+      data::SpanCorruptionVocabOf(init.loader_state);
+  if (!theirs.ok()) return absl::OkStatus();
+  if (theirs->source_vocab == source_vocab && theirs->sentinels == sentinels) {
+    return absl::OkStatus();
+  }
+  auto ids = [](int64_t vocab, int64_t n) {
+    return absl::StrCat(vocab, " ids and ", n, " sentinels (ids ", vocab, "..", vocab + n - 1,
+                        ")");
+  };
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the weights were trained on data of ", ids(theirs->source_vocab, theirs->sentinels),
+      ", but this run's data has ", ids(source_vocab, sentinels),
+      ": each id would land on a row that meant another token. Give --data encoded as the "
+      "weights' run's was (--vocab_size for a .bin file) and --num_sentinels=",
+      theirs->sentinels));
 }
 
 absl::Status WriteHfT5(const std::string& dir, const T5Config& config,

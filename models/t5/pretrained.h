@@ -41,6 +41,7 @@ struct PretrainedSources {
   T5Config config;
   nn::NamedInitSources sources;  // ParameterShapes(config) names
   std::string source;            // "Hugging Face T5 DIR", "checkpoint DIR (step N)"
+  std::string loader_state;      // a checkpoint's data loader state; "" for Hugging Face's
 };
 
 // The folder's configuration and a source per parameter: headers read and
@@ -54,6 +55,16 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir);
 // slice. OpenHfT5's errors, the checkpoint readers', and InvalidArgument for
 // a checkpoint that is not T5's.
 absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
+
+// A checkpoint's rows are the ids of the data it was trained on and the
+// sentinels right above them (its loader state says which): InvalidArgument
+// when this run's data has another vocabulary (`source_vocab` ids) or
+// another number of sentinels, whose ids would each land on a row that meant
+// another token (a model of larger rows, as Hugging Face's padded ones, is
+// still fine for the same data). OK for a Hugging Face folder, whose rows
+// follow its tokenizer, and for a state that does not say.
+absl::Status CheckSameVocabulary(const PretrainedSources& init, int64_t source_vocab,
+                                 int64_t sentinels);
 
 // The special token ids config.json records: T5's SentencePiece ids by
 // default (pad and decoder start 0, eos 1); a checkpoint's are those its span

@@ -493,6 +493,10 @@ absl::Status Train() {
   if (!sampler.ok()) return sampler.status();
   // The model's vocabulary: the source's plus the sentinels, which the loader
   // numbers right above the source's ids; --init_from's may be padded beyond.
+  if (init) {
+    absl::Status same = CheckSameVocabulary(*init, source_vocab, span.num_sentinels);
+    if (!same.ok()) return WithContext(same, absl::StrCat("--init_from=", absl::GetFlag(FLAGS_init_from)));
+  }
   if (init && config->vocab_size < loader->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--init_from: the model's vocabulary ", config->vocab_size, " is smaller than the data's ",

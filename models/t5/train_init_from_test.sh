@@ -5,7 +5,8 @@
 # configuration, in one process and under FSDP and DDP. The model it
 # evaluates after a step that changes nothing (--lr=0) is the checkpoint's:
 # its eval loss equals the one the first run printed after its last step. A
-# model vocabulary larger than the data's (T5's padded one) is taken. Such a
+# model vocabulary larger than the data's (T5's padded one) is taken, but a
+# checkpoint's for data of another vocabulary is refused. Such a
 # run resumes (the same flags and --resume). Bad combinations exit 2 naming
 # the flag.
 set -euo pipefail
@@ -103,7 +104,15 @@ exits_2 "--preset / --v1_1 with --init_from" "$train" "${frozen[@]}" \
   --init_from="$dir/run" --preset=t5-tiny
 exits_2 "--init_from=$dir/nope: " "$train" "${frozen[@]}" --init_from="$dir/nope"
 exits_2 "--init_from: the model's vocabulary 356 is smaller than the data's 456" "$train" \
-  "${frozen[@]}" --init_from="$dir/run" --num_sentinels=200
+  "${frozen[@]}" --init_from="$dir/hf" --num_sentinels=200
+# A checkpoint's rows are its data's ids and sentinels: other data, or other
+# sentinels, would put each id on a row that meant another token.
+exits_2 "--init_from=$dir/run: the weights were trained on data of 256 ids and 100 sentinels \
+(ids 256..355), but this run's data has 200 ids and 100 sentinels (ids 200..299): each id would \
+land on a row that meant another token" "$train" "${frozen[@]}" --init_from="$dir/run" \
+  --data=random --vocab_size=200
+exits_2 "but this run's data has 256 ids and 50 sentinels (ids 256..305)" "$train" \
+  "${frozen[@]}" --init_from="$dir/sharded" --num_sentinels=50
 sed -i 's/"feed_forward_proj": "gated-gelu"/"feed_forward_proj": "gated-silu"/' "$dir/hf/config.json"
 exits_2 "--init_from=$dir/hf: $dir/hf/config.json: feed_forward_proj 'gated-silu'" "$train" \
   "${frozen[@]}" --init_from="$dir/hf"
