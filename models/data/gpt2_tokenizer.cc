@@ -304,6 +304,11 @@ absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Read(const std::string& dir) {
 }
 
 absl::StatusOr<Gpt2Tokenizer> Gpt2Tokenizer::Open(const std::string& name) {
+  if (absl::StartsWith(name, "sentencepiece:")) {  // tools/spm_tokenize.py's record
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is a SentencePiece model (tools/spm_tokenize.py writes it for T5), not a GPT-2 "
+        "BPE tokenizer, which is the only kind read here: encode the text with //tools:tokenize"));
+  }
   if (name != "gpt2") return Read(name);
   absl::StatusOr<std::string> vocab =
       ResolveRunfile(absl::StrCat(kShippedGpt2TokenizerDir, "/vocab.json"));

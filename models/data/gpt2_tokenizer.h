@@ -67,6 +67,8 @@ class Gpt2Tokenizer {
   static bool IsTokenizerDir(const std::string& dir);
   // What a tool's --tokenizer flag names: "gpt2" is the shipped copy
   // (Shipped), anything else a folder (Read). source() is the folder read.
+  // InvalidArgument for "sentencepiece:<model>", tools/spm_tokenize.py's
+  // record of the SentencePiece model a .bin was encoded with.
   static absl::StatusOr<Gpt2Tokenizer> Open(const std::string& name);
   // Open(name) for a model whose vocabulary has `model_vocab` ids:
   // InvalidArgument "its vocabulary has N ids and the model's M: the model was

@@ -253,6 +253,17 @@ TEST(Gpt2TokenizerTest, RefusesBadFilesNamingWhatIsWrong) {
   none = Gpt2Tokenizer::Read(empty);
   EXPECT_FALSE(none.ok());
   EXPECT_THAT(none.status().message(), HasSubstr("merges.txt"));
+
+  // A .bin's record of a SentencePiece model (tools/spm_tokenize.py's), by
+  // what it is, not as a folder that does not exist.
+  const std::string spm = absl::StrCat("sentencepiece:", empty, "/spiece.model");
+  std::ofstream(empty + "/spiece.model") << "x";
+  none = Gpt2Tokenizer::Open(spm);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.status().message(),
+            absl::StrCat(spm, " is a SentencePiece model (tools/spm_tokenize.py writes it for "
+                              "T5), not a GPT-2 BPE tokenizer, which is the only kind read here: "
+                              "encode the text with //tools:tokenize"));
 }
 
 }  // namespace
