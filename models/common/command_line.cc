@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -43,14 +44,56 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
-// " (did you mean --x?)" for the known flag closest to `name`, or "" when
-// none is close.
+// Other tools' names for the train binaries' flags (nanoGPT, DeepSpeed,
+// Hugging Face's Trainer, PyTorch FSDP), which no edit distance would find.
+constexpr std::pair<const char*, const char*> kOtherToolsNames[] = {
+    {"gradient_accumulation_steps", "grad_accum_steps"},
+    {"max_iters", "steps"},
+    {"max_steps", "steps"},
+    {"learning_rate", "lr"},
+    {"max_grad_norm", "grad_clip"},
+    {"gradient_clipping", "grad_clip"},
+    {"clip_grad", "grad_clip"},
+    {"per_device_train_batch_size", "batch_size"},
+    {"train_micro_batch_size_per_gpu", "batch_size"},
+    {"block_size", "seq_len"},
+    {"eval_interval", "eval_every"},
+    {"eval_iters", "eval_batches"},
+    {"out_dir", "checkpoint_dir"},
+    {"output_dir", "checkpoint_dir"},
+    {"zero_stage", "strategy"},
+    {"sharding_strategy", "strategy"},
+    {"dtype", "precision"},
+    {"mixed_precision", "precision"},
+    {"fp16", "precision"},
+    {"bf16", "precision"},
+};
+
+// " (did you mean --x?)" for the known flag `name` most likely meant: its
+// spelling with '_' for '-', another tool's name for it, the shortest flag
+// it begins (4 characters or more), else the closest by edit distance; ""
+// when none is close.
 std::string DidYouMean(absl::string_view name) {
   const std::string underscored = absl::StrReplaceAll(name, {{"-", "_"}});
   if (underscored != name && absl::FindCommandLineFlag(underscored) != nullptr) {
     return absl::StrCat(" (did you mean --", underscored, "?)");
   }
+  for (const auto& [theirs, ours] : kOtherToolsNames) {
+    if (underscored == theirs && absl::FindCommandLineFlag(ours) != nullptr) {
+      return absl::StrCat(" (did you mean --", ours, "?)");
+    }
+  }
   std::string best;
+  if (underscored.size() >= 4) {
+    for (const auto& [flag_name, flag] : absl::GetAllFlags()) {
+      if (flag->IsRetired() || !absl::StartsWith(flag_name, underscored)) continue;
+      if (best.empty() || flag_name.size() < best.size() ||
+          (flag_name.size() == best.size() && flag_name < best)) {
+        best = std::string(flag_name);
+      }
+    }
+    if (!best.empty()) return absl::StrCat(" (did you mean --", best, "?)");
+  }
   size_t best_distance = std::max<size_t>(2, underscored.size() / 3) + 1;
   for (const auto& [flag_name, flag] : absl::GetAllFlags()) {
     if (flag->IsRetired()) continue;

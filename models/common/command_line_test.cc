@@ -14,6 +14,8 @@ ABSL_FLAG(int, steps, 10, "steps");
 ABSL_FLAG(bool, activation_checkpointing, false, "a boolean");
 ABSL_FLAG(int, nproc_per_node, 1, "processes per node");
 ABSL_FLAG(std::string, strategy, "full_shard", "a string");
+ABSL_FLAG(int, grad_accum_steps, 1, "micro-batches");
+ABSL_FLAG(double, grad_clip, 1.0, "clipping");
 
 namespace train {
 namespace {
@@ -46,6 +48,16 @@ TEST(CheckCommandLineTest, AnUnknownFlagNamesTheClosestKnownOne) {
   EXPECT_EQ(Check({"--nproc-per-node=2"}).message(),
             "unknown flag --nproc-per-node (did you mean --nproc_per_node?)");
   EXPECT_EQ(Check({"--zzzzzzzzzzzzzzzzzzzzzz"}).message(), "unknown flag --zzzzzzzzzzzzzzzzzzzzzz");
+  // Other tools' names (nanoGPT, DeepSpeed), and the start of a flag's name.
+  EXPECT_EQ(Check({"--gradient_accumulation_steps=4"}).message(),
+            "unknown flag --gradient_accumulation_steps (did you mean --grad_accum_steps?)");
+  EXPECT_EQ(Check({"--gradient-clipping=1"}).message(),
+            "unknown flag --gradient-clipping (did you mean --grad_clip?)");
+  EXPECT_EQ(Check({"--max_iters=4"}).message(), "unknown flag --max_iters (did you mean --steps?)");
+  EXPECT_EQ(Check({"--grad_accum=4"}).message(),
+            "unknown flag --grad_accum (did you mean --grad_accum_steps?)");
+  // A name whose flag this binary lacks suggests nothing from the table.
+  EXPECT_EQ(Check({"--eval_iters=4"}).message(), "unknown flag --eval_iters");
   // A non-boolean flag has no --no form; the --no form takes no value.
   EXPECT_EQ(Check({"--nosteps"}).message(),
             "--nosteps: --steps is not a boolean flag (no --no form)");

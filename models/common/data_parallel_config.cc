@@ -94,10 +94,18 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   if (name == "no_shard") return Strategy::kNoShard;
   if (name == "hybrid_shard") return Strategy::kHybridShard;
   if (name == "hybrid_shard_zero2") return Strategy::kHybridShardZero2;
+  // DeepSpeed's stages by the names PyTorch FSDP gives them.
+  std::string hint;
+  if (name == "zero2" || name == "zero_2" || name == "zero-2") {
+    hint = " (DeepSpeed's ZeRO-2 is shard_grad_op)";
+  } else if (name == "zero3" || name == "zero_3" || name == "zero-3") {
+    hint = " (DeepSpeed's ZeRO-3 is full_shard)";
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("--strategy='", name,
                    "' is not one of ddp, zero1, shard_grad_op, full_shard, no_shard, "
-                   "hybrid_shard, hybrid_shard_zero2"));
+                   "hybrid_shard, hybrid_shard_zero2",
+                   hint));
 }
 
 absl::string_view StrategyName(Strategy strategy) {

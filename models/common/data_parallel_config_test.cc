@@ -451,6 +451,12 @@ TEST(ConfigureTest, RefusesWithClearMessages) {
   hybrid = Flags("threads", "full_shard", 4);
   hybrid.backward_prefetch = "early";
   cases.push_back({hybrid, "--backward_prefetch='early' is not one of pre, post, none"});
+  hybrid = Flags("threads", "zero3", 4);
+  cases.push_back({hybrid, "--strategy='zero3' is not one of ddp, zero1, shard_grad_op, "
+                           "full_shard, no_shard, hybrid_shard, hybrid_shard_zero2 (DeepSpeed's "
+                           "ZeRO-3 is full_shard)"});
+  hybrid = Flags("threads", "zero2", 4);
+  cases.push_back({hybrid, "(DeepSpeed's ZeRO-2 is shard_grad_op)"});
   hybrid = Flags("threads", "full_shard", 4);
   hybrid.max_inflight_all_gathers = 0;
   cases.push_back({hybrid, "--max_inflight_all_gathers=0 must be >= 1"});
