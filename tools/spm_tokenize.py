@@ -17,12 +17,17 @@ sentinels above them, <extra_id_0> = 32099, as in T5's vocabulary):
 folder). Each input is encoded in parts cut at line ends (SentencePiece treats
 a line end as a space, so the ids are those of the whole text but for where
 pieces would have spanned a cut); --eos_after_each appends the model's
-end-of-sequence id after each input.
+end-of-sequence id after each input file (with --output_lines: after each line).
+A file it would write (OUTPUT, OUTPUT.json, their .tmp) that is an input or
+the model, by any path or link, is refused (exit 2): writing it would destroy it.
 
 For //models/t5:generate, which takes and prints ids a line per example:
 --output_lines writes each line of the inputs that has text as a line of ids (with
 --eos_after_each, each ends with the end-of-sequence id, as T5's inputs do),
-and --decode_lines=FILE prints each line of ids of FILE as text.
+and --decode_lines=FILE prints each line of ids of FILE as text: ids P .. P+S-1
+above the model's P pieces are the S sentinels (--sentinels, default 100, as
+//models/t5:train's --num_sentinels), <extra_id_0> = P+S-1 the highest, written
+"<extra_id_k>" as Hugging Face's T5 tokenizer decodes them.
 
   /usr/bin/python3 tools/spm_tokenize.py --model /path/t5-small --input prompts.txt \
       --output /tmp/ids.txt --output_lines --eos_after_each
@@ -60,6 +65,25 @@ def model_path(flag):
     return os.path.abspath(path)
 
 
+def same_file(a, b):
+    """Whether paths a and b name one existing file (also through links or other paths)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist: nothing there to overwrite
+        return False
+
+
+def refuse_overwriting_inputs(args, model, written):
+    """Exit 2 if a file this run writes (`written`) is an input or the model."""
+    for out in written:
+        where = f"--output={args.output}" + ("" if out == args.output else f": {out}")
+        for name in args.input.split(","):
+            if same_file(out, name):
+                fail(f"{where} is the input {name}: writing it would destroy the text")
+        if same_file(out, model):
+            fail(f"{where} is the model {model}: writing it would destroy the model")
+
+
 def parts(text):
     """The text in pieces of about PART_BYTES characters, each ending at a line end."""
     start = 0
@@ -70,7 +94,29 @@ def parts(text):
         start = end
 
 
-def decode_lines(sp, path, vocab):
+def decode_ids(sp, ids, vocab, sentinels):
+    """The text of ids: runs of the model's ids through it, sentinel ids as "<extra_id_k>"."""
+    out = ""
+    run = []
+    for i in ids + [None]:  # None: the end, which flushes the last run
+        if i is not None and i < vocab:
+            run.append(i)
+            continue
+        if run:
+            text = sp.DecodeIds(run)
+            # SentencePiece drops the space a first piece starts with; after a
+            # sentinel it is the text's own (Hugging Face: "<extra_id_0> park").
+            first = next((r for r in run if not sp.IsControl(r)), None)
+            if out and text and first is not None and sp.IdToPiece(first).startswith("\u2581"):
+                text = " " + text
+            out += text
+            run = []
+        if i is not None:
+            out += f"<extra_id_{vocab + sentinels - 1 - i}>"
+    return out
+
+
+def decode_lines(sp, path, vocab, sentinels):
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -81,9 +127,12 @@ def decode_lines(sp, path, vocab):
             ids = [int(t) for t in line.split()]
         except ValueError:
             fail(f"--decode_lines: {path}: line {n} is not ids separated by spaces")
-        if any(i < 0 or i >= vocab for i in ids):
-            fail(f"--decode_lines: {path}: line {n} has an id outside the model's {vocab}")
-        print(sp.DecodeIds(ids))
+        for i in ids:
+            if i < 0 or i >= vocab + sentinels:
+                fail(f"--decode_lines: {path}: line {n} has id {i}, outside 0 .. "
+                     f"{vocab + sentinels - 1} (the model's {vocab} pieces and "
+                     f"--sentinels={sentinels})")
+        print(decode_ids(sp, ids, vocab, sentinels))
 
 
 def encode_lines(sp, args):
@@ -113,16 +162,28 @@ def main(argv):
     p.add_argument("--input", help="text files, comma-separated, in this order")
     p.add_argument("--output", help="the uint16 token file (and OUTPUT.json)")
     p.add_argument("--eos_after_each", action="store_true",
-                   help="append the model's end-of-sequence id after each input (line)")
+                   help="append the model's end-of-sequence id: in the token file once after "
+                   "each input file (not after each line); with --output_lines at the end of "
+                   "each line of ids")
     p.add_argument("--output_lines", action="store_true",
-                   help="write each input line as a line of ids (text) instead")
+                   help="write each input line that has text as a line of ids (text) instead")
     p.add_argument("--decode_lines", default="",
                    help="print each line of ids of this file as text (no --input / --output)")
+    p.add_argument("--sentinels", type=int, default=100,
+                   help="with --decode_lines: ids P .. P+S-1 above the model's P pieces are the "
+                   "S sentinels, printed as <extra_id_k> for id P+S-1-k (as //models/t5:train "
+                   "--num_sentinels; default %(default)s)")
     args = p.parse_args(argv)
     if not args.decode_lines and not (args.input and args.output):
         fail("--input and --output are required (or --decode_lines)")
+    if args.sentinels < 0:
+        fail(f"--sentinels={args.sentinels} must be >= 0")
 
     path = model_path(args.model)
+    if not args.decode_lines:
+        written = [args.output] if args.output_lines else [
+            args.output, args.output + ".tmp", args.output + ".json", args.output + ".json.tmp"]
+        refuse_overwriting_inputs(args, path, written)
     sp = sentencepiece.SentencePieceProcessor()
     try:
         sp.Load(path)
@@ -134,7 +195,7 @@ def main(argv):
     if args.eos_after_each and sp.eos_id() < 0:
         fail(f"--eos_after_each: {path} has no end-of-sequence piece")
     if args.decode_lines:
-        decode_lines(sp, args.decode_lines, vocab)
+        decode_lines(sp, args.decode_lines, vocab, args.sentinels)
         return
     if args.output_lines:
         encode_lines(sp, args)

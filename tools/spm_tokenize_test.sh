@@ -6,7 +6,11 @@
 # appended (--eos_id=1). Prompts go through it as lines of ids to
 # //models/t5:generate (from the checkpoint and from its Hugging Face export,
 # with the key/value cache and without: the same tokens; sampled: the seed's
-# tokens every run; beam search, with the cache and without) and back to text. Bad input exits 2 naming the flag.
+# tokens every run; beam search, with the cache and without) and back to text,
+# ids above the model's 300 as the sentinels <extra_id_k> (399 the 0th). An output
+# that is an input or the model (by any path, a link, or its OUTPUT.json) is
+# refused and nothing is written; --help says where each mode puts --eos_after_each's
+# </s>. Bad input exits 2 naming the flag.
 set -euo pipefail
 script="$1"
 train="$2"
@@ -124,10 +128,55 @@ done
 "$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
 "$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> /dev/null |
   cmp - "$dir/out.txt"
-# Ids of the model's own vocabulary (no sentinels: those are above 300) decode to text lines.
-awk '{ for (i = 1; i <= NF; i++) if ($i >= 300) $i = 2; print }' "$dir/out.txt" > "$dir/out300.txt"
-[[ $(/usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/out300.txt" | wc -l) == 3 ]]
+# generate's ids (the 300 of the model and 100 sentinels) decode to text lines.
+[[ $(/usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/out.txt" | wc -l) == 3 ]]
 echo "prompts through //models/t5:generate and back to text"
+# Sentinels as the span corruption numbers them (span_corruption.h: <extra_id_k> = 400 - 1 - k),
+# written as Hugging Face's T5 tokenizer writes them, with the text's own spaces.
+printf 'of prisms\nLight is\n' > "$dir/spans.txt"
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/spans.txt" --output="$dir/spans_ids.txt" \
+  --output_lines > /dev/null
+printf '399 %s 398 %s 300\n%s 399 1\n' "$(sed -n 1p "$dir/spans_ids.txt")" \
+  "$(sed -n 2p "$dir/spans_ids.txt")" "$(sed -n 1p "$dir/spans_ids.txt")" > "$dir/spans_out.txt"
+/usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/spans_out.txt" > "$dir/spans.log"
+printf '<extra_id_0> of prisms<extra_id_1> Light is<extra_id_99>\nof prisms<extra_id_0>\n' |
+  cmp - "$dir/spans.log" || { echo "sentinels decoded as:"; cat "$dir/spans.log"; exit 1; }
+echo "sentinel ids decode as <extra_id_k>"
+
+# --help says what --eos_after_each appends in each mode (as checked above: one </s>
+# after each of the two files in the token file, one after each line of ids).
+help=$(COLUMNS=100 /usr/bin/python3 "$script" --help | tr -s ' \n' '  ')
+[[ "$help" == *"id: in the token file once after each input file (not after each line); with \
+--output_lines at the end of each line of ids"* ]] || { echo "--help: $help"; exit 1; }
+
+# An output that is an input is refused (by its path, another path to it or a link; with
+# --output_lines too; OUTPUT.json and the temporary files as well), as is the model.
+cp "$dir/second.txt" "$dir/keep.txt"
+cp "$dir/second.txt" "$dir/notes.json"
+cp "$dir/spiece.model" "$dir/spiece.copy"
+ln -s keep.txt "$dir/keep_link.txt"
+ln -s keep.txt "$dir/notes.tmp"  # the token file's temporary name, a link to an input
+destroys="writing it would destroy the text"
+exits_2 "--output=$dir/keep.txt is the input $dir/keep.txt: $destroys" /usr/bin/python3 \
+  "$script" --model="$dir" --input="$dir/keep.txt" --output="$dir/keep.txt"
+exits_2 "--output=$dir/ck/../keep.txt is the input $dir/keep.txt: $destroys" /usr/bin/python3 \
+  "$script" --model="$dir" --input="$dir/in.txt,$dir/keep.txt" --output="$dir/ck/../keep.txt"
+exits_2 "--output=$dir/keep_link.txt is the input $dir/keep.txt: $destroys" /usr/bin/python3 \
+  "$script" --model="$dir" --input="$dir/keep.txt" --output="$dir/keep_link.txt" --output_lines
+exits_2 "--output=$dir/keep.txt is the input $dir/keep_link.txt: $destroys" /usr/bin/python3 \
+  "$script" --model="$dir" --input="$dir/keep_link.txt" --output="$dir/keep.txt" --output_lines
+exits_2 "--output=$dir/notes: $dir/notes.json is the input $dir/notes.json: $destroys" \
+  /usr/bin/python3 "$script" --model="$dir" --input="$dir/notes.json" --output="$dir/notes"
+exits_2 "--output=$dir/notes: $dir/notes.tmp is the input $dir/keep.txt: $destroys" \
+  /usr/bin/python3 "$script" --model="$dir" --input="$dir/keep.txt" --output="$dir/notes"
+exits_2 "--output=$dir/spiece.model is the model $dir/spiece.model: writing it would destroy the \
+model" /usr/bin/python3 "$script" --model="$dir" --input="$dir/keep.txt" \
+  --output="$dir/spiece.model" --output_lines
+cmp "$dir/keep.txt" "$dir/second.txt"
+cmp "$dir/notes.json" "$dir/second.txt"
+cmp "$dir/spiece.model" "$dir/spiece.copy"
+[[ ! -e "$dir/notes" ]]
+echo "an output that is an input is refused, the input kept"
 
 exits_2 "--model=$dir/none: no such file" /usr/bin/python3 "$script" --model="$dir/none" \
   --input="$dir/in.txt" --output="$dir/x.bin"
@@ -141,6 +190,13 @@ exits_2 "--decode_lines: $dir/prompts.txt: line 1 is not ids" /usr/bin/python3 "
 printf '5 7\n5 400\n' > "$dir/bad_ids.txt"
 exits_2 "--input=$dir/bad_ids.txt: line 2: '400' is not an id below the model's 400" "$generate" \
   --init_from="$dir/ck" --input="$dir/bad_ids.txt"
+exits_2 "--decode_lines: $dir/bad_ids.txt: line 2 has id 400, outside 0 .. 399 (the model's 300 \
+pieces and --sentinels=100)" /usr/bin/python3 "$script" --model="$dir" \
+  --decode_lines="$dir/bad_ids.txt"
+exits_2 "--decode_lines: $dir/spans_out.txt: line 1 has id 399, outside 0 .. 299" /usr/bin/python3 \
+  "$script" --model="$dir" --decode_lines="$dir/spans_out.txt" --sentinels=0
+exits_2 "--sentinels=-1 must be >= 0" /usr/bin/python3 "$script" --model="$dir" \
+  --decode_lines="$dir/spans_out.txt" --sentinels=-1
 exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --eos_id=400
 exits_2 "--top_p must be in (0, 1], got 0" "$generate" --init_from="$dir/ck" \
