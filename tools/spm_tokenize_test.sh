@@ -73,38 +73,49 @@ printf 'Light is refracted\n\nThe colours of bodies\nOf prisms\n' > "$dir/prompt
   --output_lines --eos_after_each > /dev/null
 [[ $(wc -l < "$dir/ids.txt") == 3 ]]  # the empty line is skipped
 [[ $(awk '{ print $NF }' "$dir/ids.txt" | sort -u) == 1 ]]
-"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 > "$dir/out.txt" \
-  2> "$dir/generate.log"
+"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --eos_id=-1 \
+  > "$dir/out.txt" 2> "$dir/generate.log"
 grep -q "^model t5-tiny(vocab_size=400, .* from checkpoint $dir/ck/step_000002 (step 2)" \
   "$dir/generate.log"
 grep -q "^3 examples, 18 tokens in " "$dir/generate.log"
 [[ $(wc -l < "$dir/out.txt") == 3 ]]
 awk '{ if (NF != 6) exit 1; for (i = 1; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i >= 400) exit 1 }' \
   "$dir/out.txt"
+# The special ids default to the weights': the checkpoint's batches ended with </s> (1).
+"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 > "$dir/auto.txt" \
+  2> "$dir/auto.log"
+grep -q "| eos 1, pad 0, decoder start 0$" "$dir/auto.log" || { cat "$dir/auto.log"; exit 1; }
+"$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --eos_id=1 \
+  2> /dev/null | cmp - "$dir/auto.txt"
+# A byte-level run's batches end without one: no eos.
+"$train" --steps=1 --batch_size=2 --encoder_length=32 --checkpoint_dir="$dir/bytes" > /dev/null
+"$generate" --init_from="$dir/bytes" --input="$dir/ids.txt" --max_new_tokens=2 2> "$dir/auto.log" \
+  > /dev/null
+grep -q "| eos -1, pad 0, decoder start 0$" "$dir/auto.log" || { cat "$dir/auto.log"; exit 1; }
 # The same ids apart by tabs, from stdin (--input=-): the same tokens.
 tr ' ' '\t' < "$dir/ids.txt" | "$generate" --init_from="$dir/ck" --input=- --max_new_tokens=6 \
-  2> /dev/null | cmp - "$dir/out.txt"
+  --eos_id=-1 2> /dev/null | cmp - "$dir/out.txt"
 # Without the key/value cache: the same tokens. Sampled: a seed repeats its draws.
 "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --nokv_cache \
-  2> /dev/null | cmp - "$dir/out.txt"
+  --eos_id=-1 2> /dev/null | cmp - "$dir/out.txt"
 for run in 1 2; do
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --temperature=1.5 \
     --top_k=50 --seed=3 > "$dir/sampled_$run.txt" 2> "$dir/sampled.log"
 done
-grep -q "| sampled$" "$dir/sampled.log"
+grep -q "| sampled |" "$dir/sampled.log"
 cmp "$dir/sampled_1.txt" "$dir/sampled_2.txt"
 # Beam search: the same ids with the cache and without; a line per example.
 for cache in --kv_cache --nokv_cache; do
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
     --eos_id=1 "$cache" > "$dir/beams$cache.txt" 2> "$dir/beams.log"
 done
-grep -q "| 3 beams, greedy$" "$dir/beams.log"
+grep -q "| 3 beams, greedy |" "$dir/beams.log"
 cmp "$dir/beams--kv_cache.txt" "$dir/beams--nokv_cache.txt"
 [[ $(wc -l < "$dir/beams--kv_cache.txt") == 3 ]]
 # --num_return_sequences=2: two lines per example, the best first (the line above).
 "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=6 --num_beams=3 \
   --eos_id=1 --num_return_sequences=2 > "$dir/beams2.txt" 2> "$dir/beams2.log"
-grep -q "| 3 beams, greedy, 2 returned$" "$dir/beams2.log"
+grep -q "| 3 beams, greedy, 2 returned |" "$dir/beams2.log"
 [[ $(wc -l < "$dir/beams2.txt") == 6 ]]
 awk 'NR % 2 == 1' "$dir/beams2.txt" | cmp - "$dir/beams--kv_cache.txt"
 # Sampled beams: the same ids with the cache and without, for one seed.
@@ -113,21 +124,25 @@ for cache in --kv_cache --nokv_cache; do
     --eos_id=1 --temperature=1.5 --top_k=50 --seed=3 "$cache" > "$dir/sbeams$cache.txt" \
     2> "$dir/sbeams.log"
 done
-grep -q "| 3 beams, sampled$" "$dir/sbeams.log"
+grep -q "| 3 beams, sampled |" "$dir/sbeams.log"
 cmp "$dir/sbeams--kv_cache.txt" "$dir/sbeams--nokv_cache.txt"
 [[ $(wc -l < "$dir/sbeams--kv_cache.txt") == 3 ]]
 # No pair of ids twice in a line (the decoder's start id 0 included), greedy or in beams.
 for beams in 1 3; do
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --max_new_tokens=12 --num_beams=$beams \
     --no_repeat_ngram_size=2 --repetition_penalty=1.2 > "$dir/norepeat.txt" 2> "$dir/norepeat.log"
-  grep -q ", repetition_penalty 1.2, no_repeat_ngram_size 2$" "$dir/norepeat.log"
+  grep -q ", repetition_penalty 1.2, no_repeat_ngram_size 2 |" "$dir/norepeat.log"
   awk '{ delete seen; prev = 0; for (i = 1; i <= NF; i++) { if ((prev " " $i) in seen) exit 1;
          seen[prev " " $i] = 1; prev = $i } }' "$dir/norepeat.txt" ||
     { echo "a pair repeats ($beams beams):"; cat "$dir/norepeat.txt"; exit 1; }
 done
 "$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
-"$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> /dev/null |
-  cmp - "$dir/out.txt"
+"$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 --eos_id=-1 \
+  2> /dev/null | cmp - "$dir/out.txt"
+# Its config.json records the same special ids, which generate takes by default.
+"$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 2> "$dir/auto.log" |
+  cmp - "$dir/auto.txt"
+grep -q "| eos 1, pad 0, decoder start 0$" "$dir/auto.log"
 # generate's ids (the 300 of the model and 100 sentinels) decode to text lines.
 [[ $(/usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/out.txt" | wc -l) == 3 ]]
 echo "prompts through //models/t5:generate and back to text"
@@ -199,6 +214,10 @@ exits_2 "--sentinels=-1 must be >= 0" /usr/bin/python3 "$script" --model="$dir" 
   --decode_lines="$dir/spans_out.txt" --sentinels=-1
 exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --eos_id=400
+exits_2 "--pad_id='x' is not an id, -1 or auto" "$generate" --init_from="$dir/ck" \
+  --input="$dir/ids.txt" --pad_id=x
+exits_2 "--top_k=5: it narrows the tokens a draw takes, but --temperature=0 draws none" \
+  "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --top_k=5
 exits_2 "--top_p must be in (0, 1], got 0" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --temperature=1 --top_p=0
 exits_2 "--no_repeat_ngram_size must be >= 0 (0: off), got -1" "$generate" --init_from="$dir/ck" \

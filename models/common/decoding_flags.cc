@@ -2,8 +2,13 @@
 #include "models/common/decoding_flags.h"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "divides the logit of each token already in the sequence where positive, multiplies "
@@ -31,6 +36,43 @@ void DecodingFromCommandLine(Decoding* decoding) {
   decoding->num_beams = absl::GetFlag(FLAGS_num_beams);
   decoding->length_penalty = absl::GetFlag(FLAGS_length_penalty);
   decoding->early_stopping = absl::GetFlag(FLAGS_early_stopping);
+}
+
+namespace {
+// "--name=value" for each of `names` this binary defines and the command line
+// set off its default.
+std::vector<std::string> OffDefault(std::vector<const char*> names) {
+  std::vector<std::string> off;
+  for (const char* name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
+      off.push_back(absl::StrCat("--", name, "=", flag->CurrentValue()));
+    }
+  }
+  return off;
+}
+}  // namespace
+
+absl::Status CheckDecodingFlagsApply(const Decoding& decoding) {
+  if (decoding.temperature == 0) {
+    const std::vector<std::string> off = OffDefault({"top_k", "top_p"});
+    if (!off.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          absl::StrJoin(off, " "), ": ", off.size() == 1 ? "it narrows" : "they narrow",
+          " the tokens a draw takes, but --temperature=0 draws none (",
+          decoding.num_beams > 1 ? "beam search by score" : "greedy decoding",
+          "): give --temperature > 0 to sample"));
+    }
+  }
+  if (decoding.num_beams == 1) {
+    const std::vector<std::string> off = OffDefault({"length_penalty", "early_stopping"});
+    if (!off.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          absl::StrJoin(off, " "), ": beam search's, but --num_beams=1 searches no beams: give "
+          "--num_beams > 1"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace train

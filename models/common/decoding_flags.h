@@ -16,6 +16,12 @@ namespace train {
 // absl::ParseCommandLine; Decoding::Validate checks them).
 void DecodingFromCommandLine(Decoding* decoding);
 
+// Flags set off their defaults that the decoding `decoding` describes would
+// not read, as InvalidArgument naming them: --top_k / --top_p (the binary's)
+// when --temperature is 0, which draws nothing (greedy or beam search), and
+// --length_penalty / --early_stopping without beams (--num_beams 1).
+absl::Status CheckDecodingFlagsApply(const Decoding& decoding);
+
 }  // namespace train
 
 #endif  // MODELS_COMMON_DECODING_FLAGS_H_

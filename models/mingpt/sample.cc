@@ -249,6 +249,8 @@ absl::Status Sample() {
   train::DecodingFromCommandLine(&options);
   absl::Status valid = options.Validate(config.vocab_size);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
+  valid = train::CheckDecodingFlagsApply(options);
+  if (!valid.ok()) return valid;
   const int64_t num_samples = absl::GetFlag(FLAGS_num_samples);
   if (num_samples < 1) {
     return absl::InvalidArgumentError(

@@ -119,6 +119,16 @@ expect_error "--checkpoint: $dir/none: no such folder" --checkpoint="$dir/none"
 expect_error "--temperature must be finite and >= 0" --checkpoint="$dir/one" --temperature=-1
 expect_error "--top_p must be in (0, 1], got 1.5" --checkpoint="$dir/one" --top_p=1.5
 expect_error "--top_k must be >= 0" --checkpoint="$dir/one" --top_k=-2
+# Flags the decoding would not read.
+expect_error "--top_k=5: it narrows the tokens a draw takes, but --temperature=0 draws none \
+(greedy decoding): give --temperature > 0 to sample" --checkpoint="$dir/one" --temperature=0 \
+  --top_k=5
+expect_error "--top_k=5 --top_p=0.5: they narrow the tokens a draw takes, but --temperature=0 \
+draws none (beam search by score)" --checkpoint="$dir/one" --temperature=0 --top_k=5 \
+  --top_p=0.5 --num_beams=2
+expect_error "--length_penalty=2: beam search's, but --num_beams=1 searches no beams: give \
+--num_beams > 1" --checkpoint="$dir/one" --length_penalty=2
+expect_error "--early_stopping=true: beam search's" --checkpoint="$dir/one" --early_stopping
 expect_error "--repetition_penalty must be finite and > 0 (1: off), got -1" --checkpoint="$dir/one" \
   --repetition_penalty=-1
 expect_error "--no_repeat_ngram_size must be >= 0 (0: off), got -3" --checkpoint="$dir/one" \

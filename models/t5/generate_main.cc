@@ -47,9 +47,15 @@ ABSL_FLAG(std::string, input, "",
           "a file of examples, one per line: token ids separated by spaces or tabs; - reads "
           "stdin");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "tokens decoded per example at most");
-ABSL_FLAG(int64_t, eos_id, -1, "an example stops after this id (T5's </s>: 1); -1: none");
-ABSL_FLAG(int64_t, decoder_start_id, 0, "the decoder's first input (T5's: the pad id 0)");
-ABSL_FLAG(int64_t, pad_id, 0, "pads the shorter examples of the batch (masked out)");
+ABSL_FLAG(std::string, eos_id, "auto",
+          "an example stops after this id (T5's </s>: 1); -1: none; auto: the weights' "
+          "(config.json's eos_token_id, or the one a checkpoint's training batches ended with)");
+ABSL_FLAG(std::string, decoder_start_id, "auto",
+          "the decoder's first input (T5's: the pad id 0); auto: the weights' "
+          "(decoder_start_token_id, or a checkpoint's)");
+ABSL_FLAG(std::string, pad_id, "auto",
+          "pads the shorter examples of the batch (masked out); auto: the weights' (pad_token_id, "
+          "or a checkpoint's)");
 ABSL_FLAG(double, temperature, 0.0, "divides the logits before a draw; 0: greedy");
 ABSL_FLAG(int64_t, top_k, 0, "draw among the k most likely tokens; 0: all");
 ABSL_FLAG(double, top_p, 1.0, "draw among the most likely tokens up to this probability; 1: all");
@@ -108,6 +114,18 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string
   return examples;
 }
 
+// An id flag's value: "auto" takes `recorded` (the weights'), else an
+// integer; InvalidArgument naming the flag.
+absl::StatusOr<int64_t> IdFlag(const char* name, const std::string& value, int64_t recorded) {
+  if (value == "auto") return recorded;
+  int64_t id = 0;
+  if (!absl::SimpleAtoi(value, &id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "='", value, "' is not an id, -1 or auto"));
+  }
+  return id;
+}
+
 absl::Status Run() {
   const std::string init_from = absl::GetFlag(FLAGS_init_from);
   if (init_from.empty()) return absl::InvalidArgumentError("--init_from is required");
@@ -120,8 +138,13 @@ absl::Status Run() {
   const int64_t V = weights->config.vocab_size;
   GenerateOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  options.eos_id = absl::GetFlag(FLAGS_eos_id);
-  options.decoder_start_id = absl::GetFlag(FLAGS_decoder_start_id);
+  absl::StatusOr<int64_t> eos = IdFlag("eos_id", absl::GetFlag(FLAGS_eos_id), weights->ids.eos_id);
+  if (!eos.ok()) return eos.status();
+  options.eos_id = *eos;
+  absl::StatusOr<int64_t> decoder_start = IdFlag(
+      "decoder_start_id", absl::GetFlag(FLAGS_decoder_start_id), weights->ids.decoder_start_id);
+  if (!decoder_start.ok()) return decoder_start.status();
+  options.decoder_start_id = *decoder_start;
   options.temperature = absl::GetFlag(FLAGS_temperature);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.top_p = absl::GetFlag(FLAGS_top_p);
@@ -131,7 +154,12 @@ absl::Status Run() {
   options.num_return_sequences = absl::GetFlag(FLAGS_num_return_sequences);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
-  const int64_t pad = absl::GetFlag(FLAGS_pad_id);
+  valid = train::CheckDecodingFlagsApply(options);
+  if (!valid.ok()) return valid;
+  absl::StatusOr<int64_t> pad_flag =
+      IdFlag("pad_id", absl::GetFlag(FLAGS_pad_id), weights->ids.pad_id);
+  if (!pad_flag.ok()) return pad_flag.status();
+  const int64_t pad = *pad_flag;
   if (pad < 0 || pad >= V) {
     return absl::InvalidArgumentError(
         absl::StrCat("--pad_id=", pad, " is not an id of the vocabulary of ", V));
@@ -150,10 +178,12 @@ absl::Status Run() {
   nn::ReleaseInitValues(model);
   nn::MixedPrecision mixed(model, compute->policy);
   mixed.CastForCompute();
-  std::fprintf(stderr, "model %s from %s | %s | precision %s | %s\n",
+  std::fprintf(stderr, "model %s from %s | %s | precision %s | %s | eos %lld, pad %lld, "
+               "decoder start %lld\n",
                weights->config.ToString().c_str(), weights->source.c_str(),
                compute->device.ToString().c_str(), compute->policy.ToString().c_str(),
-               options.Describe().c_str());
+               options.Describe().c_str(), static_cast<long long>(options.eos_id),
+               static_cast<long long>(pad), static_cast<long long>(options.decoder_start_id));
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.
   const int64_t B = static_cast<int64_t>(examples->size());

@@ -118,6 +118,20 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir) {
   PretrainedSources out;
   out.config = *config;
   out.source = absl::StrCat("Hugging Face T5 ", dir);
+  for (auto [key, field] : {std::pair{"eos_token_id", &out.ids.eos_id},
+                            {"pad_token_id", &out.ids.pad_id},
+                            {"decoder_start_token_id", &out.ids.decoder_start_id}}) {
+    // (The ids' range is their user's to check: training reads none of them.)
+    const Json* v = json->Get(key);
+    if (v == nullptr) continue;  // T5's
+    if (v->kind == Json::Kind::kNull) {
+      if (field == &out.ids.eos_id) *field = -1;  // rows that end without one
+      continue;
+    }
+    absl::StatusOr<int64_t> id = train::HfConfigInt(*json, dir + "/config.json", key);
+    if (!id.ok()) return id.status();
+    *field = *id;
+  }
   for (const ParamShape& p : ParameterShapes(*config)) {
     std::string name = p.name;
     if (name == "shared.weight" && tensors->count(name) == 0) {
@@ -157,8 +171,13 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded->step_dir);
   if (!sources.ok()) return sources.status();
-  return PretrainedSources{*config, *std::move(sources), recorded->description,
-                           recorded->loader_state};
+  PretrainedSources out{*config, *std::move(sources), recorded->description,
+                        recorded->loader_state};
+  if (absl::StatusOr<data::SpanCorruptionIds> ids = data::SpanCorruptionIdsOf(out.loader_state);
+      ids.ok()) {
+    out.ids = {ids->eos_id, ids->pad_id, ids->decoder_start_id};
+  }
+  return out;
 }
 
 absl::Status CheckSameVocabulary(const PretrainedSources& init, int64_t source_vocab,

@@ -36,12 +36,28 @@ namespace t5 {
 // configuration is named "hf-t5".
 absl::StatusOr<T5Config> ConfigFromHf(const tensor::Json& json, const std::string& path);
 
+// The special token ids config.json records: T5's SentencePiece ids by
+// default (pad and decoder start 0, eos 1); a checkpoint's are those its span
+// corruption batches used (data::SpanCorruptionIdsOf), eos -1 written as
+// null (its rows end without one).
+struct HfT5Ids {
+  int64_t eos_id = 1;
+  int64_t pad_id = 0;
+  int64_t decoder_start_id = 0;
+};
+
 // Weights to start from (nn::InitFromSources), with their configuration.
 struct PretrainedSources {
   T5Config config;
   nn::NamedInitSources sources;  // ParameterShapes(config) names
   std::string source;            // "Hugging Face T5 DIR", "checkpoint DIR (step N)"
   std::string loader_state;      // a checkpoint's data loader state; "" for Hugging Face's
+  // The special ids the weights were trained with: config.json's
+  // eos_token_id (null: -1), pad_token_id and decoder_start_token_id, T5's
+  // (HfT5Ids' defaults) where it has none or null; a checkpoint's span
+  // corruption ids, the defaults when its loader state does not say. Not
+  // checked against the vocabulary (their user does).
+  HfT5Ids ids;
 };
 
 // The folder's configuration and a source per parameter: headers read and
@@ -65,16 +81,6 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path);
 // follow its tokenizer, and for a state that does not say.
 absl::Status CheckSameVocabulary(const PretrainedSources& init, int64_t source_vocab,
                                  int64_t sentinels);
-
-// The special token ids config.json records: T5's SentencePiece ids by
-// default (pad and decoder start 0, eos 1); a checkpoint's are those its span
-// corruption batches used (data::SpanCorruptionIdsOf), eos -1 written as
-// null (its rows end without one).
-struct HfT5Ids {
-  int64_t eos_id = 1;
-  int64_t pad_id = 0;
-  int64_t decoder_start_id = 0;
-};
 
 // Writes `weights` (ours: the names and shapes of ParameterShapes(config)) to
 // `dir` (created if missing) as config.json + model.safetensors that

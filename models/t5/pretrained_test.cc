@@ -277,6 +277,17 @@ TEST(HfT5Test, WritesWhatItReadsBack) {
       read->sources[i].second->Read(0, t);
       EXPECT_EQ(t.ToVector<float>(), f.weights[i].second.ToVector<float>()) << f.weights[i].first;
     }
+    // T5's special ids by default; the ones written (eos null: none) read back.
+    EXPECT_EQ(read->ids.eos_id, 1);
+    EXPECT_EQ(read->ids.pad_id, 0);
+    EXPECT_EQ(read->ids.decoder_start_id, 0);
+    const std::string with_ids = FreshTempDir("with_ids");
+    ASSERT_TRUE(WriteHfT5(with_ids, f.config, nn::TensorInitSources(f.weights), {-1, 3, 2}).ok());
+    read = OpenHfT5(with_ids);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->ids.eos_id, -1);
+    EXPECT_EQ(read->ids.pad_id, 3);
+    EXPECT_EQ(read->ids.decoder_start_id, 2);
     // A weight that does not fit is refused before anything is written.
     NamedTensors wrong = f.weights;
     wrong[0].second = wrong[0].second.Narrow(0, 0, 3).Contiguous();
