@@ -141,7 +141,8 @@ echo "shard: ddp checkpoint resumes under fsdp and zero1; shard + consolidate ro
 
 # Errors.
 expect 2 "is not empty" "$ckpt" consolidate "$dir/ck" "$dir/one_zero1"
-expect 2 "is not a sharded checkpoint (no index.json)" "$ckpt" consolidate "$dir/ck_ddp" "$dir/x"
+expect 2 "is not a sharded checkpoint (no index.json): it is a single-process one already \
+(model.safetensors, as one process, DDP and ZeRO-1 save)" "$ckpt" consolidate "$dir/ck_ddp" "$dir/x"
 [[ ! -e "$dir/x" ]]
 expect 2 "is already sharded" "$ckpt" shard "$dir/ck" "$dir/z"
 expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"

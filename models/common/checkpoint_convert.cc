@@ -275,8 +275,13 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
 absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
                                           const std::string& out_dir) {
   if (!IsShardedCheckpoint(sharded_dir)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", sharded_dir, "' is not a sharded checkpoint (no index.json)"));
+    std::error_code ec;
+    const bool single = std::filesystem::exists(sharded_dir + "/model.safetensors", ec);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", sharded_dir, "' is not a sharded checkpoint (no index.json)",
+        single ? ": it is a single-process one already (model.safetensors, as one process, DDP "
+                 "and ZeRO-1 save), which every strategy and world size resumes from as it is"
+               : ""));
   }
   absl::StatusOr<dist::ShardedCheckpointInfo> info = dist::ReadShardedCheckpointInfo(sharded_dir);
   if (!info.ok()) return info.status();
