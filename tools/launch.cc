@@ -85,6 +85,31 @@ constexpr char kUsage[] =
     "[--rdzv_endpoint=host:port] [--rdzv_id=ID] [--max_restarts=0] [--grace_period_s=5] "
     "[--standalone] [--] command [args...]\n";
 
+// --help: the usage line and what each flag does.
+constexpr char kHelp[] =
+    "Starts the worker processes of a training job on this node, like torchrun.\n"
+    "\n"
+    "  --nproc_per_node=N    workers on this node (default 1)\n"
+    "  --nnodes=N            nodes in the job, each with its own launcher (default 1)\n"
+    "  --node_rank=R         this node's index in [0, --nnodes) (default 0)\n"
+    "  --rdzv_endpoint=H:P   rank 0's host and port, MASTER_ADDR / MASTER_PORT of every\n"
+    "                        worker (required with --nnodes > 1; default 127.0.0.1:29500)\n"
+    "  --rdzv_id=ID          the job's id, the same on every node: RUN_ID, which keeps its\n"
+    "                        rendezvous keys apart (default: fresh per launch on one node)\n"
+    "  --max_restarts=N      restart every worker up to N times after one fails (one node\n"
+    "                        only; --resume=auto continues from the last checkpoint)\n"
+    "  --grace_period_s=S    seconds between SIGTERM and SIGKILL when stopping workers (5)\n"
+    "  --standalone          one node on this host (torchrun's flag; the default here)\n"
+    "\n"
+    "Flags may be spelled with dashes (--nproc-per-node). The worker command starts at --\n"
+    "or at the first argument that is not a launcher flag. Each worker gets RANK,\n"
+    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
+    "RESTART_COUNT, RUN_ID, LAUNCH_ID and its share of the cores (FSDP_NUM_THREADS,\n"
+    "OMP_NUM_THREADS, OPENBLAS_NUM_THREADS); its lines are printed prefixed \"[rank N] \".\n"
+    "A failed worker is named and the others stopped; the launch exits 1. On several nodes\n"
+    "the train binaries' gloo workers also need --rdzv=<a folder every node can write> or\n"
+    "--rdzv=redis://host:port for their rendezvous store.\n";
+
 [[noreturn]] void Usage(const std::string& problem) {
   std::fprintf(stderr, "launch: %s\n%s", problem.c_str(), kUsage);
   std::exit(2);
@@ -239,7 +264,7 @@ int main(int argc, char** argv) {
       break;
     }
     if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
+      std::printf("%s\n%s", kUsage, kHelp);
       return 0;
     }
     auto eq = a.find('=');

@@ -174,6 +174,8 @@ out=$("$LAUNCH" --nproc-per-node 2 --standalone sh -c 'echo "w $RANK/$WORLD_SIZE
   { echo "$out"; fail "torchrun-style command line"; }
 [ "$(echo "$out" | grep -c "w [01]/2")" -eq 2 ] || { echo "$out"; fail "torchrun-style workers"; }
 "$LAUNCH" --help | grep -q "^usage: launch \[--nproc_per_node=1\]" || fail "--help"
+"$LAUNCH" --help | grep -q "^  --max_restarts=N  *restart every worker up to N times" ||
+  fail "--help describes the flags"
 # Without --nproc_per_node: one worker, as torchrun starts.
 out=$("$LAUNCH" -- sh -c 'echo "w $RANK/$WORLD_SIZE"') || fail "no --nproc_per_node: exit $?"
 [ "$out" = "[rank 0] w 0/1" ] || fail "no --nproc_per_node: $out"
