@@ -4,6 +4,7 @@
 // missing or dead peer fails the others fast with a message naming the op.
 #include "dist/gloo_group.h"
 
+#include <hiredis.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -541,9 +542,33 @@ TEST(GlooGroup, RendezvousThroughRedis) {
     if (!sub.ok()) return sub.status().ToString();
     return (*sub)->BarrierSync().ToString() == "OK" ? "" : "split barrier failed";
   });
+  // Once every rank is done: the run's keys go, only theirs. Keys of a
+  // prefix the run's begins ("gloox/"), and of one with a glob character
+  // ("gloo*/", which unescaped would match the run's), are others'.
+  const std::string store = absl::StrCat("redis://127.0.0.1:", port);
+  redisContext* c = redisConnect("127.0.0.1", port);
+  EXPECT_TRUE(c != nullptr && c->err == 0);  // (no ASSERT: the server is stopped below)
+  for (const char* key : {"gloox/keep", "gloo*/x"}) {
+    if (c != nullptr && c->err == 0) freeReplyObject(redisCommand(c, "SET %s 1", key));
+  }
+  if (c != nullptr) redisFree(c);
+  absl::StatusOr<int64_t> removed = RemoveRedisKeys(store, "gloo*");
+  EXPECT_EQ(removed.value_or(-1), 1) << removed.status();
+  removed = RemoveRedisKeys(store, "gloo");
+  EXPECT_GT(removed.value_or(-1), 2) << removed.status();  // each rank's address, claims, ...
+  EXPECT_EQ(RemoveRedisKeys(store, "gloo").value_or(-1), 0);
+  EXPECT_EQ(RemoveRedisKeys(store, "gloox").value_or(-1), 1);
   kill(redis, SIGTERM);
   waitpid(redis, nullptr, 0);
   ExpectAllOk(o);
+  // A server that is gone, and a store that is not Redis, are named.
+  removed = RemoveRedisKeys(store, "gloo");
+  EXPECT_EQ(removed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(removed.status().message(),
+                                absl::StrCat("removing the keys under gloo/ from ", store)))
+      << removed.status();
+  EXPECT_EQ(RemoveRedisKeys("/tmp/store", "gloo").status().message(),
+            "[gloo] store \"/tmp/store\" is not redis://host:port");
 }
 
 }  // namespace

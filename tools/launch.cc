@@ -102,11 +102,12 @@ constexpr char kHelp[] =
     "  --standalone          one node on this host (torchrun's flag; the default here)\n"
     "\n"
     "Flags may be spelled with dashes (--nproc-per-node). The worker command starts at --\n"
-    "or at the first argument that is not a launcher flag. Each worker gets RANK,\n"
+    "or at the first argument that does not start with '-'. Each worker gets RANK,\n"
     "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
     "RESTART_COUNT, RUN_ID, LAUNCH_ID and its share of the cores (FSDP_NUM_THREADS,\n"
     "OMP_NUM_THREADS, OPENBLAS_NUM_THREADS); its lines are printed prefixed \"[rank N] \".\n"
-    "A failed worker is named and the others stopped; the launch exits 1. On several nodes\n"
+    "A failed worker is named and the others stopped; the launch exits 1 (128 + N when\n"
+    "the launcher gets signal N). On several nodes\n"
     "the train binaries' gloo workers also need --rdzv=<a folder every node can write> or\n"
     "--rdzv=redis://host:port for their rendezvous store.\n";
 

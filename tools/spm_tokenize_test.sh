@@ -214,7 +214,7 @@ exits_2 "--sentinels=-1 must be >= 0" /usr/bin/python3 "$script" --model="$dir" 
   --decode_lines="$dir/spans_out.txt" --sentinels=-1
 exits_2 "--eos_id=400 is not an id of the vocabulary of 400" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --eos_id=400
-exits_2 "--pad_id='x' is not an id, -1 or auto" "$generate" --init_from="$dir/ck" \
+exits_2 "--pad_id='x' is not an id or auto" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --pad_id=x
 exits_2 "--top_k=5: it narrows the tokens a draw takes, but --temperature=0 draws none" \
   "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --top_k=5

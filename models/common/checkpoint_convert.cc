@@ -276,7 +276,8 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
                                           const std::string& out_dir) {
   if (!IsShardedCheckpoint(sharded_dir)) {
     std::error_code ec;
-    const bool single = std::filesystem::exists(sharded_dir + "/model.safetensors", ec);
+    const bool single = std::filesystem::exists(sharded_dir + "/model.safetensors", ec) &&
+                        std::filesystem::exists(sharded_dir + "/optimizer.safetensors", ec);
     return absl::InvalidArgumentError(absl::StrCat(
         "'", sharded_dir, "' is not a sharded checkpoint (no index.json)",
         single ? ": it is a single-process one already (model.safetensors, as one process, DDP "

@@ -57,6 +57,7 @@ constexpr std::pair<const char*, const char*> kOtherToolsNames[] = {
     {"per_device_train_batch_size", "batch_size"},
     {"train_micro_batch_size_per_gpu", "batch_size"},
     {"block_size", "seq_len"},
+    {"block_size", "encoder_length"},
     {"eval_interval", "eval_every"},
     {"eval_iters", "eval_batches"},
     {"out_dir", "checkpoint_dir"},
@@ -70,19 +71,23 @@ constexpr std::pair<const char*, const char*> kOtherToolsNames[] = {
 };
 
 // " (did you mean --x?)" for the known flag `name` most likely meant: its
-// spelling with '_' for '-', another tool's name for it, the shortest flag
-// it begins (4 characters or more), else the closest by edit distance; ""
-// when none is close.
+// spelling with '_' for '-', another tool's name for it (none when this
+// binary lacks that flag), the shortest flag it begins (4 characters or
+// more), else the closest by edit distance; "" when none is close.
 std::string DidYouMean(absl::string_view name) {
   const std::string underscored = absl::StrReplaceAll(name, {{"-", "_"}});
   if (underscored != name && absl::FindCommandLineFlag(underscored) != nullptr) {
     return absl::StrCat(" (did you mean --", underscored, "?)");
   }
+  bool theirs_named = false;  // another tool's name, whose flag this binary may lack
   for (const auto& [theirs, ours] : kOtherToolsNames) {
-    if (underscored == theirs && absl::FindCommandLineFlag(ours) != nullptr) {
+    if (underscored != theirs) continue;
+    theirs_named = true;
+    if (absl::FindCommandLineFlag(ours) != nullptr) {
       return absl::StrCat(" (did you mean --", ours, "?)");
     }
   }
+  if (theirs_named) return "";  // not a misspelling of one of ours
   std::string best;
   if (underscored.size() >= 4) {
     for (const auto& [flag_name, flag] : absl::GetAllFlags()) {

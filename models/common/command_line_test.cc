@@ -16,6 +16,7 @@ ABSL_FLAG(int, nproc_per_node, 1, "processes per node");
 ABSL_FLAG(std::string, strategy, "full_shard", "a string");
 ABSL_FLAG(int, grad_accum_steps, 1, "micro-batches");
 ABSL_FLAG(double, grad_clip, 1.0, "clipping");
+ABSL_FLAG(int, batch_size, 8, "rows");
 
 namespace train {
 namespace {
@@ -58,6 +59,8 @@ TEST(CheckCommandLineTest, AnUnknownFlagNamesTheClosestKnownOne) {
             "unknown flag --grad_accum (did you mean --grad_accum_steps?)");
   // A name whose flag this binary lacks suggests nothing from the table.
   EXPECT_EQ(Check({"--eval_iters=4"}).message(), "unknown flag --eval_iters");
+  // ... nor a guess by spelling (--block_size is 3 edits from --batch_size).
+  EXPECT_EQ(Check({"--block_size=64"}).message(), "unknown flag --block_size");
   // A non-boolean flag has no --no form; the --no form takes no value.
   EXPECT_EQ(Check({"--nosteps"}).message(),
             "--nosteps: --steps is not a boolean flag (no --no form)");

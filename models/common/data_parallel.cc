@@ -68,11 +68,24 @@ dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
 // After a gloo run that ended well on this rank: once every rank is done
 // with the store (a barrier; a gloo group does not use it after its
 // rendezvous), rank 0 removes the run's folder of the default directory
-// (Rendezvous::owned). A run that failed leaves it.
-void RemoveOwnedStore(const DataParallelConfig& config, dist::ProcessGroup& pg) {
-  if (!config.rendezvous.owned || !pg.BarrierSync().ok() || pg.rank() != 0) return;
-  std::error_code ignored;
-  std::filesystem::remove_all(config.rendezvous.store, ignored);
+// (Rendezvous::owned), or this attempt's keys from a Redis store (a failure
+// to is said, not fatal: the run is done). A run that failed leaves them. (A
+// shared folder given as --rdzv keeps its keys: Gloo's FileStore names their
+// files by a hash, which cannot be listed by prefix.)
+void RemoveRunKeys(const DataParallelConfig& config, dist::ProcessGroup& pg) {
+  const bool redis = absl::StartsWith(config.rendezvous.store, "redis://");
+  if ((!config.rendezvous.owned && !redis) || !pg.BarrierSync().ok() || pg.rank() != 0) return;
+  if (config.rendezvous.owned) {
+    std::error_code ignored;
+    std::filesystem::remove_all(config.rendezvous.store, ignored);
+    return;
+  }
+  absl::StatusOr<int64_t> removed =
+      dist::RemoveRedisKeys(config.rendezvous.store, config.rendezvous.prefix);
+  if (!removed.ok()) {
+    std::fprintf(stderr, "train: note: the run's rendezvous keys stay: %s\n",
+                 std::string(removed.status().message()).c_str());
+  }
 }
 
 }  // namespace
@@ -145,7 +158,7 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
     return fn(context);
   });
   if (!s.ok()) return WithRank(env.rank, s);
-  RemoveOwnedStore(config, **pg);
+  RemoveRunKeys(config, **pg);
   std::printf("%s\n", RankMemoryLine(env.rank, ledger).c_str());
   std::fflush(stdout);
   return absl::OkStatus();

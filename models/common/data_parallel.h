@@ -130,7 +130,8 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const GetEnvFn& getenv);
 struct Rendezvous {
   std::string store;   // a directory (Gloo's FileStore) or "redis://host:port"
   std::string prefix;  // "<run id>/restart<RESTART_COUNT>"
-  // The default directory, the run's own: removed when the run ends well.
+  // The default directory, the run's own: removed when the run ends well (a
+  // Redis store loses the run's keys under `prefix` then).
   bool owned = false;
 };
 

@@ -487,13 +487,18 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
   }
   if (flags.prefetch_units > 0) {
     // The units' lists replace the prefetch along the recorded order, and
-    // gather whatever --max_inflight_all_gathers says (dist::PrefetchNeighbors).
+    // gather whatever --max_inflight_all_gathers says (dist::PrefetchNeighbors),
+    // which under --cpu_offload still sizes the upload slots.
+    const DataParallelFlags defaults;
     std::vector<std::string> replaced;
-    if (flags.forward_prefetch) replaced.push_back("--forward_prefetch");
-    if (flags.backward_prefetch != "pre") {
+    if (flags.forward_prefetch != defaults.forward_prefetch) {
+      replaced.push_back("--forward_prefetch");
+    }
+    if (flags.backward_prefetch != defaults.backward_prefetch) {
       replaced.push_back(absl::StrCat("--backward_prefetch=", flags.backward_prefetch));
     }
-    if (flags.max_inflight_all_gathers != 2) {
+    if (flags.max_inflight_all_gathers != defaults.max_inflight_all_gathers &&
+        !flags.cpu_offload) {
       replaced.push_back(
           absl::StrCat("--max_inflight_all_gathers=", flags.max_inflight_all_gathers));
     }

@@ -343,6 +343,13 @@ TEST(ConfigureTest, DevicesAndNccl) {
   EXPECT_EQ(c->Describe(),
             "FSDP FULL_SHARD (auto_wrap transformer) over 2 ranks (threads) on cuda:1, CPU "
             "offload");
+  // Offloading, --max_inflight_all_gathers sizes the upload slots: it goes
+  // with --prefetch_units.
+  f.prefetch_units = 3;
+  f.max_inflight_all_gathers = 4;
+  c = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_inflight_all_gathers, 4);
   // nccl: one process per GPU, cuda:LOCAL_RANK, meeting in a directory.
   f = Flags("nccl", "no_shard", 0);
   f.device = "cuda";

@@ -2,6 +2,7 @@
 #include "models/common/decoding_flags.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "divides the logit of each token already in the sequence where positive, multiplies "
@@ -40,12 +42,15 @@ void DecodingFromCommandLine(Decoding* decoding) {
 
 namespace {
 // "--name=value" for each of `names` this binary defines and the command line
-// set off its default.
-std::vector<std::string> OffDefault(std::vector<const char*> names) {
+// set off its default, where `does_something` says the value does something
+// (--top_k=0 keeps every token: nothing ignored).
+std::vector<std::string> OffDefault(std::vector<const char*> names,
+                                    const std::function<bool(const char*)>& does_something) {
   std::vector<std::string> off;
   for (const char* name : names) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue()) {
+    if (flag != nullptr && flag->CurrentValue() != flag->DefaultValue() &&
+        does_something(name)) {
       off.push_back(absl::StrCat("--", name, "=", flag->CurrentValue()));
     }
   }
@@ -55,7 +60,10 @@ std::vector<std::string> OffDefault(std::vector<const char*> names) {
 
 absl::Status CheckDecodingFlagsApply(const Decoding& decoding) {
   if (decoding.temperature == 0) {
-    const std::vector<std::string> off = OffDefault({"top_k", "top_p"});
+    const std::vector<std::string> off =
+        OffDefault({"top_k", "top_p"}, [&](absl::string_view name) {
+          return name == "top_k" ? decoding.top_k > 0 : decoding.top_p < 1;
+        });
     if (!off.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           absl::StrJoin(off, " "), ": ", off.size() == 1 ? "it narrows" : "they narrow",
@@ -65,7 +73,8 @@ absl::Status CheckDecodingFlagsApply(const Decoding& decoding) {
     }
   }
   if (decoding.num_beams == 1) {
-    const std::vector<std::string> off = OffDefault({"length_penalty", "early_stopping"});
+    const std::vector<std::string> off =
+        OffDefault({"length_penalty", "early_stopping"}, [](const char*) { return true; });
     if (!off.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           absl::StrJoin(off, " "), ": beam search's, but --num_beams=1 searches no beams: give "

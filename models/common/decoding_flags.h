@@ -18,7 +18,8 @@ void DecodingFromCommandLine(Decoding* decoding);
 
 // Flags set off their defaults that the decoding `decoding` describes would
 // not read, as InvalidArgument naming them: --top_k / --top_p (the binary's)
-// when --temperature is 0, which draws nothing (greedy or beam search), and
+// narrowing the draw (top_k > 0, top_p < 1) when --temperature is 0, which
+// draws nothing (greedy or beam search), and
 // --length_penalty / --early_stopping without beams (--num_beams 1).
 absl::Status CheckDecodingFlagsApply(const Decoding& decoding);
 

@@ -343,10 +343,11 @@ absl::StatusOr<SpanCorruptionVocab> SpanCorruptionVocabOf(absl::string_view stat
     return absl::InvalidArgumentError(
         absl::StrCat("not a span corruption loader's state: \"", state, "\""));
   }
-  // The source's fingerprint comes first: "byte_text(...)", or
-  // "token_file(...,vocab=V,...)" / "random_tokens(vocab=V,...)".
+  // The source's fingerprint comes first, up to the loader's own fields:
+  // "byte_text(...)", or "token_file(...,vocab=V,...)" (a slice's holds
+  // "range=[b, e)") / "random_tokens(vocab=V,...)".
   const absl::string_view source = state.substr(open + 17);
-  const absl::string_view fingerprint = source.substr(0, source.find(')'));
+  const absl::string_view fingerprint = source.substr(0, source.find(",global_batch="));
   SpanCorruptionVocab vocab;
   bool known = false;
   if (absl::StartsWith(fingerprint, "byte_text(")) {

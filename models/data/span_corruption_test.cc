@@ -528,6 +528,13 @@ TEST(SpanCorruptionTest, TheVocabularyReadsBackFromTheState) {
   ASSERT_TRUE(vocab.ok()) << vocab.status();
   EXPECT_EQ(vocab->source_vocab, 50257);
   EXPECT_EQ(vocab->sentinels, 100);
+  // A slice of one (--val_fraction's training part): its range holds a ')'.
+  vocab = SpanCorruptionVocabOf(
+      "step=10;span_corruption(token_file(tokens=32642,range=[0, 32642),vocab=50257,seed=1337),"
+      "global_batch=4,S=64,T_dec=16,L=71,density=0.15,mean_span=3,sentinels=100,eos=-1,pad=0,"
+      "ignore=-100,start=0,seed=1337)");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->source_vocab, 50257);
   for (const char* other : {"", "step=3;lm(random_tokens(vocab=300,seed=1),global_batch=4)",
                             "step=3;span_corruption(other(seed=1),sentinels=100)",
                             "step=3;span_corruption(random_tokens(vocab=300,seed=1),eos=1)"}) {

@@ -129,6 +129,9 @@ draws none (beam search by score)" --checkpoint="$dir/one" --temperature=0 --top
 expect_error "--length_penalty=2: beam search's, but --num_beams=1 searches no beams: give \
 --num_beams > 1" --checkpoint="$dir/one" --length_penalty=2
 expect_error "--early_stopping=true: beam search's" --checkpoint="$dir/one" --early_stopping
+# --top_k=0 keeps every token: nothing to ignore.
+"$sample" --checkpoint="$dir/one" --prompt_tokens=76 --max_new_tokens=2 --temperature=0 \
+  --top_k=0 > /dev/null 2>&1 || { echo "--temperature=0 --top_k=0 refused"; exit 1; }
 expect_error "--repetition_penalty must be finite and > 0 (1: off), got -1" --checkpoint="$dir/one" \
   --repetition_penalty=-1
 expect_error "--no_repeat_ngram_size must be >= 0 (0: off), got -3" --checkpoint="$dir/one" \

@@ -104,6 +104,31 @@ same_losses "$dir/threads_full_shard.jsonl" "$dir/restarted.jsonl" "restarted"
   { echo "run folders left:"; ls "$TMPDIR/fsdp_rdzv_u$(id -u)_127.0.0.1_29531"; exit 1; }
 echo "a restarted job rendezvouses again and trains the same losses"
 
+# Through a Redis store: the same losses, and the run's keys removed when it
+# ends well (a server many jobs share keeps none of them).
+if [[ -x /usr/bin/redis-server && -x /usr/bin/redis-cli ]]; then
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+  /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    > "$dir/redis.log" 2>&1 &
+  redis_pid=$!
+  trap 'kill $redis_pid 2> /dev/null || true' EXIT
+  for _ in $(seq 100); do
+    /usr/bin/redis-cli -p "$port" ping > /dev/null 2>&1 && break
+    sleep 0.1
+  done
+  /usr/bin/redis-cli -p "$port" set other/job/key 1 > /dev/null  # another job's: stays
+  "$launch" --nproc_per_node=2 --rdzv_endpoint=127.0.0.1:29537 --rdzv_id=redis_job -- \
+    "$train" "${common[@]}" --backend=gloo --strategy=full_shard --rdzv="redis://127.0.0.1:$port" \
+    --metrics_out="$dir/redis.jsonl" > "$dir/redis_run.log" 2>&1 ||
+    { echo "the Redis run failed:"; cat "$dir/redis_run.log"; exit 1; }
+  same_losses "$dir/threads_full_shard.jsonl" "$dir/redis.jsonl" "through Redis"
+  keys=$(/usr/bin/redis-cli -p "$port" --scan | sort | tr '\n' ' ')
+  [[ $keys == "other/job/key " ]] || { echo "keys left in Redis: $keys"; exit 1; }
+  kill $redis_pid
+  echo "through Redis: the same losses, and the run's keys removed"
+fi
+
 # A job restarted after its checkpoint continues from it with --resume=auto
 # (the flag its first attempt had too, which then starts fresh): attempt 0
 # trains 2 of the 4 steps, saves and exits 3 on both ranks; attempt 1

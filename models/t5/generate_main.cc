@@ -120,8 +120,9 @@ absl::StatusOr<int64_t> IdFlag(const char* name, const std::string& value, int64
   if (value == "auto") return recorded;
   int64_t id = 0;
   if (!absl::SimpleAtoi(value, &id)) {
+    const bool eos = absl::string_view(name) == "eos_id";
     return absl::InvalidArgumentError(
-        absl::StrCat("--", name, "='", value, "' is not an id, -1 or auto"));
+        absl::StrCat("--", name, "='", value, "' is not an id", eos ? ", -1" : "", " or auto"));
   }
   return id;
 }

@@ -121,7 +121,8 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir) {
   for (auto [key, field] : {std::pair{"eos_token_id", &out.ids.eos_id},
                             {"pad_token_id", &out.ids.pad_id},
                             {"decoder_start_token_id", &out.ids.decoder_start_id}}) {
-    // (The ids' range is their user's to check: training reads none of them.)
+    // Training reads none of them: one that is not an integer (a list of
+    // eos ids, say) leaves T5's, and the range is their user's to check.
     const Json* v = json->Get(key);
     if (v == nullptr) continue;  // T5's
     if (v->kind == Json::Kind::kNull) {
@@ -129,8 +130,7 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir) {
       continue;
     }
     absl::StatusOr<int64_t> id = train::HfConfigInt(*json, dir + "/config.json", key);
-    if (!id.ok()) return id.status();
-    *field = *id;
+    if (id.ok()) *field = *id;
   }
   for (const ParamShape& p : ParameterShapes(*config)) {
     std::string name = p.name;

@@ -54,9 +54,9 @@ struct PretrainedSources {
   std::string loader_state;      // a checkpoint's data loader state; "" for Hugging Face's
   // The special ids the weights were trained with: config.json's
   // eos_token_id (null: -1), pad_token_id and decoder_start_token_id, T5's
-  // (HfT5Ids' defaults) where it has none or null; a checkpoint's span
-  // corruption ids, the defaults when its loader state does not say. Not
-  // checked against the vocabulary (their user does).
+  // (HfT5Ids' defaults) where it has none, null or not an integer; a
+  // checkpoint's span corruption ids, the defaults when its loader state does
+  // not say. Not checked against the vocabulary (their user does).
   HfT5Ids ids;
 };
 

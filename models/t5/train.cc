@@ -491,12 +491,15 @@ absl::Status Train() {
   if (!sample_schedule.ok()) return sample_schedule.status();
   absl::StatusOr<Sampler> sampler = MakeSampler(source, span, *sample_schedule, ShowsText(*source));
   if (!sampler.ok()) return sampler.status();
-  // The model's vocabulary: the source's plus the sentinels, which the loader
-  // numbers right above the source's ids; --init_from's may be padded beyond.
+  // A checkpoint's rows are its data's ids and sentinels.
   if (init) {
     absl::Status same = CheckSameVocabulary(*init, source_vocab, span.num_sentinels);
-    if (!same.ok()) return WithContext(same, absl::StrCat("--init_from=", absl::GetFlag(FLAGS_init_from)));
+    if (!same.ok()) {
+      return WithContext(same, absl::StrCat("--init_from=", absl::GetFlag(FLAGS_init_from)));
+    }
   }
+  // The model's vocabulary: the source's plus the sentinels, which the loader
+  // numbers right above the source's ids; --init_from's may be padded beyond.
   if (init && config->vocab_size < loader->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--init_from: the model's vocabulary ", config->vocab_size, " is smaller than the data's ",
