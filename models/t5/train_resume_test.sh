@@ -164,7 +164,8 @@ bad_flag "--val_fraction=-0.5: must be in [0, 1)" --val_fraction=-0.5 --steps=1
 
 # Loss scaling: a power of two trains bit for bit like none; an overflowing
 # dynamic scale skips steps (every rank together) and backs off.
-strip() { sed -E 's/"ms":[^,]*,"tokens_per_s":[^,]*,//; s/"memory".*//' "$1"; }
+# (The fixed run's records also hold its "loss_scale".)
+strip() { sed -E 's/"ms":[^,]*,"tokens_per_s":[^,]*,//; s/"loss_scale":[^,]*,//; s/"memory".*//' "$1"; }
 ls_flags=(--preset=t5-tiny --steps=3 --batch_size=4 --log_every=1 --dropout=0)
 "$train" "${ls_flags[@]}" --metrics_out="$dir/ls_none.jsonl" > /dev/null
 "$train" "${ls_flags[@]}" --loss_scale=4096 --metrics_out="$dir/ls_fixed.jsonl" > /dev/null
