@@ -251,6 +251,10 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
       OP_CHECK(p->held_by.empty(), "FullyShard", "parameter '", name, "' is held by ", p->held_by,
                " already: wrap a model once");
     }
+    // The root unit's optimizer state is "fsdp.root" (param_ref_name).
+    OP_CHECK(i == 0 || plans[i].name != "root", "FullyShard",
+             "a unit is named 'root', as the root unit's optimizer state is (\"fsdp.root\"): "
+             "rename that module");
   }
   OP_CHECK(IsHybrid(options_.strategy) || options_.hybrid_shard_group_size == 0, "FullyShard",
            "hybrid_shard_group_size=", options_.hybrid_shard_group_size, " applies to ",

@@ -340,6 +340,13 @@ TEST(FsdpTest, AWrappedModelsParametersAreRefusedToAnOptimizerAndToASecondWrap) 
     EXPECT_EQ(message([&] { Zero1 zero(gpt, pg, optim::SGD::Create({}).value()); }),
               "[zero1] parameter transformer.wte.weight is held by the FSDP root unit already: "
               "wrap a model once");
+    // The module's state dict functions too: its values are the units'.
+    EXPECT_TRUE(absl::StrContains(message([&] { nn::StateDict(gpt); }),
+                                  "is held by the FSDP root unit: its value is the wrapper's"));
+    mingpt::GPT other(c);
+    other.Materialize(kSeed);
+    const absl::Status loaded = nn::LoadStateDict(gpt, nn::StateDict(other));
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kFailedPrecondition) << loaded;
     fsdp.reset();
     for (auto& [name, p] : gpt.NamedParameters()) EXPECT_EQ(p->held_by, "") << name;
     EXPECT_EQ(message([&] { optim::FromModule(gpt); }), "no error");
@@ -460,6 +467,38 @@ class SkipsSecond : public nn::Module {
  private:
   nn::Linear* first_;
 };
+
+// A unit named "root" would share the root unit's optimizer state name
+// ("fsdp.root"): refused when wrapping, naming it.
+class HasAChildNamedRoot : public nn::Module {
+ public:
+  HasAChildNamedRoot() : Module("HasAChildNamedRoot") {
+    RegisterModule("root", std::make_unique<nn::Linear>(8, 8));
+    RegisterParameter("scale", {8}, nn::InitSpec::Ones());
+  }
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context&) override { return in; }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context&) override { return grad; }
+};
+
+TEST(FsdpTest, AUnitNamedRootIsRefused) {
+  absl::Status s = RunRanks(1, [&](int, ProcessGroup& pg) {
+    HasAChildNamedRoot m;
+    FsdpOptions options;
+    options.policy = WrapPolicy::Transformer({"Linear"});
+    try {
+      FullyShard(m, pg, options);
+      ADD_FAILURE() << "wrapped";
+    } catch (const tensor::OpError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "[FullyShard] a unit is named 'root', as the root unit's optimizer state is "
+                "(\"fsdp.root\"): rename that module");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
 
 TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
   ThreadWorld world(2);

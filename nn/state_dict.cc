@@ -17,6 +17,10 @@ namespace nn {
 tensor::NamedTensors StateDict(Module& module, const std::string& prefix) {
   tensor::NamedTensors out;
   for (auto& [name, p] : module.NamedParameters()) {
+    OP_CHECK(p->held_by.empty(), "StateDict", "parameter '", prefix, name, "' is held by ",
+             p->held_by, ": its value is the wrapper's (a shard, or a low-precision copy of "
+             "the fp32 master); take the state from the wrapper (FSDP's FullStateDict, "
+             "dist::SaveSharded)");
     out.emplace_back(prefix + name, p->value.To(tensor::Device::Cpu()).To(tensor::Dtype::kF32));
   }
   for (auto& [name, b] : module.NamedBuffers()) {
@@ -203,6 +207,14 @@ absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
   absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, names, shapes, prefix);
   if (!targets.ok()) return targets.status();
   for (const Target& t : *targets) {
+    // A wrapper's parameter: a value written here would be replaced by the
+    // wrapper's (the shard gathered again, the fp32 master cast again).
+    if (t.param != nullptr && !t.param->held_by.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter '", t.name, "' is held by ", t.param->held_by,
+          ", which would replace what is loaded into it: load before wrapping (or "
+          "nn::InitFromStateDict before FullyShard), or through the wrapper (dist::LoadSharded)"));
+    }
     if (!tensor::IsFloatingPoint(dtypes[t.entry]) && t.dst->defined() &&
         tensor::IsFloatingPoint(t.dst->dtype())) {
       return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has dtype ",

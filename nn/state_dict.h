@@ -18,11 +18,14 @@ namespace nn {
 
 // Parameters (fp32 CPU copies... or the values themselves when already fp32 on
 // the CPU) then buffers, in registration order, named with `prefix` + dotted name.
+// Throws (OP_CHECK) for a parameter a wrapper holds (Parameter::held_by: an
+// FSDP unit, ZeRO-1), whose value is not the model's: ask the wrapper.
 tensor::NamedTensors StateDict(Module& module, const std::string& prefix = "");
 
 // Copies every entry into the module's parameters and buffers (converting
 // dtype). Every parameter and buffer must be present with its shape; unknown
-// names are errors too. Nothing is changed when an error is returned.
+// names are errors too; FailedPrecondition for a parameter a wrapper holds,
+// which would replace the value. Nothing is changed when an error is returned.
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix = "");
 

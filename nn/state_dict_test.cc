@@ -86,6 +86,24 @@ TEST(StateDictTest, ErrorsNameTheProblemAndChangeNothing) {
   s = LoadStateDict(a, extra);
   EXPECT_EQ(s.message(), "state dict has entries the model lacks: lm_head.weight");
   EXPECT_EQ(a.weight()->value.ToVector<float>(), before);
+  // A wrapper's parameter (FSDP, ZeRO-1): refused both ways, naming the wrapper.
+  a.weight()->held_by = "FSDP unit 'h.0'";
+  s = LoadStateDict(a, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "parameter 'weight' is held by FSDP unit 'h.0', which would replace what is loaded "
+            "into it: load before wrapping (or nn::InitFromStateDict before FullyShard), or "
+            "through the wrapper (dist::LoadSharded)");
+  EXPECT_EQ(a.weight()->value.ToVector<float>(), before);
+  try {
+    StateDict(a);
+    ADD_FAILURE() << "StateDict of a wrapper's parameter";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'weight' is held by FSDP unit 'h.0': its "
+                                         "value is the wrapper's"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(StateDictTest, InitFromStateDictSharesTheValuesUntilMaterialized) {
