@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dist/fsdp_unit.h"
+#include "nn/fp32_modules.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
 #include "tensor/allocator.h"
@@ -282,10 +283,7 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   shared_->options = options_;
   std::set<const nn::Parameter*> kept_fp32;
   if (options_.mixed_precision.IsMixed()) {
-    for (auto& [prefix, module] : root.NamedModules()) {
-      if (!options_.mixed_precision.KeepsFp32(module->class_name())) continue;
-      for (auto& [name, p] : module->LocalParameters()) kept_fp32.insert(p);
-    }
+    kept_fp32 = nn::KeptFp32Parameters(root, options_.mixed_precision.fp32_module_classes);
   }
   FailureAgreement agreement(pg, device);
   // Buffers (BatchNorm's running statistics) are not sharded: every rank

@@ -10,23 +10,11 @@
 #include <utility>
 
 #include "dist/flat_param.h"
+#include "nn/fp32_modules.h"
 #include "tensor/error.h"
 
 namespace dist {
 namespace {
-
-// The parameters FullyShard keeps fp32: those owned by modules of `classes`.
-std::set<const nn::Parameter*> KeptFp32(nn::Module& root, const std::vector<std::string>& classes) {
-  std::set<const nn::Parameter*> kept;
-  if (classes.empty()) return kept;
-  for (auto& [prefix, module] : root.NamedModules()) {
-    if (std::find(classes.begin(), classes.end(), module->class_name()) == classes.end()) {
-      continue;
-    }
-    for (auto& [name, p] : module->LocalParameters()) kept.insert(p);
-  }
-  return kept;
-}
 
 // Sets each unit's parent: the nearest enclosing module that is a unit of
 // the plan (`index`: module -> plan index; units dropped for holding no
@@ -127,7 +115,7 @@ ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_sh
   OP_CHECK(num_shards >= 1, "PlanSharding", "num_shards=", num_shards, " must be >= 1");
   ShardingPlan plan;
   plan.num_shards = num_shards;
-  const std::set<const nn::Parameter*> kept = KeptFp32(root, fp32_module_classes);
+  const std::set<const nn::Parameter*> kept = nn::KeptFp32Parameters(root, fp32_module_classes);
   std::vector<UnitPlan> units = PlanUnits(root, policy);
   std::map<nn::Module*, int> index;  // module -> index in plan.units
   for (size_t i = 0; i < units.size(); ++i) {

@@ -837,6 +837,12 @@ TEST(FsdpMixedPrecisionTest, Bf16OtherStrategiesAndKeptFp32ClassesMatchToo) {
   keep_ln.fp32_module_classes = {"LayerNorm"};
   const RunResult want_ln = SingleProcess(c, idx, tgt, keep_ln);
   ExpectCloseTraining(Sharded(c, idx, tgt, 3, ShardingStrategy::kFullShard, wrap, keep_ln), want_ln);
+  // Whole blocks kept (their attention, MLP and norms): units gathered fp32.
+  auto keep_block = mp;
+  keep_block.fp32_module_classes = {"Block"};
+  const RunResult want_block = SingleProcess(c, idx, tgt, keep_block);
+  ExpectCloseTraining(Sharded(c, idx, tgt, 3, ShardingStrategy::kFullShard, wrap, keep_block),
+                      want_block);
 }
 
 TEST(FsdpMixedPrecisionTest, Fp32PolicyIsBitwiseTheDefault) {
@@ -862,9 +868,11 @@ TEST(FsdpMixedPrecisionTest, ComputeValuesAreBf16ShardsAndGradsFp32) {
   const mingpt::GptConfig c = Tiny();
   const Tensor idx = RandomIds(4, c.block_size, c.vocab_size, 7);
   const Tensor tgt = RandomIds(4, c.block_size, c.vocab_size, 8);
-  for (bool keep_ln : {false, true}) {
+  // Kept: nothing, the LayerNorms, or whole Blocks (every module inside them).
+  for (const char* keep : {"", "LayerNorm", "Block"}) {
+    SCOPED_TRACE(keep);
     auto mp = precision::MixedPrecisionPolicy::Bf16();
-    if (keep_ln) mp.fp32_module_classes = {"LayerNorm"};
+    if (*keep != 0) mp.fp32_module_classes = {keep};
     ThreadWorld thread_world(2);
     absl::Status s = RunRanks(thread_world, [&](int rank, ProcessGroup& pg) {
       mingpt::GPT gpt(c);
@@ -875,9 +883,10 @@ TEST(FsdpMixedPrecisionTest, ComputeValuesAreBf16ShardsAndGradsFp32) {
       gpt.Loss(idx, tgt);
       for (auto& [name, p] : gpt.NamedParameters()) {
         ASSERT_TRUE(p->value.defined()) << name;
-        const bool ln = name.find(".ln_") != std::string::npos;
-        EXPECT_EQ(p->value.dtype(), keep_ln && ln ? tensor::Dtype::kF32 : tensor::Dtype::kBF16)
-            << name;
+        const bool fp32 =
+            (std::string(keep) == "LayerNorm" && name.find(".ln_") != std::string::npos) ||
+            (std::string(keep) == "Block" && name.find(".h.") != std::string::npos);
+        EXPECT_EQ(p->value.dtype(), fp32 ? tensor::Dtype::kF32 : tensor::Dtype::kBF16) << name;
       }
       fsdp->ZeroGrad();
       gpt.ForwardBackward(idx, tgt);

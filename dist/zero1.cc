@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "nn/fp32_modules.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -14,12 +15,9 @@
 namespace dist {
 namespace {
 
-// True if a module of a class the policy keeps fp32 owns parameters.
+// True if a module of a class the policy keeps fp32 holds parameters.
 bool HasKeptFp32Parameters(nn::Module& root, const precision::MixedPrecisionPolicy& mp) {
-  for (auto& [prefix, module] : root.NamedModules()) {
-    if (mp.KeepsFp32(module->class_name()) && !module->LocalParameters().empty()) return true;
-  }
-  return false;
+  return !nn::KeptFp32Parameters(root, mp.fp32_module_classes).empty();
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // Mixed-precision casts of module parameters.
 #include "nn/mixed_precision.h"
 
+#include <set>
 #include <vector>
 
+#include "nn/fp32_modules.h"
 #include "tensor/memory_ledger.h"
 
 namespace nn {
@@ -10,9 +12,10 @@ namespace nn {
 MixedPrecision::MixedPrecision(Module& root, precision::MixedPrecisionPolicy policy)
     : policy_(std::move(policy)) {
   if (!policy_.IsMixed()) return;
+  const std::set<const Parameter*> kept = KeptFp32Parameters(root, policy_.fp32_module_classes);
   for (auto& [prefix, module] : root.NamedModules()) {
-    const bool keep = policy_.KeepsFp32(module->class_name());
     for (auto& [name, p] : module->LocalParameters()) {
+      const bool keep = kept.count(p) > 0;
       OP_CHECK(p->value.defined() && p->value.dtype() == tensor::Dtype::kF32, "mixed_precision",
                "parameter ", prefix, prefix.empty() ? "" : ".", name,
                " must be materialized in f32 before mixed precision is applied");

@@ -4,6 +4,7 @@
 #include "gtest/gtest.h"
 #include "nn/batch_norm.h"
 #include "nn/containers.h"
+#include "nn/fp32_modules.h"
 #include "nn/linear.h"
 #include "tensor/testing.h"
 
@@ -31,6 +32,46 @@ TEST(MixedPrecisionTest, CastsLinearKeepsBatchNormAndRestores) {
   EXPECT_EQ(lin->weight()->grad.dtype(), Dtype::kF32);
   mp.RestoreMasters();
   EXPECT_TRUE(lin->weight()->value.SharesStorageWith(master));
+}
+
+// A module of a kept class keeps every module inside it fp32 too
+// (nn::KeptFp32Parameters): Block's Linear keeps fp32 weights and computes in
+// fp32 (Linear casts its input to its weight's dtype); the Linear after it is
+// cast. Gradients land fp32 in both.
+class Block : public Module {
+ public:
+  Block() : Module("Block") { lin = RegisterModule("lin", std::make_unique<Linear>(4, 3)); }
+  Linear* lin;
+
+ protected:
+  Tensors Forward(const Tensors& in, Context& ctx) override { return lin->Run(in, ctx.Child(0)); }
+  Tensors Backward(const Tensors& grad, Context& ctx) override {
+    return lin->RunBackward(grad, ctx.Child(0));
+  }
+};
+
+TEST(MixedPrecisionTest, AKeptClassKeepsTheModulesInsideIt) {
+  Sequential net;
+  auto* block = net.Append(std::make_unique<Block>());
+  auto* after = net.Append(std::make_unique<Linear>(3, 2));
+  net.Materialize(1);
+  EXPECT_EQ(KeptFp32Parameters(net, {"Block"}).size(), 2u);  // lin's weight and bias
+  EXPECT_TRUE(KeptFp32Parameters(net, {}).empty());
+  precision::MixedPrecisionPolicy policy = precision::MixedPrecisionPolicy::Bf16();
+  policy.fp32_module_classes = {"Block"};
+  MixedPrecision mp(net, policy);
+  EXPECT_EQ(mp.num_kept_fp32(), 2);
+  EXPECT_EQ(mp.num_cast(), 2);
+  mp.CastForCompute();
+  EXPECT_EQ(block->lin->weight()->value.dtype(), Dtype::kF32);
+  EXPECT_EQ(after->weight()->value.dtype(), Dtype::kBF16);
+  Context ctx;
+  Tensor y = net.Run(tensor::testing::RandomTensor({5, 4}, 2), ctx);
+  EXPECT_EQ(y.dtype(), Dtype::kBF16);
+  net.RunBackward(tensor::testing::RandomTensor({5, 2}, 3), ctx);
+  EXPECT_EQ(block->lin->weight()->grad.dtype(), Dtype::kF32);
+  EXPECT_EQ(after->weight()->grad.dtype(), Dtype::kF32);
+  mp.RestoreMasters();
 }
 
 // The optimizer's way (RestoreMastersKeepingCopies, ComputeCopyToWrite): the

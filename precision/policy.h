@@ -27,7 +27,9 @@ struct MixedPrecisionPolicy {
   // the nn layers' only buffers, BatchNorm's running statistics, are kept
   // f32 in any case.
   tensor::Dtype buffer_dtype = tensor::Dtype::kF32;
-  // Module classes (nn::Module::class_name()) computed entirely in fp32.
+  // Module classes (nn::Module::class_name()) computed entirely in fp32: a
+  // module of one and every module inside it keep fp32 parameters
+  // (nn::KeptFp32Parameters), as PyTorch FSDP's _module_classes_to_ignore.
   std::vector<std::string> fp32_module_classes = {"BatchNorm1d"};
 
   // Everything fp32 (no mixed precision).
