@@ -296,6 +296,8 @@ class FullyShardedModel {
   PrefetchStats prefetch_stats() const;
 
   int num_units() const { return static_cast<int>(units_.size()); }
+  // The wrapped model (its buffers, for checkpoints).
+  nn::Module& root() { return *root_; }
   // Unit i's name relative to the root ("" for the root) and flat parameter.
   const std::string& unit_name(int i) const;
   const FlatParameter& flat_param(int i) const;

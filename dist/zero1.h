@@ -216,6 +216,8 @@ class Zero1 {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
 
   optim::Optimizer& optimizer() { return *optimizer_; }
+  // The wrapped model (its buffers, for checkpoints).
+  nn::Module& model() { return model_; }
   nn::Module& module() { return model_; }
   // Psi: the parameters' elements; padded: the flat buffers' (each bucket
   // padded to a multiple of N); k = padded / N, this rank's elements.
