@@ -197,16 +197,32 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
   internal::ZeroReplacedGrads(params_, grad_views_);
 }
 
-void DistributedDataParallel::BeginForwardOnly() { compute_.BeginForwardOnly(); }
+void DistributedDataParallel::BeginForwardOnly() {
+  compute_.BeginForwardOnly();
+  forward_only_ = true;
+}
 
 void DistributedDataParallel::EndForwardOnly() {
   readiness_->EndForward();
   compute_.EndForwardOnly();
+  forward_only_ = false;
 }
 
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
-  if (&module == &model_) compute_.OnRootPreForward();
+  if (&module != &model_) return;
+  compute_.OnRootPreForward();
+  // broadcast_buffers: rank 0's buffers for this training forward.
+  if (options_.broadcast_buffers && require_sync_ && !forward_only_ && pg_.size() > 1) {
+    std::vector<WorkPtr> works;
+    for (auto& [name, b] : model_.NamedBuffers()) {
+      if (b->defined()) works.push_back(pg_.Broadcast(*b, /*root=*/0));
+    }
+    absl::Status status;
+    for (auto& w : works) status.Update(w->Wait());
+    OP_CHECK(status.ok(), "ddp", "broadcasting the buffers (broadcast_buffers): ",
+             status.ToString());
+  }
 }
 
 void DistributedDataParallel::OnRootPreBackward() {

@@ -8,7 +8,8 @@
 //   ddp.ZeroGrad();
 //
 // At construction every parameter value and buffer is broadcast from rank 0,
-// so the ranks start equal. The parameters, in reverse registration order (the
+// so the ranks start equal; and the buffers again before each training
+// forward (DdpOptions::broadcast_buffers, PyTorch's default). The parameters, in reverse registration order (the
 // order backward produces their gradients), are packed into flat fp32 buckets
 // of at most bucket_cap_mb (a parameter larger than the cap gets a bucket of
 // its own); each Parameter::grad becomes a view of its bucket, so layers
@@ -159,6 +160,12 @@ struct DdpOptions {
   int max_inflight_buckets = 2;
   // Compute / communication dtypes (see above). Default: everything fp32.
   precision::MixedPrecisionPolicy mixed_precision = precision::MixedPrecisionPolicy::Fp32();
+  // PyTorch DDP's broadcast_buffers: each training forward (not under
+  // no_sync, not between BeginForwardOnly and EndForwardOnly) starts by
+  // broadcasting every buffer from rank 0 (BatchNorm's running statistics),
+  // so that the ranks' buffers stay rank 0's rather than drift apart. A model
+  // without buffers communicates nothing. false: each rank keeps its own.
+  bool broadcast_buffers = true;
 };
 
 class DistributedDataParallel {
@@ -275,6 +282,7 @@ class DistributedDataParallel {
   internal::PartialBackward partial_;  // a backward stopped partway since ZeroGrad
   bool require_sync_ = true;
   bool syncing_this_step_ = false;
+  bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly
   std::vector<Event> events_;
   bool reduce_low_ = false;                    // all-reduce in reduce_dtype
   std::unique_ptr<internal::LowPrecisionCopies> copies_;  // of the buckets in flight (reduce_low_)

@@ -24,7 +24,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/mingpt/model.h"
+#include "nn/batch_norm.h"
+#include "nn/containers.h"
 #include "nn/freeze.h"
+#include "nn/linear.h"
 #include "optim/adamw.h"
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
@@ -230,6 +233,40 @@ TEST(DdpTest, BroadcastMakesRanksStartEqual) {
   mingpt::GPT ref(Tiny());
   ref.Materialize(kSeed);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(params[r], FlatParams(ref)) << r;
+}
+
+// broadcast_buffers (PyTorch DDP's default): each training forward starts
+// from rank 0's buffers. Ranks that trained on different rows, then run one
+// forward on the same rows, end with the same BatchNorm statistics; without
+// it, each keeps its own.
+TEST(DdpTest, BroadcastBuffersKeepsTheRanksBatchNormStatisticsRank0s) {
+  for (bool broadcast : {true, false}) {
+    SCOPED_TRACE(broadcast);
+    std::vector<std::vector<float>> means(2);
+    ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                  nn::Sequential net;
+                  net.Append(std::make_unique<nn::Linear>(4, 3));
+                  auto* bn = net.Append(std::make_unique<nn::BatchNorm1d>(3));
+                  net.Materialize(kSeed);
+                  DdpOptions options;
+                  options.broadcast_buffers = broadcast;
+                  DistributedDataParallel ddp(net, pg, options);
+                  for (int step = 0; step < 2; ++step) {
+                    // Step 0: this rank's rows; step 1: the same rows on both.
+                    const int seed = step == 0 ? 10 + rank : 20;
+                    nn::Context ctx;
+                    net.Run(tensor::testing::RandomTensor({6, 4}, seed), ctx);
+                    net.RunBackward(tensor::testing::RandomTensor({6, 3}, 30), ctx);
+                    ddp.ZeroGrad();
+                  }
+                  means[rank] = bn->NamedBuffers()[0].second->ToVector<float>();
+                }).ok());
+    if (broadcast) {
+      EXPECT_EQ(means[0], means[1]);
+    } else {
+      EXPECT_NE(means[0], means[1]);
+    }
+  }
 }
 
 TEST(DdpTest, BucketsAreReverseOrderAndIssuedBeforeBackwardEnds) {
