@@ -563,6 +563,9 @@ std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullState
     OP_CHECK(it != gathered.end(), "FullStateDict", "parameter ", name, " is in no unit");
     out.emplace_back(name, it->second);
   }
+  for (auto& [name, b] : root_->NamedBuffers()) {  // rank 0's, as PyTorch's state_dict
+    if (b->defined()) out.emplace_back(name, b->To(tensor::Device::Cpu()).Clone());
+  }
   return out;
 }
 

@@ -242,7 +242,10 @@ class FullyShardedModel {
   bool UnscaleGradsAndCheck(double inv_scale);
   // Gathers every unit (collective) and returns, on rank 0, fp32 copies of all
   // parameters named relative to the root (Hugging Face names for minGPT), in
-  // registration order; other ranks get an empty list.
+  // registration order, then copies of rank 0's buffers (BatchNorm's
+  // statistics; not sharded), as nn::StateDict orders them: what
+  // nn::LoadStateDict takes into an unwrapped model. Other ranks get an
+  // empty list.
   std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
 
   // Explicit prefetch (PyTorch FSDP2's set_modules_to_forward_prefetch and

@@ -23,6 +23,8 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "nn/batch_norm.h"
+#include "nn/containers.h"
 #include "nn/freeze.h"
 #include "nn/linear.h"
 #include "nn/mixed_precision.h"
@@ -498,6 +500,48 @@ TEST(FsdpTest, AUnitNamedRootIsRefused) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// FullStateDict holds the buffers too (rank 0's BatchNorm statistics), after
+// the parameters, as nn::StateDict: an unwrapped model loads it whole; and
+// ZeRO-1's the same.
+TEST(FsdpTest, FullStateDictHoldsTheBuffers) {
+  for (bool zero1 : {false, true}) {
+    SCOPED_TRACE(zero1 ? "ZeRO-1" : "FSDP");
+    absl::Status s = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+      nn::Sequential net;
+      net.Append(std::make_unique<nn::Linear>(4, 3));
+      auto* bn = net.Append(std::make_unique<nn::BatchNorm1d>(3));
+      net.Materialize(kSeed);
+      std::unique_ptr<FullyShardedModel> fsdp;
+      std::unique_ptr<Zero1> zero;
+      if (zero1) {
+        zero = std::make_unique<Zero1>(net, pg, optim::SGD::Create({}).value());
+      } else {
+        fsdp = FullyShard(net, pg, FsdpOptions());
+      }
+      nn::Context ctx;
+      net.Run(tensor::testing::RandomTensor({6, 4}, 10 + rank), ctx);  // statistics move
+      const NamedTensors full = zero1 ? zero->FullStateDict() : fsdp->FullStateDict();
+      if (rank != 0) return;
+      nn::Sequential plain;
+      plain.Append(std::make_unique<nn::Linear>(4, 3));
+      plain.Append(std::make_unique<nn::BatchNorm1d>(3));
+      plain.Materialize(kSeed + 1);
+      ASSERT_EQ(full.size(), nn::StateDict(plain).size());
+      const absl::Status loaded = nn::LoadStateDict(plain, full);
+      ASSERT_TRUE(loaded.ok()) << loaded;
+      const auto mine = bn->NamedBuffers();
+      const auto theirs = plain.NamedModules()[2].second->NamedBuffers();
+      ASSERT_EQ(mine.size(), theirs.size());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        EXPECT_EQ(mine[i].second->To(tensor::Dtype::kF32).ToVector<float>(),
+                  theirs[i].second->To(tensor::Dtype::kF32).ToVector<float>())
+            << mine[i].first;
+      }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
 }
 
 TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {

@@ -412,6 +412,9 @@ std::vector<std::pair<std::string, tensor::Tensor>> Zero1::FullStateDict() {
     }
   }
   for (size_t i = 0; i < params_.size(); ++i) out.emplace_back(params_[i].first, copies[i]);
+  for (auto& [name, b] : model_.NamedBuffers()) {  // rank 0's, as PyTorch's state_dict
+    if (b->defined()) out.emplace_back(name, b->To(tensor::Device::Cpu()).Clone());
+  }
   return out;
 }
 

@@ -274,8 +274,9 @@ class Zero1 {
 
   // Gathers the fp32 parameters (the masters; collective in mixed precision:
   // every rank must call it) and returns, on rank 0, fp32 copies of all of them
-  // named as model.NamedParameters() names them, in that order; other ranks
-  // get an empty list.
+  // named as model.NamedParameters() names them, in that order, then copies
+  // of rank 0's buffers (BatchNorm's statistics), as nn::StateDict orders
+  // them; other ranks get an empty list.
   std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
 
  private:
