@@ -569,6 +569,100 @@ std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullState
   return out;
 }
 
+absl::Status FullyShardedModel::LoadFullStateDict(
+    const std::vector<std::pair<std::string, tensor::Tensor>>& state) {
+  // Every check first: names, shapes and dtypes of parameters and buffers.
+  std::map<std::string, const tensor::Tensor*> given;
+  for (const auto& [name, t] : state) {
+    if (!given.emplace(name, &t).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadFullStateDict: the state dict names '", name, "' twice"));
+    }
+  }
+  std::vector<std::string> missing;
+  auto expect = [&](const std::string& name, const tensor::Shape& shape) -> absl::Status {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+      return absl::OkStatus();
+    }
+    const tensor::Tensor& t = *it->second;
+    given.erase(it);
+    if (t.shape() != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: entry '", name,
+                                                     "' has shape ", t.shape().ToString(),
+                                                     ", the model expects ", shape.ToString()));
+    }
+    if (!tensor::IsFloatingPoint(t.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: entry '", name,
+                                                     "' has dtype ", tensor::DtypeName(t.dtype()),
+                                                     ", expected a floating dtype"));
+    }
+    return absl::OkStatus();
+  };
+  std::map<std::string, const tensor::Tensor*> all(given);
+  for (auto& [name, p] : root_->NamedParameters()) {
+    absl::Status s = expect(name, p->shape);
+    if (!s.ok()) return s;
+  }
+  const auto buffers = root_->NamedBuffers();
+  for (auto& [name, b] : buffers) {
+    if (!b->defined()) continue;
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    if (it->second->shape() != b->shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadFullStateDict: entry '", name, "' has shape ", it->second->shape().ToString(),
+          ", the model expects ", b->shape().ToString()));
+    }
+    given.erase(it);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: the state dict lacks ",
+                                                   absl::StrJoin(missing, ", ")));
+  }
+  if (!given.empty()) {
+    std::vector<std::string> unknown;
+    for (const auto& [name, t] : given) unknown.push_back(name);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LoadFullStateDict: the model has no ", absl::StrJoin(unknown, ", ")));
+  }
+  // Each unit's new shard, staged on the host: the parts of its parameters
+  // that fall in [shard_begin, shard_end) of the flat layout; padding zero.
+  std::vector<tensor::Tensor> staged(units_.size());
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const FlatParameter& flat = units_[i]->flat();
+    staged[i] = tensor::Tensor::Zeros({flat.shard_numel()}, tensor::Dtype::kF32);
+    for (const FlatParameter::Entry& e : flat.entries()) {
+      const int64_t lo = std::max(e.offset, flat.shard_begin());
+      const int64_t hi = std::min(e.offset + e.numel, flat.shard_end());
+      if (lo >= hi) continue;
+      const tensor::Tensor whole = all.at(e.name)->To(tensor::Device::Cpu())
+                                       .To(tensor::Dtype::kF32)
+                                       .Contiguous()
+                                       .Reshape({e.numel});
+      staged[i].Narrow(0, lo - flat.shard_begin(), hi - lo)
+          .CopyFrom(whole.Narrow(0, lo - e.offset, hi - lo));
+    }
+  }
+  shared_->WaitQueuedUploads();  // (offload) nothing may still copy into the shards
+  for (size_t i = 0; i < units_.size(); ++i) {
+    tensor::Tensor shard = units_[i]->flat().shard();
+    shard.CopyFrom(shard.device().is_cpu() ? staged[i] : staged[i].To(shard.device()));
+  }
+  for (auto& [name, b] : buffers) {
+    if (!b->defined()) continue;
+    const tensor::Tensor& src = *all.at(name);
+    tensor::Tensor cast = src.To(b->dtype());
+    b->CopyFrom(b->device().is_cpu() ? cast : cast.To(b->device()));
+  }
+  Reshard();  // units held unsharded hold the old values
+  return absl::OkStatus();
+}
+
 void PrefetchNeighbors(FullyShardedModel& model, int k) {
   OP_CHECK(k >= 0, "PrefetchNeighbors", "k=", k, " must be >= 0 (0: none)");
   if (k == 0) return;

@@ -111,6 +111,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "dist/flat_param.h"
 #include "dist/process_group.h"
 #include "dist/wrap_policy.h"
@@ -247,6 +248,16 @@ class FullyShardedModel {
   // nn::LoadStateDict takes into an unwrapped model. Other ranks get an
   // empty list.
   std::vector<std::pair<std::string, tensor::Tensor>> FullStateDict();
+  // The reverse (PyTorch FSDP's load_state_dict under FULL_STATE_DICT): every
+  // rank passes the whole state dict (every parameter, then the buffers, as
+  // FullStateDict or nn::StateDict name them; any floating dtype) and copies
+  // its shards' parts of the parameters into its fp32 shards, and the buffers
+  // whole; then frees the units held unsharded (as Reshard), so the next
+  // forward gathers the loaded values. Not a collective. The optimizer's
+  // state is left as it is. InvalidArgument naming a missing, unknown or
+  // misshapen entry; nothing is changed when an error is returned. Must not
+  // run between a forward and its backward.
+  absl::Status LoadFullStateDict(const std::vector<std::pair<std::string, tensor::Tensor>>& state);
 
   // Explicit prefetch (PyTorch FSDP2's set_modules_to_forward_prefetch and
   // set_modules_to_backward_prefetch): the PreForward (PreBackward) of unit

@@ -544,6 +544,64 @@ TEST(FsdpTest, FullStateDictHoldsTheBuffers) {
   }
 }
 
+// LoadFullStateDict: a one-process model's state dict, loaded after
+// wrapping (every rank the whole), gives back that state from FullStateDict
+// and the one-process model's loss; a unit held unsharded is freed, so the
+// loaded values are gathered. Bad state dicts change nothing.
+TEST(FsdpTest, LoadFullStateDictLoadsTheWholeModelIntoTheShards) {
+  const mingpt::GptConfig c = Tiny();
+  const Tensor idx = RandomIds(2, c.block_size, c.vocab_size, 7);
+  const Tensor tgt = RandomIds(2, c.block_size, c.vocab_size, 8);
+  mingpt::GPT ref(c);
+  ref.Materialize(kSeed + 3);
+  const NamedTensors want = nn::StateDict(ref);
+  const double want_loss = ref.Loss(idx, tgt);
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    absl::Status s = RunRanks(3, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      auto fsdp = FullyShard(gpt, pg, PerBlock(strategy));
+      fsdp->Unshard();  // held: the load frees it
+      NamedTensors bad = want;
+      bad[1].second = Tensor::Zeros({3});
+      const NamedTensors before = fsdp->FullStateDict();
+      absl::Status refused = fsdp->LoadFullStateDict(bad);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(absl::StrContains(refused.message(), absl::StrCat("LoadFullStateDict: entry '",
+                                                                    want[1].first,
+                                                                    "' has shape (3)")))
+          << refused;
+      bad = want;
+      bad.pop_back();
+      EXPECT_TRUE(absl::StrContains(fsdp->LoadFullStateDict(bad).message(),
+                                    "LoadFullStateDict: the state dict lacks " + want.back().first));
+      bad = want;
+      bad.emplace_back("extra.weight", Tensor::Zeros({1}));
+      EXPECT_EQ(fsdp->LoadFullStateDict(bad).message(),
+                "LoadFullStateDict: the model has no extra.weight");
+      const NamedTensors unchanged = fsdp->FullStateDict();
+      if (rank == 0) {
+        for (size_t i = 0; i < before.size(); ++i) {
+          EXPECT_EQ(before[i].second.ToVector<float>(), unchanged[i].second.ToVector<float>());
+        }
+      }
+      fsdp->Unshard();
+      const absl::Status loaded = fsdp->LoadFullStateDict(want);
+      ASSERT_TRUE(loaded.ok()) << loaded;
+      const NamedTensors got = fsdp->FullStateDict();
+      if (rank == 0) {
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_EQ(got[i].first, want[i].first);
+          EXPECT_EQ(got[i].second.ToVector<float>(), want[i].second.ToVector<float>())
+              << want[i].first;
+        }
+      }
+      EXPECT_NEAR(gpt.Loss(idx, tgt), want_loss, 1e-5);
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 TEST(FsdpUnreachedTest, ParametersTheBackwardSkipsGetZeroGradients) {
   ThreadWorld world(2);
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
