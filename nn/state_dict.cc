@@ -213,7 +213,8 @@ absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
       return absl::FailedPreconditionError(absl::StrCat(
           "parameter '", t.name, "' is held by ", t.param->held_by,
           ", which would replace what is loaded into it: load before wrapping (or "
-          "nn::InitFromStateDict before FullyShard), or through the wrapper (dist::LoadSharded)"));
+          "nn::InitFromStateDict before FullyShard), or through the wrapper (FSDP's "
+          "LoadFullStateDict, dist::LoadSharded)"));
     }
     if (!tensor::IsFloatingPoint(dtypes[t.entry]) && t.dst->defined() &&
         tensor::IsFloatingPoint(t.dst->dtype())) {

@@ -93,7 +93,7 @@ TEST(StateDictTest, ErrorsNameTheProblemAndChangeNothing) {
   EXPECT_EQ(s.message(),
             "parameter 'weight' is held by FSDP unit 'h.0', which would replace what is loaded "
             "into it: load before wrapping (or nn::InitFromStateDict before FullyShard), or "
-            "through the wrapper (dist::LoadSharded)");
+            "through the wrapper (FSDP's LoadFullStateDict, dist::LoadSharded)");
   EXPECT_EQ(a.weight()->value.ToVector<float>(), before);
   try {
     StateDict(a);
