@@ -569,97 +569,135 @@ std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullState
   return out;
 }
 
-absl::Status FullyShardedModel::LoadFullStateDict(
-    const std::vector<std::pair<std::string, tensor::Tensor>>& state) {
-  // Every check first: names, shapes and dtypes of parameters and buffers.
-  std::map<std::string, const tensor::Tensor*> given;
-  for (const auto& [name, t] : state) {
-    if (!given.emplace(name, &t).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LoadFullStateDict: the state dict names '", name, "' twice"));
-    }
+namespace {
+// The checks of LoadFullStateDict: every parameter and buffer of `root`
+// present once, with its shape, in a floating dtype where the model's is.
+absl::Status CheckFullStateDict(nn::Module& root,
+                                const std::map<std::string, const tensor::Tensor*>& all,
+                                size_t entries) {
+  if (all.size() != entries) {
+    return absl::InvalidArgumentError("LoadFullStateDict: the state dict names an entry twice");
   }
+  std::map<std::string, const tensor::Tensor*> left = all;
   std::vector<std::string> missing;
-  auto expect = [&](const std::string& name, const tensor::Shape& shape) -> absl::Status {
-    auto it = given.find(name);
-    if (it == given.end()) {
+  auto expect = [&](const std::string& name, const tensor::Shape& shape,
+                    bool floating) -> absl::Status {
+    auto it = left.find(name);
+    if (it == left.end()) {
       missing.push_back(name);
       return absl::OkStatus();
     }
     const tensor::Tensor& t = *it->second;
-    given.erase(it);
+    left.erase(it);
     if (t.shape() != shape) {
       return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: entry '", name,
                                                      "' has shape ", t.shape().ToString(),
                                                      ", the model expects ", shape.ToString()));
     }
-    if (!tensor::IsFloatingPoint(t.dtype())) {
+    if (floating && !tensor::IsFloatingPoint(t.dtype())) {
       return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: entry '", name,
                                                      "' has dtype ", tensor::DtypeName(t.dtype()),
                                                      ", expected a floating dtype"));
     }
     return absl::OkStatus();
   };
-  std::map<std::string, const tensor::Tensor*> all(given);
-  for (auto& [name, p] : root_->NamedParameters()) {
-    absl::Status s = expect(name, p->shape);
+  for (auto& [name, p] : root.NamedParameters()) {
+    absl::Status s = expect(name, p->shape, /*floating=*/true);
     if (!s.ok()) return s;
   }
-  const auto buffers = root_->NamedBuffers();
-  for (auto& [name, b] : buffers) {
+  for (auto& [name, b] : root.NamedBuffers()) {
     if (!b->defined()) continue;
-    auto it = given.find(name);
-    if (it == given.end()) {
-      missing.push_back(name);
-      continue;
-    }
-    if (it->second->shape() != b->shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoadFullStateDict: entry '", name, "' has shape ", it->second->shape().ToString(),
-          ", the model expects ", b->shape().ToString()));
-    }
-    given.erase(it);
+    absl::Status s = expect(name, b->shape(), tensor::IsFloatingPoint(b->dtype()));
+    if (!s.ok()) return s;
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: the state dict lacks ",
                                                    absl::StrJoin(missing, ", ")));
   }
-  if (!given.empty()) {
+  if (!left.empty()) {
     std::vector<std::string> unknown;
-    for (const auto& [name, t] : given) unknown.push_back(name);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LoadFullStateDict: the model has no ", absl::StrJoin(unknown, ", ")));
+    for (const auto& [name, t] : left) unknown.push_back(name);
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadFullStateDict: the model has no ", absl::StrJoin(unknown, ", ")));
   }
-  // Each unit's new shard, staged on the host: the parts of its parameters
-  // that fall in [shard_begin, shard_end) of the flat layout; padding zero.
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status FullyShardedModel::LoadFullStateDict(
+    const std::vector<std::pair<std::string, tensor::Tensor>>& state) {
+  std::map<std::string, const tensor::Tensor*> all;
+  for (const auto& [name, t] : state) all.emplace(name, &t);
+  absl::Status mine = CheckFullStateDict(*root_, all, state.size());
+  // Each unit's new shard, on its device, and each buffer's new value, made
+  // before anything is written: the parts of its parameters that fall in
+  // [shard_begin, shard_end) of the flat layout; padding zero.
   std::vector<tensor::Tensor> staged(units_.size());
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const FlatParameter& flat = units_[i]->flat();
-    staged[i] = tensor::Tensor::Zeros({flat.shard_numel()}, tensor::Dtype::kF32);
-    for (const FlatParameter::Entry& e : flat.entries()) {
-      const int64_t lo = std::max(e.offset, flat.shard_begin());
-      const int64_t hi = std::min(e.offset + e.numel, flat.shard_end());
-      if (lo >= hi) continue;
-      const tensor::Tensor whole = all.at(e.name)->To(tensor::Device::Cpu())
-                                       .To(tensor::Dtype::kF32)
-                                       .Contiguous()
-                                       .Reshape({e.numel});
-      staged[i].Narrow(0, lo - flat.shard_begin(), hi - lo)
-          .CopyFrom(whole.Narrow(0, lo - e.offset, hi - lo));
+  std::vector<tensor::Tensor> buffer_values;
+  const auto buffers = root_->NamedBuffers();
+  if (mine.ok()) {
+    try {
+      for (size_t i = 0; i < units_.size(); ++i) {
+        const FlatParameter& flat = units_[i]->flat();
+        tensor::Tensor host = tensor::Tensor::Zeros({flat.shard_numel()}, tensor::Dtype::kF32);
+        for (const FlatParameter::Entry& e : flat.entries()) {
+          const int64_t lo = std::max(e.offset, flat.shard_begin());
+          const int64_t hi = std::min(e.offset + e.numel, flat.shard_end());
+          if (lo >= hi) continue;
+          const tensor::Tensor whole = all.at(e.name)
+                                           ->To(tensor::Device::Cpu())
+                                           .To(tensor::Dtype::kF32)
+                                           .Contiguous()
+                                           .Reshape({e.numel});
+          host.Narrow(0, lo - flat.shard_begin(), hi - lo)
+              .CopyFrom(whole.Narrow(0, lo - e.offset, hi - lo));
+        }
+        const tensor::Device device = flat.shard().device();
+        staged[i] = device.is_cpu() ? host : host.To(device);
+      }
+      for (auto& [name, b] : buffers) {
+        if (!b->defined()) continue;
+        tensor::Tensor cast = all.at(name)->To(b->dtype());
+        buffer_values.push_back(b->device().is_cpu() ? cast : cast.To(b->device()));
+      }
+    } catch (const std::exception& e) {
+      mine = absl::ResourceExhaustedError(
+          absl::StrCat("LoadFullStateDict: staging the shards: ", e.what()));
     }
   }
+  // Every rank's answer before any write.
+  if (pg_->size() > 1) {
+    tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kCommunication);
+    const tensor::Tensor flag =
+        tensor::Tensor::Full({1}, mine.ok() ? 0.0 : 1.0).To(options_.device);
+    const tensor::Tensor flags =
+        tensor::Tensor::Empty({pg_->size()}, tensor::Dtype::kF32, options_.device);
+    const absl::Status gathered = pg_->AllGatherSync(flag, flags);
+    if (!mine.ok()) return mine;
+    if (!gathered.ok()) return gathered;
+    std::vector<int> refused;
+    const std::vector<float> f = flags.To(tensor::Device::Cpu()).ToVector<float>();
+    for (int r = 0; r < pg_->size(); ++r) {
+      if (f[r] != 0.0f) refused.push_back(r);
+    }
+    if (!refused.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("LoadFullStateDict: rank(s) ", absl::StrJoin(refused, ", "),
+                       " refused the state dict (see their errors): nothing was loaded"));
+    }
+  } else if (!mine.ok()) {
+    return mine;
+  }
+  Reshard();                      // units held unsharded hold the old values
   shared_->WaitQueuedUploads();  // (offload) nothing may still copy into the shards
   for (size_t i = 0; i < units_.size(); ++i) {
     tensor::Tensor shard = units_[i]->flat().shard();
-    shard.CopyFrom(shard.device().is_cpu() ? staged[i] : staged[i].To(shard.device()));
+    shard.CopyFrom(staged[i]);
   }
+  size_t next = 0;
   for (auto& [name, b] : buffers) {
-    if (!b->defined()) continue;
-    const tensor::Tensor& src = *all.at(name);
-    tensor::Tensor cast = src.To(b->dtype());
-    b->CopyFrom(b->device().is_cpu() ? cast : cast.To(b->device()));
+    if (b->defined()) b->CopyFrom(buffer_values[next++]);
   }
-  Reshard();  // units held unsharded hold the old values
   return absl::OkStatus();
 }
 

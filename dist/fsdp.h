@@ -253,10 +253,13 @@ class FullyShardedModel {
   // FullStateDict or nn::StateDict name them; any floating dtype) and copies
   // its shards' parts of the parameters into its fp32 shards, and the buffers
   // whole; then frees the units held unsharded (as Reshard), so the next
-  // forward gathers the loaded values. Not a collective. The optimizer's
-  // state is left as it is. InvalidArgument naming a missing, unknown or
-  // misshapen entry; nothing is changed when an error is returned. Must not
-  // run between a forward and its backward.
+  // forward gathers the loaded values. A collective: the ranks agree before
+  // anything is written, so one rank's refusal fails every rank and changes
+  // nothing anywhere. The optimizer's state is left as it is.
+  // InvalidArgument naming a missing, unknown or misshapen entry (on the
+  // rank that found it; FailedPrecondition naming that rank on the others);
+  // ResourceExhausted when staging ran out of memory. Must not run between
+  // a forward and its backward.
   absl::Status LoadFullStateDict(const std::vector<std::pair<std::string, tensor::Tensor>>& state);
 
   // Explicit prefetch (PyTorch FSDP2's set_modules_to_forward_prefetch and

@@ -578,6 +578,14 @@ TEST(FsdpTest, LoadFullStateDictLoadsTheWholeModelIntoTheShards) {
       bad.emplace_back("extra.weight", Tensor::Zeros({1}));
       EXPECT_EQ(fsdp->LoadFullStateDict(bad).message(),
                 "LoadFullStateDict: the model has no extra.weight");
+      // One rank's refusal: every rank fails, nothing loaded anywhere.
+      const absl::Status one = fsdp->LoadFullStateDict(rank == 1 ? bad : want);
+      if (rank == 1) {
+        EXPECT_EQ(one.code(), absl::StatusCode::kInvalidArgument) << one;
+      } else {
+        EXPECT_EQ(one.message(), "LoadFullStateDict: rank(s) 1 refused the state dict (see their "
+                                 "errors): nothing was loaded");
+      }
       const NamedTensors unchanged = fsdp->FullStateDict();
       if (rank == 0) {
         for (size_t i = 0; i < before.size(); ++i) {
