@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "nn/checkpoint.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -211,9 +212,11 @@ void DistributedDataParallel::EndForwardOnly() {
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
   if (&module != &model_) return;
-  compute_.OnRootPreForward();
-  // broadcast_buffers: rank 0's buffers for this training forward.
-  if (options_.broadcast_buffers && require_sync_ && !forward_only_ && pg_.size() > 1) {
+  // broadcast_buffers: rank 0's buffers for this training forward (before
+  // the casts, which may fail on one rank alone; not again when the root's
+  // forward is recomputed, activation checkpointing).
+  if (options_.broadcast_buffers && require_sync_ && !forward_only_ && pg_.size() > 1 &&
+      !nn::IsRecomputing()) {
     std::vector<WorkPtr> works;
     for (auto& [name, b] : model_.NamedBuffers()) {
       if (b->defined()) works.push_back(pg_.Broadcast(*b, /*root=*/0));
@@ -223,6 +226,7 @@ void DistributedDataParallel::OnPreForward(nn::Module& module) {
     OP_CHECK(status.ok(), "ddp", "broadcasting the buffers (broadcast_buffers): ",
              status.ToString());
   }
+  compute_.OnRootPreForward();
 }
 
 void DistributedDataParallel::OnRootPreBackward() {
