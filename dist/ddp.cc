@@ -51,6 +51,18 @@ tensor::Device ModelDevice(const char* op,
 
 namespace internal {
 
+void BroadcastBuffersForForward(const char* op, nn::Module& model, ProcessGroup& pg,
+                                bool require_sync, bool forward_only) {
+  if (!require_sync || forward_only || pg.size() == 1 || nn::IsRecomputing()) return;
+  std::vector<WorkPtr> works;
+  for (auto& [name, b] : model.NamedBuffers()) {
+    if (b->defined()) works.push_back(pg.Broadcast(*b, /*root=*/0));
+  }
+  absl::Status status;
+  for (auto& w : works) status.Update(w->Wait());
+  OP_CHECK(status.ok(), op, "broadcasting the buffers (broadcast_buffers): ", status.ToString());
+}
+
 void CheckNotWrapped(const char* op, nn::Module& root) {
   for (auto& [name, m] : root.NamedModules()) {
     OP_CHECK(dynamic_cast<const BackwardHooks*>(m->hooks()) == nullptr, op,
@@ -212,19 +224,9 @@ void DistributedDataParallel::EndForwardOnly() {
 void DistributedDataParallel::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
   if (&module != &model_) return;
-  // broadcast_buffers: rank 0's buffers for this training forward (before
-  // the casts, which may fail on one rank alone; not again when the root's
-  // forward is recomputed, activation checkpointing).
-  if (options_.broadcast_buffers && require_sync_ && !forward_only_ && pg_.size() > 1 &&
-      !nn::IsRecomputing()) {
-    std::vector<WorkPtr> works;
-    for (auto& [name, b] : model_.NamedBuffers()) {
-      if (b->defined()) works.push_back(pg_.Broadcast(*b, /*root=*/0));
-    }
-    absl::Status status;
-    for (auto& w : works) status.Update(w->Wait());
-    OP_CHECK(status.ok(), "ddp", "broadcasting the buffers (broadcast_buffers): ",
-             status.ToString());
+  // Before the casts, which may fail on one rank alone.
+  if (options_.broadcast_buffers) {
+    internal::BroadcastBuffersForForward("ddp", model_, pg_, require_sync_, forward_only_);
   }
   compute_.OnRootPreForward();
 }

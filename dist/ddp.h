@@ -104,6 +104,16 @@ namespace dist {
 // (all issued, then all waited for).
 absl::Status BroadcastModuleState(nn::Module& module, ProcessGroup& pg, int root = 0);
 
+namespace internal {
+// broadcast_buffers (DDP's and ZeRO-1's option): at the root's PreForward of
+// a training forward -- not under no_sync (`require_sync` false), not while
+// forward-only, not a recomputed forward -- every buffer from rank 0; throws
+// OpError naming `op` when the broadcast fails. Nothing for a model without
+// buffers or a group of one.
+void BroadcastBuffersForForward(const char* op, nn::Module& model, ProcessGroup& pg,
+                                bool require_sync, bool forward_only);
+}  // namespace internal
+
 // The device of `params` (CPU when empty). Throws tensor::OpError naming the
 // parameter when a wrapper holds it already (Parameter::held_by), or it is
 // undefined, not a contiguous fp32 tensor, or on another device than the

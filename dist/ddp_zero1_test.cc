@@ -239,25 +239,39 @@ TEST(DdpTest, BroadcastMakesRanksStartEqual) {
 // from rank 0's buffers. Ranks that trained on different rows, then run one
 // forward on the same rows, end with the same BatchNorm statistics; without
 // it, each keeps its own.
-TEST(DdpTest, BroadcastBuffersKeepsTheRanksBatchNormStatisticsRank0s) {
-  for (bool broadcast : {true, false}) {
-    SCOPED_TRACE(broadcast);
+TEST(DdpZero1Test, BroadcastBuffersKeepsTheRanksBatchNormStatisticsRank0s) {
+  for (auto [zero1, broadcast] : {std::pair{false, true}, std::pair{false, false},
+                                  std::pair{true, true}, std::pair{true, false}}) {
+    SCOPED_TRACE(absl::StrCat(zero1 ? "ZeRO-1" : "DDP", broadcast ? "" : ", no broadcast"));
     std::vector<std::vector<float>> means(2);
     ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
                   nn::Sequential net;
                   net.Append(std::make_unique<nn::Linear>(4, 3));
                   auto* bn = net.Append(std::make_unique<nn::BatchNorm1d>(3));
                   net.Materialize(kSeed);
-                  DdpOptions options;
-                  options.broadcast_buffers = broadcast;
-                  DistributedDataParallel ddp(net, pg, options);
+                  std::unique_ptr<DistributedDataParallel> ddp;
+                  std::unique_ptr<Zero1> zero;
+                  if (zero1) {
+                    Zero1Options options;
+                    options.broadcast_buffers = broadcast;
+                    zero = std::make_unique<Zero1>(net, pg, optim::SGD::Create({}).value(),
+                                                   options);
+                  } else {
+                    DdpOptions options;
+                    options.broadcast_buffers = broadcast;
+                    ddp = std::make_unique<DistributedDataParallel>(net, pg, options);
+                  }
                   for (int step = 0; step < 2; ++step) {
                     // Step 0: this rank's rows; step 1: the same rows on both.
                     const int seed = step == 0 ? 10 + rank : 20;
                     nn::Context ctx;
                     net.Run(tensor::testing::RandomTensor({6, 4}, seed), ctx);
                     net.RunBackward(tensor::testing::RandomTensor({6, 3}, 30), ctx);
-                    ddp.ZeroGrad();
+                    if (zero1) {
+                      zero->ZeroGrad();
+                    } else {
+                      ddp->ZeroGrad();
+                    }
                   }
                   means[rank] = bn->NamedBuffers()[0].second->ToVector<float>();
                 }).ok());

@@ -227,16 +227,24 @@ void Zero1::ZeroGrad(bool set_to_none) {
   internal::ZeroReplacedGrads(params_, grad_views_);
 }
 
-void Zero1::BeginForwardOnly() { compute_.BeginForwardOnly(); }
+void Zero1::BeginForwardOnly() {
+  compute_.BeginForwardOnly();
+  forward_only_ = true;
+}
 
 void Zero1::EndForwardOnly() {
   readiness_->EndForward();
   compute_.EndForwardOnly();
+  forward_only_ = false;
 }
 
 void Zero1::OnPreForward(nn::Module& module) {
   readiness_->OnPreForward(module);
-  if (&module == &model_) compute_.OnRootPreForward();
+  if (&module != &model_) return;
+  if (options_.broadcast_buffers) {  // before the casts, which may fail on one rank alone
+    internal::BroadcastBuffersForForward("zero1", model_, pg_, require_sync_, forward_only_);
+  }
+  compute_.OnRootPreForward();
 }
 
 void Zero1::OnRootPreBackward() {

@@ -135,6 +135,10 @@ struct Zero1Options {
   // copies take at most this many buckets' bytes (0: no bound). DeepSpeed's
   // overlap_comm double-buffers: 2. fp32 buckets reduce in place.
   int max_inflight_buckets = 2;
+  // As DdpOptions::broadcast_buffers (PyTorch's ZeroRedundancyOptimizer runs
+  // under DDP, which does it): each training forward starts from rank 0's
+  // buffers. false: each rank keeps its own.
+  bool broadcast_buffers = true;
 };
 
 class Zero1 {
@@ -323,6 +327,7 @@ class Zero1 {
   internal::ComputeCopies compute_{"zero1"};              // when kept-fp32 classes exist
   optim::ElementRanges decay_ranges_;
   bool require_sync_ = true;
+  bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly
   bool syncing_this_step_ = false;  // in a synced backward (until its root PostBackward)
   bool in_flight_ = false;          // reduce-scatters issued and not waited for
   bool reduced_ = false;            // a synced backward's gradients are ready for Step
