@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "dist/sharded_checkpoint_buffers.h"
 #include "dist/sharded_checkpoint_exchange.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_index.h"
@@ -33,8 +34,10 @@ namespace dist {
 namespace {
 
 using sharded::BlockCrcs;
+using sharded::BuffersFileRec;
 using sharded::CheckReplaceable;
 using sharded::ErrnoStatus;
+using sharded::AgreeOnCheck;
 using sharded::Exchange;
 using sharded::FileRec;
 using sharded::Hex32;
@@ -51,6 +54,7 @@ using tensor::ParentFolder;
 using sharded::Publish;
 using sharded::ReadIndex;
 using sharded::RemoveTree;
+using sharded::SameCheckpointOnEveryRank;
 using sharded::ShardFileName;
 using sharded::SliceReader;
 using sharded::SliceRec;
@@ -100,6 +104,7 @@ struct Participant {
   std::string strategy;
   std::vector<std::string> units;
   std::vector<FlatLayout> layouts;
+  sharded::ModuleBuffers buffers;  // the model's, replicated: rank 0 saves them
   bool writes = false;
   int file_index = 0;
   int num_files = 1;
@@ -306,30 +311,6 @@ std::string OpWhat(const char* op, const std::string& dir) {
   return absl::StrCat(op, " '", StripTrailingSlashes(dir), "'");
 }
 
-// FailedPrecondition naming each rank's checkpoint id when the ranks staged
-// different checkpoints (`ids`: the load's first exchange, by rank).
-absl::Status SameCheckpointOnEveryRank(const std::vector<std::string>& ids,
-                                       const std::string& what) {
-  if (std::all_of(ids.begin(), ids.end(), [&](const std::string& id) { return id == ids[0]; })) {
-    return absl::OkStatus();
-  }
-  std::vector<std::string> each;
-  for (size_t r = 0; r < ids.size(); ++r) each.push_back(absl::StrCat("rank ", r, " ", ids[r]));
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, ": the ranks read different checkpoints (checkpoint ids: ", absl::StrJoin(each, ", "),
-      "): every rank must load the same folder (another path, or an index.json replaced while "
-      "they read it); nothing was loaded"));
-}
-
-// A check that may fail on some ranks only (it depends on the rank): every
-// rank exchanges its result, so all fail with it instead of some waiting in
-// the next phase's collective for the ranks that returned.
-absl::Status AgreeOnCheck(ProcessGroup& pg, const absl::Status& mine, const char* op,
-                          const std::string& dir) {
-  absl::StatusOr<std::vector<std::string>> got = Exchange(pg, mine, "", OpWhat(op, dir));
-  return got.ok() ? absl::OkStatus() : got.status();
-}
-
 absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const optim::Optimizer& opt,
                       ProcessGroup& pg, const std::map<std::string, std::string>& extra) {
   const std::string dir = StripTrailingSlashes(dir_in);
@@ -364,10 +345,19 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
   id = (*got)[0];
   const std::string tmp = absl::StrCat(dir, ".tmp-", id);
 
-  // Phase 1: writers write their shard files.
+  // Phase 1: writers write their shard files; rank 0 the buffers' file.
   std::string manifest;
+  BuffersFileRec buffers;
   s = absl::OkStatus();
-  if (p.writes) {
+  if (rank == 0) {
+    tensor::NamedTensors named;
+    for (const auto& [name, t] : p.buffers) named.emplace_back(name, *t);
+    absl::StatusOr<BuffersFileRec> b = tensor::Guarded(
+        [&] { return sharded::WriteBuffers(tmp, id, named); }, "writing the buffers: ");
+    if (b.ok()) buffers = std::move(*b);
+    s = b.status();
+  }
+  if (p.writes && s.ok()) {
     absl::StatusOr<std::string> m =
         tensor::Guarded([&] { return WriteShard(tmp, p, opt, id, crc_block, rank); },
                         "writing this rank's shard: ");
@@ -390,6 +380,7 @@ absl::Status SaveImpl(const std::string& dir_in, const Participant& p, const opt
         [&] { return AssembleIndex(p, opt, *got, pg.size(), id, crc_block, extra); },
         "assembling index.json: ");
     if (!index.ok()) s = index.status();
+    if (s.ok()) index->model_buffers = std::move(buffers);
     if (s.ok()) s = WriteFileDurably(absl::StrCat(tmp, "/", kIndexFile), IndexToJson(*index));
     if (s.ok()) {
       FsyncDir(tmp);
@@ -413,6 +404,7 @@ struct Staged {
   std::vector<std::vector<Tensor>> buffers;  // per layout, per key (empty: no state)
   std::vector<int64_t> steps;                // per layout
   bool any_state = false;
+  std::vector<Tensor> model_buffers;  // per Participant::buffers entry, on the CPU
 };
 
 absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Participant& p,
@@ -466,8 +458,12 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
     }
   }
 
-  // Each layout's optimizer step: its parameters' common step.
+  // The buffers (every rank reads them whole), then each layout's optimizer
+  // step: its parameters' common step.
   Staged st;
+  absl::StatusOr<std::vector<Tensor>> buffers = sharded::StageBuffers(dir, x, p.buffers);
+  if (!buffers.ok()) return buffers.status();
+  st.model_buffers = std::move(*buffers);
   std::vector<bool> has(p.layouts.size(), false);
   if (load_opt) {
     int with = 0, training = 0;
@@ -594,6 +590,7 @@ absl::Status Commit(Participant& p, Staged& st, optim::Optimizer& opt,
     Tensor dst = p.layouts[i].shard;
     dst.CopyFrom(st.values[i].Reshape(dst.shape()));
   }
+  sharded::CommitBuffers(st.model_buffers, p.buffers);
   return absl::OkStatus();
 }
 
@@ -631,6 +628,7 @@ Participant FromFsdp(FullyShardedModel& fsdp) {
   p.writes = fsdp.replica_index() == 0;
   p.file_index = fsdp.shard_group_rank();
   p.num_files = fsdp.shard_group_size();
+  p.buffers = fsdp.root().NamedBuffers();
   std::map<std::string, optim::ParamRef> refs;  // units of frozen parameters have none
   for (optim::ParamRef& r : fsdp.ParamRefs()) refs[r.name] = std::move(r);
   for (int i = 0; i < fsdp.num_units(); ++i) {
@@ -668,6 +666,7 @@ Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
   p.writes = true;
   p.file_index = pg.rank();
   p.num_files = pg.size();
+  p.buffers = zero.model().NamedBuffers();
   std::vector<optim::ParamRef> refs = zero.ParamRefs();
   for (int b = 0; b < zero.num_buckets(); ++b) {
     const Zero1::Segment seg = zero.segment(b);
@@ -733,7 +732,7 @@ void SetCrcBlockElementsForTesting(int64_t elements) {
 absl::Status SaveSharded(const std::string& dir, FullyShardedModel& fsdp,
                          const optim::Optimizer& optimizer, ProcessGroup& pg,
                          const std::map<std::string, std::string>& extra) {
-  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckFsdpGroup(fsdp, pg), "save_sharded", dir));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckFsdpGroup(fsdp, pg), OpWhat("save_sharded", dir)));
   return SaveImpl(dir, FromFsdp(fsdp), optimizer, pg, extra);
 }
 
@@ -742,7 +741,7 @@ absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string
                                                                optim::Optimizer& optimizer,
                                                                ProcessGroup& pg,
                                                                const ShardedLoadOptions& options) {
-  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckFsdpGroup(fsdp, pg), "load_sharded", dir));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckFsdpGroup(fsdp, pg), OpWhat("load_sharded", dir)));
   Participant p = FromFsdp(fsdp);
   return LoadImpl(dir, p, optimizer, pg, options, [&fsdp]() -> absl::Status {
     // Units held unsharded (Unshard, UnshardRoot, or kept from a forward)
@@ -754,14 +753,14 @@ absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string
 
 absl::Status SaveSharded(const std::string& dir, Zero1& zero, ProcessGroup& pg,
                          const std::map<std::string, std::string>& extra) {
-  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckZero1Group(zero, pg), "save_sharded", dir));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckZero1Group(zero, pg), OpWhat("save_sharded", dir)));
   return SaveImpl(dir, FromZero1(zero, pg), zero.optimizer(), pg, extra);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> LoadSharded(const std::string& dir, Zero1& zero,
                                                                ProcessGroup& pg,
                                                                const ShardedLoadOptions& options) {
-  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckZero1Group(zero, pg), "load_sharded", dir));
+  SC_RETURN_IF_ERROR(AgreeOnCheck(pg, CheckZero1Group(zero, pg), OpWhat("load_sharded", dir)));
   Participant p = FromZero1(zero, pg);
   return LoadImpl(dir, p, zero.optimizer(), pg, options,
                   [&zero]() -> absl::Status {
@@ -791,6 +790,9 @@ absl::StatusOr<ShardedCheckpointInfo> ReadShardedCheckpointInfo(const std::strin
   for (const ParamRec& p : x->params) {
     info.params.emplace_back(p.name, p.shape);
     info.param_has_state.push_back(p.has_state);
+  }
+  for (const sharded::BufferRec& b : x->model_buffers.tensors) {
+    info.buffers.push_back({b.name, b.shape, b.dtype});
   }
   info.extra = x->extra;
   return info;

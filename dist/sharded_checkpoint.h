@@ -30,6 +30,11 @@
 //   shard_<r>_of_<n>.safetensors   one per writing rank (FSDP: the shard group
 //                                  of replica 0, so NO_SHARD writes one file
 //                                  from rank 0; ZeRO-1: every rank).
+//   buffers.safetensors            the module buffers (NamedBuffers(): BatchNorm's
+//                                  running_mean, running_var, num_batches_tracked),
+//                                  replicated, so written once, whole, by rank 0
+//                                  in their own dtypes (as PyTorch's
+//                                  SHARDED_STATE_DICT); absent without buffers.
 //   index.json                     written last, by rank 0.
 // Each shard file holds, for every ORIGINAL parameter (module names: Hugging
 // Face names for minGPT) overlapping the writer's shard, the element range
@@ -44,7 +49,11 @@
 // each file's byte size, the optimizer (name, buffer keys, lr, step count),
 // and for every parameter its shape, numel, optimizer step, and the slices
 // (file, tensor, [begin, end), CRC-32C of the slice's bytes) of its values and
-// of each optimizer buffer; plus the caller's string map ("extra"); last,
+// of each optimizer buffer; each module buffer's name, shape, dtype and
+// CRC-32C and the buffers file's size (format version 2; a checkpoint
+// without buffers is written as version 1, which builds from before buffers
+// still read: they refuse version 2 instead of dropping its buffers); plus
+// the caller's string map ("extra"); last,
 // the CRC-32C of its own text ("index_crc32c"), so that a changed step,
 // learning rate or extra value is refused rather than resumed. Because
 // the ranges are per parameter, not per flat parameter, the files are
@@ -73,13 +82,18 @@
 // what was wrong: no such folder; no index.json (not a checkpoint, or a save
 // that did not finish); a missing, truncated or replaced shard file; a
 // corrupted slice or index.json (checksums); a parameter of the model missing from the
-// checkpoint, one the model lacks, or another shape; another optimizer kind
+// checkpoint, one the model lacks, or another shape; the same for module
+// buffers (dtype too; a checkpoint without buffers loaded into a model with
+// them, e.g. one saved before buffers were saved, is refused naming them); a
+// corrupted, truncated or missing buffers file; another optimizer kind
 // (adamw vs sgd buffers); optimizer steps that cannot form one state.
 // Load checks and reads everything into staging buffers first: on error the
 // model and the optimizer are left exactly as they were.
 //
 // Model values are fp32 (FSDP's fp32 shards, ZeRO-1's fp32 master slices, in
-// every precision mode). Gradients are not saved. The optimizer must hold
+// every precision mode). Every rank loads the module buffers (rank 0's, as
+// saved) into its own, on their device, also with load_optimizer_state =
+// false. Gradients are not saved. The optimizer must hold
 // state for this model's refs only (FullyShardedModel::ParamRefs(), or
 // Zero1::ParamRefs(), "zero1.bucket<b>"): Load replaces its whole state; a checkpoint saved
 // before the first optimizer step loads as "no state" (ClearState). The
@@ -100,6 +114,7 @@
 #include "dist/process_group.h"
 #include "dist/zero1.h"
 #include "optim/optimizer.h"
+#include "tensor/dtype.h"
 #include "tensor/shape.h"
 
 namespace dist {
@@ -151,6 +166,13 @@ struct ShardedCheckpointInfo {
   int64_t optimizer_step = -1;  // -1: no state, or steps differ between parameters
   std::vector<std::pair<std::string, tensor::Shape>> params;
   std::vector<bool> param_has_state;  // per params entry: its optimizer state is saved
+  // Module buffers (BatchNorm's running statistics), saved whole in their dtypes.
+  struct Buffer {
+    std::string name;
+    tensor::Shape shape;
+    tensor::Dtype dtype = tensor::Dtype::kF32;
+  };
+  std::vector<Buffer> buffers;
   std::map<std::string, std::string> extra;
 };
 

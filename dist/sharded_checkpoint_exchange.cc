@@ -94,4 +94,22 @@ absl::StatusOr<std::vector<std::string>> Exchange(ProcessGroup& pg, const absl::
   return absl::Status(code, absl::StrCat(what, ": ", absl::StrJoin(parts, "; ")));
 }
 
+absl::Status AgreeOnCheck(ProcessGroup& pg, const absl::Status& mine, const std::string& what) {
+  absl::StatusOr<std::vector<std::string>> got = Exchange(pg, mine, "", what);
+  return got.ok() ? absl::OkStatus() : got.status();
+}
+
+absl::Status SameCheckpointOnEveryRank(const std::vector<std::string>& ids,
+                                       const std::string& what) {
+  if (std::all_of(ids.begin(), ids.end(), [&](const std::string& id) { return id == ids[0]; })) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> each;
+  for (size_t r = 0; r < ids.size(); ++r) each.push_back(absl::StrCat("rank ", r, " ", ids[r]));
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": the ranks read different checkpoints (checkpoint ids: ", absl::StrJoin(each, ", "),
+      "): every rank must load the same folder (another path, or an index.json replaced while "
+      "they read it); nothing was loaded"));
+}
+
 }  // namespace dist::sharded

@@ -23,6 +23,16 @@ absl::StatusOr<std::vector<std::string>> Exchange(ProcessGroup& pg, const absl::
                                                   const std::string& payload,
                                                   const std::string& what);
 
+// A check that may fail on some ranks only (it depends on the rank): every
+// rank exchanges its result, so all fail with it instead of some waiting in
+// the next phase's collective for the ranks that returned.
+absl::Status AgreeOnCheck(ProcessGroup& pg, const absl::Status& mine, const std::string& what);
+
+// FailedPrecondition naming each rank's checkpoint id when the ranks staged
+// different checkpoints (`ids`: a load's first exchange, by rank).
+absl::Status SameCheckpointOnEveryRank(const std::vector<std::string>& ids,
+                                       const std::string& what);
+
 }  // namespace dist::sharded
 
 #endif  // DIST_SHARDED_CHECKPOINT_EXCHANGE_H_

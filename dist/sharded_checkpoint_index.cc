@@ -15,6 +15,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -127,6 +128,52 @@ absl::StatusOr<std::vector<SliceRec>> ParseSlices(const Json& arr, const std::st
   return out;
 }
 
+// index.json's "buffers": {"file", "bytes", "tensors": [{"name", "shape",
+// "dtype", "crc32c"}, ...]}.
+absl::StatusOr<BuffersFileRec> ParseBuffers(const Json& obj) {
+  Fields f(obj, "buffers");
+  BuffersFileRec out;
+  std::string file;
+  SC_ASSIGN(file, f.Str("file"));
+  if (file != kBuffersFile) return f.Bad("file", absl::StrCat("is not ", kBuffersFile));
+  SC_ASSIGN(out.bytes, f.Int("bytes"));
+  const Json* tensors = nullptr;
+  SC_ASSIGN(tensors, f.Get("tensors", Json::Kind::kArray));
+  for (size_t i = 0; i < tensors->items.size(); ++i) {
+    const std::string where = absl::StrCat("buffers.tensors[", i, "]");
+    if (tensors->items[i].kind != Json::Kind::kObject) {
+      return absl::DataLossError(absl::StrCat(where, " is not an object"));
+    }
+    Fields fb(tensors->items[i], where);
+    BufferRec b;
+    SC_ASSIGN(b.name, fb.Str("name"));
+    const Json* shape = nullptr;
+    SC_ASSIGN(shape, fb.Get("shape", Json::Kind::kArray));
+    for (const Json& d : shape->items) {
+      int64_t v = 0;
+      if (d.kind != Json::Kind::kNumber || !absl::SimpleAtoi(d.text, &v) || v < 0 ||
+          v > (int64_t{1} << 40)) {  // buffers are small: no product overflows
+        return absl::DataLossError(absl::StrCat(where, ".shape is not a shape"));
+      }
+      b.shape.push_back(v);
+    }
+    std::string dtype;
+    SC_ASSIGN(dtype, fb.Str("dtype"));
+    absl::StatusOr<tensor::Dtype> parsed = tensor::DtypeFromName(absl::AsciiStrToLower(dtype));
+    if (!parsed.ok() || absl::AsciiStrToUpper(tensor::DtypeName(*parsed)) != dtype) {
+      return absl::DataLossError(absl::StrCat(where, ".dtype '", dtype, "' is not a dtype"));
+    }
+    b.dtype = *parsed;
+    std::string crc;
+    SC_ASSIGN(crc, fb.Str("crc32c"));
+    if (crc.size() != 8 || !absl::SimpleHexAtoi(crc, &b.crc)) {
+      return absl::DataLossError(absl::StrCat(where, ".crc32c is not a checksum"));
+    }
+    out.tensors.push_back(std::move(b));
+  }
+  return out;
+}
+
 // The slices must tile [0, numel) exactly, name existing files and carry one
 // checksum per block.
 absl::Status CheckTiling(std::vector<SliceRec>& slices, int64_t numel, const Index& x,
@@ -196,6 +243,9 @@ std::string ShardFileName(int r, int n) {
 bool IsCheckpointFile(const std::string& name) {
   if (name == kIndexFile) return true;
   if (absl::StartsWith(name, "index.json.tmp.")) return true;
+  if (name == kBuffersFile || absl::StartsWith(name, absl::StrCat(kBuffersFile, ".tmp."))) {
+    return true;
+  }
   int r = 0, n = 0;
   char tail[32] = {0};
   if (std::sscanf(name.c_str(), "shard_%d_of_%d.safetenso%31s", &r, &n, tail) == 3) {
@@ -220,7 +270,8 @@ std::vector<uint32_t> BlockCrcs(const float* data, int64_t n, int64_t block) {
 std::string IndexToJson(const Index& x) {
   std::string out = "{\n";
   absl::StrAppend(&out, "  \"format\": ", JsonQuote(kFormat), ",\n");
-  absl::StrAppend(&out, "  \"version\": ", x.version, ",\n");
+  const int version = x.model_buffers.tensors.empty() ? kVersionWithoutBuffers : kVersion;
+  absl::StrAppend(&out, "  \"version\": ", version, ",\n");
   absl::StrAppend(&out, "  \"checkpoint_id\": ", JsonQuote(x.id), ",\n");
   absl::StrAppend(&out, "  \"writer\": ", JsonQuote(x.writer), ",\n");
   absl::StrAppend(&out, "  \"strategy\": ", JsonQuote(x.strategy), ",\n");
@@ -262,6 +313,18 @@ std::string IndexToJson(const Index& x) {
     params.push_back(std::move(s));
   }
   absl::StrAppend(&out, "  \"params\": [\n", absl::StrJoin(params, ",\n"), "\n  ],\n");
+  if (!x.model_buffers.tensors.empty()) {
+    std::vector<std::string> bufs;
+    for (const BufferRec& b : x.model_buffers.tensors) {
+      bufs.push_back(absl::StrCat("    {\"name\": ", JsonQuote(b.name), ", \"shape\": [",
+                                  absl::StrJoin(b.shape.dims(), ", "), "], \"dtype\": ",
+                                  JsonQuote(absl::AsciiStrToUpper(tensor::DtypeName(b.dtype))),
+                                  ", \"crc32c\": ", JsonQuote(Hex32(b.crc)), "}"));
+    }
+    absl::StrAppend(&out, "  \"buffers\": {\"file\": ", JsonQuote(kBuffersFile),
+                    ", \"bytes\": ", x.model_buffers.bytes, ", \"tensors\": [\n",
+                    absl::StrJoin(bufs, ",\n"), "\n  ]},\n");
+  }
   std::vector<std::string> extra;
   for (const auto& [k, v] : x.extra) {
     extra.push_back(absl::StrCat("    ", JsonQuote(k), ": ", JsonQuote(v)));
@@ -287,6 +350,15 @@ absl::Status ValidateIndex(Index& x) {
   if (x.crc_block <= 0 || x.crc_block > (int64_t{1} << 40)) {
     return absl::DataLossError(absl::StrCat("bad crc32c_block_elements ", x.crc_block,
                                             " (must be in [1, 2^40])"));
+  }
+  std::set<std::string> buffer_names;
+  for (const BufferRec& b : x.model_buffers.tensors) {
+    if (b.name.empty() || !buffer_names.insert(b.name).second) {
+      return absl::DataLossError(absl::StrCat("buffer '", b.name, "' is listed twice or unnamed"));
+    }
+  }
+  if (x.model_buffers.bytes < 0) {
+    return absl::DataLossError(absl::StrCat("bad ", kBuffersFile, " size ", x.model_buffers.bytes));
   }
   x.by_name.clear();
   for (size_t i = 0; i < x.params.size(); ++i) {
@@ -340,10 +412,10 @@ absl::StatusOr<Index> ParseIndex(const std::string& text) {
   }
   int64_t version = 0;
   SC_ASSIGN(version, f.Int("version"));
-  if (version != kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("format version ", version, " (this build reads version ", kVersion,
-                     version > kVersion ? "; written by a newer build" : "", ")"));
+  if (version < kVersionWithoutBuffers || version > kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format version ", version, " (this build reads versions ", kVersionWithoutBuffers,
+        " to ", kVersion, version > kVersion ? "; written by a newer build" : "", ")"));
   }
   x.version = static_cast<int>(version);
   SC_ASSIGN(x.id, f.Str("checkpoint_id"));
@@ -430,6 +502,14 @@ absl::StatusOr<Index> ParseIndex(const std::string& text) {
     }
     x.params.push_back(std::move(p));
   }
+  const Json* buffers = nullptr;
+  SC_ASSIGN(buffers, f.Get("buffers", Json::Kind::kObject, /*optional=*/true));
+  if ((buffers != nullptr) != (version >= kVersion)) {
+    return absl::DataLossError(absl::StrCat("format version ", version,
+                                            buffers != nullptr ? " has no" : " needs a",
+                                            " \"buffers\" field"));
+  }
+  if (buffers != nullptr) SC_ASSIGN(x.model_buffers, ParseBuffers(*buffers));
   const Json* extra = nullptr;
   SC_ASSIGN(extra, f.Get("extra", Json::Kind::kObject));
   for (const auto& [k, v] : extra->fields) {

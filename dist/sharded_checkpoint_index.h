@@ -13,13 +13,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tensor/dtype.h"
 #include "tensor/shape.h"
 
 namespace dist::sharded {
 
 inline constexpr char kIndexFile[] = "index.json";
 inline constexpr char kFormat[] = "fsdp.sharded_checkpoint";
-inline constexpr int kVersion = 1;
+// Version 2: the checkpoint holds module buffers (kBuffersFile); version 1:
+// it holds none (also every checkpoint of the builds before buffers were
+// saved). A checkpoint without buffers is written as version 1, so builds
+// before buffers still load it; one with buffers as version 2, which those
+// builds refuse rather than load without its buffers.
+inline constexpr int kVersion = 2;
+inline constexpr int kVersionWithoutBuffers = 1;
+// The file of the module buffers (written whole by rank 0).
+inline constexpr char kBuffersFile[] = "buffers.safetensors";
 // Shard file metadata: the checkpoint id, and "<file index>/<files>".
 inline constexpr char kIdKey[] = "fsdp.checkpoint_id";
 inline constexpr char kShardKey[] = "fsdp.shard";
@@ -57,8 +66,23 @@ struct FileRec {
   int64_t bytes = 0;
 };
 
+// A module buffer (BatchNorm's running statistics: buffers are replicated on
+// every rank), stored whole in kBuffersFile in its own dtype under its name.
+struct BufferRec {
+  std::string name;
+  tensor::Shape shape;
+  tensor::Dtype dtype = tensor::Dtype::kF32;
+  uint32_t crc = 0;  // CRC-32C of its bytes
+};
+
+// kBuffersFile: its size and what it holds (no buffers: no file).
+struct BuffersFileRec {
+  int64_t bytes = 0;
+  std::vector<BufferRec> tensors;  // the model's NamedBuffers() order
+};
+
 struct Index {
-  int version = kVersion;
+  int version = kVersionWithoutBuffers;  // as read (IndexToJson writes it from model_buffers)
   std::string id;
   std::string writer;
   std::string strategy;
@@ -72,6 +96,7 @@ struct Index {
   bool has_state = false;
   int64_t step = -1;
   std::vector<ParamRec> params;
+  BuffersFileRec model_buffers;
   std::map<std::string, std::string> extra;
 
   std::map<std::string, size_t> by_name;  // filled by ValidateIndex
@@ -87,7 +112,7 @@ std::string Hex32(uint32_t x);
 std::string ShardFileName(int r, int n);
 
 // Whether `name` is one of the files a sharded checkpoint folder holds
-// (index.json, shard files, and their temporaries).
+// (index.json, shard files, kBuffersFile, and their temporaries).
 bool IsCheckpointFile(const std::string& name);
 
 // The tensor name of a slice starting at element `begin` of `param`:
@@ -98,11 +123,14 @@ std::string SliceTensorName(const std::string& kind, const std::string& param, i
 // shorter).
 std::vector<uint32_t> BlockCrcs(const float* data, int64_t n, int64_t block);
 
-// index.json's text, ending with its checksum (kIndexCrcKey).
+// index.json's text, ending with its checksum (kIndexCrcKey). Its version is
+// kVersion with buffers, kVersionWithoutBuffers without (x.version is not
+// read).
 std::string IndexToJson(const Index& x);
 
 // Checks the index's consistency (file names, slices that tile every
-// parameter with one checksum per block, optimizer buffers), sorts each
+// parameter with one checksum per block, optimizer buffers, module buffers
+// named once each), sorts each
 // parameter's slices by `begin` and fills by_name. DataLoss on error.
 absl::Status ValidateIndex(Index& x);
 

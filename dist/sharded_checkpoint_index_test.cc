@@ -112,6 +112,13 @@ std::string Dump(const Index& x) {
     for (const auto& [key, slices] : p.state) absl::StrAppend(&line, " ", key, " ", Dump(slices));
     lines.push_back(std::move(line));
   }
+  if (!x.model_buffers.tensors.empty()) {
+    lines.push_back(absl::StrCat("buffers file bytes ", x.model_buffers.bytes));
+  }
+  for (const BufferRec& b : x.model_buffers.tensors) {
+    lines.push_back(absl::StrCat("buffer ", b.name, " ", b.shape.ToString(), " ",
+                                 tensor::DtypeName(b.dtype), " crc ", b.crc));
+  }
   for (const auto& [k, v] : x.extra) {
     lines.push_back(absl::StrCat("extra ", k, " = \"", absl::CEscape(v), "\""));
   }
@@ -202,10 +209,12 @@ TEST(ShardedCheckpointIndexTest, MalformedTextIsRefused) {
   const std::vector<TextCase> cases = {
       {"\"format\": \"fsdp.sharded_checkpoint\"", "\"format\": \"other\"", kInvalid,
        "format is 'other', expected 'fsdp.sharded_checkpoint'"},
-      {"\"version\": 1,", "\"version\": 2,", kInvalid,
-       "format version 2 (this build reads version 1; written by a newer build)"},
+      {"\"version\": 1,", "\"version\": 3,", kInvalid,
+       "format version 3 (this build reads versions 1 to 2; written by a newer build)"},
       {"\"version\": 1,", "\"version\": 0,", kInvalid,
-       "format version 0 (this build reads version 1)"},
+       "format version 0 (this build reads versions 1 to 2)"},
+      {"\"version\": 1,", "\"version\": 2,", kDataLoss,
+       "format version 2 needs a \"buffers\" field"},
       {"\"checkpoint_id\"", "\"id\"", kDataLoss, ".checkpoint_id is missing"},
       {"\"world_size\": 4", "\"world_size\": \"4\"", kDataLoss, ".world_size has the wrong type"},
       {"\"world_size\": 4", "\"world_size\": 4.5", kDataLoss, ".world_size is not an integer"},
@@ -257,6 +266,47 @@ TEST(ShardedCheckpointIndexTest, MalformedTextIsRefused) {
   x = ParseIndex(text.substr(0, text.size() / 2));
   EXPECT_EQ(x.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(x.status().message(), HasSubstr("bad JSON"));
+}
+
+// Module buffers (BatchNorm's running statistics): version 2, listed with
+// their shapes, dtypes and checksums; malformed entries are refused.
+TEST(ShardedCheckpointIndexTest, ModuleBuffers) {
+  Index want = Sample();
+  want.version = kVersion;
+  want.model_buffers.bytes = 321;
+  want.model_buffers.tensors = {{"bn.running_mean", {5}, tensor::Dtype::kF32, 0xabcdef01},
+                                {"bn.num_batches_tracked", {}, tensor::Dtype::kI64, 7}};
+  ASSERT_TRUE(ValidateIndex(want).ok());
+  const std::string text = IndexToJson(want);
+  EXPECT_THAT(text, HasSubstr("\"version\": 2,"));
+  EXPECT_THAT(text, HasSubstr("\"buffers\": {\"file\": \"buffers.safetensors\", \"bytes\": 321"));
+  absl::StatusOr<Index> parsed = ParseIndex(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(Dump(*parsed), Dump(want));
+  EXPECT_EQ(IndexToJson(*parsed), text);
+
+  const std::vector<TextCase> cases = {
+      {"\"version\": 2,", "\"version\": 1,", absl::StatusCode::kDataLoss,
+       "format version 1 has no \"buffers\" field"},
+      {"\"dtype\": \"I64\"", "\"dtype\": \"int64\"", absl::StatusCode::kDataLoss,
+       "buffers.tensors[1].dtype 'int64' is not a dtype"},
+      {"\"shape\": [], ", "\"shape\": [-1], ", absl::StatusCode::kDataLoss,
+       "buffers.tensors[1].shape is not a shape"},
+      {"\"crc32c\": \"00000007\"", "\"crc32c\": \"7\"", absl::StatusCode::kDataLoss,
+       "buffers.tensors[1].crc32c is not a checksum"},
+      {"\"file\": \"buffers.safetensors\"", "\"file\": \"other.safetensors\"",
+       absl::StatusCode::kDataLoss, "buffers.file is not buffers.safetensors"},
+      {"\"name\": \"bn.num_batches_tracked\"", "\"name\": \"bn.running_mean\"",
+       absl::StatusCode::kDataLoss, "buffer 'bn.running_mean' is listed twice or unnamed"},
+  };
+  for (const TextCase& c : cases) {
+    absl::StatusOr<Index> x = ParseIndex(Edit(text, c.from, c.to));
+    ASSERT_FALSE(x.ok()) << c.message;
+    EXPECT_EQ(x.status().code(), c.code) << c.message;
+    EXPECT_EQ(x.status().message(), c.message);
+  }
+  EXPECT_TRUE(IsCheckpointFile("buffers.safetensors"));
+  EXPECT_TRUE(IsCheckpointFile("buffers.safetensors.tmp.123"));
 }
 
 // index.json ends with the checksum of its text: a change that still parses

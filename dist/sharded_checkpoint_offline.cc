@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "dist/sharded_checkpoint_buffers.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_index.h"
 #include "dist/sharded_checkpoint_reader.h"
@@ -47,6 +48,13 @@ absl::Status ForEachWholeParameter(const std::string& dir_in, bool with_optimize
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<tensor::NamedTensors> ReadShardedBuffers(const std::string& dir_in) {
+  const std::string dir = sharded::StripTrailingSlashes(dir_in);
+  absl::StatusOr<sharded::Index> x = sharded::ReadIndex(dir);
+  if (!x.ok()) return x.status();
+  return sharded::ReadBuffers(dir, *x);
 }
 
 namespace {
@@ -159,10 +167,15 @@ absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::str
   auto shared = std::make_shared<SharedSliceReader>(dir, *std::move(x));
   absl::Status files = shared->reader.CheckFiles();  // a missing or foreign file: now
   if (!files.ok()) return files;
+  absl::StatusOr<tensor::NamedTensors> buffers = sharded::ReadBuffers(dir, shared->index);
+  if (!buffers.ok()) return buffers.status();
   nn::NamedInitSources sources;
   for (size_t i = 0; i < shared->index.params.size(); ++i) {
     sources.emplace_back(shared->index.params[i].name,
                          std::make_shared<SavedParameterSource>(shared, i));
+  }
+  for (auto& source : nn::TensorInitSources(*std::move(buffers))) {
+    sources.push_back(std::move(source));
   }
   return sources;
 }
@@ -170,7 +183,8 @@ absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::str
 absl::Status WriteWholeParameters(const std::string& dir, const std::vector<WholeParameter>& params,
                                   const std::string& optimizer,
                                   const std::vector<std::string>& optimizer_buffers,
-                                  const std::map<std::string, std::string>& extra) {
+                                  const std::map<std::string, std::string>& extra,
+                                  const tensor::NamedTensors& buffers) {
   std::vector<WholeParameterSpec> specs;
   for (const WholeParameter& p : params) {
     specs.push_back(
@@ -178,7 +192,7 @@ absl::Status WriteWholeParameters(const std::string& dir, const std::vector<Whol
   }
   return WriteWholeParameters(
       dir, specs, [&](size_t i) -> absl::StatusOr<WholeParameter> { return params[i]; }, optimizer,
-      optimizer_buffers, extra);
+      optimizer_buffers, extra, buffers);
 }
 
 absl::Status WriteWholeParameters(const std::string& dir_in,
@@ -186,7 +200,8 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
                                   const std::function<absl::StatusOr<WholeParameter>(size_t)>& read,
                                   const std::string& optimizer,
                                   const std::vector<std::string>& optimizer_buffers,
-                                  const std::map<std::string, std::string>& extra) {
+                                  const std::map<std::string, std::string>& extra,
+                                  const tensor::NamedTensors& buffers) {
   const std::string dir = sharded::StripTrailingSlashes(dir_in);
   if (dir.empty()) return absl::InvalidArgumentError("the checkpoint folder name is empty");
   absl::Status s = sharded::CheckReplaceable(dir);
@@ -245,6 +260,11 @@ absl::Status WriteWholeParameters(const std::string& dir_in,
   if (::mkdir(tmp.c_str(), 0755) != 0) return sharded::ErrnoStatus("cannot create", tmp);
   const std::string path = absl::StrCat(tmp, "/", file);
   s = WriteParameters(path, specs, read, optimizer_buffers, x);
+  if (s.ok()) {
+    absl::StatusOr<sharded::BuffersFileRec> b = sharded::WriteBuffers(tmp, x.id, buffers);
+    if (b.ok()) x.model_buffers = std::move(*b);
+    s = b.status();
+  }
   if (s.ok()) {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {

@@ -5,7 +5,9 @@
 //     torch.distributed.checkpoint.format_utils.dcp_to_torch_save does for
 //     DCP folders);
 //   - writing whole parameters as one (torch_save_to_dcp), which FSDP and
-//     ZeRO-1 then load at any world size.
+//     ZeRO-1 then load at any world size;
+//   - the module buffers (BatchNorm's running statistics) of both, whole in
+//     their own dtypes.
 // tools/checkpoint uses them to inspect, verify, compare and convert.
 //
 //   absl::Status s = dist::ForEachWholeParameter(step_dir, /*with_optimizer_state=*/true,
@@ -29,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nn/state_dict.h"
+#include "tensor/safetensors.h"
 #include "tensor/shape.h"
 #include "tensor/tensor.h"
 
@@ -54,10 +57,17 @@ struct WholeParameter {
 absl::Status ForEachWholeParameter(const std::string& dir, bool with_optimizer_state,
                                    const std::function<absl::Status(const WholeParameter&)>& fn);
 
+// The checkpoint's module buffers, whole (CPU tensors in their saved dtypes,
+// in the model's NamedBuffers() order; none for a checkpoint without
+// buffers), checked as LoadSharded checks them (the file's size and id, each
+// buffer's dtype, shape and checksum).
+absl::StatusOr<tensor::NamedTensors> ReadShardedBuffers(const std::string& dir);
+
 // The checkpoint's parameters as sources of initial values
 // (nn::InitFromSources), in index.json's order, read when asked: a range of a
 // parameter reads only the stored slices that overlap it, from the shard
-// files that hold them, checked as above. So an FSDP rank initialized from a
+// files that hold them, checked as above; then its buffers, read now
+// (ReadShardedBuffers). So an FSDP rank initialized from a
 // sharded checkpoint (--init_from) reads only its shard. index.json and the
 // shard files' headers are read and checked here (a file missing, of another
 // size or another checkpoint is an error now; the data's checksum blocks as
@@ -71,11 +81,13 @@ absl::StatusOr<nn::NamedInitSources> ShardedCheckpointInitSources(const std::str
 // must not exist or hold nothing but a sharded checkpoint (replaced
 // atomically, as SaveSharded replaces one). `optimizer`: "adamw" / "sgd"
 // (LoadSharded checks it against the optimizer); `extra`: the map LoadSharded
-// returns.
+// returns; `buffers`: the model's buffers (NamedBuffers() names, any dtype),
+// written whole as SaveSharded writes them.
 absl::Status WriteWholeParameters(const std::string& dir, const std::vector<WholeParameter>& params,
                                   const std::string& optimizer,
                                   const std::vector<std::string>& optimizer_buffers,
-                                  const std::map<std::string, std::string>& extra);
+                                  const std::map<std::string, std::string>& extra,
+                                  const tensor::NamedTensors& buffers = {});
 
 // The same, streamed: the parameters are declared up front (the shard file's
 // header comes first) and `read(i)` is called for parameter i, in order, when
@@ -93,7 +105,8 @@ absl::Status WriteWholeParameters(const std::string& dir,
                                   const std::function<absl::StatusOr<WholeParameter>(size_t)>& read,
                                   const std::string& optimizer,
                                   const std::vector<std::string>& optimizer_buffers,
-                                  const std::map<std::string, std::string>& extra);
+                                  const std::map<std::string, std::string>& extra,
+                                  const tensor::NamedTensors& buffers = {});
 
 }  // namespace dist
 

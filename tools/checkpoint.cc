@@ -7,7 +7,8 @@
 // memory converts.
 //
 //   checkpoint info DIR [--params]        what it holds: step, model config, writer,
-//                                         strategy, world size, optimizer, parameters, files
+//                                         strategy, world size, optimizer, parameters,
+//                                         module buffers, files
 //   checkpoint verify DIR                 reads every tensor: checksums, sizes, shard
 //                                         ids, and no NaN or Inf in values or state
 //   checkpoint consolidate DIR OUT        a sharded checkpoint as one single-process
@@ -15,9 +16,13 @@
 //                                         OUT/model.safetensors, the optimizer state
 //                                         per parameter; resumes with --strategy=ddp or
 //                                         --world_size=1 (as PyTorch's dcp_to_torch_save)
-//   checkpoint shard DIR OUT              the reverse: a single-process / DDP step folder
+//   checkpoint shard DIR OUT [--buffers=A,B]
+//                                         the reverse: a single-process / DDP step folder
 //                                         as a sharded one (world size 1) that FSDP and
-//                                         ZeRO-1 resume at any world size (torch_save_to_dcp)
+//                                         ZeRO-1 resume at any world size (torch_save_to_dcp);
+//                                         module buffers (BatchNorm's running statistics)
+//                                         as a consolidated folder records them, else
+//                                         those --buffers names
 //   checkpoint export-hf DIR OUT          a minGPT checkpoint (either kind) as a Hugging
 //                                         Face GPT-2 folder: OUT/config.json and
 //                                         OUT/model.safetensors in GPT2LMHeadModel's
@@ -74,6 +79,9 @@
 #include "tensor/safetensors.h"
 
 ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, elements)");
+ABSL_FLAG(std::vector<std::string>, buffers, {},
+          "shard: the entries of model.safetensors that are module buffers (BatchNorm's "
+          "running_mean, running_var, num_batches_tracked), when it does not record them");
 ABSL_FLAG(double, atol, 0.0, "diff: absolute tolerance");
 ABSL_FLAG(double, rtol, 0.0, "diff: tolerance relative to DIR_B's value");
 ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0: all");
@@ -85,7 +93,8 @@ ABSL_FLAG(std::string, tokenizer, "auto",
 namespace {
 
 constexpr char kUsage[] =
-    "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | shard DIR OUT | "
+    "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | "
+    "shard DIR OUT [--buffers=A,B] | "
     "export-hf DIR OUT [--tokenizer=auto|none|gpt2|DIR] | diff DIR_A DIR_B [--atol=X] [--rtol=Y] "
     "[--top=N]";
 
@@ -134,6 +143,12 @@ int Info(const std::string& dir) {
     std::printf("  optimizer:   %s, no state (saved before the first step)\n",
                 s->optimizer.empty() ? "unknown" : s->optimizer.c_str());
   }
+  if (!s->buffers.empty()) {
+    int64_t buffer_elements = 0;
+    for (const train::CheckpointSummary::Buffer& b : s->buffers) buffer_elements += b.shape.numel();
+    std::printf("  buffers:     %zu tensors, %lld elements\n", s->buffers.size(),
+                static_cast<long long>(buffer_elements));
+  }
   int64_t bytes = 0;
   for (const auto& [name, n] : s->files) bytes += n;
   std::printf("  files:       %zu, %s\n", s->files.size(), Human(bytes).c_str());
@@ -144,6 +159,11 @@ int Info(const std::string& dir) {
     for (const auto& [name, shape] : s->params) {
       std::printf("    %-48s %-16s %lld\n", name.c_str(), shape.ToString().c_str(),
                   static_cast<long long>(shape.numel()));
+    }
+    for (const train::CheckpointSummary::Buffer& b : s->buffers) {
+      std::printf("    %-48s %-16s %lld (buffer, %s)\n", b.name.c_str(), b.shape.ToString().c_str(),
+                  static_cast<long long>(b.shape.numel()),
+                  std::string(tensor::DtypeName(b.dtype)).c_str());
     }
   }
   return 0;
@@ -179,10 +199,13 @@ int Verify(const std::string& dir) {
       }
       return absl::OkStatus();
     });
+    absl::StatusOr<tensor::NamedTensors> buffers = dist::ReadShardedBuffers(dir);
+    if (read.ok() && !buffers.ok()) read = buffers.status();
     if (!read.ok()) {
       std::printf("FAILED %s: %s\n", dir.c_str(), std::string(read.message()).c_str());
       return 1;
     }
+    for (const auto& [name, t] : *buffers) check(absl::StrCat("buffer '", name, "'"), t);
   } else {
     // The checksum over each file in pieces, then one tensor at a time.
     for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
@@ -225,7 +248,7 @@ int Consolidate(const std::string& dir, const std::string& out) {
 }
 
 int Shard(const std::string& dir, const std::string& out) {
-  absl::Status s = train::ShardSingleProcessCheckpoint(dir, out);
+  absl::Status s = train::ShardSingleProcessCheckpoint(dir, out, absl::GetFlag(FLAGS_buffers));
   if (!s.ok()) return Fail(std::string(s.message()));
   std::printf("wrote the sharded checkpoint %s (world size 1) from %s\n", out.c_str(), dir.c_str());
   return 0;
@@ -348,8 +371,15 @@ class StoredModel {
     if (train::IsShardedCheckpoint(dir)) {
       absl::StatusOr<nn::NamedInitSources> sources = dist::ShardedCheckpointInitSources(dir);
       if (!sources.ok()) return sources.status();
+      absl::StatusOr<train::CheckpointSummary> summary = train::ReadCheckpointSummary(dir);
+      if (!summary.ok()) return summary.status();
+      std::map<std::string, tensor::Dtype> buffer_dtypes;  // parameters are f32
+      for (const auto& b : summary->buffers) buffer_dtypes[b.name] = b.dtype;
       for (const auto& [name, source] : *sources) {
-        m.entries_.push_back({name, tensor::Dtype::kF32, source->shape()});
+        auto buffer = buffer_dtypes.find(name);
+        m.entries_.push_back({name, buffer == buffer_dtypes.end() ? tensor::Dtype::kF32
+                                                                  : buffer->second,
+                              source->shape()});
         m.sources_[name] = source;
       }
       return m;

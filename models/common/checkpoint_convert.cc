@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -229,10 +231,11 @@ absl::Status WriteFreshFolder(const std::string& dir_in, absl::string_view what,
 namespace {
 
 // The two files of the single-process format in `dir`, streamed: both
-// headers are declared from the index (every parameter whole in fp32; per
-// parameter with saved state, "<param>.step" (1) i64 and "<param>.<buffer>"
-// f32), then each parameter read whole is appended and dropped, so one
-// parameter and its optimizer state are held at a time.
+// headers are declared from the index (every parameter whole in fp32, then
+// the module buffers, as nn::StateDict orders them; per parameter with saved
+// state, "<param>.step" (1) i64 and "<param>.<buffer>" f32), then each
+// parameter read whole is appended and dropped, so one parameter and its
+// optimizer state are held at a time (the buffers, small, are read first).
 absl::Status WriteConsolidated(const std::string& sharded_dir,
                                const dist::ShardedCheckpointInfo& info, const TrainState& state,
                                const std::string& dir) {
@@ -246,9 +249,18 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
       state_entries.push_back({name + "." + buffer, tensor::Dtype::kF32, shape});
     }
   }
+  absl::StatusOr<tensor::NamedTensors> buffers = dist::ReadShardedBuffers(sharded_dir);
+  if (!buffers.ok()) return buffers.status();
+  std::map<std::string, std::string> metadata = CheckpointModelMetadata(state);
+  std::vector<std::string> buffer_names;
+  for (const auto& [name, t] : *buffers) {
+    model_entries.push_back({name, t.dtype(), t.shape()});
+    buffer_names.push_back(name);
+  }
+  if (!buffer_names.empty()) metadata[kBufferNamesKey] = absl::StrJoin(buffer_names, ",");
   absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> model =
       tensor::SafetensorsWriter::Create(dir + "/model.safetensors", std::move(model_entries),
-                                        CheckpointModelMetadata(state));
+                                        metadata);
   if (!model.ok()) return model.status();
   absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> optimizer =
       tensor::SafetensorsWriter::Create(dir + "/optimizer.safetensors", std::move(state_entries),
@@ -265,6 +277,7 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
         }
         return st;
       });
+  for (size_t i = 0; s.ok() && i < buffers->size(); ++i) s = (*model)->Append((*buffers)[i].second);
   if (s.ok()) s = (*model)->Finish();
   if (s.ok()) s = (*optimizer)->Finish();
   return s;
@@ -295,7 +308,8 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
 }
 
 absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
-                                          const std::string& out_dir) {
+                                          const std::string& out_dir,
+                                          const std::vector<std::string>& buffer_names) {
   if (IsShardedCheckpoint(single_dir)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", single_dir, "' is already sharded (it holds index.json)"));
@@ -315,14 +329,41 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   if (!opt.ok()) return opt.status();
   std::map<std::string, const tensor::SafetensorsEntry*> state;
   for (const tensor::SafetensorsEntry& e : opt->entries) state[e.name] = &e;
+  // The module buffers: as the file names them (consolidated), else as given.
+  std::set<std::string> buffer_set(buffer_names.begin(), buffer_names.end());
+  auto listed = model->metadata.find(kBufferNamesKey);
+  if (listed != model->metadata.end()) {
+    buffer_set.clear();
+    for (absl::string_view name : absl::StrSplit(listed->second, ',', absl::SkipEmpty())) {
+      buffer_set.insert(std::string(name));
+    }
+  }
+  for (const std::string& name : buffer_set) {
+    if (model->Find(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("'", model_path, "' has no entry '", name,
+                                                     "' (named as a module buffer)"));
+    }
+    if (state.count(name + ".step") != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", name, "' is named as a module buffer but has optimizer state in '", opt_path, "'"));
+    }
+  }
 
+  tensor::NamedTensors buffers;
   std::vector<dist::WholeParameterSpec> specs;
   for (const tensor::SafetensorsEntry& e : model->entries) {
+    if (buffer_set.count(e.name) != 0) {  // small: read whole now
+      absl::StatusOr<tensor::Tensor> t = tensor::ReadSafetensorsEntry(model_path, *model, e);
+      if (!t.ok()) return t.status();
+      buffers.emplace_back(e.name, *std::move(t));
+      continue;
+    }
     if (e.dtype != tensor::Dtype::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat("'", model_path, "': '", e.name, "' is ",
-                                                     tensor::DtypeName(e.dtype),
-                                                     "; the sharded format holds fp32 "
-                                                     "parameters only"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", model_path, "': '", e.name, "' is ", tensor::DtypeName(e.dtype),
+          ": parameters are saved fp32, so it is a module buffer (BatchNorm's "
+          "num_batches_tracked?); name the model's buffers (`checkpoint shard --buffers=...`, "
+          "every one: running statistics are fp32) to write them as buffers"));
     }
     dist::WholeParameterSpec p;
     p.name = e.name;
@@ -378,7 +419,7 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   };
   return dist::WriteWholeParameters(out_dir, specs, read, summary->optimizer,
                                     summary->optimizer_buffers,
-                                    ShardedCheckpointExtra(summary->state));
+                                    ShardedCheckpointExtra(summary->state), buffers);
 }
 
 absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& path,
@@ -418,6 +459,9 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
     if (!state.ok()) return state.status();
     out.state = std::move(*state);
     out.params = info->params;
+    for (const dist::ShardedCheckpointInfo::Buffer& b : info->buffers) {
+      out.buffers.push_back({b.name, b.shape, b.dtype});
+    }
     out.optimizer = info->optimizer;
     out.optimizer_buffers = info->optimizer_buffers;
     out.has_optimizer_state = info->has_optimizer_state;
@@ -434,8 +478,19 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
     absl::StatusOr<TrainState> state = TrainStateFromMetadata(model->metadata, model_path);
     if (!state.ok()) return state.status();
     out.state = std::move(*state);
+    std::set<std::string> buffer_names;
+    auto listed = model->metadata.find(kBufferNamesKey);
+    if (listed != model->metadata.end()) {
+      for (absl::string_view name : absl::StrSplit(listed->second, ',', absl::SkipEmpty())) {
+        buffer_names.insert(std::string(name));
+      }
+    }
     for (const tensor::SafetensorsEntry& e : model->entries) {
-      out.params.emplace_back(e.name, e.shape);
+      if (buffer_names.count(e.name) != 0 || e.dtype != tensor::Dtype::kF32) {
+        out.buffers.push_back({e.name, e.shape, e.dtype});
+      } else {
+        out.params.emplace_back(e.name, e.shape);
+      }
     }
     absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
     if (!opt.ok()) return opt.status();
@@ -487,6 +542,9 @@ absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step
                                                    return absl::OkStatus();
                                                  });
     if (!s.ok()) return s;
+    absl::StatusOr<tensor::NamedTensors> buffers = dist::ReadShardedBuffers(step_dir);
+    if (!buffers.ok()) return buffers.status();
+    for (auto& entry : *buffers) model.push_back(std::move(entry));
     return model;
   }
   absl::StatusOr<tensor::SafetensorsFile> f =

@@ -27,6 +27,12 @@
 
 namespace train {
 
+// model.safetensors' metadata key listing the module buffers among its
+// entries (names joined by ','), which ConsolidateShardedCheckpoint writes:
+// the single-process format holds parameters and buffers alike (nn::StateDict),
+// and only this tells them apart without the model.
+inline constexpr char kBufferNamesKey[] = "fsdp.buffers";
+
 // OK when `dir` does not exist or is an empty folder; else AlreadyExists
 // naming it (what every writer of a new checkpoint folder checks first, so
 // that nothing is written over, or mixed with, another folder's files).
@@ -50,9 +56,11 @@ absl::Status WriteFreshFolder(const std::string& dir, absl::string_view what,
 
 // Writes the single-process step folder `out_dir` (created with its parents;
 // it must not exist, or be an empty folder) from the sharded step folder
-// `sharded_dir`: every parameter whole in fp32, the optimizer state per
-// parameter ("<param>.step", "<param>.exp_avg", ...) and the training state
-// (step, loader position, model config, loss scale). Every slice read is
+// `sharded_dir`: every parameter whole in fp32, then the module buffers in
+// their dtypes (as nn::StateDict orders them, so nn::LoadStateDict and the
+// single-process resume take the file; their names under kBufferNamesKey),
+// the optimizer state per parameter ("<param>.step", "<param>.exp_avg", ...)
+// and the training state (step, loader position, model config, loss scale). Every slice read is
 // checked (sizes, ids, checksums); on error nothing is left in out_dir's
 // place. Streams: holds one parameter and its optimizer state at a time, so a
 // model larger than host memory consolidates.
@@ -62,13 +70,17 @@ absl::Status ConsolidateShardedCheckpoint(const std::string& sharded_dir,
 // The reverse (PyTorch's torch_save_to_dcp): the single-process step folder
 // `single_dir` (one process or DDP) written as a sharded one of world size 1
 // in `out_dir` (as above: new or empty), which FSDP and ZeRO-1 resume at any
-// world size, strategy or wrap policy. Every entry of model.safetensors must
-// be an fp32 parameter (a model with buffers, e.g. BatchNorm's running
-// statistics, does not fit the sharded format, which holds parameters only).
-// Both files' checksums are verified and every entry checked before anything
-// is written; then it streams, one parameter and its state at a time.
+// world size, strategy or wrap policy. The entries of model.safetensors that
+// are module buffers (BatchNorm's running statistics) are written whole into
+// the sharded checkpoint's buffers: those its kBufferNamesKey metadata names
+// (a consolidated checkpoint's), else those `buffer_names` names (each must be
+// an entry); every other entry must be an fp32 parameter (InvalidArgument
+// naming one that is not: a buffer to name). Both files' checksums are
+// verified and every entry checked before anything is written; then it
+// streams, one parameter and its state at a time.
 absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
-                                          const std::string& out_dir);
+                                          const std::string& out_dir,
+                                          const std::vector<std::string>& buffer_names = {});
 
 // What a step folder of either kind holds, from its headers and index alone
 // (no tensor data is read beyond the optimizer's step counts).
@@ -76,6 +88,14 @@ struct CheckpointSummary {
   bool sharded = false;
   TrainState state;                                           // step, loader, config, ...
   std::vector<std::pair<std::string, tensor::Shape>> params;  // fp32 values
+  // Module buffers: a sharded checkpoint's; a single-process one's entries
+  // named by kBufferNamesKey, or not fp32 (parameters are saved fp32).
+  struct Buffer {
+    std::string name;
+    tensor::Shape shape;
+    tensor::Dtype dtype = tensor::Dtype::kF32;
+  };
+  std::vector<Buffer> buffers;
   std::string optimizer;                                      // "adamw", "sgd"
   std::vector<std::string> optimizer_buffers;                 // "exp_avg", "exp_avg_sq"
   bool has_optimizer_state = false;
@@ -107,8 +127,9 @@ struct RecordedCheckpoint {
 absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& path,
                                                           absl::string_view unreadable = "");
 
-// The fp32 parameters of a step folder of either kind, whole, on the CPU
-// (sharded: in index.json's order; single-process: model.safetensors' order).
+// The fp32 parameters of a step folder of either kind, whole, on the CPU, then
+// its module buffers (sharded: in index.json's order; single-process:
+// model.safetensors' order, which holds both).
 absl::StatusOr<tensor::NamedTensors> ReadCheckpointModel(const std::string& step_dir);
 
 // The same parameters as sources of initial values (nn::InitFromSources),

@@ -31,6 +31,93 @@ namespace {
 
 using tensor::Tensor;
 
+// Module buffers (BatchNorm's running statistics) survive both ways:
+// consolidated, model.safetensors holds them after the parameters in their
+// dtypes (as nn::StateDict orders them) and names them in its metadata;
+// sharded again, the sharded checkpoint holds them as its buffers. A
+// single-process folder that does not name them is sharded with the names
+// given, and refused without them when a buffer is not fp32.
+TEST(ConsolidateTest, ModuleBuffersSurviveConsolidateAndShard) {
+  const std::string root = ::testing::TempDir() + "/consolidate_buffers";
+  std::filesystem::remove_all(root);
+  const std::string sharded = root + "/sharded", out = root + "/single";
+  std::vector<dist::WholeParameter> params(2);
+  params[0].name = "0.weight";
+  params[0].value = tensor::testing::RandomTensor({4, 3}, 1);
+  params[1].name = "1.weight";
+  params[1].value = tensor::testing::RandomTensor({4}, 2);
+  const tensor::NamedTensors buffers = {
+      {"1.running_mean", tensor::testing::RandomTensor({4}, 3)},
+      {"1.running_var", tensor::testing::RandomTensor({4}, 4, 0.5, 2)},
+      {"1.num_batches_tracked", Tensor::FromData<int64_t>({7}, {})}};
+  TrainState state;
+  state.step = 7;
+  ASSERT_TRUE(dist::WriteWholeParameters(sharded, params, "sgd", {"momentum_buffer"},
+                                         ShardedCheckpointExtra(state), buffers)
+                  .ok());
+  absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(sharded);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->buffers.size(), 3u);
+  EXPECT_EQ(summary->buffers[2].name, "1.num_batches_tracked");
+  EXPECT_EQ(summary->buffers[2].dtype, tensor::Dtype::kI64);
+
+  absl::Status s = ConsolidateShardedCheckpoint(sharded, out);
+  ASSERT_TRUE(s.ok()) << s;
+  auto model = tensor::ReadSafetensors(out + "/model.safetensors");
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->tensors.size(), 5u);
+  EXPECT_EQ(model->tensors[1].first, "1.weight");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_EQ(model->tensors[2 + i].first, buffers[i].first);
+    EXPECT_EQ(model->tensors[2 + i].second.dtype(), buffers[i].second.dtype());
+    EXPECT_TRUE(tensor::testing::AllClose(model->tensors[2 + i].second, buffers[i].second, 0, 0))
+        << buffers[i].first;
+  }
+  EXPECT_EQ(model->header.metadata.at(kBufferNamesKey),
+            "1.running_mean,1.running_var,1.num_batches_tracked");
+  summary = ReadCheckpointSummary(out);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->params.size(), 2u);
+  EXPECT_EQ(summary->buffers.size(), 3u);
+
+  const std::string again = root + "/sharded_again";
+  s = ShardSingleProcessCheckpoint(out, again);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<tensor::NamedTensors> back = dist::ReadShardedBuffers(again);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_EQ((*back)[i].first, buffers[i].first);
+    EXPECT_EQ((*back)[i].second.dtype(), buffers[i].second.dtype());
+    EXPECT_TRUE(tensor::testing::AllClose((*back)[i].second, buffers[i].second, 0, 0));
+  }
+  absl::StatusOr<tensor::NamedTensors> whole = ReadCheckpointModel(again);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->size(), 5u);
+
+  // A single-process folder as WriteCheckpointFiles writes it (nn::StateDict:
+  // parameters then buffers, not named): refused without the buffers' names,
+  // sharded with them.
+  const std::string plain = root + "/plain";
+  std::filesystem::create_directories(plain);
+  tensor::NamedTensors entries = {{params[0].name, params[0].value},
+                                  {params[1].name, params[1].value}};
+  entries.insert(entries.end(), buffers.begin(), buffers.end());
+  ASSERT_TRUE(WriteCheckpointFiles(plain, entries, {}, "sgd", state).ok());
+  s = ShardSingleProcessCheckpoint(plain, root + "/plain_sharded");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "'1.num_batches_tracked' is i64")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--buffers=")) << s;
+  s = ShardSingleProcessCheckpoint(plain, root + "/plain_sharded",
+                                   {"1.running_mean", "1.running_var", "1.num_batches_tracked"});
+  ASSERT_TRUE(s.ok()) << s;
+  back = dist::ReadShardedBuffers(root + "/plain_sharded");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->size(), 3u);
+  s = ShardSingleProcessCheckpoint(plain, root + "/plain_sharded2", {"1.nope"});
+  EXPECT_TRUE(absl::StrContains(s.message(), "has no entry '1.nope'")) << s;
+}
+
 TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {
   const std::string root = ::testing::TempDir() + "/consolidate";
   std::filesystem::remove_all(root);
