@@ -27,12 +27,6 @@
 
 namespace train {
 
-// model.safetensors' metadata key listing the module buffers among its
-// entries (names joined by ','), which ConsolidateShardedCheckpoint writes:
-// the single-process format holds parameters and buffers alike (nn::StateDict),
-// and only this tells them apart without the model.
-inline constexpr char kBufferNamesKey[] = "fsdp.buffers";
-
 // OK when `dir` does not exist or is an empty folder; else AlreadyExists
 // naming it (what every writer of a new checkpoint folder checks first, so
 // that nothing is written over, or mixed with, another folder's files).

@@ -116,6 +116,18 @@ TEST(ConsolidateTest, ModuleBuffersSurviveConsolidateAndShard) {
   EXPECT_EQ(back->size(), 3u);
   s = ShardSingleProcessCheckpoint(plain, root + "/plain_sharded2", {"1.nope"});
   EXPECT_TRUE(absl::StrContains(s.message(), "has no entry '1.nope'")) << s;
+  // The train binaries' saves (WriteCheckpointStep) name their buffers: no
+  // names needed.
+  const std::string named = root + "/named";
+  std::filesystem::create_directories(named);
+  ASSERT_TRUE(WriteCheckpointFiles(named, entries, {}, "sgd", state,
+                                   {"1.running_mean", "1.running_var", "1.num_batches_tracked"})
+                  .ok());
+  s = ShardSingleProcessCheckpoint(named, root + "/named_sharded");
+  ASSERT_TRUE(s.ok()) << s;
+  back = dist::ReadShardedBuffers(root + "/named_sharded");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->size(), 3u);
 }
 
 TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {

@@ -187,8 +187,10 @@ absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
   std::filesystem::remove_all(tmp, ec);  // a crashed save's
   s = MakeDir(tmp);
   if (s.ok()) {
+    std::vector<std::string> buffer_names;
+    for (auto& [name, b] : model.NamedBuffers()) buffer_names.push_back(name);
     s = WriteCheckpointFiles(tmp, nn::StateDict(model), optimizer.StateTensors(),
-                             optimizer.name(), state);
+                             optimizer.name(), state, buffer_names);
   }
   if (s.ok()) s = tensor::ReplaceFolderDurably(tmp, step_dir, tag);
   if (!s.ok()) std::filesystem::remove_all(tmp, ec);
@@ -197,9 +199,12 @@ absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
 
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
-                                  const std::string& optimizer_name, const TrainState& state) {
-  absl::Status s = tensor::WriteSafetensors(step_dir + "/model.safetensors", model,
-                                            CheckpointModelMetadata(state));
+                                  const std::string& optimizer_name, const TrainState& state,
+                                  const std::vector<std::string>& buffer_names) {
+  std::map<std::string, std::string> metadata = CheckpointModelMetadata(state);
+  if (!buffer_names.empty()) metadata[kBufferNamesKey] = absl::StrJoin(buffer_names, ",");
+  absl::Status s =
+      tensor::WriteSafetensors(step_dir + "/model.safetensors", model, metadata);
   if (!s.ok()) return s;
   return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer_state,
                                   CheckpointOptimizerMetadata(optimizer_name));

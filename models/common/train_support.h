@@ -53,12 +53,21 @@ absl::Status SaveAndSay(const std::string& checkpoint_dir, int64_t step, bool lo
 absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
                                  const optim::Optimizer& optimizer, const TrainState& state);
 absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step);
+// model.safetensors' metadata key listing the module buffers among its
+// entries (names joined by ','), which WriteCheckpointStep and
+// ConsolidateShardedCheckpoint write: the single-process format holds
+// parameters and buffers alike (nn::StateDict), and only this tells them
+// apart without the model (`checkpoint shard`).
+inline constexpr char kBufferNamesKey[] = "fsdp.buffers";
+
 // The files of a step folder (which must exist) from named tensors: the
 // model's fp32 values as nn::StateDict names them, the optimizer's state as
-// optim::Optimizer::StateTensors() names it, and `state` in the metadata.
+// optim::Optimizer::StateTensors() names it, and `state` in the metadata
+// (and `buffer_names` under kBufferNamesKey when there are any).
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
-                                  const std::string& optimizer_name, const TrainState& state);
+                                  const std::string& optimizer_name, const TrainState& state,
+                                  const std::vector<std::string>& buffer_names = {});
 // The metadata WriteCheckpointFiles gives model.safetensors (the training
 // state) and optimizer.safetensors (the optimizer's name), for writers that
 // stream the two files (checkpoint_convert.h).
