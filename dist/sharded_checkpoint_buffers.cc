@@ -159,7 +159,11 @@ absl::StatusOr<std::vector<Tensor>> StageBuffers(const std::string& dir, const I
 void CommitBuffers(const std::vector<Tensor>& staged, const ModuleBuffers& model) {
   for (size_t i = 0; i < model.size(); ++i) {
     Tensor& dst = *model[i].second;
-    dst.CopyFrom(dst.device().is_cpu() ? staged[i] : staged[i].To(dst.device()));
+    // Host to a contiguous device buffer of its dtype straight in (nothing
+    // allocated here); through a device copy otherwise.
+    const bool direct = dst.device().is_cpu() ||
+                        (dst.is_contiguous() && dst.dtype() == staged[i].dtype());
+    dst.CopyFrom(direct ? staged[i] : staged[i].To(dst.device()));
   }
 }
 

@@ -506,7 +506,7 @@ absl::StatusOr<Index> ParseIndex(const std::string& text) {
   SC_ASSIGN(buffers, f.Get("buffers", Json::Kind::kObject, /*optional=*/true));
   if ((buffers != nullptr) != (version >= kVersion)) {
     return absl::DataLossError(absl::StrCat("format version ", version,
-                                            buffers != nullptr ? " has no" : " needs a",
+                                            buffers != nullptr ? " must not have a" : " needs a",
                                             " \"buffers\" field"));
   }
   if (buffers != nullptr) SC_ASSIGN(x.model_buffers, ParseBuffers(*buffers));

@@ -287,7 +287,7 @@ TEST(ShardedCheckpointIndexTest, ModuleBuffers) {
 
   const std::vector<TextCase> cases = {
       {"\"version\": 2,", "\"version\": 1,", absl::StatusCode::kDataLoss,
-       "format version 1 has no \"buffers\" field"},
+       "format version 1 must not have a \"buffers\" field"},
       {"\"dtype\": \"I64\"", "\"dtype\": \"int64\"", absl::StatusCode::kDataLoss,
        "buffers.tensors[1].dtype 'int64' is not a dtype"},
       {"\"shape\": [], ", "\"shape\": [-1], ", absl::StatusCode::kDataLoss,

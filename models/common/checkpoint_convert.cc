@@ -333,10 +333,16 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   std::set<std::string> buffer_set(buffer_names.begin(), buffer_names.end());
   auto listed = model->metadata.find(kBufferNamesKey);
   if (listed != model->metadata.end()) {
-    buffer_set.clear();
+    std::set<std::string> recorded;
     for (absl::string_view name : absl::StrSplit(listed->second, ',', absl::SkipEmpty())) {
-      buffer_set.insert(std::string(name));
+      recorded.insert(std::string(name));
     }
+    if (!buffer_names.empty() && recorded != buffer_set) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--buffers=", absl::StrJoin(buffer_names, ","), " differs from the buffers '",
+          model_path, "' names (", listed->second, "): leave --buffers out"));
+    }
+    buffer_set = std::move(recorded);
   }
   for (const std::string& name : buffer_set) {
     if (model->Find(name) == nullptr) {

@@ -128,6 +128,10 @@ TEST(ConsolidateTest, ModuleBuffersSurviveConsolidateAndShard) {
   back = dist::ReadShardedBuffers(root + "/named_sharded");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->size(), 3u);
+  // --buffers that disagree with the names the file records: refused.
+  s = ShardSingleProcessCheckpoint(named, root + "/named_sharded2", {"1.running_mean"});
+  EXPECT_TRUE(absl::StrContains(s.message(), "--buffers=1.running_mean differs from the buffers"))
+      << s;
 }
 
 TEST(ConsolidateTest, StreamsOneParameterAtATimeAndKeepsEveryValue) {
