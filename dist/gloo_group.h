@@ -78,14 +78,6 @@ struct GlooGroupOptions {
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
     int rank, int size, const GlooGroupOptions& options);
 
-// Once every rank of a run is done with the store (a barrier after the run;
-// a gloo group reads it only to connect and split): removes the keys under
-// "<prefix>/" from the "redis://host:port" `store` (SCAN MATCH, DEL), so
-// that a Redis server that many jobs share does not keep every run's. Returns
-// how many were removed. InvalidArgument for a store that is not Redis;
-// Unavailable naming the store when it cannot be reached or refuses.
-absl::StatusOr<int64_t> RemoveRedisKeys(const std::string& store, const std::string& prefix);
-
 }  // namespace dist
 
 #endif  // DIST_GLOO_GROUP_H_

@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "dist/process_testing.h"
+#include "dist/redis_keys.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "dist/gloo_group.h"
 #include "dist/host_name.h"
+#include "dist/redis_keys.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
 #include "glog/logging.h"

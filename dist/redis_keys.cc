@@ -1,0 +1,107 @@
+// Redis rendezvous stores; see redis_keys.h.
+#include "dist/redis_keys.h"
+
+#include <hiredis.h>
+#include <sys/time.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace dist {
+
+absl::StatusOr<std::pair<std::string, int>> ParseRedisStore(const std::string& store) {
+  absl::string_view hp = store;
+  if (!absl::ConsumePrefix(&hp, "redis://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store \"", store, "\" is not redis://host:port"));
+  }
+  std::vector<std::string> parts = absl::StrSplit(hp, absl::MaxSplits(':', 1));
+  int port = 6379;
+  if (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &port) || port < 1 || port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad port in store \"", store, "\""));
+  }
+  return std::pair{parts[0], port};
+}
+
+namespace {
+
+// `text` with Redis glob's special characters escaped (a MATCH pattern that
+// means exactly it).
+std::string GlobLiteral(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\' || c == '^' || c == '-') {
+      out += '\\';
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> RemoveRedisKeys(const std::string& store, const std::string& prefix) {
+  absl::StatusOr<std::pair<std::string, int>> endpoint = ParseRedisStore(store);
+  if (!endpoint.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("[gloo] ", endpoint.status().message()));
+  }
+  const timeval timeout{5, 0};
+  std::unique_ptr<redisContext, void (*)(redisContext*)> redis(
+      redisConnectWithTimeout(endpoint->first.c_str(), endpoint->second, timeout), redisFree);
+  if (redis == nullptr || redis->err != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "[gloo] removing the keys under ", prefix, "/ from ", store, ": cannot connect: ",
+        redis == nullptr ? "out of memory" : redis->errstr));
+  }
+  redisSetTimeout(redis.get(), timeout);
+  using Reply = std::unique_ptr<redisReply, void (*)(void*)>;
+  auto command = [&](const std::vector<std::string>& args) -> absl::StatusOr<Reply> {
+    std::vector<const char*> argv;
+    std::vector<size_t> lengths;
+    for (const std::string& a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    Reply reply(static_cast<redisReply*>(redisCommandArgv(
+                    redis.get(), static_cast<int>(argv.size()), argv.data(), lengths.data())),
+                freeReplyObject);
+    if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
+      return absl::UnavailableError(absl::StrCat(
+          "[gloo] removing the keys under ", prefix, "/ from ", store, ": ", args[0], ": ",
+          reply == nullptr ? redis->errstr : std::string(reply->str, reply->len)));
+    }
+    return reply;
+  };
+  const std::string pattern = GlobLiteral(prefix) + "/*";
+  int64_t removed = 0;
+  std::string cursor = "0";
+  do {  // SCAN visits every key present throughout, some maybe twice: DEL counts each once
+    absl::StatusOr<Reply> page = command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+    if (!page.ok()) return page.status();
+    const redisReply& r = **page;
+    if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 ||
+        r.element[0]->type != REDIS_REPLY_STRING || r.element[1]->type != REDIS_REPLY_ARRAY) {
+      return absl::UnavailableError(absl::StrCat("[gloo] removing the keys under ", prefix,
+                                                 "/ from ", store, ": SCAN: an unexpected reply"));
+    }
+    cursor.assign(r.element[0]->str, r.element[0]->len);
+    std::vector<std::string> del = {"DEL"};
+    for (size_t i = 0; i < r.element[1]->elements; ++i) {
+      const redisReply* key = r.element[1]->element[i];
+      del.emplace_back(key->str, key->len);
+    }
+    if (del.size() > 1) {
+      absl::StatusOr<Reply> deleted = command(del);
+      if (!deleted.ok()) return deleted.status();
+      if ((*deleted)->type == REDIS_REPLY_INTEGER) removed += (*deleted)->integer;
+    }
+  } while (cursor != "0");
+  return removed;
+}
+
+}  // namespace dist
