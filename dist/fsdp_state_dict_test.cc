@@ -133,8 +133,9 @@ TEST(FsdpTest, LoadFullStateDictLoadsTheWholeModelIntoTheShards) {
           << refused;
       bad = want;
       bad.pop_back();
-      EXPECT_TRUE(absl::StrContains(fsdp->LoadFullStateDict(bad).message(),
-                                    "LoadFullStateDict: the state dict lacks " + want.back().first));
+      EXPECT_TRUE(
+          absl::StrContains(fsdp->LoadFullStateDict(bad).message(),
+                            "LoadFullStateDict: the state dict lacks " + want.back().first));
       bad = want;
       bad.emplace_back("extra.weight", Tensor::Zeros({1}));
       EXPECT_EQ(fsdp->LoadFullStateDict(bad).message(),
