@@ -604,10 +604,21 @@ absl::Status RunRanksImpl(ThreadWorld& world, const RankFn& fn) {
   const auto& [first_rank, first] = failures.front();
   std::string message = absl::StrCat("rank ", first_rank, ": ", first.message());
   if (failures.size() > 1) {
+    // Ranks that failed as the first did (the same check on every rank) are
+    // named once, not their message again each.
+    std::vector<int> alike;
     std::vector<std::string> others;
     for (size_t i = 1; i < failures.size(); ++i) {
-      others.push_back(
-          absl::StrCat("rank ", failures[i].first, ": ", failures[i].second.ToString()));
+      if (failures[i].second == first) {
+        alike.push_back(failures[i].first);
+      } else {
+        others.push_back(
+            absl::StrCat("rank ", failures[i].first, ": ", failures[i].second.ToString()));
+      }
+    }
+    if (!alike.empty()) {
+      others.insert(others.begin(), absl::StrCat(alike.size() == 1 ? "rank " : "ranks ",
+                                                 absl::StrJoin(alike, ", "), ": the same"));
     }
     absl::StrAppend(&message, " [then: ", absl::StrJoin(others, "; "), "]");
   }

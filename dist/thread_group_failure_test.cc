@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "dist/thread_group.h"
@@ -344,6 +345,15 @@ TEST(ThreadGroupFailureTest, RunRanksReportsEveryFailedRank) {
   });
   EXPECT_TRUE(absl::IsNotFound(status)) << status;
   EXPECT_EQ(status.message(), "rank 2: no data for rank 2 [then: rank 0: OUT_OF_RANGE: late]");
+  // The same failure on several ranks (a check every rank makes): named once.
+  status = RunRanks(4, [&](int rank, ProcessGroup&) -> absl::Status {
+    if (rank != 2) absl::SleepFor(absl::Milliseconds(100));  // rank 2 first
+    return rank == 3 ? absl::OutOfRangeError("other") : absl::InvalidArgumentError("bad flag");
+  });
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), "rank 2: bad flag [then: ranks ")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), ": the same; rank 3: OUT_OF_RANGE: other]"))
+      << status;
 }
 
 TEST(ThreadGroupFailureTest, EscapedTensorsOutliveTheWorldSafely) {
