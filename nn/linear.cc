@@ -31,6 +31,8 @@ Tensor Linear::FlatInput(const Tensor& x_in, tensor::Shape* out_shape) const {
   OP_CHECK(w.defined(), "linear", "weight is not materialized");
   OP_CHECK(x_in.rank() >= 1 && x_in.dim(-1) == in_, "linear", "input ", x_in.shape().ToString(),
            " does not end in in_features ", in_);
+  OP_CHECK(tensor::IsFloatingPoint(x_in.dtype()), "linear", "input ", x_in.shape().ToString(),
+           " has dtype ", tensor::DtypeName(x_in.dtype()), "; expected f32, bf16 or f16");
   *out_shape = x_in.shape();
   (*out_shape)[out_shape->rank() - 1] = out_;
   return x_in.To(w.dtype()).Reshape({-1, in_});  // (N, in)
@@ -77,7 +79,8 @@ Tensor Linear::PaddedGrad(const Tensor& g, const Saved& s) {
 }
 
 Tensors Linear::Forward(const Tensors& inputs, Context& ctx) {
-  const Tensor& x_in = inputs.at(0);
+  OP_CHECK(inputs.size() == 1, "linear", "takes one input, got ", inputs.size());
+  const Tensor& x_in = inputs[0];
   tensor::Shape out_shape;
   const Tensor x = FlatInput(x_in, &out_shape);  // (N, in)
   Saved saved{SavedInput(x), x_in.dtype(), x_in.shape()};

@@ -144,6 +144,20 @@ TEST(LinearTest, WrongInputIsAClearError) {
     EXPECT_EQ(std::string(e.what()),
               "[linear] the residual (2,3) is not shaped as the output (2,2)");
   }
+  // Integer input: refused (it would compute, and its gradient be truncated).
+  try {
+    lin.Run(Tensor::Zeros({2, 3}, tensor::Dtype::kI64), ctx);
+    FAIL();
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[linear] input (2,3) has dtype i64; expected f32, bf16 or f16");
+  }
+  try {
+    lin.Run(Tensors{}, ctx);
+    FAIL();
+  } catch (const tensor::OpError& e) {
+    EXPECT_EQ(std::string(e.what()), "[linear] takes one input, got 0");
+  }
 }
 
 TEST(LinearTest, NonPositiveFeaturesAreRefusedAtConstruction) {

@@ -15,7 +15,9 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(const AdamWOptions& o) {
         absl::StrCat("[adamw] invalid options: ", what, " (lr=", o.lr, " beta1=", o.beta1,
                      " beta2=", o.beta2, " eps=", o.eps, " weight_decay=", o.weight_decay, ")"));
   };
-  if (!std::isfinite(o.lr) || o.lr < 0) return bad(absl::StrCat("lr must be >= 0, got ", o.lr));
+  if (!std::isfinite(o.lr) || o.lr < 0) {
+    return bad(absl::StrCat("lr must be finite and >= 0, got ", o.lr));
+  }
   if (!(o.beta1 >= 0 && o.beta1 < 1)) {
     return bad(absl::StrCat("beta1 must be in [0, 1), got ", o.beta1));
   }
@@ -23,10 +25,10 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(const AdamWOptions& o) {
     return bad(absl::StrCat("beta2 must be in [0, 1), got ", o.beta2));
   }
   if (!std::isfinite(o.eps) || o.eps < 0) {
-    return bad(absl::StrCat("eps must be >= 0, got ", o.eps));
+    return bad(absl::StrCat("eps must be finite and >= 0, got ", o.eps));
   }
   if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) {
-    return bad(absl::StrCat("weight_decay must be >= 0, got ", o.weight_decay));
+    return bad(absl::StrCat("weight_decay must be finite and >= 0, got ", o.weight_decay));
   }
   return std::unique_ptr<AdamW>(new AdamW(o));
 }

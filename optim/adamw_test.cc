@@ -216,12 +216,12 @@ TEST(AdamWTest, CreateRejectsInvalidOptions) {
     const char* says;
   };
   const Case cases[] = {
-      {Opt(-1e-3, 0.9, 0.999, 1e-8, 0), "lr must be >= 0"},
+      {Opt(-1e-3, 0.9, 0.999, 1e-8, 0), "lr must be finite and >= 0"},
       {Opt(1e-3, 1.0, 0.999, 1e-8, 0), "beta1 must be in [0, 1)"},
       {Opt(1e-3, -0.1, 0.999, 1e-8, 0), "beta1"},
       {Opt(1e-3, 0.9, 1.0, 1e-8, 0), "beta2 must be in [0, 1)"},
-      {Opt(1e-3, 0.9, 0.999, -1e-8, 0), "eps must be >= 0"},
-      {Opt(1e-3, 0.9, 0.999, 1e-8, -0.1), "weight_decay must be >= 0"},
+      {Opt(1e-3, 0.9, 0.999, -1e-8, 0), "eps must be finite and >= 0"},
+      {Opt(1e-3, 0.9, 0.999, 1e-8, -0.1), "weight_decay must be finite and >= 0"},
       {Opt(1e-3, NAN, 0.999, 1e-8, 0), "beta1"},
   };
   for (const Case& c : cases) {

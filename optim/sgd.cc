@@ -16,15 +16,17 @@ absl::StatusOr<std::unique_ptr<SGD>> SGD::Create(const SgdOptions& o) {
                      " dampening=", o.dampening, " nesterov=", o.nesterov ? "true" : "false",
                      " weight_decay=", o.weight_decay, ")"));
   };
-  if (!std::isfinite(o.lr) || o.lr < 0) return bad(absl::StrCat("lr must be >= 0, got ", o.lr));
+  if (!std::isfinite(o.lr) || o.lr < 0) {
+    return bad(absl::StrCat("lr must be finite and >= 0, got ", o.lr));
+  }
   if (!std::isfinite(o.momentum) || o.momentum < 0) {
-    return bad(absl::StrCat("momentum must be >= 0, got ", o.momentum));
+    return bad(absl::StrCat("momentum must be finite and >= 0, got ", o.momentum));
   }
   if (!std::isfinite(o.dampening)) {
     return bad(absl::StrCat("dampening must be finite, got ", o.dampening));
   }
   if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) {
-    return bad(absl::StrCat("weight_decay must be >= 0, got ", o.weight_decay));
+    return bad(absl::StrCat("weight_decay must be finite and >= 0, got ", o.weight_decay));
   }
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
     return bad("nesterov momentum requires momentum > 0 and dampening == 0");

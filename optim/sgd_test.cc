@@ -222,9 +222,9 @@ TEST(SgdTest, CreateRejectsInvalidOptions) {
     const char* says;
   };
   const Case cases[] = {
-      {Opt(-0.1, 0, 0, false, 0), "lr must be >= 0"},
-      {Opt(0.1, -0.9, 0, false, 0), "momentum must be >= 0"},
-      {Opt(0.1, 0, 0, false, -1), "weight_decay must be >= 0"},
+      {Opt(-0.1, 0, 0, false, 0), "lr must be finite and >= 0"},
+      {Opt(0.1, -0.9, 0, false, 0), "momentum must be finite and >= 0"},
+      {Opt(0.1, 0, 0, false, -1), "weight_decay must be finite and >= 0"},
       {Opt(0.1, 0, 0, true, 0), "nesterov"},
       {Opt(0.1, 0.9, 0.1, true, 0), "nesterov"},
       {Opt(NAN, 0, 0, false, 0), "lr"},

@@ -217,6 +217,9 @@ void LinearParamGradsInto(const Tensor& g, const Tensor& x, const Tensor& grad_w
            g.shape().ToString(), ", x ", x.shape().ToString(), ", grad_w ",
            grad_w.shape().ToString(), " and grad_b ",
            grad_b.defined() ? grad_b.shape().ToString() : "undefined");
+  OP_CHECK(grad_w.dtype() == Dtype::kF32 && (!grad_b.defined() || grad_b.dtype() == Dtype::kF32),
+           kGradOp, "the gradients accumulate in f32; got grad_w ", DtypeName(grad_w.dtype()),
+           grad_b.defined() ? absl::StrCat(" and grad_b ", DtypeName(grad_b.dtype())) : "");
   const Tensor gt = g.Transpose(0, 1);  // (M, N)
   if (grad_b.defined() && grad_w.device().is_cuda() && grad_w.dtype() == Dtype::kF32 &&
       grad_b.dtype() == Dtype::kF32 && grad_b.is_contiguous() && g.dtype() == x.dtype() &&

@@ -2,9 +2,10 @@
 // CUDA device cuBLASLt adds them in the GEMM's epilogue, so the output is
 // written once instead of written, read back and written again; elsewhere (the
 // CPU, or a case cuBLASLt has no fused kernel for: see
-// cuda::GemmWithEpilogue) Matmul is followed by AddBias / Gelu. Both paths
-// give the same values up to rounding (the fused GELU reads its fp32 input
-// before it is rounded to the output dtype).
+// cuda::GemmWithEpilogue) the bias goes into oneDNN's GEMM (its bias
+// argument) and Gelu follows the GEMM. Both paths give the same values up to
+// rounding (the fused GELU reads its fp32 input before it is rounded to the
+// output dtype).
 #ifndef TENSOR_OPS_LINEAR_H_
 #define TENSOR_OPS_LINEAR_H_
 

@@ -100,6 +100,15 @@ TEST(LinearOpsTest, ParamGradsAccumulateAsTheUnfusedOps) {
     LinearParamGradsInto(g, x, grad_w, Tensor());
     EXPECT_TRUE(AllClose(grad_w, Add(before, Matmul(g32, x32, ta)), 1e-6, 1e-6));
   }
+  // Gradients of another dtype: named by this op (not the GEMM inside it).
+  try {
+    LinearParamGradsInto(RandomTensor({9, 6}, 7), RandomTensor({9, 4}, 8),
+                         Tensor::Zeros({6, 4}, Dtype::kBF16), Tensor());
+    ADD_FAILURE() << "a bf16 grad_w";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[linear_param_grads] the gradients accumulate in f32; got grad_w bf16");
+  }
 }
 
 // accumulate false writes the gradients: buffers full of NaN (what a new,

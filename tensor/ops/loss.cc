@@ -155,7 +155,7 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
     CheckShapes(op, logits, targets);
     OP_CHECK(forward.lse.defined() && forward.lse.device() == logits.device() &&
                  forward.lse.shape() == targets.shape() && forward.lse.dtype() == Dtype::kF32,
-             op, "the forward's lse ", Describe("lse", forward.lse), " does not match targets ",
+             op, "the forward's ", Describe("lse", forward.lse), " does not match targets ",
              targets.shape().ToString(), " on ", logits.device().ToString());
     Tensor grad = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
     const cuda::CrossEntropyStats stats =
@@ -171,7 +171,7 @@ Tensor CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
   const int64_t count = CheckAndCount(op, logits, targets_c, forward.ignore_index);
   CheckCpu(op, {&forward.lse});
   OP_CHECK(forward.lse.shape() == targets.shape() && forward.lse.dtype() == Dtype::kF32, op,
-           "the forward's lse ", Describe("lse", forward.lse), " does not match targets ",
+           "the forward's ", Describe("lse", forward.lse), " does not match targets ",
            targets.shape().ToString());
   OP_CHECK(count == forward.count, op, "targets ", targets.shape().ToString(), " have ", count,
            " non-ignored entries but the forward counted ", forward.count,
