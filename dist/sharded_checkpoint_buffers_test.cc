@@ -132,13 +132,19 @@ NamedTensors TrainAndSave(const std::string& dir, bool use_fsdp, int world = 2) 
   absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
     BnRank r(use_fsdp, pg, 7);
     for (int step = 0; step < 3; ++step) r.TrainStep(pg, step);
-    NamedTensors mine = r.Buffers();
-    for (auto& [name, t] : mine) t = t.Clone();  // off the rank's ledger
-    ASSERT_TRUE(r.Save(dir, pg).ok());
+    NamedTensors mine = r.Buffers();  // copies
+    const absl::Status saved = r.Save(dir, pg);
     std::lock_guard<std::mutex> lock(mu);
     buffers[rank] = std::move(mine);
+    ASSERT_TRUE(saved.ok()) << saved;
   });
   EXPECT_TRUE(s.ok()) << s;
+  for (int r = 0; r < world; ++r) {
+    if (buffers[r].empty()) {
+      ADD_FAILURE() << "rank " << r << " has no buffers";
+      return {};
+    }
+  }
   // The ranks' statistics differ: which ones were saved is a real question.
   for (int r = 1; r < world; ++r) {
     EXPECT_FALSE(tensor::testing::AllClose(buffers[r][0].second, buffers[0][0].second, 0, 0));

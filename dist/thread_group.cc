@@ -604,21 +604,25 @@ absl::Status RunRanksImpl(ThreadWorld& world, const RankFn& fn) {
   const auto& [first_rank, first] = failures.front();
   std::string message = absl::StrCat("rank ", first_rank, ": ", first.message());
   if (failures.size() > 1) {
-    // Ranks that failed as the first did (the same check on every rank) are
-    // named once, not their message again each.
-    std::vector<int> alike;
-    std::vector<std::string> others;
+    // Ranks that failed alike (the same check on every rank) are named
+    // together, their status once: as the first's, "ranks 0, 1: the same".
+    std::vector<std::pair<absl::Status, std::vector<int>>> groups;  // in order of first failure
     for (size_t i = 1; i < failures.size(); ++i) {
-      if (failures[i].second == first) {
-        alike.push_back(failures[i].first);
-      } else {
-        others.push_back(
-            absl::StrCat("rank ", failures[i].first, ": ", failures[i].second.ToString()));
-      }
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == failures[i].second; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {failures[i].second, {}});
+      it->second.push_back(failures[i].first);
     }
-    if (!alike.empty()) {
-      others.insert(others.begin(), absl::StrCat(alike.size() == 1 ? "rank " : "ranks ",
-                                                 absl::StrJoin(alike, ", "), ": the same"));
+    std::vector<std::string> others;
+    for (auto& [status, ranks] : groups) {
+      std::sort(ranks.begin(), ranks.end());
+      const std::string who =
+          absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+      if (status == first) {
+        others.insert(others.begin(), absl::StrCat(who, ": the same"));
+      } else {
+        others.push_back(absl::StrCat(who, ": ", status.ToString()));
+      }
     }
     absl::StrAppend(&message, " [then: ", absl::StrJoin(others, "; "), "]");
   }

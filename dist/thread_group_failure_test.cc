@@ -351,9 +351,14 @@ TEST(ThreadGroupFailureTest, RunRanksReportsEveryFailedRank) {
     return rank == 3 ? absl::OutOfRangeError("other") : absl::InvalidArgumentError("bad flag");
   });
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
-  EXPECT_TRUE(absl::StartsWith(status.message(), "rank 2: bad flag [then: ranks ")) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), ": the same; rank 3: OUT_OF_RANGE: other]"))
-      << status;
+  EXPECT_EQ(status.message(),
+            "rank 2: bad flag [then: ranks 0, 1: the same; rank 3: OUT_OF_RANGE: other]");
+  // Ranks alike after a first that differs: named together too.
+  status = RunRanks(4, [&](int rank, ProcessGroup&) -> absl::Status {
+    if (rank != 2) absl::SleepFor(absl::Milliseconds(100));
+    return rank == 2 ? absl::NotFoundError("first") : absl::AbortedError("lost a peer");
+  });
+  EXPECT_EQ(status.message(), "rank 2: first [then: ranks 0, 1, 3: ABORTED: lost a peer]");
 }
 
 TEST(ThreadGroupFailureTest, EscapedTensorsOutliveTheWorldSafely) {

@@ -1,11 +1,12 @@
 // The Linear layer's GEMMs with their bias and GELU fused in: on a
 // CUDA device cuBLASLt adds them in the GEMM's epilogue, so the output is
-// written once instead of written, read back and written again; elsewhere (the
-// CPU, or a case cuBLASLt has no fused kernel for: see
-// cuda::GemmWithEpilogue) the bias goes into oneDNN's GEMM (its bias
-// argument) and Gelu follows the GEMM. Both paths give the same values up to
-// rounding (the fused GELU reads its fp32 input before it is rounded to the
-// output dtype).
+// written once instead of written, read back and written again. On the CPU
+// the bias goes into oneDNN's GEMM (its bias argument) where oneDNN takes
+// the operands (f32 / bf16, non-empty, GEMM-friendly strides), and Gelu
+// follows the GEMM; otherwise (those cases, or one cuBLASLt has no fused
+// kernel for: see cuda::GemmWithEpilogue) Matmul is followed by AddBias /
+// Gelu. All paths give the same values up to rounding (the fused GELU reads
+// its fp32 input before it is rounded to the output dtype).
 #ifndef TENSOR_OPS_LINEAR_H_
 #define TENSOR_OPS_LINEAR_H_
 
