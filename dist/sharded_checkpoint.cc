@@ -461,9 +461,11 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
   // The buffers (every rank reads them whole), then each layout's optimizer
   // step: its parameters' common step.
   Staged st;
-  absl::StatusOr<std::vector<Tensor>> buffers = sharded::StageBuffers(dir, x, p.buffers);
-  if (!buffers.ok()) return buffers.status();
-  st.model_buffers = std::move(*buffers);
+  if (!(options.keep_buffers_missing_from_checkpoint && x.model_buffers.tensors.empty())) {
+    absl::StatusOr<std::vector<Tensor>> buffers = sharded::StageBuffers(dir, x, p.buffers);
+    if (!buffers.ok()) return buffers.status();
+    st.model_buffers = std::move(*buffers);
+  }  // else none staged: the model keeps its own
   std::vector<bool> has(p.layouts.size(), false);
   if (load_opt) {
     int with = 0, training = 0;
@@ -590,7 +592,7 @@ absl::Status Commit(Participant& p, Staged& st, optim::Optimizer& opt,
     Tensor dst = p.layouts[i].shard;
     dst.CopyFrom(st.values[i].Reshape(dst.shape()));
   }
-  sharded::CommitBuffers(st.model_buffers, p.buffers);
+  if (!st.model_buffers.empty()) sharded::CommitBuffers(st.model_buffers, p.buffers);
   return absl::OkStatus();
 }
 

@@ -123,6 +123,10 @@ struct ShardedLoadOptions {
   // false: load the model only; the optimizer is left untouched and its kind
   // is not checked (fine-tuning, evaluation).
   bool load_optimizer_state = true;
+  // true: a checkpoint that holds no buffers at all (one saved before sharded
+  // checkpoints kept them) loads into a model that has some, which keep
+  // their values; false: refused, naming them and this option.
+  bool keep_buffers_missing_from_checkpoint = false;
 };
 
 // FSDP. `pg` is the group the model was sharded over. Only replica 0's shard

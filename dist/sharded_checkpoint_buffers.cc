@@ -133,7 +133,8 @@ absl::StatusOr<std::vector<Tensor>> StageBuffers(const std::string& dir, const I
         "buffers of the model missing from the checkpoint: ", FirstFew(missing),
         x.model_buffers.tensors.empty()
             ? " (the checkpoint holds no buffers: saved from a model without them, or by a "
-              "build before sharded checkpoints saved buffers)"
+              "build before sharded checkpoints saved buffers; "
+              "ShardedLoadOptions::keep_buffers_missing_from_checkpoint keeps the model's)"
             : ""));
   }
   std::vector<std::string> unexpected;

@@ -96,9 +96,10 @@ struct BnRank {
     return fsdp ? SaveSharded(dir, *fsdp, *opt, pg, {{"step", "3"}})
                 : SaveSharded(dir, *zero, pg, {{"step", "3"}});
   }
-  absl::StatusOr<std::map<std::string, std::string>> Load(const std::string& dir,
-                                                          ProcessGroup& pg) {
-    return fsdp ? LoadSharded(dir, *fsdp, *opt, pg) : LoadSharded(dir, *zero, pg);
+  absl::StatusOr<std::map<std::string, std::string>> Load(
+      const std::string& dir, ProcessGroup& pg, const ShardedLoadOptions& options = {}) {
+    return fsdp ? LoadSharded(dir, *fsdp, *opt, pg, options)
+                : LoadSharded(dir, *zero, pg, options);
   }
 
   NamedTensors Buffers() {
@@ -243,7 +244,21 @@ TEST(ShardedCheckpointBuffersTest, RefusedLoadsNameTheBufferAndChangeNothing) {
   ExpectLoadFails(dir, {"load_sharded", "all 2 ranks",
                         "buffers of the model missing from the checkpoint: 1.running_mean, "
                         "1.running_var, 1.num_batches_tracked",
-                        "holds no buffers"});
+                        "holds no buffers",
+                        "keep_buffers_missing_from_checkpoint keeps the model's"});
+  // ... which loads with keep_buffers_missing_from_checkpoint: the model's
+  // buffers stay, the parameters are the checkpoint's.
+  absl::Status kept = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    BnRank r(/*use_fsdp=*/true, pg, 99);
+    r.TrainStep(pg, 5);
+    const NamedTensors before = r.Buffers();
+    ShardedLoadOptions options;
+    options.keep_buffers_missing_from_checkpoint = true;
+    absl::StatusOr<std::map<std::string, std::string>> extra = r.Load(dir, pg, options);
+    ASSERT_TRUE(extra.ok()) << extra.status();
+    ExpectBitwiseEqual(r.Buffers(), before, "rank " + std::to_string(rank));
+  });
+  EXPECT_TRUE(kept.ok()) << kept;
   // Another shape; another dtype.
   tensor::NamedTensors b = NetBuffers();
   b[0].second = Tensor::Zeros({7});
