@@ -69,7 +69,6 @@
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
-#include "models/data/span_corruption.h"
 #include "models/mingpt/pretrained.h"
 #include "models/t5/config.h"
 #include "models/t5/pretrained.h"
@@ -275,13 +274,8 @@ absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
   if (!sources.ok()) return sources.status();
   // The special ids the run's batches used (a checkpoint without a span
   // corruption loader's state: T5's own).
-  t5::HfT5Ids ids;
-  if (absl::StatusOr<data::SpanCorruptionIds> used =
-          data::SpanCorruptionIdsOf(recorded.loader_state);
-      used.ok()) {
-    ids = {used->eos_id, used->pad_id, used->decoder_start_id};
-  }
-  absl::Status s = t5::WriteHfT5(tmp, config, *sources, ids);
+  absl::Status s =
+      t5::WriteHfT5(tmp, config, *sources, t5::HfT5IdsOfLoaderState(recorded.loader_state));
   if (!s.ok()) return s;
   return Exported{"T5", absl::StrCat("(config.json, model.safetensors) of ", config.ToString(),
                                      " from ", recorded.description)};

@@ -395,17 +395,26 @@ absl::Status ResolveDevice(const DataParallelFlags& flags, DataParallelConfig& c
 // The flags set to other than their defaults, as "--name=value", among
 // FSDP's units' (`units`: their prefetch and wrapping) and the gradient
 // buckets' of DDP and ZeRO-1 (`buckets`).
+// Of those, the prefetch flags along the recorded order: --forward_prefetch,
+// --backward_prefetch and (`with_inflight`) --max_inflight_all_gathers.
+std::vector<std::string> PrefetchFlagsOffDefault(const DataParallelFlags& f, bool with_inflight) {
+  const DataParallelFlags d;
+  std::vector<std::string> given;
+  if (f.forward_prefetch != d.forward_prefetch) given.push_back("--forward_prefetch");
+  if (f.backward_prefetch != d.backward_prefetch) {
+    given.push_back(absl::StrCat("--backward_prefetch=", f.backward_prefetch));
+  }
+  if (with_inflight && f.max_inflight_all_gathers != d.max_inflight_all_gathers) {
+    given.push_back(absl::StrCat("--max_inflight_all_gathers=", f.max_inflight_all_gathers));
+  }
+  return given;
+}
+
 std::vector<std::string> FlagsOffDefault(const DataParallelFlags& f, bool units, bool buckets) {
   const DataParallelFlags d;
   std::vector<std::string> given;
   if (units) {
-    if (f.forward_prefetch) given.push_back("--forward_prefetch");
-    if (f.backward_prefetch != d.backward_prefetch) {
-      given.push_back(absl::StrCat("--backward_prefetch=", f.backward_prefetch));
-    }
-    if (f.max_inflight_all_gathers != d.max_inflight_all_gathers) {
-      given.push_back(absl::StrCat("--max_inflight_all_gathers=", f.max_inflight_all_gathers));
-    }
+    given = PrefetchFlagsOffDefault(f, /*with_inflight=*/true);
     if (f.auto_wrap != d.auto_wrap) given.push_back(absl::StrCat("--auto_wrap=", f.auto_wrap));
   }
   if (buckets) {
@@ -489,19 +498,8 @@ absl::StatusOr<DataParallelConfig> ConfigureDataParallel(const DataParallelFlags
     // The units' lists replace the prefetch along the recorded order, and
     // gather whatever --max_inflight_all_gathers says (dist::PrefetchNeighbors),
     // which under --cpu_offload still sizes the upload slots.
-    const DataParallelFlags defaults;
-    std::vector<std::string> replaced;
-    if (flags.forward_prefetch != defaults.forward_prefetch) {
-      replaced.push_back("--forward_prefetch");
-    }
-    if (flags.backward_prefetch != defaults.backward_prefetch) {
-      replaced.push_back(absl::StrCat("--backward_prefetch=", flags.backward_prefetch));
-    }
-    if (flags.max_inflight_all_gathers != defaults.max_inflight_all_gathers &&
-        !flags.cpu_offload) {
-      replaced.push_back(
-          absl::StrCat("--max_inflight_all_gathers=", flags.max_inflight_all_gathers));
-    }
+    const std::vector<std::string> replaced =
+        PrefetchFlagsOffDefault(flags, /*with_inflight=*/!flags.cpu_offload);
     if (!replaced.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--prefetch_units=", flags.prefetch_units, " prefetches that many units ahead ",

@@ -160,6 +160,12 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir) {
   return out;
 }
 
+HfT5Ids HfT5IdsOfLoaderState(const std::string& loader_state) {
+  absl::StatusOr<data::SpanCorruptionIds> used = data::SpanCorruptionIdsOf(loader_state);
+  if (!used.ok()) return HfT5Ids{};
+  return HfT5Ids{used->eos_id, used->pad_id, used->decoder_start_id};
+}
+
 absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   if (train::IsHfModelDir(path)) return OpenHfT5(path);
   absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(path);
@@ -173,10 +179,7 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   if (!sources.ok()) return sources.status();
   PretrainedSources out{*config, *std::move(sources), recorded->description,
                         recorded->loader_state};
-  if (absl::StatusOr<data::SpanCorruptionIds> ids = data::SpanCorruptionIdsOf(out.loader_state);
-      ids.ok()) {
-    out.ids = {ids->eos_id, ids->pad_id, ids->decoder_start_id};
-  }
+  out.ids = HfT5IdsOfLoaderState(out.loader_state);
   return out;
 }
 

@@ -46,6 +46,11 @@ struct HfT5Ids {
   int64_t decoder_start_id = 0;
 };
 
+// The ids a checkpoint's span corruption batches used, from its loader
+// state (data::SpanCorruptionIdsOf); T5's (the defaults) when the state does
+// not say.
+HfT5Ids HfT5IdsOfLoaderState(const std::string& loader_state);
+
 // Weights to start from (nn::InitFromSources), with their configuration.
 struct PretrainedSources {
   T5Config config;
