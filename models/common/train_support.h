@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "models/common/checkpoint_dir.h"
 #include "models/common/step_report.h"
 #include "models/data/loader_state.h"
 #include "nn/mixed_precision.h"
@@ -46,11 +47,11 @@ absl::Status SaveCheckpoint(const std::string& dir, nn::Module& model,
 // (S: the step folder's files, as this process sees them).
 absl::Status SaveAndSay(const std::string& checkpoint_dir, int64_t step, bool log,
                         const std::function<absl::Status()>& save);
-// The two halves of SaveCheckpoint: the step folder, then the `latest` file
-// (data-parallel runs point `latest` at a step only once every rank saved).
+// The first half of SaveCheckpoint: the step folder; SetLatestCheckpoint
+// (checkpoint_dir.h) is the second, the `latest` file (data-parallel runs
+// point `latest` at a step only once every rank saved).
 absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
                                  const optim::Optimizer& optimizer, const TrainState& state);
-absl::Status SetLatestCheckpoint(const std::string& dir, int64_t step);
 // model.safetensors' metadata key listing the module buffers among its
 // entries (names joined by ','), which WriteCheckpointStep and
 // ConsolidateShardedCheckpoint write: the single-process format holds
@@ -71,21 +72,6 @@ absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::Nam
 // stream the two files (checkpoint_convert.h).
 std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state);
 std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name);
-// "step_000100": the folder of a step under a checkpoint directory.
-std::string CheckpointStepName(int64_t step);
-// Creates `dir` and its missing parents unless it exists.
-absl::Status MakeCheckpointDir(const std::string& dir);
-// Before training: creates `dir` (and its parents) and checks that a file can
-// be created and removed there, so that an unusable --checkpoint_dir fails at
-// once (InvalidArgument naming it and why) instead of at the first save,
-// after the steps it would have kept. With report_leftovers, the folders
-// LeftoversOfInterruptedSaves names are a warning on stderr.
-absl::Status PrepareCheckpointDir(const std::string& dir, bool report_leftovers = true);
-// The step folders' temporaries that saves killed midway left in `dir`
-// ("step_N.tmp-*", and "step_N.old-*" beside a step_N that is back), each
-// with its size, and that they may be removed; "" when there are none. They
-// are only named: a run saving into `dir` at the same time may own them.
-std::string LeftoversOfInterruptedSaves(const std::string& dir);
 
 // `resume` is "latest" (the newest checkpoint in checkpoint_dir), the path of
 // a step folder, or of a checkpoint directory (what --checkpoint_dir names:
@@ -185,22 +171,15 @@ std::vector<std::string> ResumedModelChanges(const std::string& saved, const std
 absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, std::string>& meta,
                                                   const std::string& path);
 
-// Sharded checkpoints (dist/sharded_checkpoint.h, written by FSDP and ZeRO-1)
-// keep the training state in their `extra` map: "step", "loader_state" and
-// "extra.<key>" for each TrainState::extra entry.
-bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
-// A sharded step folder that lost its index: "" unless `step_dir` holds
-// shard files ("shard_<r>_of_<n>.safetensors") but neither index.json nor
-// model.safetensors; then the error's text, naming them.
-std::string ShardsWithoutIndex(const std::string& step_dir);
-// A step folder of either format: sharded, or holding model.safetensors.
-bool HoldsCheckpoint(const std::string& step_dir);
 
 // What a tool given "a step folder or a checkpoint directory" reads: `path`
 // itself when it is a step folder (sharded, or holding model.safetensors),
 // else the step its `latest` file names, else `path` (reading it then fails,
 // naming the missing file).
 std::string StepFolderOf(const std::string& path);
+// Sharded checkpoints (dist/sharded_checkpoint.h, written by FSDP and ZeRO-1)
+// keep the training state in their `extra` map: "step", "loader_state" and
+// "extra.<key>" for each TrainState::extra entry.
 std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state);
 // DataLoss naming step_dir when the step is missing or not a count.
 absl::StatusOr<TrainState> TrainStateFromShardedExtra(
