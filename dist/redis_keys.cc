@@ -5,27 +5,59 @@
 #include <sys/time.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace dist {
 
 absl::StatusOr<std::pair<std::string, int>> ParseRedisStore(const std::string& store) {
-  absl::string_view hp = store;
-  if (!absl::ConsumePrefix(&hp, "redis://")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store \"", store, "\" is not redis://host:port"));
+  auto bad = [&store](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("store \"", store, "\" ", why));
+  };
+  absl::string_view rest = store;
+  if (!absl::ConsumePrefix(&rest, "redis://")) return bad("is not redis://host:port");
+  if (absl::StrContains(rest, '@')) {
+    return bad("holds credentials (user:password@): gloo's RedisStore does not authenticate; "
+               "give a server the ranks reach without AUTH");
   }
-  std::vector<std::string> parts = absl::StrSplit(hp, absl::MaxSplits(':', 1));
+  if (absl::StrContains(rest, '/') || absl::StrContains(rest, '?')) {
+    return bad("names a database or options after the endpoint: give redis://host:port only "
+               "(the keys go to database 0)");
+  }
+  absl::string_view host = rest;
+  std::optional<absl::string_view> port_text;  // after ':', when there is one
+  if (absl::ConsumePrefix(&rest, "[")) {  // an IPv6 address: [addr] or [addr]:port
+    const size_t close = rest.find(']');
+    if (close == absl::string_view::npos) {
+      return bad("opens '[' without a ']' (an IPv6 address is redis://[addr]:port)");
+    }
+    host = rest.substr(0, close);
+    rest.remove_prefix(close + 1);
+    if (!rest.empty()) {
+      if (!absl::ConsumePrefix(&rest, ":")) return bad("has text after ']' that is not :port");
+      port_text = rest;
+    }
+  } else {
+    const size_t colon = rest.find(':');
+    if (colon != absl::string_view::npos) {
+      if (rest.find(':', colon + 1) != absl::string_view::npos) {
+        return bad("holds an IPv6 address without brackets: write redis://[addr]:port");
+      }
+      host = rest.substr(0, colon);
+      port_text = rest.substr(colon + 1);
+    }
+  }
+  if (host.empty()) return bad("names no host");
   int port = 6379;
-  if (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &port) || port < 1 || port > 65535)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad port in store \"", store, "\""));
+  if (port_text && (!absl::SimpleAtoi(*port_text, &port) || port < 1 || port > 65535)) {
+    return bad(absl::StrCat("has port '", *port_text, "': a number in 1..65535"));
   }
-  return std::pair{parts[0], port};
+  return std::pair{std::string(host), port};
 }
 
 namespace {

@@ -11,8 +11,12 @@
 
 namespace dist {
 
-// "redis://host[:port]" (port 6379 by default) as host and port;
-// InvalidArgument naming the store otherwise.
+// "redis://host[:port]" (port 6379 by default) as host and port; an IPv6
+// address in brackets, "redis://[::1]:6379" (the host is then "::1").
+// InvalidArgument naming the store and what is wrong otherwise: no host, a
+// port outside 1..65535, an IPv6 address without brackets, credentials
+// ("user:password@": gloo's RedisStore does not authenticate), or a
+// database or options after the endpoint ("/1", "?...").
 absl::StatusOr<std::pair<std::string, int>> ParseRedisStore(const std::string& store);
 
 // Once every rank of a run is done with the store (a barrier after the run;

@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "dist/redis_keys.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/tensor.h"
 
@@ -257,6 +258,12 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
           "--rdzv='", rdzv, "': the ranks meet in a directory every node sees (DIR or "
           "file://DIR) or a Redis server (redis://host:port); torchrun's tcp:// / c10d:// "
           "stores and host:port endpoints are not spoken here"));
+    }
+    if (absl::StartsWith(rdzv, "redis://")) {  // before any rank starts: not at the rendezvous
+      const absl::Status endpoint = dist::ParseRedisStore(rdzv).status();
+      if (!endpoint.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--rdzv: ", endpoint.message()));
+      }
     }
     r.store = rdzv;
     r.prefix = absl::StrCat(env.run_id.empty() ? "run" : FileNamePiece(env.run_id), "/", attempt);

@@ -248,6 +248,13 @@ TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
   EXPECT_TRUE(absl::StrContains(r.status().message(), "several nodes")) << r.status();
   EXPECT_TRUE(ResolveRendezvous("redis://10.0.0.1:6379", env, "/tmp", 1000).ok());
   EXPECT_FALSE(ResolveRendezvous("redis://", env, "/tmp", 1000).ok());
+  // A malformed Redis endpoint is refused here, before any rank starts.
+  EXPECT_TRUE(ResolveRendezvous("redis://[::1]:6379", env, "/tmp", 1000).ok());
+  r = ResolveRendezvous("redis://user:pw@10.0.0.1:6379", env, "/tmp", 1000);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(r.status().message(),
+                               "--rdzv: store \"redis://user:pw@10.0.0.1:6379\" holds credentials"))
+      << r.status();
   // torchrun's stores are not a directory of that name.
   for (const char* other : {"tcp://127.0.0.1:29800", "c10d://node0:29400", "node0:29400"}) {
     r = ResolveRendezvous(other, env, "/tmp", 1000);
