@@ -16,7 +16,6 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -43,7 +42,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/transport/tcp/device.h"
-#include "dist/host_name.h"
+#include "dist/gloo_peers.h"
 #include "dist/redis_keys.h"
 #include "dist/launch_layout.h"
 #include "tensor/memory_ledger.h"
@@ -335,39 +334,6 @@ class TimedStore : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
-// Each rank's process, as it announced itself when the group connected: a
-// peer on this host whose process has exited is named when a collective
-// fails (gloo only says a connection closed). Hosts compare by a hash of
-// their name (0: unknown).
-struct PeerProcess {
-  uint64_t host = 0;
-  int64_t pid = 0;
-};
-static_assert(sizeof(PeerProcess) == 16, "all-gathered as 16 bytes a rank");
-
-// FNV-1a of the host name: the same on every rank whatever its build.
-uint64_t ThisHost() {
-  const std::string name = HostName();
-  if (name.empty()) return 0;
-  uint64_t h = 1469598103934665603ull;
-  for (const char c : name) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h == 0 ? 1 : h;
-}
-
-// True when `pid` (on this host) is gone: no such process, or one that has
-// exited and not been reaped yet (a zombie).
-bool ProcessExited(int64_t pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const size_t paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-}
-
 // After a rendezvous timed out: "; rank 1 never joined (...)" naming the
 // ranks whose claim (internal::ClaimRank's "<prefix>/joined/<r>") is not in
 // the store; "" when every rank joined, or for a group split off another
@@ -391,7 +357,7 @@ std::string NeverJoined(const Shared& shared, const std::string& prefix, int ran
 
 struct Connected {
   std::shared_ptr<gloo::Context> ctx;
-  std::vector<PeerProcess> processes;  // by rank
+  std::vector<internal::PeerProcess> processes;  // by rank
 };
 
 // Connects within `budget`; errors name `timeout` (the group's: the budget
@@ -409,11 +375,13 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
     // its side of the handshake; a collective over the new connections makes
     // the group exist on every rank before any rank returns it (a rank that
     // then exits fails its peers' next collective, not their rendezvous).
-    // It is the all-gather of every rank's (host, pid): one collective, where
-    // reading each rank's key from the store cost size() reads per rank.
-    const PeerProcess me{ThisHost(), static_cast<int64_t>(::getpid())};
-    Connected connected{ctx, std::vector<PeerProcess>(size)};
-    AllGatherBytes(ctx.get(), &me, connected.processes.data(), sizeof(PeerProcess),
+    // It is the all-gather of every rank's host, pid and listening address
+    // (internal::PeerProcess): one collective, where reading each rank's key
+    // from the store cost size() reads per rank.
+    const internal::PeerProcess me = internal::ThisProcess(
+        size > 1 ? ctx->getPair(rank == 0 ? 1 : 0)->address().str() : std::string());
+    Connected connected{ctx, std::vector<internal::PeerProcess>(size)};
+    AllGatherBytes(ctx.get(), &me, connected.processes.data(), sizeof(internal::PeerProcess),
                    ToMillis(budget));
     return connected;
   } catch (const std::exception& e) {
@@ -600,9 +568,14 @@ class GlooProcessGroup final : public ProcessGroup {
             Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
             peers.size() == 1 ? "rank " : "ranks ", absl::StrJoin(peers, ", "),
             " (gloo: ", what, ")"));
-      } else if (const std::string exited = ExitedPeers(); !exited.empty()) {
+      } else if (const std::string exited = internal::ExitedPeers(processes_, rank());
+                 !exited.empty()) {
         broken_ = absl::AbortedError(
             absl::StrCat(Prefix(call), ": lost a peer: ", exited, " (gloo: ", what, ")"));
+      } else if (const std::string named = internal::PeerNamedIn(what, processes_, rank());
+                 !named.empty()) {
+        broken_ = absl::AbortedError(
+            absl::StrCat(Prefix(call), ": lost a peer: ", named, " (gloo: ", what, ")"));
       } else {
         broken_ = absl::AbortedError(absl::StrCat(
             Prefix(call), ": lost a peer (one of ", peers.size() == 1 ? "rank " : "ranks ",
@@ -623,25 +596,6 @@ class GlooProcessGroup final : public ProcessGroup {
           absl::StrCat(Prefix(call), ": copying the result into the call's tensors: ", e.what()));
     }
     return absl::OkStatus();
-  }
-
-  // The peers on this host whose process has exited: "rank 2 exited (pid
-  // 4242 on this host)"; "" when none did (another host's, or a broken
-  // connection). A peer's sockets close as its process exits, a moment
-  // before the process is gone: it is looked for for up to a second.
-  std::string ExitedPeers() const {
-    const uint64_t host = ThisHost();
-    for (int attempt = 0; attempt < 10; ++attempt) {
-      std::vector<std::string> exited;
-      for (int r = 0; r < size(); ++r) {
-        const PeerProcess& p = processes_[r];
-        if (r == rank() || p.host == 0 || p.host != host || !ProcessExited(p.pid)) continue;
-        exited.push_back(absl::StrCat("rank ", r, " exited (pid ", p.pid, " on this host)"));
-      }
-      if (!exited.empty()) return absl::StrJoin(exited, ", ");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return "";
   }
 
   // The collective itself, on the staged buffers.
@@ -711,7 +665,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   const std::shared_ptr<Shared> shared_;
   const std::shared_ptr<gloo::Context> ctx_;
-  const std::vector<PeerProcess> processes_;  // by rank
+  const std::vector<internal::PeerProcess> processes_;  // by rank
   const std::string prefix_;
   int split_seq_ = 0;            // Issuing thread only.
   absl::Status broken_;          // Worker thread only.

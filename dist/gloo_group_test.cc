@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "dist/host_name.h"
 #include "dist/process_testing.h"
 #include "dist/redis_keys.h"
 #include "gtest/gtest.h"
@@ -453,6 +454,38 @@ TEST(GlooGroup, APeerWhoseProcessExitedIsNamed) {
         " on this host)");
     if (absl::StrContains(s.message(), want)) return "";
     return absl::StrCat("no '", want, "' in ", s.ToString());
+  });
+  ExpectAllOk(o);
+}
+
+// Three ranks, one leaves the group but not its process (it destroys its
+// group, as after an error of its own): the rank that reads from it finds no
+// exited process, and names it by the address gloo's error holds.
+TEST(GlooGroup, APeerThatLeftTheGroupIsNamedByItsAddress) {
+  const std::string dir = TmpDir("store");
+  Outcome o = RunProcesses(3, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor mine = Tensor::FromVector({static_cast<float>(::getpid())}, {1});
+    Tensor pids = Tensor::Empty({3});
+    absl::Status s = (*pg)->AllGatherSync(mine, pids);
+    if (!s.ok()) return s.ToString();
+    if (rank == 2) {
+      pg->reset();  // its connections close; the process stays while the others fail
+      absl::SleepFor(absl::Seconds(4));
+      return "";
+    }
+    Tensor t = Tensor::Empty({8});
+    s = (*pg)->AllReduceSync(t, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(5)));
+    if (s.ok()) return "no error";
+    if (rank == 1) return "";  // reads from rank 0, which fails: either error
+    const std::string want = absl::StrCat(
+        "lost a peer: rank 2 (on ", HostName().substr(0, 63), ", [");
+    const std::string alive = absl::StrCat(
+        "): its connection closed while its process (pid ",
+        static_cast<int64_t>(pids.ToVector<float>()[2]), ") still runs: it left the group");
+    if (absl::StrContains(s.message(), want) && absl::StrContains(s.message(), alive)) return "";
+    return absl::StrCat("no '", want, "...", alive, "' in ", s.ToString());
   });
   ExpectAllOk(o);
 }

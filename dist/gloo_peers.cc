@@ -1,0 +1,114 @@
+// Who a gloo group's peers are (gloo_peers.h).
+#include "dist/gloo_peers.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dist/host_name.h"
+
+namespace dist {
+namespace internal {
+namespace {
+
+// FNV-1a of the host name: the same on every rank whatever its build.
+uint64_t HostHash(const std::string& name) {
+  if (name.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+template <size_t N>
+void CopyTruncated(const std::string& from, char (&to)[N]) {
+  std::memset(to, 0, N);
+  std::memcpy(to, from.data(), std::min(from.size(), N - 1));
+}
+
+template <size_t N>
+std::string Text(const char (&field)[N]) {
+  return std::string(field, strnlen(field, N));
+}
+
+}  // namespace
+
+PeerProcess ThisProcess(const std::string& address) {
+  PeerProcess me;
+  const std::string name = HostName();
+  me.host = HostHash(name);
+  me.pid = static_cast<int64_t>(::getpid());
+  CopyTruncated(address.substr(0, address.find('$')), me.address);
+  CopyTruncated(name, me.host_name);
+  return me;
+}
+
+bool ProcessExited(int64_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wait_ms) {
+  const uint64_t host = HostHash(HostName());
+  for (int waited = 0;; waited += 100) {
+    std::vector<std::string> exited;
+    for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
+      const PeerProcess& p = peers[r];
+      if (r == rank || p.host == 0 || p.host != host || !ProcessExited(p.pid)) continue;
+      exited.push_back(absl::StrCat("rank ", r, " exited (pid ", p.pid, " on this host)"));
+    }
+    if (!exited.empty()) return absl::StrJoin(exited, ", ");
+    if (waited >= wait_ms) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
+                        int rank) {
+  int named = -1;
+  for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
+    const std::string address = Text(peers[r].address);
+    // "[10.0.0.2]:4123" must not match "[10.0.0.2]:41235": the port ends the text or a
+    // non-digit follows it.
+    for (size_t at = gloo_error.find(address); !address.empty() && at != std::string::npos;
+         at = gloo_error.find(address, at + 1)) {
+      const size_t end = at + address.size();
+      if (end < gloo_error.size() && std::isdigit(static_cast<unsigned char>(gloo_error[end]))) {
+        continue;
+      }
+      if (r == rank) break;  // this rank's own address (a connect's or a bind's)
+      if (named >= 0 && named != r) return "";  // two peers: gloo's text is not about one
+      named = r;
+      break;
+    }
+  }
+  if (named < 0) return "";
+  const PeerProcess& p = peers[named];
+  const std::string host_name = Text(p.host_name);
+  const std::string who = absl::StrCat("rank ", named, " (on ",
+                                       host_name.empty() ? "an unnamed host" : host_name, ", ",
+                                       Text(p.address), ")");
+  if (p.host != 0 && p.host == HostHash(HostName())) {
+    if (ProcessExited(p.pid)) return absl::StrCat(who, ": its process (pid ", p.pid, ") is gone");
+    return absl::StrCat(who, ": its connection closed while its process (pid ", p.pid,
+                        ") still runs: it left the group (e.g. after an error of its own)");
+  }
+  return absl::StrCat(who, ": its process or its host stopped, or the network to it failed");
+}
+
+}  // namespace internal
+}  // namespace dist

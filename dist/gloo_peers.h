@@ -1,0 +1,53 @@
+// Who a gloo group's peers are, for naming the one that was lost: each rank
+// announces its host, pid and gloo listening address when the group
+// connects (all-gathered as PeerProcess), and a failed collective's error
+// then names the peer whose process exited on this host, or the peer whose
+// address gloo's own message holds ("Connection closed by peer
+// [10.0.0.2]:41235"), with its host and whether its process still runs.
+#ifndef DIST_GLOO_PEERS_H_
+#define DIST_GLOO_PEERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dist {
+namespace internal {
+
+// One rank as it announced itself; plain bytes, all-gathered as they are.
+// Strings are NUL-padded and truncated to fit.
+struct PeerProcess {
+  uint64_t host = 0;        // FNV-1a of the host name: equal on one host (0: unknown)
+  int64_t pid = 0;
+  char address[48] = {};    // gloo's listening address as its errors print it: "[10.0.0.2]:41235"
+  char host_name[64] = {};  // gethostname()
+};
+static_assert(sizeof(PeerProcess) == 128, "all-gathered as 128 bytes a rank");
+
+// This process: this host's, its pid, and `address` (a gloo pair's
+// transport::Address::str(); a "$<sequence>" suffix is dropped).
+PeerProcess ThisProcess(const std::string& address);
+
+// True when `pid` (on this host) is gone: no such process, or one that has
+// exited and not been reaped yet (a zombie).
+bool ProcessExited(int64_t pid);
+
+// The peers (all but `rank`) on this host whose process has exited: "rank 2
+// exited (pid 4242 on this host)"; "" when none did. A peer's sockets close
+// as its process exits, a moment before the process is gone: looked for for
+// up to `wait_ms`.
+std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wait_ms = 1000);
+
+// The one peer (not `rank`) whose address gloo's error text names, as "rank
+// 2 (on node-3, [10.0.0.2]:41235)" followed by what is known of it: on this
+// host, that its process (pid) still runs (it closed the group, e.g. after
+// an error of its own) or is gone; on another host, that it or its host
+// stopped or the network between failed. "" when no peer's address, or more
+// than one, is in the text.
+std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
+                        int rank);
+
+}  // namespace internal
+}  // namespace dist
+
+#endif  // DIST_GLOO_PEERS_H_

@@ -1,0 +1,90 @@
+// Naming the peer a gloo error is about: this process as it announces
+// itself, and the peer whose listening address gloo's message holds, on
+// another host or on this one (its process alive or gone).
+#include "dist/gloo_peers.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dist/host_name.h"
+#include "gtest/gtest.h"
+
+namespace dist {
+namespace internal {
+namespace {
+
+PeerProcess Peer(uint64_t host, int64_t pid, const std::string& address,
+                 const std::string& host_name) {
+  PeerProcess p;
+  p.host = host;
+  p.pid = pid;
+  std::strncpy(p.address, address.c_str(), sizeof(p.address) - 1);
+  std::strncpy(p.host_name, host_name.c_str(), sizeof(p.host_name) - 1);
+  return p;
+}
+
+TEST(GlooPeersTest, ThisProcessAnnouncesItsHostPidAndAddress) {
+  const PeerProcess me = ThisProcess("[127.0.0.1]:41235$3");
+  EXPECT_EQ(me.pid, ::getpid());
+  EXPECT_EQ(std::string(me.address), "[127.0.0.1]:41235");  // gloo's sequence number dropped
+  EXPECT_EQ(std::string(me.host_name), HostName().substr(0, sizeof(me.host_name) - 1));
+  EXPECT_NE(me.host, 0u);
+  EXPECT_EQ(ThisProcess("").host, me.host);
+  const PeerProcess long_address = ThisProcess(std::string(100, 'x'));
+  EXPECT_EQ(std::string(long_address.address), std::string(sizeof(me.address) - 1, 'x'));
+}
+
+TEST(GlooPeersTest, ThePeerWhoseAddressGlooNamesOnAnotherHost) {
+  const uint64_t here = ThisProcess("").host;
+  const uint64_t there = here + 1;
+  const std::vector<PeerProcess> peers = {
+      Peer(here, ::getpid(), "[10.0.0.1]:5000", "node-1"),
+      Peer(there, 4242, "[10.0.0.2]:41235", "node-2"),
+      Peer(there, 4243, "[10.0.0.2]:4123", "node-2"),
+      Peer(there, 4244, "[10.0.0.3]:5000", ""),
+  };
+  EXPECT_EQ(PeerNamedIn("[pair.cc:598] Connection closed by peer [10.0.0.2]:41235", peers, 0),
+            "rank 1 (on node-2, [10.0.0.2]:41235): its process or its host stopped, or the "
+            "network to it failed");
+  // A port that begins another's is not that other's.
+  EXPECT_EQ(PeerNamedIn("Read error [10.0.0.2]:4123: Connection reset by peer", peers, 0),
+            "rank 2 (on node-2, [10.0.0.2]:4123): its process or its host stopped, or the "
+            "network to it failed");
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.3]:5000", peers, 0),
+            "rank 3 (on an unnamed host, [10.0.0.3]:5000): its process or its host stopped, or "
+            "the network to it failed");
+  // No peer's address, this rank's own, or two peers': nothing to name.
+  EXPECT_EQ(PeerNamedIn("Timed out waiting 5000ms for recv operation to complete", peers, 0), "");
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.1]:5000", peers, 0), "");
+  EXPECT_EQ(PeerNamedIn("[10.0.0.2]:41235 and [10.0.0.3]:5000", peers, 0), "");
+}
+
+TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
+  const uint64_t here = ThisProcess("").host;
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its pid names no process now
+  const std::vector<PeerProcess> peers = {
+      Peer(here, 1, "[127.0.0.1]:5000", "me"),
+      Peer(here, ::getpid(), "[127.0.0.1]:5001", "me"),
+      Peer(here, child, "[127.0.0.1]:5002", "me"),
+  };
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5001", peers, 0),
+            "rank 1 (on me, [127.0.0.1]:5001): its connection closed while its process (pid " +
+                std::to_string(::getpid()) +
+                ") still runs: it left the group (e.g. after an error of its own)");
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5002", peers, 0),
+            "rank 2 (on me, [127.0.0.1]:5002): its process (pid " + std::to_string(child) +
+                ") is gone");
+  EXPECT_EQ(ExitedPeers(peers, 0, /*wait_ms=*/0),
+            "rank 2 exited (pid " + std::to_string(child) + " on this host)");
+  EXPECT_EQ(ExitedPeers({peers[0], peers[1]}, 0, /*wait_ms=*/0), "");
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace dist
