@@ -1,9 +1,10 @@
-// FSDP on the threads engine with a tiny minGPT: wrap policies, sharded
-// initialization (bitwise equal to single-process Materialize), training
-// parity with one process on the global batch for FULL_SHARD / SHARD_GRAD_OP /
-// NO_SHARD at world sizes 1..4 (3: uneven padding), mixed precision, and
-// gradients the backward skips or ZeroGrad drops. The per-rank memory ledger
-// and Unshard(): fsdp_memory_test.cc.
+// FSDP on the threads engine with a tiny minGPT: sharded initialization
+// (bitwise equal to single-process Materialize), training parity with one
+// process on the global batch for FULL_SHARD / SHARD_GRAD_OP / NO_SHARD at
+// world sizes 1..4 (3: uneven padding), mixed precision, and gradients the
+// backward skips or ZeroGrad drops. Wrap policies: wrap_policy_test.cc;
+// FlatParameter: flat_param_test.cc; the per-rank memory ledger and
+// Unshard(): fsdp_memory_test.cc.
 #include "dist/fsdp.h"
 
 #include <algorithm>
@@ -23,7 +24,6 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
-#include "nn/freeze.h"
 #include "nn/linear.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
@@ -40,144 +40,6 @@ namespace {
 using tensor::Tensor;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 using namespace dist::testing;  // NOLINT: the shared fixtures
-
-std::vector<std::string> UnitNames(const std::vector<UnitPlan>& plans) {
-  std::vector<std::string> names;
-  for (auto& p : plans) names.push_back(p.name);
-  return names;
-}
-
-TEST(WrapPolicyTest, TransformerPolicyWrapsBlocksAndTheRootKeepsTheRest) {
-  mingpt::GPT gpt(Tiny());
-  auto plans = PlanUnits(gpt, WrapPolicy::Transformer({"Block", "T5Block"}));
-  EXPECT_EQ(UnitNames(plans),
-            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
-  std::vector<std::string> root_params;
-  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
-  EXPECT_EQ(root_params, (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight",
-                                                   "transformer.ln_f.weight", "transformer.ln_f.bias",
-                                                   "lm_head.weight"}));
-  ASSERT_FALSE(plans[1].params.empty());
-  EXPECT_EQ(plans[1].params[0].first, "transformer.h.0.ln_1.weight");
-  int64_t total = 0;
-  for (auto& plan : plans)
-    for (auto& [n, p] : plan.params) total += p->numel();
-  EXPECT_EQ(total, gpt.NumParameters());
-}
-
-// A transformer policy whose block classes the model lacks (a misspelt
-// name) is refused, naming the classes the model has, where it would have
-// left the whole model in one unit; one of several names is enough.
-TEST(WrapPolicyTest, ATransformerPolicyMatchingNoModuleIsRefused) {
-  mingpt::GPT gpt(Tiny());
-  EXPECT_TRUE(WrapPolicy::Transformer({"Block", "T5Block"}).CheckMatches(gpt).ok());
-  EXPECT_TRUE(WrapPolicy::SizeBased(1 << 30).CheckMatches(gpt).ok());
-  // The root's own class does not count: the root is a unit whatever it is.
-  EXPECT_FALSE(WrapPolicy::Transformer({"GPT"}).CheckMatches(gpt).ok());
-  const absl::Status s = WrapPolicy::Transformer({"block"}).CheckMatches(gpt);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(s.message(), "block classes {block} match no module of the "
-                                             "model (its classes: Block, "))
-      << s;
-  // Kept by FrozenLeavesApart, which wraps the policy; checked by FullyShard.
-  const WrapPolicy apart = WrapPolicy::FrozenLeavesApart(WrapPolicy::Transformer({"block"}));
-  EXPECT_FALSE(apart.CheckMatches(gpt).ok());
-  absl::Status run = RunRanks(2, [&](int rank, ProcessGroup& pg) {
-    mingpt::GPT model(Tiny());
-    FsdpOptions options;
-    options.policy = apart;
-    try {
-      auto fsdp = FullyShard(model, pg, options);
-      ADD_FAILURE() << "rank " << rank << ": no error";
-    } catch (const tensor::OpError& e) {
-      EXPECT_TRUE(absl::StartsWith(e.what(), "[FullyShard] the transformer wrap policy's block "
-                                             "classes {block} match no module"))
-          << e.what();
-    }
-  });
-  EXPECT_TRUE(run.ok()) << run;
-}
-
-// Frozen leaf modules outside the policy's units get units of their own
-// (wte and a frozen ln_f; not wpe, which trains, nor the frozen Block's
-// layers, which stay in its unit); a kept parameter stays in the root; with
-// None every frozen leaf is a unit; with a size-based policy the frozen
-// leaves it leaves in the root (not those inside its units).
-TEST(WrapPolicyTest, FrozenLeavesApartTakesFrozenLeavesOutOfEnclosingUnits) {
-  mingpt::GPT gpt(Tiny());
-  ASSERT_TRUE(nn::FreezeParameters(gpt, {"transformer.wte", "transformer.ln_f", "transformer.h.1"})
-                  .ok());
-  const WrapPolicy blocks = WrapPolicy::Transformer({"Block"});
-  auto plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(blocks));
-  EXPECT_EQ(UnitNames(plans),
-            (std::vector<std::string>{"", "transformer.wte", "transformer.h.0", "transformer.h.1",
-                                      "transformer.ln_f"}));
-  std::vector<std::string> root_params;
-  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
-  EXPECT_EQ(root_params,
-            (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
-  const nn::Parameter* wte = gpt.NamedParameters().at(0).second;
-  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(blocks, {wte}));
-  EXPECT_EQ(UnitNames(plans), (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1",
-                                                        "transformer.ln_f"}));
-  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(WrapPolicy::None()));
-  EXPECT_EQ(plans.size(), 1u + 1u + 6u + 1u);  // root, wte, h.1's 6 layers, ln_f
-  // Size-based: its units stay (nested ones too), and the frozen leaves it
-  // left in the root get units of their own, in pre-order.
-  const WrapPolicy size = WrapPolicy::SizeBased(300);
-  EXPECT_EQ(UnitNames(PlanUnits(gpt, size)),
-            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.0.mlp",
-                                      "transformer.h.1", "transformer.h.1.mlp"}));
-  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(size));
-  EXPECT_EQ(UnitNames(plans),
-            (std::vector<std::string>{"", "transformer.wte", "transformer.h.0",
-                                      "transformer.h.0.mlp", "transformer.h.1",
-                                      "transformer.h.1.mlp", "transformer.ln_f"}));
-  root_params.clear();
-  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
-  EXPECT_EQ(root_params,
-            (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
-}
-
-TEST(WrapPolicyTest, NoneIsOneRootUnitWithEveryParameterInOrder) {
-  mingpt::GPT gpt(Tiny());
-  auto plans = PlanUnits(gpt, WrapPolicy::None());
-  ASSERT_EQ(plans.size(), 1u);
-  auto all = gpt.NamedParameters();
-  ASSERT_EQ(plans[0].params.size(), all.size());
-  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(plans[0].params[i].first, all[i].first);
-}
-
-TEST(WrapPolicyTest, OutermostMatchWins) {
-  mingpt::GPT gpt(Tiny());
-  // "Transformer" contains the Blocks: only it is wrapped.
-  auto plans = PlanUnits(gpt, WrapPolicy::Transformer({"Transformer", "Block"}));
-  EXPECT_EQ(UnitNames(plans), (std::vector<std::string>{"", "transformer"}));
-  EXPECT_EQ(plans[0].params.size(), 1u);  // lm_head.weight
-  auto by_name = PlanUnits(gpt, WrapPolicy::FromPredicate([](const std::string& name, nn::Module&) {
-    return name == "transformer.h.1";
-  }));
-  EXPECT_EQ(UnitNames(by_name), (std::vector<std::string>{"", "transformer.h.1"}));
-}
-
-TEST(WrapPolicyTest, SizeBasedIsBottomUpAndMayNest) {
-  const mingpt::GptConfig c = Tiny();
-  mingpt::GPT gpt(c);
-  // A block's size: every block is a unit, nothing inside one is big enough.
-  const int64_t per_block = mingpt::CountParameters(c).per_block;
-  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(per_block))),
-            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
-  // n_embd 8: mlp = 288 + 264 = 552 params, attn 288, a block 872. 500: the
-  // MLPs; the rest of a block (320) stays below; the ModuleList "h" (640 left)
-  // is never wrapped (it is never called), so "transformer" gets 640 + 152.
-  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(500))),
-            (std::vector<std::string>{"", "transformer", "transformer.h.0.mlp",
-                                      "transformer.h.1.mlp"}));
-  // 300: the MLPs, then each block with its remaining 320 (nested units).
-  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(300))),
-            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.0.mlp",
-                                      "transformer.h.1", "transformer.h.1.mlp"}));
-}
 
 // ---- Sharded initialization ----
 
@@ -352,96 +214,6 @@ TEST(FsdpTest, AWrappedModelsParametersAreRefusedToAnOptimizerAndToASecondWrap) 
     EXPECT_EQ(message([&] { optim::FromModule(gpt); }), "no error");
   });
   EXPECT_TRUE(s.ok()) << s;
-}
-
-TEST(FlatParameterTest, DecayRangesOfShardsCoverTheDecayedParameters) {
-  mingpt::GPT gpt(Tiny());
-  auto plans = PlanUnits(gpt, WrapPolicy::None());
-  // Expected: per-element decay flags of the padded flat buffer.
-  std::vector<bool> decay;
-  for (auto& [n, p] : plans[0].params) decay.insert(decay.end(), p->numel(), p->weight_decay);
-  for (int world : {1, 3, 4}) {
-    std::vector<bool> seen;
-    for (int r = 0; r < world; ++r) {
-      FlatParameter flat(plans[0].params, world, r);
-      std::vector<bool> mine(flat.shard_numel(), false);
-      for (auto [b, e] : flat.shard_decay_ranges())
-        for (int64_t i = b; i < e; ++i) mine[i] = true;
-      seen.insert(seen.end(), mine.begin(), mine.end());
-    }
-    ASSERT_GE(seen.size(), decay.size());
-    for (size_t i = 0; i < seen.size(); ++i) {
-      EXPECT_EQ(seen[i], i < decay.size() ? decay[i] : false) << "world " << world << " elem " << i;
-    }
-  }
-}
-
-// A flat gradient made for a backward to write (no memset of the whole): the
-// padding and a frozen parameter's elements are zeroed over what the memory
-// held (NaN here), every trainable view is marked unwritten, the first GradToWrite
-// writes (not adds) and clears its mark, GradBuffer zeroes first, and
-// ZeroUnwrittenGrads zeroes the views no backward reached: no NaN left of
-// the memory's old contents.
-TEST(FlatParameterTest, AnUnwrittenGradientIsWrittenOrZeroedNeverReadAsIs) {
-  mingpt::GPT gpt(Tiny());
-  auto plans = PlanUnits(gpt, WrapPolicy::None());
-  std::vector<std::pair<std::string, nn::Parameter*>>& params = plans[0].params;
-  ASSERT_GE(params.size(), 4u);
-  params[1].second->requires_grad = false;  // frozen before the FlatParameter is built
-  FlatParameter flat(params, /*num_shards=*/3, /*shard=*/0);
-  ASSERT_GT(flat.padded_numel(), flat.numel()) << "no padding to check";
-  // What new memory may hold.
-  const tensor::Tensor grad = tensor::Tensor::Full({flat.padded_numel()}, std::nan(""));
-  flat.ZeroUncoveredGrad(grad);
-  flat.SetGradViews(grad, /*unwritten=*/true);
-  EXPECT_FALSE(params[1].second->grad.defined());
-  for (size_t i : {0, 2, 3}) EXPECT_TRUE(params[i].second->grad_unwritten) << params[i].first;
-  // Parameter 0 written, 2 zeroed then added to, 3 untouched.
-  nn::Parameter::GradSink sink = params[0].second->GradToWrite();
-  EXPECT_FALSE(sink.accumulate);
-  EXPECT_FALSE(params[0].second->grad_unwritten);
-  tensor::Fill(sink.grad, 1.0);
-  EXPECT_TRUE(params[0].second->GradToWrite().accumulate);  // written once: added to now
-  tensor::AddInPlace(params[2].second->GradBuffer(), tensor::Tensor::Full(params[2].second->shape, 2.0));
-  flat.ZeroUnwrittenGrads();
-  for (size_t i : {0, 2, 3}) EXPECT_FALSE(params[i].second->grad_unwritten) << params[i].first;
-  const float* g = grad.data<float>();
-  for (const FlatParameter::Entry& e : flat.entries()) {
-    const float want = e.param == params[0].second ? 1.0f : e.param == params[2].second ? 2.0f : 0.0f;
-    for (int64_t i = e.offset; i < e.offset + e.numel; ++i) ASSERT_EQ(g[i], want) << e.name;
-  }
-  for (int64_t i = flat.numel(); i < flat.padded_numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "pad " << i;
-  flat.ClearGrads();
-  EXPECT_FALSE(params[0].second->grad.defined());
-}
-
-// ZeroUncoveredGrad zeroes exactly the frozen parameters' elements (adjacent
-// ones and the padding as one run) and the padding; the rest keeps what the
-// memory held.
-TEST(FlatParameterTest, ZeroUncoveredGradZeroesFrozenParametersAndThePaddingOnly) {
-  mingpt::GPT gpt(Tiny());
-  auto plans = PlanUnits(gpt, WrapPolicy::None());
-  std::vector<std::pair<std::string, nn::Parameter*>>& params = plans[0].params;
-  const size_t n = params.size();
-  ASSERT_GE(n, 5u);
-  for (size_t i : {size_t{1}, size_t{2}, n - 1}) params[i].second->requires_grad = false;
-  FlatParameter flat(params, /*num_shards=*/3, /*shard=*/0);
-  ASSERT_GT(flat.padded_numel(), flat.numel()) << "no padding to check";
-  const tensor::Tensor grad = tensor::Tensor::Full({flat.padded_numel()}, std::nan(""));
-  flat.ZeroUncoveredGrad(grad);
-  const float* g = grad.data<float>();
-  for (const FlatParameter::Entry& e : flat.entries()) {
-    for (int64_t i = e.offset; i < e.offset + e.numel; ++i) {
-      if (e.frozen) {
-        ASSERT_EQ(g[i], 0.0f) << e.name;
-      } else {
-        ASSERT_TRUE(std::isnan(g[i])) << e.name;
-      }
-    }
-  }
-  for (int64_t i = flat.numel(); i < flat.padded_numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "pad " << i;
-  EXPECT_THROW(flat.ZeroUncoveredGrad(tensor::Tensor::Zeros({flat.padded_numel() + 1})),
-               tensor::OpError);
 }
 
 // A layer the forward skips: its parameters' gradients, in the unit's new

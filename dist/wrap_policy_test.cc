@@ -1,0 +1,163 @@
+// Wrap policies on a tiny minGPT: the transformer policy (by block class;
+// one matching nothing is refused, also by FullyShard on two ranks), None, size-based (bottom-up, nesting),
+// the outermost match, and frozen leaves taken out into units of their own.
+#include "dist/wrap_policy.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "dist/fsdp.h"
+#include "dist/fsdp_testing.h"
+#include "dist/thread_group.h"
+#include "gtest/gtest.h"
+#include "models/mingpt/config.h"
+#include "models/mingpt/model.h"
+#include "nn/freeze.h"
+#include "tensor/error.h"
+
+namespace dist {
+namespace {
+
+using namespace dist::testing;  // NOLINT: the shared fixtures (Tiny())
+
+std::vector<std::string> UnitNames(const std::vector<UnitPlan>& plans) {
+  std::vector<std::string> names;
+  for (auto& p : plans) names.push_back(p.name);
+  return names;
+}
+
+TEST(WrapPolicyTest, TransformerPolicyWrapsBlocksAndTheRootKeepsTheRest) {
+  mingpt::GPT gpt(Tiny());
+  auto plans = PlanUnits(gpt, WrapPolicy::Transformer({"Block", "T5Block"}));
+  EXPECT_EQ(UnitNames(plans),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
+  std::vector<std::string> root_params;
+  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
+  EXPECT_EQ(root_params, (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight",
+                                                   "transformer.ln_f.weight", "transformer.ln_f.bias",
+                                                   "lm_head.weight"}));
+  ASSERT_FALSE(plans[1].params.empty());
+  EXPECT_EQ(plans[1].params[0].first, "transformer.h.0.ln_1.weight");
+  int64_t total = 0;
+  for (auto& plan : plans)
+    for (auto& [n, p] : plan.params) total += p->numel();
+  EXPECT_EQ(total, gpt.NumParameters());
+}
+
+// A transformer policy whose block classes the model lacks (a misspelt
+// name) is refused, naming the classes the model has, where it would have
+// left the whole model in one unit; one of several names is enough.
+TEST(WrapPolicyTest, ATransformerPolicyMatchingNoModuleIsRefused) {
+  mingpt::GPT gpt(Tiny());
+  EXPECT_TRUE(WrapPolicy::Transformer({"Block", "T5Block"}).CheckMatches(gpt).ok());
+  EXPECT_TRUE(WrapPolicy::SizeBased(1 << 30).CheckMatches(gpt).ok());
+  // The root's own class does not count: the root is a unit whatever it is.
+  EXPECT_FALSE(WrapPolicy::Transformer({"GPT"}).CheckMatches(gpt).ok());
+  const absl::Status s = WrapPolicy::Transformer({"block"}).CheckMatches(gpt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "block classes {block} match no module of the "
+                                             "model (its classes: Block, "))
+      << s;
+  // Kept by FrozenLeavesApart, which wraps the policy; checked by FullyShard.
+  const WrapPolicy apart = WrapPolicy::FrozenLeavesApart(WrapPolicy::Transformer({"block"}));
+  EXPECT_FALSE(apart.CheckMatches(gpt).ok());
+  absl::Status run = RunRanks(2, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT model(Tiny());
+    FsdpOptions options;
+    options.policy = apart;
+    try {
+      auto fsdp = FullyShard(model, pg, options);
+      ADD_FAILURE() << "rank " << rank << ": no error";
+    } catch (const tensor::OpError& e) {
+      EXPECT_TRUE(absl::StartsWith(e.what(), "[FullyShard] the transformer wrap policy's block "
+                                             "classes {block} match no module"))
+          << e.what();
+    }
+  });
+  EXPECT_TRUE(run.ok()) << run;
+}
+
+// Frozen leaf modules outside the policy's units get units of their own
+// (wte and a frozen ln_f; not wpe, which trains, nor the frozen Block's
+// layers, which stay in its unit); a kept parameter stays in the root; with
+// None every frozen leaf is a unit; with a size-based policy the frozen
+// leaves it leaves in the root (not those inside its units).
+TEST(WrapPolicyTest, FrozenLeavesApartTakesFrozenLeavesOutOfEnclosingUnits) {
+  mingpt::GPT gpt(Tiny());
+  ASSERT_TRUE(nn::FreezeParameters(gpt, {"transformer.wte", "transformer.ln_f", "transformer.h.1"})
+                  .ok());
+  const WrapPolicy blocks = WrapPolicy::Transformer({"Block"});
+  auto plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(blocks));
+  EXPECT_EQ(UnitNames(plans),
+            (std::vector<std::string>{"", "transformer.wte", "transformer.h.0", "transformer.h.1",
+                                      "transformer.ln_f"}));
+  std::vector<std::string> root_params;
+  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
+  EXPECT_EQ(root_params,
+            (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
+  const nn::Parameter* wte = gpt.NamedParameters().at(0).second;
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(blocks, {wte}));
+  EXPECT_EQ(UnitNames(plans), (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1",
+                                                        "transformer.ln_f"}));
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(WrapPolicy::None()));
+  EXPECT_EQ(plans.size(), 1u + 1u + 6u + 1u);  // root, wte, h.1's 6 layers, ln_f
+  // Size-based: its units stay (nested ones too), and the frozen leaves it
+  // left in the root get units of their own, in pre-order.
+  const WrapPolicy size = WrapPolicy::SizeBased(300);
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, size)),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.0.mlp",
+                                      "transformer.h.1", "transformer.h.1.mlp"}));
+  plans = PlanUnits(gpt, WrapPolicy::FrozenLeavesApart(size));
+  EXPECT_EQ(UnitNames(plans),
+            (std::vector<std::string>{"", "transformer.wte", "transformer.h.0",
+                                      "transformer.h.0.mlp", "transformer.h.1",
+                                      "transformer.h.1.mlp", "transformer.ln_f"}));
+  root_params.clear();
+  for (auto& [n, p] : plans[0].params) root_params.push_back(n);
+  EXPECT_EQ(root_params,
+            (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
+}
+
+TEST(WrapPolicyTest, NoneIsOneRootUnitWithEveryParameterInOrder) {
+  mingpt::GPT gpt(Tiny());
+  auto plans = PlanUnits(gpt, WrapPolicy::None());
+  ASSERT_EQ(plans.size(), 1u);
+  auto all = gpt.NamedParameters();
+  ASSERT_EQ(plans[0].params.size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(plans[0].params[i].first, all[i].first);
+}
+
+TEST(WrapPolicyTest, OutermostMatchWins) {
+  mingpt::GPT gpt(Tiny());
+  // "Transformer" contains the Blocks: only it is wrapped.
+  auto plans = PlanUnits(gpt, WrapPolicy::Transformer({"Transformer", "Block"}));
+  EXPECT_EQ(UnitNames(plans), (std::vector<std::string>{"", "transformer"}));
+  EXPECT_EQ(plans[0].params.size(), 1u);  // lm_head.weight
+  auto by_name = PlanUnits(gpt, WrapPolicy::FromPredicate([](const std::string& name, nn::Module&) {
+    return name == "transformer.h.1";
+  }));
+  EXPECT_EQ(UnitNames(by_name), (std::vector<std::string>{"", "transformer.h.1"}));
+}
+
+TEST(WrapPolicyTest, SizeBasedIsBottomUpAndMayNest) {
+  const mingpt::GptConfig c = Tiny();
+  mingpt::GPT gpt(c);
+  // A block's size: every block is a unit, nothing inside one is big enough.
+  const int64_t per_block = mingpt::CountParameters(c).per_block;
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(per_block))),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
+  // n_embd 8: mlp = 288 + 264 = 552 params, attn 288, a block 872. 500: the
+  // MLPs; the rest of a block (320) stays below; the ModuleList "h" (640 left)
+  // is never wrapped (it is never called), so "transformer" gets 640 + 152.
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(500))),
+            (std::vector<std::string>{"", "transformer", "transformer.h.0.mlp",
+                                      "transformer.h.1.mlp"}));
+  // 300: the MLPs, then each block with its remaining 320 (nested units).
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::SizeBased(300))),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.0.mlp",
+                                      "transformer.h.1", "transformer.h.1.mlp"}));
+}
+
+}  // namespace
+}  // namespace dist
