@@ -35,6 +35,7 @@
 #include "absl/strings/strip.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
@@ -358,6 +359,7 @@ std::string NeverJoined(const Shared& shared, const std::string& prefix, int ran
 struct Connected {
   std::shared_ptr<gloo::Context> ctx;
   std::vector<internal::PeerProcess> processes;  // by rank
+  std::vector<std::string> addresses;  // by rank: its end of its connection with this one
 };
 
 // Connects within `budget`; errors name `timeout` (the group's: the budget
@@ -375,14 +377,31 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
     // its side of the handshake; a collective over the new connections makes
     // the group exist on every rank before any rank returns it (a rank that
     // then exits fails its peers' next collective, not their rendezvous).
-    // It is the all-gather of every rank's host, pid and listening address
+    // It is the all-gather of every rank's host and pid
     // (internal::PeerProcess): one collective, where reading each rank's key
     // from the store cost size() reads per rank.
-    const internal::PeerProcess me = internal::ThisProcess(
-        size > 1 ? ctx->getPair(rank == 0 ? 1 : 0)->address().str() : std::string());
-    Connected connected{ctx, std::vector<internal::PeerProcess>(size)};
+    const internal::PeerProcess me = internal::ThisProcess();
+    Connected connected{ctx, std::vector<internal::PeerProcess>(size),
+                        std::vector<std::string>(size)};
     AllGatherBytes(ctx.get(), &me, connected.processes.data(), sizeof(internal::PeerProcess),
                    ToMillis(budget));
+    // Then each rank's end of each connection, to the rank at its other end:
+    // what that rank's gloo errors print for this one.
+    if (size > 1) {
+      constexpr size_t kBytes = internal::kAddressBytes;
+      std::vector<char> mine(size * kBytes, 0), theirs(size * kBytes, 0);
+      for (int q = 0; q < size; ++q) {
+        if (q != rank) internal::AddressBytes(ctx->getPair(q)->address().str(), &mine[q * kBytes]);
+      }
+      gloo::AlltoallOptions opts(ctx);
+      opts.setInput(mine.data(), mine.size());
+      opts.setOutput(theirs.data(), theirs.size());
+      opts.setTimeout(ToMillis(budget));
+      gloo::alltoall(opts);
+      for (int r = 0; r < size; ++r) {
+        if (r != rank) connected.addresses[r] = internal::AddressOf(&theirs[r * kBytes]);
+      }
+    }
     return connected;
   } catch (const std::exception& e) {
     const std::string what = e.what();
@@ -406,6 +425,7 @@ class GlooProcessGroup final : public ProcessGroup {
         shared_(std::move(shared)),
         ctx_(std::move(connected.ctx)),
         processes_(std::move(connected.processes)),
+        addresses_(std::move(connected.addresses)),
         prefix_(std::move(prefix)),
         ledger_(&tensor::MemoryLedger::Current()),
         worker_([this] { Loop(); }) {}
@@ -572,7 +592,7 @@ class GlooProcessGroup final : public ProcessGroup {
                  !exited.empty()) {
         broken_ = absl::AbortedError(
             absl::StrCat(Prefix(call), ": lost a peer: ", exited, " (gloo: ", what, ")"));
-      } else if (const std::string named = internal::PeerNamedIn(what, processes_, rank());
+      } else if (const std::string named = internal::PeerNamedIn(what, processes_, addresses_, rank());
                  !named.empty()) {
         broken_ = absl::AbortedError(
             absl::StrCat(Prefix(call), ": lost a peer: ", named, " (gloo: ", what, ")"));
@@ -666,6 +686,7 @@ class GlooProcessGroup final : public ProcessGroup {
   const std::shared_ptr<Shared> shared_;
   const std::shared_ptr<gloo::Context> ctx_;
   const std::vector<internal::PeerProcess> processes_;  // by rank
+  const std::vector<std::string> addresses_;  // by rank: what gloo's errors here print for it
   const std::string prefix_;
   int split_seq_ = 0;            // Issuing thread only.
   absl::Status broken_;          // Worker thread only.

@@ -458,19 +458,21 @@ TEST(GlooGroup, APeerWhoseProcessExitedIsNamed) {
   ExpectAllOk(o);
 }
 
-// Three ranks, one leaves the group but not its process (it destroys its
-// group, as after an error of its own): the rank that reads from it finds no
-// exited process, and names it by the address gloo's error holds.
-TEST(GlooGroup, APeerThatLeftTheGroupIsNamedByItsAddress) {
+// Four ranks, rank 1 leaves the group but not its process (it destroys its
+// group, as after an error of its own): rank 2, which reads from it first
+// (the descriptors' all-gather ring), finds no exited process and names it
+// by its end of their connection, which gloo's error holds (each pair has a
+// socket of its own: no one address would do for every peer).
+TEST(GlooGroup, APeerThatLeftTheGroupIsNamedByItsEndOfTheConnection) {
   const std::string dir = TmpDir("store");
-  Outcome o = RunProcesses(3, [&](int rank, int size) -> std::string {
+  Outcome o = RunProcesses(4, [&](int rank, int size) -> std::string {
     auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
     if (!pg.ok()) return pg.status().ToString();
     Tensor mine = Tensor::FromVector({static_cast<float>(::getpid())}, {1});
-    Tensor pids = Tensor::Empty({3});
+    Tensor pids = Tensor::Empty({4});
     absl::Status s = (*pg)->AllGatherSync(mine, pids);
     if (!s.ok()) return s.ToString();
-    if (rank == 2) {
+    if (rank == 1) {
       pg->reset();  // its connections close; the process stays while the others fail
       absl::SleepFor(absl::Seconds(4));
       return "";
@@ -478,12 +480,12 @@ TEST(GlooGroup, APeerThatLeftTheGroupIsNamedByItsAddress) {
     Tensor t = Tensor::Empty({8});
     s = (*pg)->AllReduceSync(t, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(5)));
     if (s.ok()) return "no error";
-    if (rank == 1) return "";  // reads from rank 0, which fails: either error
+    if (rank != 2) return "";  // they read from a rank that failed: either error
     const std::string want = absl::StrCat(
-        "lost a peer: rank 2 (on ", HostName().substr(0, 63), ", [");
+        "lost a peer: rank 1 (on ", HostName().substr(0, 63), ", [");
     const std::string alive = absl::StrCat(
         "): its connection closed while its process (pid ",
-        static_cast<int64_t>(pids.ToVector<float>()[2]), ") still runs: it left the group");
+        static_cast<int64_t>(pids.ToVector<float>()[1]), ") still runs: it left the group");
     if (absl::StrContains(s.message(), want) && absl::StrContains(s.message(), alive)) return "";
     return absl::StrCat("no '", want, "...", alive, "' in ", s.ToString());
   });

@@ -10,7 +10,6 @@
 #include <fstream>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dist/host_name.h"
@@ -43,14 +42,23 @@ std::string Text(const char (&field)[N]) {
 
 }  // namespace
 
-PeerProcess ThisProcess(const std::string& address) {
+PeerProcess ThisProcess() {
   PeerProcess me;
   const std::string name = HostName();
   me.host = HostHash(name);
   me.pid = static_cast<int64_t>(::getpid());
-  CopyTruncated(address.substr(0, address.find('$')), me.address);
   CopyTruncated(name, me.host_name);
   return me;
+}
+
+void AddressBytes(const std::string& address, char* out) {
+  const std::string text = address.substr(0, address.find('$'));
+  std::memset(out, 0, kAddressBytes);
+  std::memcpy(out, text.data(), std::min(text.size(), kAddressBytes - 1));
+}
+
+std::string AddressOf(const char* bytes) {
+  return std::string(bytes, strnlen(bytes, kAddressBytes));
 }
 
 bool ProcessExited(int64_t pid) {
@@ -78,10 +86,12 @@ std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wai
 }
 
 std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
-                        int rank) {
+                        const std::vector<std::string>& addresses, int rank) {
   int named = -1;
-  for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
-    const std::string address = Text(peers[r].address);
+  for (int r = 0; r < static_cast<int>(peers.size()) && r < static_cast<int>(addresses.size());
+       ++r) {
+    if (r == rank) continue;
+    const std::string& address = addresses[r];
     // "[10.0.0.2]:4123" must not match "[10.0.0.2]:41235": the port ends the text or a
     // non-digit follows it.
     for (size_t at = gloo_error.find(address); !address.empty() && at != std::string::npos;
@@ -90,8 +100,7 @@ std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerPro
       if (end < gloo_error.size() && std::isdigit(static_cast<unsigned char>(gloo_error[end]))) {
         continue;
       }
-      if (r == rank) break;  // this rank's own address (a connect's or a bind's)
-      if (named >= 0 && named != r) return "";  // two peers: gloo's text is not about one
+      if (named >= 0) return "";  // two peers: gloo's text is not about one
       named = r;
       break;
     }
@@ -101,7 +110,7 @@ std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerPro
   const std::string host_name = Text(p.host_name);
   const std::string who = absl::StrCat("rank ", named, " (on ",
                                        host_name.empty() ? "an unnamed host" : host_name, ", ",
-                                       Text(p.address), ")");
+                                       addresses[named], ")");
   if (p.host != 0 && p.host == HostHash(HostName())) {
     if (ProcessExited(p.pid)) return absl::StrCat(who, ": its process (pid ", p.pid, ") is gone");
     return absl::StrCat(who, ": its connection closed while its process (pid ", p.pid,

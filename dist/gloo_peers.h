@@ -1,8 +1,10 @@
 // Who a gloo group's peers are, for naming the one that was lost: each rank
-// announces its host, pid and gloo listening address when the group
-// connects (all-gathered as PeerProcess), and a failed collective's error
-// then names the peer whose process exited on this host, or the peer whose
-// address gloo's own message holds ("Connection closed by peer
+// announces its host and pid when the group connects (all-gathered as
+// PeerProcess) and sends every peer its own end of their connection, the
+// address that peer's gloo errors print for it (gloo's TCP pairs each have a
+// socket of their own: a rank has no one address). A failed collective's
+// error then names the peer whose process exited on this host, or the peer
+// whose address gloo's message holds ("Connection closed by peer
 // [10.0.0.2]:41235"), with its host and whether its process still runs.
 #ifndef DIST_GLOO_PEERS_H_
 #define DIST_GLOO_PEERS_H_
@@ -15,18 +17,25 @@ namespace dist {
 namespace internal {
 
 // One rank as it announced itself; plain bytes, all-gathered as they are.
-// Strings are NUL-padded and truncated to fit.
+// The host name is NUL-padded and truncated to fit.
 struct PeerProcess {
   uint64_t host = 0;        // FNV-1a of the host name: equal on one host (0: unknown)
   int64_t pid = 0;
-  char address[48] = {};    // gloo's listening address as its errors print it: "[10.0.0.2]:41235"
   char host_name[64] = {};  // gethostname()
 };
-static_assert(sizeof(PeerProcess) == 128, "all-gathered as 128 bytes a rank");
+static_assert(sizeof(PeerProcess) == 80, "all-gathered as 80 bytes a rank");
 
-// This process: this host's, its pid, and `address` (a gloo pair's
-// transport::Address::str(); a "$<sequence>" suffix is dropped).
-PeerProcess ThisProcess(const std::string& address);
+// This process: this host's and its pid.
+PeerProcess ThisProcess();
+
+// The bytes an address takes in the exchange of connection ends
+// (AddressBytes): "[<IPv6>]:<port>" fits.
+inline constexpr size_t kAddressBytes = 64;
+// `address` (a gloo pair's transport::Address::str(); a "$<sequence>" suffix
+// dropped) NUL-padded into kAddressBytes at `out`, truncated to fit.
+void AddressBytes(const std::string& address, char* out);
+// The address AddressBytes wrote at `bytes`.
+std::string AddressOf(const char* bytes);
 
 // True when `pid` (on this host) is gone: no such process, or one that has
 // exited and not been reaped yet (a zombie).
@@ -42,10 +51,11 @@ std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wai
 // 2 (on node-3, [10.0.0.2]:41235)" followed by what is known of it: on this
 // host, that its process (pid) still runs (it closed the group, e.g. after
 // an error of its own) or is gone; on another host, that it or its host
-// stopped or the network between failed. "" when no peer's address, or more
-// than one, is in the text.
+// stopped or the network between failed. `addresses[r]`: peer r's end of its
+// connection with this rank ("" for this rank). "" when no peer's address,
+// or more than one (two peers' ends may share a port), is in the text.
 std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
-                        int rank);
+                        const std::vector<std::string>& addresses, int rank);
 
 }  // namespace internal
 }  // namespace dist

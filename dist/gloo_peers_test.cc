@@ -1,6 +1,7 @@
 // Naming the peer a gloo error is about: this process as it announces
-// itself, and the peer whose listening address gloo's message holds, on
-// another host or on this one (its process alive or gone).
+// itself, the connection ends exchanged as bytes, and the peer whose end of
+// its connection gloo's message holds, on another host or on this one (its
+// process alive or gone).
 #include "dist/gloo_peers.h"
 
 #include <sys/wait.h>
@@ -17,67 +18,79 @@ namespace dist {
 namespace internal {
 namespace {
 
-PeerProcess Peer(uint64_t host, int64_t pid, const std::string& address,
-                 const std::string& host_name) {
+PeerProcess Peer(uint64_t host, int64_t pid, const std::string& host_name) {
   PeerProcess p;
   p.host = host;
   p.pid = pid;
-  std::strncpy(p.address, address.c_str(), sizeof(p.address) - 1);
   std::strncpy(p.host_name, host_name.c_str(), sizeof(p.host_name) - 1);
   return p;
 }
 
-TEST(GlooPeersTest, ThisProcessAnnouncesItsHostPidAndAddress) {
-  const PeerProcess me = ThisProcess("[127.0.0.1]:41235$3");
+TEST(GlooPeersTest, ThisProcessAnnouncesItsHostAndPid) {
+  const PeerProcess me = ThisProcess();
   EXPECT_EQ(me.pid, ::getpid());
-  EXPECT_EQ(std::string(me.address), "[127.0.0.1]:41235");  // gloo's sequence number dropped
   EXPECT_EQ(std::string(me.host_name), HostName().substr(0, sizeof(me.host_name) - 1));
   EXPECT_NE(me.host, 0u);
-  EXPECT_EQ(ThisProcess("").host, me.host);
-  const PeerProcess long_address = ThisProcess(std::string(100, 'x'));
-  EXPECT_EQ(std::string(long_address.address), std::string(sizeof(me.address) - 1, 'x'));
+}
+
+TEST(GlooPeersTest, AConnectionEndGoesAsBytesWithoutGloosSequenceNumber) {
+  std::vector<char> bytes(kAddressBytes, 'x');
+  AddressBytes("[127.0.0.1]:41235$3", bytes.data());
+  EXPECT_EQ(AddressOf(bytes.data()), "[127.0.0.1]:41235");
+  const std::string v6 = "[fe80:0000:0000:0000:0202:b3ff:fe1e:8329]:65535";
+  AddressBytes(v6, bytes.data());
+  EXPECT_EQ(AddressOf(bytes.data()), v6);
+  AddressBytes(std::string(100, 'y'), bytes.data());  // truncated, still terminated
+  EXPECT_EQ(AddressOf(bytes.data()), std::string(kAddressBytes - 1, 'y'));
 }
 
 TEST(GlooPeersTest, ThePeerWhoseAddressGlooNamesOnAnotherHost) {
-  const uint64_t here = ThisProcess("").host;
+  const uint64_t here = ThisProcess().host;
   const uint64_t there = here + 1;
   const std::vector<PeerProcess> peers = {
-      Peer(here, ::getpid(), "[10.0.0.1]:5000", "node-1"),
-      Peer(there, 4242, "[10.0.0.2]:41235", "node-2"),
-      Peer(there, 4243, "[10.0.0.2]:4123", "node-2"),
-      Peer(there, 4244, "[10.0.0.3]:5000", ""),
+      Peer(here, ::getpid(), "node-1"),
+      Peer(there, 4242, "node-2"),
+      Peer(there, 4243, "node-2"),
+      Peer(there, 4244, ""),
   };
-  EXPECT_EQ(PeerNamedIn("[pair.cc:598] Connection closed by peer [10.0.0.2]:41235", peers, 0),
+  const std::vector<std::string> ends = {"", "[10.0.0.2]:41235", "[10.0.0.2]:4123",
+                                         "[10.0.0.3]:5000"};
+  EXPECT_EQ(PeerNamedIn("[pair.cc:598] Connection closed by peer [10.0.0.2]:41235", peers, ends, 0),
             "rank 1 (on node-2, [10.0.0.2]:41235): its process or its host stopped, or the "
             "network to it failed");
   // A port that begins another's is not that other's.
-  EXPECT_EQ(PeerNamedIn("Read error [10.0.0.2]:4123: Connection reset by peer", peers, 0),
+  EXPECT_EQ(PeerNamedIn("Read error [10.0.0.2]:4123: Connection reset by peer", peers, ends, 0),
             "rank 2 (on node-2, [10.0.0.2]:4123): its process or its host stopped, or the "
             "network to it failed");
-  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.3]:5000", peers, 0),
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.3]:5000", peers, ends, 0),
             "rank 3 (on an unnamed host, [10.0.0.3]:5000): its process or its host stopped, or "
             "the network to it failed");
-  // No peer's address, this rank's own, or two peers': nothing to name.
-  EXPECT_EQ(PeerNamedIn("Timed out waiting 5000ms for recv operation to complete", peers, 0), "");
-  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.1]:5000", peers, 0), "");
-  EXPECT_EQ(PeerNamedIn("[10.0.0.2]:41235 and [10.0.0.3]:5000", peers, 0), "");
+  // No peer's end, or two peers': nothing to name.
+  EXPECT_EQ(PeerNamedIn("Timed out waiting 5000ms for recv operation to complete", peers, ends, 0),
+            "");
+  EXPECT_EQ(PeerNamedIn("[10.0.0.2]:41235 and [10.0.0.3]:5000", peers, ends, 0), "");
+  // Two peers on one host whose ends share a port (each connects to another
+  // of this rank's sockets): either may be the one, so neither is named.
+  const std::vector<std::string> shared = {"", "[10.0.0.2]:5000", "[10.0.0.2]:5000", ""};
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.2]:5000", peers, shared, 0), "");
 }
 
 TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
-  const uint64_t here = ThisProcess("").host;
+  const uint64_t here = ThisProcess().host;
   const pid_t child = fork();
   if (child == 0) _exit(0);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its pid names no process now
   const std::vector<PeerProcess> peers = {
-      Peer(here, 1, "[127.0.0.1]:5000", "me"),
-      Peer(here, ::getpid(), "[127.0.0.1]:5001", "me"),
-      Peer(here, child, "[127.0.0.1]:5002", "me"),
+      Peer(here, 1, "me"),
+      Peer(here, ::getpid(), "me"),
+      Peer(here, child, "me"),
   };
-  EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5001", peers, 0),
+  const std::vector<std::string> ends = {"", "[127.0.0.1]:5001", "[127.0.0.1]:5002"};
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5001", peers, ends, 0),
             "rank 1 (on me, [127.0.0.1]:5001): its connection closed while its process (pid " +
                 std::to_string(::getpid()) +
                 ") still runs: it left the group (e.g. after an error of its own)");
-  EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5002", peers, 0),
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5002", peers, ends, 0),
             "rank 2 (on me, [127.0.0.1]:5002): its process (pid " + std::to_string(child) +
                 ") is gone");
   EXPECT_EQ(ExitedPeers(peers, 0, /*wait_ms=*/0),
