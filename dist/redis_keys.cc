@@ -4,13 +4,16 @@
 #include <hiredis.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 
 namespace dist {
@@ -29,14 +32,19 @@ absl::StatusOr<std::pair<std::string, int>> ParseRedisStore(const std::string& s
     return bad("names a database or options after the endpoint: give redis://host:port only "
                "(the keys go to database 0)");
   }
-  absl::string_view host = rest;
+  std::string host(rest);
   std::optional<absl::string_view> port_text;  // after ':', when there is one
   if (absl::ConsumePrefix(&rest, "[")) {  // an IPv6 address: [addr] or [addr]:port
     const size_t close = rest.find(']');
     if (close == absl::string_view::npos) {
       return bad("opens '[' without a ']' (an IPv6 address is redis://[addr]:port)");
     }
-    host = rest.substr(0, close);
+    // RFC 6874 writes a zone "%25eth0"; getaddrinfo takes "%eth0".
+    host = absl::StrReplaceAll(rest.substr(0, close), {{"%25", "%"}});
+    if (!host.empty() && !absl::StrContains(host, ':')) {
+      return bad("holds a host in brackets that is not an IPv6 address: brackets are for IPv6 "
+                 "(redis://[::1]:6379); write a name or IPv4 address without them");
+    }
     rest.remove_prefix(close + 1);
     if (!rest.empty()) {
       if (!absl::ConsumePrefix(&rest, ":")) return bad("has text after ']' that is not :port");
@@ -48,16 +56,18 @@ absl::StatusOr<std::pair<std::string, int>> ParseRedisStore(const std::string& s
       if (rest.find(':', colon + 1) != absl::string_view::npos) {
         return bad("holds an IPv6 address without brackets: write redis://[addr]:port");
       }
-      host = rest.substr(0, colon);
+      host = std::string(rest.substr(0, colon));
       port_text = rest.substr(colon + 1);
     }
   }
   if (host.empty()) return bad("names no host");
   int port = 6379;
-  if (port_text && (!absl::SimpleAtoi(*port_text, &port) || port < 1 || port > 65535)) {
+  if (port_text && (port_text->empty() || port_text->size() > 5 ||
+                    !std::all_of(port_text->begin(), port_text->end(), absl::ascii_isdigit) ||
+                    !absl::SimpleAtoi(*port_text, &port) || port < 1 || port > 65535)) {
     return bad(absl::StrCat("has port '", *port_text, "': a number in 1..65535"));
   }
-  return std::pair{std::string(host), port};
+  return std::pair{host, port};
 }
 
 namespace {

@@ -12,9 +12,11 @@
 namespace dist {
 
 // "redis://host[:port]" (port 6379 by default) as host and port; an IPv6
-// address in brackets, "redis://[::1]:6379" (the host is then "::1").
+// address in brackets, "redis://[::1]:6379" (the host is then "::1"; a zone
+// "%25eth0" is "%eth0").
 // InvalidArgument naming the store and what is wrong otherwise: no host, a
-// port outside 1..65535, an IPv6 address without brackets, credentials
+// port that is not 1..65535 in digits, an IPv6 address without brackets (or
+// brackets around anything else), credentials
 // ("user:password@": gloo's RedisStore does not authenticate), or a
 // database or options after the endpoint ("/1", "?...").
 absl::StatusOr<std::pair<std::string, int>> ParseRedisStore(const std::string& store);

@@ -18,6 +18,7 @@ TEST(ParseRedisStoreTest, HostAndPort) {
   EXPECT_EQ(ParseRedisStore("redis://head-node").value(), Endpoint("head-node", 6379));
   EXPECT_EQ(ParseRedisStore("redis://[::1]:7000").value(), Endpoint("::1", 7000));
   EXPECT_EQ(ParseRedisStore("redis://[fe80::1%eth0]").value(), Endpoint("fe80::1%eth0", 6379));
+  EXPECT_EQ(ParseRedisStore("redis://[fe80::1%25eth0]:1").value(), Endpoint("fe80::1%eth0", 1));
 }
 
 TEST(ParseRedisStoreTest, WhatIsWrongIsNamed) {
@@ -29,6 +30,12 @@ TEST(ParseRedisStoreTest, WhatIsWrongIsNamed) {
       {"redis://host:0", "has port '0': a number in 1..65535"},
       {"redis://host:65536", "has port '65536': a number in 1..65535"},
       {"redis://host:", "has port '': a number in 1..65535"},
+      {"redis://host:+6379", "has port '+6379': a number in 1..65535"},
+      {"redis://host: 6379", "has port ' 6379': a number in 1..65535"},
+      {"redis://host:0006379", "has port '0006379': a number in 1..65535"},
+      {"redis://[head-node]:6379",
+       "holds a host in brackets that is not an IPv6 address: brackets are for IPv6 "
+       "(redis://[::1]:6379); write a name or IPv4 address without them"},
       {"redis://::1:6379", "holds an IPv6 address without brackets: write redis://[addr]:port"},
       {"redis://[::1:6379", "opens '[' without a ']' (an IPv6 address is redis://[addr]:port)"},
       {"redis://[::1]6379", "has text after ']' that is not :port"},

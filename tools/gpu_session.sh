@@ -170,8 +170,8 @@ run_tests() {
 }
 
 # The variants of ours the pytorch phase times beside the default: the GEMM tuning, the
-# column-sum bias gradients, c_fc's bias gradient out of DGELU_BGRAD, cuDNN's attention, cuDNN's attention with the tuning, and the
-# norm kernels loading their rows in each pass (FSDP_CUDA_NORM_HOLD_ROWS=0).
+# column-sum bias gradients, c_fc's bias gradient out of DGELU_BGRAD, cuDNN's attention, cuDNN's attention with the tuning, the
+# norm kernels loading their rows in each pass (FSDP_CUDA_NORM_HOLD_ROWS=0), and the loss's rows of 256 threads.
 # (--attention_dq_atomic and --attention_narrow, timed on 2026-11-27: 39.6% and 41.5% MFU
 # against 41.0%, the narrow kernels x1.01 in attention_benchmark; GPU_SESSION_PYTORCH_VARIANTS
 # replaces the list.)

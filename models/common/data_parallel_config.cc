@@ -259,7 +259,7 @@ absl::StatusOr<Rendezvous> ResolveRendezvous(const std::string& rdzv, const Laun
           "file://DIR) or a Redis server (redis://host:port); torchrun's tcp:// / c10d:// "
           "stores and host:port endpoints are not spoken here"));
     }
-    if (absl::StartsWith(rdzv, "redis://")) {  // before any rank starts: not at the rendezvous
+    if (absl::StartsWith(rdzv, "redis://")) {  // with the flags, not at the rendezvous
       const absl::Status endpoint = dist::ParseRedisStore(rdzv).status();
       if (!endpoint.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("--rdzv: ", endpoint.message()));

@@ -1,4 +1,6 @@
-// Checkpoints, step logs and metrics for the train binaries.
+// Checkpoints for the train binaries: saving a step, and resuming one (the
+// checkpoint directory's layout: checkpoint_dir.cc; step lines and metrics:
+// step_report.cc).
 #include "models/common/train_support.h"
 
 #include <sys/stat.h>
@@ -30,6 +32,7 @@
 #include "dist/sharded_checkpoint_folder.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
+#include "tensor/memory_ledger.h"
 #include "tensor/safetensors.h"
 
 namespace train {
