@@ -77,7 +77,6 @@ T5Attention::Inputs T5Attention::CheckedInputs(const Tensors& inputs) const {
            ShapeText(in.residual), " is not shaped as x ", in.x.shape().ToString());
   OP_CHECK(!(in.bias.defined() && relative_bias_ != nullptr), kOp, "got a position_bias ",
            ShapeText(in.bias), " but this layer computes its own relative_attention_bias");
-  OP_CHECK(q_->weight()->value.defined(), kOp, "weights are not materialized");
   return in;
 }
 
@@ -91,18 +90,20 @@ Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
     OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv),
              " (construct with cross_attention for encoder-decoder attention)");
   }
-  const tensor::Dtype dt = q_->weight()->value.dtype();
-
   Saved s;
   s.num_inputs = inputs.size();
   s.x_shape = x.shape();
   s.x_dtype = x.dtype();
+  // q first: the compute dtype is its output's. Its weight may be defined only
+  // inside its Run (an FSDP unit of its own: a frozen q under --freeze), and
+  // Linear casts x itself (the same tensor as xc when x is in it already).
+  const Tensor q = SplitHeads(q_->Run(x, ctx.Child(kQ)), n_heads_);     // (B, nh, T, d_kv)
+  const tensor::Dtype dt = q.dtype();
   const Tensor xc = x.To(dt);                                    // (B, T, d_model)
   const Tensor kvc = options_.cross_attention ? kv.To(dt) : xc;  // (B, S, d_model)
   if (options_.cross_attention) s.kv_dtype = kv.dtype();
   const int64_t t_q = x.dim(1), t_k = kvc.dim(1);
 
-  const Tensor q = SplitHeads(q_->Run(xc, ctx.Child(kQ)), n_heads_);   // (B, nh, T, d_kv)
   const Tensor k = SplitHeads(k_->Run(kvc, ctx.Child(kK)), n_heads_);  // (B, nh, S, d_kv)
   const Tensor v = SplitHeads(v_->Run(kvc, ctx.Child(kV)), n_heads_);  // (B, nh, S, d_kv)
   Tensor own_bias;                                                     // (1, nh, T, S)
@@ -133,11 +134,12 @@ Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capac
              "decoding needs a causal self-attention or a cross-attention; this layer attends "
              "both ways (an encoder's)");
     const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
-    const tensor::Dtype dt = q_->weight()->value.dtype();
     const int64_t B = x.dim(0), t_new = x.dim(1);
-    Context ctx;                 // forward only: what the layers save is dropped on return
+    Context ctx;  // forward only: what the layers save is dropped on return
+    // q first: the compute dtype is its output's (Forward says why).
+    const Tensor q = SplitHeads(q_->Run(x, ctx.Child(kQ)), n_heads_);  // (B, nh, T_new, d_kv)
+    const tensor::Dtype dt = q.dtype();
     const Tensor xc = x.To(dt);  // (B, T_new, d_model)
-    const Tensor q = SplitHeads(q_->Run(xc, ctx.Child(kQ)), n_heads_);  // (B, nh, T_new, d_kv)
     Tensor own_bias;                                                    // (1, nh, T_new, keys)
     if (options_.cross_attention) {
       if (!cache.k.defined()) {

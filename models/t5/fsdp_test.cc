@@ -201,15 +201,32 @@ void DecodeAfterTraining(T5Model& model, Decoded& t) {
   if (tokens.ok()) t.tokens = *tokens;
 }
 
-// Fine-tuning's frozen parameters (the second run of each test): the shared
-// embedding (kept in the root unit), the encoder (its final norm then a unit
-// of its own) and the decoder's first block.
-const std::vector<std::string> kFrozen = {"shared", "encoder", "decoder.block.0"};
+// What each run freezes, under which wrap policy, and the FSDP units that
+// gives: nothing; fine-tuning's frozen parameters (the shared embedding, kept
+// in the root unit; the encoder, its final norm then a unit of its own; the
+// decoder's first block); and a self- and a cross-attention's q alone under
+// no policy, each then an FSDP unit of its own whose weight is gathered only
+// inside its Run (the attention used to read it before: "weights are not
+// materialized").
+struct FrozenCase {
+  const char* name;
+  std::vector<std::string> frozen;
+  const char* auto_wrap;
+  int units;
+};
+const FrozenCase kFrozenCases[] = {
+    {"", {}, "transformer", 5},
+    {"Frozen", {"shared", "encoder", "decoder.block.0"}, "transformer", 6},
+    {"FrozenQUnits",
+     {"encoder.block.0.layer.0.SelfAttention.q", "decoder.block.1.layer.1.EncDecAttention.q"},
+     "none",
+     3},
+};
 
-Trace OneProcess(bool v1_1, bool frozen) {
+Trace OneProcess(bool v1_1, const FrozenCase& frozen) {
   T5Model model(Tiny(v1_1));
-  if (frozen) {
-    EXPECT_TRUE(nn::FreezeParameters(model, kFrozen).ok());
+  if (!frozen.frozen.empty()) {
+    EXPECT_TRUE(nn::FreezeParameters(model, frozen.frozen).ok());
   }
   model.Materialize(kSeed);
   data::SpanCorruptionLoader loader = Loader(0, 1);
@@ -232,27 +249,27 @@ Trace OneProcess(bool v1_1, bool frozen) {
   return t;
 }
 
-// (v1_1, frozen): kFrozen frozen in both runs.
-class T5FullShardTest : public testing::TestWithParam<std::tuple<bool, bool>> {};
+// (v1_1, index into kFrozenCases): that case frozen in both runs.
+class T5FullShardTest : public testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
-  const auto [v1_1, frozen] = GetParam();
+  const auto [v1_1, frozen_case] = GetParam();
+  const FrozenCase& frozen = kFrozenCases[frozen_case];
   const Trace reference = OneProcess(v1_1, frozen);
   ASSERT_GT(reference.norms[0], kClip);  // clipping across shards is exercised
-  const train::DataParallelConfig config = Config("transformer", 2);
+  const train::DataParallelConfig config = Config(frozen.auto_wrap, 2);
   std::vector<Trace> traces(2);
   absl::Status s = train::RunDataParallel(config, [&](train::RankContext& rank) -> absl::Status {
     T5Model model(Tiny(v1_1));
-    if (frozen) {
-      absl::StatusOr<std::vector<std::string>> f = nn::FreezeParameters(model, kFrozen);
+    if (!frozen.frozen.empty()) {
+      absl::StatusOr<std::vector<std::string>> f = nn::FreezeParameters(model, frozen.frozen);
       if (!f.ok()) return f.status();
     }
     data::SpanCorruptionLoader loader = Loader(rank.rank, 2);
     auto dp =
         train::DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {"shared.weight"});
     if (!dp.ok()) return dp.status();
-    // Frozen: the encoder's final norm is a unit of its own; shared.weight stays in the root.
-    EXPECT_EQ((*dp)->fsdp()->num_units(), frozen ? 6 : 5);
+    EXPECT_EQ((*dp)->fsdp()->num_units(), frozen.units);
     Trace& t = traces[rank.rank];
     for (int step = 0; step < kSteps; ++step) {
       const data::Seq2SeqBatch b = loader.Next();  // this rank's rows: (2, S), (2, T_dec)
@@ -318,11 +335,11 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TiedAndUntied, T5FullShardTest,
-                         testing::Combine(testing::Bool(), testing::Bool()),
-                         [](const testing::TestParamInfo<std::tuple<bool, bool>>& info) {
+                         testing::Combine(testing::Bool(), testing::Range(0, 3)),
+                         [](const testing::TestParamInfo<std::tuple<bool, int>>& info) {
                            return std::string(std::get<0>(info.param) ? "V1_1Untied"
                                                                       : "V1_0Tied") +
-                                  (std::get<1>(info.param) ? "Frozen" : "");
+                                  kFrozenCases[std::get<1>(info.param)].name;
                          });
 
 // forward_prefetch follows the forward order recorded from the pass before.
