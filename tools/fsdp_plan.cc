@@ -18,8 +18,15 @@
 // unit holding parameters of a module class the train binaries' bf16 policy
 // keeps fp32 (precision::MixedPrecisionPolicy::Bf16()'s fp32_module_classes:
 // BatchNorm1d) is counted as FSDP gathers it: in fp32, plus bf16 copies of its
-// other parameters. Activations are not included, nor, under bf16, the
-// communication buffers of the gradients' reduction (the ledger's "comm").
+// other parameters. Activations are not included, nor the communication
+// buffers (the ledger's "comm": the gradients' reduction under bf16,
+// HYBRID's all-reduce between replicas), nor what a forward-only pass that
+// gathers the whole model holds (--sample_gather=model, the default).
+// --strategy as the train binaries' flag: shard_grad_op and
+// hybrid_shard_zero2 keep every unit gathered from its forward to its
+// backward; the hybrid strategies shard within groups of --world_sizes
+// ranks. --vocab_size / --num_sentinels / --v1_1 as the train binaries'
+// (whose vocabulary is the data's: 256 for byte text, 50257 otherwise).
 // --units marks such units "(fp32 gather)" and nested ones "(inside <unit>)".
 // --grad_accum_steps > 1: the unsharded gradients' peak is every trainable
 // unit's (FSDP's no_sync keeps them between micro-batches). --prefetch_units=k
@@ -57,8 +64,20 @@
 ABSL_FLAG(std::string, preset, "gpt-175b", "a minGPT preset (gpt-nano .. gpt-1t) or a T5 preset");
 ABSL_FLAG(std::string, world_sizes, "8,64,512,1024", "comma-separated shard group sizes");
 ABSL_FLAG(std::string, auto_wrap, "transformer", "none, transformer (Block / T5Block) or size:N");
-ABSL_FLAG(std::string, precision, "bf16",
-          "compute dtype of the unsharded parameters: fp32 or bf16 (the train binaries' policy)");
+ABSL_FLAG(std::string, strategy, "full_shard",
+          "full_shard, shard_grad_op, hybrid_shard or hybrid_shard_zero2, as the train binaries' "
+          "flag (the last two: --world_sizes are the shard groups' sizes, "
+          "--hybrid_shard_group_size); shard_grad_op keeps every unit gathered from its forward "
+          "to its backward");
+ABSL_FLAG(std::string, precision, "fp32",
+          "compute dtype of the unsharded parameters: fp32 or bf16 (the train binaries' flag and "
+          "default)");
+ABSL_FLAG(int64_t, vocab_size, 0,
+          "the vocabulary, as the train binaries' flag (minGPT: the embedding's rows; T5: before "
+          "--num_sentinels); 0: the preset's (minGPT 50257; T5 32128, Hugging Face's, sentinels "
+          "included). The train binaries' 0 is the data's: 256 for byte text, 50257 otherwise");
+ABSL_FLAG(int64_t, num_sentinels, 100, "T5: sentinel ids added above a --vocab_size given");
+ABSL_FLAG(bool, v1_1, false, "T5 v1.1 form of the preset: gated-GELU feed-forward, untied lm_head");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "adamw, sgd or sgd-nomomentum (sets K, optimizer bytes per element)");
 ABSL_FLAG(int, max_inflight_all_gathers, 2, "units gathered at once besides the root");
@@ -108,11 +127,19 @@ int main(int argc, char** argv) {
   train::ParseCommandLineOrExit(
       argc, argv, "FSDP units and per-rank memory of a preset, without allocating.");
   const std::string preset = absl::GetFlag(FLAGS_preset);
+  const int64_t vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  const int64_t num_sentinels = absl::GetFlag(FLAGS_num_sentinels);
+  if (vocab_size < 0 || num_sentinels < 0) {
+    return Fail(absl::StrCat("--vocab_size=", vocab_size, " and --num_sentinels=", num_sentinels,
+                             " must be >= 0"));
+  }
   std::unique_ptr<nn::Module> model;
   std::string block_class;
   if (absl::StartsWith(preset, "t5")) {
     absl::StatusOr<t5::T5Config> config = t5::Preset(preset);
     if (!config.ok()) return Fail(std::string(config.status().message()));
+    if (absl::GetFlag(FLAGS_v1_1)) *config = t5::AsV1_1(*config);
+    if (vocab_size > 0) config->vocab_size = vocab_size + num_sentinels;
     model = std::make_unique<t5::T5Model>(*config);
     block_class = "T5Block";
   } else {
@@ -122,8 +149,18 @@ int main(int argc, char** argv) {
                                absl::StrJoin(mingpt::PresetNames(), ", "),
                                "; T5: ", absl::StrJoin(t5::PresetNames(), ", ")));
     }
+    if (absl::GetFlag(FLAGS_v1_1)) return Fail("--v1_1 is a T5 form; --preset is minGPT's");
+    if (vocab_size > 0) config->vocab_size = vocab_size;
     model = std::make_unique<mingpt::GPT>(*config);
     block_class = "Block";
+  }
+  const std::string strategy = absl::GetFlag(FLAGS_strategy);
+  const bool reshard_after_forward = strategy == "full_shard" || strategy == "hybrid_shard";
+  if (!reshard_after_forward && strategy != "shard_grad_op" && strategy != "hybrid_shard_zero2") {
+    return Fail(absl::StrCat(
+        "--strategy='", strategy, "' is not one of full_shard, shard_grad_op, hybrid_shard, "
+        "hybrid_shard_zero2 (no_shard holds at most what full_shard plans at --world_sizes=1; "
+        "ddp and zero1 are not FSDP: //tools:bench_memory measures them)"));
   }
   const std::string wrap = absl::GetFlag(FLAGS_auto_wrap);
   dist::WrapPolicy policy = dist::WrapPolicy::None();
@@ -196,6 +233,11 @@ int main(int argc, char** argv) {
                              ", which it would ignore: give one or the other"));
   }
   const bool keep_last_unit = absl::GetFlag(FLAGS_keep_last_unit);
+  if (keep_last_unit && !reshard_after_forward) {  // as the train binaries refuse it
+    return Fail(absl::StrCat("--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would "
+                             "reshard after its forward; --strategy=",
+                             strategy, " reshards none"));
+  }
   int kept_unit = 0;  // --keep_last_unit's: the last unit in pre-order that trains
   if (keep_last_unit) {  // (the same units at every world size)
     const dist::ShardingPlan plan =
@@ -213,9 +255,12 @@ int main(int argc, char** argv) {
   options.param_bytes = precision == "bf16" ? 2 : 4;
   options.optimizer_bytes = *k;
   options.max_inflight_all_gathers = max_inflight;
+  options.reshard_after_forward = reshard_after_forward;
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
-    std::printf("%s | auto_wrap %s | %s compute, %s (K=%d) | parameters: %lld", preset.c_str(),
+    std::printf("%s | %s%s | auto_wrap %s | %s compute, %s (K=%d) | parameters: %lld",
+                preset.c_str(), strategy.c_str(),
+                absl::StartsWith(strategy, "hybrid") ? " (world: the shard group)" : "",
                 wrap.c_str(), precision.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(), *k,
                 static_cast<long long>(count.total));
     if (count.trainable < count.total) {
@@ -239,13 +284,15 @@ int main(int argc, char** argv) {
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
     if (json) {
       std::printf(
-          "{\"preset\":\"%s\",\"auto_wrap\":\"%s\",\"world_size\":%d,\"grad_accum_steps\":%d,"
+          "{\"preset\":\"%s\",\"strategy\":\"%s\",\"precision\":\"%s\",\"auto_wrap\":\"%s\","
+          "\"world_size\":%d,\"grad_accum_steps\":%d,"
           "\"prefetch_units\":%d,\"keep_last_unit\":%s,\"units\":%zu,"
           "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
           "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
           "\"peak_bytes\":%lld%s}\n",
-          preset.c_str(), wrap.c_str(), world, grad_accum_steps, prefetch_units,
+          preset.c_str(), strategy.c_str(), precision.c_str(), wrap.c_str(), world,
+          grad_accum_steps, prefetch_units,
           keep_last_unit ? "true" : "false", plan.units.size(),
           static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
           static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),

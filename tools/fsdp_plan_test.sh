@@ -96,4 +96,44 @@ assert [r["world_size"] for r in rows] == [2, 4], rows
 assert all(len(r["unit_list"]) == r["units"] for r in rows), rows
 assert rows[0]["unit_list"][0]["name"] == "" and rows[0]["unit_list"][1]["trains"], rows
 ' "${TEST_TMPDIR}/units.json" || { cat "${TEST_TMPDIR}/units.json"; exit 1; }
-echo "fsdp_plan: frozen units, less state, no_sync, prefetch, kept unit, errors named"
+# The train binaries' flags that change the memory: --strategy, --vocab_size (T5: before
+# --num_sentinels), --v1_1, and their default precision (fp32). The figures are the ledger's,
+# measured by the train binaries with the same flags (rank 0's parameters peak: shards plus
+# the unsharded peak): t5-small at world 4 under shard_grad_op holds every unit gathered
+# (302533120 bytes against full_shard's 159876608); t5-tiny --v1_1 --vocab_size=32028 at
+# world 2 54337536; gpt-nano --vocab_size=65536 at world 2 38181984.
+param_bytes() {
+  python3 -c 'import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+print(4 * r["elements_per_rank"] + r["unsharded_parameters_peak_bytes"], r["strategy"], r["precision"])' "$1"
+}
+"$plan" --preset=t5-small --world_sizes=4 --strategy=shard_grad_op --json > "${TEST_TMPDIR}/sgo.json"
+[[ $(param_bytes "${TEST_TMPDIR}/sgo.json") == "302533120 shard_grad_op fp32" ]] ||
+  { cat "${TEST_TMPDIR}/sgo.json"; exit 1; }
+"$plan" --preset=t5-small --world_sizes=4 --json > "${TEST_TMPDIR}/fs.json"
+[[ $(param_bytes "${TEST_TMPDIR}/fs.json") == "159876608 full_shard fp32" ]] ||
+  { cat "${TEST_TMPDIR}/fs.json"; exit 1; }
+"$plan" --preset=t5-tiny --world_sizes=2 --v1_1 --vocab_size=32028 --json > "${TEST_TMPDIR}/v11.json"
+[[ $(param_bytes "${TEST_TMPDIR}/v11.json") == "54337536 full_shard fp32" ]] ||
+  { cat "${TEST_TMPDIR}/v11.json"; exit 1; }
+"$plan" --preset=gpt-nano --world_sizes=2 --vocab_size=65536 --json > "${TEST_TMPDIR}/vocab.json"
+[[ $(param_bytes "${TEST_TMPDIR}/vocab.json") == "38181984 full_shard fp32" ]] ||
+  { cat "${TEST_TMPDIR}/vocab.json"; exit 1; }
+"$plan" --preset=gpt-nano --world_sizes=2 --strategy=hybrid_shard > "${TEST_TMPDIR}/hybrid.txt"
+grep -q "^gpt-nano | hybrid_shard (world: the shard group) | auto_wrap transformer | fp32 compute" \
+  "${TEST_TMPDIR}/hybrid.txt" || { cat "${TEST_TMPDIR}/hybrid.txt"; exit 1; }
+exits_2 "--strategy='no_shard' is not one of full_shard, shard_grad_op, hybrid_shard, \
+hybrid_shard_zero2 (no_shard holds at most what full_shard plans at --world_sizes=1" \
+  "$plan" --preset=gpt-nano --strategy=no_shard
+exits_2 "--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would reshard after its \
+forward; --strategy=hybrid_shard_zero2 reshards none" \
+  "$plan" --preset=gpt-nano --strategy=hybrid_shard_zero2 --keep_last_unit
+exits_2 "--v1_1 is a T5 form; --preset is minGPT's" "$plan" --preset=gpt-nano --v1_1
+exits_2 "--vocab_size=-1 and --num_sentinels=100 must be >= 0" "$plan" --preset=gpt-nano \
+  --vocab_size=-1
+# size:N wraps T5's shared embedding whenever it wraps anything smaller: the refusal says so.
+exits_2 "use --auto_wrap=transformer (a size:N keeps it in the root only for N above 16449536, \
+the parameters of 'shared', and then wraps only modules larger than that)" \
+  "$plan" --preset=t5-small --auto_wrap=size:1000000
+echo "fsdp_plan: frozen units, less state, no_sync, prefetch, kept unit, strategies, vocabulary, \
+errors named"

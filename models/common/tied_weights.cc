@@ -1,6 +1,7 @@
 // Tied weights must stay in the root FSDP unit (tied_weights.h).
 #include "models/common/tied_weights.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace train {
@@ -23,10 +24,18 @@ absl::Status CheckTiedWeightsInRoot(nn::Module& model, const dist::WrapPolicy& p
           absl::StrCat("DataParallelModel: the model has no parameter '", name, "'"));
     }
     if (!holder->name.empty()) {
+      int64_t held = 0;  // the unit's parameters: size:N wraps it for any N up to them
+      for (const auto& [param_name, param] : holder->params) held += param->numel();
+      const std::string larger =
+          absl::StartsWith(auto_wrap, "size:")
+              ? absl::StrCat(" (a size:N keeps it in the root only for N above ", held,
+                             ", the parameters of '", holder->name,
+                             "', and then wraps only modules larger than that)")
+              : "";
       return absl::InvalidArgumentError(absl::StrCat(
           "--auto_wrap=", auto_wrap, " puts '", name, "' into the FSDP unit '", holder->name,
           "', but it must stay in the root unit (the model reads it outside ", holder->name,
-          "'s forward: a tied weight); use --auto_wrap=transformer or a larger size:N"));
+          "'s forward: a tied weight); use --auto_wrap=transformer", larger));
     }
   }
   return absl::OkStatus();
