@@ -592,7 +592,8 @@ class GlooProcessGroup final : public ProcessGroup {
                  !exited.empty()) {
         broken_ = absl::AbortedError(
             absl::StrCat(Prefix(call), ": lost a peer: ", exited, " (gloo: ", what, ")"));
-      } else if (const std::string named = internal::PeerNamedIn(what, processes_, addresses_, rank());
+      } else if (const std::string named =
+                     internal::PeerNamedIn(what, processes_, addresses_, rank());
                  !named.empty()) {
         broken_ = absl::AbortedError(
             absl::StrCat(Prefix(call), ": lost a peer: ", named, " (gloo: ", what, ")"));

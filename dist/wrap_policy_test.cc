@@ -1,6 +1,7 @@
 // Wrap policies on a tiny minGPT: the transformer policy (by block class;
-// one matching nothing is refused, also by FullyShard on two ranks), None, size-based (bottom-up, nesting),
-// the outermost match, and frozen leaves taken out into units of their own.
+// one matching nothing is refused, also by FullyShard on two ranks), None,
+// size-based (bottom-up, nesting), the outermost match, and frozen leaves
+// taken out into units of their own.
 #include "dist/wrap_policy.h"
 
 #include <string>

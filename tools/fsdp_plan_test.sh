@@ -105,15 +105,18 @@ assert rows[0]["unit_list"][0]["name"] == "" and rows[0]["unit_list"][1]["trains
 param_bytes() {
   python3 -c 'import json, sys
 r = json.loads(open(sys.argv[1]).readline())
-print(4 * r["elements_per_rank"] + r["unsharded_parameters_peak_bytes"], r["strategy"], r["precision"])' "$1"
+print(4 * r["elements_per_rank"] + r["unsharded_parameters_peak_bytes"], r["strategy"],
+      r["precision"])' "$1"
 }
-"$plan" --preset=t5-small --world_sizes=4 --strategy=shard_grad_op --json > "${TEST_TMPDIR}/sgo.json"
+"$plan" --preset=t5-small --world_sizes=4 --strategy=shard_grad_op --json \
+  > "${TEST_TMPDIR}/sgo.json"
 [[ $(param_bytes "${TEST_TMPDIR}/sgo.json") == "302533120 shard_grad_op fp32" ]] ||
   { cat "${TEST_TMPDIR}/sgo.json"; exit 1; }
 "$plan" --preset=t5-small --world_sizes=4 --json > "${TEST_TMPDIR}/fs.json"
 [[ $(param_bytes "${TEST_TMPDIR}/fs.json") == "159876608 full_shard fp32" ]] ||
   { cat "${TEST_TMPDIR}/fs.json"; exit 1; }
-"$plan" --preset=t5-tiny --world_sizes=2 --v1_1 --vocab_size=32028 --json > "${TEST_TMPDIR}/v11.json"
+"$plan" --preset=t5-tiny --world_sizes=2 --v1_1 --vocab_size=32028 --json \
+  > "${TEST_TMPDIR}/v11.json"
 [[ $(param_bytes "${TEST_TMPDIR}/v11.json") == "54337536 full_shard fp32" ]] ||
   { cat "${TEST_TMPDIR}/v11.json"; exit 1; }
 "$plan" --preset=gpt-nano --world_sizes=2 --vocab_size=65536 --json > "${TEST_TMPDIR}/vocab.json"
