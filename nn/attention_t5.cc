@@ -80,6 +80,13 @@ T5Attention::Inputs T5Attention::CheckedInputs(const Tensors& inputs) const {
   return in;
 }
 
+std::pair<Tensor, Tensor> T5Attention::ProjectQ(const Tensor& x, Context& ctx) {
+  const Tensor& w = q_->weight()->value;
+  if (!w.defined()) return {q_->Run(x, ctx.Child(kQ)), Tensor()};  // gathered inside its Run
+  const Tensor xc = x.To(w.dtype());  // (B, T, d_model)
+  return {q_->Run(xc, ctx.Child(kQ)), xc};
+}
+
 Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
   const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
   if (options_.cross_attention) {
@@ -94,13 +101,11 @@ Tensors T5Attention::Forward(const Tensors& inputs, Context& ctx) {
   s.num_inputs = inputs.size();
   s.x_shape = x.shape();
   s.x_dtype = x.dtype();
-  // q first: the compute dtype is its output's. Its weight may be defined only
-  // inside its Run (an FSDP unit of its own: a frozen q under --freeze), and
-  // Linear casts x itself (the same tensor as xc when x is in it already).
-  const Tensor q = SplitHeads(q_->Run(x, ctx.Child(kQ)), n_heads_);     // (B, nh, T, d_kv)
-  const tensor::Dtype dt = q.dtype();
-  const Tensor xc = x.To(dt);                                    // (B, T, d_model)
-  const Tensor kvc = options_.cross_attention ? kv.To(dt) : xc;  // (B, S, d_model)
+  const auto [q_proj, xc] = ProjectQ(x, ctx);             // (B, T, nh * d_kv), (B, T, d_model)
+  const tensor::Dtype dt = q_proj.dtype();                 // the compute dtype
+  const Tensor q = SplitHeads(q_proj, n_heads_);           // (B, nh, T, d_kv)
+  const Tensor kvc = options_.cross_attention ? kv.To(dt)  // (B, S, d_model)
+                                              : (xc.defined() ? xc : x.To(dt));
   if (options_.cross_attention) s.kv_dtype = kv.dtype();
   const int64_t t_q = x.dim(1), t_k = kvc.dim(1);
 
@@ -136,10 +141,9 @@ Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capac
     const auto [x, kv, bias, mask, residual] = CheckedInputs(inputs);
     const int64_t B = x.dim(0), t_new = x.dim(1);
     Context ctx;  // forward only: what the layers save is dropped on return
-    // q first: the compute dtype is its output's (Forward says why).
-    const Tensor q = SplitHeads(q_->Run(x, ctx.Child(kQ)), n_heads_);  // (B, nh, T_new, d_kv)
-    const tensor::Dtype dt = q.dtype();
-    const Tensor xc = x.To(dt);  // (B, T_new, d_model)
+    const auto [q_proj, x_cast] = ProjectQ(x, ctx);  // (B, T_new, nh * d_kv), (B, T_new, d_model)
+    const tensor::Dtype dt = q_proj.dtype();         // the compute dtype
+    const Tensor q = SplitHeads(q_proj, n_heads_);   // (B, nh, T_new, d_kv)
     Tensor own_bias;                                                    // (1, nh, T_new, keys)
     if (options_.cross_attention) {
       if (!cache.k.defined()) {
@@ -155,6 +159,7 @@ Tensors T5Attention::Decode(const Tensors& inputs, KvCache& cache, int64_t capac
       CheckKvCache(cache, q, kOp);
     } else {
       OP_CHECK(!kv.defined(), kOp, "self-attention takes no kv input; got ", ShapeText(kv));
+      const Tensor xc = x_cast.defined() ? x_cast : x.To(dt);              // (B, T_new, d_model)
       const Tensor k = SplitHeads(k_->Run(xc, ctx.Child(kK)), n_heads_);  // (B, nh, T_new, d_kv)
       const Tensor v = SplitHeads(v_->Run(xc, ctx.Child(kV)), n_heads_);  // (B, nh, T_new, d_kv)
       const int64_t start = cache.length;

@@ -25,6 +25,7 @@
 #ifndef NN_ATTENTION_T5_H_
 #define NN_ATTENTION_T5_H_
 
+#include <utility>
 #include <cstdint>
 
 #include "nn/attention_core.h"
@@ -111,12 +112,18 @@ class T5Attention : public Module, public RandomSource {
 
  private:
   // Forward's and Decode's inputs by name, checked: x (B, T, d_model), the
-  // residual shaped as x, no position_bias for a layer with its own, the
-  // weights materialized. Throws OpError naming what is wrong.
+  // residual shaped as x, no position_bias for a layer with its own. Throws
+  // OpError naming what is wrong.
   struct Inputs {
     Tensor x, kv, bias, mask, residual;
   };
   Inputs CheckedInputs(const Tensors& inputs) const;
+  // q's projection of x (B, T, nh * d_kv), in the compute dtype (q's
+  // weight's), and x cast to it (B, T, d_model), which q projected. A q that
+  // is an FSDP unit of its own (a frozen q under --freeze) holds its weight
+  // only inside its Run: then q projects x as it is (Linear casts it) and the
+  // cast x is undefined: the projection's dtype says the compute dtype.
+  std::pair<Tensor, Tensor> ProjectQ(const Tensor& x, Context& ctx);
 
   struct Saved {
     AttentionState attn;  // q, k, v views of the projections, probs (B, nh, T, S)

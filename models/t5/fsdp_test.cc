@@ -204,23 +204,27 @@ void DecodeAfterTraining(T5Model& model, Decoded& t) {
 // What each run freezes, under which wrap policy, and the FSDP units that
 // gives: nothing; fine-tuning's frozen parameters (the shared embedding, kept
 // in the root unit; the encoder, its final norm then a unit of its own; the
-// decoder's first block); and a self- and a cross-attention's q alone under
-// no policy, each then an FSDP unit of its own whose weight is gathered only
-// inside its Run (the attention used to read it before: "weights are not
+// decoder's first block); and an encoder's and a decoder's self-attention q
+// and a cross-attention's q alone under no policy, each then an FSDP unit of
+// its own (named as `frozen`, in order) whose weight is gathered only inside
+// its Run (the attention used to read it before: "weights are not
 // materialized").
 struct FrozenCase {
   const char* name;
   std::vector<std::string> frozen;
   const char* auto_wrap;
   int units;
+  bool units_are_frozen;  // units 1.. are the `frozen` modules, in order
 };
 const FrozenCase kFrozenCases[] = {
-    {"", {}, "transformer", 5},
-    {"Frozen", {"shared", "encoder", "decoder.block.0"}, "transformer", 6},
+    {"", {}, "transformer", 5, false},
+    {"Frozen", {"shared", "encoder", "decoder.block.0"}, "transformer", 6, false},
     {"FrozenQUnits",
-     {"encoder.block.0.layer.0.SelfAttention.q", "decoder.block.1.layer.1.EncDecAttention.q"},
+     {"encoder.block.0.layer.0.SelfAttention.q", "decoder.block.0.layer.0.SelfAttention.q",
+      "decoder.block.1.layer.1.EncDecAttention.q"},
      "none",
-     3},
+     4,
+     true},
 };
 
 Trace OneProcess(bool v1_1, const FrozenCase& frozen) {
@@ -270,6 +274,9 @@ TEST_P(T5FullShardTest, TwoRanksEqualOneProcess) {
         train::DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {"shared.weight"});
     if (!dp.ok()) return dp.status();
     EXPECT_EQ((*dp)->fsdp()->num_units(), frozen.units);
+    for (int u = 1; frozen.units_are_frozen && u < (*dp)->fsdp()->num_units(); ++u) {
+      EXPECT_EQ((*dp)->fsdp()->unit_name(u), frozen.frozen.at(u - 1));
+    }
     Trace& t = traces[rank.rank];
     for (int step = 0; step < kSteps; ++step) {
       const data::Seq2SeqBatch b = loader.Next();  // this rank's rows: (2, S), (2, T_dec)
