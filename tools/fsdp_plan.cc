@@ -40,6 +40,7 @@
 #include <climits>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,7 @@
 #include "models/t5/model.h"
 #include "nn/freeze.h"
 #include "precision/policy.h"
+#include "tensor/dtype.h"
 
 ABSL_FLAG(std::string, preset, "gpt-175b", "a minGPT preset (gpt-nano .. gpt-1t) or a T5 preset");
 ABSL_FLAG(std::string, world_sizes, "8,64,512,1024", "comma-separated shard group sizes");
@@ -70,13 +72,16 @@ ABSL_FLAG(std::string, strategy, "full_shard",
           "--hybrid_shard_group_size); shard_grad_op keeps every unit gathered from its forward "
           "to its backward");
 ABSL_FLAG(std::string, precision, "fp32",
-          "compute dtype of the unsharded parameters: fp32 or bf16 (the train binaries' flag and "
-          "default)");
+          "compute dtype of the unsharded parameters: fp32, bf16 or fp16 (the train binaries' "
+          "flag and default)");
 ABSL_FLAG(int64_t, vocab_size, 0,
           "the vocabulary, as the train binaries' flag (minGPT: the embedding's rows; T5: before "
           "--num_sentinels); 0: the preset's (minGPT 50257; T5 32128, Hugging Face's, sentinels "
-          "included). The train binaries' 0 is the data's: 256 for byte text, 50257 otherwise");
-ABSL_FLAG(int64_t, num_sentinels, 100, "T5: sentinel ids added above a --vocab_size given");
+          "included). Unlike the train binaries' 0, which is the data's (256 for byte text, a "
+          "token file's tokenizer's): give that to plan their run");
+ABSL_FLAG(std::optional<int64_t>, num_sentinels, std::nullopt,
+          "T5, with --vocab_size: sentinel ids added above it (default 100, as the train "
+          "binary's)");
 ABSL_FLAG(bool, v1_1, false, "T5 v1.1 form of the preset: gated-GELU feed-forward, untied lm_head");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "adamw, sgd or sgd-nomomentum (sets K, optimizer bytes per element)");
@@ -128,10 +133,15 @@ int main(int argc, char** argv) {
       argc, argv, "FSDP units and per-rank memory of a preset, without allocating.");
   const std::string preset = absl::GetFlag(FLAGS_preset);
   const int64_t vocab_size = absl::GetFlag(FLAGS_vocab_size);
-  const int64_t num_sentinels = absl::GetFlag(FLAGS_num_sentinels);
+  const std::optional<int64_t> sentinels_flag = absl::GetFlag(FLAGS_num_sentinels);
+  const int64_t num_sentinels = sentinels_flag.value_or(100);
   if (vocab_size < 0 || num_sentinels < 0) {
     return Fail(absl::StrCat("--vocab_size=", vocab_size, " and --num_sentinels=", num_sentinels,
                              " must be >= 0"));
+  }
+  if (sentinels_flag && (vocab_size == 0 || !absl::StartsWith(preset, "t5"))) {
+    return Fail("--num_sentinels adds T5's sentinels to a --vocab_size given (a T5 preset's own "
+                "vocabulary holds its sentinels; minGPT has none)");
   }
   std::unique_ptr<nn::Module> model;
   std::string block_class;
@@ -159,7 +169,7 @@ int main(int argc, char** argv) {
   if (!reshard_after_forward && strategy != "shard_grad_op" && strategy != "hybrid_shard_zero2") {
     return Fail(absl::StrCat(
         "--strategy='", strategy, "' is not one of full_shard, shard_grad_op, hybrid_shard, "
-        "hybrid_shard_zero2 (no_shard holds at most what full_shard plans at --world_sizes=1; "
+        "hybrid_shard_zero2 (no_shard holds at most what shard_grad_op plans at --world_sizes=1; "
         "ddp and zero1 are not FSDP: //tools:bench_memory measures them)"));
   }
   const std::string wrap = absl::GetFlag(FLAGS_auto_wrap);
@@ -194,15 +204,14 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--freeze='", absl::GetFlag(FLAGS_freeze),
                              "' freezes every parameter of the model: nothing would train"));
   }
-  const std::string precision = absl::GetFlag(FLAGS_precision);
-  if (precision != "fp32" && precision != "bf16") {
-    return Fail(absl::StrCat("--precision='", precision, "' is not one of fp32, bf16"));
-  }
   // The policy the train binaries build from --precision (the classes it
-  // keeps fp32 are gathered in fp32 under bf16).
+  // keeps fp32 are gathered in fp32 under bf16 and fp16), and its name.
   absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
-      precision::MixedPrecisionPolicy::FromName(precision);
-  if (!mixed.ok()) return Fail(std::string(mixed.status().message()));
+      precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
+  if (!mixed.ok()) return Fail(absl::StrCat("--precision: ", mixed.status().message()));
+  const std::string precision = mixed->param_dtype == tensor::Dtype::kBF16  ? "bf16"
+                                : mixed->param_dtype == tensor::Dtype::kF16 ? "fp16"
+                                                                             : "fp32";
   absl::StatusOr<int> k = train::OptimizerBytesPerParameter(absl::GetFlag(FLAGS_optimizer));
   if (!k.ok()) return Fail(std::string(k.status().message()));
   std::vector<int> worlds;
@@ -252,7 +261,7 @@ int main(int argc, char** argv) {
   dist::FsdpEstimateOptions options;
   options.no_sync = grad_accum_steps > 1;
   options.prefetch_units = prefetch_units;
-  options.param_bytes = precision == "bf16" ? 2 : 4;
+  options.param_bytes = static_cast<int>(tensor::DtypeSize(mixed->param_dtype));
   options.optimizer_bytes = *k;
   options.max_inflight_all_gathers = max_inflight;
   options.reshard_after_forward = reshard_after_forward;

@@ -126,12 +126,30 @@ print(4 * r["elements_per_rank"] + r["unsharded_parameters_peak_bytes"], r["stra
 grep -q "^gpt-nano | hybrid_shard (world: the shard group) | auto_wrap transformer | fp32 compute" \
   "${TEST_TMPDIR}/hybrid.txt" || { cat "${TEST_TMPDIR}/hybrid.txt"; exit 1; }
 exits_2 "--strategy='no_shard' is not one of full_shard, shard_grad_op, hybrid_shard, \
-hybrid_shard_zero2 (no_shard holds at most what full_shard plans at --world_sizes=1" \
+hybrid_shard_zero2 (no_shard holds at most what shard_grad_op plans at --world_sizes=1" \
   "$plan" --preset=gpt-nano --strategy=no_shard
 exits_2 "--keep_last_unit keeps a unit FULL_SHARD or HYBRID_SHARD would reshard after its \
 forward; --strategy=hybrid_shard_zero2 reshards none" \
   "$plan" --preset=gpt-nano --strategy=hybrid_shard_zero2 --keep_last_unit
 exits_2 "--v1_1 is a T5 form; --preset is minGPT's" "$plan" --preset=gpt-nano --v1_1
+for bad in "--preset=gpt-nano --vocab_size=300" "--preset=t5-tiny"; do
+  # shellcheck disable=SC2086
+  exits_2 "--num_sentinels adds T5's sentinels to a --vocab_size given" "$plan" $bad \
+    --num_sentinels=10
+done
+# T5: --vocab_size before --num_sentinels (100 unless given); --precision as the train binaries
+# spell it (fp16's unsharded copies are bf16's size).
+t5_params() { "$plan" --preset=t5-tiny --world_sizes=2 --json "$@" | python3 -c \
+  'import json, sys; print(json.loads(sys.stdin.readline())["parameters"])'; }
+[[ $(( $(t5_params --vocab_size=356) - $(t5_params --vocab_size=356 --num_sentinels=0) )) == \
+   $(( 100 * 128 )) ]]  # 100 more rows of d_model 128 (the tied shared embedding)
+p16=$("$plan" --preset=gpt-nano --world_sizes=2 --precision=float16 --json)
+pbf=$("$plan" --preset=gpt-nano --world_sizes=2 --precision=bfloat16 --json)
+[[ $p16 == *'"precision":"fp16"'* && $pbf == *'"precision":"bf16"'* &&
+   ${p16#*unsharded_parameters_peak_bytes} == ${pbf#*unsharded_parameters_peak_bytes} ]] ||
+  { echo "$p16"; echo "$pbf"; exit 1; }
+exits_2 "--precision: unknown precision 'fp8'; expected fp32, bf16 or fp16" "$plan" \
+  --preset=gpt-nano --precision=fp8
 exits_2 "--vocab_size=-1 and --num_sentinels=100 must be >= 0" "$plan" --preset=gpt-nano \
   --vocab_size=-1
 # size:N wraps T5's shared embedding whenever it wraps anything smaller: the refusal says so.

@@ -1,6 +1,9 @@
 // Tied weights must stay in the root FSDP unit (tied_weights.h).
 #include "models/common/tied_weights.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -24,14 +27,23 @@ absl::Status CheckTiedWeightsInRoot(nn::Module& model, const dist::WrapPolicy& p
           absl::StrCat("DataParallelModel: the model has no parameter '", name, "'"));
     }
     if (!holder->name.empty()) {
-      int64_t held = 0;  // the unit's parameters: size:N wraps it for any N up to them
-      for (const auto& [param_name, param] : holder->params) held += param->numel();
-      const std::string larger =
-          absl::StartsWith(auto_wrap, "size:")
-              ? absl::StrCat(" (a size:N keeps it in the root only for N above ", held,
-                             ", the parameters of '", holder->name,
-                             "', and then wraps only modules larger than that)")
-              : "";
+      // A unit of the tied weights alone (T5's `shared`) is wrapped by size:N
+      // for every N up to its parameters; a unit holding more may be wrapped
+      // anew above that, or not below it (its children wrapped apart).
+      int64_t held = 0;
+      bool tied_only = true;
+      for (const auto& [param_name, param] : holder->params) {
+        held += param->numel();
+        tied_only = tied_only && std::find(root_params.begin(), root_params.end(),
+                                           param_name) != root_params.end();
+      }
+      std::string larger;
+      if (absl::StartsWith(auto_wrap, "size:")) {
+        larger = tied_only ? absl::StrCat(" (a size:N keeps it in the root only for N above ",
+                                          held, ", the parameters of '", holder->name,
+                                          "', and then wraps only modules larger than that)")
+                           : " or another size:N";
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "--auto_wrap=", auto_wrap, " puts '", name, "' into the FSDP unit '", holder->name,
           "', but it must stay in the root unit (the model reads it outside ", holder->name,
