@@ -207,10 +207,12 @@ int Verify(const std::string& dir) {
     for (const auto& [name, t] : *buffers) check(absl::StrCat("buffer '", name, "'"), t);
   } else {
     // The checksum over each file in pieces, then one tensor at a time.
+    std::vector<std::map<std::string, std::string>> metadata;  // model's, optimizer's
     for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
       const std::string path = dir + "/" + file;
       absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadVerifiedSafetensorsHeader(path);
       absl::Status read = h.status();
+      if (read.ok()) metadata.push_back(h->metadata);
       for (size_t i = 0; read.ok() && i < h->entries.size(); ++i) {
         const tensor::SafetensorsEntry& e = h->entries[i];
         absl::StatusOr<tensor::Tensor> t = tensor::ReadSafetensorsEntry(path, *h, e);
@@ -224,6 +226,8 @@ int Verify(const std::string& dir) {
     }
     absl::StatusOr<train::CheckpointSummary> s = train::ReadCheckpointSummary(dir);
     if (!s.ok()) problems.push_back(std::string(s.status().message()));
+    absl::Status same = train::CheckSameSave(dir, metadata[0], metadata[1]);
+    if (!same.ok()) problems.push_back(std::string(same.message()));
   }
   if (!problems.empty()) {
     std::printf("FAILED %s: %zu problem(s)\n", dir.c_str(), problems.size());

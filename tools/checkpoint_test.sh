@@ -174,6 +174,12 @@ corrupt "$dir/broken_one/optimizer.safetensors"
 expect 1 "FAILED .*optimizer.safetensors' is corrupted" "$ckpt" verify "$dir/broken_one"
 expect 2 "optimizer.safetensors' is corrupted" "$ckpt" shard "$dir/broken_one" "$dir/w"
 [[ ! -e "$dir/w" ]]
+# Another save's optimizer state (a consolidated copy of this step) beside this model: verify
+# names the two saves.
+cp -r "$dir/ck_ddp/step_000003" "$dir/mixed"
+cp "$dir/round_trip/optimizer.safetensors" "$dir/mixed/optimizer.safetensors"
+expect 1 "model.safetensors and optimizer.safetensors are of different saves" "$ckpt" verify \
+  "$dir/mixed"
 # A NaN in a model (a file written by hand: safetensors without this framework's checksum).
 mkdir -p "$dir/nan"
 python3 - "$dir/nan" <<'PY'

@@ -251,7 +251,8 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
   }
   absl::StatusOr<tensor::NamedTensors> buffers = dist::ReadShardedBuffers(sharded_dir);
   if (!buffers.ok()) return buffers.status();
-  std::map<std::string, std::string> metadata = CheckpointModelMetadata(state);
+  const std::string id = NewSaveId();  // both files of one save
+  std::map<std::string, std::string> metadata = CheckpointModelMetadata(state, id);
   std::vector<std::string> buffer_names;
   for (const auto& [name, t] : *buffers) {
     model_entries.push_back({name, t.dtype(), t.shape()});
@@ -264,7 +265,7 @@ absl::Status WriteConsolidated(const std::string& sharded_dir,
   if (!model.ok()) return model.status();
   absl::StatusOr<std::unique_ptr<tensor::SafetensorsWriter>> optimizer =
       tensor::SafetensorsWriter::Create(dir + "/optimizer.safetensors", std::move(state_entries),
-                                        CheckpointOptimizerMetadata(info.optimizer));
+                                        CheckpointOptimizerMetadata(info.optimizer, id));
   if (!optimizer.ok()) return optimizer.status();
   absl::Status s = dist::ForEachWholeParameter(
       sharded_dir, /*with_optimizer_state=*/true,

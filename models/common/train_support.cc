@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dist/sharded_checkpoint_folder.h"
+#include "dist/sharded_checkpoint_index.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
 #include "tensor/memory_ledger.h"
@@ -116,21 +117,47 @@ absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::Nam
                                   const tensor::NamedTensors& optimizer_state,
                                   const std::string& optimizer_name, const TrainState& state,
                                   const std::vector<std::string>& buffer_names) {
-  std::map<std::string, std::string> metadata = CheckpointModelMetadata(state);
+  const std::string id = NewSaveId();
+  std::map<std::string, std::string> metadata = CheckpointModelMetadata(state, id);
   if (!buffer_names.empty()) metadata[kBufferNamesKey] = absl::StrJoin(buffer_names, ",");
   absl::Status s =
       tensor::WriteSafetensors(step_dir + "/model.safetensors", model, metadata);
   if (!s.ok()) return s;
   return tensor::WriteSafetensors(step_dir + "/optimizer.safetensors", optimizer_state,
-                                  CheckpointOptimizerMetadata(optimizer_name));
+                                  CheckpointOptimizerMetadata(optimizer_name, id));
 }
 
-std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state) {
-  return StateToMap(state, kFileKeys);
+std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state,
+                                                           const std::string& checkpoint_id) {
+  std::map<std::string, std::string> metadata = StateToMap(state, kFileKeys);
+  metadata[kCheckpointIdKey] = checkpoint_id;
+  return metadata;
 }
 
-std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name) {
-  return {{"optimizer", optimizer_name}};
+std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name,
+                                                               const std::string& checkpoint_id) {
+  return {{"optimizer", optimizer_name}, {kCheckpointIdKey, checkpoint_id}};
+}
+
+std::string NewSaveId() { return dist::sharded::NewCheckpointId(); }
+
+absl::Status CheckSameSave(const std::string& step_dir,
+                           const std::map<std::string, std::string>& model_metadata,
+                           const std::map<std::string, std::string>& optimizer_metadata) {
+  const auto model_id = model_metadata.find(kCheckpointIdKey);
+  const auto optimizer_id = optimizer_metadata.find(kCheckpointIdKey);
+  const bool model_has = model_id != model_metadata.end();
+  const bool optimizer_has = optimizer_id != optimizer_metadata.end();
+  if (!model_has && !optimizer_has) return absl::OkStatus();  // written before the ids
+  if (model_has && optimizer_has && model_id->second == optimizer_id->second) {
+    return absl::OkStatus();
+  }
+  return absl::DataLossError(absl::StrCat(
+      "checkpoint ", step_dir, ": model.safetensors and optimizer.safetensors are of different "
+      "saves (checkpoint ids ", model_has ? model_id->second : "none", " and ",
+      optimizer_has ? optimizer_id->second : "none",
+      "): one was copied from another step or run, and resuming would pair one's weights with "
+      "the other's optimizer state"));
 }
 
 std::string StepFolderOf(const std::string& path) {
@@ -498,6 +525,9 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   if (!opt.ok()) return opt.status();
   absl::StatusOr<TrainState> state = TrainStateFromMetadata(weights->metadata, model_path);
   if (!state.ok()) return state.status();
+  if (absl::Status same = CheckSameSave(step_dir, weights->metadata, opt->metadata); !same.ok()) {
+    return same;
+  }
   if (!config.empty()) {
     const auto saved = state->extra.find("config");
     absl::Status same = CheckSameModel(saved == state->extra.end() ? "" : saved->second,

@@ -59,19 +59,37 @@ absl::Status WriteCheckpointStep(const std::string& dir, nn::Module& model,
 // apart without the model (`checkpoint shard`).
 inline constexpr char kBufferNamesKey[] = "fsdp.buffers";
 
+// Both files' metadata key holding one random id per save, so that a step
+// folder whose model.safetensors and optimizer.safetensors come from
+// different saves (one copied from another step or run) is refused
+// (CheckSameSave), not resumed with one's weights and the other's moments.
+inline constexpr char kCheckpointIdKey[] = "fsdp.checkpoint_id";
+// DataLoss naming step_dir and both ids when the two files' metadata carry
+// different checkpoint ids, or only one carries one (files written before
+// the ids carry none: accepted).
+absl::Status CheckSameSave(const std::string& step_dir,
+                           const std::map<std::string, std::string>& model_metadata,
+                           const std::map<std::string, std::string>& optimizer_metadata);
+
 // The files of a step folder (which must exist) from named tensors: the
 // model's fp32 values as nn::StateDict names them, the optimizer's state as
 // optim::Optimizer::StateTensors() names it, and `state` in the metadata
-// (and `buffer_names` under kBufferNamesKey when there are any).
+// (and `buffer_names` under kBufferNamesKey when there are any), both files
+// under one new checkpoint id.
 absl::Status WriteCheckpointFiles(const std::string& step_dir, const tensor::NamedTensors& model,
                                   const tensor::NamedTensors& optimizer_state,
                                   const std::string& optimizer_name, const TrainState& state,
                                   const std::vector<std::string>& buffer_names = {});
 // The metadata WriteCheckpointFiles gives model.safetensors (the training
-// state) and optimizer.safetensors (the optimizer's name), for writers that
-// stream the two files (checkpoint_convert.h).
-std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state);
-std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name);
+// state) and optimizer.safetensors (the optimizer's name), each with
+// `checkpoint_id` (NewSaveId(), one for both files), for writers that stream
+// the two files (checkpoint_convert.h).
+std::map<std::string, std::string> CheckpointModelMetadata(const TrainState& state,
+                                                           const std::string& checkpoint_id);
+std::map<std::string, std::string> CheckpointOptimizerMetadata(const std::string& optimizer_name,
+                                                               const std::string& checkpoint_id);
+// A fresh random id for one save's files.
+std::string NewSaveId();
 
 // `resume` is "latest" (the newest checkpoint in checkpoint_dir), the path of
 // a step folder, or of a checkpoint directory (what --checkpoint_dir names:

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/memory_ledger.h"
+#include "tensor/safetensors.h"
 #include "tensor/testing.h"
 
 namespace train {
@@ -135,6 +137,51 @@ TEST(LoadCheckpointTest, BadOptimizerStateLeavesTheModelAsItWas) {
       << loaded.status();
   EXPECT_EQ(fresh->StateBytes(), 0);
   ExpectSameParameters(untouched, model);
+}
+
+// A step folder whose two files come from different saves (the optimizer
+// state copied from another step) is refused naming both checkpoint ids,
+// before anything is loaded; files without ids (written before them) load.
+TEST(LoadCheckpointTest, FilesOfDifferentSavesAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/load_two_saves";
+  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, TrainState{});
+  TrainState two;
+  two.step = 2;
+  ASSERT_TRUE(SaveCheckpoint(dir, *saved.model, *saved.optimizer, two).ok());
+  const std::string step2 = dir + "/" + CheckpointStepName(2);
+  fs::copy_file(saved.step_dir + "/optimizer.safetensors", step2 + "/optimizer.safetensors",
+                fs::copy_options::overwrite_existing);
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(2);
+  untouched.Materialize(2);
+  auto fresh = optim::AdamW::Create({}).value();
+  absl::StatusOr<TrainState> loaded = LoadCheckpoint(step2, model, *fresh);
+  ASSERT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  EXPECT_TRUE(absl::StartsWith(loaded.status().message(),
+                               absl::StrCat("checkpoint ", step2, ": model.safetensors and "
+                                            "optimizer.safetensors are of different saves "
+                                            "(checkpoint ids ")))
+      << loaded.status();
+  EXPECT_EQ(fresh->StateBytes(), 0);
+  ExpectSameParameters(untouched, model);
+  // The same two files without their ids, as saves before the ids wrote them: loaded.
+  const std::string old = dir + "/old";
+  fs::create_directories(old);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string path = step2 + "/" + file;
+    absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadSafetensorsHeader(path);
+    ASSERT_TRUE(h.ok()) << h.status();
+    tensor::NamedTensors entries;
+    for (const tensor::SafetensorsEntry& e : h->entries) {
+      entries.emplace_back(e.name, tensor::ReadSafetensorsEntry(path, *h, e).value());
+    }
+    std::map<std::string, std::string> metadata = h->metadata;
+    metadata.erase(kCheckpointIdKey);
+    ASSERT_TRUE(tensor::WriteSafetensors(old + "/" + file, entries, metadata).ok());
+  }
+  loaded = LoadCheckpoint(old, model, *fresh);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
 }
 
 // --resume=latest in one process: the saved step's state and loader
