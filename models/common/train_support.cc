@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cerrno>
@@ -230,7 +231,23 @@ struct CheckpointDirContents {
   bool latest_aside = false;   // it names a step whose save was interrupted with its copy
                                // set aside (InterruptedSaveNote: how to put it back)
   std::vector<std::string> steps;  // step folders holding a checkpoint, newest first
+  // "step_N" entries holding no checkpoint one can read (not a folder, a
+  // folder that cannot be read, one that lost its index): not empty, so
+  // perhaps of value; newest first.
+  std::vector<std::string> unusable;
 };
+
+// N of a "step_N" name; -1 for another name.
+int64_t StepOfName(const std::string& name) {
+  int64_t step = -1;
+  if (!absl::StartsWith(name, "step_") || name.size() == 5 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos ||
+      !absl::SimpleAtoi(name.substr(5), &step)) {
+    return -1;
+  }
+  return step;
+}
+
 CheckpointDirContents ReadCheckpointDir(const std::string& checkpoint_dir) {
   namespace fs = std::filesystem;
   CheckpointDirContents c;
@@ -241,19 +258,72 @@ CheckpointDirContents ReadCheckpointDir(const std::string& checkpoint_dir) {
     c.latest_aside = !c.latest_holds && !InterruptedSaveNote(latest_dir).empty();
   }
   c.steps = StepFoldersIn(checkpoint_dir);
+  std::vector<std::pair<int64_t, std::string>> unusable;
+  std::error_code ec;
+  for (fs::directory_iterator it(checkpoint_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const int64_t step = StepOfName(name);
+    if (step < 0 || HoldsCheckpoint(it->path().string())) continue;
+    std::error_code inner;
+    if (it->is_directory(inner) && fs::is_empty(it->path(), inner) && !inner) continue;
+    unusable.emplace_back(step, name);
+  }
+  std::sort(unusable.rbegin(), unusable.rend());
+  for (const auto& [step, name] : unusable) c.unusable.push_back(name);
   return c;
+}
+
+// The folders of `c` after step `step` that hold no checkpoint one can read
+// (CheckpointDirContents::unusable), oldest first.
+std::vector<std::string> UnusableAfter(const CheckpointDirContents& c, int64_t step) {
+  std::vector<std::string> after;
+  for (const std::string& name : c.unusable) {
+    if (StepOfName(name) > step) after.insert(after.begin(), name);
+  }
+  return after;
+}
+
+// What is wrong with step folder `path`, which holds no checkpoint one can
+// read: for an error that names it.
+std::string WhyUnusable(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return absl::StrCat(path, " is not a folder");
+  if (const std::string lost = ShardsWithoutIndex(path); !lost.empty()) return lost;
+  fs::directory_iterator it(path, ec);
+  if (ec) return absl::StrCat(path, " cannot be read: ", ec.message());
+  return absl::StrCat(path, " holds neither model.safetensors nor index.json");
 }
 
 // ResolveAutoResume's choice for auto, from the folder's contents.
 absl::StatusOr<std::string> AutoResume(const std::string& checkpoint_dir,
                                        const CheckpointDirContents& c) {
-  // `latest` when it names a checkpoint (or a save of it that was
-  // interrupted and can be put back: refused, saying how); else the newest
-  // step folder (a run killed between its first save's folder and `latest`,
-  // or a `latest` naming a step that is gone); else a fresh start.
-  if (c.latest_holds) return "latest";
+  namespace fs = std::filesystem;
+  // The newest checkpoint: `latest`'s, or a later step folder's (a save
+  // interrupted before `latest` was pointed at it, or a `latest` set back);
+  // a save of `latest`'s step that was interrupted and can be put back is
+  // refused, saying how; without either, the newest step folder (a run
+  // killed between its first save's folder and `latest`, or a `latest`
+  // naming a step that is gone); else a fresh start.
   if (c.latest_aside) return ResolveCheckpoint("latest", checkpoint_dir).status();
-  if (!c.steps.empty()) return (std::filesystem::path(checkpoint_dir) / c.steps.front()).string();
+  const int64_t latest_step = c.latest_holds ? StepOfName(c.latest) : -1;
+  const int64_t newest = c.steps.empty() ? -1 : StepOfName(c.steps.front());
+  // A later step folder holding no checkpoint one can read is not passed
+  // over: this run's saves would replace it.
+  const std::vector<std::string> unusable = UnusableAfter(c, std::max(latest_step, newest));
+  if (!unusable.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--resume=auto: ", checkpoint_dir, " holds ", absl::StrJoin(unusable, ", "),
+        ", later than its newest checkpoint one can read (",
+        c.latest_holds && latest_step >= newest ? c.latest : c.steps.front(),
+        "), which this run's saves would replace: ",
+        WhyUnusable((fs::path(checkpoint_dir) / unusable.back()).string()),
+        "; repair it, or move it aside (mv -T ",
+        (fs::path(checkpoint_dir) / unusable.back()).string(), " ",
+        (fs::path(checkpoint_dir) / unusable.back()).string(), ".unusable)"));
+  }
+  if (c.latest_holds && (latest_step < 0 || latest_step >= newest)) return "latest";
+  if (newest >= 0) return (fs::path(checkpoint_dir) / c.steps.front()).string();
   return "";
 }
 
@@ -317,25 +387,38 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
                         absl::StrCat("--resume=", resume, " is a checkpoint of another folder: ",
                                      fresh.message()));
   }
-  if (name == c.latest) return absl::OkStatus();
   std::vector<std::string> later;  // oldest first
   for (const std::string& other : c.steps) {  // newest first
-    int64_t step = 0;
-    if (absl::SimpleAtoi(other.substr(5), &step) && step > resumed) {
-      later.insert(later.begin(), other);
-    }
+    if (StepOfName(other) > resumed) later.insert(later.begin(), other);
   }
-  if (later.empty()) return absl::OkStatus();
+  const std::vector<std::string> unusable = UnusableAfter(c, resumed);
+  if (later.empty() && unusable.empty()) return absl::OkStatus();
   std::vector<std::string> moves;
-  for (const std::string& l : later) {
+  std::vector<std::string> all = later;
+  all.insert(all.end(), unusable.begin(), unusable.end());
+  for (const std::string& l : all) {
     const std::string path = (fs::path(checkpoint_dir) / l).string();
     moves.push_back(absl::StrCat("mv -T ", path, " ", path, ".before-resume"));
   }
+  std::string held;
+  if (!later.empty()) {
+    absl::StrAppend(&held, "later checkpoints (", absl::StrJoin(later, ", "), ")");
+  }
+  if (!unusable.empty()) {
+    absl::StrAppend(&held, later.empty() ? "" : " and ", "later step folders holding no "
+                    "checkpoint one can read (", absl::StrJoin(unusable, ", "), ")");
+  }
+  // `latest` itself behind later step folders: it was set back, or a save
+  // was interrupted before pointing it at its folder.
+  const std::string newest =
+      later.empty() ? "" : (fs::path(checkpoint_dir) / later.back()).string();
   return absl::InvalidArgumentError(absl::StrCat(
       "--resume=", resume, " goes back to step ", resumed, " of --checkpoint_dir=",
-      checkpoint_dir, ", which holds later checkpoints (", absl::StrJoin(later, ", "),
-      ") that this run's saves, or a later --resume=latest, would replace: move them aside "
-      "first (", absl::StrJoin(moves, "; "), "), or give this run a new --checkpoint_dir"));
+      checkpoint_dir, name == c.latest ? " (the step its latest names)" : "", ", which holds ",
+      held, " that this run's saves, or a later --resume=latest, would replace: ",
+      newest.empty() ? "" : absl::StrCat("resume the newest (--resume=", newest, "), or "),
+      "move them aside first (", absl::StrJoin(moves, "; "),
+      "), or give this run a new --checkpoint_dir"));
 }
 
 }  // namespace
@@ -654,6 +737,19 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
   absl::Status same =
       CheckSameModel(it == state.extra.end() ? "" : it->second, step_dir, config);
   if (!same.ok()) return same;
+  // A step folder's name says its step: one renamed (or given another
+  // step's files) would be replaced by this run's save of the step its name
+  // says, which is another.
+  const auto [folder, parent] = FolderAndParent(step_dir);
+  const int64_t named = StepOfName(folder.filename().string());
+  if (named >= 0 && named != state.step) {
+    const std::string proper = (parent / CheckpointStepName(state.step)).string();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", step_dir, " holds step ", state.step, ", but its folder is named ",
+        folder.filename().string(), " (renamed, or another step's files copied in): this run "
+        "would save its step ", named, " over it; name it after its step (mv -T ",
+        step_dir, " ", proper, ") and resume that"));
+  }
   return data::LoaderState::FromString(state.loader_state);
 }
 

@@ -104,12 +104,16 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
 
 // --resume=auto, what a job restarted by //tools:launch --max_restarts (or
 // rerun by a scheduler) gives from its first start: "latest" when
-// checkpoint_dir's `latest` names a checkpoint, else its newest step folder
-// (a run killed between its first save's folder and `latest`, or a `latest`
-// naming a step that is gone), else "" (a fresh start). A `latest` whose save
-// was interrupted with its copy set aside is an error saying how to put it
-// back (ResolveCheckpoint's). Other values are returned as they are.
-// InvalidArgument for auto without a checkpoint_dir.
+// checkpoint_dir's `latest` names its newest checkpoint; a later step folder
+// holding one (a save interrupted before `latest`, or a `latest` set back);
+// else its newest step folder (a run killed between its first save's folder
+// and `latest`, or a `latest` naming a step that is gone); else "" (a fresh
+// start). A `latest` whose save was interrupted with its copy set aside is an
+// error saying how to put it back (ResolveCheckpoint's); so is a later
+// "step_N" holding no checkpoint one can read (not a folder, unreadable, its
+// index lost: FailedPrecondition naming it), which would otherwise be passed
+// over and replaced. Other values are returned as they are. InvalidArgument
+// for auto without a checkpoint_dir.
 absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
                                               const std::string& checkpoint_dir);
 
@@ -120,9 +124,10 @@ absl::StatusOr<std::string> ResolveAutoResume(const std::string& resume,
 // data, builds the model or creates checkpoint_dir. Nor may this run's saves
 // replace another run's checkpoints: a checkpoint of another folder is
 // refused as a fresh start is when checkpoint_dir holds checkpoints; going
-// back to an earlier step of checkpoint_dir than `latest` names is refused
-// while a later step folder is there, naming them and the `mv`s that move
-// them aside (InvalidArgument). On a restart of a job (attempt.restart > 0)
+// back to an earlier step of checkpoint_dir than its newest (also to the one
+// `latest` names, when later step folders are there, with a checkpoint or
+// none one can read) is refused, naming them, the newest to resume and the
+// `mv`s that move them aside (InvalidArgument). On a restart of a job (attempt.restart > 0)
 // whose earlier attempt locked checkpoint_dir (its .lock names the launch:
 // LockedForLaunch is attempt.launch), the given --resume (where its first
 // attempt started) gives way to the folder's latest checkpoint, as auto
@@ -205,7 +210,9 @@ absl::StatusOr<TrainState> TrainStateFromShardedExtra(
 
 // The loader position to continue from, once a checkpoint's state is loaded:
 // InvalidArgument when the checkpoint is of another model (CheckSameModel of
-// extra["config"] and `config`) or its loader state does not parse.
+// extra["config"] and `config`) or its loader state does not parse;
+// FailedPrecondition when step_dir is named "step_N" for another step than
+// the one it holds (this run's save of step N would replace it).
 absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
                                                  const std::string& step_dir,
                                                  const std::string& config);

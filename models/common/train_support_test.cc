@@ -213,6 +213,23 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
   EXPECT_NE(other.status().message().find("is of model tiny, not another"), std::string::npos)
       << other.status();
 
+  // The folder renamed to another step's name: refused (this run would save
+  // that step over it), naming the name it should have.
+  const std::string renamed = dir + "/step_000008";
+  std::filesystem::rename(saved.step_dir, renamed);
+  absl::StatusOr<Resumed> misnamed = ResumeCheckpoint(renamed, "", model, *fresh, "tiny");
+  EXPECT_EQ(misnamed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(
+      misnamed.status().message(),
+      absl::StrCat("checkpoint ", renamed, " holds step 1, but its folder is named step_000008 "
+                   "(renamed, or another step's files copied in): this run would save its step "
+                   "8 over it; name it after its step (mv -T ")))
+      << misnamed.status();
+  EXPECT_TRUE(absl::EndsWith(misnamed.status().message(),
+                             "/resume_checkpoint/step_000001) and resume that"))
+      << misnamed.status();
+  std::filesystem::rename(renamed, saved.step_dir);
+
   {  // a model file cut short
     const std::string file = saved.step_dir + "/model.safetensors";
     std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
@@ -395,12 +412,45 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
             absl::InvalidArgumentError(absl::StrCat(
                 "--resume=", dir, "/step_000002 goes back to step 2 of --checkpoint_dir=", dir,
                 ", which holds later checkpoints (step_000004, step_000005) that this run's "
-                "saves, or a later --resume=latest, would replace: move them aside first (mv -T ",
-                dir, "/step_000004 ", dir, "/step_000004.before-resume; mv -T ", dir,
-                "/step_000005 ", dir, "/step_000005.before-resume), or give this run a new "
-                "--checkpoint_dir")));
-  // The step `latest` names (also as "latest" or as the folder): step_000005
-  // is this run's own save, interrupted before `latest`.
+                "saves, or a later --resume=latest, would replace: resume the newest (--resume=",
+                dir, "/step_000005), or move them aside first (mv -T ", dir, "/step_000004 ", dir,
+                "/step_000004.before-resume; mv -T ", dir, "/step_000005 ", dir,
+                "/step_000005.before-resume), or give this run a new --checkpoint_dir")));
+  // The step `latest` names (also as "latest" or as the folder) behind a
+  // later step folder (a save interrupted before `latest`, or a `latest` set
+  // back): refused too, naming it; auto takes the newest.
+  for (const std::string& given : {dir + "/step_000004", std::string("latest"), dir}) {
+    plan = PlanResume(given, dir, {});
+    EXPECT_TRUE(absl::StrContains(plan.status().message(),
+                                  absl::StrCat(" goes back to step 4 of --checkpoint_dir=", dir,
+                                               " (the step its latest names), which holds later "
+                                               "checkpoints (step_000005) ")))
+        << given << ": " << plan.status();
+  }
+  plan = PlanResume("auto", dir, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->resume, dir + "/step_000005");
+  // A later "step_N" that holds no checkpoint one can read (here a file; an
+  // empty folder holds nothing and counts for nothing): auto does not pass
+  // over it, nor does a --resume given.
+  fs::create_directories(dir + "/step_000007");
+  std::ofstream(dir + "/step_000006") << "not a folder";
+  plan = PlanResume("auto", dir, {});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(plan.status().message(),
+            absl::StrCat("--resume=auto: ", dir, " holds step_000006, later than its newest "
+                         "checkpoint one can read (step_000005), which this run's saves would "
+                         "replace: ", dir, "/step_000006 is not a folder; repair it, or move it "
+                         "aside (mv -T ", dir, "/step_000006 ", dir, "/step_000006.unusable)"));
+  plan = PlanResume(dir + "/step_000005", dir, {});
+  EXPECT_TRUE(absl::StrContains(plan.status().message(),
+                                "which holds later step folders holding no checkpoint one can "
+                                "read (step_000006) that this run's saves"))
+      << plan.status();
+  fs::remove_all(dir + "/step_000006");
+  EXPECT_TRUE(PlanResume(dir + "/step_000005", dir, {}).ok());
+  fs::remove_all(dir + "/step_000007");
+  fs::remove_all(dir + "/step_000005");
   EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, {}).ok());
   EXPECT_TRUE(PlanResume("latest", dir, {}).ok());
   EXPECT_TRUE(PlanResume(dir, dir, {}).ok());

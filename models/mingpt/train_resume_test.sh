@@ -65,7 +65,8 @@ set +e
 set -e
 [[ $code == 2 ]] && grep -qF "goes back to step 3 of --checkpoint_dir=$dir/ckpt, which holds \
 later checkpoints (step_000006) that this run's saves, or a later --resume=latest, would \
-replace: move them aside first (mv -T $dir/ckpt/step_000006 $dir/ckpt/step_000006.before-resume)" \
+replace: resume the newest (--resume=$dir/ckpt/step_000006), or move them aside first \
+(mv -T $dir/ckpt/step_000006 $dir/ckpt/step_000006.before-resume)" \
   "$dir/back.txt" || { echo "going back over step 6: got $code:"; cat "$dir/back.txt"; exit 1; }
 # A job restarted (RESTART_COUNT > 0 and its LAUNCH_ID, as //tools:launch sets
 # them) with the --resume its first attempt started from continues its own
