@@ -98,7 +98,12 @@ std::string LatestStepName(const std::string& dir) {
   std::ifstream f(dir + "/latest");
   std::string name;
   f >> name;
-  return name;
+  // One folder name in `dir`: printable, no '/', not "." or "..".
+  const bool folder = !name.empty() && name != "." && name != ".." &&
+                      std::all_of(name.begin(), name.end(), [](char c) {
+                        return c > ' ' && c < 127 && c != '/';
+                      });
+  return folder ? name : "";
 }
 
 bool IsShardedCheckpoint(const std::string& step_dir) {

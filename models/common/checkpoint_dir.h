@@ -41,7 +41,8 @@ std::string ShardsWithoutIndex(const std::string& step_dir);
 // A step folder of either format: sharded, or holding model.safetensors.
 bool HoldsCheckpoint(const std::string& step_dir);
 // The step folder name dir/latest holds ("step_000100"); "" when it is
-// missing or empty.
+// missing, empty, cannot be read, or holds no folder name of `dir` (a path,
+// "..", control characters).
 std::string LatestStepName(const std::string& dir);
 // The folder of `step_dir` and the folder it sits in ("." when none).
 std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(

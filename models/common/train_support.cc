@@ -561,7 +561,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
     if (steps.empty()) return resume;
     return absl::InvalidArgumentError(absl::StrCat(
         "--resume=", resume, ": not a checkpoint (no model.safetensors or index.json) nor a "
-        "checkpoint directory (no 'latest' file); it holds the step folders ",
+        "checkpoint directory (no 'latest' file naming a step); it holds the step folders ",
         absl::StrJoin(steps, ", "), ", newest first (resume one with --resume=",
         (std::filesystem::path(resume) / steps.front()).string(), ")"));
   }
@@ -570,8 +570,15 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
   }
   const std::string name = LatestStepName(checkpoint_dir);
   if (name.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("no checkpoint to resume: '", checkpoint_dir, "/latest' is missing"));
+    const std::string latest = checkpoint_dir + "/latest";
+    if (!std::filesystem::exists(latest, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint to resume: '", latest, "' is missing"));
+    }
+    return absl::DataLossError(absl::StrCat(
+        "--resume=latest: '", latest, "' names no step folder (it is empty, cannot be read, or "
+        "holds something else than a folder name such as step_000100)",
+        OtherCheckpointsNote(latest)));
   }
   const std::string step_dir = absl::StrCat(checkpoint_dir, "/", name);
   if (!std::filesystem::is_directory(step_dir, ec)) {

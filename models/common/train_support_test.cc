@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -309,9 +310,29 @@ TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
   EXPECT_EQ(step_dir.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(step_dir.status().message(),
             absl::StrCat("--resume=", dir, ": not a checkpoint (no model.safetensors or "
-                         "index.json) nor a checkpoint directory (no 'latest' file); it holds "
-                         "the step folders step_000001, newest first (resume one with --resume=",
+                         "index.json) nor a checkpoint directory (no 'latest' file naming a "
+                         "step); it holds the step folders step_000001, newest first (resume one "
+                         "with --resume=",
                          saved.step_dir, ")"));
+  // A `latest` that names no step folder (empty, a folder, a path, control
+  // characters) is said as such, with the step folders there.
+  for (const std::string& content : {std::string(""), std::string("/elsewhere/step_000001"),
+                                     std::string("step_000001\0junk", 16), std::string("..")}) {
+    std::filesystem::remove_all(dir + "/latest");
+    std::ofstream(dir + "/latest") << content;
+    step_dir = ResolveCheckpoint("latest", dir);
+    EXPECT_EQ(step_dir.status().code(), absl::StatusCode::kDataLoss) << content;
+    EXPECT_EQ(step_dir.status().message(),
+              absl::StrCat("--resume=latest: '", dir, "/latest' names no step folder (it is "
+                           "empty, cannot be read, or holds something else than a folder name "
+                           "such as step_000100); the other checkpoints in ",
+                           std::filesystem::path(dir).lexically_normal().string(),
+                           ", newest first: step_000001 (resume one with --resume=", want, ")"))
+        << absl::CEscape(content);
+  }
+  std::filesystem::remove_all(dir + "/latest");
+  std::filesystem::create_directories(dir + "/latest");
+  EXPECT_EQ(ResolveCheckpoint("latest", dir).status().code(), absl::StatusCode::kDataLoss);
 }
 
 // --resume=auto: the folder's latest checkpoint when there is one, else a
