@@ -180,6 +180,9 @@ cp -r "$dir/ck_ddp/step_000003" "$dir/mixed"
 cp "$dir/round_trip/optimizer.safetensors" "$dir/mixed/optimizer.safetensors"
 expect 1 "model.safetensors and optimizer.safetensors are of different saves" "$ckpt" verify \
   "$dir/mixed"
+expect 2 "model.safetensors and optimizer.safetensors are of different saves" "$ckpt" shard \
+  "$dir/mixed" "$dir/mixed_sharded"
+[[ ! -e "$dir/mixed_sharded" ]]
 # A NaN in a model (a file written by hand: safetensors without this framework's checksum).
 mkdir -p "$dir/nan"
 python3 - "$dir/nan" <<'PY'

@@ -328,6 +328,9 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   if (!model.ok()) return model.status();
   absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadVerifiedSafetensorsHeader(opt_path);
   if (!opt.ok()) return opt.status();
+  // Both files of one save: a mixed pair would become a clean sharded one.
+  s = CheckSameSave(single_dir, model->metadata, opt->metadata);
+  if (!s.ok()) return s;
   std::map<std::string, const tensor::SafetensorsEntry*> state;
   for (const tensor::SafetensorsEntry& e : opt->entries) state[e.name] = &e;
   // The module buffers: as the file names them (consolidated), else as given.

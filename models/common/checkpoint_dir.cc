@@ -106,6 +106,16 @@ std::string LatestStepName(const std::string& dir) {
   return folder ? name : "";
 }
 
+int64_t StepOfName(const std::string& name) {
+  int64_t step = -1;
+  if (!absl::StartsWith(name, "step_") || name.size() == 5 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos ||
+      !absl::SimpleAtoi(name.substr(5), &step)) {
+    return -1;
+  }
+  return step;
+}
+
 bool IsShardedCheckpoint(const std::string& step_dir) {
   return ::access((step_dir + "/index.json").c_str(), F_OK) == 0;
 }
@@ -154,11 +164,8 @@ std::vector<std::string> StepFoldersIn(const std::filesystem::path& dir,
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    int64_t step = 0;
-    if (name == except || !absl::StartsWith(name, "step_") ||
-        !absl::SimpleAtoi(name.substr(5), &step)) {
-      continue;
-    }
+    const int64_t step = StepOfName(name);
+    if (name == except || step < 0) continue;
     if (HoldsCheckpoint(it->path().string())) found.emplace_back(step, name);
   }
   std::sort(found.rbegin(), found.rend());

@@ -18,6 +18,9 @@ namespace train {
 
 // "step_000100": the folder of a step under a checkpoint directory.
 std::string CheckpointStepName(int64_t step);
+// N of a step folder's name "step_N" (digits only); -1 for another name (a
+// save's ".tmp-*" or ".old-*" copy, "step_+1").
+int64_t StepOfName(const std::string& name);
 // Creates `dir` and its missing parents unless it exists.
 absl::Status MakeCheckpointDir(const std::string& dir);
 // Before training: creates `dir` (and its parents) and checks that a file can

@@ -683,6 +683,8 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
+  absl::Status named = CheckStepFolderName(*step_dir, state->step, checkpoint_dir);
+  if (!named.ok()) return named;
   return Resumed{std::move(*state), std::move(*loader), *std::move(step_dir)};
 }
 

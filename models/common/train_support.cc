@@ -237,17 +237,6 @@ struct CheckpointDirContents {
   std::vector<std::string> unusable;
 };
 
-// N of a "step_N" name; -1 for another name.
-int64_t StepOfName(const std::string& name) {
-  int64_t step = -1;
-  if (!absl::StartsWith(name, "step_") || name.size() == 5 ||
-      name.find_first_not_of("0123456789", 5) != std::string::npos ||
-      !absl::SimpleAtoi(name.substr(5), &step)) {
-    return -1;
-  }
-  return step;
-}
-
 CheckpointDirContents ReadCheckpointDir(const std::string& checkpoint_dir) {
   namespace fs = std::filesystem;
   CheckpointDirContents c;
@@ -312,15 +301,22 @@ absl::StatusOr<std::string> AutoResume(const std::string& checkpoint_dir,
   // over: this run's saves would replace it.
   const std::vector<std::string> unusable = UnusableAfter(c, std::max(latest_step, newest));
   if (!unusable.empty()) {
+    const std::string readable =
+        c.latest_holds && latest_step >= newest ? absl::StrCat("its newest checkpoint one can "
+                                                               "read (", c.latest, ")")
+        : newest >= 0 ? absl::StrCat("its newest checkpoint one can read (", c.steps.front(), ")")
+                      : std::string("any checkpoint one can read (there is none)");
+    std::vector<std::string> why, moves;
+    for (const std::string& name : unusable) {
+      const std::string path = (fs::path(checkpoint_dir) / name).string();
+      why.push_back(WhyUnusable(path));
+      moves.push_back(absl::StrCat("mv -T ", path, " ", path, ".unusable"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "--resume=auto: ", checkpoint_dir, " holds ", absl::StrJoin(unusable, ", "),
-        ", later than its newest checkpoint one can read (",
-        c.latest_holds && latest_step >= newest ? c.latest : c.steps.front(),
-        "), which this run's saves would replace: ",
-        WhyUnusable((fs::path(checkpoint_dir) / unusable.back()).string()),
-        "; repair it, or move it aside (mv -T ",
-        (fs::path(checkpoint_dir) / unusable.back()).string(), " ",
-        (fs::path(checkpoint_dir) / unusable.back()).string(), ".unusable)"));
+        ", later than ", readable, ", which this run's saves would replace or fail on: ",
+        absl::StrJoin(why, "; "), "; repair them, or move them aside (",
+        absl::StrJoin(moves, "; "), ")"));
   }
   if (c.latest_holds && (latest_step < 0 || latest_step >= newest)) return "latest";
   if (newest >= 0) return (fs::path(checkpoint_dir) / c.steps.front()).string();
@@ -334,14 +330,25 @@ absl::Status FreshCheckpointDir(const std::string& checkpoint_dir,
     return ResolveCheckpoint("latest", checkpoint_dir).status();  // put it back first
   }
   // A dangling latest holds nothing.
-  if (!c.latest_holds && c.steps.empty()) return absl::OkStatus();
+  if (!c.latest_holds && c.steps.empty() && c.unusable.empty()) return absl::OkStatus();
+  if (!c.latest_holds && c.steps.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_dir=", checkpoint_dir, " holds step folders with no checkpoint one can "
+        "read (", absl::StrJoin(c.unusable, ", "), "), which this run's saves would replace or "
+        "fail on: repair or move them aside, or give this run a new --checkpoint_dir"));
+  }
+  // What --resume=auto would continue: `latest`, or a later step folder.
+  const int64_t latest_step = c.latest_holds ? StepOfName(c.latest) : -1;
+  const bool latest_newest =
+      c.latest_holds && (latest_step < 0 || c.steps.empty() ||
+                         latest_step >= StepOfName(c.steps.front()));
   return absl::InvalidArgumentError(absl::StrCat(
       "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
       c.latest_holds ? absl::StrCat("latest: ", c.latest)
                      : absl::StrCat("step folders ", absl::StrJoin(c.steps, ", ")),
       "), which this run's saves would replace: continue that run with --resume=",
-      c.latest_holds ? "latest"
-                     : (std::filesystem::path(checkpoint_dir) / c.steps.front()).string(),
+      latest_newest ? "latest"
+                    : (std::filesystem::path(checkpoint_dir) / c.steps.front()).string(),
       " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
       "as a restarted job wants), or give this run a new --checkpoint_dir"));
 }
@@ -365,11 +372,12 @@ namespace {
 // checkpoint_dir holds (c): this run's saves must not replace another run's
 // checkpoints there. A checkpoint of another folder starts this run's own
 // checkpoints in checkpoint_dir, as a fresh start does (FreshCheckpointDir).
-// One of checkpoint_dir's own steps before the one `latest` names (going
-// back to it) is refused while any later step folder is there, so that
-// checkpoint_dir keeps one history: its `latest` names its newest step (a
-// later step folder is this run's own save, interrupted before `latest` was
-// pointed at it, which --resume=latest and auto may replace).
+// One of checkpoint_dir's own steps (the one `latest` names too) is refused
+// while any later step folder is there, holding a checkpoint or none one can
+// read, so that checkpoint_dir keeps one history and nothing newer is
+// replaced (a later step folder with a checkpoint: a save interrupted before
+// `latest` was pointed at it, or a `latest` set back; --resume=auto takes
+// it).
 absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::string& step_dir,
                                         const std::string& checkpoint_dir,
                                         const CheckpointDirContents& c) {
@@ -411,7 +419,9 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
   // `latest` itself behind later step folders: it was set back, or a save
   // was interrupted before pointing it at its folder.
   const std::string newest =
-      later.empty() ? "" : (fs::path(checkpoint_dir) / later.back()).string();
+      later.empty() || !UnusableAfter(c, StepOfName(later.back())).empty()
+          ? ""
+          : (fs::path(checkpoint_dir) / later.back()).string();
   return absl::InvalidArgumentError(absl::StrCat(
       "--resume=", resume, " goes back to step ", resumed, " of --checkpoint_dir=",
       checkpoint_dir, name == c.latest ? " (the step its latest names)" : "", ", which holds ",
@@ -744,20 +754,24 @@ absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
   absl::Status same =
       CheckSameModel(it == state.extra.end() ? "" : it->second, step_dir, config);
   if (!same.ok()) return same;
-  // A step folder's name says its step: one renamed (or given another
-  // step's files) would be replaced by this run's save of the step its name
-  // says, which is another.
+  return data::LoaderState::FromString(state.loader_state);
+}
+
+absl::Status CheckStepFolderName(const std::string& step_dir, int64_t step,
+                                 const std::string& checkpoint_dir) {
   const auto [folder, parent] = FolderAndParent(step_dir);
   const int64_t named = StepOfName(folder.filename().string());
-  if (named >= 0 && named != state.step) {
-    const std::string proper = (parent / CheckpointStepName(state.step)).string();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", step_dir, " holds step ", state.step, ", but its folder is named ",
-        folder.filename().string(), " (renamed, or another step's files copied in): this run "
-        "would save its step ", named, " over it; name it after its step (mv -T ",
-        step_dir, " ", proper, ") and resume that"));
+  std::error_code ec;
+  if (named < 0 || named == step || checkpoint_dir.empty() ||
+      !std::filesystem::equivalent(parent, checkpoint_dir, ec) || ec) {
+    return absl::OkStatus();  // its saves go elsewhere, or to its own name
   }
-  return data::LoaderState::FromString(state.loader_state);
+  const std::string proper = (parent / CheckpointStepName(step)).string();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", step_dir, " holds step ", step, ", but its folder is named ",
+      folder.filename().string(), " (renamed, or another step's files copied in): this run "
+      "would save its step ", named, " over it; name it after its step (mv -T ", step_dir, " ",
+      proper, ", if that name is free) and resume that"));
 }
 
 std::string InitFromLine(absl::string_view source, bool resuming) {
@@ -784,10 +798,13 @@ void PrintResumed(const Resumed& resumed) {
 }
 
 void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int64_t steps) {
-  if (steps > resumed.state.step) {
+  // With nothing to train, `latest` still moves forward to a newer step
+  // resumed (--resume=auto took a step folder after it), never back.
+  const int64_t latest_step = StepOfName(LatestStepName(checkpoint_dir));
+  if (steps > resumed.state.step || resumed.state.step > latest_step) {
     PointLatestAtResumed(checkpoint_dir, resumed);
-    return;
   }
+  if (steps > resumed.state.step) return;
   std::fprintf(stderr,
                "train: note: --steps=%lld is not past the checkpoint's step %lld: nothing to "
                "train (--steps counts from the start of the run; raise it to continue)\n",
@@ -833,6 +850,8 @@ absl::StatusOr<Resumed> ResumeCheckpoint(const std::string& resume,
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
   if (!loader.ok()) return loader.status();
+  absl::Status named = CheckStepFolderName(*step_dir, state->step, checkpoint_dir);
+  if (!named.ok()) return named;
   return Resumed{*std::move(state), *std::move(loader), *std::move(step_dir)};
 }
 

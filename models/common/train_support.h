@@ -210,12 +210,17 @@ absl::StatusOr<TrainState> TrainStateFromShardedExtra(
 
 // The loader position to continue from, once a checkpoint's state is loaded:
 // InvalidArgument when the checkpoint is of another model (CheckSameModel of
-// extra["config"] and `config`) or its loader state does not parse;
-// FailedPrecondition when step_dir is named "step_N" for another step than
-// the one it holds (this run's save of step N would replace it).
+// extra["config"] and `config`) or its loader state does not parse.
 absl::StatusOr<data::LoaderState> CheckResumable(const TrainState& state,
                                                  const std::string& step_dir,
                                                  const std::string& config);
+// A step folder of checkpoint_dir named "step_N" for another step than the
+// `step` it holds (renamed, or another step's files copied in): this run's
+// save of step N would replace it. FailedPrecondition naming both and the
+// `mv` to its own name; OK for another name, or a folder elsewhere (this
+// run saves into checkpoint_dir).
+absl::Status CheckStepFolderName(const std::string& step_dir, int64_t step,
+                                 const std::string& checkpoint_dir);
 
 // The train binaries' "init_from: <source>" line. A run started from
 // --init_from continues with the same flags and --resume: then --init_from

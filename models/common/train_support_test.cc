@@ -218,7 +218,9 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
   // that step over it), naming the name it should have.
   const std::string renamed = dir + "/step_000008";
   std::filesystem::rename(saved.step_dir, renamed);
-  absl::StatusOr<Resumed> misnamed = ResumeCheckpoint(renamed, "", model, *fresh, "tiny");
+  // (Elsewhere than the run's --checkpoint_dir, its saves go elsewhere: resumed.)
+  EXPECT_TRUE(ResumeCheckpoint(renamed, "", model, *fresh, "tiny").ok());
+  absl::StatusOr<Resumed> misnamed = ResumeCheckpoint(renamed, dir, model, *fresh, "tiny");
   EXPECT_EQ(misnamed.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StartsWith(
       misnamed.status().message(),
@@ -227,7 +229,8 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
                    "8 over it; name it after its step (mv -T ")))
       << misnamed.status();
   EXPECT_TRUE(absl::EndsWith(misnamed.status().message(),
-                             "/resume_checkpoint/step_000001) and resume that"))
+                             "/resume_checkpoint/step_000001, if that name is free) and resume "
+                             "that"))
       << misnamed.status();
   std::filesystem::rename(renamed, saved.step_dir);
 
@@ -451,6 +454,11 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
   plan = PlanResume("auto", dir, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->resume, dir + "/step_000005");
+  // A fresh start is refused pointing at what auto takes.
+  EXPECT_TRUE(absl::StrContains(PlanResume("", dir, {}).status().message(),
+                                absl::StrCat("continue that run with --resume=", dir,
+                                             "/step_000005 (--resume=auto")))
+      << PlanResume("", dir, {}).status();
   // A later "step_N" that holds no checkpoint one can read (here a file; an
   // empty folder holds nothing and counts for nothing): auto does not pass
   // over it, nor does a --resume given.
@@ -461,8 +469,27 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
   EXPECT_EQ(plan.status().message(),
             absl::StrCat("--resume=auto: ", dir, " holds step_000006, later than its newest "
                          "checkpoint one can read (step_000005), which this run's saves would "
-                         "replace: ", dir, "/step_000006 is not a folder; repair it, or move it "
-                         "aside (mv -T ", dir, "/step_000006 ", dir, "/step_000006.unusable)"));
+                         "replace or fail on: ", dir, "/step_000006 is not a folder; repair them, "
+                         "or move them aside (mv -T ", dir, "/step_000006 ", dir,
+                         "/step_000006.unusable)"));
+  // Nor does a fresh start, and a folder of unreadable step folders alone
+  // (no checkpoint one can read at all) is refused by auto and a fresh start.
+  const std::string bare = ::testing::TempDir() + "/plan_unusable_only";
+  fs::remove_all(bare);
+  fs::create_directories(bare);
+  std::ofstream(bare + "/step_000003") << "not a folder";
+  plan = PlanResume("auto", bare, {});
+  EXPECT_EQ(plan.status().message(),
+            absl::StrCat("--resume=auto: ", bare, " holds step_000003, later than any checkpoint "
+                         "one can read (there is none), which this run's saves would replace or "
+                         "fail on: ", bare, "/step_000003 is not a folder; repair them, or move "
+                         "them aside (mv -T ", bare, "/step_000003 ", bare,
+                         "/step_000003.unusable)"));
+  EXPECT_EQ(PlanResume("", bare, {}).status().message(),
+            absl::StrCat("--checkpoint_dir=", bare, " holds step folders with no checkpoint one "
+                         "can read (step_000003), which this run's saves would replace or fail "
+                         "on: repair or move them aside, or give this run a new "
+                         "--checkpoint_dir"));
   plan = PlanResume(dir + "/step_000005", dir, {});
   EXPECT_TRUE(absl::StrContains(plan.status().message(),
                                 "which holds later step folders holding no checkpoint one can "
