@@ -629,6 +629,23 @@ TEST(PointLatestAtResumedTest, AnEarlierStepOfTheDirectoryBecomesLatest) {
   EXPECT_EQ(latest(), "step_000100");
   EXPECT_TRUE(fs::exists(dir + "/step_000200"));
   EXPECT_EQ(point(dir, dir + "/step_000100", 100), "");
+  // After a resume with nothing left to train (--steps at the resumed step):
+  // `latest` moves forward to a newer step resumed (auto took a step folder
+  // after it), never back.
+  const auto after = [&](const std::string& step_dir, int64_t step) {
+    Resumed resumed;
+    resumed.state.step = step;
+    resumed.step_dir = step_dir;
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
+    AfterResume(dir, resumed, /*steps=*/step);
+    ::testing::internal::GetCapturedStderr();
+    return ::testing::internal::GetCapturedStdout();
+  };
+  after(dir + "/step_000200", 200);
+  EXPECT_EQ(latest(), "step_000200");
+  after(dir + "/step_000100", 100);
+  EXPECT_EQ(latest(), "step_000200");
 }
 
 // A damaged checkpoint's error names the others beside it, newest first, and
