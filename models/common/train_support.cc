@@ -337,16 +337,25 @@ absl::Status FreshCheckpointDir(const std::string& checkpoint_dir,
         "read (", absl::StrJoin(c.unusable, ", "), "), which this run's saves would replace or "
         "fail on: repair or move them aside, or give this run a new --checkpoint_dir"));
   }
-  // What --resume=auto would continue: `latest`, or a later step folder.
+  // What --resume=auto would continue: `latest`, or a later step folder;
+  // nothing while a later step folder holds no checkpoint one can read.
   const int64_t latest_step = c.latest_holds ? StepOfName(c.latest) : -1;
-  const bool latest_newest =
-      c.latest_holds && (latest_step < 0 || c.steps.empty() ||
-                         latest_step >= StepOfName(c.steps.front()));
-  return absl::InvalidArgumentError(absl::StrCat(
+  const int64_t newest = c.steps.empty() ? -1 : StepOfName(c.steps.front());
+  const bool latest_newest = c.latest_holds && (latest_step < 0 || latest_step >= newest);
+  const std::vector<std::string> unusable = UnusableAfter(c, std::max(latest_step, newest));
+  const std::string held = absl::StrCat(
       "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
       c.latest_holds ? absl::StrCat("latest: ", c.latest)
                      : absl::StrCat("step folders ", absl::StrJoin(c.steps, ", ")),
-      "), which this run's saves would replace: continue that run with --resume=",
+      "), which this run's saves would replace");
+  if (!unusable.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        held, ", and later step folders with no checkpoint one can read (",
+        absl::StrJoin(unusable, ", "), "): repair or move those aside before resuming it, or "
+        "give this run a new --checkpoint_dir"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      held, ": continue that run with --resume=",
       latest_newest ? "latest"
                     : (std::filesystem::path(checkpoint_dir) / c.steps.front()).string(),
       " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
@@ -384,10 +393,9 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
   namespace fs = std::filesystem;
   const auto [folder, parent] = FolderAndParent(step_dir);
   const std::string name = folder.filename().string();
-  int64_t resumed = 0;
+  const int64_t resumed = StepOfName(name);
   std::error_code ec;
-  const bool own = fs::equivalent(parent, checkpoint_dir, ec) && !ec &&
-                   absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &resumed);
+  const bool own = fs::equivalent(parent, checkpoint_dir, ec) && !ec && resumed >= 0;
   if (!own) {
     absl::Status fresh = FreshCheckpointDir(checkpoint_dir, c);
     if (fresh.ok()) return fresh;
@@ -769,9 +777,10 @@ absl::Status CheckStepFolderName(const std::string& step_dir, int64_t step,
   const std::string proper = (parent / CheckpointStepName(step)).string();
   return absl::FailedPreconditionError(absl::StrCat(
       "checkpoint ", step_dir, " holds step ", step, ", but its folder is named ",
-      folder.filename().string(), " (renamed, or another step's files copied in): this run "
-      "would save its step ", named, " over it; name it after its step (mv -T ", step_dir, " ",
-      proper, ", if that name is free) and resume that"));
+      folder.filename().string(), " (renamed, or another step's files copied in): resuming and "
+      "saving step ", named, " would replace it, or leave it to be taken for step ", named,
+      "; name it after its step (mv -T ", step_dir, " ", proper,
+      ", if that name is free) and resume that"));
 }
 
 std::string InitFromLine(absl::string_view source, bool resuming) {
@@ -799,12 +808,21 @@ void PrintResumed(const Resumed& resumed) {
 
 void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int64_t steps) {
   // With nothing to train, `latest` still moves forward to a newer step
-  // resumed (--resume=auto took a step folder after it), never back.
-  const int64_t latest_step = StepOfName(LatestStepName(checkpoint_dir));
-  if (steps > resumed.state.step || resumed.state.step > latest_step) {
+  // resumed (--resume=auto took a step folder after it), never back, and off
+  // a step that is gone.
+  if (steps > resumed.state.step) {
     PointLatestAtResumed(checkpoint_dir, resumed);
+    return;
   }
-  if (steps > resumed.state.step) return;
+  if (!checkpoint_dir.empty()) {
+    const std::string latest = LatestStepName(checkpoint_dir);
+    std::error_code ec;
+    const bool there =
+        !latest.empty() && std::filesystem::exists(checkpoint_dir + "/" + latest, ec);
+    if (!there || resumed.state.step > StepOfName(latest)) {
+      PointLatestAtResumed(checkpoint_dir, resumed);
+    }
+  }
   std::fprintf(stderr,
                "train: note: --steps=%lld is not past the checkpoint's step %lld: nothing to "
                "train (--steps counts from the start of the run; raise it to continue)\n",

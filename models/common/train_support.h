@@ -264,7 +264,9 @@ void PointLatestAtResumed(const std::string& checkpoint_dir, const Resumed& resu
 void PrintResumed(const Resumed& resumed);
 // After a resume, for a run of `steps` steps in all: PointLatestAtResumed
 // when it trains past the checkpoint's step; otherwise a note on stderr that
-// there is nothing to train (--steps is the total, not the steps to add).
+// there is nothing to train (--steps is the total, not the steps to add),
+// and PointLatestAtResumed only when `latest` names an earlier step, or one
+// that is gone (it moves forward, never back).
 void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int64_t steps);
 // A failure to restore what `resumed` holds besides the weights (the data
 // loader's position, the loss scale): `failure` with "checkpoint <step_dir>: "

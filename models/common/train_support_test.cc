@@ -225,8 +225,9 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
   EXPECT_TRUE(absl::StartsWith(
       misnamed.status().message(),
       absl::StrCat("checkpoint ", renamed, " holds step 1, but its folder is named step_000008 "
-                   "(renamed, or another step's files copied in): this run would save its step "
-                   "8 over it; name it after its step (mv -T ")))
+                   "(renamed, or another step's files copied in): resuming and saving step 8 "
+                   "would replace it, or leave it to be taken for step 8; name it after its "
+                   "step (mv -T ")))
       << misnamed.status();
   EXPECT_TRUE(absl::EndsWith(misnamed.status().message(),
                              "/resume_checkpoint/step_000001, if that name is free) and resume "
@@ -495,6 +496,11 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
                                 "which holds later step folders holding no checkpoint one can "
                                 "read (step_000006) that this run's saves"))
       << plan.status();
+  EXPECT_TRUE(absl::StrContains(PlanResume("", dir, {}).status().message(),
+                                "which this run's saves would replace, and later step folders "
+                                "with no checkpoint one can read (step_000006): repair or move "
+                                "those aside before resuming it"))
+      << PlanResume("", dir, {}).status();
   fs::remove_all(dir + "/step_000006");
   EXPECT_TRUE(PlanResume(dir + "/step_000005", dir, {}).ok());
   fs::remove_all(dir + "/step_000007");
@@ -645,6 +651,10 @@ TEST(PointLatestAtResumedTest, AnEarlierStepOfTheDirectoryBecomesLatest) {
   after(dir + "/step_000200", 200);
   EXPECT_EQ(latest(), "step_000200");
   after(dir + "/step_000100", 100);
+  EXPECT_EQ(latest(), "step_000200");
+  // ... and off a step that is gone.
+  ASSERT_TRUE(SetLatestCheckpoint(dir, 300).ok());
+  after(dir + "/step_000200", 200);
   EXPECT_EQ(latest(), "step_000200");
 }
 
