@@ -29,16 +29,14 @@ uint64_t HostHash(const std::string& name) {
   return h == 0 ? 1 : h;
 }
 
-template <size_t N>
-void CopyTruncated(const std::string& from, char (&to)[N]) {
-  std::memset(to, 0, N);
-  std::memcpy(to, from.data(), std::min(from.size(), N - 1));
+// `from` into the `n` bytes at `to`, NUL-padded and truncated to n - 1.
+void CopyTruncated(const std::string& from, char* to, size_t n) {
+  std::memset(to, 0, n);
+  std::memcpy(to, from.data(), std::min(from.size(), n - 1));
 }
 
-template <size_t N>
-std::string Text(const char (&field)[N]) {
-  return std::string(field, strnlen(field, N));
-}
+// The text CopyTruncated wrote into the `n` bytes at `bytes`.
+std::string TextOf(const char* bytes, size_t n) { return std::string(bytes, strnlen(bytes, n)); }
 
 }  // namespace
 
@@ -47,19 +45,15 @@ PeerProcess ThisProcess() {
   const std::string name = HostName();
   me.host = HostHash(name);
   me.pid = static_cast<int64_t>(::getpid());
-  CopyTruncated(name, me.host_name);
+  CopyTruncated(name, me.host_name, sizeof(me.host_name));
   return me;
 }
 
 void AddressBytes(const std::string& address, char* out) {
-  const std::string text = address.substr(0, address.find('$'));
-  std::memset(out, 0, kAddressBytes);
-  std::memcpy(out, text.data(), std::min(text.size(), kAddressBytes - 1));
+  CopyTruncated(address.substr(0, address.find('$')), out, kAddressBytes);
 }
 
-std::string AddressOf(const char* bytes) {
-  return std::string(bytes, strnlen(bytes, kAddressBytes));
-}
+std::string AddressOf(const char* bytes) { return TextOf(bytes, kAddressBytes); }
 
 bool ProcessExited(int64_t pid) {
   std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
@@ -107,7 +101,7 @@ std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerPro
   }
   if (named < 0) return "";
   const PeerProcess& p = peers[named];
-  const std::string host_name = Text(p.host_name);
+  const std::string host_name = TextOf(p.host_name, sizeof(p.host_name));
   const std::string who = absl::StrCat("rank ", named, " (on ",
                                        host_name.empty() ? "an unnamed host" : host_name, ", ",
                                        addresses[named], ")");

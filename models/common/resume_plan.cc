@@ -48,20 +48,47 @@ CheckpointDirContents ReadCheckpointDir(const std::string& checkpoint_dir) {
     c.latest_holds = HoldsCheckpoint(latest_dir);
     c.latest_aside = !c.latest_holds && !InterruptedSaveNote(latest_dir).empty();
   }
-  c.steps = StepFoldersIn(checkpoint_dir);
-  std::vector<std::pair<int64_t, std::string>> unusable;
+  // One listing for both lists: (step, name), sorted newest first.
+  std::vector<std::pair<int64_t, std::string>> steps, unusable;
   std::error_code ec;
   for (fs::directory_iterator it(checkpoint_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const int64_t step = StepOfName(name);
-    if (step < 0 || HoldsCheckpoint(it->path().string())) continue;
+    if (step < 0) continue;
+    if (HoldsCheckpoint(it->path().string())) {
+      steps.emplace_back(step, name);
+      continue;
+    }
     std::error_code inner;
     if (it->is_directory(inner) && fs::is_empty(it->path(), inner) && !inner) continue;
     unusable.emplace_back(step, name);
   }
-  std::sort(unusable.rbegin(), unusable.rend());
-  for (const auto& [step, name] : unusable) c.unusable.push_back(name);
+  for (auto [list, names] : {std::pair{&steps, &c.steps}, std::pair{&unusable, &c.unusable}}) {
+    std::sort(list->rbegin(), list->rend());
+    for (const auto& [step, name] : *list) names->push_back(name);
+  }
   return c;
+}
+
+// The newest checkpoint of `c` one can read: `latest`'s (also when it names
+// no step_N folder) unless a later step folder holds one.
+struct Newest {
+  std::string name;        // c.latest or c.steps.front(); "" when there is none
+  bool is_latest = false;  // it is what `latest` names
+  int64_t after = -1;      // the step whose later folders count as newer
+};
+Newest NewestCheckpoint(const CheckpointDirContents& c) {
+  const int64_t latest_step = c.latest_holds ? StepOfName(c.latest) : -1;
+  const int64_t newest = c.steps.empty() ? -1 : StepOfName(c.steps.front());
+  Newest n;
+  n.after = std::max(latest_step, newest);
+  if (c.latest_holds && (latest_step < 0 || latest_step >= newest)) {
+    n.name = c.latest;
+    n.is_latest = true;
+  } else if (newest >= 0) {
+    n.name = c.steps.front();
+  }
+  return n;
 }
 
 // The folders of `c` after step `step` that hold no checkpoint one can read
@@ -97,17 +124,15 @@ absl::StatusOr<std::string> AutoResume(const std::string& checkpoint_dir,
   // killed between its first save's folder and `latest`, or a `latest`
   // naming a step that is gone); else a fresh start.
   if (c.latest_aside) return ResolveCheckpoint("latest", checkpoint_dir).status();
-  const int64_t latest_step = c.latest_holds ? StepOfName(c.latest) : -1;
-  const int64_t newest = c.steps.empty() ? -1 : StepOfName(c.steps.front());
+  const Newest newest = NewestCheckpoint(c);
   // A later step folder holding no checkpoint one can read is not passed
   // over: this run's saves would replace it.
-  const std::vector<std::string> unusable = UnusableAfter(c, std::max(latest_step, newest));
+  const std::vector<std::string> unusable = UnusableAfter(c, newest.after);
   if (!unusable.empty()) {
     const std::string readable =
-        c.latest_holds && latest_step >= newest ? absl::StrCat("its newest checkpoint one can "
-                                                               "read (", c.latest, ")")
-        : newest >= 0 ? absl::StrCat("its newest checkpoint one can read (", c.steps.front(), ")")
-                      : std::string("any checkpoint one can read (there is none)");
+        newest.name.empty()
+            ? std::string("any checkpoint one can read (there is none)")
+            : absl::StrCat("its newest checkpoint one can read (", newest.name, ")");
     std::vector<std::string> why, moves;
     for (const std::string& name : unusable) {
       const std::string path = (fs::path(checkpoint_dir) / name).string();
@@ -120,8 +145,8 @@ absl::StatusOr<std::string> AutoResume(const std::string& checkpoint_dir,
         absl::StrJoin(why, "; "), "; repair them, or move them aside (",
         absl::StrJoin(moves, "; "), ")"));
   }
-  if (c.latest_holds && (latest_step < 0 || latest_step >= newest)) return "latest";
-  if (newest >= 0) return (fs::path(checkpoint_dir) / c.steps.front()).string();
+  if (newest.is_latest) return "latest";
+  if (!newest.name.empty()) return (fs::path(checkpoint_dir) / newest.name).string();
   return "";
 }
 
@@ -141,10 +166,8 @@ absl::Status FreshCheckpointDir(const std::string& checkpoint_dir,
   }
   // What --resume=auto would continue: `latest`, or a later step folder;
   // nothing while a later step folder holds no checkpoint one can read.
-  const int64_t latest_step = c.latest_holds ? StepOfName(c.latest) : -1;
-  const int64_t newest = c.steps.empty() ? -1 : StepOfName(c.steps.front());
-  const bool latest_newest = c.latest_holds && (latest_step < 0 || latest_step >= newest);
-  const std::vector<std::string> unusable = UnusableAfter(c, std::max(latest_step, newest));
+  const Newest newest = NewestCheckpoint(c);
+  const std::vector<std::string> unusable = UnusableAfter(c, newest.after);
   const std::string held = absl::StrCat(
       "--checkpoint_dir=", checkpoint_dir, " holds an earlier run's checkpoints (",
       c.latest_holds ? absl::StrCat("latest: ", c.latest)
@@ -158,8 +181,7 @@ absl::Status FreshCheckpointDir(const std::string& checkpoint_dir,
   }
   return absl::InvalidArgumentError(absl::StrCat(
       held, ": continue that run with --resume=",
-      latest_newest ? "latest"
-                    : (std::filesystem::path(checkpoint_dir) / c.steps.front()).string(),
+      newest.is_latest ? "latest" : (std::filesystem::path(checkpoint_dir) / newest.name).string(),
       " (--resume=auto resumes when there is a checkpoint and starts fresh when there is none, "
       "as a restarted job wants), or give this run a new --checkpoint_dir"));
 }
