@@ -357,8 +357,21 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const auto& e : header.entries) spans.emplace_back(e.begin, e.end);
   std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].first < spans[i - 1].second) return bad("tensor data overlaps");
+  // The format indexes the whole data section, without holes (as Hugging
+  // Face's reader requires): bytes after the last tensor were appended.
+  int64_t covered = 0;
+  for (const auto& [begin, end] : spans) {
+    if (begin < covered) return bad("tensor data overlaps");
+    if (begin > covered) {
+      return bad(absl::StrCat("bytes [", covered, ", ", begin,
+                              ") of the data section belong to no tensor"));
+    }
+    covered = end;
+  }
+  if (covered != data_size) {
+    return bad(absl::StrCat(data_size - covered, " bytes follow the last tensor's data (the data "
+                            "section has ", data_size, ", the tensors ", covered,
+                            "): appended to, or another file written over it"));
   }
   auto recorded = header.metadata.find(kHeaderChecksumKey);
   if (recorded != header.metadata.end()) {  // files of other writers have none

@@ -177,6 +177,18 @@ TEST(SafetensorsTest, TruncatedFileIsAClearError) {
   EXPECT_NE(ReadSafetensors(path).status().message().find("truncated"), std::string::npos);
 }
 
+// Bytes appended to a file (a second write, a copy's tail) are no tensor's:
+// the file is refused rather than read as if whole.
+TEST(SafetensorsTest, AppendedBytesAreAClearError) {
+  const std::string path = TempPath("appended.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", testing::RandomTensor({100}, 6)}}).ok());
+  WriteBytes(path, ReadBytes(path) + "garbage");
+  const absl::Status s = ReadSafetensorsHeader(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("7 bytes follow the last tensor's data"), std::string::npos) << s;
+  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(SafetensorsTest, CorruptedDataIsCaughtByTheChecksum) {
   const std::string path = TempPath("corrupt.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, {{"w", testing::RandomTensor({100}, 7)}}).ok());
@@ -212,6 +224,14 @@ TEST(SafetensorsTest, MalformedHeadersAndMissingFiles) {
                 .message()
                 .find("overlaps"),
             std::string::npos);
+  // The data section is indexed whole: no hole, nothing after the last tensor.
+  const absl::Status hole = with_header(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                                        R"("b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})",
+                                        5);
+  EXPECT_EQ(hole.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(hole.message().find("bytes [2, 3) of the data section belong to no tensor"),
+            std::string::npos)
+      << hole;
   // Sizes that wrap in 64 bits: 4 * (2^62 + 1) bytes, and 2^32 * 2^32 elements.
   for (const char* header : {
            R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}})",

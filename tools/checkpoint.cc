@@ -48,7 +48,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -62,9 +61,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "dist/sharded_checkpoint_offline.h"
 #include "models/common/checkpoint_convert.h"
+#include "models/common/checkpoint_dir.h"
 #include "models/common/command_line.h"
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
@@ -138,6 +137,9 @@ int Info(const std::string& dir) {
                 absl::StrJoin(s->optimizer_buffers, ", ").c_str(),
                 s->optimizer_step >= 0 ? absl::StrCat(s->optimizer_step).c_str()
                                        : "differs between parameters");
+  } else if (s->model_only) {
+    std::printf("  optimizer:   none: no optimizer.safetensors (the model alone: it samples, "
+                "exports and starts a run with --init_from, but does not resume)\n");
   } else {
     std::printf("  optimizer:   %s, no state (saved before the first step)\n",
                 s->optimizer.empty() ? "unknown" : s->optimizer.c_str());
@@ -178,6 +180,7 @@ int64_t NonFinite(const tensor::Tensor& t) {
 }
 
 int Verify(const std::string& dir) {
+  bool model_only = false;
   std::vector<std::string> problems;
   int64_t tensors = 0, elements = 0;
   auto check = [&](const std::string& what, const tensor::Tensor& t) {
@@ -207,12 +210,14 @@ int Verify(const std::string& dir) {
     for (const auto& [name, t] : *buffers) check(absl::StrCat("buffer '", name, "'"), t);
   } else {
     // The checksum over each file in pieces, then one tensor at a time.
-    std::vector<std::map<std::string, std::string>> metadata;  // model's, optimizer's
+    std::map<std::string, std::map<std::string, std::string>> metadata;  // of each file
+    model_only = train::IsModelOnly(dir);
     for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      if (model_only && file == std::string("optimizer.safetensors")) continue;
       const std::string path = dir + "/" + file;
       absl::StatusOr<tensor::SafetensorsHeader> h = tensor::ReadVerifiedSafetensorsHeader(path);
       absl::Status read = h.status();
-      if (read.ok()) metadata.push_back(h->metadata);
+      if (read.ok()) metadata[file] = h->metadata;
       for (size_t i = 0; read.ok() && i < h->entries.size(); ++i) {
         const tensor::SafetensorsEntry& e = h->entries[i];
         absl::StatusOr<tensor::Tensor> t = tensor::ReadSafetensorsEntry(path, *h, e);
@@ -226,8 +231,11 @@ int Verify(const std::string& dir) {
     }
     absl::StatusOr<train::CheckpointSummary> s = train::ReadCheckpointSummary(dir);
     if (!s.ok()) problems.push_back(std::string(s.status().message()));
-    absl::Status same = train::CheckSameSave(dir, metadata[0], metadata[1]);
-    if (!same.ok()) problems.push_back(std::string(same.message()));
+    if (!model_only) {
+      absl::Status same = train::CheckSameSave(dir, metadata["model.safetensors"],
+                                               metadata["optimizer.safetensors"]);
+      if (!same.ok()) problems.push_back(std::string(same.message()));
+    }
   }
   if (!problems.empty()) {
     std::printf("FAILED %s: %zu problem(s)\n", dir.c_str(), problems.size());
@@ -235,8 +243,9 @@ int Verify(const std::string& dir) {
     return 1;
   }
   std::printf(
-      "OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf\n",
-      dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements));
+      "OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf%s\n",
+      dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements),
+      model_only ? "; the model alone (no optimizer.safetensors): it does not resume" : "");
   return 0;
 }
 
@@ -518,30 +527,6 @@ int Diff(const std::string& dir_a, const std::string& dir_b) {
   return ok ? 0 : 1;
 }
 
-// The step folder a command reads (train::StepFolderOf); a folder that
-// exists but holds no checkpoint is said as such (was "cannot open
-// '<folder>/model.safetensors'"): an empty folder, a --checkpoint_dir
-// before its first save, a `latest` naming a step that is gone (with the
-// checkpoints beside it). Other paths go on to the command, which names what
-// is missing.
-absl::StatusOr<std::string> StepFolder(const std::string& path) {
-  const std::string step = train::StepFolderOf(path);
-  std::error_code ec;
-  if (train::HoldsCheckpoint(step) || !std::filesystem::is_directory(path, ec)) return step;
-  if (std::filesystem::exists(std::filesystem::path(path) / "latest", ec)) {
-    absl::StatusOr<std::string> latest = train::ResolveCheckpoint("latest", path);
-    if (!latest.ok()) {
-      return absl::Status(latest.status().code(),
-                          absl::StripPrefix(latest.status().message(), "--resume=latest: "));
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat(*latest, " (what ", path, "/latest names) holds no checkpoint"));
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, " is not a checkpoint (no model.safetensors or index.json in it) nor a checkpoint "
-      "directory (no 'latest' file)"));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -559,22 +544,27 @@ int main(int argc, char** argv) {
   if (known != arguments.end() && a.size() != known->second + 1) {
     return Fail(absl::StrCat("wrong number of arguments for '", cmd, "'; usage: ", kUsage));
   }
-  if (known != arguments.end()) {
-    // The folders a command reads (not verify's, which reports FAILED with
-    // exit 1; not export-hf's, a checkpoint or a Hugging Face folder).
-    const size_t inputs = cmd == "diff" ? 2 : cmd == "verify" || cmd == "export-hf" ? 0 : 1;
-    for (size_t i = 1; i <= inputs; ++i) {
-      if (absl::StatusOr<std::string> folder = StepFolder(a[i]); !folder.ok()) {
-        return Fail(std::string(folder.status().message()));
-      }
+  // The step folders a command reads (not export-hf's, a checkpoint or a
+  // Hugging Face folder); verify reports one it cannot find as FAILED (exit 1).
+  std::vector<std::string> folders;
+  const size_t inputs = known == arguments.end() || cmd == "export-hf" ? 0
+                        : cmd == "diff"                                  ? 2
+                                                                         : 1;
+  for (size_t i = 1; i <= inputs; ++i) {
+    absl::StatusOr<std::string> folder = train::StepFolderOf(a[i]);
+    if (!folder.ok() && cmd == "verify") {
+      std::printf("FAILED %s: %s\n", a[i].c_str(), std::string(folder.status().message()).c_str());
+      return 1;
     }
+    if (!folder.ok()) return Fail(std::string(folder.status().message()));
+    folders.push_back(*folder);
   }
-  if (cmd == "info") return Info(train::StepFolderOf(a[1]));
-  if (cmd == "verify") return Verify(train::StepFolderOf(a[1]));
-  if (cmd == "consolidate") return Consolidate(train::StepFolderOf(a[1]), a[2]);
-  if (cmd == "shard") return Shard(train::StepFolderOf(a[1]), a[2]);
+  if (cmd == "info") return Info(folders[0]);
+  if (cmd == "verify") return Verify(folders[0]);
+  if (cmd == "consolidate") return Consolidate(folders[0], a[2]);
+  if (cmd == "shard") return Shard(folders[0], a[2]);
   if (cmd == "export-hf") return ExportHf(a[1], a[2]);
-  if (cmd == "diff") return Diff(train::StepFolderOf(a[1]), train::StepFolderOf(a[2]));
+  if (cmd == "diff") return Diff(folders[0], folders[1]);
   return Fail(absl::StrCat("unknown command '", cmd,
                            "' (info, verify, consolidate, shard, export-hf or diff); usage: ",
                            kUsage));

@@ -155,6 +155,8 @@ expect 2 "$dir/plain is not a checkpoint" "$ckpt" diff "$dir/ck" "$dir/plain"
 expect 2 "unknown command 'frobnicate'" "$ckpt" frobnicate "$dir/plain"  # the command first
 mkdir -p "$dir/dangling" && echo step_000009 > "$dir/dangling/latest"
 expect 2 "$dir/dangling/latest names step_000009, which is missing" "$ckpt" info "$dir/dangling"
+expect 1 "FAILED $dir/dangling: $dir/dangling/latest names step_000009, which is missing" \
+  "$ckpt" verify "$dir/dangling"
 expect 1 "FAILED $dir/plain" "$ckpt" verify "$dir/plain"  # verify's own report, exit 1
 # corrupt FILE: overwrites a byte inside its last tensor's data (9 bytes before the end).
 corrupt() {
@@ -200,6 +202,20 @@ write(sys.argv[1] + "/model.safetensors", {"w": [1.0, float("nan"), float("inf")
 write(sys.argv[1] + "/optimizer.safetensors", {}, {"optimizer": "sgd"})
 PY
 expect 1 "model.safetensors 'w' has 2 NaN or infinite values" "$ckpt" verify "$dir/nan"
+# Bytes appended to a file: no tensor's, refused.
+cp -r "$dir/ck_ddp/step_000003" "$dir/appended" && printf 'xyz' >> "$dir/appended/model.safetensors"
+expect 1 "FAILED .*3 bytes follow the last tensor's data" "$ckpt" verify "$dir/appended"
+# The model alone (optimizer.safetensors removed to keep it): info and verify say it does not
+# resume, export-hf takes it, shard refuses it naming --init_from.
+cp -r "$dir/ck_ddp/step_000003" "$dir/model_only" && rm "$dir/model_only/optimizer.safetensors"
+expect 0 "optimizer:   none: no optimizer.safetensors" "$ckpt" info "$dir/model_only"
+expect 0 "^OK .*the model alone (no optimizer.safetensors): it does not resume" "$ckpt" verify \
+  "$dir/model_only"
+expect 0 "GPT-2" "$ckpt" export-hf "$dir/model_only" "$dir/model_only_hf"
+[[ -s "$dir/model_only_hf/model.safetensors" ]]
+expect 2 "holds the model alone .*--init_from=$dir/model_only" "$ckpt" shard "$dir/model_only" \
+  "$dir/model_only_sharded"
+[[ ! -e "$dir/model_only_sharded" ]]
 expect 1 "FAILED $dir/nope" "$ckpt" verify "$dir/nope"
 echo "errors: named, exit codes 1 / 2, nothing written"
 echo PASS

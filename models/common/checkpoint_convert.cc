@@ -317,7 +317,9 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
   }
   absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(single_dir);
   if (!summary.ok()) return summary.status();
-  absl::Status s = CheckFreshFolder(out_dir);
+  absl::Status s = CheckNotModelOnly(single_dir, "cannot be sharded (a sharded checkpoint resumes)");
+  if (!s.ok()) return s;
+  s = CheckFreshFolder(out_dir);
   if (!s.ok()) return s;
   // Headers and checksums first (streamed); every check on names, dtypes
   // and shapes before anything is written; then one parameter at a time.
@@ -435,7 +437,14 @@ absl::Status ShardSingleProcessCheckpoint(const std::string& single_dir,
 absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& path,
                                                           absl::string_view unreadable) {
   RecordedCheckpoint out;
-  out.step_dir = StepFolderOf(path);
+  absl::StatusOr<std::string> step_dir = StepFolderOf(path);
+  std::error_code ec;
+  if (!step_dir.ok()) {
+    // A checkpoint directory whose `latest` is broken is said as such.
+    if (unreadable.empty() || fs::exists(fs::path(path) / "latest", ec)) return step_dir.status();
+    return absl::InvalidArgumentError(absl::StrCat(unreadable, ": ", step_dir.status().message()));
+  }
+  out.step_dir = *step_dir;
   absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(out.step_dir);
   if (!summary.ok()) {
     if (unreadable.empty()) return summary.status();
@@ -502,7 +511,9 @@ absl::StatusOr<CheckpointSummary> ReadCheckpointSummary(const std::string& step_
         out.params.emplace_back(e.name, e.shape);
       }
     }
-    absl::StatusOr<tensor::SafetensorsHeader> opt = tensor::ReadSafetensorsHeader(opt_path);
+    out.model_only = IsModelOnly(step_dir);
+    absl::StatusOr<tensor::SafetensorsHeader> opt =
+        out.model_only ? tensor::SafetensorsHeader{} : tensor::ReadSafetensorsHeader(opt_path);
     if (!opt.ok()) return opt.status();
     auto name = opt->metadata.find("optimizer");
     if (name != opt->metadata.end()) out.optimizer = name->second;

@@ -93,6 +93,9 @@ struct CheckpointSummary {
   std::string optimizer;                                      // "adamw", "sgd"
   std::vector<std::string> optimizer_buffers;                 // "exp_avg", "exp_avg_sq"
   bool has_optimizer_state = false;
+  // Single-process: no optimizer.safetensors (IsModelOnly); then no optimizer
+  // name, buffers or state.
+  bool model_only = false;
   int64_t optimizer_step = -1;  // -1: no state, or parameters stepped unequally
   std::vector<std::pair<std::string, int64_t>> files;  // name, bytes
   // Sharded only (dist::ShardedCheckpointInfo): "fsdp" / "zero1", the
@@ -115,8 +118,9 @@ struct RecordedCheckpoint {
   std::string description;
   std::string loader_state;  // data::LoaderState::ToString() of its data loader
 };
-// Errors: ReadCheckpointSummary's, with "<unreadable>: " before its message
-// when `unreadable` is not empty; InvalidArgument "<step_dir> records no model
+// Errors: StepFolderOf's and ReadCheckpointSummary's, with "<unreadable>: "
+// before the message when `unreadable` is not empty (not before a broken
+// `latest`'s, which says what `path` is); InvalidArgument "<step_dir> records no model
 // configuration: not a checkpoint of a train binary".
 absl::StatusOr<RecordedCheckpoint> ReadRecordedCheckpoint(const std::string& path,
                                                           absl::string_view unreadable = "");

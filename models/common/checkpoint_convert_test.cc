@@ -501,6 +501,39 @@ TEST(RecordedCheckpointTest, ConfigTokenizerAndStepOfEitherPath) {
   EXPECT_EQ(missing.status().message().rfind("no such run: ", 0), 0u) << missing.status();
   EXPECT_NE(missing.status().message().find(root + "/none"), std::string::npos) << missing.status();
 
+  // A checkpoint directory whose `latest` names a step that is gone is said
+  // as such (was "cannot open '<dir>/model.safetensors'"), without the
+  // caller's "not a checkpoint" words.
+  ASSERT_TRUE(SetLatestCheckpoint(root + "/run", 13).ok());
+  absl::StatusOr<RecordedCheckpoint> dangling = ReadRecordedCheckpoint(root + "/run", "neither");
+  EXPECT_EQ(dangling.status().code(), absl::StatusCode::kDataLoss) << dangling.status();
+  EXPECT_EQ(dangling.status().message().rfind(root + "/run/latest names step_000013, which is "
+                                             "missing; the other checkpoints in ",
+                                             0),
+            0u)
+      << dangling.status();
+  EXPECT_NE(dangling.status().message().find("newest first: step_000012"), std::string::npos);
+
+  // A single-process folder kept without its optimizer.safetensors (the
+  // model alone) is read for its model; the summary says it has no optimizer.
+  const std::string alone = root + "/alone";
+  ASSERT_TRUE(std::filesystem::create_directories(alone));
+  absl::Status written = WriteCheckpointFiles(alone, {{"w", params[0].value}}, {}, "adamw", state);
+  ASSERT_TRUE(written.ok()) << written;
+  ASSERT_TRUE(std::filesystem::remove(alone + "/optimizer.safetensors"));
+  absl::StatusOr<RecordedCheckpoint> kept = ReadRecordedCheckpoint(alone);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->config, "some-model(n=4)");
+  absl::StatusOr<CheckpointSummary> summary = ReadCheckpointSummary(alone);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(summary->model_only);
+  EXPECT_EQ(summary->optimizer, "");
+  EXPECT_FALSE(summary->has_optimizer_state);
+  ASSERT_EQ(summary->params.size(), 1u);
+  absl::StatusOr<tensor::NamedTensors> model = ReadCheckpointModel(alone);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(tensor::testing::AllClose(model->at(0).second, params[0].value, 0, 0));
+
   state.extra.clear();
   const std::string bare = root + "/bare";
   ASSERT_TRUE(

@@ -149,6 +149,20 @@ bool HoldsCheckpoint(const std::string& step_dir) {
          std::filesystem::exists(step_dir + "/model.safetensors", ec);
 }
 
+bool IsModelOnly(const std::string& step_dir) {
+  return !IsShardedCheckpoint(step_dir) &&
+         ::access((step_dir + "/model.safetensors").c_str(), F_OK) == 0 &&
+         ::access((step_dir + "/optimizer.safetensors").c_str(), F_OK) != 0 && errno == ENOENT;
+}
+
+absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& action) {
+  if (!IsModelOnly(step_dir)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint ", step_dir, " holds the model alone (model.safetensors, no "
+      "optimizer.safetensors): it ", action, ", which needs the optimizer state; start a run "
+      "from its weights with --init_from=", step_dir, " (the optimizer begins anew)"));
+}
+
 std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
     const std::string& step_dir) {
   namespace fs = std::filesystem;

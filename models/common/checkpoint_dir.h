@@ -43,6 +43,13 @@ bool IsShardedCheckpoint(const std::string& step_dir);  // it holds index.json
 std::string ShardsWithoutIndex(const std::string& step_dir);
 // A step folder of either format: sharded, or holding model.safetensors.
 bool HoldsCheckpoint(const std::string& step_dir);
+// A single-process step folder that holds model.safetensors but no
+// optimizer.safetensors (removed to keep the model alone): sampling, export
+// and --init_from read it; a resume cannot.
+bool IsModelOnly(const std::string& step_dir);
+// InvalidArgument when IsModelOnly(step_dir): `action` ("cannot be resumed")
+// needs the optimizer state; names --init_from, which starts from the model.
+absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& action);
 // The step folder name dir/latest holds ("step_000100"); "" when it is
 // missing, empty, cannot be read, or holds no folder name of `dir` (a path,
 // "..", control characters).

@@ -161,10 +161,22 @@ absl::Status CheckSameSave(const std::string& step_dir,
       "the other's optimizer state"));
 }
 
-std::string StepFolderOf(const std::string& path) {
-  if (HoldsCheckpoint(path)) return path;
+absl::StatusOr<std::string> StepFolderOf(const std::string& path) {
+  std::error_code ec;
+  if (HoldsCheckpoint(path) || !std::filesystem::is_directory(path, ec)) return path;
+  if (!std::filesystem::exists(std::filesystem::path(path) / "latest", ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is not a checkpoint (no model.safetensors or index.json in it) nor a checkpoint "
+        "directory (no 'latest' file)"));
+  }
   absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", path);
-  return latest.ok() ? *latest : path;
+  if (!latest.ok()) {
+    return absl::Status(latest.status().code(),
+                        absl::StripPrefix(latest.status().message(), "--resume=latest: "));
+  }
+  if (HoldsCheckpoint(*latest)) return *latest;
+  return absl::InvalidArgumentError(
+      absl::StrCat(*latest, " (what ", path, "/latest names) holds no checkpoint"));
 }
 
 std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state) {
@@ -295,6 +307,7 @@ absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Modul
   if (const std::string lost = ShardsWithoutIndex(step_dir); !lost.empty()) {
     return absl::DataLossError(lost);
   }
+  if (absl::Status s = CheckNotModelOnly(step_dir, "cannot be resumed"); !s.ok()) return s;
   const std::string model_path = step_dir + "/model.safetensors";
   const std::string opt_path = step_dir + "/optimizer.safetensors";
   absl::StatusOr<tensor::SafetensorsHeader> weights = tensor::ReadSafetensorsHeader(model_path);

@@ -196,10 +196,13 @@ absl::StatusOr<TrainState> TrainStateFromMetadata(const std::map<std::string, st
 
 
 // What a tool given "a step folder or a checkpoint directory" reads: `path`
-// itself when it is a step folder (sharded, or holding model.safetensors),
-// else the step its `latest` file names, else `path` (reading it then fails,
-// naming the missing file).
-std::string StepFolderOf(const std::string& path);
+// itself when it is a step folder (sharded, or holding model.safetensors) or
+// no folder at all (reading it then fails, naming what is missing); else the
+// step its `latest` file names. A folder that holds no checkpoint is said as
+// such (InvalidArgument; was "cannot open '<folder>/model.safetensors'"): an
+// empty folder, a --checkpoint_dir before its first save, a `latest` naming
+// a step that is gone or no folder (with the checkpoints beside it).
+absl::StatusOr<std::string> StepFolderOf(const std::string& path);
 // Sharded checkpoints (dist/sharded_checkpoint.h, written by FSDP and ZeRO-1)
 // keep the training state in their `extra` map: "step", "loader_state" and
 // "extra.<key>" for each TrainState::extra entry.

@@ -80,6 +80,28 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
   ExpectSameParameters(*saved.model, model);
 }
 
+// A step folder whose optimizer.safetensors was removed (the model kept
+// alone) does not resume with a fresh optimizer: it is refused naming
+// --init_from, and the model is left as it was.
+TEST(LoadCheckpointTest, TheModelAloneIsRefusedNamingInitFrom) {
+  testing::SavedRun saved =
+      testing::SaveAfterOneStep(Config(), ::testing::TempDir() + "/load_model_only", TrainState{});
+  ASSERT_TRUE(std::filesystem::remove(saved.step_dir + "/optimizer.safetensors"));
+  mingpt::GPT model(Config()), untouched(Config());
+  model.Materialize(2);
+  untouched.Materialize(2);
+  auto fresh = optim::AdamW::Create({}).value();
+  absl::StatusOr<TrainState> loaded = LoadCheckpoint(saved.step_dir, model, *fresh);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find(
+                "holds the model alone (model.safetensors, no optimizer.safetensors): it cannot "
+                "be resumed"),
+            std::string::npos)
+      << loaded.status();
+  EXPECT_NE(loaded.status().message().find("--init_from=" + saved.step_dir), std::string::npos);
+  ExpectSameParameters(untouched, model);
+}
+
 // Resuming with another optimizer (or SGD without momentum where the run had
 // it) names both, before anything is read into the model.
 TEST(LoadCheckpointTest, AnotherOptimizersStateIsNamedAndNothingIsRead) {
