@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -624,13 +623,9 @@ namespace {
 // The step of a step folder's name ("step_000100": 100); for another name, a
 // negative number from its checksum. Trailing slashes are ignored.
 int64_t StepFolderId(const std::string& step_dir) {
-  std::filesystem::path folder = std::filesystem::path(step_dir).lexically_normal();
-  if (!folder.has_filename()) folder = folder.parent_path();
-  const std::string name = folder.filename().string();
-  int64_t step = 0;
-  if (absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step) && step >= 0) {
-    return step;
-  }
+  const std::string name = FolderAndParent(step_dir).first.filename().string();
+  const int64_t step = StepOfName(name);
+  if (step >= 0) return step;
   return -1 - static_cast<int64_t>(tensor::Crc32c(name.data(), static_cast<int64_t>(name.size())));
 }
 
@@ -681,10 +676,15 @@ absl::StatusOr<Resumed> DataParallelModel::Resume(const std::string& resume,
   if (absl::Status s = AgreeOnStepFolder(pg_, *step_dir, resume); !s.ok()) return s;
   absl::StatusOr<TrainState> state = LoadCheckpoint(*step_dir, config);
   if (!state.ok()) return ResumeFailure(state.status(), resume, *step_dir);
+  // Checks of what each rank read and of its --checkpoint_dir: all stop
+  // together when one rank's fail (the others would wait in the first step).
   absl::StatusOr<data::LoaderState> loader = CheckResumable(*state, *step_dir, config);
-  if (!loader.ok()) return loader.status();
-  absl::Status named = CheckStepFolderName(*step_dir, state->step, checkpoint_dir);
-  if (!named.ok()) return named;
+  absl::Status checked = loader.status();
+  if (checked.ok()) checked = CheckStepFolderName(*step_dir, state->step, checkpoint_dir);
+  if (absl::Status s = AgreeOnStatus(pg_, checked, absl::StrCat("resuming ", *step_dir));
+      !s.ok()) {
+    return s;
+  }
   return Resumed{std::move(*state), std::move(*loader), *std::move(step_dir)};
 }
 

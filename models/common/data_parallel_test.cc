@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -429,6 +430,44 @@ TEST(AgreeOnResumingTest, RanksThatDisagreeAllStop) {
                                                r == 0 ? "did)" : "did not)")))
         << mixed[r];
   }
+}
+
+// A check of the resumed step that fails on one rank alone (here, the
+// renamed-folder check: only rank 0's --checkpoint_dir holds the folder)
+// stops every rank; the others used to go on into the first step and wait.
+TEST(DataParallelModelTest, AResumeCheckThatFailsOnOneRankStopsEveryRank) {
+  const std::string root = ::testing::TempDir() + "/dp_resume_check";
+  std::filesystem::remove_all(root);
+  const DataParallelConfig config = ThreadsConfig("ddp", 2);
+  std::vector<absl::Status> got(2);
+  for (const bool resume : {false, true}) {
+    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
+      if (!dp.ok()) return dp.status();
+      if (!resume) {
+        TrainState state;
+        state.step = 1;
+        state.loader_state = "step=1;test";
+        absl::Status ready = (*dp)->PrepareCheckpointDir(root + "/ck");
+        return ready.ok() ? (*dp)->SaveCheckpoint(root + "/ck", state) : ready;
+      }
+      got[rank.rank] = (*dp)->Resume(root + "/ck/step_000005",
+                                     rank.rank == 0 ? root + "/ck" : root + "/other", "")
+                           .status();
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    if (!resume) {
+      std::filesystem::rename(root + "/ck/step_000001", root + "/ck/step_000005");
+    }
+  }
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kFailedPrecondition) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0].message(), "holds step 1, but its folder is named "
+                                                  "step_000005"))
+      << got[0];
+  EXPECT_EQ(got[1].code(), absl::StatusCode::kAborted) << got[1];
+  EXPECT_TRUE(absl::StrContains(got[1].message(), "step_000005 failed on rank(s) 0")) << got[1];
 }
 
 TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
