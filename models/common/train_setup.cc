@@ -420,13 +420,15 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
 }
 
 void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer& optimizer,
-                       std::map<std::string, std::string>& extra) {
+                       const std::string& precision, std::map<std::string, std::string>& extra) {
   extra["lr_schedule"] = schedule.ToString();
   extra["optimizer_settings"] = optimizer.Settings();
+  if (!precision.empty()) extra["precision"] = precision;
 }
 
 void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& schedule,
-                            const optim::Optimizer& optimizer, const std::string& config) {
+                            const optim::Optimizer& optimizer, const std::string& config,
+                            const std::string& precision) {
   const auto note = [&](const char* key, const char* what, const std::string& now) {
     auto it = resumed.extra.find(key);
     if (it == resumed.extra.end() || it->second == now) return;
@@ -435,6 +437,7 @@ void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& 
   };
   note("lr_schedule", "lr schedule", schedule.ToString());
   note("optimizer_settings", "optimizer", optimizer.Settings());
+  if (!precision.empty()) note("precision", "precision", precision);
   if (auto it = resumed.extra.find("config"); !config.empty() && it != resumed.extra.end()) {
     for (const std::string& change : ResumedModelChanges(it->second, config)) {
       std::fprintf(stderr, "train: note: %s\n", change.c_str());

@@ -150,19 +150,22 @@ struct OptimizerSpec {
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> MakeOptimizer(const OptimizerSpec& spec);
 
 // What a checkpoint records of the run's settings that a resumed run may
-// change on purpose: extra["lr_schedule"] (schedule.ToString()) and
+// change on purpose: extra["lr_schedule"] (schedule.ToString()),
 // extra["optimizer_settings"] (optimizer.Settings(): betas, eps, momentum,
-// weight decay).
+// weight decay) and, when not empty, extra["precision"] (the mixed-precision
+// policy, MixedPrecisionPolicy::ToString(): checkpoints hold fp32 weights, so
+// a resume may change it).
 void RecordRunSettings(const optim::LrSchedule& schedule, const optim::Optimizer& optimizer,
-                       std::map<std::string, std::string>& extra);
+                       const std::string& precision, std::map<std::string, std::string>& extra);
 // On resuming: a note on stderr for each setting RecordRunSettings recorded
 // that differs from the run's (it continues with its own, as flags ask: a
 // cosine schedule depends on --steps, a weight decay may be lowered late);
-// nothing for a setting the checkpoint does not record. With the model's
-// `config` string, also what the resume changes of the model (the dropout:
-// ResumedModelChanges).
+// nothing for a setting the checkpoint does not record (nor for `precision`
+// when it is empty). With the model's `config` string, also what the resume
+// changes of the model (the dropout: ResumedModelChanges).
 void NoteRunSettingsChanges(const TrainState& resumed, const optim::LrSchedule& schedule,
-                            const optim::Optimizer& optimizer, const std::string& config = "");
+                            const optim::Optimizer& optimizer, const std::string& config = "",
+                            const std::string& precision = "");
 
 // On resuming after `step` steps: MetricsWriter::DropAfter, and a warning on
 // stderr (training goes on) when the file cannot be rewritten.

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
+#include "precision/policy.h"
 #include "tensor/allocator.h"
 
 namespace train {
@@ -233,7 +234,7 @@ TEST(NoteRunSettingsChangesTest, SaysWhichOfTheCheckpointsSettingsDiffer) {
   };
   TrainState state;
   EXPECT_EQ(note(state), "");  // a checkpoint that records none
-  RecordRunSettings(*schedule, *adamw, state.extra);
+  RecordRunSettings(*schedule, *adamw, "", state.extra);
   EXPECT_EQ(state.extra["optimizer_settings"], adamw->Settings());
   EXPECT_EQ(note(state), "");
   state.extra["lr_schedule"] = MakeLrSchedule("cosine", 1e-3, 100).value()->ToString();
@@ -242,13 +243,24 @@ TEST(NoteRunSettingsChangesTest, SaysWhichOfTheCheckpointsSettingsDiffer) {
                              schedule->ToString() + "\n");
   // Another weight decay (the lr is the schedule's, so it alone does not count).
   RecordRunSettings(*schedule, *MakeOptimizer({"adamw", 5e-4, std::nullopt, 0.95, 0.0}).value(),
-                    state.extra);
+                    "", state.extra);
   EXPECT_EQ(note(state), "train: note: the checkpoint was trained with optimizer "
                          "adamw(beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0); continuing with "
                          "adamw(beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0.1)\n");
   RecordRunSettings(*schedule, *MakeOptimizer({"adamw", 5e-4, std::nullopt, 0.95, 0.1}).value(),
-                    state.extra);
+                    "", state.extra);
   EXPECT_EQ(note(state), "");
+  // Another precision: checkpoints hold fp32 weights, so a resume may change it, and says so.
+  const std::string bf16 = precision::MixedPrecisionPolicy::Bf16().ToString();
+  const std::string fp32 = precision::MixedPrecisionPolicy::Fp32().ToString();
+  RecordRunSettings(*schedule, *adamw, bf16, state.extra);
+  EXPECT_EQ(state.extra["precision"], bf16);
+  ::testing::internal::CaptureStderr();
+  NoteRunSettingsChanges(state, *schedule, *adamw, "", fp32);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "train: note: the checkpoint was trained with precision " + bf16 +
+                "; continuing with " + fp32 + "\n");
+  EXPECT_EQ(note(state), "");  // a run that does not say its precision
 }
 
 TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {

@@ -54,6 +54,7 @@ struct TrainingLoopSettings {
   std::string resume_note;       // why `resume` is not --resume's (ResumePlan::note), or ""
   std::string config;            // the model's config string, which checkpoints record
   std::string tokenizer;         // recorded in checkpoints; "" for none
+  std::string precision;         // the policy (MixedPrecisionPolicy::ToString()), recorded too
   double tokens_per_step = 0;    // global: every rank's micro-batches
   double flops_per_step = 0;     // global, for the MFU
   double peak_flops = 0;         // of the job's devices; 0: no MFU
@@ -125,7 +126,7 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
     if (s.logs()) {
       PrintResumed(*resumed);
       if (!scale_note.empty()) std::fprintf(stderr, "train: note: %s\n", scale_note.c_str());
-      NoteRunSettingsChanges(resumed->state, *s.schedule, opt, s.config);
+      NoteRunSettingsChanges(resumed->state, *s.schedule, opt, s.config, s.precision);
       DropMetricsAfter(*s.metrics, resumed->state.step);  // steps run again
       AfterResume(s.checkpoint_dir, *resumed, s.steps);
     }
@@ -137,7 +138,7 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
     state.step = step_done;
     state.loader_state = loader.state().ToString();
     state.extra["config"] = s.config;
-    RecordRunSettings(*s.schedule, opt, state.extra);
+    RecordRunSettings(*s.schedule, opt, s.precision, state.extra);
     if (!s.tokenizer.empty()) state.extra["tokenizer"] = s.tokenizer;
     scaling.Save(state.extra);
     return SaveAndSay(s.checkpoint_dir, step_done, s.logs(),

@@ -414,6 +414,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.auto_fresh = setup.auto_fresh;
   settings.resume_note = setup.resume_note;
   settings.config = setup.config.ToString();
+  settings.precision = setup.dp.mixed_precision.ToString();
   settings.tokenizer = setup.tokenizer;
   settings.tokens_per_step = static_cast<double>(K * W * B * T);
   settings.flops_per_step = FlopsPerToken(setup.config, T) * static_cast<double>(K * W * B * T);
@@ -643,6 +644,7 @@ absl::Status Train() {
   settings.auto_fresh = auto_fresh;
   settings.resume_note = plan->note;
   settings.config = config->ToString();
+  settings.precision = policy.ToString();
   settings.tokenizer = *tokenizer;
   settings.tokens_per_step = static_cast<double>(K * B * T);
   settings.flops_per_step = FlopsPerToken(*config, T) * static_cast<double>(K * B * T);

@@ -357,6 +357,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.auto_fresh = setup.auto_fresh;
   settings.resume_note = setup.resume_note;
   settings.config = setup.config.ToString();
+  settings.precision = setup.dp.mixed_precision.ToString();
   settings.tokens_per_step = static_cast<double>(tokens_per_step);
   settings.flops_per_step =
       FlopsPerExample(setup.config, setup.span.encoder_length,
@@ -617,6 +618,7 @@ absl::Status Train() {
   settings.auto_fresh = auto_fresh;
   settings.resume_note = plan->note;
   settings.config = config->ToString();
+  settings.precision = policy.ToString();
   settings.tokens_per_step = static_cast<double>(tokens_per_step);
   settings.flops_per_step =
       FlopsPerExample(*config, S, loader->corruptor().decoder_length()) *
