@@ -138,8 +138,9 @@ int Info(const std::string& dir) {
                 s->optimizer_step >= 0 ? absl::StrCat(s->optimizer_step).c_str()
                                        : "differs between parameters");
   } else if (s->model_only) {
-    std::printf("  optimizer:   none: no optimizer.safetensors (the model alone: it samples, "
-                "exports and starts a run with --init_from, but does not resume)\n");
+    std::printf("  optimizer:   none: no optimizer.safetensors (the model kept alone, or a copy "
+                "cut short: it samples, exports and starts a run with --init_from, but does not "
+                "resume)\n");
   } else {
     std::printf("  optimizer:   %s, no state (saved before the first step)\n",
                 s->optimizer.empty() ? "unknown" : s->optimizer.c_str());
@@ -245,7 +246,9 @@ int Verify(const std::string& dir) {
   std::printf(
       "OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf%s\n",
       dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements),
-      model_only ? "; the model alone (no optimizer.safetensors): it does not resume" : "");
+      model_only ? "; the model alone (no optimizer.safetensors: kept so, or a copy cut short): "
+                   "it does not resume"
+                 : "");
   return 0;
 }
 

@@ -157,10 +157,11 @@ bool IsModelOnly(const std::string& step_dir) {
 
 absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& action) {
   if (!IsModelOnly(step_dir)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
+  return absl::DataLossError(absl::StrCat(
       "checkpoint ", step_dir, " holds the model alone (model.safetensors, no "
-      "optimizer.safetensors): it ", action, ", which needs the optimizer state; start a run "
-      "from its weights with --init_from=", step_dir, " (the optimizer begins anew)"));
+      "optimizer.safetensors: kept so, or a copy cut short, then copy it again): it ", action,
+      ", which needs the optimizer state; to start a run from its weights (the optimizer begins "
+      "anew), give --init_from=", step_dir, " and a new --checkpoint_dir"));
 }
 
 std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
@@ -188,13 +189,22 @@ std::vector<std::string> StepFoldersIn(const std::filesystem::path& dir,
   return names;
 }
 
-std::string OtherCheckpointsNote(const std::string& step_dir) {
+std::string OtherCheckpointsNote(const std::string& step_dir, bool resuming) {
   const auto [failed, dir] = FolderAndParent(step_dir);
   const std::vector<std::string> others = StepFoldersIn(dir, failed.filename().string());
   if (others.empty()) return absl::StrCat(" (no other checkpoint in ", dir.string(), ")");
-  return absl::StrCat("; the other checkpoints in ", dir.string(), ", newest first: ",
-                      absl::StrJoin(others, ", "), " (resume one with --resume=",
-                      (dir / others.front()).string(), ")");
+  std::vector<std::string> said;
+  std::string resumable;  // the newest that holds its optimizer state
+  for (const std::string& name : others) {
+    const bool model_only = IsModelOnly((dir / name).string());
+    said.push_back(model_only ? name + " (model only)" : name);
+    if (!model_only && resumable.empty()) resumable = name;
+  }
+  return absl::StrCat(
+      "; the other checkpoints in ", dir.string(), ", newest first: ", absl::StrJoin(said, ", "),
+      resuming && !resumable.empty()
+          ? absl::StrCat(" (resume one with --resume=", (dir / resumable).string(), ")")
+          : "");
 }
 
 std::string InterruptedSaveNote(const std::string& step_dir) {

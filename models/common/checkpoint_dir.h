@@ -47,8 +47,9 @@ bool HoldsCheckpoint(const std::string& step_dir);
 // optimizer.safetensors (removed to keep the model alone): sampling, export
 // and --init_from read it; a resume cannot.
 bool IsModelOnly(const std::string& step_dir);
-// InvalidArgument when IsModelOnly(step_dir): `action` ("cannot be resumed")
-// needs the optimizer state; names --init_from, which starts from the model.
+// DataLoss when IsModelOnly(step_dir) (kept alone on purpose, or a copy cut
+// short): `action` ("cannot be resumed") needs the optimizer state; names
+// --init_from, which starts a run from the model.
 absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& action);
 // The step folder name dir/latest holds ("step_000100"); "" when it is
 // missing, empty, cannot be read, or holds no folder name of `dir` (a path,
@@ -61,9 +62,10 @@ std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
 std::vector<std::string> StepFoldersIn(const std::filesystem::path& dir,
                                        const std::string& except = "");
 // The other step folders beside `step_dir` that hold a checkpoint, newest
-// first, and how to resume one; or that there are none: text to append to an
-// error about `step_dir`.
-std::string OtherCheckpointsNote(const std::string& step_dir);
+// first (a model-only one said as such), and, when `resuming`, how to resume
+// the newest that holds its optimizer state; or that there are none: text to
+// append to an error about `step_dir`.
+std::string OtherCheckpointsNote(const std::string& step_dir, bool resuming = true);
 // A missing step folder whose save was interrupted between its two renames
 // (tensor::ReplaceFolderDurably without RENAME_EXCHANGE: the old folder moved
 // aside to "<folder>.old-<tag>", the new one not yet renamed into place): how

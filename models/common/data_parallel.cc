@@ -581,6 +581,8 @@ absl::StatusOr<TrainState> DataParallelModel::LoadCheckpoint(const std::string& 
         step_dir, " OUT` (//tools:checkpoint)"));
   } else if (const std::string lost = ShardsWithoutIndex(step_dir); !lost.empty()) {
     mismatch = absl::DataLossError(lost);
+  } else if (!sharded && IsModelOnly(step_dir)) {  // before "shard it": that refuses it too
+    mismatch = CheckNotModelOnly(step_dir, "cannot be resumed");
   } else if (ddp_ == nullptr && !sharded) {
     mismatch = absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", step_dir, " is not sharded (no index.json: a single-process or DDP "

@@ -468,6 +468,26 @@ TEST(DataParallelModelTest, AResumeCheckThatFailsOnOneRankStopsEveryRank) {
       << got[0];
   EXPECT_EQ(got[1].code(), absl::StatusCode::kAborted) << got[1];
   EXPECT_TRUE(absl::StrContains(got[1].message(), "step_000005 failed on rank(s) 0")) << got[1];
+
+  // The step's model alone (optimizer.safetensors removed): FSDP names
+  // --init_from at once, not `checkpoint shard` (which refuses it too).
+  std::filesystem::create_directories(root + "/alone");
+  std::filesystem::copy(root + "/ck/step_000005", root + "/alone/step_000001");
+  std::filesystem::remove(root + "/alone/step_000001/optimizer.safetensors");
+  const DataParallelConfig fsdp = ThreadsConfig("full_shard", 2);
+  absl::Status s = RunDataParallel(fsdp, [&](RankContext& rank) -> absl::Status {
+    mingpt::GPT model(Tiny());
+    auto dp = DataParallelModel::Create(model, rank.pg, fsdp, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    got[rank.rank] = (*dp)->Resume(root + "/alone/step_000001", "", "").status();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (const absl::Status& rank : got) {
+    EXPECT_EQ(rank.code(), absl::StatusCode::kDataLoss) << rank;
+    EXPECT_TRUE(absl::StrContains(rank.message(), "holds the model alone")) << rank;
+    EXPECT_FALSE(absl::StrContains(rank.message(), "checkpoint shard")) << rank;
+  }
 }
 
 TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {

@@ -161,6 +161,37 @@ absl::Status CheckSameSave(const std::string& step_dir,
       "the other's optimizer state"));
 }
 
+namespace {
+
+// The step folder <dir>/latest names, which must exist; errors name `latest`
+// ("--resume=latest: " first when `resuming`) and the checkpoints beside it.
+absl::StatusOr<std::string> LatestStepFolder(const std::string& dir, bool resuming) {
+  const absl::string_view prefix = resuming ? "--resume=latest: " : "";
+  std::error_code ec;
+  const std::string name = LatestStepName(dir);
+  if (name.empty()) {
+    const std::string latest = dir + "/latest";
+    if (!std::filesystem::exists(latest, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint to resume: '", latest, "' is missing"));
+    }
+    return absl::DataLossError(absl::StrCat(
+        prefix, "'", latest, "' names no step folder (it is empty, cannot be read, or holds "
+        "something else than a folder name such as step_000100)",
+        OtherCheckpointsNote(latest, resuming)));
+  }
+  const std::string step_dir = absl::StrCat(dir, "/", name);
+  if (!std::filesystem::is_directory(step_dir, ec)) {
+    const std::string interrupted = InterruptedSaveNote(step_dir);
+    return absl::DataLossError(absl::StrCat(
+        prefix, dir, "/latest names ", name, ", which is missing",
+        interrupted.empty() ? OtherCheckpointsNote(step_dir, resuming) : interrupted));
+  }
+  return step_dir;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> StepFolderOf(const std::string& path) {
   std::error_code ec;
   if (HoldsCheckpoint(path) || !std::filesystem::is_directory(path, ec)) return path;
@@ -169,14 +200,11 @@ absl::StatusOr<std::string> StepFolderOf(const std::string& path) {
         path, " is not a checkpoint (no model.safetensors or index.json in it) nor a checkpoint "
         "directory (no 'latest' file)"));
   }
-  absl::StatusOr<std::string> latest = ResolveCheckpoint("latest", path);
-  if (!latest.ok()) {
-    return absl::Status(latest.status().code(),
-                        absl::StripPrefix(latest.status().message(), "--resume=latest: "));
-  }
-  if (HoldsCheckpoint(*latest)) return *latest;
-  return absl::InvalidArgumentError(
-      absl::StrCat(*latest, " (what ", path, "/latest names) holds no checkpoint"));
+  absl::StatusOr<std::string> latest = LatestStepFolder(path, /*resuming=*/false);
+  if (!latest.ok() || HoldsCheckpoint(*latest)) return latest;
+  return absl::InvalidArgumentError(absl::StrCat(*latest, " (what ", path,
+                                                 "/latest names) holds no checkpoint",
+                                                 OtherCheckpointsNote(*latest, false)));
 }
 
 std::map<std::string, std::string> ShardedCheckpointExtra(const TrainState& state) {
@@ -268,26 +296,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& resume,
   if (checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("--resume=latest needs --checkpoint_dir");
   }
-  const std::string name = LatestStepName(checkpoint_dir);
-  if (name.empty()) {
-    const std::string latest = checkpoint_dir + "/latest";
-    if (!std::filesystem::exists(latest, ec)) {
-      return absl::NotFoundError(
-          absl::StrCat("no checkpoint to resume: '", latest, "' is missing"));
-    }
-    return absl::DataLossError(absl::StrCat(
-        "--resume=latest: '", latest, "' names no step folder (it is empty, cannot be read, or "
-        "holds something else than a folder name such as step_000100)",
-        OtherCheckpointsNote(latest)));
-  }
-  const std::string step_dir = absl::StrCat(checkpoint_dir, "/", name);
-  if (!std::filesystem::is_directory(step_dir, ec)) {
-    const std::string interrupted = InterruptedSaveNote(step_dir);
-    return absl::DataLossError(absl::StrCat(
-        "--resume=latest: ", checkpoint_dir, "/latest names ", name, ", which is missing",
-        interrupted.empty() ? OtherCheckpointsNote(step_dir) : interrupted));
-  }
-  return step_dir;
+  return LatestStepFolder(checkpoint_dir, /*resuming=*/true);
 }
 
 absl::StatusOr<TrainState> LoadCheckpoint(const std::string& step_dir, nn::Module& model,

@@ -92,13 +92,15 @@ TEST(LoadCheckpointTest, TheModelAloneIsRefusedNamingInitFrom) {
   untouched.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
   absl::StatusOr<TrainState> loaded = LoadCheckpoint(saved.step_dir, model, *fresh);
-  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(loaded.status().message().find(
-                "holds the model alone (model.safetensors, no optimizer.safetensors): it cannot "
-                "be resumed"),
+                "holds the model alone (model.safetensors, no optimizer.safetensors: kept so, or "
+                "a copy cut short, then copy it again): it cannot be resumed"),
             std::string::npos)
       << loaded.status();
-  EXPECT_NE(loaded.status().message().find("--init_from=" + saved.step_dir), std::string::npos);
+  EXPECT_NE(loaded.status().message().find("--init_from=" + saved.step_dir +
+                                           " and a new --checkpoint_dir"),
+            std::string::npos);
   ExpectSameParameters(untouched, model);
 }
 
@@ -693,6 +695,7 @@ TEST(ResumeFailureTest, NamesTheOtherCheckpointsWhenTheFilesAreDamaged) {
     std::fclose(f);
   };
   touch(dir / "step_000002" / "model.safetensors");  // one process / DDP
+  touch(dir / "step_000002" / "optimizer.safetensors");
   touch(dir / "step_000010" / "index.json");         // sharded
   touch(dir / "step_000004" / "model.safetensors");  // the damaged one
   touch(dir / "step_000006" / "notes.txt");          // not a checkpoint
@@ -724,6 +727,19 @@ TEST(ResumeFailureTest, NamesTheOtherCheckpointsWhenTheFilesAreDamaged) {
     EXPECT_NE(s.message().find("newest first: step_000010, step_000002"), std::string::npos)
         << s.message();
   }
+  // A model-only folder (no optimizer.safetensors) is listed as such; the
+  // resume suggested is the newest with its optimizer state.
+  touch(dir / "step_000012" / "model.safetensors");
+  s = ResumeFailure(damaged, "latest", failed);
+  EXPECT_NE(s.message().find(absl::StrCat("newest first: step_000012 (model only), step_000010, "
+                                          "step_000002 (resume one with --resume=",
+                                          (dir / "step_000010").string(), ")")),
+            std::string::npos)
+      << s.message();
+  // Not resuming (a tool reading the directory): no resume suggested.
+  EXPECT_EQ(OtherCheckpointsNote(failed, /*resuming=*/false),
+            absl::StrCat("; the other checkpoints in ", dir.string(), ", newest first: "
+                         "step_000012 (model only), step_000010, step_000002"));
 }
 
 // `latest` naming a folder that is gone: DataLoss naming it and the other

@@ -157,7 +157,7 @@ expect_error "--prompts_file=$dir/nothing.txt: cannot read it" --checkpoint="$di
 printf '\n\n' > "$dir/blank.txt"
 expect_error "--prompts_file=$dir/blank.txt holds no prompt (one per line)" \
   --checkpoint="$dir/one" --prompts_file="$dir/blank.txt"
-expect_error "--checkpoint: $dir is neither a checkpoint nor a Hugging Face model folder (no config.json): cannot open '$dir/model.safetensors'" --checkpoint="$dir"
+expect_error "--checkpoint: $dir is neither a checkpoint nor a Hugging Face model folder (no config.json): $dir is not a checkpoint (no model.safetensors or index.json in it) nor a checkpoint directory (no 'latest' file)" --checkpoint="$dir"
 # A model of token ids (vocabulary 512 on random data) wants ids, and prints ids.
 "$train" --preset=gpt-nano --data=random --vocab_size=512 --steps=1 --seq_len=16 --batch_size=2 \
   --checkpoint_dir="$dir/ids" > /dev/null
