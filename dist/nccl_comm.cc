@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "dist/nccl_rendezvous.h"
 
 namespace dist {
 namespace nccl {

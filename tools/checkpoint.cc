@@ -246,8 +246,8 @@ int Verify(const std::string& dir) {
   std::printf(
       "OK %s: %lld tensors, %lld elements read; every stored checksum matches; no NaN or Inf%s\n",
       dir.c_str(), static_cast<long long>(tensors), static_cast<long long>(elements),
-      model_only ? "; the model alone (no optimizer.safetensors: kept so, or a copy cut short): "
-                   "it does not resume"
+      model_only ? "; the model alone (no optimizer.safetensors: removed on purpose, or a copy cut "
+                   "short): it does not resume"
                  : "");
   return 0;
 }

@@ -209,7 +209,7 @@ expect 1 "FAILED .*3 bytes follow the last tensor's data" "$ckpt" verify "$dir/a
 # resume, export-hf takes it, shard refuses it naming --init_from.
 cp -r "$dir/ck_ddp/step_000003" "$dir/model_only" && rm "$dir/model_only/optimizer.safetensors"
 expect 0 "optimizer:   none: no optimizer.safetensors" "$ckpt" info "$dir/model_only"
-expect 0 "^OK .*the model alone (no optimizer.safetensors: kept so, or a copy cut short): it does not resume" "$ckpt" verify \
+expect 0 "^OK .*the model alone (no optimizer.safetensors: removed on purpose, or a copy cut short): it does not resume" "$ckpt" verify \
   "$dir/model_only"
 expect 0 "GPT-2" "$ckpt" export-hf "$dir/model_only" "$dir/model_only_hf"
 [[ -s "$dir/model_only_hf/model.safetensors" ]]

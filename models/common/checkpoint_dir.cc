@@ -159,7 +159,8 @@ absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& a
   if (!IsModelOnly(step_dir)) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       "checkpoint ", step_dir, " holds the model alone (model.safetensors, no "
-      "optimizer.safetensors: kept so, or a copy cut short, then copy it again): it ", action,
+      "optimizer.safetensors: removed on purpose, or a copy cut short: if so, copy it again): "
+      "it ", action,
       ", which needs the optimizer state; to start a run from its weights (the optimizer begins "
       "anew), give --init_from=", step_dir, " and a new --checkpoint_dir"));
 }

@@ -242,16 +242,23 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
   }
   std::string held;
   if (!later.empty()) {
-    absl::StrAppend(&held, "later checkpoints (", absl::StrJoin(later, ", "), ")");
+    std::vector<std::string> said;  // a model-only one (IsModelOnly) said as such
+    for (const std::string& l : later) {
+      said.push_back(IsModelOnly((fs::path(checkpoint_dir) / l).string()) ? l + " (model only)"
+                                                                           : l);
+    }
+    absl::StrAppend(&held, "later checkpoints (", absl::StrJoin(said, ", "), ")");
   }
   if (!unusable.empty()) {
     absl::StrAppend(&held, later.empty() ? "" : " and ", "later step folders holding no "
                     "checkpoint one can read (", absl::StrJoin(unusable, ", "), ")");
   }
   // `latest` itself behind later step folders: it was set back, or a save
-  // was interrupted before pointing it at its folder.
+  // was interrupted before pointing it at its folder. (Not a model-only
+  // newest: it does not resume.)
   const std::string newest =
-      later.empty() || !UnusableAfter(c, StepOfName(later.back())).empty()
+      later.empty() || !UnusableAfter(c, StepOfName(later.back())).empty() ||
+              IsModelOnly((fs::path(checkpoint_dir) / later.back()).string())
           ? ""
           : (fs::path(checkpoint_dir) / later.back()).string();
   return absl::InvalidArgumentError(absl::StrCat(

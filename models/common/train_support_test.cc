@@ -94,8 +94,8 @@ TEST(LoadCheckpointTest, TheModelAloneIsRefusedNamingInitFrom) {
   absl::StatusOr<TrainState> loaded = LoadCheckpoint(saved.step_dir, model, *fresh);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(loaded.status().message().find(
-                "holds the model alone (model.safetensors, no optimizer.safetensors: kept so, or "
-                "a copy cut short, then copy it again): it cannot be resumed"),
+                "holds the model alone (model.safetensors, no optimizer.safetensors: removed on "
+                "purpose, or a copy cut short: if so, copy it again): it cannot be resumed"),
             std::string::npos)
       << loaded.status();
   EXPECT_NE(loaded.status().message().find("--init_from=" + saved.step_dir +
@@ -465,6 +465,18 @@ TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
                 dir, "/step_000005), or move them aside first (mv -T ", dir, "/step_000004 ", dir,
                 "/step_000004.before-resume; mv -T ", dir, "/step_000005 ", dir,
                 "/step_000005.before-resume), or give this run a new --checkpoint_dir")));
+  // A newest kept without its optimizer state (model only) is said as such,
+  // and not offered as the resume (it is refused).
+  fs::copy(dir + "/step_000005", dir + "/step_000006");
+  fs::remove(dir + "/step_000006/optimizer.safetensors");
+  plan = PlanResume(dir + "/step_000002", dir, {});
+  EXPECT_NE(plan.status().message().find("holds later checkpoints (step_000004, step_000005, "
+                                         "step_000006 (model only))"),
+            std::string::npos)
+      << plan.status();
+  EXPECT_EQ(plan.status().message().find("resume the newest"), std::string::npos)
+      << plan.status();
+  fs::remove_all(dir + "/step_000006");
   // The step `latest` names (also as "latest" or as the folder) behind a
   // later step folder (a save interrupted before `latest`, or a `latest` set
   // back): refused too, naming it; auto takes the newest.

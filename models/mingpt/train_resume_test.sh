@@ -100,6 +100,20 @@ grep -q "ckpt/latest now names step_000003, the step this run continues (it name
   "$dir/branch.log" || { cat "$dir/branch.log"; exit 1; }
 [[ "$(cat "$dir/ckpt/latest")" == step_000004 && -d "$dir/ckpt/step_000006.before-resume" ]]
 
+# A step folder kept without optimizer.safetensors (the model alone) does not resume, in one
+# process or under FSDP: exit 1 (the checkpoint lacks data), naming --init_from.
+mkdir -p "$dir/alone" && cp -r "$dir/ckpt/step_000004" "$dir/alone/"
+rm "$dir/alone/step_000004/optimizer.safetensors"
+for ranks in 1 2; do
+  set +e
+  "$train" "${common[@]}" --batch_size=$((4 / ranks)) --world_size=$ranks --strategy=full_shard \
+    --resume="$dir/alone/step_000004" > /dev/null 2> "$dir/alone.txt"; code=$?
+  set -e
+  [[ $code == 1 ]] && grep -q "holds the model alone .* give --init_from=$dir/alone/step_000004" \
+    "$dir/alone.txt" || { echo "world $ranks: model-only resume: got $code:"; cat "$dir/alone.txt"
+    exit 1; }
+done
+
 # Bad flags: exit code 2 and a message naming the flag.
 set +e
 "$train" --preset=gpt-9000 --steps=1 2> "$dir/err2.txt"; code=$?
