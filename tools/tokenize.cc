@@ -67,6 +67,34 @@ absl::StatusOr<data::Gpt2Tokenizer> LoadTokenizer(const std::string& flag) {
   return tokenizer;
 }
 
+// The files this run writes (--output and its record, OUT.json) must be none
+// of those it reads (the inputs, the tokenizer folder's vocabulary and
+// merges): writing one would destroy it.
+absl::Status CheckWritesNoInput(const std::string& output, const std::vector<std::string>& inputs,
+                                const std::string& tokenizer_flag) {
+  std::vector<std::pair<std::string, std::string>> read;  // (what it is, path)
+  for (const std::string& input : inputs) read.emplace_back("the input", input);
+  if (data::Gpt2Tokenizer::IsTokenizerDir(tokenizer_flag)) {
+    absl::StatusOr<std::pair<std::string, std::string>> files =
+        data::Gpt2Tokenizer::FindFiles(tokenizer_flag);
+    if (files.ok()) {
+      read.emplace_back("the tokenizer's vocabulary", files->first);
+      read.emplace_back("the tokenizer's merges", files->second);
+    }
+  }
+  for (const std::string& written : {output, data::TokenFileMetaPath(output)}) {
+    for (const auto& [what, path] : read) {
+      std::error_code ec;
+      if (!std::filesystem::equivalent(written, path, ec)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--output=", output, written == output ? "" : absl::StrCat(" (and its record ", written,
+                                                                     ")"),
+          ": ", path, " is ", what, ", which writing it would destroy; give another --output"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Tokenize() {
   const std::string output = absl::GetFlag(FLAGS_output);
   const std::vector<std::string> inputs =
@@ -114,14 +142,10 @@ absl::Status Tokenize() {
     if (!file.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--input: ", file.status().message()));
     }
-    std::error_code ec;
-    if (std::filesystem::equivalent(input, output, ec)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--output=", output, " is the input ", input, ": writing it would destroy the text"));
-    }
     total_bytes += (*file)->size();
     files.push_back(*std::move(file));
   }
+  if (absl::Status s = CheckWritesNoInput(output, inputs, tokenizer_flag); !s.ok()) return s;
   if (total_bytes == 0 && !append_eot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--input: ", absl::GetFlag(FLAGS_input), " holds no text (0 bytes): nothing to write"));

@@ -68,9 +68,21 @@ expect_error "--output=$dir/a_folder is a folder; give the token file's path" \
   --input="$text" --output="$dir/a_folder"
 [[ ! -e "$dir/x.bin" && ! -e "$dir/x.bin.json" ]]
 cp "$dir/a.txt" "$dir/keep.txt"
-expect_error "--output=$dir/keep.txt is the input $dir/keep.txt: writing it would destroy the text" \
+expect_error "--output=$dir/keep.txt: $dir/keep.txt is the input, which writing it would destroy" \
   --input="$dir/keep.txt" --output="$dir/keep.txt"
 cmp "$dir/a.txt" "$dir/keep.txt"  # the text is still there
+# Nor its record (OUT.json) over the input, nor either over the tokenizer's files.
+cp "$dir/a.txt" "$dir/keep.bin.json"
+expect_error "--output=$dir/keep.bin (and its record $dir/keep.bin.json): $dir/keep.bin.json is the \
+input" --input="$dir/keep.bin.json" --output="$dir/keep.bin"
+cmp "$dir/a.txt" "$dir/keep.bin.json"
+cp -r "$dir/tok" "$dir/tok_copy"
+expect_error "is the tokenizer's vocabulary, which writing it would destroy" --input="$text" \
+  --output="$dir/tok_copy/vocab" --tokenizer="$dir/tok_copy"
+expect_error "$dir/tok_copy/merges.txt is the tokenizer's merges" --input="$text" \
+  --output="$dir/tok_copy/merges.txt" --tokenizer="$dir/tok_copy"
+diff -r "$dir/tok" "$dir/tok_copy"
+[[ ! -e "$dir/tok_copy/vocab" ]]
 : > "$dir/empty.txt"
 expect_error "holds no text (0 bytes): nothing to write" --input="$dir/empty.txt" \
   --output="$dir/empty.bin"
