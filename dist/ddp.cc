@@ -60,7 +60,7 @@ void BroadcastBuffersForForward(const char* op, nn::Module& model, ProcessGroup&
   }
   absl::Status status;
   for (auto& w : works) status.Update(w->Wait());
-  OP_CHECK(status.ok(), op, "broadcasting the buffers (broadcast_buffers): ", status.ToString());
+  tensor::ThrowIfError(status, op, "broadcasting the buffers (broadcast_buffers)");
 }
 
 void CheckNotWrapped(const char* op, nn::Module& root) {
@@ -132,7 +132,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
     OP_CHECK(s.ok(), "ddp", "mixed precision: ", s.ToString());
   }
   absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
-  OP_CHECK(status.ok(), "ddp", "initial broadcast failed: ", status.ToString());
+  tensor::ThrowIfError(status, "ddp", "initial broadcast failed");
 
   const int n = static_cast<int>(params_.size());
   std::vector<int> bucket_of(n, -1);
@@ -197,8 +197,9 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
   // error.
   if (syncing_this_step_ && !finished_) {
     const internal::AgreedReductions agreed = Finish();
-    OP_CHECK(agreed.status.ok() || agreed.only_partial, "ddp",
-             "ZeroGrad: the all-reduces in flight failed: ", agreed.status.ToString());
+    if (!agreed.only_partial) {
+      tensor::ThrowIfError(agreed.status, "ddp", "ZeroGrad: the all-reduces in flight failed");
+    }
   }
   partial_.Clear();
   compute_.RestoreMastersAfterBackward();
@@ -281,7 +282,7 @@ void DistributedDataParallel::OnPostBackward(nn::Module& module) {
     events_.push_back({Event::Kind::kRootPostBackward, -1});
     readiness_->EndBackward();
     const absl::Status status = Finish().status;
-    OP_CHECK(status.ok(), "ddp", "the synced backward failed: ", status.ToString());
+    tensor::ThrowIfError(status, "ddp", "the synced backward failed");
     return;
   }
   if (!syncing_this_step_ || finished_) return;

@@ -48,8 +48,7 @@ class FailureAgreement {
     if (local) tensor::Fill(mine_, IsOutOfMemory(local) ? kShort : kFailed);
     const absl::Status s = pg_.AllGatherSync(mine_, all_);
     if (local) std::rethrow_exception(local);  // this rank's own error first
-    OP_CHECK(s.ok(), "FullyShard", "agreeing that every rank finished ", what, ": ",
-             s.ToString());
+    tensor::ThrowIfError(s, "FullyShard", "agreeing that every rank finished ", what);
     const std::vector<float> flags = all_.To(tensor::Device::Cpu()).ToVector<float>();
     std::vector<int> failed;
     bool all_short = true;
@@ -515,7 +514,7 @@ double FullyShardedModel::ClipGradNorm(double max_norm) {
   ProcessGroup* group = shard_pg_ ? shard_pg_.get() : pg_;
   return optim::ClipGradNorm(ParamRefs(), max_norm, [group](double local) {
     absl::StatusOr<double> sum = SumOverRanks(*group, local);  // exact, the same on every rank
-    OP_CHECK(sum.ok(), "fsdp", "clip_grad_norm all_gather: ", sum.status().ToString());
+    tensor::ThrowIfError(sum.status(), "fsdp", "clip_grad_norm all_gather");
     return *sum;
   });
 }
@@ -533,7 +532,7 @@ bool FullyShardedModel::UnscaleGradsAndCheck(double inv_scale) {
   // of it, or its own gradient before an all-reduce that already spread it):
   // agree on the OR of the flags.
   absl::StatusOr<bool> any = AnyOverRanks(*pg_, found);
-  OP_CHECK(any.ok(), "fsdp", "unscale_grads all_reduce: ", any.status().ToString());
+  tensor::ThrowIfError(any.status(), "fsdp", "unscale_grads all_reduce");
   return *any;
 }
 

@@ -375,8 +375,7 @@ tensor::Tensor FsdpUnit::ShardOnDevice(tensor::Dtype dtype) const {
 }
 
 void FsdpUnit::Check(const absl::Status& s, const char* what) {
-  OP_CHECK(s.ok(), "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what, ": ",
-           s.ToString());
+  tensor::ThrowIfError(s, "fsdp", "unit '", name_.empty() ? "<root>" : name_, "' ", what);
 }
 
 bool FsdpShared::forward_only() const { return units[0]->held(); }

@@ -583,6 +583,8 @@ absl::Status RunRanksImpl(ThreadWorld& world, const RankFn& fn) {
         tensor::ScopedLedger scoped(&world.ledger(r));
         try {
           status = fn(r, world.group(r));
+        } catch (const tensor::StatusError& e) {  // a collective's failure, its code kept
+          status = e.status();
         } catch (const std::invalid_argument& e) {
           status = absl::InvalidArgumentError(absl::StrCat("uncaught exception: ", e.what()));
         } catch (const std::bad_alloc& e) {  // tensor::OutOfMemoryError says where and how much

@@ -13,6 +13,7 @@
 #include "dist/thread_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tensor/error.h"
 #include "tensor/tensor.h"
 
 namespace dist {
@@ -285,6 +286,26 @@ TEST(ThreadGroupFailureTest, PeerThatThrowsFailsTheOthersAndRunRanksNamesIt) {
     EXPECT_THAT(std::string(statuses[r].message()),
                 HasSubstr("rank 1's thread failed (INTERNAL: uncaught exception: boom)"));
   }
+}
+
+// A collective's failure thrown through ops (tensor::StatusError, as FSDP's
+// units throw one) keeps its code: a timeout is DeadlineExceeded, not the
+// InvalidArgument of an op's bad input (OpError), which train exits 2 on.
+TEST(ThreadGroupFailureTest, AThrownStatusKeepsItsCode) {
+  absl::Status status = RunRanks(2, [&](int rank, ProcessGroup& pg) -> absl::Status {
+    if (rank == 1) {
+      tensor::ThrowIfError(absl::DeadlineExceededError("timed out"), "fsdp", "unit 'a' all_gather");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("rank 1: [fsdp] unit 'a' all_gather: DEADLINE_EXCEEDED: timed out"));
+  status = RunRanks(2, [&](int rank, ProcessGroup& pg) -> absl::Status {
+    if (rank == 1) tensor::ThrowOpError("matmul", "shapes differ");
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
 }
 
 TEST(ThreadGroupFailureTest, QueuedWorkOfAFinishedRankStillRuns) {

@@ -41,7 +41,7 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
     OP_CHECK(s.ok(), "zero1", "mixed precision: ", s.ToString());
   }
   absl::Status status = BroadcastModuleState(model_, pg_, /*root=*/0);
-  OP_CHECK(status.ok(), "zero1", "initial broadcast failed: ", status.ToString());
+  tensor::ThrowIfError(status, "zero1", "initial broadcast failed");
 
   // Segments: buckets laid out so that the parameters are in registration
   // order (the last bucket first), each padded to a multiple of N.
@@ -211,8 +211,9 @@ void Zero1::ZeroGrad(bool set_to_none) {
   // error.
   if (syncing_this_step_ || in_flight_) {
     const internal::AgreedReductions agreed = Finish();
-    OP_CHECK(agreed.status.ok() || agreed.only_partial, "zero1",
-             "ZeroGrad: the reduce-scatters in flight failed: ", agreed.status.ToString());
+    if (!agreed.only_partial) {
+      tensor::ThrowIfError(agreed.status, "zero1", "ZeroGrad: the reduce-scatters in flight failed");
+    }
   }
   partial_.Clear();
   refused_ = absl::OkStatus();

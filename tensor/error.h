@@ -9,6 +9,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -27,13 +28,39 @@ template <typename... Args>
   throw OpError(absl::StrCat("[", op, "] ", pieces...));
 }
 
+// A failure that already has a status (a collective that timed out, a peer
+// that died) thrown through code that reports by exceptions. An OpError, so
+// callers that catch those catch it too; where it becomes a status again its
+// code is kept (StatusOfCurrentException returns it, and the threads engine's
+// ranks), so a timeout still reads as DeadlineExceeded, not bad input.
+class StatusError : public OpError {
+ public:
+  explicit StatusError(absl::Status status)
+      : OpError(std::string(status.message())), status_(std::move(status)) {}
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+// Throws StatusError with `status`'s code and the message "[op] pieces...:
+// <status.ToString()>" unless `status` is OK.
+template <typename... Args>
+void ThrowIfError(const absl::Status& status, const char* op, const Args&... pieces) {
+  if (status.ok()) return;
+  throw StatusError(absl::Status(
+      status.code(), absl::StrCat("[", op, "] ", pieces..., ": ", status.ToString())));
+}
+
 // The status of the exception being handled; call it inside a catch block.
-// Running out of memory (a std::bad_alloc; an OutOfMemoryError says where and
-// how much) is ResourceExhausted, any other exception Internal. The message is
-// `context` followed by the exception's.
+// A StatusError keeps its code; running out of memory (a std::bad_alloc; an
+// OutOfMemoryError says where and how much) is ResourceExhausted, any other
+// exception Internal. The message is `context` followed by the exception's.
 inline absl::Status StatusOfCurrentException(absl::string_view context = {}) {
   try {
     throw;
+  } catch (const StatusError& e) {
+    return absl::Status(e.status().code(), absl::StrCat(context, e.status().message()));
   } catch (const std::bad_alloc& e) {
     return absl::ResourceExhaustedError(absl::StrCat(context, e.what()));
   } catch (const std::exception& e) {

@@ -427,9 +427,11 @@ int Main() {
   if (presets.empty() || worlds.empty() || strategies.empty() || mixed_modes.empty()) {
     return usage_error("--presets, --world_sizes, --strategies and --precision need an entry");
   }
-  if (absl::GetFlag(FLAGS_batch_size) < 1 || absl::GetFlag(FLAGS_seq_len) < 1 ||
-      absl::GetFlag(FLAGS_steps) < 1) {
-    return usage_error("--batch_size, --seq_len and --steps must be >= 1");
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"batch_size", absl::GetFlag(FLAGS_batch_size)},
+        {"seq_len", absl::GetFlag(FLAGS_seq_len)},
+        {"steps", absl::GetFlag(FLAGS_steps)}}) {
+    if (value < 1) return usage_error(absl::StrCat("--", name, "=", value, " must be >= 1"));
   }
   if (absl::GetFlag(FLAGS_vocab_size) < 1 || absl::GetFlag(FLAGS_vocab_size) > (int64_t{1} << 31)) {
     return usage_error(absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size),

@@ -51,6 +51,7 @@ bad "--seq_len=1000 exceeds the block_size 128 of gpt-nano" "$memory" "${small[@
 bad "--json_out: cannot write '$dir/none/x.json': No such file or directory" \
   "$memory" "${small[@]}" --json_out="$dir/none/x.json"
 bad "--vocab_size=0 must be in [1, 2^31]" "$memory" "${small[@]}" --vocab_size=0
+bad "--seq_len=0 must be >= 1" "$memory" "${small[@]}" --seq_len=0
 bad "--vocab_size=0 must be in [1, 2^31]" "$throughput" "${small[@]}" --vocab_size=0
 bad "--backward_prefetch='foo' is not one of pre, post, none" \
   "$throughput" "${small[@]}" --backward_prefetch=foo

@@ -540,6 +540,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_top) < 0) {
     return Fail(absl::StrCat("--top=", absl::GetFlag(FLAGS_top), " must be >= 0 (0: all)"));
   }
+  for (const auto& [name, value] : {std::pair<const char*, double>{"atol", absl::GetFlag(FLAGS_atol)},
+                                    {"rtol", absl::GetFlag(FLAGS_rtol)}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {  // a NaN, negative or infinite one decides nothing
+      return Fail(absl::StrCat("--", name, "=", value, " must be finite and >= 0"));
+    }
+  }
   const std::map<std::string, size_t> arguments = {{"info", 1},  {"verify", 1},
                                                     {"consolidate", 2}, {"shard", 2},
                                                     {"export-hf", 2}, {"diff", 2}};

@@ -147,6 +147,9 @@ expect 2 "is not a sharded checkpoint (no index.json): it is a single-process on
 expect 2 "is already sharded" "$ckpt" shard "$dir/ck" "$dir/z"
 expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"
 expect 2 "usage:" "$ckpt" info
+expect 2 "--atol=-1 must be finite and >= 0" "$ckpt" diff "$dir/ck" "$dir/ck" --atol=-1
+expect 2 "--rtol=inf must be finite and >= 0" "$ckpt" diff "$dir/ck" "$dir/ck" --rtol=inf
+expect 2 "--atol=nan must be finite and >= 0" "$ckpt" diff "$dir/ck" "$dir/ck" --atol=nan
 expect 2 "is not a folder" "$ckpt" info "$dir/nope"
 mkdir -p "$dir/plain"
 expect 2 "$dir/plain is not a checkpoint (no model.safetensors or index.json in it) nor a" \

@@ -317,11 +317,14 @@ int main(int argc, char** argv) {
     Usage("--nproc_per_node must be in [1, " + std::to_string(kMaxWorkersPerNode) + "], got " +
           std::to_string(nproc));
   }
+  if (nnodes < 1) Usage("--nnodes must be >= 1, got " + std::to_string(nnodes));
   if (nnodes > INT_MAX / nproc) Usage("--nnodes x --nproc_per_node must fit an int");
-  if (nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
-    Usage("--node_rank must be in [0, --nnodes)");
+  if (node_rank < 0 || node_rank >= nnodes) {
+    Usage("--node_rank must be in [0, --nnodes=" + std::to_string(nnodes) + "), got " +
+          std::to_string(node_rank));
   }
-  if (max_restarts < 0 || grace_s < 0) Usage("--max_restarts and --grace_period_s must be >= 0");
+  if (max_restarts < 0) Usage("--max_restarts must be >= 0, got " + std::to_string(max_restarts));
+  if (grace_s < 0) Usage("--grace_period_s must be >= 0, got " + std::to_string(grace_s));
   if (max_restarts > 0 && nnodes > 1) {
     Usage("--max_restarts needs --nnodes=1: each node's launcher would restart only its own "
           "workers, and the nodes' attempts (their rendezvous prefixes) would drift apart; "

@@ -193,6 +193,16 @@ for bad in --nproc_per_node=4294967297 --nproc_per_node=100000 "--nproc_per_node
   [ $? -eq 2 ] || fail "$bad accepted"
 done
 grep -q "nnodes x --nproc_per_node must fit an int" "$T/usage.err" || fail "overflow message"
+# Each out-of-range flag is named with its value.
+for bad in "--nnodes=0|--nnodes must be >= 1, got 0" \
+    "--nnodes=2 --node_rank=2|--node_rank must be in [0, --nnodes=2), got 2" \
+    "--max_restarts=-1|--max_restarts must be >= 0, got -1" \
+    "--grace_period_s=-3|--grace_period_s must be >= 0, got -3"; do
+  # shellcheck disable=SC2086
+  "$LAUNCH" ${bad%%|*} --rdzv_endpoint=127.0.0.1:1234 -- true 2>"$T/usage.err"
+  [ $? -eq 2 ] || fail "${bad%%|*} accepted"
+  grep -qF -- "${bad#*|}" "$T/usage.err" || fail "${bad%%|*}: $(cat "$T/usage.err")"
+done
 "$LAUNCH" --nproc_per_node=1 --rdzv_endpoint=localhost:70000 -- true 2>"$T/usage.err"
 [ $? -eq 2 ] || fail "port 70000 accepted"
 grep -q "a port in \[1, 65535\]" "$T/usage.err" || fail "port message"

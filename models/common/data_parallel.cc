@@ -455,7 +455,7 @@ absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_lo
   if (!loss.ok()) return loss.status();
   if (!std::isfinite(*loss)) {
     return absl::InternalError(
-        absl::StrCat("loss is ", *loss, " at step ", step, "; lower --lr or check the data"));
+        absl::StrCat("loss is ", *loss, " at step ", step + 1, "; lower --lr or check the data"));
   }
   result.loss = *loss;
   absl::Status s = FinishBackward();  // every rank holds averaged gradients
@@ -470,7 +470,7 @@ absl::StatusOr<StepResult> DataParallelModel::FinishTrainingStep(double local_lo
       absl::StatusOr<double> norm = ClipGradNorm(grad_clip);  // global, over all ranks
       if (!norm.ok()) return norm.status();
       result.grad_norm = *norm;
-      s = CheckGradNorm(*norm, step);  // the same norm on every rank: all stop
+      s = CheckGradNorm(*norm, step + 1);  // the same norm on every rank: all stop
       if (!s.ok()) return s;
     }
     s = Step();

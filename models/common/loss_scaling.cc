@@ -17,6 +17,9 @@ namespace {
 // scale multiplies the loss and the gradients (PyTorch's GradScaler starts at
 // 2^16). A dynamic scale may start higher: it halves until steps are finite.
 constexpr double kMaxScale = 18446744073709551616.0;
+// A dynamic scale's first: one that halves into fp32's range (2^128) with
+// room to spare before kMaxSkippedInARow skipped steps stop the run.
+constexpr double kMaxInitScale = 1427247692705959881058285969449495136382746624.0;  // 2^150
 }  // namespace
 
 absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
@@ -49,6 +52,12 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
     if (!(init_scale > 0) || !std::isfinite(init_scale)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--init_loss_scale=", init_scale, " must be a positive finite number"));
+    }
+    if (init_scale > kMaxInitScale) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--init_loss_scale=", init_scale, " is above 2^150: the scale halves once per skipped "
+          "step and the run stops after ", kMaxSkippedInARow, " in a row, which from there "
+          "would not bring it well inside fp32's range (2^128); start at 2^16 (the default)"));
     }
     precision::LossScalerOptions o;
     o.init_scale = init_scale;

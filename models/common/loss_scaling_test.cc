@@ -39,6 +39,8 @@ TEST(LossScalingTest, BadFlagsAreNamed) {
   EXPECT_NE(error("inf", 1, false).find("--loss_scale='inf'"), std::string::npos);
   EXPECT_NE(error("1e39", std::nullopt, false).find("--loss_scale='1e39' is above 2^64"),
             std::string::npos);
+  EXPECT_NE(error("dynamic", 1e300, false).find("--init_loss_scale=1e+300 is above 2^150"),
+            std::string::npos);
   EXPECT_NE(error("dynamic", 0, false).find("--init_loss_scale=0 must be a positive"),
             std::string::npos);
   EXPECT_NE(error("none", 1, true).find("--loss_scale=none with --precision=fp16"),

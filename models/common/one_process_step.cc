@@ -21,7 +21,7 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
   mixed.RestoreMastersKeepingCopies();
   if (!std::isfinite(loss)) {
     return absl::InternalError(
-        absl::StrCat("loss is ", loss, " at step ", step, "; lower --lr or check the data"));
+        absl::StrCat("loss is ", loss, " at step ", step + 1, "; lower --lr or check the data"));
   }
   StepResult result;
   result.loss = loss;
@@ -35,7 +35,7 @@ absl::StatusOr<StepResult> FinishOneProcessStep(nn::Module& model, nn::MixedPrec
   if (*apply) {
     if (grad_clip > 0) {
       result.grad_norm = optim::ClipGradNorm(refs, grad_clip);
-      absl::Status finite = CheckGradNorm(result.grad_norm, step);
+      absl::Status finite = CheckGradNorm(result.grad_norm, step + 1);
       if (!finite.ok()) {
         model.ZeroGrad(/*set_to_none=*/true);
         return finite;

@@ -27,7 +27,8 @@ namespace train {
 // scale `scale` (with `mixed`'s compute copies as the parameters), in order:
 // the fp32 masters back as the parameters, this step's compute copies kept
 // (mixed.RestoreMastersKeepingCopies) -> a loss that is not finite is an
-// InternalError naming the 0-based `step` -> unscale the fp32 gradients, where
+// InternalError naming the step (`step` is 0-based; said from 1, as the
+// step lines count) -> unscale the fp32 gradients, where
 // an inf or NaN skips the step (`scaling`, which logs it) -> clip to a global
 // norm of `grad_clip` (when > 0) -> optimizer step, which also writes the
 // kept copies for the next step (optim::ParamRef::low_precision_copy) -> zero

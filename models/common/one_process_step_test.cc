@@ -109,7 +109,8 @@ TEST(FinishOneProcessStepTest, RestoresMastersAndRefusesANonFiniteLoss) {
       model, mixed, *opt, std::numeric_limits<double>::quiet_NaN(), 1.0, 6, 1.0, scaling);
   ASSERT_FALSE(done.ok());
   EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
-  EXPECT_NE(done.status().message().find("loss is nan at step 6"), std::string::npos)
+  // The step counted from 1, as the step lines say it (index 6: step 7).
+  EXPECT_NE(done.status().message().find("loss is nan at step 7"), std::string::npos)
       << done.status();
   for (const auto& [name, p] : model.NamedParameters()) {
     EXPECT_EQ(p->value.dtype(), tensor::Dtype::kF32) << name;
@@ -228,7 +229,7 @@ TEST(FinishOneProcessStepTest, AnInfGradientNormWithoutLossScalingStopsBeforeThe
   absl::StatusOr<StepResult> done = StepWithAnInfGradient(scaling, 4);
   ASSERT_FALSE(done.ok());
   EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
-  EXPECT_NE(done.status().message().find("the gradient norm is inf at step 4"), std::string::npos)
+  EXPECT_NE(done.status().message().find("the gradient norm is inf at step 5"), std::string::npos)
       << done.status();
 }
 

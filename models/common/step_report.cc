@@ -2,8 +2,10 @@
 #include "models/common/step_report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -41,7 +43,10 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
   std::unique_ptr<MetricsWriter> w(new MetricsWriter(path));
   if (path.empty()) return w;
   w->out_.open(path, std::ios::app);
-  if (!w->out_) return absl::UnavailableError(absl::StrCat("cannot open '", path, "' for append"));
+  if (!w->out_) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open '", path, "' for append: ", std::strerror(errno)));
+  }
   return w;
 }
 

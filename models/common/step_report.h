@@ -48,6 +48,7 @@ struct StepResult {
 // would have caught first) is an InternalError naming the step, returned
 // before the optimizer step, so that the weights, and any checkpoint saved
 // after, stay finite (PyTorch's clip_grad_norm_(error_if_nonfinite=True)).
+// `step` is said as given: the step lines' count, from 1.
 absl::Status CheckGradNorm(double norm, int64_t step);
 
 // "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."

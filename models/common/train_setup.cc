@@ -19,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "models/data/byte_text.h"
 #include "models/data/gpt2_tokenizer.h"
@@ -264,8 +265,9 @@ absl::StatusOr<DataSources> OpenDataSources(const std::string& data, const EvalF
     }
     return DataSources{*std::move(source), *std::move(eval)};
   }
-  auto error = [f](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("--val_fraction=", f, ": ", why));
+  auto error = [f](absl::string_view why) {  // f as given (0.9999999 is not said as 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--val_fraction=", absl::StrFormat("%.10g", f), ": ", why));
   };
   if (!(f > 0.0 && f < 1.0)) return error("must be in [0, 1) (0: no held-out part)");
   if (!flags.data.empty()) {
@@ -394,6 +396,12 @@ absl::StatusOr<std::unique_ptr<optim::LrSchedule>> MakeLrSchedule(const std::str
   } else {
     // What the spec leaves out: its rate is --lr's and a cosine decays over --steps.
     optim::LrScheduleOptions& o = parsed->options;
+    if (parsed->keys.count("total_steps") > 0 && o.total_steps < 1) {
+      // A decay over no step: every step would run at min_lr (0 unless given).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lr_schedule='", spec, "': total_steps=", o.total_steps, " must be >= 1 (the steps "
+          "the decay lasts; leave it out to decay over --steps)"));
+    }
     const bool constant = o.kind == "constant";
     const char* rate_key = constant ? "lr" : "max_lr";
     if (parsed->keys.count(rate_key) > 0 && lr_set) {
@@ -464,6 +472,12 @@ int RunTrainMain(const std::function<absl::Status()>& train) {
                  "keeps the global batch), --activation_checkpointing, --precision=bf16 on a GPU, "
                  "or its state sharded over more ranks (--strategy=full_shard "
                  "--auto_wrap=transformer; --cpu_offload keeps the optimizer state on the host)\n");
+  }
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+    std::fprintf(stderr,
+                 "train: a rank waited longer than --timeout_s for another (one that hung, "
+                 "exited or runs far slower); raise --timeout_s where steps or saves are that "
+                 "slow\n");
   }
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }

@@ -17,6 +17,7 @@
 #include "optim/sgd.h"
 #include "precision/policy.h"
 #include "tensor/allocator.h"
+#include "tensor/error.h"
 
 namespace train {
 namespace {
@@ -193,6 +194,13 @@ TEST(MakeLrScheduleTest, CosineWarmsUpATenthOfTheSteps) {
               ::testing::HasSubstr("the spec sets its own lr, so --lr would be ignored"));
   EXPECT_TRUE(MakeLrSchedule("cosine", 0.5, 9, /*lr_set=*/true).ok());
   EXPECT_TRUE(MakeLrSchedule("constant", 0.5, 9, /*lr_set=*/true).ok());
+  // A decay over no step given in the spec (every step at min_lr) is refused;
+  // the keyword over --steps=0, which trains nothing, is not.
+  bad = MakeLrSchedule("cosine:total_steps=0", 1e-3, 9);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("total_steps=0 must be >= 1 (the steps the decay lasts"));
+  EXPECT_TRUE(MakeLrSchedule("cosine", 1e-3, 0).ok());
 }
 
 // A spec's keys left out: its rate is --lr's and a cosine ends at --steps
@@ -278,6 +286,25 @@ TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {
   EXPECT_THAT(err, HasSubstr("--cpu_offload"));
   EXPECT_EQ(RunMain([]() -> absl::Status { throw std::bad_alloc(); }, &err), 1);
   EXPECT_THAT(err, Not(HasSubstr("--batch_size"))) << "std::bad_alloc says no more than that";
+}
+
+// A collective that timed out in a step (thrown through the ops as a
+// StatusError) exits 1 as a run that failed, not 2 as a bad flag, and names
+// --timeout_s.
+TEST(RunTrainMainTest, ACollectiveTimeoutExitsOneNamingTheTimeoutFlag) {
+  std::string err;
+  const absl::Status timed_out = absl::DeadlineExceededError("rank 0 of 2 timed out after 5 s");
+  EXPECT_EQ(RunMain([&]() -> absl::Status {
+              tensor::ThrowIfError(timed_out, "fsdp", "unit 'h.0' all_gather");
+              return absl::OkStatus();
+            }, &err),
+            1);
+  EXPECT_THAT(err, HasSubstr("train: error: [fsdp] unit 'h.0' all_gather: DEADLINE_EXCEEDED: rank "
+                             "0 of 2 timed out after 5 s\n"));
+  EXPECT_THAT(err, HasSubstr("raise --timeout_s"));
+  // A bad op input stays what it was (Internal here, as before).
+  EXPECT_EQ(RunMain([]() -> absl::Status { tensor::ThrowOpError("matmul", "shapes"); }, &err), 1);
+  EXPECT_THAT(err, Not(HasSubstr("--timeout_s")));
 }
 
 }  // namespace

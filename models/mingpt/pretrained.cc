@@ -197,8 +197,10 @@ struct CheckpointOrigin {
 absl::StatusOr<std::optional<CheckpointOrigin>> CheckpointOf(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no such folder (a checkpoint or a Hugging Face GPT-2 model folder)"));
+    const bool file = std::filesystem::exists(path, ec);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, file ? " is a file, not a folder" : ": no such folder",
+        " (a checkpoint or a Hugging Face GPT-2 model folder)"));
   }
   if (train::IsHfModelDir(path)) return std::nullopt;
   absl::StatusOr<train::RecordedCheckpoint> recorded = train::ReadRecordedCheckpoint(

@@ -435,6 +435,12 @@ TEST(ReadPretrainedTest, CheckpointsComeWithTheirRecordedConfig) {
   absl::StatusOr<PretrainedWeights> none = ReadPretrained(dir + "/nowhere");
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("no such folder"), std::string::npos) << none.status();
+  // A file (the model's safetensors itself, say) is not taken for a missing folder.
+  absl::StatusOr<PretrainedWeights> file = ReadPretrained(step + "/model.safetensors");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("/model.safetensors is a file, not a folder (a checkpoint"),
+            std::string::npos)
+      << file.status();
   const std::string empty = FreshTempDir("empty");
   absl::StatusOr<PretrainedWeights> neither = ReadPretrained(empty);
   ASSERT_FALSE(neither.ok());

@@ -270,6 +270,25 @@ absl::Status Sample() {
   if (!given.ok()) return given.status();
   absl::StatusOr<bool> text = PrintsText(config, *tokenizer);
   if (!text.ok()) return text.status();
+  // Every row decodes at once (each prompt's samples, or its beams), each
+  // holding its prompt and new tokens: past 2^31 token positions the count
+  // is refused here rather than failing as an allocation.
+  {
+    const int64_t rows = options.beams() ? options.num_beams : num_samples;
+    int64_t longest_prompt = 0;
+    for (const std::vector<int64_t>& p : *given) {
+      longest_prompt = std::max<int64_t>(longest_prompt, static_cast<int64_t>(p.size()));
+    }
+    const double positions = static_cast<double>(given->size()) * static_cast<double>(rows) *
+                             (static_cast<double>(longest_prompt) + options.max_new_tokens);
+    if (positions >= 2147483648.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.beams() ? "--num_beams=" : "--num_samples=", rows, " with --max_new_tokens=",
+          options.max_new_tokens, ": ", given->size(), " prompt(s) x ", rows, " rows x up to ",
+          longest_prompt + options.max_new_tokens, " tokens is 2^31 token positions or more, "
+          "decoded at once; ask for fewer (another --seed gives more samples)"));
+    }
+  }
 
   GPT model(config);
   absl::Status loaded = nn::InitFromSources(model, pretrained->sources);

@@ -137,6 +137,11 @@ expect_error "--repetition_penalty must be finite and > 0 (1: off), got -1" --ch
 expect_error "--no_repeat_ngram_size must be >= 0 (0: off), got -3" --checkpoint="$dir/one" \
   --no_repeat_ngram_size=-3
 expect_error "--num_samples must be >= 1, got 0" --checkpoint="$dir/one" --num_samples=0
+expect_error "--num_samples=2147483648 with --max_new_tokens=" --checkpoint="$dir/one" \
+  --num_samples=2147483648
+expect_error "--num_beams=99999999999 with --max_new_tokens=" --checkpoint="$dir/one" \
+  --num_beams=99999999999
+expect_error "is 2^31 token positions or more" --checkpoint="$dir/one" --max_new_tokens=99999999999
 expect_error "--num_beams=0 must be >= 1" --checkpoint="$dir/one" --num_beams=0
 expect_error "--num_samples=4 with beam search must be <= --num_beams=3" --checkpoint="$dir/one" \
   --num_beams=3 --num_samples=4

@@ -89,6 +89,7 @@ bad_flag "--eval_data=random: its vocabulary 50257 is not the training data's 25
 bad_flag "--val_fraction=0.99995: the training part (the first 5e-05 of --data): [lm loader]" \
   --val_fraction=0.99995
 bad_flag "--val_fraction=1: must be in [0, 1)" --val_fraction=1
+bad_flag "--val_fraction=0.9999999: holds out" --val_fraction=0.9999999  # not said as 1
 bad_flag "--val_fraction=0.1: holds out part of --data for evaluation, and --eval_data=shipped" \
   --val_fraction=0.1 --eval_data=shipped
 bad_flag "--val_fraction=0.1: random tokens" --data=random --val_fraction=0.1
