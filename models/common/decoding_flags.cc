@@ -72,6 +72,11 @@ absl::Status CheckDecodingFlagsApply(const Decoding& decoding) {
           "): give --temperature > 0 to sample"));
     }
   }
+  if (decoding.eos_id < 0 && decoding.min_new_tokens > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--min_new_tokens=", decoding.min_new_tokens, ": it holds off --eos_id, but --eos_id=-1 "
+        "stops no row (each runs --max_new_tokens): give --eos_id, or drop --min_new_tokens"));
+  }
   if (decoding.num_beams == 1) {
     const std::vector<std::string> off =
         OffDefault({"length_penalty", "early_stopping"}, [](const char*) { return true; });

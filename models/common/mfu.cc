@@ -1,6 +1,7 @@
 // Model FLOPs utilization (mfu.h).
 #include "models/common/mfu.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -23,9 +24,9 @@ double GpuPeakTflops(absl::string_view device_name, tensor::Dtype compute_dtype)
 
 absl::StatusOr<double> PeakFlops(double flag_tflops, tensor::Device device,
                                  tensor::Dtype compute_dtype, int devices) {
-  if (!(flag_tflops >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--peak_tflops=", flag_tflops, " must be >= 0 (0: the GPU's known peak)"));
+  if (!(flag_tflops >= 0) || !std::isfinite(flag_tflops)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peak_tflops=", flag_tflops, " must be finite and >= 0 (0: the GPU's known peak)"));
   }
   double per_device = flag_tflops;
   if (per_device == 0 && device.is_cuda()) {

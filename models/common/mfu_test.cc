@@ -3,6 +3,7 @@
 // devices; a negative flag names it.
 #include "models/common/mfu.h"
 
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -29,8 +30,11 @@ TEST(MfuTest, PeakFlopsFromTheFlagTimesTheDevices) {
   absl::StatusOr<double> bad = PeakFlops(-1, Device::Cpu(), Dtype::kBF16, 1);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(bad.status().message()).find("--peak_tflops=-1 must be >= 0"),
+  EXPECT_NE(std::string(bad.status().message()).find("--peak_tflops=-1 must be finite and >= 0"),
             std::string::npos);
+  // An infinite peak would make every MFU 0%.
+  bad = PeakFlops(std::numeric_limits<double>::infinity(), Device::Cpu(), Dtype::kBF16, 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -147,6 +147,8 @@ expect_error "--num_samples=4 with beam search must be <= --num_beams=3" --check
   --num_beams=3 --num_samples=4
 expect_error "--min_new_tokens=300 must be in [0, max_new_tokens=256]" --checkpoint="$dir/one" \
   --min_new_tokens=300
+expect_error "--min_new_tokens=4: it holds off --eos_id, but --eos_id=-1 stops no row" \
+  --checkpoint="$dir/one" --min_new_tokens=4
 expect_error "--eos_id=256 is not an id of the vocabulary of 256 (nor -1)" --checkpoint="$dir/one" \
   --eos_id=256
 expect_error "--prompt_tokens: '300' is not a token id in [0, 256)" --checkpoint="$dir/one" \

@@ -146,7 +146,7 @@ bad_flag "--data=$dir/none.txt: .*cannot open" --data="$dir/none.txt"
 # The optimizer's flags are checked before the data is read.
 bad_flag "--optimizer='lion' is not one of adamw, sgd" --optimizer=lion --data="$dir/none.txt"
 bad_flag "--metrics_out: cannot open '$dir/none/m.jsonl'" --metrics_out="$dir/none/m.jsonl"
-bad_flag "--peak_tflops=-1 must be >= 0" --peak_tflops=-1
+bad_flag "--peak_tflops=-1 must be finite and >= 0" --peak_tflops=-1
 
 # MFU against a given peak (the CPU has no known one): on the step lines, the
 # summary and in the metrics; none without the flag.

@@ -96,7 +96,7 @@ bad_flag "--dropout=1.5 is not in [0, 1)" --dropout=1.5 --steps=1
 bad_flag "--num_sentinels=1" --num_sentinels=1 --steps=1
 bad_flag "--loss_scale='big' is not auto, none, dynamic" --loss_scale=big --steps=1
 bad_flag "--grad_accum_steps=-1 must be >= 1" --grad_accum_steps=-1 --steps=1
-bad_flag "--peak_tflops=-1 must be >= 0" --peak_tflops=-1 --steps=1
+bad_flag "--peak_tflops=-1 must be finite and >= 0" --peak_tflops=-1 --steps=1
 
 # MFU against a given peak: t5-tiny (d_model 128, 4 heads of 32, d_ff 512,
 # 2+2 layers, vocab 356) at 32 encoder and 8 decoder tokens is 116,416,512
