@@ -30,17 +30,6 @@
 namespace train {
 namespace {
 
-mingpt::GptConfig Config() {
-  mingpt::GptConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.dropout = 0;
-  return c;
-}
-
 // Every parameter of `a` and `b` holds the same values, bit for bit.
 void ExpectSameParameters(mingpt::GPT& a, mingpt::GPT& b) {
   auto pa = a.NamedParameters(), pb = b.NamedParameters();
@@ -55,11 +44,11 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
   TrainState state;
   state.loader_state = "x";
   testing::SavedRun saved =
-      testing::SaveAfterOneStep(Config(), ::testing::TempDir() + "/load_checkpoint", state);
+      testing::SaveAfterOneStep(testing::SmallConfig(), ::testing::TempDir() + "/load_checkpoint", state);
 
   tensor::MemoryLedger ledger;
   tensor::ScopedLedger scoped(&ledger);
-  mingpt::GPT model(Config());
+  mingpt::GPT model(testing::SmallConfig());
   model.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
   const tensor::Device cpu = tensor::Device::Cpu();
@@ -85,9 +74,9 @@ TEST(LoadCheckpointTest, ReadsIntoTheModelAndAdoptsTheStateRead) {
 // --init_from, and the model is left as it was.
 TEST(LoadCheckpointTest, TheModelAloneIsRefusedNamingInitFrom) {
   testing::SavedRun saved =
-      testing::SaveAfterOneStep(Config(), ::testing::TempDir() + "/load_model_only", TrainState{});
+      testing::SaveAfterOneStep(testing::SmallConfig(), ::testing::TempDir() + "/load_model_only", TrainState{});
   ASSERT_TRUE(std::filesystem::remove(saved.step_dir + "/optimizer.safetensors"));
-  mingpt::GPT model(Config()), untouched(Config());
+  mingpt::GPT model(testing::SmallConfig()), untouched(testing::SmallConfig());
   model.Materialize(2);
   untouched.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
@@ -108,8 +97,8 @@ TEST(LoadCheckpointTest, TheModelAloneIsRefusedNamingInitFrom) {
 // it) names both, before anything is read into the model.
 TEST(LoadCheckpointTest, AnotherOptimizersStateIsNamedAndNothingIsRead) {
   testing::SavedRun saved = testing::SaveAfterOneStep(
-      Config(), ::testing::TempDir() + "/load_other_optimizer", TrainState{});
-  mingpt::GPT model(Config()), untouched(Config());
+      testing::SmallConfig(), ::testing::TempDir() + "/load_other_optimizer", TrainState{});
+  mingpt::GPT model(testing::SmallConfig()), untouched(testing::SmallConfig());
   model.Materialize(2);
   untouched.Materialize(2);
   optim::SgdOptions o;
@@ -134,7 +123,7 @@ TEST(LoadCheckpointTest, AnotherOptimizersStateIsNamedAndNothingIsRead) {
 TEST(LoadCheckpointTest, BadOptimizerStateLeavesTheModelAsItWas) {
   namespace fs = std::filesystem;
   testing::SavedRun saved = testing::SaveAfterOneStep(
-      Config(), ::testing::TempDir() + "/load_bad_state", TrainState{});
+      testing::SmallConfig(), ::testing::TempDir() + "/load_bad_state", TrainState{});
   // The same checkpoint with one exp_avg entry in bf16.
   const std::string bad_dir = ::testing::TempDir() + "/load_bad_state_bf16";
   fs::remove_all(bad_dir);
@@ -151,7 +140,7 @@ TEST(LoadCheckpointTest, BadOptimizerStateLeavesTheModelAsItWas) {
   ASSERT_TRUE(WriteCheckpointFiles(bad_dir, nn::StateDict(*saved.model), state,
                                    saved.optimizer->name(), train_state)
                   .ok());
-  mingpt::GPT model(Config()), untouched(Config());
+  mingpt::GPT model(testing::SmallConfig()), untouched(testing::SmallConfig());
   model.Materialize(2);
   untouched.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
@@ -170,14 +159,14 @@ TEST(LoadCheckpointTest, BadOptimizerStateLeavesTheModelAsItWas) {
 TEST(LoadCheckpointTest, FilesOfDifferentSavesAreRefused) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "/load_two_saves";
-  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, TrainState{});
+  testing::SavedRun saved = testing::SaveAfterOneStep(testing::SmallConfig(), dir, TrainState{});
   TrainState two;
   two.step = 2;
   ASSERT_TRUE(SaveCheckpoint(dir, *saved.model, *saved.optimizer, two).ok());
   const std::string step2 = dir + "/" + CheckpointStepName(2);
   fs::copy_file(saved.step_dir + "/optimizer.safetensors", step2 + "/optimizer.safetensors",
                 fs::copy_options::overwrite_existing);
-  mingpt::GPT model(Config()), untouched(Config());
+  mingpt::GPT model(testing::SmallConfig()), untouched(testing::SmallConfig());
   model.Materialize(2);
   untouched.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
@@ -220,9 +209,9 @@ TEST(ResumeCheckpointTest, LoadsTheLatestStepAndNamesWhatIsWrong) {
   TrainState state;
   state.loader_state = position.ToString();
   state.extra["config"] = "tiny";
-  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  testing::SavedRun saved = testing::SaveAfterOneStep(testing::SmallConfig(), dir, state);
 
-  mingpt::GPT model(Config());
+  mingpt::GPT model(testing::SmallConfig());
   model.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
   absl::StatusOr<Resumed> resumed = ResumeCheckpoint("latest", dir, model, *fresh, "tiny");
@@ -279,14 +268,14 @@ TEST(ResumeCheckpointTest, AnotherModelIsRefusedNamingTheFieldsBeforeAnythingIsR
   const std::string dir = ::testing::TempDir() + "/resume_another_model";
   TrainState state;
   state.loader_state = data::LoaderState().ToString();
-  state.extra["config"] = Config().ToString();
-  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  state.extra["config"] = testing::SmallConfig().ToString();
+  testing::SavedRun saved = testing::SaveAfterOneStep(testing::SmallConfig(), dir, state);
 
-  mingpt::GPT model(Config()), untouched(Config());
+  mingpt::GPT model(testing::SmallConfig()), untouched(testing::SmallConfig());
   model.Materialize(2);
   untouched.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
-  mingpt::GptConfig bigger = Config();
+  mingpt::GptConfig bigger = testing::SmallConfig();
   bigger.n_layer = 3;
   bigger.n_embd = 48;
   absl::StatusOr<TrainState> loaded =
@@ -303,17 +292,17 @@ TEST(ResumeCheckpointTest, AnotherModelIsRefusedNamingTheFieldsBeforeAnythingIsR
   EXPECT_FALSE(resumed.ok());
   ExpectSameParameters(untouched, model);
 
-  mingpt::GptConfig other_dropout = Config();
+  mingpt::GptConfig other_dropout = testing::SmallConfig();
   other_dropout.dropout = 0.1f;
   other_dropout.name = "a-preset";
   resumed = ResumeCheckpoint("latest", dir, model, *fresh, other_dropout.ToString());
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   ExpectSameParameters(*saved.model, model);
   // What the resume changes is said (NoteRunSettingsChanges prints it).
-  EXPECT_EQ(ResumedModelChanges(Config().ToString(), other_dropout.ToString()),
+  EXPECT_EQ(ResumedModelChanges(testing::SmallConfig().ToString(), other_dropout.ToString()),
             std::vector<std::string>{
                 "the checkpoint was trained with dropout=0; continuing with dropout=0.1"});
-  EXPECT_TRUE(ResumedModelChanges(Config().ToString(), Config().ToString()).empty());
+  EXPECT_TRUE(ResumedModelChanges(testing::SmallConfig().ToString(), testing::SmallConfig().ToString()).empty());
 }
 
 // --resume of a checkpoint directory (what --checkpoint_dir names) resumes
@@ -322,7 +311,7 @@ TEST(ResumeCheckpointTest, AnotherModelIsRefusedNamingTheFieldsBeforeAnythingIsR
 TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
   const std::string dir = ::testing::TempDir() + "/resolve_directory";
   TrainState state;
-  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  testing::SavedRun saved = testing::SaveAfterOneStep(testing::SmallConfig(), dir, state);
   // (TempDir() ends in '/': the paths are compared normalized.)
   const std::string want = std::filesystem::path(saved.step_dir).lexically_normal().string();
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(dir, "");
@@ -363,268 +352,15 @@ TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
   EXPECT_EQ(ResolveCheckpoint("latest", dir).status().code(), absl::StatusCode::kDataLoss);
 }
 
-// --resume=auto: the folder's latest checkpoint when there is one, else a
-// fresh start; a fresh start into a folder of checkpoints is refused.
-TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothing) {
-  const std::string dir = ::testing::TempDir() + "/auto_resume";
-  std::filesystem::remove_all(dir);
-  EXPECT_EQ(*ResolveAutoResume("auto", dir), "");  // missing
-  EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
-  std::filesystem::create_directories(dir);
-  EXPECT_EQ(*ResolveAutoResume("auto", dir), "");  // empty
-  EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
-  EXPECT_EQ(*ResolveAutoResume("latest", dir), "latest");  // others as they are
-  EXPECT_EQ(ResolveAutoResume("auto", "").status().code(), absl::StatusCode::kInvalidArgument);
-
-  TrainState state;
-  testing::SaveAfterOneStep(Config(), dir, state);
-  EXPECT_EQ(*ResolveAutoResume("auto", dir), "latest");
-  const absl::Status fresh = CheckFreshCheckpointDir(dir);
-  EXPECT_EQ(fresh.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(fresh.message(),
-            absl::StrCat("--checkpoint_dir=", dir, " holds an earlier run's checkpoints "
-                         "(latest: step_000001), which this run's saves would replace: continue "
-                         "that run with --resume=latest (--resume=auto resumes when there is a "
-                         "checkpoint and starts fresh when there is none, as a restarted job "
-                         "wants), or give this run a new --checkpoint_dir"));
-  // Killed between the first step folder and `latest`: that step.
-  std::filesystem::remove(dir + "/latest");
-  EXPECT_TRUE(absl::StrContains(CheckFreshCheckpointDir(dir).message(),
-                                absl::StrCat("(step folders step_000001), which this run's saves "
-                                             "would replace: continue that run with --resume=",
-                                             dir, "/step_000001")));
-  EXPECT_EQ(*ResolveAutoResume("auto", dir), dir + "/step_000001");
-  // A save interrupted with its copy set aside: how to put it back, not a
-  // fresh start over it.
-  std::filesystem::rename(dir + "/step_000001", dir + "/step_000001.old-7");
-  { std::ofstream(dir + "/latest") << "step_000001\n"; }
-  const absl::StatusOr<std::string> interrupted = ResolveAutoResume("auto", dir);
-  ASSERT_FALSE(interrupted.ok());
-  EXPECT_TRUE(absl::StrContains(interrupted.status().message(), "put it back with `mv"))
-      << interrupted.status();
-  EXPECT_TRUE(absl::StrContains(CheckFreshCheckpointDir(dir).message(), "put it back with `mv"));
-  std::filesystem::rename(dir + "/step_000001.old-7", dir + "/step_000001");
-  // A `latest` naming a step that is gone, nothing else: a fresh start.
-  std::filesystem::remove_all(dir + "/step_000001");
-  { std::ofstream(dir + "/latest") << "step_000001\n"; }
-  EXPECT_EQ(*ResolveAutoResume("auto", dir), "");
-  EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
-}
-
-// A step folder whose files are missing is still taken as one: loading it
-// names the missing file and the checkpoints beside it.
-// A --resume given (not auto) is found before the run starts: one that names
-// no checkpoint fails the plan with ResolveCheckpoint's error.
-TEST(PlanResumeTest, AGivenResumeMustNameACheckpoint) {
-  const std::string dir = ::testing::TempDir() + "/plan_resume";
-  std::filesystem::remove_all(dir);
-  const absl::StatusOr<ResumePlan> none = PlanResume("latest", dir, {});
-  EXPECT_EQ(none.status(), absl::NotFoundError("no checkpoint to resume: '" + dir +
-                                               "/latest' is missing"));
-  EXPECT_FALSE(std::filesystem::exists(dir));
-  EXPECT_EQ(PlanResume(dir + "/step_000001", "", {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  TrainState state;
-  testing::SaveAfterOneStep(Config(), dir, state);
-  absl::StatusOr<ResumePlan> plan = PlanResume("latest", dir, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->resume, "latest");
-  EXPECT_FALSE(plan->auto_fresh);
-  plan = PlanResume(dir + "/step_000001", "", {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->resume, dir + "/step_000001");
-}
-
-// A --resume given may not let this run's saves replace another run's
-// checkpoints: going back to an earlier step of --checkpoint_dir is refused
-// while later step folders are there; a checkpoint of another folder is
-// refused when --checkpoint_dir holds checkpoints (as a fresh start is);
-// continuing the latest step replaces nothing of another run. A restarted
-// job continues its own latest checkpoint instead of the --resume given.
-TEST(PlanResumeTest, AResumeThatWouldReplaceAnotherRunsCheckpointsIsRefused) {
-  namespace fs = std::filesystem;
-  const std::string dir = ::testing::TempDir() + "/plan_replace";
-  const std::string other = ::testing::TempDir() + "/plan_other";
-  fs::remove_all(dir);
-  fs::remove_all(other);
-  TrainState state;
-  testing::SaveAfterOneStep(Config(), dir, state);  // step_000001
-  testing::SaveAfterOneStep(Config(), other, state);
-  for (const char* step : {"step_000002", "step_000004", "step_000005"}) {
-    fs::copy(dir + "/step_000001", dir + "/" + step);
-  }
-  ASSERT_TRUE(SetLatestCheckpoint(dir, 4).ok());
-  // Back to step 2: steps 4 and 5 are later (5 is this run's interrupted
-  // save after latest, but going back would strand it too).
-  absl::StatusOr<ResumePlan> plan = PlanResume(dir + "/step_000002", dir, {});
-  EXPECT_EQ(plan.status(),
-            absl::InvalidArgumentError(absl::StrCat(
-                "--resume=", dir, "/step_000002 goes back to step 2 of --checkpoint_dir=", dir,
-                ", which holds later checkpoints (step_000004, step_000005) that this run's "
-                "saves, or a later --resume=latest, would replace: resume the newest (--resume=",
-                dir, "/step_000005), or move them aside first (mv -T ", dir, "/step_000004 ", dir,
-                "/step_000004.before-resume; mv -T ", dir, "/step_000005 ", dir,
-                "/step_000005.before-resume), or give this run a new --checkpoint_dir")));
-  // A newest kept without its optimizer state (model only) is said as such,
-  // and not offered as the resume (it is refused).
-  fs::copy(dir + "/step_000005", dir + "/step_000006");
-  fs::remove(dir + "/step_000006/optimizer.safetensors");
-  plan = PlanResume(dir + "/step_000002", dir, {});
-  EXPECT_NE(plan.status().message().find("holds later checkpoints (step_000004, step_000005, "
-                                         "step_000006 (model only))"),
-            std::string::npos)
-      << plan.status();
-  EXPECT_EQ(plan.status().message().find("resume the newest"), std::string::npos)
-      << plan.status();
-  fs::remove_all(dir + "/step_000006");
-  // The step `latest` names (also as "latest" or as the folder) behind a
-  // later step folder (a save interrupted before `latest`, or a `latest` set
-  // back): refused too, naming it; auto takes the newest.
-  for (const std::string& given : {dir + "/step_000004", std::string("latest"), dir}) {
-    plan = PlanResume(given, dir, {});
-    EXPECT_TRUE(absl::StrContains(plan.status().message(),
-                                  absl::StrCat(" goes back to step 4 of --checkpoint_dir=", dir,
-                                               " (the step its latest names), which holds later "
-                                               "checkpoints (step_000005) ")))
-        << given << ": " << plan.status();
-  }
-  plan = PlanResume("auto", dir, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->resume, dir + "/step_000005");
-  // A fresh start is refused pointing at what auto takes.
-  EXPECT_TRUE(absl::StrContains(PlanResume("", dir, {}).status().message(),
-                                absl::StrCat("continue that run with --resume=", dir,
-                                             "/step_000005 (--resume=auto")))
-      << PlanResume("", dir, {}).status();
-  // A later "step_N" that holds no checkpoint one can read (here a file; an
-  // empty folder holds nothing and counts for nothing): auto does not pass
-  // over it, nor does a --resume given.
-  fs::create_directories(dir + "/step_000007");
-  std::ofstream(dir + "/step_000006") << "not a folder";
-  plan = PlanResume("auto", dir, {});
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(plan.status().message(),
-            absl::StrCat("--resume=auto: ", dir, " holds step_000006, later than its newest "
-                         "checkpoint one can read (step_000005), which this run's saves would "
-                         "replace or fail on: ", dir, "/step_000006 is not a folder; repair them, "
-                         "or move them aside (mv -T ", dir, "/step_000006 ", dir,
-                         "/step_000006.unusable)"));
-  // Nor does a fresh start, and a folder of unreadable step folders alone
-  // (no checkpoint one can read at all) is refused by auto and a fresh start.
-  const std::string bare = ::testing::TempDir() + "/plan_unusable_only";
-  fs::remove_all(bare);
-  fs::create_directories(bare);
-  std::ofstream(bare + "/step_000003") << "not a folder";
-  plan = PlanResume("auto", bare, {});
-  EXPECT_EQ(plan.status().message(),
-            absl::StrCat("--resume=auto: ", bare, " holds step_000003, later than any checkpoint "
-                         "one can read (there is none), which this run's saves would replace or "
-                         "fail on: ", bare, "/step_000003 is not a folder; repair them, or move "
-                         "them aside (mv -T ", bare, "/step_000003 ", bare,
-                         "/step_000003.unusable)"));
-  EXPECT_EQ(PlanResume("", bare, {}).status().message(),
-            absl::StrCat("--checkpoint_dir=", bare, " holds step folders with no checkpoint one "
-                         "can read (step_000003), which this run's saves would replace or fail "
-                         "on: repair or move them aside, or give this run a new "
-                         "--checkpoint_dir"));
-  plan = PlanResume(dir + "/step_000005", dir, {});
-  EXPECT_TRUE(absl::StrContains(plan.status().message(),
-                                "which holds later step folders holding no checkpoint one can "
-                                "read (step_000006) that this run's saves"))
-      << plan.status();
-  EXPECT_TRUE(absl::StrContains(PlanResume("", dir, {}).status().message(),
-                                "which this run's saves would replace, and later step folders "
-                                "with no checkpoint one can read (step_000006): repair or move "
-                                "those aside before resuming it"))
-      << PlanResume("", dir, {}).status();
-  fs::remove_all(dir + "/step_000006");
-  EXPECT_TRUE(PlanResume(dir + "/step_000005", dir, {}).ok());
-  fs::remove_all(dir + "/step_000007");
-  fs::remove_all(dir + "/step_000005");
-  EXPECT_TRUE(PlanResume(dir + "/step_000004", dir, {}).ok());
-  EXPECT_TRUE(PlanResume("latest", dir, {}).ok());
-  EXPECT_TRUE(PlanResume(dir, dir, {}).ok());
-  // Another folder's checkpoint into a folder of checkpoints: refused as a
-  // fresh start is; into a new folder, or saving nothing: accepted.
-  plan = PlanResume(other + "/step_000001", dir, {});
-  ASSERT_FALSE(plan.ok());
-  EXPECT_TRUE(absl::StartsWith(
-      plan.status().message(),
-      absl::StrCat("--resume=", other, "/step_000001 is a checkpoint of another folder: "
-                   "--checkpoint_dir=", dir, " holds an earlier run's checkpoints (latest: "
-                   "step_000004)")))
-      << plan.status();
-  EXPECT_TRUE(PlanResume(other + "/step_000001", dir + "_new", {}).ok());
-  EXPECT_TRUE(PlanResume(dir + "/step_000002", "", {}).ok());
-  // A restart of the job whose earlier attempt locked the folder (the lock
-  // names its launch): its own latest checkpoint, said in the note when it
-  // is not the one --resume names.
-  std::ofstream(dir + "/.lock") << "pid 1 on host h for launch 42-7\n";
-  EXPECT_EQ(LockedForLaunch(dir), "42-7");
-  const JobAttempt restarted{1, "42-7"};
-  for (const std::string& given : {other + "/step_000001", dir + "/step_000002"}) {
-    plan = PlanResume(given, dir, restarted);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->resume, "latest");
-    EXPECT_EQ(plan->note, absl::StrCat("restart 1 of this job: continuing ", dir,
-                                       "'s latest checkpoint, not --resume=", given,
-                                       " (where its first attempt started)"));
-  }
-  plan = PlanResume(dir + "/step_000004", dir, restarted);  // the same checkpoint: no note
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->note, "");
-  // Not this launch's folder (another launch locked it, even of a run of the
-  // same id; the first attempt; no launch known), or a lock that names none:
-  // the checks, and refusal, saying what a restart wants.
-  for (const JobAttempt& a : {JobAttempt{1, "43-9"}, JobAttempt{0, "42-7"}, JobAttempt{1, ""}}) {
-    const absl::Status s = PlanResume(other + "/step_000001", dir, a).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << a.restart << " " << a.launch;
-    EXPECT_EQ(absl::StrContains(s.message(), "--resume=auto continues what its earlier"),
-              a.restart > 0)
-        << s;
-  }
-  std::ofstream(dir + "/.lock") << "pid 1 on host h\n";
-  EXPECT_EQ(LockedForLaunch(dir), "");
-  EXPECT_EQ(PlanResume(other + "/step_000001", dir, JobAttempt{1, ""}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  plan = PlanResume(other + "/step_000001", dir + "_empty", restarted);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->resume, other + "/step_000001");
-  EXPECT_EQ(plan->note, "");
-}
-
-// The launch a restart knows its own checkpoints by: //tools:launch's
-// LAUNCH_ID, else torchrun's agent folder for the run (from its error file).
-TEST(JobAttemptTest, TheLaunchFromTheLaunchersVariables) {
-  for (const char* v : {"RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "LAUNCH_ID",
-                        "TORCHELASTIC_ERROR_FILE"}) {
-    ::unsetenv(v);
-  }
-  EXPECT_EQ(JobAttemptFromEnvironment().restart, 0);
-  EXPECT_EQ(JobAttemptFromEnvironment().launch, "");
-  ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
-  ::setenv("TORCHELASTIC_ERROR_FILE", "/tmp/torchelastic_a1/none_b2/attempt_2/0/error.json", 1);
-  EXPECT_EQ(JobAttemptFromEnvironment().restart, 2);
-  EXPECT_EQ(JobAttemptFromEnvironment().launch, "/tmp/torchelastic_a1/none_b2");
-  ::setenv("RESTART_COUNT", "", 1);  // empty: unset
-  ::setenv("LAUNCH_ID", "42-7", 1);
-  EXPECT_EQ(JobAttemptFromEnvironment().restart, 2);
-  EXPECT_EQ(JobAttemptFromEnvironment().launch, "42-7");
-  for (const char* v : {"RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "LAUNCH_ID",
-                        "TORCHELASTIC_ERROR_FILE"}) {
-    ::unsetenv(v);
-  }
-}
-
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {
   const std::string dir = ::testing::TempDir() + "/resolve_damaged";
   TrainState state;
-  testing::SavedRun saved = testing::SaveAfterOneStep(Config(), dir, state);
+  testing::SavedRun saved = testing::SaveAfterOneStep(testing::SmallConfig(), dir, state);
   std::filesystem::remove(saved.step_dir + "/model.safetensors");
   absl::StatusOr<std::string> step_dir = ResolveCheckpoint(saved.step_dir, "");
   ASSERT_TRUE(step_dir.ok()) << step_dir.status();
   EXPECT_EQ(*step_dir, saved.step_dir);
-  mingpt::GPT model(Config());
+  mingpt::GPT model(testing::SmallConfig());
   model.Materialize(2);
   auto fresh = optim::AdamW::Create({}).value();
   absl::StatusOr<Resumed> resumed = ResumeCheckpoint(saved.step_dir, "", model, *fresh, "");
@@ -828,7 +564,7 @@ TEST(LoadCheckpointTest, AShardedCheckpointSaysHowToResumeIt) {
   const fs::path dir = fs::path(::testing::TempDir()) / "load_sharded" / "step_000003";
   fs::create_directories(dir);
   std::ofstream(dir / "index.json") << "{}";
-  mingpt::GPT model(Config());
+  mingpt::GPT model(testing::SmallConfig());
   model.Materialize(3);
   auto opt = optim::AdamW::Create({}).value();
   absl::StatusOr<TrainState> state = LoadCheckpoint(dir.string(), model, *opt);
@@ -848,7 +584,7 @@ TEST(SaveCheckpointTest, ASavedStepReplacesTheFolderAsAWhole) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "/save_replaces";
   fs::remove_all(dir);
-  mingpt::GPT model(Config());
+  mingpt::GPT model(testing::SmallConfig());
   model.Materialize(3);
   auto opt = optim::AdamW::Create({}).value();
   TrainState state;

@@ -16,6 +16,17 @@ TinyBatch MakeTinyBatch() {
           tensor::Tensor::FromVector({5, 9, 3, 7, 2, 8, 4, 6}, {2, 4}, tensor::Dtype::kI64)};
 }
 
+mingpt::GptConfig SmallConfig() {
+  mingpt::GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.dropout = 0;
+  return c;
+}
+
 SavedRun SaveAfterOneStep(const mingpt::GptConfig& config, const std::string& dir,
                           TrainState state) {
   std::filesystem::remove_all(dir);

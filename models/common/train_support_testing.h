@@ -15,6 +15,10 @@
 namespace train {
 namespace testing {
 
+// A minGPT small enough to save in milliseconds: 2 layers, 2 heads,
+// n_embd 32, vocab 64, block 16, no dropout.
+mingpt::GptConfig SmallConfig();
+
 // Two sequences of 4 tokens (ids below 10) and their next tokens, on the CPU.
 struct TinyBatch {
   tensor::Tensor idx;  // (2, 4) i64
