@@ -134,7 +134,7 @@ class UnitValuesBroadcast {
     tensor::Fill(said_.Narrow(0, 1, 1), static_cast<double>(missing + 1));
     absl::Status s = pg_.AllGatherSync(said_, all_);
     if (failure) std::rethrow_exception(failure);  // this rank's own error first
-    OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
+    tensor::ThrowIfError(s, "FullyShard", "sync_module_states");
     const std::vector<float> told = all_.To(tensor::Device::Cpu()).ToVector<float>();  // (2 size,)
     std::vector<int> short_ranks, failed_ranks;
     for (int r = 0; r < pg_.size(); ++r) {
@@ -158,7 +158,7 @@ class UnitValuesBroadcast {
              params[rank0_missing].first,
              "' is not materialized (rank 0's values become every rank's: it must have them all)");
     s = pg_.BroadcastSync(flat, 0);
-    OP_CHECK(s.ok(), "FullyShard", "sync_module_states: ", s.ToString());
+    tensor::ThrowIfError(s, "FullyShard", "sync_module_states");
     int64_t offset = 0;
     for (const auto& [name, p] : params) {
       const int64_t n = p->shape.numel();
@@ -270,10 +270,9 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     // Shard groups: consecutive ranks (a node); replicate groups: the ranks
     // with the same index in their shard group.
     absl::StatusOr<std::unique_ptr<ProcessGroup>> shard = pg.Split(pg.rank() / g);
-    OP_CHECK(shard.ok(), "FullyShard", "HYBRID_SHARD shard group: ", shard.status().ToString());
+    tensor::ThrowIfError(shard.status(), "FullyShard", "HYBRID_SHARD shard group");
     absl::StatusOr<std::unique_ptr<ProcessGroup>> replicate = pg.Split(pg.rank() % g);
-    OP_CHECK(replicate.ok(), "FullyShard",
-             "HYBRID_SHARD replicate group: ", replicate.status().ToString());
+    tensor::ThrowIfError(replicate.status(), "FullyShard", "HYBRID_SHARD replicate group");
     shard_pg_ = std::move(*shard);
     replicate_pg_ = std::move(*replicate);
     shard_pg = shard_pg_.get();
@@ -305,7 +304,7 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
   for (auto& [name, buffer] : buffers) {
     if (options_.sync_module_states && buffer->defined()) {
       absl::Status s = pg.BroadcastSync(*buffer, 0);
-      OP_CHECK(s.ok(), "FullyShard", "sync_module_states: buffer ", name, ": ", s.ToString());
+      tensor::ThrowIfError(s, "FullyShard", "sync_module_states: buffer ", name);
     }
   }
   // A unit's Init reads this rank's shard (--init_from's file, out of

@@ -306,6 +306,15 @@ TEST(ThreadGroupFailureTest, AThrownStatusKeepsItsCode) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  // A collective's tensors that do not match a peer's: the program's fault
+  // (Internal), not a bad command line (InvalidArgument: exit 2).
+  status = RunRanks(2, [&](int rank, ProcessGroup& pg) -> absl::Status {
+    if (rank == 1) {
+      tensor::ThrowIfError(absl::InvalidArgumentError("shapes differ"), "fsdp", "all_gather");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(absl::IsInternal(status)) << status;
 }
 
 TEST(ThreadGroupFailureTest, QueuedWorkOfAFinishedRankStillRuns) {

@@ -405,7 +405,7 @@ std::vector<std::pair<std::string, tensor::Tensor>> Zero1::FullStateDict() {
     }
     absl::Status s;
     for (WorkPtr& w : works) s.Update(w->Wait());
-    OP_CHECK(s.ok(), "zero1", "full_state_dict all_gather: ", s.ToString());
+    tensor::ThrowIfError(s, "zero1", "full_state_dict all_gather");
   } else {
     for (size_t b = 0; b < buckets_.size(); ++b) fp32[b] = buckets_[b].param;
   }

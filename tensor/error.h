@@ -43,13 +43,18 @@ class StatusError : public OpError {
   absl::Status status_;
 };
 
-// Throws StatusError with `status`'s code and the message "[op] pieces...:
-// <status.ToString()>" unless `status` is OK.
+// Throws StatusError with the message "[op] pieces...: <status.ToString()>"
+// unless `status` is OK. Its code is `status`'s, but InvalidArgument (a
+// collective's tensors that do not match a peer's) becomes Internal: the
+// program's fault there, not its command line's.
 template <typename... Args>
 void ThrowIfError(const absl::Status& status, const char* op, const Args&... pieces) {
   if (status.ok()) return;
-  throw StatusError(absl::Status(
-      status.code(), absl::StrCat("[", op, "] ", pieces..., ": ", status.ToString())));
+  const absl::StatusCode code = status.code() == absl::StatusCode::kInvalidArgument
+                                    ? absl::StatusCode::kInternal
+                                    : status.code();
+  throw StatusError(
+      absl::Status(code, absl::StrCat("[", op, "] ", pieces..., ": ", status.ToString())));
 }
 
 // The status of the exception being handled; call it inside a catch block.

@@ -542,7 +542,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& [name, value] : {std::pair<const char*, double>{"atol", absl::GetFlag(FLAGS_atol)},
                                     {"rtol", absl::GetFlag(FLAGS_rtol)}}) {
-    if (!(value >= 0) || !std::isfinite(value)) {  // a NaN, negative or infinite one decides nothing
+    // diff's: a NaN, negative or infinite tolerance decides nothing.
+    if (cmd == "diff" && (!(value >= 0) || !std::isfinite(value))) {
       return Fail(absl::StrCat("--", name, "=", value, " must be finite and >= 0"));
     }
   }

@@ -71,12 +71,12 @@ absl::StatusOr<data::Gpt2Tokenizer> LoadTokenizer(const std::string& flag) {
 // of those it reads (the inputs, the tokenizer folder's vocabulary and
 // merges): writing one would destroy it.
 absl::Status CheckWritesNoInput(const std::string& output, const std::vector<std::string>& inputs,
-                                const std::string& tokenizer_flag) {
+                                const data::Gpt2Tokenizer& tokenizer) {
   std::vector<std::pair<std::string, std::string>> read;  // (what it is, path)
   for (const std::string& input : inputs) read.emplace_back("the input", input);
-  if (data::Gpt2Tokenizer::IsTokenizerDir(tokenizer_flag)) {
+  {  // the folder it was read from (the shipped one for gpt2)
     absl::StatusOr<std::pair<std::string, std::string>> files =
-        data::Gpt2Tokenizer::FindFiles(tokenizer_flag);
+        data::Gpt2Tokenizer::FindFiles(tokenizer.source());
     if (files.ok()) {
       read.emplace_back("the tokenizer's vocabulary", files->first);
       read.emplace_back("the tokenizer's merges", files->second);
@@ -145,7 +145,7 @@ absl::Status Tokenize() {
     total_bytes += (*file)->size();
     files.push_back(*std::move(file));
   }
-  if (absl::Status s = CheckWritesNoInput(output, inputs, tokenizer_flag); !s.ok()) return s;
+  if (absl::Status s = CheckWritesNoInput(output, inputs, *tokenizer); !s.ok()) return s;
   if (total_bytes == 0 && !append_eot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--input: ", absl::GetFlag(FLAGS_input), " holds no text (0 bytes): nothing to write"));

@@ -82,6 +82,9 @@ expect_error "is the tokenizer's vocabulary, which writing it would destroy" --i
 expect_error "$dir/tok_copy/merges.txt is the tokenizer's merges" --input="$text" \
   --output="$dir/tok_copy/merges.txt" --tokenizer="$dir/tok_copy"
 diff -r "$dir/tok" "$dir/tok_copy"
+# The shipped tokenizer's files too (--tokenizer=gpt2, the default).
+expect_error "is the tokenizer's vocabulary" --input="$text" \
+  --output="$(dirname "$text")/../gpt2_tokenizer/vocab"
 [[ ! -e "$dir/tok_copy/vocab" ]]
 : > "$dir/empty.txt"
 expect_error "holds no text (0 bytes): nothing to write" --input="$dir/empty.txt" \

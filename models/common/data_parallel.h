@@ -393,7 +393,8 @@ class DataParallelModel : public Trainer {
 
   // The rest of a training step once this rank's ForwardBackward returned
   // `local_loss` at loss scale `scale`, in order: the loss averaged over the
-  // ranks (not finite: an error naming the 0-based `step`) -> FinishBackward
+  // ranks (not finite: an error naming the step; `step` is 0-based, said
+  // from 1 as the step lines count) -> FinishBackward
   // -> unscale, where an inf or NaN on any rank skips the step on every rank
   // (`scaling`; `log`: say so) -> clip to a global norm of `grad_clip` (when
   // > 0) -> Step -> ZeroGrad. The same result on every rank. One process

@@ -490,6 +490,25 @@ TEST(DataParallelModelTest, AResumeCheckThatFailsOnOneRankStopsEveryRank) {
   }
 }
 
+// ZeRO-1's clip sums the ranks' squares: a peer that is gone fails it with
+// the collective's own code (as FSDP's clip), not an Internal error that
+// hides a timeout from train's exit code and hint.
+TEST(DataParallelModelTest, AZero1ClipWhosePeerIsGoneKeepsTheCollectivesCode) {
+  const DataParallelConfig config = ThreadsConfig("zero1", 2);
+  absl::Status got;
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    mingpt::GPT model(Tiny());
+    auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    if (rank.rank == 0) got = (*dp)->ClipGradNorm(1.0).status();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(got.ok());
+  EXPECT_NE(got.code(), absl::StatusCode::kInternal) << got;
+  EXPECT_TRUE(absl::StrContains(got.message(), "[zero1] clip_grad_norm all_reduce: ")) << got;
+}
+
 TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
   const DataParallelConfig transformer = ThreadsConfig("full_shard", 1);
   const DataParallelConfig small_units = ThreadsConfig("full_shard", 1, "size:50");

@@ -92,7 +92,8 @@ absl::Status MetricsWriter::DropAfter(int64_t step) {
   absl::Status s = tensor::WriteFileDurably(path_, kept);
   out_.open(path_, std::ios::app);
   if (s.ok() && !out_) {
-    s = absl::UnavailableError(absl::StrCat("cannot open '", path_, "' for append"));
+    s = absl::UnavailableError(
+        absl::StrCat("cannot open '", path_, "' for append: ", std::strerror(errno)));
   }
   return s;
 }

@@ -43,12 +43,12 @@ struct StepResult {
   bool skipped = false;  // loss scaling found inf/nan gradients: no optimizer step
 };
 
-// The gradient norm before clipping at 0-based `step`: one that is not finite
+// The gradient norm before clipping at `step` (the step lines' count, from
+// 1, as the message says it): one that is not finite
 // (an inf or NaN gradient with a finite loss, which loss scaling, when on,
 // would have caught first) is an InternalError naming the step, returned
 // before the optimizer step, so that the weights, and any checkpoint saved
 // after, stay finite (PyTorch's clip_grad_norm_(error_if_nonfinite=True)).
-// `step` is said as given: the step lines' count, from 1.
 absl::Status CheckGradNorm(double norm, int64_t step);
 
 // "step 10 | loss 2.3456 | lr 3.0e-04 | 123.4 ms | 16600 tok/s | peak MiB params 1.2 ..."

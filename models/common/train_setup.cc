@@ -175,8 +175,9 @@ absl::Status CheckInitFromData(const std::string& tokenizer_flag, const std::str
 }
 
 std::string EvalFlags::SourceFlag() const {
-  return data.empty() && val_fraction > 0 ? absl::StrCat("--val_fraction=", val_fraction)
-                                          : "--eval_data";
+  return data.empty() && val_fraction > 0
+             ? absl::StrCat("--val_fraction=", absl::StrFormat("%.10g", val_fraction))
+             : "--eval_data";
 }
 
 absl::Status CheckGradClip(double grad_clip) {
@@ -303,7 +304,7 @@ absl::Status TrainDataFailure(const absl::Status& failure, const EvalFlags& flag
     return failure;
   }
   return absl::Status(failure.code(),
-                      absl::StrCat("--val_fraction=", flags.val_fraction,
+                      absl::StrCat("--val_fraction=", absl::StrFormat("%.10g", flags.val_fraction),
                                    ": the training part (the first ", 1.0 - flags.val_fraction,
                                    " of --data): ", failure.message()));
 }

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "models/common/command_line.h"
@@ -279,14 +280,18 @@ absl::Status Sample() {
     for (const std::vector<int64_t>& p : *given) {
       longest_prompt = std::max<int64_t>(longest_prompt, static_cast<int64_t>(p.size()));
     }
-    const double positions = static_cast<double>(given->size()) * static_cast<double>(rows) *
-                             (static_cast<double>(longest_prompt) + options.max_new_tokens);
+    const double length = static_cast<double>(longest_prompt) +
+                          static_cast<double>(options.max_new_tokens);  // no int overflow
+    const double positions = static_cast<double>(given->size()) * static_cast<double>(rows) * length;
     if (positions >= 2147483648.0) {
+      const std::string rows_flag =
+          absl::StrCat(options.beams() ? "--num_beams=" : "--num_samples=", rows);
+      const std::string length_flag = absl::StrCat("--max_new_tokens=", options.max_new_tokens);
       return absl::InvalidArgumentError(absl::StrCat(
-          options.beams() ? "--num_beams=" : "--num_samples=", rows, " with --max_new_tokens=",
-          options.max_new_tokens, ": ", given->size(), " prompt(s) x ", rows, " rows x up to ",
-          longest_prompt + options.max_new_tokens, " tokens is 2^31 token positions or more, "
-          "decoded at once; ask for fewer (another --seed gives more samples)"));
+          length >= 2147483648.0 ? length_flag : absl::StrCat(rows_flag, " with ", length_flag),
+          ": ", given->size(), " prompt(s) x ", rows, " row(s) x up to ",
+          absl::StrFormat("%.0f", length), " tokens is 2^31 token positions or more, decoded at "
+          "once; ask for fewer", options.beams() ? "" : " (another --seed gives more samples)"));
     }
   }
 

@@ -141,7 +141,10 @@ expect_error "--num_samples=2147483648 with --max_new_tokens=" --checkpoint="$di
   --num_samples=2147483648
 expect_error "--num_beams=99999999999 with --max_new_tokens=" --checkpoint="$dir/one" \
   --num_beams=99999999999
-expect_error "is 2^31 token positions or more" --checkpoint="$dir/one" --max_new_tokens=99999999999
+expect_error "--max_new_tokens=99999999999: 1 prompt(s) x 1 row(s) x up to 1000000000" \
+  --checkpoint="$dir/one" --max_new_tokens=99999999999
+expect_error "--max_new_tokens=9223372036854775807: " --checkpoint="$dir/one" \
+  --max_new_tokens=9223372036854775807
 expect_error "--num_beams=0 must be >= 1" --checkpoint="$dir/one" --num_beams=0
 expect_error "--num_samples=4 with beam search must be <= --num_beams=3" --checkpoint="$dir/one" \
   --num_beams=3 --num_samples=4
