@@ -53,11 +53,15 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
       return absl::InvalidArgumentError(
           absl::StrCat("--init_loss_scale=", init_scale, " must be a positive finite number"));
     }
-    if (init_scale > kMaxInitScale) {
+    // fp16 gradients overflow at 2^16: from 2^64, 48 halvings reach it.
+    const bool fp16 = needs_scaling;
+    if (init_scale > (fp16 ? kMaxScale : kMaxInitScale)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--init_loss_scale=", init_scale, " is above 2^150: the scale halves once per skipped "
-          "step and the run stops after ", kMaxSkippedInARow, " in a row, which from there "
-          "would not bring it well inside fp32's range (2^128); start at 2^16 (the default)"));
+          "--init_loss_scale=", init_scale, " is above ", fp16 ? "2^64" : "2^150",
+          ": the scale halves once per skipped step and the run stops after ",
+          kMaxSkippedInARow, " in a row, which from there would not bring it well inside ",
+          fp16 ? "fp16's range (2^16)" : "fp32's range (2^128)",
+          "; start at 2^16 (the default)"));
     }
     precision::LossScalerOptions o;
     o.init_scale = init_scale;

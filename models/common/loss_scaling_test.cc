@@ -41,6 +41,10 @@ TEST(LossScalingTest, BadFlagsAreNamed) {
             std::string::npos);
   EXPECT_NE(error("dynamic", 1e300, false).find("--init_loss_scale=1e+300 is above 2^150"),
             std::string::npos);
+  // fp16 (needs_scaling): its gradients overflow at 2^16, so the bound is 2^64.
+  EXPECT_NE(error("dynamic", 1e30, true).find("--init_loss_scale=1e+30 is above 2^64"),
+            std::string::npos);
+  EXPECT_EQ(error("dynamic", 1e30, false), "");  // bf16 / fp32: within fp32's range
   EXPECT_NE(error("dynamic", 0, false).find("--init_loss_scale=0 must be a positive"),
             std::string::npos);
   EXPECT_NE(error("none", 1, true).find("--loss_scale=none with --precision=fp16"),
