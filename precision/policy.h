@@ -30,6 +30,9 @@ struct MixedPrecisionPolicy {
   // Module classes (nn::Module::class_name()) computed entirely in fp32: a
   // module of one and every module inside it keep fp32 parameters
   // (nn::KeptFp32Parameters), as PyTorch FSDP's _module_classes_to_ignore.
+  // Unlike PyTorch (which wraps such a module as a unit of its own), their
+  // gradients are communicated in reduce_dtype with the rest of their FSDP
+  // unit or DDP/ZeRO-1 bucket.
   std::vector<std::string> fp32_module_classes = {"BatchNorm1d"};
 
   // Everything fp32 (no mixed precision).

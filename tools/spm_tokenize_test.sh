@@ -92,6 +92,11 @@ grep -q "| eos 1, pad 0, decoder start 0$" "$dir/auto.log" || { cat "$dir/auto.l
 "$generate" --init_from="$dir/bytes" --input="$dir/ids.txt" --max_new_tokens=2 2> "$dir/auto.log" \
   > /dev/null
 grep -q "| eos -1, pad 0, decoder start 0$" "$dir/auto.log" || { cat "$dir/auto.log"; exit 1; }
+# There --min_new_tokens holds off nothing: refused, saying --eos_id=auto is -1 (exit 2).
+if "$generate" --init_from="$dir/bytes" --input="$dir/ids.txt" --min_new_tokens=2 \
+    > /dev/null 2> "$dir/min.log"; then echo "--min_new_tokens without an eos ran"; exit 1; fi
+grep -q -- "--eos_id=auto is -1 here (the weights record no eos id)" "$dir/min.log" ||
+  { cat "$dir/min.log"; exit 1; }
 # The same ids apart by tabs, from stdin (--input=-): the same tokens.
 tr ' ' '\t' < "$dir/ids.txt" | "$generate" --init_from="$dir/ck" --input=- --max_new_tokens=6 \
   --eos_id=-1 2> /dev/null | cmp - "$dir/out.txt"

@@ -307,7 +307,7 @@ absl::StatusOr<double> DataParallelModel::ClipGradNorm(double max_norm) {
       // Each rank holds its shard of the averaged gradients: sum the squares.
       auto sum = [this](double x) {
         absl::StatusOr<double> total = dist::SumOverRanks(pg_, x);
-        tensor::ThrowIfError(total.status(), "zero1", "clip_grad_norm all_reduce");
+        tensor::ThrowIfError(total.status(), "zero1", "clip_grad_norm all_gather");
         return *total;
       };
       norm = optim::ClipGradNorm(zero1_->ParamRefs(), max_norm, sum);

@@ -17,6 +17,9 @@ namespace {
 // scale multiplies the loss and the gradients (PyTorch's GradScaler starts at
 // 2^16). A dynamic scale may start higher: it halves until steps are finite.
 constexpr double kMaxScale = 18446744073709551616.0;
+// The smallest: unscaling multiplies by 1/scale in fp32 (it overflows below
+// 2^-128); a scale below 1 is rare, and below 2^-64 a mistake.
+constexpr double kMinScale = 1.0 / 18446744073709551616.0;
 // A dynamic scale's first: one that halves into fp32's range (2^128) with
 // room to spare before kMaxSkippedInARow skipped steps stop the run.
 constexpr double kMaxInitScale = 1427247692705959881058285969449495136382746624.0;  // 2^150
@@ -54,13 +57,18 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
           absl::StrCat("--init_loss_scale=", init_scale, " must be a positive finite number"));
     }
     // fp16 gradients overflow at 2^16: from 2^64, 48 halvings reach it.
+    if (init_scale < kMinScale) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--init_loss_scale=", init_scale, " is below 2^-64: unscaling multiplies the gradients "
+          "by its inverse, which overflows (every step skipped); start at 2^16 (the default)"));
+    }
     const bool fp16 = needs_scaling;
     if (init_scale > (fp16 ? kMaxScale : kMaxInitScale)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--init_loss_scale=", init_scale, " is above ", fp16 ? "2^64" : "2^150",
           ": the scale halves once per skipped step and the run stops after ",
-          kMaxSkippedInARow, " in a row, which from there would not bring it well inside ",
-          fp16 ? "fp16's range (2^16)" : "fp32's range (2^128)",
+          kMaxSkippedInARow, " in a row, which from there would not bring it inside ",
+          fp16 ? "fp16's range (2^16)" : "fp32's range (2^128) with room to spare",
           "; start at 2^16 (the default)"));
     }
     precision::LossScalerOptions o;
@@ -74,6 +82,11 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
   if (!absl::SimpleAtod(mode, &fixed) || !(fixed > 0) || !std::isfinite(fixed)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss_scale='", spec, "' is not auto, none, dynamic or a positive finite number"));
+  }
+  if (fixed < kMinScale) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss_scale='", spec, "' is below 2^-64: unscaling multiplies the gradients by its "
+        "inverse, which overflows (every step skipped as inf/nan)"));
   }
   if (fixed > kMaxScale) {
     return absl::InvalidArgumentError(absl::StrCat(

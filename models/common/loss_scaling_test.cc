@@ -45,6 +45,12 @@ TEST(LossScalingTest, BadFlagsAreNamed) {
   EXPECT_NE(error("dynamic", 1e30, true).find("--init_loss_scale=1e+30 is above 2^64"),
             std::string::npos);
   EXPECT_EQ(error("dynamic", 1e30, false), "");  // bf16 / fp32: within fp32's range
+  // Too small: 1/scale overflows fp32 when the gradients are unscaled.
+  EXPECT_NE(error("1e-39", std::nullopt, false).find("--loss_scale='1e-39' is below 2^-64"),
+            std::string::npos);
+  EXPECT_NE(error("dynamic", 1e-300, false).find("--init_loss_scale=1e-300 is below 2^-64"),
+            std::string::npos);
+  EXPECT_EQ(error("0.5", std::nullopt, false), "");
   EXPECT_NE(error("dynamic", 0, false).find("--init_loss_scale=0 must be a positive"),
             std::string::npos);
   EXPECT_NE(error("none", 1, true).find("--loss_scale=none with --precision=fp16"),

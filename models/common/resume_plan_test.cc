@@ -63,8 +63,6 @@ TEST(ResolveAutoResumeTest, LatestWhenThereIsOneElseAFreshStartThatReplacesNothi
   EXPECT_TRUE(CheckFreshCheckpointDir(dir).ok());
 }
 
-// A step folder whose files are missing is still taken as one: loading it
-// names the missing file and the checkpoints beside it.
 // A --resume given (not auto) is found before the run starts: one that names
 // no checkpoint fails the plan with ResolveCheckpoint's error.
 TEST(PlanResumeTest, AGivenResumeMustNameACheckpoint) {

@@ -352,6 +352,8 @@ TEST(ResolveCheckpointTest, ACheckpointDirectoryResolvesToItsLatestStep) {
   EXPECT_EQ(ResolveCheckpoint("latest", dir).status().code(), absl::StatusCode::kDataLoss);
 }
 
+// A step folder whose files are missing is still taken as one: loading it
+// names the missing file and the checkpoints beside it.
 TEST(ResolveCheckpointTest, AStepFolderWithoutItsFilesIsLeftToTheLoad) {
   const std::string dir = ::testing::TempDir() + "/resolve_damaged";
   TrainState state;

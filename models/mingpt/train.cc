@@ -396,12 +396,13 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
                   train::EvalLine(*setup.eval_source, train::EvalFlagsFromCommandLine()).c_str());
     }
     std::printf(
-        "data: %s | %d ranks (%s) x %sbatch %lld x %lld tokens | %s | %s | %s | %d threads\n",
+        "data: %s | %d ranks (%s) x %sbatch %lld x %lld tokens | %s | %s | %s | precision %s | "
+        "%d threads\n",
         setup.source->Describe().c_str(), W,
         std::string(train::BackendName(setup.dp.backend)).c_str(),
         train::AccumulationPrefix(K).c_str(), static_cast<long long>(B), static_cast<long long>(T),
         (*dp)->Describe().c_str(), opt.name(), setup.schedule->ToString().c_str(),
-        tensor::DefaultThreadPool().num_threads());
+        setup.dp.mixed_precision.ToString().c_str(), tensor::DefaultThreadPool().num_threads());
     if (setup.scaling.enabled()) std::printf("loss scale: %s\n", setup.scaling.Describe().c_str());
     std::fflush(stdout);
   }

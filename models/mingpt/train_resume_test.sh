@@ -208,7 +208,9 @@ set -e
 "$train" "${dp[@]}" --batch_size=4 --precision=bf16 --metrics_out="$dir/w1_bf16.jsonl" > /dev/null
 for strategy in full_shard ddp; do
   "$train" "${dp[@]}" --batch_size=2 --world_size=2 --strategy=$strategy --precision=bf16 \
-    --metrics_out="$dir/w2_bf16_$strategy.jsonl" > /dev/null
+    --metrics_out="$dir/w2_bf16_$strategy.jsonl" > "$dir/w2_bf16.log"
+  # The ranks' start-up line says the precision, as one process's does.
+  grep -q "^data: .* 2 ranks .* | precision param=bf16 reduce=bf16 " "$dir/w2_bf16.log"
   [[ $(losses "$dir/w2_bf16_$strategy.jsonl" | wc -l) == 3 ]]
   paste -d' ' <(losses "$dir/w1_bf16.jsonl") <(losses "$dir/w2_bf16_$strategy.jsonl") |
     awk -v s=$strategy '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-3 * $2) {

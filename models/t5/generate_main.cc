@@ -155,6 +155,12 @@ absl::Status Run() {
   options.num_return_sequences = absl::GetFlag(FLAGS_num_return_sequences);
   absl::Status valid = options.Validate(V);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("--", valid.message()));
+  if (options.eos_id < 0 && options.min_new_tokens > 0 &&
+      absl::GetFlag(FLAGS_eos_id) == "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--min_new_tokens=", options.min_new_tokens, ": it holds off the eos, but --eos_id=auto "
+        "is -1 here (the weights record no eos id): give --eos_id"));
+  }
   valid = train::CheckDecodingFlagsApply(options);
   if (!valid.ok()) return valid;
   absl::StatusOr<int64_t> pad_flag =

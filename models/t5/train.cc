@@ -339,7 +339,8 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
         absl::StrCat(W, " ranks (", train::BackendName(setup.dp.backend), ") x ",
                      train::AccumulationPrefix(K)),
         B, tokens_per_step,
-        absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString()),
+        absl::StrCat((*dp)->Describe(), " | ", opt.name(), " | ", setup.schedule->ToString(),
+                     " | precision ", setup.dp.mixed_precision.ToString()),
         ShowsText(*setup.source));
     if (!setup.init_line.empty()) std::printf("%s\n", setup.init_line.c_str());
     if (!setup.freeze_line.empty()) std::printf("%s\n", setup.freeze_line.c_str());
