@@ -56,12 +56,13 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
       return absl::InvalidArgumentError(
           absl::StrCat("--init_loss_scale=", init_scale, " must be a positive finite number"));
     }
-    // fp16 gradients overflow at 2^16: from 2^64, 48 halvings reach it.
     if (init_scale < kMinScale) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--init_loss_scale=", init_scale, " is below 2^-64: unscaling multiplies the gradients "
-          "by its inverse, which overflows (every step skipped); start at 2^16 (the default)"));
+          "by its inverse, which overflows fp32 below 2^-128 (every step skipped); start at 2^16 "
+          "(the default)"));
     }
+    // fp16 gradients overflow at 2^16: from 2^64, 48 halvings reach it.
     const bool fp16 = needs_scaling;
     if (init_scale > (fp16 ? kMaxScale : kMaxInitScale)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -86,7 +87,7 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
   if (fixed < kMinScale) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss_scale='", spec, "' is below 2^-64: unscaling multiplies the gradients by its "
-        "inverse, which overflows (every step skipped as inf/nan)"));
+        "inverse, which overflows fp32 below 2^-128 (every step skipped as inf/nan)"));
   }
   if (fixed > kMaxScale) {
     return absl::InvalidArgumentError(absl::StrCat(
