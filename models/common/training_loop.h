@@ -145,6 +145,13 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
                       [&] { return trainer.SaveCheckpoint(s.checkpoint_dir, state); });
   };
 
+  // A fresh start with --steps=0 trains nothing: no step, evaluation, sample
+  // or checkpoint follows, which is said rather than left silent.
+  if (s.logs() && s.resume.empty() && s.steps == 0) {
+    std::fprintf(stderr, "train: note: --steps=0: nothing to train (no step, evaluation, sample "
+                         "or checkpoint follows)\n");
+  }
+
   // ---- Training loop (rank 0 reports; global tokens per step) ----
   StepReporter reporter(*s.ledger, *s.metrics, start, s.steps, s.log_every, s.tokens_per_step,
                         s.device);

@@ -114,6 +114,10 @@ for ranks in 1 2; do
     exit 1; }
 done
 
+# --steps=0 from scratch trains nothing, and says so (exit 0).
+"$train" "${common[@]}" --steps=0 > /dev/null 2> "$dir/zero.txt"
+grep -q "^train: note: --steps=0: nothing to train" "$dir/zero.txt" || { cat "$dir/zero.txt"; exit 1; }
+
 # Bad flags: exit code 2 and a message naming the flag.
 set +e
 "$train" --preset=gpt-9000 --steps=1 2> "$dir/err2.txt"; code=$?
