@@ -165,6 +165,10 @@ absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& a
       "anew), give --init_from=", step_dir, " and a new --checkpoint_dir"));
 }
 
+std::string SaidStepFolder(const std::filesystem::path& dir, const std::string& name) {
+  return IsModelOnly((dir / name).string()) ? name + " (model only)" : name;
+}
+
 std::pair<std::filesystem::path, std::filesystem::path> FolderAndParent(
     const std::string& step_dir) {
   namespace fs = std::filesystem;
@@ -197,8 +201,8 @@ std::string OtherCheckpointsNote(const std::string& step_dir, bool resuming) {
   std::vector<std::string> said;
   std::string resumable;  // the newest that holds its optimizer state
   for (const std::string& name : others) {
-    const bool model_only = IsModelOnly((dir / name).string());
-    said.push_back(model_only ? name + " (model only)" : name);
+    said.push_back(SaidStepFolder(dir, name));
+    const bool model_only = said.back() != name;  // said with " (model only)"
     if (!model_only && resumable.empty()) resumable = name;
   }
   return absl::StrCat(

@@ -51,6 +51,9 @@ bool IsModelOnly(const std::string& step_dir);
 // short): `action` ("cannot be resumed") needs the optimizer state; names
 // --init_from, which starts a run from the model.
 absl::Status CheckNotModelOnly(const std::string& step_dir, const std::string& action);
+// Step folder `name` of `dir` as lists of checkpoints say it: with
+// " (model only)" when IsModelOnly.
+std::string SaidStepFolder(const std::filesystem::path& dir, const std::string& name);
 // The step folder name dir/latest holds ("step_000100"); "" when it is
 // missing, empty, cannot be read, or holds no folder name of `dir` (a path,
 // "..", control characters).

@@ -242,11 +242,8 @@ absl::Status CheckResumeReplacesNothing(const std::string& resume, const std::st
   }
   std::string held;
   if (!later.empty()) {
-    std::vector<std::string> said;  // a model-only one (IsModelOnly) said as such
-    for (const std::string& l : later) {
-      said.push_back(IsModelOnly((fs::path(checkpoint_dir) / l).string()) ? l + " (model only)"
-                                                                           : l);
-    }
+    std::vector<std::string> said;  // a model-only one said as such
+    for (const std::string& l : later) said.push_back(SaidStepFolder(checkpoint_dir, l));
     absl::StrAppend(&held, "later checkpoints (", absl::StrJoin(said, ", "), ")");
   }
   if (!unusable.empty()) {

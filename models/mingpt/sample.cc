@@ -271,16 +271,17 @@ absl::Status Sample() {
   if (!given.ok()) return given.status();
   absl::StatusOr<bool> text = PrintsText(config, *tokenizer);
   if (!text.ok()) return text.status();
+  size_t shortest = (*given)[0].size(), longest = shortest;  // prompt lengths, in tokens
+  for (const std::vector<int64_t>& p : *given) {
+    shortest = std::min(shortest, p.size());
+    longest = std::max(longest, p.size());
+  }
   // Every row decodes at once (each prompt's samples, or its beams), each
   // holding its prompt and new tokens: past 2^31 token positions the count
   // is refused here rather than failing as an allocation.
   {
     const int64_t rows = options.beams() ? options.num_beams : num_samples;
-    int64_t longest_prompt = 0;
-    for (const std::vector<int64_t>& p : *given) {
-      longest_prompt = std::max<int64_t>(longest_prompt, static_cast<int64_t>(p.size()));
-    }
-    const double length = static_cast<double>(longest_prompt) +
+    const double length = static_cast<double>(longest) +
                           static_cast<double>(options.max_new_tokens);  // no int overflow
     const double positions = static_cast<double>(given->size()) * static_cast<double>(rows) * length;
     if (positions >= 2147483648.0) {
@@ -309,11 +310,6 @@ absl::Status Sample() {
   std::fprintf(stderr, "%s from %s | %s | precision %s | %s\n", config.ToString().c_str(),
                pretrained->source.c_str(), device.ToString().c_str(),
                compute->policy.ToString().c_str(), options.Describe().c_str());
-  size_t shortest = (*given)[0].size(), longest = shortest;
-  for (const std::vector<int64_t>& p : *given) {
-    shortest = std::min(shortest, p.size());
-    longest = std::max(longest, p.size());
-  }
   const std::string lengths =
       given->size() == 1
           ? absl::StrCat("prompt: ", longest, " token(s)")
