@@ -33,16 +33,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "gloo/allgather.h"
-#include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
-#include "gloo/barrier.h"
-#include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/redis_store.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
+#include "dist/gloo_ops.h"
 #include "dist/gloo_peers.h"
 #include "dist/redis_keys.h"
 #include "dist/launch_layout.h"
@@ -51,6 +49,15 @@
 namespace dist {
 namespace {
 
+using internal::AllGatherBytes;
+using internal::Describe;
+using internal::DescribeRemote;
+using internal::Finish;
+using internal::kDescLen;
+using internal::RunData;
+using internal::SameCall;
+using internal::Stage;
+using internal::Staged;
 using tensor::Dtype;
 using tensor::Tensor;
 
@@ -65,199 +72,6 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
 
 std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
-}
-
-// Elementwise reductions for gloo::AllreduceOptions::setReduceFunction:
-// c[i] = op(a[i], b[i]). Max/min propagate NaN (as the threads engine does).
-template <typename T>
-void SumFn(void* c, const void* a, const void* b, size_t n) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] + y[i]);
-}
-template <typename T>
-void MaxFn(void* c, const void* a, const void* b, size_t n) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(x[i]) || std::isnan(y[i])) {
-        out[i] = std::isnan(x[i]) ? x[i] : y[i];
-        continue;
-      }
-    }
-    out[i] = x[i] > y[i] ? x[i] : y[i];
-  }
-}
-template <typename T>
-void MinFn(void* c, const void* a, const void* b, size_t n) {
-  T* out = static_cast<T*>(c);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(x[i]) || std::isnan(y[i])) {
-        out[i] = std::isnan(x[i]) ? x[i] : y[i];
-        continue;
-      }
-    }
-    out[i] = x[i] < y[i] ? x[i] : y[i];
-  }
-}
-
-template <typename T>
-void GlooAllReduce(gloo::Context* ctx, T* data, size_t count, ReduceOp op,
-                   std::chrono::milliseconds timeout) {
-  gloo::AllreduceOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
-  opts.setOutput<T>(data, count);
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      opts.setReduceFunction(&SumFn<T>);
-      break;
-    case ReduceOp::kMax:
-      opts.setReduceFunction(&MaxFn<T>);
-      break;
-    case ReduceOp::kMin:
-      opts.setReduceFunction(&MinFn<T>);
-      break;
-  }
-  opts.setTimeout(timeout);
-  gloo::allreduce(opts);
-  if (op == ReduceOp::kAvg) {
-    if constexpr (std::is_floating_point_v<T>) {
-      const T n = static_cast<T>(ctx->size);
-      for (size_t i = 0; i < count; ++i) data[i] /= n;
-    }
-  }
-}
-
-// In-place all-reduce of a contiguous tensor whose dtype Gloo reduces natively
-// here (f32, i32, i64, u8).
-void AllReduceNative(gloo::Context* ctx, const Tensor& t, ReduceOp op,
-                     std::chrono::milliseconds timeout) {
-  const size_t n = static_cast<size_t>(t.numel());
-  switch (t.dtype()) {
-    case Dtype::kF32:
-      GlooAllReduce<float>(ctx, static_cast<float*>(t.raw_data()), n, op, timeout);
-      return;
-    case Dtype::kI32:
-      GlooAllReduce<int32_t>(ctx, static_cast<int32_t*>(t.raw_data()), n, op, timeout);
-      return;
-    case Dtype::kI64:
-      GlooAllReduce<int64_t>(ctx, static_cast<int64_t*>(t.raw_data()), n, op, timeout);
-      return;
-    case Dtype::kU8:
-      GlooAllReduce<uint8_t>(ctx, static_cast<uint8_t*>(t.raw_data()), n, op, timeout);
-      return;
-    default:
-      throw std::logic_error("AllReduceNative: unsupported dtype");
-  }
-}
-
-// The contiguous buffers in Gloo's dtypes that a call's data phase works on,
-// allocated before the descriptors are exchanged: a rank short of memory
-// tells its peers there, while the group is still in step, instead of
-// leaving them inside a collective it cannot join. Copied back by Finish.
-struct Staged {
-  // all_reduce, reduce_scatter: what is reduced in place (f16/bf16 as f32;
-  // reduce_scatter: a flat copy of the whole input). all_gather: this rank's
-  // piece (a copy: the input may alias the output). broadcast: the buffer.
-  Tensor work;
-  Tensor out;  // all_gather: where the pieces land
-};
-
-bool IsHalf(Dtype d) { return d == Dtype::kF16 || d == Dtype::kBF16; }
-
-Staged Stage(const CollectiveCall& call) {
-  // Gloo reads and writes host memory: a GPU tensor would need the issuing
-  // stream's work ordered before its reads, and its result copied back
-  // before the Work completes, which this engine does not do.
-  for (const Tensor* t : {&call.input, &call.output}) {
-    if (t->defined() && !t->device().is_cpu()) {
-      throw std::invalid_argument(absl::StrCat(
-          "the gloo engine takes CPU tensors; the ", t == &call.input ? "input" : "output",
-          " is on ", t->device().ToString(),
-          " (the nccl engine takes GPU tensors, the threads engine ranks sharing a GPU)"));
-    }
-  }
-  Staged s;
-  const Tensor& in = call.input;
-  switch (call.kind) {
-    case CollectiveKind::kAllReduce:
-      s.work = IsHalf(in.dtype()) ? in.To(Dtype::kF32) : in.Contiguous();
-      break;
-    case CollectiveKind::kReduceScatter:
-      s.work = (IsHalf(in.dtype()) ? in.To(Dtype::kF32) : in.Clone()).Flatten();
-      break;
-    case CollectiveKind::kAllGather:
-      s.work = in.is_contiguous() ? in.Clone() : in.Contiguous();
-      s.out = call.output.is_contiguous() ? call.output
-                                          : Tensor::Empty(call.output.shape(), call.output.dtype());
-      break;
-    case CollectiveKind::kBroadcast:
-      s.work = in.Contiguous();
-      break;
-    case CollectiveKind::kBarrier:
-      break;
-  }
-  return s;
-}
-
-void AllGatherBytes(gloo::Context* ctx, const void* in, void* out, size_t bytes_per_rank,
-                    std::chrono::milliseconds timeout) {
-  gloo::AllgatherOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
-  opts.setInput<uint8_t>(static_cast<uint8_t*>(const_cast<void*>(in)), bytes_per_rank);
-  opts.setOutput<uint8_t>(static_cast<uint8_t*>(out), bytes_per_rank * ctx->size);
-  opts.setTimeout(timeout);
-  gloo::allgather(opts);
-}
-
-// The descriptor every rank publishes before a call.
-constexpr int kDescLen = 8;
-// d[1] is the rank's state: 0 ready, 1 invalid arguments (or tensors it
-// could not stage), 2 out of memory while staging.
-std::vector<int64_t> Describe(const CollectiveCall& call, const absl::Status& staging) {
-  return {1,
-          !call.error.ok() || absl::IsInvalidArgument(staging) ? 1
-          : staging.ok()                                       ? 0
-                                                               : 2,
-          static_cast<int64_t>(call.kind),
-          static_cast<int64_t>(call.op),
-          call.input.defined() ? static_cast<int64_t>(call.input.dtype()) : -1,
-          call.input.defined() ? call.input.numel() : -1,
-          call.output.defined() ? call.output.numel() : -1,
-          call.root};
-}
-
-std::string DescribeRemote(const int64_t* d) {
-  CollectiveKind kind = static_cast<CollectiveKind>(d[2]);
-  const std::string name(CollectiveName(kind));
-  const std::string dtype =
-      d[4] >= 0 ? std::string(tensor::DtypeName(static_cast<Dtype>(d[4]))) : "?";
-  const std::string op(ReduceOpName(static_cast<ReduceOp>(d[3])));
-  switch (kind) {
-    case CollectiveKind::kAllReduce:
-      return absl::StrCat(name, "(", op, ", ", dtype, ", ", d[5], " elements)");
-    case CollectiveKind::kReduceScatter:
-      return absl::StrCat(name, "(", op, ", ", dtype, ", ", d[5], " -> ", d[6], " elements)");
-    case CollectiveKind::kAllGather:
-      return absl::StrCat(name, "(", dtype, ", ", d[5], " -> ", d[6], " elements)");
-    case CollectiveKind::kBroadcast:
-      return absl::StrCat(name, "(root ", d[7], ", ", dtype, ", ", d[5], " elements)");
-    case CollectiveKind::kBarrier:
-      return absl::StrCat(name, "()");
-  }
-  return name;
-}
-
-bool SameCall(const int64_t* a, const int64_t* b) {
-  for (int i = 2; i < kDescLen; ++i) {
-    if (a[i] != b[i]) return false;
-  }
-  return true;
 }
 
 // The store and device shared by a world group and the groups split from it.
@@ -313,12 +127,22 @@ class GlooLayoutStore final : public internal::LayoutStore {
 // its own 30 s default (a rank that came up later than that failed the
 // rendezvous early, whatever --timeout_s said; a shorter timeout was not
 // honoured there either).
+// It keeps what it set (Given): connectFullMesh sets "<prefix>/<rank>" to
+// this rank's addresses, one for each peer, where it listened for that peer.
 class TimedStore : public gloo::rendezvous::Store {
  public:
   TimedStore(gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout)
       : inner_(inner), timeout_(timeout) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     inner_.set(key, data);
+    given_.emplace_back(key, data);
+  }
+  // The bytes last set at `key` through this store; empty when none were.
+  std::vector<char> Given(const std::string& key) const {
+    for (auto it = given_.rbegin(); it != given_.rend(); ++it) {
+      if (it->first == key) return it->second;
+    }
+    return {};
   }
   std::vector<char> get(const std::string& key) override {
     inner_.wait({key}, timeout_);
@@ -333,7 +157,34 @@ class TimedStore : public gloo::rendezvous::Store {
  private:
   gloo::rendezvous::Store& inner_;
   const std::chrono::milliseconds timeout_;
+  std::vector<std::pair<std::string, std::vector<char>>> given_;
 };
+
+// Where this rank listened for each peer (by rank; "" for this rank, and
+// where `given` is not gloo's layout): from the addresses connectFullMesh set
+// at `given`, one gloo tcp::Address per peer in rank order, this rank left
+// out. It is one of two addresses a peer's gloo errors may print for this
+// rank (the other is the pair's address(), once connected, the socket's own
+// end): the peer's pair takes the connected socket's far end, but when this
+// rank connected to it before it read this address from the store, that read
+// overwrites it.
+std::vector<std::string> ListenedAt(const std::vector<char>& given, int rank, int size) {
+  std::vector<std::string> at(size);
+  if (size < 2 || given.empty() || given.size() % (size - 1) != 0) return at;
+  const size_t each = given.size() / (size - 1);
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    const size_t from = static_cast<size_t>(q < rank ? q : q - 1) * each;
+    try {
+      at[q] = gloo::transport::tcp::Address(
+                  std::vector<char>(given.begin() + from, given.begin() + from + each))
+                  .str();
+    } catch (const std::exception&) {
+      return std::vector<std::string>(size);  // not gloo's layout
+    }
+  }
+  return at;
+}
 
 // After a rendezvous timed out: "; rank 1 never joined (...)" naming the
 // ranks whose claim (internal::ClaimRank's "<prefix>/joined/<r>") is not in
@@ -359,7 +210,9 @@ std::string NeverJoined(const Shared& shared, const std::string& prefix, int ran
 struct Connected {
   std::shared_ptr<gloo::Context> ctx;
   std::vector<internal::PeerProcess> processes;  // by rank
-  std::vector<std::string> addresses;  // by rank: its end of its connection with this one
+  // By rank: the addresses this rank's gloo errors may print for it (its end
+  // of their connection; where it listened for this rank).
+  std::vector<std::vector<std::string>> addresses;
 };
 
 // Connects within `budget`; errors name `timeout` (the group's: the budget
@@ -382,16 +235,21 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
     // from the store cost size() reads per rank.
     const internal::PeerProcess me = internal::ThisProcess();
     Connected connected{ctx, std::vector<internal::PeerProcess>(size),
-                        std::vector<std::string>(size)};
+                        std::vector<std::vector<std::string>>(size)};
     AllGatherBytes(ctx.get(), &me, connected.processes.data(), sizeof(internal::PeerProcess),
                    ToMillis(budget));
-    // Then each rank's end of each connection, to the rank at its other end:
-    // what that rank's gloo errors print for this one.
+    // Then, to each peer, this rank's two addresses that the peer's gloo
+    // errors may print for it: its end of their connection, and where it
+    // listened for that peer (ListenedAt).
     if (size > 1) {
       constexpr size_t kBytes = internal::kAddressBytes;
-      std::vector<char> mine(size * kBytes, 0), theirs(size * kBytes, 0);
+      std::vector<char> mine(size * 2 * kBytes, 0), theirs(size * 2 * kBytes, 0);
+      const std::vector<std::string> listened =
+          ListenedAt(timed.Given(absl::StrCat(prefix, "/", rank)), rank, size);
       for (int q = 0; q < size; ++q) {
-        if (q != rank) internal::AddressBytes(ctx->getPair(q)->address().str(), &mine[q * kBytes]);
+        if (q == rank) continue;
+        internal::AddressBytes(ctx->getPair(q)->address().str(), &mine[(2 * q) * kBytes]);
+        internal::AddressBytes(listened[q], &mine[(2 * q + 1) * kBytes]);
       }
       gloo::AlltoallOptions opts(ctx);
       opts.setInput(mine.data(), mine.size());
@@ -399,7 +257,11 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
       opts.setTimeout(ToMillis(budget));
       gloo::alltoall(opts);
       for (int r = 0; r < size; ++r) {
-        if (r != rank) connected.addresses[r] = internal::AddressOf(&theirs[r * kBytes]);
+        if (r == rank) continue;
+        for (int k = 0; k < 2; ++k) {
+          std::string address = internal::AddressOf(&theirs[(2 * r + k) * kBytes]);
+          if (!address.empty()) connected.addresses[r].push_back(std::move(address));
+        }
       }
     }
     return connected;
@@ -570,7 +432,7 @@ class GlooProcessGroup final : public ProcessGroup {
             " ran out of memory staging the call's buffers; the call did nothing on any rank"));
       }
       // 3. Data.
-      RunData(call, staged, remaining());
+      RunData(ctx_.get(), call, staged, remaining());
     } catch (const std::bad_alloc& e) {
       // Gloo's own buffers: the peers may be inside the collective already.
       broken_ = absl::ResourceExhaustedError(
@@ -588,8 +450,11 @@ class GlooProcessGroup final : public ProcessGroup {
             Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
             peers.size() == 1 ? "rank " : "ranks ", absl::StrJoin(peers, ", "),
             " (gloo: ", what, ")"));
-      } else if (const std::string exited = internal::ExitedPeers(processes_, rank());
+      } else if (const std::string exited = internal::ExitedPeers(
+                     processes_, rank(), internal::PeerIndexNamedIn(what, addresses_, rank()));
                  !exited.empty()) {
+        // Only the peer gloo's text names, when it names one: another may
+        // have exited after failing on that one.
         broken_ = absl::AbortedError(
             absl::StrCat(Prefix(call), ": lost a peer: ", exited, " (gloo: ", what, ")"));
       } else if (const std::string named =
@@ -607,7 +472,7 @@ class GlooProcessGroup final : public ProcessGroup {
     // 4. The result into the call's tensors (every rank's data phase is
     // done: a failure here is this rank's alone and leaves the group usable).
     try {
-      Finish(call, staged);
+      Finish(call, staged, rank());
     } catch (const std::bad_alloc& e) {
       return absl::ResourceExhaustedError(
           absl::StrCat(Prefix(call), ": out of memory copying the result into the call's "
@@ -619,75 +484,11 @@ class GlooProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  // The collective itself, on the staged buffers.
-  void RunData(const CollectiveCall& call, const Staged& staged,
-               std::chrono::milliseconds timeout) {
-    gloo::Context* ctx = ctx_.get();
-    const Tensor& work = staged.work;
-    switch (call.kind) {
-      case CollectiveKind::kAllReduce:
-      case CollectiveKind::kReduceScatter:  // all-reduce the whole input, keep chunk rank()
-        if (work.numel() > 0) AllReduceNative(ctx, work, call.op, timeout);
-        return;
-      case CollectiveKind::kAllGather:
-        if (work.nbytes() > 0) {
-          AllGatherBytes(ctx, work.raw_data(), staged.out.raw_data(),
-                         static_cast<size_t>(work.nbytes()), timeout);
-        }
-        return;
-      case CollectiveKind::kBroadcast:
-        if (work.nbytes() > 0) {
-          gloo::BroadcastOptions opts(
-              std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
-          opts.setOutput<uint8_t>(static_cast<uint8_t*>(work.raw_data()),
-                                  static_cast<size_t>(work.nbytes()));
-          opts.setRoot(call.root);
-          opts.setTimeout(timeout);
-          gloo::broadcast(opts);
-        }
-        return;
-      case CollectiveKind::kBarrier: {
-        gloo::BarrierOptions opts(std::shared_ptr<gloo::Context>(ctx, [](gloo::Context*) {}));
-        opts.setTimeout(timeout);
-        gloo::barrier(opts);
-        return;
-      }
-    }
-  }
-
-  // Copies the staged result into the call's tensors (converting the dtype;
-  // nothing is allocated).
-  void Finish(const CollectiveCall& call, const Staged& staged) const {
-    const Tensor& work = staged.work;
-    switch (call.kind) {
-      case CollectiveKind::kAllReduce:
-      case CollectiveKind::kBroadcast:
-        if (!work.SharesStorageWith(call.input)) {
-          Tensor target = call.input;
-          target.CopyFrom(work);
-        }
-        return;
-      case CollectiveKind::kReduceScatter: {
-        const int64_t k = call.output.numel();
-        Tensor out = call.output;
-        out.CopyFrom(work.Narrow(0, rank() * k, k).Reshape(call.output.shape()));
-        return;
-      }
-      case CollectiveKind::kAllGather:
-        if (!staged.out.SharesStorageWith(call.output)) {
-          Tensor target = call.output;
-          target.CopyFrom(staged.out);
-        }
-        return;
-      case CollectiveKind::kBarrier:
-        return;
-    }
-  }
-
   const std::shared_ptr<Shared> shared_;
   const std::shared_ptr<gloo::Context> ctx_;
   const std::vector<internal::PeerProcess> processes_;  // by rank
-  const std::vector<std::string> addresses_;  // by rank: what gloo's errors here print for it
+  // By rank: what gloo's errors here may print for it (Connected::addresses).
+  const std::vector<std::vector<std::string>> addresses_;
   const std::string prefix_;
   int split_seq_ = 0;            // Issuing thread only.
   absl::Status broken_;          // Worker thread only.

@@ -492,6 +492,45 @@ TEST(GlooGroup, APeerThatLeftTheGroupIsNamedByItsEndOfTheConnection) {
   ExpectAllOk(o);
 }
 
+// Gloo's errors print one of two addresses for a peer: its end of the
+// connection, or where it listened, when it connected before this rank read
+// that from the store. Which end of a connection listens is decided by the
+// two ends' ports; rank 1 joins late so that when rank 0 listened, rank 1
+// connected first. 8 groups of 2 in turn (rank 0 listens in about half),
+// rank 1 leaving each.
+TEST(GlooGroup, APeerThatLeftIsNamedWhicheverEndListened) {
+  const std::string dir = TmpDir("store_left");
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    for (int i = 0; i < 8; ++i) {
+      GlooGroupOptions options = FileOptions(dir, absl::Seconds(10));
+      options.prefix = absl::StrCat("left", i);
+      if (rank == 1) absl::SleepFor(absl::Milliseconds(50));
+      auto pg = CreateGlooProcessGroup(rank, size, options);
+      if (!pg.ok()) return pg.status().ToString();
+      const std::string said = absl::StrCat(dir, "/said", i);
+      if (rank == 1) {
+        pg->reset();  // its connection closes; it runs on until rank 0 has said who left
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        while (!std::ifstream(said).good() && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+        continue;
+      }
+      Tensor t = Tensor::Empty({8});
+      absl::Status s = (*pg)->AllReduceSync(t, ReduceOp::kSum,
+                                            CollectiveOptions::WithTimeout(absl::Seconds(5)));
+      std::ofstream(said) << "said";
+      if (s.ok()) return "no error";
+      if (!absl::StrContains(s.message(), "lost a peer: rank 1 (on ") ||
+          !absl::StrContains(s.message(), "still runs: it left the group")) {
+        return absl::StrCat("group ", i, ": ", s.ToString());
+      }
+    }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
 TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
   const std::string dir = TmpDir("store");
   Outcome o = RunProcesses(1, [&](int rank, int) -> std::string {

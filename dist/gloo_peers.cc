@@ -64,13 +64,15 @@ bool ProcessExited(int64_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
-std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wait_ms) {
+std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int only,
+                        int wait_ms) {
   const uint64_t host = HostHash(HostName());
   for (int waited = 0;; waited += 100) {
     std::vector<std::string> exited;
     for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
       const PeerProcess& p = peers[r];
-      if (r == rank || p.host == 0 || p.host != host || !ProcessExited(p.pid)) continue;
+      if (r == rank || (only >= 0 && r != only)) continue;
+      if (p.host == 0 || p.host != host || !ProcessExited(p.pid)) continue;
       exited.push_back(absl::StrCat("rank ", r, " exited (pid ", p.pid, " on this host)"));
     }
     if (!exited.empty()) return absl::StrJoin(exited, ", ");
@@ -79,32 +81,49 @@ std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wai
   }
 }
 
-std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
-                        const std::vector<std::string>& addresses, int rank) {
+namespace {
+
+// True when `text` holds `address`: "[10.0.0.2]:4123" is not in
+// "[10.0.0.2]:41235" (the port ends the text or a non-digit follows it).
+bool Holds(const std::string& text, const std::string& address) {
+  for (size_t at = text.find(address); !address.empty() && at != std::string::npos;
+       at = text.find(address, at + 1)) {
+    const size_t end = at + address.size();
+    if (end == text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int PeerIndexNamedIn(const std::string& gloo_error,
+                     const std::vector<std::vector<std::string>>& addresses, int rank) {
   int named = -1;
-  for (int r = 0; r < static_cast<int>(peers.size()) && r < static_cast<int>(addresses.size());
-       ++r) {
+  for (int r = 0; r < static_cast<int>(addresses.size()); ++r) {
     if (r == rank) continue;
-    const std::string& address = addresses[r];
-    // "[10.0.0.2]:4123" must not match "[10.0.0.2]:41235": the port ends the text or a
-    // non-digit follows it.
-    for (size_t at = gloo_error.find(address); !address.empty() && at != std::string::npos;
-         at = gloo_error.find(address, at + 1)) {
-      const size_t end = at + address.size();
-      if (end < gloo_error.size() && std::isdigit(static_cast<unsigned char>(gloo_error[end]))) {
-        continue;
-      }
-      if (named >= 0) return "";  // two peers: gloo's text is not about one
+    for (const std::string& address : addresses[r]) {
+      if (!Holds(gloo_error, address)) continue;
+      if (named >= 0) return -1;  // two peers: gloo's text is not about one
       named = r;
       break;
     }
   }
-  if (named < 0) return "";
+  return named;
+}
+
+std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
+                        const std::vector<std::vector<std::string>>& addresses, int rank) {
+  const int named = PeerIndexNamedIn(gloo_error, addresses, rank);
+  if (named < 0 || named >= static_cast<int>(peers.size())) return "";
+  std::string address;
+  for (const std::string& a : addresses[named]) {
+    if (Holds(gloo_error, a)) address = a;
+  }
   const PeerProcess& p = peers[named];
   const std::string host_name = TextOf(p.host_name, sizeof(p.host_name));
   const std::string who = absl::StrCat("rank ", named, " (on ",
                                        host_name.empty() ? "an unnamed host" : host_name, ", ",
-                                       addresses[named], ")");
+                                       address, ")");
   if (p.host != 0 && p.host == HostHash(HostName())) {
     if (ProcessExited(p.pid)) return absl::StrCat(who, ": its process (pid ", p.pid, ") is gone");
     return absl::StrCat(who, ": its connection closed while its process (pid ", p.pid,

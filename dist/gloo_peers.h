@@ -1,11 +1,12 @@
 // Who a gloo group's peers are, for naming the one that was lost: each rank
 // announces its host and pid when the group connects (all-gathered as
-// PeerProcess) and sends every peer its own end of their connection, the
-// address that peer's gloo errors print for it (gloo's TCP pairs each have a
-// socket of their own: a rank has no one address). A failed collective's
-// error then names the peer whose process exited on this host, or the peer
-// whose address gloo's message holds ("Connection closed by peer
-// [10.0.0.2]:41235"), with its host and whether its process still runs.
+// PeerProcess) and sends every peer the two addresses that peer's gloo
+// errors may print for it: its end of their connection, and where it
+// listened for that peer (gloo's TCP pairs each have a socket of their own:
+// a rank has no one address). A failed collective's error then names the
+// peer whose address gloo's message holds ("Connection closed by peer
+// [10.0.0.2]:41235"), with its host and whether its process still runs, or
+// else the peers whose process exited on this host.
 #ifndef DIST_GLOO_PEERS_H_
 #define DIST_GLOO_PEERS_H_
 
@@ -41,21 +42,28 @@ std::string AddressOf(const char* bytes);
 // exited and not been reaped yet (a zombie).
 bool ProcessExited(int64_t pid);
 
-// The peers (all but `rank`) on this host whose process has exited: "rank 2
-// exited (pid 4242 on this host)"; "" when none did. A peer's sockets close
-// as its process exits, a moment before the process is gone: looked for for
-// up to `wait_ms`.
-std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int wait_ms = 1000);
+// The peers (all but `rank`; only peer `only` when it is >= 0) on this host
+// whose process has exited: "rank 2 exited (pid 4242 on this host)"; "" when
+// none did. A peer's sockets close as its process exits, a moment before the
+// process is gone: looked for for up to `wait_ms`.
+std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int only = -1,
+                        int wait_ms = 1000);
+
+// The one peer (not `rank`) one of whose addresses, `addresses[r]` (what
+// this rank's gloo errors may print for it; none for this rank), gloo's
+// error text holds; -1 when none does, or more than one (two peers'
+// addresses may share a port).
+int PeerIndexNamedIn(const std::string& gloo_error,
+                     const std::vector<std::vector<std::string>>& addresses, int rank);
 
 // The one peer (not `rank`) whose address gloo's error text names, as "rank
 // 2 (on node-3, [10.0.0.2]:41235)" followed by what is known of it: on this
 // host, that its process (pid) still runs (it closed the group, e.g. after
 // an error of its own) or is gone; on another host, that it or its host
-// stopped or the network between failed. `addresses[r]`: peer r's end of its
-// connection with this rank ("" for this rank). "" when no peer's address,
-// or more than one (two peers' ends may share a port), is in the text.
+// stopped or the network between failed. "" when PeerIndexNamedIn names
+// none.
 std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
-                        const std::vector<std::string>& addresses, int rank);
+                        const std::vector<std::vector<std::string>>& addresses, int rank);
 
 }  // namespace internal
 }  // namespace dist

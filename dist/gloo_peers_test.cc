@@ -53,8 +53,8 @@ TEST(GlooPeersTest, ThePeerWhoseAddressGlooNamesOnAnotherHost) {
       Peer(there, 4243, "node-2"),
       Peer(there, 4244, ""),
   };
-  const std::vector<std::string> ends = {"", "[10.0.0.2]:41235", "[10.0.0.2]:4123",
-                                         "[10.0.0.3]:5000"};
+  const std::vector<std::vector<std::string>> ends = {
+      {}, {"[10.0.0.2]:41235"}, {"[10.0.0.2]:4123", "[10.0.0.2]:6000"}, {"[10.0.0.3]:5000"}};
   EXPECT_EQ(PeerNamedIn("[pair.cc:598] Connection closed by peer [10.0.0.2]:41235", peers, ends, 0),
             "rank 1 (on node-2, [10.0.0.2]:41235): its process or its host stopped, or the "
             "network to it failed");
@@ -65,13 +65,19 @@ TEST(GlooPeersTest, ThePeerWhoseAddressGlooNamesOnAnotherHost) {
   EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.3]:5000", peers, ends, 0),
             "rank 3 (on an unnamed host, [10.0.0.3]:5000): its process or its host stopped, or "
             "the network to it failed");
+  // Either of a peer's addresses names it (its end of the connection, or
+  // where it listened), and the message shows the one gloo's text holds.
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.2]:6000", peers, ends, 0),
+            "rank 2 (on node-2, [10.0.0.2]:6000): its process or its host stopped, or the "
+            "network to it failed");
   // No peer's end, or two peers': nothing to name.
   EXPECT_EQ(PeerNamedIn("Timed out waiting 5000ms for recv operation to complete", peers, ends, 0),
             "");
   EXPECT_EQ(PeerNamedIn("[10.0.0.2]:41235 and [10.0.0.3]:5000", peers, ends, 0), "");
   // Two peers on one host whose ends share a port (each connects to another
   // of this rank's sockets): either may be the one, so neither is named.
-  const std::vector<std::string> shared = {"", "[10.0.0.2]:5000", "[10.0.0.2]:5000", ""};
+  const std::vector<std::vector<std::string>> shared = {
+      {}, {"[10.0.0.2]:5000"}, {"[10.0.0.2]:5000"}, {}};
   EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.2]:5000", peers, shared, 0), "");
 }
 
@@ -85,7 +91,8 @@ TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
       Peer(here, ::getpid(), "me"),
       Peer(here, child, "me"),
   };
-  const std::vector<std::string> ends = {"", "[127.0.0.1]:5001", "[127.0.0.1]:5002"};
+  const std::vector<std::vector<std::string>> ends = {
+      {}, {"[127.0.0.1]:4001", "[127.0.0.1]:5001"}, {"[127.0.0.1]:5002"}};
   EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5001", peers, ends, 0),
             "rank 1 (on me, [127.0.0.1]:5001): its connection closed while its process (pid " +
                 std::to_string(::getpid()) +
@@ -93,9 +100,16 @@ TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
   EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5002", peers, ends, 0),
             "rank 2 (on me, [127.0.0.1]:5002): its process (pid " + std::to_string(child) +
                 ") is gone");
-  EXPECT_EQ(ExitedPeers(peers, 0, /*wait_ms=*/0),
+  EXPECT_EQ(ExitedPeers(peers, 0, /*only=*/-1, /*wait_ms=*/0),
             "rank 2 exited (pid " + std::to_string(child) + " on this host)");
-  EXPECT_EQ(ExitedPeers({peers[0], peers[1]}, 0, /*wait_ms=*/0), "");
+  EXPECT_EQ(ExitedPeers({peers[0], peers[1]}, 0, /*only=*/-1, /*wait_ms=*/0), "");
+  // Only the peer gloo's error names, when it names one: rank 2 exited, but
+  // the error was rank 1's.
+  EXPECT_EQ(ExitedPeers(peers, 0, /*only=*/1, /*wait_ms=*/0), "");
+  EXPECT_EQ(ExitedPeers(peers, 0, /*only=*/2, /*wait_ms=*/0),
+            "rank 2 exited (pid " + std::to_string(child) + " on this host)");
+  EXPECT_EQ(PeerIndexNamedIn("Connection closed by peer [127.0.0.1]:5001", ends, 0), 1);
+  EXPECT_EQ(PeerIndexNamedIn("Connection closed by peer [127.0.0.1]:5003", ends, 0), -1);
 }
 
 }  // namespace
