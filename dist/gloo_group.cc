@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -20,7 +19,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -49,15 +47,15 @@
 namespace dist {
 namespace {
 
-using internal::AllGatherBytes;
-using internal::Describe;
-using internal::DescribeRemote;
-using internal::Finish;
-using internal::kDescLen;
-using internal::RunData;
-using internal::SameCall;
-using internal::Stage;
-using internal::Staged;
+using internal::gloo_ops::AllGatherBytes;
+using internal::gloo_ops::Describe;
+using internal::gloo_ops::DescribeRemote;
+using internal::gloo_ops::Finish;
+using internal::gloo_ops::kDescLen;
+using internal::gloo_ops::RunData;
+using internal::gloo_ops::SameCall;
+using internal::gloo_ops::Stage;
+using internal::gloo_ops::Staged;
 using tensor::Dtype;
 using tensor::Tensor;
 
@@ -260,7 +258,10 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
         if (r == rank) continue;
         for (int k = 0; k < 2; ++k) {
           std::string address = internal::AddressOf(&theirs[(2 * r + k) * kBytes]);
-          if (!address.empty()) connected.addresses[r].push_back(std::move(address));
+          std::vector<std::string>& known = connected.addresses[r];
+          if (!address.empty() && std::find(known.begin(), known.end(), address) == known.end()) {
+            known.push_back(std::move(address));
+          }
         }
       }
     }
@@ -450,22 +451,8 @@ class GlooProcessGroup final : public ProcessGroup {
             Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
             peers.size() == 1 ? "rank " : "ranks ", absl::StrJoin(peers, ", "),
             " (gloo: ", what, ")"));
-      } else if (const std::string exited = internal::ExitedPeers(
-                     processes_, rank(), internal::PeerIndexNamedIn(what, addresses_, rank()));
-                 !exited.empty()) {
-        // Only the peer gloo's text names, when it names one: another may
-        // have exited after failing on that one.
-        broken_ = absl::AbortedError(
-            absl::StrCat(Prefix(call), ": lost a peer: ", exited, " (gloo: ", what, ")"));
-      } else if (const std::string named =
-                     internal::PeerNamedIn(what, processes_, addresses_, rank());
-                 !named.empty()) {
-        broken_ = absl::AbortedError(
-            absl::StrCat(Prefix(call), ": lost a peer: ", named, " (gloo: ", what, ")"));
       } else {
-        broken_ = absl::AbortedError(absl::StrCat(
-            Prefix(call), ": lost a peer (one of ", peers.size() == 1 ? "rank " : "ranks ",
-            absl::StrJoin(peers, ", "), " left or its connection broke; gloo: ", what, ")"));
+        broken_ = absl::AbortedError(absl::StrCat(Prefix(call), ": ", LostPeers(what, peers)));
       }
       return broken_;
     }
@@ -482,6 +469,30 @@ class GlooProcessGroup final : public ProcessGroup {
           absl::StrCat(Prefix(call), ": copying the result into the call's tensors: ", e.what()));
     }
     return absl::OkStatus();
+  }
+
+  // What gloo's error `what` says of `peers` (every rank but this one): the
+  // one it names (by either of its addresses), whether its process exited or
+  // it left the group, with any other peer whose process exited on this
+  // host; else the peers whose process exited; else that one of them left.
+  std::string LostPeers(const std::string& what, const std::vector<int>& peers) const {
+    const int named = internal::PeerIndexNamedIn(what, addresses_, rank());
+    if (named < 0) {
+      const std::string exited = internal::ExitedPeers(processes_, peers, /*wait_ms=*/1000);
+      if (!exited.empty()) return absl::StrCat("lost a peer: ", exited, " (gloo: ", what, ")");
+      return absl::StrCat("lost a peer (one of ", peers.size() == 1 ? "rank " : "ranks ",
+                          absl::StrJoin(peers, ", "), " left or its connection broke; gloo: ",
+                          what, ")");
+    }
+    std::string said = internal::ExitedPeers(processes_, {named}, /*wait_ms=*/1000);
+    if (said.empty()) said = internal::PeerNamedIn(what, processes_, addresses_, rank());
+    std::vector<int> others;
+    for (const int r : peers) {
+      if (r != named) others.push_back(r);
+    }
+    const std::string also = internal::ExitedPeers(processes_, others, /*wait_ms=*/0);
+    return absl::StrCat("lost a peer: ", said, also.empty() ? "" : absl::StrCat("; also ", also),
+                        " (gloo: ", what, ")");
   }
 
   const std::shared_ptr<Shared> shared_;

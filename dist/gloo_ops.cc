@@ -1,7 +1,6 @@
 // The gloo engine's data plane (gloo_ops.h).
 #include "dist/gloo_ops.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -19,6 +18,7 @@
 
 namespace dist {
 namespace internal {
+namespace gloo_ops {
 namespace {
 
 using tensor::Dtype;
@@ -194,7 +194,7 @@ void RunData(gloo::Context* ctx, const CollectiveCall& call, const Staged& stage
   const Tensor& work = staged.work;
   switch (call.kind) {
     case CollectiveKind::kAllReduce:
-    case CollectiveKind::kReduceScatter:  // all-reduce the whole input, keep chunk rank()
+    case CollectiveKind::kReduceScatter:  // all-reduce the whole input; Finish keeps chunk `rank`
       if (work.numel() > 0) AllReduceNative(ctx, work, call.op, timeout);
       return;
     case CollectiveKind::kAllGather:
@@ -250,5 +250,6 @@ void Finish(const CollectiveCall& call, const Staged& staged, int rank) {
   }
 }
 
+}  // namespace gloo_ops
 }  // namespace internal
 }  // namespace dist

@@ -22,6 +22,7 @@ class Context;
 
 namespace dist {
 namespace internal {
+namespace gloo_ops {
 
 // The contiguous buffers in Gloo's dtypes that a call's data phase works on,
 // allocated before the descriptors are exchanged: a rank short of memory
@@ -61,6 +62,7 @@ std::string DescribeRemote(const int64_t* d);
 // True when two descriptors describe the same call (their states aside).
 bool SameCall(const int64_t* a, const int64_t* b);
 
+}  // namespace gloo_ops
 }  // namespace internal
 }  // namespace dist
 

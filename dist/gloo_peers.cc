@@ -64,16 +64,22 @@ bool ProcessExited(int64_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
-std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int only,
+std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector<int>& among,
                         int wait_ms) {
   const uint64_t host = HostHash(HostName());
+  std::vector<int> here;  // the ranks of `among` on this host
+  for (const int r : among) {
+    if (r >= 0 && r < static_cast<int>(peers.size()) && peers[r].host != 0 &&
+        peers[r].host == host) {
+      here.push_back(r);
+    }
+  }
+  if (here.empty()) return "";
   for (int waited = 0;; waited += 100) {
     std::vector<std::string> exited;
-    for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
-      const PeerProcess& p = peers[r];
-      if (r == rank || (only >= 0 && r != only)) continue;
-      if (p.host == 0 || p.host != host || !ProcessExited(p.pid)) continue;
-      exited.push_back(absl::StrCat("rank ", r, " exited (pid ", p.pid, " on this host)"));
+    for (const int r : here) {
+      if (!ProcessExited(peers[r].pid)) continue;
+      exited.push_back(absl::StrCat("rank ", r, " exited (pid ", peers[r].pid, " on this host)"));
     }
     if (!exited.empty()) return absl::StrJoin(exited, ", ");
     if (waited >= wait_ms) return "";

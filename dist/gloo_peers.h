@@ -29,8 +29,8 @@ static_assert(sizeof(PeerProcess) == 80, "all-gathered as 80 bytes a rank");
 // This process: this host's and its pid.
 PeerProcess ThisProcess();
 
-// The bytes an address takes in the exchange of connection ends
-// (AddressBytes): "[<IPv6>]:<port>" fits.
+// The bytes an address takes in the exchange of addresses (AddressBytes):
+// "[<IPv6>]:<port>" fits.
 inline constexpr size_t kAddressBytes = 64;
 // `address` (a gloo pair's transport::Address::str(); a "$<sequence>" suffix
 // dropped) NUL-padded into kAddressBytes at `out`, truncated to fit.
@@ -42,12 +42,13 @@ std::string AddressOf(const char* bytes);
 // exited and not been reaped yet (a zombie).
 bool ProcessExited(int64_t pid);
 
-// The peers (all but `rank`; only peer `only` when it is >= 0) on this host
-// whose process has exited: "rank 2 exited (pid 4242 on this host)"; "" when
-// none did. A peer's sockets close as its process exits, a moment before the
-// process is gone: looked for for up to `wait_ms`.
-std::string ExitedPeers(const std::vector<PeerProcess>& peers, int rank, int only = -1,
-                        int wait_ms = 1000);
+// The peers among `among` (ranks) on this host whose process has exited:
+// "rank 2 exited (pid 4242 on this host)"; "" when none did. A peer's
+// sockets close as its process exits, a moment before the process is gone:
+// looked for for up to `wait_ms` (not at all when none of them is on this
+// host).
+std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector<int>& among,
+                        int wait_ms);
 
 // The one peer (not `rank`) one of whose addresses, `addresses[r]` (what
 // this rank's gloo errors may print for it; none for this rank), gloo's

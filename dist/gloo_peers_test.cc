@@ -1,12 +1,13 @@
 // Naming the peer a gloo error is about: this process as it announces
-// itself, the connection ends exchanged as bytes, and the peer whose end of
-// its connection gloo's message holds, on another host or on this one (its
+// itself, the addresses exchanged as bytes, and the peer one of whose
+// addresses gloo's message holds, on another host or on this one (its
 // process alive or gone).
 #include "dist/gloo_peers.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -100,14 +101,18 @@ TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
   EXPECT_EQ(PeerNamedIn("Connection closed by peer [127.0.0.1]:5002", peers, ends, 0),
             "rank 2 (on me, [127.0.0.1]:5002): its process (pid " + std::to_string(child) +
                 ") is gone");
-  EXPECT_EQ(ExitedPeers(peers, 0, /*only=*/-1, /*wait_ms=*/0),
+  EXPECT_EQ(ExitedPeers(peers, {1, 2}, /*wait_ms=*/0),
             "rank 2 exited (pid " + std::to_string(child) + " on this host)");
-  EXPECT_EQ(ExitedPeers({peers[0], peers[1]}, 0, /*only=*/-1, /*wait_ms=*/0), "");
-  // Only the peer gloo's error names, when it names one: rank 2 exited, but
-  // the error was rank 1's.
-  EXPECT_EQ(ExitedPeers(peers, 0, /*only=*/1, /*wait_ms=*/0), "");
-  EXPECT_EQ(ExitedPeers(peers, 0, /*only=*/2, /*wait_ms=*/0),
+  EXPECT_EQ(ExitedPeers({peers[0], peers[1]}, {1}, /*wait_ms=*/0), "");
+  // Only the peers asked about: rank 2 exited, but the error was rank 1's.
+  EXPECT_EQ(ExitedPeers(peers, {1}, /*wait_ms=*/0), "");
+  EXPECT_EQ(ExitedPeers(peers, {2}, /*wait_ms=*/0),
             "rank 2 exited (pid " + std::to_string(child) + " on this host)");
+  // A peer on another host is not waited for: it cannot be seen to exit.
+  const std::vector<PeerProcess> away = {peers[0], Peer(here + 1, 4242, "node-2")};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ExitedPeers(away, {1}, /*wait_ms=*/5000), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
   EXPECT_EQ(PeerIndexNamedIn("Connection closed by peer [127.0.0.1]:5001", ends, 0), 1);
   EXPECT_EQ(PeerIndexNamedIn("Connection closed by peer [127.0.0.1]:5003", ends, 0), -1);
 }
