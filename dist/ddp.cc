@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nn/checkpoint.h"
+#include "nn/fp32_modules.h"
 #include "tensor/error.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/init.h"
@@ -124,8 +126,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       params_(model.NamedParameters()),
       frozen_(internal::FrozenFlags(params_)) {
   internal::CheckNotWrapped("ddp", model_);
-  const std::vector<std::vector<int>> groups =
-      internal::ReverseOrderBuckets("ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true);
+  const std::set<const nn::Parameter*> kept_fp32 =
+      nn::KeptFp32Parameters(model_, options_.mixed_precision.fp32_module_classes);
+  const std::vector<std::vector<int>> groups = internal::ReverseOrderBuckets(
+      "ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true, kept_fp32);
   const tensor::Device device = ModelDevice("ddp", params_);
   {
     absl::Status s = options_.mixed_precision.Validate(device);
@@ -144,6 +148,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
     Bucket bucket;
     bucket.flat = tensor::Tensor::Zeros({numel}, tensor::Dtype::kF32, device);
     bucket.params = group;
+    bucket.kept_fp32 = kept_fp32.count(params_[group.front()].second) > 0;
     int64_t offset = 0;
     for (int i : group) {
       nn::Parameter* p = params_[i].second;
@@ -255,8 +260,9 @@ void DistributedDataParallel::IssueReadyBuckets() {
   for (int i = readiness_->TakeNextReady(); i >= 0; i = readiness_->TakeNextReady()) {
     Bucket& b = buckets_[i];
     internal::ZeroUnwrittenGrads(params_, b.params);  // parameters the backward did not reach
-    internal::IssueOrGiveBack(*readiness_, copies_.get(), i, b.work, [&] {
-      if (reduce_low_) {
+    const bool cast = reduce_low_ && !b.kept_fp32;
+    internal::IssueOrGiveBack(*readiness_, cast ? copies_.get() : nullptr, i, b.work, [&] {
+      if (cast) {
         const tensor::Tensor low =
             copies_->Make(i, b.flat, options_.mixed_precision.reduce_dtype);
         b.work = pg_.AllReduce(low, ReduceOp::kAvg);

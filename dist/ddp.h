@@ -55,7 +55,9 @@
 // With reduce_dtype != f32 and more than one rank, each bucket is cast to a
 // reduce_dtype copy (kCommunication) when it is issued, all-reduced (avg) in
 // that dtype (PyTorch's bf16 compress hook) and cast back into its fp32 bucket
-// as soon as its all-reduce has completed; the copy is then freed. With one
+// as soon as its all-reduce has completed; the copy is then freed. Parameters
+// of modules the policy keeps fp32 (BatchNorm) have buckets of their own,
+// all-reduced in fp32 (as PyTorch's fp32 units of such modules). With one
 // rank nothing is communicated and the fp32 gradients are kept exactly, so a
 // world-1 run equals nn::MixedPrecision in one process bit for bit.
 //
@@ -270,6 +272,7 @@ class DistributedDataParallel {
   struct Bucket {
     tensor::Tensor flat;      // fp32 (numel), the gradients
     std::vector<int> params;  // indices into params_, in bucket order
+    bool kept_fp32 = false;   // parameters the policy keeps fp32: all-reduced in fp32
     WorkPtr work;             // set once issued this step
   };
 

@@ -279,10 +279,9 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     replicate_pg = replicate_pg_->size() > 1 ? replicate_pg_.get() : nullptr;
   }
   shared_->options = options_;
-  std::set<const nn::Parameter*> kept_fp32;
-  if (options_.mixed_precision.IsMixed()) {
-    kept_fp32 = nn::KeptFp32Parameters(root, options_.mixed_precision.fp32_module_classes);
-  }
+  // Computed and reduced in fp32 (FsdpUnit), whatever the policy's dtypes.
+  const std::set<const nn::Parameter*> kept_fp32 =
+      nn::KeptFp32Parameters(root, options_.mixed_precision.fp32_module_classes);
   FailureAgreement agreement(pg, device);
   // Buffers (BatchNorm's running statistics) are not sharded: every rank
   // keeps its own on the compute device. Moving them there may run out of

@@ -33,6 +33,9 @@
 // views (unchanged); PostBackward casts the fp32 unsharded gradient to
 // reduce_dtype, reduce-scatters (all-reduces under NO_SHARD) in that dtype and
 // adds the result into the fp32 gradient shard (reduce_dtype f32: as before).
+// A unit holding a trainable kept parameter reduces in fp32 (as PyTorch's
+// fp32 units of such modules do; its other parameters' gradients with them:
+// wrap such modules as units of their own to keep the rest in reduce_dtype).
 // FullStateDict always gathers the fp32 shards.
 //
 // Frozen parameters (nn::Parameter::requires_grad false, set before

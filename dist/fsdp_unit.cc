@@ -34,13 +34,17 @@ FsdpUnit::FsdpUnit(int id, UnitPlan plan, FsdpShared& shared, ProcessGroup& shar
       flat_(std::move(plan.params), no_shard() ? 1 : shard_pg.size(),
             no_shard() ? 0 : shard_pg.rank()) {
   gather_dtype_ = param_dtype_;
-  if (param_dtype_ != tensor::Dtype::kF32) {
-    for (const FlatParameter::Entry& e : flat_.entries()) {
-      const bool keep = kept_fp32.count(e.param) > 0;
-      keep_fp32_.push_back(keep);
-      if (keep) gather_dtype_ = tensor::Dtype::kF32;  // gather fp32, cast the others
-    }
+  bool trains_kept = false;  // holds a trainable parameter kept fp32
+  for (const FlatParameter::Entry& e : flat_.entries()) {
+    const bool keep = kept_fp32.count(e.param) > 0;
+    if (keep && !e.frozen) trains_kept = true;
+    if (param_dtype_ == tensor::Dtype::kF32) continue;
+    keep_fp32_.push_back(keep);
+    if (keep) gather_dtype_ = tensor::Dtype::kF32;  // gather fp32, cast the others
   }
+  // Kept parameters' gradients travel in fp32 too (as those of PyTorch's
+  // fp32 units do), and with them the rest of this unit's.
+  if (trains_kept) reduce_dtype_ = tensor::Dtype::kF32;
 }
 
 FsdpUnit::~FsdpUnit() {

@@ -16,7 +16,7 @@ namespace internal {
 
 std::vector<std::vector<int>> ReverseOrderBuckets(
     const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
-    double cap_mb, bool skip_frozen) {
+    double cap_mb, bool skip_frozen, const std::set<const nn::Parameter*>& kept_fp32) {
   OP_CHECK(cap_mb > 0, op, "bucket_cap_mb must be > 0, got ", cap_mb);
   // Clamped before the cast (an infinite or huge cap is one bucket, not the
   // undefined conversion's).
@@ -24,12 +24,15 @@ std::vector<std::vector<int>> ReverseOrderBuckets(
       std::clamp(cap_mb * 1024.0 * 1024.0, 1.0, static_cast<double>(int64_t{1} << 62)));
   std::vector<std::vector<int>> groups;
   int64_t bytes = 0;
+  bool group_kept = false;  // the last group holds kept-fp32 parameters
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
     if (skip_frozen && !params[i].second->requires_grad) continue;
     const int64_t b = params[i].second->numel() * 4;
-    if (groups.empty() || (bytes > 0 && bytes + b > cap_bytes)) {
+    const bool kept = kept_fp32.count(params[i].second) > 0;
+    if (groups.empty() || (bytes > 0 && bytes + b > cap_bytes) || kept != group_kept) {
       groups.emplace_back();
       bytes = 0;
+      group_kept = kept;
     }
     groups.back().push_back(i);
     bytes += b;

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -44,10 +45,13 @@ namespace internal {
 // indices into `params`, in reverse registration order. `skip_frozen`: frozen
 // parameters (requires_grad false) are in no bucket (DDP: nothing to reduce);
 // otherwise they are bucketed as the others (ZeRO-1, whose buckets also hold
-// the parameters). Throws tensor::OpError (naming `op`) unless cap_mb > 0.
+// the parameters). A bucket never mixes parameters in `kept_fp32` (those the
+// mixed-precision policy keeps fp32, whose buckets reduce in fp32) with
+// others. Throws tensor::OpError (naming `op`) unless cap_mb > 0.
 std::vector<std::vector<int>> ReverseOrderBuckets(
     const char* op, const std::vector<std::pair<std::string, nn::Parameter*>>& params,
-    double cap_mb, bool skip_frozen = false);
+    double cap_mb, bool skip_frozen = false,
+    const std::set<const nn::Parameter*>& kept_fp32 = {});
 
 // Before a backward: params[i]'s gradient becomes grad_views[i] (its view of
 // its bucket; frozen parameters are skipped, and keep no gradient) again where

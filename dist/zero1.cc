@@ -4,6 +4,7 @@
 #include "dist/zero1.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,14 +14,6 @@
 #include "tensor/ops/init.h"
 
 namespace dist {
-namespace {
-
-// True if a module of a class the policy keeps fp32 holds parameters.
-bool HasKeptFp32Parameters(nn::Module& root, const precision::MixedPrecisionPolicy& mp) {
-  return !nn::KeptFp32Parameters(root, mp.fp32_module_classes).empty();
-}
-
-}  // namespace
 
 Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimizer> optimizer,
              Zero1Options options)
@@ -32,9 +25,11 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
       frozen_(internal::FrozenFlags(params_)) {
   OP_CHECK(optimizer_ != nullptr, "zero1", "the optimizer is null");
   internal::CheckNotWrapped("zero1", model_);
-  const std::vector<std::vector<int>> groups =
-      internal::ReverseOrderBuckets("zero1", params_, options_.bucket_cap_mb);
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
+  const std::set<const nn::Parameter*> kept_fp32 =
+      nn::KeptFp32Parameters(model_, mp.fp32_module_classes);
+  const std::vector<std::vector<int>> groups = internal::ReverseOrderBuckets(
+      "zero1", params_, options_.bucket_cap_mb, /*skip_frozen=*/false, kept_fp32);
   const tensor::Device device = ModelDevice("zero1", params_);
   {
     absl::Status s = mp.Validate(device);
@@ -54,6 +49,7 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   for (int b = num_buckets - 1; b >= 0; --b) {
     Bucket& bucket = buckets_[b];
     bucket.params.assign(groups[b].rbegin(), groups[b].rend());
+    bucket.kept_fp32 = kept_fp32.count(params_[bucket.params.front()].second) > 0;
     bucket.seg.begin = padded_total;
     for (int i : bucket.params) {
       offsets_[i] = bucket.seg.begin + bucket.seg.numel;
@@ -69,7 +65,7 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   const int64_t k = padded_total / n;
 
   // A low-precision flat parameter when every parameter computes in param_dtype.
-  const bool low_flat = mp.IsMixed() && !HasKeptFp32Parameters(model_, mp);
+  const bool low_flat = mp.IsMixed() && kept_fp32.empty();
   reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && n > 1;
   OP_CHECK(options_.max_inflight_buckets >= 0, "zero1", "max_inflight_buckets must be >= 0, got ",
            options_.max_inflight_buckets);
@@ -283,8 +279,9 @@ void Zero1::IssueReadyBuckets() {
     if (!b.trains) continue;  // frozen parameters only: nothing to reduce
     tensor::Tensor segment = flat_grad_.Narrow(0, b.seg.begin, b.seg.padded);
     const int64_t mine = b.seg.shard_begin - b.seg.begin;
-    internal::IssueOrGiveBack(*readiness_, copies_.get(), i, b.work, [&] {
-      if (reduce_low_) {
+    const bool cast = reduce_low_ && !b.kept_fp32;
+    internal::IssueOrGiveBack(*readiness_, cast ? copies_.get() : nullptr, i, b.work, [&] {
+      if (cast) {
         const tensor::Tensor low =
             copies_->Make(i, segment, options_.mixed_precision.reduce_dtype);
         b.work = pg_.ReduceScatter(low, low.Narrow(0, mine, b.seg.shard_numel), ReduceOp::kAvg);

@@ -75,7 +75,8 @@
 //   reduce-scattered in that dtype, and this rank's slice of the result is
 //   cast back into the fp32 gradient slice (grad_shard(b)) as soon as it is
 //   done, freeing the copy: only the buckets in flight hold copies, at most
-//   max_inflight_buckets of them. With one
+//   max_inflight_buckets of them. Parameters of modules the policy keeps fp32
+//   (BatchNorm) have buckets of their own, reduce-scattered in fp32. With one
 //   rank nothing is communicated or rounded: a world-1 run equals
 //   nn::MixedPrecision in one process bit for bit.
 //
@@ -292,6 +293,7 @@ class Zero1 {
     optim::ElementRanges shard_decay;   // decay ranges of this rank's slice
     optim::ElementRanges shard_frozen;  // frozen parameters' ranges of this rank's slice
     bool trains = true;  // some parameter trains; false: no reduce-scatter, step or all-gather
+    bool kept_fp32 = false;  // parameters the policy keeps fp32: reduce-scattered in fp32
     WorkPtr work;        // its reduce-scatter this step
   };
 

@@ -29,10 +29,11 @@ struct MixedPrecisionPolicy {
   tensor::Dtype buffer_dtype = tensor::Dtype::kF32;
   // Module classes (nn::Module::class_name()) computed entirely in fp32: a
   // module of one and every module inside it keep fp32 parameters
-  // (nn::KeptFp32Parameters), as PyTorch FSDP's _module_classes_to_ignore.
-  // Unlike PyTorch (which wraps such a module as a unit of its own), their
-  // gradients are communicated in reduce_dtype with the rest of their FSDP
-  // unit or DDP/ZeRO-1 bucket.
+  // (nn::KeptFp32Parameters), as PyTorch FSDP's _module_classes_to_ignore,
+  // and their gradients are reduced in fp32: DDP and ZeRO-1 give them
+  // buckets of their own; an FSDP unit holding one reduces in fp32 (PyTorch
+  // wraps such a module as an fp32 unit of its own; wrap it so here to keep
+  // the rest of its unit in reduce_dtype).
   std::vector<std::string> fp32_module_classes = {"BatchNorm1d"};
 
   // Everything fp32 (no mixed precision).

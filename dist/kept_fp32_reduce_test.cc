@@ -1,0 +1,200 @@
+// Gradients of parameters the mixed-precision policy keeps fp32 (BatchNorm's)
+// are reduced in fp32 under DDP, ZeRO-1 and FSDP, as PyTorch's fp32 units of
+// such modules are, while the others travel in bf16. One SGD step (lr 1, no
+// momentum or decay: the step is the averaged gradient) on 2 ranks of the
+// threads engine, each on rows of its own, against each rank's gradient as
+// nn::MixedPrecision computes it in one process: a BatchNorm parameter moves
+// by the fp32 mean of the two, a Linear one (where it is reduced in bf16) by
+// a rounded one.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "dist/ddp.h"
+#include "dist/fsdp.h"
+#include "dist/thread_group.h"
+#include "dist/wrap_policy.h"
+#include "dist/zero1.h"
+#include "gtest/gtest.h"
+#include "nn/batch_norm.h"
+#include "nn/containers.h"
+#include "nn/linear.h"
+#include "nn/mixed_precision.h"
+#include "optim/param_ref.h"
+#include "optim/sgd.h"
+#include "precision/policy.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace dist {
+namespace {
+
+using tensor::Tensor;
+using Values = std::map<std::string, std::vector<float>>;
+
+constexpr uint64_t kSeed = 7;
+constexpr int kWorld = 2;
+
+// Linear(4, 6) -> BatchNorm1d(6) -> Linear(6, 3).
+std::unique_ptr<nn::Sequential> MakeNet() {
+  auto net = std::make_unique<nn::Sequential>();
+  net->Append(std::make_unique<nn::Linear>(4, 6));
+  net->Append(std::make_unique<nn::BatchNorm1d>(6));
+  net->Append(std::make_unique<nn::Linear>(6, 3));
+  net->Materialize(kSeed);
+  return net;
+}
+
+Tensor Rows(int rank) { return tensor::testing::RandomTensor({8, 4}, 10 + rank); }
+Tensor OutputGrad(int rank) { return tensor::testing::RandomTensor({8, 3}, 20 + rank); }
+
+void ForwardBackward(nn::Module& net, int rank) {
+  nn::Context ctx;
+  net.Run(Rows(rank), ctx);
+  net.RunBackward(OutputGrad(rank), ctx);
+}
+
+std::unique_ptr<optim::Optimizer> Sgd() {
+  optim::SgdOptions o;
+  o.lr = 1.0;
+  return optim::SGD::Create(o).value();
+}
+
+Values ParameterValues(nn::Module& net) {
+  Values out;
+  for (auto& [name, p] : net.NamedParameters()) out[name] = p->value.ToVector<float>();
+  return out;
+}
+
+// The fp32 mean over the ranks of each rank's fp32 gradient, as one process
+// with nn::MixedPrecision computes it on that rank's rows.
+Values MeanOfLocalGradients(const precision::MixedPrecisionPolicy& mp) {
+  Values mean;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    auto net = MakeNet();
+    nn::MixedPrecision mixed(*net, mp);
+    mixed.CastForCompute();
+    ForwardBackward(*net, rank);
+    mixed.RestoreMasters();
+    for (auto& [name, p] : net->NamedParameters()) {
+      std::vector<float> g = p->grad.ToVector<float>();
+      std::vector<float>& m = mean[name];
+      m.resize(g.size(), 0.0f);
+      for (size_t i = 0; i < g.size(); ++i) m[i] += g[i];
+    }
+  }
+  for (auto& [name, m] : mean) {
+    for (float& x : m) x /= kWorld;
+  }
+  return mean;
+}
+
+enum class Strategy { kDdp, kZero1, kFsdpOneUnit, kFsdpBatchNormUnit };
+
+const char* Name(Strategy s) {
+  switch (s) {
+    case Strategy::kDdp:
+      return "DDP";
+    case Strategy::kZero1:
+      return "ZeRO-1";
+    case Strategy::kFsdpOneUnit:
+      return "FSDP, one unit";
+    case Strategy::kFsdpBatchNormUnit:
+      return "FSDP, BatchNorm a unit of its own";
+  }
+  return "?";
+}
+
+// Rank 0's fp32 parameters after one step under `strategy`.
+Values AfterOneStep(Strategy strategy, const precision::MixedPrecisionPolicy& mp) {
+  Values after;
+  std::mutex mu;
+  absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+    auto net = MakeNet();
+    Values mine;
+    if (strategy == Strategy::kDdp) {
+      DdpOptions options;
+      options.mixed_precision = mp;
+      DistributedDataParallel ddp(*net, pg, options);
+      ASSERT_TRUE(ddp.reduces_in_low_precision());
+      ForwardBackward(*net, rank);
+      Sgd()->Step(optim::FromModule(*net));
+      mine = ParameterValues(*net);
+    } else if (strategy == Strategy::kZero1) {
+      Zero1Options options;
+      options.mixed_precision = mp;
+      Zero1 zero(*net, pg, Sgd(), options);
+      ASSERT_TRUE(zero.reduces_in_low_precision());
+      ForwardBackward(*net, rank);
+      ASSERT_TRUE(zero.Step().ok());
+      for (auto& [name, t] : zero.FullStateDict()) mine[name] = t.ToVector<float>();
+    } else {
+      FsdpOptions options;
+      options.mixed_precision = mp;
+      options.policy = strategy == Strategy::kFsdpBatchNormUnit
+                           ? WrapPolicy::Transformer({"BatchNorm1d"})
+                           : WrapPolicy::None();
+      auto fsdp = FullyShard(*net, pg, options);
+      ForwardBackward(*net, rank);
+      Sgd()->Step(fsdp->ParamRefs());
+      for (auto& [name, t] : fsdp->FullStateDict()) mine[name] = t.ToVector<float>();
+    }
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      after = std::move(mine);
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return after;
+}
+
+// The largest |(before - after) - want| over a parameter's elements,
+// relative to the largest |want|.
+double StepError(const std::vector<float>& before, const std::vector<float>& after,
+                 const std::vector<float>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::fabs((static_cast<double>(before[i]) - after[i]) - want[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+  }
+  return err / scale;
+}
+
+TEST(KeptFp32Reduce, BatchNormGradientsAreAveragedInFp32UnderEveryStrategy) {
+  const precision::MixedPrecisionPolicy mp = precision::MixedPrecisionPolicy::Bf16();
+  ASSERT_EQ(mp.fp32_module_classes, std::vector<std::string>{"BatchNorm1d"});
+  const Values before = ParameterValues(*MakeNet());
+  const Values want = MeanOfLocalGradients(mp);
+  for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kFsdpOneUnit,
+                            Strategy::kFsdpBatchNormUnit}) {
+    SCOPED_TRACE(Name(strategy));
+    const Values after = AfterOneStep(strategy, mp);
+    for (const auto& [name, g] : want) {
+      ASSERT_EQ(after.count(name), 1u) << name;
+      const double err = StepError(before.at(name), after.at(name), g);
+      const bool batch_norm = absl::StartsWith(name, "1.");
+      // One FSDP unit holding BatchNorm reduces in fp32 as a whole.
+      const bool fp32 = batch_norm || strategy == Strategy::kFsdpOneUnit;
+      if (fp32) {
+        // fp32 sums of two terms, then the step's subtraction: a few ulps.
+        EXPECT_LT(err, 1e-6) << name;
+      } else if (name == "0.bias") {
+        // BatchNorm subtracts the batch mean: this gradient is zero, rounded or not.
+        EXPECT_LT(err, 1e-6) << name;
+      } else {
+        // Each rank's gradient rounded to bf16 (2^-9 relative) first.
+        EXPECT_GT(err, 1e-5) << name;
+        EXPECT_LT(err, 1e-2) << name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dist
