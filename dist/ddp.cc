@@ -126,8 +126,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       params_(model.NamedParameters()),
       frozen_(internal::FrozenFlags(params_)) {
   internal::CheckNotWrapped("ddp", model_);
+  // Buckets of their own for the parameters kept fp32 when the others are
+  // reduced in low precision.
+  const precision::MixedPrecisionPolicy& policy = options_.mixed_precision;
   const std::set<const nn::Parameter*> kept_fp32 =
-      nn::KeptFp32Parameters(model_, options_.mixed_precision.fp32_module_classes);
+      policy.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1
+          ? nn::KeptFp32Parameters(model_, policy.fp32_module_classes)
+          : std::set<const nn::Parameter*>();
   const std::vector<std::vector<int>> groups = internal::ReverseOrderBuckets(
       "ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true, kept_fp32);
   const tensor::Device device = ModelDevice("ddp", params_);

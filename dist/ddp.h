@@ -12,8 +12,9 @@
 // forward (DdpOptions::broadcast_buffers, PyTorch's default). The parameters, in reverse registration order (the
 // order backward produces their gradients), are packed into flat fp32 buckets
 // of at most bucket_cap_mb (a parameter larger than the cap gets a bucket of
-// its own); each Parameter::grad becomes a view of its bucket, so layers
-// accumulate straight into the buckets. Frozen parameters (requires_grad
+// its own; parameters kept fp32 get buckets of their own when the others are
+// reduced in low precision); each Parameter::grad becomes a view of its
+// bucket, so layers accumulate straight into the buckets. Frozen parameters (requires_grad
 // false, set before construction) are in no bucket and have no gradient: as
 // PyTorch DDP, nothing of theirs is communicated.
 //
@@ -57,7 +58,8 @@
 // that dtype (PyTorch's bf16 compress hook) and cast back into its fp32 bucket
 // as soon as its all-reduce has completed; the copy is then freed. Parameters
 // of modules the policy keeps fp32 (BatchNorm) have buckets of their own,
-// all-reduced in fp32 (as PyTorch's fp32 units of such modules). With one
+// all-reduced in fp32 (unlike PyTorch DDP's bf16 hook, which compresses every
+// bucket; as PyTorch FSDP's units of such modules). With one
 // rank nothing is communicated and the fp32 gradients are kept exactly, so a
 // world-1 run equals nn::MixedPrecision in one process bit for bit.
 //
@@ -197,7 +199,8 @@ class DistributedDataParallel {
   const precision::MixedPrecisionPolicy& mixed_precision() const {
     return options_.mixed_precision;
   }
-  // True when gradients travel in reduce_dtype (not f32, more than one rank).
+  // True when gradients travel in reduce_dtype (not f32, more than one rank;
+  // the buckets of parameters kept fp32 travel in fp32 still).
   bool reduces_in_low_precision() const { return reduce_low_; }
 
   // Issues the buckets not issued yet and waits for all; idempotent within a

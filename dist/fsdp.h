@@ -33,9 +33,10 @@
 // views (unchanged); PostBackward casts the fp32 unsharded gradient to
 // reduce_dtype, reduce-scatters (all-reduces under NO_SHARD) in that dtype and
 // adds the result into the fp32 gradient shard (reduce_dtype f32: as before).
-// A unit holding a trainable kept parameter reduces in fp32 (as PyTorch's
-// fp32 units of such modules do; its other parameters' gradients with them:
-// wrap such modules as units of their own to keep the rest in reduce_dtype).
+// A unit holding a trainable kept parameter reduces in fp32 as it gathers:
+// its other parameters' gradients too (PyTorch wraps such modules as fp32
+// units of their own, nested in the others; wrap policies here do not nest
+// them: Transformer and predicate policies take the outermost match).
 // FullStateDict always gathers the fp32 shards.
 //
 // Frozen parameters (nn::Parameter::requires_grad false, set before
@@ -96,7 +97,7 @@
 // its state there. The compute device holds only unsharded units: each
 // unshard copies the shard to the device (cast to param_dtype on the host
 // first: fewer bytes to copy) and all-gathers it there; each reduced gradient
-// shard is copied back (in reduce_dtype) and accumulated into the fp32 host
+// shard is copied back (in the unit's reduce dtype) and accumulated into the fp32 host
 // shard. Both go through page-locked buffers of the largest shard, one per
 // dtype, allocated by FullyShard, so no step allocates page-locked memory.
 // Needs a CUDA compute device.

@@ -237,12 +237,13 @@ class FsdpUnit : public nn::ModuleHooks {
   // ---- Gradient reduction ----
 
   // Issues the reduce-scatter (all-reduce under NO_SHARD) of the unsharded
-  // gradient in reduce_dtype; the buffers live until FinishReduce (the
+  // gradient in this unit's reduce dtype (reduce_dtype_: f32 for a group of
+  // one, or a unit that trains a kept-fp32 parameter); the buffers live until FinishReduce (the
   // result's, under HYBRID_SHARD, until FinishReplicas).
   void IssueReduce();
 
   // Waits for the reduce; then adds the result into the fp32 gradient shard
-  // (offloaded: copied to the host in reduce_dtype first), or, under
+  // (offloaded: copied to the host in the reduce dtype first), or, under
   // HYBRID_SHARD, frees the unsharded gradient and issues the all-reduce
   // that averages the result over the replicas (FinishReplicas adds it).
   // Memory: with shard groups of more than 1, the result is a shard-sized

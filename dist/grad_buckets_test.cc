@@ -5,6 +5,7 @@
 
 #include <limits>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -70,6 +71,26 @@ TEST(ReverseOrderBucketsTest, FrozenParametersAreSkippedWhenAsked) {
   PointGradsAtBuckets(params, views);
   EXPECT_FALSE(params[2].second->grad.defined());
   EXPECT_TRUE(params[3].second->grad.defined());
+}
+
+// Parameters kept fp32 (reduced in fp32) never share a bucket with others:
+// a bucket starts where keptness changes, the cap still applies within a run
+// of kept parameters, and frozen ones skipped do not count.
+TEST(ReverseOrderBucketsTest, KeptFp32ParametersGetBucketsOfTheirOwn) {
+  auto seq = ThreeLinears();
+  const auto params = seq->NamedParameters();
+  const std::set<const nn::Parameter*> kept = {params[2].second, params[3].second};  // 1.*
+  EXPECT_EQ(ReverseOrderBuckets("t", params, 25.0, /*skip_frozen=*/false, kept),
+            (std::vector<std::vector<int>>{{5, 4}, {3, 2}, {1, 0}}));
+  // 10 floats: the kept weight (16) alone, its bias (4) in a bucket of its own.
+  EXPECT_EQ(ReverseOrderBuckets("t", params, Mb(40), /*skip_frozen=*/false, kept),
+            (std::vector<std::vector<int>>{{5}, {4}, {3}, {2}, {1}, {0}}));
+  params[3].second->requires_grad = false;  // 1.bias, kept and frozen
+  EXPECT_EQ(ReverseOrderBuckets("t", params, 25.0, /*skip_frozen=*/true, kept),
+            (std::vector<std::vector<int>>{{5, 4}, {2}, {1, 0}}));
+  EXPECT_EQ(ReverseOrderBuckets("t", params, 25.0, /*skip_frozen=*/true,
+                                {params[4].second, params[1].second}),  // 2.weight, 0.bias
+            (std::vector<std::vector<int>>{{5}, {4}, {2}, {1}, {0}}));
 }
 
 // DDP and ZeRO-1 check before each backward that no parameter was frozen or

@@ -1,21 +1,22 @@
 // Gradients of parameters the mixed-precision policy keeps fp32 (BatchNorm's)
-// are reduced in fp32 under DDP, ZeRO-1 and FSDP, as PyTorch's fp32 units of
-// such modules are, while the others travel in bf16. One SGD step (lr 1, no
-// momentum or decay: the step is the averaged gradient) on 2 ranks of the
-// threads engine, each on rows of its own, against each rank's gradient as
-// nn::MixedPrecision computes it in one process: a BatchNorm parameter moves
-// by the fp32 mean of the two, a Linear one (where it is reduced in bf16) by
-// a rounded one.
+// are reduced in fp32 under DDP, ZeRO-1 and FSDP, as PyTorch FSDP's fp32
+// units of such modules are, while the others travel in bf16. One SGD step
+// (lr 1, no momentum or decay: the step subtracts the averaged gradient) on 2
+// ranks of the threads engine, each on rows of its own, against each rank's
+// gradient as nn::MixedPrecision computes it in one process: a BatchNorm
+// parameter ends exactly at its value minus the fp32 mean of the two, a
+// Linear one (where it is reduced in bf16) elsewhere, but close. Under bf16
+// compute, and under fp32 compute with bf16 reduction.
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
@@ -24,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "nn/batch_norm.h"
 #include "nn/containers.h"
+#include "nn/fp32_modules.h"
 #include "nn/linear.h"
 #include "nn/mixed_precision.h"
 #include "optim/param_ref.h"
@@ -41,10 +43,13 @@ using Values = std::map<std::string, std::vector<float>>;
 constexpr uint64_t kSeed = 7;
 constexpr int kWorld = 2;
 
-// Linear(4, 6) -> BatchNorm1d(6) -> Linear(6, 3).
+// Linear(4, 6, no bias: BatchNorm would zero its gradient) -> BatchNorm1d(6)
+// -> Linear(6, 3).
 std::unique_ptr<nn::Sequential> MakeNet() {
   auto net = std::make_unique<nn::Sequential>();
-  net->Append(std::make_unique<nn::Linear>(4, 6));
+  nn::LinearOptions no_bias;
+  no_bias.bias = false;
+  net->Append(std::make_unique<nn::Linear>(4, 6, no_bias));
   net->Append(std::make_unique<nn::BatchNorm1d>(6));
   net->Append(std::make_unique<nn::Linear>(6, 3));
   net->Materialize(kSeed);
@@ -154,43 +159,51 @@ Values AfterOneStep(Strategy strategy, const precision::MixedPrecisionPolicy& mp
   return after;
 }
 
-// The largest |(before - after) - want| over a parameter's elements,
-// relative to the largest |want|.
+// The largest |after - (before - want)| over a parameter's elements, the
+// step computed in fp32 as SGD does, relative to the largest |want|.
 double StepError(const std::vector<float>& before, const std::vector<float>& after,
                  const std::vector<float>& want) {
   double err = 0, scale = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    err = std::max(err, std::fabs((static_cast<double>(before[i]) - after[i]) - want[i]));
+    const float expected = before[i] - want[i];
+    err = std::max(err, std::fabs(static_cast<double>(after[i]) - expected));
     scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
   }
   return err / scale;
 }
 
 TEST(KeptFp32Reduce, BatchNormGradientsAreAveragedInFp32UnderEveryStrategy) {
-  const precision::MixedPrecisionPolicy mp = precision::MixedPrecisionPolicy::Bf16();
-  ASSERT_EQ(mp.fp32_module_classes, std::vector<std::string>{"BatchNorm1d"});
-  const Values before = ParameterValues(*MakeNet());
-  const Values want = MeanOfLocalGradients(mp);
-  for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kFsdpOneUnit,
-                            Strategy::kFsdpBatchNormUnit}) {
-    SCOPED_TRACE(Name(strategy));
-    const Values after = AfterOneStep(strategy, mp);
-    for (const auto& [name, g] : want) {
-      ASSERT_EQ(after.count(name), 1u) << name;
-      const double err = StepError(before.at(name), after.at(name), g);
-      const bool batch_norm = absl::StartsWith(name, "1.");
-      // One FSDP unit holding BatchNorm reduces in fp32 as a whole.
-      const bool fp32 = batch_norm || strategy == Strategy::kFsdpOneUnit;
-      if (fp32) {
-        // fp32 sums of two terms, then the step's subtraction: a few ulps.
-        EXPECT_LT(err, 1e-6) << name;
-      } else if (name == "0.bias") {
-        // BatchNorm subtracts the batch mean: this gradient is zero, rounded or not.
-        EXPECT_LT(err, 1e-6) << name;
-      } else {
-        // Each rank's gradient rounded to bf16 (2^-9 relative) first.
-        EXPECT_GT(err, 1e-5) << name;
-        EXPECT_LT(err, 1e-2) << name;
+  precision::MixedPrecisionPolicy fp32_compute;  // fp32 parameters, bf16 reduction
+  fp32_compute.reduce_dtype = tensor::Dtype::kBF16;
+  for (const precision::MixedPrecisionPolicy& mp :
+       {precision::MixedPrecisionPolicy::Bf16(), fp32_compute}) {
+    SCOPED_TRACE(mp.ToString());
+    ASSERT_EQ(mp.fp32_module_classes, std::vector<std::string>{"BatchNorm1d"});
+    auto reference = MakeNet();
+    const std::set<const nn::Parameter*> kept =
+        nn::KeptFp32Parameters(*reference, mp.fp32_module_classes);
+    std::set<std::string> kept_names;
+    for (auto& [name, p] : reference->NamedParameters()) {
+      if (kept.count(p) > 0) kept_names.insert(name);
+    }
+    ASSERT_EQ(kept_names, (std::set<std::string>{"1.weight", "1.bias"}));
+    const Values before = ParameterValues(*reference);
+    const Values want = MeanOfLocalGradients(mp);
+    for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kFsdpOneUnit,
+                              Strategy::kFsdpBatchNormUnit}) {
+      SCOPED_TRACE(Name(strategy));
+      const Values after = AfterOneStep(strategy, mp);
+      for (const auto& [name, g] : want) {
+        ASSERT_EQ(after.count(name), 1u) << name;
+        const double err = StepError(before.at(name), after.at(name), g);
+        // One FSDP unit holding BatchNorm gathers and reduces in fp32 as a whole.
+        if (kept_names.count(name) > 0 || strategy == Strategy::kFsdpOneUnit) {
+          EXPECT_EQ(err, 0.0) << name;  // the same fp32 sum and step
+        } else {
+          // Each rank's gradient rounded to bf16 (2^-9 relative) first.
+          EXPECT_GT(err, 0.0) << name;
+          EXPECT_LT(err, 1e-2) << name;
+        }
       }
     }
   }

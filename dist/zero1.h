@@ -11,7 +11,8 @@
 // At construction every parameter and buffer is broadcast from rank 0. The
 // parameters are grouped into buckets of at most bucket_cap_mb MiB in reverse
 // registration order, as DDP's (bucket 0 holds the last parameters: backward
-// finalizes it first). The flat gradient holds the parameters' gradients in
+// finalizes it first; kept-fp32 parameters apart, as there). The flat
+// gradient holds the parameters' gradients in
 // registration order, each bucket's segment right-padded to a multiple of
 // N = pg.size() and split into N equal slices of k_b elements: rank r owns
 // slice r of every bucket, k = sum of k_b elements in all. Each bucket has a
@@ -274,7 +275,8 @@ class Zero1 {
   // Dtype of the flat parameter (what Parameter::value views): param_dtype
   // under a mixed policy whose kept-fp32 classes hold no parameter, else f32.
   tensor::Dtype flat_param_dtype() const { return flat_param_dtype_; }
-  // True when gradients travel in reduce_dtype (not f32, more than one rank).
+  // True when gradients travel in reduce_dtype (not f32, more than one rank;
+  // the buckets of parameters kept fp32 travel in fp32 still).
   bool reduces_in_low_precision() const { return reduce_low_; }
 
   // Gathers the fp32 parameters (the masters; collective in mixed precision:
