@@ -14,9 +14,9 @@
 // of at most bucket_cap_mb (a parameter larger than the cap gets a bucket of
 // its own; parameters kept fp32 get buckets of their own when the others are
 // reduced in low precision); each Parameter::grad becomes a view of its
-// bucket, so layers accumulate straight into the buckets. Frozen parameters (requires_grad
-// false, set before construction) are in no bucket and have no gradient: as
-// PyTorch DDP, nothing of theirs is communicated.
+// bucket, so layers accumulate straight into the buckets. Frozen parameters
+// (requires_grad false, set before construction) are in no bucket and have no
+// gradient: as PyTorch DDP, nothing of theirs is communicated.
 //
 // Hooks: a ModuleHooks object of this class is installed on every module of
 // the model (chaining to hooks installed before it, which still run first in

@@ -2,8 +2,11 @@
 // ZeroGrad after a backward that threw finishes its reductions first, and a
 // backward stopped partway on one rank stops every rank's step and leaves
 // nothing behind once ZeroGrad has run.
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,11 +17,9 @@
 #include "dist/zero1.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "optim/param_ref.h"
 #include "optim/sgd.h"
 #include "precision/policy.h"
 #include "tensor/error.h"
-#include "tensor/testing.h"
 
 namespace dist {
 namespace {

@@ -10,9 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 

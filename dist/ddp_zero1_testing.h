@@ -1,8 +1,10 @@
 // What the DDP / ZeRO-1 tests share (ddp_zero1_test.cc: against one process,
 // buckets, no_sync; ddp_zero1_reuse_test.cc: parameters used more than once;
-// ddp_zero1_mixed_precision_test.cc: bf16 and memory): a random global batch
-// of token ids, each rank's rows of it, the model's parameters and gradients
-// flattened, ZeRO-1's reduced slices, and the two optimizers they step.
+// ddp_zero1_mixed_precision_test.cc: bf16 and memory;
+// ddp_zero1_abandoned_test.cc: backwards that did not finish): a random
+// global batch of token ids, each rank's rows of it, the model's parameters
+// and gradients flattened, ZeRO-1's reduced slices, and the two optimizers
+// they step.
 #ifndef DIST_DDP_ZERO1_TESTING_H_
 #define DIST_DDP_ZERO1_TESTING_H_
 

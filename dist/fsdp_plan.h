@@ -12,7 +12,8 @@
 // The plan also records how units nest (a size-based policy wraps a module
 // and modules inside it: FullyShard keeps the outer unit gathered while the
 // inner ones run) and which units hold parameters of module classes a
-// mixed-precision policy keeps fp32 (such a unit is gathered in fp32).
+// mixed-precision policy keeps fp32 (such a unit is gathered in fp32 and,
+// when it trains one, reduced in fp32).
 #ifndef DIST_FSDP_PLAN_H_
 #define DIST_FSDP_PLAN_H_
 

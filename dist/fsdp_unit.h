@@ -238,8 +238,8 @@ class FsdpUnit : public nn::ModuleHooks {
 
   // Issues the reduce-scatter (all-reduce under NO_SHARD) of the unsharded
   // gradient in this unit's reduce dtype (reduce_dtype_: f32 for a group of
-  // one, or a unit that trains a kept-fp32 parameter); the buffers live until FinishReduce (the
-  // result's, under HYBRID_SHARD, until FinishReplicas).
+  // one, or a unit that trains a kept-fp32 parameter); the buffers live until
+  // FinishReduce (the result's, under HYBRID_SHARD, until FinishReplicas).
   void IssueReduce();
 
   // Waits for the reduce; then adds the result into the fp32 gradient shard

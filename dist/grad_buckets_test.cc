@@ -91,6 +91,9 @@ TEST(ReverseOrderBucketsTest, KeptFp32ParametersGetBucketsOfTheirOwn) {
   EXPECT_EQ(ReverseOrderBuckets("t", params, 25.0, /*skip_frozen=*/true,
                                 {params[4].second, params[1].second}),  // 2.weight, 0.bias
             (std::vector<std::vector<int>>{{5}, {4}, {2}, {1}, {0}}));
+  // A skipped kept parameter starts no bucket (none is left empty).
+  EXPECT_EQ(ReverseOrderBuckets("t", params, 25.0, /*skip_frozen=*/true, {params[3].second}),
+            (std::vector<std::vector<int>>{{5, 4, 2, 1, 0}}));
 }
 
 // DDP and ZeRO-1 check before each backward that no parameter was frozen or

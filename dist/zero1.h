@@ -12,10 +12,10 @@
 // parameters are grouped into buckets of at most bucket_cap_mb MiB in reverse
 // registration order, as DDP's (bucket 0 holds the last parameters: backward
 // finalizes it first; kept-fp32 parameters apart, as there). The flat
-// gradient holds the parameters' gradients in
-// registration order, each bucket's segment right-padded to a multiple of
-// N = pg.size() and split into N equal slices of k_b elements: rank r owns
-// slice r of every bucket, k = sum of k_b elements in all. Each bucket has a
+// gradient holds the parameters' gradients in registration order, each
+// bucket's segment right-padded to a multiple of N = pg.size() and split
+// into N equal slices of k_b elements: rank r owns slice r of every bucket,
+// k = sum of k_b elements in all. Each bucket has a
 // parameter buffer laid out as its segment (the flat parameter is their
 // concatenation, allocated per bucket so that construction, which moves the
 // model's tensors in, holds the model twice for one bucket at most). Each
