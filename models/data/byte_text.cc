@@ -14,6 +14,7 @@ ByteTextSource::ByteTextSource(std::shared_ptr<const MappedFile> file, std::stri
                                std::string name, uint64_t seed)
     : file_(std::move(file)), owned_(std::move(owned)), name_(std::move(name)), seed_(seed) {
   text_ = file_ != nullptr ? file_->bytes() : absl::string_view(owned_);
+  content_ = ContentDigest(text_);
 }
 
 absl::StatusOr<std::unique_ptr<ByteTextSource>> ByteTextSource::Open(const std::string& path,
@@ -68,7 +69,8 @@ std::string ByteTextSource::Describe() const {
 
 std::string ByteTextSource::Fingerprint() const {
   const std::string range = range_.empty() ? "" : absl::StrCat(",range=", range_);
-  return absl::StrCat("byte_text(bytes=", text_.size(), range, ",seed=", seed_, ")");
+  return absl::StrCat("byte_text(bytes=", text_.size(), range, ",content=", content_,
+                      ",seed=", seed_, ")");
 }
 
 absl::StatusOr<std::unique_ptr<TokenSource>> ByteTextSource::Slice(int64_t begin, int64_t end,

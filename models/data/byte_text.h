@@ -53,6 +53,7 @@ class ByteTextSource : public TokenSource {
   std::shared_ptr<const MappedFile> file_;  // set when the text is a file
   std::string owned_;                       // the text when FromString
   absl::string_view text_;
+  std::string content_;  // ContentDigest of the whole text (a slice's too)
   std::string name_;
   uint64_t seed_;
   std::string range_;  // "[begin, end)" of the whole text for a slice; empty otherwise

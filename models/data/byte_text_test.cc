@@ -74,8 +74,16 @@ TEST(ByteTextTest, SliceSamplesOnlyItsBytes) {
   ASSERT_TRUE(tail.ok()) << tail.status();
   EXPECT_EQ((*tail)->max_sequence_length(), 10);
   EXPECT_EQ((*tail)->Describe(), "bytes [90, 100) of digits (10 bytes)");
-  EXPECT_EQ((*tail)->Fingerprint(), "byte_text(bytes=10,range=[90, 100),seed=4)");
-  EXPECT_EQ((*source)->Fingerprint(), "byte_text(bytes=100,seed=3)");
+  // The content digest is the whole text's, a slice's too.
+  const std::string content = ContentDigest(text);
+  EXPECT_EQ((*tail)->Fingerprint(),
+            "byte_text(bytes=10,range=[90, 100),content=" + content + ",seed=4)");
+  EXPECT_EQ((*source)->Fingerprint(), "byte_text(bytes=100,content=" + content + ",seed=3)");
+  // Another text of the same size: another fingerprint.
+  std::string other = text;
+  other[50] = 'x';
+  EXPECT_NE((*ByteTextSource::FromString(other, 3, "digits"))->Fingerprint(),
+            (*source)->Fingerprint());
   EXPECT_EQ(Sample(**tail, 0, 0, 10),
             (std::vector<int64_t>{48, 49, 50, 51, 52, 53, 54, 55, 56, 57}));
   // The head [0, 90) never reaches the tail: windows of 85 start in [0, 5].

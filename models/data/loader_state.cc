@@ -160,21 +160,42 @@ std::string DifferingFields(const FieldDifferences& d) {
 bool DataItselfDiffers(const FieldDifferences& d) {
   for (const auto& [key, saved, now] : d.differ) {
     if (absl::EndsWith(key, ".tokens") || absl::EndsWith(key, ".bytes") ||
-        absl::EndsWith(key, ".vocab")) {
+        absl::EndsWith(key, ".vocab") || absl::EndsWith(key, ".content")) {
       return true;
     }
   }
   return false;
 }
 
+// `config` without its sources' ",content=<digest>" fields.
+std::string WithoutContent(absl::string_view config) {
+  constexpr absl::string_view kKey = ",content=";
+  std::string out;
+  size_t from = 0;
+  for (size_t at = config.find(kKey); at != absl::string_view::npos;
+       at = config.find(kKey, from)) {
+    absl::StrAppend(&out, config.substr(from, at - from));
+    from = config.find_first_of(",)", at + kKey.size());
+    if (from == absl::string_view::npos) from = config.size();
+  }
+  absl::StrAppend(&out, config.substr(from));
+  return out;
+}
+
 }  // namespace
 
-absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
+absl::Status CheckRestore(const LoaderState& saved, absl::string_view config_now,
                           absl::string_view who) {
   if (saved.step < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("[", who, "] cannot restore a negative step ", saved.step));
   }
+  // A state saved before configurations held the data's content digest
+  // (data::ContentDigest) is compared without it: its data cannot be told
+  // from another of the same size.
+  const std::string config = absl::StrContains(saved.config, "content=")
+                                 ? std::string(config_now)
+                                 : WithoutContent(config_now);
   if (saved.config != config) {
     // Another world size resumes the same stream when the global batch stays.
     const int64_t saved_batch = GlobalBatchOf(saved.config), batch = GlobalBatchOf(config);

@@ -53,7 +53,9 @@ struct LoaderState {
 };
 
 // OK when `saved` may be restored into a loader whose config is `config`;
-// otherwise InvalidArgument showing both configs.
+// otherwise InvalidArgument showing both configs. A saved config without the
+// sources' "content=" digests (a checkpoint from before them) is compared
+// with `config`'s left out.
 absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
                           absl::string_view who);
 

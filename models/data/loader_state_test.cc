@@ -114,5 +114,32 @@ TEST(LoaderStateTest, CheckRestoreComparesConfigs) {
       << sliced;
 }
 
+// A file of the same size with other content (its digest differs) is
+// another file; a state saved before configs held digests is compared
+// without them, its content unchecked.
+TEST(LoaderStateTest, CheckRestoreComparesTheDataContent) {
+  const absl::Status other =
+      CheckRestore({3, "lm(byte_text(bytes=10,content=00000000000000aa,seed=4),seed=1)"},
+                   "lm(byte_text(bytes=10,content=00000000000000bb,seed=4),seed=1)", "w");
+  EXPECT_NE(other.message().find("; it differs in byte_text.content (00000000000000aa saved, "
+                                 "00000000000000bb now); the data differs: resume with the data "
+                                 "it was saved with"),
+            absl::string_view::npos)
+      << other;
+  EXPECT_TRUE(CheckRestore({3, "lm(byte_text(bytes=10,seed=4),seed=1)"},
+                           "lm(byte_text(bytes=10,content=00000000000000bb,seed=4),seed=1)", "w")
+                  .ok());
+  EXPECT_TRUE(
+      CheckRestore({3, "span_corruption(token_file(tokens=9,range=[0, 9),vocab=5,seed=1),S=4)"},
+                   "span_corruption(token_file(tokens=9,range=[0, 9),vocab=5,content=0123456789"
+                   "abcdef,seed=1),S=4)",
+                   "w")
+          .ok());
+  // Still refused when something else differs.
+  EXPECT_FALSE(CheckRestore({3, "lm(byte_text(bytes=10,seed=4),seed=1)"},
+                            "lm(byte_text(bytes=11,content=00000000000000bb,seed=4),seed=1)", "w")
+                   .ok());
+}
+
 }  // namespace
 }  // namespace data

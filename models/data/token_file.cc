@@ -266,7 +266,7 @@ std::string TokenFileSource::Describe() const {
 std::string TokenFileSource::Fingerprint() const {
   const std::string range = sliced() ? absl::StrCat(",range=[", begin_, ", ", end_, ")") : "";
   return absl::StrCat("token_file(tokens=", end_ - begin_, range, ",vocab=", file_->vocab_size(),
-                      ",seed=", seed_, ")");
+                      ",content=", file_->content(), ",seed=", seed_, ")");
 }
 
 absl::StatusOr<std::unique_ptr<TokenSource>> TokenFileSource::Slice(int64_t begin, int64_t end,

@@ -57,6 +57,8 @@ class TokenFile {
   int64_t token(int64_t i) const;
   // Tokens [start, start + out.size()) into out.
   void Read(int64_t start, absl::Span<int64_t> out) const;
+  // ContentDigest of the tokens (token_source.h).
+  const std::string& content() const { return content_; }
 
  private:
   TokenFile(std::shared_ptr<const MappedFile> file, TokenFileFormat format, const uint8_t* tokens,
@@ -65,13 +67,16 @@ class TokenFile {
         format_(format),
         tokens_(tokens),
         num_tokens_(num_tokens),
-        vocab_size_(vocab_size) {}
+        vocab_size_(vocab_size),
+        content_(ContentDigest(absl::string_view(reinterpret_cast<const char*>(tokens),
+                                                 static_cast<size_t>(2 * num_tokens)))) {}
 
   std::shared_ptr<const MappedFile> file_;
   TokenFileFormat format_;
   const uint8_t* tokens_;  // little-endian uint16 values inside the mapping
   int64_t num_tokens_;
   int64_t vocab_size_;
+  std::string content_;
 };
 
 // Writes `tokens` (each in [0, 65536)) as a token file of `format` (kRaw or

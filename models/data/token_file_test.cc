@@ -151,8 +151,18 @@ TEST(TokenFileTest, SliceSamplesOnlyItsTokens) {
   EXPECT_NE((*tail)->Describe().find("tokens [900, 1000) of "), std::string::npos)
       << (*tail)->Describe();
   EXPECT_NE((*tail)->Describe().find("raw uint16, 100 tokens"), std::string::npos);
-  EXPECT_EQ((*tail)->Fingerprint(), "token_file(tokens=100,range=[900, 1000),vocab=50257,seed=2)");
-  EXPECT_EQ((*source)->Fingerprint(), "token_file(tokens=1000,vocab=50257,seed=1)");
+  const std::string content = (*source)->file().content();
+  EXPECT_EQ(content.size(), 16u);
+  EXPECT_EQ((*tail)->Fingerprint(), "token_file(tokens=100,range=[900, 1000),vocab=50257,content=" +
+                                        content + ",seed=2)");
+  EXPECT_EQ((*source)->Fingerprint(),
+            "token_file(tokens=1000,vocab=50257,content=" + content + ",seed=1)");
+  // Another file of the same size: another content digest.
+  std::vector<int64_t> changed = Tokens(1000);
+  changed[500] = (changed[500] + 1) % 50257;
+  const std::string other_path = TempPath("slice_other.bin");
+  ASSERT_TRUE(WriteTokenFile(other_path, changed, TokenFileFormat::kRaw).ok());
+  EXPECT_NE((*TokenFileSource::Open(other_path, 1))->file().content(), content);
   const std::vector<int64_t> all = Tokens(1000);
   std::vector<int64_t> window(20);
   for (int64_t row = 0; row < 30; ++row) {

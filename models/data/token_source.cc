@@ -1,7 +1,8 @@
-// Shared helpers of token sources: random window placement.
+// Shared helpers of token sources: random window placement, content digests.
 #include "models/data/token_source.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "models/data/row_random.h"
 
@@ -17,6 +18,31 @@ int64_t SampleWindowStart(uint64_t seed, int64_t step, int64_t row, int64_t tota
 absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Slice(int64_t, int64_t, uint64_t) const {
   return absl::UnimplementedError(
       absl::StrCat(Describe(), " has no fixed tokens to split into training and held-out parts"));
+}
+
+namespace {
+
+uint64_t Fnv1a(absl::string_view bytes, uint64_t h) {
+  for (const char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string ContentDigest(absl::string_view bytes) {
+  constexpr size_t kWhole = size_t{64} << 20, kWindow = size_t{64} << 10, kWindows = 64;
+  uint64_t h = 1469598103934665603ull;
+  if (bytes.size() <= kWhole) {
+    h = Fnv1a(bytes, h);
+  } else {
+    h = Fnv1a(absl::StrCat(bytes.size()), h);
+    const size_t stride = (bytes.size() - kWindow) / (kWindows - 1);
+    for (size_t w = 0; w < kWindows; ++w) h = Fnv1a(bytes.substr(w * stride, kWindow), h);
+  }
+  return absl::StrFormat("%016x", h);
 }
 
 absl::Status CheckSliceRange(int64_t begin, int64_t end, int64_t total) {

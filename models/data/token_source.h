@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace data {
@@ -59,6 +60,13 @@ absl::Status CheckSliceRange(int64_t begin, int64_t end, int64_t total);
 int64_t SampleWindowStart(uint64_t seed, int64_t step, int64_t row, int64_t total, int64_t length);
 
 inline constexpr int64_t kUnlimitedLength = std::numeric_limits<int64_t>::max();
+
+// A digest of a source's data for its fingerprint's "content=" field (16 hex
+// digits): FNV-1a (64-bit) of `bytes` whole up to 64 MiB; past that, of its
+// size and 64 windows of 64 KiB spread evenly over it (milliseconds at any
+// size). Another text of the same size differs in it, except, past 64 MiB,
+// where only bytes between the windows differ.
+std::string ContentDigest(absl::string_view bytes);
 
 }  // namespace data
 

@@ -42,5 +42,23 @@ TEST(SampleWindowStartTest, DeterministicAndVaries) {
   EXPECT_LE(same_seed, 1);
 }
 
+// Equal data, equal digest; one byte changed, another; past 64 MiB the
+// windows are what is read, the size too.
+TEST(ContentDigestTest, TellsDataOfTheSameSizeApart) {
+  std::string a(1000, 'a');
+  EXPECT_EQ(ContentDigest(a), ContentDigest(std::string(1000, 'a')));
+  EXPECT_EQ(ContentDigest(a).size(), 16u);
+  std::string b = a;
+  b[999] = 'b';
+  EXPECT_NE(ContentDigest(a), ContentDigest(b));
+  std::string big((size_t{64} << 20) + 4096, 'x');
+  const std::string digest = ContentDigest(big);
+  big[0] = 'y';  // in the first window
+  EXPECT_NE(ContentDigest(big), digest);
+  big[0] = 'x';
+  big.push_back('x');  // one byte longer
+  EXPECT_NE(ContentDigest(big), digest);
+}
+
 }  // namespace
 }  // namespace data
