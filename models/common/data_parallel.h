@@ -440,6 +440,9 @@ class DataParallelModel : public Trainer {
   // train::ResumeCheckpoint.
   absl::StatusOr<Resumed> Resume(const std::string& resume, const std::string& checkpoint_dir,
                                  const std::string& config) override;
+  absl::Status AgreeOnRestore(const absl::Status& local) override {
+    return AgreeOnStatus(pg_, local, "restoring the data loader and loss scale");
+  }
 
  private:
   DataParallelModel(nn::Module& model, dist::ProcessGroup& pg, const DataParallelConfig& config);

@@ -435,6 +435,27 @@ TEST(AgreeOnResumingTest, RanksThatDisagreeAllStop) {
 // A check of the resumed step that fails on one rank alone (here, the
 // renamed-folder check: only rank 0's --checkpoint_dir holds the folder)
 // stops every rank; the others used to go on into the first step and wait.
+// A rank whose data loader refuses the checkpoint's state (its host's copy
+// of the data differs) stops every rank before the first step.
+TEST(DataParallelModelTest, ARestoreThatFailsOnOneRankFailsEveryRank) {
+  const DataParallelConfig config = ThreadsConfig("ddp", 2);
+  std::vector<absl::Status> got(2);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    mingpt::GPT model(Tiny());
+    auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    got[rank.rank] = (*dp)->AgreeOnRestore(
+        rank.rank == 1 ? absl::InvalidArgumentError("the data differs") : absl::OkStatus());
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got[1].code(), absl::StatusCode::kInvalidArgument) << got[1];
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kAborted) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0].message(),
+                                "restoring the data loader and loss scale failed on rank(s) 1"))
+      << got[0];
+}
+
 TEST(DataParallelModelTest, AResumeCheckThatFailsOnOneRankStopsEveryRank) {
   const std::string root = ::testing::TempDir() + "/dp_resume_check";
   std::filesystem::remove_all(root);

@@ -37,6 +37,10 @@ class Trainer {
   virtual absl::StatusOr<Resumed> Resume(const std::string& resume,
                                          const std::string& checkpoint_dir,
                                          const std::string& config) = 0;
+  // After Resume: `local`, this rank's restoring of the data loader and loss
+  // scale (its data may differ from another host's copy), agreed over the
+  // ranks, so that a failure on one stops every rank before the first step.
+  virtual absl::Status AgreeOnRestore(const absl::Status& local) { return local; }
   // Before a step's micro-batches (one process: mixed precision's compute
   // copies).
   virtual void BeginStep() {}

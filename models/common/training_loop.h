@@ -122,6 +122,7 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
     const std::string scale_note = scaling.RestoreNote(resumed->state.extra);
     absl::Status restored = loader.Restore(resumed->loader);
     if (restored.ok()) restored = scaling.Restore(resumed->state.extra);
+    restored = trainer.AgreeOnRestore(restored);
     if (!restored.ok()) return InResumedCheckpoint(*resumed, restored);
     if (s.logs()) {
       PrintResumed(*resumed);

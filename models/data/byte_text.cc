@@ -11,10 +11,14 @@
 namespace data {
 
 ByteTextSource::ByteTextSource(std::shared_ptr<const MappedFile> file, std::string owned,
-                               std::string name, uint64_t seed)
-    : file_(std::move(file)), owned_(std::move(owned)), name_(std::move(name)), seed_(seed) {
+                               std::string name, uint64_t seed, std::string content)
+    : file_(std::move(file)),
+      owned_(std::move(owned)),
+      name_(std::move(name)),
+      seed_(seed),
+      content_(std::move(content)) {
   text_ = file_ != nullptr ? file_->bytes() : absl::string_view(owned_);
-  content_ = ContentDigest(text_);
+  if (content_.empty()) content_ = ContentDigest(text_);
 }
 
 absl::StatusOr<std::unique_ptr<ByteTextSource>> ByteTextSource::Open(const std::string& path,
@@ -77,7 +81,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> ByteTextSource::Slice(int64_t begin
                                                                    uint64_t seed) const {
   absl::Status valid = CheckSliceRange(begin, end, static_cast<int64_t>(text_.size()));
   if (!valid.ok()) return valid;
-  std::unique_ptr<ByteTextSource> part(new ByteTextSource(file_, owned_, name_, seed));
+  std::unique_ptr<ByteTextSource> part(new ByteTextSource(file_, owned_, name_, seed, content_));
   // Offsets of the whole text: a slice of a slice counts from its parent's start.
   const int64_t base =
       file_ != nullptr ? text_.data() - file_->bytes().data() : text_.data() - owned_.data();

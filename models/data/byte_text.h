@@ -47,15 +47,16 @@ class ByteTextSource : public TokenSource {
   absl::string_view text() const { return text_; }
 
  private:
+  // `content`: the whole text's ContentDigest, computed here when empty.
   ByteTextSource(std::shared_ptr<const MappedFile> file, std::string owned, std::string name,
-                 uint64_t seed);
+                 uint64_t seed, std::string content = "");
 
   std::shared_ptr<const MappedFile> file_;  // set when the text is a file
   std::string owned_;                       // the text when FromString
   absl::string_view text_;
-  std::string content_;  // ContentDigest of the whole text (a slice's too)
   std::string name_;
   uint64_t seed_;
+  std::string content_;  // ContentDigest of the whole text (a slice's too)
   std::string range_;  // "[begin, end)" of the whole text for a slice; empty otherwise
 };
 

@@ -82,8 +82,9 @@ TEST(ByteTextTest, SliceSamplesOnlyItsBytes) {
   // Another text of the same size: another fingerprint.
   std::string other = text;
   other[50] = 'x';
-  EXPECT_NE((*ByteTextSource::FromString(other, 3, "digits"))->Fingerprint(),
-            (*source)->Fingerprint());
+  auto changed = ByteTextSource::FromString(other, 3, "digits");
+  ASSERT_TRUE(changed.ok());
+  EXPECT_NE((*changed)->Fingerprint(), (*source)->Fingerprint());
   EXPECT_EQ(Sample(**tail, 0, 0, 10),
             (std::vector<int64_t>{48, 49, 50, 51, 52, 53, 54, 55, 56, 57}));
   // The head [0, 90) never reaches the tail: windows of 85 start in [0, 5].

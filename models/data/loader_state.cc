@@ -155,8 +155,8 @@ std::string DifferingFields(const FieldDifferences& d) {
   return absl::StrCat("; it differs in ", absl::StrJoin(differ, ", "));
 }
 
-// Whether the fields that differ describe the data itself (its size or
-// vocabulary: another file), not how it is read.
+// Whether the fields that differ describe the data itself (its size,
+// vocabulary or content digest: another file), not how it is read.
 bool DataItselfDiffers(const FieldDifferences& d) {
   for (const auto& [key, saved, now] : d.differ) {
     if (absl::EndsWith(key, ".tokens") || absl::EndsWith(key, ".bytes") ||

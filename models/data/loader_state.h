@@ -52,11 +52,11 @@ struct LoaderState {
   static absl::StatusOr<LoaderState> FromString(absl::string_view s);
 };
 
-// OK when `saved` may be restored into a loader whose config is `config`;
+// OK when `saved` may be restored into a loader whose config is `config_now`;
 // otherwise InvalidArgument showing both configs. A saved config without the
 // sources' "content=" digests (a checkpoint from before them) is compared
-// with `config`'s left out.
-absl::Status CheckRestore(const LoaderState& saved, absl::string_view config,
+// with `config_now`'s left out.
+absl::Status CheckRestore(const LoaderState& saved, absl::string_view config_now,
                           absl::string_view who);
 
 }  // namespace data

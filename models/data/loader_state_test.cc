@@ -135,6 +135,12 @@ TEST(LoaderStateTest, CheckRestoreComparesTheDataContent) {
                    "abcdef,seed=1),S=4)",
                    "w")
           .ok());
+  // Two sources, each digest the last field of its call.
+  EXPECT_TRUE(CheckRestore({3, "mix(byte_text(bytes=4),byte_text(bytes=5))"},
+                           "mix(byte_text(bytes=4,content=00000000000000aa),"
+                           "byte_text(bytes=5,content=00000000000000bb))",
+                           "w")
+                  .ok());
   // Still refused when something else differs.
   EXPECT_FALSE(CheckRestore({3, "lm(byte_text(bytes=10,seed=4),seed=1)"},
                             "lm(byte_text(bytes=11,content=00000000000000bb,seed=4),seed=1)", "w")

@@ -162,7 +162,9 @@ TEST(TokenFileTest, SliceSamplesOnlyItsTokens) {
   changed[500] = (changed[500] + 1) % 50257;
   const std::string other_path = TempPath("slice_other.bin");
   ASSERT_TRUE(WriteTokenFile(other_path, changed, TokenFileFormat::kRaw).ok());
-  EXPECT_NE((*TokenFileSource::Open(other_path, 1))->file().content(), content);
+  auto other = TokenFileSource::Open(other_path, 1);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->file().content(), content);
   const std::vector<int64_t> all = Tokens(1000);
   std::vector<int64_t> window(20);
   for (int64_t row = 0; row < 30; ++row) {

@@ -39,8 +39,13 @@ std::string ContentDigest(absl::string_view bytes) {
     h = Fnv1a(bytes, h);
   } else {
     h = Fnv1a(absl::StrCat(bytes.size()), h);
-    const size_t stride = (bytes.size() - kWindow) / (kWindows - 1);
-    for (size_t w = 0; w < kWindows; ++w) h = Fnv1a(bytes.substr(w * stride, kWindow), h);
+    // Window w starts at w / 63 of the way to the last start, the last one
+    // ending where the data ends.
+    const size_t last = bytes.size() - kWindow;
+    for (size_t w = 0; w < kWindows; ++w) {
+      const size_t at = w + 1 == kWindows ? last : w * (last / (kWindows - 1));
+      h = Fnv1a(bytes.substr(at, kWindow), h);
+    }
   }
   return absl::StrFormat("%016x", h);
 }

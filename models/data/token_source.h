@@ -38,9 +38,10 @@ class TokenSource {
   // What the source is, for messages: "bytes of models/data/text/x.txt (567198 bytes)".
   virtual std::string Describe() const = 0;
 
-  // What determines the stream of samples (kind, size, vocabulary, seed), not
-  // where the data lives: a checkpoint's loader state records it, and restoring
-  // into a loader whose source has another fingerprint is an error.
+  // What determines the stream of samples (kind, size, vocabulary, content
+  // digest, seed), not where the data lives: a checkpoint's loader state
+  // records it, and restoring into a loader whose source has another
+  // fingerprint is an error.
   virtual std::string Fingerprint() const = 0;
 
   // The same data restricted to its tokens [begin, end) (0 <= begin < end <=
@@ -62,10 +63,12 @@ int64_t SampleWindowStart(uint64_t seed, int64_t step, int64_t row, int64_t tota
 inline constexpr int64_t kUnlimitedLength = std::numeric_limits<int64_t>::max();
 
 // A digest of a source's data for its fingerprint's "content=" field (16 hex
-// digits): FNV-1a (64-bit) of `bytes` whole up to 64 MiB; past that, of its
-// size and 64 windows of 64 KiB spread evenly over it (milliseconds at any
-// size). Another text of the same size differs in it, except, past 64 MiB,
-// where only bytes between the windows differ.
+// digits): FNV-1a (64-bit) of `bytes` whole up to 64 MiB (about 0.1 s there);
+// past that, of its size and 64 windows of 64 KiB spread over it, the first
+// at its start and the last at its end. Another text of the same size
+// differs in it, except, past 64 MiB, where only bytes between the windows
+// differ. Checkpoints hold it: changing how it is computed would refuse
+// their resumes as other data.
 std::string ContentDigest(absl::string_view bytes);
 
 }  // namespace data

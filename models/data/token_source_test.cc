@@ -1,5 +1,5 @@
 // Window placement: in range, every start reachable, deterministic per
-// (seed, step, row).
+// (seed, step, row); content digests that tell data of one size apart.
 #include "models/data/token_source.h"
 
 #include <set>
@@ -56,6 +56,10 @@ TEST(ContentDigestTest, TellsDataOfTheSameSizeApart) {
   big[0] = 'y';  // in the first window
   EXPECT_NE(ContentDigest(big), digest);
   big[0] = 'x';
+  big.back() = 'y';  // in the last window
+  EXPECT_NE(ContentDigest(big), digest);
+  big.back() = 'x';
+  EXPECT_EQ(ContentDigest(big), digest);
   big.push_back('x');  // one byte longer
   EXPECT_NE(ContentDigest(big), digest);
 }
