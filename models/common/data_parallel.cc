@@ -646,6 +646,28 @@ absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
       "); give every rank one --checkpoint_dir they all see"));
 }
 
+absl::Status AgreeOnLoaderConfig(dist::ProcessGroup& pg, const std::string& config) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the configuration
+  for (const char c : config) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  const absl::StatusOr<std::vector<int64_t>> gathered =
+      dist::AllGatherOverRanks(pg, static_cast<int64_t>(h));
+  if (!gathered.ok()) return gathered.status();
+  const std::vector<int64_t>& hashes = *gathered;
+  std::vector<int> differ;
+  for (int r = 1; r < pg.size(); ++r) {
+    if (hashes[r] != hashes[0]) differ.push_back(r);
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ranks' data differ: the data loader of ", differ.size() == 1 ? "rank " : "ranks ",
+      absl::StrJoin(differ, ", "), " is not configured as rank 0's (this rank's: \"", config,
+      "\"); each rank reads --data on its own host: give every rank the same file (the same "
+      "size and content) and the same data flags"));
+}
+
 absl::Status AgreeOnStepFolder(dist::ProcessGroup& pg, const std::string& step_dir,
                                const std::string& resume) {
   const absl::StatusOr<std::vector<int64_t>> gathered =

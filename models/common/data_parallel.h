@@ -286,6 +286,12 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
 // FailedPrecondition on every rank otherwise (a folder they do not all see).
 absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
                              const std::string& checkpoint_dir);
+// Every rank's data loader has the same configuration (`config`,
+// data::LoaderState::config: the data's size and content digest, the global
+// batch, ...): FailedPrecondition on every rank naming the ranks whose
+// differs from rank 0's (each reads --data on its own host: another copy of
+// the data there would feed it other rows than a one-process run's).
+absl::Status AgreeOnLoaderConfig(dist::ProcessGroup& pg, const std::string& config);
 // Every rank resumes the same step folder (each resolved --resume=latest
 // through its own view of the checkpoint directory): FailedPrecondition on
 // every rank naming each rank's step when they differ.
@@ -440,6 +446,9 @@ class DataParallelModel : public Trainer {
   // train::ResumeCheckpoint.
   absl::StatusOr<Resumed> Resume(const std::string& resume, const std::string& checkpoint_dir,
                                  const std::string& config) override;
+  absl::Status AgreeOnData(const std::string& loader_config) override {
+    return AgreeOnLoaderConfig(pg_, loader_config);
+  }
   absl::Status AgreeOnRestore(const absl::Status& local) override {
     return AgreeOnStatus(pg_, local, "restoring the data loader and loss scale");
   }

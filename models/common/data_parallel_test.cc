@@ -456,6 +456,34 @@ TEST(DataParallelModelTest, ARestoreThatFailsOnOneRankFailsEveryRank) {
       << got[0];
 }
 
+// Ranks whose data loaders are configured differently (another copy of the
+// data on one host) all stop at the start, naming the ranks that differ.
+TEST(DataParallelModelTest, RanksWithOtherDataStopAtTheStart) {
+  const DataParallelConfig config = ThreadsConfig("ddp", 3);
+  for (const bool same : {true, false}) {
+    std::vector<absl::Status> got(3);
+    absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
+      if (!dp.ok()) return dp.status();
+      const std::string content = !same && rank.rank == 2 ? "bb" : "aa";
+      got[rank.rank] = (*dp)->AgreeOnData("lm(byte_text(bytes=10,content=" + content + "))");
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < 3; ++r) {
+      if (same) {
+        EXPECT_TRUE(got[r].ok()) << got[r];
+        continue;
+      }
+      EXPECT_EQ(got[r].code(), absl::StatusCode::kFailedPrecondition) << got[r];
+      EXPECT_TRUE(absl::StrContains(got[r].message(),
+                                    "the data loader of rank 2 is not configured as rank 0's"))
+          << got[r];
+    }
+  }
+}
+
 TEST(DataParallelModelTest, AResumeCheckThatFailsOnOneRankStopsEveryRank) {
   const std::string root = ::testing::TempDir() + "/dp_resume_check";
   std::filesystem::remove_all(root);

@@ -111,6 +111,7 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
   int64_t start = 0;
   absl::Status ready =
       trainer.PrepareToTrain(s.checkpoint_dir, s.resume, s.auto_fresh, s.logs());
+  if (ready.ok()) ready = trainer.AgreeOnData(loader.state().config);
   if (!ready.ok()) return ready;
   if (!s.resume.empty()) {
     if (s.logs() && !s.resume_note.empty()) {
