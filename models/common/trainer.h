@@ -40,7 +40,9 @@ class Trainer {
   // Before resuming or starting: every rank's data loader is configured alike
   // (`loader_config`, data::LoaderState::config: its data's size, content
   // digest, global batch, ...); each rank reads the data on its own host.
-  virtual absl::Status AgreeOnData(const std::string& loader_config) { return absl::OkStatus(); }
+  virtual absl::Status AgreeOnData(const std::string& /*loader_config*/) {
+    return absl::OkStatus();
+  }
   // After Resume: `local`, this rank's restoring of the data loader and loss
   // scale (its data may differ from another host's copy), agreed over the
   // ranks, so that a failure on one stops every rank before the first step.
