@@ -286,9 +286,10 @@ absl::Status AgreeOnStatus(dist::ProcessGroup& pg, const absl::Status& local,
 // FailedPrecondition on every rank otherwise (a folder they do not all see).
 absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
                              const std::string& checkpoint_dir);
-// Every rank's data loader has the same configuration (`config`,
-// data::LoaderState::config: the data's size and content digest, the global
-// batch, ...): FailedPrecondition on every rank naming the ranks whose
+// Every rank's data loaders have the same configuration (`config`: their
+// data::LoaderState::config, the training loader's and the evaluation
+// loader's: the data's size and content digest, the global batch, ...):
+// FailedPrecondition on every rank naming the ranks whose
 // differs from rank 0's (each reads --data on its own host: another copy of
 // the data there would feed it other rows than a one-process run's).
 absl::Status AgreeOnLoaderConfig(dist::ProcessGroup& pg, const std::string& config);

@@ -37,9 +37,10 @@ class Trainer {
   virtual absl::StatusOr<Resumed> Resume(const std::string& resume,
                                          const std::string& checkpoint_dir,
                                          const std::string& config) = 0;
-  // Before resuming or starting: every rank's data loader is configured alike
-  // (`loader_config`, data::LoaderState::config: its data's size, content
-  // digest, global batch, ...); each rank reads the data on its own host.
+  // Before resuming or starting: every rank's data loaders are configured
+  // alike (`loader_config`: their data::LoaderState::config, the training
+  // loader's and any evaluation loader's: the data's size, content digest,
+  // global batch, ...); each rank reads the data on its own host.
   virtual absl::Status AgreeOnData(const std::string& /*loader_config*/) {
     return absl::OkStatus();
   }

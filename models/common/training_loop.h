@@ -86,6 +86,9 @@ struct TrainingLoopParts {
   // This rank's mean loss over its rows of the evaluation batches (forward
   // passes only); null: no evaluation.
   std::function<double()> eval_loss;
+  // The evaluation loader's configuration (data::LoaderState::config),
+  // agreed over the ranks with the training loader's; "": no evaluation.
+  std::string eval_config;
   // A sample after step `step_done`, drawn alike on every rank.
   std::function<absl::StatusOr<std::string>(int64_t step_done)> draw;
 };
@@ -111,7 +114,11 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
   int64_t start = 0;
   absl::Status ready =
       trainer.PrepareToTrain(s.checkpoint_dir, s.resume, s.auto_fresh, s.logs());
-  if (ready.ok()) ready = trainer.AgreeOnData(loader.state().config);
+  if (ready.ok()) {
+    ready = trainer.AgreeOnData(parts.eval_config.empty()
+                                    ? loader.state().config
+                                    : loader.state().config + " | eval " + parts.eval_config);
+  }
   if (!ready.ok()) return ready;
   if (!s.resume.empty()) {
     if (s.logs() && !s.resume_note.empty()) {

@@ -261,6 +261,7 @@ train::TrainingLoopParts<data::SpanCorruptionLoader> LoopParts(
     parts.eval_loss = [&model, eval_loader, eval_batches, K, B, device] {
       return EvalLoss(model, *eval_loader, eval_batches, K, B, device);
     };
+    parts.eval_config = eval_loader->state().config;
   }
   parts.draw = [&model, &sampler, device](int64_t step_done) {
     return sampler.Draw(model, step_done, device);
