@@ -126,13 +126,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       params_(model.NamedParameters()),
       frozen_(internal::FrozenFlags(params_)) {
   internal::CheckNotWrapped("ddp", model_);
+  const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
+  reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1;
   // Buckets of their own for the parameters kept fp32 when the others are
   // reduced in low precision.
-  const precision::MixedPrecisionPolicy& policy = options_.mixed_precision;
   const std::set<const nn::Parameter*> kept_fp32 =
-      policy.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1
-          ? nn::KeptFp32Parameters(model_, policy.fp32_module_classes)
-          : std::set<const nn::Parameter*>();
+      reduce_low_ ? nn::KeptFp32Parameters(model_, mp.fp32_module_classes)
+                  : std::set<const nn::Parameter*>();
   const std::vector<std::vector<int>> groups = internal::ReverseOrderBuckets(
       "ddp", params_, options_.bucket_cap_mb, /*skip_frozen=*/true, kept_fp32);
   const tensor::Device device = ModelDevice("ddp", params_);
@@ -168,8 +168,6 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
   }
   readiness_ =
       std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets());
-  const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
-  reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1;
   OP_CHECK(options_.max_inflight_buckets >= 0, "ddp", "max_inflight_buckets must be >= 0, got ",
            options_.max_inflight_buckets);
   if (reduce_low_) {

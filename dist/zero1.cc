@@ -26,14 +26,14 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
   OP_CHECK(optimizer_ != nullptr, "zero1", "the optimizer is null");
   internal::CheckNotWrapped("zero1", model_);
   const precision::MixedPrecisionPolicy& mp = options_.mixed_precision;
+  reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1;
   // Buckets of their own for the parameters kept fp32 when the others are
   // reduced in low precision; a low-precision flat parameter only when no
   // parameter is kept.
   const std::set<const nn::Parameter*> all_kept =
       nn::KeptFp32Parameters(model_, mp.fp32_module_classes);
   const std::set<const nn::Parameter*> kept_fp32 =
-      mp.reduce_dtype != tensor::Dtype::kF32 && pg_.size() > 1 ? all_kept
-                                                               : std::set<const nn::Parameter*>();
+      reduce_low_ ? all_kept : std::set<const nn::Parameter*>();
   const std::vector<std::vector<int>> groups = internal::ReverseOrderBuckets(
       "zero1", params_, options_.bucket_cap_mb, /*skip_frozen=*/false, kept_fp32);
   const tensor::Device device = ModelDevice("zero1", params_);
@@ -72,7 +72,6 @@ Zero1::Zero1(nn::Module& model, ProcessGroup& pg, std::unique_ptr<optim::Optimiz
 
   // A low-precision flat parameter when every parameter computes in param_dtype.
   const bool low_flat = mp.IsMixed() && all_kept.empty();
-  reduce_low_ = mp.reduce_dtype != tensor::Dtype::kF32 && n > 1;
   OP_CHECK(options_.max_inflight_buckets >= 0, "zero1", "max_inflight_buckets must be >= 0, got ",
            options_.max_inflight_buckets);
   if (reduce_low_) {

@@ -34,6 +34,7 @@
 #include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
 #include "models/common/tied_weights.h"
+#include "models/data/token_source.h"
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
@@ -647,13 +648,8 @@ absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
 }
 
 absl::Status AgreeOnLoaderConfig(dist::ProcessGroup& pg, const std::string& config) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a of the configuration
-  for (const char c : config) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
   const absl::StatusOr<std::vector<int64_t>> gathered =
-      dist::AllGatherOverRanks(pg, static_cast<int64_t>(h));
+      dist::AllGatherOverRanks(pg, static_cast<int64_t>(data::Fnv1a64(config)));
   if (!gathered.ok()) return gathered.status();
   const std::vector<int64_t>& hashes = *gathered;
   std::vector<int> differ;
