@@ -241,7 +241,9 @@ FullyShardedModel::FullyShardedModel(nn::Module& root, ProcessGroup& pg, FsdpOpt
     absl::Status s = options_.policy.CheckMatches(root);
     OP_CHECK(s.ok(), "FullyShard", s.message());
   }
-  std::vector<UnitPlan> plans = PlanUnits(root, options_.policy);
+  // Modules kept fp32 (BatchNorm) become units of their own under mixed precision.
+  std::vector<UnitPlan> plans =
+      PlanUnits(root, options_.policy.ForMixedPrecision(options_.mixed_precision));
   for (size_t i = 0; i < plans.size(); ++i) {
     OP_CHECK(plans[i].module->hooks() == nullptr, "FullyShard",
              plans[i].name.empty() ? std::string("the root module")

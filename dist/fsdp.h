@@ -24,19 +24,20 @@
 // for bit): shards, sharded gradients and optimizer state stay fp32. With
 // param_dtype bf16/f16 PreForward/PreBackward cast the fp32 shard into a
 // low-precision send buffer and all-gather it into a low-precision unsharded
-// buffer; parameter values are views of it. Parameters of modules whose class
-// the policy keeps fp32 (fp32_module_classes) get fp32 values: a unit that
-// holds any such parameter is gathered in fp32 (communication in fp32 for that
-// unit only), its kept parameters are fp32 views and its other parameters get
-// param_dtype copies of their views -- per parameter the same values as
-// nn::MixedPrecision gives in one process. Layers accumulate into fp32 grad
+// buffer; parameter values are views of it. Layers accumulate into fp32 grad
 // views (unchanged); PostBackward casts the fp32 unsharded gradient to
 // reduce_dtype, reduce-scatters (all-reduces under NO_SHARD) in that dtype and
 // adds the result into the fp32 gradient shard (reduce_dtype f32: as before).
-// A unit holding a trainable kept parameter reduces in fp32 as it gathers:
-// its other parameters' gradients too (PyTorch wraps such modules as fp32
-// units of their own, nested in the others; wrap policies here do not nest
-// them: Transformer and predicate policies take the outermost match).
+// Modules whose class the policy keeps fp32 (fp32_module_classes, BatchNorm):
+// under low-precision compute or reduction FullyShard makes each outermost one
+// a unit of its own, nested in the unit that would hold it
+// (WrapPolicy::ForMixedPrecision; PyTorch wraps its _module_classes_to_ignore
+// in fp32 units under an auto-wrap policy, here under None() too). Such a
+// unit gathers and reduces in fp32 -- per parameter the values
+// nn::MixedPrecision gives in one process -- and the others stay in the low
+// precision. (A unit planned otherwise that holds kept and other parameters
+// gathers in fp32, gives the others param_dtype copies of their views, and
+// reduces in fp32 as a whole.)
 // FullStateDict always gathers the fp32 shards.
 //
 // Frozen parameters (nn::Parameter::requires_grad false, set before

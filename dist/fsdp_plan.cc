@@ -111,12 +111,13 @@ int64_t HeldPeak(const ShardingPlan& plan, const std::vector<int64_t>& in_use,
 }  // namespace
 
 ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards,
-                          const std::vector<std::string>& fp32_module_classes) {
+                          const precision::MixedPrecisionPolicy& mixed_precision) {
   OP_CHECK(num_shards >= 1, "PlanSharding", "num_shards=", num_shards, " must be >= 1");
   ShardingPlan plan;
   plan.num_shards = num_shards;
-  const std::set<const nn::Parameter*> kept = nn::KeptFp32Parameters(root, fp32_module_classes);
-  std::vector<UnitPlan> units = PlanUnits(root, policy);
+  const std::set<const nn::Parameter*> kept =
+      nn::KeptFp32Parameters(root, mixed_precision.fp32_module_classes);
+  std::vector<UnitPlan> units = PlanUnits(root, policy.ForMixedPrecision(mixed_precision));
   std::map<nn::Module*, int> index;  // module -> index in plan.units
   for (size_t i = 0; i < units.size(); ++i) {
     if (units[i].params.empty() && i != 0) continue;  // as FullyShard

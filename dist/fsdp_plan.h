@@ -13,7 +13,8 @@
 // and modules inside it: FullyShard keeps the outer unit gathered while the
 // inner ones run) and which units hold parameters of module classes a
 // mixed-precision policy keeps fp32 (such a unit is gathered in fp32 and,
-// when it trains one, reduced in fp32).
+// when it trains one, reduced in fp32; under low precision FullyShard makes
+// each such module a unit of its own, WrapPolicy::ForMixedPrecision).
 #ifndef DIST_FSDP_PLAN_H_
 #define DIST_FSDP_PLAN_H_
 
@@ -23,6 +24,7 @@
 
 #include "dist/wrap_policy.h"
 #include "nn/module.h"
+#include "precision/policy.h"
 
 namespace dist {
 
@@ -40,9 +42,9 @@ struct ShardingPlan {
     // the root itself). FullyShard holds every enclosing unit gathered (and
     // its gradient allocated) while this one runs its forward or backward.
     int parent = -1;
-    // Elements of parameters owned by modules of the fp32 classes given to
-    // PlanSharding. Under a low-precision param dtype a unit with any gathers
-    // in fp32 and holds param_dtype copies of its other parameters.
+    // Elements of parameters owned by modules of the fp32 classes of the
+    // policy given to PlanSharding: a unit with any gathers in fp32 (under a
+    // low precision such modules are units of their own, fp32_numel == numel).
     int64_t fp32_numel = 0;
   };
   int num_shards = 1;
@@ -55,12 +57,12 @@ struct ShardingPlan {
 };
 
 // `num_shards` >= 1: the shard group size (world size; HYBRID_SHARD: its
-// group size). `fp32_module_classes`: nn::Module::class_name()s whose
-// parameters the mixed-precision policy keeps fp32
-// (precision::MixedPrecisionPolicy::fp32_module_classes, as FsdpOptions'
-// mixed_precision gives FullyShard).
+// group size). `mixed_precision`: FsdpOptions' (FullyShard's units are
+// policy.ForMixedPrecision(mixed_precision)'s; the parameters of its
+// fp32_module_classes count in Unit::fp32_numel).
 ShardingPlan PlanSharding(nn::Module& root, const WrapPolicy& policy, int num_shards,
-                          const std::vector<std::string>& fp32_module_classes = {});
+                          const precision::MixedPrecisionPolicy& mixed_precision =
+                              precision::MixedPrecisionPolicy::Fp32());
 
 struct FsdpEstimateOptions {
   int param_bytes = 4;       // unsharded compute copies: 4 fp32, 2 bf16/fp16

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "dist/fsdp.h"
 #include "dist/fsdp_testing.h"
 #include "dist/thread_group.h"
@@ -367,13 +368,13 @@ TEST(FsdpPlanTest, BadPrefetchUnitsAndKeptUnitsAreRefused) {
   }
 }
 
-// bf16 compute with LayerNorm kept fp32: every unit of minGPT Small (the
-// root holds ln_f, each Block ln_1 and ln_2) is gathered in fp32 and, in use,
-// holds bf16 copies of its other parameters, so the ledger measures more than
-// 2 bytes per element. The plan knows the kept elements; the estimate equals
-// the measured peak (the root and a Block in use, gather and copies, and the
-// next Block's prefetched gather), where 2 bytes per element falls short.
-TEST(FsdpPlanTest, UnitsKeptFp32UnderBf16AreEstimatedInFp32) {
+// bf16 compute with LayerNorm kept fp32: FullyShard makes every LayerNorm of
+// minGPT Small an fp32 unit of its own (ln_1 and ln_2 nested in their Block,
+// ln_f in the root; WrapPolicy::ForMixedPrecision), and the plan has the same
+// units. The Blocks and the root hold no kept parameter and gather in bf16;
+// the LayerNorm units gather in fp32. The estimate bounds the measured peak,
+// and a plan without the fp32 policy has other units.
+TEST(FsdpPlanTest, ModulesKeptFp32UnderBf16AreUnitsOfTheirOwn) {
   const mingpt::GptConfig c = testing::Small();
   constexpr int kWorld = 2;
   precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
@@ -382,37 +383,76 @@ TEST(FsdpPlanTest, UnitsKeptFp32UnderBf16AreEstimatedInFp32) {
   options.mixed_precision = bf16;
   options.forward_prefetch = true;
   mingpt::GPT reference(c);
-  const ShardingPlan plan = PlanSharding(reference, options.policy, kWorld, {"LayerNorm"});
+  const ShardingPlan plan = PlanSharding(reference, options.policy, kWorld, bf16);
+  const ShardingPlan unaware = PlanSharding(reference, options.policy, kWorld);
+  ASSERT_EQ(unaware.units.size(), 1u + c.n_layer);
+  // The root, each Block with its ln_1 and ln_2, then ln_f (pre-order).
+  ASSERT_EQ(plan.units.size(), 1u + 3 * c.n_layer + 1);
+  EXPECT_EQ(plan.units[0].fp32_numel, 0);
+  for (int b = 0; b < c.n_layer; ++b) {
+    const int block = 1 + 3 * b;
+    EXPECT_EQ(plan.units[block].name, absl::StrCat("transformer.h.", b));
+    EXPECT_EQ(plan.units[block].fp32_numel, 0) << b;
+    EXPECT_EQ(plan.units[block].parent, 0) << b;
+    for (int k : {1, 2}) {
+      const ShardingPlan::Unit& ln = plan.units[block + k];
+      EXPECT_EQ(ln.name, absl::StrCat("transformer.h.", b, ".ln_", k));
+      EXPECT_EQ(ln.fp32_numel, 2 * c.n_embd);
+      EXPECT_EQ(ln.numel, 2 * c.n_embd);
+      EXPECT_EQ(ln.parent, block);
+    }
+  }
+  EXPECT_EQ(plan.units.back().name, "transformer.ln_f");
+  EXPECT_EQ(plan.units.back().parent, 0);
+  // FullyShard makes the same units, with the same layouts.
+  const Peaks measured = MeasurePeaks(c, kWorld, options, 2, false, [&](FullyShardedModel& fsdp) {
+    ASSERT_EQ(fsdp.num_units(), static_cast<int>(plan.units.size()));
+    for (int u = 0; u < fsdp.num_units(); ++u) {
+      EXPECT_EQ(fsdp.unit_name(u), plan.units[u].name);
+      EXPECT_EQ(fsdp.flat_param(u).shard_numel(), plan.units[u].shard_numel) << u;
+    }
+  });
+  FsdpEstimateOptions estimate;
+  estimate.param_bytes = 2;
+  const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+  std::printf("bf16 with fp32 LayerNorm units: params %lld (estimate %lld), grads %lld "
+              "(estimate %lld)\n",
+              (long long)measured.params, (long long)b.unsharded_parameters_peak,
+              (long long)measured.grads, (long long)b.unsharded_gradients_peak);
+  EXPECT_GE(b.unsharded_parameters_peak, measured.params);
+  EXPECT_GE(b.unsharded_gradients_peak, measured.grads);
+  // fp32 compute: nothing is cast, no unit is added, the kept classes change nothing.
+  precision::MixedPrecisionPolicy fp32 = precision::MixedPrecisionPolicy::Fp32();
+  fp32.fp32_module_classes = {"LayerNorm"};
+  EXPECT_EQ(PlanSharding(reference, options.policy, kWorld, fp32).units.size(), 1u + c.n_layer);
+}
+
+// bf16 compute with the root's class kept fp32: every parameter is kept, no
+// unit is added, and every unit is gathered in fp32. The estimate counts 4
+// bytes per element and equals the measured peak (the root, a Block in use
+// and the next one's prefetched gather), where 2 bytes fall short.
+TEST(FsdpPlanTest, UnitsKeptFp32UnderBf16AreEstimatedInFp32) {
+  const mingpt::GptConfig c = testing::Small();
+  constexpr int kWorld = 2;
+  precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
+  bf16.fp32_module_classes = {"GPT"};
+  FsdpOptions options = testing::PerBlock();
+  options.mixed_precision = bf16;
+  options.forward_prefetch = true;
+  mingpt::GPT reference(c);
+  const ShardingPlan plan = PlanSharding(reference, options.policy, kWorld, bf16);
   const ShardingPlan unaware = PlanSharding(reference, options.policy, kWorld);
   ASSERT_EQ(plan.units.size(), 1u + c.n_layer);
-  EXPECT_EQ(plan.units[0].fp32_numel, 2 * c.n_embd);  // ln_f
-  for (int i = 1; i <= c.n_layer; ++i) {
-    EXPECT_EQ(plan.units[i].fp32_numel, 4 * c.n_embd) << i;  // ln_1, ln_2
-    EXPECT_EQ(plan.units[i].parent, 0) << i;
-    EXPECT_EQ(unaware.units[i].fp32_numel, 0) << i;
-  }
+  for (const ShardingPlan::Unit& u : plan.units) EXPECT_EQ(u.fp32_numel, u.numel) << u.name;
   const Peaks measured = MeasurePeaks(c, kWorld, options);
   FsdpEstimateOptions estimate;
   estimate.param_bytes = 2;
   const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
-  const FsdpRankBytes low = EstimateFsdpRank(unaware, estimate);
-  std::printf("bf16 with fp32 LayerNorm: params %lld, estimate %lld (unaware %lld)\n",
-              (long long)measured.params, (long long)b.unsharded_parameters_peak,
-              (long long)low.unsharded_parameters_peak);
-  const ShardingPlan::Unit& block = plan.units[1];
   const ShardingPlan::Unit& root = plan.units[0];
-  const int64_t block_bytes = 4 * block.padded_numel + 2 * (block.numel - block.fp32_numel);
-  const int64_t root_bytes = 4 * root.padded_numel + 2 * (root.numel - root.fp32_numel);
-  EXPECT_EQ(b.unsharded_parameters_peak, root_bytes + block_bytes + 4 * block.padded_numel);
+  const ShardingPlan::Unit& block = plan.units[1];
+  EXPECT_EQ(b.unsharded_parameters_peak, 4 * (root.padded_numel + 2 * block.padded_numel));
   EXPECT_EQ(b.unsharded_parameters_peak, measured.params);
-  EXPECT_LT(low.unsharded_parameters_peak, measured.params);
-  // Gradients are fp32 either way.
-  EXPECT_EQ(b.unsharded_gradients_peak, low.unsharded_gradients_peak);
-  EXPECT_GE(b.unsharded_gradients_peak, measured.grads);
-  // fp32 compute: nothing is cast, the kept classes change nothing.
-  FsdpEstimateOptions fp32;
-  EXPECT_EQ(EstimateFsdpRank(plan, fp32).unsharded_parameters_peak,
-            EstimateFsdpRank(unaware, fp32).unsharded_parameters_peak);
+  EXPECT_LT(EstimateFsdpRank(unaware, estimate).unsharded_parameters_peak, measured.params);
 }
 
 }  // namespace

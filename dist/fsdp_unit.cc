@@ -43,7 +43,8 @@ FsdpUnit::FsdpUnit(int id, UnitPlan plan, FsdpShared& shared, ProcessGroup& shar
     if (keep) gather_dtype_ = tensor::Dtype::kF32;  // gather fp32, cast the others
   }
   // Kept parameters' gradients travel in fp32 too (as those of PyTorch's
-  // fp32 units do), and with them the rest of this unit's.
+  // fp32 units do). Under low precision FullyShard makes kept modules units
+  // of their own, so a unit that trains a kept parameter holds kept ones only.
   if (trains_kept) reduce_dtype_ = tensor::Dtype::kF32;
 }
 

@@ -1,11 +1,12 @@
 // Gradients of parameters the mixed-precision policy keeps fp32 (BatchNorm's)
-// are reduced in fp32 under DDP, ZeRO-1 and FSDP, as PyTorch FSDP's fp32
-// units of such modules are, while the others travel in bf16. One SGD step
+// are reduced in fp32 under DDP, ZeRO-1 and FSDP (whose BatchNorm is an fp32
+// unit of its own whatever the wrap policy, as PyTorch FSDP's under an
+// auto-wrap policy), while the others travel in bf16. One SGD step
 // (lr 1, no momentum or decay: the step subtracts the averaged gradient) on 2
 // ranks of the threads engine, each on rows of its own, against each rank's
 // gradient as nn::MixedPrecision computes it in one process: a BatchNorm
 // parameter ends exactly at its value minus the fp32 mean of the two, a
-// Linear one (where it is reduced in bf16) elsewhere, but close. Under bf16
+// Linear one (reduced in bf16) elsewhere, but close. Under bf16
 // compute, and under fp32 compute with bf16 reduction.
 #include <algorithm>
 #include <cmath>
@@ -100,7 +101,7 @@ Values MeanOfLocalGradients(const precision::MixedPrecisionPolicy& mp) {
   return mean;
 }
 
-enum class Strategy { kDdp, kZero1, kFsdpOneUnit, kFsdpBatchNormUnit };
+enum class Strategy { kDdp, kZero1, kFsdpNoAutoWrap, kFsdpBatchNormWrapped };
 
 const char* Name(Strategy s) {
   switch (s) {
@@ -108,10 +109,10 @@ const char* Name(Strategy s) {
       return "DDP";
     case Strategy::kZero1:
       return "ZeRO-1";
-    case Strategy::kFsdpOneUnit:
-      return "FSDP, one unit";
-    case Strategy::kFsdpBatchNormUnit:
-      return "FSDP, BatchNorm a unit of its own";
+    case Strategy::kFsdpNoAutoWrap:
+      return "FSDP, no auto-wrap policy";
+    case Strategy::kFsdpBatchNormWrapped:
+      return "FSDP, BatchNorm wrapped by the policy";
   }
   return "?";
 }
@@ -142,10 +143,13 @@ Values AfterOneStep(Strategy strategy, const precision::MixedPrecisionPolicy& mp
     } else {
       FsdpOptions options;
       options.mixed_precision = mp;
-      options.policy = strategy == Strategy::kFsdpBatchNormUnit
+      options.policy = strategy == Strategy::kFsdpBatchNormWrapped
                            ? WrapPolicy::Transformer({"BatchNorm1d"})
                            : WrapPolicy::None();
       auto fsdp = FullyShard(*net, pg, options);
+      // Either way BatchNorm ("1") is a unit of its own, nested in the root.
+      ASSERT_EQ(fsdp->num_units(), 2);
+      EXPECT_EQ(fsdp->unit_name(1), "1");
       ForwardBackward(*net, rank);
       Sgd()->Step(fsdp->ParamRefs());
       for (auto& [name, t] : fsdp->FullStateDict()) mine[name] = t.ToVector<float>();
@@ -189,15 +193,14 @@ TEST(KeptFp32Reduce, BatchNormGradientsAreAveragedInFp32UnderEveryStrategy) {
     ASSERT_EQ(kept_names, (std::set<std::string>{"1.weight", "1.bias"}));
     const Values before = ParameterValues(*reference);
     const Values want = MeanOfLocalGradients(mp);
-    for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kFsdpOneUnit,
-                              Strategy::kFsdpBatchNormUnit}) {
+    for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kFsdpNoAutoWrap,
+                              Strategy::kFsdpBatchNormWrapped}) {
       SCOPED_TRACE(Name(strategy));
       const Values after = AfterOneStep(strategy, mp);
       for (const auto& [name, g] : want) {
         ASSERT_EQ(after.count(name), 1u) << name;
         const double err = StepError(before.at(name), after.at(name), g);
-        // One FSDP unit holding BatchNorm gathers and reduces in fp32 as a whole.
-        if (kept_names.count(name) > 0 || strategy == Strategy::kFsdpOneUnit) {
+        if (kept_names.count(name) > 0) {
           EXPECT_EQ(err, 0.0) << name;  // the same fp32 sum and step
         } else {
           // Each rank's gradient rounded to bf16 (2^-9 relative) first.

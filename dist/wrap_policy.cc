@@ -1,6 +1,7 @@
 // FSDP wrap policies (wrap_policy.h): which modules become units.
 #include "dist/wrap_policy.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tensor/dtype.h"
 
 namespace dist {
 namespace {
@@ -46,6 +48,36 @@ int64_t SelectBySize(nn::Module& m, const std::string& name, int64_t min_params,
   }
   out->insert(out->end(), below.begin(), below.end());
   return remaining;
+}
+
+// `units` (pre-order, the root first) and the outermost modules of `classes`
+// that hold a parameter, in pre-order. A ModuleList of `classes` is never
+// called: its children (all kept) become units in its place.
+std::vector<std::pair<std::string, nn::Module*>> WithKeptUnits(
+    nn::Module& root, const std::vector<std::pair<std::string, nn::Module*>>& units,
+    const std::vector<std::string>& classes) {
+  std::set<nn::Module*> selected;
+  for (const auto& [name, m] : units) selected.insert(m);
+  std::vector<std::pair<std::string, nn::Module*>> merged = {{"", &root}};
+  std::function<void(nn::Module&, const std::string&, bool, bool)> walk =
+      [&](nn::Module& m, const std::string& name, bool in_kept, bool in_kept_list) {
+        for (auto& [child_name, child] : m.NamedChildren()) {
+          const std::string full = Join(name, child_name);
+          const bool of_class =
+              in_kept_list ||
+              std::find(classes.begin(), classes.end(), child->class_name()) != classes.end();
+          const bool wraps = !in_kept && of_class && !child->NamedParameters().empty();
+          const bool list = child->class_name() == "ModuleList";
+          const bool kept = wraps && !list;
+          if (kept || selected.count(child) > 0) merged.emplace_back(full, child);
+          walk(*child, full, in_kept || kept, wraps && list);  // units inside a kept one stay
+        }
+      };
+  // Everything under a root of a kept class is kept already.
+  const bool root_kept =
+      std::find(classes.begin(), classes.end(), root.class_name()) != classes.end();
+  walk(root, "", /*in_kept=*/root_kept, /*in_kept_list=*/false);
+  return merged;
 }
 
 void Assign(nn::Module& m, const std::string& name, int unit,
@@ -114,6 +146,13 @@ WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, std::set<const nn::Par
   return base;
 }
 
+WrapPolicy WrapPolicy::ForMixedPrecision(const precision::MixedPrecisionPolicy& mp) const {
+  WrapPolicy p = *this;
+  const bool low = mp.param_dtype != tensor::Dtype::kF32 || mp.reduce_dtype != tensor::Dtype::kF32;
+  p.fp32_classes_ = low ? mp.fp32_module_classes : std::vector<std::string>{};
+  return p;
+}
+
 WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, nn::Module& root,
                                          const std::vector<std::string>& keep_names) {
   const std::set<std::string> names(keep_names.begin(), keep_names.end());
@@ -136,10 +175,15 @@ std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Mod
       SelectBySize(root, "", min_params_, /*is_root=*/true, &out);
       break;
   }
-  if (!apart_) return out;
-  // The base's units and the leaves apart_ takes out of the root unit, in pre-order.
+  if (apart_) out = WithLeavesApart(root, out);
+  if (!fp32_classes_.empty()) out = WithKeptUnits(root, out, fp32_classes_);
+  return out;
+}
+
+std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::WithLeavesApart(
+    nn::Module& root, const std::vector<std::pair<std::string, nn::Module*>>& units) const {
   std::set<nn::Module*> base;
-  for (const auto& [name, m] : out) base.insert(m);
+  for (const auto& [name, m] : units) base.insert(m);
   std::vector<std::pair<std::string, nn::Module*>> merged = {{"", &root}};
   std::function<void(nn::Module&, const std::string&, bool)> walk =
       [&](nn::Module& m, const std::string& name, bool in_unit) {

@@ -13,6 +13,10 @@
 //     A ModuleList (never called itself, so its hooks would never run) is
 //     never wrapped.
 //   none(): the root is the only unit.
+//
+// FullyShard applies policy.ForMixedPrecision(its mixed-precision policy):
+// under low-precision compute or reduction, modules of the classes kept fp32
+// (BatchNorm) become units of their own, nested in whichever unit holds them.
 #ifndef DIST_WRAP_POLICY_H_
 #define DIST_WRAP_POLICY_H_
 
@@ -25,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "nn/module.h"
+#include "precision/policy.h"
 
 namespace dist {
 
@@ -52,6 +57,19 @@ class WrapPolicy {
   static WrapPolicy FrozenLeavesApart(WrapPolicy base, nn::Module& root,
                                       const std::vector<std::string>& keep_names);
 
+  // The policy FullyShard applies under `mp`: this one, plus, when mp
+  // computes or reduces in a low precision, every outermost module of one of
+  // mp.fp32_module_classes that holds a parameter (none when the root is of
+  // one; for a ModuleList, never called, each of its children holding one)
+  // as a unit of its own, nested in the unit that would hold it, as PyTorch
+  // FSDP wraps its _module_classes_to_ignore in fp32 units under an
+  // auto-wrap policy (here under None() too). Such a unit gathers and
+  // reduces in fp32 while the rest of the enclosing unit computes and
+  // reduces in the low precision; each costs collectives of its own and
+  // takes a slot of the prefetch window. Under fp32: this policy without
+  // such units (whatever an earlier call added).
+  WrapPolicy ForMixedPrecision(const precision::MixedPrecisionPolicy& mp) const;
+
   // Transformer(names): InvalidArgument unless some module under `root` is of
   // one of the classes, naming them and the classes `root` has (a misspelt
   // class would leave the whole model in the root unit, gathered at once).
@@ -63,6 +81,10 @@ class WrapPolicy {
   std::vector<std::pair<std::string, nn::Module*>> SelectUnits(nn::Module& root) const;
 
  private:
+  // The base's units and the leaves apart_ takes out of the root unit, in pre-order.
+  std::vector<std::pair<std::string, nn::Module*>> WithLeavesApart(
+      nn::Module& root, const std::vector<std::pair<std::string, nn::Module*>>& base) const;
+
   enum class Kind { kNone, kOutermost, kSizeBased };
   Kind kind_ = Kind::kNone;
   Predicate predicate_;
@@ -70,6 +92,8 @@ class WrapPolicy {
   std::set<std::string> block_class_names_;  // Transformer's
   // FrozenLeavesApart: leaves the base leaves in the root unit that become units.
   Predicate apart_;
+  // ForMixedPrecision: classes whose outermost modules become units.
+  std::vector<std::string> fp32_classes_;
 };
 
 // One unit and the parameters it holds (full names relative to the root, in

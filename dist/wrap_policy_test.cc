@@ -1,9 +1,11 @@
 // Wrap policies on a tiny minGPT: the transformer policy (by block class;
 // one matching nothing is refused, also by FullyShard on two ranks), None,
 // size-based (bottom-up, nesting), the outermost match, and frozen leaves
-// taken out into units of their own.
+// taken out into units of their own; under mixed precision, modules of the
+// classes kept fp32 as units of their own.
 #include "dist/wrap_policy.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,7 +16,11 @@
 #include "gtest/gtest.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
+#include "nn/batch_norm.h"
+#include "nn/containers.h"
 #include "nn/freeze.h"
+#include "nn/linear.h"
+#include "precision/policy.h"
 #include "tensor/error.h"
 
 namespace dist {
@@ -118,6 +124,82 @@ TEST(WrapPolicyTest, FrozenLeavesApartTakesFrozenLeavesOutOfEnclosingUnits) {
   for (auto& [n, p] : plans[0].params) root_params.push_back(n);
   EXPECT_EQ(root_params,
             (std::vector<std::string>{"transformer.wpe.weight", "lm_head.weight"}));
+}
+
+// Under bf16 every LayerNorm kept fp32 becomes a unit of its own nested in
+// its Block's unit (ln_f in the root's), so the Blocks hold no kept parameter
+// and gather and reduce in bf16; fp32 compute adds no unit.
+TEST(WrapPolicyTest, ForMixedPrecisionNestsModulesKeptFp32) {
+  mingpt::GPT gpt(Tiny());
+  precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
+  bf16.fp32_module_classes = {"LayerNorm"};
+  const WrapPolicy blocks = WrapPolicy::Transformer({"Block"});
+  const auto plans = PlanUnits(gpt, blocks.ForMixedPrecision(bf16));
+  EXPECT_EQ(UnitNames(plans),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.0.ln_1",
+                                      "transformer.h.0.ln_2", "transformer.h.1",
+                                      "transformer.h.1.ln_1", "transformer.h.1.ln_2",
+                                      "transformer.ln_f"}));
+  for (const auto& [name, p] : plans[1].params) {
+    EXPECT_FALSE(absl::StrContains(name, ".ln_")) << name;
+  }
+  EXPECT_EQ(plans[2].params.size(), 2u);  // ln_1's weight and bias
+  // Either the compute or the reduction in bf16 is enough; fp32 throughout adds nothing.
+  precision::MixedPrecisionPolicy reduce_only = precision::MixedPrecisionPolicy::Fp32();
+  reduce_only.reduce_dtype = tensor::Dtype::kBF16;
+  reduce_only.fp32_module_classes = {"LayerNorm"};
+  EXPECT_EQ(PlanUnits(gpt, blocks.ForMixedPrecision(reduce_only)).size(), plans.size());
+  precision::MixedPrecisionPolicy compute_only = bf16;
+  compute_only.reduce_dtype = tensor::Dtype::kF32;
+  EXPECT_EQ(PlanUnits(gpt, blocks.ForMixedPrecision(compute_only)).size(), plans.size());
+  precision::MixedPrecisionPolicy fp32 = precision::MixedPrecisionPolicy::Fp32();
+  fp32.fp32_module_classes = {"LayerNorm"};
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, blocks.ForMixedPrecision(fp32))),
+            UnitNames(PlanUnits(gpt, blocks)));
+  // A kept ModuleList (never called, so never a unit): its Blocks in its place.
+  precision::MixedPrecisionPolicy list = bf16;
+  list.fp32_module_classes = {"ModuleList"};
+  EXPECT_EQ(UnitNames(PlanUnits(gpt, WrapPolicy::None().ForMixedPrecision(list))),
+            (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
+}
+
+// The outermost module of a kept class holding a parameter becomes a unit
+// (none without parameters, none inside another kept one, none under a root
+// of a kept class), wherever it is; units the base policy selects inside a
+// kept module stay units.
+TEST(WrapPolicyTest, ForMixedPrecisionWrapsTheOutermostKeptModulesWithParameters) {
+  // Linear, BatchNorm, BatchNorm without affine, Residual(Linear, BatchNorm).
+  nn::Sequential net;
+  net.Append(std::make_unique<nn::Linear>(4, 4));
+  net.Append(std::make_unique<nn::BatchNorm1d>(4));
+  nn::BatchNorm1dOptions plain;
+  plain.affine = false;
+  net.Append(std::make_unique<nn::BatchNorm1d>(4, plain));
+  auto inner = std::make_unique<nn::Sequential>();
+  inner->Append(std::make_unique<nn::Linear>(4, 4));
+  inner->Append(std::make_unique<nn::BatchNorm1d>(4));
+  net.Append(std::make_unique<nn::Residual>(std::move(inner)));
+  const precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
+  ASSERT_EQ(bf16.fp32_module_classes, std::vector<std::string>{"BatchNorm1d"});
+  EXPECT_EQ(UnitNames(PlanUnits(net, WrapPolicy::None().ForMixedPrecision(bf16))),
+            (std::vector<std::string>{"", "1", "3.fn.1"}));
+  // A kept Residual "3" holds its BatchNorm; the predicate's Linear "3.fn.0"
+  // inside it stays a unit of its own.
+  precision::MixedPrecisionPolicy residual = bf16;
+  residual.fp32_module_classes = {"Residual", "BatchNorm1d"};
+  const WrapPolicy inner_linear = WrapPolicy::FromPredicate(
+      [](const std::string& name, nn::Module&) { return name == "3.fn.0"; });
+  EXPECT_EQ(UnitNames(PlanUnits(net, inner_linear.ForMixedPrecision(residual))),
+            (std::vector<std::string>{"", "1", "3", "3.fn.0"}));
+  // A root of a kept class: every parameter is kept fp32 already.
+  precision::MixedPrecisionPolicy sequential = residual;
+  sequential.fp32_module_classes = {"Sequential", "BatchNorm1d"};
+  EXPECT_EQ(UnitNames(PlanUnits(net, inner_linear.ForMixedPrecision(sequential))),
+            (std::vector<std::string>{"", "3.fn.0"}));
+  // fp32 compute and reduction undo an earlier bf16 call.
+  EXPECT_EQ(UnitNames(PlanUnits(net, WrapPolicy::None().ForMixedPrecision(bf16).ForMixedPrecision(
+                                         precision::MixedPrecisionPolicy::Fp32()))),
+            std::vector<std::string>{""});
 }
 
 TEST(WrapPolicyTest, NoneIsOneRootUnitWithEveryParameterInOrder) {

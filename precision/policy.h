@@ -31,9 +31,9 @@ struct MixedPrecisionPolicy {
   // module of one and every module inside it keep fp32 parameters
   // (nn::KeptFp32Parameters), as PyTorch FSDP's _module_classes_to_ignore,
   // and their gradients are reduced in fp32: DDP and ZeRO-1 give them
-  // buckets of their own; an FSDP unit holding a trainable one gathers and
-  // reduces in fp32 as a whole (PyTorch nests such a module as an fp32 unit
-  // of its own, so the rest of the unit stays in reduce_dtype).
+  // buckets of their own; FSDP makes each such module a unit of its own
+  // (dist::WrapPolicy::ForMixedPrecision, as PyTorch nests an fp32 unit),
+  // gathered and reduced in fp32, the rest staying in reduce_dtype.
   std::vector<std::string> fp32_module_classes = {"BatchNorm1d"};
 
   // Everything fp32 (no mixed precision).

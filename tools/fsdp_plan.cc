@@ -17,8 +17,8 @@
 // --max_inflight_all_gathers of the largest units. Under --precision=bf16 a
 // unit holding parameters of a module class the train binaries' bf16 policy
 // keeps fp32 (precision::MixedPrecisionPolicy::Bf16()'s fp32_module_classes:
-// BatchNorm1d) is counted as FSDP gathers it: in fp32, plus bf16 copies of its
-// other parameters. Activations are not included, nor the communication
+// BatchNorm1d) is a unit of its own, as FSDP makes it, counted in fp32 (4
+// bytes per element). Activations are not included, nor the communication
 // buffers (the ledger's "comm": the gradients' reduction under bf16,
 // HYBRID's all-reduce between replicas), nor what a forward-only pass that
 // gathers the whole model holds (--sample_gather=model, the default).
@@ -196,9 +196,6 @@ int main(int argc, char** argv) {
     if (!frozen.ok()) return Fail(absl::StrCat("--freeze: ", frozen.status().message()));
     policy = dist::WrapPolicy::FrozenLeavesApart(std::move(policy), *model, root_params);
   }
-  absl::Status tied =
-      train::CheckTiedWeightsInRoot(*model, policy, wrap, root_params, /*must_exist=*/false);
-  if (!tied.ok()) return Fail(std::string(tied.message()));
   const nn::TrainableCount count = nn::CountTrainable(*model);
   if (count.trainable == 0) {  // as the train binaries refuse it
     return Fail(absl::StrCat("--freeze='", absl::GetFlag(FLAGS_freeze),
@@ -212,6 +209,10 @@ int main(int argc, char** argv) {
   const std::string precision = mixed->param_dtype == tensor::Dtype::kBF16  ? "bf16"
                                 : mixed->param_dtype == tensor::Dtype::kF16 ? "fp16"
                                                                              : "fp32";
+  // FullyShard's units under that policy (modules kept fp32 apart under bf16).
+  absl::Status tied = train::CheckTiedWeightsInRoot(*model, policy.ForMixedPrecision(*mixed),
+                                                    wrap, root_params, /*must_exist=*/false);
+  if (!tied.ok()) return Fail(std::string(tied.message()));
   absl::StatusOr<int> k = train::OptimizerBytesPerParameter(absl::GetFlag(FLAGS_optimizer));
   if (!k.ok()) return Fail(std::string(k.status().message()));
   std::vector<int> worlds;
@@ -247,12 +248,17 @@ int main(int argc, char** argv) {
                              "reshard after its forward; --strategy=",
                              strategy, " reshards none"));
   }
-  int kept_unit = 0;  // --keep_last_unit's: the last unit in pre-order that trains
-  if (keep_last_unit) {  // (the same units at every world size)
-    const dist::ShardingPlan plan =
-        dist::PlanSharding(*model, policy, 1, mixed->fp32_module_classes);
+  // --keep_last_unit's: the last unit in pre-order that trains and holds more
+  // than modules kept fp32, as the train binaries pick it (the same units at
+  // every world size).
+  int kept_unit = 0;
+  if (keep_last_unit) {
+    const dist::ShardingPlan plan = dist::PlanSharding(*model, policy, 1, *mixed);
     kept_unit = static_cast<int>(plan.units.size()) - 1;
-    while (kept_unit > 0 && !plan.units[kept_unit].trains) --kept_unit;
+    while (kept_unit > 0 && (!plan.units[kept_unit].trains ||
+                             plan.units[kept_unit].fp32_numel == plan.units[kept_unit].numel)) {
+      --kept_unit;
+    }
     if (kept_unit == 0) {
       return Fail(absl::StrCat("--keep_last_unit: --auto_wrap=", wrap,
                                " gives no unit but the root that trains"));
@@ -288,7 +294,7 @@ int main(int argc, char** argv) {
   }
   for (int world : worlds) {
     const dist::ShardingPlan plan =
-        dist::PlanSharding(*model, policy, world, mixed->fp32_module_classes);
+        dist::PlanSharding(*model, policy, world, *mixed);
     if (keep_last_unit) options.kept_units = {kept_unit};
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
     if (json) {

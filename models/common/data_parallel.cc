@@ -16,6 +16,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -35,6 +36,7 @@
 #include "models/common/nccl_backend.h"
 #include "models/common/tied_weights.h"
 #include "models/data/token_source.h"
+#include "nn/fp32_modules.h"
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
@@ -193,8 +195,9 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
     dp->frozen_leaves_apart_ = true;
   }
   if (IsFsdp(config.strategy)) {
-    // Tied weights must stay in the root unit: check the plan before sharding.
-    absl::Status tied = CheckTiedWeightsInRoot(model, policy, config.auto_wrap, root_params);
+    // Tied weights must stay in the root unit: check FullyShard's units before sharding.
+    absl::Status tied = CheckTiedWeightsInRoot(
+        model, policy.ForMixedPrecision(config.mixed_precision), config.auto_wrap, root_params);
     if (!tied.ok()) return tied;
   }
   // DDP and ZeRO-1 materialize the whole model on every rank (reading
@@ -256,13 +259,26 @@ absl::StatusOr<std::unique_ptr<DataParallelModel>> DataParallelModel::Create(
           // The last unit in pre-order that trains: its backward comes first. A unit of
           // frozen parameters only (a frozen leaf FrozenLeavesApart split off, a frozen
           // Block) is not a candidate: below the lowest trainable block the backward never
-          // gathers it again, so keeping it would only hold its memory.
+          // gathers it again, so keeping it would only hold its memory. Nor is a unit of
+          // modules kept fp32 only (a BatchNorm or LayerNorm unit): too small to matter.
+          const std::set<const nn::Parameter*> kept =
+              nn::KeptFp32Parameters(model, config.mixed_precision.fp32_module_classes);
+          const auto only_kept = [&](const dist::FlatParameter& flat) {
+            for (const dist::FlatParameter::Entry& e : flat.entries()) {
+              if (kept.count(e.param) == 0) return false;
+            }
+            return true;
+          };
           int last = dp->fsdp_->num_units() - 1;
-          while (last > 0 && !dp->fsdp_->flat_param(last).trains()) --last;
+          while (last > 0 && (!dp->fsdp_->flat_param(last).trains() ||
+                              only_kept(dp->fsdp_->flat_param(last)))) {
+            --last;
+          }
           if (last == 0) {
             return absl::InvalidArgumentError(
                 "--keep_last_unit: no unit but the root trains (the others hold frozen "
-                "parameters only, which the backward does not gather again)");
+                "parameters only, which the backward does not gather again, or modules kept "
+                "fp32 only)");
           }
           dp->kept_unit_ = dp->fsdp_->unit_name(last);
           dp->fsdp_->SetReshardAfterForward(dp->kept_unit_, false);

@@ -23,6 +23,7 @@
 #include "models/mingpt/model.h"
 #include "nn/freeze.h"
 #include "nn/state_dict.h"
+#include "precision/policy.h"
 #include "tensor/error.h"
 #include "optim/adamw.h"
 #include "tensor/cuda_backend.h"
@@ -276,8 +277,9 @@ TEST(DataParallelModelTest, PrefetchUnitsAndKeepLastUnitTrainTheSame) {
 
 // --keep_last_unit keeps the last unit that trains: not a frozen leaf that
 // FrozenLeavesApart put after the Blocks (the final LayerNorm), nor a frozen
-// last Block; the runs train as one process. With no trainable unit but the
-// root it is an error.
+// last Block, nor, under bf16 with LayerNorm kept fp32, the final LayerNorm's
+// own fp32 unit; the runs train as one process. With no trainable unit but
+// the root it is an error.
 TEST(DataParallelModelTest, KeepLastUnitKeepsTheLastUnitThatTrains) {
   struct Case {
     std::vector<std::string> freeze;
@@ -317,6 +319,23 @@ TEST(DataParallelModelTest, KeepLastUnitKeepsTheLastUnitThatTrains) {
     ASSERT_TRUE(trained.ok()) << trained.status();
     ExpectStepsNear(*trained, reference, 1e-5);
   }
+  DataParallelFlags f = Flags("threads", "full_shard", 2);
+  f.keep_last_unit = true;
+  absl::StatusOr<DataParallelConfig> config = ConfigureDataParallel(f, {"Block"}, FakeEnv({}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+  config->mixed_precision.fp32_module_classes = {"LayerNorm"};
+  std::string describe;
+  absl::Status s = RunDataParallel(*config, [&](RankContext& rank) -> absl::Status {
+    mingpt::GPT model(Tiny());
+    absl::StatusOr<std::unique_ptr<DataParallelModel>> dp =
+        DataParallelModel::Create(model, rank.pg, *config, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    if (rank.rank == 0) describe = (*dp)->Describe();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(absl::StrContains(describe, "last unit transformer.h.1 kept")) << describe;
 }
 
 // --bucket_cap_mb reaches DDP's and ZeRO-1's buckets.
@@ -578,6 +597,19 @@ TEST(DataParallelModelTest, TiedWeightsMustStayInTheRootUnit) {
       EXPECT_TRUE(absl::StrContains(dp.status().message(),
                                     "--auto_wrap=size:50 puts 'transformer.wte.weight' into the "
                                     "FSDP unit 'transformer.wte', but it must stay in the root"))
+          << dp.status();
+    }
+    {  // Under bf16 a kept class's modules become units of their own.
+      DataParallelConfig kept_embeddings = transformer;
+      kept_embeddings.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+      kept_embeddings.mixed_precision.fp32_module_classes = {"Embedding"};
+      mingpt::GPT model(Tiny());
+      auto dp = DataParallelModel::Create(model, rank.pg, kept_embeddings, AdamW(), kSeed,
+                                          {"transformer.wte.weight"});
+      EXPECT_FALSE(dp.ok());
+      EXPECT_TRUE(absl::StrContains(dp.status().message(),
+                                    "puts 'transformer.wte.weight' into the FSDP unit "
+                                    "'transformer.wte'"))
           << dp.status();
     }
     {
