@@ -32,13 +32,20 @@ void SelectOutermost(nn::Module& m, const std::string& name, const WrapPolicy::P
 }
 
 // Returns the number of parameters of m's subtree not in a unit at or below m.
+// The `kept` units (KeptUnits) count as units already: their parameters do
+// not count towards their parents' (as PyTorch wraps them first).
 int64_t SelectBySize(nn::Module& m, const std::string& name, int64_t min_params, bool is_root,
-                  std::vector<std::pair<std::string, nn::Module*>>* out) {
+                     const std::set<nn::Module*>& kept,
+                     std::vector<std::pair<std::string, nn::Module*>>* out) {
   int64_t remaining = 0;
   for (auto& [pname, p] : m.LocalParameters()) remaining += p->numel();
   std::vector<std::pair<std::string, nn::Module*>> below;
   for (auto& [child_name, child] : m.NamedChildren()) {
-    remaining += SelectBySize(*child, Join(name, child_name), min_params, false, &below);
+    remaining += SelectBySize(*child, Join(name, child_name), min_params, false, kept, &below);
+  }
+  if (kept.count(&m) > 0) {  // a unit anyway (added by InPreOrder)
+    out->insert(out->end(), below.begin(), below.end());
+    return 0;
   }
   // A ModuleList is never called (its parent calls the children through
   // RunAt / RunBackwardAt), so its hooks would never fire: never a unit.
@@ -50,34 +57,46 @@ int64_t SelectBySize(nn::Module& m, const std::string& name, int64_t min_params,
   return remaining;
 }
 
-// `units` (pre-order, the root first) and the outermost modules of `classes`
-// that hold a parameter, in pre-order. A ModuleList of `classes` is never
-// called: its children (all kept) become units in its place.
-std::vector<std::pair<std::string, nn::Module*>> WithKeptUnits(
-    nn::Module& root, const std::vector<std::pair<std::string, nn::Module*>>& units,
-    const std::vector<std::string>& classes) {
-  std::set<nn::Module*> selected;
-  for (const auto& [name, m] : units) selected.insert(m);
-  std::vector<std::pair<std::string, nn::Module*>> merged = {{"", &root}};
-  std::function<void(nn::Module&, const std::string&, bool, bool)> walk =
-      [&](nn::Module& m, const std::string& name, bool in_kept, bool in_kept_list) {
-        for (auto& [child_name, child] : m.NamedChildren()) {
-          const std::string full = Join(name, child_name);
-          const bool of_class =
-              in_kept_list ||
-              std::find(classes.begin(), classes.end(), child->class_name()) != classes.end();
-          const bool wraps = !in_kept && of_class && !child->NamedParameters().empty();
-          const bool list = child->class_name() == "ModuleList";
-          const bool kept = wraps && !list;
-          if (kept || selected.count(child) > 0) merged.emplace_back(full, child);
-          walk(*child, full, in_kept || kept, wraps && list);  // units inside a kept one stay
+// The outermost modules of `classes` that hold a parameter (none under a
+// root of one of them: everything there is kept already). A ModuleList of
+// `classes` is never called: its children (all kept) take its place.
+std::set<nn::Module*> KeptUnits(nn::Module& root, const std::vector<std::string>& classes) {
+  std::set<nn::Module*> kept;
+  if (classes.empty()) return kept;
+  const auto of_class = [&](nn::Module& m) {
+    return std::find(classes.begin(), classes.end(), m.class_name()) != classes.end();
+  };
+  std::function<void(nn::Module&, bool)> walk = [&](nn::Module& m, bool in_kept_list) {
+    for (auto& [child_name, child] : m.NamedChildren()) {
+      if ((in_kept_list || of_class(*child)) && !child->NamedParameters().empty()) {
+        if (child->class_name() != "ModuleList") {
+          kept.insert(child);  // the outermost: nothing below it is searched
+        } else {
+          walk(*child, /*in_kept_list=*/true);
         }
-      };
-  // Everything under a root of a kept class is kept already.
-  const bool root_kept =
-      std::find(classes.begin(), classes.end(), root.class_name()) != classes.end();
-  walk(root, "", /*in_kept=*/root_kept, /*in_kept_list=*/false);
-  return merged;
+      } else {
+        walk(*child, /*in_kept_list=*/false);
+      }
+    }
+  };
+  if (!of_class(root)) walk(root, /*in_kept_list=*/false);
+  return kept;
+}
+
+// The modules of `units` (and the root) in pre-order, named.
+std::vector<std::pair<std::string, nn::Module*>> InPreOrder(nn::Module& root,
+                                                           const std::set<nn::Module*>& units) {
+  std::vector<std::pair<std::string, nn::Module*>> ordered = {{"", &root}};
+  std::function<void(nn::Module&, const std::string&)> walk = [&](nn::Module& m,
+                                                                  const std::string& name) {
+    for (auto& [child_name, child] : m.NamedChildren()) {
+      const std::string full = Join(name, child_name);
+      if (units.count(child) > 0) ordered.emplace_back(full, child);
+      walk(*child, full);
+    }
+  };
+  walk(root, "");
+  return ordered;
 }
 
 void Assign(nn::Module& m, const std::string& name, int unit,
@@ -164,6 +183,7 @@ WrapPolicy WrapPolicy::FrozenLeavesApart(WrapPolicy base, nn::Module& root,
 }
 
 std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Module& root) const {
+  const std::set<nn::Module*> kept = KeptUnits(root, fp32_classes_);
   std::vector<std::pair<std::string, nn::Module*>> out = {{"", &root}};
   switch (kind_) {
     case Kind::kNone:
@@ -172,12 +192,15 @@ std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Mod
       SelectOutermost(root, "", predicate_, &out);
       break;
     case Kind::kSizeBased:
-      SelectBySize(root, "", min_params_, /*is_root=*/true, &out);
+      SelectBySize(root, "", min_params_, /*is_root=*/true, kept, &out);
       break;
   }
   if (apart_) out = WithLeavesApart(root, out);
-  if (!fp32_classes_.empty()) out = WithKeptUnits(root, out, fp32_classes_);
-  return out;
+  if (kept.empty()) return out;
+  // The kept modules nest in whichever unit holds them; units inside them stay.
+  std::set<nn::Module*> units(kept);
+  for (const auto& [name, m] : out) units.insert(m);
+  return InPreOrder(root, units);
 }
 
 std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::WithLeavesApart(

@@ -66,7 +66,8 @@ class WrapPolicy {
   // auto-wrap policy (here under None() too). Such a unit gathers and
   // reduces in fp32 while the rest of the enclosing unit computes and
   // reduces in the low precision; each costs collectives of its own and
-  // takes a slot of the prefetch window. Under fp32: this policy without
+  // takes a slot of the prefetch window. SizeBased counts such modules as
+  // units already (their parameters do not make a parent reach min_params). Under fp32: this policy without
   // such units (whatever an earlier call added).
   WrapPolicy ForMixedPrecision(const precision::MixedPrecisionPolicy& mp) const;
 

@@ -202,6 +202,39 @@ TEST(WrapPolicyTest, ForMixedPrecisionWrapsTheOutermostKeptModulesWithParameters
             std::vector<std::string>{""});
 }
 
+// Size-based: a kept module is a unit already, so its parameters do not make
+// its parent reach min_params (as PyTorch wraps it first); a container of
+// kept modules only is no unit (it would be an empty one).
+TEST(WrapPolicyTest, ForMixedPrecisionSizeBasedCountsKeptModulesAsUnits) {
+  // [Linear(4, 4): 20, BatchNorm(4): 8], [BatchNorm(4), BatchNorm(4)], Linear(4, 4).
+  nn::Sequential net;
+  auto mixed = std::make_unique<nn::Sequential>();
+  mixed->Append(std::make_unique<nn::Linear>(4, 4));
+  mixed->Append(std::make_unique<nn::BatchNorm1d>(4));
+  net.Append(std::move(mixed));
+  auto norms = std::make_unique<nn::Sequential>();
+  norms->Append(std::make_unique<nn::BatchNorm1d>(4));
+  norms->Append(std::make_unique<nn::BatchNorm1d>(4));
+  net.Append(std::move(norms));
+  net.Append(std::make_unique<nn::Linear>(4, 4));
+  const WrapPolicy size = WrapPolicy::SizeBased(21);
+  EXPECT_EQ(UnitNames(PlanUnits(net, size)), (std::vector<std::string>{"", "0"}));
+  EXPECT_EQ(UnitNames(PlanUnits(
+                net, size.ForMixedPrecision(precision::MixedPrecisionPolicy::Bf16()))),
+            (std::vector<std::string>{"", "0.1", "1.0", "1.1"}));
+  // Units below a kept module stay: with min_params 16 the Linear inside a
+  // kept Residual "0" is a unit of its own, nested in "0".
+  precision::MixedPrecisionPolicy residual = precision::MixedPrecisionPolicy::Bf16();
+  residual.fp32_module_classes = {"Residual"};
+  nn::Sequential outer;
+  auto inner = std::make_unique<nn::Sequential>();
+  inner->Append(std::make_unique<nn::Linear>(4, 4));
+  outer.Append(std::make_unique<nn::Residual>(std::move(inner)));
+  outer.Append(std::make_unique<nn::Linear>(4, 4));
+  EXPECT_EQ(UnitNames(PlanUnits(outer, WrapPolicy::SizeBased(16).ForMixedPrecision(residual))),
+            (std::vector<std::string>{"", "0", "0.fn.0", "1"}));
+}
+
 TEST(WrapPolicyTest, NoneIsOneRootUnitWithEveryParameterInOrder) {
   mingpt::GPT gpt(Tiny());
   auto plans = PlanUnits(gpt, WrapPolicy::None());
