@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dist/host_name.h"
+#include "tensor/fnv.h"
 
 namespace dist {
 namespace internal {
@@ -21,11 +22,7 @@ namespace {
 // FNV-1a of the host name: the same on every rank whatever its build.
 uint64_t HostHash(const std::string& name) {
   if (name.empty()) return 0;
-  uint64_t h = 1469598103934665603ull;
-  for (const char c : name) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
+  const uint64_t h = tensor::Fnv1a64(name);
   return h == 0 ? 1 : h;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tensor/fnv.h"
 
 namespace dist {
 
@@ -221,11 +222,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::NewSubgroup(
       break;
     }
   }
-  uint64_t fingerprint = 1469598103934665603ull;  // FNV-1a over the list.
+  uint64_t fingerprint = tensor::kFnv1aBasis;  // FNV-1a over the list, a rank a step.
   for (int r : ranks) {
-    fingerprint = (fingerprint ^ static_cast<uint32_t>(r)) * 1099511628211ull;
+    fingerprint = (fingerprint ^ static_cast<uint32_t>(r)) * tensor::kFnv1aPrime;
   }
-  fingerprint = (fingerprint ^ ranks.size()) * 1099511628211ull;
+  fingerprint = (fingerprint ^ ranks.size()) * tensor::kFnv1aPrime;
   if (!problem.empty()) fingerprint = 0;  // Invalid lists never match valid ones.
   absl::StatusOr<std::vector<int64_t>> gathered =
       AllGatherOverRanks(*this, static_cast<int64_t>(fingerprint), options);

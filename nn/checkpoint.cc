@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tensor/error.h"
+#include "tensor/fnv.h"
 
 namespace nn {
 namespace {
@@ -70,12 +71,7 @@ struct CheckpointSaved {
 
 // FNV-1a 64 of the name, keyed by the seed.
 uint64_t SeedFor(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
-  for (char c : name) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
+  return tensor::Fnv1a64(name, tensor::kFnv1aBasis ^ (seed * 0x9E3779B97F4A7C15ull));
 }
 
 }  // namespace

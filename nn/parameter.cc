@@ -9,6 +9,7 @@
 #include "tensor/ops/check.h"
 #include "tensor/ops/init.h"
 #include "tensor/random.h"
+#include "tensor/fnv.h"
 #include "tensor/thread_pool.h"
 
 namespace nn {
@@ -16,12 +17,7 @@ namespace {
 
 // FNV-1a 64: a stable key per parameter name.
 uint64_t NameKey(uint64_t seed, absl::string_view name) {
-  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
-  for (char c : name) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
+  return tensor::Fnv1a64(name, tensor::kFnv1aBasis ^ (seed * 0x9E3779B97F4A7C15ull));
 }
 
 // Normal(mean, std) redrawn until inside mean +- 2 std; each redraw uses the

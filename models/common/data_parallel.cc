@@ -40,6 +40,7 @@
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
+#include "tensor/fnv.h"
 #include "tensor/guarded.h"
 #include "tensor/safetensors.h"
 #include "tensor/tensor.h"
@@ -665,7 +666,7 @@ absl::Status AgreeOnResuming(dist::ProcessGroup& pg, const std::string& resume,
 
 absl::Status AgreeOnLoaderConfig(dist::ProcessGroup& pg, const std::string& config) {
   const absl::StatusOr<std::vector<int64_t>> gathered =
-      dist::AllGatherOverRanks(pg, static_cast<int64_t>(data::Fnv1a64(config)));
+      dist::AllGatherOverRanks(pg, static_cast<int64_t>(tensor::Fnv1a64(config)));
   if (!gathered.ok()) return gathered.status();
   const std::vector<int64_t>& hashes = *gathered;
   std::vector<int> differ;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "models/data/row_random.h"
+#include "tensor/fnv.h"
 
 namespace data {
 
@@ -20,27 +21,19 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Slice(int64_t, int64_t
       absl::StrCat(Describe(), " has no fixed tokens to split into training and held-out parts"));
 }
 
-uint64_t Fnv1a64(absl::string_view bytes, uint64_t h) {
-  for (const char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string ContentDigest(absl::string_view bytes) {
   constexpr size_t kWhole = size_t{64} << 20, kWindow = size_t{64} << 10, kWindows = 64;
-  uint64_t h = kFnv1aBasis;
+  uint64_t h = tensor::kFnv1aBasis;
   if (bytes.size() <= kWhole) {
-    h = Fnv1a64(bytes, h);
+    h = tensor::Fnv1a64(bytes, h);
   } else {
-    h = Fnv1a64(absl::StrCat(bytes.size()), h);
+    h = tensor::Fnv1a64(absl::StrCat(bytes.size()), h);
     // Window w starts at w / 63 of the way to the last start, the last one
     // ending where the data ends.
     const size_t last = bytes.size() - kWindow;
     for (size_t w = 0; w < kWindows; ++w) {
       const size_t at = w + 1 == kWindows ? last : w * (last / (kWindows - 1));
-      h = Fnv1a64(bytes.substr(at, kWindow), h);
+      h = tensor::Fnv1a64(bytes.substr(at, kWindow), h);
     }
   }
   return absl::StrFormat("%016x", h);

@@ -62,11 +62,6 @@ int64_t SampleWindowStart(uint64_t seed, int64_t step, int64_t row, int64_t tota
 
 inline constexpr int64_t kUnlimitedLength = std::numeric_limits<int64_t>::max();
 
-// FNV-1a (64-bit) of `bytes`, continuing from `h` (the offset basis for a
-// fresh hash): the same on every host and build.
-inline constexpr uint64_t kFnv1aBasis = 1469598103934665603ull;
-uint64_t Fnv1a64(absl::string_view bytes, uint64_t h = kFnv1aBasis);
-
 // A digest of a source's data for its fingerprint's "content=" field (16 hex
 // digits): FNV-1a (64-bit) of `bytes` whole up to 64 MiB (about 0.1 s there);
 // past that, of its size and 64 windows of 64 KiB spread over it, the first
