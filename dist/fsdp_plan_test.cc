@@ -9,6 +9,9 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dist/fsdp.h"
@@ -368,6 +371,15 @@ TEST(FsdpPlanTest, BadPrefetchUnitsAndKeptUnitsAreRefused) {
   }
 }
 
+// Per-Block units, forward prefetch, bf16 with `kept` classes kept fp32.
+FsdpOptions Bf16PerBlock(std::vector<std::string> kept) {
+  FsdpOptions options = testing::PerBlock();
+  options.mixed_precision = precision::MixedPrecisionPolicy::Bf16();
+  options.mixed_precision.fp32_module_classes = std::move(kept);
+  options.forward_prefetch = true;
+  return options;
+}
+
 // bf16 compute with LayerNorm kept fp32: FullyShard makes every LayerNorm of
 // minGPT Small an fp32 unit of its own (ln_1 and ln_2 nested in their Block,
 // ln_f in the root; WrapPolicy::ForMixedPrecision), and the plan has the same
@@ -377,13 +389,10 @@ TEST(FsdpPlanTest, BadPrefetchUnitsAndKeptUnitsAreRefused) {
 TEST(FsdpPlanTest, ModulesKeptFp32UnderBf16AreUnitsOfTheirOwn) {
   const mingpt::GptConfig c = testing::Small();
   constexpr int kWorld = 2;
-  precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
-  bf16.fp32_module_classes = {"LayerNorm"};
-  FsdpOptions options = testing::PerBlock();
-  options.mixed_precision = bf16;
-  options.forward_prefetch = true;
+  const FsdpOptions options = Bf16PerBlock({"LayerNorm"});
   mingpt::GPT reference(c);
-  const ShardingPlan plan = PlanSharding(reference, options.policy, kWorld, bf16);
+  const ShardingPlan plan =
+      PlanSharding(reference, options.policy, kWorld, options.mixed_precision);
   const ShardingPlan unaware = PlanSharding(reference, options.policy, kWorld);
   ASSERT_EQ(unaware.units.size(), 1u + c.n_layer);
   // The root, each Block with its ln_1 and ln_2, then ln_f (pre-order).
@@ -434,13 +443,10 @@ TEST(FsdpPlanTest, ModulesKeptFp32UnderBf16AreUnitsOfTheirOwn) {
 TEST(FsdpPlanTest, UnitsKeptFp32UnderBf16AreEstimatedInFp32) {
   const mingpt::GptConfig c = testing::Small();
   constexpr int kWorld = 2;
-  precision::MixedPrecisionPolicy bf16 = precision::MixedPrecisionPolicy::Bf16();
-  bf16.fp32_module_classes = {"GPT"};
-  FsdpOptions options = testing::PerBlock();
-  options.mixed_precision = bf16;
-  options.forward_prefetch = true;
+  const FsdpOptions options = Bf16PerBlock({"GPT"});
   mingpt::GPT reference(c);
-  const ShardingPlan plan = PlanSharding(reference, options.policy, kWorld, bf16);
+  const ShardingPlan plan =
+      PlanSharding(reference, options.policy, kWorld, options.mixed_precision);
   const ShardingPlan unaware = PlanSharding(reference, options.policy, kWorld);
   ASSERT_EQ(plan.units.size(), 1u + c.n_layer);
   for (const ShardingPlan::Unit& u : plan.units) EXPECT_EQ(u.fp32_numel, u.numel) << u.name;
