@@ -24,6 +24,7 @@
 #include "dist/sharded_checkpoint_exchange.h"
 #include "dist/sharded_checkpoint_folder.h"
 #include "dist/sharded_checkpoint_index.h"
+#include "dist/sharded_checkpoint_participant.h"
 #include "dist/sharded_checkpoint_reader.h"
 #include "tensor/durable_file.h"
 #include "tensor/guarded.h"
@@ -39,7 +40,12 @@ using sharded::CheckReplaceable;
 using sharded::ErrnoStatus;
 using sharded::AgreeOnCheck;
 using sharded::Exchange;
+using sharded::CheckFsdpGroup;
+using sharded::CheckZero1Group;
 using sharded::FileRec;
+using sharded::FlatLayout;
+using sharded::FromFsdp;
+using sharded::FromZero1;
 using sharded::Hex32;
 using sharded::Index;
 using sharded::IndexToJson;
@@ -50,6 +56,7 @@ using sharded::kShardKey;
 using sharded::kValueKind;
 using sharded::NewCheckpointId;
 using sharded::ParamRec;
+using sharded::Participant;
 using tensor::ParentFolder;
 using sharded::Publish;
 using sharded::ReadIndex;
@@ -73,42 +80,6 @@ std::function<absl::Status(int)> g_write_fault;  // guarded by g_hooks_mu
     absl::Status _sc_s = (expr);   \
     if (!_sc_s.ok()) return _sc_s; \
   } while (0)
-
-// ---------------------------------------------------------------------------
-// What a rank holds: one or more flat buffers over original parameters.
-
-struct FlatLayout {
-  struct Entry {
-    std::string name;
-    tensor::Shape shape;
-    int64_t offset = 0;  // in the flat buffer
-    int64_t numel = 0;
-    // A frozen parameter: saved without optimizer state; loaded, its state
-    // (zeros in a flat buffer that trains) is read where the checkpoint has
-    // it (checkpoints before frozen parameters went stateless) and left zero
-    // where it has none.
-    bool frozen = false;
-  };
-  // False for an FSDP unit of frozen parameters only: no optimizer state.
-  bool trains = true;
-  std::string ref;  // the optimizer state's name
-  std::vector<Entry> entries;
-  int64_t shard_begin = 0;
-  int64_t shard_numel = 0;
-  Tensor shard;               // fp32 (shard_numel), contiguous; written in place by Load
-  optim::ParamRef param_ref;  // for Optimizer::LoadStateTensors
-};
-
-struct Participant {
-  std::string writer;
-  std::string strategy;
-  std::vector<std::string> units;
-  std::vector<FlatLayout> layouts;
-  sharded::ModuleBuffers buffers;  // the model's, replicated: rank 0 saves them
-  bool writes = false;
-  int file_index = 0;
-  int num_files = 1;
-};
 
 // Save phase 1 on a writing rank: the shard file, and a manifest of what it
 // holds (tab-separated lines):
@@ -621,93 +592,6 @@ absl::StatusOr<std::map<std::string, std::string>> LoadImpl(
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
   }
   return index->extra;
-}
-
-Participant FromFsdp(FullyShardedModel& fsdp) {
-  Participant p;
-  p.writer = "fsdp";
-  p.strategy = ShardingStrategyName(fsdp.strategy());
-  p.writes = fsdp.replica_index() == 0;
-  p.file_index = fsdp.shard_group_rank();
-  p.num_files = fsdp.shard_group_size();
-  p.buffers = fsdp.root().NamedBuffers();
-  std::map<std::string, optim::ParamRef> refs;  // units of frozen parameters have none
-  for (optim::ParamRef& r : fsdp.ParamRefs()) refs[r.name] = std::move(r);
-  for (int i = 0; i < fsdp.num_units(); ++i) {
-    const FlatParameter& flat = fsdp.flat_param(i);
-    FlatLayout L;
-    L.ref = fsdp.param_ref_name(i);
-    L.trains = flat.trains();
-    for (const FlatParameter::Entry& e : flat.entries()) {
-      L.entries.push_back({e.name, e.param->shape, e.offset, e.numel, e.frozen});
-    }
-    L.shard_begin = flat.shard_begin();
-    L.shard_numel = flat.shard_numel();
-    L.shard = flat.shard();
-    if (L.trains) L.param_ref = refs.at(L.ref);
-    p.units.push_back(fsdp.unit_name(i));
-    p.layouts.push_back(std::move(L));
-  }
-  return p;
-}
-
-absl::Status CheckFsdpGroup(FullyShardedModel& fsdp, ProcessGroup& pg) {
-  if (fsdp.shard_group_size() * fsdp.num_replicas() != pg.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the process group has ", pg.size(), " ranks but the model is sharded ",
-                     fsdp.shard_group_size(), " ways with ", fsdp.num_replicas(), " replicas"));
-  }
-  return absl::OkStatus();
-}
-
-// One layout per bucket: its parameters at their offsets in its segment.
-Participant FromZero1(Zero1& zero, ProcessGroup& pg) {
-  Participant p;
-  p.writer = "zero1";
-  p.strategy = "ZERO1";
-  p.writes = true;
-  p.file_index = pg.rank();
-  p.num_files = pg.size();
-  p.buffers = zero.model().NamedBuffers();
-  std::vector<optim::ParamRef> refs = zero.ParamRefs();
-  for (int b = 0; b < zero.num_buckets(); ++b) {
-    const Zero1::Segment seg = zero.segment(b);
-    FlatLayout L;
-    L.ref = refs[b].name;
-    int64_t offset = 0;
-    // Frozen as wrapped: what the optimizer stepped (a flag flipped since
-    // does not give a never-stepped parameter state).
-    const std::vector<bool> frozen = zero.BucketFrozen(b);
-    const auto params = zero.BucketParameters(b);
-    for (size_t j = 0; j < params.size(); ++j) {
-      const nn::Parameter& param = *params[j].second;
-      L.entries.push_back({params[j].first, param.shape, offset, param.numel(), frozen[j]});
-      offset += param.numel();
-    }
-    L.shard_begin = seg.shard_begin - seg.begin;
-    L.shard_numel = seg.shard_numel;
-    L.shard = zero.master_shard(b);
-    L.trains = zero.bucket_trains(b);
-    L.param_ref = refs[b];
-    p.units.push_back(L.ref);
-    p.layouts.push_back(std::move(L));
-  }
-  return p;
-}
-
-absl::Status CheckZero1Group(Zero1& zero, ProcessGroup& pg) {
-  for (int b = 0; b < zero.num_buckets(); ++b) {
-    const Zero1::Segment seg = zero.segment(b);
-    if (seg.shard_numel * pg.size() != seg.padded ||
-        seg.shard_begin != seg.begin + seg.shard_numel * pg.rank()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the process group (rank ", pg.rank(), " of ", pg.size(),
-                       ") is not the one this Zero1 shards over (bucket ", b, ": slice [",
-                       seg.shard_begin - seg.begin, ", ",
-                       seg.shard_begin - seg.begin + seg.shard_numel, ") of ", seg.padded, ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::mutex g_block_mu;
