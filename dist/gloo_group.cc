@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -306,6 +307,26 @@ class GlooProcessGroup final : public ProcessGroup {
   int size() const override { return ctx_->size; }
   absl::string_view backend() const override { return "gloo"; }
 
+  // RemoveOwnFolderStoreKeys (gloo_group.h).
+  absl::StatusOr<int> RemoveOwnFolderStoreKeys() {
+    auto* folder = dynamic_cast<gloo::rendezvous::FileStore*>(shared_->root_store.get());
+    if (folder == nullptr) return 0;  // Redis
+    int removed = 0;
+    std::string first_error;
+    for (const std::string& path : folder->getAllKeyFilePaths()) {
+      if (::unlink(path.c_str()) == 0) {
+        ++removed;
+      } else if (errno != ENOENT && first_error.empty()) {
+        first_error = absl::StrCat("'", path, "': ", std::strerror(errno));
+      }
+    }
+    if (!first_error.empty()) {
+      return absl::InternalError(absl::StrCat("[gloo] rank ", rank(), ": cannot remove the ",
+                                              "store key file ", first_error));
+    }
+    return removed;
+  }
+
  protected:
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     auto work = std::make_shared<CompletionWork>();
@@ -528,6 +549,11 @@ void IgnoreSigpipeUnlessHandled() {
 }
 
 }  // namespace
+
+absl::StatusOr<int> RemoveOwnFolderStoreKeys(ProcessGroup& group) {
+  auto* gloo = dynamic_cast<GlooProcessGroup*>(&group);
+  return gloo == nullptr ? 0 : gloo->RemoveOwnFolderStoreKeys();
+}
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
     int rank, int size, const GlooGroupOptions& options) {

@@ -78,6 +78,16 @@ struct GlooGroupOptions {
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
     int rank, int size, const GlooGroupOptions& options);
 
+// For a gloo group over a folder store, once no rank will use the store
+// again (after a barrier of a run that ended well): removes the key files
+// this process wrote into it (its groups and those split from them share
+// one store), so that when every rank does, a shared folder keeps nothing of
+// the run (as torch's FileStore removes its file when the last user closes
+// it). Returns how many were removed; 0 for a Redis store or a group of
+// another engine. InternalError naming the first file that could not be
+// removed (the others are removed all the same).
+absl::StatusOr<int> RemoveOwnFolderStoreKeys(ProcessGroup& group);
+
 }  // namespace dist
 
 #endif  // DIST_GLOO_GROUP_H_

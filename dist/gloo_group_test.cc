@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -221,6 +222,36 @@ TEST(GlooGroup, ARunUnderAPrefixAnEarlierRunUsedFailsAtOnce) {
         << "rank " << rank << ": " << again.messages[rank];
   }
   ExpectAllOk(run("job2"));
+}
+
+// A run that ended well removes its keys from a shared folder store: each
+// rank the files it wrote (the world group's and a split's), after a
+// barrier. The folder keeps only what was there before (another job's
+// file), and a new run under the same prefix connects.
+TEST(GlooGroup, EveryRankRemovesTheKeyFilesItWrote) {
+  const std::string dir = TmpDir("shared_store");
+  ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", dir, " && echo x > ", dir, "/other").c_str()),
+            0);
+  auto run = [&]() {
+    return RunProcesses(3, [&](int rank, int size) -> std::string {
+      auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+      if (!pg.ok()) return pg.status().ToString();
+      auto sub = (*pg)->Split(rank % 2, rank);
+      if (!sub.ok()) return sub.status().ToString();
+      if (!(*pg)->BarrierSync().ok()) return "barrier failed";
+      absl::StatusOr<int> removed = RemoveOwnFolderStoreKeys(**pg);
+      if (!removed.ok()) return removed.status().ToString();
+      if (*removed < 2) return absl::StrCat("removed ", *removed, " files");
+      return std::string((*pg)->BarrierSync().ok() ? "" : "barrier after removing failed");
+    });
+  };
+  ExpectAllOk(run());
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    left.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(left, std::vector<std::string>{"other"});
+  ExpectAllOk(run());  // the prefix is free again
 }
 
 // An infinite timeout waits as long as it takes (gloo multiplies its

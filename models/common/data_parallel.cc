@@ -72,13 +72,23 @@ dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
 // After a gloo run that ended well on this rank: once every rank is done
 // with the store (a barrier; a gloo group does not use it after its
 // rendezvous), rank 0 removes the run's folder of the default directory
-// (Rendezvous::owned), or this attempt's keys from a Redis store (a failure
-// to is said, not fatal: the run is done). A run that failed leaves them. (A
-// shared folder given as --rdzv keeps its keys: Gloo's FileStore names their
-// files by a hash, which cannot be listed by prefix.)
+// (Rendezvous::owned) or this attempt's keys from a Redis store, and in a
+// shared folder given as --rdzv every rank removes the key files it wrote (a
+// failure to is said, not fatal: the run is done). A run that failed leaves
+// them, and a shared folder keeps the files of attempts that failed before a
+// restart (Gloo's FileStore names them by a hash, not listable by prefix).
 void RemoveRunKeys(const DataParallelConfig& config, dist::ProcessGroup& pg) {
   const bool redis = absl::StartsWith(config.rendezvous.store, "redis://");
-  if ((!config.rendezvous.owned && !redis) || !pg.BarrierSync().ok() || pg.rank() != 0) return;
+  if (!pg.BarrierSync().ok()) return;
+  if (!config.rendezvous.owned && !redis) {
+    absl::StatusOr<int> removed = dist::RemoveOwnFolderStoreKeys(pg);
+    if (!removed.ok()) {
+      std::fprintf(stderr, "train: note: some of the run's rendezvous keys stay: %s\n",
+                   std::string(removed.status().message()).c_str());
+    }
+    return;
+  }
+  if (pg.rank() != 0) return;
   if (config.rendezvous.owned) {
     std::error_code ignored;
     std::filesystem::remove_all(config.rendezvous.store, ignored);

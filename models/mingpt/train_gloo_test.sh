@@ -67,6 +67,9 @@ for node in 0 1; do
   wait "${pids[$node]}" || { echo "gloo hybrid_shard run failed:"; cat "$dir"/gloo_hybrid_*.log; exit 1; }
 done
 grep -q "FSDP HYBRID_SHARD" "$dir/gloo_hybrid_0.log"
+# The shared --rdzv folder keeps nothing of a run that ended well.
+[[ -d "$dir/hybrid_rdzv" && -z "$(ls -A "$dir/hybrid_rdzv")" ]] ||
+  { echo "keys left in the --rdzv folder:"; ls -A "$dir/hybrid_rdzv"; exit 1; }
 same_losses "$dir/threads_hybrid.jsonl" "$dir/gloo_hybrid.jsonl" "hybrid_shard"
 echo "gloo hybrid_shard (2 nodes x 2 ranks): losses equal the threads engine's"
 
