@@ -35,9 +35,10 @@
 // in fp32 units under an auto-wrap policy, here under None() too). Such a
 // unit gathers and reduces in fp32 -- per parameter the values
 // nn::MixedPrecision gives in one process -- and the others stay in the low
-// precision. (A unit planned otherwise that holds kept and other parameters
-// gathers in fp32, gives the others param_dtype copies of their views, and
-// reduces in fp32 as a whole.)
+// precision. (A unit that still holds kept and other parameters -- a kept
+// parameter shared with a module of another unit -- gathers in fp32, gives
+// the others param_dtype copies of their views, and reduces in fp32 as a
+// whole.)
 // FullStateDict always gathers the fp32 shards.
 //
 // Frozen parameters (nn::Parameter::requires_grad false, set before

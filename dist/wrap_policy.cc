@@ -195,12 +195,15 @@ std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Mod
       SelectBySize(root, "", min_params_, /*is_root=*/true, kept, &out);
       break;
   }
+  if (!kept.empty()) {
+    // The kept modules nest in whichever unit holds them; units inside them stay.
+    std::set<nn::Module*> units(kept);
+    for (const auto& [name, m] : out) units.insert(m);
+    out = InPreOrder(root, units);
+  }
+  // Frozen leaves inside a kept module stay there, as inside the base's units.
   if (apart_) out = WithLeavesApart(root, out);
-  if (kept.empty()) return out;
-  // The kept modules nest in whichever unit holds them; units inside them stay.
-  std::set<nn::Module*> units(kept);
-  for (const auto& [name, m] : out) units.insert(m);
-  return InPreOrder(root, units);
+  return out;
 }
 
 std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::WithLeavesApart(

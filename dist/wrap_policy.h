@@ -67,8 +67,9 @@ class WrapPolicy {
   // reduces in fp32 while the rest of the enclosing unit computes and
   // reduces in the low precision; each costs collectives of its own and
   // takes a slot of the prefetch window. SizeBased counts such modules as
-  // units already (their parameters do not make a parent reach min_params). Under fp32: this policy without
-  // such units (whatever an earlier call added).
+  // units already (their parameters do not make a parent reach min_params),
+  // and FrozenLeavesApart leaves the frozen leaves inside them there. Under
+  // fp32: this policy without such units (whatever an earlier call added).
   WrapPolicy ForMixedPrecision(const precision::MixedPrecisionPolicy& mp) const;
 
   // Transformer(names): InvalidArgument unless some module under `root` is of

@@ -191,6 +191,15 @@ TEST(WrapPolicyTest, ForMixedPrecisionWrapsTheOutermostKeptModulesWithParameters
       [](const std::string& name, nn::Module&) { return name == "3.fn.0"; });
   EXPECT_EQ(UnitNames(PlanUnits(net, inner_linear.ForMixedPrecision(residual))),
             (std::vector<std::string>{"", "1", "3", "3.fn.0"}));
+  // A frozen leaf inside a kept module stays there (FrozenLeavesApart takes
+  // frozen leaves out of the root unit only).
+  for (auto& [name, p] : net.NamedParameters()) {
+    if (absl::StartsWith(name, "3.fn.0.")) p->requires_grad = false;
+  }
+  EXPECT_EQ(UnitNames(PlanUnits(
+                net, WrapPolicy::FrozenLeavesApart(WrapPolicy::None()).ForMixedPrecision(residual))),
+            (std::vector<std::string>{"", "1", "3"}));
+  for (auto& [name, p] : net.NamedParameters()) p->requires_grad = true;
   // A root of a kept class: every parameter is kept fp32 already.
   precision::MixedPrecisionPolicy sequential = residual;
   sequential.fp32_module_classes = {"Sequential", "BatchNorm1d"};
@@ -223,7 +232,8 @@ TEST(WrapPolicyTest, ForMixedPrecisionSizeBasedCountsKeptModulesAsUnits) {
                 net, size.ForMixedPrecision(precision::MixedPrecisionPolicy::Bf16()))),
             (std::vector<std::string>{"", "0.1", "1.0", "1.1"}));
   // Units below a kept module stay: with min_params 16 the Linear inside a
-  // kept Residual "0" is a unit of its own, nested in "0".
+  // kept Residual "0" is a unit of its own, nested in "0" (which is then
+  // empty: FullyShard drops it).
   precision::MixedPrecisionPolicy residual = precision::MixedPrecisionPolicy::Bf16();
   residual.fp32_module_classes = {"Residual"};
   nn::Sequential outer;

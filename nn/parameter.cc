@@ -5,11 +5,11 @@
 #include <type_traits>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/fnv.h"
 #include "tensor/memory_ledger.h"
 #include "tensor/ops/check.h"
 #include "tensor/ops/init.h"
 #include "tensor/random.h"
-#include "tensor/fnv.h"
 #include "tensor/thread_pool.h"
 
 namespace nn {

@@ -14,11 +14,10 @@
 // outer unit gathered while the inner ones run) and --max_inflight_all_gathers
 // units (it and those prefetched), in the compute dtype; fp32 gradients of
 // the root, the enclosing units and two units. Without nesting: the root and
-// --max_inflight_all_gathers of the largest units. Under --precision=bf16 a
-// unit holding parameters of a module class the train binaries' bf16 policy
-// keeps fp32 (precision::MixedPrecisionPolicy::Bf16()'s fp32_module_classes:
-// BatchNorm1d) is a unit of its own, as FSDP makes it, counted in fp32 (4
-// bytes per element). Activations are not included, nor the communication
+// --max_inflight_all_gathers of the largest units. Under --precision=bf16 or
+// fp16 each module of a class the train binaries' policy keeps fp32
+// (fp32_module_classes: BatchNorm1d, which no preset has) is a unit of its
+// own, as FullyShard makes it, gathered and counted in fp32. Activations are not included, nor the communication
 // buffers (the ledger's "comm": the gradients' reduction under bf16,
 // HYBRID's all-reduce between replicas), nor what a forward-only pass that
 // gathers the whole model holds (--sample_gather=model, the default).
@@ -202,14 +201,14 @@ int main(int argc, char** argv) {
                              "' freezes every parameter of the model: nothing would train"));
   }
   // The policy the train binaries build from --precision (the classes it
-  // keeps fp32 are gathered in fp32 under bf16 and fp16), and its name.
+  // keeps fp32 are units of their own under bf16 and fp16), and its name.
   absl::StatusOr<precision::MixedPrecisionPolicy> mixed =
       precision::MixedPrecisionPolicy::FromName(absl::GetFlag(FLAGS_precision));
   if (!mixed.ok()) return Fail(absl::StrCat("--precision: ", mixed.status().message()));
   const std::string precision = mixed->param_dtype == tensor::Dtype::kBF16  ? "bf16"
                                 : mixed->param_dtype == tensor::Dtype::kF16 ? "fp16"
                                                                              : "fp32";
-  // FullyShard's units under that policy (modules kept fp32 apart under bf16).
+  // FullyShard's units under that policy (modules kept fp32 apart under bf16 and fp16).
   absl::Status tied = train::CheckTiedWeightsInRoot(*model, policy.ForMixedPrecision(*mixed),
                                                     wrap, root_params, /*must_exist=*/false);
   if (!tied.ok()) return Fail(std::string(tied.message()));
@@ -261,7 +260,8 @@ int main(int argc, char** argv) {
     }
     if (kept_unit == 0) {
       return Fail(absl::StrCat("--keep_last_unit: --auto_wrap=", wrap,
-                               " gives no unit but the root that trains"));
+                               " gives no unit but the root that trains (units of frozen "
+                               "parameters or of modules kept fp32 only are passed over)"));
     }
   }
   dist::FsdpEstimateOptions options;
