@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "dist/fsdp_unit.h"
 #include "nn/fp32_modules.h"
+#include "nn/state_dict.h"
 #include "optim/clip_grad.h"
 #include "precision/loss_scaler.h"
 #include "tensor/allocator.h"
@@ -568,66 +569,14 @@ std::vector<std::pair<std::string, tensor::Tensor>> FullyShardedModel::FullState
   return out;
 }
 
-namespace {
-// The checks of LoadFullStateDict: every parameter and buffer of `root`
-// present once, with its shape, in a floating dtype where the model's is.
-absl::Status CheckFullStateDict(nn::Module& root,
-                                const std::map<std::string, const tensor::Tensor*>& all,
-                                size_t entries) {
-  if (all.size() != entries) {
-    return absl::InvalidArgumentError("LoadFullStateDict: the state dict names an entry twice");
-  }
-  std::map<std::string, const tensor::Tensor*> left = all;
-  std::vector<std::string> missing;
-  auto expect = [&](const std::string& name, const tensor::Shape& shape,
-                    bool floating) -> absl::Status {
-    auto it = left.find(name);
-    if (it == left.end()) {
-      missing.push_back(name);
-      return absl::OkStatus();
-    }
-    const tensor::Tensor& t = *it->second;
-    left.erase(it);
-    if (t.shape() != shape) {
-      return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: entry '", name,
-                                                     "' has shape ", t.shape().ToString(),
-                                                     ", the model expects ", shape.ToString()));
-    }
-    if (floating && !tensor::IsFloatingPoint(t.dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: entry '", name,
-                                                     "' has dtype ", tensor::DtypeName(t.dtype()),
-                                                     ", expected a floating dtype"));
-    }
-    return absl::OkStatus();
-  };
-  for (auto& [name, p] : root.NamedParameters()) {
-    absl::Status s = expect(name, p->shape, /*floating=*/true);
-    if (!s.ok()) return s;
-  }
-  for (auto& [name, b] : root.NamedBuffers()) {
-    if (!b->defined()) continue;
-    absl::Status s = expect(name, b->shape(), tensor::IsFloatingPoint(b->dtype()));
-    if (!s.ok()) return s;
-  }
-  if (!missing.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("LoadFullStateDict: the state dict lacks ",
-                                                   absl::StrJoin(missing, ", ")));
-  }
-  if (!left.empty()) {
-    std::vector<std::string> unknown;
-    for (const auto& [name, t] : left) unknown.push_back(name);
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoadFullStateDict: the model has no ", absl::StrJoin(unknown, ", ")));
-  }
-  return absl::OkStatus();
-}
-}  // namespace
-
 absl::Status FullyShardedModel::LoadFullStateDict(
     const std::vector<std::pair<std::string, tensor::Tensor>>& state) {
   std::map<std::string, const tensor::Tensor*> all;
   for (const auto& [name, t] : state) all.emplace(name, &t);
-  absl::Status mine = CheckFullStateDict(*root_, all, state.size());
+  absl::Status mine = nn::CheckStateDict(*root_, state);
+  if (!mine.ok()) {
+    mine = absl::Status(mine.code(), absl::StrCat("LoadFullStateDict: ", mine.message()));
+  }
   // Each unit's new shard, on its device, and each buffer's new value, made
   // before anything is written: the parts of its parameters that fall in
   // [shard_begin, shard_end) of the flat layout; padding zero.

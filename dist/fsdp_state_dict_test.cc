@@ -127,19 +127,19 @@ TEST(FsdpTest, LoadFullStateDictLoadsTheWholeModelIntoTheShards) {
       const NamedTensors before = fsdp->FullStateDict();
       absl::Status refused = fsdp->LoadFullStateDict(bad);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_TRUE(absl::StrContains(refused.message(), absl::StrCat("LoadFullStateDict: entry '",
-                                                                    want[1].first,
-                                                                    "' has shape (3)")))
+      EXPECT_TRUE(absl::StrContains(
+          refused.message(),
+          absl::StrCat("LoadFullStateDict: state dict entry '", want[1].first, "' has shape (3)")))
           << refused;
       bad = want;
       bad.pop_back();
       EXPECT_TRUE(
           absl::StrContains(fsdp->LoadFullStateDict(bad).message(),
-                            "LoadFullStateDict: the state dict lacks " + want.back().first));
+                            "LoadFullStateDict: state dict lacks 1 entries: " + want.back().first));
       bad = want;
       bad.emplace_back("extra.weight", Tensor::Zeros({1}));
       EXPECT_EQ(fsdp->LoadFullStateDict(bad).message(),
-                "LoadFullStateDict: the model has no extra.weight");
+                "LoadFullStateDict: state dict has entries the model lacks: extra.weight");
       // One rank's refusal: every rank fails, nothing loaded anywhere.
       const absl::Status one = fsdp->LoadFullStateDict(rank == 1 ? bad : want);
       if (rank == 1) {

@@ -39,12 +39,14 @@ struct Target {
   size_t entry = 0;  // index of its entry in what was given
 };
 
-// Pairs every parameter and buffer of `module` with its entry among `names`
-// (entries[i] named names[i], of shape shapes[i]), checking names and shapes
-// as LoadStateDict documents.
+// Pairs every parameter and (defined) buffer of `module` with its entry
+// among `names` (entries[i] named names[i], of shape shapes[i] and, when
+// `dtypes` is given, dtype (*dtypes)[i]), checking names, shapes and dtypes
+// as CheckStateDict documents.
 absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
                                                    const std::vector<std::string>& names,
                                                    const std::vector<tensor::Shape>& shapes,
+                                                   const std::vector<tensor::Dtype>* dtypes,
                                                    const std::string& prefix) {
   std::map<std::string, size_t> given;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -57,7 +59,7 @@ absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
     targets.push_back({prefix + name, &p->value, p, p->shape});
   }
   for (auto& [name, b] : module.NamedBuffers()) {
-    targets.push_back({prefix + name, b, nullptr, b->shape()});
+    if (b->defined()) targets.push_back({prefix + name, b, nullptr, b->shape()});
   }
   std::vector<std::string> missing;
   for (Target& t : targets) {
@@ -72,6 +74,13 @@ absl::StatusOr<std::vector<Target>> MatchStateDict(Module& module,
       return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has shape ",
                                                      shapes[t.entry].ToString(),
                                                      ", the model expects ", t.shape.ToString()));
+    }
+    // Parameters are floating; so is a buffer's entry where the buffer is.
+    const bool floating = t.param != nullptr || tensor::IsFloatingPoint(t.dst->dtype());
+    if (dtypes != nullptr && floating && !tensor::IsFloatingPoint((*dtypes)[t.entry])) {
+      return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has dtype ",
+                                                     tensor::DtypeName((*dtypes)[t.entry]),
+                                                     ", expected a floating dtype"));
     }
   }
   if (!missing.empty()) {
@@ -204,7 +213,8 @@ absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
                          const std::vector<tensor::Shape>& shapes,
                          const std::vector<tensor::Dtype>& dtypes, const std::string& prefix,
                          const std::function<absl::Status(size_t, Tensor&)>& fill) {
-  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, names, shapes, prefix);
+  absl::StatusOr<std::vector<Target>> targets =
+      MatchStateDict(module, names, shapes, &dtypes, prefix);
   if (!targets.ok()) return targets.status();
   for (const Target& t : *targets) {
     // A wrapper's parameter: a value written here would be replaced by the
@@ -215,12 +225,6 @@ absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
           ", which would replace what is loaded into it: load before wrapping (or "
           "nn::InitFromStateDict before FullyShard), or through the wrapper (FSDP's "
           "LoadFullStateDict, dist::LoadSharded)"));
-    }
-    if (!tensor::IsFloatingPoint(dtypes[t.entry]) && t.dst->defined() &&
-        tensor::IsFloatingPoint(t.dst->dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat("state dict entry '", t.name, "' has dtype ",
-                                                     tensor::DtypeName(dtypes[t.entry]),
-                                                     ", expected a floating dtype"));
     }
   }
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
@@ -235,6 +239,18 @@ absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
 }
 
 }  // namespace
+
+absl::Status CheckStateDict(Module& module, const tensor::NamedTensors& state) {
+  std::vector<std::string> names;
+  std::vector<tensor::Shape> shapes;
+  std::vector<tensor::Dtype> dtypes;
+  for (const auto& [name, t] : state) {
+    names.push_back(name);
+    shapes.push_back(t.shape());
+    dtypes.push_back(t.dtype());
+  }
+  return MatchStateDict(module, names, shapes, &dtypes, "").status();
+}
 
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix) {
@@ -284,7 +300,8 @@ absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
     names.push_back(name);
     shapes.push_back(source->shape());
   }
-  absl::StatusOr<std::vector<Target>> targets = MatchStateDict(module, names, shapes, prefix);
+  absl::StatusOr<std::vector<Target>> targets =
+      MatchStateDict(module, names, shapes, /*dtypes=*/nullptr, prefix);
   if (!targets.ok()) return targets.status();
   for (const Target& t : *targets) {
     if (t.param != nullptr && t.param->value.defined()) {

@@ -22,10 +22,18 @@ namespace nn {
 // FSDP unit, ZeRO-1), whose value is not the model's: ask the wrapper.
 tensor::NamedTensors StateDict(Module& module, const std::string& prefix = "");
 
+// The checks of LoadStateDict on `state`, for loaders of their own (FSDP's
+// LoadFullStateDict): every parameter and defined buffer of `module` named
+// once, with its shape, in a floating dtype for a parameter or a floating
+// buffer, and no name the module lacks. InvalidArgument naming what does
+// not fit ("state dict lacks 2 entries: a, b", "state dict entry 'w' has
+// shape (3), the model expects (4)", ...).
+absl::Status CheckStateDict(Module& module, const tensor::NamedTensors& state);
+
 // Copies every entry into the module's parameters and buffers (converting
-// dtype). Every parameter and buffer must be present with its shape; unknown
-// names are errors too; FailedPrecondition for a parameter a wrapper holds,
-// which would replace the value. Nothing is changed when an error is returned.
+// dtype), after CheckStateDict's checks; FailedPrecondition for a parameter
+// a wrapper holds, which would replace the value. Nothing is changed when an
+// error is returned.
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix = "");
 

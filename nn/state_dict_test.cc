@@ -86,6 +86,20 @@ TEST(StateDictTest, ErrorsNameTheProblemAndChangeNothing) {
   s = LoadStateDict(a, extra);
   EXPECT_EQ(s.message(), "state dict has entries the model lacks: lm_head.weight");
   EXPECT_EQ(a.weight()->value.ToVector<float>(), before);
+  // CheckStateDict: the same checks, nothing loaded.
+  EXPECT_EQ(CheckStateDict(a, extra).message(), s.message());
+  EXPECT_TRUE(CheckStateDict(a, sd).ok());
+  // A parameter's entry must be floating, also where the parameter has no
+  // values yet (it would be converted from integers silently).
+  tensor::NamedTensors integers = sd;
+  integers[0].second = Tensor::Zeros({3, 4}, Dtype::kI64);
+  EXPECT_EQ(LoadStateDict(a, integers).message(),
+            "state dict entry 'weight' has dtype i64, expected a floating dtype");
+  Linear empty(4, 3);
+  EXPECT_EQ(LoadStateDict(empty, integers).message(),
+            "state dict entry 'weight' has dtype i64, expected a floating dtype");
+  EXPECT_EQ(CheckStateDict(empty, integers).message(),
+            "state dict entry 'weight' has dtype i64, expected a floating dtype");
   // A wrapper's parameter (FSDP, ZeRO-1): refused both ways, naming the wrapper.
   a.weight()->held_by = "FSDP unit 'h.0'";
   s = LoadStateDict(a, sd);
