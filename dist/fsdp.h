@@ -262,8 +262,9 @@ class FullyShardedModel {
   // forward gathers the loaded values. A collective: the ranks agree before
   // anything is written, so one rank's refusal fails every rank and changes
   // nothing anywhere. The optimizer's state is left as it is.
-  // InvalidArgument naming a missing, unknown or misshapen entry, as
-  // nn::CheckStateDict finds it (on the rank that found it; FailedPrecondition naming that rank on the others);
+  // InvalidArgument naming a missing, unknown, twice-named, misshapen or
+  // non-floating entry, as nn::CheckStateDict finds it (on the rank that
+  // found it; FailedPrecondition naming that rank on the others);
   // ResourceExhausted when staging ran out of memory. Must not run between
   // a forward and its backward.
   absl::Status LoadFullStateDict(const std::vector<std::pair<std::string, tensor::Tensor>>& state);

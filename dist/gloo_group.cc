@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -313,7 +313,14 @@ class GlooProcessGroup final : public ProcessGroup {
     if (folder == nullptr) return 0;  // Redis
     int removed = 0;
     std::string first_error;
-    for (const std::string& path : folder->getAllKeyFilePaths()) {
+    // Last written first: this rank's claim under the prefix (its first key)
+    // outlives its other keys, so a run starting under the same prefix
+    // meanwhile is refused rather than reading stale addresses. (A set that
+    // threw lists the file it found: only in runs that failed, which do not
+    // get here.)
+    const std::vector<std::string> paths = folder->getAllKeyFilePaths();
+    for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
+      const std::string& path = *it;
       if (::unlink(path.c_str()) == 0) {
         ++removed;
       } else if (errno != ENOENT && first_error.empty()) {

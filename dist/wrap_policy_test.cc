@@ -196,8 +196,8 @@ TEST(WrapPolicyTest, ForMixedPrecisionWrapsTheOutermostKeptModulesWithParameters
   for (auto& [name, p] : net.NamedParameters()) {
     if (absl::StartsWith(name, "3.fn.0.")) p->requires_grad = false;
   }
-  EXPECT_EQ(UnitNames(PlanUnits(
-                net, WrapPolicy::FrozenLeavesApart(WrapPolicy::None()).ForMixedPrecision(residual))),
+  const WrapPolicy frozen_apart = WrapPolicy::FrozenLeavesApart(WrapPolicy::None());
+  EXPECT_EQ(UnitNames(PlanUnits(net, frozen_apart.ForMixedPrecision(residual))),
             (std::vector<std::string>{"", "1", "3"}));
   for (auto& [name, p] : net.NamedParameters()) p->requires_grad = true;
   // A root of a kept class: every parameter is kept fp32 already.

@@ -24,7 +24,7 @@ tensor::NamedTensors StateDict(Module& module, const std::string& prefix) {
     out.emplace_back(prefix + name, p->value.To(tensor::Device::Cpu()).To(tensor::Dtype::kF32));
   }
   for (auto& [name, b] : module.NamedBuffers()) {
-    out.emplace_back(prefix + name, b->To(tensor::Device::Cpu()));
+    if (b->defined()) out.emplace_back(prefix + name, b->To(tensor::Device::Cpu()));
   }
   return out;
 }
@@ -317,9 +317,8 @@ absl::Status InitFromSources(Module& module, const NamedInitSources& sources,
       t.param->init = InitSpec::From(source);
     } else {  // buffers are small: read whole
       tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kParameters);
-      Tensor host = Tensor::Empty(t.shape, t.dst->defined() ? t.dst->dtype() : tensor::Dtype::kF32);
+      Tensor host = Tensor::Empty(t.shape, t.dst->dtype());  // (a defined buffer)
       source->Read(0, host);
-      if (!t.dst->defined()) *t.dst = host;
       t.dst->CopyFrom(host.To(t.dst->device()));
     }
   }

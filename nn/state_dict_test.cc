@@ -88,6 +88,8 @@ TEST(StateDictTest, ErrorsNameTheProblemAndChangeNothing) {
   EXPECT_EQ(a.weight()->value.ToVector<float>(), before);
   // CheckStateDict: the same checks, nothing loaded.
   EXPECT_EQ(CheckStateDict(a, extra).message(), s.message());
+  EXPECT_EQ(CheckStateDict(a, {sd[0], sd[0], sd[1]}).message(),
+            "state dict names 'weight' twice");
   EXPECT_TRUE(CheckStateDict(a, sd).ok());
   // A parameter's entry must be floating, also where the parameter has no
   // values yet (it would be converted from integers silently).

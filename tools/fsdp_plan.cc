@@ -17,8 +17,9 @@
 // --max_inflight_all_gathers of the largest units. Under --precision=bf16 or
 // fp16 each module of a class the train binaries' policy keeps fp32
 // (fp32_module_classes: BatchNorm1d, which no preset has) is a unit of its
-// own, as FullyShard makes it, gathered and counted in fp32. Activations are not included, nor the communication
-// buffers (the ledger's "comm": the gradients' reduction under bf16,
+// own, as FullyShard makes it, gathered and counted in fp32. Activations are
+// not included, nor the communication buffers (the ledger's "comm": the
+// gradients' reduction under bf16,
 // HYBRID's all-reduce between replicas), nor what a forward-only pass that
 // gathers the whole model holds (--sample_gather=model, the default).
 // --strategy as the train binaries' flag: shard_grad_op and

@@ -77,6 +77,8 @@ dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
 // failure to is said, not fatal: the run is done). A run that failed leaves
 // them, and a shared folder keeps the files of attempts that failed before a
 // restart (Gloo's FileStore names them by a hash, not listable by prefix).
+// (A peer that failed closes its connections, so the barrier fails fast;
+// one stuck in a collective holds it up to the timeout, as before.)
 void RemoveRunKeys(const DataParallelConfig& config, dist::ProcessGroup& pg) {
   const bool redis = absl::StartsWith(config.rendezvous.store, "redis://");
   if (!pg.BarrierSync().ok()) return;
