@@ -34,7 +34,11 @@
 //                                         OUT/merges.txt too, which sample then uses
 //                                         (--tokenizer=none: without); a T5 checkpoint
 //                                         as a T5ForConditionalGeneration folder
-//                                         (models/t5/pretrained.h; no tokenizer)
+//                                         (models/t5/pretrained.h), with the
+//                                         SentencePiece model its data was encoded
+//                                         with (train records it) or
+//                                         --tokenizer=FILE|DIR: OUT/spiece.model and
+//                                         OUT/tokenizer_config.json
 //   checkpoint diff DIR_A DIR_B [--atol=X --rtol=Y]
 //                                         the models parameter by parameter (largest
 //                                         differences first); exit 1 unless every
@@ -58,6 +62,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -68,9 +73,11 @@
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
+#include "models/data/span_corruption.h"
 #include "models/mingpt/pretrained.h"
 #include "models/t5/config.h"
 #include "models/t5/pretrained.h"
+#include "models/t5/spiece_files.h"
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
 #include "tensor/error.h"
@@ -84,9 +91,10 @@ ABSL_FLAG(double, atol, 0.0, "diff: absolute tolerance");
 ABSL_FLAG(double, rtol, 0.0, "diff: tolerance relative to DIR_B's value");
 ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0: all");
 ABSL_FLAG(std::string, tokenizer, "auto",
-          "export-hf: also write this tokenizer's vocab.json + merges.txt to OUT: auto (the one "
-          "the checkpoint records, if any), none, gpt2 (the repository's copy of GPT-2's), or "
-          "a folder");
+          "export-hf: also write this tokenizer to OUT: auto (the one the checkpoint records, "
+          "if any), none, or for minGPT (vocab.json + merges.txt) gpt2 (the repository's copy "
+          "of GPT-2's) or a folder, for T5 (spiece.model + tokenizer_config.json) a "
+          "spiece.model or a folder holding one");
 
 namespace {
 
@@ -277,14 +285,48 @@ struct Exported {
 };
 
 // A T5 checkpoint as a Hugging Face T5ForConditionalGeneration folder in
-// `tmp`. No tokenizer goes with it (T5's is SentencePiece, which train does
-// not record).
+// `tmp`, with its SentencePiece tokenizer (spiece.model, and a
+// tokenizer_config.json giving the sentinels) when the checkpoint records one
+// (//models/t5:train records what tools/spm_tokenize.py wrote beside a .bin
+// --data) or --tokenizer names a spiece.model or a folder holding one. The
+// tokenizer is checked before anything is written: its pieces must be the
+// ids of the data the checkpoint was trained on (its loader state says how
+// many), and they and the sentinels must fit the model's vocabulary.
 absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
                                        const t5::T5Config& config, const std::string& tmp) {
-  if (absl::GetFlag(FLAGS_tokenizer) != "auto" && absl::GetFlag(FLAGS_tokenizer) != "none") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tokenizer=", absl::GetFlag(FLAGS_tokenizer),
-        ": a T5 checkpoint is exported without a tokenizer"));
+  const std::string flag = absl::GetFlag(FLAGS_tokenizer);
+  // auto: a SentencePiece model the checkpoint records (data of another
+  // tokenizer, or bytes, exports without).
+  std::string spec = flag == "auto" ? recorded.tokenizer : flag == "none" ? "" : flag;
+  if (flag == "auto" && !absl::StartsWith(spec, "sentencepiece:")) spec.clear();
+  std::optional<t5::SentencePieceModel> spiece;
+  int64_t sentinels = 100;  // T5's, when the loader state does not say
+  if (!spec.empty()) {
+    const std::string what =
+        flag == "auto" ? absl::StrCat("the tokenizer the checkpoint records (", spec,
+                                      "; --tokenizer=none exports without it)")
+                       : absl::StrCat("--tokenizer=", flag);
+    absl::StatusOr<t5::SentencePieceModel> read = t5::ReadSentencePieceModel(spec);
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", read.status().message()));
+    }
+    spiece = *std::move(read);
+    if (absl::StatusOr<data::SpanCorruptionVocab> vocab =
+            data::SpanCorruptionVocabOf(recorded.loader_state);
+        vocab.ok()) {
+      if (vocab->source_vocab != spiece->pieces) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": ", spiece->path, " has ", spiece->pieces, " pieces, but the data of ",
+            recorded.description, " had ", vocab->source_vocab,
+            " ids: not the tokenizer it was encoded with"));
+      }
+      sentinels = vocab->sentinels;
+    }
+    if (spiece->pieces + sentinels > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": its ", spiece->pieces, " pieces and ", sentinels,
+          " sentinels do not fit the model's vocabulary of ", config.vocab_size));
+    }
   }
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded.step_dir);
   if (!sources.ok()) return sources.status();
@@ -293,8 +335,20 @@ absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
   absl::Status s =
       t5::WriteHfT5(tmp, config, *sources, t5::HfT5IdsOfLoaderState(recorded.loader_state));
   if (!s.ok()) return s;
-  return Exported{"T5", absl::StrCat("(config.json, model.safetensors) of ", config.ToString(),
-                                     " from ", recorded.description)};
+  std::string written = "config.json, model.safetensors";
+  if (spiece) {
+    // Written durably, as the weights are: the folder is renamed in next.
+    s = tensor::WriteFileDurably(tmp + "/spiece.model", spiece->bytes);
+    if (s.ok()) {
+      s = tensor::WriteFileDurably(tmp + "/tokenizer_config.json",
+                                   t5::T5TokenizerConfigJson(sentinels));
+    }
+    if (!s.ok()) return s;
+    absl::StrAppend(&written, ", spiece.model (", spiece->pieces, " pieces, from ", spiece->path,
+                    "), tokenizer_config.json (", sentinels, " sentinels)");
+  }
+  return Exported{"T5", absl::StrCat("(", written, ") of ", config.ToString(), " from ",
+                                     recorded.description)};
 }
 
 // The export of checkpoint `dir` into the temporary folder `tmp`: a T5

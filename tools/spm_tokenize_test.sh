@@ -6,7 +6,9 @@
 # appended (--eos_id=1). Prompts go through it as lines of ids to
 # //models/t5:generate (from the checkpoint and from its Hugging Face export,
 # with the key/value cache and without: the same tokens; sampled: the seed's
-# tokens every run; beam search, with the cache and without) and back to text,
+# tokens every run; beam search, with the cache and without) and back to text;
+# the export carries the SentencePiece model (refused when it is not the
+# data's);
 # ids above the model's 300 as the sentinels <extra_id_k> (399 the 0th). An output
 # that is an input or the model (by any path, a link, or its OUTPUT.json) is
 # refused and nothing is written; --help says where each mode puts --eos_after_each's
@@ -141,7 +143,26 @@ for beams in 1 3; do
          seen[prev " " $i] = 1; prev = $i } }' "$dir/norepeat.txt" ||
     { echo "a pair repeats ($beams beams):"; cat "$dir/norepeat.txt"; exit 1; }
 done
-"$checkpoint" export-hf "$dir/ck" "$dir/hf" > /dev/null
+"$checkpoint" export-hf "$dir/ck" "$dir/hf" > "$dir/export.log"
+# With the SentencePiece model the data was encoded with (the checkpoint
+# records it), and the sentinels for Hugging Face's T5Tokenizer.
+grep -q "spiece.model (300 pieces, from $dir/spiece.model), tokenizer_config.json (100 sentinels)" \
+  "$dir/export.log" || { cat "$dir/export.log"; exit 1; }
+cmp "$dir/hf/spiece.model" "$dir/spiece.model"
+grep -q '"extra_ids": 100' "$dir/hf/tokenizer_config.json"
+/usr/bin/python3 -c "import sentencepiece, sys; sp = sentencepiece.SentencePieceProcessor();
+sp.Load(sys.argv[1] + '/spiece.model'); assert sp.GetPieceSize() == 300" "$dir/hf"
+"$checkpoint" export-hf "$dir/ck" "$dir/hf_plain" --tokenizer=none > /dev/null
+[[ ! -e "$dir/hf_plain/spiece.model" ]]
+# Another tokenizer than the data's, or a file that is no SentencePiece model: refused
+# before anything is written. A byte-level run's checkpoint exports without one.
+exits_2 "--tokenizer=$dir/in.txt: $dir/in.txt is not a SentencePiece model" \
+  "$checkpoint" export-hf "$dir/ck" "$dir/hf_bad" --tokenizer="$dir/in.txt"
+exits_2 "--tokenizer=$dir: $dir/spiece.model has 300 pieces, but the data of" \
+  "$checkpoint" export-hf "$dir/bytes" "$dir/hf_bad" --tokenizer="$dir"
+[[ ! -e "$dir/hf_bad" ]]
+"$checkpoint" export-hf "$dir/bytes" "$dir/hf_bytes" > /dev/null
+[[ ! -e "$dir/hf_bytes/spiece.model" ]]
 "$generate" --init_from="$dir/hf" --input="$dir/ids.txt" --max_new_tokens=6 --eos_id=-1 \
   2> /dev/null | cmp - "$dir/out.txt"
 # Its config.json records the same special ids, which generate takes by default.

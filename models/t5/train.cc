@@ -284,6 +284,7 @@ struct DpSetup {
   std::string resume;          // --resume, auto resolved: "" for a fresh start
   bool auto_fresh = false;     // --resume=auto found no checkpoint
   std::string resume_note;     // why resume is not --resume's (rank 0 says it), or ""
+  std::string tokenizer;       // the data's, recorded in checkpoints; "" for none
   double peak_flops = 0;       // of the job's devices, for the MFU; 0: none
   const Sampler* sampler = nullptr;
 };
@@ -358,6 +359,7 @@ absl::Status TrainRank(const DpSetup& setup, train::RankContext& rank) {
   settings.resume = setup.resume;
   settings.auto_fresh = setup.auto_fresh;
   settings.resume_note = setup.resume_note;
+  settings.tokenizer = setup.tokenizer;
   settings.config = setup.config.ToString();
   settings.precision = setup.dp.mixed_precision.ToString();
   settings.tokens_per_step = static_cast<double>(tokens_per_step);
@@ -451,6 +453,16 @@ absl::Status Train() {
                              absl::GetFlag(FLAGS_vocab_size));
   if (!sources.ok()) return sources.status();
   const std::shared_ptr<const data::TokenSource>& source = sources->train;
+  // The data's tokenizer as tools/spm_tokenize.py records it beside a .bin
+  // ("sentencepiece:<model>"), recorded in checkpoints so that checkpoint
+  // export-hf writes it beside the weights; "" for none.
+  std::string data_tokenizer;
+  if (absl::EndsWith(absl::GetFlag(FLAGS_data), ".bin")) {
+    absl::StatusOr<std::optional<data::TokenFileMeta>> meta =
+        data::ReadTokenFileMeta(absl::GetFlag(FLAGS_data));
+    if (!meta.ok()) return meta.status();  // (OpenDataSources read it already)
+    if (meta->has_value()) data_tokenizer = (*meta)->tokenizer;
+  }
   const int64_t source_vocab = source->vocab_size();
   if (absl::GetFlag(FLAGS_vocab_size) > 0 && absl::GetFlag(FLAGS_vocab_size) != source_vocab) {
     // Sentinels are numbered right above the data's ids, so the vocabulary of
@@ -553,6 +565,7 @@ absl::Status Train() {
     setup.dp = *std::move(dp);
     setup.config = *config;
     setup.source = source;
+    setup.tokenizer = data_tokenizer;
     setup.eval_source = eval_source;
     setup.span = span;
     setup.schedule = schedule->get();
@@ -619,6 +632,7 @@ absl::Status Train() {
   settings.resume = resume;
   settings.auto_fresh = auto_fresh;
   settings.resume_note = plan->note;
+  settings.tokenizer = data_tokenizer;
   settings.config = config->ToString();
   settings.precision = policy.ToString();
   settings.tokens_per_step = static_cast<double>(tokens_per_step);

@@ -1,0 +1,131 @@
+// T5's tokenizer files for an exported folder (spiece_files.h).
+#include "models/t5/spiece_files.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace t5 {
+namespace {
+
+// Reads a base-128 varint at bytes[*at], advancing *at; false past the end
+// or beyond 10 bytes.
+bool ReadVarint(absl::string_view bytes, size_t* at, uint64_t* value) {
+  *value = 0;
+  for (int shift = 0; shift < 70; shift += 7) {
+    if (*at >= bytes.size()) return false;
+    const uint8_t b = static_cast<uint8_t>(bytes[(*at)++]);
+    *value |= uint64_t{b & 0x7fu} << shift;
+    if ((b & 0x80u) == 0) return true;
+  }
+  return false;
+}
+
+// Calls fn(field, wire type, payload) for each field of the message `bytes`
+// (payload: a length-delimited field's bytes, else empty); an error for a
+// malformed message, or fn's first.
+absl::Status WalkMessage(
+    absl::string_view bytes,
+    const std::function<absl::Status(uint64_t, uint64_t, absl::string_view)>& fn) {
+  size_t at = 0;
+  while (at < bytes.size()) {
+    uint64_t key = 0;
+    if (!ReadVarint(bytes, &at, &key)) {
+      return absl::InvalidArgumentError("a field key runs past the end");
+    }
+    const uint64_t field = key >> 3, wire = key & 7;
+    if (field == 0) return absl::InvalidArgumentError("a field numbered 0");
+    uint64_t size = 0;
+    switch (wire) {
+      case 0:  // varint
+        if (!ReadVarint(bytes, &at, &size)) {
+          return absl::InvalidArgumentError("a varint runs past the end");
+        }
+        size = 0;
+        break;
+      case 1:
+        size = 8;
+        break;
+      case 2:
+        if (!ReadVarint(bytes, &at, &size)) {
+          return absl::InvalidArgumentError("a length runs past the end");
+        }
+        break;
+      case 5:
+        size = 4;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("field ", field, " has wire type ", wire, ", which a model has not"));
+    }
+    if (size > bytes.size() - at) return absl::InvalidArgumentError("a field runs past the end");
+    const absl::string_view payload = wire == 2 ? bytes.substr(at, size) : absl::string_view();
+    at += size;
+    absl::Status s = fn(field, wire, payload);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> CountSentencePieces(absl::string_view bytes) {
+  int64_t pieces = 0;
+  absl::Status s = WalkMessage(bytes, [&](uint64_t field, uint64_t wire, absl::string_view piece) {
+    if (field != 1) return absl::OkStatus();
+    if (wire != 2) return absl::InvalidArgumentError("field 1 (a piece) is not a message");
+    // A SentencePiece: its text (field 1, bytes) among its fields.
+    bool text = false;
+    absl::Status inner = WalkMessage(piece, [&](uint64_t f, uint64_t w, absl::string_view) {
+      if (f == 1 && w == 2) text = true;
+      return absl::OkStatus();
+    });
+    if (!inner.ok() || !text) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "piece ", pieces, " is not a SentencePiece",
+          inner.ok() ? " (it has no text)" : absl::StrCat(": ", inner.message())));
+    }
+    ++pieces;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  if (pieces == 0) return absl::InvalidArgumentError("it holds no piece");
+  return pieces;
+}
+
+absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spec) {
+  std::string path(absl::StripPrefix(spec, "sentencepiece:"));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) path += "/spiece.model";
+  SentencePieceModel model;
+  model.path = path;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (!in.is_open() || !bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read it (a SentencePiece model, spiece.model)"));
+  }
+  model.bytes = bytes.str();
+  absl::StatusOr<int64_t> pieces = CountSentencePieces(model.bytes);
+  if (!pieces.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a SentencePiece model: ", pieces.status().message()));
+  }
+  model.pieces = *pieces;
+  return model;
+}
+
+std::string T5TokenizerConfigJson(int64_t sentinels) {
+  return absl::StrCat("{\n  \"tokenizer_class\": \"T5Tokenizer\",\n  \"extra_ids\": ", sentinels,
+                      ",\n  \"eos_token\": \"</s>\",\n  \"unk_token\": \"<unk>\",\n",
+                      "  \"pad_token\": \"<pad>\"\n}\n");
+}
+
+}  // namespace t5
