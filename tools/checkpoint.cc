@@ -101,8 +101,8 @@ namespace {
 constexpr char kUsage[] =
     "checkpoint info DIR [--params] | verify DIR | consolidate DIR OUT | "
     "shard DIR OUT [--buffers=A,B] | "
-    "export-hf DIR OUT [--tokenizer=auto|none|gpt2|DIR] | diff DIR_A DIR_B [--atol=X] [--rtol=Y] "
-    "[--top=N]";
+    "export-hf DIR OUT [--tokenizer=auto|none|gpt2|DIR|FILE] | "
+    "diff DIR_A DIR_B [--atol=X] [--rtol=Y] [--top=N]";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "checkpoint: error: %s\n", message.c_str());
@@ -301,51 +301,60 @@ absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
   if (flag == "auto" && !absl::StartsWith(spec, "sentencepiece:")) spec.clear();
   std::optional<t5::SentencePieceModel> spiece;
   int64_t sentinels = 100;  // T5's, when the loader state does not say
+  if (flag == "gpt2") {
+    return absl::InvalidArgumentError(
+        "--tokenizer=gpt2: GPT-2's BPE is minGPT's; a T5 checkpoint takes a spiece.model or a "
+        "folder holding one");
+  }
   if (!spec.empty()) {
     const std::string what =
         flag == "auto" ? absl::StrCat("the tokenizer the checkpoint records (", spec,
-                                      "; --tokenizer=none exports without it)")
+                                      "; --tokenizer=FILE|DIR names where it is now, "
+                                      "--tokenizer=none exports without it)")
                        : absl::StrCat("--tokenizer=", flag);
     absl::StatusOr<t5::SentencePieceModel> read = t5::ReadSentencePieceModel(spec);
     if (!read.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": ", read.status().message()));
     }
     spiece = *std::move(read);
+    const int64_t pieces = static_cast<int64_t>(spiece->pieces.texts.size());
     if (absl::StatusOr<data::SpanCorruptionVocab> vocab =
             data::SpanCorruptionVocabOf(recorded.loader_state);
         vocab.ok()) {
-      if (vocab->source_vocab != spiece->pieces) {
+      if (vocab->source_vocab != pieces) {
         return absl::InvalidArgumentError(absl::StrCat(
-            what, ": ", spiece->path, " has ", spiece->pieces, " pieces, but the data of ",
+            what, ": ", spiece->path, " has ", pieces, " pieces, but the data of ",
             recorded.description, " had ", vocab->source_vocab,
             " ids: not the tokenizer it was encoded with"));
       }
       sentinels = vocab->sentinels;
     }
-    if (spiece->pieces + sentinels > config.vocab_size) {
+    if (pieces + sentinels > config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": its ", spiece->pieces, " pieces and ", sentinels,
+          what, ": its ", pieces, " pieces and ", sentinels,
           " sentinels do not fit the model's vocabulary of ", config.vocab_size));
     }
   }
+  // The special ids config.json records: the tokenizer names their pieces.
+  const t5::HfT5Ids ids = t5::HfT5IdsOfLoaderState(recorded.loader_state);
   absl::StatusOr<nn::NamedInitSources> sources = train::OpenCheckpointModel(recorded.step_dir);
   if (!sources.ok()) return sources.status();
   // The special ids the run's batches used (a checkpoint without a span
   // corruption loader's state: T5's own).
-  absl::Status s =
-      t5::WriteHfT5(tmp, config, *sources, t5::HfT5IdsOfLoaderState(recorded.loader_state));
+  absl::Status s = t5::WriteHfT5(tmp, config, *sources, ids);
   if (!s.ok()) return s;
   std::string written = "config.json, model.safetensors";
   if (spiece) {
     // Written durably, as the weights are: the folder is renamed in next.
     s = tensor::WriteFileDurably(tmp + "/spiece.model", spiece->bytes);
     if (s.ok()) {
-      s = tensor::WriteFileDurably(tmp + "/tokenizer_config.json",
-                                   t5::T5TokenizerConfigJson(sentinels));
+      s = tensor::WriteFileDurably(
+          tmp + "/tokenizer_config.json",
+          t5::T5TokenizerConfigJson(spiece->pieces, sentinels, ids.pad_id, ids.eos_id));
     }
     if (!s.ok()) return s;
-    absl::StrAppend(&written, ", spiece.model (", spiece->pieces, " pieces, from ", spiece->path,
-                    "), tokenizer_config.json (", sentinels, " sentinels)");
+    absl::StrAppend(&written, ", spiece.model (", spiece->pieces.texts.size(), " pieces, from ",
+                    spiece->path, "), tokenizer_config.json (", sentinels, " sentinels)");
   }
   return Exported{"T5", absl::StrCat("(", written, ") of ", config.ToString(), " from ",
                                      recorded.description)};

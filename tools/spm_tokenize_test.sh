@@ -150,6 +150,11 @@ grep -q "spiece.model (300 pieces, from $dir/spiece.model), tokenizer_config.jso
   "$dir/export.log" || { cat "$dir/export.log"; exit 1; }
 cmp "$dir/hf/spiece.model" "$dir/spiece.model"
 grep -q '"extra_ids": 100' "$dir/hf/tokenizer_config.json"
+grep -q '"eos_token": "</s>"' "$dir/hf/tokenizer_config.json"
+grep -q '"pad_token": "<pad>"' "$dir/hf/tokenizer_config.json"
+grep -q '"unk_token": "<unk>"' "$dir/hf/tokenizer_config.json"
+exits_2 "--tokenizer=gpt2: GPT-2's BPE is minGPT's" \
+  "$checkpoint" export-hf "$dir/ck" "$dir/hf_bad" --tokenizer=gpt2
 /usr/bin/python3 -c "import sentencepiece, sys; sp = sentencepiece.SentencePieceProcessor();
 sp.Load(sys.argv[1] + '/spiece.model'); assert sp.GetPieceSize() == 300" "$dir/hf"
 "$checkpoint" export-hf "$dir/ck" "$dir/hf_plain" --tokenizer=none > /dev/null

@@ -6,10 +6,11 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "tensor/json.h"
 
 namespace t5 {
 namespace {
@@ -27,12 +28,12 @@ bool ReadVarint(absl::string_view bytes, size_t* at, uint64_t* value) {
   return false;
 }
 
-// Calls fn(field, wire type, payload) for each field of the message `bytes`
-// (payload: a length-delimited field's bytes, else empty); an error for a
-// malformed message, or fn's first.
+// Calls fn(field, wire type, payload, value) for each field of the message
+// `bytes` (payload: a length-delimited field's bytes, else empty; value: a
+// varint's, else 0); an error for a malformed message, or fn's first.
 absl::Status WalkMessage(
     absl::string_view bytes,
-    const std::function<absl::Status(uint64_t, uint64_t, absl::string_view)>& fn) {
+    const std::function<absl::Status(uint64_t, uint64_t, absl::string_view, uint64_t)>& fn) {
   size_t at = 0;
   while (at < bytes.size()) {
     uint64_t key = 0;
@@ -41,13 +42,12 @@ absl::Status WalkMessage(
     }
     const uint64_t field = key >> 3, wire = key & 7;
     if (field == 0) return absl::InvalidArgumentError("a field numbered 0");
-    uint64_t size = 0;
+    uint64_t size = 0, value = 0;
     switch (wire) {
       case 0:  // varint
-        if (!ReadVarint(bytes, &at, &size)) {
+        if (!ReadVarint(bytes, &at, &value)) {
           return absl::InvalidArgumentError("a varint runs past the end");
         }
-        size = 0;
         break;
       case 1:
         size = 8;
@@ -67,36 +67,49 @@ absl::Status WalkMessage(
     if (size > bytes.size() - at) return absl::InvalidArgumentError("a field runs past the end");
     const absl::string_view payload = wire == 2 ? bytes.substr(at, size) : absl::string_view();
     at += size;
-    absl::Status s = fn(field, wire, payload);
+    absl::Status s = fn(field, wire, payload, value);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
+constexpr uint64_t kUnknownType = 2;  // SentencePiece::Type UNKNOWN
+constexpr int64_t kMaxModelBytes = int64_t{64} << 20;
+
 }  // namespace
 
-absl::StatusOr<int64_t> CountSentencePieces(absl::string_view bytes) {
-  int64_t pieces = 0;
-  absl::Status s = WalkMessage(bytes, [&](uint64_t field, uint64_t wire, absl::string_view piece) {
-    if (field != 1) return absl::OkStatus();
-    if (wire != 2) return absl::InvalidArgumentError("field 1 (a piece) is not a message");
-    // A SentencePiece: its text (field 1, bytes) among its fields.
-    bool text = false;
-    absl::Status inner = WalkMessage(piece, [&](uint64_t f, uint64_t w, absl::string_view) {
-      if (f == 1 && w == 2) text = true;
-      return absl::OkStatus();
-    });
-    if (!inner.ok() || !text) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "piece ", pieces, " is not a SentencePiece",
-          inner.ok() ? " (it has no text)" : absl::StrCat(": ", inner.message())));
-    }
-    ++pieces;
-    return absl::OkStatus();
-  });
+absl::StatusOr<SentencePieces> ParseSentencePieces(absl::string_view bytes) {
+  SentencePieces model;
+  absl::Status s = WalkMessage(
+      bytes, [&](uint64_t field, uint64_t wire, absl::string_view piece, uint64_t) {
+        if (field != 1) return absl::OkStatus();
+        if (wire != 2) return absl::InvalidArgumentError("field 1 (a piece) is not a message");
+        // A SentencePiece: its text (field 1, bytes) and type (field 3, a varint).
+        const int64_t id = static_cast<int64_t>(model.texts.size());
+        bool has_text = false;
+        std::string text;
+        absl::Status inner = WalkMessage(
+            piece, [&](uint64_t f, uint64_t w, absl::string_view payload, uint64_t value) {
+              if (f == 1 && w == 2) {
+                has_text = true;
+                text = std::string(payload);
+              }
+              if (f == 3 && w == 0 && value == kUnknownType && model.unk_id < 0) {
+                model.unk_id = id;
+              }
+              return absl::OkStatus();
+            });
+        if (!inner.ok() || !has_text) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "piece ", id, " is not a SentencePiece",
+              inner.ok() ? " (it has no text)" : absl::StrCat(": ", inner.message())));
+        }
+        model.texts.push_back(std::move(text));
+        return absl::OkStatus();
+      });
   if (!s.ok()) return s;
-  if (pieces == 0) return absl::InvalidArgumentError("it holds no piece");
-  return pieces;
+  if (model.texts.empty()) return absl::InvalidArgumentError("it holds no piece");
+  return model;
 }
 
 absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spec) {
@@ -105,27 +118,41 @@ absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spe
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) path += "/spiece.model";
   SentencePieceModel model;
   model.path = path;
+  if (::stat(path.c_str(), &st) == 0 && st.st_size > kMaxModelBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is not a SentencePiece model: it is ", st.st_size, " bytes (a model is < 64 MiB)"));
+  }
   std::ifstream in(path, std::ios::binary);
   std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in.is_open() || !bytes) {
+  if (in.is_open()) bytes << in.rdbuf();
+  if (!in.is_open() || in.bad()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": cannot read it (a SentencePiece model, spiece.model)"));
   }
   model.bytes = bytes.str();
-  absl::StatusOr<int64_t> pieces = CountSentencePieces(model.bytes);
+  absl::StatusOr<SentencePieces> pieces = ParseSentencePieces(model.bytes);
   if (!pieces.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is not a SentencePiece model: ", pieces.status().message()));
   }
-  model.pieces = *pieces;
+  model.pieces = *std::move(pieces);
   return model;
 }
 
-std::string T5TokenizerConfigJson(int64_t sentinels) {
-  return absl::StrCat("{\n  \"tokenizer_class\": \"T5Tokenizer\",\n  \"extra_ids\": ", sentinels,
-                      ",\n  \"eos_token\": \"</s>\",\n  \"unk_token\": \"<unk>\",\n",
-                      "  \"pad_token\": \"<pad>\"\n}\n");
+std::string T5TokenizerConfigJson(const SentencePieces& model, int64_t sentinels,
+                                  int64_t pad_id, int64_t eos_id) {
+  const auto text = [&](int64_t id) {
+    return id >= 0 && id < static_cast<int64_t>(model.texts.size()) ? model.texts[id]
+                                                                     : std::string();
+  };
+  std::string json = absl::StrCat("{\n  \"tokenizer_class\": \"T5Tokenizer\",\n",
+                                  "  \"extra_ids\": ", sentinels);
+  for (const auto& [key, value] : {std::pair<const char*, std::string>{"eos_token", text(eos_id)},
+                                   {"unk_token", text(model.unk_id)},
+                                   {"pad_token", text(pad_id)}}) {
+    if (!value.empty()) absl::StrAppend(&json, ",\n  \"", key, "\": ", tensor::JsonQuote(value));
+  }
+  return json + "\n}\n";
 }
 
 }  // namespace t5

@@ -9,31 +9,40 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace t5 {
 
-// The number of pieces of a serialized SentencePiece ModelProto (its
-// repeated field 1), walking the protobuf wire format. InvalidArgument when
+// The pieces of a serialized SentencePiece ModelProto (its repeated field 1),
+// walking the protobuf wire format: each one's text, and the id of the
+// unknown piece (type UNKNOWN; -1 when none is). InvalidArgument when
 // `bytes` is not a well-formed message or holds no piece.
-absl::StatusOr<int64_t> CountSentencePieces(absl::string_view bytes);
+struct SentencePieces {
+  std::vector<std::string> texts;  // by id
+  int64_t unk_id = -1;
+};
+absl::StatusOr<SentencePieces> ParseSentencePieces(absl::string_view bytes);
 
 // A SentencePiece model named by `spec`: "sentencepiece:<file>" (the record
 // tools/spm_tokenize.py writes beside a .bin), a spiece.model file, or a
-// folder holding one. Its bytes and piece count; InvalidArgument naming the
-// file when it cannot be read or is not a SentencePiece model.
+// folder holding one. Its bytes and pieces; InvalidArgument naming the file
+// when it cannot be read, is over 64 MiB or is not a SentencePiece model.
 struct SentencePieceModel {
   std::string path;
   std::string bytes;
-  int64_t pieces = 0;
+  SentencePieces pieces;
 };
 absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spec);
 
-// tokenizer_config.json for Hugging Face's T5Tokenizer with `sentinels`
-// extra ids (<extra_id_0> the highest id, as the span corruption numbers them).
-std::string T5TokenizerConfigJson(int64_t sentinels);
+// tokenizer_config.json for Hugging Face's T5Tokenizer over `model` with
+// `sentinels` extra ids (<extra_id_0> the highest id, as the span corruption
+// numbers them), its special tokens the model's own pieces: pad `pad_id`'s,
+// eos `eos_id`'s (none when -1), unk the unknown piece.
+std::string T5TokenizerConfigJson(const SentencePieces& model, int64_t sentinels,
+                                  int64_t pad_id, int64_t eos_id);
 
 }  // namespace t5
 

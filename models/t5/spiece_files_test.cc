@@ -1,10 +1,12 @@
-// SentencePiece model files: pieces counted from the protobuf wire format of
-// a hand-built model (three pieces, a trainer spec), malformed files refused
-// naming why, and the tokenizer_config.json export writes.
+// SentencePiece model files: pieces read from the protobuf wire format of a
+// hand-built model (pieces, a trainer spec), malformed files refused naming
+// why, and the tokenizer_config.json export writes, naming the model's own
+// special pieces.
 #include "models/t5/spiece_files.h"
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -13,33 +15,42 @@
 namespace t5 {
 namespace {
 
-// A length-delimited field.
+// A length-delimited field (its length a varint of one or two bytes).
 std::string Field(int number, const std::string& payload) {
-  return std::string(1, static_cast<char>(number << 3 | 2)) +
-         std::string(1, static_cast<char>(payload.size())) + payload;
+  std::string length(1, static_cast<char>(payload.size() & 0x7f));
+  if (payload.size() >= 0x80) {
+    length = std::string(1, static_cast<char>(0x80 | (payload.size() & 0x7f))) +
+             std::string(1, static_cast<char>(payload.size() >> 7));
+  }
+  return std::string(1, static_cast<char>(number << 3 | 2)) + length + payload;
 }
 
-// A SentencePiece: text (1), score (2, a float), type (3, a varint).
-std::string Piece(const std::string& text) {
-  return Field(1, Field(1, text) + std::string("\x15\x00\x00\x80\xbf", 5) + "\x18\x01");
+// A SentencePiece: text (1), score (2, a float), type (3, a varint: 1
+// normal, 2 unknown, 3 control).
+std::string Piece(const std::string& text, char type = 1) {
+  return Field(1, Field(1, text) + std::string("\x15\x00\x00\x80\xbf", 5) + "\x18" + type);
 }
 
-// Three pieces and a trainer spec (field 2) holding a varint.
+// T5's special pieces (pad 0, </s> 1, unk 2), a trainer spec (field 2)
+// holding a varint and a 64-bit field, and a piece of 200 bytes.
 std::string Model() {
-  return Piece("<pad>") + Piece("</s>") + Field(2, std::string("\x08\x07", 2)) +
-         Piece("\xe2\x96\x81the");
+  return Piece("<pad>", 3) + Piece("</s>", 3) + Piece("<unk>", 2) +
+         Field(2, std::string("\x08\x07\x11\x01\x02\x03\x04\x05\x06\x07\x08", 11)) +
+         Piece("\xe2\x96\x81the") + Piece(std::string(200, 'x'));
 }
 
-TEST(SpieceFilesTest, CountsThePiecesOfAModel) {
-  absl::StatusOr<int64_t> n = CountSentencePieces(Model());
-  ASSERT_TRUE(n.ok()) << n.status();
-  EXPECT_EQ(*n, 3);
+TEST(SpieceFilesTest, ReadsThePiecesOfAModel) {
+  absl::StatusOr<SentencePieces> m = ParseSentencePieces(Model());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->texts, (std::vector<std::string>{"<pad>", "</s>", "<unk>", "\xe2\x96\x81the",
+                                                std::string(200, 'x')}));
+  EXPECT_EQ(m->unk_id, 2);
 }
 
 TEST(SpieceFilesTest, AMalformedModelIsRefusedSayingWhy) {
   const std::string model = Model();
   auto message = [](absl::string_view bytes) {
-    return std::string(CountSentencePieces(bytes).status().message());
+    return std::string(ParseSentencePieces(bytes).status().message());
   };
   EXPECT_EQ(message(model.substr(0, model.size() - 2)), "a field runs past the end");
   EXPECT_EQ(message(""), "it holds no piece");
@@ -47,6 +58,9 @@ TEST(SpieceFilesTest, AMalformedModelIsRefusedSayingWhy) {
   EXPECT_EQ(message("hello"), "field 13 has wire type 4, which a model has not");
   EXPECT_EQ(message(Field(1, "\x10\x01")), "piece 0 is not a SentencePiece (it has no text)");
   EXPECT_EQ(message(std::string("\x08\x01", 2)), "field 1 (a piece) is not a message");
+  // A length of 2^32 - 1 bytes in a 20-byte file.
+  EXPECT_EQ(message(std::string("\x0a\xff\xff\xff\xff\x0f", 6) + std::string(14, 'x')),
+            "a field runs past the end");
 }
 
 TEST(SpieceFilesTest, ReadsAModelByFileFolderOrRecord) {
@@ -57,7 +71,7 @@ TEST(SpieceFilesTest, ReadsAModelByFileFolderOrRecord) {
     absl::StatusOr<SentencePieceModel> m = ReadSentencePieceModel(spec);
     ASSERT_TRUE(m.ok()) << spec << ": " << m.status();
     EXPECT_EQ(m->path, path);
-    EXPECT_EQ(m->pieces, 3);
+    EXPECT_EQ(m->pieces.texts.size(), 5u);
     EXPECT_EQ(m->bytes, Model());
   }
   const std::string text = absl::StrCat(dir, "/notes.txt");
@@ -67,12 +81,24 @@ TEST(SpieceFilesTest, ReadsAModelByFileFolderOrRecord) {
                          "model has not"));
   EXPECT_TRUE(absl::StrContains(ReadSentencePieceModel(dir + "/none").status().message(),
                                 "cannot read it"));
+  const std::string empty = absl::StrCat(dir, "/empty.model");
+  std::ofstream(empty).flush();
+  EXPECT_EQ(ReadSentencePieceModel(empty).status().message(),
+            absl::StrCat(empty, " is not a SentencePiece model: it holds no piece"));
 }
 
-TEST(SpieceFilesTest, TheTokenizerConfigGivesTheSentinels) {
-  const std::string json = T5TokenizerConfigJson(7);
-  EXPECT_TRUE(absl::StrContains(json, "\"extra_ids\": 7")) << json;
-  EXPECT_TRUE(absl::StrContains(json, "\"tokenizer_class\": \"T5Tokenizer\"")) << json;
+TEST(SpieceFilesTest, TheTokenizerConfigGivesTheSentinelsAndTheModelsSpecialPieces) {
+  const SentencePieces model = *ParseSentencePieces(Model());
+  EXPECT_EQ(T5TokenizerConfigJson(model, 7, /*pad_id=*/0, /*eos_id=*/1),
+            "{\n  \"tokenizer_class\": \"T5Tokenizer\",\n  \"extra_ids\": 7,\n"
+            "  \"eos_token\": \"</s>\",\n  \"unk_token\": \"<unk>\",\n"
+            "  \"pad_token\": \"<pad>\"\n}\n");
+  // Another model's ids; no eos (-1): none named.
+  const std::string json = T5TokenizerConfigJson(model, 100, /*pad_id=*/3, /*eos_id=*/-1);
+  EXPECT_FALSE(absl::StrContains(json, "eos_token")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"pad_token\": \"\u2581the\"") ||
+              absl::StrContains(json, "\"pad_token\": \"\xe2\x96\x81the\""))
+      << json;
 }
 
 }  // namespace
