@@ -238,31 +238,33 @@ absl::Status LoadEntries(Module& module, const std::vector<std::string>& names,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status CheckStateDict(Module& module, const tensor::NamedTensors& state) {
+// The names, shapes and dtypes of a state dict's entries, in its order.
+struct Entries {
   std::vector<std::string> names;
   std::vector<tensor::Shape> shapes;
   std::vector<tensor::Dtype> dtypes;
+};
+Entries EntriesOf(const tensor::NamedTensors& state) {
+  Entries e;
   for (const auto& [name, t] : state) {
-    names.push_back(name);
-    shapes.push_back(t.shape());
-    dtypes.push_back(t.dtype());
+    e.names.push_back(name);
+    e.shapes.push_back(t.shape());
+    e.dtypes.push_back(t.dtype());
   }
-  return MatchStateDict(module, names, shapes, &dtypes, "").status();
+  return e;
+}
+
+}  // namespace
+
+absl::Status CheckStateDict(Module& module, const tensor::NamedTensors& state) {
+  const Entries e = EntriesOf(state);
+  return MatchStateDict(module, e.names, e.shapes, &e.dtypes, "").status();
 }
 
 absl::Status LoadStateDict(Module& module, const tensor::NamedTensors& state,
                            const std::string& prefix) {
-  std::vector<std::string> names;
-  std::vector<tensor::Shape> shapes;
-  std::vector<tensor::Dtype> dtypes;
-  for (const auto& [name, t] : state) {
-    names.push_back(name);
-    shapes.push_back(t.shape());
-    dtypes.push_back(t.dtype());
-  }
-  return LoadEntries(module, names, shapes, dtypes, prefix, [&](size_t i, Tensor& dst) {
+  const Entries e = EntriesOf(state);
+  return LoadEntries(module, e.names, e.shapes, e.dtypes, prefix, [&](size_t i, Tensor& dst) {
     Tensor src = state[i].second.To(dst.dtype());
     dst.CopyFrom(dst.device().is_cpu() ? src : src.To(dst.device()));
     return absl::OkStatus();
