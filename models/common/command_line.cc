@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace train {
 namespace {
@@ -150,14 +152,16 @@ bool IsAbseils(const absl::CommandLineFlag& flag) {
   return absl::StrContains(flag.Filename(), "absl/");
 }
 
-}  // namespace
-
-absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
+// The checks of CheckCommandLine on `args` (flagfiles expanded); `*at`: the
+// index of the argument a returned error is about.
+absl::Status CheckArgs(const std::vector<std::string>& args, int max_positional, size_t* at) {
+  const size_t argc = args.size();
   // With a usage flag Abseil prints the help and exits: nothing to check.
   // --undefok names flags Abseil lets be unknown.
   std::vector<std::string> undefok;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
+  for (size_t i = 0; i < argc; ++i) {
+    *at = i;
+    const absl::string_view arg = args[i];
     if (arg == "--") break;
     const std::optional<absl::string_view> name = FlagName(arg);
     if (!name.has_value()) continue;
@@ -166,7 +170,7 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
       const size_t eq = arg.find('=');
       const absl::string_view list =
           eq != absl::string_view::npos ? arg.substr(eq + 1)
-                                        : (i + 1 < argc ? absl::string_view(argv[i + 1]) : "");
+                                        : (i + 1 < argc ? absl::string_view(args[i + 1]) : "");
       for (absl::string_view u : absl::StrSplit(list, ',', absl::SkipEmpty())) {
         undefok.emplace_back(u);
       }
@@ -174,10 +178,15 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
   }
   std::vector<std::string> positional;
   std::string after_bool;  // the boolean flag (without '=') the last argument was
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
+  size_t positional_at = 0;  // where positional[max_positional] is
+  for (size_t i = 0; i < argc; ++i) {
+    *at = i;
+    const absl::string_view arg = args[i];
     if (arg == "--") {
-      for (int j = i + 1; j < argc; ++j) positional.emplace_back(argv[j]);
+      for (size_t j = i + 1; j < argc; ++j) {
+        if (static_cast<int>(positional.size()) == max_positional) positional_at = j;
+        positional.emplace_back(args[j]);
+      }
       break;
     }
     if (!FlagName(arg).has_value()) {
@@ -188,6 +197,7 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
             absl::StartsWith(after_bool, "no") ? "false" : "true", " and '", arg,
             "' an argument"));
       }
+      if (static_cast<int>(positional.size()) == max_positional) positional_at = i;
       positional.emplace_back(arg);
       after_bool.clear();
       continue;
@@ -235,7 +245,7 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
     if (i + 1 >= argc) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
     }
-    const absl::string_view value = argv[i + 1];
+    const absl::string_view value = args[i + 1];
     if (const std::optional<absl::string_view> next = FlagName(value);
         value == "--" || (next.has_value() && KnownToAbseil(*next))) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -249,6 +259,7 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
     ++i;
   }
   if (static_cast<int>(positional.size()) > max_positional) {
+    *at = positional_at;
     const std::string& extra = positional[max_positional];
     return absl::InvalidArgumentError(
         max_positional == 0
@@ -258,6 +269,84 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
                            max_positional, " arguments besides its flags"));
   }
   return absl::OkStatus();
+}
+
+// `in` with each --flagfile=F (or "--flagfile F"; F a comma-separated list,
+// as Abseil takes it) replaced by its files' flags, read as Abseil reads
+// them: one argument a line, leading and trailing spaces dropped, blank lines
+// and those starting with '#' skipped, each other line a flag; a --flagfile
+// in one is expanded in turn. Appends to `args`, and to `origins` where each
+// came from ("" for the command line, else "--flagfile=F"). Arguments after
+// "--" stay as they are. InvalidArgument for a file it cannot read or a line
+// that is not a flag.
+absl::Status ExpandFlagfiles(const std::vector<std::string>& in, const std::string& origin,
+                             int depth, std::vector<std::string>* args,
+                             std::vector<std::string>* origins) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == "--") {
+      for (size_t j = i; j < in.size(); ++j) {
+        args->push_back(in[j]);
+        origins->push_back(origin);
+      }
+      break;
+    }
+    const std::optional<absl::string_view> name = FlagName(in[i]);
+    if (!name.has_value() || *name != "flagfile") {
+      args->push_back(in[i]);
+      origins->push_back(origin);
+      continue;
+    }
+    std::string files;
+    if (const size_t eq = in[i].find('='); eq != std::string::npos) {
+      files = in[i].substr(eq + 1);
+    } else if (i + 1 < in.size()) {
+      files = in[++i];
+    } else {
+      return absl::InvalidArgumentError("--flagfile needs a value (a file of flags, one a line)");
+    }
+    for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+      const std::string what = absl::StrCat("--flagfile=", file);
+      if (depth >= 10) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": flagfiles nest more than 10 deep (one names another)"));
+      }
+      std::ifstream stream{std::string(file)};
+      if (!stream) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": cannot read it (", std::strerror(errno), ")"));
+      }
+      std::vector<std::string> lines;
+      std::string line;
+      for (int number = 1; std::getline(stream, line); ++number) {
+        const absl::string_view text = absl::StripAsciiWhitespace(line);
+        if (text.empty() || text[0] == '#') continue;
+        if (text == "--" || !FlagName(text).has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, " line ", number, ": '", text, "' is not a flag (a flagfile holds one ",
+              "--name=value a line; '#' starts a comment)"));
+        }
+        lines.emplace_back(text);
+      }
+      absl::Status s = ExpandFlagfiles(lines, what, depth + 1, args, origins);
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
+  std::vector<std::string> args, origins;
+  absl::Status s =
+      ExpandFlagfiles(std::vector<std::string>(argv + 1, argv + argc), "", 0, &args, &origins);
+  if (!s.ok()) return s;
+  size_t at = 0;
+  s = CheckArgs(args, max_positional, &at);
+  if (!s.ok() && at < origins.size() && !origins[at].empty()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (in ", origins[at], ")"));
+  }
+  return s;
 }
 
 std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::string_view usage,

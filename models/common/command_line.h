@@ -10,11 +10,13 @@
 //   - a positional argument the program does not take is refused; the
 //     common mistake "--bool_flag false" (a boolean flag takes its value
 //     after '=': that sets it true and leaves "false" over) says so.
-// Abseil's own flags (--flagfile, --undefok, ...) are left to it (a
-// flagfile's contents are not checked), and a usage flag (--help, -h, ...)
-// skips the checks. --help lists every flag of the project the binary links
-// (the shared ones of models/common too), not only those of the file named
-// like it. Under `bazel run` (BUILD_WORKING_DIRECTORY set) the program
+//   - a --flagfile's lines are checked as if they were on the command line
+//     (an error says which file), and a file that cannot be read or a line
+//     that is not a flag is refused (Abseil exits 1 there).
+// Abseil's own flags (--flagfile, --undefok, ...) are otherwise left to it,
+// and a usage flag (--help, -h, ...) skips the checks. --help lists every
+// flag of the project the binary links (the shared ones of models/common
+// too), not only those of the file named like it. Under `bazel run` (BUILD_WORKING_DIRECTORY set) the program
 // changes to the directory bazel was run from, so that relative paths mean
 // what they say.
 #ifndef MODELS_COMMON_COMMAND_LINE_H_

@@ -1,7 +1,9 @@
 // CheckCommandLine: unknown flags with the closest known one, values a flag
-// cannot take, stray arguments and "--bool_flag false", each named.
+// cannot take, stray arguments and "--bool_flag false", each named, also
+// inside a --flagfile.
 #include "models/common/command_line.h"
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,42 @@ TEST(CheckCommandLineTest, ABooleanFlagsValueAfterASpaceIsRefused) {
   EXPECT_THAT(std::string(Check({"--noactivation_checkpointing", "false"}).message()),
               HasSubstr("as written --noactivation_checkpointing is false and 'false' an "
                         "argument"));
+}
+
+// A --flagfile's lines are checked as the command line's (errors name the
+// file); a file that cannot be read, a line that is not a flag, or a
+// flagfile naming itself is refused. Comments and blank lines are skipped,
+// and a nested --flagfile is read too.
+TEST(CheckCommandLineTest, AFlagfilesFlagsAreCheckedToo) {
+  const std::string dir = ::testing::TempDir();
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string good = write("good.flags", "# a run\n\n  --steps=3  \n--strategy=ddp\n");
+  EXPECT_TRUE(Check({"--flagfile=" + good, "--batch_size=2"}).ok());
+  EXPECT_TRUE(Check({"--flagfile", good}).ok());
+  const std::string typo = write("typo.flags", "--steps=3\n--stpes=4\n");
+  EXPECT_EQ(Check({"--flagfile=" + typo}).message(),
+            "unknown flag --stpes (did you mean --steps?) (in --flagfile=" + typo + ")");
+  const std::string bad_value = write("value.flags", "--steps=many\n");
+  EXPECT_THAT(Check({"--batch_size=2", "--flagfile=" + good + "," + bad_value}).message(),
+              HasSubstr("--steps=many: "));
+  EXPECT_THAT(Check({"--flagfile=" + bad_value}).message(),
+              HasSubstr("(in --flagfile=" + bad_value + ")"));
+  const std::string nested = write("nested.flags", "--flagfile=" + typo + "\n");
+  EXPECT_THAT(Check({"--flagfile=" + nested}).message(),
+              HasSubstr("unknown flag --stpes (did you mean --steps?) (in --flagfile=" + typo));
+  const std::string words = write("words.flags", "--steps=3\nsteps 4\n");
+  EXPECT_EQ(Check({"--flagfile=" + words}).message(),
+            "--flagfile=" + words + " line 2: 'steps 4' is not a flag (a flagfile holds one "
+            "--name=value a line; '#' starts a comment)");
+  EXPECT_EQ(Check({"--flagfile=" + dir + "/none.flags"}).message(),
+            "--flagfile=" + dir + "/none.flags: cannot read it (No such file or directory)");
+  const std::string self = write("self.flags", "--flagfile=" + dir + "/self.flags\n");
+  EXPECT_THAT(Check({"--flagfile=" + self}).message(), HasSubstr("nest more than 10 deep"));
+  EXPECT_EQ(Check({"--flagfile"}).message(),
+            "--flagfile needs a value (a file of flags, one a line)");
 }
 
 TEST(CheckCommandLineTest, StrayArgumentsAreRefused) {
