@@ -2,6 +2,7 @@
 // (command_line.h).
 #include "models/common/command_line.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -153,8 +155,11 @@ bool IsAbseils(const absl::CommandLineFlag& flag) {
 }
 
 // The checks of CheckCommandLine on `args` (flagfiles expanded); `*at`: the
-// index of the argument a returned error is about.
-absl::Status CheckArgs(const std::vector<std::string>& args, int max_positional, size_t* at) {
+// index of the argument a returned error is about. A flag's value is the
+// next argument only within its segment (segments[i]: the command line, or
+// one reading of a flagfile), as Abseil takes it.
+absl::Status CheckArgs(const std::vector<std::string>& args, const std::vector<int>& segments,
+                       int max_positional, size_t* at) {
   const size_t argc = args.size();
   // With a usage flag Abseil prints the help and exits: nothing to check.
   // --undefok names flags Abseil lets be unknown.
@@ -170,7 +175,9 @@ absl::Status CheckArgs(const std::vector<std::string>& args, int max_positional,
       const size_t eq = arg.find('=');
       const absl::string_view list =
           eq != absl::string_view::npos ? arg.substr(eq + 1)
-                                        : (i + 1 < argc ? absl::string_view(args[i + 1]) : "");
+                                        : (i + 1 < argc && segments[i + 1] == segments[i]
+                                               ? absl::string_view(args[i + 1])
+                                               : "");
       for (absl::string_view u : absl::StrSplit(list, ',', absl::SkipEmpty())) {
         undefok.emplace_back(u);
       }
@@ -242,7 +249,7 @@ absl::Status CheckArgs(const std::vector<std::string>& args, int max_positional,
     // "--name value": Abseil takes the next argument as the value, even a
     // flag ("--checkpoint_dir --resume=latest" would save into a folder
     // named "--resume=latest"): refused unless it is not one (-1).
-    if (i + 1 >= argc) {
+    if (i + 1 >= argc || segments[i + 1] != segments[i]) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
     }
     const absl::string_view value = args[i + 1];
@@ -271,55 +278,79 @@ absl::Status CheckArgs(const std::vector<std::string>& args, int max_positional,
   return absl::OkStatus();
 }
 
-// `in` with each --flagfile=F (or "--flagfile F"; F a comma-separated list,
-// as Abseil takes it) replaced by its files' flags, read as Abseil reads
-// them: one argument a line, leading and trailing spaces dropped, blank lines
-// and those starting with '#' skipped, each other line a flag; a --flagfile
-// in one is expanded in turn. Appends to `args`, and to `origins` where each
-// came from ("" for the command line, else "--flagfile=F"). Arguments after
-// "--" stay as they are. InvalidArgument for a file it cannot read or a line
-// that is not a flag.
+// The arguments `in` (of `origin`: "" for the command line, else
+// "--flagfile=F"; segment `segment`), each followed, when it is a --flagfile
+// (=F or "--flagfile F"; F a comma-separated list, as Abseil takes it) naming
+// regular files, by the flags those hold, read as Abseil reads them: one
+// argument a line, leading spaces dropped, blank lines and those starting
+// with '#' skipped, each other line a flag; a --flagfile in one is expanded
+// in turn, each reading a segment of its own. Other files (a pipe, /dev/stdin)
+// are left to Abseil unread. Appends to `args`, `origins` and `segments`;
+// arguments after "--" stay as they are. `chain`: the files being read (a
+// file naming itself, directly or not, is refused). InvalidArgument for a
+// file it cannot read or a line that is not a flag.
+struct Expanded {
+  std::vector<std::string> args, origins;
+  std::vector<int> segments;
+  int last_segment = 0;
+};
 absl::Status ExpandFlagfiles(const std::vector<std::string>& in, const std::string& origin,
-                             int depth, std::vector<std::string>* args,
-                             std::vector<std::string>* origins) {
+                             int segment, std::vector<std::string>* chain, Expanded* out) {
+  const std::string in_origin = origin.empty() ? "" : absl::StrCat(" (in ", origin, ")");
+  const auto keep = [&](const std::string& arg) {
+    out->args.push_back(arg);
+    out->origins.push_back(origin);
+    out->segments.push_back(segment);
+  };
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i] == "--") {
-      for (size_t j = i; j < in.size(); ++j) {
-        args->push_back(in[j]);
-        origins->push_back(origin);
-      }
+      for (size_t j = i; j < in.size(); ++j) keep(in[j]);
       break;
     }
+    keep(in[i]);
     const std::optional<absl::string_view> name = FlagName(in[i]);
-    if (!name.has_value() || *name != "flagfile") {
-      args->push_back(in[i]);
-      origins->push_back(origin);
-      continue;
-    }
+    if (!name.has_value() || *name != "flagfile") continue;
     std::string files;
     if (const size_t eq = in[i].find('='); eq != std::string::npos) {
       files = in[i].substr(eq + 1);
     } else if (i + 1 < in.size()) {
       files = in[++i];
+      keep(files);
     } else {
-      return absl::InvalidArgumentError("--flagfile needs a value (a file of flags, one a line)");
+      return absl::InvalidArgumentError(
+          absl::StrCat("--flagfile needs a value (a file of flags, one a line)", in_origin));
     }
-    for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+    if (files.empty()) continue;  // nothing to read, for Abseil too
+    for (absl::string_view file : absl::StrSplit(files, ',')) {
       const std::string what = absl::StrCat("--flagfile=", file);
-      if (depth >= 10) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": flagfiles nest more than 10 deep (one names another)"));
+      if (file.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--flagfile=", files, ": an empty file name in the list", in_origin));
+      }
+      struct stat st {};
+      if (::stat(std::string(file).c_str(), &st) == 0 && !S_ISREG(st.st_mode)) continue;
+      std::error_code ignored;
+      const std::string canonical =
+          std::filesystem::weakly_canonical(std::string(file), ignored).string();
+      if (std::find(chain->begin(), chain->end(), canonical) != chain->end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": it names itself (through the flagfiles it names)", in_origin));
       }
       std::ifstream stream{std::string(file)};
       if (!stream) {
         return absl::InvalidArgumentError(
-            absl::StrCat(what, ": cannot read it (", std::strerror(errno), ")"));
+            absl::StrCat(what, ": cannot read it (", std::strerror(errno), ")", in_origin));
       }
       std::vector<std::string> lines;
       std::string line;
       for (int number = 1; std::getline(stream, line); ++number) {
-        const absl::string_view text = absl::StripAsciiWhitespace(line);
+        const absl::string_view text = absl::StripLeadingAsciiWhitespace(line);
         if (text.empty() || text[0] == '#') continue;
+        if (absl::EndsWith(text, "\r")) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, " line ", number, " ends with a carriage return (Windows line ends), ",
+              "which Abseil would take as part of the flag: convert the file (dos2unix)"));
+        }
         if (text == "--" || !FlagName(text).has_value()) {
           return absl::InvalidArgumentError(absl::StrCat(
               what, " line ", number, ": '", text, "' is not a flag (a flagfile holds one ",
@@ -327,7 +358,9 @@ absl::Status ExpandFlagfiles(const std::vector<std::string>& in, const std::stri
         }
         lines.emplace_back(text);
       }
-      absl::Status s = ExpandFlagfiles(lines, what, depth + 1, args, origins);
+      chain->push_back(canonical);
+      absl::Status s = ExpandFlagfiles(lines, what, ++out->last_segment, chain, out);
+      chain->pop_back();
       if (!s.ok()) return s;
     }
   }
@@ -337,14 +370,15 @@ absl::Status ExpandFlagfiles(const std::vector<std::string>& in, const std::stri
 }  // namespace
 
 absl::Status CheckCommandLine(int argc, char** argv, int max_positional) {
-  std::vector<std::string> args, origins;
-  absl::Status s =
-      ExpandFlagfiles(std::vector<std::string>(argv + 1, argv + argc), "", 0, &args, &origins);
+  Expanded expanded;
+  std::vector<std::string> chain;
+  absl::Status s = ExpandFlagfiles(std::vector<std::string>(argv + 1, argv + argc), "", 0,
+                                   &chain, &expanded);
   if (!s.ok()) return s;
   size_t at = 0;
-  s = CheckArgs(args, max_positional, &at);
-  if (!s.ok() && at < origins.size() && !origins[at].empty()) {
-    return absl::Status(s.code(), absl::StrCat(s.message(), " (in ", origins[at], ")"));
+  s = CheckArgs(expanded.args, expanded.segments, max_positional, &at);
+  if (!s.ok() && at < expanded.origins.size() && !expanded.origins[at].empty()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (in ", expanded.origins[at], ")"));
   }
   return s;
 }

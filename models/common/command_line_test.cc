@@ -125,10 +125,30 @@ TEST(CheckCommandLineTest, AFlagfilesFlagsAreCheckedToo) {
             "--name=value a line; '#' starts a comment)");
   EXPECT_EQ(Check({"--flagfile=" + dir + "/none.flags"}).message(),
             "--flagfile=" + dir + "/none.flags: cannot read it (No such file or directory)");
-  const std::string self = write("self.flags", "--flagfile=" + dir + "/self.flags\n");
-  EXPECT_THAT(Check({"--flagfile=" + self}).message(), HasSubstr("nest more than 10 deep"));
+  const std::string self = write("self.flags", "--flagfile=" + good + "\n--flagfile=" + dir +
+                                                    "/self.flags\n");
+  EXPECT_THAT(Check({"--flagfile=" + self}).message(),
+              HasSubstr("/self.flags: it names itself (through the flagfiles it names)"));
   EXPECT_EQ(Check({"--flagfile"}).message(),
             "--flagfile needs a value (a file of flags, one a line)");
+  // A flag's value never comes from the next file or the command line (as
+  // Abseil reads each file apart).
+  const std::string last = write("last.flags", "--batch_size=2\n--steps\n");
+  EXPECT_EQ(Check({"--flagfile=" + last, "5"}).message(),
+            "--steps needs a value (in --flagfile=" + last + ")");
+  EXPECT_EQ(Check({"--flagfile=" + good + ",," + good}).message(),
+            "--flagfile=" + good + ",," + good + ": an empty file name in the list");
+  const std::string crlf = write("crlf.flags", "--steps=3\r\n");
+  EXPECT_THAT(Check({"--flagfile=" + crlf}).message(),
+              HasSubstr("line 1 ends with a carriage return"));
+  // Leading spaces go; trailing ones stay part of the value, as for Abseil.
+  const std::string trailing = write("trailing.flags", "  --steps=3 \n");
+  EXPECT_TRUE(Check({"--flagfile=" + trailing}).ok());
+  // Not a regular file (a pipe, a device): left to Abseil unread.
+  EXPECT_TRUE(Check({"--flagfile=/dev/null"}).ok());
+  // --flagfile taken as another flag's value is refused as before.
+  EXPECT_THAT(Check({"--strategy", "--flagfile=" + good}).message(),
+              HasSubstr("--strategy needs a value, and the next argument is the flag"));
 }
 
 TEST(CheckCommandLineTest, StrayArgumentsAreRefused) {
