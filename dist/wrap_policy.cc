@@ -195,38 +195,29 @@ std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::SelectUnits(nn::Mod
       SelectBySize(root, "", min_params_, /*is_root=*/true, kept, &out);
       break;
   }
-  if (!kept.empty()) {
-    // The kept modules nest in whichever unit holds them; units inside them stay.
-    std::set<nn::Module*> units(kept);
-    for (const auto& [name, m] : out) units.insert(m);
-    out = InPreOrder(root, units);
-  }
+  // The kept modules nest in whichever unit holds them; units inside them stay.
+  std::set<nn::Module*> units(kept);
+  for (const auto& [name, m] : out) units.insert(m);
   // Frozen leaves inside a kept module stay there, as inside the base's units.
-  if (apart_) out = WithLeavesApart(root, out);
-  return out;
+  if (apart_) AddLeavesApart(root, &units);
+  return InPreOrder(root, units);
 }
 
-std::vector<std::pair<std::string, nn::Module*>> WrapPolicy::WithLeavesApart(
-    nn::Module& root, const std::vector<std::pair<std::string, nn::Module*>>& units) const {
-  std::set<nn::Module*> base;
-  for (const auto& [name, m] : units) base.insert(m);
-  std::vector<std::pair<std::string, nn::Module*>> merged = {{"", &root}};
+void WrapPolicy::AddLeavesApart(nn::Module& root, std::set<nn::Module*>* units) const {
   std::function<void(nn::Module&, const std::string&, bool)> walk =
       [&](nn::Module& m, const std::string& name, bool in_unit) {
         for (auto& [child_name, child] : m.NamedChildren()) {
           const std::string full = Join(name, child_name);
-          if (base.count(child) > 0) {
-            merged.emplace_back(full, child);
+          if (units->count(child) > 0) {
             walk(*child, full, /*in_unit=*/true);
           } else if (!in_unit && apart_(full, *child)) {
-            merged.emplace_back(full, child);  // a leaf: nothing below it
+            units->insert(child);  // a leaf: nothing below it
           } else {
             walk(*child, full, in_unit);
           }
         }
       };
   walk(root, "", /*in_unit=*/false);
-  return merged;
 }
 
 std::vector<UnitPlan> PlanUnits(nn::Module& root, const WrapPolicy& policy) {

@@ -83,9 +83,9 @@ class WrapPolicy {
   std::vector<std::pair<std::string, nn::Module*>> SelectUnits(nn::Module& root) const;
 
  private:
-  // The base's units and the leaves apart_ takes out of the root unit, in pre-order.
-  std::vector<std::pair<std::string, nn::Module*>> WithLeavesApart(
-      nn::Module& root, const std::vector<std::pair<std::string, nn::Module*>>& base) const;
+  // Adds to `units` (modules of the units so far) the leaves apart_ takes out
+  // of the root unit.
+  void AddLeavesApart(nn::Module& root, std::set<nn::Module*>* units) const;
 
   enum class Kind { kNone, kOutermost, kSizeBased };
   Kind kind_ = Kind::kNone;
