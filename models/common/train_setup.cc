@@ -114,21 +114,25 @@ bool IsByteText(const std::string& data) {
 
 }  // namespace
 
+absl::StatusOr<std::optional<std::string>> RecordedTokenizer(const std::string& data) {
+  if (!absl::EndsWith(data, ".bin")) return std::optional<std::string>();
+  absl::StatusOr<std::optional<data::TokenFileMeta>> read = data::ReadTokenFileMeta(data);
+  if (!read.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--data: ", read.status().message()));
+  }
+  if (!read->has_value()) return std::optional<std::string>();
+  return std::optional<std::string>((*read)->tokenizer);
+}
+
 absl::StatusOr<std::string> ResolveTokenizer(const std::string& flag, const std::string& data,
                                              const std::string& from_weights, int64_t model_vocab) {
   const bool byte_text = IsByteText(data);
   std::string name;
   if (flag == "auto") {
     if (byte_text) return std::string();
-    std::optional<data::TokenFileMeta> meta;
-    if (absl::EndsWith(data, ".bin")) {
-      absl::StatusOr<std::optional<data::TokenFileMeta>> read = data::ReadTokenFileMeta(data);
-      if (!read.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("--data: ", read.status().message()));
-      }
-      meta = *std::move(read);
-    }
-    name = meta.has_value() ? meta->tokenizer : from_weights;
+    absl::StatusOr<std::optional<std::string>> recorded = RecordedTokenizer(data);
+    if (!recorded.ok()) return recorded.status();
+    name = recorded->has_value() ? **recorded : from_weights;
     if (name.empty()) return std::string();
   } else if (flag == "none") {
     return std::string();

@@ -32,6 +32,12 @@ namespace train {
 absl::StatusOr<std::shared_ptr<const data::TokenSource>> OpenTokenSource(
     const std::string& spec, uint64_t seed, int64_t vocab_size, absl::string_view flag = "--data");
 
+// The tokenizer recorded beside a .bin `data` (data::TokenFileMeta: "gpt2",
+// a folder, or tools/spm_tokenize.py's "sentencepiece:<model>"); nullopt
+// for other data or a .bin without a record. InvalidArgument naming --data
+// for a record it cannot read.
+absl::StatusOr<std::optional<std::string>> RecordedTokenizer(const std::string& data);
+
 // The tokenizer a train binary records in its checkpoints (extra "tokenizer":
 // "gpt2" or a folder's absolute path; "" for none), so that sampling and
 // export know it. `flag` (--tokenizer):

@@ -456,13 +456,10 @@ absl::Status Train() {
   // The data's tokenizer as tools/spm_tokenize.py records it beside a .bin
   // ("sentencepiece:<model>"), recorded in checkpoints so that checkpoint
   // export-hf writes it beside the weights; "" for none.
-  std::string data_tokenizer;
-  if (absl::EndsWith(absl::GetFlag(FLAGS_data), ".bin")) {
-    absl::StatusOr<std::optional<data::TokenFileMeta>> meta =
-        data::ReadTokenFileMeta(absl::GetFlag(FLAGS_data));
-    if (!meta.ok()) return meta.status();  // (OpenDataSources read it already)
-    if (meta->has_value()) data_tokenizer = (*meta)->tokenizer;
-  }
+  const absl::StatusOr<std::optional<std::string>> recorded =
+      train::RecordedTokenizer(absl::GetFlag(FLAGS_data));
+  if (!recorded.ok()) return recorded.status();  // (OpenDataSources read it already)
+  const std::string data_tokenizer = recorded->value_or("");
   const int64_t source_vocab = source->vocab_size();
   if (absl::GetFlag(FLAGS_vocab_size) > 0 && absl::GetFlag(FLAGS_vocab_size) != source_vocab) {
     // Sentinels are numbered right above the data's ids, so the vocabulary of
