@@ -35,7 +35,6 @@
 #include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
 #include "models/common/tied_weights.h"
-#include "models/data/token_source.h"
 #include "nn/fp32_modules.h"
 #include "nn/freeze.h"
 #include "optim/clip_grad.h"
