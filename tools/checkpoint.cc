@@ -73,7 +73,6 @@
 #include "models/common/train_support.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/runfiles.h"
-#include "models/data/span_corruption.h"
 #include "models/mingpt/pretrained.h"
 #include "models/t5/config.h"
 #include "models/t5/pretrained.h"
@@ -300,7 +299,7 @@ absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
   std::string spec = flag == "auto" ? recorded.tokenizer : flag == "none" ? "" : flag;
   if (flag == "auto" && !absl::StartsWith(spec, "sentencepiece:")) spec.clear();
   std::optional<t5::SentencePieceModel> spiece;
-  int64_t sentinels = 100;  // T5's, when the loader state does not say
+  int64_t sentinels = 0;  // above the tokenizer's pieces (SentinelsOfTokenizer)
   if (flag == "gpt2") {
     return absl::InvalidArgumentError(
         "--tokenizer=gpt2: GPT-2's BPE is minGPT's; a T5 checkpoint takes a spiece.model or a "
@@ -317,23 +316,12 @@ absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
       return absl::InvalidArgumentError(absl::StrCat(what, ": ", read.status().message()));
     }
     spiece = *std::move(read);
-    const int64_t pieces = static_cast<int64_t>(spiece->pieces.texts.size());
-    if (absl::StatusOr<data::SpanCorruptionVocab> vocab =
-            data::SpanCorruptionVocabOf(recorded.loader_state);
-        vocab.ok()) {
-      if (vocab->source_vocab != pieces) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": ", spiece->path, " has ", pieces, " pieces, but the data of ",
-            recorded.description, " had ", vocab->source_vocab,
-            " ids: not the tokenizer it was encoded with"));
-      }
-      sentinels = vocab->sentinels;
+    absl::StatusOr<int64_t> fit = t5::SentinelsOfTokenizer(
+        *spiece, recorded.loader_state, recorded.description, config.vocab_size);
+    if (!fit.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", fit.status().message()));
     }
-    if (pieces + sentinels > config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": its ", pieces, " pieces and ", sentinels,
-          " sentinels do not fit the model's vocabulary of ", config.vocab_size));
-    }
+    sentinels = *fit;
   }
   // The special ids config.json records: the tokenizer names their pieces.
   const t5::HfT5Ids ids = t5::HfT5IdsOfLoaderState(recorded.loader_state);

@@ -21,13 +21,15 @@ end-of-sequence id after each input file (with --output_lines: after each line).
 A file it would write (OUTPUT, OUTPUT.json, their .tmp) that is an input or
 the model, by any path or link, is refused (exit 2): writing it would destroy it.
 
-For //models/t5:generate, which takes and prints ids a line per example:
+For //models/t5:generate --input, which takes and prints ids a line per example
+(its --prompts_file and --print=text tokenize in C++ alike, with the same library):
 --output_lines writes each line of the inputs that has text as a line of ids (with
 --eos_after_each, each ends with the end-of-sequence id, as T5's inputs do),
 and --decode_lines=FILE prints each line of ids of FILE as text: ids P .. P+S-1
 above the model's P pieces are the S sentinels (--sentinels, default 100, as
 //models/t5:train's --num_sentinels), <extra_id_0> = P+S-1 the highest, written
-"<extra_id_k>" as Hugging Face's T5 tokenizer decodes them.
+"<extra_id_k>" as Hugging Face's T5 tokenizer decodes them; --output_lines reads
+"<extra_id_k>" in a line as that sentinel's id.
 
   /usr/bin/python3 tools/spm_tokenize.py --model /path/t5-small --input prompts.txt \
       --output /tmp/ids.txt --output_lines --eos_after_each
@@ -41,6 +43,7 @@ Exit 2 naming the flag on bad input.
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -94,6 +97,26 @@ def parts(text):
         start = end
 
 
+SENTINEL = re.compile(r"<extra_id_(0|[1-9][0-9]*)>")
+
+
+def encode_text(sp, text, vocab, sentinels):
+    """The ids of text: each "<extra_id_k>" is sentinel k (id vocab + sentinels - 1 - k), the
+    text between goes through the model, as Hugging Face's T5Tokenizer splits at its special
+    tokens (//models/t5:generate --prompts_file encodes alike). ValueError naming a sentinel
+    whose k is not below sentinels."""
+    ids = []
+    at = 0
+    for m in SENTINEL.finditer(text):
+        k = int(m.group(1))
+        if k >= sentinels:
+            raise ValueError(f"'{m.group(0)}' is not one of the {sentinels} sentinels "
+                             f"(<extra_id_0> .. <extra_id_{sentinels - 1}>)")
+        ids += sp.EncodeAsIds(text[at:m.start()]) + [vocab + sentinels - 1 - k]
+        at = m.end()
+    return ids + sp.EncodeAsIds(text[at:])
+
+
 def decode_ids(sp, ids, vocab, sentinels):
     """The text of ids: runs of the model's ids through it, sentinel ids as "<extra_id_k>"."""
     out = ""
@@ -143,8 +166,11 @@ def encode_lines(sp, args):
                 lines = f.read().splitlines()
         except (OSError, UnicodeDecodeError) as e:
             fail(f"--input: {name}: {e}")
-        for line in lines:
-            ids = sp.EncodeAsIds(line)
+        for n, line in enumerate(lines, 1):
+            try:
+                ids = encode_text(sp, line, sp.GetPieceSize(), args.sentinels)
+            except ValueError as e:
+                fail(f"--input: {name}: line {n}: {e} (--sentinels={args.sentinels})")
             if ids:  # lines without text are skipped
                 ids += [sp.eos_id()] if args.eos_after_each else []
                 out.append(" ".join(map(str, ids)))
@@ -170,9 +196,9 @@ def main(argv):
     p.add_argument("--decode_lines", default="",
                    help="print each line of ids of this file as text (no --input / --output)")
     p.add_argument("--sentinels", type=int, default=100,
-                   help="with --decode_lines: ids P .. P+S-1 above the model's P pieces are the "
-                   "S sentinels, printed as <extra_id_k> for id P+S-1-k (as //models/t5:train "
-                   "--num_sentinels; default %(default)s)")
+                   help="with --decode_lines and --output_lines: ids P .. P+S-1 above the model's "
+                   "P pieces are the S sentinels, <extra_id_k> for id P+S-1-k (as "
+                   "//models/t5:train --num_sentinels; default %(default)s)")
     args = p.parse_args(argv)
     if not args.decode_lines and not (args.input and args.output):
         fail("--input and --output are required (or --decode_lines)")

@@ -189,6 +189,57 @@ printf '<extra_id_0> of prisms<extra_id_1> Light is<extra_id_99>\nof prisms<extr
   cmp - "$dir/spans.log" || { echo "sentinels decoded as:"; cat "$dir/spans.log"; exit 1; }
 echo "sentinel ids decode as <extra_id_k>"
 
+# Text through //models/t5:generate itself (t5::SpieceTokenizer, libsentencepiece):
+# the ids and the text the Python tool gives, with the tokenizer the checkpoint
+# records and with its export's spiece.model and extra_ids.
+printf 'Light is refracted\nThe colours of bodies\nOf prisms\n' > "$dir/text.txt"
+gen_text=("$generate" --max_new_tokens=6 --eos_id=-1)
+"${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/text.txt" --print=ids \
+  2> "$dir/text.log" | cmp - "$dir/out.txt"
+grep -q "^tokenizer $dir/spiece.model: 300 pieces + 100 sentinels, text in$" "$dir/text.log"
+/usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/out.txt" > "$dir/out_text.txt"
+"${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/text.txt" 2> "$dir/text.log" |
+  cmp - "$dir/out_text.txt"
+grep -q "^tokenizer $dir/spiece.model: 300 pieces + 100 sentinels, text in and out$" \
+  "$dir/text.log"
+"${gen_text[@]}" --init_from="$dir/hf" --prompts_file="$dir/text.txt" 2> "$dir/text.log" |
+  cmp - "$dir/out_text.txt"
+grep -q "^tokenizer $dir/hf/spiece.model: 300 pieces + 100 sentinels" "$dir/text.log"
+"${gen_text[@]}" --init_from="$dir/ck" --input="$dir/ids.txt" --print=text 2> /dev/null |
+  cmp - "$dir/out_text.txt"
+"${gen_text[@]}" --init_from="$dir/ck" --prompt="Of prisms" 2> /dev/null |
+  cmp - <(sed -n 3p "$dir/out_text.txt")
+# Sentinels in the text are their ids, as the Python tool reads them.
+printf 'Light <extra_id_0> refracted <extra_id_1>\n' > "$dir/span_text.txt"
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/span_text.txt" \
+  --output="$dir/span_text_ids.txt" --output_lines --eos_after_each > /dev/null
+grep -q " 399 .* 398 1$" "$dir/span_text_ids.txt"
+"${gen_text[@]}" --init_from="$dir/ck" --input="$dir/span_text_ids.txt" 2> /dev/null \
+  > "$dir/span_text_out.txt"
+"${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/span_text.txt" --print=ids \
+  2> /dev/null | cmp - "$dir/span_text_out.txt"
+exits_2 "--prompt needs a tokenizer, but checkpoint $dir/bytes/step_000001 (step 1) has none \
+(--tokenizer=auto): give --tokenizer=<spiece.model or a folder holding one>" "$generate" \
+  --init_from="$dir/bytes" --prompt="Of prisms"
+exits_2 "--print=text needs a tokenizer, but --tokenizer=none" "$generate" \
+  --init_from="$dir/ck" --input="$dir/ids.txt" --print=text --tokenizer=none
+exits_2 "--tokenizer=$dir/in.txt: $dir/in.txt is not a SentencePiece model" "$generate" \
+  --init_from="$dir/ck" --prompt="Of prisms" --tokenizer="$dir/in.txt"
+printf 'Of prisms\n \n' > "$dir/blank.txt"
+exits_2 "--prompts_file=$dir/blank.txt: line 2: it has no text" "$generate" \
+  --init_from="$dir/ck" --prompts_file="$dir/blank.txt"
+exits_2 "--prompt: '<extra_id_100>' is not one of the 100 sentinels (<extra_id_0> .. \
+<extra_id_99>)" "$generate" --init_from="$dir/ck" --prompt="Of <extra_id_100>"
+exits_2 "--input: $dir/span_text.txt: line 1: '<extra_id_1>' is not one of the 1 sentinels" \
+  /usr/bin/python3 "$script" --model="$dir" --input="$dir/span_text.txt" --sentinels=1 \
+  --output="$dir/x.txt" --output_lines
+exits_2 "examples given twice: give one of --prompt, --prompts_file (text) and --input (ids)" \
+  "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --prompt="Of prisms"
+exits_2 "no examples: give one of" "$generate" --init_from="$dir/ck"
+exits_2 "--print=words is not text, ids or auto" "$generate" --init_from="$dir/ck" \
+  --input="$dir/ids.txt" --print=words
+echo "text through //models/t5:generate: the Python tool's ids and text"
+
 # --help says what --eos_after_each appends in each mode (as checked above: one </s>
 # after each of the two files in the token file, one after each line of ids).
 help=$(COLUMNS=100 /usr/bin/python3 "$script" --help | tr -s ' \n' '  ')

@@ -3,15 +3,20 @@
 // --seed), or beam search with --num_beams > 1 (and --length_penalty,
 // --early_stopping; sampled beams with --temperature > 0); with the decoder's key/value cache
 // unless --nokv_cache:
-//   ./bazelw run //models/t5:generate -- --init_from=/path/t5-small --input=/tmp/ids.txt --eos_id=1
+//   ./bazelw run //models/t5:generate -- --init_from=/path/t5-small
+//       --prompt="translate English to German: The house is wonderful."
 // --init_from is a checkpoint of //models/t5:train (either kind) or a
-// Hugging Face T5 folder, as train's --init_from. --input holds one example
-// per line, its token ids separated by spaces (tools/spm_tokenize.py
-// --output_lines writes them from text with T5's SentencePiece model, and
-// --decode_lines turns the output back into text). The examples run in one
-// batch (shorter ones padded with --pad_id and masked); each line of stdout
-// is one example's new tokens (--num_return_sequences lines each with beams,
-// best first). What was loaded and the speed go to stderr.
+// Hugging Face T5 folder, as train's --init_from. The examples are text:
+// --prompt, or --prompts_file's lines, each encoded with T5's SentencePiece
+// tokenizer (t5::SpieceTokenizer; "<extra_id_k>" is sentinel k) and ended
+// with its </s>, as Hugging Face's T5Tokenizer does; or ids: --input's
+// lines, token ids separated by spaces (tools/spm_tokenize.py --output_lines
+// writes them). --tokenizer=auto is the SentencePiece model the checkpoint
+// records (//models/t5:train's .bin data's) or the folder's spiece.model.
+// The examples run in one batch (shorter ones padded with --pad_id and
+// masked); each line of stdout is one example's new tokens, as text for text
+// examples, else as ids (--print; --num_return_sequences lines each with
+// beams, best first). What was loaded and the speed go to stderr.
 // Exit 2 on bad flags or input (named).
 #include <cerrno>
 #include <chrono>
@@ -19,7 +24,9 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,15 +44,25 @@
 #include "models/t5/generate.h"
 #include "models/t5/model.h"
 #include "models/t5/pretrained.h"
+#include "models/t5/spiece_files.h"
+#include "models/t5/spiece_tokenizer.h"
 #include "nn/mixed_precision.h"
 #include "nn/state_dict.h"
 
 ABSL_FLAG(std::string, init_from, "",
           "a checkpoint of //models/t5:train (a step folder or a --checkpoint_dir) or a Hugging "
           "Face T5 folder");
+ABSL_FLAG(std::string, prompt, "", "one example, as text (T5's input, e.g. \"summarize: ...\")");
+ABSL_FLAG(std::string, prompts_file, "",
+          "a file of examples as text, one per line; - reads stdin");
 ABSL_FLAG(std::string, input, "",
           "a file of examples, one per line: token ids separated by spaces or tabs; - reads "
           "stdin");
+ABSL_FLAG(std::string, tokenizer, "auto",
+          "for text: auto (the SentencePiece model the checkpoint records, or the Hugging Face "
+          "folder's spiece.model), none, or a spiece.model or a folder holding one");
+ABSL_FLAG(std::string, print, "auto",
+          "text, ids, or auto (text for --prompt and --prompts_file, ids for --input)");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "tokens decoded per example at most");
 ABSL_FLAG(std::string, eos_id, "auto",
           "an example stops after this id (T5's </s>: 1); -1: none; auto: the weights' "
@@ -74,44 +91,102 @@ namespace {
 
 using tensor::Tensor;
 
-// --input's examples; InvalidArgument naming the file, line and token for
-// anything but ids below vocab_size, or no example.
-absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string& path,
-                                                               int64_t vocab_size) {
+// One example's ids from one line, or what is wrong with the line.
+using LineParser = std::function<absl::StatusOr<std::vector<int64_t>>(absl::string_view)>;
+
+// An example of each line of `path` ("-": stdin) through `parse`;
+// InvalidArgument naming --`flag`, the file and the line for a line `parse`
+// refuses, or for no line.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string& flag,
+                                                               const std::string& path,
+                                                               const LineParser& parse) {
   std::ifstream file;
   if (path != "-") {
     file.open(path);
     if (!file) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--input=", path, ": cannot be read: ", std::strerror(errno)));
+          absl::StrCat("--", flag, "=", path, ": cannot be read: ", std::strerror(errno)));
     }
   }
   std::istream& in = path == "-" ? std::cin : file;
   std::vector<std::vector<int64_t>> examples;
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
-    std::vector<int64_t> ids;
-    // Ids apart by spaces or tabs (a CRLF line's '\r' too).
-    for (absl::string_view token :
-         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipWhitespace())) {
-      int64_t id = 0;
-      if (!absl::SimpleAtoi(token, &id) || id < 0 || id >= vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": line ", line_no, ": '",
-                                                       token, "' is not an id below the model's ",
-                                                       vocab_size));
-      }
-      ids.push_back(id);
+    absl::StatusOr<std::vector<int64_t>> ids = parse(absl::StripSuffix(line, "\r"));
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", path, ": line ", line_no, ": ", ids.status().message()));
     }
-    if (ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--input=", path, ": line ", line_no,
-          " has no ids (each line is one example, its output on the same line)"));
-    }
-    examples.push_back(std::move(ids));
+    examples.push_back(*std::move(ids));
   }
-  if (examples.empty())
-    return absl::InvalidArgumentError(absl::StrCat("--input=", path, ": empty"));
+  if (examples.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": empty"));
+  }
   return examples;
+}
+
+// A line of ids below `vocab_size`, apart by spaces or tabs.
+absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view line, int64_t vocab_size) {
+  std::vector<int64_t> ids;
+  for (absl::string_view token :
+       absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipWhitespace())) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(token, &id) || id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", token, "' is not an id below the model's ", vocab_size));
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(
+        "it has no ids (each line is one example, its output on the same line)");
+  }
+  return ids;
+}
+
+// A line of text through `tokenizer`, then its </s> (if it has one).
+absl::StatusOr<std::vector<int64_t>> ParseText(absl::string_view text,
+                                               const SpieceTokenizer& tokenizer) {
+  absl::StatusOr<std::vector<int64_t>> ids = tokenizer.Encode(text);
+  if (!ids.ok()) return ids.status();
+  if (ids->empty()) {
+    return absl::InvalidArgumentError(
+        "it has no text (each line is one example, its output on the same line)");
+  }
+  if (tokenizer.eos_id() >= 0) ids->push_back(tokenizer.eos_id());
+  return ids;
+}
+
+// The tokenizer --tokenizer names for `weights` (auto: theirs), which `need`
+// (a flag) needs; InvalidArgument naming the flag (for auto: the record it
+// read) when it cannot be read or does not fit the weights, or when there is
+// none to read.
+absl::StatusOr<SpieceTokenizer> LoadTokenizer(const PretrainedSources& weights, const char* need) {
+  const std::string flag = absl::GetFlag(FLAGS_tokenizer);
+  const std::string spec = flag == "auto" ? weights.tokenizer : flag == "none" ? "" : flag;
+  if (spec.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        need, " needs a tokenizer, but ",
+        flag == "none" ? "--tokenizer=none"
+                       : absl::StrCat(weights.source, " has none (--tokenizer=auto)"),
+        ": give --tokenizer=<spiece.model or a folder holding one>"));
+  }
+  const std::string what =
+      flag == "auto" ? absl::StrCat("the tokenizer of ", weights.source, " (", spec,
+                                    "; --tokenizer=FILE|DIR names where it is now)")
+                     : absl::StrCat("--tokenizer=", flag);
+  absl::StatusOr<SentencePieceModel> model = ReadSentencePieceModel(spec);
+  absl::StatusOr<int64_t> sentinels =
+      model.ok() ? SentinelsOfTokenizer(*model, weights.loader_state, weights.source,
+                                        weights.config.vocab_size)
+                 : absl::StatusOr<int64_t>(model.status());
+  absl::StatusOr<SpieceTokenizer> tokenizer =
+      sentinels.ok() ? SpieceTokenizer::Load(*model, *sentinels)
+                     : absl::StatusOr<SpieceTokenizer>(sentinels.status());
+  if (!tokenizer.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", tokenizer.status().message()));
+  }
+  return tokenizer;
 }
 
 // An id flag's value: "auto" takes `recorded` (the weights'), else an
@@ -130,13 +205,37 @@ absl::StatusOr<int64_t> IdFlag(const char* name, const std::string& value, int64
 absl::Status Run() {
   const std::string init_from = absl::GetFlag(FLAGS_init_from);
   if (init_from.empty()) return absl::InvalidArgumentError("--init_from is required");
-  if (absl::GetFlag(FLAGS_input).empty()) return absl::InvalidArgumentError("--input is required");
+  // The examples: text (--prompt, --prompts_file) or ids (--input), one of them.
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  const std::string prompts_file = absl::GetFlag(FLAGS_prompts_file);
+  const std::string input = absl::GetFlag(FLAGS_input);
+  const int given = !prompt.empty() + !prompts_file.empty() + !input.empty();
+  if (given != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(given == 0 ? "no examples" : "examples given twice",
+                     ": give one of --prompt, --prompts_file (text) and --input (ids)"));
+  }
+  const std::string print = absl::GetFlag(FLAGS_print);
+  if (print != "auto" && print != "text" && print != "ids") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--print=", print, " is not text, ids or auto"));
+  }
+  const bool text_out = print == "text" || (print == "auto" && input.empty());
   absl::StatusOr<PretrainedSources> weights = OpenPretrained(init_from);
   if (!weights.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--init_from=", init_from, ": ", weights.status().message()));
   }
   const int64_t V = weights->config.vocab_size;
+  // The tokenizer, read only when text goes in or out.
+  std::optional<SpieceTokenizer> tokenizer;
+  if (input.empty() || text_out) {
+    absl::StatusOr<SpieceTokenizer> loaded = LoadTokenizer(
+        *weights, !prompt.empty() ? "--prompt" : !prompts_file.empty() ? "--prompts_file"
+                                                                         : "--print=text");
+    if (!loaded.ok()) return loaded.status();
+    tokenizer.emplace(*std::move(loaded));
+  }
   GenerateOptions options;
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   absl::StatusOr<int64_t> eos = IdFlag("eos_id", absl::GetFlag(FLAGS_eos_id), weights->ids.eos_id);
@@ -171,8 +270,22 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("--pad_id=", pad, " is not an id of the vocabulary of ", V));
   }
-  absl::StatusOr<std::vector<std::vector<int64_t>>> examples =
-      ReadExamples(absl::GetFlag(FLAGS_input), V);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> examples;
+  if (!prompt.empty()) {
+    absl::StatusOr<std::vector<int64_t>> ids = ParseText(prompt, *tokenizer);
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt: ", ids.status().message()));
+    }
+    examples = std::vector<std::vector<int64_t>>{*std::move(ids)};
+  } else if (!prompts_file.empty()) {
+    examples = ReadExamples("prompts_file", prompts_file, [&](absl::string_view line) {
+      return ParseText(line, *tokenizer);
+    });
+  } else {
+    examples = ReadExamples("input", input, [V](absl::string_view line) {
+      return ParseIds(line, V);
+    });
+  }
   if (!examples.ok()) return examples.status();
   absl::StatusOr<train::Compute> compute =
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
@@ -191,6 +304,12 @@ absl::Status Run() {
                compute->device.ToString().c_str(), compute->policy.ToString().c_str(),
                options.Describe().c_str(), static_cast<long long>(options.eos_id),
                static_cast<long long>(pad), static_cast<long long>(options.decoder_start_id));
+  if (tokenizer) {
+    std::fprintf(stderr, "tokenizer %s: %lld pieces + %lld sentinels, text %s\n",
+                 tokenizer->path().c_str(), static_cast<long long>(tokenizer->pieces()),
+                 static_cast<long long>(tokenizer->sentinels()),
+                 input.empty() ? (text_out ? "in and out" : "in") : "out");
+  }
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.
   const int64_t B = static_cast<int64_t>(examples->size());
@@ -212,7 +331,8 @@ absl::Status Run() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t tokens = 0;
   for (const auto& row : *out) {
-    std::printf("%s\n", absl::StrJoin(row, " ").c_str());
+    const std::string line = text_out ? tokenizer->Decode(row) : absl::StrJoin(row, " ");
+    std::printf("%s\n", line.c_str());
     tokens += static_cast<int64_t>(row.size());
   }
   std::fprintf(stderr, "%lld examples, %lld tokens in %.2f s\n", static_cast<long long>(B),
@@ -225,7 +345,8 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   train::ParseCommandLineOrExit(argc, argv,
-      "Generation with a trained T5, greedy or sampled (token ids in and out).");
+      "Generation with a trained T5, greedy, sampled or beam search (text or token ids in and "
+      "out).");
   try {
     absl::Status s = t5::Run();
     if (!s.ok()) {

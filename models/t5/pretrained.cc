@@ -1,12 +1,15 @@
 // T5 weights from a Hugging Face folder (pretrained.h).
 #include "models/t5/pretrained.h"
 
+#include <sys/stat.h>
+
 #include <map>
 #include <memory>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -118,6 +121,11 @@ absl::StatusOr<PretrainedSources> OpenHfT5(const std::string& dir) {
   PretrainedSources out;
   out.config = *config;
   out.source = absl::StrCat("Hugging Face T5 ", dir);
+  // Its SentencePiece model, when the folder holds one (t5-small's does).
+  struct stat st {};
+  if (::stat((dir + "/spiece.model").c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    out.tokenizer = "sentencepiece:" + dir + "/spiece.model";
+  }
   for (auto [key, field] : {std::pair{"eos_token_id", &out.ids.eos_id},
                             {"pad_token_id", &out.ids.pad_id},
                             {"decoder_start_token_id", &out.ids.decoder_start_id}}) {
@@ -180,6 +188,8 @@ absl::StatusOr<PretrainedSources> OpenPretrained(const std::string& path) {
   PretrainedSources out{*config, *std::move(sources), recorded->description,
                         recorded->loader_state};
   out.ids = HfT5IdsOfLoaderState(out.loader_state);
+  // A SentencePiece model's record (data of GPT-2's BPE, or bytes: none).
+  if (absl::StartsWith(recorded->tokenizer, "sentencepiece:")) out.tokenizer = recorded->tokenizer;
   return out;
 }
 

@@ -57,6 +57,12 @@ struct PretrainedSources {
   nn::NamedInitSources sources;  // ParameterShapes(config) names
   std::string source;            // "Hugging Face T5 DIR", "checkpoint DIR (step N)"
   std::string loader_state;      // a checkpoint's data loader state; "" for Hugging Face's
+  // The SentencePiece model the weights' ids are pieces of, as
+  // ReadSentencePieceModel takes it ("sentencepiece:<file>"): the one a
+  // checkpoint records (//models/t5:train records its .bin data's), a Hugging
+  // Face folder's spiece.model; "" for none (data of bytes or another
+  // tokenizer, a folder without one).
+  std::string tokenizer;
   // The special ids the weights were trained with: config.json's
   // eos_token_id (null: -1), pad_token_id and decoder_start_token_id, T5's
   // (HfT5Ids' defaults) where it has none, null or not an integer; a

@@ -8,8 +8,10 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "models/data/span_corruption.h"
 #include "tensor/json.h"
 
 namespace t5 {
@@ -136,7 +138,49 @@ absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spe
         absl::StrCat(path, " is not a SentencePiece model: ", pieces.status().message()));
   }
   model.pieces = *std::move(pieces);
+  // The sentinels a tokenizer_config.json beside it gives, if one does.
+  const size_t slash = path.rfind('/');
+  const std::string config =
+      (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) +
+      "/tokenizer_config.json";
+  std::ifstream config_in(config, std::ios::binary);
+  if (config_in.is_open()) {
+    std::ostringstream text;
+    text << config_in.rdbuf();
+    absl::StatusOr<tensor::Json> json = tensor::ParseJson(text.str());
+    const tensor::Json* extra = json.ok() ? json->Get("extra_ids") : nullptr;
+    if (!json.ok() || json->kind != tensor::Json::Kind::kObject ||
+        (extra != nullptr && (extra->kind != tensor::Json::Kind::kNumber ||
+                              !absl::SimpleAtoi(extra->text, &model.extra_ids) ||
+                              model.extra_ids < 0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config, " (beside ", path, ") is not a tokenizer configuration: ",
+          json.ok() ? "its extra_ids is not an integer >= 0" : json.status().message()));
+    }
+  }
   return model;
+}
+
+absl::StatusOr<int64_t> SentinelsOfTokenizer(const SentencePieceModel& model,
+                                             const std::string& loader_state,
+                                             const std::string& weights, int64_t vocab_size) {
+  const int64_t pieces = static_cast<int64_t>(model.pieces.texts.size());
+  int64_t sentinels = model.extra_ids >= 0 ? model.extra_ids : 100;
+  if (absl::StatusOr<data::SpanCorruptionVocab> vocab = data::SpanCorruptionVocabOf(loader_state);
+      vocab.ok()) {
+    if (vocab->source_vocab != pieces) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model.path, " has ", pieces, " pieces, but the data of ", weights, " had ",
+          vocab->source_vocab, " ids: not the tokenizer it was encoded with"));
+    }
+    sentinels = vocab->sentinels;
+  }
+  if (pieces + sentinels > vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("its ", pieces, " pieces and ", sentinels,
+                     " sentinels do not fit the model's vocabulary of ", vocab_size));
+  }
+  return sentinels;
 }
 
 std::string T5TokenizerConfigJson(const SentencePieces& model, int64_t sentinels,

@@ -4,6 +4,8 @@
 // special pieces.
 #include "models/t5/spiece_files.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
 #include <vector>
@@ -85,6 +87,53 @@ TEST(SpieceFilesTest, ReadsAModelByFileFolderOrRecord) {
   std::ofstream(empty).flush();
   EXPECT_EQ(ReadSentencePieceModel(empty).status().message(),
             absl::StrCat(empty, " is not a SentencePiece model: it holds no piece"));
+}
+
+TEST(SpieceFilesTest, ATokenizerConfigBesideTheModelGivesItsSentinels) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/with_config");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::ofstream(dir + "/spiece.model", std::ios::binary) << Model();
+  EXPECT_EQ(ReadSentencePieceModel(dir)->extra_ids, -1);  // no tokenizer_config.json
+  std::ofstream(dir + "/tokenizer_config.json") << T5TokenizerConfigJson(
+      *ParseSentencePieces(Model()), 7, /*pad_id=*/0, /*eos_id=*/1);
+  EXPECT_EQ(ReadSentencePieceModel(dir)->extra_ids, 7);
+  std::ofstream(dir + "/tokenizer_config.json") << "{\"model_max_length\": 512}";
+  EXPECT_EQ(ReadSentencePieceModel(dir)->extra_ids, -1);  // it does not say
+  for (const char* bad : {"{\"extra_ids\": -1}", "{\"extra_ids\": \"7\"}",
+                          "{\"extra_ids\": 1.5}", "[7]", "{\"extra_ids\": "}) {
+    std::ofstream(dir + "/tokenizer_config.json") << bad;
+    absl::StatusOr<SentencePieceModel> m = ReadSentencePieceModel(dir);
+    ASSERT_FALSE(m.ok()) << bad;
+    EXPECT_TRUE(absl::StartsWith(
+        m.status().message(),
+        absl::StrCat(dir, "/tokenizer_config.json (beside ", dir,
+                     "/spiece.model) is not a tokenizer configuration: ")))
+        << m.status();
+  }
+}
+
+TEST(SpieceFilesTest, TheSentinelsComeFromTheDataThenTheConfigThenT5s) {
+  SentencePieceModel model;
+  model.path = "/m/spiece.model";
+  model.pieces = *ParseSentencePieces(Model());  // 5 pieces
+  EXPECT_EQ(*SentinelsOfTokenizer(model, "", "weights", 105), 100);  // T5's
+  model.extra_ids = 7;
+  EXPECT_EQ(*SentinelsOfTokenizer(model, "", "weights", 12), 7);
+  // A checkpoint's data loader state says 3, over 5 ids.
+  const std::string state =
+      "step=10;span_corruption(token_file(tokens=36269,vocab=5,seed=1337),global_batch=4,"
+      "S=64,T_dec=16,L=71,density=0.15,mean_span=3,sentinels=3,eos=1,pad=0,ignore=-100,"
+      "start=0,seed=1337)";
+  EXPECT_EQ(*SentinelsOfTokenizer(model, state, "weights", 8), 3);
+  EXPECT_EQ(SentinelsOfTokenizer(model, state, "weights", 7).status().message(),
+            "its 5 pieces and 3 sentinels do not fit the model's vocabulary of 7");
+  EXPECT_EQ(SentinelsOfTokenizer(model, "", "weights", 11).status().message(),
+            "its 5 pieces and 7 sentinels do not fit the model's vocabulary of 11");
+  std::string other = state;
+  other.replace(other.find("vocab=5"), 7, "vocab=6");
+  EXPECT_EQ(SentinelsOfTokenizer(model, other, "checkpoint X", 100).status().message(),
+            "/m/spiece.model has 5 pieces, but the data of checkpoint X had 6 ids: not the "
+            "tokenizer it was encoded with");
 }
 
 TEST(SpieceFilesTest, TheTokenizerConfigGivesTheSentinelsAndTheModelsSpecialPieces) {
