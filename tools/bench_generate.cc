@@ -37,7 +37,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "dist/wrap_policy.h"
 #include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
@@ -331,7 +330,11 @@ absl::Status Run() {
       train::ResolveCompute(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_precision));
   if (!compute.ok()) return compute.status();
   const tensor::Device& device = compute->device;
-  const std::vector<std::string> presets = absl::StrSplit(absl::GetFlag(FLAGS_presets), ',');
+  absl::StatusOr<std::vector<std::string>> listed =
+      train::SplitListFlag("presets", absl::GetFlag(FLAGS_presets));
+  if (!listed.ok()) return listed.status();
+  const std::vector<std::string>& presets = *listed;
+  if (presets.empty()) return absl::InvalidArgumentError("--presets is empty: name a preset");
   for (const std::string& name : presets) {  // every name checked before any run
     if (!mingpt::Preset(name).ok() && !t5::Preset(name).ok()) {
       return absl::InvalidArgumentError(

@@ -34,5 +34,7 @@ echo "FSDP: whole model and unit by unit draw the same tokens"
 
 exits_2 "--fsdp_world_size must be >= 0 (0: one process), got -1" "$bench" --fsdp_world_size=-1
 exits_2 "--presets: 'gpt-huge' is neither a minGPT preset" "$bench" --presets=gpt-huge
+exits_2 "--presets=',gpt-nano' has an empty entry" "$bench" --presets=,gpt-nano
+exits_2 "--presets is empty: name a preset" "$bench" --presets=
 exits_2 "--num_beams must be >= 1" "$bench" --num_beams=0
 echo PASS

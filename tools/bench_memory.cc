@@ -52,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -61,7 +62,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/thread_group.h"
@@ -349,12 +349,6 @@ struct Ordering {
   std::string result;         // PASS, TIE (expected), FAIL
 };
 
-std::vector<std::string> SplitList(const std::string& flag) {
-  std::vector<std::string> out;
-  for (absl::string_view s : absl::StrSplit(flag, ',', absl::SkipEmpty())) out.emplace_back(s);
-  return out;
-}
-
 std::string JsonFormula(const Formula& f) {
   return absl::StrCat("{\"formula\":\"", f.text, "\",\"bytes\":", static_cast<int64_t>(f.bytes),
                       "}");
@@ -386,16 +380,23 @@ std::string RowJson(const Row& r) {
 }
 
 int Main() {
-  const std::vector<std::string> presets = SplitList(absl::GetFlag(FLAGS_presets));
-  const std::vector<std::string> strategies = SplitList(absl::GetFlag(FLAGS_strategies));
-  const std::vector<std::string> precisions = SplitList(absl::GetFlag(FLAGS_precision));
-  const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
   auto usage_error = [](const std::string& message) {
     std::fprintf(stderr, "bench_memory: error: %s\n", message.c_str());
     return 2;
   };
+  std::vector<std::string> presets, strategies, precisions, world_sizes;
+  for (auto [name, value, list] :
+       {std::tuple{"presets", absl::GetFlag(FLAGS_presets), &presets},
+        {"strategies", absl::GetFlag(FLAGS_strategies), &strategies},
+        {"precision", absl::GetFlag(FLAGS_precision), &precisions},
+        {"world_sizes", absl::GetFlag(FLAGS_world_sizes), &world_sizes}}) {
+    absl::StatusOr<std::vector<std::string>> entries = train::SplitListFlag(name, value);
+    if (!entries.ok()) return usage_error(std::string(entries.status().message()));
+    *list = *std::move(entries);
+  }
+  const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
   std::vector<int> worlds;
-  for (const std::string& w : SplitList(absl::GetFlag(FLAGS_world_sizes))) {
+  for (const std::string& w : world_sizes) {
     int n = 0;
     if (!absl::SimpleAtoi(w, &n) || n < 1) {
       return usage_error(absl::StrCat("bad --world_sizes entry '", w, "' (want integers >= 2)"));

@@ -59,4 +59,11 @@ bad "--max_inflight_all_gathers=0 must be >= 1" "$throughput" "${small[@]}" \
   --max_inflight_all_gathers=0
 bad "--json_out: cannot write '$dir/none/x.json'" \
   "$throughput" "${small[@]}" --json_out="$dir/none/x.json"
+# A list's empty entry is refused (it used to be skipped here), as in every binary.
+bad "--world_sizes='2,,4' has an empty entry (entries are comma-separated)" \
+  "$memory" "${small[@]}" --world_sizes=2,,4
+bad "--presets='gpt-nano,' has an empty entry" "$memory" "${small[@]}" --presets=gpt-nano,
+bad "--precision=',fp32' has an empty entry" "$throughput" "${small[@]}" --precision=,fp32
+bad "--presets and --precision must each name one or more" "$throughput" "${small[@]}" \
+  --presets=" "
 echo "bad flags are refused before any run"

@@ -41,7 +41,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
@@ -261,7 +260,18 @@ std::string JsonList(const std::vector<double>& v) {
 }
 
 int Main() {
-  const std::vector<std::string> presets = absl::StrSplit(absl::GetFlag(FLAGS_presets), ',');
+  absl::StatusOr<std::vector<std::string>> listed_presets =
+      train::SplitListFlag("presets", absl::GetFlag(FLAGS_presets));
+  absl::StatusOr<std::vector<std::string>> listed_precisions =
+      train::SplitListFlag("precision", absl::GetFlag(FLAGS_precision));
+  for (const auto* listed : {&listed_presets, &listed_precisions}) {
+    if (!listed->ok()) {
+      std::fprintf(stderr, "bench_throughput: error: %s\n",
+                   std::string(listed->status().message()).c_str());
+      return 2;
+    }
+  }
+  const std::vector<std::string>& presets = *listed_presets;
   const int world = absl::GetFlag(FLAGS_world_size);
   const int reps = absl::GetFlag(FLAGS_reps);
   const int64_t B = absl::GetFlag(FLAGS_batch_size), T = absl::GetFlag(FLAGS_seq_len);
@@ -272,7 +282,7 @@ int Main() {
   }
   // fp32 before bf16 whatever the flag's order, each once.
   bool want_fp32 = false, want_bf16 = false;
-  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_precision), ',')) {
+  for (const std::string& p : *listed_precisions) {
     if (p == "fp32") {
       want_fp32 = true;
     } else if (p == "bf16") {
@@ -280,7 +290,7 @@ int Main() {
     } else {
       std::fprintf(stderr,
                    "bench_throughput: error: unknown --precision entry '%s' (want fp32, bf16)\n",
-                   std::string(p).c_str());
+                   p.c_str());
       return 2;
     }
   }
@@ -319,6 +329,9 @@ int Main() {
   if (absl::GetFlag(FLAGS_vocab_size) < 1 || absl::GetFlag(FLAGS_vocab_size) > (int64_t{1} << 31)) {
     return usage_error(absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size),
                                     " must be in [1, 2^31]"));
+  }
+  if (presets.empty() || (!want_fp32 && !want_bf16)) {
+    return usage_error("--presets and --precision must each name one or more");
   }
   for (const std::string& preset : presets) {
     absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);

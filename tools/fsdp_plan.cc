@@ -49,7 +49,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "dist/fsdp_plan.h"
 #include "dist/wrap_policy.h"
 #include "models/common/command_line.h"
@@ -216,7 +215,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<int> k = train::OptimizerBytesPerParameter(absl::GetFlag(FLAGS_optimizer));
   if (!k.ok()) return Fail(std::string(k.status().message()));
   std::vector<int> worlds;
-  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_world_sizes), ',')) {
+  absl::StatusOr<std::vector<std::string>> world_sizes =
+      train::SplitListFlag("world_sizes", absl::GetFlag(FLAGS_world_sizes));
+  if (!world_sizes.ok()) return Fail(std::string(world_sizes.status().message()));
+  if (world_sizes->empty()) return Fail("--world_sizes is empty: give the shard group sizes");
+  for (const std::string& w : *world_sizes) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(w, &n) || n < 1 || n > INT_MAX) {
       return Fail(absl::StrCat("--world_sizes: '", w, "' is not an integer in [1, ", INT_MAX,

@@ -23,6 +23,8 @@ awk -v a="$(state "${TEST_TMPDIR}/frozen.txt")" -v b="$(state "${TEST_TMPDIR}/al
 "$plan" --preset=t5-small --world_sizes=8 --freeze=shared,encoder --units > "${TEST_TMPDIR}/t5.txt"
 grep -qE "^ +<root> +2 params" "${TEST_TMPDIR}/t5.txt" || { cat "${TEST_TMPDIR}/t5.txt"; exit 1; }
 exits_2 "--freeze: freeze pattern 'nope' selects no parameter" "$plan" --preset=gpt-nano --freeze=nope
+exits_2 "--world_sizes='8, ,64' has an empty entry" "$plan" --preset=gpt-nano --world_sizes="8, ,64"
+exits_2 "--world_sizes is empty" "$plan" --preset=gpt-nano --world_sizes=
 # size:1000000 makes T5's shared embedding a unit: //models/t5:train refuses it, so does the plan.
 exits_2 "--auto_wrap=size:1000000 puts 'shared.weight' into the FSDP unit 'shared', but it must \
 stay in the root unit" "$plan" --preset=t5-small --auto_wrap=size:1000000

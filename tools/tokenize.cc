@@ -38,7 +38,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "models/common/command_line.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/mapped_file.h"
@@ -97,8 +96,10 @@ absl::Status CheckWritesNoInput(const std::string& output, const std::vector<std
 
 absl::Status Tokenize() {
   const std::string output = absl::GetFlag(FLAGS_output);
-  const std::vector<std::string> inputs =
-      absl::StrSplit(absl::GetFlag(FLAGS_input), ',', absl::SkipEmpty());
+  absl::StatusOr<std::vector<std::string>> listed =
+      train::SplitListFlag("input", absl::GetFlag(FLAGS_input));
+  if (!listed.ok()) return listed.status();
+  const std::vector<std::string>& inputs = *listed;
   if (inputs.empty()) return absl::InvalidArgumentError("--input is required: text files");
   if (output.empty()) return absl::InvalidArgumentError("--output is required: a token file");
   if (std::error_code ec; std::filesystem::is_directory(output, ec)) {

@@ -53,6 +53,8 @@ echo "the record beside the file: the tokenizer (gpt2, or a folder's absolute pa
 
 expect_error() { exits_2 "$1" "$tokenize" "${@:2}"; }
 expect_error "--input is required" --output="$dir/x.bin"
+expect_error "--input='$text,,$text' has an empty entry (entries are comma-separated)" \
+  --input="$text,,$text" --output="$dir/x.bin"
 expect_error "--output is required" --input="$text"
 expect_error "--input: " --input="$text,$dir/none.txt" --output="$dir/x.bin"
 expect_error "--threads must be >= 0, got -1" --input="$text" --output="$dir/x.bin" --threads=-1

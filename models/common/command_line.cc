@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 
 namespace train {
@@ -418,6 +419,21 @@ std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::str
   }
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   return std::vector<std::string>(rest.begin() + 1, rest.end());
+}
+
+absl::StatusOr<std::vector<std::string>> SplitListFlag(absl::string_view name,
+                                                       absl::string_view value) {
+  std::vector<std::string> entries;
+  if (absl::StripAsciiWhitespace(value).empty()) return entries;
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, "='", value, "' has an empty entry (entries are comma-separated)"));
+    }
+    entries.emplace_back(entry);
+  }
+  return entries;
 }
 
 }  // namespace train

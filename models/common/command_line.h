@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace train {
@@ -42,6 +43,14 @@ absl::Status CheckCommandLine(int argc, char** argv, int max_positional);
 // positional arguments.
 std::vector<std::string> ParseCommandLineOrExit(int argc, char** argv, absl::string_view usage,
                                                 int max_positional = 0);
+
+// The entries of list flag --`name`'s comma-separated `value`, each without
+// its surrounding spaces; none for a value of spaces only. InvalidArgument
+// "--<name>='<value>' has an empty entry (entries are comma-separated)" for
+// ",a", "a,,b" or "a,": every binary refuses them alike (nn's --freeze
+// patterns too), where some used to skip them and others to name ''.
+absl::StatusOr<std::vector<std::string>> SplitListFlag(absl::string_view name,
+                                                       absl::string_view value);
 
 }  // namespace train
 

@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -157,6 +158,21 @@ TEST(CheckCommandLineTest, StrayArgumentsAreRefused) {
   EXPECT_EQ(Check({"a", "b", "c"}, 2).message(),
             "unexpected argument 'c': this program takes at most 2 arguments besides its flags");
   EXPECT_FALSE(Check({"--", "x"}).ok());
+}
+
+TEST(SplitListFlagTest, EntriesWithoutSpacesAndEmptyOnesRefused) {
+  EXPECT_EQ(*SplitListFlag("presets", "nano, gpt2 ,t5-tiny"),
+            (std::vector<std::string>{"nano", "gpt2", "t5-tiny"}));
+  EXPECT_EQ(*SplitListFlag("presets", "nano"), (std::vector<std::string>{"nano"}));
+  EXPECT_TRUE(SplitListFlag("presets", "")->empty());
+  EXPECT_TRUE(SplitListFlag("presets", "  ")->empty());
+  for (const char* bad : {",a", "a,,b", "a,", "a, ,b", ","}) {
+    absl::StatusOr<std::vector<std::string>> entries = SplitListFlag("input", bad);
+    ASSERT_FALSE(entries.ok()) << bad;
+    EXPECT_EQ(entries.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(entries.status().message(),
+              absl::StrCat("--input='", bad, "' has an empty entry (entries are comma-separated)"));
+  }
 }
 
 }  // namespace

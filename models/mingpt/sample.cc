@@ -163,7 +163,9 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
           "--prompt_tokens takes the place of --prompt (the prompt as ids, not text): give one "
           "of them");
     }
-    for (absl::string_view s : absl::StrSplit(tokens, ',')) {
+    absl::StatusOr<std::vector<std::string>> listed = train::SplitListFlag("prompt_tokens", tokens);
+    if (!listed.ok()) return listed.status();
+    for (const std::string& s : *listed) {
       int64_t id = 0;
       if (!absl::SimpleAtoi(s, &id) || id < 0 || id >= config.vocab_size) {
         return absl::InvalidArgumentError(

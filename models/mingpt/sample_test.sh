@@ -119,6 +119,8 @@ expect_error "--checkpoint: $dir/none: no such folder" --checkpoint="$dir/none"
 expect_error "--temperature must be finite and >= 0" --checkpoint="$dir/one" --temperature=-1
 expect_error "--top_p must be in (0, 1], got 1.5" --checkpoint="$dir/one" --top_p=1.5
 expect_error "--top_k must be >= 0" --checkpoint="$dir/one" --top_k=-2
+expect_error "--prompt_tokens='76,,105' has an empty entry" --checkpoint="$dir/one" \
+  --prompt_tokens=76,,105
 # Flags the decoding would not read.
 expect_error "--top_k=5: it narrows the tokens a draw takes, but --temperature=0 draws none \
 (greedy decoding): give --temperature > 0 to sample" --checkpoint="$dir/one" --temperature=0 \
