@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Encodes text files with a SentencePiece model (T5's spiece.model) as a token file.
 
-T5's tokenizer is SentencePiece, which the C++ side does not build in: this
-script (Debian's python3-sentencepiece) writes what //tools:tokenize writes for
+T5's tokenizer is SentencePiece, which //models/t5:generate runs in C++ for
+text prompts (t5::SpieceTokenizer); for training data this script (Debian's
+python3-sentencepiece) writes what //tools:tokenize writes for
 GPT-2's BPE, a flat uint16 file of ids and beside it PATH.json
 ({"tokenizer": "sentencepiece:<model's absolute path>", "vocab_size": N,
 "num_tokens": M}, data::TokenFileMeta), so that //models/t5:train --data=PATH
@@ -110,7 +111,8 @@ def encode_text(sp, text, vocab, sentinels):
     for m in SENTINEL.finditer(text):
         k = int(m.group(1))
         if k >= sentinels:
-            raise ValueError(f"'{m.group(0)}' is not one of the {sentinels} sentinels "
+            raise ValueError(f"'{m.group(0)}' is a sentinel, and there are none" if not sentinels
+                             else f"'{m.group(0)}' is not one of the {sentinels} sentinels "
                              f"(<extra_id_0> .. <extra_id_{sentinels - 1}>)")
         ids += sp.EncodeAsIds(text[at:m.start()]) + [vocab + sentinels - 1 - k]
         at = m.end()
@@ -162,11 +164,16 @@ def encode_lines(sp, args):
     out = []
     for name in args.input.split(","):
         try:
-            with open(name, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            # Lines end at "\n" only (a "\r" before it is dropped), as
+            # //models/t5:generate --prompts_file reads them.
+            with open(name, encoding="utf-8", newline="") as f:
+                lines = f.read().split("\n")
         except (OSError, UnicodeDecodeError) as e:
             fail(f"--input: {name}: {e}")
+        if lines[-1] == "":
+            lines.pop()
         for n, line in enumerate(lines, 1):
+            line = line[:-1] if line.endswith("\r") else line
             try:
                 ids = encode_text(sp, line, sp.GetPieceSize(), args.sentinels)
             except ValueError as e:

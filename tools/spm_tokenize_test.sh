@@ -8,7 +8,9 @@
 # with the key/value cache and without: the same tokens; sampled: the seed's
 # tokens every run; beam search, with the cache and without) and back to text;
 # the export carries the SentencePiece model (refused when it is not the
-# data's);
+# data's); generate's own --prompts_file / --prompt and --print=text give the
+# tool's ids (sentinels too, lines cut at "\n" alike) and text, from the
+# checkpoint and from the export;
 # ids above the model's 300 as the sentinels <extra_id_k> (399 the 0th). An output
 # that is an input or the model (by any path, a link, or its OUTPUT.json) is
 # refused and nothing is written; --help says where each mode puts --eos_after_each's
@@ -197,6 +199,9 @@ gen_text=("$generate" --max_new_tokens=6 --eos_id=-1)
 "${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/text.txt" --print=ids \
   2> "$dir/text.log" | cmp - "$dir/out.txt"
 grep -q "^tokenizer $dir/spiece.model: 300 pieces + 100 sentinels, text in$" "$dir/text.log"
+# What the encoder read: the Python tool's ids of the first line, </s> ended.
+grep -qx "example 1 as ids: $(sed -n 1p "$dir/ids.txt")" "$dir/text.log" ||
+  { cat "$dir/text.log"; head -1 "$dir/ids.txt"; exit 1; }
 /usr/bin/python3 "$script" --model="$dir" --decode_lines="$dir/out.txt" > "$dir/out_text.txt"
 "${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/text.txt" 2> "$dir/text.log" |
   cmp - "$dir/out_text.txt"
@@ -217,7 +222,16 @@ grep -q " 399 .* 398 1$" "$dir/span_text_ids.txt"
 "${gen_text[@]}" --init_from="$dir/ck" --input="$dir/span_text_ids.txt" 2> /dev/null \
   > "$dir/span_text_out.txt"
 "${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/span_text.txt" --print=ids \
-  2> /dev/null | cmp - "$dir/span_text_out.txt"
+  2> "$dir/text.log" | cmp - "$dir/span_text_out.txt"
+grep -qx "example 1 as ids: $(cat "$dir/span_text_ids.txt")" "$dir/text.log"
+# Lines end at "\n" alone in both (a "\r" before it dropped): a form feed is text.
+printf 'Of prisms\r\nLight\fis\n' > "$dir/ends.txt"
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/ends.txt" --output="$dir/ends_ids.txt" \
+  --output_lines --eos_after_each > /dev/null
+[[ $(wc -l < "$dir/ends_ids.txt") == 2 ]]
+"${gen_text[@]}" --init_from="$dir/ck" --input="$dir/ends_ids.txt" 2> /dev/null > "$dir/ends_out.txt"
+"${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/ends.txt" --print=ids 2> /dev/null |
+  cmp - "$dir/ends_out.txt"
 exits_2 "--prompt needs a tokenizer, but checkpoint $dir/bytes/step_000001 (step 1) has none \
 (--tokenizer=auto): give --tokenizer=<spiece.model or a folder holding one>" "$generate" \
   --init_from="$dir/bytes" --prompt="Of prisms"
@@ -238,6 +252,11 @@ exits_2 "examples given twice: give one of --prompt, --prompts_file (text) and -
 exits_2 "no examples: give one of" "$generate" --init_from="$dir/ck"
 exits_2 "--print=words is not text, ids or auto" "$generate" --init_from="$dir/ck" \
   --input="$dir/ids.txt" --print=words
+exits_2 "--tokenizer=$dir: nothing is tokenized here (--input gives ids and --print=ids prints \
+ids)" "$generate" --init_from="$dir/ck" --input="$dir/ids.txt" --tokenizer="$dir"
+printf 'Of prisms\nLight \xe9\n' > "$dir/latin1.txt"
+exits_2 "--prompts_file=$dir/latin1.txt: line 2: it is not UTF-8 text (byte 7 does not begin a \
+character)" "$generate" --init_from="$dir/ck" --prompts_file="$dir/latin1.txt"
 echo "text through //models/t5:generate: the Python tool's ids and text"
 
 # --help says what --eos_after_each appends in each mode (as checked above: one </s>

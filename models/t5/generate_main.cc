@@ -16,7 +16,11 @@
 // The examples run in one batch (shorter ones padded with --pad_id and
 // masked); each line of stdout is one example's new tokens, as text for text
 // examples, else as ids (--print; --num_return_sequences lines each with
-// beams, best first). What was loaded and the speed go to stderr.
+// beams, best first; ids text lacks, the rows a vocabulary is padded with,
+// as <|id N|>). Lines without text or ids are refused (spm_tokenize.py
+// --output_lines skips them), so that each output line answers its input
+// line; so is text that is not UTF-8. What was loaded, the first text
+// example as ids, and the speed go to stderr.
 // Exit 2 on bad flags or input (named).
 #include <cerrno>
 #include <chrono>
@@ -115,7 +119,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadExamples(const std::string
     absl::StatusOr<std::vector<int64_t>> ids = parse(absl::StripSuffix(line, "\r"));
     if (!ids.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, "=", path, ": line ", line_no, ": ", ids.status().message()));
+          absl::StrCat("--", flag, "=", path, ": line ", line_no, ": ", ids.status().message(),
+                       " (each line is one example, its output on the same line)"));
     }
     examples.push_back(*std::move(ids));
   }
@@ -137,10 +142,7 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view line, int64_t vo
     }
     ids.push_back(id);
   }
-  if (ids.empty()) {
-    return absl::InvalidArgumentError(
-        "it has no ids (each line is one example, its output on the same line)");
-  }
+  if (ids.empty()) return absl::InvalidArgumentError("it has no ids");
   return ids;
 }
 
@@ -149,10 +151,7 @@ absl::StatusOr<std::vector<int64_t>> ParseText(absl::string_view text,
                                                const SpieceTokenizer& tokenizer) {
   absl::StatusOr<std::vector<int64_t>> ids = tokenizer.Encode(text);
   if (!ids.ok()) return ids.status();
-  if (ids->empty()) {
-    return absl::InvalidArgumentError(
-        "it has no text (each line is one example, its output on the same line)");
-  }
+  if (ids->empty()) return absl::InvalidArgumentError("it has no text");
   if (tokenizer.eos_id() >= 0) ids->push_back(tokenizer.eos_id());
   return ids;
 }
@@ -229,6 +228,11 @@ absl::Status Run() {
   const int64_t V = weights->config.vocab_size;
   // The tokenizer, read only when text goes in or out.
   std::optional<SpieceTokenizer> tokenizer;
+  if (!input.empty() && !text_out && absl::GetFlag(FLAGS_tokenizer) != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer=", absl::GetFlag(FLAGS_tokenizer),
+        ": nothing is tokenized here (--input gives ids and --print=ids prints ids)"));
+  }
   if (input.empty() || text_out) {
     absl::StatusOr<SpieceTokenizer> loaded = LoadTokenizer(
         *weights, !prompt.empty() ? "--prompt" : !prompts_file.empty() ? "--prompts_file"
@@ -309,6 +313,11 @@ absl::Status Run() {
                  tokenizer->path().c_str(), static_cast<long long>(tokenizer->pieces()),
                  static_cast<long long>(tokenizer->sentinels()),
                  input.empty() ? (text_out ? "in and out" : "in") : "out");
+    // What the encoder reads of text, to see how it was tokenized.
+    if (input.empty()) {
+      std::fprintf(stderr, "example 1 as ids: %s\n",
+                   absl::StrJoin(examples->front(), " ").c_str());
+    }
   }
 
   // The batch: (B, S) ids, the shorter examples padded at the end and masked.

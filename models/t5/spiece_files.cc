@@ -155,7 +155,9 @@ absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spe
                               model.extra_ids < 0))) {
       return absl::InvalidArgumentError(absl::StrCat(
           config, " (beside ", path, ") is not a tokenizer configuration: ",
-          json.ok() ? "its extra_ids is not an integer >= 0" : json.status().message()));
+          !json.ok()                                  ? json.status().message()
+          : json->kind != tensor::Json::Kind::kObject ? "not a JSON object"
+                                                      : "its extra_ids is not an integer >= 0"));
     }
   }
   return model;

@@ -5,7 +5,9 @@
 #include "models/t5/spiece_files.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -91,14 +93,20 @@ TEST(SpieceFilesTest, ReadsAModelByFileFolderOrRecord) {
 
 TEST(SpieceFilesTest, ATokenizerConfigBesideTheModelGivesItsSentinels) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/with_config");
-  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_TRUE(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST);
   std::ofstream(dir + "/spiece.model", std::ios::binary) << Model();
-  EXPECT_EQ(ReadSentencePieceModel(dir)->extra_ids, -1);  // no tokenizer_config.json
+  ::unlink((dir + "/tokenizer_config.json").c_str());
+  auto extra_ids = [&] {
+    absl::StatusOr<SentencePieceModel> m = ReadSentencePieceModel(dir);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? m->extra_ids : -2;
+  };
+  EXPECT_EQ(extra_ids(), -1);  // no tokenizer_config.json
   std::ofstream(dir + "/tokenizer_config.json") << T5TokenizerConfigJson(
       *ParseSentencePieces(Model()), 7, /*pad_id=*/0, /*eos_id=*/1);
-  EXPECT_EQ(ReadSentencePieceModel(dir)->extra_ids, 7);
+  EXPECT_EQ(extra_ids(), 7);
   std::ofstream(dir + "/tokenizer_config.json") << "{\"model_max_length\": 512}";
-  EXPECT_EQ(ReadSentencePieceModel(dir)->extra_ids, -1);  // it does not say
+  EXPECT_EQ(extra_ids(), -1);  // it does not say
   for (const char* bad : {"{\"extra_ids\": -1}", "{\"extra_ids\": \"7\"}",
                           "{\"extra_ids\": 1.5}", "[7]", "{\"extra_ids\": "}) {
     std::ofstream(dir + "/tokenizer_config.json") << bad;
@@ -110,6 +118,12 @@ TEST(SpieceFilesTest, ATokenizerConfigBesideTheModelGivesItsSentinels) {
                      "/spiece.model) is not a tokenizer configuration: ")))
         << m.status();
   }
+  std::ofstream(dir + "/tokenizer_config.json") << "[7]";
+  EXPECT_TRUE(absl::EndsWith(ReadSentencePieceModel(dir).status().message(),
+                             "configuration: not a JSON object"));
+  std::ofstream(dir + "/tokenizer_config.json") << "{\"extra_ids\": -1}";
+  EXPECT_TRUE(absl::EndsWith(ReadSentencePieceModel(dir).status().message(),
+                             "configuration: its extra_ids is not an integer >= 0"));
 }
 
 TEST(SpieceFilesTest, TheSentinelsComeFromTheDataThenTheConfigThenT5s) {

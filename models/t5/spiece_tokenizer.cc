@@ -33,6 +33,41 @@ int64_t SentinelAt(absl::string_view text, size_t* length) {
   return k;
 }
 
+// The offset of the first byte of `text` that does not begin a well-formed
+// UTF-8 character (RFC 3629: no overlong forms, surrogates or code points
+// above U+10FFFF); npos when the text is UTF-8 throughout.
+size_t FirstNonUtf8(absl::string_view text) {
+  size_t at = 0;
+  while (at < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[at]);
+    size_t n = 0;                        // continuation bytes
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+    if (c < 0x80) {
+      ++at;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return at;
+    }
+    if (at + n >= text.size()) return at;  // cut short
+    for (size_t i = 1; i <= n; ++i) {
+      const unsigned char b = static_cast<unsigned char>(text[at + i]);
+      if (b < (i == 1 ? lo : 0x80) || b > (i == 1 ? hi : 0xbf)) return at;
+    }
+    at += n + 1;
+  }
+  return absl::string_view::npos;
+}
+
 }  // namespace
 
 SpieceTokenizer::SpieceTokenizer(std::unique_ptr<SpieceProcessor> sp, int64_t sentinels,
@@ -59,10 +94,20 @@ absl::StatusOr<SpieceTokenizer> SpieceTokenizer::Load(const SentencePieceModel& 
     return absl::InvalidArgumentError(
         absl::StrCat(model.path, ": SentencePiece does not load it: ", error));
   }
+  // Callers check the ids against the pieces ParseSentencePieces counted.
+  if (sp->PieceSize() != static_cast<int64_t>(model.pieces.texts.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model.path, ": SentencePiece loads ", sp->PieceSize(), " pieces of it, not the ",
+        model.pieces.texts.size(), " its protobuf holds"));
+  }
   return SpieceTokenizer(std::move(sp), sentinels, model.path);
 }
 
 absl::StatusOr<std::vector<int64_t>> SpieceTokenizer::Encode(absl::string_view text) const {
+  if (const size_t bad = FirstNonUtf8(text); bad != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("it is not UTF-8 text (byte ", bad + 1, " does not begin a character)"));
+  }
   std::vector<int64_t> ids;
   auto encode_run = [&](absl::string_view run) {
     for (int id : sp_->Encode(std::string(run))) ids.push_back(id);
@@ -73,9 +118,11 @@ absl::StatusOr<std::vector<int64_t>> SpieceTokenizer::Encode(absl::string_view t
     const int64_t k = SentinelAt(text.substr(at), &length);
     if (k < 0) continue;
     if (k >= sentinels_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", text.substr(at, length), "' is not one of the ", sentinels_,
-          " sentinels (<extra_id_0> .. <extra_id_", sentinels_ - 1, ">)"));
+      return absl::InvalidArgumentError(
+          sentinels_ == 0
+              ? absl::StrCat("'", text.substr(at, length), "' is a sentinel, and there are none")
+              : absl::StrCat("'", text.substr(at, length), "' is not one of the ", sentinels_,
+                             " sentinels (<extra_id_0> .. <extra_id_", sentinels_ - 1, ">)"));
     }
     encode_run(text.substr(run_start, at - run_start));
     ids.push_back(pieces_ + sentinels_ - 1 - k);
@@ -117,7 +164,7 @@ std::string SpieceTokenizer::Decode(absl::Span<const int64_t> ids) const {
     if (id >= pieces_ && id < pieces_ + sentinels_) {
       absl::StrAppend(&out, "<extra_id_", pieces_ + sentinels_ - 1 - id, ">");
     } else {
-      absl::StrAppend(&out, "<id_", id, ">");
+      absl::StrAppend(&out, "<|id ", id, "|>");
     }
   }
   flush();

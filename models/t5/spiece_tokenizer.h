@@ -25,7 +25,7 @@ class SpieceTokenizer {
  public:
   // `model` (ReadSentencePieceModel's) with `sentinels` ids above its
   // pieces. InvalidArgument naming model.path when the library does not
-  // load it, or for sentinels < 0.
+  // load it or counts other pieces than model.pieces, or for sentinels < 0.
   static absl::StatusOr<SpieceTokenizer> Load(const SentencePieceModel& model,
                                               int64_t sentinels);
   SpieceTokenizer(SpieceTokenizer&&) noexcept;
@@ -41,14 +41,16 @@ class SpieceTokenizer {
   // pieces() + sentinels() - 1 - k), the text between goes through the model
   // (normalized as it says: T5's collapses whitespace), as T5Tokenizer splits
   // text at its special tokens. No </s> is added. InvalidArgument naming the
-  // sentinel when k is not below sentinels().
+  // sentinel when k is not below sentinels(), or the byte where text that is
+  // not UTF-8 goes wrong (SentencePiece would take it silently).
   absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const;
 
   // The text of `ids`: runs of the model's ids through it (control pieces,
   // as </s> and <pad>, give none), sentinels as "<extra_id_k>", followed by
   // a space when the next piece starts with one (Hugging Face: "<extra_id_0>
   // park"); ids above the pieces and sentinels (rows a vocabulary is padded
-  // with) as "<id_N>", and negative ones as "<id_-N>".
+  // with) as "<|id N|>", as minGPT shows ids its tokenizer lacks (negative
+  // ones too).
   std::string Decode(absl::Span<const int64_t> ids) const;
 
  private:

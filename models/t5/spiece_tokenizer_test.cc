@@ -3,15 +3,18 @@
 // (testdata/spiece_goldens.py): the same ids for plain text, whitespace,
 // NFKC forms, unknown characters and sentinels, and the same text for ids
 // with control pieces and sentinels between runs. Sentinels it does not have
-// are refused, naming them; rows above the sentinels decode as <id_N>.
+// are refused, naming them, and so is text that is not UTF-8; rows above the
+// sentinels decode as <|id N|>.
 #include "models/t5/spiece_tokenizer.h"
 
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "gtest/gtest.h"
 #include "models/data/runfiles.h"
@@ -101,7 +104,7 @@ TEST_F(SpieceTokenizerTest, SentinelsAndRowsAboveThem) {
   EXPECT_EQ(tokenizer_->Decode(*ids), "<extra_id_0> of prisms");
   EXPECT_EQ(tokenizer_->Decode({399, 300}), "<extra_id_0><extra_id_99>");
   // A padded vocabulary's rows, and what is no id, are named.
-  EXPECT_EQ(tokenizer_->Decode({400, 31999, -3}), "<id_400><id_31999><id_-3>");
+  EXPECT_EQ(tokenizer_->Decode({400, 31999, -3}), "<|id 400|><|id 31999|><|id -3|>");
   for (const char* text : {"a <extra_id_100> b", "<extra_id_123456789012345678901234>"}) {
     absl::StatusOr<std::vector<int64_t>> bad = tokenizer_->Encode(text);
     ASSERT_FALSE(bad.ok()) << text;
@@ -112,6 +115,41 @@ TEST_F(SpieceTokenizerTest, SentinelsAndRowsAboveThem) {
         << bad.status();
     EXPECT_TRUE(absl::StrContains(bad.status().message(), "'<extra_id_1")) << bad.status();
   }
+}
+
+TEST_F(SpieceTokenizerTest, TextThatIsNotUtf8IsRefusedNamingTheByte) {
+  // Well-formed: 2-, 3- and 4-byte characters, the edges of their ranges.
+  for (const char* good : {"caf\xc3\xa9", "\xe2\x98\x83", "\xf0\x9f\x98\x80", "\xed\x9f\xbf",
+                           "\xf4\x8f\xbf\xbf", "\xe0\xa0\x80"}) {
+    EXPECT_TRUE(tokenizer_->Encode(good).ok()) << good;
+  }
+  // A stray continuation byte, a cut character, overlong forms, a surrogate,
+  // above U+10FFFF, bytes no character begins with.
+  for (const auto& [bad, byte] : std::vector<std::pair<std::string, int>>{
+           {"ab\x80", 3}, {"a\xc3", 2}, {"\xe2\x98", 1}, {"x\xc0\xaf", 2},
+           {"\xe0\x9f\xbf", 1}, {"\xed\xa0\x80", 1}, {"\xf4\x90\x80\x80", 1},
+           {"ok \xff", 4}, {"\xf8\x88\x80\x80\x80", 1}, {"\xc3(", 1}}) {
+    absl::StatusOr<std::vector<int64_t>> ids = tokenizer_->Encode(bad);
+    ASSERT_FALSE(ids.ok()) << bad;
+    EXPECT_EQ(ids.status().message(), absl::StrCat("it is not UTF-8 text (byte ", byte,
+                                                   " does not begin a character)"));
+  }
+}
+
+TEST(SpieceTokenizer, ZeroSentinelsSaySo) {
+  absl::StatusOr<SentencePieceModel> model =
+      ReadSentencePieceModel(Runfile("models/t5/spiece_test.model"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<SpieceTokenizer> tokenizer = SpieceTokenizer::Load(*model, 0);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(tokenizer->Encode("of <extra_id_0>").status().message(),
+            "'<extra_id_0>' is a sentinel, and there are none");
+  EXPECT_EQ(tokenizer->Decode({300}), "<|id 300|>");
+  // A model whose protobuf the library reads otherwise than ParseSentencePieces.
+  model->pieces.texts.pop_back();
+  EXPECT_TRUE(absl::StrContains(SpieceTokenizer::Load(*model, 0).status().message(),
+                                "SentencePiece loads 300 pieces of it, not the 299 its protobuf "
+                                "holds"));
 }
 
 TEST(SpieceTokenizer, RefusesWhatDoesNotLoad) {
