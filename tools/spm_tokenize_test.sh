@@ -229,7 +229,8 @@ printf 'Of prisms\r\nLight\fis\n' > "$dir/ends.txt"
 /usr/bin/python3 "$script" --model="$dir" --input="$dir/ends.txt" --output="$dir/ends_ids.txt" \
   --output_lines --eos_after_each > /dev/null
 [[ $(wc -l < "$dir/ends_ids.txt") == 2 ]]
-"${gen_text[@]}" --init_from="$dir/ck" --input="$dir/ends_ids.txt" 2> /dev/null > "$dir/ends_out.txt"
+"${gen_text[@]}" --init_from="$dir/ck" --input="$dir/ends_ids.txt" 2> /dev/null \
+  > "$dir/ends_out.txt"
 "${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/ends.txt" --print=ids 2> /dev/null |
   cmp - "$dir/ends_out.txt"
 exits_2 "--prompt needs a tokenizer, but checkpoint $dir/bytes/step_000001 (step 1) has none \
