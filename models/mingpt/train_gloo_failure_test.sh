@@ -8,6 +8,11 @@
 #     --timeout_s naming rank 1; the launcher then stops the hung worker
 #     (SIGKILL after the grace period) and exits non-zero within
 #     --timeout_s + --grace_period_s (+ slack for a loaded machine).
+#  4. ZeRO-1 with a hung worker and no launcher: the other's collective
+#     times out after --timeout_s naming rank 1.
+#  5. HYBRID_SHARD over 4 workers (2 shard groups of 2) with no launcher:
+#     kill -9 rank 3; each survivor exits non-zero by itself, naming rank 3
+#     (its shard-group peer, rank 2) or the rank it waited for.
 set -uo pipefail
 launch="$1"
 train="$2"
@@ -112,4 +117,47 @@ grep -q "launch: rank 1 did not stop within 2 s of SIGTERM; sending SIGKILL" "$d
   fail "the hung rank 1 was not killed"
 kill -0 "$r1" 2>/dev/null && fail "the hung rank 1 (pid $r1) still running"
 echo "3. hung worker: rank 0 timed out, launcher exited $rc after $took s"
+
+# ---- 4. ZeRO-1, a hung worker with no launcher: the timeout fires ----
+job=(WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29544 RUN_ID="z1-$$")
+zero1=("${long[@]}" --backend=gloo --strategy=zero1 --timeout_s=5)
+env "${job[@]}" RANK=0 LOCAL_RANK=0 "$train" "${zero1[@]}" > "$dir/zero1_0.log" 2>&1 &
+p0=$!
+env "${job[@]}" RANK=1 LOCAL_RANK=1 "$train" "${zero1[@]}" > "$dir/zero1_1.log" 2>&1 &
+p1=$!
+wait_for "$dir/zero1_0.log" "^step     2 " 60
+grep -q "ZeRO-1" "$dir/zero1_0.log" || { cat "$dir/zero1_0.log"; fail "not a ZeRO-1 run"; }
+kill -STOP $p1
+wait_exit $p0 $(( 5 + 15 ))
+kill -9 $p1
+wait $p1 2>/dev/null
+tail -3 "$dir/zero1_0.log"
+[[ $rc == 1 ]] || fail "ZeRO-1: rank 0 exited $rc after rank 1 hung"
+grep -Eq "^train: error: rank 0: .*timed out after 5.0 s waiting for rank 1" "$dir/zero1_0.log" ||
+  fail "ZeRO-1: rank 0 did not time out naming rank 1"
+echo "4. ZeRO-1, hung worker: rank 0 timed out after $took s naming rank 1"
+
+# ---- 5. HYBRID_SHARD over 4 workers, kill -9 one: every survivor exits ----
+job=(WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29545 RUN_ID="hy-$$")
+hybrid=("${long[@]}" --backend=gloo --strategy=hybrid_shard --hybrid_shard_group_size=2
+        --timeout_s=20)
+pids=()
+for r in 0 1 2 3; do
+  env "${job[@]}" RANK=$r LOCAL_RANK=$r "$train" "${hybrid[@]}" > "$dir/hybrid$r.log" 2>&1 &
+  pids+=($!)
+done
+wait_for "$dir/hybrid0.log" "^step     2 " 120
+grep -q "FSDP HYBRID_SHARD" "$dir/hybrid0.log" || { cat "$dir/hybrid0.log"; fail "not a HYBRID run"; }
+kill -9 "${pids[3]}"
+wait "${pids[3]}" 2>/dev/null
+for r in 0 1 2; do
+  wait_exit "${pids[$r]}" $(( 20 + 20 ))
+  tail -2 "$dir/hybrid$r.log"
+  [[ $rc == 1 ]] || fail "HYBRID: rank $r exited $rc after rank 3 was killed"
+  grep -Eq "^train: error: rank $r: .*(lost a peer|timed out after 20.0 s waiting for)" \
+    "$dir/hybrid$r.log" || fail "HYBRID: rank $r's error names no lost or awaited peer"
+done
+grep -Eq "^train: error: rank 2: .*rank 3" "$dir/hybrid2.log" ||
+  fail "HYBRID: rank 2 (rank 3's shard-group peer) does not name rank 3"
+echo "5. HYBRID_SHARD, killed worker: ranks 0-2 exited 1, rank 2 naming rank 3"
 echo PASS
