@@ -283,14 +283,19 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
+  // `world_ranks` (by rank) and `label`: a subgroup's, as errors name it
+  // (empty for the world group).
   GlooProcessGroup(std::shared_ptr<Shared> shared, Connected connected, std::string prefix,
-                   absl::Duration timeout)
+                   absl::Duration timeout, std::vector<int> world_ranks = {},
+                   std::string label = "")
       : ProcessGroup(timeout),
         shared_(std::move(shared)),
         ctx_(std::move(connected.ctx)),
         processes_(std::move(connected.processes)),
         addresses_(std::move(connected.addresses)),
         prefix_(std::move(prefix)),
+        world_ranks_(std::move(world_ranks)),
+        label_(std::move(label)),
         ledger_(&tensor::MemoryLedger::Current()),
         worker_([this] { Loop(); }) {}
 
@@ -368,8 +373,15 @@ class GlooProcessGroup final : public ProcessGroup {
                              timeout,
                              absl::StrCat("[split] ", Who()));
     if (!connected.ok()) return connected.status();
-    return std::unique_ptr<ProcessGroup>(
-        new GlooProcessGroup(shared_, *std::move(connected), prefix, this->timeout()));
+    // Errors in the new group name its ranks with the world's, as the
+    // threads engine's do: "rank 1 (world 3)".
+    std::vector<int> world_ranks;
+    for (const auto& [member_key, parent_rank] : members) {
+      world_ranks.push_back(world_ranks_.empty() ? parent_rank : world_ranks_[parent_rank]);
+    }
+    return std::unique_ptr<ProcessGroup>(new GlooProcessGroup(
+        shared_, *std::move(connected), prefix, this->timeout(), std::move(world_ranks),
+        absl::StrCat(label_.empty() ? "world" : label_, "/split(", color, ")")));
   }
 
  private:
@@ -397,6 +409,16 @@ class GlooProcessGroup final : public ProcessGroup {
   std::string Prefix(const CollectiveCall& call) const {
     return absl::StrCat("[", CollectiveName(call.kind), "] ", Who());
   }
+
+ protected:
+  // "rank 1 of 2 in group world/split(1)" in a subgroup, as the threads engine.
+  std::string Who() const override {
+    std::string who = ProcessGroup::Who();
+    if (!label_.empty()) absl::StrAppend(&who, " in group ", label_);
+    return who;
+  }
+
+ private:
 
   absl::Status Run(CollectiveCall& call) {
     if (!broken_.ok()) {
@@ -441,13 +463,14 @@ class GlooProcessGroup final : public ProcessGroup {
       if (absl::IsInvalidArgument(staging)) return staging;
       if (!invalid.empty()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(Prefix(call), ": ", invalid.size() == 1 ? "rank " : "ranks ",
-                         absl::StrJoin(invalid, ", "), " passed invalid arguments"));
+            absl::StrCat(Prefix(call), ": ", internal::RankNames(invalid, world_ranks_),
+                         " passed invalid arguments"));
       }
       if (!differ.empty()) {
         std::vector<std::string> calls;
         for (int r = 0; r < size(); ++r) {
-          calls.push_back(absl::StrCat("rank ", r, ": ", DescribeRemote(&all[kDescLen * r])));
+          calls.push_back(absl::StrCat(internal::RankName(r, world_ranks_), ": ",
+                                       DescribeRemote(&all[kDescLen * r])));
         }
         return absl::InvalidArgumentError(absl::StrCat(
             Prefix(call), ": mismatched collective calls (", absl::StrJoin(calls, "; "), ")"));
@@ -456,8 +479,7 @@ class GlooProcessGroup final : public ProcessGroup {
       if (!staging.ok()) return staging;
       if (!short_of_memory.empty()) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            Prefix(call), ": ", short_of_memory.size() == 1 ? "rank " : "ranks ",
-            absl::StrJoin(short_of_memory, ", "),
+            Prefix(call), ": ", internal::RankNames(short_of_memory, world_ranks_),
             " ran out of memory staging the call's buffers; the call did nothing on any rank"));
       }
       // 3. Data.
@@ -477,8 +499,7 @@ class GlooProcessGroup final : public ProcessGroup {
       if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout")) {
         broken_ = absl::DeadlineExceededError(absl::StrCat(
             Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
-            peers.size() == 1 ? "rank " : "ranks ", absl::StrJoin(peers, ", "),
-            " (gloo: ", what, ")"));
+            internal::RankNames(peers, world_ranks_), " (gloo: ", what, ")"));
       } else {
         broken_ = absl::AbortedError(absl::StrCat(Prefix(call), ": ", LostPeers(what, peers)));
       }
@@ -506,19 +527,22 @@ class GlooProcessGroup final : public ProcessGroup {
   std::string LostPeers(const std::string& what, const std::vector<int>& peers) const {
     const int named = internal::PeerIndexNamedIn(what, addresses_, rank());
     if (named < 0) {
-      const std::string exited = internal::ExitedPeers(processes_, peers, /*wait_ms=*/1000);
+      const std::string exited =
+          internal::ExitedPeers(processes_, peers, /*wait_ms=*/1000, world_ranks_);
       if (!exited.empty()) return absl::StrCat("lost a peer: ", exited, " (gloo: ", what, ")");
-      return absl::StrCat("lost a peer (one of ", peers.size() == 1 ? "rank " : "ranks ",
-                          absl::StrJoin(peers, ", "), " left or its connection broke; gloo: ",
-                          what, ")");
+      return absl::StrCat("lost a peer (one of ", internal::RankNames(peers, world_ranks_),
+                          " left or its connection broke; gloo: ", what, ")");
     }
-    std::string said = internal::ExitedPeers(processes_, {named}, /*wait_ms=*/1000);
-    if (said.empty()) said = internal::PeerNamedIn(what, processes_, addresses_, rank());
+    std::string said = internal::ExitedPeers(processes_, {named}, /*wait_ms=*/1000, world_ranks_);
+    if (said.empty()) {
+      said = internal::PeerNamedIn(what, processes_, addresses_, rank(), world_ranks_);
+    }
     std::vector<int> others;
     for (const int r : peers) {
       if (r != named) others.push_back(r);
     }
-    const std::string also = internal::ExitedPeers(processes_, others, /*wait_ms=*/0);
+    const std::string also =
+        internal::ExitedPeers(processes_, others, /*wait_ms=*/0, world_ranks_);
     return absl::StrCat("lost a peer: ", said, also.empty() ? "" : absl::StrCat("; also ", also),
                         " (gloo: ", what, ")");
   }
@@ -529,6 +553,8 @@ class GlooProcessGroup final : public ProcessGroup {
   // By rank: what gloo's errors here may print for it (Connected::addresses).
   const std::vector<std::vector<std::string>> addresses_;
   const std::string prefix_;
+  const std::vector<int> world_ranks_;  // by rank, in a subgroup; empty in the world group
+  const std::string label_;             // "world/split(1)" in a subgroup; "" in the world group
   int split_seq_ = 0;            // Issuing thread only.
   absl::Status broken_;          // Worker thread only.
   std::mutex mu_;

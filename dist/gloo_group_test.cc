@@ -563,6 +563,46 @@ TEST(GlooGroup, APeerThatLeftIsNamedWhicheverEndListened) {
   ExpectAllOk(o);
 }
 
+// Errors in a subgroup (HYBRID_SHARD's replicas: Split(rank % 2) of 4 gives
+// {0, 2} and {1, 3}) name the ranks with the world's, as the threads
+// engine's do: rank 3 exits, and rank 1 of the world (0 of its group) names
+// "rank 1 (world 3)", not its own world rank; rank 2 never calls, and rank 0
+// times out waiting for "rank 1 (world 2)".
+TEST(GlooGroup, ASubgroupsErrorsNameTheWorldRanks) {
+  const std::string dir = TmpDir("store_subgroup");
+  Outcome o = RunProcesses(4, [&](int rank, int size) -> std::string {
+    auto pg = CreateGlooProcessGroup(rank, size, FileOptions(dir, absl::Seconds(30)));
+    if (!pg.ok()) return pg.status().ToString();
+    Tensor mine = Tensor::FromVector({static_cast<float>(::getpid())}, {1});
+    Tensor pids = Tensor::Empty({4});
+    absl::Status s = (*pg)->AllGatherSync(mine, pids);
+    if (!s.ok()) return s.ToString();
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(rank % 2);
+    if (!sub.ok()) return sub.status().ToString();
+    if (rank == 3) _exit(0);  // leaves without a word
+    if (rank == 2) {          // never calls; runs until rank 0 has timed out
+      absl::SleepFor(absl::Seconds(5));
+      return "";
+    }
+    Tensor t = Tensor::Empty({8});
+    s = (*sub)->AllReduceSync(t, ReduceOp::kSum,
+                              CollectiveOptions::WithTimeout(absl::Seconds(rank == 0 ? 2 : 20)));
+    if (s.ok()) return "no error";
+    const std::string want =
+        rank == 0 ? "[all_reduce] rank 0 of 2 in group world/split(0) timed out after 2.0 s "
+                    "waiting for rank 1 (world 2)"
+                  : absl::StrCat("[all_reduce] rank 0 of 2 in group world/split(1): lost a peer: "
+                                 "rank 1 (world 3) exited (pid ",
+                                 static_cast<int64_t>(pids.ToVector<float>()[3]),
+                                 " on this host)");
+    if (!absl::StrContains(s.message(), want)) {
+      return absl::StrCat("no '", want, "' in ", s.ToString());
+    }
+    return "";
+  });
+  ExpectAllOk(o);
+}
+
 TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
   const std::string dir = TmpDir("store");
   Outcome o = RunProcesses(1, [&](int rank, int) -> std::string {

@@ -61,8 +61,24 @@ bool ProcessExited(int64_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
+std::string RankName(int r, const std::vector<int>& world_ranks) {
+  if (r < 0 || r >= static_cast<int>(world_ranks.size())) return absl::StrCat("rank ", r);
+  return absl::StrCat("rank ", r, " (world ", world_ranks[r], ")");
+}
+
+std::string RankNames(const std::vector<int>& ranks, const std::vector<int>& world_ranks) {
+  std::string s =
+      absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+  if (world_ranks.empty()) return s;
+  std::vector<int> world;
+  for (int r : ranks) {
+    world.push_back(r >= 0 && r < static_cast<int>(world_ranks.size()) ? world_ranks[r] : -1);
+  }
+  return absl::StrCat(s, " (world ", absl::StrJoin(world, ", "), ")");
+}
+
 std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector<int>& among,
-                        int wait_ms) {
+                        int wait_ms, const std::vector<int>& world_ranks) {
   const uint64_t host = HostHash(HostName());
   std::vector<int> here;  // the ranks of `among` on this host
   for (const int r : among) {
@@ -76,7 +92,8 @@ std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector
     std::vector<std::string> exited;
     for (const int r : here) {
       if (!ProcessExited(peers[r].pid)) continue;
-      exited.push_back(absl::StrCat("rank ", r, " exited (pid ", peers[r].pid, " on this host)"));
+      exited.push_back(absl::StrCat(RankName(r, world_ranks), " exited (pid ", peers[r].pid,
+                                    " on this host)"));
     }
     if (!exited.empty()) return absl::StrJoin(exited, ", ");
     if (waited >= wait_ms) return "";
@@ -115,7 +132,8 @@ int PeerIndexNamedIn(const std::string& gloo_error,
 }
 
 std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
-                        const std::vector<std::vector<std::string>>& addresses, int rank) {
+                        const std::vector<std::vector<std::string>>& addresses, int rank,
+                        const std::vector<int>& world_ranks) {
   const int named = PeerIndexNamedIn(gloo_error, addresses, rank);
   if (named < 0 || named >= static_cast<int>(peers.size())) return "";
   std::string address;
@@ -124,7 +142,7 @@ std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerPro
   }
   const PeerProcess& p = peers[named];
   const std::string host_name = TextOf(p.host_name, sizeof(p.host_name));
-  const std::string who = absl::StrCat("rank ", named, " (on ",
+  const std::string who = absl::StrCat(RankName(named, world_ranks), " (on ",
                                        host_name.empty() ? "an unnamed host" : host_name, ", ",
                                        address, ")");
   if (p.host != 0 && p.host == HostHash(HostName())) {

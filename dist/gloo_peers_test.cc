@@ -80,6 +80,21 @@ TEST(GlooPeersTest, ThePeerWhoseAddressGlooNamesOnAnotherHost) {
   const std::vector<std::vector<std::string>> shared = {
       {}, {"[10.0.0.2]:5000"}, {"[10.0.0.2]:5000"}, {}};
   EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.2]:5000", peers, shared, 0), "");
+  // In a subgroup, with the peer's rank in the world group.
+  EXPECT_EQ(PeerNamedIn("Connection closed by peer [10.0.0.3]:5000", peers, ends, 0, {1, 3, 5, 7}),
+            "rank 3 (world 7) (on an unnamed host, [10.0.0.3]:5000): its process or its host "
+            "stopped, or the network to it failed");
+}
+
+TEST(GlooPeersTest, RanksOfASubgroupAreNamedWithTheWorlds) {
+  EXPECT_EQ(RankName(1, {}), "rank 1");
+  EXPECT_EQ(RankName(1, {2, 6}), "rank 1 (world 6)");
+  EXPECT_EQ(RankNames({0, 1}, {}), "ranks 0, 1");
+  EXPECT_EQ(RankNames({1}, {2, 6}), "rank 1 (world 6)");
+  EXPECT_EQ(RankNames({0, 1}, {2, 6}), "ranks 0, 1 (world 2, 6)");
+  // A rank the list lacks (never passed by the engine): no world rank to show.
+  EXPECT_EQ(RankName(5, {2, 6}), "rank 5");
+  EXPECT_EQ(RankNames({0, 5}, {2, 6}), "ranks 0, 5 (world 2, -1)");
 }
 
 TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
