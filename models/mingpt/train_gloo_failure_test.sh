@@ -148,7 +148,8 @@ for r in 0 1 2 3; do
   pids+=($!)
 done
 wait_for "$dir/hybrid0.log" "^step     2 " 120
-grep -q "FSDP HYBRID_SHARD" "$dir/hybrid0.log" || { cat "$dir/hybrid0.log"; fail "not a HYBRID run"; }
+grep -q "FSDP HYBRID_SHARD" "$dir/hybrid0.log" ||
+  { cat "$dir/hybrid0.log"; fail "not a HYBRID run"; }
 kill -9 "${pids[3]}"
 wait "${pids[3]}" 2>/dev/null
 for r in 0 1 2; do
