@@ -22,6 +22,7 @@ text="$3"
 source "$4"  # models/common/cli_testing.sh: exits_2
 generate="$5"
 checkpoint="$6"
+tokenize="$7"
 dir="${TEST_TMPDIR}/spm"
 mkdir -p "$dir"
 head -c 200000 "$text" > "$dir/in.txt"
@@ -63,6 +64,32 @@ for text_file, piece in (("/in.txt", ids[:ends[0]]), ("/second.txt", ids[ends[0]
     assert got == want, (text_file, got[:200], want[:200])
 print("the ids decode to both inputs, each followed by </s>")
 PY
+# //tools:tokenize with the model (libsentencepiece) writes the same file and
+# record: by file or folder, whole or in parts cut at line ends, on threads.
+"$tokenize" --tokenizer="$dir/spiece.model" --input="$dir/in.txt,$dir/second.txt" \
+  --output="$dir/cc.bin" --append_eot > "$dir/cc.log"
+cmp "$dir/t5.bin" "$dir/cc.bin"
+# The same record (the C++ one ends with a line end).
+[[ "$(cat "$dir/t5.bin.json")" == "$(cat "$dir/cc.bin.json")" ]] ||
+  { cat "$dir/t5.bin.json" "$dir/cc.bin.json"; exit 1; }
+"$tokenize" --tokenizer="$dir" --input="$dir/in.txt,$dir/second.txt" --output="$dir/cc2.bin" \
+  --append_eot --chunk_bytes=1000 --threads=3 > /dev/null
+cmp "$dir/t5.bin" "$dir/cc2.bin"
+[[ "$(cat "$dir/t5.bin.json")" == "$(cat "$dir/cc2.bin.json")" ]]
+"$tokenize" --tokenizer="sentencepiece:$dir/spiece.model" --input="$dir/second.txt" \
+  --output="$dir/cc3.bin" > /dev/null
+/usr/bin/python3 "$script" --model="$dir/spiece.model" --input="$dir/second.txt" \
+  --output="$dir/py3.bin" > /dev/null
+cmp "$dir/py3.bin" "$dir/cc3.bin"
+printf 'Light \xe9\n' > "$dir/latin1_in.txt"
+exits_2 "--input: $dir/latin1_in.txt: byte 7 does not begin a UTF-8 character" \
+  "$tokenize" --tokenizer="$dir" --input="$dir/latin1_in.txt" --output="$dir/bad.bin"
+exits_2 "--special_tokens: <|endoftext|> is GPT-2's" "$tokenize" --tokenizer="$dir" \
+  --input="$dir/second.txt" --output="$dir/bad.bin" --special_tokens
+exits_2 "--tokenizer=$dir/in.txt.model: $dir/in.txt.model: cannot read it" "$tokenize" \
+  --tokenizer="$dir/in.txt.model" --input="$dir/second.txt" --output="$dir/bad.bin"
+[[ ! -e "$dir/bad.bin" && ! -e "$dir/bad.bin.tmp" ]]
+echo "//tools:tokenize writes the same token file with the model"
 
 "$train" --data="$dir/t5.bin" --eos_id=1 --steps=2 --batch_size=2 --encoder_length=32 \
   --log_every=1 --checkpoint_dir="$dir/ck" > "$dir/train.log"

@@ -5,7 +5,11 @@
 //
 // --tokenizer   gpt2 (the repository's copy of GPT-2's, the default) or a
 //               folder with vocab.json + merges.txt (a Hugging Face model
-//               folder) or encoder.json + vocab.bpe (OpenAI's)
+//               folder) or encoder.json + vocab.bpe (OpenAI's); or T5's
+//               SentencePiece: a spiece.model (any *.model file), a folder
+//               holding one and no vocab.json (a Hugging Face T5 folder), or
+//               sentencepiece:<file> (t5::SpieceTokenizer: the ids
+//               tools/spm_tokenize.py writes, for //models/t5:train)
 // --input       text files, comma-separated, encoded in that order
 // --output      the token file (uint16 ids; written whole or not at all),
 //               and beside it output.json recording the tokenizer, its
@@ -14,38 +18,48 @@
 // --format      raw (nanoGPT's flat uint16, the default) or llmc (llm.c's
 //               1024-byte header, then the uint16 ids)
 // --append_eot  <|endoftext|> after each input, as nanoGPT's openwebtext
-//               preparation does after each document
+//               preparation does after each document (SentencePiece: </s>)
 // --special_tokens  "<|endoftext|>" in the text is the special token (e.g.
 //               TinyStories' story separators; tiktoken's allowed_special=
 //               "all"); otherwise it is ordinary text
 //
 // Files are memory-mapped and encoded in parts of about --chunk_bytes, cut
-// where GPT-2's pre-tokenizer always cuts (see Gpt2ChunkEnd), so memory stays
-// bounded and the ids are those of each file encoded whole; --threads parts
-// are encoded at once and written in order. One line on stdout says what was
-// written. Exit 2 on bad flags or input (named).
+// where GPT-2's pre-tokenizer always cuts (see Gpt2ChunkEnd; SentencePiece:
+// at a line end, where its pieces end too), so memory stays bounded and the
+// ids are those of each file encoded whole; --threads parts are encoded at
+// once and written in order. One line on stdout says what was written.
+// Exit 2 on bad flags or input (named; SentencePiece: text that is not
+// UTF-8, naming the file and byte).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/common/command_line.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/mapped_file.h"
 #include "models/data/runfiles.h"
 #include "models/data/token_file.h"
+#include "models/t5/spiece_files.h"
+#include "models/t5/spiece_tokenizer.h"
 
 ABSL_FLAG(std::string, tokenizer, "gpt2",
-          "gpt2 (the repository's copy) or a folder with vocab.json + merges.txt");
+          "gpt2 (the repository's copy), a folder with vocab.json + merges.txt, or "
+          "SentencePiece (T5's): a *.model file, a folder with spiece.model, or "
+          "sentencepiece:<file>");
 ABSL_FLAG(std::string, input, "", "text files to encode, comma-separated");
 ABSL_FLAG(std::string, output, "", "the token file to write");
 ABSL_FLAG(std::string, format, "raw", "raw (nanoGPT) or llmc (llm.c header)");
@@ -57,30 +71,99 @@ ABSL_FLAG(int, threads, 0, "parts encoded at once; 0: one per core");
 
 namespace {
 
-absl::StatusOr<data::Gpt2Tokenizer> LoadTokenizer(const std::string& flag) {
-  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = data::Gpt2Tokenizer::Open(flag);
-  if (!tokenizer.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tokenizer=", flag, ": ", tokenizer.status().message()));
+// The tokenizer --tokenizer names, as the encoding loop uses it.
+struct TextEncoder {
+  std::string record;  // data::TokenFileMeta's tokenizer: gpt2, a folder, sentencepiece:<file>
+  int64_t vocab_size = 0;
+  std::optional<int64_t> end_of_text;  // --append_eot's id
+  std::vector<std::pair<std::string, std::string>> read;  // (what it is, path) of its files
+  // Where a part of at least `bytes` of `text` may end (the text's size at
+  // most): a cut there leaves the ids unchanged.
+  std::function<size_t(absl::string_view text, size_t bytes)> part_end;
+  // The ids of a part that starts at byte `offset` of its file (several at
+  // once, from threads); InvalidArgument for text it cannot encode, naming
+  // the file's byte.
+  std::function<absl::StatusOr<std::vector<int64_t>>(absl::string_view part, size_t offset)>
+      encode;
+};
+
+// Whether --tokenizer names a SentencePiece model: sentencepiece:<file>, a
+// *.model file, or a folder with spiece.model and no vocab.json.
+bool IsSentencePiece(const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (absl::StartsWith(flag, "sentencepiece:") || absl::EndsWith(flag, ".model")) return true;
+  return fs::is_directory(flag, ec) && fs::exists(fs::path(flag) / "spiece.model", ec) &&
+         !fs::exists(fs::path(flag) / "vocab.json", ec);
+}
+
+absl::StatusOr<TextEncoder> LoadTokenizer(const std::string& flag, bool special_tokens) {
+  auto failed = [&](absl::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer=", flag, ": ", message));
+  };
+  TextEncoder encoder;
+  if (IsSentencePiece(flag)) {
+    if (special_tokens) {
+      return absl::InvalidArgumentError(
+          "--special_tokens: <|endoftext|> is GPT-2's; a SentencePiece model reads text as it is");
+    }
+    absl::StatusOr<t5::SentencePieceModel> model = t5::ReadSentencePieceModel(flag);
+    if (!model.ok()) return failed(model.status().message());
+    absl::StatusOr<t5::SpieceTokenizer> tokenizer = t5::SpieceTokenizer::Load(*model, 0);
+    if (!tokenizer.ok()) return failed(tokenizer.status().message());
+    auto shared = std::make_shared<const t5::SpieceTokenizer>(*std::move(tokenizer));
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(model->path, ec);
+    encoder.record = "sentencepiece:" + (ec ? model->path : absolute.lexically_normal().string());
+    encoder.vocab_size = shared->pieces();
+    if (shared->eos_id() >= 0) encoder.end_of_text = shared->eos_id();
+    encoder.read.emplace_back("the tokenizer's model", model->path);
+    encoder.part_end = [](absl::string_view text, size_t bytes) {
+      if (bytes >= text.size()) return text.size();
+      const size_t line_end = text.find('\n', bytes);
+      return line_end == absl::string_view::npos ? text.size() : line_end + 1;
+    };
+    encoder.encode = [shared](absl::string_view part,
+                              size_t offset) -> absl::StatusOr<std::vector<int64_t>> {
+      if (const size_t bad = t5::FirstNonUtf8(part); bad != absl::string_view::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "byte ", offset + bad + 1, " does not begin a UTF-8 character (SentencePiece reads "
+            "UTF-8 text)"));
+      }
+      return shared->Encode(part, /*read_sentinels=*/false);
+    };
+    return encoder;
   }
-  return tokenizer;
+  absl::StatusOr<data::Gpt2Tokenizer> opened = data::Gpt2Tokenizer::Open(flag);
+  if (!opened.ok()) return failed(opened.status().message());
+  auto shared = std::make_shared<const data::Gpt2Tokenizer>(*std::move(opened));
+  encoder.record = data::Gpt2Tokenizer::RecordName(flag);
+  encoder.vocab_size = shared->vocab_size();
+  encoder.end_of_text = shared->end_of_text();
+  // The folder it was read from (the shipped one for gpt2).
+  if (absl::StatusOr<std::pair<std::string, std::string>> files =
+          data::Gpt2Tokenizer::FindFiles(shared->source());
+      files.ok()) {
+    encoder.read.emplace_back("the tokenizer's vocabulary", files->first);
+    encoder.read.emplace_back("the tokenizer's merges", files->second);
+  }
+  encoder.part_end = [](absl::string_view text, size_t bytes) {
+    return data::Gpt2ChunkEnd(text, bytes);
+  };
+  encoder.encode = [shared, special_tokens](absl::string_view part, size_t) {
+    return absl::StatusOr<std::vector<int64_t>>(
+        special_tokens ? shared->EncodeWithSpecialTokens(part) : shared->Encode(part));
+  };
+  return encoder;
 }
 
 // The files this run writes (--output and its record, OUT.json) must be none
-// of those it reads (the inputs, the tokenizer folder's vocabulary and
-// merges): writing one would destroy it.
+// of those it reads (the inputs, the tokenizer's files): writing one would
+// destroy it.
 absl::Status CheckWritesNoInput(const std::string& output, const std::vector<std::string>& inputs,
-                                const data::Gpt2Tokenizer& tokenizer) {
-  std::vector<std::pair<std::string, std::string>> read;  // (what it is, path)
+                                const TextEncoder& tokenizer) {
+  std::vector<std::pair<std::string, std::string>> read = tokenizer.read;  // (what it is, path)
   for (const std::string& input : inputs) read.emplace_back("the input", input);
-  {  // the folder it was read from (the shipped one for gpt2)
-    absl::StatusOr<std::pair<std::string, std::string>> files =
-        data::Gpt2Tokenizer::FindFiles(tokenizer.source());
-    if (files.ok()) {
-      read.emplace_back("the tokenizer's vocabulary", files->first);
-      read.emplace_back("the tokenizer's merges", files->second);
-    }
-  }
   for (const std::string& written : {output, data::TokenFileMetaPath(output)}) {
     for (const auto& [what, path] : read) {
       std::error_code ec;
@@ -122,18 +205,18 @@ absl::Status Tokenize() {
   }
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   const std::string tokenizer_flag = absl::GetFlag(FLAGS_tokenizer);
-  absl::StatusOr<data::Gpt2Tokenizer> tokenizer = LoadTokenizer(tokenizer_flag);
-  if (!tokenizer.ok()) return tokenizer.status();
-  if (tokenizer->vocab_size() > 65536) {
-    return absl::InvalidArgumentError(absl::StrCat("--tokenizer=", tokenizer_flag, ": its ",
-                                                   tokenizer->vocab_size(),
-                                                   " ids do not fit the uint16 token files"));
-  }
   const bool append_eot = absl::GetFlag(FLAGS_append_eot);
   const bool special_tokens = absl::GetFlag(FLAGS_special_tokens);
-  if (append_eot && !tokenizer->end_of_text().has_value()) {
+  absl::StatusOr<TextEncoder> tokenizer = LoadTokenizer(tokenizer_flag, special_tokens);
+  if (!tokenizer.ok()) return tokenizer.status();
+  if (tokenizer->vocab_size > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokenizer=", tokenizer_flag, ": its ",
+                                                   tokenizer->vocab_size,
+                                                   " ids do not fit the uint16 token files"));
+  }
+  if (append_eot && !tokenizer->end_of_text.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("--append_eot: the tokenizer ", tokenizer_flag,
-                                                   " has no <|endoftext|> token"));
+                                                   " has no end-of-text token"));
   }
   // Every input opens before anything is written.
   std::vector<std::shared_ptr<const data::MappedFile>> files;
@@ -160,29 +243,34 @@ absl::Status Tokenize() {
   if (!writer.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--output: ", writer.status().message()));
   }
-  for (const std::shared_ptr<const data::MappedFile>& file : files) {
+  for (size_t f = 0; f < files.size(); ++f) {
     std::vector<absl::string_view> parts;
-    for (absl::string_view rest = file->bytes(); !rest.empty();) {
-      const size_t end = data::Gpt2ChunkEnd(rest, static_cast<size_t>(chunk_bytes));
+    for (absl::string_view rest = files[f]->bytes(); !rest.empty();) {
+      const size_t end = tokenizer->part_end(rest, static_cast<size_t>(chunk_bytes));
       parts.push_back(rest.substr(0, end));
       rest.remove_prefix(end);
     }
     // `threads` parts at a time, appended in order.
     for (size_t first = 0; first < parts.size(); first += threads) {
-      std::vector<std::future<std::vector<int64_t>>> encoded;
+      std::vector<std::future<absl::StatusOr<std::vector<int64_t>>>> encoded;
       for (size_t k = first; k < std::min(parts.size(), first + threads); ++k) {
-        encoded.push_back(std::async(std::launch::async, [&, part = parts[k]] {
-          return special_tokens ? tokenizer->EncodeWithSpecialTokens(part)
-                                : tokenizer->Encode(part);
+        const size_t offset = parts[k].data() - files[f]->bytes().data();
+        encoded.push_back(std::async(std::launch::async, [&, part = parts[k], offset] {
+          return tokenizer->encode(part, offset);
         }));
       }
-      for (std::future<std::vector<int64_t>>& ids : encoded) {
-        absl::Status appended = (*writer)->Append(ids.get());
+      for (size_t k = 0; k < encoded.size(); ++k) {
+        absl::StatusOr<std::vector<int64_t>> ids = encoded[k].get();
+        if (!ids.ok()) {  // the writer, destroyed unfinished, removes what it wrote
+          return absl::InvalidArgumentError(
+              absl::StrCat("--input: ", inputs[f], ": ", ids.status().message()));
+        }
+        absl::Status appended = (*writer)->Append(*ids);
         if (!appended.ok()) return appended;
       }
     }
     if (append_eot) {
-      absl::Status appended = (*writer)->Append({*tokenizer->end_of_text()});
+      absl::Status appended = (*writer)->Append({*tokenizer->end_of_text});
       if (!appended.ok()) return appended;
     }
   }
@@ -190,9 +278,8 @@ absl::Status Tokenize() {
   absl::Status finished = (*writer)->Finish();
   if (!finished.ok()) return finished;
   // What made it, for train and sample (output.json).
-  absl::Status meta = data::WriteTokenFileMeta(
-      output,
-      {data::Gpt2Tokenizer::RecordName(tokenizer_flag), tokenizer->vocab_size(), num_tokens});
+  absl::Status meta =
+      data::WriteTokenFileMeta(output, {tokenizer->record, tokenizer->vocab_size, num_tokens});
   if (!meta.ok()) {
     std::filesystem::remove(output);  // not without its record
     return meta;
@@ -203,7 +290,7 @@ absl::Status Tokenize() {
       "wrote %lld tokens (tokenizer %s, vocab %lld) from %zu file(s), %lld bytes, to %s (%s) in "
       "%.2f s (%.1f MB/s, %d threads)\n",
       static_cast<long long>(num_tokens), tokenizer_flag.c_str(),
-      static_cast<long long>(tokenizer->vocab_size()), files.size(),
+      static_cast<long long>(tokenizer->vocab_size), files.size(),
       static_cast<long long>(total_bytes), output.c_str(),
       format == data::TokenFileFormat::kRaw ? "raw uint16" : "llm.c", seconds,
       seconds > 0 ? total_bytes / seconds / 1e6 : 0.0, threads);
@@ -215,7 +302,7 @@ absl::Status Tokenize() {
 int main(int argc, char** argv) {
   train::ParseCommandLineOrExit(argc, argv,
       "Encodes text files as a token file: --input=a.txt[,b.txt] --output=train.bin "
-      "[--tokenizer=gpt2|DIR --format=raw|llmc --append_eot]");
+      "[--tokenizer=gpt2|DIR|spiece.model --format=raw|llmc --append_eot]");
   data::SetProgramPath(argv[0]);
   absl::Status s = Tokenize();
   if (!s.ok()) {

@@ -33,9 +33,8 @@ int64_t SentinelAt(absl::string_view text, size_t* length) {
   return k;
 }
 
-// The offset of the first byte of `text` that does not begin a well-formed
-// UTF-8 character (RFC 3629: no overlong forms, surrogates or code points
-// above U+10FFFF); npos when the text is UTF-8 throughout.
+}  // namespace
+
 size_t FirstNonUtf8(absl::string_view text) {
   size_t at = 0;
   while (at < text.size()) {
@@ -67,8 +66,6 @@ size_t FirstNonUtf8(absl::string_view text) {
   }
   return absl::string_view::npos;
 }
-
-}  // namespace
 
 SpieceTokenizer::SpieceTokenizer(std::unique_ptr<SpieceProcessor> sp, int64_t sentinels,
                                  std::string path)
@@ -103,7 +100,8 @@ absl::StatusOr<SpieceTokenizer> SpieceTokenizer::Load(const SentencePieceModel& 
   return SpieceTokenizer(std::move(sp), sentinels, model.path);
 }
 
-absl::StatusOr<std::vector<int64_t>> SpieceTokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int64_t>> SpieceTokenizer::Encode(absl::string_view text,
+                                                             bool read_sentinels) const {
   if (const size_t bad = FirstNonUtf8(text); bad != absl::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("it is not UTF-8 text (byte ", bad + 1, " does not begin a character)"));
@@ -113,7 +111,8 @@ absl::StatusOr<std::vector<int64_t>> SpieceTokenizer::Encode(absl::string_view t
     for (int id : sp_->Encode(std::string(run))) ids.push_back(id);
   };
   size_t run_start = 0;
-  for (size_t at = text.find('<'); at != absl::string_view::npos; at = text.find('<', at + 1)) {
+  for (size_t at = read_sentinels ? text.find('<') : absl::string_view::npos;
+       at != absl::string_view::npos; at = text.find('<', at + 1)) {
     size_t length = 0;
     const int64_t k = SentinelAt(text.substr(at), &length);
     if (k < 0) continue;

@@ -21,6 +21,11 @@ namespace t5 {
 
 class SpieceProcessor;
 
+// The offset of the first byte of `text` that does not begin a well-formed
+// UTF-8 character (RFC 3629: no overlong forms, surrogates or code points
+// above U+10FFFF); npos when the text is UTF-8 throughout.
+size_t FirstNonUtf8(absl::string_view text);
+
 class SpieceTokenizer {
  public:
   // `model` (ReadSentencePieceModel's) with `sentinels` ids above its
@@ -43,7 +48,11 @@ class SpieceTokenizer {
   // text at its special tokens. No </s> is added. InvalidArgument naming the
   // sentinel when k is not below sentinels(), or the byte where text that is
   // not UTF-8 goes wrong (SentencePiece would take it silently).
-  absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text) const;
+  // `read_sentinels` false: "<extra_id_k>" is text like any other (training
+  // data, as tools/spm_tokenize.py encodes a token file). Safe to call from
+  // several threads at once.
+  absl::StatusOr<std::vector<int64_t>> Encode(absl::string_view text,
+                                              bool read_sentinels = true) const;
 
   // The text of `ids`: runs of the model's ids through it (control pieces,
   // as </s> and <pad>, give none), sentinels as "<extra_id_k>", followed by

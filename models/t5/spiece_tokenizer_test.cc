@@ -87,6 +87,19 @@ TEST_F(SpieceTokenizerTest, EncodesAsThePythonToolDoes) {
   }
 }
 
+TEST_F(SpieceTokenizerTest, TokenFileTextTakesSentinelsAsText) {
+  const std::vector<tensor::Json>& cases = goldens_.Get("plain")->items;
+  ASSERT_EQ(cases.size(), 9u);
+  for (const tensor::Json& c : cases) {
+    absl::StatusOr<std::vector<int64_t>> ids =
+        tokenizer_->Encode(c.items[0].text, /*read_sentinels=*/false);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(*ids, Ids(c.items[1])) << "'" << c.items[0].text << "'";
+  }
+  // Even one no sentinel is (it would be refused when read).
+  EXPECT_TRUE(tokenizer_->Encode("<extra_id_100>", /*read_sentinels=*/false).ok());
+}
+
 TEST_F(SpieceTokenizerTest, DecodesAsThePythonToolDoes) {
   const std::vector<tensor::Json>& cases = goldens_.Get("decode")->items;
   ASSERT_EQ(cases.size(), 30u);

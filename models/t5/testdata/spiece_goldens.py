@@ -4,8 +4,9 @@
 Trains a small SentencePiece model (T5's kind: unigram, nmt_nfkc
 normalization, pad 0, </s> 1, unk 2) on the start of the shipped text, and
 writes what tools/spm_tokenize.py's encode_text and decode_ids (which
-python3-sentencepiece runs) give for a set of texts and ids, so that the
-C++ tokenizer (libsentencepiece) is held to them:
+python3-sentencepiece runs) give for a set of texts and ids, and the texts'
+plain ids (a token file's, sentinels as text), so that the C++ tokenizer
+(libsentencepiece) is held to them:
 
   spiece_goldens.py TEXT SPM_TOKENIZE_PY OUT.model OUT.json
 """
@@ -58,6 +59,8 @@ def main(text_path, script_path, model_out, json_out):
     sp.LoadFromSerializedProto(model)
     vocab = sp.GetPieceSize()
     encode = [[t, spm_tokenize.encode_text(sp, t, vocab, SENTINELS)] for t in TEXTS]
+    # As the token file's text: "<extra_id_k>" is ordinary text there.
+    plain = [[t, sp.EncodeAsIds(t)] for t in TEXTS]
     # Ids to decode: each encoding, with </s> and <pad> (control pieces) and
     # sentinels put in, and runs that start with and without a space piece.
     decode = []
@@ -69,7 +72,7 @@ def main(text_path, script_path, model_out, json_out):
         decode.append([case, spm_tokenize.decode_ids(sp, case, vocab, SENTINELS)])
     with open(json_out, "w", encoding="utf-8") as f:
         json.dump({"pieces": vocab, "sentinels": SENTINELS, "eos_id": sp.eos_id(),
-                   "encode": encode, "decode": decode}, f, ensure_ascii=False)
+                   "encode": encode, "plain": plain, "decode": decode}, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":
