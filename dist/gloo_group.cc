@@ -340,6 +340,14 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
  protected:
+  // "rank 1 of 2 in group world/split0/color1" in a subgroup (the world
+  // group's first split, color 1), as the threads engine.
+  std::string Who() const override {
+    std::string who = ProcessGroup::Who();
+    if (!label_.empty()) absl::StrAppend(&who, " in group ", label_);
+    return who;
+  }
+
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     auto work = std::make_shared<CompletionWork>();
     {
@@ -381,7 +389,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     return std::unique_ptr<ProcessGroup>(new GlooProcessGroup(
         shared_, *std::move(connected), prefix, this->timeout(), std::move(world_ranks),
-        absl::StrCat(label_.empty() ? "world" : label_, "/split(", color, ")")));
+        absl::StrCat(label_.empty() ? "world" : label_, "/split", seq, "/color", color)));
   }
 
  private:
@@ -409,16 +417,6 @@ class GlooProcessGroup final : public ProcessGroup {
   std::string Prefix(const CollectiveCall& call) const {
     return absl::StrCat("[", CollectiveName(call.kind), "] ", Who());
   }
-
- protected:
-  // "rank 1 of 2 in group world/split(1)" in a subgroup, as the threads engine.
-  std::string Who() const override {
-    std::string who = ProcessGroup::Who();
-    if (!label_.empty()) absl::StrAppend(&who, " in group ", label_);
-    return who;
-  }
-
- private:
 
   absl::Status Run(CollectiveCall& call) {
     if (!broken_.ok()) {
@@ -554,7 +552,7 @@ class GlooProcessGroup final : public ProcessGroup {
   const std::vector<std::vector<std::string>> addresses_;
   const std::string prefix_;
   const std::vector<int> world_ranks_;  // by rank, in a subgroup; empty in the world group
-  const std::string label_;             // "world/split(1)" in a subgroup; "" in the world group
+  const std::string label_;             // "world/split0/color1" in a subgroup; "" in the world
   int split_seq_ = 0;            // Issuing thread only.
   absl::Status broken_;          // Worker thread only.
   std::mutex mu_;

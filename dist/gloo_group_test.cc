@@ -580,18 +580,24 @@ TEST(GlooGroup, ASubgroupsErrorsNameTheWorldRanks) {
     absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(rank % 2);
     if (!sub.ok()) return sub.status().ToString();
     if (rank == 3) _exit(0);  // leaves without a word
-    if (rank == 2) {          // never calls; runs until rank 0 has timed out
-      absl::SleepFor(absl::Seconds(5));
+    const std::string timed_out = absl::StrCat(dir, "/rank0_timed_out");
+    if (rank == 2) {  // never calls; runs until rank 0 has timed out
+      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      while (!std::ifstream(timed_out).good() && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
       return "";
     }
     Tensor t = Tensor::Empty({8});
     s = (*sub)->AllReduceSync(t, ReduceOp::kSum,
                               CollectiveOptions::WithTimeout(absl::Seconds(rank == 0 ? 2 : 20)));
+    if (rank == 0) std::ofstream(timed_out) << "done";
     if (s.ok()) return "no error";
     const std::string want =
-        rank == 0 ? "[all_reduce] rank 0 of 2 in group world/split(0) timed out after 2.0 s "
+        rank == 0 ? "[all_reduce] rank 0 of 2 in group world/split0/color0 timed out after 2.0 s "
                     "waiting for rank 1 (world 2)"
-                  : absl::StrCat("[all_reduce] rank 0 of 2 in group world/split(1): lost a peer: "
+                  : absl::StrCat("[all_reduce] rank 0 of 2 in group world/split0/color1: lost a "
+                                 "peer: "
                                  "rank 1 (world 3) exited (pid ",
                                  static_cast<int64_t>(pids.ToVector<float>()[3]),
                                  " on this host)");

@@ -70,9 +70,11 @@ std::string RankNames(const std::vector<int>& ranks, const std::vector<int>& wor
   std::string s =
       absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
   if (world_ranks.empty()) return s;
-  std::vector<int> world;
+  std::vector<std::string> world;
   for (int r : ranks) {
-    world.push_back(r >= 0 && r < static_cast<int>(world_ranks.size()) ? world_ranks[r] : -1);
+    world.push_back(r >= 0 && r < static_cast<int>(world_ranks.size())
+                        ? absl::StrCat(world_ranks[r])
+                        : "?");
   }
   return absl::StrCat(s, " (world ", absl::StrJoin(world, ", "), ")");
 }

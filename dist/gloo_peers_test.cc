@@ -94,7 +94,7 @@ TEST(GlooPeersTest, RanksOfASubgroupAreNamedWithTheWorlds) {
   EXPECT_EQ(RankNames({0, 1}, {2, 6}), "ranks 0, 1 (world 2, 6)");
   // A rank the list lacks (never passed by the engine): no world rank to show.
   EXPECT_EQ(RankName(5, {2, 6}), "rank 5");
-  EXPECT_EQ(RankNames({0, 5}, {2, 6}), "ranks 0, 5 (world 2, -1)");
+  EXPECT_EQ(RankNames({0, 5}, {2, 6}), "ranks 0, 5 (world 2, ?)");
 }
 
 TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {

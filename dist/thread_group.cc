@@ -421,6 +421,7 @@ class ThreadProcessGroup final : public ProcessGroup {
   absl::Status ExecuteSplit(int color, int key, absl::Duration timeout,
                             absl::Duration child_timeout, std::unique_ptr<ProcessGroup>* result) {
     const int64_t seq = next_seq_++;
+    const int split = next_split_++;  // every rank splits in the same order
     Arrival me;
     me.is_split = true;
     me.color = color;
@@ -447,8 +448,9 @@ class ThreadProcessGroup final : public ProcessGroup {
           std::vector<int> world_ranks;
           for (int m : members) world_ranks.push_back(group_->world_ranks[m]);
           const std::string parent = group_->label.empty() ? "world" : group_->label;
-          slot = std::make_shared<GroupState>(group_->world, std::move(world_ranks),
-                                              absl::StrCat(parent, "/split(", color, ")"));
+          slot = std::make_shared<GroupState>(
+              group_->world, std::move(world_ranks),
+              absl::StrCat(parent, "/split", split, "/color", color));
         }
         child = slot;
       });
@@ -467,6 +469,7 @@ class ThreadProcessGroup final : public ProcessGroup {
   tensor::MemoryLedger* const ledger_;
   Rendezvous rendezvous_;  // this rank's side of the group's rounds
   int64_t next_seq_ = 0;   // worker thread only
+  int next_split_ = 0;     // worker thread only: this group's splits so far
   DeviceLane lane_;        // calls on a GPU: the communication stream and events
 
   std::mutex queue_mu_;

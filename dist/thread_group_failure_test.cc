@@ -140,7 +140,7 @@ TEST(ThreadGroupFailureTest, TimeoutInSubgroupNamesGroupAndWorldRanks) {
   });
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(status2.message(),
-            "[barrier] rank 1 of 2 in group world/split(0) timed out after 0.3 s waiting for "
+            "[barrier] rank 1 of 2 in group world/split0/color0 timed out after 0.3 s waiting for "
             "rank 0 (world 0)");
 }
 

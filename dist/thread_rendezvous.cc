@@ -128,7 +128,7 @@ absl::Status Rendezvous::CheckArrivals(const std::vector<const Arrival*>& all,
   for (int r = 0; r < size(); ++r) {
     if (!all[r]->error.ok()) {
       return absl::Status(all[r]->error.code(),
-                          absl::StrCat("[", op, "] ", Who(), ": rank ", r,
+                          absl::StrCat("[", op, "] ", Who(), ": ", NameRanks({r}),
                                        "'s call is invalid: ", all[r]->error.message()));
     }
   }
@@ -137,7 +137,7 @@ absl::Status Rendezvous::CheckArrivals(const std::vector<const Arrival*>& all,
   if (same) return absl::OkStatus();
   std::vector<std::string> calls;
   for (int r = 0; r < size(); ++r)
-    calls.push_back(absl::StrCat("rank ", r, ": ", Describe(*all[r])));
+    calls.push_back(absl::StrCat(NameRanks({r}), ": ", Describe(*all[r])));
   return absl::InvalidArgumentError(absl::StrCat(
       "[", op, "] ", Who(), ": the calls do not match across ranks: ", absl::StrJoin(calls, "; ")));
 }
@@ -180,8 +180,9 @@ absl::Status Rendezvous::PeerFailure(absl::string_view op,
   for (int r = 0; r < size(); ++r) {
     const absl::Status& failed = failed_of(r);
     if (r != rank_ && !failed.ok()) {
-      return absl::Status(failed.code(), absl::StrCat("[", op, "] ", Who(), ": rank ", r,
-                                                      " failed: ", failed.message()));
+      return absl::Status(failed.code(), absl::StrCat("[", op, "] ", Who(), ": ",
+                                                      NameRanks({r}), " failed: ",
+                                                      failed.message()));
     }
   }
   return absl::OkStatus();

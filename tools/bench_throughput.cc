@@ -330,9 +330,8 @@ int Main() {
     return usage_error(absl::StrCat("--vocab_size=", absl::GetFlag(FLAGS_vocab_size),
                                     " must be in [1, 2^31]"));
   }
-  if (presets.empty() || (!want_fp32 && !want_bf16)) {
-    return usage_error("--presets and --precision must each name one or more");
-  }
+  if (presets.empty()) return usage_error("--presets is empty: name a preset");
+  if (!want_fp32 && !want_bf16) return usage_error("--precision is empty: fp32, bf16 or both");
   for (const std::string& preset : presets) {
     absl::StatusOr<mingpt::GptConfig> config = mingpt::Preset(preset);
     if (!config.ok()) return usage_error(std::string(config.status().message()));

@@ -165,6 +165,10 @@ absl::StatusOr<std::vector<int64_t>> PromptIds(
     }
     absl::StatusOr<std::vector<std::string>> listed = train::SplitListFlag("prompt_tokens", tokens);
     if (!listed.ok()) return listed.status();
+    if (listed->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt_tokens='", tokens, "' names no token id"));
+    }
     for (const std::string& s : *listed) {
       int64_t id = 0;
       if (!absl::SimpleAtoi(s, &id) || id < 0 || id >= config.vocab_size) {

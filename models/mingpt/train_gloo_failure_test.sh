@@ -121,7 +121,7 @@ echo "3. hung worker: rank 0 timed out, launcher exited $rc after $took s"
 
 # ---- 4. ZeRO-1, a hung worker with no launcher: the timeout fires ----
 job=(WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29544 RUN_ID="z1-$$")
-zero1=("${long[@]}" --backend=gloo --strategy=zero1 --timeout_s=5)
+zero1=("${long[@]}" --backend=gloo --strategy=zero1 --timeout_s=10)
 env "${job[@]}" RANK=0 LOCAL_RANK=0 "$train" "${zero1[@]}" > "$dir/zero1_0.log" 2>&1 &
 p0=$!
 env "${job[@]}" RANK=1 LOCAL_RANK=1 "$train" "${zero1[@]}" > "$dir/zero1_1.log" 2>&1 &
@@ -129,12 +129,12 @@ p1=$!
 wait_for "$dir/zero1_0.log" "^step     2 " 60
 grep -q "ZeRO-1" "$dir/zero1_0.log" || { cat "$dir/zero1_0.log"; fail "not a ZeRO-1 run"; }
 kill -STOP $p1
-wait_exit $p0 $(( 5 + 15 ))
+wait_exit $p0 $(( 10 + 15 ))
 kill -9 $p1
 wait $p1 2>/dev/null
 tail -3 "$dir/zero1_0.log"
 [[ $rc == 1 ]] || fail "ZeRO-1: rank 0 exited $rc after rank 1 hung"
-grep -Eq "^train: error: rank 0: .*timed out after 5.0 s waiting for rank 1" "$dir/zero1_0.log" ||
+grep -Eq "^train: error: rank 0: .*timed out after 10.0 s waiting for rank 1" "$dir/zero1_0.log" ||
   fail "ZeRO-1: rank 0 did not time out naming rank 1"
 echo "4. ZeRO-1, hung worker: rank 0 timed out after $took s naming rank 1"
 
@@ -159,7 +159,7 @@ for r in 0 1 2; do
   grep -Eq "^train: error: rank $r: .*(lost a peer|timed out after 20.0 s waiting for)" \
     "$dir/hybrid$r.log" || fail "HYBRID: rank $r's error names no lost or awaited peer"
 done
-grep -Eq "^train: error: rank 2: .*(rank 3|world 3)" "$dir/hybrid2.log" ||
+grep -Eq "^train: error: rank 2: .*(rank 3 |rank 1 \(world 3\))" "$dir/hybrid2.log" ||
   fail "HYBRID: rank 2 (rank 3's shard-group peer) does not name rank 3"
 echo "5. HYBRID_SHARD, killed worker: ranks 0-2 exited 1, rank 2 naming rank 3"
 echo PASS
