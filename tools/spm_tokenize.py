@@ -15,9 +15,11 @@ sentinels above them, <extra_id_0> = 32099, as in T5's vocabulary):
   ./bazelw run //models/t5:train -- --init_from=/path/t5-small --data=/tmp/t5.bin --eos_id=1
 
 --model is a spiece.model file or a folder holding one (a Hugging Face T5
-folder). Each input is encoded in parts cut at line ends (SentencePiece treats
-a line end as a space, so the ids are those of the whole text but for where
-pieces would have spanned a cut); --eos_after_each appends the model's
+folder). Each input is encoded in parts of 2^20 characters run on to a line
+end (SentencePiece treats a line end as a space; near-ties between
+segmentations can still fall otherwise than in the whole text, as they depend
+on where the input starts); //tools:tokenize --tokenizer=<spiece.model> cuts
+alike and writes the same file. --eos_after_each appends the model's
 end-of-sequence id after each input file (with --output_lines: after each line).
 A file it would write (OUTPUT, OUTPUT.json, their .tmp) that is an input or
 the model, by any path or link, is refused (exit 2): writing it would destroy it.
@@ -54,6 +56,9 @@ try:
 except ImportError:  # pragma: no cover - the message is the point
     sys.exit("spm_tokenize: needs Debian's python3-sentencepiece (./bazelw installs it)")
 
+# Characters per part before it runs on to a line end. SentencePiece's ids
+# depend on where the text is cut (near-ties are broken by scores summed from
+# the input's start), so //tools:tokenize cuts its parts alike.
 PART_BYTES = 1 << 20
 
 

@@ -65,7 +65,9 @@ for text_file, piece in (("/in.txt", ids[:ends[0]]), ("/second.txt", ids[ends[0]
 print("the ids decode to both inputs, each followed by </s>")
 PY
 # //tools:tokenize with the model (libsentencepiece) writes the same file and
-# record: by file or folder, whole or in parts cut at line ends, on threads.
+# record: by file or folder, on threads; past 2^20 characters in parts cut
+# where the Python tool cuts (SentencePiece's ids depend on the cuts: a cut
+# after 2^20 bytes of this text, not characters, changes them).
 "$tokenize" --tokenizer="$dir/spiece.model" --input="$dir/in.txt,$dir/second.txt" \
   --output="$dir/cc.bin" --append_eot > "$dir/cc.log"
 cmp "$dir/t5.bin" "$dir/cc.bin"
@@ -76,6 +78,12 @@ cmp "$dir/t5.bin" "$dir/cc.bin"
   --append_eot --chunk_bytes=1000 --threads=3 > /dev/null
 cmp "$dir/t5.bin" "$dir/cc2.bin"
 [[ "$(cat "$dir/t5.bin.json")" == "$(cat "$dir/cc2.bin.json")" ]]
+for i in 1 2 3 4; do sed 's/the /thé /g; s/of /öf /g' "$text"; done > "$dir/long.txt"
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/long.txt" --output="$dir/long_py.bin" \
+  > /dev/null
+"$tokenize" --tokenizer="$dir" --input="$dir/long.txt" --output="$dir/long_cc.bin" --threads=2 \
+  > /dev/null
+cmp "$dir/long_py.bin" "$dir/long_cc.bin"
 "$tokenize" --tokenizer="sentencepiece:$dir/spiece.model" --input="$dir/second.txt" \
   --output="$dir/cc3.bin" > /dev/null
 /usr/bin/python3 "$script" --model="$dir/spiece.model" --input="$dir/second.txt" \

@@ -24,10 +24,13 @@
 //               "all"); otherwise it is ordinary text
 //
 // Files are memory-mapped and encoded in parts of about --chunk_bytes, cut
-// where GPT-2's pre-tokenizer always cuts (see Gpt2ChunkEnd; SentencePiece:
-// at a line end, where its pieces end too), so memory stays bounded and the
-// ids are those of each file encoded whole; --threads parts are encoded at
-// once and written in order. One line on stdout says what was written.
+// where GPT-2's pre-tokenizer always cuts (see Gpt2ChunkEnd), so memory stays
+// bounded and the ids are those of each file encoded whole; --threads parts
+// are encoded at once and written in order. SentencePiece's ids depend on
+// where its input is cut (its Viterbi breaks near-ties by scores summed from
+// the input's start), so its parts are cut where tools/spm_tokenize.py cuts
+// them, whatever --chunk_bytes says: 2^20 characters, then on to the line's
+// end. One line on stdout says what was written.
 // Exit 2 on bad flags or input (named; SentencePiece: text that is not
 // UTF-8, naming the file and byte).
 #include <algorithm>
@@ -87,6 +90,10 @@ struct TextEncoder {
       encode;
 };
 
+// Characters of a SentencePiece part before it runs on to a line end:
+// tools/spm_tokenize.py's PART_BYTES (Python counts characters).
+constexpr size_t kSentencePiecePartChars = size_t{1} << 20;
+
 // Whether --tokenizer names a SentencePiece model: sentencepiece:<file>, a
 // *.model file, or a folder with spiece.model and no vocab.json.
 bool IsSentencePiece(const std::string& flag) {
@@ -118,9 +125,16 @@ absl::StatusOr<TextEncoder> LoadTokenizer(const std::string& flag, bool special_
     encoder.vocab_size = shared->pieces();
     if (shared->eos_id() >= 0) encoder.end_of_text = shared->eos_id();
     encoder.read.emplace_back("the tokenizer's model", model->path);
-    encoder.part_end = [](absl::string_view text, size_t bytes) {
-      if (bytes >= text.size()) return text.size();
-      const size_t line_end = text.find('\n', bytes);
+    encoder.part_end = [](absl::string_view text, size_t) {
+      // The byte where character kSentencePiecePartChars starts (UTF-8: each
+      // byte but the continuation bytes 10xxxxxx begins one).
+      size_t at = 0;
+      for (size_t chars = 0; at < text.size(); ++at) {
+        if ((static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) continue;
+        if (chars++ == kSentencePiecePartChars) break;
+      }
+      if (at >= text.size()) return text.size();
+      const size_t line_end = text.find('\n', at);
       return line_end == absl::string_view::npos ? text.size() : line_end + 1;
     };
     encoder.encode = [shared](absl::string_view part,
