@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - the message is the point
 # Characters per part before it runs on to a line end. SentencePiece's ids
 # depend on where the text is cut (near-ties are broken by scores summed from
 # the input's start), so //tools:tokenize cuts its parts alike.
-PART_BYTES = 1 << 20
+PART_CHARS = 1 << 20
 
 
 def fail(message):
@@ -94,10 +94,11 @@ def refuse_overwriting_inputs(args, model, written):
 
 
 def parts(text):
-    """The text in pieces of about PART_BYTES characters, each ending at a line end."""
+    """The text in pieces of about PART_CHARS characters, each ending at a line end
+    (t5::SentencePiecePartEnd cuts alike)."""
     start = 0
     while start < len(text):
-        end = text.find("\n", start + PART_BYTES)
+        end = text.find("\n", start + PART_CHARS)
         end = len(text) if end < 0 else end + 1
         yield text[start:end]
         start = end
@@ -242,7 +243,9 @@ def main(argv):
     ids = []
     for name in args.input.split(","):
         try:
-            with open(name, encoding="utf-8") as f:
+            # Line ends as they are ("\r" is a character, as //tools:tokenize
+            # counts it): parts are cut at "\n" alone.
+            with open(name, encoding="utf-8", newline="") as f:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             fail(f"--input: {name}: {e}")

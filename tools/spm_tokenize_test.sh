@@ -75,7 +75,7 @@ cmp "$dir/t5.bin" "$dir/cc.bin"
 [[ "$(cat "$dir/t5.bin.json")" == "$(cat "$dir/cc.bin.json")" ]] ||
   { cat "$dir/t5.bin.json" "$dir/cc.bin.json"; exit 1; }
 "$tokenize" --tokenizer="$dir" --input="$dir/in.txt,$dir/second.txt" --output="$dir/cc2.bin" \
-  --append_eot --chunk_bytes=1000 --threads=3 > /dev/null
+  --append_eot --threads=3 > /dev/null
 cmp "$dir/t5.bin" "$dir/cc2.bin"
 [[ "$(cat "$dir/t5.bin.json")" == "$(cat "$dir/cc2.bin.json")" ]]
 for i in 1 2 3 4; do sed 's/the /thé /g; s/of /öf /g' "$text"; done > "$dir/long.txt"
@@ -84,6 +84,20 @@ for i in 1 2 3 4; do sed 's/the /thé /g; s/of /öf /g' "$text"; done > "$dir/lo
 "$tokenize" --tokenizer="$dir" --input="$dir/long.txt" --output="$dir/long_cc.bin" --threads=2 \
   > /dev/null
 cmp "$dir/long_py.bin" "$dir/long_cc.bin"
+# CRLF line ends (a character each, for both) and a lone CR.
+sed 's/$/\r/' "$dir/long.txt" > "$dir/crlf.txt"
+printf 'Of prisms\rand light\r' >> "$dir/crlf.txt"
+/usr/bin/python3 "$script" --model="$dir" --input="$dir/crlf.txt" --output="$dir/crlf_py.bin" \
+  > /dev/null
+"$tokenize" --tokenizer="$dir" --input="$dir/crlf.txt" --output="$dir/crlf_cc.bin" > /dev/null
+cmp "$dir/crlf_py.bin" "$dir/crlf_cc.bin"
+printf '  \n\t\n' > "$dir/blank_in.txt"
+exits_2 "--input: $dir/blank_in.txt gives no tokens" "$tokenize" --tokenizer="$dir" \
+  --input="$dir/blank_in.txt" --output="$dir/bad.bin"
+exits_2 "--input=$dir/blank_in.txt: no tokens" /usr/bin/python3 "$script" --model="$dir" \
+  --input="$dir/blank_in.txt" --output="$dir/bad.bin"
+exits_2 "--tokenizer=sentencepiece:: names no file" "$tokenize" --tokenizer=sentencepiece: \
+  --input="$dir/second.txt" --output="$dir/bad.bin"
 "$tokenize" --tokenizer="sentencepiece:$dir/spiece.model" --input="$dir/second.txt" \
   --output="$dir/cc3.bin" > /dev/null
 /usr/bin/python3 "$script" --model="$dir/spiece.model" --input="$dir/second.txt" \

@@ -66,10 +66,13 @@ ABSL_FLAG(std::string, tokenizer, "gpt2",
 ABSL_FLAG(std::string, input, "", "text files to encode, comma-separated");
 ABSL_FLAG(std::string, output, "", "the token file to write");
 ABSL_FLAG(std::string, format, "raw", "raw (nanoGPT) or llmc (llm.c header)");
-ABSL_FLAG(bool, append_eot, false, "append <|endoftext|> after each input");
+ABSL_FLAG(bool, append_eot, false,
+          "append <|endoftext|> after each input (SentencePiece: the model's </s>)");
 ABSL_FLAG(bool, special_tokens, false,
           "\"<|endoftext|>\" in the text is the special token, not ordinary text");
-ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20, "text encoded per part (about)");
+ABSL_FLAG(int64_t, chunk_bytes, int64_t{4} << 20,
+          "GPT-2: text encoded per part (about); SentencePiece cuts where "
+          "tools/spm_tokenize.py does (2^20 characters, on to a line end), whatever this says");
 ABSL_FLAG(int, threads, 0, "parts encoded at once; 0: one per core");
 
 namespace {
@@ -80,8 +83,9 @@ struct TextEncoder {
   int64_t vocab_size = 0;
   std::optional<int64_t> end_of_text;  // --append_eot's id
   std::vector<std::pair<std::string, std::string>> read;  // (what it is, path) of its files
-  // Where a part of at least `bytes` of `text` may end (the text's size at
-  // most): a cut there leaves the ids unchanged.
+  // Where the first part of `text` ends (at most the text's size). GPT-2:
+  // past `bytes`, where a cut leaves the ids unchanged; SentencePiece: where
+  // tools/spm_tokenize.py cuts, which gives its ids.
   std::function<size_t(absl::string_view text, size_t bytes)> part_end;
   // The ids of a part that starts at byte `offset` of its file (several at
   // once, from threads); InvalidArgument for text it cannot encode, naming
@@ -90,17 +94,16 @@ struct TextEncoder {
       encode;
 };
 
-// Characters of a SentencePiece part before it runs on to a line end:
-// tools/spm_tokenize.py's PART_BYTES (Python counts characters).
-constexpr size_t kSentencePiecePartChars = size_t{1} << 20;
-
 // Whether --tokenizer names a SentencePiece model: sentencepiece:<file>, a
-// *.model file, or a folder with spiece.model and no vocab.json.
+// *.model that is not a folder, or a folder with spiece.model and no
+// vocab.json (a folder with both is read as GPT-2's; sentencepiece:DIR says
+// otherwise).
 bool IsSentencePiece(const std::string& flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (absl::StartsWith(flag, "sentencepiece:") || absl::EndsWith(flag, ".model")) return true;
-  return fs::is_directory(flag, ec) && fs::exists(fs::path(flag) / "spiece.model", ec) &&
+  if (absl::StartsWith(flag, "sentencepiece:")) return true;
+  if (!fs::is_directory(flag, ec)) return absl::EndsWith(flag, ".model");
+  return fs::exists(fs::path(flag) / "spiece.model", ec) &&
          !fs::exists(fs::path(flag) / "vocab.json", ec);
 }
 
@@ -114,6 +117,7 @@ absl::StatusOr<TextEncoder> LoadTokenizer(const std::string& flag, bool special_
       return absl::InvalidArgumentError(
           "--special_tokens: <|endoftext|> is GPT-2's; a SentencePiece model reads text as it is");
     }
+    if (flag == "sentencepiece:") return failed("names no file (sentencepiece:<spiece.model>)");
     absl::StatusOr<t5::SentencePieceModel> model = t5::ReadSentencePieceModel(flag);
     if (!model.ok()) return failed(model.status().message());
     absl::StatusOr<t5::SpieceTokenizer> tokenizer = t5::SpieceTokenizer::Load(*model, 0);
@@ -126,16 +130,7 @@ absl::StatusOr<TextEncoder> LoadTokenizer(const std::string& flag, bool special_
     if (shared->eos_id() >= 0) encoder.end_of_text = shared->eos_id();
     encoder.read.emplace_back("the tokenizer's model", model->path);
     encoder.part_end = [](absl::string_view text, size_t) {
-      // The byte where character kSentencePiecePartChars starts (UTF-8: each
-      // byte but the continuation bytes 10xxxxxx begins one).
-      size_t at = 0;
-      for (size_t chars = 0; at < text.size(); ++at) {
-        if ((static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) continue;
-        if (chars++ == kSentencePiecePartChars) break;
-      }
-      if (at >= text.size()) return text.size();
-      const size_t line_end = text.find('\n', at);
-      return line_end == absl::string_view::npos ? text.size() : line_end + 1;
+      return t5::SentencePiecePartEnd(text);  // whatever --chunk_bytes says
     };
     encoder.encode = [shared](absl::string_view part,
                               size_t offset) -> absl::StatusOr<std::vector<int64_t>> {
@@ -289,6 +284,10 @@ absl::Status Tokenize() {
     }
   }
   const int64_t num_tokens = (*writer)->num_tokens();
+  if (num_tokens == 0) {  // e.g. only whitespace for SentencePiece; the .tmp goes with the writer
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--input: ", absl::GetFlag(FLAGS_input), " gives no tokens: nothing to write"));
+  }
   absl::Status finished = (*writer)->Finish();
   if (!finished.ok()) return finished;
   // What made it, for train and sample (output.json).

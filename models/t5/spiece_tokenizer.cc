@@ -35,6 +35,19 @@ int64_t SentinelAt(absl::string_view text, size_t* length) {
 
 }  // namespace
 
+size_t SentencePiecePartEnd(absl::string_view text) {
+  // The byte where character kSentencePiecePartChars starts (each byte but
+  // UTF-8's continuation bytes 10xxxxxx begins one).
+  size_t at = 0;
+  for (size_t chars = 0; at < text.size(); ++at) {
+    if ((static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) continue;
+    if (chars++ == kSentencePiecePartChars) break;
+  }
+  if (at >= text.size()) return text.size();
+  const size_t line_end = text.find('\n', at);
+  return line_end == absl::string_view::npos ? text.size() : line_end + 1;
+}
+
 size_t FirstNonUtf8(absl::string_view text) {
   size_t at = 0;
   while (at < text.size()) {

@@ -21,6 +21,18 @@ namespace t5 {
 
 class SpieceProcessor;
 
+// Characters of a part of a long text before it runs on to a line end
+// (tools/spm_tokenize.py's PART_CHARS).
+inline constexpr size_t kSentencePiecePartChars = size_t{1} << 20;
+
+// Where the first part of UTF-8 `text` ends: after the first '\n' at or past
+// its character kSentencePiecePartChars, or at its end. SentencePiece's ids
+// depend on where a text is cut (its Viterbi breaks near-ties by scores
+// summed from the input's start), so //tools:tokenize and
+// tools/spm_tokenize.py (which counts characters of the file read as it is,
+// "\r" included) cut alike and write the same ids.
+size_t SentencePiecePartEnd(absl::string_view text);
+
 // The offset of the first byte of `text` that does not begin a well-formed
 // UTF-8 character (RFC 3629: no overlong forms, surrogates or code points
 // above U+10FFFF); npos when the text is UTF-8 throughout.

@@ -149,6 +149,32 @@ TEST_F(SpieceTokenizerTest, TextThatIsNotUtf8IsRefusedNamingTheByte) {
   }
 }
 
+// Parts end as tools/spm_tokenize.py's parts() ends them: at the first '\n'
+// at or past character 2^20 (characters, not bytes; "\r" is one).
+TEST(SentencePiecePartEnd, AtTheFirstLineEndPast2To20Characters) {
+  const size_t k = kSentencePiecePartChars;
+  EXPECT_EQ(SentencePiecePartEnd(""), 0u);
+  EXPECT_EQ(SentencePiecePartEnd("short\ntext\n"), 11u);
+  EXPECT_EQ(SentencePiecePartEnd(std::string(k, 'a')), k);  // no line end: all of it
+  EXPECT_EQ(SentencePiecePartEnd(std::string(k + 5, 'a')), k + 5);
+  // A line end at character 2^20 ends the part; one before it does not.
+  std::string text = std::string(k, 'a') + "\nbc\n";
+  EXPECT_EQ(SentencePiecePartEnd(text), k + 1);
+  text = "ab\n" + std::string(k, 'a') + "\nbc";
+  EXPECT_EQ(SentencePiecePartEnd(text), k + 4);
+  // 2^20 - 1 two-byte characters, a line end (character 2^20 - 1), then
+  // character 2^20: the part runs to the next line end. Counting bytes would
+  // stop at the first.
+  text = "";
+  for (size_t i = 0; i + 1 < k; ++i) text += "\xc3\xa9";
+  const size_t first_line_end = text.size();
+  text += "\nxxxxxxxxxx\nrest";
+  EXPECT_EQ(SentencePiecePartEnd(text), first_line_end + 12);
+  // "\r" is a character: CRLF lines end where Python's (newline="") end.
+  text = std::string(k - 1, 'a') + "\r\nb\r\n";
+  EXPECT_EQ(SentencePiecePartEnd(text), k + 1);
+}
+
 TEST(SpieceTokenizer, ZeroSentinelsSaySo) {
   absl::StatusOr<SentencePieceModel> model =
       ReadSentencePieceModel(Runfile("models/t5/spiece_test.model"));
