@@ -37,9 +37,10 @@ absl::Status NcclError(ncclResult_t result, absl::string_view what, ncclComm_t c
   }
 }
 
-absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank, int size) {
-  return absl::Status(status.code(),
-                      absl::StrCat("[", op, "] ", nccl::Who(rank, size), ": ", status.message()));
+absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank, int size,
+                      absl::string_view label) {
+  return absl::Status(status.code(), absl::StrCat("[", op, "] ", nccl::Who(rank, size, label),
+                                                  ": ", status.message()));
 }
 
 absl::StatusOr<CallsLock> LockCalls(std::timed_mutex& calls, absl::Duration bound,

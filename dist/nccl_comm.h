@@ -35,8 +35,9 @@ absl::Status CudaCheck(cudaError_t err, absl::string_view what);
 // exited is Aborted, a system error Unavailable, misuse InvalidArgument.
 absl::Status NcclError(ncclResult_t result, absl::string_view what, ncclComm_t comm);
 
-// Prefixes `status` with "[op] rank r of n: ".
-absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank, int size);
+// Prefixes `status` with "[op] rank r of n: " (nccl::Who, with `label`).
+absl::Status Prefixed(const absl::Status& status, absl::string_view op, int rank, int size,
+                      absl::string_view label = "");
 
 using CallsLock = std::unique_lock<std::timed_mutex>;
 

@@ -209,12 +209,14 @@ class NcclSplit final : public nccl::PendingCall {
 class NcclProcessGroup final : public ProcessGroup {
  public:
   // `launch_order` is shared with the group this one was split from, if any.
+  // `label`: a subgroup's, as errors name it (nccl::Who); "" for the world.
   NcclProcessGroup(int rank, int size, Store* store, CommPtr comm,
                    const NcclGroupOptions& options,
-                   std::shared_ptr<nccl::LaunchOrder> launch_order)
+                   std::shared_ptr<nccl::LaunchOrder> launch_order, std::string label = "")
       : ProcessGroup(options.timeout),
         rank_(rank),
         size_(size),
+        label_(std::move(label)),
         store_(store),
         prefix_(options.prefix),
         report_wait_(options.report_wait),
@@ -240,6 +242,8 @@ class NcclProcessGroup final : public ProcessGroup {
   void* communication_stream() const { return comm_->stream; }
 
  protected:
+  std::string Who() const override { return nccl::Who(rank_, size_, label_); }
+
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     // A refused call breaks a group of several ranks (CallWorker::Refuse):
     // the peers make it, and this rank's next call would pair with theirs.
@@ -278,7 +282,8 @@ class NcclProcessGroup final : public ProcessGroup {
     } catch (...) {
       const absl::Status refusal = tensor::StatusOfCurrentException(
           absl::StrCat("staging the CPU tensors on ", device.ToString(), ": "));
-      return worker_.Refuse(op, call.timeout, Prefixed(refusal, op, rank_, size_))->Wait();
+      return worker_.Refuse(op, call.timeout, Prefixed(refusal, op, rank_, size_, label_))
+          ->Wait();
     }
     const bool result_in_input =
         call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kBroadcast;
@@ -290,7 +295,7 @@ class NcclProcessGroup final : public ProcessGroup {
     } catch (const std::exception& e) {
       return Prefixed(absl::InternalError(absl::StrCat("copying the result back from ",
                                                        device.ToString(), ": ", e.what())),
-                      op, rank_, size_);
+                      op, rank_, size_, label_);
     }
     return absl::OkStatus();
   }
@@ -300,14 +305,14 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr IssueOnDevice(std::shared_ptr<CollectiveCall> call, cudaStream_t after) {
     const tensor::Device device = tensor::Device::Cuda(comm_->device);
     const std::string op(CollectiveName(call->kind));
-    if (absl::Status s = nccl::CheckNcclTensors(*call, device, rank_, size_); !s.ok()) {
+    if (absl::Status s = nccl::CheckNcclTensors(*call, device, rank_, size_, label_); !s.ok()) {
       return worker_.Refuse(op, call->timeout, s);
     }
     if (!worker_.broken().ok()) return Work::Done(worker_.BrokenError(op));
     DeviceGuard guard(comm_->device);
     auto pending = std::make_shared<NcclCollective>(comm_.get(), call);
     if (absl::Status s = pending->RecordReady(after); !s.ok()) {
-      return worker_.Refuse(op, call->timeout, Prefixed(s, op, rank_, size_));
+      return worker_.Refuse(op, call->timeout, Prefixed(s, op, rank_, size_, label_));
     }
     return worker_.Submit(op, call->timeout, std::move(pending));
   }
@@ -316,6 +321,7 @@ class NcclProcessGroup final : public ProcessGroup {
 
   const int rank_;
   const int size_;
+  const std::string label_;  // "world/split0/color1" in a subgroup; "" in the world group
   Store* const store_;
   const std::string prefix_;
   const absl::Duration report_wait_;
@@ -344,7 +350,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   if (child == nullptr) {
     return Prefixed(
         absl::InternalError(absl::StrCat("NCCL made no communicator for color ", color)), "split",
-        rank_, size_);
+        rank_, size_, label_);
   }
   int new_rank = 0;
   int new_size = 0;
@@ -362,25 +368,27 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   }
   if (!counted.ok()) {
     AbortWithin(child, comm_->device, "split");
-    return Prefixed(counted, "split", rank_, size_);
+    return Prefixed(counted, "split", rank_, size_, label_);
   }
   DeviceGuard guard(comm_->device);
   absl::StatusOr<CommPtr> comm = MakeComm(child, comm_->device, this->timeout(), launch_order_);
-  if (!comm.ok()) return Prefixed(comm.status(), "split", rank_, size_);
+  if (!comm.ok()) return Prefixed(comm.status(), "split", rank_, size_, label_);
   NcclGroupOptions options;
   options.prefix = absl::StrCat(prefix_, "/split", seq, "/color", color);
   options.timeout = this->timeout();
   options.report_wait = report_wait_;
   options.peer_check_interval = peer_check_interval_;
   options.compute_stream = compute_stream_ == cudaStreamPerThread ? nullptr : compute_stream_;
-  return std::unique_ptr<ProcessGroup>(
-      new NcclProcessGroup(new_rank, new_size, store_, *std::move(comm), options, launch_order_));
+  return std::unique_ptr<ProcessGroup>(new NcclProcessGroup(
+      new_rank, new_size, store_, *std::move(comm), options, launch_order_,
+      absl::StrCat(label_.empty() ? "world" : label_, "/split", seq, "/color", color)));
 }
 
 nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {
   nccl::CallWorkerOptions options;
   options.rank = rank_;
   options.size = size_;
+  options.label = label_;
   options.store = store_;
   options.prefix = prefix_;
   options.report_wait = report_wait_;

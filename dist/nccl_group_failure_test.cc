@@ -140,6 +140,54 @@ TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
                          "[all_reduce] rank 0 of 2 timed out"));
 }
 
+// The same in a subgroup (Split(0) of both): the error names the group as
+// the other engines do, "rank 0 of 2 in group world/split0/color0".
+TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  absl::Status timed_out;
+  absl::Status rank1;
+  std::thread rank0_thread([&] {
+    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("sub", absl::Seconds(30)));
+    if (!pg.ok()) {
+      timed_out = pg.status();
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0);
+    if (!sub.ok()) {
+      timed_out = sub.status();
+      return;
+    }
+    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
+    timed_out =
+        (*sub)->AllReduceSync(x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
+    ASSERT_TRUE(store.Set("test/sub_rank0_done", "1").ok());
+  });
+  std::thread rank1_thread([&] {
+    auto pg = CreateNcclProcessGroup(1, 2, 1, store, Options("sub", absl::Seconds(30)));
+    if (!pg.ok()) {
+      rank1 = pg.status();
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0);
+    if (!sub.ok()) {
+      rank1 = sub.status();
+      return;
+    }
+    // Skips the all-reduce, stays alive until rank 0 has failed.
+    (*sub)->set_timeout(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
+    (*pg)->set_timeout(absl::Seconds(3));
+    rank1 = store.Get("test/sub_rank0_done", absl::Seconds(60)).status();
+  });
+  rank0_thread.join();
+  rank1_thread.join();
+  ASSERT_TRUE(rank1.ok()) << rank1;
+  ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
+  EXPECT_THAT(std::string(timed_out.message()),
+              StartsWith("[all_reduce] rank 0 of 2 in group world/split0/color0 timed out after "
+                         "1.0 s waiting for rank 1 (call #0 of this rank"));
+}
+
 // Rank 1 makes one call and destroys its group (its work ended, or failed
 // outside the group, as a rank of FSDP whose backward threw does): rank 0's
 // next call, which rank 1 will never make, fails within about a second

@@ -39,7 +39,11 @@ bool IsHex(absl::string_view text) {
 
 }  // namespace
 
-std::string Who(int rank, int size) { return absl::StrCat("rank ", rank, " of ", size); }
+std::string Who(int rank, int size, absl::string_view label) {
+  std::string who = absl::StrCat("rank ", rank, " of ", size);
+  if (!label.empty()) absl::StrAppend(&who, " in group ", label);
+  return who;
+}
 
 std::string UniqueIdKey(absl::string_view prefix) { return absl::StrCat(prefix, "/unique_id"); }
 
@@ -166,8 +170,9 @@ ProgressReport ReportProgress(Store* store, absl::string_view prefix, int rank, 
 }
 
 absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Duration timeout,
-                              int64_t call, const ProgressReport& report, absl::Duration wait) {
-  std::string message = absl::StrCat("[", op, "] ", Who(rank, size), " timed out after ",
+                              int64_t call, const ProgressReport& report, absl::Duration wait,
+                              absl::string_view label) {
+  std::string message = absl::StrCat("[", op, "] ", Who(rank, size, label), " timed out after ",
                                      internal::FormatSeconds(timeout), " waiting for ");
   if (report.missing.empty() && size == 1) {
     absl::StrAppend(&message, "the call to finish (call #", call,
@@ -268,8 +273,9 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
 }
 
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
-                           const GonePeer& peer) {
-  return absl::AbortedError(absl::StrCat("[", op, "] ", Who(rank, size), ": rank ", peer.rank,
+                           const GonePeer& peer, absl::string_view label) {
+  return absl::AbortedError(absl::StrCat("[", op, "] ", Who(rank, size, label), ": rank ",
+                                         peer.rank,
                                          kNeverMakes, " (call #", call,
                                          " of this rank; rank ", peer.rank,
                                          " stopped before its call #", peer.first_unrun, ": ",

@@ -40,8 +40,11 @@
 namespace dist {
 namespace nccl {
 
-// "rank 1 of 4".
-std::string Who(int rank, int size);
+// "rank 1 of 4"; in a subgroup, labelled as the other engines label theirs
+// (`label`: "world/split0/color1", the world group's first split, color 1),
+// "rank 1 of 2 in group world/split0/color1". A subgroup's errors name its
+// peers by their ranks in it.
+std::string Who(int rank, int size, absl::string_view label = "");
 
 // The key of the unique id: "<prefix>/unique_id".
 std::string UniqueIdKey(absl::string_view prefix);
@@ -113,8 +116,10 @@ ProgressReport ReportProgress(Store* store, absl::string_view prefix, int rank, 
 // "[<op>] rank 1 of 4 timed out after 2.0 s waiting for the call to finish
 // (call #4; every rank had issued it: ...)", or for a group of one "...
 // (call #4: the device never finished it)". DeadlineExceeded.
+// `label`: the group's, as Who takes it.
 absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Duration timeout,
-                              int64_t call, const ProgressReport& report, absl::Duration wait);
+                              int64_t call, const ProgressReport& report, absl::Duration wait,
+                              absl::string_view label = "");
 
 // "<dir>/<rank>".
 std::string RankKey(absl::string_view dir, int rank);
@@ -154,9 +159,9 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
                                      int64_t call, GoneCache& cache);
 
 // "[<op>] rank 0 of 2: rank 1 will never make this call (call #3 of this rank;
-// rank 1 stopped before its call #3: <reason>)". Aborted.
+// rank 1 stopped before its call #3: <reason>)". Aborted. `label`: as Who.
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
-                           const GonePeer& peer);
+                           const GonePeer& peer, absl::string_view label = "");
 
 }  // namespace nccl
 }  // namespace dist

@@ -128,14 +128,15 @@ absl::Status CallWorker::BrokenError(absl::string_view op) const {
 absl::Status CallWorker::BrokenErrorLocked(absl::string_view op) const {
   return absl::Status(
       broken_.code(),
-      absl::StrCat("[", op, "] ", Who(options_.rank, options_.size),
+      absl::StrCat("[", op, "] ", Who(options_.rank, options_.size, options_.label),
                    ": the group is unusable after an earlier failure: ", broken_.message()));
 }
 
 absl::Status CallWorker::CallError(const Item& item, const absl::Status& status) const {
   return absl::Status(
       status.code(),
-      absl::StrCat("[", item.op, "] ", Who(options_.rank, options_.size), ": ", status.message()));
+      absl::StrCat("[", item.op, "] ", Who(options_.rank, options_.size, options_.label), ": ",
+                   status.message()));
 }
 
 absl::Status CallWorker::TimeoutError(const Item& item) {
@@ -144,7 +145,7 @@ absl::Status CallWorker::TimeoutError(const Item& item) {
       ReportProgress(options_.store, options_.prefix, options_.rank, options_.size, item.number,
                      issued, options_.report_wait);
   return CallTimeoutError(item.op, options_.rank, options_.size, item.timeout, item.number, report,
-                          options_.report_wait);
+                          options_.report_wait, options_.label);
 }
 
 bool RunWithin(std::function<void()> fn, absl::Duration limit) {
@@ -259,7 +260,8 @@ absl::Status CallWorker::PeerGone(const Item& item) {
                                                     options_.rank, options_.size, item.number,
                                                     gone_);
   if (!gone.has_value()) return absl::OkStatus();
-  return PeerGoneError(item.op, options_.rank, options_.size, item.number, *gone);
+  return PeerGoneError(item.op, options_.rank, options_.size, item.number, *gone,
+                       options_.label);
 }
 
 void CallWorker::PassTurn(Item& item) {
@@ -404,9 +406,9 @@ void CallWorker::Loop() {
 }
 
 absl::Status CheckNcclTensors(const CollectiveCall& call, tensor::Device device, int rank,
-                              int size) {
+                              int size, absl::string_view label) {
   const std::string head =
-      absl::StrCat("[", CollectiveName(call.kind), "] ", Who(rank, size), ": ");
+      absl::StrCat("[", CollectiveName(call.kind), "] ", Who(rank, size, label), ": ");
   auto check = [&](const tensor::Tensor& t, absl::string_view name) -> absl::Status {
     if (t.device() != device) {
       return absl::InvalidArgumentError(

@@ -98,6 +98,7 @@ class PendingCall {
 struct CallWorkerOptions {
   int rank = 0;
   int size = 1;
+  std::string label;  // a subgroup's, as errors name it (nccl::Who); "" for the world group
   // Where ranks report their progress when a call times out (keys
   // "<prefix>/seq/<rank>"); without one, a timeout names every other rank.
   // Must outlive the worker.
@@ -224,7 +225,7 @@ class CallWorker {
 // the op: "[all_gather] rank 0 of 2: the input tensor is on cpu; the nccl
 // group of rank 0 uses cuda:0".
 absl::Status CheckNcclTensors(const CollectiveCall& call, tensor::Device device, int rank,
-                              int size);
+                              int size, absl::string_view label = "");
 
 }  // namespace nccl
 }  // namespace dist
