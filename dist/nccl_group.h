@@ -66,7 +66,9 @@
 // caught by the timeout).
 //
 // Split / NewSubgroup use ncclCommSplit (NCCL >= 2.18); the new group's
-// keys live under "<prefix>/split<n>/color<c>".
+// keys live under "<prefix>/split<n>/color<c>", and its errors say "rank r
+// of n in group world/split<n>/color<c>" (as the gloo and threads engines
+// label subgroups), naming its peers by their ranks in it.
 #ifndef DIST_NCCL_GROUP_H_
 #define DIST_NCCL_GROUP_H_
 

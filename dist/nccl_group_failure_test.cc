@@ -1,5 +1,6 @@
 // The nccl engine's failures: a call that differs across ranks, two ranks on
-// one GPU, a call one rank never makes or a peer that is gone (each named),
+// one GPU, a call one rank never makes (in the world group or a subgroup,
+// whose label the error gives) or a peer that is gone (each named),
 // a bad peer check interval, a call one rank refuses (the group broken, not
 // out of step), the NCCL call lock's bounds, and an error NCCL cannot read.
 // Most need the emulation or two GPUs; they skip (GTEST_SKIP) otherwise.
@@ -146,6 +147,7 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
   absl::Status timed_out;
+  absl::Status later;
   absl::Status rank1;
   std::thread rank0_thread([&] {
     auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("sub", absl::Seconds(30)));
@@ -161,6 +163,7 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
     Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
     timed_out =
         (*sub)->AllReduceSync(x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
+    later = (*sub)->BarrierSync();
     ASSERT_TRUE(store.Set("test/sub_rank0_done", "1").ok());
   });
   std::thread rank1_thread([&] {
@@ -186,6 +189,9 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   EXPECT_THAT(std::string(timed_out.message()),
               StartsWith("[all_reduce] rank 0 of 2 in group world/split0/color0 timed out after "
                          "1.0 s waiting for rank 1 (call #0 of this rank"));
+  EXPECT_THAT(std::string(later.message()),
+              StartsWith("[barrier] rank 0 of 2 in group world/split0/color0: the group is "
+                         "unusable after an earlier failure"));
 }
 
 // Rank 1 makes one call and destroys its group (its work ended, or failed

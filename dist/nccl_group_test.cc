@@ -505,6 +505,13 @@ TEST(NcclGroupTest, SplitsOfAGroupOfOne) {
   ASSERT_NE(*sub, nullptr);
   EXPECT_EQ((*sub)->backend(), "nccl");
   EXPECT_EQ((*sub)->size(), 1);
+  // Its errors name it as the other engines name subgroups (the parent's
+  // second split: Split(-1) was the first).
+  Tensor y = Tensor::Full({4}, 1.0, Dtype::kF32, Device::Cuda(0));
+  const absl::Status bad_root = (*sub)->BroadcastSync(y, 1);
+  EXPECT_THAT(std::string(bad_root.message()),
+              ::testing::StartsWith("[broadcast] rank 0 of 1 in group world/split1/color3: root 1 "
+                                    "is not a rank of a group of size 1"));
   Tensor x = Tensor::Full({4}, 2.0, Dtype::kBF16, Device::Cuda(0));
   EXPECT_TRUE((*sub)->AllReduceSync(x, ReduceOp::kAvg).ok());
   EXPECT_EQ(x.ToVector<float>(), std::vector<float>(4, 2.0f));

@@ -274,12 +274,10 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
 
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
                            const GonePeer& peer, absl::string_view label) {
-  return absl::AbortedError(absl::StrCat("[", op, "] ", Who(rank, size, label), ": rank ",
-                                         peer.rank,
-                                         kNeverMakes, " (call #", call,
-                                         " of this rank; rank ", peer.rank,
-                                         " stopped before its call #", peer.first_unrun, ": ",
-                                         peer.reason, ")"));
+  return absl::AbortedError(absl::StrCat(
+      "[", op, "] ", Who(rank, size, label), ": rank ", peer.rank, kNeverMakes, " (call #", call,
+      " of this rank; rank ", peer.rank, " stopped before its call #", peer.first_unrun, ": ",
+      peer.reason, ")"));
 }
 
 }  // namespace nccl

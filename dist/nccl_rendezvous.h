@@ -11,7 +11,9 @@
 //     fewer calls than the one that timed out, or that sent no report, are the
 //     ones it waited for;
 //   - the messages of those failures, in the form every engine uses:
-//     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3";
+//     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3"
+//     (in a subgroup "rank 1 of 4 in group <label>", its peers by their ranks
+//     in it, where gloo and threads also give their world ranks);
 //   - departures: a rank whose group broke, or whose group is being
 //     destroyed, sets "<prefix>/gone/<rank>" (the number of its first call
 //     that will not run, and why) and counts itself in "<prefix>/gone_count",

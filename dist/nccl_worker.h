@@ -167,8 +167,8 @@ class CallWorker {
   int64_t submitted() const;
   // OK while the group is usable; else the error that broke it.
   absl::Status broken() const;
-  // "[<op>] rank 1 of 4: the group is unusable after an earlier failure: <broken()>",
-  // with broken()'s code.
+  // "[<op>] rank 1 of 4: the group is unusable after an earlier failure: <broken()>"
+  // (a subgroup's "rank 1 of 4 in group <label>"), with broken()'s code.
   absl::Status BrokenError(absl::string_view op) const;
 
  private:
@@ -223,7 +223,7 @@ class CallWorker {
 // forms NCCL supports (reduce_scatter: output is chunk `rank` of the input;
 // all_gather: input is chunk `rank` of the output). InvalidArgument naming
 // the op: "[all_gather] rank 0 of 2: the input tensor is on cpu; the nccl
-// group of rank 0 uses cuda:0".
+// group of rank 0 uses cuda:0" (a subgroup: "rank 0 of 2 in group <label>").
 absl::Status CheckNcclTensors(const CollectiveCall& call, tensor::Device device, int rank,
                               int size, absl::string_view label = "");
 
