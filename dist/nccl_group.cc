@@ -210,13 +210,16 @@ class NcclProcessGroup final : public ProcessGroup {
  public:
   // `launch_order` is shared with the group this one was split from, if any.
   // `label`: a subgroup's, as errors name it (nccl::Who); "" for the world.
+  // `world_rank`: this rank's in the world group (-1: `rank`, the world's).
   NcclProcessGroup(int rank, int size, Store* store, CommPtr comm,
                    const NcclGroupOptions& options,
-                   std::shared_ptr<nccl::LaunchOrder> launch_order, std::string label = "")
+                   std::shared_ptr<nccl::LaunchOrder> launch_order, std::string label = "",
+                   int world_rank = -1)
       : ProcessGroup(options.timeout),
         rank_(rank),
         size_(size),
         label_(std::move(label)),
+        world_rank_(world_rank >= 0 ? world_rank : rank),
         store_(store),
         prefix_(options.prefix),
         report_wait_(options.report_wait),
@@ -322,6 +325,7 @@ class NcclProcessGroup final : public ProcessGroup {
   const int rank_;
   const int size_;
   const std::string label_;  // "world/split0/color1" in a subgroup; "" in the world group
+  const int world_rank_;     // this rank's in the world group
   Store* const store_;
   const std::string prefix_;
   const absl::Duration report_wait_;
@@ -379,9 +383,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   options.report_wait = report_wait_;
   options.peer_check_interval = peer_check_interval_;
   options.compute_stream = compute_stream_ == cudaStreamPerThread ? nullptr : compute_stream_;
+  // The peers' errors name this rank by its world rank too (a failed Set
+  // only leaves it out of them: "(world ?)").
+  if (store_ != nullptr) {
+    store_->Set(nccl::WorldRankKey(options.prefix, new_rank), absl::StrCat(world_rank_))
+        .IgnoreError();
+  }
   return std::unique_ptr<ProcessGroup>(new NcclProcessGroup(
       new_rank, new_size, store_, *std::move(comm), options, launch_order_,
-      absl::StrCat(label_.empty() ? "world" : label_, "/split", seq, "/color", color)));
+      absl::StrCat(label_.empty() ? "world" : label_, "/split", seq, "/color", color),
+      world_rank_));
 }
 
 nccl::CallWorkerOptions NcclProcessGroup::WorkerOptions() {

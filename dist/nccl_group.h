@@ -68,7 +68,9 @@
 // Split / NewSubgroup use ncclCommSplit (NCCL >= 2.18); the new group's
 // keys live under "<prefix>/split<n>/color<c>", and its errors say "rank r
 // of n in group world/split<n>/color<c>" (as the gloo and threads engines
-// label subgroups), naming its peers by their ranks in it.
+// label subgroups), naming its peers by their ranks in it and in the world
+// group ("rank 0 (world 1)": each member sets its world rank in the store,
+// "<prefix>/world/<rank>", when the split makes the group).
 #ifndef DIST_NCCL_GROUP_H_
 #define DIST_NCCL_GROUP_H_
 

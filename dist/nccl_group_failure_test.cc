@@ -141,8 +141,10 @@ TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
                          "[all_reduce] rank 0 of 2 timed out"));
 }
 
-// The same in a subgroup (Split(0) of both): the error names the group as
-// the other engines do, "rank 0 of 2 in group world/split0/color0".
+// The same in a subgroup (Split(0) of both, in reverse order: world rank 1
+// is its rank 0): the error names the group and the peer's world rank as the
+// other engines do, "rank 1 of 2 in group world/split0/color0 ... waiting
+// for rank 0 (world 1)".
 TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
@@ -155,7 +157,7 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
       timed_out = pg.status();
       return;
     }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0);
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/1 - 0);
     if (!sub.ok()) {
       timed_out = sub.status();
       return;
@@ -172,7 +174,7 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
       rank1 = pg.status();
       return;
     }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0);
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/1 - 1);
     if (!sub.ok()) {
       rank1 = sub.status();
       return;
@@ -187,10 +189,10 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   ASSERT_TRUE(rank1.ok()) << rank1;
   ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
   EXPECT_THAT(std::string(timed_out.message()),
-              StartsWith("[all_reduce] rank 0 of 2 in group world/split0/color0 timed out after "
-                         "1.0 s waiting for rank 1 (call #0 of this rank"));
+              StartsWith("[all_reduce] rank 1 of 2 in group world/split0/color0 timed out after "
+                         "1.0 s waiting for rank 0 (world 1) (call #0 of this rank"));
   EXPECT_THAT(std::string(later.message()),
-              StartsWith("[barrier] rank 0 of 2 in group world/split0/color0: the group is "
+              StartsWith("[barrier] rank 1 of 2 in group world/split0/color0: the group is "
                          "unusable after an earlier failure"));
 }
 

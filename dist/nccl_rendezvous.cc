@@ -17,8 +17,17 @@ namespace dist {
 namespace nccl {
 namespace {
 
-std::string NameRanks(const std::vector<int>& ranks) {
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+// "ranks 2, 3"; with `world_ranks` (by rank) " (world 6, ?)" after them.
+std::string NameRanks(const std::vector<int>& ranks, const std::vector<int>& world_ranks = {}) {
+  std::string s =
+      absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+  if (world_ranks.empty()) return s;
+  std::vector<std::string> world;
+  for (int r : ranks) {
+    const bool known = r >= 0 && r < static_cast<int>(world_ranks.size()) && world_ranks[r] >= 0;
+    world.push_back(known ? absl::StrCat(world_ranks[r]) : "?");
+  }
+  return absl::StrCat(s, " (world ", absl::StrJoin(world, ", "), ")");
 }
 
 std::string InitDir(absl::string_view prefix) { return absl::StrCat(prefix, "/init"); }
@@ -169,6 +178,22 @@ ProgressReport ReportProgress(Store* store, absl::string_view prefix, int rank, 
   return report;
 }
 
+std::string WorldRankKey(absl::string_view prefix, int rank) {
+  return absl::StrCat(prefix, "/world/", rank);
+}
+
+std::vector<int> ReadWorldRanks(Store& store, absl::string_view prefix, int size,
+                                const std::vector<int>& ranks, absl::Duration wait) {
+  std::vector<int> world(size, -1);
+  for (int r : ranks) {
+    if (r < 0 || r >= size) continue;
+    absl::StatusOr<std::string> value = store.Get(WorldRankKey(prefix, r), wait);
+    int w = -1;
+    if (value.ok() && absl::SimpleAtoi(*value, &w) && w >= 0) world[r] = w;
+  }
+  return world;
+}
+
 absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Duration timeout,
                               int64_t call, const ProgressReport& report, absl::Duration wait,
                               absl::string_view label) {
@@ -182,7 +207,7 @@ absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Du
                     "; every rank had issued it: a peer may have aborted the group, or the "
                     "transport is stuck)");
   } else if (!report.have_store) {
-    absl::StrAppend(&message, NameRanks(report.missing), " (call #", call,
+    absl::StrAppend(&message, NameRanks(report.missing, report.world_ranks), " (call #", call,
                     " of this rank; no store to learn which of them had not issued it)");
   } else {
     std::vector<std::string> why;
@@ -200,8 +225,8 @@ absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Du
                                  internal::FormatSeconds(wait),
                                  ": exited, hung, or busy outside this group"));
     }
-    absl::StrAppend(&message, NameRanks(report.missing), " (call #", call, " of this rank; ",
-                    absl::StrJoin(why, "; "), ")");
+    absl::StrAppend(&message, NameRanks(report.missing, report.world_ranks), " (call #", call,
+                    " of this rank; ", absl::StrJoin(why, "; "), ")");
   }
   if (!report.publish_error.ok()) {
     absl::StrAppend(
@@ -273,9 +298,11 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
 }
 
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
-                           const GonePeer& peer, absl::string_view label) {
+                           const GonePeer& peer, absl::string_view label, int peer_world) {
   return absl::AbortedError(absl::StrCat(
-      "[", op, "] ", Who(rank, size, label), ": rank ", peer.rank, kNeverMakes, " (call #", call,
+      "[", op, "] ", Who(rank, size, label), ": rank ", peer.rank,
+      peer_world >= 0 ? absl::StrCat(" (world ", peer_world, ")") : "", kNeverMakes, " (call #",
+      call,
       " of this rank; rank ", peer.rank, " stopped before its call #", peer.first_unrun, ": ",
       peer.reason, ")"));
 }

@@ -12,8 +12,8 @@
 //     ones it waited for;
 //   - the messages of those failures, in the form every engine uses:
 //     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3"
-//     (in a subgroup "rank 1 of 4 in group <label>", its peers by their ranks
-//     in it, where gloo and threads also give their world ranks);
+//     (in a subgroup "rank 1 of 4 in group <label> ... waiting for rank 2
+//     (world 6)", as the gloo and threads engines name them);
 //   - departures: a rank whose group broke, or whose group is being
 //     destroyed, sets "<prefix>/gone/<rank>" (the number of its first call
 //     that will not run, and why) and counts itself in "<prefix>/gone_count",
@@ -102,7 +102,21 @@ struct ProgressReport {
   absl::Status publish_error;
   // False when there was no store: every other rank is named.
   bool have_store = true;
+  // In a subgroup: each rank's world rank as its member published it at the
+  // split (WorldRankKey; -1: not read), which the error gives after the
+  // ranks it waited for; empty in the world group.
+  std::vector<int> world_ranks;
 };
+
+// "<prefix>/world/<rank>": the world rank of a subgroup's rank, which it sets
+// when the split makes the group (errors name peers by it, as the gloo and
+// threads engines do).
+std::string WorldRankKey(absl::string_view prefix, int rank);
+
+// The world ranks of `ranks` of the subgroup under `prefix`, by rank (size
+// entries; -1 for those not read within `wait` each, or not asked for).
+std::vector<int> ReadWorldRanks(Store& store, absl::string_view prefix, int size,
+                                const std::vector<int>& ranks, absl::Duration wait);
 
 // On a timeout of this rank's call number `call` with `issued` calls issued
 // so far (issued > call): sets "<prefix>/seq/<rank>" = issued, then reads the
@@ -161,9 +175,12 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
                                      int64_t call, GoneCache& cache);
 
 // "[<op>] rank 0 of 2: rank 1 will never make this call (call #3 of this rank;
-// rank 1 stopped before its call #3: <reason>)". Aborted. `label`: as Who.
+// rank 1 stopped before its call #3: <reason>)". Aborted. `label`: as Who;
+// `peer_world` >= 0: the peer's world rank in a subgroup ("rank 1 (world 3)
+// will never make this call").
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
-                           const GonePeer& peer, absl::string_view label = "");
+                           const GonePeer& peer, absl::string_view label = "",
+                           int peer_world = -1);
 
 }  // namespace nccl
 }  // namespace dist

@@ -156,6 +156,37 @@ TEST(NcclRendezvousTest, TimeoutNamesSilentAndBehindRanks) {
             "hung, or busy outside this group)");
 }
 
+// In a subgroup the error gives the group's label and its peers' world
+// ranks, as its members set them at the split ("?" for one never set).
+TEST(NcclRendezvousTest, ASubgroupsErrorsNameItAndTheWorldRanks) {
+  HashStore store;
+  ASSERT_TRUE(store.Set(WorldRankKey("g/split0/color1", 0), "1").ok());
+  ASSERT_TRUE(store.Set(WorldRankKey("g/split0/color1", 2), "5").ok());
+  EXPECT_EQ(WorldRankKey("g/split0/color1", 2), "g/split0/color1/world/2");
+  const std::vector<int> world =
+      ReadWorldRanks(store, "g/split0/color1", 4, {0, 2, 3}, absl::Milliseconds(20));
+  EXPECT_THAT(world, ElementsAre(1, -1, 5, -1));  // rank 1 not asked for, rank 3 never set
+  ProgressReport report;
+  report.missing = {2, 3};
+  report.counts = RankCounts(4);
+  report.counts[2] = 3;
+  report.world_ranks = world;
+  EXPECT_EQ(CallTimeoutError("all_reduce", 1, 4, absl::Seconds(2), 4, report,
+                             absl::Seconds(1), "world/split0/color1")
+                .message(),
+            "[all_reduce] rank 1 of 4 in group world/split0/color1 timed out after 2.0 s waiting "
+            "for ranks 2, 3 (world 5, ?) (call #4 of this rank; rank 2 had issued 3 calls; rank 3 "
+            "sent no report within 1.0 s: exited, hung, or busy outside this group)");
+  GonePeer gone;
+  gone.rank = 2;
+  gone.first_unrun = 3;
+  gone.reason = "its group was destroyed";
+  EXPECT_EQ(PeerGoneError("barrier", 0, 4, 3, gone, "world/split0/color1", 5).message(),
+            "[barrier] rank 0 of 4 in group world/split0/color1: rank 2 (world 5) will never "
+            "make this call (call #3 of this rank; rank 2 stopped before its call #3: its group "
+            "was destroyed)");
+}
+
 TEST(NcclRendezvousTest, ReportsFromEveryRankEndTheWaitEarly) {
   HashStore store;
   constexpr int kSize = 3;

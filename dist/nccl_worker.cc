@@ -81,6 +81,10 @@ WorkPtr CallWorker::Submit(std::string op, absl::Duration timeout,
 
 namespace {
 
+// How long an error in a subgroup waits for each peer's world rank in the
+// store (set when the split made the group, so normally there at once).
+constexpr absl::Duration kWorldRankWait = absl::Milliseconds(200);
+
 // A call this rank refused: it starts once every earlier call has finished,
 // and fails (breaking the group) with the refusal.
 class RefusedCall final : public PendingCall {
@@ -141,9 +145,13 @@ absl::Status CallWorker::CallError(const Item& item, const absl::Status& status)
 
 absl::Status CallWorker::TimeoutError(const Item& item) {
   const int64_t issued = submitted();
-  const ProgressReport report =
+  ProgressReport report =
       ReportProgress(options_.store, options_.prefix, options_.rank, options_.size, item.number,
                      issued, options_.report_wait);
+  if (!options_.label.empty() && options_.store != nullptr) {  // a subgroup: world ranks too
+    report.world_ranks = ReadWorldRanks(*options_.store, options_.prefix, options_.size,
+                                        report.missing, kWorldRankWait);
+  }
   return CallTimeoutError(item.op, options_.rank, options_.size, item.timeout, item.number, report,
                           options_.report_wait, options_.label);
 }
@@ -260,8 +268,16 @@ absl::Status CallWorker::PeerGone(const Item& item) {
                                                     options_.rank, options_.size, item.number,
                                                     gone_);
   if (!gone.has_value()) return absl::OkStatus();
+  int peer_world = -1;
+  if (!options_.label.empty()) {  // a subgroup: the peer's world rank too
+    const std::vector<int> world = ReadWorldRanks(*options_.store, options_.prefix,
+                                                  options_.size, {gone->rank}, kWorldRankWait);
+    if (gone->rank >= 0 && gone->rank < static_cast<int>(world.size())) {
+      peer_world = world[gone->rank];
+    }
+  }
   return PeerGoneError(item.op, options_.rank, options_.size, item.number, *gone,
-                       options_.label);
+                       options_.label, peer_world);
 }
 
 void CallWorker::PassTurn(Item& item) {
