@@ -141,10 +141,10 @@ TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
                          "[all_reduce] rank 0 of 2 timed out"));
 }
 
-// The same in a subgroup (Split(0) of both, in reverse order: world rank 1
-// is its rank 0): the error names the group and the peer's world rank as the
-// other engines do, "rank 1 of 2 in group world/split0/color0 ... waiting
-// for rank 0 (world 1)".
+// The same in a subgroup of a subgroup (Split(0) of both in reverse order,
+// then of that in its own: world rank 1 is rank 0 of both): the error names
+// the group and the peer's world rank as the other engines do, "rank 1 of 2
+// in group world/split0/color0/split0/color0 ... waiting for rank 0 (world 1)".
 TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
@@ -162,10 +162,15 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
       timed_out = sub.status();
       return;
     }
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> inner = (*sub)->Split(0, (*sub)->rank());
+    if (!inner.ok()) {
+      timed_out = inner.status();
+      return;
+    }
     Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
-    timed_out =
-        (*sub)->AllReduceSync(x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
-    later = (*sub)->BarrierSync();
+    timed_out = (*inner)->AllReduceSync(x, ReduceOp::kSum,
+                                        CollectiveOptions::WithTimeout(absl::Seconds(1)));
+    later = (*inner)->BarrierSync();
     ASSERT_TRUE(store.Set("test/sub_rank0_done", "1").ok());
   });
   std::thread rank1_thread([&] {
@@ -179,8 +184,14 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
       rank1 = sub.status();
       return;
     }
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> inner = (*sub)->Split(0, (*sub)->rank());
+    if (!inner.ok()) {
+      rank1 = inner.status();
+      return;
+    }
     // Skips the all-reduce, stays alive until rank 0 has failed.
-    (*sub)->set_timeout(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
+    (*inner)->set_timeout(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
+    (*sub)->set_timeout(absl::Seconds(3));
     (*pg)->set_timeout(absl::Seconds(3));
     rank1 = store.Get("test/sub_rank0_done", absl::Seconds(60)).status();
   });
@@ -189,11 +200,12 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   ASSERT_TRUE(rank1.ok()) << rank1;
   ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
   EXPECT_THAT(std::string(timed_out.message()),
-              StartsWith("[all_reduce] rank 1 of 2 in group world/split0/color0 timed out after "
-                         "1.0 s waiting for rank 0 (world 1) (call #0 of this rank"));
+              StartsWith("[all_reduce] rank 1 of 2 in group world/split0/color0/split0/color0 "
+                         "timed out after 1.0 s waiting for rank 0 (world 1) (call #0 of this "
+                         "rank"));
   EXPECT_THAT(std::string(later.message()),
-              StartsWith("[barrier] rank 1 of 2 in group world/split0/color0: the group is "
-                         "unusable after an earlier failure"));
+              StartsWith("[barrier] rank 1 of 2 in group world/split0/color0/split0/color0: the "
+                         "group is unusable after an earlier failure"));
 }
 
 // Rank 1 makes one call and destroys its group (its work ended, or failed
@@ -242,6 +254,57 @@ TEST(NcclGroupTest, ACallAPeerWillNeverMakeFailsOnceThePeerIsGone) {
             "(the rank finished, or stopped on an error outside this group))");
 #endif
   EXPECT_LT(waited, absl::Seconds(30));
+}
+
+// The same in a subgroup whose ranks are in reverse order: the gone peer is
+// named with its world rank, "rank 0 (world 1) will never make this call".
+TEST(NcclGroupTest, ACallAPeerOfASubgroupWillNeverMakeNamesItsWorldRank) {
+  SKIP_WITHOUT_GPUS(2);
+  HashStore store;
+  absl::Status never;
+  absl::Status rank1;
+  std::thread rank0_thread([&] {
+    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("sub_gone", absl::Seconds(60)));
+    if (!pg.ok()) {
+      never = pg.status();
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/1);
+    if (!sub.ok()) {
+      never = sub.status();
+      return;
+    }
+    never = (*sub)->BarrierSync();  // call #0, both ranks
+    if (!never.ok()) return;
+    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
+    never = (*sub)->AllReduceSync(x, ReduceOp::kSum);
+  });
+  std::thread rank1_thread([&] {
+    auto pg = CreateNcclProcessGroup(1, 2, 1, store, Options("sub_gone", absl::Seconds(60)));
+    if (!pg.ok()) {
+      rank1 = pg.status();
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/0);
+    if (!sub.ok()) {
+      rank1 = sub.status();
+      return;
+    }
+    rank1 = (*sub)->BarrierSync();
+  });  // rank 1's groups are destroyed here
+  rank0_thread.join();
+  rank1_thread.join();
+  ASSERT_TRUE(rank1.ok()) << rank1;
+  EXPECT_TRUE(absl::IsAborted(never)) << never;
+  EXPECT_THAT(std::string(never.message()),
+              StartsWith("[all_reduce] rank 1 of 2 in group world/split0/color0"));
+#ifdef CUDA_EMULATED
+  // On a GPU, NCCL may report rank 1's exit first (ncclRemoteError).
+  EXPECT_THAT(std::string(never.message()),
+              StartsWith("[all_reduce] rank 1 of 2 in group world/split0/color0: rank 0 (world 1) "
+                         "will never make this call (call #1 of this rank; rank 0 stopped before "
+                         "its call #1"));
+#endif
 }
 
 TEST(NcclGroupTest, ABadPeerCheckIntervalIsRefused) {

@@ -185,9 +185,15 @@ std::string WorldRankKey(absl::string_view prefix, int rank) {
 std::vector<int> ReadWorldRanks(Store& store, absl::string_view prefix, int size,
                                 const std::vector<int>& ranks, absl::Duration wait) {
   std::vector<int> world(size, -1);
+  std::vector<std::string> keys;
+  for (int r : ranks) {
+    if (r >= 0 && r < size) keys.push_back(WorldRankKey(prefix, r));
+  }
+  // Waits for all at once; on a timeout the keys that are there are read.
+  store.Wait(keys, wait).IgnoreError();
   for (int r : ranks) {
     if (r < 0 || r >= size) continue;
-    absl::StatusOr<std::string> value = store.Get(WorldRankKey(prefix, r), wait);
+    absl::StatusOr<std::string> value = store.Get(WorldRankKey(prefix, r), absl::ZeroDuration());
     int w = -1;
     if (value.ok() && absl::SimpleAtoi(*value, &w) && w >= 0) world[r] = w;
   }
@@ -298,11 +304,11 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
 }
 
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
-                           const GonePeer& peer, absl::string_view label, int peer_world) {
+                           const GonePeer& peer, absl::string_view label,
+                           const std::vector<int>& world_ranks) {
   return absl::AbortedError(absl::StrCat(
-      "[", op, "] ", Who(rank, size, label), ": rank ", peer.rank,
-      peer_world >= 0 ? absl::StrCat(" (world ", peer_world, ")") : "", kNeverMakes, " (call #",
-      call,
+      "[", op, "] ", Who(rank, size, label), ": ", NameRanks({peer.rank}, world_ranks),
+      kNeverMakes, " (call #", call,
       " of this rank; rank ", peer.rank, " stopped before its call #", peer.first_unrun, ": ",
       peer.reason, ")"));
 }

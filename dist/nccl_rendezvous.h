@@ -13,7 +13,8 @@
 //   - the messages of those failures, in the form every engine uses:
 //     "[all_reduce] rank 1 of 4 timed out after 2.0 s waiting for ranks 2, 3"
 //     (in a subgroup "rank 1 of 4 in group <label> ... waiting for rank 2
-//     (world 6)", as the gloo and threads engines name them);
+//     (world 6)", as the gloo and threads engines name them: each member of a
+//     subgroup sets its world rank under "<prefix>/world/<rank>" at the split);
 //   - departures: a rank whose group broke, or whose group is being
 //     destroyed, sets "<prefix>/gone/<rank>" (the number of its first call
 //     that will not run, and why) and counts itself in "<prefix>/gone_count",
@@ -45,7 +46,7 @@ namespace nccl {
 // "rank 1 of 4"; in a subgroup, labelled as the other engines label theirs
 // (`label`: "world/split0/color1", the world group's first split, color 1),
 // "rank 1 of 2 in group world/split0/color1". A subgroup's errors name its
-// peers by their ranks in it.
+// peers by their ranks in it and their world ranks ("rank 0 (world 2)").
 std::string Who(int rank, int size, absl::string_view label = "");
 
 // The key of the unique id: "<prefix>/unique_id".
@@ -114,7 +115,8 @@ struct ProgressReport {
 std::string WorldRankKey(absl::string_view prefix, int rank);
 
 // The world ranks of `ranks` of the subgroup under `prefix`, by rank (size
-// entries; -1 for those not read within `wait` each, or not asked for).
+// entries; -1 for those not there within `wait`, all waited for at once, or
+// not asked for).
 std::vector<int> ReadWorldRanks(Store& store, absl::string_view prefix, int size,
                                 const std::vector<int>& ranks, absl::Duration wait);
 
@@ -132,7 +134,8 @@ ProgressReport ReportProgress(Store* store, absl::string_view prefix, int rank, 
 // "[<op>] rank 1 of 4 timed out after 2.0 s waiting for the call to finish
 // (call #4; every rank had issued it: ...)", or for a group of one "...
 // (call #4: the device never finished it)". DeadlineExceeded.
-// `label`: the group's, as Who takes it.
+// `label`: the group's, as Who takes it; report.world_ranks (a subgroup's)
+// add "(world 6, ?)" after the ranks it waited for.
 absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Duration timeout,
                               int64_t call, const ProgressReport& report, absl::Duration wait,
                               absl::string_view label = "");
@@ -176,11 +179,11 @@ std::optional<GonePeer> FindGonePeer(Store& store, absl::string_view prefix, int
 
 // "[<op>] rank 0 of 2: rank 1 will never make this call (call #3 of this rank;
 // rank 1 stopped before its call #3: <reason>)". Aborted. `label`: as Who;
-// `peer_world` >= 0: the peer's world rank in a subgroup ("rank 1 (world 3)
-// will never make this call").
+// `world_ranks`: a subgroup's (ReadWorldRanks), naming the peer "rank 1
+// (world 3)" ("(world ?)" when not read); empty in the world group.
 absl::Status PeerGoneError(absl::string_view op, int rank, int size, int64_t call,
                            const GonePeer& peer, absl::string_view label = "",
-                           int peer_world = -1);
+                           const std::vector<int>& world_ranks = {});
 
 }  // namespace nccl
 }  // namespace dist

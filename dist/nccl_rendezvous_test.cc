@@ -181,10 +181,19 @@ TEST(NcclRendezvousTest, ASubgroupsErrorsNameItAndTheWorldRanks) {
   gone.rank = 2;
   gone.first_unrun = 3;
   gone.reason = "its group was destroyed";
-  EXPECT_EQ(PeerGoneError("barrier", 0, 4, 3, gone, "world/split0/color1", 5).message(),
+  EXPECT_EQ(PeerGoneError("barrier", 0, 4, 3, gone, "world/split0/color1", world).message(),
             "[barrier] rank 0 of 4 in group world/split0/color1: rank 2 (world 5) will never "
             "make this call (call #3 of this rank; rank 2 stopped before its call #3: its group "
             "was destroyed)");
+  gone.rank = 3;  // its world rank never set
+  EXPECT_THAT(std::string(
+                  PeerGoneError("barrier", 0, 4, 3, gone, "world/split0/color1", world).message()),
+              ::testing::HasSubstr(": rank 3 (world ?) will never make this call"));
+  // Absent keys cost one wait in all, not one each.
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(ReadWorldRanks(store, "g/other", 6, {1, 2, 3, 4, 5}, absl::Milliseconds(300)),
+              ElementsAre(-1, -1, -1, -1, -1, -1));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
 }
 
 TEST(NcclRendezvousTest, ReportsFromEveryRankEndTheWaitEarly) {

@@ -81,8 +81,8 @@ WorkPtr CallWorker::Submit(std::string op, absl::Duration timeout,
 
 namespace {
 
-// How long an error in a subgroup waits for each peer's world rank in the
-// store (set when the split made the group, so normally there at once).
+// How long an error in a subgroup waits for its peers' world ranks in the
+// store, all at once (set when the split made the group, so normally there).
 constexpr absl::Duration kWorldRankWait = absl::Milliseconds(200);
 
 // A call this rank refused: it starts once every earlier call has finished,
@@ -268,16 +268,13 @@ absl::Status CallWorker::PeerGone(const Item& item) {
                                                     options_.rank, options_.size, item.number,
                                                     gone_);
   if (!gone.has_value()) return absl::OkStatus();
-  int peer_world = -1;
-  if (!options_.label.empty()) {  // a subgroup: the peer's world rank too
-    const std::vector<int> world = ReadWorldRanks(*options_.store, options_.prefix,
-                                                  options_.size, {gone->rank}, kWorldRankWait);
-    if (gone->rank >= 0 && gone->rank < static_cast<int>(world.size())) {
-      peer_world = world[gone->rank];
-    }
+  std::vector<int> world_ranks;  // a subgroup's: the peer's world rank too
+  if (!options_.label.empty()) {
+    world_ranks = ReadWorldRanks(*options_.store, options_.prefix, options_.size, {gone->rank},
+                                 kWorldRankWait);
   }
   return PeerGoneError(item.op, options_.rank, options_.size, item.number, *gone,
-                       options_.label, peer_world);
+                       options_.label, world_ranks);
 }
 
 void CallWorker::PassTurn(Item& item) {

@@ -200,7 +200,8 @@ class CallWorker {
     return TracksPeers() && options_.peer_check_interval != absl::InfiniteDuration();
   }
   // PeerGoneError when a peer published its departure before `item`'s call
-  // (FindGonePeer); else OK. Worker thread only.
+  // (FindGonePeer); else OK. Needs the store: runs only when ChecksPeers.
+  // Worker thread only.
   absl::Status PeerGone(const Item& item);
   absl::Status CallError(const Item& item, const absl::Status& status) const;
   absl::Status BrokenErrorLocked(absl::string_view op) const;
