@@ -28,12 +28,12 @@
 #include "absl/strings/str_join.h"
 #include "dist/gloo_group.h"
 #include "dist/host_name.h"
-#include "dist/redis_keys.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/thread_group.h"
 #include "glog/logging.h"
 #include "models/common/loss_scaling.h"
 #include "models/common/nccl_backend.h"
+#include "models/common/run_keys.h"
 #include "models/common/tied_weights.h"
 #include "nn/fp32_modules.h"
 #include "nn/freeze.h"
@@ -65,41 +65,6 @@ dist::ShardingStrategy FsdpStrategy(Strategy strategy) {
       return dist::ShardingStrategy::kHybridShardZero2;
     default:
       return dist::ShardingStrategy::kFullShard;
-  }
-}
-
-// After a gloo run that ended well on this rank: once every rank is done
-// with the store (a barrier; a gloo group does not use it after its
-// rendezvous), rank 0 removes the run's folder of the default directory
-// (Rendezvous::owned) or this attempt's keys from a Redis store, and in a
-// shared folder given as --rdzv every rank removes the key files it wrote (a
-// failure to is said, not fatal: the run is done). A run that failed leaves
-// them, and a shared folder keeps the files of attempts that failed before a
-// restart (Gloo's FileStore names them by a hash, not listable by prefix).
-// (A peer that failed closes its connections, so the barrier fails fast;
-// one stuck in a collective holds it up to the timeout, as before.)
-void RemoveRunKeys(const DataParallelConfig& config, dist::ProcessGroup& pg) {
-  const bool redis = absl::StartsWith(config.rendezvous.store, "redis://");
-  if (!pg.BarrierSync().ok()) return;
-  if (!config.rendezvous.owned && !redis) {
-    absl::StatusOr<int> removed = dist::RemoveOwnFolderStoreKeys(pg);
-    if (!removed.ok()) {
-      std::fprintf(stderr, "train: note: some of the run's rendezvous keys stay: %s\n",
-                   std::string(removed.status().message()).c_str());
-    }
-    return;
-  }
-  if (pg.rank() != 0) return;
-  if (config.rendezvous.owned) {
-    std::error_code ignored;
-    std::filesystem::remove_all(config.rendezvous.store, ignored);
-    return;
-  }
-  absl::StatusOr<int64_t> removed =
-      dist::RemoveRedisKeys(config.rendezvous.store, config.rendezvous.prefix);
-  if (!removed.ok()) {
-    std::fprintf(stderr, "train: note: the run's rendezvous keys stay: %s\n",
-                 std::string(removed.status().message()).c_str());
   }
 }
 
@@ -146,8 +111,9 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
       return fn(context);
     });
     if (!s.ok()) return WithRank(env.rank, s);
-    // (The run's folder stays: the NCCL group writes to the store as it is
-    // destroyed, after this.)
+    job->group.reset();  // writes this rank's departure to the store
+    RemoveNcclRunFolder(config.rendezvous.store, config.rendezvous.prefix, config.rendezvous.owned,
+                        env.rank, env.world_size, std::min(config.timeout, absl::Seconds(60)));
     std::printf("%s\n%s\n", RankMemoryLine(env.rank, ledger, config.device).c_str(),
                 RankMemoryLine(env.rank, ledger).c_str());
     std::fflush(stdout);
@@ -173,7 +139,8 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
     return fn(context);
   });
   if (!s.ok()) return WithRank(env.rank, s);
-  RemoveRunKeys(config, **pg);
+  RemoveGlooRunKeys(config.rendezvous.store, config.rendezvous.prefix, config.rendezvous.owned,
+                    **pg);
   std::printf("%s\n", RankMemoryLine(env.rank, ledger).c_str());
   std::fflush(stdout);
   return absl::OkStatus();

@@ -142,8 +142,8 @@ struct Rendezvous {
 //   <temp_dir>/fsdp_rdzv_u<uid>_<MASTER_ADDR>_<MASTER_PORT>/<RUN_ID>
 // (owned), with keys under "<RUN_ID>/restart<RESTART_COUNT>". RUN_ID is fresh
 // for each launch and RESTART_COUNT for each restart, so keys an earlier run
-// (or an earlier attempt of this one) left are never read, and a gloo run
-// that ends well removes its folder. torchrun's RUN_ID "none" (every job's
+// (or an earlier attempt of this one) left are never read, and a gloo or
+// nccl run that ends well removes its folder (run_keys.h). torchrun's RUN_ID "none" (every job's
 // without --rdzv-id) adds the name of the agent's log folder for the run,
 // from TORCHELASTIC_ERROR_FILE, which every worker of one agent shares.
 // Needs MASTER_ADDR, MASTER_PORT and RUN_ID; on several nodes

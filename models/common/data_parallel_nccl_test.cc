@@ -9,6 +9,7 @@
 // and NCCL is the emulation's.
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,10 +37,11 @@ TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
   const Trace reference = SingleProcess(tensor::Device::Cuda(0));
   std::vector<Trace> traces(world);
   std::vector<absl::Status> statuses(world);
+  std::string folder;  // the run's own rendezvous folder, removed once it ended well
   std::vector<std::thread> threads;
   // A run id of its own (the pid alone repeats in a sandbox's pid namespace,
-  // and the rendezvous directory outlives the test: a rerun would find the
-  // last run's claims under its prefix and fail).
+  // and a failed run's rendezvous directory outlives the test: a rerun would
+  // find the last run's claims under its prefix and fail).
   const std::string run_id = absl::StrCat("nccl-", strategy, "-", ::getpid(), "-",
                                           absl::ToUnixMicros(absl::Now()));
   for (int r = 0; r < world; ++r) {
@@ -57,6 +59,10 @@ TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
         return;
       }
       EXPECT_EQ(config->device, tensor::Device::Cuda(r));
+      if (r == 0) {
+        EXPECT_TRUE(config->rendezvous.owned);
+        folder = config->rendezvous.store;
+      }
       statuses[r] = RunDataParallel(*config, [&](RankContext& rank) -> absl::Status {
         absl::StatusOr<Trace> trace = TrainSteps(*config, rank.pg, config->device);
         if (!trace.ok()) return trace.status();
@@ -66,6 +72,8 @@ TEST_P(NcclStrategyTest, RanksOnTheirOwnGpusEqualOneProcess) {
     });
   }
   for (std::thread& t : threads) t.join();
+  EXPECT_FALSE(folder.empty());
+  EXPECT_FALSE(std::filesystem::exists(folder)) << folder << " stays";
   // GPU reductions sum in other orders than one process on the GPU does.
   constexpr double kTol = 1e-4;
   for (int r = 0; r < world; ++r) {

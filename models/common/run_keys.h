@@ -1,0 +1,38 @@
+// What a data-parallel run leaves of its rendezvous once it ended well on
+// this rank: the run's own folder (the default directory, Rendezvous::owned)
+// is removed, a Redis store loses the attempt's keys, and in a shared folder
+// given as --rdzv every gloo rank removes the key files it wrote. A run that
+// failed leaves them all (a supervisor's restart uses fresh keys).
+#ifndef MODELS_COMMON_RUN_KEYS_H_
+#define MODELS_COMMON_RUN_KEYS_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "dist/process_group.h"
+
+namespace train {
+
+// After a gloo run: once every rank is done with the store (a barrier over
+// `pg`; a gloo group does not use it after its rendezvous), rank 0 removes
+// the `owned` folder `store` or the keys under `prefix` of a Redis store, and
+// in a shared folder every rank removes the key files it wrote (a failure to
+// is said on stderr, not fatal: the run is done). A shared folder keeps the
+// files of attempts that failed before a restart (Gloo's FileStore names
+// them by a hash, not listable by prefix). A peer that failed closes its
+// connections, so the barrier fails fast (and nothing is removed).
+void RemoveGlooRunKeys(const std::string& store, const std::string& prefix, bool owned,
+                       dist::ProcessGroup& pg);
+
+// After an NCCL run, its group destroyed (which writes the rank's departure
+// to the store): when `folder` is the run's own (`owned`), every rank counts
+// itself finished in it (key "<prefix>/finished"), and rank 0 waits for all
+// `world_size` of them, up to `wait`, then removes the folder. Past `wait`
+// (a rank that stopped after its last collective) the folder stays, said on
+// stderr.
+void RemoveNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
+                         int rank, int world_size, absl::Duration wait);
+
+}  // namespace train
+
+#endif  // MODELS_COMMON_RUN_KEYS_H_
