@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -22,7 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -110,10 +108,11 @@ absl::Status RunDataParallel(const DataParallelConfig& config, const RankFn& fn)
       RankContext context{env.rank, env.world_size, *job->group, ledger};
       return fn(context);
     });
-    if (!s.ok()) return WithRank(env.rank, s);
     job->group.reset();  // writes this rank's departure to the store
-    RemoveNcclRunFolder(config.rendezvous.store, config.rendezvous.prefix, config.rendezvous.owned,
-                        env.rank, env.world_size, std::min(config.timeout, absl::Seconds(60)));
+    FinishNcclRunFolder(config.rendezvous.store, config.rendezvous.prefix, config.rendezvous.owned,
+                        env.rank, env.world_size, std::min(config.timeout, absl::Seconds(60)),
+                        s.ok());
+    if (!s.ok()) return WithRank(env.rank, s);
     std::printf("%s\n%s\n", RankMemoryLine(env.rank, ledger, config.device).c_str(),
                 RankMemoryLine(env.rank, ledger).c_str());
     std::fflush(stdout);

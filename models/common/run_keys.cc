@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "dist/file_store.h"
@@ -40,24 +41,36 @@ void RemoveGlooRunKeys(const std::string& store, const std::string& prefix, bool
   }
 }
 
-void RemoveNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
-                         int rank, int world_size, absl::Duration wait) {
+void FinishNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
+                         int rank, int world_size, absl::Duration wait, bool ok) {
   if (!owned) return;
+  auto stays = [&](const std::string& why) {
+    std::fprintf(stderr, "train: note: the run's rendezvous folder %s stays: %s\n",
+                 folder.c_str(), why.c_str());
+  };
   absl::StatusOr<std::unique_ptr<dist::FileStore>> store = dist::FileStore::Open(folder, wait);
-  if (!store.ok()) return;
+  if (!store.ok()) return stays(std::string(store.status().message()));
   const std::string finished = absl::StrCat(prefix, "/finished");
-  if (!(*store)->Add(finished, 1).ok() || rank != 0) return;
+  const std::string failed = absl::StrCat(prefix, "/failed");
+  if (absl::Status s = (*store)->Add(ok ? finished : failed, 1).status(); !s.ok()) {
+    return stays(std::string(s.message()));
+  }
+  if (rank != 0 || !ok) return;  // a failed rank 0 keeps it (its error says why)
+  // Read, not Add(key, 0), which would rewrite the file each time.
+  auto count_of = [&](const std::string& key) -> int64_t {
+    absl::StatusOr<std::string> value = (*store)->Get(key, absl::ZeroDuration());
+    int64_t n = 0;
+    return value.ok() && absl::SimpleAtoi(*value, &n) ? n : 0;
+  };
   for (const absl::Time deadline = absl::Now() + wait;;) {
-    absl::StatusOr<int64_t> count = (*store)->Add(finished, 0);
-    if (!count.ok()) return;
-    if (*count >= world_size) break;
+    if (const int64_t n = count_of(failed); n > 0) {
+      return stays(absl::StrCat(n, n == 1 ? " rank" : " ranks", " failed"));
+    }
+    const int64_t done = count_of(finished);
+    if (done >= world_size) break;
     if (absl::Now() >= deadline) {
-      std::fprintf(stderr,
-                   "train: note: the run's rendezvous folder %s stays: %lld of %d ranks said "
-                   "they finished within %s\n",
-                   folder.c_str(), static_cast<long long>(*count), world_size,
-                   absl::FormatDuration(wait).c_str());
-      return;
+      return stays(absl::StrCat(done, " of ", world_size, " ranks said they finished within ",
+                                absl::FormatDuration(wait)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -24,14 +24,15 @@ namespace train {
 void RemoveGlooRunKeys(const std::string& store, const std::string& prefix, bool owned,
                        dist::ProcessGroup& pg);
 
-// After an NCCL run, its group destroyed (which writes the rank's departure
-// to the store): when `folder` is the run's own (`owned`), every rank counts
-// itself finished in it (key "<prefix>/finished"), and rank 0 waits for all
-// `world_size` of them, up to `wait`, then removes the folder. Past `wait`
-// (a rank that stopped after its last collective) the folder stays, said on
-// stderr.
-void RemoveNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
-                         int rank, int world_size, absl::Duration wait);
+// At the end of an NCCL rank, its group destroyed (which writes the rank's
+// departure to the store): when `folder` is the run's own (`owned`), every
+// rank counts itself finished in it ("<prefix>/finished"), or failed
+// ("<prefix>/failed", `ok` false), and rank 0, when it finished, waits for
+// all `world_size` to finish, up to `wait`, then removes the folder. A rank
+// that failed, or that did not say within `wait`, keeps it (a run that
+// failed keeps its keys); the reason is said on stderr.
+void FinishNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
+                         int rank, int world_size, absl::Duration wait, bool ok);
 
 }  // namespace train
 
