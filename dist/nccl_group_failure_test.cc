@@ -141,10 +141,40 @@ TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
                          "[all_reduce] rank 0 of 2 timed out"));
 }
 
-// The same in a subgroup of a subgroup (Split(0) of both in reverse order,
-// then of that in its own: world rank 1 is rank 0 of both): the error names
-// the group and the peer's world rank as the other engines do, "rank 1 of 2
-// in group world/split0/color0/split0/color0 ... waiting for rank 0 (world 1)".
+// World rank `rank` of 2's groups for the subgroup tests: the world group
+// (prefix `prefix`, timeout `timeout`), Split(0) of it in reverse order
+// (world rank 1 is its rank 0) and, with `depth` 2, Split(0) of that in its
+// own order. Destroyed innermost first.
+struct SplitGroups {
+  std::vector<std::unique_ptr<ProcessGroup>> groups;  // the world group first
+  ProcessGroup& innermost() { return *groups.back(); }
+  void SetTimeouts(absl::Duration t) {
+    for (auto& g : groups) g->set_timeout(t);
+  }
+  ~SplitGroups() {
+    while (!groups.empty()) groups.pop_back();
+  }
+};
+absl::Status MakeSplitGroups(int rank, HashStore& store, const std::string& prefix,
+                             absl::Duration timeout, int depth, SplitGroups* out) {
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> pg =
+      CreateNcclProcessGroup(rank, 2, rank, store, Options(prefix, timeout));
+  if (!pg.ok()) return pg.status();
+  out->groups.push_back(*std::move(pg));
+  for (int level = 0; level < depth; ++level) {
+    ProcessGroup& parent = out->innermost();
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub =
+        parent.Split(0, /*key=*/level == 0 ? 1 - rank : parent.rank());
+    if (!sub.ok()) return sub.status();
+    out->groups.push_back(*std::move(sub));
+  }
+  return absl::OkStatus();
+}
+
+// The same in a subgroup of a subgroup (MakeSplitGroups: world rank 1 is
+// rank 0 of both): the error names the group and the peer's world rank as
+// the other engines do, "rank 1 of 2 in group world/split0/color0/split0/
+// color0 ... waiting for rank 0 (world 1)".
 TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
@@ -152,47 +182,21 @@ TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   absl::Status later;
   absl::Status rank1;
   std::thread rank0_thread([&] {
-    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("sub", absl::Seconds(30)));
-    if (!pg.ok()) {
-      timed_out = pg.status();
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/1 - 0);
-    if (!sub.ok()) {
-      timed_out = sub.status();
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> inner = (*sub)->Split(0, (*sub)->rank());
-    if (!inner.ok()) {
-      timed_out = inner.status();
-      return;
-    }
+    SplitGroups groups;
+    timed_out = MakeSplitGroups(0, store, "sub", absl::Seconds(30), /*depth=*/2, &groups);
+    if (!timed_out.ok()) return;
     Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
-    timed_out = (*inner)->AllReduceSync(x, ReduceOp::kSum,
-                                        CollectiveOptions::WithTimeout(absl::Seconds(1)));
-    later = (*inner)->BarrierSync();
+    timed_out = groups.innermost().AllReduceSync(
+        x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
+    later = groups.innermost().BarrierSync();
     ASSERT_TRUE(store.Set("test/sub_rank0_done", "1").ok());
   });
   std::thread rank1_thread([&] {
-    auto pg = CreateNcclProcessGroup(1, 2, 1, store, Options("sub", absl::Seconds(30)));
-    if (!pg.ok()) {
-      rank1 = pg.status();
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/1 - 1);
-    if (!sub.ok()) {
-      rank1 = sub.status();
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> inner = (*sub)->Split(0, (*sub)->rank());
-    if (!inner.ok()) {
-      rank1 = inner.status();
-      return;
-    }
+    SplitGroups groups;
+    rank1 = MakeSplitGroups(1, store, "sub", absl::Seconds(30), /*depth=*/2, &groups);
+    if (!rank1.ok()) return;
     // Skips the all-reduce, stays alive until rank 0 has failed.
-    (*inner)->set_timeout(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
-    (*sub)->set_timeout(absl::Seconds(3));
-    (*pg)->set_timeout(absl::Seconds(3));
+    groups.SetTimeouts(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
     rank1 = store.Get("test/sub_rank0_done", absl::Seconds(60)).status();
   });
   rank0_thread.join();
@@ -256,41 +260,27 @@ TEST(NcclGroupTest, ACallAPeerWillNeverMakeFailsOnceThePeerIsGone) {
   EXPECT_LT(waited, absl::Seconds(30));
 }
 
-// The same in a subgroup whose ranks are in reverse order: the gone peer is
-// named with its world rank, "rank 0 (world 1) will never make this call".
+// The same in a subgroup whose ranks are in reverse order (MakeSplitGroups
+// of depth 1): the gone peer is named with its world rank, "rank 0 (world 1)
+// will never make this call".
 TEST(NcclGroupTest, ACallAPeerOfASubgroupWillNeverMakeNamesItsWorldRank) {
   SKIP_WITHOUT_GPUS(2);
   HashStore store;
   absl::Status never;
   absl::Status rank1;
   std::thread rank0_thread([&] {
-    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("sub_gone", absl::Seconds(60)));
-    if (!pg.ok()) {
-      never = pg.status();
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/1);
-    if (!sub.ok()) {
-      never = sub.status();
-      return;
-    }
-    never = (*sub)->BarrierSync();  // call #0, both ranks
+    SplitGroups groups;
+    never = MakeSplitGroups(0, store, "sub_gone", absl::Seconds(60), /*depth=*/1, &groups);
+    if (!never.ok()) return;
+    never = groups.innermost().BarrierSync();  // call #0, both ranks
     if (!never.ok()) return;
     Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
-    never = (*sub)->AllReduceSync(x, ReduceOp::kSum);
+    never = groups.innermost().AllReduceSync(x, ReduceOp::kSum);
   });
   std::thread rank1_thread([&] {
-    auto pg = CreateNcclProcessGroup(1, 2, 1, store, Options("sub_gone", absl::Seconds(60)));
-    if (!pg.ok()) {
-      rank1 = pg.status();
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> sub = (*pg)->Split(0, /*key=*/0);
-    if (!sub.ok()) {
-      rank1 = sub.status();
-      return;
-    }
-    rank1 = (*sub)->BarrierSync();
+    SplitGroups groups;
+    rank1 = MakeSplitGroups(1, store, "sub_gone", absl::Seconds(60), /*depth=*/1, &groups);
+    if (rank1.ok()) rank1 = groups.innermost().BarrierSync();
   });  // rank 1's groups are destroyed here
   rank0_thread.join();
   rank1_thread.join();
