@@ -1,6 +1,7 @@
 // dist::FileStore: one file per key in a shared directory.
 #include "dist/file_store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dist/host_name.h"
@@ -230,6 +232,37 @@ absl::StatusOr<bool> FileStore::DeleteKey(absl::string_view key) {
   if (::unlink(file.c_str()) == 0) return true;
   if (errno == ENOENT) return false;
   return ErrnoError("cannot delete", file, errno);
+}
+
+absl::StatusOr<int> FileStore::DeleteKeysUnder(absl::string_view prefix) {
+  if (absl::Status s = internal::CheckKey(kStore, prefix); !s.ok()) return s;
+  // EscapeKey keeps a key's prefix: a key under "<prefix>/" is a file whose
+  // name starts with the escaped "<prefix>/".
+  const std::string start = EscapeKey(absl::StrCat(prefix, "/"));
+  int deleted = 0;
+  absl::Status first_error;
+  for (const std::string& dir : {path_, path_ + "/.locks"}) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+      if (errno != ENOENT && first_error.ok()) first_error = ErrnoError("cannot list", dir, errno);
+      continue;
+    }
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      if (absl::StartsWith(e->d_name, start)) names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const std::string& name : names) {
+      const std::string file = absl::StrCat(dir, "/", name);
+      if (::unlink(file.c_str()) == 0) {
+        if (dir == path_) ++deleted;
+      } else if (errno != ENOENT && first_error.ok()) {
+        first_error = ErrnoError("cannot delete", file, errno);
+      }
+    }
+  }
+  if (!first_error.ok()) return first_error;
+  return deleted;
 }
 
 absl::Status FileStore::DoWait(absl::Span<const std::string> keys, absl::Duration timeout) {

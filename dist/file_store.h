@@ -29,6 +29,11 @@ class FileStore final : public Store {
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
   absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  // Deletes every key under "<prefix>/" (and its lock file): a run's keys
+  // once no rank uses them. How many keys went; an error naming the first
+  // file that could not be removed (the others are still tried). `prefix`
+  // must be a key (not empty).
+  absl::StatusOr<int> DeleteKeysUnder(absl::string_view prefix);
 
   const std::string& path() const { return path_; }
   // The file that holds `key` (for tests and debugging).

@@ -69,6 +69,28 @@ TEST(FileStoreTest, KeysAreEscapedIntoFileNames) {
   EXPECT_NE(::stat((store->path() + "/../escape").c_str(), &st), 0);  // stayed inside
 }
 
+// A run's keys go, with their lock files; a run whose name only begins
+// alike, and the prefix's own key, stay.
+TEST(FileStoreTest, KeysUnderAPrefixAreDeleted) {
+  auto store = OpenStore(FreshDir("prefix"));
+  ASSERT_NE(store, nullptr);
+  for (const char* key : {"run1/restart0/a", "run1/restart0/split0/color1/seq/0", "run10/x",
+                          "run1/restart0", "other"}) {
+    ASSERT_TRUE(store->Set(key, "v").ok()) << key;
+  }
+  ASSERT_TRUE(store->Add("run1/restart0/finished", 1).ok());  // and its lock file
+  const std::string lock = store->path() + "/.locks/run1%2Frestart0%2Ffinished";
+  struct stat st;
+  ASSERT_EQ(::stat(lock.c_str(), &st), 0);
+  EXPECT_EQ(*store->DeleteKeysUnder("run1/restart0"), 3);
+  EXPECT_FALSE(*store->Check({"run1/restart0/a"}));
+  EXPECT_FALSE(*store->Check({"run1/restart0/finished"}));
+  EXPECT_TRUE(*store->Check({"run10/x", "run1/restart0", "other"}));
+  EXPECT_NE(::stat(lock.c_str(), &st), 0);
+  EXPECT_EQ(*store->DeleteKeysUnder("run1/restart0"), 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(store->DeleteKeysUnder("").status()));
+}
+
 TEST(FileStoreTest, WaitTimesOutNamingTheMissingKeys) {
   auto store = OpenStore(FreshDir("timeout"), absl::Milliseconds(100));
   ASSERT_NE(store, nullptr);

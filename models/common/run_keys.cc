@@ -43,10 +43,10 @@ void RemoveGlooRunKeys(const std::string& store, const std::string& prefix, bool
 
 void FinishNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
                          int rank, int world_size, absl::Duration wait, bool ok) {
-  if (!owned) return;
   auto stays = [&](const std::string& why) {
-    std::fprintf(stderr, "train: note: the run's rendezvous folder %s stays: %s\n",
-                 folder.c_str(), why.c_str());
+    std::fprintf(stderr, "train: note: the run's rendezvous %s %s stays: %s\n",
+                 owned ? "folder" : "keys under", owned ? folder.c_str() : prefix.c_str(),
+                 why.c_str());
   };
   absl::StatusOr<std::unique_ptr<dist::FileStore>> store = dist::FileStore::Open(folder, wait);
   if (!store.ok()) return stays(std::string(store.status().message()));
@@ -73,6 +73,11 @@ void FinishNcclRunFolder(const std::string& folder, const std::string& prefix, b
                                 absl::FormatDuration(wait)));
     }
     absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!owned) {  // a shared folder: the run's keys only (other runs may use it)
+    absl::StatusOr<int> deleted = (*store)->DeleteKeysUnder(prefix);
+    if (!deleted.ok()) stays(std::string(deleted.status().message()));
+    return;
   }
   store->reset();
   std::error_code ignored;

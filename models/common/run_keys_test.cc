@@ -1,7 +1,7 @@
 // What a run leaves of its rendezvous: a gloo run's own folder goes after
 // the final barrier; an nccl run's once every rank said it finished, and
 // stays when a rank failed (rank 0 stops waiting at once) or never said so
-// (after the wait); a folder that is not the run's own is not touched.
+// (after the wait); a shared folder loses that run's keys only.
 #include "models/common/run_keys.h"
 
 #include <filesystem>
@@ -11,6 +11,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "dist/file_store.h"
 #include "dist/thread_group.h"
 #include "gtest/gtest.h"
 #include "models/common/test_files.h"
@@ -62,11 +63,26 @@ TEST(RunKeysTest, AnNcclRunsFolderStaysWhenARankFailedOrNeverSaid) {
   EXPECT_TRUE(fs::exists(folder));
 }
 
-TEST(RunKeysTest, AFolderThatIsNotTheRunsOwnIsNotTouched) {
+// A shared --rdzv folder loses the run's keys only (its prefix
+// "run/restart0"), once every rank finished.
+TEST(RunKeysTest, ASharedFolderLosesTheRunsKeysOnly) {
   const std::string folder = testing::FreshTempDir("shared");
+  absl::StatusOr<std::unique_ptr<dist::FileStore>> store = dist::FileStore::Open(folder);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("run/restart0/unique_id", "id").ok());
+  ASSERT_TRUE((*store)->Set("run/restart0/split0/color1/world/0", "1").ok());
+  ASSERT_TRUE((*store)->Set("run/restart1/unique_id", "another attempt's").ok());
+  ASSERT_TRUE((*store)->Set("other/unique_id", "another run's").ok());
   FinishRanks(folder, /*owned=*/false, {0, 1}, 2, absl::Seconds(30));
   EXPECT_TRUE(fs::exists(folder));
-  EXPECT_TRUE(fs::is_empty(folder));  // not even a count was written
+  EXPECT_FALSE(*(*store)->Check({"run/restart0/unique_id"}));
+  EXPECT_FALSE(*(*store)->Check({"run/restart0/split0/color1/world/0"}));
+  EXPECT_FALSE(*(*store)->Check({"run/restart0/finished"}));
+  EXPECT_TRUE(*(*store)->Check({"run/restart1/unique_id", "other/unique_id"}));
+  // A rank that failed keeps them.
+  ASSERT_TRUE((*store)->Set("run/restart0/unique_id", "id").ok());
+  FinishRanks(folder, /*owned=*/false, {0, 1}, 2, absl::Seconds(30), /*failing=*/1);
+  EXPECT_TRUE(*(*store)->Check({"run/restart0/unique_id", "run/restart0/failed"}));
 }
 
 TEST(RunKeysTest, AGlooRunsOwnFolderGoesAfterTheBarrier) {
