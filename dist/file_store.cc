@@ -248,9 +248,11 @@ absl::StatusOr<int> FileStore::DeleteKeysUnder(absl::string_view prefix) {
       continue;
     }
     std::vector<std::string> names;
+    errno = 0;
     while (const dirent* e = ::readdir(d)) {
       if (absl::StartsWith(e->d_name, start)) names.emplace_back(e->d_name);
     }
+    if (errno != 0 && first_error.ok()) first_error = ErrnoError("cannot list", dir, errno);
     ::closedir(d);
     for (const std::string& name : names) {
       const std::string file = absl::StrCat(dir, "/", name);

@@ -7,7 +7,8 @@
 //
 // Key names may hold any bytes: they are escaped into file names. The
 // directory is not removed when the store is destroyed (other ranks may still
-// use it); pick a fresh one per job.
+// use it); pick a fresh one per job, or a fresh key prefix in a shared one,
+// whose keys DeleteKeysUnder removes once the job is done.
 #ifndef DIST_FILE_STORE_H_
 #define DIST_FILE_STORE_H_
 
@@ -30,9 +31,10 @@ class FileStore final : public Store {
   absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
   // Deletes every key under "<prefix>/" (and its lock file): a run's keys
-  // once no rank uses them. How many keys went; an error naming the first
-  // file that could not be removed (the others are still tried). `prefix`
-  // must be a key (not empty).
+  // once no process uses them (no Add may be running on one: its lock file
+  // goes too). How many keys went; an error naming the first file that could
+  // not be listed or removed (the others are still tried). `prefix` must be
+  // a key (not empty).
   absl::StatusOr<int> DeleteKeysUnder(absl::string_view prefix);
 
   const std::string& path() const { return path_; }

@@ -79,13 +79,15 @@ TEST(FileStoreTest, KeysUnderAPrefixAreDeleted) {
     ASSERT_TRUE(store->Set(key, "v").ok()) << key;
   }
   ASSERT_TRUE(store->Add("run1/restart0/finished", 1).ok());  // and its lock file
+  ASSERT_TRUE(store->Add("run10/count", 1).ok());             // another run's lock file
   const std::string lock = store->path() + "/.locks/run1%2Frestart0%2Ffinished";
   struct stat st;
   ASSERT_EQ(::stat(lock.c_str(), &st), 0);
   EXPECT_EQ(*store->DeleteKeysUnder("run1/restart0"), 3);
   EXPECT_FALSE(*store->Check({"run1/restart0/a"}));
   EXPECT_FALSE(*store->Check({"run1/restart0/finished"}));
-  EXPECT_TRUE(*store->Check({"run10/x", "run1/restart0", "other"}));
+  EXPECT_TRUE(*store->Check({"run10/x", "run10/count", "run1/restart0", "other"}));
+  EXPECT_EQ(::stat((store->path() + "/.locks/run10%2Fcount").c_str(), &st), 0);
   EXPECT_NE(::stat(lock.c_str(), &st), 0);
   EXPECT_EQ(*store->DeleteKeysUnder("run1/restart0"), 0);
   EXPECT_TRUE(absl::IsInvalidArgument(store->DeleteKeysUnder("").status()));

@@ -143,8 +143,10 @@ absl::Status CallTimeoutError(absl::string_view op, int rank, int size, absl::Du
 // "<dir>/<rank>".
 std::string RankKey(absl::string_view dir, int rank);
 
-// The keys stay in the store: a run that reuses the prefix with the same
-// store would read them, as it would a stale unique id (use a fresh prefix).
+// The keys stay in the store (the train binaries remove a run's once it
+// ended well: models/common/run_keys.h): a run that reuses the prefix with
+// the same store would read them, as it would a stale unique id (use a fresh
+// prefix).
 //
 // Says that `rank` will not run its calls numbered `first_unrun` and later
 // (its group broke at that call, or was destroyed after issuing that many),

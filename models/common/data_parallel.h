@@ -131,7 +131,8 @@ struct Rendezvous {
   std::string store;   // a directory (Gloo's FileStore) or "redis://host:port"
   std::string prefix;  // "<run id>/restart<RESTART_COUNT>"
   // The default directory, the run's own: removed when the run ends well (a
-  // Redis store loses the run's keys under `prefix` then).
+  // Redis store or a shared folder loses the run's keys under `prefix` then;
+  // run_keys.h).
   bool owned = false;
 };
 

@@ -44,9 +44,13 @@ void RemoveGlooRunKeys(const std::string& store, const std::string& prefix, bool
 void FinishNcclRunFolder(const std::string& folder, const std::string& prefix, bool owned,
                          int rank, int world_size, absl::Duration wait, bool ok) {
   auto stays = [&](const std::string& why) {
-    std::fprintf(stderr, "train: note: the run's rendezvous %s %s stays: %s\n",
-                 owned ? "folder" : "keys under", owned ? folder.c_str() : prefix.c_str(),
-                 why.c_str());
+    if (owned) {
+      std::fprintf(stderr, "train: note: the run's rendezvous folder %s stays: %s\n",
+                   folder.c_str(), why.c_str());
+    } else {
+      std::fprintf(stderr, "train: note: the run's rendezvous keys under \"%s\" in %s stay: %s\n",
+                   prefix.c_str(), folder.c_str(), why.c_str());
+    }
   };
   absl::StatusOr<std::unique_ptr<dist::FileStore>> store = dist::FileStore::Open(folder, wait);
   if (!store.ok()) return stays(std::string(store.status().message()));

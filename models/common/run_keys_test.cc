@@ -79,10 +79,14 @@ TEST(RunKeysTest, ASharedFolderLosesTheRunsKeysOnly) {
   EXPECT_FALSE(*(*store)->Check({"run/restart0/split0/color1/world/0"}));
   EXPECT_FALSE(*(*store)->Check({"run/restart0/finished"}));
   EXPECT_TRUE(*(*store)->Check({"run/restart1/unique_id", "other/unique_id"}));
-  // A rank that failed keeps them.
+  // A rank that failed keeps them, and so does one that never says.
   ASSERT_TRUE((*store)->Set("run/restart0/unique_id", "id").ok());
   FinishRanks(folder, /*owned=*/false, {0, 1}, 2, absl::Seconds(30), /*failing=*/1);
   EXPECT_TRUE(*(*store)->Check({"run/restart0/unique_id", "run/restart0/failed"}));
+  ASSERT_TRUE((*store)->DeleteKey("run/restart0/failed").ok());
+  ASSERT_TRUE((*store)->DeleteKey("run/restart0/finished").ok());
+  FinishRanks(folder, /*owned=*/false, {0}, 2, absl::Milliseconds(200));
+  EXPECT_TRUE(*(*store)->Check({"run/restart0/unique_id", "run/restart0/finished"}));
 }
 
 TEST(RunKeysTest, AGlooRunsOwnFolderGoesAfterTheBarrier) {
