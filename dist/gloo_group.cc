@@ -41,6 +41,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "dist/gloo_ops.h"
 #include "dist/gloo_peers.h"
+#include "dist/rank_names.h"
 #include "dist/redis_keys.h"
 #include "dist/launch_layout.h"
 #include "tensor/memory_ledger.h"
@@ -342,11 +343,7 @@ class GlooProcessGroup final : public ProcessGroup {
  protected:
   // "rank 1 of 2 in group world/split0/color1" in a subgroup (the world
   // group's first split, color 1), as the threads engine.
-  std::string Who() const override {
-    std::string who = ProcessGroup::Who();
-    if (!label_.empty()) absl::StrAppend(&who, " in group ", label_);
-    return who;
-  }
+  std::string Who() const override { return internal::GroupWho(rank(), size(), label_); }
 
   WorkPtr Issue(std::shared_ptr<CollectiveCall> call) override {
     auto work = std::make_shared<CompletionWork>();
@@ -389,7 +386,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     return std::unique_ptr<ProcessGroup>(new GlooProcessGroup(
         shared_, *std::move(connected), prefix, this->timeout(), std::move(world_ranks),
-        absl::StrCat(label_.empty() ? "world" : label_, "/split", seq, "/color", color)));
+        internal::SubgroupLabel(label_, seq, color)));
   }
 
  private:
@@ -461,13 +458,13 @@ class GlooProcessGroup final : public ProcessGroup {
       if (absl::IsInvalidArgument(staging)) return staging;
       if (!invalid.empty()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(Prefix(call), ": ", internal::RankNames(invalid, world_ranks_),
+            absl::StrCat(Prefix(call), ": ", internal::NameRanks(invalid, world_ranks_),
                          " passed invalid arguments"));
       }
       if (!differ.empty()) {
         std::vector<std::string> calls;
         for (int r = 0; r < size(); ++r) {
-          calls.push_back(absl::StrCat(internal::RankName(r, world_ranks_), ": ",
+          calls.push_back(absl::StrCat(internal::NameRanks({r}, world_ranks_), ": ",
                                        DescribeRemote(&all[kDescLen * r])));
         }
         return absl::InvalidArgumentError(absl::StrCat(
@@ -477,7 +474,7 @@ class GlooProcessGroup final : public ProcessGroup {
       if (!staging.ok()) return staging;
       if (!short_of_memory.empty()) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            Prefix(call), ": ", internal::RankNames(short_of_memory, world_ranks_),
+            Prefix(call), ": ", internal::NameRanks(short_of_memory, world_ranks_),
             " ran out of memory staging the call's buffers; the call did nothing on any rank"));
       }
       // 3. Data.
@@ -497,7 +494,7 @@ class GlooProcessGroup final : public ProcessGroup {
       if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout")) {
         broken_ = absl::DeadlineExceededError(absl::StrCat(
             Prefix(call), " timed out after ", Seconds(call.timeout), " waiting for ",
-            internal::RankNames(peers, world_ranks_), " (gloo: ", what, ")"));
+            internal::NameRanks(peers, world_ranks_), " (gloo: ", what, ")"));
       } else {
         broken_ = absl::AbortedError(absl::StrCat(Prefix(call), ": ", LostPeers(what, peers)));
       }
@@ -528,7 +525,7 @@ class GlooProcessGroup final : public ProcessGroup {
       const std::string exited =
           internal::ExitedPeers(processes_, peers, /*wait_ms=*/1000, world_ranks_);
       if (!exited.empty()) return absl::StrCat("lost a peer: ", exited, " (gloo: ", what, ")");
-      return absl::StrCat("lost a peer (one of ", internal::RankNames(peers, world_ranks_),
+      return absl::StrCat("lost a peer (one of ", internal::NameRanks(peers, world_ranks_),
                           " left or its connection broke; gloo: ", what, ")");
     }
     std::string said = internal::ExitedPeers(processes_, {named}, /*wait_ms=*/1000, world_ranks_);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dist/host_name.h"
+#include "dist/rank_names.h"
 #include "tensor/fnv.h"
 
 namespace dist {
@@ -61,24 +62,6 @@ bool ProcessExited(int64_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
-std::string RankName(int r, const std::vector<int>& world_ranks) {
-  if (r < 0 || r >= static_cast<int>(world_ranks.size())) return absl::StrCat("rank ", r);
-  return absl::StrCat("rank ", r, " (world ", world_ranks[r], ")");
-}
-
-std::string RankNames(const std::vector<int>& ranks, const std::vector<int>& world_ranks) {
-  std::string s =
-      absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
-  if (world_ranks.empty()) return s;
-  std::vector<std::string> world;
-  for (int r : ranks) {
-    world.push_back(r >= 0 && r < static_cast<int>(world_ranks.size())
-                        ? absl::StrCat(world_ranks[r])
-                        : "?");
-  }
-  return absl::StrCat(s, " (world ", absl::StrJoin(world, ", "), ")");
-}
-
 std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector<int>& among,
                         int wait_ms, const std::vector<int>& world_ranks) {
   const uint64_t host = HostHash(HostName());
@@ -94,7 +77,7 @@ std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector
     std::vector<std::string> exited;
     for (const int r : here) {
       if (!ProcessExited(peers[r].pid)) continue;
-      exited.push_back(absl::StrCat(RankName(r, world_ranks), " exited (pid ", peers[r].pid,
+      exited.push_back(absl::StrCat(NameRanks({r}, world_ranks), " exited (pid ", peers[r].pid,
                                     " on this host)"));
     }
     if (!exited.empty()) return absl::StrJoin(exited, ", ");
@@ -144,7 +127,7 @@ std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerPro
   }
   const PeerProcess& p = peers[named];
   const std::string host_name = TextOf(p.host_name, sizeof(p.host_name));
-  const std::string who = absl::StrCat(RankName(named, world_ranks), " (on ",
+  const std::string who = absl::StrCat(NameRanks({named}, world_ranks), " (on ",
                                        host_name.empty() ? "an unnamed host" : host_name, ", ",
                                        address, ")");
   if (p.host != 0 && p.host == HostHash(HostName())) {

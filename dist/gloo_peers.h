@@ -42,15 +42,9 @@ std::string AddressOf(const char* bytes);
 // exited and not been reaped yet (a zombie).
 bool ProcessExited(int64_t pid);
 
-// How errors name rank `r` of a group: "rank 2"; in a subgroup (its
-// `world_ranks` by rank; empty for the world group) with the rank in the
-// world group as well, "rank 1 (world 3)", as the threads engine does.
-std::string RankName(int r, const std::vector<int>& world_ranks);
-// "ranks 0, 2 (world 0, 4)" likewise (one: "rank ...").
-std::string RankNames(const std::vector<int>& ranks, const std::vector<int>& world_ranks);
-
 // The peers among `among` (ranks) on this host whose process has exited:
-// "rank 2 exited (pid 4242 on this host)" (named by RankName); "" when none
+// "rank 2 exited (pid 4242 on this host)" (named by NameRanks, rank_names.h,
+// with `world_ranks`); "" when none
 // did. A peer's sockets close as its process exits, a moment before the
 // process is gone: looked for for up to `wait_ms` (not at all when none of
 // them is on this host).
@@ -69,7 +63,7 @@ int PeerIndexNamedIn(const std::string& gloo_error,
 // host, that its process (pid) still runs (it closed the group, e.g. after
 // an error of its own) or is gone; on another host, that it or its host
 // stopped or the network between failed. "" when PeerIndexNamedIn names
-// none. The peer is named by RankName.
+// none. The peer is named by NameRanks (rank_names.h) with `world_ranks`.
 std::string PeerNamedIn(const std::string& gloo_error, const std::vector<PeerProcess>& peers,
                         const std::vector<std::vector<std::string>>& addresses, int rank,
                         const std::vector<int>& world_ranks = {});

@@ -86,17 +86,6 @@ TEST(GlooPeersTest, ThePeerWhoseAddressGlooNamesOnAnotherHost) {
             "stopped, or the network to it failed");
 }
 
-TEST(GlooPeersTest, RanksOfASubgroupAreNamedWithTheWorlds) {
-  EXPECT_EQ(RankName(1, {}), "rank 1");
-  EXPECT_EQ(RankName(1, {2, 6}), "rank 1 (world 6)");
-  EXPECT_EQ(RankNames({0, 1}, {}), "ranks 0, 1");
-  EXPECT_EQ(RankNames({1}, {2, 6}), "rank 1 (world 6)");
-  EXPECT_EQ(RankNames({0, 1}, {2, 6}), "ranks 0, 1 (world 2, 6)");
-  // A rank the list lacks (never passed by the engine): no world rank to show.
-  EXPECT_EQ(RankName(5, {2, 6}), "rank 5");
-  EXPECT_EQ(RankNames({0, 5}, {2, 6}), "ranks 0, 5 (world 2, ?)");
-}
-
 TEST(GlooPeersTest, APeerOnThisHostSaysWhetherItsProcessRuns) {
   const uint64_t here = ThisProcess().host;
   const pid_t child = fork();

@@ -25,6 +25,7 @@
 #include "dist/nccl_launch_order.h"
 #include "dist/nccl_rendezvous.h"
 #include "dist/nccl_worker.h"
+#include "dist/rank_names.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
@@ -391,7 +392,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::DoSplit(int colo
   }
   return std::unique_ptr<ProcessGroup>(new NcclProcessGroup(
       new_rank, new_size, store_, *std::move(comm), options, launch_order_,
-      absl::StrCat(label_.empty() ? "world" : label_, "/split", seq, "/color", color),
+      internal::SubgroupLabel(label_, seq, color),
       world_rank_));
 }
 

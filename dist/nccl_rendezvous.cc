@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "dist/rank_names.h"
 
 namespace dist {
 namespace nccl {
@@ -19,15 +20,7 @@ namespace {
 
 // "ranks 2, 3"; with `world_ranks` (by rank) " (world 6, ?)" after them.
 std::string NameRanks(const std::vector<int>& ranks, const std::vector<int>& world_ranks = {}) {
-  std::string s =
-      absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
-  if (world_ranks.empty()) return s;
-  std::vector<std::string> world;
-  for (int r : ranks) {
-    const bool known = r >= 0 && r < static_cast<int>(world_ranks.size()) && world_ranks[r] >= 0;
-    world.push_back(known ? absl::StrCat(world_ranks[r]) : "?");
-  }
-  return absl::StrCat(s, " (world ", absl::StrJoin(world, ", "), ")");
+  return internal::NameRanks(ranks, world_ranks);
 }
 
 std::string InitDir(absl::string_view prefix) { return absl::StrCat(prefix, "/init"); }
@@ -49,9 +42,7 @@ bool IsHex(absl::string_view text) {
 }  // namespace
 
 std::string Who(int rank, int size, absl::string_view label) {
-  std::string who = absl::StrCat("rank ", rank, " of ", size);
-  if (!label.empty()) absl::StrAppend(&who, " in group ", label);
-  return who;
+  return internal::GroupWho(rank, size, label);
 }
 
 std::string UniqueIdKey(absl::string_view prefix) { return absl::StrCat(prefix, "/unique_id"); }

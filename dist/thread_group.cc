@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "dist/collective_share.h"
 #include "dist/device_lane.h"
+#include "dist/rank_names.h"
 #include "dist/thread_rendezvous.h"
 #include "glog/logging.h"
 #include "tensor/cuda_backend.h"
@@ -447,10 +448,8 @@ class ThreadProcessGroup final : public ProcessGroup {
         if (slot == nullptr) {
           std::vector<int> world_ranks;
           for (int m : members) world_ranks.push_back(group_->world_ranks[m]);
-          const std::string parent = group_->label.empty() ? "world" : group_->label;
-          slot = std::make_shared<GroupState>(
-              group_->world, std::move(world_ranks),
-              absl::StrCat(parent, "/split", split, "/color", color));
+          slot = std::make_shared<GroupState>(group_->world, std::move(world_ranks),
+                                              internal::SubgroupLabel(group_->label, split, color));
         }
         child = slot;
       });

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dist/rank_names.h"
 #include "dist/store.h"  // internal::FormatSeconds
 
 namespace dist {
@@ -38,20 +39,12 @@ std::string Describe(const Arrival& a) {
 
 }  // namespace
 
-std::string Rendezvous::Who() const {
-  std::string who = absl::StrCat("rank ", rank_, " of ", size());
-  if (!group_->label.empty()) absl::StrAppend(&who, " in group ", group_->label);
-  return who;
-}
+std::string Rendezvous::Who() const { return internal::GroupWho(rank_, size(), group_->label); }
 
 std::string Rendezvous::NameRanks(const std::vector<int>& ranks) const {
-  std::string s = absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
-  if (!group_->label.empty()) {
-    std::vector<int> world_ranks;
-    for (int r : ranks) world_ranks.push_back(group_->world_ranks[r]);
-    absl::StrAppend(&s, " (world ", absl::StrJoin(world_ranks, ", "), ")");
-  }
-  return s;
+  // The world group's own world ranks go unsaid.
+  return internal::NameRanks(ranks, group_->label.empty() ? std::vector<int>{}
+                                                          : group_->world_ranks);
 }
 
 absl::Status Rendezvous::AbortedError(absl::string_view op) const {
