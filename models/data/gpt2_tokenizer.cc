@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "models/data/mapped_file.h"
 #include "models/data/runfiles.h"
+#include "models/data/utf8.h"
 #include "tensor/json.h"
 
 namespace data {
@@ -51,37 +52,6 @@ CharClass Classify(uint32_t cp) {
   if (InRanges(kLetterRanges, cp)) return CharClass::kLetter;
   if (InRanges(kNumberRanges, cp)) return CharClass::kNumber;
   return CharClass::kOther;
-}
-
-// Length in bytes of the UTF-8 character at text[pos] and its code point; an
-// invalid sequence is one byte of code point U+FFFD (a kOther character).
-int DecodeUtf8(absl::string_view text, size_t pos, uint32_t& cp) {
-  const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
-  const uint8_t b0 = byte(pos);
-  cp = 0xFFFD;
-  if (b0 < 0x80) {
-    cp = b0;
-    return 1;
-  }
-  int len;
-  uint32_t value, min;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, value = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, value = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, value = b0 & 0x07, min = 0x10000;
-  } else {
-    return 1;
-  }
-  if (pos + len > text.size()) return 1;
-  for (int k = 1; k < len; ++k) {
-    if ((byte(pos + k) & 0xC0) != 0x80) return 1;
-    value = (value << 6) | (byte(pos + k) & 0x3F);
-  }
-  if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) return 1;
-  cp = value;
-  return len;
 }
 
 // GPT-2's bytes_to_unicode(): byte b's character in the vocabulary's strings.

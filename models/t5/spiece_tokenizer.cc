@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "models/data/utf8.h"
 #include "models/t5/spiece_processor.h"
 
 namespace t5 {
@@ -48,38 +49,6 @@ size_t SentencePiecePartEnd(absl::string_view text) {
   return line_end == absl::string_view::npos ? text.size() : line_end + 1;
 }
 
-size_t FirstNonUtf8(absl::string_view text) {
-  size_t at = 0;
-  while (at < text.size()) {
-    const unsigned char c = static_cast<unsigned char>(text[at]);
-    size_t n = 0;                        // continuation bytes
-    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
-    if (c < 0x80) {
-      ++at;
-      continue;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return at;
-    }
-    if (at + n >= text.size()) return at;  // cut short
-    for (size_t i = 1; i <= n; ++i) {
-      const unsigned char b = static_cast<unsigned char>(text[at + i]);
-      if (b < (i == 1 ? lo : 0x80) || b > (i == 1 ? hi : 0xbf)) return at;
-    }
-    at += n + 1;
-  }
-  return absl::string_view::npos;
-}
-
 SpieceTokenizer::SpieceTokenizer(std::unique_ptr<SpieceProcessor> sp, int64_t sentinels,
                                  std::string path)
     : sp_(std::move(sp)),
@@ -115,7 +84,7 @@ absl::StatusOr<SpieceTokenizer> SpieceTokenizer::Load(const SentencePieceModel& 
 
 absl::StatusOr<std::vector<int64_t>> SpieceTokenizer::Encode(absl::string_view text,
                                                              bool read_sentinels) const {
-  if (const size_t bad = FirstNonUtf8(text); bad != absl::string_view::npos) {
+  if (const size_t bad = data::FirstNonUtf8(text); bad != absl::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("it is not UTF-8 text (byte ", bad + 1, " does not begin a character)"));
   }

@@ -33,10 +33,6 @@ inline constexpr size_t kSentencePiecePartChars = size_t{1} << 20;
 // "\r" included) cut alike and write the same ids.
 size_t SentencePiecePartEnd(absl::string_view text);
 
-// The offset of the first byte of `text` that does not begin a well-formed
-// UTF-8 character (RFC 3629: no overlong forms, surrogates or code points
-// above U+10FFFF); npos when the text is UTF-8 throughout.
-size_t FirstNonUtf8(absl::string_view text);
 
 class SpieceTokenizer {
  public:
