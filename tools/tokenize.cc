@@ -56,6 +56,7 @@
 #include "models/data/mapped_file.h"
 #include "models/data/runfiles.h"
 #include "models/data/token_file.h"
+#include "models/data/utf8.h"
 #include "models/t5/spiece_files.h"
 #include "models/t5/spiece_tokenizer.h"
 
@@ -134,12 +135,13 @@ absl::StatusOr<TextEncoder> LoadTokenizer(const std::string& flag, bool special_
     };
     encoder.encode = [shared](absl::string_view part,
                               size_t offset) -> absl::StatusOr<std::vector<int64_t>> {
-      if (const size_t bad = t5::FirstNonUtf8(part); bad != absl::string_view::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "byte ", offset + bad + 1, " does not begin a UTF-8 character (SentencePiece reads "
-            "UTF-8 text)"));
-      }
-      return shared->Encode(part, /*read_sentinels=*/false);
+      absl::StatusOr<std::vector<int64_t>> ids = shared->Encode(part, /*read_sentinels=*/false);
+      if (ids.ok()) return ids;
+      // Encode checks the text is UTF-8 (the only error without sentinels);
+      // the message names the file's byte, not the part's.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "byte ", offset + data::FirstNonUtf8(part) + 1,
+          " does not begin a UTF-8 character (SentencePiece reads UTF-8 text)"));
     };
     return encoder;
   }

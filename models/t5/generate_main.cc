@@ -174,17 +174,16 @@ absl::StatusOr<SpieceTokenizer> LoadTokenizer(const PretrainedSources& weights, 
       flag == "auto" ? absl::StrCat("the tokenizer of ", weights.source, " (", spec,
                                     "; --tokenizer=FILE|DIR names where it is now)")
                      : absl::StrCat("--tokenizer=", flag);
+  auto failed = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  };
   absl::StatusOr<SentencePieceModel> model = ReadSentencePieceModel(spec);
-  absl::StatusOr<int64_t> sentinels =
-      model.ok() ? SentinelsOfTokenizer(*model, weights.loader_state, weights.source,
-                                        weights.config.vocab_size)
-                 : absl::StatusOr<int64_t>(model.status());
-  absl::StatusOr<SpieceTokenizer> tokenizer =
-      sentinels.ok() ? SpieceTokenizer::Load(*model, *sentinels)
-                     : absl::StatusOr<SpieceTokenizer>(sentinels.status());
-  if (!tokenizer.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", tokenizer.status().message()));
-  }
+  if (!model.ok()) return failed(model.status());
+  absl::StatusOr<int64_t> sentinels = SentinelsOfTokenizer(
+      *model, weights.loader_state, weights.source, weights.config.vocab_size);
+  if (!sentinels.ok()) return failed(sentinels.status());
+  absl::StatusOr<SpieceTokenizer> tokenizer = SpieceTokenizer::Load(*model, *sentinels);
+  if (!tokenizer.ok()) return failed(tokenizer.status());
   return tokenizer;
 }
 
