@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <new>
 #include <string>
 #include <thread>
@@ -122,17 +123,33 @@ class GlooLayoutStore final : public internal::LayoutStore {
   const std::string run_folder_;
 };
 
+// Thrown by TimedStore's waits when a rank announced that it failed before
+// joining (launch_layout.h): `status` is the Aborted error naming it.
+struct PeerFailed : std::runtime_error {
+  explicit PeerFailed(absl::Status s) : std::runtime_error(s.ToString()), status(std::move(s)) {}
+  absl::Status status;
+};
+
 // A store whose reads wait the group's timeout: gloo's connectFullMesh reads
 // each lower rank's address with Store::get, which its FileStore bounds by
 // its own 30 s default (a rank that came up later than that failed the
 // rendezvous early, whatever --timeout_s said; a shorter timeout was not
-// honoured there either).
+// honoured there either). Its waits poll (every 20 ms, as the layout walk),
+// and with a `layout` to watch they end at once when a rank announced its
+// failure under `failure_prefix` (throwing PeerFailed).
 // It keeps what it set (Given): connectFullMesh sets "<prefix>/<rank>" to
 // this rank's addresses, one for each peer, where it listened for that peer.
 class TimedStore : public gloo::rendezvous::Store {
  public:
-  TimedStore(gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout)
-      : inner_(inner), timeout_(timeout) {}
+  TimedStore(gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout,
+             const Shared& shared, internal::LayoutStore* layout = nullptr,
+             std::string failure_prefix = "", std::string who = "")
+      : inner_(inner),
+        timeout_(timeout),
+        shared_(shared),
+        layout_(layout),
+        failure_prefix_(std::move(failure_prefix)),
+        who_(std::move(who)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     inner_.set(key, data);
     given_.emplace_back(key, data);
@@ -145,18 +162,35 @@ class TimedStore : public gloo::rendezvous::Store {
     return {};
   }
   std::vector<char> get(const std::string& key) override {
-    inner_.wait({key}, timeout_);
+    wait({key}, timeout_);
     return inner_.get(key);
   }
-  void wait(const std::vector<std::string>& keys) override { inner_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
-    inner_.wait(keys, timeout);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!std::all_of(keys.begin(), keys.end(), shared_.present)) {
+      if (layout_ != nullptr) {
+        absl::Status failed = internal::CheckPeerFailure(*layout_, failure_prefix_, who_);
+        if (!failed.ok()) throw PeerFailed(std::move(failed));
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        inner_.wait(keys, std::chrono::milliseconds(1));  // gloo's own timeout error
+        return;
+      }
+      std::this_thread::sleep_for(std::min(left, std::chrono::milliseconds(20)));
+    }
   }
 
  private:
   gloo::rendezvous::Store& inner_;
   const std::chrono::milliseconds timeout_;
+  const Shared& shared_;
+  internal::LayoutStore* const layout_;
+  const std::string failure_prefix_;
+  const std::string who_;
   std::vector<std::pair<std::string, std::vector<char>>> given_;
 };
 
@@ -216,12 +250,14 @@ struct Connected {
 };
 
 // Connects within `budget`; errors name `timeout` (the group's: the budget
-// may be what is left of it).
+// may be what is left of it). With a `layout` store (a world group's), a
+// rank's announced failure ends the wait (Aborted).
 absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const std::string& prefix,
                                   int rank, int size, absl::Duration budget,
-                                  absl::Duration timeout, const std::string& who) {
+                                  absl::Duration timeout, const std::string& who,
+                                  internal::LayoutStore* layout = nullptr) {
   try {
-    TimedStore timed(*shared->root_store, ToMillis(budget));
+    TimedStore timed(*shared->root_store, ToMillis(budget), *shared, layout, prefix, who);
     gloo::rendezvous::PrefixStore store(prefix, timed);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(budget));
@@ -268,6 +304,8 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
       }
     }
     return connected;
+  } catch (const PeerFailed& e) {
+    return e.status;
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string msg =
@@ -576,22 +614,11 @@ void IgnoreSigpipeUnlessHandled() {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<int> RemoveOwnFolderStoreKeys(ProcessGroup& group) {
-  auto* gloo = dynamic_cast<GlooProcessGroup*>(&group);
-  return gloo == nullptr ? 0 : gloo->RemoveOwnFolderStoreKeys();
-}
-
-absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
-    int rank, int size, const GlooGroupOptions& options) {
-  const std::string who = absl::StrCat("rank ", rank, " of ", size);
-  IgnoreSigpipeUnlessHandled();
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("[gloo] invalid rank ", rank, " for a group of size ", size));
-  }
-  auto shared = std::make_shared<Shared>();
+// Opens the store `options` name into `shared` (root_store, present,
+// where): a Redis endpoint, or a folder made if missing (mkdir -p) that this
+// process must be able to write. InvalidArgument naming the store when it
+// is none of those; Unavailable when opening it fails.
+absl::Status OpenStore(const GlooGroupOptions& options, const std::string& who, Shared& shared) {
   try {
     if (absl::StartsWith(options.store, "redis://")) {
       absl::StatusOr<std::pair<std::string, int>> endpoint = ParseRedisStore(options.store);
@@ -601,8 +628,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
       }
       auto redis =
           std::make_shared<gloo::rendezvous::RedisStore>(endpoint->first, endpoint->second);
-      shared->present = [redis](const std::string& key) { return redis->check({key}); };
-      shared->root_store = std::move(redis);
+      shared.present = [redis](const std::string& key) { return redis->check({key}); };
+      shared.root_store = std::move(redis);
     } else {
       std::string dir = options.store;
       if (absl::StartsWith(dir, "file://")) dir = dir.substr(7);
@@ -630,19 +657,55 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
             "(or redis://host:port), or another TMPDIR for the default one"));
       }
       auto file = std::make_shared<CheckableFileStore>(dir);
-      shared->present = [file](const std::string& key) { return file->check({key}); };
-      shared->root_store = std::move(file);
+      shared.present = [file](const std::string& key) { return file->check({key}); };
+      shared.root_store = std::move(file);
     }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[gloo] ", who, ": cannot open store \"",
+                                               options.store, "\": ", e.what()));
+  }
+  shared.where = options.store;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> RemoveOwnFolderStoreKeys(ProcessGroup& group) {
+  auto* gloo = dynamic_cast<GlooProcessGroup*>(&group);
+  return gloo == nullptr ? 0 : gloo->RemoveOwnFolderStoreKeys();
+}
+
+absl::StatusOr<bool> AnnounceGlooFailure(int rank, const GlooGroupOptions& options,
+                                         const std::string& why) {
+  Shared shared;
+  if (absl::Status opened = OpenStore(options, absl::StrCat("rank ", rank), shared);
+      !opened.ok()) {
+    return opened;
+  }
+  GlooLayoutStore store(shared, "");
+  return internal::AnnounceFailure(store, options.prefix, rank, why);
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
+    int rank, int size, const GlooGroupOptions& options) {
+  const std::string who = absl::StrCat("rank ", rank, " of ", size);
+  IgnoreSigpipeUnlessHandled();
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[gloo] invalid rank ", rank, " for a group of size ", size));
+  }
+  auto shared = std::make_shared<Shared>();
+  if (absl::Status opened = OpenStore(options, who, *shared); !opened.ok()) return opened;
+  try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     attr.iface = options.iface;
     if (!attr.iface.empty()) attr.hostname.clear();
     shared->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("[gloo] ", who, ": cannot open store \"",
-                                               options.store, "\" or device: ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("[gloo] ", who, ": cannot create the TCP device: ", e.what()));
   }
-  shared->where = options.store;
   // The layout check and the connection share the rendezvous timeout.
   const absl::Time deadline = absl::Now() + options.timeout;
   const internal::LaunchLayout me{rank, size, options.local_rank, options.local_world_size};
@@ -654,8 +717,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
   absl::Status layout =
       internal::ClaimAndCheckLayout(layout_store, options.prefix, me, deadline, who);
   if (!layout.ok()) return layout;
-  auto connected =
-      Connect(shared, options.prefix, rank, size, deadline - absl::Now(), options.timeout, who);
+  auto connected = Connect(shared, options.prefix, rank, size, deadline - absl::Now(),
+                           options.timeout, who, &layout_store);
   if (!connected.ok()) return connected.status();
   // A node launched for another world may have shown up meanwhile.
   layout = internal::CheckNoLayoutMismatch(layout_store, options.prefix, me, who);

@@ -626,6 +626,54 @@ TEST(GlooGroup, RankThatNeverJoinsFailsTheRendezvous) {
   EXPECT_LT(o.elapsed, absl::Seconds(20));
 }
 
+// A rank that fails before joining (its --data missing on its node) says
+// so in the store: its peer, waiting for it in the rendezvous with a 120 s
+// timeout, fails at once naming it and why. Either rank: rank 0 waits in
+// gloo's store wait for rank 1's address, rank 1 in its read of rank 0's.
+TEST(GlooGroup, ARankThatFailedBeforeJoiningEndsItsPeersRendezvous) {
+  for (int failed : {1, 0}) {
+    const std::string dir = TmpDir(absl::StrCat("store_failed", failed));
+    Outcome o = RunProcesses(2, [&](int rank, int) -> std::string {
+      const GlooGroupOptions options = FileOptions(dir, absl::Seconds(120));
+      if (rank == failed) {
+        absl::SleepFor(absl::Milliseconds(300));
+        absl::StatusOr<bool> said =
+            AnnounceGlooFailure(rank, options, "--data=/nfs/x.bin: no such file");
+        if (!said.ok() || !*said) return "the failure was not said";
+        return "";
+      }
+      auto pg = CreateGlooProcessGroup(rank, 2, options);
+      if (pg.ok()) return "joined a group whose peer failed";
+      const std::string want = absl::StrCat(
+          "[rendezvous] rank ", rank, " of 2: rank ", failed, " (host ");
+      if (pg.status().code() != absl::StatusCode::kAborted ||
+          !absl::StrContains(pg.status().message(), want) ||
+          !absl::StrContains(pg.status().message(),
+                             ") failed before joining: --data=/nfs/x.bin: no such file")) {
+        return pg.status().ToString();
+      }
+      return "";
+    }, absl::Seconds(150));
+    ExpectAllOk(o);
+    EXPECT_LT(o.elapsed, absl::Seconds(60)) << "rank " << failed << " failed";
+  }
+}
+
+// A rank that joined says nothing: its peers learn of its failure from the
+// group.
+TEST(GlooGroup, ARankThatJoinedAnnouncesNoFailure) {
+  const std::string dir = TmpDir("store_joined");
+  Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
+    const GlooGroupOptions options = FileOptions(dir, absl::Seconds(30));
+    auto pg = CreateGlooProcessGroup(rank, size, options);
+    if (!pg.ok()) return pg.status().ToString();
+    absl::StatusOr<bool> said = AnnounceGlooFailure(rank, options, "a later failure");
+    if (!said.ok()) return said.status().ToString();
+    return *said ? "a rank that joined said it failed before joining" : "";
+  }, absl::Seconds(60));
+  ExpectAllOk(o);
+}
+
 // Rank 1 alone: gloo reads rank 0's address with a store get, which now waits
 // the group's 2 s, not the file store's own 30 s default.
 TEST(GlooGroup, AHigherRankWaitsTheGroupsTimeoutForALowerOne) {

@@ -77,8 +77,9 @@ absl::Status NotALayout(const std::string& prefix, const std::string& key,
 // poll: the other ranks of the node see its verdict.)
 absl::Status CheckVerdicts(LayoutStore& store, const std::string& prefix, const LaunchLayout& me,
                            const std::string& who, bool scan_node) {
-  if (me.local_world_size <= 0) return absl::OkStatus();
   try {
+    if (absl::Status failed = CheckPeerFailure(store, prefix, who); !failed.ok()) return failed;
+    if (me.local_world_size <= 0) return absl::OkStatus();
     if (store.Present(MismatchKey(prefix))) {  // another rank's verdict
       return absl::InvalidArgumentError(
           absl::StrCat("[rendezvous] ", who, ": ", store.Get(MismatchKey(prefix))));
@@ -134,6 +135,27 @@ std::string StaleHolderNote(const std::string& holder, const std::string& where)
 }
 
 }  // namespace
+
+std::string FailureKey(const std::string& prefix) { return absl::StrCat(prefix, "/failed"); }
+
+absl::StatusOr<bool> AnnounceFailure(LayoutStore& store, const std::string& prefix, int rank,
+                                     const std::string& why) {
+  try {
+    if (store.Present(absl::StrCat(prefix, "/joined/", rank))) return false;
+    return store.SetIfAbsent(FailureKey(prefix), absl::StrCat("rank ", rank, " (", ThisProcess(),
+                                                              ") failed before joining: ", why));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "[rendezvous] rank ", rank, ": telling the others of its failure: ", e.what()));
+  }
+}
+
+absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix,
+                              const std::string& who) {
+  if (!store.Present(FailureKey(prefix))) return absl::OkStatus();
+  return absl::AbortedError(
+      absl::StrCat("[rendezvous] ", who, ": ", store.Get(FailureKey(prefix))));
+}
 
 absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
                        const std::string& who) {

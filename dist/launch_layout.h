@@ -22,6 +22,14 @@
 // the NCCL unique id, the peers' addresses, their departures -- this group
 // would read as its own: a hang, or a peer reported gone that is not.
 //
+// A rank that fails before it claims its place (its own setup: a flag, its
+// data, its device) says why under "<prefix>/failed" (AnnounceFailure), and
+// every rank waiting in the rendezvous (the layout walk here, the engines'
+// waits for keys through CheckPeerFailure) fails at once with it instead of
+// waiting out its timeout for a rank that will never come: the case a
+// launcher cannot see, a node whose workers failed while the other nodes'
+// wait (each node's launcher stops only its own workers).
+//
 // The store is reached through LayoutStore: gloo's store and dist::Store
 // each have an adapter (DistLayoutStore here; gloo's in gloo_group.cc).
 #ifndef DIST_LAUNCH_LAYOUT_H_
@@ -90,6 +98,23 @@ absl::Status ClaimAndCheckLayout(LayoutStore& store, const std::string& prefix,
                                  const LaunchLayout& me, absl::Time deadline,
                                  const std::string& who);
 
+// Before a rank has claimed its place: sets "<prefix>/failed" to "rank
+// <rank> (host <name> pid <pid>) failed before joining: <why>" unless a
+// failure is there already (the first one stays). A rank that claimed its
+// place sets nothing: it joined, and the engines tell its peers what happens
+// next. Returns whether it set the key; Unavailable when the store fails.
+absl::StatusOr<bool> AnnounceFailure(LayoutStore& store, const std::string& prefix, int rank,
+                                     const std::string& why);
+
+// Aborted "[rendezvous] <who>: rank 2 (host ... pid ...) failed before
+// joining: <why>" when a rank announced its failure under `prefix`; OK when
+// none did. Throws std::exception when the store fails (as LayoutStore).
+absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix,
+                              const std::string& who);
+
+// The key AnnounceFailure sets: "<prefix>/failed".
+std::string FailureKey(const std::string& prefix);
+
 // OK when the nodes agree; InvalidArgument naming the disagreement;
 // DeadlineExceeded naming the first node (by its first rank) that did not
 // arrive by `deadline`; Unavailable when the store fails.
@@ -97,7 +122,8 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
                                const LaunchLayout& me, absl::Time deadline,
                                const std::string& who);
 
-// After connecting (and while the walk waits): InvalidArgument when a rank
+// After connecting (and while the walk waits): Aborted when a rank failed
+// before joining (CheckPeerFailure), InvalidArgument when a rank
 // has since found the nodes launched differently, a node starts at this
 // rank's world size, or one starts inside this rank's node (this rank's
 // verdict, then written for the others).

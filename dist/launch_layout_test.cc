@@ -91,6 +91,59 @@ TEST(LaunchLayoutTest, ANodeThatNeverComesIsNamed) {
   }
 }
 
+// Node 1's ranks fail before joining (their data is missing there); rank 2
+// says why: node 0's ranks, waiting for node 1 in the walk, fail at once
+// with it, long before their deadline.
+TEST(LaunchLayoutTest, ARankThatFailedBeforeJoiningStopsTheWalk) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  const absl::StatusOr<bool> set =
+      AnnounceFailure(layout, "job", 2, "--data=/nfs/x.bin: no such file");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_TRUE(*set);
+  std::vector<LaunchLayout> ranks = Nodes({2, 2});
+  ranks.resize(2);
+  const absl::Time start = absl::Now();
+  for (const absl::Status& s : CheckAll(layout, ranks, absl::Seconds(60))) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), ": rank 2 (host ")) << s;
+    EXPECT_TRUE(absl::StrContains(
+        s.message(), absl::StrCat(" pid ", getpid(),
+                                  ") failed before joining: --data=/nfs/x.bin: no such file")))
+        << s;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+// A failure announced while the walk waits stops it too; the first one
+// announced stays; a rank that claimed its place (it joined) announces nothing.
+TEST(LaunchLayoutTest, AFailureAnnouncedWhileTheWalkWaitsStopsIt) {
+  HashStore store;
+  DistLayoutStore layout(store);
+  ASSERT_TRUE(ClaimRank(layout, "job", 3, "rank 3 of 4").ok());
+  absl::StatusOr<bool> set = AnnounceFailure(layout, "job", 3, "out of memory");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_FALSE(*set);
+  EXPECT_TRUE(CheckPeerFailure(layout, "job", "rank 0 of 4").ok());
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(*AnnounceFailure(layout, "job", 2, "--device=cuda:3: no such device"));
+    EXPECT_FALSE(*AnnounceFailure(layout, "job", 1, "a later failure"));
+  });
+  std::vector<LaunchLayout> ranks = Nodes({2, 2});
+  ranks.resize(1);
+  const std::vector<absl::Status> got = CheckAll(layout, ranks, absl::Seconds(60));
+  late.join();
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kAborted) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0].message(), "[rendezvous] rank 0 of 4: rank 2 (host "))
+      << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0].message(), "--device=cuda:3: no such device")) << got[0];
+  const absl::Status again = CheckPeerFailure(layout, "job", "rank 1 of 4");
+  EXPECT_TRUE(absl::StrContains(again.message(), "no such device")) << again;
+  // Under another prefix (another run, or a restart) nothing failed.
+  EXPECT_TRUE(CheckPeerFailure(layout, "job2", "rank 0 of 4").ok());
+}
+
 TEST(LaunchLayoutTest, UnknownLocalWorldSizeChecksNothing) {
   HashStore store;
   DistLayoutStore layout(store);

@@ -512,13 +512,25 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
     if (nccl_comm != nullptr) AbortWithin(nccl_comm, device_index, "init");
     return Prefixed(s, "nccl_init", rank, size);
   }
-  absl::StatusOr<bool> ready =
-      nccl::PollUntil([&] { return CommReady(nccl_comm, launch_order->NcclCalls()); }, deadline,
-                      nccl::Clock(), absl::Milliseconds(1));
+  // Waits for the init, looking every 50 ms for a rank that announced it
+  // failed before joining (launch_layout.h): the init then never completes.
+  absl::Status peer_failed;
+  absl::Time next_look = absl::Now();
+  absl::StatusOr<bool> ready = nccl::PollUntil(
+      [&]() -> absl::StatusOr<bool> {
+        if (absl::Now() >= next_look) {
+          next_look = absl::Now() + absl::Milliseconds(50);
+          peer_failed = nccl::PeerFailure(layout_store, options.prefix, who);
+          if (!peer_failed.ok()) return peer_failed;
+        }
+        return CommReady(nccl_comm, launch_order->NcclCalls());
+      },
+      deadline, nccl::Clock(), absl::Milliseconds(1));
   if (!ready.ok() || !*ready) {
     absl::Status s =
         ready.ok() ? nccl::InitTimeoutError(store, options.prefix, rank, size, options.timeout, "")
-                   : Prefixed(ready.status(), "nccl_init", rank, size);
+        : !peer_failed.ok() ? peer_failed
+                            : Prefixed(ready.status(), "nccl_init", rank, size);
     if (absl::StrContains(s.message(), "Duplicate GPU")) {  // NCCL's words for it
       s = absl::Status(
           s.code(),

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "dist/nccl_rendezvous.h"
 #include "dist/nccl_group_testing.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
@@ -404,6 +405,28 @@ TEST(NcclGroupTest, InitTimesOutNamingTheMissingRank) {
                 StartsWith("[nccl_init] rank 1 of 2 timed out after 0.5 s waiting for rank 0 (no "
                            "NCCL unique id at key lonely1/unique_id"));
   }
+}
+
+// Rank 1 failed before it joined (its data missing on its node) and said
+// so: rank 0, in communicator init with a 60 s timeout, fails at once
+// naming it.
+TEST(NcclGroupTest, InitEndsAtOnceWhenARankFailedBeforeJoining) {
+  SKIP_WITHOUT_GPUS(1);
+  HashStore store;
+  std::thread failed([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_TRUE(*nccl::AnnounceFailure(store, "failed1", 1, "--data=x.bin: no such file"));
+  });
+  const absl::Time start = absl::Now();
+  auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("failed1", absl::Seconds(60)));
+  failed.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  ASSERT_FALSE(pg.ok());
+  EXPECT_TRUE(absl::IsAborted(pg.status())) << pg.status();
+  EXPECT_THAT(std::string(pg.status().message()),
+              StartsWith("[rendezvous] rank 0 of 2: rank 1 (host "));
+  EXPECT_THAT(std::string(pg.status().message()),
+              HasSubstr(") failed before joining: --data=x.bin: no such file"));
 }
 
 // Node A launched as 2 nodes x 1 rank (rank 0 of 2), node B as 2 nodes x 2

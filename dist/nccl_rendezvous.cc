@@ -3,6 +3,7 @@
 #include "dist/nccl_rendezvous.h"
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "dist/launch_layout.h"
 #include "dist/rank_names.h"
 
 namespace dist {
@@ -40,6 +42,21 @@ bool IsHex(absl::string_view text) {
 }
 
 }  // namespace
+
+absl::Status PeerFailure(internal::LayoutStore& store, absl::string_view prefix,
+                         const std::string& who) {
+  try {
+    return internal::CheckPeerFailure(store, std::string(prefix), who);
+  } catch (const std::exception&) {
+    return absl::OkStatus();  // the wait's own reads report the store's errors
+  }
+}
+
+absl::StatusOr<bool> AnnounceFailure(Store& store, absl::string_view prefix, int rank,
+                                     const std::string& why) {
+  internal::DistLayoutStore layout(store);
+  return internal::AnnounceFailure(layout, std::string(prefix), rank, why);
+}
 
 std::string Who(int rank, int size, absl::string_view label) {
   return internal::GroupWho(rank, size, label);
@@ -74,7 +91,21 @@ absl::StatusOr<std::string> ExchangeUniqueId(
     }
     return id;
   }
-  absl::StatusOr<std::string> hex = store.Get(key, timeout);
+  // Waited for in slices: a rank's announced failure (launch_layout.h: rank 0
+  // failed before it joined) ends the wait at once.
+  internal::DistLayoutStore layout(store);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<std::string> hex;
+  while (true) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    hex = store.Get(key, std::min(left, absl::Milliseconds(50)));
+    if (hex.ok() || !absl::IsDeadlineExceeded(hex.status()) || left == absl::ZeroDuration()) {
+      break;
+    }
+    if (absl::Status failed = PeerFailure(layout, prefix, Who(rank, size)); !failed.ok()) {
+      return failed;
+    }
+  }
   if (!hex.ok()) {
     if (absl::IsDeadlineExceeded(hex.status())) {
       return absl::DeadlineExceededError(absl::StrCat(

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "dist/launch_layout.h"
 #include "dist/store.h"
 
 namespace dist {
@@ -49,13 +50,28 @@ namespace nccl {
 // peers by their ranks in it and their world ranks ("rank 0 (world 2)").
 std::string Who(int rank, int size, absl::string_view label = "");
 
+// internal::CheckPeerFailure (launch_layout.h) for the waits of the init: the
+// Aborted error when a rank announced that it failed before joining; OK
+// when none did, or when the store cannot be read (the wait's own reads
+// report that).
+absl::Status PeerFailure(internal::LayoutStore& store, absl::string_view prefix,
+                         const std::string& who);
+
+// For a rank that failed before it joined (CreateNcclProcessGroup was never
+// reached): internal::AnnounceFailure (launch_layout.h) in the engine's
+// store, so that its peers' waits end at once naming it and `why`. Whether
+// it was said: not when this rank joined, or another's failure was first.
+absl::StatusOr<bool> AnnounceFailure(Store& store, absl::string_view prefix, int rank,
+                                     const std::string& why);
+
 // The key of the unique id: "<prefix>/unique_id".
 std::string UniqueIdKey(absl::string_view prefix);
 
 // Rank 0 calls create() and sets its bytes under UniqueIdKey(prefix); every
 // other rank waits up to `timeout` for that key. Returns the id (id_bytes raw
 // bytes) on every rank. Fails with DeadlineExceeded naming rank 0 when the id
-// does not come, InvalidArgument when the key holds something that is not an
+// does not come, Aborted at once when a rank announced that it failed before
+// joining (PeerFailure), InvalidArgument when the key holds something that is not an
 // id of id_bytes bytes (a stale or foreign key: use a fresh prefix per run).
 absl::StatusOr<std::string> ExchangeUniqueId(
     Store& store, absl::string_view prefix, int rank, int size, size_t id_bytes,

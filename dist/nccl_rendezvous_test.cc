@@ -76,6 +76,27 @@ TEST(NcclRendezvousTest, MissingRankZeroIsNamed) {
             "store or prefix)");
 }
 
+// Rank 0 failed before it joined (launch_layout.h's announcement): rank 1,
+// waiting for its id with a 60 s timeout, fails at once naming it.
+TEST(NcclRendezvousTest, ARankZeroThatFailedBeforeJoiningEndsTheWait) {
+  HashStore store;
+  std::thread failed([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(*AnnounceFailure(store, "p", 0, "--data=x.bin: no such file"));
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> id = ExchangeUniqueId(
+      store, "p", 1, 2, kIdBytes, []() -> absl::StatusOr<std::string> { return TestId(1); },
+      absl::Seconds(60));
+  failed.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  ASSERT_TRUE(absl::IsAborted(id.status())) << id.status();
+  EXPECT_THAT(std::string(id.status().message()),
+              HasSubstr("[rendezvous] rank 1 of 2: rank 0 (host "));
+  EXPECT_THAT(std::string(id.status().message()),
+              HasSubstr(") failed before joining: --data=x.bin: no such file"));
+}
+
 TEST(NcclRendezvousTest, ForeignValueIsRefused) {
   HashStore store;
   ASSERT_TRUE(store.Set("p/unique_id", "not an id").ok());

@@ -466,9 +466,11 @@ void DropMetricsAfter(MetricsWriter& metrics, int64_t step) {
                std::string(s.message()).c_str(), static_cast<long long>(step));
 }
 
-int RunTrainMain(const std::function<absl::Status()>& train) {
+int RunTrainMain(const std::function<absl::Status()>& train,
+                 const std::function<void(const absl::Status&)>& on_failure) {
   const absl::Status s = tensor::Guarded(train);
   if (s.ok()) return 0;
+  if (on_failure) on_failure(s);
   std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
   if (s.code() == absl::StatusCode::kResourceExhausted &&
       absl::StrContains(s.message(), "out of memory")) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -45,6 +46,23 @@ TEST(RunTrainMainTest, ExitCodesAndTheErrorLine) {
   EXPECT_EQ(RunMain([] { return absl::ResourceExhaustedError("No space left on device"); }, &err),
             1);
   EXPECT_EQ(err, "train: error: No space left on device\n");
+}
+
+// on_failure sees every failure, thrown ones too (the binaries tell the
+// ranks waiting for this one), and nothing of a success.
+TEST(RunTrainMainTest, OnFailureSeesTheFailure) {
+  std::vector<std::string> seen;
+  const auto record = [&](const absl::Status& s) { seen.push_back(s.ToString()); };
+  EXPECT_EQ(RunTrainMain([] { return absl::OkStatus(); }, record), 0);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunTrainMain([] { return absl::InvalidArgumentError("--data=x: missing"); }, record),
+            2);
+  EXPECT_EQ(RunTrainMain([]() -> absl::Status { throw std::runtime_error("disk gone"); }, record),
+            1);
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], "INVALID_ARGUMENT: --data=x: missing");
+  EXPECT_THAT(seen[1], HasSubstr("disk gone"));
 }
 
 TEST(ResolveDeviceTest, AnUnknownDeviceNamesTheFlag) {

@@ -36,6 +36,7 @@
 //   during its backward) -> loss averaged over the ranks -> finish the
 //   gradient communication -> clip by the global norm -> step -> zero grads
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,6 +51,7 @@
 #include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
 #include "models/common/data_parallel_flags.h"
+#include "models/common/failure_notice.h"
 #include "models/common/eval_flags.h"
 #include "models/common/freeze_flags.h"
 #include "models/common/loss_scaling.h"
@@ -672,5 +674,8 @@ int main(int argc, char** argv) {
   train::ParseCommandLineOrExit(
       argc, argv, "Trains minGPT. With no flags: gpt-mini on the shipped text.");
   data::SetProgramPath(argv[0]);
-  return train::RunTrainMain(mingpt::Train);
+  // A rank that fails before joining its group tells the ranks waiting for it.
+  return train::RunTrainMain(mingpt::Train, [](const absl::Status& failure) {
+    train::TellPeersOfFailure(train::DataParallelFlagsFromCommandLine(), std::getenv, failure);
+  });
 }
