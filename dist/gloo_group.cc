@@ -19,8 +19,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -135,19 +135,22 @@ struct PeerFailed : std::runtime_error {
 // its own 30 s default (a rank that came up later than that failed the
 // rendezvous early, whatever --timeout_s said; a shorter timeout was not
 // honoured there either). Its waits poll (every 20 ms, as the layout walk),
-// and with a `layout` to watch they end at once when a rank announced its
-// failure under `failure_prefix` (throwing PeerFailed).
+// and with a `layout` to watch they end at once when one of `size` ranks
+// announced its failure under `failure_prefix` (throwing PeerFailed). At the
+// deadline gloo's own wait gives its timeout error (gloo's stores count
+// whole seconds: up to a second later, as before).
 // It keeps what it set (Given): connectFullMesh sets "<prefix>/<rank>" to
 // this rank's addresses, one for each peer, where it listened for that peer.
 class TimedStore : public gloo::rendezvous::Store {
  public:
   TimedStore(gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout,
              const Shared& shared, internal::LayoutStore* layout = nullptr,
-             std::string failure_prefix = "", std::string who = "")
+             std::string failure_prefix = "", int size = 0, std::string who = "")
       : inner_(inner),
         timeout_(timeout),
         shared_(shared),
         layout_(layout),
+        size_(size),
         failure_prefix_(std::move(failure_prefix)),
         who_(std::move(who)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -171,7 +174,8 @@ class TimedStore : public gloo::rendezvous::Store {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!std::all_of(keys.begin(), keys.end(), shared_.present)) {
       if (layout_ != nullptr) {
-        absl::Status failed = internal::CheckPeerFailure(*layout_, failure_prefix_, who_);
+        absl::Status failed =
+            internal::CheckPeerFailure(*layout_, failure_prefix_, size_, who_);
         if (!failed.ok()) throw PeerFailed(std::move(failed));
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -189,6 +193,7 @@ class TimedStore : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
   const Shared& shared_;
   internal::LayoutStore* const layout_;
+  const int size_;
   const std::string failure_prefix_;
   const std::string who_;
   std::vector<std::pair<std::string, std::vector<char>>> given_;
@@ -257,7 +262,7 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
                                   absl::Duration timeout, const std::string& who,
                                   internal::LayoutStore* layout = nullptr) {
   try {
-    TimedStore timed(*shared->root_store, ToMillis(budget), *shared, layout, prefix, who);
+    TimedStore timed(*shared->root_store, ToMillis(budget), *shared, layout, prefix, size, who);
     gloo::rendezvous::PrefixStore store(prefix, timed);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(budget));
@@ -675,15 +680,15 @@ absl::StatusOr<int> RemoveOwnFolderStoreKeys(ProcessGroup& group) {
   return gloo == nullptr ? 0 : gloo->RemoveOwnFolderStoreKeys();
 }
 
-absl::StatusOr<bool> AnnounceGlooFailure(int rank, const GlooGroupOptions& options,
+absl::StatusOr<bool> AnnounceGlooFailure(int rank, int size, const GlooGroupOptions& options,
                                          const std::string& why) {
   Shared shared;
-  if (absl::Status opened = OpenStore(options, absl::StrCat("rank ", rank), shared);
+  if (absl::Status opened = OpenStore(options, absl::StrCat("rank ", rank, " of ", size), shared);
       !opened.ok()) {
     return opened;
   }
   GlooLayoutStore store(shared, "");
-  return internal::AnnounceFailure(store, options.prefix, rank, why);
+  return internal::AnnounceFailure(store, options.prefix, rank, size, why);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(

@@ -78,14 +78,15 @@ struct GlooGroupOptions {
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(
     int rank, int size, const GlooGroupOptions& options);
 
-// For a rank that failed before it joined (CreateGlooProcessGroup was never
-// reached: its flags, its data, its device): says so in the store `options`
-// name (the folder made if missing), so that the ranks waiting for it in
-// their rendezvous fail at once, naming it and `why`, instead of at their
-// timeout (dist/launch_layout.h). Returns whether it was said: false when
-// this rank joined (its peers learn of its failure from the group) or
-// another rank's failure was said first. Errors name the store.
-absl::StatusOr<bool> AnnounceGlooFailure(int rank, const GlooGroupOptions& options,
+// For rank `rank` of `size` that failed before it joined
+// (CreateGlooProcessGroup was never reached: a flag's value, its data, its
+// device): says so in the store `options` name (the folder made if
+// missing), so that the ranks waiting for it in their rendezvous fail at
+// once, naming it and `why`, instead of at their timeout
+// (dist/launch_layout.h). Returns whether it was said: false when this rank
+// joined (its peers learn of its failure from the group). Errors name the
+// store.
+absl::StatusOr<bool> AnnounceGlooFailure(int rank, int size, const GlooGroupOptions& options,
                                          const std::string& why);
 
 // For a gloo group over a folder store, once no rank will use the store

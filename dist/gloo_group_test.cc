@@ -638,7 +638,7 @@ TEST(GlooGroup, ARankThatFailedBeforeJoiningEndsItsPeersRendezvous) {
       if (rank == failed) {
         absl::SleepFor(absl::Milliseconds(300));
         absl::StatusOr<bool> said =
-            AnnounceGlooFailure(rank, options, "--data=/nfs/x.bin: no such file");
+            AnnounceGlooFailure(rank, 2, options, "--data=/nfs/x.bin: no such file");
         if (!said.ok() || !*said) return "the failure was not said";
         return "";
       }
@@ -667,7 +667,7 @@ TEST(GlooGroup, ARankThatJoinedAnnouncesNoFailure) {
     const GlooGroupOptions options = FileOptions(dir, absl::Seconds(30));
     auto pg = CreateGlooProcessGroup(rank, size, options);
     if (!pg.ok()) return pg.status().ToString();
-    absl::StatusOr<bool> said = AnnounceGlooFailure(rank, options, "a later failure");
+    absl::StatusOr<bool> said = AnnounceGlooFailure(rank, size, options, "a later failure");
     if (!said.ok()) return said.status().ToString();
     return *said ? "a rank that joined said it failed before joining" : "";
   }, absl::Seconds(60));

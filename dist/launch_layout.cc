@@ -8,12 +8,15 @@
 #include <climits>
 #include <cstdint>
 #include <exception>
+#include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -77,9 +80,8 @@ absl::Status NotALayout(const std::string& prefix, const std::string& key,
 // poll: the other ranks of the node see its verdict.)
 absl::Status CheckVerdicts(LayoutStore& store, const std::string& prefix, const LaunchLayout& me,
                            const std::string& who, bool scan_node) {
+  if (me.local_world_size <= 0) return absl::OkStatus();
   try {
-    if (absl::Status failed = CheckPeerFailure(store, prefix, who); !failed.ok()) return failed;
-    if (me.local_world_size <= 0) return absl::OkStatus();
     if (store.Present(MismatchKey(prefix))) {  // another rank's verdict
       return absl::InvalidArgumentError(
           absl::StrCat("[rendezvous] ", who, ": ", store.Get(MismatchKey(prefix))));
@@ -134,27 +136,82 @@ std::string StaleHolderNote(const std::string& holder, const std::string& where)
                                     : absl::StrCat(" (rm -r ", where, " removes them)"));
 }
 
+// When this process started: its start time in clock ticks after boot
+// (/proc/self/stat's 22nd field) after the boot time (/proc/stat's btime);
+// nullopt where they cannot be read.
+std::optional<absl::Time> ProcessStart() {
+  std::ifstream stat_file("/proc/self/stat");
+  std::string line;
+  if (!std::getline(stat_file, line)) return std::nullopt;
+  const size_t comm_end = line.rfind(')');  // the command name may hold spaces
+  if (comm_end == std::string::npos) return std::nullopt;
+  const std::vector<std::string> fields =
+      absl::StrSplit(line.substr(comm_end + 1), ' ', absl::SkipEmpty());
+  int64_t ticks = 0;  // fields[0] is the 3rd field (state): the 22nd is fields[19]
+  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &ticks)) return std::nullopt;
+  std::ifstream proc_stat("/proc/stat");
+  int64_t boot = -1;
+  while (std::getline(proc_stat, line)) {
+    absl::string_view rest = line;
+    if (absl::ConsumePrefix(&rest, "btime ") && absl::SimpleAtoi(rest, &boot)) break;
+  }
+  const long per_second = ::sysconf(_SC_CLK_TCK);
+  if (boot < 0 || per_second <= 0) return std::nullopt;
+  return absl::FromUnixSeconds(boot) + absl::Seconds(static_cast<double>(ticks) / per_second);
+}
+
 }  // namespace
 
-std::string FailureKey(const std::string& prefix) { return absl::StrCat(prefix, "/failed"); }
+std::string FailureKey(const std::string& prefix) {
+  return absl::StrCat(prefix, "/failed_before_joining");
+}
 
 absl::StatusOr<bool> AnnounceFailure(LayoutStore& store, const std::string& prefix, int rank,
-                                     const std::string& why) {
+                                     int size, const std::string& why) {
   try {
     if (store.Present(absl::StrCat(prefix, "/joined/", rank))) return false;
-    return store.SetIfAbsent(FailureKey(prefix), absl::StrCat("rank ", rank, " (", ThisProcess(),
-                                                              ") failed before joining: ", why));
+    // The rank's own key, then the mark the waits look for: ranks that fail
+    // at once (a node's, on one missing file) each write a key of their own.
+    store.Set(absl::StrCat(FailureKey(prefix), "/", rank),
+              absl::StrCat(absl::ToUnixMillis(absl::Now()), " rank ", rank, " (", ThisProcess(),
+                           ") failed before joining: ", why));
+    store.Set(FailureKey(prefix), "1");
+    return true;
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "[rendezvous] rank ", rank, ": telling the others of its failure: ", e.what()));
+    return absl::UnavailableError(absl::StrCat("[rendezvous] rank ", rank, " of ", size,
+                                               ": telling the others of its failure: ", e.what()));
   }
 }
 
-absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix,
+absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix, int size,
                               const std::string& who) {
   if (!store.Present(FailureKey(prefix))) return absl::OkStatus();
-  return absl::AbortedError(
-      absl::StrCat("[rendezvous] ", who, ": ", store.Get(FailureKey(prefix))));
+  std::string said = "a rank failed before joining (the store names none)";
+  for (int r = 0; r < size; ++r) {  // the lowest rank that said why
+    const std::string key = absl::StrCat(FailureKey(prefix), "/", r);
+    if (store.Present(key)) {
+      said = store.Get(key);
+      break;
+    }
+  }
+  // "<unix ms> <what>": said before this process started (more than 5 s
+  // before: the nodes' launches and clocks differ by a little), it may be an
+  // earlier run's, left under the same prefix.
+  int64_t millis = 0;
+  std::string note;
+  if (const size_t space = said.find(' ');
+      space != std::string::npos && absl::SimpleAtoi(said.substr(0, space), &millis)) {
+    said.erase(0, space + 1);
+    const std::optional<absl::Time> started = ProcessStart();
+    const absl::Time at = absl::FromUnixMillis(millis);
+    if (started && at < *started - absl::Seconds(5)) {
+      note = absl::StrFormat(
+          "; said %.0f s before this process started: if an earlier run left it under the "
+          "prefix \"%s\", give each run its own --rdzv_id (RUN_ID)",
+          absl::ToDoubleSeconds(*started - at), prefix);
+    }
+  }
+  return absl::AbortedError(absl::StrCat("[rendezvous] ", who, ": ", said, note));
 }
 
 absl::Status ClaimRank(LayoutStore& store, const std::string& prefix, int rank,
@@ -235,8 +292,11 @@ absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
     bool differ = false;
     int r = 0;
     while (r < me.size && !differ) {
-      // Node r's layout, or another rank's verdict, by the deadline.
+      // Node r's layout, or another rank's verdict or failure, by the deadline.
       while (!store.Present(key(r))) {
+        if (absl::Status failed = CheckPeerFailure(store, prefix, me.size, who); !failed.ok()) {
+          return failed;
+        }
         if (absl::Status found = CheckVerdicts(store, prefix, me, who, me.local_rank == 0);
             !found.ok()) {
           return found;

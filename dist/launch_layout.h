@@ -22,13 +22,13 @@
 // the NCCL unique id, the peers' addresses, their departures -- this group
 // would read as its own: a hang, or a peer reported gone that is not.
 //
-// A rank that fails before it claims its place (its own setup: a flag, its
-// data, its device) says why under "<prefix>/failed" (AnnounceFailure), and
-// every rank waiting in the rendezvous (the layout walk here, the engines'
-// waits for keys through CheckPeerFailure) fails at once with it instead of
-// waiting out its timeout for a rank that will never come: the case a
-// launcher cannot see, a node whose workers failed while the other nodes'
-// wait (each node's launcher stops only its own workers).
+// A rank that fails before it claims its place (its own setup: a flag's
+// value, its data, its device) says why (AnnounceFailure), and every rank
+// waiting in the rendezvous (the layout walk here, the engines' waits for
+// keys through CheckPeerFailure) fails at once with it instead of waiting
+// out its timeout for a rank that will never come: the case a launcher
+// cannot see, a node whose workers failed while the other nodes' wait (each
+// node's launcher stops only its own workers).
 //
 // The store is reached through LayoutStore: gloo's store and dist::Store
 // each have an adapter (DistLayoutStore here; gloo's in gloo_group.cc).
@@ -98,32 +98,39 @@ absl::Status ClaimAndCheckLayout(LayoutStore& store, const std::string& prefix,
                                  const LaunchLayout& me, absl::Time deadline,
                                  const std::string& who);
 
-// Before a rank has claimed its place: sets "<prefix>/failed" to "rank
-// <rank> (host <name> pid <pid>) failed before joining: <why>" unless a
-// failure is there already (the first one stays). A rank that claimed its
-// place sets nothing: it joined, and the engines tell its peers what happens
-// next. Returns whether it set the key; Unavailable when the store fails.
+// Before a rank has claimed its place: sets
+// "<prefix>/failed_before_joining/<rank>" to "<unix ms> rank <rank> (host
+// <name> pid <pid>) failed before joining: <why>", then the mark the waits
+// look for, "<prefix>/failed_before_joining" (each rank a key of its own:
+// a node's ranks often fail at once). A rank that claimed its place sets
+// nothing: it joined, and the engines tell its peers what happens next.
+// Returns whether it set the keys; Unavailable (naming "rank <rank> of
+// <size>") when the store fails.
 absl::StatusOr<bool> AnnounceFailure(LayoutStore& store, const std::string& prefix, int rank,
-                                     const std::string& why);
+                                     int size, const std::string& why);
 
 // Aborted "[rendezvous] <who>: rank 2 (host ... pid ...) failed before
-// joining: <why>" when a rank announced its failure under `prefix`; OK when
-// none did. Throws std::exception when the store fails (as LayoutStore).
-absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix,
+// joining: <why>" when a rank of `size` announced its failure under
+// `prefix` (the lowest such rank); OK when none did. When it was said before
+// this process started (more than 5 s before), the message adds that an earlier run under the same
+// prefix may have left it (give each run its own --rdzv_id), as a claim an
+// earlier run left is refused (ClaimRank). Throws std::exception when the
+// store fails (as LayoutStore).
+absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix, int size,
                               const std::string& who);
 
-// The key AnnounceFailure sets: "<prefix>/failed".
+// The mark AnnounceFailure sets: "<prefix>/failed_before_joining".
 std::string FailureKey(const std::string& prefix);
 
 // OK when the nodes agree; InvalidArgument naming the disagreement;
-// DeadlineExceeded naming the first node (by its first rank) that did not
+// Aborted when, while it waits, a rank announced its failure
+// (CheckPeerFailure); DeadlineExceeded naming the first node (by its first rank) that did not
 // arrive by `deadline`; Unavailable when the store fails.
 absl::Status CheckLaunchLayout(LayoutStore& store, const std::string& prefix,
                                const LaunchLayout& me, absl::Time deadline,
                                const std::string& who);
 
-// After connecting (and while the walk waits): Aborted when a rank failed
-// before joining (CheckPeerFailure), InvalidArgument when a rank
+// After connecting (and while the walk waits): InvalidArgument when a rank
 // has since found the nodes launched differently, a node starts at this
 // rank's world size, or one starts inside this rank's node (this rank's
 // verdict, then written for the others).

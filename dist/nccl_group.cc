@@ -520,7 +520,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclProcessGroup(
       [&]() -> absl::StatusOr<bool> {
         if (absl::Now() >= next_look) {
           next_look = absl::Now() + absl::Milliseconds(50);
-          peer_failed = nccl::PeerFailure(layout_store, options.prefix, who);
+          peer_failed = nccl::PeerFailure(layout_store, options.prefix, size, who);
           if (!peer_failed.ok()) return peer_failed;
         }
         return CommReady(nccl_comm, launch_order->NcclCalls());

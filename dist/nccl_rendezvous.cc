@@ -43,19 +43,19 @@ bool IsHex(absl::string_view text) {
 
 }  // namespace
 
-absl::Status PeerFailure(internal::LayoutStore& store, absl::string_view prefix,
+absl::Status PeerFailure(internal::LayoutStore& store, absl::string_view prefix, int size,
                          const std::string& who) {
   try {
-    return internal::CheckPeerFailure(store, std::string(prefix), who);
+    return internal::CheckPeerFailure(store, std::string(prefix), size, who);
   } catch (const std::exception&) {
     return absl::OkStatus();  // the wait's own reads report the store's errors
   }
 }
 
-absl::StatusOr<bool> AnnounceFailure(Store& store, absl::string_view prefix, int rank,
+absl::StatusOr<bool> AnnounceFailure(Store& store, absl::string_view prefix, int rank, int size,
                                      const std::string& why) {
   internal::DistLayoutStore layout(store);
-  return internal::AnnounceFailure(layout, std::string(prefix), rank, why);
+  return internal::AnnounceFailure(layout, std::string(prefix), rank, size, why);
 }
 
 std::string Who(int rank, int size, absl::string_view label) {
@@ -91,8 +91,9 @@ absl::StatusOr<std::string> ExchangeUniqueId(
     }
     return id;
   }
-  // Waited for in slices: a rank's announced failure (launch_layout.h: rank 0
-  // failed before it joined) ends the wait at once.
+  // Waited for in slices: a rank's announced failure (launch_layout.h) ends
+  // the wait at once. (Under a launcher the layout walk sees rank 0's
+  // failure first: this is for groups made without the layout check.)
   internal::DistLayoutStore layout(store);
   const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<std::string> hex;
@@ -102,7 +103,8 @@ absl::StatusOr<std::string> ExchangeUniqueId(
     if (hex.ok() || !absl::IsDeadlineExceeded(hex.status()) || left == absl::ZeroDuration()) {
       break;
     }
-    if (absl::Status failed = PeerFailure(layout, prefix, Who(rank, size)); !failed.ok()) {
+    if (absl::Status failed = PeerFailure(layout, prefix, size, Who(rank, size));
+        !failed.ok()) {
       return failed;
     }
   }

@@ -54,14 +54,14 @@ std::string Who(int rank, int size, absl::string_view label = "");
 // Aborted error when a rank announced that it failed before joining; OK
 // when none did, or when the store cannot be read (the wait's own reads
 // report that).
-absl::Status PeerFailure(internal::LayoutStore& store, absl::string_view prefix,
+absl::Status PeerFailure(internal::LayoutStore& store, absl::string_view prefix, int size,
                          const std::string& who);
 
-// For a rank that failed before it joined (CreateNcclProcessGroup was never
-// reached): internal::AnnounceFailure (launch_layout.h) in the engine's
-// store, so that its peers' waits end at once naming it and `why`. Whether
-// it was said: not when this rank joined, or another's failure was first.
-absl::StatusOr<bool> AnnounceFailure(Store& store, absl::string_view prefix, int rank,
+// For rank `rank` of `size` that failed before it joined
+// (CreateNcclProcessGroup was never reached): internal::AnnounceFailure
+// (launch_layout.h) in the engine's store, so that its peers' waits end at
+// once naming it and `why`. Whether it was said: not when this rank joined.
+absl::StatusOr<bool> AnnounceFailure(Store& store, absl::string_view prefix, int rank, int size,
                                      const std::string& why);
 
 // The key of the unique id: "<prefix>/unique_id".

@@ -21,7 +21,8 @@ void TellPeersOfFailure(const DataParallelFlags& flags, const GetEnvFn& getenv,
   if (failure.ok() || (flags.backend != "gloo" && flags.backend != "nccl")) return;
   const absl::StatusOr<LaunchEnv> env = ReadLaunchEnv(getenv);
   if (!env.ok() || env->world_size < 2) return;
-  const absl::StatusOr<Rendezvous> rdzv = ResolveRendezvous(flags.rdzv, *env, TempDir(), ::getuid());
+  const absl::StatusOr<Rendezvous> rdzv =
+      ResolveRendezvous(flags.rdzv, *env, TempDir(), ::getuid());
   if (!rdzv.ok() || rdzv->owned) return;
   const std::string why(failure.message());
   absl::StatusOr<bool> said;
@@ -29,7 +30,7 @@ void TellPeersOfFailure(const DataParallelFlags& flags, const GetEnvFn& getenv,
     dist::GlooGroupOptions options;
     options.store = rdzv->store;
     options.prefix = rdzv->prefix;
-    said = dist::AnnounceGlooFailure(env->rank, options, why);
+    said = dist::AnnounceGlooFailure(env->rank, env->world_size, options, why);
   } else if (absl::StartsWith(rdzv->store, "redis://")) {
     return;  // the nccl engine meets through a folder only (refused at its flags)
   } else {
@@ -38,7 +39,7 @@ void TellPeersOfFailure(const DataParallelFlags& flags, const GetEnvFn& getenv,
     if (!store.ok()) {
       said = store.status();
     } else {
-      said = dist::nccl::AnnounceFailure(**store, rdzv->prefix, env->rank, why);
+      said = dist::nccl::AnnounceFailure(**store, rdzv->prefix, env->rank, env->world_size, why);
     }
   }
   if (!said.ok()) {

@@ -5,6 +5,7 @@
 // and a store that cannot be reached is said as a note.
 #include "models/common/failure_notice.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -60,7 +61,8 @@ TEST(FailureNoticeTest, AGlooRankWaitingForTheFailedOneFailsAtOnce) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   ASSERT_FALSE(pg.ok());
   EXPECT_TRUE(absl::IsAborted(pg.status())) << pg.status();
-  EXPECT_TRUE(absl::StrContains(pg.status().message(), "rank 0 of 2: rank 1 (host ")) << pg.status();
+  EXPECT_TRUE(absl::StrContains(pg.status().message(), "rank 0 of 2: rank 1 (host "))
+      << pg.status();
   EXPECT_TRUE(absl::StrContains(pg.status().message(),
                                 ") failed before joining: --data=/nfs/x.bin: no such file"))
       << pg.status();
@@ -86,9 +88,16 @@ TEST(FailureNoticeTest, AnNcclRankWaitingForTheFailedRankZeroFailsAtOnce) {
 // engine, a world of one and a success write nothing.
 TEST(FailureNoticeTest, NothingIsSaidWhereNoRankWaitsInASharedStore) {
   const std::string tmp = testing::FreshTempDir("default_rdzv");
+  const char* was = std::getenv("TMPDIR");
+  const std::string before = was == nullptr ? "" : was;
   setenv("TMPDIR", tmp.c_str(), 1);
   TellPeersOfFailure(Flags("gloo", ""), Env(1, 2, 2), kFailure);
   TellPeersOfFailure(Flags("nccl", ""), Env(1, 2, 2), kFailure);
+  if (was == nullptr) {
+    unsetenv("TMPDIR");
+  } else {
+    setenv("TMPDIR", before.c_str(), 1);
+  }
   EXPECT_TRUE(fs::is_empty(tmp));
   const std::string rdzv = testing::FreshTempDir("unused_rdzv");
   TellPeersOfFailure(Flags("threads", rdzv), Env(1, 2), kFailure);
@@ -104,7 +113,7 @@ TEST(FailureNoticeTest, AStoreThatCannotBeReachedIsANote) {
   TellPeersOfFailure(Flags("gloo", file), Env(1, 2), kFailure);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(absl::StrContains(err, "train: note: could not tell the other ranks of this "
-                                     "failure: [gloo] rank 1: the rendezvous store '"))
+                                     "failure: [gloo] rank 1 of 2: the rendezvous store '"))
       << err;
 }
 

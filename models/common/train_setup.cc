@@ -470,8 +470,15 @@ int RunTrainMain(const std::function<absl::Status()>& train,
                  const std::function<void(const absl::Status&)>& on_failure) {
   const absl::Status s = tensor::Guarded(train);
   if (s.ok()) return 0;
-  if (on_failure) on_failure(s);
   std::fprintf(stderr, "train: error: %s\n", std::string(s.message()).c_str());
+  std::fflush(stderr);
+  if (on_failure) {
+    try {
+      on_failure(s);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "train: note: after the error: %s\n", e.what());
+    }
+  }
   if (s.code() == absl::StatusCode::kResourceExhausted &&
       absl::StrContains(s.message(), "out of memory")) {
     std::fprintf(stderr,
