@@ -8,11 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -22,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tensor/json.h"
+#include "tensor/read_file.h"
 #include "tensor/safetensors.h"
 
 namespace dist::sharded {
@@ -536,17 +535,15 @@ absl::StatusOr<Index> ReadIndex(const std::string& dir) {
     return absl::InvalidArgumentError(absl::StrCat("'", dir, "' is not a folder"));
   }
   const std::string path = absl::StrCat(dir, "/", kIndexFile);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  absl::StatusOr<std::string> text = tensor::ReadFile(path);
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         absl::StrCat("'", path,
                      "' is missing: not a sharded checkpoint, or written by a world that did not "
                      "finish its save (shard files without index.json are never valid)"));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read '", path, "'"));
-  absl::StatusOr<Index> x = ParseIndex(ss.str());
+  if (!text.ok()) return absl::UnavailableError(text.status().message());
+  absl::StatusOr<Index> x = ParseIndex(*text);
   if (!x.ok()) {
     return absl::Status(x.status().code(),
                         absl::StrCat("'", path, "' is invalid: ", x.status().message()));

@@ -52,11 +52,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +78,7 @@
 #include "nn/state_dict.h"
 #include "tensor/durable_file.h"
 #include "tensor/error.h"
+#include "tensor/read_file.h"
 #include "tensor/safetensors.h"
 
 ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, elements)");
@@ -389,13 +388,11 @@ absl::StatusOr<Exported> ExportHfInto(const std::string& dir, const std::string&
     // Copied durably, as the weights are written: the folder is renamed in next.
     for (const auto& [from, name] : {std::pair{tokenizer_files.first, "vocab.json"},
                                      std::pair{tokenizer_files.second, "merges.txt"}}) {
-      std::ifstream in(from, std::ios::binary);
-      std::ostringstream bytes;
-      bytes << in.rdbuf();
-      if (!in || !bytes) {
-        return absl::UnavailableError(absl::StrCat("cannot read ", from, " (for ", name, ")"));
+      absl::StatusOr<std::string> bytes = tensor::ReadFile(from);
+      if (!bytes.ok()) {
+        return absl::UnavailableError(absl::StrCat(bytes.status().message(), " (for ", name, ")"));
       }
-      absl::Status s = tensor::WriteFileDurably(tmp + "/" + name, bytes.str());
+      absl::Status s = tensor::WriteFileDurably(tmp + "/" + name, *bytes);
       if (!s.ok()) return s;
     }
     absl::StrAppend(&written, ", vocab.json, merges.txt");

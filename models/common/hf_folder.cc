@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -16,6 +14,7 @@
 #include "models/common/train_support.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/read_file.h"
 
 namespace train {
 namespace {
@@ -23,11 +22,9 @@ namespace {
 using tensor::Json;
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot be read"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  absl::StatusOr<std::string> text = tensor::ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+  return text;
 }
 
 absl::StatusOr<Json> ReadJsonFile(const std::string& path) {

@@ -6,8 +6,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -16,6 +14,7 @@
 #include "glog/logging.h"
 #include "tensor/durable_file.h"
 #include "tensor/json.h"
+#include "tensor/read_file.h"
 
 namespace data {
 namespace {
@@ -290,14 +289,13 @@ absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMe
 
 absl::StatusOr<std::optional<TokenFileMeta>> ReadTokenFileMeta(const std::string& token_file) {
   const std::string path = TokenFileMetaPath(token_file);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
+  absl::StatusOr<std::string> text = tensor::ReadFile(path);
+  if (absl::IsNotFound(text.status())) return std::nullopt;  // no record
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(path, " (what made ", token_file, "): ", what));
   };
-  absl::StatusOr<tensor::Json> json = tensor::ParseJson(text.str());
+  if (!text.ok()) return bad(std::string(text.status().message()));
+  absl::StatusOr<tensor::Json> json = tensor::ParseJson(*text);
   if (!json.ok()) return bad(std::string(json.status().message()));
   if (json->kind != tensor::Json::Kind::kObject) return bad("not a JSON object");
   TokenFileMeta meta;

@@ -331,6 +331,14 @@ TEST(TokenFileTest, MetaRoundTripAndBadRecordsNameTheFile) {
               std::string::npos)
         << bad.status();
   }
+  // A record that cannot be read is an error, not a file without a record.
+  std::filesystem::remove(TokenFileMetaPath(path));
+  std::filesystem::create_directory(TokenFileMetaPath(path));
+  absl::StatusOr<std::optional<TokenFileMeta>> unread = ReadTokenFileMeta(path);
+  EXPECT_EQ(unread.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unread.status().message(),
+            path + ".json (what made " + path + "): " + path + ".json: is a folder, not a file");
+  std::filesystem::remove(TokenFileMetaPath(path));
 }
 
 }  // namespace

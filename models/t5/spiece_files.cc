@@ -3,9 +3,7 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -13,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "models/data/span_corruption.h"
 #include "tensor/json.h"
+#include "tensor/read_file.h"
 
 namespace t5 {
 namespace {
@@ -124,14 +123,12 @@ absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spe
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is not a SentencePiece model: it is ", st.st_size, " bytes (a model is < 64 MiB)"));
   }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  if (in.is_open()) bytes << in.rdbuf();
-  if (!in.is_open() || in.bad()) {
+  absl::StatusOr<std::string> bytes = tensor::ReadFile(path);
+  if (!bytes.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot read it (a SentencePiece model, spiece.model)"));
+        absl::StrCat(bytes.status().message(), " (a SentencePiece model, spiece.model)"));
   }
-  model.bytes = bytes.str();
+  model.bytes = *std::move(bytes);
   absl::StatusOr<SentencePieces> pieces = ParseSentencePieces(model.bytes);
   if (!pieces.ok()) {
     return absl::InvalidArgumentError(
@@ -143,11 +140,13 @@ absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spe
   const std::string config =
       (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) +
       "/tokenizer_config.json";
-  std::ifstream config_in(config, std::ios::binary);
-  if (config_in.is_open()) {
-    std::ostringstream text;
-    text << config_in.rdbuf();
-    absl::StatusOr<tensor::Json> json = tensor::ParseJson(text.str());
+  absl::StatusOr<std::string> text = tensor::ReadFile(config);
+  if (!text.ok() && !absl::IsNotFound(text.status())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(text.status().message(), " (the tokenizer configuration beside ", path, ")"));
+  }
+  if (text.ok()) {
+    absl::StatusOr<tensor::Json> json = tensor::ParseJson(*text);
     const tensor::Json* extra = json.ok() ? json->Get("extra_ids") : nullptr;
     if (!json.ok() || json->kind != tensor::Json::Kind::kObject ||
         (extra != nullptr && (extra->kind != tensor::Json::Kind::kNumber ||

@@ -83,8 +83,8 @@ TEST(SpieceFilesTest, ReadsAModelByFileFolderOrRecord) {
   EXPECT_EQ(ReadSentencePieceModel(text).status().message(),
             absl::StrCat(text, " is not a SentencePiece model: field 13 has wire type 4, which a ",
                          "model has not"));
-  EXPECT_TRUE(absl::StrContains(ReadSentencePieceModel(dir + "/none").status().message(),
-                                "cannot read it"));
+  EXPECT_EQ(ReadSentencePieceModel(dir + "/none").status().message(),
+            absl::StrCat(dir, "/none: no such file (a SentencePiece model, spiece.model)"));
   const std::string empty = absl::StrCat(dir, "/empty.model");
   std::ofstream(empty).flush();
   EXPECT_EQ(ReadSentencePieceModel(empty).status().message(),
@@ -121,6 +121,14 @@ TEST(SpieceFilesTest, ATokenizerConfigBesideTheModelGivesItsSentinels) {
   std::ofstream(dir + "/tokenizer_config.json") << "[7]";
   EXPECT_TRUE(absl::EndsWith(ReadSentencePieceModel(dir).status().message(),
                              "configuration: not a JSON object"));
+  // One that cannot be read is an error too, not a configuration that says
+  // nothing.
+  ::unlink((dir + "/tokenizer_config.json").c_str());
+  ASSERT_EQ(::mkdir((dir + "/tokenizer_config.json").c_str(), 0755), 0);
+  EXPECT_EQ(ReadSentencePieceModel(dir).status().message(),
+            absl::StrCat(dir, "/tokenizer_config.json: is a folder, not a file (the tokenizer "
+                         "configuration beside ", dir, "/spiece.model)"));
+  ::rmdir((dir + "/tokenizer_config.json").c_str());
   std::ofstream(dir + "/tokenizer_config.json") << "{\"extra_ids\": -1}";
   EXPECT_TRUE(absl::EndsWith(ReadSentencePieceModel(dir).status().message(),
                              "configuration: its extra_ids is not an integer >= 0"));
