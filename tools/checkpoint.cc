@@ -310,17 +310,11 @@ absl::StatusOr<Exported> ExportHfT5(const train::RecordedCheckpoint& recorded,
                                       "; --tokenizer=FILE|DIR names where it is now, "
                                       "--tokenizer=none exports without it)")
                        : absl::StrCat("--tokenizer=", flag);
-    absl::StatusOr<t5::SentencePieceModel> read = t5::ReadSentencePieceModel(spec);
-    if (!read.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", read.status().message()));
-    }
-    spiece = *std::move(read);
-    absl::StatusOr<int64_t> fit = t5::SentinelsOfTokenizer(
-        *spiece, recorded.loader_state, recorded.description, config.vocab_size);
-    if (!fit.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", fit.status().message()));
-    }
-    sentinels = *fit;
+    absl::StatusOr<t5::TokenizerOfWeights> read = t5::ReadTokenizerOfWeights(
+        spec, what, recorded.loader_state, recorded.description, config.vocab_size);
+    if (!read.ok()) return read.status();
+    spiece = std::move(read->model);
+    sentinels = read->sentinels;
   }
   // The special ids config.json records: the tokenizer names their pieces.
   const t5::HfT5Ids ids = t5::HfT5IdsOfLoaderState(recorded.loader_state);

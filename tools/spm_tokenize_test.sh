@@ -108,7 +108,7 @@ exits_2 "--input: $dir/latin1_in.txt: byte 7 does not begin a UTF-8 character" \
   "$tokenize" --tokenizer="$dir" --input="$dir/latin1_in.txt" --output="$dir/bad.bin"
 exits_2 "--special_tokens: <|endoftext|> is GPT-2's" "$tokenize" --tokenizer="$dir" \
   --input="$dir/second.txt" --output="$dir/bad.bin" --special_tokens
-exits_2 "--tokenizer=$dir/in.txt.model: $dir/in.txt.model: cannot read it" "$tokenize" \
+exits_2 "--tokenizer=$dir/in.txt.model: $dir/in.txt.model: no such file" "$tokenize" \
   --tokenizer="$dir/in.txt.model" --input="$dir/second.txt" --output="$dir/bad.bin"
 [[ ! -e "$dir/bad.bin" && ! -e "$dir/bad.bin.tmp" ]]
 echo "//tools:tokenize writes the same token file with the model"

@@ -174,16 +174,13 @@ absl::StatusOr<SpieceTokenizer> LoadTokenizer(const PretrainedSources& weights, 
       flag == "auto" ? absl::StrCat("the tokenizer of ", weights.source, " (", spec,
                                     "; --tokenizer=FILE|DIR names where it is now)")
                      : absl::StrCat("--tokenizer=", flag);
-  auto failed = [&](const absl::Status& s) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
-  };
-  absl::StatusOr<SentencePieceModel> model = ReadSentencePieceModel(spec);
-  if (!model.ok()) return failed(model.status());
-  absl::StatusOr<int64_t> sentinels = SentinelsOfTokenizer(
-      *model, weights.loader_state, weights.source, weights.config.vocab_size);
-  if (!sentinels.ok()) return failed(sentinels.status());
-  absl::StatusOr<SpieceTokenizer> tokenizer = SpieceTokenizer::Load(*model, *sentinels);
-  if (!tokenizer.ok()) return failed(tokenizer.status());
+  absl::StatusOr<TokenizerOfWeights> read = ReadTokenizerOfWeights(
+      spec, what, weights.loader_state, weights.source, weights.config.vocab_size);
+  if (!read.ok()) return read.status();
+  absl::StatusOr<SpieceTokenizer> tokenizer = SpieceTokenizer::Load(read->model, read->sentinels);
+  if (!tokenizer.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", tokenizer.status().message()));
+  }
   return tokenizer;
 }
 

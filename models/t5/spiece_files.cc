@@ -184,6 +184,22 @@ absl::StatusOr<int64_t> SentinelsOfTokenizer(const SentencePieceModel& model,
   return sentinels;
 }
 
+absl::StatusOr<TokenizerOfWeights> ReadTokenizerOfWeights(const std::string& spec,
+                                                          const std::string& what,
+                                                          const std::string& loader_state,
+                                                          const std::string& weights,
+                                                          int64_t vocab_size) {
+  auto failed = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  };
+  absl::StatusOr<SentencePieceModel> model = ReadSentencePieceModel(spec);
+  if (!model.ok()) return failed(model.status());
+  absl::StatusOr<int64_t> sentinels =
+      SentinelsOfTokenizer(*model, loader_state, weights, vocab_size);
+  if (!sentinels.ok()) return failed(sentinels.status());
+  return TokenizerOfWeights{*std::move(model), *sentinels};
+}
+
 std::string T5TokenizerConfigJson(const SentencePieces& model, int64_t sentinels,
                                   int64_t pad_id, int64_t eos_id) {
   const auto text = [&](int64_t id) {

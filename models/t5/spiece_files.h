@@ -54,6 +54,19 @@ absl::StatusOr<int64_t> SentinelsOfTokenizer(const SentencePieceModel& model,
                                              const std::string& loader_state,
                                              const std::string& weights, int64_t vocab_size);
 
+// The two above for the tokenizer `spec` of weights (generate, export-hf):
+// the model and its sentinels. InvalidArgument "<what>: <why>" (`what`
+// names where `spec` came from: a flag, or the record it read).
+struct TokenizerOfWeights {
+  SentencePieceModel model;
+  int64_t sentinels = 0;
+};
+absl::StatusOr<TokenizerOfWeights> ReadTokenizerOfWeights(const std::string& spec,
+                                                          const std::string& what,
+                                                          const std::string& loader_state,
+                                                          const std::string& weights,
+                                                          int64_t vocab_size);
+
 // tokenizer_config.json for Hugging Face's T5Tokenizer over `model` with
 // `sentinels` extra ids (<extra_id_0> the highest id, as the span corruption
 // numbers them), its special tokens the model's own pieces: pad `pad_id`'s,
