@@ -82,9 +82,10 @@
 #include "tensor/safetensors.h"
 
 ABSL_FLAG(bool, params, false, "info: list every parameter (name, shape, elements)");
-ABSL_FLAG(std::vector<std::string>, buffers, {},
+ABSL_FLAG(std::string, buffers, "",
           "shard: the entries of model.safetensors that are module buffers (BatchNorm's "
-          "running_mean, running_var, num_batches_tracked), when it does not record them");
+          "running_mean, running_var, num_batches_tracked; comma-separated), when it does not "
+          "record them");
 ABSL_FLAG(double, atol, 0.0, "diff: absolute tolerance");
 ABSL_FLAG(double, rtol, 0.0, "diff: tolerance relative to DIR_B's value");
 ABSL_FLAG(int, top, 10, "diff: parameters listed (largest differences first); 0: all");
@@ -269,7 +270,10 @@ int Consolidate(const std::string& dir, const std::string& out) {
 }
 
 int Shard(const std::string& dir, const std::string& out) {
-  absl::Status s = train::ShardSingleProcessCheckpoint(dir, out, absl::GetFlag(FLAGS_buffers));
+  absl::StatusOr<std::vector<std::string>> buffers =
+      train::SplitListFlag("buffers", absl::GetFlag(FLAGS_buffers));
+  if (!buffers.ok()) return Fail(std::string(buffers.status().message()));
+  absl::Status s = train::ShardSingleProcessCheckpoint(dir, out, *buffers);
   if (!s.ok()) return Fail(std::string(s.message()));
   std::printf("wrote the sharded checkpoint %s (world size 1) from %s\n", out.c_str(), dir.c_str());
   return 0;

@@ -145,6 +145,8 @@ expect 2 "is not a sharded checkpoint (no index.json): it is a single-process on
 (model.safetensors, as one process, DDP and ZeRO-1 save)" "$ckpt" consolidate "$dir/ck_ddp" "$dir/x"
 [[ ! -e "$dir/x" ]]
 expect 2 "is already sharded" "$ckpt" shard "$dir/ck" "$dir/z"
+expect 2 "--buffers='bn.running_mean,' has an empty entry" "$ckpt" shard "$dir/ck_ddp" "$dir/z" \
+  --buffers=bn.running_mean,
 expect 2 "usage: checkpoint info DIR" "$ckpt" frobnicate "$dir/ck"
 expect 2 "usage:" "$ckpt" info
 expect 2 "--atol=-1 must be finite and >= 0" "$ckpt" diff "$dir/ck" "$dir/ck" --atol=-1
