@@ -240,10 +240,18 @@ printf '<extra_id_0> of prisms<extra_id_1> Light is<extra_id_99>\nof prisms<extr
   cmp - "$dir/spans.log" || { echo "sentinels decoded as:"; cat "$dir/spans.log"; exit 1; }
 echo "sentinel ids decode as <extra_id_k>"
 
+printf 'Light is refracted\nThe colours of bodies\nOf prisms\n' > "$dir/text.txt"
+# Asking for more than memory holds: the error, then the flags that ask for less.
+rc=0
+"$generate" --init_from="$dir/ck" --prompts_file="$dir/text.txt" --max_new_tokens=10000000000 \
+  --eos_id=-1 > /dev/null 2> "$dir/oom.log" || rc=$?
+[[ $rc == 1 ]] && grep -q "^generate: error: .*out of memory" "$dir/oom.log" &&
+  grep -q "^generate: every example decodes at once .*--max_new_tokens" "$dir/oom.log" ||
+  { echo "exit $rc"; cat "$dir/oom.log"; exit 1; }
+
 # Text through //models/t5:generate itself (t5::SpieceTokenizer, libsentencepiece):
 # the ids and the text the Python tool gives, with the tokenizer the checkpoint
 # records and with its export's spiece.model and extra_ids.
-printf 'Light is refracted\nThe colours of bodies\nOf prisms\n' > "$dir/text.txt"
 gen_text=("$generate" --max_new_tokens=6 --eos_id=-1)
 "${gen_text[@]}" --init_from="$dir/ck" --prompts_file="$dir/text.txt" --print=ids \
   2> "$dir/text.log" | cmp - "$dir/out.txt"

@@ -41,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "models/common/command_line.h"
 #include "models/common/decoding_flags.h"
+#include "models/common/tool_main.h"
 #include "models/common/train_setup.h"
 #include "models/data/gpt2_tokenizer.h"
 #include "models/data/mapped_file.h"
@@ -367,15 +368,9 @@ int main(int argc, char** argv) {
   train::ParseCommandLineOrExit(argc, argv,
       "Samples from a trained minGPT: --checkpoint=<checkpoint_dir or step folder>.");
   data::SetProgramPath(argv[0]);
-  try {
-    absl::Status s = mingpt::Sample();
-    if (!s.ok()) {
-      std::fprintf(stderr, "sample: error: %s\n", std::string(s.message()).c_str());
-      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sample: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return train::RunToolMain(
+      "sample", mingpt::Sample,
+      "every row decodes at once (--num_samples of each prompt, or its --num_beams beams), "
+      "holding its prompt and --max_new_tokens positions: ask for fewer tokens, samples or "
+      "beams (--precision=bf16 halves it on a GPU)");
 }

@@ -44,6 +44,7 @@
 #include "absl/strings/strip.h"
 #include "models/common/command_line.h"
 #include "models/common/decoding_flags.h"
+#include "models/common/tool_main.h"
 #include "models/common/train_setup.h"
 #include "models/t5/generate.h"
 #include "models/t5/model.h"
@@ -352,15 +353,9 @@ int main(int argc, char** argv) {
   train::ParseCommandLineOrExit(argc, argv,
       "Generation with a trained T5, greedy, sampled or beam search (text or token ids in and "
       "out).");
-  try {
-    absl::Status s = t5::Run();
-    if (!s.ok()) {
-      std::fprintf(stderr, "generate: error: %s\n", std::string(s.message()).c_str());
-      return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "generate: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return train::RunToolMain(
+      "generate", t5::Run,
+      "every example decodes at once (each of --num_beams beams a row), its key/value cache "
+      "holding --max_new_tokens positions: ask for fewer tokens, beams or examples at a time "
+      "(--precision=bf16 halves it on a GPU)");
 }
