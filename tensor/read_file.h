@@ -12,11 +12,13 @@
 
 namespace tensor {
 
-// The bytes of the file `path` (an empty file gives ""). NotFound "<path>:
-// no such file" when nothing is there; FailedPrecondition "<path>: is a
-// folder, not a file" for a folder, or "<path>: is N bytes, more than the
-// M read at most" past `max_bytes` (>= 0; -1: no bound); Unavailable naming
-// the file and the system's reason when it cannot be opened or read.
+// The bytes of the file `path` (an empty file gives ""; a pipe or device is
+// read to its end, a FIFO once a writer opens it). NotFound "<path>: no such
+// file" when nothing is there; FailedPrecondition "<path>: is a folder, not a
+// file" for a folder, or past `max_bytes` (>= 0; -1: no bound) "<path>: is N
+// bytes, more than the M read at most" (a pipe's or device's: "holds more
+// than the M bytes read at most"); Unavailable naming the file and the
+// system's reason when it cannot be opened or read.
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);
 
 }  // namespace tensor

@@ -54,6 +54,10 @@ TEST(ReadFileTest, EachProblemHasItsOwnError) {
   got = ReadFile(five, 4);
   EXPECT_TRUE(absl::IsFailedPrecondition(got.status())) << got.status();
   EXPECT_EQ(got.status().message(), five + ": is 5 bytes, more than the 4 read at most");
+  // A device has no size to check first: read up to the bound.
+  got = ReadFile("/dev/zero", 100000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(got.status())) << got.status();
+  EXPECT_EQ(got.status().message(), "/dev/zero: holds more than the 100000 bytes read at most");
   if (::geteuid() != 0) {  // root reads anything
     const std::string locked = Dir() + "/locked";
     Write(locked, "secret");

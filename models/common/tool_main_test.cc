@@ -24,11 +24,13 @@ TEST(RunToolMainTest, ExitCodesErrorLinesAndTheOutOfMemoryHint) {
   std::string err;
   EXPECT_EQ(RunSample([] { return absl::OkStatus(); }, &err), 0);
   EXPECT_EQ(err, "");
-  EXPECT_EQ(RunSample([] { return absl::InvalidArgumentError("--top_k=-1: must be >= 0"); }, &err), 2);
+  EXPECT_EQ(
+      RunSample([] { return absl::InvalidArgumentError("--top_k=-1: must be >= 0"); }, &err), 2);
   EXPECT_EQ(err, "sample: error: --top_k=-1: must be >= 0\n");
   EXPECT_EQ(RunSample([]() -> absl::Status { throw std::runtime_error("disk gone"); }, &err), 1);
   EXPECT_EQ(err, "sample: error: disk gone\n");
-  EXPECT_EQ(RunSample([] { return absl::ResourceExhaustedError("No space left on device"); }, &err), 1);
+  EXPECT_EQ(
+      RunSample([] { return absl::ResourceExhaustedError("No space left on device"); }, &err), 1);
   EXPECT_EQ(err, "sample: error: No space left on device\n");
   EXPECT_EQ(RunSample([]() -> absl::Status {
               throw tensor::OutOfMemoryError("[memory] out of memory on cpu: 4 TiB asked for");

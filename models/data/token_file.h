@@ -163,7 +163,8 @@ std::string TokenFileMetaPath(const std::string& token_file);
 absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta);
 
 // PATH.json, or nullopt when there is none. InvalidArgument naming the file
-// when it is not such a record (not JSON, a key missing or of the wrong kind).
+// when it cannot be read (a folder, no permission) or is not such a record
+// (not JSON, a key missing or of the wrong kind).
 absl::StatusOr<std::optional<TokenFileMeta>> ReadTokenFileMeta(const std::string& token_file);
 
 }  // namespace data

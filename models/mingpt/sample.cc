@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -370,7 +369,8 @@ int main(int argc, char** argv) {
   data::SetProgramPath(argv[0]);
   return train::RunToolMain(
       "sample", mingpt::Sample,
-      "every row decodes at once (--num_samples of each prompt, or its --num_beams beams), "
-      "holding its prompt and --max_new_tokens positions: ask for fewer tokens, samples or "
-      "beams (--precision=bf16 halves it on a GPU)");
+      "every row decodes at once (--num_samples of each prompt, or its --num_beams beams; "
+      "every prompt's rows), each with a key/value cache of the model's block_size positions: "
+      "ask for fewer samples, beams or prompts at a time (--precision=bf16 halves it on a "
+      "GPU)");
 }

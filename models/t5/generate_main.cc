@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -356,6 +355,6 @@ int main(int argc, char** argv) {
   return train::RunToolMain(
       "generate", t5::Run,
       "every example decodes at once (each of --num_beams beams a row), its key/value cache "
-      "holding --max_new_tokens positions: ask for fewer tokens, beams or examples at a time "
-      "(--precision=bf16 halves it on a GPU)");
+      "(--kv_cache) holding --max_new_tokens positions: ask for fewer tokens, beams or examples "
+      "at a time (--precision=bf16 halves it on a GPU)");
 }

@@ -123,7 +123,7 @@ absl::StatusOr<SentencePieceModel> ReadSentencePieceModel(const std::string& spe
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is not a SentencePiece model: it is ", st.st_size, " bytes (a model is < 64 MiB)"));
   }
-  absl::StatusOr<std::string> bytes = tensor::ReadFile(path);
+  absl::StatusOr<std::string> bytes = tensor::ReadFile(path, kMaxModelBytes);
   if (!bytes.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(bytes.status().message(), " (a SentencePiece model, spiece.model)"));

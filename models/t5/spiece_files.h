@@ -33,8 +33,8 @@ absl::StatusOr<SentencePieces> ParseSentencePieces(absl::string_view bytes);
 // tokenizer_config.json beside it gives (its "extra_ids", as Hugging Face
 // folders and `checkpoint export-hf` write it). InvalidArgument naming the
 // file when it cannot be read, is over 64 MiB or is not a SentencePiece
-// model, or naming the tokenizer_config.json when that is not a JSON object
-// whose extra_ids (if any) is an integer >= 0.
+// model, or naming the tokenizer_config.json when that cannot be read or is
+// not a JSON object whose extra_ids (if any) is an integer >= 0.
 struct SentencePieceModel {
   std::string path;
   std::string bytes;
