@@ -659,6 +659,24 @@ TEST(GlooGroup, ARankThatFailedBeforeJoiningEndsItsPeersRendezvous) {
   }
 }
 
+// The ranks of a node often fail at once: each says so (Gloo's stores
+// refuse to set a key twice, so the mark is set once), and a rank waiting
+// for them names the lowest.
+TEST(GlooGroup, RanksThatFailTogetherEachSaySo) {
+  const std::string dir = TmpDir("store_failed_together");
+  const GlooGroupOptions options = FileOptions(dir, absl::Seconds(60));
+  for (int rank : {2, 1}) {
+    absl::StatusOr<bool> said = AnnounceGlooFailure(rank, 3, options, "--data: missing");
+    ASSERT_TRUE(said.ok()) << said.status();
+    EXPECT_TRUE(*said);
+  }
+  auto pg = CreateGlooProcessGroup(0, 3, options);
+  ASSERT_FALSE(pg.ok());
+  EXPECT_TRUE(absl::IsAborted(pg.status())) << pg.status();
+  EXPECT_TRUE(absl::StrContains(pg.status().message(), "rank 0 of 3: rank 1 (host "))
+      << pg.status();
+}
+
 // A rank that joined says nothing: its peers learn of its failure from the
 // group.
 TEST(GlooGroup, ARankThatJoinedAnnouncesNoFailure) {

@@ -175,7 +175,7 @@ absl::StatusOr<bool> AnnounceFailure(LayoutStore& store, const std::string& pref
     store.Set(absl::StrCat(FailureKey(prefix), "/", rank),
               absl::StrCat(absl::ToUnixMillis(absl::Now()), " rank ", rank, " (", ThisProcess(),
                            ") failed before joining: ", why));
-    store.Set(FailureKey(prefix), "1");
+    store.SetIfAbsent(FailureKey(prefix), "1");  // Gloo's stores refuse to set a key twice
     return true;
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("[rendezvous] rank ", rank, " of ", size,

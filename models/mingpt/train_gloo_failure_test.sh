@@ -14,10 +14,10 @@
 #     kill -9 rank 3; each survivor exits non-zero by itself, naming the
 #     lost peer or the rank it waited for (rank 2, rank 3's shard-group peer:
 #     rank 3, or in its group's numbering "rank 1 (world 3)").
-#  6. two nodes (two launchers, a shared --rdzv folder), node 1's --data
-#     missing: its rank fails before joining and says so in the store; node
-#     0's rank, waiting for it with --timeout_s=120, fails at once naming it
-#     and why (each node's launcher stops only its own workers).
+#  6. two nodes of 2 ranks (two launchers, a shared --rdzv folder), node 1's
+#     --data missing: its ranks fail before joining and each says so in the
+#     store; node 0's ranks, waiting with --timeout_s=120, fail at once
+#     naming rank 2 and why (each node's launcher stops only its own workers).
 set -uo pipefail
 launch="$1"
 train="$2"
@@ -172,7 +172,7 @@ nodes=()
 for node in 0 1; do
   data=random
   [[ $node == 1 ]] && data="$dir/missing_on_node1.txt"
-  "$launch" --nproc_per_node=1 --nnodes=2 --node_rank=$node --rdzv_endpoint=127.0.0.1:29546 \
+  "$launch" --nproc_per_node=2 --nnodes=2 --node_rank=$node --rdzv_endpoint=127.0.0.1:29546 \
     --rdzv_id="nodes-$$" -- "$train" "${long[@]}" --data="$data" --backend=gloo \
     --strategy=ddp --timeout_s=120 --rdzv="$dir/shared_rdzv" > "$dir/node$node.log" 2>&1 &
   nodes+=($!)
@@ -182,8 +182,9 @@ wait_exit "${nodes[1]}" 60
 wait_exit "${nodes[0]}" 60
 tail -2 "$dir/node0.log"
 [[ $rc == 1 ]] || fail "node 0's launcher exited $rc after node 1 failed"
-grep -Eq "^\[rank 0\] train: error: .*rank 0 of 2: rank 1 \(host .* pid [0-9]+\) failed before \
+grep -Eq "^\[rank 0\] train: error: .*rank 0 of 4: rank 2 \(host .* pid [0-9]+\) failed before \
 joining: --data=$dir/missing_on_node1.txt" "$dir/node0.log" ||
-  fail "node 0's rank does not name rank 1 and its --data"
-echo "6. two nodes, node 1's --data missing: node 0 exited 1 after $took s naming rank 1"
+  fail "node 0's rank 0 does not name rank 2 and its --data"
+! grep -q "could not tell" "$dir/node1.log" || { cat "$dir/node1.log"; fail "a rank could not say"; }
+echo "6. two nodes, node 1's --data missing: node 0 exited 1 after $took s naming rank 2"
 echo PASS
