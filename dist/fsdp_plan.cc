@@ -177,8 +177,9 @@ FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptio
     gathers.push_back(UnshardedBytes(u, options.param_bytes, /*cast=*/false));
     grads.push_back(u.trains ? 4 * u.padded_numel : 0);
   }
+  for (int64_t p : params) b.whole_model_parameters += p;
   if (!options.reshard_after_forward) {
-    for (int64_t p : params) b.unsharded_parameters_peak += p;
+    b.unsharded_parameters_peak = b.whole_model_parameters;  // every unit, from its forward on
   } else {
     b.unsharded_parameters_peak = HeldPeak(plan, params, gathers, window, kept);
   }

@@ -115,10 +115,19 @@ struct FsdpRankBytes {
   // frozen parameters only have none. Without nesting: the root plus the two
   // largest units. Under no_sync: every trainable unit's.
   int64_t unsharded_gradients_peak = 0;
+  // Every unit gathered at once, as a forward-only pass with the whole model
+  // holds it (FullyShardedModel::Unshard: the train binaries'
+  // --sample_gather=model, the default for --sample_every's samples); no
+  // unsharded gradient is held then. (A forward-only pass that gathers unit
+  // by unit, evaluation's, holds what the training forward does, at most
+  // unsharded_parameters_peak.)
+  int64_t whole_model_parameters = 0;
   int64_t model_state() const { return sharded_parameters + sharded_gradients + optimizer_state; }
   int64_t peak() const {
     return model_state() + unsharded_parameters_peak + unsharded_gradients_peak;
   }
+  // model_state() + whole_model_parameters: a sample's peak with the whole model gathered.
+  int64_t whole_model_peak() const { return model_state() + whole_model_parameters; }
 };
 
 FsdpRankBytes EstimateFsdpRank(const ShardingPlan& plan, const FsdpEstimateOptions& options);

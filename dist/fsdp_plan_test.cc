@@ -5,6 +5,7 @@
 #include "dist/fsdp_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <mutex>
@@ -434,6 +435,50 @@ TEST(FsdpPlanTest, ModulesKeptFp32UnderBf16AreUnitsOfTheirOwn) {
   precision::MixedPrecisionPolicy fp32 = precision::MixedPrecisionPolicy::Fp32();
   fp32.fp32_module_classes = {"LayerNorm"};
   EXPECT_EQ(PlanSharding(reference, options.policy, kWorld, fp32).units.size(), 1u + c.n_layer);
+}
+
+// The whole model gathered (FullyShardedModel::Unshard, as the train
+// binaries' --sample_gather=model draws a sample): exactly every unit's
+// gather in the compute dtype, as a forward holds it, fp32 and bf16 (with
+// LayerNorm units kept fp32: their fp32 gather and the Blocks' bf16 ones);
+// the same as SHARD_GRAD_OP's parameters peak.
+TEST(FsdpPlanTest, TheWholeModelGatheredIsEstimatedExactly) {
+  const mingpt::GptConfig c = testing::Small();
+  constexpr int kWorld = 2;
+  FsdpOptions fp32;
+  fp32.policy = WrapPolicy::Transformer({"Block"});
+  for (const FsdpOptions& options : {fp32, Bf16PerBlock({"LayerNorm"})}) {
+    const bool bf16 = options.mixed_precision.IsMixed();
+    SCOPED_TRACE(bf16 ? "bf16, LayerNorm kept fp32" : "fp32");
+    mingpt::GPT reference(c);
+    const ShardingPlan plan =
+        PlanSharding(reference, options.policy, kWorld, options.mixed_precision);
+    FsdpEstimateOptions estimate;
+    estimate.param_bytes = bf16 ? 2 : 4;
+    const FsdpRankBytes b = EstimateFsdpRank(plan, estimate);
+    std::atomic<int64_t> measured{0};
+    ThreadWorld threads(kWorld);
+    absl::Status s = RunRanks(threads, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(c);
+      auto fsdp = FullyShard(gpt, pg, options);
+      const int64_t shards = fsdp->Memory(MemoryCategory::kParameters).current;
+      threads.ledger(rank).ResetPeaks();
+      // A sample's work: the whole model gathered, then forwards (in eval mode).
+      gpt.Train(false);
+      fsdp->Unshard();
+      gpt.LastLogits(testing::RandomIds(1, c.block_size, c.vocab_size, 5));
+      const int64_t held = fsdp->Memory(MemoryCategory::kParameters).peak - shards;
+      if (rank == 0) measured = held;
+      fsdp->Reshard();
+      EXPECT_EQ(fsdp->Memory(MemoryCategory::kParameters).current, shards);
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_GT(measured.load(), 0);
+    EXPECT_EQ(b.whole_model_parameters, measured.load());
+    EXPECT_EQ(b.whole_model_peak(), b.model_state() + measured.load());
+    estimate.reshard_after_forward = false;
+    EXPECT_EQ(EstimateFsdpRank(plan, estimate).unsharded_parameters_peak, measured.load());
+  }
 }
 
 // bf16 compute with the root's class kept fp32: every parameter is kept, no

@@ -20,8 +20,12 @@
 // own, as FullyShard makes it, gathered and counted in fp32. Activations are
 // not included, nor the communication buffers (the ledger's "comm": the
 // gradients' reduction under bf16,
-// HYBRID's all-reduce between replicas), nor what a forward-only pass that
-// gathers the whole model holds (--sample_gather=model, the default).
+// HYBRID's all-reduce between replicas). --sample_every > 0 (the train
+// binaries' samples during training) with --sample_gather=model (their
+// default) plans the sample too: the model state and every unit gathered at
+// once (no unsharded gradient then), a "sample GiB" column, and the total is
+// the larger of the step's and the sample's; --sample_gather=unit holds no
+// more than the step's forward does.
 // --strategy as the train binaries' flag: shard_grad_op and
 // hybrid_shard_zero2 keep every unit gathered from its forward to its
 // backward; the hybrid strategies shard within groups of --world_sizes
@@ -37,6 +41,7 @@
 // parameters only hold no gradient shard and no optimizer state. A layout the
 // train binaries refuse (T5's tied shared.weight outside the root unit, as
 // --auto_wrap=size:N with a small N gives) is an error here too.
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <memory>
@@ -48,10 +53,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dist/fsdp_plan.h"
 #include "dist/wrap_policy.h"
 #include "models/common/command_line.h"
+#include "models/common/data_parallel.h"
 #include "models/common/memory_estimate.h"
 #include "models/common/tied_weights.h"
 #include "models/mingpt/config.h"
@@ -98,6 +105,11 @@ ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a 
 ABSL_FLAG(bool, units, false,
           "also list every unit (name, elements, padded, shard); with --json, as the "
           "object's \"unit_list\"");
+ABSL_FLAG(int64_t, sample_every, 0,
+          "as the train binaries' flag: with --sample_gather=model a sample gathers the whole "
+          "model, planned too (0: no samples)");
+ABSL_FLAG(std::string, sample_gather, "model",
+          "as the train binaries' flag: model (every unit gathered at once) or unit");
 ABSL_FLAG(std::string, freeze, "",
           "parameters kept frozen, as the train binaries' --freeze (comma-separated names, "
           "modules or globs)");
@@ -268,6 +280,12 @@ int main(int argc, char** argv) {
                                "parameters or of modules kept fp32 only are passed over)"));
     }
   }
+  // The train binaries' sampling flags, refused alike.
+  absl::StatusOr<train::SampleSchedule> sampling = train::SampleSchedule::Parse(
+      absl::GetFlag(FLAGS_sample_every), absl::GetFlag(FLAGS_sample_gather));
+  if (!sampling.ok()) return Fail(std::string(sampling.status().message()));
+  const bool whole_model_samples =
+      sampling->every > 0 && sampling->gather == train::DataParallelModel::Gather::kWholeModel;
   dist::FsdpEstimateOptions options;
   options.no_sync = grad_accum_steps > 1;
   options.prefetch_units = prefetch_units;
@@ -292,15 +310,23 @@ int main(int argc, char** argv) {
       std::printf(" | explicit prefetch: %d units in flight", prefetch_units + 1);
     }
     if (keep_last_unit) std::printf(" | last unit kept gathered");
+    if (whole_model_samples) {
+      std::printf(" | a sample every %lld steps, the whole model gathered",
+                  static_cast<long long>(sampling->every));
+    }
     std::printf("\n");
-    std::printf("%7s %6s %16s %12s %14s %14s %12s\n", "world", "units", "elements/rank",
-                "state GiB", "unsh. params", "unsh. grads", "total GiB");
+    std::printf("%7s %6s %16s %12s %14s %14s%s %12s\n", "world", "units", "elements/rank",
+                "state GiB", "unsh. params", "unsh. grads",
+                whole_model_samples ? "   sample GiB" : "", "total GiB");
   }
   for (int world : worlds) {
     const dist::ShardingPlan plan =
         dist::PlanSharding(*model, policy, world, *mixed);
     if (keep_last_unit) options.kept_units = {kept_unit};
     const dist::FsdpRankBytes b = dist::EstimateFsdpRank(plan, options);
+    // The step's peak, or a sample's with the whole model gathered when larger.
+    const int64_t total =
+        whole_model_samples ? std::max(b.peak(), b.whole_model_peak()) : b.peak();
     if (json) {
       std::printf(
           "{\"preset\":\"%s\",\"strategy\":\"%s\",\"precision\":\"%s\",\"auto_wrap\":\"%s\","
@@ -309,20 +335,27 @@ int main(int argc, char** argv) {
           "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
           "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
-          "\"peak_bytes\":%lld%s}\n",
+          "%s\"peak_bytes\":%lld%s}\n",
           preset.c_str(), strategy.c_str(), precision.c_str(), wrap.c_str(), world,
           grad_accum_steps, prefetch_units,
           keep_last_unit ? "true" : "false", plan.units.size(),
           static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
           static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),
           static_cast<long long>(b.unsharded_parameters_peak),
-          static_cast<long long>(b.unsharded_gradients_peak), static_cast<long long>(b.peak()),
+          static_cast<long long>(b.unsharded_gradients_peak),
+          whole_model_samples
+              ? absl::StrCat("\"sample_peak_bytes\":", b.whole_model_peak(), ",").c_str()
+              : "",
+          static_cast<long long>(total),
           absl::GetFlag(FLAGS_units) ? UnitsJson(plan, mixed->IsMixed()).c_str() : "");
     } else {
-      std::printf("%7d %6zu %16lld %12.3f %14.3f %14.3f %12.3f\n", world, plan.units.size(),
+      std::printf("%7d %6zu %16lld %12.3f %14.3f %14.3f%s %12.3f\n", world, plan.units.size(),
                   static_cast<long long>(plan.shard_numel), b.model_state() / kGiB,
                   b.unsharded_parameters_peak / kGiB, b.unsharded_gradients_peak / kGiB,
-                  b.peak() / kGiB);
+                  whole_model_samples
+                      ? absl::StrFormat(" %12.3f", b.whole_model_peak() / kGiB).c_str()
+                      : "",
+                  total / kGiB);
     }
     if (absl::GetFlag(FLAGS_units) && !json) {
       for (const dist::ShardingPlan::Unit& u : plan.units) {

@@ -5,7 +5,7 @@
 # training refuses (T5's tied shared.weight outside the root unit) and
 # --max_inflight_all_gathers < 1 exit 2 too. Nested units (size:N) name the unit they sit in.
 # --grad_accum_steps > 1 keeps every unit's unsharded gradient (no_sync); --prefetch_units and
-# --keep_last_unit as the train binaries' flags.
+# --keep_last_unit as the train binaries' flags; --sample_every with the whole model gathered.
 set -euo pipefail
 plan="$1"
 source "$2"  # models/common/cli_testing.sh: exits_2
@@ -158,5 +158,28 @@ exits_2 "--vocab_size=-1 and --num_sentinels=100 must be >= 0" "$plan" --preset=
 exits_2 "use --auto_wrap=transformer (a size:N keeps it in the root only for N above 16449536, \
 the parameters of 'shared', and then wraps only modules larger than that)" \
   "$plan" --preset=t5-small --auto_wrap=size:1000000
+# --sample_every with --sample_gather=model: a sample holds the state and the whole model
+# (4 bytes an element at world 1, where nothing is padded), and the total is the larger peak;
+# gathered by unit it adds nothing to plan.
+sample_json() { "$plan" --preset=gpt-nano --world_sizes=1 --json "$@" | python3 -c \
+  'import json, sys; j = json.loads(sys.stdin.readline())
+print(j.get("sample_peak_bytes", "none"), j["model_state_bytes"], j["parameters"], j["peak_bytes"])'; }
+read -r sample state params peak <<< "$(sample_json --sample_every=10)"
+[[ $sample == $(( state + 4 * params )) ]] || { echo "sample $sample: $state + 4 x $params?"; exit 1; }
+read -r _ _ _ step_peak <<< "$(sample_json)"
+[[ $peak == $(( sample > step_peak ? sample : step_peak )) ]] ||
+  { echo "peak $peak: the step's $step_peak or the sample's $sample"; exit 1; }
+[[ $(sample_json --sample_every=10 --sample_gather=unit) == "none $state $params $step_peak" ]]
+# gpt-175b sampled with the whole model gathered: the sample is the peak, far above the step's.
+"$plan" --preset=gpt-175b --world_sizes=1024 --precision=bf16 --sample_every=100 \
+  > "${TEST_TMPDIR}/sampled.txt"
+grep -q "a sample every 100 steps, the whole model gathered" "${TEST_TMPDIR}/sampled.txt"
+awk '$1 == 1024 { exit !($7 == $8 && $8 > 300) }' "${TEST_TMPDIR}/sampled.txt" ||
+  { cat "${TEST_TMPDIR}/sampled.txt"; exit 1; }
+exits_2 "--sample_every must be >= 0 (0: no samples), got -1" "$plan" --preset=gpt-nano \
+  --sample_every=-1
+exits_2 "--sample_gather must be model or unit, got 'all'" "$plan" --preset=gpt-nano \
+  --sample_every=1 --sample_gather=all
+exits_2 "--sample_gather=unit without --sample_every" "$plan" --preset=gpt-nano --sample_gather=unit
 echo "fsdp_plan: frozen units, less state, no_sync, prefetch, kept unit, strategies, vocabulary, \
-errors named"
+samples, errors named"
