@@ -475,7 +475,6 @@ TEST(FsdpPlanTest, TheWholeModelGatheredIsEstimatedExactly) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_GT(measured.load(), 0);
     EXPECT_EQ(b.whole_model_parameters, measured.load());
-    EXPECT_EQ(b.whole_model_peak(), b.model_state() + measured.load());
     estimate.reshard_after_forward = false;
     EXPECT_EQ(EstimateFsdpRank(plan, estimate).unsharded_parameters_peak, measured.load());
   }

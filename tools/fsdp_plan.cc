@@ -21,11 +21,14 @@
 // not included, nor the communication buffers (the ledger's "comm": the
 // gradients' reduction under bf16,
 // HYBRID's all-reduce between replicas). --sample_every > 0 (the train
-// binaries' samples during training) with --sample_gather=model (their
-// default) plans the sample too: the model state and every unit gathered at
-// once (no unsharded gradient then), a "sample GiB" column, and the total is
-// the larger of the step's and the sample's; --sample_gather=unit holds no
-// more than the step's forward does.
+// binaries' flags, linked from //models/common:sample_flags: samples during
+// training) with --sample_gather=model (their default) plans the sample too:
+// the model state and every unit gathered at once (no unsharded gradient
+// then), a "sample GiB" column, and the total is the larger of the step's and
+// the sample's; not counted: the sample's key/value cache and logits, and the
+// low-precision send copies of every unit's gather in flight at once (bf16:
+// 2 bytes an element of a rank's shard); --sample_gather=unit holds no more
+// than the step's forward does.
 // --strategy as the train binaries' flag: shard_grad_op and
 // hybrid_shard_zero2 keep every unit gathered from its forward to its
 // backward; the hybrid strategies shard within groups of --world_sizes
@@ -59,6 +62,7 @@
 #include "dist/wrap_policy.h"
 #include "models/common/command_line.h"
 #include "models/common/data_parallel.h"
+#include "models/common/sample_flags.h"
 #include "models/common/memory_estimate.h"
 #include "models/common/tied_weights.h"
 #include "models/mingpt/config.h"
@@ -105,11 +109,6 @@ ABSL_FLAG(bool, json, false, "print one JSON object per world size instead of a 
 ABSL_FLAG(bool, units, false,
           "also list every unit (name, elements, padded, shard); with --json, as the "
           "object's \"unit_list\"");
-ABSL_FLAG(int64_t, sample_every, 0,
-          "as the train binaries' flag: with --sample_gather=model a sample gathers the whole "
-          "model, planned too (0: no samples)");
-ABSL_FLAG(std::string, sample_gather, "model",
-          "as the train binaries' flag: model (every unit gathered at once) or unit");
 ABSL_FLAG(std::string, freeze, "",
           "parameters kept frozen, as the train binaries' --freeze (comma-separated names, "
           "modules or globs)");
@@ -280,9 +279,8 @@ int main(int argc, char** argv) {
                                "parameters or of modules kept fp32 only are passed over)"));
     }
   }
-  // The train binaries' sampling flags, refused alike.
-  absl::StatusOr<train::SampleSchedule> sampling = train::SampleSchedule::Parse(
-      absl::GetFlag(FLAGS_sample_every), absl::GetFlag(FLAGS_sample_gather));
+  // The train binaries' sampling flags (the same definitions), refused alike.
+  absl::StatusOr<train::SampleSchedule> sampling = train::SampleScheduleFromCommandLine();
   if (!sampling.ok()) return Fail(std::string(sampling.status().message()));
   const bool whole_model_samples =
       sampling->every > 0 && sampling->gather == train::DataParallelModel::Gather::kWholeModel;
@@ -330,14 +328,17 @@ int main(int argc, char** argv) {
     if (json) {
       std::printf(
           "{\"preset\":\"%s\",\"strategy\":\"%s\",\"precision\":\"%s\",\"auto_wrap\":\"%s\","
-          "\"world_size\":%d,\"grad_accum_steps\":%d,"
+          "\"world_size\":%d,\"grad_accum_steps\":%d,\"sample_every\":%lld,"
+          "\"sample_gather\":\"%s\","
           "\"prefetch_units\":%d,\"keep_last_unit\":%s,\"units\":%zu,"
           "\"parameters\":%lld,\"trainable\":%lld,\"elements_per_rank\":%lld,"
           "\"model_state_bytes\":%lld,"
           "\"unsharded_parameters_peak_bytes\":%lld,\"unsharded_gradients_peak_bytes\":%lld,"
           "%s\"peak_bytes\":%lld%s}\n",
           preset.c_str(), strategy.c_str(), precision.c_str(), wrap.c_str(), world,
-          grad_accum_steps, prefetch_units,
+          grad_accum_steps, static_cast<long long>(sampling->every),
+          sampling->gather == train::DataParallelModel::Gather::kWholeModel ? "model" : "unit",
+          prefetch_units,
           keep_last_unit ? "true" : "false", plan.units.size(),
           static_cast<long long>(plan.total_numel), static_cast<long long>(count.trainable),
           static_cast<long long>(plan.shard_numel), static_cast<long long>(b.model_state()),

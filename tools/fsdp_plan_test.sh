@@ -169,7 +169,8 @@ read -r sample state params peak <<< "$(sample_json --sample_every=10)"
 read -r _ _ _ step_peak <<< "$(sample_json)"
 [[ $peak == $(( sample > step_peak ? sample : step_peak )) ]] ||
   { echo "peak $peak: the step's $step_peak or the sample's $sample"; exit 1; }
-[[ $(sample_json --sample_every=10 --sample_gather=unit) == "none $state $params $step_peak" ]]
+unit=$(sample_json --sample_every=10 --sample_gather=unit)
+[[ $unit == "none $state $params $step_peak" ]] || { echo "gathered by unit: $unit"; exit 1; }
 # gpt-175b sampled with the whole model gathered: the sample is the peak, far above the step's.
 "$plan" --preset=gpt-175b --world_sizes=1024 --precision=bf16 --sample_every=100 \
   > "${TEST_TMPDIR}/sampled.txt"
