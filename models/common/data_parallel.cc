@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -421,7 +422,20 @@ absl::Status SampleSchedule::CheckApplies(std::optional<Strategy> strategy) cons
 absl::Status PrintSample(DataParallelModel& dp, const SampleSchedule& schedule, bool print,
                          const std::function<absl::StatusOr<std::string>()>& draw) {
   absl::StatusOr<std::string> sample;
-  dp.ForwardOnly([&] { sample = draw(); }, schedule.gather);
+  const absl::Status held = tensor::Guarded([&] {
+    dp.ForwardOnly([&] { sample = draw(); }, schedule.gather);
+    return absl::OkStatus();
+  });
+  if (!held.ok()) {
+    // The whole model gathered is often what does not fit: say what holds less.
+    if (absl::IsResourceExhausted(held) && absl::StrContains(held.message(), "out of memory") &&
+        schedule.gather == DataParallelModel::Gather::kWholeModel && dp.fsdp() != nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "[sample] with the whole model gathered on every rank (--sample_gather=model): ",
+          held.message(), "; --sample_gather=unit holds the root and one unit at a time"));
+    }
+    return held;
+  }
   if (!sample.ok()) return sample.status();
   if (print) {
     std::fputs(sample->c_str(), stdout);
