@@ -426,17 +426,19 @@ absl::Status PrintSample(DataParallelModel& dp, const SampleSchedule& schedule, 
     dp.ForwardOnly([&] { sample = draw(); }, schedule.gather);
     return absl::OkStatus();
   });
-  if (!held.ok()) {
-    // The whole model gathered is often what does not fit: say what holds less.
-    if (absl::IsResourceExhausted(held) && absl::StrContains(held.message(), "out of memory") &&
-        schedule.gather == DataParallelModel::Gather::kWholeModel && dp.fsdp() != nullptr) {
+  const absl::Status failed = !held.ok() ? held : sample.status();
+  if (!failed.ok()) {
+    // The whole model gathered is often what does not fit: say what holds less
+    // (NO_SHARD's parameters are whole anyway).
+    if (absl::IsResourceExhausted(failed) && absl::StrContains(failed.message(), "out of memory") &&
+        schedule.gather == DataParallelModel::Gather::kWholeModel && dp.fsdp() != nullptr &&
+        dp.fsdp()->strategy() != dist::ShardingStrategy::kNoShard) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "[sample] with the whole model gathered on every rank (--sample_gather=model): ",
-          held.message(), "; --sample_gather=unit holds the root and one unit at a time"));
+          failed.message(), "; --sample_gather=unit holds the root and one unit at a time"));
     }
-    return held;
+    return failed;
   }
-  if (!sample.ok()) return sample.status();
   if (print) {
     std::fputs(sample->c_str(), stdout);
     std::fflush(stdout);

@@ -479,8 +479,10 @@ int RunTrainMain(const std::function<absl::Status()>& train,
       std::fprintf(stderr, "train: note: after the error: %s\n", e.what());
     }
   }
+  // (A sample's own error already names what holds less: --sample_gather=unit.)
   if (s.code() == absl::StatusCode::kResourceExhausted &&
-      absl::StrContains(s.message(), "out of memory")) {
+      absl::StrContains(s.message(), "out of memory") &&
+      !absl::StrContains(s.message(), "--sample_gather=unit")) {
     std::fprintf(stderr,
                  "train: a rank needs less memory with a smaller --batch_size (--grad_accum_steps "
                  "keeps the global batch), --activation_checkpointing, --precision=bf16 on a GPU, "

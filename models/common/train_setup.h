@@ -206,8 +206,8 @@ absl::StatusOr<Compute> ResolveCompute(const std::string& device_flag,
 // into ResourceExhausted), prints "train: error: <message>" on stderr and,
 // after running out of memory, the flags that lower what a rank needs.
 // After printing, a failure goes to `on_failure` when given (the binaries:
-// TellPeersOfFailure, failure_notice.h; what it throws is said as a note). Returns the exit code: 0, 2 for
-// InvalidArgument (bad flags), else 1.
+// TellPeersOfFailure, failure_notice.h; what it throws is said as a note).
+// Returns the exit code: 0, 2 for InvalidArgument (bad flags), else 1.
 int RunTrainMain(const std::function<absl::Status()>& train,
                  const std::function<void(const absl::Status&)>& on_failure = nullptr);
 

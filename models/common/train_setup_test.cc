@@ -304,6 +304,12 @@ TEST(RunTrainMainTest, OutOfMemoryNamesTheFlagsThatLowerARanksMemory) {
   EXPECT_THAT(err, HasSubstr("--cpu_offload"));
   EXPECT_EQ(RunMain([]() -> absl::Status { throw std::bad_alloc(); }, &err), 1);
   EXPECT_THAT(err, Not(HasSubstr("--batch_size"))) << "std::bad_alloc says no more than that";
+  // A sample's error names its own remedy: no training hint after it.
+  EXPECT_EQ(RunMain([&] {
+              return absl::ResourceExhaustedError("[sample] ...: " + oom +
+                                                  "; --sample_gather=unit holds the root");
+            }, &err), 1);
+  EXPECT_THAT(err, Not(HasSubstr("--batch_size")));
 }
 
 // A collective that timed out in a step (thrown through the ops as a
