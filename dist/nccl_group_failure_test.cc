@@ -95,56 +95,10 @@ TEST(NcclGroupTest, TwoRanksOnOneGpuFailSayingWhy) {
   }
 }
 
-TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
-  SKIP_WITHOUT_GPUS(2);
-  HashStore store;
-  absl::Status timed_out;
-  absl::Status later;
-  absl::Status rank1;
-  std::thread rank0_thread([&] {
-    auto pg = CreateNcclProcessGroup(0, 2, 0, store, Options("stuck", absl::Seconds(30)));
-    if (!pg.ok()) {
-      timed_out = pg.status();
-      return;
-    }
-    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
-    timed_out = (*pg)->BarrierSync();  // call #0, both ranks
-    if (!timed_out.ok()) return;
-    timed_out =
-        (*pg)->AllReduceSync(x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
-    const absl::Time start = absl::Now();
-    later = (*pg)->BarrierSync();
-    if (absl::Now() - start > absl::Seconds(1)) later = absl::InternalError("not at once");
-    ASSERT_TRUE(store.Set("test/rank0_done", "1").ok());
-  });
-  std::thread rank1_thread([&] {
-    NcclGroupOptions options = Options("stuck", absl::Seconds(30));
-    auto pg = CreateNcclProcessGroup(1, 2, 1, store, options);
-    if (!pg.ok()) {
-      rank1 = pg.status();
-      return;
-    }
-    rank1 = (*pg)->BarrierSync();
-    // Skips the all-reduce, stays alive until rank 0 has failed.
-    (*pg)->set_timeout(absl::Seconds(3));  // bounds this group's shutdown (finalize)
-    rank1.Update(store.Get("test/rank0_done", absl::Seconds(60)).status());
-  });
-  rank0_thread.join();
-  rank1_thread.join();
-  ASSERT_TRUE(rank1.ok()) << rank1;
-  ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
-  EXPECT_THAT(std::string(timed_out.message()),
-              StartsWith("[all_reduce] rank 0 of 2 timed out after 1.0 s waiting for rank 1 (call "
-                         "#1 of this rank; rank 1 sent no report"));
-  EXPECT_THAT(std::string(later.message()),
-              StartsWith("[barrier] rank 0 of 2: the group is unusable after an earlier failure: "
-                         "[all_reduce] rank 0 of 2 timed out"));
-}
-
-// World rank `rank` of 2's groups for the subgroup tests: the world group
-// (prefix `prefix`, timeout `timeout`), Split(0) of it in reverse order
-// (world rank 1 is its rank 0) and, with `depth` 2, Split(0) of that in its
-// own order. Destroyed innermost first.
+// World rank `rank` of 2's groups for the tests below: the world group
+// (prefix `prefix`, timeout `timeout`); with `depth` >= 1, Split(0) of it in
+// reverse order (world rank 1 is its rank 0); with `depth` 2, Split(0) of
+// that in its own order. Destroyed innermost first.
 struct SplitGroups {
   std::vector<std::unique_ptr<ProcessGroup>> groups;  // the world group first
   ProcessGroup& innermost() { return *groups.back(); }
@@ -171,36 +125,72 @@ absl::Status MakeSplitGroups(int rank, HashStore& store, const std::string& pref
   return absl::OkStatus();
 }
 
+// An all-reduce that rank 0 makes (with a 1 s timeout) and rank 1 never does,
+// in the innermost of MakeSplitGroups(`depth`) (0: the world group), after a
+// barrier of both when `barrier_first`; then rank 0's barrier, which must
+// fail at once on the group the timeout made unusable. Rank 1 stays alive
+// until rank 0 is done.
+struct StuckCall {
+  absl::Status timed_out;  // rank 0's all-reduce (or what failed before it)
+  absl::Status later;      // rank 0's barrier after it
+  absl::Status rank1;
+};
+StuckCall RunStuckAllReduce(const std::string& prefix, int depth, bool barrier_first) {
+  HashStore store;
+  StuckCall got;
+  const std::string done = absl::StrCat("test/", prefix, "_rank0_done");
+  std::thread rank0_thread([&] {
+    SplitGroups groups;
+    got.timed_out = MakeSplitGroups(0, store, prefix, absl::Seconds(30), depth, &groups);
+    if (!got.timed_out.ok()) return;
+    if (barrier_first) {
+      got.timed_out = groups.innermost().BarrierSync();  // call #0, both ranks
+      if (!got.timed_out.ok()) return;
+    }
+    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
+    got.timed_out = groups.innermost().AllReduceSync(
+        x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
+    const absl::Time start = absl::Now();
+    got.later = groups.innermost().BarrierSync();
+    if (absl::Now() - start > absl::Seconds(1)) got.later = absl::InternalError("not at once");
+    ASSERT_TRUE(store.Set(done, "1").ok());
+  });
+  std::thread rank1_thread([&] {
+    SplitGroups groups;
+    got.rank1 = MakeSplitGroups(1, store, prefix, absl::Seconds(30), depth, &groups);
+    if (!got.rank1.ok()) return;
+    if (barrier_first) got.rank1 = groups.innermost().BarrierSync();
+    // Skips the all-reduce, stays alive until rank 0 has failed.
+    groups.SetTimeouts(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
+    got.rank1.Update(store.Get(done, absl::Seconds(60)).status());
+  });
+  rank0_thread.join();
+  rank1_thread.join();
+  return got;
+}
+
+TEST(NcclGroupTest, ACallOneRankNeverMakesTimesOutNamingIt) {
+  SKIP_WITHOUT_GPUS(2);
+  const auto [timed_out, later, rank1] =
+      RunStuckAllReduce("stuck", /*depth=*/0, /*barrier_first=*/true);
+  ASSERT_TRUE(rank1.ok()) << rank1;
+  ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
+  EXPECT_THAT(std::string(timed_out.message()),
+              StartsWith("[all_reduce] rank 0 of 2 timed out after 1.0 s waiting for rank 1 (call "
+                         "#1 of this rank; rank 1 sent no report"));
+  EXPECT_THAT(std::string(later.message()),
+              StartsWith("[barrier] rank 0 of 2: the group is unusable after an earlier failure: "
+                         "[all_reduce] rank 0 of 2 timed out"));
+}
+
 // The same in a subgroup of a subgroup (MakeSplitGroups: world rank 1 is
 // rank 0 of both): the error names the group and the peer's world rank as
 // the other engines do, "rank 1 of 2 in group world/split0/color0/split0/
 // color0 ... waiting for rank 0 (world 1)".
 TEST(NcclGroupTest, ACallInASubgroupTimesOutNamingTheGroup) {
   SKIP_WITHOUT_GPUS(2);
-  HashStore store;
-  absl::Status timed_out;
-  absl::Status later;
-  absl::Status rank1;
-  std::thread rank0_thread([&] {
-    SplitGroups groups;
-    timed_out = MakeSplitGroups(0, store, "sub", absl::Seconds(30), /*depth=*/2, &groups);
-    if (!timed_out.ok()) return;
-    Tensor x = Tensor::Full({16}, 1.0, Dtype::kF32, Device::Cuda(0));
-    timed_out = groups.innermost().AllReduceSync(
-        x, ReduceOp::kSum, CollectiveOptions::WithTimeout(absl::Seconds(1)));
-    later = groups.innermost().BarrierSync();
-    ASSERT_TRUE(store.Set("test/sub_rank0_done", "1").ok());
-  });
-  std::thread rank1_thread([&] {
-    SplitGroups groups;
-    rank1 = MakeSplitGroups(1, store, "sub", absl::Seconds(30), /*depth=*/2, &groups);
-    if (!rank1.ok()) return;
-    // Skips the all-reduce, stays alive until rank 0 has failed.
-    groups.SetTimeouts(absl::Seconds(3));  // bounds the groups' shutdown (finalize)
-    rank1 = store.Get("test/sub_rank0_done", absl::Seconds(60)).status();
-  });
-  rank0_thread.join();
-  rank1_thread.join();
+  const auto [timed_out, later, rank1] =
+      RunStuckAllReduce("sub", /*depth=*/2, /*barrier_first=*/false);
   ASSERT_TRUE(rank1.ok()) << rank1;
   ASSERT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
   EXPECT_THAT(std::string(timed_out.message()),
