@@ -135,8 +135,8 @@ struct PeerFailed : std::runtime_error {
 // its own 30 s default (a rank that came up later than that failed the
 // rendezvous early, whatever --timeout_s said; a shorter timeout was not
 // honoured there either). Its waits poll (every 20 ms, as the layout walk),
-// and with a `layout` to watch they end at once when one of `size` ranks
-// announced its failure under `failure_prefix` (throwing PeerFailed). At the
+// and end at once when `peer_failure` (when given) says a rank announced its
+// failure (internal::CheckPeerFailure's Aborted, thrown as PeerFailed). At the
 // deadline gloo's own wait gives its timeout error (gloo's stores count
 // whole seconds: up to a second later, as before).
 // It keeps what it set (Given): connectFullMesh sets "<prefix>/<rank>" to
@@ -144,15 +144,11 @@ struct PeerFailed : std::runtime_error {
 class TimedStore : public gloo::rendezvous::Store {
  public:
   TimedStore(gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout,
-             const Shared& shared, internal::LayoutStore* layout = nullptr,
-             std::string failure_prefix = "", int size = 0, std::string who = "")
+             const Shared& shared, std::function<absl::Status()> peer_failure = nullptr)
       : inner_(inner),
         timeout_(timeout),
         shared_(shared),
-        layout_(layout),
-        size_(size),
-        failure_prefix_(std::move(failure_prefix)),
-        who_(std::move(who)) {}
+        peer_failure_(std::move(peer_failure)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     inner_.set(key, data);
     given_.emplace_back(key, data);
@@ -173,9 +169,8 @@ class TimedStore : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!std::all_of(keys.begin(), keys.end(), shared_.present)) {
-      if (layout_ != nullptr) {
-        absl::Status failed =
-            internal::CheckPeerFailure(*layout_, failure_prefix_, size_, who_);
+      if (peer_failure_) {
+        absl::Status failed = peer_failure_();
         if (!failed.ok()) throw PeerFailed(std::move(failed));
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -192,10 +187,7 @@ class TimedStore : public gloo::rendezvous::Store {
   gloo::rendezvous::Store& inner_;
   const std::chrono::milliseconds timeout_;
   const Shared& shared_;
-  internal::LayoutStore* const layout_;
-  const int size_;
-  const std::string failure_prefix_;
-  const std::string who_;
+  const std::function<absl::Status()> peer_failure_;
   std::vector<std::pair<std::string, std::vector<char>>> given_;
 };
 
@@ -262,7 +254,11 @@ absl::StatusOr<Connected> Connect(const std::shared_ptr<Shared>& shared, const s
                                   absl::Duration timeout, const std::string& who,
                                   internal::LayoutStore* layout = nullptr) {
   try {
-    TimedStore timed(*shared->root_store, ToMillis(budget), *shared, layout, prefix, size, who);
+    std::function<absl::Status()> peer_failure;
+    if (layout != nullptr) {
+      peer_failure = [&] { return internal::CheckPeerFailure(*layout, prefix, size, who); };
+    }
+    TimedStore timed(*shared->root_store, ToMillis(budget), *shared, std::move(peer_failure));
     gloo::rendezvous::PrefixStore store(prefix, timed);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToMillis(budget));
