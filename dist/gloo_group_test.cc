@@ -5,11 +5,7 @@
 #include "dist/gloo_group.h"
 
 #include <hiredis.h>
-#include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -18,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,6 +25,7 @@
 #include "dist/host_name.h"
 #include "dist/process_testing.h"
 #include "dist/redis_keys.h"
+#include "dist/redis_testing.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 
@@ -706,50 +704,18 @@ TEST(GlooGroup, AHigherRankWaitsTheGroupsTimeoutForALowerOne) {
   EXPECT_LT(o.elapsed, absl::Seconds(20));
 }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+// A redis-server of this test's own, or a skip when none is installed.
+#define START_REDIS_OR_SKIP(server)                                                         \
+  absl::StatusOr<std::unique_ptr<testing::RedisServer>> server = testing::RedisServer::Start(); \
+  ASSERT_TRUE(server.ok()) << server.status();                                              \
+  if (*server == nullptr) GTEST_SKIP() << "redis-server is not installed: skipping the Redis case"
 
 TEST(GlooGroup, RendezvousThroughRedis) {
-  const char* candidates[] = {"/usr/bin/redis-server", "/usr/local/bin/redis-server"};
-  std::string server;
-  for (const char* c : candidates) {
-    if (access(c, X_OK) == 0) server = c;
-  }
-  if (server.empty()) GTEST_SKIP() << "redis-server is not installed: skipping the Redis case";
-  const int port = FreePort();
-  pid_t redis = fork();
-  if (redis == 0) {
-    const std::string p = absl::StrCat(port);
-    execl(server.c_str(), server.c_str(), "--port", p.c_str(), "--bind", "127.0.0.1", "--save",
-          "", "--appendonly", "no", (char*)nullptr);
-    _exit(127);
-  }
-  // Wait until it accepts connections.
-  bool up = false;
-  for (int i = 0; i < 200 && !up; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(port);
-    up = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (!up) usleep(20000);
-  }
-  ASSERT_TRUE(up) << "redis-server did not start on port " << port;
+  START_REDIS_OR_SKIP(redis);
+  const std::string store = (*redis)->store();
   Outcome o = RunProcesses(2, [&](int rank, int size) -> std::string {
     GlooGroupOptions opt;
-    opt.store = absl::StrCat("redis://127.0.0.1:", port);
+    opt.store = store;
     opt.timeout = absl::Seconds(30);
     auto pg = CreateGlooProcessGroup(rank, size, opt);
     if (!pg.ok()) return pg.status().ToString();
@@ -764,9 +730,8 @@ TEST(GlooGroup, RendezvousThroughRedis) {
   // Once every rank is done: the run's keys go, only theirs. Keys of a
   // prefix the run's begins ("gloox/"), and of one with a glob character
   // ("gloo*/", which unescaped would match the run's), are others'.
-  const std::string store = absl::StrCat("redis://127.0.0.1:", port);
-  redisContext* c = redisConnect("127.0.0.1", port);
-  EXPECT_TRUE(c != nullptr && c->err == 0);  // (no ASSERT: the server is stopped below)
+  redisContext* c = redisConnect("127.0.0.1", (*redis)->port());
+  EXPECT_TRUE(c != nullptr && c->err == 0);
   for (const char* key : {"gloox/keep", "gloo*/x"}) {
     if (c != nullptr && c->err == 0) freeReplyObject(redisCommand(c, "SET %s 1", key));
   }
@@ -777,8 +742,7 @@ TEST(GlooGroup, RendezvousThroughRedis) {
   EXPECT_GT(removed.value_or(-1), 2) << removed.status();  // each rank's address, claims, ...
   EXPECT_EQ(RemoveRedisKeys(store, "gloo").value_or(-1), 0);
   EXPECT_EQ(RemoveRedisKeys(store, "gloox").value_or(-1), 1);
-  kill(redis, SIGTERM);
-  waitpid(redis, nullptr, 0);
+  (*redis)->Stop();
   ExpectAllOk(o);
   // A server that is gone, and a store that is not Redis, are named.
   removed = RemoveRedisKeys(store, "gloo");
@@ -788,6 +752,39 @@ TEST(GlooGroup, RendezvousThroughRedis) {
       << removed.status();
   EXPECT_EQ(RemoveRedisKeys("/tmp/store", "gloo").status().message(),
             "[gloo] store \"/tmp/store\" is not redis://host:port");
+}
+
+// Through Redis too (its SETNX refuses a second set as the FileStore does):
+// ranks 1 and 2 of 3 fail together before joining, each saying so; rank 0,
+// waiting for them with a 120 s timeout, fails at once naming rank 1.
+TEST(GlooGroup, RanksThatFailedBeforeJoiningEndTheRendezvousThroughRedis) {
+  START_REDIS_OR_SKIP(redis);
+  const std::string store = (*redis)->store();
+  Outcome o = RunProcesses(3, [&](int rank, int size) -> std::string {
+    GlooGroupOptions options;
+    options.store = store;
+    options.prefix = "job9/restart0";
+    options.timeout = absl::Seconds(120);
+    if (rank > 0) {
+      absl::SleepFor(absl::Milliseconds(300));
+      absl::StatusOr<bool> said = AnnounceGlooFailure(rank, size, options, "--data: missing");
+      if (!said.ok()) return said.status().ToString();
+      return *said ? "" : "the failure was not said";
+    }
+    auto pg = CreateGlooProcessGroup(rank, size, options);
+    if (pg.ok()) return "joined a group whose peers failed";
+    if (!absl::IsAborted(pg.status()) ||
+        !absl::StrContains(pg.status().message(), "[rendezvous] rank 0 of 3: rank 1 (host ") ||
+        !absl::StrContains(pg.status().message(), ") failed before joining: --data: missing")) {
+      return pg.status().ToString();
+    }
+    return "";
+  }, absl::Seconds(150));
+  ExpectAllOk(o);
+  EXPECT_LT(o.elapsed, absl::Seconds(60));
+  // The announcements are the run's keys: removed with them.
+  absl::StatusOr<int64_t> removed = RemoveRedisKeys(store, "job9");
+  EXPECT_GE(removed.value_or(-1), 3) << removed.status();  // two reasons and the mark
 }
 
 }  // namespace

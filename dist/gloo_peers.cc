@@ -7,12 +7,12 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dist/host_name.h"
+#include "dist/proc_stat.h"
 #include "dist/rank_names.h"
 #include "tensor/fnv.h"
 
@@ -52,15 +52,6 @@ void AddressBytes(const std::string& address, char* out) {
 }
 
 std::string AddressOf(const char* bytes) { return TextOf(bytes, kAddressBytes); }
-
-bool ProcessExited(int64_t pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const size_t paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-}
 
 std::string ExitedPeers(const std::vector<PeerProcess>& peers, const std::vector<int>& among,
                         int wait_ms, const std::vector<int>& world_ranks) {

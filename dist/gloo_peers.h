@@ -38,10 +38,6 @@ void AddressBytes(const std::string& address, char* out);
 // The address AddressBytes wrote at `bytes`.
 std::string AddressOf(const char* bytes);
 
-// True when `pid` (on this host) is gone: no such process, or one that has
-// exited and not been reaped yet (a zombie).
-bool ProcessExited(int64_t pid);
-
 // The peers among `among` (ranks) on this host whose process has exited:
 // "rank 2 exited (pid 4242 on this host)" (named by NameRanks, rank_names.h,
 // with `world_ranks`); "" when none

@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstdint>
 #include <exception>
-#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "dist/host_name.h"
+#include "dist/proc_stat.h"
 
 namespace dist::internal {
 namespace {
@@ -136,30 +136,6 @@ std::string StaleHolderNote(const std::string& holder, const std::string& where)
                                     : absl::StrCat(" (rm -r ", where, " removes them)"));
 }
 
-// When this process started: its start time in clock ticks after boot
-// (/proc/self/stat's 22nd field) after the boot time (/proc/stat's btime);
-// nullopt where they cannot be read.
-std::optional<absl::Time> ProcessStart() {
-  std::ifstream stat_file("/proc/self/stat");
-  std::string line;
-  if (!std::getline(stat_file, line)) return std::nullopt;
-  const size_t comm_end = line.rfind(')');  // the command name may hold spaces
-  if (comm_end == std::string::npos) return std::nullopt;
-  const std::vector<std::string> fields =
-      absl::StrSplit(line.substr(comm_end + 1), ' ', absl::SkipEmpty());
-  int64_t ticks = 0;  // fields[0] is the 3rd field (state): the 22nd is fields[19]
-  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &ticks)) return std::nullopt;
-  std::ifstream proc_stat("/proc/stat");
-  int64_t boot = -1;
-  while (std::getline(proc_stat, line)) {
-    absl::string_view rest = line;
-    if (absl::ConsumePrefix(&rest, "btime ") && absl::SimpleAtoi(rest, &boot)) break;
-  }
-  const long per_second = ::sysconf(_SC_CLK_TCK);
-  if (boot < 0 || per_second <= 0) return std::nullopt;
-  return absl::FromUnixSeconds(boot) + absl::Seconds(static_cast<double>(ticks) / per_second);
-}
-
 }  // namespace
 
 std::string FailureKey(const std::string& prefix) {
@@ -202,7 +178,7 @@ absl::Status CheckPeerFailure(LayoutStore& store, const std::string& prefix, int
   if (const size_t space = said.find(' ');
       space != std::string::npos && absl::SimpleAtoi(said.substr(0, space), &millis)) {
     said.erase(0, space + 1);
-    const std::optional<absl::Time> started = ProcessStart();
+    const std::optional<absl::Time> started = ProcessStartTime(0);
     const absl::Time at = absl::FromUnixMillis(millis);
     if (started && at < *started - absl::Seconds(5)) {
       note = absl::StrFormat(

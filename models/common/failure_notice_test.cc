@@ -1,8 +1,9 @@
 // TellPeersOfFailure: a launched rank's failure before joining reaches the
-// ranks waiting for it through the engine's store (a gloo rank 0 and an
-// nccl rank 1 that wait with a 60 s timeout fail at once naming it); nothing
-// is written for the default folder, the threads engine or a world of one,
-// and a store that cannot be reached is said as a note.
+// ranks waiting for it through the engine's store (a gloo rank 0, through a
+// folder or, when redis-server is installed, Redis, and an nccl rank 1 that
+// wait with a 60 s timeout fail at once naming it); nothing is written for
+// the default folder, the threads engine or a world of one, and a store that
+// cannot be reached is said as a note.
 #include "models/common/failure_notice.h"
 
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "dist/file_store.h"
 #include "dist/gloo_group.h"
 #include "dist/nccl_rendezvous.h"
+#include "dist/redis_testing.h"
 #include "gtest/gtest.h"
 #include "models/common/test_files.h"
 
@@ -82,6 +84,31 @@ TEST(FailureNoticeTest, AnNcclRankWaitingForTheFailedRankZeroFailsAtOnce) {
   EXPECT_TRUE(absl::StrContains(id.status().message(),
                                 ") failed before joining: --data=/nfs/x.bin: no such file"))
       << id.status();
+}
+
+// A gloo run meeting through Redis: the failure is said there, and a peer
+// waiting with a 60 s timeout fails at once naming it.
+TEST(FailureNoticeTest, AGlooRankWaitingThroughRedisFailsAtOnce) {
+  absl::StatusOr<std::unique_ptr<dist::testing::RedisServer>> redis =
+      dist::testing::RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  if (*redis == nullptr) GTEST_SKIP() << "redis-server is not installed: skipping the Redis case";
+  TellPeersOfFailure(Flags("gloo", (*redis)->store()), Env(1, 2), kFailure);
+  dist::GlooGroupOptions options;
+  options.store = (*redis)->store();
+  options.prefix = "job7/restart0";
+  options.timeout = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  auto pg = dist::CreateGlooProcessGroup(0, 2, options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  ASSERT_FALSE(pg.ok());
+  EXPECT_TRUE(absl::IsAborted(pg.status())) << pg.status();
+  EXPECT_TRUE(absl::StrContains(pg.status().message(),
+                                "rank 0 of 2: rank 1 (host "))
+      << pg.status();
+  EXPECT_TRUE(absl::StrContains(pg.status().message(),
+                                ") failed before joining: --data=/nfs/x.bin: no such file"))
+      << pg.status();
 }
 
 // The default folder (one node: its launcher stops the others), the threads
