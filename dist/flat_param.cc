@@ -127,6 +127,13 @@ void FlatParameter::SetGradViews(const tensor::Tensor& flat_grad, bool unwritten
   }
 }
 
+std::string FlatParameter::FirstWithGrad() const {
+  for (const Entry& e : entries_) {
+    if (!e.frozen && e.param->grad.defined()) return e.name;
+  }
+  return "";
+}
+
 void FlatParameter::ZeroUnwrittenGrads() {
   for (Entry& e : entries_) e.param->ZeroGradIfUnwritten();
 }

@@ -97,6 +97,10 @@ class FlatParameter {
   // and clears their marks.
   void ZeroUnwrittenGrads();
   void ClearGrads();
+  // The first trainable parameter that holds a gradient now, "" when none
+  // does: between its unit's backwards none may (its gradient is a view of
+  // the unit's flat gradient only while the unit's backward runs).
+  std::string FirstWithGrad() const;
 
   // The sharded gradient dropped (PyTorch's zero_grad(set_to_none=True)):
   // the buffer stays (optimizers hold it) but is marked unwritten instead of

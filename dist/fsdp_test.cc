@@ -32,6 +32,7 @@
 #include "tensor/error.h"
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/init.h"
+#include "tensor/ops/matmul.h"
 #include "tensor/testing.h"
 
 namespace dist {
@@ -355,6 +356,114 @@ TEST(FsdpRunTwiceTest, AUnitRunTwiceInARowGetsBothGradients) {
     });
     EXPECT_TRUE(s.ok()) << s;
   }
+}
+
+// A root that also reads its child Linear's weight W (8, 8) itself, as a
+// tied head reads an embedding: out = inner(x) W^T (the read after inner's,
+// so its backward writes W's gradient before inner's backward), or
+// out = inner(x W^T) (after inner's backward).
+class ReadsInnerWeight : public nn::Module {
+ public:
+  explicit ReadsInnerWeight(bool after) : Module("ReadsInnerWeight"), after_(after) {
+    inner_ = RegisterModule("inner", std::make_unique<nn::Linear>(8, 8));
+  }
+
+ protected:
+  nn::Tensors Forward(const nn::Tensors& in, nn::Context& ctx) override {
+    tensor::MatmulOptions trans_b;
+    trans_b.trans_b = true;
+    const Tensor& w = inner_->weight()->value;  // (8, 8)
+    if (after_) {
+      const Tensor h = inner_->Run(in, ctx.Child(0)).at(0);  // (rows, 8)
+      ctx.Save(h);
+      return {tensor::Matmul(h, w, trans_b)};
+    }
+    ctx.Save(in.at(0));
+    return {inner_->Run(tensor::Matmul(in.at(0), w, trans_b), ctx.Child(0))};
+  }
+  nn::Tensors Backward(const nn::Tensors& grad, nn::Context& ctx) override {
+    const Tensor input = ctx.Saved<Tensor>();  // the matmul's (rows, 8)
+    tensor::MatmulOptions trans_a;
+    trans_a.trans_a = true;
+    auto through_w = [&](const Tensor& g) {  // dW += g^T input; returns g W
+      const nn::Parameter::GradSink sink = inner_->weight()->GradToWrite();
+      tensor::MatmulInto(g, input, sink.grad, trans_a, sink.accumulate ? 1.0f : 0.0f);
+      return tensor::Matmul(g, inner_->weight()->value);
+    };
+    if (after_) return {inner_->RunBackward(through_w(grad.at(0)), ctx.Child(0))};
+    return {through_w(inner_->RunBackward(grad, ctx.Child(0)).at(0))};
+  }
+
+ private:
+  const bool after_;
+  nn::Linear* inner_;
+};
+
+// A parameter of one unit used by a module outside it (a tied weight left
+// in another unit than its head) would lose that module's gradient without
+// a word: its unit's backward replaced the gradient written before it, and
+// one written after it was never reduced. Both are an error naming it
+// (strategies that keep the weight gathered for the outside read: with
+// FULL_SHARD it is already freed, and Linear's own check names that).
+TEST(FsdpTiedOutsideTest, AGradientWrittenOutsideTheUnitIsAnError) {
+  for (bool after : {true, false}) {
+    for (ShardingStrategy strategy : {ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
+      // (Read before inner's forward, W is gathered only under NO_SHARD.)
+      if (!after && strategy != ShardingStrategy::kNoShard) continue;
+      SCOPED_TRACE(absl::StrCat(ShardingStrategyName(strategy), after ? ", read after" : ""));
+      ThreadWorld world(2);
+      absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+        ReadsInnerWeight m(after);
+        FsdpOptions options;
+        options.seed = kSeed;
+        options.strategy = strategy;
+        options.policy = WrapPolicy::Transformer({"Linear"});
+        auto fsdp = FullyShard(m, pg, options);
+        ASSERT_EQ(fsdp->num_units(), 2);
+        nn::Context ctx;
+        ASSERT_NO_THROW(m.Run(tensor::testing::RandomTensor({3, 8}, 10 + rank), ctx));
+        try {
+          m.RunBackward(Tensor::Full({3, 8}, 1.0), ctx);
+          ADD_FAILURE() << "the outside gradient was taken silently";
+        } catch (const tensor::OpError& e) {
+          EXPECT_TRUE(absl::StrContains(
+              e.what(), absl::StrCat("unit 'inner': inner.weight has a gradient ",
+                                     after ? "before" : "after", " the unit's backward")))
+              << e.what();
+        }
+        // The step is dropped and the next one runs (and throws alike).
+        fsdp->ZeroGrad();
+        nn::Context again;
+        ASSERT_NO_THROW(m.Run(tensor::testing::RandomTensor({3, 8}, 20 + rank), again));
+        EXPECT_THROW(m.RunBackward(Tensor::Full({3, 8}, 1.0), again), tensor::OpError);
+        fsdp->ZeroGrad();
+      });
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+}
+
+// A unit's backward that throws (a wrong gradient shape) leaves its
+// parameters' gradient views behind (its PostBackward never runs): ZeroGrad
+// drops them, so the next step's backward does not take them for gradients
+// written outside the unit.
+TEST(FsdpTiedOutsideTest, ZeroGradDropsTheViewsABackwardThatThrewLeft) {
+  ThreadWorld world(2);
+  absl::Status s = RunRanks(world, [&](int rank, ProcessGroup& pg) {
+    MaybeSkips m(8);
+    FsdpOptions options;
+    options.seed = kSeed;
+    options.policy = WrapPolicy::Transformer({"Linear"});
+    auto fsdp = FullyShard(m, pg, options);
+    nn::Context ctx;
+    m.Run(tensor::testing::RandomTensor({3, 8}, 10 + rank), ctx);
+    EXPECT_THROW(m.RunBackward(Tensor::Full({3, 5}, 1.0), ctx), tensor::OpError);
+    fsdp->ZeroGrad();
+    nn::Context next;
+    m.Run(tensor::testing::RandomTensor({3, 8}, 20 + rank), next);
+    EXPECT_NO_THROW(m.RunBackward(Tensor::Full({3, 8}, 1.0), next));
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // One forward and backward of `m` on random (rows, d) inputs (this rank's:

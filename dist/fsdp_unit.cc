@@ -228,6 +228,14 @@ void FsdpUnit::PreBackward(nn::Module&) {
   WaitUnshard();
   flat_.CheckFrozenUnchanged();
   if (!flat_.trains()) return;  // frozen: the input gradients only, nothing to reduce
+  // A gradient already there was written by a module outside this unit that
+  // read the parameter (a tied weight): the views below would drop it.
+  const std::string written = flat_.FirstWithGrad();
+  OP_CHECK(written.empty(), "fsdp", "unit '", name_, "': ", written,
+           " has a gradient before the unit's backward: a module outside the unit used it "
+           "(a tied weight) and its gradient would be lost; wrap so that one unit holds the "
+           "parameter and every module that uses it (the root, for a tied head: "
+           "train::CheckTiedWeightsInRoot checks a policy)");
   if (full_grad_.defined()) {   // accumulated under no_sync: added to
     flat_.SetGradViews(full_grad_);
   } else {  // new, not zeroed: the backward writes each parameter's gradient
@@ -265,6 +273,7 @@ void FsdpUnit::PostBackward(nn::Module&) {
     shared_.backward_order = shared_.backward_now;
     shared_.FreeUnusedPrefetches();
     shared_.ReshardUnitsBackwardSkipped();
+    shared_.CheckNoGradientLeft();
   }
 }
 
@@ -491,6 +500,16 @@ void FsdpShared::ReshardUnitsBackwardSkipped() {
     if (std::find(backward_now.begin(), backward_now.end(), u->id()) == backward_now.end()) {
       u->Reshard();
     }
+  }
+}
+
+void FsdpShared::CheckNoGradientLeft() const {
+  for (const FsdpUnit* u : units) {
+    const std::string written = u->flat().FirstWithGrad();
+    OP_CHECK(written.empty(), "fsdp", "unit '", u->name(), "': ", written,
+             " has a gradient after the unit's backward: a module outside the unit used it "
+             "(a tied weight) and its gradient is not reduced; wrap so that one unit holds the "
+             "parameter and every module that uses it");
   }
 }
 

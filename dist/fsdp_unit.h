@@ -162,6 +162,10 @@ struct FsdpShared {
   // model's backward stops below its lowest trainable parameter), which
   // SHARD_GRAD_OP and SetReshardAfterForward(false) kept gathered for it.
   void ReshardUnitsBackwardSkipped();
+  // At the root's PostBackward: throws OpError naming a trainable parameter
+  // that holds a gradient (written after its unit's backward by a module
+  // outside the unit: no reduce takes it).
+  void CheckNoGradientLeft() const;
 };
 
 class FsdpUnit : public nn::ModuleHooks {
@@ -179,6 +183,7 @@ class FsdpUnit : public nn::ModuleHooks {
   const std::string& name() const { return name_; }
   nn::Module* module() const { return module_; }
   FlatParameter& flat() { return flat_; }
+  const FlatParameter& flat() const { return flat_; }
   bool no_shard() const { return strategy_ == ShardingStrategy::kNoShard; }
   // FullyShardedModel::SetReshardAfterForward: overrides the strategy's rule.
   void set_reshard_after_forward(bool reshard) { reshard_after_forward_ = reshard; }
@@ -259,7 +264,12 @@ class FsdpUnit : public nn::ModuleHooks {
   bool reducing() const { return reduce_work_ != nullptr || replicas_work_ != nullptr; }
 
   // Drops the unsharded gradient accumulated under no_sync.
-  void DropAccumulatedGrad() { full_grad_ = tensor::Tensor(); }
+  // Also the gradient views a backward that threw left (PostBackward clears
+  // them otherwise).
+  void DropAccumulatedGrad() {
+    full_grad_ = tensor::Tensor();
+    flat_.ClearGrads();
+  }
 
  private:
   bool reshards_after_forward() const {

@@ -2,6 +2,8 @@
 // forms, NewSubgroup on top of Split, and call descriptions for messages.
 #include "dist/process_group.h"
 
+#include <cstdint>
+#include <cstring>
 #include <set>
 #include <utility>
 #include <vector>
@@ -254,15 +256,17 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::NewSubgroup(
 }
 
 absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x) {
-  const float hi = static_cast<float>(x);
-  const float lo = static_cast<float>(x - static_cast<double>(hi));
-  tensor::Tensor in = tensor::Tensor::FromVector({hi, lo}, {2});                 // (2)
-  tensor::Tensor out = tensor::Tensor::Empty({2 * pg.size()}, tensor::Dtype::kF32);  // (2 * ranks)
-  absl::Status s = pg.AllGatherSync(in, out);
-  if (!s.ok()) return s;
-  const float* p = out.data<float>();
+  // The double's bits, as an int64 the all-gather copies unchanged.
+  int64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof(x));
+  absl::StatusOr<std::vector<int64_t>> all = AllGatherOverRanks(pg, bits, CollectiveOptions());
+  if (!all.ok()) return all.status();
   double sum = 0;
-  for (int r = 0; r < pg.size(); ++r) sum += static_cast<double>(p[2 * r]) + p[2 * r + 1];
+  for (const int64_t b : *all) {
+    double v = 0;
+    std::memcpy(&v, &b, sizeof(v));
+    sum += v;
+  }
   return sum;
 }
 

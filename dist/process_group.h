@@ -196,9 +196,10 @@ class ProcessGroup {
 };
 
 // The sum over the ranks of a double (a loss, a squared norm), the same on
-// every rank and exact to double rounding: each rank's value travels as an
-// f32 (hi, lo) pair through an all-gather (collectives have no f64) and the
-// pairs are added in double in rank order. Errors are the all-gather's.
+// every rank: each rank's value travels whole (its 8 bytes, through an int64
+// all-gather: collectives have no f64) and the values are added in double in
+// rank order. A value past f32's range (a squared norm of 1e39) or an
+// infinite one adds as it is. Errors are the all-gather's.
 absl::StatusOr<double> SumOverRanks(ProcessGroup& pg, double x);
 // SumOverRanks / size.
 absl::StatusOr<double> MeanOverRanks(ProcessGroup& pg, double x);

@@ -1,6 +1,7 @@
 // Forking ranks for tests across real processes (see process_testing.h).
 #include "dist/process_testing.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -94,6 +95,11 @@ bool LimitAddressSpace(int64_t headroom) {
     struct rlimit limit {};
     if (getrlimit(RLIMIT_AS, &limit) != 0) return false;
     limit.rlim_cur = static_cast<rlim_t>(mapped + headroom);
+    // A thread's first allocation would otherwise reserve a malloc arena of
+    // its own (64 MiB of address space), past a small headroom: a bad_alloc
+    // in whichever thread (gloo's, the pool's) first allocates after this,
+    // depending on timing. Every thread shares the arenas made so far.
+    mallopt(M_ARENA_MAX, 1);
     return setrlimit(RLIMIT_AS, &limit) == 0;
   }
   return false;

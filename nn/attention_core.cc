@@ -51,6 +51,10 @@ void CheckShapes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   }
   OP_CHECK(o.dropout >= 0.0f && o.dropout <= 1.0f, o.op, "dropout must be in [0, 1]; got ",
            o.dropout);
+  // (Masked scores are -inf before a softmax that scales: 0 or a negative
+  // scale would turn them into NaN or +inf.)
+  OP_CHECK(std::isfinite(o.scale) && o.scale > 0.0f, o.op,
+           "scale must be a positive finite number; got ", o.scale);
 }
 
 // Masks the scores (B, nh, T_q, T_k) (f32, contiguous, on any device): keys

@@ -13,6 +13,7 @@
 #include "optim/param_ref.h"
 #include "optim/sgd.h"
 #include "tensor/cuda/testing.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops/embedding.h"
 #include "tensor/testing.h"
@@ -265,6 +266,41 @@ TEST(CudaOptimizerTest, StateLoadedOnTheHostFollowsAGpuParameter) {
 // without a host wait) is waited for, and its failure stops the step before
 // anything changes: the parameter, and the optimizer's state and step count
 // (the next step is a first step, as on the CPU).
+// A first step that runs out of device memory making the second parameter's
+// state (its 2 x 16 MiB of AdamW moments past a limit 8 MiB above what the
+// process holds) changes nothing: no parameter, no step count (the first's
+// used to count a step it never took, and its retried step then used the
+// second step's bias correction). The step then runs without the limit as a
+// first step, as on the CPU.
+TEST(CudaOptimizerTest, AStepOutOfMemoryMakingStateChangesNothing) {
+  SKIP_WITHOUT_GPU();
+  struct Lift {
+    ~Lift() { tensor::cuda::SetDeviceMemoryLimit(0, -1); }
+  } lift;
+  const Tensor a = tensor::testing::RandomTensor({1024}, 1);
+  const Tensor b = tensor::testing::RandomTensor({int64_t{4} << 20}, 2);
+  const Tensor ga = tensor::testing::RandomTensor({1024}, 3);
+  const Tensor gb = tensor::testing::RandomTensor({int64_t{4} << 20}, 4);
+  Tensor a_gpu = ToGpu(a), b_gpu = ToGpu(b);
+  const Tensor ga_gpu = ToGpu(ga), gb_gpu = ToGpu(gb);
+  std::unique_ptr<Optimizer> gpu = DecayingAdamW(), cpu = DecayingAdamW();
+  tensor::cuda::ReleaseCachedDeviceMemory(0);
+  tensor::cuda::SetDeviceMemoryLimit(0, tensor::cuda::DeviceReservedBytes(0) + (8 << 20));
+  EXPECT_THROW(gpu->Step({MakeParamRef("a", a_gpu, ga_gpu, true),
+                          MakeParamRef("b", b_gpu, gb_gpu, true)}),
+               tensor::OutOfMemoryError);
+  tensor::cuda::SetDeviceMemoryLimit(0, -1);
+  EXPECT_EQ(gpu->StepCount("a"), 0);
+  EXPECT_TRUE(MatchesCpu(a_gpu, a, {0, 0}));
+  EXPECT_TRUE(MatchesCpu(b_gpu, b, {0, 0}));
+  Tensor a_cpu = a.Clone(), b_cpu = b.Clone();
+  cpu->Step({MakeParamRef("a", a_cpu, ga, true), MakeParamRef("b", b_cpu, gb, true)});
+  gpu->Step({MakeParamRef("a", a_gpu, ga_gpu, true), MakeParamRef("b", b_gpu, gb_gpu, true)});
+  EXPECT_EQ(gpu->StepCount("a"), 1);
+  EXPECT_TRUE(MatchesCpu(a_gpu, a_cpu, {1e-6, 1e-7}));
+  EXPECT_TRUE(MatchesCpu(b_gpu, b_cpu, {1e-6, 1e-7}));
+}
+
 TEST(CudaOptimizerTest, AFailedDeferredCheckStopsTheStepBeforeAnythingChanges) {
   SKIP_WITHOUT_GPU();
   for (bool adamw : {true, false}) {

@@ -74,9 +74,12 @@ void Optimizer::Step(const std::vector<ParamRef>& params) {
         b = b.To(ref.param.device());
       }
     }
-    ++state.step;
     updating.push_back({&ref, &state});
   }
+  // Counted once every parameter's state is made and on its device: an
+  // allocation that failed above (out of memory) left every step count as
+  // it was, and the parameters unchanged.
+  for (Updating& u : updating) ++u.state->step;
   UpdateAll(updating);
   // The low-precision copies the update did not write: cast (batched per
   // device and dtype) from the updated params.

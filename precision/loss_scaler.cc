@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <type_traits>
 #include <vector>
@@ -18,12 +19,14 @@ namespace precision {
 using tensor::Tensor;
 
 absl::StatusOr<DynamicLossScaler> DynamicLossScaler::Create(LossScalerOptions o) {
-  if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0) ||
-      !(o.backoff_factor < 1) || o.growth_interval < 1) {
+  if (!(o.init_scale > 0) || !std::isfinite(o.init_scale) || !(o.growth_factor > 1) ||
+      !std::isfinite(o.growth_factor) || !(o.backoff_factor > 0) || !(o.backoff_factor < 1) ||
+      o.growth_interval < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "loss scaler options: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
-        "growth_interval >= 1; got init_scale=", o.init_scale, " growth_factor=", o.growth_factor,
-        " backoff_factor=", o.backoff_factor, " growth_interval=", o.growth_interval));
+        "loss scaler options: need a finite init_scale > 0, a finite growth_factor > 1, "
+        "0 < backoff_factor < 1, growth_interval >= 1; got init_scale=", o.init_scale,
+        " growth_factor=", o.growth_factor, " backoff_factor=", o.backoff_factor,
+        " growth_interval=", o.growth_interval));
   }
   return DynamicLossScaler(o);
 }
@@ -36,17 +39,26 @@ bool DynamicLossScaler::Update(bool found_non_finite) {
     return false;
   }
   if (++good_steps_ >= options_.growth_interval) {
+    // Not past fp32's largest (2^128 is inf there, as PyTorch's fp32 scale
+    // stops): the scale multiplies the loss in fp32.
     const double grown = scale_ * options_.growth_factor;
-    if (std::isfinite(grown)) scale_ = grown;
+    if (grown <= std::numeric_limits<float>::max()) scale_ = grown;
     good_steps_ = 0;
   }
   return true;
 }
 
-void DynamicLossScaler::SetState(const State& state) {
+absl::Status DynamicLossScaler::SetState(const State& state) {
+  if (!(state.scale > 0) || !std::isfinite(state.scale) || state.good_steps < 0 ||
+      state.skipped_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scaler state: need a finite scale > 0 and step counts >= 0; got scale=",
+        state.scale, " good_steps=", state.good_steps, " skipped_steps=", state.skipped_steps));
+  }
   scale_ = state.scale;
   good_steps_ = state.good_steps;
   skipped_steps_ = state.skipped_steps;
+  return absl::OkStatus();
 }
 
 namespace {

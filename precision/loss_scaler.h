@@ -22,8 +22,9 @@ struct LossScalerOptions {
 
 class DynamicLossScaler {
  public:
-  // Options must have init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1,
-  // growth_interval >= 1.
+  // Options must have a finite init_scale > 0, a finite growth_factor > 1,
+  // 0 < backoff_factor < 1, growth_interval >= 1. The scale grows no further
+  // than fp32's largest value (it multiplies the loss in fp32).
   static absl::StatusOr<DynamicLossScaler> Create(LossScalerOptions options = {});
 
   double scale() const { return scale_; }
@@ -42,7 +43,9 @@ class DynamicLossScaler {
     int64_t skipped_steps;
   };
   State GetState() const { return {scale_, good_steps_, skipped_steps_}; }
-  void SetState(const State& state);
+  // InvalidArgument (and nothing changed) for a scale that is not finite and
+  // positive, or a negative count.
+  absl::Status SetState(const State& state);
 
  private:
   explicit DynamicLossScaler(LossScalerOptions options)

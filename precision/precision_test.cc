@@ -82,7 +82,7 @@ TEST(LossScalerTest, BacksOffSkipsAndGrows) {
   EXPECT_EQ(s->good_steps(), 0);
   DynamicLossScaler::State st = s->GetState();
   auto restored = DynamicLossScaler::Create(o);
-  restored->SetState(st);
+  ASSERT_TRUE(restored->SetState(st).ok());
   EXPECT_EQ(restored->scale(), s->scale());
   EXPECT_EQ(restored->skipped_steps(), 2);
 }
@@ -96,6 +96,42 @@ TEST(LossScalerTest, DefaultsMatchTheSpecAndBadOptionsAreErrors) {
   LossScalerOptions bad;
   bad.backoff_factor = 1.5;
   EXPECT_FALSE(DynamicLossScaler::Create(bad).ok());
+  // An infinite scale would skip every step (inf * 0.5 is inf).
+  bad = LossScalerOptions();
+  bad.init_scale = HUGE_VAL;
+  EXPECT_FALSE(DynamicLossScaler::Create(bad).ok());
+  bad = LossScalerOptions();
+  bad.growth_factor = HUGE_VAL;
+  EXPECT_FALSE(DynamicLossScaler::Create(bad).ok());
+}
+
+// The scale multiplies the loss in fp32: it grows up to fp32's largest
+// power of two (2^127), not to 2^128 (inf there), as PyTorch's fp32 scale.
+TEST(LossScalerTest, GrowthStopsAtFp32sLargest) {
+  LossScalerOptions o;
+  o.init_scale = std::ldexp(1.0, 126);
+  o.growth_interval = 1;
+  auto s = DynamicLossScaler::Create(o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(s->Update(false));
+  EXPECT_EQ(s->scale(), std::ldexp(1.0, 127));
+  EXPECT_TRUE(s->Update(false));
+  EXPECT_EQ(s->scale(), std::ldexp(1.0, 127));
+  EXPECT_TRUE(std::isfinite(static_cast<float>(s->scale())));
+}
+
+TEST(LossScalerTest, ABadStateIsRefusedAndChangesNothing) {
+  auto s = DynamicLossScaler::Create();
+  ASSERT_TRUE(s.ok());
+  for (const DynamicLossScaler::State& bad :
+       {DynamicLossScaler::State{-1.0, 0, 0}, DynamicLossScaler::State{std::nan(""), 0, 0},
+        DynamicLossScaler::State{HUGE_VAL, 0, 0}, DynamicLossScaler::State{0.0, 0, 0},
+        DynamicLossScaler::State{8.0, -1, 0}, DynamicLossScaler::State{8.0, 0, -3}}) {
+    const absl::Status st = s->SetState(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad.scale;
+    EXPECT_EQ(s->scale(), 65536.0);
+    EXPECT_EQ(s->good_steps(), 0);
+  }
 }
 
 TEST(NonFiniteTest, FindsInfAndNanInEveryFloatDtype) {

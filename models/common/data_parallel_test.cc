@@ -99,6 +99,29 @@ TEST(MeanOverRanksTest, ExactToDoubleRoundingAndEqualOnEveryRank) {
   EXPECT_GT(std::fabs(static_cast<float>(values[2]) - values[2]), 1e-3);
 }
 
+// A squared gradient norm past f32's range (a norm of 1e20, finite in f32)
+// sums as it is, so clipping still sees a finite total; an infinite one
+// stays infinite (not NaN). The sum is the rank-order double sum, exactly.
+TEST(SumOverRanksTest, ValuesPastFloatRangeAndInfinityAddAsTheyAre) {
+  const std::vector<double> values = {1e40, 3e300, 2.0 / 3.0, 1e39};
+  const double expected = ((values[0] + values[1]) + values[2]) + values[3];
+  std::vector<double> sums(4), infinite(4);
+  absl::Status s = dist::RunRanks(4, [&](int rank, dist::ProcessGroup& pg) -> absl::Status {
+    absl::StatusOr<double> sum = SumOverRanks(pg, values[rank]);
+    if (!sum.ok()) return sum.status();
+    sums[rank] = *sum;
+    sum = SumOverRanks(pg, rank == 2 ? HUGE_VAL : 1.0);
+    if (!sum.ok()) return sum.status();
+    infinite[rank] = *sum;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(sums[r], expected) << "rank " << r;
+    EXPECT_EQ(infinite[r], HUGE_VAL) << "rank " << r;
+  }
+}
+
 TEST(AnyOverRanksTest, TrueOnEveryRankWhenAnyRankSaysSo) {
   for (int raiser : {-1, 0, 2}) {
     std::vector<int> got(3, -1);

@@ -77,6 +77,7 @@ absl::StatusOr<LossScaling> LossScaling::FromFlags(const std::string& spec,
     absl::StatusOr<precision::DynamicLossScaler> d = precision::DynamicLossScaler::Create(o);
     if (!d.ok()) return d.status();
     s.dynamic_ = *d;
+    s.max_start_scale_ = fp16 ? kMaxScale : kMaxInitScale;
     return s;
   }
   double fixed = 0;
@@ -156,8 +157,8 @@ absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extr
     return absl::DataLossError(absl::StrCat("the checkpoint's loss scale state ('",
                                             scale->second, "') is not valid"));
   }
-  dynamic_->SetState(st);
-  return absl::OkStatus();
+  if (st.scale > max_start_scale_) return absl::OkStatus();  // RestoreNote says so
+  return dynamic_->SetState(st);
 }
 
 std::string LossScaling::RestoreNote(const std::map<std::string, std::string>& extra) const {
@@ -168,6 +169,12 @@ std::string LossScaling::RestoreNote(const std::map<std::string, std::string>& e
     return absl::StrFormat("the checkpoint's dynamic loss scale (%g) is not continued: this run's "
                            "loss scale is %s",
                            scale, Describe());
+  }
+  if (scale > max_start_scale_) {
+    return absl::StrFormat("the checkpoint's dynamic loss scale (%g) is above %s, where this "
+                           "run's precision may start: it starts from the initial %g instead",
+                           scale, max_start_scale_ == kMaxScale ? "2^64" : "2^150",
+                           dynamic_->scale());
   }
   if (scale == dynamic_->scale()) return "";
   return absl::StrFormat("the dynamic loss scale continues from the checkpoint's %g in place of "

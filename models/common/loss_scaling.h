@@ -64,15 +64,18 @@ class LossScaling {
   // Checkpoints: the scale and its run of good steps under "loss_scale" and
   // "loss_scale_good_steps" in TrainState::extra (nothing when disabled);
   // Restore reads them when present (DataLoss unless the scale is a positive
-  // finite number and the count a count).
+  // finite number and the count a count). A scale above what this run's
+  // precision may start from (a bf16 run's grown past 2^64, resumed with
+  // fp16: 50 halvings would not bring it into fp16's range) is not
+  // continued: the run starts from its initial scale (RestoreNote says so).
   void Save(std::map<std::string, std::string>& extra) const;
   absl::Status Restore(const std::map<std::string, std::string>& extra);
   // What Restore(extra) would change that the run's flags did not say, for a
   // note on resume; "" when nothing: a dynamic scale that continues from the
   // checkpoint's in place of this run's initial one ("the dynamic loss scale
   // continues from the checkpoint's 65536 in place of the initial 1024
-  // (--init_loss_scale applies to a fresh start)"), or a checkpoint's dynamic
-  // scale that a fixed or no scale replaces.
+  // (--init_loss_scale applies to a fresh start)"), a checkpoint's dynamic
+  // scale that a fixed or no scale replaces, or one too high to continue.
   std::string RestoreNote(const std::map<std::string, std::string>& extra) const;
 
  private:
@@ -80,6 +83,9 @@ class LossScaling {
   bool enabled_ = false;
   double fixed_ = 1.0;
   std::optional<precision::DynamicLossScaler> dynamic_;
+  // The largest dynamic scale this run starts from: 2^64 with fp16, 2^150
+  // otherwise (FromFlags' bounds); a checkpoint's above it is not continued.
+  double max_start_scale_ = 0;
   int64_t skipped_ = 0;
   int64_t skipped_in_a_row_ = 0;  // by FinishStep
 };

@@ -175,6 +175,24 @@ TEST(LossScalingTest, RestoreNoteSaysWhatTheCheckpointChanges) {
   EXPECT_EQ(dynamic.RestoreNote({}), "");  // a checkpoint without a dynamic scale
 }
 
+// A bf16 run's scale grows freely (no overflow to back it off); resumed with
+// fp16 a scale past 2^64 would take more than the 50 halvings a run allows
+// to reach fp16's range: the run starts from its initial scale, and says so.
+TEST(LossScalingTest, AScaleTooHighForThisPrecisionIsNotContinued) {
+  const std::map<std::string, std::string> extra = {{"loss_scale", "1e30"},
+                                                    {"loss_scale_good_steps", "6"}};
+  LossScaling fp16 = *LossScaling::FromFlags("dynamic", std::nullopt, /*needs_scaling=*/true);
+  EXPECT_EQ(fp16.RestoreNote(extra),
+            "the checkpoint's dynamic loss scale (1e+30) is above 2^64, where this run's "
+            "precision may start: it starts from the initial 65536 instead");
+  ASSERT_TRUE(fp16.Restore(extra).ok());
+  EXPECT_EQ(fp16.scale(), 65536.0);
+  // The same checkpoint in a bf16 run continues.
+  LossScaling bf16 = *LossScaling::FromFlags("dynamic", std::nullopt, /*needs_scaling=*/false);
+  ASSERT_TRUE(bf16.Restore(extra).ok());
+  EXPECT_EQ(bf16.scale(), 1e30);
+}
+
 TEST(LossScalingTest, UnscaleGradientsFindsInfAndNan) {
   tensor::Tensor g = tensor::Tensor::FromVector({2.0f, 4.0f}, {2});
   std::vector<optim::ParamRef> refs = {
