@@ -336,7 +336,7 @@ TEST(FsdpUnshardTest, ValuesAreTheCurrentFullParametersUntilReshard) {
         ASSERT_TRUE(p->value.defined()) << name;
         for (float v : p->value.To(tensor::Dtype::kF32).Contiguous().ToVector<float>()) sum += v;
       }
-      EXPECT_NEAR(RankMean(pg, sum), sum, 1e-9 * std::abs(sum));  // hi/lo f32 pairs
+      EXPECT_NEAR(RankMean(pg, sum), sum, 1e-9 * std::abs(sum));
       std::vector<nn::KvCache> caches;
       const Tensor logits = gpt.DecodeLogits(prompt, caches);  // (2, V)
       if (rank == 0) {

@@ -58,7 +58,7 @@ RunResult SingleProcess(const mingpt::GptConfig& c, const tensor::Tensor& idx,
                         int micro_batches = 1, int world = 1,
                         tensor::Device device = tensor::Device::Cpu());
 
-// Mean of a double over the ranks (sent as hi/lo f32 pairs, summed in double).
+// Mean of a double over the ranks (each sent whole, summed in double).
 double RankMean(ProcessGroup& pg, double x);
 
 // One rank's part of Sharded over any process group (rank pg.rank() of

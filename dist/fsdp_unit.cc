@@ -235,7 +235,8 @@ void FsdpUnit::PreBackward(nn::Module&) {
            " has a gradient before the unit's backward: a module outside the unit used it "
            "(a tied weight) and its gradient would be lost; wrap so that one unit holds the "
            "parameter and every module that uses it (the root, for a tied head: "
-           "train::CheckTiedWeightsInRoot checks a policy)");
+           "train::CheckTiedWeightsInRoot checks a policy). (Or a backward that threw left it: "
+           "ZeroGrad() before the next backward.)");
   if (full_grad_.defined()) {   // accumulated under no_sync: added to
     flat_.SetGradViews(full_grad_);
   } else {  // new, not zeroed: the backward writes each parameter's gradient

@@ -756,7 +756,8 @@ TEST(GlooGroup, RendezvousThroughRedis) {
 
 // Through Redis too (its SETNX refuses a second set as the FileStore does):
 // ranks 1 and 2 of 3 fail together before joining, each saying so; rank 0,
-// waiting for them with a 120 s timeout, fails at once naming rank 1.
+// waiting for them with a 120 s timeout, fails at once naming one of them
+// (the lowest whose reason is there when it looks: racing, either).
 TEST(GlooGroup, RanksThatFailedBeforeJoiningEndTheRendezvousThroughRedis) {
   START_REDIS_OR_SKIP(redis);
   const std::string store = (*redis)->store();
@@ -774,7 +775,8 @@ TEST(GlooGroup, RanksThatFailedBeforeJoiningEndTheRendezvousThroughRedis) {
     auto pg = CreateGlooProcessGroup(rank, size, options);
     if (pg.ok()) return "joined a group whose peers failed";
     if (!absl::IsAborted(pg.status()) ||
-        !absl::StrContains(pg.status().message(), "[rendezvous] rank 0 of 3: rank 1 (host ") ||
+        !(absl::StrContains(pg.status().message(), "[rendezvous] rank 0 of 3: rank 1 (host ") ||
+          absl::StrContains(pg.status().message(), "[rendezvous] rank 0 of 3: rank 2 (host ")) ||
         !absl::StrContains(pg.status().message(), ") failed before joining: --data: missing")) {
       return pg.status().ToString();
     }

@@ -39,7 +39,7 @@ TEST(ProcStat, AChildThatExitedIsAZombieThenGone) {
     _exit(0);
   }
   std::optional<ProcStat> running;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < 100; ++i) {  // (it sleeps 300 ms)
     running = ReadProcStat(child);
     ASSERT_TRUE(running.has_value());
     if (running->state == 'S') break;

@@ -95,10 +95,11 @@ bool LimitAddressSpace(int64_t headroom) {
     struct rlimit limit {};
     if (getrlimit(RLIMIT_AS, &limit) != 0) return false;
     limit.rlim_cur = static_cast<rlim_t>(mapped + headroom);
-    // A thread's first allocation would otherwise reserve a malloc arena of
-    // its own (64 MiB of address space), past a small headroom: a bad_alloc
-    // in whichever thread (gloo's, the pool's) first allocates after this,
-    // depending on timing. Every thread shares the arenas made so far.
+    // A thread's first allocation may reserve a malloc arena of its own (64
+    // MiB of address space), past a small headroom: a bad_alloc in whichever
+    // thread (gloo's, the pool's) first allocates after the limit, depending
+    // on timing. New threads share the arenas made so far instead (unless
+    // glibc fixed its arena limit already: past 8 arenas). It stays so.
     mallopt(M_ARENA_MAX, 1);
     return setrlimit(RLIMIT_AS, &limit) == 0;
   }

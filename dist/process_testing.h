@@ -36,8 +36,8 @@ Outcome RunProcesses(int size, const RankBody& body, absl::Duration limit = absl
 void ExpectAllOk(const Outcome& o);
 
 // Limits this process's address space to what it maps now plus `headroom`
-// bytes (the soft limit), and keeps its threads to malloc's arenas made so
-// far (a new one reserves 64 MiB); false when it cannot.
+// bytes (the soft limit), and keeps new threads to malloc's arenas made so
+// far (a new one reserves 64 MiB), for good; false when it cannot.
 bool LimitAddressSpace(int64_t headroom);
 // Lifts that limit (the soft limit back to the hard one); false when it cannot.
 bool LiftAddressSpaceLimit();

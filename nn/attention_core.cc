@@ -1,6 +1,8 @@
 // Attention scores, masks, softmax and value mixing, forward and backward.
 #include "nn/attention_core.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <limits>
 #include <vector>

@@ -246,19 +246,20 @@ TEST(AttentionCoreTest, BadShapesAreClearErrors) {
   EXPECT_THROW(AttentionForward(in.q, in.q, in.v, Tensor(), Tensor(), o, gen, &st),
                tensor::OpError);  // v has T_k rows, k has T_q
   // A scale of 0 or below would turn masked scores (-inf) into NaN or +inf;
-  // with a key mask, a bias, or neither, it is refused alike.
-  const Tensor mask = Tensor::Full({2, 4}, 1.0);
+  // with or without a key mask or a bias, it is refused alike.
   for (float scale : {0.0f, -0.5f, std::nanf(""), HUGE_VALF}) {
     o.scale = scale;
-    for (const Tensor& bias : {Tensor(), Tensor::Zeros({1, 2, 3, 4})}) {
-      try {
-        AttentionForward(in.q, in.k, in.v, bias, mask, o, gen, &st);
-        ADD_FAILURE() << "scale " << scale << " was taken";
-      } catch (const tensor::OpError& e) {
-        EXPECT_NE(std::string(e.what()).find(
-                      "[my_attention] scale must be a positive finite number; got "),
-                  std::string::npos)
-            << e.what();
+    for (const Tensor& mask : {Tensor(), Tensor::Full({2, 4}, 1.0)}) {
+      for (const Tensor& bias : {Tensor(), Tensor::Zeros({1, 2, 3, 4})}) {
+        try {
+          AttentionForward(in.q, in.k, in.v, bias, mask, o, gen, &st);
+          ADD_FAILURE() << "scale " << scale << " was taken";
+        } catch (const tensor::OpError& e) {
+          EXPECT_NE(std::string(e.what()).find(
+                        "[my_attention] scale must be a positive finite number; got "),
+                    std::string::npos)
+              << e.what();
+        }
       }
     }
   }

@@ -262,10 +262,6 @@ TEST(CudaOptimizerTest, StateLoadedOnTheHostFollowsAGpuParameter) {
   }
 }
 
-// A GPU check still unread when the step starts (an embedding's ids, checked
-// without a host wait) is waited for, and its failure stops the step before
-// anything changes: the parameter, and the optimizer's state and step count
-// (the next step is a first step, as on the CPU).
 // A first step that runs out of device memory making the second parameter's
 // state (its 2 x 16 MiB of AdamW moments past a limit 8 MiB above what the
 // process holds) changes nothing: no parameter, no step count (the first's
@@ -301,6 +297,10 @@ TEST(CudaOptimizerTest, AStepOutOfMemoryMakingStateChangesNothing) {
   EXPECT_TRUE(MatchesCpu(b_gpu, b_cpu, {1e-6, 1e-7}));
 }
 
+// A GPU check still unread when the step starts (an embedding's ids, checked
+// without a host wait) is waited for, and its failure stops the step before
+// anything changes: the parameter, and the optimizer's state and step count
+// (the next step is a first step, as on the CPU).
 TEST(CudaOptimizerTest, AFailedDeferredCheckStopsTheStepBeforeAnythingChanges) {
   SKIP_WITHOUT_GPU();
   for (bool adamw : {true, false}) {

@@ -43,6 +43,23 @@ class JsonParser {
     return false;
   }
 
+  // The 4 hex digits after "\\u".
+  absl::StatusOr<uint32_t> ParseHex4() {
+    if (pos_ + 4 > s_.size()) return Error("short \\u escape");
+    uint32_t code = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = s_[pos_];
+      const int digit = h >= '0' && h <= '9'   ? h - '0'
+                        : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                        : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                               : -1;
+      if (digit < 0) return Error("a \\u escape needs 4 hex digits");
+      code = code * 16 + static_cast<uint32_t>(digit);
+      ++pos_;
+    }
+    return code;
+  }
+
   absl::StatusOr<std::string> ParseString() {
     if (!Consume('"')) return Error("expected a string");
     std::string out;
@@ -57,17 +74,31 @@ class JsonParser {
           case 'r': out += '\r'; break;
           case 'b': out += '\b'; break;
           case 'f': out += '\f'; break;
+          case '"': case '\\': case '/': out += e; break;
           case 'u': {
-            if (pos_ + 4 > s_.size()) return Error("short \\u escape");
-            unsigned code = 0;
-            for (int i = 0; i < 4; ++i) {
-              const char h = s_[pos_++];
-              code = code * 16 + (std::isdigit(h) ? h - '0' : (std::tolower(h) - 'a' + 10));
+            absl::StatusOr<uint32_t> code = ParseHex4();
+            if (!code.ok()) return code.status();
+            // A character past U+FFFF comes as a UTF-16 pair (Python's
+            // json.dumps writes an emoji so): one code point, 4 UTF-8 bytes.
+            if (*code >= 0xDC00 && *code <= 0xDFFF) {
+              return Error("a \\u low surrogate without the high one before it");
             }
-            AppendUtf8(code, out);
+            if (*code >= 0xD800 && *code <= 0xDBFF) {
+              if (s_.compare(pos_, 2, "\\u") != 0) {
+                return Error("a \\u high surrogate without the low one after it");
+              }
+              pos_ += 2;
+              absl::StatusOr<uint32_t> low = ParseHex4();
+              if (!low.ok()) return low.status();
+              if (*low < 0xDC00 || *low > 0xDFFF) {
+                return Error("a \\u high surrogate without the low one after it");
+              }
+              *code = 0x10000 + ((*code - 0xD800) << 10) + (*low - 0xDC00);
+            }
+            AppendUtf8(*code, out);
             break;
           }
-          default: out += e;
+          default: return Error(absl::StrCat("bad escape \\", std::string(1, e)));
         }
       } else {
         out += c;

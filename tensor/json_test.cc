@@ -36,6 +36,25 @@ TEST(JsonTest, ErrorsNameTheByte) {
   EXPECT_TRUE(ParseJson("[[[[1]]]]", 4).ok());
 }
 
+// \u escapes as Python's json.dumps writes them: a character past U+FFFF
+// as a UTF-16 surrogate pair (one code point, 4 UTF-8 bytes); upper-case hex
+// and \/ too. A pair cut in half, a non-hex digit or an unknown escape is an
+// error naming its byte.
+TEST(JsonTest, EscapesIncludingSurrogatePairsDecodeToUtf8) {
+  absl::StatusOr<Json> j = ParseJson(R"("\ud83d\ude00 \u00E9\/\\")");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->text, "\xF0\x9F\x98\x80 \xC3\xA9/\\");
+  for (const char* bad : {R"("\uZZZZ")", R"("\u12")", R"("\ud83d")", R"("\ud83dx")",
+                          R"("\ud83d\u0041")", R"("\ude00")", R"("\x41")"}) {
+    absl::StatusOr<Json> b = ParseJson(bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kDataLoss) << bad;
+    EXPECT_NE(b.status().message().find("bad JSON at byte"), absl::string_view::npos) << bad;
+  }
+  EXPECT_NE(ParseJson(R"("\ud83d")").status().message().find("high surrogate"),
+            absl::string_view::npos);
+}
+
 TEST(JsonTest, ValueBudgetIsAnErrorNotAnAllocation) {
   // [1,2,3] is four values (the array and three numbers).
   EXPECT_TRUE(ParseJson("[1,2,3]", 32, 4).ok());

@@ -284,7 +284,11 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   if (!s.ok()) return s;
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  if (n > static_cast<uint64_t>(kMaxHeaderBytes) || 8 + static_cast<int64_t>(n) > file_size) {
+  if (n > static_cast<uint64_t>(kMaxHeaderBytes)) {
+    return bad(absl::StrCat("header length ", n, " is more than the ", kMaxHeaderBytes,
+                            " bytes a header may have"));
+  }
+  if (8 + static_cast<int64_t>(n) > file_size) {
     return bad(absl::StrCat("header length ", n, " exceeds the file size ", file_size,
                             " (truncated?)"));
   }
@@ -302,6 +306,9 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   for (const auto& [name, v] : doc->fields) {
     if (!names.insert(name).second) return bad(absl::StrCat("entry '", name, "' appears twice"));
     if (name == "__metadata__") {
+      if (v.kind != Json::Kind::kObject && v.kind != Json::Kind::kNull) {
+        return bad("__metadata__ must be an object of strings");
+      }
       for (const auto& [k, mv] : v.fields) {
         if (mv.kind != Json::Kind::kString) return bad("metadata values must be strings");
         header.metadata[k] = mv.text;
@@ -320,6 +327,12 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
     }
     if (!dtype || !shape || !offsets || offsets->items.size() != 2) {
       return bad(absl::StrCat("entry '", name, "' lacks dtype, shape or data_offsets"));
+    }
+    // (A string or null shape has no items: it would read as a scalar.)
+    if (v.kind != Json::Kind::kObject || dtype->kind != Json::Kind::kString ||
+        shape->kind != Json::Kind::kArray || offsets->kind != Json::Kind::kArray) {
+      return bad(absl::StrCat("entry '", name, "' needs a dtype string, a shape array and a "
+                              "data_offsets array"));
     }
     absl::StatusOr<Dtype> d = DtypeFromSafetensorsName(dtype->text);
     if (!d.ok()) return bad(absl::StrCat("entry '", name, "': ", d.status().message()));

@@ -232,6 +232,42 @@ TEST(SafetensorsTest, MalformedHeadersAndMissingFiles) {
   EXPECT_NE(hole.message().find("bytes [2, 3) of the data section belong to no tensor"),
             std::string::npos)
       << hole;
+  // Fields of the wrong type: a shape that is not an array read as a scalar,
+  // metadata that is not an object was ignored.
+  for (const char* header : {R"({"a":{"dtype":"F32","shape":"x","data_offsets":[0,4]}})",
+                             R"({"a":{"dtype":"F32","shape":null,"data_offsets":[0,4]}})",
+                             R"({"a":{"dtype":["F32"],"shape":[1],"data_offsets":[0,4]}})"}) {
+    const absl::Status s = with_header(header, 4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << header;
+    EXPECT_NE(s.message().find("entry 'a' needs a dtype string, a shape array and a "
+                               "data_offsets array"),
+              std::string::npos)
+        << s;
+  }
+  const absl::Status metadata = with_header(
+      R"({"__metadata__":"x","a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1);
+  EXPECT_NE(metadata.message().find("__metadata__ must be an object of strings"),
+            std::string::npos)
+      << metadata;
+  EXPECT_TRUE(with_header(R"({"__metadata__":null,"a":{"dtype":"U8","shape":[1],)"
+                          R"("data_offsets":[0,1]}})",
+                          1)
+                  .ok());
+  // A header longer than the reader takes, in a file long enough to hold it
+  // (sparse): named as such, not as a truncated file.
+  {
+    std::string bytes(8, '\0');
+    const uint64_t n = uint64_t{200} << 20;
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    WriteBytes(path, bytes);
+    ASSERT_EQ(::truncate(path.c_str(), int64_t{300} << 20), 0);
+    const absl::Status s = ReadSafetensors(path).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(s.message().find("header length 209715200 is more than the 104857600 bytes a "
+                               "header may have"),
+              std::string::npos)
+        << s;
+  }
   // Sizes that wrap in 64 bits: 4 * (2^62 + 1) bytes, and 2^32 * 2^32 elements.
   for (const char* header : {
            R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}})",

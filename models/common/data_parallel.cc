@@ -535,6 +535,14 @@ absl::Status DataParallelModel::PrepareToTrain(const std::string& checkpoint_dir
   // resumes, or none does.
   absl::Status agreed = AgreeOnResuming(pg_, resume, checkpoint_dir);
   if (!agreed.ok()) return agreed;
+  // A fresh start (on every rank now) was planned before rank 0 locked the
+  // folder: a run that saved into it meanwhile is not replaced.
+  if (resume.empty() && !checkpoint_dir.empty()) {
+    agreed = AgreeOnStatus(
+        pg_, pg_.rank() == 0 ? CheckFreshCheckpointDir(checkpoint_dir) : absl::OkStatus(),
+        absl::StrCat("checking --checkpoint_dir ", checkpoint_dir));
+    if (!agreed.ok()) return agreed;
+  }
   if (auto_fresh && logs) PrintAutoFreshStart(checkpoint_dir);
   return absl::OkStatus();
 }

@@ -498,6 +498,41 @@ TEST(DataParallelModelTest, ARestoreThatFailsOnOneRankFailsEveryRank) {
       << got[0];
 }
 
+// A fresh start planned before rank 0 locked --checkpoint_dir: a run that
+// saved into the folder meanwhile (here the first model, then gone) is
+// refused on every rank, not replaced.
+TEST(DataParallelModelTest, AFreshStartIsCheckedAgainUnderTheLock) {
+  const std::string dir = ::testing::TempDir() + "/dp_saved_meanwhile";
+  std::filesystem::remove_all(dir);
+  const DataParallelConfig config = ThreadsConfig("full_shard", 2);
+  std::vector<absl::Status> fresh(2);
+  absl::Status s = RunDataParallel(config, [&](RankContext& rank) -> absl::Status {
+    mingpt::GPT model(Tiny());
+    {
+      auto other = DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed);
+      if (!other.ok()) return other.status();
+      absl::Status ready = (*other)->PrepareToTrain(dir, "", false, false);
+      if (!ready.ok()) return ready;
+      TrainState state;
+      state.step = 1;
+      absl::Status saved = (*other)->SaveCheckpoint(dir, state);
+      if (!saved.ok()) return saved;
+    }
+    mingpt::GPT again(Tiny());
+    auto dp = DataParallelModel::Create(again, rank.pg, config, AdamW(), kSeed);
+    if (!dp.ok()) return dp.status();
+    fresh[rank.rank] = (*dp)->PrepareToTrain(dir, "", false, false);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(fresh[0].code(), absl::StatusCode::kInvalidArgument) << fresh[0];
+  EXPECT_TRUE(absl::StrContains(fresh[0].message(),
+                                "holds an earlier run's checkpoints (latest: step_000001)"))
+      << fresh[0];
+  EXPECT_FALSE(fresh[1].ok());
+  EXPECT_TRUE(absl::StrContains(fresh[1].message(), "rank(s) 0")) << fresh[1];
+}
+
 // Ranks whose data loaders are configured differently (another copy of the
 // data on one host) all stop at the start, naming the ranks that differ.
 TEST(DataParallelModelTest, RanksWithOtherDataStopAtTheStart) {

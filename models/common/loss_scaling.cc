@@ -140,6 +140,7 @@ std::string LossScaling::Describe() const {
 }
 
 void LossScaling::Save(std::map<std::string, std::string>& extra) const {
+  if (skipped_in_a_row_ > 0) extra["loss_scale_skipped_in_a_row"] = absl::StrCat(skipped_in_a_row_);
   if (!dynamic_) return;
   const precision::DynamicLossScaler::State st = dynamic_->GetState();
   extra["loss_scale"] = absl::StrFormat("%.17g", st.scale);
@@ -147,8 +148,21 @@ void LossScaling::Save(std::map<std::string, std::string>& extra) const {
 }
 
 absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extra) {
+  // Steps skipped in a row when it was saved: a resumed run stops where the
+  // uninterrupted one would. (Taken once the rest is valid too.)
+  int64_t in_a_row = 0;
+  if (auto it = extra.find("loss_scale_skipped_in_a_row"); it != extra.end() && enabled_) {
+    if (!absl::SimpleAtoi(it->second, &in_a_row) || in_a_row < 0 ||
+        in_a_row >= kMaxSkippedInARow) {
+      return absl::DataLossError(absl::StrCat("the checkpoint's count of steps skipped in a row ('",
+                                              it->second, "') is not valid"));
+    }
+  }
   auto scale = extra.find("loss_scale");
-  if (!dynamic_ || scale == extra.end()) return absl::OkStatus();
+  if (!dynamic_ || scale == extra.end()) {
+    skipped_in_a_row_ = in_a_row;
+    return absl::OkStatus();
+  }
   precision::DynamicLossScaler::State st = dynamic_->GetState();
   auto good = extra.find("loss_scale_good_steps");
   if (!absl::SimpleAtod(scale->second, &st.scale) || !(st.scale > 0) ||
@@ -157,8 +171,12 @@ absl::Status LossScaling::Restore(const std::map<std::string, std::string>& extr
     return absl::DataLossError(absl::StrCat("the checkpoint's loss scale state ('",
                                             scale->second, "') is not valid"));
   }
-  if (st.scale > max_start_scale_) return absl::OkStatus();  // RestoreNote says so
-  return dynamic_->SetState(st);
+  if (st.scale <= max_start_scale_) {  // else not continued: RestoreNote says so
+    absl::Status set = dynamic_->SetState(st);
+    if (!set.ok()) return set;
+  }
+  skipped_in_a_row_ = in_a_row;
+  return absl::OkStatus();
 }
 
 std::string LossScaling::RestoreNote(const std::map<std::string, std::string>& extra) const {

@@ -62,7 +62,10 @@ class LossScaling {
   std::string Describe() const;
 
   // Checkpoints: the scale and its run of good steps under "loss_scale" and
-  // "loss_scale_good_steps" in TrainState::extra (nothing when disabled);
+  // "loss_scale_good_steps" in TrainState::extra (nothing when disabled),
+  // and the steps skipped in a row, when any, under
+  // "loss_scale_skipped_in_a_row" (a resumed run stops where an
+  // uninterrupted one would);
   // Restore reads them when present (DataLoss unless the scale is a positive
   // finite number and the count a count). A scale above what this run's
   // precision may start from (a bf16 run's grown past 2^64, resumed with

@@ -133,6 +133,31 @@ TEST(LossScalingTest, FiftyStepsSkippedInARowStopTheRun) {
   }
 }
 
+// The count of steps skipped in a row goes into checkpoints: a run resumed
+// after 30 of them stops at the 20th more, as the uninterrupted run would.
+TEST(LossScalingTest, StepsSkippedInARowContinueAcrossAResume) {
+  for (const char* spec : {"dynamic", "1024"}) {
+    SCOPED_TRACE(spec);
+    auto found_inf = [](double) -> absl::StatusOr<bool> { return true; };
+    LossScaling a = *LossScaling::FromFlags(spec, std::nullopt, false);
+    for (int64_t step = 1; step <= 30; ++step) {
+      ASSERT_FALSE(*a.FinishStep(a.scale(), step, false, found_inf));
+    }
+    std::map<std::string, std::string> extra;
+    a.Save(extra);
+    EXPECT_EQ(extra.at("loss_scale_skipped_in_a_row"), "30");
+    LossScaling b = *LossScaling::FromFlags(spec, std::nullopt, false);
+    ASSERT_TRUE(b.Restore(extra).ok());
+    for (int64_t step = 31; step < 50; ++step) {
+      ASSERT_FALSE(*b.FinishStep(b.scale(), step, false, found_inf));
+    }
+    EXPECT_EQ(b.FinishStep(b.scale(), 50, false, found_inf).status().code(),
+              absl::StatusCode::kInternal);
+    extra["loss_scale_skipped_in_a_row"] = "50";
+    EXPECT_EQ(b.Restore(extra).code(), absl::StatusCode::kDataLoss);
+  }
+}
+
 TEST(LossScalingTest, StateRoundTripsThroughACheckpoint) {
   LossScaling a = *LossScaling::FromFlags("dynamic", 1024, false);
   a.Update(true);

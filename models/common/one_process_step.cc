@@ -64,13 +64,20 @@ nn::MixedPrecision& OneProcessModel::mixed() {
 }
 
 absl::Status OneProcessModel::PrepareToTrain(const std::string& checkpoint_dir,
-                                             const std::string& /*resume*/, bool auto_fresh,
+                                             const std::string& resume, bool auto_fresh,
                                              bool logs) {
   // Checked now, not at the first save; locked for this run until it ends.
   absl::StatusOr<std::optional<CheckpointDirLock>> lock =
       PrepareAndLockCheckpointDir(checkpoint_dir);
   if (!lock.ok()) return lock.status();
   checkpoint_dir_lock_ = *std::move(lock);
+  // A fresh start was planned before the lock (PlanResume, before the data
+  // and the model): a run that saved into the folder meanwhile is not
+  // replaced.
+  if (resume.empty() && !checkpoint_dir.empty()) {
+    absl::Status fresh = CheckFreshCheckpointDir(checkpoint_dir);
+    if (!fresh.ok()) return fresh;
+  }
   if (auto_fresh && logs) PrintAutoFreshStart(checkpoint_dir);
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 #include "models/common/one_process_step.h"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -231,6 +232,30 @@ TEST(FinishOneProcessStepTest, AnInfGradientNormWithoutLossScalingStopsBeforeThe
   EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(done.status().message().find("the gradient norm is inf at step 5"), std::string::npos)
       << done.status();
+}
+
+// A fresh start is planned before the data and the model are made, the
+// folder locked only then: a run that saved into it meanwhile is refused
+// under the lock, not replaced. A resume is prepared as before.
+TEST(OneProcessModelTest, AFreshStartIsCheckedAgainUnderTheLock) {
+  const std::string dir = ::testing::TempDir() + "/saved_meanwhile";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(CheckFreshCheckpointDir(dir).ok());  // the plan: a fresh start
+  TrainState state;
+  testing::SaveAfterOneStep(testing::SmallConfig(), dir, state);  // another run, meanwhile
+  mingpt::GPT model(Config());
+  model.Materialize(1);
+  std::unique_ptr<optim::Optimizer> opt = MakeAdamW();
+  {
+    OneProcessModel fresh(model, *opt, precision::MixedPrecisionPolicy::Fp32());
+    const absl::Status s = fresh.PrepareToTrain(dir, "", /*auto_fresh=*/false, /*logs=*/false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("holds an earlier run's checkpoints (latest: step_000001)"),
+              std::string::npos)
+        << s;
+  }
+  OneProcessModel resuming(model, *opt, precision::MixedPrecisionPolicy::Fp32());
+  EXPECT_TRUE(resuming.PrepareToTrain(dir, "latest", false, false).ok());
 }
 
 }  // namespace

@@ -276,7 +276,7 @@ void AfterResume(const std::string& checkpoint_dir, const Resumed& resumed, int6
 // before its message, so the error names the checkpoint; OK stays OK.
 absl::Status InResumedCheckpoint(const Resumed& resumed, const absl::Status& failure);
 // Whether to save a checkpoint after step_done (1-based) of `steps` every
-// `every` steps (0: never here; the last step's is saved after the loop).
+// `every` steps (0: never here; the last step's is saved as the last).
 bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps);
 
 // One process: loss() in eval mode (no dropout) with `mixed`'s compute copies

@@ -632,10 +632,10 @@ TEST(InitFromLineTest, SaysWhenOnlyTheConfigurationIsTaken) {
 }
 
 TEST(CheckpointDueTest, EveryNStepsBeforeTheLast) {
-  EXPECT_FALSE(CheckpointDue(0, 10, 100));  // 0: only after the loop
+  EXPECT_FALSE(CheckpointDue(0, 10, 100));  // 0: only the last step's
   EXPECT_TRUE(CheckpointDue(10, 10, 100));
   EXPECT_FALSE(CheckpointDue(10, 11, 100));
-  EXPECT_FALSE(CheckpointDue(10, 100, 100));  // the last step's is saved after the loop
+  EXPECT_FALSE(CheckpointDue(10, 100, 100));  // the last step's is saved as the last
 }
 
 }  // namespace

@@ -9,9 +9,10 @@
 //     backward of each of its K micro-batches (only the last communicates)
 //     -> FinishTrainingStep (mean loss over the ranks -> gradients ->
 //     unscale, an inf or NaN on any rank skipping the step on all -> clip ->
-//     optimizer step -> zero grads) -> rank 0's report -> evaluation -> a
-//     sample -> a checkpoint;
-//   - a checkpoint after the last step, and rank 0's summary.
+//     optimizer step -> zero grads) -> rank 0's report -> a checkpoint
+//     (every --checkpoint_every steps, and after the last: before the work
+//     that may fail after it) -> evaluation -> a sample;
+//   - rank 0's summary.
 #ifndef MODELS_COMMON_TRAINING_LOOP_H_
 #define MODELS_COMMON_TRAINING_LOOP_H_
 
@@ -188,9 +189,19 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
         trainer.FinishTrainingStep(local_loss, scale, step, s.grad_clip, scaling, s.logs());
     if (!done.ok()) return done.status();
     if (s.logs()) {
+      // (Before the checkpoint: a --metrics_out that fails leaves no saved
+      // step without its line, for a resume to continue after.)
       absl::Status reported = reporter.Report(step + 1, *done, opt.lr(), timer.ElapsedMs(),
                                               scaling.enabled() ? scale : 0);
       if (!reported.ok()) return reported;
+    }
+    // The step's checkpoint (every --checkpoint_every steps, and the last)
+    // before the work that may fail after it (an evaluation, a sample running
+    // out of memory): what the run trained is kept whatever follows. Neither
+    // changes anything saved; one that failed is not run again on resume.
+    if (step + 1 == s.steps || CheckpointDue(s.checkpoint_every, step + 1, s.steps)) {
+      absl::Status saved = save(step + 1);
+      if (!saved.ok()) return saved;
     }
     if (parts.eval_loss && EvalAfter(s.eval, step + 1, s.steps)) {
       // Every rank evaluates its rows; the mean over the ranks.
@@ -205,14 +216,6 @@ absl::Status RunTrainingLoop(const TrainingLoopSettings& s,
                                                  [&] { return parts.draw(step + 1); });
       if (!sampled.ok()) return sampled;
     }
-    if (CheckpointDue(s.checkpoint_every, step + 1, s.steps)) {
-      absl::Status saved = save(step + 1);
-      if (!saved.ok()) return saved;
-    }
-  }
-  if (s.steps > start) {
-    absl::Status saved = save(s.steps);
-    if (!saved.ok()) return saved;
   }
   if (s.logs()) reporter.PrintSummary(s.summary_note);
   return absl::OkStatus();

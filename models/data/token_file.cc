@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +37,22 @@ inline int64_t ReadUint16Le(const uint8_t* p) {
 
 absl::Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("[token file] ", path, ": ", what));
+}
+
+// A raw file of little-endian uint32 (or int32) ids below 2^16, read as
+// uint16: each id then a 0. The tokens looked at (2 x the first
+// min(1024, n / 2) pairs, at least 64 pairs) when every pair ends in 0 and
+// some starts with another id (a file of zeros is not taken for one); 0
+// when it does not look so. Real uint16 text has no 0 every second token.
+int64_t Uint32Evidence(const uint8_t* tokens, int64_t num_tokens) {
+  const int64_t pairs = std::min<int64_t>(1024, num_tokens / 2);
+  if (pairs < 64) return 0;
+  bool some_id = false;
+  for (int64_t i = 0; i < pairs; ++i) {
+    if (ReadUint16Le(tokens + 4 * i + 2) != 0) return 0;
+    some_id |= ReadUint16Le(tokens + 4 * i) != 0;
+  }
+  return some_id ? 2 * pairs : 0;
 }
 
 }  // namespace
@@ -108,6 +125,15 @@ absl::StatusOr<std::shared_ptr<const TokenFile>> TokenFile::Open(const std::stri
     num_tokens = size / 2;
   }
   if (num_tokens == 0) return Invalid(path, "the file holds no tokens");
+  if (format == TokenFileFormat::kRaw) {
+    if (const int64_t looked = Uint32Evidence(tokens, num_tokens); looked > 0) {
+      return Invalid(path, absl::StrCat(
+                               "every second uint16 of its first ", looked,
+                               " is 0: it looks like uint32 tokens (np.uint32 or np.int32), "
+                               "which would read as twice the tokens, half of them id 0; write "
+                               "them as uint16 (np.uint16, nanoGPT's) or use //tools:tokenize"));
+    }
+  }
 
   for (int64_t i = 0; i < num_tokens; ++i) {
     const int64_t t = ReadUint16Le(tokens + 2 * i);

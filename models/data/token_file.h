@@ -5,8 +5,10 @@
 //                   header[1] = 1, header[2] = number of tokens), then the
 //                   uint16 tokens.
 // Auto-detection reads the first int32: the llm.c magic means llm.c. (For
-// vocabularies up to 54600, GPT-2's included, a raw file cannot start with
-// those bytes: its first token would be 0xD548 = 54600.) The file is
+// vocabularies up to 55432, GPT-2's included, a raw file cannot start with
+// those bytes: its first token would be 0xD888 = 55432.) A raw file whose
+// every second uint16 is 0 (over its first 2048) is refused as uint32 ids
+// written by mistake. The file is
 // memory-mapped, its size checked against the token count, and every token
 // checked against the vocabulary when it is opened.
 #ifndef MODELS_DATA_TOKEN_FILE_H_

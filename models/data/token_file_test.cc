@@ -217,6 +217,32 @@ TEST(TokenFileTest, UnsupportedVersionAndUint32Files) {
   EXPECT_NE(ErrorOf(u32).find("uint32 tokens (magic 20240801)"), std::string::npos) << ErrorOf(u32);
 }
 
+// Raw uint32 ids (np.array(ids, np.uint32).tofile without .bin.json) would
+// read as twice the tokens, every second one id 0: refused, naming what it
+// looks like. A short such file (under 64 pairs) and a file of zeros are
+// taken; one id 0 every second token in real text is not a thing.
+TEST(TokenFileTest, RawUint32IdsAreRefused) {
+  const std::string u32 = TempPath("u32raw.bin");
+  std::string bytes;
+  for (int i = 0; i < 4096; ++i) bytes += Int32Le(i % 50000 + 1);
+  WriteBytes(u32, bytes);
+  EXPECT_NE(ErrorOf(u32).find("every second uint16 of its first 2048 is 0: it looks like "
+                              "uint32 tokens"),
+            std::string::npos)
+      << ErrorOf(u32);
+  std::vector<int> ids(4096, 0);
+  for (int i = 0; i < 4096; ++i) ids[i] = i % 2 == 0 ? i % 50000 + 1 : 0;
+  ids[2047] = 7;  // one second uint16 that is not 0, within the first 2048
+  WriteBytes(u32, Uint16Le(ids));
+  EXPECT_TRUE(TokenFile::Open(u32, 50257).ok());
+  WriteBytes(u32, Uint16Le(std::vector<int>(4096, 0)));
+  EXPECT_TRUE(TokenFile::Open(u32, 50257).ok());
+  bytes.clear();
+  for (int i = 0; i < 63; ++i) bytes += Int32Le(i + 1);
+  WriteBytes(u32, bytes);
+  EXPECT_TRUE(TokenFile::Open(u32, 50257).ok());
+}
+
 TEST(TokenFileTest, TooSmallFiles) {
   const std::string header_only = TempPath("short_header.bin");
   WriteBytes(header_only, LlmcHeader(20240520, 1, 10).substr(0, 100));

@@ -4,7 +4,7 @@
 # --metrics_out), in eval mode, without changing training (the same training
 # losses with dropout on); ranks evaluate their rows of the same batches, so
 # FSDP at world 2 with 2 micro-batches reports one process's eval losses; under
-# DDP with bf16 a checkpoint saved right after an evaluation holds the fp32
+# DDP with bf16 a checkpoint saved after evaluations holds the fp32
 # masters, bit for bit those of a run without evaluation; bad values exit 2
 # naming the flag. --val_fraction holds out the end of --data: the same as
 # the two parts given as --data and --eval_data.
@@ -43,7 +43,8 @@ join <(evals "$dir/one.jsonl") <(evals "$dir/fsdp.jsonl") | awk '
   END { exit bad || n != 3 }'
 echo "FSDP world 2 with micro-batches evaluates as one process"
 
-# DDP, bf16: the checkpoint after an evaluation is the run's fp32 masters.
+# DDP, bf16: the checkpoint after evaluations (at steps 2 and 4; the step's
+# checkpoint is saved before its evaluation) is the run's fp32 masters.
 bf16=(--steps=4 --batch_size=2 --world_size=2 --strategy=ddp --precision=bf16 --dropout=0)
 "$train" "${common[@]}" "${bf16[@]}" --eval_data=shipped --eval_every=2 \
   --checkpoint_dir="$dir/ck_eval" > /dev/null
