@@ -37,9 +37,14 @@
 // anyway (SIGKILL) takes its workers with it (each gets SIGTERM from the
 // kernel, PR_SET_PDEATHSIG). Once its workers have ended, whatever they left
 // running in their process groups is killed, so that nothing holds their
-// output (nor a GPU) after the launch ends. --max_restarts takes one node
-// only: with several, each node's launcher could restart only its own
-// workers (no cross-node coordination), and the nodes' attempts would not
+// output (nor a GPU) after the launch ends. A stop signal ignored when the
+// launcher starts (nohup's SIGHUP) stays ignored, in the workers too; a
+// reader of the launcher's output that went away (SIGPIPE) does not kill it;
+// when its stdin is a terminal the workers read /dev/null (in process groups
+// of their own, a read of the terminal would stop them unseen).
+// --max_restarts takes one node only: with several, each node's launcher
+// could restart only its own workers (no cross-node coordination), and the
+// nodes' attempts would not
 // meet.
 #include <fcntl.h>
 #include <poll.h>
@@ -373,9 +378,33 @@ int main(int argc, char** argv) {
                  given.c_str(), cores, by_quota ? " by the cgroup's CPU quota" : "", nproc);
   }
 
+  // The stop signals, except one ignored from the start (nohup's SIGHUP:
+  // a hangup then stops neither the launcher nor its workers). SIGPIPE is
+  // ignored here (a reader of the launcher's output that went away, `| tee`
+  // after Ctrl-C, no longer kills it before it stops the workers); the
+  // workers get the dispositions the launcher was started with.
+  std::vector<int> ignored_at_start;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) {
+    struct sigaction was {};
+    if (sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) {
+      ignored_at_start.push_back(sig);
+    }
+  }
+  auto ignored = [&](int sig) {
+    return std::find(ignored_at_start.begin(), ignored_at_start.end(), sig) !=
+           ignored_at_start.end();
+  };
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    if (!ignored(sig)) sigaction(sig, &sa, nullptr);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  // A worker reading a terminal it does not own (its own process group)
+  // would be stopped by SIGTTIN, unseen: the launch hung. Workers read
+  // /dev/null instead of the launcher's terminal (a file or pipe as stdin
+  // is passed on as it is).
+  const bool stdin_is_terminal = isatty(0) == 1;
   const pid_t launcher = getpid();
 
   for (int attempt = 0;; ++attempt) {
@@ -407,7 +436,16 @@ int main(int argc, char** argv) {
         dup2(out_fds[1], 1);
         dup2(err_fds[1], 2);
         for (int fd : {out_fds[0], out_fds[1], err_fds[0], err_fds[1]}) close(fd);
-        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(sig, SIG_DFL);
+        if (stdin_is_terminal) {
+          const int null_fd = open("/dev/null", O_RDONLY);
+          if (null_fd >= 0) {
+            dup2(null_fd, 0);
+            if (null_fd != 0) close(null_fd);
+          }
+        }
+        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) {
+          signal(sig, ignored(sig) ? SIG_IGN : SIG_DFL);
+        }
         auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
         set("RANK", std::to_string(w.rank));
         set("LOCAL_RANK", std::to_string(local));

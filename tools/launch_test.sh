@@ -218,4 +218,37 @@ rc=$?
 echo "$out" | grep -q "launch: cannot start local rank [0-9]* of 12: pipe: Too many open files; stopping the workers started" \
   || { echo "$out"; fail "start failure message"; }
 pgrep -f "sleep 9874" > /dev/null && { pkill -f "sleep 9874"; fail "started workers outlived a failed start"; }
+
+# 6. A reader of the launcher's output that went away (`| tee` after Ctrl-C):
+# the launcher's next line no longer kills it (SIGPIPE, exit 141) before it
+# stops the workers; the worker that ignores SIGTERM gets SIGKILL after the
+# grace period as always, and the launch exits 128 + SIGTERM.
+mkfifo "$T/gone_reader"
+"$LAUNCH" --grace_period_s=1 -- sh -c 'trap "" TERM; echo started; exec sleep 9876' \
+  > "$T/gone_reader" 2>&1 &
+L=$!
+exec 3< "$T/gone_reader"; read -r _ <&3; exec 3<&-
+sleep 0.3; kill -TERM $L; wait $L; rc=$?
+for _ in $(seq 40); do alive 9876 || break; sleep 0.1; done
+alive 9876 && { pkill -f "sleep 9876"; fail "a worker outlived a launcher whose reader went away"; }
+[ $rc -eq 143 ] || fail "the launcher whose reader went away exited $rc, wanted 143 (141: SIGPIPE)"
+
+# Under nohup a hangup stops neither the launcher nor its workers (SIGHUP
+# stays ignored, in the workers too).
+nohup "$LAUNCH" -- sh -c 'sleep 1; echo "still here"' > "$T/nohup.out" 2>&1 &
+L=$!
+sleep 0.4; kill -HUP $L; wait $L; rc=$?
+[ $rc -eq 0 ] || { cat "$T/nohup.out"; fail "a launch under nohup exited $rc on SIGHUP"; }
+grep -qx "\[rank 0\] still here" "$T/nohup.out" || { cat "$T/nohup.out"; fail "nohup worker output"; }
+
+# A worker that reads stdin while the launcher's is a terminal reads
+# /dev/null (end of file), not the terminal: it was stopped by SIGTTIN in
+# its own process group, unseen, and the launch hung. (Where a pty can be
+# made here.)
+if script -qec true /dev/null > /dev/null 2>&1; then
+  out=$(timeout 20 script -qec "$LAUNCH -- sh -c 'read v; echo read=\$?'" /dev/null < /dev/null)
+  rc=$?
+  [ $rc -eq 0 ] || { echo "$out"; fail "a worker reading the terminal: the launch exited $rc"; }
+  echo "$out" | tr -d '\r' | grep -qx "\[rank 0\] read=1" || { echo "$out"; fail "stdin read"; }
+fi
 echo PASS

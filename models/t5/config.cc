@@ -120,7 +120,13 @@ std::string T5Config::ToString() const {
                       ", max_distance=", relative_attention_max_distance,
                       ", dropout_rate=", dropout_rate,
                       ", feed_forward_proj=", gated() ? "gated-gelu" : "relu",
-                      ", tie_word_embeddings=", tie_word_embeddings ? "true" : "false", ")");
+                      ", tie_word_embeddings=", tie_word_embeddings ? "true" : "false",
+                      // Written only when not the default (every public T5's), so
+                      // that earlier checkpoints' strings stay as they were.
+                      layer_norm_epsilon != T5Config().layer_norm_epsilon
+                          ? absl::StrCat(", layer_norm_epsilon=", layer_norm_epsilon)
+                          : "",
+                      ")");
 }
 
 absl::StatusOr<T5Config> ParseConfig(absl::string_view text) {
@@ -173,6 +179,9 @@ absl::StatusOr<T5Config> ParseConfig(absl::string_view text) {
       known = true;
       parsed = kv.second == "true" || kv.second == "false";
       c.tie_word_embeddings = kv.second == "true";
+    } else if (kv.first == "layer_norm_epsilon") {  // optional: 1e-6 when absent
+      known = true;
+      parsed = absl::SimpleAtof(kv.second, &c.layer_norm_epsilon);
     }
     if (!known) return error(absl::StrCat("unknown field '", kv.first, "'"));
     if (!parsed) return error(absl::StrCat(kv.first, " '", kv.second, "' is not valid"));

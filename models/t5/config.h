@@ -56,8 +56,9 @@ struct T5Config {
 
 // The inverse of T5Config::ToString ("t5-small(vocab_size=32128, d_model=512,
 // ...)", "custom(...)" for an unnamed one), as checkpoints record it; the
-// fields ToString leaves out (layer_norm_epsilon, initializer_factor) keep
-// their defaults. InvalidArgument naming the text and the field for anything
+// field ToString leaves out (initializer_factor, which only initialization
+// reads) keeps its default, and layer_norm_epsilon (written only when it is
+// not 1e-6) is 1e-6 when absent. InvalidArgument naming the text and the field for anything
 // else, or a configuration Validate refuses.
 absl::StatusOr<T5Config> ParseConfig(absl::string_view text);
 

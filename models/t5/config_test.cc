@@ -208,6 +208,7 @@ TEST(T5ConfigTest, ParseConfigInvertsToString) {
   odd.relative_attention_num_buckets = 8;
   odd.relative_attention_max_distance = 20;
   odd.dropout_rate = 0.25f;
+  odd.layer_norm_epsilon = 1e-5f;  // (a fine-tuned Hugging Face config's)
   configs.push_back(odd);
   for (const T5Config& c : configs) {
     absl::StatusOr<T5Config> back = ParseConfig(c.ToString());
@@ -216,7 +217,10 @@ TEST(T5ConfigTest, ParseConfigInvertsToString) {
     EXPECT_EQ(back->name, c.name);
     EXPECT_EQ(back->gated(), c.gated());
     EXPECT_EQ(back->tie_word_embeddings, c.tie_word_embeddings);
+    EXPECT_EQ(back->layer_norm_epsilon, c.layer_norm_epsilon);
   }
+  // The default epsilon is not written: earlier checkpoints' strings stand.
+  EXPECT_EQ(Preset("t5-small")->ToString().find("layer_norm_epsilon"), std::string::npos);
   const std::string small = Preset("t5-small")->ToString();
   auto message = [](const std::string& text) {
     return std::string(ParseConfig(text).status().message());
