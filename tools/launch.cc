@@ -44,8 +44,7 @@
 // of their own, a read of the terminal would stop them unseen).
 // --max_restarts takes one node only: with several, each node's launcher
 // could restart only its own workers (no cross-node coordination), and the
-// nodes' attempts would not
-// meet.
+// nodes' attempts would not meet.
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
