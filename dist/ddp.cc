@@ -168,6 +168,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
   }
   readiness_ =
       std::make_unique<internal::BucketReadiness>(model_, std::move(bucket_of), num_buckets());
+  for (const auto& [name, p] : params_) writes_at_zero_grad_.push_back(p->grad_writes);
   OP_CHECK(options_.max_inflight_buckets >= 0, "ddp", "max_inflight_buckets must be >= 0, got ",
            options_.max_inflight_buckets);
   if (reduce_low_) {
@@ -211,12 +212,22 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
   }
   partial_.Clear();
   compute_.RestoreMastersAfterBackward();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    writes_at_zero_grad_[i] = params_[i].second->grad_writes;
+  }
   if (set_to_none) {
     internal::DropGrads(params_);
     return;
   }
   for (auto& b : buckets_) tensor::Zero(b.flat);
   internal::ZeroReplacedGrads(params_, grad_views_);
+  // A gradient the last step left undefined (no rank reached it): zeros too.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    nn::Parameter* p = params_[i].second;
+    if (p->requires_grad && !p->grad.defined() && grad_views_[i].defined()) {
+      p->grad = grad_views_[i];
+    }
+  }
 }
 
 void DistributedDataParallel::BeginForwardOnly() {
@@ -308,7 +319,22 @@ internal::AgreedReductions DistributedDataParallel::Finish() {
     if (b.work) status.Update(b.work->Wait());
   }
   if (reduce_low_) status.Update(copies_->Finish());
-  agreed_ = readiness_->AgreeOnReductions(pg_, status, partial_.partial(), "ddp", "all-reduce");
+  // Which parameters any rank's backwards of this step reached, in the same
+  // exchange: one that none reached keeps no gradient (its zeros dropped),
+  // so the optimizer skips it as in one process, and as PyTorch's DDP
+  // leaves a globally unused parameter's grad untouched: no weight decay or
+  // momentum step for an expert or branch that no rank ran.
+  std::vector<float> written(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    written[i] = params_[i].second->grad_writes > writes_at_zero_grad_[i] ? 1.0f : 0.0f;
+  }
+  agreed_ = readiness_->AgreeOnReductions(pg_, status, partial_.partial(), "ddp", "all-reduce",
+                                          &written);
+  if (agreed_.status.ok()) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (written[i] == 0.0f && params_[i].second->requires_grad) params_[i].second->DropGrad();
+    }
+  }
   events_.push_back({Event::Kind::kReductionsDone, -1});
   finished_ = true;
   return agreed_;

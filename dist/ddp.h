@@ -218,7 +218,12 @@ class DistributedDataParallel {
   // one that stopped under no_sync, or after this error without ZeroGrad, is
   // refused too. One that threw after the root's backward ended (a reduction
   // copy out of memory) wrote every gradient: this issues what it did not and
-  // the step goes on.
+  // the step goes on. A parameter that no rank's backward reached since the
+  // last ZeroGrad (a branch or expert no rank ran; agreed in the same
+  // all-reduce) is left with no gradient, so the optimizer skips it as in one
+  // process (PyTorch's DDP leaves a globally unused parameter's grad as it
+  // was); one that some rank reached is averaged as usual (zeros from the
+  // others).
   absl::Status FinishBackward();
 
   // Sets every gradient (every bucket) to zero in place; or, with
@@ -296,6 +301,9 @@ class DistributedDataParallel {
   bool finished_ = true;              // this step's all-reduces waited for
   internal::AgreedReductions agreed_;  // their result
   internal::PartialBackward partial_;  // a backward stopped partway since ZeroGrad
+  // Each parameter's Parameter::grad_writes at the last ZeroGrad (the step's
+  // start): the step's writes, over its micro-batches, are the difference.
+  std::vector<int64_t> writes_at_zero_grad_;
   bool require_sync_ = true;
   bool syncing_this_step_ = false;
   bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly

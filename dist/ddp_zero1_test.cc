@@ -640,5 +640,69 @@ TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
   }
 }
 
+// A layer no rank runs in a step keeps no gradient under DDP (the ranks
+// agree on it), so AdamW skips it as one process does: no weight decay, no
+// momentum step, no step count. Each rank gets the batch one process sees,
+// so the runs match; before, DDP stepped the layer with a zero gradient
+// (decayed and moved by its first step's moments). A layer one rank runs and
+// the other does not is averaged as usual.
+TEST(DdpZero1Test, ALayerNoRankRanKeepsNoGradientUnderDdp) {
+  constexpr int64_t kD = 8, kRows = 4;
+  const bool uses[] = {true, false, false};
+  auto batch = [&](int step) {
+    return std::make_pair(tensor::testing::RandomTensor({kRows, kD}, 10 * step),
+                          tensor::testing::RandomTensor({kRows, kD}, 10 * step + 7));
+  };
+  MaybeSkips one(kD);
+  one.Materialize(kSeed);
+  std::unique_ptr<optim::Optimizer> one_opt = MakeOptimizer(Opt::kAdamW);
+  for (int step = 0; step < 3; ++step) {
+    one.use_second = uses[step];
+    nn::Context ctx;
+    one.Run(batch(step).first, ctx);
+    one.RunBackward(batch(step).second, ctx);
+    one_opt->Step(optim::FromModule(one));
+    one.ZeroGrad(/*set_to_none=*/true);
+  }
+  const std::vector<float> want = FlatParams(one);
+  for (bool drop : {true, false}) {
+    SCOPED_TRACE(drop ? "ZeroGrad drops" : "ZeroGrad zeroes");
+    ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                  MaybeSkips m(kD);
+                  m.Materialize(kSeed);
+                  DistributedDataParallel ddp(m, pg, DdpOptions{0.0005});
+                  std::unique_ptr<optim::Optimizer> opt = MakeOptimizer(Opt::kAdamW);
+                  for (int step = 0; step < 3; ++step) {
+                    m.use_second = uses[step];
+                    nn::Context ctx;
+                    m.Run(batch(step).first, ctx);
+                    m.RunBackward(batch(step).second, ctx);
+                    ASSERT_TRUE(ddp.FinishBackward().ok());
+                    EXPECT_EQ(m.NamedParameters().back().second->grad.defined(), uses[step]);
+                    opt->Step(optim::FromModule(m));
+                    ddp.ZeroGrad(drop);
+                  }
+                  EXPECT_EQ(opt->StepCount("second.weight"), 1);
+                  const std::vector<float> got = FlatParams(m);
+                  ASSERT_EQ(got.size(), want.size());
+                  for (size_t i = 0; i < got.size(); ++i) {
+                    ASSERT_NEAR(got[i], want[i], 1e-6) << "element " << i << " rank " << rank;
+                  }
+                }).ok());
+  }
+  // One rank runs the layer, the other not: its gradient is the average.
+  ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
+                MaybeSkips m(kD);
+                m.Materialize(kSeed);
+                DistributedDataParallel ddp(m, pg, DdpOptions{0.0005});
+                m.use_second = rank == 0;
+                nn::Context ctx;
+                m.Run(batch(0).first, ctx);
+                m.RunBackward(batch(0).second, ctx);
+                ASSERT_TRUE(ddp.FinishBackward().ok());
+                EXPECT_TRUE(m.NamedParameters().back().second->grad.defined());
+              }).ok());
+}
+
 }  // namespace
 }  // namespace dist

@@ -212,8 +212,8 @@ int BucketReadiness::TakeNextReady() {
 
 AgreedReductions BucketReadiness::AgreeOnReductions(ProcessGroup& pg,
                                                     const absl::Status& collectives, bool partial,
-                                                    const char* op,
-                                                    const char* collective) const {
+                                                    const char* op, const char* collective,
+                                                    std::vector<float>* written) const {
   // The flag this rank reports: 0 OK, 1 a late write, 2 its collectives
   // failed, 3 its backward stopped partway (a late-write check means nothing
   // for a partial backward, which wrote less).
@@ -235,10 +235,13 @@ AgreedReductions BucketReadiness::AgreeOnReductions(ProcessGroup& pg,
   if (pg.size() == 1) return {mine, flag == kPartial};
   // An all-reduce (max) of one flag per rank (an all-reduce like the step's
   // own, no all-gather where DDP has none). On a broken group it fails at once.
-  tensor::Tensor flags = tensor::Tensor::Zeros({pg.size()});  // (N,)
+  const int64_t extra = written == nullptr ? 0 : static_cast<int64_t>(written->size());
+  tensor::Tensor flags = tensor::Tensor::Zeros({pg.size() + extra});  // (N + written,)
   flags.data<float>()[pg.rank()] = flag;
+  for (int64_t i = 0; i < extra; ++i) flags.data<float>()[pg.size() + i] = (*written)[i];
   const absl::Status exchanged = pg.AllReduceSync(flags, ReduceOp::kMax);
   if (!exchanged.ok()) return {flag == kPartial || mine.ok() ? exchanged : mine, false};
+  for (int64_t i = 0; i < extra; ++i) (*written)[i] = flags.data<float>()[pg.size() + i];
   std::vector<int> late, failed, stopped;
   for (int r = 0; r < pg.size(); ++r) {
     const float f = flags.data<float>()[r];

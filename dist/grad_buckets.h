@@ -201,9 +201,13 @@ class BucketReadiness {
   // its own error and the others naming the ranks, instead of some stepping
   // on a wrong average or waiting in their next collective. Collective: every
   // rank calls it once per synced backward, whatever its own result.
+  // `written` (optional): one flag per parameter, this rank's (1: its
+  // gradient was written this step), replaced by the maximum over the ranks
+  // in the same all-reduce (left as it is at world size 1, or when the
+  // exchange fails).
   AgreedReductions AgreeOnReductions(ProcessGroup& pg, const absl::Status& collectives,
-                                     bool partial, const char* op,
-                                     const char* collective) const;
+                                     bool partial, const char* op, const char* collective,
+                                     std::vector<float>* written = nullptr) const;
 
  private:
   void MarkFinal(int param);
