@@ -37,11 +37,16 @@
 // anyway (SIGKILL) takes its workers with it (each gets SIGTERM from the
 // kernel, PR_SET_PDEATHSIG). Once its workers have ended, whatever they left
 // running in their process groups is killed, so that nothing holds their
-// output (nor a GPU) after the launch ends. A stop signal ignored when the
-// launcher starts (nohup's SIGHUP) stays ignored, in the workers too; a
-// reader of the launcher's output that went away (SIGPIPE) does not kill it;
-// when its stdin is a terminal the workers read /dev/null (in process groups
-// of their own, a read of the terminal would stop them unseen).
+// output (nor a GPU) after the launch ends. SIGHUP, SIGINT or SIGQUIT ignored
+// when the launcher starts (nohup's SIGHUP; a script's `launch ... &`
+// ignores SIGINT and SIGQUIT) stays ignored, in the workers too; SIGTERM is
+// always the stop signal, and always the default in the workers (the
+// launcher's death must reach them). A reader of the launcher's output that
+// went away (`| head`, `| tee` after Ctrl-C) stops the workers the same way
+// (exit 141, 128 + SIGPIPE, as its death by SIGPIPE would show) instead of
+// killing the launcher before it could stop them. When its stdin is a
+// terminal the workers read /dev/null (in process groups of their own, a
+// read of the terminal would stop them unseen).
 // --max_restarts takes one node only: with several, each node's launcher
 // could restart only its own workers (no cross-node coordination), and the
 // nodes' attempts would not meet.
@@ -74,9 +79,22 @@
 namespace {
 
 std::mutex out_mu;
+// The signal that stops the workers; SIGPIPE (which the launcher ignores)
+// when a write of their output found its reader gone (EPIPE).
 std::atomic<int> stop_signal{0};
 
 void OnSignal(int sig) { stop_signal = sig; }
+
+// A line that could not be written because the output's reader went away
+// (EPIPE): the job's output is lost from here on, so the launch stops, as
+// its death by SIGPIPE would have ended it (a stop signal already received
+// is kept).
+void OnOutputWritten(std::FILE* out) {
+  if (std::fflush(out) != 0 && errno == EPIPE) {
+    int none = 0;
+    stop_signal.compare_exchange_strong(none, SIGPIPE);
+  }
+}
 
 void Say(const std::string& s) {
   std::lock_guard<std::mutex> lock(out_mu);
@@ -111,9 +129,9 @@ constexpr char kHelp[] =
     "RESTART_COUNT, RUN_ID, LAUNCH_ID and its share of the cores (FSDP_NUM_THREADS,\n"
     "OMP_NUM_THREADS, OPENBLAS_NUM_THREADS); its lines are printed prefixed \"[rank N] \".\n"
     "A failed worker is named and the others stopped; the launch exits 1 (128 + N when\n"
-    "the launcher gets signal N). On several nodes\n"
-    "the train binaries' gloo workers also need --rdzv=<a folder every node can write> or\n"
-    "--rdzv=redis://host:port for their rendezvous store.\n";
+    "the launcher gets signal N; 141 when the reader of its output went away). On\n"
+    "several nodes the train binaries' gloo workers also need --rdzv=<a folder every\n"
+    "node can write> or --rdzv=redis://host:port for their rendezvous store.\n";
 
 [[noreturn]] void Usage(const std::string& problem) {
   std::fprintf(stderr, "launch: %s\n%s", problem.c_str(), kUsage);
@@ -148,7 +166,7 @@ void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE
     std::fwrite(prefix.data(), 1, prefix.size(), out);
     std::fwrite(line.data(), 1, line.size(), out);
     std::fputc('\n', out);
-    std::fflush(out);
+    OnOutputWritten(out);
   };
   // Once `finish` is seen: what the pipe held then (the worker's last
   // output) is always copied; the two seconds bound what comes after it.
@@ -377,13 +395,16 @@ int main(int argc, char** argv) {
                  given.c_str(), cores, by_quota ? " by the cgroup's CPU quota" : "", nproc);
   }
 
-  // The stop signals, except one ignored from the start (nohup's SIGHUP:
-  // a hangup then stops neither the launcher nor its workers). SIGPIPE is
-  // ignored here (a reader of the launcher's output that went away, `| tee`
-  // after Ctrl-C, no longer kills it before it stops the workers); the
-  // workers get the dispositions the launcher was started with.
+  // The stop signals, except SIGHUP, SIGINT or SIGQUIT ignored from the
+  // start (nohup's SIGHUP: a hangup then stops neither the launcher nor its
+  // workers; a script's background job ignores SIGINT and SIGQUIT). SIGTERM
+  // is always handled here and the default in the workers, even when the
+  // launcher was started ignoring it: it is how the launcher stops them, and
+  // their PR_SET_PDEATHSIG. SIGPIPE is ignored here (a reader of the
+  // output that went away stops the launch by EPIPE, see OnOutputWritten);
+  // the workers get the disposition the launcher was started with.
   std::vector<int> ignored_at_start;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) {
+  for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGPIPE}) {
     struct sigaction was {};
     if (sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) {
       ignored_at_start.push_back(sig);
@@ -510,6 +531,8 @@ int main(int argc, char** argv) {
             ", pid " + std::to_string(workers[i].pid) + ") also failed with " +
             DescribeStatus(workers[i].status));
       }
+    } else if (stop_signal == SIGPIPE) {
+      Say("the reader of the launch's output went away (EPIPE); stopping the workers");
     } else if (stop_signal != 0) {
       Say(std::string("received ") + strsignal(stop_signal) + "; stopping the workers");
     }

@@ -233,6 +233,37 @@ for _ in $(seq 40); do alive 9876 || break; sleep 0.1; done
 alive 9876 && { pkill -f "sleep 9876"; fail "a worker outlived a launcher whose reader went away"; }
 [ $rc -eq 143 ] || fail "the launcher whose reader went away exited $rc, wanted 143 (141: SIGPIPE)"
 
+# A reader that goes away while the workers write (`| head`): the launch
+# stops them (it used to run on, its output discarded) and exits 141, as
+# its death by SIGPIPE would show; its message reaches stderr.
+out=$( { timeout 30 "$LAUNCH" --nproc_per_node=2 -- \
+           sh -c 'while :; do echo tick 9877; sleep 0.05; done' 2> "$T/head.err";
+         echo "rc=$?" > "$T/head.rc"; } | head -n 3)
+[ "$(echo "$out" | wc -l)" -eq 3 ] || fail "| head -n 3 got: $out"
+grep -qx "rc=141" "$T/head.rc" ||
+  { cat "$T/head.err"; fail "a launch whose reader went away: $(cat "$T/head.rc")"; }
+grep -q "launch: the reader of the launch's output went away (EPIPE); stopping the workers" \
+  "$T/head.err" || { cat "$T/head.err"; fail "no message for the reader that went away"; }
+pgrep -f "tick 9877" > /dev/null && { pkill -f "tick 9877"; fail "workers outlived a gone reader"; }
+
+# A launcher started with SIGTERM ignored still stops on it, and its
+# workers do not inherit it ignored: its death by SIGKILL still ends them
+# (their PR_SET_PDEATHSIG is SIGTERM).
+rm -f "$T"/pid_*
+( trap '' TERM; exec "$LAUNCH" --nproc_per_node=2 -- \
+    sh -c 'echo $$ > "'"$T"'/pid_$RANK"; exec sleep 9878' > /dev/null 2>&1 ) &
+launcher=$!
+for _ in $(seq 100); do [ -s "$T/pid_0" ] && [ -s "$T/pid_1" ] && break; sleep 0.1; done
+kill -9 "$launcher"; wait "$launcher" 2> /dev/null
+for _ in $(seq 50); do alive 9878 || break; sleep 0.1; done
+alive 9878 &&
+  { pkill -f "sleep 9878"; fail "workers of a launcher started ignoring SIGTERM outlived it"; }
+( trap '' TERM; exec "$LAUNCH" -- sleep 9879 > /dev/null 2>&1 ) &
+launcher=$!
+sleep 0.5; kill -TERM "$launcher"; wait "$launcher"; rc=$?
+alive 9879 && { pkill -f "sleep 9879"; fail "SIGTERM to a launcher started ignoring it"; }
+[ $rc -eq 143 ] || fail "SIGTERM to a launcher started ignoring it: exit $rc, wanted 143"
+
 # Under nohup a hangup stops neither the launcher nor its workers (SIGHUP
 # stays ignored, in the workers too).
 nohup "$LAUNCH" -- sh -c 'sleep 1; echo "still here"' > "$T/nohup.out" 2>&1 &
