@@ -146,6 +146,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
   const int n = static_cast<int>(params_.size());
   std::vector<int> bucket_of(n, -1);
   grad_views_.resize(n);
+  none_at_zero_grad_.assign(n, true);
   tensor::ScopedMemoryCategory category(tensor::MemoryCategory::kGradients);
   for (auto& group : groups) {
     int64_t numel = 0;
@@ -158,6 +159,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
     for (int i : group) {
       nn::Parameter* p = params_[i].second;
       tensor::Tensor view = bucket.flat.Narrow(0, offset, p->numel()).View(p->shape);
+      none_at_zero_grad_[i] = !p->grad.defined();
       if (p->grad.defined()) view.CopyFrom(p->grad);
       p->grad = view;
       grad_views_[i] = view;
@@ -217,16 +219,13 @@ void DistributedDataParallel::ZeroGrad(bool set_to_none) {
   }
   if (set_to_none) {
     internal::DropGrads(params_);
-    return;
+  } else {
+    // An undefined gradient stays so (PyTorch's zero_grad(set_to_none=False)).
+    for (auto& b : buckets_) tensor::Zero(b.flat);
+    internal::ZeroReplacedGrads(params_, grad_views_);
   }
-  for (auto& b : buckets_) tensor::Zero(b.flat);
-  internal::ZeroReplacedGrads(params_, grad_views_);
-  // A gradient the last step left undefined (no rank reached it): zeros too.
   for (size_t i = 0; i < params_.size(); ++i) {
-    nn::Parameter* p = params_[i].second;
-    if (p->requires_grad && !p->grad.defined() && grad_views_[i].defined()) {
-      p->grad = grad_views_[i];
-    }
+    none_at_zero_grad_[i] = !params_[i].second->grad.defined();
   }
 }
 
@@ -320,10 +319,12 @@ internal::AgreedReductions DistributedDataParallel::Finish() {
   }
   if (reduce_low_) status.Update(copies_->Finish());
   // Which parameters any rank's backwards of this step reached, in the same
-  // exchange: one that none reached keeps no gradient (its zeros dropped),
-  // so the optimizer skips it as in one process, and as PyTorch's DDP
-  // leaves a globally unused parameter's grad untouched: no weight decay or
-  // momentum step for an expert or branch that no rank ran.
+  // exchange: one that none reached and that had no gradient when the step
+  // began keeps none (its zeros dropped), so the optimizer skips it as in
+  // one process, and as PyTorch's DDP leaves a globally unused parameter's
+  // grad untouched: no weight decay or momentum step for an expert or branch
+  // that no rank ran. One that had a gradient then (zeros after
+  // ZeroGrad(set_to_none=false), one held when wrapped) keeps it, as there.
   std::vector<float> written(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     written[i] = params_[i].second->grad_writes > writes_at_zero_grad_[i] ? 1.0f : 0.0f;
@@ -332,7 +333,8 @@ internal::AgreedReductions DistributedDataParallel::Finish() {
                                           &written);
   if (agreed_.status.ok()) {
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (written[i] == 0.0f && params_[i].second->requires_grad) params_[i].second->DropGrad();
+      nn::Parameter* p = params_[i].second;
+      if (written[i] == 0.0f && none_at_zero_grad_[i] && p->requires_grad) p->DropGrad();
     }
   }
   events_.push_back({Event::Kind::kReductionsDone, -1});

@@ -220,13 +220,19 @@ class DistributedDataParallel {
   // copy out of memory) wrote every gradient: this issues what it did not and
   // the step goes on. A parameter that no rank's backward reached since the
   // last ZeroGrad (a branch or expert no rank ran; agreed in the same
-  // all-reduce) is left with no gradient, so the optimizer skips it as in one
-  // process (PyTorch's DDP leaves a globally unused parameter's grad as it
-  // was); one that some rank reached is averaged as usual (zeros from the
-  // others).
+  // all-reduce) keeps the gradient it had then, as in one process and as
+  // PyTorch's DDP leaves a globally unused parameter's grad: none after
+  // ZeroGrad(set_to_none=true) (or when it had none when wrapped), so the
+  // optimizer skips it; zeros after ZeroGrad(set_to_none=false), which the
+  // optimizer steps (weight decay, momentum). One that some rank reached is
+  // averaged as usual (zeros from the others). The step begins at this
+  // wrapper's ZeroGrad (or construction): the model's own nn::Module::ZeroGrad
+  // does not begin one here, so a parameter reached before it counts as
+  // reached.
   absl::Status FinishBackward();
 
-  // Sets every gradient (every bucket) to zero in place; or, with
+  // Sets every gradient (every bucket) to zero in place, except that one
+  // left undefined (no rank reached it after set_to_none) stays so; or, with
   // set_to_none (PyTorch's zero_grad default), drops the parameters'
   // gradients (undefined until the next backward) and zeroes nothing: that
   // backward writes each gradient into its bucket instead of adding to zeros.
@@ -304,6 +310,9 @@ class DistributedDataParallel {
   // Each parameter's Parameter::grad_writes at the last ZeroGrad (the step's
   // start): the step's writes, over its micro-batches, are the difference.
   std::vector<int64_t> writes_at_zero_grad_;
+  // Per parameter: it had no gradient at the last ZeroGrad (or when
+  // wrapped); unless some rank writes one, it keeps none after the step.
+  std::vector<bool> none_at_zero_grad_;
   bool require_sync_ = true;
   bool syncing_this_step_ = false;
   bool forward_only_ = false;  // between BeginForwardOnly and EndForwardOnly

@@ -579,8 +579,10 @@ TEST(Zero1Test, ShardDecayRangesFollowWeightDecayFlags) {
 
 // DDP and ZeRO-1 train alike whether ZeroGrad zeroes the buckets or drops the
 // gradients (the next backward writing them), bit for bit, with a step whose
-// forward skips a layer and a step accumulating two micro-batches (the first
-// under no_sync).
+// forward skips a layer on rank 1 (its part of the bucket, not written, is
+// zeros in the average either way) and a step accumulating two micro-batches
+// (the first under no_sync). A layer no rank runs differs, as in PyTorch:
+// ALayerNoRankRanKeepsNoGradientUnderDdp.
 TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
   constexpr int64_t kD = 8, kRows = 4;
   for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
@@ -609,7 +611,7 @@ TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
                     };
                     const bool uses[] = {true, false, true, true};
                     for (int step = 0; step < 4; ++step) {
-                      m.use_second = uses[step];
+                      m.use_second = uses[step] || rank == 0;
                       if (step == 3) {  // two micro-batches, the first under no_sync
                         if (ddp) {
                           auto guard = ddp->no_sync();
@@ -640,49 +642,59 @@ TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
   }
 }
 
-// A layer no rank runs in a step keeps no gradient under DDP (the ranks
-// agree on it), so AdamW skips it as one process does: no weight decay, no
-// momentum step, no step count. Each rank gets the batch one process sees,
-// so the runs match; before, DDP stepped the layer with a zero gradient
-// (decayed and moved by its first step's moments). A layer one rank runs and
-// the other does not is averaged as usual.
+// A layer no rank runs in a step keeps the gradient it had when the step
+// began under DDP (the ranks agree on it), as in one process: none after
+// ZeroGrad(set_to_none=true) or before its first backward, so AdamW skips it
+// (no weight decay, no momentum step, no step count); zeros after
+// ZeroGrad(set_to_none=false), which AdamW steps. Each rank gets the batch
+// one process sees, so the runs match; before, DDP stepped the layer with a
+// zero gradient in every case, and then dropped it in every case. A layer
+// one rank runs and the other does not is averaged as usual.
 TEST(DdpZero1Test, ALayerNoRankRanKeepsNoGradientUnderDdp) {
   constexpr int64_t kD = 8, kRows = 4;
-  const bool uses[] = {true, false, false};
+  const bool uses[] = {false, false, true, false};
+  constexpr int kSteps = 4;
   auto batch = [&](int step) {
     return std::make_pair(tensor::testing::RandomTensor({kRows, kD}, 10 * step),
                           tensor::testing::RandomTensor({kRows, kD}, 10 * step + 7));
   };
-  MaybeSkips one(kD);
-  one.Materialize(kSeed);
-  std::unique_ptr<optim::Optimizer> one_opt = MakeOptimizer(Opt::kAdamW);
-  for (int step = 0; step < 3; ++step) {
-    one.use_second = uses[step];
-    nn::Context ctx;
-    one.Run(batch(step).first, ctx);
-    one.RunBackward(batch(step).second, ctx);
-    one_opt->Step(optim::FromModule(one));
-    one.ZeroGrad(/*set_to_none=*/true);
-  }
-  const std::vector<float> want = FlatParams(one);
   for (bool drop : {true, false}) {
     SCOPED_TRACE(drop ? "ZeroGrad drops" : "ZeroGrad zeroes");
+    // Whether the layer has a gradient after each step's backward.
+    std::vector<bool> has_grad;
+    MaybeSkips one(kD);
+    one.Materialize(kSeed);
+    std::unique_ptr<optim::Optimizer> one_opt = MakeOptimizer(Opt::kAdamW);
+    for (int step = 0; step < kSteps; ++step) {
+      one.use_second = uses[step];
+      nn::Context ctx;
+      one.Run(batch(step).first, ctx);
+      one.RunBackward(batch(step).second, ctx);
+      has_grad.push_back(one.NamedParameters().back().second->grad.defined());
+      one_opt->Step(optim::FromModule(one));
+      one.ZeroGrad(drop);
+    }
+    // Skipped at steps 0 and 1 either way; zeros stepped at step 3 unless dropped.
+    EXPECT_EQ(one_opt->StepCount("second.weight"), drop ? 1 : 2);
+    const std::vector<float> want = FlatParams(one);
     ASSERT_TRUE(RunRanks(2, [&](int rank, ProcessGroup& pg) {
                   MaybeSkips m(kD);
                   m.Materialize(kSeed);
                   DistributedDataParallel ddp(m, pg, DdpOptions{0.0005});
                   std::unique_ptr<optim::Optimizer> opt = MakeOptimizer(Opt::kAdamW);
-                  for (int step = 0; step < 3; ++step) {
+                  for (int step = 0; step < kSteps; ++step) {
                     m.use_second = uses[step];
                     nn::Context ctx;
                     m.Run(batch(step).first, ctx);
                     m.RunBackward(batch(step).second, ctx);
                     ASSERT_TRUE(ddp.FinishBackward().ok());
-                    EXPECT_EQ(m.NamedParameters().back().second->grad.defined(), uses[step]);
+                    EXPECT_EQ(m.NamedParameters().back().second->grad.defined(),
+                              has_grad[step])
+                        << "step " << step;
                     opt->Step(optim::FromModule(m));
                     ddp.ZeroGrad(drop);
                   }
-                  EXPECT_EQ(opt->StepCount("second.weight"), 1);
+                  EXPECT_EQ(opt->StepCount("second.weight"), drop ? 1 : 2);
                   const std::vector<float> got = FlatParams(m);
                   ASSERT_EQ(got.size(), want.size());
                   for (size_t i = 0; i < got.size(); ++i) {
