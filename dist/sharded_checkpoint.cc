@@ -468,13 +468,17 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
               state ? e.name : first_name,
               "' has none (a parameter frozen when it was saved has none: keep it frozen, or "
               "load the weights alone with load_optimizer_state = false, as the train "
-              "binaries' --init_from does)"));
+              "binaries' --init_from does; so has one that no backward reached, under DDP "
+              "or in one process, whose optimizer skipped it)"));
         }
         if (state && r.step != step) {
           return absl::FailedPreconditionError(
               absl::StrCat("cannot form the optimizer state of '", L.ref, "': parameters '",
                            first_name, "' (step ", step, ") and '", e.name, "' (step ", r.step,
-                           ") were stepped a different number of times"));
+                           ") were stepped a different number of times (one that a step's "
+                           "backward did not reach, under DDP or in one process, was skipped; "
+                           "one flat parameter holds one step count: load the weights alone "
+                           "with load_optimizer_state = false)"));
         }
       }
       if (!seen) {  // a flat buffer without elements: the checkpoint's common step

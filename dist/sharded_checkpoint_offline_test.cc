@@ -275,6 +275,51 @@ TEST(ShardedCheckpointOfflineTest, WrittenWholeParametersReadBackAndLoadIntoFsdp
   }
 }
 
+// A one-process or DDP checkpoint in which the optimizer skipped a
+// parameter in some steps (no backward reached it: no state, or fewer steps
+// than the others) cannot form one flat parameter's state (one step count):
+// FSDP's load refuses it, naming both parameters, the cause and the way out
+// (the weights alone), which loads.
+TEST(ShardedCheckpointOfflineTest, ParametersSkippedInSomeStepsAreRefusedInOneFlatParameter) {
+  const std::string dir = TestDir("skipped_src");
+  SaveFsdp(dir);
+  const std::vector<WholeParameter> src = ReadAll(dir);
+  ASSERT_GE(src.size(), 2u);
+  for (bool no_state : {true, false}) {
+    SCOPED_TRACE(no_state ? "never stepped" : "stepped fewer times");
+    std::vector<WholeParameter> skipped = src;
+    WholeParameter& last = skipped.back();
+    if (no_state) {
+      last.has_state = false;
+      last.step = 0;
+      last.buffers.clear();
+    } else {
+      last.step = kSteps - 1;
+    }
+    const std::string out = TestDir(no_state ? "skipped_none" : "skipped_fewer");
+    ASSERT_TRUE(WriteWholeParameters(out, skipped, "adamw", {"exp_avg", "exp_avg_sq"}, {}).ok());
+    absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+      mingpt::GPT gpt(testing::Tiny());
+      FsdpOptions o;
+      o.policy = WrapPolicy::None();  // one flat parameter holds every parameter
+      std::unique_ptr<FullyShardedModel> fsdp = FullyShard(gpt, pg, o);
+      std::unique_ptr<optim::Optimizer> opt = AdamW();
+      absl::StatusOr<std::map<std::string, std::string>> extra = LoadSharded(out, *fsdp, *opt, pg);
+      ASSERT_FALSE(extra.ok());
+      const std::string msg(extra.status().message());
+      EXPECT_THAT(msg, HasSubstr("'" + last.name + "'"));
+      EXPECT_THAT(msg, HasSubstr("'" + src.front().name + "'"));
+      EXPECT_THAT(msg, HasSubstr(no_state ? "has none" : "were stepped a different number"));
+      EXPECT_THAT(msg, HasSubstr(no_state ? "no backward reached" : "did not reach"));
+      EXPECT_THAT(msg, HasSubstr("load_optimizer_state = false"));
+      ShardedLoadOptions weights_only;
+      weights_only.load_optimizer_state = false;
+      EXPECT_TRUE(LoadSharded(out, *fsdp, *opt, pg, weights_only).ok());
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+}
+
 TEST(ShardedCheckpointOfflineTest, WriteWholeParametersRefusesBadInput) {
   WholeParameter p;
   p.name = "w";
