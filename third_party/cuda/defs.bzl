@@ -32,10 +32,17 @@ def _cuda_objects_impl(ctx):
         if ctx.label.workspace_root:
             args.add_all(["-I", ctx.label.workspace_root])
         args.add_all(include_args + define_args + arch_args + ctx.attr.copts)
-        ctx.actions.run(
-            # The installed nvcc by absolute path: it finds cicc, ptxas and the
-            # CUDA headers relative to itself, which a symlinked copy would not.
-            executable = ctx.attr.nvcc_path,
+        # The installed nvcc by absolute path: it finds cicc, ptxas and the
+        # CUDA headers relative to itself, which a symlinked copy would not.
+        # Each run gets a temporary folder of its own: nvcc names its
+        # temporary files by its process id ("tmpxft_<pid>_..."), and in
+        # Bazel's linux-sandbox every action has its own PID namespace, so two
+        # nvcc runs at once share a pid and, in the host's /tmp, each other's
+        # files ("nvcc fatal : Failed to open for read host compiler
+        # properties", seen in CI).
+        ctx.actions.run_shell(
+            command = ("tmp=$(mktemp -d) || exit 1; TMPDIR=\"$tmp\" {nvcc} \"$@\"; rc=$?; " +
+                       "rm -rf \"$tmp\"; exit $rc").format(nvcc = ctx.attr.nvcc_path),
             arguments = [args],
             inputs = depset([src], transitive = [inputs]),
             outputs = [obj],
