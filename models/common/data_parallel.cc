@@ -369,17 +369,35 @@ DataParallelModel::NoSyncGuard::NoSyncGuard(DataParallelModel& dp) {
 }
 
 void DataParallelModel::ForwardOnly(const std::function<void()>& local, Gather gather) {
+  // Back to training: training mode, the fp32 masters as the parameters
+  // (DDP, ZeRO-1 mixed precision), FSDP's units resharded. Each part does
+  // nothing where it was not begun (a failure before it).
+  auto end = [&] {
+    model_.Train(true);
+    if (ddp_) ddp_->EndForwardOnly();
+    if (zero1_) zero1_->EndForwardOnly();
+    if (fsdp_) fsdp_->Reshard();  // the root (and SHARD_GRAD_OP's units) kept their gathers
+  };
   model_.Train(false);
-  if (ddp_) ddp_->BeginForwardOnly();
-  if (zero1_) zero1_->BeginForwardOnly();
-  // Collective: every unit (or the root) whole until the Reshard below.
-  if (fsdp_ && gather == Gather::kWholeModel) fsdp_->Unshard();
-  if (fsdp_ && gather == Gather::kPerUnit) fsdp_->UnshardRoot();
-  local();
-  model_.Train(true);
-  if (ddp_) ddp_->EndForwardOnly();
-  if (zero1_) zero1_->EndForwardOnly();
-  if (fsdp_) fsdp_->Reshard();  // the root (and SHARD_GRAD_OP's units) kept their gathers
+  try {
+    if (ddp_) ddp_->BeginForwardOnly();
+    if (zero1_) zero1_->BeginForwardOnly();
+    // Collective: every unit (or the root) whole until `end` reshards them.
+    if (fsdp_ && gather == Gather::kWholeModel) fsdp_->Unshard();
+    if (fsdp_ && gather == Gather::kPerUnit) fsdp_->UnshardRoot();
+    local();
+  } catch (...) {
+    // A pass that failed (a sample out of memory, a bad prompt) leaves the
+    // model as training needs it, so a caller that goes on trains what it
+    // would have without the pass. Its own error is the one thrown: one
+    // from ending (a gather in flight from a lost peer) would hide it.
+    try {
+      end();
+    } catch (...) {
+    }
+    throw;
+  }
+  end();
 }
 
 absl::StatusOr<double> DataParallelModel::Evaluate(const std::function<double()>& local_loss) {

@@ -368,6 +368,8 @@ class DataParallelModel : public Trainer {
   // unsharded parameters left held). Every rank calls it. `local` calls the
   // model's forward entry points (Forward through Run, Loss, LastLogits,
   // DecodeLogits, T5's Encode and DecodeStep), which run the units' hooks.
+  // When `local` throws, the model is put back the same way before the
+  // exception goes on (training can go on as if the pass never ran).
   void ForwardOnly(const std::function<void()>& local, Gather gather);
 
   // Evaluation: ForwardOnly(local_loss, kPerUnit) (forward passes only, e.g.

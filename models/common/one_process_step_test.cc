@@ -4,6 +4,7 @@
 #include "models/common/one_process_step.h"
 
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -12,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "models/common/loss_scaling.h"
+#include "models/common/train_support.h"
 #include "models/common/train_support_testing.h"
 #include "models/mingpt/config.h"
 #include "models/mingpt/model.h"
@@ -20,6 +22,7 @@
 #include "optim/clip_grad.h"
 #include "optim/param_ref.h"
 #include "precision/policy.h"
+#include "tensor/tensor.h"
 #include "tensor/testing.h"
 
 namespace train {
@@ -232,6 +235,32 @@ TEST(FinishOneProcessStepTest, AnInfGradientNormWithoutLossScalingStopsBeforeThe
   EXPECT_EQ(done.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(done.status().message().find("the gradient norm is inf at step 5"), std::string::npos)
       << done.status();
+}
+
+// A sample whose forward throws (an id out of the vocabulary) leaves the
+// model training as before: in training mode, the fp32 masters as its
+// parameters.
+// (OneProcessModel::PrintSample's PrintSampleInOneProcess.)
+TEST(OneProcessModelTest, AFailedSampleLeavesTheModelTraining) {
+  mingpt::GPT model(Config());
+  model.Materialize(1);
+  nn::MixedPrecision mixed(model, precision::MixedPrecisionPolicy::Bf16());
+  const std::vector<int64_t> ids = {0, 1, Config().vocab_size};
+  const tensor::Tensor bad = tensor::Tensor::FromData<int64_t>(ids, {1, 3});  // (1, 3)
+  bool drawn = false;
+  EXPECT_THROW(PrintSampleInOneProcess(model, mixed,
+                                       [&]() -> absl::StatusOr<std::string> {
+                                         EXPECT_FALSE(model.is_training());
+                                         drawn = true;
+                                         model.LastLogits(bad);
+                                         return std::string("never");
+                                       }),
+               std::exception);
+  EXPECT_TRUE(drawn);
+  EXPECT_TRUE(model.is_training());
+  for (const auto& [name, p] : model.NamedParameters()) {
+    EXPECT_EQ(p->value.dtype(), tensor::Dtype::kF32) << name;
+  }
 }
 
 // A fresh start is planned before the data and the model are made, the

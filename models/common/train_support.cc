@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -572,10 +573,14 @@ bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps) {
 void ForwardOnlyInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
                              const std::function<void()>& work) {
   model.Train(false);
+  // However `work` ends (a sample out of memory), the model trains on as
+  // before: the fp32 masters as its parameters, in training mode.
+  absl::Cleanup back_to_training = [&] {
+    mixed.RestoreMasters();
+    model.Train(true);
+  };
   mixed.CastForCompute();
   work();
-  mixed.RestoreMasters();
-  model.Train(true);
 }
 
 absl::Status PrintSampleInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,

@@ -280,7 +280,8 @@ absl::Status InResumedCheckpoint(const Resumed& resumed, const absl::Status& fai
 bool CheckpointDue(int64_t every, int64_t step_done, int64_t steps);
 
 // One process: loss() in eval mode (no dropout) with `mixed`'s compute copies
-// as the parameters; then training mode and the fp32 masters again.
+// as the parameters; then training mode and the fp32 masters again (also
+// when `loss` throws, before the exception goes on).
 double EvalInOneProcess(nn::Module& model, nn::MixedPrecision& mixed,
                         const std::function<double()>& loss);
 // The same for any forward-only work (generation during training).
