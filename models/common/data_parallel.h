@@ -496,8 +496,8 @@ struct SampleSchedule {
 
 // A sample under data parallelism: `draw` (the same work on every rank) runs
 // inside dp.ForwardOnly with schedule.gather, and what it returns is printed
-// on stdout where `print` (rank 0). What it throws is returned as a status
-// (the model is left as the failure left it: the run ends); running out of
+// on stdout where `print` (rank 0). What it throws is returned as a status,
+// the model put back for training first (ForwardOnly); running out of
 // memory with FSDP's whole model gathered adds that --sample_gather=unit
 // holds less.
 absl::Status PrintSample(DataParallelModel& dp, const SampleSchedule& schedule, bool print,
