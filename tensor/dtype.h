@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <ostream>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -82,8 +84,27 @@ inline float ToFloat<bf16>(bf16 v) { return Bf16ToFloat(v); }
 template <>
 inline float ToFloat<f16>(f16 v) { return F16ToFloat(v); }
 
+// A floating value as the integer type T: truncated toward zero as
+// static_cast does, but saturated at T's range and 0 for NaN, where the cast
+// itself is undefined (NaN, -1, 1e10 to u8: 0, 0, 255).
+template <typename T, typename F>
+inline T SaturatingCast(F v) {
+  static_assert(std::is_integral_v<T> && std::is_floating_point_v<F>);
+  if (v != v) return 0;  // NaN
+  if (v <= static_cast<F>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
+  // T's max rounds up to a power of two as F: anything below it truncates into T.
+  if (v >= static_cast<F>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
+
 template <typename T>
-inline T FromFloat(float v) { return static_cast<T>(v); }
+inline T FromFloat(float v) {
+  if constexpr (std::is_integral_v<T>) {
+    return SaturatingCast<T>(v);
+  } else {
+    return static_cast<T>(v);
+  }
+}
 template <>
 inline bf16 FromFloat<bf16>(float v) { return FloatToBf16(v); }
 template <>

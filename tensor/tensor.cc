@@ -32,6 +32,8 @@ inline Dst Convert(Src s) {
     return FromFloat<Dst>(ToFloat(s));
   } else if constexpr (kIsHalfLike<Dst>) {
     return FromFloat<Dst>(static_cast<float>(s));
+  } else if constexpr (std::is_integral_v<Dst> && std::is_floating_point_v<Src>) {
+    return SaturatingCast<Dst>(s);
   } else {
     return static_cast<Dst>(s);
   }
@@ -329,9 +331,10 @@ Tensor Tensor::Transpose(int dim0, int dim1) const {
 
 Tensor Tensor::Narrow(int dim, int64_t start, int64_t length) const {
   const int d = NormalizeDim(dim, rank(), "narrow");
-  OP_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], "narrow", "range [", start,
-           ", ", start + length, ") out of bounds for dimension ", d, " of shape ",
-           shape_.ToString());
+  // length <= size - start: start + length could overflow.
+  OP_CHECK(start >= 0 && length >= 0 && start <= shape_[d] && length <= shape_[d] - start,
+           "narrow", "start ", start, " and length ", length, " out of bounds for dimension ", d,
+           " of shape ", shape_.ToString());
   Tensor t = *this;
   t.shape_[d] = length;
   t.offset_ = offset_ + start * strides_[d];

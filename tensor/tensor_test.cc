@@ -3,9 +3,16 @@
 
 #include "tensor/cuda_backend.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "gtest/gtest.h"
 
@@ -90,6 +97,19 @@ TEST(TensorTest, NarrowSelectUnsqueeze) {
   // Writing into a narrowed view changes the base.
   n.Select(0, 1).Select(0, 0).data<float>()[0] = -1.0f;  // element (1,0,1)
   EXPECT_EQ(a.ToVector<float>()[13], -1.0f);
+  // A range past the end, also one whose start + length overflows.
+  EXPECT_EQ(a.Narrow(2, 4, 0).numel(), 0);
+  for (const auto& [start, length] : std::vector<std::pair<int64_t, int64_t>>{
+           {3, 2}, {5, 0}, {-1, 1}, {1, INT64_MAX}, {INT64_MAX, 2}}) {
+    try {
+      a.Narrow(2, start, length);
+      ADD_FAILURE() << "narrowed " << start << ", " << length;
+    } catch (const OpError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                absl::StrCat("[narrow] start ", start, " and length ", length,
+                             " out of bounds for dimension 2 of shape (2,3,4)"));
+    }
+  }
 }
 
 TEST(TensorTest, ReshapeViewsWhenPossibleAndCopiesOtherwise) {
@@ -127,6 +147,32 @@ TEST(TensorTest, ToDtypeConvertsAndCopies) {
   Tensor m = Tensor::FromVector(Iota(6), {2, 3}).Transpose(0, 1).To(Dtype::kF16);
   EXPECT_EQ(m.ToVector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
   EXPECT_DOUBLE_EQ(Tensor::FromVector({7.0f}, {1}).Item(), 7.0);
+}
+
+// Floats to integers truncate toward zero and saturate at the type's range,
+// NaN to 0, from f32, bf16 and f16 alike (as CUDA's conversions do; a plain
+// cast is undefined there). Fill's double too.
+TEST(TensorTest, FloatsToIntegersSaturate) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor x = Tensor::FromVector({nan, -1.5f, 2.9f, 1e10f, -1e10f, inf, -inf, 300.f}, {8});
+  for (Dtype from : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+    SCOPED_TRACE(DtypeName(from));
+    const Tensor f = x.To(from);
+    EXPECT_EQ(f.To(Dtype::kI32).ToVector<int32_t>(),
+              (std::vector<int32_t>{0, -1, 2, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, 300}));
+    // 1e10 as f16 is inf; as bf16 about 9.999e9.
+    const int64_t big = from == Dtype::kF16 ? INT64_MAX : int64_t(f.ToVector<float>()[3]);
+    EXPECT_EQ(f.To(Dtype::kI64).ToVector<int64_t>(),
+              (std::vector<int64_t>{0, -1, 2, big, big == INT64_MAX ? INT64_MIN : -big,
+                                    INT64_MAX, INT64_MIN, 300}));
+    EXPECT_EQ(f.To(Dtype::kU8).ToVector<uint8_t>(),
+              (std::vector<uint8_t>{0, 0, 2, 255, 0, 255, 0, 255}));
+  }
+  EXPECT_EQ(Tensor::Full({2}, 1e300, Dtype::kI32).ToVector<int32_t>(),
+            (std::vector<int32_t>{INT32_MAX, INT32_MAX}));
+  EXPECT_EQ(Tensor::Full({1}, std::nan(""), Dtype::kI64).ToVector<int64_t>(),
+            (std::vector<int64_t>{0}));
 }
 
 TEST(TensorTest, CopyFromChecksShapes) {

@@ -59,7 +59,7 @@ void ZeroStreaming(void* p, int64_t bytes) {
 template <typename T>
 T FromDouble(double v) {
   if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(v);
+    return SaturatingCast<T>(v);
   } else {
     return FromFloat<T>(static_cast<float>(v));
   }

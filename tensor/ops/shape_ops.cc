@@ -52,18 +52,22 @@ void CopyPieces(const Tensor& whole, absl::Span<const Tensor> pieces,
               });
 }
 
+// Whether every size is >= 0 and they add up to `whole` (no sum overflows).
+bool SizesAddUpTo(absl::Span<const int64_t> sizes, int64_t whole) {
+  int64_t left = whole;
+  for (int64_t s : sizes) {
+    if (s < 0 || s > left) return false;
+    left -= s;
+  }
+  return left == 0;
+}
+
 // Cuts x along dim into contiguous copies of `sizes`.
 std::vector<Tensor> SplitImpl(const char* op, const Tensor& x, absl::Span<const int64_t> sizes,
                               int dim) {
   CheckCpu(op, {&x});
   const int d = NormalizeDim(op, x.shape(), dim);
-  int64_t total = 0;
-  bool nonnegative = true;
-  for (int64_t s : sizes) {
-    total += s;
-    nonnegative = nonnegative && s >= 0;
-  }
-  OP_CHECK(nonnegative && total == x.dim(d), op, "sizes (", absl::StrJoin(sizes, ","),
+  OP_CHECK(SizesAddUpTo(sizes, x.dim(d)), op, "sizes (", absl::StrJoin(sizes, ","),
            ") must be >= 0 and add up to dim ", dim, " of ", Describe("x", x), ", which is ",
            x.dim(d));
   std::vector<Tensor> pieces;
@@ -135,9 +139,7 @@ Tensor SplitBackward(absl::Span<const Tensor> grads, const Shape& input_shape,
   const int d = NormalizeDim(op, input_shape, dim);
   const Tensor* any = nullptr;
   bool all_defined = true;
-  int64_t total = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
-    total += sizes[i];
     if (!grads[i].defined()) {
       all_defined = false;
       continue;
@@ -152,8 +154,8 @@ Tensor SplitBackward(absl::Span<const Tensor> grads, const Shape& input_shape,
              DtypeName(grads[i].dtype()), ", others have ", DtypeName(any->dtype()));
   }
   OP_CHECK(any != nullptr, op, "every gradient is undefined, so the dtype is unknown");
-  OP_CHECK(total == input_shape[d], op, "sizes (", absl::StrJoin(sizes, ","),
-           ") do not add up to dim ", dim, " of ", input_shape.ToString());
+  OP_CHECK(SizesAddUpTo(sizes, input_shape[d]), op, "sizes (", absl::StrJoin(sizes, ","),
+           ") must be >= 0 and add up to dim ", dim, " of ", input_shape.ToString());
   std::vector<Tensor> pieces;
   for (const Tensor& g : grads) pieces.push_back(g.defined() ? g.Contiguous() : Tensor());
   Tensor out = all_defined ? Tensor::Empty(input_shape, any->dtype())
@@ -173,7 +175,9 @@ Tensor NarrowBackward(const Tensor& grad_out, const Shape& input_shape, int dim,
   const int d = NormalizeDim(op, input_shape, dim);
   Shape expected = input_shape;
   expected[d] = grad_out.rank() == input_shape.rank() ? grad_out.dim(d) : -1;
-  OP_CHECK(grad_out.shape() == expected && start >= 0 && start + grad_out.dim(d) <= input_shape[d],
+  // grad_out's length <= size - start: start + length could overflow.
+  OP_CHECK(grad_out.shape() == expected && start >= 0 && start <= input_shape[d] &&
+               grad_out.dim(d) <= input_shape[d] - start,
            op, "grad_out ", grad_out.shape().ToString(), " at offset ", start, " along dim ", dim,
            " does not fit in ", input_shape.ToString());
   Tensor grad_in = Tensor::Zeros(input_shape, grad_out.dtype());

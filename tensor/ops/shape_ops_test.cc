@@ -203,5 +203,26 @@ TEST(ShapeOpsTest, ErrorMessages) {
       "[narrow_backward] grad_out (2,2) at offset 2 along dim 1 does not fit in (2,3)");
 }
 
+// Sizes below zero, or whose sum overflows, are refused before any copy:
+// they added up to the dim (-2 + 4 = 2; 2^63 - 1 twice and 4 wrap to 2) and
+// moved the copies outside the gradient's buffer. So is a narrow whose start
+// + length overflows.
+TEST(ShapeOpsTest, SizesThatOnlyAddUpByWrappingAreRefused) {
+  constexpr int64_t kMax = INT64_MAX;
+  ExpectOpError([&] { SplitBackward({Tensor(), Tensor::Zeros({4})}, {2}, {-2, 4}, 0); },
+                "[split_backward] sizes (-2,4) must be >= 0 and add up to dim 0 of (2)");
+  ExpectOpError(
+      [&] { SplitBackward({Tensor(), Tensor(), Tensor::Zeros({4})}, {2}, {kMax, kMax, 4}, 0); },
+      "[split_backward] sizes (9223372036854775807,9223372036854775807,4) must be >= 0");
+  ExpectOpError([&] { Split(Tensor::Zeros({2}), {kMax, kMax, 4}, 0); },
+                "[split] sizes (9223372036854775807,9223372036854775807,4) must be >= 0");
+  ExpectOpError([&] { NarrowBackward(Tensor::Zeros({2}), {4}, 0, kMax - 1); },
+                "[narrow_backward] grad_out (2) at offset 9223372036854775806 along dim 0 does "
+                "not fit in (4)");
+  EXPECT_EQ(SplitBackward({Tensor(), Tensor::FromVector({1, 2}, {2})}, {3}, {1, 2}, 0)
+                .ToVector<float>(),
+            (std::vector<float>{0, 1, 2}));
+}
+
 }  // namespace
 }  // namespace tensor
