@@ -160,8 +160,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model, ProcessGroup
       nn::Parameter* p = params_[i].second;
       tensor::Tensor view = bucket.flat.Narrow(0, offset, p->numel()).View(p->shape);
       none_at_zero_grad_[i] = !p->grad.defined();
-      if (p->grad.defined()) view.CopyFrom(p->grad);
-      p->grad = view;
+      if (p->grad.defined()) {  // one it has moves into the bucket; none stays none
+        view.CopyFrom(p->grad);
+        p->grad = view;
+      }
       grad_views_[i] = view;
       bucket_of[i] = static_cast<int>(buckets_.size());
       offset += p->numel();

@@ -231,8 +231,9 @@ class DistributedDataParallel {
   // reached.
   absl::Status FinishBackward();
 
-  // Sets every gradient (every bucket) to zero in place, except that one
-  // left undefined (no rank reached it after set_to_none) stays so; or, with
+  // Sets every gradient (every bucket) to zero in place, except that an
+  // undefined one (none when wrapped, or none since set_to_none, and no rank
+  // has reached it since) stays so, as nn::Module::ZeroGrad leaves it; or, with
   // set_to_none (PyTorch's zero_grad default), drops the parameters'
   // gradients (undefined until the next backward) and zeroes nothing: that
   // backward writes each gradient into its bucket instead of adding to zeros.

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -581,8 +582,9 @@ TEST(Zero1Test, ShardDecayRangesFollowWeightDecayFlags) {
 // gradients (the next backward writing them), bit for bit, with a step whose
 // forward skips a layer on rank 1 (its part of the bucket, not written, is
 // zeros in the average either way) and a step accumulating two micro-batches
-// (the first under no_sync). A layer no rank runs differs, as in PyTorch:
-// ALayerNoRankRanKeepsNoGradientUnderDdp.
+// (the first under no_sync). A layer no rank runs differs under DDP, as in
+// PyTorch (ALayerNoRankRanKeepsItsStepStartGradientUnderDdp): there only
+// rank 1 skips it; ZeRO-1 gives it zeros either way, so there no rank does.
 TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
   constexpr int64_t kD = 8, kRows = 4;
   for (Mode mode : {Mode::kDdp, Mode::kZero1}) {
@@ -611,7 +613,7 @@ TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
                     };
                     const bool uses[] = {true, false, true, true};
                     for (int step = 0; step < 4; ++step) {
-                      m.use_second = uses[step] || rank == 0;
+                      m.use_second = uses[step] || (mode == Mode::kDdp && rank == 0);
                       if (step == 3) {  // two micro-batches, the first under no_sync
                         if (ddp) {
                           auto guard = ddp->no_sync();
@@ -646,11 +648,14 @@ TEST(DdpZero1Test, DroppedGradientsTrainAsZeroedOnes) {
 // began under DDP (the ranks agree on it), as in one process: none after
 // ZeroGrad(set_to_none=true) or before its first backward, so AdamW skips it
 // (no weight decay, no momentum step, no step count); zeros after
-// ZeroGrad(set_to_none=false), which AdamW steps. Each rank gets the batch
-// one process sees, so the runs match; before, DDP stepped the layer with a
-// zero gradient in every case, and then dropped it in every case. A layer
-// one rank runs and the other does not is averaged as usual.
-TEST(DdpZero1Test, ALayerNoRankRanKeepsNoGradientUnderDdp) {
+// ZeroGrad(set_to_none=false), which AdamW steps. Also when each step begins
+// with ZeroGrad (the usual loop) instead of ending with it: ZeroGrad(false)
+// before the first backward leaves no gradient where there was none. Each
+// rank gets the batch one process sees, so the runs match; before, DDP
+// stepped the layer with a zero gradient in every case, and then dropped it
+// in every case. A layer one rank runs and the other does not is averaged
+// as usual.
+TEST(DdpZero1Test, ALayerNoRankRanKeepsItsStepStartGradientUnderDdp) {
   constexpr int64_t kD = 8, kRows = 4;
   const bool uses[] = {false, false, true, false};
   constexpr int kSteps = 4;
@@ -658,21 +663,24 @@ TEST(DdpZero1Test, ALayerNoRankRanKeepsNoGradientUnderDdp) {
     return std::make_pair(tensor::testing::RandomTensor({kRows, kD}, 10 * step),
                           tensor::testing::RandomTensor({kRows, kD}, 10 * step + 7));
   };
-  for (bool drop : {true, false}) {
-    SCOPED_TRACE(drop ? "ZeroGrad drops" : "ZeroGrad zeroes");
+  for (const auto& [drop, zero_first] : std::vector<std::pair<bool, bool>>{
+           {true, false}, {false, false}, {true, true}, {false, true}}) {
+    SCOPED_TRACE(absl::StrCat(drop ? "ZeroGrad drops" : "ZeroGrad zeroes",
+                              zero_first ? ", first in each step" : ", last in each step"));
     // Whether the layer has a gradient after each step's backward.
     std::vector<bool> has_grad;
     MaybeSkips one(kD);
     one.Materialize(kSeed);
     std::unique_ptr<optim::Optimizer> one_opt = MakeOptimizer(Opt::kAdamW);
     for (int step = 0; step < kSteps; ++step) {
+      if (zero_first) one.ZeroGrad(drop);
       one.use_second = uses[step];
       nn::Context ctx;
       one.Run(batch(step).first, ctx);
       one.RunBackward(batch(step).second, ctx);
       has_grad.push_back(one.NamedParameters().back().second->grad.defined());
       one_opt->Step(optim::FromModule(one));
-      one.ZeroGrad(drop);
+      if (!zero_first) one.ZeroGrad(drop);
     }
     // Skipped at steps 0 and 1 either way; zeros stepped at step 3 unless dropped.
     EXPECT_EQ(one_opt->StepCount("second.weight"), drop ? 1 : 2);
@@ -683,6 +691,7 @@ TEST(DdpZero1Test, ALayerNoRankRanKeepsNoGradientUnderDdp) {
                   DistributedDataParallel ddp(m, pg, DdpOptions{0.0005});
                   std::unique_ptr<optim::Optimizer> opt = MakeOptimizer(Opt::kAdamW);
                   for (int step = 0; step < kSteps; ++step) {
+                    if (zero_first) ddp.ZeroGrad(drop);
                     m.use_second = uses[step];
                     nn::Context ctx;
                     m.Run(batch(step).first, ctx);
@@ -692,7 +701,7 @@ TEST(DdpZero1Test, ALayerNoRankRanKeepsNoGradientUnderDdp) {
                               has_grad[step])
                         << "step " << step;
                     opt->Step(optim::FromModule(m));
-                    ddp.ZeroGrad(drop);
+                    if (!zero_first) ddp.ZeroGrad(drop);
                   }
                   EXPECT_EQ(opt->StepCount("second.weight"), drop ? 1 : 2);
                   const std::vector<float> got = FlatParams(m);
