@@ -85,12 +85,18 @@ std::atomic<int> stop_signal{0};
 
 void OnSignal(int sig) { stop_signal = sig; }
 
-// A line that could not be written because the output's reader went away
-// (EPIPE): the job's output is lost from here on, so the launch stops, as
-// its death by SIGPIPE would have ended it (a stop signal already received
-// is kept).
-void OnOutputWritten(std::FILE* out) {
-  if (std::fflush(out) != 0 && errno == EPIPE) {
+// Writes a worker's line to `out` (stdout, or the unbuffered stderr: each
+// call checked, since a flush after a failed unbuffered write has nothing to
+// say). A line that could not be written because the output's reader went
+// away (EPIPE): the job's output is lost from here on, so the launch stops,
+// as its death by SIGPIPE would have ended it (a stop signal already
+// received is kept).
+void WriteLine(std::FILE* out, const std::string& prefix, const std::string& line) {
+  std::lock_guard<std::mutex> lock(out_mu);
+  const bool written = std::fwrite(prefix.data(), 1, prefix.size(), out) == prefix.size() &&
+                       std::fwrite(line.data(), 1, line.size(), out) == line.size() &&
+                       std::fputc('\n', out) != EOF && std::fflush(out) == 0;
+  if (!written && errno == EPIPE) {  // errno: the failed call's
     int none = 0;
     stop_signal.compare_exchange_strong(none, SIGPIPE);
   }
@@ -161,13 +167,7 @@ constexpr int kMaxWorkersPerNode = 1024;
 void Pump(int fd, std::string prefix, const std::atomic<bool>* finish, std::FILE* out) {
   std::string pending;
   char buf[4096];
-  auto emit = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(out_mu);
-    std::fwrite(prefix.data(), 1, prefix.size(), out);
-    std::fwrite(line.data(), 1, line.size(), out);
-    std::fputc('\n', out);
-    OnOutputWritten(out);
-  };
+  auto emit = [&](const std::string& line) { WriteLine(out, prefix, line); };
   // Once `finish` is seen: what the pipe held then (the worker's last
   // output) is always copied; the two seconds bound what comes after it.
   std::optional<std::chrono::steady_clock::time_point> finishing;
@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
   // is always handled here and the default in the workers, even when the
   // launcher was started ignoring it: it is how the launcher stops them, and
   // their PR_SET_PDEATHSIG. SIGPIPE is ignored here (a reader of the
-  // output that went away stops the launch by EPIPE, see OnOutputWritten);
+  // output that went away stops the launch by EPIPE, see WriteLine);
   // the workers get the disposition the launcher was started with.
   std::vector<int> ignored_at_start;
   for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGPIPE}) {
@@ -450,6 +450,11 @@ int main(int argc, char** argv) {
       pid_t pid = fork();
       if (pid == 0) {
         setpgid(0, 0);
+        // The launcher's handlers go first: its death's SIGTERM must end the
+        // worker even before the exec, not be stored by OnSignal.
+        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) {
+          signal(sig, ignored(sig) ? SIG_IGN : SIG_DFL);
+        }
         // The launcher's death (even by SIGKILL) ends the worker.
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != launcher) _exit(1);  // it died before prctl
@@ -462,9 +467,6 @@ int main(int argc, char** argv) {
             dup2(null_fd, 0);
             if (null_fd != 0) close(null_fd);
           }
-        }
-        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) {
-          signal(sig, ignored(sig) ? SIG_IGN : SIG_DFL);
         }
         auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
         set("RANK", std::to_string(w.rank));
@@ -508,6 +510,7 @@ int main(int argc, char** argv) {
     while (start_error.empty() && running > 0 && failures.empty() && stop_signal == 0) {
       if (!ReapExited(workers, running, failures)) usleep(20000);
     }
+    const int stopped_by = stop_signal.load();  // what the message below says
     int failed = -1;
     if (!start_error.empty()) {
       Say("cannot start local rank " + std::to_string(started) + " of " + std::to_string(nproc) +
@@ -531,10 +534,10 @@ int main(int argc, char** argv) {
             ", pid " + std::to_string(workers[i].pid) + ") also failed with " +
             DescribeStatus(workers[i].status));
       }
-    } else if (stop_signal == SIGPIPE) {
+    } else if (stopped_by == SIGPIPE) {
       Say("the reader of the launch's output went away (EPIPE); stopping the workers");
-    } else if (stop_signal != 0) {
-      Say(std::string("received ") + strsignal(stop_signal) + "; stopping the workers");
+    } else if (stopped_by != 0) {
+      Say(std::string("received ") + strsignal(stopped_by) + "; stopping the workers");
     }
     // Stop the rest: SIGTERM, then SIGKILL after the grace period.
     if (running > 0) {
@@ -569,7 +572,16 @@ int main(int argc, char** argv) {
       if (w.pump_out.joinable()) w.pump_out.join();
       if (w.pump_err.joinable()) w.pump_err.join();
     }
-    if (stop_signal != 0) return 128 + stop_signal;
+    if (const int stop = stop_signal.load(); stop != 0) {
+      // One that came while the workers were stopped or their last output
+      // copied: said here (no restart follows).
+      if (stop != stopped_by) {
+        Say((stop == SIGPIPE ? std::string("the reader of the launch's output went away (EPIPE)")
+                             : std::string("received ") + strsignal(stop)) +
+            (failed >= 0 && attempt < max_restarts ? "; not restarting" : ""));
+      }
+      return 128 + stop;
+    }
     if (!start_error.empty()) return 1;  // no restart: it would fail the same way
     if (failed < 0) return 0;
     if (attempt < max_restarts) {

@@ -245,6 +245,15 @@ grep -qx "rc=141" "$T/head.rc" ||
 grep -q "launch: the reader of the launch's output went away (EPIPE); stopping the workers" \
   "$T/head.err" || { cat "$T/head.err"; fail "no message for the reader that went away"; }
 pgrep -f "tick 9877" > /dev/null && { pkill -f "tick 9877"; fail "workers outlived a gone reader"; }
+# The same through stderr, which is unbuffered (a failed write is what
+# says it, not a flush): workers that only log there.
+{ timeout 30 "$LAUNCH" --nproc_per_node=2 -- \
+    sh -c 'while :; do echo tock 9880 >&2; sleep 0.05; done' 2>&1 > /dev/null;
+  echo "rc=$?" > "$T/head_err.rc"; } | head -n 3 > /dev/null
+grep -qx "rc=141" "$T/head_err.rc" ||
+  fail "a launch whose stderr reader went away: $(cat "$T/head_err.rc")"
+pgrep -f "tock 9880" > /dev/null &&
+  { pkill -f "tock 9880"; fail "workers outlived a gone stderr reader"; }
 
 # A launcher started with SIGTERM ignored still stops on it, and its
 # workers do not inherit it ignored: its death by SIGKILL still ends them
@@ -254,13 +263,23 @@ rm -f "$T"/pid_*
     sh -c 'echo $$ > "'"$T"'/pid_$RANK"; exec sleep 9878' > /dev/null 2>&1 ) &
 launcher=$!
 for _ in $(seq 100); do [ -s "$T/pid_0" ] && [ -s "$T/pid_1" ] && break; sleep 0.1; done
+[ -s "$T/pid_0" ] && [ -s "$T/pid_1" ] ||
+  { kill -9 "$launcher"; fail "the workers of a launcher started ignoring SIGTERM did not start"; }
 kill -9 "$launcher"; wait "$launcher" 2> /dev/null
 for _ in $(seq 50); do alive 9878 || break; sleep 0.1; done
 alive 9878 &&
   { pkill -f "sleep 9878"; fail "workers of a launcher started ignoring SIGTERM outlived it"; }
 ( trap '' TERM; exec "$LAUNCH" -- sleep 9879 > /dev/null 2>&1 ) &
 launcher=$!
-sleep 0.5; kill -TERM "$launcher"; wait "$launcher"; rc=$?
+# The worker runs once the launcher's handlers are in place; then SIGTERM,
+# and a bounded wait (a launcher that ignored it would sleep on).
+for _ in $(seq 100); do alive 9879 && break; sleep 0.1; done
+alive 9879 || { kill -9 "$launcher"; fail "the worker of a launcher started ignoring SIGTERM"; }
+kill -TERM "$launcher"
+for _ in $(seq 100); do kill -0 "$launcher" 2> /dev/null || break; sleep 0.1; done
+kill -0 "$launcher" 2> /dev/null &&
+  { kill -9 "$launcher"; pkill -f "sleep 9879"; fail "a launcher started ignoring SIGTERM ran on"; }
+wait "$launcher"; rc=$?
 alive 9879 && { pkill -f "sleep 9879"; fail "SIGTERM to a launcher started ignoring it"; }
 [ $rc -eq 143 ] || fail "SIGTERM to a launcher started ignoring it: exit $rc, wanted 143"
 
