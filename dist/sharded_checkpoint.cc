@@ -440,6 +440,7 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
   std::vector<bool> has(p.layouts.size(), false);
   if (load_opt) {
     int with = 0, training = 0;
+    std::string with_state, without_state;  // a flat parameter of each kind, for errors
     for (size_t i = 0; i < p.layouts.size(); ++i) {
       const FlatLayout& L = p.layouts[i];
       if (!L.trains) {  // no optimizer state to form
@@ -466,19 +467,20 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
               "cannot form the optimizer state of '", L.ref, "': parameter '",
               state ? first_name : e.name, "' has optimizer state in the checkpoint but '",
               state ? e.name : first_name,
-              "' has none (a parameter frozen when it was saved has none: keep it frozen, or "
-              "load the weights alone with load_optimizer_state = false, as the train "
-              "binaries' --init_from does; so has one that no backward reached, under DDP "
-              "or in one process, whose optimizer skipped it)"));
+              "' has none (a parameter frozen when it was saved has none, as has one that no "
+              "backward reached under DDP or in one process, which its optimizer skipped): "
+              "load the weights alone with load_optimizer_state = false, as the train binaries' "
+              "--init_from does (or, for a frozen one, keep it frozen)"));
         }
         if (state && r.step != step) {
           return absl::FailedPreconditionError(
               absl::StrCat("cannot form the optimizer state of '", L.ref, "': parameters '",
                            first_name, "' (step ", step, ") and '", e.name, "' (step ", r.step,
-                           ") were stepped a different number of times (one that a step's "
-                           "backward did not reach, under DDP or in one process, was skipped; "
-                           "one flat parameter holds one step count: load the weights alone "
-                           "with load_optimizer_state = false)"));
+                           ") were stepped a different number of times (likely one that some "
+                           "step's backward did not reach, under DDP or in one process, was "
+                           "skipped then); one flat parameter holds one step count: load the "
+                           "weights alone with load_optimizer_state = false, as the train "
+                           "binaries' --init_from does"));
         }
       }
       if (!seen) {  // a flat buffer without elements: the checkpoint's common step
@@ -487,16 +489,24 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
         if (state && step < 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               "cannot form the optimizer state of '", L.ref,
-              "' (no parameters): the checkpoint's parameters have different step counts"));
+              "' (no parameters): the checkpoint's parameters have different step counts "
+              "(likely some were skipped, under DDP or in one process, in steps whose "
+              "backward did not reach them): load the weights alone with "
+              "load_optimizer_state = false, as the train binaries' --init_from does"));
         }
       }
       has[i] = state;
       st.steps.push_back(state ? step : 0);
       with += state ? 1 : 0;
+      (state ? with_state : without_state) = L.ref;
     }
     if (with != 0 && with != training) {
-      return absl::FailedPreconditionError(
-          "the checkpoint holds optimizer state for some flat parameters only");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint holds optimizer state for some flat parameters only ('", with_state,
+          "' has, '", without_state, "' has none: its parameters were frozen when saved, or "
+          "no backward reached them under DDP or in one process, so the optimizer skipped "
+          "them): load the weights alone with load_optimizer_state = false, as the train "
+          "binaries' --init_from does"));
     }
     st.any_state = with > 0;
   }

@@ -318,6 +318,36 @@ TEST(ShardedCheckpointOfflineTest, ParametersSkippedInSomeStepsAreRefusedInOneFl
     });
     ASSERT_TRUE(s.ok()) << s;
   }
+  // A whole unit never stepped (a block no backward reached), its flat
+  // parameter with no state beside others with state: refused naming both
+  // and the cause.
+  std::vector<WholeParameter> skipped = src;
+  int without = 0;
+  for (WholeParameter& p : skipped) {
+    if (p.name.rfind("transformer.h.1.", 0) != 0) continue;
+    p.has_state = false;
+    p.step = 0;
+    p.buffers.clear();
+    ++without;
+  }
+  ASSERT_GT(without, 0);
+  const std::string out = TestDir("skipped_unit");
+  ASSERT_TRUE(WriteWholeParameters(out, skipped, "adamw", {"exp_avg", "exp_avg_sq"}, {}).ok());
+  absl::Status s = RunRanks(kWorld, [&](int rank, ProcessGroup& pg) {
+    mingpt::GPT gpt(testing::Tiny());
+    FsdpOptions o;
+    o.policy = WrapPolicy::Transformer({"Block"});  // block 1 is a unit of its own
+    std::unique_ptr<FullyShardedModel> fsdp = FullyShard(gpt, pg, o);
+    std::unique_ptr<optim::Optimizer> opt = AdamW();
+    absl::StatusOr<std::map<std::string, std::string>> extra = LoadSharded(out, *fsdp, *opt, pg);
+    ASSERT_FALSE(extra.ok());
+    const std::string msg(extra.status().message());
+    EXPECT_THAT(msg, HasSubstr("optimizer state for some flat parameters only ('"));
+    EXPECT_THAT(msg, HasSubstr("transformer.h.1"));
+    EXPECT_THAT(msg, HasSubstr("no backward reached them under DDP or in one process"));
+    EXPECT_THAT(msg, HasSubstr("load_optimizer_state = false"));
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 TEST(ShardedCheckpointOfflineTest, WriteWholeParametersRefusesBadInput) {
