@@ -39,11 +39,14 @@ def _cuda_objects_impl(ctx):
         # Bazel's linux-sandbox every action has its own PID namespace, so two
         # nvcc runs at once share a pid and, in the host's /tmp, each other's
         # files ("nvcc fatal : Failed to open for read host compiler
-        # properties", seen in CI).
+        # properties", seen in CI). The folder goes however the run ends (the
+        # EXIT trap keeps nvcc's status; Bazel's SIGTERM on a cancel or
+        # timeout exits through it). nvcc's path is $1, never parsed by the
+        # shell.
         ctx.actions.run_shell(
-            command = ("tmp=$(mktemp -d) || exit 1; TMPDIR=\"$tmp\" {nvcc} \"$@\"; rc=$?; " +
-                       "rm -rf \"$tmp\"; exit $rc").format(nvcc = ctx.attr.nvcc_path),
-            arguments = [args],
+            command = ("tmp=$(mktemp -d) || exit 1; trap 'rm -rf \"$tmp\"' EXIT; " +
+                       "trap 'exit 143' TERM; trap 'exit 130' INT; TMPDIR=\"$tmp\" \"$@\""),
+            arguments = [ctx.attr.nvcc_path, args],
             inputs = depset([src], transitive = [inputs]),
             outputs = [obj],
             mnemonic = "Nvcc",
