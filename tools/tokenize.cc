@@ -175,14 +175,18 @@ absl::Status CheckWritesNoInput(const std::string& output, const std::vector<std
                                 const TextEncoder& tokenizer) {
   std::vector<std::pair<std::string, std::string>> read = tokenizer.read;  // (what it is, path)
   for (const std::string& input : inputs) read.emplace_back("the input", input);
-  for (const std::string& written : {output, data::TokenFileMetaPath(output)}) {
+  const std::string record = data::TokenFileMetaPath(output);
+  for (const std::string& written : {output, record, data::TokenFileTempPath(output)}) {
     for (const auto& [what, path] : read) {
       std::error_code ec;
       if (!std::filesystem::equivalent(written, path, ec)) continue;
+      const std::string also = written == output   ? ""
+                               : written == record ? absl::StrCat(" (and its record ", written, ")")
+                                                   : absl::StrCat(" (and the temporary file ",
+                                                                  written, " it writes first)");
       return absl::InvalidArgumentError(absl::StrCat(
-          "--output=", output, written == output ? "" : absl::StrCat(" (and its record ", written,
-                                                                     ")"),
-          ": ", path, " is ", what, ", which writing it would destroy; give another --output"));
+          "--output=", output, also, ": ", path, " is ", what,
+          ", which writing it would destroy; give another --output"));
     }
   }
   return absl::OkStatus();

@@ -78,6 +78,12 @@ cp "$dir/a.txt" "$dir/keep.bin.json"
 expect_error "--output=$dir/keep.bin (and its record $dir/keep.bin.json): $dir/keep.bin.json is the \
 input" --input="$dir/keep.bin.json" --output="$dir/keep.bin"
 cmp "$dir/a.txt" "$dir/keep.bin.json"
+# Nor the temporary file it writes first (OUT.tmp): an input there was cut
+# to nothing while it was read.
+cp "$dir/a.txt" "$dir/keep2.bin.tmp"
+expect_error "--output=$dir/keep2.bin (and the temporary file $dir/keep2.bin.tmp it writes \
+first): $dir/keep2.bin.tmp is the input" --input="$dir/keep2.bin.tmp" --output="$dir/keep2.bin"
+cmp "$dir/a.txt" "$dir/keep2.bin.tmp"
 cp -r "$dir/tok" "$dir/tok_copy"
 expect_error "is the tokenizer's vocabulary, which writing it would destroy" --input="$text" \
   --output="$dir/tok_copy/vocab" --tokenizer="$dir/tok_copy"

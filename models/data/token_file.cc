@@ -165,7 +165,7 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const s
     return absl::InvalidArgumentError(
         absl::StrCat("[token file] writing ", path, ": choose kRaw or kLlmc"));
   }
-  const std::string temp = absl::StrCat(path, ".tmp");
+  const std::string temp = TokenFileTempPath(path);
   std::FILE* f = std::fopen(temp.c_str(), "wb");
   if (f == nullptr) {
     return absl::FailedPreconditionError(
@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const s
 TokenFileWriter::~TokenFileWriter() {
   if (file_ != nullptr) {
     std::fclose(file_);
-    std::remove(absl::StrCat(path_, ".tmp").c_str());
+    std::remove(TokenFileTempPath(path_).c_str());
   }
 }
 
@@ -194,7 +194,8 @@ absl::Status TokenFileWriter::WriteHeader() {
   for (int64_t i = 3; i < kLlmcHeaderInts; ++i) AppendInt32Le(0, &bytes);
   if (std::fseek(file_, 0, SEEK_SET) != 0 ||
       std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
-    return absl::DataLossError(absl::StrCat("[token file] short write to ", path_, ".tmp"));
+    return absl::DataLossError(
+        absl::StrCat("[token file] short write to ", TokenFileTempPath(path_)));
   }
   return absl::OkStatus();
 }
@@ -223,7 +224,8 @@ absl::Status TokenFileWriter::Append(absl::Span<const int64_t> tokens) {
     bytes.push_back(static_cast<char>(t >> 8));
   }
   if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
-    return absl::DataLossError(absl::StrCat("[token file] short write to ", path_, ".tmp"));
+    return absl::DataLossError(
+        absl::StrCat("[token file] short write to ", TokenFileTempPath(path_)));
   }
   num_tokens_ += static_cast<int64_t>(tokens.size());
   return absl::OkStatus();
@@ -239,7 +241,7 @@ absl::Status TokenFileWriter::Finish() {
   const bool synced = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
   const bool closed = std::fclose(file_) == 0 && synced;
   file_ = nullptr;
-  const std::string temp = absl::StrCat(path_, ".tmp");
+  const std::string temp = TokenFileTempPath(path_);
   if (!header.ok() || !closed) {
     std::remove(temp.c_str());
     return header.ok() ? absl::DataLossError(absl::StrCat("[token file] short write to ", temp))
@@ -305,6 +307,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenFileSource::Slice(int64_t begi
 }
 
 std::string TokenFileMetaPath(const std::string& token_file) { return token_file + ".json"; }
+
+std::string TokenFileTempPath(const std::string& token_file) { return token_file + ".tmp"; }
 
 absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta) {
   return tensor::WriteFileDurably(

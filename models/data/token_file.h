@@ -160,6 +160,9 @@ struct TokenFileMeta {
 
 // token_file + ".json".
 std::string TokenFileMetaPath(const std::string& token_file);
+// token_file + ".tmp": where TokenFileWriter writes before the rename (a
+// file there is replaced).
+std::string TokenFileTempPath(const std::string& token_file);
 
 // Writes PATH.json durably (temporary file, fsync, rename).
 absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta);
