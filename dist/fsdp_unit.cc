@@ -413,10 +413,13 @@ void FsdpShared::Prefetch(const std::vector<int>& order, const std::vector<int>&
 }
 
 void FsdpShared::PrefetchUnits(const std::vector<int>& ids, bool in_backward) {
+  // After a first pass of the kind, only the units it ran.
+  const std::vector<int>* ran = in_backward      ? &backward_order
+                                : forward_only() ? &forward_only_order
+                                                 : nullptr;
   for (int id : ids) {
-    if (in_backward && !backward_order.empty() &&
-        std::find(backward_order.begin(), backward_order.end(), id) == backward_order.end()) {
-      continue;  // the last backward did not run it
+    if (ran != nullptr && !ran->empty() && std::find(ran->begin(), ran->end(), id) == ran->end()) {
+      continue;  // the last pass of its kind did not run it
     }
     if (!units[id]->gathered_this_pass()) units[id]->IssueUnshard(/*prefetch=*/true);
   }

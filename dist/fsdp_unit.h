@@ -130,7 +130,9 @@ struct FsdpShared {
   // `in_backward`: after a first backward, only of the units it ran (the
   // model's backward stops below its lowest trainable parameter: a unit
   // under it would be gathered for nothing, and held until the root's
-  // post-backward, past the peak).
+  // post-backward, past the peak). In a forward-only pass, after a first
+  // one, only of the units the last one ran (T5's decoding steps run the
+  // decoder alone: the root's list names encoder blocks).
   void PrefetchUnits(const std::vector<int>& ids, bool in_backward = false);
   // Allocates offload_staging for the units (each unit's OffloadDtypes), and
   // the offload_stream and the uploads' slots when `device` is a GPU.

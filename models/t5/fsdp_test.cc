@@ -417,5 +417,68 @@ TEST(T5FsdpPrefetchTest, DecodingLeavesTheTrainingForwardsPrefetchAsItWas) {
   }
 }
 
+// FSDP2's explicit prefetch (--prefetch_units=2: each unit gathers the next
+// two) in decoding: each forward-only pass prefetches, after a first, only
+// units the last forward-only pass ran, so a run of decoding steps
+// prefetches the second decoder block alone, which it uses; before, each
+// step's root also gathered the first two encoder blocks (its list), unused,
+// per generated token. Passes whose kind changes from the last (an Encode
+// after a DecodeStep, and back) still prefetch two units each they do not
+// run. Training's prefetch is unchanged by it.
+TEST(T5FsdpPrefetchTest, ExplicitPrefetchInDecodingGathersOnlyUnitsItRuns) {
+  train::DataParallelConfig config = Config("transformer", 2);
+  config.prefetch_units = 2;
+  config.backward_prefetch = dist::BackwardPrefetch::kNone;
+  using Stats = dist::FullyShardedModel::PrefetchStats;
+  std::vector<std::vector<Stats>> after(2);  // per rank: after each phase below
+  absl::Status s = train::RunDataParallel(config, [&](train::RankContext& rank) -> absl::Status {
+    T5Model model(Tiny(false));
+    data::SpanCorruptionLoader loader = Loader(rank.rank, 2);
+    auto dp =
+        train::DataParallelModel::Create(model, rank.pg, config, AdamW(), kSeed, {"shared.weight"});
+    if (!dp.ok()) return dp.status();
+    auto train_step = [&]() -> absl::Status {
+      const data::Seq2SeqBatch b = loader.Next();  // this rank's rows: (2, S), (2, T_dec)
+      model.ForwardBackward(b.encoder_inputs, b.encoder_mask, b.decoder_inputs, b.decoder_targets);
+      absl::Status st = (*dp)->FinishBackward();
+      if (!st.ok()) return st;
+      st = (*dp)->Step();
+      (*dp)->ZeroGrad();
+      after[rank.rank].push_back((*dp)->fsdp()->prefetch_stats());
+      return st;
+    };
+    if (absl::Status st = train_step(); !st.ok()) return st;
+    Decoded decoded;
+    (*dp)->ForwardOnly([&] { DecodeAfterTraining(model, decoded); },
+                       train::DataParallelModel::Gather::kPerUnit);
+    after[rank.rank].push_back((*dp)->fsdp()->prefetch_stats());
+    return train_step();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const std::vector<Stats>& a = after[r];  // step 1, decoding, step 2
+    ASSERT_EQ(a.size(), 3u);
+    const int64_t decoding = a[1].issued - a[0].issued;
+    const int64_t decoding_unused = a[1].unused - a[0].unused;
+    std::printf("rank %d: training step: %lld issued, %lld unused; decoding: %lld issued, "
+                "%lld unused\n",
+                r, (long long)a[0].issued, (long long)a[0].unused, (long long)decoding,
+                (long long)decoding_unused);
+    // Units: the root, encoder blocks 1-2, decoder blocks 3-4. Lists: the
+    // root {1, 2}, 1 {2, 3}, 2 {3, 4}, 3 {4}. DecodeAfterTraining: Encode
+    // (no forward-only order yet: 1-4 issued, 3-4 unused), DecodeStep (after
+    // an Encode: the root's 1-2, unused), Generate's Encode (after a
+    // DecodeStep: 3-4, unused), its first DecodeStep (1-2, unused), five more
+    // (4 each, used). Before: every DecodeStep 1, 2 and 4, the first two
+    // unused (29 issued, 18 unused).
+    EXPECT_EQ(decoding, 4 + 2 + 2 + 2 + 5);
+    EXPECT_EQ(decoding_unused, 2 + 2 + 2 + 2);
+    EXPECT_EQ(a[0].unused, 0);  // training uses what it prefetches
+    EXPECT_EQ(a[2].issued - a[1].issued, a[0].issued);
+    EXPECT_EQ(a[2].unused, a[1].unused);
+  }
+}
+
 }  // namespace
 }  // namespace t5
