@@ -132,9 +132,35 @@ std::vector<absl::string_view> SplitGpt2Pretokens(absl::string_view text) {
 
 size_t Gpt2ChunkEnd(absl::string_view text, size_t max_bytes) {
   if (text.size() <= max_bytes) return text.size();
-  const auto graphic = [&](size_t i) { return text[i] > ' ' && text[i] < 0x7F; };
-  // A cut at p: text[p - 2] printable, text[p - 1] == '\n', text[p] printable.
-  const auto cut = [&](size_t p) { return graphic(p - 2) && text[p - 1] == '\n' && graphic(p); };
+  // Whether the character ending at byte `end` (exclusive), or starting at
+  // byte `at`, is not white space. ASCII bytes are always characters of their
+  // own (DecodeUtf8 takes no ASCII byte into a sequence), so a character
+  // ends before a '\n' and one starts after it; the one before is the valid
+  // sequence that ends there, else an invalid byte (U+FFFD).
+  const auto ends_solid = [&](size_t end) {
+    const auto last = static_cast<uint8_t>(text[end - 1]);
+    if (last < 0x80) return Classify(last) != CharClass::kSpace;
+    for (size_t len = 2; len <= 4 && len <= end; ++len) {
+      uint32_t cp;
+      if (DecodeUtf8(text, end - len, cp) == static_cast<int>(len)) {
+        return Classify(cp) != CharClass::kSpace;
+      }
+    }
+    return true;
+  };
+  const auto starts_solid = [&](size_t at) {
+    uint32_t cp;
+    DecodeUtf8(text, at, cp);
+    return Classify(cp) != CharClass::kSpace;
+  };
+  // A cut at p (1 < p < size): "x\n|y", or "x\r|\ny" (CRLF text), x and y
+  // characters other than white space. Not "x\r\n|y": the whole text's
+  // "\r\n" before y is two pieces, a part's last one piece.
+  const auto cut = [&](size_t p) {
+    if (text[p - 1] == '\n') return ends_solid(p - 1) && starts_solid(p);
+    return text[p - 1] == '\r' && text[p] == '\n' && p + 1 < text.size() && ends_solid(p - 1) &&
+           starts_solid(p + 1);
+  };
   for (size_t p = max_bytes; p >= std::max<size_t>(max_bytes / 2, 2); --p) {
     if (cut(p)) return p;
   }

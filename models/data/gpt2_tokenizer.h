@@ -39,7 +39,8 @@ std::vector<absl::string_view> SplitGpt2Pretokens(absl::string_view text);
 
 // Where to cut `text` for encoding in parts: the cut nearest below
 // `max_bytes` (or, when there is none in its upper half, the first after it)
-// of the form "x\ny" with x and y printable ASCII other than space. The
+// of the form "x\n|y" or "x\r|\ny" (CRLF line ends), with x and y characters
+// other than white space, any script's (or bytes that are not UTF-8). The
 // pre-tokenizer always ends a piece there, and the part before it ends the
 // same way encoded alone, so encoding the parts gives the ids of the whole.
 // text.size() when text is no longer than max_bytes or has no such cut.

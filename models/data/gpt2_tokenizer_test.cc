@@ -156,6 +156,70 @@ TEST(Gpt2TokenizerTest, EncodingInChunksGivesTheIdsOfTheWhole) {
   EXPECT_EQ(Gpt2ChunkEnd("abcdefghijklmnop", 4), 16u);
 }
 
+// CRLF text and lines that end or begin with other scripts' characters are
+// cut too ("x\r|\ny", and "x\n|y" for any x and y other than white space):
+// before, such text had no cut and was encoded as one part (one thread, its
+// ids held whole). White space of other scripts (NBSP, U+0085, U+2028,
+// U+3000) is still not cut around, bytes that are not UTF-8 are; and the
+// parts give the ids of the whole.
+TEST(Gpt2TokenizerTest, CrlfAndOtherScriptsAreCutAlike) {
+  EXPECT_EQ(Gpt2ChunkEnd("ab\r\ncd\r\nef", 5), 3u);           // ab\r | \ncd...
+  EXPECT_EQ(Gpt2ChunkEnd("\xd0\x9c\xd0\xb8\n\xd0\xb4\xd0\xbe", 6), 5u);  // Ми\n | до
+  EXPECT_EQ(Gpt2ChunkEnd("\xe3\x80\x82\n\xe8\xaf\x8d!", 5), 4u);      // 。\n | 词
+  EXPECT_EQ(Gpt2ChunkEnd("ab\xc2\xa0\ncd", 5), 7u);             // NBSP before: none
+  EXPECT_EQ(Gpt2ChunkEnd("ab\n\xe3\x80\x80" "cd", 4), 8u);         // U+3000 after: none
+  EXPECT_EQ(Gpt2ChunkEnd("ab\xe2\x80\xa8\ncd", 6), 8u);         // U+2028 before: none
+  EXPECT_EQ(Gpt2ChunkEnd("ab\x1f\ncd", 4), 4u);  // \x1f: not White_Space, so a cut
+  EXPECT_EQ(Gpt2ChunkEnd("ab\xe2\x82\ncd", 5), 5u);             // a cut sequence: U+FFFD
+  EXPECT_EQ(Gpt2ChunkEnd("ab\r\n\r\ncd", 4), 8u);              // a blank line: none
+  const std::vector<std::string> words = {
+      "Light", "\xd0\x9c\xd0\xb8\xd1\x80",  // Мир
+      "\xe8\xaf\x8d\xe8\xaf\xad",          // 词语
+      "\xf0\x9f\x98\x80",                  // an emoji
+      "caf\xc3\xa9", "42", "'s", "--", "\xc2\xa0", "\xc2\x85", "\xe3\x80\x80", "\x1c",
+      "\xe2\x82", "\t", " ", ""};
+  const std::vector<std::string> ends = {"\n", "\r\n", "\r\n\r\n", "\n\n", " \n", "\r"};
+  std::string text;
+  uint64_t state = 7;
+  auto next = [&](size_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<size_t>((state >> 33) % n);
+  };
+  while (text.size() < 60000) {
+    for (int k = 1 + next(4); k > 0; --k) text += words[next(words.size())] + (next(3) ? "" : " ");
+    text += ends[next(ends.size())];
+  }
+  // The same pieces (any vocabulary's ids then), and GPT-2's ids.
+  const std::vector<absl::string_view> whole_pieces = SplitGpt2Pretokens(text);
+  const std::vector<int64_t> whole = Gpt2().Encode(text);
+  for (size_t max_bytes : {size_t{16}, size_t{100}, size_t{4096}}) {
+    std::vector<absl::string_view> pieces;
+    std::vector<int64_t> parts;
+    int chunks = 0;
+    for (absl::string_view rest = text; !rest.empty(); ++chunks) {
+      const size_t end = Gpt2ChunkEnd(rest, max_bytes);
+      for (absl::string_view piece : SplitGpt2Pretokens(rest.substr(0, end))) {
+        pieces.push_back(piece);
+      }
+      const std::vector<int64_t> ids = Gpt2().Encode(rest.substr(0, end));
+      parts.insert(parts.end(), ids.begin(), ids.end());
+      rest.remove_prefix(end);
+    }
+    EXPECT_GT(chunks, static_cast<int>(text.size() / max_bytes) / 8) << max_bytes;
+    EXPECT_TRUE(pieces == whole_pieces) << "chunks of at most about " << max_bytes << " bytes";
+    EXPECT_TRUE(parts == whole) << "chunks of at most about " << max_bytes << " bytes";
+  }
+  // CRLF text alone, and text of one other script: many parts.
+  std::string crlf, cyrillic;
+  for (int i = 0; i < 2000; ++i) {
+    crlf += "Light is\r\n";
+    cyrillic += "\xd0\x9c\xd0\xb8\xd1\x80\n";
+  }
+  for (const std::string& t : {crlf, cyrillic}) {
+    EXPECT_LT(Gpt2ChunkEnd(t, 1000), 1000u);
+  }
+}
+
 TEST(Gpt2TokenizerTest, PretokensFollowThePattern) {
   EXPECT_THAT(SplitGpt2Pretokens("I'm  here\n\n ok"),
               ElementsAre("I", "'m", " ", " here", "\n\n", " ok"));
