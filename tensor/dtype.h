@@ -92,7 +92,7 @@ inline T SaturatingCast(F v) {
   static_assert(std::is_integral_v<T> && std::is_floating_point_v<F>);
   if (v != v) return 0;  // NaN
   if (v <= static_cast<F>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
-  // T's max rounds up to a power of two as F: anything below it truncates into T.
+  // T's max as F is exact or rounds up: anything below it truncates into T.
   if (v >= static_cast<F>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
   return static_cast<T>(v);
 }

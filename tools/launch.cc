@@ -510,7 +510,8 @@ int main(int argc, char** argv) {
     while (start_error.empty() && running > 0 && failures.empty() && stop_signal == 0) {
       if (!ReapExited(workers, running, failures)) usleep(20000);
     }
-    const int stopped_by = stop_signal.load();  // what the message below says
+    const int stopped_by = stop_signal.load();
+    int said = 0;  // the stop signal the message below names, if it names one
     int failed = -1;
     if (!start_error.empty()) {
       Say("cannot start local rank " + std::to_string(started) + " of " + std::to_string(nproc) +
@@ -536,8 +537,10 @@ int main(int argc, char** argv) {
       }
     } else if (stopped_by == SIGPIPE) {
       Say("the reader of the launch's output went away (EPIPE); stopping the workers");
+      said = stopped_by;
     } else if (stopped_by != 0) {
       Say(std::string("received ") + strsignal(stopped_by) + "; stopping the workers");
+      said = stopped_by;
     }
     // Stop the rest: SIGTERM, then SIGKILL after the grace period.
     if (running > 0) {
@@ -573,9 +576,10 @@ int main(int argc, char** argv) {
       if (w.pump_err.joinable()) w.pump_err.join();
     }
     if (const int stop = stop_signal.load(); stop != 0) {
-      // One that came while the workers were stopped or their last output
-      // copied: said here (no restart follows).
-      if (stop != stopped_by) {
+      // One the message above did not name (it came with a failure, while
+      // the workers were stopped or their last output copied): said here,
+      // since no restart follows.
+      if (stop != said) {
         Say((stop == SIGPIPE ? std::string("the reader of the launch's output went away (EPIPE)")
                              : std::string("received ") + strsignal(stop)) +
             (failed >= 0 && attempt < max_restarts ? "; not restarting" : ""));

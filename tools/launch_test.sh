@@ -269,12 +269,16 @@ kill -9 "$launcher"; wait "$launcher" 2> /dev/null
 for _ in $(seq 50); do alive 9878 || break; sleep 0.1; done
 alive 9878 &&
   { pkill -f "sleep 9878"; fail "workers of a launcher started ignoring SIGTERM outlived it"; }
-( trap '' TERM; exec "$LAUNCH" -- sleep 9879 > /dev/null 2>&1 ) &
+rm -f "$T"/pid_*
+( trap '' TERM; exec "$LAUNCH" -- \
+    sh -c 'echo $$ > "'"$T"'/pid_$RANK"; exec sleep 9879' > /dev/null 2>&1 ) &
 launcher=$!
-# The worker runs once the launcher's handlers are in place; then SIGTERM,
-# and a bounded wait (a launcher that ignored it would sleep on).
-for _ in $(seq 100); do alive 9879 && break; sleep 0.1; done
-alive 9879 || { kill -9 "$launcher"; fail "the worker of a launcher started ignoring SIGTERM"; }
+# The worker runs once the launcher's handlers are in place (its pid file,
+# not the launcher's own command line, which names the worker's too); then
+# SIGTERM, and a bounded wait (a launcher that ignored it would sleep on).
+for _ in $(seq 100); do [ -s "$T/pid_0" ] && break; sleep 0.1; done
+[ -s "$T/pid_0" ] ||
+  { kill -9 "$launcher"; fail "the worker of a launcher started ignoring SIGTERM did not start"; }
 kill -TERM "$launcher"
 for _ in $(seq 100); do kill -0 "$launcher" 2> /dev/null || break; sleep 0.1; done
 kill -0 "$launcher" 2> /dev/null &&

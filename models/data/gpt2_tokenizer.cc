@@ -164,7 +164,7 @@ size_t Gpt2ChunkEnd(absl::string_view text, size_t max_bytes) {
   for (size_t p = max_bytes; p >= std::max<size_t>(max_bytes / 2, 2); --p) {
     if (cut(p)) return p;
   }
-  for (size_t p = max_bytes + 1; p < text.size(); ++p) {
+  for (size_t p = std::max<size_t>(max_bytes + 1, 2); p < text.size(); ++p) {
     if (cut(p)) return p;
   }
   return text.size();

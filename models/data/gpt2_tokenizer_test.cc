@@ -172,6 +172,9 @@ TEST(Gpt2TokenizerTest, CrlfAndOtherScriptsAreCutAlike) {
   EXPECT_EQ(Gpt2ChunkEnd("ab\x1f\ncd", 4), 4u);  // \x1f: not White_Space, so a cut
   EXPECT_EQ(Gpt2ChunkEnd("ab\xe2\x82\ncd", 5), 5u);             // a cut sequence: U+FFFD
   EXPECT_EQ(Gpt2ChunkEnd("ab\r\n\r\ncd", 4), 8u);              // a blank line: none
+  // A line end first, with no bytes asked for: nothing read before the text.
+  EXPECT_EQ(Gpt2ChunkEnd("\nab\ncd", 0), 4u);
+  EXPECT_EQ(Gpt2ChunkEnd("\r\nab\ncd", 0), 5u);
   const std::vector<std::string> words = {
       "Light", "\xd0\x9c\xd0\xb8\xd1\x80",  // Мир
       "\xe8\xaf\x8d\xe8\xaf\xad",          // 词语
