@@ -378,6 +378,11 @@ struct Staged {
   std::vector<Tensor> model_buffers;  // per Participant::buffers entry, on the CPU
 };
 
+// The way out Stage's refusals of the optimizer state name.
+constexpr char kLoadWeightsAlone[] =
+    "load the weights alone with load_optimizer_state = false, as the train binaries' "
+    "--init_from does";
+
 absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Participant& p,
                              const optim::Optimizer& opt, const ShardedLoadOptions& options) {
   // The model's parameters against the checkpoint's.
@@ -468,9 +473,8 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
               state ? first_name : e.name, "' has optimizer state in the checkpoint but '",
               state ? e.name : first_name,
               "' has none (a parameter frozen when it was saved has none, as has one that no "
-              "backward reached under DDP or in one process, which its optimizer skipped): "
-              "load the weights alone with load_optimizer_state = false, as the train binaries' "
-              "--init_from does (or, for a frozen one, keep it frozen)"));
+              "backward reached under DDP or in one process, which its optimizer skipped): ",
+              kLoadWeightsAlone, " (or, for a frozen one, keep it frozen)"));
         }
         if (state && r.step != step) {
           return absl::FailedPreconditionError(
@@ -478,9 +482,8 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
                            first_name, "' (step ", step, ") and '", e.name, "' (step ", r.step,
                            ") were stepped a different number of times (likely one that some "
                            "step's backward did not reach, under DDP or in one process, was "
-                           "skipped then); one flat parameter holds one step count: load the "
-                           "weights alone with load_optimizer_state = false, as the train "
-                           "binaries' --init_from does"));
+                           "skipped then); one flat parameter holds one step count: ",
+                           kLoadWeightsAlone));
         }
       }
       if (!seen) {  // a flat buffer without elements: the checkpoint's common step
@@ -491,8 +494,8 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
               "cannot form the optimizer state of '", L.ref,
               "' (no parameters): the checkpoint's parameters have different step counts "
               "(likely some were skipped, under DDP or in one process, in steps whose "
-              "backward did not reach them): load the weights alone with "
-              "load_optimizer_state = false, as the train binaries' --init_from does"));
+              "backward did not reach them): ",
+              kLoadWeightsAlone));
         }
       }
       has[i] = state;
@@ -505,8 +508,8 @@ absl::StatusOr<Staged> Stage(const std::string& dir, const Index& x, const Parti
           "the checkpoint holds optimizer state for some flat parameters only ('", with_state,
           "' has, '", without_state, "' has none: its parameters were frozen when saved, or "
           "no backward reached them under DDP or in one process, so the optimizer skipped "
-          "them): load the weights alone with load_optimizer_state = false, as the train "
-          "binaries' --init_from does"));
+          "them): ",
+          kLoadWeightsAlone));
     }
     st.any_state = with > 0;
   }

@@ -102,6 +102,12 @@ void WriteLine(std::FILE* out, const std::string& prefix, const std::string& lin
   }
 }
 
+// What stop_signal's value `sig` (nonzero) says stopped the launch.
+std::string StopCause(int sig) {
+  return sig == SIGPIPE ? "the reader of the launch's output went away (EPIPE)"
+                        : std::string("received ") + strsignal(sig);
+}
+
 void Say(const std::string& s) {
   std::lock_guard<std::mutex> lock(out_mu);
   std::fprintf(stderr, "launch: %s\n", s.c_str());
@@ -535,11 +541,8 @@ int main(int argc, char** argv) {
             ", pid " + std::to_string(workers[i].pid) + ") also failed with " +
             DescribeStatus(workers[i].status));
       }
-    } else if (stopped_by == SIGPIPE) {
-      Say("the reader of the launch's output went away (EPIPE); stopping the workers");
-      said = stopped_by;
     } else if (stopped_by != 0) {
-      Say(std::string("received ") + strsignal(stopped_by) + "; stopping the workers");
+      Say(StopCause(stopped_by) + "; stopping the workers");
       said = stopped_by;
     }
     // Stop the rest: SIGTERM, then SIGKILL after the grace period.
@@ -580,9 +583,7 @@ int main(int argc, char** argv) {
       // the workers were stopped or their last output copied): said here,
       // since no restart follows.
       if (stop != said) {
-        Say((stop == SIGPIPE ? std::string("the reader of the launch's output went away (EPIPE)")
-                             : std::string("received ") + strsignal(stop)) +
-            (failed >= 0 && attempt < max_restarts ? "; not restarting" : ""));
+        Say(StopCause(stop) + (failed >= 0 && attempt < max_restarts ? "; not restarting" : ""));
       }
       return 128 + stop;
     }
