@@ -53,10 +53,22 @@ absl::Status WriteFileDurably(const std::string& path, absl::Span<const absl::st
 
 absl::StatusOr<std::unique_ptr<DurableFileWriter>> DurableFileWriter::Create(
     const std::string& path) {
-  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("cannot create", tmp, errno);
-  return std::unique_ptr<DurableFileWriter>(new DurableFileWriter(path, std::move(tmp), fd));
+  // "<path>.tmp.<pid>", or with ".<n>" after it when another writer of this
+  // process (a thread) holds that name, or a dead process of the same pid
+  // left it: each writer owns its file, so none cuts another's bytes.
+  const std::string first = absl::StrCat(path, ".tmp.", ::getpid());
+  constexpr int kNames = 1000;
+  for (int n = 0; n < kNames; ++n) {
+    std::string tmp = n == 0 ? first : absl::StrCat(first, ".", n);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      return std::unique_ptr<DurableFileWriter>(new DurableFileWriter(path, std::move(tmp), fd));
+    }
+    if (errno != EEXIST) return ErrnoError("cannot create", tmp, errno);
+  }
+  return ErrnoError(absl::StrCat("cannot create a temporary file beside ", path, " (",
+                                 kNames, " names taken, the first)"),
+                    first, EEXIST);
 }
 
 DurableFileWriter::~DurableFileWriter() {

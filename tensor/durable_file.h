@@ -1,6 +1,7 @@
 // Writing a file so that a crash (of the process or of the machine) leaves
 // either its old contents or the new ones, never a part: the bytes go to
-// "<path>.tmp.<pid>", which is fsynced and renamed onto `path`, and then the
+// "<path>.tmp.<pid>" (".<n>" after it when that name is taken: each writer's
+// file is its own), which is fsynced and renamed onto `path`, and then the
 // folder is fsynced so that the rename itself is on disk. Checkpoint files,
 // their indexes and `latest` pointers, and exported model folders use it.
 #ifndef TENSOR_DURABLE_FILE_H_

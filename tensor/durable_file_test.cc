@@ -1,6 +1,9 @@
 // Tests of the crash-safe file writes (durable_file.h).
 #include "tensor/durable_file.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -80,6 +83,33 @@ TEST(DurableFileTest, WriterAppendsOverwritesAndCommitsOrLeavesNothing) {
   }  // dropped without Commit
   EXPECT_EQ(Read(path), "header crc! data");
   EXPECT_EQ(Entries(dir), std::vector<std::string>{"f"});
+}
+
+// Two writers of one path at once (threads of one process) each write their
+// own temporary file: each Commit publishes a whole file, the last one's. A
+// file a dead process of this pid left at the first name is not cut.
+TEST(DurableFileTest, TwoWritersOfOnePathEachCommitAWholeFile) {
+  const std::string dir = ::testing::TempDir() + "/durable_two";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/f";
+  const std::string stale = path + ".tmp." + std::to_string(::getpid());
+  std::ofstream(stale) << "left by a crash";
+  auto first = DurableFileWriter::Create(path);
+  auto second = DurableFileWriter::Create(path);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE((*first)->Append("first, ").ok());
+  ASSERT_TRUE((*second)->Append("second").ok());
+  ASSERT_TRUE((*first)->Append("whole").ok());
+  ASSERT_TRUE((*first)->Commit().ok());
+  EXPECT_EQ(Read(path), "first, whole");
+  ASSERT_TRUE((*second)->WriteAt(0, "S").ok());
+  const absl::Status committed = (*second)->Commit();
+  ASSERT_TRUE(committed.ok()) << committed;
+  EXPECT_EQ(Read(path), "Second");
+  EXPECT_EQ(Read(stale), "left by a crash");
+  std::vector<std::string> names = Entries(dir);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"f", stale.substr(dir.size() + 1)}));
 }
 
 // A folder moves onto a new name, then replaces an older folder as a whole

@@ -176,14 +176,12 @@ absl::Status CheckWritesNoInput(const std::string& output, const std::vector<std
   std::vector<std::pair<std::string, std::string>> read = tokenizer.read;  // (what it is, path)
   for (const std::string& input : inputs) read.emplace_back("the input", input);
   const std::string record = data::TokenFileMetaPath(output);
-  for (const std::string& written : {output, record, data::TokenFileTempPath(output)}) {
+  for (const std::string& written : {output, record}) {
     for (const auto& [what, path] : read) {
       std::error_code ec;
       if (!std::filesystem::equivalent(written, path, ec)) continue;
-      const std::string also = written == output   ? ""
-                               : written == record ? absl::StrCat(" (and its record ", written, ")")
-                                                   : absl::StrCat(" (and the temporary file ",
-                                                                  written, " it writes first)");
+      const std::string also =
+          written == output ? "" : absl::StrCat(" (and its record ", written, ")");
       return absl::InvalidArgumentError(absl::StrCat(
           "--output=", output, also, ": ", path, " is ", what,
           ", which writing it would destroy; give another --output"));

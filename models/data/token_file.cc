@@ -1,12 +1,7 @@
 // Reading, validating and writing nanoGPT / llm.c uint16 token files.
 #include "models/data/token_file.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -165,25 +160,17 @@ absl::StatusOr<std::unique_ptr<TokenFileWriter>> TokenFileWriter::Create(const s
     return absl::InvalidArgumentError(
         absl::StrCat("[token file] writing ", path, ": choose kRaw or kLlmc"));
   }
-  const std::string temp = TokenFileTempPath(path);
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("[token file] cannot create ", temp, ": ", std::strerror(errno)));
+  absl::StatusOr<std::unique_ptr<tensor::DurableFileWriter>> file =
+      tensor::DurableFileWriter::Create(path);
+  if (!file.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("[token file] ", file.status().message()));
   }
-  std::unique_ptr<TokenFileWriter> writer(new TokenFileWriter(path, format, f));
+  std::unique_ptr<TokenFileWriter> writer(new TokenFileWriter(path, format, *std::move(file)));
   if (format == TokenFileFormat::kLlmc) {
     absl::Status header = writer->WriteHeader();  // the count is written again by Finish
     if (!header.ok()) return header;
   }
   return writer;
-}
-
-TokenFileWriter::~TokenFileWriter() {
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    std::remove(TokenFileTempPath(path_).c_str());
-  }
 }
 
 absl::Status TokenFileWriter::WriteHeader() {
@@ -192,18 +179,21 @@ absl::Status TokenFileWriter::WriteHeader() {
   AppendInt32Le(kLlmcVersion, &bytes);
   AppendInt32Le(static_cast<int32_t>(num_tokens_), &bytes);
   for (int64_t i = 3; i < kLlmcHeaderInts; ++i) AppendInt32Le(0, &bytes);
-  if (std::fseek(file_, 0, SEEK_SET) != 0 ||
-      std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
-    return absl::DataLossError(
-        absl::StrCat("[token file] short write to ", TokenFileTempPath(path_)));
-  }
-  return absl::OkStatus();
+  absl::Status written =
+      file_->size() == 0 ? file_->Append(bytes) : file_->WriteAt(0, bytes);  // first, or again
+  return Failed(written);
+}
+
+absl::Status TokenFileWriter::Failed(absl::Status s) {
+  if (s.ok()) return s;
+  file_.reset();  // removes the temporary file
+  return absl::DataLossError(absl::StrCat("[token file] writing ", path_, ": ", s.message()));
 }
 
 absl::Status TokenFileWriter::Append(absl::Span<const int64_t> tokens) {
   if (file_ == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("[token file] writing ", path_, ": Append after Finish"));
+        absl::StrCat("[token file] writing ", path_, ": Append after Finish or a failed write"));
   }
   if (format_ == TokenFileFormat::kLlmc &&
       num_tokens_ + static_cast<int64_t>(tokens.size()) > 0x7fffffff) {
@@ -223,10 +213,8 @@ absl::Status TokenFileWriter::Append(absl::Span<const int64_t> tokens) {
     bytes.push_back(static_cast<char>(t & 0xff));
     bytes.push_back(static_cast<char>(t >> 8));
   }
-  if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
-    return absl::DataLossError(
-        absl::StrCat("[token file] short write to ", TokenFileTempPath(path_)));
-  }
+  absl::Status written = Failed(file_->Append(bytes));
+  if (!written.ok()) return written;
   num_tokens_ += static_cast<int64_t>(tokens.size());
   return absl::OkStatus();
 }
@@ -234,28 +222,16 @@ absl::Status TokenFileWriter::Append(absl::Span<const int64_t> tokens) {
 absl::Status TokenFileWriter::Finish() {
   if (file_ == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("[token file] writing ", path_, ": Finish twice"));
+        absl::StrCat("[token file] writing ", path_, ": Finish twice or after a failed write"));
   }
-  absl::Status header = format_ == TokenFileFormat::kLlmc ? WriteHeader() : absl::OkStatus();
-  // On disk before it takes the name, as tensor::WriteFileDurably does.
-  const bool synced = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
-  const bool closed = std::fclose(file_) == 0 && synced;
-  file_ = nullptr;
-  const std::string temp = TokenFileTempPath(path_);
-  if (!header.ok() || !closed) {
-    std::remove(temp.c_str());
-    return header.ok() ? absl::DataLossError(absl::StrCat("[token file] short write to ", temp))
-                       : header;
+  if (format_ == TokenFileFormat::kLlmc) {
+    absl::Status header = WriteHeader();  // with the count now
+    if (!header.ok()) return header;
   }
-  if (std::rename(temp.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temp.c_str());
-    return absl::FailedPreconditionError(absl::StrCat("[token file] cannot rename ", temp, " to ",
-                                                      path_, ": ", std::strerror(error)));
-  }
-  const size_t slash = path_.find_last_of('/');
-  tensor::FsyncDir(slash == std::string::npos ? "." : path_.substr(0, slash + 1));
-  return absl::OkStatus();
+  // fsync, rename onto path_, fsync of the folder; or the temporary file removed.
+  absl::Status committed = Failed(file_->Commit());
+  file_.reset();
+  return committed;
 }
 
 absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> tokens,
@@ -307,8 +283,6 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenFileSource::Slice(int64_t begi
 }
 
 std::string TokenFileMetaPath(const std::string& token_file) { return token_file + ".json"; }
-
-std::string TokenFileTempPath(const std::string& token_file) { return token_file + ".tmp"; }
 
 absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta) {
   return tensor::WriteFileDurably(

@@ -15,7 +15,6 @@
 #define MODELS_DATA_TOKEN_FILE_H_
 
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +26,7 @@
 #include "models/data/mapped_file.h"
 #include "models/data/random_tokens.h"
 #include "models/data/token_source.h"
+#include "tensor/durable_file.h"
 
 namespace data {
 
@@ -87,34 +87,42 @@ absl::Status WriteTokenFile(const std::string& path, absl::Span<const int64_t> t
                             TokenFileFormat format);
 
 // Writes a token file in parts, for data larger than memory: Append the
-// tokens as they come, then Finish. The file is written to `path` + ".tmp",
-// which Finish fsyncs and renames to `path` (llm.c's header gets its count
-// then); a writer destroyed unfinished removes it, so `path` never holds a
-// part.
+// tokens as they come, then Finish. The bytes go to a temporary file of this
+// process, `path`.tmp.<pid> (tensor::DurableFileWriter), which Finish fsyncs
+// and renames onto `path` (llm.c's header gets its count then); a writer
+// destroyed unfinished, or after a failed write, removes it. So `path` never
+// holds a part, and two writers of one path (two tokenize runs) each publish
+// a whole file: the last Finish's.
 class TokenFileWriter {
  public:
-  // InvalidArgument for kAuto; FailedPrecondition when the file cannot be
-  // created.
+  // InvalidArgument for kAuto; FailedPrecondition naming the temporary file
+  // when it cannot be created.
   static absl::StatusOr<std::unique_ptr<TokenFileWriter>> Create(const std::string& path,
                                                                  TokenFileFormat format);
-  ~TokenFileWriter();
+  ~TokenFileWriter() = default;  // unfinished: the temporary file is removed
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
 
   // InvalidArgument naming a token outside [0, 65536) and its position in the
   // file, or a count past llm.c's int32; nothing of that call is written.
+  // DataLoss naming the file when the system refuses a write (the temporary
+  // file is removed then, and the writer takes no more).
   absl::Status Append(absl::Span<const int64_t> tokens);
+  // DataLoss as Append's when the header, fsync or rename fails.
   absl::Status Finish();
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
-  TokenFileWriter(std::string path, TokenFileFormat format, std::FILE* file)
-      : path_(std::move(path)), format_(format), file_(file) {}
+  TokenFileWriter(std::string path, TokenFileFormat format,
+                  std::unique_ptr<tensor::DurableFileWriter> file)
+      : path_(std::move(path)), format_(format), file_(std::move(file)) {}
   absl::Status WriteHeader();  // llm.c's, with num_tokens_, at the file's start
+  // `s` itself when ok; else the file dropped (and removed) and DataLoss.
+  absl::Status Failed(absl::Status s);
 
   std::string path_;
   TokenFileFormat format_;
-  std::FILE* file_;  // nullptr once finished
+  std::unique_ptr<tensor::DurableFileWriter> file_;  // nullptr once finished or failed
   int64_t num_tokens_ = 0;
 };
 
@@ -160,10 +168,6 @@ struct TokenFileMeta {
 
 // token_file + ".json".
 std::string TokenFileMetaPath(const std::string& token_file);
-// token_file + ".tmp": where TokenFileWriter writes before the rename (a
-// file there is replaced).
-std::string TokenFileTempPath(const std::string& token_file);
-
 // Writes PATH.json durably (temporary file, fsync, rename).
 absl::Status WriteTokenFileMeta(const std::string& token_file, const TokenFileMeta& meta);
 

@@ -327,7 +327,38 @@ TEST(TokenFileTest, WriterAppendsInPartsAndPublishesOnFinish) {
     ASSERT_TRUE((*writer)->Append({1, 2}).ok());
   }
   EXPECT_FALSE(std::filesystem::exists(path));
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  for (const auto& entry : std::filesystem::directory_iterator(TempPath(""))) {
+    EXPECT_NE(entry.path().filename().string().rfind("unfinished.bin", 0), 0u) << entry.path();
+  }
+}
+
+// Two writers of one path (two tokenize runs to one --output) each write
+// their own temporary file, so each Finish publishes a whole file: the last
+// one's. (With one shared OUT.tmp, the second writer's creation cut the
+// first's bytes, the first Finish published a mix and the second found no
+// file to rename.)
+TEST(TokenFileTest, TwoWritersOfOnePathEachPublishAWholeFile) {
+  const std::string path = TempPath("two_writers.bin");
+  auto first = TokenFileWriter::Create(path, TokenFileFormat::kLlmc);
+  auto second = TokenFileWriter::Create(path, TokenFileFormat::kLlmc);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE((*first)->Append({1, 2, 3, 4}).ok());
+  ASSERT_TRUE((*second)->Append({9, 8}).ok());
+  ASSERT_TRUE((*first)->Append({5}).ok());
+  ASSERT_TRUE((*first)->Finish().ok());
+  auto read_back = [&]() {
+    auto f = TokenFile::Open(path, 65536);
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (!f.ok()) return std::vector<int64_t>{};
+    std::vector<int64_t> tokens((*f)->num_tokens());
+    (*f)->Read(0, absl::MakeSpan(tokens));
+    return tokens;
+  };
+  EXPECT_EQ(read_back(), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  ASSERT_TRUE((*second)->Append({7}).ok());
+  absl::Status second_finish = (*second)->Finish();
+  ASSERT_TRUE(second_finish.ok()) << second_finish;
+  EXPECT_EQ(read_back(), (std::vector<int64_t>{9, 8, 7}));
 }
 
 TEST(TokenFileTest, MetaRoundTripAndBadRecordsNameTheFile) {
